@@ -1,0 +1,263 @@
+"""The engine's Prometheus metrics, named like vLLM's so one set of rules serves both.
+
+The engine loop (and the simulator, millions of times) feeds ``EngineMetrics`` through a
+few ``on_*`` calls that only touch plain lists and numbers; the prometheus_client
+objects are built on scrape by ``collect``. ``render`` serves the classic text format:
+the OpenMetrics encoder would turn the ``:`` in ``vllm:...`` into ``_``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from slopilot import __version__
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
+from slopilot.engine.request import Priority
+
+# Edges sit on every SLO threshold of the profiles (and on twice each), so that
+# "fraction under the SLO" is one bucket and a P99 above a threshold is exact.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+    0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536
+
+CLASS_LABELS: tuple[str, ...] = tuple(p.label for p in Priority)
+
+# Every series this module exports, by the name Prometheus stores (histograms by base name).
+VLLM_METRICS: frozenset[str] = frozenset({
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+    "vllm:num_preemptions_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:request_success_total", "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total",
+    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+})
+SLOPILOT_METRICS: frozenset[str] = frozenset({
+    "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
+    "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
+    "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
+})
+HISTOGRAMS: frozenset[str] = frozenset({
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+    "vllm:iteration_tokens_total", "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+})
+
+
+def exported_series() -> frozenset[str]:
+    """Every series name a query may use, histograms expanded to _bucket/_sum/_count."""
+    names = set(VLLM_METRICS | SLOPILOT_METRICS)
+    for h in HISTOGRAMS:
+        names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
+    return frozenset(names)
+
+
+def _label_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(getattr(value, "value", value))
+
+
+class EngineMetrics:
+    """Counters, gauges and histograms of one engine, exported on scrape."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic, *,
+                 info: Mapping[str, str] | None = None, busy_window_s: float = 30.0,
+                 stall_window_s: float = 60.0) -> None:
+        if not model_name:
+            raise ValueError("model_name is empty; pass the served model's name")
+        self.model_name = model_name
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
+        self._info = {"version": __version__, **(info or {})}
+        self._config: dict[str, str] = {}
+        self._knobs: dict[str, float] = {}
+
+        def per_class(edges: tuple[float, ...]) -> list[HistogramRecorder]:
+            # Indexed by Priority (an IntEnum 0..2): a list index is the cheapest lookup.
+            return [HistogramRecorder(edges) for _ in Priority]
+
+        self._ttft = per_class(LATENCY_BUCKETS)
+        self._itl = per_class(LATENCY_BUCKETS)
+        self._e2e = per_class(LATENCY_BUCKETS)
+        self._queue = per_class(LATENCY_BUCKETS)
+        self._req_prompt = per_class(TOKEN_BUCKETS)
+        self._req_generation = per_class(TOKEN_BUCKETS)
+        self._iteration = HistogramRecorder(TOKEN_BUCKETS)
+        self._stall = [SlidingMax(stall_window_s) for _ in Priority]
+        self._busy = SlidingSum(busy_window_s)
+
+        self.num_running = 0
+        self.num_waiting = 0
+        self.num_swapped = 0
+        self.kv_usage = 0.0
+        self.preempted_recompute = 0
+        self.preempted_swap = 0
+        self.swap_seconds = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self._success: dict[str, int] = {}
+        self.registry.register(self)
+
+    # -- fed by the engine loop ------------------------------------------------------
+
+    def set_config(self, config: EngineConfig) -> None:
+        values = config.to_dict()
+        self._config = {k: _label_value(v) for k, v in sorted(values.items())}
+        self._knobs = {k: float(v) for k, v in values.items()
+                       if isinstance(v, (int, float))}
+        self._knobs["effective_budget"] = float(config.effective_budget)
+
+    def on_step(self, *, now: float, elapsed_s: float, num_running: int, num_waiting: int,
+                num_swapped: int, kv_usage: float, num_batched_tokens: int,
+                num_preempted_recompute: int, num_preempted_swap: int, swap_s: float,
+                prefix_queries: int, prefix_hits: int) -> None:
+        self.num_running = num_running
+        self.num_waiting = num_waiting
+        self.num_swapped = num_swapped
+        self.kv_usage = kv_usage
+        self.preempted_recompute += num_preempted_recompute
+        self.preempted_swap += num_preempted_swap
+        self.swap_seconds += swap_s
+        self.prefix_queries += prefix_queries
+        self.prefix_hits += prefix_hits
+        if num_batched_tokens > 0:
+            self._iteration.observe(num_batched_tokens)
+        self._busy.add(elapsed_s, now)
+
+    def on_first_token(self, priority: Priority, ttft_s: float) -> None:
+        self._ttft[priority].observe(ttft_s)
+        self.generation_tokens += 1
+
+    def on_token_gap(self, priority: Priority, gap_s: float, now: float) -> None:
+        self._itl[priority].observe(gap_s)
+        self._stall[priority].add(gap_s, now)
+        self.generation_tokens += 1
+
+    def on_finished(self, priority: Priority, *, e2e_s: float, queue_s: float,
+                    prompt_tokens: int, generation_tokens: int, finish_reason: str) -> None:
+        self._e2e[priority].observe(e2e_s)
+        self._queue[priority].observe(queue_s)
+        self._req_prompt[priority].observe(prompt_tokens)
+        self._req_generation[priority].observe(generation_tokens)
+        # vLLM counts prompt tokens as they are prefilled; at the finish is close enough
+        # for rates and never counts a recomputed prefill twice.
+        self.prompt_tokens += prompt_tokens
+        self._success[finish_reason] = self._success.get(finish_reason, 0) + 1
+
+    # -- read on scrape --------------------------------------------------------------
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        model = [self.model_name]
+        now = self._clock()
+        yield from self._latency_families()
+        yield from self._token_families()
+
+        for name, doc, value in (
+                ("vllm:num_requests_running", "Requests in the running batch.", self.num_running),
+                ("vllm:num_requests_waiting", "Requests waiting to be admitted.",
+                 self.num_waiting),
+                ("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).",
+                 self.kv_usage),
+                ("slopilot_num_requests_swapped", "Requests whose KV is swapped to host.",
+                 self.num_swapped),
+                ("slopilot_busy_ratio", "Fraction of wall time the executor ran, over a "
+                 "sliding window: the GPU-utilization stand-in.", self._busy.ratio(now))):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(model, value)
+            yield g
+
+        stall = GaugeMetricFamily(
+            "slopilot_decode_stall_max_seconds",
+            "Longest gap between two tokens of one request over the last 60 s.",
+            labels=["model_name", "priority_class"])
+        for p in Priority:
+            stall.add_metric([self.model_name, p.label], self._stall[p].value(now))
+        yield stall
+
+        preempt = CounterMetricFamily(
+            "vllm:num_preemptions_total", "Preempted requests.", labels=["model_name"])
+        preempt.add_metric(model, self.preempted_recompute + self.preempted_swap)
+        yield preempt
+        by_mode = CounterMetricFamily("slopilot_preemptions_total", "Preemptions by mode.",
+                                      labels=["model_name", "mode"])
+        by_mode.add_metric([self.model_name, "recompute"], self.preempted_recompute)
+        by_mode.add_metric([self.model_name, "swap"], self.preempted_swap)
+        yield by_mode
+        for name, doc, count in (
+                ("slopilot_swap_seconds_total", "Time spent swapping KV blocks.",
+                 self.swap_seconds),
+                ("vllm:prefix_cache_queries_total", "Prefix cache lookups, in tokens.",
+                 self.prefix_queries),
+                ("vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens.",
+                 self.prefix_hits),
+                ("vllm:prompt_tokens_total", "Prompt tokens of finished requests.",
+                 self.prompt_tokens),
+                ("vllm:generation_tokens_total", "Generated tokens.", self.generation_tokens)):
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(model, count)
+            yield c
+        success = CounterMetricFamily("vllm:request_success_total", "Finished requests.",
+                                      labels=["model_name", "finished_reason"])
+        for reason, count in sorted(self._success.items()):
+            success.add_metric([self.model_name, reason], count)
+        yield success
+        yield from self._info_families()
+
+    def _latency_families(self) -> Iterator[Metric]:
+        for name, doc, recorders in (
+                ("vllm:time_to_first_token_seconds", "Time to first token.", self._ttft),
+                ("vllm:inter_token_latency_seconds", "Time between tokens (TBT).", self._itl),
+                ("vllm:e2e_request_latency_seconds", "Arrival to finish.", self._e2e),
+                ("vllm:request_queue_time_seconds", "Arrival to first scheduling.",
+                 self._queue),
+                ("vllm:request_prompt_tokens", "Prompt length of finished requests.",
+                 self._req_prompt),
+                ("vllm:request_generation_tokens", "Output length of finished requests.",
+                 self._req_generation)):
+            h = HistogramMetricFamily(name, doc, labels=["model_name", "priority_class"])
+            for p in Priority:
+                rec = recorders[p]
+                h.add_metric([self.model_name, p.label], rec.cumulative(), rec.total)
+            yield h
+
+    def _token_families(self) -> Iterator[Metric]:
+        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Tokens per iteration.",
+                                  labels=["model_name"])
+        h.add_metric([self.model_name], self._iteration.cumulative(), self._iteration.total)
+        yield h
+
+    def _info_families(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("slopilot_engine_info", "Engine build and model (always 1).",
+                                 labels=["model_name", *sorted(self._info)])
+        info.add_metric([self.model_name, *(self._info[k] for k in sorted(self._info))], 1)
+        yield info
+        if not self._config:
+            return
+        config = GaugeMetricFamily("slopilot_config_info", "Live knobs as labels (always 1).",
+                                   labels=["model_name", *self._config])
+        config.add_metric([self.model_name, *self._config.values()], 1)
+        yield config
+        knob = GaugeMetricFamily("slopilot_config_knob", "Live numeric knobs, one per series.",
+                                 labels=["model_name", "knob"])
+        for name, value in sorted(self._knobs.items()):
+            knob.add_metric([self.model_name, name], value)
+        yield knob

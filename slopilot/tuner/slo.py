@@ -1,0 +1,186 @@
+"""Service-level objectives per priority class, and the named profiles.
+
+An ``SLOSpec`` is what a deployment promises: P99 TTFT and TBT per class, how many
+preemptions per minute it tolerates and, where prefix caching is expected to work
+(multi-turn chat), the least prefix hit ratio. The tuner's constraints and the
+Prometheus rules are both rendered from it.
+
+Preemptions and prefix hits are counted for the whole engine, not per class: where a
+rule needs one limit, it takes the strictest class's (``max_preemptions_per_min``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.request import Priority
+
+
+class SLOError(ValueError):
+    """An SLO spec field is missing, unknown or out of range; the message names the fix."""
+
+
+# CRD spellings (camelCase) accepted beside the Python ones.
+_ALIASES = {
+    "ttftP99Ms": "ttft_p99_ms", "tbtP99Ms": "tbt_p99_ms",
+    "maxPreemptionsPerMinute": "max_preemptions_per_min",
+    "maxPreemptionsPerMin": "max_preemptions_per_min", "prefixHitMin": "prefix_hit_min",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSLO:
+    """One class's objectives; ``None`` means best effort (no rule, no constraint)."""
+
+    ttft_p99_ms: float | None = None
+    tbt_p99_ms: float | None = None
+    max_preemptions_per_min: float | None = None
+    prefix_hit_min: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p99_ms", "tbt_p99_ms", "max_preemptions_per_min"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise SLOError(f"{name}={value!r}: expected a positive number, "
+                               "or null for best effort")
+        hit = self.prefix_hit_min
+        if hit is not None and (isinstance(hit, bool) or not isinstance(hit, (int, float))
+                                or not 0 < hit <= 1):
+            raise SLOError(f"prefix_hit_min={hit!r}: expected a ratio in (0, 1], "
+                           "or null when prefix caching is not expected")
+
+    @property
+    def best_effort(self) -> bool:
+        return self.ttft_p99_ms is None and self.tbt_p99_ms is None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return dataclasses.asdict(self)
+
+
+def _tier(tbt_p1_ms: float) -> dict[Priority, ClassSLO]:
+    return {
+        Priority.P0: ClassSLO(ttft_p99_ms=100, tbt_p99_ms=20, max_preemptions_per_min=10),
+        Priority.P1: ClassSLO(ttft_p99_ms=500, tbt_p99_ms=tbt_p1_ms,
+                              max_preemptions_per_min=10),
+        Priority.P2: ClassSLO(),
+    }
+
+
+PROFILES: dict[str, dict[Priority, ClassSLO]] = {
+    # The latency tiers of DESIGN.md: the P1 TBT bound sets the tier; P0 is always realtime.
+    "strict": _tier(50),
+    "standard": _tier(100),
+    "relaxed": _tier(200),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SLOSpec:
+    """Objectives for every class (p0, p1, p2) of one deployment."""
+
+    p0: ClassSLO
+    p1: ClassSLO
+    p2: ClassSLO
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        for p in Priority:
+            if not isinstance(getattr(self, p.label), ClassSLO):
+                raise SLOError(f"{p.label}: expected a ClassSLO, got "
+                               f"{type(getattr(self, p.label)).__name__}")
+
+    @classmethod
+    def from_profile(cls, name: str) -> SLOSpec:
+        if name not in PROFILES:
+            raise SLOError(f"unknown SLO profile {name!r}; use one of: {', '.join(PROFILES)}")
+        classes = PROFILES[name]
+        return cls(classes[Priority.P0], classes[Priority.P1], classes[Priority.P2],
+                   profile=name)
+
+    def class_slo(self, priority: Priority | str | int) -> ClassSLO:
+        try:
+            p = Priority.parse(priority)
+        except ValueError as exc:
+            raise SLOError(str(exc)) from None
+        slo: ClassSLO = getattr(self, p.label)
+        return slo
+
+    def classes(self) -> dict[Priority, ClassSLO]:
+        return {p: self.class_slo(p) for p in Priority}
+
+    @property
+    def max_preemptions_per_min(self) -> float | None:
+        """The engine-wide limit: the strictest class's, None when no class sets one."""
+        limits = [c.max_preemptions_per_min for c in self.classes().values()
+                  if c.max_preemptions_per_min is not None]
+        return min(limits) if limits else None
+
+    @property
+    def prefix_hit_min(self) -> float | None:
+        """The engine-wide expected hit ratio: the highest any class asks for."""
+        mins = [c.prefix_hit_min for c in self.classes().values()
+                if c.prefix_hit_min is not None]
+        return max(mins) if mins else None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SLOSpec:
+        """Build from a mapping (CLI file, CRD ``spec.slo``).
+
+        ``profile`` (default ``standard``) gives the base; ``classes.<p0|p1|p2>`` override
+        fields of one class; top-level ``max_preemptions_per_min`` and ``prefix_hit_min``
+        apply to every class. camelCase spellings of the CRD are accepted.
+        """
+        if not isinstance(data, Mapping):
+            raise SLOError(f"SLO spec: expected a mapping, got {type(data).__name__}")
+        data = {_ALIASES.get(k, k): v for k, v in data.items()}
+        known = {"profile", "classes", "max_preemptions_per_min", "prefix_hit_min"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SLOError(f"unknown SLO field(s) {', '.join(map(repr, unknown))}; "
+                           f"known fields: {', '.join(sorted(known))}")
+        profile = data.get("profile")
+        if profile is not None and not isinstance(profile, str):
+            raise SLOError(f"profile={profile!r}: expected a name: {', '.join(PROFILES)}")
+        base = cls.from_profile(profile or "standard").classes()
+        shared: dict[str, Any] = {k: data[k] for k in ("max_preemptions_per_min", "prefix_hit_min") if k in data}
+        classes_in = data.get("classes") or {}
+        if not isinstance(classes_in, Mapping):
+            raise SLOError("classes: expected a mapping of p0/p1/p2 to objectives")
+        overrides: dict[Priority, Mapping[str, Any]] = {}
+        for key, fields in classes_in.items():
+            try:
+                p = Priority.parse(key)
+            except ValueError:
+                raise SLOError(f"classes.{key}: not a class; use p0, p1 or p2") from None
+            if not isinstance(fields, Mapping):
+                raise SLOError(f"classes.{key}: expected a mapping of objectives")
+            overrides[p] = fields
+        built: dict[Priority, ClassSLO] = {}
+        names = {f.name for f in dataclasses.fields(ClassSLO)}
+        for p, slo in base.items():
+            changes = dict(shared)
+            for k, v in overrides.get(p, {}).items():
+                k = _ALIASES.get(k, k)
+                if k not in names:
+                    raise SLOError(f"classes.{p.label}.{k}: unknown objective; "
+                                   f"use one of: {', '.join(sorted(names))}")
+                changes[k] = v
+            try:
+                built[p] = dataclasses.replace(slo, **changes)
+            except SLOError as exc:
+                raise SLOError(f"classes.{p.label}.{exc}") from None
+        return cls(built[Priority.P0], built[Priority.P1], built[Priority.P2],
+                   profile=profile)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A mapping ``from_dict`` reads back to an equal spec."""
+        out: dict[str, Any] = {} if self.profile is None else {"profile": self.profile}
+        out["classes"] = {p.label: self.class_slo(p).to_dict() for p in Priority}
+        return out
