@@ -149,7 +149,8 @@ class SLOSpec:
         if profile is not None and not isinstance(profile, str):
             raise SLOError(f"profile={profile!r}: expected a name: {', '.join(PROFILES)}")
         base = cls.from_profile(profile or "standard").classes()
-        shared: dict[str, Any] = {k: data[k] for k in ("max_preemptions_per_min", "prefix_hit_min") if k in data}
+        shared: dict[str, Any] = {
+            k: data[k] for k in ("max_preemptions_per_min", "prefix_hit_min") if k in data}
         classes_in = data.get("classes") or {}
         if not isinstance(classes_in, Mapping):
             raise SLOError("classes: expected a mapping of p0/p1/p2 to objectives")

@@ -1,0 +1,62 @@
+"""pytest fixtures around the real Prometheus binary (see tests/support/prometheus.py).
+
+Where the binary is missing the tests skip, unless SLOPILOT_REQUIRE_PROMETHEUS is set
+(CI sets it), where a missing binary is a failure: a green run must not hide a skipped
+alerting test. Import the fixtures into a test module to use them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.prometheus import (
+    PrometheusBinaries,
+    PrometheusServer,
+    find_binaries,
+    start_prometheus,
+)
+
+REQUIRE_ENV = "SLOPILOT_REQUIRE_PROMETHEUS"
+
+
+@pytest.fixture(scope="session")
+def prometheus_binaries() -> PrometheusBinaries:
+    found = find_binaries()
+    if found is None:
+        reason = ("the prometheus and promtool binaries are not on PATH "
+                  "(install them: apt-get install -y prometheus)")
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{reason}; {REQUIRE_ENV} is set, so this is a failure")
+        pytest.skip(f"{reason}; set {REQUIRE_ENV}=1 to fail instead of skipping")
+    return found
+
+
+@pytest.fixture
+def prometheus_factory(prometheus_binaries: PrometheusBinaries, tmp_path: Path
+                       ) -> Iterator[Callable[..., PrometheusServer]]:
+    """``start(**kwargs)`` starts a server (see ``start_prometheus``); all stop at teardown."""
+    servers: list[PrometheusServer] = []
+
+    def start(**kwargs: Any) -> PrometheusServer:
+        server = start_prometheus(prometheus_binaries, tmp_path / f"prom{len(servers)}",
+                                  **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus_server(prometheus_binaries: PrometheusBinaries,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """One bare server (no targets, no rules) shared by tests that only send queries."""
+    server = start_prometheus(prometheus_binaries, tmp_path_factory.mktemp("prometheus"))
+    yield server
+    server.stop()

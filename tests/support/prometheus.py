@@ -1,0 +1,192 @@
+"""Run the real Prometheus binary for tests: a temp config, 127.0.0.1, a free port.
+
+Debian's ``prometheus`` package gives /usr/bin/prometheus and /usr/bin/promtool; the
+environment variables SLOPILOT_PROMETHEUS_BIN and SLOPILOT_PROMTOOL_BIN point elsewhere.
+Nothing here relies on a system service: each server is started and stopped by its test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus did not start, or answered an API call with an error."""
+
+
+@dataclass(frozen=True)
+class PrometheusBinaries:
+    prometheus: Path
+    promtool: Path
+
+
+def find_binaries() -> PrometheusBinaries | None:
+    """The prometheus and promtool binaries, or None when either is missing."""
+    prom = os.environ.get("SLOPILOT_PROMETHEUS_BIN") or shutil.which("prometheus")
+    tool = os.environ.get("SLOPILOT_PROMTOOL_BIN") or shutil.which("promtool")
+    if not prom or not tool or not Path(prom).is_file() or not Path(tool).is_file():
+        return None
+    return PrometheusBinaries(Path(prom), Path(tool))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(predicate: Callable[[], T | None], *, timeout_s: float, what: str,
+               interval_s: float = 0.1) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One scrape job: ``host:port`` addresses and labels attached to every series."""
+
+    job: str
+    targets: Sequence[str]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metrics_path: str = "/metrics"
+
+
+def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Sequence[Path],
+                 scrape_interval_s: int, evaluation_interval_s: int) -> None:
+    config = {
+        "global": {"scrape_interval": f"{scrape_interval_s}s",
+                   "scrape_timeout": f"{scrape_interval_s}s",
+                   "evaluation_interval": f"{evaluation_interval_s}s"},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            {"job_name": t.job, "metrics_path": t.metrics_path,
+             "static_configs": [{"targets": list(t.targets), "labels": dict(t.labels)}]}
+            for t in targets],
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+class PrometheusServer:
+    """A running Prometheus; ``stop()`` (or the fixture) ends it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+        self.process = process
+        self.port = port
+        self.workdir = workdir
+        self.url = f"http://127.0.0.1:{port}"
+
+    @property
+    def log(self) -> str:
+        path = self.workdir / "prometheus.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        url = self.url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            # The API answers 400/422 with a JSON body that says what was wrong.
+            body = exc.read()
+            try:
+                return json.loads(body)
+            except ValueError:
+                raise PrometheusError(f"GET {path}: HTTP {exc.code}: {body[:200]!r}") from None
+
+    def query(self, expr: str) -> Any:
+        """The raw /api/v1/query answer (status, data or errorType/error)."""
+        return self.get("/api/v1/query", {"query": expr})
+
+    def alerts(self) -> list[dict[str, Any]]:
+        answer = self.get("/api/v1/alerts")
+        if answer.get("status") != "success":
+            raise PrometheusError(f"/api/v1/alerts: {answer}")
+        alerts: list[dict[str, Any]] = answer["data"]["alerts"]
+        return alerts
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def start_prometheus(binaries: PrometheusBinaries, workdir: Path, *,
+                     targets: Sequence[ScrapeTarget] = (), rule_files: Sequence[Path] = (),
+                     scrape_interval_s: int = 1, evaluation_interval_s: int = 1,
+                     ready_timeout_s: float = 30.0, attempts: int = 3) -> PrometheusServer:
+    """Start Prometheus on 127.0.0.1 and wait for /-/ready; retried on a port race."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "prometheus.yml"
+    write_config(config, targets=targets, rule_files=rule_files,
+                 scrape_interval_s=scrape_interval_s,
+                 evaluation_interval_s=evaluation_interval_s)
+    last_log = ""
+    for _ in range(attempts):
+        port = free_port()
+        with (workdir / "prometheus.log").open("wb") as log:
+            process = subprocess.Popen(
+                [str(binaries.prometheus), f"--config.file={config}",
+                 f"--storage.tsdb.path={workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}",
+                 "--web.enable-lifecycle", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+        server = PrometheusServer(process, port, workdir)
+
+        def settled(s: PrometheusServer = server) -> bool:
+            return s.ready() or s.process.poll() is not None
+
+        try:
+            wait_until(settled, timeout_s=ready_timeout_s,
+                       what=f"Prometheus ready on port {port}")
+        except TimeoutError:
+            server.stop()
+            raise PrometheusError(f"Prometheus not ready in {ready_timeout_s} s:\n"
+                                  f"{server.log[-2000:]}") from None
+        if server.process.poll() is None:
+            return server
+        last_log = server.log  # exited: most likely the port was taken meanwhile
+    raise PrometheusError(f"Prometheus exited at start ({attempts} tries):\n{last_log[-2000:]}")
+
+
+def promtool(binaries: PrometheusBinaries, *args: str | Path,
+             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run promtool; the caller checks returncode (stdout and stderr are kept)."""
+    return subprocess.run([str(binaries.promtool), *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=cwd, check=False)

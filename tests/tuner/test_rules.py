@@ -1,0 +1,236 @@
+"""Alert and recording rules: rendering, promtool, and one real Prometheus end to end."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from threading import Thread
+from typing import Any
+
+import pytest
+import yaml
+
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.request import Priority
+from slopilot.tuner.rules import (
+    RuleError,
+    RuleOptions,
+    example_path,
+    render_example,
+    render_prometheus_rule,
+    render_rule_groups,
+    render_rules_yaml,
+    render_selector,
+)
+from slopilot.tuner.slo import SLOSpec
+from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
+from tests.support.prometheus import (
+    PrometheusBinaries,
+    PrometheusServer,
+    ScrapeTarget,
+    promtool,
+    wait_until,
+)
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "prometheus"
+
+
+def _alerts(groups: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for g in groups["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_checked_in_rules_equal_the_rendering() -> None:
+    assert example_path() == MANIFESTS / "slopilot-rules.yaml"
+    assert example_path().read_text() == render_example(), (
+        "manifests/prometheus/slopilot-rules.yaml is stale: "
+        "run python -m slopilot.tuner.rules")
+
+
+def test_every_alert_carries_the_labels_the_controller_reads() -> None:
+    spec = SLOSpec.from_dict({"profile": "strict", "prefix_hit_min": 0.9})
+    alerts = _alerts(render_rule_groups(spec, "chat"))
+    names = {a["alert"] for a in alerts}
+    assert names == {"SlopilotTBTP99High", "SlopilotTTFTP99High", "SlopilotPreemptionStorm",
+                     "SlopilotBatchingUnderused", "SlopilotPrefixCacheHitLow"}
+    for a in alerts:
+        assert set(a["labels"]) == {"severity", "action", "priority_class",
+                                    "slopilot_deployment"}
+        assert a["labels"]["slopilot_deployment"] == "chat"
+        assert {"summary", "description"} <= set(a["annotations"])
+    actions = {a["alert"]: a["labels"]["action"] for a in alerts}
+    assert actions == {"SlopilotTBTP99High": "scale", "SlopilotTTFTP99High": "retune",
+                       "SlopilotPreemptionStorm": "retune",
+                       "SlopilotBatchingUnderused": "retune",
+                       "SlopilotPrefixCacheHitLow": "inform"}
+
+
+def test_thresholds_follow_the_slo() -> None:
+    # strict: P1 TBT 50 ms -> scale above 2 x = 0.1 s; P0 TTFT 100 ms warns above 0.1 s.
+    alerts = _alerts(render_rule_groups(SLOSpec.from_profile("strict"), "d"))
+    tbt = {a["labels"]["priority_class"]: a["expr"] for a in alerts
+           if a["alert"] == "SlopilotTBTP99High"}
+    assert set(tbt) == {"p0", "p1"}, "P2 is best effort: no TBT rule"
+    assert tbt["p1"].endswith("> 0.1") and tbt["p0"].endswith("> 0.04")
+    ttft = {(a["labels"]["priority_class"], a["labels"]["severity"]): a["expr"]
+            for a in alerts if a["alert"] == "SlopilotTTFTP99High"}
+    assert ttft[("p0", "warning")].endswith("> 0.1")
+    assert ttft[("p0", "critical")].endswith("> 0.2")
+    assert ttft[("p1", "critical")].endswith("> 1")
+    # No prefix expectation in the plain profile: no prefix alert at all.
+    assert "SlopilotPrefixCacheHitLow" not in {a["alert"] for a in alerts}
+
+
+def test_timing_options_reach_for_and_windows() -> None:
+    opts = RuleOptions(interval_s=10, rate_window_s=120, alert_for_s=45, tbt_periods=3)
+    group = render_rule_groups(SLOSpec.from_profile("standard"), "d", options=opts)["groups"][0]
+    assert group["interval"] == "10s"
+    fors = {(r["alert"], r["labels"]["severity"]): r["for"] for r in group["rules"]
+            if "alert" in r}
+    assert fors[("SlopilotTBTP99High", "critical")] == "30s"
+    assert fors[("SlopilotTTFTP99High", "warning")] == "45s"
+    assert all("[2m]" in r["expr"] for r in group["rules"] if "rate(" in r["expr"])
+
+
+def test_selector_is_a_parameter() -> None:
+    groups = render_rule_groups(SLOSpec.from_profile("standard"), "chat",
+                                selector={"namespace": "llm", "job": "chat-engine"})
+    exprs = [r["expr"] for r in groups["groups"][0]["rules"] if "record" in r]
+    assert all('namespace="llm",job="chat-engine"' in e for e in exprs)
+    assert render_selector({"a": 'x"y'}) == '{a="x\\"y"}'
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"deployment": ""}, "deployment name is empty"),
+    ({"selector": {}}, "selector is empty"),
+    ({"selector": {"bad-name": "x"}}, "not a Prometheus label name"),
+])
+def test_bad_render_arguments_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"deployment": "d", **kwargs}
+    with pytest.raises(RuleError, match=message):
+        render_rule_groups(SLOSpec.from_profile("standard"), args.pop("deployment"), **args)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"interval_s": 0}, "interval_s=0"),
+    ({"alert_for_s": -1}, "alert_for_s=-1"),
+    ({"busy_ratio_min": 1.5}, "busy_ratio_min=1.5"),
+    ({"tbt_periods": 1.5}, "tbt_periods=1.5"),
+])
+def test_bad_rule_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(RuleError, match=message):
+        RuleOptions(**kwargs)
+
+
+def test_prometheus_rule_resource() -> None:
+    cr = render_prometheus_rule(SLOSpec.from_profile("standard"), "chat", "llm")
+    assert cr["apiVersion"] == "monitoring.coreos.com/v1"
+    assert cr["kind"] == "PrometheusRule"
+    assert cr["metadata"]["namespace"] == "llm"
+    assert cr["spec"] == render_rule_groups(SLOSpec.from_profile("standard"), "chat")
+    with pytest.raises(RuleError, match="namespace is empty"):
+        render_prometheus_rule(SLOSpec.from_profile("standard"), "chat", "")
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("profile", ["strict", "standard", "relaxed"])
+def test_promtool_check_rules(prometheus_binaries: PrometheusBinaries,  # noqa: F811
+                              tmp_path: Path, profile: str) -> None:
+    path = tmp_path / "rules.yaml"
+    spec = SLOSpec.from_dict({"profile": profile, "prefix_hit_min": 0.9})
+    path.write_text(render_rules_yaml(spec, "d", selector={"namespace": "n", "job": "j"}))
+    result = promtool(prometheus_binaries, "check", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
+def test_promtool_unit_tests_pass(prometheus_binaries: PrometheusBinaries) -> None:  # noqa: F811
+    result = promtool(prometheus_binaries, "test", "rules", "slopilot-rules.test.yaml",
+                      cwd=MANIFESTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
+def test_promtool_unit_tests_catch_a_wrong_threshold(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # The relaxed profile scales only above 2 x 200 ms: the unit tests' 0.4 s P99 no
+    # longer fires, so the same tests must fail against it.
+    shutil.copy(MANIFESTS / "slopilot-rules.test.yaml", tmp_path)
+    relaxed = SLOSpec.from_dict({"profile": "relaxed", "prefix_hit_min": 0.95})
+    (tmp_path / "slopilot-rules.yaml").write_text(render_rules_yaml(relaxed, "example"))
+    result = promtool(prometheus_binaries, "test", "rules", "slopilot-rules.test.yaml",
+                      cwd=tmp_path)
+    assert result.returncode != 0
+    assert "SlopilotTBTP99High" in result.stdout + result.stderr
+
+
+@pytest.fixture
+def metrics_endpoint() -> Iterator[tuple[EngineMetrics, str]]:
+    """EngineMetrics served at http://127.0.0.1:PORT/metrics by a plain thread."""
+    metrics = EngineMetrics("tiny-random")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = metrics.render()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield metrics, f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_tbt_alert_fires_and_resolves_in_real_prometheus(
+        prometheus_factory: Callable[..., PrometheusServer],  # noqa: F811
+        metrics_endpoint: tuple[EngineMetrics, str], tmp_path: Path) -> None:
+    metrics, address = metrics_endpoint
+    rules = tmp_path / "rules.yaml"
+    opts = RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1, tbt_periods=1)
+    rules.write_text(render_rules_yaml(SLOSpec.from_profile("standard"), "itest", options=opts))
+    prom = prometheus_factory(
+        targets=[ScrapeTarget("engine", [address], {"slopilot_deployment": "itest"})],
+        rule_files=[rules])
+
+    def firing_tbt() -> list[dict[str, Any]]:
+        return [a for a in prom.alerts()
+                if a["labels"]["alertname"] == "SlopilotTBTP99High" and a["state"] == "firing"]
+
+    def drive(gap_s: float) -> None:
+        # Each poll feeds more P1 token gaps, so every scrape sees the counters grow.
+        for _ in range(50):
+            metrics.on_token_gap(Priority.P1, gap_s, now=0.0)
+
+    def slow_and_firing() -> list[dict[str, Any]]:
+        drive(0.35)  # > 2 x the 100 ms P1 SLO
+        return firing_tbt()
+
+    fired = wait_until(slow_and_firing, timeout_s=60, what="SlopilotTBTP99High firing",
+                       interval_s=0.2)
+    assert fired[0]["labels"]["action"] == "scale"
+    assert fired[0]["labels"]["priority_class"] == "p1"
+    assert fired[0]["labels"]["slopilot_deployment"] == "itest"
+
+    def fast_and_resolved() -> bool:
+        drive(0.01)
+        return not firing_tbt()
+
+    wait_until(fast_and_resolved, timeout_s=60, what="SlopilotTBTP99High resolved",
+               interval_s=0.2)
+    answer = prom.query('slopilot:tbt_seconds:p99{priority_class="p1"}')
+    assert answer["status"] == "success"
+    assert float(answer["data"]["result"][0]["value"][1]) <= 0.2
+    assert not [a for a in prom.alerts() if a["labels"]["alertname"] != "SlopilotTBTP99High"
+                and a["state"] == "firing"], "only the driven alert may fire"
+    assert yaml.safe_load(rules.read_text())["groups"][0]["interval"] == "1s"
