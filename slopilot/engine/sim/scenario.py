@@ -1,0 +1,180 @@
+"""Named scenarios: hardware, model, engine knobs, workload and SLO in one YAML file.
+
+The shipped scenarios live in ``slopilot/data/scenarios`` (the one copy: an installed
+package has them, and ``scenarios/`` at the repository root only points there). Any other
+YAML file can be loaded by path. GPU and model names are kept as strings; the simulator
+looks them up in its profiles, so this module stays free of cost-model imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.spec_reader import Reader, ScenarioError, did_you_mean
+from slopilot.engine.sim.workload import Workload
+from slopilot.engine.sim.workload_spec import WorkloadSpec, parse_workload
+
+__all__ = ["ClassSLO", "SLOSpec", "Scenario", "ScenarioError", "list_scenarios",
+           "load_scenario", "parse_scenario", "scenario_file"]
+
+_PACKAGED = ("data", "scenarios")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSLO:
+    """P99 targets for one class; None means best effort (no target)."""
+
+    ttft_p99_ms: float | None = None
+    tbt_p99_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SLOSpec:
+    """Per-class latency targets and the preemption-rate limit (DESIGN.md §3, §4)."""
+
+    p0: ClassSLO = ClassSLO(100.0, 20.0)
+    p1: ClassSLO = ClassSLO(500.0, 100.0)
+    p2: ClassSLO = ClassSLO()
+    max_preemptions_per_min: float | None = 10.0
+
+    def for_class(self, priority: Priority) -> ClassSLO:
+        return {Priority.P0: self.p0, Priority.P1: self.p1, Priority.P2: self.p2}[priority]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    gpu: str  # GPU profile name, e.g. "H800"
+    num_gpus: int
+    tp: int  # tensor-parallel degree; num_gpus / tp replicas
+    model: str  # model profile name, e.g. "deepseek-67b"
+    duration_s: float
+    seed: int
+    workload: WorkloadSpec
+    engine: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    slo: SLOSpec = SLOSpec()
+    gpu_memory_utilization: float | None = None
+    source: str = "<dict>"
+
+    @property
+    def replicas(self) -> int:
+        return self.num_gpus // self.tp
+
+    def engine_config(self, base: EngineConfig | None = None) -> EngineConfig:
+        """``base`` (the defaults if None) with this scenario's knob overrides."""
+        return (base or EngineConfig()).with_overrides(self.engine)
+
+    def build_workload(self, *, seed: int | None = None, duration_s: float | None = None,
+                       vocab_size: int | None = None) -> Workload:
+        """A fresh workload (its own state) for one run; arguments override the scenario's."""
+        return self.workload.build(
+            seed=self.seed if seed is None else seed,
+            duration_s=self.duration_s if duration_s is None else duration_s,
+            vocab_size=vocab_size)
+
+
+def list_scenarios() -> list[str]:
+    """Names of the shipped scenarios, sorted."""
+    folder = resources.files("slopilot").joinpath(*_PACKAGED)
+    return sorted(f.name.removesuffix(".yaml") for f in folder.iterdir()
+                  if f.name.endswith(".yaml"))
+
+
+def scenario_file(name_or_path: str | Path) -> Traversable | Path:
+    """A shipped scenario by name, or a YAML file by path."""
+    text = str(name_or_path)
+    if text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ScenarioError(f"scenario file {text!r} does not exist")
+        return path
+    names = list_scenarios()
+    if text not in names:
+        raise ScenarioError(f"unknown scenario {text!r}; {did_you_mean(text, names)} "
+                            f"(shipped: {', '.join(names)}; or pass a path to a YAML file)")
+    return resources.files("slopilot").joinpath(*_PACKAGED, f"{text}.yaml")
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """Load and validate a scenario; every error names the file, field, value and fix."""
+    source = scenario_file(name_or_path)
+    label = str(source) if isinstance(source, Path) else f"scenario {name_or_path}"
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{label}: not valid YAML: {e}") from None
+    base_dir = source.parent if isinstance(source, Path) else Path.cwd()
+    return parse_scenario(data, source=label, base_dir=base_dir)
+
+
+def parse_scenario(data: object, *, source: str = "<dict>",
+                   base_dir: Path | None = None) -> Scenario:
+    """Validate an already-parsed YAML document (relative trace paths start at base_dir)."""
+    r = Reader(data, source=source)
+    name = r.text("name")
+    description = r.text("description") if r.raw("description", None) is not None else ""
+    num_gpus = r.integer("num_gpus", 1, lo=1, hi=4096)
+    tp = r.integer("tp", 1, lo=1, hi=64)
+    if num_gpus % tp:
+        raise r.error("tp", tp, f"num_gpus={num_gpus} is not a multiple of it; "
+                      "use a tp that divides num_gpus")
+    raw_engine = r.raw("engine", None) or {}
+    if not isinstance(raw_engine, Mapping):
+        raise r.error("engine", raw_engine, "expected a mapping of knob: value")
+    engine = dict(raw_engine)
+    try:
+        EngineConfig().with_overrides(engine)
+    except ConfigError as e:
+        raise ScenarioError(f"{source}: engine: {e}") from None
+    scenario = Scenario(
+        name=name, description=description, gpu=r.text("gpu"), num_gpus=num_gpus, tp=tp,
+        model=r.text("model"),
+        duration_s=r.number("duration_s", lo=0.0, lo_open=True),
+        seed=r.integer("seed", 0, lo=0, hi=2**63 - 1),
+        workload=parse_workload(r.section("workload"), base_dir=base_dir or Path.cwd()),
+        engine=MappingProxyType(engine), slo=_slo(r),
+        gpu_memory_utilization=r.optional_float("gpu_memory_utilization", lo=0.0, hi=1.0,
+                                                lo_open=True),
+        source=source)
+    r.finish()
+    return scenario
+
+
+def _slo(r: Reader) -> SLOSpec:
+    sr = r.sub("slo", optional=True)
+    if sr is None:
+        return SLOSpec()
+    defaults = SLOSpec()
+    classes = {}
+    for key in ("p0", "p1", "p2"):
+        if not sr.has(key):
+            sr.raw(key, None)
+            classes[key] = getattr(defaults, key)
+            continue
+        cr = sr.sub(key, optional=True)
+        if cr is None:  # an explicit null: best effort
+            classes[key] = ClassSLO()
+            continue
+        classes[key] = ClassSLO(cr.optional_float("ttft_p99_ms", lo=0.0, lo_open=True),
+                                cr.optional_float("tbt_p99_ms", lo=0.0, lo_open=True))
+        cr.finish()
+    # Absent keeps the default limit; an explicit null means no limit.
+    limit = defaults.max_preemptions_per_min
+    if sr.has("max_preemptions_per_min"):
+        limit = sr.optional_float("max_preemptions_per_min", lo=0.0)
+    else:
+        sr.raw("max_preemptions_per_min", None)
+    sr.finish()
+    return dataclasses.replace(defaults, **classes, max_preemptions_per_min=limit)

@@ -1,0 +1,259 @@
+"""Replay of recorded request traces: JSONL or Azure's CSV, windowed and time-scaled.
+
+JSONL: one object per line with ``arrival_time`` (seconds) or ``timestamp`` (seconds or
+an ISO date), ``prompt_tokens``, ``output_tokens`` and optionally ``priority`` and
+``session_id``; other keys are ignored (traces carry extra columns). Azure CSV:
+``TIMESTAMP,ContextTokens,GeneratedTokens`` as in the Azure LLM inference traces.
+
+Times are taken relative to the first request, then cut to a window, then scaled:
+``time_scale`` multiplies every offset (0.5 replays twice as fast), or ``target_rate``
+picks the scale that gives that many requests per second. Traces hold lengths, not text,
+so prompts are synthetic tokens; requests of one session share their session's token
+stream, so a later (longer) turn has an earlier turn's prompt as its prefix.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.workload import (
+    DEFAULT_VOCAB_SIZE,
+    ClassMix,
+    RequestSpec,
+    TokenSampler,
+    child_rng,
+)
+
+# Traces shipped in slopilot/data/traces (see the README there for sources and licences).
+BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_TOKENS, _PRIORITY = 21, 22
+
+
+class TraceError(ValueError):
+    """A trace file is missing or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    arrival_time: float
+    prompt_tokens: int
+    output_tokens: int
+    priority: Priority | None = None
+    session_id: int | None = None
+
+
+def trace_source(name_or_path: str | Path) -> Traversable | Path:
+    """A shipped trace by name (``azure-llm-2023-conv``) or a file path."""
+    key = str(name_or_path)
+    if key in BUILTIN_TRACES:
+        return resources.files("slopilot").joinpath("data", "traces", BUILTIN_TRACES[key])
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise TraceError(
+            f"trace {key!r} is neither a file nor a shipped trace; shipped traces: "
+            f"{', '.join(BUILTIN_TRACES)}")
+    return path
+
+
+def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[TraceRecord]:
+    """All records, sorted by arrival, times relative to the first request."""
+    source = trace_source(name_or_path)
+    fmt = fmt or ("azure-csv" if source.name.endswith(".csv") else "jsonl")
+    if fmt not in ("azure-csv", "jsonl"):
+        raise TraceError(f"trace format {fmt!r} is unknown; use azure-csv or jsonl")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"{name_or_path}: cannot read the trace: {e}") from None
+    label = str(name_or_path)
+    records = _parse_azure(text, label) if fmt == "azure-csv" else _parse_jsonl(text, label)
+    if not records:
+        raise TraceError(f"{label}: the trace has no requests")
+    records.sort(key=lambda r: r.arrival_time)
+    t0 = records[0].arrival_time
+    return [replace(r, arrival_time=r.arrival_time - t0) for r in records]
+
+
+def window(records: list[TraceRecord], *, start_s: float = 0.0, end_s: float | None = None,
+           max_requests: int | None = None) -> list[TraceRecord]:
+    """Requests in [start_s, end_s) of trace time, at most ``max_requests``, re-based to 0."""
+    if end_s is not None and end_s <= start_s:
+        raise TraceError(f"end_s={end_s} must be greater than start_s={start_s}")
+    if max_requests is not None and max_requests < 1:
+        raise TraceError(f"max_requests={max_requests}: must be at least 1")
+    kept = [r for r in records
+            if r.arrival_time >= start_s and (end_s is None or r.arrival_time < end_s)]
+    kept = kept[:max_requests]
+    if not kept:
+        raise TraceError(f"no requests in the window [{start_s}, {end_s}); widen it")
+    return [replace(r, arrival_time=r.arrival_time - start_s) for r in kept]
+
+
+def mean_rate(records: list[TraceRecord]) -> float:
+    """Requests per second between the first and the last arrival."""
+    span = records[-1].arrival_time - records[0].arrival_time
+    if len(records) < 2 or span <= 0:
+        raise TraceError("the rate of a trace needs two requests at different times")
+    return (len(records) - 1) / span
+
+
+def rescale(records: list[TraceRecord], *, time_scale: float | None = None,
+            target_rate: float | None = None) -> list[TraceRecord]:
+    """Stretch (time_scale > 1) or compress the arrivals; give one of the two, or neither."""
+    if time_scale is not None and target_rate is not None:
+        raise TraceError("give time_scale or target_rate, not both")
+    if target_rate is not None:
+        if not (math.isfinite(target_rate) and target_rate > 0):
+            raise TraceError(f"target_rate={target_rate}: must be a positive req/s")
+        time_scale = mean_rate(records) / target_rate
+    if time_scale is None:
+        return list(records)
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise TraceError(f"time_scale={time_scale}: must be a positive factor (0.5 = 2x rate)")
+    return [replace(r, arrival_time=r.arrival_time * time_scale) for r in records]
+
+
+class TraceWorkload:
+    """Open-loop replay of trace records (arrivals and lengths as recorded)."""
+
+    def __init__(self, records: list[TraceRecord], *, seed: int = 0,
+                 vocab_size: int = DEFAULT_VOCAB_SIZE, classes: ClassMix | None = None,
+                 duration_s: float | None = None) -> None:
+        if not records:
+            raise TraceError("records is empty: a replay needs at least one request")
+        if seed < 0:
+            raise TraceError(f"seed={seed}: must be >= 0")
+        self.records = records
+        self.seed = seed
+        self.tokens = TokenSampler(vocab_size)
+        self.classes = classes or ClassMix.only(Priority.P1)
+        self.duration_s = duration_s
+
+    def initial(self) -> Iterator[RequestSpec]:
+        rng = child_rng(self.seed, _TOKENS)
+        class_rng = child_rng(self.seed, _PRIORITY)
+        streams: dict[int, list[int]] = {}
+        for r in self.records:
+            if self.duration_s is not None and r.arrival_time >= self.duration_s:
+                return
+            priority = r.priority if r.priority is not None else self.classes.sample(class_rng)
+            if r.session_id is None:
+                prompt = self.tokens.sample(rng, r.prompt_tokens)
+            else:
+                stream = streams.setdefault(r.session_id, [])
+                if len(stream) < r.prompt_tokens:
+                    stream.extend(self.tokens.sample(rng, r.prompt_tokens - len(stream)))
+                prompt = stream[:r.prompt_tokens]
+            yield RequestSpec(arrival_time=r.arrival_time, prompt_token_ids=prompt,
+                              max_tokens=max(1, r.output_tokens), priority=priority,
+                              session_id=r.session_id)
+
+    def on_finish(self, spec: RequestSpec, all_token_ids: list[int],
+                  now: float) -> list[RequestSpec]:
+        return []
+
+
+def _parse_azure(text: str, label: str) -> list[TraceRecord]:
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
+        raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
+                         f"got {header!r}")
+    records = []
+    for row in reader:
+        line = reader.line_num
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) < 3:
+            raise TraceError(f"{label}:{line}: expected 3 columns "
+                             f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {row!r}")
+        t = _timestamp(row[0], label, line, "TIMESTAMP")
+        prompt = _count(row[1], label, line, "ContextTokens", lo=1)
+        output = _count(row[2], label, line, "GeneratedTokens", lo=0)
+        records.append(TraceRecord(t, prompt, output))
+    return records
+
+
+def _parse_jsonl(text: str, label: str) -> list[TraceRecord]:
+    records = []
+    sessions: dict[object, int] = {}
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj: Any = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{label}:{line}: not valid JSON ({e.msg}): {raw[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
+        key = "arrival_time" if "arrival_time" in obj else "timestamp"
+        if key not in obj:
+            raise TraceError(f"{label}:{line}: missing arrival_time (or timestamp)")
+        t = _timestamp(obj[key], label, line, key)
+        for name in ("prompt_tokens", "output_tokens"):
+            if name not in obj:
+                raise TraceError(f"{label}:{line}: missing {name}")
+        prompt = _count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
+        output = _count(obj["output_tokens"], label, line, "output_tokens", lo=0)
+        priority = None
+        if obj.get("priority") is not None:
+            try:
+                priority = Priority.parse(obj["priority"])
+            except ValueError as e:
+                raise TraceError(f"{label}:{line}: {e}") from None
+        session = None
+        if obj.get("session_id") is not None:
+            # Any JSON scalar names a session; number them in order of first appearance.
+            session = sessions.setdefault(_hashable(obj["session_id"]), len(sessions))
+        records.append(TraceRecord(t, prompt, output, priority, session))
+    return records
+
+
+def _timestamp(value: object, label: str, line: int, name: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value) and value >= 0:
+            return float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        try:
+            stamp = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            pass
+        else:
+            if stamp.tzinfo is None:  # trace timestamps without a zone are UTC (Azure's are)
+                stamp = stamp.replace(tzinfo=datetime.UTC)
+            return stamp.timestamp()
+    raise TraceError(f"{label}:{line}: {name}={value!r} is not a time; use seconds (>= 0) "
+                     "or an ISO date like 2023-11-16 18:15:46.680")
+
+
+def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    if number is None or number < lo:
+        raise TraceError(f"{label}:{line}: {name}={value!r} must be a whole number >= {lo}")
+    return number
+
+
+def _hashable(value: object) -> object:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
