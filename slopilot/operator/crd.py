@@ -1,0 +1,215 @@
+"""The LLMDeployment CustomResourceDefinition, built in Python from the engine's knobs.
+
+``python -m slopilot.operator.crd > manifests/crd.yaml`` regenerates the checked-in
+manifest; a test keeps the two equal. Cross-field rules the apiserver can check
+(replicas.min <= replicas.max, chunkSize <= tokenBudget) are CEL rules here too, and
+``parse_spec`` (slopilot.operator.spec) repeats them with messages that name the fix.
+
+There is no scale subresource: ``spec.replicas`` is a range the controller scales within,
+not a count, and a ``kubectl scale`` or an HPA writing a count would fight the tuner.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from slopilot.operator.knobs import KNOB_PATHS, knob_schema
+from slopilot.operator.spec import (
+    BACKENDS,
+    PHASES,
+    PROFILES,
+    LLMDeploymentSpec,
+    SpecError,
+    parse_spec,
+)
+
+__all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "LLMDeploymentSpec", "SpecError",
+           "crd_manifest", "crd_yaml", "openapi_schema", "parse_spec"]
+
+GROUP = "slopilot.dev"
+VERSION = "v1alpha1"
+PLURAL = "llmdeployments"
+KIND = "LLMDeployment"
+API_VERSION = f"{GROUP}/{VERSION}"
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+
+
+def _obj(props: dict[str, Any], *, required: list[str] | None = None,
+         desc: str | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object"}
+    if desc:
+        out["description"] = desc
+    out["properties"] = props
+    if required:
+        out["required"] = required
+    out.update(extra)
+    return out
+
+
+def _int(desc: str, lo: int | None = None, hi: int | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "integer", "description": desc}
+    if lo is not None:
+        out["minimum"] = lo
+    if hi is not None:
+        out["maximum"] = hi
+    return {**out, **extra}
+
+
+def _str(desc: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": desc, **extra}
+
+
+def _engine_schema() -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    preemption: dict[str, Any] = {}
+    for path, field in KNOB_PATHS.items():
+        (preemption if path[0] == "preemption" else top)[path[-1]] = knob_schema(field)
+    top["preemption"] = _obj(preemption, desc="How running requests are preempted when KV "
+                             "blocks run out.")
+    return _obj(top, desc="Engine knobs; unset ones come from the slo.profile preset. "
+                "The tuner moves them within tuning.bounds.", **{
+                    "x-kubernetes-validations": [{
+                        "rule": "!has(self.chunkSize) || !has(self.tokenBudget) || "
+                                "self.chunkSize <= self.tokenBudget",
+                        "message": "chunkSize must not exceed tokenBudget"}]})
+
+
+def _class_target(desc: str) -> dict[str, Any]:
+    return _obj({
+        "ttftP99Ms": {"type": "number", "minimum": 1, "maximum": 600000,
+                      "description": "P99 time to first token, milliseconds."},
+        "tbtP99Ms": {"type": "number", "minimum": 1, "maximum": 60000,
+                     "description": "P99 time between tokens, milliseconds."},
+    }, desc=desc)
+
+
+def _bounds(field: str) -> dict[str, Any]:
+    knob = knob_schema(field)
+    edge = {k: v for k, v in knob.items() if k in ("type", "minimum", "maximum")}
+    return _obj({"min": dict(edge), "max": dict(edge)}, desc=f"Search range of {field}.", **{
+        "x-kubernetes-validations": [{"rule": "!has(self.min) || !has(self.max) || "
+                                              "self.min <= self.max",
+                                      "message": "min must not exceed max"}]})
+
+
+def _spec_schema() -> dict[str, Any]:
+    return _obj({
+        "backend": _str("Which engine runs in the pods.", enum=list(BACKENDS),
+                        default="builtin"),
+        "model": _obj({
+            "name": _str("Model name, served as the OpenAI model id.", minLength=1),
+            "path": _str("Where the weights are in the pod (a mounted volume); "
+                         "the name is used when absent."),
+        }, required=["name"]),
+        "image": _str("Container image; the backend's default when absent."),
+        "replicas": _obj({
+            "min": _int("Fewest replicas the controller keeps.", 0, default=1),
+            "max": _int("Most replicas the controller scales to.", 1, default=1),
+        }, default={}, **{"x-kubernetes-validations": [{
+            "rule": "self.min <= self.max", "message": "replicas.min must not exceed replicas.max"}]}),
+        "resources": _obj({
+            "gpu": _int("GPUs per pod (nvidia.com/gpu).", 0, default=0),
+            "cpu": _str("CPU request and limit per pod, e.g. '4'."),
+            "memory": _str("Memory request and limit per pod, e.g. '16Gi'."),
+        }, default={}),
+        "engine": _engine_schema(),
+        "slo": _obj({
+            "profile": _str("Latency tier; picks the knob preset and default targets.",
+                            enum=list(PROFILES), default="standard"),
+            "classes": _obj({f"p{i}": _class_target(f"Targets of priority class P{i}.")
+                             for i in range(3)}),
+            "maxPreemptionsPerMinute": {"type": "number", "minimum": 0, "default": 10,
+                                        "description": "Preemption-storm threshold."},
+        }, default={}),
+        "tuning": _obj({
+            "enabled": {"type": "boolean", "default": True},
+            "window": _str("How long one live trial observes traffic.",
+                           pattern=DURATION_PATTERN, default="2m"),
+            "maxTrials": _int("Trials per tuning round.", 1, 1000, default=30),
+            "canary": {"type": "boolean", "default": True,
+                       "description": "Run trials on one replica when there are several."},
+            "storage": _str("Optuna storage URL (sqlite:/// or postgresql://).",
+                            pattern=r"^(sqlite|postgresql(\+\w+)?)://",
+                            default="sqlite:///var/lib/slopilot/study.db"),
+            "bounds": _obj({"tokenBudget": _bounds("token_budget"),
+                            "chunkSize": _bounds("chunk_size"),
+                            "maxNumSeqs": _bounds("max_num_seqs")},
+                           desc="Narrower search ranges than the knobs' own."),
+        }, default={}),
+        "prometheus": _obj({
+            "url": _str("Prometheus the controller queries.", pattern=r"^https?://",
+                        default="http://prometheus-operated.monitoring:9090"),
+        }, default={}),
+        "adminToken": _obj({
+            "secretName": _str("Secret holding the bearer token of /admin/config; "
+                               "default <name>-admin."),
+            "key": _str("Key in that Secret.", default="token"),
+        }, default={}),
+    }, required=["model"])
+
+
+def _status_schema() -> dict[str, Any]:
+    condition = _obj({
+        "type": _str("Condition type."), "status": _str("", enum=["True", "False", "Unknown"]),
+        "reason": _str("CamelCase reason."), "message": _str("Human-readable detail."),
+        "lastTransitionTime": _str("", format="date-time"),
+        "observedGeneration": _int("", 0),
+    }, required=["type", "status"])
+    preserve = {"x-kubernetes-preserve-unknown-fields": True}
+    return _obj({
+        "phase": _str("Lifecycle phase.", enum=list(PHASES)),
+        "observedGeneration": _int("Generation the status describes.", 0),
+        "replicas": _int("Replicas running now.", 0),
+        "config": _obj({"tokenBudget": {"type": "integer"}, "chunkSize": {"type": "integer"}},
+                       desc="Live engine knobs.", **preserve),
+        "bestTrial": _obj({}, desc="Best trial of the study so far.", **preserve),
+        "trials": _int("Trials run so far.", 0),
+        "sloAttainment": {"type": "number", "minimum": 0, "maximum": 1},
+        "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT (all classes)."},
+        "lastAction": _str("Last controller action (retune, commit, scale, revert)."),
+        "conditions": {"type": "array", "items": condition,
+                       "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    })
+
+
+def openapi_schema() -> dict[str, Any]:
+    return _obj({"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                 "metadata": {"type": "object"}, "spec": _spec_schema(),
+                 "status": _status_schema()}, required=["spec"])
+
+
+def crd_manifest() -> dict[str, Any]:
+    columns = [("Phase", "string", ".status.phase"), ("Replicas", "integer", ".status.replicas"),
+               ("Budget", "integer", ".status.config.tokenBudget"),
+               ("Chunk", "integer", ".status.config.chunkSize"),
+               ("TBT P99", "number", ".status.tbtP99Ms"),
+               ("Age", "date", ".metadata.creationTimestamp")]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP, "scope": "Namespaced",
+            "names": {"plural": PLURAL, "singular": "llmdeployment", "kind": KIND,
+                      "listKind": f"{KIND}List", "shortNames": ["llmd"],
+                      "categories": ["slopilot"]},
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": openapi_schema()},
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": n, "type": t, "jsonPath": p} for n, t, p in columns],
+            }],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# GENERATED by `python -m slopilot.operator.crd`; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=100)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(crd_yaml())

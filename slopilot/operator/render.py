@@ -1,0 +1,211 @@
+"""Render the objects an LLMDeployment owns: pure functions from the spec to plain dicts.
+
+Same body and spec in, identical dicts out (no clocks, no randomness), so the handler can
+compare what it renders with what is in the cluster and patch only on a difference.
+
+Knob changes reach the pods two ways. The built-in engine takes live knobs through
+``PUT /admin/config`` and reads the ConfigMap only at start, so its pod template carries
+a checksum of the *non-live* knobs alone (a change there needs a restart). vLLM has no live
+reconfiguration: its knobs are command-line arguments and the checksum covers all of them,
+so any knob change rolls the pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.operator.spec import Backend, LLMDeploymentSpec
+
+API_VERSION = "slopilot.dev/v1alpha1"
+KIND = "LLMDeployment"
+PORT = 8000
+CONFIG_DIR = "/etc/slopilot"
+CONFIG_FILE = "engine.json"
+CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
+DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
+                  Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
+RUN_AS = 10001
+# Knobs vLLM has no argument for; named in a status condition when a user sets one.
+VLLM_LACKS = ("budget_align", "preemption_mode", "recompute_max_tokens",
+              "max_preemptions_per_step", "swap_timeout_ms", "p0_preempt_utilization",
+              "kv_watermark", "max_waiting")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    """Everything one LLMDeployment owns, plus the knobs its backend cannot honour."""
+
+    config_map: dict[str, Any]
+    deployment: dict[str, Any]
+    service: dict[str, Any]
+    service_monitor: dict[str, Any]
+    unsupported_knobs: tuple[str, ...]
+
+    def objects(self) -> list[dict[str, Any]]:
+        return [self.config_map, self.deployment, self.service, self.service_monitor]
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "slopilot-engine", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/managed-by": "slopilot-operator", "slopilot.dev/llmdeployment": name}
+
+
+def selector(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": name, "slopilot.dev/llmdeployment": name}
+
+
+def _meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": body["metadata"]["namespace"],
+            "labels": labels(body["metadata"]["name"]),
+            "ownerReferences": [owner_reference(body)]}
+
+
+def config_json(config: EngineConfig) -> str:
+    """The knob file ``slopilot serve --config`` reads (stable key order)."""
+    return json.dumps(config.to_dict(), sort_keys=True, indent=2) + "\n"
+
+
+def _checksum(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:
+    """vLLM's arguments for the knobs, and the knobs set in the spec that vLLM lacks."""
+    c = spec.engine
+    args = [spec.model_ref, "--served-model-name", spec.model_name, "--port", str(PORT),
+            "--max-num-batched-tokens", str(c.effective_budget),
+            "--enable-chunked-prefill", "--long-prefill-token-threshold", str(c.chunk_size),
+            "--max-num-seqs", str(c.max_num_seqs), "--scheduling-policy", "priority",
+            "--block-size", str(c.block_size), "--swap-space", f"{c.swap_space_gb:g}",
+            "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if spec.gpu > 1:
+        args += ["--tensor-parallel-size", str(spec.gpu)]
+    lacking = [k for k in VLLM_LACKS if k in spec.explicit_knobs]
+    if c.preemption_mode is PreemptionMode.RECOMPUTE and "preemption_mode" in lacking:
+        lacking.remove("preemption_mode")  # vLLM's only mode: what was asked for
+    return args, tuple(lacking)
+
+
+def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(body, f"{body['metadata']['name']}-engine"),
+            "data": {CONFIG_FILE: config_json(spec.engine)}}
+
+
+def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    amounts: dict[str, Any] = {}
+    if spec.cpu:
+        amounts["cpu"] = spec.cpu
+    if spec.memory:
+        amounts["memory"] = spec.memory
+    if spec.gpu:
+        amounts["nvidia.com/gpu"] = spec.gpu
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def _probe(period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 5}
+
+
+def _container(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": "/cache"}]
+    env = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/cache/huggingface"},
+           {"name": "XDG_CACHE_HOME", "value": "/cache"}]
+    if spec.backend is Backend.BUILTIN:
+        command = ["slopilot", "serve", "--executor", "torch", "--model", spec.model_ref,
+                   "--port", str(PORT), "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+        args: list[str] = []
+        mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
+        env.append({"name": "SLOPILOT_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": spec.admin_secret or f"{name}-admin", "key": spec.admin_secret_key}}})
+    else:
+        command = ["vllm", "serve"]
+        args = vllm_args(spec)[0]
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})  # NCCL and torch workers
+    container: dict[str, Any] = {
+        "name": "engine", "image": spec.image or DEFAULT_IMAGES[spec.backend],
+        "command": command, "ports": [{"name": "http", "containerPort": PORT,
+                                       "protocol": "TCP"}],
+        "env": env, "volumeMounts": mounts,
+        "startupProbe": _probe(10, 60),  # model loading may take minutes
+        "readinessProbe": _probe(5, 3), "livenessProbe": _probe(10, 3),
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+    }
+    if args:
+        container["args"] = args
+    if resources := _resources(spec):
+        container["resources"] = resources
+    return container
+
+
+def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
+                      replicas: int | None = None) -> dict[str, Any]:
+    """The engine Deployment; ``replicas`` defaults to max(min, 1) (the controller moves it)."""
+    name = body["metadata"]["name"]
+    count = replicas if replicas is not None else min(max(spec.min_replicas, 1), spec.max_replicas)
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
+                                     {"name": "cache", "emptyDir": {}}]
+    if spec.backend is Backend.BUILTIN:
+        volumes.append({"name": "engine-config", "configMap": {"name": f"{name}-engine"}})
+        restart_knobs = {k: v for k, v in spec.engine.to_dict().items()
+                         if k in ("block_size", "swap_space_gb")}
+        checksum = _checksum(restart_knobs)
+    else:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        checksum = _checksum(vllm_args(spec)[0])
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(body, name),
+        "spec": {
+            "replicas": count, "selector": {"matchLabels": selector(name)},
+            "template": {
+                "metadata": {"labels": labels(name),
+                             "annotations": {CHECKSUM_ANNOTATION: checksum}},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS,
+                                        "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [_container(body, spec)], "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def render_service(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(body, name),
+            "spec": {"type": "ClusterIP", "selector": selector(name), "ports": [
+                {"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}}
+
+
+def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": _meta(body, name),
+            "spec": {"selector": {"matchLabels": selector(name)},
+                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]}}
+
+
+def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
+               replicas: int | None = None) -> Rendered:
+    unsupported = vllm_args(spec)[1] if spec.backend is Backend.VLLM else ()
+    return Rendered(config_map=render_config_map(body, spec),
+                    deployment=render_deployment(body, spec, replicas),
+                    service=render_service(body, spec),
+                    service_monitor=render_service_monitor(body, spec),
+                    unsupported_knobs=unsupported)

@@ -1,0 +1,286 @@
+"""Typed LLMDeployment spec and ``parse_spec``: the checks the CRD schema cannot make.
+
+The apiserver refuses what the openAPIV3Schema forbids; what is left here are
+cross-field rules (and a second look at types, for objects that reached the handler by
+another road). All problems are collected, each naming the field and the fix, so that
+the handler can put them in one status condition.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
+
+
+class Backend(str, enum.Enum):
+    BUILTIN = "builtin"
+    VLLM = "vllm"
+
+
+class Profile(str, enum.Enum):
+    STRICT = "strict"
+    STANDARD = "standard"
+    RELAXED = "relaxed"
+
+
+class Phase(str, enum.Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    TUNING = "Tuning"
+    SCALING = "Scaling"
+    DEGRADED = "Degraded"
+    INVALID = "Invalid"
+
+
+BACKENDS = tuple(b.value for b in Backend)
+PROFILES = tuple(p.value for p in Profile)
+PHASES = tuple(p.value for p in Phase)
+
+# Default class targets (ms). P0 is fixed by its class; P1's TBT follows the tier.
+TIER_TBT_MS = {Profile.STRICT: 50.0, Profile.STANDARD: 100.0, Profile.RELAXED: 200.0}
+P0_TARGET_MS = (100.0, 20.0)
+P1_TTFT_MS = 500.0
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
+                 "maxNumSeqs": "max_num_seqs"}
+
+
+class SpecError(ValueError):
+    """An LLMDeployment spec the handler refuses; ``problems`` lists each bad field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class ClassTarget:
+    ttft_p99_ms: float
+    tbt_p99_ms: float
+
+
+@dataclass(frozen=True)
+class SLOSpec:
+    profile: Profile
+    classes: Mapping[str, ClassTarget]
+    max_preemptions_per_minute: float
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    enabled: bool
+    window_s: float
+    max_trials: int
+    canary: bool
+    storage: str
+    bounds: Mapping[str, tuple[int, int]]  # EngineConfig field -> (lo, hi)
+
+
+@dataclass(frozen=True)
+class LLMDeploymentSpec:
+    backend: Backend
+    model_name: str
+    model_path: str | None
+    image: str | None
+    min_replicas: int
+    max_replicas: int
+    gpu: int
+    cpu: str | None
+    memory: str | None
+    engine: EngineConfig
+    explicit_knobs: frozenset[str]  # EngineConfig fields the user set (not from the preset)
+    slo: SLOSpec
+    tuning: TuningSpec
+    prometheus_url: str
+    admin_secret: str | None
+    admin_secret_key: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_ref(self) -> str:
+        """What the engine loads: the mounted path when given, else the name."""
+        return self.model_path or self.model_name
+
+
+def parse_duration(text: str) -> float:
+    """``"2m"`` -> 120.0, ``"1m30s"`` -> 90.0; a bad string raises ValueError."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{text!r} is not a duration like 90s, 2m or 1h30m")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+class _Reader:
+    """Reads typed values out of nested dicts, collecting problems instead of raising."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def get(self, data: Mapping[str, Any], path: str, kind: type | tuple[type, ...],
+            default: Any = None) -> Any:
+        node: Any = data
+        for part in path.split(".")[1:]:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            return default
+        if isinstance(node, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            node = None
+        if not isinstance(node, kind):
+            names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            self.problems.append(f"{path}={node!r}: expected {names}")
+            return default
+        return node
+
+    def choice(self, data: Mapping[str, Any], path: str, enum_type: type[enum.Enum],
+               default: enum.Enum) -> Any:
+        raw = self.get(data, path, str)
+        if raw is None:
+            return default
+        try:
+            return enum_type(raw)
+        except ValueError:
+            allowed = ", ".join(str(e.value) for e in enum_type)
+            self.problems.append(f"{path}={raw!r} is not allowed; use one of: {allowed}")
+            return default
+
+
+def _engine(spec: Mapping[str, Any], profile: Profile, r: _Reader
+            ) -> tuple[EngineConfig, frozenset[str]]:
+    explicit: dict[str, Any] = {}
+    engine = spec.get("engine") or {}
+    for path, name in KNOB_PATHS.items():
+        node: Any = engine
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            continue
+        try:
+            explicit[name] = coerce_knob(name, node)
+            EngineConfig().with_overrides({name: explicit[name]})
+        except ConfigError as exc:
+            if "exceeds the token budget" not in str(exc):  # cross-field: judged below
+                r.problems.append(f"{spec_path(name)}: {exc}")
+                explicit.pop(name, None)
+    base = PRESETS[profile.value]
+    try:
+        return EngineConfig().with_overrides({**base, **explicit}), frozenset(explicit)
+    except ConfigError:
+        budget = explicit.get("token_budget", base["token_budget"])
+        chunk = explicit.get("chunk_size", base["chunk_size"])
+        r.problems.append(
+            f"{spec_path('chunk_size')}={chunk} exceeds {spec_path('token_budget')}={budget} "
+            f"(after the '{profile.value}' preset and budget alignment); lower chunkSize "
+            "or raise tokenBudget")
+        return EngineConfig(), frozenset(explicit)
+
+
+def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
+    defaults = {"p0": ClassTarget(*P0_TARGET_MS),
+                "p1": ClassTarget(P1_TTFT_MS, TIER_TBT_MS[profile])}
+    classes: dict[str, ClassTarget] = {}
+    for name in ("p0", "p1", "p2"):
+        given = r.get(spec, f"spec.slo.classes.{name}", Mapping)
+        if given is None and name not in defaults:
+            continue  # P2 is best effort unless the user gives it targets
+        base = defaults.get(name, ClassTarget(60000.0, 1000.0))
+        ttft = r.get(spec, f"spec.slo.classes.{name}.ttftP99Ms", (int, float), base.ttft_p99_ms)
+        tbt = r.get(spec, f"spec.slo.classes.{name}.tbtP99Ms", (int, float), base.tbt_p99_ms)
+        for what, value in (("ttftP99Ms", ttft), ("tbtP99Ms", tbt)):
+            if value <= 0:
+                r.problems.append(f"spec.slo.classes.{name}.{what}={value}: must be above 0")
+        classes[name] = ClassTarget(float(ttft), float(tbt))
+    names = list(classes)
+    for hi, lo in zip(names, names[1:], strict=False):
+        for what in ("ttft_p99_ms", "tbt_p99_ms"):
+            tight, loose = getattr(classes[hi], what), getattr(classes[lo], what)
+            if tight > loose:
+                camel = "ttftP99Ms" if what.startswith("ttft") else "tbtP99Ms"
+                r.problems.append(
+                    f"spec.slo.classes.{hi}.{camel}={tight:g} is looser than "
+                    f"{lo}.{camel}={loose:g}; a higher class needs the tighter target")
+    storm = r.get(spec, "spec.slo.maxPreemptionsPerMinute", (int, float), 10)
+    if storm < 0:
+        r.problems.append(f"spec.slo.maxPreemptionsPerMinute={storm}: must be 0 or more")
+    return SLOSpec(profile, classes, float(storm))
+
+
+def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> TuningSpec:
+    window = r.get(spec, "spec.tuning.window", str, "2m")
+    try:
+        window_s = parse_duration(window)
+    except ValueError as exc:
+        r.problems.append(f"spec.tuning.window: {exc}")
+        window_s = 120.0
+    trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
+    if not 1 <= trials <= 1000:
+        r.problems.append(f"spec.tuning.maxTrials={trials}: use a value in [1, 1000]")
+    bounds: dict[str, tuple[int, int]] = {}
+    for camel, name in BOUNDED_KNOBS.items():
+        lo_k, hi_k = knob_range(name)
+        lo = r.get(spec, f"spec.tuning.bounds.{camel}.min", int, int(lo_k))
+        hi = r.get(spec, f"spec.tuning.bounds.{camel}.max", int, int(hi_k))
+        where = f"spec.tuning.bounds.{camel}"
+        if not lo_k <= lo <= hi <= hi_k:
+            r.problems.append(f"{where}=[{lo}, {hi}]: need {lo_k:g} <= min <= max <= {hi_k:g}")
+        elif not lo <= getattr(engine, name) <= hi:
+            r.problems.append(f"{spec_path(name)}={getattr(engine, name)} lies outside "
+                              f"{where}=[{lo}, {hi}]; widen the bounds or change the knob")
+        bounds[name] = (lo, hi)
+    return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
+                      max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
+                      storage=r.get(spec, "spec.tuning.storage", str,
+                                    "sqlite:///var/lib/slopilot/study.db"), bounds=bounds)
+
+
+def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
+    """The typed spec of an LLMDeployment object (kopf's ``body``); SpecError lists problems."""
+    r = _Reader()
+    spec = body.get("spec") if isinstance(body, Mapping) else None
+    if not isinstance(spec, Mapping):
+        raise SpecError(["spec: missing; an LLMDeployment needs at least spec.model.name"])
+    backend = r.choice(spec, "spec.backend", Backend, Backend.BUILTIN)
+    profile = r.choice(spec, "spec.slo.profile", Profile, Profile.STANDARD)
+    name = r.get(spec, "spec.model.name", str)
+    if not name:
+        r.problems.append("spec.model.name: required; name the model, e.g. smollm2-135m")
+    lo = r.get(spec, "spec.replicas.min", int, 1)
+    hi = r.get(spec, "spec.replicas.max", int, max(lo, 1))
+    if lo < 0 or hi < 1:
+        r.problems.append(f"spec.replicas=[{lo}, {hi}]: need min >= 0 and max >= 1")
+    elif lo > hi:
+        r.problems.append(f"spec.replicas.min={lo} exceeds spec.replicas.max={hi}; "
+                          "raise max or lower min")
+    gpu = r.get(spec, "spec.resources.gpu", int, 0)
+    if gpu < 0:
+        r.problems.append(f"spec.resources.gpu={gpu}: must be 0 or more")
+    engine, explicit = _engine(spec, profile, r)
+    slo = _slo(spec, profile, r)
+    tuning = _tuning(spec, engine, r)
+    url = r.get(spec, "spec.prometheus.url", str, "http://prometheus-operated.monitoring:9090")
+    if not url.startswith(("http://", "https://")):
+        r.problems.append(f"spec.prometheus.url={url!r}: must start with http:// or https://")
+    if r.problems:
+        raise SpecError(r.problems)
+    known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
+             "prometheus", "adminToken"}
+    return LLMDeploymentSpec(
+        backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
+        image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
+        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=engine,
+        explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
+        admin_secret=r.get(spec, "spec.adminToken.secretName", str),
+        admin_secret_key=r.get(spec, "spec.adminToken.key", str, "token"),
+        extra={k: v for k, v in spec.items() if k not in known})
+
+
+def _quantity(spec: Mapping[str, Any], name: str) -> str | None:
+    value = (spec.get("resources") or {}).get(name)
+    return None if value is None else str(value)
+

@@ -1,0 +1,44 @@
+"""Fixtures for operator tests: a Kubernetes API emulator served over real HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+
+from tests.support.kube_server import RunningEmulator, serve_emulator
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[RunningEmulator]:
+    """The emulator on 127.0.0.1:<free port>, with the ``default`` namespace.
+
+    ``kube.kubeconfig`` is a kubeconfig file for kopf (``KUBECONFIG``) and kubectl-like
+    tools; ``kube.emulator.objects`` is kmock's store for assertions.
+    """
+    with serve_emulator(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+def kube_client(kube: RunningEmulator) -> Iterator[kubernetes.client.ApiClient]:
+    """The official client, configured for the emulator."""
+    with kube.api_client() as client:
+        yield client
+
+
+@pytest.fixture
+def kube_login(kube: RunningEmulator, monkeypatch: pytest.MonkeyPatch) -> RunningEmulator:
+    """Point kopf's default login (via the official client) at the emulator.
+
+    kubernetes.config reads ``KUBECONFIG`` once, at import, into
+    ``KUBE_CONFIG_DEFAULT_LOCATION``; setting the variable in a test is too late, so the
+    module default is patched as well.
+    """
+    import kubernetes.config.kube_config as kube_config
+
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kube.kubeconfig))
+    return kube

@@ -1,0 +1,391 @@
+"""A Kubernetes API emulator that kopf and the official client can run against.
+
+kmock 0.8's KubernetesEmulator stores objects and streams watches, but as released it
+leaves out what real clients rely on (DESIGN.md §7). This subclass keeps kmock's
+object store (``emulator.objects``) and its reaction DSL (user reactions still win)
+and replaces the state changes with apiserver rules:
+
+- server-filled metadata: uid, a global increasing resourceVersion, generation bumped on
+  spec changes, creationTimestamp, the namespace from the URL, generateName;
+- 201 on create, 409 ``AlreadyExists``/``Conflict``, 404 ``NotFound``, 422 ``Invalid``;
+- PUT (replace) and PATCH (merge, strategic-merge as merge, JSON patch with ``test``);
+- the status subresource changes only status, the main resource never status (for
+  resources that declare the subresource), so controllers and users do not clobber each other;
+- lists with ``kind``/``apiVersion``/``resourceVersion``, label and field selectors;
+- watches from a resourceVersion (an event log, like etcd's), namespaced, with timeoutSeconds;
+- finalizers and deletionTimestamp; background garbage collection through ownerReferences;
+- CRDs created through the API become discoverable resources; their schema defaults and
+  validates custom objects;
+- ``GET /version`` and ``/version/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import copy
+import random
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp.web
+import attrs
+from kmock import KubernetesEmulator, Request, ResourceInfo, Response, method, resource
+from kmock._internal import apps
+
+from tests.support import kube_objects as ko
+from tests.support.crd_schema import apply_defaults, schema_errors, served_schema
+
+CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+Key = tuple[resource, str | None, str]
+
+
+@attrs.define(kw_only=True)
+class KubeEmulator(KubernetesEmulator):
+    """``KubeEmulator(seed=0)``; enter it and serve it with ``kmock.Server(emulator)``."""
+
+    seed: int = 0
+    kube_version: tuple[int, int] = (1, 33)
+    _rv: int = attrs.field(default=0, init=False)
+    _log: list[tuple[resource, dict[str, Any]]] = attrs.field(factory=list, init=False)
+    _log_rvs: list[int] = attrs.field(factory=list, init=False)
+    _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
+    _rng: random.Random = attrs.field(init=False)
+    _schemas: dict[resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _outcomes: dict[Request, tuple[int, dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._rng = random.Random(self.seed)
+        self.resources.load_bundled()  # the builtin resources of a recent cluster (K3s)
+        above = self.fallback ** 1  # above kmock's own fallbacks, below any test reaction
+        above["get /version/"] << self._serve_server_version
+        above[method.PUT] << self._serve_update  # kmock maps PUT to no action
+        above[method.DELETE] << self._serve_update  # nor a DELETE of a whole collection
+
+    # --- requests ------------------------------------------------------------------------
+
+    async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
+        try:
+            if request.resource is not None and request.resource.plural:
+                async with self._changed:
+                    outcome = self._mutate(request)
+                    if outcome is not None:
+                        self._outcomes[request] = outcome
+                        self._changed.notify_all()
+            # Skip KubernetesEmulator._handle: its state changes are what this class replaces.
+            return await apps.RawHandler._handle(self, request)
+        finally:
+            self._outcomes.pop(request, None)
+
+    def _mutate(self, request: Request) -> tuple[int, dict[str, Any]] | None:
+        res = self._known(request)
+        if request.method == method.POST and request.name is None:
+            return 201, self.create(res, request.namespace, request.data)
+        if request.name is None:
+            if request.method == method.DELETE:
+                return 200, self._delete_collection(res, request)
+            return None
+        key = (res, request.namespace if self._namespaced(res) else None, request.name)
+        sub = request.subresource
+        if sub not in (None, "status") and request.method != method.GET:
+            raise ko.api_error(405, "MethodNotAllowed", f"subresource {sub!r} is not served")
+        if request.method == method.PATCH:
+            ctype = request.headers.get("Content-Type", "application/merge-patch+json")
+            current = self._get(key)
+            new = ko.apply_patch(current, request.data, ctype, res, request.name)
+            return 200, self._update(key, current, new, to_status=sub == "status")
+        if request.method == method.PUT:
+            if not isinstance(request.data, dict):
+                raise ko.api_error(400, "BadRequest", "the body must be a JSON object")
+            return 200, self._update(key, self._get(key), copy.deepcopy(request.data),
+                                     to_status=sub == "status")
+        if request.method == method.DELETE:
+            policy = (request.data or {}).get("propagationPolicy") if isinstance(
+                request.data, dict) else None
+            return 200, self.delete(key, orphan=policy == "Orphan")
+        return None
+
+    # --- state changes (call under self._changed) ---------------------------------------
+
+    def create(self, res: resource, namespace: str | None, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise ko.api_error(400, "BadRequest", "the body must be a JSON object")
+        body = copy.deepcopy(data)
+        meta = body.setdefault("metadata", {})
+        if self._namespaced(res):
+            if namespace and meta.get("namespace", namespace) != namespace:
+                raise ko.api_error(400, "BadRequest", "the namespace of the provided object "
+                                   "does not match the namespace sent on the request")
+            meta["namespace"] = namespace or meta.get("namespace")
+            if not meta["namespace"]:
+                raise ko.api_error(400, "BadRequest", "a namespaced object needs a namespace")
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ko.invalid(res, None, "metadata.name: Required value: name or "
+                                 "generateName is required")
+            meta["name"] = meta["generateName"] + "".join(
+                self._rng.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+        key = (res, meta.get("namespace"), meta["name"])
+        if key in self._objects and not self._objects[key].deleted:
+            raise ko.already_exists(res, meta["name"], self._kind(res))
+        body["apiVersion"] = ko.api_version_of(res)
+        body["kind"] = self._kind(res)
+        meta["uid"] = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        meta["generation"] = 1
+        meta["creationTimestamp"] = ko.now_rfc3339()
+        for server_only in ("deletionTimestamp", "resourceVersion"):
+            meta.pop(server_only, None)
+        if "status" in self._info(res).subresources:
+            body.pop("status", None)  # status is written through /status only
+        body = self._admit(res, body)
+        if res == CRDS:
+            body["status"] = self._register_crd(body)
+        self._commit(key, "ADDED", body)
+        return body
+
+    def _update(self, key: Key, old: dict[str, Any], new: dict[str, Any], *,
+                to_status: bool) -> dict[str, Any]:
+        res, _, name = key
+        sent_rv = new.get("metadata", {}).get("resourceVersion")
+        if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
+            raise ko.conflict(res, name)
+        new = ko.carry_server_fields(old, new, status_subresource="status" in self._info(
+            res).subresources, to_status=to_status)
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if not to_status:
+            ko.bump_generation(old, new)
+            new = self._admit(res, new)
+        if new == old:
+            return old  # a no-op write changes nothing and emits no event, as in etcd
+        if res == CRDS:
+            new["status"] = self._register_crd(new)
+        meta = new["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._commit(key, "MODIFIED", new)
+            return self._remove(key)
+        self._commit(key, "MODIFIED", new)
+        return new
+
+    def delete(self, key: Key, *, orphan: bool = False) -> dict[str, Any]:
+        body = self._get(key)
+        meta = body["metadata"]
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = ko.now_rfc3339()
+                self._commit(key, "MODIFIED", body)
+            return body
+        return self._remove(key, orphan=orphan)
+
+    def _remove(self, key: Key, *, orphan: bool = False) -> dict[str, Any]:
+        body = self._get(key)
+        self._rv += 1
+        body["metadata"]["resourceVersion"] = str(self._rv)
+        self._objects[key].delete()
+        self._record(key[0], "DELETED", body)
+        if key[0] == CRDS:
+            self._unregister_crd(body)
+        if not orphan:
+            self._collect_garbage(body["metadata"]["uid"])
+        return body
+
+    def _collect_garbage(self, gone_uid: str) -> None:
+        live = {obj.raw["metadata"].get("uid") for obj in self._objects.values()
+                if not obj.deleted}
+        for key, obj in list(self._objects.items()):
+            if not obj.deleted and ko.orphaned(obj.raw, gone_uid, live):
+                self.delete(key)
+
+    def _delete_collection(self, res: resource, request: Request) -> dict[str, Any]:
+        gone = [self.delete(key) for key, body in self._select(res, request)]
+        return self._list_body(res, gone)
+
+    def _commit(self, key: Key, event: str, body: dict[str, Any]) -> None:
+        self._rv += 1
+        body["metadata"]["resourceVersion"] = str(self._rv)
+        if key in self._objects:  # a new version in kmock's history of the object
+            self._objects[key].create(copy.deepcopy(body))
+        else:
+            self._objects[key] = copy.deepcopy(body)
+        self._record(key[0], event, body)
+
+    def _record(self, res: resource, event: str, body: dict[str, Any]) -> None:
+        self._log.append((res, {"type": event, "object": copy.deepcopy(body)}))
+        self._log_rvs.append(self._rv)
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def _serve_fetch(self, request: Request) -> Any:
+        res = self._known(request)
+        if request.name is None:  # pragma: no cover  # kmock routes unnamed GETs to list
+            raise ko.not_found(res, "")
+        ns = request.namespace if self._namespaced(res) else None
+        async with self._changed:
+            return self._get((res, ns, request.name))
+
+    async def _serve_list(self, request: Request) -> Any:
+        res = self._known(request)
+        async with self._changed:
+            return self._list_body(res, [body for _, body in self._select(res, request)])
+
+    async def _serve_watch(self, request: Request) -> AsyncIterator[Any]:
+        yield b""  # send the headers now: a quiet watch must still count as started
+        res = self._known(request)
+        loop = asyncio.get_running_loop()
+        timeout = request.params.get("timeoutSeconds")
+        deadline = loop.time() + float(timeout) if timeout else None
+        since = request.params.get("resourceVersion") or "0"
+        if not since.isdigit():
+            raise ko.api_error(400, "BadRequest", f"resourceVersion {since!r} is not a number")
+        async with self._changed:
+            if since == "0":
+                pending = [{"type": "ADDED", "object": body}
+                           for _, body in self._select(res, request)]
+                cursor = len(self._log)
+            else:
+                pending, cursor = [], bisect.bisect_right(self._log_rvs, int(since))
+        for event in pending:
+            yield event
+        while True:
+            async with self._changed:
+                while cursor >= len(self._log) and not self._closing:
+                    left = None if deadline is None else deadline - loop.time()
+                    if left is not None and left <= 0:
+                        return
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), left)
+                    except TimeoutError:
+                        return
+                if self._closing:
+                    return
+                batch, cursor = self._log[cursor:], len(self._log)
+            for event_res, event in batch:
+                if event_res == res and self._matches(request, event["object"]):
+                    yield event
+
+    async def _serve_create(self, request: Request) -> Any:
+        status, body = self._outcomes[request]
+        return Response(status=status, payload=body)
+
+    async def _serve_update(self, request: Request) -> Any:
+        if request not in self._outcomes:
+            raise ko.api_error(405, "MethodNotAllowed", "the server does not allow this method")
+        status, body = self._outcomes[request]
+        return Response(status=status, payload=body)
+
+    _serve_delete = _serve_update
+
+    async def _serve_server_version(self, request: Request) -> Any:
+        major, minor = self.kube_version
+        # client 37 validates VersionInfo with pydantic: every field must be a string.
+        return {"major": str(major), "minor": str(minor), "gitVersion": f"v{major}.{minor}.0",
+                "gitCommit": "0" * 40, "gitTreeState": "clean",
+                "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24",
+                "compiler": "gc", "platform": "linux/amd64"}
+
+    def _select(self, res: resource, request: Request) -> list[tuple[Key, dict[str, Any]]]:
+        return [(key, copy.deepcopy(obj.raw)) for key, obj in self._objects.items()
+                if key[0] == res and not obj.deleted and self._matches(request, obj.raw)]
+
+    def _matches(self, request: Request, body: Mapping[str, Any]) -> bool:
+        meta = body.get("metadata", {})
+        return bool(
+            (request.namespace is None or meta.get("namespace") == request.namespace)
+            and (request.name is None or meta.get("name") == request.name)
+            and ko.matches_labels(meta.get("labels", {}), request.params.get("labelSelector"))
+            and ko.matches_fields(body, request.params.get("fieldSelector")))
+
+    def _list_body(self, res: resource, items: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"apiVersion": ko.api_version_of(res), "kind": f"{self._kind(res)}List",
+                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+
+    def _get(self, key: Key) -> dict[str, Any]:
+        obj = self._objects[key] if key in self._objects else None
+        if obj is None or obj.deleted:
+            raise ko.not_found(key[0], key[2], self._kind(key[0]))
+        return copy.deepcopy(obj.raw)
+
+    async def end_watches(self) -> None:
+        """End every open watch stream, so that the HTTP server can stop without waiting."""
+        async with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+
+    # --- resources and CRDs ---------------------------------------------------------------
+
+    def _known(self, request: Request) -> resource:
+        res = request.resource
+        if res is None or not any(r == res for r in self._get_resources()):
+            raise ko.api_error(404, "NotFound", "the server could not find the requested resource")
+        return res
+
+    def _info(self, res: resource) -> ResourceInfo:
+        return self.resources[res] if res in self.resources else ResourceInfo()
+
+    def _namespaced(self, res: resource) -> bool:
+        return self._info(res).namespaced is not False
+
+    def _kind(self, res: resource) -> str:
+        return ko.kind_of(res, self._info(res))
+
+    def _admit(self, res: resource, body: dict[str, Any]) -> dict[str, Any]:
+        """Default and validate a custom object against its CRD schema, as the apiserver does."""
+        schema = self._schemas.get(res)
+        if schema is None:
+            return body
+        body = apply_defaults(schema, body)
+        if errors := schema_errors(schema, body):
+            raise ko.invalid(res, body["metadata"].get("name"), "; ".join(errors))
+        return body
+
+    def _register_crd(self, crd: Mapping[str, Any]) -> dict[str, Any]:
+        spec, names = crd["spec"], crd["spec"]["names"]
+        for version in spec["versions"]:
+            if not version.get("served", True):
+                continue
+            res = resource(spec["group"], version["name"], names["plural"])
+            self.resources[res] = ResourceInfo(
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                kind=names["kind"], singular=names.get("singular", names["kind"].lower()),
+                verbs=ALL_VERBS, shortnames=names.get("shortNames", []),
+                categories=names.get("categories", []),
+                subresources=set(version.get("subresources", {})))
+            if "schema" in version:
+                self._schemas[res] = served_schema(crd, version["name"])
+        return {"acceptedNames": dict(names), "storedVersions": [
+            v["name"] for v in spec["versions"] if v.get("storage")], "conditions": [
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}]}
+
+    def _unregister_crd(self, crd: Mapping[str, Any]) -> None:
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            res = resource(spec["group"], version["name"], spec["names"]["plural"])
+            self._schemas.pop(res, None)
+            if res in self.resources:
+                del self.resources[res]
+
+    async def install(self, *bodies: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Create objects (CRDs first, as ``kubectl apply`` would need) from test code."""
+        out = []
+        async with self._changed:
+            for body in sorted(bodies, key=lambda b: b.get("kind") != "CustomResourceDefinition"):
+                api_version, plural = str(body["apiVersion"]), self._plural(body)
+                group, _, version = api_version.rpartition("/")
+                res = resource(group, version, plural)
+                out.append(self.create(res, body.get("metadata", {}).get("namespace"), body))
+            self._changed.notify_all()
+        return out
+
+    def _plural(self, body: Mapping[str, Any]) -> str:
+        group = str(body["apiVersion"]).rpartition("/")[0]
+        for res in self.resources:
+            info = self.resources[res]
+            if res.group == group and info.kind == body["kind"]:
+                return str(res.plural)
+        raise LookupError(f"no resource serves kind {body['kind']} in {body['apiVersion']}; "
+                          "install its CustomResourceDefinition first")
