@@ -111,7 +111,8 @@ class SlidingSum:
         total = 0.0
         for epoch, value in zip(self._epoch, self._sum, strict=True):
             if oldest < epoch + 1 and epoch <= now:
-                total += value
+                # The slot the window's edge cuts counts for the part inside the window.
+                total += value * min(1.0, epoch + 1 - oldest)
         span = min(self.window_s, now - self._first)
         if span <= 0:
             return 0.0

@@ -8,6 +8,7 @@ the OpenMetrics encoder would turn the ``:`` in ``vllm:...`` into ``_``.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 
@@ -31,6 +32,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536
 
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 CLASS_LABELS: tuple[str, ...] = tuple(p.label for p in Priority)
 
 # Every series this module exports, by the name Prometheus stores (histograms by base name).
@@ -79,6 +81,10 @@ class EngineMetrics:
                  stall_window_s: float = 60.0) -> None:
         if not model_name:
             raise ValueError("model_name is empty; pass the served model's name")
+        for key in info or {}:
+            if key in ("model_name", "version") or not _LABEL_NAME.match(key):
+                raise ValueError(f"info label {key!r}: use a Prometheus label name (letters, "
+                                 "digits, _) other than model_name and version")
         self.model_name = model_name
         self.registry = registry if registry is not None else CollectorRegistry()
         self._clock = clock
@@ -164,6 +170,10 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def describe(self) -> list[Metric]:
+        # Lets the registry refuse a second engine with the same series at register time.
+        return list(self.collect())
 
     def collect(self) -> Iterator[Metric]:
         model = [self.model_name]

@@ -1,0 +1,70 @@
+"""SLOSpec: profiles, overrides, round trips and the errors users meet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.engine.request import Priority
+from slopilot.tuner.slo import ClassSLO, SLOError, SLOSpec
+
+
+@pytest.mark.parametrize(("profile", "tbt_p1"), [("strict", 50), ("standard", 100),
+                                                 ("relaxed", 200)])
+def test_profiles_set_the_p1_tier_and_keep_p0_realtime(profile: str, tbt_p1: float) -> None:
+    spec = SLOSpec.from_profile(profile)
+    assert spec.class_slo(Priority.P1).tbt_p99_ms == tbt_p1
+    assert spec.class_slo(Priority.P1).ttft_p99_ms == 500
+    assert spec.class_slo("p0") == ClassSLO(ttft_p99_ms=100, tbt_p99_ms=20,
+                                            max_preemptions_per_min=10)
+    assert spec.class_slo(2).best_effort
+    assert spec.max_preemptions_per_min == 10
+    assert spec.prefix_hit_min is None
+
+
+def test_from_dict_overrides_and_crd_spelling() -> None:
+    spec = SLOSpec.from_dict({
+        "profile": "strict", "maxPreemptionsPerMinute": 4,
+        "classes": {"p0": {"ttftP99Ms": 80}, "P1": {"tbt_p99_ms": None},
+                    "batch": {"prefixHitMin": 0.9}}})
+    assert spec.p0.ttft_p99_ms == 80 and spec.p0.tbt_p99_ms == 20
+    assert spec.p1.tbt_p99_ms is None, "null makes a bound best effort"
+    assert spec.p2.prefix_hit_min == 0.9
+    assert spec.max_preemptions_per_min == 4
+    assert spec.prefix_hit_min == 0.9
+
+
+def test_default_profile_is_standard_and_round_trip() -> None:
+    assert SLOSpec.from_dict({}).classes() == SLOSpec.from_profile("standard").classes()
+    spec = SLOSpec.from_dict({"profile": "relaxed", "classes": {"p2": {"ttft_p99_ms": 5000}}})
+    assert SLOSpec.from_dict(spec.to_dict()) == spec
+    bare = SLOSpec(ClassSLO(1), ClassSLO(), ClassSLO())
+    assert SLOSpec.from_dict(bare.to_dict()) == bare
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"profile": "fast"}, "unknown SLO profile 'fast'; use one of: strict, standard, relaxed"),
+    ({"profile": 3}, "profile=3"),
+    ({"tbt": 50}, "unknown SLO field"),
+    ({"classes": {"p3": {}}}, "classes.p3: not a class"),
+    ({"classes": {"p1": {"ttft": 1}}}, "classes.p1.ttft: unknown objective"),
+    ({"classes": {"p1": {"ttft_p99_ms": -5}}}, "classes.p1.ttft_p99_ms=-5: expected a positive"),
+    ({"classes": {"p1": {"tbt_p99_ms": "fast"}}}, "tbt_p99_ms='fast'"),
+    ({"classes": {"p0": {"prefix_hit_min": 1.5}}}, r"prefix_hit_min=1.5: expected a ratio"),
+    ({"classes": ["p0"]}, "classes: expected a mapping"),
+    ({"classes": {"p0": 100}}, "classes.p0: expected a mapping"),
+    ({"max_preemptions_per_min": 0}, "max_preemptions_per_min=0"),
+])
+def test_bad_specs_name_the_field_and_the_fix(data: Any, message: str) -> None:
+    with pytest.raises(SLOError, match=message.replace("(", r"\(")):
+        SLOSpec.from_dict(data)
+
+
+def test_not_a_mapping_and_bad_class_lookup() -> None:
+    with pytest.raises(SLOError, match="expected a mapping"):
+        SLOSpec.from_dict(["strict"])  # type: ignore[arg-type]
+    with pytest.raises(SLOError, match="priority 'p7' is not a class"):
+        SLOSpec.from_profile("standard").class_slo("p7")
+    with pytest.raises(SLOError, match="p1: expected a ClassSLO"):
+        SLOSpec(ClassSLO(), {"ttft_p99_ms": 1}, ClassSLO())  # type: ignore[arg-type]
