@@ -268,6 +268,7 @@ class CostModel:
 
     def swap_time_per_block(self, block_size: int) -> float:
         """The per-block part of ``swap_time`` (seconds per block, without the latency)."""
+        self._check_block_size(block_size)
         return block_size * self.kv_bytes_per_token() / self._pcie
 
     @staticmethod

@@ -1,0 +1,95 @@
+"""An executor with no model: the cost model says how long each iteration takes.
+
+In virtual mode ``execute`` returns at once and the discrete-event simulator advances
+its clock by ``elapsed_s``. In realtime mode it sleeps the modelled time, so a real
+server (HTTP, metrics scraping, alerting) runs on a laptop as if it had the GPU.
+
+Sampled tokens are a fixed placeholder that is never the EOS or a request's stop
+token, so every request runs to its ``max_tokens``: output lengths come from the
+workload, not from the (absent) model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from slopilot.engine.sim.cost_model import CostModel, CostModelError
+
+DEFAULT_PLACEHOLDER_TOKEN_ID = 100
+
+
+class SimulatedExecutor:
+    """Implements ``Executor`` from a ``CostModel``; holds no per-request state."""
+
+    def __init__(self, cost_model: CostModel, *, block_size: int = 16,
+                 eos_token_id: int | None = None,
+                 placeholder_token_id: int = DEFAULT_PLACEHOLDER_TOKEN_ID,
+                 realtime: bool = False,
+                 clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        vocab = cost_model.model.vocab_size
+        if not 0 <= placeholder_token_id < vocab:
+            raise CostModelError(
+                f"placeholder_token_id={placeholder_token_id} is outside {cost_model.model.name}'s "
+                f"vocabulary [0, {vocab}); pick an id below {vocab}")
+        if placeholder_token_id == eos_token_id:
+            raise CostModelError(
+                f"placeholder_token_id={placeholder_token_id} is the EOS token, so every "
+                "request would stop after one token; pick another placeholder id")
+        # Fail here, not on the first swap, when the block size is unusable.
+        self.swap_time_per_block_s = cost_model.swap_time_per_block(block_size)
+        self.cost_model = cost_model
+        self.block_size = block_size
+        self.eos_token_id = eos_token_id
+        self.placeholder_token_id = placeholder_token_id
+        self.realtime = realtime
+        self._clock = clock
+        self._sleep = sleep
+        self.num_iterations = 0
+        self.busy_s = 0.0  # modelled GPU time so far (the busy-ratio numerator)
+
+    # -- sizing, for the engine and the scheduler -------------------------------------
+
+    def num_gpu_blocks(self, gpu_memory_utilization: float = 0.9) -> int:
+        return self.cost_model.num_kv_blocks(self.block_size, gpu_memory_utilization)
+
+    def num_cpu_blocks(self, swap_space_gb: float) -> int:
+        return self.cost_model.num_cpu_blocks(self.block_size, swap_space_gb)
+
+    # -- one iteration ----------------------------------------------------------------
+
+    def modelled_time(self, out: SchedulerOutput) -> float:
+        """Seconds the iteration would take: swaps (before the pass) plus the pass."""
+        cm, bs = self.cost_model, self.block_size
+        batch = [(len(s.token_ids), s.start_pos) for s in out.seqs]
+        return (cm.iteration_time(batch) + cm.swap_time(len(out.swap_out), bs)
+                + cm.swap_time(len(out.swap_in), bs))
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        start = self._clock() if self.realtime else 0.0
+        elapsed = self.modelled_time(out)
+        sampled = {s.request_id: self._token_for(s.sampling.stop_token_ids)
+                   for s in out.seqs if s.sample}
+        self.num_iterations += 1
+        self.busy_s += elapsed
+        if self.realtime:
+            left = elapsed - (self._clock() - start)
+            if left > 0:
+                self._sleep(left)
+        return ModelRunnerOutput(sampled=sampled, elapsed_s=elapsed)
+
+    def _token_for(self, stop_token_ids: tuple[int, ...]) -> int:
+        token = self.placeholder_token_id
+        if token in stop_token_ids:
+            # The smallest id that ends nothing; such an id exists unless every id stops.
+            banned = set(stop_token_ids)
+            if self.eos_token_id is not None:
+                banned.add(self.eos_token_id)
+            token = next(t for t in range(self.cost_model.model.vocab_size + 1)
+                         if t not in banned)
+        return token
+
+    def close(self) -> None:
+        return None
