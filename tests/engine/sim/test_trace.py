@@ -1,0 +1,156 @@
+"""Trace replay: the shipped Azure trace, JSONL, windows, time scaling, malformed rows."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.trace import (
+    TraceError,
+    TraceRecord,
+    TraceWorkload,
+    mean_rate,
+    read_trace,
+    rescale,
+    window,
+)
+from slopilot.engine.sim.workload import RESERVED_TOKEN_IDS, ClassMix
+
+
+@pytest.fixture(scope="module")
+def azure() -> list[TraceRecord]:
+    return read_trace("azure-llm-2023-conv")
+
+
+def test_shipped_azure_trace_is_the_real_hour(azure: list[TraceRecord]) -> None:
+    assert len(azure) == 19366
+    assert azure[0].arrival_time == 0.0
+    assert azure[-1].arrival_time == pytest.approx(3501.72, abs=0.01)  # 18:15:46 -> 19:14:08
+    assert all(a.arrival_time <= b.arrival_time for a, b in itertools.pairwise(azure))
+    assert (azure[0].prompt_tokens, azure[0].output_tokens) == (374, 44)
+    assert mean_rate(azure) == pytest.approx(5.53, abs=0.01)
+
+
+def test_the_licence_travels_with_the_trace() -> None:
+    readme = Path(__file__).parents[3] / "slopilot" / "data" / "traces" / "README.md"
+    text = readme.read_text()
+    assert "CC-BY 4.0" in text and "Splitwise" in text
+
+
+def test_time_scale_and_target_rate(azure: list[TraceRecord]) -> None:
+    twice = rescale(azure, time_scale=0.5)
+    assert mean_rate(twice) == pytest.approx(2 * mean_rate(azure))
+    assert mean_rate(rescale(azure, target_rate=12.5)) == pytest.approx(12.5)
+    assert [r.prompt_tokens for r in twice] == [r.prompt_tokens for r in azure]
+    with pytest.raises(TraceError, match="not both"):
+        rescale(azure, time_scale=0.5, target_rate=3)
+    with pytest.raises(TraceError, match="time_scale=0"):
+        rescale(azure, time_scale=0)
+
+
+def test_window_cuts_and_rebases(azure: list[TraceRecord]) -> None:
+    part = window(azure, start_s=600, end_s=900)
+    assert part[0].arrival_time >= 0 and part[-1].arrival_time < 300
+    assert len(part) == sum(600 <= r.arrival_time < 900 for r in azure)
+    assert len(window(azure, max_requests=10)) == 10
+    with pytest.raises(TraceError, match="widen it"):
+        window(azure, start_s=10_000)
+
+
+def test_replay_follows_the_trace(azure: list[TraceRecord]) -> None:
+    records = window(azure, max_requests=200)
+    specs = list(TraceWorkload(records, seed=1).initial())
+    assert [s.arrival_time for s in specs] == [r.arrival_time for r in records]
+    assert [s.num_prompt_tokens for s in specs] == [r.prompt_tokens for r in records]
+    assert [s.max_tokens for s in specs] == [r.output_tokens for r in records]
+    assert {s.priority for s in specs} == {Priority.P1}
+    assert min(min(s.prompt_token_ids) for s in specs) >= RESERVED_TOKEN_IDS
+    assert specs == list(TraceWorkload(records, seed=1).initial())
+
+
+def test_replay_stops_at_the_duration(azure: list[TraceRecord]) -> None:
+    specs = list(TraceWorkload(azure, duration_s=60).initial())
+    assert specs and all(s.arrival_time < 60 for s in specs)
+
+
+def test_class_mix_fills_in_missing_priorities(azure: list[TraceRecord]) -> None:
+    specs = list(TraceWorkload(azure[:5000], classes=ClassMix((0.2, 0.8, 0.0))).initial())
+    share = sum(s.priority == Priority.P0 for s in specs) / len(specs)
+    assert share == pytest.approx(0.2, abs=0.02)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_jsonl_with_priorities_and_sessions(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": "2024-01-01T00:00:10", "prompt_tokens": 100, "output_tokens": 5,
+         "session_id": "alice", "priority": "p0", "extra": "ignored"},
+        {"timestamp": "2024-01-01T00:00:12.5", "prompt_tokens": 150, "output_tokens": 6,
+         "session_id": "alice"},
+        {"timestamp": "2024-01-01T00:00:11", "prompt_tokens": 30, "output_tokens": 0},
+    ]
+    path = write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n")
+    records = read_trace(path)
+    assert [r.arrival_time for r in records] == [0.0, 1.0, 2.5]
+    assert records[0].priority == Priority.P0 and records[0].session_id == 0
+    specs = list(TraceWorkload(records).initial())
+    first, other, second = specs
+    # A later turn of one session starts with the earlier turn's prompt.
+    assert second.prompt_token_ids[:100] == first.prompt_token_ids
+    assert other.session_id is None and other.max_tokens == 1  # 0 outputs still emit one
+
+
+@pytest.mark.parametrize("line, match", [
+    ("{not json", r"t\.jsonl:2: not valid JSON"),
+    ('[1, 2]', r"t\.jsonl:2: expected a JSON object"),
+    ('{"prompt_tokens": 5, "output_tokens": 5}', r"t\.jsonl:2: missing arrival_time"),
+    ('{"arrival_time": 1, "output_tokens": 5}', r"t\.jsonl:2: missing prompt_tokens"),
+    ('{"arrival_time": 1, "prompt_tokens": 0, "output_tokens": 5}',
+     r"t\.jsonl:2: prompt_tokens=0 must be a whole number >= 1"),
+    ('{"arrival_time": 1, "prompt_tokens": 2.5, "output_tokens": 5}', r"prompt_tokens=2\.5"),
+    ('{"arrival_time": -3, "prompt_tokens": 5, "output_tokens": 5}',
+     r"t\.jsonl:2: arrival_time=-3 is not a time"),
+    ('{"arrival_time": "soon", "prompt_tokens": 5, "output_tokens": 5}', r"'soon' is not"),
+    ('{"arrival_time": 1, "prompt_tokens": 5, "output_tokens": 5, "priority": "urgent"}',
+     r"t\.jsonl:2: priority 'urgent' is not a class"),
+])
+def test_malformed_jsonl_rows_name_file_and_line(tmp_path: Path, line: str, match: str) -> None:
+    good = '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5}'
+    path = write(tmp_path, "t.jsonl", f"{good}\n{line}\n")
+    with pytest.raises(TraceError, match=match):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("time,prompt,output\n", r"c\.csv:1: expected the header TIMESTAMP"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+     "yesterday,5,5\n", r"c\.csv:3: TIMESTAMP='yesterday' is not a time"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374\n",
+     r"c\.csv:2: expected 3 columns"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,x,44\n",
+     r"c\.csv:2: ContextTokens='x' must be a whole number"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", r"c\.csv: the trace has no requests"),
+])
+def test_malformed_azure_csv_names_file_and_line(tmp_path: Path, text: str, match: str) -> None:
+    with pytest.raises(TraceError, match=match):
+        read_trace(write(tmp_path, "c.csv", text))
+
+
+def test_azure_csv_from_a_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.5,374,44\n2023-11-16 18:15:48.0,10,2\n")
+    records = read_trace(path)
+    assert [(r.arrival_time, r.prompt_tokens) for r in records] == [(0.0, 374), (1.5, 10)]
+
+
+def test_unknown_trace_is_refused_with_the_shipped_names() -> None:
+    with pytest.raises(TraceError, match="azure-llm-2023-conv"):
+        read_trace("azure-2099")
