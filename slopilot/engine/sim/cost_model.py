@@ -4,7 +4,7 @@ One iteration is one forward pass over a mixed batch (prefill chunks and decodes
 Its time is the sum of four phases, each the slower of its compute and memory time
 (the GPU overlaps the two inside a kernel, not across kernels):
 
-    overhead  +  linear layers      max(matmul FLOPs / (peak * eff(M)),  weight bytes / bw)
+    overhead  +  linear layers      max(matmul FLOPs / (peak * eff),    weight bytes / bw)
               +  attention          max(QK and PV FLOPs / (peak * eff), KV bytes read / bw)
               +  tensor parallelism 2 all-reduces per layer over NVLink (ring, + latency)
 
@@ -13,8 +13,11 @@ up to the tile (129 tokens cost as much as 256). All figures are per GPU shard.
 
 Calibration (8 x H800, DeepSeek-67B, TP 8; see tests/engine/sim/test_cost_model.py):
 decode-only ~30 seqs 6-8 ms, a 256-token mixed iteration 8-9.5 ms, a 3000-token
-unchunked prefill with decodes 90-110 ms. The efficiency defaults below are the
-physically plausible values that land there; each says where it comes from.
+unchunked prefill with decodes 90-110 ms. The defaults below land there; each says
+where it comes from, and the one fitted rather than sourced (comm_overlap) says so.
+The seeds also imply 10-12 ms for a full 512-token iteration, which no bf16 roofline
+meets together with the unchunked figure (512 tokens are 8.5 ms at 100% of the H800's
+peak); the model charges ~17 ms there.
 """
 
 from __future__ import annotations
