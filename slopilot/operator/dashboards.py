@@ -1,0 +1,246 @@
+"""The Grafana overview dashboard, generated with grafana_foundation_sdk.
+
+``python -m slopilot.operator.dashboards`` rewrites dashboards/slopilot-overview.json;
+a test checks the checked-in file equals the generated one. Queries use the engine's
+series (vLLM names, so a vLLM backend fills most panels too), the recording rules of
+``slopilot.tuner.rules`` for goodput, and the tuner/kube series listed in
+``EXTERNAL_METRICS``. Every series is selected by ``slopilot_deployment``, the label the
+scrape configuration puts on each engine pod's series.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as common_b
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import heatmap, prometheus, statetimeline, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    Threshold,
+    ThresholdsMode,
+    VariableRefresh,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from slopilot.engine.request import Priority
+from slopilot.tuner.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.slo import SLOSpec
+
+UID = "slopilot-overview"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+SEL = f'{DEPLOYMENT_LABEL}=~"$deployment"'
+RATE = "$__rate_interval"
+
+# Series the dashboard reads that the engine does not export: the tuner and operator
+# export the slopilot_* ones (name, labels), kube-state-metrics and Prometheus the rest.
+EXTERNAL_METRICS: dict[str, str] = {
+    "slopilot_tuner_trials_total":
+        "counter{slopilot_deployment, state=complete|pruned|failed|reverted}: "
+        "tuner trials by outcome",
+    "slopilot_tuner_actions_total":
+        "counter{slopilot_deployment, action=retune|scale|commit|revert|cooldown, reason}: "
+        "controller actions",
+    "slopilot_replicas": "gauge{slopilot_deployment}: replicas the operator asked for",
+    "kube_deployment_status_replicas": "gauge{namespace, deployment}: kube-state-metrics",
+    "ALERTS": "Prometheus' own series of pending and firing alerts",
+}
+
+KNOBS_GRAPHED = ("token_budget", "chunk_size", "max_num_seqs", "recompute_max_tokens",
+                 "max_preemptions_per_step", "swap_timeout_ms")
+
+
+def _query(expr: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
+    return prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
+
+
+def _thresholds(line_at: float | None) -> dash.ThresholdsConfig:
+    steps = [Threshold(value=None, color="green")]
+    if line_at is not None:
+        steps.append(Threshold(value=line_at, color="red"))
+    return dash.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps)
+
+
+def _series(title: str, queries: list[prometheus.Dataquery], *, unit: str,
+            line_at: float | None = None, width: int = 8, height: int = 8,
+            description: str = "") -> timeseries.Panel:
+    panel = (timeseries.Panel().title(title).datasource(DATASOURCE).unit(unit)
+             .span(width).height(height).fill_opacity(10)
+             .legend(common_b.VizLegendOptions().show_legend(True)
+                     .display_mode(common.LegendDisplayMode.LIST)
+                     .placement(common.LegendPlacement.BOTTOM)))
+    if description:
+        panel = panel.description(description)
+    for i, q in enumerate(queries):
+        panel = panel.with_target(q.ref_id(chr(ord("A") + i)))
+    if line_at is not None:
+        # The SLO as a dashed red line: the threshold, drawn.
+        panel = panel.thresholds(_thresholds(line_at)).thresholds_style(
+            common_b.GraphThresholdsStyleConfig().mode(common.GraphTresholdsStyleMode.DASHED))
+    return panel
+
+
+def _latency_panels(spec: SLOSpec) -> list[timeseries.Panel]:
+    panels = []
+    for short, metric, field in (
+            ("TTFT", "vllm:time_to_first_token_seconds", "ttft_p99_ms"),
+            ("TBT", "vllm:inter_token_latency_seconds", "tbt_p99_ms")):
+        for p in Priority:
+            slo_ms = getattr(spec.class_slo(p), field)
+            sel = f'{{{SEL},priority_class="{p.label}"}}'
+            queries = [_query(f"histogram_quantile({q}, sum by (le) "
+                              f"(rate({metric}_bucket{sel}[{RATE}])))", tag)
+                       for q, tag in ((0.99, "P99"), (0.5, "P50"))]
+            slo_text = f"SLO P99 < {slo_ms:g} ms" if slo_ms else "best effort"
+            panels.append(_series(f"{short} {p.label.upper()} ({slo_text})", queries,
+                                  unit="s", line_at=slo_ms / 1000 if slo_ms else None))
+    return panels
+
+
+def _throughput_panels() -> list[Any]:
+    return [
+        _series("Tokens per second and goodput", [
+            _query(f"sum(rate(vllm:generation_tokens_total{{{SEL}}}[{RATE}]))", "generated"),
+            _query(f"sum(rate(vllm:prompt_tokens_total{{{SEL}}}[{RATE}]))", "prompt"),
+            _query(f"sum by (priority_class) "
+                   f"(slopilot:goodput_tokens:per_second{{{SEL}}})",
+                   "goodput {{priority_class}}")],
+            unit="short", description="Goodput: output tokens of requests inside their "
+            "class's SLO (recording rule slopilot:goodput_tokens:per_second)."),
+        _series("Requests", [
+            _query(f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
+            _query(f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting"),
+            _query(f"sum(slopilot_num_requests_swapped{{{SEL}}})", "swapped")], unit="short"),
+        _series("Finished requests per second", [
+            _query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
+                   f"[{RATE}]))", "{{finished_reason}}")], unit="reqps"),
+    ]
+
+
+def _scheduler_panels(spec: SLOSpec) -> list[Any]:
+    batch = (heatmap.Panel().title("Batch size (tokens per iteration)").datasource(DATASOURCE)
+             .span(8).height(8).calculate(False)
+             .with_target(_query(f"sum by (le) (increase(vllm:iteration_tokens_total_bucket"
+                                 f"{{{SEL}}}[{RATE}]))", "{{le}}")
+                          .format(PromQueryFormat.HEATMAP)))
+    return [
+        _series("Preemptions per minute by mode", [
+            _query(f"sum by (mode) (rate(slopilot_preemptions_total{{{SEL}}}[{RATE}])) * 60",
+                   "{{mode}}"),
+            _query(f"sum(rate(vllm:num_preemptions_total{{{SEL}}}[{RATE}])) * 60", "all")],
+            unit="short", line_at=spec.max_preemptions_per_min),
+        batch,
+        _series("Longest decode stall (60 s)", [
+            _query(f"max by (priority_class) (slopilot_decode_stall_max_seconds{{{SEL}}})",
+                   "{{priority_class}}")], unit="s"),
+        _series("KV cache usage", [
+            _query(f"vllm:kv_cache_usage_perc{{{SEL}}}", "{{instance}}")],
+            unit="percentunit"),
+        _series("Prefix cache hit rate", [
+            _query(f"sum(rate(vllm:prefix_cache_hits_total{{{SEL}}}[{RATE}])) / "
+                   f"sum(rate(vllm:prefix_cache_queries_total{{{SEL}}}[{RATE}]))", "hit rate")],
+            unit="percentunit", line_at=spec.prefix_hit_min),
+        _series("Busy ratio (GPU utilization stand-in)", [
+            _query(f"slopilot_busy_ratio{{{SEL}}}", "{{instance}}")],
+            unit="percentunit", line_at=0.6),
+    ]
+
+
+def _tuning_panels() -> list[Any]:
+    knobs = "|".join(KNOBS_GRAPHED)
+    config = (statetimeline.Panel().title("Live configuration").datasource(DATASOURCE)
+              .span(12).height(8)
+              .with_target(_query(
+                  f"count by (token_budget, chunk_size, max_num_seqs, preemption_mode) "
+                  f"(slopilot_config_info{{{SEL}}})",
+                  "budget {{token_budget}} chunk {{chunk_size}} seqs {{max_num_seqs}} "
+                  "{{preemption_mode}}")))
+    return [
+        _series("Knobs over time", [
+            _query(f'max by (knob) (slopilot_config_knob{{{SEL},knob=~"{knobs}"}})',
+                   "{{knob}}")], unit="short", width=12),
+        config,
+        _series("Replicas", [
+            _query(f"max(slopilot_replicas{{{SEL}}})", "desired"),
+            _query('sum(kube_deployment_status_replicas{deployment=~"$deployment"})',
+                   "kube"),
+            _query(f"count(slopilot_engine_info{{{SEL}}})", "scraped engines")],
+            unit="short", width=12),
+        _series("Tuner trials and actions", [
+            _query(f"sum by (state) (increase(slopilot_tuner_trials_total{{{SEL}}}[{RATE}]))",
+                   "trials {{state}}"),
+            _query(f"sum by (action) (increase(slopilot_tuner_actions_total{{{SEL}}}[{RATE}]))",
+                   "action {{action}}")], unit="short", width=12),
+    ]
+
+
+def _annotation(name: str, expr: str, color: str) -> dash.AnnotationQuery:
+    return (dash.AnnotationQuery().name(name).datasource(DATASOURCE).enable(True)
+            .icon_color(color).expr(expr))
+
+
+# Fields the Prometheus annotation reads that the SDK's AnnotationQuery lacks.
+_ANNOTATION_EXTRAS = {
+    "Tuner actions": {"titleFormat": "{{action}}", "tagKeys": "action,reason", "step": "30s"},
+    "Tuner trials": {"titleFormat": "trial {{state}}", "tagKeys": "state", "step": "30s"},
+    "Alerts": {"titleFormat": "{{alertname}}", "tagKeys": "action,priority_class,severity",
+               "step": "30s"},
+}
+
+
+def build_dashboard(spec: SLOSpec | None = None) -> dict[str, Any]:
+    """The overview dashboard as a JSON-ready dict; SLO lines from ``spec`` (standard)."""
+    spec = spec if spec is not None else SLOSpec.from_profile("standard")
+    builder = (
+        dash.Dashboard("slopilot overview").uid(UID).tags(["slopilot", "llm", "slo"])
+        .description("LLM serving against its SLO: latency per class, throughput, "
+                     "scheduler, and what the tuner changed.")
+        .refresh("30s").time("now-1h", "now").tooltip(DashboardCursorSync.CROSSHAIR)
+        .with_variable(dash.DatasourceVariable("datasource").label("Prometheus")
+                       .type("prometheus"))
+        .with_variable(dash.QueryVariable("deployment").label("Deployment")
+                       .datasource(DATASOURCE)
+                       .query(f"label_values(vllm:num_requests_running, {DEPLOYMENT_LABEL})")
+                       .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                       .multi(True).include_all(True).all_value(".*"))
+        .annotation(_annotation(
+            "Tuner actions",
+            f"changes(slopilot_tuner_actions_total{{{SEL}}}[1m]) > 0", "orange"))
+        .annotation(_annotation(
+            "Tuner trials", f"changes(slopilot_tuner_trials_total{{{SEL}}}[1m]) > 0", "blue"))
+        .annotation(_annotation(
+            "Alerts", f'ALERTS{{alertstate="firing",{SEL}}}', "red")))
+    sections: list[tuple[str, list[Any]]] = [
+        ("Latency per class", _latency_panels(spec)),
+        ("Throughput", _throughput_panels()),
+        ("Scheduler", _scheduler_panels(spec)),
+        ("Tuning", _tuning_panels()),
+    ]
+    for title, panels in sections:
+        builder = builder.with_row(dash.Row(title))
+        for panel in panels:
+            builder = builder.with_panel(panel)
+    data: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    for ann in data["annotations"]["list"]:
+        ann.update(_ANNOTATION_EXTRAS.get(ann["name"], {}))
+    return data
+
+
+def render_dashboard(spec: SLOSpec | None = None) -> str:
+    return json.dumps(build_dashboard(spec), indent=2, sort_keys=True) + "\n"
+
+
+def dashboard_path() -> Path:
+    return Path(__file__).resolve().parents[2] / "dashboards" / "slopilot-overview.json"
+
+
+if __name__ == "__main__":
+    path = dashboard_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_dashboard())
+    print(f"wrote {path}")

@@ -1,0 +1,107 @@
+"""The Grafana dashboard: checked-in JSON, PromQL a real Prometheus accepts, known series."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from slopilot.engine.metrics import exported_series
+from slopilot.operator.dashboards import (
+    EXTERNAL_METRICS,
+    build_dashboard,
+    dashboard_path,
+    render_dashboard,
+)
+from slopilot.tuner.rules import example_spec, render_rule_groups
+from slopilot.tuner.slo import SLOSpec
+from tests.support.fixtures import prometheus_binaries, prometheus_server  # noqa: F401
+from tests.support.prometheus import PrometheusServer
+
+# Every vector selector the generators write has braces: a name right before '{'.
+_SELECTED = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
+_TEMPLATE = {"$__rate_interval": "1m", "$__interval": "15s", "$deployment": "example"}
+
+
+def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in _panels(dashboard) for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in dashboard["annotations"]["list"] if a.get("expr")]
+    return exprs
+
+
+def rule_exprs() -> tuple[list[str], set[str]]:
+    groups = render_rule_groups(example_spec(), "example")
+    rules = [r for g in groups["groups"] for r in g["rules"]]
+    return [r["expr"] for r in rules], {r["record"] for r in rules if "record" in r}
+
+
+def substitute(expr: str) -> str:
+    for var, value in _TEMPLATE.items():
+        expr = expr.replace(var, value)
+    assert "$" not in expr, f"unknown template variable in {expr}"
+    return expr
+
+
+def test_checked_in_dashboard_equals_the_generator() -> None:
+    assert dashboard_path().read_text() == render_dashboard(), (
+        "dashboards/slopilot-overview.json is stale: run python -m slopilot.operator.dashboards")
+
+
+def test_variables_and_panels_cover_the_brief() -> None:
+    d = build_dashboard()
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["deployment"]["type"] == "query"
+    titles = " | ".join(p["title"] for p in _panels(d))
+    for needed in ("TTFT P0", "TBT P1", "goodput", "Preemptions per minute by mode",
+                   "Requests", "Batch size", "KV cache", "Prefix cache hit rate",
+                   "Busy ratio", "Knobs over time", "Live configuration", "Replicas",
+                   "Tuner trials"):
+        assert needed in titles, needed
+    heat = next(p for p in _panels(d) if p["type"] == "heatmap")
+    assert "vllm:iteration_tokens_total_bucket" in heat["targets"][0]["expr"]
+    assert {a["name"] for a in d["annotations"]["list"]} >= {"Tuner actions", "Tuner trials"}
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in _panels(d))
+
+
+def test_slo_lines_follow_the_spec() -> None:
+    d = build_dashboard(SLOSpec.from_profile("strict"))
+
+    def line(title_start: str) -> float | None:
+        panel = next(p for p in _panels(d) if p["title"].startswith(title_start))
+        steps = panel["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])
+        return steps[-1]["value"] if steps else None
+
+    assert line("TBT P1") == 0.05
+    assert line("TBT P0") == 0.02
+    assert line("TTFT P1") == 0.5
+    assert line("TBT P2") is None, "best effort: no SLO line"
+    assert line("Preemptions per minute") == 10
+
+
+def test_every_referenced_series_is_exported_or_documented() -> None:
+    exprs, recorded = rule_exprs()
+    exprs += dashboard_exprs(build_dashboard(example_spec()))
+    known = exported_series() | set(EXTERNAL_METRICS) | recorded
+    referenced = {name for e in exprs for name in _SELECTED.findall(e)}
+    assert referenced, "the selector pattern found nothing: the test would pass vacuously"
+    assert referenced - known == set()
+    # And the check is not vacuous the other way: an unknown name is caught.
+    assert _SELECTED.findall("rate(vllm:no_such_series{a=\"b\"}[1m])")[0] not in known
+
+
+@pytest.mark.prometheus
+def test_every_query_parses_in_real_prometheus(
+        prometheus_server: PrometheusServer) -> None:  # noqa: F811
+    exprs = dashboard_exprs(build_dashboard()) + rule_exprs()[0]
+    for expr in exprs:
+        answer = prometheus_server.query(substitute(expr))
+        assert answer["status"] == "success", f"{expr}\n-> {answer.get('error')}"
+    bad = prometheus_server.query("sum(rate(vllm:x[1m])")
+    assert bad["status"] == "error", "the check must be able to fail"
