@@ -62,7 +62,10 @@ class KubeEmulator(KubernetesEmulator):
         self._rng = random.Random(self.seed)
         self.resources.load_bundled()  # the builtin resources of a recent cluster (K3s)
         above = self.fallback ** 1  # above kmock's own fallbacks, below any test reaction
+        # The official client asks for /version/, /apis/ and /api/ with a trailing slash.
         above["get /version/"] << self._serve_server_version
+        above["get /apis/"] << self._serve_apis
+        above["get /api/"] << self._serve_api
         above[method.PUT] << self._serve_update  # kmock maps PUT to no action
         above[method.DELETE] << self._serve_update  # nor a DELETE of a whole collection
 
@@ -104,8 +107,8 @@ class KubeEmulator(KubernetesEmulator):
             return 200, self._update(key, self._get(key), copy.deepcopy(request.data),
                                      to_status=sub == "status")
         if request.method == method.DELETE:
-            policy = (request.data or {}).get("propagationPolicy") if isinstance(
-                request.data, dict) else None
+            options = request.data if isinstance(request.data, dict) else {}
+            policy = options.get("propagationPolicy") or request.params.get("propagationPolicy")
             return 200, self.delete(key, orphan=policy == "Orphan")
         return None
 
