@@ -58,8 +58,11 @@ class Reader:
         if key in self.data:
             return self.data[key]
         if default is _MISSING:
+            unread = [k for k in self.data if k not in self._used]
+            typo = difflib.get_close_matches(key, unread, n=1, cutoff=0.6)
+            hint = f" (is {typo[0]!r} a typo for it?)" if typo else ""
             raise ScenarioError(
-                f"{self.source}: {self.qualify(key)} is required but missing; add it")
+                f"{self.source}: {self.qualify(key)} is required but missing; add it{hint}")
         return default
 
     def integer(self, key: str, default: Any = _MISSING, *, lo: int | None = None,

@@ -1,0 +1,236 @@
+"""Scenarios: every shipped one loads and builds; bad files fail with file, field and fix."""
+
+from __future__ import annotations
+
+import itertools
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.request import Priority
+from slopilot.engine.sim import profiles
+from slopilot.engine.sim.scenario import (
+    ClassSLO,
+    Scenario,
+    ScenarioError,
+    list_scenarios,
+    load_scenario,
+    parse_scenario,
+)
+from slopilot.engine.sim.sessions import SessionWorkload
+from slopilot.engine.sim.workload import RequestSpec, Workload
+
+SHIPPED = ["azure-conv-2023", "long-context", "mixed-priority", "seed-h800x8-deepseek67b",
+           "tiny-cpu"]
+
+
+def test_list_scenarios() -> None:
+    assert list_scenarios() == SHIPPED
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_scenario_loads_and_builds(name: str) -> None:
+    scenario = load_scenario(name)
+    assert scenario.name == name
+    assert scenario.description
+    assert isinstance(scenario.engine_config(), EngineConfig)
+    # The cost model can find its hardware and model.
+    profiles.get_gpu(scenario.gpu)
+    profiles.get_model(scenario.model)
+    workload = scenario.build_workload()
+    assert isinstance(workload, Workload)
+    specs = list(itertools.islice(workload.initial(), 50))
+    assert specs
+    assert all(0 <= s.arrival_time < scenario.duration_s for s in specs)
+
+
+def test_the_seed_scenario_is_what_its_name_says() -> None:
+    s = load_scenario("seed-h800x8-deepseek67b")
+    assert (s.gpu, s.num_gpus, s.tp, s.model, s.duration_s) == ("H800", 8, 8, "deepseek-67b",
+                                                                1800)
+    workload = s.build_workload()
+    assert isinstance(workload, SessionWorkload)
+    assert len(list(workload.initial())) == 120
+    assert workload.phases[0].long_context_fraction == 0.05
+    assert {spec.priority for spec in workload.initial()} == {Priority.P1}
+
+
+def test_tiny_cpu_shifts_to_longer_prompts_and_more_p0_half_way() -> None:
+    s = load_scenario("tiny-cpu")
+    specs = list(s.build_workload(seed=3).initial())
+    before = [x for x in specs if x.arrival_time < 30]
+    after = [x for x in specs if x.arrival_time >= 30]
+    def mean_prompt(xs: list[RequestSpec]) -> float:
+        return sum(x.num_prompt_tokens for x in xs) / len(xs)
+
+    def p0_share(xs: list[RequestSpec]) -> float:
+        return sum(x.priority == Priority.P0 for x in xs) / len(xs)
+
+    assert mean_prompt(after) > 2.5 * mean_prompt(before)
+    assert p0_share(after) > p0_share(before)
+
+
+def test_build_workload_overrides_seed_and_duration() -> None:
+    s = load_scenario("mixed-priority")
+    short = list(s.build_workload(duration_s=20).initial())
+    assert short and max(x.arrival_time for x in short) < 20
+    assert short == list(s.build_workload(duration_s=20).initial())
+    assert short != list(s.build_workload(duration_s=20, seed=1).initial())
+
+
+def test_slo_defaults_and_best_effort() -> None:
+    s = load_scenario("mixed-priority")
+    assert s.slo.for_class(Priority.P0) == ClassSLO(100, 20)
+    assert s.slo.for_class(Priority.P2) == ClassSLO(None, None)
+    assert s.slo.max_preemptions_per_min == 10
+
+
+def test_repo_scenarios_folder_points_at_the_packaged_copy() -> None:
+    readme = Path(__file__).parents[3] / "scenarios" / "README.md"
+    assert "slopilot/data/scenarios" in readme.read_text()
+
+
+# -- user errors -----------------------------------------------------------------------
+
+BASE = textwrap.dedent("""\
+    name: mine
+    gpu: H100
+    model: llama-3-8b
+    duration_s: 10
+    workload:
+      type: open_loop
+      arrivals: {process: poisson, rate: 2}
+      prompt_tokens: {dist: lognormal, mean: 100, sigma: 0.5}
+      output_tokens: 16
+    """)
+
+
+def load_text(tmp_path: Path, text: str) -> Scenario:
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    return load_scenario(path)
+
+
+def test_a_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
+    s = load_text(tmp_path, BASE)
+    assert (s.num_gpus, s.tp, s.seed, s.replicas) == (1, 1, 0, 1)
+    assert s.source.endswith("mine.yaml")
+    assert len(list(s.build_workload().initial())) > 5
+
+
+@pytest.mark.parametrize("edit, match", [
+    (("duration_s: 10", "duraton_s: 10"),
+     r"duration_s is required but missing; add it \(is 'duraton_s' a typo for it\?\)"),
+    (("name: mine", "name: mine\ndescripton: x"),
+     r"descripton: unknown key; did you mean 'description'\?"),
+    (("rate: 2}", "rat: 2}"), r"workload\.arrivals\.rate is required.*'rat' a typo"),
+    (("rate: 2}", "rate: 2, burst: 3}"), r"workload\.arrivals\.burst: unknown key"),
+    (("rate: 2}", "rate: -2}"), r"workload\.arrivals\.rate=-2: must be greater than 0"),
+    (("poisson", "poison"), r"process='poison': not allowed; did you mean 'poisson'"),
+    (("lognormal", "normal"), r"prompt_tokens\.dist='normal'"),
+    (("sigma: 0.5", "sigma: 9"), r"prompt_tokens\.sigma=9: must be at most 5"),
+    (("sigma: 0.5", "sigma: '0.5'"), r"sigma='0.5': expected a finite number"),
+    (("output_tokens: 16", "output_tokens: -1"), r"output_tokens=-1: must be at least 0"),
+    (("type: open_loop", "type: closed"), r"workload\.type='closed'"),
+    (("model: llama-3-8b", "model: ''"), r"model='': expected a non-empty string"),
+    (("gpu: H100\n", "gpu: H100\nnum_gpus: 6\ntp: 4\n"), r"tp=4: num_gpus=6 is not a multiple"),
+    (("gpu: H100\n", "gpu: H100\nseed: -1\n"), r"seed=-1: must be at least 0"),
+    (("gpu: H100\n", "gpu: H100\nengine: {token_budget: 99999}\n"),
+     r"mine\.yaml: engine: token_budget=99999 is out of range"),
+    (("gpu: H100\n", "gpu: H100\nengine: {budget: 512}\n"), r"engine: unknown knob 'budget'"),
+    (("gpu: H100\n", "gpu: H100\ngpu_memory_utilization: 1.5\n"),
+     r"gpu_memory_utilization=1\.5: must be at most 1"),
+    (("gpu: H100\n", "gpu: H100\nslo: {p1: {ttft_p99: 5}}\n"),
+     r"slo\.p1\.ttft_p99: unknown key; did you mean 'ttft_p99_ms'"),
+    (("gpu: H100\n", "gpu: H100\nslo: {p1: {tbt_p99_ms: 0}}\n"),
+     r"slo\.p1\.tbt_p99_ms=0: must be greater than 0"),
+    (("output_tokens: 16", "output_tokens: 16\n  classes: {p0: 0, p1: 0}"),
+     r"workload\.classes: all weights are 0"),
+    (("output_tokens: 16", "output_tokens: 16\n  classes: {p3: 1}"),
+     r"workload\.classes\.p3: unknown key"),
+    (("output_tokens: 16", "output_tokens: 16\n  shift: {at_s: 20, rate: 3}"),
+     r"workload\.shift\.rate: unknown key"),
+    (("output_tokens: 16", "output_tokens: 16\n  shift: {at_s: 0}"),
+     r"workload\.shift\.at_s=0: must be greater than 0"),
+    (("output_tokens: 16", "output_tokens: 16\n  shift: [{at_s: 5}, {at_s: 4}]"),
+     r"workload\.shift\[1\]\.at_s=4\.0: must be later than the previous phase's start"),
+    (("{dist: lognormal, mean: 100, sigma: 0.5}", "{dist: uniform, low: 50, high: 10}"),
+     r"workload\.prompt_tokens: high=10\.0: must be a finite number >= low=50"),
+])
+def test_bad_fields_name_file_field_value_and_fix(tmp_path: Path, edit: tuple[str, str],
+                                                 match: str) -> None:
+    old, new = edit
+    assert old in BASE
+    with pytest.raises(ScenarioError, match=match) as info:
+        load_text(tmp_path, BASE.replace(old, new, 1))
+    assert "mine.yaml" in str(info.value)
+
+
+def test_malformed_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"mine\.yaml: not valid YAML"):
+        load_text(tmp_path, "name: [unclosed\n")
+    with pytest.raises(ScenarioError, match=r"the document must be a mapping"):
+        load_text(tmp_path, "- just\n- a list\n")
+
+
+def test_unknown_names_suggest_the_shipped_ones() -> None:
+    with pytest.raises(ScenarioError, match="did you mean 'tiny-cpu'"):
+        load_scenario("tiny-gpu")
+    with pytest.raises(ScenarioError, match="does not exist"):
+        load_scenario("no/such/file.yaml")
+
+
+def test_sessions_and_shifts_inherit_unnamed_fields(tmp_path: Path) -> None:
+    s = load_text(tmp_path, BASE.replace(BASE[BASE.index("workload:"):], textwrap.dedent("""\
+        workload:
+          type: sessions
+          concurrency: 3
+          turns: {dist: uniform, low: 2, high: 4}
+          question_tokens: 50
+          output_tokens: 10
+          think_time_s: {dist: lognormal, mean: 2, sigma: 0.3}
+          long_context: {fraction: 0.5, tokens: 300}
+          shift: {at_s: 5, concurrency: 6, question_tokens: 80}
+        """)))
+    workload = s.build_workload()
+    assert isinstance(workload, SessionWorkload)
+    first, second = workload.phases
+    assert (first.concurrency, second.concurrency) == (3, 6)
+    assert second.turns == first.turns and second.long_context_fraction == 0.5
+    assert second.question_tokens.nominal_mean == 80
+
+
+def test_trace_workload_with_a_relative_path_and_empirical_lengths(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text(
+        "".join(f'{{"arrival_time": {i}, "prompt_tokens": {10 + i}, "output_tokens": 3}}\n'
+                for i in range(20)))
+    doc = yaml.safe_load(BASE)
+    doc["workload"] = {"type": "trace", "trace": "t.jsonl", "target_rate": 2.0,
+                       "max_requests": 10}
+    s = parse_scenario(doc, source="doc", base_dir=tmp_path)
+    specs = list(s.build_workload().initial())
+    assert len(specs) == 10 and specs[-1].arrival_time == pytest.approx(4.5)
+    doc["workload"] = {"type": "open_loop", "arrivals": {"process": "poisson", "rate": 5},
+                       "prompt_tokens": {"dist": "empirical", "trace": "t.jsonl",
+                                         "field": "prompt_tokens"},
+                       "output_tokens": 4}
+    specs = list(parse_scenario(doc, base_dir=tmp_path).build_workload().initial())
+    assert {x.num_prompt_tokens for x in specs} <= set(range(10, 30))
+    doc["workload"]["prompt_tokens"]["trace"] = "missing.jsonl"
+    with pytest.raises(ScenarioError, match=r"prompt_tokens\.trace='missing\.jsonl': no such"):
+        parse_scenario(doc, base_dir=tmp_path)
+
+
+def test_a_malformed_trace_fails_at_load_not_mid_run(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text('{"arrival_time": 0, "prompt_tokens": 5}\n')
+    doc = yaml.safe_load(BASE)
+    doc["workload"] = {"type": "trace", "trace": "t.jsonl"}
+    with pytest.raises(ScenarioError, match=r"t\.jsonl:1: missing output_tokens"):
+        parse_scenario(doc, source="doc", base_dir=tmp_path)
+    doc["workload"] = {"type": "trace", "trace": "azure-llm-2023-conv", "time_scale": 1,
+                       "target_rate": 3}
+    with pytest.raises(ScenarioError, match="not both"):
+        parse_scenario(doc, source="doc")
