@@ -49,6 +49,16 @@ def _obj(props: dict[str, Any], *, required: list[str] | None = None,
     return out
 
 
+def _cel(schema: dict[str, Any], rule: str, message: str) -> dict[str, Any]:
+    """Attach a CEL rule the apiserver checks (cross-field rules)."""
+    return {**schema, "x-kubernetes-validations": [{"rule": rule, "message": message}]}
+
+
+def _preserve(schema: dict[str, Any]) -> dict[str, Any]:
+    """Let the controller store fields the schema does not list (free-form status)."""
+    return {**schema, "x-kubernetes-preserve-unknown-fields": True}
+
+
 def _int(desc: str, lo: int | None = None, hi: int | None = None, **extra: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "integer", "description": desc}
     if lo is not None:
@@ -69,12 +79,10 @@ def _engine_schema() -> dict[str, Any]:
         (preemption if path[0] == "preemption" else top)[path[-1]] = knob_schema(field)
     top["preemption"] = _obj(preemption, desc="How running requests are preempted when KV "
                              "blocks run out.")
-    return _obj(top, desc="Engine knobs; unset ones come from the slo.profile preset. "
-                "The tuner moves them within tuning.bounds.", **{
-                    "x-kubernetes-validations": [{
-                        "rule": "!has(self.chunkSize) || !has(self.tokenBudget) || "
-                                "self.chunkSize <= self.tokenBudget",
-                        "message": "chunkSize must not exceed tokenBudget"}]})
+    return _cel(_obj(top, desc="Engine knobs; unset ones come from the slo.profile preset. "
+                     "The tuner moves them within tuning.bounds."),
+                "!has(self.chunkSize) || !has(self.tokenBudget) || "
+                "self.chunkSize <= self.tokenBudget", "chunkSize must not exceed tokenBudget")
 
 
 def _class_target(desc: str) -> dict[str, Any]:
@@ -89,10 +97,9 @@ def _class_target(desc: str) -> dict[str, Any]:
 def _bounds(field: str) -> dict[str, Any]:
     knob = knob_schema(field)
     edge = {k: v for k, v in knob.items() if k in ("type", "minimum", "maximum")}
-    return _obj({"min": dict(edge), "max": dict(edge)}, desc=f"Search range of {field}.", **{
-        "x-kubernetes-validations": [{"rule": "!has(self.min) || !has(self.max) || "
-                                              "self.min <= self.max",
-                                      "message": "min must not exceed max"}]})
+    return _cel(_obj({"min": dict(edge), "max": dict(edge)}, desc=f"Search range of {field}."),
+                "!has(self.min) || !has(self.max) || self.min <= self.max",
+                "min must not exceed max")
 
 
 def _spec_schema() -> dict[str, Any]:
@@ -105,11 +112,10 @@ def _spec_schema() -> dict[str, Any]:
                          "the name is used when absent."),
         }, required=["name"]),
         "image": _str("Container image; the backend's default when absent."),
-        "replicas": _obj({
+        "replicas": _cel(_obj({
             "min": _int("Fewest replicas the controller keeps.", 0, default=1),
             "max": _int("Most replicas the controller scales to.", 1, default=1),
-        }, default={}, **{"x-kubernetes-validations": [{
-            "rule": "self.min <= self.max", "message": "replicas.min must not exceed replicas.max"}]}),
+        }, default={}), "self.min <= self.max", "replicas.min must not exceed replicas.max"),
         "resources": _obj({
             "gpu": _int("GPUs per pod (nvidia.com/gpu).", 0, default=0),
             "cpu": _str("CPU request and limit per pod, e.g. '4'."),
@@ -158,14 +164,13 @@ def _status_schema() -> dict[str, Any]:
         "lastTransitionTime": _str("", format="date-time"),
         "observedGeneration": _int("", 0),
     }, required=["type", "status"])
-    preserve = {"x-kubernetes-preserve-unknown-fields": True}
     return _obj({
         "phase": _str("Lifecycle phase.", enum=list(PHASES)),
         "observedGeneration": _int("Generation the status describes.", 0),
         "replicas": _int("Replicas running now.", 0),
-        "config": _obj({"tokenBudget": {"type": "integer"}, "chunkSize": {"type": "integer"}},
-                       desc="Live engine knobs.", **preserve),
-        "bestTrial": _obj({}, desc="Best trial of the study so far.", **preserve),
+        "config": _preserve(_obj({"tokenBudget": {"type": "integer"},
+                                  "chunkSize": {"type": "integer"}}, desc="Live engine knobs.")),
+        "bestTrial": _preserve(_obj({}, desc="Best trial of the study so far.")),
         "trials": _int("Trials run so far.", 0),
         "sloAttainment": {"type": "number", "minimum": 0, "maximum": 1},
         "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT (all classes)."},

@@ -121,9 +121,11 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
 
 def _container(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     name = body["metadata"]["name"]
-    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": "/cache"}]
-    env = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/cache/huggingface"},
-           {"name": "XDG_CACHE_HOME", "value": "/cache"}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"},
+                                     {"name": "cache", "mountPath": "/cache"}]
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"},
+                                 {"name": "HF_HOME", "value": "/cache/huggingface"},
+                                 {"name": "XDG_CACHE_HOME", "value": "/cache"}]
     if spec.backend is Backend.BUILTIN:
         command = ["slopilot", "serve", "--executor", "torch", "--model", spec.model_ref,
                    "--port", str(PORT), "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]

@@ -9,6 +9,7 @@ the handler can put them in one status condition.
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,18 +19,18 @@ from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_kn
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
 
 
-class Backend(str, enum.Enum):
+class Backend(enum.StrEnum):
     BUILTIN = "builtin"
     VLLM = "vllm"
 
 
-class Profile(str, enum.Enum):
+class Profile(enum.StrEnum):
     STRICT = "strict"
     STANDARD = "standard"
     RELAXED = "relaxed"
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
     TUNING = "Tuning"
@@ -176,7 +177,7 @@ def _engine(spec: Mapping[str, Any], profile: Profile, r: _Reader
         chunk = explicit.get("chunk_size", base["chunk_size"])
         r.problems.append(
             f"{spec_path('chunk_size')}={chunk} exceeds {spec_path('token_budget')}={budget} "
-            f"(after the '{profile.value}' preset and budget alignment); lower chunkSize "
+            f"(after the '{profile.value}' preset and budget alignment): lower chunkSize "
             "or raise tokenBudget")
         return EngineConfig(), frozenset(explicit)
 
@@ -197,14 +198,14 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
                 r.problems.append(f"spec.slo.classes.{name}.{what}={value}: must be above 0")
         classes[name] = ClassTarget(float(ttft), float(tbt))
     names = list(classes)
-    for hi, lo in zip(names, names[1:], strict=False):
+    for hi, lo in itertools.pairwise(names):
         for what in ("ttft_p99_ms", "tbt_p99_ms"):
             tight, loose = getattr(classes[hi], what), getattr(classes[lo], what)
             if tight > loose:
                 camel = "ttftP99Ms" if what.startswith("ttft") else "tbtP99Ms"
                 r.problems.append(
                     f"spec.slo.classes.{hi}.{camel}={tight:g} is looser than "
-                    f"{lo}.{camel}={loose:g}; a higher class needs the tighter target")
+                    f"{lo}.{camel}={loose:g}: a higher class needs the tighter target")
     storm = r.get(spec, "spec.slo.maxPreemptionsPerMinute", (int, float), 10)
     if storm < 0:
         r.problems.append(f"spec.slo.maxPreemptionsPerMinute={storm}: must be 0 or more")
@@ -231,7 +232,7 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> Tuning
             r.problems.append(f"{where}=[{lo}, {hi}]: need {lo_k:g} <= min <= max <= {hi_k:g}")
         elif not lo <= getattr(engine, name) <= hi:
             r.problems.append(f"{spec_path(name)}={getattr(engine, name)} lies outside "
-                              f"{where}=[{lo}, {hi}]; widen the bounds or change the knob")
+                              f"{where}=[{lo}, {hi}]: widen the bounds or change the knob")
         bounds[name] = (lo, hi)
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
@@ -249,13 +250,13 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     profile = r.choice(spec, "spec.slo.profile", Profile, Profile.STANDARD)
     name = r.get(spec, "spec.model.name", str)
     if not name:
-        r.problems.append("spec.model.name: required; name the model, e.g. smollm2-135m")
+        r.problems.append("spec.model.name: required: name the model, e.g. smollm2-135m")
     lo = r.get(spec, "spec.replicas.min", int, 1)
     hi = r.get(spec, "spec.replicas.max", int, max(lo, 1))
     if lo < 0 or hi < 1:
         r.problems.append(f"spec.replicas=[{lo}, {hi}]: need min >= 0 and max >= 1")
     elif lo > hi:
-        r.problems.append(f"spec.replicas.min={lo} exceeds spec.replicas.max={hi}; "
+        r.problems.append(f"spec.replicas.min={lo} exceeds spec.replicas.max={hi}: "
                           "raise max or lower min")
     gpu = r.get(spec, "spec.resources.gpu", int, 0)
     if gpu < 0:

@@ -87,7 +87,7 @@ class KubeEmulator(KubernetesEmulator):
     def _mutate(self, request: Request) -> tuple[int, dict[str, Any]] | None:
         res = self._known(request)
         if request.method == method.POST and request.name is None:
-            return 201, self.create(res, request.namespace, request.data)
+            return 201, self._create_object(res, request.namespace, request.data)
         if request.name is None:
             if request.method == method.DELETE:
                 return 200, self._delete_collection(res, request)
@@ -109,12 +109,12 @@ class KubeEmulator(KubernetesEmulator):
         if request.method == method.DELETE:
             options = request.data if isinstance(request.data, dict) else {}
             policy = options.get("propagationPolicy") or request.params.get("propagationPolicy")
-            return 200, self.delete(key, orphan=policy == "Orphan")
+            return 200, self._delete_object(key, orphan=policy == "Orphan")
         return None
 
     # --- state changes (call under self._changed) ---------------------------------------
 
-    def create(self, res: resource, namespace: str | None, data: Any) -> dict[str, Any]:
+    def _create_object(self, res: resource, namespace: str | None, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise ko.api_error(400, "BadRequest", "the body must be a JSON object")
         body = copy.deepcopy(data)
@@ -175,7 +175,7 @@ class KubeEmulator(KubernetesEmulator):
         self._commit(key, "MODIFIED", new)
         return new
 
-    def delete(self, key: Key, *, orphan: bool = False) -> dict[str, Any]:
+    def _delete_object(self, key: Key, *, orphan: bool = False) -> dict[str, Any]:
         body = self._get(key)
         meta = body["metadata"]
         if meta.get("finalizers"):
@@ -202,10 +202,10 @@ class KubeEmulator(KubernetesEmulator):
                 if not obj.deleted}
         for key, obj in list(self._objects.items()):
             if not obj.deleted and ko.orphaned(obj.raw, gone_uid, live):
-                self.delete(key)
+                self._delete_object(key)
 
     def _delete_collection(self, res: resource, request: Request) -> dict[str, Any]:
-        gone = [self.delete(key) for key, body in self._select(res, request)]
+        gone = [self._delete_object(key) for key, body in self._select(res, request)]
         return self._list_body(res, gone)
 
     def _commit(self, key: Key, event: str, body: dict[str, Any]) -> None:
@@ -267,9 +267,9 @@ class KubeEmulator(KubernetesEmulator):
                 if self._closing:
                     return
                 batch, cursor = self._log[cursor:], len(self._log)
-            for event_res, event in batch:
-                if event_res == res and self._matches(request, event["object"]):
-                    yield event
+            for entry_res, entry in batch:
+                if entry_res == res and self._matches(request, entry["object"]):
+                    yield entry
 
     async def _serve_create(self, request: Request) -> Any:
         status, body = self._outcomes[request]
@@ -308,9 +308,9 @@ class KubeEmulator(KubernetesEmulator):
                 "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     def _get(self, key: Key) -> dict[str, Any]:
-        obj = self._objects[key] if key in self._objects else None
-        if obj is None or obj.deleted:
+        if key not in self._objects or self._objects[key].deleted:  # ObjectsArray has no .get
             raise ko.not_found(key[0], key[2], self._kind(key[0]))
+        obj = self._objects[key]
         return copy.deepcopy(obj.raw)
 
     async def end_watches(self) -> None:
@@ -380,7 +380,8 @@ class KubeEmulator(KubernetesEmulator):
                 api_version, plural = str(body["apiVersion"]), self._plural(body)
                 group, _, version = api_version.rpartition("/")
                 res = resource(group, version, plural)
-                out.append(self.create(res, body.get("metadata", {}).get("namespace"), body))
+                namespace = body.get("metadata", {}).get("namespace")
+                out.append(self._create_object(res, namespace, body))
             self._changed.notify_all()
         return out
 

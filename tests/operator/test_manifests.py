@@ -1,0 +1,139 @@
+"""The install manifests: valid for Kubernetes, least-privilege RBAC, generated CRD current."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from slopilot.operator.crd import crd_yaml
+from tests.support.crd_schema import apply_defaults, schema_errors, served_schema
+
+ROOT = Path(__file__).parents[2]
+MANIFESTS = ROOT / "manifests"
+KUBE_VERSION = "1.33.0"
+FILES = sorted([*MANIFESTS.glob("*.yaml"), *(MANIFESTS / "samples").glob("*.yaml")])
+INSTALL = [p for p in FILES if p.parent == MANIFESTS and p.name != "kustomization.yaml"]
+
+# Exactly what the operator may do: (apiGroup, resource) -> verbs.
+EXPECTED_GRANTS = {
+    ("slopilot.dev", "llmdeployments"): {"get", "list", "watch", "patch"},
+    ("slopilot.dev", "llmdeployments/status"): {"get", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+    ("monitoring.coreos.com", "servicemonitors"): {"get", "list", "watch", "create", "patch"},
+    ("monitoring.coreos.com", "prometheusrules"): {"get", "list", "watch", "create", "patch"},
+    ("", "secrets"): {"get"},
+    ("", "pods"): {"get", "list"},
+    ("", "events"): {"create", "patch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+}
+
+
+def docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+
+
+def all_docs() -> list[dict[str, Any]]:
+    return [d for p in FILES if p.name != "kustomization.yaml" for d in docs(p)]
+
+
+def crds() -> dict[tuple[str, str], dict[str, Any]]:
+    """(group, kind) -> CRD, for validating custom objects against their own schema."""
+    return {(d["spec"]["group"], d["spec"]["names"]["kind"]): d for d in all_docs()
+            if d["kind"] == "CustomResourceDefinition"}
+
+
+@pytest.mark.parametrize("doc", all_docs(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_every_manifest_is_valid(doc: dict[str, Any]) -> None:
+    group = doc["apiVersion"].rpartition("/")[0]
+    crd = crds().get((group, doc["kind"]))
+    if crd is not None:
+        schema = served_schema(crd)
+        assert schema_errors(schema, apply_defaults(schema, doc)) == []
+    else:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_strict_validation_catches_a_typo() -> None:
+    (deployment,) = docs(MANIFESTS / "operator.yaml")
+    deployment["spec"]["replica"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def test_checked_in_crd_is_generated_from_crd_py() -> None:
+    assert (MANIFESTS / "crd.yaml").read_text(encoding="utf-8") == crd_yaml(), (
+        "manifests/crd.yaml is stale: run `python -m slopilot.operator.crd > manifests/crd.yaml`")
+
+
+def test_kustomization_installs_every_install_manifest() -> None:
+    (kustomization,) = docs(MANIFESTS / "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in INSTALL)
+
+
+def rules() -> list[dict[str, Any]]:
+    (role,) = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "ClusterRole"]
+    return list(role["rules"])
+
+
+def test_rbac_has_no_wildcards() -> None:
+    for rule in rules():
+        for key in ("verbs", "resources", "apiGroups"):
+            assert not any("*" in item for item in rule.get(key, [])), rule
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+
+
+def test_rbac_grants_exactly_what_the_operator_needs() -> None:
+    grants: dict[tuple[str, str], set[str]] = {}
+    for rule in rules():
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                grants.setdefault((group, res), set()).update(rule["verbs"])
+    assert grants == EXPECTED_GRANTS
+
+
+def test_rbac_binds_the_operator_service_account() -> None:
+    by_kind = {d["kind"]: d for d in docs(MANIFESTS / "rbac.yaml")}
+    binding, account = by_kind["ClusterRoleBinding"], by_kind["ServiceAccount"]
+    assert binding["roleRef"]["name"] == by_kind["ClusterRole"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": account["metadata"]["namespace"]}]
+    (deployment,) = docs(MANIFESTS / "operator.yaml")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account[
+        "metadata"]["name"]
+
+
+def test_operator_deployment_is_locked_down_and_probed() -> None:
+    (deployment,) = docs(MANIFESTS / "operator.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 1
+    assert c["command"] == ["slopilot", "operator"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in c["args"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+
+
+def test_dockerfile_pins_its_base_and_runs_as_a_numeric_non_root_user() -> None:
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    bases = re.findall(r"^FROM\s+(\S+)", text, flags=re.M)
+    assert len(bases) >= 2, "expected a multi-stage build"
+    for base in bases:
+        assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", base), base
+    users = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
+    assert users, "the image must switch to a non-root user"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "use a numeric non-zero UID (runAsNonRoot checks it)"
+    assert "[engine,tuner,operator]" in text

@@ -1,0 +1,171 @@
+"""Owned objects rendered from a spec: builtin and vLLM, ownership, security, idempotence."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from slopilot.operator.render import (
+    CHECKSUM_ANNOTATION,
+    config_json,
+    render_all,
+    vllm_args,
+)
+from slopilot.operator.spec import LLMDeploymentSpec, parse_spec
+
+KUBE_VERSION = "1.33.0"
+UID = "0b0e9a4e-4c1e-4d55-9b5e-1c9a3f6f0d11"
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
+            "metadata": {"name": "chat", "namespace": "team", "uid": UID},
+            "spec": {"model": {"name": "smollm2-135m", "path": "/models/smollm2"}, **spec}}
+
+
+def render(**spec: Any) -> tuple[dict[str, Any], LLMDeploymentSpec]:
+    b = body(**spec)
+    return b, parse_spec(b)
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    return dict(deployment["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_builtin_engine_pod_command_config_and_token() -> None:
+    b, spec = render(resources={"gpu": 2, "cpu": "4", "memory": "16Gi"},
+                     engine={"tokenBudget": 2048, "chunkSize": 1024})
+    out = render_all(b, spec)
+    c = container(out.deployment)
+    assert c["command"] == ["slopilot", "serve", "--executor", "torch", "--model",
+                            "/models/smollm2", "--port", "8000",
+                            "--config", "/etc/slopilot/engine.json"]
+    knobs = json.loads(out.config_map["data"]["engine.json"])
+    assert knobs["token_budget"] == 2048 and knobs["chunk_size"] == 1024
+    assert knobs["preemption_mode"] == "auto"
+    assert {"name": "engine-config", "mountPath": "/etc/slopilot", "readOnly": True} in c[
+        "volumeMounts"]
+    token = next(e for e in c["env"] if e["name"] == "SLOPILOT_ADMIN_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "chat-admin", "key": "token"}
+    assert c["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 2}
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 2
+    assert out.unsupported_knobs == ()
+
+
+def test_probes_hit_health_on_the_named_port() -> None:
+    c = container(render_all(*render()).deployment)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["ports"][0]["containerPort"] == 8000
+
+
+def test_security_context_is_locked_down() -> None:
+    pod = render_all(*render()).deployment["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    mounted = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/tmp", "/cache"} <= mounted
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+
+
+def test_every_owned_object_points_at_its_llmdeployment() -> None:
+    out = render_all(*render())
+    for obj in out.objects():
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
+                       "name": "chat", "uid": UID, "controller": True,
+                       "blockOwnerDeletion": True}
+        assert obj["metadata"]["namespace"] == "team"
+
+
+def test_service_and_monitor_select_the_engine_pods() -> None:
+    out = render_all(*render())
+    pod_labels = out.deployment["spec"]["template"]["metadata"]["labels"]
+    selector = out.service["spec"]["selector"]
+    assert selector.items() <= pod_labels.items()
+    assert out.deployment["spec"]["selector"]["matchLabels"] == selector
+    monitor = out.service_monitor
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= out.service["metadata"][
+        "labels"].items()
+    assert monitor["spec"]["endpoints"][0] == {"port": "http", "path": "/metrics",
+                                               "interval": "15s"}
+
+
+def test_vllm_args_map_the_knobs() -> None:
+    b, spec = render(backend="vllm", resources={"gpu": 4},
+                     engine={"tokenBudget": 1000, "chunkSize": 256, "maxNumSeqs": 64,
+                             "blockSize": 32, "swapSpaceGb": 8})
+    args, lacking = vllm_args(spec)
+    pairs = dict(itertools.pairwise(args))
+    assert args[0] == "/models/smollm2"
+    assert pairs["--max-num-batched-tokens"] == "1024"  # 1000 rounded up to the 256 tiles
+    assert pairs["--long-prefill-token-threshold"] == "256"
+    assert pairs["--max-num-seqs"] == "64"
+    assert pairs["--scheduling-policy"] == "priority"
+    assert pairs["--block-size"] == "32" and pairs["--swap-space"] == "8"
+    assert pairs["--tensor-parallel-size"] == "4"
+    assert lacking == ()
+    c = container(render_all(b, spec).deployment)
+    assert c["command"] == ["vllm", "serve"] and c["args"] == args
+    assert all(e["name"] != "SLOPILOT_ADMIN_TOKEN" for e in c["env"])
+
+
+def test_vllm_names_the_knobs_it_lacks() -> None:
+    b, spec = render(backend="vllm", engine={"kvWatermark": 0.1, "preemption": {
+        "mode": "swap", "maxPerStep": 4, "swapTimeoutMs": 10}})
+    assert render_all(b, spec).unsupported_knobs == (
+        "preemption_mode", "max_preemptions_per_step", "swap_timeout_ms", "kv_watermark")
+    _, recompute = render(backend="vllm", engine={"preemption": {"mode": "recompute"}})
+    assert vllm_args(recompute)[1] == ()
+
+
+def checksum(out: Any) -> str:
+    return str(out.deployment["spec"]["template"]["metadata"]["annotations"][CHECKSUM_ANNOTATION])
+
+
+def test_knob_changes_roll_vllm_pods_but_not_live_builtin_knobs() -> None:
+    vllm_a = render_all(*render(backend="vllm", engine={"chunkSize": 256}))
+    vllm_b = render_all(*render(backend="vllm", engine={"chunkSize": 512}))
+    assert checksum(vllm_a) != checksum(vllm_b)
+    live_a = render_all(*render(engine={"chunkSize": 256}))
+    live_b = render_all(*render(engine={"chunkSize": 512}))
+    assert checksum(live_a) == checksum(live_b)  # applied by PUT /admin/config instead
+    restart = render_all(*render(engine={"blockSize": 32}))
+    assert checksum(restart) != checksum(live_a)
+
+
+def test_rendering_is_idempotent() -> None:
+    first = render_all(*render(backend="vllm", engine={"maxNumSeqs": 8}))
+    second = render_all(*render(backend="vllm", engine={"maxNumSeqs": 8}))
+    assert first == second
+    assert json.dumps(first.objects(), sort_keys=True) == json.dumps(second.objects(),
+                                                                     sort_keys=True)
+
+
+def test_replicas_start_at_min_but_at_least_one() -> None:
+    assert render_all(*render(replicas={"min": 0, "max": 3})).deployment["spec"]["replicas"] == 1
+    assert render_all(*render(replicas={"min": 2, "max": 3})).deployment["spec"]["replicas"] == 2
+    assert render_all(*render(), replicas=5).deployment["spec"]["replicas"] == 5
+
+
+def test_config_json_is_stable_and_complete() -> None:
+    spec = parse_spec(body())
+    assert config_json(spec.engine) == config_json(spec.engine)
+    assert set(json.loads(config_json(spec.engine))) == set(spec.engine.to_dict())
+
+
+@pytest.mark.parametrize("backend", ["builtin", "vllm"])
+def test_builtin_kinds_validate_against_kubernetes(backend: str) -> None:
+    out = render_all(*render(backend=backend, resources={"gpu": 1, "memory": "8Gi"}))
+    for obj in (out.config_map, out.deployment, out.service):
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
