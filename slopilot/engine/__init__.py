@@ -1,0 +1,1 @@
+"""The continuous-batching engine: config, requests, KV blocks, scheduler, executors."""

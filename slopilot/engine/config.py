@@ -1,0 +1,180 @@
+"""Engine knobs: one frozen dataclass, bounds checked once, presets per latency tier.
+
+Every knob the tuner moves lives here. A config is immutable; a live change builds a
+new one (``with_overrides``) and the engine swaps it in between iterations, so the
+scheduler never sees a half-applied change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A knob value is out of range or of the wrong type; the message names the fix."""
+
+
+class PreemptionMode(enum.StrEnum):
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
+    AUTO = "auto"
+
+
+def _knob(default: Any, doc: str, lo: float | None = None, hi: float | None = None,
+          choices: tuple[Any, ...] | None = None, live: bool = True) -> Any:
+    return field(default=default, metadata={
+        "doc": doc, "lo": lo, "hi": hi, "choices": choices, "live": live})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    token_budget: int = _knob(
+        1024, "Max tokens one iteration processes (vLLM max_num_batched_tokens); "
+        "rounded up to budget_align.", 128, 16384)
+    budget_align: int = _knob(
+        256, "Tile quantization: the budget is rounded up to a multiple of this.",
+        choices=(1, 64, 128, 256))
+    chunk_size: int = _knob(
+        512, "Max prefill tokens one request gets in one iteration "
+        "(vLLM long_prefill_token_threshold); at most token_budget.", 64, 16384)
+    max_num_seqs: int = _knob(256, "Max running requests.", 1, 4096)
+    preemption_mode: PreemptionMode = _knob(
+        PreemptionMode.AUTO, "recompute, swap, or auto (hybrid by recompute_max_tokens).",
+        choices=tuple(PreemptionMode))
+    recompute_max_tokens: int = _knob(
+        512, "In auto mode a victim with fewer computed tokens than this is recomputed, "
+        "a longer one swapped.", 0, 65536)
+    max_preemptions_per_step: int = _knob(2, "Max victims in one iteration.", 0, 64)
+    swap_timeout_ms: float = _knob(
+        50.0, "A victim whose estimated swap-out time exceeds this is not preempted; "
+        "the newcomer waits.", 0, 10000)
+    p0_preempt_utilization: float = _knob(
+        0.9, "A waiting P0 request may preempt running P1/P2 only while KV usage is "
+        "above this.", 0.0, 1.0)
+    kv_watermark: float = _knob(
+        0.05, "Fraction of KV blocks kept free when admitting new requests.", 0.0, 0.5)
+    block_size: int = _knob(16, "Tokens per KV block.", 8, 128, live=False)
+    swap_space_gb: float = _knob(
+        32.0, "Host memory for swapped-out KV blocks.", 0, 1024, live=False)
+    max_waiting: int = _knob(
+        4096, "Max queued requests; beyond it the server answers 429.", 1, 1_000_000)
+    enable_prefix_caching: bool = _knob(True, "Reuse full KV blocks across requests.")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            meta = f.metadata
+            default = f.default
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{f.name}={value!r}: expected true or false")
+            elif isinstance(default, int):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"{f.name}={value!r}: expected an integer")
+            elif isinstance(default, float) and (
+                    isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value)):
+                raise ConfigError(f"{f.name}={value!r}: expected a finite number")
+            choices = meta.get("choices")
+            if choices is not None and value not in choices:
+                allowed = ", ".join(str(getattr(c, "value", c)) for c in choices)
+                raise ConfigError(f"{f.name}={value!r} is not allowed; use one of: {allowed}")
+            lo, hi = meta.get("lo"), meta.get("hi")
+            if lo is not None and hi is not None and not lo <= value <= hi:
+                raise ConfigError(
+                    f"{f.name}={value!r} is out of range; use a value in [{lo}, {hi}]")
+        if self.chunk_size > self.effective_budget:
+            raise ConfigError(
+                f"chunk_size={self.chunk_size} exceeds the token budget "
+                f"{self.effective_budget}; lower chunk_size or raise token_budget")
+
+    @property
+    def effective_budget(self) -> int:
+        """The budget after rounding up to the tile alignment."""
+        a = self.budget_align
+        return -(-self.token_budget // a) * a
+
+    def with_overrides(self, overrides: Mapping[str, Any], *, live_only: bool = False
+                       ) -> EngineConfig:
+        """A new validated config; unknown names and non-live knobs (if asked) are refused."""
+        known = {f.name: f for f in dataclasses.fields(self)}
+        changes: dict[str, Any] = {}
+        for name, raw in overrides.items():
+            if name not in known:
+                raise ConfigError(
+                    f"unknown knob {name!r}; known knobs: {', '.join(sorted(known))}")
+            if live_only and not known[name].metadata["live"] and raw != getattr(self, name):
+                raise ConfigError(
+                    f"{name} cannot change on a running engine; restart it with the new value")
+            changes[name] = coerce_knob(name, raw)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["preemption_mode"] = self.preemption_mode.value
+        return out
+
+    @staticmethod
+    def knob_docs() -> dict[str, str]:
+        return {f.name: f.metadata["doc"] for f in dataclasses.fields(EngineConfig)}
+
+
+def coerce_knob(name: str, raw: Any) -> Any:
+    """Turn a CLI or JSON value into the knob's type; the dataclass then checks bounds."""
+    fields_by_name = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    f = fields_by_name[name]
+    default = f.default
+    if isinstance(default, PreemptionMode):
+        try:
+            return PreemptionMode(raw.value if isinstance(raw, PreemptionMode) else str(raw))
+        except ValueError:
+            raise ConfigError(
+                f"{name}={raw!r} is not allowed; use one of: recompute, swap, auto") from None
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    try:
+        if isinstance(default, bool):
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(text)
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        kind = type(default).__name__
+        raise ConfigError(f"{name}={raw!r}: expected a {kind}") from None
+    return text
+
+
+def parse_set_args(items: list[str]) -> dict[str, str]:
+    """Parse repeated ``knob=value`` strings from the command line."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--set {item!r}: expected knob=value, e.g. token_budget=512")
+        out[name.strip()] = value
+    return out
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Tier presets from the latency SLOs: a smaller budget bounds each iteration's time.
+    "strict": {"token_budget": 512, "chunk_size": 256},
+    "standard": {"token_budget": 1024, "chunk_size": 512},
+    "relaxed": {"token_budget": 2048, "chunk_size": 1024},
+}
+
+
+def preset(name: str, **overrides: Any) -> EngineConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; use one of: {', '.join(PRESETS)}")
+    return EngineConfig().with_overrides({**PRESETS[name], **overrides})

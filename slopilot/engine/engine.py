@@ -1,0 +1,140 @@
+"""The engine loop: schedule, execute, update, observe. One iteration per ``step()``.
+
+The same loop runs under a virtual clock (the discrete-event simulator advances time
+by each iteration's modelled cost) and under the wall clock (the server, where the
+executor really spends the time), so the simulator and the server report the same
+series from the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from slopilot.engine.request import Request
+from slopilot.engine.scheduler import Scheduler
+
+
+class Executor(Protocol):
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    def advance(self, dt: float) -> None: ...
+
+
+class WallClock:
+    """Time passes by itself: the executor already spent the iteration's time."""
+
+    def __init__(self, fn: Callable[[], float] = time.monotonic) -> None:
+        self._fn = fn
+
+    def now(self) -> float:
+        return self._fn()
+
+    def advance(self, dt: float) -> None:
+        return None
+
+
+class VirtualClock:
+    """Simulated time: advances only by what the cost model says an iteration took."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+class StepObserver(Protocol):
+    """Receives per-iteration and per-token events (metrics, simulator statistics)."""
+
+    def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
+                now: float) -> None: ...
+    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None: ...
+    def on_token_gap(self, req: Request, gap_s: float, now: float) -> None: ...
+    def on_finished(self, req: Request, now: float) -> None: ...
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, executor: Executor, num_gpu_blocks: int,
+                 num_cpu_blocks: int = 0, swap_s_per_block: float = 0.0,
+                 clock: Clock | None = None,
+                 observers: list[StepObserver] | None = None) -> None:
+        self.scheduler = Scheduler(config, num_gpu_blocks, num_cpu_blocks, swap_s_per_block)
+        self.executor = executor
+        self.clock: Clock = clock if clock is not None else WallClock()
+        self.observers: list[StepObserver] = list(observers or [])
+        self.num_steps = 0
+        self.busy_s = 0.0
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.scheduler.config
+
+    def add_request(self, req: Request) -> None:
+        if req.arrival_time == 0.0:
+            req.arrival_time = self.clock.now()
+        self.scheduler.add_request(req)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        req = self.scheduler.abort_request(request_id)
+        if req is not None:
+            now = self.clock.now()
+            req.finished_time = now
+            for obs in self.observers:
+                obs.on_finished(req, now)
+        return req
+
+    def update_config(self, config: EngineConfig) -> None:
+        self.scheduler.update_config(config)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Request]:
+        """Run one iteration; returns the requests that got a token (some finished)."""
+        sched = self.scheduler
+        out = sched.schedule(self.clock.now())
+        if not out.seqs and not out.swap_out and not out.swap_in:
+            return []
+        result = self.executor.execute(out)
+        self.clock.advance(result.elapsed_s)
+        now = self.clock.now()
+        self.num_steps += 1
+        self.busy_s += result.elapsed_s
+        got = sched.update_from_output(out, result)
+        observers = self.observers
+        for obs in observers:
+            obs.on_step(self, out, result.elapsed_s, now)
+        for req in got:
+            last = req.last_token_time
+            if last is None:
+                req.first_token_time = now
+                for obs in observers:
+                    obs.on_first_token(req, now - req.arrival_time, now)
+            else:
+                gap = now - last
+                for obs in observers:
+                    obs.on_token_gap(req, gap, now)
+            req.last_token_time = now
+            if req.is_finished:
+                req.finished_time = now
+                for obs in observers:
+                    obs.on_finished(req, now)
+        return got
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        """Step until nothing is left (tests and offline runs)."""
+        for _ in range(max_steps):
+            if not self.has_work():
+                return
+            self.step()
+        raise RuntimeError(f"engine still busy after {max_steps} steps")

@@ -1,0 +1,74 @@
+"""Plain data that crosses the scheduler / executor boundary.
+
+The scheduler hands an executor a ``SchedulerOutput``; the executor answers with a
+``ModelRunnerOutput``. Nothing else crosses: no request objects, no callbacks, so the
+scheduler can be driven by fake outputs in tests and by a cost model in simulation.
+
+Token layout of one scheduled row (block_size 4, a chunk of 5 tokens at position 6)::
+
+    positions   0 1 2 3 | 4 5 6 7 | 8 9 10 11
+    blocks      [  b7   ] [  b2   ] [  b9     ]
+    computed    x x x x   x x
+    this row                  ^ ^   ^ ^ ^       start_pos=6, len(token_ids)=5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slopilot.engine.request import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One request's work in one iteration: a prefill chunk or a single decode token."""
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    # GPU block ids covering positions [0, start_pos + len(token_ids)); read-only for
+    # the executor (it is the block manager's own list, not a copy).
+    block_table: list[int]
+    # True when this row ends at the request's last known token, so it samples.
+    sample: bool
+    sampling: SamplingParams
+    # Tokens generated so far (for seeded sampling offsets and repetition state).
+    num_output_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        return len(self.token_ids) > 1 or not self.sample
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    # (gpu_block, cpu_block) pairs to copy out before the forward pass.
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    # (cpu_block, gpu_block) pairs to copy in before the forward pass.
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Requests whose per-request executor state (sampler RNGs) can be dropped.
+    finished_ids: list[str] = field(default_factory=list)
+    num_preempted_recompute: int = 0
+    num_preempted_swap: int = 0
+    # Running requests that got no KV room this iteration (preemption not allowed).
+    num_stalled: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs and not self.swap_out and not self.swap_in
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    # request_id -> sampled token, for every row with sample=True.
+    sampled: dict[str, int]
+    # Wall time the iteration took (measured) or would take (cost model), seconds.
+    elapsed_s: float = 0.0

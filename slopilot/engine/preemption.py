@@ -1,0 +1,37 @@
+"""Preemption policy: how a victim gives its KV blocks back.
+
+Recompute throws the KV away (cheap for short contexts, and the prefix cache often
+gives most of it back); swap copies it to host memory over PCIe (cheap to resume for
+long contexts, but the copy itself takes time). ``auto`` picks per victim.
+"""
+
+from __future__ import annotations
+
+from slopilot.engine.block_manager import BlockManager
+from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.engine.request import Request
+
+
+def choose_mode(config: EngineConfig, kv: BlockManager, victim: Request,
+                swap_s_per_block: float, *, newcomer: bool) -> PreemptionMode | None:
+    """The mode to preempt ``victim`` with, or None when it must not be preempted.
+
+    A swap estimated above ``swap_timeout_ms`` never happens: every running request
+    would stall behind the copy. For a newcomer (a waiting P0) that means no
+    preemption, and the newcomer waits (None). A running request that needs room to
+    grow cannot wait on nobody, or the batch could deadlock, so it gets a recompute.
+    """
+    mode = config.preemption_mode
+    if mode is PreemptionMode.AUTO:
+        mode = (PreemptionMode.RECOMPUTE
+                if victim.num_computed_tokens < config.recompute_max_tokens
+                else PreemptionMode.SWAP)
+    if mode is PreemptionMode.SWAP:
+        rid = victim.request_id
+        if not kv.can_swap_out(rid):
+            # No host room: recomputing is the only way to free the blocks.
+            return PreemptionMode.RECOMPUTE
+        swap_ms = kv.num_blocks(rid) * swap_s_per_block * 1000.0
+        if swap_ms > config.swap_timeout_ms:
+            return None if newcomer else PreemptionMode.RECOMPUTE
+    return mode

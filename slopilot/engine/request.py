@@ -1,0 +1,168 @@
+"""Request lifecycle, priority classes and stop conditions.
+
+A request moves WAITING -> RUNNING (prefilling, then decoding) -> FINISHED_*; it may
+fall back to PREEMPTED_RECOMPUTE or PREEMPTED_SWAPPED and rejoin the waiting queue.
+The status enum is ordered so "is it finished" is one comparison.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Priority(enum.IntEnum):
+    """Lower value is served first: P0 realtime, P1 standard, P2 batch."""
+
+    P0 = 0
+    P1 = 1
+    P2 = 2
+
+    @property
+    def label(self) -> str:
+        return f"p{self.value}"
+
+    @classmethod
+    def parse(cls, value: object) -> Priority:
+        """Accept 0/1/2, "p0".."p2", "P0".., "realtime"/"standard"/"batch"."""
+        if isinstance(value, Priority):
+            return value
+        aliases = {"realtime": 0, "standard": 1, "batch": 2}
+        text = str(value).strip().lower()
+        text = str(aliases.get(text, text)).removeprefix("p")
+        if text in ("0", "1", "2"):
+            return cls(int(text))
+        raise ValueError(
+            f"priority {value!r} is not a class; use 0, 1, 2, p0, p1, p2, "
+            "realtime, standard or batch")
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    PREEMPTED_RECOMPUTE = 1
+    PREEMPTED_SWAPPED = 2
+    RUNNING = 3
+    # Everything above RUNNING is final.
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH = 5
+    FINISHED_ABORTED = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.RUNNING
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Stop conditions and sampling settings; validated once at the edge."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens}: must be at least 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens={self.min_tokens}: must be in [0, max_tokens={self.max_tokens}]")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 disables it)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation request and its progress. Mutated only by the scheduler."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: Priority = Priority.P1
+    arrival_time: float = 0.0
+    eos_token_id: int | None = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens whose KV is in the cache (or would be, once this iteration runs).
+    num_computed_tokens: int = 0
+    # Tokens found in the prefix cache at the last admission (not recomputed).
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    # Arrival order, assigned by the scheduler: the FCFS tie-break inside a class.
+    seq_no: int = 0
+    # Timestamps the engine loop fills in (engine clock: virtual or monotonic).
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.RUNNING
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _FINISH_REASON.get(self.status)
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, pos: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
+    def check_stop(self, token_id: int) -> RequestStatus | None:
+        """The finished status that ``token_id`` (just appended) causes, if any."""
+        params = self.sampling
+        n_out = len(self.output_token_ids)
+        if n_out >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if n_out < params.min_tokens:
+            return None
+        if not params.ignore_eos and token_id == self.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        return None

@@ -1,0 +1,1 @@
+"""Discrete-event simulation: GPU and model cost profiles, workloads, trace replay."""

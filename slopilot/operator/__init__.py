@@ -1,0 +1,1 @@
+"""The Kubernetes operator: CRD, reconcile, retune and scale actions."""

@@ -1,0 +1,1 @@
+"""SLO-driven tuning: Optuna studies, evaluators, the controller state machine."""
