@@ -13,7 +13,6 @@ A shift starts a new phase at ``at_s`` that inherits every field it does not nam
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +20,14 @@ from typing import Any
 
 from slopilot.engine.sim import arrivals as arr
 from slopilot.engine.sim import distributions as dist
+from slopilot.engine.sim.distribution_spec import build, parse_distribution, read_cached, trace_name
 from slopilot.engine.sim.open_loop import OpenLoopPhase, OpenLoopWorkload
 from slopilot.engine.sim.sessions import SessionPhase, SessionWorkload
 from slopilot.engine.sim.spec_reader import Reader, ScenarioError
 from slopilot.engine.sim.trace import (
-    BUILTIN_TRACES,
     TraceError,
     TraceRecord,
     TraceWorkload,
-    read_trace,
     rescale,
     window,
 )
@@ -75,7 +73,7 @@ class TraceSpec:
 
     def records(self) -> list[TraceRecord]:
         """The windowed, time-scaled records this spec replays."""
-        picked = window(_read_cached(self.trace, self.fmt), start_s=self.start_s,
+        picked = window(read_cached(self.trace, self.fmt), start_s=self.start_s,
                         end_s=self.end_s, max_requests=self.max_requests)
         return rescale(picked, time_scale=self.time_scale, target_rate=self.target_rate)
 
@@ -86,13 +84,6 @@ class TraceSpec:
 
 
 WorkloadSpec = OpenLoopSpec | SessionSpec | TraceSpec
-
-
-@functools.lru_cache(maxsize=4)
-def _read_cached(trace: str, fmt: str | None) -> list[TraceRecord]:
-    # Parsing the shipped hour of Azure traffic takes a few tenths of a second; a tuner
-    # builds the same scenario's workload for every trial.
-    return read_trace(trace, fmt=fmt)
 
 
 def parse_workload(r: Reader, *, base_dir: Path) -> WorkloadSpec:
@@ -142,16 +133,9 @@ def _field(r: Reader, base: dict[str, Any] | None, key: str, parse: Callable[[],
     return parse()
 
 
-def _build(r: Reader, cls: Callable[..., Any], **fields: Any) -> Any:
-    try:
-        return cls(**fields)
-    except ValueError as e:
-        raise ScenarioError(f"{r.source}: {r.path or 'workload'}: {e}") from None
-
-
 def _open_loop_phase(r: Reader, base: dict[str, Any] | None, start: float,
                      base_dir: Path) -> OpenLoopPhase:
-    return _build(
+    return build(
         r, OpenLoopPhase, start_s=start,
         arrivals=_field(r, base, "arrivals", lambda: _arrivals(r)),
         prompt_tokens=_field(r, base, "prompt_tokens",
@@ -176,7 +160,7 @@ def _session_phase(r: Reader, base: dict[str, Any] | None, start: float,
         fraction, long_tokens = base["long_context_fraction"], base["long_context_tokens"]
     else:
         fraction, long_tokens = _long_context(r, base_dir)
-    return _build(
+    return build(
         r, SessionPhase, start_s=start,
         concurrency=_field(r, base, "concurrency",
                            lambda: r.integer("concurrency", lo=1, hi=1_000_000)),
@@ -213,9 +197,9 @@ def _arrivals(r: Reader) -> arr.ArrivalProcess:
     if process == "poisson":
         out = arr.Poisson(rate=rate)
     elif process == "gamma":
-        out = _build(ar, arr.Gamma, rate=rate, cv=ar.number("cv", lo=0.05, hi=20.0))
+        out = build(ar, arr.Gamma, rate=rate, cv=ar.number("cv", lo=0.05, hi=20.0))
     else:
-        out = _build(ar, arr.OnOff, rate=rate, on_s=ar.number("on_s", lo=0.0, lo_open=True),
+        out = build(ar, arr.OnOff, rate=rate, on_s=ar.number("on_s", lo=0.0, lo_open=True),
                      off_s=ar.number("off_s", lo=0.0, lo_open=True),
                      off_rate=ar.number("off_rate", 0.0, lo=0.0))
     ar.finish()
@@ -234,71 +218,6 @@ def _classes(r: Reader) -> ClassMix:
     return ClassMix(weights)  # type: ignore[arg-type]
 
 
-_DISTS = ("fixed", "uniform", "lognormal", "empirical")
-
-
-def parse_distribution(r: Reader, key: str, base_dir: Path) -> dist.Distribution:
-    """A number (fixed) or ``{dist: fixed|uniform|lognormal|empirical, ..., min, max}``."""
-    raw = r.raw(key)
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return _build(r, dist.Fixed, value=r.number(key, lo=0.0))
-    dr = r.child(key, raw)
-    kind = dr.text("dist", choices=_DISTS)
-    top = dr.optional_float("max", lo=0.0)
-    clip = {"min": dr.number("min", 0.0, lo=0.0), "max": float("inf") if top is None else top}
-    out: dist.Distribution
-    if kind == "fixed":
-        out = _build(dr, dist.Fixed, value=dr.number("value", lo=0.0), **clip)
-    elif kind == "uniform":
-        out = _build(dr, dist.Uniform, low=dr.number("low", lo=0.0),
-                     high=dr.number("high", lo=0.0), **clip)
-    elif kind == "lognormal":
-        out = _build(dr, dist.LogNormal, mean=dr.number("mean", lo=0.0, lo_open=True),
-                     sigma=dr.number("sigma", lo=0.0, hi=5.0), **clip)
-    else:
-        out = _empirical(dr, base_dir, clip)
-    dr.finish()
-    return out
-
-
-def _empirical(dr: Reader, base_dir: Path, clip: dict[str, float]) -> dist.Empirical:
-    if dr.has("trace"):
-        field = dr.text("field", choices=("prompt_tokens", "output_tokens"))
-        trace = _trace_name(dr, "trace", base_dir)
-        try:
-            records = _read_cached(trace, None)
-        except TraceError as e:
-            raise ScenarioError(f"{dr.source}: {dr.qualify('trace')}: {e}") from None
-        values = tuple(float(getattr(rec, field)) for rec in records)
-        return _build(dr, dist.Empirical, values=values, **clip)
-    raw_values = dr.raw("values")
-    raw_weights = dr.raw("weights", None)
-    if not isinstance(raw_values, list) or not raw_values:
-        raise dr.error("values", raw_values, "expected a non-empty list of numbers "
-                       "(or give trace: NAME and field: prompt_tokens|output_tokens)")
-    values = tuple(_number_list(dr, "values", raw_values))
-    weights = None if raw_weights is None else tuple(_number_list(dr, "weights", raw_weights))
-    return _build(dr, dist.Empirical, values=values, weights=weights, **clip)
-
-
-def _number_list(dr: Reader, key: str, raw: object) -> list[float]:
-    if not isinstance(raw, list) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
-        raise dr.error(key, raw, "expected a list of numbers")
-    return [float(v) for v in raw]
-
-
-def _trace_name(r: Reader, key: str, base_dir: Path) -> str:
-    name = r.text(key)
-    if name in BUILTIN_TRACES:
-        return name
-    path = Path(name) if Path(name).is_absolute() else base_dir / name
-    if not path.is_file():
-        raise r.error(key, name, f"no such file (relative paths start at {base_dir}); "
-                      f"or name a shipped trace: {', '.join(BUILTIN_TRACES)}")
-    return str(path)
-
-
 def _trace(r: Reader, vocab: int, base_dir: Path) -> TraceSpec:
     fmt = r.raw("format", None)
     if fmt is not None:
@@ -307,8 +226,8 @@ def _trace(r: Reader, vocab: int, base_dir: Path) -> TraceSpec:
     target_rate = r.optional_float("target_rate", lo=0.0, lo_open=True)
     if time_scale is not None and target_rate is not None:
         raise r.error("target_rate", target_rate, "give time_scale or target_rate, not both")
-    spec = _build(
-        r, TraceSpec, trace=_trace_name(r, "trace", base_dir), fmt=fmt,
+    spec = build(
+        r, TraceSpec, trace=trace_name(r, "trace", base_dir), fmt=fmt,
         time_scale=time_scale, target_rate=target_rate, start_s=r.number("start_s", 0.0, lo=0),
         end_s=r.optional_float("end_s", lo=0.0, lo_open=True),
         max_requests=r.optional_int("max_requests", lo=1), classes=_classes(r), vocab_size=vocab)
