@@ -96,6 +96,11 @@ class BlockManager:
                        len(self._free), self.num_cpu_blocks,
                        self.num_cpu_blocks - len(self._cpu_free))
 
+    @property
+    def tables(self) -> dict[str, list[int]]:
+        """Live block tables by request id (read-only for callers)."""
+        return self._tables
+
     def block_table(self, request_id: str) -> list[int]:
         return self._tables[request_id]
 

@@ -117,6 +117,11 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # Kept in step with the token lists (read on every scheduler pass).
+    _num_tokens: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        self._num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -124,7 +129,11 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self._num_tokens
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._num_tokens += 1
 
     @property
     def num_output_tokens(self) -> int:

@@ -136,8 +136,7 @@ class Scheduler:
         self._scheduled = {}
         self._budget_left = cfg.effective_budget
 
-        self._schedule_running(decodes=True)
-        self._schedule_running(decodes=False)
+        self._schedule_running()
         # A step that had to preempt for growth admits nobody: the KV is already short.
         if not (out.num_preempted_recompute or out.num_preempted_swap):
             self._admit_waiting()
@@ -154,29 +153,58 @@ class Scheduler:
         out.num_decode_tokens = total - prefill
         return out
 
-    def _schedule_running(self, decodes: bool) -> None:
+    def _schedule_running(self) -> None:
+        """Decodes first (one token each), then partial prefills (a chunk each)."""
         running = self.running
-        chunk = self.config.chunk_size
-        capacity = self.kv.num_gpu_blocks * self.kv.block_size
+        tables = self.kv.tables
+        bs = self.kv.block_size
+        scheduled = self._scheduled
+        prefills: list[Request] = []
         i = 0
         while i < len(running) and self._budget_left > 0:
             req = running[i]
-            remaining = req.num_tokens - req.num_computed_tokens
-            if (remaining == 1) is not decodes or req.request_id in self._scheduled:
+            computed = req.num_computed_tokens
+            if req.num_tokens - computed != 1:
+                prefills.append(req)
                 i += 1
                 continue
-            n = 1 if decodes else min(remaining, chunk, self._budget_left)
-            if req.num_computed_tokens + n > capacity:
-                # It can never grow further on this cache, even alone.
-                running.pop(i)
-                self._finish(req, RequestStatus.FINISHED_LENGTH)
+            rid = req.request_id
+            table = tables[rid]
+            if computed < len(table) * bs:
+                # Hot path: the last block has room, so no allocation and no preemption.
+                out = req.output_token_ids
+                last = out[-1] if out else req.prompt_token_ids[-1]
+                scheduled[rid] = ScheduledSeq(rid, [last], computed, table, True,
+                                              req.sampling, len(out))
+                req.num_computed_tokens = computed + 1
+                self._budget_left -= 1
+                i += 1
                 continue
-            if self._reserve(req, n):
-                self._schedule_seq(req, n)
-            elif req.status is RequestStatus.RUNNING:
-                self._out.num_stalled += 1
+            self._grow(req, 1)
             if i < len(running) and running[i] is req:
-                i += 1
+                i += 1  # else it was preempted or finished, and running[i] is the next
+        chunk = self.config.chunk_size
+        for req in prefills:
+            if self._budget_left <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted by an earlier request's growth
+            n = min(req.num_tokens - req.num_computed_tokens, chunk, self._budget_left)
+            self._grow(req, n)
+
+    def _grow(self, req: Request, n: int) -> bool:
+        """Schedule ``n`` more tokens of a running request; False if it got no room."""
+        if req.num_computed_tokens + n > self.kv.num_gpu_blocks * self.kv.block_size:
+            # It can never grow further on this cache, even alone.
+            self.running.remove(req)
+            self._finish(req, RequestStatus.FINISHED_LENGTH)
+            return False
+        if self._reserve(req, n):
+            self._schedule_seq(req, n)
+            return True
+        if req.status is RequestStatus.RUNNING:
+            self._out.num_stalled += 1
+        return False
 
     def _reserve(self, req: Request, n: int) -> bool:
         """Get KV room for ``n`` more tokens of a running request, preempting if needed."""
@@ -310,7 +338,7 @@ class Scheduler:
             if not seq.sample:
                 continue
             token = sampled[seq.request_id]
-            req.output_token_ids.append(token)
+            req.append_output(token)
             got.append(req)
             status = req.check_stop(token)
             if status is not None:
