@@ -29,8 +29,8 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.rules import DEPLOYMENT_LABEL
-from slopilot.tuner.slo import SLOSpec
 
 UID = "slopilot-overview"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -22,7 +22,7 @@ import yaml
 from prometheus_client.utils import floatToGoString
 
 from slopilot.engine.metrics import LATENCY_BUCKETS
-from slopilot.tuner.slo import SLOSpec
+from slopilot.engine.slo import SLOSpec
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 DEPLOYMENT_LABEL = "slopilot_deployment"

@@ -105,6 +105,7 @@ def test_stop_conditions(kwargs: dict[str, object], script: list[int],
     assert req.status is reason
     assert req.num_output_tokens == n_out
     assert sched.kv.num_used_blocks == 0
+    assert sched.kv.stats().num_cpu_used == 0
 
 
 def test_preemption_victim_is_lowest_class_then_newest() -> None:
@@ -185,8 +186,8 @@ def test_swap_out_and_back_in_keeps_computed_tokens() -> None:
     while sched.has_work():
         step(sched, ex)
     sched.check_integrity()
-    assert sched.kv.num_used_blocks == 0 and sched.kv.num_free_cpu_blocks == 8 or \
-        sched.kv.stats().num_cpu_used == 0
+    assert sched.kv.num_used_blocks == 0
+    assert sched.kv.stats().num_cpu_used == 0
 
 
 def test_swap_slower_than_timeout_never_happens() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from slopilot.engine.metrics import exported_series
+from slopilot.engine.slo import SLOSpec
 from slopilot.operator.dashboards import (
     EXTERNAL_METRICS,
     build_dashboard,
@@ -15,7 +16,6 @@ from slopilot.operator.dashboards import (
     render_dashboard,
 )
 from slopilot.tuner.rules import example_spec, render_rule_groups
-from slopilot.tuner.slo import SLOSpec
 from tests.support.fixtures import prometheus_binaries, prometheus_server  # noqa: F401
 from tests.support.prometheus import PrometheusServer
 

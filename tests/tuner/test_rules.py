@@ -14,6 +14,7 @@ import yaml
 
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.rules import (
     RuleError,
     RuleOptions,
@@ -24,7 +25,6 @@ from slopilot.tuner.rules import (
     render_rules_yaml,
     render_selector,
 )
-from slopilot.tuner.slo import SLOSpec
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
 from tests.support.prometheus import (
     PrometheusBinaries,

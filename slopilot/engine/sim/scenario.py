@@ -8,7 +8,6 @@ looks them up in its profiles, so this module stays free of cost-model imports.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -20,36 +19,15 @@ from typing import Any
 import yaml
 
 from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.engine.request import Priority
 from slopilot.engine.sim.spec_reader import Reader, ScenarioError, did_you_mean
 from slopilot.engine.sim.workload import Workload
 from slopilot.engine.sim.workload_spec import WorkloadSpec, parse_workload
+from slopilot.engine.slo import SLOError, SLOSpec
 
-__all__ = ["ClassSLO", "SLOSpec", "Scenario", "ScenarioError", "list_scenarios",
+__all__ = ["SLOSpec", "Scenario", "ScenarioError", "list_scenarios",
            "load_scenario", "parse_scenario", "scenario_file"]
 
 _PACKAGED = ("data", "scenarios")
-
-
-@dataclass(frozen=True, slots=True)
-class ClassSLO:
-    """P99 targets for one class; None means best effort (no target)."""
-
-    ttft_p99_ms: float | None = None
-    tbt_p99_ms: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SLOSpec:
-    """Per-class latency targets and the preemption-rate limit (DESIGN.md §3, §4)."""
-
-    p0: ClassSLO = ClassSLO(100.0, 20.0)
-    p1: ClassSLO = ClassSLO(500.0, 100.0)
-    p2: ClassSLO = ClassSLO()
-    max_preemptions_per_min: float | None = 10.0
-
-    def for_class(self, priority: Priority) -> ClassSLO:
-        return {Priority.P0: self.p0, Priority.P1: self.p1, Priority.P2: self.p2}[priority]
 
 
 @dataclass(frozen=True)
@@ -64,7 +42,7 @@ class Scenario:
     seed: int
     workload: WorkloadSpec
     engine: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    slo: SLOSpec = SLOSpec()
+    slo: SLOSpec = field(default_factory=lambda: SLOSpec.from_profile("standard"))
     gpu_memory_utilization: float | None = None
     source: str = "<dict>"
 
@@ -153,28 +131,10 @@ def parse_scenario(data: object, *, source: str = "<dict>",
 
 
 def _slo(r: Reader) -> SLOSpec:
-    sr = r.sub("slo", optional=True)
-    if sr is None:
-        return SLOSpec()
-    defaults = SLOSpec()
-    classes = {}
-    for key in ("p0", "p1", "p2"):
-        if not sr.has(key):
-            sr.raw(key, None)
-            classes[key] = getattr(defaults, key)
-            continue
-        cr = sr.sub(key, optional=True)
-        if cr is None:  # an explicit null: best effort
-            classes[key] = ClassSLO()
-            continue
-        classes[key] = ClassSLO(cr.optional_float("ttft_p99_ms", lo=0.0, lo_open=True),
-                                cr.optional_float("tbt_p99_ms", lo=0.0, lo_open=True))
-        cr.finish()
-    # Absent keeps the default limit; an explicit null means no limit.
-    limit = defaults.max_preemptions_per_min
-    if sr.has("max_preemptions_per_min"):
-        limit = sr.optional_float("max_preemptions_per_min", lo=0.0)
-    else:
-        sr.raw("max_preemptions_per_min", None)
-    sr.finish()
-    return dataclasses.replace(defaults, **classes, max_preemptions_per_min=limit)
+    data = r.raw("slo", None)
+    if data is None:
+        return SLOSpec.from_profile("standard")
+    try:
+        return SLOSpec.from_dict(data)
+    except SLOError as e:
+        raise r.error("slo", data, str(e)) from None

@@ -17,7 +17,7 @@ from slopilot.engine.request import Priority, Request
 
 if TYPE_CHECKING:
     from slopilot.engine.engine import LLMEngine
-    from slopilot.engine.sim.scenario import SLOSpec
+    from slopilot.engine.slo import SLOSpec
 
 _CLASSES = tuple(Priority)
 
@@ -42,8 +42,8 @@ class SimStats:
         self.classes = {p: _ClassStats() for p in _CLASSES}
         # Per live request: [token gaps, gaps above the class TBT SLO].
         self._gaps: dict[str, list[int]] = {}
-        self._tbt_slo = {p: _seconds(slo.for_class(p).tbt_p99_ms) for p in _CLASSES}
-        self._ttft_slo = {p: _seconds(slo.for_class(p).ttft_p99_ms) for p in _CLASSES}
+        self._tbt_slo = {p: _seconds(slo.class_slo(p).tbt_p99_ms) for p in _CLASSES}
+        self._ttft_slo = {p: _seconds(slo.class_slo(p).ttft_p99_ms) for p in _CLASSES}
         self.steps = 0
         self.busy_s = 0.0
         self.preempt_recompute = 0

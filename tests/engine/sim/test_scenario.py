@@ -13,7 +13,6 @@ from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.sim import profiles
 from slopilot.engine.sim.scenario import (
-    ClassSLO,
     Scenario,
     ScenarioError,
     list_scenarios,
@@ -83,8 +82,9 @@ def test_build_workload_overrides_seed_and_duration() -> None:
 
 def test_slo_defaults_and_best_effort() -> None:
     s = load_scenario("mixed-priority")
-    assert s.slo.for_class(Priority.P0) == ClassSLO(100, 20)
-    assert s.slo.for_class(Priority.P2) == ClassSLO(None, None)
+    assert s.slo.class_slo(Priority.P0).ttft_p99_ms == 100
+    assert s.slo.class_slo(Priority.P0).tbt_p99_ms == 20
+    assert s.slo.class_slo(Priority.P2).best_effort
     assert s.slo.max_preemptions_per_min == 10
 
 
@@ -143,10 +143,12 @@ def test_a_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
     (("gpu: H100\n", "gpu: H100\nengine: {budget: 512}\n"), r"engine: unknown knob 'budget'"),
     (("gpu: H100\n", "gpu: H100\ngpu_memory_utilization: 1.5\n"),
      r"gpu_memory_utilization=1\.5: must be at most 1"),
-    (("gpu: H100\n", "gpu: H100\nslo: {p1: {ttft_p99: 5}}\n"),
-     r"slo\.p1\.ttft_p99: unknown key; did you mean 'ttft_p99_ms'"),
-    (("gpu: H100\n", "gpu: H100\nslo: {p1: {tbt_p99_ms: 0}}\n"),
-     r"slo\.p1\.tbt_p99_ms=0: must be greater than 0"),
+    (("gpu: H100\n", "gpu: H100\nslo: {classes: {p1: {ttft_p99: 5}}}\n"),
+     r"slo=.*classes\.p1\.ttft_p99: unknown objective"),
+    (("gpu: H100\n", "gpu: H100\nslo: {classes: {p1: {tbt_p99_ms: 0}}}\n"),
+     r"slo=.*tbt_p99_ms=0: expected a positive number"),
+    (("gpu: H100\n", "gpu: H100\nslo: {p1: {tbt_p99_ms: 5}}\n"),
+     r"unknown SLO field\(s\) 'p1'"),
     (("output_tokens: 16", "output_tokens: 16\n  classes: {p0: 0, p1: 0}"),
      r"workload\.classes: all weights are 0"),
     (("output_tokens: 16", "output_tokens: 16\n  classes: {p3: 1}"),

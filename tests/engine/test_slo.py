@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from slopilot.engine.request import Priority
-from slopilot.tuner.slo import ClassSLO, SLOError, SLOSpec
+from slopilot.engine.slo import ClassSLO, SLOError, SLOSpec
 
 
 @pytest.mark.parametrize(("profile", "tbt_p1"), [("strict", 50), ("standard", 100),

@@ -1,0 +1,56 @@
+"""The one ``slopilot`` command. Each component registers its own subcommands.
+
+Registration modules import nothing heavy (torch, kopf, optuna): the work is imported
+inside each handler, so ``slopilot simulate`` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from slopilot import __version__
+
+# Each module has ``register(subparsers)``, which adds parsers whose ``func`` handles
+# the parsed arguments and returns an exit code.
+_COMMAND_MODULES = (
+    "slopilot.engine.sim.commands",
+    "slopilot.engine.server.commands",
+    "slopilot.engine.models_commands",
+    "slopilot.tuner.commands",
+    "slopilot.operator.commands",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slopilot",
+        description="Keep LLM serving inside its latency SLOs: simulate, serve, tune, operate.")
+    parser.add_argument("--version", action="version", version=f"slopilot {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue  # that component is not part of this build yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
