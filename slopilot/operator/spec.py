@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
 
 
@@ -43,10 +44,6 @@ BACKENDS = tuple(b.value for b in Backend)
 PROFILES = tuple(p.value for p in Profile)
 PHASES = tuple(p.value for p in Phase)
 
-# Default class targets (ms). P0 is fixed by its class; P1's TBT follows the tier.
-TIER_TBT_MS = {Profile.STRICT: 50.0, Profile.STANDARD: 100.0, Profile.RELAXED: 200.0}
-P0_TARGET_MS = (100.0, 20.0)
-P1_TTFT_MS = 500.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
@@ -59,19 +56,6 @@ class SpecError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
-
-
-@dataclass(frozen=True)
-class ClassTarget:
-    ttft_p99_ms: float
-    tbt_p99_ms: float
-
-
-@dataclass(frozen=True)
-class SLOSpec:
-    profile: Profile
-    classes: Mapping[str, ClassTarget]
-    max_preemptions_per_minute: float
 
 
 @dataclass(frozen=True)
@@ -183,33 +167,24 @@ def _engine(spec: Mapping[str, Any], profile: Profile, r: _Reader
 
 
 def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
-    defaults = {"p0": ClassTarget(*P0_TARGET_MS),
-                "p1": ClassTarget(P1_TTFT_MS, TIER_TBT_MS[profile])}
-    classes: dict[str, ClassTarget] = {}
-    for name in ("p0", "p1", "p2"):
-        given = r.get(spec, f"spec.slo.classes.{name}", Mapping)
-        if given is None and name not in defaults:
-            continue  # P2 is best effort unless the user gives it targets
-        base = defaults.get(name, ClassTarget(60000.0, 1000.0))
-        ttft = r.get(spec, f"spec.slo.classes.{name}.ttftP99Ms", (int, float), base.ttft_p99_ms)
-        tbt = r.get(spec, f"spec.slo.classes.{name}.tbtP99Ms", (int, float), base.tbt_p99_ms)
-        for what, value in (("ttftP99Ms", ttft), ("tbtP99Ms", tbt)):
-            if value <= 0:
-                r.problems.append(f"spec.slo.classes.{name}.{what}={value}: must be above 0")
-        classes[name] = ClassTarget(float(ttft), float(tbt))
-    names = list(classes)
-    for hi, lo in itertools.pairwise(names):
-        for what in ("ttft_p99_ms", "tbt_p99_ms"):
-            tight, loose = getattr(classes[hi], what), getattr(classes[lo], what)
-            if tight > loose:
-                camel = "ttftP99Ms" if what.startswith("ttft") else "tbtP99Ms"
+    """The shared SLOSpec (slopilot.engine.slo) from ``spec.slo``, plus the class-order rule."""
+    given = spec.get("slo")
+    data = dict(given) if isinstance(given, Mapping) else {}
+    data["profile"] = profile.value  # already judged (and defaulted) by the caller
+    try:
+        slo = SLOSpec.from_dict(data)
+    except SLOError as exc:
+        r.problems.append(f"spec.slo.{exc}: fix or remove that field")
+        return SLOSpec.from_profile(profile.value)
+    targeted = [(p.label, c) for p, c in slo.classes().items() if not c.best_effort]
+    for (hi, tight), (lo, loose) in itertools.pairwise(targeted):
+        for what, camel in (("ttft_p99_ms", "ttftP99Ms"), ("tbt_p99_ms", "tbtP99Ms")):
+            a, b = getattr(tight, what), getattr(loose, what)
+            if a is not None and b is not None and a > b:
                 r.problems.append(
-                    f"spec.slo.classes.{hi}.{camel}={tight:g} is looser than "
-                    f"{lo}.{camel}={loose:g}: a higher class needs the tighter target")
-    storm = r.get(spec, "spec.slo.maxPreemptionsPerMinute", (int, float), 10)
-    if storm < 0:
-        r.problems.append(f"spec.slo.maxPreemptionsPerMinute={storm}: must be 0 or more")
-    return SLOSpec(profile, classes, float(storm))
+                    f"spec.slo.classes.{hi}.{camel}={a:g} is looser than "
+                    f"{lo}.{camel}={b:g}: a higher class needs the tighter target")
+    return slo
 
 
 def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> TuningSpec:

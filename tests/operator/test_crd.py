@@ -96,10 +96,10 @@ def test_crd_shape_cel_rules_columns_and_subresources() -> None:
 def test_parse_spec_resolves_profile_presets_and_explicit_knobs() -> None:
     spec = parse_spec({"spec": {"model": {"name": "m"}, "slo": {"profile": "strict"},
                                 "engine": {"maxNumSeqs": 64}}})
-    assert spec.backend is Backend.BUILTIN and spec.slo.profile is Profile.STRICT
+    assert spec.backend is Backend.BUILTIN and spec.slo.profile == Profile.STRICT
     assert (spec.engine.token_budget, spec.engine.chunk_size) == (512, 256)
     assert spec.engine.max_num_seqs == 64 and spec.explicit_knobs == {"max_num_seqs"}
-    assert spec.slo.classes["p1"].tbt_p99_ms == 50.0
+    assert spec.slo.p1.tbt_p99_ms == 50
     assert spec.model_ref == "m"
     assert spec.tuning.window_s == 120.0
 
