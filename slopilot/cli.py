@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name != name:
+            if e.name is None or not (name + ".").startswith(e.name + "."):
                 raise
             continue  # that component is not part of this build yet
         module.register(sub)
@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``| head``): not an error of ours.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
