@@ -1,0 +1,42 @@
+"""What every evaluator is: a config in, a scored ``TrialResult`` out.
+
+Split from ``evaluators.py`` so the Prometheus evaluator (its own module) and the
+simulator one share the protocol and errors without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.objective import TrialResult
+
+
+class WindowRejected(Exception):
+    """The measurement window does not count: too few samples, or the load moved.
+
+    The caller repeats the evaluation (the config stays applied); the trial is neither
+    told nor counted.
+    """
+
+    def __init__(self, reason: str, *, config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.config = dict(config or {})
+
+
+class PrometheusUnavailable(RuntimeError):
+    """Prometheus cannot be reached or answered with an error; the message says which."""
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Measures one configuration against an SLO."""
+
+    @property
+    def slo(self) -> SLOSpec: ...
+
+    def evaluate(self, config: Mapping[str, Any]) -> TrialResult:
+        """Score ``config``; ConfigError (before anything is applied) when it is invalid."""
+        ...

@@ -1,0 +1,255 @@
+"""Optuna study storage and the ask/tell ``Tuner`` the controller and the CLI drive.
+
+Trials store what they measured in user attributes (the config, goodput, constraints,
+the summary), so a study read back from storage needs neither the space's encoding nor
+the process that ran it. ``open_study`` marks trials a dead process left RUNNING as
+FAIL: they stay in the history and the trial count continues past them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from slopilot.tuner.evaluator_base import Evaluator, WindowRejected
+from slopilot.tuner.objective import TrialResult
+from slopilot.tuner.space import SearchSpace
+
+SAMPLERS = ("tpe", "random")
+_WORKER = "slopilot_worker"  # "host:pid:token" of the process that asked the trial
+_TOKEN = uuid.uuid4().hex[:12]  # tells a restarted process (same host and pid) apart
+
+
+class StudyStorageError(ValueError):
+    """The storage URL is malformed or the database cannot be opened; the message says why."""
+
+
+def _constraints(trial: FrozenTrial) -> list[float]:
+    return [float(c) for c in trial.user_attrs.get("constraints", ())]
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # Multivariate TPE models knob interactions (budget with chunk). Constraints reach
+        # it through Trial.set_constraint (Optuna 5; constraints_func is deprecated):
+        # infeasible trials are ranked by their violation, below every feasible one.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"sampler={name!r}: use one of: {', '.join(SAMPLERS)}")
+
+
+def _storage(url: str | None) -> optuna.storages.BaseStorage:
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    if not isinstance(url, str) or "://" not in url:
+        raise StudyStorageError(
+            f"storage={url!r} is not a database URL; use sqlite:///path/to/study.db "
+            "(a local file) or postgresql://user:pass@host/db (shared)")
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as exc:  # SQLAlchemy raises many kinds; all mean the same to a user
+        raise StudyStorageError(
+            f"cannot open study storage {url!r}: {type(exc).__name__}: {exc}; "
+            "check the URL, that the directory exists and the database is reachable"
+        ) from None
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_TOKEN}"
+
+
+def _orphaned(trial: FrozenTrial, stale_after_s: float) -> bool:
+    """A RUNNING trial whose process is gone (or, on another host, is long silent)."""
+    owner = str(trial.user_attrs.get(_WORKER, ""))
+    host, _, rest = owner.partition(":")
+    pid_text, _, token = rest.partition(":")
+    if not owner or not pid_text.isdigit():
+        return True
+    if host == socket.gethostname():
+        pid = int(pid_text)
+        if pid == os.getpid():
+            return token != _TOKEN  # same pid, new process (a restarted container)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, another user's
+        return False
+    started = trial.datetime_start
+    if started is None:
+        return True
+    return (dt.datetime.now() - started).total_seconds() > stale_after_s
+
+
+def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
+               seed: int | None = 0, stale_after_s: float = 3600.0) -> optuna.Study:
+    """Create or load the study ``name`` (maximize goodput) and fail orphaned trials.
+
+    ``storage``: None for in memory, ``sqlite:///file.db``, or a PostgreSQL URL when
+    several workers share the study. A resumed study's sampler seed is offset by the
+    number of trials so that a seeded random sampler does not repeat the first configs.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("study name is empty; pass --study-name or a deployment name")
+    first_sampler = make_sampler(sampler, seed)  # a bad name fails before any I/O
+    store = _storage(storage)
+    try:
+        study = optuna.create_study(storage=store, study_name=name, direction="maximize",
+                                    load_if_exists=True, sampler=first_sampler)
+    except Exception as exc:  # e.g. a database that went away after the engine opened
+        raise StudyStorageError(
+            f"cannot open study {name!r} in {storage!r}: {type(exc).__name__}: {exc}") from None
+    trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        if t.state == TrialState.RUNNING and _orphaned(t, stale_after_s):
+            # Keep it in the history as failed: its number stays used, its result unknown.
+            store.set_trial_user_attr(t._trial_id, "fail_reason",
+                                      "the process running it ended before it was told")
+            store.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    if trials and seed is not None:
+        study.sampler = make_sampler(sampler, seed + len(trials))
+    return study
+
+
+def result_of(trial: FrozenTrial) -> TrialResult | None:
+    """A completed trial's result as stored; None for any other state."""
+    if trial.state != TrialState.COMPLETE or "goodput_tok_s" not in trial.user_attrs:
+        return None
+    a = trial.user_attrs
+    return TrialResult(config=dict(a.get("config", {})), goodput_tok_s=float(a["goodput_tok_s"]),
+                       constraints=tuple(_constraints(trial)), feasible=bool(a["feasible"]),
+                       summary=dict(a.get("summary", {})),
+                       constraint_names=tuple(a.get("constraint_names", ())))
+
+
+def _rank(result: TrialResult) -> tuple[int, float]:
+    # Feasible beats infeasible; then more goodput, or less violation when infeasible.
+    if result.feasible:
+        return (1, result.goodput_tok_s)
+    return (0, -result.violation)
+
+
+class Tuner:
+    """Ask/tell over one study and one search space."""
+
+    def __init__(self, study: optuna.Study, space: SearchSpace) -> None:
+        self.study = study
+        self.space = space
+        self._asked: dict[int, optuna.Trial] = {}
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        """The next config to try, with its trial number (for ``tell``)."""
+        trial = self.study.ask()
+        config = self.space.suggest(trial)
+        trial.set_user_attr("config", config)
+        trial.set_user_attr(_WORKER, _worker_id())
+        self._asked[trial.number] = trial
+        return trial.number, config
+
+    def _pop(self, number: int) -> optuna.Trial:
+        try:
+            return self._asked.pop(number)
+        except KeyError:
+            raise KeyError(f"trial {number} is not open in this tuner (asked by another "
+                           "process, or already told)") from None
+
+    def tell(self, number: int, result: TrialResult) -> None:
+        trial = self._pop(number)
+        trial.set_user_attr("config", dict(result.config) or trial.user_attrs.get("config"))
+        trial.set_user_attr("goodput_tok_s", result.goodput_tok_s)
+        trial.set_user_attr("constraints", list(result.constraints))
+        trial.set_user_attr("constraint_names", list(result.constraint_names))
+        trial.set_user_attr("feasible", result.feasible)
+        trial.set_user_attr("summary", _jsonable(result.summary))
+        names = result.constraint_names or tuple(f"c{i}" for i in range(len(result.constraints)))
+        for key, value in zip(names, result.constraints, strict=True):
+            trial.set_constraint(key, value)
+        self.study.tell(trial, result.goodput_tok_s)
+
+    def tell_failed(self, number: int, reason: str) -> None:
+        trial = self._pop(number)
+        trial.set_user_attr("fail_reason", str(reason))
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    def warm_start(self, configs: Iterable[Mapping[str, Any]]) -> int:
+        """Queue ``configs`` (e.g. an offline study's best) as the next trials; returns how
+        many were queued (configs outside this space are refused with ConfigError)."""
+        n = 0
+        for config in configs:
+            params = self.space.to_params(config)
+            self.study.enqueue_trial(params, skip_if_exists=True)
+            n += 1
+        return n
+
+    def results(self) -> list[tuple[int, TrialResult]]:
+        """(trial number, result) of every completed trial, in trial order."""
+        out = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            r = result_of(t)
+            if r is not None:
+                out.append((t.number, r))
+        return out
+
+    def best(self) -> TrialResult | None:
+        """Best feasible by goodput; if none is feasible, the least infeasible."""
+        best = self.best_trial()
+        return None if best is None else best[1]
+
+    def best_trial(self) -> tuple[int, TrialResult] | None:
+        results = self.results()
+        return max(results, key=lambda nr: _rank(nr[1])) if results else None
+
+    def run(self, evaluator: Evaluator, n_trials: int,
+            callback: Callable[[int, TrialResult | None], None] | None = None, *,
+            max_rejections: int = 5) -> TrialResult | None:
+        """Offline loop: ``n_trials`` more trials (failed ones count); returns ``best()``.
+
+        A rejected window is repeated up to ``max_rejections`` times, then the trial
+        fails. An evaluator error other than a rejection fails the trial and propagates.
+        """
+        if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 0:
+            raise ValueError(f"n_trials={n_trials!r}: expected a count >= 0")
+        for _ in range(n_trials):
+            number, config = self.ask()
+            result: TrialResult | None = None
+            reason = ""
+            for _attempt in range(max_rejections + 1):
+                try:
+                    result = evaluator.evaluate(config)
+                    break
+                except WindowRejected as exc:
+                    reason = exc.reason
+                    continue
+                except BaseException as exc:
+                    self.tell_failed(number, f"{type(exc).__name__}: {exc}")
+                    raise
+            if result is None:
+                self.tell_failed(number, f"window rejected {max_rejections + 1} times: "
+                                 f"{reason}")
+            else:
+                self.tell(number, result)
+            if callback is not None:
+                callback(number, result)
+        return self.best()
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types (Optuna stores user attributes as JSON)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return getattr(value, "value", value)
+    if hasattr(value, "value"):
+        return _jsonable(value.value)
+    return float(value) if hasattr(value, "__float__") else str(value)
