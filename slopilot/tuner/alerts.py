@@ -1,0 +1,116 @@
+"""Firing alerts of one deployment, read from Prometheus and routed by their action label.
+
+The rules (``rules.py``) label every alert with ``action`` (what the controller should
+do) and ``slopilot_deployment`` (whose it is); this module turns Prometheus'
+``/api/v1/alerts`` answer into typed ``Alert`` objects for one deployment.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from slopilot.tuner.evaluator_base import PrometheusUnavailable
+from slopilot.tuner.rules import DEPLOYMENT_LABEL
+
+__all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "parse_alerts"]
+
+
+class AlertAction(enum.StrEnum):
+    RETUNE = "retune"
+    SCALE = "scale"
+    INFORM = "inform"
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    name: str
+    action: AlertAction
+    severity: str
+    priority_class: str
+    since: float
+    """Unix time the condition became active (Prometheus' activeAt)."""
+    value: float | None = None
+
+    def describe(self) -> str:
+        return f"{self.name}[{self.priority_class},{self.severity}]"
+
+
+def _since(text: Any) -> float:
+    if not isinstance(text, str) or not text:
+        return 0.0
+    # Prometheus writes RFC 3339 with up to nanoseconds; fromisoformat takes microseconds.
+    head, dot, frac = text.rstrip("Z").partition(".")
+    stamp = head + (("." + frac[:6]) if dot else "") + "+00:00"
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _value(text: Any) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_alerts(answer: Any, deployment: str) -> list[Alert]:
+    """Firing alerts of ``deployment`` from an ``/api/v1/alerts`` answer (pending ones wait).
+
+    An alert whose ``action`` the controller does not know is read as ``inform``: a rule
+    added later must never make the controller act on a guess.
+    """
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        raise PrometheusUnavailable(f"/api/v1/alerts answered {str(answer)[:200]}")
+    data = answer.get("data")
+    rows = data.get("alerts") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise PrometheusUnavailable("/api/v1/alerts: the answer has no data.alerts list")
+    out = []
+    for row in rows:
+        labels = row.get("labels") or {}
+        if row.get("state") != "firing" or labels.get(DEPLOYMENT_LABEL) != deployment:
+            continue
+        try:
+            action = AlertAction(labels.get("action", ""))
+        except ValueError:
+            action = AlertAction.INFORM
+        out.append(Alert(name=labels.get("alertname", "?"), action=action,
+                         severity=labels.get("severity", ""),
+                         priority_class=labels.get("priority_class", ""),
+                         since=_since(row.get("activeAt")), value=_value(row.get("value"))))
+    out.sort(key=lambda a: (a.since, a.name, a.priority_class))
+    return out
+
+
+class AlertSource:
+    """Reads firing alerts of one deployment from a Prometheus server's HTTP API."""
+
+    def __init__(self, url: str, deployment: str, *, timeout_s: float = 5.0,
+                 client: httpx.Client | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"Prometheus url {url!r}: expected http://host:port")
+        if not deployment:
+            raise ValueError("deployment is empty; pass the LLMDeployment's name")
+        self.url = url.rstrip("/")
+        self.deployment = deployment
+        self._client = client or httpx.Client(timeout=timeout_s)
+
+    def firing(self) -> list[Alert]:
+        try:
+            resp = self._client.get(self.url + "/api/v1/alerts")
+            resp.raise_for_status()
+            answer = resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+        return parse_alerts(answer, self.deployment)
+
+    def close(self) -> None:
+        self._client.close()

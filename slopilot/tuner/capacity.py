@@ -1,0 +1,87 @@
+"""How many replicas hold the SLO at the measured load: a search over the simulator.
+
+Feasibility is taken as monotone in the replica count (more replicas never serve the
+same traffic worse), so a binary search finds the smallest feasible N in
+``[lo, hi]`` with about log2(hi - lo) simulations. ``margin`` asks for headroom: every
+SLO term at most ``1 - margin`` of its limit, so a scale-down decision is not taken at the
+edge and undone by the next burst.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.simulator import simulate
+from slopilot.tuner.objective import TrialResult, score
+
+log = logging.getLogger(__name__)
+
+SimulateFn = Callable[[Scenario, Mapping[str, Any], int], Mapping[str, Any]]
+
+
+class CapacityError(ValueError):
+    """Bad bounds or margin for a capacity search; the message names the fix."""
+
+
+def _default_simulate(duration_s: float | None, seed: int | None) -> SimulateFn:
+    def run(scenario: Scenario, config: Mapping[str, Any], replicas: int
+            ) -> Mapping[str, Any]:
+        return simulate(scenario, config, replicas=replicas, duration_s=duration_s,
+                        seed=seed).summary
+    return run
+
+
+@dataclass
+class CapacityAnswer:
+    replicas: int | None
+    """Smallest feasible count in [lo, hi]; None when even hi is not enough."""
+    results: dict[int, TrialResult] = field(default_factory=dict)
+    """Every count simulated, with its scored result."""
+
+
+def holds(result: TrialResult, margin: float) -> bool:
+    """Feasible with every constraint term at most ``-margin`` (headroom)."""
+    return all(c <= -margin for c in result.constraints)
+
+
+class CapacityPlanner:
+    """Smallest replica count whose simulated summary meets the SLO at a given load."""
+
+    def __init__(self, *, duration_s: float | None = 120.0, seed: int | None = 0,
+                 simulate_fn: SimulateFn | None = None) -> None:
+        if duration_s is not None and duration_s <= 0:
+            raise CapacityError(f"duration_s={duration_s}: expected a positive time")
+        self._simulate = simulate_fn or _default_simulate(duration_s, seed)
+
+    def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
+               *, margin: float = 0.0) -> CapacityAnswer:
+        if isinstance(lo, bool) or isinstance(hi, bool) or not 1 <= lo <= hi:
+            raise CapacityError(f"replica bounds [{lo}, {hi}]: need 1 <= lo <= hi")
+        if not 0.0 <= margin < 1.0:
+            raise CapacityError(f"margin={margin}: expected a fraction in [0, 1)")
+        answer = CapacityAnswer(replicas=None)
+
+        def ok(n: int) -> bool:
+            if n not in answer.results:
+                summary = self._simulate(scenario, config, n)
+                answer.results[n] = score(summary, scenario.slo, config)
+            return holds(answer.results[n], margin)
+
+        if not ok(hi):
+            log.info("capacity: %d replicas do not hold the SLO at this load", hi)
+            return answer
+        left, right = lo, hi  # invariant: right is feasible
+        while left < right:
+            mid = (left + right) // 2
+            if ok(mid):
+                right = mid
+            else:
+                left = mid + 1
+        answer.replicas = right
+        log.info("capacity: %d replicas hold the SLO (searched %s)", right,
+                 sorted(answer.results))
+        return answer

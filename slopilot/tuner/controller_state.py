@@ -1,0 +1,198 @@
+"""The controller's lifecycle, settings, persisted state and per-tick decision.
+
+Everything the controller must remember across an operator restart lives in
+``LoopState`` and round-trips through plain JSON (``to_dict``/``from_dict``): the
+operator keeps it in the LLMDeployment's status, so a restarted operator picks up a
+running trial instead of applying or counting it twice.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slopilot.engine.slo import SLOSpec
+
+
+class ControllerState(enum.StrEnum):
+    STEADY = "steady"
+    TUNING = "tuning"
+    COMMIT = "commit"
+    COOLDOWN = "cooldown"
+    SCALING = "scaling"
+
+
+class Action(enum.StrEnum):
+    """What one tick did; counted in slopilot_tuner_actions_total{action}."""
+
+    NONE = "none"
+    HOLD = "hold"  # kept the current config on purpose (Prometheus down, rate limit)
+    RETUNE = "retune"  # started a tuning episode
+    TRIAL = "trial"  # applied a trial config
+    REPEAT = "repeat"  # a rejected window: the trial's window starts again
+    COMMIT = "commit"
+    REVERT = "revert"  # a trial cut short, or a rollback after an error
+    COOLDOWN = "cooldown"
+    SCALE = "scale"
+    INFORM = "inform"
+
+
+class TrialOutcome(enum.StrEnum):
+    """slopilot_tuner_trials_total{state}."""
+
+    COMPLETE = "complete"
+    PRUNED = "pruned"
+    FAILED = "failed"
+    REVERTED = "reverted"
+
+
+class ControllerError(ValueError):
+    """Bad controller settings or persisted state; the message names the field and fix."""
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How one deployment's loop behaves. Times are in seconds of the caller's clock."""
+
+    deployment: str
+    slo: SLOSpec
+    min_replicas: int = 1
+    max_replicas: int = 8
+    window_s: float = 120.0
+    """How long a trial config runs before its window is measured."""
+    max_trials: int = 20
+    """Live trials in one tuning episode before the best is committed."""
+    max_trials_per_hour: int = 30
+    cooldown_s: float = 300.0
+    """No new tuning or scaling for this long after a commit or a scale."""
+    revert_margin: float = 1.0
+    """A trial whose P0 P99 (TTFT or TBT) exceeds its SLO by more than this fraction
+    (1.0: twice the SLO) is cut short and reverted at once."""
+    revert_check_s: float | None = None
+    """Earliest time into a trial the revert check looks (default: a quarter window)."""
+    max_window_repeats: int = 3
+    """A trial whose window is rejected this many times in a row counts as failed."""
+    scale_down_after_s: float = 900.0
+    """Quiet alerts and spare simulated capacity for this long before scaling down."""
+    canary: bool = True
+    """Trials run on one canary replica when there are several."""
+    warm_start_k: int = 3
+    """Best offline configurations enqueued into the live study at each episode."""
+
+    def __post_init__(self) -> None:
+        if not self.deployment:
+            raise ControllerError("deployment is empty; pass the deployment's name")
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ControllerError(
+                f"replicas min={self.min_replicas} max={self.max_replicas}: need "
+                "1 <= min <= max")
+        for name in ("window_s", "cooldown_s", "scale_down_after_s", "revert_margin"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ControllerError(f"{name}={value!r}: expected a positive number")
+        for name in ("max_trials", "max_trials_per_hour", "max_window_repeats",
+                     "warm_start_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ControllerError(f"{name}={value!r}: expected a whole number >= 1")
+        check = self.revert_check_s
+        if check is not None and not 0 < check <= self.window_s:
+            raise ControllerError(f"revert_check_s={check!r}: expected a time in "
+                                  f"(0, window_s={self.window_s}]")
+
+    @property
+    def revert_after_s(self) -> float:
+        return self.revert_check_s if self.revert_check_s is not None else self.window_s / 4
+
+
+@dataclass
+class RunningTrial:
+    number: int
+    config: dict[str, Any]
+    started_at: float
+    """Start of the current window (moved on a repeat or after Prometheus returns)."""
+    canary: bool
+    repeats: int = 0
+    warm: bool = False
+
+
+@dataclass
+class LoopState:
+    """What the controller remembers; JSON-safe via to_dict/from_dict."""
+
+    state: ControllerState = ControllerState.STEADY
+    since: float = 0.0
+    reason: str = "start"
+    baseline_config: dict[str, Any] | None = None
+    """The config before this episode: the rollback target when nothing better is known."""
+    best_config: dict[str, Any] | None = None
+    best_goodput: float | None = None
+    """Best feasible live result of this episode (goodput, tokens/s)."""
+    trial: RunningTrial | None = None
+    episode_trials: int = 0
+    episode_feasible: int = 0
+    trial_starts: list[float] = field(default_factory=list)
+    """Starts of live trials in the last hour (the per-hour limit)."""
+    cooldown_until: float | None = None
+    headroom_since: float | None = None
+    prometheus_unavailable: bool = False
+    scale_reason: str | None = None
+    """Why SCALING was entered: 'alert', 'no_feasible_config' (live evidence), ..."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["state"] = self.state.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LoopState:
+        if not isinstance(data, Mapping):
+            raise ControllerError(f"controller state: expected a mapping, got "
+                                  f"{type(data).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ControllerError(f"controller state: unknown field(s) {unknown}; "
+                                  "was it written by a newer slopilot?")
+        values = dict(data)
+        try:
+            values["state"] = ControllerState(values.get("state", "steady"))
+        except ValueError:
+            raise ControllerError(
+                f"controller state: state={data.get('state')!r}; use one of: "
+                f"{', '.join(s.value for s in ControllerState)}") from None
+        trial = values.get("trial")
+        if trial is not None:
+            try:
+                values["trial"] = RunningTrial(**trial)
+            except TypeError as exc:
+                raise ControllerError(f"controller state: trial={trial!r}: {exc}") from None
+        values["trial_starts"] = [float(t) for t in values.get("trial_starts") or []]
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one tick: what happened and why, for logs, status and the demo."""
+
+    state: ControllerState
+    action: Action
+    reason: str
+    replicas: int
+    prometheus_unavailable: bool = False
+    trial: int | None = None
+    config: Mapping[str, Any] | None = None
+    summary: Mapping[str, Any] | None = None
+    """Figures behind the decision (a measured window), when there were some."""
+
+    def line(self) -> str:
+        parts = [f"state={self.state.value}", f"action={self.action.value}",
+                 f"replicas={self.replicas}"]
+        if self.trial is not None:
+            parts.append(f"trial={self.trial}")
+        if self.prometheus_unavailable:
+            parts.append("prometheus_unavailable=true")
+        return " ".join(parts) + f" reason={self.reason}"

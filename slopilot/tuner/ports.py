@@ -1,0 +1,93 @@
+"""What the controller talks to, as small protocols: one set of adapters per world.
+
+The same ``Controller`` drives local processes with a real Prometheus (``local.py``),
+Kubernetes pods (the operator), and a virtual-time simulated cluster (``sim_adapters``),
+each through these interfaces. Every figure crosses as a DESIGN §8 summary dict, the one
+currency ``objective.score`` reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.tuner.alerts import Alert
+
+
+@runtime_checkable
+class DeploymentHandle(Protocol):
+    """The replicas of one deployment; the operator implements it over Kubernetes."""
+
+    def replicas(self) -> int:
+        """Replicas asked for (not necessarily ready yet)."""
+        ...
+
+    def scale(self, n: int) -> None:
+        """Ask for ``n`` replicas (the controller keeps ``n`` within min and max)."""
+        ...
+
+    def current_config(self) -> dict[str, Any]:
+        """The knobs every non-canary replica runs now (EngineConfig.to_dict form)."""
+        ...
+
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+        """Apply ``config`` to the canary replica only, or to every replica.
+
+        Raises on failure (a refused config, an unreachable replica): the controller
+        rolls back.
+        """
+        ...
+
+    def endpoints(self) -> list[str]:
+        """Base URLs of the replicas (the canary first), for scraping and load."""
+        ...
+
+
+class AlertReader(Protocol):
+    """Firing alerts of one deployment; raises PrometheusUnavailable when it cannot tell."""
+
+    def firing(self) -> list[Alert]: ...
+
+
+class WindowEvaluator(Protocol):
+    """Figures of a finished (or running) window, as a DESIGN §8 summary dict.
+
+    ``canary`` selects the canary replica's series only. Raises WindowRejected when the
+    window does not count (too few samples, the load moved) and PrometheusUnavailable
+    when the source is down.
+    """
+
+    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]: ...
+
+
+class WorkloadProbe(Protocol):
+    """The traffic the deployment sees now, as a scenario the simulator can run.
+
+    The scenario's ``replicas`` and ``engine`` are not used: the caller sets both.
+    """
+
+    def measure(self, now: float) -> Scenario: ...
+
+
+class OfflineSearch(Protocol):
+    """A short simulator study on a measured workload: the warm start's source."""
+
+    def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
+                     k: int) -> Sequence[tuple[dict[str, Any], bool]]:
+        """Up to ``k`` best configurations, best first, each with "feasible in simulation"."""
+        ...
+
+
+class LiveStudy(Protocol):
+    """The live Optuna study (``study.Tuner``), seen through the calls the loop makes."""
+
+    def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        """The next trial's number and its config."""
+        ...
+
+    def tell(self, number: int, summary: Mapping[str, Any]) -> None: ...
+
+    def tell_failed(self, number: int, reason: str) -> None: ...

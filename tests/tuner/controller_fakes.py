@@ -1,0 +1,165 @@
+"""Small in-memory stand-ins for the controller's ports (tests only).
+
+Each fake records what the controller asked of it, so a test can say exactly which
+configs went where; none of them decides anything the controller should.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.tuner.alerts import Alert, AlertAction
+from slopilot.tuner.capacity import CapacityAnswer
+from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
+
+START = {"token_budget": 2048, "chunk_size": 2048}
+GOOD = {"token_budget": 512, "chunk_size": 256}
+BAD = {"token_budget": 8192, "chunk_size": 8192}
+
+
+def summary(p0_ttft: float = 100.0, p0_tbt: float = 20.0, goodput: float = 100.0,
+            preemptions: float = 0.0) -> dict[str, Any]:
+    """A DESIGN §8 summary for tiny-cpu's SLO (P0 300/60 ms, P1 1000/150 ms)."""
+    ok = {"ttft_p99_ms": 200.0, "tbt_p99_ms": 40.0, "goodput_tok_s": goodput / 2}
+    return {"goodput_tok_s": goodput, "preemptions_per_min": preemptions,
+            "classes": {"p0": {"ttft_p99_ms": p0_ttft, "tbt_p99_ms": p0_tbt,
+                               "goodput_tok_s": goodput / 2},
+                        "p1": ok, "p2": dict(ok)}}
+
+
+def alert(action: AlertAction, name: str = "SlopilotTTFTP99High") -> Alert:
+    return Alert(name=name, action=action, severity="warning", priority_class="p0",
+                 since=0.0)
+
+
+@dataclass
+class FakeDeployment:
+    n: int = 1
+    config: dict[str, Any] = field(default_factory=lambda: dict(START))
+    canary_config: dict[str, Any] | None = None
+    applied: list[tuple[dict[str, Any], bool]] = field(default_factory=list)
+    scaled: list[int] = field(default_factory=list)
+    refuse: Callable[[Mapping[str, Any]], Exception | None] = lambda c: None
+
+    def replicas(self) -> int:
+        return self.n
+
+    def scale(self, n: int) -> None:
+        self.scaled.append(n)
+        self.n = n
+
+    def current_config(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+        error = self.refuse(config)
+        if error is not None:
+            raise error
+        self.applied.append((dict(config), canary))
+        if canary:
+            self.canary_config = dict(config)
+        else:
+            self.config, self.canary_config = dict(config), None
+
+    def endpoints(self) -> list[str]:
+        return [f"http://127.0.0.1:{9000 + i}" for i in range(self.n)]
+
+    def serving(self, canary: bool) -> dict[str, Any]:
+        return self.canary_config if canary and self.canary_config else self.config
+
+
+@dataclass
+class FakeAlerts:
+    alerts: list[Alert] = field(default_factory=list)
+    down: bool = False
+
+    def firing(self) -> list[Alert]:
+        if self.down:
+            raise PrometheusUnavailable("Prometheus at http://127.0.0.1:1 is unreachable")
+        return list(self.alerts)
+
+
+@dataclass
+class FakeEvaluator:
+    """Figures as a function of the config the measured replica serves."""
+
+    deployment: FakeDeployment
+    figures: Callable[[Mapping[str, Any]], dict[str, Any]]
+    reject: int = 0  # reject this many windows first
+    calls: list[tuple[float, float, bool]] = field(default_factory=list)
+
+    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+        self.calls.append((start, end, canary))
+        if self.reject:
+            self.reject -= 1
+            raise WindowRejected("too few samples")
+        return self.figures(self.deployment.serving(canary))
+
+
+def by_config(c: Mapping[str, Any]) -> dict[str, Any]:
+    """GOOD holds the SLO, BAD breaks P0 badly, anything else misses by a little."""
+    if dict(c) == GOOD:
+        return summary(goodput=150.0)
+    if dict(c) == BAD:
+        return summary(p0_ttft=2000.0, p0_tbt=300.0)
+    return summary(p0_ttft=350.0)
+
+
+@dataclass
+class FakeStudy:
+    queue: list[dict[str, Any]] = field(default_factory=list)
+    warm: list[dict[str, Any]] = field(default_factory=list)
+    told: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    asked: int = 0
+
+    def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        self.warm = [dict(c) for c in configs]
+        self.queue = self.warm + self.queue
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        number = self.asked
+        self.asked += 1
+        return number, (self.queue.pop(0) if self.queue else {"token_budget": 1024,
+                                                              "chunk_size": 1024})
+
+    def tell(self, number: int, summary: Mapping[str, Any]) -> None:
+        self.told[number] = summary
+
+    def tell_failed(self, number: int, reason: str) -> None:
+        self.failed[number] = reason
+
+
+class FakeProbe:
+    def __init__(self) -> None:
+        self.scenario: Scenario = load_scenario("tiny-cpu")
+        self.calls = 0
+
+    def measure(self, now: float) -> Scenario:
+        self.calls += 1
+        return self.scenario
+
+
+@dataclass
+class FakePlanner:
+    needed: int | None = 1
+    calls: list[tuple[int, int, float]] = field(default_factory=list)
+
+    def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
+               *, margin: float = 0.0) -> CapacityAnswer:
+        self.calls.append((lo, hi, margin))
+        n = self.needed
+        return CapacityAnswer(replicas=None if n is None or n > hi else max(n, lo))
+
+
+@dataclass
+class FakeOffline:
+    ranked: list[tuple[dict[str, Any], bool]] = field(
+        default_factory=lambda: [(dict(GOOD), True)])
+
+    def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
+                     k: int) -> list[tuple[dict[str, Any], bool]]:
+        return self.ranked[:k]

@@ -1,0 +1,326 @@
+"""Every controller transition, driven through in-memory fakes of its ports."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from slopilot.engine.config import ConfigError
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.tuner.alerts import AlertAction
+from slopilot.tuner.controller import Controller
+from slopilot.tuner.controller_state import (
+    Action,
+    ControllerError,
+    ControllerSettings,
+    ControllerState,
+    LoopState,
+)
+from tests.tuner.controller_fakes import (
+    BAD,
+    GOOD,
+    START,
+    FakeAlerts,
+    FakeDeployment,
+    FakeEvaluator,
+    FakeOffline,
+    FakePlanner,
+    FakeProbe,
+    FakeStudy,
+    alert,
+    by_config,
+)
+
+SLO = load_scenario("tiny-cpu").slo
+
+
+@dataclass
+class Rig:
+    dep: FakeDeployment = field(default_factory=FakeDeployment)
+    alerts: FakeAlerts = field(default_factory=FakeAlerts)
+    study: FakeStudy = field(default_factory=FakeStudy)
+    planner: FakePlanner = field(default_factory=FakePlanner)
+    offline: FakeOffline | None = field(default_factory=FakeOffline)
+    settings: dict[str, Any] = field(default_factory=dict)
+    ev: FakeEvaluator | None = None
+    ctl: Controller | None = None
+
+    def build(self, state: LoopState | None = None) -> Controller:
+        self.ev = self.ev or FakeEvaluator(self.dep, by_config)
+        settings = ControllerSettings(
+            deployment="demo", slo=SLO, window_s=10, cooldown_s=30, scale_down_after_s=60,
+            max_replicas=4, **self.settings)
+        self.ctl = Controller(settings, self.dep, self.alerts, self.ev, self.study,
+                              FakeProbe(), self.planner, offline=self.offline, state=state)
+        return self.ctl
+
+
+def metric(ctl: Controller, name: str, **labels: str) -> float:
+    value = ctl.metrics.registry.get_sample_value(name, {"slopilot_deployment": "demo",
+                                                          **labels})
+    return 0.0 if value is None else value
+
+
+def test_steady_without_alerts_does_nothing() -> None:
+    rig = Rig()
+    ctl = rig.build()
+    d = ctl.tick(0.0)
+    assert (d.state, d.action) == (ControllerState.STEADY, Action.NONE)
+    assert rig.dep.applied == [] and rig.dep.scaled == []
+    assert metric(ctl, "slopilot_tuner_state", state="steady") == 1
+    assert metric(ctl, "slopilot_replicas") == 1
+
+
+def test_retune_alert_warm_starts_and_commits_the_first_feasible_trial() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    d = ctl.tick(0.0)
+    assert (d.state, d.action, d.trial) == (ControllerState.TUNING, Action.TRIAL, 0)
+    assert rig.study.warm == [GOOD]  # the offline best went in first
+    assert rig.dep.applied == [(GOOD, False)]  # one replica: no canary
+    assert ctl.tick(5.0).action is Action.NONE  # window still running
+    d = ctl.tick(10.0)
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.COMMIT)
+    assert rig.dep.config == GOOD and 0 in rig.study.told
+    assert metric(ctl, "slopilot_tuner_trials_total", state="complete") == 1
+    assert metric(ctl, "slopilot_tuner_actions_total", action="commit", reason="commit") == 1
+    assert metric(ctl, "slopilot_tuner_actions_total", action="retune", reason="alert") == 1
+
+
+def test_cooldown_ignores_alerts_then_returns_to_steady() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    ctl.tick(10.0)
+    assert ctl.state is ControllerState.COOLDOWN
+    applied = len(rig.dep.applied)
+    assert ctl.tick(20.0).state is ControllerState.COOLDOWN
+    assert len(rig.dep.applied) == applied
+    rig.alerts.alerts = []
+    d = ctl.tick(41.0)
+    assert d.state is ControllerState.STEADY and d.reason == "cooldown over"
+
+
+def test_trials_run_on_the_canary_when_there_are_several_replicas() -> None:
+    rig = Rig(dep=FakeDeployment(n=3), alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              offline=None, study=FakeStudy(queue=[dict(BAD), dict(GOOD)]),
+              settings={"revert_check_s": 2.0})
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert rig.dep.applied == [(BAD, True)] and rig.dep.config == START
+    d = ctl.tick(3.0)  # BAD breaks P0 by far more than the margin: cut short
+    assert d.action is Action.REVERT and "p0_breach" in d.reason
+    assert rig.dep.applied[-1] == (START, True) and rig.dep.canary_config == START
+    assert metric(ctl, "slopilot_tuner_trials_total", state="reverted") == 1
+    d = ctl.tick(4.0)
+    assert d.action is Action.TRIAL and rig.dep.applied[-1] == (GOOD, True)
+    assert rig.ev is not None and rig.ev.calls[-1][2] is True
+    d = ctl.tick(14.0)
+    assert d.action is Action.COMMIT and rig.dep.applied[-1] == (GOOD, False)
+
+
+def test_a_rejected_window_is_repeated_not_counted() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    assert rig.ctl is not None and rig.ev is not None
+    rig.ev.reject = 1
+    ctl.tick(0.0)
+    d = ctl.tick(10.0)
+    assert d.action is Action.REPEAT and ctl.loop.episode_trials == 0
+    assert rig.study.told == {} and ctl.loop.trial is not None
+    assert ctl.loop.trial.started_at == 10.0
+    assert ctl.tick(15.0).action is Action.NONE
+    assert ctl.tick(20.0).action is Action.COMMIT
+
+
+def test_windows_rejected_too_often_fail_the_trial_and_revert() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              settings={"max_window_repeats": 2})
+    ctl = rig.build()
+    assert rig.ev is not None
+    rig.ev.reject = 5
+    ctl.tick(0.0)
+    ctl.tick(10.0)
+    d = ctl.tick(20.0)
+    assert d.action is Action.REVERT and 0 in rig.study.failed
+    assert rig.dep.config == START
+    assert metric(ctl, "slopilot_tuner_trials_total", state="failed") == 1
+
+
+def test_no_feasible_config_after_max_trials_scales_up() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), offline=None,
+              planner=FakePlanner(needed=1), settings={"max_trials": 2})
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert "infeasible" in ctl.tick(10.0).reason
+    ctl.tick(11.0)
+    d = ctl.tick(21.0)
+    # Live evidence beats the simulator's "one is enough": at least one more replica.
+    assert (d.action, d.replicas) == (Action.SCALE, 2) and rig.dep.scaled == [2]
+    assert rig.dep.config == START and "no_feasible_config" in d.reason
+
+
+def test_scale_alert_scales_to_the_simulated_capacity() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE, "SlopilotTBTP99High")]),
+              planner=FakePlanner(needed=3))
+    ctl = rig.build()
+    d = ctl.tick(0.0)
+    assert (d.state, d.action, d.replicas) == (ControllerState.COOLDOWN, Action.SCALE, 3)
+    assert "scale_up 1->3" in d.reason
+    assert metric(ctl, "slopilot_tuner_actions_total", action="scale", reason="scale_up") == 1
+
+
+def test_scale_is_capped_at_max_replicas() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=None))
+    d = rig.build().tick(0.0)
+    assert d.replicas == 4 and rig.dep.scaled == [4]
+
+
+def test_scale_alert_with_enough_simulated_capacity_retunes_instead() -> None:
+    rig = Rig(dep=FakeDeployment(n=2), alerts=FakeAlerts([alert(AlertAction.SCALE)]),
+              planner=FakePlanner(needed=2))
+    d = rig.build().tick(0.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
+    assert rig.dep.scaled == []
+
+
+def test_offline_study_without_a_feasible_config_scales_first() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), planner=FakePlanner(needed=1),
+              offline=FakeOffline([(dict(GOOD), False)]))
+    d = rig.build().tick(0.0)
+    assert (d.action, d.replicas) == (Action.SCALE, 2) and "offline study" in d.reason
+
+
+def test_scale_down_after_sustained_headroom() -> None:
+    rig = Rig(dep=FakeDeployment(n=3), planner=FakePlanner(needed=1))
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.NONE
+    assert ctl.tick(59.0).action is Action.NONE and rig.dep.scaled == []
+    d = ctl.tick(60.0)
+    assert (d.action, d.replicas) == (Action.SCALE, 1) and "scale_down 3->1" in d.reason
+    assert rig.planner.calls[-1] == (1, 3, 0.2)  # asks for headroom, not the edge
+
+
+def test_an_alert_resets_the_headroom_clock() -> None:
+    rig = Rig(dep=FakeDeployment(n=2), planner=FakePlanner(needed=1))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    rig.alerts.alerts = [alert(AlertAction.INFORM, "SlopilotPrefixCacheHitLow")]
+    assert ctl.tick(30.0).action is Action.INFORM  # inform never resets nor acts
+    rig.alerts.alerts = [alert(AlertAction.SCALE)]
+    rig.planner.needed = 2
+    ctl.tick(40.0)  # scale alert: capacity suffices, so it retunes
+    assert ctl.loop.headroom_since is None
+
+
+def test_prometheus_down_holds_the_config_and_resumes() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    applied = list(rig.dep.applied)
+    rig.alerts.down = True
+    d = ctl.tick(5.0)
+    assert d.action is Action.HOLD and d.prometheus_unavailable
+    assert "prometheus_unavailable" in d.reason
+    d = ctl.tick(12.0)  # past the window: still held, nothing measured
+    assert d.action is Action.NONE and d.prometheus_unavailable
+    assert rig.dep.applied == applied and rig.study.told == {}
+    rig.alerts.down = False
+    d = ctl.tick(13.0)
+    assert not d.prometheus_unavailable and ctl.loop.trial is not None
+    assert ctl.loop.trial.started_at == 13.0  # the outage's window does not count
+    assert ctl.tick(23.0).action is Action.COMMIT
+
+
+def test_an_error_rolls_back_to_the_starting_config() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert rig.dep.config == GOOD
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("evaluator crashed")
+
+    assert rig.ev is not None
+    rig.ev.measure = broken  # type: ignore[method-assign]
+    d = ctl.tick(10.0)
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.REVERT)
+    assert rig.dep.config == START and 0 in rig.study.failed
+    assert "RuntimeError" in d.reason
+
+
+def test_a_refused_config_fails_the_trial_and_moves_on() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              study=FakeStudy(queue=[dict(GOOD)]), offline=FakeOffline([(dict(BAD), True)]))
+    rig.dep.refuse = lambda c: ConfigError("chunk_size too big") if dict(c) == BAD else None
+    ctl = rig.build()
+    d = ctl.tick(0.0)
+    assert d.action is Action.REVERT and "config_refused" in d.reason
+    assert rig.study.failed.keys() == {0}
+    assert ctl.tick(1.0).config == GOOD
+
+
+def test_trials_per_hour_limit_holds_the_config() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), offline=None,
+              settings={"max_trials_per_hour": 2, "max_trials": 10})
+    ctl = rig.build()
+    ctl.tick(0.0)
+    ctl.tick(10.0)
+    ctl.tick(11.0)
+    d = ctl.tick(21.0)  # two trials used up the hour: commit what is known (nothing)
+    assert d.action is Action.SCALE and len(rig.study.told) == 2
+
+
+def test_state_round_trips_and_a_restarted_controller_does_not_act_twice() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    saved = json.loads(json.dumps(ctl.to_dict()))
+    assert LoopState.from_dict(saved) == ctl.loop
+    applied = len(rig.dep.applied)
+    restarted = rig.build(LoopState.from_dict(saved))
+    assert restarted.tick(5.0).action is Action.NONE  # mid-window: nothing re-applied
+    assert len(rig.dep.applied) == applied and rig.study.asked == 1
+    d = restarted.tick(10.0)
+    assert d.action is Action.COMMIT and rig.study.told.keys() == {0}
+
+
+@pytest.mark.parametrize("data, fix", [
+    ({"state": "dancing"}, "use one of: steady"),
+    ({"flavour": 1}, "unknown field"),
+    ({"trial": {"number": 1}}, "trial="),
+    ([], "expected a mapping"),
+])
+def test_bad_persisted_state_is_refused_clearly(data: Any, fix: str) -> None:
+    with pytest.raises(ControllerError, match=fix):
+        LoopState.from_dict(data)
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    ({"min_replicas": 3, "max_replicas": 2}, "1 <= min <= max"),
+    ({"window_s": 0}, "window_s=0"),
+    ({"max_trials": 0}, "max_trials=0"),
+    ({"revert_check_s": 500.0}, "revert_check_s"),
+    ({"deployment": ""}, "deployment is empty"),
+])
+def test_bad_settings_are_refused_clearly(kwargs: dict[str, Any], fix: str) -> None:
+    with pytest.raises(ControllerError, match=fix):
+        ControllerSettings(**{"deployment": "d", "slo": SLO, **kwargs})
+
+
+def test_every_decision_is_logged_and_exported(caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    with caplog.at_level(logging.INFO, logger="slopilot.tuner.controller"):
+        ctl.tick(0.0)
+    assert any("action=trial" in r.getMessage() and "reason=" in r.getMessage()
+               for r in caplog.records)
+    text = generate_latest(ctl.metrics.registry).decode()
+    for name in ("slopilot_tuner_trials_total", "slopilot_tuner_actions_total",
+                 "slopilot_replicas", "slopilot_tuner_state"):
+        assert name in text
