@@ -20,6 +20,7 @@ from typing import Any
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
+from slopilot.tuner.rules import DEPLOYMENT_LABEL
 
 API_VERSION = "slopilot.dev/v1alpha1"
 KIND = "LLMDeployment"
@@ -200,7 +201,11 @@ def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> 
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": _meta(body, name),
             "spec": {"selector": {"matchLabels": selector(name)},
-                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]}}
+                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s",
+                                    # The rules select a deployment's series by this label.
+                                    "relabelings": [{"action": "replace",
+                                                     "targetLabel": DEPLOYMENT_LABEL,
+                                                     "replacement": name}]}]}}
 
 
 def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,

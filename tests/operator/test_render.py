@@ -97,8 +97,11 @@ def test_service_and_monitor_select_the_engine_pods() -> None:
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= out.service["metadata"][
         "labels"].items()
-    assert monitor["spec"]["endpoints"][0] == {"port": "http", "path": "/metrics",
-                                               "interval": "15s"}
+    assert monitor["spec"]["endpoints"][0] == {
+        "port": "http", "path": "/metrics", "interval": "15s",
+        # The rendered rules select series by slopilot_deployment (tuner/rules.py).
+        "relabelings": [{"action": "replace", "targetLabel": "slopilot_deployment",
+                         "replacement": "chat"}]}
 
 
 def test_vllm_args_map_the_knobs() -> None:

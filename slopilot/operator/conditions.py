@@ -1,0 +1,64 @@
+"""Status conditions (Kubernetes' metav1.Condition shape) merged by type.
+
+Two writers share ``status.conditions``: the reconcile handler (Valid, Reconciled,
+KnobsIgnored, AdminToken) and the controller daemon (Tuning, SLOMet). Each merges its own
+types into the list it just read, so neither drops the other's; ``lastTransitionTime``
+moves only when a condition's status changes, as kubectl and dashboards expect.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+class ConditionType(enum.StrEnum):
+    VALID = "Valid"
+    RECONCILED = "Reconciled"
+    KNOBS_IGNORED = "KnobsIgnored"
+    ADMIN_TOKEN = "AdminToken"
+    TUNING = "Tuning"
+    SLO_MET = "SLOMet"
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(type_: ConditionType, status: bool | None, reason: str, message: str,
+              generation: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": type_.value,
+                           "status": "Unknown" if status is None else str(status),
+                           "reason": reason, "message": message}
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return out
+
+
+def merge_conditions(current: Iterable[Mapping[str, Any]] | None,
+                     updates: Iterable[Mapping[str, Any]],
+                     remove: Iterable[ConditionType] = ()) -> list[dict[str, Any]]:
+    """``current`` with ``updates`` replacing same-type entries and ``remove`` types dropped."""
+    gone = {t.value for t in remove}
+    merged = {c["type"]: dict(c) for c in current or () if c.get("type") not in gone}
+    for new in updates:
+        old = merged.get(new["type"])
+        entry = dict(new)
+        same = old is not None and old.get("status") == new["status"]
+        entry["lastTransitionTime"] = (old or {}).get("lastTransitionTime") if same \
+            else now_rfc3339()
+        if entry["lastTransitionTime"] is None:
+            entry["lastTransitionTime"] = now_rfc3339()
+        merged[new["type"]] = entry
+    return list(merged.values())
+
+
+def conditions_equal(a: Iterable[Mapping[str, Any]] | None,
+                     b: Iterable[Mapping[str, Any]] | None) -> bool:
+    """Equal apart from transition times: a status patch is needed only when not."""
+    def key(items: Iterable[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+        return {c["type"]: {k: v for k, v in c.items() if k != "lastTransitionTime"}
+                for c in items or ()}
+    return key(a) == key(b)

@@ -1,0 +1,167 @@
+"""kopf handlers: reconcile each LLMDeployment's owned objects and repair drift.
+
+``kopf run -m slopilot.operator.handlers`` (or ``slopilot operator``) loads this module;
+importing it registers every handler, the controller daemon included.
+
+- create / update of spec / resume: parse the spec (refused with a ``Valid=False``
+  condition, phase Invalid and a Warning event, touching nothing), then create or patch
+  the owned objects; the status says what was done and which knobs vLLM ignores.
+- events of owned Deployments, Services and ConfigMaps: a deleted or edited one is
+  re-created or patched back from its LLMDeployment (drift repair).
+
+Handlers are synchronous (the official client is): kopf runs them in worker threads, and
+a per-deployment lock keeps a drift repair and a spec reconcile from interleaving.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, cast
+
+import kopf
+
+from slopilot.operator.conditions import ConditionType, condition, merge_conditions
+from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from slopilot.operator.kubeapi import Kube, load_client
+from slopilot.operator.reconcile import Change, Outcome, config_status, reconcile
+from slopilot.operator.settings import configure
+from slopilot.operator.spec import Phase
+
+MANAGED = {"app.kubernetes.io/managed-by": "slopilot-operator"}
+DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
+
+
+class LockTable:
+    """One lock per deployment (namespace/name), created on first use."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            yield
+
+
+def key_of(body: Mapping[str, Any]) -> str:
+    return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure(settings)
+    memo.kube = Kube(load_client())
+    memo.locks = LockTable()
+
+
+def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """The status fields one reconcile owns (the daemon owns the others)."""
+    status = body.get("status") or {}
+    generation = body["metadata"].get("generation")
+    current = status.get("conditions")
+    if not outcome.valid:
+        message = "; ".join(outcome.problems)
+        return {"phase": Phase.INVALID.value, "observedGeneration": generation,
+                "conditions": merge_conditions(current, [condition(
+                    ConditionType.VALID, False, "InvalidSpec", message, generation)])}
+    done = [f"{change.value} {what}" for what, change in outcome.changes.items()
+            if change is not Change.UNCHANGED]
+    updates = [
+        condition(ConditionType.VALID, True, "SpecAccepted", "the spec passed every check",
+                  generation),
+        condition(ConditionType.RECONCILED, True, "OwnedObjectsInSync",
+                  "; ".join(done) if done else "every owned object matches the spec",
+                  generation)]
+    removed = []
+    if outcome.unsupported_knobs:
+        updates.append(condition(
+            ConditionType.KNOBS_IGNORED, True, "BackendLacksKnobs",
+            f"vLLM has no argument for {', '.join(outcome.unsupported_knobs)}: left out; "
+            "use backend: builtin to tune them", generation))
+    else:
+        removed.append(ConditionType.KNOBS_IGNORED)
+    if outcome.admin_secret is not None:
+        updates.append(condition(
+            ConditionType.ADMIN_TOKEN, outcome.admin_secret_found,
+            "SecretFound" if outcome.admin_secret_found else "SecretMissing",
+            f"Secret {outcome.admin_secret} holds the /admin/config token"
+            if outcome.admin_secret_found else
+            f"Secret {outcome.admin_secret} is missing: the pods cannot start; create it: "
+            f"kubectl create secret generic {outcome.admin_secret} "
+            "--from-literal=token=$(openssl rand -hex 32)", generation))
+    phase = status.get("phase")
+    out: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": phase if phase in DAEMON_PHASES else Phase.RUNNING.value,
+        "replicas": outcome.replicas,
+        "conditions": merge_conditions(current, updates, remove=removed)}
+    if outcome.config is not None:
+        out["config"] = config_status(outcome.config)
+    return out
+
+
+def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> None:
+    """Warning events for refusals and gaps, a Normal one when something was written."""
+    body = cast("kopf.Body", raw)  # kopf reads only metadata: any mapping will do
+    if not outcome.valid:
+        kopf.warn(body, reason="InvalidSpec", message="; ".join(outcome.problems))
+        return
+    done = [f"{change.value} {what}" for what, change in outcome.changes.items()
+            if change is not Change.UNCHANGED]
+    if done:
+        kopf.info(body, reason=reason, message="; ".join(done))
+    if outcome.unsupported_knobs:
+        kopf.warn(body, reason="KnobsIgnored", message="vLLM has no argument for "
+                  f"{', '.join(outcome.unsupported_knobs)}; they are left out")
+    if not outcome.admin_secret_found:
+        kopf.warn(body, reason="AdminTokenMissing",
+                  message=f"Secret {outcome.admin_secret} not found")
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
+                            logger: kopf.Logger, **_: Any) -> None:
+    with memo.locks.hold(key_of(body)):
+        outcome = reconcile(memo.kube, body)
+    patch.status.update(status_of(body, outcome))
+    post_events(body, outcome, reason="Reconciled")
+    logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)
+
+
+def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    for ref in body.get("metadata", {}).get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == KIND \
+                and ref.get("apiVersion") == API_VERSION:
+            return dict(ref)
+    return None
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+@kopf.on.event("v1", "services", labels=MANAGED)
+@kopf.on.event("v1", "configmaps", labels=MANAGED)
+def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                 logger: kopf.Logger, **_: Any) -> None:
+    """An owned object was deleted or edited: reconcile its owner (a no-op when in sync)."""
+    if event.get("type") not in ("MODIFIED", "DELETED"):
+        return  # the initial listing and our own creations: resume/create handle those
+    owner = controlling_owner(body)
+    if owner is None:
+        return
+    kube: Kube = memo.kube
+    namespace = body["metadata"]["namespace"]
+    cr = kube.get(API_VERSION, PLURAL, namespace, owner["name"])
+    if cr is None or cr["metadata"].get("deletionTimestamp") \
+            or cr["metadata"].get("uid") != owner.get("uid"):
+        return  # the owner is going away; the garbage collector takes the rest
+    with memo.locks.hold(key_of(cr)):
+        outcome = reconcile(kube, cr)
+    if any(c is not Change.UNCHANGED for c in outcome.changes.values()):
+        logger.info("repaired drift of %s: %s", owner["name"], dict(outcome.changes))
+        post_events(cr, outcome, reason="DriftRepaired")

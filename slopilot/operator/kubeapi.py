@@ -1,0 +1,117 @@
+"""A thin JSON client for the Kubernetes API: plain dicts in and out, for any resource.
+
+The official client's typed models would make every comparison with the rendered dicts
+(plain JSON) a conversion; its ``ApiClient`` still does the work that matters here
+(kubeconfig or in-cluster login, TLS, bearer tokens), and this class only builds paths
+and reads JSON. It is synchronous: kopf runs sync handlers and daemons in threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+
+MERGE_PATCH = "application/merge-patch+json"
+USER_AGENT = "slopilot-operator"  # audit logs (and the RBAC test) tell our calls apart
+REQUEST_TIMEOUT_S = 30.0
+
+
+class ApiError(Exception):
+    """A refused request: ``status`` (HTTP), ``reason`` (Kubernetes' CamelCase) and message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+
+def load_client() -> kubernetes.client.ApiClient:
+    """In a pod, the service account; elsewhere the kubeconfig (``KUBECONFIG`` or ~/.kube)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config()
+        client = kubernetes.client.ApiClient()
+    else:
+        client = kubernetes.config.new_client_from_config(
+            config_file=os.environ.get("KUBECONFIG"))
+    client.user_agent = USER_AGENT
+    return client
+
+
+def resource_path(api_version: str, plural: str, namespace: str | None = None,
+                  name: str | None = None, subresource: str | None = None) -> str:
+    """``/api/v1/namespaces/ns/pods/x`` or ``/apis/apps/v1/...`` for any resource."""
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    if name:
+        path += f"/{name}"
+    if subresource:
+        path += f"/{subresource}"
+    return path
+
+
+class Kube:
+    """``Kube(api_client)``: get, list, create, patch and discovery, returning dicts."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self.client = client
+
+    def request(self, method: str, path: str, *, body: Any = None,
+                query: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        m, url, headers, data, _ = self.client.param_serialize(
+            method, path, query_params=list((query or {}).items()), header_params=headers,
+            body=body, auth_settings=["BearerToken"])
+        response = self.client.call_api(m, url, headers, data,
+                                        _request_timeout=REQUEST_TIMEOUT_S)
+        raw = response.read()
+        payload = json.loads(raw) if raw else {}
+        if response.status >= 400:
+            if isinstance(payload, dict):
+                raise ApiError(response.status, str(payload.get("reason", "")),
+                               str(payload.get("message", raw[:200])))
+            raise ApiError(response.status, "", str(raw[:200]))
+        return payload
+
+    def get(self, api_version: str, plural: str, namespace: str | None,
+            name: str) -> dict[str, Any] | None:
+        """The object, or None where it does not exist."""
+        try:
+            obj = self.request("GET", resource_path(api_version, plural, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    def list(self, api_version: str, plural: str, namespace: str | None, *,
+             label_selector: str | None = None) -> list[dict[str, Any]]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        out = self.request("GET", resource_path(api_version, plural, namespace), query=query)
+        return list(out.get("items", []))
+
+    def create(self, api_version: str, plural: str, namespace: str | None,
+               body: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(self.request("POST", resource_path(api_version, plural, namespace),
+                                 body=dict(body)))
+
+    def patch(self, api_version: str, plural: str, namespace: str | None, name: str,
+              patch: Mapping[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386): maps merge, lists are replaced whole."""
+        path = resource_path(api_version, plural, namespace, name, subresource)
+        return dict(self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH))
+
+    def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the cluster serves the resource (e.g. the prometheus-operator CRDs)."""
+        try:
+            found = self.request("GET", "/api/v1" if api_version == "v1"
+                                 else f"/apis/{api_version}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources", []))

@@ -1,0 +1,101 @@
+"""Shared pieces of the operator's end-to-end tests: bodies, waits, the running operator."""
+
+# CustomObjectsApi (client 37) returns ``object``; the bodies are dicts.
+# mypy: disable-error-code="attr-defined,index,call-overload"
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kopf.testing import KopfRunner
+
+from slopilot.operator.crd import crd_manifest
+from slopilot.operator.kubeapi import Kube
+from tests.support.kube_server import RunningEmulator
+
+GROUP, VERSION, PLURAL = "slopilot.dev", "v1alpha1", "llmdeployments"
+NS = "default"
+RUN_ARGS = ["run", "--standalone", "--all-namespaces", "-m", "slopilot.operator.handlers"]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
+    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def llmd(name: str = "chat", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LLMDeployment",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"model": {"name": "smollm2-135m"}, **spec}}
+
+
+class Cluster:
+    """The official client's view of the emulator, with the calls the tests repeat."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.apps = kubernetes.client.AppsV1Api(client)
+        self.kube = Kube(client)
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body))
+
+    def get(self, name: str = "chat") -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name))
+
+    def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, name, patch))
+
+    def status(self, name: str = "chat") -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def condition(self, type_: str, name: str = "chat") -> dict[str, Any] | None:
+        for c in self.status(name).get("conditions") or ():
+            if c["type"] == type_:
+                return dict(c)
+        return None
+
+    def owned(self, api_version: str, plural: str, name: str) -> dict[str, Any] | None:
+        """An owned object as a plain dict, None when absent."""
+        return self.kube.get(api_version, plural, NS, name)
+
+    def events(self, reason: str) -> list[Any]:
+        return [e for e in self.core.list_namespaced_event(NS).items if e.reason == reason]
+
+
+@contextlib.contextmanager
+def operator(kube: RunningEmulator, *extra: str) -> Iterator[KopfRunner]:
+    """The operator (kopf with slopilot's handlers) on the emulator; checks a clean exit."""
+    kube.install(crd_manifest())
+    with KopfRunner([*RUN_ARGS, *extra], timeout=60) as runner:
+        yield runner
+    assert runner.exception is None, runner.output
+    assert runner.exit_code == 0, runner.output
+
+
+def monitoring_crds() -> list[dict[str, Any]]:
+    """prometheus-operator's two CRDs, schema-free (only their presence matters here)."""
+    out = []
+    for kind, plural in (("ServiceMonitor", "servicemonitors"),
+                         ("PrometheusRule", "prometheusrules")):
+        out.append({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                         "openAPIV3Schema": {"type": "object",
+                                             "x-kubernetes-preserve-unknown-fields": True}}}]}})
+    return out
