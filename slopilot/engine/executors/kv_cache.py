@@ -1,0 +1,101 @@
+"""Paged KV cache in preallocated tensors, plus a host-memory pool for swapped blocks.
+
+One tensor holds every layer's keys and values so that a swap moves a block of all
+layers in one indexed copy::
+
+    device  [2 (k, v), layers, num_gpu_blocks, block_size, kv_heads, head_dim]
+    host    [2 (k, v), layers, num_cpu_blocks, block_size, kv_heads, head_dim]
+
+Per layer, ``k_cache(layer)`` / ``v_cache(layer)`` are views of shape
+[num_blocks, block_size, kv_heads, head_dim]; token position p of a sequence lives in
+block ``block_table[p // block_size]`` at offset ``p % block_size``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class CacheError(ValueError):
+    """A block id is out of range or the cache is sized impossibly."""
+
+
+class PagedKVCache:
+    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int,
+                 num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        if num_gpu_blocks < 1:
+            raise CacheError(
+                f"num_gpu_blocks={num_gpu_blocks}: the KV cache needs at least one block; "
+                "give more memory or a smaller model")
+        if num_cpu_blocks < 0:
+            raise CacheError(f"num_cpu_blocks={num_cpu_blocks}: must be >= 0")
+        if block_size < 1:
+            raise CacheError(f"block_size={block_size}: must be >= 1")
+        self.num_layers = num_layers
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.device = device
+        shape = (2, num_layers)
+        tail = (block_size, num_kv_heads, head_dim)
+        self.gpu = torch.zeros(*shape, num_gpu_blocks, *tail, dtype=dtype, device=device)
+        # Pinned host memory makes device-to-host copies asynchronous-capable and fast.
+        pin = device.type == "cuda"
+        self.cpu = torch.zeros(*shape, num_cpu_blocks, *tail, dtype=dtype, pin_memory=pin)
+        self._flat = self.gpu.view(2, num_layers, num_gpu_blocks * block_size,
+                                   num_kv_heads, head_dim)
+
+    @staticmethod
+    def block_bytes(*, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
+                    dtype: torch.dtype) -> int:
+        """Bytes one block takes across all layers, keys and values."""
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        return self.gpu[0, layer]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        return self.gpu[1, layer]
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of one layer as [num_blocks * block_size, kv_heads, head_dim]."""
+        return self._flat[0, layer], self._flat[1, layer]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        k_flat, v_flat = self.flat(layer)
+        k_flat.index_copy_(0, slots, k)
+        v_flat.index_copy_(0, slots, v)
+
+    def _check(self, ids: Sequence[int], limit: int, where: str) -> None:
+        bad = [b for b in ids if not 0 <= b < limit]
+        if bad:
+            raise CacheError(
+                f"{where} block ids {bad} are outside [0, {limit}); the block manager "
+                "and the executor disagree on the cache size")
+
+    def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy device blocks to host blocks: pairs of (gpu_block, cpu_block)."""
+        if not pairs:
+            return
+        gpu_ids, cpu_ids = zip(*pairs, strict=True)
+        self._check(gpu_ids, self.num_gpu_blocks, "swap-out device")
+        self._check(cpu_ids, self.num_cpu_blocks, "swap-out host")
+        src = torch.tensor(gpu_ids, device=self.device)
+        dst = torch.tensor(cpu_ids)
+        self.cpu.index_copy_(2, dst, self.gpu.index_select(2, src).cpu())
+
+    def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy host blocks back to device blocks: pairs of (cpu_block, gpu_block)."""
+        if not pairs:
+            return
+        cpu_ids, gpu_ids = zip(*pairs, strict=True)
+        self._check(cpu_ids, self.num_cpu_blocks, "swap-in host")
+        self._check(gpu_ids, self.num_gpu_blocks, "swap-in device")
+        src = torch.tensor(cpu_ids)
+        dst = torch.tensor(gpu_ids, device=self.device)
+        blocks = self.cpu.index_select(2, src).to(self.device, non_blocking=True)
+        self.gpu.index_copy_(2, dst, blocks)

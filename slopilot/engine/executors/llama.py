@@ -1,0 +1,240 @@
+"""A Llama-family decoder (Llama, Qwen2, SmolLM) over a flat token list and a paged KV cache.
+
+Every linear layer runs once over all tokens of the iteration (prefill chunks and decodes
+concatenated), which is what makes continuous batching pay; only attention looks at
+sequences one by one (prefill chunks) or as a padded group (single-token rows).
+Parameter names follow Hugging Face's, so a checkpoint's state dict loads as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from slopilot.engine.executors.batch import AttentionBatch
+from slopilot.engine.executors.kv_cache import PagedKVCache
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    """The subset of a Hugging Face config.json the model needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # Hugging Face's rope parameters without rope_theta: {"rope_type": ..., "factor": ...}.
+    rope_scaling: Mapping[str, Any] = field(default_factory=lambda: {"rope_type": "default"})
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    # Qwen2 has biases on q/k/v projections; Llama may (attention_bias).
+    qkv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}; the checkpoint's "
+                "config.json is inconsistent")
+        rope_type = self.rope_scaling.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> LlamaConfig:
+        """Build from a config.json dict, old (rope_scaling) or new (rope_parameters) style."""
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+        # Old configs spell the type "type"; both mean the same.
+        rope["rope_type"] = rope.pop("type", None) or rope.get("rope_type") or "default"
+        arch = (cfg.get("architectures") or [""])[0]
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_hidden_layers=int(cfg["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=rope,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch.startswith("Qwen2") or bool(cfg.get("attention_bias", False)),
+        )
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """Inverse frequencies as Hugging Face computes them (float32), scaling included."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (
+        torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
+    params = config.rope_scaling
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        factor = float(params["factor"])
+        low = float(params["low_freq_factor"])
+        high = float(params["high_freq_factor"])
+        old_len = float(params["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the model dtype, as the reference does.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        q_out = self.num_heads * self.head_dim
+        kv_out = self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_out, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_out, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_out, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        cache.write(self.layer_idx, batch.slot_mapping, k, v)
+        k_flat, v_flat = cache.flat(self.layer_idx)
+        out = torch.empty_like(q)
+        if batch.single_rows is not None:
+            # Single-token rows (decodes): one padded call, queries [D, H, 1, hd].
+            rows, slots, mask = batch.single_rows, batch.single_slots, batch.single_mask
+            flat_slots = slots.flatten()
+            kk = k_flat.index_select(0, flat_slots).view(*slots.shape, -1, self.head_dim)
+            vv = v_flat.index_select(0, flat_slots).view(*slots.shape, -1, self.head_dim)
+            kk, vv = kk.transpose(1, 2), vv.transpose(1, 2)
+            qq = q.index_select(0, rows).unsqueeze(2)
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
+            out[rows] = o.squeeze(2)
+        for chunk in batch.chunks:
+            kk = k_flat.index_select(0, chunk.ctx_slots).transpose(0, 1)
+            vv = v_flat.index_select(0, chunk.ctx_slots).transpose(0, 1)
+            qq = q[chunk.begin:chunk.end].transpose(0, 1)
+            o = F.scaled_dot_product_attention(
+                qq, kk, vv, attn_mask=chunk.mask, is_causal=chunk.mask is None,
+                enable_gqa=True)
+            out[chunk.begin:chunk.end] = o.transpose(0, 1)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaBody(nn.Module):
+    """Hugging Face's ``model.`` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaBody(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                cache: PagedKVCache, logits_rows: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [len(logits_rows), vocab] for the chosen rows of the flat batch."""
+        h = self.model.embed_tokens(input_ids)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        # [T, 1, head_dim]: broadcast over heads.
+        cos = emb.cos().to(h.dtype).unsqueeze(1)
+        sin = emb.sin().to(h.dtype).unsqueeze(1)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, batch, cache)
+        h = self.model.norm(h[logits_rows])
+        return self.lm_head(h).float()
+
+    def to_runtime(self, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+        """Move weights to device and dtype, keeping the RoPE frequencies in float32."""
+        # Re-tie first: loading with assign=True replaces the embedding parameter only.
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.inv_freq = rope_inv_freq(self.config)
+        self.to(device=device, dtype=dtype)
+        self.inv_freq = rope_inv_freq(self.config).to(device)
+        self.eval()
+        return self

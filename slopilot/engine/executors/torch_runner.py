@@ -1,0 +1,162 @@
+"""The torch executor: one ``SchedulerOutput`` in, one forward pass, sampled tokens out.
+
+Each iteration: copy swapped-out blocks to host memory, copy swapped-in blocks back, run
+the whole mixed batch (prefill chunks and decodes as one flat token list) through the
+model, and sample the rows that end at their request's last known token.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from slopilot.engine.executors.batch import build_batch
+from slopilot.engine.executors.kv_cache import PagedKVCache
+from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
+from slopilot.engine.executors.sampler import Sampler
+from slopilot.engine.executors.tokenizer import TextTokenizer
+from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+
+GIB = 1 << 30
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# On CPU the "GPU" blocks live in host memory too: take at most this share of what is
+# free, so the cache does not starve the process (or its neighbours).
+_CPU_KV_SHARE = 0.25
+_CPU_KV_DEFAULT_GB = 2.0
+# Room left on a CUDA device for activations of one iteration and the allocator's slack.
+_CUDA_ACTIVATION_RESERVE = 1 * GIB
+
+
+class ExecutorError(ValueError):
+    """Bad executor settings; the message names the value and the fix."""
+
+
+def _parse_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        # bf16 matmuls are slow on CPUs without AMX/AVX512-BF16; float32 is the safe default.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ExecutorError(f"dtype={dtype!r}: use one of {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _available_host_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 8 * GIB
+
+
+class TorchExecutor:
+    def __init__(self, model: str | Path | LoadedModel, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str | None = None, num_gpu_blocks: int | None = None,
+                 num_cpu_blocks: int | None = None, block_size: int = 16,
+                 kv_cache_gb: float | None = None, swap_space_gb: float = 4.0,
+                 gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+                 seed: int = 0) -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ExecutorError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+        if block_size < 1:
+            raise ExecutorError(f"block_size={block_size}: must be >= 1")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ExecutorError(
+                f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]")
+        if swap_space_gb < 0:
+            raise ExecutorError(f"swap_space_gb={swap_space_gb}: must be >= 0")
+        self.dtype = _parse_dtype(dtype, self.device)
+        if isinstance(model, LoadedModel):
+            self.loaded = model
+            model.model.to_runtime(self.device, self.dtype)
+        else:
+            # Imported here: models.py pulls in the registry, which only names need.
+            from slopilot.engine.models import resolve_model
+            self.loaded = load_checkpoint(resolve_model(model), device=self.device,
+                                          dtype=self.dtype)
+        self.model = self.loaded.model
+        cfg = self.loaded.config
+        self.config = cfg
+        self.block_size = block_size
+        self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
+                                 cfg.max_position_embeddings)
+        self.block_bytes = PagedKVCache.block_bytes(
+            num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim, block_size=block_size, dtype=self.dtype)
+        gpu_blocks = (num_gpu_blocks if num_gpu_blocks is not None
+                      else self._blocks_from_memory(kv_cache_gb, gpu_memory_utilization))
+        if num_cpu_blocks is None:
+            host_cap = _available_host_bytes() // 2
+            num_cpu_blocks = int(min(swap_space_gb * GIB, host_cap)) // self.block_bytes
+        self.kv_cache = PagedKVCache(
+            num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim, num_gpu_blocks=gpu_blocks, num_cpu_blocks=num_cpu_blocks,
+            block_size=block_size, dtype=self.dtype, device=self.device)
+        self.sampler = Sampler(seed=seed, device=self.device)
+
+    def _blocks_from_memory(self, kv_cache_gb: float | None, utilization: float) -> int:
+        if kv_cache_gb is not None:
+            if kv_cache_gb <= 0:
+                raise ExecutorError(f"kv_cache_gb={kv_cache_gb}: must be > 0")
+            budget = int(kv_cache_gb * GIB)
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = int(free - total * (1 - utilization)) - _CUDA_ACTIVATION_RESERVE
+        else:
+            budget = int(min(_CPU_KV_DEFAULT_GB * GIB,
+                             _available_host_bytes() * _CPU_KV_SHARE))
+        blocks = budget // self.block_bytes
+        if blocks < 1:
+            raise ExecutorError(
+                f"no memory left for the KV cache (budget {budget} bytes, one block is "
+                f"{self.block_bytes}); raise gpu_memory_utilization or kv_cache_gb, or "
+                "pass num_gpu_blocks")
+        return blocks
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self.loaded.tokenizer
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.loaded.eos_token_id
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.loaded.eos_token_ids
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.kv_cache.num_gpu_blocks
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.kv_cache.num_cpu_blocks
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        start = time.perf_counter()
+        # Out before in: a block freed by a swap-out may be the target of a swap-in.
+        self.kv_cache.swap_out(out.swap_out)
+        self.kv_cache.swap_in(out.swap_in)
+        sampled: dict[str, int] = {}
+        if out.seqs:
+            batch = build_batch(out.seqs, block_size=self.block_size,
+                                num_blocks=self.kv_cache.num_gpu_blocks,
+                                max_model_len=self.max_model_len, device=self.device)
+            with torch.inference_mode():
+                logits = self.model(batch.input_ids, batch.positions, batch.attention,
+                                    self.kv_cache, batch.logits_rows)
+                tokens = self.sampler.sample(
+                    logits, [s.sampling for s in batch.sample_seqs],
+                    [s.num_output_tokens for s in batch.sample_seqs])
+            sampled = {s.request_id: t for s, t in zip(batch.sample_seqs, tokens, strict=True)}
+        elif self.device.type == "cuda":
+            # Only copies ran; wait for them so elapsed_s measures them.
+            torch.cuda.synchronize(self.device)
+        # out.finished_ids needs nothing here: the sampler derives each seeded draw from
+        # (seed, output index), so the executor holds no per-request state to drop.
+        return ModelRunnerOutput(sampled=sampled, elapsed_s=time.perf_counter() - start)

