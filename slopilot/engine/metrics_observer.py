@@ -1,0 +1,80 @@
+"""The adapter from engine-loop events to ``EngineMetrics``.
+
+The engine loop reports per-iteration and per-token events to its observers; this one
+turns them into the calls ``EngineMetrics`` expects. The scheduler keeps lifetime
+counters (preemptions, prefix-cache lookups); the metrics want what happened since the
+last step, so the adapter remembers the last values and passes the differences.
+
+It knows nothing about the server or about time sources: the server (wall clock) and the
+discrete-event simulator (virtual clock) both attach it.
+"""
+
+from __future__ import annotations
+
+from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.outputs import SchedulerOutput
+from slopilot.engine.request import FinishReason, Request
+
+
+class MetricsObserver:
+    """A ``StepObserver`` that feeds one ``EngineMetrics``."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+        self._config: EngineConfig | None = None
+        self._recompute = 0
+        self._swap = 0
+        self._queries = 0
+        self._hits = 0
+
+    def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
+                now: float) -> None:
+        self._record(engine, now, elapsed_s, out)
+
+    def refresh(self, engine: LLMEngine, now: float) -> None:
+        """Update the gauges without an iteration (after aborts, when going idle).
+
+        The engine calls ``on_step`` only when an iteration ran, so without this the
+        running/waiting gauges would keep their last busy values while the engine idles.
+        """
+        self._record(engine, now, 0.0, None)
+
+    def _record(self, engine: LLMEngine, now: float, elapsed_s: float,
+                out: SchedulerOutput | None) -> None:
+        sched = engine.scheduler
+        config = sched.config
+        if config is not self._config:
+            self._config = config
+            self.metrics.set_config(config)
+        recompute = sched.num_preemptions[PreemptionMode.RECOMPUTE]
+        swap = sched.num_preemptions[PreemptionMode.SWAP]
+        queries, hits = sched.prefix_queries, sched.prefix_hits
+        swap_blocks = len(out.swap_out) + len(out.swap_in) if out is not None else 0
+        self.metrics.on_step(
+            now=now, elapsed_s=elapsed_s, num_running=sched.num_running,
+            num_waiting=sched.num_waiting, num_swapped=sched.num_swapped,
+            kv_usage=sched.kv.usage,
+            num_batched_tokens=out.num_batched_tokens if out is not None else 0,
+            num_preempted_recompute=recompute - self._recompute,
+            num_preempted_swap=swap - self._swap,
+            swap_s=swap_blocks * sched.swap_s_per_block,
+            prefix_queries=queries - self._queries, prefix_hits=hits - self._hits)
+        self._recompute, self._swap = recompute, swap
+        self._queries, self._hits = queries, hits
+
+    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
+        self.metrics.on_first_token(req.priority, ttft_s)
+
+    def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
+        self.metrics.on_token_gap(req.priority, gap_s, now)
+
+    def on_finished(self, req: Request, now: float) -> None:
+        # A request aborted before it was ever scheduled spent all its life queued.
+        scheduled = req.first_scheduled_time if req.first_scheduled_time is not None else now
+        reason = req.finish_reason or FinishReason.ABORT
+        self.metrics.on_finished(
+            req.priority, e2e_s=now - req.arrival_time, queue_s=scheduled - req.arrival_time,
+            prompt_tokens=req.num_prompt_tokens, generation_tokens=req.num_output_tokens,
+            finish_reason=reason.value)

@@ -1,0 +1,415 @@
+"""The engine loop on its own thread, and the asyncio side that talks to it.
+
+``LLMEngine.step()`` may block for a whole iteration (a torch forward pass, or the
+simulated executor sleeping the modelled time), so it runs on one dedicated thread that
+owns the engine: only that thread touches the scheduler. Everything else reaches it
+through an inbox of commands, run between iterations, never mid-step::
+
+    asyncio loop (HTTP handlers)             engine thread
+    ----------------------------             -------------
+    add_request / abort / update_config ──► inbox (deque + condition)
+                                               run commands
+                                               step()  (blocks: forward / sleep)
+    RequestStream.__anext__  ◄── call_soon_threadsafe(deliver, token events)
+
+When there is no work the thread waits on the condition (no busy spin); on entering an
+idle period it checks the scheduler's integrity and refreshes the metric gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.metrics_observer import MetricsObserver
+from slopilot.engine.request import FinishReason, Request
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# After an iteration in which nothing could run (every running request stalled on KV),
+# wait this long for a command before trying again, instead of spinning.
+_STALL_WAIT_S = 0.005
+
+
+class EngineDrainingError(RuntimeError):
+    """The engine is draining or stopped and admits no new request (HTTP 503)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop crashed; no request can be served (HTTP 500)."""
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """New tokens of one request; ``finish_reason`` is set on the last delta only."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+
+
+class RequestStream:
+    """Async iterator of one request's token deltas. Lives on the asyncio loop."""
+
+    def __init__(self, request: Request, engine: AsyncEngine) -> None:
+        self.request_id = request.request_id
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self._engine = engine
+        self._tokens: list[int] = []
+        self._finish: FinishReason | None = None
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+        self.finished = False  # the consumer has seen the last delta
+
+    def _push(self, token: int | None, finish: FinishReason | None,
+              error: BaseException | None = None) -> None:
+        if token is not None:
+            self._tokens.append(token)
+        if finish is not None:
+            self._finish = finish
+        if error is not None:
+            self._error = error
+        self._event.set()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if self.finished:
+            raise StopAsyncIteration
+        while not self._tokens and self._finish is None and self._error is None:
+            self._event.clear()
+            await self._event.wait()
+        if self._error is not None:
+            self.finished = True
+            raise self._error
+        tokens, self._tokens = self._tokens, []
+        if self._finish is not None:
+            self.finished = True
+        return StreamDelta(tokens, self._finish)
+
+    def abort(self) -> None:
+        """Abort the request (client gone, stop string matched); a no-op once finished."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+
+def _resolve(fut: asyncio.Future[Any], result: Any = None,
+             error: BaseException | None = None) -> None:
+    if fut.done():  # the awaiting handler was cancelled
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+class AsyncEngine:
+    """Runs one ``LLMEngine`` on a dedicated thread; the asyncio API is below.
+
+    Call ``start()`` from the running event loop; ``shutdown()`` drains and joins.
+    Every request must come through ``add_request`` (the thread tracks its streams).
+    """
+
+    def __init__(self, engine: LLMEngine, metrics: MetricsObserver | None = None, *,
+                 check_integrity: bool = True) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.check_integrity = check_integrity
+        self._cond = threading.Condition()
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Engine-thread state: the streams of requests the scheduler still holds.
+        self._live: dict[str, tuple[Request, RequestStream]] = {}
+        # Loop-side state.
+        self._active: dict[str, RequestStream] = {}
+        self._all_done = asyncio.Event()
+        self._all_done.set()
+        # Replies the engine thread owes; failed together if the thread dies first.
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._config_lock = threading.Lock()
+        self._target_config = engine.config
+        self.draining = False
+        self.error: BaseException | None = None
+        self.num_idle_checks = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("AsyncEngine.start() was already called")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="slopilot-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_active(self) -> int:
+        """Requests admitted and not yet finished, as the asyncio side sees them."""
+        return len(self._active)
+
+    @property
+    def config(self) -> EngineConfig:
+        """The newest accepted config: live now, or from the next iteration."""
+        return self._target_config
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop admitting; let running requests finish up to ``timeout_s``; abort the rest.
+
+        Returns how many requests were aborted.
+        """
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._all_done.wait(), timeout=max(timeout_s, 0.0))
+            return 0
+        except TimeoutError:
+            pass
+        left = list(self._active)
+        for rid in left:
+            self.abort(rid)
+        await self._all_done.wait()
+        return len(left)
+
+    async def shutdown(self, drain_timeout_s: float = 0.0) -> int:
+        """Drain, then stop and join the engine thread; returns the aborted count."""
+        aborted = await self.drain(drain_timeout_s) if self.is_running else 0
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        return aborted
+
+    # ------------------------------------------------------------------ asyncio API
+    async def add_request(self, req: Request) -> RequestStream:
+        """Queue ``req``; returns its stream once the engine thread has admitted it.
+
+        Raises what ``Scheduler.add_request`` raises (QueueFullError, PromptTooLongError,
+        ValueError for a duplicate id), EngineDrainingError, or EngineDeadError.
+        """
+        self._check_accepting()
+        if req.arrival_time == 0.0:
+            # Stamped here, not on the engine thread: waiting for the iteration in flight
+            # to end is part of the client's time to first token.
+            req.arrival_time = self.engine.clock.now()
+        stream = RequestStream(req, self)
+        fut = self._future()
+
+        def add() -> None:
+            try:
+                if self.draining:
+                    raise EngineDrainingError("the server is draining; retry on another replica")
+                self.engine.add_request(req)
+            except Exception as exc:
+                self._post(_resolve, fut, None, exc)
+                return
+            self._live[req.request_id] = (req, stream)
+            self._post(_resolve, fut, None, None)
+
+        self._submit(add)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self.abort(req.request_id)
+            raise
+        self._active[req.request_id] = stream
+        self._all_done.clear()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request and free its blocks at the next gap between iterations.
+
+        Thread-safe and idempotent; unknown or finished ids are ignored.
+        """
+        def abort() -> None:
+            entry = self._live.pop(request_id, None)
+            self.engine.abort_request(request_id)
+            if entry is not None:
+                self._post(self._deliver, [(entry[1], None, FinishReason.ABORT)])
+        self._submit(abort)
+
+    async def update_config(self, overrides: Mapping[str, Any]) -> EngineConfig:
+        """Validate ``overrides`` whole against the newest config and stage the result.
+
+        Raises ConfigError (nothing changes) on any bad, unknown or non-live knob. The
+        scheduler swaps the new config in at the start of its next iteration.
+        """
+        self._check_alive()
+        with self._config_lock:
+            new = self._target_config.with_overrides(overrides, live_only=True)
+            fut = self._future()
+
+            def stage() -> None:
+                try:
+                    self.engine.update_config(new)
+                except Exception as exc:
+                    self._post(_resolve, fut, None, exc)
+                else:
+                    self._post(_resolve, fut, None, None)
+
+            self._submit(stage)
+            self._target_config = new
+        await fut
+        return new
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run ``fn(engine)`` on the engine thread between iterations; return its result.
+
+        The safe way to read scheduler state while the loop runs (tests, admin views).
+        """
+        self._check_alive()
+        fut: asyncio.Future[T] = self._future()
+
+        def run() -> None:
+            try:
+                result = fn(self.engine)
+            except Exception as exc:
+                self._post(_resolve, fut, None, exc)
+            else:
+                self._post(_resolve, fut, result, None)
+
+        self._submit(run)
+        return await fut
+
+    # ------------------------------------------------------------------ helpers
+    def _loop_ref(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("AsyncEngine.start() has not been called")
+        return self._loop
+
+    def _future(self) -> asyncio.Future[Any]:
+        fut = self._loop_ref().create_future()
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+        return fut
+
+    def _check_alive(self) -> None:
+        if self.error is not None:
+            raise EngineDeadError(f"the engine loop failed: {self.error!r}")
+        if not self.is_running:
+            raise EngineDrainingError("the engine is stopped")
+
+    def _check_accepting(self) -> None:
+        self._check_alive()
+        if self.draining:
+            raise EngineDrainingError("the server is draining; retry on another replica")
+
+    def _submit(self, cmd: Callable[[], None]) -> None:
+        with self._cond:
+            self._inbox.append(cmd)
+            self._cond.notify()
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the asyncio loop (from the engine thread)."""
+        # A closed loop raises RuntimeError: nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            self._loop_ref().call_soon_threadsafe(fn, *args)
+
+    def _deliver(self, events: list[tuple[RequestStream, int | None, FinishReason | None]]
+                 ) -> None:
+        active = self._active
+        for stream, token, finish in events:
+            stream._push(token, finish)
+            if finish is not None:
+                active.pop(stream.request_id, None)
+        if not active:
+            self._all_done.set()
+
+    def _fail_all(self, error: BaseException) -> None:
+        def fail(streams: list[RequestStream]) -> None:
+            for stream in streams:
+                stream._push(None, None, error)
+            for fut in list(self._pending):
+                _resolve(fut, None, error)
+            self._active.clear()
+            self._all_done.set()
+        streams = [s for _, s in self._live.values()]
+        self._live.clear()
+        self._post(fail, streams)
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            self._loop_body()
+        except BaseException as exc:
+            log.exception("the engine loop failed; failing every request")
+            self.error = exc
+            self._fail_all(exc)
+        finally:
+            for rid in list(self._live):
+                self.engine.abort_request(rid)
+            self._fail_all(EngineDrainingError("the engine stopped"))
+
+    def _loop_body(self) -> None:
+        engine, cond, inbox = self.engine, self._cond, self._inbox
+        idle_done = False
+        while True:
+            busy = engine.has_work()
+            if not busy and not idle_done:
+                self._on_idle()
+                idle_done = True
+            with cond:
+                while not busy and not inbox and not self._stop:
+                    cond.wait()
+                if self._stop:
+                    return
+                cmds = list(inbox)
+                inbox.clear()
+            for cmd in cmds:
+                cmd()
+            if not engine.has_work():
+                continue
+            idle_done = False
+            steps = engine.num_steps
+            got = engine.step()
+            self._after_step(got)
+            if engine.num_steps == steps:
+                with cond:
+                    if not inbox and not self._stop:
+                        cond.wait(_STALL_WAIT_S)
+
+    def _after_step(self, got: list[Request]) -> None:
+        live = self._live
+        events: list[tuple[RequestStream, int | None, FinishReason | None]] = []
+        for req in got:
+            entry = live.get(req.request_id)
+            if entry is None:
+                continue
+            finish = req.finish_reason if req.is_finished else None
+            events.append((entry[1], req.output_token_ids[-1], finish))
+            if finish is not None:
+                del live[req.request_id]
+        if len(live) > len(self.engine.scheduler.requests):
+            # The scheduler finished some request without a token (it could not grow
+            # on this cache); the engine reports only requests that got a token.
+            now = self.engine.clock.now()
+            for rid, (req, stream) in list(live.items()):
+                if not req.is_finished:
+                    continue
+                del live[rid]
+                events.append((stream, None, req.finish_reason))
+                if req.finished_time is None:
+                    req.finished_time = now
+                    for obs in self.engine.observers:
+                        obs.on_finished(req, now)
+        if events:
+            self._post(self._deliver, events)
+
+    def _on_idle(self) -> None:
+        if self.metrics is not None:
+            self.metrics.refresh(self.engine, self.engine.clock.now())
+        if self.check_integrity:
+            self.engine.scheduler.check_integrity()
+            self.num_idle_checks += 1

@@ -1,0 +1,99 @@
+"""Build what a server runs: an engine on an executor, its tokenizer, its metrics.
+
+``build_simulated`` needs no torch: the cost model paces a placeholder model in real
+time. ``build_torch`` loads a checkpoint (imported lazily: torch is slow to import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.metrics_observer import MetricsObserver
+from slopilot.engine.server.detokenizer import ServerTokenizer
+from slopilot.engine.server.placeholder_tokenizer import PlaceholderTokenizer
+
+
+class BackendError(ValueError):
+    """Bad backend options (model, scenario, device); the message names the fix."""
+
+
+@dataclass
+class Backend:
+    """An engine ready to serve, and what the HTTP layer needs to know about it."""
+
+    engine: LLMEngine
+    tokenizer: ServerTokenizer
+    served_model_name: str
+    max_model_len: int
+    metrics: EngineMetrics
+    observer: MetricsObserver
+    # Token ids that end generation besides the engine's own eos (extra EOS ids).
+    eos_token_ids: tuple[int, ...] = ()
+    info: dict[str, str] = field(default_factory=dict)
+
+    def close(self) -> None:
+        close = getattr(self.engine.executor, "close", None)
+        if close is not None:
+            close()
+
+
+def _attach_metrics(engine: LLMEngine, name: str, info: dict[str, str]
+                    ) -> tuple[EngineMetrics, MetricsObserver]:
+    metrics = EngineMetrics(name, info=info)
+    metrics.set_config(engine.config)
+    observer = MetricsObserver(metrics)
+    engine.observers.append(observer)
+    return metrics, observer
+
+
+def build_simulated(config: EngineConfig, *, scenario: str = "tiny-cpu",
+                    gpu: str | None = None, sim_model: str | None = None,
+                    tp: int | None = None, num_gpu_blocks: int | None = None,
+                    served_model_name: str | None = None, realtime: bool = True,
+                    gpu_memory_utilization: float | None = None) -> Backend:
+    """A cost-model engine; gpu/model/tp default to the scenario's."""
+    from slopilot.engine.executors.simulated import SimulatedExecutor
+    from slopilot.engine.sim.cost_model import CostModel, CostModelError
+    from slopilot.engine.sim.profiles import ProfileError
+    from slopilot.engine.sim.scenario import ScenarioError, load_scenario
+
+    try:
+        scen = load_scenario(scenario)
+        cost = CostModel(gpu or scen.gpu, sim_model or scen.model, tp or scen.tp)
+        executor = SimulatedExecutor(cost, block_size=config.block_size, realtime=realtime)
+        util = gpu_memory_utilization or scen.gpu_memory_utilization or 0.9
+        gpu_blocks = num_gpu_blocks or executor.num_gpu_blocks(util)
+        cpu_blocks = executor.num_cpu_blocks(config.swap_space_gb)
+    except (ScenarioError, CostModelError, ProfileError, KeyError) as exc:
+        raise BackendError(str(exc)) from exc
+    engine = LLMEngine(config, executor, gpu_blocks, cpu_blocks,
+                       executor.swap_time_per_block_s)
+    name = served_model_name or cost.model.name
+    info = {"executor": "simulated", "gpu": cost.gpu.name, "tp": str(cost.tp)}
+    metrics, observer = _attach_metrics(engine, name, info)
+    return Backend(engine, PlaceholderTokenizer(cost.model.vocab_size), name,
+                   cost.model.max_position_embeddings, metrics, observer, info=info)
+
+
+def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
+                num_gpu_blocks: int | None = None, num_cpu_blocks: int | None = None,
+                served_model_name: str | None = None, dtype: str | None = None,
+                max_model_len: int | None = None) -> Backend:
+    """A plain-torch engine on a checkpoint directory or a registered model name."""
+    from slopilot.engine.executors.torch_runner import TorchExecutor
+
+    executor = TorchExecutor(model, device=device, dtype=dtype, num_gpu_blocks=num_gpu_blocks,
+                             num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
+                             swap_space_gb=config.swap_space_gb, max_model_len=max_model_len)
+    swap_s = 0.0  # measured, not modelled: the scheduler gets no swap-time estimate
+    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
+                       swap_s)
+    name = served_model_name or str(model).rstrip("/").split("/")[-1]
+    info = {"executor": "torch", "device": str(executor.device)}
+    metrics, observer = _attach_metrics(engine, name, info)
+    eos = executor.eos_token_ids
+    return Backend(engine, executor.tokenizer, name, executor.max_model_len, metrics,
+                   observer, eos_token_ids=tuple(eos), info=info)

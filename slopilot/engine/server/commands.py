@@ -1,0 +1,116 @@
+"""``slopilot serve``: an OpenAI-compatible server on the torch or the simulated executor.
+
+Registration imports nothing heavy; torch, fastapi and uvicorn load in the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over the OpenAI API",
+        description="Serve one engine replica over the OpenAI API (/v1/completions, "
+        "/v1/chat/completions), with /metrics, /health and live knobs at /admin/config. "
+        "SIGTERM or Ctrl-C drains: new requests get 503, running ones finish (up to "
+        "--drain-timeout), then the server exits; a second signal stops at once.")
+    p.add_argument("--model", default="tiny-random",
+                   help="tiny-random, smollm2-135m or a checkpoint directory (torch executor)")
+    p.add_argument("--executor", choices=("torch", "simulated"), default="torch")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (torch executor)")
+    p.add_argument("--config", type=Path, metavar="FILE.json",
+                   help="a JSON object of engine knobs")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="override one knob (repeatable; applied after --config)")
+    p.add_argument("--admin-token-file", type=Path, metavar="FILE",
+                   help="bearer token for PUT /admin/config (else $SLOPILOT_ADMIN_TOKEN)")
+    p.add_argument("--scenario", default="tiny-cpu",
+                   help="simulated executor: take gpu, model and tp from this scenario")
+    p.add_argument("--gpu", help="simulated executor: GPU profile (overrides the scenario)")
+    p.add_argument("--sim-model", help="simulated executor: model profile")
+    p.add_argument("--tp", type=int, help="simulated executor: tensor-parallel degree")
+    p.add_argument("--served-model-name", help="the model name clients send and see")
+    p.add_argument("--num-gpu-blocks", type=int, help="KV cache size in blocks")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on shutdown, how long running requests may take to finish")
+    p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
+    p.set_defaults(func=_serve)
+
+
+def _fail(message: str) -> int:
+    print(f"slopilot serve: {message}", file=sys.stderr)
+    return 2
+
+
+def _knobs(args: argparse.Namespace) -> dict[str, Any]:
+    from slopilot.engine.config import ConfigError, parse_set_args
+
+    knobs: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            data = json.loads(args.config.read_text())
+        except OSError as exc:
+            raise ConfigError(f"--config {args.config}: cannot read it: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--config {args.config}: not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--config {args.config}: must hold a JSON object of knobs, "
+                              "e.g. {\"token_budget\": 512}")
+        knobs.update(data)
+    knobs.update(parse_set_args(args.set))
+    return knobs
+
+
+def admin_token(token_file: Path | None) -> str | None:
+    """The admin token from the file if given, else from $SLOPILOT_ADMIN_TOKEN."""
+    from slopilot.engine.server.app import ADMIN_TOKEN_ENV
+
+    if token_file is not None:
+        token = token_file.read_text().strip()
+        if not token:
+            raise ValueError(f"--admin-token-file {token_file} is empty")
+        return token
+    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from slopilot.engine.config import ConfigError, EngineConfig
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = EngineConfig().with_overrides(_knobs(args))
+        token = admin_token(args.admin_token_file)
+    except (ConfigError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):
+        return _fail("--gpu, --sim-model and --tp apply to --executor simulated only")
+    from slopilot.engine.server.backends import BackendError, build_simulated, build_torch
+
+    try:
+        if args.executor == "simulated":
+            backend = build_simulated(
+                config, scenario=args.scenario, gpu=args.gpu, sim_model=args.sim_model,
+                tp=args.tp, num_gpu_blocks=args.num_gpu_blocks,
+                served_model_name=args.served_model_name)
+        else:
+            backend = build_torch(config, args.model, device=args.device,
+                                  num_gpu_blocks=args.num_gpu_blocks,
+                                  served_model_name=args.served_model_name)
+    except (BackendError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    from slopilot.engine.server.uvicorn_runner import serve_forever
+
+    return serve_forever(backend, host=args.host, port=args.port, admin_token=token,
+                         drain_timeout_s=args.drain_timeout, log_level=args.log_level)

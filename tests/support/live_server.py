@@ -1,0 +1,102 @@
+"""A live slopilot server on 127.0.0.1 (a free port) in this process, for tests.
+
+    with start_server(knobs={"max_waiting": 4}, admin_token="t") as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+        ...
+        srv.call(lambda engine: engine.scheduler.kv.num_used_blocks)  # on the engine thread
+
+The simulated executor (the default) runs in real time on the ``tiny-cpu`` scenario's
+cost model; ``executor="torch"`` loads ``model`` (default ``tiny-random``) on the CPU.
+uvicorn runs on its own thread with its own event loop; ``stop()`` drains and joins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.server.async_engine import AsyncEngine
+from slopilot.engine.server.backends import Backend, build_simulated, build_torch
+from slopilot.engine.server.uvicorn_runner import DrainingServer, make_server, run_in_thread
+
+T = TypeVar("T")
+
+
+@dataclass
+class LiveServer:
+    url: str
+    server: DrainingServer
+    thread: threading.Thread
+    backend: Backend
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self.server.state.engine
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self.server.loop is None:
+            raise RuntimeError("the server is not running")
+        return self.server.loop
+
+    def call(self, fn: Callable[[LLMEngine], T], timeout_s: float = 30.0) -> T:
+        """Run ``fn(engine)`` on the engine thread between iterations; its result."""
+        fut = asyncio.run_coroutine_threadsafe(self.engine.call(fn), self.loop)
+        return fut.result(timeout_s)
+
+    def begin_drain(self) -> None:
+        """What SIGTERM does: 503 from now on; running requests go on (then exit)."""
+        self.server.handle_exit(15, None)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise RuntimeError(f"the server thread did not stop within {timeout_s} s")
+
+    def __enter__(self) -> LiveServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def build_backend(executor: str = "simulated", *, knobs: Mapping[str, Any] | None = None,
+                  num_gpu_blocks: int | None = None, num_cpu_blocks: int | None = None,
+                  model: str = "tiny-random", scenario: str = "tiny-cpu",
+                  realtime: bool = True, served_model_name: str | None = None) -> Backend:
+    config = EngineConfig().with_overrides(knobs or {})
+    if executor == "simulated":
+        return build_simulated(config, scenario=scenario, num_gpu_blocks=num_gpu_blocks,
+                               realtime=realtime, served_model_name=served_model_name)
+    if executor == "torch":
+        return build_torch(config, model, num_gpu_blocks=num_gpu_blocks,
+                           num_cpu_blocks=num_cpu_blocks, served_model_name=served_model_name)
+    raise ValueError(f"executor={executor!r}: use 'simulated' or 'torch'")
+
+
+def start_server(backend: Backend | None = None, *, admin_token: str | None = None,
+                 drain_timeout_s: float = 5.0, log_level: str = "warning",
+                 **backend_args: Any) -> LiveServer:
+    """Start a server (``backend`` or one built by ``build_backend(**backend_args)``)."""
+    backend = backend or build_backend(**backend_args)
+    server = make_server(backend, port=0, admin_token=admin_token,
+                         drain_timeout_s=drain_timeout_s, log_level=log_level)
+    thread = run_in_thread(server)
+    return LiveServer(f"http://127.0.0.1:{server.bound_port}", server, thread, backend)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0,
+               interval_s: float = 0.01, what: str = "the condition") -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
