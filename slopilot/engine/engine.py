@@ -14,7 +14,7 @@ from typing import Protocol
 
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from slopilot.engine.request import Request
+from slopilot.engine.request import Request, RequestStatus
 from slopilot.engine.scheduler import Scheduler
 
 
@@ -114,6 +114,7 @@ class LLMEngine:
         observers = self.observers
         for obs in observers:
             obs.on_step(self, out, result.elapsed_s, now)
+        running = RequestStatus.RUNNING
         for req in got:
             last = req.last_token_time
             if last is None:
@@ -125,7 +126,7 @@ class LLMEngine:
                 for obs in observers:
                     obs.on_token_gap(req, gap, now)
             req.last_token_time = now
-            if req.is_finished:
+            if req.status is not running:
                 req.finished_time = now
                 for obs in observers:
                     obs.on_finished(req, now)

@@ -327,11 +327,12 @@ class Scheduler:
         kv = self.kv
         bs = kv.block_size
         caching = self.config.enable_prefix_caching
+        running = RequestStatus.RUNNING
         got: list[Request] = []
         any_finished = False
         for seq in out.seqs:
             req = requests.get(seq.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
+            if req is None or req.status is not running:
                 continue  # aborted or preempted while the batch ran
             if caching and req.num_computed_tokens // bs > seq.start_pos // bs:
                 kv.cache_full_blocks(req)
@@ -340,6 +341,11 @@ class Scheduler:
             token = sampled[seq.request_id]
             req.append_output(token)
             got.append(req)
+            params = req.sampling
+            # Fast path: below max_tokens with nothing that could stop it.
+            if len(req.output_token_ids) < params.max_tokens and params.ignore_eos \
+                    and not params.stop_token_ids:
+                continue
             status = req.check_stop(token)
             if status is not None:
                 self._finish(req, status)

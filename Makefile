@@ -1,0 +1,51 @@
+# The two commands of the README's quick start: `make demo` and `make test`.
+# Both install what they need into .venv (Python 3.11) first.
+
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install demo test lint typecheck layers unit prometheus simulate bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	@rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job: the closed loop on one machine (simulated GPUs, real Prometheus if present).
+demo: install prometheus
+	$(BIN)/slopilot demo
+
+simulate: install
+	$(BIN)/slopilot simulate --scenario seed-h800x8-deepseek67b
+
+# Debian's prometheus package gives the real prometheus and promtool the tests run.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "installing Prometheus (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+lint: install
+	$(BIN)/ruff check slopilot tests benchmarks
+
+typecheck: install
+	$(BIN)/mypy
+
+layers: install
+	$(BIN)/lint-imports
+
+unit: install prometheus
+	SLOPILOT_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest -q
+
+test: lint typecheck layers unit
+
+bench: install
+	$(BIN)/python benchmarks/scheduler_overhead.py
+	$(BIN)/python benchmarks/sim_speed.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
