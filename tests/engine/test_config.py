@@ -1,0 +1,95 @@
+"""EngineConfig: every knob bounded, errors that name the value and the fix."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slopilot.engine.config import (
+    PRESETS,
+    ConfigError,
+    EngineConfig,
+    PreemptionMode,
+    parse_set_args,
+    preset,
+)
+
+
+def test_defaults_match_the_design_table() -> None:
+    cfg = EngineConfig()
+    assert (cfg.token_budget, cfg.budget_align, cfg.chunk_size, cfg.max_num_seqs) == \
+        (1024, 256, 512, 256)
+    assert cfg.preemption_mode is PreemptionMode.AUTO
+    assert (cfg.recompute_max_tokens, cfg.max_preemptions_per_step) == (512, 2)
+    assert (cfg.swap_timeout_ms, cfg.p0_preempt_utilization, cfg.kv_watermark) == \
+        (50.0, 0.9, 0.05)
+    assert (cfg.block_size, cfg.swap_space_gb) == (16, 32.0)
+
+
+@pytest.mark.parametrize(("knob", "value", "message"), [
+    ("token_budget", 127, r"token_budget=127 is out of range; use a value in \[128, 16384\]"),
+    ("token_budget", 20000, r"\[128, 16384\]"),
+    ("chunk_size", 32, r"chunk_size=32 is out of range; use a value in \[64, 16384\]"),
+    ("budget_align", 100, r"budget_align=100 is not allowed; use one of: 1, 64, 128, 256"),
+    ("max_num_seqs", 0, r"max_num_seqs=0"),
+    ("preemption_mode", "sometimes", r"recompute, swap, auto"),
+    ("kv_watermark", 0.6, r"kv_watermark=0.6 is out of range; use a value in \[0.0, 0.5\]"),
+    ("p0_preempt_utilization", float("nan"), r"expected a finite number"),
+    ("block_size", 4, r"block_size=4"),
+    ("max_preemptions_per_step", 1.5, r"expected an integer"),
+    ("max_preemptions_per_step", True, r"expected an integer"),
+    ("enable_prefix_caching", "maybe", r"expected a bool"),
+])
+def test_bad_values_name_the_knob_and_the_range(knob: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig().with_overrides({knob: value})
+
+
+def test_chunk_above_budget_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match="lower chunk_size or raise token_budget"):
+        EngineConfig(token_budget=512, chunk_size=1024)
+    # Alignment counts: 300 rounds up to 512, which holds a 500-token chunk.
+    assert EngineConfig(token_budget=300, chunk_size=500).effective_budget == 512
+
+
+def test_unknown_knob_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown knob .tokens.; known knobs: .*token_budget"):
+        EngineConfig().with_overrides({"tokens": 5})
+
+
+def test_strings_from_the_command_line_are_coerced() -> None:
+    cfg = EngineConfig().with_overrides(parse_set_args(
+        ["token_budget=2048", "chunk_size=1024", "preemption_mode=swap",
+         "kv_watermark=0.1", "enable_prefix_caching=off"]))
+    assert cfg.token_budget == 2048 and cfg.preemption_mode is PreemptionMode.SWAP
+    assert cfg.kv_watermark == 0.1 and cfg.enable_prefix_caching is False
+    with pytest.raises(ConfigError, match="expected knob=value"):
+        parse_set_args(["token_budget"])
+    with pytest.raises(ConfigError, match="token_budget='lots': expected a int"):
+        EngineConfig().with_overrides({"token_budget": "lots"})
+
+
+def test_live_only_refuses_knobs_that_need_a_restart() -> None:
+    cfg = EngineConfig()
+    with pytest.raises(ConfigError, match="block_size cannot change on a running engine"):
+        cfg.with_overrides({"block_size": 32}, live_only=True)
+    # The same value is not a change.
+    assert cfg.with_overrides({"block_size": 16}, live_only=True) == cfg
+
+
+def test_presets_are_the_design_tiers() -> None:
+    assert (preset("strict").token_budget, preset("strict").chunk_size) == (512, 256)
+    assert (preset("standard").token_budget, preset("standard").chunk_size) == (1024, 512)
+    assert (preset("relaxed").token_budget, preset("relaxed").chunk_size) == (2048, 1024)
+    assert set(PRESETS) == {"strict", "standard", "relaxed"}
+    with pytest.raises(ConfigError, match="unknown preset 'fast'"):
+        preset("fast")
+
+
+def test_config_is_immutable_and_round_trips() -> None:
+    cfg = EngineConfig(token_budget=2048, chunk_size=2048)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.token_budget = 1  # type: ignore[misc]
+    assert EngineConfig().with_overrides(cfg.to_dict()) == cfg
+    assert all(EngineConfig.knob_docs().values())
