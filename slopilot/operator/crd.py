@@ -174,7 +174,15 @@ def _status_schema() -> dict[str, Any]:
         "trials": _int("Trials run so far.", 0),
         "sloAttainment": {"type": "number", "minimum": 0, "maximum": 1},
         "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT (all classes)."},
-        "lastAction": _str("Last controller action (retune, commit, scale, revert)."),
+        "lastAction": _obj({
+            "action": _str("retune, trial, commit, revert, scale, hold, inform."),
+            "reason": _str("Why, in one line."),
+            "time": _str("When.", format="date-time"),
+        }, desc="The controller's last action."),
+        "controller": _preserve(_obj({}, desc="The controller's persisted loop state: a "
+                                     "restarted operator resumes it instead of acting twice.")),
+        "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
+                                      "hash of the spec they were tuned from (base).")),
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })
