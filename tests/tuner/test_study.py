@@ -1,0 +1,186 @@
+"""Study storage and the ask/tell Tuner: resume after a crash, warm start, best(), errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from slopilot.engine.config import ConfigError
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.evaluator_base import WindowRejected
+from slopilot.tuner.evaluators import SimulatorEvaluator
+from slopilot.tuner.objective import TrialResult
+from slopilot.tuner.space import SearchSpace
+from slopilot.tuner.study import StudyStorageError, Tuner, open_study
+from tests.support.prometheus import wait_until
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _result(config: Mapping[str, Any], goodput: float, *constraints: float) -> TrialResult:
+    return TrialResult(config=dict(config), goodput_tok_s=goodput, constraints=constraints,
+                       feasible=all(c <= 0 for c in constraints),
+                       constraint_names=tuple(f"t{i}" for i in range(len(constraints))))
+
+
+def test_best_prefers_feasible_goodput_then_least_violation() -> None:
+    tuner = Tuner(open_study(None, "best"), SearchSpace.from_bounds())
+    assert tuner.best() is None
+    n0, c0 = tuner.ask()
+    tuner.tell(n0, _result(c0, 500.0, 0.5, -0.1))  # infeasible, violation 0.5
+    n1, c1 = tuner.ask()
+    tuner.tell(n1, _result(c1, 900.0, 2.0, 0.1))  # infeasible, violation 2.1
+    best = tuner.best()
+    assert best is not None and best.goodput_tok_s == 500.0  # the least infeasible
+    n2, c2 = tuner.ask()
+    tuner.tell(n2, _result(c2, 100.0, -0.5, -0.2))
+    n3, c3 = tuner.ask()
+    tuner.tell(n3, _result(c3, 300.0, -0.1, 0.0))
+    n4, _ = tuner.ask()
+    tuner.tell_failed(n4, "engine crashed")
+    best_trial = tuner.best_trial()
+    assert best_trial is not None and best_trial[0] == n3
+    assert best_trial[1].config == c3 and best_trial[1].feasible
+    trials = tuner.study.get_trials()
+    assert trials[n4].state == TrialState.FAIL
+    assert trials[n4].user_attrs["fail_reason"] == "engine crashed"
+    assert trials[n3].constraints == {"t0": -0.1, "t1": 0.0}  # what Optuna's TPE reads
+    with pytest.raises(KeyError, match="trial 3 is not open"):
+        tuner.tell(n3, _result(c3, 1.0))
+
+
+def test_run_on_the_simulator_stores_results_in_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    evaluator = SimulatorEvaluator("tiny-cpu", duration_s=10)
+    space = SearchSpace.from_bounds({"max_num_seqs": [16, 256]})
+    seen: list[int] = []
+    best = Tuner(open_study(url, "sim"), space).run(
+        evaluator, 4, callback=lambda n, r: seen.append(n))
+    assert seen == [0, 1, 2, 3]
+    assert best is not None and best.goodput_tok_s > 0
+    assert len(best.constraints) == len(best.constraint_names) == 5
+    # Another process (here: a fresh Tuner) reads the same results back from the file.
+    again = Tuner(open_study(url, "sim"), space)
+    assert [n for n, _ in again.results()] == [0, 1, 2, 3]
+    assert again.best() == best
+
+
+def test_warm_start_queues_configs_that_come_back_unchanged() -> None:
+    space = SearchSpace.from_bounds()
+    source = Tuner(open_study(None, "offline", seed=5), space)
+    configs = [source.ask()[1] for _ in range(3)]
+    live = Tuner(open_study(None, "live"), space)
+    assert live.warm_start(configs) == 3
+    assert [live.ask()[1] for _ in range(3)] == configs
+    with pytest.raises(ConfigError, match="outside the space"):
+        Tuner(open_study(None, "narrow"), SearchSpace.from_bounds(
+            {"max_num_seqs": [8, 16]})).warm_start([{**configs[0], "max_num_seqs": 900}])
+
+
+class _Flaky:
+    """Rejects the first ``n`` windows, then scores every config the same."""
+
+    def __init__(self, rejections: int) -> None:
+        self.left = rejections
+        self.calls = 0
+        self.slo = SLOSpec.from_profile("standard")
+
+    def evaluate(self, config: Mapping[str, Any]) -> TrialResult:
+        self.calls += 1
+        if self.left:
+            self.left -= 1
+            raise WindowRejected("too few samples")
+        return _result(config, 10.0, -1.0)
+
+
+def test_rejected_windows_are_repeated_not_counted() -> None:
+    tuner = Tuner(open_study(None, "flaky"), SearchSpace.from_bounds())
+    flaky = _Flaky(rejections=2)
+    tuner.run(flaky, 2)
+    assert flaky.calls == 4
+    assert [t.state for t in tuner.study.get_trials()] == [TrialState.COMPLETE] * 2
+    stubborn = _Flaky(rejections=100)
+    tuner.run(stubborn, 1, max_rejections=2)
+    last = tuner.study.get_trials()[-1]
+    assert last.state == TrialState.FAIL
+    assert "rejected 3 times: too few samples" in last.user_attrs["fail_reason"]
+
+
+_CHILD = textwrap.dedent("""
+    import sys, time
+    from slopilot.tuner.space import SearchSpace
+    from slopilot.tuner.study import Tuner, open_study
+    tuner = Tuner(open_study(sys.argv[1], "crash"), SearchSpace.from_bounds())
+    number, config = tuner.ask()
+    print("asked", number, flush=True)
+    while True:  # an evaluation that never ends: the test kills us here
+        time.sleep(1)
+""")
+
+
+def test_a_trial_left_running_by_a_killed_process_is_failed_and_numbering_continues(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'crash.db'}"
+    tuner = Tuner(open_study(url, "crash"), SearchSpace.from_bounds())
+    for _ in range(2):
+        n, c = tuner.ask()
+        tuner.tell(n, _result(c, 1.0))
+    log = tmp_path / "child.log"
+    with log.open("w") as out:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, url], stdout=out,
+                                 stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        wait_until(lambda: "asked" in log.read_text() or child.poll() is not None,
+                   timeout_s=60, what="the child to ask a trial")
+        assert "asked 2" in log.read_text(), log.read_text()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+    assert open_study(url, "crash", sampler="random").get_trials()[2].state == TrialState.FAIL
+    resumed = Tuner(open_study(url, "crash"), SearchSpace.from_bounds())
+    trials = resumed.study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL]
+    assert "ended before" in trials[2].user_attrs["fail_reason"]
+    number, _ = resumed.ask()
+    assert number == 3
+
+
+def test_running_trial_of_a_live_process_is_left_alone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    tuner = Tuner(open_study(url, "live"), SearchSpace.from_bounds())
+    number, _ = tuner.ask()
+    # Reopened by the same (live) process: the trial is still ours and still running.
+    assert open_study(url, "live").get_trials()[number].state == TrialState.RUNNING
+
+
+@pytest.mark.parametrize(("storage", "message"), [
+    ("study.db", r"not a database URL; use sqlite:///"),
+    ("nosuchdb://x/y", r"cannot open study storage 'nosuchdb://x/y'"),
+    ("sqlite:////nonexistent-dir/sub/study.db", r"cannot open study storage"),
+])
+def test_bad_storage_urls_say_what_to_use(storage: str, message: str) -> None:
+    with pytest.raises(StudyStorageError, match=message):
+        open_study(storage, "x")
+
+
+def test_bad_sampler_and_name() -> None:
+    with pytest.raises(ValueError, match="sampler='cmaes': use one of: tpe, random"):
+        open_study(None, "x", sampler="cmaes")
+    with pytest.raises(ValueError, match="study name is empty"):
+        open_study(None, " ")
+    with pytest.raises(ValueError, match="n_trials=-1"):
+        Tuner(open_study(None, "x"), SearchSpace.from_bounds()).run(_Flaky(0), -1)
