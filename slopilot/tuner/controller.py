@@ -17,7 +17,7 @@ Prometheus is unreachable the current config is held and the decision says so.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from slopilot.engine.config import ConfigError
@@ -155,7 +155,9 @@ class Controller:
                           "the SLO with fewer")
 
     # ------------------------------------------------------------------ tuning
-    def _start_tuning(self, now: float, reason: str, *, allow_scale: bool) -> Decision:
+    def _start_tuning(self, now: float, reason: str, *, allow_scale: bool,
+                      ranked: Sequence[tuple[dict[str, Any], bool]] | None = None
+                      ) -> Decision:
         loop, s = self.loop, self.settings
         if len(loop.trial_starts) >= s.max_trials_per_hour:
             return self._decide(Action.HOLD, f"trial_rate_limit: {s.max_trials_per_hour} "
@@ -164,10 +166,11 @@ class Controller:
         loop.best_config, loop.best_goodput = None, None
         loop.episode_trials = loop.episode_feasible = 0
         replicas = self.deployment.replicas()
-        if self.offline is not None:
+        if ranked is None and self.offline is not None:
             ranked = self.offline.best_configs(self.probe.measure(now), replicas,
                                                loop.baseline_config, s.warm_start_k)
-            if ranked and not any(ok for _, ok in ranked) and allow_scale \
+        if ranked:
+            if not any(ok for _, ok in ranked) and allow_scale \
                     and replicas < s.max_replicas:
                 loop.scale_reason = (f"offline study: no config holds the SLO at {replicas} "
                                      f"replica(s); {reason}")
@@ -217,7 +220,7 @@ class Controller:
             breach = self._p0_breach(partial)
             if breach is None:
                 return self._decide(Action.NONE, f"trial {t.number} running", trial=t.number)
-            self.study.tell(t.number, partial)
+            self.study.tell(t.number, score(partial, s.slo, t.config))
             return self._end_trial(t, TrialOutcome.REVERTED, Action.REVERT,
                                    f"p0_breach trial {t.number} cut short: {breach}", partial)
         try:
@@ -233,7 +236,7 @@ class Controller:
             return self._decide(Action.REPEAT, f"window_rejected trial {t.number} "
                                 f"(repeat {t.repeats}): {exc.reason}", trial=t.number)
         result = score(summary, s.slo, t.config)
-        self.study.tell(t.number, summary)
+        self.study.tell(t.number, result)
         number, config = t.number, t.config
         self.metrics.trial(s.deployment, TrialOutcome.COMPLETE)
         loop.episode_trials += 1
@@ -302,8 +305,20 @@ class Controller:
         loop.scale_reason = reason
         current = self.deployment.replicas()
         config = loop.best_config or self.deployment.current_config()
-        answer = self.planner.search(self.probe.measure(now), config, s.min_replicas,
-                                     s.max_replicas)
+        scenario = self.probe.measure(now)
+        if at_least is None and self.offline is not None:
+            # A new config is cheaper than a replica: scale only when none will do.
+            ranked = self.offline.best_configs(scenario, current,
+                                               self.deployment.current_config(),
+                                               s.warm_start_k)
+            if any(ok for _, ok in ranked):
+                return self._start_tuning(
+                    now, f"retune_suffices: the simulator holds the SLO at {current} "
+                    f"replica(s) with other knobs; {reason}", allow_scale=False,
+                    ranked=ranked)
+            if ranked:
+                config = ranked[0][0]
+        answer = self.planner.search(scenario, config, s.min_replicas, s.max_replicas)
         needed = answer.replicas if answer.replicas is not None else s.max_replicas
         if at_least is not None:
             needed = max(needed, at_least)

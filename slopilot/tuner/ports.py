@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.alerts import Alert
+from slopilot.tuner.objective import TrialResult
 
 
 @runtime_checkable
@@ -82,12 +83,12 @@ class OfflineSearch(Protocol):
 class LiveStudy(Protocol):
     """The live Optuna study (``study.Tuner``), seen through the calls the loop makes."""
 
-    def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None: ...
+    def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> object: ...
 
     def ask(self) -> tuple[int, dict[str, Any]]:
         """The next trial's number and its config."""
         ...
 
-    def tell(self, number: int, summary: Mapping[str, Any]) -> None: ...
+    def tell(self, number: int, result: TrialResult) -> None: ...
 
     def tell_failed(self, number: int, reason: str) -> None: ...

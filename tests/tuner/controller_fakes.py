@@ -14,6 +14,7 @@ from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.tuner.alerts import Alert, AlertAction
 from slopilot.tuner.capacity import CapacityAnswer
 from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.objective import TrialResult
 
 START = {"token_budget": 2048, "chunk_size": 2048}
 GOOD = {"token_budget": 512, "chunk_size": 256}
@@ -112,7 +113,7 @@ def by_config(c: Mapping[str, Any]) -> dict[str, Any]:
 class FakeStudy:
     queue: list[dict[str, Any]] = field(default_factory=list)
     warm: list[dict[str, Any]] = field(default_factory=list)
-    told: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    told: dict[int, TrialResult] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     asked: int = 0
 
@@ -126,8 +127,8 @@ class FakeStudy:
         return number, (self.queue.pop(0) if self.queue else {"token_budget": 1024,
                                                               "chunk_size": 1024})
 
-    def tell(self, number: int, summary: Mapping[str, Any]) -> None:
-        self.told[number] = summary
+    def tell(self, number: int, result: TrialResult) -> None:
+        self.told[number] = result
 
     def tell_failed(self, number: int, reason: str) -> None:
         self.failed[number] = reason

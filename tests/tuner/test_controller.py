@@ -167,7 +167,7 @@ def test_no_feasible_config_after_max_trials_scales_up() -> None:
 
 def test_scale_alert_scales_to_the_simulated_capacity() -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE, "SlopilotTBTP99High")]),
-              planner=FakePlanner(needed=3))
+              planner=FakePlanner(needed=3), offline=FakeOffline([(dict(GOOD), False)]))
     ctl = rig.build()
     d = ctl.tick(0.0)
     assert (d.state, d.action, d.replicas) == (ControllerState.COOLDOWN, Action.SCALE, 3)
@@ -176,14 +176,23 @@ def test_scale_alert_scales_to_the_simulated_capacity() -> None:
 
 
 def test_scale_is_capped_at_max_replicas() -> None:
-    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=None))
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=None),
+              offline=None)
     d = rig.build().tick(0.0)
     assert d.replicas == 4 and rig.dep.scaled == [4]
 
 
+def test_scale_alert_retunes_when_the_simulator_finds_a_config_that_holds() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=3))
+    d = rig.build().tick(0.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
+    assert "retune_suffices" in d.reason and rig.dep.scaled == []
+    assert rig.dep.applied == [(GOOD, False)]
+
+
 def test_scale_alert_with_enough_simulated_capacity_retunes_instead() -> None:
     rig = Rig(dep=FakeDeployment(n=2), alerts=FakeAlerts([alert(AlertAction.SCALE)]),
-              planner=FakePlanner(needed=2))
+              planner=FakePlanner(needed=2), offline=None)
     d = rig.build().tick(0.0)
     assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
     assert rig.dep.scaled == []

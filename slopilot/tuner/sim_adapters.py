@@ -1,0 +1,150 @@
+"""The controller's ports over a ``SimCluster``: the same loop, virtual time.
+
+``SimAlerts`` evaluates the rules' conditions (``rules.py``: TTFT P99 over its SLO ->
+retune, TBT P99 over twice its SLO -> scale, preemption storm -> retune) on the
+cluster's trailing window, with the rules' ``for:`` hold times, so the benchmark's
+alerts mean what Prometheus' would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.arrivals import Poisson
+from slopilot.engine.sim.distributions import Empirical
+from slopilot.engine.sim.open_loop import OpenLoopPhase
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.workload import ClassMix
+from slopilot.engine.sim.workload_spec import OpenLoopSpec
+from slopilot.tuner.alerts import Alert, AlertAction
+from slopilot.tuner.evaluator_base import WindowRejected
+from slopilot.tuner.evaluators import SimulatorEvaluator
+from slopilot.tuner.rules import RuleOptions
+from slopilot.tuner.sim_cluster import SimCluster
+from slopilot.tuner.space import SearchSpace
+from slopilot.tuner.study import Tuner, open_study
+
+
+class SimDeployment:
+    """DeploymentHandle over a SimCluster."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    def replicas(self) -> int:
+        return len(self.cluster.active)
+
+    def scale(self, n: int) -> None:
+        self.cluster.scale(n)
+
+    def current_config(self) -> dict[str, Any]:
+        return self.cluster.config.to_dict()
+
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+        self.cluster.set_config(config, canary=canary)
+
+    def endpoints(self) -> list[str]:
+        return [f"sim://replica-{r.index}" for r in self.cluster.active]
+
+
+class SimAlerts:
+    """The rules' alert conditions on the cluster's last ``rate_window_s``."""
+
+    def __init__(self, cluster: SimCluster, options: RuleOptions) -> None:
+        self.cluster, self.opt = cluster, options
+        self._pending: dict[tuple[str, str, str], float] = {}
+
+    def firing(self) -> list[Alert]:
+        now = self.cluster.now
+        start = max(0.0, now - self.opt.rate_window_s)
+        if now - start < 1.0:
+            return []
+        s = self.cluster.summary(start, now)
+        slo = self.cluster.scenario.slo
+        active: list[tuple[str, str, str, AlertAction, float]] = []
+        for p in Priority:
+            c, per, cls_slo = p.label, s["classes"][p.label], slo.class_slo(p)
+            tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
+            if cls_slo.tbt_p99_ms is not None and tbt is not None \
+                    and tbt > 2 * cls_slo.tbt_p99_ms:
+                active.append(("SlopilotTBTP99High", c, "critical", AlertAction.SCALE,
+                               self.opt.tbt_periods * self.opt.interval_s))
+            for factor, severity in ((1, "warning"), (2, "critical")):
+                if cls_slo.ttft_p99_ms is not None and ttft is not None \
+                        and ttft > factor * cls_slo.ttft_p99_ms:
+                    active.append(("SlopilotTTFTP99High", c, severity, AlertAction.RETUNE,
+                                   self.opt.alert_for_s))
+        limit = slo.max_preemptions_per_min
+        if limit is not None and s["preemptions_per_min"] > limit:
+            active.append(("SlopilotPreemptionStorm", "all", "warning", AlertAction.RETUNE,
+                           self.opt.alert_for_s))
+        keys = {(n, c, sev) for n, c, sev, _, _ in active}
+        self._pending = {k: t for k, t in self._pending.items() if k in keys}
+        out = []
+        for name, c, sev, action, hold in active:
+            since = self._pending.setdefault((name, c, sev), now)
+            if now - since >= hold:
+                out.append(Alert(name, action, sev, c, since))
+        return out
+
+
+class SimWindows:
+    """WindowEvaluator over the cluster: the window's figures, rejected when too few."""
+
+    def __init__(self, cluster: SimCluster, *, min_requests: int = 20) -> None:
+        self.cluster, self.min_requests = cluster, min_requests
+
+    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+        s = self.cluster.summary(start, end, canary=canary)
+        if s["requests_finished"] < self.min_requests:
+            raise WindowRejected(f"only {s['requests_finished']} requests finished in "
+                                 f"[{start:.0f}, {end:.0f}); need {self.min_requests}")
+        return s
+
+
+class SimProbe:
+    """The traffic of the last ``window_s``, as a scenario: resampled lengths and mix."""
+
+    def __init__(self, cluster: SimCluster, *, window_s: float = 120.0,
+                 duration_s: float = 120.0) -> None:
+        self.cluster, self.window_s, self.duration_s = cluster, window_s, duration_s
+
+    def measure(self, now: float) -> Scenario:
+        start = max(0.0, now - self.window_s)
+        seen = [a for a in self.cluster.arrivals if start <= a.arrival_time < now]
+        base = self.cluster.scenario
+        if len(seen) < 2:
+            return base
+        counts = Counter(a.priority for a in seen)
+        phase = OpenLoopPhase(
+            arrivals=Poisson(rate=len(seen) / max(1e-9, now - start)),
+            prompt_tokens=Empirical(values=tuple(float(a.num_prompt_tokens) for a in seen)),
+            output_tokens=Empirical(values=tuple(float(a.max_tokens) for a in seen)),
+            classes=ClassMix.of({p: float(counts.get(p, 0)) for p in Priority}))
+        return dataclasses.replace(base, workload=OpenLoopSpec((phase,)),
+                                   duration_s=self.duration_s)
+
+
+class SimOffline:
+    """OfflineSearch: a short seeded simulator study on the measured workload."""
+
+    def __init__(self, space: SearchSpace, *, n_trials: int = 12, duration_s: float = 60.0,
+                 seed: int = 0) -> None:
+        self.space, self.n_trials, self.duration_s, self.seed = space, n_trials, duration_s, seed
+        self.runs = 0
+
+    def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
+                     k: int) -> Sequence[tuple[dict[str, Any], bool]]:
+        self.runs += 1
+        tuner = Tuner(open_study(None, f"offline-{self.runs}", seed=self.seed), self.space)
+        tuner.warm_start([{n: v for n, v in start.items() if n in self.space.bounds}])
+        tuner.run(SimulatorEvaluator(scenario, duration_s=self.duration_s, seed=self.seed,
+                                     replicas=replicas), self.n_trials)
+        ranked = sorted((r for _, r in tuner.results()),
+                        key=lambda r: (r.feasible, r.goodput_tok_s if r.feasible
+                                       else -r.violation), reverse=True)
+        return [(dict(r.config), r.feasible) for r in ranked[:k]]

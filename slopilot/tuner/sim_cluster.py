@@ -1,0 +1,220 @@
+"""A deployment in virtual time that can be reconfigured and scaled while traffic runs.
+
+``simulate()`` runs one fixed config over a whole workload; the closed-loop benchmark
+needs the opposite: one continuous run whose knobs and replica count change whenever
+the controller says so, and figures for any window of it. Each replica is the real
+engine on its own virtual clock (as in ``simulator.py``); ``advance(t)`` processes
+arrivals and iterations up to ``t``. Replica 0 is the canary. A replica scaled away
+drains: it takes no new requests and leaves once empty.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import LLMEngine, VirtualClock
+from slopilot.engine.outputs import SchedulerOutput
+from slopilot.engine.request import Priority, Request, SamplingParams
+from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.simulator import build_engine
+from slopilot.engine.sim.workload import RequestSpec
+
+
+@dataclass
+class _Events:
+    """Per-event records of one replica: (time, class, value) rows, kept whole."""
+
+    ttft: list[tuple[float, int, float]] = field(default_factory=list)
+    gaps: list[tuple[float, int, float]] = field(default_factory=list)
+    finished: list[tuple[float, int, bool, int]] = field(default_factory=list)
+    steps: list[tuple[float, float, int]] = field(default_factory=list)
+
+
+class _Recorder:
+    """Engine observer: what ``SimStats`` counts, but timestamped for any window."""
+
+    def __init__(self, tbt_slo: dict[Priority, float | None],
+                 ttft_slo: dict[Priority, float | None]) -> None:
+        self.ev = _Events()
+        self._tbt, self._ttft = tbt_slo, ttft_slo
+        self._over: dict[str, list[int]] = {}
+
+    def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
+                now: float) -> None:
+        preempted = out.num_preempted_recompute + out.num_preempted_swap
+        self.ev.steps.append((now, elapsed_s, preempted))
+
+    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
+        self._over[req.request_id] = [0, 0]
+        self.ev.ttft.append((now, int(req.priority), ttft_s))
+
+    def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
+        counts = self._over[req.request_id]
+        counts[0] += 1
+        slo = self._tbt[req.priority]
+        if slo is not None and gap_s > slo:
+            counts[1] += 1
+        self.ev.gaps.append((now, int(req.priority), gap_s))
+
+    def on_finished(self, req: Request, now: float) -> None:
+        counts = self._over.pop(req.request_id, None)
+        if counts is None or req.first_token_time is None:
+            return
+        slo = self._ttft[req.priority]
+        ok = (slo is None or req.first_token_time - req.arrival_time <= slo) \
+            and counts[1] <= 0.01 * counts[0]
+        self.ev.finished.append((now, int(req.priority), ok, req.num_output_tokens))
+
+
+class _Replica:
+    def __init__(self, index: int, engine: LLMEngine, clock: VirtualClock,
+                 recorder: _Recorder) -> None:
+        self.index, self.engine, self.clock, self.recorder = index, engine, clock, recorder
+        self.draining = False
+
+
+class SimCluster:
+    """N simulated replicas on one workload; see the module docstring."""
+
+    def __init__(self, scenario: Scenario, config: Mapping[str, Any], replicas: int, *,
+                 seed: int | None = None, duration_s: float | None = None) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas={replicas}: need at least one replica")
+        self.scenario = scenario
+        self.config = scenario.engine_config().with_overrides(config)
+        self.canary_config: EngineConfig | None = None
+        slo = scenario.slo
+        self._tbt = {p: _s(slo.class_slo(p).tbt_p99_ms) for p in Priority}
+        self._ttft = {p: _s(slo.class_slo(p).ttft_p99_ms) for p in Priority}
+        self._index = itertools.count()
+        self.reps: list[_Replica] = []
+        self.retired: list[_Replica] = []
+        self.arrivals: list[RequestSpec] = []
+        self.now = 0.0
+        self._counter = itertools.count()
+        self._source: Iterator[RequestSpec] = scenario.build_workload(
+            seed=seed, duration_s=duration_s).initial()
+        self._next: RequestSpec | None = next(self._source, None)
+        for _ in range(replicas):
+            self._add_replica()
+
+    # ------------------------------------------------------------------ control
+    @property
+    def active(self) -> list[_Replica]:
+        return [r for r in self.reps if not r.draining]
+
+    def _add_replica(self) -> None:
+        rec = _Recorder(self._tbt, self._ttft)
+        config = self.config
+        if not self.active and self.canary_config is not None:
+            config = self.canary_config
+        engine, clock = build_engine(self.scenario, config, [rec])
+        clock.t = self.now
+        self.reps.append(_Replica(next(self._index), engine, clock, rec))
+
+    def scale(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"replicas={n}: need at least one replica")
+        while len(self.active) < n:
+            self._add_replica()
+        for rep in self.active[n:]:
+            rep.draining = True  # the newest go first; the canary (first) stays
+
+    def set_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+        new = self.scenario.engine_config().with_overrides(config)
+        active = self.active
+        if canary and len(active) > 1:
+            self.canary_config = new
+            active[0].engine.update_config(new)
+            return
+        self.config, self.canary_config = new, None
+        for rep in self.reps:
+            rep.engine.update_config(new)
+
+    # ------------------------------------------------------------------ time
+    def advance(self, t: float) -> None:
+        """Run every arrival and iteration that starts before ``t``."""
+        while True:
+            t_arrival = self._next.arrival_time if self._next is not None else math.inf
+            busy = [r for r in self.reps if r.engine.has_work()]
+            rep = min(busy, key=lambda r: r.clock.t) if busy else None
+            if rep is not None and rep.clock.t <= t_arrival and rep.clock.t < t:
+                rep.engine.step()
+                continue
+            if t_arrival >= t:
+                break
+            spec = self._next
+            self._next = next(self._source, None)
+            if spec is not None:
+                self._dispatch(spec)
+        for rep in [r for r in self.reps if r.draining and not r.engine.has_work()]:
+            self.reps.remove(rep)
+            self.retired.append(rep)
+        self.now = t
+
+    def _dispatch(self, spec: RequestSpec) -> None:
+        self.arrivals.append(spec)
+        rep = min(self.active, key=lambda r: len(r.engine.scheduler.requests))
+        if rep.clock.t < spec.arrival_time:
+            rep.clock.t = spec.arrival_time
+        req = Request(f"c{next(self._counter)}", list(spec.prompt_token_ids),
+                      SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
+                      priority=spec.priority, arrival_time=spec.arrival_time)
+        try:
+            rep.engine.add_request(req)
+        except (QueueFullError, PromptTooLongError):
+            return  # counted by its absence from finished requests
+
+    # ------------------------------------------------------------------ figures
+    def summary(self, start: float, end: float, *, canary: bool = False) -> dict[str, Any]:
+        """DESIGN §8 figures of ``[start, end)``: every replica, or the canary alone."""
+        if end <= start:
+            raise ValueError(f"window [{start}, {end}) is empty")
+        reps = [self.reps[0]] if canary and self.reps else self.reps + self.retired
+        dur = end - start
+        ev = _Events()
+        for rep in reps:
+            for name in ("ttft", "gaps", "finished", "steps"):
+                rows = getattr(rep.recorder.ev, name)
+                getattr(ev, name).extend(r for r in rows if start <= r[0] < end)
+        classes: dict[str, dict[str, Any]] = {}
+        for p in Priority:
+            ttft = np.array([v for _, c, v in ev.ttft if c == p], dtype=float)
+            gaps = np.array([v for _, c, v in ev.gaps if c == p], dtype=float)
+            done = [(ok, n) for _, c, ok, n in ev.finished if c == p]
+            good = sum(n for ok, n in done if ok)
+            classes[p.label] = {
+                "requests_finished": len(done),
+                "slo_met": sum(1 for ok, _ in done if ok),
+                "slo_attainment": (sum(1 for ok, _ in done if ok) / len(done)) if done
+                else None,
+                "ttft_p99_ms": float(np.percentile(ttft, 99)) * 1000 if ttft.size else None,
+                "tbt_p99_ms": float(np.percentile(gaps, 99)) * 1000 if gaps.size else None,
+                "throughput_tok_s": (ttft.size + gaps.size) / dur,
+                "goodput_tok_s": good / dur,
+            }
+        preempted = sum(n for _, _, n in ev.steps)
+        return {
+            "duration_s": dur,
+            "replicas": len(reps),
+            "requests_finished": sum(c["requests_finished"] for c in classes.values()),
+            "request_rate": sum(1 for a in self.arrivals if start <= a.arrival_time < end)
+            / dur,
+            "goodput_tok_s": sum(c["goodput_tok_s"] for c in classes.values()),
+            "throughput_tok_s": sum(c["throughput_tok_s"] for c in classes.values()),
+            "preemptions_per_min": preempted / dur * 60.0,
+            "busy_ratio": sum(e for _, e, _ in ev.steps) / dur / max(1, len(reps)),
+            "classes": classes,
+        }
+
+
+def _s(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0

@@ -1,0 +1,50 @@
+"""The virtual-time cluster the closed-loop benchmark runs the controller against."""
+
+from __future__ import annotations
+
+import pytest
+
+from slopilot.engine.config import ConfigError
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.tuner.rules import RuleOptions
+from slopilot.tuner.sim_adapters import SimAlerts, SimDeployment, SimProbe, SimWindows
+from slopilot.tuner.sim_cluster import SimCluster
+
+SCENARIO = load_scenario("tiny-cpu")
+
+
+def test_windows_scaling_and_canary_config() -> None:
+    cluster = SimCluster(SCENARIO, dict(SCENARIO.engine), replicas=1, seed=0, duration_s=40)
+    dep = SimDeployment(cluster)
+    cluster.advance(10.0)
+    dep.scale(2)
+    dep.apply_config({"token_budget": 512, "chunk_size": 256}, canary=True)
+    assert dep.current_config()["token_budget"] == 2048
+    cluster.advance(25.0)  # the engine swaps a new config in at its next iteration
+    assert cluster.reps[0].engine.config.token_budget == 512
+    assert cluster.reps[1].engine.config.token_budget == 2048
+    whole, canary = cluster.summary(0, 25), cluster.summary(10, 25, canary=True)
+    assert 0 < canary["requests_finished"] < whole["requests_finished"]
+    assert whole["request_rate"] == pytest.approx(3.0, rel=0.5)
+    dep.scale(1)
+    cluster.advance(40.0)
+    assert dep.replicas() == 1 and len(cluster.retired) == 1
+    with pytest.raises(ConfigError):
+        dep.apply_config({"chunk_size": 99999}, canary=False)
+
+
+def test_alerts_hold_for_their_for_time_and_windows_reject_thin_data() -> None:
+    cluster = SimCluster(SCENARIO, {"token_budget": 8192, "chunk_size": 8192}, replicas=1,
+                         seed=0, duration_s=60)
+    alerts = SimAlerts(cluster, RuleOptions(interval_s=5, rate_window_s=20, alert_for_s=10))
+    fired = []
+    for t in range(5, 61, 5):
+        cluster.advance(float(t))
+        fired.append({a.name for a in alerts.firing()})
+    assert "SlopilotTTFTP99High" in set().union(*fired)
+    first = next(i for i, f in enumerate(fired) if f)
+    assert first >= 2  # held for alert_for_s before firing
+    with pytest.raises(Exception, match="need 1000"):
+        SimWindows(cluster, min_requests=1000).measure(0, 60, canary=False)
+    probe = SimProbe(cluster, window_s=20).measure(60.0)
+    assert probe.slo == SCENARIO.slo and probe.duration_s == 120.0
