@@ -1,0 +1,1 @@
+"""Tests of the HTTP server and the engine thread behind it."""

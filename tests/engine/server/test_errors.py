@@ -1,0 +1,171 @@
+"""Every error path answers OpenAI-shaped JSON with the right status."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.live_server import LiveServer, start_server, wait_until
+
+
+def _post(srv: LiveServer, body: Any, path: str = "/v1/completions",
+          **kw: Any) -> httpx.Response:
+    if isinstance(body, (bytes, str)):
+        kw["content"] = body
+        kw.setdefault("headers", {})["content-type"] = "application/json"
+    else:
+        kw["json"] = body
+    return httpx.post(srv.url + path, timeout=30, **kw)
+
+
+def _error(res: httpx.Response, status: int) -> dict[str, Any]:
+    assert res.status_code == status, res.text
+    err = res.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    return err  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({"prompt": "hi", "n": 2}, "n", "only n=1"),
+    ({"prompt": "hi", "priority": "urgent"}, "priority", "not a class"),
+    ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal"),
+    ({"prompt": "hi", "top_p": 0}, "top_p", "greater than"),
+    ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, None, "min_tokens"),
+    ({"prompt": "   "}, "prompt", "empty"),
+    ({"prompt": []}, "prompt", "empty"),
+    ({"prompt": ["a", "b"]}, "prompt", "one prompt"),
+    ({"prompt": [1, 10**9]}, "prompt", "outside the vocabulary"),
+    ({"prompt": [-1]}, "prompt", "outside the vocabulary"),
+    ({"prompt": "hi", "stop": ["ok", ""]}, "stop", "empty"),
+    ({"prompt": "hi", "echo": True}, None, "echo"),
+    ({"prompt": "hi", "logprobs": 2}, "logprobs", "not supported"),
+    ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "lower max_tokens"),
+    ({}, "prompt", "Field required"),
+])
+def test_bad_completion_is_400(sim_server: LiveServer, body: dict[str, Any],
+                               param: str | None, words: str) -> None:
+    err = _error(_post(sim_server, body), 400)
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param
+    assert words in err["message"]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, None),
+])
+def test_bad_chat_is_400(sim_server: LiveServer, body: dict[str, Any],
+                         param: str | None) -> None:
+    err = _error(_post(sim_server, body, "/v1/chat/completions"), 400)
+    assert err["param"] == param
+
+
+def test_malformed_json_and_bad_priority_header(sim_server: LiveServer) -> None:
+    _error(_post(sim_server, b"{not json"), 400)
+    err = _error(_post(sim_server, {"prompt": "hi"},
+                       headers={"x-slopilot-priority": "p9"}), 400)
+    assert err["param"] == "x-slopilot-priority"
+
+
+def test_unknown_model_and_route(sim_server: LiveServer) -> None:
+    err = _error(_post(sim_server, {"prompt": "hi", "model": "gpt-9"}), 404)
+    assert err["code"] == "model_not_found"
+    _error(httpx.get(sim_server.url + "/v1/nothing-here"), 404)
+
+
+def test_openai_client_raises_bad_request(sim_server: LiveServer) -> None:
+    client = openai.OpenAI(base_url=sim_server.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=sim_server.backend.served_model_name, prompt="hi", n=3)
+    assert info.value.status_code == 400
+
+
+def test_prompt_beyond_context_is_413(sim_server: LiveServer) -> None:
+    limit = sim_server.backend.max_model_len
+    err = _error(_post(sim_server, {"prompt": "w " * limit, "max_tokens": 1}), 413)
+    assert err["code"] == "context_length_exceeded"
+    assert str(limit) in err["message"]
+
+
+def test_prompt_beyond_kv_capacity_is_413() -> None:
+    # 4 blocks of 16 tokens: a 100-token prompt can never be cached.
+    with start_server(num_gpu_blocks=4) as srv:
+        err = _error(_post(srv, {"prompt": "w " * 100, "max_tokens": 1}), 413)
+        assert "KV cache" in err["message"]
+
+
+async def _read_first_chunk(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                            started: asyncio.Event) -> None:
+    async with client.stream("POST", url, json=body) as res:
+        assert res.status_code == 200
+        async for _ in res.aiter_lines():
+            started.set()
+    raise AssertionError("the long request finished; the test meant to cancel it")
+
+
+async def test_full_queue_is_429_with_retry_after() -> None:
+    # One running request and one waiting fill the server; the third gets 429.
+    srv = start_server(knobs={"max_num_seqs": 1, "max_waiting": 1})
+    try:
+        url = srv.url + "/v1/completions"
+        long = {"prompt": "a b c", "max_tokens": 5000, "stream": True, "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=30) as client:
+            started = asyncio.Event()
+            running = asyncio.create_task(_read_first_chunk(client, url, long, started))
+            await asyncio.wait_for(started.wait(), 10)
+            queued = asyncio.create_task(_read_first_chunk(client, url, long, asyncio.Event()))
+            await asyncio.to_thread(wait_until, lambda: srv.call(
+                lambda e: e.scheduler.num_waiting) == 1, what="a waiting request")
+            res = await client.post(url, json={"prompt": "x", "max_tokens": 1})
+            err = _error(res, 429)
+            assert err["type"] == "rate_limit_error"
+            assert int(res.headers["retry-after"]) >= 1
+            for task in (running, queued):
+                task.cancel()
+            await asyncio.gather(running, queued, return_exceptions=True)
+        await asyncio.to_thread(wait_until, lambda: srv.call(
+            lambda e: not e.scheduler.requests), what="both requests aborted")
+    finally:
+        srv.stop()
+
+
+def test_draining_is_503_and_running_requests_finish() -> None:
+    srv = start_server(drain_timeout_s=30)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    name = srv.backend.served_model_name
+    stream = client.completions.create(model=name, prompt="a b", max_tokens=40, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    first = next(chunks)
+    srv.begin_drain()
+    health = httpx.get(srv.url + "/health")
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    err = _error(_post(srv, {"prompt": "late", "max_tokens": 1}), 503)
+    assert err["code"] == "draining"
+    rest = list(chunks)
+    text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert text.split() == ["tok"] * 40
+    # Drained: the server shuts itself down.
+    wait_until(lambda: not srv.thread.is_alive(), timeout_s=15, what="the server to exit")
+
+
+def test_drain_timeout_aborts_the_rest() -> None:
+    srv = start_server(drain_timeout_s=0.2)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    stream = client.completions.create(model=srv.backend.served_model_name, prompt="a",
+                                       max_tokens=5000, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks)
+    srv.begin_drain()
+    last = list(chunks)[-1]
+    assert last.choices[0].finish_reason == "abort"
+    wait_until(lambda: not srv.thread.is_alive(), timeout_s=15, what="the server to exit")

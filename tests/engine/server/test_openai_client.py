@@ -1,0 +1,103 @@
+"""The official openai client against live servers: completions and chat, streamed or not."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.support.live_server import LiveServer
+
+
+def _client(srv: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=30)
+
+
+def test_completion(any_server: LiveServer) -> None:
+    client = _client(any_server)
+    name = any_server.backend.served_model_name
+    res = client.completions.create(model=name, prompt="The quick brown fox", max_tokens=6,
+                                    temperature=0, extra_body={"ignore_eos": True})
+    choice = res.choices[0]
+    assert res.model == name and res.object == "text_completion"
+    assert choice.finish_reason == "length" and choice.text
+    assert res.usage is not None
+    assert res.usage.completion_tokens == 6
+    assert res.usage.prompt_tokens > 0
+    assert res.usage.total_tokens == res.usage.prompt_tokens + 6
+
+
+def test_completion_stream_matches_non_streamed(any_server: LiveServer) -> None:
+    client = _client(any_server)
+    name = any_server.backend.served_model_name
+    args = {"model": name, "prompt": "Hello, world! Tell me", "max_tokens": 8,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(**args, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert text == whole.choices[0].text
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_chat(any_server: LiveServer) -> None:
+    client = _client(any_server)
+    name = any_server.backend.served_model_name
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "What is the weather like today?"}]
+    res = client.chat.completions.create(model=name, messages=messages,  # type: ignore[arg-type]
+                                         max_completion_tokens=5, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert res.object == "chat.completion"
+    assert res.choices[0].message.role == "assistant"
+    assert res.choices[0].finish_reason == "length"
+    assert res.usage is not None and res.usage.completion_tokens == 5
+
+    stream = client.chat.completions.create(
+        model=name, messages=messages, max_tokens=5, temperature=0, stream=True,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == res.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)  # not asked for
+
+
+def test_token_id_prompt_and_priority_header(any_server: LiveServer) -> None:
+    res = httpx.post(any_server.url + "/v1/completions", json={
+        "prompt": [5, 6, 7, 8], "max_tokens": 3, "ignore_eos": True, "return_token_ids": True},
+        headers={"x-slopilot-priority": "p0"}, timeout=30)
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert body["prompt_token_ids"] == [5, 6, 7, 8]
+    assert len(body["choices"][0]["token_ids"]) == 3
+    assert body["usage"]["prompt_tokens"] == 4
+
+
+def test_models(any_server: LiveServer) -> None:
+    models = _client(any_server).models.list()
+    assert [m.id for m in models.data] == [any_server.backend.served_model_name]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_trims_and_finishes(sim_server: LiveServer, stream: bool) -> None:
+    # Simulated output is " tok tok tok ...": stop at the third word.
+    client = _client(sim_server)
+    args = {"model": sim_server.backend.served_model_name, "prompt": "a b c",
+            "max_tokens": 20, "stop": ["tok tok tok"]}
+    if stream:
+        chunks = list(client.completions.create(**args, stream=True))
+        text = "".join(c.choices[0].text for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        res = client.completions.create(**args)
+        text, finish = res.choices[0].text, res.choices[0].finish_reason
+    assert text == " "
+    assert finish == "stop"
+    sim_server.call(lambda e: e.scheduler.check_integrity())
