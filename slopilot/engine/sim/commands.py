@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate", help="simulate a scenario on the GPU cost model (virtual time)",
         description="Run a named scenario (or a YAML file) through the real scheduler on "
