@@ -1,0 +1,138 @@
+"""HTTP stand-ins on 127.0.0.1 for the operator's controller tests, and the test factory.
+
+- ``PrometheusStandIn`` answers ``/api/v1/alerts`` with the alerts a test sets.
+- ``PodStandIn`` is an engine pod's admin endpoint: it records each ``PUT /admin/config``
+  with its Authorization header and refuses a wrong token with 401, like the server.
+- ``build_controller`` is a ``$SLOPILOT_CONTROLLER_FACTORY``: the real Controller over the
+  real KubeDeploymentHandle and the real AlertSource (HTTP to the stand-in); the study,
+  windows, workload and capacity ports are the tuner's test fakes (their own job is
+  tested in tests/tuner), with a planner that always asks for two more replicas so a
+  second scale would show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from slopilot.operator.daemon import DaemonContext
+from slopilot.tuner.alerts import AlertSource
+from slopilot.tuner.capacity import CapacityAnswer
+from slopilot.tuner.controller import Controller
+from tests.tuner.controller_fakes import GOOD, FakeProbe, FakeStudy
+
+HOLDS = {"goodput_tok_s": 150.0, "preemptions_per_min": 0.0, "classes": {
+    "p0": {"ttft_p99_ms": 40.0, "tbt_p99_ms": 8.0, "goodput_tok_s": 50.0},
+    "p1": {"ttft_p99_ms": 200.0, "tbt_p99_ms": 40.0, "goodput_tok_s": 50.0},
+    "p2": {"ttft_p99_ms": 300.0, "tbt_p99_ms": 50.0, "goodput_tok_s": 50.0}}}
+
+
+class _Server:
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.standin = self  # type: ignore[attr-defined]
+        self.port = int(self.httpd.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:  # quiet test output
+        pass
+
+    def reply(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class PrometheusStandIn(_Server):
+    def __init__(self) -> None:
+        self.alerts: list[dict[str, Any]] = []
+        super().__init__(_PromHandler)
+
+    def fire(self, name: str, action: str, deployment: str) -> None:
+        self.alerts = [{"labels": {"alertname": name, "action": action, "severity": "critical",
+                                   "priority_class": "p0", "slopilot_deployment": deployment},
+                        "state": "firing", "activeAt": "2026-01-01T00:00:00Z", "value": "1"}]
+
+
+class _PromHandler(_Handler):
+    def do_GET(self) -> None:
+        standin: PrometheusStandIn = self.server.standin  # type: ignore[attr-defined]
+        if self.path.startswith("/api/v1/alerts"):
+            self.reply(200, {"status": "success", "data": {"alerts": standin.alerts}})
+        else:
+            self.reply(404, {"status": "error", "error": f"not served: {self.path}"})
+
+
+class PodStandIn(_Server):
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.puts: list[tuple[dict[str, Any], str]] = []  # (body, Authorization header)
+        self.lock = threading.Lock()
+        super().__init__(_PodHandler)
+
+    def put_bodies(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [b for b, _ in self.puts]
+
+
+class _PodHandler(_Handler):
+    def do_PUT(self) -> None:
+        standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        auth = self.headers.get("Authorization", "")
+        with standin.lock:
+            standin.puts.append((body, auth))
+        if auth != f"Bearer {standin.token}":
+            self.reply(401, {"error": {"message": "missing or wrong admin token"}})
+        else:
+            self.reply(200, body)
+
+
+@contextmanager
+def serving(*servers: _Server) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for s in servers:
+            s.close()
+
+
+class MoreReplicas:
+    """A capacity planner that always wants two more replicas than there are now."""
+
+    def __init__(self, ctx: DaemonContext) -> None:
+        self.handle = ctx.handle
+
+    def search(self, scenario: Any, config: Mapping[str, Any], lo: int, hi: int,
+               *, margin: float = 0.0) -> CapacityAnswer:
+        return CapacityAnswer(replicas=min(self.handle.replicas() + 2, hi))
+
+
+class HoldingWindows:
+    """Every window holds the SLO (the Prometheus evaluator has its own tests)."""
+
+    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+        return HOLDS
+
+
+def build_controller(ctx: DaemonContext) -> Controller:
+    settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
+    return Controller(settings, ctx.handle, AlertSource(ctx.spec.prometheus_url, ctx.name),
+                      HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
+                      MoreReplicas(ctx), state=ctx.state)
