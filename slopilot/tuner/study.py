@@ -131,11 +131,12 @@ def result_of(trial: FrozenTrial) -> TrialResult | None:
                        constraint_names=tuple(a.get("constraint_names", ())))
 
 
-def _rank(result: TrialResult) -> tuple[int, float]:
-    # Feasible beats infeasible; then more goodput, or less violation when infeasible.
+def rank(result: TrialResult) -> tuple[int, float, float]:
+    """Sort key, larger is better: feasible before infeasible; then more goodput (ties go
+    to the config with more headroom); among infeasible ones, less violation."""
     if result.feasible:
-        return (1, result.goodput_tok_s)
-    return (0, -result.violation)
+        return (1, result.goodput_tok_s, -max(result.constraints, default=0.0))
+    return (0, -result.violation, result.goodput_tok_s)
 
 
 class Tuner:
@@ -206,7 +207,7 @@ class Tuner:
 
     def best_trial(self) -> tuple[int, TrialResult] | None:
         results = self.results()
-        return max(results, key=lambda nr: _rank(nr[1])) if results else None
+        return max(results, key=lambda nr: rank(nr[1])) if results else None
 
     def run(self, evaluator: Evaluator, n_trials: int,
             callback: Callable[[int, TrialResult | None], None] | None = None, *,
