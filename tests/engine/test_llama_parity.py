@@ -7,6 +7,7 @@ prefill/decode batches, swap-out and swap-in with new block ids and poisoned old
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from slopilot.engine.executors.batch import build_batch
 from slopilot.engine.executors.loader import load_checkpoint
 from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.outputs import ScheduledSeq
-from tests.engine.torch_driver import Plan, generate, greedy, hf_greedy, save_hf_checkpoint
+from tests.engine.torch_driver import (
+    Plan,
+    generate,
+    greedy,
+    hf_greedy,
+    save_hf_checkpoint,
+    torch_threads,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,6 +56,12 @@ def _build_hf(arch: str, extra: dict[str, Any], seed: int = 0) -> torch.nn.Modul
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config_cls(**SMALL, **extra))
     return model.float().eval()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))

@@ -8,7 +8,9 @@ block ids in between. Freed blocks are poisoned with NaN, so a read of stale KV 
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +100,18 @@ def generate(executor: TorchExecutor, prompts: list[list[int]], params: list[Sam
     return {s.rid: s.output for s in seqs}
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run with n intra-op threads: on a small shared CPU, busy neighbours make OpenMP
+    barriers spin, and one thread per test process is several times faster."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
@@ -109,8 +123,8 @@ def hf_greedy(hf_model: torch.nn.Module, prompt: list[int], max_tokens: int) -> 
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         for _ in range(max_tokens):
-            res = hf_model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = res.past_key_values
+            res = hf_model(input_ids=ids, cache=past, use_cache=True)
+            past = res.cache
             out.append(int(res.logits[0, -1].argmax()))
             ids = torch.tensor([[out[-1]]])
     return out

@@ -41,10 +41,13 @@ class PagedKVCache:
         self.device = device
         shape = (2, num_layers)
         tail = (block_size, num_kv_heads, head_dim)
-        self.gpu = torch.zeros(*shape, num_gpu_blocks, *tail, dtype=dtype, device=device)
+        # Uninitialised on purpose: a slot is only ever read after it was written (the
+        # batch builder pads with the row's own first slot), and on the host untouched
+        # pages cost nothing, so a large pool starts instantly.
+        self.gpu = torch.empty(*shape, num_gpu_blocks, *tail, dtype=dtype, device=device)
         # Pinned host memory makes device-to-host copies asynchronous-capable and fast.
         pin = device.type == "cuda"
-        self.cpu = torch.zeros(*shape, num_cpu_blocks, *tail, dtype=dtype, pin_memory=pin)
+        self.cpu = torch.empty(*shape, num_cpu_blocks, *tail, dtype=dtype, pin_memory=pin)
         self._flat = self.gpu.view(2, num_layers, num_gpu_blocks * block_size,
                                    num_kv_heads, head_dim)
 

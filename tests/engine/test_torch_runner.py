@@ -1,0 +1,158 @@
+"""TorchExecutor on the tiny random model: swap, sampling rows, sizing and bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from slopilot.engine.executors.batch import BatchError
+from slopilot.engine.executors.kv_cache import CacheError, PagedKVCache
+from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
+from slopilot.engine.executors.torch_runner import ExecutorError, TorchExecutor
+from slopilot.engine.models import fetch_model
+from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
+from slopilot.engine.request import SamplingParams
+from tests.engine.torch_driver import Plan, generate, greedy, torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fetch_model("tiny-random", tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny: Path) -> LoadedModel:
+    return load_checkpoint(tiny)
+
+
+def _executor(loaded: LoadedModel, **kw: int) -> TorchExecutor:
+    args = {"num_gpu_blocks": 32, "num_cpu_blocks": 8, "block_size": 4} | kw
+    return TorchExecutor(loaded, **args)
+
+
+def _row(rid: str, tokens: list[int], start: int, table: list[int], sample: bool = True,
+         params: SamplingParams | None = None, n_out: int = 0) -> ScheduledSeq:
+    return ScheduledSeq(rid, tokens, start, table, sample, params or greedy(4), n_out)
+
+
+def test_swap_copies_real_blocks(loaded: LoadedModel) -> None:
+    ex = _executor(loaded)
+    ex.execute(SchedulerOutput(seqs=[_row("a", list(range(3, 13)), 0, [5, 9, 2])]))
+    written = ex.kv_cache.gpu[:, :, [5, 9, 2]].clone()
+    assert written.abs().sum() > 0
+    ex.execute(SchedulerOutput(swap_out=[(5, 0), (9, 7), (2, 3)]))
+    torch.testing.assert_close(ex.kv_cache.cpu[:, :, [0, 7, 3]], written)
+    ex.execute(SchedulerOutput(swap_in=[(0, 20), (7, 21), (3, 22)]))
+    torch.testing.assert_close(ex.kv_cache.gpu[:, :, [20, 21, 22]], written)
+    assert ex.kv_cache.k_cache(1).shape == (32, 4, 2, 16)
+
+
+def test_swap_out_happens_before_swap_in_of_the_same_block(loaded: LoadedModel) -> None:
+    ex = _executor(loaded)
+    ex.kv_cache.gpu[:, :, 1] = 1.0
+    ex.kv_cache.cpu[:, :, 2] = 2.0
+    # Block 1 goes out to host 0 while host 2 comes into the freed block 1.
+    ex.execute(SchedulerOutput(swap_out=[(1, 0)], swap_in=[(2, 1)]))
+    assert ex.kv_cache.cpu[:, :, 0].eq(1.0).all()
+    assert ex.kv_cache.gpu[:, :, 1].eq(2.0).all()
+
+
+def test_only_sampling_rows_answer(loaded: LoadedModel) -> None:
+    ex = _executor(loaded)
+    out = ex.execute(SchedulerOutput(seqs=[
+        _row("partial", [5, 6, 7], 0, [0], sample=False),
+        _row("whole", [8, 9], 0, [1]),
+    ]))
+    assert set(out.sampled) == {"whole"}
+    assert out.elapsed_s > 0
+    assert ex.execute(SchedulerOutput()).sampled == {}
+
+
+def test_chunking_and_batching_do_not_change_greedy_tokens(loaded: LoadedModel) -> None:
+    prompts = [list(range(10, 30)), list(range(40, 47)), [3, 4]]
+    params = [greedy(6)] * 3
+    alone = [generate(_executor(loaded), [p], [params[0]], Plan(chunk=64))["r0"]
+             for p in prompts]
+    together = generate(_executor(loaded), prompts, params,
+                        Plan(chunk=5, stagger=1, swap_out_at={3: "r0", 6: "r1"}))
+    assert [together[f"r{i}"] for i in range(3)] == alone
+
+
+def test_seeded_request_is_reproducible_across_batches(loaded: LoadedModel) -> None:
+    seeded = SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.5, seed=42)
+    prompt = list(range(10, 30))
+    alone = generate(_executor(loaded), [prompt], [seeded], Plan(chunk=64))["r0"]
+    noisy = SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.5)
+    crowd = generate(_executor(loaded), [list(range(50, 61)), prompt, [7, 8, 9]],
+                     [noisy, seeded, noisy], Plan(chunk=3, stagger=1))
+    assert crowd["r1"] == alone
+    other_seed = SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.5, seed=43)
+    assert generate(_executor(loaded), [prompt], [other_seed], Plan())["r0"] != alone
+
+
+def test_sizing_from_memory_and_exposed_fields(loaded: LoadedModel) -> None:
+    cfg = loaded.config
+    ex = TorchExecutor(loaded, kv_cache_gb=0.001, swap_space_gb=0.0005, block_size=8)
+    block = PagedKVCache.block_bytes(num_layers=cfg.num_hidden_layers,
+                                     num_kv_heads=cfg.num_key_value_heads,
+                                     head_dim=cfg.head_dim, block_size=8, dtype=torch.float32)
+    assert ex.block_bytes == block
+    assert ex.num_gpu_blocks == (1 << 30) // 1000 // block
+    assert ex.num_cpu_blocks == (1 << 30) // 2000 // block
+    assert ex.eos_token_id is not None and ex.eos_token_id in ex.eos_token_ids
+    assert TorchExecutor(loaded, max_model_len=100, num_gpu_blocks=4).max_model_len == 100
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dtype": "float64"}, "dtype='float64': use one of"),
+    ({"block_size": 0}, "block_size=0"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization=1.5"),
+    ({"swap_space_gb": -1.0}, "swap_space_gb=-1.0"),
+    ({"kv_cache_gb": 0.0}, "kv_cache_gb=0.0"),
+])
+def test_bad_settings(loaded: LoadedModel, kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ExecutorError, match=message):
+        TorchExecutor(loaded, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_without_a_gpu(loaded: LoadedModel) -> None:
+    with pytest.raises(ExecutorError, match="no CUDA device"):
+        TorchExecutor(loaded, device="cuda")
+
+
+def test_zero_blocks_refused() -> None:
+    with pytest.raises(CacheError, match="num_gpu_blocks=0"):
+        PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=8, num_gpu_blocks=0,
+                     num_cpu_blocks=0, block_size=4, dtype=torch.float32,
+                     device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    (_row("short", list(range(9)), 0, [0, 1]), "need 3 blocks of 4 tokens"),
+    (_row("far", [5], 0, [99]), r"block ids \[99\] are outside"),
+    (_row("long", [5], 2048, [0] * 513), "outside the model's context of 2048"),
+    (_row("empty", [], 0, [0]), "has no tokens"),
+])
+def test_bad_rows(loaded: LoadedModel, row: ScheduledSeq, message: str) -> None:
+    with pytest.raises(BatchError, match=message):
+        _executor(loaded).execute(SchedulerOutput(seqs=[row]))
+
+
+@pytest.mark.parametrize(("out", "message"), [
+    (SchedulerOutput(swap_out=[(40, 0)]), r"swap-out device block ids \[40\]"),
+    (SchedulerOutput(swap_out=[(0, 8)]), r"swap-out host block ids \[8\]"),
+    (SchedulerOutput(swap_in=[(0, 32)]), r"swap-in device block ids \[32\]"),
+])
+def test_bad_swaps(loaded: LoadedModel, out: SchedulerOutput, message: str) -> None:
+    with pytest.raises(CacheError, match=message):
+        _executor(loaded).execute(out)
