@@ -34,9 +34,8 @@ def loaded(tiny: Path) -> LoadedModel:
     return load_checkpoint(tiny)
 
 
-def _executor(loaded: LoadedModel, **kw: int) -> TorchExecutor:
-    args = {"num_gpu_blocks": 32, "num_cpu_blocks": 8, "block_size": 4} | kw
-    return TorchExecutor(loaded, **args)
+def _executor(loaded: LoadedModel) -> TorchExecutor:
+    return TorchExecutor(loaded, num_gpu_blocks=32, num_cpu_blocks=8, block_size=4)
 
 
 def _row(rid: str, tokens: list[int], start: int, table: list[int], sample: bool = True,
