@@ -1,0 +1,61 @@
+"""``slopilot operator`` as users run it: a process with a kubeconfig, joined to the peering."""
+
+# mypy: disable-error-code="attr-defined,index,union-attr"
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+import yaml
+
+from slopilot.operator.crd import crd_manifest
+from tests.operator.operator_support import Cluster, llmd, wait_for
+from tests.support.kube_server import RunningEmulator
+
+PEERING = Path(__file__).parents[2] / "manifests" / "kopf-peering.yaml"
+
+
+def test_operator_command_reconciles_and_joins_the_slopilot_peering(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        tmp_path: Path) -> None:
+    kube.install(crd_manifest(), *yaml.safe_load_all(PEERING.read_text()))
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "PYTHONUNBUFFERED": "1"}
+    env.pop("SLOPILOT_CONTROLLER_FACTORY", None)
+    log = (tmp_path / "operator.log").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slopilot.cli", "operator", "--all-namespaces",
+         "--peering=slopilot", "--liveness=http://127.0.0.1:0/healthz"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    cluster = Cluster(kube_client)
+    try:
+        cluster.create(llmd())
+        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), timeout=20,
+                 what="the Deployment from the operator process")
+        peering = wait_for(lambda: (cluster.custom.get_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", "slopilot").get("status") or None),
+            what="the operator to announce itself in the peering")
+        assert len(peering) == 1
+        # Without a factory for its Prometheus ports, the controller says why it is idle.
+        tuning = wait_for(lambda: cluster.condition("Tuning"), what="the Tuning condition")
+        assert tuning["reason"] == "ControllerUnavailable"
+        assert "SLOPILOT_CONTROLLER_FACTORY" in tuning["message"]
+        wait_for(lambda: cluster.status().get("phase") == "Running", what="phase Running")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=20)
+        log.seek(0)
+        output = log.read()
+    assert code == 0, output
+
+
+def test_operator_command_needs_a_scope() -> None:
+    from slopilot.cli import main
+
+    with pytest.raises(SystemExit, match="--all-namespaces or --namespace"):
+        main(["operator", "--standalone"])
