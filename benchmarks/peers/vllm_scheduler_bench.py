@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# vLLM logs its whole config at INFO; the JSON on stdout must stay parseable.
+# vLLM logs to stdout by default (its whole config at INFO); the JSON on stdout must stay
+# the only thing there.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 BLOCK_SIZE = 16
 TOKEN_BUDGET = 2048

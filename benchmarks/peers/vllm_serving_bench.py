@@ -38,6 +38,8 @@ _CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "2",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_LOGGING_LEVEL": "WARNING",
+    # vLLM logs to stdout by default; the JSON result must be alone there.
+    "VLLM_LOGGING_STREAM": "ext://sys.stderr",
 }
 for _key, _value in _CPU_ENV.items():
     os.environ.setdefault(_key, _value)
