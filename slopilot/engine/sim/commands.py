@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="engine replicas (default: the scenario's GPUs / TP)")
     p.add_argument("--seed", type=int, default=None, help="workload seed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--metrics-out", metavar="FILE", default=None,
+                   help="write each replica's final Prometheus metrics (the same series a "
+                        "live server exports) to FILE (FILE-rN.prom with several replicas)")
     p.set_defaults(func=_simulate)
 
     s = sub.add_parser("scenarios", help="list the shipped scenarios")
@@ -41,15 +44,29 @@ def _simulate(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario)
         overrides = parse_set_args(args.overrides)
         run = simulate(scenario, overrides, duration_s=args.duration,
-                       replicas=args.replicas, seed=args.seed)
+                       replicas=args.replicas, seed=args.seed,
+                       with_metrics=args.metrics_out is not None)
     except (ConfigError, ScenarioError, ProfileError, CostModelError, ValueError) as e:
         print(f"slopilot simulate: {e}", file=sys.stderr)
         return 2
+    if args.metrics_out:
+        _write_metrics(args.metrics_out, run.metrics)
     if args.json:
         print(json.dumps(run.summary, indent=None, sort_keys=True))
     else:
         print_summary(run.summary)
     return 0
+
+
+def _write_metrics(path: str, renders: list[bytes]) -> None:
+    from pathlib import Path
+
+    target = Path(path)
+    if len(renders) == 1:
+        target.write_bytes(renders[0])
+        return
+    for i, text in enumerate(renders):
+        target.with_name(f"{target.stem}-r{i}{target.suffix or '.prom'}").write_bytes(text)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -12,12 +12,14 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, StepObserver, VirtualClock
 from slopilot.engine.executors.simulated import SimulatedExecutor
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.request import Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from slopilot.engine.sim.cost_model import CostModel
@@ -33,6 +35,8 @@ class SimRun:
     summary: dict[str, Any]
     engines: list[LLMEngine]
     stats: SimStats
+    # Each replica's Prometheus exposition at the end (when asked for).
+    metrics: list[bytes] = field(default_factory=list)
 
 
 class _Replica:
@@ -62,10 +66,12 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
              replicas: int | None = None, duration_s: float | None = None,
              seed: int | None = None, workload: Workload | None = None,
              observers: list[StepObserver] | None = None,
-             check_integrity: bool = False) -> SimRun:
+             check_integrity: bool = False, with_metrics: bool = False) -> SimRun:
     """Run ``scenario`` with knob ``overrides`` in virtual time; returns its summary.
 
     Arrivals stop at ``duration_s``; figures count what happened inside the window.
+    ``with_metrics`` feeds each replica's engine loop into ``EngineMetrics`` as a live
+    server does (it costs a little speed), and returns the final exposition.
     """
     config = scenario.engine_config().with_overrides(overrides or {})
     duration = scenario.duration_s if duration_s is None else duration_s
@@ -74,8 +80,14 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
         raise ValueError(f"replicas={num_replicas}: need at least one replica")
     stats = SimStats(scenario.slo, end_time=duration)
     reps = []
-    for _ in range(num_replicas):
+    exporters: list[EngineMetrics] = []
+    for i in range(num_replicas):
         engine, clock = build_engine(scenario, config, [stats, *(observers or [])])
+        if with_metrics:
+            metrics = EngineMetrics(scenario.model, clock=clock.now,
+                                    info={"replica": str(i), "scenario": scenario.name})
+            engine.observers.append(MetricsObserver(metrics))
+            exporters.append(metrics)
         reps.append(_Replica(engine, clock))
     wl = workload or scenario.build_workload(seed=seed, duration_s=duration)
     _run(reps, wl, duration, stats, check_integrity)
@@ -88,7 +100,7 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
     summary["scenario"] = scenario.name
     summary["config"] = config.to_dict()
     summary["rejected"] = sum(r.rejected for r in reps)
-    return SimRun(summary, [r.engine for r in reps], stats)
+    return SimRun(summary, [r.engine for r in reps], stats, [m.render() for m in exporters])
 
 
 def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimStats,

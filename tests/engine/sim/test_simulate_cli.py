@@ -1,0 +1,74 @@
+"""`slopilot simulate`: the DESIGN.md §8 JSON contract, the table, metrics, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slopilot.cli import main
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import simulate
+
+PER_CLASS_KEYS = {"ttft_mean_ms", "ttft_p99_ms", "tbt_p99_ms", "max_stall_ms",
+                  "throughput_tok_s", "goodput_tok_s", "preemptions_per_min",
+                  "requests_finished"}
+
+
+def test_json_has_overall_and_per_class_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= PER_CLASS_KEYS
+    assert set(out["classes"]) == {"p0", "p1", "p2"}
+    for figures in out["classes"].values():
+        assert set(figures) >= PER_CLASS_KEYS
+    assert out["requests_finished"] == sum(
+        c["requests_finished"] for c in out["classes"].values())
+    assert out["requests_finished"] > 0 and out["throughput_tok_s"] > 0
+
+
+def test_set_overrides_reach_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "10", "--json",
+                 "--set", "token_budget=512", "--set", "chunk_size=256"]) == 0
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert (cfg["token_budget"], cfg["chunk_size"]) == (512, 256)
+
+
+def test_table_is_printed_without_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "TBT p99" in out and "goodput" in out and "preemptions/min" in out
+
+
+def test_same_seed_same_result() -> None:
+    scenario = load_scenario("tiny-cpu")
+    a = simulate(scenario, duration_s=15).summary
+    b = simulate(scenario, duration_s=15).summary
+    assert a == b
+
+
+def test_metrics_out_writes_the_servers_series(tmp_path: Path) -> None:
+    target = tmp_path / "m.prom"
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "15",
+                 "--metrics-out", str(target)]) == 0
+    families = {f.name: f for f in text_string_to_metric_families(target.read_text())}
+    assert "vllm:time_to_first_token_seconds" in families
+    assert "vllm:inter_token_latency_seconds" in families
+    gen = families["vllm:generation_tokens"]
+    assert sum(s.value for s in gen.samples if s.name.endswith("_total")) > 0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--scenario", "nope"], "unknown scenario 'nope'"),
+    (["--scenario", "tiny-cpu", "--set", "token_budget=99"], "token_budget=99 is out of range"),
+    (["--scenario", "tiny-cpu", "--set", "budget"], "expected knob=value"),
+    (["--scenario", "tiny-cpu", "--set", "speed=3"], "unknown knob 'speed'"),
+    (["--scenario", "tiny-cpu", "--replicas", "0"], "replicas=0"),
+    (["--scenario", "missing.yaml"], "does not exist"),
+])
+def test_bad_input_is_a_clear_error(argv: list[str], message: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", *argv]) == 2
+    assert message in capsys.readouterr().err
