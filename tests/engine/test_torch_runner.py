@@ -117,6 +117,7 @@ def test_sizing_from_memory_and_exposed_fields(loaded: LoadedModel) -> None:
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization=1.5"),
     ({"swap_space_gb": -1.0}, "swap_space_gb=-1.0"),
     ({"kv_cache_gb": 0.0}, "kv_cache_gb=0.0"),
+    ({"num_threads": 0}, "num_threads=0"),
 ])
 def test_bad_settings(loaded: LoadedModel, kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ExecutorError, match=message):

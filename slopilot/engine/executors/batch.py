@@ -114,7 +114,7 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
         attention.single_rows = tensor(single_rows)
         attention.single_slots = tensor(padded)
         attention.single_mask = (torch.arange(width, device=device)[None, :]
-                                 < lengths[:, None])[:, None, None, :]
+                                 < lengths[:, None])
     for begin, stop, ctx, start in chunks:
         mask = None
         if start > 0:

@@ -58,7 +58,7 @@ class TorchExecutor:
                  num_cpu_blocks: int | None = None, block_size: int = 16,
                  kv_cache_gb: float | None = None, swap_space_gb: float = 4.0,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, num_threads: int | None = None) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ExecutorError("device='cuda' but torch sees no CUDA device; use device='cpu'")
@@ -69,6 +69,13 @@ class TorchExecutor:
                 f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]")
         if swap_space_gb < 0:
             raise ExecutorError(f"swap_space_gb={swap_space_gb}: must be >= 0")
+        if num_threads is not None:
+            if num_threads < 1:
+                raise ExecutorError(f"num_threads={num_threads}: must be >= 1 (or None to "
+                                    "keep torch's default)")
+            # Process-wide: on a CPU shared with other busy processes, fewer intra-op
+            # threads than cores avoids OpenMP barriers spinning on descheduled threads.
+            torch.set_num_threads(num_threads)
         self.dtype = _parse_dtype(dtype, self.device)
         if isinstance(model, LoadedModel):
             self.loaded = model
