@@ -7,6 +7,7 @@ classes; Prometheus scrapes /metrics every second with a deployment label.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -42,12 +43,11 @@ class LoadGenerator:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _post(self, priority: str) -> None:
-        try:
+        # A refused request is load the engine did not take; the rate shows it.
+        with contextlib.suppress(httpx.HTTPError):
             httpx.post(self.url + "/v1/completions", timeout=30, json={
                 "prompt": "hello " * 40, "max_tokens": 12, "priority": priority,
                 "ignore_eos": True})
-        except httpx.HTTPError:
-            pass  # a refused request is load the engine did not take; the rate shows it
 
     def _run(self) -> None:
         classes = ("p0", "p1", "p1", "p2")
@@ -83,7 +83,7 @@ class LiveStack:
 
 def _has_finished_requests(prom: PrometheusServer) -> bool:
     answer = prom.query(
-        f'sum(vllm:e2e_request_latency_seconds_count{{slopilot_deployment="contract"}})')
+        'sum(vllm:e2e_request_latency_seconds_count{slopilot_deployment="contract"})')
     result = answer.get("data", {}).get("result", [])
     return bool(result) and float(result[0]["value"][1]) > 10
 

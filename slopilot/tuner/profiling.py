@@ -1,0 +1,177 @@
+"""The live workload, measured from Prometheus, as a scenario the offline study can run.
+
+From one window of the engines' metrics: the arrival rate (finished requests per second
+plus the growth of the queue), the prompt and output length distributions (the
+``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` histograms: the mean
+from ``_sum / _count``, the lognormal spread from the bucket counts in log space) and the
+class mix (finished requests per ``priority_class``). ``to_scenario`` puts that workload,
+open loop, on a base scenario's hardware, model, knobs and SLO.
+
+The queries go through ``PrometheusQuery`` (a callable: PromQL in, the API's result list
+out), so recorded answers can stand in for a live server in tests and replays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.scenario import Scenario, parse_scenario
+from slopilot.tuner.evaluator_base import PrometheusUnavailable
+from slopilot.tuner.rules import duration, render_selector
+
+PrometheusQuery = Callable[[str], list[dict[str, Any]]]
+_PROMPT = "vllm:request_prompt_tokens"
+_OUTPUT = "vllm:request_generation_tokens"
+# Within one power-of-two bucket, log-lengths spread uniformly over ln 2: Sheppard's
+# correction removes that from the variance measured on bucket midpoints.
+_SHEPPARD = math.log(2) ** 2 / 12
+
+
+class ProfileError(ValueError):
+    """The window holds too little to profile; the message says what was missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class LengthProfile:
+    """A token-length distribution as a lognormal (arithmetic mean, log-space sigma)."""
+
+    mean: float
+    sigma: float
+    lo: float
+    hi: float
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"dist": "lognormal", "mean": round(self.mean, 3),
+                "sigma": round(min(self.sigma, 5.0), 4), "min": self.lo, "max": self.hi}
+
+
+def length_profile(buckets: Mapping[float, float], total: float, count: float) -> LengthProfile:
+    """Fit from cumulative bucket counts ``{le: count}`` (``inf`` included), sum and count."""
+    if not count > 0:
+        raise ProfileError("no finished requests in the window: nothing to profile")
+    edges = sorted(buckets)
+    mean = total / count
+    prev_edge, prev_cum = 0.0, 0.0
+    mass: list[tuple[float, float, float]] = []  # (lower, upper, requests)
+    for edge in edges:
+        n = buckets[edge] - prev_cum
+        if n > 0:
+            mass.append((prev_edge, edge, n))
+        prev_edge, prev_cum = edge, buckets[edge]
+    finite = [(lo, hi, n) for lo, hi, n in mass if math.isfinite(hi)]
+    if not finite:
+        return LengthProfile(mean, 0.0, mean, mean)
+    weight = sum(n for _, _, n in finite)
+    # Log-space midpoints of the buckets (the first, (0, 1], taken as (0.5, 1]).
+    logs = [(math.log(math.sqrt(max(lo, hi / 2) * hi)), n) for lo, hi, n in finite]
+    mu = sum(x * n for x, n in logs) / weight
+    var = sum(n * (x - mu) ** 2 for x, n in logs) / weight
+    sigma = math.sqrt(max(0.0, var - _SHEPPARD))
+    lo = max(1.0, finite[0][0])
+    hi = finite[-1][1] if len(finite) == len(mass) else max(finite[-1][1], mean)
+    return LengthProfile(mean=mean, sigma=sigma, lo=lo, hi=max(hi, math.ceil(mean)))
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    arrival_rate: float
+    """Requests per second."""
+    prompt: LengthProfile
+    output: LengthProfile
+    class_mix: Mapping[str, float]
+    """Fractions of requests per class (p0, p1, p2), summing to 1."""
+    window_s: int
+    requests: float
+
+    @classmethod
+    def measure(cls, query: PrometheusQuery, selector: Mapping[str, str], window_s: int,
+                *, min_requests: int = 20) -> WorkloadProfile:
+        """Profile the last ``window_s`` seconds of the engines ``selector`` picks."""
+        if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 1:
+            raise ValueError(f"window_s={window_s!r}: expected whole seconds >= 1")
+        sel, w = render_selector(selector), duration(window_s)
+
+        def inc(expr: str, by: str = "") -> list[dict[str, Any]]:
+            group = f" by ({by})" if by else ""
+            return query(f"sum{group} (increase({expr}{sel}[{w}]))")
+
+        per_class = {s["metric"].get("priority_class", ""): float(s["value"][1])
+                     for s in inc(f"{_PROMPT}_count", "priority_class")}
+        requests = sum(v for v in per_class.values() if math.isfinite(v))
+        if requests < min_requests:
+            raise ProfileError(f"only {requests:g} requests finished in the last {w}; need "
+                               f"{min_requests} to profile (widen the window)")
+        lengths = {}
+        for name in (_PROMPT, _OUTPUT):
+            buckets = {float(s["metric"]["le"]): float(s["value"][1])
+                       for s in inc(f"{name}_bucket", "le")}
+            total = sum(float(s["value"][1]) for s in inc(f"{name}_sum"))
+            count = sum(float(s["value"][1]) for s in inc(f"{name}_count"))
+            lengths[name] = length_profile(buckets, total, count)
+        running = query(f"sum(delta(vllm:num_requests_running{sel}[{w}])) + "
+                        f"sum(delta(vllm:num_requests_waiting{sel}[{w}]))")
+        growth = float(running[0]["value"][1]) if running else 0.0
+        rate = max(0.0, (requests + (growth if math.isfinite(growth) else 0.0)) / window_s)
+        mix = {p.label: max(0.0, per_class.get(p.label, 0.0)) / requests for p in Priority}
+        return cls(arrival_rate=rate, prompt=lengths[_PROMPT], output=lengths[_OUTPUT],
+                   class_mix=mix, window_s=window_s, requests=requests)
+
+    @classmethod
+    def from_prometheus(cls, url: str, selector: Mapping[str, str], window_s: int, *,
+                        min_requests: int = 20, timeout_s: float = 10.0) -> WorkloadProfile:
+        return cls.measure(prometheus_query(url, timeout_s), selector, window_s,
+                           min_requests=min_requests)
+
+    def workload_spec(self, *, shared_prefix_tokens: int = 0) -> dict[str, Any]:
+        """The open-loop workload section of a scenario file."""
+        mix = {k: round(v, 4) for k, v in self.class_mix.items() if v > 0}
+        return {"type": "open_loop",
+                "arrivals": {"process": "poisson", "rate": round(self.arrival_rate, 4)},
+                "prompt_tokens": self.prompt.to_spec(), "output_tokens": self.output.to_spec(),
+                "shared_prefix_tokens": shared_prefix_tokens, "classes": mix}
+
+    def to_scenario(self, base: Scenario, *, duration_s: float | None = None,
+                    shared_prefix_tokens: int = 0, name: str | None = None) -> Scenario:
+        """``base``'s hardware, model, knobs and SLO under this measured workload."""
+        if not self.arrival_rate > 0:
+            raise ProfileError("the measured arrival rate is zero: no workload to simulate")
+        data: dict[str, Any] = {
+            "name": name or f"{base.name}-live",
+            "description": (f"{base.name} hardware under the workload measured over "
+                            f"{self.window_s} s: {self.arrival_rate:.3g} req/s, prompts "
+                            f"~{self.prompt.mean:.0f} tok, outputs ~{self.output.mean:.0f} tok"),
+            "gpu": base.gpu, "num_gpus": base.num_gpus, "tp": base.tp, "model": base.model,
+            "duration_s": duration_s if duration_s is not None else base.duration_s,
+            "seed": base.seed, "engine": dict(base.engine), "slo": base.slo.to_dict(),
+            "workload": self.workload_spec(shared_prefix_tokens=shared_prefix_tokens),
+        }
+        if base.gpu_memory_utilization is not None:
+            data["gpu_memory_utilization"] = base.gpu_memory_utilization
+        return parse_scenario(data, source=f"profile of {base.name}")
+
+
+def prometheus_query(url: str, timeout_s: float = 10.0) -> PrometheusQuery:
+    """A ``PrometheusQuery`` over prometheus-api-client; unreachable -> PrometheusUnavailable."""
+    from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+    from requests import RequestException
+    from urllib3.util.retry import Retry
+
+    client = PrometheusConnect(url.rstrip("/"), disable_ssl=True, timeout=int(timeout_s),
+                               retry=Retry(total=1, backoff_factor=0.2))
+
+    def run(expr: str) -> list[dict[str, Any]]:
+        try:
+            result: list[dict[str, Any]] = client.custom_query(expr)
+        except RequestException as exc:
+            raise PrometheusUnavailable(
+                f"cannot reach Prometheus at {url}: {type(exc).__name__}: {exc}; "
+                "check the URL and that Prometheus is running") from None
+        except PrometheusApiClientException as exc:
+            raise PrometheusUnavailable(f"Prometheus at {url} refused {expr!r}: {exc}") from None
+        return result
+
+    return run

@@ -1,0 +1,128 @@
+"""WorkloadProfile: fits from histograms, a live engine measured through real Prometheus,
+and the scenario it becomes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slopilot.engine.metrics import TOKEN_BUCKETS
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import simulate
+from slopilot.tuner.evaluator_base import PrometheusUnavailable
+from slopilot.tuner.profiling import (
+    LengthProfile,
+    ProfileError,
+    WorkloadProfile,
+    length_profile,
+    prometheus_query,
+)
+from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.prometheus import PrometheusBinaries, free_port, wait_until
+from tests.tuner.live_stack import SELECTOR, live_stack
+
+
+def _histogram(values: np.ndarray) -> dict[float, float]:
+    edges = [*TOKEN_BUCKETS, math.inf]
+    return {e: float(np.sum(values <= e)) for e in edges}
+
+
+@pytest.mark.parametrize(("mean", "sigma"), [(512, 0.7), (64, 0.5), (2048, 1.2)])
+def test_lognormal_fit_from_power_of_two_buckets(mean: float, sigma: float) -> None:
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(math.log(mean) - sigma**2 / 2, sigma, 20_000)
+    fit = length_profile(_histogram(values), float(values.sum()), float(len(values)))
+    assert fit.mean == pytest.approx(values.mean())
+    assert fit.sigma == pytest.approx(sigma, abs=0.08)
+    # The last finite bucket edge caps what a histogram can say about the longest.
+    assert fit.lo <= values.min() * 2 and fit.hi >= min(values.max(), TOKEN_BUCKETS[-1])
+
+
+def test_fixed_length_fits_zero_spread_and_empty_window_is_refused() -> None:
+    fit = length_profile(_histogram(np.full(50, 12.0)), 600.0, 50.0)
+    assert fit.mean == 12.0 and fit.sigma == 0.0
+    with pytest.raises(ProfileError, match="no finished requests"):
+        length_profile({1.0: 0.0, math.inf: 0.0}, 0.0, 0.0)
+
+
+def _recorded(answers: dict[str, list]) -> object:
+    """A PrometheusQuery that answers from recorded results by metric name."""
+    def query(expr: str) -> list:
+        for key, result in answers.items():
+            if key in expr:
+                return result
+        return []
+    return query
+
+
+def _sample(value: float, **labels: str) -> dict:
+    return {"metric": labels, "value": [0, str(value)]}
+
+
+def test_profile_from_recorded_query_results_becomes_a_scenario() -> None:
+    prompt_b = [_sample(v, le=str(e)) for e, v in ((256.0, 0), (512.0, 40), (1024.0, 100),
+                                                   (math.inf, 100))]
+    answers = {
+        "request_prompt_tokens_count": [_sample(20, priority_class="p0"),
+                                        _sample(80, priority_class="p1")],
+        "request_prompt_tokens_bucket": prompt_b,
+        "request_prompt_tokens_sum": [_sample(60_000)],
+        "request_generation_tokens_bucket": [_sample(100, le="64.0"),
+                                             _sample(100, le="+Inf")],
+        "request_generation_tokens_sum": [_sample(5_000)],
+        "request_generation_tokens_count": [_sample(100)],
+        "num_requests_running": [_sample(10)],
+    }
+    prof = WorkloadProfile.measure(_recorded(answers), SELECTOR, 50)  # type: ignore[arg-type]
+    assert prof.arrival_rate == pytest.approx((100 + 10) / 50)
+    assert prof.class_mix == {"p0": 0.2, "p1": 0.8, "p2": 0.0}
+    assert prof.prompt.mean == 600 and prof.output.mean == 50
+    scenario = prof.to_scenario(load_scenario("tiny-cpu"), duration_s=20)
+    assert (scenario.gpu, scenario.model) == ("A100", "llama-3-8b")
+    assert scenario.slo == load_scenario("tiny-cpu").slo
+    run = simulate(scenario, duration_s=20)
+    assert run.summary["classes"]["p2"]["requests_finished"] == 0
+    assert run.summary["requests_finished"] > 20
+    with pytest.raises(ProfileError, match="only 100 requests finished"):
+        WorkloadProfile.measure(_recorded(answers), SELECTOR, 50,  # type: ignore[arg-type]
+                                min_requests=500)
+
+
+def test_zero_rate_profile_cannot_become_a_scenario() -> None:
+    flat = LengthProfile(10, 0, 10, 10)
+    prof = WorkloadProfile(0.0, flat, flat, {"p1": 1.0}, 60, 0)
+    with pytest.raises(ProfileError, match="arrival rate is zero"):
+        prof.to_scenario(load_scenario("tiny-cpu"))
+
+
+def test_live_engine_profile_through_real_prometheus(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    def measured(url: str) -> WorkloadProfile | None:
+        try:
+            # 20 of the ~30 a full 5 s window holds: the window lies inside the load.
+            return WorkloadProfile.from_prometheus(url, SELECTOR, 5, min_requests=20)
+        except ProfileError:
+            return None  # the first scrapes hold too little of the window yet
+
+    with live_stack(prometheus_binaries, tmp_path, rate=6.0) as s:
+        prof = wait_until(lambda: measured(s.prometheus.url), timeout_s=60,
+                          what="a 5 s window with 20 finished requests")
+    # Every request asks for 12 tokens (increase() extrapolates: not quite exact).
+    assert prof.output.mean == pytest.approx(12.0, rel=0.02)
+    assert prof.output.sigma < 0.05
+    assert prof.prompt.sigma < 0.2  # one prompt, a fixed length
+    assert 3.0 < prof.arrival_rate < 12.0  # the generator sends 6/s
+    assert prof.class_mix["p1"] == pytest.approx(0.5, abs=0.2)  # p0, p1, p1, p2 in turn
+    scenario = prof.to_scenario(load_scenario("tiny-cpu"), duration_s=10)
+    assert simulate(scenario).summary["requests_finished"] > 10
+
+
+def test_unreachable_prometheus_is_named() -> None:
+    with pytest.raises(PrometheusUnavailable, match="cannot reach Prometheus"):
+        WorkloadProfile.from_prometheus(f"http://127.0.0.1:{free_port()}", SELECTOR, 60,
+                                        timeout_s=2)
+    with pytest.raises(ValueError, match="window_s=0"):
+        WorkloadProfile.measure(prometheus_query("http://127.0.0.1:9"), SELECTOR, 0)
