@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="skip torch.compile (faster start, slower steps)")
+    parser.add_argument("--warmup", action="store_true",
+                        help="run the whole request set once untimed first (torch.compile "
+                             "specialises on batch shapes it meets during the run)")
     parser.add_argument("--no-token-ids", action="store_true",
                         help="leave generated token ids out of the JSON")
     parser.add_argument("--json", action="store_true",
@@ -253,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                      "raise --max-model-len")
 
     llm = build_llm(args)
+    if args.warmup:
+        drive(llm, [BenchRequest(f"warmup-{r.id}", r.prompt_token_ids, r.max_tokens)
+                    for r in requests])
+        # Else the timed pass would find every prompt cached and skip its prefill.
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset the prefix cache after the warm-up")
     traces, elapsed = drive(llm, requests)
     result = summarize(requests, traces, elapsed, include_tokens=not args.no_token_ids)
     if args.json:
