@@ -184,3 +184,27 @@ def test_bad_sampler_and_name() -> None:
         open_study(None, " ")
     with pytest.raises(ValueError, match="n_trials=-1"):
         Tuner(open_study(None, "x"), SearchSpace.from_bounds()).run(_Flaky(0), -1)
+
+
+def test_postgresql_storage_is_shared_between_tuners() -> None:
+    from tests.tuner.postgres import find_postgres, postgres_server
+
+    bindir = find_postgres()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries not found (apt-get install postgresql)")
+    pytest.importorskip("psycopg2")
+    with postgres_server(bindir) as url:
+        space = SearchSpace.from_bounds()
+        a = Tuner(open_study(url, "shared"), space)
+        b = Tuner(open_study(url, "shared", seed=1), space)
+        na, ca = a.ask()
+        nb, cb = b.ask()
+        assert (na, nb) == (0, 1)  # one numbering across workers
+        b.tell(nb, _result(cb, 5.0, -1.0))
+        a.tell(na, _result(ca, 7.0, -1.0))
+        # A RUNNING trial of a live worker (this process) is left alone on reopen.
+        nc, _ = a.ask()
+        reopened = open_study(url, "shared")
+        assert reopened.get_trials()[nc].state == TrialState.RUNNING
+        best = Tuner(reopened, space).best()
+        assert best is not None and best.goodput_tok_s == 7.0
