@@ -20,6 +20,7 @@ _COMMAND_MODULES = (
     "slopilot.engine.models_commands",
     "slopilot.tuner.commands",
     "slopilot.operator.commands",
+    "slopilot.tuner.demo_commands",
 )
 
 

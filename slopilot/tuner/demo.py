@@ -1,0 +1,261 @@
+"""``slopilot demo``: the closed loop on real processes, end to end, in a few minutes.
+
+Local replicas (``LocalDeployment``), the real Prometheus with the deployment's rules
+(short windows so it reacts in seconds) or, without the binary, a direct scrape of the
+replicas, an open-loop load generator whose workload shifts half-way (longer prompts,
+more P0), and the production ``Controller`` ticking every second. Every decision is
+printed; at the end a report (trials, and a timeline of P99s, knobs and replicas
+against the SLO) is written to the report directory.
+
+The story (``scenarios/demo.yaml``): before the shift the relaxed config holds the SLO;
+after it, 2k-token prompts in 2048-token chunks stall decodes, the TBT alert fires, the
+simulator says other knobs hold the SLO on the same replicas, the canary tries them
+and the best is committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.tuner.alerts import Alert, AlertSource
+from slopilot.tuner.capacity import CapacityPlanner
+from slopilot.tuner.controller import Controller
+from slopilot.tuner.controller_state import Action, ControllerSettings, Decision
+from slopilot.tuner.demo_report import Sample, write_demo_report
+from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.live_study import ResumableTuner
+from slopilot.tuner.loadgen import LoadGenerator, Phase
+from slopilot.tuner.local import LocalDeployment
+from slopilot.tuner.local_prometheus import LocalPrometheus, find_prometheus
+from slopilot.tuner.objective import score
+from slopilot.tuner.ports import AlertReader, WindowEvaluator, WorkloadProbe
+from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
+from slopilot.tuner.scrape_fallback import DirectScrape
+from slopilot.tuner.sim_adapters import SimOffline
+from slopilot.tuner.space import SearchSpace
+from slopilot.tuner.study import open_study
+
+NAME = "demo"
+RULES = RuleOptions(interval_s=1, rate_window_s=8, alert_for_s=3, tbt_periods=3)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    replicas: int = 2
+    max_replicas: int = 4
+    model: str | None = None
+    """A torch model (real tokens on the CPU); None: the simulated executor in real time."""
+    duration_s: float = 240.0
+    report_dir: Path = Path("reports/demo")
+    seed: int = 0
+    tick_s: float = 1.0
+    window_s: float = 10.0
+    prometheus: bool | None = None
+    """None: the real Prometheus when on PATH, else the direct scrape."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= self.max_replicas:
+            raise ValueError(f"--replicas {self.replicas} --max-replicas {self.max_replicas}: "
+                             "need 1 <= replicas <= max-replicas")
+        if not 20 <= self.duration_s <= 3600:
+            raise ValueError(f"--duration {self.duration_s:g}: expected 20 to 3600 seconds "
+                             "(the shift comes half-way; 60 s shows an alert and a trial)")
+        if not 0.2 <= self.tick_s <= 10 or not 4 <= self.window_s <= 120:
+            raise ValueError("tick 0.2 to 10 s and window 4 to 120 s")
+
+
+def phases(torch: bool, replicas: int) -> tuple[Phase, Phase]:
+    """Before and after the shift; a CPU torch model takes far less load."""
+    if torch:
+        return (Phase(0.5 * replicas, 32, 16, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.5, 128),
+                Phase(0.5 * replicas, 256, 16, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.5, 512))
+    rate = 2.0 * replicas
+    return (Phase(rate, 512, 64, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.7, 4096),
+            Phase(rate, 2048, 64, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.7, 4096))
+
+
+class _RecordingAlerts:
+    """Passes alerts through and remembers what fired, for the printout and report."""
+
+    def __init__(self, inner: AlertReader) -> None:
+        self.inner = inner
+        self.current: list[Alert] = []
+
+    def firing(self) -> list[Alert]:
+        self.current = self.inner.firing()
+        return self.current
+
+
+class _BaseProbe:
+    def __init__(self, base: Scenario) -> None:
+        self.base = base
+
+    def measure(self, now: float) -> Scenario:
+        return self.base
+
+
+@dataclass
+class DemoResult:
+    report: Path
+    alert_at_s: float | None = None
+    trials: int = 0
+    commit_at_s: float | None = None
+    restored_at_s: float | None = None
+    scaled: bool = False
+    lines: list[str] = field(default_factory=list)
+
+
+def _p99s(s: Mapping[str, Any] | None) -> dict[str, float]:
+    out = {}
+    for c in ("p0", "p1"):
+        per = ((s or {}).get("classes") or {}).get(c) or {}
+        for k in ("ttft_p99_ms", "tbt_p99_ms"):
+            v = per.get(k)
+            out[f"{c}_{k}"] = float(v) if isinstance(v, (int, float)) else math.nan
+    return out
+
+
+def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
+    scenario = load_scenario(NAME)
+    torch = opts.model is not None
+    before, after = phases(torch, opts.replicas)
+    report_dir = opts.report_dir
+    work = report_dir / "run"
+    work.mkdir(parents=True, exist_ok=True)
+    result = DemoResult(report=report_dir / "report.md")
+    t0 = time.time()
+
+    def say(text: str) -> None:
+        line = f"[t+{time.time() - t0:5.1f}s] {text}"
+        result.lines.append(line)
+        console.print(line, markup=False, highlight=False)
+
+    use_prom = find_prometheus() is not None if opts.prometheus is None else opts.prometheus
+    with contextlib.ExitStack() as stack:
+        dep = LocalDeployment(NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas,
+                              scenario=NAME, executor="torch" if torch else "simulated",
+                              model=opts.model or "smollm2-135m", knobs=scenario.engine,
+                              ready_timeout_s=180.0 if torch else 60.0)
+        stack.enter_context(dep)
+        kind = (f"torch {opts.model}" if torch
+                else "simulated A100 + Llama-3-8B cost model, real time")
+        say(f"{opts.replicas} replica(s) up ({kind}): {', '.join(dep.endpoints())}; "
+            f"canary {dep.endpoints()[0]}")
+        selector = {DEPLOYMENT_LABEL: NAME}
+        alerts: AlertReader
+        windows: WindowEvaluator
+        probe: WorkloadProbe
+        sampler: WindowEvaluator
+        if use_prom:
+            rules = work / "rules.yaml"
+            rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
+            prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
+            stack.callback(prom.stop)
+            prom.start()
+            say(f"Prometheus {prom.url} scraping every 1 s, rules: rate window "
+                f"{RULES.rate_window_s} s, for {RULES.alert_for_s} s")
+            alerts = AlertSource(prom.url, NAME)
+            windows = PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8)
+            sampler = PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
+                                        load_tolerance=1e9)
+            probe = PrometheusProbe(prom.url, selector, scenario, window_s=20, duration_s=30.0)
+        else:
+            scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
+            stack.callback(scrape.stop)
+            say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
+                "(same alert conditions and window figures)")
+            alerts = windows = sampler = scrape
+            probe = _BaseProbe(scenario)
+        space = SearchSpace.from_bounds(base=scenario.engine_config())
+        tuner = ResumableTuner(open_study(None, f"{NAME}-live", seed=opts.seed), space)
+        settings = ControllerSettings(
+            deployment=NAME, slo=scenario.slo, min_replicas=opts.replicas,
+            max_replicas=opts.max_replicas, window_s=opts.window_s, max_trials=4,
+            cooldown_s=max(15.0, 2 * opts.window_s), revert_check_s=opts.window_s / 2,
+            scale_down_after_s=3600.0, warm_start_k=2)
+        recorded = _RecordingAlerts(alerts)
+        ctl = Controller(settings, dep, recorded, windows, tuner, probe,
+                         CapacityPlanner(duration_s=30.0, seed=opts.seed),
+                         offline=SimOffline(space, n_trials=12, duration_s=20.0, seed=opts.seed))
+        load = LoadGenerator(dep.endpoints, before, model=NAME, seed=opts.seed)
+        stack.enter_context(load)
+        say(f"load: Poisson {before.rate:g} req/s, prompts ~{before.prompt_mean:g} tokens, "
+            f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.duration_s / 2:g}s")
+        samples = _loop(opts, ctl, dep, recorded, sampler, load, after, t0, say, result)
+        load.stop()
+        say(f"load stopped: {load.sent} sent, {load.ok} ok, {load.failed} failed, "
+            f"{load.dropped} dropped at the concurrency limit")
+    write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
+                      shift_at_s=opts.duration_s / 2)
+    say(f"report written: {result.report} (timeline: {report_dir / 'timeline.png'})")
+    return result
+
+
+def _loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment, recorded: _RecordingAlerts,
+          sampler: WindowEvaluator, load: LoadGenerator, after: Phase, t0: float,
+          say: Any, result: DemoResult) -> list[Sample]:
+    samples: list[Sample] = []
+    shifted, seen_alerts, awaiting_restore = False, "", False
+    next_tick = time.time()
+    while (now := time.time()) - t0 < opts.duration_s:
+        if not shifted and now - t0 >= opts.duration_s / 2:
+            shifted = True
+            load.set_phase(after)
+            say(f"SHIFT: prompts ~{after.prompt_mean:g} tokens, P0 {after.classes['p0']:.0%}")
+        d = ctl.tick(now)
+        names = ", ".join(a.describe() for a in recorded.current)
+        if names != seen_alerts:
+            say(f"ALERT firing: {names}" if names else "alerts resolved")
+            if names and result.alert_at_s is None:
+                result.alert_at_s = now - t0
+            seen_alerts = names
+        if d.action is not Action.NONE or d.summary is not None:
+            say(_describe(d, ctl))
+        if d.action is Action.TRIAL:
+            result.trials += 1
+        if d.action is Action.SCALE:
+            result.scaled = True
+        if d.action in (Action.COMMIT, Action.SCALE):
+            result.commit_at_s = now - t0
+            awaiting_restore = True
+        summary = None
+        with contextlib.suppress(WindowRejected, PrometheusUnavailable):
+            summary = sampler.measure(now - RULES.rate_window_s, now, canary=False)
+        if awaiting_restore and summary is not None and \
+                score(summary, ctl.settings.slo).feasible and not recorded.current:
+            awaiting_restore = False
+            result.restored_at_s = now - t0
+            say("SLO restored: every class within its SLO over the last "
+                f"{RULES.rate_window_s} s, no alert firing")
+        stable = dep.current_config()
+        trial = ctl.loop.trial
+        samples.append(Sample(now - t0, _p99s(summary), int(stable["token_budget"]),
+                              int(stable["chunk_size"]), dep.replicas(),
+                              None if trial is None else dict(trial.config)))
+        next_tick += opts.tick_s
+        time.sleep(max(0.0, next_tick - time.time()))
+    return samples
+
+
+def _describe(d: Decision, ctl: Controller) -> str:
+    text = f"{d.action.value.upper():7} state={d.state.value} replicas={d.replicas}: {d.reason}"
+    if d.config:
+        knobs = {k: d.config[k] for k in ("token_budget", "chunk_size", "max_num_seqs")
+                 if k in d.config}
+        text += f" | config {knobs}"
+    if d.summary:
+        p = _p99s(d.summary)
+        text += (f" | P0 TTFT/TBT P99 {p['p0_ttft_p99_ms']:.0f}/{p['p0_tbt_p99_ms']:.0f} ms, "
+                 f"P1 {p['p1_ttft_p99_ms']:.0f}/{p['p1_tbt_p99_ms']:.0f} ms "
+                 f"(SLO P0 {ctl.settings.slo.p0.ttft_p99_ms:g}/{ctl.settings.slo.p0.tbt_p99_ms:g})")
+    return text

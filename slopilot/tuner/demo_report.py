@@ -1,0 +1,82 @@
+"""The demo's report: the tuner report of its live trials, plus the run's timeline.
+
+``timeline.png`` has three panels against wall time: P0/P1 TTFT and TBT P99 over the
+trailing rate window with the SLO lines, the stable replicas' token budget and chunk
+size (trial periods shaded), and the replica count; the shift is a dashed line.
+``timeline.json`` keeps the samples and the printed decision lines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.report import write_report
+from slopilot.tuner.study import Tuner
+
+
+@dataclass(frozen=True)
+class Sample:
+    t_s: float
+    p99_ms: dict[str, float]
+    """p0_ttft_p99_ms, p0_tbt_p99_ms, p1_...: NaN where the window had no data."""
+    token_budget: int
+    chunk_size: int
+    replicas: int
+    trial: dict[str, Any] | None
+
+
+def _plot(samples: list[Sample], slo: SLOSpec, shift_at_s: float, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s.t_s for s in samples]
+    fig, (ax_lat, ax_knob, ax_rep) = plt.subplots(3, 1, figsize=(10, 9), sharex=True,
+                                                  gridspec_kw={"height_ratios": [3, 2, 1]})
+    colors = {"p0": "tab:red", "p1": "tab:blue"}
+    for c in ("p0", "p1"):
+        cls = slo.p0 if c == "p0" else slo.p1
+        for key, style, bound in (("ttft", "-", cls.ttft_p99_ms), ("tbt", ":", cls.tbt_p99_ms)):
+            ax_lat.plot(t, [s.p99_ms.get(f"{c}_{key}_p99_ms", math.nan) for s in samples],
+                        style, color=colors[c], label=f"{c.upper()} {key.upper()} P99")
+            if bound is not None:
+                ax_lat.axhline(bound, ls=style, color=colors[c], alpha=0.35, lw=1)
+    ax_lat.set_yscale("log")
+    ax_lat.set_ylabel("ms (faint: SLO)")
+    ax_lat.legend(loc="upper left", fontsize=8, ncol=2)
+    ax_knob.step(t, [s.token_budget for s in samples], where="post", label="token_budget")
+    ax_knob.step(t, [s.chunk_size for s in samples], where="post", label="chunk_size")
+    trial_t = [s.t_s for s in samples if s.trial is not None]
+    for x in trial_t:
+        ax_knob.axvspan(x - 0.5, x + 0.5, color="tab:orange", alpha=0.15, lw=0)
+    ax_knob.set_ylabel("stable knobs (orange: canary trial)")
+    ax_knob.legend(loc="upper left", fontsize=8)
+    ax_rep.step(t, [s.replicas for s in samples], where="post", color="k")
+    ax_rep.set_ylabel("replicas")
+    ax_rep.set_xlabel("seconds since start")
+    for ax in (ax_lat, ax_knob, ax_rep):
+        ax.axvline(shift_at_s, ls="--", color="gray")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Sample],
+                      lines: list[str], *, shift_at_s: float) -> Path:
+    out = path.parent
+    write_report(tuner, slo, out, title="slopilot demo: live trials")
+    if samples:
+        _plot(samples, slo, shift_at_s, out / "timeline.png")
+    (out / "timeline.json").write_text(json.dumps(
+        {"shift_at_s": shift_at_s, "samples": [asdict(s) for s in samples],
+         "decisions": lines}, default=str, indent=1))
+    text = path.read_text()
+    text += "\n## Timeline\n\n![timeline](timeline.png)\n\n```\n" + "\n".join(lines) + "\n```\n"
+    path.write_text(text)
+    return path

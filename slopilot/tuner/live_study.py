@@ -1,0 +1,54 @@
+"""A ``Tuner`` that can tell a trial asked by an earlier controller (resumed state).
+
+The controller persists the running trial's number (``LoopState.trial``); after a
+restart a fresh ``Tuner`` over the same storage has no open ``optuna.Trial`` for it.
+This one reopens it from storage when it is still RUNNING (the same process rebuilt its
+controller, or another host's trial not yet failed as stale); when ``open_study`` has
+already failed it as orphaned (the process died), the measured result is added as a new
+completed trial with the same parameters, so the live measurement is not lost.
+"""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+from slopilot.tuner.objective import TrialResult
+from slopilot.tuner.study import Tuner
+
+
+class ResumableTuner(Tuner):
+    def _stored(self, number: int) -> optuna.trial.FrozenTrial | None:
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number == number:
+                return t
+        return None
+
+    def _pop(self, number: int) -> optuna.Trial:
+        if number not in self._asked:
+            stored = self._stored(number)
+            if stored is not None and stored.state == TrialState.RUNNING:
+                return optuna.Trial(self.study, stored._trial_id)
+        return super()._pop(number)
+
+    def tell(self, number: int, result: TrialResult) -> None:
+        stored = None if number in self._asked else self._stored(number)
+        if stored is None or stored.state == TrialState.RUNNING:
+            super().tell(number, result)
+            return
+        names = result.constraint_names or tuple(f"c{i}" for i in range(len(result.constraints)))
+        attrs = {**stored.user_attrs, "config": dict(result.config),
+                 "goodput_tok_s": result.goodput_tok_s,
+                 "constraints": list(result.constraints),
+                 "constraint_names": list(names), "feasible": result.feasible,
+                 "resumed_from_trial": number}
+        self.study.add_trial(optuna.trial.create_trial(
+            params=stored.params, distributions=stored.distributions,
+            value=result.goodput_tok_s, user_attrs=attrs,
+            constraints=dict(zip(names, result.constraints, strict=True))))
+
+    def tell_failed(self, number: int, reason: str) -> None:
+        stored = None if number in self._asked else self._stored(number)
+        if stored is not None and stored.state != TrialState.RUNNING:
+            return  # already failed (orphaned) in storage: nothing more to record
+        super().tell_failed(number, reason)

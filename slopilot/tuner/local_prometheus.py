@@ -1,0 +1,109 @@
+"""A local Prometheus process: scrapes a ``file_sd`` targets file, evaluates rule files.
+
+For ``slopilot demo`` and the live-loop tests: the real binary (``prometheus`` on PATH or
+``$SLOPILOT_PROMETHEUS_BIN``) on 127.0.0.1. ``stop()`` then ``start()`` brings it back on
+the same port and data directory, as a restarted Prometheus would be.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import yaml
+
+BIN_ENV = "SLOPILOT_PROMETHEUS_BIN"
+
+
+class PrometheusStartError(RuntimeError):
+    """The binary is missing, or Prometheus did not become ready; the message says why."""
+
+
+def find_prometheus() -> Path | None:
+    found = os.environ.get(BIN_ENV) or shutil.which("prometheus")
+    return Path(found) if found and Path(found).is_file() else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LocalPrometheus:
+    def __init__(self, workdir: Path, targets_file: Path, rule_files: Sequence[Path] = (), *,
+                 scrape_interval_s: int = 1, evaluation_interval_s: int = 1,
+                 binary: Path | None = None, ready_timeout_s: float = 30.0) -> None:
+        found = binary or find_prometheus()
+        if found is None:
+            raise PrometheusStartError(
+                f"no prometheus binary: install it (apt-get install prometheus) or set {BIN_ENV}")
+        self.binary, self.workdir = found, Path(workdir)
+        self.ready_timeout_s = ready_timeout_s
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config = self.workdir / "prometheus.yml"
+        self.config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": f"{scrape_interval_s}s",
+                       "scrape_timeout": f"{scrape_interval_s}s",
+                       "evaluation_interval": f"{evaluation_interval_s}s"},
+            "rule_files": [str(Path(p).resolve()) for p in rule_files],
+            "scrape_configs": [{
+                "job_name": "slopilot",
+                "file_sd_configs": [{"files": [str(Path(targets_file).resolve())],
+                                     "refresh_interval": "1s"}]}],
+        }, sort_keys=False))
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "prometheus.log"
+
+    def start(self) -> LocalPrometheus:
+        if self.process is not None and self.process.poll() is None:
+            return self
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(self.binary), f"--config.file={self.config}",
+                 f"--storage.tsdb.path={self.workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not self.ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise PrometheusStartError(f"Prometheus on port {self.port} did not become "
+                                           f"ready:\n{tail}")
+            time.sleep(0.1)
+        return self
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/-/ready", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        p = self.process
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+    def __enter__(self) -> LocalPrometheus:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

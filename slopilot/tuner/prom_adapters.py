@@ -1,0 +1,217 @@
+"""The controller's window and workload ports over a real Prometheus.
+
+The real-world twins of ``sim_adapters.SimWindows`` and ``SimProbe``. A window
+``[start, end]`` is read with instant queries evaluated *at* ``end`` whose ranges span
+``end - start`` (``/api/v1/query?time=end``), so a window that finished a while ago reads
+the same as when it ended. The expressions are the deployment's recording rules
+(``rules.render_rule_groups``) rendered with the window as the rate range, so a trial is
+judged on exactly what the alerts watch. ``canary=True`` narrows the selector to the
+canary replica (the ``instance_role`` label ``LocalDeployment``'s targets file, or the
+operator's pod labels, put on its series).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.profiling import ProfileError, WorkloadProfile
+from slopilot.tuner.rules import RuleOptions, duration, render_rule_groups, render_selector
+
+QueryAt = Callable[[str, float], list[dict[str, Any]]]
+"""PromQL and an evaluation time (Unix seconds) in, the API's result list out."""
+
+ROLE_LABEL = "instance_role"
+CANARY = {ROLE_LABEL: "canary"}
+_QUANTILES = {"ttft_p99_ms": "slopilot:ttft_seconds:p99", "tbt_p99_ms": "slopilot:tbt_seconds:p99"}
+_GOODPUT = "slopilot:goodput_tokens:per_second"
+_PREEMPT = "slopilot:preemptions:per_minute"
+
+
+def query_at(url: str, timeout_s: float = 5.0) -> QueryAt:
+    """A ``QueryAt`` over prometheus-api-client; unreachable -> PrometheusUnavailable."""
+    from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+    from requests import RequestException
+    from urllib3.util.retry import Retry
+
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"prometheus url={url!r}: expected http://host:port")
+    # One quick retry: a dead Prometheus should say so in seconds, not minutes.
+    client = PrometheusConnect(url.rstrip("/"), disable_ssl=True, timeout=max(1, int(timeout_s)),
+                               retry=Retry(total=1, backoff_factor=0.1))
+
+    def run(expr: str, at: float) -> list[dict[str, Any]]:
+        try:
+            result: list[dict[str, Any]] = client.custom_query(expr, params={"time": f"{at:.3f}"})
+        except RequestException as exc:
+            raise PrometheusUnavailable(
+                f"cannot reach Prometheus at {url}: {type(exc).__name__}: {exc}; "
+                "check the URL and that Prometheus is running") from None
+        except PrometheusApiClientException as exc:
+            raise PrometheusUnavailable(f"Prometheus at {url} refused {expr!r}: {exc}") from None
+        return result
+
+    return run
+
+
+def _window_s(start: float, end: float) -> int:
+    if not (math.isfinite(start) and math.isfinite(end)) or end - start < 2:
+        raise WindowRejected(f"window [{start:.1f}, {end:.1f}] is shorter than 2 s: too "
+                             "short for a rate over 1 s scrapes")
+    return int(end - start)
+
+
+class PrometheusWindows:
+    """WindowEvaluator: a DESIGN §8 summary of ``[start, end]`` read from Prometheus.
+
+    ``min_requests``: fewer finished requests in the window -> WindowRejected.
+    ``load_tolerance``: the arrival rate of the window moved more than this fraction from
+    the window of the same length just before it -> WindowRejected (a trial compared
+    under a different load is not comparable). ``min_rate_for_check`` skips that check
+    when the earlier window was (nearly) idle: a start from nothing is not a shift.
+    """
+
+    def __init__(self, query: QueryAt | str, selector: Mapping[str, str], slo: SLOSpec, *,
+                 canary_labels: Mapping[str, str] = CANARY, min_requests: int = 10,
+                 load_tolerance: float = 0.5, min_rate_for_check: float = 0.2) -> None:
+        if not selector:
+            raise ValueError("selector is empty: it would mix every engine in Prometheus; "
+                             "pass the deployment's labels, e.g. {'slopilot_deployment': 'x'}")
+        render_selector(selector)
+        render_selector(canary_labels)
+        if isinstance(min_requests, bool) or not isinstance(min_requests, int) \
+                or min_requests < 1:
+            raise ValueError(f"min_requests={min_requests!r}: expected a count >= 1")
+        if not load_tolerance > 0:
+            raise ValueError(f"load_tolerance={load_tolerance!r}: expected a ratio > 0, e.g. "
+                             "0.5 for a 50 % change in request rate")
+        self.query = query_at(query) if isinstance(query, str) else query
+        self.selector = dict(selector)
+        self.canary_labels = dict(canary_labels)
+        self.slo = slo
+        self.min_requests = min_requests
+        self.load_tolerance = load_tolerance
+        self.min_rate_for_check = min_rate_for_check
+
+    def _selector(self, canary: bool) -> dict[str, str]:
+        return {**self.selector, **self.canary_labels} if canary else dict(self.selector)
+
+    def _exprs(self, sel: Mapping[str, str], window_s: int) -> dict[str, dict[str | None, str]]:
+        groups = render_rule_groups(self.slo, "window", selector=sel,
+                                    options=RuleOptions(rate_window_s=window_s))
+        out: dict[str, dict[str | None, str]] = {}
+        for rule in groups["groups"][0]["rules"]:
+            if "record" in rule:
+                out.setdefault(rule["record"], {})[rule["labels"].get("priority_class")] = \
+                    rule["expr"]
+        w, s = duration(window_s), render_selector(sel)
+        out["requests"] = {None: f"sum by (priority_class) (increase("
+                                 f"vllm:e2e_request_latency_seconds_count{s}[{w}]))"}
+        out["throughput"] = {None: f"sum by (priority_class) (rate("
+                                   f"vllm:request_generation_tokens_sum{s}[{w}]))"}
+        # Arrivals, not completions: a bad config slows completions, and that must read as
+        # a bad trial, not as a load shift. Arrivals = finished + growth of the queue.
+        out["request_rate"] = {None: (
+            f"sum(rate(vllm:e2e_request_latency_seconds_count{s}[{w}])) + "
+            f"((sum(delta(vllm:num_requests_running{s}[{w}])) + "
+            f"sum(delta(vllm:num_requests_waiting{s}[{w}]))) / {window_s} or vector(0))")}
+        return out
+
+    def _by_class(self, expr: str, at: float) -> dict[str, float]:
+        return {s["metric"].get("priority_class", ""): float(s["value"][1])
+                for s in self.query(expr, at)}
+
+    def _scalar(self, expr: str, at: float) -> float:
+        result = self.query(expr, at)
+        return float(result[0]["value"][1]) if result else math.nan
+
+    def request_rate(self, start: float, end: float, *, canary: bool) -> float:
+        """Arriving requests per second in ``[start, end]`` (NaN with no data)."""
+        w = _window_s(start, end)
+        return self._scalar(self._exprs(self._selector(canary), w)["request_rate"][None], end)
+
+    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+        w = _window_s(start, end)
+        q = self._exprs(self._selector(canary), w)
+        requests = self._by_class(q["requests"][None], end)
+        finished = sum(v for v in requests.values() if math.isfinite(v))
+        if finished < self.min_requests:
+            where = "on the canary " if canary else ""
+            raise WindowRejected(f"only {finished:.0f} requests finished {where}in the {w} s "
+                                 f"window; need {self.min_requests}")
+        rate = self._scalar(q["request_rate"][None], end)
+        before = self._scalar(q["request_rate"][None], end - w)
+        if math.isfinite(before) and before >= self.min_rate_for_check and \
+                math.isfinite(rate) and abs(rate / before - 1.0) > self.load_tolerance:
+            raise WindowRejected(f"request rate moved from {before:.3g}/s to {rate:.3g}/s "
+                                 f"(more than {self.load_tolerance:.0%}): the window is not "
+                                 "comparable")
+        throughput = self._by_class(q["throughput"][None], end)
+        quantiles = {key: self._by_class(q[rec][None], end) for key, rec in _QUANTILES.items()}
+        goodput = {c: self._scalar(expr, end) for c, expr in q.get(_GOODPUT, {}).items()
+                   if c is not None}
+        preempt = self._scalar(q[_PREEMPT][None], end)
+        preempt = 0.0 if math.isnan(preempt) else preempt
+        classes: dict[str, dict[str, Any]] = {}
+        for p in Priority:
+            c = p.label
+            good = goodput.get(c, math.nan)
+            if math.isnan(good) and requests.get(c, 0.0) > 0 and c not in goodput:
+                good = throughput.get(c, 0.0)  # a class without an SLO: every token counts
+            classes[c] = {
+                "requests_finished": requests.get(c, 0.0),
+                "ttft_p99_ms": quantiles["ttft_p99_ms"].get(c, math.nan) * 1000.0,
+                "tbt_p99_ms": quantiles["tbt_p99_ms"].get(c, math.nan) * 1000.0,
+                "throughput_tok_s": throughput.get(c, 0.0),
+                "goodput_tok_s": 0.0 if math.isnan(good) else good,
+                "preemptions_per_min": preempt,
+            }
+
+        def worst(key: str) -> float:
+            return max((x[key] for x in classes.values() if math.isfinite(x[key])),
+                       default=math.nan)
+
+        return {
+            "start": start, "end": end, "duration_s": float(w), "canary": canary,
+            "requests_finished": finished, "request_rate": rate,
+            "throughput_tok_s": sum(x["throughput_tok_s"] for x in classes.values()),
+            "goodput_tok_s": sum(x["goodput_tok_s"] for x in classes.values()),
+            "ttft_p99_ms": worst("ttft_p99_ms"), "tbt_p99_ms": worst("tbt_p99_ms"),
+            "preemptions_per_min": preempt, "classes": classes,
+        }
+
+
+class PrometheusProbe:
+    """WorkloadProbe: the last ``window_s`` of traffic, as ``base``'s hardware under it.
+
+    Too little traffic to profile (a quiet deployment) gives ``base`` itself, as the
+    simulated twin does: the capacity search then plans for the designed load.
+    """
+
+    def __init__(self, query: QueryAt | str, selector: Mapping[str, str], base: Scenario, *,
+                 window_s: int = 60, duration_s: float = 60.0, min_requests: int = 10) -> None:
+        if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 2:
+            raise ValueError(f"window_s={window_s!r}: expected whole seconds >= 2")
+        if not duration_s > 0:
+            raise ValueError(f"duration_s={duration_s!r}: expected simulated seconds > 0")
+        self.query = query_at(query) if isinstance(query, str) else query
+        self.selector = dict(selector)
+        render_selector(self.selector)
+        self.base, self.window_s, self.duration_s = base, window_s, duration_s
+        self.min_requests = min_requests
+
+    def measure(self, now: float) -> Scenario:
+        def at_now(expr: str) -> list[dict[str, Any]]:
+            return self.query(expr, now)
+
+        try:
+            profile = WorkloadProfile.measure(at_now, self.selector, self.window_s,
+                                              min_requests=self.min_requests)
+            return profile.to_scenario(self.base, duration_s=self.duration_s)
+        except ProfileError:
+            return self.base

@@ -1,0 +1,188 @@
+"""When no Prometheus binary is at hand: scrape the replicas' /metrics directly.
+
+``DirectScrape`` polls every replica's ``/metrics`` once a ``interval_s`` on its own
+thread and keeps the cumulative series it needs. It is both the demo's AlertReader and
+its WindowEvaluator: windows are counter and bucket differences between two scrapes, the
+P99s the same linear interpolation ``histogram_quantile`` does, goodput the rules'
+product (tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), and
+the alerts the rules' conditions (``sim_adapters.SimAlerts``) with their hold times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.alerts import Alert, AlertAction
+from slopilot.tuner.evaluator_base import WindowRejected
+from slopilot.tuner.rules import RuleOptions, bucket_edge_at_or_below
+
+_TTFT = "vllm:time_to_first_token_seconds_bucket"
+_TBT = "vllm:inter_token_latency_seconds_bucket"
+_KEEP = {_TTFT, _TBT, "vllm:e2e_request_latency_seconds_count",
+         "vllm:request_generation_tokens_sum", "vllm:num_preemptions_total"}
+Series = dict[tuple[str, str, float], float]  # (name, priority_class, le) -> value
+
+
+def _parse(text: str) -> Series:
+    out: Series = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in _KEEP:
+                le = float(s.labels.get("le", "nan"))
+                key = (s.name, s.labels.get("priority_class", ""), le)
+                out[key] = out.get(key, 0.0) + float(s.value)
+    return out
+
+
+def quantile(q: float, buckets: Mapping[float, float]) -> float:
+    """``histogram_quantile`` over cumulative ``{le: count}``: NaN when empty."""
+    edges = sorted(buckets)
+    if not edges or buckets[edges[-1]] <= 0:
+        return math.nan
+    rank = q * buckets[edges[-1]]
+    counts = [buckets[e] for e in edges]
+    i = bisect.bisect_left(counts, rank)
+    if i >= len(edges) - 1 and math.isinf(edges[-1]):
+        return edges[-2] if len(edges) > 1 else math.nan
+    lo_edge, lo_count = (0.0, 0.0) if i == 0 else (edges[i - 1], counts[i - 1])
+    width = counts[i] - lo_count
+    return lo_edge + (edges[i] - lo_edge) * ((rank - lo_count) / width if width else 1.0)
+
+
+class DirectScrape:
+    def __init__(self, endpoints: Callable[[], list[str]], slo: SLOSpec,
+                 options: RuleOptions, *, interval_s: float = 1.0, min_requests: int = 10,
+                 history_s: float = 600.0) -> None:
+        self.endpoints, self.slo, self.opt = endpoints, slo, options
+        self.interval_s, self.min_requests = interval_s, min_requests
+        self._snaps: deque[tuple[float, dict[str, Series]]] = deque(
+            maxlen=max(2, int(history_s / interval_s)))
+        self._pending: dict[tuple[str, str, str], float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="scrape", daemon=True)
+        self._client = httpx.Client(timeout=max(0.5, interval_s))
+
+    def start(self) -> DirectScrape:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._client.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            urls = self.endpoints()
+            snap: dict[str, Series] = {}
+            for i, url in enumerate(urls):
+                role = "canary" if i == 0 and len(urls) > 1 else "stable"
+                try:
+                    snap[f"{role}|{url}"] = _parse(self._client.get(url + "/metrics").text)
+                except httpx.HTTPError:
+                    continue  # a replica starting or stopping: its series just pause
+            with self._lock:
+                self._snaps.append((time.time(), snap))
+
+    def _at(self, t: float) -> dict[str, Series] | None:
+        with self._lock:
+            before = [s for ts, s in self._snaps if ts <= t]
+        return before[-1] if before else None
+
+    def _delta(self, start: float, end: float, canary: bool) -> Series:
+        a, b = self._at(start), self._at(end)
+        out: Series = {}
+        if a is None or b is None:
+            return out
+        for who, series in b.items():
+            if canary and not who.startswith("canary|"):
+                continue
+            old = a.get(who, {})
+            for key, value in series.items():
+                # A replica that appeared within the window counts from zero.
+                out[key] = out.get(key, 0.0) + max(0.0, value - old.get(key, 0.0))
+        return out
+
+    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+        d = self._delta(start, end, canary)
+        span = max(1e-9, end - start)
+        classes: dict[str, dict[str, Any]] = {}
+        preempt = sum(v for (n, _, _), v in d.items()
+                      if n == "vllm:num_preemptions_total") * 60 / span
+        for p in Priority:
+            c, cls_slo = p.label, self.slo.class_slo(p)
+            hist = {name: {le: v for (n, k, le), v in d.items() if n == name and k == c}
+                    for name in (_TTFT, _TBT)}
+            tokens = sum(v for (n, k, _), v in d.items()
+                         if n == "vllm:request_generation_tokens_sum" and k == c)
+            good = tokens / span
+            for name, limit in ((_TTFT, cls_slo.ttft_p99_ms), (_TBT, cls_slo.tbt_p99_ms)):
+                total = hist[name].get(math.inf, 0.0)
+                if limit is not None and total > 0:
+                    good *= hist[name].get(bucket_edge_at_or_below(limit / 1000), 0.0) / total
+            classes[c] = {
+                "requests_finished": sum(v for (n, k, _), v in d.items()
+                                         if n == "vllm:e2e_request_latency_seconds_count"
+                                         and k == c),
+                "ttft_p99_ms": quantile(0.99, hist[_TTFT]) * 1000,
+                "tbt_p99_ms": quantile(0.99, hist[_TBT]) * 1000,
+                "throughput_tok_s": tokens / span, "goodput_tok_s": good,
+                "preemptions_per_min": preempt}
+        finished = sum(x["requests_finished"] for x in classes.values())
+        if finished < self.min_requests:
+            raise WindowRejected(f"only {finished:.0f} requests finished in the "
+                                 f"{span:.0f} s window; need {self.min_requests}")
+
+        def worst(key: str) -> float:
+            return max((x[key] for x in classes.values() if math.isfinite(x[key])),
+                       default=math.nan)
+
+        return {"start": start, "end": end, "duration_s": span, "canary": canary,
+                "requests_finished": finished,
+                "throughput_tok_s": sum(x["throughput_tok_s"] for x in classes.values()),
+                "goodput_tok_s": sum(x["goodput_tok_s"] for x in classes.values()),
+                "ttft_p99_ms": worst("ttft_p99_ms"), "tbt_p99_ms": worst("tbt_p99_ms"),
+                "preemptions_per_min": preempt, "classes": classes}
+
+    def firing(self) -> list[Alert]:
+        now = time.time()
+        try:
+            s = self.measure(now - self.opt.rate_window_s, now, canary=False)
+        except WindowRejected:
+            s = None
+        active: list[tuple[str, str, str, AlertAction, float]] = []
+        if s is not None:
+            for p in Priority:
+                c, per, cls_slo = p.label, s["classes"][p.label], self.slo.class_slo(p)
+                tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
+                if cls_slo.tbt_p99_ms is not None and tbt > 2 * cls_slo.tbt_p99_ms:
+                    active.append(("SlopilotTBTP99High", c, "critical", AlertAction.SCALE,
+                                   self.opt.tbt_periods * self.opt.interval_s))
+                for factor, sev in ((1, "warning"), (2, "critical")):
+                    if cls_slo.ttft_p99_ms is not None and ttft > factor * cls_slo.ttft_p99_ms:
+                        active.append(("SlopilotTTFTP99High", c, sev, AlertAction.RETUNE,
+                                       self.opt.alert_for_s))
+            limit = self.slo.max_preemptions_per_min
+            if limit is not None and s["preemptions_per_min"] > limit:
+                active.append(("SlopilotPreemptionStorm", "all", "warning", AlertAction.RETUNE,
+                               self.opt.alert_for_s))
+        keys = {(n, c, sev) for n, c, sev, _, _ in active}
+        self._pending = {k: t for k, t in self._pending.items() if k in keys}
+        out = []
+        for name, c, sev, action, hold in active:
+            since = self._pending.setdefault((name, c, sev), now)
+            if now - since >= hold:
+                out.append(Alert(name, action, sev, c, since))
+        return out
