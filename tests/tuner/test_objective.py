@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -84,7 +85,8 @@ def test_no_preemption_limit_means_no_preemption_term() -> None:
     (lambda s: s.pop("goodput_tok_s"), r"lacks 'goodput_tok_s'"),
     (lambda s: s.__setitem__("preemptions_per_min", "many"), r"expected a number"),
 ])
-def test_malformed_summaries_name_the_missing_figure(mutate, message: str) -> None:
+def test_malformed_summaries_name_the_missing_figure(mutate: Callable[[dict], object],
+                                                      message: str) -> None:
     s = _summary({"p0": 1}, {"p0": 1})
     mutate(s)
     with pytest.raises(SummaryError, match=message):
