@@ -39,11 +39,14 @@ from slopilot.tuner.controller_state import (
     Decision,
     LoopState,
 )
+from slopilot.tuner.tuner_metrics import TunerMetrics
 
 log = logging.getLogger(__name__)
 FACTORY_ENV = "SLOPILOT_CONTROLLER_FACTORY"
 TICK_ENV = "SLOPILOT_CONTROLLER_TICK_S"
 DEFAULT_TICK_S = 5.0
+BASE_SCENARIO_ENV = "SLOPILOT_BASE_SCENARIO"
+DEFAULT_BASE_SCENARIO = "azure-conv-2023"
 PHASES = {ControllerState.TUNING: Phase.TUNING, ControllerState.COMMIT: Phase.TUNING,
           ControllerState.SCALING: Phase.SCALING}
 
@@ -62,6 +65,7 @@ class DaemonContext:
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
+_METRICS = TunerMetrics()  # one registry entry per process, shared by every deployment
 
 
 def controller_settings(spec: LLMDeploymentSpec, name: str) -> ControllerSettings:
@@ -74,11 +78,55 @@ def controller_settings(spec: LLMDeploymentSpec, name: str) -> ControllerSetting
 
 
 def prometheus_controller(ctx: DaemonContext) -> Controller:
-    """The production wiring; it needs Prometheus-backed window and workload ports."""
-    raise ControllerError(
-        "no Prometheus window evaluator (measure(start, end, canary)) or workload probe "
-        f"is available to the operator yet; set {FACTORY_ENV}=module:function to a factory "
-        "that builds the controller's ports")
+    """The production wiring: alerts, windows and workload from the spec's Prometheus.
+
+    Windows select the deployment's series by ``slopilot_deployment`` (the ServiceMonitor
+    relabels it) and the canary's by its ``pod`` label (the first ready pod by name, as
+    the handle applies trials to). The study lives in ``spec.tuning.storage`` under the
+    deployment's namespaced name, so a restarted operator continues it. The simulator
+    (warm start, capacity) runs the workload measured from Prometheus on the base
+    scenario's hardware (``$SLOPILOT_BASE_SCENARIO``, default azure-conv-2023) with the
+    spec's SLO and knobs.
+    """
+    import dataclasses
+
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.tuner.alerts import AlertSource
+    from slopilot.tuner.capacity import CapacityPlanner
+    from slopilot.tuner.live_study import ResumableTuner
+    from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows, query_at
+    from slopilot.tuner.rules import DEPLOYMENT_LABEL
+    from slopilot.tuner.sim_adapters import SimOffline
+    from slopilot.tuner.space import SearchSpace
+    from slopilot.tuner.study import StudyStorageError, open_study
+
+    spec, name = ctx.spec, ctx.name
+    scenario_name = os.environ.get(BASE_SCENARIO_ENV, DEFAULT_BASE_SCENARIO)
+    try:
+        base = load_scenario(scenario_name)
+    except (OSError, ValueError) as exc:
+        raise ControllerError(f"{BASE_SCENARIO_ENV}={scenario_name!r}: {exc}") from None
+    base = dataclasses.replace(base, slo=spec.slo, engine=spec.engine.to_dict())
+    selector = {DEPLOYMENT_LABEL: name}
+    query = query_at(spec.prometheus_url)
+
+    def canary_labels() -> dict[str, str]:
+        pods = ctx.handle.pods()
+        return {"pod": pods[0]["metadata"]["name"]} if pods else {}
+
+    bounds = {k: list(v) for k, v in spec.tuning.bounds.items()}
+    space = SearchSpace.from_bounds(bounds or None, base=spec.engine)
+    try:
+        study = open_study(spec.tuning.storage, f"{ctx.namespace}.{name}")
+    except StudyStorageError as exc:
+        raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
+                              "function to build the controller's ports another way") from None
+    window = max(2, int(ctx.settings.window_s))
+    return Controller(
+        ctx.settings, ctx.handle, AlertSource(spec.prometheus_url, name),
+        PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
+        ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
+        CapacityPlanner(), offline=SimOffline(space), metrics=_METRICS, state=ctx.state)
 
 
 def load_factory() -> ControllerFactory:

@@ -6,8 +6,8 @@ The real-world twins of ``sim_adapters.SimWindows`` and ``SimProbe``. A window
 the same as when it ended. The expressions are the deployment's recording rules
 (``rules.render_rule_groups``) rendered with the window as the rate range, so a trial is
 judged on exactly what the alerts watch. ``canary=True`` narrows the selector to the
-canary replica (the ``instance_role`` label ``LocalDeployment``'s targets file, or the
-operator's pod labels, put on its series).
+canary replica: the ``instance_role`` label ``LocalDeployment``'s targets file puts on
+its series, or (the operator) a callable naming the canary pod's ``pod`` label now.
 """
 
 from __future__ import annotations
@@ -77,13 +77,15 @@ class PrometheusWindows:
     """
 
     def __init__(self, query: QueryAt | str, selector: Mapping[str, str], slo: SLOSpec, *,
-                 canary_labels: Mapping[str, str] = CANARY, min_requests: int = 10,
+                 canary_labels: Mapping[str, str] | Callable[[], Mapping[str, str]] = CANARY,
+                 min_requests: int = 10,
                  load_tolerance: float = 0.5, min_rate_for_check: float = 0.2) -> None:
         if not selector:
             raise ValueError("selector is empty: it would mix every engine in Prometheus; "
                              "pass the deployment's labels, e.g. {'slopilot_deployment': 'x'}")
         render_selector(selector)
-        render_selector(canary_labels)
+        if not callable(canary_labels):
+            render_selector(canary_labels)
         if isinstance(min_requests, bool) or not isinstance(min_requests, int) \
                 or min_requests < 1:
             raise ValueError(f"min_requests={min_requests!r}: expected a count >= 1")
@@ -92,14 +94,19 @@ class PrometheusWindows:
                              "0.5 for a 50 % change in request rate")
         self.query = query_at(query) if isinstance(query, str) else query
         self.selector = dict(selector)
-        self.canary_labels = dict(canary_labels)
+        self.canary_labels = canary_labels if callable(canary_labels) else dict(canary_labels)
         self.slo = slo
         self.min_requests = min_requests
         self.load_tolerance = load_tolerance
         self.min_rate_for_check = min_rate_for_check
 
     def _selector(self, canary: bool) -> dict[str, str]:
-        return {**self.selector, **self.canary_labels} if canary else dict(self.selector)
+        if not canary:
+            return dict(self.selector)
+        labels = self.canary_labels() if callable(self.canary_labels) else self.canary_labels
+        if not labels:
+            raise WindowRejected("no canary replica is ready to measure")
+        return {**self.selector, **labels}
 
     def _exprs(self, sel: Mapping[str, str], window_s: int) -> dict[str, dict[str | None, str]]:
         groups = render_rule_groups(self.slo, "window", selector=sel,

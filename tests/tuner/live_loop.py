@@ -1,0 +1,61 @@
+"""Real replicas (``LocalDeployment``) scraped by the real Prometheus, for live-loop tests.
+
+The rules are the deployment's, rendered with short windows (rate 6 s, ``for`` 1 s) so an
+alert fires seconds after its condition holds. Load comes from the demo's seeded
+open-loop generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.loadgen import LoadGenerator, Phase
+from slopilot.tuner.local import LocalDeployment
+from slopilot.tuner.local_prometheus import LocalPrometheus
+from slopilot.tuner.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
+from tests.support.prometheus import wait_until
+
+NAME = "live"
+SELECTOR = {DEPLOYMENT_LABEL: NAME}
+RULES = RuleOptions(interval_s=1, rate_window_s=6, alert_for_s=1, tbt_periods=2)
+START = {"token_budget": 2048, "chunk_size": 2048}
+LIGHT = Phase(rate=2.0, prompt_mean=512, output_mean=64)
+HEAVY = Phase(rate=2.0, prompt_mean=2048, output_mean=64,
+              classes={"p0": 0.4, "p1": 0.5, "p2": 0.1})
+
+
+@dataclass
+class LiveLoop:
+    deployment: LocalDeployment
+    prometheus: LocalPrometheus
+    load: LoadGenerator
+
+    def finished_requests(self) -> float:
+        answer = httpx.get(self.prometheus.url + "/api/v1/query", params={
+            "query": f'sum(vllm:e2e_request_latency_seconds_count{{{DEPLOYMENT_LABEL}="{NAME}"}})'
+        }, timeout=5).json()
+        result = answer.get("data", {}).get("result", [])
+        return float(result[0]["value"][1]) if result else 0.0
+
+
+@contextmanager
+def live_loop(workdir: Path, slo: SLOSpec, *, replicas: int = 1, phase: Phase = LIGHT,
+              seed: int = 0) -> Iterator[LiveLoop]:
+    with ExitStack() as stack:
+        dep = stack.enter_context(LocalDeployment(NAME, workdir / "replicas", replicas=replicas,
+                                                  max_replicas=3, knobs=START))
+        rules = workdir / "rules.yaml"
+        rules.write_text(render_rules_yaml(slo, NAME, options=RULES))
+        prom = stack.enter_context(LocalPrometheus(workdir / "prometheus", dep.targets_file,
+                                                   [rules]))
+        load = stack.enter_context(LoadGenerator(dep.endpoints, phase, model=NAME, seed=seed))
+        loop = LiveLoop(dep, prom, load)
+        wait_until(lambda: loop.finished_requests() >= 5, timeout_s=30,
+                   what="Prometheus to hold finished requests of the replicas")
+        yield loop

@@ -1,0 +1,151 @@
+"""The controller on real processes: real ``slopilot serve`` replicas, the real Prometheus
+with the deployment's rules, its alerts and windows read back over HTTP.
+
+(1) an injected overload fires an alert and the controller retunes until it resolves;
+(2) with Prometheus stopped the controller holds the config and says so, and resumes
+when Prometheus is back on the same port and data; (3) a controller dropped mid-trial
+resumes from its serialized state and its study in SQLite without applying again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.alerts import AlertSource
+from slopilot.tuner.capacity import CapacityPlanner
+from slopilot.tuner.controller import Controller
+from slopilot.tuner.controller_state import (
+    Action,
+    ControllerSettings,
+    ControllerState,
+    Decision,
+    LoopState,
+)
+from slopilot.tuner.live_study import ResumableTuner
+from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.sim_adapters import SimOffline
+from slopilot.tuner.space import SearchSpace
+from slopilot.tuner.study import open_study
+from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.tuner.live_loop import HEAVY, NAME, SELECTOR, START, LiveLoop, live_loop
+
+pytestmark = pytest.mark.usefixtures("prometheus_binaries")
+
+# The demo scenario's SLO: the relaxed start config breaks P0 TBT under long prompts, a
+# smaller chunk holds it (scenarios/demo.yaml).
+DEMO = load_scenario("demo")
+TIGHT = SLOSpec.from_dict({"classes": {"p0": {"ttft_p99_ms": 1, "tbt_p99_ms": 1}}})
+
+
+def controller(loop: LiveLoop, slo: SLOSpec, storage: str | None = None, *,
+               state: LoopState | None = None, offline: bool = False,
+               window_s: float = 6.0) -> Controller:
+    space = SearchSpace.from_bounds(base=DEMO.engine_config().with_overrides(START))
+    settings = ControllerSettings(deployment=NAME, slo=slo, min_replicas=1, max_replicas=1,
+                                  window_s=window_s, max_trials=3, cooldown_s=30,
+                                  revert_check_s=window_s / 2, canary=False)
+    url = loop.prometheus.url
+    return Controller(
+        settings, loop.deployment, AlertSource(url, NAME),
+        PrometheusWindows(url, SELECTOR, slo, min_requests=5, load_tolerance=1.0),
+        ResumableTuner(open_study(storage, "live", seed=0), space),
+        PrometheusProbe(url, SELECTOR, DEMO, window_s=10, duration_s=20.0),
+        CapacityPlanner(duration_s=20.0, seed=0),
+        offline=SimOffline(space, n_trials=8, duration_s=20.0, seed=0) if offline else None,
+        state=state)
+
+
+def tick_until(ctl: Controller, done: Callable[[Decision], bool], *, timeout_s: float,
+               what: str, log: list[Decision]) -> Decision:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        d = ctl.tick(time.time())
+        log.append(d)
+        if done(d):
+            return d
+        if time.monotonic() > deadline:
+            lines = "\n".join(x.line() for x in log if x.action is not Action.NONE)
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n{lines}")
+        time.sleep(0.5)
+
+
+def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
+        tmp_path: Path) -> None:
+    with live_loop(tmp_path, DEMO.slo) as loop:
+        ctl = controller(loop, DEMO.slo, offline=True)
+        log: list[Decision] = []
+        d = ctl.tick(time.time())
+        assert d.action is Action.NONE and d.state is ControllerState.STEADY, d.line()
+        loop.load.set_phase(HEAVY)  # the injected overload: long prompts, mostly P0
+        tick_until(ctl, lambda d: d.action is Action.TRIAL, timeout_s=30,
+                   what="an alert and a first trial", log=log)
+        assert any("alert Slopilot" in x.reason for x in log)
+        tick_until(ctl, lambda d: d.action is Action.COMMIT, timeout_s=40,
+                   what="a committed config", log=log)
+        committed = ctl.loop.best_config
+        assert committed is not None
+        live = loop.deployment.current_config()
+        assert {k: live[k] for k in committed} == committed
+        assert committed["chunk_size"] < START["chunk_size"]
+        tick_until(ctl, lambda d: not ctl.alerts.firing(), timeout_s=30,
+                   what="the alerts to resolve", log=log)
+
+
+def test_prometheus_down_holds_the_config_then_resumes(tmp_path: Path) -> None:
+    with live_loop(tmp_path, DEMO.slo) as loop:
+        ctl = controller(loop, DEMO.slo)
+        before = loop.deployment.current_config()
+        assert not ctl.tick(time.time()).prometheus_unavailable
+        port = loop.prometheus.port
+        loop.prometheus.stop()
+        held = ctl.tick(time.time())
+        assert held.prometheus_unavailable and held.action is Action.HOLD, held.line()
+        assert "prometheus_unavailable" in held.reason
+        again = ctl.tick(time.time())
+        assert again.prometheus_unavailable and again.action is Action.NONE
+        assert loop.deployment.current_config() == before
+        assert loop.deployment.applied == []
+        loop.prometheus.start()  # the same port and data directory
+        assert loop.prometheus.port == port
+        back = ctl.tick(time.time())
+        assert not back.prometheus_unavailable, back.line()
+        assert ctl.state is ControllerState.STEADY
+        # The data from before the outage is still there (same TSDB directory).
+        assert loop.finished_requests() > 0
+
+
+def test_a_controller_dropped_mid_trial_resumes_without_applying_again(
+        tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    with live_loop(tmp_path, TIGHT) as loop:
+        first = controller(loop, TIGHT, storage, window_s=6.0)
+        log: list[Decision] = []
+        trial = tick_until(first, lambda d: d.action is Action.TRIAL, timeout_s=25,
+                           what="the TTFT alert (a 1 ms SLO) and a trial", log=log)
+        assert loop.deployment.applied == [(trial.config, False)]
+        saved = json.loads(json.dumps(first.to_dict()))
+        del first  # the process dies mid-trial: only the JSON state and SQLite remain
+
+        resumed = controller(loop, TIGHT, storage,
+                             state=LoopState.from_dict(saved), window_s=6.0)
+        assert resumed.state is ControllerState.TUNING
+        assert resumed.loop.trial is not None and resumed.loop.trial.number == trial.trial
+        done = tick_until(resumed, lambda d: d.trial == trial.trial and d.summary is not None,
+                          timeout_s=25, what="the resumed trial's window", log=log)
+        assert "infeasible" in done.reason or done.action is not Action.NONE
+        # The resumed controller measured the running trial; it did not apply it again.
+        assert loop.deployment.applied[:1] == [(trial.config, False)]
+        assert all(c != trial.config for c, _ in loop.deployment.applied[1:])
+        stored = optuna.load_study(study_name="live", storage=storage)
+        t = stored.trials[trial.trial or 0]
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert t.user_attrs["config"] == trial.config
+
