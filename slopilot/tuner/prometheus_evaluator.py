@@ -178,8 +178,10 @@ class PrometheusEvaluator:
         self.base.with_overrides(config, live_only=True)
         before = self.request_rate()  # also proves Prometheus answers before we change a pod
         self.apply_config(dict(config))
+        applied_at = self._clock()
         self._sleep(self.settle_s + self.window_s)
         summary = self.measure()
+        summary["elapsed_s"] = self._clock() - applied_at
         rate = summary["request_rate"]
         self.last_request_rate = rate
         finished = summary["requests_finished"]
