@@ -1,0 +1,65 @@
+"""LocalDeployment: real ``slopilot serve`` processes, the targets file, admin calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from slopilot.engine.config import ConfigError
+from slopilot.tuner.local import DeploymentError, LocalDeployment
+
+
+def _targets(dep: LocalDeployment) -> dict[str, list[str]]:
+    groups = json.loads(dep.targets_file.read_text())
+    assert all(g["labels"]["slopilot_deployment"] == "t" for g in groups)
+    return {g["labels"]["instance_role"]: g["targets"] for g in groups}
+
+
+def test_replicas_targets_configs_scaling_and_a_clean_stop(tmp_path: Path) -> None:
+    with LocalDeployment("t", tmp_path, replicas=2, max_replicas=3,
+                         knobs={"token_budget": 2048, "chunk_size": 2048}) as dep:
+        urls = dep.endpoints()
+        assert dep.replicas() == 2 and len(set(urls)) == 2
+        assert _targets(dep) == {"canary": [urls[0].removeprefix("http://")],
+                                 "stable": [urls[1].removeprefix("http://")]}
+        assert dep.current_config()["token_budget"] == 2048
+        # The token is not on the command line and an unauthenticated PUT is refused.
+        assert dep.token not in " ".join(dep._command(1))
+        assert httpx.put(urls[0] + "/admin/config", json={"token_budget": 512}).status_code == 401
+        dep.apply_config({"token_budget": 512, "chunk_size": 512}, canary=True)
+        assert httpx.get(urls[0] + "/admin/config").json()["token_budget"] == 512
+        assert dep.current_config()["token_budget"] == 2048  # the stable replica kept it
+        with pytest.raises(ConfigError, match="token_budget"):
+            dep.apply_config({"token_budget": -1}, canary=False)
+        dep.apply_config({"token_budget": 1024, "chunk_size": 512}, canary=False)
+        dep.scale(3)  # a new replica starts with the stable config
+        assert dep.replicas() == 3 and len(_targets(dep)["stable"]) == 2
+        assert httpx.get(dep.endpoints()[2] + "/admin/config").json()["token_budget"] == 1024
+        dep.scale(1)  # stops the newest; the canary stays
+        assert dep.endpoints() == urls[:1] and "stable" not in _targets(dep)
+        with pytest.raises(ValueError, match="max_replicas=3"):
+            dep.scale(4)
+        processes = [r.process for r in dep._active + dep._stopping]
+    assert all(p.poll() is not None for p in processes)
+    assert json.loads(dep.targets_file.read_text()) == []
+
+
+def test_a_replica_that_cannot_start_is_reported_and_nothing_is_left(tmp_path: Path) -> None:
+    dep = LocalDeployment("t", tmp_path, replicas=2, scenario="no-such-scenario")
+    with pytest.raises(DeploymentError, match="exited with"):
+        dep.start()
+    assert dep.replicas() == 0 and all(r.process.poll() is not None for r in dep._stopping)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"replicas": 0}, "1 <= replicas"),
+    ({"executor": "gpu"}, "executor='gpu'"),
+    ({"knobs": {"chunk_sizes": 1}}, "unknown knob 'chunk_sizes'"),
+])
+def test_bad_arguments_are_refused_before_any_process_starts(
+        tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises((ValueError, ConfigError), match=message):
+        LocalDeployment("t", tmp_path, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,120 @@
+"""PrometheusWindows and PrometheusProbe over recorded answers, and query_at on a dead port;
+the live path is in test_closed_loop_prometheus. Also the direct-scrape quantile."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows, query_at
+from slopilot.tuner.scrape_fallback import quantile
+from tests.support.prometheus import free_port
+
+DEMO = load_scenario("demo")
+
+
+class Recorded:
+    """Answers by the first matching fragment; records every (expr, time) asked."""
+
+    def __init__(self, answers: dict[str, Any]) -> None:
+        self.answers, self.asked = answers, []  # type: ignore[var-annotated]
+
+    def __call__(self, expr: str, at: float) -> list[dict[str, Any]]:
+        self.asked.append((expr, at))
+        for fragment, value in self.answers.items():
+            if fragment in expr:
+                v = value(at) if callable(value) else value
+                if isinstance(v, dict):
+                    return [{"metric": {"priority_class": c}, "value": [at, str(x)]}
+                            for c, x in v.items()]
+                return [{"metric": {}, "value": [at, str(v)]}]
+        return []
+
+
+def answers(rate_now: float = 2.0, rate_before: float = 2.0, finished: float = 20.0
+            ) -> dict[str, Any]:
+    return {
+        "histogram_quantile(0.99, sum by (le, priority_class) (rate(vllm:time_to_first":
+            {"p0": 0.3, "p1": 0.5},
+        "histogram_quantile(0.99, sum by (le, priority_class) (rate(vllm:inter_token":
+            {"p0": 0.04, "p1": 0.05},
+        "increase(vllm:e2e_request_latency_seconds_count": {"p0": finished / 2,
+                                                           "p1": finished / 2},
+        "sum(rate(vllm:e2e_request_latency_seconds_count":
+            lambda at: rate_now if at == 100.0 else rate_before,
+        "sum by (priority_class) (rate(vllm:request_generation_tokens_sum": {"p0": 30, "p1": 40},
+        "vllm:num_preemptions_total": 0.0,
+        "vllm:request_generation_tokens_sum{priority_class=\"p0\"": 25.0,
+    }
+
+
+def windows(q: Recorded, **kw: Any) -> PrometheusWindows:
+    return PrometheusWindows(q, {"slopilot_deployment": "d"}, DEMO.slo, min_requests=10, **kw)
+
+
+def test_a_window_is_read_at_its_end_over_its_length() -> None:
+    q = Recorded(answers())
+    s = windows(q).measure(90.0, 100.0, canary=False)
+    assert s["classes"]["p0"]["ttft_p99_ms"] == pytest.approx(300.0)
+    assert s["classes"]["p1"]["tbt_p99_ms"] == pytest.approx(50.0)
+    assert s["requests_finished"] == 20 and s["duration_s"] == 10
+    assert all("[10s]" in e for e, _ in q.asked if "[" in e)
+    assert {t for _, t in q.asked} == {100.0, 90.0}  # the window, and the one before it
+    assert all('instance_role="canary"' not in e for e, _ in q.asked)
+
+
+def test_the_canary_window_selects_the_canary_series() -> None:
+    q = Recorded(answers())
+    windows(q).measure(90.0, 100.0, canary=True)
+    assert all('instance_role="canary"' in e for e, _ in q.asked if "{" in e)
+    with pytest.raises(WindowRejected, match="no canary"):
+        windows(q, canary_labels=dict).measure(90.0, 100.0, canary=True)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"finished": 4}, "only 4 requests finished"),
+    ({"rate_now": 4.0, "rate_before": 2.0}, "request rate moved from 2/s to 4/s"),
+])
+def test_windows_that_do_not_count_are_rejected(kw: dict[str, float], message: str) -> None:
+    with pytest.raises(WindowRejected, match=message):
+        windows(Recorded(answers(**kw))).measure(90.0, 100.0, canary=False)
+
+
+def test_an_idle_window_before_is_not_a_load_shift() -> None:
+    s = windows(Recorded(answers(rate_before=0.0))).measure(90.0, 100.0, canary=False)
+    assert s["request_rate"] == 2.0
+
+
+def test_bad_settings_and_short_windows_say_what_to_fix() -> None:
+    q = Recorded({})
+    with pytest.raises(ValueError, match="selector is empty"):
+        PrometheusWindows(q, {}, DEMO.slo)
+    with pytest.raises(ValueError, match="min_requests=0"):
+        PrometheusWindows(q, {"a": "b"}, DEMO.slo, min_requests=0)
+    with pytest.raises(WindowRejected, match="shorter than 2 s"):
+        windows(q).measure(99.5, 100.0, canary=False)
+    with pytest.raises(ValueError, match="expected http"):
+        query_at("localhost:9090")
+
+
+def test_an_unreachable_prometheus_is_reported_as_unavailable() -> None:
+    dead = query_at(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+    with pytest.raises(PrometheusUnavailable, match="cannot reach Prometheus"):
+        PrometheusWindows(dead, {"a": "b"}, DEMO.slo).measure(90.0, 100.0, canary=False)
+
+
+def test_the_probe_falls_back_to_the_base_scenario_without_traffic() -> None:
+    probe = PrometheusProbe(Recorded({}), {"a": "b"}, DEMO, window_s=10)
+    assert probe.measure(100.0) is DEMO
+
+
+def test_direct_scrape_quantile_interpolates_like_histogram_quantile() -> None:
+    # 100 observations: 50 in (0, 0.1], 40 in (0.1, 0.2], 10 in (0.2, 0.4].
+    buckets = {0.1: 50.0, 0.2: 90.0, 0.4: 100.0, math.inf: 100.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.1)
+    assert quantile(0.99, buckets) == pytest.approx(0.2 + 0.2 * 0.9)
+    assert math.isnan(quantile(0.99, {math.inf: 0.0}))
