@@ -218,14 +218,18 @@ class AsyncEngine:
             self._live[req.request_id] = (req, stream)
             self._post(_resolve, fut, None, None)
 
+        # Active before the engine sees it: its tokens may arrive before ``fut`` wakes us.
+        self._active[req.request_id] = stream
+        self._all_done.clear()
         self._submit(add)
         try:
             await fut
-        except asyncio.CancelledError:
-            self.abort(req.request_id)
+        except BaseException as exc:
+            if self._active.pop(req.request_id, None) is not None and not self._active:
+                self._all_done.set()
+            if isinstance(exc, asyncio.CancelledError):
+                self.abort(req.request_id)
             raise
-        self._active[req.request_id] = stream
-        self._all_done.clear()
         return stream
 
     def abort(self, request_id: str) -> None:

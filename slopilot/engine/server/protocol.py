@@ -43,6 +43,9 @@ class _GenerationFields(BaseModel):
         None, description="0/1/2 or p0/p1/p2 (extension); else the x-slopilot-priority "
         "header; default p1")
     user: str | None = None
+    return_token_ids: bool = Field(
+        False, description="Add the prompt's and the output's token ids (non-streaming; "
+        "extension, as in vLLM)")
     # Accepted only at their neutral value.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

@@ -42,6 +42,7 @@ class Prepared:
     chat: bool
     include_usage: bool
     stream: bool
+    return_token_ids: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -119,7 +120,7 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     req = Request(f"{prefix}-{uuid.uuid4().hex}", ids, params, priority=priority,
                   eos_token_id=eos[0] if eos else None)
     return Prepared(req, body.stop_strings, frozenset(user_stop_ids) | frozenset(eos), chat,
-                    body.include_usage, body.stream)
+                    body.include_usage, body.stream, body.return_token_ids)
 
 
 async def submit(engine: AsyncEngine, prep: Prepared) -> RequestStream:
@@ -144,11 +145,15 @@ class _Decoder:
         self.stop_ids = prep.stop_ids
         self.detok = IncrementalDetokenizer(backend.tokenizer, prep.request.prompt_token_ids,
                                             prep.stop)
-        self.num_tokens = 0
+        self.token_ids: list[int] = []
         self.finish: str | None = None
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
     def feed(self, token_ids: list[int], finish: FinishReason | None) -> str:
-        self.num_tokens += len(token_ids)
+        self.token_ids += token_ids
         if finish is FinishReason.STOP and token_ids and token_ids[-1] in self.stop_ids:
             token_ids = token_ids[:-1]  # the stop token itself is not output text
         self.detok.add(token_ids, final=finish is not None)
@@ -183,14 +188,17 @@ async def collect(backend: Backend, prep: Prepared, stream: RequestStream
     text = "".join(parts)
     req = prep.request
     usage = dec.usage(req.num_prompt_tokens)
-    common = {"id": req.request_id, "created": prep.created, "model": backend.served_model_name,
-              "usage": usage}
+    common: dict[str, object] = {"id": req.request_id, "created": prep.created,
+                                 "model": backend.served_model_name, "usage": usage}
+    choice: dict[str, object] = {"index": 0, "finish_reason": dec.finish, "logprobs": None}
+    if prep.return_token_ids:
+        common["prompt_token_ids"] = req.prompt_token_ids
+        choice["token_ids"] = dec.token_ids
     if prep.chat:
-        return {**common, "object": "chat.completion", "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "finish_reason": dec.finish, "logprobs": None}]}
-    return {**common, "object": "text_completion", "choices": [{
-        "index": 0, "text": text, "finish_reason": dec.finish, "logprobs": None}]}
+        choice["message"] = {"role": "assistant", "content": text}
+        return {**common, "object": "chat.completion", "choices": [choice]}
+    choice["text"] = text
+    return {**common, "object": "text_completion", "choices": [choice]}
 
 
 def _sse(payload: object) -> str:

@@ -1,0 +1,125 @@
+"""/admin/config: bearer token, whole validation, staged at the next iteration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.outputs import SchedulerOutput
+from slopilot.engine.request import Request
+from tests.engine.server.conftest import ADMIN_TOKEN
+from tests.support.live_server import LiveServer, start_server
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[LiveServer]:
+    with start_server(admin_token=ADMIN_TOKEN) as server:
+        yield server
+
+
+def _put(srv: LiveServer, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+    kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
+    return httpx.put(srv.url + "/admin/config", headers=headers or AUTH, timeout=10, **kw)
+
+
+def _get(srv: LiveServer) -> dict[str, Any]:
+    res = httpx.get(srv.url + "/admin/config")
+    assert res.status_code == 200
+    return res.json()  # type: ignore[no-any-return]
+
+
+class StepRecorder:
+    """Records each iteration's rows (tokens per request) and the config it ran with."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[list[int], int, int]] = []
+
+    def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
+                now: float) -> None:
+        cfg = engine.scheduler.config
+        self.steps.append(([len(s.token_ids) for s in out.seqs], cfg.chunk_size,
+                           cfg.effective_budget))
+
+    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None: ...
+    def on_token_gap(self, req: Request, gap_s: float, now: float) -> None: ...
+    def on_finished(self, req: Request, now: float) -> None: ...
+
+
+def test_put_is_applied_from_the_next_iteration(srv: LiveServer) -> None:
+    res = _put(srv, {"token_budget": 128, "budget_align": 64, "chunk_size": 64,
+                     "preemption_mode": "swap"})
+    assert res.status_code == 200, res.text
+    assert res.json()["chunk_size"] == 64 and res.json()["preemption_mode"] == "swap"
+    assert _get(srv) == res.json()
+    rec = StepRecorder()
+    srv.call(lambda e: e.observers.append(rec))
+    done = httpx.post(srv.url + "/v1/completions", timeout=30,
+                      json={"prompt": "w " * 300, "max_tokens": 2})
+    assert done.status_code == 200
+    srv.call(lambda e: e.observers.remove(rec))
+    # 300 prompt tokens in chunks of at most 64, every iteration within the new budget.
+    assert rec.steps and all(c == 64 and b == 128 for _, c, b in rec.steps)
+    rows = [n for seqs, _, _ in rec.steps for n in seqs]
+    assert max(rows) == 64 and sum(rows) == 300 + 1
+    assert srv.call(lambda e: e.scheduler.config.chunk_size) == 64
+    metrics = httpx.get(srv.url + "/metrics").text
+    assert 'slopilot_config_knob{knob="chunk_size",model_name=' in metrics
+    assert 'knob="chunk_size",model_name="Llama-3-8B"} 64.0' in metrics
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({"token_budget": 512, "chunk_size": 99999}, "chunk_size", "out of range"),
+    ({"token_budget": 512, "no_such_knob": 1}, "no_such_knob", "unknown knob"),
+    ({"token_budget": 512, "block_size": 32}, "block_size", "cannot change"),
+    ({"token_budget": "many"}, "token_budget", "expected a int"),
+    ({"preemption_mode": "pray"}, "preemption_mode", "recompute, swap, auto"),
+    ({"token_budget": 256, "chunk_size": 512}, "chunk_size", "exceeds the token budget"),
+])
+def test_bad_put_changes_nothing(srv: LiveServer, body: dict[str, Any], param: str,
+                                 words: str) -> None:
+    before = _get(srv)
+    res = _put(srv, body)
+    assert res.status_code == 400, res.text
+    err = res.json()["error"]
+    assert err["param"] == param and words in err["message"]
+    assert _get(srv) == before
+    assert srv.call(lambda e: e.scheduler.config.to_dict()) == before
+
+
+def test_unchanged_non_live_knob_is_accepted(srv: LiveServer) -> None:
+    res = _put(srv, {"block_size": 16, "max_num_seqs": 8})
+    assert res.status_code == 200 and res.json()["max_num_seqs"] == 8
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b"{oops", b"", b"42"])
+def test_put_body_must_be_an_object(srv: LiveServer, body: bytes) -> None:
+    res = _put(srv, body)
+    assert res.status_code == 400
+    assert "error" in res.json()
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer wrong"}, {"Authorization": ADMIN_TOKEN},
+    {"Authorization": f"Basic {ADMIN_TOKEN}"}])
+def test_put_needs_the_token(srv: LiveServer, headers: dict[str, str]) -> None:
+    before = _get(srv)
+    res = httpx.put(srv.url + "/admin/config", json={"token_budget": 512}, headers=headers)
+    assert res.status_code == 401
+    assert res.json()["error"]["type"] == "authentication_error"
+    assert res.headers["www-authenticate"] == "Bearer"
+    assert _get(srv) == before
+
+
+def test_put_without_a_configured_token_is_403() -> None:
+    with start_server() as srv:
+        res = httpx.put(srv.url + "/admin/config", json={"token_budget": 512},
+                        headers={"Authorization": "Bearer anything"})
+        assert res.status_code == 403
+        assert "SLOPILOT_ADMIN_TOKEN" in res.json()["error"]["message"]
+        assert _get(srv)["token_budget"] == 1024

@@ -1,0 +1,152 @@
+"""AsyncEngine without HTTP: streams, aborts, staged configs, drain, idle, failure."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.metrics_observer import MetricsObserver
+from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from slopilot.engine.request import FinishReason
+from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError
+from tests.engine.helpers import make_request
+from tests.support.fake_executor import FakeExecutor
+
+
+class GatedExecutor(FakeExecutor):
+    """Blocks each iteration until the test lets it run (so a request stays live)."""
+
+    def __init__(self) -> None:
+        super().__init__(step_s=0.0)
+        self.gate = threading.Semaphore(0)
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        self.gate.acquire()
+        return super().execute(out)
+
+
+def _engine(executor: FakeExecutor | None = None, blocks: int = 64, **knobs: object
+            ) -> LLMEngine:
+    cfg = EngineConfig().with_overrides({"budget_align": 1, **knobs})
+    return LLMEngine(cfg, executor or FakeExecutor(step_s=0.0), blocks)
+
+
+async def test_tokens_stream_in_order_then_finish() -> None:
+    engine = AsyncEngine(_engine())
+    engine.start()
+    stream = await engine.add_request(make_request("a", 10, max_tokens=5))
+    tokens: list[int] = []
+    finish = None
+    async for delta in stream:
+        tokens += delta.token_ids
+        finish = delta.finish_reason
+    assert len(tokens) == 5 and finish is FinishReason.LENGTH
+    assert await engine.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
+    await engine.shutdown()
+    assert not engine.is_running
+
+
+async def test_abort_frees_blocks_between_iterations() -> None:
+    ex = GatedExecutor()
+    engine = AsyncEngine(_engine(ex))
+    engine.start()
+    stream = await engine.add_request(make_request("a", 40, max_tokens=100))
+    ex.gate.release()  # the first iteration (prefill) runs
+    first = await stream.__anext__()
+    assert first.token_ids
+    stream.abort()
+    ex.gate.release(1000)
+    used = await engine.call(lambda e: (e.scheduler.kv.num_used_blocks, len(e.scheduler.requests)))
+    assert used == (0, 0)
+    await engine.shutdown()
+
+
+async def test_config_update_is_staged_whole() -> None:
+    engine = AsyncEngine(_engine())
+    engine.start()
+    new = await engine.update_config({"chunk_size": 64, "token_budget": 128})
+    assert engine.config == new
+    with pytest.raises(ConfigError):
+        await engine.update_config({"chunk_size": 64, "block_size": 8})
+    assert engine.config == new
+    # Staged: the scheduler swaps it in at its next iteration.
+    stream = await engine.add_request(make_request("a", 200, max_tokens=1))
+    async for _ in stream:
+        pass
+    assert await engine.call(lambda e: e.scheduler.config) == new
+    await engine.shutdown()
+
+
+async def test_idle_loop_checks_integrity_and_does_not_spin() -> None:
+    engine = AsyncEngine(_engine())
+    engine.start()
+    stream = await engine.add_request(make_request("a", 5, max_tokens=2))
+    async for _ in stream:
+        pass
+    await engine.call(lambda e: None)
+    checks = engine.num_idle_checks
+    steps = engine.engine.num_steps
+    for _ in range(5):
+        await engine.call(lambda e: None)  # wakes the loop; no work, so no step
+    assert engine.engine.num_steps == steps
+    assert checks >= 1
+    await engine.shutdown()
+
+
+async def test_drain_timeout_aborts_and_counts() -> None:
+    class Slow(FakeExecutor):
+        def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+            time.sleep(0.002)  # a pretend forward pass, so the request outlives the drain
+            return super().execute(out)
+
+    engine = AsyncEngine(_engine(Slow()))
+    engine.start()
+    stream = await engine.add_request(make_request("a", 5, max_tokens=100_000))
+    aborted = await asyncio.wait_for(engine.drain(0.05), 10)
+    assert aborted == 1
+    deltas = [d async for d in stream]
+    assert deltas[-1].finish_reason is FinishReason.ABORT
+    assert await engine.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
+    await engine.shutdown()
+
+
+async def test_executor_failure_fails_streams_and_new_requests() -> None:
+    class Broken(FakeExecutor):
+        def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+            raise RuntimeError("device lost")
+
+    engine = AsyncEngine(_engine(Broken()))
+    engine.start()
+    stream = await engine.add_request(make_request("a", 5, max_tokens=3))
+    with pytest.raises(RuntimeError, match="device lost"):
+        async for _ in stream:
+            pass
+    with pytest.raises(EngineDeadError):
+        await engine.add_request(make_request("b", 5))
+    await engine.shutdown()
+
+
+def test_metrics_observer_passes_deltas_of_scheduler_counters() -> None:
+    metrics = EngineMetrics("m")
+    obs = MetricsObserver(metrics)
+    # Tiny cache: four requests that outgrow it force preemptions.
+    engine = _engine(blocks=6, max_preemptions_per_step=4, preemption_mode="recompute")
+    engine.observers.append(obs)
+    for i in range(4):
+        engine.add_request(make_request(f"r{i}", 20, max_tokens=20, first_token=10 * i))
+    engine.run_until_idle(10_000)
+    sched = engine.scheduler
+    assert metrics.preempted_recompute == sum(sched.num_preemptions.values()) > 0
+    assert metrics.prefix_queries == sched.prefix_queries
+    assert metrics.prefix_hits == sched.prefix_hits
+    assert metrics.generation_tokens == 4 * 20
+    assert sum(metrics._success.values()) == 4
+    obs.refresh(engine, engine.clock.now())
+    assert metrics.preempted_recompute == sum(sched.num_preemptions.values())
+    assert metrics.num_running == 0 and metrics.kv_usage == 0
