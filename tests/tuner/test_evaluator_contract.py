@@ -46,7 +46,8 @@ def _prometheus(stack: LiveStack, slo: SLOSpec, **kw: Any) -> PrometheusEvaluato
                                selector=SELECTOR, **args)
 
 
-@pytest.fixture(params=["simulator", "prometheus"])
+@pytest.fixture(params=["simulator", pytest.param(
+    "prometheus", marks=[pytest.mark.prometheus, pytest.mark.slow])])
 def make(request: pytest.FixtureRequest) -> Callable[[SLOSpec], Evaluator]:
     if request.param == "simulator":
         return lambda slo: SimulatorEvaluator("tiny-cpu", duration_s=15, slo=slo)
@@ -89,6 +90,7 @@ def test_contract(make: Callable[[SLOSpec], Evaluator], request: pytest.FixtureR
 
 
 @pytest.mark.prometheus
+@pytest.mark.slow
 def test_the_config_reaches_the_engine_and_windows_can_be_rejected(stack: LiveStack) -> None:
     _prometheus(stack, LOOSE).evaluate({"token_budget": 768, "chunk_size": 128})
     live = stack.server.call(lambda engine: engine.config)
@@ -108,6 +110,8 @@ def test_dead_prometheus_is_reported_before_anything_is_applied(stack: LiveStack
     assert len(stack.applied) == before
 
 
+@pytest.mark.prometheus
+@pytest.mark.slow
 def test_a_load_shift_rejects_the_window(prometheus_binaries: PrometheusBinaries,  # noqa: F811
                                          tmp_path: Path) -> None:
     with live_stack(prometheus_binaries, tmp_path, rate=8.0) as s:

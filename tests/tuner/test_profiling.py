@@ -98,6 +98,8 @@ def test_zero_rate_profile_cannot_become_a_scenario() -> None:
         prof.to_scenario(load_scenario("tiny-cpu"))
 
 
+@pytest.mark.prometheus
+@pytest.mark.slow
 def test_live_engine_profile_through_real_prometheus(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
     def measured(url: str) -> WorkloadProfile | None:
