@@ -37,7 +37,8 @@ from slopilot.tuner.study import open_study
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.tuner.live_loop import HEAVY, NAME, SELECTOR, START, LiveLoop, live_loop
 
-pytestmark = pytest.mark.usefixtures("prometheus_binaries")
+pytestmark = [pytest.mark.usefixtures("prometheus_binaries"), pytest.mark.slow,
+              pytest.mark.prometheus]
 
 # The demo scenario's SLO: the relaxed start config breaks P0 TBT under long prompts, a
 # smaller chunk holds it (scenarios/demo.yaml).

@@ -12,6 +12,8 @@ from slopilot.tuner.demo import DemoOptions
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 
 
+@pytest.mark.slow
+@pytest.mark.prometheus
 @pytest.mark.usefixtures("prometheus_binaries")
 def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> None:
     report_dir = tmp_path / "report"

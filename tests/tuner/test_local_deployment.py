@@ -18,6 +18,7 @@ def _targets(dep: LocalDeployment) -> dict[str, list[str]]:
     return {g["labels"]["instance_role"]: g["targets"] for g in groups}
 
 
+@pytest.mark.slow
 def test_replicas_targets_configs_scaling_and_a_clean_stop(tmp_path: Path) -> None:
     with LocalDeployment("t", tmp_path, replicas=2, max_replicas=3,
                          knobs={"token_budget": 2048, "chunk_size": 2048}) as dep:
