@@ -135,6 +135,26 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, kv_out, bias=config.qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_out, config.hidden_size, bias=False)
+        self._split = (q_out, kv_out, kv_out)
+        self.qkv_weight: torch.Tensor | None = None
+        self.qkv_bias: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        """One [q; k; v] projection: one large matmul beats three small ones on CPU and GPU.
+
+        The separate projections become views into the fused tensor, so the checkpoint's
+        names still resolve and no weight is stored twice.
+        """
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight.detach() for p in projs])
+        self.qkv_weight = weight
+        for p, w in zip(projs, weight.split(self._split), strict=True):
+            p.weight = nn.Parameter(w, requires_grad=False)
+        if self.q_proj.bias is not None:
+            bias = torch.cat([p.bias.detach() for p in projs])
+            self.qkv_bias = bias
+            for p, b in zip(projs, bias.split(self._split), strict=True):
+                p.bias = nn.Parameter(b, requires_grad=False)
 
     def _single_token_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 mask: torch.Tensor) -> torch.Tensor:
@@ -155,9 +175,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if self.qkv_weight is not None:
+            qf, kf, vf = F.linear(x, self.qkv_weight, self.qkv_bias).split(self._split, -1)
+        else:
+            qf, kf, vf = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = qf.reshape(n, self.num_heads, self.head_dim)
+        k = kf.reshape(n, self.num_kv_heads, self.head_dim)
+        v = vf.reshape(n, self.num_kv_heads, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         cache.write(self.layer_idx, batch.slot_mapping, k, v)
@@ -187,8 +211,20 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        """One [gate; up] projection (see ``Attention.fuse``)."""
+        weight = torch.cat([self.gate_proj.weight.detach(), self.up_proj.weight.detach()])
+        self.gate_up_weight = weight
+        gate, up = weight.chunk(2)
+        self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
+        self.up_proj.weight = nn.Parameter(up, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -249,5 +285,8 @@ class LlamaForCausalLM(nn.Module):
         self.inv_freq = rope_inv_freq(self.config)
         self.to(device=device, dtype=dtype)
         self.inv_freq = rope_inv_freq(self.config).to(device)
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse()
         self.eval()
         return self
