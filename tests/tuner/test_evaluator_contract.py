@@ -55,6 +55,16 @@ def make(request: pytest.FixtureRequest) -> Callable[[SLOSpec], Evaluator]:
     return lambda slo: _prometheus(stack, slo)
 
 
+def _evaluate(evaluator: Evaluator, config: dict[str, Any], tries: int = 3) -> TrialResult:
+    """What the Tuner does: a rejected window is repeated, not counted."""
+    for _ in range(tries - 1):
+        try:
+            return evaluator.evaluate(config)
+        except WindowRejected:
+            continue  # a load wobble on a shared CI machine
+    return evaluator.evaluate(config)
+
+
 def _applied(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     if "stack" in request.fixturenames:
         stack: LiveStack = request.getfixturevalue("stack")
@@ -67,7 +77,7 @@ def test_contract(make: Callable[[SLOSpec], Evaluator], request: pytest.FixtureR
     applied = _applied(request)
     loose = make(LOOSE)
     assert isinstance(loose, Evaluator)
-    result = loose.evaluate(CONFIG)
+    result = _evaluate(loose, CONFIG)
     assert isinstance(result, TrialResult)
     assert math.isfinite(result.goodput_tok_s) and result.goodput_tok_s > 0
     assert result.constraint_names == constraint_names(LOOSE)
@@ -76,7 +86,7 @@ def test_contract(make: Callable[[SLOSpec], Evaluator], request: pytest.FixtureR
     assert result.feasible
     assert dict(result.config) == CONFIG
 
-    tight = make(TIGHT).evaluate(CONFIG)
+    tight = _evaluate(make(TIGHT), CONFIG)
     assert not tight.feasible
     assert tight.violation > result.violation
     assert all(t >= lo for t, lo in zip(tight.constraints, result.constraints, strict=True))
@@ -92,7 +102,7 @@ def test_contract(make: Callable[[SLOSpec], Evaluator], request: pytest.FixtureR
 @pytest.mark.prometheus
 @pytest.mark.slow
 def test_the_config_reaches_the_engine_and_windows_can_be_rejected(stack: LiveStack) -> None:
-    _prometheus(stack, LOOSE).evaluate({"token_budget": 768, "chunk_size": 128})
+    _evaluate(_prometheus(stack, LOOSE), {"token_budget": 768, "chunk_size": 128})
     live = stack.server.call(lambda engine: engine.config)
     assert (live.token_budget, live.chunk_size) == (768, 128)
     with pytest.raises(WindowRejected, match="requests finished in the 4 s window; need"):

@@ -116,7 +116,8 @@ def test_live_engine_profile_through_real_prometheus(
     assert prof.output.mean == pytest.approx(12.0, rel=0.02)
     assert prof.output.sigma < 0.05
     assert prof.prompt.sigma < 0.2  # one prompt, a fixed length
-    assert 3.0 < prof.arrival_rate < 12.0  # the generator sends 6/s
+    # The generator sends 6/s; a busy shared machine can slow its thread somewhat.
+    assert 2.0 < prof.arrival_rate < 12.0
     assert prof.class_mix["p1"] == pytest.approx(0.5, abs=0.2)  # p0, p1, p1, p2 in turn
     scenario = prof.to_scenario(load_scenario("tiny-cpu"), duration_s=10)
     assert simulate(scenario).summary["requests_finished"] > 10
