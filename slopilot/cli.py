@@ -19,8 +19,8 @@ _COMMAND_MODULES = (
     "slopilot.engine.server.commands",
     "slopilot.engine.models_commands",
     "slopilot.tuner.commands",
-    "slopilot.operator.commands",
     "slopilot.tuner.demo_commands",
+    "slopilot.operator.commands",
 )
 
 
@@ -31,13 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slopilot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name is None or not (name + ".").startswith(e.name + "."):
-                raise
-            continue  # that component is not part of this build yet
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
