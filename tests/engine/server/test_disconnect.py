@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -10,9 +12,9 @@ from tests.support.live_server import LiveServer, start_server, wait_until
 
 
 @pytest.fixture(scope="module")
-def srv() -> LiveServer:
+def srv() -> Iterator[LiveServer]:
     with start_server() as server:
-        yield server  # type: ignore[misc]
+        yield server
 
 
 def _engine_empty(srv: LiveServer) -> bool:

@@ -27,7 +27,7 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     err = res.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert isinstance(err["message"], str) and err["message"]
-    return err  # type: ignore[no-any-return]
+    return err
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [

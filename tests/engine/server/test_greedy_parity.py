@@ -1,5 +1,5 @@
 """Greedy output through HTTP equals transformers on tiny-random, with concurrent
-requests, chunked prefill and forced preemption (recompute and swap) in between."""
+requests, chunked prefill and forced preemption (by recompute, or by swap) in between."""
 
 from __future__ import annotations
 
@@ -11,23 +11,31 @@ from typing import Any
 import httpx
 import pytest
 
+from slopilot.engine.config import PreemptionMode
 from tests.support.live_server import start_server
 
 MAX_TOKENS = 24
 
 
-def test_greedy_matches_transformers(tiny_random_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def cases(tiny_random_dir: Path) -> list[tuple[list[int], list[int]]]:
+    """(prompt, transformers' greedy output) pairs."""
     transformers = pytest.importorskip("transformers")
     from tests.engine.torch_driver import hf_greedy
 
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randint(70, 100))] for _ in range(6)]
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_random_dir)).float().eval()
-    expected = [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+    return [(p, hf_greedy(hf, p, MAX_TOKENS)) for p in prompts]
 
+
+@pytest.mark.parametrize("mode", [PreemptionMode.RECOMPUTE, PreemptionMode.SWAP])
+def test_greedy_matches_transformers(tiny_random_dir: Path,
+                                     cases: list[tuple[list[int], list[int]]],
+                                     mode: PreemptionMode) -> None:
     # 16 blocks of 16 tokens hold about two of these requests: the rest preempt.
     knobs = {"token_budget": 128, "budget_align": 64, "chunk_size": 64,
-             "preemption_mode": "auto", "recompute_max_tokens": 64}
+             "preemption_mode": mode.value}
     with start_server(executor="torch", model=str(tiny_random_dir), num_gpu_blocks=16,
                       num_cpu_blocks=64, knobs=knobs) as srv:
         def ask(prompt: list[int]) -> dict[str, Any]:
@@ -35,14 +43,14 @@ def test_greedy_matches_transformers(tiny_random_dir: Path) -> None:
                 "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
                 "ignore_eos": True, "return_token_ids": True})
             assert res.status_code == 200, res.text
-            return res.json()["choices"][0]  # type: ignore[no-any-return]
+            choice: dict[str, Any] = res.json()["choices"][0]
+            return choice
 
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            choices = list(pool.map(ask, prompts))
+        with ThreadPoolExecutor(len(cases)) as pool:
+            choices = list(pool.map(ask, [p for p, _ in cases]))
         preempted = srv.call(lambda e: dict(e.scheduler.num_preemptions))
         tokenizer = srv.backend.tokenizer
-    # Both kinds happen with these seeds: short victims recompute, longer ones swap.
-    assert all(n > 0 for n in preempted.values()), preempted
-    for choice, want in zip(choices, expected, strict=True):
+    assert preempted[mode] > 0, preempted
+    for choice, (_, want) in zip(choices, cases, strict=True):
         assert choice["token_ids"] == want
         assert choice["text"] == tokenizer.decode(want)

@@ -1,0 +1,104 @@
+"""``slopilot serve`` as a process: the ready line, knobs from the command line, SIGTERM
+drains (503 for newcomers while a running stream finishes), bad options exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.live_server import wait_until
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "slopilot.cli", "serve", "--executor", "simulated",
+         "--port", "0", "--log-level", "warning", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})})
+
+
+def _ready_url(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the ready line (or EOF if it died)
+    match = re.search(r"ready at (http://\S+)", line)
+    assert match, f"no ready line: {line!r}; stderr: {proc.stderr.read() if proc.stderr else ''}"
+    return match.group(1)
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    return path
+
+
+@pytest.fixture
+def proc(token_file: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"token_budget": 512, "chunk_size": 256}))
+    p = _serve("--admin-token-file", str(token_file), "--config", str(knobs),
+               "--set", "max_waiting=8", "--served-model-name", "fleet-a",
+               "--drain-timeout", "20")
+    yield p
+    if p.poll() is None:
+        p.kill()
+    p.wait(10)
+
+
+def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
+    url = _ready_url(proc)
+    config = httpx.get(url + "/admin/config").json()
+    assert (config["token_budget"], config["chunk_size"], config["max_waiting"]) == (512, 256, 8)
+    res = httpx.put(url + "/admin/config", json={"chunk_size": 128},
+                    headers={"Authorization": "Bearer s3cret"})
+    assert res.status_code == 200
+    assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "fleet-a"
+
+    lines: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {"prompt": "a b", "max_tokens": 60, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                    started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(15)
+    proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: httpx.get(url + "/health").status_code == 503, what="draining")
+    late = httpx.post(url + "/v1/completions", json={"prompt": "late", "max_tokens": 1})
+    assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
+    reader.join(30)
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert proc.wait(30) == 0
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--set", "token_budget=5"], "token_budget=5 is out of range"),
+    (["--set", "nonsense"], "expected knob=value"),
+    (["--gpu", "A100"], "apply to --executor simulated only"),
+    (["--scenario", "no-such-scenario"], "no-such-scenario"),
+])
+def test_bad_options_exit_2(args: list[str], words: str) -> None:
+    executor = ["--executor", "torch"] if "--gpu" in args else []
+    p = subprocess.run([sys.executable, "-m", "slopilot.cli", "serve", "--port", "0",
+                        *(executor or ["--executor", "simulated"]), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert words in p.stderr
