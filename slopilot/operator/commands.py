@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from slopilot.operator.settings import PEERING_NAME
+# The peering object of manifests/kopf-peering.yaml (kept here so --help needs no kopf).
+PEERING_NAME = "slopilot"
 
 
 def register(subparsers: Any) -> None:

@@ -18,7 +18,6 @@ import logging
 
 import kopf
 
-PEERING_NAME = "slopilot"
 PREFIX = "slopilot.dev"
 FINALIZER = f"{PREFIX}/finalizer"
 WATCH_SERVER_TIMEOUT_S = 60
