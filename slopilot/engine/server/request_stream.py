@@ -1,0 +1,72 @@
+"""One request's token deltas, handed from the engine thread to an asyncio consumer.
+
+The engine thread never touches a stream directly: it schedules ``_push`` on the event
+loop, so the stream's state is only ever read and written on the loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol
+
+from slopilot.engine.request import FinishReason, Request
+
+
+class _Aborter(Protocol):
+    def abort(self, request_id: str) -> None: ...
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """New tokens of one request; ``finish_reason`` is set on the last delta only."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+
+
+class RequestStream:
+    """Async iterator of one request's token deltas. Lives on the asyncio loop."""
+
+    def __init__(self, request: Request, engine: _Aborter) -> None:
+        self.request_id = request.request_id
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self._engine = engine
+        self._tokens: list[int] = []
+        self._finish: FinishReason | None = None
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+        self.finished = False  # the consumer has seen the last delta
+
+    def _push(self, token: int | None, finish: FinishReason | None,
+              error: BaseException | None = None) -> None:
+        if token is not None:
+            self._tokens.append(token)
+        if finish is not None:
+            self._finish = finish
+        if error is not None:
+            self._error = error
+        self._event.set()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if self.finished:
+            raise StopAsyncIteration
+        while not self._tokens and self._finish is None and self._error is None:
+            self._event.clear()
+            await self._event.wait()
+        if self._error is not None:
+            self.finished = True
+            raise self._error
+        tokens, self._tokens = self._tokens, []
+        if self._finish is not None:
+            self.finished = True
+        return StreamDelta(tokens, self._finish)
+
+    def abort(self) -> None:
+        """Abort the request (client gone, stop string matched); a no-op once finished."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
