@@ -84,8 +84,9 @@ class LLMEngine:
             req.arrival_time = self.clock.now()
         self.scheduler.add_request(req)
 
-    def abort_request(self, request_id: str) -> Request | None:
-        req = self.scheduler.abort_request(request_id)
+    def abort_request(self, request_id: str,
+                      status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
+        req = self.scheduler.abort_request(request_id, status)
         if req is not None:
             now = self.clock.now()
             req.finished_time = now
@@ -100,9 +101,19 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[Request]:
-        """Run one iteration; returns the requests that got a token (some finished)."""
+        """Run one iteration; returns the requests that got a token (some finished).
+
+        Requests the scheduler had to end without a token are in
+        ``scheduler.finished_in_schedule`` until the next step (already reported).
+        """
         sched = self.scheduler
         out = sched.schedule(self.clock.now())
+        if sched.finished_in_schedule:
+            now = self.clock.now()
+            for req in sched.finished_in_schedule:
+                req.finished_time = now
+                for obs in self.observers:
+                    obs.on_finished(req, now)
         if not out.seqs and not out.swap_out and not out.swap_in:
             return []
         result = self.executor.execute(out)

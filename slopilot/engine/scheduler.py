@@ -52,6 +52,9 @@ class Scheduler:
         self._seq = itertools.count()
         self._pending_config: EngineConfig | None = None
         self._finished_ids: list[str] = []
+        # Requests the last schedule() ended without a token (out of KV capacity); the
+        # engine loop reports them, as it reports those that finish on a token.
+        self.finished_in_schedule: list[Request] = []
         # Per-iteration state, reset by schedule().
         self._budget_left = 0
         self._now = 0.0
@@ -96,8 +99,13 @@ class Scheduler:
         heapq.heappush(self._waiting, (req.priority, req.seq_no, req))
         self._num_waiting += 1
 
-    def abort_request(self, request_id: str) -> Request | None:
-        """Finish a request as aborted and free its blocks; None if it is unknown."""
+    def abort_request(self, request_id: str,
+                      status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
+        """Finish a request from outside (client gone, or a stop string matched in its
+        text: ``FINISHED_STOPPED``) and free its blocks; None if it is unknown."""
+        if not status.is_finished:
+            raise ValueError(f"status={status.name}: a request can only be ended with a "
+                             "FINISHED_* status")
         req = self.requests.get(request_id)
         if req is None:
             return None
@@ -108,7 +116,7 @@ class Scheduler:
             self._num_waiting -= 1
             if req.status is RequestStatus.PREEMPTED_SWAPPED:
                 self._num_swapped -= 1
-        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        self._finish(req, status)
         return req
 
     def update_config(self, config: EngineConfig) -> None:
@@ -133,6 +141,7 @@ class Scheduler:
         self.kv.begin_step()
         self._out = out = SchedulerOutput(finished_ids=self._finished_ids)
         self._finished_ids = []
+        self.finished_in_schedule = []
         self._scheduled = {}
         self._budget_left = cfg.effective_budget
 
@@ -198,6 +207,7 @@ class Scheduler:
             # It can never grow further on this cache, even alone.
             self.running.remove(req)
             self._finish(req, RequestStatus.FINISHED_LENGTH)
+            self.finished_in_schedule.append(req)
             return False
         if self._reserve(req, n):
             self._schedule_seq(req, n)

@@ -283,3 +283,41 @@ def test_bad_requests_are_refused_clearly() -> None:
     sched.add_request(make_request("b", 5))
     with pytest.raises(QueueFullError, match="max_waiting=2"):
         sched.add_request(make_request("c", 5))
+
+
+def test_request_that_outgrows_the_cache_ends_with_length_and_is_reported() -> None:
+    from tests.engine.helpers import make_engine
+
+    class Seen:
+        def __init__(self) -> None:
+            self.finished: list[str] = []
+
+        def on_step(self, *args: object) -> None: ...
+        def on_first_token(self, *args: object) -> None: ...
+        def on_token_gap(self, *args: object) -> None: ...
+
+        def on_finished(self, req: object, now: float) -> None:
+            self.finished.append(req.request_id)  # type: ignore[attr-defined]
+
+    engine = make_engine(num_blocks=2)  # 32 tokens of KV in all
+    seen = Seen()
+    engine.observers.append(seen)  # type: ignore[arg-type]
+    req = make_request("long", 20, max_tokens=100)
+    engine.add_request(req)
+    engine.run_until_idle()
+    assert req.status is RequestStatus.FINISHED_LENGTH
+    # 32 tokens fill the cache; the 33rd was sampled but has no slot to be fed into.
+    assert req.num_tokens == 33 and req.finished_time is not None
+    assert seen.finished == ["long"]
+    assert engine.scheduler.kv.num_used_blocks == 0
+
+
+def test_a_request_ended_from_outside_keeps_the_status_given() -> None:
+    sched = make_scheduler()
+    sched.add_request(make_request("stopped", 5, max_tokens=9))
+    step(sched)
+    req = sched.abort_request("stopped", RequestStatus.FINISHED_STOPPED)
+    assert req is not None and req.finish_reason is not None
+    assert req.finish_reason.value == "stop"
+    with pytest.raises(ValueError, match="FINISHED_"):
+        sched.abort_request("x", RequestStatus.RUNNING)

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics_observer import MetricsObserver
-from slopilot.engine.request import FinishReason, Request
+from slopilot.engine.request import FinishReason, Request, RequestStatus
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "RequestStream",
@@ -180,16 +180,21 @@ class AsyncEngine:
             raise
         return stream
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request and free its blocks at the next gap between iterations.
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
+        """End a request and free its blocks at the next gap between iterations.
 
-        Thread-safe and idempotent; unknown or finished ids are ignored.
+        ``stopped`` says the server matched a stop string in its text: it finished
+        normally (counted as ``stop``), not aborted. Thread-safe and idempotent;
+        unknown or finished ids are ignored.
         """
+        status = RequestStatus.FINISHED_STOPPED if stopped else RequestStatus.FINISHED_ABORTED
+
         def abort() -> None:
             entry = self._live.pop(request_id, None)
-            self.engine.abort_request(request_id)
+            self.engine.abort_request(request_id, status)
             if entry is not None:
-                self._post(self._deliver, [(entry[1], None, FinishReason.ABORT)])
+                reason = FinishReason.STOP if stopped else FinishReason.ABORT
+                self._post(self._deliver, [(entry[1], None, reason)])
         self._submit(abort)
 
     async def update_config(self, overrides: Mapping[str, Any]) -> EngineConfig:

@@ -14,7 +14,7 @@ from slopilot.engine.request import FinishReason, Request
 
 
 class _Aborter(Protocol):
-    def abort(self, request_id: str) -> None: ...
+    def abort(self, request_id: str, *, stopped: bool = False) -> None: ...
 
 
 @dataclass(slots=True)
@@ -65,8 +65,9 @@ class RequestStream:
             self.finished = True
         return StreamDelta(tokens, self._finish)
 
-    def abort(self) -> None:
-        """Abort the request (client gone, stop string matched); a no-op once finished."""
+    def abort(self, *, stopped: bool = False) -> None:
+        """End the request early: the client went away, or (``stopped``) a stop string
+        matched in its text. A no-op once finished."""
         if not self.finished:
             self.finished = True
-            self._engine.abort(self.request_id)
+            self._engine.abort(self.request_id, stopped=stopped)

@@ -159,7 +159,7 @@ class _Decoder:
         self.detok.add(token_ids, final=finish is not None)
         if self.detok.stopped:
             self.finish = FinishReason.STOP.value
-            self.stream.abort()  # a stop string: the engine need not go on
+            self.stream.abort(stopped=True)  # a stop string: the engine need not go on
         elif finish is not None:
             self.finish = finish.value
         return self.detok.take(final=self.finish is not None)

@@ -124,7 +124,8 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         if rep is not None and rep.clock.t <= t_arrival:
             if rep.clock.t >= duration:
                 break
-            for req in rep.engine.step():
+            got = rep.engine.step()
+            for req in [*got, *rep.engine.scheduler.finished_in_schedule]:
                 if req.is_finished:
                     spec = rep.specs.pop(req.request_id)
                     for follow in workload.on_finish(spec, req.all_token_ids(), rep.clock.t):
