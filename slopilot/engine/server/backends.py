@@ -88,9 +88,8 @@ def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
     executor = TorchExecutor(model, device=device, dtype=dtype, num_gpu_blocks=num_gpu_blocks,
                              num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
                              swap_space_gb=config.swap_space_gb, max_model_len=max_model_len)
-    swap_s = 0.0  # measured, not modelled: the scheduler gets no swap-time estimate
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
-                       swap_s)
+                       executor.swap_time_per_block_s)
     name = served_model_name or str(model).rstrip("/").split("/")[-1]
     info = {"executor": "torch", "device": str(executor.device)}
     metrics, observer = _attach_metrics(engine, name, info)
