@@ -72,11 +72,14 @@ def random_state_dict(config: LlamaConfig, seed: int) -> dict[str, torch.Tensor]
     return state
 
 
-def build_tiny_random(dest: Path, seed: int = 0) -> None:
+def build_tiny_random(dest: Path, seed: int = 0,
+                      shape: dict[str, Any] | None = None) -> None:
+    """``shape`` overrides config fields: a random model with a real model's dimensions
+    (benchmarks/gpu_check.py) costs what that model costs, without its weights."""
     dest.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     tok.save(str(dest / "tokenizer.json"))
-    raw = tiny_config(tok.get_vocab_size())
+    raw = {**tiny_config(tok.get_vocab_size()), **(shape or {})}
     raw["eos_token_id"] = tok.token_to_id("<|im_end|>")
     raw["bos_token_id"] = tok.token_to_id("<|endoftext|>")
     (dest / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
