@@ -22,7 +22,7 @@ from slopilot.engine.sim.scenario import (
 from slopilot.engine.sim.sessions import SessionWorkload
 from slopilot.engine.sim.workload import RequestSpec, Workload
 
-SHIPPED = ["azure-conv-2023", "long-context", "mixed-priority", "seed-h800x8-deepseek67b",
+SHIPPED = ["azure-conv-2023", "demo", "long-context", "mixed-priority", "seed-h800x8-deepseek67b",
            "tiny-cpu"]
 
 
