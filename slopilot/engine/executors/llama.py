@@ -117,6 +117,32 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class Projection:
+    """``x @ weight.T + bias`` for the runtime, in the fastest layout the device has.
+
+    On CPU the weight is kept in oneDNN's blocked layout as well: decode reads every
+    weight once per iteration from DRAM, and the blocked kernels read it about 20% faster
+    than the plain row-major GEMM (measured on SmolLM2's shapes, 24 rows). The plain
+    parameters stay for state_dict and the reference path, so CPU weights live twice;
+    fine for the small models a CPU serves.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+        self.packed = (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+                       and weight.dtype in (torch.float32, torch.bfloat16))
+        if self.packed:
+            self._w = weight.detach().to_mkldnn()
+            self._b = bias.detach().to_mkldnn() if bias is not None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed and x.dim() == 2 and x.shape[0] > 0:
+            out: torch.Tensor = torch._C._nn.mkldnn_linear(
+                x.contiguous().to_mkldnn(), self._w, self._b).to_dense()
+            return out
+        return F.linear(x, self.weight, self.bias)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -136,8 +162,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv_out, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_out, config.hidden_size, bias=False)
         self._split = (q_out, kv_out, kv_out)
-        self.qkv_weight: torch.Tensor | None = None
-        self.qkv_bias: torch.Tensor | None = None
+        self.qkv: Projection | None = None
+        self.out: Projection | None = None
 
     def fuse(self) -> None:
         """One [q; k; v] projection: one large matmul beats three small ones on CPU and GPU.
@@ -147,14 +173,15 @@ class Attention(nn.Module):
         """
         projs = (self.q_proj, self.k_proj, self.v_proj)
         weight = torch.cat([p.weight.detach() for p in projs])
-        self.qkv_weight = weight
         for p, w in zip(projs, weight.split(self._split), strict=True):
             p.weight = nn.Parameter(w, requires_grad=False)
+        bias = None
         if self.q_proj.bias is not None:
             bias = torch.cat([p.bias.detach() for p in projs])
-            self.qkv_bias = bias
             for p, b in zip(projs, bias.split(self._split), strict=True):
                 p.bias = nn.Parameter(b, requires_grad=False)
+        self.qkv = Projection(weight, bias)
+        self.out = Projection(self.o_proj.weight.detach(), None)
 
     def _single_token_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 mask: torch.Tensor) -> torch.Tensor:
@@ -175,8 +202,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:
         n = x.shape[0]
-        if self.qkv_weight is not None:
-            qf, kf, vf = F.linear(x, self.qkv_weight, self.qkv_bias).split(self._split, -1)
+        if self.qkv is not None:
+            qf, kf, vf = self.qkv(x).split(self._split, -1)
         else:
             qf, kf, vf = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = qf.reshape(n, self.num_heads, self.head_dim)
@@ -202,7 +229,8 @@ class Attention(nn.Module):
                 qq, kk, vv, attn_mask=chunk.mask, is_causal=chunk.mask is None,
                 enable_gqa=True)
             out[chunk.begin:chunk.end] = o.transpose(0, 1)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        flat = out.reshape(n, self.num_heads * self.head_dim)
+        return self.out(flat) if self.out is not None else self.o_proj(flat)
 
 
 class MLP(nn.Module):
@@ -211,20 +239,22 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None
+        self.gate_up: Projection | None = None
+        self.down: Projection | None = None
 
     def fuse(self) -> None:
         """One [gate; up] projection (see ``Attention.fuse``)."""
         weight = torch.cat([self.gate_proj.weight.detach(), self.up_proj.weight.detach()])
-        self.gate_up_weight = weight
         gate, up = weight.chunk(2)
         self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
         self.up_proj.weight = nn.Parameter(up, requires_grad=False)
+        self.gate_up = Projection(weight, None)
+        self.down = Projection(self.down_proj.weight.detach(), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is not None:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+        if self.gate_up is not None and self.down is not None:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -262,6 +292,7 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.head: Projection | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 cache: PagedKVCache, logits_rows: torch.Tensor) -> torch.Tensor:
@@ -275,7 +306,8 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             h = layer(h, cos, sin, batch, cache)
         h = self.model.norm(h[logits_rows])
-        return self.lm_head(h).float()
+        head = self.head if self.head is not None else self.lm_head
+        return head(h).float()
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
         """Move weights to device and dtype, keeping the RoPE frequencies in float32."""
@@ -288,5 +320,6 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (Attention, MLP)):
                 module.fuse()
+        self.head = Projection(self.lm_head.weight.detach(), None)
         self.eval()
         return self
