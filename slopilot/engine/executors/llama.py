@@ -120,25 +120,26 @@ class RMSNorm(nn.Module):
 class Projection:
     """``x @ weight.T + bias`` for the runtime, in the fastest layout the device has.
 
-    On CPU the weight is kept in oneDNN's blocked layout as well: decode reads every
-    weight once per iteration from DRAM, and the blocked kernels read it about 20% faster
-    than the plain row-major GEMM (measured on SmolLM2's shapes, 24 rows). The plain
-    parameters stay for state_dict and the reference path, so CPU weights live twice;
-    fine for the small models a CPU serves.
+    On CPU the weight is also kept prepacked in oneDNN's blocked layout (the kernel
+    torch's own compiler uses for CPU linears): decode reads every weight once per
+    iteration from DRAM, and the packed kernel does SmolLM2's projections at 24 rows in
+    about 0.7x the time of the plain GEMM. The plain parameters stay for state_dict and
+    the reference path, so CPU weights live twice; fine for the small models a CPU serves.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight, self.bias = weight, bias
-        self.packed = (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-                       and weight.dtype in (torch.float32, torch.bfloat16))
-        if self.packed:
-            self._w = weight.detach().to_mkldnn()
-            self._b = bias.detach().to_mkldnn() if bias is not None else None
+        self._packed: torch.Tensor | None = None
+        if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
+                and torch.backends.mkldnn.is_available() \
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            # The batch-size hint only picks the blocking; any row count works after.
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed and x.dim() == 2 and x.shape[0] > 0:
-            out: torch.Tensor = torch._C._nn.mkldnn_linear(
-                x.contiguous().to_mkldnn(), self._w, self._b).to_dense()
+        if self._packed is not None and x.dim() == 2 and x.shape[0] > 0:
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                x.contiguous(), self._packed, self.bias, "none", [], "")
             return out
         return F.linear(x, self.weight, self.bias)
 
