@@ -94,7 +94,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.alerts import AlertSource
     from slopilot.tuner.capacity import CapacityPlanner
     from slopilot.tuner.live_study import ResumableTuner
-    from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows, query_at
+    from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
+    from slopilot.tuner.promql import query_at
     from slopilot.tuner.rules import DEPLOYMENT_LABEL
     from slopilot.tuner.sim_adapters import SimOffline
     from slopilot.tuner.space import SearchSpace

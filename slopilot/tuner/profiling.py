@@ -20,7 +20,7 @@ from typing import Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
-from slopilot.tuner.evaluator_base import PrometheusUnavailable
+from slopilot.tuner.promql import query_at
 from slopilot.tuner.rules import duration, render_selector
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
@@ -155,23 +155,6 @@ class WorkloadProfile:
 
 
 def prometheus_query(url: str, timeout_s: float = 10.0) -> PrometheusQuery:
-    """A ``PrometheusQuery`` over prometheus-api-client; unreachable -> PrometheusUnavailable."""
-    from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-    from requests import RequestException
-    from urllib3.util.retry import Retry
-
-    client = PrometheusConnect(url.rstrip("/"), disable_ssl=True, timeout=int(timeout_s),
-                               retry=Retry(total=1, backoff_factor=0.2))
-
-    def run(expr: str) -> list[dict[str, Any]]:
-        try:
-            result: list[dict[str, Any]] = client.custom_query(expr)
-        except RequestException as exc:
-            raise PrometheusUnavailable(
-                f"cannot reach Prometheus at {url}: {type(exc).__name__}: {exc}; "
-                "check the URL and that Prometheus is running") from None
-        except PrometheusApiClientException as exc:
-            raise PrometheusUnavailable(f"Prometheus at {url} refused {expr!r}: {exc}") from None
-        return result
-
-    return run
+    """A ``PrometheusQuery`` (instant queries, now); unreachable -> PrometheusUnavailable."""
+    run = query_at(url, timeout_s)
+    return lambda expr: run(expr, None)

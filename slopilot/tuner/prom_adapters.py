@@ -19,11 +19,11 @@ from typing import Any
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.evaluator_base import WindowRejected
 from slopilot.tuner.profiling import ProfileError, WorkloadProfile
+from slopilot.tuner.promql import QueryAt, query_at
 from slopilot.tuner.rules import RuleOptions, duration, render_rule_groups, render_selector
 
-QueryAt = Callable[[str, float], list[dict[str, Any]]]
 """PromQL and an evaluation time (Unix seconds) in, the API's result list out."""
 
 ROLE_LABEL = "instance_role"
@@ -31,32 +31,6 @@ CANARY = {ROLE_LABEL: "canary"}
 _QUANTILES = {"ttft_p99_ms": "slopilot:ttft_seconds:p99", "tbt_p99_ms": "slopilot:tbt_seconds:p99"}
 _GOODPUT = "slopilot:goodput_tokens:per_second"
 _PREEMPT = "slopilot:preemptions:per_minute"
-
-
-def query_at(url: str, timeout_s: float = 5.0) -> QueryAt:
-    """A ``QueryAt`` over prometheus-api-client; unreachable -> PrometheusUnavailable."""
-    from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-    from requests import RequestException
-    from urllib3.util.retry import Retry
-
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(f"prometheus url={url!r}: expected http://host:port")
-    # One quick retry: a dead Prometheus should say so in seconds, not minutes.
-    client = PrometheusConnect(url.rstrip("/"), disable_ssl=True, timeout=max(1, int(timeout_s)),
-                               retry=Retry(total=1, backoff_factor=0.1))
-
-    def run(expr: str, at: float) -> list[dict[str, Any]]:
-        try:
-            result: list[dict[str, Any]] = client.custom_query(expr, params={"time": f"{at:.3f}"})
-        except RequestException as exc:
-            raise PrometheusUnavailable(
-                f"cannot reach Prometheus at {url}: {type(exc).__name__}: {exc}; "
-                "check the URL and that Prometheus is running") from None
-        except PrometheusApiClientException as exc:
-            raise PrometheusUnavailable(f"Prometheus at {url} refused {expr!r}: {exc}") from None
-        return result
-
-    return run
 
 
 def _window_s(start: float, end: float) -> int:

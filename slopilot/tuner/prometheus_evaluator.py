@@ -17,8 +17,9 @@ from typing import Any
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.evaluator_base import WindowRejected
 from slopilot.tuner.objective import TrialResult, score
+from slopilot.tuner.promql import query_at
 from slopilot.tuner.rules import RuleOptions, duration, render_rule_groups, render_selector
 
 _QUANTILES = {"ttft_p99_ms": "slopilot:ttft_seconds:p99", "tbt_p99_ms": "slopilot:tbt_seconds:p99"}
@@ -40,9 +41,6 @@ class PrometheusEvaluator:
                  base: EngineConfig | None = None, timeout_s: float = 10.0,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from prometheus_api_client import PrometheusConnect
-        from urllib3.util.retry import Retry
-
         if not isinstance(prometheus_url, str) or not prometheus_url.startswith(
                 ("http://", "https://")):
             raise ValueError(f"prometheus_url={prometheus_url!r}: expected an http(s) URL, "
@@ -72,9 +70,7 @@ class PrometheusEvaluator:
         self.base = base or EngineConfig()
         self._sleep = sleep
         self._clock = clock
-        # One quick retry: a dead Prometheus should say so in seconds, not minutes.
-        self._client = PrometheusConnect(self.url, disable_ssl=True, timeout=int(timeout_s),
-                                         retry=Retry(total=1, backoff_factor=0.2))
+        self._run = query_at(self.url, timeout_s)
         self._queries = self._build_queries()
         self.last_request_rate: float | None = None
 
@@ -107,19 +103,7 @@ class PrometheusEvaluator:
 
     # ------------------------------------------------------------------ queries
     def _query(self, expr: str) -> list[dict[str, Any]]:
-        from prometheus_api_client import PrometheusApiClientException
-        from requests import RequestException
-
-        try:
-            result: list[dict[str, Any]] = self._client.custom_query(expr)
-        except RequestException as exc:
-            raise PrometheusUnavailable(
-                f"cannot reach Prometheus at {self.url}: {type(exc).__name__}: {exc}; "
-                "check the URL and that Prometheus is running") from None
-        except PrometheusApiClientException as exc:
-            raise PrometheusUnavailable(
-                f"Prometheus at {self.url} refused the query {expr!r}: {exc}") from None
-        return result
+        return self._run(expr, None)
 
     def _by_class(self, expr: str) -> dict[str, float]:
         out = {}

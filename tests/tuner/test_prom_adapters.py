@@ -10,7 +10,8 @@ import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
-from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows, query_at
+from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.promql import query_at
 from slopilot.tuner.scrape_fallback import quantile
 from tests.support.prometheus import free_port
 
@@ -97,7 +98,7 @@ def test_bad_settings_and_short_windows_say_what_to_fix() -> None:
         PrometheusWindows(q, {"a": "b"}, DEMO.slo, min_requests=0)
     with pytest.raises(WindowRejected, match="shorter than 2 s"):
         windows(q).measure(99.5, 100.0, canary=False)
-    with pytest.raises(ValueError, match="expected http"):
+    with pytest.raises(ValueError, match=r"expected an http\(s\) URL"):
         query_at("localhost:9090")
 
 
