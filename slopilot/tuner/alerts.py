@@ -8,14 +8,17 @@ do) and ``slopilot_deployment`` (whose it is); this module turns Prometheus'
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
 
+from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.evaluator_base import PrometheusUnavailable
-from slopilot.tuner.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.rules import DEPLOYMENT_LABEL, RuleOptions
 
 __all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "parse_alerts"]
 
@@ -114,3 +117,49 @@ class AlertSource:
 
     def close(self) -> None:
         self._client.close()
+
+
+class SummaryAlerts:
+    """The alert rules' conditions, with their ``for:`` hold times, on a DESIGN §8 summary.
+
+    For where no Prometheus evaluates the rules: the virtual-time simulator and the
+    direct-scrape fallback of the demo. Call ``evaluate`` with each new window's summary
+    (None when the window did not count: pending conditions are dropped).
+    """
+
+    def __init__(self, slo: SLOSpec, options: RuleOptions) -> None:
+        self.slo, self.opt = slo, options
+        self._pending: dict[tuple[str, str, str], float] = {}
+
+    def evaluate(self, summary: Mapping[str, Any] | None, now: float) -> list[Alert]:
+        active: list[tuple[str, str, str, AlertAction, float]] = []
+        if summary is not None:
+            active = self._conditions(summary)
+        keys = {(n, c, sev) for n, c, sev, _, _ in active}
+        self._pending = {k: t for k, t in self._pending.items() if k in keys}
+        out = []
+        for name, c, sev, action, hold in active:
+            since = self._pending.setdefault((name, c, sev), now)
+            if now - since >= hold:
+                out.append(Alert(name, action, sev, c, since))
+        return out
+
+    def _conditions(self, s: Mapping[str, Any]) -> list[tuple[str, str, str, AlertAction, float]]:
+        opt, active = self.opt, []
+        for p in Priority:
+            c, per, cls_slo = p.label, s["classes"][p.label], self.slo.class_slo(p)
+            tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
+            if cls_slo.tbt_p99_ms is not None and tbt is not None \
+                    and tbt > 2 * cls_slo.tbt_p99_ms:
+                active.append(("SlopilotTBTP99High", c, "critical", AlertAction.SCALE,
+                               opt.tbt_periods * opt.interval_s))
+            for factor, severity in ((1, "warning"), (2, "critical")):
+                if cls_slo.ttft_p99_ms is not None and ttft is not None \
+                        and ttft > factor * cls_slo.ttft_p99_ms:
+                    active.append(("SlopilotTTFTP99High", c, severity, AlertAction.RETUNE,
+                                   opt.alert_for_s))
+        limit = self.slo.max_preemptions_per_min
+        if limit is not None and s["preemptions_per_min"] > limit:
+            active.append(("SlopilotPreemptionStorm", "all", "warning", AlertAction.RETUNE,
+                           opt.alert_for_s))
+        return active

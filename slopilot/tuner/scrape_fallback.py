@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.alerts import Alert, AlertAction
+from slopilot.tuner.alerts import Alert, SummaryAlerts
 from slopilot.tuner.evaluator_base import WindowRejected
 from slopilot.tuner.rules import RuleOptions, bucket_edge_at_or_below
 
@@ -68,7 +68,7 @@ class DirectScrape:
         self.interval_s, self.min_requests = interval_s, min_requests
         self._snaps: deque[tuple[float, dict[str, Series]]] = deque(
             maxlen=max(2, int(history_s / interval_s)))
-        self._pending: dict[tuple[str, str, str], float] = {}
+        self._alerts = SummaryAlerts(slo, options)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scrape", daemon=True)
@@ -159,30 +159,7 @@ class DirectScrape:
     def firing(self) -> list[Alert]:
         now = time.time()
         try:
-            s = self.measure(now - self.opt.rate_window_s, now, canary=False)
+            summary = self.measure(now - self.opt.rate_window_s, now, canary=False)
         except WindowRejected:
-            s = None
-        active: list[tuple[str, str, str, AlertAction, float]] = []
-        if s is not None:
-            for p in Priority:
-                c, per, cls_slo = p.label, s["classes"][p.label], self.slo.class_slo(p)
-                tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
-                if cls_slo.tbt_p99_ms is not None and tbt > 2 * cls_slo.tbt_p99_ms:
-                    active.append(("SlopilotTBTP99High", c, "critical", AlertAction.SCALE,
-                                   self.opt.tbt_periods * self.opt.interval_s))
-                for factor, sev in ((1, "warning"), (2, "critical")):
-                    if cls_slo.ttft_p99_ms is not None and ttft > factor * cls_slo.ttft_p99_ms:
-                        active.append(("SlopilotTTFTP99High", c, sev, AlertAction.RETUNE,
-                                       self.opt.alert_for_s))
-            limit = self.slo.max_preemptions_per_min
-            if limit is not None and s["preemptions_per_min"] > limit:
-                active.append(("SlopilotPreemptionStorm", "all", "warning", AlertAction.RETUNE,
-                               self.opt.alert_for_s))
-        keys = {(n, c, sev) for n, c, sev, _, _ in active}
-        self._pending = {k: t for k, t in self._pending.items() if k in keys}
-        out = []
-        for name, c, sev, action, hold in active:
-            since = self._pending.setdefault((name, c, sev), now)
-            if now - since >= hold:
-                out.append(Alert(name, action, sev, c, since))
-        return out
+            summary = None
+        return self._alerts.evaluate(summary, now)

@@ -20,7 +20,7 @@ from slopilot.engine.sim.open_loop import OpenLoopPhase
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
-from slopilot.tuner.alerts import Alert, AlertAction
+from slopilot.tuner.alerts import Alert, SummaryAlerts
 from slopilot.tuner.evaluator_base import WindowRejected
 from slopilot.tuner.evaluators import SimulatorEvaluator
 from slopilot.tuner.rules import RuleOptions
@@ -56,40 +56,14 @@ class SimAlerts:
 
     def __init__(self, cluster: SimCluster, options: RuleOptions) -> None:
         self.cluster, self.opt = cluster, options
-        self._pending: dict[tuple[str, str, str], float] = {}
+        self._alerts = SummaryAlerts(cluster.scenario.slo, options)
 
     def firing(self) -> list[Alert]:
         now = self.cluster.now
         start = max(0.0, now - self.opt.rate_window_s)
         if now - start < 1.0:
             return []
-        s = self.cluster.summary(start, now)
-        slo = self.cluster.scenario.slo
-        active: list[tuple[str, str, str, AlertAction, float]] = []
-        for p in Priority:
-            c, per, cls_slo = p.label, s["classes"][p.label], slo.class_slo(p)
-            tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
-            if cls_slo.tbt_p99_ms is not None and tbt is not None \
-                    and tbt > 2 * cls_slo.tbt_p99_ms:
-                active.append(("SlopilotTBTP99High", c, "critical", AlertAction.SCALE,
-                               self.opt.tbt_periods * self.opt.interval_s))
-            for factor, severity in ((1, "warning"), (2, "critical")):
-                if cls_slo.ttft_p99_ms is not None and ttft is not None \
-                        and ttft > factor * cls_slo.ttft_p99_ms:
-                    active.append(("SlopilotTTFTP99High", c, severity, AlertAction.RETUNE,
-                                   self.opt.alert_for_s))
-        limit = slo.max_preemptions_per_min
-        if limit is not None and s["preemptions_per_min"] > limit:
-            active.append(("SlopilotPreemptionStorm", "all", "warning", AlertAction.RETUNE,
-                           self.opt.alert_for_s))
-        keys = {(n, c, sev) for n, c, sev, _, _ in active}
-        self._pending = {k: t for k, t in self._pending.items() if k in keys}
-        out = []
-        for name, c, sev, action, hold in active:
-            since = self._pending.setdefault((name, c, sev), now)
-            if now - since >= hold:
-                out.append(Alert(name, action, sev, c, since))
-        return out
+        return self._alerts.evaluate(self.cluster.summary(start, now), now)
 
 
 class SimWindows:
