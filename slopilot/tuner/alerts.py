@@ -145,7 +145,8 @@ class SummaryAlerts:
         return out
 
     def _conditions(self, s: Mapping[str, Any]) -> list[tuple[str, str, str, AlertAction, float]]:
-        opt, active = self.opt, []
+        opt = self.opt
+        active: list[tuple[str, str, str, AlertAction, float]] = []
         for p in Priority:
             c, per, cls_slo = p.label, s["classes"][p.label], self.slo.class_slo(p)
             tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
