@@ -168,9 +168,16 @@ def test_live_watch_gets_events_as_they_happen(core: client.CoreV1Api) -> None:
     w = watch.Watch()
     seen: list[str] = []
     done = threading.Event()
+    listening = threading.Event()
+    # A marker that exists before the watch opens: its initial ADDED says the stream is
+    # live, so the writes below cannot race the connection.
+    core.create_namespaced_config_map("default", {"metadata": {"name": "marker"}})
 
     def consume() -> None:
         for event in w.stream(core.list_namespaced_config_map, "default", timeout_seconds=10):
+            if event["object"].metadata.name == "marker":
+                listening.set()
+                continue
             seen.append(event["type"])
             if event["type"] == "DELETED":
                 w.stop()
@@ -178,6 +185,7 @@ def test_live_watch_gets_events_as_they_happen(core: client.CoreV1Api) -> None:
 
     thread = threading.Thread(target=consume)
     thread.start()
+    assert listening.wait(10), "the watch never opened"
     core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
     core.delete_namespaced_config_map("a", "default")
     assert done.wait(10), "the watch never saw the deletion"
