@@ -52,6 +52,21 @@ class RequestStatus(enum.IntEnum):
         return self > RequestStatus.RUNNING
 
 
+class RequestPhase(enum.StrEnum):
+    """Where a request is, for people and metrics: the status plus its progress.
+
+    RUNNING splits into prefilling (prompt, or a recomputed history, still being fed in
+    chunks) and decoding (one token per iteration).
+    """
+
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    PREEMPTED_RECOMPUTE = "preempted_recompute"
+    PREEMPTED_SWAPPED = "preempted_swapped"
+    FINISHED = "finished"
+
+
 class FinishReason(enum.StrEnum):
     STOP = "stop"
     LENGTH = "length"
@@ -142,6 +157,19 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status > RequestStatus.RUNNING
+
+    @property
+    def phase(self) -> RequestPhase:
+        status = self.status
+        if status is RequestStatus.RUNNING:
+            if self._num_tokens - self.num_computed_tokens > 1:
+                return RequestPhase.PREFILLING
+            return RequestPhase.DECODING
+        if status > RequestStatus.RUNNING:
+            return RequestPhase.FINISHED
+        return {RequestStatus.WAITING: RequestPhase.WAITING,
+                RequestStatus.PREEMPTED_RECOMPUTE: RequestPhase.PREEMPTED_RECOMPUTE,
+                RequestStatus.PREEMPTED_SWAPPED: RequestPhase.PREEMPTED_SWAPPED}[status]
 
     @property
     def finish_reason(self) -> FinishReason | None:

@@ -321,3 +321,25 @@ def test_a_request_ended_from_outside_keeps_the_status_given() -> None:
     assert req.finish_reason.value == "stop"
     with pytest.raises(ValueError, match="FINISHED_"):
         sched.abort_request("x", RequestStatus.RUNNING)
+
+
+def test_phases_follow_the_lifecycle() -> None:
+    from slopilot.engine.request import RequestPhase
+
+    sched = make_scheduler(token_budget=128, chunk_size=64, num_blocks=10, kv_watermark=0.0,
+                           preemption_mode="recompute")
+    req = make_request("a", 100, max_tokens=80)
+    assert req.phase is RequestPhase.WAITING
+    sched.add_request(req)
+    step(sched)
+    assert req.phase is RequestPhase.PREFILLING  # 64 of 100 prompt tokens in
+    step(sched)
+    assert req.phase is RequestPhase.DECODING
+    # A P0 newcomer under pressure pushes it out: it must recompute its history.
+    sched.update_config(sched.config.with_overrides({"p0_preempt_utilization": 0.1}))
+    sched.add_request(make_request("p0", 90, priority=Priority.P0, first_token=9000))
+    step(sched)
+    assert req.phase is RequestPhase.PREEMPTED_RECOMPUTE
+    while sched.has_work():
+        step(sched)
+    assert req.phase is RequestPhase.FINISHED and req.finish_reason is not None
