@@ -4,8 +4,10 @@ Defaults come from the knobs' own ranges in ``EngineConfig`` metadata, narrowed 
 where a serving deployment plausibly wants them; a deployment fixes a knob or narrows
 its range with ``SearchSpace.from_bounds``. Two knobs are encoded, not sampled raw:
 
-- ``token_budget`` is an index on the ``budget_align`` grid (the engine rounds the
-  budget up to that tile anyway, so values between grid points are the same config);
+- ``token_budget`` is a 1-based rank on the ``budget_align`` grid (the engine rounds the
+  budget up to that tile anyway, so values between grid points are the same config),
+  sampled log-uniformly: an iteration's time, and so TBT, scales with the budget, so
+  256 -> 512 matters as much as 4096 -> 8192 and small budgets must not be starved;
 - ``chunk_size`` is a fraction, in log space, of ``[chunk lo, min(chunk hi, budget)]``:
   the chunk can never exceed the budget, and a fraction keeps one fixed distribution
   for Optuna, where a range that moves with the budget would not.
@@ -35,7 +37,7 @@ from slopilot.tuner.bounds import (
 __all__ = ["BUDGET_PARAM", "CHUNK_PARAM", "DEFAULT_BOUNDS", "TUNABLE", "Bound", "Choice",
            "FloatRange", "IntRange", "SearchSpace", "TrialLike"]
 
-BUDGET_PARAM = "token_budget_idx"
+BUDGET_PARAM = "token_budget_rank"
 CHUNK_PARAM = "chunk_fraction"
 
 
@@ -161,7 +163,8 @@ class SearchSpace:
         config["budget_align"] = self.budget_align
         grid = self.budget_grid()
         if "token_budget" in self.bounds:
-            config["token_budget"] = grid[trial.suggest_int(BUDGET_PARAM, 0, len(grid) - 1)]
+            rank = trial.suggest_int(BUDGET_PARAM, 1, len(grid), log=True)
+            config["token_budget"] = grid[rank - 1]
         budget = int(config["token_budget"])
         for name, bound in self.bounds.items():
             if name == "token_budget":
@@ -187,7 +190,8 @@ class SearchSpace:
             if name == "token_budget":
                 grid = self.budget_grid()
                 eff = -(-budget // self.budget_align) * self.budget_align
-                params[BUDGET_PARAM] = min(range(len(grid)), key=lambda i: abs(grid[i] - eff))
+                params[BUDGET_PARAM] = 1 + min(range(len(grid)),
+                                               key=lambda i: abs(grid[i] - eff))
             elif name == "chunk_size":
                 params[CHUNK_PARAM] = self._fraction_from_chunk(budget, int(value))
             elif isinstance(bound, Choice):

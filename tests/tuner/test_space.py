@@ -40,7 +40,7 @@ def test_budget_is_an_index_on_the_alignment_grid() -> None:
     trial = study.ask()
     config = space.suggest(trial)
     assert isinstance(trial.params[BUDGET_PARAM], int)
-    assert config["token_budget"] == space.budget_grid()[trial.params[BUDGET_PARAM]]
+    assert config["token_budget"] == space.budget_grid()[trial.params[BUDGET_PARAM] - 1]
     assert config["budget_align"] == 128
 
 
@@ -69,7 +69,7 @@ def test_params_round_trip_for_warm_start() -> None:
         assert again == config
     # A budget off the grid snaps to the grid point the engine would round it to.
     config = {**_sample(space, 1)[0], "token_budget": 1000, "chunk_size": 500}
-    assert space.budget_grid()[space.to_params(config)[BUDGET_PARAM]] == 1024
+    assert space.budget_grid()[space.to_params(config)[BUDGET_PARAM] - 1] == 1024
     assert 0.0 <= space.to_params(config)[CHUNK_PARAM] <= 1.0
 
 
