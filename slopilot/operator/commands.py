@@ -6,10 +6,34 @@ Light at import (argparse only): kopf, the client and the tuner load when the co
 from __future__ import annotations
 
 import argparse
+import logging
+import random
 from typing import Any
 
 # The peering object of manifests/kopf-peering.yaml (kept here so --help needs no kopf).
 PEERING_NAME = "slopilot"
+# kopf pauses every peer that sees a live peer of higher OR EQUAL priority, so replicas
+# at one fixed priority would all freeze. Each process draws its own from a range this
+# wide: two replicas collide with probability 1/(2**31-1), and even then kopf only
+# pauses both (and warns) until one restarts: it never lets both act.
+PRIORITY_MIN, PRIORITY_MAX = 1, 2**31 - 1
+_RNG: random.Random = random.SystemRandom()  # tests swap in a seeded Random
+
+log = logging.getLogger(__name__)
+
+
+def draw_priority() -> int:
+    return _RNG.randint(PRIORITY_MIN, PRIORITY_MAX)
+
+
+def priority(text: str) -> int:
+    """argparse type: an integer, as kopf compares them (negative ones are allowed)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--priority {text!r} is not an integer; give e.g. --priority 100, or leave it "
+            "out for a random one") from None
 
 
 def register(subparsers: Any) -> None:
@@ -29,6 +53,16 @@ def register(subparsers: Any) -> None:
                               f"replica acts (default: {PEERING_NAME})")
     peering.add_argument("--standalone", action="store_true",
                          help="no peering: for a single replica or local runs")
+    # Drawn here, when the command line is built at start-up, so that the parsed
+    # arguments hold the value this process runs with (and logs).
+    p.add_argument("--priority", type=priority, default=draw_priority(), metavar="N",
+                   help="peering priority: the live peer with the highest one acts, the "
+                        "others wait. Default: random in "
+                        f"{PRIORITY_MIN}..{PRIORITY_MAX}, drawn per process, so that "
+                        "replicas of one Deployment (almost surely) differ; with equal "
+                        "priorities kopf pauses them all. A run that must win (debugging) "
+                        f"takes one above the range: --priority {PRIORITY_MAX + 1}. "
+                        "Ignored with --standalone")
     p.add_argument("--liveness", metavar="URL",
                    help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
@@ -39,13 +73,24 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     import slopilot.operator.handlers  # noqa: F401  # registers the handlers
+    from slopilot.operator.settings import peering_lifetime_s
 
     if not args.all_namespaces and not args.namespace:
         raise SystemExit("slopilot operator: say where to work: --all-namespaces or "
                          "--namespace NS (repeatable)")
+    try:
+        lifetime = peering_lifetime_s()  # fail here, not in kopf's startup handler
+    except ValueError as exc:
+        raise SystemExit(f"slopilot operator: {exc}") from None
     kopf.configure(verbose=args.verbose)
+    if args.standalone:
+        log.info("slopilot operator: standalone (no peering)")
+    else:
+        log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
+                 args.peering, args.priority, lifetime)
     kopf.run(clusterwide=args.all_namespaces, namespaces=args.namespace,
              standalone=args.standalone or None,
              peering_name=None if args.standalone else args.peering,
+             priority=None if args.standalone else args.priority,
              liveness_endpoint=args.liveness)
     return 0

@@ -3,7 +3,12 @@
 - Peering (leader election): replicas of the operator join the ClusterKopfPeering named
   ``slopilot`` (manifests/kopf-peering.yaml); only the highest-priority live peer handles
   objects, so two replicas never retune or scale the same deployment twice. ``slopilot
-  operator`` passes the name to kopf (``--peering``) unless ``--standalone`` is given.
+  operator`` passes the name to kopf (``--peering``) unless ``--standalone`` is given,
+  with a priority drawn at random per process (``--priority``): kopf pauses peers of
+  EQUAL priority too, so a fixed default would freeze every replica.
+- A peer that dies without saying goodbye (SIGKILL, a lost node) blocks the others for
+  up to its lifetime (60 s). ``$SLOPILOT_PEERING_LIFETIME_S`` shortens it, for tests;
+  production leaves it unset (short lifetimes mean more keep-alive PATCHes).
 - Progress and the last handled spec live in annotations under ``slopilot.dev/``, not in
   ``status.kopf``: the status belongs to the controller and users, and annotations survive
   an operator restart, so a half-done handler resumes instead of running twice.
@@ -15,6 +20,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import kopf
 
@@ -24,18 +30,40 @@ WATCH_SERVER_TIMEOUT_S = 60
 WATCH_CLIENT_TIMEOUT_S = 90
 REQUEST_TIMEOUT_S = 30
 PEERING_LIFETIME_S = 60
+PEERING_LIFETIME_ENV = "SLOPILOT_PEERING_LIFETIME_S"
+# kopf sends keep-alives every max(1, lifetime - 5..10) s; below 2 s a keep-alive in
+# flight could already be late.
+MIN_PEERING_LIFETIME_S = 2
 RETRY_BACKOFF_S = 10
 
 
+def peering_lifetime_s() -> int:
+    """How long a silent peer counts as alive: ``$SLOPILOT_PEERING_LIFETIME_S`` or 60."""
+    raw = os.environ.get(PEERING_LIFETIME_ENV)
+    if raw is None or raw == "":
+        return PEERING_LIFETIME_S
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{PEERING_LIFETIME_ENV}={raw!r} is not an integer number of "
+                         "seconds; unset it for the default of 60") from None
+    if value < MIN_PEERING_LIFETIME_S:
+        raise ValueError(f"{PEERING_LIFETIME_ENV}={value} is below "
+                         f"{MIN_PEERING_LIFETIME_S} s; set at least that, or unset it "
+                         "for the default of 60")
+    return value
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Set everything but the peering name and standalone mode (the command line sets those)."""
+    """Set everything but the peering name, priority and standalone mode (the command line
+    sets those)."""
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = "slopilot-operator"
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration")
-    settings.peering.lifetime = PEERING_LIFETIME_S
+    settings.peering.lifetime = peering_lifetime_s()
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
