@@ -16,12 +16,11 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.evaluator_base import WindowRejected
 from slopilot.tuner.profiling import ProfileError, WorkloadProfile
-from slopilot.tuner.promql import QueryAt, query_at
+from slopilot.tuner.promql import QueryAt, query_at, window_summary
 from slopilot.tuner.rules import RuleOptions, duration, render_rule_groups, render_selector
 
 """PromQL and an evaluation time (Unix seconds) in, the API's result list out."""
@@ -136,35 +135,13 @@ class PrometheusWindows:
         quantiles = {key: self._by_class(q[rec][None], end) for key, rec in _QUANTILES.items()}
         goodput = {c: self._scalar(expr, end) for c, expr in q.get(_GOODPUT, {}).items()
                    if c is not None}
-        preempt = self._scalar(q[_PREEMPT][None], end)
-        preempt = 0.0 if math.isnan(preempt) else preempt
-        classes: dict[str, dict[str, Any]] = {}
-        for p in Priority:
-            c = p.label
-            good = goodput.get(c, math.nan)
-            if math.isnan(good) and requests.get(c, 0.0) > 0 and c not in goodput:
-                good = throughput.get(c, 0.0)  # a class without an SLO: every token counts
-            classes[c] = {
-                "requests_finished": requests.get(c, 0.0),
-                "ttft_p99_ms": quantiles["ttft_p99_ms"].get(c, math.nan) * 1000.0,
-                "tbt_p99_ms": quantiles["tbt_p99_ms"].get(c, math.nan) * 1000.0,
-                "throughput_tok_s": throughput.get(c, 0.0),
-                "goodput_tok_s": 0.0 if math.isnan(good) else good,
-                "preemptions_per_min": preempt,
-            }
-
-        def worst(key: str) -> float:
-            return max((x[key] for x in classes.values() if math.isfinite(x[key])),
-                       default=math.nan)
-
-        return {
-            "start": start, "end": end, "duration_s": float(w), "canary": canary,
-            "requests_finished": finished, "request_rate": rate,
-            "throughput_tok_s": sum(x["throughput_tok_s"] for x in classes.values()),
-            "goodput_tok_s": sum(x["goodput_tok_s"] for x in classes.values()),
-            "ttft_p99_ms": worst("ttft_p99_ms"), "tbt_p99_ms": worst("tbt_p99_ms"),
-            "preemptions_per_min": preempt, "classes": classes,
-        }
+        summary = window_summary(
+            requests=requests, throughput=throughput, ttft_p99_s=quantiles["ttft_p99_ms"],
+            tbt_p99_s=quantiles["tbt_p99_ms"], goodput=goodput,
+            preemptions_per_min=self._scalar(q[_PREEMPT][None], end), duration_s=w)
+        summary.update(start=start, end=end, canary=canary, requests_finished=finished,
+                       request_rate=rate)
+        return summary
 
 
 class PrometheusProbe:

@@ -19,7 +19,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.evaluator_base import WindowRejected
 from slopilot.tuner.objective import TrialResult, score
-from slopilot.tuner.promql import query_at
+from slopilot.tuner.promql import query_at, window_summary
 from slopilot.tuner.rules import RuleOptions, duration, render_rule_groups, render_selector
 
 _QUANTILES = {"ttft_p99_ms": "slopilot:ttft_seconds:p99", "tbt_p99_ms": "slopilot:tbt_seconds:p99"}
@@ -127,34 +127,12 @@ class PrometheusEvaluator:
         quantiles = {key: self._by_class(q[rec][None]) for key, rec in _QUANTILES.items()}
         goodput = {p.label: self._scalar(q[_GOODPUT][p.label]) for p in Priority
                    if p.label in q.get(_GOODPUT, {})}
-        preempt = self._scalar(q[_PREEMPT][None])
-        preempt = 0.0 if math.isnan(preempt) else preempt
-        classes: dict[str, dict[str, Any]] = {}
-        for p in Priority:
-            c = p.label
-            good = goodput.get(c, math.nan)
-            classes[c] = {
-                "requests_finished": requests.get(c, 0.0),
-                "ttft_p99_ms": quantiles["ttft_p99_ms"].get(c, math.nan) * 1000.0,
-                "tbt_p99_ms": quantiles["tbt_p99_ms"].get(c, math.nan) * 1000.0,
-                "throughput_tok_s": throughput.get(c, 0.0),
-                # No finished request of the class: no goodput either (NaN from 0/0).
-                "goodput_tok_s": 0.0 if math.isnan(good) else good,
-                "preemptions_per_min": preempt,
-            }
-        finite = [v for v in (x["ttft_p99_ms"] for x in classes.values()) if math.isfinite(v)]
-        return {
-            "duration_s": float(self.window_s),
-            "requests_finished": sum(x["requests_finished"] for x in classes.values()),
-            "request_rate": self.request_rate(),
-            "throughput_tok_s": sum(x["throughput_tok_s"] for x in classes.values()),
-            "goodput_tok_s": sum(x["goodput_tok_s"] for x in classes.values()),
-            "ttft_p99_ms": max(finite) if finite else math.nan,
-            "tbt_p99_ms": max((v for v in (x["tbt_p99_ms"] for x in classes.values())
-                               if math.isfinite(v)), default=math.nan),
-            "preemptions_per_min": preempt,
-            "classes": classes,
-        }
+        summary = window_summary(
+            requests=requests, throughput=throughput, ttft_p99_s=quantiles["ttft_p99_ms"],
+            tbt_p99_s=quantiles["tbt_p99_ms"], goodput=goodput,
+            preemptions_per_min=self._scalar(q[_PREEMPT][None]), duration_s=self.window_s)
+        summary["request_rate"] = self.request_rate()
+        return summary
 
     # ------------------------------------------------------------------ evaluate
     def evaluate(self, config: Mapping[str, Any]) -> TrialResult:

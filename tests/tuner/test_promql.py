@@ -1,0 +1,29 @@
+"""The Prometheus-to-summary reduction every live reader shares."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slopilot.tuner.promql import query_at, window_summary
+
+
+def test_best_effort_class_counts_all_its_tokens_and_missing_series_are_neutral() -> None:
+    s = window_summary(
+        requests={"p0": 10.0, "p1": 20.0, "p2": 5.0},
+        throughput={"p0": 100.0, "p1": 300.0, "p2": 50.0},
+        ttft_p99_s={"p0": 0.08, "p1": 0.4}, tbt_p99_s={"p0": 0.015, "p1": 0.05},
+        goodput={"p0": 90.0, "p1": math.nan}, preemptions_per_min=math.nan, duration_s=60)
+    assert s["classes"]["p2"]["goodput_tok_s"] == 50.0  # no SLO: every token is good
+    assert s["classes"]["p1"]["goodput_tok_s"] == 0.0  # an SLO but no answer: none
+    assert s["goodput_tok_s"] == 140.0 and s["throughput_tok_s"] == 450.0
+    assert s["preemptions_per_min"] == 0.0
+    assert s["ttft_p99_ms"] == pytest.approx(400.0)  # the worst class
+    assert math.isnan(s["classes"]["p2"]["ttft_p99_ms"])
+    assert s["requests_finished"] == 35.0 and s["duration_s"] == 60.0
+
+
+def test_query_at_refuses_a_url_without_a_scheme() -> None:
+    with pytest.raises(ValueError, match=r"expected an http\(s\) URL"):
+        query_at("prometheus:9090")
