@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import signal
+import threading
+from collections.abc import Callable
 from typing import Any
 
 # The peering object of manifests/kopf-peering.yaml (kept here so --help needs no kopf).
@@ -88,9 +91,46 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                  args.peering, args.priority, lifetime)
-    kopf.run(clusterwide=args.all_namespaces, namespaces=args.namespace,
-             standalone=args.standalone or None,
-             peering_name=None if args.standalone else args.peering,
-             priority=None if args.standalone else args.priority,
-             liveness_endpoint=args.liveness)
+    return _run_until_signalled(lambda stop: kopf.run(
+        clusterwide=args.all_namespaces, namespaces=args.namespace,
+        standalone=args.standalone or None,
+        peering_name=None if args.standalone else args.peering,
+        priority=None if args.standalone else args.priority,
+        liveness_endpoint=args.liveness, stop_flag=stop))
+
+
+def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:
+    """Run kopf on a worker thread; SIGTERM / SIGINT here stop it.
+
+    kopf handles signals itself only on the main thread, and then tells running daemons
+    to stop; but a daemon it (re)starts while shutting down (an event from the last
+    status write) never hears it, and the pod hangs until its grace period ends. Taking
+    the signal here first raises ``OPERATOR_STOPPING``, which every controller daemon
+    checks, then kopf's stop flag.
+    """
+    from slopilot.operator.daemon import OPERATOR_STOPPING
+
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("slopilot operator: %s received, stopping", signal.Signals(signum).name)
+        OPERATOR_STOPPING.set()
+        stop.set()
+
+    def work() -> None:
+        try:
+            run_kopf(stop)
+        except BaseException as exc:  # reported by the main thread, which exits non-zero
+            failure.append(exc)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    worker = threading.Thread(target=work, name="kopf")
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.5)
+    if failure:
+        log.error("slopilot operator: kopf failed: %r", failure[0])
+        return 1
     return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -189,6 +190,11 @@ def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
         kopf.info(target, reason=reason, message=decision.line())
 
 
+# Set by `slopilot operator` on SIGTERM/SIGINT before kopf begins to stop: a daemon that
+# kopf starts while shutting down is not told to stop, so each one also checks this.
+OPERATOR_STOPPING = threading.Event()
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, id="controller", when=tuning_enabled,
              cancellation_timeout=10.0)
 def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str | None,
@@ -200,7 +206,7 @@ def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str | None
     interval, factory = tick_interval(), load_factory()
     controller: Controller | None = None
     built_for: int | None = None
-    while not stopped:
+    while not stopped and not OPERATOR_STOPPING.is_set():
         body = kube.get(API_VERSION, PLURAL, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
