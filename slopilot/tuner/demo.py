@@ -126,6 +126,10 @@ def _p99s(s: Mapping[str, Any] | None) -> dict[str, float]:
 
 
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
+    import optuna
+
+    # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     scenario = load_scenario(NAME)
     torch = opts.model is not None
     before, after = phases(torch, opts.replicas)
