@@ -10,7 +10,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY slopilot ./slopilot
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install ".[engine,tuner,operator]"
+    && /opt/venv/bin/pip install ".[engine,tuner,operator,postgres]"
 
 FROM python:3.11.14-slim-bookworm AS runtime
 # A fixed numeric UID/GID: Kubernetes can only verify runAsNonRoot for numeric users.
