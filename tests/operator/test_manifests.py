@@ -136,4 +136,4 @@ def test_dockerfile_pins_its_base_and_runs_as_a_numeric_non_root_user() -> None:
     assert users, "the image must switch to a non-root user"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "use a numeric non-zero UID (runAsNonRoot checks it)"
-    assert "[engine,tuner,operator]" in text
+    assert "[engine,tuner,operator,postgres]" in text
