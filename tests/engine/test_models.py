@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,10 @@ from slopilot.engine.models import (
     fetch_model,
     resolve_model,
 )
-from tests.engine.torch_driver import Plan, generate, greedy, hf_greedy, torch_threads
+from tests.engine.torch_driver import Plan, generate, greedy, hf_greedy
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fetch_model("tiny-random", tmp_path_factory.mktemp("cache"))
+# Both fixtures live in tests/engine/conftest.py.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _copy(src: Path, dest: Path) -> Path:

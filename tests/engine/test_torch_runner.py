@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,12 @@ from slopilot.engine.executors.batch import BatchError
 from slopilot.engine.executors.kv_cache import CacheError, PagedKVCache
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
 from slopilot.engine.executors.torch_runner import ExecutorError, TorchExecutor
-from slopilot.engine.models import fetch_model
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import SamplingParams
-from tests.engine.torch_driver import Plan, generate, greedy, torch_threads
+from tests.engine.torch_driver import Plan, generate, greedy
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    with torch_threads(1):
-        yield
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return fetch_model("tiny-random", tmp_path_factory.mktemp("cache"))
+# Both fixtures live in tests/engine/conftest.py.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
