@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import kopf
 
@@ -41,6 +41,9 @@ from slopilot.tuner.controller_state import (
     LoopState,
 )
 from slopilot.tuner.tuner_metrics import TunerMetrics
+
+if TYPE_CHECKING:
+    from slopilot.tuner.sim_worker import SimWorker
 
 log = logging.getLogger(__name__)
 FACTORY_ENV = "SLOPILOT_CONTROLLER_FACTORY"
@@ -67,6 +70,23 @@ class DaemonContext:
 
 ControllerFactory = Callable[[DaemonContext], Controller]
 _METRICS = TunerMetrics()  # one registry entry per process, shared by every deployment
+_WORKER_LOCK = threading.Lock()
+_WORKER: SimWorker | None = None
+
+
+def sim_worker() -> SimWorker:
+    """The process's simulator worker, shared by every deployment's controller.
+
+    Their studies queue on it rather than each holding the operator's GIL for seconds
+    (kopf's keep-alives and watches run on that same interpreter).
+    """
+    global _WORKER
+    from slopilot.tuner.sim_worker import SimWorker
+
+    with _WORKER_LOCK:
+        if _WORKER is None:
+            _WORKER = SimWorker()
+        return _WORKER
 
 
 def controller_settings(spec: LLMDeploymentSpec, name: str) -> ControllerSettings:
@@ -93,12 +113,12 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
 
     from slopilot.engine.sim.scenario import load_scenario
     from slopilot.tuner.alerts import AlertSource
-    from slopilot.tuner.capacity import CapacityPlanner
     from slopilot.tuner.live_study import ResumableTuner
     from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.promql import query_at
     from slopilot.tuner.rules import DEPLOYMENT_LABEL
     from slopilot.tuner.sim_adapters import SimOffline
+    from slopilot.tuner.sim_worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.space import SearchSpace
     from slopilot.tuner.study import StudyStorageError, open_study
 
@@ -124,11 +144,13 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
                               "function to build the controller's ports another way") from None
     window = max(2, int(ctx.settings.window_s))
+    worker = sim_worker()
     return Controller(
         ctx.settings, ctx.handle, AlertSource(spec.prometheus_url, name),
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
-        CapacityPlanner(), offline=SimOffline(space), metrics=_METRICS, state=ctx.state)
+        WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
+        metrics=_METRICS, state=ctx.state)
 
 
 def load_factory() -> ControllerFactory:

@@ -167,8 +167,7 @@ class Controller:
         loop.episode_trials = loop.episode_feasible = 0
         replicas = self.deployment.replicas()
         if ranked is None and self.offline is not None:
-            ranked = self.offline.best_configs(self.probe.measure(now), replicas,
-                                               loop.baseline_config, s.warm_start_k)
+            ranked = self._offline(now, replicas)
         if ranked:
             if not any(ok for _, ok in ranked) and allow_scale \
                     and replicas < s.max_replicas:
@@ -180,6 +179,22 @@ class Controller:
         self.metrics.action(s.deployment, Action.RETUNE, reason)
         log.info("%s: %s", s.deployment, self._decide(Action.RETUNE, reason).line())
         return self._next_trial(now, f"retune: {reason}")
+
+    def _offline(self, now: float, replicas: int, scenario: Scenario | None = None
+                 ) -> list[tuple[dict[str, Any], bool]]:
+        """The offline study's best configs, minus the one that is running.
+
+        The running config is what the firing alert measured: the live evidence that it
+        does not hold outranks a simulator that says it does (a workload profile that
+        lags the shift, a cost model off for this hardware), so it is no warm start.
+        """
+        current = dict(self.deployment.current_config())
+        scenario = scenario if scenario is not None else self.probe.measure(now)
+        ranked = self.offline.best_configs(scenario, replicas, current,
+                                           self.settings.warm_start_k + 1) \
+            if self.offline is not None else []
+        return [(c, ok) for c, ok in ranked if any(current.get(k) != v for k, v in c.items())
+                ][:self.settings.warm_start_k]
 
     def _next_trial(self, now: float, reason: str) -> Decision:
         loop, s = self.loop, self.settings
@@ -306,11 +321,10 @@ class Controller:
         current = self.deployment.replicas()
         config = loop.best_config or self.deployment.current_config()
         scenario = self.probe.measure(now)
+        ranked: list[tuple[dict[str, Any], bool]] = []
         if at_least is None and self.offline is not None:
             # A new config is cheaper than a replica: scale only when none will do.
-            ranked = self.offline.best_configs(scenario, current,
-                                               self.deployment.current_config(),
-                                               s.warm_start_k)
+            ranked = self._offline(now, current, scenario)
             if any(ok for _, ok in ranked):
                 return self._start_tuning(
                     now, f"retune_suffices: the simulator holds the SLO at {current} "
@@ -329,6 +343,14 @@ class Controller:
         if answer.replicas is not None and at_least is None:
             return self._start_tuning(now, f"capacity_suffices at {current} replica(s); "
                                       f"{reason}", allow_scale=False)
+        if at_least is None:
+            # No replica to add and the simulator sees no config that holds: the closest
+            # ones are still worth a live episode (the model may be pessimistic). An
+            # episode that then finds nothing comes back with at_least set and stops here.
+            return self._start_tuning(
+                now, f"max_replicas {s.max_replicas} reached and the simulator sees no "
+                f"config that holds; tuning for the closest; {reason}", allow_scale=False,
+                ranked=ranked)
         return self._cool(now, Action.INFORM, f"max_replicas {s.max_replicas} reached and "
                           f"the SLO is not held; {reason}")
 

@@ -195,4 +195,6 @@ class Decision:
             parts.append(f"trial={self.trial}")
         if self.prometheus_unavailable:
             parts.append("prometheus_unavailable=true")
+        if self.config is not None and self.action is not Action.NONE:
+            parts.append("config=" + ",".join(f"{k}={v}" for k, v in sorted(self.config.items())))
         return " ".join(parts) + f" reason={self.reason}"

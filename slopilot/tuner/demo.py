@@ -27,7 +27,6 @@ from rich.console import Console
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.tuner.alerts import Alert, AlertSource
-from slopilot.tuner.capacity import CapacityPlanner
 from slopilot.tuner.controller import Controller
 from slopilot.tuner.controller_state import Action, ControllerSettings, Decision
 from slopilot.tuner.demo_report import Sample, write_demo_report
@@ -42,6 +41,7 @@ from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
 from slopilot.tuner.scrape_fallback import DirectScrape
 from slopilot.tuner.sim_adapters import SimOffline
+from slopilot.tuner.sim_worker import SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.space import SearchSpace
 from slopilot.tuner.study import open_study
 
@@ -146,6 +146,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
 
     use_prom = find_prometheus() is not None if opts.prometheus is None else opts.prometheus
     with contextlib.ExitStack() as stack:
+        worker = stack.enter_context(SimWorker())  # spawns while the replicas start
         dep = LocalDeployment(NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas,
                               scenario=NAME, executor="torch" if torch else "simulated",
                               model=opts.model or "smollm2-135m", knobs=scenario.engine,
@@ -189,8 +190,9 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
             scale_down_after_s=3600.0, warm_start_k=2)
         recorded = _RecordingAlerts(alerts)
         ctl = Controller(settings, dep, recorded, windows, tuner, probe,
-                         CapacityPlanner(duration_s=30.0, seed=opts.seed),
-                         offline=SimOffline(space, n_trials=12, duration_s=20.0, seed=opts.seed))
+                         WorkerPlanner(worker, duration_s=30.0, seed=opts.seed),
+                         offline=WorkerOffline(worker, SimOffline(
+                             space, n_trials=12, duration_s=20.0, seed=opts.seed)))
         load = LoadGenerator(dep.endpoints, before, model=NAME, seed=opts.seed)
         stack.enter_context(load)
         say(f"load: Poisson {before.rate:g} req/s, prompts ~{before.prompt_mean:g} tokens, "

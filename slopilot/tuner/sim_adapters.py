@@ -21,8 +21,10 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.tuner.alerts import Alert, SummaryAlerts
+from slopilot.tuner.capacity import holds
 from slopilot.tuner.evaluator_base import WindowRejected
 from slopilot.tuner.evaluators import SimulatorEvaluator
+from slopilot.tuner.objective import TrialResult
 from slopilot.tuner.rules import RuleOptions
 from slopilot.tuner.sim_cluster import SimCluster
 from slopilot.tuner.space import SearchSpace
@@ -104,11 +106,22 @@ class SimProbe:
 
 
 class SimOffline:
-    """OfflineSearch: a short seeded simulator study on the measured workload."""
+    """OfflineSearch: a short seeded simulator study on the measured workload.
+
+    Configs that hold the SLO with ``margin`` to spare (every term at most ``1 - margin``
+    of its limit) rank before those that merely hold: the best goodput sits on the SLO's
+    edge in simulation, and the live replicas (scheduling jitter, a cost model a little
+    off) push an edge config over it, so the warm start would spend its first trials on
+    configs that just miss.
+    """
 
     def __init__(self, space: SearchSpace, *, n_trials: int = 12, duration_s: float = 60.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, margin: float = 0.2) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin={margin!r}: expected a fraction in [0, 1), e.g. 0.2 "
+                             "for 20 % headroom under every SLO term")
         self.space, self.n_trials, self.duration_s, self.seed = space, n_trials, duration_s, seed
+        self.margin = margin
         self.runs = 0
 
     def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
@@ -118,7 +131,12 @@ class SimOffline:
         tuner.warm_start([{n: v for n, v in start.items() if n in self.space.bounds}])
         tuner.run(SimulatorEvaluator(scenario, duration_s=self.duration_s, seed=self.seed,
                                      replicas=replicas), self.n_trials)
-        ranked = sorted((r for _, r in tuner.results()),
-                        key=lambda r: (r.feasible, r.goodput_tok_s if r.feasible
-                                       else -r.violation), reverse=True)
+        ranked = rank_for_warm_start([r for _, r in tuner.results()], self.margin)
         return [(dict(r.config), r.feasible) for r in ranked[:k]]
+
+
+def rank_for_warm_start(results: Sequence[TrialResult], margin: float) -> list[TrialResult]:
+    """Holds with ``margin`` to spare, then holds, then closest to holding; by goodput."""
+    return sorted(results, key=lambda r: (holds(r, margin), r.feasible,
+                                          r.goodput_tok_s if r.feasible else -r.violation),
+                  reverse=True)

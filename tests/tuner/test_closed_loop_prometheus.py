@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
@@ -32,6 +32,7 @@ from slopilot.tuner.controller_state import (
 from slopilot.tuner.live_study import ResumableTuner
 from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.sim_adapters import SimOffline
+from slopilot.tuner.sim_worker import SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.space import SearchSpace
 from slopilot.tuner.study import open_study
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
@@ -46,8 +47,14 @@ DEMO = load_scenario("demo")
 TIGHT = SLOSpec.from_dict({"classes": {"p0": {"ttft_p99_ms": 1, "tbt_p99_ms": 1}}})
 
 
+@pytest.fixture(scope="module")
+def worker() -> Iterator[SimWorker]:
+    with SimWorker() as w:
+        yield w
+
+
 def controller(loop: LiveLoop, slo: SLOSpec, storage: str | None = None, *,
-               state: LoopState | None = None, offline: bool = False,
+               state: LoopState | None = None, worker: SimWorker | None = None,
                window_s: float = 6.0) -> Controller:
     space = SearchSpace.from_bounds(base=DEMO.engine_config().with_overrides(START))
     settings = ControllerSettings(deployment=NAME, slo=slo, min_replicas=1, max_replicas=1,
@@ -59,8 +66,12 @@ def controller(loop: LiveLoop, slo: SLOSpec, storage: str | None = None, *,
         PrometheusWindows(url, SELECTOR, slo, min_requests=5, load_tolerance=1.0),
         ResumableTuner(open_study(storage, "live", seed=0), space),
         PrometheusProbe(url, SELECTOR, DEMO, window_s=10, duration_s=20.0),
-        CapacityPlanner(duration_s=20.0, seed=0),
-        offline=SimOffline(space, n_trials=8, duration_s=20.0, seed=0) if offline else None,
+        CapacityPlanner(duration_s=20.0, seed=0) if worker is None
+        else WorkerPlanner(worker, duration_s=20.0, seed=0),
+        # As the demo and the operator run it: in a worker, or its seconds of CPU starve
+        # this process's load generator and the windows after it read as a load shift.
+        offline=None if worker is None else WorkerOffline(
+            worker, SimOffline(space, n_trials=8, duration_s=20.0, seed=0)),
         state=state)
 
 
@@ -73,15 +84,16 @@ def tick_until(ctl: Controller, done: Callable[[Decision], bool], *, timeout_s: 
         if done(d):
             return d
         if time.monotonic() > deadline:
-            lines = "\n".join(x.line() for x in log if x.action is not Action.NONE)
+            lines = "\n".join(x.line() for x in log
+                              if x.action is not Action.NONE or x.summary is not None)
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n{lines}")
         time.sleep(0.5)
 
 
 def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
-        tmp_path: Path) -> None:
+        tmp_path: Path, worker: SimWorker) -> None:
     with live_loop(tmp_path, DEMO.slo) as loop:
-        ctl = controller(loop, DEMO.slo, offline=True)
+        ctl = controller(loop, DEMO.slo, worker=worker)
         log: list[Decision] = []
         d = ctl.tick(time.time())
         assert d.action is Action.NONE and d.state is ControllerState.STEADY, d.line()

@@ -92,6 +92,23 @@ def test_retune_alert_warm_starts_and_commits_the_first_feasible_trial() -> None
     assert metric(ctl, "slopilot_tuner_actions_total", action="retune", reason="alert") == 1
 
 
+def test_the_running_config_is_never_a_warm_start() -> None:
+    # The simulator, on a profile that lags the shift, ranks the running config first;
+    # the firing alert measured it live, so the first trial is the next one.
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              offline=FakeOffline([(dict(START), True), (dict(GOOD), True)]))
+    d = rig.build().tick(0.0)
+    assert d.action is Action.TRIAL and d.config == GOOD
+    assert rig.study.warm == [GOOD] and rig.dep.applied == [(GOOD, False)]
+
+
+def test_a_simulator_that_only_holds_the_running_config_means_scale() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), planner=FakePlanner(needed=1),
+              offline=FakeOffline([(dict(START), True), (dict(GOOD), False)]))
+    d = rig.build().tick(0.0)
+    assert (d.action, d.replicas) == (Action.SCALE, 2) and "offline study" in d.reason
+
+
 def test_cooldown_ignores_alerts_then_returns_to_steady() -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
     ctl = rig.build()
@@ -180,6 +197,23 @@ def test_scale_is_capped_at_max_replicas() -> None:
               offline=None)
     d = rig.build().tick(0.0)
     assert d.replicas == 4 and rig.dep.scaled == [4]
+
+
+def test_at_max_replicas_with_nothing_holding_in_simulation_it_still_tunes_once() -> None:
+    rig = Rig(dep=FakeDeployment(n=4), alerts=FakeAlerts([alert(AlertAction.SCALE)]),
+              planner=FakePlanner(needed=None), offline=FakeOffline([(dict(BAD), False)]),
+              settings={"max_trials": 1})
+    ctl = rig.build()
+    d = ctl.tick(0.0)
+    # The closest config is tried live: the simulator may be pessimistic.
+    assert (d.state, d.action, d.config) == (ControllerState.TUNING, Action.TRIAL, BAD)
+    assert "max_replicas 4 reached" in d.reason and rig.dep.scaled == []
+    d = ctl.tick(6.0)  # BAD breaks P0 by more than the margin: reverted
+    assert d.action is Action.REVERT and rig.dep.config == START
+    d = ctl.tick(7.0)  # an episode that found nothing does not start another one
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.INFORM), d.line()
+    assert "max_replicas 4 reached and the SLO is not held" in d.reason
+    assert rig.dep.scaled == [] and rig.dep.config == START
 
 
 def test_scale_alert_retunes_when_the_simulator_finds_a_config_that_holds() -> None:
