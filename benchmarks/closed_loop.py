@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.tuner.capacity import CapacityPlanner
 from slopilot.tuner.controller import Controller
@@ -70,7 +71,7 @@ def run(minutes: float, shift_at: float, seed: int) -> dict[str, Any]:
         SimAlerts(cluster, RuleOptions(interval_s=15, rate_window_s=60, alert_for_s=30)),
         SimWindows(cluster), Tuner(open_study(None, "live", seed=seed), space),
         SimProbe(cluster, window_s=60), CapacityPlanner(duration_s=60, seed=seed),
-        offline=SimOffline(space, n_trials=12, duration_s=60, seed=seed))
+        offline=SimOffline(space, n_trials=12, duration_s=180, seed=seed))
     decisions: list[tuple[float, Decision]] = []
     t = 0.0
     while t < scenario.duration_s:
@@ -104,7 +105,7 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
                 restored_at = w + WINDOW_S
             w += WINDOW_S
     # P0 attainment while the loop was tuning (from the first trial to the commit).
-    p0, p0_min = None, None
+    p0, p0_min, p0_arrived, p0_arrived_min = None, None, None, None
     if tuned is not None:
         stop = settled if settled is not None else end
         s = cluster.summary(tuned - TICK_S, stop)
@@ -117,6 +118,17 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
                 per_window.append(a)
             w += WINDOW_S
         p0_min = min(per_window) if per_window else None
+        # The same, charging each request to the config it arrived under: what the trials
+        # did to P0, without the backlog the alerting config left behind.
+        p0_arrived = cluster.attainment_by_arrival(tuned, stop, Priority.P0)
+        per_window = []
+        w = tuned
+        while w < stop:
+            a = cluster.attainment_by_arrival(w, min(stop, w + WINDOW_S), Priority.P0)
+            if a is not None:
+                per_window.append(a)
+            w += WINDOW_S
+        p0_arrived_min = min(per_window) if per_window else None
     before = score(cluster.summary(max(0.0, shift_at - 120), shift_at), scenario.slo)
     return {
         "shift_at_s": shift_at,
@@ -127,6 +139,8 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
         "trials_to_recover": trials,
         "p0_attainment_tuning": p0,
         "p0_attainment_min_window": p0_min,
+        "p0_attainment_tuning_by_arrival": p0_arrived,
+        "p0_attainment_min_window_by_arrival": p0_arrived_min,
         "windows_feasible_after_ratio": sum(later) / len(later) if later else None,
         "replicas_final": len(cluster.active),
         "committed": settled is not None,

@@ -26,6 +26,7 @@ from slopilot.tuner.alerts import Alert, AlertAction
 from slopilot.tuner.capacity import CapacityAnswer
 from slopilot.tuner.controller_state import (
     Action,
+    ControllerError,
     ControllerSettings,
     ControllerState,
     Decision,
@@ -61,7 +62,8 @@ class Controller:
                  alerts: AlertReader, evaluator: WindowEvaluator, study: LiveStudy,
                  probe: WorkloadProbe, planner: Planner, *,
                  offline: OfflineSearch | None = None, metrics: TunerMetrics | None = None,
-                 state: LoopState | None = None, headroom_margin: float = 0.2) -> None:
+                 state: LoopState | None = None, headroom_margin: float = 0.2,
+                 scale_up_margin: float = 0.1) -> None:
         self.settings = settings
         self.deployment = deployment
         self.alerts = alerts
@@ -72,7 +74,13 @@ class Controller:
         self.offline = offline
         self.metrics = metrics if metrics is not None else TunerMetrics()
         self.loop = state if state is not None else LoopState()
-        self.headroom_margin = headroom_margin
+        # Hysteresis: scale up to a count that holds with 10 % to spare in simulation,
+        # scale down only to one that holds with 20 %, so the two never undo each other.
+        if not 0.0 <= scale_up_margin <= headroom_margin < 1.0:
+            raise ControllerError(
+                f"margins scale_up={scale_up_margin!r}, headroom={headroom_margin!r}: "
+                "need 0 <= scale_up_margin <= headroom_margin < 1 (e.g. 0.1 and 0.2)")
+        self.headroom_margin, self.scale_up_margin = headroom_margin, scale_up_margin
 
     @property
     def state(self) -> ControllerState:
@@ -332,7 +340,8 @@ class Controller:
                     ranked=ranked)
             if ranked:
                 config = ranked[0][0]
-        answer = self.planner.search(scenario, config, s.min_replicas, s.max_replicas)
+        answer = self.planner.search(scenario, config, s.min_replicas, s.max_replicas,
+                                     margin=self.scale_up_margin)
         needed = answer.replicas if answer.replicas is not None else s.max_replicas
         if at_least is not None:
             needed = max(needed, at_least)

@@ -9,6 +9,7 @@ alerts mean what Prometheus' would.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,8 @@ from slopilot.tuner.rules import RuleOptions
 from slopilot.tuner.sim_cluster import SimCluster
 from slopilot.tuner.space import SearchSpace
 from slopilot.tuner.study import Tuner, open_study
+
+log = logging.getLogger(__name__)
 
 
 class SimDeployment:
@@ -115,11 +118,11 @@ class SimOffline:
     configs that just miss.
     """
 
-    def __init__(self, space: SearchSpace, *, n_trials: int = 12, duration_s: float = 60.0,
-                 seed: int = 0, margin: float = 0.2) -> None:
+    def __init__(self, space: SearchSpace, *, n_trials: int = 12, duration_s: float = 180.0,
+                 seed: int = 0, margin: float = 0.1) -> None:
         if not 0.0 <= margin < 1.0:
-            raise ValueError(f"margin={margin!r}: expected a fraction in [0, 1), e.g. 0.2 "
-                             "for 20 % headroom under every SLO term")
+            raise ValueError(f"margin={margin!r}: expected a fraction in [0, 1), e.g. 0.1 "
+                             "for 10 % headroom under every SLO term")
         self.space, self.n_trials, self.duration_s, self.seed = space, n_trials, duration_s, seed
         self.margin = margin
         self.runs = 0
@@ -132,7 +135,15 @@ class SimOffline:
         tuner.run(SimulatorEvaluator(scenario, duration_s=self.duration_s, seed=self.seed,
                                      replicas=replicas), self.n_trials)
         ranked = rank_for_warm_start([r for _, r in tuner.results()], self.margin)
-        return [(dict(r.config), r.feasible) for r in ranked[:k]]
+        for r in ranked[:k]:
+            log.info("offline: %s goodput=%.0f feasible=%s worst=%+.0f%%", _knobs(r.config),
+                     r.goodput_tok_s, r.feasible, 100 * max(r.constraints, default=0.0))
+        return [(dict(r.config), holds(r, self.margin)) for r in ranked[:k]]
+
+
+def _knobs(config: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in sorted(config.items()))
 
 
 def rank_for_warm_start(results: Sequence[TrialResult], margin: float) -> list[TrialResult]:

@@ -34,7 +34,8 @@ class _Events:
 
     ttft: list[tuple[float, int, float]] = field(default_factory=list)
     gaps: list[tuple[float, int, float]] = field(default_factory=list)
-    finished: list[tuple[float, int, bool, int]] = field(default_factory=list)
+    finished: list[tuple[float, int, bool, int, float]] = field(default_factory=list)
+    """(finish time, class, met its SLO, output tokens, arrival time)."""
     steps: list[tuple[float, float, int]] = field(default_factory=list)
 
 
@@ -71,7 +72,8 @@ class _Recorder:
         slo = self._ttft[req.priority]
         ok = (slo is None or req.first_token_time - req.arrival_time <= slo) \
             and counts[1] <= 0.01 * counts[0]
-        self.ev.finished.append((now, int(req.priority), ok, req.num_output_tokens))
+        self.ev.finished.append((now, int(req.priority), ok, req.num_output_tokens,
+                                 req.arrival_time))
 
 
 class _Replica:
@@ -174,6 +176,19 @@ class SimCluster:
             return  # counted by its absence from finished requests
 
     # ------------------------------------------------------------------ figures
+    def attainment_by_arrival(self, start: float, end: float, priority: Priority
+                              ) -> float | None:
+        """Share of the class's requests *arriving* in ``[start, end)`` that met the SLO.
+
+        ``summary`` counts requests by when they finish, so a window right after a bad
+        config carries that config's backlog; this one charges each request to the
+        config it arrived under. Requests still running at ``now`` are left out.
+        """
+        done = [ok for rep in self.reps + self.retired
+                for _, c, ok, _, arrived in rep.recorder.ev.finished
+                if c == int(priority) and start <= arrived < end]
+        return sum(done) / len(done) if done else None
+
     def summary(self, start: float, end: float, *, canary: bool = False) -> dict[str, Any]:
         """DESIGN §8 figures of ``[start, end)``: every replica, or the canary alone."""
         if end <= start:
@@ -189,7 +204,7 @@ class SimCluster:
         for p in Priority:
             ttft = np.array([v for _, c, v in ev.ttft if c == p], dtype=float)
             gaps = np.array([v for _, c, v in ev.gaps if c == p], dtype=float)
-            done = [(ok, n) for _, c, ok, n in ev.finished if c == p]
+            done = [(ok, n) for _, c, ok, n, _ in ev.finished if c == p]
             good = sum(n for ok, n in done if ok)
             classes[p.label] = {
                 "requests_finished": len(done),

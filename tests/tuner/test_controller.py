@@ -192,6 +192,23 @@ def test_scale_alert_scales_to_the_simulated_capacity() -> None:
     assert metric(ctl, "slopilot_tuner_actions_total", action="scale", reason="scale_up") == 1
 
 
+def test_scale_up_plans_with_less_headroom_than_scale_down_needs() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=3),
+              offline=None)
+    rig.build().tick(0.0)
+    assert rig.planner.calls == [(1, 4, 0.1)]  # scale-down asks for 0.2: no flapping
+
+
+@pytest.mark.parametrize("margins", [(0.3, 0.2), (-0.1, 0.2), (0.1, 1.0)])
+def test_margins_that_would_flap_are_refused(margins: tuple[float, float]) -> None:
+    up, down = margins
+    rig = Rig()
+    with pytest.raises(ControllerError, match="scale_up_margin <= headroom_margin"):
+        Controller(ControllerSettings(deployment="demo", slo=SLO), rig.dep, rig.alerts,
+                   FakeEvaluator(rig.dep, by_config), rig.study, FakeProbe(), rig.planner,
+                   scale_up_margin=up, headroom_margin=down)
+
+
 def test_scale_is_capped_at_max_replicas() -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=None),
               offline=None)
