@@ -45,7 +45,8 @@ class LocalPrometheus:
         if found is None:
             raise PrometheusStartError(
                 f"no prometheus binary: install it (apt-get install prometheus) or set {BIN_ENV}")
-        self.binary, self.workdir = found, Path(workdir)
+        # Absolute: Prometheus runs in workdir and would read a relative path from there.
+        self.binary, self.workdir = found, Path(workdir).resolve()
         self.ready_timeout_s = ready_timeout_s
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -17,10 +17,12 @@ from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 @pytest.mark.usefixtures("prometheus_binaries")
 def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> None:
     report_dir = tmp_path / "report"
+    # A relative report directory, as the default one is: every process the demo starts
+    # (replicas, Prometheus in its own working directory) must still find its files.
     proc = subprocess.run(
         [sys.executable, "-m", "slopilot.cli", "demo", "--duration", "60",
-         "--report-dir", str(report_dir)], capture_output=True, text=True, timeout=180,
-        check=False)
+         "--report-dir", "report"], capture_output=True, text=True, timeout=180,
+        check=False, cwd=tmp_path)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "ALERT firing: SlopilotTBTP99High[p0" in out, out
