@@ -17,6 +17,7 @@ which rolls back as for any error.
 from __future__ import annotations
 
 import copyreg
+import logging
 import multiprocessing
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,13 @@ def _ready() -> bool:
     return True
 
 
+def _init_worker(level: int) -> None:
+    # A spawned process starts with logging unconfigured: the offline study's findings
+    # would be lost and Optuna's per-study INFO lines would reach the user's terminal.
+    logging.basicConfig(level=level, format="%(levelname)s:%(name)s:%(message)s")
+    logging.getLogger("optuna").setLevel(max(level, logging.WARNING))
+
+
 class SimWorker:
     """Spawned processes (``workers``, one by default) that run simulator calls."""
 
@@ -60,7 +68,9 @@ class SimWorker:
         with self._lock:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
-                    max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+                    max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker,
+                    initargs=(logging.getLogger("slopilot").getEffectiveLevel(),))
                 self._warm = self._pool.submit(_ready)
             return self._pool
 
