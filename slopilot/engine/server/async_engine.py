@@ -31,6 +31,7 @@ from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.request import FinishReason, Request, RequestStatus
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
+from slopilot.engine.server.retry_after import RetryAfter
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "RequestStream",
            "StreamDelta"]
@@ -90,6 +91,8 @@ class AsyncEngine:
         self.draining = False
         self.error: BaseException | None = None
         self.num_idle_checks = 0
+        self.retry_after = RetryAfter()
+        engine.observers.append(self.retry_after)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -107,6 +110,12 @@ class AsyncEngine:
     def num_active(self) -> int:
         """Requests admitted and not yet finished, as the asyncio side sees them."""
         return len(self._active)
+
+    def retry_after_s(self) -> int:
+        """The 429's Retry-After: time for the waiting queue to get through (an estimate)."""
+        # num_waiting is read off the engine thread: one int, at worst an iteration stale.
+        return self.retry_after.seconds(self.engine.scheduler.num_waiting,
+                                        self.engine.clock.now())
 
     @property
     def config(self) -> EngineConfig:

@@ -30,7 +30,6 @@ from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionReq
 PRIORITY_HEADER = "x-slopilot-priority"
 # The OpenAI completions default; chat defaults to whatever context is left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-RETRY_AFTER_S = 1
 
 
 @dataclass
@@ -128,7 +127,7 @@ async def submit(engine: AsyncEngine, prep: Prepared) -> RequestStream:
         return await engine.add_request(prep.request)
     except QueueFullError as exc:
         raise APIError(429, str(exc), code="queue_full",
-                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+                       headers={"Retry-After": str(engine.retry_after_s())}) from None
     except PromptTooLongError as exc:
         raise APIError(413, str(exc), code="context_length_exceeded") from None
     except EngineDrainingError as exc:

@@ -126,7 +126,7 @@ async def test_full_queue_is_429_with_retry_after() -> None:
             res = await client.post(url, json={"prompt": "x", "max_tokens": 1})
             err = _error(res, 429)
             assert err["type"] == "rate_limit_error"
-            assert int(res.headers["retry-after"]) >= 1
+            assert 1 <= int(res.headers["retry-after"]) <= 60  # the backlog over its rate
             for task in (running, queued):
                 task.cancel()
             await asyncio.gather(running, queued, return_exceptions=True)
