@@ -120,10 +120,17 @@ class Scheduler:
         return req
 
     def update_config(self, config: EngineConfig) -> None:
-        """Stage a new config; it takes effect at the start of the next iteration."""
+        """Stage a new config; it takes effect at the start of the next iteration.
+
+        With no request in the engine there is no iteration to wait for: it takes effect
+        at once, so what the engine reports (its config gauges) is what it will run.
+        """
         if config.block_size != self.config.block_size:
             raise ConfigError("block_size cannot change on a running engine; restart it")
-        self._pending_config = config
+        if self.requests:
+            self._pending_config = config
+        else:
+            self.config, self._pending_config = config, None
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status

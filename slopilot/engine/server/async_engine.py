@@ -222,8 +222,11 @@ class AsyncEngine:
                     self.engine.update_config(new)
                 except Exception as exc:
                     self._post(_resolve, fut, None, exc)
-                else:
-                    self._post(_resolve, fut, None, None)
+                    return
+                if self.metrics is not None and not self.engine.has_work():
+                    # Live at once on an idle engine: the gauges say so before any step.
+                    self.metrics.refresh(self.engine, self.engine.clock.now())
+                self._post(_resolve, fut, None, None)
 
             self._submit(stage)
             self._target_config = new

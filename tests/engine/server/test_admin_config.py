@@ -73,6 +73,16 @@ def test_put_is_applied_from_the_next_iteration(srv: LiveServer) -> None:
     assert 'knob="chunk_size",model_name="Llama-3-8B"} 64.0' in metrics
 
 
+def test_an_idle_engine_reports_a_new_config_before_any_request(srv: LiveServer) -> None:
+    res = _put(srv, {"token_budget": 256, "chunk_size": 128})
+    assert res.status_code == 200, res.text
+    # No request ran since: the scheduler and the gauges already hold the new knobs.
+    assert srv.call(lambda e: e.scheduler.config.chunk_size) == 128
+    metrics = httpx.get(srv.url + "/metrics").text
+    assert 'knob="chunk_size",model_name="Llama-3-8B"} 128.0' in metrics
+    assert 'knob="token_budget",model_name="Llama-3-8B"} 256.0' in metrics
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"token_budget": 512, "chunk_size": 99999}, "chunk_size", "out of range"),
     ({"token_budget": 512, "no_such_knob": 1}, "no_such_knob", "unknown knob"),
