@@ -21,6 +21,7 @@ from slopilot.operator.spec import (
     BACKENDS,
     PHASES,
     PROFILES,
+    VLLM_CLASSES,
     LLMDeploymentSpec,
     SpecError,
     parse_spec,
@@ -129,6 +130,9 @@ def _spec_schema() -> dict[str, Any]:
                              for i in range(3)}),
             "maxPreemptionsPerMinute": {"type": "number", "minimum": 0, "default": 10,
                                         "description": "Preemption-storm threshold."},
+            "vllmClass": _str("backend vllm: the class every request counts as (vLLM's "
+                              "metrics carry no priority class).",
+                              enum=list(VLLM_CLASSES), default="p0"),
         }, default={}),
         "tuning": _obj({
             "enabled": {"type": "boolean", "default": True},

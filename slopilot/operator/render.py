@@ -196,16 +196,34 @@ def render_service(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str
                 {"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}}
 
 
+def vllm_class_relabeling(cls: str) -> dict[str, Any]:
+    """ServiceMonitor form: a series without ``priority_class`` (every vLLM series) gets
+    the class ``cls``, so the per-class rules and panels see vLLM's traffic."""
+    return {"action": "replace", "sourceLabels": ["priority_class"], "regex": "^$",
+            "targetLabel": "priority_class", "replacement": cls}
+
+
+def vllm_class_metric_relabel_config(cls: str) -> dict[str, Any]:
+    """The same rule for a plain Prometheus job's ``metric_relabel_configs``."""
+    rule = vllm_class_relabeling(cls)
+    return {"action": rule["action"], "source_labels": rule["sourceLabels"],
+            "regex": rule["regex"], "target_label": rule["targetLabel"],
+            "replacement": rule["replacement"]}
+
+
 def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     name = body["metadata"]["name"]
+    endpoint: dict[str, Any] = {
+        "port": "http", "path": "/metrics", "interval": "15s",
+        # The rules select a deployment's series by this label.
+        "relabelings": [{"action": "replace", "targetLabel": DEPLOYMENT_LABEL,
+                         "replacement": name}]}
+    if spec.backend is Backend.VLLM:
+        # The per-class rules and panels need a class on every latency series.
+        endpoint["metricRelabelings"] = [vllm_class_relabeling(spec.vllm_class)]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": _meta(body, name),
-            "spec": {"selector": {"matchLabels": selector(name)},
-                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s",
-                                    # The rules select a deployment's series by this label.
-                                    "relabelings": [{"action": "replace",
-                                                     "targetLabel": DEPLOYMENT_LABEL,
-                                                     "replacement": name}]}]}}
+            "spec": {"selector": {"matchLabels": selector(name)}, "endpoints": [endpoint]}}
 
 
 def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,

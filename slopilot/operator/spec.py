@@ -87,11 +87,18 @@ class LLMDeploymentSpec:
     admin_secret: str | None
     admin_secret_key: str
     extra: Mapping[str, Any] = field(default_factory=dict)
+    vllm_class: str = "p0"
+    """The class all of a vLLM deployment's requests count as: vLLM's metrics do not say
+    which request had which priority. P0 by default: the class the alerts and the
+    trials' revert guardrail protect."""
 
     @property
     def model_ref(self) -> str:
         """What the engine loads: the mounted path when given, else the name."""
         return self.model_path or self.model_name
+
+
+VLLM_CLASSES = ("p0", "p1", "p2")
 
 
 def parse_duration(text: str) -> float:
@@ -171,6 +178,7 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
     given = spec.get("slo")
     data = dict(given) if isinstance(given, Mapping) else {}
     data["profile"] = profile.value  # already judged (and defaulted) by the caller
+    data.pop("vllmClass", None)  # not an objective: parse_spec reads it
     try:
         slo = SLOSpec.from_dict(data)
     except SLOError as exc:
@@ -239,6 +247,10 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     engine, explicit = _engine(spec, profile, r)
     slo = _slo(spec, profile, r)
     tuning = _tuning(spec, engine, r)
+    vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
+    if vllm_class not in VLLM_CLASSES:
+        r.problems.append(f"spec.slo.vllmClass={vllm_class!r} is not allowed; use one of: "
+                          f"{', '.join(VLLM_CLASSES)}")
     url = r.get(spec, "spec.prometheus.url", str, "http://prometheus-operated.monitoring:9090")
     if not url.startswith(("http://", "https://")):
         r.problems.append(f"spec.prometheus.url={url!r}: must start with http:// or https://")
@@ -253,7 +265,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         admin_secret=r.get(spec, "spec.adminToken.secretName", str),
         admin_secret_key=r.get(spec, "spec.adminToken.key", str, "token"),
-        extra={k: v for k, v in spec.items() if k not in known})
+        extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class)
 
 
 def _quantity(spec: Mapping[str, Any], name: str) -> str | None:

@@ -73,6 +73,7 @@ class ScrapeTarget:
     targets: Sequence[str]
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_path: str = "/metrics"
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = ()
 
 
 def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Sequence[Path],
@@ -84,7 +85,9 @@ def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Seq
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
             {"job_name": t.job, "metrics_path": t.metrics_path,
-             "static_configs": [{"targets": list(t.targets), "labels": dict(t.labels)}]}
+             "static_configs": [{"targets": list(t.targets), "labels": dict(t.labels)}],
+             **({"metric_relabel_configs": [dict(r) for r in t.metric_relabel_configs]}
+                if t.metric_relabel_configs else {})}
             for t in targets],
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
