@@ -1,0 +1,76 @@
+"""``daemon.prometheus_controller``: the ports the operator runs by default, wired for real.
+
+The daemon tests swap this factory for stand-ins; here it is built as the operator
+builds it, against a Prometheus that is not there.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slopilot.operator.daemon import (
+    BASE_SCENARIO_ENV,
+    DaemonContext,
+    controller_settings,
+    prometheus_controller,
+    sim_worker,
+)
+from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.spec import parse_spec
+from slopilot.tuner.controller_state import Action, ControllerError, ControllerState
+from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.sim_worker import WorkerOffline, WorkerPlanner
+from tests.support.prometheus import free_port
+
+
+class OneDeployment:
+    """The two reads the controller makes of the cluster before it acts."""
+
+    def get(self, api_version: str, plural: str, namespace: str, name: str
+            ) -> dict[str, Any] | None:
+        if plural == "deployments":
+            return {"spec": {"replicas": 1}}
+        return None
+
+
+def context(tmp_path: Path, **tuning: Any) -> DaemonContext:
+    body = {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
+            "metadata": {"name": "chat", "namespace": "team", "uid": "u1"},
+            "spec": {"model": {"name": "smollm2-135m"},
+                     # Nothing listens there: a Prometheus that is down.
+                     "prometheus": {"url": f"http://127.0.0.1:{free_port()}"},
+                     "tuning": {"storage": f"sqlite:///{tmp_path / 'study.db'}", **tuning}}}
+    spec = parse_spec(body)
+    kube: Any = OneDeployment()
+    return DaemonContext(kube, KubeDeploymentHandle(kube, "team", "chat"), spec, "team",
+                         "chat", controller_settings(spec, "chat"), None)
+
+
+def test_the_default_wiring_holds_the_config_while_prometheus_is_down(tmp_path: Path) -> None:
+    ctl = prometheus_controller(context(tmp_path))
+    assert isinstance(ctl.evaluator, PrometheusWindows)
+    assert isinstance(ctl.probe, PrometheusProbe)
+    # Simulator work goes to the process's one worker, shared by every deployment.
+    assert isinstance(ctl.offline, WorkerOffline) and isinstance(ctl.planner, WorkerPlanner)
+    assert ctl.offline.worker is ctl.planner.worker is sim_worker()
+    d = ctl.tick(time.time())
+    assert d.prometheus_unavailable and d.action is Action.HOLD, d.line()
+    assert ctl.state is ControllerState.STEADY
+    assert (tmp_path / "study.db").is_file()  # the study lives where the spec says
+
+
+def test_a_bad_base_scenario_names_the_variable(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BASE_SCENARIO_ENV, "no-such-scenario")
+    with pytest.raises(ControllerError, match=f"{BASE_SCENARIO_ENV}='no-such-scenario'"):
+        prometheus_controller(context(tmp_path))
+
+
+def test_an_unreachable_study_database_names_the_field(tmp_path: Path) -> None:
+    ctx = context(tmp_path, storage=f"sqlite:///{tmp_path / 'missing' / 'dir' / 'study.db'}")
+    with pytest.raises(ControllerError, match=r"spec\.tuning\.storage"):
+        prometheus_controller(ctx)
