@@ -196,5 +196,7 @@ class Decision:
         if self.prometheus_unavailable:
             parts.append("prometheus_unavailable=true")
         if self.config is not None and self.action is not Action.NONE:
-            parts.append("config=" + ",".join(f"{k}={v}" for k, v in sorted(self.config.items())))
+            parts.append("config=" + ",".join(
+                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in sorted(self.config.items())))
         return " ".join(parts) + f" reason={self.reason}"

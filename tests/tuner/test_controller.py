@@ -19,6 +19,7 @@ from slopilot.tuner.controller_state import (
     ControllerError,
     ControllerSettings,
     ControllerState,
+    Decision,
     LoopState,
 )
 from tests.tuner.controller_fakes import (
@@ -380,6 +381,12 @@ def test_every_decision_is_logged_and_exported(caplog: pytest.LogCaptureFixture)
         ctl.tick(0.0)
     assert any("action=trial" in r.getMessage() and "reason=" in r.getMessage()
                for r in caplog.records)
+    # A trial's line names its config, floats short enough to read.
+    d = ctl.tick(10.0)
+    assert d.action is Action.COMMIT
+    assert "config=chunk_size=256,token_budget=512 " in d.line()
+    assert Decision(ControllerState.TUNING, Action.TRIAL, "r", 1, config={
+        "kv_watermark": 0.15834500761653292}).line().endswith("config=kv_watermark=0.158 reason=r")
     text = generate_latest(ctl.metrics.registry).decode()
     for name in ("slopilot_tuner_trials_total", "slopilot_tuner_actions_total",
                  "slopilot_replicas", "slopilot_tuner_state"):
