@@ -14,6 +14,7 @@ come from a factory: ``$SLOPILOT_CONTROLLER_FACTORY`` (``module:function``) or
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
@@ -86,6 +87,9 @@ def sim_worker() -> SimWorker:
     with _WORKER_LOCK:
         if _WORKER is None:
             _WORKER = SimWorker()
+            # Shut it down while the interpreter is whole: a pool collected during
+            # finalization prints an ignored AttributeError on the way out.
+            atexit.register(_WORKER.close)
         return _WORKER
 
 

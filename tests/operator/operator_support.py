@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes.client
 import pytest
+import urllib3
 from kopf.testing import KopfRunner
 
 from slopilot.operator.crd import crd_manifest
@@ -23,14 +27,37 @@ NS = "default"
 RUN_ARGS = ["run", "--standalone", "--all-namespaces", "-m", "slopilot.operator.handlers"]
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
-    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+def _threads() -> str:
+    """Every thread's innermost frames: what the process was doing when a wait ran out."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame)[-4:])
+        out.append(f"--- thread {names.get(ident, ident)}\n{stack}")
+    return "\n".join(out)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds.
+
+    A failure says how long the slowest poll took and dumps every thread's stack: one
+    full-suite run stalled here once (the status PATCH was served, then no GET came back
+    for 15 s) and did not reproduce in isolation.
+    """
     deadline = time.monotonic() + timeout
+    polls, slowest, error = 0, 0.0, ""
     while time.monotonic() < deadline:
-        if result := condition():
+        t0 = time.monotonic()
+        try:
+            result = condition()
+        except urllib3.exceptions.HTTPError as exc:  # a read that timed out: poll again
+            result, error = None, f"; last error: {type(exc).__name__}: {exc}"
+        polls, slowest = polls + 1, max(slowest, time.monotonic() - t0)
+        if result:
             return result
         time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    pytest.fail(f"timed out after {timeout}s waiting for {what} ({polls} polls, the slowest "
+                f"{slowest:.1f} s{error})\n{_threads()}")
 
 
 def llmd(name: str = "chat", **spec: Any) -> dict[str, Any]:
@@ -52,7 +79,9 @@ class Cluster:
         return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body))
 
     def get(self, name: str = "chat") -> dict[str, Any]:
-        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name))
+        # A bounded read: a stuck one fails this poll, not the whole wait.
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name,
+                                                             _request_timeout=(5, 10)))
 
     def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return dict(self.custom.patch_namespaced_custom_object(
