@@ -21,6 +21,7 @@ import argparse
 import copy
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,18 @@ def run(minutes: float, shift_at: float, seed: int) -> dict[str, Any]:
     return measure(cluster, scenario, decisions, shift_at)
 
 
+def _worst_window(start: float, stop: float,
+                  attainment: Callable[[float, float], float | None]) -> float | None:
+    """The lowest attainment over consecutive WINDOW_S windows of [start, stop)."""
+    values = []
+    while start < stop:
+        a = attainment(start, min(stop, start + WINDOW_S))
+        if a is not None:
+            values.append(a)
+        start += WINDOW_S
+    return min(values) if values else None
+
+
 def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float, Decision]],
             shift_at: float) -> dict[str, Any]:
     end = cluster.now
@@ -110,25 +123,13 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
         stop = settled if settled is not None else end
         s = cluster.summary(tuned - TICK_S, stop)
         p0 = s["classes"]["p0"]["slo_attainment"]
-        per_window = []
-        w = tuned - TICK_S
-        while w < stop:
-            a = cluster.summary(w, min(stop, w + WINDOW_S))["classes"]["p0"]["slo_attainment"]
-            if a is not None:
-                per_window.append(a)
-            w += WINDOW_S
-        p0_min = min(per_window) if per_window else None
+        p0_min = _worst_window(tuned - TICK_S, stop, lambda a, b: cluster.summary(a, b)[
+            "classes"]["p0"]["slo_attainment"])
         # The same, charging each request to the config it arrived under: what the trials
         # did to P0, without the backlog the alerting config left behind.
         p0_arrived = cluster.attainment_by_arrival(tuned, stop, Priority.P0)
-        per_window = []
-        w = tuned
-        while w < stop:
-            a = cluster.attainment_by_arrival(w, min(stop, w + WINDOW_S), Priority.P0)
-            if a is not None:
-                per_window.append(a)
-            w += WINDOW_S
-        p0_arrived_min = min(per_window) if per_window else None
+        p0_arrived_min = _worst_window(tuned, stop, lambda a, b: cluster.attainment_by_arrival(
+            a, b, Priority.P0))
     before = score(cluster.summary(max(0.0, shift_at - 120), shift_at), scenario.slo)
     return {
         "shift_at_s": shift_at,

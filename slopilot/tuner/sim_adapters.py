@@ -29,7 +29,7 @@ from slopilot.tuner.objective import TrialResult
 from slopilot.tuner.rules import RuleOptions
 from slopilot.tuner.sim_cluster import SimCluster
 from slopilot.tuner.space import SearchSpace
-from slopilot.tuner.study import Tuner, open_study
+from slopilot.tuner.study import Tuner, open_study, rank
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,5 @@ def _knobs(config: Mapping[str, Any]) -> str:
 
 
 def rank_for_warm_start(results: Sequence[TrialResult], margin: float) -> list[TrialResult]:
-    """Holds with ``margin`` to spare, then holds, then closest to holding; by goodput."""
-    return sorted(results, key=lambda r: (holds(r, margin), r.feasible,
-                                          r.goodput_tok_s if r.feasible else -r.violation),
-                  reverse=True)
+    """Holds with ``margin`` to spare first; then the study's own order (``study.rank``)."""
+    return sorted(results, key=lambda r: (holds(r, margin), *rank(r)), reverse=True)

@@ -21,7 +21,7 @@ import logging
 import multiprocessing
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -61,7 +61,6 @@ class SimWorker:
         self.workers = workers
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
-        self._warm: Future[bool] | None = None
         self._start()
 
     def _start(self) -> ProcessPoolExecutor:
@@ -71,7 +70,7 @@ class SimWorker:
                     max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
                     initializer=_init_worker,
                     initargs=(logging.getLogger("slopilot").getEffectiveLevel(),))
-                self._warm = self._pool.submit(_ready)
+                self._pool.submit(_ready)  # spawns the process now, not at the first call
             return self._pool
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:

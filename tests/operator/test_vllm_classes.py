@@ -9,9 +9,7 @@ rendered rules record that class and fire its alert.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 from typing import Any
 
 import pytest
@@ -26,7 +24,7 @@ from slopilot.operator.render import (
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.rules import RuleOptions, render_rules_yaml
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
-from tests.support.prometheus import PrometheusServer, ScrapeTarget, wait_until
+from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_metrics, wait_until
 
 
 def body(**slo: Any) -> dict[str, Any]:
@@ -72,23 +70,8 @@ def vllm_endpoint() -> Iterator[tuple[Histogram, str]]:
     itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency.",
                     ["model_name", "engine"], buckets=LATENCY_BUCKETS, registry=registry)
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            text = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(text)))
-            self.end_headers()
-            self.wfile.write(text)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    Thread(target=server.serve_forever, daemon=True).start()
-    yield itl, f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve_metrics(lambda: generate_latest(registry)) as address:
+        yield itl, address
 
 
 @pytest.mark.prometheus

@@ -16,9 +16,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from threading import Thread
 from typing import Any, TypeVar
 
 import yaml
@@ -193,3 +196,28 @@ def promtool(binaries: PrometheusBinaries, *args: str | Path,
     """Run promtool; the caller checks returncode (stdout and stderr are kept)."""
     return subprocess.run([str(binaries.promtool), *map(str, args)], capture_output=True,
                           text=True, timeout=120, cwd=cwd, check=False)
+
+
+@contextmanager
+def serve_metrics(render: Callable[[], bytes]) -> Iterator[str]:
+    """``render()`` served as a classic-text /metrics by a plain thread; yields host:port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = render()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -36,12 +36,21 @@ class LiveLoop:
     prometheus: LocalPrometheus
     load: LoadGenerator
 
-    def finished_requests(self) -> float:
-        answer = httpx.get(self.prometheus.url + "/api/v1/query", params={
-            "query": f'sum(vllm:e2e_request_latency_seconds_count{{{DEPLOYMENT_LABEL}="{NAME}"}})'
-        }, timeout=5).json()
+    def _scalar(self, query: str) -> float:
+        answer = httpx.get(self.prometheus.url + "/api/v1/query", params={"query": query},
+                           timeout=5).json()
         result = answer.get("data", {}).get("result", [])
         return float(result[0]["value"][1]) if result else 0.0
+
+    def finished_requests(self) -> float:
+        return self._scalar(
+            f'sum(vllm:e2e_request_latency_seconds_count{{{DEPLOYMENT_LABEL}="{NAME}"}})')
+
+    def history_s(self) -> float:
+        """Seconds of scraped history of the deployment's series (up to a minute)."""
+        return self._scalar(
+            f'time() - min(min_over_time(timestamp(vllm:e2e_request_latency_seconds_count'
+            f'{{{DEPLOYMENT_LABEL}="{NAME}"}})[1m:1s]))')
 
 
 @contextmanager

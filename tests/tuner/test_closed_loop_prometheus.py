@@ -100,11 +100,10 @@ def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
         log: list[Decision] = []
         # Two rate windows of the light load first: no alert, and the windows a trial is
         # compared with hold steady traffic, not the first seconds of the series.
-        quiet_until = time.monotonic() + 2 * RULES.rate_window_s
-        while time.monotonic() < quiet_until:
-            d = ctl.tick(time.time())
-            assert d.action is Action.NONE and d.state is ControllerState.STEADY, d.line()
-            time.sleep(0.5)
+        tick_until(ctl, lambda d: loop.history_s() >= 2 * RULES.rate_window_s, timeout_s=60,
+                   what="two rate windows of history in Prometheus", log=log)
+        assert all(d.action is Action.NONE and d.state is ControllerState.STEADY
+                   for d in log), [d.line() for d in log]
         loop.load.set_phase(HEAVY)  # the injected overload: long prompts, mostly P0
         tick_until(ctl, lambda d: d.action is Action.TRIAL, timeout_s=30,
                    what="an alert and a first trial", log=log)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 from typing import Any
 
 import pytest
@@ -31,6 +29,7 @@ from tests.support.prometheus import (
     PrometheusServer,
     ScrapeTarget,
     promtool,
+    serve_metrics,
     wait_until,
 )
 
@@ -169,25 +168,8 @@ def test_promtool_unit_tests_catch_a_wrong_threshold(
 def metrics_endpoint() -> Iterator[tuple[EngineMetrics, str]]:
     """EngineMetrics served at http://127.0.0.1:PORT/metrics by a plain thread."""
     metrics = EngineMetrics("tiny-random")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = metrics.render()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield metrics, f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve_metrics(metrics.render) as address:
+        yield metrics, address
 
 
 @pytest.mark.prometheus

@@ -42,9 +42,8 @@ class RetryAfter:
             through = len(self._through)
             if through == 0:
                 return self.unknown_s
-            # The window's rate, over the time it really spans (a young engine's is short).
-            span = max(now - self._through[0], 1.0)
-        rate = through / min(span, self.window_s)
+            # The rate over the time the window really spans (a young engine's is short).
+            rate = through / max(now - self._through[0], 1.0)
         return int(min(self.hi_s, max(self.lo_s, math.ceil(max(waiting, 1) / rate))))
 
     # ------------------------------------------------------------------ observer
