@@ -28,16 +28,16 @@ from typing import Any
 import yaml
 
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
-from slopilot.tuner.capacity import CapacityPlanner
-from slopilot.tuner.controller import Controller
-from slopilot.tuner.controller_state import Action, ControllerSettings, Decision
-from slopilot.tuner.objective import score
-from slopilot.tuner.rules import RuleOptions
-from slopilot.tuner.sim_adapters import SimAlerts, SimDeployment, SimOffline, SimProbe, SimWindows
-from slopilot.tuner.sim_cluster import SimCluster
-from slopilot.tuner.space import SearchSpace
-from slopilot.tuner.study import Tuner, open_study
+from slopilot.tuner.loop.capacity import CapacityPlanner
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.state import Action, ControllerSettings, Decision
+from slopilot.tuner.prometheus.rules import RuleOptions
+from slopilot.tuner.sim.adapters import SimAlerts, SimDeployment, SimOffline, SimProbe, SimWindows
+from slopilot.tuner.study.objective import score
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import Tuner, open_study
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 15.0

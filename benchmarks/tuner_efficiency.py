@@ -37,9 +37,9 @@ from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.objective import TrialResult, score
-from slopilot.tuner.space import SearchSpace
-from slopilot.tuner.study import Tuner, open_study
+from slopilot.tuner.study.objective import TrialResult, score
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import Tuner, open_study
 
 _DEPLOYMENT: dict[str, Any] = {
     "gpu": "A100", "num_gpus": 1, "tp": 1, "model": "llama-3-8b", "seed": 0,
@@ -95,7 +95,7 @@ NOTES = (
     "none), so past what P0/P1 need, a config's goodput is how much P2 work it fits in "
     "without breaking the P0/P1 latency terms. The sampler is Optuna's multivariate TPE "
     "with 5 random start trials and the SLO terms as constraints "
-    "(slopilot.tuner.study.make_sampler).")
+    "(slopilot.tuner.study.tuner.make_sampler).")
 
 
 def tier_slo(tier: str) -> SLOSpec:

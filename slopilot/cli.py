@@ -19,7 +19,7 @@ _COMMAND_MODULES = (
     "slopilot.engine.server.commands",
     "slopilot.engine.models_commands",
     "slopilot.tuner.commands",
-    "slopilot.tuner.demo_commands",
+    "slopilot.tuner.local.commands",
     "slopilot.operator.commands",
 )
 

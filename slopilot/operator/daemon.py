@@ -32,8 +32,9 @@ from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.reconcile import config_status, effective_spec
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase, SpecError
-from slopilot.tuner.controller import Controller
-from slopilot.tuner.controller_state import (
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.metrics import TunerMetrics
+from slopilot.tuner.loop.state import (
     Action,
     ControllerError,
     ControllerSettings,
@@ -41,10 +42,9 @@ from slopilot.tuner.controller_state import (
     Decision,
     LoopState,
 )
-from slopilot.tuner.tuner_metrics import TunerMetrics
 
 if TYPE_CHECKING:
-    from slopilot.tuner.sim_worker import SimWorker
+    from slopilot.tuner.sim.worker import SimWorker
 
 log = logging.getLogger(__name__)
 FACTORY_ENV = "SLOPILOT_CONTROLLER_FACTORY"
@@ -82,7 +82,7 @@ def sim_worker() -> SimWorker:
     (kopf's keep-alives and watches run on that same interpreter).
     """
     global _WORKER
-    from slopilot.tuner.sim_worker import SimWorker
+    from slopilot.tuner.sim.worker import SimWorker
 
     with _WORKER_LOCK:
         if _WORKER is None:
@@ -116,15 +116,15 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     import dataclasses
 
     from slopilot.engine.sim.scenario import load_scenario
-    from slopilot.tuner.alerts import AlertSource
-    from slopilot.tuner.live_study import ResumableTuner
-    from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
-    from slopilot.tuner.promql import query_at
-    from slopilot.tuner.rules import DEPLOYMENT_LABEL
-    from slopilot.tuner.sim_adapters import SimOffline
-    from slopilot.tuner.sim_worker import WorkerOffline, WorkerPlanner
-    from slopilot.tuner.space import SearchSpace
-    from slopilot.tuner.study import StudyStorageError, open_study
+    from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+    from slopilot.tuner.prometheus.alerts import AlertSource
+    from slopilot.tuner.prometheus.query import query_at
+    from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
+    from slopilot.tuner.sim.adapters import SimOffline
+    from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
+    from slopilot.tuner.study.live import ResumableTuner
+    from slopilot.tuner.study.space import SearchSpace
+    from slopilot.tuner.study.tuner import StudyStorageError, open_study
 
     spec, name = ctx.spec, ctx.name
     scenario_name = os.environ.get(BASE_SCENARIO_ENV, DEFAULT_BASE_SCENARIO)

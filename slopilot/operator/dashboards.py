@@ -3,7 +3,7 @@
 ``python -m slopilot.operator.dashboards`` rewrites dashboards/slopilot-overview.json;
 a test checks the checked-in file equals the generated one. Queries use the engine's
 series (vLLM names, so a vLLM backend fills most panels too), the recording rules of
-``slopilot.tuner.rules`` for goodput, and the tuner/kube series listed in
+``slopilot.tuner.prometheus.rules`` for goodput, and the tuner/kube series listed in
 ``EXTERNAL_METRICS``. Every series is selected by ``slopilot_deployment``, the label the
 scrape configuration puts on each engine pod's series.
 """
@@ -30,7 +30,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
 UID = "slopilot-overview"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -25,7 +25,7 @@ from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.render import labels, owner_reference, render_all
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
-from slopilot.tuner.rules import render_prometheus_rule, render_rules_yaml
+from slopilot.tuner.prometheus.rules import render_prometheus_rule, render_rules_yaml
 
 MONITORING = "monitoring.coreos.com/v1"
 RULES_FILE = "slopilot-rules.yaml"

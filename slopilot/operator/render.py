@@ -20,7 +20,7 @@ from typing import Any
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
-from slopilot.tuner.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
 API_VERSION = "slopilot.dev/v1alpha1"
 KIND = "LLMDeployment"

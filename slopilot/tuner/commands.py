@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slopilot.tuner.objective import TrialResult
+    from slopilot.tuner.study.objective import TrialResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +61,7 @@ def _parse_bounds(items: list[str]) -> dict[str, Any]:
 def _tune(args: argparse.Namespace) -> int:
     from slopilot.engine.config import ConfigError, parse_set_args
     from slopilot.engine.sim.scenario import ScenarioError, load_scenario
-    from slopilot.tuner.study import StudyStorageError
+    from slopilot.tuner.study.tuner import StudyStorageError
 
     try:
         if args.trials < 1:
@@ -81,9 +81,9 @@ def _run(args: argparse.Namespace, scenario: Any, bounds: dict[str, Any],
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from slopilot.tuner.evaluators import SimulatorEvaluator
-    from slopilot.tuner.space import SearchSpace
-    from slopilot.tuner.study import Tuner, open_study
+    from slopilot.tuner.sim.evaluator import SimulatorEvaluator
+    from slopilot.tuner.study.space import SearchSpace
+    from slopilot.tuner.study.tuner import Tuner, open_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     base = scenario.engine_config()
@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace, scenario: Any, bounds: dict[str, Any],
     best = tuner.best_trial()
     report_path = None
     if args.report_dir is not None:
-        from slopilot.tuner.report import write_report
+        from slopilot.tuner.study.report import write_report
         report_path = write_report(tuner, evaluator.slo, args.report_dir, start=start,
                                    title=f"Tuning {scenario.name}")
     if args.json:
@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace, scenario: Any, bounds: dict[str, Any],
 
 
 def _rank(result: TrialResult) -> tuple[int, float, float]:
-    from slopilot.tuner.study import rank
+    from slopilot.tuner.study.tuner import rank
     return rank(result)
 
 

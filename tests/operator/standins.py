@@ -21,9 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from slopilot.operator.daemon import DaemonContext
-from slopilot.tuner.alerts import AlertSource
-from slopilot.tuner.capacity import CapacityAnswer
-from slopilot.tuner.controller import Controller
+from slopilot.tuner.loop.capacity import CapacityAnswer
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.prometheus.alerts import AlertSource
 from tests.tuner.controller_fakes import GOOD, FakeProbe, FakeStudy
 
 HOLDS = {"goodput_tok_s": 150.0, "preemptions_per_min": 0.0, "classes": {

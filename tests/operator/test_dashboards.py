@@ -15,7 +15,7 @@ from slopilot.operator.dashboards import (
     dashboard_path,
     render_dashboard,
 )
-from slopilot.tuner.rules import example_spec, render_rule_groups
+from slopilot.tuner.prometheus.rules import example_spec, render_rule_groups
 from tests.support.fixtures import prometheus_binaries, prometheus_server  # noqa: F401
 from tests.support.prometheus import PrometheusServer
 

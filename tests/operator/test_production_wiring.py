@@ -21,9 +21,9 @@ from slopilot.operator.daemon import (
 )
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.spec import parse_spec
-from slopilot.tuner.controller_state import Action, ControllerError, ControllerState
-from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
-from slopilot.tuner.sim_worker import WorkerOffline, WorkerPlanner
+from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
+from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
 from tests.support.prometheus import free_port
 
 

@@ -22,7 +22,7 @@ from slopilot.operator.render import (
     vllm_class_relabeling,
 )
 from slopilot.operator.spec import SpecError, parse_spec
-from slopilot.tuner.rules import RuleOptions, render_rules_yaml
+from slopilot.tuner.prometheus.rules import RuleOptions, render_rules_yaml
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
 from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_metrics, wait_until
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
-from slopilot.tuner.alerts import Alert, AlertAction
-from slopilot.tuner.capacity import CapacityAnswer
-from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
-from slopilot.tuner.objective import TrialResult
+from slopilot.tuner.loop.capacity import CapacityAnswer
+from slopilot.tuner.prometheus.alerts import Alert, AlertAction
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.objective import TrialResult
 
 START = {"token_budget": 2048, "chunk_size": 2048}
 GOOD = {"token_budget": 512, "chunk_size": 256}

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.loadgen import LoadGenerator, Phase
-from slopilot.tuner.local import LocalDeployment
-from slopilot.tuner.local_prometheus import LocalPrometheus
-from slopilot.tuner.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
+from slopilot.tuner.local.deployment import LocalDeployment
+from slopilot.tuner.local.loadgen import LoadGenerator, Phase
+from slopilot.tuner.local.prometheus_server import LocalPrometheus
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
 from tests.support.prometheus import wait_until
 
 NAME = "live"

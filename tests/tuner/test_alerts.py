@@ -7,7 +7,12 @@ from typing import Any
 import httpx
 import pytest
 
-from slopilot.tuner.alerts import AlertAction, AlertSource, PrometheusUnavailable, parse_alerts
+from slopilot.tuner.prometheus.alerts import (
+    AlertAction,
+    AlertSource,
+    PrometheusUnavailable,
+    parse_alerts,
+)
 from tests.support.prometheus import free_port
 
 

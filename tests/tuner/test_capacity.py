@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
-from slopilot.tuner.capacity import CapacityError, CapacityPlanner
+from slopilot.tuner.loop.capacity import CapacityError, CapacityPlanner
 from tests.tuner.controller_fakes import summary
 
 SCENARIO = load_scenario("tiny-cpu")

@@ -19,22 +19,22 @@ import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.alerts import AlertSource
-from slopilot.tuner.capacity import CapacityPlanner
-from slopilot.tuner.controller import Controller
-from slopilot.tuner.controller_state import (
+from slopilot.tuner.loop.capacity import CapacityPlanner
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.state import (
     Action,
     ControllerSettings,
     ControllerState,
     Decision,
     LoopState,
 )
-from slopilot.tuner.live_study import ResumableTuner
-from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
-from slopilot.tuner.sim_adapters import SimOffline
-from slopilot.tuner.sim_worker import SimWorker, WorkerOffline, WorkerPlanner
-from slopilot.tuner.space import SearchSpace
-from slopilot.tuner.study import open_study
+from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.prometheus.alerts import AlertSource
+from slopilot.tuner.sim.adapters import SimOffline
+from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
+from slopilot.tuner.study.live import ResumableTuner
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import open_study
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.tuner.live_loop import HEAVY, NAME, RULES, SELECTOR, START, LiveLoop, live_loop
 

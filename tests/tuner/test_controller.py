@@ -12,9 +12,8 @@ from prometheus_client import generate_latest
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.scenario import load_scenario
-from slopilot.tuner.alerts import AlertAction
-from slopilot.tuner.controller import Controller
-from slopilot.tuner.controller_state import (
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.state import (
     Action,
     ControllerError,
     ControllerSettings,
@@ -22,6 +21,7 @@ from slopilot.tuner.controller_state import (
     Decision,
     LoopState,
 )
+from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import (
     BAD,
     GOOD,
@@ -377,7 +377,7 @@ def test_bad_settings_are_refused_clearly(kwargs: dict[str, Any], fix: str) -> N
 def test_every_decision_is_logged_and_exported(caplog: pytest.LogCaptureFixture) -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
     ctl = rig.build()
-    with caplog.at_level(logging.INFO, logger="slopilot.tuner.controller"):
+    with caplog.at_level(logging.INFO, logger="slopilot.tuner.loop.controller"):
         ctl.tick(0.0)
     assert any("action=trial" in r.getMessage() and "reason=" in r.getMessage()
                for r in caplog.records)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slopilot.tuner.demo import DemoOptions
+from slopilot.tuner.local.demo import DemoOptions
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import Evaluator, PrometheusUnavailable, WindowRejected
-from slopilot.tuner.evaluators import PrometheusEvaluator, SimulatorEvaluator
-from slopilot.tuner.objective import TrialResult, constraint_names
+from slopilot.tuner.sim.evaluator import PrometheusEvaluator, SimulatorEvaluator
+from slopilot.tuner.study.evaluator import Evaluator, PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.objective import TrialResult, constraint_names
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.prometheus import PrometheusBinaries, free_port
 from tests.tuner.live_stack import SELECTOR, LiveStack, live_stack

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from slopilot.engine.config import ConfigError
-from slopilot.tuner.local import DeploymentError, LocalDeployment
+from slopilot.tuner.local.deployment import DeploymentError, LocalDeployment
 
 
 def _targets(dep: LocalDeployment) -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.objective import NO_SAMPLES, SummaryError, constraint_names, score
+from slopilot.tuner.study.objective import NO_SAMPLES, SummaryError, constraint_names, score
 
 
 def _summary(ttft: dict[str, float], tbt: dict[str, float], preempt: float = 0.0,

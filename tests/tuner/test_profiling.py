@@ -12,14 +12,14 @@ import pytest
 from slopilot.engine.metrics import TOKEN_BUCKETS
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import simulate
-from slopilot.tuner.evaluator_base import PrometheusUnavailable
-from slopilot.tuner.profiling import (
+from slopilot.tuner.prometheus.profiling import (
     LengthProfile,
     ProfileError,
     WorkloadProfile,
     length_profile,
     prometheus_query,
 )
+from slopilot.tuner.study.evaluator import PrometheusUnavailable
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.prometheus import PrometheusBinaries, free_port, wait_until
 from tests.tuner.live_stack import SELECTOR, live_stack

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
-from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
-from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
-from slopilot.tuner.promql import query_at
-from slopilot.tuner.scrape_fallback import quantile
+from slopilot.tuner.local.scrape import quantile
+from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.prometheus.query import query_at
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from tests.support.prometheus import free_port
 
 DEMO = load_scenario("demo")

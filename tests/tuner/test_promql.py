@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from slopilot.tuner.promql import query_at, window_summary
+from slopilot.tuner.prometheus.query import query_at, window_summary
 
 
 def test_best_effort_class_counts_all_its_tokens_and_missing_series_are_neutral() -> None:

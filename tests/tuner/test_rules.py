@@ -13,7 +13,7 @@ import yaml
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.rules import (
+from slopilot.tuner.prometheus.rules import (
     RuleError,
     RuleOptions,
     example_path,
@@ -44,7 +44,7 @@ def test_checked_in_rules_equal_the_rendering() -> None:
     assert example_path() == MANIFESTS / "slopilot-rules.yaml"
     assert example_path().read_text() == render_example(), (
         "manifests/prometheus/slopilot-rules.yaml is stale: "
-        "run python -m slopilot.tuner.rules")
+        "run python -m slopilot.tuner.prometheus.rules")
 
 
 def test_every_alert_carries_the_labels_the_controller_reads() -> None:

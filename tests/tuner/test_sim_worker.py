@@ -11,11 +11,11 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
-from slopilot.tuner.capacity import CapacityError, CapacityPlanner
-from slopilot.tuner.objective import TrialResult
-from slopilot.tuner.sim_adapters import SimOffline, rank_for_warm_start
-from slopilot.tuner.sim_worker import SimWorker, WorkerOffline, WorkerPlanner
-from slopilot.tuner.space import SearchSpace
+from slopilot.tuner.loop.capacity import CapacityError, CapacityPlanner
+from slopilot.tuner.sim.adapters import SimOffline, rank_for_warm_start
+from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.space import SearchSpace
 
 TINY = load_scenario("tiny-cpu")
 

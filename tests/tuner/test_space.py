@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.tuner.space import BUDGET_PARAM, CHUNK_PARAM, TUNABLE, IntRange, SearchSpace
+from slopilot.tuner.study.space import BUDGET_PARAM, CHUNK_PARAM, TUNABLE, IntRange, SearchSpace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -17,11 +17,11 @@ from optuna.trial import TrialState
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import WindowRejected
-from slopilot.tuner.evaluators import SimulatorEvaluator
-from slopilot.tuner.objective import TrialResult
-from slopilot.tuner.space import SearchSpace
-from slopilot.tuner.study import StudyStorageError, Tuner, open_study
+from slopilot.tuner.sim.evaluator import SimulatorEvaluator
+from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import StudyStorageError, Tuner, open_study
 from tests.support.prometheus import wait_until
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -119,8 +119,8 @@ def test_rejected_windows_are_repeated_not_counted() -> None:
 
 _CHILD = textwrap.dedent("""
     import sys, time
-    from slopilot.tuner.space import SearchSpace
-    from slopilot.tuner.study import Tuner, open_study
+    from slopilot.tuner.study.space import SearchSpace
+    from slopilot.tuner.study.tuner import Tuner, open_study
     tuner = Tuner(open_study(sys.argv[1], "crash"), SearchSpace.from_bounds())
     number, config = tuner.ask()
     print("asked", number, flush=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from slopilot.engine.config import ConfigError
+from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.scenario import load_scenario
-from slopilot.tuner.rules import RuleOptions
-from slopilot.tuner.sim_adapters import SimAlerts, SimDeployment, SimProbe, SimWindows
-from slopilot.tuner.sim_cluster import SimCluster
+from slopilot.tuner.prometheus.rules import RuleOptions
+from slopilot.tuner.sim.adapters import SimAlerts, SimDeployment, SimProbe, SimWindows
 
 SCENARIO = load_scenario("tiny-cpu")
 

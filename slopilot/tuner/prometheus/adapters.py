@@ -18,10 +18,15 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import WindowRejected
-from slopilot.tuner.profiling import ProfileError, WorkloadProfile
-from slopilot.tuner.promql import QueryAt, query_at, window_summary
-from slopilot.tuner.rules import RuleOptions, duration, render_rule_groups, render_selector
+from slopilot.tuner.prometheus.profiling import ProfileError, WorkloadProfile
+from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
+from slopilot.tuner.prometheus.rules import (
+    RuleOptions,
+    duration,
+    render_rule_groups,
+    render_selector,
+)
+from slopilot.tuner.study.evaluator import WindowRejected
 
 """PromQL and an evaluation time (Unix seconds) in, the API's result list out."""
 

@@ -17,10 +17,15 @@ from typing import Any
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import WindowRejected
-from slopilot.tuner.objective import TrialResult, score
-from slopilot.tuner.promql import query_at, window_summary
-from slopilot.tuner.rules import RuleOptions, duration, render_rule_groups, render_selector
+from slopilot.tuner.prometheus.query import query_at, window_summary
+from slopilot.tuner.prometheus.rules import (
+    RuleOptions,
+    duration,
+    render_rule_groups,
+    render_selector,
+)
+from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.objective import TrialResult, score
 
 _QUANTILES = {"ttft_p99_ms": "slopilot:ttft_seconds:p99", "tbt_p99_ms": "slopilot:tbt_seconds:p99"}
 _GOODPUT = "slopilot:goodput_tokens:per_second"

@@ -17,8 +17,8 @@ import httpx
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import PrometheusUnavailable
-from slopilot.tuner.rules import DEPLOYMENT_LABEL, RuleOptions
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions
+from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 __all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "parse_alerts"]
 

@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.alerts import Alert, SummaryAlerts
-from slopilot.tuner.evaluator_base import WindowRejected
-from slopilot.tuner.rules import RuleOptions, bucket_edge_at_or_below
+from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
+from slopilot.tuner.prometheus.rules import RuleOptions, bucket_edge_at_or_below
+from slopilot.tuner.study.evaluator import WindowRejected
 
 _TTFT = "vllm:time_to_first_token_seconds_bucket"
 _TBT = "vllm:inter_token_latency_seconds_bucket"

@@ -26,24 +26,24 @@ from typing import Any
 from rich.console import Console
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
-from slopilot.tuner.alerts import Alert, AlertSource
-from slopilot.tuner.controller import Controller
-from slopilot.tuner.controller_state import Action, ControllerSettings, Decision
-from slopilot.tuner.demo_report import Sample, write_demo_report
-from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
-from slopilot.tuner.live_study import ResumableTuner
-from slopilot.tuner.loadgen import LoadGenerator, Phase
-from slopilot.tuner.local import LocalDeployment
-from slopilot.tuner.local_prometheus import LocalPrometheus, find_prometheus
-from slopilot.tuner.objective import score
-from slopilot.tuner.ports import AlertReader, WindowEvaluator, WorkloadProbe
-from slopilot.tuner.prom_adapters import PrometheusProbe, PrometheusWindows
-from slopilot.tuner.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
-from slopilot.tuner.scrape_fallback import DirectScrape
-from slopilot.tuner.sim_adapters import SimOffline
-from slopilot.tuner.sim_worker import SimWorker, WorkerOffline, WorkerPlanner
-from slopilot.tuner.space import SearchSpace
-from slopilot.tuner.study import open_study
+from slopilot.tuner.local.demo_report import Sample, write_demo_report
+from slopilot.tuner.local.deployment import LocalDeployment
+from slopilot.tuner.local.loadgen import LoadGenerator, Phase
+from slopilot.tuner.local.prometheus_server import LocalPrometheus, find_prometheus
+from slopilot.tuner.local.scrape import DirectScrape
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.ports import AlertReader, WindowEvaluator, WorkloadProbe
+from slopilot.tuner.loop.state import Action, ControllerSettings, Decision
+from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.prometheus.alerts import Alert, AlertSource
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
+from slopilot.tuner.sim.adapters import SimOffline
+from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.live import ResumableTuner
+from slopilot.tuner.study.objective import score
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import open_study
 
 NAME = "demo"
 RULES = RuleOptions(interval_s=1, rate_window_s=8, alert_for_s=3, tbt_periods=3)

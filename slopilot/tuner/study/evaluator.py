@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.objective import TrialResult
+from slopilot.tuner.study.objective import TrialResult
 
 
 class WindowRejected(Exception):

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.report import write_report
-from slopilot.tuner.study import Tuner
+from slopilot.tuner.study.report import write_report
+from slopilot.tuner.study.tuner import Tuner
 
 
 @dataclass(frozen=True)

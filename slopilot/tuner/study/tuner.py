@@ -18,9 +18,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from slopilot.tuner.evaluator_base import Evaluator, WindowRejected
-from slopilot.tuner.objective import TrialResult
-from slopilot.tuner.space import SearchSpace
+from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.space import SearchSpace
 
 SAMPLERS = ("tpe", "random")
 _WORKER = "slopilot_worker"  # "host:pid:token" of the process that asked the trial

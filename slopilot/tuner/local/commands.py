@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from slopilot.tuner.demo import DemoOptions, run_demo
+    from slopilot.tuner.local.demo import DemoOptions, run_demo
 
     try:
         opts = DemoOptions(replicas=args.replicas, max_replicas=args.max_replicas,

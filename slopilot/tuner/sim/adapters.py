@@ -16,20 +16,20 @@ from typing import Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.arrivals import Poisson
+from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.distributions import Empirical
 from slopilot.engine.sim.open_loop import OpenLoopPhase
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
-from slopilot.tuner.alerts import Alert, SummaryAlerts
-from slopilot.tuner.capacity import holds
-from slopilot.tuner.evaluator_base import WindowRejected
-from slopilot.tuner.evaluators import SimulatorEvaluator
-from slopilot.tuner.objective import TrialResult
-from slopilot.tuner.rules import RuleOptions
-from slopilot.tuner.sim_cluster import SimCluster
-from slopilot.tuner.space import SearchSpace
-from slopilot.tuner.study import Tuner, open_study, rank
+from slopilot.tuner.loop.capacity import holds
+from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
+from slopilot.tuner.prometheus.rules import RuleOptions
+from slopilot.tuner.sim.evaluator import SimulatorEvaluator
+from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import Tuner, open_study, rank
 
 log = logging.getLogger(__name__)
 

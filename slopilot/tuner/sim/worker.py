@@ -27,8 +27,8 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.tuner.capacity import CapacityAnswer, CapacityPlanner
-from slopilot.tuner.sim_adapters import SimOffline
+from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
+from slopilot.tuner.sim.adapters import SimOffline
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
-from slopilot.tuner.objective import TrialResult, score
+from slopilot.tuner.study.objective import TrialResult, score
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.tuner.prom_adapters import ROLE_LABEL
-from slopilot.tuner.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.prometheus.adapters import ROLE_LABEL
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
 ADMIN_TOKEN_ENV = "SLOPILOT_ADMIN_TOKEN"  # what ``slopilot serve`` reads
 EXECUTORS = ("simulated", "torch")

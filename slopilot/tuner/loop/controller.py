@@ -22,9 +22,17 @@ from typing import Any, Protocol
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.tuner.alerts import Alert, AlertAction
-from slopilot.tuner.capacity import CapacityAnswer
-from slopilot.tuner.controller_state import (
+from slopilot.tuner.loop.capacity import CapacityAnswer
+from slopilot.tuner.loop.metrics import TunerMetrics
+from slopilot.tuner.loop.ports import (
+    AlertReader,
+    DeploymentHandle,
+    LiveStudy,
+    OfflineSearch,
+    WindowEvaluator,
+    WorkloadProbe,
+)
+from slopilot.tuner.loop.state import (
     Action,
     ControllerError,
     ControllerSettings,
@@ -34,17 +42,9 @@ from slopilot.tuner.controller_state import (
     RunningTrial,
     TrialOutcome,
 )
-from slopilot.tuner.evaluator_base import PrometheusUnavailable, WindowRejected
-from slopilot.tuner.objective import score
-from slopilot.tuner.ports import (
-    AlertReader,
-    DeploymentHandle,
-    LiveStudy,
-    OfflineSearch,
-    WindowEvaluator,
-    WorkloadProbe,
-)
-from slopilot.tuner.tuner_metrics import TunerMetrics
+from slopilot.tuner.prometheus.alerts import Alert, AlertAction
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.objective import score
 
 log = logging.getLogger(__name__)
 HOUR_S = 3600.0

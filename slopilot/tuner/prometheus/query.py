@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slopilot.engine.request import Priority
-from slopilot.tuner.evaluator_base import PrometheusUnavailable
+from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 # (expr, evaluation time in Unix seconds or None for now) -> the result's sample list.
 QueryAt = Callable[[str, float | None], list[dict[str, Any]]]

@@ -20,8 +20,8 @@ from typing import Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
-from slopilot.tuner.promql import query_at
-from slopilot.tuner.rules import duration, render_selector
+from slopilot.tuner.prometheus.query import query_at
+from slopilot.tuner.prometheus.rules import duration, render_selector
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
 _PROMPT = "vllm:request_prompt_tokens"

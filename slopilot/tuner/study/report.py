@@ -15,8 +15,8 @@ from typing import Any
 import optuna
 
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.objective import TrialResult
-from slopilot.tuner.study import Tuner, rank
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.tuner import Tuner, rank
 
 MIN_TRIALS_FOR_IMPORTANCE = 5
 

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from slopilot.engine.config import ConfigError, EngineConfig, PreemptionMode, coerce_knob
-from slopilot.tuner.bounds import (
+from slopilot.tuner.study.bounds import (
     DEFAULT_BOUNDS,
     FIELDS,
     TUNABLE,

@@ -15,9 +15,9 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.evaluator_base import Evaluator, PrometheusUnavailable, WindowRejected
-from slopilot.tuner.objective import TrialResult, score
-from slopilot.tuner.prometheus_evaluator import PrometheusEvaluator
+from slopilot.tuner.prometheus.evaluator import PrometheusEvaluator
+from slopilot.tuner.study.evaluator import Evaluator, PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.objective import TrialResult, score
 
 __all__ = ["Evaluator", "PrometheusEvaluator", "PrometheusUnavailable", "SimulatorEvaluator",
            "WindowRejected"]

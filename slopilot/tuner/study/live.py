@@ -13,8 +13,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from slopilot.tuner.objective import TrialResult
-from slopilot.tuner.study import Tuner
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.tuner import Tuner
 
 
 class ResumableTuner(Tuner):

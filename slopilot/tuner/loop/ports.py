@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.tuner.alerts import Alert
-from slopilot.tuner.objective import TrialResult
+from slopilot.tuner.prometheus.alerts import Alert
+from slopilot.tuner.study.objective import TrialResult
 
 
 @runtime_checkable

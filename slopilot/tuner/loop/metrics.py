@@ -15,8 +15,8 @@ import re
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from slopilot.tuner.controller_state import Action, ControllerState, TrialOutcome
-from slopilot.tuner.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.loop.state import Action, ControllerState, TrialOutcome
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
 

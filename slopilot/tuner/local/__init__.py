@@ -1,0 +1,1 @@
+"""One machine, no cluster: the demo's local deployment, Prometheus, scrape, load generator."""

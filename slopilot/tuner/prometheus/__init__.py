@@ -1,0 +1,1 @@
+"""Prometheus: alert rules, firing alerts, PromQL queries, workload profiling, window adapters."""
