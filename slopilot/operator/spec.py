@@ -18,6 +18,7 @@ from typing import Any
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
+from slopilot.tuner.prometheus.rules import RuleError, RuleOptions
 
 
 class Backend(enum.StrEnum):
@@ -48,6 +49,12 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
                  "maxNumSeqs": "max_num_seqs"}
+# spec.alerts field -> RuleOptions field (the alert table's thresholds); holdFor is a
+# duration, the rest numbers. The CRD schema is built from this map too.
+ALERT_FIELDS = {"tbtScaleFactor": "tbt_factor", "tbtPeriods": "tbt_periods",
+                "ttftWarningFactor": "ttft_warning_factor",
+                "ttftRetuneFactor": "ttft_retune_factor", "holdFor": "alert_for_s",
+                "utilizationMin": "busy_ratio_min", "waitingMin": "waiting_min"}
 
 
 class SpecError(ValueError):
@@ -91,6 +98,8 @@ class LLMDeploymentSpec:
     """The class all of a vLLM deployment's requests count as: vLLM's metrics do not say
     which request had which priority. P0 by default: the class the alerts and the
     trials' revert guardrail protect."""
+    alerts: RuleOptions = field(default_factory=RuleOptions)
+    """The alert table's thresholds and holds (``spec.alerts``; the seeds' by default)."""
 
     @property
     def model_ref(self) -> str:
@@ -179,6 +188,12 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
     data = dict(given) if isinstance(given, Mapping) else {}
     data["profile"] = profile.value  # already judged (and defaulted) by the caller
     data.pop("vllmClass", None)  # not an objective: parse_spec reads it
+    hit = data.get("prefixHitMin")
+    if hit is not None and (isinstance(hit, bool) or not isinstance(hit, (int, float))
+                            or not 0 < hit <= 1):
+        r.problems.append(f"spec.slo.prefixHitMin={hit!r}: expected a ratio in (0, 1] "
+                          "(e.g. 0.95), or leave it out where prefix caching is not expected")
+        data.pop("prefixHitMin")
     try:
         slo = SLOSpec.from_dict(data)
     except SLOError as exc:
@@ -193,6 +208,50 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
                     f"spec.slo.classes.{hi}.{camel}={a:g} is looser than "
                     f"{lo}.{camel}={b:g}: a higher class needs the tighter target")
     return slo
+
+
+def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
+    """``spec.alerts`` as the alert table's RuleOptions; problems name the CRD field."""
+    values: dict[str, Any] = {}
+    for camel, name in ALERT_FIELDS.items():
+        where = f"spec.alerts.{camel}"
+        if camel == "holdFor":
+            text = r.get(spec, where, str)
+            if text is None:
+                continue
+            try:
+                seconds = parse_duration(text)
+            except ValueError as exc:
+                r.problems.append(f"{where}: {exc}")
+                continue
+            if not seconds.is_integer():
+                r.problems.append(f"{where}={text!r}: use whole seconds (Prometheus' for "
+                                  "is evaluated at whole-second rule intervals)")
+                continue
+            values[name] = int(seconds)
+        else:
+            kind: type | tuple[type, ...] = int if name in ("tbt_periods", "waiting_min") \
+                else (int, float)
+            value = r.get(spec, where, kind)
+            if value is not None:
+                values[name] = value
+    defaults = RuleOptions()
+    warn, retune = (values.get(k, getattr(defaults, k))
+                    for k in ("ttft_warning_factor", "ttft_retune_factor"))
+    if warn > retune:
+        r.problems.append(f"spec.alerts.ttftWarningFactor={warn:g} exceeds "
+                          f"spec.alerts.ttftRetuneFactor={retune:g}: the warning (inform) "
+                          "must come before the retune; lower the one or raise the other")
+        return RuleOptions()
+    try:
+        return RuleOptions(**values)
+    except RuleError as exc:
+        message = str(exc)
+        for camel, name in ALERT_FIELDS.items():
+            if message.startswith(f"{name}="):
+                message = f"spec.alerts.{camel}" + message[len(name):]
+        r.problems.append(message)
+        return RuleOptions()
 
 
 def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> TuningSpec:
@@ -246,6 +305,12 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         r.problems.append(f"spec.resources.gpu={gpu}: must be 0 or more")
     engine, explicit = _engine(spec, profile, r)
     slo = _slo(spec, profile, r)
+    if slo.prefix_hit_min is not None and not engine.enable_prefix_caching:
+        r.problems.append(
+            f"spec.slo.prefixHitMin={slo.prefix_hit_min:g} expects prefix hits, but "
+            f"{spec_path('enable_prefix_caching')} is false: the alert would always fire; "
+            "enable prefix caching or remove prefixHitMin")
+    alerts = _alerts(spec, r)
     tuning = _tuning(spec, engine, r)
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:
@@ -257,7 +322,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if r.problems:
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
-             "prometheus", "adminToken"}
+             "prometheus", "adminToken", "alerts"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
         image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
@@ -265,7 +330,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         admin_secret=r.get(spec, "spec.adminToken.secretName", str),
         admin_secret_key=r.get(spec, "spec.adminToken.key", str, "token"),
-        extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class)
+        extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
+        alerts=alerts)
 
 
 def _quantity(spec: Mapping[str, Any], name: str) -> str | None:
