@@ -155,7 +155,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
-        metrics=_METRICS, state=ctx.state)
+        metrics=_METRICS.in_namespace(ctx.namespace), state=ctx.state)
 
 
 def load_factory() -> ControllerFactory:
