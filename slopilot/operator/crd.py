@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
+from slopilot.operator.alert_spec import ALERT_FIELDS
 from slopilot.operator.knobs import KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
-    ALERT_FIELDS,
     BACKENDS,
     PHASES,
     PROFILES,

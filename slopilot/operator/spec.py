@@ -17,8 +17,9 @@ from typing import Any
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
 from slopilot.engine.slo import SLOError, SLOSpec
+from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
-from slopilot.tuner.prometheus.rules import RuleError, RuleOptions
+from slopilot.tuner.prometheus.rules import RuleOptions
 
 
 class Backend(enum.StrEnum):
@@ -49,12 +50,6 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
                  "maxNumSeqs": "max_num_seqs"}
-# spec.alerts field -> RuleOptions field (the alert table's thresholds); holdFor is a
-# duration, the rest numbers. The CRD schema is built from this map too.
-ALERT_FIELDS = {"tbtScaleFactor": "tbt_factor", "tbtPeriods": "tbt_periods",
-                "ttftWarningFactor": "ttft_warning_factor",
-                "ttftRetuneFactor": "ttft_retune_factor", "holdFor": "alert_for_s",
-                "utilizationMin": "busy_ratio_min", "waitingMin": "waiting_min"}
 
 
 class SpecError(ValueError):
@@ -211,47 +206,31 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
 
 
 def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
-    """``spec.alerts`` as the alert table's RuleOptions; problems name the CRD field."""
+    """``spec.alerts`` as the alert table's RuleOptions (alert_spec.py judges them)."""
     values: dict[str, Any] = {}
-    for camel, name in ALERT_FIELDS.items():
+    for camel in ALERT_FIELDS:
         where = f"spec.alerts.{camel}"
-        if camel == "holdFor":
-            text = r.get(spec, where, str)
-            if text is None:
-                continue
-            try:
-                seconds = parse_duration(text)
-            except ValueError as exc:
-                r.problems.append(f"{where}: {exc}")
-                continue
-            if not seconds.is_integer():
-                r.problems.append(f"{where}={text!r}: use whole seconds (Prometheus' for "
-                                  "is evaluated at whole-second rule intervals)")
-                continue
-            values[name] = int(seconds)
-        else:
-            kind: type | tuple[type, ...] = int if name in ("tbt_periods", "waiting_min") \
-                else (int, float)
-            value = r.get(spec, where, kind)
+        if camel != "holdFor":
+            value = r.get(spec, where, int if camel in INTEGER_FIELDS else (int, float))
             if value is not None:
-                values[name] = value
-    defaults = RuleOptions()
-    warn, retune = (values.get(k, getattr(defaults, k))
-                    for k in ("ttft_warning_factor", "ttft_retune_factor"))
-    if warn > retune:
-        r.problems.append(f"spec.alerts.ttftWarningFactor={warn:g} exceeds "
-                          f"spec.alerts.ttftRetuneFactor={retune:g}: the warning (inform) "
-                          "must come before the retune; lower the one or raise the other")
-        return RuleOptions()
-    try:
-        return RuleOptions(**values)
-    except RuleError as exc:
-        message = str(exc)
-        for camel, name in ALERT_FIELDS.items():
-            if message.startswith(f"{name}="):
-                message = f"spec.alerts.{camel}" + message[len(name):]
-        r.problems.append(message)
-        return RuleOptions()
+                values[camel] = value
+            continue
+        text = r.get(spec, where, str)
+        if text is None:
+            continue
+        try:
+            seconds = parse_duration(text)
+        except ValueError as exc:
+            r.problems.append(f"{where}: {exc}")
+            continue
+        if not seconds.is_integer():
+            r.problems.append(f"{where}={text!r}: use whole seconds (Prometheus evaluates "
+                              "its rules at whole-second intervals)")
+            continue
+        values[camel] = int(seconds)
+    options, problems = alert_options(values)
+    r.problems += problems
+    return options
 
 
 def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> TuningSpec:

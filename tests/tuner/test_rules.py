@@ -153,6 +153,7 @@ def test_bad_render_arguments_are_refused(kwargs: dict[str, Any], message: str) 
     ({"interval_s": 0}, "interval_s=0"),
     ({"alert_for_s": -1}, "alert_for_s=-1"),
     ({"busy_ratio_min": 1.5}, "busy_ratio_min=1.5"),
+    ({"busy_ratio_min": "0.6"}, "busy_ratio_min=.0.6.: expected a ratio"),
     ({"tbt_periods": 1.5}, "tbt_periods=1.5"),
     ({"tbt_factor": 0.5}, "tbt_factor=0.5: expected a multiple of the SLO >= 1"),
     ({"ttft_warning_factor": 3.0}, "exceeds ttft_retune_factor=2.0"),

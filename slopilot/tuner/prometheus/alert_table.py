@@ -13,7 +13,7 @@ for``), and an evaluation where it does not hold, or reads no data, drops it. So
 with ``for: F`` fires at the ``1 + ceil(F / interval)``-th consecutive evaluation that
 holds; "for N evaluation periods" is ``for: (N - 1) x interval``.
 
-The seeds' table (DESIGN.md section 4) and where the defaults differ from it, on purpose:
+The seeds' table (docs/operations.md, Alerts) and where a default differs, on purpose:
 
 =========================  =====================================  ========  ===========
 alert                      condition                              action    hold
@@ -85,7 +85,7 @@ class Op(enum.StrEnum):
 class RuleOptions:
     """Timing and thresholds of the alerts (the SLO gives the targets they multiply).
 
-    The defaults are the seeds' (DESIGN.md section 4) except ``alert_for_s``, see there.
+    The defaults are the seeds' (docs/operations.md, Alerts) except ``alert_for_s``.
     """
 
     interval_s: int = 30
@@ -130,7 +130,8 @@ class RuleOptions:
             raise RuleError(f"ttft_warning_factor={self.ttft_warning_factor!r} exceeds "
                             f"ttft_retune_factor={self.ttft_retune_factor!r}: the warning "
                             "must come first; lower it or raise the retune factor")
-        if isinstance(self.busy_ratio_min, bool) or not 0 < self.busy_ratio_min <= 1:
+        ratio = self.busy_ratio_min
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise RuleError(f"busy_ratio_min={self.busy_ratio_min!r}: expected a ratio in (0, 1]")
 
     @property
