@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from slopilot.operator.alert_spec import ALERT_FIELDS
 from slopilot.operator.knobs import KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
     BACKENDS,
@@ -26,6 +27,7 @@ from slopilot.operator.spec import (
     SpecError,
     parse_spec,
 )
+from slopilot.tuner.prometheus.rules import RuleOptions, duration
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "LLMDeploymentSpec", "SpecError",
            "crd_manifest", "crd_yaml", "openapi_schema", "parse_spec"]
@@ -103,6 +105,45 @@ def _bounds(field: str) -> dict[str, Any]:
                 "min must not exceed max")
 
 
+def _number(desc: str, lo: float, hi: float | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "number", "description": desc, "minimum": lo}
+    if hi is not None:
+        out["maximum"] = hi
+    return {**out, **extra}
+
+
+def _alerts_schema() -> dict[str, Any]:
+    """``spec.alerts``: the alert table's thresholds (alert_table.py), defaulted to the seeds'."""
+    d = RuleOptions()
+    desc = {
+        "tbtScaleFactor": _number("SlopilotTBTP99High (action scale) fires above this "
+                                  "multiple of a class's TBT SLO (seeds: 2).", 1,
+                                  default=d.tbt_factor),
+        "tbtPeriods": _int("... once it has held at this many consecutive rule evaluations "
+                           "(every 30 s; seeds: 3, i.e. for: 1m).", 1, 100,
+                           default=d.tbt_periods),
+        "ttftWarningFactor": _number("SlopilotTTFTP99High warning (action inform) above this "
+                                     "multiple of a class's TTFT SLO (seeds: 1).", 1,
+                                     default=d.ttft_warning_factor),
+        "ttftRetuneFactor": _number("SlopilotTTFTP99High critical (action retune) above "
+                                    "this multiple (seeds: 2, their 1 s for the 500 ms P1 "
+                                    "SLO).", 1, default=d.ttft_retune_factor),
+        "holdFor": _str("Prometheus' for of every alert but TBT. The seeds give none; 2m "
+                        "on purpose: a P99 over a 60 s window moves with one burst, and a "
+                        "retune costs live trials, so one noisy evaluation must not start "
+                        "one.", pattern=DURATION_PATTERN, default=duration(d.alert_for_s)),
+        "utilizationMin": _number("SlopilotBatchingUnderused: GPU utilization (DCGM's "
+                                  "exporter where it reports the pods, else the built-in "
+                                  "engine's busy ratio) under this ratio (seeds: 0.6) ...",
+                                  0, 1, exclusiveMinimum=True, default=d.busy_ratio_min),
+        "waitingMin": _int("... while more requests than this wait (seeds: 100).", 0,
+                           default=d.waiting_min),
+    }
+    return _obj({k: desc[k] for k in ALERT_FIELDS}, default={},
+                desc="Alert thresholds; the defaults are the seeds' table "
+                     "(docs/operations.md, Alerts).")
+
+
 def _spec_schema() -> dict[str, Any]:
     return _obj({
         "backend": _str("Which engine runs in the pods.", enum=list(BACKENDS),
@@ -128,8 +169,15 @@ def _spec_schema() -> dict[str, Any]:
                             enum=list(PROFILES), default="standard"),
             "classes": _obj({f"p{i}": _class_target(f"Targets of priority class P{i}.")
                              for i in range(3)}),
-            "maxPreemptionsPerMinute": {"type": "number", "minimum": 0, "default": 10,
-                                        "description": "Preemption-storm threshold."},
+            "maxPreemptionsPerMinute": {"type": "number", "minimum": 0,
+                                        "exclusiveMinimum": True, "default": 10,
+                                        "description": "Preemption-storm threshold "
+                                                       "(SlopilotPreemptionStorm, retune)."},
+            "prefixHitMin": _number("Where prefix caching is expected (multi-turn chat): "
+                                    "SlopilotPrefixCacheHitLow (action inform) fires when "
+                                    "the prefix cache hit ratio is under this (seeds: "
+                                    "0.95). Absent: no such alert.", 0, 1,
+                                    exclusiveMinimum=True),
             "vllmClass": _str("backend vllm: the class every request counts as (vLLM's "
                               "metrics carry no priority class).",
                               enum=list(VLLM_CLASSES), default="p0"),
@@ -153,6 +201,7 @@ def _spec_schema() -> dict[str, Any]:
             "url": _str("Prometheus the controller queries.", pattern=r"^https?://",
                         default="http://prometheus-operated.monitoring:9090"),
         }, default={}),
+        "alerts": _alerts_schema(),
         "adminToken": _obj({
             "secretName": _str("Secret holding the bearer token of /admin/config; "
                                "default <name>-admin."),

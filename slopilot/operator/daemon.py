@@ -105,8 +105,9 @@ def controller_settings(spec: LLMDeploymentSpec, name: str) -> ControllerSetting
 def prometheus_controller(ctx: DaemonContext) -> Controller:
     """The production wiring: alerts, windows and workload from the spec's Prometheus.
 
-    Windows select the deployment's series by ``slopilot_deployment`` (the ServiceMonitor
-    relabels it) and the canary's by its ``pod`` label (the first ready pod by name, as
+    Windows select the deployment's series, and alerts are matched, by namespace and name
+    (``slopilot_namespace`` and ``slopilot_deployment``, which the ServiceMonitor puts on
+    every series it scrapes), and the canary's by its ``pod`` label (the first ready pod by name, as
     the handle applies trials to). The study lives in ``spec.tuning.storage`` under the
     deployment's namespaced name, so a restarted operator continues it. The simulator
     (warm start, capacity) runs the workload measured from Prometheus on the base
@@ -119,7 +120,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
     from slopilot.tuner.prometheus.query import query_at
-    from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
+    from slopilot.tuner.prometheus.rules import identity_labels
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.study.live import ResumableTuner
@@ -133,7 +134,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     except (OSError, ValueError) as exc:
         raise ControllerError(f"{BASE_SCENARIO_ENV}={scenario_name!r}: {exc}") from None
     base = dataclasses.replace(base, slo=spec.slo, engine=spec.engine.to_dict())
-    selector = {DEPLOYMENT_LABEL: name}
+    selector = identity_labels(name, ctx.namespace)
     query = query_at(spec.prometheus_url)
 
     def canary_labels() -> dict[str, str]:
@@ -150,11 +151,11 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     window = max(2, int(ctx.settings.window_s))
     worker = sim_worker()
     return Controller(
-        ctx.settings, ctx.handle, AlertSource(spec.prometheus_url, name),
+        ctx.settings, ctx.handle, AlertSource(spec.prometheus_url, name, namespace=ctx.namespace),
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
-        metrics=_METRICS, state=ctx.state)
+        metrics=_METRICS.in_namespace(ctx.namespace), state=ctx.state)
 
 
 def load_factory() -> ControllerFactory:

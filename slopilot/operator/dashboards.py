@@ -4,8 +4,9 @@
 a test checks the checked-in file equals the generated one. Queries use the engine's
 series (vLLM names, so a vLLM backend fills most panels too), the recording rules of
 ``slopilot.tuner.prometheus.rules`` for goodput, and the tuner/kube series listed in
-``EXTERNAL_METRICS``. Every series is selected by ``slopilot_deployment``, the label the
-scrape configuration puts on each engine pod's series.
+``EXTERNAL_METRICS``. Every series is selected by ``slopilot_namespace`` and
+``slopilot_deployment``, the labels the scrape configuration puts on each engine pod's
+series (a deployment is its namespace and name: ``chat`` in two namespaces is two).
 """
 
 from __future__ import annotations
@@ -30,24 +31,27 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL, RuleOptions
 
 UID = "slopilot-overview"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-SEL = f'{DEPLOYMENT_LABEL}=~"$deployment"'
+SEL = f'{NAMESPACE_LABEL}=~"$namespace",{DEPLOYMENT_LABEL}=~"$deployment"'
 RATE = "$__rate_interval"
 
 # Series the dashboard reads that the engine does not export: the tuner and operator
 # export the slopilot_* ones (name, labels), kube-state-metrics and Prometheus the rest.
 EXTERNAL_METRICS: dict[str, str] = {
     "slopilot_tuner_trials_total":
-        "counter{slopilot_deployment, state=complete|pruned|failed|reverted}: "
-        "tuner trials by outcome",
+        "counter{slopilot_namespace, slopilot_deployment, "
+        "state=complete|pruned|failed|reverted}: tuner trials by outcome",
     "slopilot_tuner_actions_total":
-        "counter{slopilot_deployment, action=retune|scale|commit|revert|cooldown, reason}: "
-        "controller actions",
-    "slopilot_replicas": "gauge{slopilot_deployment}: replicas the operator asked for",
+        "counter{slopilot_namespace, slopilot_deployment, "
+        "action=retune|scale|commit|revert|cooldown, reason}: controller actions",
+    "slopilot_replicas": "gauge{slopilot_namespace, slopilot_deployment}: replicas the "
+                         "operator asked for",
     "kube_deployment_status_replicas": "gauge{namespace, deployment}: kube-state-metrics",
+    "DCGM_FI_DEV_GPU_UTIL": "gauge{namespace, pod, gpu} in percent: NVIDIA's DCGM exporter "
+                            "(the batching alert's GPU utilization)",
     "ALERTS": "Prometheus' own series of pending and firing alerts",
 }
 
@@ -145,9 +149,11 @@ def _scheduler_panels(spec: SLOSpec) -> list[Any]:
             _query(f"sum(rate(vllm:prefix_cache_hits_total{{{SEL}}}[{RATE}])) / "
                    f"sum(rate(vllm:prefix_cache_queries_total{{{SEL}}}[{RATE}]))", "hit rate")],
             unit="percentunit", line_at=spec.prefix_hit_min),
-        _series("Busy ratio (GPU utilization stand-in)", [
-            _query(f"slopilot_busy_ratio{{{SEL}}}", "{{instance}}")],
-            unit="percentunit", line_at=0.6),
+        _series("Busy ratio and GPU utilization (the batching alert's input)", [
+            _query(f"slopilot:utilization:ratio{{{SEL}}}", "alert input"),
+            _query(f"slopilot:gpu_utilization:avg{{{SEL}}}", "GPU (DCGM)"),
+            _query(f"slopilot_busy_ratio{{{SEL}}}", "busy {{instance}}")],
+            unit="percentunit", line_at=RuleOptions().busy_ratio_min),
     ]
 
 
@@ -167,7 +173,8 @@ def _tuning_panels() -> list[Any]:
         config,
         _series("Replicas", [
             _query(f"max(slopilot_replicas{{{SEL}}})", "desired"),
-            _query('sum(kube_deployment_status_replicas{deployment=~"$deployment"})',
+            _query('sum(kube_deployment_status_replicas{namespace=~"$namespace",'
+                   'deployment=~"$deployment"})',
                    "kube"),
             _query(f"count(slopilot_engine_info{{{SEL}}})", "scraped engines")],
             unit="short", width=12),
@@ -203,9 +210,15 @@ def build_dashboard(spec: SLOSpec | None = None) -> dict[str, Any]:
         .refresh("30s").time("now-1h", "now").tooltip(DashboardCursorSync.CROSSHAIR)
         .with_variable(dash.DatasourceVariable("datasource").label("Prometheus")
                        .type("prometheus"))
+        .with_variable(dash.QueryVariable("namespace").label("Namespace")
+                       .datasource(DATASOURCE)
+                       .query(f"label_values(vllm:num_requests_running, {NAMESPACE_LABEL})")
+                       .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                       .multi(True).include_all(True).all_value(".*"))
         .with_variable(dash.QueryVariable("deployment").label("Deployment")
                        .datasource(DATASOURCE)
-                       .query(f"label_values(vllm:num_requests_running, {DEPLOYMENT_LABEL})")
+                       .query(f'label_values(vllm:num_requests_running{{{NAMESPACE_LABEL}'
+                              f'=~"$namespace"}}, {DEPLOYMENT_LABEL})')
                        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
                        .multi(True).include_all(True).all_value(".*"))
         .annotation(_annotation(

@@ -111,14 +111,15 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
     rendered = render_all(body, spec, replicas)
     objects = [rendered.config_map, rendered.deployment, rendered.service]
     if monitoring:
-        rule = render_prometheus_rule(spec.slo, name, namespace)
+        rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts)
         rule["metadata"] = {**_owned_meta(body, rule["metadata"]["name"]),
                             "labels": {**rule["metadata"]["labels"], **labels(name)}}
         objects += [rendered.service_monitor, rule]
     else:
         objects.append({"apiVersion": "v1", "kind": "ConfigMap",
                         "metadata": _owned_meta(body, f"{name}-rules"),
-                        "data": {RULES_FILE: render_rules_yaml(spec.slo, name)}})
+                        "data": {RULES_FILE: render_rules_yaml(
+                            spec.slo, name, namespace=namespace, options=spec.alerts)}})
     return objects
 
 

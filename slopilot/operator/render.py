@@ -20,7 +20,7 @@ from typing import Any
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
-from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.prometheus.rules import identity_labels
 
 API_VERSION = "slopilot.dev/v1alpha1"
 KIND = "LLMDeployment"
@@ -212,18 +212,22 @@ def vllm_class_metric_relabel_config(cls: str) -> dict[str, Any]:
 
 
 def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
-    name = body["metadata"]["name"]
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     endpoint: dict[str, Any] = {
         "port": "http", "path": "/metrics", "interval": "15s",
-        # The rules select a deployment's series by this label.
-        "relabelings": [{"action": "replace", "targetLabel": DEPLOYMENT_LABEL,
-                         "replacement": name}]}
+        # The rules select a deployment's series by namespace and name: two CRs named
+        # chat in two namespaces are two deployments.
+        "relabelings": [{"action": "replace", "targetLabel": label, "replacement": value}
+                        for label, value in identity_labels(name, namespace).items()]}
     if spec.backend is Backend.VLLM:
         # The per-class rules and panels need a class on every latency series.
         endpoint["metricRelabelings"] = [vllm_class_relabeling(spec.vllm_class)]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": _meta(body, name),
-            "spec": {"selector": {"matchLabels": selector(name)}, "endpoints": [endpoint]}}
+            "spec": {"selector": {"matchLabels": selector(name)},
+                     # Said, not assumed: only this namespace's Services of that name.
+                     "namespaceSelector": {"matchNames": [namespace]},
+                     "endpoints": [endpoint]}}
 
 
 def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,

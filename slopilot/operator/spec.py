@@ -17,7 +17,9 @@ from typing import Any
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
 from slopilot.engine.slo import SLOError, SLOSpec
+from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
+from slopilot.tuner.prometheus.rules import RuleOptions
 
 
 class Backend(enum.StrEnum):
@@ -91,6 +93,8 @@ class LLMDeploymentSpec:
     """The class all of a vLLM deployment's requests count as: vLLM's metrics do not say
     which request had which priority. P0 by default: the class the alerts and the
     trials' revert guardrail protect."""
+    alerts: RuleOptions = field(default_factory=RuleOptions)
+    """The alert table's thresholds and holds (``spec.alerts``; the seeds' by default)."""
 
     @property
     def model_ref(self) -> str:
@@ -179,6 +183,12 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
     data = dict(given) if isinstance(given, Mapping) else {}
     data["profile"] = profile.value  # already judged (and defaulted) by the caller
     data.pop("vllmClass", None)  # not an objective: parse_spec reads it
+    hit = data.get("prefixHitMin")
+    if hit is not None and (isinstance(hit, bool) or not isinstance(hit, (int, float))
+                            or not 0 < hit <= 1):
+        r.problems.append(f"spec.slo.prefixHitMin={hit!r}: expected a ratio in (0, 1] "
+                          "(e.g. 0.95), or leave it out where prefix caching is not expected")
+        data.pop("prefixHitMin")
     try:
         slo = SLOSpec.from_dict(data)
     except SLOError as exc:
@@ -193,6 +203,34 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
                     f"spec.slo.classes.{hi}.{camel}={a:g} is looser than "
                     f"{lo}.{camel}={b:g}: a higher class needs the tighter target")
     return slo
+
+
+def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
+    """``spec.alerts`` as the alert table's RuleOptions (alert_spec.py judges them)."""
+    values: dict[str, Any] = {}
+    for camel in ALERT_FIELDS:
+        where = f"spec.alerts.{camel}"
+        if camel != "holdFor":
+            value = r.get(spec, where, int if camel in INTEGER_FIELDS else (int, float))
+            if value is not None:
+                values[camel] = value
+            continue
+        text = r.get(spec, where, str)
+        if text is None:
+            continue
+        try:
+            seconds = parse_duration(text)
+        except ValueError as exc:
+            r.problems.append(f"{where}: {exc}")
+            continue
+        if not seconds.is_integer():
+            r.problems.append(f"{where}={text!r}: use whole seconds (Prometheus evaluates "
+                              "its rules at whole-second intervals)")
+            continue
+        values[camel] = int(seconds)
+    options, problems = alert_options(values)
+    r.problems += problems
+    return options
 
 
 def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> TuningSpec:
@@ -246,6 +284,12 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         r.problems.append(f"spec.resources.gpu={gpu}: must be 0 or more")
     engine, explicit = _engine(spec, profile, r)
     slo = _slo(spec, profile, r)
+    if slo.prefix_hit_min is not None and not engine.enable_prefix_caching:
+        r.problems.append(
+            f"spec.slo.prefixHitMin={slo.prefix_hit_min:g} expects prefix hits, but "
+            f"{spec_path('enable_prefix_caching')} is false: the alert would always fire; "
+            "enable prefix caching or remove prefixHitMin")
+    alerts = _alerts(spec, r)
     tuning = _tuning(spec, engine, r)
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:
@@ -257,7 +301,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if r.problems:
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
-             "prometheus", "adminToken"}
+             "prometheus", "adminToken", "alerts"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
         image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
@@ -265,7 +309,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         admin_secret=r.get(spec, "spec.adminToken.secretName", str),
         admin_secret_key=r.get(spec, "spec.adminToken.key", str, "token"),
-        extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class)
+        extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
+        alerts=alerts)
 
 
 def _quantity(spec: Mapping[str, Any], name: str) -> str | None:

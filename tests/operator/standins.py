@@ -64,9 +64,10 @@ class PrometheusStandIn(_Server):
         self.alerts: list[dict[str, Any]] = []
         super().__init__(_PromHandler)
 
-    def fire(self, name: str, action: str, deployment: str) -> None:
+    def fire(self, name: str, action: str, deployment: str, namespace: str) -> None:
         self.alerts = [{"labels": {"alertname": name, "action": action, "severity": "critical",
-                                   "priority_class": "p0", "slopilot_deployment": deployment},
+                                   "priority_class": "p0", "slopilot_namespace": namespace,
+                                   "slopilot_deployment": deployment},
                         "state": "firing", "activeAt": "2026-01-01T00:00:00Z", "value": "1"}]
 
 
@@ -133,6 +134,7 @@ class HoldingWindows:
 
 def build_controller(ctx: DaemonContext) -> Controller:
     settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
-    return Controller(settings, ctx.handle, AlertSource(ctx.spec.prometheus_url, ctx.name),
+    alerts = AlertSource(ctx.spec.prometheus_url, ctx.name, namespace=ctx.namespace)
+    return Controller(settings, ctx.handle, alerts,
                       HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
                       MoreReplicas(ctx), state=ctx.state)

@@ -21,7 +21,8 @@ from tests.support.prometheus import PrometheusServer
 
 # Every vector selector the generators write has braces: a name right before '{'.
 _SELECTED = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
-_TEMPLATE = {"$__rate_interval": "1m", "$__interval": "15s", "$deployment": "example"}
+_TEMPLATE = {"$__rate_interval": "1m", "$__interval": "15s", "$namespace": "team-a",
+             "$deployment": "example"}
 
 
 def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
@@ -43,7 +44,8 @@ def rule_exprs() -> tuple[list[str], set[str]]:
 def substitute(expr: str) -> str:
     for var, value in _TEMPLATE.items():
         expr = expr.replace(var, value)
-    assert "$" not in expr, f"unknown template variable in {expr}"
+    # "$1" is a label_replace back-reference, not a Grafana variable.
+    assert not re.search(r"\$(?!\d)", expr), f"unknown template variable in {expr}"
     return expr
 
 
@@ -58,6 +60,12 @@ def test_variables_and_panels_cover_the_brief() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     assert variables["deployment"]["type"] == "query"
+    # A deployment is its namespace and its name: every selector carries both.
+    assert variables["namespace"]["type"] == "query"
+    assert "$namespace" in variables["deployment"]["query"]
+    for expr in dashboard_exprs(d):
+        if "slopilot_deployment" in expr:
+            assert 'slopilot_namespace=~"$namespace"' in expr, expr
     titles = " | ".join(p["title"] for p in _panels(d))
     for needed in ("TTFT P0", "TBT P1", "goodput", "Preemptions per minute by mode",
                    "Requests", "Batch size", "KV cache", "Prefix cache hit rate",

@@ -98,7 +98,7 @@ def test_scale_alert_scales_once_and_a_restart_does_not_scale_again(
         wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
         wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
                  what="the controller ticking in steady state")
-        prom.fire("SlopilotTBTP99High", "scale", "chat")
+        prom.fire("SlopilotTBTP99High", "scale", "chat", NS)
         wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat")["spec"][
             "replicas"] == 3, what="scale 1 -> 3")
         status = wait_for(lambda: (s := cluster.status()).get("lastAction") and s,
@@ -139,7 +139,7 @@ def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
             add_pod(cluster, "chat", i, pod)
         wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
                  what="steady")
-        prom.fire("SlopilotTTFTP99High", "retune", "chat")
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
         wait_for(lambda: cluster.events("Commit"), what="the commit", timeout=15)
         canary, other = pods[0].put_bodies(), pods[1].put_bodies()
         # The trial went to the canary alone; the commit to both, each with the token.

@@ -127,7 +127,9 @@ def test_vllm_knobs_it_lacks_are_named_and_monitoring_objects_used_when_served(
         assert CHECKSUM_ANNOTATION in dep["spec"]["template"]["metadata"]["annotations"]
         sm = wait_for(lambda: cluster.owned("monitoring.coreos.com/v1", "servicemonitors", "v"),
                       what="the ServiceMonitor")
-        assert sm["spec"]["endpoints"][0]["relabelings"][0]["replacement"] == "v"
+        relabel = {r["targetLabel"]: r["replacement"]
+                   for r in sm["spec"]["endpoints"][0]["relabelings"]}
+        assert relabel == {"slopilot_namespace": NS, "slopilot_deployment": "v"}
         rule = wait_for(lambda: cluster.owned("monitoring.coreos.com/v1", "prometheusrules",
                                               "slopilot-v"), what="the PrometheusRule")
         assert rule["metadata"]["ownerReferences"][0]["name"] == "v"

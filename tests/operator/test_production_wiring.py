@@ -23,6 +23,7 @@ from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.spec import parse_spec
 from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
 from tests.support.prometheus import free_port
 
@@ -61,6 +62,15 @@ def test_the_default_wiring_holds_the_config_while_prometheus_is_down(tmp_path: 
     assert d.prometheus_unavailable and d.action is Action.HOLD, d.line()
     assert ctl.state is ControllerState.STEADY
     assert (tmp_path / "study.db").is_file()  # the study lives where the spec says
+
+
+def test_alerts_and_windows_are_the_deployments_by_namespace_and_name(tmp_path: Path) -> None:
+    ctl = prometheus_controller(context(tmp_path))
+    assert isinstance(ctl.alerts, AlertSource) and isinstance(ctl.evaluator, PrometheusWindows)
+    assert (ctl.alerts.namespace, ctl.alerts.deployment) == ("team", "chat")
+    assert ctl.evaluator.selector == {"slopilot_namespace": "team", "slopilot_deployment": "chat"}
+    assert isinstance(ctl.probe, PrometheusProbe)
+    assert ctl.probe.selector == ctl.evaluator.selector
 
 
 def test_a_bad_base_scenario_names_the_variable(tmp_path: Path,

@@ -99,9 +99,12 @@ def test_service_and_monitor_select_the_engine_pods() -> None:
         "labels"].items()
     assert monitor["spec"]["endpoints"][0] == {
         "port": "http", "path": "/metrics", "interval": "15s",
-        # The rendered rules select series by slopilot_deployment (tuner/rules.py).
-        "relabelings": [{"action": "replace", "targetLabel": "slopilot_deployment",
+        # The rendered rules select series by namespace and name (tuner/rules.py).
+        "relabelings": [{"action": "replace", "targetLabel": "slopilot_namespace",
+                         "replacement": "team"},
+                        {"action": "replace", "targetLabel": "slopilot_deployment",
                          "replacement": "chat"}]}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team"]}
 
 
 def test_vllm_args_map_the_knobs() -> None:

@@ -7,12 +7,15 @@ from typing import Any
 import httpx
 import pytest
 
+from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.alerts import (
     AlertAction,
     AlertSource,
     PrometheusUnavailable,
+    SummaryAlerts,
     parse_alerts,
 )
+from slopilot.tuner.prometheus.rules import RuleOptions
 from tests.support.prometheus import free_port
 
 
@@ -75,3 +78,95 @@ def test_reads_through_http() -> None:
 def test_bad_arguments_are_refused(url: str, dep: str, fix: str) -> None:
     with pytest.raises(ValueError, match=fix):
         AlertSource(url, dep)
+
+
+def row_in(namespace: str, name: str, action: str, dep: str = "chat") -> dict[str, Any]:
+    r = row(name, action, dep=dep)
+    r["labels"]["slopilot_namespace"] = namespace
+    return r
+
+
+def test_alerts_are_matched_by_namespace_and_name() -> None:
+    # Two CRs named chat in team-a and team-b are two deployments: one's alert never
+    # scales the other, and an alert without a namespace belongs to neither.
+    got = parse_alerts(answer(row_in("team-a", "SlopilotTBTP99High", "scale"),
+                              row_in("team-b", "SlopilotTTFTP99High", "retune"),
+                              row("SlopilotPreemptionStorm", "retune", dep="chat")),
+                       "chat", namespace="team-b")
+    assert [a.name for a in got] == ["SlopilotTTFTP99High"]
+    source = AlertSource("http://p:9090", "chat", namespace="team-a")
+    assert source.namespace == "team-a"
+    source.close()
+
+
+def _summary(p1_ttft_ms: float | None = None, p1_tbt_ms: float | None = None,
+             **top: float | None) -> dict[str, Any]:
+    classes: dict[str, dict[str, float | None]] = {
+        c: {"ttft_p99_ms": None, "tbt_p99_ms": None} for c in ("p0", "p1", "p2")}
+    classes["p1"] = {"ttft_p99_ms": p1_ttft_ms, "tbt_p99_ms": p1_tbt_ms}
+    return {"classes": classes, "preemptions_per_min": 0.0, **top}
+
+
+def test_tbt_scales_on_the_third_evaluation_over_twice_the_slo() -> None:
+    # "TBT P99 > 2 x SLO for 3 evaluation periods": over at t=0, 30, 60 -> fires at 60 s.
+    alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
+    fired = [[a.name for a in alerts.evaluate(_summary(p1_tbt_ms=250), t)]
+             for t in (0.0, 30.0, 60.0)]
+    assert fired == [[], [], ["SlopilotTBTP99High"]]
+
+
+def test_ttft_over_its_slo_informs_and_retunes_only_above_twice() -> None:
+    # SLO 500 ms: 0.8 s is over it (a warning that informs), under the seeds' 1 s (no
+    # retune); 1.2 s retunes. alert_for_s=0: the verdict of the first evaluation.
+    alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions(alert_for_s=0))
+    (warn,) = alerts.evaluate(_summary(p1_ttft_ms=800), 0.0)
+    assert (warn.severity, warn.action) == ("warning", AlertAction.INFORM)
+    both = alerts.evaluate(_summary(p1_ttft_ms=1200), 30.0)
+    assert {(a.severity, a.action) for a in both} == {
+        ("warning", AlertAction.INFORM), ("critical", AlertAction.RETUNE)}
+
+
+def test_firing_evaluates_once_per_interval_and_catches_up_missed_evaluations() -> None:
+    # As a rule group: evaluations at 0, 30, 60, ... whatever the caller's cadence; a
+    # call between evaluations repeats the last verdict, a late call runs the missed ones.
+    alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
+    asked: list[float] = []
+
+    def slow_p1(t: float) -> dict[str, Any]:
+        asked.append(t)
+        return _summary(p1_tbt_ms=250)
+
+    assert alerts.firing(0.0, slow_p1) == [] and asked == [0.0]
+    assert alerts.firing(29.0, slow_p1) == [] and asked == [0.0]
+    fired = alerts.firing(75.0, slow_p1)  # missed 30 and 60: both run, 60 is the 3rd
+    assert asked == [0.0, 30.0, 60.0]
+    assert [(a.name, a.since) for a in fired] == [("SlopilotTBTP99High", 0.0)]
+    assert alerts.firing(89.0, lambda t: None) == fired, "no evaluation due: same verdict"
+    assert alerts.firing(90.0, lambda t: None) == [], "no data at 90 s: resolved"
+
+
+def test_a_gap_longer_than_any_hold_rebuilds_the_state_from_what_it_can_see() -> None:
+    alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
+    alerts.firing(0.0, lambda t: _summary(p1_tbt_ms=250))
+    asked: list[float] = []
+
+    def seen(t: float) -> dict[str, Any]:
+        asked.append(t)
+        return _summary(p1_tbt_ms=250)
+
+    fired = alerts.firing(3600.0, seen)
+    # for 2m at 30 s needs 5 evaluations to know any alert's state: only those run.
+    assert asked == [3480.0, 3510.0, 3540.0, 3570.0, 3600.0]
+    assert [(a.name, a.since) for a in fired] == [("SlopilotTBTP99High", 3480.0)]
+
+
+def test_utilization_is_the_gpus_where_reported_else_the_busy_ratio() -> None:
+    alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions(alert_for_s=0))
+    idle_gpu = _summary(gpu_utilization=0.3, busy_ratio=0.9, requests_waiting=150)
+    busy_gpu = _summary(gpu_utilization=0.9, busy_ratio=0.3, requests_waiting=150)
+    no_gpu = _summary(gpu_utilization=None, busy_ratio=0.3, requests_waiting=150)
+    few_waiting = _summary(busy_ratio=0.3, requests_waiting=100)
+    names = [{a.name for a in alerts.evaluate(s, 0.0)}
+             for s in (idle_gpu, busy_gpu, no_gpu, few_waiting)]
+    assert names == [{"SlopilotBatchingUnderused"}, set(), {"SlopilotBatchingUnderused"},
+                     set()]

@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.state import (
     Action,
     ControllerError,
@@ -62,8 +63,8 @@ class Rig:
 
 
 def metric(ctl: Controller, name: str, **labels: str) -> float:
-    value = ctl.metrics.registry.get_sample_value(name, {"slopilot_deployment": "demo",
-                                                          **labels})
+    value = ctl.metrics.registry.get_sample_value(
+        name, {"slopilot_namespace": "", "slopilot_deployment": "demo", **labels})
     return 0.0 if value is None else value
 
 
@@ -391,3 +392,22 @@ def test_every_decision_is_logged_and_exported(caplog: pytest.LogCaptureFixture)
     for name in ("slopilot_tuner_trials_total", "slopilot_tuner_actions_total",
                  "slopilot_replicas", "slopilot_tuner_state"):
         assert name in text
+
+
+def test_metrics_of_two_namespaces_are_two_series() -> None:
+    shared = TunerMetrics()
+    a, b = shared.in_namespace("team-a"), shared.in_namespace("team-b")
+    a.observe("chat", ControllerState.SCALING, 3)
+    b.observe("chat", ControllerState.STEADY, 1)
+    a.action("chat", Action.SCALE, "scale_up 1->3")
+
+    def sample(name: str, ns: str, **labels: str) -> float | None:
+        return shared.registry.get_sample_value(
+            name, {"slopilot_namespace": ns, "slopilot_deployment": "chat", **labels})
+
+    assert (sample("slopilot_replicas", "team-a"), sample("slopilot_replicas", "team-b")) \
+        == (3.0, 1.0)
+    assert sample("slopilot_tuner_actions_total", "team-a", action="scale",
+                  reason="scale_up") == 1.0
+    assert sample("slopilot_tuner_actions_total", "team-b", action="scale",
+                  reason="scale_up") is None

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
-from slopilot.tuner.local.scrape import quantile
+from slopilot.tuner.local.scrape import DirectScrape, quantile
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.prometheus.alerts import SummaryAlerts
 from slopilot.tuner.prometheus.query import query_at
+from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
-from tests.support.prometheus import free_port
+from tests.support.prometheus import free_port, serve_metrics
 
 DEMO = load_scenario("demo")
 
@@ -119,3 +121,25 @@ def test_direct_scrape_quantile_interpolates_like_histogram_quantile() -> None:
     assert quantile(0.5, buckets) == pytest.approx(0.1)
     assert quantile(0.99, buckets) == pytest.approx(0.2 + 0.2 * 0.9)
     assert math.isnan(quantile(0.99, {math.inf: 0.0}))
+
+
+def test_direct_scrape_reads_the_figures_the_batching_and_prefix_alerts_need() -> None:
+    pages = iter([
+        "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n"
+        "slopilot_busy_ratio 0.9\nvllm:num_requests_waiting 3\n"
+        "vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 0\n",
+        "vllm:prefix_cache_hits_total 80\nvllm:prefix_cache_queries_total 100\n"
+        "slopilot_busy_ratio 0.4\nvllm:num_requests_waiting 150\n"
+        "vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 12\n",
+    ])
+    with serve_metrics(lambda: next(pages).encode()) as address:
+        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo,
+                              RuleOptions(interval_s=10, alert_for_s=0), min_requests=1)
+        scrape.poll(now=100.0)
+        scrape.poll(now=110.0)
+        s = scrape.measure(100.0, 110.0, canary=False)
+        assert s["prefix_cache_hit_ratio"] == pytest.approx(0.8)
+        assert (s["busy_ratio"], s["requests_waiting"]) == (0.4, 150.0)
+        scrape.stop()
+    fired = SummaryAlerts(DEMO.slo, RuleOptions(alert_for_s=0)).evaluate(s, 110.0)
+    assert {a.name for a in fired} == {"SlopilotBatchingUnderused"}

@@ -49,20 +49,24 @@ def test_checked_in_rules_equal_the_rendering() -> None:
 
 def test_every_alert_carries_the_labels_the_controller_reads() -> None:
     spec = SLOSpec.from_dict({"profile": "strict", "prefix_hit_min": 0.9})
-    alerts = _alerts(render_rule_groups(spec, "chat"))
+    alerts = _alerts(render_rule_groups(spec, "chat", namespace="team-a"))
     names = {a["alert"] for a in alerts}
     assert names == {"SlopilotTBTP99High", "SlopilotTTFTP99High", "SlopilotPreemptionStorm",
                      "SlopilotBatchingUnderused", "SlopilotPrefixCacheHitLow"}
     for a in alerts:
         assert set(a["labels"]) == {"severity", "action", "priority_class",
-                                    "slopilot_deployment"}
+                                    "slopilot_namespace", "slopilot_deployment"}
         assert a["labels"]["slopilot_deployment"] == "chat"
+        assert a["labels"]["slopilot_namespace"] == "team-a"
+        assert a["annotations"]["summary"].startswith("team-a/chat: ")
         assert {"summary", "description"} <= set(a["annotations"])
-    actions = {a["alert"]: a["labels"]["action"] for a in alerts}
-    assert actions == {"SlopilotTBTP99High": "scale", "SlopilotTTFTP99High": "retune",
-                       "SlopilotPreemptionStorm": "retune",
-                       "SlopilotBatchingUnderused": "retune",
-                       "SlopilotPrefixCacheHitLow": "inform"}
+    actions = {(a["alert"], a["labels"]["severity"]): a["labels"]["action"] for a in alerts}
+    assert actions == {("SlopilotTBTP99High", "critical"): "scale",
+                       ("SlopilotTTFTP99High", "warning"): "inform",
+                       ("SlopilotTTFTP99High", "critical"): "retune",
+                       ("SlopilotPreemptionStorm", "warning"): "retune",
+                       ("SlopilotBatchingUnderused", "warning"): "retune",
+                       ("SlopilotPrefixCacheHitLow", "info"): "inform"}
 
 
 def test_thresholds_follow_the_slo() -> None:
@@ -76,9 +80,25 @@ def test_thresholds_follow_the_slo() -> None:
             for a in alerts if a["alert"] == "SlopilotTTFTP99High"}
     assert ttft[("p0", "warning")].endswith("> 0.1")
     assert ttft[("p0", "critical")].endswith("> 0.2")
-    assert ttft[("p1", "critical")].endswith("> 1")
+    assert ttft[("p1", "critical")].endswith("> 1"), "the seeds' 1 s for the 500 ms SLO"
     # No prefix expectation in the plain profile: no prefix alert at all.
     assert "SlopilotPrefixCacheHitLow" not in {a["alert"] for a in alerts}
+
+
+def test_thresholds_are_configurable_and_rendered_exactly() -> None:
+    opts = RuleOptions(tbt_factor=3, ttft_warning_factor=1.5, ttft_retune_factor=4,
+                       busy_ratio_min=0.5, waiting_min=7)
+    spec = SLOSpec.from_dict({"classes": {"p1": {"tbt_p99_ms": 1000 / 30}}})
+    exprs = {(a["alert"], a["labels"]["priority_class"], a["labels"]["severity"]): a["expr"]
+             for a in _alerts(render_rule_groups(spec, "d", options=opts))}
+    tbt = exprs[("SlopilotTBTP99High", "p1", "critical")]
+    # 3 x 33.33 ms: every digit, so PromQL compares with the float Python compares with.
+    assert float(tbt.rsplit("> ", 1)[1]) == 3 * (1000 / 30) / 1000
+    assert exprs[("SlopilotTTFTP99High", "p1", "warning")].endswith("> 0.75")
+    assert exprs[("SlopilotTTFTP99High", "p1", "critical")].endswith("> 2")
+    batching = exprs[("SlopilotBatchingUnderused", "all", "warning")]
+    assert "slopilot:utilization:ratio" in batching and "< 0.5" in batching
+    assert batching.endswith("> 7")
 
 
 def test_timing_options_reach_for_and_windows() -> None:
@@ -87,17 +107,35 @@ def test_timing_options_reach_for_and_windows() -> None:
     assert group["interval"] == "10s"
     fors = {(r["alert"], r["labels"]["severity"]): r["for"] for r in group["rules"]
             if "alert" in r}
-    assert fors[("SlopilotTBTP99High", "critical")] == "30s"
+    # 3 evaluations over the threshold span 2 intervals: for 20s fires at the 3rd.
+    assert fors[("SlopilotTBTP99High", "critical")] == "20s"
     assert fors[("SlopilotTTFTP99High", "warning")] == "45s"
     assert all("[2m]" in r["expr"] for r in group["rules"] if "rate(" in r["expr"])
+    one = RuleOptions(tbt_periods=1)
+    assert one.tbt_for_s == 0 and RuleOptions().tbt_for_s == 60
 
 
 def test_selector_is_a_parameter() -> None:
     groups = render_rule_groups(SLOSpec.from_profile("standard"), "chat",
                                 selector={"namespace": "llm", "job": "chat-engine"})
-    exprs = [r["expr"] for r in groups["groups"][0]["rules"] if "record" in r]
-    assert all('namespace="llm",job="chat-engine"' in e for e in exprs)
+    exprs = [r["expr"] for r in groups["groups"][0]["rules"] if "record" in r
+             and ("vllm:" in r["expr"] or "slopilot_busy_ratio" in r["expr"])]
+    assert exprs and all('namespace="llm",job="chat-engine"' in e for e in exprs)
     assert render_selector({"a": 'x"y'}) == '{a="x\\"y"}'
+
+
+def test_two_namespaces_are_two_deployments() -> None:
+    spec = SLOSpec.from_profile("standard")
+    a, b = (render_rule_groups(spec, "chat", namespace=ns)["groups"][0]
+            for ns in ("team-a", "team-b"))
+    assert a["name"] == "slopilot/team-a/chat" != b["name"]
+    for rule in a["rules"]:
+        assert rule["labels"]["slopilot_namespace"] == "team-a"
+        assert 'slopilot_namespace="team-b"' not in rule["expr"]
+        if "vllm:" in rule["expr"]:
+            assert 'slopilot_namespace="team-a",slopilot_deployment="chat"' in rule["expr"]
+    with pytest.raises(RuleError, match="namespace is empty"):
+        render_rule_groups(spec, "chat", namespace="")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -115,7 +153,11 @@ def test_bad_render_arguments_are_refused(kwargs: dict[str, Any], message: str) 
     ({"interval_s": 0}, "interval_s=0"),
     ({"alert_for_s": -1}, "alert_for_s=-1"),
     ({"busy_ratio_min": 1.5}, "busy_ratio_min=1.5"),
+    ({"busy_ratio_min": "0.6"}, "busy_ratio_min=.0.6.: expected a ratio"),
     ({"tbt_periods": 1.5}, "tbt_periods=1.5"),
+    ({"tbt_factor": 0.5}, "tbt_factor=0.5: expected a multiple of the SLO >= 1"),
+    ({"ttft_warning_factor": 3.0}, "exceeds ttft_retune_factor=2.0"),
+    ({"waiting_min": -1}, "waiting_min=-1"),
 ])
 def test_bad_rule_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(RuleError, match=message):
@@ -127,7 +169,8 @@ def test_prometheus_rule_resource() -> None:
     assert cr["apiVersion"] == "monitoring.coreos.com/v1"
     assert cr["kind"] == "PrometheusRule"
     assert cr["metadata"]["namespace"] == "llm"
-    assert cr["spec"] == render_rule_groups(SLOSpec.from_profile("standard"), "chat")
+    assert cr["spec"] == render_rule_groups(SLOSpec.from_profile("standard"), "chat",
+                                            namespace="llm")
     with pytest.raises(RuleError, match="namespace is empty"):
         render_prometheus_rule(SLOSpec.from_profile("standard"), "chat", "")
 

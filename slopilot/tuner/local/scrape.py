@@ -4,8 +4,9 @@
 thread and keeps the cumulative series it needs. It is both the demo's AlertReader and
 its WindowEvaluator: windows are counter and bucket differences between two scrapes, the
 P99s the same linear interpolation ``histogram_quantile`` does, goodput the rules'
-product (tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), and
-the alerts the rules' conditions (``sim_adapters.SimAlerts``) with their hold times.
+product (tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), the
+gauges (busy ratio, waiting requests) as at the window's end, and the alerts the alert
+table (``alerts.SummaryAlerts``) evaluated once per rule interval on the trailing window.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from slopilot.tuner.study.evaluator import WindowRejected
 
 _TTFT = "vllm:time_to_first_token_seconds_bucket"
 _TBT = "vllm:inter_token_latency_seconds_bucket"
+_HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+_BUSY, _WAITING = "slopilot_busy_ratio", "vllm:num_requests_waiting"
+_GAUGES = {_BUSY, _WAITING}
 _KEEP = {_TTFT, _TBT, "vllm:e2e_request_latency_seconds_count",
-         "vllm:request_generation_tokens_sum", "vllm:num_preemptions_total"}
+         "vllm:request_generation_tokens_sum", "vllm:num_preemptions_total", _HITS,
+         _QUERIES, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le) -> value
 
 
@@ -80,21 +85,26 @@ class DirectScrape:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
         self._client.close()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            urls = self.endpoints()
-            snap: dict[str, Series] = {}
-            for i, url in enumerate(urls):
-                role = "canary" if i == 0 and len(urls) > 1 else "stable"
-                try:
-                    snap[f"{role}|{url}"] = _parse(self._client.get(url + "/metrics").text)
-                except httpx.HTTPError:
-                    continue  # a replica starting or stopping: its series just pause
-            with self._lock:
-                self._snaps.append((time.time(), snap))
+            self.poll()
+
+    def poll(self, now: float | None = None) -> None:
+        """Scrape every replica once and keep the snapshot as taken at ``now``."""
+        urls = self.endpoints()
+        snap: dict[str, Series] = {}
+        for i, url in enumerate(urls):
+            role = "canary" if i == 0 and len(urls) > 1 else "stable"
+            try:
+                snap[f"{role}|{url}"] = _parse(self._client.get(url + "/metrics").text)
+            except httpx.HTTPError:
+                continue  # a replica starting or stopping: its series just pause
+        with self._lock:
+            self._snaps.append((time.time() if now is None else now, snap))
 
     def _at(self, t: float) -> dict[str, Series] | None:
         with self._lock:
@@ -114,6 +124,21 @@ class DirectScrape:
                 # A replica that appeared within the window counts from zero.
                 out[key] = out.get(key, 0.0) + max(0.0, value - old.get(key, 0.0))
         return out
+
+    def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:
+        """Busy ratio (mean over replicas) and waiting requests (sum) in the last scrape."""
+        snap = self._at(end) or {}
+        busy, waiting = [], []
+        for who, series in snap.items():
+            if canary and not who.startswith("canary|"):
+                continue
+            for (name, _, _), value in series.items():
+                if name == _BUSY:
+                    busy.append(value)
+                elif name == _WAITING:
+                    waiting.append(value)
+        return {"busy_ratio": sum(busy) / len(busy) if busy else None,
+                "requests_waiting": sum(waiting) if waiting else None}
 
     def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
         d = self._delta(start, end, canary)
@@ -149,17 +174,21 @@ class DirectScrape:
             return max((x[key] for x in classes.values() if math.isfinite(x[key])),
                        default=math.nan)
 
+        queries = sum(v for (n, _, _), v in d.items() if n == _QUERIES)
+        hits = sum(v for (n, _, _), v in d.items() if n == _HITS)
         return {"start": start, "end": end, "duration_s": span, "canary": canary,
-                "requests_finished": finished,
+                "requests_finished": finished, **self._gauges(end, canary),
+                "prefix_cache_hit_ratio": hits / queries if queries > 0 else None,
                 "throughput_tok_s": sum(x["throughput_tok_s"] for x in classes.values()),
                 "goodput_tok_s": sum(x["goodput_tok_s"] for x in classes.values()),
                 "ttft_p99_ms": worst("ttft_p99_ms"), "tbt_p99_ms": worst("tbt_p99_ms"),
                 "preemptions_per_min": preempt, "classes": classes}
 
-    def firing(self) -> list[Alert]:
-        now = time.time()
+    def _summary_at(self, t: float) -> Mapping[str, Any] | None:
         try:
-            summary = self.measure(now - self.opt.rate_window_s, now, canary=False)
+            return self.measure(t - self.opt.rate_window_s, t, canary=False)
         except WindowRejected:
-            summary = None
-        return self._alerts.evaluate(summary, now)
+            return None
+
+    def firing(self) -> list[Alert]:
+        return self._alerts.firing(time.time(), self._summary_at)

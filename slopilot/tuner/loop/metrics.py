@@ -1,22 +1,25 @@
 """The controller's own Prometheus series (the dashboards query the first three).
 
-    slopilot_tuner_trials_total{slopilot_deployment, state}          counter
-    slopilot_tuner_actions_total{slopilot_deployment, action, reason} counter
-    slopilot_replicas{slopilot_deployment}                            gauge
-    slopilot_tuner_state{slopilot_deployment, state}                  gauge, 1 for current
+    slopilot_tuner_trials_total{slopilot_namespace, slopilot_deployment, state}   counter
+    slopilot_tuner_actions_total{slopilot_namespace, slopilot_deployment, action, reason}
+    slopilot_replicas{slopilot_namespace, slopilot_deployment}                    gauge
+    slopilot_tuner_state{slopilot_namespace, slopilot_deployment, state}          gauge
 
-``reason`` is a short token (the first word of a decision's reason), so the label's
-values stay few.
+Series are keyed by namespace and name, as the rules are: one operator runs the
+controllers of ``chat`` in ``team-a`` and in ``team-b`` side by side. (``namespace`` itself
+is taken: Prometheus puts the operator pod's namespace there.) ``reason`` is a short token
+(the first word of a decision's reason), so the label's values stay few.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from slopilot.tuner.loop.state import Action, ControllerState, TrialOutcome
-from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
 
@@ -27,28 +30,41 @@ def reason_token(reason: str) -> str:
 
 
 class TunerMetrics:
-    """Series of every controller that shares ``registry`` (one label per deployment)."""
+    """Series of every controller that shares ``registry`` (one label set per deployment).
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    A controller records under its deployment's name and this object's ``namespace``
+    ("" outside Kubernetes); ``in_namespace`` gives a view on the same series for another.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 namespace: str = "") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.namespace = namespace
+        key = [NAMESPACE_LABEL, DEPLOYMENT_LABEL]
         self.trials = Counter("slopilot_tuner_trials", "Tuner trials by outcome.",
-                              [DEPLOYMENT_LABEL, "state"], registry=self.registry)
+                              [*key, "state"], registry=self.registry)
         self.actions = Counter("slopilot_tuner_actions", "Controller actions.",
-                               [DEPLOYMENT_LABEL, "action", "reason"],
-                               registry=self.registry)
+                               [*key, "action", "reason"], registry=self.registry)
         self.replicas = Gauge("slopilot_replicas", "Replicas the controller asked for.",
-                              [DEPLOYMENT_LABEL], registry=self.registry)
+                              key, registry=self.registry)
         self.state = Gauge("slopilot_tuner_state", "1 for the controller's current state.",
-                           [DEPLOYMENT_LABEL, "state"], registry=self.registry)
+                           [*key, "state"], registry=self.registry)
+
+    def in_namespace(self, namespace: str) -> TunerMetrics:
+        """The same series, recorded for deployments of ``namespace``."""
+        view = copy.copy(self)
+        view.namespace = namespace
+        return view
 
     def trial(self, deployment: str, outcome: TrialOutcome) -> None:
-        self.trials.labels(deployment, outcome.value).inc()
+        self.trials.labels(self.namespace, deployment, outcome.value).inc()
 
     def action(self, deployment: str, action: Action, reason: str) -> None:
         if action is not Action.NONE:
-            self.actions.labels(deployment, action.value, reason_token(reason)).inc()
+            self.actions.labels(self.namespace, deployment, action.value,
+                                reason_token(reason)).inc()
 
     def observe(self, deployment: str, state: ControllerState, replicas: int) -> None:
-        self.replicas.labels(deployment).set(replicas)
+        self.replicas.labels(self.namespace, deployment).set(replicas)
         for s in ControllerState:
-            self.state.labels(deployment, s.value).set(1 if s is state else 0)
+            self.state.labels(self.namespace, deployment, s.value).set(1 if s is state else 0)

@@ -1,32 +1,30 @@
-"""Firing alerts of one deployment, read from Prometheus and routed by their action label.
+"""Firing alerts of one deployment: read from Prometheus, or evaluated on window summaries.
 
 The rules (``rules.py``) label every alert with ``action`` (what the controller should
-do) and ``slopilot_deployment`` (whose it is); this module turns Prometheus'
-``/api/v1/alerts`` answer into typed ``Alert`` objects for one deployment.
+do) and the identity labels ``slopilot_namespace`` and ``slopilot_deployment`` (whose it
+is); ``parse_alerts`` turns Prometheus' ``/api/v1/alerts`` answer into typed ``Alert``
+objects of one deployment, matched by namespace and name. Where no Prometheus runs,
+``SummaryAlerts`` evaluates the same alert table on window summaries with Prometheus'
+``for`` semantics (see ``alert_table``).
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
 
-from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions
+from slopilot.tuner.prometheus.alert_table import AlertAction, AlertRule, Figure, alert_table
+from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
-__all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "parse_alerts"]
-
-
-class AlertAction(enum.StrEnum):
-    RETUNE = "retune"
-    SCALE = "scale"
-    INFORM = "inform"
+__all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "SummaryAlerts",
+           "parse_alerts", "summary_figure"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +60,15 @@ def _value(text: Any) -> float | None:
         return None
 
 
-def parse_alerts(answer: Any, deployment: str) -> list[Alert]:
-    """Firing alerts of ``deployment`` from an ``/api/v1/alerts`` answer (pending ones wait).
+def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> list[Alert]:
+    """Firing alerts of ``namespace/deployment`` from an ``/api/v1/alerts`` answer (pending
+    ones wait). Every identity label must match: an alert of ``chat`` in another namespace,
+    or one without a namespace when a namespace is asked for, is not this deployment's.
 
     An alert whose ``action`` the controller does not know is read as ``inform``: a rule
     added later must never make the controller act on a guess.
     """
+    ident = identity_labels(deployment, namespace)
     if not isinstance(answer, dict) or answer.get("status") != "success":
         raise PrometheusUnavailable(f"/api/v1/alerts answered {str(answer)[:200]}")
     data = answer.get("data")
@@ -77,7 +78,7 @@ def parse_alerts(answer: Any, deployment: str) -> list[Alert]:
     out = []
     for row in rows:
         labels = row.get("labels") or {}
-        if row.get("state") != "firing" or labels.get(DEPLOYMENT_LABEL) != deployment:
+        if row.get("state") != "firing" or any(labels.get(k) != v for k, v in ident.items()):
             continue
         try:
             action = AlertAction(labels.get("action", ""))
@@ -94,14 +95,15 @@ def parse_alerts(answer: Any, deployment: str) -> list[Alert]:
 class AlertSource:
     """Reads firing alerts of one deployment from a Prometheus server's HTTP API."""
 
-    def __init__(self, url: str, deployment: str, *, timeout_s: float = 5.0,
-                 client: httpx.Client | None = None) -> None:
+    def __init__(self, url: str, deployment: str, *, namespace: str | None = None,
+                 timeout_s: float = 5.0, client: httpx.Client | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Prometheus url {url!r}: expected http://host:port")
         if not deployment:
             raise ValueError("deployment is empty; pass the LLMDeployment's name")
+        identity_labels(deployment, namespace)  # the same checks parse_alerts makes
         self.url = url.rstrip("/")
-        self.deployment = deployment
+        self.deployment, self.namespace = deployment, namespace
         self._client = client or httpx.Client(timeout=timeout_s)
 
     def firing(self) -> list[Alert]:
@@ -113,54 +115,93 @@ class AlertSource:
             raise PrometheusUnavailable(
                 f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}"
             ) from exc
-        return parse_alerts(answer, self.deployment)
+        return parse_alerts(answer, self.deployment, self.namespace)
 
     def close(self) -> None:
         self._client.close()
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def summary_figure(summary: Mapping[str, Any], figure: Figure, cls: str) -> float | None:
+    """What the recorded series ``figure`` would hold for this window (None: no data).
+
+    Latencies in seconds, as the series has them. Utilization is the GPU's where the
+    summary has it and the executor's busy ratio otherwise, as the recording rule's ``or``.
+    """
+    if figure.per_class:
+        per = (summary.get("classes") or {}).get(cls) or {}
+        key = "ttft_p99_ms" if figure is Figure.TTFT_P99 else "tbt_p99_ms"
+        ms = _number(per.get(key))
+        return None if ms is None else ms / 1000
+    if figure is Figure.UTILIZATION:
+        gpu = _number(summary.get("gpu_utilization"))
+        return gpu if gpu is not None else _number(summary.get("busy_ratio"))
+    key = {Figure.PREEMPTIONS_PER_MIN: "preemptions_per_min",
+           Figure.REQUESTS_WAITING: "requests_waiting",
+           Figure.PREFIX_HIT_RATIO: "prefix_cache_hit_ratio"}[figure]
+    return _number(summary.get(key))
+
+
 class SummaryAlerts:
-    """The alert rules' conditions, with their ``for:`` hold times, on a DESIGN §8 summary.
+    """The alert table evaluated on window summaries, as Prometheus evaluates the rules.
 
     For where no Prometheus evaluates the rules: the virtual-time simulator and the
-    direct-scrape fallback of the demo. Call ``evaluate`` with each new window's summary
-    (None when the window did not count: pending conditions are dropped).
+    direct-scrape fallback of the demo. ``evaluate(summary, now)`` is one evaluation of
+    the group at ``now`` (a summary of None, a window that did not count, is no data:
+    every condition is false). ``firing(now, summary_at)`` is what ``/api/v1/alerts``
+    would list at ``now``: it runs every evaluation due since the last, one per
+    ``interval_s``, on ``summary_at(t)``, and between evaluations repeats the last verdict.
     """
 
     def __init__(self, slo: SLOSpec, options: RuleOptions) -> None:
         self.slo, self.opt = slo, options
+        self.rules: tuple[AlertRule, ...] = alert_table(slo, options)
         self._pending: dict[tuple[str, str, str], float] = {}
+        self._last: float | None = None
+        self._firing: list[Alert] = []
+        # Evaluations enough to rebuild any alert's state after a long gap.
+        longest = max((r.for_s for r in self.rules), default=0)
+        self._catch_up = math.ceil(longest / options.interval_s) + 1
 
-    def evaluate(self, summary: Mapping[str, Any] | None, now: float) -> list[Alert]:
-        active: list[tuple[str, str, str, AlertAction, float]] = []
-        if summary is not None:
-            active = self._conditions(summary)
-        keys = {(n, c, sev) for n, c, sev, _, _ in active}
-        self._pending = {k: t for k, t in self._pending.items() if k in keys}
-        out = []
-        for name, c, sev, action, hold in active:
-            since = self._pending.setdefault((name, c, sev), now)
-            if now - since >= hold:
-                out.append(Alert(name, action, sev, c, since))
+    def _holding(self, summary: Mapping[str, Any]
+                 ) -> dict[tuple[str, str, str], tuple[AlertRule, float | None]]:
+        """The rules whose every condition holds, with the first condition's value."""
+        out = {}
+        for rule in self.rules:
+            values = [summary_figure(summary, c.figure, rule.priority_class)
+                      for c in rule.conditions]
+            if all(c.holds(v) for c, v in zip(rule.conditions, values, strict=True)):
+                out[(rule.name, rule.priority_class, rule.severity.value)] = (rule, values[0])
         return out
 
-    def _conditions(self, s: Mapping[str, Any]) -> list[tuple[str, str, str, AlertAction, float]]:
-        opt = self.opt
-        active: list[tuple[str, str, str, AlertAction, float]] = []
-        for p in Priority:
-            c, per, cls_slo = p.label, s["classes"][p.label], self.slo.class_slo(p)
-            tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
-            if cls_slo.tbt_p99_ms is not None and tbt is not None \
-                    and tbt > 2 * cls_slo.tbt_p99_ms:
-                active.append(("SlopilotTBTP99High", c, "critical", AlertAction.SCALE,
-                               opt.tbt_periods * opt.interval_s))
-            for factor, severity in ((1, "warning"), (2, "critical")):
-                if cls_slo.ttft_p99_ms is not None and ttft is not None \
-                        and ttft > factor * cls_slo.ttft_p99_ms:
-                    active.append(("SlopilotTTFTP99High", c, severity, AlertAction.RETUNE,
-                                   opt.alert_for_s))
-        limit = self.slo.max_preemptions_per_min
-        if limit is not None and s["preemptions_per_min"] > limit:
-            active.append(("SlopilotPreemptionStorm", "all", "warning", AlertAction.RETUNE,
-                           opt.alert_for_s))
-        return active
+    def evaluate(self, summary: Mapping[str, Any] | None, now: float) -> list[Alert]:
+        active = self._holding(summary) if summary is not None else {}
+        self._pending = {k: t for k, t in self._pending.items() if k in active}
+        out = []
+        for key, (rule, value) in active.items():
+            since = self._pending.setdefault(key, now)
+            if now - since >= rule.for_s:
+                out.append(Alert(rule.name, rule.action, rule.severity.value,
+                                 rule.priority_class, since, value))
+        self._last, self._firing = now, out
+        return list(out)
+
+    def firing(self, now: float,
+               summary_at: Callable[[float], Mapping[str, Any] | None]) -> list[Alert]:
+        interval = self.opt.interval_s
+        if self._last is None:
+            due = [now]
+        else:
+            n = math.floor((now - self._last) / interval + 1e-9)
+            due = [self._last + i * interval for i in range(1, n + 1)]
+            if len(due) > self._catch_up:
+                # A gap longer than any hold: what happened in it is unknown, start over.
+                due, self._pending = due[-self._catch_up:], {}
+        for t in due:
+            self.evaluate(summary_at(t), t)
+        return list(self._firing)

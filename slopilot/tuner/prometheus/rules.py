@@ -1,20 +1,22 @@
 """Prometheus recording and alert rules rendered from a deployment's SLO.
 
 One rule group per deployment: recording rules first, then the alerts that read them, so
-one evaluation sees fresh values (Prometheus runs a group's rules in order). Every
-recorded series carries ``slopilot_deployment`` so that several deployments can share
-one Prometheus; the ``selector`` says which scraped series belong to the deployment.
+one evaluation sees fresh values (Prometheus runs a group's rules in order). The alerts
+are the rows of ``alert_table`` (its docstring has the table and the ``for`` semantics),
+rendered here as PromQL over the recorded series.
 
-Alerts carry ``action`` for the controller: ``scale`` (TBT far over its SLO: no knob
-fixes a saturated replica), ``retune`` (TTFT, preemption storms, idle batching) or
-``inform`` (prefix hits low: the workload changed, not the knobs).
+A deployment is its namespace *and* its name: two LLMDeployments named ``chat`` in
+``team-a`` and ``team-b`` are two deployments to every selector, recorded series and alert.
+Every recorded series and alert carries the identity labels ``slopilot_namespace`` (when
+the deployment has a namespace; the one-machine demo has none) and ``slopilot_deployment``;
+the ``selector`` says which scraped series belong to the deployment (by default the same
+labels, which the operator's ServiceMonitor puts on every series it scrapes).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,44 +25,35 @@ from prometheus_client.utils import floatToGoString
 
 from slopilot.engine.metrics import LATENCY_BUCKETS
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.prometheus.alert_table import (
+    ALL_CLASSES,
+    AlertRule,
+    Figure,
+    RuleError,
+    RuleOptions,
+    alert_table,
+)
+
+__all__ = ["ALL_CLASSES", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "RuleError", "RuleOptions",
+           "bucket_edge_at_or_below", "duration", "identity_labels", "render_prometheus_rule",
+           "render_rule_groups", "render_rules_yaml", "render_selector"]
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 DEPLOYMENT_LABEL = "slopilot_deployment"
-ALL_CLASSES = "all"
+NAMESPACE_LABEL = "slopilot_namespace"
 EXAMPLE_DEPLOYMENT = "example"
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 
 
-class RuleError(ValueError):
-    """Rule rendering was given a bad name, selector or timing; the message names the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class RuleOptions:
-    """Timing and fixed thresholds of the rules (the SLO gives the rest)."""
-
-    interval_s: int = 30
-    """Group evaluation interval: also the unit of the TBT alert's 'for'."""
-    rate_window_s: int = 60
-    """Window of every rate() (at least two scrapes)."""
-    alert_for_s: int = 120
-    """How long a condition must hold before an alert fires (TBT: see tbt_periods)."""
-    tbt_periods: int = 3
-    """The TBT alert fires after this many evaluation periods over 2 x SLO."""
-    busy_ratio_min: float = 0.6
-    waiting_min: int = 100
-
-    def __post_init__(self) -> None:
-        for name in ("interval_s", "rate_window_s", "tbt_periods"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RuleError(f"{name}={value!r}: expected a whole number >= 1")
-        if isinstance(self.alert_for_s, bool) or not isinstance(self.alert_for_s, int) \
-                or self.alert_for_s < 0:
-            raise RuleError(f"alert_for_s={self.alert_for_s!r}: expected whole seconds >= 0")
-        if not 0 < self.busy_ratio_min <= 1:
-            raise RuleError(f"busy_ratio_min={self.busy_ratio_min!r}: expected a ratio in (0, 1]")
-        if self.waiting_min < 0:
-            raise RuleError(f"waiting_min={self.waiting_min!r}: expected a count >= 0")
+def identity_labels(deployment: str, namespace: str | None = None) -> dict[str, str]:
+    """The labels that say whose a series or an alert is: namespace (if any) and name."""
+    if not isinstance(deployment, str) or not deployment.strip():
+        raise RuleError("deployment name is empty; pass the LLMDeployment's name")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
+        raise RuleError("namespace is empty; pass the deployment's namespace, or None for "
+                        "a deployment outside Kubernetes")
+    labels = {} if namespace is None else {NAMESPACE_LABEL: namespace}
+    return {**labels, DEPLOYMENT_LABEL: deployment}
 
 
 def duration(seconds: int) -> str:
@@ -69,7 +62,10 @@ def duration(seconds: int) -> str:
 
 
 def _num(x: float) -> str:
-    return f"{x:g}"
+    """A threshold as PromQL text that reads back to the very float the Python side
+    compares with (``:g`` would round 0.0666... to 6 digits and split the verdicts)."""
+    x = float(x)
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
 
 
 def _escape(value: str) -> str:
@@ -99,35 +95,27 @@ def _le(edge: float) -> str:
 
 
 class _Renderer:
-    def __init__(self, spec: SLOSpec, deployment: str, selector: Mapping[str, str] | None,
-                 options: RuleOptions) -> None:
-        if not isinstance(deployment, str) or not deployment.strip():
-            raise RuleError("deployment name is empty; pass the LLMDeployment's name")
-        self.spec, self.deployment, self.opt = spec, deployment, options
-        sel = dict(selector) if selector is not None else {DEPLOYMENT_LABEL: deployment}
+    def __init__(self, spec: SLOSpec, deployment: str, namespace: str | None,
+                 selector: Mapping[str, str] | None, options: RuleOptions) -> None:
+        self.spec, self.opt = spec, options
+        self.ident = identity_labels(deployment, namespace)
+        self.subject = deployment if namespace is None else f"{namespace}/{deployment}"
+        sel = dict(selector) if selector is not None else dict(self.ident)
         if not sel:
             raise RuleError("selector is empty: it would match every engine in Prometheus; "
-                            f"pass labels such as {{'{DEPLOYMENT_LABEL}': '{deployment}'}}")
+                            f"pass labels such as {self.ident}")
         self.sel_labels = sel
         render_selector(sel)  # validates names
         self.window = duration(options.rate_window_s)
-        self.dep = {DEPLOYMENT_LABEL: deployment}
 
     def sel(self, **extra: str) -> str:
         return render_selector({**self.sel_labels, **extra})
 
     def rec(self, name: str, **extra: str) -> str:
-        return name + render_selector({**self.dep, **extra})
+        return name + render_selector({**self.ident, **extra})
 
     def record(self, name: str, expr: str, **labels: str) -> dict[str, Any]:
-        return {"record": name, "expr": expr, "labels": {**self.dep, **labels}}
-
-    def alert(self, name: str, expr: str, for_s: int, severity: str, action: str,
-              priority_class: str, summary: str, description: str) -> dict[str, Any]:
-        return {"alert": name, "expr": expr, "for": duration(for_s),
-                "labels": {"severity": severity, "action": action,
-                           "priority_class": priority_class, **self.dep},
-                "annotations": {"summary": summary, "description": description}}
+        return {"record": name, "expr": expr, "labels": {**self.ident, **labels}}
 
     def quantile(self, q: float, metric: str) -> str:
         return (f"histogram_quantile({q}, sum by (le, priority_class) "
@@ -139,6 +127,21 @@ class _Renderer:
                 f"[{self.window}])) / sum by (priority_class) "
                 f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}]))")
 
+    def gpu_utilization(self) -> str:
+        """DCGM's GPU utilization (percent) of the deployment's pods, as a ratio.
+
+        The exporter names the pod using each GPU in ``namespace``/``pod`` (scraped with
+        honorLabels, as its chart does) or ``exported_namespace``/``exported_pod``
+        (without); either way the GPUs are joined on the pods the engine's own series come
+        from, so the selector alone decides whose GPUs count. No DCGM series for these
+        pods: no sample, and the utilization falls back to the busy ratio.
+        """
+        dcgm = DCGM_GPU_UTIL
+        for label in ("pod", "namespace"):
+            dcgm = f'label_replace({dcgm}, "{label}", "$1", "exported_{label}", "(.+)")'
+        pods = f"group by (namespace, pod) (vllm:num_requests_running{self.sel()})"
+        return f"avg({dcgm} * on (namespace, pod) group_left () {pods}) / 100"
+
     def recording_rules(self) -> list[dict[str, Any]]:
         w = self.window
         rules = []
@@ -148,12 +151,18 @@ class _Renderer:
                 rules.append(self.record(f"slopilot:{short}_seconds:{tag}",
                                          self.quantile(q, metric)))
         rules += [
-            self.record("slopilot:preemptions:per_minute",
+            self.record(Figure.PREEMPTIONS_PER_MIN.value,
                         f"sum(rate(vllm:num_preemptions_total{self.sel()}[{w}])) * 60"),
             self.record("slopilot:busy_ratio:avg", f"avg(slopilot_busy_ratio{self.sel()})"),
-            self.record("slopilot:num_requests_waiting:sum",
+            self.record("slopilot:gpu_utilization:avg", self.gpu_utilization()),
+            # The seeds' "GPU utilization": DCGM's where it reports these pods (any
+            # backend), else the built-in engine's busy ratio (vLLM exports none).
+            self.record(Figure.UTILIZATION.value,
+                        f"{self.rec('slopilot:gpu_utilization:avg')} or "
+                        f"{self.rec('slopilot:busy_ratio:avg')}"),
+            self.record(Figure.REQUESTS_WAITING.value,
                         f"sum(vllm:num_requests_waiting{self.sel()})"),
-            self.record("slopilot:prefix_cache_hit_ratio",
+            self.record(Figure.PREFIX_HIT_RATIO.value,
                         f"sum(rate(vllm:prefix_cache_hits_total{self.sel()}[{w}])) / "
                         f"sum(rate(vllm:prefix_cache_queries_total{self.sel()}[{w}]))"),
             self.record("slopilot:generation_tokens:per_second",
@@ -175,78 +184,44 @@ class _Renderer:
                                      priority_class=p.label))
         return rules
 
+    def alert(self, row: AlertRule) -> dict[str, Any]:
+        on = f" and on ({', '.join(self.ident)}) "
+        terms = []
+        for cond in row.conditions:
+            extra = {"priority_class": row.priority_class} if cond.figure.per_class else {}
+            terms.append(f"{self.rec(cond.figure.value, **extra)} {cond.op.value} "
+                         f"{_num(cond.threshold)}")
+        return {"alert": row.name, "expr": on.join(terms), "for": duration(row.for_s),
+                "labels": {"severity": row.severity.value, "action": row.action.value,
+                           "priority_class": row.priority_class, **self.ident},
+                "annotations": {"summary": f"{self.subject}: {row.summary}",
+                                "description": row.description}}
+
     def alert_rules(self) -> list[dict[str, Any]]:
-        o, dep = self.opt, self.deployment
-        rules = []
-        for p, slo in self.spec.classes().items():
-            c = p.label
-            if slo.tbt_p99_ms is not None:
-                limit = 2 * slo.tbt_p99_ms / 1000
-                rules.append(self.alert(
-                    "SlopilotTBTP99High",
-                    f"{self.rec('slopilot:tbt_seconds:p99', priority_class=c)} > {_num(limit)}",
-                    o.tbt_periods * o.interval_s, "critical", "scale", c,
-                    f"{dep}: {c.upper()} TBT P99 over twice its SLO",
-                    f"{c.upper()} time between tokens P99 is {{{{ $value | humanizeDuration }}}}"
-                    f", over 2 x the {_num(slo.tbt_p99_ms)} ms SLO: add replicas."))
-            if slo.ttft_p99_ms is not None:
-                for factor, severity in ((1, "warning"), (2, "critical")):
-                    limit = factor * slo.ttft_p99_ms / 1000
-                    over = "over its SLO" if factor == 1 else "over twice its SLO"
-                    rules.append(self.alert(
-                        "SlopilotTTFTP99High",
-                        f"{self.rec('slopilot:ttft_seconds:p99', priority_class=c)}"
-                        f" > {_num(limit)}",
-                        o.alert_for_s, severity, "retune", c,
-                        f"{dep}: {c.upper()} TTFT P99 {over}",
-                        f"{c.upper()} time to first token P99 is "
-                        f"{{{{ $value | humanizeDuration }}}}, {over} of "
-                        f"{_num(slo.ttft_p99_ms)} ms: retune the token budget and chunk size."))
-        limit_pm = self.spec.max_preemptions_per_min
-        if limit_pm is not None:
-            rules.append(self.alert(
-                "SlopilotPreemptionStorm",
-                f"{self.rec('slopilot:preemptions:per_minute')} > {_num(limit_pm)}",
-                o.alert_for_s, "warning", "retune", ALL_CLASSES,
-                f"{dep}: preemption storm",
-                f"{{{{ $value | printf \"%.1f\" }}}} preemptions per minute, over the limit "
-                f"of {_num(limit_pm)}: retune the preemption thresholds or the KV watermark."))
-        rules.append(self.alert(
-            "SlopilotBatchingUnderused",
-            f"{self.rec('slopilot:busy_ratio:avg')} < {_num(o.busy_ratio_min)} "
-            f"and on ({DEPLOYMENT_LABEL}) "
-            f"{self.rec('slopilot:num_requests_waiting:sum')} > {o.waiting_min}",
-            o.alert_for_s, "warning", "retune", ALL_CLASSES,
-            f"{dep}: batching underused while requests wait",
-            f"The executor is busy {{{{ $value | humanizePercentage }}}} of the time while "
-            f"more than {o.waiting_min} requests wait: raise the token budget or max_num_seqs."))
-        hit_min = self.spec.prefix_hit_min
-        if hit_min is not None:
-            rules.append(self.alert(
-                "SlopilotPrefixCacheHitLow",
-                f"{self.rec('slopilot:prefix_cache_hit_ratio')} < {_num(hit_min)}",
-                o.alert_for_s, "info", "inform", ALL_CLASSES,
-                f"{dep}: prefix cache hit ratio low",
-                f"Prefix cache hit ratio is {{{{ $value | humanizePercentage }}}}, under the "
-                f"expected {_num(hit_min)}: the traffic may no longer share prefixes."))
-        return rules
+        return [self.alert(row) for row in alert_table(self.spec, self.opt)]
 
 
-def render_rule_groups(spec: SLOSpec, deployment: str, *,
+def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                        selector: Mapping[str, str] | None = None,
                        options: RuleOptions | None = None) -> dict[str, Any]:
-    """The plain rules file content: ``{"groups": [...]}``."""
+    """The plain rules file content: ``{"groups": [...]}``.
+
+    ``namespace``: the deployment's Kubernetes namespace; None only outside a cluster.
+    """
     opts = options if options is not None else RuleOptions()
-    r = _Renderer(spec, deployment, selector, opts)
-    group = {"name": f"slopilot-{deployment}", "interval": duration(opts.interval_s),
+    r = _Renderer(spec, deployment, namespace, selector, opts)
+    # Kubernetes names hold no '/', so "slopilot/<namespace>/<name>" names one deployment.
+    name = f"slopilot-{deployment}" if namespace is None else f"slopilot/{r.subject}"
+    group = {"name": name, "interval": duration(opts.interval_s),
              "rules": r.recording_rules() + r.alert_rules()}
     return {"groups": [group]}
 
 
-def render_rules_yaml(spec: SLOSpec, deployment: str, *,
+def render_rules_yaml(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                       selector: Mapping[str, str] | None = None,
                       options: RuleOptions | None = None) -> str:
-    groups = render_rule_groups(spec, deployment, selector=selector, options=options)
+    groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
+                                options=options)
     return yaml.safe_dump(groups, sort_keys=False, width=100)
 
 
@@ -254,10 +229,11 @@ def render_prometheus_rule(spec: SLOSpec, deployment: str, namespace: str, *,
                            selector: Mapping[str, str] | None = None,
                            options: RuleOptions | None = None,
                            labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The same groups as a prometheus-operator PrometheusRule custom resource."""
+    """The same groups as a prometheus-operator PrometheusRule in the deployment's namespace."""
     if not namespace:
         raise RuleError("namespace is empty; pass the deployment's namespace")
-    groups = render_rule_groups(spec, deployment, selector=selector, options=options)
+    groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
+                                options=options)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

@@ -1,9 +1,10 @@
 """The controller's ports over a ``SimCluster``: the same loop, virtual time.
 
-``SimAlerts`` evaluates the rules' conditions (``rules.py``: TTFT P99 over its SLO ->
-retune, TBT P99 over twice its SLO -> scale, preemption storm -> retune) on the
-cluster's trailing window, with the rules' ``for:`` hold times, so the benchmark's
-alerts mean what Prometheus' would.
+``SimAlerts`` evaluates the alert table (``alert_table.py``, the one the rules are
+rendered from) on the cluster's trailing rate window, once per rule interval of virtual
+time with Prometheus' ``for`` semantics, so the benchmark's alerts mean what Prometheus'
+would. (The cluster's summary has no waiting count or prefix hits: those two alerts read
+no data here.)
 """
 
 from __future__ import annotations
@@ -57,18 +58,18 @@ class SimDeployment:
 
 
 class SimAlerts:
-    """The rules' alert conditions on the cluster's last ``rate_window_s``."""
+    """The rules' alerts on the cluster's last ``rate_window_s``, every ``interval_s``."""
 
     def __init__(self, cluster: SimCluster, options: RuleOptions) -> None:
         self.cluster, self.opt = cluster, options
         self._alerts = SummaryAlerts(cluster.scenario.slo, options)
 
+    def _summary_at(self, t: float) -> Mapping[str, Any] | None:
+        start = max(0.0, t - self.opt.rate_window_s)
+        return self.cluster.summary(start, t) if t - start >= 1.0 else None
+
     def firing(self) -> list[Alert]:
-        now = self.cluster.now
-        start = max(0.0, now - self.opt.rate_window_s)
-        if now - start < 1.0:
-            return []
-        return self._alerts.evaluate(self.cluster.summary(start, now), now)
+        return self._alerts.firing(self.cluster.now, self._summary_at)
 
 
 class SimWindows:

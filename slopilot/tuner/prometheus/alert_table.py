@@ -1,0 +1,233 @@
+"""The alert table: every alert's condition, hold and action, written once.
+
+``alert_table(slo, options)`` is the only place an alert is defined. ``rules.py`` renders
+each row as a Prometheus alerting rule over the deployment's recorded series, and
+``alerts.SummaryAlerts`` evaluates the same rows on a window summary where no Prometheus
+runs (the simulator, the demo's direct scrape); ``tests/tuner/test_alert_parity.py`` runs
+one synthetic timeline through promtool and through Python and demands the same verdicts.
+
+Semantics, as Prometheus has them: a rule group is evaluated every ``interval_s``. An
+alert whose condition holds at an evaluation becomes *pending* there (``activeAt``); it
+*fires* at the first evaluation at which it has held for ``for_s`` (``now - activeAt >=
+for``), and an evaluation where it does not hold, or reads no data, drops it. So a rule
+with ``for: F`` fires at the ``1 + ceil(F / interval)``-th consecutive evaluation that
+holds; "for N evaluation periods" is ``for: (N - 1) x interval``.
+
+The seeds' table (docs/operations.md, Alerts) and where a default differs, on purpose:
+
+=========================  =====================================  ========  ===========
+alert                      condition                              action    hold
+=========================  =====================================  ========  ===========
+SlopilotTBTP99High         TBT P99 > 2 x SLO                      scale     3 evaluations
+SlopilotTTFTP99High crit.  TTFT P99 > 2 x SLO (the seeds' 1 s      retune    ``alert_for_s``
+                           for the 500 ms P1 SLO)
+SlopilotTTFTP99High warn.  TTFT P99 > SLO                         inform    ``alert_for_s``
+SlopilotPreemptionStorm    preemptions per minute > 10            retune    ``alert_for_s``
+SlopilotBatchingUnderused  utilization < 0.6 and waiting > 100    retune    ``alert_for_s``
+SlopilotPrefixCacheHitLow  prefix hit ratio < 0.95 (if expected)  inform    ``alert_for_s``
+=========================  =====================================  ========  ===========
+
+Utilization is the GPU's (DCGM's ``DCGM_FI_DEV_GPU_UTIL``) where the exporter reports the
+deployment's pods, else the built-in engine's busy ratio (vLLM exports none).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
+
+ALL_CLASSES = "all"
+
+
+class RuleError(ValueError):
+    """Rule rendering was given a bad name, selector or timing; the message names the fix."""
+
+
+class AlertAction(enum.StrEnum):
+    """What the controller does when the alert fires (its ``action`` label)."""
+
+    RETUNE = "retune"
+    SCALE = "scale"
+    INFORM = "inform"
+
+
+class Severity(enum.StrEnum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class Figure(enum.StrEnum):
+    """A figure an alert reads; the value is the recorded series that holds it."""
+
+    TTFT_P99 = "slopilot:ttft_seconds:p99"
+    TBT_P99 = "slopilot:tbt_seconds:p99"
+    PREEMPTIONS_PER_MIN = "slopilot:preemptions:per_minute"
+    UTILIZATION = "slopilot:utilization:ratio"
+    REQUESTS_WAITING = "slopilot:num_requests_waiting:sum"
+    PREFIX_HIT_RATIO = "slopilot:prefix_cache_hit_ratio"
+
+    @property
+    def per_class(self) -> bool:
+        return self in (Figure.TTFT_P99, Figure.TBT_P99)
+
+
+class Op(enum.StrEnum):
+    ABOVE = ">"
+    BELOW = "<"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleOptions:
+    """Timing and thresholds of the alerts (the SLO gives the targets they multiply).
+
+    The defaults are the seeds' (docs/operations.md, Alerts) except ``alert_for_s``.
+    """
+
+    interval_s: int = 30
+    """Group evaluation interval: also the unit of ``tbt_periods``."""
+    rate_window_s: int = 60
+    """Window of every rate() (at least two scrapes)."""
+    alert_for_s: int = 120
+    """``for:`` of every alert but TBT. The seeds give these alerts no hold; we hold 2
+    minutes (they fire at the 5th evaluation at 30 s) on purpose: a P99 over a 60 s
+    window moves with one burst, and a retune costs live trials on a canary, so one noisy
+    evaluation must not start one."""
+    tbt_periods: int = 3
+    """The TBT alert fires at the 3rd consecutive evaluation over its threshold (seeds)."""
+    tbt_factor: float = 2.0
+    """TBT scales above this multiple of the class's TBT SLO (seeds: 2)."""
+    ttft_warning_factor: float = 1.0
+    """TTFT warns (action inform) above this multiple of the TTFT SLO (seeds: 1)."""
+    ttft_retune_factor: float = 2.0
+    """TTFT retunes (critical) above this multiple of the TTFT SLO: the seeds alert at 1 s
+    for the standard 500 ms P1 SLO, i.e. at 2 x. Between the two a warning informs."""
+    busy_ratio_min: float = 0.6
+    """Batching is underused below this utilization (GPU utilization or busy ratio)."""
+    waiting_min: int = 100
+    """... while more than this many requests wait."""
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "rate_window_s", "tbt_periods", "waiting_min"):
+            value = getattr(self, name)
+            least = 0 if name == "waiting_min" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise RuleError(f"{name}={value!r}: expected a whole number >= {least}")
+        if isinstance(self.alert_for_s, bool) or not isinstance(self.alert_for_s, int) \
+                or self.alert_for_s < 0:
+            raise RuleError(f"alert_for_s={self.alert_for_s!r}: expected whole seconds >= 0")
+        for name in ("tbt_factor", "ttft_warning_factor", "ttft_retune_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 1:
+                raise RuleError(f"{name}={value!r}: expected a multiple of the SLO >= 1 "
+                                "(an alert inside the SLO would fire while it holds)")
+        if self.ttft_warning_factor > self.ttft_retune_factor:
+            raise RuleError(f"ttft_warning_factor={self.ttft_warning_factor!r} exceeds "
+                            f"ttft_retune_factor={self.ttft_retune_factor!r}: the warning "
+                            "must come first; lower it or raise the retune factor")
+        ratio = self.busy_ratio_min
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise RuleError(f"busy_ratio_min={self.busy_ratio_min!r}: expected a ratio in (0, 1]")
+
+    @property
+    def tbt_for_s(self) -> int:
+        """``for:`` of the TBT alert: N evaluations holding span N - 1 intervals."""
+        return (self.tbt_periods - 1) * self.interval_s
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """``figure op threshold``; no value (or NaN) never holds, as in PromQL."""
+
+    figure: Figure
+    op: Op
+    threshold: float
+    """In the recorded series' unit: seconds for latencies."""
+
+    def holds(self, value: float | None) -> bool:
+        if value is None or math.isnan(value):
+            return False
+        return value > self.threshold if self.op is Op.ABOVE else value < self.threshold
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRule:
+    """One row of the table: fires when every condition holds for ``for_s``."""
+
+    name: str
+    priority_class: str
+    """p0/p1/p2 for the per-class figures, ``all`` for the engine-wide ones."""
+    severity: Severity
+    action: AlertAction
+    conditions: tuple[Condition, ...]
+    for_s: int
+    summary: str
+    description: str
+    """Prometheus annotation templates (``{{ $value }}`` is the first condition's value)."""
+
+
+def _ms(x: float) -> str:
+    return f"{x:g} ms"
+
+
+def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions) -> list[AlertRule]:
+    c, C, target = p.label, p.label.upper(), slo.class_slo(p)
+    rows = []
+    if target.tbt_p99_ms is not None:
+        rows.append(AlertRule(
+            "SlopilotTBTP99High", c, Severity.CRITICAL, AlertAction.SCALE,
+            (Condition(Figure.TBT_P99, Op.ABOVE, o.tbt_factor * target.tbt_p99_ms / 1000),),
+            o.tbt_for_s, f"{C} TBT P99 over {o.tbt_factor:g} x its SLO",
+            f"{C} time between tokens P99 is {{{{ $value | humanizeDuration }}}}, over "
+            f"{o.tbt_factor:g} x the {_ms(target.tbt_p99_ms)} SLO for {o.tbt_periods} "
+            "evaluations: add replicas."))
+    if target.ttft_p99_ms is not None:
+        for factor, severity, action, then in (
+                (o.ttft_warning_factor, Severity.WARNING, AlertAction.INFORM,
+                 f"the controller retunes above {o.ttft_retune_factor:g} x"),
+                (o.ttft_retune_factor, Severity.CRITICAL, AlertAction.RETUNE,
+                 "retune the token budget and chunk size")):
+            over = "over its SLO" if factor == 1 else f"over {factor:g} x its SLO"
+            rows.append(AlertRule(
+                "SlopilotTTFTP99High", c, severity, action,
+                (Condition(Figure.TTFT_P99, Op.ABOVE, factor * target.ttft_p99_ms / 1000),),
+                o.alert_for_s, f"{C} TTFT P99 {over}",
+                f"{C} time to first token P99 is {{{{ $value | humanizeDuration }}}}, {over} "
+                f"of {_ms(target.ttft_p99_ms)}: {then}."))
+    return rows
+
+
+def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
+    """Every alert of a deployment with this SLO, in the order the rules file lists them."""
+    o = options
+    rows = [row for p in Priority for row in _class_rows(p, slo, o)]
+    limit = slo.max_preemptions_per_min
+    if limit is not None:
+        rows.append(AlertRule(
+            "SlopilotPreemptionStorm", ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
+            (Condition(Figure.PREEMPTIONS_PER_MIN, Op.ABOVE, limit),), o.alert_for_s,
+            "preemption storm",
+            f"{{{{ $value | printf \"%.1f\" }}}} preemptions per minute, over the limit of "
+            f"{limit:g}: retune the preemption thresholds or the KV watermark."))
+    rows.append(AlertRule(
+        "SlopilotBatchingUnderused", ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
+        (Condition(Figure.UTILIZATION, Op.BELOW, o.busy_ratio_min),
+         Condition(Figure.REQUESTS_WAITING, Op.ABOVE, o.waiting_min)), o.alert_for_s,
+        "batching underused while requests wait",
+        f"The GPU (or the executor) is busy {{{{ $value | humanizePercentage }}}} of the "
+        f"time while more than {o.waiting_min} requests wait: raise the token budget or "
+        "max_num_seqs."))
+    hit_min = slo.prefix_hit_min
+    if hit_min is not None:
+        rows.append(AlertRule(
+            "SlopilotPrefixCacheHitLow", ALL_CLASSES, Severity.INFO, AlertAction.INFORM,
+            (Condition(Figure.PREFIX_HIT_RATIO, Op.BELOW, hit_min),), o.alert_for_s,
+            "prefix cache hit ratio low",
+            f"Prefix cache hit ratio is {{{{ $value | humanizePercentage }}}}, under the "
+            f"expected {hit_min:g}: the traffic may no longer share prefixes."))
+    return tuple(rows)
