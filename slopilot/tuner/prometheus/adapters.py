@@ -28,8 +28,6 @@ from slopilot.tuner.prometheus.rules import (
 )
 from slopilot.tuner.study.evaluator import WindowRejected
 
-"""PromQL and an evaluation time (Unix seconds) in, the API's result list out."""
-
 ROLE_LABEL = "instance_role"
 CANARY = {ROLE_LABEL: "canary"}
 _QUANTILES = {"ttft_p99_ms": "slopilot:ttft_seconds:p99", "tbt_p99_ms": "slopilot:tbt_seconds:p99"}

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 
 # A class that served nothing in the window has no P99 (NaN from Prometheus, None in a
@@ -116,9 +115,3 @@ def score(summary: Mapping[str, Any], slo: SLOSpec,
                        feasible=all(c <= 0.0 for c in constraints),
                        summary=dict(summary), constraint_names=constraint_names(slo))
 
-
-def class_goodput(summary: Mapping[str, Any]) -> dict[str, float]:
-    """Per-class goodput from a summary (zero where a class is absent)."""
-    classes = summary.get("classes") or {}
-    return {p.label: float((classes.get(p.label) or {}).get("goodput_tok_s") or 0.0)
-            for p in Priority}
