@@ -25,7 +25,9 @@ from slopilot.engine.request import Priority, Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import build_engine
+from slopilot.engine.sim.stats import SLOJudge
 from slopilot.engine.sim.workload import RequestSpec
+from slopilot.engine.slo import SLOSpec
 
 
 @dataclass
@@ -42,11 +44,9 @@ class _Events:
 class _Recorder:
     """Engine observer: what ``SimStats`` counts, but timestamped for any window."""
 
-    def __init__(self, tbt_slo: dict[Priority, float | None],
-                 ttft_slo: dict[Priority, float | None]) -> None:
+    def __init__(self, slo: SLOSpec) -> None:
         self.ev = _Events()
-        self._tbt, self._ttft = tbt_slo, ttft_slo
-        self._over: dict[str, list[int]] = {}
+        self._judge = SLOJudge(slo)
 
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
                 now: float) -> None:
@@ -54,25 +54,17 @@ class _Recorder:
         self.ev.steps.append((now, elapsed_s, preempted))
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        self._over[req.request_id] = [0, 0]
         self.ev.ttft.append((now, int(req.priority), ttft_s))
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
-        counts = self._over[req.request_id]
-        counts[0] += 1
-        slo = self._tbt[req.priority]
-        if slo is not None and gap_s > slo:
-            counts[1] += 1
+        self._judge.on_token_gap(req, gap_s)
         self.ev.gaps.append((now, int(req.priority), gap_s))
 
     def on_finished(self, req: Request, now: float) -> None:
-        counts = self._over.pop(req.request_id, None)
-        if counts is None or req.first_token_time is None:
+        met = self._judge.finished(req)
+        if met is None:
             return
-        slo = self._ttft[req.priority]
-        ok = (slo is None or req.first_token_time - req.arrival_time <= slo) \
-            and counts[1] <= 0.01 * counts[0]
-        self.ev.finished.append((now, int(req.priority), ok, req.num_output_tokens,
+        self.ev.finished.append((now, int(req.priority), met, req.num_output_tokens,
                                  req.arrival_time))
 
 
@@ -93,9 +85,6 @@ class SimCluster:
         self.scenario = scenario
         self.config = scenario.engine_config().with_overrides(config)
         self.canary_config: EngineConfig | None = None
-        slo = scenario.slo
-        self._tbt = {p: _s(slo.class_slo(p).tbt_p99_ms) for p in Priority}
-        self._ttft = {p: _s(slo.class_slo(p).ttft_p99_ms) for p in Priority}
         self._index = itertools.count()
         self.reps: list[_Replica] = []
         self.retired: list[_Replica] = []
@@ -114,7 +103,7 @@ class SimCluster:
         return [r for r in self.reps if not r.draining]
 
     def _add_replica(self) -> None:
-        rec = _Recorder(self._tbt, self._ttft)
+        rec = _Recorder(self.scenario.slo)
         config = self.config
         if not self.active and self.canary_config is not None:
             config = self.canary_config
@@ -229,7 +218,3 @@ class SimCluster:
             "busy_ratio": sum(e for _, e, _ in ev.steps) / dur / max(1, len(reps)),
             "classes": classes,
         }
-
-
-def _s(ms: float | None) -> float | None:
-    return None if ms is None else ms / 1000.0

@@ -33,6 +33,33 @@ class _ClassStats:
     max_stall: float = 0.0
 
 
+class SLOJudge:
+    """Whether each finished request met its class's SLO (``ClassSLO.met``, the one rule).
+
+    An engine observer's helper: it counts, per live request, the token gaps above the
+    class's TBT target (rare, so kept sparse) until the request finishes.
+    """
+
+    def __init__(self, slo: SLOSpec) -> None:
+        self._classes = slo.classes()
+        self._tbt_s = {p: None if c.tbt_p99_ms is None else c.tbt_p99_ms / 1000.0
+                       for p, c in self._classes.items()}
+        self._over: dict[str, int] = {}
+
+    def on_token_gap(self, req: Request, gap_s: float) -> None:
+        limit = self._tbt_s[req.priority]
+        if limit is not None and gap_s > limit:
+            self._over[req.request_id] = self._over.get(req.request_id, 0) + 1
+
+    def finished(self, req: Request) -> bool | None:
+        """Met or not; None for a request that ended without a token (nothing to judge)."""
+        over = self._over.pop(req.request_id, 0)
+        if req.first_token_time is None:
+            return None
+        return self._classes[req.priority].met(req.first_token_time - req.arrival_time,
+                                               req.num_output_tokens - 1, over)
+
+
 class SimStats:
     """An engine observer that records every token gap; ``summary()`` reduces them."""
 
@@ -40,10 +67,7 @@ class SimStats:
         self.slo = slo
         self.end_time = end_time
         self.classes = {p: _ClassStats() for p in _CLASSES}
-        # Per live request with any: gaps above its class TBT SLO (rare, so kept sparse).
-        self._over: dict[str, int] = {}
-        self._tbt_slo = {p: _seconds(slo.class_slo(p).tbt_p99_ms) for p in _CLASSES}
-        self._ttft_slo = {p: _seconds(slo.class_slo(p).ttft_p99_ms) for p in _CLASSES}
+        self._judge = SLOJudge(slo)
         self.steps = 0
         self.busy_s = 0.0
         self.preempt_recompute = 0
@@ -75,10 +99,7 @@ class SimStats:
         c.tokens += 1
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
-        slo = self._tbt_slo[req.priority]
-        if slo is not None and gap_s > slo:
-            rid = req.request_id
-            self._over[rid] = self._over.get(rid, 0) + 1
+        self._judge.on_token_gap(req, gap_s)
         if now > self.end_time:
             return
         c = self.classes[req.priority]
@@ -88,16 +109,12 @@ class SimStats:
             c.max_stall = gap_s
 
     def on_finished(self, req: Request, now: float) -> None:
-        over = self._over.pop(req.request_id, 0)
-        if now > self.end_time or req.first_token_time is None:
+        met = self._judge.finished(req)
+        if now > self.end_time or met is None:
             return
         c = self.classes[req.priority]
         c.finished += 1
-        ttft_slo = self._ttft_slo[req.priority]
-        ttft_ok = ttft_slo is None or req.first_token_time - req.arrival_time <= ttft_slo
-        # The request's own P99 gap is within the SLO when at most 1% of gaps exceed it.
-        tbt_ok = over <= 0.01 * (req.num_output_tokens - 1)
-        if ttft_ok and tbt_ok:
+        if met:
             c.met_slo += 1
             c.good_tokens += req.num_output_tokens
 
@@ -124,10 +141,6 @@ class SimStats:
         for summary in per_class.values():
             summary["preemptions_per_min"] = overall["preemptions_per_min"]
         return overall
-
-
-def _seconds(ms: float | None) -> float | None:
-    return None if ms is None else ms / 1000.0
 
 
 def _merge(parts: Any) -> _ClassStats:
