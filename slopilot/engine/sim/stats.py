@@ -1,12 +1,14 @@
-"""Raw per-token statistics of a simulated run, and the summary DESIGN.md §8 specifies.
+"""Raw per-token statistics of a simulated run, reduced to its ``WindowSummary``.
 
 Percentiles here are exact (computed from every sample), unlike the bucketed
-Prometheus histograms; the simulator is where the tuner gets its numbers.
+Prometheus histograms; the simulator is where the tuner gets its numbers. The keys of
+``slopilot simulate --json`` are ``WindowSummary.to_dict``'s (``engine/window_summary.py``).
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +16,13 @@ import numpy as np
 
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Priority, Request
+from slopilot.engine.window_summary import (
+    ClassFigures,
+    EngineStats,
+    RunInfo,
+    SampleStats,
+    WindowSummary,
+)
 
 if TYPE_CHECKING:
     from slopilot.engine.engine import LLMEngine
@@ -119,28 +128,29 @@ class SimStats:
             c.good_tokens += req.num_output_tokens
 
     # --------------------------------------------------------------- summary
-    def summary(self, duration_s: float) -> dict[str, Any]:
+    def summary(self, duration_s: float, run: RunInfo | None = None,
+                replicas: int | None = None) -> WindowSummary:
+        """The run's figures: ``run`` and ``replicas`` are what ``simulate`` adds."""
         minutes = duration_s / 60.0
-        per_class = {p.label: _class_summary(self.classes[p], duration_s) for p in _CLASSES}
-        overall = _class_summary(_merge(self.classes.values()), duration_s)
-        preemptions = self.preempt_recompute + self.preempt_swap
-        overall.update({
-            "duration_s": duration_s,
-            "preemptions_per_min": preemptions / minutes if minutes else 0.0,
-            "preemptions_per_min_recompute": self.preempt_recompute / minutes if minutes
-            else 0.0,
-            "preemptions_per_min_swap": self.preempt_swap / minutes if minutes else 0.0,
-            "iterations": self.steps,
-            "busy_ratio": self.busy_s / duration_s if duration_s else 0.0,
-            "mean_batch_tokens": self.batched_tokens / self.steps if self.steps else 0.0,
-            "kv_usage_mean": self.kv_usage_sum / self.steps if self.steps else 0.0,
-            "kv_usage_max": self.kv_usage_max,
-            "classes": per_class,
-        })
-        # Preemptions are counted engine-wide, so each class reports the shared rate.
-        for summary in per_class.values():
-            summary["preemptions_per_min"] = overall["preemptions_per_min"]
-        return overall
+
+        def per_min(count: int) -> float:
+            return count / minutes if minutes else 0.0
+
+        steps = self.steps
+        return WindowSummary(
+            duration_s=duration_s,
+            preemptions_per_min=per_min(self.preempt_recompute + self.preempt_swap),
+            overall=_figures(_merge(self.classes.values()), duration_s),
+            classes={p: _figures(self.classes[p], duration_s) for p in _CLASSES},
+            replicas=replicas, busy_ratio=self.busy_s / duration_s if duration_s else 0.0,
+            engine=EngineStats(
+                iterations=steps,
+                mean_batch_tokens=self.batched_tokens / steps if steps else 0.0,
+                kv_usage_mean=self.kv_usage_sum / steps if steps else 0.0,
+                kv_usage_max=self.kv_usage_max,
+                preemptions_per_min_recompute=per_min(self.preempt_recompute),
+                preemptions_per_min_swap=per_min(self.preempt_swap)),
+            run=run)
 
 
 def _merge(parts: Any) -> _ClassStats:
@@ -156,24 +166,24 @@ def _merge(parts: Any) -> _ClassStats:
     return merged
 
 
-def _pct(values: array, q: float) -> float:
-    if not values:
-        return 0.0
-    return float(np.percentile(np.frombuffer(values, dtype=np.float64), q)) * 1000.0
+def percentile_ms(seconds: Sequence[float] | array | np.ndarray, q: float) -> float | None:
+    """The exact ``q``-th percentile of samples in seconds, in ms; None without samples."""
+    if not len(seconds):
+        return None
+    values = np.frombuffer(seconds, dtype=np.float64) if isinstance(seconds, array) \
+        else np.asarray(seconds, dtype=np.float64)
+    return float(np.percentile(values, q)) * 1000.0
 
 
-def _class_summary(c: _ClassStats, duration_s: float) -> dict[str, Any]:
+def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
     ttft = np.frombuffer(c.ttft, dtype=np.float64) if c.ttft else None
-    return {
-        "requests_finished": c.finished,
-        "slo_attainment": c.met_slo / c.finished if c.finished else None,
-        "ttft_mean_ms": float(ttft.mean()) * 1000.0 if ttft is not None else 0.0,
-        "ttft_p50_ms": _pct(c.ttft, 50),
-        "ttft_p90_ms": _pct(c.ttft, 90),
-        "ttft_p99_ms": _pct(c.ttft, 99),
-        "tbt_p50_ms": _pct(c.tbt, 50),
-        "tbt_p99_ms": _pct(c.tbt, 99),
-        "max_stall_ms": c.max_stall * 1000.0,
-        "throughput_tok_s": c.tokens / duration_s if duration_s else 0.0,
-        "goodput_tok_s": c.good_tokens / duration_s if duration_s else 0.0,
-    }
+    return ClassFigures(
+        requests_finished=c.finished,
+        throughput_tok_s=c.tokens / duration_s if duration_s else 0.0,
+        goodput_tok_s=c.good_tokens / duration_s if duration_s else 0.0,
+        ttft_p99_ms=percentile_ms(c.ttft, 99), tbt_p99_ms=percentile_ms(c.tbt, 99),
+        slo_attainment=c.met_slo / c.finished if c.finished else None,
+        samples=SampleStats(
+            ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
+            ttft_p50_ms=percentile_ms(c.ttft, 50), ttft_p90_ms=percentile_ms(c.ttft, 90),
+            tbt_p50_ms=percentile_ms(c.tbt, 50), max_stall_ms=c.max_stall * 1000.0))

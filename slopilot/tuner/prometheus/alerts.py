@@ -8,7 +8,6 @@ do) and ``slopilot_deployment`` (whose it is); this module turns Prometheus'
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,6 +16,7 @@ import httpx
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
@@ -120,7 +120,7 @@ class AlertSource:
 
 
 class SummaryAlerts:
-    """The alert rules' conditions, with their ``for:`` hold times, on a DESIGN §8 summary.
+    """The alert rules' conditions, with their ``for:`` hold times, on a ``WindowSummary``.
 
     For where no Prometheus evaluates the rules: the virtual-time simulator and the
     direct-scrape fallback of the demo. Call ``evaluate`` with each new window's summary
@@ -131,7 +131,7 @@ class SummaryAlerts:
         self.slo, self.opt = slo, options
         self._pending: dict[tuple[str, str, str], float] = {}
 
-    def evaluate(self, summary: Mapping[str, Any] | None, now: float) -> list[Alert]:
+    def evaluate(self, summary: WindowSummary | None, now: float) -> list[Alert]:
         active: list[tuple[str, str, str, AlertAction, float]] = []
         if summary is not None:
             active = self._conditions(summary)
@@ -144,12 +144,12 @@ class SummaryAlerts:
                 out.append(Alert(name, action, sev, c, since))
         return out
 
-    def _conditions(self, s: Mapping[str, Any]) -> list[tuple[str, str, str, AlertAction, float]]:
+    def _conditions(self, s: WindowSummary) -> list[tuple[str, str, str, AlertAction, float]]:
         opt = self.opt
         active: list[tuple[str, str, str, AlertAction, float]] = []
         for p in Priority:
-            c, per, cls_slo = p.label, s["classes"][p.label], self.slo.class_slo(p)
-            tbt, ttft = per["tbt_p99_ms"], per["ttft_p99_ms"]
+            c, per, cls_slo = p.label, s.classes[p], self.slo.class_slo(p)
+            tbt, ttft = per.tbt_p99_ms, per.ttft_p99_ms
             if cls_slo.tbt_p99_ms is not None and tbt is not None \
                     and tbt > 2 * cls_slo.tbt_p99_ms:
                 active.append(("SlopilotTBTP99High", c, "critical", AlertAction.SCALE,
@@ -160,7 +160,7 @@ class SummaryAlerts:
                     active.append(("SlopilotTTFTP99High", c, severity, AlertAction.RETUNE,
                                    opt.alert_for_s))
         limit = self.slo.max_preemptions_per_min
-        if limit is not None and s["preemptions_per_min"] > limit:
+        if limit is not None and s.preemptions_per_min > limit:
             active.append(("SlopilotPreemptionStorm", "all", "warning", AlertAction.RETUNE,
                            opt.alert_for_s))
         return active

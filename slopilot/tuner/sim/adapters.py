@@ -22,6 +22,7 @@ from slopilot.engine.sim.open_loop import OpenLoopPhase
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import holds
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.rules import RuleOptions
@@ -77,11 +78,11 @@ class SimWindows:
     def __init__(self, cluster: SimCluster, *, min_requests: int = 20) -> None:
         self.cluster, self.min_requests = cluster, min_requests
 
-    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+    def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         s = self.cluster.summary(start, end, canary=canary)
-        if s["requests_finished"] < self.min_requests:
-            raise WindowRejected(f"only {s['requests_finished']} requests finished in "
-                                 f"[{start:.0f}, {end:.0f}); need {self.min_requests}")
+        if s.overall.requests_finished < self.min_requests:
+            raise WindowRejected(f"only {s.overall.requests_finished:.0f} requests finished "
+                                 f"in [{start:.0f}, {end:.0f}); need {self.min_requests}")
         return s
 
 
