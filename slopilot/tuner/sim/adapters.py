@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slopilot.engine.config import ConfigError
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.arrivals import Poisson
 from slopilot.engine.sim.cluster import SimCluster
@@ -132,7 +133,12 @@ class SimOffline:
                      k: int) -> Sequence[tuple[dict[str, Any], bool]]:
         self.runs += 1
         tuner = Tuner(open_study(None, f"offline-{self.runs}", seed=self.seed), self.space)
-        tuner.warm_start([{n: v for n, v in start.items() if n in self.space.bounds}])
+        try:
+            tuner.warm_start([{n: v for n, v in start.items() if n in self.space.bounds}])
+        except ConfigError as exc:
+            # The running config may lie outside the space (knobs set beyond the default
+            # ranges): the study runs without it as a start; it is no candidate anyway.
+            log.info("offline: the running config is outside the search space (%s)", exc)
         tuner.run(SimulatorEvaluator(scenario, duration_s=self.duration_s, seed=self.seed,
                                      replicas=replicas), self.n_trials)
         ranked = rank_for_warm_start([r for _, r in tuner.results()], self.margin)
