@@ -129,3 +129,14 @@ def test_everything_fixed_is_refused_and_grid_points_checked() -> None:
         SearchSpace.from_bounds().grid(0)
     with pytest.raises(ConfigError, match="cannot be tuned"):
         SearchSpace({"block_size": IntRange(8, 16)})
+
+
+def test_a_backend_space_leaves_out_what_the_backend_does_not_apply() -> None:
+    applies = {"token_budget", "chunk_size", "max_num_seqs"}
+    space = SearchSpace.from_bounds({"max_num_seqs": [16, 64]}, applies=applies)
+    assert set(space.bounds) == applies and space.fixed == {}
+    assert all(set(c) == applies | {"budget_align"} for c in _sample(space, 20))
+    with pytest.raises(ConfigError, match="kv_watermark: this backend does not apply it"):
+        SearchSpace.from_bounds({"kv_watermark": [0.0, 0.1]}, applies=applies)
+    chunk_only = SearchSpace.from_bounds(applies={"chunk_size"})
+    assert chunk_only.fixed == {"token_budget": 1024}  # the chunk's cap needs a budget
