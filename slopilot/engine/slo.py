@@ -84,7 +84,8 @@ def _tier(tbt_p1_ms: float) -> dict[Priority, ClassSLO]:
 
 
 PROFILES: dict[str, dict[Priority, ClassSLO]] = {
-    # The latency tiers of DESIGN.md: the P1 TBT bound sets the tier; P0 is always realtime.
+    # The latency tiers (their knob presets: config.PRESETS): the P1 TBT bound sets the
+    # tier; P0 is always realtime.
     "strict": _tier(50),
     "standard": _tier(100),
     "relaxed": _tier(200),
