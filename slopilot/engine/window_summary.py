@@ -50,14 +50,13 @@ def _check(kind: str, values: Mapping[str, Any], optional: tuple[str, ...] = ())
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value):
-            what = "a finite number or None (no samples)" if name in optional \
-                else "a finite number"
+            what = "a finite number or None" if name in optional else "a finite number"
             raise SummaryError(f"{kind}.{name}={value!r}: expected {what}")
 
 
-def _numbers(owner: object) -> dict[str, Any]:
-    return {f.name: getattr(owner, f.name) for f in dataclasses.fields(owner)  # type: ignore[arg-type]
-            if f.name != "samples"}
+def _numbers(owner: Any) -> dict[str, Any]:
+    return {f.name: getattr(owner, f.name) for f in dataclasses.fields(owner)
+            if f.name not in ("samples", "canary")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +114,11 @@ class Window:
     end: float
     canary: bool = False
 
+    def __post_init__(self) -> None:
+        _check("Window", _numbers(self))
+        if not isinstance(self.canary, bool):
+            raise SummaryError(f"Window.canary={self.canary!r}: expected true or false")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
@@ -127,6 +131,9 @@ class EngineStats:
     preemptions_per_min_recompute: float
     preemptions_per_min_swap: float
 
+    def __post_init__(self) -> None:
+        _check("EngineStats", _numbers(self))
+
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:
@@ -137,6 +144,12 @@ class RunInfo:
     """The full engine config (``EngineConfig.to_dict``)."""
     rejected: int
     prefix_hit_rate: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scenario, str) or not isinstance(self.config, Mapping):
+            raise SummaryError(f"RunInfo: scenario={self.scenario!r} and config: expected a "
+                               "name and a mapping of knobs")
+        _check("RunInfo", {"rejected": self.rejected, "prefix_hit_rate": self.prefix_hit_rate})
 
 
 _OPTIONAL = ("replicas", "busy_ratio", "request_rate")

@@ -120,7 +120,6 @@ class DirectScrape:
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         d = self._delta(start, end, canary)
         span = max(1e-9, end - start)
-
         labels = {p.label for p in Priority}
 
         def by_class(name: str) -> dict[str, float]:
