@@ -14,22 +14,13 @@ from slopilot.operator.render import VLLM_APPLIES, vllm_args
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, TUNABLE, IntRange
 from slopilot.tuner.study.space import SearchSpace
+from tests.support.spaces import sample_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _spec(**spec: Any) -> Any:
     return parse_spec({"spec": {"model": {"name": "m"}, **spec}})
-
-
-def _configs(space: SearchSpace, n: int = 50) -> list[dict[str, Any]]:
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    out = []
-    for _ in range(n):
-        trial = study.ask()
-        out.append(space.suggest(trial))
-        study.tell(trial, 0.0)
-    return out
 
 
 def test_an_empty_cr_searches_exactly_what_slopilot_tune_searches() -> None:
@@ -81,7 +72,7 @@ def test_a_vllm_cr_searches_only_the_knobs_vllm_applies() -> None:
     space = search_space(spec)
     assert set(space.bounds) == {"token_budget", "chunk_size", "max_num_seqs"}
     assert set(space.bounds) <= VLLM_APPLIES
-    for config in _configs(space):
+    for config in sample_configs(space, 50):
         varied = {k for k in config if k != "budget_align"}  # fixed: the budget's grid
         assert varied <= VLLM_APPLIES, varied - VLLM_APPLIES
 
