@@ -1,8 +1,8 @@
 """One Prometheus query client for the tuner: PromQL in, the API's result list out.
 
-Every reader of Prometheus (the window adapter, workload profiling)
-goes through ``query_at`` so that an unreachable or refusing Prometheus always surfaces
-as ``PrometheusUnavailable`` with the same message, and quickly (one short retry).
+Every reader of Prometheus (the window adapter, workload profiling) goes through
+``query_at`` so that an unreachable or refusing Prometheus always surfaces as
+``PrometheusUnavailable`` with the same message, and quickly (one short retry).
 """
 
 from __future__ import annotations
@@ -88,4 +88,4 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
     return WindowSummary(
         duration_s=float(duration_s),
         preemptions_per_min=number(preemptions_per_min), overall=overall, classes=classes,
-        request_rate=None if request_rate is None else or_none(request_rate), window=window)
+        request_rate=or_none(request_rate), window=window)
