@@ -122,9 +122,9 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
     if tuned is not None:
         stop = settled if settled is not None else end
         s = cluster.summary(tuned - TICK_S, stop)
-        p0 = s["classes"]["p0"]["slo_attainment"]
-        p0_min = _worst_window(tuned - TICK_S, stop, lambda a, b: cluster.summary(a, b)[
-            "classes"]["p0"]["slo_attainment"])
+        p0 = s.classes[Priority.P0].slo_attainment
+        p0_min = _worst_window(tuned - TICK_S, stop, lambda a, b: cluster.summary(a, b)
+                               .classes[Priority.P0].slo_attainment)
         # The same, charging each request to the config it arrived under: what the trials
         # did to P0, without the backlog the alerting config left behind.
         p0_arrived = cluster.attainment_by_arrival(tuned, stop, Priority.P0)

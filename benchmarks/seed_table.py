@@ -32,7 +32,7 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for name, budget in ROWS:
         s = simulate(scenario, {"token_budget": budget, "chunk_size": budget},
-                     duration_s=args.duration).summary
+                     duration_s=args.duration).summary.to_dict()
         got[budget] = s
         seed = SEEDS[budget]
         print(f"| {name} | {s['tbt_p99_ms']:.1f} ({seed[0]}) | {s['max_stall_ms']:.1f} "

@@ -34,13 +34,13 @@ def main() -> int:
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         walls.append(wall)
         cpus.append(cpu)
-        s = run.summary
+        s = run.summary.to_dict()
         print(f"run {i}: {s['duration_s']:.0f} s simulated, {s['iterations']:,} iterations, "
               f"{s['requests_finished']:,} requests; wall {wall:.1f} s, cpu {cpu:.1f} s "
               f"({s['duration_s'] / cpu:.0f}x real time per core)")
-    sim_s = run.summary["duration_s"]
+    sim_s = run.summary.duration_s
     wall, cpu = statistics.median(walls), statistics.median(cpus)
-    iters = run.summary["iterations"]
+    iters = s["iterations"]
     print(f"RESULT scenario={scenario.name} simulated_s={sim_s:.0f} iterations={iters} "
           f"wall_s={wall:.2f} cpu_s={cpu:.2f} speedup_wall={sim_s / wall:.1f} "
           f"speedup_cpu={sim_s / cpu:.1f} us_per_iteration={cpu / iters * 1e6:.1f}")

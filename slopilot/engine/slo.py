@@ -60,6 +60,16 @@ class ClassSLO:
     def best_effort(self) -> bool:
         return self.ttft_p99_ms is None and self.tbt_p99_ms is None
 
+    def met(self, ttft_s: float, gaps: int, gaps_over_tbt: int) -> bool:
+        """Whether one finished request met this class's objectives: the one rule that
+        goodput and SLO attainment count by, in the simulator and the simulated cluster.
+
+        Its TTFT is within the TTFT target, and its own P99 token gap within the TBT
+        target: at most 1 % of its ``gaps`` lie above it (``gaps_over_tbt``).
+        """
+        ttft_ok = self.ttft_p99_ms is None or ttft_s <= self.ttft_p99_ms / 1000.0
+        return ttft_ok and gaps_over_tbt <= 0.01 * gaps
+
     def to_dict(self) -> dict[str, float | None]:
         return dataclasses.asdict(self)
 
@@ -74,7 +84,8 @@ def _tier(tbt_p1_ms: float) -> dict[Priority, ClassSLO]:
 
 
 PROFILES: dict[str, dict[Priority, ClassSLO]] = {
-    # The latency tiers of DESIGN.md: the P1 TBT bound sets the tier; P0 is always realtime.
+    # The latency tiers (their knob presets: config.PRESETS): the P1 TBT bound sets the
+    # tier; P0 is always realtime.
     "strict": _tier(50),
     "standard": _tier(100),
     "relaxed": _tier(200),

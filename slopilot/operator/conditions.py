@@ -54,11 +54,3 @@ def merge_conditions(current: Iterable[Mapping[str, Any]] | None,
         merged[new["type"]] = entry
     return list(merged.values())
 
-
-def conditions_equal(a: Iterable[Mapping[str, Any]] | None,
-                     b: Iterable[Mapping[str, Any]] | None) -> bool:
-    """Equal apart from transition times: a status patch is needed only when not."""
-    def key(items: Iterable[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
-        return {c["type"]: {k: v for k, v in c.items() if k != "lastTransitionTime"}
-                for c in items or ()}
-    return key(a) == key(b)

@@ -20,6 +20,7 @@ from slopilot.operator.alert_spec import ALERT_FIELDS
 from slopilot.operator.knobs import KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
     BACKENDS,
+    BOUNDED_KNOBS,
     PHASES,
     PROFILES,
     VLLM_CLASSES,
@@ -28,6 +29,7 @@ from slopilot.operator.spec import (
     parse_spec,
 )
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "LLMDeploymentSpec", "SpecError",
            "crd_manifest", "crd_yaml", "openapi_schema", "parse_spec"]
@@ -95,6 +97,13 @@ def _class_target(desc: str) -> dict[str, Any]:
         "tbtP99Ms": {"type": "number", "minimum": 1, "maximum": 60000,
                      "description": "P99 time between tokens, milliseconds."},
     }, desc=desc)
+
+
+def _bounds_doc() -> str:
+    ends = ", ".join(f"{camel} {b.lo}..{b.hi}" for camel, field in BOUNDED_KNOBS.items()
+                     if isinstance(b := DEFAULT_BOUNDS[field], IntRange))
+    return (f"Search ranges of the tuner, within the knobs' own. An end or a knob left out "
+            f"is what `slopilot tune` searches: {ends}.")
 
 
 def _bounds(field: str) -> dict[str, Any]:
@@ -192,10 +201,8 @@ def _spec_schema() -> dict[str, Any]:
             "storage": _str("Optuna storage URL (sqlite:/// or postgresql://).",
                             pattern=r"^(sqlite|postgresql(\+\w+)?)://",
                             default="sqlite:///var/lib/slopilot/study.db"),
-            "bounds": _obj({"tokenBudget": _bounds("token_budget"),
-                            "chunkSize": _bounds("chunk_size"),
-                            "maxNumSeqs": _bounds("max_num_seqs")},
-                           desc="Narrower search ranges than the knobs' own."),
+            "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
+                           desc=_bounds_doc()),
         }, default={}),
         "prometheus": _obj({
             "url": _str("Prometheus the controller queries.", pattern=r"^https?://",

@@ -31,6 +31,7 @@ from slopilot.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.reconcile import config_status, effective_spec
+from slopilot.operator.render import applied_knobs
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase, SpecError
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.metrics import TunerMetrics
@@ -42,6 +43,7 @@ from slopilot.tuner.loop.state import (
     Decision,
     LoopState,
 )
+from slopilot.tuner.study.space import SearchSpace
 
 if TYPE_CHECKING:
     from slopilot.tuner.sim.worker import SimWorker
@@ -102,6 +104,16 @@ def controller_settings(spec: LLMDeploymentSpec, name: str) -> ControllerSetting
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN)
 
 
+def search_space(spec: LLMDeploymentSpec) -> SearchSpace:
+    """What the deployment's trials search: ``slopilot tune``'s space (the same
+    ``SearchSpace.from_bounds``) with only the bounds the CR states, over only the knobs
+    its backend applies (``render.applied_knobs``). A vLLM trial is a rollout of every
+    replica (vLLM reconfigures nothing live), so its space is the three knobs vLLM takes:
+    token budget, chunk size and max sequences."""
+    return SearchSpace.from_bounds(spec.tuning.bounds or None, base=spec.engine,
+                                   applies=applied_knobs(spec.backend))
+
+
 def prometheus_controller(ctx: DaemonContext) -> Controller:
     """The production wiring: alerts, windows and workload from the spec's Prometheus.
 
@@ -124,7 +136,6 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.study.live import ResumableTuner
-    from slopilot.tuner.study.space import SearchSpace
     from slopilot.tuner.study.tuner import StudyStorageError, open_study
 
     spec, name = ctx.spec, ctx.name
@@ -141,8 +152,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         pods = ctx.handle.pods()
         return {"pod": pods[0]["metadata"]["name"]} if pods else {}
 
-    bounds = {k: list(v) for k, v in spec.tuning.bounds.items()}
-    space = SearchSpace.from_bounds(bounds or None, base=spec.engine)
+    space = search_space(spec)
     try:
         study = open_study(spec.tuning.storage, f"{ctx.namespace}.{name}")
     except StudyStorageError as exc:

@@ -20,6 +20,8 @@ from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
 from slopilot.tuner.prometheus.rules import RuleOptions
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
+from slopilot.tuner.study.space import SearchSpace
 
 
 class Backend(enum.StrEnum):
@@ -67,7 +69,9 @@ class TuningSpec:
     max_trials: int
     canary: bool
     storage: str
-    bounds: Mapping[str, tuple[int, int]]  # EngineConfig field -> (lo, hi)
+    bounds: Mapping[str, Mapping[str, int]]
+    """EngineConfig field -> the ends the user wrote (``lo``, ``hi``); an end left out is
+    ``slopilot tune``'s (``tuner/study/bounds.DEFAULT_BOUNDS``), a knob left out too."""
 
 
 @dataclass(frozen=True)
@@ -243,18 +247,35 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> Tuning
     trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
     if not 1 <= trials <= 1000:
         r.problems.append(f"spec.tuning.maxTrials={trials}: use a value in [1, 1000]")
-    bounds: dict[str, tuple[int, int]] = {}
+    bounds: dict[str, dict[str, int]] = {}
     for camel, name in BOUNDED_KNOBS.items():
-        lo_k, hi_k = knob_range(name)
-        lo = r.get(spec, f"spec.tuning.bounds.{camel}.min", int, int(lo_k))
-        hi = r.get(spec, f"spec.tuning.bounds.{camel}.max", int, int(hi_k))
         where = f"spec.tuning.bounds.{camel}"
-        if not lo_k <= lo <= hi <= hi_k:
+        written = {end: value for end, key in (("lo", "min"), ("hi", "max"))
+                   if (value := r.get(spec, f"{where}.{key}", int)) is not None}
+        if not written:
+            continue
+        bounds[name] = written
+        lo_k, hi_k = knob_range(name)
+        default = DEFAULT_BOUNDS[name]
+        assert isinstance(default, IntRange)  # the CR bounds only integer knobs
+        lo, hi = written.get("lo", default.lo), written.get("hi", default.hi)
+        value = getattr(engine, name)
+        if not (lo_k <= lo <= hi_k and lo_k <= hi <= hi_k) or (len(written) == 2 and lo > hi):
             r.problems.append(f"{where}=[{lo}, {hi}]: need {lo_k:g} <= min <= max <= {hi_k:g}")
-        elif not lo <= getattr(engine, name) <= hi:
-            r.problems.append(f"{spec_path(name)}={getattr(engine, name)} lies outside "
+        elif lo > hi:  # one end written, beyond the other end it leaves to the default
+            r.problems.append(
+                f"{where}.min={lo} is above the upper end {hi} it leaves to the default: set "
+                "max as well" if "lo" in written else
+                f"{where}.max={hi} is below the lower end {lo} it leaves to the default: set "
+                "min as well")
+        elif ("lo" in written and value < lo) or ("hi" in written and value > hi):
+            r.problems.append(f"{spec_path(name)}={value} lies outside "
                               f"{where}=[{lo}, {hi}]: widen the bounds or change the knob")
-        bounds[name] = (lo, hi)
+    if bounds and not r.problems:
+        try:  # together: e.g. a smallest chunk above every budget the bounds allow
+            SearchSpace.from_bounds(bounds, base=engine)
+        except ConfigError as exc:
+            r.problems.append(f"spec.tuning.bounds: {exc}")
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
                       storage=r.get(spec, "spec.tuning.storage", str,

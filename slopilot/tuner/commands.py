@@ -136,7 +136,7 @@ def _rank(result: TrialResult) -> tuple[int, float, float]:
 
 
 def _brief(r: TrialResult) -> dict[str, Any]:
-    s = r.summary
+    s = r.summary.to_dict() if r.summary is not None else {}
     return {"config": dict(r.config), "goodput_tok_s": r.goodput_tok_s,
             "feasible": r.feasible,
             "constraints": dict(zip(r.constraint_names, r.constraints, strict=True)),
@@ -148,6 +148,8 @@ def _brief(r: TrialResult) -> dict[str, Any]:
 
 def _print_tables(console: Any, tuner: Any, start: TrialResult) -> None:
     from rich.table import Table
+
+    from slopilot.engine.request import Priority
 
     ranked = sorted(tuner.results(), key=lambda nr: _rank(nr[1]), reverse=True)
     top = Table(title="Top trials")
@@ -170,11 +172,11 @@ def _print_tables(console: Any, tuner: Any, start: TrialResult) -> None:
         cmp.add_column(col, justify="right")
     cmp.add_row("goodput tok/s", f"{start.goodput_tok_s:.1f}", f"{best.goodput_tok_s:.1f}")
     cmp.add_row("feasible", "yes" if start.feasible else "no", "yes" if best.feasible else "no")
-    for cls in ("p0", "p1", "p2"):
+    for p in Priority:
         for key, label in (("ttft_p99_ms", "TTFT P99"), ("tbt_p99_ms", "TBT P99")):
-            a = (start.summary.get("classes") or {}).get(cls, {}).get(key)
-            b = (best.summary.get("classes") or {}).get(cls, {}).get(key)
-            cmp.add_row(f"{cls} {label} ms", _num(a), _num(b))
+            a, b = (None if r.summary is None else getattr(r.summary.classes[p], key)
+                    for r in (start, best))
+            cmp.add_row(f"{p.label} {label} ms", _num(a), _num(b))
     for knob, value in best.config.items():
         cmp.add_row(knob, _knob(start.config.get(knob, "-")), _knob(value))
     console.print(cmp)

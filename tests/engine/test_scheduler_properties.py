@@ -1,4 +1,5 @@
-"""Property tests: random workloads and knobs; DESIGN.md §7 invariants after every step."""
+"""Property tests: random workloads and knobs; the scheduler's invariants (budget kept, no
+decode skipped, blocks conserved, each request ends once, class order) after every step."""
 
 from __future__ import annotations
 

@@ -68,3 +68,12 @@ def test_not_a_mapping_and_bad_class_lookup() -> None:
         SLOSpec.from_profile("standard").class_slo("p7")
     with pytest.raises(SLOError, match="p1: expected a ClassSLO"):
         SLOSpec(ClassSLO(), {"ttft_p99_ms": 1}, ClassSLO())  # type: ignore[arg-type]
+
+
+def test_a_request_meets_its_slo_within_the_ttft_target_and_one_percent_of_slow_gaps() -> None:
+    slo = ClassSLO(ttft_p99_ms=100, tbt_p99_ms=20)
+    assert slo.met(0.1, gaps=200, gaps_over_tbt=2)  # at the target, 1 % of gaps slow
+    assert not slo.met(0.1001, gaps=200, gaps_over_tbt=0)
+    assert not slo.met(0.05, gaps=200, gaps_over_tbt=3)
+    assert not slo.met(0.05, gaps=0, gaps_over_tbt=1)
+    assert ClassSLO().met(60.0, gaps=10, gaps_over_tbt=0)  # best effort: any TTFT

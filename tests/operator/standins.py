@@ -20,16 +20,16 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.operator.daemon import DaemonContext
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.prometheus.alerts import AlertSource
+from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import GOOD, FakeProbe, FakeStudy
 
-HOLDS = {"goodput_tok_s": 150.0, "preemptions_per_min": 0.0, "classes": {
-    "p0": {"ttft_p99_ms": 40.0, "tbt_p99_ms": 8.0, "goodput_tok_s": 50.0},
-    "p1": {"ttft_p99_ms": 200.0, "tbt_p99_ms": 40.0, "goodput_tok_s": 50.0},
-    "p2": {"ttft_p99_ms": 300.0, "tbt_p99_ms": 50.0, "goodput_tok_s": 50.0}}}
+HOLDS = window({"p0": figures(40.0, 8.0, 50.0), "p1": figures(200.0, 40.0, 50.0),
+                "p2": figures(300.0, 50.0, 50.0)})
 
 
 class _Server:
@@ -128,7 +128,7 @@ class MoreReplicas:
 class HoldingWindows:
     """Every window holds the SLO (the Prometheus evaluator has its own tests)."""
 
-    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+    def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         return HOLDS
 
 

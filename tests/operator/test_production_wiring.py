@@ -25,6 +25,8 @@ from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS
+from slopilot.tuner.study.tuner import Tuner
 from tests.support.prometheus import free_port
 
 
@@ -38,10 +40,10 @@ class OneDeployment:
         return None
 
 
-def context(tmp_path: Path, **tuning: Any) -> DaemonContext:
+def context(tmp_path: Path, backend: str = "builtin", **tuning: Any) -> DaemonContext:
     body = {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
             "metadata": {"name": "chat", "namespace": "team", "uid": "u1"},
-            "spec": {"model": {"name": "smollm2-135m"},
+            "spec": {"model": {"name": "smollm2-135m"}, "backend": backend,
                      # Nothing listens there: a Prometheus that is down.
                      "prometheus": {"url": f"http://127.0.0.1:{free_port()}"},
                      "tuning": {"storage": f"sqlite:///{tmp_path / 'study.db'}", **tuning}}}
@@ -71,6 +73,17 @@ def test_alerts_and_windows_are_the_deployments_by_namespace_and_name(tmp_path: 
     assert ctl.evaluator.selector == {"slopilot_namespace": "team", "slopilot_deployment": "chat"}
     assert isinstance(ctl.probe, PrometheusProbe)
     assert ctl.probe.selector == ctl.evaluator.selector
+
+
+def test_the_study_searches_tunes_space_over_the_knobs_the_backend_applies(
+        tmp_path: Path) -> None:
+    builtin = prometheus_controller(context(tmp_path))
+    assert isinstance(builtin.study, Tuner)
+    assert builtin.study.space.bounds == DEFAULT_BOUNDS  # `slopilot tune`'s, unwidened
+    vllm = prometheus_controller(context(tmp_path, backend="vllm"))
+    assert isinstance(vllm.study, Tuner)
+    assert set(vllm.study.space.bounds) == {"token_budget", "chunk_size", "max_num_seqs"}
+    assert vllm.study.space.bounds["token_budget"] == DEFAULT_BOUNDS["token_budget"]
 
 
 def test_a_bad_base_scenario_names_the_variable(tmp_path: Path,

@@ -1,7 +1,7 @@
 """A Kubernetes API emulator that kopf and the official client can run against.
 
 kmock 0.8's KubernetesEmulator stores objects and streams watches, but as released it
-leaves out what real clients rely on (DESIGN.md §7). This subclass keeps kmock's
+leaves out what real clients rely on (listed below). This subclass keeps kmock's
 object store (``emulator.objects``) and its reaction DSL (user reactions still win)
 and replaces the state changes with apiserver rules:
 

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.objective import TrialResult
+from tests.support.summaries import figures, window
 
 START = {"token_budget": 2048, "chunk_size": 2048}
 GOOD = {"token_budget": 512, "chunk_size": 256}
@@ -22,13 +24,11 @@ BAD = {"token_budget": 8192, "chunk_size": 8192}
 
 
 def summary(p0_ttft: float = 100.0, p0_tbt: float = 20.0, goodput: float = 100.0,
-            preemptions: float = 0.0) -> dict[str, Any]:
-    """A DESIGN §8 summary for tiny-cpu's SLO (P0 300/60 ms, P1 1000/150 ms)."""
-    ok = {"ttft_p99_ms": 200.0, "tbt_p99_ms": 40.0, "goodput_tok_s": goodput / 2}
-    return {"goodput_tok_s": goodput, "preemptions_per_min": preemptions,
-            "classes": {"p0": {"ttft_p99_ms": p0_ttft, "tbt_p99_ms": p0_tbt,
-                               "goodput_tok_s": goodput / 2},
-                        "p1": ok, "p2": dict(ok)}}
+            preemptions: float = 0.0) -> WindowSummary:
+    """A window for tiny-cpu's SLO (P0 300/60 ms, P1 1000/150 ms)."""
+    return window({"p0": figures(p0_ttft, p0_tbt, goodput / 2),
+                   "p1": figures(200.0, 40.0, goodput / 2), "p2": figures(200.0, 40.0)},
+                  preemptions=preemptions)
 
 
 def alert(action: AlertAction, name: str = "SlopilotTTFTP99High") -> Alert:
@@ -88,11 +88,11 @@ class FakeEvaluator:
     """Figures as a function of the config the measured replica serves."""
 
     deployment: FakeDeployment
-    figures: Callable[[Mapping[str, Any]], dict[str, Any]]
+    figures: Callable[[Mapping[str, Any]], WindowSummary]
     reject: int = 0  # reject this many windows first
     calls: list[tuple[float, float, bool]] = field(default_factory=list)
 
-    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+    def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         self.calls.append((start, end, canary))
         if self.reject:
             self.reject -= 1
@@ -100,7 +100,7 @@ class FakeEvaluator:
         return self.figures(self.deployment.serving(canary))
 
 
-def by_config(c: Mapping[str, Any]) -> dict[str, Any]:
+def by_config(c: Mapping[str, Any]) -> WindowSummary:
     """GOOD holds the SLO, BAD breaks P0 badly, anything else misses by a little."""
     if dict(c) == GOOD:
         return summary(goodput=150.0)

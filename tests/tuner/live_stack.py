@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from slopilot.engine.config import ConfigError
 from tests.support.live_server import LiveServer, start_server
 from tests.support.prometheus import (
     PrometheusBinaries,
@@ -74,9 +75,12 @@ class LiveStack:
     applied: list[dict[str, Any]] = field(default_factory=list)
 
     def apply_config(self, config: Mapping[str, Any]) -> None:
-        """What the demo and the operator do: PUT /admin/config with the bearer token."""
+        """What the demo and the operator do: PUT /admin/config with the bearer token; the
+        engine judges the config whole and refuses it (400, ConfigError here) whole."""
         resp = httpx.put(self.server.url + "/admin/config", json=dict(config), timeout=10,
                          headers={"Authorization": f"Bearer {TOKEN}"})
+        if resp.status_code == 400:
+            raise ConfigError(resp.text)
         resp.raise_for_status()
         self.applied.append(dict(config))
 

@@ -24,11 +24,13 @@ import yaml
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.alert_table import Figure
 from slopilot.tuner.prometheus.alerts import SummaryAlerts
 from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels, render_rule_groups
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.prometheus import PrometheusBinaries, promtool
+from tests.support.summaries import partial_summary
 
 SLO = SLOSpec.from_dict({"profile": "standard", "prefix_hit_min": 0.95})
 NAMESPACE, DEPLOYMENT = "team-a", "chat"
@@ -99,7 +101,7 @@ def random_timeline(seed: int, n: int = 60) -> Timeline:
     return out
 
 
-def summary_at(timeline: Timeline, k: int) -> dict[str, Any]:
+def summary_at(timeline: Timeline, k: int) -> WindowSummary:
     summary: dict[str, Any] = {"classes": {p.label: {} for p in Priority}}
     for key, (_, _, path, scale) in FIGURES.items():
         value = timeline[key][k]
@@ -112,7 +114,7 @@ def summary_at(timeline: Timeline, k: int) -> dict[str, Any]:
     summary["busy_ratio"] = None if gpu is None else 1.0 - gpu
     if k % 7 == 3:  # now and then no DCGM: the busy ratio stands in, as the rule's "or"
         summary["gpu_utilization"], summary["busy_ratio"] = None, gpu
-    return summary
+    return partial_summary(summary)
 
 
 def python_verdicts(timeline: Timeline, options: RuleOptions) -> Verdicts:

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.alerts import (
     AlertAction,
     AlertSource,
@@ -17,6 +18,7 @@ from slopilot.tuner.prometheus.alerts import (
 )
 from slopilot.tuner.prometheus.rules import RuleOptions
 from tests.support.prometheus import free_port
+from tests.support.summaries import partial_summary
 
 
 def row(name: str, action: str, state: str = "firing", dep: str = "demo",
@@ -100,11 +102,11 @@ def test_alerts_are_matched_by_namespace_and_name() -> None:
 
 
 def _summary(p1_ttft_ms: float | None = None, p1_tbt_ms: float | None = None,
-             **top: float | None) -> dict[str, Any]:
+             **top: float | None) -> WindowSummary:
     classes: dict[str, dict[str, float | None]] = {
         c: {"ttft_p99_ms": None, "tbt_p99_ms": None} for c in ("p0", "p1", "p2")}
     classes["p1"] = {"ttft_p99_ms": p1_ttft_ms, "tbt_p99_ms": p1_tbt_ms}
-    return {"classes": classes, "preemptions_per_min": 0.0, **top}
+    return partial_summary({"classes": classes, "preemptions_per_min": 0.0, **top})
 
 
 def test_tbt_scales_on_the_third_evaluation_over_twice_the_slo() -> None:

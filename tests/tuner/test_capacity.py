@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityError, CapacityPlanner
 from tests.tuner.controller_fakes import summary
 
@@ -15,7 +16,7 @@ SCENARIO = load_scenario("tiny-cpu")
 
 
 def fake_sim(enough: int, calls: list[int]) -> Any:
-    def run(scenario: Scenario, config: Mapping[str, Any], n: int) -> dict[str, Any]:
+    def run(scenario: Scenario, config: Mapping[str, Any], n: int) -> WindowSummary:
         calls.append(n)
         return summary() if n >= enough else summary(p0_ttft=900.0)
     return run
@@ -36,7 +37,7 @@ def test_none_when_even_the_maximum_is_not_enough() -> None:
 
 
 def test_margin_asks_for_headroom() -> None:
-    def run(scenario: Scenario, config: Mapping[str, Any], n: int) -> dict[str, Any]:
+    def run(scenario: Scenario, config: Mapping[str, Any], n: int) -> WindowSummary:
         return summary(p0_ttft=290.0 if n == 1 else 100.0)  # 1 replica: 97 % of the SLO
 
     planner = CapacityPlanner(simulate_fn=run)
@@ -49,7 +50,7 @@ def test_real_simulator_more_replicas_for_the_shifted_load() -> None:
         SCENARIO, {"token_budget": 512, "chunk_size": 256}, 1, 2)
     assert set(answer.results) <= {1, 2}
     for n, result in answer.results.items():
-        assert result.summary["replicas"] == n
+        assert result.summary is not None and result.summary.replicas == n
 
 
 @pytest.mark.parametrize("lo, hi, margin, fix", [(0, 2, 0.0, "1 <= lo <= hi"),

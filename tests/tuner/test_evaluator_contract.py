@@ -1,26 +1,41 @@
-"""One contract, every evaluator: the simulator on tiny-cpu, and Prometheus reading a live
-engine (real server, real Prometheus scraping it, real PUT /admin/config)."""
+"""One contract, every way a trial is measured (as Optuna runs one storage test body over
+every storage mode): the simulator's evaluator (the offline study), the simulated
+cluster's windows (the controller in virtual time) and Prometheus' windows over a live
+engine (the controller live: a real server, a real Prometheus scraping it, a real
+PUT /admin/config). The window worlds go through the controller's own parts: apply the
+config on the deployment, let a window pass, ``WindowEvaluator.measure``, ``score``."""
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
 from slopilot.engine.config import ConfigError
+from slopilot.engine.sim.cluster import SimCluster
+from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.sim.evaluator import PrometheusEvaluator, SimulatorEvaluator
-from slopilot.tuner.study.evaluator import Evaluator, PrometheusUnavailable, WindowRejected
-from slopilot.tuner.study.objective import TrialResult, constraint_names
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.ports import WindowEvaluator
+from slopilot.tuner.prometheus.adapters import PrometheusWindows
+from slopilot.tuner.prometheus.query import query_at
+from slopilot.tuner.sim.adapters import SimDeployment, SimWindows
+from slopilot.tuner.sim.evaluator import SimulatorEvaluator
+from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
+from slopilot.tuner.study.objective import TrialResult, constraint_names, score
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
-from tests.support.prometheus import PrometheusBinaries, free_port
+from tests.support.prometheus import PrometheusBinaries
 from tests.tuner.live_stack import SELECTOR, LiveStack, live_stack
 
 CONFIG = {"token_budget": 512, "chunk_size": 256, "max_num_seqs": 64}
 WINDOW_S = 4
+TINY = load_scenario("tiny-cpu")
 
 
 def _slo(ms: float) -> SLOSpec:
@@ -32,6 +47,67 @@ def _slo(ms: float) -> SLOSpec:
 LOOSE, TIGHT = _slo(60_000), _slo(1)
 
 
+class World(Protocol):
+    """Where a trial runs; ``applied`` lists the configs that reached the engines."""
+
+    applied: list[dict[str, Any]]
+
+    def trial(self, config: dict[str, Any], slo: SLOSpec) -> TrialResult: ...
+
+
+@dataclass
+class Simulator:
+    applied: list[dict[str, Any]] = field(default_factory=list)  # no live engine
+
+    def trial(self, config: dict[str, Any], slo: SLOSpec) -> TrialResult:
+        evaluator = SimulatorEvaluator("tiny-cpu", duration_s=15, slo=slo)
+        assert isinstance(evaluator, Evaluator)
+        return evaluator.evaluate(config)
+
+
+def _window_trial(apply: Any, wait: Any, now: Any, windows: WindowEvaluator,
+                  config: dict[str, Any], slo: SLOSpec) -> TrialResult:
+    """What the controller does with a trial, on every replica (no canary)."""
+    apply(config)
+    start = now()
+    wait()
+    return score(windows.measure(start, now(), canary=False), slo, config)
+
+
+@dataclass
+class Cluster:
+    cluster: SimCluster = field(default_factory=lambda: SimCluster(
+        TINY, dict(TINY.engine), replicas=1, seed=0, duration_s=600))
+    applied: list[dict[str, Any]] = field(default_factory=list)
+
+    def _apply(self, config: dict[str, Any]) -> None:
+        SimDeployment(self.cluster).apply_config(config, canary=False)
+        self.applied.append(dict(config))
+
+    def trial(self, config: dict[str, Any], slo: SLOSpec) -> TrialResult:
+        c = self.cluster
+        return _window_trial(self._apply, lambda: c.advance(c.now + 20.0), lambda: c.now,
+                             SimWindows(c, min_requests=3), config, slo)
+
+
+@dataclass
+class Prometheus:
+    stack: LiveStack
+
+    @property
+    def applied(self) -> list[dict[str, Any]]:
+        return self.stack.applied
+
+    def windows(self, slo: SLOSpec, **kw: Any) -> PrometheusWindows:
+        args: dict[str, Any] = {"min_requests": 3, "load_tolerance": 1.0, **kw}
+        return PrometheusWindows(query_at(self.stack.prometheus.url), SELECTOR, slo, **args)
+
+    def trial(self, config: dict[str, Any], slo: SLOSpec, **kw: Any) -> TrialResult:
+        # The live window waits on the wall clock: Prometheus scrapes in real time.
+        return _window_trial(self.stack.apply_config, lambda: time.sleep(WINDOW_S), time.time,
+                             self.windows(slo, **kw), config, slo)
+
+
 @pytest.fixture(scope="module")
 def stack(prometheus_binaries: PrometheusBinaries,  # noqa: F811
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
@@ -39,45 +115,29 @@ def stack(prometheus_binaries: PrometheusBinaries,  # noqa: F811
         yield s
 
 
-def _prometheus(stack: LiveStack, slo: SLOSpec, **kw: Any) -> PrometheusEvaluator:
-    args: dict[str, Any] = {"window_s": WINDOW_S, "min_requests": 3, "load_tolerance": 1.0}
-    args.update(kw)
-    return PrometheusEvaluator(stack.prometheus.url, stack.apply_config, slo=slo,
-                               selector=SELECTOR, **args)
-
-
-@pytest.fixture(params=["simulator", pytest.param(
+@pytest.fixture(params=["simulator", "cluster", pytest.param(
     "prometheus", marks=[pytest.mark.prometheus, pytest.mark.slow])])
-def make(request: pytest.FixtureRequest) -> Callable[[SLOSpec], Evaluator]:
+def world(request: pytest.FixtureRequest) -> World:
     if request.param == "simulator":
-        return lambda slo: SimulatorEvaluator("tiny-cpu", duration_s=15, slo=slo)
-    stack: LiveStack = request.getfixturevalue("stack")
-    return lambda slo: _prometheus(stack, slo)
+        return Simulator()
+    if request.param == "cluster":
+        return Cluster()
+    return Prometheus(request.getfixturevalue("stack"))
 
 
-def _evaluate(evaluator: Evaluator, config: dict[str, Any], tries: int = 3) -> TrialResult:
-    """What the Tuner does: a rejected window is repeated, not counted."""
+def _trial(world: World, config: dict[str, Any], slo: SLOSpec, tries: int = 3
+           ) -> TrialResult:
+    """What the Tuner and the controller do: a rejected window is repeated, not counted."""
     for _ in range(tries - 1):
         try:
-            return evaluator.evaluate(config)
+            return world.trial(config, slo)
         except WindowRejected:
             continue  # a load wobble on a shared CI machine
-    return evaluator.evaluate(config)
+    return world.trial(config, slo)
 
 
-def _applied(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    if "stack" in request.fixturenames:
-        stack: LiveStack = request.getfixturevalue("stack")
-        return stack.applied
-    return []
-
-
-def test_contract(make: Callable[[SLOSpec], Evaluator], request: pytest.FixtureRequest
-                  ) -> None:
-    applied = _applied(request)
-    loose = make(LOOSE)
-    assert isinstance(loose, Evaluator)
-    result = _evaluate(loose, CONFIG)
+def test_contract(world: World) -> None:
+    result = _trial(world, CONFIG, LOOSE)
     assert isinstance(result, TrialResult)
     assert math.isfinite(result.goodput_tok_s) and result.goodput_tok_s > 0
     assert result.constraint_names == constraint_names(LOOSE)
@@ -86,38 +146,36 @@ def test_contract(make: Callable[[SLOSpec], Evaluator], request: pytest.FixtureR
     assert result.feasible
     assert dict(result.config) == CONFIG
 
-    tight = _evaluate(make(TIGHT), CONFIG)
+    summary = result.summary
+    assert isinstance(summary, WindowSummary)
+    assert summary.overall.requests_finished > 0 and summary.duration_s > 0
+    assert summary.overall.ttft_p99_ms is not None and summary.overall.ttft_p99_ms > 0
+    # Every source's summary is plain JSON (no NaN) and reads back equal.
+    text = json.dumps(summary.to_dict(), allow_nan=False)
+    assert WindowSummary.from_dict(json.loads(text)) == summary
+
+    tight = _trial(world, CONFIG, TIGHT)
     assert not tight.feasible
     assert tight.violation > result.violation
     assert all(t >= lo for t, lo in zip(tight.constraints, result.constraints, strict=True))
 
-    before = len(applied)
+    before = len(world.applied)
     with pytest.raises(ConfigError, match="token_budget"):
-        loose.evaluate({"token_budget": 10})
+        world.trial({"token_budget": 10}, LOOSE)
     with pytest.raises(ConfigError, match="unknown knob"):
-        loose.evaluate({"tokenbudget": 512})
-    assert len(applied) == before  # nothing reached the engines
+        world.trial({"tokenbudget": 512}, LOOSE)
+    assert len(world.applied) == before  # refused whole: nothing reached the engines
 
 
 @pytest.mark.prometheus
 @pytest.mark.slow
 def test_the_config_reaches_the_engine_and_windows_can_be_rejected(stack: LiveStack) -> None:
-    _evaluate(_prometheus(stack, LOOSE), {"token_budget": 768, "chunk_size": 128})
-    live = stack.server.call(lambda engine: engine.config)
-    assert (live.token_budget, live.chunk_size) == (768, 128)
+    live = Prometheus(stack)
+    _trial(live, {"token_budget": 768, "chunk_size": 128}, LOOSE)
+    config = stack.server.call(lambda engine: engine.config)
+    assert (config.token_budget, config.chunk_size) == (768, 128)
     with pytest.raises(WindowRejected, match="requests finished in the 4 s window; need"):
-        _prometheus(stack, LOOSE, min_requests=10**6).evaluate(CONFIG)
-
-
-@pytest.mark.prometheus
-def test_dead_prometheus_is_reported_before_anything_is_applied(stack: LiveStack) -> None:
-    before = len(stack.applied)
-    dead = PrometheusEvaluator(f"http://127.0.0.1:{free_port()}", stack.apply_config,
-                               slo=LOOSE, selector=SELECTOR, window_s=2, min_requests=1,
-                               timeout_s=2)
-    with pytest.raises(PrometheusUnavailable, match="cannot reach Prometheus at http://127"):
-        dead.evaluate(CONFIG)
-    assert len(stack.applied) == before
+        live.trial(CONFIG, LOOSE, min_requests=10**6)
 
 
 @pytest.mark.prometheus
@@ -125,29 +183,12 @@ def test_dead_prometheus_is_reported_before_anything_is_applied(stack: LiveStack
 def test_a_load_shift_rejects_the_window(prometheus_binaries: PrometheusBinaries,  # noqa: F811
                                          tmp_path: Path) -> None:
     with live_stack(prometheus_binaries, tmp_path, rate=8.0) as s:
-        def apply_and_stop_the_load(config: Any) -> None:
-            s.apply_config(config)
-            s.load.stop()  # the traffic goes away as the trial starts
-
-        ev = PrometheusEvaluator(s.prometheus.url, apply_and_stop_the_load, slo=LOOSE,
-                                 selector=SELECTOR, window_s=WINDOW_S, min_requests=1,
-                                 load_tolerance=0.25)
+        live = Prometheus(s)
+        s.apply_config(CONFIG)
+        end = time.time()
+        s.load.stop()  # the traffic goes away as the trial starts
+        time.sleep(WINDOW_S)
         with pytest.raises(WindowRejected) as info:
-            ev.evaluate(CONFIG)
+            live.windows(LOOSE, min_requests=1, load_tolerance=0.25).measure(
+                end, end + WINDOW_S, canary=False)
         assert "request rate moved" in str(info.value) or "requests finished" in str(info.value)
-
-
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"prometheus_url": "localhost:9090"}, r"expected an http\(s\) URL"),
-    ({"window_s": 0}, r"window_s=0: expected whole seconds"),
-    ({"min_requests": 0}, r"min_requests=0"),
-    ({"load_tolerance": 0}, r"load_tolerance=0"),
-    ({"selector": {}}, r"selector is empty"),
-])
-def test_bad_prometheus_evaluator_arguments(kwargs: dict[str, Any], message: str) -> None:
-    args: dict[str, Any] = {"prometheus_url": "http://127.0.0.1:9", "slo": LOOSE,
-                            "selector": SELECTOR, "window_s": 4, "min_requests": 1}
-    args.update(kwargs)
-    url = args.pop("prometheus_url")
-    with pytest.raises(ValueError, match=message):
-        PrometheusEvaluator(url, lambda c: None, **args)

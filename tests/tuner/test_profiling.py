@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from slopilot.engine.metrics import TOKEN_BUCKETS
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.tuner.prometheus.profiling import (
@@ -84,8 +85,8 @@ def test_profile_from_recorded_query_results_becomes_a_scenario() -> None:
     assert (scenario.gpu, scenario.model) == ("A100", "llama-3-8b")
     assert scenario.slo == load_scenario("tiny-cpu").slo
     run = simulate(scenario, duration_s=20)
-    assert run.summary["classes"]["p2"]["requests_finished"] == 0
-    assert run.summary["requests_finished"] > 20
+    assert run.summary.classes[Priority.P2].requests_finished == 0
+    assert run.summary.overall.requests_finished > 20
     with pytest.raises(ProfileError, match="only 100 requests finished"):
         WorkloadProfile.measure(_recorded(answers), SELECTOR, 50,  # type: ignore[arg-type]
                                 min_requests=500)
@@ -120,7 +121,7 @@ def test_live_engine_profile_through_real_prometheus(
     assert 2.0 < prof.arrival_rate < 12.0
     assert prof.class_mix["p1"] == pytest.approx(0.5, abs=0.2)  # p0, p1, p1, p2 in turn
     scenario = prof.to_scenario(load_scenario("tiny-cpu"), duration_s=10)
-    assert simulate(scenario).summary["requests_finished"] > 10
+    assert simulate(scenario).summary.overall.requests_finished > 10
 
 
 def test_unreachable_prometheus_is_named() -> None:

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.window_summary import Window
 from slopilot.tuner.local.scrape import DirectScrape, quantile
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import SummaryAlerts
@@ -50,6 +52,8 @@ def answers(rate_now: float = 2.0, rate_before: float = 2.0, finished: float = 2
         "sum(rate(vllm:e2e_request_latency_seconds_count":
             lambda at: rate_now if at == 100.0 else rate_before,
         "sum by (priority_class) (rate(vllm:request_generation_tokens_sum": {"p0": 30, "p1": 40},
+        "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first": 0.45,
+        "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token": 0.05,
         "vllm:num_preemptions_total": 0.0,
         "vllm:request_generation_tokens_sum{priority_class=\"p0\"": 25.0,
     }
@@ -62,9 +66,12 @@ def windows(q: Recorded, **kw: Any) -> PrometheusWindows:
 def test_a_window_is_read_at_its_end_over_its_length() -> None:
     q = Recorded(answers())
     s = windows(q).measure(90.0, 100.0, canary=False)
-    assert s["classes"]["p0"]["ttft_p99_ms"] == pytest.approx(300.0)
-    assert s["classes"]["p1"]["tbt_p99_ms"] == pytest.approx(50.0)
-    assert s["requests_finished"] == 20 and s["duration_s"] == 10
+    assert s.classes[Priority.P0].ttft_p99_ms == pytest.approx(300.0)
+    assert s.classes[Priority.P1].tbt_p99_ms == pytest.approx(50.0)
+    assert s.overall.ttft_p99_ms == pytest.approx(450.0)  # every class's histogram together
+    assert s.classes[Priority.P2].ttft_p99_ms is None  # no P2 series: no samples
+    assert s.overall.requests_finished == 20 and s.duration_s == 10
+    assert s.window == Window(90.0, 100.0, canary=False)
     assert all("[10s]" in e for e, _ in q.asked if "[" in e)
     assert {t for _, t in q.asked} == {100.0, 90.0}  # the window, and the one before it
     assert all('instance_role="canary"' not in e for e, _ in q.asked)
@@ -89,7 +96,7 @@ def test_windows_that_do_not_count_are_rejected(kw: dict[str, float], message: s
 
 def test_an_idle_window_before_is_not_a_load_shift() -> None:
     s = windows(Recorded(answers(rate_before=0.0))).measure(90.0, 100.0, canary=False)
-    assert s["request_rate"] == 2.0
+    assert s.request_rate == 2.0
 
 
 def test_bad_settings_and_short_windows_say_what_to_fix() -> None:
@@ -98,6 +105,8 @@ def test_bad_settings_and_short_windows_say_what_to_fix() -> None:
         PrometheusWindows(q, {}, DEMO.slo)
     with pytest.raises(ValueError, match="min_requests=0"):
         PrometheusWindows(q, {"a": "b"}, DEMO.slo, min_requests=0)
+    with pytest.raises(ValueError, match="load_tolerance=0"):
+        PrometheusWindows(q, {"a": "b"}, DEMO.slo, load_tolerance=0)
     with pytest.raises(WindowRejected, match="shorter than 2 s"):
         windows(q).measure(99.5, 100.0, canary=False)
     with pytest.raises(ValueError, match=r"expected an http\(s\) URL"):
@@ -138,8 +147,8 @@ def test_direct_scrape_reads_the_figures_the_batching_and_prefix_alerts_need() -
         scrape.poll(now=100.0)
         scrape.poll(now=110.0)
         s = scrape.measure(100.0, 110.0, canary=False)
-        assert s["prefix_cache_hit_ratio"] == pytest.approx(0.8)
-        assert (s["busy_ratio"], s["requests_waiting"]) == (0.4, 150.0)
+        assert s.prefix_cache_hit_ratio == pytest.approx(0.8)
+        assert (s.busy_ratio, s.requests_waiting) == (0.4, 150.0)
         scrape.stop()
     fired = SummaryAlerts(DEMO.slo, RuleOptions(alert_for_s=0)).evaluate(s, 110.0)
     assert {a.name for a in fired} == {"SlopilotBatchingUnderused"}

@@ -43,6 +43,16 @@ def test_a_bad_margin_is_refused(margin: float) -> None:
         SimOffline(SearchSpace.from_bounds(base=TINY.engine_config()), margin=margin)
 
 
+def test_a_running_config_outside_the_space_is_no_warm_start_and_no_error() -> None:
+    # The space is `slopilot tune`'s; a deployment may run outside it (a wide budget, a
+    # preemption cap of 0) and its offline study must still run, just without that start.
+    space = SearchSpace.from_bounds(base=TINY.engine_config())
+    start = {**TINY.engine_config().to_dict(), "token_budget": 16384,
+             "max_preemptions_per_step": 0}
+    ranked = SimOffline(space, n_trials=2, duration_s=5.0).best_configs(TINY, 1, start, 2)
+    assert ranked and all(space.validate(c) for c, _ in ranked)
+
+
 def test_scenarios_and_spaces_cross_the_process_boundary_intact() -> None:
     space = SearchSpace.from_bounds(base=TINY.engine_config())
     back = pickle.loads(pickle.dumps((TINY, space)))

@@ -7,24 +7,15 @@ import pytest
 
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.tuner.study.space import BUDGET_PARAM, CHUNK_PARAM, TUNABLE, IntRange, SearchSpace
+from tests.support.spaces import sample_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _sample(space: SearchSpace, n: int, seed: int = 0) -> list[dict]:
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    out = []
-    for _ in range(n):
-        trial = study.ask()
-        out.append(space.suggest(trial))
-        study.tell(trial, 0.0)
-    return out
 
 
 def test_default_space_tunes_every_tunable_knob_and_configs_are_valid() -> None:
     space = SearchSpace.from_bounds()
     assert set(space.bounds) == set(TUNABLE)
-    for config in _sample(space, 200):
+    for config in sample_configs(space, 200):
         engine = EngineConfig().with_overrides(config)  # never raises: chunk <= budget
         assert engine.token_budget % space.budget_align == 0
         assert 256 <= engine.token_budget <= 8192
@@ -49,7 +40,7 @@ def test_fixed_and_narrowed_knobs_are_respected() -> None:
         "preemption_mode": "recompute", "kv_watermark": [0.01, 0.02],
         "max_num_seqs": {"lo": 16, "hi": 64}, "chunk_size": [256, 512], "block_size": 32})
     assert "preemption_mode" not in space.bounds
-    for config in _sample(space, 100):
+    for config in sample_configs(space, 100):
         assert config["preemption_mode"] == "recompute"
         assert config["block_size"] == 32
         assert 0.01 <= config["kv_watermark"] <= 0.02
@@ -61,14 +52,14 @@ def test_fixed_and_narrowed_knobs_are_respected() -> None:
 
 def test_params_round_trip_for_warm_start() -> None:
     space = SearchSpace.from_bounds()
-    for config in _sample(space, 30, seed=3):
+    for config in sample_configs(space, 30, seed=3):
         params = space.to_params(config)
         study = optuna.create_study()
         study.enqueue_trial(params)
         again = space.suggest(study.ask())
         assert again == config
     # A budget off the grid snaps to the grid point the engine would round it to.
-    config = {**_sample(space, 1)[0], "token_budget": 1000, "chunk_size": 500}
+    config = {**sample_configs(space, 1)[0], "token_budget": 1000, "chunk_size": 500}
     assert space.budget_grid()[space.to_params(config)[BUDGET_PARAM] - 1] == 1024
     assert 0.0 <= space.to_params(config)[CHUNK_PARAM] <= 1.0
 
@@ -91,7 +82,7 @@ def test_grid_covers_choices_and_holds_unswept_knobs_at_the_base() -> None:
 
 def test_validate_refuses_configs_outside_the_space() -> None:
     space = SearchSpace.from_bounds({"max_num_seqs": [16, 64], "preemption_mode": "swap"})
-    good = _sample(space, 1)[0]
+    good = sample_configs(space, 1)[0]
     assert space.validate(good)["max_num_seqs"] == good["max_num_seqs"]
     with pytest.raises(ConfigError, match=r"max_num_seqs=512 is outside the space"):
         space.validate({**good, "max_num_seqs": 512})
@@ -129,3 +120,14 @@ def test_everything_fixed_is_refused_and_grid_points_checked() -> None:
         SearchSpace.from_bounds().grid(0)
     with pytest.raises(ConfigError, match="cannot be tuned"):
         SearchSpace({"block_size": IntRange(8, 16)})
+
+
+def test_a_backend_space_leaves_out_what_the_backend_does_not_apply() -> None:
+    applies = {"token_budget", "chunk_size", "max_num_seqs"}
+    space = SearchSpace.from_bounds({"max_num_seqs": [16, 64]}, applies=applies)
+    assert set(space.bounds) == applies and space.fixed == {}
+    assert all(set(c) == applies | {"budget_align"} for c in sample_configs(space, 20))
+    with pytest.raises(ConfigError, match="kv_watermark: this backend does not apply it"):
+        SearchSpace.from_bounds({"kv_watermark": [0.0, 0.1]}, applies=applies)
+    chunk_only = SearchSpace.from_bounds(applies={"chunk_size"})
+    assert chunk_only.fixed == {"token_budget": 1024}  # the chunk's cap needs a budget

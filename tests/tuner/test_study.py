@@ -15,7 +15,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from slopilot.engine.config import ConfigError
+from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
@@ -23,6 +24,7 @@ from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import StudyStorageError, Tuner, open_study
 from tests.support.prometheus import wait_until
+from tests.support.summaries import OLD_CLUSTER, OLD_PROMETHEUS
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPO = Path(__file__).resolve().parents[2]
@@ -157,6 +159,36 @@ def test_a_trial_left_running_by_a_killed_process_is_failed_and_numbering_contin
     assert "ended before" in trials[2].user_attrs["fail_reason"]
     number, _ = resumed.ask()
     assert number == 3
+
+
+def test_a_study_stored_by_the_previous_version_still_loads(tmp_path: Path) -> None:
+    """Trials told by the previous ``Tuner.tell`` (summaries as plain dicts, NaN for an
+    empty P99) read back as typed summaries; one whose summary is unreadable is kept."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    space = SearchSpace.from_bounds()
+    old = optuna.create_study(storage=url, study_name="old", direction="maximize")
+    for goodput, summary in ((95.0, OLD_PROMETHEUS), (107.9, OLD_CLUSTER),
+                             (50.0, {"classes": "lost"})):
+        config = EngineConfig().to_dict()
+        old.add_trial(optuna.trial.create_trial(
+            params=space.to_params(config),
+            distributions=_distributions(space), value=goodput,
+            user_attrs={"config": config, "goodput_tok_s": goodput, "constraints": [-0.5],
+                        "constraint_names": ["p0.ttft_p99"], "feasible": True,
+                        "summary": summary}))
+    results = Tuner(open_study(url, "old"), space).results()
+    assert [r.goodput_tok_s for _, r in results] == [95.0, 107.9, 50.0]
+    prom, cluster, lost = (r.summary for _, r in results)
+    assert prom is not None and prom.classes[Priority.P2].ttft_p99_ms is None
+    assert prom.window is not None and prom.window.end == 100.0
+    assert cluster is not None and cluster.replicas == 1
+    assert lost is None
+
+
+def _distributions(space: SearchSpace) -> dict[str, Any]:
+    trial = optuna.create_study().ask()
+    space.suggest(trial)
+    return dict(trial.distributions)
 
 
 def test_running_trial_of_a_live_process_is_left_alone(tmp_path: Path) -> None:

@@ -16,8 +16,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, VirtualClock
 from slopilot.engine.outputs import SchedulerOutput
@@ -25,7 +23,10 @@ from slopilot.engine.request import Priority, Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import build_engine
+from slopilot.engine.sim.stats import SLOJudge, percentile_ms
 from slopilot.engine.sim.workload import RequestSpec
+from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary
 
 
 @dataclass
@@ -42,11 +43,9 @@ class _Events:
 class _Recorder:
     """Engine observer: what ``SimStats`` counts, but timestamped for any window."""
 
-    def __init__(self, tbt_slo: dict[Priority, float | None],
-                 ttft_slo: dict[Priority, float | None]) -> None:
+    def __init__(self, slo: SLOSpec) -> None:
         self.ev = _Events()
-        self._tbt, self._ttft = tbt_slo, ttft_slo
-        self._over: dict[str, list[int]] = {}
+        self._judge = SLOJudge(slo)
 
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
                 now: float) -> None:
@@ -54,25 +53,17 @@ class _Recorder:
         self.ev.steps.append((now, elapsed_s, preempted))
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        self._over[req.request_id] = [0, 0]
         self.ev.ttft.append((now, int(req.priority), ttft_s))
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
-        counts = self._over[req.request_id]
-        counts[0] += 1
-        slo = self._tbt[req.priority]
-        if slo is not None and gap_s > slo:
-            counts[1] += 1
+        self._judge.on_token_gap(req, gap_s)
         self.ev.gaps.append((now, int(req.priority), gap_s))
 
     def on_finished(self, req: Request, now: float) -> None:
-        counts = self._over.pop(req.request_id, None)
-        if counts is None or req.first_token_time is None:
+        met = self._judge.finished(req)
+        if met is None:
             return
-        slo = self._ttft[req.priority]
-        ok = (slo is None or req.first_token_time - req.arrival_time <= slo) \
-            and counts[1] <= 0.01 * counts[0]
-        self.ev.finished.append((now, int(req.priority), ok, req.num_output_tokens,
+        self.ev.finished.append((now, int(req.priority), met, req.num_output_tokens,
                                  req.arrival_time))
 
 
@@ -93,9 +84,6 @@ class SimCluster:
         self.scenario = scenario
         self.config = scenario.engine_config().with_overrides(config)
         self.canary_config: EngineConfig | None = None
-        slo = scenario.slo
-        self._tbt = {p: _s(slo.class_slo(p).tbt_p99_ms) for p in Priority}
-        self._ttft = {p: _s(slo.class_slo(p).ttft_p99_ms) for p in Priority}
         self._index = itertools.count()
         self.reps: list[_Replica] = []
         self.retired: list[_Replica] = []
@@ -114,7 +102,7 @@ class SimCluster:
         return [r for r in self.reps if not r.draining]
 
     def _add_replica(self) -> None:
-        rec = _Recorder(self._tbt, self._ttft)
+        rec = _Recorder(self.scenario.slo)
         config = self.config
         if not self.active and self.canary_config is not None:
             config = self.canary_config
@@ -189,8 +177,8 @@ class SimCluster:
                 if c == int(priority) and start <= arrived < end]
         return sum(done) / len(done) if done else None
 
-    def summary(self, start: float, end: float, *, canary: bool = False) -> dict[str, Any]:
-        """DESIGN §8 figures of ``[start, end)``: every replica, or the canary alone."""
+    def summary(self, start: float, end: float, *, canary: bool = False) -> WindowSummary:
+        """The figures of ``[start, end)``: every replica, or the canary alone."""
         if end <= start:
             raise ValueError(f"window [{start}, {end}) is empty")
         reps = [self.reps[0]] if canary and self.reps else self.reps + self.retired
@@ -200,36 +188,26 @@ class SimCluster:
             for name in ("ttft", "gaps", "finished", "steps"):
                 rows = getattr(rep.recorder.ev, name)
                 getattr(ev, name).extend(r for r in rows if start <= r[0] < end)
-        classes: dict[str, dict[str, Any]] = {}
-        for p in Priority:
-            ttft = np.array([v for _, c, v in ev.ttft if c == p], dtype=float)
-            gaps = np.array([v for _, c, v in ev.gaps if c == p], dtype=float)
-            done = [(ok, n) for _, c, ok, n, _ in ev.finished if c == p]
-            good = sum(n for ok, n in done if ok)
-            classes[p.label] = {
-                "requests_finished": len(done),
-                "slo_met": sum(1 for ok, _ in done if ok),
-                "slo_attainment": (sum(1 for ok, _ in done if ok) / len(done)) if done
-                else None,
-                "ttft_p99_ms": float(np.percentile(ttft, 99)) * 1000 if ttft.size else None,
-                "tbt_p99_ms": float(np.percentile(gaps, 99)) * 1000 if gaps.size else None,
-                "throughput_tok_s": (ttft.size + gaps.size) / dur,
-                "goodput_tok_s": good / dur,
-            }
+        classes = {p: _figures([v for _, c, v in ev.ttft if c == p],
+                               [v for _, c, v in ev.gaps if c == p],
+                               [(ok, n) for _, c, ok, n, _ in ev.finished if c == p], dur)
+                   for p in Priority}
+        overall = _figures([v for _, _, v in ev.ttft], [v for _, _, v in ev.gaps],
+                           [(ok, n) for _, _, ok, n, _ in ev.finished], dur)
         preempted = sum(n for _, _, n in ev.steps)
-        return {
-            "duration_s": dur,
-            "replicas": len(reps),
-            "requests_finished": sum(c["requests_finished"] for c in classes.values()),
-            "request_rate": sum(1 for a in self.arrivals if start <= a.arrival_time < end)
-            / dur,
-            "goodput_tok_s": sum(c["goodput_tok_s"] for c in classes.values()),
-            "throughput_tok_s": sum(c["throughput_tok_s"] for c in classes.values()),
-            "preemptions_per_min": preempted / dur * 60.0,
-            "busy_ratio": sum(e for _, e, _ in ev.steps) / dur / max(1, len(reps)),
-            "classes": classes,
-        }
+        return WindowSummary(
+            duration_s=dur, preemptions_per_min=preempted / dur * 60.0, overall=overall,
+            classes=classes, replicas=len(reps),
+            busy_ratio=sum(e for _, e, _ in ev.steps) / dur / max(1, len(reps)),
+            request_rate=sum(1 for a in self.arrivals if start <= a.arrival_time < end) / dur,
+            window=Window(start, end, canary))
 
 
-def _s(ms: float | None) -> float | None:
-    return None if ms is None else ms / 1000.0
+def _figures(ttft: list[float], gaps: list[float], done: list[tuple[bool, int]],
+             dur: float) -> ClassFigures:
+    return ClassFigures(
+        requests_finished=len(done),
+        throughput_tok_s=(len(ttft) + len(gaps)) / dur,
+        goodput_tok_s=sum(n for ok, n in done if ok) / dur,
+        ttft_p99_ms=percentile_ms(ttft, 99), tbt_p99_ms=percentile_ms(gaps, 99),
+        slo_attainment=sum(1 for ok, _ in done if ok) / len(done) if done else None)

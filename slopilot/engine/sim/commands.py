@@ -52,9 +52,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.metrics_out:
         _write_metrics(args.metrics_out, run.metrics)
     if args.json:
-        print(json.dumps(run.summary, indent=None, sort_keys=True))
+        print(json.dumps(run.summary.to_dict(), indent=None, sort_keys=True))
     else:
-        print_summary(run.summary)
+        print_summary(run.summary.to_dict())
     return 0
 
 
@@ -94,9 +94,9 @@ def print_summary(summary: dict[str, Any]) -> None:
     for name, c in rows:
         met = c["slo_attainment"]
         table.add_row(
-            name, str(c["requests_finished"]), f"{c['ttft_mean_ms']:.0f} ms",
-            f"{c['ttft_p99_ms']:.0f} ms", f"{c['tbt_p50_ms']:.1f} ms",
-            f"{c['tbt_p99_ms']:.1f} ms", f"{c['max_stall_ms']:.1f} ms",
+            name, str(c["requests_finished"]), _ms(c["ttft_mean_ms"], 0),
+            _ms(c["ttft_p99_ms"], 0), _ms(c["tbt_p50_ms"], 1),
+            _ms(c["tbt_p99_ms"], 1), _ms(c["max_stall_ms"], 1),
             f"{c['throughput_tok_s']:,.0f}", f"{c['goodput_tok_s']:,.0f}",
             "-" if met is None else f"{met:.0%}")
     console = Console(width=None if sys.stdout.isatty() else 120)
@@ -108,3 +108,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"busy {summary['busy_ratio']:.0%}; KV mean {summary['kv_usage_mean']:.0%} "
         f"max {summary['kv_usage_max']:.0%}; prefix hits {summary['prefix_hit_rate']:.0%}; "
         f"{summary['iterations']:,} iterations")
+
+
+def _ms(value: float | None, digits: int) -> str:
+    """A latency cell; "-" where the class had no samples (the summary's None)."""
+    return "-" if value is None else f"{value:.{digits}f} ms"

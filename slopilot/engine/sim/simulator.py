@@ -26,13 +26,14 @@ from slopilot.engine.sim.cost_model import CostModel
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.sim.workload import RequestSpec, Workload
+from slopilot.engine.window_summary import RunInfo, WindowSummary
 
 
 @dataclass
 class SimRun:
     """A finished run: the summary plus the objects a caller may want to inspect."""
 
-    summary: dict[str, Any]
+    summary: WindowSummary
     engines: list[LLMEngine]
     stats: SimStats
     # Each replica's Prometheus exposition at the end (when asked for).
@@ -92,14 +93,12 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
     wl = workload or scenario.build_workload(seed=seed, duration_s=duration)
     _run(reps, wl, duration, stats, check_integrity)
 
-    summary = stats.summary(duration)
     queries = sum(r.engine.scheduler.prefix_queries for r in reps)
     hits = sum(r.engine.scheduler.prefix_hits for r in reps)
-    summary["prefix_hit_rate"] = hits / queries if queries else 0.0
-    summary["replicas"] = num_replicas
-    summary["scenario"] = scenario.name
-    summary["config"] = config.to_dict()
-    summary["rejected"] = sum(r.rejected for r in reps)
+    run = RunInfo(scenario=scenario.name, config=config.to_dict(),
+                  rejected=sum(r.rejected for r in reps),
+                  prefix_hit_rate=hits / queries if queries else 0.0)
+    summary = stats.summary(duration, run, replicas=num_replicas)
     return SimRun(summary, [r.engine for r in reps], stats, [m.render() for m in exporters])
 
 

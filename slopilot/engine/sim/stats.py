@@ -1,12 +1,14 @@
-"""Raw per-token statistics of a simulated run, and the summary DESIGN.md §8 specifies.
+"""Raw per-token statistics of a simulated run, reduced to its ``WindowSummary``.
 
 Percentiles here are exact (computed from every sample), unlike the bucketed
-Prometheus histograms; the simulator is where the tuner gets its numbers.
+Prometheus histograms; the simulator is where the tuner gets its numbers. The keys of
+``slopilot simulate --json`` are ``WindowSummary.to_dict``'s (``engine/window_summary.py``).
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +16,13 @@ import numpy as np
 
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Priority, Request
+from slopilot.engine.window_summary import (
+    ClassFigures,
+    EngineStats,
+    RunInfo,
+    SampleStats,
+    WindowSummary,
+)
 
 if TYPE_CHECKING:
     from slopilot.engine.engine import LLMEngine
@@ -33,6 +42,33 @@ class _ClassStats:
     max_stall: float = 0.0
 
 
+class SLOJudge:
+    """Whether each finished request met its class's SLO (``ClassSLO.met``, the one rule).
+
+    An engine observer's helper: it counts, per live request, the token gaps above the
+    class's TBT target (rare, so kept sparse) until the request finishes.
+    """
+
+    def __init__(self, slo: SLOSpec) -> None:
+        self._classes = slo.classes()
+        self._tbt_s = {p: None if c.tbt_p99_ms is None else c.tbt_p99_ms / 1000.0
+                       for p, c in self._classes.items()}
+        self._over: dict[str, int] = {}
+
+    def on_token_gap(self, req: Request, gap_s: float) -> None:
+        limit = self._tbt_s[req.priority]
+        if limit is not None and gap_s > limit:
+            self._over[req.request_id] = self._over.get(req.request_id, 0) + 1
+
+    def finished(self, req: Request) -> bool | None:
+        """Met or not; None for a request that ended without a token (nothing to judge)."""
+        over = self._over.pop(req.request_id, 0)
+        if req.first_token_time is None:
+            return None
+        return self._classes[req.priority].met(req.first_token_time - req.arrival_time,
+                                               req.num_output_tokens - 1, over)
+
+
 class SimStats:
     """An engine observer that records every token gap; ``summary()`` reduces them."""
 
@@ -40,10 +76,7 @@ class SimStats:
         self.slo = slo
         self.end_time = end_time
         self.classes = {p: _ClassStats() for p in _CLASSES}
-        # Per live request with any: gaps above its class TBT SLO (rare, so kept sparse).
-        self._over: dict[str, int] = {}
-        self._tbt_slo = {p: _seconds(slo.class_slo(p).tbt_p99_ms) for p in _CLASSES}
-        self._ttft_slo = {p: _seconds(slo.class_slo(p).ttft_p99_ms) for p in _CLASSES}
+        self._judge = SLOJudge(slo)
         self.steps = 0
         self.busy_s = 0.0
         self.preempt_recompute = 0
@@ -75,10 +108,7 @@ class SimStats:
         c.tokens += 1
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
-        slo = self._tbt_slo[req.priority]
-        if slo is not None and gap_s > slo:
-            rid = req.request_id
-            self._over[rid] = self._over.get(rid, 0) + 1
+        self._judge.on_token_gap(req, gap_s)
         if now > self.end_time:
             return
         c = self.classes[req.priority]
@@ -88,46 +118,39 @@ class SimStats:
             c.max_stall = gap_s
 
     def on_finished(self, req: Request, now: float) -> None:
-        over = self._over.pop(req.request_id, 0)
-        if now > self.end_time or req.first_token_time is None:
+        met = self._judge.finished(req)
+        if now > self.end_time or met is None:
             return
         c = self.classes[req.priority]
         c.finished += 1
-        ttft_slo = self._ttft_slo[req.priority]
-        ttft_ok = ttft_slo is None or req.first_token_time - req.arrival_time <= ttft_slo
-        # The request's own P99 gap is within the SLO when at most 1% of gaps exceed it.
-        tbt_ok = over <= 0.01 * (req.num_output_tokens - 1)
-        if ttft_ok and tbt_ok:
+        if met:
             c.met_slo += 1
             c.good_tokens += req.num_output_tokens
 
     # --------------------------------------------------------------- summary
-    def summary(self, duration_s: float) -> dict[str, Any]:
+    def summary(self, duration_s: float, run: RunInfo | None = None,
+                replicas: int | None = None) -> WindowSummary:
+        """The run's figures: ``run`` and ``replicas`` are what ``simulate`` adds."""
         minutes = duration_s / 60.0
-        per_class = {p.label: _class_summary(self.classes[p], duration_s) for p in _CLASSES}
-        overall = _class_summary(_merge(self.classes.values()), duration_s)
-        preemptions = self.preempt_recompute + self.preempt_swap
-        overall.update({
-            "duration_s": duration_s,
-            "preemptions_per_min": preemptions / minutes if minutes else 0.0,
-            "preemptions_per_min_recompute": self.preempt_recompute / minutes if minutes
-            else 0.0,
-            "preemptions_per_min_swap": self.preempt_swap / minutes if minutes else 0.0,
-            "iterations": self.steps,
-            "busy_ratio": self.busy_s / duration_s if duration_s else 0.0,
-            "mean_batch_tokens": self.batched_tokens / self.steps if self.steps else 0.0,
-            "kv_usage_mean": self.kv_usage_sum / self.steps if self.steps else 0.0,
-            "kv_usage_max": self.kv_usage_max,
-            "classes": per_class,
-        })
-        # Preemptions are counted engine-wide, so each class reports the shared rate.
-        for summary in per_class.values():
-            summary["preemptions_per_min"] = overall["preemptions_per_min"]
-        return overall
 
+        def per_min(count: int) -> float:
+            return count / minutes if minutes else 0.0
 
-def _seconds(ms: float | None) -> float | None:
-    return None if ms is None else ms / 1000.0
+        steps = self.steps
+        return WindowSummary(
+            duration_s=duration_s,
+            preemptions_per_min=per_min(self.preempt_recompute + self.preempt_swap),
+            overall=_figures(_merge(self.classes.values()), duration_s),
+            classes={p: _figures(self.classes[p], duration_s) for p in _CLASSES},
+            replicas=replicas, busy_ratio=self.busy_s / duration_s if duration_s else 0.0,
+            engine=EngineStats(
+                iterations=steps,
+                mean_batch_tokens=self.batched_tokens / steps if steps else 0.0,
+                kv_usage_mean=self.kv_usage_sum / steps if steps else 0.0,
+                kv_usage_max=self.kv_usage_max,
+                preemptions_per_min_recompute=per_min(self.preempt_recompute),
+                preemptions_per_min_swap=per_min(self.preempt_swap)),
+            run=run)
 
 
 def _merge(parts: Any) -> _ClassStats:
@@ -143,24 +166,24 @@ def _merge(parts: Any) -> _ClassStats:
     return merged
 
 
-def _pct(values: array, q: float) -> float:
-    if not values:
-        return 0.0
-    return float(np.percentile(np.frombuffer(values, dtype=np.float64), q)) * 1000.0
+def percentile_ms(seconds: Sequence[float] | array | np.ndarray, q: float) -> float | None:
+    """The exact ``q``-th percentile of samples in seconds, in ms; None without samples."""
+    if not len(seconds):
+        return None
+    values = np.frombuffer(seconds, dtype=np.float64) if isinstance(seconds, array) \
+        else np.asarray(seconds, dtype=np.float64)
+    return float(np.percentile(values, q)) * 1000.0
 
 
-def _class_summary(c: _ClassStats, duration_s: float) -> dict[str, Any]:
+def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
     ttft = np.frombuffer(c.ttft, dtype=np.float64) if c.ttft else None
-    return {
-        "requests_finished": c.finished,
-        "slo_attainment": c.met_slo / c.finished if c.finished else None,
-        "ttft_mean_ms": float(ttft.mean()) * 1000.0 if ttft is not None else 0.0,
-        "ttft_p50_ms": _pct(c.ttft, 50),
-        "ttft_p90_ms": _pct(c.ttft, 90),
-        "ttft_p99_ms": _pct(c.ttft, 99),
-        "tbt_p50_ms": _pct(c.tbt, 50),
-        "tbt_p99_ms": _pct(c.tbt, 99),
-        "max_stall_ms": c.max_stall * 1000.0,
-        "throughput_tok_s": c.tokens / duration_s if duration_s else 0.0,
-        "goodput_tok_s": c.good_tokens / duration_s if duration_s else 0.0,
-    }
+    return ClassFigures(
+        requests_finished=c.finished,
+        throughput_tok_s=c.tokens / duration_s if duration_s else 0.0,
+        goodput_tok_s=c.good_tokens / duration_s if duration_s else 0.0,
+        ttft_p99_ms=percentile_ms(c.ttft, 99), tbt_p99_ms=percentile_ms(c.tbt, 99),
+        slo_attainment=c.met_slo / c.finished if c.finished else None,
+        samples=SampleStats(
+            ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
+            ttft_p50_ms=percentile_ms(c.ttft, 50), ttft_p90_ms=percentile_ms(c.ttft, 90),
+            tbt_p50_ms=percentile_ms(c.tbt, 50), max_stall_ms=c.max_stall * 1000.0))

@@ -18,14 +18,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.demo_report import Sample, write_demo_report
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
@@ -115,13 +116,13 @@ class DemoResult:
     lines: list[str] = field(default_factory=list)
 
 
-def _p99s(s: Mapping[str, Any] | None) -> dict[str, float]:
+def _p99s(s: WindowSummary | None) -> dict[str, float]:
     out = {}
-    for c in ("p0", "p1"):
-        per = ((s or {}).get("classes") or {}).get(c) or {}
+    for p in (Priority.P0, Priority.P1):
+        per = None if s is None else s.classes[p]
         for k in ("ttft_p99_ms", "tbt_p99_ms"):
-            v = per.get(k)
-            out[f"{c}_{k}"] = float(v) if isinstance(v, (int, float)) else math.nan
+            v = None if per is None else getattr(per, k)
+            out[f"{p.label}_{k}"] = math.nan if v is None else v
     return out
 
 

@@ -5,8 +5,9 @@ thread and keeps the cumulative series it needs. It is both the demo's AlertRead
 its WindowEvaluator: windows are counter and bucket differences between two scrapes, the
 P99s the same linear interpolation ``histogram_quantile`` does, goodput the rules'
 product (tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), the
-gauges (busy ratio, waiting requests) as at the window's end, and the alerts the alert
-table (``alerts.SummaryAlerts``) evaluated once per rule interval on the trailing window.
+gauges (busy ratio, waiting requests) as at the window's end, the summary Prometheus' own
+builder (``prometheus/query.window_summary``), and the alerts the alert table
+(``prometheus/alerts.SummaryAlerts``) evaluated once per rule interval on the trailing window.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
+from slopilot.tuner.prometheus.query import window_summary
 from slopilot.tuner.prometheus.rules import RuleOptions, bucket_edge_at_or_below
 from slopilot.tuner.study.evaluator import WindowRejected
 
@@ -140,51 +142,57 @@ class DirectScrape:
         return {"busy_ratio": sum(busy) / len(busy) if busy else None,
                 "requests_waiting": sum(waiting) if waiting else None}
 
-    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+    def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         d = self._delta(start, end, canary)
         span = max(1e-9, end - start)
-        classes: dict[str, dict[str, Any]] = {}
-        preempt = sum(v for (n, _, _), v in d.items()
-                      if n == "vllm:num_preemptions_total") * 60 / span
-        for p in Priority:
-            c, cls_slo = p.label, self.slo.class_slo(p)
-            hist = {name: {le: v for (n, k, le), v in d.items() if n == name and k == c}
-                    for name in (_TTFT, _TBT)}
-            tokens = sum(v for (n, k, _), v in d.items()
-                         if n == "vllm:request_generation_tokens_sum" and k == c)
-            good = tokens / span
-            for name, limit in ((_TTFT, cls_slo.ttft_p99_ms), (_TBT, cls_slo.tbt_p99_ms)):
-                total = hist[name].get(math.inf, 0.0)
-                if limit is not None and total > 0:
-                    good *= hist[name].get(bucket_edge_at_or_below(limit / 1000), 0.0) / total
-            classes[c] = {
-                "requests_finished": sum(v for (n, k, _), v in d.items()
-                                         if n == "vllm:e2e_request_latency_seconds_count"
-                                         and k == c),
-                "ttft_p99_ms": quantile(0.99, hist[_TTFT]) * 1000,
-                "tbt_p99_ms": quantile(0.99, hist[_TBT]) * 1000,
-                "throughput_tok_s": tokens / span, "goodput_tok_s": good,
-                "preemptions_per_min": preempt}
-        finished = sum(x["requests_finished"] for x in classes.values())
+        labels = {p.label for p in Priority}
+
+        def by_class(name: str) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for (n, c, _), v in d.items():
+                if n == name and c in labels:
+                    out[c] = out.get(c, 0.0) + v
+            return out
+
+        def buckets(name: str, cls: str | None) -> dict[float, float]:
+            """Cumulative ``{le: count}`` of one class, or of every class (None)."""
+            out: dict[float, float] = {}
+            for (n, c, le), v in d.items():
+                if n == name and (c == cls or (cls is None and c in labels)):
+                    out[le] = out.get(le, 0.0) + v
+            return out
+
+        requests = by_class("vllm:e2e_request_latency_seconds_count")
+        finished = sum(requests.values())
         if finished < self.min_requests:
             raise WindowRejected(f"only {finished:.0f} requests finished in the "
                                  f"{span:.0f} s window; need {self.min_requests}")
-
-        def worst(key: str) -> float:
-            return max((x[key] for x in classes.values() if math.isfinite(x[key])),
-                       default=math.nan)
-
         queries = sum(v for (n, _, _), v in d.items() if n == _QUERIES)
         hits = sum(v for (n, _, _), v in d.items() if n == _HITS)
-        return {"start": start, "end": end, "duration_s": span, "canary": canary,
-                "requests_finished": finished, **self._gauges(end, canary),
-                "prefix_cache_hit_ratio": hits / queries if queries > 0 else None,
-                "throughput_tok_s": sum(x["throughput_tok_s"] for x in classes.values()),
-                "goodput_tok_s": sum(x["goodput_tok_s"] for x in classes.values()),
-                "ttft_p99_ms": worst("ttft_p99_ms"), "tbt_p99_ms": worst("tbt_p99_ms"),
-                "preemptions_per_min": preempt, "classes": classes}
+        tokens = by_class("vllm:request_generation_tokens_sum")
+        goodput: dict[str, float] = {}
+        for p in Priority:
+            c, cls_slo = p.label, self.slo.class_slo(p)
+            good = tokens.get(c, 0.0) / span
+            for name, limit in ((_TTFT, cls_slo.ttft_p99_ms), (_TBT, cls_slo.tbt_p99_ms)):
+                hist = buckets(name, c)
+                total = hist.get(math.inf, 0.0)
+                if limit is not None and total > 0:
+                    good *= hist.get(bucket_edge_at_or_below(limit / 1000), 0.0) / total
+            goodput[c] = good
+        return window_summary(
+            requests=requests, throughput={c: v / span for c, v in tokens.items()},
+            ttft_p99_s={p.label: quantile(0.99, buckets(_TTFT, p.label)) for p in Priority},
+            tbt_p99_s={p.label: quantile(0.99, buckets(_TBT, p.label)) for p in Priority},
+            goodput=goodput,
+            preemptions_per_min=sum(v for (n, _, _), v in d.items()
+                                    if n == "vllm:num_preemptions_total") * 60 / span,
+            overall_ttft_p99_s=quantile(0.99, buckets(_TTFT, None)),
+            overall_tbt_p99_s=quantile(0.99, buckets(_TBT, None)),
+            duration_s=span, window=Window(start, end, canary), **self._gauges(end, canary),
+            prefix_cache_hit_ratio=hits / queries if queries > 0 else None)
 
-    def _summary_at(self, t: float) -> Mapping[str, Any] | None:
+    def _summary_at(self, t: float) -> WindowSummary | None:
         try:
             return self.measure(t - self.opt.rate_window_s, t, canary=False)
         except WindowRejected:

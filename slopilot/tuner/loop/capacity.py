@@ -16,11 +16,12 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult, score
 
 log = logging.getLogger(__name__)
 
-SimulateFn = Callable[[Scenario, Mapping[str, Any], int], Mapping[str, Any]]
+SimulateFn = Callable[[Scenario, Mapping[str, Any], int], WindowSummary]
 
 
 class CapacityError(ValueError):
@@ -28,8 +29,7 @@ class CapacityError(ValueError):
 
 
 def _default_simulate(duration_s: float | None, seed: int | None) -> SimulateFn:
-    def run(scenario: Scenario, config: Mapping[str, Any], replicas: int
-            ) -> Mapping[str, Any]:
+    def run(scenario: Scenario, config: Mapping[str, Any], replicas: int) -> WindowSummary:
         return simulate(scenario, config, replicas=replicas, duration_s=duration_s,
                         seed=seed).summary
     return run

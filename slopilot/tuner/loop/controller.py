@@ -21,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from slopilot.engine.config import ConfigError
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.ports import (
@@ -279,18 +281,18 @@ class Controller:
         return self._decide(Action.NONE, reason, trial=number, config=config,
                             summary=summary)
 
-    def _p0_breach(self, summary: Mapping[str, Any]) -> str | None:
-        p0 = (summary.get("classes") or {}).get("p0") or {}
+    def _p0_breach(self, summary: WindowSummary) -> str | None:
+        p0 = summary.classes[Priority.P0]
         slo = self.settings.slo.p0
         limit = 1.0 + self.settings.revert_margin
-        for key, bound in (("ttft_p99_ms", slo.ttft_p99_ms), ("tbt_p99_ms", slo.tbt_p99_ms)):
-            value = p0.get(key)
+        for key, value, bound in (("ttft_p99_ms", p0.ttft_p99_ms, slo.ttft_p99_ms),
+                                  ("tbt_p99_ms", p0.tbt_p99_ms, slo.tbt_p99_ms)):
             if bound is not None and value is not None and value > limit * bound:
                 return f"p0 {key}={value:.0f} > {limit:g} x {bound:g}"
         return None
 
     def _end_trial(self, t: RunningTrial, outcome: TrialOutcome, action: Action, reason: str,
-                   summary: Mapping[str, Any] | None) -> Decision:
+                   summary: WindowSummary | None) -> Decision:
         self.metrics.trial(self.settings.deployment, outcome)
         self.loop.episode_trials += 1
         self.loop.trial = None
@@ -304,7 +306,7 @@ class Controller:
 
     # ------------------------------------------------------------------ commit, scale
     def _commit(self, now: float, reason: str,
-                summary: Mapping[str, Any] | None = None) -> Decision:
+                summary: WindowSummary | None = None) -> Decision:
         loop = self.loop
         self._enter(ControllerState.COMMIT, now, reason)
         if loop.trial is not None:
@@ -403,7 +405,7 @@ class Controller:
 
     def _decide(self, action: Action, reason: str, *, trial: int | None = None,
                 config: Mapping[str, Any] | None = None,
-                summary: Mapping[str, Any] | None = None) -> Decision:
+                summary: WindowSummary | None = None) -> Decision:
         return Decision(self.loop.state, action, reason, self.deployment.replicas(),
                         self.loop.prometheus_unavailable, trial, config, summary)
 

@@ -2,8 +2,8 @@
 
 The same ``Controller`` drives local processes with a real Prometheus (``local.py``),
 Kubernetes pods (the operator), and a virtual-time simulated cluster (``sim_adapters``),
-each through these interfaces. Every figure crosses as a DESIGN §8 summary dict, the one
-currency ``objective.score`` reads.
+each through these interfaces. Every figure crosses as a ``WindowSummary``
+(``engine/window_summary.py``), the one currency ``objective.score`` reads.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert
 from slopilot.tuner.study.objective import TrialResult
 
@@ -52,14 +53,14 @@ class AlertReader(Protocol):
 
 
 class WindowEvaluator(Protocol):
-    """Figures of a finished (or running) window, as a DESIGN §8 summary dict.
+    """Figures of a finished (or running) window, as a ``WindowSummary``.
 
     ``canary`` selects the canary replica's series only. Raises WindowRejected when the
     window does not count (too few samples, the load moved) and PrometheusUnavailable
     when the source is down.
     """
 
-    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]: ...
+    def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary: ...
 
 
 class WorkloadProbe(Protocol):

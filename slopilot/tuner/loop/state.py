@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 
 
 class ControllerState(enum.StrEnum):
@@ -185,7 +186,7 @@ class Decision:
     prometheus_unavailable: bool = False
     trial: int | None = None
     config: Mapping[str, Any] | None = None
-    summary: Mapping[str, Any] | None = None
+    summary: WindowSummary | None = None
     """Figures behind the decision (a measured window), when there were some."""
 
     def line(self) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.profiling import ProfileError, WorkloadProfile
 from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
 from slopilot.tuner.prometheus.rules import (
@@ -28,11 +29,11 @@ from slopilot.tuner.prometheus.rules import (
 )
 from slopilot.tuner.study.evaluator import WindowRejected
 
-"""PromQL and an evaluation time (Unix seconds) in, the API's result list out."""
-
 ROLE_LABEL = "instance_role"
 CANARY = {ROLE_LABEL: "canary"}
-_QUANTILES = {"ttft_p99_ms": "slopilot:ttft_seconds:p99", "tbt_p99_ms": "slopilot:tbt_seconds:p99"}
+_QUANTILES = {"ttft": "slopilot:ttft_seconds:p99", "tbt": "slopilot:tbt_seconds:p99"}
+_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
+               "tbt": "vllm:inter_token_latency_seconds"}
 _GOODPUT = "slopilot:goodput_tokens:per_second"
 _PREEMPT = "slopilot:preemptions:per_minute"
 
@@ -45,7 +46,7 @@ def _window_s(start: float, end: float) -> int:
 
 
 class PrometheusWindows:
-    """WindowEvaluator: a DESIGN §8 summary of ``[start, end]`` read from Prometheus.
+    """WindowEvaluator: the ``WindowSummary`` of ``[start, end]`` read from Prometheus.
 
     ``min_requests``: fewer finished requests in the window -> WindowRejected.
     ``load_tolerance``: the arrival rate of the window moved more than this fraction from
@@ -99,6 +100,10 @@ class PrometheusWindows:
                                  f"vllm:e2e_request_latency_seconds_count{s}[{w}]))"}
         out["throughput"] = {None: f"sum by (priority_class) (rate("
                                    f"vllm:request_generation_tokens_sum{s}[{w}]))"}
+        # Every class together, as the simulator's overall P99 (no recording rule has it).
+        for key, metric in _HISTOGRAMS.items():
+            out[f"{key}_p99_all"] = {None: f"histogram_quantile(0.99, sum by (le) (rate("
+                                           f"{metric}_bucket{s}[{w}])))"}
         # Arrivals, not completions: a bad config slows completions, and that must read as
         # a bad trial, not as a load shift. Arrivals = finished + growth of the queue.
         out["request_rate"] = {None: (
@@ -120,7 +125,7 @@ class PrometheusWindows:
         w = _window_s(start, end)
         return self._scalar(self._exprs(self._selector(canary), w)["request_rate"][None], end)
 
-    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+    def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         w = _window_s(start, end)
         q = self._exprs(self._selector(canary), w)
         requests = self._by_class(q["requests"][None], end)
@@ -136,17 +141,16 @@ class PrometheusWindows:
             raise WindowRejected(f"request rate moved from {before:.3g}/s to {rate:.3g}/s "
                                  f"(more than {self.load_tolerance:.0%}): the window is not "
                                  "comparable")
-        throughput = self._by_class(q["throughput"][None], end)
-        quantiles = {key: self._by_class(q[rec][None], end) for key, rec in _QUANTILES.items()}
-        goodput = {c: self._scalar(expr, end) for c, expr in q.get(_GOODPUT, {}).items()
-                   if c is not None}
-        summary = window_summary(
-            requests=requests, throughput=throughput, ttft_p99_s=quantiles["ttft_p99_ms"],
-            tbt_p99_s=quantiles["tbt_p99_ms"], goodput=goodput,
-            preemptions_per_min=self._scalar(q[_PREEMPT][None], end), duration_s=w)
-        summary.update(start=start, end=end, canary=canary, requests_finished=finished,
-                       request_rate=rate)
-        return summary
+        p99 = {key: self._by_class(q[rec][None], end) for key, rec in _QUANTILES.items()}
+        return window_summary(
+            requests=requests, throughput=self._by_class(q["throughput"][None], end),
+            ttft_p99_s=p99["ttft"], tbt_p99_s=p99["tbt"],
+            goodput={c: self._scalar(expr, end) for c, expr in q.get(_GOODPUT, {}).items()
+                     if c is not None},
+            preemptions_per_min=self._scalar(q[_PREEMPT][None], end),
+            overall_ttft_p99_s=self._scalar(q["ttft_p99_all"][None], end),
+            overall_tbt_p99_s=self._scalar(q["tbt_p99_all"][None], end),
+            duration_s=w, window=Window(start, end, canary), request_rate=rate)
 
 
 class PrometheusProbe:

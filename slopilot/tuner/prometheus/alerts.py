@@ -11,14 +11,16 @@ objects of one deployment, matched by namespace and name. Where no Prometheus ru
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
 
+from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.alert_table import AlertAction, AlertRule, Figure, alert_table
 from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
@@ -121,30 +123,22 @@ class AlertSource:
         self._client.close()
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return None
-    return float(value)
-
-
-def summary_figure(summary: Mapping[str, Any], figure: Figure, cls: str) -> float | None:
+def summary_figure(summary: WindowSummary, figure: Figure, cls: str) -> float | None:
     """What the recorded series ``figure`` would hold for this window (None: no data).
 
     Latencies in seconds, as the series has them. Utilization is the GPU's where the
     summary has it and the executor's busy ratio otherwise, as the recording rule's ``or``.
     """
     if figure.per_class:
-        per = (summary.get("classes") or {}).get(cls) or {}
-        key = "ttft_p99_ms" if figure is Figure.TTFT_P99 else "tbt_p99_ms"
-        ms = _number(per.get(key))
+        per = summary.classes[Priority.parse(cls)]
+        ms = per.ttft_p99_ms if figure is Figure.TTFT_P99 else per.tbt_p99_ms
         return None if ms is None else ms / 1000
     if figure is Figure.UTILIZATION:
-        gpu = _number(summary.get("gpu_utilization"))
-        return gpu if gpu is not None else _number(summary.get("busy_ratio"))
-    key = {Figure.PREEMPTIONS_PER_MIN: "preemptions_per_min",
-           Figure.REQUESTS_WAITING: "requests_waiting",
-           Figure.PREFIX_HIT_RATIO: "prefix_cache_hit_ratio"}[figure]
-    return _number(summary.get(key))
+        gpu = summary.gpu_utilization
+        return gpu if gpu is not None else summary.busy_ratio
+    return {Figure.PREEMPTIONS_PER_MIN: summary.preemptions_per_min,
+            Figure.REQUESTS_WAITING: summary.requests_waiting,
+            Figure.PREFIX_HIT_RATIO: summary.prefix_cache_hit_ratio}[figure]
 
 
 class SummaryAlerts:
@@ -168,7 +162,7 @@ class SummaryAlerts:
         longest = max((r.for_s for r in self.rules), default=0)
         self._catch_up = math.ceil(longest / options.interval_s) + 1
 
-    def _holding(self, summary: Mapping[str, Any]
+    def _holding(self, summary: WindowSummary
                  ) -> dict[tuple[str, str, str], tuple[AlertRule, float | None]]:
         """The rules whose every condition holds, with the first condition's value."""
         out = {}
@@ -179,7 +173,7 @@ class SummaryAlerts:
                 out[(rule.name, rule.priority_class, rule.severity.value)] = (rule, values[0])
         return out
 
-    def evaluate(self, summary: Mapping[str, Any] | None, now: float) -> list[Alert]:
+    def evaluate(self, summary: WindowSummary | None, now: float) -> list[Alert]:
         active = self._holding(summary) if summary is not None else {}
         self._pending = {k: t for k, t in self._pending.items() if k in active}
         out = []
@@ -192,7 +186,7 @@ class SummaryAlerts:
         return list(out)
 
     def firing(self, now: float,
-               summary_at: Callable[[float], Mapping[str, Any] | None]) -> list[Alert]:
+               summary_at: Callable[[float], WindowSummary | None]) -> list[Alert]:
         interval = self.opt.interval_s
         if self._last is None:
             due = [now]

@@ -1,8 +1,8 @@
 """One Prometheus query client for the tuner: PromQL in, the API's result list out.
 
-Every reader of Prometheus (the live evaluator, the window adapter, workload profiling)
-goes through ``query_at`` so that an unreachable or refusing Prometheus always surfaces
-as ``PrometheusUnavailable`` with the same message, and quickly (one short retry).
+Every reader of Prometheus (the window adapter, workload profiling) goes through
+``query_at`` so that an unreachable or refusing Prometheus always surfaces as
+``PrometheusUnavailable`` with the same message, and quickly (one short retry).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slopilot.engine.request import Priority
+from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary, or_none
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 # (expr, evaluation time in Unix seconds or None for now) -> the result's sample list.
@@ -51,39 +52,45 @@ def query_at(url: str, timeout_s: float = 5.0) -> QueryAt:
 def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, float],
                    ttft_p99_s: Mapping[str, float], tbt_p99_s: Mapping[str, float],
                    goodput: Mapping[str, float], preemptions_per_min: float,
-                   duration_s: float) -> dict[str, Any]:
-    """Per-class series read from Prometheus (by ``priority_class``) as a DESIGN §8
-    summary, the shape ``objective.score`` and the simulator share.
+                   overall_ttft_p99_s: float, overall_tbt_p99_s: float, duration_s: float,
+                   window: Window, request_rate: float | None = None,
+                   busy_ratio: float | None = None, gpu_utilization: float | None = None,
+                   requests_waiting: float | None = None,
+                   prefix_cache_hit_ratio: float | None = None) -> WindowSummary:
+    """Per-class figures read from histograms and counters (by ``priority_class``) as a
+    ``WindowSummary``: the one builder of both live sources, Prometheus and the direct
+    scrape. P99s are in seconds, NaN (or absent) where a class had no samples.
 
     A class with no goodput series has no SLO (best effort): all its tokens count, as in
-    the simulator. A NaN preemption rate (no series yet) reads as none.
+    the simulator. A NaN preemption rate or request rate (no series yet) reads as none.
     """
-    preempt = 0.0 if math.isnan(preemptions_per_min) else preemptions_per_min
-    classes: dict[str, dict[str, Any]] = {}
+    def number(value: float) -> float:
+        return 0.0 if math.isnan(value) else value
+
+    def ms(seconds: float) -> float | None:
+        return or_none(seconds * 1000.0)
+
+    classes: dict[Priority, ClassFigures] = {}
     for p in Priority:
         c = p.label
+        finished = number(requests.get(c, 0.0))
         good = goodput.get(c, math.nan)
-        if c not in goodput and requests.get(c, 0.0) > 0:
+        if c not in goodput and finished > 0:
             good = throughput.get(c, 0.0)
-        classes[c] = {
-            "requests_finished": requests.get(c, 0.0),
-            "ttft_p99_ms": ttft_p99_s.get(c, math.nan) * 1000.0,
-            "tbt_p99_ms": tbt_p99_s.get(c, math.nan) * 1000.0,
-            "throughput_tok_s": throughput.get(c, 0.0),
+        classes[p] = ClassFigures(
+            requests_finished=finished, throughput_tok_s=number(throughput.get(c, 0.0)),
             # No finished request of the class: no goodput either (NaN from 0/0).
-            "goodput_tok_s": 0.0 if math.isnan(good) else good,
-            "preemptions_per_min": preempt,
-        }
-
-    def worst(key: str) -> float:
-        return max((x[key] for x in classes.values() if math.isfinite(x[key])),
-                   default=math.nan)
-
-    return {
-        "duration_s": float(duration_s),
-        "requests_finished": sum(x["requests_finished"] for x in classes.values()),
-        "throughput_tok_s": sum(x["throughput_tok_s"] for x in classes.values()),
-        "goodput_tok_s": sum(x["goodput_tok_s"] for x in classes.values()),
-        "ttft_p99_ms": worst("ttft_p99_ms"), "tbt_p99_ms": worst("tbt_p99_ms"),
-        "preemptions_per_min": preempt, "classes": classes,
-    }
+            goodput_tok_s=number(good),
+            ttft_p99_ms=ms(ttft_p99_s.get(c, math.nan)),
+            tbt_p99_ms=ms(tbt_p99_s.get(c, math.nan)))
+    overall = ClassFigures(
+        requests_finished=sum(x.requests_finished for x in classes.values()),
+        throughput_tok_s=sum(x.throughput_tok_s for x in classes.values()),
+        goodput_tok_s=sum(x.goodput_tok_s for x in classes.values()),
+        ttft_p99_ms=ms(overall_ttft_p99_s), tbt_p99_ms=ms(overall_tbt_p99_s))
+    return WindowSummary(
+        duration_s=float(duration_s),
+        preemptions_per_min=number(preemptions_per_min), overall=overall, classes=classes,
+        request_rate=or_none(request_rate), busy_ratio=or_none(busy_ratio),
+        gpu_utilization=or_none(gpu_utilization), requests_waiting=or_none(requests_waiting),
+        prefix_cache_hit_ratio=or_none(prefix_cache_hit_ratio), window=window)

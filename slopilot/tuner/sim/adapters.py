@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slopilot.engine.config import ConfigError
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.arrivals import Poisson
 from slopilot.engine.sim.cluster import SimCluster
@@ -23,6 +24,7 @@ from slopilot.engine.sim.open_loop import OpenLoopPhase
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import holds
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.rules import RuleOptions
@@ -64,7 +66,7 @@ class SimAlerts:
         self.cluster, self.opt = cluster, options
         self._alerts = SummaryAlerts(cluster.scenario.slo, options)
 
-    def _summary_at(self, t: float) -> Mapping[str, Any] | None:
+    def _summary_at(self, t: float) -> WindowSummary | None:
         start = max(0.0, t - self.opt.rate_window_s)
         return self.cluster.summary(start, t) if t - start >= 1.0 else None
 
@@ -78,11 +80,11 @@ class SimWindows:
     def __init__(self, cluster: SimCluster, *, min_requests: int = 20) -> None:
         self.cluster, self.min_requests = cluster, min_requests
 
-    def measure(self, start: float, end: float, *, canary: bool) -> Mapping[str, Any]:
+    def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         s = self.cluster.summary(start, end, canary=canary)
-        if s["requests_finished"] < self.min_requests:
-            raise WindowRejected(f"only {s['requests_finished']} requests finished in "
-                                 f"[{start:.0f}, {end:.0f}); need {self.min_requests}")
+        if s.overall.requests_finished < self.min_requests:
+            raise WindowRejected(f"only {s.overall.requests_finished:.0f} requests finished "
+                                 f"in [{start:.0f}, {end:.0f}); need {self.min_requests}")
         return s
 
 
@@ -132,7 +134,12 @@ class SimOffline:
                      k: int) -> Sequence[tuple[dict[str, Any], bool]]:
         self.runs += 1
         tuner = Tuner(open_study(None, f"offline-{self.runs}", seed=self.seed), self.space)
-        tuner.warm_start([{n: v for n, v in start.items() if n in self.space.bounds}])
+        try:
+            tuner.warm_start([{n: v for n, v in start.items() if n in self.space.bounds}])
+        except ConfigError as exc:
+            # The running config may lie outside the space (knobs set beyond the default
+            # ranges): the study runs without it as a start; it is no candidate anyway.
+            log.info("offline: the running config is outside the search space (%s)", exc)
         tuner.run(SimulatorEvaluator(scenario, duration_s=self.duration_s, seed=self.seed,
                                      replicas=replicas), self.n_trials)
         ranked = rank_for_warm_start([r for _, r in tuner.results()], self.margin)

@@ -1,9 +1,9 @@
-"""Evaluators: the simulator (seconds per config) and Prometheus (a live window).
+"""``SimulatorEvaluator``: a config scored on the simulator, in seconds.
 
-``SimulatorEvaluator`` runs a scenario in virtual time with the config's knobs; the
-run is deterministic for a seed, so the offline study compares configs on the same
-arrivals. ``PrometheusEvaluator`` (in ``prometheus_evaluator``) applies the config to
-live engines and reads the window back from Prometheus.
+It runs a scenario in virtual time with the config's knobs; the run is deterministic for
+a seed, so the offline study compares configs on the same arrivals. Live trials have no
+evaluator of their own: the controller applies a config, waits a window and reads it
+through its ``WindowEvaluator`` (``prometheus/adapters.PrometheusWindows``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,7 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.prometheus.evaluator import PrometheusEvaluator
-from slopilot.tuner.study.evaluator import Evaluator, PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.objective import TrialResult, score
-
-__all__ = ["Evaluator", "PrometheusEvaluator", "PrometheusUnavailable", "SimulatorEvaluator",
-           "WindowRejected"]
 
 
 class SimulatorEvaluator:

@@ -1,7 +1,8 @@
-"""What every evaluator is: a config in, a scored ``TrialResult`` out.
+"""What every evaluator is: a config in, a scored ``TrialResult`` out; and the errors
+every measurement shares (a window that does not count, an unreachable Prometheus).
 
-Split from ``evaluators.py`` so the Prometheus evaluator (its own module) and the
-simulator one share the protocol and errors without importing each other.
+The study's room holds them so that the simulator's evaluator, the Prometheus windows and
+the controller share them without importing each other.
 """
 
 from __future__ import annotations

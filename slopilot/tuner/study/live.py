@@ -42,6 +42,8 @@ class ResumableTuner(Tuner):
                  "constraints": list(result.constraints),
                  "constraint_names": list(names), "feasible": result.feasible,
                  "resumed_from_trial": number}
+        if result.summary is not None:
+            attrs["summary"] = result.summary.to_dict()
         self.study.add_trial(optuna.trial.create_trial(
             params=stored.params, distributions=stored.distributions,
             value=result.goodput_tok_s, user_attrs=attrs,

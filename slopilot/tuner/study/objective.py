@@ -1,6 +1,6 @@
 """The objective: goodput to maximize, SLO terms as Optuna constraints.
 
-A summary (the simulator's DESIGN §8 dict, or the Prometheus evaluator's equivalent)
+A ``WindowSummary`` (``engine/window_summary.py``: the simulator's, or a live window's)
 becomes a ``TrialResult``. Each SLO term becomes one constraint ``measured / limit - 1``:
 Optuna counts a trial feasible when every constraint is <= 0, and normalizing by the
 limit makes terms of different units comparable (0.5 means 50 % over, whichever term).
@@ -11,22 +11,17 @@ where the SLO sets them; then the engine-wide preemptions per minute.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 
-# A class that served nothing in the window has no P99 (NaN from Prometheus, None in a
-# summary); it breaks no SLO (its goodput is zero, which the objective already counts),
-# so its term reads as comfortably met.
+# A class that served nothing in the window has no P99 (None in a summary); it breaks no
+# SLO (its goodput is zero, which the objective already counts), so its term reads as
+# comfortably met.
 NO_SAMPLES = -1.0
-
-
-class SummaryError(ValueError):
-    """A summary lacks a figure the objective needs; the message names it."""
 
 
 def constraint_names(slo: SLOSpec) -> tuple[str, ...]:
@@ -51,7 +46,8 @@ class TrialResult:
     constraints: tuple[float, ...]
     """Optuna form: feasible when every value is <= 0 (``measured / limit - 1``)."""
     feasible: bool
-    summary: Mapping[str, Any] = field(default_factory=dict)
+    summary: WindowSummary | None = None
+    """What was measured; None for a stored trial whose summary could not be read."""
     constraint_names: tuple[str, ...] = ()
 
     @property
@@ -64,61 +60,33 @@ class TrialResult:
                 "constraints": dict(zip(self.constraint_names, self.constraints,
                                         strict=True)) if self.constraint_names
                 else list(self.constraints),
-                "feasible": self.feasible, "summary": dict(self.summary)}
+                "feasible": self.feasible,
+                "summary": None if self.summary is None else self.summary.to_dict()}
 
 
-def _figure(summary: Mapping[str, Any], where: str, key: str) -> float:
-    if key not in summary:
-        raise SummaryError(f"summary{where} lacks {key!r}; pass a DESIGN §8 summary "
-                           "(slopilot simulate --json) or an evaluator's")
-    value = summary[key]
-    if value is None:
-        return math.nan
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SummaryError(f"summary{where}[{key!r}]={value!r}: expected a number")
-    return float(value)
+def _term(measured: float | None, limit: float) -> float:
+    return NO_SAMPLES if measured is None else measured / limit - 1.0
 
 
-def _term(measured: float, limit: float) -> float:
-    return NO_SAMPLES if math.isnan(measured) else measured / limit - 1.0
-
-
-def score(summary: Mapping[str, Any], slo: SLOSpec,
+def score(summary: WindowSummary, slo: SLOSpec,
           config: Mapping[str, Any] | None = None) -> TrialResult:
-    """Goodput and normalized SLO constraints of one run's summary.
+    """Goodput and normalized SLO constraints of one window's summary.
 
-    ``config`` defaults to ``summary["config"]`` (the simulator records it there).
+    ``config`` defaults to the simulated run's (``summary.run.config``).
     """
-    classes = summary.get("classes")
-    if not isinstance(classes, Mapping):
-        raise SummaryError("summary lacks 'classes' (per-class figures under p0, p1, p2)")
     constraints: list[float] = []
     for p, c in slo.classes().items():
-        per = classes.get(p.label)
-        if not isinstance(per, Mapping):
-            raise SummaryError(f"summary['classes'] lacks {p.label!r}")
-        where = f"['classes'][{p.label!r}]"
+        figures = summary.classes[p]
         if c.ttft_p99_ms is not None:
-            constraints.append(_term(_figure(per, where, "ttft_p99_ms"), c.ttft_p99_ms))
+            constraints.append(_term(figures.ttft_p99_ms, c.ttft_p99_ms))
         if c.tbt_p99_ms is not None:
-            constraints.append(_term(_figure(per, where, "tbt_p99_ms"), c.tbt_p99_ms))
+            constraints.append(_term(figures.tbt_p99_ms, c.tbt_p99_ms))
     limit = slo.max_preemptions_per_min
     if limit is not None:
-        rate = _figure(summary, "", "preemptions_per_min")
-        constraints.append(_term(rate, limit))
-    goodput = _figure(summary, "", "goodput_tok_s")
-    if not math.isfinite(goodput):
-        goodput = 0.0
+        constraints.append(_term(summary.preemptions_per_min, limit))
     if config is None:
-        config = summary.get("config") or {}
-    return TrialResult(config=dict(config), goodput_tok_s=goodput,
+        config = summary.run.config if summary.run is not None else {}
+    return TrialResult(config=dict(config), goodput_tok_s=summary.overall.goodput_tok_s,
                        constraints=tuple(constraints),
                        feasible=all(c <= 0.0 for c in constraints),
-                       summary=dict(summary), constraint_names=constraint_names(slo))
-
-
-def class_goodput(summary: Mapping[str, Any]) -> dict[str, float]:
-    """Per-class goodput from a summary (zero where a class is absent)."""
-    classes = summary.get("classes") or {}
-    return {p.label: float((classes.get(p.label) or {}).get("goodput_tok_s") or 0.0)
-            for p in Priority}
+                       summary=summary, constraint_names=constraint_names(slo))

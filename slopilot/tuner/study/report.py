@@ -61,8 +61,10 @@ def _plots(results: list[tuple[int, TrialResult]], out: Path) -> list[str]:
     plt.close(fig)
     written.append("history.png")
 
-    pts = [(float(r.summary.get("throughput_tok_s", 0.0)),
-            float(r.summary.get("tbt_p99_ms", math.nan))) for _, r in results]
+    overall = [None if r.summary is None else r.summary.overall for _, r in results]
+    pts = [(0.0, math.nan) if o is None else
+           (o.throughput_tok_s, math.nan if o.tbt_p99_ms is None else o.tbt_p99_ms)
+           for o in overall]
     ok = [i for i, (_, y) in enumerate(pts) if math.isfinite(y)]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.scatter([pts[i][0] for i in ok], [pts[i][1] for i in ok], c="tab:blue", alpha=0.5,

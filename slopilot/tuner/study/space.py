@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -85,21 +85,30 @@ class SearchSpace:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_bounds(cls, bounds: Mapping[str, Any] | None = None, *,
-                    base: EngineConfig | None = None) -> SearchSpace:
-        """The default space with a deployment's changes.
+                    base: EngineConfig | None = None,
+                    applies: Collection[str] | None = None) -> SearchSpace:
+        """The default space with a deployment's changes: the one function ``slopilot
+        tune``, the demo and the operator build their spaces with.
 
-        ``bounds`` maps a knob to ``[lo, hi]`` (or ``{lo, hi, log}``) to narrow it, to a
-        list of choices (``preemption_mode``), or to a single value to fix it. Knobs the
-        tuner never moves (``block_size``, ``budget_align`` ...) may only be fixed; they
-        default to ``base`` (the engine defaults if None).
+        ``bounds`` maps a knob to ``[lo, hi]`` (or ``{lo, hi, log}``, either end left to
+        the default) to narrow or widen it, to a list of choices (``preemption_mode``), or
+        to a single value to fix it. Knobs the tuner never moves (``block_size``,
+        ``budget_align`` ...) may only be fixed; they default to ``base`` (the engine
+        defaults if None). ``applies``: the knobs the backend applies (None: all, the
+        built-in engine); the space leaves the others out, neither tuned nor fixed, so no
+        trial varies a knob the engines would ignore.
         """
         base = base or EngineConfig()
-        ranges: dict[str, Bound] = dict(DEFAULT_BOUNDS)
+        ranges: dict[str, Bound] = {n: b for n, b in DEFAULT_BOUNDS.items()
+                                    if applies is None or n in applies}
         fixed: dict[str, Any] = {}
         for name, spec in (bounds or {}).items():
             if name not in FIELDS:
                 raise ConfigError(f"unknown knob {name!r}; known knobs: "
                                   f"{', '.join(sorted(FIELDS))}")
+            if applies is not None and name in TUNABLE and name not in applies:
+                raise ConfigError(f"{name}: this backend does not apply it, so it cannot be "
+                                  f"tuned; it applies: {', '.join(sorted(applies))}")
             if name not in TUNABLE:
                 if isinstance(spec, (Mapping, list, tuple, IntRange, FloatRange, Choice)):
                     raise ConfigError(f"{name} is not tuned; give a single value to fix it")
@@ -112,6 +121,9 @@ class SearchSpace:
                 fixed[name] = value.value if isinstance(value, PreemptionMode) else value
             else:
                 ranges[name] = bound
+        if "token_budget" not in ranges:
+            # The grid and the chunk's cap need a budget even where none is tuned.
+            fixed.setdefault("token_budget", base.token_budget)
         align = int(fixed.pop("budget_align", base.budget_align))
         return cls(ranges, fixed, align)
 

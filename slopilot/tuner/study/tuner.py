@@ -9,6 +9,7 @@ FAIL: they stay in the history and the trial count continues past them.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import socket
 import uuid
@@ -18,10 +19,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from slopilot.engine.window_summary import SummaryError, WindowSummary
 from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 
+log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random")
 _WORKER = "slopilot_worker"  # "host:pid:token" of the process that asked the trial
 _TOKEN = uuid.uuid4().hex[:12]  # tells a restarted process (same host and pid) apart
@@ -129,8 +132,22 @@ def result_of(trial: FrozenTrial) -> TrialResult | None:
     a = trial.user_attrs
     return TrialResult(config=dict(a.get("config", {})), goodput_tok_s=float(a["goodput_tok_s"]),
                        constraints=tuple(_constraints(trial)), feasible=bool(a["feasible"]),
-                       summary=dict(a.get("summary", {})),
+                       summary=_stored_summary(trial),
                        constraint_names=tuple(a.get("constraint_names", ())))
+
+
+def _stored_summary(trial: FrozenTrial) -> WindowSummary | None:
+    """The trial's summary as stored, by this version or an earlier one (a dict form
+    ``WindowSummary.from_dict`` reads); None, and a warning, when it cannot be read."""
+    stored = trial.user_attrs.get("summary")
+    if stored is None:
+        return None
+    try:
+        return WindowSummary.from_dict(stored)
+    except SummaryError as exc:
+        log.warning("trial %d: its stored summary is unreadable (%s); kept without it",
+                    trial.number, exc)
+        return None
 
 
 def rank(result: TrialResult) -> tuple[int, float, float]:
@@ -172,7 +189,8 @@ class Tuner:
         trial.set_user_attr("constraints", list(result.constraints))
         trial.set_user_attr("constraint_names", list(result.constraint_names))
         trial.set_user_attr("feasible", result.feasible)
-        trial.set_user_attr("summary", _jsonable(result.summary))
+        if result.summary is not None:
+            trial.set_user_attr("summary", result.summary.to_dict())
         names = result.constraint_names or tuple(f"c{i}" for i in range(len(result.constraints)))
         for key, value in zip(names, result.constraints, strict=True):
             trial.set_constraint(key, value)
@@ -244,15 +262,3 @@ class Tuner:
                 callback(number, result)
         return self.best()
 
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON types (Optuna stores user attributes as JSON)."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return getattr(value, "value", value)
-    if hasattr(value, "value"):
-        return _jsonable(value.value)
-    return float(value) if hasattr(value, "__float__") else str(value)

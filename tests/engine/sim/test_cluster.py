@@ -24,8 +24,8 @@ def test_windows_scaling_and_canary_config() -> None:
     assert cluster.reps[0].engine.config.token_budget == 512
     assert cluster.reps[1].engine.config.token_budget == 2048
     whole, canary = cluster.summary(0, 25), cluster.summary(10, 25, canary=True)
-    assert 0 < canary["requests_finished"] < whole["requests_finished"]
-    assert whole["request_rate"] == pytest.approx(3.0, rel=0.5)
+    assert 0 < canary.overall.requests_finished < whole.overall.requests_finished
+    assert whole.request_rate == pytest.approx(3.0, rel=0.5)
     dep.scale(1)
     cluster.advance(40.0)
     assert dep.replicas() == 1 and len(cluster.retired) == 1

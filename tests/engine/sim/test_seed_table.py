@@ -23,7 +23,7 @@ ROWS = {
 @pytest.fixture(scope="module")
 def table() -> dict[str, dict[str, Any]]:
     scenario = load_scenario("seed-h800x8-deepseek67b")
-    return {name: simulate(scenario, knobs, duration_s=600).summary
+    return {name: simulate(scenario, knobs, duration_s=600).summary.to_dict()
             for name, knobs in ROWS.items()}
 
 

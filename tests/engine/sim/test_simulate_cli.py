@@ -1,4 +1,5 @@
-"""`slopilot simulate`: the DESIGN.md §8 JSON contract, the table, metrics, bad input."""
+"""`slopilot simulate`: the JSON contract tools read (its keys are
+``WindowSummary.to_dict``'s, ``engine/window_summary.py``), the table, metrics, bad input."""
 
 from __future__ import annotations
 
@@ -27,6 +28,25 @@ def test_json_has_overall_and_per_class_figures(capsys: pytest.CaptureFixture[st
     assert out["requests_finished"] == sum(
         c["requests_finished"] for c in out["classes"].values())
     assert out["requests_finished"] > 0 and out["throughput_tok_s"] > 0
+
+
+# Every key `simulate --json` has always written: tools read them, so none may go or move.
+TOP_KEYS = {"busy_ratio", "classes", "config", "duration_s", "goodput_tok_s", "iterations",
+            "kv_usage_max", "kv_usage_mean", "max_stall_ms", "mean_batch_tokens",
+            "preemptions_per_min", "preemptions_per_min_recompute", "preemptions_per_min_swap",
+            "prefix_hit_rate", "rejected", "replicas", "requests_finished", "scenario",
+            "slo_attainment", "tbt_p50_ms", "tbt_p99_ms", "throughput_tok_s", "ttft_mean_ms",
+            "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}
+CLASS_KEYS = {"goodput_tok_s", "max_stall_ms", "preemptions_per_min", "requests_finished",
+              "slo_attainment", "tbt_p50_ms", "tbt_p99_ms", "throughput_tok_s",
+              "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}
+
+
+def test_json_keys_are_exactly_the_published_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == TOP_KEYS
+    assert all(set(c) == CLASS_KEYS for c in out["classes"].values())
 
 
 def test_set_overrides_reach_the_engine(capsys: pytest.CaptureFixture[str]) -> None:

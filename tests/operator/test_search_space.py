@@ -1,0 +1,91 @@
+"""What an LLMDeployment's trials search: ``slopilot tune``'s space, narrowed only where
+the CR says so, and only over the knobs its backend applies."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import optuna
+import pytest
+
+from slopilot.operator.daemon import search_space
+from slopilot.operator.render import VLLM_APPLIES, vllm_args
+from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, TUNABLE, IntRange
+from slopilot.tuner.study.space import SearchSpace
+from tests.support.spaces import sample_configs
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _spec(**spec: Any) -> Any:
+    return parse_spec({"spec": {"model": {"name": "m"}, **spec}})
+
+
+def test_an_empty_cr_searches_exactly_what_slopilot_tune_searches() -> None:
+    spec = _spec()
+    assert spec.tuning.bounds == {}  # nothing written, nothing filled in
+    space = search_space(spec)
+    assert space == SearchSpace.from_bounds(None, base=spec.engine)  # `tune`'s call
+    assert space.bounds == DEFAULT_BOUNDS
+    assert space.bounds["token_budget"] == IntRange(128, 8192)
+    assert space.bounds["max_num_seqs"] == IntRange(8, 1024, log=True)
+
+
+def test_the_cr_bounds_hold_only_the_ends_the_user_wrote() -> None:
+    spec = _spec(tuning={"bounds": {"tokenBudget": {"min": 512},
+                                    "maxNumSeqs": {"min": 16, "max": 4096}}})
+    assert spec.tuning.bounds == {"token_budget": {"lo": 512},
+                                  "max_num_seqs": {"lo": 16, "hi": 4096}}
+    space = search_space(spec)
+    assert space.bounds["token_budget"] == IntRange(512, 8192)  # `tune`'s upper end
+    assert space.bounds["max_num_seqs"] == IntRange(16, 4096, log=True)  # wider is allowed
+    assert space.bounds["chunk_size"] == DEFAULT_BOUNDS["chunk_size"]
+
+
+@pytest.mark.parametrize(("bounds", "needle"), [
+    ({"tokenBudget": {"min": 10000}},
+     "spec.tuning.bounds.tokenBudget.min=10000 is above the upper end 8192 it leaves to "
+     "the default: set max as well"),
+    ({"maxNumSeqs": {"max": 4}},
+     "spec.tuning.bounds.maxNumSeqs.max=4 is below the lower end 8 it leaves to the "
+     "default: set min as well"),
+    ({"tokenBudget": {"max": 20000}},
+     "spec.tuning.bounds.tokenBudget=[128, 20000]: need 128 <= min <= max <= 16384"),
+])
+def test_a_half_written_bound_that_cannot_hold_names_the_missing_end(
+        bounds: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SpecError) as err:
+        _spec(tuning={"bounds": bounds})
+    assert any(needle in p for p in err.value.problems), err.value.problems
+
+
+def test_a_knob_outside_the_default_range_is_a_start_not_an_error() -> None:
+    spec = _spec(engine={"tokenBudget": 16384, "chunkSize": 512})
+    assert spec.engine.token_budget == 16384
+    assert search_space(spec).bounds["token_budget"] == IntRange(128, 8192)
+
+
+def test_a_vllm_cr_searches_only_the_knobs_vllm_applies() -> None:
+    spec = _spec(backend="vllm")
+    space = search_space(spec)
+    assert set(space.bounds) == {"token_budget", "chunk_size", "max_num_seqs"}
+    assert set(space.bounds) <= VLLM_APPLIES
+    for config in sample_configs(space, 50):
+        varied = {k for k in config if k != "budget_align"}  # fixed: the budget's grid
+        assert varied <= VLLM_APPLIES, varied - VLLM_APPLIES
+
+
+# Another valid value of each tuned knob, on the standard preset (budget 1024, chunk 512).
+OTHER = {"token_budget": 2048, "chunk_size": 256, "max_num_seqs": 64,
+         "preemption_mode": "swap", "recompute_max_tokens": 1024,
+         "max_preemptions_per_step": 4, "swap_timeout_ms": 100.0,
+         "p0_preempt_utilization": 0.5, "kv_watermark": 0.1}
+
+
+@pytest.mark.parametrize("knob", TUNABLE)
+def test_the_vllm_renderer_applies_exactly_the_knobs_it_declares(knob: str) -> None:
+    spec = _spec(backend="vllm")
+    moved = dataclasses.replace(spec, engine=spec.engine.with_overrides({knob: OTHER[knob]}))
+    assert (vllm_args(moved)[0] != vllm_args(spec)[0]) == (knob in VLLM_APPLIES)
