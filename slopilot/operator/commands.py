@@ -108,7 +108,7 @@ def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:
     the signal here first raises ``OPERATOR_STOPPING``, which every controller daemon
     checks, then kopf's stop flag.
     """
-    from slopilot.operator.daemon import OPERATOR_STOPPING
+    from slopilot.operator.tuning_daemon import OPERATOR_STOPPING
 
     stop = threading.Event()
     failure: list[BaseException] = []

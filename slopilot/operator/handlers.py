@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import kopf
 
-from slopilot.operator import daemon  # noqa: F401  # registers the controller daemon
+from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.kubeapi import Kube, load_client
