@@ -14,8 +14,12 @@ and replaces the state changes with apiserver rules:
 - lists with ``kind``/``apiVersion``/``resourceVersion``, label and field selectors;
 - watches from a resourceVersion (an event log, like etcd's), namespaced, with timeoutSeconds;
 - finalizers and deletionTimestamp; background garbage collection through ownerReferences;
-- CRDs created through the API become discoverable resources; their schema defaults and
-  validates custom objects;
+- CRDs created through the API become discoverable resources; their schema prunes
+  unknown fields, defaults and validates custom objects, CEL rules included;
+- names, labels, replica counts and resource quantities are checked as the apiserver
+  checks them (kube_validation.py), so an object a cluster would refuse is refused here;
+- ``fail(...)``: the next matching writes fail with a given status before they apply
+  (a lost connection, an overloaded apiserver), for tests of what a client does then;
 - ``GET /version`` and ``/version/``.
 """
 
@@ -32,14 +36,47 @@ from typing import Any
 import aiohttp.web
 import attrs
 from kmock import KubernetesEmulator, Request, ResourceInfo, Response, method, resource
-from kmock._internal import apps
+from kmock._internal import dsl
+from kmock._internal.rendering import ReactionMismatchError
 
 from tests.support import kube_objects as ko
-from tests.support.crd_schema import apply_defaults, schema_errors, served_schema
+from tests.support.crd_schema import (
+    apply_defaults,
+    cel_errors,
+    prune,
+    schema_errors,
+    served_schema,
+)
+from tests.support.kube_validation import object_problems
 
 CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
 Key = tuple[resource, str | None, str]
+
+
+def _member(view: Any, request: Request) -> bool:
+    """Whether ``request`` is in ``view``, judged on the request for plain filter chains."""
+    node = view
+    while True:
+        if isinstance(node, dsl.Root):
+            return True  # every request is appended to the root before it is routed
+        if type(node) is dsl.Filter:
+            if not node.criteria(request):
+                return False
+        elif type(node) is not dsl.Priority:
+            return request in view  # kmock's own (scanning) judgement
+        node = node._source
+
+
+@attrs.define
+class Fault:
+    """The next ``times`` writes (``method`` on ``plural``[/``subresource``]) fail."""
+
+    method: str
+    plural: str
+    subresource: str | None
+    status: int
+    times: int
 
 
 @attrs.define(kw_only=True)
@@ -56,6 +93,7 @@ class KubeEmulator(KubernetesEmulator):
     _schemas: dict[resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _outcomes: dict[Request, tuple[int, dict[str, Any]]] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _faults: list[Fault] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -80,12 +118,51 @@ class KubeEmulator(KubernetesEmulator):
                         self._outcomes[request] = outcome
                         self._changed.notify_all()
             # Skip KubernetesEmulator._handle: its state changes are what this class replaces.
-            return await apps.RawHandler._handle(self, request)
+            return await self._route(request)
         finally:
             self._outcomes.pop(request, None)
 
+    def fail(self, method: str, plural: str, *, subresource: str | None = None,
+             status: int = 500, times: int = 1) -> None:
+        """Make the next ``times`` such writes fail with ``status``, changing nothing."""
+        self._faults.append(Fault(method.upper(), plural, subresource, status, times))
+
+    def _inject_fault(self, request: Request) -> None:
+        for fault in self._faults:
+            if fault.times > 0 and request.method.value == fault.method \
+                    and request.resource is not None and request.resource.plural == fault.plural \
+                    and request.subresource == fault.subresource:
+                fault.times -= 1
+                raise ko.api_error(fault.status, "InternalError",
+                                   "an injected failure: the write was not applied")
+
+    async def _route(self, request: Request) -> aiohttp.web.StreamResponse:
+        """kmock's reaction routing, without its scan of every past request.
+
+        kmock decides whether a reaction's view holds the request by iterating the view,
+        i.e. every request served so far, for every reaction: quadratic in the length of
+        a test. Views made of filters and priorities (all that this project registers)
+        are judged on the request alone; anything fancier (slices, groups) still scans.
+        """
+        priorities = [p.priorities for p in self._payloads]
+        width = max((len(p) for p in priorities), default=0)
+        keys = [tuple(-x for x in p) + (0,) * (width - len(p)) for p in priorities]
+        for index in sorted(range(len(keys)), key=keys.__getitem__):
+            payload = self._payloads[index]
+            if payload._disabled.is_set() or not _member(payload._source, request):
+                continue
+            try:
+                return await payload(request)  # type: ignore[no-any-return]
+            except ReactionMismatchError:
+                payload._disabled.set()
+            except NotImplementedError:
+                pass
+        raise NotImplementedError("no reaction matches the request")
+
     def _mutate(self, request: Request) -> tuple[int, dict[str, Any]] | None:
         res = self._known(request)
+        if request.method != method.GET:
+            self._inject_fault(request)
         if request.method == method.POST and request.name is None:
             return 201, self._create_object(res, request.namespace, request.data)
         if request.name is None:
@@ -163,7 +240,7 @@ class KubeEmulator(KubernetesEmulator):
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if not to_status:
             ko.bump_generation(old, new)
-            new = self._admit(res, new)
+        new = self._admit(res, new)  # a status write is pruned and validated too
         if new == old:
             return old  # a no-op write changes nothing and emits no event, as in etcd
         if res == CRDS:
@@ -337,12 +414,14 @@ class KubeEmulator(KubernetesEmulator):
         return ko.kind_of(res, self._info(res))
 
     def _admit(self, res: resource, body: dict[str, Any]) -> dict[str, Any]:
-        """Default and validate a custom object against its CRD schema, as the apiserver does."""
+        """Prune, default and validate as the apiserver does (custom objects by their CRD)."""
+        if problems := object_problems(str(res.plural), body):
+            raise ko.invalid(res, body["metadata"].get("name"), "; ".join(problems))
         schema = self._schemas.get(res)
         if schema is None:
             return body
-        body = apply_defaults(schema, body)
-        if errors := schema_errors(schema, body):
+        body = apply_defaults(schema, prune(schema, body))
+        if errors := schema_errors(schema, body) + cel_errors(schema, body):
             raise ko.invalid(res, body["metadata"].get("name"), "; ".join(errors))
         return body
 
