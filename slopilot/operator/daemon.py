@@ -52,6 +52,8 @@ class DaemonContext:
     name: str
     settings: ControllerSettings
     state: LoopState | None
+    uid: str = ""
+    """The CR's uid: a deleted and re-created CR of the same name is another deployment."""
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
@@ -78,10 +80,17 @@ def sim_worker() -> SimWorker:
         return _WORKER
 
 
-def controller_settings(spec: LLMDeploymentSpec, name: str) -> ControllerSettings:
+def study_name(namespace: str, name: str, uid: str) -> str:
+    """Keyed by namespace, name and uid: two namespaces' ``chat`` never share a study, and
+    a new CR of a deleted one's name starts its own (never the old one's running trial)."""
+    return f"{namespace}/{name}/{uid}" if uid else f"{namespace}/{name}"
+
+
+def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
+                        ) -> ControllerSettings:
     # vLLM cannot reconfigure one replica: its trials roll every replica.
     return ControllerSettings(
-        deployment=name, slo=spec.slo, min_replicas=max(spec.min_replicas, 1),
+        deployment=f"{namespace}/{name}", slo=spec.slo, min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN)
@@ -91,9 +100,9 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     """The production wiring: alerts, windows and workload from the spec's Prometheus.
 
     Windows select the deployment's series by ``slopilot_deployment`` (the ServiceMonitor
-    relabels it) and the canary's by its ``pod`` label (the first ready pod by name, as
-    the handle applies trials to). The study lives in ``spec.tuning.storage`` under the
-    deployment's namespaced name, so a restarted operator continues it. The simulator
+    relabels it) and the canary's by its ``pod`` label (the pod the running trial was
+    applied to, recorded in the trial). The study lives in ``spec.tuning.storage`` under
+    ``study_name``, so a restarted operator continues it. The simulator
     (warm start, capacity) runs the workload measured from Prometheus on the base
     scenario's hardware (``$SLOPILOT_BASE_SCENARIO``, default azure-conv-2023) with the
     spec's SLO and knobs.
@@ -122,13 +131,13 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     query = query_at(spec.prometheus_url)
 
     def canary_labels() -> dict[str, str]:
-        pods = ctx.handle.pods()
-        return {"pod": pods[0]["metadata"]["name"]} if pods else {}
+        pod = ctx.handle.canary_pod()
+        return {"pod": pod} if pod else {}
 
     bounds = {k: list(v) for k, v in spec.tuning.bounds.items()}
     space = SearchSpace.from_bounds(bounds or None, base=spec.engine)
     try:
-        study = open_study(spec.tuning.storage, f"{ctx.namespace}.{name}")
+        study = open_study(spec.tuning.storage, study_name(ctx.namespace, name, ctx.uid))
     except StudyStorageError as exc:
         raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
                               "function to build the controller's ports another way") from None

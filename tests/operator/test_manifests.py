@@ -24,12 +24,15 @@ EXPECTED_GRANTS = {
     ("slopilot.dev", "llmdeployments"): {"get", "list", "watch", "patch"},
     ("slopilot.dev", "llmdeployments/status"): {"get", "patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("slopilot.dev", "llmdeployments/finalizers"): {"update"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "prometheusrules"): {"get", "list", "watch", "create", "patch"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"create"},  # the admin tokens it mints; never read (tokens.py)
     ("", "pods"): {"get", "list"},
+    ("apps", "replicasets"): {"get", "list"},
     ("", "events"): {"create", "patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
@@ -98,6 +101,19 @@ def test_rbac_grants_exactly_what_the_operator_needs() -> None:
             for res in rule["resources"]:
                 grants.setdefault((group, res), set()).update(rule["verbs"])
     assert grants == EXPECTED_GRANTS
+
+
+def test_the_only_secret_the_operator_reads_is_its_key_in_its_own_namespace() -> None:
+    from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+    from slopilot.operator.tokens import KEY_SECRET
+
+    roles = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "Role"]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
+        (DEFAULT_OPERATOR_NAMESPACE, [{"apiGroups": [""], "resources": ["secrets"],
+                                       "resourceNames": [KEY_SECRET], "verbs": ["get"]}])]
+    (binding,) = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
+    assert binding["metadata"]["namespace"] == DEFAULT_OPERATOR_NAMESPACE
 
 
 def test_rbac_binds_the_operator_service_account() -> None:
