@@ -20,6 +20,8 @@ and replaces the state changes with apiserver rules:
   checks them (kube_validation.py), so an object a cluster would refuse is refused here;
 - ``fail(...)``: the next matching writes fail with a given status before they apply
   (a lost connection, an overloaded apiserver), for tests of what a client does then;
+- what kubectl needs (kube_openapi.py): OpenAPI v2 and v3 discovery, server-side tables
+  with a CRD's printer columns, and ``fieldValidation=Strict``;
 - ``GET /version`` and ``/version/``.
 """
 
@@ -36,10 +38,11 @@ from typing import Any
 import aiohttp.web
 import attrs
 from kmock import KubernetesEmulator, Request, ResourceInfo, Response, method, resource
-from kmock._internal import dsl
+from kmock._internal import dsl, parsing
 from kmock._internal.rendering import ReactionMismatchError
 
 from tests.support import kube_objects as ko
+from tests.support import kube_openapi as oa
 from tests.support.crd_schema import (
     apply_defaults,
     cel_errors,
@@ -52,6 +55,28 @@ from tests.support.kube_validation import object_problems
 CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
 Key = tuple[resource, str | None, str]
+
+
+_kmock_parse_path = parsing.parse_path
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    """kmock's path parser, except for the Namespace resource itself.
+
+    kmock reads ``/api/v1/namespaces`` and ``/api/v1/namespaces/x`` as the namespace
+    prefix of some other resource (and fails on the first): kubectl's ``apply`` of a
+    Namespace came back as a 500.
+    """
+    parts = path.strip("/").split("/")
+    if parts[:2] == ["api", "v1"] and len(parts) >= 3 and parts[2] == "namespaces" and (
+            len(parts) <= 4 or parts[4] in ("status", "finalize")):
+        return parsing.ParsedPath("", "v1", "namespaces", None,
+                                  parts[3] if len(parts) > 3 else None,
+                                  parts[4] if len(parts) > 4 else None)
+    return _kmock_parse_path(path)
+
+
+parsing.parse_path = _parse_path
 
 
 def _member(view: Any, request: Request) -> bool:
@@ -94,6 +119,7 @@ class KubeEmulator(KubernetesEmulator):
     _outcomes: dict[Request, tuple[int, dict[str, Any]]] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False)
+    _columns: dict[resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -106,6 +132,7 @@ class KubeEmulator(KubernetesEmulator):
         above["get /api/"] << self._serve_api
         above[method.PUT] << self._serve_update  # kmock maps PUT to no action
         above[method.DELETE] << self._serve_update  # nor a DELETE of a whole collection
+        above[method.GET] << self._serve_openapi
 
     # --- requests ------------------------------------------------------------------------
 
@@ -163,7 +190,10 @@ class KubeEmulator(KubernetesEmulator):
         res = self._known(request)
         if request.method != method.GET:
             self._inject_fault(request)
+        strict = request.params.get("fieldValidation") == "Strict"
         if request.method == method.POST and request.name is None:
+            if strict and isinstance(request.data, dict):
+                self._strict(res, request.data)
             return 201, self._create_object(res, request.namespace, request.data)
         if request.name is None:
             if request.method == method.DELETE:
@@ -177,6 +207,8 @@ class KubeEmulator(KubernetesEmulator):
             ctype = request.headers.get("Content-Type", "application/merge-patch+json")
             current = self._get(key)
             new = ko.apply_patch(current, request.data, ctype, res, request.name)
+            if strict:
+                self._strict(res, new)
             return 200, self._update(key, current, new, to_status=sub == "status")
         if request.method == method.PUT:
             if not isinstance(request.data, dict):
@@ -306,12 +338,50 @@ class KubeEmulator(KubernetesEmulator):
             raise ko.not_found(res, "")
         ns = request.namespace if self._namespaced(res) else None
         async with self._changed:
-            return self._get((res, ns, request.name))
+            body = self._get((res, ns, request.name))
+            if oa.wants_table(request.headers.get("Accept")):
+                return oa.table([body], self._columns.get(res), str(self._rv))
+            return body
 
     async def _serve_list(self, request: Request) -> Any:
         res = self._known(request)
         async with self._changed:
-            return self._list_body(res, [body for _, body in self._select(res, request)])
+            bodies = [body for _, body in self._select(res, request)]
+            if oa.wants_table(request.headers.get("Accept")):
+                return oa.table(bodies, self._columns.get(res), str(self._rv))
+            return self._list_body(res, bodies)
+
+    async def _serve_version(self, request: Request) -> Any:
+        # kmock names the core group-version "/v1"; kubectl then finds no kind in "v1".
+        found = await super()._serve_version(request)
+        if isinstance(found, dict) and str(found.get("groupVersion", "")).startswith("/"):
+            found["groupVersion"] = found["groupVersion"][1:]
+        # Subresources, as the apiserver lists them: no names of their own to match.
+        for entry in found.get("resources", []) if isinstance(found, dict) else ():
+            if "/" in entry.get("name", ""):
+                entry.update(singularName="", shortNames=[], categories=[],
+                             verbs=["get", "patch", "update"])
+        return found
+
+    async def _serve_openapi(self, request: Request) -> Any:
+        path = request.url.path.rstrip("/")
+        if path == "/openapi/v2":
+            if "protobuf" in (request.headers.get("Accept") or ""):
+                return Response(status=200, payload=b"")  # an empty Document message
+            return oa.v2_document()
+        if path == "/openapi/v3":
+            return oa.v3_root(self._get_resources())
+        if path.startswith("/openapi/v3/"):
+            infos = {r: self._info(r) for r in self._get_resources()}
+            return oa.v3_document(infos, self._schemas, path.removeprefix("/openapi/v3/"))
+        raise NotImplementedError  # not OpenAPI: the next reaction serves it
+
+    def _strict(self, res: resource, body: Mapping[str, Any]) -> None:
+        """``fieldValidation=Strict``: unknown fields are an error, as in the apiserver."""
+        problems = oa.strict_problems(body, self._schemas.get(res))
+        if problems:
+            raise ko.api_error(400, "BadRequest", "strict decoding error: "
+                               + ", ".join(problems))
 
     async def _serve_watch(self, request: Request) -> AsyncIterator[Any]:
         yield b""  # send the headers now: a quiet watch must still count as started
@@ -416,13 +486,14 @@ class KubeEmulator(KubernetesEmulator):
     def _admit(self, res: resource, body: dict[str, Any]) -> dict[str, Any]:
         """Prune, default and validate as the apiserver does (custom objects by their CRD)."""
         if problems := object_problems(str(res.plural), body):
-            raise ko.invalid(res, body["metadata"].get("name"), "; ".join(problems))
+            raise ko.invalid(res, body["metadata"].get("name"), *problems,
+                             kind=self._kind(res))
         schema = self._schemas.get(res)
         if schema is None:
             return body
         body = apply_defaults(schema, prune(schema, body))
         if errors := schema_errors(schema, body) + cel_errors(schema, body):
-            raise ko.invalid(res, body["metadata"].get("name"), "; ".join(errors))
+            raise ko.invalid(res, body["metadata"].get("name"), *errors, kind=self._kind(res))
         return body
 
     def _register_crd(self, crd: Mapping[str, Any]) -> dict[str, Any]:
@@ -439,6 +510,7 @@ class KubeEmulator(KubernetesEmulator):
                 subresources=set(version.get("subresources", {})))
             if "schema" in version:
                 self._schemas[res] = served_schema(crd, version["name"])
+            self._columns[res] = list(version.get("additionalPrinterColumns") or [])
         return {"acceptedNames": dict(names), "storedVersions": [
             v["name"] for v in spec["versions"] if v.get("storage")], "conditions": [
             {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}]}
@@ -448,6 +520,7 @@ class KubeEmulator(KubernetesEmulator):
         for version in spec["versions"]:
             res = resource(spec["group"], version["name"], spec["names"]["plural"])
             self._schemas.pop(res, None)
+            self._columns.pop(res, None)
             if res in self.resources:
                 del self.resources[res]
 
