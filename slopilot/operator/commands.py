@@ -89,6 +89,15 @@ def run(args: argparse.Namespace) -> int:
     if args.standalone:
         log.info("slopilot operator: standalone (no peering)")
     else:
+        from slopilot.operator.kubeapi import ApiError, Kube, load_client
+        from slopilot.operator.peering import ensure_peering
+
+        try:
+            ensure_peering(Kube(load_client()), args.peering, namespaces=args.namespace)
+        except ApiError as exc:
+            raise SystemExit(f"slopilot operator: cannot create the peering object "
+                             f"{args.peering!r}: {exc}; apply manifests/kopf-peering.yaml "
+                             "(its CRDs) first") from None
         log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                  args.peering, args.priority, lifetime)
     return _run_until_signalled(lambda stop: kopf.run(

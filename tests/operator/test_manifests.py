@@ -35,8 +35,8 @@ EXPECTED_GRANTS = {
     ("apps", "replicasets"): {"get", "list"},
     ("", "events"): {"create", "patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
-    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch", "create"},
+    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch", "create"},
 }
 
 
