@@ -17,7 +17,9 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
@@ -64,9 +66,12 @@ class Rendered:
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body["metadata"]
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}
+    """The controller reference every owned object carries (kopf's, as ``kopf.adopt`` sets
+    it). kopf.adopt itself is not used: it would also copy the CR's labels, which tenants
+    edit without a spec change, onto the children."""
+    return dict(kopf.build_owner_reference(cast("kopf.Body", {
+        **body, "apiVersion": API_VERSION, "kind": KIND}), controller=True,
+        block_owner_deletion=True))
 
 
 def labels(name: str) -> dict[str, str]:
