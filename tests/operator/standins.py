@@ -70,10 +70,13 @@ class PrometheusStandIn(_Server):
         self.requests = 0
         super().__init__(_PromHandler)
 
-    def fire(self, name: str, action: str, deployment: str) -> None:
-        self.alerts = [{"labels": {"alertname": name, "action": action, "severity": "critical",
-                                   "priority_class": "p0", "slopilot_deployment": deployment},
-                        "state": "firing", "activeAt": "2026-01-01T00:00:00Z", "value": "1"}]
+    def fire(self, name: str, action: str, deployment: str, *namespaces: str) -> None:
+        """One alert for ``deployment`` (one per namespace given, labelled with it)."""
+        labels = {"alertname": name, "action": action, "severity": "critical",
+                  "priority_class": "p0", "slopilot_deployment": deployment}
+        self.alerts = [{"labels": {**labels, **({"namespace": ns} if ns else {})},
+                        "state": "firing", "activeAt": "2026-01-01T00:00:00Z", "value": "1"}
+                       for ns in (namespaces or ("",))]
 
 
 class _PromHandler(_Handler):

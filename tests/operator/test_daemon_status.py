@@ -160,6 +160,37 @@ def test_a_cr_deleted_mid_trial_fails_its_trial_and_its_successor_starts_afresh(
         assert study_trials(storage) == {name: [TrialState.FAIL], again: [TrialState.RUNNING]}
 
 
+def test_two_namespaces_chat_are_two_deployments_to_the_operator(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_study_controller")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    body = llmd(backend="vllm", prometheus={"url": prom.url},
+                tuning={"window": "1h", "storage": storage})
+    with operator(kube_login):
+        uids = {}
+        for ns in ("team-a", "team-b"):
+            created = cluster.custom.create_namespaced_custom_object(
+                "slopilot.dev", "v1alpha1", ns, "llmdeployments",
+                {**body, "metadata": {"name": "chat", "namespace": ns}})
+            uids[ns] = created["metadata"]["uid"]
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", "team-a", "team-b")
+
+        def trial(ns: str) -> Any:
+            got = cluster.custom.get_namespaced_custom_object(
+                "slopilot.dev", "v1alpha1", ns, "llmdeployments", "chat")
+            return ((got.get("status") or {}).get("controller") or {}).get("trial")
+
+        for ns in uids:
+            wait_for(lambda n=ns: trial(n), what=f"{ns}'s trial")
+        # One study each, under namespace/name/uid, each with its own running trial.
+        assert study_trials(storage) == {f"{ns}/chat/{uid}": [TrialState.RUNNING]
+                                         for ns, uid in uids.items()}
+        for ns in uids:
+            assert cluster.kube.get("apps/v1", "deployments", ns, "chat") is not None
+
+
 def test_a_foreign_answer_never_reaches_status_or_events(
         kube_login: RunningEmulator, cluster: Cluster, controller_env: None) -> None:
     leaky = PrometheusStandIn()
