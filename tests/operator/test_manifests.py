@@ -127,6 +127,20 @@ def test_rbac_binds_the_operator_service_account() -> None:
         "metadata"]["name"]
 
 
+def test_the_shipped_policy_parses_and_the_engines_policy_admits_these_pods() -> None:
+    from slopilot.operator.render import OPERATOR_POD_LABELS
+    from slopilot.operator.settings import operator_policy
+
+    (deployment,) = docs(MANIFESTS / "operator.yaml")
+    pod = deployment["spec"]["template"]
+    assert OPERATOR_POD_LABELS.items() <= pod["metadata"]["labels"].items()
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    policy = operator_policy({k: v for k, v in env.items() if v is not None})
+    assert policy.prometheus_allowed("http://prometheus-operated.monitoring:9090")
+    assert not policy.prometheus_allowed("http://10.0.0.1:9090")
+    assert policy.image_allowed("vllm/vllm-openai:v0.11.0")
+
+
 def test_operator_deployment_is_locked_down_and_probed() -> None:
     (deployment,) = docs(MANIFESTS / "operator.yaml")
     pod = deployment["spec"]["template"]["spec"]
