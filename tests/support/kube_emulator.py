@@ -38,8 +38,6 @@ from typing import Any
 import aiohttp.web
 import attrs
 from kmock import KubernetesEmulator, Request, ResourceInfo, Response, method, resource
-from kmock._internal import dsl, parsing
-from kmock._internal.rendering import ReactionMismatchError
 
 from tests.support import kube_objects as ko
 from tests.support import kube_openapi as oa
@@ -50,58 +48,12 @@ from tests.support.crd_schema import (
     schema_errors,
     served_schema,
 )
+from tests.support.kmock_fixes import Fault, route
 from tests.support.kube_validation import object_problems
 
 CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
 Key = tuple[resource, str | None, str]
-
-
-_kmock_parse_path = parsing.parse_path
-
-
-def _parse_path(path: str) -> parsing.ParsedPath:
-    """kmock's path parser, except for the Namespace resource itself.
-
-    kmock reads ``/api/v1/namespaces`` and ``/api/v1/namespaces/x`` as the namespace
-    prefix of some other resource (and fails on the first): kubectl's ``apply`` of a
-    Namespace came back as a 500.
-    """
-    parts = path.strip("/").split("/")
-    if parts[:2] == ["api", "v1"] and len(parts) >= 3 and parts[2] == "namespaces" and (
-            len(parts) <= 4 or parts[4] in ("status", "finalize")):
-        return parsing.ParsedPath("", "v1", "namespaces", None,
-                                  parts[3] if len(parts) > 3 else None,
-                                  parts[4] if len(parts) > 4 else None)
-    return _kmock_parse_path(path)
-
-
-parsing.parse_path = _parse_path
-
-
-def _member(view: Any, request: Request) -> bool:
-    """Whether ``request`` is in ``view``, judged on the request for plain filter chains."""
-    node = view
-    while True:
-        if isinstance(node, dsl.Root):
-            return True  # every request is appended to the root before it is routed
-        if type(node) is dsl.Filter:
-            if not node.criteria(request):
-                return False
-        elif type(node) is not dsl.Priority:
-            return request in view  # kmock's own (scanning) judgement
-        node = node._source
-
-
-@attrs.define
-class Fault:
-    """The next ``times`` writes (``method`` on ``plural``[/``subresource``]) fail."""
-
-    method: str
-    plural: str
-    subresource: str | None
-    status: int
-    times: int
 
 
 @attrs.define(kw_only=True)
@@ -164,27 +116,7 @@ class KubeEmulator(KubernetesEmulator):
                                    "an injected failure: the write was not applied")
 
     async def _route(self, request: Request) -> aiohttp.web.StreamResponse:
-        """kmock's reaction routing, without its scan of every past request.
-
-        kmock decides whether a reaction's view holds the request by iterating the view,
-        i.e. every request served so far, for every reaction: quadratic in the length of
-        a test. Views made of filters and priorities (all that this project registers)
-        are judged on the request alone; anything fancier (slices, groups) still scans.
-        """
-        priorities = [p.priorities for p in self._payloads]
-        width = max((len(p) for p in priorities), default=0)
-        keys = [tuple(-x for x in p) + (0,) * (width - len(p)) for p in priorities]
-        for index in sorted(range(len(keys)), key=keys.__getitem__):
-            payload = self._payloads[index]
-            if payload._disabled.is_set() or not _member(payload._source, request):
-                continue
-            try:
-                return await payload(request)  # type: ignore[no-any-return]
-            except ReactionMismatchError:
-                payload._disabled.set()
-            except NotImplementedError:
-                pass
-        raise NotImplementedError("no reaction matches the request")
+        return await route(self, request)
 
     def _mutate(self, request: Request) -> tuple[int, dict[str, Any]] | None:
         res = self._known(request)
