@@ -89,6 +89,15 @@ def run(args: argparse.Namespace) -> int:
     if args.standalone:
         log.info("slopilot operator: standalone (no peering)")
     else:
+        from slopilot.operator.kubeapi import ApiError, Kube, load_client
+        from slopilot.operator.peering import ensure_peering
+
+        try:
+            ensure_peering(Kube(load_client()), args.peering, namespaces=args.namespace)
+        except ApiError as exc:
+            raise SystemExit(f"slopilot operator: cannot create the peering object "
+                             f"{args.peering!r}: {exc}; apply manifests/kopf-peering.yaml "
+                             "(its CRDs) first") from None
         log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                  args.peering, args.priority, lifetime)
     return _run_until_signalled(lambda stop: kopf.run(
@@ -108,7 +117,7 @@ def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:
     the signal here first raises ``OPERATOR_STOPPING``, which every controller daemon
     checks, then kopf's stop flag.
     """
-    from slopilot.operator.daemon import OPERATOR_STOPPING
+    from slopilot.operator.tuning_daemon import OPERATOR_STOPPING
 
     stop = threading.Event()
     failure: list[BaseException] = []

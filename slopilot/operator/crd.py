@@ -21,6 +21,8 @@ from slopilot.operator.knobs import KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
     BACKENDS,
     BOUNDED_KNOBS,
+    MAX_GPUS,
+    MAX_REPLICAS,
     PHASES,
     PROFILES,
     VLLM_CLASSES,
@@ -40,6 +42,12 @@ PLURAL = "llmdeployments"
 KIND = "LLMDeployment"
 API_VERSION = f"{GROUP}/{VERSION}"
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+# resource.Quantity, as controller-gen writes it for Kubernetes' own types.
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+# http(s), a host, an optional port and path; no user info, query or fragment
+# (validation.prometheus_url_problem says which, for objects that came another way).
+PROMETHEUS_URL_PATTERN = r"^https?://[^/?#@\s]+(/[^?#\s]*)?$"
 
 
 def _obj(props: dict[str, Any], *, required: list[str] | None = None,
@@ -75,6 +83,12 @@ def _int(desc: str, lo: int | None = None, hi: int | None = None, **extra: Any) 
 
 def _str(desc: str, **extra: Any) -> dict[str, Any]:
     return {"type": "string", "description": desc, **extra}
+
+
+def _quantity(desc: str) -> dict[str, Any]:
+    """An int-or-string resource quantity (``4``, ``'500m'``, ``'16Gi'``)."""
+    return {"description": desc, "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True}
 
 
 def _engine_schema() -> dict[str, Any]:
@@ -162,15 +176,17 @@ def _spec_schema() -> dict[str, Any]:
             "path": _str("Where the weights are in the pod (a mounted volume); "
                          "the name is used when absent."),
         }, required=["name"]),
-        "image": _str("Container image; the backend's default when absent."),
+        "image": _str("Container image; the backend's default when absent. The operator "
+                      "runs only images on its allow-list.", maxLength=4096),
         "replicas": _cel(_obj({
             "min": _int("Fewest replicas the controller keeps.", 0, default=1),
-            "max": _int("Most replicas the controller scales to.", 1, default=1),
+            "max": _int(f"Most replicas the controller scales to (at most {MAX_REPLICAS}).", 1,
+                        MAX_REPLICAS, default=1),
         }, default={}), "self.min <= self.max", "replicas.min must not exceed replicas.max"),
         "resources": _obj({
-            "gpu": _int("GPUs per pod (nvidia.com/gpu).", 0, default=0),
-            "cpu": _str("CPU request and limit per pod, e.g. '4'."),
-            "memory": _str("Memory request and limit per pod, e.g. '16Gi'."),
+            "gpu": _int("GPUs per pod (nvidia.com/gpu).", 0, MAX_GPUS, default=0),
+            "cpu": _quantity("CPU request and limit per pod, e.g. 4 or '500m'."),
+            "memory": _quantity("Memory request and limit per pod, e.g. '16Gi'."),
         }, default={}),
         "engine": _engine_schema(),
         "slo": _obj({
@@ -205,15 +221,12 @@ def _spec_schema() -> dict[str, Any]:
                            desc=_bounds_doc()),
         }, default={}),
         "prometheus": _obj({
-            "url": _str("Prometheus the controller queries.", pattern=r"^https?://",
+            "url": _str("Prometheus the controller queries: http(s)://host[:port][/path], no "
+                        "user info, query or fragment; the operator may restrict the hosts.",
+                        pattern=PROMETHEUS_URL_PATTERN, maxLength=2048,
                         default="http://prometheus-operated.monitoring:9090"),
         }, default={}),
         "alerts": _alerts_schema(),
-        "adminToken": _obj({
-            "secretName": _str("Secret holding the bearer token of /admin/config; "
-                               "default <name>-admin."),
-            "key": _str("Key in that Secret.", default="token"),
-        }, default={}),
     }, required=["model"])
 
 
@@ -232,8 +245,18 @@ def _status_schema() -> dict[str, Any]:
                                   "chunkSize": {"type": "integer"}}, desc="Live engine knobs.")),
         "bestTrial": _preserve(_obj({}, desc="Best trial of the study so far.")),
         "trials": _int("Trials run so far.", 0),
-        "sloAttainment": {"type": "number", "minimum": 0, "maximum": 1},
-        "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT (all classes)."},
+        "sloAttainment": {"type": "number", "minimum": 0, "maximum": 1,
+                          "description": "Share of the output tokens of the last window "
+                                         "whose requests met their class's SLO (goodput "
+                                         "over throughput)."},
+        "ttftP99Ms": {"type": "number", "description": "Measured P99 TTFT of the last "
+                                                       "window (the worst class)."},
+        "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT of the last window "
+                                                      "(the worst class)."},
+        "measuredAt": _str("End of the window the measured figures describe.",
+                           format="date-time"),
+        "adminTokenSecret": _str("The Secret the operator created with the engines' admin "
+                                 "token (owned by this LLMDeployment)."),
         "lastAction": _obj({
             "action": _str("retune, trial, commit, revert, scale, hold, inform."),
             "reason": _str("Why, in one line."),
@@ -258,7 +281,9 @@ def crd_manifest() -> dict[str, Any]:
     columns = [("Phase", "string", ".status.phase"), ("Replicas", "integer", ".status.replicas"),
                ("Budget", "integer", ".status.config.tokenBudget"),
                ("Chunk", "integer", ".status.config.chunkSize"),
+               ("TTFT P99", "number", ".status.ttftP99Ms"),
                ("TBT P99", "number", ".status.tbtP99Ms"),
+               ("SLO", "number", ".status.sloAttainment"),
                ("Age", "date", ".metadata.creationTimestamp")]
     return {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

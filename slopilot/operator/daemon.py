@@ -1,11 +1,4 @@
-"""One tuner controller per LLMDeployment, run by a kopf daemon while tuning is enabled.
-
-Each loop: read the object fresh, ``tick(now)`` the controller (at most one action), then
-write ``status`` (phase, replicas, config, bestTrial, trials, lastAction, the ``Tuning``
-condition) and the controller's whole loop state in ``status.controller``, and post an
-event for every action. A restarted operator builds the controller from that persisted
-state, so a scale or a trial already done is resumed (cooling down, or measuring the
-running trial), not done again. Only the peering leader runs daemons (settings.py).
+"""How the operator builds one LLMDeployment's tuner controller (tuning_daemon.py runs it).
 
 The controller's ports (Prometheus alerts and windows, the study, the capacity planner)
 come from a factory: ``$SLOPILOT_CONTROLLER_FACTORY`` (``module:function``) or
@@ -19,28 +12,20 @@ import importlib
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-import kopf
-
-from slopilot.operator.conditions import ConditionType, condition, merge_conditions, now_rfc3339
-from slopilot.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
-from slopilot.operator.reconcile import config_status, effective_spec
 from slopilot.operator.render import applied_knobs
-from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase, SpecError
+from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.state import (
-    Action,
     ControllerError,
     ControllerSettings,
     ControllerState,
-    Decision,
     LoopState,
 )
 from slopilot.tuner.study.space import SearchSpace
@@ -69,6 +54,8 @@ class DaemonContext:
     name: str
     settings: ControllerSettings
     state: LoopState | None
+    uid: str = ""
+    """The CR's uid: a deleted and re-created CR of the same name is another deployment."""
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
@@ -95,10 +82,17 @@ def sim_worker() -> SimWorker:
         return _WORKER
 
 
-def controller_settings(spec: LLMDeploymentSpec, name: str) -> ControllerSettings:
+def study_name(namespace: str, name: str, uid: str) -> str:
+    """Keyed by namespace, name and uid: two namespaces' ``chat`` never share a study, and
+    a new CR of a deleted one's name starts its own (never the old one's running trial)."""
+    return f"{namespace}/{name}/{uid}" if uid else f"{namespace}/{name}"
+
+
+def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
+                        ) -> ControllerSettings:
     # vLLM cannot reconfigure one replica: its trials roll every replica.
     return ControllerSettings(
-        deployment=name, slo=spec.slo, min_replicas=max(spec.min_replicas, 1),
+        deployment=f"{namespace}/{name}", slo=spec.slo, min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN)
@@ -119,10 +113,10 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
 
     Windows select the deployment's series, and alerts are matched, by namespace and name
     (``slopilot_namespace`` and ``slopilot_deployment``, which the ServiceMonitor puts on
-    every series it scrapes), and the canary's by its ``pod`` label (the first ready pod by name, as
-    the handle applies trials to). The study lives in ``spec.tuning.storage`` under the
-    deployment's namespaced name, so a restarted operator continues it. The simulator
-    (warm start, capacity) runs the workload measured from Prometheus on the base
+    every series it scrapes), and the canary's by its ``pod`` label (the pod the running
+    trial was applied to, recorded in the trial). The study lives in
+    ``spec.tuning.storage`` under ``study_name``, so a restarted operator continues it.
+    The simulator (warm start, capacity) runs the workload measured from Prometheus on the base
     scenario's hardware (``$SLOPILOT_BASE_SCENARIO``, default azure-conv-2023) with the
     spec's SLO and knobs.
     """
@@ -149,12 +143,12 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     query = query_at(spec.prometheus_url)
 
     def canary_labels() -> dict[str, str]:
-        pods = ctx.handle.pods()
-        return {"pod": pods[0]["metadata"]["name"]} if pods else {}
+        pod = ctx.handle.canary_pod()
+        return {"pod": pod} if pod else {}
 
     space = search_space(spec)
     try:
-        study = open_study(spec.tuning.storage, f"{ctx.namespace}.{name}")
+        study = open_study(spec.tuning.storage, study_name(ctx.namespace, name, ctx.uid))
     except StudyStorageError as exc:
         raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
                               "function to build the controller's ports another way") from None
@@ -187,98 +181,3 @@ def tick_interval() -> float:
     if not value > 0:
         raise ControllerError(f"{TICK_ENV}={raw!r}: expected seconds above 0")
     return value
-
-
-def tuning_enabled(spec: kopf.Spec, **_: Any) -> bool:
-    return bool((spec.get("tuning") or {}).get("enabled", True))
-
-
-def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,
-                 handle: KubeDeploymentHandle) -> dict[str, Any]:
-    status = body.get("status") or {}
-    loop = controller.loop
-    phase = PHASES.get(decision.state, Phase.RUNNING)
-    if decision.prometheus_unavailable:
-        phase = Phase.DEGRADED
-    tuning = decision.state in (ControllerState.TUNING, ControllerState.COMMIT)
-    out: dict[str, Any] = {
-        "phase": phase.value, "replicas": decision.replicas,
-        "config": config_status(handle.spec().engine), "trials": loop.episode_trials,
-        "controller": controller.to_dict(),
-        "conditions": merge_conditions(status.get("conditions"), [condition(
-            ConditionType.TUNING, tuning, decision.state.value.capitalize(), decision.reason,
-            body["metadata"].get("generation"))])}
-    if loop.best_config is not None:
-        out["bestTrial"] = {"config": loop.best_config, "goodputTokS": loop.best_goodput}
-    if decision.action is not Action.NONE:
-        out["lastAction"] = {"action": decision.action.value, "reason": decision.reason,
-                             "time": now_rfc3339()}
-    return out
-
-
-def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
-    if decision.action is Action.NONE:
-        return
-    target = cast("kopf.Body", body)
-    reason = decision.action.value.capitalize()
-    if decision.action in (Action.REVERT, Action.HOLD):
-        kopf.warn(target, reason=reason, message=decision.reason)
-    else:
-        kopf.info(target, reason=reason, message=decision.line())
-
-
-# Set by `slopilot operator` on SIGTERM/SIGINT before kopf begins to stop: a daemon that
-# kopf starts while shutting down is not told to stop, so each one also checks this.
-OPERATOR_STOPPING = threading.Event()
-
-
-@kopf.daemon(GROUP, VERSION, PLURAL, id="controller", when=tuning_enabled,
-             cancellation_timeout=10.0)
-def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str | None,
-                   memo: Any, logger: kopf.Logger, **_: Any) -> None:
-    if namespace is None:
-        raise kopf.PermanentError("LLMDeployment is namespaced; got none")
-    kube: Kube = memo.kube
-    handle = KubeDeploymentHandle(kube, namespace, name)
-    interval, factory = tick_interval(), load_factory()
-    controller: Controller | None = None
-    built_for: int | None = None
-    while not stopped and not OPERATOR_STOPPING.is_set():
-        body = kube.get(API_VERSION, PLURAL, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        generation = body["metadata"].get("generation")
-        try:
-            if controller is None or built_for != generation:
-                controller = build(kube, handle, body, factory)
-                built_for = generation
-            with memo.locks.hold(f"{namespace}/{name}"):
-                decision = controller.tick(time.time())
-                kube.patch(API_VERSION, PLURAL, namespace, name,
-                           {"status": status_after(body, controller, decision, handle)},
-                           subresource="status")
-            post_decision(body, decision)
-        except (SpecError, ControllerError) as exc:
-            controller = None  # rebuilt once the spec or the environment is fixed
-            logger.warning("controller not running: %s", exc)
-            status = body.get("status") or {}
-            kube.patch(API_VERSION, PLURAL, namespace, name, {"status": {
-                "conditions": merge_conditions(status.get("conditions"), [condition(
-                    ConditionType.TUNING, False, "ControllerUnavailable", str(exc),
-                    generation)])}}, subresource="status")
-        stopped.wait(interval)
-
-
-def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
-          factory: ControllerFactory) -> Controller:
-    """A controller for the current spec, resuming the persisted loop state if any."""
-    spec = effective_spec(body)
-    saved = (body.get("status") or {}).get("controller")
-    state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
-    meta = body["metadata"]
-    ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
-                        controller_settings(spec, meta["name"]), state)
-    controller = factory(ctx)
-    log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
-             None if state is None else state.state.value)
-    return controller

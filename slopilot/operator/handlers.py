@@ -3,9 +3,12 @@
 ``kopf run -m slopilot.operator.handlers`` (or ``slopilot operator``) loads this module;
 importing it registers every handler, the controller daemon included.
 
-- create / update of spec / resume: parse the spec (refused with a ``Valid=False``
-  condition, phase Invalid and a Warning event, touching nothing), then create or patch
-  the owned objects; the status says what was done and which knobs vLLM ignores.
+- create / update of spec / resume: parse the spec and check it against the operator's
+  policy (refused with a ``Valid=False`` condition, phase Invalid and a Warning event,
+  touching nothing) and against what the API server accepts in the owned objects
+  (``Reconciled=False``), then create or patch the owned objects; the status says what
+  was done and which knobs vLLM ignores. Status is written conditionally on the version
+  read (status_writer.py), so the daemon's conditions and these never erase each other.
 - events of owned Deployments, Services and ConfigMaps: a deleted or edited one is
   re-created or patched back from its LLMDeployment (drift repair).
 
@@ -22,13 +25,15 @@ from typing import Any, cast
 
 import kopf
 
-from slopilot.operator import daemon  # noqa: F401  # registers the controller daemon
+from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.kubeapi import Kube, load_client
-from slopilot.operator.reconcile import Change, Outcome, config_status, reconcile
-from slopilot.operator.settings import configure
+from slopilot.operator.reconcile import Change, Outcome, Refusal, config_status, reconcile
+from slopilot.operator.settings import configure, operator_policy
 from slopilot.operator.spec import Phase
+from slopilot.operator.status_writer import write_status
+from slopilot.operator.tokens import load_or_create
 
 MANAGED = {"app.kubernetes.io/managed-by": "slopilot-operator"}
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
@@ -58,6 +63,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
     memo.kube = Kube(load_client())
     memo.locks = LockTable()
+    memo.policy = operator_policy()
+    memo.tokens = load_or_create(memo.kube, memo.policy.operator_namespace)
 
 
 def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
@@ -67,9 +74,17 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
     current = status.get("conditions")
     if not outcome.valid:
         message = "; ".join(outcome.problems)
+        if outcome.refusal is Refusal.OWNED_OBJECT_INVALID:
+            updates = [
+                condition(ConditionType.VALID, True, "SpecAccepted",
+                          "the spec passed every check", generation),
+                condition(ConditionType.RECONCILED, False, outcome.refusal.value, message,
+                          generation)]
+        else:
+            updates = [condition(ConditionType.VALID, False, outcome.refusal.value, message,
+                                 generation)]
         return {"phase": Phase.INVALID.value, "observedGeneration": generation,
-                "conditions": merge_conditions(current, [condition(
-                    ConditionType.VALID, False, "InvalidSpec", message, generation)])}
+                "conditions": merge_conditions(current, updates)}
     done = [f"{change.value} {what}" for what, change in outcome.changes.items()
             if change is not Change.UNCHANGED]
     updates = [
@@ -88,19 +103,19 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         removed.append(ConditionType.KNOBS_IGNORED)
     if outcome.admin_secret is not None:
         updates.append(condition(
-            ConditionType.ADMIN_TOKEN, outcome.admin_secret_found,
-            "SecretFound" if outcome.admin_secret_found else "SecretMissing",
-            f"Secret {outcome.admin_secret} holds the /admin/config token"
-            if outcome.admin_secret_found else
-            f"Secret {outcome.admin_secret} is missing: the pods cannot start; create it: "
-            f"kubectl create secret generic {outcome.admin_secret} "
-            "--from-literal=token=$(openssl rand -hex 32)", generation))
+            ConditionType.ADMIN_TOKEN, True, "OperatorMinted",
+            f"Secret {outcome.admin_secret} holds the engines' admin token: the operator "
+            "created it (owned by this LLMDeployment) and never reads it back", generation))
+    else:
+        removed.append(ConditionType.ADMIN_TOKEN)
     phase = status.get("phase")
     out: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": phase if phase in DAEMON_PHASES else Phase.RUNNING.value,
         "replicas": outcome.replicas,
         "conditions": merge_conditions(current, updates, remove=removed)}
+    if outcome.admin_secret is not None:
+        out["adminTokenSecret"] = outcome.admin_secret
     if outcome.config is not None:
         out["config"] = config_status(outcome.config)
     return out
@@ -110,7 +125,7 @@ def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> Non
     """Warning events for refusals and gaps, a Normal one when something was written."""
     body = cast("kopf.Body", raw)  # kopf reads only metadata: any mapping will do
     if not outcome.valid:
-        kopf.warn(body, reason="InvalidSpec", message="; ".join(outcome.problems))
+        kopf.warn(body, reason=outcome.refusal.value, message="; ".join(outcome.problems))
         return
     done = [f"{change.value} {what}" for what, change in outcome.changes.items()
             if change is not Change.UNCHANGED]
@@ -119,19 +134,18 @@ def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> Non
     if outcome.unsupported_knobs:
         kopf.warn(body, reason="KnobsIgnored", message="vLLM has no argument for "
                   f"{', '.join(outcome.unsupported_knobs)}; they are left out")
-    if not outcome.admin_secret_found:
-        kopf.warn(body, reason="AdminTokenMissing",
-                  message=f"Secret {outcome.admin_secret} not found")
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch,
+def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, reason: str,
                             logger: kopf.Logger, **_: Any) -> None:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     with memo.locks.hold(key_of(body)):
-        outcome = reconcile(memo.kube, body)
-    patch.status.update(status_of(body, outcome))
+        outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens,
+                            resume=reason == "resume")
+        write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
     post_events(body, outcome, reason="Reconciled")
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)
 
@@ -145,6 +159,7 @@ def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)
 @kopf.on.event("v1", "services", labels=MANAGED)
 @kopf.on.event("v1", "configmaps", labels=MANAGED)
 def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
@@ -162,7 +177,7 @@ def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
             or cr["metadata"].get("uid") != owner.get("uid"):
         return  # the owner is going away; the garbage collector takes the rest
     with memo.locks.hold(key_of(cr)):
-        outcome = reconcile(kube, cr)
+        outcome = reconcile(kube, cr, policy=memo.policy, mint=memo.tokens)
     if any(c is not Change.UNCHANGED for c in outcome.changes.values()):
         logger.info("repaired drift of %s: %s", owner["name"], dict(outcome.changes))
         post_events(cr, outcome, reason="DriftRepaired")

@@ -2,21 +2,30 @@
 
 - ``scale(n)`` patches the Deployment's replicas, kept within the spec's min and max.
 - ``apply_config`` for the built-in engine is a live ``PUT /admin/config`` on each ready
-  pod (the canary alone, or all of them), with the bearer token read from the deployment's
-  Secret. For vLLM, which has no live reconfiguration, it is a rollout: the new knobs
-  change the container's arguments and the pod template's checksum annotation.
+  pod (the canary alone, or all of them), on the pod's ``admin`` port, with the token the
+  operator minted for this deployment (tokens.py). For vLLM, which has no live
+  reconfiguration, it is a rollout: the new knobs change the container's arguments and
+  the pod template's checksum annotation.
 - Every config applied to all replicas is recorded in ``status.tunedConfig`` (with a hash
   of the spec it was tuned from) and rendered into the owned objects, so a restarted pod
   starts with it and a later reconcile keeps it instead of reverting to the spec.
 
-Everything is read fresh from the API on each call: the handle holds no cache that an
+The token only goes to pods the operator made: a pod counts when its controlling owner is
+a ReplicaSet whose controlling owner is the Deployment this LLMDeployment controls (uids,
+not names, and the ``blockOwnerDeletion`` the ReplicaSet controller sets), with that
+ReplicaSet's pod-template hash. Labels and annotations, which anyone who can create a pod
+in the namespace can copy, decide nothing.
+
+The canary is chosen once, at a trial's first canary apply, and kept until a config goes
+to every replica; it is also recorded in the running trial (the controller's persisted
+state), so a restarted operator measures and restores the same pod.
+
+Everything else is read fresh from the API on each call: the handle holds no cache that an
 operator restart or a user edit could make stale.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -26,15 +35,16 @@ import httpx
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.operator.crd import API_VERSION, PLURAL
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import effective_spec, engine_checksum, reconcile
-from slopilot.operator.render import PORT, selector
+from slopilot.operator.render import ADMIN_PORT_NAME, selector
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
+from slopilot.operator.tokens import TokenMint, admin_secret_name
+from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 
 log = logging.getLogger(__name__)
-# Where a pod serves /admin/config when not on the rendered port (local test servers,
-# port-mapped sidecars); absent on the pods the operator renders.
-PORT_ANNOTATION = "slopilot.dev/port"
 HTTP_TIMEOUT_S = 5.0
+TEMPLATE_HASH = "pod-template-hash"
 
 
 class ApplyError(RuntimeError):
@@ -51,13 +61,42 @@ def ready(pod: Mapping[str, Any]) -> bool:
     return conditions.get("Ready", "True") == "True"
 
 
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference a controller set (controller and blockOwnerDeletion both true)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller") is True:
+            return ref if ref.get("blockOwnerDeletion") is True else None
+    return None
+
+
+def _controlled_by(obj: Mapping[str, Any] | None, kind: str, uid: str | None) -> bool:
+    ref = controller_ref(obj) if obj is not None else None
+    return bool(ref and uid and ref.get("kind") == kind and ref.get("uid") == uid)
+
+
+def admin_port(pod: Mapping[str, Any]) -> int | None:
+    """The engine container's port named ``admin``, as the operator rendered it."""
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        if container.get("name") != "engine":
+            continue
+        for port in container.get("ports") or ():
+            if port.get("name") == ADMIN_PORT_NAME and isinstance(port.get("containerPort"),
+                                                                   int):
+                return int(port["containerPort"])
+    return None
+
+
 class KubeDeploymentHandle:
     """The replicas of LLMDeployment ``namespace/name`` (see the module docstring)."""
 
-    def __init__(self, kube: Kube, namespace: str, name: str, *,
+    def __init__(self, kube: Kube, namespace: str, name: str, *, mint: TokenMint,
+                 policy: OperatorPolicy | None = None,
                  http: httpx.Client | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
-        self.http = http or httpx.Client(timeout=HTTP_TIMEOUT_S)
+        self.mint = mint
+        self.policy = policy if policy is not None else OperatorPolicy()
+        self.http = http or httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
+        self._canary: str | None = None
 
     # ------------------------------------------------------------------ reads
     def body(self) -> dict[str, Any]:
@@ -76,33 +115,50 @@ class KubeDeploymentHandle:
     def current_config(self) -> dict[str, Any]:
         return self.spec().engine.to_dict()
 
-    def pods(self) -> list[dict[str, Any]]:
-        """Ready engine pods, by name: the first is the canary."""
+    def pods(self, body: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Ready engine pods this deployment's own ReplicaSets made, by name."""
+        body = body if body is not None else self.body()
+        dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
+        if not _controlled_by(dep, "LLMDeployment", body["metadata"].get("uid")):
+            return []
+        assert dep is not None
         sel = ",".join(f"{k}={v}" for k, v in selector(self.name).items())
-        pods = self.kube.list("v1", "pods", self.namespace, label_selector=sel)
-        return sorted((p for p in pods if ready(p)), key=lambda p: p["metadata"]["name"])
+        sets = {rs["metadata"]["uid"]: rs for rs in self.kube.list(
+            "apps/v1", "replicasets", self.namespace, label_selector=sel)
+            if _controlled_by(rs, "Deployment", dep["metadata"].get("uid"))}
+        out = []
+        for pod in self.kube.list("v1", "pods", self.namespace, label_selector=sel):
+            ref = controller_ref(pod)
+            rs = sets.get(str(ref.get("uid"))) if ref and ref.get("kind") == "ReplicaSet" \
+                else None
+            if rs is None or not ready(pod):
+                continue
+            want = (rs["metadata"].get("labels") or {}).get(TEMPLATE_HASH)
+            if want is None or (pod["metadata"].get("labels") or {}).get(TEMPLATE_HASH) != want:
+                continue
+            out.append(pod)
+        return sorted(out, key=lambda p: p["metadata"]["name"])
 
     def endpoints(self) -> list[str]:
         return [self._url(p) for p in self.pods()]
 
+    def canary_pod(self) -> str | None:
+        """The pod trials run on now: this handle's choice, else the running trial's."""
+        if self._canary is not None:
+            return self._canary
+        trial = ((self.body().get("status") or {}).get("controller") or {}).get("trial")
+        name = trial.get("canary_replica") if isinstance(trial, Mapping) else None
+        return name if isinstance(name, str) else None
+
     @staticmethod
     def _url(pod: Mapping[str, Any]) -> str:
-        port = (pod["metadata"].get("annotations") or {}).get(PORT_ANNOTATION, PORT)
-        return f"http://{pod['status']['podIP']}:{int(port)}"
-
-    def admin_token(self, spec: LLMDeploymentSpec) -> str:
-        name = spec.admin_secret or f"{self.name}-admin"
-        secret = self.kube.get("v1", "secrets", self.namespace, name)
-        if secret is None:
-            raise ApplyError(f"Secret {self.namespace}/{name} with the admin token is missing")
-        raw = (secret.get("data") or {}).get(spec.admin_secret_key)
-        if raw is None:
-            raise ApplyError(f"Secret {name} has no key {spec.admin_secret_key!r}")
-        try:
-            return base64.b64decode(raw, validate=True).decode().strip()
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise ApplyError(f"Secret {name} key {spec.admin_secret_key}: not base64 text: "
-                             f"{exc}") from None
+        port = admin_port(pod)
+        if port is None:
+            raise ApplyError(f"pod {pod['metadata']['name']} has no '{ADMIN_PORT_NAME}' port "
+                             "on its engine container")
+        ip = str(pod["status"]["podIP"])
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"http://{host}:{port}"
 
     # ------------------------------------------------------------------ actions
     def scale(self, n: int) -> None:
@@ -114,42 +170,66 @@ class KubeDeploymentHandle:
         self.kube.patch("apps/v1", "deployments", self.namespace, self.name,
                         {"spec": {"replicas": target}})
 
-    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
+        """Apply to the canary (whose pod name is returned) or to every replica."""
         body = self.body()
         spec = effective_spec(body)
         # Judged whole before any replica sees it (raises ConfigError, named by field).
         new = spec.engine.with_overrides(config, live_only=spec.backend is Backend.BUILTIN)
         if spec.backend is Backend.BUILTIN:
-            pods = self.pods()
+            pods = self.pods(body)
             if not pods:
-                raise ApplyError(f"{self.name}: no ready pod to reconfigure")
-            token = self.admin_token(spec)
-            for pod in pods[:1] if canary else pods:
-                self._put(pod, new, token)
+                raise ApplyError(f"{self.name}: no ready pod of this deployment to "
+                                 "reconfigure")
+            token = self.mint.for_body(body)
+            targets = [self._pick_canary(pods)] if canary else pods
+            for pod in targets:
+                self._put(body, pod, new, token)
             if canary:
-                return  # a trial: the other replicas and the records stay as they are
+                return str(targets[0]["metadata"]["name"])  # a trial: nothing recorded
+            self._canary = None  # every replica runs the same config again
         elif canary:
             log.info("%s: vLLM cannot reconfigure one replica; rolling all of them", self.name)
         self._record(body, new)
+        return None
 
-    def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str) -> None:
+    def _pick_canary(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
+        wanted = self.canary_pod()
+        for pod in pods:
+            if pod["metadata"]["name"] == wanted:
+                return pod
+        if wanted is not None:
+            log.warning("%s: canary %s is gone; the trial moves to %s", self.name, wanted,
+                        pods[0]["metadata"]["name"])
+        self._canary = str(pods[0]["metadata"]["name"])
+        return pods[0]
+
+    def _put(self, body: Mapping[str, Any], pod: Mapping[str, Any], config: EngineConfig,
+             token: str) -> None:
+        name = pod["metadata"]["name"]
         url = self._url(pod) + "/admin/config"
         try:
             resp = self.http.put(url, json=config.to_dict(),
                                  headers={"Authorization": f"Bearer {token}"})
         except httpx.HTTPError as exc:
-            raise ApplyError(f"{pod['metadata']['name']} at {url}: {exc}") from exc
+            raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
+        # Never the body: status and events show what went wrong by code (safe_errors).
+        what = http_failure(resp.status_code, resp.headers.get("content-type"))
         if resp.status_code == 400:
-            raise ConfigError(f"{pod['metadata']['name']} refused the config: {resp.text[:300]}")
+            raise ConfigError(f"{name} refused the config: {what}")
+        if resp.status_code in (401, 403):
+            raise ApplyError(
+                f"{name} refused the operator's admin token ({what}): its Secret "
+                f"{admin_secret_name(body)} holds another one; delete that Secret, and the "
+                "operator re-creates it at its next restart, then restart the pods")
         if resp.status_code >= 300:
-            raise ApplyError(f"{pod['metadata']['name']} at {url}: HTTP {resp.status_code} "
-                             f"{resp.text[:300]}")
+            raise ApplyError(f"{name} at {url}: {what}")
 
     def _record(self, body: Mapping[str, Any], config: EngineConfig) -> None:
         """Persist the config every replica runs, then render it (ConfigMap, vLLM args)."""
         tuned = {"engine": config.to_dict(), "base": engine_checksum(body)}
         updated = self.kube.patch(API_VERSION, PLURAL, self.namespace, self.name,
                                   {"status": {"tunedConfig": tuned}}, subresource="status")
-        outcome = reconcile(self.kube, updated)
+        outcome = reconcile(self.kube, updated, policy=self.policy, mint=self.mint)
         if not outcome.valid:
             raise ApplyError(f"{self.name}: the spec became invalid: {outcome.problems}")

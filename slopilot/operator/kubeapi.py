@@ -19,6 +19,9 @@ import kubernetes.config
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "slopilot-operator"  # audit logs (and the RBAC test) tell our calls apart
 REQUEST_TIMEOUT_S = 30.0
+# Every tuning daemon has a thread of its own (tuning_daemon.py) and calls the API from it;
+# urllib3 would otherwise open and discard a connection per call above its default 10.
+CONNECTION_POOL = 64
 
 
 class ApiError(Exception):
@@ -31,12 +34,14 @@ class ApiError(Exception):
 
 def load_client() -> kubernetes.client.ApiClient:
     """In a pod, the service account; elsewhere the kubeconfig (``KUBECONFIG`` or ~/.kube)."""
+    config = kubernetes.client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config()
-        client = kubernetes.client.ApiClient()
+        kubernetes.config.load_incluster_config(client_configuration=config)
     else:
-        client = kubernetes.config.new_client_from_config(
-            config_file=os.environ.get("KUBECONFIG"))
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                           client_configuration=config)
+    config.connection_pool_maxsize = CONNECTION_POOL
+    client = kubernetes.client.ApiClient(configuration=config)
     client.user_agent = USER_AGENT
     return client
 

@@ -12,19 +12,31 @@ so any knob change rolls the pods.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
+from slopilot.operator.tokens import TOKEN_FIELD, admin_secret_name
 from slopilot.tuner.prometheus.rules import identity_labels
 
 API_VERSION = "slopilot.dev/v1alpha1"
 KIND = "LLMDeployment"
 PORT = 8000
+# The built-in engine's /admin/* endpoints listen here, apart from inference, so that the
+# NetworkPolicy can let only the operator reach them (`slopilot serve --admin-port`).
+ADMIN_PORT = 8081
+ADMIN_PORT_NAME = "admin"
+# The operator's pods, as manifests/operator.yaml labels them: the NetworkPolicy's only
+# source for the admin port.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "slopilot-operator"}
+DEFAULT_OPERATOR_NAMESPACE = "slopilot-system"
 CONFIG_DIR = "/etc/slopilot"
 CONFIG_FILE = "engine.json"
 CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
@@ -53,16 +65,21 @@ class Rendered:
     deployment: dict[str, Any]
     service: dict[str, Any]
     service_monitor: dict[str, Any]
+    network_policy: dict[str, Any]
     unsupported_knobs: tuple[str, ...]
 
     def objects(self) -> list[dict[str, Any]]:
-        return [self.config_map, self.deployment, self.service, self.service_monitor]
+        return [self.config_map, self.deployment, self.service, self.network_policy,
+                self.service_monitor]
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = body["metadata"]
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}
+    """The controller reference every owned object carries (kopf's, as ``kopf.adopt`` sets
+    it). kopf.adopt itself is not used: it would also copy the CR's labels, which tenants
+    edit without a spec change, onto the children."""
+    return dict(kopf.build_owner_reference(cast("kopf.Body", {
+        **body, "apiVersion": API_VERSION, "kind": KIND}), controller=True,
+        block_owner_deletion=True))
 
 
 def labels(name: str) -> dict[str, str]:
@@ -129,28 +146,30 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
 
 
 def _container(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
-    name = body["metadata"]["name"]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"},
                                      {"name": "cache", "mountPath": "/cache"}]
     env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"},
                                  {"name": "HF_HOME", "value": "/cache/huggingface"},
                                  {"name": "XDG_CACHE_HOME", "value": "/cache"}]
+    ports = [{"name": "http", "containerPort": PORT, "protocol": "TCP"}]
     if spec.backend is Backend.BUILTIN:
         command = ["slopilot", "serve", "--executor", "torch", "--model", spec.model_ref,
-                   "--port", str(PORT), "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+                   "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
+                   "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
         args: list[str] = []
+        ports.append({"name": ADMIN_PORT_NAME, "containerPort": ADMIN_PORT, "protocol": "TCP"})
         mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
+        # The operator minted this token and created the Secret (tokens.py); the pod
+        # reads it from there, the operator never does.
         env.append({"name": "SLOPILOT_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": spec.admin_secret or f"{name}-admin", "key": spec.admin_secret_key}}})
+            "name": admin_secret_name(body), "key": TOKEN_FIELD}}})
     else:
         command = ["vllm", "serve"]
         args = vllm_args(spec)[0]
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})  # NCCL and torch workers
     container: dict[str, Any] = {
         "name": "engine", "image": spec.image or DEFAULT_IMAGES[spec.backend],
-        "command": command, "ports": [{"name": "http", "containerPort": PORT,
-                                       "protocol": "TCP"}],
-        "env": env, "volumeMounts": mounts,
+        "command": command, "ports": ports, "env": env, "volumeMounts": mounts,
         "startupProbe": _probe(10, 60),  # model loading may take minutes
         "readinessProbe": _probe(5, 3), "livenessProbe": _probe(10, 3),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -204,6 +223,32 @@ def render_service(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str
                 {"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}}
 
 
+def render_admin_secret(body: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The Secret the engine pods take ``SLOPILOT_ADMIN_TOKEN`` from (owner: the CR)."""
+    meta = _meta(body, admin_secret_name(body))
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta,
+            "data": {TOKEN_FIELD: base64.b64encode(token.encode()).decode()}}
+
+
+def render_network_policy(body: Mapping[str, Any], spec: LLMDeploymentSpec,
+                          operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+                          ) -> dict[str, Any]:
+    """Ingress to the engine pods: inference and /metrics from anywhere the cluster's
+    own policies allow, the admin port from the operator's pods only (and nothing else)."""
+    name = body["metadata"]["name"]
+    ingress: list[dict[str, Any]] = [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    if spec.backend is Backend.BUILTIN:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchLabels": {
+                          "kubernetes.io/metadata.name": operator_namespace}},
+                      "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
+            "ports": [{"port": ADMIN_PORT_NAME, "protocol": "TCP"}]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(body, name),
+            "spec": {"podSelector": {"matchLabels": selector(name)},
+                     "policyTypes": ["Ingress"], "ingress": ingress}}
+
+
 def vllm_class_relabeling(cls: str) -> dict[str, Any]:
     """ServiceMonitor form: a series without ``priority_class`` (every vLLM series) gets
     the class ``cls``, so the per-class rules and panels see vLLM's traffic."""
@@ -239,10 +284,12 @@ def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> 
 
 
 def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
-               replicas: int | None = None) -> Rendered:
+               replicas: int | None = None, *,
+               operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE) -> Rendered:
     unsupported = vllm_args(spec)[1] if spec.backend is Backend.VLLM else ()
     return Rendered(config_map=render_config_map(body, spec),
                     deployment=render_deployment(body, spec, replicas),
                     service=render_service(body, spec),
                     service_monitor=render_service_monitor(body, spec),
+                    network_policy=render_network_policy(body, spec, operator_namespace),
                     unsupported_knobs=unsupported)

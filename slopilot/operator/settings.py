@@ -15,14 +15,23 @@
 - Events at INFO and above reach ``kubectl describe``; DEBUG stays in the operator's log.
 - Bounded watches and requests: a silent connection is dropped and resumed from its
   resourceVersion rather than hanging.
+- The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES`` and
+  ``$SLOPILOT_ALLOWED_PROMETHEUS`` (comma-separated allow-lists, see policy.py) and the
+  operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the service account's,
+  else slopilot-system).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
+from pathlib import Path
 
 import kopf
+
+from slopilot.operator.policy import OperatorPolicy, PolicyError
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 
 PREFIX = "slopilot.dev"
 FINALIZER = f"{PREFIX}/finalizer"
@@ -35,6 +44,31 @@ PEERING_LIFETIME_ENV = "SLOPILOT_PEERING_LIFETIME_S"
 # flight could already be late.
 MIN_PEERING_LIFETIME_S = 2
 RETRY_BACKOFF_S = 10
+IMAGES_ENV = "SLOPILOT_ALLOWED_IMAGES"
+PROMETHEUS_ENV = "SLOPILOT_ALLOWED_PROMETHEUS"
+NAMESPACE_ENV = "SLOPILOT_OPERATOR_NAMESPACE"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _entries(raw: str) -> tuple[str, ...]:
+    return tuple(e.strip() for e in raw.split(",") if e.strip())
+
+
+def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
+    """The administrator's allow-lists and the operator's namespace, from the environment."""
+    env = os.environ if env is None else env
+    namespace = env.get(NAMESPACE_ENV, "").strip()
+    if not namespace and SERVICE_ACCOUNT_NAMESPACE.is_file():
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip()
+    kwargs: dict[str, object] = {"operator_namespace": namespace or DEFAULT_OPERATOR_NAMESPACE}
+    if (images := env.get(IMAGES_ENV)) is not None:
+        kwargs["allowed_images"] = _entries(images)
+    if (hosts := env.get(PROMETHEUS_ENV)) is not None:
+        kwargs["allowed_prometheus"] = _entries(hosts)
+    try:
+        return OperatorPolicy(**kwargs)  # type: ignore[arg-type]
+    except PolicyError as exc:
+        raise PolicyError(f"{exc} (in ${IMAGES_ENV} or ${PROMETHEUS_ENV})") from None
 
 
 def peering_lifetime_s() -> int:

@@ -19,6 +19,7 @@ from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_kn
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
+from slopilot.operator.validation import prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
@@ -52,6 +53,11 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
                  "maxNumSeqs": "max_num_seqs"}
+# The most replicas one LLMDeployment may scale to. The capacity search simulates up to
+# this many replicas in the operator's simulator worker; a bound keeps one tenant's search
+# within seconds and a few hundred MB (512 replicas took 39 s and 1.1 GB).
+MAX_REPLICAS = 64
+MAX_GPUS = 64
 
 
 class SpecError(ValueError):
@@ -90,8 +96,6 @@ class LLMDeploymentSpec:
     slo: SLOSpec
     tuning: TuningSpec
     prometheus_url: str
-    admin_secret: str | None
-    admin_secret_key: str
     extra: Mapping[str, Any] = field(default_factory=dict)
     vllm_class: str = "p0"
     """The class all of a vLLM deployment's requests count as: vLLM's metrics do not say
@@ -297,12 +301,15 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     hi = r.get(spec, "spec.replicas.max", int, max(lo, 1))
     if lo < 0 or hi < 1:
         r.problems.append(f"spec.replicas=[{lo}, {hi}]: need min >= 0 and max >= 1")
+    elif hi > MAX_REPLICAS:
+        r.problems.append(f"spec.replicas.max={hi} exceeds {MAX_REPLICAS}, the most one "
+                          "LLMDeployment may have: split the traffic over several")
     elif lo > hi:
         r.problems.append(f"spec.replicas.min={lo} exceeds spec.replicas.max={hi}: "
                           "raise max or lower min")
     gpu = r.get(spec, "spec.resources.gpu", int, 0)
-    if gpu < 0:
-        r.problems.append(f"spec.resources.gpu={gpu}: must be 0 or more")
+    if not 0 <= gpu <= MAX_GPUS:
+        r.problems.append(f"spec.resources.gpu={gpu}: use 0..{MAX_GPUS} GPUs per pod")
     engine, explicit = _engine(spec, profile, r)
     slo = _slo(spec, profile, r)
     if slo.prefix_hit_min is not None and not engine.enable_prefix_caching:
@@ -317,19 +324,17 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         r.problems.append(f"spec.slo.vllmClass={vllm_class!r} is not allowed; use one of: "
                           f"{', '.join(VLLM_CLASSES)}")
     url = r.get(spec, "spec.prometheus.url", str, "http://prometheus-operated.monitoring:9090")
-    if not url.startswith(("http://", "https://")):
-        r.problems.append(f"spec.prometheus.url={url!r}: must start with http:// or https://")
+    if (problem := prometheus_url_problem(url)) is not None:
+        r.problems.append(problem)
     if r.problems:
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
-             "prometheus", "adminToken", "alerts"}
+             "prometheus", "alerts"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
         image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
         cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=engine,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
-        admin_secret=r.get(spec, "spec.adminToken.secretName", str),
-        admin_secret_key=r.get(spec, "spec.adminToken.key", str, "token"),
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
         alerts=alerts)
 

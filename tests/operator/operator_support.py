@@ -20,6 +20,8 @@ from kopf.testing import KopfRunner
 
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.render import ADMIN_PORT_NAME, DEFAULT_OPERATOR_NAMESPACE, selector
+from slopilot.operator.tokens import KEY_SECRET, TokenMint, load_or_create
 from tests.support.kube_server import RunningEmulator
 
 GROUP, VERSION, PLURAL = "slopilot.dev", "v1alpha1", "llmdeployments"
@@ -102,6 +104,64 @@ class Cluster:
 
     def events(self, reason: str) -> list[Any]:
         return [e for e in self.core.list_namespaced_event(NS).items if e.reason == reason]
+
+
+def operator_mint(cluster: Cluster) -> TokenMint:
+    """The token key the operator created in its namespace (or creates it, as it would)."""
+    return load_or_create(cluster.kube, DEFAULT_OPERATOR_NAMESPACE)
+
+
+def operator_token(cluster: Cluster, name: str = "chat") -> str:
+    """The admin token the operator minted for LLMDeployment ``name``."""
+    wait_for(lambda: cluster.kube.get("v1", "secrets", DEFAULT_OPERATOR_NAMESPACE, KEY_SECRET),
+             what="the operator's token key")
+    return operator_mint(cluster).for_body(cluster.get(name))
+
+
+def replica_set(cluster: Cluster, deployment: str, template_hash: str = "5d8f7c9b4"
+                ) -> dict[str, Any]:
+    """The ReplicaSet the Deployment controller would make (the emulator runs none)."""
+    name = f"{deployment}-{template_hash}"
+    found = cluster.kube.get("apps/v1", "replicasets", NS, name)
+    if found is not None:
+        return found
+    dep = wait_for(lambda: cluster.owned("apps/v1", "deployments", deployment),
+                   what=f"the Deployment {deployment}")
+    labels = {**selector(deployment), "pod-template-hash": template_hash}
+    return cluster.kube.create("apps/v1", "replicasets", NS, {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": name, "labels": labels, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "Deployment", "name": deployment,
+            "uid": dep["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "engine", "image": "x"}]}}}})
+
+
+def add_pod(cluster: Cluster, deployment: str, index: int, port: int, *,
+            owner: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
+            pod_ip: str = "127.0.0.1") -> str:
+    """A ready engine pod of the deployment's ReplicaSet whose admin port is ``port``.
+
+    ``owner`` / ``labels`` replace the ReplicaSet's reference and the labels, to forge one
+    (``owner={}``: no owner at all).
+    """
+    rs = replica_set(cluster, deployment)
+    name = f"{deployment}-pod-{index}"
+    ref = owner if owner is not None else {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
+        "uid": rs["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    cluster.core.create_namespaced_pod(NS, {
+        "metadata": {"name": name, "labels": labels if labels is not None
+                     else dict(rs["metadata"]["labels"]),
+                     "ownerReferences": [ref] if ref else []},
+        "spec": {"containers": [{"name": "engine", "image": "x", "ports": [
+            {"name": "http", "containerPort": 8000},
+            {"name": ADMIN_PORT_NAME, "containerPort": port}]}]}})
+    cluster.core.patch_namespaced_pod_status(name, NS, {"status": {
+        "phase": "Running", "podIP": pod_ip,
+        "conditions": [{"type": "Ready", "status": "True"}]}})
+    return name
 
 
 @contextlib.contextmanager

@@ -28,7 +28,9 @@ from slopilot.tuner.prometheus.alerts import AlertSource
 from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import GOOD, FakeProbe, FakeStudy
 
-HOLDS = window({"p0": figures(40.0, 8.0, 50.0), "p1": figures(200.0, 40.0, 50.0),
+# 150 of 160 output tokens/s within the SLO.
+HOLDS = window({"p0": figures(40.0, 8.0, 50.0, throughput=55.0),
+                "p1": figures(200.0, 40.0, 50.0, throughput=55.0),
                 "p2": figures(300.0, 50.0, 50.0)})
 
 
@@ -60,28 +62,46 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class PrometheusStandIn(_Server):
+    """``raw_answer`` (status, content type, body) replaces every answer, for a service
+    that is not a Prometheus; ``requests`` counts what was asked."""
+
     def __init__(self) -> None:
         self.alerts: list[dict[str, Any]] = []
+        self.raw_answer: tuple[int, str, bytes] | None = None
+        self.requests = 0
         super().__init__(_PromHandler)
 
-    def fire(self, name: str, action: str, deployment: str, namespace: str) -> None:
-        self.alerts = [{"labels": {"alertname": name, "action": action, "severity": "critical",
-                                   "priority_class": "p0", "slopilot_namespace": namespace,
-                                   "slopilot_deployment": deployment},
-                        "state": "firing", "activeAt": "2026-01-01T00:00:00Z", "value": "1"}]
+    def fire(self, name: str, action: str, deployment: str, namespace: str,
+             *more_namespaces: str) -> None:
+        """One alert for ``deployment`` per namespace given, labelled as the rules do."""
+        labels = {"alertname": name, "action": action, "severity": "critical",
+                  "priority_class": "p0", "slopilot_deployment": deployment}
+        self.alerts = [{"labels": {**labels, "slopilot_namespace": ns}, "state": "firing",
+                        "activeAt": "2026-01-01T00:00:00Z", "value": "1"}
+                       for ns in (namespace, *more_namespaces)]
 
 
 class _PromHandler(_Handler):
     def do_GET(self) -> None:
         standin: PrometheusStandIn = self.server.standin  # type: ignore[attr-defined]
-        if self.path.startswith("/api/v1/alerts"):
+        standin.requests += 1
+        if standin.raw_answer is not None:
+            status, ctype, data = standin.raw_answer
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path.startswith("/api/v1/alerts"):
             self.reply(200, {"status": "success", "data": {"alerts": standin.alerts}})
         else:
             self.reply(404, {"status": "error", "error": f"not served: {self.path}"})
 
 
 class PodStandIn(_Server):
-    def __init__(self, token: str) -> None:
+    """``token``: the one it accepts (set it once the operator has minted it)."""
+
+    def __init__(self, token: str = "") -> None:
         self.token = token
         self.puts: list[tuple[dict[str, Any], str]] = []  # (body, Authorization header)
         self.lock = threading.Lock()
@@ -130,6 +150,21 @@ class HoldingWindows:
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         return HOLDS
+
+
+def build_study_controller(ctx: DaemonContext) -> Controller:
+    """``build_controller`` with the real study: Optuna in ``spec.tuning.storage``."""
+    from slopilot.operator.daemon import study_name
+    from slopilot.tuner.study.live import ResumableTuner
+    from slopilot.tuner.study.space import SearchSpace
+    from slopilot.tuner.study.tuner import open_study
+
+    study = open_study(ctx.spec.tuning.storage, study_name(ctx.namespace, ctx.name, ctx.uid))
+    settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
+    return Controller(settings, ctx.handle, AlertSource(ctx.spec.prometheus_url, ctx.name),
+                      HoldingWindows(),
+                      ResumableTuner(study, SearchSpace.from_bounds(base=ctx.spec.engine)),
+                      FakeProbe(), MoreReplicas(ctx), state=ctx.state)
 
 
 def build_controller(ctx: DaemonContext) -> Controller:

@@ -46,7 +46,8 @@ def schema_at(path: str) -> dict[str, Any]:
 
 
 def rule_of(b: dict[str, Any], *, monitoring: bool = True) -> dict[str, Any]:
-    objects = desired_objects(b, parse_spec(b), replicas=1, monitoring=monitoring)
+    objects = desired_objects(b, parse_spec(b), replicas=1, monitoring=monitoring,
+                              operator_namespace="slopilot-system")
     if monitoring:
         return next(o for o in objects if o["kind"] == "PrometheusRule")["spec"]
     cm = next(o for o in objects if o["metadata"]["name"].endswith("-rules"))

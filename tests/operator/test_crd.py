@@ -55,6 +55,11 @@ def test_samples_pass_the_schema_and_parse(name: str) -> None:
     ({"slo": {"profile": "lax"}}, "slo.profile: 'lax' is not one of"),
     ({"tuning": {"window": "two minutes"}}, "tuning.window: 'two minutes' does not match"),
     ({"model": {"path": "/m"}}, "model: 'name' is a required property"),
+    ({"replicas": {"min": 1, "max": 512}}, "replicas.max: 512 is greater than the maximum of 64"),
+    ({"resources": {"memory": "16GB"}}, "resources.memory: '16GB' does not match"),
+    ({"resources": {"cpu": "four"}}, "resources.cpu: 'four' does not match"),
+    ({"prometheus": {"url": "http://10.0.0.1:8080/?x="}}, "prometheus.url: 'http://10.0.0.1"),
+    ({"prometheus": {"url": "http://u:p@prom:9090"}}, "prometheus.url: 'http://u:p@prom"),
 ])
 def test_schema_refuses_bad_fields_by_name(change: dict[str, Any], needle: str) -> None:
     problems = errors_of(with_spec(**change))
@@ -85,7 +90,8 @@ def test_crd_shape_cel_rules_columns_and_subresources() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Replicas", "Budget", "Chunk", "TBT P99", "Age"]
+    assert columns == ["Phase", "Replicas", "Budget", "Chunk", "TTFT P99", "TBT P99", "SLO",
+                       "Age"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     rules = [r["rule"] for key in ("replicas", "engine")
              for r in spec[key]["x-kubernetes-validations"]]
@@ -120,7 +126,9 @@ def test_parse_spec_resolves_profile_presets_and_explicit_knobs() -> None:
      "spec.engine.preemption.mode: preemption_mode='drop' is not allowed"),
     ({"engine": {"tokenBudget": "lots"}}, "spec.engine.tokenBudget: token_budget='lots'"),
     ({"tuning": {"window": "soon"}}, "spec.tuning.window: 'soon' is not a duration"),
-    ({"prometheus": {"url": "prometheus:9090"}}, "must start with http:// or https://"),
+    ({"prometheus": {"url": "prometheus:9090"}}, "the scheme must be http or https"),
+    ({"replicas": {"min": 1, "max": 512}}, "spec.replicas.max=512 exceeds 64"),
+    ({"resources": {"gpu": 100}}, "spec.resources.gpu=100: use 0..64"),
     ({"backend": "tpu"}, "spec.backend='tpu' is not allowed; use one of: builtin, vllm"),
     ({"replicas": {"min": 1, "max": "two"}}, "spec.replicas.max='two': expected int"),
 ])

@@ -24,16 +24,19 @@ EXPECTED_GRANTS = {
     ("slopilot.dev", "llmdeployments"): {"get", "list", "watch", "patch"},
     ("slopilot.dev", "llmdeployments/status"): {"get", "patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
+    ("slopilot.dev", "llmdeployments/finalizers"): {"update"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "prometheusrules"): {"get", "list", "watch", "create", "patch"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"create"},  # the admin tokens it mints; never read (tokens.py)
     ("", "pods"): {"get", "list"},
+    ("apps", "replicasets"): {"get", "list"},
     ("", "events"): {"create", "patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
-    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch", "create"},
+    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch", "create"},
 }
 
 
@@ -100,6 +103,19 @@ def test_rbac_grants_exactly_what_the_operator_needs() -> None:
     assert grants == EXPECTED_GRANTS
 
 
+def test_the_only_secret_the_operator_reads_is_its_key_in_its_own_namespace() -> None:
+    from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+    from slopilot.operator.tokens import KEY_SECRET
+
+    roles = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "Role"]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
+        (DEFAULT_OPERATOR_NAMESPACE, [{"apiGroups": [""], "resources": ["secrets"],
+                                       "resourceNames": [KEY_SECRET], "verbs": ["get"]}])]
+    (binding,) = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
+    assert binding["metadata"]["namespace"] == DEFAULT_OPERATOR_NAMESPACE
+
+
 def test_rbac_binds_the_operator_service_account() -> None:
     by_kind = {d["kind"]: d for d in docs(MANIFESTS / "rbac.yaml")}
     binding, account = by_kind["ClusterRoleBinding"], by_kind["ServiceAccount"]
@@ -109,6 +125,20 @@ def test_rbac_binds_the_operator_service_account() -> None:
     (deployment,) = docs(MANIFESTS / "operator.yaml")
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account[
         "metadata"]["name"]
+
+
+def test_the_shipped_policy_parses_and_the_engines_policy_admits_these_pods() -> None:
+    from slopilot.operator.render import OPERATOR_POD_LABELS
+    from slopilot.operator.settings import operator_policy
+
+    (deployment,) = docs(MANIFESTS / "operator.yaml")
+    pod = deployment["spec"]["template"]
+    assert OPERATOR_POD_LABELS.items() <= pod["metadata"]["labels"].items()
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    policy = operator_policy({k: v for k, v in env.items() if v is not None})
+    assert policy.prometheus_allowed("http://prometheus-operated.monitoring:9090")
+    assert not policy.prometheus_allowed("http://10.0.0.1:9090")
+    assert policy.image_allowed("vllm/vllm-openai:v0.11.0")
 
 
 def test_operator_deployment_is_locked_down_and_probed() -> None:

@@ -59,3 +59,16 @@ def test_operator_command_needs_a_scope() -> None:
 
     with pytest.raises(SystemExit, match="--all-namespaces or --namespace"):
         main(["operator", "--standalone"])
+
+
+def test_the_operator_makes_its_peering_object_where_it_works(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    from slopilot.operator.kubeapi import Kube
+    from slopilot.operator.peering import ensure_peering
+
+    kube.install(*yaml.safe_load_all(PEERING.read_text()))  # the CRDs only
+    api = Kube(kube_client)
+    assert ensure_peering(api, "slopilot", namespaces=[]) == ["ClusterKopfPeering/slopilot"]
+    assert ensure_peering(api, "slopilot", namespaces=[]) == []  # there already
+    assert ensure_peering(api, "slopilot", namespaces=["team-a", "team-*"]) == [
+        "KopfPeering/team-a/slopilot"]  # a glob names no namespace to put one in

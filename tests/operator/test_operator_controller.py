@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +14,25 @@ import kubernetes.client
 import pytest
 import yaml
 
-from slopilot.operator.kube_handle import PORT_ANNOTATION, ApplyError, KubeDeploymentHandle
+from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import selector
-from tests.operator.operator_support import NS, Cluster, llmd, operator, wait_for
+from slopilot.operator.tokens import admin_secret_name
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    add_pod,
+    llmd,
+    operator,
+    operator_mint,
+    operator_token,
+    replica_set,
+    wait_for,
+)
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
 
-TOKEN = "s3cret-admin-token"
 RBAC = Path(__file__).parents[2] / "manifests" / "rbac.yaml"
 
 
@@ -43,36 +54,38 @@ def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
     return Cluster(kube_client)
 
 
-def add_secret(cluster: Cluster, name: str = "chat-admin", token: str = TOKEN) -> None:
-    cluster.core.create_namespaced_secret(NS, {
-        "metadata": {"name": name},
-        "data": {"token": base64.b64encode(token.encode()).decode()}})
-
-
-def add_pod(cluster: Cluster, deployment: str, index: int, pod: PodStandIn) -> None:
-    """A ready engine pod whose admin endpoint is the stand-in on 127.0.0.1."""
-    name = f"{deployment}-pod-{index}"
-    cluster.core.create_namespaced_pod(NS, {
-        "metadata": {"name": name, "labels": selector(deployment),
-                     "annotations": {PORT_ANNOTATION: str(pod.port)}},
-        "spec": {"containers": [{"name": "engine", "image": "x"}]}})
-    cluster.core.patch_namespaced_pod_status(name, NS, {"status": {
-        "phase": "Running", "podIP": "127.0.0.1",
-        "conditions": [{"type": "Ready", "status": "True"}]}})
-
-
 def scale_count(cluster: Cluster) -> int:
     return len(cluster.events("Scale"))
 
 
-def rbac_grants() -> set[tuple[str, str, str]]:
-    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ClusterRole")
-    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
-            for r in rule["resources"] for v in rule["verbs"]}
+Call = tuple[str | None, str, str, str, str | None]  # namespace, group, resource, verb, name
 
 
-def operator_calls(kube: RunningEmulator) -> set[tuple[str, str, str]]:
-    """(group, resource[/sub], verb) of every resource call kopf or our client made."""
+def rbac_grants() -> list[tuple[str | None, set[str], set[str], set[str], set[str] | None]]:
+    """(namespace or None for cluster-wide, groups, resources, verbs, names or None)."""
+    out = []
+    for role in yaml.safe_load_all(RBAC.read_text()):
+        if role["kind"] not in ("ClusterRole", "Role"):
+            continue
+        namespace = role["metadata"]["namespace"] if role["kind"] == "Role" else None
+        for rule in role["rules"]:
+            names = set(rule["resourceNames"]) if "resourceNames" in rule else None
+            out.append((namespace, set(rule["apiGroups"]), set(rule["resources"]),
+                        set(rule["verbs"]), names))
+    return out
+
+
+def ungranted(calls: set[Call]) -> list[Call]:
+    """The calls no rule of rbac.yaml allows, as the API server's authorizer would judge."""
+    grants = rbac_grants()
+    return sorted((c for c in calls if not any(
+        (ns is None or ns == c[0]) and c[1] in groups and c[2] in resources
+        and c[3] in verbs and (names is None or c[4] in names)
+        for ns, groups, resources, verbs, names in grants)), key=str)
+
+
+def operator_calls(kube: RunningEmulator) -> set[Call]:
+    """Every resource call kopf or our client made, with its namespace and object name."""
     out = set()
     for r in list(kube.emulator._requests):
         agent = r.headers.get("User-Agent", "")
@@ -85,7 +98,7 @@ def operator_calls(kube: RunningEmulator) -> set[tuple[str, str, str]]:
         if verb is None:
             verb = "watch" if r.params.get("watch") in ("true", "1") else (
                 "get" if r.name else "list")
-        out.add((r.resource.group or "", plural, verb))
+        out.add((r.namespace, r.resource.group or "", plural, verb, r.name))
     return out
 
 
@@ -121,22 +134,24 @@ def test_scale_alert_scales_once_and_a_restart_does_not_scale_again(
                  cluster.condition("Tuning")["lastTransitionTime"] == seen, what="ticks")
         assert cluster.owned("apps/v1", "deployments", "chat")["spec"]["replicas"] == 3
         assert scale_count(cluster) == 1
-    missing = operator_calls(kube_login) | calls
-    missing -= rbac_grants()
-    assert not missing, f"the operator made calls rbac.yaml does not grant: {sorted(missing)}"
+    missing = ungranted(operator_calls(kube_login) | calls)
+    assert not missing, f"the operator made calls rbac.yaml does not grant: {missing}"
+    secrets = {c for c in calls if c[2] == "secrets" and c[3] != "create"}
+    assert secrets == {("slopilot-system", "", "secrets", "get", "slopilot-operator-token-key")}
 
 
 def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         controller_env: None) -> None:
-    pods = [PodStandIn(TOKEN), PodStandIn(TOKEN)]
+    pods = [PodStandIn(), PodStandIn()]
     with serving(*pods), operator(kube_login):
-        add_secret(cluster)
         cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
                             tuning={"window": "1s", "canary": True}))
         wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
+        token = operator_token(cluster)
         for i, pod in enumerate(pods):
-            add_pod(cluster, "chat", i, pod)
+            pod.token = token
+            add_pod(cluster, "chat", i, pod.port)
         wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
                  what="steady")
         prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
@@ -145,7 +160,7 @@ def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
         # The trial went to the canary alone; the commit to both, each with the token.
         assert [b["token_budget"] for b in canary] == [512, 512]
         assert [b["token_budget"] for b in other] == [512]
-        assert {auth for p in pods for _, auth in p.puts} == {f"Bearer {TOKEN}"}
+        assert {auth for p in pods for _, auth in p.puts} == {f"Bearer {token}"}
         cm = cluster.owned("v1", "configmaps", "chat-engine")
         assert json.loads(cm["data"]["engine.json"])["token_budget"] == 512
         status = cluster.status()
@@ -154,27 +169,94 @@ def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
         assert status["bestTrial"]["config"] == {"token_budget": 512, "chunk_size": 256}
         trial = cluster.events("Trial")[0].message
         assert "on canary" in trial and "retune: alert SlopilotTTFTP99High" in trial
-        missing = operator_calls(kube_login) - rbac_grants()
-        assert not missing, f"calls rbac.yaml does not grant: {sorted(missing)}"
+        missing = ungranted(operator_calls(kube_login))
+        assert not missing, f"calls rbac.yaml does not grant: {missing}"
 
 
-def test_handle_sends_the_secret_token_and_a_wrong_one_fails_loudly(
+def handle_for(cluster: Cluster) -> KubeDeploymentHandle:
+    """The CR reconciled once (its Deployment exists) and a handle over it."""
+    policy = OperatorPolicy()
+    mint = operator_mint(cluster)
+    reconcile(cluster.kube, cluster.get("chat"), policy=policy, mint=mint)
+    return KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy)
+
+
+def test_the_token_goes_only_to_pods_the_deployments_replica_sets_made(
         kube: RunningEmulator, cluster: Cluster) -> None:
     from slopilot.operator.crd import crd_manifest
 
     kube.install(crd_manifest())
-    pod = PodStandIn("the-right-token")
+    cluster.create(llmd(replicas={"min": 1, "max": 2}))
+    handle = handle_for(cluster)
+    rs = replica_set(cluster, "chat")
+    forged = [PodStandIn(), PodStandIn(), PodStandIn(), PodStandIn()]
+    with serving(*forged):
+        # What anyone who may create pods in the namespace can copy: the labels, an owner
+        # reference to the real ReplicaSet (without the controller's blockOwnerDeletion),
+        # or one to a ReplicaSet of their own with the same labels.
+        add_pod(cluster, "chat", 0, forged[0].port, owner={})
+        add_pod(cluster, "chat", 1, forged[1].port, owner={
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
+            "uid": rs["metadata"]["uid"], "controller": True})
+        own = cluster.kube.create("apps/v1", "replicasets", NS, {
+            "apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "mine", "labels": rs["metadata"]["labels"]},
+            "spec": {"selector": {"matchLabels": rs["metadata"]["labels"]}, "template": {
+                "metadata": {"labels": rs["metadata"]["labels"]},
+                "spec": {"containers": [{"name": "engine", "image": "x"}]}}}})
+        add_pod(cluster, "chat", 2, forged[2].port, owner={
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "mine",
+            "uid": own["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True})
+        # The real ReplicaSet, but not this template's hash (labels forged on a pod).
+        add_pod(cluster, "chat", 3, forged[3].port, labels=selector("chat"))
+        assert handle.pods() == []
+        with pytest.raises(ApplyError, match="no ready pod of this deployment"):
+            handle.apply_config({"token_budget": 512}, canary=True)
+    assert all(p.puts == [] for p in forged)
+
+
+def test_a_pod_with_another_token_names_the_secret_and_a_bad_config_never_leaves(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    from slopilot.engine.config import ConfigError
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    cluster.create(llmd(replicas={"min": 1, "max": 2}))
+    handle = handle_for(cluster)
+    pod = PodStandIn("a-token-someone-else-chose")
     with serving(pod):
-        cluster.create(llmd(replicas={"min": 1, "max": 2}))
-        add_pod(cluster, "chat", 0, pod)
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat")
-        with pytest.raises(ApplyError, match=r"Secret default/chat-admin .* is missing"):
+        add_pod(cluster, "chat", 0, pod.port)
+        secret = admin_secret_name(cluster.get())
+        with pytest.raises(ApplyError, match=f"HTTP 401.*Secret {secret}"):
             handle.apply_config({"token_budget": 512}, canary=True)
-        add_secret(cluster, token="a-wrong-token")
-        with pytest.raises(ApplyError, match="HTTP 401"):
-            handle.apply_config({"token_budget": 512}, canary=True)
-        assert pod.puts[-1][1] == "Bearer a-wrong-token"
-        from slopilot.engine.config import ConfigError
+        assert pod.puts[-1][1] == f"Bearer {operator_token(cluster)}"
         with pytest.raises(ConfigError, match="block_size cannot change on a running engine"):
             handle.apply_config({"block_size": 32}, canary=True)
         assert len(pod.puts) == 1  # the refused config never left the operator
+
+
+def test_the_canary_is_chosen_once_and_kept_until_a_config_goes_to_all(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    cluster.create(llmd(replicas={"min": 2, "max": 3}))
+    handle = handle_for(cluster)
+    pods = [PodStandIn(operator_token(cluster)) for _ in range(3)]
+    with serving(*pods):
+        add_pod(cluster, "chat", 5, pods[0].port)
+        add_pod(cluster, "chat", 7, pods[1].port)
+        assert handle.apply_config({"token_budget": 512}, canary=True) == "chat-pod-5"
+        # A pod that sorts first appears mid-trial: the trial stays where it began.
+        add_pod(cluster, "chat", 1, pods[2].port)
+        assert handle.apply_config({"token_budget": 1024}, canary=True) == "chat-pod-5"
+        assert handle.canary_pod() == "chat-pod-5"
+        assert handle.apply_config({"token_budget": 1024}, canary=False) is None
+        assert handle.canary_pod() is None
+        assert [len(p.puts) for p in pods] == [3, 1, 1]
+        # A restarted operator (a fresh handle) finds it in the running trial.
+        cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {
+            "status": {"controller": {"trial": {"canary_replica": "chat-pod-7"}}}},
+            subresource="status")
+        fresh = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=handle.mint)
+        assert fresh.apply_config({"token_budget": 512}, canary=True) == "chat-pod-7"

@@ -5,20 +5,25 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import kubernetes.client
 import pytest
 
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, reconcile
 from slopilot.operator.render import CHECKSUM_ANNOTATION
+from slopilot.operator.tokens import admin_secret_name
 from tests.operator.operator_support import (
     NS,
     Cluster,
     llmd,
     monitoring_crds,
     operator,
+    operator_mint,
+    operator_token,
     wait_for,
 )
 from tests.support.kube_server import RunningEmulator
@@ -58,12 +63,21 @@ def test_owned_objects_appear_follow_edits_and_come_back(
                           and cluster.status(), what="status Running")
         assert status["replicas"] == 2 and status["config"]["tokenBudget"] == 1024
         assert cluster.condition("Valid")["status"] == "True"
+        # The operator minted the engines' admin token and created its Secret, owned by
+        # the CR; the pods read it from there (the operator never does).
+        secret_name = admin_secret_name(created)
         token = cluster.condition("AdminToken")
-        assert token is not None and token["status"] == "False"
-        assert "kubectl create secret generic chat-admin" in token["message"]
+        assert token is not None and token["status"] == "True"
+        assert secret_name in token["message"] and status["adminTokenSecret"] == secret_name
+        secret = cluster.core.read_namespaced_secret(secret_name, NS)
+        assert secret.metadata.owner_references[0].uid == uid
+        assert base64.b64decode(secret.data["token"]).decode() == operator_token(cluster)
+        env = {e["name"]: e for e in c["env"]}
+        assert env["SLOPILOT_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret_name
+        policy = wait_for(lambda: cluster.owned("networking.k8s.io/v1", "networkpolicies",
+                                                "chat"), what="the NetworkPolicy")
+        assert [r["ports"][0]["port"] for r in policy["spec"]["ingress"]] == ["http", "admin"]
         wait_for(lambda: cluster.events("Reconciled"), what="a Reconciled event")
-        assert wait_for(lambda: cluster.events("AdminTokenMissing"), what="warning")[
-            0].type == "Warning"
 
         # Edit the spec: the ConfigMap and the Deployment follow.
         cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 2048},
@@ -145,14 +159,25 @@ def test_a_second_reconcile_writes_nothing(kube: RunningEmulator,
     cluster = Cluster(kube_client)
     body = cluster.create(llmd(engine={"tokenBudget": 2048}))
     k = Kube(kube_client)
-    first = reconcile(k, body)
+    args = {"policy": OperatorPolicy(), "mint": operator_mint(cluster)}
+    first = reconcile(k, body, **args)
     assert set(first.changes.values()) == {Change.CREATED}
+    # The status records the Secret (the operator cannot read it to see it is there).
+    body = cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {
+        "status": {"adminTokenSecret": admin_secret_name(body)}}, subresource="status")
     versions = {n: o["metadata"]["resourceVersion"] for n, o in (
         ("dep", k.get("apps/v1", "deployments", NS, "chat")),
         ("cm", k.get("v1", "configmaps", NS, "chat-engine")))}
     writes = sum(1 for r in kube.emulator._requests if r.method.value != "GET")
-    second = reconcile(k, body)
+    second = reconcile(k, body, **args)
     assert set(second.changes.values()) == {Change.UNCHANGED}
     assert sum(1 for r in kube.emulator._requests if r.method.value != "GET") == writes
     assert versions["dep"] == k.get("apps/v1", "deployments", NS, "chat")[
         "metadata"]["resourceVersion"]
+    # A restarted operator cannot tell whether someone deleted the Secret: it creates it
+    # again (an AlreadyExists is fine), and a deleted one comes back.
+    cluster.core.delete_namespaced_secret(admin_secret_name(body), NS)
+    resumed = reconcile(k, body, **args, resume=True)
+    assert resumed.changes[f"Secret/{admin_secret_name(body)}"] is Change.CREATED
+    again = reconcile(k, body, **args, resume=True)
+    assert again.changes[f"Secret/{admin_secret_name(body)}"] is Change.UNCHANGED

@@ -21,6 +21,7 @@ from slopilot.operator.daemon import (
 )
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.spec import parse_spec
+from slopilot.operator.tokens import TokenMint
 from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
@@ -49,8 +50,9 @@ def context(tmp_path: Path, backend: str = "builtin", **tuning: Any) -> DaemonCo
                      "tuning": {"storage": f"sqlite:///{tmp_path / 'study.db'}", **tuning}}}
     spec = parse_spec(body)
     kube: Any = OneDeployment()
-    return DaemonContext(kube, KubeDeploymentHandle(kube, "team", "chat"), spec, "team",
-                         "chat", controller_settings(spec, "chat"), None)
+    handle = KubeDeploymentHandle(kube, "team", "chat", mint=TokenMint(b"k" * 32))
+    return DaemonContext(kube, handle, spec, "team", "chat",
+                         controller_settings(spec, "team", "chat"), None, uid="u1")
 
 
 def test_the_default_wiring_holds_the_config_while_prometheus_is_down(tmp_path: Path) -> None:

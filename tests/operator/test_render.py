@@ -12,6 +12,7 @@ import pytest
 from slopilot.operator.render import (
     CHECKSUM_ANNOTATION,
     config_json,
+    render_admin_secret,
     render_all,
     vllm_args,
 )
@@ -42,15 +43,18 @@ def test_builtin_engine_pod_command_config_and_token() -> None:
     out = render_all(b, spec)
     c = container(out.deployment)
     assert c["command"] == ["slopilot", "serve", "--executor", "torch", "--model",
-                            "/models/smollm2", "--port", "8000",
+                            "/models/smollm2", "--port", "8000", "--admin-port", "8081",
                             "--config", "/etc/slopilot/engine.json"]
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", 8000),
+                                                                     ("admin", 8081)]
     knobs = json.loads(out.config_map["data"]["engine.json"])
     assert knobs["token_budget"] == 2048 and knobs["chunk_size"] == 1024
     assert knobs["preemption_mode"] == "auto"
     assert {"name": "engine-config", "mountPath": "/etc/slopilot", "readOnly": True} in c[
         "volumeMounts"]
     token = next(e for e in c["env"] if e["name"] == "SLOPILOT_ADMIN_TOKEN")
-    assert token["valueFrom"]["secretKeyRef"] == {"name": "chat-admin", "key": "token"}
+    assert token["valueFrom"]["secretKeyRef"] == {"name": f"chat-admin-{UID[:8]}",
+                                                  "key": "token"}
     assert c["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 2}
     assert c["resources"]["requests"]["nvidia.com/gpu"] == 2
     assert out.unsupported_knobs == ()
@@ -173,5 +177,34 @@ def test_config_json_is_stable_and_complete() -> None:
 @pytest.mark.parametrize("backend", ["builtin", "vllm"])
 def test_builtin_kinds_validate_against_kubernetes(backend: str) -> None:
     out = render_all(*render(backend=backend, resources={"gpu": 1, "memory": "8Gi"}))
-    for obj in (out.config_map, out.deployment, out.service):
+    for obj in (out.config_map, out.deployment, out.service, out.network_policy):
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    kubernetes_validate.validate(render_admin_secret(body(), "t0ken"), KUBE_VERSION,
+                                 strict=True)
+
+
+def test_only_the_operators_pods_may_reach_the_admin_port() -> None:
+    policy = render_all(*render(), operator_namespace="ops").network_policy
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/instance": "chat", "slopilot.dev/llmdeployment": "chat"}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    inference, admin = policy["spec"]["ingress"]
+    # Inference and /metrics: no source restriction in this policy (the cluster's own
+    # policies may narrow it); the admin port: the operator's pods in its namespace only.
+    assert inference == {"ports": [{"port": "http", "protocol": "TCP"}]}
+    assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}]
+    assert admin["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "slopilot-operator"}}}]
+    # vLLM has no admin endpoint: nothing but inference is open.
+    vllm = render_all(*render(backend="vllm")).network_policy
+    assert vllm["spec"]["ingress"] == [inference]
+    ports = container(render_all(*render(backend="vllm")).deployment)["ports"]
+    assert [p["name"] for p in ports] == ["http"]
+
+
+def test_the_admin_secret_is_owned_and_named_for_this_cr_only() -> None:
+    secret = render_admin_secret(body(), "t0ken")
+    assert secret["metadata"]["name"] == f"chat-admin-{UID[:8]}"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert secret["data"] == {"token": "dDBrZW4="}

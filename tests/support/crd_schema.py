@@ -1,18 +1,27 @@
-"""Check and default objects against a CRD's openAPIV3Schema, as the apiserver does.
+"""Prune, default and check objects against a CRD's openAPIV3Schema, as the apiserver does.
 
-jsonschema's Draft 4 validator understands the OpenAPI v3 subset that structural CRD
-schemas use (type, properties, required, enum, minimum, maximum, pattern, items);
-the ``x-kubernetes-*`` extensions and ``default`` are not validation keywords there,
-so defaulting is done here by walking the schema, before validation, like the apiserver.
+In the apiserver's order: unknown fields are pruned (except under
+``x-kubernetes-preserve-unknown-fields``), defaults filled in, then the object is
+validated: jsonschema's Draft 4 validator understands the OpenAPI v3 subset that
+structural CRD schemas use (type, properties, required, enum, minimum, maximum, pattern,
+items, anyOf), and the ``x-kubernetes-validations`` CEL rules run on cel-python, each with
+``self`` bound to its node, as the apiserver binds it.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from functools import cache
 from typing import Any
 
+import celpy
 import jsonschema
+
+OBJECT_META = {"name", "generateName", "namespace", "uid", "resourceVersion", "generation",
+               "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+               "labels", "annotations", "ownerReferences", "finalizers", "managedFields",
+               "selfLink"}
 
 
 def served_schema(crd: Mapping[str, Any], version: str | None = None) -> dict[str, Any]:
@@ -59,4 +68,77 @@ def schema_errors(schema: Mapping[str, Any], body: Mapping[str, Any]) -> list[st
     for error in sorted(validator.iter_errors(checked), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in error.absolute_path) or "<root>"
         out.append(f"{path}: {error.message}")
+    return out
+
+
+def prune(schema: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``body`` without the fields the schema does not know (metadata: ObjectMeta)."""
+    out = copy.deepcopy(dict(body))
+    meta = out.get("metadata")
+    if isinstance(meta, dict):
+        for key in [k for k in meta if k not in OBJECT_META]:
+            del meta[key]
+    for key in [k for k in out if k not in ("apiVersion", "kind", "metadata")]:
+        sub = schema.get("properties", {}).get(key)
+        if sub is None:
+            if not schema.get("x-kubernetes-preserve-unknown-fields"):
+                del out[key]
+        else:
+            _prune(sub, out[key])
+    return out
+
+
+def _prune(schema: Mapping[str, Any], value: Any) -> None:
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key in list(value):
+            if props is not None and key in props:
+                _prune(props[key], value[key])
+            elif isinstance(extra, Mapping):
+                _prune(extra, value[key])
+            elif props is not None or extra is None:
+                del value[key]
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for item in value:
+            _prune(schema["items"], item)
+
+
+@cache
+def _program(rule: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def _nodes(schema: Mapping[str, Any], value: Any, path: str
+           ) -> Iterator[tuple[Mapping[str, Any], Any, str]]:
+    yield schema, value, path
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value:
+                yield from _nodes(sub, value[key], f"{path}.{key}" if path else key)
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for i, item in enumerate(value):
+            yield from _nodes(schema["items"], item, f"{path}[{i}]")
+
+
+def cel_errors(schema: Mapping[str, Any], body: Mapping[str, Any]) -> list[str]:
+    """The ``x-kubernetes-validations`` rules ``body`` breaks, as ``path: message``."""
+    out = []
+    for node, value, path in _nodes(schema, body, ""):
+        for rule in node.get("x-kubernetes-validations") or ():
+            try:
+                ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+            except celpy.CELEvalError as exc:
+                out.append(f"{path or '<root>'}: Invalid value: the rule {rule['rule']!r} "
+                           f"could not be evaluated: {exc.args[0] if exc.args else exc}")
+                continue
+            if isinstance(ok, celpy.CELEvalError):
+                out.append(f"{path or '<root>'}: Invalid value: the rule {rule['rule']!r} "
+                           f"could not be evaluated: {ok.args[0] if ok.args else ok}")
+            elif not bool(ok):
+                message = rule.get("message") or f"failed rule: {rule['rule']}"
+                out.append(f"{path or '<root>'}: Invalid value: \"object\": {message}")
     return out

@@ -14,8 +14,14 @@ and replaces the state changes with apiserver rules:
 - lists with ``kind``/``apiVersion``/``resourceVersion``, label and field selectors;
 - watches from a resourceVersion (an event log, like etcd's), namespaced, with timeoutSeconds;
 - finalizers and deletionTimestamp; background garbage collection through ownerReferences;
-- CRDs created through the API become discoverable resources; their schema defaults and
-  validates custom objects;
+- CRDs created through the API become discoverable resources; their schema prunes
+  unknown fields, defaults and validates custom objects, CEL rules included;
+- names, labels, replica counts and resource quantities are checked as the apiserver
+  checks them (kube_validation.py), so an object a cluster would refuse is refused here;
+- ``fail(...)``: the next matching writes fail with a given status before they apply
+  (a lost connection, an overloaded apiserver), for tests of what a client does then;
+- what kubectl needs (kube_openapi.py): OpenAPI v2 and v3 discovery, server-side tables
+  with a CRD's printer columns, and ``fieldValidation=Strict``;
 - ``GET /version`` and ``/version/``.
 """
 
@@ -32,10 +38,18 @@ from typing import Any
 import aiohttp.web
 import attrs
 from kmock import KubernetesEmulator, Request, ResourceInfo, Response, method, resource
-from kmock._internal import apps
 
 from tests.support import kube_objects as ko
-from tests.support.crd_schema import apply_defaults, schema_errors, served_schema
+from tests.support import kube_openapi as oa
+from tests.support.crd_schema import (
+    apply_defaults,
+    cel_errors,
+    prune,
+    schema_errors,
+    served_schema,
+)
+from tests.support.kmock_fixes import Fault, route
+from tests.support.kube_validation import object_problems
 
 CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
@@ -56,6 +70,8 @@ class KubeEmulator(KubernetesEmulator):
     _schemas: dict[resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _outcomes: dict[Request, tuple[int, dict[str, Any]]] = attrs.field(factory=dict, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _faults: list[Fault] = attrs.field(factory=list, init=False)
+    _columns: dict[resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -68,6 +84,7 @@ class KubeEmulator(KubernetesEmulator):
         above["get /api/"] << self._serve_api
         above[method.PUT] << self._serve_update  # kmock maps PUT to no action
         above[method.DELETE] << self._serve_update  # nor a DELETE of a whole collection
+        above[method.GET] << self._serve_openapi
 
     # --- requests ------------------------------------------------------------------------
 
@@ -80,13 +97,35 @@ class KubeEmulator(KubernetesEmulator):
                         self._outcomes[request] = outcome
                         self._changed.notify_all()
             # Skip KubernetesEmulator._handle: its state changes are what this class replaces.
-            return await apps.RawHandler._handle(self, request)
+            return await self._route(request)
         finally:
             self._outcomes.pop(request, None)
 
+    def fail(self, method: str, plural: str, *, subresource: str | None = None,
+             status: int = 500, times: int = 1) -> None:
+        """Make the next ``times`` such writes fail with ``status``, changing nothing."""
+        self._faults.append(Fault(method.upper(), plural, subresource, status, times))
+
+    def _inject_fault(self, request: Request) -> None:
+        for fault in self._faults:
+            if fault.times > 0 and request.method.value == fault.method \
+                    and request.resource is not None and request.resource.plural == fault.plural \
+                    and request.subresource == fault.subresource:
+                fault.times -= 1
+                raise ko.api_error(fault.status, "InternalError",
+                                   "an injected failure: the write was not applied")
+
+    async def _route(self, request: Request) -> aiohttp.web.StreamResponse:
+        return await route(self, request)
+
     def _mutate(self, request: Request) -> tuple[int, dict[str, Any]] | None:
         res = self._known(request)
+        if request.method != method.GET:
+            self._inject_fault(request)
+        strict = request.params.get("fieldValidation") == "Strict"
         if request.method == method.POST and request.name is None:
+            if strict and isinstance(request.data, dict):
+                self._strict(res, request.data)
             return 201, self._create_object(res, request.namespace, request.data)
         if request.name is None:
             if request.method == method.DELETE:
@@ -100,6 +139,8 @@ class KubeEmulator(KubernetesEmulator):
             ctype = request.headers.get("Content-Type", "application/merge-patch+json")
             current = self._get(key)
             new = ko.apply_patch(current, request.data, ctype, res, request.name)
+            if strict:
+                self._strict(res, new)
             return 200, self._update(key, current, new, to_status=sub == "status")
         if request.method == method.PUT:
             if not isinstance(request.data, dict):
@@ -163,7 +204,7 @@ class KubeEmulator(KubernetesEmulator):
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if not to_status:
             ko.bump_generation(old, new)
-            new = self._admit(res, new)
+        new = self._admit(res, new)  # a status write is pruned and validated too
         if new == old:
             return old  # a no-op write changes nothing and emits no event, as in etcd
         if res == CRDS:
@@ -229,12 +270,50 @@ class KubeEmulator(KubernetesEmulator):
             raise ko.not_found(res, "")
         ns = request.namespace if self._namespaced(res) else None
         async with self._changed:
-            return self._get((res, ns, request.name))
+            body = self._get((res, ns, request.name))
+            if oa.wants_table(request.headers.get("Accept")):
+                return oa.table([body], self._columns.get(res), str(self._rv))
+            return body
 
     async def _serve_list(self, request: Request) -> Any:
         res = self._known(request)
         async with self._changed:
-            return self._list_body(res, [body for _, body in self._select(res, request)])
+            bodies = [body for _, body in self._select(res, request)]
+            if oa.wants_table(request.headers.get("Accept")):
+                return oa.table(bodies, self._columns.get(res), str(self._rv))
+            return self._list_body(res, bodies)
+
+    async def _serve_version(self, request: Request) -> Any:
+        # kmock names the core group-version "/v1"; kubectl then finds no kind in "v1".
+        found = await super()._serve_version(request)
+        if isinstance(found, dict) and str(found.get("groupVersion", "")).startswith("/"):
+            found["groupVersion"] = found["groupVersion"][1:]
+        # Subresources, as the apiserver lists them: no names of their own to match.
+        for entry in found.get("resources", []) if isinstance(found, dict) else ():
+            if "/" in entry.get("name", ""):
+                entry.update(singularName="", shortNames=[], categories=[],
+                             verbs=["get", "patch", "update"])
+        return found
+
+    async def _serve_openapi(self, request: Request) -> Any:
+        path = request.url.path.rstrip("/")
+        if path == "/openapi/v2":
+            if "protobuf" in (request.headers.get("Accept") or ""):
+                return Response(status=200, payload=b"")  # an empty Document message
+            return oa.v2_document()
+        if path == "/openapi/v3":
+            return oa.v3_root(self._get_resources())
+        if path.startswith("/openapi/v3/"):
+            infos = {r: self._info(r) for r in self._get_resources()}
+            return oa.v3_document(infos, self._schemas, path.removeprefix("/openapi/v3/"))
+        raise NotImplementedError  # not OpenAPI: the next reaction serves it
+
+    def _strict(self, res: resource, body: Mapping[str, Any]) -> None:
+        """``fieldValidation=Strict``: unknown fields are an error, as in the apiserver."""
+        problems = oa.strict_problems(body, self._schemas.get(res))
+        if problems:
+            raise ko.api_error(400, "BadRequest", "strict decoding error: "
+                               + ", ".join(problems))
 
     async def _serve_watch(self, request: Request) -> AsyncIterator[Any]:
         yield b""  # send the headers now: a quiet watch must still count as started
@@ -337,13 +416,16 @@ class KubeEmulator(KubernetesEmulator):
         return ko.kind_of(res, self._info(res))
 
     def _admit(self, res: resource, body: dict[str, Any]) -> dict[str, Any]:
-        """Default and validate a custom object against its CRD schema, as the apiserver does."""
+        """Prune, default and validate as the apiserver does (custom objects by their CRD)."""
+        if problems := object_problems(str(res.plural), body):
+            raise ko.invalid(res, body["metadata"].get("name"), *problems,
+                             kind=self._kind(res))
         schema = self._schemas.get(res)
         if schema is None:
             return body
-        body = apply_defaults(schema, body)
-        if errors := schema_errors(schema, body):
-            raise ko.invalid(res, body["metadata"].get("name"), "; ".join(errors))
+        body = apply_defaults(schema, prune(schema, body))
+        if errors := schema_errors(schema, body) + cel_errors(schema, body):
+            raise ko.invalid(res, body["metadata"].get("name"), *errors, kind=self._kind(res))
         return body
 
     def _register_crd(self, crd: Mapping[str, Any]) -> dict[str, Any]:
@@ -360,6 +442,7 @@ class KubeEmulator(KubernetesEmulator):
                 subresources=set(version.get("subresources", {})))
             if "schema" in version:
                 self._schemas[res] = served_schema(crd, version["name"])
+            self._columns[res] = list(version.get("additionalPrinterColumns") or [])
         return {"acceptedNames": dict(names), "storedVersions": [
             v["name"] for v in spec["versions"] if v.get("storage")], "conditions": [
             {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}]}
@@ -369,6 +452,7 @@ class KubeEmulator(KubernetesEmulator):
         for version in spec["versions"]:
             res = resource(spec["group"], version["name"], spec["names"]["plural"])
             self._schemas.pop(res, None)
+            self._columns.pop(res, None)
             if res in self.resources:
                 del self.resources[res]
 

@@ -24,9 +24,12 @@ SERVER_METADATA = ("uid", "creationTimestamp", "generation", "deletionTimestamp"
 
 def api_error(status: int, reason: str, message: str, *,
               res: resource | None = None, kind: str | None = None,
-              name: str | None = None) -> KubernetesError:
+              name: str | None = None,
+              causes: list[dict[str, str]] | None = None) -> KubernetesError:
     """A Status body as the apiserver sends it (the official client keys on ``reason``)."""
     details: dict[str, Any] = {}
+    if causes:
+        details["causes"] = causes
     if name is not None:
         details["name"] = name
     if res is not None:
@@ -59,9 +62,17 @@ def conflict(res: resource, name: str) -> KubernetesError:
         res=res, name=name)
 
 
-def invalid(res: resource, name: str | None, why: str) -> KubernetesError:
-    return api_error(422, "Invalid", f'{qualified(res)} "{name or ""}" is invalid: {why}',
-                     res=res, name=name)
+def invalid(res: resource, name: str | None, *problems: str,
+            kind: str | None = None) -> KubernetesError:
+    """422 Invalid with one cause per problem (``field: message``), as kubectl prints them."""
+    causes = []
+    for problem in problems:
+        field, sep, message = problem.partition(": ")
+        causes.append({"reason": "FieldValueInvalid", "message": message if sep else problem,
+                       "field": field if sep else ""})
+    why = "; ".join(problems) if len(problems) == 1 else "[" + ", ".join(problems) + "]"
+    return api_error(422, "Invalid", f'{kind or qualified(res)} "{name or ""}" is invalid: '
+                     f"{why}", res=res, name=name, kind=kind, causes=causes)
 
 
 def now_rfc3339() -> str:

@@ -98,3 +98,39 @@ def test_a_dead_worker_fails_its_call_and_the_next_call_gets_a_new_one() -> None
         with pytest.raises(BrokenProcessPool):
             w.call(_die)
         assert w.call(os.getpid) != os.getpid()
+
+
+def _forever() -> None:
+    import time
+    while True:
+        time.sleep(1)
+
+
+def _hog(mb: int) -> int:
+    return len(bytearray(mb * 1024 * 1024))
+
+
+def test_a_call_past_its_time_is_killed_and_the_next_call_gets_a_new_worker() -> None:
+    from slopilot.tuner.sim.worker import SimTimeout
+
+    with SimWorker() as w:
+        first = w.call(os.getpid)
+        with pytest.raises(SimTimeout, match="1 s"):
+            w.call(_forever, timeout_s=1.0)
+        assert w.call(os.getpid) != first
+
+
+def test_a_call_that_would_take_more_memory_than_allowed_fails_alone() -> None:
+    with SimWorker(memory_limit_mb=512) as w:
+        with pytest.raises(MemoryError):
+            w.call(_hog, 1024)
+        assert w.call(_hog, 16) == 16 * 1024 * 1024  # the worker lives on
+
+
+def test_the_planner_and_the_study_calls_carry_their_time_limits() -> None:
+    planner = WorkerPlanner(SimWorker.__new__(SimWorker))
+    assert planner.timeout_s > 0
+    with pytest.raises(ValueError, match="timeout_s"):
+        WorkerPlanner(SimWorker.__new__(SimWorker), timeout_s=0)
+    with pytest.raises(ValueError, match="memory_limit_mb"):
+        SimWorker(memory_limit_mb=10)

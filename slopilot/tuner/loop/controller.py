@@ -216,7 +216,7 @@ class Controller:
         canary = s.canary and self.deployment.replicas() > 1
         loop.trial_starts.append(now)
         try:
-            self.deployment.apply_config(config, canary=canary)
+            replica = self.deployment.apply_config(config, canary=canary)
         except ConfigError as exc:
             self.study.tell_failed(number, f"config refused: {exc}")
             self.metrics.trial(s.deployment, TrialOutcome.FAILED)
@@ -224,7 +224,8 @@ class Controller:
             self._restore(canary)
             return self._decide(Action.REVERT, f"config_refused trial {number}: {exc}",
                                 trial=number, config=config)
-        loop.trial = RunningTrial(number, dict(config), now, canary)
+        loop.trial = RunningTrial(number, dict(config), now, canary,
+                                  canary_replica=replica if canary else None)
         where = "canary" if canary else "all replicas"
         return self._decide(Action.TRIAL, f"trial {number} on {where}; {reason}",
                             trial=number, config=config)

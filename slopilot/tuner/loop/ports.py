@@ -33,11 +33,12 @@ class DeploymentHandle(Protocol):
         """The knobs every non-canary replica runs now (EngineConfig.to_dict form)."""
         ...
 
-    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
         """Apply ``config`` to the canary replica only, or to every replica.
 
-        Raises on failure (a refused config, an unreachable replica): the controller
-        rolls back.
+        Returns the canary replica's name when the handle knows it (recorded in the
+        trial), else None. Raises on failure (a refused config, an unreachable replica):
+        the controller rolls back.
         """
         ...
 

@@ -118,6 +118,9 @@ class RunningTrial:
     canary: bool
     repeats: int = 0
     warm: bool = False
+    canary_replica: str | None = None
+    """Which replica the trial runs on (the handle's answer), kept so that a resumed
+    controller measures and restores the same one."""
 
 
 @dataclass

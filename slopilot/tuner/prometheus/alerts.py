@@ -23,6 +23,7 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.alert_table import AlertAction, AlertRule, Figure, alert_table
 from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels
+from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 __all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "SummaryAlerts",
@@ -72,7 +73,7 @@ def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> 
     """
     ident = identity_labels(deployment, namespace)
     if not isinstance(answer, dict) or answer.get("status") != "success":
-        raise PrometheusUnavailable(f"/api/v1/alerts answered {str(answer)[:200]}")
+        raise PrometheusUnavailable("/api/v1/alerts: not a Prometheus success answer")
     data = answer.get("data")
     rows = data.get("alerts") if isinstance(data, dict) else None
     if not isinstance(rows, list):
@@ -109,15 +110,26 @@ class AlertSource:
         self._client = client or httpx.Client(timeout=timeout_s)
 
     def firing(self) -> list[Alert]:
+        # Messages name the status code and content type, never the body (safe_errors).
+        where = f"Prometheus at {self.url}"
         try:
             resp = self._client.get(self.url + "/api/v1/alerts")
-            resp.raise_for_status()
-            answer = resp.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPError as exc:
             raise PrometheusUnavailable(
-                f"Prometheus at {self.url} is unreachable: {type(exc).__name__}: {exc}"
-            ) from exc
-        return parse_alerts(answer, self.deployment, self.namespace)
+                f"{where} is unreachable: {transport_failure(exc)}") from None
+        ctype = resp.headers.get("content-type")
+        if resp.status_code != 200:
+            raise PrometheusUnavailable(f"{where}: /api/v1/alerts answered "
+                                        f"{http_failure(resp.status_code, ctype)}")
+        try:
+            answer = resp.json()
+        except ValueError:
+            raise PrometheusUnavailable(f"{where}: /api/v1/alerts answered "
+                                        f"{http_failure(200, ctype, 'not JSON')}") from None
+        try:
+            return parse_alerts(answer, self.deployment, self.namespace)
+        except PrometheusUnavailable as exc:
+            raise PrometheusUnavailable(f"{where}: {http_failure(200, ctype)}: {exc}") from None
 
     def close(self) -> None:
         self._client.close()

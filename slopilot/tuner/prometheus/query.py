@@ -13,6 +13,7 @@ from typing import Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary, or_none
+from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 # (expr, evaluation time in Unix seconds or None for now) -> the result's sample list.
@@ -20,33 +21,79 @@ QueryAt = Callable[[str, float | None], list[dict[str, Any]]]
 
 
 def query_at(url: str, timeout_s: float = 5.0) -> QueryAt:
-    """A ``QueryAt`` over prometheus-api-client for the server at ``url``."""
-    from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-    from requests import RequestException
-    from urllib3.util.retry import Retry
+    """A ``QueryAt`` over ``GET /api/v1/query`` of the server at ``url``.
+
+    Errors never quote the answer (``safe_errors``): the URL may be a tenant's, and the
+    message reaches the CR's status. Redirects are not followed, so an allowed host
+    cannot bounce the request elsewhere.
+    """
+    import httpx
 
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"prometheus url={url!r}: expected an http(s) URL, "
                          "e.g. http://prometheus-operated.monitoring:9090")
     base = url.rstrip("/")
-    # One quick retry: a dead Prometheus should say so in seconds, not minutes.
-    client = PrometheusConnect(base, disable_ssl=True, timeout=max(1, int(timeout_s)),
-                               retry=Retry(total=1, backoff_factor=0.1))
+    # One quick retry of a failed connect: a dead Prometheus should say so in seconds.
+    client = httpx.Client(timeout=max(1.0, float(timeout_s)), follow_redirects=False,
+                          transport=httpx.HTTPTransport(retries=1, verify=False))
 
     def run(expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        params = None if at is None else {"time": f"{at:.3f}"}
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
         try:
-            result: list[dict[str, Any]] = client.custom_query(expr, params=params)
-        except RequestException as exc:
+            resp = client.get(f"{base}/api/v1/query", params=params)
+        except httpx.HTTPError as exc:
             raise PrometheusUnavailable(
-                f"cannot reach Prometheus at {base}: {type(exc).__name__}: {exc}; "
+                f"cannot reach Prometheus at {base}: {transport_failure(exc)}; "
                 "check the URL and that Prometheus is running") from None
-        except PrometheusApiClientException as exc:
+        ctype = resp.headers.get("content-type")
+        if resp.status_code != 200:
+            raise PrometheusUnavailable(f"Prometheus at {base} refused the query {expr!r}: "
+                                        f"{http_failure(resp.status_code, ctype)}")
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = None
+        result = _vector(answer)
+        if result is None:
             raise PrometheusUnavailable(
-                f"Prometheus at {base} refused the query {expr!r}: {exc}") from None
+                f"Prometheus at {base} answered the query {expr!r} with "
+                f"{http_failure(resp.status_code, ctype, 'not a Prometheus result')}")
         return result
 
     return run
+
+
+def _vector(answer: Any) -> list[dict[str, Any]] | None:
+    """The result list of a success answer, each sample checked; None for anything else.
+
+    Checked here so that no reader downstream fails on a value with an error that quotes
+    it (``float('...')``): every value and every ``le`` bound is a number.
+    """
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        return None
+    data = answer.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list):
+        return None
+    for sample in result:
+        if not isinstance(sample, dict) or not isinstance(sample.get("metric"), dict):
+            return None
+        labels, value = sample["metric"], sample.get("value")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            return None
+        if not (isinstance(value, list) and len(value) == 2 and _number(value[1])):
+            return None
+        if "le" in labels and not _number(labels["le"]):
+            return None
+    return result
+
+
+def _number(text: Any) -> bool:
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(text, str)
 
 
 def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, float],

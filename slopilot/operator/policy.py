@@ -1,0 +1,127 @@
+"""What the cluster's administrator lets a CR author ask of the operator.
+
+A CR author is a tenant of one namespace; the operator acts from its own namespace with
+its own rights. The spec's shape is judged by the CRD and ``parse_spec``; this is the
+administrator's word on top of it, set once on the operator (environment variables, see
+``settings.operator_policy``):
+
+- images: only repositories on the allow-list run (the default: the two backends' own
+  images). An entry is a repository (``ghcr.io/acme/engine``: any tag or digest of it)
+  or a prefix ending in ``/*`` (``registry.acme.internal/llm/*``); ``*`` alone allows all.
+- Prometheus: when an allow-list is set, only those hosts (``host`` or ``host:port``;
+  ``*.suffix`` for any host under a domain) are fetched. Unset: any host that passes the
+  URL rules (``validation.prometheus_url_problem``).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from slopilot.operator.render import DEFAULT_IMAGES, DEFAULT_OPERATOR_NAMESPACE
+from slopilot.operator.spec import LLMDeploymentSpec
+from slopilot.operator.validation import parse_image
+
+
+class PolicyError(ValueError):
+    """A malformed allow-list entry; the message names the variable and the entry."""
+
+
+def _default_images() -> tuple[str, ...]:
+    out = []
+    for image in DEFAULT_IMAGES.values():
+        ref = parse_image(image)
+        assert ref is not None, image
+        out.append(ref.repository)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class OperatorPolicy:
+    allowed_images: tuple[str, ...] = field(default_factory=_default_images)
+    allowed_prometheus: tuple[str, ...] = ()
+    """Empty: any host."""
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    """Where the operator's pods run: the one source the NetworkPolicy admits to the
+    engines' admin port."""
+
+    def __post_init__(self) -> None:
+        for entry in self.allowed_images:
+            if entry == "*":
+                continue
+            stem = entry[:-2] if entry.endswith("/*") else entry
+            ref = parse_image(stem, prefix=True)
+            if ref is None or ref.reference:  # a repository, not one tag of it
+                raise PolicyError(f"image allow-list entry {entry!r}: expected a repository "
+                                  "such as ghcr.io/acme/engine, a prefix such as "
+                                  "registry.acme.internal/llm/*, or *")
+        for entry in self.allowed_prometheus:
+            host = entry[2:] if entry.startswith("*.") else entry
+            parts = urllib.parse.urlsplit(f"//{host}")
+            try:
+                parts.port  # noqa: B018  # raises on a bad port
+            except ValueError:
+                parts = urllib.parse.urlsplit("//")
+            if not parts.hostname or parts.path or "@" in host:
+                raise PolicyError(f"Prometheus allow-list entry {entry!r}: expected host, "
+                                  "host:port or *.domain")
+
+    def image_allowed(self, image: str) -> bool:
+        ref = parse_image(image)
+        if ref is None:
+            return False
+        for entry in self.allowed_images:
+            if entry == "*":
+                return True
+            if entry.endswith("/*"):
+                stem = parse_image(entry[:-2], prefix=True)
+                if stem is not None and ref.repository.startswith(stem.repository + "/"):
+                    return True
+                continue
+            allowed = parse_image(entry)
+            if allowed is not None and allowed.repository == ref.repository:
+                return True
+        return False
+
+    def prometheus_allowed(self, url: str) -> bool:
+        if not self.allowed_prometheus:
+            return True
+        parts = urllib.parse.urlsplit(url)
+        host = (parts.hostname or "").lower().rstrip(".")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        for entry in self.allowed_prometheus:
+            want = urllib.parse.urlsplit(f"//{entry.lower()}")
+            want_host = (want.hostname or "").rstrip(".")
+            if want.port is not None and want.port != port:
+                continue
+            if want_host.startswith("*."):
+                if host.endswith(want_host[1:]):
+                    return True
+            elif host == want_host:
+                return True
+        return False
+
+
+def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> list[str]:
+    """The spec's fields this operator's policy refuses, each with the fix."""
+    out = []
+    image = spec.image or DEFAULT_IMAGES[spec.backend]
+    if parse_image(image) is None:
+        out.append(f"spec.image={image!r} is not a container image reference "
+                   "(registry/path:tag or @sha256:digest)")
+    elif not policy.image_allowed(image):
+        where = "spec.image" if spec.image else f"the {spec.backend.value} default image"
+        out.append(f"{where}={image!r} is not on the operator's image allow-list "
+                   f"({_listing(policy.allowed_images)}): use an allowed image, or ask the "
+                   "cluster admin to add it to SLOPILOT_ALLOWED_IMAGES")
+    if not policy.prometheus_allowed(spec.prometheus_url):
+        out.append(f"spec.prometheus.url={spec.prometheus_url!r}: the host is not on the "
+                   f"operator's Prometheus allow-list ({_listing(policy.allowed_prometheus)}); "
+                   "use an allowed Prometheus, or ask the cluster admin to add it to "
+                   "SLOPILOT_ALLOWED_PROMETHEUS")
+    return out
+
+
+def _listing(entries: Sequence[str]) -> str:
+    return ", ".join(entries) if entries else "empty"

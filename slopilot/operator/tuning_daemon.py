@@ -1,0 +1,314 @@
+"""The kopf daemon that runs one tuner controller per LLMDeployment while tuning is enabled.
+
+Each step (``DeploymentLoop.step``): read the object fresh, ``tick(now)`` the controller
+(at most one action), then write ``status`` (phase, replicas, config, bestTrial, trials,
+lastAction, the ``Tuning`` condition) and the controller's whole loop state in
+``status.controller``, and post an event for every action. Once a window, the
+deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.py).
+
+- Resumable: a restarted operator builds the controller from the persisted state, so a
+  scale or a trial already done is resumed (cooling down, or measuring the running
+  trial), not done again.
+- Idempotent: a status write that fails leaves the controller as it is in memory, and
+  the next step writes that same state again before it ticks; a daemon never asks a
+  second trial because its first was not recorded.
+- Deleted mid-trial: the study's running trial is told FAIL, so that it does not stay
+  RUNNING (and the study is keyed by the CR's uid: a new CR of the same name starts its
+  own).
+- Threads: kopf runs a sync daemon on its handler pool for the daemon's whole life, and
+  that pool (min(32, CPUs + 4)) then has no thread left for reconciles once there are a
+  few tuning CRs. This daemon is async: each step runs on a thread of the daemon's own
+  (one per CR, idle between steps), and kopf's pool stays free for the handlers.
+
+Only the peering leader runs daemons (settings.py). The controller itself comes from
+daemon.py's factory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import kopf
+
+from slopilot.operator.conditions import ConditionType, condition, merge_conditions, now_rfc3339
+from slopilot.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
+from slopilot.operator.daemon import (
+    PHASES,
+    ControllerFactory,
+    DaemonContext,
+    controller_settings,
+    load_factory,
+    tick_interval,
+)
+from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.policy import OperatorPolicy, policy_problems
+from slopilot.operator.reconcile import config_status, effective_spec
+from slopilot.operator.slo_status import WindowFigures
+from slopilot.operator.spec import Phase, SpecError
+from slopilot.operator.status_writer import write_status
+from slopilot.operator.tokens import TokenMint
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.state import (
+    Action,
+    ControllerError,
+    ControllerState,
+    Decision,
+    LoopState,
+)
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+
+
+def tuning_enabled(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("tuning") or {}).get("enabled", True))
+
+
+def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,
+                 action_time: str) -> dict[str, Any]:
+    status = body.get("status") or {}
+    loop = controller.loop
+    phase = PHASES.get(decision.state, Phase.RUNNING)
+    if decision.prometheus_unavailable:
+        phase = Phase.DEGRADED
+    tuning = decision.state in (ControllerState.TUNING, ControllerState.COMMIT)
+    out: dict[str, Any] = {
+        "phase": phase.value, "replicas": decision.replicas, "trials": loop.episode_trials,
+        "controller": controller.to_dict(),
+        "conditions": merge_conditions(status.get("conditions"), [condition(
+            ConditionType.TUNING, tuning, decision.state.value.capitalize(), decision.reason,
+            body["metadata"].get("generation"))])}
+    with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
+        out["config"] = config_status(effective_spec(body).engine)
+    if loop.best_config is not None:
+        out["bestTrial"] = {"config": loop.best_config, "goodputTokS": loop.best_goodput}
+    if decision.action is not Action.NONE:
+        out["lastAction"] = {"action": decision.action.value, "reason": decision.reason,
+                             "time": action_time}
+    return out
+
+
+def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
+    if decision.action is Action.NONE:
+        return
+    target = cast("kopf.Body", body)
+    reason = decision.action.value.capitalize()
+    if decision.action in (Action.REVERT, Action.HOLD):
+        kopf.warn(target, reason=reason, message=decision.reason)
+    else:
+        kopf.info(target, reason=reason, message=decision.line())
+
+
+def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
+          factory: ControllerFactory, policy: OperatorPolicy) -> Controller:
+    """A controller for the current spec, resuming the persisted loop state if any."""
+    spec = effective_spec(body)
+    if problems := policy_problems(spec, policy):  # never query a URL the policy refuses
+        raise ControllerError("; ".join(problems))
+    saved = (body.get("status") or {}).get("controller")
+    state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+    meta = body["metadata"]
+    ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
+                        controller_settings(spec, meta["namespace"], meta["name"]), state,
+                        uid=str(meta.get("uid", "")))
+    controller = factory(ctx)
+    log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
+             None if state is None else state.state.value)
+    return controller
+
+
+class DeploymentLoop:
+    """One LLMDeployment's controller, stepped by its daemon (see the module docstring)."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str, uid: str, *, mint: TokenMint,
+                 policy: OperatorPolicy, factory: ControllerFactory, locks: Any,
+                 logger: logging.Logger | logging.LoggerAdapter[Any], clock: Clock = time.time
+                 ) -> None:
+        self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
+        self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy)
+        self.policy, self.factory, self.locks = policy, factory, locks
+        self.logger, self.clock = logger, clock
+        self.controller: Controller | None = None
+        self.built_for: int | None = None
+        self.unwritten: Decision | None = None
+        """A decision whose status write failed: written again before the next tick."""
+        self.unwritten_time = ""
+        self.figures: WindowFigures | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def _ours(self, body: Mapping[str, Any] | None) -> bool:
+        return (body is not None and not body["metadata"].get("deletionTimestamp")
+                and str(body["metadata"].get("uid")) == self.uid)
+
+    def step(self) -> bool:
+        """One tick and its status; False once the object is gone (the daemon ends)."""
+        body = self.handle.kube.get(*_CR, self.namespace, self.name)
+        if not self._ours(body):
+            return False
+        assert body is not None
+        if self.unwritten is not None:  # no new tick before the last one is on record
+            self._write(self.unwritten, self.unwritten_time)
+            return True
+        generation = body["metadata"].get("generation")
+        try:
+            if self.controller is None or self.built_for != generation:
+                self.controller = build(self.kube, self.handle, body, self.factory,
+                                        self.policy)
+                self.built_for = generation
+                self.figures = WindowFigures(self.controller.evaluator,
+                                             self.controller.settings.window_s, self.clock())
+            with self.locks.hold(self.key):
+                decision = self.controller.tick(self.clock())
+                self._write(decision, now_rfc3339())
+        except (SpecError, ControllerError) as exc:
+            self.controller = None  # rebuilt once the spec or the environment is fixed
+            self.logger.warning("controller not running: %s", exc)
+            self._write_condition(str(exc), generation)
+        self._measure()
+        return True
+
+    def _write(self, decision: Decision, action_time: str) -> bool:
+        """Write the controller's state as of ``decision``; on failure keep it for later."""
+        controller = self.controller
+        assert controller is not None
+        self.unwritten, self.unwritten_time = decision, action_time
+        try:
+            written = write_status(self.kube, self.namespace, self.name, lambda fresh: (
+                status_after(fresh, controller, decision, action_time)
+                if self._ours(fresh) else None))
+        except Exception as exc:  # an API error or a dropped connection: retried next step
+            log.warning("%s: status write failed (%s: %s); the controller keeps its state "
+                        "and writes it again before its next tick", self.key,
+                        type(exc).__name__, exc)
+            return False
+        self.unwritten = None
+        if written is not None:
+            post_decision(written, decision)
+        return True
+
+    def _write_condition(self, message: str, generation: int | None) -> None:
+        try:
+            write_status(self.kube, self.namespace, self.name, lambda fresh: {
+                "conditions": merge_conditions(
+                    (fresh.get("status") or {}).get("conditions"),
+                    [condition(ConditionType.TUNING, False, "ControllerUnavailable",
+                               message, generation)])} if self._ours(fresh) else None)
+        except Exception:
+            log.exception("%s: could not write the Tuning condition", self.key)
+
+    def _measure(self) -> None:
+        figures = self.figures
+        if figures is None or self.controller is None:
+            return
+        fields = figures.due(self.clock())
+        if not fields:
+            return
+        try:
+            write_status(self.kube, self.namespace, self.name,
+                         lambda fresh: dict(fields) if self._ours(fresh) else None)
+        except Exception:
+            log.exception("%s: could not write the measured figures", self.key)
+
+    def abandon(self, reason: str, *, restore: bool = False) -> None:
+        """The trial cannot go on (the CR is being deleted, or tuning was turned off): the
+        study is told it failed, as a dead trial would otherwise stay RUNNING; with
+        ``restore`` every replica goes back to the episode's starting (or best) config."""
+        controller = self.controller
+        if controller is None:
+            body = self.kube.get(*_CR, self.namespace, self.name)
+            if body is None or str(body["metadata"].get("uid")) != self.uid:
+                return  # gone, or already a new CR of the same name: not ours to touch
+            saved = (body.get("status") or {}).get("controller") or {}
+            if not saved.get("trial"):
+                return
+            try:
+                controller = build(self.kube, self.handle, body, self.factory, self.policy)
+            except (SpecError, ControllerError) as exc:
+                log.warning("%s: cannot fail the running trial: %s", self.key, exc)
+                return
+        loop = controller.loop
+        trial = loop.trial
+        if trial is None:
+            return
+        try:
+            controller.study.tell_failed(trial.number, reason)
+        except Exception:
+            log.exception("%s: could not fail trial %d", self.key, trial.number)
+            return
+        loop.trial = None
+        log.info("%s: trial %d told failed: %s", self.key, trial.number, reason)
+        target = loop.best_config or loop.baseline_config
+        if restore and target is not None:
+            try:
+                self.handle.apply_config(target, canary=False)
+            except Exception:
+                log.exception("%s: could not restore the config after the trial", self.key)
+        self.unwritten = None
+        try:
+            write_status(self.kube, self.namespace, self.name, lambda fresh: {
+                "controller": loop.to_dict()} if self._ours(fresh) else None)
+        except Exception:
+            log.exception("%s: could not record the failed trial in status", self.key)
+
+
+_CR = (API_VERSION, PLURAL)
+
+# Set by `slopilot operator` on SIGTERM/SIGINT before kopf begins to stop: a daemon that
+# kopf starts while shutting down is not told to stop, so each one also checks this.
+OPERATOR_STOPPING = threading.Event()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="controller", when=tuning_enabled,
+             cancellation_backoff=15.0, cancellation_timeout=10.0)
+async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str | None,
+                         uid: str, memo: Any, logger: kopf.Logger, **_: Any) -> None:
+    if namespace is None:
+        raise kopf.PermanentError("LLMDeployment is namespaced; got none")
+    loop = DeploymentLoop(memo.kube, namespace, name, str(uid), mint=memo.tokens,
+                          policy=memo.policy, factory=load_factory(), locks=memo.locks,
+                          logger=logger)
+    interval = tick_interval()
+    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tuning-{namespace}-{name}")
+    aio = asyncio.get_running_loop()
+
+    async def on_thread(fn: Callable[[], Any]) -> Any:
+        # kopf's event posting finds its queue through context variables: copy them over.
+        return await aio.run_in_executor(thread, contextvars.copy_context().run, fn)
+
+    gone = False
+    try:
+        while not stopped and not OPERATOR_STOPPING.is_set():
+            if not await on_thread(loop.step):
+                gone = True  # the object is gone or going
+                break
+            await stopped.wait(interval)
+    finally:
+        # Also when kopf cancels the task: the end of the trial is recorded either way.
+        reason = stopped.reason or kopf.DaemonStoppingReason.DONE
+        if OPERATOR_STOPPING.is_set() or reason & (kopf.DaemonStoppingReason.OPERATOR_EXITING
+                                                   | kopf.DaemonStoppingReason.OPERATOR_PAUSING):
+            ending = None  # a restarted (or the other) operator resumes the trial
+        elif gone or reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+            ending = functools.partial(loop.abandon, "the LLMDeployment was deleted during "
+                                       "the trial")
+        elif reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH:
+            ending = functools.partial(loop.abandon, "tuning was disabled during the trial",
+                                       restore=True)
+        else:
+            ending = None
+        if ending is not None:
+            await asyncio.shield(on_thread(ending))
+        thread.shutdown(wait=False)

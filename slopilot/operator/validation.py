@@ -1,0 +1,133 @@
+"""Syntax rules the API server applies to the objects an LLMDeployment renders, checked first.
+
+The CRD's schema cannot see them all (a CR's own name may be a 253-character DNS
+subdomain, but it names a Service, which must be a 63-character DNS-1035 label, and
+labels, whose values stop at 63 characters), so ``parse_spec`` and the reconcile check
+them here and name the CR's field instead of letting kopf retry a refused create.
+
+Also the shape of the two things a tenant may point the operator at: the Prometheus URL
+(fetched from the operator's own network position) and the container image.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass
+
+MAX_LABEL = 63
+# Every rendered name is the CR's name plus at most this suffix ("-engine", "-rules").
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# resource.Quantity: a decimal number, then a binary-SI, decimal-SI or exponent suffix.
+QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
+INT32_MAX = 2**31 - 1
+
+
+def deployment_name_problem(name: str) -> str | None:
+    """Why ``metadata.name`` cannot name the owned Service and label values, or None."""
+    if len(name) > MAX_LABEL:
+        return (f"metadata.name={name!r} has {len(name)} characters: it names the "
+                f"Service and label values, which allow {MAX_LABEL}; use a shorter name")
+    if not DNS_1035.match(name):
+        return (f"metadata.name={name!r}: it names a Service, which needs lowercase "
+                "letters, digits and '-', starting with a letter and ending with a letter "
+                "or digit (no dots); rename the LLMDeployment, e.g. "
+                f"{_suggest(name)!r}")
+    return None
+
+
+def _suggest(name: str) -> str:
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    if not cleaned or not cleaned[0].isalpha():
+        cleaned = "llm-" + cleaned
+    return cleaned[:MAX_LABEL].rstrip("-")
+
+
+def quantity_problem(field: str, value: str) -> str | None:
+    if QUANTITY.match(value):
+        return None
+    hint = ""
+    if m := re.match(r"^(\d+(\.\d+)?)([KMGTPE])B$", value):
+        hint = f" ({m.group(1)}{m.group(3)}i for binary units, {m.group(1)}{m.group(3)} "\
+               "for decimal)"
+    return (f"{field}={value!r} is not a Kubernetes quantity: write e.g. '16Gi', '500m' "
+            f"or '4'{hint}")
+
+
+def prometheus_url_problem(url: str) -> str | None:
+    """Why ``url`` may not be the Prometheus the operator queries, or None.
+
+    http or https, a host, an optional port and path; no user info (credentials would
+    ride in status and events), no query and no fragment (the operator appends the API
+    path: a query would swallow it, which is how a URL ending in ``?x=`` reached other
+    services' endpoints).
+    """
+    where = f"spec.prometheus.url={url!r}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"{where}: {exc}; write e.g. http://prometheus-operated.monitoring:9090"
+    if parts.scheme not in ("http", "https"):
+        return f"{where}: the scheme must be http or https"
+    if not parts.hostname:
+        return f"{where}: no host; write e.g. http://prometheus-operated.monitoring:9090"
+    if "@" in parts.netloc:
+        return f"{where}: user info is not allowed (credentials would show in status)"
+    if parts.query or "?" in url:
+        return f"{where}: a query string is not allowed; give the server's base URL"
+    if parts.fragment or "#" in url:
+        return f"{where}: a fragment is not allowed; give the server's base URL"
+    if port == 0:
+        return f"{where}: port 0 is not a port"
+    if any(c.isspace() for c in url):
+        return f"{where}: white space is not allowed"
+    return None
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    repository: str
+    """Normalized: ``docker.io/library/ubuntu`` for ``ubuntu``."""
+    reference: str
+    """The tag or digest, as written (``:1.0``, ``@sha256:...``), or empty."""
+
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*"\
+          r"[A-Za-z0-9])?)*|\[[0-9A-Fa-f:]+\])(?::\d+)?"
+IMAGE = re.compile(
+    rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?P<tag>:[\w][\w.-]{0,127})?(?P<digest>@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z]"
+    r"[A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+
+
+def parse_image(image: str, *, prefix: bool = False) -> ImageRef | None:
+    """The repository of a container image reference (docker's grammar), or None.
+
+    ``prefix``: ``image`` is the start of repositories (an allow-list's ``docker.io/acme``),
+    not one: Docker Hub's implicit ``library/`` is not added.
+    """
+    if len(image) > 4096:
+        return None
+    m = IMAGE.match(image)
+    if m is None:
+        return None
+    domain, path = m.group("domain"), m.group("path")
+    # docker's rule: the first component is a registry only with a dot, a port or
+    # "localhost"; otherwise the reference is on Docker Hub.
+    if domain is not None and not ("." in domain or ":" in domain or domain == "localhost"):
+        if not re.fullmatch(_COMPONENT, domain):  # then it is a path component after all
+            return None
+        path, domain = f"{domain}/{path}", None
+    if domain is None:
+        domain = "docker.io"
+        if "/" not in path and not prefix:
+            path = f"library/{path}"
+    if domain in ("index.docker.io", "registry-1.docker.io"):
+        domain = "docker.io"
+    return ImageRef(f"{domain.lower()}/{path}", (m.group("tag") or "") + (m.group("digest")
+                                                                          or ""))

@@ -1,0 +1,224 @@
+"""The controller daemon's status: conditions that stay, writes that are idempotent, SLO
+figures each window, nothing of a foreign answer reflected, a deleted CR's trial failed."""
+
+# CustomObjectsApi (client 37) returns ``object``; owned objects may be None until they appear.
+# mypy: disable-error-code="attr-defined,index,union-attr,arg-type"
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    add_pod,
+    llmd,
+    operator,
+    operator_token,
+    wait_for,
+)
+from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
+from tests.support.kube_server import RunningEmulator
+
+SECRET = "TOP-SECRET-5e1b"
+
+
+@pytest.fixture
+def controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY", "tests.operator.standins:build_controller")
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
+
+
+@pytest.fixture
+def prom() -> Iterator[PrometheusStandIn]:
+    p = PrometheusStandIn()
+    with serving(p):
+        yield p
+
+
+@pytest.fixture
+def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
+    return Cluster(kube_client)
+
+
+def types(cluster: Cluster, name: str = "chat") -> set[str]:
+    return {c["type"] for c in cluster.status(name).get("conditions") or ()}
+
+
+def daemon_writes(kube: RunningEmulator) -> int:
+    return sum(1 for r in list(kube.emulator._requests)
+               if r.method.value == "PATCH" and r.subresource == "status"
+               and r.resource is not None and r.resource.plural == "llmdeployments")
+
+
+def test_the_daemon_never_erases_the_reconcile_handlers_conditions(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None) -> None:
+    with operator(kube_login):
+        cluster.create(llmd(prometheus={"url": prom.url}))
+        wait_for(lambda: {"Valid", "Reconciled", "AdminToken", "Tuning"} <= types(cluster),
+                 what="both writers' conditions side by side")
+        # Many daemon ticks later (each one a status write), they are all still there.
+        seen = daemon_writes(kube_login)
+        wait_for(lambda: daemon_writes(kube_login) >= seen + 10, what="ten more writes")
+        assert {"Valid", "Reconciled", "AdminToken", "Tuning"} <= types(cluster)
+        # And a reconcile after a spec change leaves the daemon's Tuning in place.
+        cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 2048}}})
+        wait_for(lambda: (cluster.status().get("config") or {}).get("tokenBudget") == 2048,
+                 what="the edit reconciled")
+        assert {"Valid", "Reconciled", "AdminToken", "Tuning"} <= types(cluster)
+
+
+def test_the_measured_slo_figures_reach_status_each_window(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None) -> None:
+    with operator(kube_login):
+        cluster.create(llmd(prometheus={"url": prom.url}, tuning={"window": "1s"}))
+        status = wait_for(lambda: (s := cluster.status()).get("measuredAt") and s,
+                          what="a window's figures in status")
+        # standins.HOLDS: the worst class's P99s, and 150 of 160 tokens/s within the SLO.
+        assert status["ttftP99Ms"] == 300.0 and status["tbtP99Ms"] == 50.0
+        assert status["sloAttainment"] == pytest.approx(150 / 160, abs=1e-4)
+        first = status["measuredAt"]
+        wait_for(lambda: cluster.status()["measuredAt"] != first, what="the next window")
+
+
+def test_a_failed_status_write_does_not_make_the_daemon_ask_a_second_trial(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None) -> None:
+    pods = [PodStandIn(), PodStandIn()]
+    with serving(*pods), operator(kube_login):
+        cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
+                            tuning={"window": "1h", "canary": True}))
+        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
+        token = operator_token(cluster)
+        for i, pod in enumerate(pods):
+            pod.token = token
+            add_pod(cluster, "chat", i, pod.port)
+        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
+                 what="steady")
+        # The write that would record the first trial fails (and twice more after it).
+        kube_login.emulator.fail("PATCH", "llmdeployments", subresource="status", times=3)
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        trial = wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
+                         what="the trial on record")
+        seen = daemon_writes(kube_login)
+        wait_for(lambda: daemon_writes(kube_login) >= seen + 5, what="more ticks")
+        assert trial["number"] == 0 and cluster.status()["controller"]["trial"]["number"] == 0
+        assert len(pods[0].puts) == 1, pods[0].put_bodies()  # one trial, applied once
+        assert trial["canary_replica"] == "chat-pod-0"
+        assert len(cluster.events("Trial")) == 1
+
+
+def study_trials(storage: str) -> dict[str, list[TrialState]]:
+    return {s.study_name: [t.state for t in optuna.load_study(
+        study_name=s.study_name, storage=storage).get_trials(deepcopy=False)]
+        for s in optuna.get_all_study_summaries(storage)}
+
+
+def test_a_cr_deleted_mid_trial_fails_its_trial_and_its_successor_starts_afresh(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_study_controller")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    spec: dict[str, Any] = {"backend": "vllm", "prometheus": {"url": prom.url},
+                            "tuning": {"window": "1h", "storage": storage}}
+    with operator(kube_login):
+        first = cluster.create(llmd(**spec))
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
+                 what="a running trial")
+        name = f"{NS}/chat/{first['metadata']['uid']}"
+        assert study_trials(storage) == {name: [TrialState.RUNNING]}
+        cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
+                                                       "llmdeployments", "chat")
+        wait_for(lambda: not cluster.custom.list_namespaced_custom_object(
+            "slopilot.dev", "v1alpha1", NS, "llmdeployments")["items"], what="the CR gone")
+        assert study_trials(storage) == {name: [TrialState.FAIL]}
+        failed = optuna.load_study(study_name=name, storage=storage).trials[0]
+        assert "deleted" in failed.user_attrs["fail_reason"]
+
+        # The same name again: another deployment, its own study, no trial inherited.
+        prom.alerts = []
+        second = cluster.create(llmd(**spec))
+        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
+                 what="the new CR's controller")
+        assert cluster.status()["controller"].get("trial") is None
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
+                 what="the new CR's own trial")
+        again = f"{NS}/chat/{second['metadata']['uid']}"
+        assert study_trials(storage) == {name: [TrialState.FAIL], again: [TrialState.RUNNING]}
+
+
+def test_two_namespaces_chat_are_two_deployments_to_the_operator(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_study_controller")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    body = llmd(backend="vllm", prometheus={"url": prom.url},
+                tuning={"window": "1h", "storage": storage})
+    with operator(kube_login):
+        uids = {}
+        for ns in ("team-a", "team-b"):
+            created = cluster.custom.create_namespaced_custom_object(
+                "slopilot.dev", "v1alpha1", ns, "llmdeployments",
+                {**body, "metadata": {"name": "chat", "namespace": ns}})
+            uids[ns] = created["metadata"]["uid"]
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", "team-a", "team-b")
+
+        def trial(ns: str) -> Any:
+            got = cluster.custom.get_namespaced_custom_object(
+                "slopilot.dev", "v1alpha1", ns, "llmdeployments", "chat")
+            return ((got.get("status") or {}).get("controller") or {}).get("trial")
+
+        for ns in uids:
+            wait_for(lambda n=ns: trial(n), what=f"{ns}'s trial")
+        # One study each, under namespace/name/uid, each with its own running trial.
+        assert study_trials(storage) == {f"{ns}/chat/{uid}": [TrialState.RUNNING]
+                                         for ns, uid in uids.items()}
+        for ns in uids:
+            assert cluster.kube.get("apps/v1", "deployments", ns, "chat") is not None
+
+
+def test_a_foreign_answer_never_reaches_status_or_events(
+        kube_login: RunningEmulator, cluster: Cluster, controller_env: None) -> None:
+    leaky = PrometheusStandIn()
+    leaky.raw_answer = (200, "application/json", json.dumps({"token": SECRET}).encode())
+    with serving(leaky), operator(kube_login):
+        cluster.create(llmd(prometheus={"url": leaky.url}))
+        tuning = wait_for(lambda: (c := cluster.condition("Tuning")) and "HTTP 200" in c[
+            "message"] and c, what="the hold, with the status code")
+        assert "application/json" in tuning["message"]
+        wait_for(lambda: cluster.events("Hold"), what="the Hold event")
+        text = json.dumps(cluster.get()) + json.dumps(
+            [e.message for e in cluster.core.list_namespaced_event(NS).items])
+        assert SECRET not in text
+
+
+def test_the_operator_refuses_what_its_policy_does_not_allow(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOPILOT_ALLOWED_PROMETHEUS", "prometheus-operated.monitoring:9090")
+    with operator(kube_login):
+        cluster.create(llmd("far", prometheus={"url": prom.url}))
+        cluster.create(llmd("odd", image="docker.io/someone/miner:1"))
+        for name, field in (("far", "spec.prometheus.url"), ("odd", "spec.image")):
+            valid = wait_for(lambda n=name: cluster.condition("Valid", n), what="Valid")
+            assert valid["status"] == "False" and valid["reason"] == "NotAllowed"
+            assert valid["message"].startswith(field), valid["message"]
+            assert cluster.owned("apps/v1", "deployments", name) is None
+        # The controller never fetched the refused URL.
+        wait_for(lambda: (c := cluster.condition("Tuning", "far")) and c["reason"]
+                 == "ControllerUnavailable", what="the controller refusing too")
+        assert prom.requests == 0
