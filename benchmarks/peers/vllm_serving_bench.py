@@ -7,7 +7,9 @@ Runs INSIDE the vLLM venv (benchmarks/peers/setup_vllm_cpu.sh), never in slopilo
         --model PATH/TO/smollm2-135m --requests requests.json --json
 
 --model is a Hugging Face style directory (config.json, safetensors, tokenizer.json),
-the same weights slopilot's torch executor loads. The request file is a JSON list (or
+the same weights slopilot's torch executor loads. With --serve it warms up, prints READY
+and times one pass per `run` line on stdin (benchmarks/serving_worker.py's protocol).
+The request file is a JSON list (or
 {"requests": [...]}) of objects with `prompt_token_ids` (list of int), `max_tokens`
 (int) and optionally `arrival_s` (seconds after the start; absent means 0, i.e. an
 offline batch) and `id`.
