@@ -3,7 +3,8 @@
 vLLM warns at start-up when LD_PRELOAD lacks them ("libtcmalloc is not found in
 LD_PRELOAD", "libiomp is not found in LD_PRELOAD") and its CPU guide sets both:
 Debian's tcmalloc (package libtcmalloc-minimal4) and the Intel OpenMP runtime
-(PyPI's intel-openmp, installed into the vLLM venv by benchmarks/peers/setup_vllm_cpu.sh).
+(PyPI's intel-openmp, installed into the vLLM venv by benchmarks/peers/setup_vllm_cpu.sh,
+and into slopilot's by its `engine` extra). slopilot's engine is preloaded the same way.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def find_iomp(venv: Path) -> Path:
     for candidate in sorted((venv / "lib").glob(f"**/{IOMP}")):
         return candidate
     raise PreloadError(f"{IOMP} not found under {venv}/lib; install PyPI's intel-openmp "
-                       "into that venv (benchmarks/peers/setup_vllm_cpu.sh does)")
+                       "into that venv (slopilot's engine extra and "
+                       "benchmarks/peers/setup_vllm_cpu.sh do)")
 
 
 def with_preload(env: Mapping[str, str], libs: list[Path]) -> dict[str, str]:

