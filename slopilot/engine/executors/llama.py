@@ -2,7 +2,10 @@
 
 Every linear layer runs once over all tokens of the iteration (prefill chunks and decodes
 concatenated), which is what makes continuous batching pay; only attention looks at
-sequences one by one (prefill chunks) or as a padded group (single-token rows).
+sequences one by one (prefill chunks) or as a padded group (single-token rows). Each
+layer adds its residual inside the output projection's GEMM and rotates queries and
+keys in one pass (``kernels.py``): at decode's batch sizes a CPU spends as much time on
+small ops as on the matmuls, so the layer is written in as few torch calls as it can.
 Parameter names follow Hugging Face's, so a checkpoint's state dict loads as it is.
 """
 
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from slopilot.engine.executors.batch import AttentionBatch
+from slopilot.engine.executors.kernels import Projection, Rope, rms_norm, silu_and_mul
 from slopilot.engine.executors.kv_cache import PagedKVCache
 
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -111,42 +115,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 whatever the model dtype, as the reference does.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
-class Projection:
-    """``x @ weight.T + bias`` for the runtime, in the fastest layout the device has.
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """What every layer of one iteration shares, built once before the first layer."""
 
-    On CPU the weight is also kept prepacked in oneDNN's blocked layout (the kernel
-    torch's own compiler uses for CPU linears): decode reads every weight once per
-    iteration from DRAM, and the packed kernel does SmolLM2's projections at 24 rows in
-    about 0.7x the time of the plain GEMM. The plain parameters stay for state_dict and
-    the reference path, so CPU weights live twice; fine for the small models a CPU serves.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias = weight, bias
-        self._packed: torch.Tensor | None = None
-        if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
-                and torch.backends.mkldnn.is_available() \
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-            # The batch-size hint only picks the blocking; any row count works after.
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is not None and x.dim() == 2 and x.shape[0] > 0:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), self._packed, self.bias, "none", [], "")
-            return out
-        return F.linear(x, self.weight, self.bias)
+    rope: Rope
+    batch: AttentionBatch
+    cache: PagedKVCache
+    # Additive [decodes, 1, 1, width] mask for the padded decode rows (0 or -inf), or
+    # None when every decode row has the same context length.
+    decode_bias: torch.Tensor | None
+    # True when every row is a decode: attention output needs no scatter into place.
+    decode_only: bool
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _not_fused(module: str) -> RuntimeError:
+    return RuntimeError(f"{module} runs only after LlamaForCausalLM.to_runtime() fused "
+                        "its projections; call model.to_runtime(device, dtype) first")
 
 
 class Attention(nn.Module):
@@ -184,54 +172,64 @@ class Attention(nn.Module):
         self.qkv = Projection(weight, bias)
         self.out = Projection(self.o_proj.weight.detach(), None)
 
-    def _single_token_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                mask: torch.Tensor) -> torch.Tensor:
-        """q [D, H, hd]; k, v [D, L, KVH, hd]; mask [D, L]. Returns [D, H, hd].
+    def _decode(self, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
+                step: StepInputs) -> torch.Tensor:
+        """Single-token rows in one padded SDPA call. q [D, H, hd] -> [D, H, hd].
 
-        Plain batched matmuls: for one query per row they beat the CPU flash kernel, and
-        grouping the query heads per KV head avoids repeating K and V in memory.
+        The keys and values of every row are gathered slot by slot into [D, width, KVH,
+        hd] and read through a transposed view (SDPA takes any strides, so no copy).
+        The query heads of one KV head become that head's query rows ([D, KVH, group,
+        hd]): the CPU flash kernel then tiles three queries per key block instead of one,
+        and K and V are never repeated per query head.
         """
-        d = q.shape[0]
+        slots = step.batch.single_slots
+        d, width = slots.shape
+        flat_slots = slots.view(-1)
+        kk = k_flat.index_select(0, flat_slots).view(d, width, self.num_kv_heads, -1)
+        vv = v_flat.index_select(0, flat_slots).view(d, width, self.num_kv_heads, -1)
         group = self.num_heads // self.num_kv_heads
-        qg = q.view(d, self.num_kv_heads, group, self.head_dim)
-        scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * self.head_dim ** -0.5
-        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-        probs = scores.float().softmax(-1).to(v.dtype)
-        out = torch.matmul(probs, v.transpose(1, 2))
-        return out.reshape(d, self.num_heads, self.head_dim)
+        qg = q.reshape(d, self.num_kv_heads, group, self.head_dim)
+        out = F.scaled_dot_product_attention(qg, kk.transpose(1, 2), vv.transpose(1, 2),
+                                             attn_mask=step.decode_bias)
+        return out.view(d, self.num_heads, self.head_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: StepInputs, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + o_proj(attention(x))``."""
+        if self.qkv is None or self.out is None:
+            raise _not_fused("Attention")
         n = x.shape[0]
-        if self.qkv is not None:
-            qf, kf, vf = self.qkv(x).split(self._split, -1)
-        else:
-            qf, kf, vf = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = qf.reshape(n, self.num_heads, self.head_dim)
-        k = kf.reshape(n, self.num_kv_heads, self.head_dim)
-        v = vf.reshape(n, self.num_kv_heads, self.head_dim)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv(x)
+        q_out, kv_out, _ = self._split
+        # Queries and keys rotate together: one set of calls for both.
+        qk = step.rope.apply(qkv[:, :q_out + kv_out].view(n, heads + kv_heads, hd))
+        q, k = qk.split((heads, kv_heads), dim=1)
+        v = qkv[:, q_out + kv_out:].view(n, kv_heads, hd)
+        batch, cache = step.batch, step.cache
         cache.write(self.layer_idx, batch.slot_mapping, k, v)
         k_flat, v_flat = cache.flat(self.layer_idx)
-        out = torch.empty_like(q)
+        if step.decode_only:
+            flat = self._decode(q, k_flat, v_flat, step).view(n, heads * hd)
+            return self.out(flat, residual)
+        out = torch.empty(n, heads, hd, dtype=q.dtype, device=q.device)
         if batch.single_rows is not None:
-            # Single-token rows (decodes): one padded call, queries [D, H, 1, hd].
-            rows, slots, mask = batch.single_rows, batch.single_slots, batch.single_mask
-            flat_slots = slots.flatten()
-            kk = k_flat.index_select(0, flat_slots).view(*slots.shape, -1, self.head_dim)
-            vv = v_flat.index_select(0, flat_slots).view(*slots.shape, -1, self.head_dim)
-            out[rows] = self._single_token_attention(q.index_select(0, rows), kk, vv, mask)
+            rows = batch.single_rows
+            out[rows] = self._decode(q.index_select(0, rows), k_flat, v_flat, step)
         for chunk in batch.chunks:
-            kk = k_flat.index_select(0, chunk.ctx_slots).transpose(0, 1)
-            vv = v_flat.index_select(0, chunk.ctx_slots).transpose(0, 1)
+            if chunk.mask is None:
+                # A chunk from position 0 attends to its own tokens only: they are the
+                # keys and values just computed, so nothing needs gathering.
+                kk = k[chunk.begin:chunk.end].transpose(0, 1)
+                vv = v[chunk.begin:chunk.end].transpose(0, 1)
+            else:
+                kk = k_flat.index_select(0, chunk.ctx_slots).transpose(0, 1)
+                vv = v_flat.index_select(0, chunk.ctx_slots).transpose(0, 1)
             qq = q[chunk.begin:chunk.end].transpose(0, 1)
             o = F.scaled_dot_product_attention(
                 qq, kk, vv, attn_mask=chunk.mask, is_causal=chunk.mask is None,
                 enable_gqa=True)
             out[chunk.begin:chunk.end] = o.transpose(0, 1)
-        flat = out.reshape(n, self.num_heads * self.head_dim)
-        return self.out(flat) if self.out is not None else self.o_proj(flat)
+        return self.out(out.view(n, heads * hd), residual)
 
 
 class MLP(nn.Module):
@@ -252,11 +250,11 @@ class MLP(nn.Module):
         self.gate_up = Projection(weight, None)
         self.down = Projection(self.down_proj.weight.detach(), None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None and self.down is not None:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            return self.down(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + down(silu(gate(x)) * up(x))``."""
+        if self.gate_up is None or self.down is None:
+            raise _not_fused("MLP")
+        return self.down(silu_and_mul(self.gate_up(x)), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -267,10 +265,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(h), step, residual=h)
+        return self.mlp(self.post_attention_layernorm(h), residual=h)
+
+
+def _decode_bias(batch: AttentionBatch, dtype: torch.dtype) -> torch.Tensor | None:
+    """The padded decode rows' mask as SDPA's additive bias, once per iteration."""
+    if batch.single_rows is None or bool(batch.single_mask.all()):
+        return None
+    mask = batch.single_mask[:, None, None, :]
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~mask, float("-inf"))
 
 
 class LlamaBody(nn.Module):
@@ -299,15 +305,13 @@ class LlamaForCausalLM(nn.Module):
                 cache: PagedKVCache, logits_rows: torch.Tensor) -> torch.Tensor:
         """Float32 logits [len(logits_rows), vocab] for the chosen rows of the flat batch."""
         h = self.model.embed_tokens(input_ids)
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        # [T, 1, head_dim]: broadcast over heads.
-        cos = emb.cos().to(h.dtype).unsqueeze(1)
-        sin = emb.sin().to(h.dtype).unsqueeze(1)
+        step = StepInputs(rope=Rope.at(positions, self.inv_freq, h.dtype), batch=batch,
+                          cache=cache, decode_bias=_decode_bias(batch, h.dtype),
+                          decode_only=not batch.chunks)
         for layer in self.model.layers:
-            h = layer(h, cos, sin, batch, cache)
+            h = layer(h, step)
         h = self.model.norm(h[logits_rows])
-        head = self.head if self.head is not None else self.lm_head
+        head = self.head if self.head is not None else Projection(self.lm_head.weight, None)
         return head(h).float()
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:

