@@ -46,8 +46,12 @@ def test_firing_alerts_of_the_deployment_are_routed_by_action() -> None:
 
 
 def test_an_unknown_action_is_read_as_inform_never_acted_on() -> None:
-    (a,) = parse_alerts(answer(row("New", "reboot")), "demo")
+    (a,) = parse_alerts(answer(row("SlopilotTTFTP99High", "reboot")), "demo")
     assert a.action is AlertAction.INFORM
+
+
+def test_an_alert_the_rules_do_not_define_is_not_read() -> None:
+    assert parse_alerts(answer(row("New", "retune")), "demo") == []
 
 
 @pytest.mark.parametrize("bad", [{"status": "error", "error": "boom"}, {"status": "success"},

@@ -100,3 +100,21 @@ def test_parse_alerts_never_quotes_the_answer(bad: Any) -> None:
     with pytest.raises(PrometheusUnavailable) as info:
         parse_alerts(bad, "chat")
     assert SECRET not in str(info.value)
+
+
+def test_alert_labels_a_foreign_server_makes_up_never_become_alerts() -> None:
+    # A Prometheus-shaped answer from anywhere the URL points: only the rules' own alert
+    # names, severities and classes are read; anything else would carry the peer's text
+    # into lastAction and the Tuning condition.
+    def row(**labels: str) -> dict[str, Any]:
+        base = {"alertname": "SlopilotTTFTP99High", "action": "retune",
+                "severity": "critical", "priority_class": "p0",
+                "slopilot_deployment": "chat", "slopilot_namespace": "team"}
+        return {"labels": {**base, **labels}, "state": "firing",
+                "activeAt": "2026-01-01T00:00:00Z", "value": SECRET}
+    answer = {"status": "success", "data": {"alerts": [
+        row(alertname=SECRET), row(severity=SECRET), row(priority_class=SECRET), row()]}}
+    got = parse_alerts(answer, "chat", "team")
+    assert [(a.name, a.severity, a.priority_class) for a in got] == [
+        ("SlopilotTTFTP99High", "critical", "p0")]
+    assert SECRET not in repr(got)

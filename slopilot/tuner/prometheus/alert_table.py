@@ -55,6 +55,16 @@ class AlertAction(enum.StrEnum):
     INFORM = "inform"
 
 
+class AlertName(enum.StrEnum):
+    """Every alert the rules define: the only names the controller reads back."""
+
+    TBT_P99_HIGH = "SlopilotTBTP99High"
+    TTFT_P99_HIGH = "SlopilotTTFTP99High"
+    PREEMPTION_STORM = "SlopilotPreemptionStorm"
+    BATCHING_UNDERUSED = "SlopilotBatchingUnderused"
+    PREFIX_CACHE_HIT_LOW = "SlopilotPrefixCacheHitLow"
+
+
 class Severity(enum.StrEnum):
     CRITICAL = "critical"
     WARNING = "warning"
@@ -180,7 +190,7 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions) -> list[AlertRule]:
     rows = []
     if target.tbt_p99_ms is not None:
         rows.append(AlertRule(
-            "SlopilotTBTP99High", c, Severity.CRITICAL, AlertAction.SCALE,
+            AlertName.TBT_P99_HIGH.value, c, Severity.CRITICAL, AlertAction.SCALE,
             (Condition(Figure.TBT_P99, Op.ABOVE, o.tbt_factor * target.tbt_p99_ms / 1000),),
             o.tbt_for_s, f"{C} TBT P99 over {o.tbt_factor:g} x its SLO",
             f"{C} time between tokens P99 is {{{{ $value | humanizeDuration }}}}, over "
@@ -194,7 +204,7 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions) -> list[AlertRule]:
                  "retune the token budget and chunk size")):
             over = "over its SLO" if factor == 1 else f"over {factor:g} x its SLO"
             rows.append(AlertRule(
-                "SlopilotTTFTP99High", c, severity, action,
+                AlertName.TTFT_P99_HIGH.value, c, severity, action,
                 (Condition(Figure.TTFT_P99, Op.ABOVE, factor * target.ttft_p99_ms / 1000),),
                 o.alert_for_s, f"{C} TTFT P99 {over}",
                 f"{C} time to first token P99 is {{{{ $value | humanizeDuration }}}}, {over} "
@@ -209,13 +219,13 @@ def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
     limit = slo.max_preemptions_per_min
     if limit is not None:
         rows.append(AlertRule(
-            "SlopilotPreemptionStorm", ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
+            AlertName.PREEMPTION_STORM.value, ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
             (Condition(Figure.PREEMPTIONS_PER_MIN, Op.ABOVE, limit),), o.alert_for_s,
             "preemption storm",
             f"{{{{ $value | printf \"%.1f\" }}}} preemptions per minute, over the limit of "
             f"{limit:g}: retune the preemption thresholds or the KV watermark."))
     rows.append(AlertRule(
-        "SlopilotBatchingUnderused", ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
+        AlertName.BATCHING_UNDERUSED.value, ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
         (Condition(Figure.UTILIZATION, Op.BELOW, o.busy_ratio_min),
          Condition(Figure.REQUESTS_WAITING, Op.ABOVE, o.waiting_min)), o.alert_for_s,
         "batching underused while requests wait",
@@ -225,7 +235,7 @@ def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
     hit_min = slo.prefix_hit_min
     if hit_min is not None:
         rows.append(AlertRule(
-            "SlopilotPrefixCacheHitLow", ALL_CLASSES, Severity.INFO, AlertAction.INFORM,
+            AlertName.PREFIX_CACHE_HIT_LOW.value, ALL_CLASSES, Severity.INFO, AlertAction.INFORM,
             (Condition(Figure.PREFIX_HIT_RATIO, Op.BELOW, hit_min),), o.alert_for_s,
             "prefix cache hit ratio low",
             f"Prefix cache hit ratio is {{{{ $value | humanizePercentage }}}}, under the "

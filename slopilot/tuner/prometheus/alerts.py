@@ -21,7 +21,15 @@ import httpx
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.prometheus.alert_table import AlertAction, AlertRule, Figure, alert_table
+from slopilot.tuner.prometheus.alert_table import (
+    ALL_CLASSES,
+    AlertAction,
+    AlertName,
+    AlertRule,
+    Figure,
+    Severity,
+    alert_table,
+)
 from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels
 from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
@@ -63,13 +71,20 @@ def _value(text: Any) -> float | None:
         return None
 
 
+_NAMES = frozenset(AlertName)
+_SEVERITIES = frozenset(Severity)
+_CLASSES = frozenset({ALL_CLASSES, *(p.label for p in Priority)})
+
+
 def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> list[Alert]:
     """Firing alerts of ``namespace/deployment`` from an ``/api/v1/alerts`` answer (pending
     ones wait). Every identity label must match: an alert of ``chat`` in another namespace,
     or one without a namespace when a namespace is asked for, is not this deployment's.
 
     An alert whose ``action`` the controller does not know is read as ``inform``: a rule
-    added later must never make the controller act on a guess.
+    added later must never make the controller act on a guess. Only the rules' own alert
+    names, severities and classes are read: the tenant picks the URL, and any other text
+    in those labels would reach the CR's status (``lastAction``, the Tuning condition).
     """
     ident = identity_labels(deployment, namespace)
     if not isinstance(answer, dict) or answer.get("status") != "success":
@@ -83,13 +98,15 @@ def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> 
         labels = row.get("labels") or {}
         if row.get("state") != "firing" or any(labels.get(k) != v for k, v in ident.items()):
             continue
+        if (labels.get("alertname") not in _NAMES or labels.get("severity") not in _SEVERITIES
+                or labels.get("priority_class") not in _CLASSES):
+            continue
         try:
             action = AlertAction(labels.get("action", ""))
         except ValueError:
             action = AlertAction.INFORM
-        out.append(Alert(name=labels.get("alertname", "?"), action=action,
-                         severity=labels.get("severity", ""),
-                         priority_class=labels.get("priority_class", ""),
+        out.append(Alert(name=labels["alertname"], action=action,
+                         severity=labels["severity"], priority_class=labels["priority_class"],
                          since=_since(row.get("activeAt")), value=_value(row.get("value"))))
     out.sort(key=lambda a: (a.since, a.name, a.priority_class))
     return out
