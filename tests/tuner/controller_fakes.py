@@ -47,6 +47,8 @@ class FakeDeployment:
     applied: list[tuple[dict[str, Any], bool]] = field(default_factory=list)
     scaled: list[int] = field(default_factory=list)
     refuse: Callable[[Mapping[str, Any]], Exception | None] = lambda c: None
+    reads: int = 0
+    """current_config() calls: each is an HTTP GET or a spec parse in production."""
 
     def replicas(self) -> int:
         return self.n
@@ -56,6 +58,7 @@ class FakeDeployment:
         self.n = n
 
     def current_config(self) -> dict[str, Any]:
+        self.reads += 1
         return dict(self.config)
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:

@@ -88,6 +88,15 @@ def test_a_simulator_that_only_holds_the_running_config_means_scale() -> None:
     assert (d.action, d.replicas) == (Action.SCALE, 2) and "offline study" in d.reason
 
 
+def test_a_step_reads_the_running_config_once() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    rig.build().tick(0.0)
+    assert rig.dep.reads == 1  # the episode's baseline, also the config no warm start is
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=3))
+    assert rig.build().tick(0.0).action is Action.TRIAL  # a config holds: retune instead
+    assert rig.dep.reads == 2  # SCALING's plan, then the episode's baseline
+
+
 def test_cooldown_ignores_alerts_then_returns_to_steady() -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
     ctl = rig.build()

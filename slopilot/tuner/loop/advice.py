@@ -19,15 +19,15 @@ from slopilot.tuner.loop.context import LoopContext
 Ranked = list[tuple[dict[str, Any], bool]]
 
 
-def warm_starts(ctx: LoopContext, now: float, replicas: int,
+def warm_starts(ctx: LoopContext, now: float, replicas: int, current: Mapping[str, Any],
                 scenario: Scenario | None = None) -> Ranked:
-    """The offline study's best configs, minus the one that is running.
+    """The offline study's best configs, minus ``current``, the one that is running.
 
     The running config is what the firing alert measured: the live evidence that it
     does not hold outranks a simulator that says it does (a workload profile that
     lags the shift, a cost model off for this hardware), so it is no warm start.
     """
-    current = dict(ctx.deployment.current_config())
+    current = dict(current)
     scenario = scenario if scenario is not None else ctx.probe.measure(now)
     k = ctx.settings.warm_start_k
     ranked = ctx.offline.best_configs(scenario, replicas, current, k + 1) \

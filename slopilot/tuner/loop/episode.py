@@ -49,7 +49,7 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
     loop.episode_trials = loop.episode_feasible = 0
     replicas = ctx.deployment.replicas()
     if ranked is None and ctx.offline is not None:
-        ranked = advice.warm_starts(ctx, now, replicas)
+        ranked = advice.warm_starts(ctx, now, replicas, loop.baseline_config)
     if ranked:
         if not any(ok for _, ok in ranked) and allow_scale and replicas < s.max_replicas:
             return Go(ControllerState.SCALING, Event.NOTHING_HOLDS_OFFLINE,

@@ -25,11 +25,12 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         reason, at_least = entered.reason, entered.at_least
     loop.reason = loop.scale_reason = reason
     current = ctx.deployment.replicas()
-    config = loop.best_config or ctx.deployment.current_config()
+    running = ctx.deployment.current_config()  # read once: a pod's spec or an HTTP GET
+    config = loop.best_config or running
     scenario = ctx.probe.measure(now)
     ranked: advice.Ranked = []
     if at_least is None and ctx.offline is not None:
-        ranked = advice.warm_starts(ctx, now, current, scenario)
+        ranked = advice.warm_starts(ctx, now, current, running, scenario)
         if any(ok for _, ok in ranked):
             return start_episode(
                 ctx, now, f"retune_suffices: the simulator holds the SLO at {current} "
