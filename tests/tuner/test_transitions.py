@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,14 @@ from slopilot.tuner.loop import controller as controller_module
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.controller import STEPS, Controller
 from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
-from slopilot.tuner.loop.transitions import TRANSITIONS, Event, Go, check, render_diagram
+from slopilot.tuner.loop.transitions import (
+    TRANSITIONS,
+    Event,
+    Go,
+    check,
+    render_diagram,
+    render_table,
+)
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import (
     BAD,
@@ -39,6 +47,13 @@ def test_the_diagram_in_the_controller_module_is_the_table() -> None:
     assert drawn in controller_module.__doc__, (
         "controller.py's diagram is out of date; paste the output of "
         "`python -m slopilot.tuner.loop.transitions`:\n" + render_diagram())
+
+
+def test_docs_architecture_carries_the_table_and_its_picture() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs/architecture.md").read_text()
+    hint = "docs/architecture.md is out of date: `python -m slopilot.tuner.loop.transitions "
+    assert render_diagram() in text, hint + "` prints the picture"
+    assert render_table() in text, hint + "--table` prints the table"
 
 
 def test_every_state_has_a_step_and_an_exit_on_error() -> None:

@@ -2,8 +2,9 @@
 
 Every move the controller makes goes through ``check``: a move the table does not list
 raises ``ControllerError`` naming both states and the event. The picture in
-``controller.py``'s docstring is ``render_diagram()`` of this table (a test compares them;
-``python -m slopilot.tuner.loop.transitions`` prints it after a change).
+``controller.py``'s docstring is ``render_diagram()`` of this table, and docs/architecture.md
+carries both the picture and ``render_table()`` (tests compare them;
+``python -m slopilot.tuner.loop.transitions [--table]`` prints them after a change).
 
 A move carries what the next state's step needs (``Go``). A new state (say, checking the
 twin's prediction against a measured window before a warm start or a capacity plan is
@@ -53,6 +54,7 @@ class Transition:
     when: str
 
 
+_ON_ERROR = "any error: rolled back to the best known config"
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT, "an alert with action scale fires"),
     Transition(S.STEADY, S.SCALING, Event.NOTHING_HOLDS_OFFLINE,
@@ -80,8 +82,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
                "no live trial held the SLO: at least one more replica"),
     Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER, "cooldown_s has passed"),
-    *(Transition(s, S.COOLDOWN, Event.ERROR,
-                 "any error: rolled back to the best known config") for s in S),
+    *(Transition(s, S.COOLDOWN, Event.ERROR, _ON_ERROR) for s in S),
 )
 
 _ALLOWED: dict[tuple[ControllerState, ControllerState], frozenset[Event]] = {}
@@ -150,5 +151,16 @@ def render_diagram() -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def render_table() -> str:
+    """The table in Markdown (docs/architecture.md carries it; a test compares)."""
+    rows = ["| from | to | on | when |", "|---|---|---|---|"]
+    rows += [f"| {t.source.value} | {t.target.value} | `{t.event.value}` | {t.when} |"
+             for t in TRANSITIONS if t.event is not Event.ERROR]
+    rows.append(f"| any state | {S.COOLDOWN.value} | `{Event.ERROR.value}` | {_ON_ERROR} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    print(render_diagram())
+    import sys
+
+    print(render_table() if sys.argv[1:] == ["--table"] else render_diagram())
