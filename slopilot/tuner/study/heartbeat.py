@@ -30,8 +30,9 @@ a slow database or a busy host is not a dead process)."""
 STALE_REASON = "the process running it stopped sending heartbeats before it was told"
 
 
-def rdb_storage(url: str, heartbeat_s: int, grace_s: int) -> RDBStorage:
-    """An RDB storage with heartbeats; the arguments are checked here, named."""
+def check_heartbeat(heartbeat_s: int, grace_s: int) -> None:
+    """Raise ValueError, naming the argument, unless both are whole seconds and the grace
+    period spans more than one beat."""
     for name, value in (("heartbeat_s", heartbeat_s), ("grace_s", grace_s)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: expected whole seconds >= 1 (Optuna "
@@ -39,6 +40,11 @@ def rdb_storage(url: str, heartbeat_s: int, grace_s: int) -> RDBStorage:
     if grace_s <= heartbeat_s:
         raise ValueError(f"grace_s={grace_s}: expected more than heartbeat_s={heartbeat_s} "
                          "(a few missed beats), e.g. 10 x heartbeat_s")
+
+
+def rdb_storage(url: str, heartbeat_s: int, grace_s: int) -> RDBStorage:
+    """An RDB storage with heartbeats every ``heartbeat_s``, stale after ``grace_s``."""
+    check_heartbeat(heartbeat_s, grace_s)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,

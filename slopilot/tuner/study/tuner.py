@@ -24,6 +24,7 @@ from slopilot.tuner.study.heartbeat import (
     HEARTBEAT_S,
     STALE_REASON,
     TrialHeartbeat,
+    check_heartbeat,
     fail_stale,
     heartbeat_of,
     rdb_storage,
@@ -67,18 +68,11 @@ def _storage(url: str | None, heartbeat_s: int, grace_s: int) -> optuna.storages
             "(a local file) or postgresql://user:pass@host/db (shared)")
     try:
         return rdb_storage(url, heartbeat_s, grace_s)
-    except ValueError as exc:
-        if "heartbeat_s" in str(exc) or "grace_s" in str(exc):
-            raise  # our own check of the arguments, already naming the field
-        raise _unopenable(url, exc) from None
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean the same to a user
-        raise _unopenable(url, exc) from None
-
-
-def _unopenable(url: str, exc: Exception) -> StudyStorageError:
-    return StudyStorageError(
-        f"cannot open study storage {url!r}: {type(exc).__name__}: {exc}; "
-        "check the URL, that the directory exists and the database is reachable")
+        raise StudyStorageError(
+            f"cannot open study storage {url!r}: {type(exc).__name__}: {exc}; "
+            "check the URL, that the directory exists and the database is reachable"
+        ) from None
 
 
 def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
@@ -95,6 +89,7 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
     if not isinstance(name, str) or not name.strip():
         raise ValueError("study name is empty; pass --study-name or a deployment name")
     first_sampler = make_sampler(sampler, seed)  # a bad name fails before any I/O
+    check_heartbeat(heartbeat_s, grace_s)
     store = _storage(storage, heartbeat_s, grace_s)
     try:
         study = optuna.create_study(storage=store, study_name=name, direction="maximize",
