@@ -21,7 +21,8 @@ to every replica; it is also recorded in the running trial (the controller's per
 state), so a restarted operator measures and restores the same pod.
 
 Everything else is read fresh from the API on each call: the handle holds no cache that an
-operator restart or a user edit could make stale.
+operator restart or a user edit could make stale. Only the parse of the spec is reused
+while the object's ``resourceVersion`` is the same (one tick reads it several times).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class KubeDeploymentHandle:
         self.policy = policy if policy is not None else OperatorPolicy()
         self.http = http or httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
         self._canary: str | None = None
+        self._parsed: tuple[str, LLMDeploymentSpec] | None = None
 
     # ------------------------------------------------------------------ reads
     def body(self) -> dict[str, Any]:
@@ -106,7 +108,18 @@ class KubeDeploymentHandle:
         return body
 
     def spec(self) -> LLMDeploymentSpec:
-        return effective_spec(self.body())
+        return self._spec_of(self.body())
+
+    def _spec_of(self, body: Mapping[str, Any]) -> LLMDeploymentSpec:
+        """``effective_spec(body)``, parsed once per version of the object: any change to
+        its spec or status (``tunedConfig``) gives it a new ``resourceVersion``."""
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        if version is not None and self._parsed is not None and self._parsed[0] == str(version):
+            return self._parsed[1]
+        spec = effective_spec(body)
+        if version is not None:
+            self._parsed = (str(version), spec)
+        return spec
 
     def replicas(self) -> int:
         dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
@@ -173,7 +186,7 @@ class KubeDeploymentHandle:
     def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
         """Apply to the canary (whose pod name is returned) or to every replica."""
         body = self.body()
-        spec = effective_spec(body)
+        spec = self._spec_of(body)
         # Judged whole before any replica sees it (raises ConfigError, named by field).
         new = spec.engine.with_overrides(config, live_only=spec.backend is Backend.BUILTIN)
         if spec.backend is Backend.BUILTIN:

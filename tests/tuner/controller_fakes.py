@@ -13,11 +13,14 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.state import ControllerSettings, LoopState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.objective import TrialResult
 from tests.support.summaries import figures, window
 
+SLO = load_scenario("tiny-cpu").slo
 START = {"token_budget": 2048, "chunk_size": 2048}
 GOOD = {"token_budget": 512, "chunk_size": 256}
 BAD = {"token_budget": 8192, "chunk_size": 8192}
@@ -44,6 +47,8 @@ class FakeDeployment:
     applied: list[tuple[dict[str, Any], bool]] = field(default_factory=list)
     scaled: list[int] = field(default_factory=list)
     refuse: Callable[[Mapping[str, Any]], Exception | None] = lambda c: None
+    reads: int = 0
+    """current_config() calls: each is an HTTP GET or a spec parse in production."""
 
     def replicas(self) -> int:
         return self.n
@@ -53,6 +58,7 @@ class FakeDeployment:
         self.n = n
 
     def current_config(self) -> dict[str, Any]:
+        self.reads += 1
         return dict(self.config)
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
@@ -164,3 +170,26 @@ class FakeOffline:
     def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
                      k: int) -> list[tuple[dict[str, Any], bool]]:
         return self.ranked[:k]
+
+
+@dataclass
+class Rig:
+    """A controller on these fakes: tiny-cpu's SLO, 10 s windows, up to 4 replicas."""
+
+    dep: FakeDeployment = field(default_factory=FakeDeployment)
+    alerts: FakeAlerts = field(default_factory=FakeAlerts)
+    study: FakeStudy = field(default_factory=FakeStudy)
+    planner: FakePlanner = field(default_factory=FakePlanner)
+    offline: FakeOffline | None = field(default_factory=FakeOffline)
+    settings: dict[str, Any] = field(default_factory=dict)
+    ev: FakeEvaluator | None = None
+    ctl: Controller | None = None
+
+    def build(self, state: LoopState | None = None) -> Controller:
+        self.ev = self.ev or FakeEvaluator(self.dep, by_config)
+        settings = ControllerSettings(
+            deployment="demo", slo=SLO, window_s=10, cooldown_s=30, scale_down_after_s=60,
+            max_replicas=4, **self.settings)
+        self.ctl = Controller(settings, self.dep, self.alerts, self.ev, self.study,
+                              FakeProbe(), self.planner, offline=self.offline, state=state)
+        return self.ctl

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from slopilot.engine.config import ConfigError
-from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.state import (
@@ -26,6 +24,7 @@ from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import (
     BAD,
     GOOD,
+    SLO,
     START,
     FakeAlerts,
     FakeDeployment,
@@ -34,32 +33,10 @@ from tests.tuner.controller_fakes import (
     FakePlanner,
     FakeProbe,
     FakeStudy,
+    Rig,
     alert,
     by_config,
 )
-
-SLO = load_scenario("tiny-cpu").slo
-
-
-@dataclass
-class Rig:
-    dep: FakeDeployment = field(default_factory=FakeDeployment)
-    alerts: FakeAlerts = field(default_factory=FakeAlerts)
-    study: FakeStudy = field(default_factory=FakeStudy)
-    planner: FakePlanner = field(default_factory=FakePlanner)
-    offline: FakeOffline | None = field(default_factory=FakeOffline)
-    settings: dict[str, Any] = field(default_factory=dict)
-    ev: FakeEvaluator | None = None
-    ctl: Controller | None = None
-
-    def build(self, state: LoopState | None = None) -> Controller:
-        self.ev = self.ev or FakeEvaluator(self.dep, by_config)
-        settings = ControllerSettings(
-            deployment="demo", slo=SLO, window_s=10, cooldown_s=30, scale_down_after_s=60,
-            max_replicas=4, **self.settings)
-        self.ctl = Controller(settings, self.dep, self.alerts, self.ev, self.study,
-                              FakeProbe(), self.planner, offline=self.offline, state=state)
-        return self.ctl
 
 
 def metric(ctl: Controller, name: str, **labels: str) -> float:
@@ -109,6 +86,15 @@ def test_a_simulator_that_only_holds_the_running_config_means_scale() -> None:
               offline=FakeOffline([(dict(START), True), (dict(GOOD), False)]))
     d = rig.build().tick(0.0)
     assert (d.action, d.replicas) == (Action.SCALE, 2) and "offline study" in d.reason
+
+
+def test_a_step_reads_the_running_config_once() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    rig.build().tick(0.0)
+    assert rig.dep.reads == 1  # the episode's baseline, also the config no warm start is
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=3))
+    assert rig.build().tick(0.0).action is Action.TRIAL  # a config holds: retune instead
+    assert rig.dep.reads == 2  # SCALING's plan, then the episode's baseline
 
 
 def test_cooldown_ignores_alerts_then_returns_to_steady() -> None:

@@ -22,7 +22,7 @@ from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import StudyStorageError, Tuner, open_study
+from slopilot.tuner.study.tuner import StudyStorageError, Tuner, failure_reason, open_study
 from tests.support.prometheus import wait_until
 from tests.support.summaries import OLD_CLUSTER, OLD_PROMETHEUS
 
@@ -119,11 +119,16 @@ def test_rejected_windows_are_repeated_not_counted() -> None:
     assert "rejected 3 times: too few samples" in last.user_attrs["fail_reason"]
 
 
+# Heartbeats every second, stale after a few missed ones: short enough for a test, and the
+# test waits for the state it expects instead of a fixed time.
+BEAT = {"heartbeat_s": 1, "grace_s": 4}
+
 _CHILD = textwrap.dedent("""
     import sys, time
     from slopilot.tuner.study.space import SearchSpace
     from slopilot.tuner.study.tuner import Tuner, open_study
-    tuner = Tuner(open_study(sys.argv[1], "crash"), SearchSpace.from_bounds())
+    tuner = Tuner(open_study(sys.argv[1], "crash", heartbeat_s=1, grace_s=4),
+                  SearchSpace.from_bounds())
     number, config = tuner.ask()
     print("asked", number, flush=True)
     while True:  # an evaluation that never ends: the test kills us here
@@ -131,13 +136,19 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def test_a_trial_left_running_by_a_killed_process_is_failed_and_numbering_continues(
+def _state(url: str, number: int) -> TrialState:
+    # Opening the study fails the stale trials first, as every ask does.
+    return open_study(url, "crash", sampler="random", **BEAT).get_trials()[number].state
+
+
+def test_a_killed_process_s_trial_is_failed_a_live_one_s_is_not_and_numbering_continues(
         tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'crash.db'}"
-    tuner = Tuner(open_study(url, "crash"), SearchSpace.from_bounds())
+    tuner = Tuner(open_study(url, "crash", **BEAT), SearchSpace.from_bounds())
     for _ in range(2):
         n, c = tuner.ask()
         tuner.tell(n, _result(c, 1.0))
+    live, _ = tuner.ask()  # trial 2: this (live) process keeps it
     log = tmp_path / "child.log"
     with log.open("w") as out:
         child = subprocess.Popen([sys.executable, "-c", _CHILD, url], stdout=out,
@@ -145,20 +156,68 @@ def test_a_trial_left_running_by_a_killed_process_is_failed_and_numbering_contin
     try:
         wait_until(lambda: "asked" in log.read_text() or child.poll() is not None,
                    timeout_s=60, what="the child to ask a trial")
-        assert "asked 2" in log.read_text(), log.read_text()
+        assert "asked 3" in log.read_text(), log.read_text()
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(timeout=30)
-    assert open_study(url, "crash", sampler="random").get_trials()[2].state == TrialState.FAIL
-    resumed = Tuner(open_study(url, "crash"), SearchSpace.from_bounds())
-    trials = resumed.study.get_trials()
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL]
-    assert "ended before" in trials[2].user_attrs["fail_reason"]
+    # The dead child's trial stops beating and is failed after the grace period; this
+    # process's trial, asked before it, beat all along and is still running.
+    wait_until(lambda: _state(url, 3) == TrialState.FAIL, timeout_s=120,
+               what="the killed process's trial to be failed as stale")
+    trials = open_study(url, "crash", **BEAT).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.RUNNING,
+                                                                       TrialState.FAIL]
+    assert "stopped sending heartbeats" in (failure_reason(trials[3]) or "")
+    tuner.tell(live, _result({}, 2.0))
+    resumed = Tuner(open_study(url, "crash", **BEAT), SearchSpace.from_bounds())
     number, _ = resumed.ask()
-    assert number == 3
+    assert number == 4  # the failed trial stays in the history and keeps its number
+    resumed.tell_failed(number, "engine crashed")
+    assert failure_reason(resumed.study.get_trials()[4]) == "engine crashed"
+
+
+def test_fail_running_fails_what_this_tuner_holds_and_stops_beating(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'gone.db'}"
+    tuner = Tuner(open_study(url, "gone", **BEAT), SearchSpace.from_bounds())
+    done, _ = tuner.ask()
+    tuner.tell(done, _result({}, 1.0))
+    a, _ = tuner.ask()
+    b, _ = tuner.ask()
+    assert tuner.heartbeat is not None and tuner.heartbeat.beating == {a, b}
+    assert tuner.fail_running("the LLMDeployment was deleted") == [a, b]
+    trials = tuner.study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
+    assert {failure_reason(t) for t in trials[1:]} == {"the LLMDeployment was deleted"}
+    assert tuner.fail_running("again") == []
+    assert tuner.heartbeat.beating == set()
+    wait_until(lambda: not tuner.heartbeat.running, timeout_s=60,  # type: ignore[union-attr]
+               what="the heartbeat thread to end")
+    assert Tuner(open_study(None, "memory"), SearchSpace.from_bounds()).heartbeat is None
+
+
+def test_a_trial_the_previous_version_left_running_goes_stale_too(tmp_path: Path) -> None:
+    """The previous version marked trials with host:pid:token and sent no heartbeats."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = optuna.create_study(storage=url, study_name="old", direction="maximize")
+    old.ask().set_user_attr("slopilot_worker", "gone-host:4242:0123456789ab")
+    old.ask()  # RUNNING, unmarked: not ours to judge
+    wait_until(lambda: open_study(url, "old", **BEAT).get_trials()[0].state
+               == TrialState.FAIL, timeout_s=120, what="the old trial to be failed as stale")
+    assert open_study(url, "old", **BEAT).get_trials()[1].state == TrialState.RUNNING
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"heartbeat_s": 0}, r"heartbeat_s=0: expected whole seconds >= 1"),
+    ({"heartbeat_s": 1.5}, r"heartbeat_s=1.5: expected whole seconds"),
+    ({"heartbeat_s": 10, "grace_s": 10}, r"grace_s=10: expected more than heartbeat_s=10"),
+])
+def test_bad_heartbeat_settings_name_the_field(tmp_path: Path, kwargs: dict[str, Any],
+                                               message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        open_study(f"sqlite:///{tmp_path / 'x.db'}", "x", **kwargs)
 
 
 def test_a_study_stored_by_the_previous_version_still_loads(tmp_path: Path) -> None:
@@ -189,14 +248,6 @@ def _distributions(space: SearchSpace) -> dict[str, Any]:
     trial = optuna.create_study().ask()
     space.suggest(trial)
     return dict(trial.distributions)
-
-
-def test_running_trial_of_a_live_process_is_left_alone(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'live.db'}"
-    tuner = Tuner(open_study(url, "live"), SearchSpace.from_bounds())
-    number, _ = tuner.ask()
-    # Reopened by the same (live) process: the trial is still ours and still running.
-    assert open_study(url, "live").get_trials()[number].state == TrialState.RUNNING
 
 
 @pytest.mark.parametrize(("storage", "message"), [
@@ -240,3 +291,4 @@ def test_postgresql_storage_is_shared_between_tuners() -> None:
         assert reopened.get_trials()[nc].state == TrialState.RUNNING
         best = Tuner(reopened, space).best()
         assert best is not None and best.goodput_tok_s == 7.0
+        a.close()  # stop beating before the server goes away

@@ -16,33 +16,30 @@ and the best is committed.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
-from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.demo_report import Sample, write_demo_report
+from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
 from slopilot.tuner.local.prometheus_server import LocalPrometheus, find_prometheus
 from slopilot.tuner.local.scrape import DirectScrape
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.ports import AlertReader, WindowEvaluator, WorkloadProbe
-from slopilot.tuner.loop.state import Action, ControllerSettings, Decision
+from slopilot.tuner.loop.state import ControllerSettings
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
-from slopilot.tuner.prometheus.alerts import Alert, AlertSource
+from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
 from slopilot.tuner.sim.adapters import SimOffline
 from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.live import ResumableTuner
-from slopilot.tuner.study.objective import score
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import open_study
 
@@ -85,18 +82,6 @@ def phases(torch: bool, replicas: int) -> tuple[Phase, Phase]:
             Phase(rate, 2048, 64, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.7, 4096))
 
 
-class _RecordingAlerts:
-    """Passes alerts through and remembers what fired, for the printout and report."""
-
-    def __init__(self, inner: AlertReader) -> None:
-        self.inner = inner
-        self.current: list[Alert] = []
-
-    def firing(self) -> list[Alert]:
-        self.current = self.inner.firing()
-        return self.current
-
-
 class _BaseProbe:
     def __init__(self, base: Scenario) -> None:
         self.base = base
@@ -105,25 +90,15 @@ class _BaseProbe:
         return self.base
 
 
-@dataclass
-class DemoResult:
-    report: Path
-    alert_at_s: float | None = None
-    trials: int = 0
-    commit_at_s: float | None = None
-    restored_at_s: float | None = None
-    scaled: bool = False
-    lines: list[str] = field(default_factory=list)
+@dataclass(frozen=True)
+class _Sources:
+    """Where the loop reads alerts, trial windows and the workload, and the timeline its
+    figures (a lenient evaluator: every window counts)."""
 
-
-def _p99s(s: WindowSummary | None) -> dict[str, float]:
-    out = {}
-    for p in (Priority.P0, Priority.P1):
-        per = None if s is None else s.classes[p]
-        for k in ("ttft_p99_ms", "tbt_p99_ms"):
-            v = None if per is None else getattr(per, k)
-            out[f"{p.label}_{k}"] = math.nan if v is None else v
-    return out
+    alerts: AlertReader
+    windows: WindowEvaluator
+    probe: WorkloadProbe
+    timeline: WindowEvaluator
 
 
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
@@ -132,87 +107,94 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     scenario = load_scenario(NAME)
-    torch = opts.model is not None
-    before, after = phases(torch, opts.replicas)
-    report_dir = opts.report_dir
-    work = report_dir / "run"
+    work = opts.report_dir / "run"
     work.mkdir(parents=True, exist_ok=True)
-    result = DemoResult(report=report_dir / "report.md")
-    t0 = time.time()
-
-    def say(text: str) -> None:
-        line = f"[t+{time.time() - t0:5.1f}s] {text}"
-        result.lines.append(line)
-        console.print(line, markup=False, highlight=False)
-
-    use_prom = find_prometheus() is not None if opts.prometheus is None else opts.prometheus
+    result = DemoResult(report=opts.report_dir / "report.md")
+    say = Narrator(console, result.lines)
     with contextlib.ExitStack() as stack:
         worker = stack.enter_context(SimWorker())  # spawns while the replicas start
-        dep = LocalDeployment(NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas,
-                              scenario=NAME, executor="torch" if torch else "simulated",
-                              model=opts.model or "smollm2-135m", knobs=scenario.engine,
-                              ready_timeout_s=180.0 if torch else 60.0)
-        stack.enter_context(dep)
-        kind = (f"torch {opts.model}" if torch
-                else "simulated A100 + Llama-3-8B cost model, real time")
-        say(f"{opts.replicas} replica(s) up ({kind}): {', '.join(dep.endpoints())}; "
-            f"canary {dep.endpoints()[0]}")
-        selector = {DEPLOYMENT_LABEL: NAME}
-        alerts: AlertReader
-        windows: WindowEvaluator
-        probe: WorkloadProbe
-        sampler: WindowEvaluator
-        if use_prom:
-            rules = work / "rules.yaml"
-            rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
-            prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
-            stack.callback(prom.stop)
-            prom.start()
-            say(f"Prometheus {prom.url} scraping every 1 s, rules: rate window "
-                f"{RULES.rate_window_s} s, for {RULES.alert_for_s} s")
-            alerts = AlertSource(prom.url, NAME)
-            windows = PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8)
-            sampler = PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
-                                        load_tolerance=1e9)
-            probe = PrometheusProbe(prom.url, selector, scenario, window_s=20, duration_s=30.0)
-        else:
-            scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
-            stack.callback(scrape.stop)
-            say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
-                "(same alert conditions and window figures)")
-            alerts = windows = sampler = scrape
-            probe = _BaseProbe(scenario)
-        space = SearchSpace.from_bounds(base=scenario.engine_config())
-        tuner = ResumableTuner(open_study(None, f"{NAME}-live", seed=opts.seed), space)
-        settings = ControllerSettings(
-            deployment=NAME, slo=scenario.slo, min_replicas=opts.replicas,
-            max_replicas=opts.max_replicas, window_s=opts.window_s, max_trials=4,
-            cooldown_s=max(15.0, 2 * opts.window_s), revert_check_s=opts.window_s / 2,
-            scale_down_after_s=3600.0, warm_start_k=2)
-        recorded = _RecordingAlerts(alerts)
-        ctl = Controller(settings, dep, recorded, windows, tuner, probe,
-                         WorkerPlanner(worker, duration_s=30.0, seed=opts.seed),
-                         offline=WorkerOffline(worker, SimOffline(
-                             space, n_trials=12, duration_s=20.0, seed=opts.seed)))
-        load = LoadGenerator(dep.endpoints, before, model=NAME, seed=opts.seed)
-        stack.enter_context(load)
+        dep = _start_replicas(opts, scenario, work, stack, say)
+        sources = _start_metrics(opts, scenario, dep, work, stack, say)
+        tuner = ResumableTuner(open_study(None, f"{NAME}-live", seed=opts.seed),
+                               SearchSpace.from_bounds(base=scenario.engine_config()))
+        recorded = RecordingAlerts(sources.alerts)
+        ctl = _controller(opts, scenario, dep, recorded, sources, tuner, worker)
+        before, after = phases(opts.model is not None, opts.replicas)
+        load = stack.enter_context(LoadGenerator(dep.endpoints, before, model=NAME,
+                                                 seed=opts.seed))
         say(f"load: Poisson {before.rate:g} req/s, prompts ~{before.prompt_mean:g} tokens, "
             f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.duration_s / 2:g}s")
-        samples = _loop(opts, ctl, dep, recorded, sampler, load, after, t0, say, result)
+        samples = _control_loop(opts, ctl, dep, recorded, sources.timeline, load, after, say,
+                                result)
         load.stop()
         say(f"load stopped: {load.sent} sent, {load.ok} ok, {load.failed} failed, "
             f"{load.dropped} dropped at the concurrency limit")
     write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
                       shift_at_s=opts.duration_s / 2)
-    say(f"report written: {result.report} (timeline: {report_dir / 'timeline.png'})")
+    say(f"report written: {result.report} (timeline: {opts.report_dir / 'timeline.png'})")
     return result
 
 
-def _loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment, recorded: _RecordingAlerts,
-          sampler: WindowEvaluator, load: LoadGenerator, after: Phase, t0: float,
-          say: Any, result: DemoResult) -> list[Sample]:
+def _start_replicas(opts: DemoOptions, scenario: Scenario, work: Path,
+                    stack: contextlib.ExitStack, say: Narrator) -> LocalDeployment:
+    torch = opts.model is not None
+    dep = stack.enter_context(LocalDeployment(
+        NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas, scenario=NAME,
+        executor="torch" if torch else "simulated", model=opts.model or "smollm2-135m",
+        knobs=scenario.engine, ready_timeout_s=180.0 if torch else 60.0))
+    kind = f"torch {opts.model}" if torch else "simulated A100 + Llama-3-8B cost model, real time"
+    say(f"{opts.replicas} replica(s) up ({kind}): {', '.join(dep.endpoints())}; "
+        f"canary {dep.endpoints()[0]}")
+    return dep
+
+
+def _start_metrics(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment, work: Path,
+                   stack: contextlib.ExitStack, say: Narrator) -> _Sources:
+    """The real Prometheus with the deployment's rules, or a direct scrape without it."""
+    use_prom = find_prometheus() is not None if opts.prometheus is None else opts.prometheus
+    if not use_prom:
+        scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
+        stack.callback(scrape.stop)
+        say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
+            "(same alert conditions and window figures)")
+        return _Sources(scrape, scrape, _BaseProbe(scenario), scrape)
+    rules = work / "rules.yaml"
+    rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
+    prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
+    stack.callback(prom.stop)
+    prom.start()
+    say(f"Prometheus {prom.url} scraping every 1 s, rules: rate window "
+        f"{RULES.rate_window_s} s, for {RULES.alert_for_s} s")
+    selector = {DEPLOYMENT_LABEL: NAME}
+    return _Sources(
+        AlertSource(prom.url, NAME),
+        PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8),
+        PrometheusProbe(prom.url, selector, scenario, window_s=20, duration_s=30.0),
+        PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
+                          load_tolerance=1e9))
+
+
+def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
+                alerts: AlertReader, sources: _Sources, tuner: ResumableTuner,
+                worker: SimWorker) -> Controller:
+    settings = ControllerSettings(
+        deployment=NAME, slo=scenario.slo, min_replicas=opts.replicas,
+        max_replicas=opts.max_replicas, window_s=opts.window_s, max_trials=4,
+        cooldown_s=max(15.0, 2 * opts.window_s), revert_check_s=opts.window_s / 2,
+        scale_down_after_s=3600.0, warm_start_k=2)
+    return Controller(settings, dep, alerts, sources.windows, tuner, sources.probe,
+                      WorkerPlanner(worker, duration_s=30.0, seed=opts.seed),
+                      offline=WorkerOffline(worker, SimOffline(
+                          tuner.space, n_trials=12, duration_s=20.0, seed=opts.seed)))
+
+
+def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
+                  recorded: RecordingAlerts, timeline: WindowEvaluator, load: LoadGenerator,
+                  after: Phase, say: Narrator, result: DemoResult) -> list[Sample]:
+    """Tick every ``tick_s`` until the end, the load shifting half-way; one sample a tick."""
     samples: list[Sample] = []
-    shifted, seen_alerts, awaiting_restore = False, "", False
+    story = Story(say, result, RULES.rate_window_s)
+    shifted, t0 = False, say.t0
     next_tick = time.time()
     while (now := time.time()) - t0 < opts.duration_s:
         if not shifted and now - t0 >= opts.duration_s / 2:
@@ -220,49 +202,21 @@ def _loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment, recorded: _R
             load.set_phase(after)
             say(f"SHIFT: prompts ~{after.prompt_mean:g} tokens, P0 {after.classes['p0']:.0%}")
         d = ctl.tick(now)
-        names = ", ".join(a.describe() for a in recorded.current)
-        if names != seen_alerts:
-            say(f"ALERT firing: {names}" if names else "alerts resolved")
-            if names and result.alert_at_s is None:
-                result.alert_at_s = now - t0
-            seen_alerts = names
-        if d.action is not Action.NONE or d.summary is not None:
-            say(_describe(d, ctl))
-        if d.action is Action.TRIAL:
-            result.trials += 1
-        if d.action is Action.SCALE:
-            result.scaled = True
-        if d.action in (Action.COMMIT, Action.SCALE):
-            result.commit_at_s = now - t0
-            awaiting_restore = True
+        story.alerts_now(recorded.current, now - t0)
+        story.decided(d, ctl, now - t0)
         summary = None
         with contextlib.suppress(WindowRejected, PrometheusUnavailable):
-            summary = sampler.measure(now - RULES.rate_window_s, now, canary=False)
-        if awaiting_restore and summary is not None and \
-                score(summary, ctl.settings.slo).feasible and not recorded.current:
-            awaiting_restore = False
-            result.restored_at_s = now - t0
-            say("SLO restored: every class within its SLO over the last "
-                f"{RULES.rate_window_s} s, no alert firing")
-        stable = dep.current_config()
-        trial = ctl.loop.trial
-        samples.append(Sample(now - t0, _p99s(summary), int(stable["token_budget"]),
-                              int(stable["chunk_size"]), dep.replicas(),
-                              None if trial is None else dict(trial.config)))
+            summary = timeline.measure(now - RULES.rate_window_s, now, canary=False)
+        story.window(summary, ctl, recorded.current, now - t0)
+        samples.append(_sample(now - t0, summary, dep, ctl))
         next_tick += opts.tick_s
         time.sleep(max(0.0, next_tick - time.time()))
     return samples
 
 
-def _describe(d: Decision, ctl: Controller) -> str:
-    text = f"{d.action.value.upper():7} state={d.state.value} replicas={d.replicas}: {d.reason}"
-    if d.config:
-        knobs = {k: d.config[k] for k in ("token_budget", "chunk_size", "max_num_seqs")
-                 if k in d.config}
-        text += f" | config {knobs}"
-    if d.summary:
-        p = _p99s(d.summary)
-        text += (f" | P0 TTFT/TBT P99 {p['p0_ttft_p99_ms']:.0f}/{p['p0_tbt_p99_ms']:.0f} ms, "
-                 f"P1 {p['p1_ttft_p99_ms']:.0f}/{p['p1_tbt_p99_ms']:.0f} ms "
-                 f"(SLO P0 {ctl.settings.slo.p0.ttft_p99_ms:g}/{ctl.settings.slo.p0.tbt_p99_ms:g})")
-    return text
+def _sample(elapsed: float, summary: WindowSummary | None, dep: LocalDeployment,
+            ctl: Controller) -> Sample:
+    stable, trial = dep.current_config(), ctl.loop.trial
+    return Sample(elapsed, p99s(summary), int(stable["token_budget"]),
+                  int(stable["chunk_size"]), dep.replicas(),
+                  None if trial is None else dict(trial.config))

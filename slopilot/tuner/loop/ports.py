@@ -1,7 +1,7 @@
 """What the controller talks to, as small protocols: one set of adapters per world.
 
-The same ``Controller`` drives local processes with a real Prometheus (``local.py``),
-Kubernetes pods (the operator), and a virtual-time simulated cluster (``sim_adapters``),
+The same ``Controller`` drives local processes with a real Prometheus (``local/``),
+Kubernetes pods (the operator), and a virtual-time simulated cluster (``sim/adapters.py``),
 each through these interfaces. Every figure crosses as a ``WindowSummary``
 (``engine/window_summary.py``), the one currency ``objective.score`` reads.
 """
@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.prometheus.alerts import Alert
 from slopilot.tuner.study.objective import TrialResult
 
@@ -80,6 +81,13 @@ class OfflineSearch(Protocol):
                      k: int) -> Sequence[tuple[dict[str, Any], bool]]:
         """Up to ``k`` best configurations, best first, each with "feasible in simulation"."""
         ...
+
+
+class Planner(Protocol):
+    """How many replicas hold the SLO at a load (``capacity.CapacityPlanner``)."""
+
+    def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
+               *, margin: float = 0.0) -> CapacityAnswer: ...
 
 
 class LiveStudy(Protocol):

@@ -1,6 +1,6 @@
 """The controller's window and workload ports over a real Prometheus.
 
-The real-world twins of ``sim_adapters.SimWindows`` and ``SimProbe``. A window
+The real-world twins of ``sim/adapters.py``'s ``SimWindows`` and ``SimProbe``. A window
 ``[start, end]`` is read with instant queries evaluated *at* ``end`` whose ranges span
 ``end - start`` (``/api/v1/query?time=end``), so a window that finished a while ago reads
 the same as when it ended. The expressions are the deployment's recording rules

@@ -3,9 +3,10 @@
 The controller persists the running trial's number (``LoopState.trial``); after a
 restart a fresh ``Tuner`` over the same storage has no open ``optuna.Trial`` for it.
 This one reopens it from storage when it is still RUNNING (the same process rebuilt its
-controller, or another host's trial not yet failed as stale); when ``open_study`` has
-already failed it as orphaned (the process died), the measured result is added as a new
-completed trial with the same parameters, so the live measurement is not lost.
+controller, or a restarted one within the heartbeat's grace period); when it has already
+been failed as stale (its process died and stopped beating, ``heartbeat.py``), the
+measured result is added as a new completed trial with the same parameters, so the live
+measurement is not lost.
 """
 
 from __future__ import annotations
@@ -52,5 +53,5 @@ class ResumableTuner(Tuner):
     def tell_failed(self, number: int, reason: str) -> None:
         stored = None if number in self._asked else self._stored(number)
         if stored is not None and stored.state != TrialState.RUNNING:
-            return  # already failed (orphaned) in storage: nothing more to record
+            return  # already failed (stale) in storage: nothing more to record
         super().tell_failed(number, reason)

@@ -2,17 +2,15 @@
 
 Trials store what they measured in user attributes (the config, goodput, constraints,
 the summary), so a study read back from storage needs neither the space's encoding nor
-the process that ran it. ``open_study`` marks trials a dead process left RUNNING as
-FAIL: they stay in the history and the trial count continues past them.
+the process that ran it. A study in a database has heartbeats (``heartbeat.py``): a trial
+a dead process left RUNNING is failed when the study is opened or a trial is asked; it
+stays in the history and the trial count continues past it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import os
-import socket
-import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -21,13 +19,23 @@ from optuna.trial import FrozenTrial, TrialState
 
 from slopilot.engine.window_summary import SummaryError, WindowSummary
 from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
+from slopilot.tuner.study.heartbeat import (
+    GRACE_S,
+    HEARTBEAT_S,
+    STALE_REASON,
+    TrialHeartbeat,
+    check_heartbeat,
+    fail_stale,
+    heartbeat_of,
+    rdb_storage,
+)
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random")
-_WORKER = "slopilot_worker"  # "host:pid:token" of the process that asked the trial
-_TOKEN = uuid.uuid4().hex[:12]  # tells a restarted process (same host and pid) apart
+_LEGACY_WORKER = "slopilot_worker"  # "host:pid:token": the previous version's liveness mark
+_LEGACY_BEATEN = "slopilot_legacy_heartbeat"
 
 
 class StudyStorageError(ValueError):
@@ -51,15 +59,15 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     raise ValueError(f"sampler={name!r}: use one of: {', '.join(SAMPLERS)}")
 
 
-def _storage(url: str | None) -> optuna.storages.BaseStorage:
+def _storage(url: str | None, heartbeat_s: int, grace_s: int) -> optuna.storages.BaseStorage:
     if url is None:
-        return optuna.storages.InMemoryStorage()
+        return optuna.storages.InMemoryStorage()  # one process: nothing goes stale
     if not isinstance(url, str) or "://" not in url:
         raise StudyStorageError(
             f"storage={url!r} is not a database URL; use sqlite:///path/to/study.db "
             "(a local file) or postgresql://user:pass@host/db (shared)")
     try:
-        return optuna.storages.RDBStorage(url)
+        return rdb_storage(url, heartbeat_s, grace_s)
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean the same to a user
         raise StudyStorageError(
             f"cannot open study storage {url!r}: {type(exc).__name__}: {exc}; "
@@ -67,62 +75,54 @@ def _storage(url: str | None) -> optuna.storages.BaseStorage:
         ) from None
 
 
-def _worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_TOKEN}"
-
-
-def _orphaned(trial: FrozenTrial, stale_after_s: float) -> bool:
-    """A RUNNING trial whose process is gone (or, on another host, is long silent)."""
-    owner = str(trial.user_attrs.get(_WORKER, ""))
-    host, _, rest = owner.partition(":")
-    pid_text, _, token = rest.partition(":")
-    if not owner or not pid_text.isdigit():
-        return True
-    if host == socket.gethostname():
-        pid = int(pid_text)
-        if pid == os.getpid():
-            return token != _TOKEN  # same pid, new process (a restarted container)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # alive, another user's
-        return False
-    started = trial.datetime_start
-    if started is None:
-        return True
-    return (dt.datetime.now() - started).total_seconds() > stale_after_s
-
-
 def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
-               seed: int | None = 0, stale_after_s: float = 3600.0) -> optuna.Study:
-    """Create or load the study ``name`` (maximize goodput) and fail orphaned trials.
+               seed: int | None = 0, heartbeat_s: int = HEARTBEAT_S,
+               grace_s: int = GRACE_S) -> optuna.Study:
+    """Create or load the study ``name`` (maximize goodput) and fail its stale trials.
 
     ``storage``: None for in memory, ``sqlite:///file.db``, or a PostgreSQL URL when
-    several workers share the study. A resumed study's sampler seed is offset by the
-    number of trials so that a seeded random sampler does not repeat the first configs.
+    several workers share the study. In a database, each open trial's heartbeat is
+    recorded every ``heartbeat_s`` seconds, and a RUNNING trial silent for ``grace_s``
+    is failed as stale. A resumed study's sampler seed is offset by the number of trials
+    so that a seeded random sampler does not repeat the first configs.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError("study name is empty; pass --study-name or a deployment name")
     first_sampler = make_sampler(sampler, seed)  # a bad name fails before any I/O
-    store = _storage(storage)
+    check_heartbeat(heartbeat_s, grace_s)
+    store = _storage(storage, heartbeat_s, grace_s)
     try:
         study = optuna.create_study(storage=store, study_name=name, direction="maximize",
                                     load_if_exists=True, sampler=first_sampler)
     except Exception as exc:  # e.g. a database that went away after the engine opened
         raise StudyStorageError(
             f"cannot open study {name!r} in {storage!r}: {type(exc).__name__}: {exc}") from None
+    if isinstance(store, optuna.storages.RDBStorage):
+        _beat_legacy_trials(store, study)
+    fail_stale(study)
     trials = study.get_trials(deepcopy=False)
-    for t in trials:
-        if t.state == TrialState.RUNNING and _orphaned(t, stale_after_s):
-            # Keep it in the history as failed: its number stays used, its result unknown.
-            store.set_trial_user_attr(t._trial_id, "fail_reason",
-                                      "the process running it ended before it was told")
-            store.set_trial_state_values(t._trial_id, TrialState.FAIL)
     if trials and seed is not None:
         study.sampler = make_sampler(sampler, seed + len(trials))
     return study
+
+
+def _beat_legacy_trials(store: optuna.storages.RDBStorage, study: optuna.Study) -> None:
+    """One heartbeat for each RUNNING trial the previous version asked (it marked them
+    ``slopilot_worker`` and sent no heartbeats), so they too go stale unless told."""
+    study_id = store.get_study_id_from_name(study.study_name)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _LEGACY_WORKER in t.user_attrs and not t.user_attrs.get(_LEGACY_BEATEN):
+            trial_id = store.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            store.record_heartbeat(trial_id)
+            store.set_trial_user_attr(trial_id, _LEGACY_BEATEN, True)
+
+
+def failure_reason(trial: FrozenTrial) -> str | None:
+    """Why a FAIL trial failed: as told, or stale (failed when its process stopped
+    beating: Optuna fails it first, so nothing can be stored on it); None otherwise."""
+    if trial.state != TrialState.FAIL:
+        return None
+    return str(trial.user_attrs.get("fail_reason", STALE_REASON))
 
 
 def result_of(trial: FrozenTrial) -> TrialResult | None:
@@ -165,22 +165,39 @@ class Tuner:
         self.study = study
         self.space = space
         self._asked: dict[int, optuna.Trial] = {}
+        self.heartbeat: TrialHeartbeat | None = None
+        """Beats for the open trials when the study's storage has heartbeats."""
 
     def ask(self) -> tuple[int, dict[str, Any]]:
         """The next config to try, with its trial number (for ``tell``)."""
-        trial = self.study.ask()
-        config = self.space.suggest(trial)
-        trial.set_user_attr("config", config)
-        trial.set_user_attr(_WORKER, _worker_id())
+        fail_stale(self.study)  # as Study.optimize does before each trial
+        with warnings.catch_warnings():
+            # Optuna warns that its heartbeat expects Study.optimize: TrialHeartbeat is
+            # the same record, kept for ask/tell.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+            trial = self.study.ask()
+        if self.heartbeat is None:
+            self.heartbeat = heartbeat_of(self.study, trial)
+        if self.heartbeat is not None:
+            self.heartbeat.hold(trial.number)
         self._asked[trial.number] = trial
+        try:
+            config = self.space.suggest(trial)
+            trial.set_user_attr("config", config)
+        except BaseException as exc:  # told, not left running (and beating) unasked
+            self.tell_failed(trial.number, f"{type(exc).__name__}: {exc}")
+            raise
         return trial.number, config
 
     def _pop(self, number: int) -> optuna.Trial:
         try:
-            return self._asked.pop(number)
+            trial = self._asked.pop(number)
         except KeyError:
             raise KeyError(f"trial {number} is not open in this tuner (asked by another "
                            "process, or already told)") from None
+        if self.heartbeat is not None:
+            self.heartbeat.release(number)
+        return trial
 
     def tell(self, number: int, result: TrialResult) -> None:
         trial = self._pop(number)
@@ -200,6 +217,22 @@ class Tuner:
         trial = self._pop(number)
         trial.set_user_attr("fail_reason", str(reason))
         self.study.tell(trial, state=TrialState.FAIL)
+
+    def fail_running(self, reason: str) -> list[int]:
+        """Tell FAIL, with ``reason``, for every trial this tuner asked and has not told
+        (its deployment is gone, or the process is stopping); returns their numbers.
+        A trial asked by an earlier tuner (``LoopState.trial`` after a restart) is told
+        with ``tell_failed`` on a ``ResumableTuner``."""
+        numbers = sorted(self._asked)
+        for number in numbers:
+            self.tell_failed(number, reason)
+        self.close()
+        return numbers
+
+    def close(self) -> None:
+        """Stop the heartbeat; trials still open go stale after the grace period."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
     def warm_start(self, configs: Iterable[Mapping[str, Any]]) -> int:
         """Queue ``configs`` (e.g. an offline study's best) as the next trials; returns how

@@ -1,0 +1,91 @@
+"""What one deployment's loop works with, shared by the steps of every state.
+
+``LoopContext`` holds the settings, the ports (``ports.py``), the persisted memory
+(``LoopState``) and the metrics; ``Controller`` is a ``LoopContext`` that ticks. A state's
+step is a plain function ``(ctx, tick, entered) -> Decision | Go``: ``entered`` is the move
+that brought the loop into the state during this tick (None when the tick starts there),
+and a returned ``Go`` moves on to the next state's step within the same tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.metrics import TunerMetrics
+from slopilot.tuner.loop.ports import (
+    AlertReader,
+    DeploymentHandle,
+    LiveStudy,
+    OfflineSearch,
+    Planner,
+    WindowEvaluator,
+    WorkloadProbe,
+)
+from slopilot.tuner.loop.state import (
+    Action,
+    ControllerError,
+    ControllerSettings,
+    ControllerState,
+    Decision,
+    LoopState,
+)
+from slopilot.tuner.loop.transitions import Go
+from slopilot.tuner.prometheus.alerts import Alert
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What one tick observed before any step ran."""
+
+    now: float
+    """Seconds on the evaluator's clock (Unix time for Prometheus)."""
+    alerts: Sequence[Alert]
+    """The deployment's firing alerts."""
+
+
+class LoopContext:
+    def __init__(self, settings: ControllerSettings, deployment: DeploymentHandle,
+                 alerts: AlertReader, evaluator: WindowEvaluator, study: LiveStudy,
+                 probe: WorkloadProbe, planner: Planner, *,
+                 offline: OfflineSearch | None = None, metrics: TunerMetrics | None = None,
+                 state: LoopState | None = None, headroom_margin: float = 0.2,
+                 scale_up_margin: float = 0.1) -> None:
+        self.settings = settings
+        self.deployment = deployment
+        self.alerts = alerts
+        self.evaluator = evaluator
+        self.study = study
+        self.probe = probe
+        self.planner = planner
+        self.offline = offline
+        self.metrics = metrics if metrics is not None else TunerMetrics()
+        self.loop = state if state is not None else LoopState()
+        # Hysteresis: scale up to a count that holds with 10 % to spare in simulation,
+        # scale down only to one that holds with 20 %, so the two never undo each other.
+        if not 0.0 <= scale_up_margin <= headroom_margin < 1.0:
+            raise ControllerError(
+                f"margins scale_up={scale_up_margin!r}, headroom={headroom_margin!r}: "
+                "need 0 <= scale_up_margin <= headroom_margin < 1 (e.g. 0.1 and 0.2)")
+        self.headroom_margin, self.scale_up_margin = headroom_margin, scale_up_margin
+
+    @property
+    def state(self) -> ControllerState:
+        return self.loop.state
+
+    def decide(self, action: Action, reason: str, *, trial: int | None = None,
+               config: Mapping[str, Any] | None = None,
+               summary: WindowSummary | None = None) -> Decision:
+        return Decision(self.loop.state, action, reason, self.deployment.replicas(),
+                        self.loop.prometheus_unavailable, trial, config, summary)
+
+    def restore(self, canary: bool) -> None:
+        """Back to the episode's best config, or the one it started from."""
+        target = self.loop.best_config or self.loop.baseline_config
+        if target is not None:
+            self.deployment.apply_config(target, canary=canary)
+
+
+Step = Callable[[LoopContext, Tick, Go | None], Decision | Go]

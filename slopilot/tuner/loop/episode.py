@@ -1,0 +1,199 @@
+"""A tuning episode: start it, run live trials one window each (TUNING), commit the best.
+
+An episode starts from STEADY (a retune alert) or SCALING (a new config is cheaper than a
+replica) with the running config as its baseline and the offline study's best configs
+queued as warm starts. Each trial applies a config (to the canary when there are several
+replicas), waits ``window_s`` and is scored on its window; a trial that breaks P0 by more
+than ``revert_margin`` is cut short, a window that does not count is repeated. The first
+feasible trial, or the trial limits, end the episode in COMMIT, which applies the best
+feasible config everywhere, or, when none held, asks SCALING for another replica.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from slopilot.engine.config import ConfigError
+from slopilot.engine.request import Priority
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop import advice
+from slopilot.tuner.loop.context import LoopContext, Tick
+from slopilot.tuner.loop.state import (
+    Action,
+    ControllerState,
+    Decision,
+    RunningTrial,
+    TrialOutcome,
+)
+from slopilot.tuner.loop.transitions import Event, Go
+from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.objective import score
+
+log = logging.getLogger(__name__)
+
+
+def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
+                  allow_scale: bool,
+                  ranked: Sequence[tuple[dict[str, Any], bool]] | None = None
+                  ) -> Decision | Go:
+    """Reset the episode and move to TUNING; or to SCALING when ``allow_scale`` and the
+    offline study finds nothing that holds; or hold when the hour's trials are used up."""
+    loop, s = ctx.loop, ctx.settings
+    if len(loop.trial_starts) >= s.max_trials_per_hour:
+        return ctx.decide(Action.HOLD, f"trial_rate_limit: {s.max_trials_per_hour} "
+                          f"trials in the last hour; {reason}")
+    loop.baseline_config = dict(ctx.deployment.current_config())
+    loop.best_config, loop.best_goodput = None, None
+    loop.episode_trials = loop.episode_feasible = 0
+    replicas = ctx.deployment.replicas()
+    if ranked is None and ctx.offline is not None:
+        ranked = advice.warm_starts(ctx, now, replicas, loop.baseline_config)
+    if ranked:
+        if not any(ok for _, ok in ranked) and allow_scale and replicas < s.max_replicas:
+            return Go(ControllerState.SCALING, Event.NOTHING_HOLDS_OFFLINE,
+                      f"offline study: no config holds the SLO at {replicas} replica(s); "
+                      f"{reason}", at_least=replicas + 1)
+        ctx.study.warm_start([c for c, _ in ranked])
+    return Go(ControllerState.TUNING, event, reason)
+
+
+def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
+    s = ctx.settings
+    if entered is not None:
+        ctx.metrics.action(s.deployment, Action.RETUNE, entered.reason)
+        log.info("%s: %s", s.deployment, ctx.decide(Action.RETUNE, entered.reason).line())
+        return _next_trial(ctx, tick.now, f"retune: {entered.reason}")
+    if ctx.loop.trial is None:
+        return _next_trial(ctx, tick.now, "next trial")
+    return _running_trial(ctx, tick.now, ctx.loop.trial)
+
+
+def _next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
+    loop, s = ctx.loop, ctx.settings
+    if loop.episode_trials >= s.max_trials:
+        return Go(ControllerState.COMMIT, Event.TRIAL_LIMIT,
+                  f"trial_limit: {s.max_trials} trials")
+    if len(loop.trial_starts) >= s.max_trials_per_hour:
+        return Go(ControllerState.COMMIT, Event.TRIAL_RATE_LIMIT,
+                  f"trial_rate_limit: {s.max_trials_per_hour} per hour")
+    number, config = ctx.study.ask()
+    canary = s.canary and ctx.deployment.replicas() > 1
+    loop.trial_starts.append(now)
+    try:
+        replica = ctx.deployment.apply_config(config, canary=canary)
+    except ConfigError as exc:
+        ctx.study.tell_failed(number, f"config refused: {exc}")
+        ctx.metrics.trial(s.deployment, TrialOutcome.FAILED)
+        loop.episode_trials += 1
+        ctx.restore(canary)
+        return ctx.decide(Action.REVERT, f"config_refused trial {number}: {exc}",
+                          trial=number, config=config)
+    loop.trial = RunningTrial(number, dict(config), now, canary,
+                              canary_replica=replica if canary else None)
+    where = "canary" if canary else "all replicas"
+    return ctx.decide(Action.TRIAL, f"trial {number} on {where}; {reason}",
+                      trial=number, config=config)
+
+
+def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | Go:
+    s = ctx.settings
+    elapsed = now - t.started_at
+    if elapsed < s.window_s:
+        return _early_look(ctx, now, t, elapsed)
+    try:
+        summary = ctx.evaluator.measure(t.started_at, now, canary=t.canary)
+    except WindowRejected as exc:
+        t.repeats += 1
+        if t.repeats >= s.max_window_repeats:
+            ctx.study.tell_failed(t.number, f"window rejected {t.repeats} times")
+            return _end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
+                              f"window_rejected trial {t.number} {t.repeats} times: "
+                              f"{exc.reason}", None)
+        t.started_at = now
+        return ctx.decide(Action.REPEAT, f"window_rejected trial {t.number} "
+                          f"(repeat {t.repeats}): {exc.reason}", trial=t.number)
+    return _scored(ctx, now, t, summary)
+
+
+def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
+                elapsed: float) -> Decision:
+    """Mid-window, after ``revert_after_s``: cut a trial short that breaks P0 badly."""
+    partial = None
+    if elapsed >= ctx.settings.revert_after_s:
+        try:
+            partial = ctx.evaluator.measure(t.started_at, now, canary=t.canary)
+        except WindowRejected:
+            partial = None  # too little to tell yet: the window goes on
+    breach = None if partial is None else _p0_breach(ctx, partial)
+    if partial is None or breach is None:
+        return ctx.decide(Action.NONE, f"trial {t.number} running", trial=t.number)
+    ctx.study.tell(t.number, score(partial, ctx.settings.slo, t.config))
+    return _end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
+                      f"p0_breach trial {t.number} cut short: {breach}", partial)
+
+
+def _scored(ctx: LoopContext, now: float, t: RunningTrial,
+            summary: WindowSummary) -> Decision | Go:
+    loop, s = ctx.loop, ctx.settings
+    result = score(summary, s.slo, t.config)
+    ctx.study.tell(t.number, result)
+    ctx.metrics.trial(s.deployment, TrialOutcome.COMPLETE)
+    loop.episode_trials += 1
+    loop.trial = None
+    if result.feasible:
+        loop.episode_feasible += 1
+        if loop.best_goodput is None or result.goodput_tok_s > loop.best_goodput:
+            loop.best_config, loop.best_goodput = dict(t.config), result.goodput_tok_s
+        return Go(ControllerState.COMMIT, Event.TRIAL_HOLDS, f"trial {t.number} holds the "
+                  f"SLO (goodput {result.goodput_tok_s:.0f} tok/s)", summary=summary)
+    worst = max(zip(result.constraint_names, result.constraints, strict=True),
+                key=lambda kv: kv[1], default=("?", 0.0))
+    reason = f"trial {t.number} infeasible: {worst[0]} {worst[1]:+.0%} over"
+    if loop.episode_trials >= s.max_trials or \
+            len(loop.trial_starts) >= s.max_trials_per_hour:
+        return _next_trial(ctx, now, reason)  # ends the episode now
+    return ctx.decide(Action.NONE, reason, trial=t.number, config=t.config, summary=summary)
+
+
+def _p0_breach(ctx: LoopContext, summary: WindowSummary) -> str | None:
+    p0 = summary.classes[Priority.P0]
+    slo = ctx.settings.slo.p0
+    limit = 1.0 + ctx.settings.revert_margin
+    for key, value, bound in (("ttft_p99_ms", p0.ttft_p99_ms, slo.ttft_p99_ms),
+                              ("tbt_p99_ms", p0.tbt_p99_ms, slo.tbt_p99_ms)):
+        if bound is not None and value is not None and value > limit * bound:
+            return f"p0 {key}={value:.0f} > {limit:g} x {bound:g}"
+    return None
+
+
+def _end_trial(ctx: LoopContext, t: RunningTrial, outcome: TrialOutcome, action: Action,
+               reason: str, summary: WindowSummary | None) -> Decision:
+    ctx.metrics.trial(ctx.settings.deployment, outcome)
+    ctx.loop.episode_trials += 1
+    ctx.loop.trial = None
+    ctx.restore(t.canary)
+    return ctx.decide(action, reason, trial=t.number, config=t.config, summary=summary)
+
+
+def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
+    loop = ctx.loop
+    if entered is None:
+        loop.reason = reason = "resuming an interrupted commit"
+        summary = None
+    else:
+        reason, summary = entered.reason, entered.summary
+    if loop.trial is not None:
+        ctx.study.tell_failed(loop.trial.number, "episode ended")
+        ctx.metrics.trial(ctx.settings.deployment, TrialOutcome.PRUNED)
+        loop.trial = None
+    if loop.best_config is None:
+        if loop.baseline_config is not None:
+            ctx.deployment.apply_config(loop.baseline_config, canary=False)
+        return Go(ControllerState.SCALING, Event.NO_FEASIBLE_CONFIG,
+                  f"no_feasible_config after {loop.episode_trials} trials",
+                  at_least=ctx.deployment.replicas() + 1)
+    ctx.deployment.apply_config(loop.best_config, canary=False)
+    return Go(ControllerState.COOLDOWN, Event.COMMITTED, f"commit: {reason}",
+              action=Action.COMMIT, config=loop.best_config, summary=summary)

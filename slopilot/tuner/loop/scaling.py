@@ -1,0 +1,64 @@
+"""SCALING: add replicas, or find that a new config (or the current count) will do.
+
+A new config is cheaper than a replica, so unless live evidence already says no config
+holds (``Go.at_least``, from COMMIT or the offline study), SCALING first asks the offline
+study whether some config holds at the current count and tunes if so. Otherwise the
+capacity plan (with ``scale_up_margin`` to spare) says how many replicas the measured load
+needs, within min and max; at max replicas with nothing holding, the closest configs still
+get one live episode, and an episode that then finds nothing ends here with an inform.
+"""
+
+from __future__ import annotations
+
+from slopilot.tuner.loop import advice
+from slopilot.tuner.loop.context import LoopContext, Tick
+from slopilot.tuner.loop.episode import start_episode
+from slopilot.tuner.loop.state import Action, ControllerState, Decision
+from slopilot.tuner.loop.transitions import Event, Go
+
+
+def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
+    loop, s, now = ctx.loop, ctx.settings, tick.now
+    if entered is None:  # resumed, or held by the trial rate limit last tick
+        reason, at_least = loop.scale_reason or "resuming scaling", None
+    else:
+        reason, at_least = entered.reason, entered.at_least
+    loop.reason = loop.scale_reason = reason
+    current = ctx.deployment.replicas()
+    running = ctx.deployment.current_config()  # read once: a pod's spec or an HTTP GET
+    config = loop.best_config or running
+    scenario = ctx.probe.measure(now)
+    ranked: advice.Ranked = []
+    if at_least is None and ctx.offline is not None:
+        ranked = advice.warm_starts(ctx, now, current, running, scenario)
+        if any(ok for _, ok in ranked):
+            return start_episode(
+                ctx, now, f"retune_suffices: the simulator holds the SLO at {current} "
+                f"replica(s) with other knobs; {reason}", Event.RETUNE_SUFFICES,
+                allow_scale=False, ranked=ranked)
+        if ranked:
+            config = ranked[0][0]
+    answer = advice.capacity(ctx, scenario, config, s.min_replicas, s.max_replicas,
+                             margin=ctx.scale_up_margin)
+    needed = answer.replicas if answer.replicas is not None else s.max_replicas
+    if at_least is not None:
+        needed = max(needed, at_least)
+    needed = min(max(needed, s.min_replicas), s.max_replicas)
+    if needed > current:
+        ctx.deployment.scale(needed)
+        return Go(ControllerState.COOLDOWN, Event.SCALED_UP,
+                  f"scale_up {current}->{needed}: {reason}", action=Action.SCALE)
+    if at_least is not None:
+        return Go(ControllerState.COOLDOWN, Event.MAX_REPLICAS,
+                  f"max_replicas {s.max_replicas} reached and the SLO is not held; {reason}",
+                  action=Action.INFORM)
+    if answer.replicas is not None:
+        return start_episode(ctx, now, f"capacity_suffices at {current} replica(s); "
+                             f"{reason}", Event.CAPACITY_SUFFICES, allow_scale=False)
+    # No replica to add and the simulator sees no config that holds: the closest ones are
+    # still worth a live episode (the model may be pessimistic). An episode that then
+    # finds nothing comes back with at_least set and stops above.
+    return start_episode(
+        ctx, now, f"max_replicas {s.max_replicas} reached and the simulator sees no "
+        f"config that holds; tuning for the closest; {reason}", Event.TUNE_CLOSEST,
+        allow_scale=False, ranked=ranked)

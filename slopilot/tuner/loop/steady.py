@@ -1,0 +1,74 @@
+"""STEADY and COOLDOWN: watch the alerts, scale down after a quiet spell, wait out a cooldown.
+
+STEADY acts on the firing alerts by their ``action`` label: ``scale`` moves to SCALING,
+``retune`` starts a tuning episode, ``inform`` is reported and nothing more. With no alert
+that acts, replicas above the minimum are given back once the alerts have been quiet for
+``scale_down_after_s`` and the simulator holds the SLO with fewer (with headroom).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slopilot.tuner.loop import advice
+from slopilot.tuner.loop.context import LoopContext, Tick
+from slopilot.tuner.loop.episode import start_episode
+from slopilot.tuner.loop.state import Action, ControllerState, Decision
+from slopilot.tuner.loop.transitions import Event, Go
+from slopilot.tuner.prometheus.alerts import Alert, AlertAction
+
+
+def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
+    if entered is not None:  # the cooldown just ended: the alerts are read next tick
+        return ctx.decide(Action.NONE, entered.reason)
+    scale = [a for a in tick.alerts if a.action is AlertAction.SCALE]
+    retune = [a for a in tick.alerts if a.action is AlertAction.RETUNE]
+    if scale or retune:
+        ctx.loop.headroom_since = None
+    if scale:
+        return Go(ControllerState.SCALING, Event.SCALE_ALERT, "alert " + names(scale))
+    if retune:
+        return start_episode(ctx, tick.now, "alert " + names(retune), Event.RETUNE_ALERT,
+                             allow_scale=True)
+    inform = [a for a in tick.alerts if a.action is AlertAction.INFORM]
+    step = _scale_down(ctx, tick.now)
+    if step is None and inform:
+        return ctx.decide(Action.INFORM, "alert " + names(inform))
+    return step or ctx.decide(Action.NONE, "steady")
+
+
+def _scale_down(ctx: LoopContext, now: float) -> Go | None:
+    loop, s = ctx.loop, ctx.settings
+    current = ctx.deployment.replicas()
+    if current <= s.min_replicas:
+        loop.headroom_since = None
+        return None
+    if loop.headroom_since is None:
+        loop.headroom_since = now
+    if now - loop.headroom_since < s.scale_down_after_s:
+        return None
+    loop.headroom_since = now  # look again after another quiet period
+    answer = advice.capacity(ctx, ctx.probe.measure(now), ctx.deployment.current_config(),
+                             s.min_replicas, current, margin=ctx.headroom_margin)
+    if answer.replicas is None or answer.replicas >= current:
+        return None
+    ctx.deployment.scale(answer.replicas)
+    return Go(ControllerState.COOLDOWN, Event.HEADROOM,
+              f"scale_down {current}->{answer.replicas}: quiet for "
+              f"{s.scale_down_after_s:g} s and the simulator holds the SLO with fewer",
+              action=Action.SCALE)
+
+
+def cooldown(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
+    loop = ctx.loop
+    if entered is not None:
+        loop.cooldown_until = tick.now + ctx.settings.cooldown_s
+        return ctx.decide(entered.action, entered.reason, config=entered.config,
+                          summary=entered.summary)
+    if loop.cooldown_until is not None and tick.now < loop.cooldown_until:
+        return ctx.decide(Action.NONE, "cooling down")
+    return Go(ControllerState.STEADY, Event.COOLDOWN_OVER, "cooldown over")
+
+
+def names(alerts: Sequence[Alert]) -> str:
+    return ", ".join(sorted({a.describe() for a in alerts}))

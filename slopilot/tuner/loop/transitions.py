@@ -1,0 +1,166 @@
+"""The controller's states and the only moves between them, as one table.
+
+Every move the controller makes goes through ``check``: a move the table does not list
+raises ``ControllerError`` naming both states and the event. The picture in
+``controller.py``'s docstring is ``render_diagram()`` of this table, and docs/architecture.md
+carries both the picture and ``render_table()`` (tests compare them;
+``python -m slopilot.tuner.loop.transitions [--table]`` prints them after a change).
+
+A move carries what the next state's step needs (``Go``). A new state (say, checking the
+twin's prediction against a measured window before a warm start or a capacity plan is
+trusted) is a new ``ControllerState`` member, its rows here, and its step function in
+``controller.STEPS``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
+
+S = ControllerState
+
+
+class Event(enum.StrEnum):
+    """Why the loop moves from one state to another."""
+
+    SCALE_ALERT = "scale_alert"
+    RETUNE_ALERT = "retune_alert"
+    NOTHING_HOLDS_OFFLINE = "nothing_holds_offline"
+    HEADROOM = "headroom"
+    RETUNE_SUFFICES = "retune_suffices"
+    CAPACITY_SUFFICES = "capacity_suffices"
+    TUNE_CLOSEST = "tune_closest"
+    SCALED_UP = "scaled_up"
+    MAX_REPLICAS = "max_replicas"
+    TRIAL_HOLDS = "trial_holds"
+    TRIAL_LIMIT = "trial_limit"
+    TRIAL_RATE_LIMIT = "trial_rate_limit"
+    COMMITTED = "committed"
+    NO_FEASIBLE_CONFIG = "no_feasible_config"
+    COOLDOWN_OVER = "cooldown_over"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Transition:
+    source: ControllerState
+    target: ControllerState
+    event: Event
+    when: str
+
+
+_ON_ERROR = "any error: rolled back to the best known config"
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT, "an alert with action scale fires"),
+    Transition(S.STEADY, S.SCALING, Event.NOTHING_HOLDS_OFFLINE,
+               "a retune alert, and the offline study finds no config that holds at this "
+               "replica count (below max)"),
+    Transition(S.STEADY, S.TUNING, Event.RETUNE_ALERT, "an alert with action retune fires"),
+    Transition(S.STEADY, S.COOLDOWN, Event.HEADROOM,
+               "quiet for scale_down_after_s and the simulator holds the SLO with fewer "
+               "replicas: scaled down"),
+    Transition(S.SCALING, S.TUNING, Event.RETUNE_SUFFICES,
+               "the offline study finds a config that holds at this replica count"),
+    Transition(S.SCALING, S.TUNING, Event.CAPACITY_SUFFICES,
+               "the simulator holds the SLO at the current replica count"),
+    Transition(S.SCALING, S.TUNING, Event.TUNE_CLOSEST,
+               "at max replicas and nothing holds in simulation: try the closest live"),
+    Transition(S.SCALING, S.COOLDOWN, Event.SCALED_UP, "scaled up to the planned count"),
+    Transition(S.SCALING, S.COOLDOWN, Event.MAX_REPLICAS,
+               "at max replicas after live evidence that nothing holds: say so"),
+    Transition(S.TUNING, S.COMMIT, Event.TRIAL_HOLDS, "a trial's window holds the SLO"),
+    Transition(S.TUNING, S.COMMIT, Event.TRIAL_LIMIT, "max_trials trials in this episode"),
+    Transition(S.TUNING, S.COMMIT, Event.TRIAL_RATE_LIMIT,
+               "max_trials_per_hour trials in the last hour"),
+    Transition(S.COMMIT, S.COOLDOWN, Event.COMMITTED,
+               "the episode's best feasible config applied to every replica"),
+    Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
+               "no live trial held the SLO: at least one more replica"),
+    Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER, "cooldown_s has passed"),
+    *(Transition(s, S.COOLDOWN, Event.ERROR, _ON_ERROR) for s in S),
+)
+
+_ALLOWED: dict[tuple[ControllerState, ControllerState], frozenset[Event]] = {}
+for _t in TRANSITIONS:
+    _key = (_t.source, _t.target)
+    _ALLOWED[_key] = _ALLOWED.get(_key, frozenset()) | {_t.event}
+
+
+def check(source: ControllerState, target: ControllerState, event: Event) -> None:
+    """Raise ``ControllerError`` unless the table lists ``source -> target`` on ``event``."""
+    if event in _ALLOWED.get((source, target), frozenset()):
+        return
+    allowed = "; ".join(f"-> {t.target.value} on {t.event.value}"
+                        for t in TRANSITIONS if t.source is source)
+    raise ControllerError(f"illegal transition {source.value} -> {target.value} on "
+                          f"{event.value}; from {source.value} the table allows: {allowed}")
+
+
+@dataclass(frozen=True)
+class Go:
+    """A move to ``target`` within this tick, and what the target's step needs."""
+
+    target: ControllerState
+    event: Event
+    reason: str
+    action: Action = Action.NONE
+    """Into COOLDOWN: what the tick's decision reports (commit, scale, inform, revert)."""
+    at_least: int | None = None
+    """Into SCALING: the fewest replicas live evidence allows (one more than now)."""
+    config: Mapping[str, Any] | None = None
+    """Into COOLDOWN after a commit: the committed config."""
+    summary: WindowSummary | None = None
+    """Into COMMIT and on to COOLDOWN: the window that showed the config holds."""
+
+
+# Left to right as an episode runs; every state is a column.
+LAYOUT = (S.STEADY, S.SCALING, S.TUNING, S.COMMIT, S.COOLDOWN)
+_COLUMN = 10
+
+
+def render_diagram() -> str:
+    """The table as a picture: one column per state, one arrow per (from, to) pair with
+    its events; an event that leads from every state to one target is one "any state" row."""
+    if sorted(LAYOUT) != sorted(ControllerState):
+        raise ControllerError(f"LAYOUT {[s.value for s in LAYOUT]} must name every state once")
+    x = {s: 2 + _COLUMN * i for i, s in enumerate(LAYOUT)}
+    width = x[LAYOUT[-1]] + 1
+    everywhere = {(t.target, t.event) for t in TRANSITIONS
+                  if all(t.event in _ALLOWED.get((s, t.target), ()) for s in S)}
+    pairs: dict[tuple[ControllerState, ControllerState], list[str]] = {}
+    for t in TRANSITIONS:
+        if (t.target, t.event) not in everywhere:
+            pairs.setdefault((t.source, t.target), []).append(t.event.value)
+    lines = ["".join(s.value.upper().ljust(_COLUMN) for s in LAYOUT)]
+    for (source, target), events in sorted(
+            pairs.items(), key=lambda kv: (LAYOUT.index(kv[0][0]), LAYOUT.index(kv[0][1]))):
+        a, b = x[source], x[target]
+        lo, hi = min(a, b), max(a, b)
+        row = [" "] * width
+        row[lo:hi + 1] = "|" + "-" * (hi - lo - 1) + "|"
+        row[b - 1 if b > a else b + 1] = ">" if b > a else "<"
+        lines.append("".join(row) + "   " + ", ".join(events))
+    for target, event in sorted(everywhere, key=lambda te: LAYOUT.index(te[0])):
+        arrow = "  any state ".ljust(x[target] - 1, "-") + ">|"
+        lines.append(arrow.ljust(width) + "   " + event.value)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def render_table() -> str:
+    """The table in Markdown (docs/architecture.md carries it; a test compares)."""
+    rows = ["| from | to | on | when |", "|---|---|---|---|"]
+    rows += [f"| {t.source.value} | {t.target.value} | `{t.event.value}` | {t.when} |"
+             for t in TRANSITIONS if t.event is not Event.ERROR]
+    rows.append(f"| any state | {S.COOLDOWN.value} | `{Event.ERROR.value}` | {_ON_ERROR} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(render_table() if sys.argv[1:] == ["--table"] else render_diagram())

@@ -1,0 +1,168 @@
+"""Stale trials by Optuna's RDB heartbeat: a trial whose process stops beating is failed.
+
+Optuna records a heartbeat per trial only inside ``Study.optimize``; the controller and
+``slopilot tune`` ask and tell, so ``TrialHeartbeat`` records the same heartbeat
+(``RDBStorage.record_heartbeat``) for every trial a tuner holds open, on one daemon thread
+that runs while there is one. ``fail_stale`` is Optuna's ``fail_stale_trials``: every
+RUNNING trial whose last heartbeat is older than the storage's grace period is failed
+(its process died or hangs), stays in the history and keeps its number. A live process's
+trials keep beating and are left alone, on this host or another.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Protocol, runtime_checkable
+
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 30
+"""How often a process records a heartbeat for each trial it holds open."""
+GRACE_S = 300
+"""A RUNNING trial with no heartbeat for this long is failed as stale (ten missed beats:
+a slow database or a busy host is not a dead process)."""
+STALE_REASON = "the process running it stopped sending heartbeats before it was told"
+
+
+def check_heartbeat(heartbeat_s: int, grace_s: int) -> None:
+    """Raise ValueError, naming the argument, unless both are whole seconds and the grace
+    period spans more than one beat."""
+    for name, value in (("heartbeat_s", heartbeat_s), ("grace_s", grace_s)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}: expected whole seconds >= 1 (Optuna "
+                             "records heartbeats in whole seconds)")
+    if grace_s <= heartbeat_s:
+        raise ValueError(f"grace_s={grace_s}: expected more than heartbeat_s={heartbeat_s} "
+                         "(a few missed beats), e.g. 10 x heartbeat_s")
+
+
+def rdb_storage(url: str, heartbeat_s: int, grace_s: int) -> RDBStorage:
+    """An RDB storage with heartbeats every ``heartbeat_s``, stale after ``grace_s``."""
+    check_heartbeat(heartbeat_s, grace_s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
+                          heartbeat_stale_trial_callback=_log_stale)
+
+
+def _log_stale(study: optuna.Study, trial: FrozenTrial) -> None:
+    log.warning("study %s: trial %d failed: %s", study.study_name, trial.number,
+                STALE_REASON)
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail the study's stale trials (nothing happens without heartbeats)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+@runtime_checkable
+class HeartbeatStorage(Protocol):
+    """The storage calls a heartbeat makes: public methods of ``RDBStorage`` and of the
+    cache Optuna wraps it in (``Trial.storage``)."""
+
+    def get_heartbeat_interval(self) -> int | None: ...
+
+    def record_heartbeat(self, trial_id: int) -> None: ...
+
+    def get_study_id_from_name(self, study_name: str) -> int: ...
+
+    def get_trial_id_from_study_id_trial_number(self, study_id: int,
+                                                trial_number: int) -> int: ...
+
+    def get_trial(self, trial_id: int) -> FrozenTrial: ...
+
+
+def heartbeat_of(study: optuna.Study, trial: optuna.Trial) -> TrialHeartbeat | None:
+    """A heartbeat for ``study``'s trials when its storage has them enabled."""
+    storage = trial.storage
+    if not isinstance(storage, HeartbeatStorage) or storage.get_heartbeat_interval() is None:
+        return None
+    return TrialHeartbeat(storage, storage.get_study_id_from_name(study.study_name))
+
+
+class TrialHeartbeat:
+    """Beats for the trials one tuner holds open, from ``hold`` until ``release``."""
+
+    def __init__(self, storage: HeartbeatStorage, study_id: int) -> None:
+        interval = storage.get_heartbeat_interval()
+        if interval is None:
+            raise ValueError("the study's storage has no heartbeat_interval")
+        self.interval: float = interval
+        self._storage, self._study_id = storage, study_id
+        self._held: dict[int, int] = {}  # trial number -> trial id
+        self._lock = threading.Lock()
+        # The beating thread and the event that stops it; None while nothing is held.
+        self._beater: tuple[threading.Thread, threading.Event] | None = None
+        self._failing = False
+
+    @property
+    def beating(self) -> set[int]:
+        """Numbers of the trials beaten for."""
+        with self._lock:
+            return set(self._held)
+
+    @property
+    def running(self) -> bool:
+        with self._lock:
+            return self._beater is not None
+
+    def hold(self, number: int) -> None:
+        trial_id = self._storage.get_trial_id_from_study_id_trial_number(self._study_id,
+                                                                          number)
+        # At once: a trial with no heartbeat yet is never taken for stale.
+        self._storage.record_heartbeat(trial_id)
+        with self._lock:
+            self._held[number] = trial_id
+            if self._beater is None:
+                stop = threading.Event()
+                thread = threading.Thread(target=self._run, args=(stop,), daemon=True,
+                                          name="slopilot-trial-heartbeat")
+                self._beater = (thread, stop)
+                thread.start()
+
+    def release(self, number: int) -> None:
+        with self._lock:
+            self._held.pop(number, None)
+
+    def stop(self) -> None:
+        """Stop beating now; trials still held go stale after the grace period."""
+        with self._lock:
+            self._held.clear()
+            if self._beater is not None:
+                self._beater[1].set()
+                self._beater = None
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            with self._lock:
+                if not self._held:  # ends here, so a later hold starts a fresh thread
+                    if self._beater is not None and self._beater[1] is stop:
+                        self._beater = None
+                    return
+                held = dict(self._held)
+            for number, trial_id in held.items():
+                self._beat(number, trial_id)
+
+    def _beat(self, number: int, trial_id: int) -> None:
+        try:
+            if self._storage.get_trial(trial_id).state.is_finished():
+                self.release(number)  # told elsewhere (a resumed tuner): nothing to keep
+                return
+            self._storage.record_heartbeat(trial_id)
+        except Exception as exc:  # a missed beat; the grace period covers several
+            if not self._failing:
+                log.warning("trial %d: heartbeat not recorded (%s: %s); retrying every "
+                            "%g s", number, type(exc).__name__, exc, self.interval)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("trial %d: heartbeats recorded again", number)
+        self._failing = False
