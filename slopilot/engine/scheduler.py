@@ -126,7 +126,8 @@ class Scheduler:
         at once, so what the engine reports (its config gauges) is what it will run.
         """
         if config.block_size != self.config.block_size:
-            raise ConfigError("block_size cannot change on a running engine; restart it")
+            raise ConfigError("block_size cannot change on a running engine; restart it",
+                              "block_size")
         if self.requests:
             self._pending_config = config
         else:

@@ -191,11 +191,7 @@ def create_app(backend: Backend, *, admin_token: str | None = None,
         try:
             new: EngineConfig = await engine.update_config(overrides)
         except ConfigError as exc:
-            # The knob the message names first (it may list the known ones after).
-            found = {k: str(exc).find(str(k)) for k in overrides}
-            named = min((k for k, i in found.items() if i >= 0), key=found.__getitem__,
-                        default=None)
-            raise APIError(400, str(exc), param=named, code="invalid_config") from None
+            raise APIError(400, str(exc), param=exc.field, code="invalid_config") from None
         return new.to_dict()
 
     return app
