@@ -10,10 +10,15 @@ GPU block states::
           +-------free, unhashed--------+  +-------prefix hit (touch)-----+
           +-------------------------------evict (LRU)---------------------+
 
-Full blocks are keyed by a hash chain over their tokens, so a block's key depends on
-every token before it: two requests share a block only when they share the whole
-prefix up to and including it. Cached blocks are evicted least recently freed first;
-a request frees its blocks tail first, so its tail is evicted before its head.
+Full blocks are keyed by a SHA-256 chain over their tokens and the request's cache salt
+(``prefix_hash.py``), so a block's key depends on every token before it: two requests
+share a block only when they share the whole prefix up to and including it. Cached blocks
+are evicted least recently freed first; a request frees its blocks tail first, so its
+tail is evicted before its head.
+
+Block ids are handed out lazily: ids at or above ``_next_fresh`` have never been used
+and cost nothing, so a pool of tens of millions of blocks (a simulated H200 serving a
+tiny model) is built at once and costs memory only for the blocks ever touched.
 """
 
 from __future__ import annotations
@@ -21,14 +26,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
+from slopilot.engine.prefix_hash import block_packer, extend_chain, root_key
 from slopilot.engine.request import Request
 
-_NO_HASH = -1
-
-
-class IntegrityError(AssertionError):
-    """The block manager's bookkeeping disagrees with itself: a bug, never user error."""
-
+__all__ = ["BlockManager", "IntegrityError", "KVStats"]
 
 @dataclass(frozen=True, slots=True)
 class KVStats:
@@ -54,19 +56,24 @@ class BlockManager:
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self._ref = [0] * num_gpu_blocks
-        self._hash = [_NO_HASH] * num_gpu_blocks
-        # Popped from the end: low block ids are handed out first.
-        self._free: list[int] = list(range(num_gpu_blocks - 1, -1, -1))
+        self._enable_prefix_caching = enable_prefix_caching
+        self._pack = block_packer(block_size)
+        # Per block ever handed out (ids below _next_fresh): reference count, key or None.
+        self._ref: list[int] = []
+        self._hash: list[bytes | None] = []
+        self._next_fresh = 0
+        # Freed blocks without a key; popped from the end, before any fresh id.
+        self._free: list[int] = []
         self._cached: OrderedDict[int, None] = OrderedDict()
-        self._hash_to_block: dict[int, int] = {}
+        self._hash_to_block: dict[bytes, int] = {}
         self._tables: dict[str, list[int]] = {}
-        # Hash chain of each live request's full blocks (prefix of its token stream).
-        self._chains: dict[str, list[int]] = {}
+        # Key chain of each live request's full blocks, and the root its salt gives.
+        self._chains: dict[str, list[bytes]] = {}
+        self._roots: dict[str, bytes] = {}
         # How many leading blocks of each table have been offered to the cache.
         self._registered: dict[str, int] = {}
-        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self._cpu_free: list[int] = []
+        self._cpu_next_fresh = 0
         self._cpu_tables: dict[str, list[int]] = {}
         # CPU blocks read by this iteration's swap-ins: reusable only from the next
         # iteration, or a swap-out in the same batch could overwrite them before the
@@ -75,13 +82,18 @@ class BlockManager:
 
     # ---------------------------------------------------------------- queries
     @property
+    def enable_prefix_caching(self) -> bool:
+        return self._enable_prefix_caching
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: never-used ones plus evictable cached ones."""
-        return len(self._free) + len(self._cached)
+        return (len(self._free) + len(self._cached)
+                + self.num_gpu_blocks - self._next_fresh)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_gpu_blocks - len(self._free) - len(self._cached)
+        return self._next_fresh - len(self._free) - len(self._cached)
 
     @property
     def usage(self) -> float:
@@ -89,12 +101,13 @@ class BlockManager:
 
     @property
     def num_free_cpu_blocks(self) -> int:
-        return len(self._cpu_free)
+        return len(self._cpu_free) + self.num_cpu_blocks - self._cpu_next_fresh
 
     def stats(self) -> KVStats:
+        num_free = len(self._free) + self.num_gpu_blocks - self._next_fresh
         return KVStats(self.num_gpu_blocks, self.num_used_blocks, len(self._cached),
-                       len(self._free), self.num_cpu_blocks,
-                       self.num_cpu_blocks - len(self._cpu_free))
+                       num_free, self.num_cpu_blocks,
+                       self.num_cpu_blocks - self.num_free_cpu_blocks)
 
     @property
     def tables(self) -> dict[str, list[int]]:
@@ -108,6 +121,11 @@ class BlockManager:
         table = self._tables.get(request_id)
         return len(table) if table is not None else 0
 
+    def num_exclusive_blocks(self, request_id: str) -> int:
+        """Blocks that freeing this request would give back (not shared with others)."""
+        ref = self._ref
+        return sum(1 for b in self._tables.get(request_id, ()) if ref[b] == 1)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -118,14 +136,35 @@ class BlockManager:
         return len(self._cpu_tables.get(request_id, ()))
 
     # ---------------------------------------------------------------- prefix cache
-    def _chain(self, request: Request, num_full_blocks: int) -> list[int]:
-        """The hash chain over the request's first ``num_full_blocks`` blocks."""
-        chain = self._chains.setdefault(request.request_id, [])
-        bs = self.block_size
-        parent = chain[-1] if chain else _NO_HASH
-        for i in range(len(chain), num_full_blocks):
-            parent = hash((parent, *request.token_slice(i * bs, (i + 1) * bs)))
-            chain.append(parent)
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Switch the prefix cache live. Off forgets every key: cached blocks become
+        plain free blocks and no later request hits what was cached before."""
+        if enabled == self._enable_prefix_caching:
+            return
+        self._enable_prefix_caching = enabled
+        if enabled:
+            return  # live requests register their full blocks from the next update
+        hashes = self._hash
+        for b in self._hash_to_block.values():
+            hashes[b] = None
+        self._free.extend(self._cached)
+        self._cached.clear()
+        self._hash_to_block.clear()
+        self._chains.clear()
+        self._registered.clear()
+
+    def _chain(self, request: Request, num_full_blocks: int) -> list[bytes]:
+        """The key chain over the request's first ``num_full_blocks`` blocks."""
+        rid = request.request_id
+        chain = self._chains.get(rid)
+        if chain is None:
+            chain = self._chains[rid] = []
+        if len(chain) < num_full_blocks:
+            root = self._roots.get(rid)
+            if root is None:
+                root = self._roots[rid] = root_key(request.cache_salt)
+            extend_chain(chain, root, request.token_slice, self.block_size, self._pack,
+                         num_full_blocks)
         return chain
 
     def find_cached_prefix(self, request: Request) -> list[int]:
@@ -133,7 +172,7 @@ class BlockManager:
 
         Looks only; nothing is taken until ``allocate_slots`` gets the blocks.
         """
-        if not self.enable_prefix_caching:
+        if not self._enable_prefix_caching:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
         chain = self._chain(request, max_blocks)
@@ -148,7 +187,7 @@ class BlockManager:
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's computed full blocks so later requests can reuse them."""
-        if not self.enable_prefix_caching:
+        if not self._enable_prefix_caching:
             return
         rid = request.request_id
         table = self._tables.get(rid)
@@ -162,9 +201,9 @@ class BlockManager:
         hashes, index = self._hash, self._hash_to_block
         for i in range(start, num_full):
             block, key = table[i], chain[i]
-            # A block already hashed came from the cache; a key already indexed is held
+            # A block already keyed came from the cache; a key already indexed is held
             # by another block, and ours stays private.
-            if hashes[block] == _NO_HASH and key not in index:
+            if hashes[block] is None and key not in index:
                 hashes[block] = key
                 index[key] = block
         self._registered[rid] = num_full
@@ -173,10 +212,18 @@ class BlockManager:
     def _take_free(self) -> int:
         if self._free:
             return self._free.pop()
-        block, _ = self._cached.popitem(last=False)
-        del self._hash_to_block[self._hash[block]]
-        self._hash[block] = _NO_HASH
-        return block
+        b = self._next_fresh
+        if b < self.num_gpu_blocks:
+            self._next_fresh = b + 1
+            self._ref.append(0)
+            self._hash.append(None)
+            return b
+        b, _ = self._cached.popitem(last=False)
+        key = self._hash[b]
+        if key is not None:
+            del self._hash_to_block[key]
+        self._hash[b] = None
+        return b
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        cached_blocks: list[int] | None = None,
@@ -184,7 +231,8 @@ class BlockManager:
         """Make room for ``num_new_tokens`` more tokens; False (and no change) if short.
 
         ``cached_blocks`` (from ``find_cached_prefix``) start a new request's table;
-        ``reserve_blocks`` must stay free afterwards (the admission watermark).
+        ``reserve_blocks`` must stay free afterwards (the admission watermark, or room
+        held for a P0 that is preempting its way in).
         """
         rid = request.request_id
         table = self._tables.get(rid)
@@ -193,14 +241,9 @@ class BlockManager:
         need_tokens = request.num_computed_tokens + num_cached * self.block_size \
             + num_new_tokens
         need = -(-need_tokens // self.block_size) - have
-        # Cached blocks sitting in the evictable pool leave it when we take them.
-        reviving = 0
-        if cached_blocks:
-            ref = self._ref
-            for b in cached_blocks:
-                if ref[b] == 0:
-                    reviving += 1
-        if need + reviving + reserve_blocks > len(self._free) + len(self._cached):
+        reviving = self._num_reviving(cached_blocks) if cached_blocks else 0
+        if need + reviving + reserve_blocks > len(self._free) + len(self._cached) \
+                + self.num_gpu_blocks - self._next_fresh:
             return False
         if table is None:
             table = self._tables[rid] = []
@@ -212,16 +255,35 @@ class BlockManager:
                 ref[b] += 1
             table.extend(cached_blocks)
             self._registered[rid] = len(table)
-        for _ in range(need):
-            b = self._take_free()
-            self._ref[b] = 1
-            table.append(b)
+        if need > 0:
+            ref = self._ref
+            take = self._take_free
+            for _ in range(need):
+                b = take()
+                ref[b] = 1
+                table.append(b)
         return True
+
+    def _num_reviving(self, cached_blocks: list[int]) -> int:
+        # Cached blocks sitting in the evictable pool leave it when they are taken.
+        ref = self._ref
+        return sum(1 for b in cached_blocks if ref[b] == 0)
+
+    def free_blocks_needed(self, request: Request, num_new_tokens: int,
+                           cached_blocks: list[int] | None = None) -> int:
+        """How many free blocks ``allocate_slots`` with these arguments would take."""
+        num_cached = len(cached_blocks) if cached_blocks else 0
+        need_tokens = request.num_computed_tokens + num_cached * self.block_size \
+            + num_new_tokens
+        need = -(-need_tokens // self.block_size) - self.num_blocks(request.request_id) \
+            - num_cached
+        return max(need, 0) + (self._num_reviving(cached_blocks) if cached_blocks else 0)
 
     def free(self, request_id: str) -> None:
         """Release a request's GPU and CPU blocks (finish, abort, or recompute)."""
         self._free_gpu(request_id)
         self._chains.pop(request_id, None)
+        self._roots.pop(request_id, None)
         cpu = self._cpu_tables.pop(request_id, None)
         if cpu is not None:
             self._cpu_free.extend(cpu)
@@ -235,27 +297,34 @@ class BlockManager:
         for b in reversed(table):
             ref[b] -= 1
             if ref[b] == 0:
-                if hashes[b] != _NO_HASH:
+                if hashes[b] is not None:
                     cached[b] = None
                 else:
                     free.append(b)
 
     # ---------------------------------------------------------------- swap
+    def _take_cpu(self) -> int:
+        if self._cpu_free:
+            return self._cpu_free.pop()
+        c = self._cpu_next_fresh
+        self._cpu_next_fresh = c + 1
+        return c
+
     def can_swap_out(self, request_id: str) -> bool:
-        return self.num_blocks(request_id) <= len(self._cpu_free)
+        return self.num_blocks(request_id) <= self.num_free_cpu_blocks
 
     def swap_out(self, request_id: str) -> list[tuple[int, int]]:
         """Move a request's blocks to host memory; returns (gpu, cpu) copy pairs.
 
         The GPU blocks are freed at once: the copy runs before the next forward pass
-        that could overwrite them. Hashed blocks stay cached on the GPU as well.
+        that could overwrite them. Keyed blocks stay cached on the GPU as well.
         """
         table = self._tables[request_id]
-        if len(table) > len(self._cpu_free):
+        if len(table) > self.num_free_cpu_blocks:
             raise ValueError(f"not enough CPU blocks to swap out {request_id}")
-        pairs = [(g, self._cpu_free.pop()) for g in table]
+        pairs = [(g, self._take_cpu()) for g in table]
         self._cpu_tables[request_id] = [c for _, c in pairs]
-        # The token hash chain stays: it describes tokens, not where they live.
+        # The key chain stays: it describes tokens, not where they live.
         self._free_gpu(request_id)
         return pairs
 
@@ -285,34 +354,8 @@ class BlockManager:
 
     # ---------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
-        """free + used + cached == total, and every count agrees with the tables."""
-        refs = [0] * self.num_gpu_blocks
-        for table in self._tables.values():
-            for b in table:
-                refs[b] += 1
-        if refs != self._ref:
-            raise IntegrityError("reference counts disagree with the block tables")
-        free = set(self._free)
-        cached = set(self._cached)
-        used = {b for b, r in enumerate(self._ref) if r > 0}
-        if len(free) != len(self._free):
-            raise IntegrityError("a block is on the free list twice")
-        if free & cached or free & used or cached & used:
-            raise IntegrityError("a block is in two of free / cached / used")
-        if len(free) + len(cached) + len(used) != self.num_gpu_blocks:
-            raise IntegrityError(
-                f"free {len(free)} + cached {len(cached)} + used {len(used)} "
-                f"!= total {self.num_gpu_blocks}")
-        for b in cached:
-            if self._hash[b] == _NO_HASH:
-                raise IntegrityError(f"cached block {b} has no hash")
-        for key, b in self._hash_to_block.items():
-            if self._hash[b] != key:
-                raise IntegrityError(f"hash index points at block {b} with another hash")
-        if any(h != _NO_HASH for h in (self._hash[b] for b in free)):
-            raise IntegrityError("a free block still carries a hash")
-        cpu_used = sum(len(t) for t in self._cpu_tables.values())
-        cpu_idle = self._cpu_free + self._cpu_draining
-        if cpu_used + len(cpu_idle) != self.num_cpu_blocks or \
-                len(set(cpu_idle)) != len(cpu_idle):
-            raise IntegrityError("CPU blocks are not conserved")
+        """free + used + cached == total, and every count agrees with the tables.
+
+        O(blocks ever used): for tests and ``--check-integrity``, never the serving path.
+        """
+        check_block_manager(self)

@@ -114,9 +114,14 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # An int or a name is accepted and turned into a Priority (so priority=0 is P0).
     priority: Priority = Priority.P1
+    # When the request reached the engine's front door (the HTTP server stamps it before
+    # parsing the body); TTFT and end-to-end latency count from here.
     arrival_time: float = 0.0
     eos_token_id: int | None = None
+    # Prefix-cache blocks are shared only between requests with the same salt (tenants).
+    cache_salt: str | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -128,6 +133,9 @@ class Request:
     # Arrival order, assigned by the scheduler: the FCFS tie-break inside a class.
     seq_no: int = 0
     # Timestamps the engine loop fills in (engine clock: virtual or monotonic).
+    # queued_time: the engine took it (after parsing and tokenizing): queue time counts
+    # from here, so the queue/prefill split is the engine's own.
+    queued_time: float | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -136,6 +144,8 @@ class Request:
     _num_tokens: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
+        if type(self.priority) is not Priority:
+            self.priority = Priority.parse(self.priority)
         self._num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property

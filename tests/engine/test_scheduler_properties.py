@@ -34,8 +34,8 @@ request_st = st.tuples(
 )
 
 
-def _rank(r: Request) -> tuple[int, int]:
-    return (r.priority, r.seq_no)
+def _rank(r: Request) -> tuple[int, float, int]:
+    return (r.priority, r.arrival_time, r.seq_no)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -105,8 +105,9 @@ def test_invariants_hold_after_every_step(
                     r.num_preemptions == 0 for r in admitted) else True
 
         result = ex.execute(out)
-        got = sched.update_from_output(out, result)
-        finished.extend(r.request_id for r in got if r.is_finished)
+        update = sched.update_from_output(out, result)
+        assert all(r.is_finished for r in update.finished)
+        finished.extend(r.request_id for r in update.finished)
         sched.check_integrity()
         step_no += 1
         assert step_no < 3000, "no progress"

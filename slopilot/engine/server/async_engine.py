@@ -30,6 +30,7 @@ from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.request import FinishReason, Request, RequestStatus
+from slopilot.engine.scheduler import StepOutput
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 from slopilot.engine.server.retry_after import RetryAfter
 
@@ -342,17 +343,16 @@ class AsyncEngine:
                 continue
             idle_done = False
             steps = engine.num_steps
-            got = engine.step()
-            self._after_step(got)
+            self._after_step(engine.step())
             if engine.num_steps == steps:
                 with cond:
                     if not inbox and not self._stop:
                         cond.wait(_STALL_WAIT_S)
 
-    def _after_step(self, got: list[Request]) -> None:
+    def _after_step(self, step: StepOutput) -> None:
         live = self._live
         events: list[tuple[RequestStream, int | None, FinishReason | None]] = []
-        for req in got:
+        for req in step.new_tokens:
             entry = live.get(req.request_id)
             if entry is None:
                 continue
@@ -360,19 +360,11 @@ class AsyncEngine:
             events.append((entry[1], req.output_token_ids[-1], finish))
             if finish is not None:
                 del live[req.request_id]
-        if len(live) > len(self.engine.scheduler.requests):
-            # The scheduler finished some request without a token (it could not grow
-            # on this cache); the engine reports only requests that got a token.
-            now = self.engine.clock.now()
-            for rid, (req, stream) in list(live.items()):
-                if not req.is_finished:
-                    continue
-                del live[rid]
-                events.append((stream, None, req.finish_reason))
-                if req.finished_time is None:
-                    req.finished_time = now
-                    for obs in self.engine.observers:
-                        obs.on_finished(req, now)
+        for req in step.finished:
+            # Those that finished on a token left ``live`` above; these ended without one.
+            entry = live.pop(req.request_id, None)
+            if entry is not None:
+                events.append((entry[1], None, req.finish_reason))
         if events:
             self._post(self._deliver, events)
 
