@@ -16,6 +16,13 @@ from slopilot.engine.request import Priority, Request, RequestStatus
 from slopilot.engine.scheduler_base import SchedulerBase
 
 
+def _may_read_cache(req: Request) -> bool:
+    # Prompt logprobs come from the prompt's own logits: positions served from the
+    # cache would have none, so such a request computes its prompt in full (as in vLLM).
+    return req.sampling.prompt_logprobs is None \
+        or len(req.prompt_logprobs) >= req.num_prompt_tokens - 1
+
+
 class Admission(SchedulerBase):
     def _watermark_blocks(self) -> int:
         # The watermark guards running requests against thrash; with none running it
@@ -43,13 +50,17 @@ class Admission(SchedulerBase):
             waiting.pop()
             if claiming:
                 self._p0_claim = None
+            if self._out.num_preempted_recompute or self._out.num_preempted_swap:
+                # A step that preempted admits nobody after the P0 it preempted for:
+                # the victims would only come straight back (as in vLLM).
+                return
 
     def _p0_blocks_to_admit(self, req: Request) -> int:
         """Free blocks a waiting P0 needs to start (its first chunk, or its swap-in)."""
         kv = self.kv
         if req.status is RequestStatus.PREEMPTED_SWAPPED:
             return kv.num_swapped_blocks(req.request_id)
-        cached = kv.find_cached_prefix(req)
+        cached = kv.find_cached_prefix(req) if _may_read_cache(req) else []
         n = min(req.num_tokens - len(cached) * kv.block_size, self.config.chunk_size,
                 self._budget_left)
         return kv.free_blocks_needed(req, n, cached)
@@ -111,7 +122,7 @@ class Admission(SchedulerBase):
             if kv.allocate_slots(req, n):
                 self._schedule_seq(req, n)
             return True
-        cached = kv.find_cached_prefix(req)
+        cached = kv.find_cached_prefix(req) if _may_read_cache(req) else []
         num_cached = len(cached) * kv.block_size
         n = min(req.num_tokens - num_cached, self.config.chunk_size, self._budget_left)
         if not kv.allocate_slots(req, n, cached, reserve):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slopilot.engine.request import SamplingParams
+from slopilot.engine.request import SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -34,6 +34,13 @@ class ScheduledSeq:
     sampling: SamplingParams
     # Tokens generated so far (for seeded sampling offsets and repetition state).
     num_output_tokens: int = 0
+    # The request's token lists, for penalties (the scheduler's own lists: read-only).
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
+    # With prompt logprobs asked for: the prompt tokens this row's logits predict, the
+    # tokens at positions start_pos + 1 ... (the row's last position may predict the
+    # first token of the next chunk).
+    logprob_targets: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -72,3 +79,7 @@ class ModelRunnerOutput:
     sampled: dict[str, int]
     # Wall time the iteration took (measured) or would take (cost model), seconds.
     elapsed_s: float = 0.0
+    # request_id -> the sampled token's logprobs, for rows whose sampling asks for them.
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # request_id -> one entry per token of the row's ``logprob_targets``, in order.
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

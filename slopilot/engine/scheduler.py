@@ -48,6 +48,21 @@ class StepOutput:
     finished: list[Request] = field(default_factory=list)
 
 
+def _record_logprobs(req: Request, seq: ScheduledSeq, result: ModelRunnerOutput) -> None:
+    rid = req.request_id
+    lp = result.logprobs.get(rid)
+    if lp is not None:
+        req.output_logprobs.append(lp)
+    prompt = result.prompt_logprobs.get(rid)
+    if prompt:
+        # Entry j predicts prompt token start_pos + 1 + j; a recomputed prefill (after a
+        # preemption) predicts again what is already recorded, and only the rest counts.
+        have = len(req.prompt_logprobs)
+        skip = have - seq.start_pos
+        if skip >= 0:
+            req.prompt_logprobs.extend(prompt[skip:])
+
+
 class Scheduler(Admission):
     # ------------------------------------------------------------------ requests
     @property
@@ -183,7 +198,8 @@ class Scheduler(Admission):
                 out = req.output_token_ids
                 last = out[-1] if out else req.prompt_token_ids[-1]
                 scheduled[rid] = ScheduledSeq(rid, [last], computed, table, True,
-                                              req.sampling, len(out))
+                                              req.sampling, len(out),
+                                              req.prompt_token_ids, out)
                 req.num_computed_tokens = computed + 1
                 self._budget_left -= 1
                 i += 1
@@ -242,20 +258,26 @@ class Scheduler(Admission):
         self._ended = []
         got, finished = step.new_tokens, step.finished
         num_finished = len(finished)
+        with_logprobs = bool(result.logprobs) or bool(result.prompt_logprobs)
         for seq in out.seqs:
             req = requests.get(seq.request_id)
             if req is None or req.status is not running:
                 continue  # aborted or preempted while the batch ran
             if caching and req.num_computed_tokens // bs > seq.start_pos // bs:
                 kv.cache_full_blocks(req)
+            if with_logprobs:
+                _record_logprobs(req, seq, result)
             if not seq.sample:
                 continue
             token = sampled[seq.request_id]
-            req.append_output(token)
+            # req.append_output(token), inlined: this loop runs for every decode.
+            outputs = req.output_token_ids
+            outputs.append(token)
+            req.num_tokens += 1
             got.append(req)
             params = req.sampling
             # Fast path: below max_tokens with nothing that could stop it.
-            if len(req.output_token_ids) < params.max_tokens and params.ignore_eos \
+            if len(outputs) < params.max_tokens and params.ignore_eos \
                     and not params.stop_token_ids:
                 continue
             status = req.check_stop(token)

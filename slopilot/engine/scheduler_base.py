@@ -112,9 +112,12 @@ class SchedulerBase:
             tokens = [req.token_at(start)]
         else:
             tokens = req.token_slice(start, end)
+        targets = None
+        if req.sampling.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
+            targets = req.prompt_token_ids[start + 1:min(end + 1, req.num_prompt_tokens)]
         self._scheduled[req.request_id] = ScheduledSeq(
             req.request_id, tokens, start, self.kv.block_table(req.request_id),
-            end == req.num_tokens, req.sampling, len(req.output_token_ids))
+            end == req.num_tokens, req.sampling, len(req.output_token_ids),
+            req.prompt_token_ids, req.output_token_ids, targets)
         req.num_computed_tokens = end
         self._budget_left -= n
-
