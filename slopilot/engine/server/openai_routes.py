@@ -25,7 +25,7 @@ from slopilot.engine.server.protocol import (
     ModelList,
 )
 from slopilot.engine.server.responses import collect, sse_events
-from slopilot.engine.server.serving import prepare, submit
+from slopilot.engine.server.serving import INLINE_PREPARE_CHARS, prepare, submit, text_size
 
 if TYPE_CHECKING:
     from slopilot.engine.server.app import ServerState
@@ -77,11 +77,13 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def generate(body: CompletionRequest | ChatCompletionRequest,
                        request: Request) -> Response:
         arrival = arrival_of(request, clock)
-        loop = asyncio.get_running_loop()
-        # Tokenizing a long prompt or rendering a chat template takes real time: off the
-        # event loop, so every other stream keeps flowing meanwhile.
-        prep = await loop.run_in_executor(state.tokenize, prepare, backend, body,
-                                          request.headers, arrival)
+        if text_size(body) < INLINE_PREPARE_CHARS:
+            prep = prepare(backend, body, request.headers, arrival)
+        else:
+            # Tokenizing a long prompt or rendering its chat template takes real time:
+            # off the event loop, so every other stream keeps flowing meanwhile.
+            prep = await asyncio.get_running_loop().run_in_executor(
+                state.tokenize, prepare, backend, body, request.headers, arrival)
         streams = await submit(engine, prep)
         if prep.stream:
             return StreamingResponse(sse_events(backend, prep, streams, state.text_of, clock),

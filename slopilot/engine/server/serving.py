@@ -3,7 +3,8 @@
 ``prepare`` checks what only the server can check (token ids against the vocabulary,
 the context length, the priority header, logit-bias ids) and builds one engine
 ``Request`` per choice: every prompt of a batch, ``n`` times. It tokenizes and renders
-the chat template, so the server runs it on a worker thread, never on the event loop.
+the chat template, so the server runs it on a worker thread, not on the event loop
+(unless the prompt is so short that the thread hop would cost more).
 ``submit`` admits a request's choices all or none, mapping the scheduler's refusals to
 HTTP statuses. ``responses.py`` turns their token streams into OpenAI responses.
 """
@@ -28,6 +29,9 @@ from slopilot.engine.server.errors import APIError
 from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 
 PRIORITY_HEADER = "x-slopilot-priority"
+# Below this many characters of prompt text, tokenizing takes well under a millisecond:
+# cheaper on the event loop than the hop to a tokenizer thread and back.
+INLINE_PREPARE_CHARS = 2048
 # The OpenAI completions default; chat defaults to whatever context is left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -158,6 +162,13 @@ def _sampling(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
             logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
     except ValueError as exc:
         raise APIError(400, str(exc)) from None
+
+
+def text_size(body: CompletionRequest | ChatCompletionRequest) -> int:
+    """Characters (or token ids) ``prepare`` would have to tokenize or check."""
+    if isinstance(body, ChatCompletionRequest):
+        return sum(len(m.text()) for m in body.messages)
+    return sum(len(p) for p in body.prompts)
 
 
 def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from slopilot.engine.server.detokenizer import ServerTokenizer
+from slopilot.engine.server.serving import INLINE_PREPARE_CHARS
 from tests.support.live_server import LiveServer, build_backend, start_server
 
 LONE = "\\ud800"  # a JSON escape that decodes to a lone surrogate
@@ -114,8 +115,10 @@ def test_tokenizing_runs_off_the_event_loop(hooked: tuple[LiveServer, _Tokenizer
     srv, tok = hooked
     url = srv.url + "/v1/completions"
     blocked: list[httpx.Response] = []
+    # Long enough to be tokenized off the loop (a short one is cheaper inline).
+    long_prompt = "BLOCK " + "a " * INLINE_PREPARE_CHARS
     thread = threading.Thread(target=lambda: blocked.append(httpx.post(
-        url, json={"prompt": "BLOCK a b", "max_tokens": 2}, timeout=60)))
+        url, json={"prompt": long_prompt, "max_tokens": 2}, timeout=60)))
     thread.start()
     try:
         assert tok.entered.wait(30)
@@ -141,7 +144,8 @@ def test_ttft_counts_from_arrival_and_the_split_stays(
     srv, tok = hooked
     tok.delay_s = 0.3
     with httpx.stream("POST", srv.url + "/v1/completions", timeout=30, json={
-            "prompt": "SLOW a b", "max_tokens": 2, "stream": True, "ignore_eos": True}) as r:
+            "prompt": "SLOW " + "a " * INLINE_PREPARE_CHARS, "max_tokens": 2, "stream": True,
+            "ignore_eos": True}) as r:
         assert [line for line in r.iter_lines() if line][-1] == "data: [DONE]"
     metrics = httpx.get(srv.url + "/metrics").text
     ttft = _sum(metrics, "vllm:time_to_first_token_seconds")
