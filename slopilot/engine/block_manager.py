@@ -10,9 +10,9 @@ GPU block states::
           +-------free, unhashed--------+  +-------prefix hit (touch)-----+
           +-------------------------------evict (LRU)---------------------+
 
-Full blocks are keyed by a SHA-256 chain over their tokens and the request's cache salt
-(``prefix_hash.py``), so a block's key depends on every token before it: two requests
-share a block only when they share the whole prefix up to and including it. Cached blocks
+Full blocks are keyed exactly by the prefix up to and including them, and the request's
+cache salt (``prefix_keys.py``): two requests share a block only when they share that
+whole prefix and salt. Cached blocks
 are evicted least recently freed first; a request frees its blocks tail first, so its
 tail is evicted before its head.
 
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
-from slopilot.engine.prefix_hash import block_packer, extend_chain, root_key
+from slopilot.engine.prefix_keys import block_packer, node_prefix, root_prefix
 from slopilot.engine.request import Request
 
 __all__ = ["BlockManager", "IntegrityError", "KVStats"]
@@ -60,16 +60,20 @@ class BlockManager:
         self._pack = block_packer(block_size)
         # Per block ever handed out (ids below _next_fresh): reference count, key or None.
         self._ref: list[int] = []
-        self._hash: list[bytes | None] = []
+        self._key: list[bytes | None] = []
         self._next_fresh = 0
         # Freed blocks without a key; popped from the end, before any fresh id.
         self._free: list[int] = []
         self._cached: OrderedDict[int, None] = OrderedDict()
-        self._hash_to_block: dict[bytes, int] = {}
+        # Key (prefix_keys.py) -> (block, the parent bytes of the block after it: the
+        # node of the prefix ending in that block).
+        self._index: dict[bytes, tuple[int, bytes]] = {}
+        self._next_node = 0
         self._tables: dict[str, list[int]] = {}
-        # Key chain of each live request's full blocks, and the root its salt gives.
+        # Per live request: its full blocks' tokens packed, and the nodes of its cached
+        # prefix (hits and registered blocks), block by block.
+        self._packed: dict[str, list[bytes]] = {}
         self._chains: dict[str, list[bytes]] = {}
-        self._roots: dict[str, bytes] = {}
         # How many leading blocks of each table have been offered to the cache.
         self._registered: dict[str, int] = {}
         self._cpu_free: list[int] = []
@@ -144,28 +148,32 @@ class BlockManager:
         self._enable_prefix_caching = enabled
         if enabled:
             return  # live requests register their full blocks from the next update
-        hashes = self._hash
-        for b in self._hash_to_block.values():
-            hashes[b] = None
+        keys = self._key
+        for b, _ in self._index.values():
+            keys[b] = None
         self._free.extend(self._cached)
         self._cached.clear()
-        self._hash_to_block.clear()
+        self._index.clear()
         self._chains.clear()
+        self._packed.clear()
         self._registered.clear()
 
-    def _chain(self, request: Request, num_full_blocks: int) -> list[bytes]:
-        """The key chain over the request's first ``num_full_blocks`` blocks."""
+    def _packed_blocks(self, request: Request, num_full_blocks: int) -> list[bytes]:
+        """The request's first ``num_full_blocks`` blocks of tokens, packed (memoized)."""
         rid = request.request_id
-        chain = self._chains.get(rid)
-        if chain is None:
-            chain = self._chains[rid] = []
-        if len(chain) < num_full_blocks:
-            root = self._roots.get(rid)
-            if root is None:
-                root = self._roots[rid] = root_key(request.cache_salt)
-            extend_chain(chain, root, request.token_slice, self.block_size, self._pack,
-                         num_full_blocks)
-        return chain
+        packed = self._packed.get(rid)
+        if packed is None:
+            packed = self._packed[rid] = []
+        have = len(packed)
+        if have < num_full_blocks:
+            bs, pack = self.block_size, self._pack
+            prompt = request.prompt_token_ids
+            num_prompt = len(prompt)
+            for start in range(have * bs, num_full_blocks * bs, bs):
+                end = start + bs
+                packed.append(pack(*(prompt[start:end] if end <= num_prompt
+                                     else request.token_slice(start, end))))
+        return packed
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """GPU blocks holding the longest cached prefix; at least one token stays to compute.
@@ -175,14 +183,19 @@ class BlockManager:
         if not self._enable_prefix_caching:
             return []
         max_blocks = (request.num_tokens - 1) // self.block_size
-        chain = self._chain(request, max_blocks)
+        packed = self._packed_blocks(request, max_blocks)
+        index = self._index
+        parent = root_prefix(request.cache_salt)
         hits: list[int] = []
-        lookup = self._hash_to_block
+        nodes: list[bytes] = []
         for i in range(max_blocks):
-            block = lookup.get(chain[i])
-            if block is None:
+            entry = index.get(parent + packed[i])
+            if entry is None:
                 break
-            hits.append(block)
+            hits.append(entry[0])
+            parent = entry[1]
+            nodes.append(parent)
+        self._chains[request.request_id] = nodes
         return hits
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -197,15 +210,32 @@ class BlockManager:
         num_full = min(request.num_computed_tokens // self.block_size, len(table))
         if num_full <= start:
             return
-        chain = self._chain(request, num_full)
-        hashes, index = self._hash, self._hash_to_block
+        packed = self._packed.get(rid)
+        if packed is None or len(packed) < num_full:
+            packed = self._packed_blocks(request, num_full)
+        chain = self._chains.get(rid)
+        if chain is None:
+            chain = self._chains[rid] = []
+        if len(chain) != start:
+            start = min(start, len(chain))  # the node chain must reach the block before
+            del chain[start:]
+        keys, index = self._key, self._index
+        parent = chain[-1] if start else root_prefix(request.cache_salt)
         for i in range(start, num_full):
-            block, key = table[i], chain[i]
-            # A block already keyed came from the cache; a key already indexed is held
-            # by another block, and ours stays private.
-            if hashes[block] is None and key not in index:
-                hashes[block] = key
-                index[key] = block
+            key = parent + packed[i]
+            entry = index.get(key)
+            if entry is None:
+                # Our block is the first with this prefix: it is cached under a new node.
+                parent = node_prefix(self._next_node)
+                self._next_node += 1
+                block = table[i]
+                index[key] = (block, parent)
+                keys[block] = key
+            else:
+                # The prefix is cached (maybe in this very block): ours stays private,
+                # and the chain goes on from the cached node, so later blocks still match.
+                parent = entry[1]
+            chain.append(parent)
         self._registered[rid] = num_full
 
     # ---------------------------------------------------------------- allocation
@@ -216,13 +246,13 @@ class BlockManager:
         if b < self.num_gpu_blocks:
             self._next_fresh = b + 1
             self._ref.append(0)
-            self._hash.append(None)
+            self._key.append(None)
             return b
         b, _ = self._cached.popitem(last=False)
-        key = self._hash[b]
+        key = self._key[b]
         if key is not None:
-            del self._hash_to_block[key]
-        self._hash[b] = None
+            del self._index[key]
+        self._key[b] = None
         return b
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -256,13 +286,31 @@ class BlockManager:
             table.extend(cached_blocks)
             self._registered[rid] = len(table)
         if need > 0:
-            ref = self._ref
-            take = self._take_free
-            for _ in range(need):
-                b = take()
-                ref[b] = 1
-                table.append(b)
+            table.extend(self._take(need))
         return True
+
+    def _take(self, n: int) -> list[int]:
+        """``n`` blocks at reference count 1: freed ones first (most recent first), then
+        never-used ones, then the least recently freed cached ones (evicted)."""
+        free, ref = self._free, self._ref
+        k = min(n, len(free))
+        taken = free[len(free) - k:]
+        del free[len(free) - k:]
+        taken.reverse()
+        for b in taken:
+            ref[b] = 1
+        k = min(n - k, self.num_gpu_blocks - self._next_fresh)
+        if k:
+            start = self._next_fresh
+            self._next_fresh = start + k
+            taken.extend(range(start, start + k))
+            ref.extend([1] * k)
+            self._key.extend([None] * k)
+        while len(taken) < n:
+            b = self._take_free()  # an eviction
+            ref[b] = 1
+            taken.append(b)
+        return taken
 
     def _num_reviving(self, cached_blocks: list[int]) -> int:
         # Cached blocks sitting in the evictable pool leave it when they are taken.
@@ -279,11 +327,15 @@ class BlockManager:
             - num_cached
         return max(need, 0) + (self._num_reviving(cached_blocks) if cached_blocks else 0)
 
-    def free(self, request_id: str) -> None:
-        """Release a request's GPU and CPU blocks (finish, abort, or recompute)."""
+    def free(self, request_id: str, *, keep_chain: bool = False) -> None:
+        """Release a request's GPU and CPU blocks (finish, abort, or recompute).
+
+        ``keep_chain``: a recomputed request keeps its tokens, so its keys stay valid.
+        """
         self._free_gpu(request_id)
-        self._chains.pop(request_id, None)
-        self._roots.pop(request_id, None)
+        if not keep_chain:
+            self._chains.pop(request_id, None)
+            self._packed.pop(request_id, None)
         cpu = self._cpu_tables.pop(request_id, None)
         if cpu is not None:
             self._cpu_free.extend(cpu)
@@ -293,11 +345,11 @@ class BlockManager:
         self._registered.pop(request_id, None)
         if table is None:
             return
-        ref, hashes, cached, free = self._ref, self._hash, self._cached, self._free
+        ref, keys, cached, free = self._ref, self._key, self._cached, self._free
         for b in reversed(table):
             ref[b] -= 1
             if ref[b] == 0:
-                if hashes[b] is not None:
+                if keys[b] is not None:
                     cached[b] = None
                 else:
                     free.append(b)
@@ -324,7 +376,7 @@ class BlockManager:
             raise ValueError(f"not enough CPU blocks to swap out {request_id}")
         pairs = [(g, self._take_cpu()) for g in table]
         self._cpu_tables[request_id] = [c for _, c in pairs]
-        # The key chain stays: it describes tokens, not where they live.
+        # The packed tokens and the node chain stay: they describe tokens, not places.
         self._free_gpu(request_id)
         return pairs
 

@@ -27,7 +27,7 @@ def check_block_manager(kv: BlockManager) -> None:
             if not 0 <= b < touched:
                 raise IntegrityError(f"block {b} in a table was never handed out")
             refs[b] += 1
-    if refs != kv._ref or len(kv._hash) != touched:
+    if refs != kv._ref or len(kv._key) != touched:
         raise IntegrityError("reference counts disagree with the block tables")
     free = set(kv._free)
     cached = set(kv._cached)
@@ -43,14 +43,18 @@ def check_block_manager(kv: BlockManager) -> None:
             f"free {len(free)} + cached {len(cached)} + used {len(used)} "
             f"!= handed out {touched}")
     for b in cached:
-        if kv._hash[b] is None:
+        if kv._key[b] is None:
             raise IntegrityError(f"cached block {b} has no key")
-    for key, b in kv._hash_to_block.items():
-        if kv._hash[b] != key:
+    nodes = set()
+    for key, (b, node) in kv._index.items():
+        if kv._key[b] != key:
             raise IntegrityError(f"key index points at block {b} with another key")
-    if any(kv._hash[b] is not None for b in free):
+        nodes.add(node)
+    if len(nodes) != len(kv._index):
+        raise IntegrityError("two cached prefixes share a node id")
+    if any(kv._key[b] is not None for b in free):
         raise IntegrityError("a free block still carries a key")
-    if sum(h is not None for h in kv._hash) != len(kv._hash_to_block):
+    if sum(k is not None for k in kv._key) != len(kv._index):
         raise IntegrityError("a keyed block is missing from the key index")
     cpu_used = sum(len(t) for t in kv._cpu_tables.values())
     cpu_idle = kv._cpu_free + kv._cpu_draining

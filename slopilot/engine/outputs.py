@@ -34,13 +34,6 @@ class ScheduledSeq:
     sampling: SamplingParams
     # Tokens generated so far (for seeded sampling offsets and repetition state).
     num_output_tokens: int = 0
-    # The request's token lists, for penalties (the scheduler's own lists: read-only).
-    prompt_token_ids: list[int] | None = None
-    output_token_ids: list[int] | None = None
-    # With prompt logprobs asked for: the prompt tokens this row's logits predict, the
-    # tokens at positions start_pos + 1 ... (the row's last position may predict the
-    # first token of the next chunk).
-    logprob_targets: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +60,13 @@ class SchedulerOutput:
     num_preempted_swap: int = 0
     # Running requests that got no KV room this iteration (preemption not allowed).
     num_stalled: int = 0
+    # Rarely used, so kept off the rows (a decode row is built for every running
+    # request on every step): the (prompt, output) token lists of rows whose sampling
+    # has penalties (the scheduler's own lists: read-only), and for rows that want
+    # prompt logprobs, the prompt tokens their positions predict: those at start_pos + 1,
+    # start_pos + 2, ... (a chunk's last position may predict the next chunk's first).
+    histories: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    prompt_logprob_targets: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -81,5 +81,5 @@ class ModelRunnerOutput:
     elapsed_s: float = 0.0
     # request_id -> the sampled token's logprobs, for rows whose sampling asks for them.
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # request_id -> one entry per token of the row's ``logprob_targets``, in order.
+    # request_id -> one entry per token of its ``prompt_logprob_targets``, in order.
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

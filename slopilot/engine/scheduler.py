@@ -48,19 +48,23 @@ class StepOutput:
     finished: list[Request] = field(default_factory=list)
 
 
-def _record_logprobs(req: Request, seq: ScheduledSeq, result: ModelRunnerOutput) -> None:
-    rid = req.request_id
-    lp = result.logprobs.get(rid)
-    if lp is not None:
-        req.output_logprobs.append(lp)
-    prompt = result.prompt_logprobs.get(rid)
-    if prompt:
-        # Entry j predicts prompt token start_pos + 1 + j; a recomputed prefill (after a
-        # preemption) predicts again what is already recorded, and only the rest counts.
-        have = len(req.prompt_logprobs)
-        skip = have - seq.start_pos
-        if skip >= 0:
-            req.prompt_logprobs.extend(prompt[skip:])
+def _record_logprobs(requests: dict[str, Request], out: SchedulerOutput,
+                     result: ModelRunnerOutput) -> None:
+    """Logprobs onto their requests (before the tokens: a request may finish on its)."""
+    for seq in out.seqs:
+        req = requests.get(seq.request_id)
+        if req is None or req.status is not RequestStatus.RUNNING:
+            continue
+        lp = result.logprobs.get(seq.request_id)
+        if lp is not None:
+            req.output_logprobs.append(lp)
+        prompt = result.prompt_logprobs.get(seq.request_id)
+        if prompt:
+            # Entry j predicts prompt token start_pos + 1 + j; a recomputed prefill
+            # (after a preemption) predicts again what is recorded: only the rest counts.
+            skip = len(req.prompt_logprobs) - seq.start_pos
+            if skip >= 0:
+                req.prompt_logprobs.extend(prompt[skip:])
 
 
 class Scheduler(Admission):
@@ -101,6 +105,8 @@ class Scheduler(Admission):
                 f"({capacity} tokens); shorten the prompt")
         req.seq_no = next(self._seq)
         self.requests[req.request_id] = req
+        if req.sampling.has_penalties:
+            self._with_penalties[req.request_id] = req
         self._waiting.push(req)
 
     def abort_request(self, request_id: str,
@@ -153,8 +159,9 @@ class Scheduler(Admission):
         self._out = out = SchedulerOutput(finished_ids=self._finished_ids)
         self._finished_ids = []
         self._scheduled = {}
-        self._budget_left = self.config.effective_budget
-        self._claim_blocks = self._claimed_blocks()
+        self._budget_left = budget = self.config.effective_budget
+        self._num_decodes = 0
+        self._claim_blocks = self._claimed_blocks() if self._p0_claim is not None else 0
 
         self._schedule_running()
         # A step that had to preempt for growth admits nobody (the KV is already short),
@@ -164,16 +171,15 @@ class Scheduler(Admission):
         elif self._p0_claim is not None:
             self._admit_waiting(only_claim=True)
 
-        out.seqs = seqs = list(self._scheduled.values())
-        total = prefill = 0
-        for s in seqs:
-            n = len(s.token_ids)
-            total += n
-            if n > 1 or not s.sample:
-                prefill += n
-        out.num_batched_tokens = total
-        out.num_prefill_tokens = prefill
-        out.num_decode_tokens = total - prefill
+        out.seqs = list(self._scheduled.values())
+        if self._with_penalties:
+            scheduled = self._scheduled
+            out.histories = {rid: (r.prompt_token_ids, r.output_token_ids)
+                             for rid, r in self._with_penalties.items() if rid in scheduled}
+        # Every scheduled token came out of the budget (and an undone row went back).
+        out.num_batched_tokens = total = budget - self._budget_left
+        out.num_decode_tokens = self._num_decodes
+        out.num_prefill_tokens = total - self._num_decodes
         return out
 
     def _schedule_running(self) -> None:
@@ -183,8 +189,12 @@ class Scheduler(Admission):
         bs = self.kv.block_size
         scheduled = self._scheduled
         prefills: list[Request] = []
+        # Locals, not attributes, on the hot path; synced around _grow, which reads
+        # the budget and may shrink the running list.
+        budget, num_running = self._budget_left, len(running)
+        decodes = 0
         i = 0
-        while i < len(running) and self._budget_left > 0:
+        while i < num_running and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1:
@@ -198,15 +208,19 @@ class Scheduler(Admission):
                 out = req.output_token_ids
                 last = out[-1] if out else req.prompt_token_ids[-1]
                 scheduled[rid] = ScheduledSeq(rid, [last], computed, table, True,
-                                              req.sampling, len(out),
-                                              req.prompt_token_ids, out)
+                                              req.sampling, len(out))
                 req.num_computed_tokens = computed + 1
-                self._budget_left -= 1
+                budget -= 1
+                decodes += 1
                 i += 1
                 continue
+            self._budget_left = budget
             self._grow(req, 1)
-            if i < len(running) and running[i] is req:
+            budget, num_running = self._budget_left, len(running)
+            if i < num_running and running[i] is req:
                 i += 1  # else it was preempted or finished, and running[i] is the next
+        self._budget_left = budget
+        self._num_decodes += decodes
         chunk = self.config.chunk_size
         for req in prefills:
             if self._budget_left <= 0:
@@ -258,23 +272,26 @@ class Scheduler(Admission):
         self._ended = []
         got, finished = step.new_tokens, step.finished
         num_finished = len(finished)
-        with_logprobs = bool(result.logprobs) or bool(result.prompt_logprobs)
+        if result.logprobs or result.prompt_logprobs:
+            _record_logprobs(requests, out, result)
+        get, add_got = requests.get, got.append
         for seq in out.seqs:
-            req = requests.get(seq.request_id)
+            rid = seq.request_id
+            req = get(rid)
             if req is None or req.status is not running:
                 continue  # aborted or preempted while the batch ran
-            if caching and req.num_computed_tokens // bs > seq.start_pos // bs:
+            computed = req.num_computed_tokens
+            # The row filled a block iff it ran past the start of the last one.
+            if caching and computed - seq.start_pos > computed % bs:
                 kv.cache_full_blocks(req)
-            if with_logprobs:
-                _record_logprobs(req, seq, result)
             if not seq.sample:
                 continue
-            token = sampled[seq.request_id]
+            token = sampled[rid]
             # req.append_output(token), inlined: this loop runs for every decode.
             outputs = req.output_token_ids
             outputs.append(token)
             req.num_tokens += 1
-            got.append(req)
+            add_got(req)
             params = req.sampling
             # Fast path: below max_tokens with nothing that could stop it.
             if len(outputs) < params.max_tokens and params.ignore_eos \

@@ -33,6 +33,8 @@ class SchedulerBase:
                                config.enable_prefix_caching)
         self.swap_s_per_block = swap_s_per_block
         self.requests: dict[str, Request] = {}
+        # Live requests whose sampling has penalties (the executor needs their tokens).
+        self._with_penalties: dict[str, Request] = {}
         # Sorted by (priority, arrival): the last element is always the next victim.
         self.running: list[Request] = []
         self._waiting = WaitingQueue()
@@ -49,6 +51,7 @@ class SchedulerBase:
         self._claim_blocks = 0
         # Per-iteration state, reset by schedule().
         self._budget_left = 0
+        self._num_decodes = 0  # rows of one token that sample, this iteration
         self._now = 0.0
         self._scheduled: dict[str, ScheduledSeq] = {}
         self._out = SchedulerOutput()
@@ -61,6 +64,7 @@ class SchedulerBase:
         req.status = status
         self.kv.free(req.request_id)
         del self.requests[req.request_id]
+        self._with_penalties.pop(req.request_id, None)
         self._finished_ids.append(req.request_id)
 
     def _cap_reached(self, newcomer: bool) -> bool:
@@ -81,8 +85,11 @@ class SchedulerBase:
         self.running.remove(victim)
         rid = victim.request_id
         undone = self._scheduled.pop(rid, None)
+        out.prompt_logprob_targets.pop(rid, None)
         if undone is not None:
             self._budget_left += len(undone.token_ids)
+            if undone.sample and len(undone.token_ids) == 1:
+                self._num_decodes -= 1
             victim.num_computed_tokens = undone.start_pos
         if mode is PreemptionMode.SWAP:
             out.swap_out.extend(self.kv.swap_out(rid))
@@ -90,7 +97,7 @@ class SchedulerBase:
             self._num_swapped += 1
             out.num_preempted_swap += 1
         else:
-            self.kv.free(rid)
+            self.kv.free(rid, keep_chain=True)
             victim.num_computed_tokens = 0
             victim.status = RequestStatus.PREEMPTED_RECOMPUTE
             out.num_preempted_recompute += 1
@@ -112,12 +119,15 @@ class SchedulerBase:
             tokens = [req.token_at(start)]
         else:
             tokens = req.token_slice(start, end)
-        targets = None
+        rid = req.request_id
         if req.sampling.prompt_logprobs is not None and start < req.num_prompt_tokens - 1:
-            targets = req.prompt_token_ids[start + 1:min(end + 1, req.num_prompt_tokens)]
-        self._scheduled[req.request_id] = ScheduledSeq(
-            req.request_id, tokens, start, self.kv.block_table(req.request_id),
-            end == req.num_tokens, req.sampling, len(req.output_token_ids),
-            req.prompt_token_ids, req.output_token_ids, targets)
+            self._out.prompt_logprob_targets[rid] = \
+                req.prompt_token_ids[start + 1:min(end + 1, req.num_prompt_tokens)]
+        sample = end == req.num_tokens
+        self._scheduled[rid] = ScheduledSeq(
+            rid, tokens, start, self.kv.block_table(rid), sample, req.sampling,
+            len(req.output_token_ids))
+        if sample and n == 1:
+            self._num_decodes += 1
         req.num_computed_tokens = end
         self._budget_left -= n

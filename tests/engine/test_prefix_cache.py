@@ -90,3 +90,36 @@ def test_a_huge_pool_costs_nothing_until_used() -> None:
     kv.check_integrity()  # touches the 3 blocks ever used, not 32.6 million
     kv.free("a")
     assert kv.num_used_blocks == 0
+
+
+def test_keys_follow_the_documented_recipe() -> None:
+    # root(salt) || tokens, then "n" + node || tokens: what prefix_keys.py says.
+    from slopilot.engine.prefix_keys import block_packer, node_prefix, root_prefix
+
+    kv = BlockManager(num_gpu_blocks=16, block_size=4)
+    req = Request("a", list(range(9)), cache_salt="s")
+    _computed(kv, req)
+    pack = block_packer(4)
+    k0 = root_prefix("s") + pack(0, 1, 2, 3)
+    node0 = kv._index[k0][1]
+    assert node0 in (node_prefix(0), node_prefix(1))
+    k1 = node0 + pack(4, 5, 6, 7)
+    assert kv._index.keys() == {k0, k1}
+    assert root_prefix(None) != root_prefix("") != root_prefix("r")
+
+
+def test_concurrent_twins_keep_matching_after_a_private_block() -> None:
+    # Two requests compute the same prompt at once: the second one's blocks stay
+    # private, but a third request still finds the whole prefix.
+    kv = BlockManager(num_gpu_blocks=32, block_size=4)
+    prompt = list(range(12)) + [99]
+    a, b = Request("a", prompt), Request("b", prompt)
+    for r in (a, b):
+        assert kv.allocate_slots(r, r.num_tokens)
+    for r in (b, a):
+        r.num_computed_tokens = r.num_tokens
+        kv.cache_full_blocks(r)
+    assert kv.find_cached_prefix(Request("c", prompt)) == kv.block_table("b")[:3]
+    kv.free("b")
+    kv.free("a")
+    kv.check_integrity()

@@ -81,8 +81,10 @@ def test_invariants_hold_after_every_step(
         out = sched.schedule()
         cfg_now = sched.config
 
-        # Budget never exceeded; no chunk above chunk_size.
+        # Budget never exceeded; no chunk above chunk_size; the counts add up.
         assert out.num_batched_tokens <= cfg_now.effective_budget
+        assert out.num_batched_tokens == sum(s.num_tokens for s in out.seqs)
+        assert out.num_prefill_tokens == sum(s.num_tokens for s in out.seqs if s.is_prefill)
         assert all(s.num_tokens <= max(1, cfg_now.chunk_size) for s in out.seqs)
         preempted = out.num_preempted_recompute + out.num_preempted_swap
         if preempted > cfg_now.max_preemptions_per_step:

@@ -24,10 +24,11 @@ class FakeExecutor:
         self.calls.append(out)
         result = ModelRunnerOutput(sampled={}, elapsed_s=self.step_s)
         for seq in out.seqs:
-            if seq.logprob_targets:
+            targets = out.prompt_logprob_targets.get(seq.request_id)
+            if targets:
                 result.prompt_logprobs[seq.request_id] = [
                     TokenLogprobs(t, -(seq.start_pos + j + 1) / 1000, 1)
-                    for j, t in enumerate(seq.logprob_targets[:len(seq.token_ids)])]
+                    for j, t in enumerate(targets)]
             if not seq.sample:
                 continue
             queue = self.script.get(seq.request_id)

@@ -72,7 +72,8 @@ def _slots(seq: ScheduledSeq, end: int, block_size: int, num_blocks: int) -> lis
 
 
 def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
-                max_model_len: int, device: torch.device) -> FlatBatch:
+                max_model_len: int, device: torch.device,
+                prompt_logprob_targets: dict[str, list[int]] | None = None) -> FlatBatch:
     input_ids: list[int] = []
     positions: list[int] = []
     slot_mapping: list[int] = []
@@ -105,9 +106,11 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
         if seq.sample:
             logits_rows.append(begin + n - 1)
             sample_seqs.append(seq)
-        if seq.logprob_targets:
+        targets = prompt_logprob_targets.get(seq.request_id) if prompt_logprob_targets \
+            else None
+        if targets:
             # Position start_pos + j predicts target j; there is at most one per token.
-            count = min(len(seq.logprob_targets), n)
+            count = min(len(targets), n)
             prompt_rows.extend(range(begin, begin + count))
             prompt_seqs.append((seq, count))
 

@@ -77,15 +77,17 @@ class SimulatedExecutor:
         start = self._clock() if self.realtime else 0.0
         elapsed = self.modelled_time(out)
         result = ModelRunnerOutput(sampled={}, elapsed_s=elapsed)
+        sampled, logprobs = result.sampled, result.logprobs
+        targets = out.prompt_logprob_targets
         for s in out.seqs:
-            if s.sample:
-                token = result.sampled[s.request_id] = self._token_for(s.sampling.stop_token_ids)
-                if s.sampling.logprobs is not None:
-                    result.logprobs[s.request_id] = self._synthetic(token, s.sampling.logprobs)
-            if s.logprob_targets:
+            if targets and s.request_id in targets:
                 k = s.sampling.prompt_logprobs or 0
                 result.prompt_logprobs[s.request_id] = [
-                    self._synthetic(t, k) for t in s.logprob_targets[:len(s.token_ids)]]
+                    self._synthetic(t, k) for t in targets[s.request_id]]
+            if s.sample:
+                token = sampled[s.request_id] = self._token_for(s.sampling.stop_token_ids)
+                if s.sampling.logprobs is not None:
+                    logprobs[s.request_id] = self._synthetic(token, s.sampling.logprobs)
         self.num_iterations += 1
         self.busy_s += elapsed
         if self.realtime:

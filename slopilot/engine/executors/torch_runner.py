@@ -161,7 +161,8 @@ class TorchExecutor:
         if out.seqs:
             batch = build_batch(out.seqs, block_size=self.block_size,
                                 num_blocks=self.kv_cache.num_gpu_blocks,
-                                max_model_len=self.max_model_len, device=self.device)
+                                max_model_len=self.max_model_len, device=self.device,
+                                prompt_logprob_targets=out.prompt_logprob_targets)
             with torch.inference_mode():
                 logits = self.model(batch.input_ids, batch.positions, batch.attention,
                                     self.kv_cache, batch.logits_rows)
@@ -170,10 +171,10 @@ class TorchExecutor:
                 tokens = self.sampler.sample(
                     sample_logits, [s.sampling for s in seqs],
                     [s.num_output_tokens for s in seqs],
-                    [(s.prompt_token_ids or (), s.output_token_ids or ()) for s in seqs])
+                    [out.histories.get(s.request_id, ((), ())) for s in seqs])
                 result.sampled = {s.request_id: t for s, t in zip(seqs, tokens, strict=True)}
                 _add_logprobs(result, seqs, tokens, sample_logits, batch.prompt_seqs,
-                              logits[len(seqs):])
+                              logits[len(seqs):], out.prompt_logprob_targets)
         elif self.device.type == "cuda":
             # Only copies ran; wait for them so elapsed_s measures them.
             torch.cuda.synchronize(self.device)
@@ -185,7 +186,7 @@ class TorchExecutor:
 
 def _add_logprobs(result: ModelRunnerOutput, seqs: list[ScheduledSeq], tokens: list[int],
                   sample_logits: torch.Tensor, prompt_seqs: list[tuple[ScheduledSeq, int]],
-                  prompt_logits: torch.Tensor) -> None:
+                  prompt_logits: torch.Tensor, prompt_targets: dict[str, list[int]]) -> None:
     """Logprobs of the raw logits for the rows that asked: sampled tokens, prompt tokens."""
     rows = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
     if rows:
@@ -194,7 +195,8 @@ def _add_logprobs(result: ModelRunnerOutput, seqs: list[ScheduledSeq], tokens: l
         for i, entry in zip(rows, entries, strict=True):
             result.logprobs[seqs[i].request_id] = entry
     if prompt_seqs:
-        targets = [t for seq, count in prompt_seqs for t in (seq.logprob_targets or [])[:count]]
+        targets = [t for seq, count in prompt_seqs
+                   for t in prompt_targets[seq.request_id][:count]]
         num_top = [seq.sampling.prompt_logprobs or 0 for seq, count in prompt_seqs
                    for _ in range(count)]
         entries = gather_logprobs(prompt_logits, targets, num_top)
