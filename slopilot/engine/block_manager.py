@@ -11,7 +11,7 @@ GPU block states::
           +-------------------------------evict (LRU)---------------------+
 
 Full blocks are keyed exactly by the prefix up to and including them, and the request's
-cache salt (``prefix_keys.py``): two requests share a block only when they share that
+cache salt (``prefix_cache.py``): two requests share a block only when they share that
 whole prefix and salt. Cached blocks
 are evicted least recently freed first; a request frees its blocks tail first, so its
 tail is evicted before its head.
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
-from slopilot.engine.prefix_keys import block_packer, node_prefix, root_prefix
+from slopilot.engine.prefix_cache import PrefixCache
 from slopilot.engine.request import Request
 
 __all__ = ["BlockManager", "IntegrityError", "KVStats"]
@@ -56,26 +56,17 @@ class BlockManager:
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size
-        self._enable_prefix_caching = enable_prefix_caching
-        self._pack = block_packer(block_size)
-        # Per block ever handed out (ids below _next_fresh): reference count, key or None.
+        self.prefix = PrefixCache(block_size, enable_prefix_caching)
+        # Per block ever handed out (ids below _next_fresh): reference count, and key or
+        # None (the prefix cache's list, shared).
         self._ref: list[int] = []
-        self._key: list[bytes | None] = []
+        self._key = self.prefix.keys
+        self._registered = self.prefix.registered
         self._next_fresh = 0
         # Freed blocks without a key; popped from the end, before any fresh id.
         self._free: list[int] = []
         self._cached: OrderedDict[int, None] = OrderedDict()
-        # Key (prefix_keys.py) -> (block, the parent bytes of the block after it: the
-        # node of the prefix ending in that block).
-        self._index: dict[bytes, tuple[int, bytes]] = {}
-        self._next_node = 0
         self._tables: dict[str, list[int]] = {}
-        # Per live request: its full blocks' tokens packed, and the nodes of its cached
-        # prefix (hits and registered blocks), block by block.
-        self._packed: dict[str, list[bytes]] = {}
-        self._chains: dict[str, list[bytes]] = {}
-        # How many leading blocks of each table have been offered to the cache.
-        self._registered: dict[str, int] = {}
         self._cpu_free: list[int] = []
         self._cpu_next_fresh = 0
         self._cpu_tables: dict[str, list[int]] = {}
@@ -87,7 +78,7 @@ class BlockManager:
     # ---------------------------------------------------------------- queries
     @property
     def enable_prefix_caching(self) -> bool:
-        return self._enable_prefix_caching
+        return self.prefix.enabled
 
     @property
     def num_free_blocks(self) -> int:
@@ -143,100 +134,28 @@ class BlockManager:
     def set_prefix_caching(self, enabled: bool) -> None:
         """Switch the prefix cache live. Off forgets every key: cached blocks become
         plain free blocks and no later request hits what was cached before."""
-        if enabled == self._enable_prefix_caching:
+        if enabled == self.prefix.enabled:
             return
-        self._enable_prefix_caching = enabled
+        self.prefix.enabled = enabled
         if enabled:
             return  # live requests register their full blocks from the next update
-        keys = self._key
-        for b, _ in self._index.values():
-            keys[b] = None
+        self.prefix.clear()
         self._free.extend(self._cached)
         self._cached.clear()
-        self._index.clear()
-        self._chains.clear()
-        self._packed.clear()
-        self._registered.clear()
-
-    def _packed_blocks(self, request: Request, num_full_blocks: int) -> list[bytes]:
-        """The request's first ``num_full_blocks`` blocks of tokens, packed (memoized)."""
-        rid = request.request_id
-        packed = self._packed.get(rid)
-        if packed is None:
-            packed = self._packed[rid] = []
-        have = len(packed)
-        if have < num_full_blocks:
-            bs, pack = self.block_size, self._pack
-            prompt = request.prompt_token_ids
-            num_prompt = len(prompt)
-            for start in range(have * bs, num_full_blocks * bs, bs):
-                end = start + bs
-                packed.append(pack(*(prompt[start:end] if end <= num_prompt
-                                     else request.token_slice(start, end))))
-        return packed
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """GPU blocks holding the longest cached prefix; at least one token stays to compute.
 
         Looks only; nothing is taken until ``allocate_slots`` gets the blocks.
         """
-        if not self._enable_prefix_caching:
-            return []
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        packed = self._packed_blocks(request, max_blocks)
-        index = self._index
-        parent = root_prefix(request.cache_salt)
-        hits: list[int] = []
-        nodes: list[bytes] = []
-        for i in range(max_blocks):
-            entry = index.get(parent + packed[i])
-            if entry is None:
-                break
-            hits.append(entry[0])
-            parent = entry[1]
-            nodes.append(parent)
-        self._chains[request.request_id] = nodes
-        return hits
+        return self.prefix.lookup(request)
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's computed full blocks so later requests can reuse them."""
-        if not self._enable_prefix_caching:
-            return
-        rid = request.request_id
-        table = self._tables.get(rid)
-        if table is None:
-            return
-        start = self._registered.get(rid, 0)
-        num_full = min(request.num_computed_tokens // self.block_size, len(table))
-        if num_full <= start:
-            return
-        packed = self._packed.get(rid)
-        if packed is None or len(packed) < num_full:
-            packed = self._packed_blocks(request, num_full)
-        chain = self._chains.get(rid)
-        if chain is None:
-            chain = self._chains[rid] = []
-        if len(chain) != start:
-            start = min(start, len(chain))  # the node chain must reach the block before
-            del chain[start:]
-        keys, index = self._key, self._index
-        parent = chain[-1] if start else root_prefix(request.cache_salt)
-        for i in range(start, num_full):
-            key = parent + packed[i]
-            entry = index.get(key)
-            if entry is None:
-                # Our block is the first with this prefix: it is cached under a new node.
-                parent = node_prefix(self._next_node)
-                self._next_node += 1
-                block = table[i]
-                index[key] = (block, parent)
-                keys[block] = key
-            else:
-                # The prefix is cached (maybe in this very block): ours stays private,
-                # and the chain goes on from the cached node, so later blocks still match.
-                parent = entry[1]
-            chain.append(parent)
-        self._registered[rid] = num_full
+        if self.prefix.enabled:
+            table = self._tables.get(request.request_id)
+            if table is not None:
+                self.prefix.register(request, table)
 
     # ---------------------------------------------------------------- allocation
     def _take_free(self) -> int:
@@ -249,10 +168,7 @@ class BlockManager:
             self._key.append(None)
             return b
         b, _ = self._cached.popitem(last=False)
-        key = self._key[b]
-        if key is not None:
-            del self._index[key]
-        self._key[b] = None
+        self.prefix.evict(b)
         return b
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
@@ -334,8 +250,7 @@ class BlockManager:
         """
         self._free_gpu(request_id)
         if not keep_chain:
-            self._chains.pop(request_id, None)
-            self._packed.pop(request_id, None)
+            self.prefix.forget(request_id)
         cpu = self._cpu_tables.pop(request_id, None)
         if cpu is not None:
             self._cpu_free.extend(cpu)

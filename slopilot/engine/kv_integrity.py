@@ -46,15 +46,15 @@ def check_block_manager(kv: BlockManager) -> None:
         if kv._key[b] is None:
             raise IntegrityError(f"cached block {b} has no key")
     nodes = set()
-    for key, (b, node) in kv._index.items():
+    for key, (b, node) in kv.prefix.index.items():
         if kv._key[b] != key:
             raise IntegrityError(f"key index points at block {b} with another key")
         nodes.add(node)
-    if len(nodes) != len(kv._index):
+    if len(nodes) != len(kv.prefix.index):
         raise IntegrityError("two cached prefixes share a node id")
     if any(kv._key[b] is not None for b in free):
         raise IntegrityError("a free block still carries a key")
-    if sum(k is not None for k in kv._key) != len(kv._index):
+    if sum(k is not None for k in kv._key) != len(kv.prefix.index):
         raise IntegrityError("a keyed block is missing from the key index")
     cpu_used = sum(len(t) for t in kv._cpu_tables.values())
     cpu_idle = kv._cpu_free + kv._cpu_draining

@@ -93,18 +93,18 @@ def test_a_huge_pool_costs_nothing_until_used() -> None:
 
 
 def test_keys_follow_the_documented_recipe() -> None:
-    # root(salt) || tokens, then "n" + node || tokens: what prefix_keys.py says.
-    from slopilot.engine.prefix_keys import block_packer, node_prefix, root_prefix
+    # root(salt) || tokens, then "n" + node || tokens: what prefix_cache.py says.
+    from slopilot.engine.prefix_cache import block_packer, node_prefix, root_prefix
 
     kv = BlockManager(num_gpu_blocks=16, block_size=4)
     req = Request("a", list(range(9)), cache_salt="s")
     _computed(kv, req)
     pack = block_packer(4)
     k0 = root_prefix("s") + pack(0, 1, 2, 3)
-    node0 = kv._index[k0][1]
+    node0 = kv.prefix.index[k0][1]
     assert node0 in (node_prefix(0), node_prefix(1))
     k1 = node0 + pack(4, 5, 6, 7)
-    assert kv._index.keys() == {k0, k1}
+    assert kv.prefix.index.keys() == {k0, k1}
     assert root_prefix(None) != root_prefix("") != root_prefix("r")
 
 
