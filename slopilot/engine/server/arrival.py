@@ -1,7 +1,9 @@
 """Stamp each HTTP request's arrival before anything else happens to it.
 
-A pure ASGI middleware (no body buffering): the stamp is taken when the request reaches
-the app, before its body is read, parsed or tokenized, on the engine's clock; TTFT and
+The server's HTTP protocol stamps the moment the request's first bytes come off the
+socket (``uvicorn_runner.stamping_protocol``); this pure ASGI middleware stamps at the
+app's door where no earlier stamp exists (an app served some other way). Either way it
+is before the body is read, parsed or tokenized, on the engine's clock: TTFT and
 end-to-end latency count from it, as the client's own clock would.
 """
 
@@ -22,7 +24,7 @@ class ArrivalStamp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            scope[SCOPE_KEY] = self.clock()
+            scope.setdefault(SCOPE_KEY, self.clock())
         await self.app(scope, receive, send)
 
 
