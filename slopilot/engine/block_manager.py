@@ -10,10 +10,15 @@ GPU block states::
           +-------free, unhashed--------+  +-------prefix hit (touch)-----+
           +-------------------------------evict (LRU)---------------------+
 
-Full blocks are keyed by a hash chain over their tokens, so a block's key depends on
-every token before it: two requests share a block only when they share the whole
-prefix up to and including it. Cached blocks are evicted least recently freed first;
-a request frees its blocks tail first, so its tail is evicted before its head.
+Full blocks are keyed exactly by the prefix up to and including them, and the request's
+cache salt (``prefix_cache.py``): two requests share a block only when they share that
+whole prefix and salt. Cached blocks
+are evicted least recently freed first; a request frees its blocks tail first, so its
+tail is evicted before its head.
+
+Block ids are handed out lazily: ids at or above ``_next_fresh`` have never been used
+and cost nothing, so a pool of tens of millions of blocks (a simulated H200 serving a
+tiny model) is built at once and costs memory only for the blocks ever touched.
 """
 
 from __future__ import annotations
@@ -21,14 +26,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
+from slopilot.engine.prefix_cache import PrefixCache
 from slopilot.engine.request import Request
 
-_NO_HASH = -1
-
-
-class IntegrityError(AssertionError):
-    """The block manager's bookkeeping disagrees with itself: a bug, never user error."""
-
+__all__ = ["BlockManager", "IntegrityError", "KVStats"]
 
 @dataclass(frozen=True, slots=True)
 class KVStats:
@@ -54,19 +56,19 @@ class BlockManager:
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self._ref = [0] * num_gpu_blocks
-        self._hash = [_NO_HASH] * num_gpu_blocks
-        # Popped from the end: low block ids are handed out first.
-        self._free: list[int] = list(range(num_gpu_blocks - 1, -1, -1))
+        self.prefix = PrefixCache(block_size, enable_prefix_caching)
+        # Per block ever handed out (ids below _next_fresh): reference count, and key or
+        # None (the prefix cache's list, shared).
+        self._ref: list[int] = []
+        self._key = self.prefix.keys
+        self._registered = self.prefix.registered
+        self._next_fresh = 0
+        # Freed blocks without a key; popped from the end, before any fresh id.
+        self._free: list[int] = []
         self._cached: OrderedDict[int, None] = OrderedDict()
-        self._hash_to_block: dict[int, int] = {}
         self._tables: dict[str, list[int]] = {}
-        # Hash chain of each live request's full blocks (prefix of its token stream).
-        self._chains: dict[str, list[int]] = {}
-        # How many leading blocks of each table have been offered to the cache.
-        self._registered: dict[str, int] = {}
-        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self._cpu_free: list[int] = []
+        self._cpu_next_fresh = 0
         self._cpu_tables: dict[str, list[int]] = {}
         # CPU blocks read by this iteration's swap-ins: reusable only from the next
         # iteration, or a swap-out in the same batch could overwrite them before the
@@ -75,13 +77,18 @@ class BlockManager:
 
     # ---------------------------------------------------------------- queries
     @property
+    def enable_prefix_caching(self) -> bool:
+        return self.prefix.enabled
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: never-used ones plus evictable cached ones."""
-        return len(self._free) + len(self._cached)
+        return (len(self._free) + len(self._cached)
+                + self.num_gpu_blocks - self._next_fresh)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_gpu_blocks - len(self._free) - len(self._cached)
+        return self._next_fresh - len(self._free) - len(self._cached)
 
     @property
     def usage(self) -> float:
@@ -89,12 +96,13 @@ class BlockManager:
 
     @property
     def num_free_cpu_blocks(self) -> int:
-        return len(self._cpu_free)
+        return len(self._cpu_free) + self.num_cpu_blocks - self._cpu_next_fresh
 
     def stats(self) -> KVStats:
+        num_free = len(self._free) + self.num_gpu_blocks - self._next_fresh
         return KVStats(self.num_gpu_blocks, self.num_used_blocks, len(self._cached),
-                       len(self._free), self.num_cpu_blocks,
-                       self.num_cpu_blocks - len(self._cpu_free))
+                       num_free, self.num_cpu_blocks,
+                       self.num_cpu_blocks - self.num_free_cpu_blocks)
 
     @property
     def tables(self) -> dict[str, list[int]]:
@@ -108,6 +116,11 @@ class BlockManager:
         table = self._tables.get(request_id)
         return len(table) if table is not None else 0
 
+    def num_exclusive_blocks(self, request_id: str) -> int:
+        """Blocks that freeing this request would give back (not shared with others)."""
+        ref = self._ref
+        return sum(1 for b in self._tables.get(request_id, ()) if ref[b] == 1)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -118,65 +131,45 @@ class BlockManager:
         return len(self._cpu_tables.get(request_id, ()))
 
     # ---------------------------------------------------------------- prefix cache
-    def _chain(self, request: Request, num_full_blocks: int) -> list[int]:
-        """The hash chain over the request's first ``num_full_blocks`` blocks."""
-        chain = self._chains.setdefault(request.request_id, [])
-        bs = self.block_size
-        parent = chain[-1] if chain else _NO_HASH
-        for i in range(len(chain), num_full_blocks):
-            parent = hash((parent, *request.token_slice(i * bs, (i + 1) * bs)))
-            chain.append(parent)
-        return chain
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Switch the prefix cache live. Off forgets every key: cached blocks become
+        plain free blocks and no later request hits what was cached before."""
+        if enabled == self.prefix.enabled:
+            return
+        self.prefix.enabled = enabled
+        if enabled:
+            return  # live requests register their full blocks from the next update
+        self.prefix.clear()
+        self._free.extend(self._cached)
+        self._cached.clear()
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """GPU blocks holding the longest cached prefix; at least one token stays to compute.
 
         Looks only; nothing is taken until ``allocate_slots`` gets the blocks.
         """
-        if not self.enable_prefix_caching:
-            return []
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        chain = self._chain(request, max_blocks)
-        hits: list[int] = []
-        lookup = self._hash_to_block
-        for i in range(max_blocks):
-            block = lookup.get(chain[i])
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        return self.prefix.lookup(request)
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's computed full blocks so later requests can reuse them."""
-        if not self.enable_prefix_caching:
-            return
-        rid = request.request_id
-        table = self._tables.get(rid)
-        if table is None:
-            return
-        start = self._registered.get(rid, 0)
-        num_full = min(request.num_computed_tokens // self.block_size, len(table))
-        if num_full <= start:
-            return
-        chain = self._chain(request, num_full)
-        hashes, index = self._hash, self._hash_to_block
-        for i in range(start, num_full):
-            block, key = table[i], chain[i]
-            # A block already hashed came from the cache; a key already indexed is held
-            # by another block, and ours stays private.
-            if hashes[block] == _NO_HASH and key not in index:
-                hashes[block] = key
-                index[key] = block
-        self._registered[rid] = num_full
+        if self.prefix.enabled:
+            table = self._tables.get(request.request_id)
+            if table is not None:
+                self.prefix.register(request, table)
 
     # ---------------------------------------------------------------- allocation
     def _take_free(self) -> int:
         if self._free:
             return self._free.pop()
-        block, _ = self._cached.popitem(last=False)
-        del self._hash_to_block[self._hash[block]]
-        self._hash[block] = _NO_HASH
-        return block
+        b = self._next_fresh
+        if b < self.num_gpu_blocks:
+            self._next_fresh = b + 1
+            self._ref.append(0)
+            self._key.append(None)
+            return b
+        b, _ = self._cached.popitem(last=False)
+        self.prefix.evict(b)
+        return b
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        cached_blocks: list[int] | None = None,
@@ -184,7 +177,8 @@ class BlockManager:
         """Make room for ``num_new_tokens`` more tokens; False (and no change) if short.
 
         ``cached_blocks`` (from ``find_cached_prefix``) start a new request's table;
-        ``reserve_blocks`` must stay free afterwards (the admission watermark).
+        ``reserve_blocks`` must stay free afterwards (the admission watermark, or room
+        held for a P0 that is preempting its way in).
         """
         rid = request.request_id
         table = self._tables.get(rid)
@@ -193,14 +187,9 @@ class BlockManager:
         need_tokens = request.num_computed_tokens + num_cached * self.block_size \
             + num_new_tokens
         need = -(-need_tokens // self.block_size) - have
-        # Cached blocks sitting in the evictable pool leave it when we take them.
-        reviving = 0
-        if cached_blocks:
-            ref = self._ref
-            for b in cached_blocks:
-                if ref[b] == 0:
-                    reviving += 1
-        if need + reviving + reserve_blocks > len(self._free) + len(self._cached):
+        reviving = self._num_reviving(cached_blocks) if cached_blocks else 0
+        if need + reviving + reserve_blocks > len(self._free) + len(self._cached) \
+                + self.num_gpu_blocks - self._next_fresh:
             return False
         if table is None:
             table = self._tables[rid] = []
@@ -212,16 +201,56 @@ class BlockManager:
                 ref[b] += 1
             table.extend(cached_blocks)
             self._registered[rid] = len(table)
-        for _ in range(need):
-            b = self._take_free()
-            self._ref[b] = 1
-            table.append(b)
+        if need > 0:
+            table.extend(self._take(need))
         return True
 
-    def free(self, request_id: str) -> None:
-        """Release a request's GPU and CPU blocks (finish, abort, or recompute)."""
+    def _take(self, n: int) -> list[int]:
+        """``n`` blocks at reference count 1: freed ones first (most recent first), then
+        never-used ones, then the least recently freed cached ones (evicted)."""
+        free, ref = self._free, self._ref
+        k = min(n, len(free))
+        taken = free[len(free) - k:]
+        del free[len(free) - k:]
+        taken.reverse()
+        for b in taken:
+            ref[b] = 1
+        k = min(n - k, self.num_gpu_blocks - self._next_fresh)
+        if k:
+            start = self._next_fresh
+            self._next_fresh = start + k
+            taken.extend(range(start, start + k))
+            ref.extend([1] * k)
+            self._key.extend([None] * k)
+        while len(taken) < n:
+            b = self._take_free()  # an eviction
+            ref[b] = 1
+            taken.append(b)
+        return taken
+
+    def _num_reviving(self, cached_blocks: list[int]) -> int:
+        # Cached blocks sitting in the evictable pool leave it when they are taken.
+        ref = self._ref
+        return sum(1 for b in cached_blocks if ref[b] == 0)
+
+    def free_blocks_needed(self, request: Request, num_new_tokens: int,
+                           cached_blocks: list[int] | None = None) -> int:
+        """How many free blocks ``allocate_slots`` with these arguments would take."""
+        num_cached = len(cached_blocks) if cached_blocks else 0
+        need_tokens = request.num_computed_tokens + num_cached * self.block_size \
+            + num_new_tokens
+        need = -(-need_tokens // self.block_size) - self.num_blocks(request.request_id) \
+            - num_cached
+        return max(need, 0) + (self._num_reviving(cached_blocks) if cached_blocks else 0)
+
+    def free(self, request_id: str, *, keep_chain: bool = False) -> None:
+        """Release a request's GPU and CPU blocks (finish, abort, or recompute).
+
+        ``keep_chain``: a recomputed request keeps its tokens, so its keys stay valid.
+        """
         self._free_gpu(request_id)
-        self._chains.pop(request_id, None)
+        if not keep_chain:
+            self.prefix.forget(request_id)
         cpu = self._cpu_tables.pop(request_id, None)
         if cpu is not None:
             self._cpu_free.extend(cpu)
@@ -231,31 +260,38 @@ class BlockManager:
         self._registered.pop(request_id, None)
         if table is None:
             return
-        ref, hashes, cached, free = self._ref, self._hash, self._cached, self._free
+        ref, keys, cached, free = self._ref, self._key, self._cached, self._free
         for b in reversed(table):
             ref[b] -= 1
             if ref[b] == 0:
-                if hashes[b] != _NO_HASH:
+                if keys[b] is not None:
                     cached[b] = None
                 else:
                     free.append(b)
 
     # ---------------------------------------------------------------- swap
+    def _take_cpu(self) -> int:
+        if self._cpu_free:
+            return self._cpu_free.pop()
+        c = self._cpu_next_fresh
+        self._cpu_next_fresh = c + 1
+        return c
+
     def can_swap_out(self, request_id: str) -> bool:
-        return self.num_blocks(request_id) <= len(self._cpu_free)
+        return self.num_blocks(request_id) <= self.num_free_cpu_blocks
 
     def swap_out(self, request_id: str) -> list[tuple[int, int]]:
         """Move a request's blocks to host memory; returns (gpu, cpu) copy pairs.
 
         The GPU blocks are freed at once: the copy runs before the next forward pass
-        that could overwrite them. Hashed blocks stay cached on the GPU as well.
+        that could overwrite them. Keyed blocks stay cached on the GPU as well.
         """
         table = self._tables[request_id]
-        if len(table) > len(self._cpu_free):
+        if len(table) > self.num_free_cpu_blocks:
             raise ValueError(f"not enough CPU blocks to swap out {request_id}")
-        pairs = [(g, self._cpu_free.pop()) for g in table]
+        pairs = [(g, self._take_cpu()) for g in table]
         self._cpu_tables[request_id] = [c for _, c in pairs]
-        # The token hash chain stays: it describes tokens, not where they live.
+        # The packed tokens and the node chain stay: they describe tokens, not places.
         self._free_gpu(request_id)
         return pairs
 
@@ -285,34 +321,8 @@ class BlockManager:
 
     # ---------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
-        """free + used + cached == total, and every count agrees with the tables."""
-        refs = [0] * self.num_gpu_blocks
-        for table in self._tables.values():
-            for b in table:
-                refs[b] += 1
-        if refs != self._ref:
-            raise IntegrityError("reference counts disagree with the block tables")
-        free = set(self._free)
-        cached = set(self._cached)
-        used = {b for b, r in enumerate(self._ref) if r > 0}
-        if len(free) != len(self._free):
-            raise IntegrityError("a block is on the free list twice")
-        if free & cached or free & used or cached & used:
-            raise IntegrityError("a block is in two of free / cached / used")
-        if len(free) + len(cached) + len(used) != self.num_gpu_blocks:
-            raise IntegrityError(
-                f"free {len(free)} + cached {len(cached)} + used {len(used)} "
-                f"!= total {self.num_gpu_blocks}")
-        for b in cached:
-            if self._hash[b] == _NO_HASH:
-                raise IntegrityError(f"cached block {b} has no hash")
-        for key, b in self._hash_to_block.items():
-            if self._hash[b] != key:
-                raise IntegrityError(f"hash index points at block {b} with another hash")
-        if any(h != _NO_HASH for h in (self._hash[b] for b in free)):
-            raise IntegrityError("a free block still carries a hash")
-        cpu_used = sum(len(t) for t in self._cpu_tables.values())
-        cpu_idle = self._cpu_free + self._cpu_draining
-        if cpu_used + len(cpu_idle) != self.num_cpu_blocks or \
-                len(set(cpu_idle)) != len(cpu_idle):
-            raise IntegrityError("CPU blocks are not conserved")
+        """free + used + cached == total, and every count agrees with the tables.
+
+        O(blocks ever used): for tests and ``--check-integrity``, never the serving path.
+        """
+        check_block_manager(self)

@@ -16,7 +16,18 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """A knob value is out of range or of the wrong type; the message names the fix."""
+    """A knob value is out of range or of the wrong type; the message names the fix.
+
+    ``field`` is the knob to change (None when the error is about no single knob);
+    ``fields`` lists every knob involved, ``field`` first: more than one means a
+    cross-field rule (chunk_size against token_budget), judged only on the whole config.
+    """
+
+    def __init__(self, message: str, field: str | None = None, *,
+                 related: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.field = field
+        self.fields: tuple[str, ...] = ((field,) if field else ()) + related
 
 
 class PreemptionMode(enum.StrEnum):
@@ -72,26 +83,28 @@ class EngineConfig:
             default = f.default
             if isinstance(default, bool):
                 if not isinstance(value, bool):
-                    raise ConfigError(f"{f.name}={value!r}: expected true or false")
+                    raise ConfigError(f"{f.name}={value!r}: expected true or false", f.name)
             elif isinstance(default, int):
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise ConfigError(f"{f.name}={value!r}: expected an integer")
+                    raise ConfigError(f"{f.name}={value!r}: expected an integer", f.name)
             elif isinstance(default, float) and (
                     isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value)):
-                raise ConfigError(f"{f.name}={value!r}: expected a finite number")
+                raise ConfigError(f"{f.name}={value!r}: expected a finite number", f.name)
             choices = meta.get("choices")
             if choices is not None and value not in choices:
                 allowed = ", ".join(str(getattr(c, "value", c)) for c in choices)
-                raise ConfigError(f"{f.name}={value!r} is not allowed; use one of: {allowed}")
+                raise ConfigError(f"{f.name}={value!r} is not allowed; use one of: {allowed}",
+                                  f.name)
             lo, hi = meta.get("lo"), meta.get("hi")
             if lo is not None and hi is not None and not lo <= value <= hi:
                 raise ConfigError(
-                    f"{f.name}={value!r} is out of range; use a value in [{lo}, {hi}]")
+                    f"{f.name}={value!r} is out of range; use a value in [{lo}, {hi}]", f.name)
         if self.chunk_size > self.effective_budget:
             raise ConfigError(
                 f"chunk_size={self.chunk_size} exceeds the token budget "
-                f"{self.effective_budget}; lower chunk_size or raise token_budget")
+                f"{self.effective_budget}; lower chunk_size or raise token_budget",
+                "chunk_size", related=("token_budget",))
 
     @property
     def effective_budget(self) -> int:
@@ -107,10 +120,11 @@ class EngineConfig:
         for name, raw in overrides.items():
             if name not in known:
                 raise ConfigError(
-                    f"unknown knob {name!r}; known knobs: {', '.join(sorted(known))}")
+                    f"unknown knob {name!r}; known knobs: {', '.join(sorted(known))}", name)
             if live_only and not known[name].metadata["live"] and raw != getattr(self, name):
                 raise ConfigError(
-                    f"{name} cannot change on a running engine; restart it with the new value")
+                    f"{name} cannot change on a running engine; restart it with the new value",
+                    name)
             changes[name] = coerce_knob(name, raw)
         return dataclasses.replace(self, **changes)
 
@@ -134,7 +148,8 @@ def coerce_knob(name: str, raw: Any) -> Any:
             return PreemptionMode(raw.value if isinstance(raw, PreemptionMode) else str(raw))
         except ValueError:
             raise ConfigError(
-                f"{name}={raw!r} is not allowed; use one of: recompute, swap, auto") from None
+                f"{name}={raw!r} is not allowed; use one of: recompute, swap, auto",
+                name) from None
     if not isinstance(raw, str):
         return raw
     text = raw.strip()
@@ -151,7 +166,7 @@ def coerce_knob(name: str, raw: Any) -> Any:
             return float(text)
     except ValueError:
         kind = type(default).__name__
-        raise ConfigError(f"{name}={raw!r}: expected a {kind}") from None
+        raise ConfigError(f"{name}={raw!r}: expected a {kind}", name) from None
     return text
 
 
@@ -161,7 +176,8 @@ def parse_set_args(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise ConfigError(f"--set {item!r}: expected knob=value, e.g. token_budget=512")
+            raise ConfigError(f"--set {item!r}: expected knob=value, e.g. token_budget=512",
+                              name.strip() or None)
         out[name.strip()] = value
     return out
 

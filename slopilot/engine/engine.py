@@ -15,7 +15,10 @@ from typing import Protocol
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.request import Request, RequestStatus
-from slopilot.engine.scheduler import Scheduler
+from slopilot.engine.scheduler import Scheduler, StepOutput
+
+# What an iteration with nothing to run (every running request stalled) "returns".
+_NOTHING_RAN = ModelRunnerOutput(sampled={})
 
 
 class Executor(Protocol):
@@ -80,18 +83,17 @@ class LLMEngine:
         return self.scheduler.config
 
     def add_request(self, req: Request) -> None:
+        now = self.clock.now()
         if req.arrival_time == 0.0:
-            req.arrival_time = self.clock.now()
+            req.arrival_time = now
         self.scheduler.add_request(req)
+        req.queued_time = now
 
     def abort_request(self, request_id: str,
                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
         req = self.scheduler.abort_request(request_id, status)
         if req is not None:
-            now = self.clock.now()
-            req.finished_time = now
-            for obs in self.observers:
-                obs.on_finished(req, now)
+            self._finished(req, self.clock.now())
         return req
 
     def update_config(self, config: EngineConfig) -> None:
@@ -100,48 +102,45 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    def step(self) -> list[Request]:
-        """Run one iteration; returns the requests that got a token (some finished).
-
-        Requests the scheduler had to end without a token are in
-        ``scheduler.finished_in_schedule`` until the next step (already reported).
-        """
+    def step(self) -> StepOutput:
+        """Run one iteration: who got a token, and who finished (with a token or not)."""
         sched = self.scheduler
         out = sched.schedule(self.clock.now())
-        if sched.finished_in_schedule:
-            now = self.clock.now()
-            for req in sched.finished_in_schedule:
-                req.finished_time = now
-                for obs in self.observers:
-                    obs.on_finished(req, now)
-        if not out.seqs and not out.swap_out and not out.swap_in:
-            return []
+        result = _NOTHING_RAN if out.is_empty else self._execute(out)
+        update = sched.update_from_output(out, result)
+        now = self.clock.now()
+        if not out.is_empty:
+            for obs in self.observers:
+                obs.on_step(self, out, result.elapsed_s, now)
+        self._tokens(update.new_tokens, now)
+        for req in update.finished:
+            self._finished(req, now)
+        return update
+
+    def _execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         result = self.executor.execute(out)
         self.clock.advance(result.elapsed_s)
-        now = self.clock.now()
         self.num_steps += 1
         self.busy_s += result.elapsed_s
-        got = sched.update_from_output(out, result)
+        return result
+
+    def _tokens(self, reqs: list[Request], now: float) -> None:
         observers = self.observers
-        for obs in observers:
-            obs.on_step(self, out, result.elapsed_s, now)
-        running = RequestStatus.RUNNING
-        for req in got:
+        for req in reqs:
             last = req.last_token_time
+            req.last_token_time = now
             if last is None:
                 req.first_token_time = now
                 for obs in observers:
                     obs.on_first_token(req, now - req.arrival_time, now)
             else:
-                gap = now - last
                 for obs in observers:
-                    obs.on_token_gap(req, gap, now)
-            req.last_token_time = now
-            if req.status is not running:
-                req.finished_time = now
-                for obs in observers:
-                    obs.on_finished(req, now)
-        return got
+                    obs.on_token_gap(req, now - last, now)
+
+    def _finished(self, req: Request, now: float) -> None:
+        req.finished_time = now
+        for obs in self.observers:
+            obs.on_finished(req, now)
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Step until nothing is left (tests and offline runs)."""

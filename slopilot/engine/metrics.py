@@ -44,6 +44,7 @@ VLLM_METRICS: frozenset[str] = frozenset({
     "vllm:request_success_total", "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total",
     "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    "vllm:request_prefill_time_seconds",
 })
 SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
@@ -54,7 +55,7 @@ HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
     "vllm:iteration_tokens_total", "vllm:request_prompt_tokens",
-    "vllm:request_generation_tokens",
+    "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
 })
 
 
@@ -100,6 +101,7 @@ class EngineMetrics:
         self._itl = per_class(LATENCY_BUCKETS)
         self._e2e = per_class(LATENCY_BUCKETS)
         self._queue = per_class(LATENCY_BUCKETS)
+        self._prefill = per_class(LATENCY_BUCKETS)
         self._req_prompt = per_class(TOKEN_BUCKETS)
         self._req_generation = per_class(TOKEN_BUCKETS)
         self._iteration = HistogramRecorder(TOKEN_BUCKETS)
@@ -146,9 +148,23 @@ class EngineMetrics:
             self._iteration.observe(num_batched_tokens)
         self._busy.add(elapsed_s, now)
 
-    def on_first_token(self, priority: Priority, ttft_s: float) -> None:
-        self._ttft[priority].observe(ttft_s)
+    def on_first_token(self, priority: Priority, ttft_s: float | None,
+                       prefill_s: float | None = None) -> None:
+        """A request's first token. ``ttft_s`` None: the caller observes TTFT itself
+        (the server, when the first chunk is written; see ``observe_ttft``)."""
+        if ttft_s is not None:
+            self._ttft[priority].observe(ttft_s)
+        if prefill_s is not None:
+            self._prefill[priority].observe(prefill_s)
         self.generation_tokens += 1
+
+    def observe_ttft(self, priority: Priority, ttft_s: float) -> None:
+        """TTFT as the client sees it: request arrival to its first chunk written.
+
+        Called on one thread only (the server's event loop); the engine thread then
+        leaves TTFT alone, so the recorder is never written from two threads.
+        """
+        self._ttft[priority].observe(ttft_s)
 
     def on_token_gap(self, priority: Priority, gap_s: float, now: float) -> None:
         self._itl[priority].observe(gap_s)
@@ -234,11 +250,14 @@ class EngineMetrics:
 
     def _latency_families(self) -> Iterator[Metric]:
         for name, doc, recorders in (
-                ("vllm:time_to_first_token_seconds", "Time to first token.", self._ttft),
+                ("vllm:time_to_first_token_seconds",
+                 "Time to first token: request arrival to its first output.", self._ttft),
                 ("vllm:inter_token_latency_seconds", "Time between tokens (TBT).", self._itl),
                 ("vllm:e2e_request_latency_seconds", "Arrival to finish.", self._e2e),
-                ("vllm:request_queue_time_seconds", "Arrival to first scheduling.",
-                 self._queue),
+                ("vllm:request_queue_time_seconds",
+                 "Engine queue: taken by the engine to first scheduled.", self._queue),
+                ("vllm:request_prefill_time_seconds", "First scheduled to first token.",
+                 self._prefill),
                 ("vllm:request_prompt_tokens", "Prompt length of finished requests.",
                  self._req_prompt),
                 ("vllm:request_generation_tokens", "Output length of finished requests.",

@@ -21,8 +21,10 @@ from slopilot.engine.request import FinishReason, Request
 class MetricsObserver:
     """A ``StepObserver`` that feeds one ``EngineMetrics``."""
 
-    def __init__(self, metrics: EngineMetrics) -> None:
+    def __init__(self, metrics: EngineMetrics, *, observe_ttft: bool = True) -> None:
         self.metrics = metrics
+        # The server observes TTFT itself, when the first chunk is written.
+        self.observe_ttft = observe_ttft
         self._config: EngineConfig | None = None
         self._recompute = 0
         self._swap = 0
@@ -65,7 +67,9 @@ class MetricsObserver:
         self._queries, self._hits = queries, hits
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        self.metrics.on_first_token(req.priority, ttft_s)
+        scheduled = req.first_scheduled_time
+        self.metrics.on_first_token(req.priority, ttft_s if self.observe_ttft else None,
+                                    None if scheduled is None else now - scheduled)
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
         self.metrics.on_token_gap(req.priority, gap_s, now)
@@ -74,7 +78,10 @@ class MetricsObserver:
         # A request aborted before it was ever scheduled spent all its life queued.
         scheduled = req.first_scheduled_time if req.first_scheduled_time is not None else now
         reason = req.finish_reason or FinishReason.ABORT
+        # Queue time is the engine's own: from when it took the request (after parsing
+        # and tokenizing), so TTFT = front door + queue + prefill + delivery splits up.
+        queued = req.queued_time if req.queued_time is not None else req.arrival_time
         self.metrics.on_finished(
-            req.priority, e2e_s=now - req.arrival_time, queue_s=scheduled - req.arrival_time,
+            req.priority, e2e_s=now - req.arrival_time, queue_s=scheduled - queued,
             prompt_tokens=req.num_prompt_tokens, generation_tokens=req.num_output_tokens,
             finish_reason=reason.value)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slopilot.engine.request import SamplingParams
+from slopilot.engine.request import SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -60,6 +60,13 @@ class SchedulerOutput:
     num_preempted_swap: int = 0
     # Running requests that got no KV room this iteration (preemption not allowed).
     num_stalled: int = 0
+    # Rarely used, so kept off the rows (a decode row is built for every running
+    # request on every step): the (prompt, output) token lists of rows whose sampling
+    # has penalties (the scheduler's own lists: read-only), and for rows that want
+    # prompt logprobs, the prompt tokens their positions predict: those at start_pos + 1,
+    # start_pos + 2, ... (a chunk's last position may predict the next chunk's first).
+    histories: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    prompt_logprob_targets: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -72,3 +79,7 @@ class ModelRunnerOutput:
     sampled: dict[str, int]
     # Wall time the iteration took (measured) or would take (cost model), seconds.
     elapsed_s: float = 0.0
+    # request_id -> the sampled token's logprobs, for rows whose sampling asks for them.
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # request_id -> one entry per token of its ``prompt_logprob_targets``, in order.
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

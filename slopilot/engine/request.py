@@ -52,6 +52,18 @@ class RequestStatus(enum.IntEnum):
         return self > RequestStatus.RUNNING
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position's log-probabilities, from the model's raw logits (log-softmax)."""
+
+    token_id: int
+    logprob: float
+    # 1 is the most likely token at this position.
+    rank: int
+    # The most likely tokens, best first: (token id, logprob).
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class RequestPhase(enum.StrEnum):
     """Where a request is, for people and metrics: the status plus its progress.
 
@@ -80,9 +92,22 @@ _FINISH_REASON = {
 }
 
 
+# Most top logprobs one token may carry (vLLM's default max_logprobs).
+MAX_LOGPROBS = 20
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Stop conditions and sampling settings; validated once at the edge."""
+    """Stop conditions and sampling settings; validated once at the edge.
+
+    Penalties follow vLLM (and OpenAI): ``presence_penalty`` and ``frequency_penalty``
+    subtract from the logits of tokens already generated (once, and per occurrence);
+    ``repetition_penalty`` divides positive logits (multiplies negative ones) of tokens
+    in the prompt or the output, as transformers' RepetitionPenaltyLogitsProcessor does;
+    ``logit_bias`` adds to chosen tokens' logits. ``logprobs`` asks for the sampled
+    token's log-probability and that many top alternatives (from the model's raw
+    logits, before any of the above); ``prompt_logprobs`` the same for prompt tokens.
+    """
 
     max_tokens: int = 16
     min_tokens: int = 0
@@ -92,6 +117,18 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether the logits need the request's tokens before sampling."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -105,6 +142,21 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 disables it)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name}={value}: must be in [-2, 2]")
+        if not 0 < self.repetition_penalty <= 10:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty}: must be in "
+                             "(0, 10]; 1 disables it")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias {token}: {bias}: token ids are >= 0 and "
+                                 "biases in [-100, 100]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name}={value}: must be in [0, {MAX_LOGPROBS}]")
 
 
 @dataclass(slots=True, eq=False)
@@ -114,12 +166,21 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # An int or a name is accepted and turned into a Priority (so priority=0 is P0).
     priority: Priority = Priority.P1
+    # When the request reached the engine's front door (the HTTP server stamps it before
+    # parsing the body); TTFT and end-to-end latency count from here.
     arrival_time: float = 0.0
     eos_token_id: int | None = None
+    # Prefix-cache blocks are shared only between requests with the same salt (tenants).
+    cache_salt: str | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
+    # Filled only when sampling asks for them: one entry per output token, and one per
+    # prompt token from the second on (the first has no context to be predicted from).
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     # Tokens whose KV is in the cache (or would be, once this iteration runs).
     num_computed_tokens: int = 0
     # Tokens found in the prefix cache at the last admission (not recomputed).
@@ -128,27 +189,29 @@ class Request:
     # Arrival order, assigned by the scheduler: the FCFS tie-break inside a class.
     seq_no: int = 0
     # Timestamps the engine loop fills in (engine clock: virtual or monotonic).
+    # queued_time: the engine took it (after parsing and tokenizing): queue time counts
+    # from here, so the queue/prefill split is the engine's own.
+    queued_time: float | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-    # Kept in step with the token lists (read on every scheduler pass).
-    _num_tokens: int = field(default=0, repr=False)
+    # len(prompt) + len(outputs), kept in step by append_output (a plain attribute:
+    # the scheduler reads it for every running request on every pass).
+    num_tokens: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
+        if type(self.priority) is not Priority:
+            self.priority = Priority.parse(self.priority)
+        self.num_tokens = len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
-    @property
-    def num_tokens(self) -> int:
-        return self._num_tokens
-
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
-        self._num_tokens += 1
+        self.num_tokens += 1
 
     @property
     def num_output_tokens(self) -> int:
@@ -162,7 +225,7 @@ class Request:
     def phase(self) -> RequestPhase:
         status = self.status
         if status is RequestStatus.RUNNING:
-            if self._num_tokens - self.num_computed_tokens > 1:
+            if self.num_tokens - self.num_computed_tokens > 1:
                 return RequestPhase.PREFILLING
             return RequestPhase.DECODING
         if status > RequestStatus.RUNNING:

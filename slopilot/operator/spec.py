@@ -169,7 +169,7 @@ def _engine(spec: Mapping[str, Any], profile: Profile, r: _Reader
             explicit[name] = coerce_knob(name, node)
             EngineConfig().with_overrides({name: explicit[name]})
         except ConfigError as exc:
-            if "exceeds the token budget" not in str(exc):  # cross-field: judged below
+            if len(exc.fields) < 2:  # a cross-field rule is judged on the whole config below
                 r.problems.append(f"{spec_path(name)}: {exc}")
                 explicit.pop(name, None)
     base = PRESETS[profile.value]

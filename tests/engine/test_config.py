@@ -42,20 +42,26 @@ def test_defaults_match_the_design_table() -> None:
     ("enable_prefix_caching", "maybe", r"expected a bool"),
 ])
 def test_bad_values_name_the_knob_and_the_range(knob: str, value: object, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as info:
         EngineConfig().with_overrides({knob: value})
+    # The knob travels as data, so callers (the admin API, the operator) never parse text.
+    assert info.value.field == knob and info.value.fields == (knob,)
 
 
 def test_chunk_above_budget_is_refused_with_the_fix() -> None:
-    with pytest.raises(ConfigError, match="lower chunk_size or raise token_budget"):
+    with pytest.raises(ConfigError, match="lower chunk_size or raise token_budget") as info:
         EngineConfig(token_budget=512, chunk_size=1024)
+    assert info.value.field == "chunk_size"
+    assert info.value.fields == ("chunk_size", "token_budget")  # a cross-field rule
     # Alignment counts: 300 rounds up to 512, which holds a 500-token chunk.
     assert EngineConfig(token_budget=300, chunk_size=500).effective_budget == 512
 
 
 def test_unknown_knob_lists_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"unknown knob .tokens.; known knobs: .*token_budget"):
+    with pytest.raises(ConfigError, match=r"unknown knob .tokens.; known knobs: .*token_budget") \
+            as info:
         EngineConfig().with_overrides({"tokens": 5})
+    assert info.value.field == "tokens"
 
 
 def test_strings_from_the_command_line_are_coerced() -> None:
@@ -72,8 +78,9 @@ def test_strings_from_the_command_line_are_coerced() -> None:
 
 def test_live_only_refuses_knobs_that_need_a_restart() -> None:
     cfg = EngineConfig()
-    with pytest.raises(ConfigError, match="block_size cannot change on a running engine"):
+    with pytest.raises(ConfigError, match="block_size cannot change on a running engine") as info:
         cfg.with_overrides({"block_size": 32}, live_only=True)
+    assert info.value.field == "block_size"
     # The same value is not a change.
     assert cfg.with_overrides({"block_size": 16}, live_only=True) == cfg
 

@@ -207,3 +207,14 @@ def test_smollm2_matches_transformers_and_speaks_english(smollm2: Path) -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2), dtype=torch.float32)
     for i, prompt in enumerate(prompts):
         assert ours[f"r{i}"] == hf_greedy(hf.eval(), prompt, 16), tok.decode(ours[f"r{i}"])
+
+
+def test_long_texts_encode_to_the_same_ids_off_the_gil(tiny: Path) -> None:
+    # Past a few thousand characters encode() takes the batch path that releases the
+    # GIL; it must give exactly the ids the plain call gives, special tokens included.
+    tok = load_checkpoint(tiny).tokenizer
+    text = "<|im_start|>user\n" + "Ünïcode and words, 123 tokens! " * 400 + "<|im_end|>"
+    assert len(text) > 4096
+    for special in (True, False):
+        plain = list(tok.tokenizer.encode(text, add_special_tokens=special).ids)
+        assert tok.encode(text, add_special_tokens=special) == plain

@@ -343,3 +343,28 @@ def test_phases_follow_the_lifecycle() -> None:
     while sched.has_work():
         step(sched)
     assert req.phase is RequestPhase.FINISHED and req.finish_reason is not None
+
+
+def test_logprobs_are_recorded_once_per_position_across_a_recompute() -> None:
+    # A P2 prompt in chunks of 64 is preempted (recompute) by a P0 halfway through, then
+    # prefilled again from the start: each prompt position keeps exactly one entry.
+    sched = make_scheduler(num_blocks=12, token_budget=128, chunk_size=64,
+                           p0_preempt_utilization=0.0, preemption_mode="recompute",
+                           kv_watermark=0.0)
+    slow = make_request("slow", 150, max_tokens=3, priority=Priority.P2, prompt_logprobs=0,
+                        logprobs=0, first_token=0)
+    sched.add_request(slow)
+    step(sched)
+    step(sched)  # 128 of the 150 prompt tokens, one chunk per step
+    assert len(slow.prompt_logprobs) == 128
+    sched.add_request(make_request("rush", 100, max_tokens=1, priority=Priority.P0,
+                                   first_token=5000))
+    out = step(sched)
+    assert out.num_preempted_recompute == 1 and slow.num_computed_tokens == 0
+    while sched.requests:
+        step(sched)
+    assert slow.num_preemptions == 1 and slow.num_output_tokens == 3
+    # Entry j predicts prompt token j + 1; the fake executor tags it with its position.
+    assert [e.token_id for e in slow.prompt_logprobs] == slow.prompt_token_ids[1:]
+    assert [e.logprob for e in slow.prompt_logprobs] == [-(j + 1) / 1000 for j in range(149)]
+    assert [e.token_id for e in slow.output_logprobs] == slow.output_token_ids

@@ -35,8 +35,8 @@ request_st = st.tuples(
 )
 
 
-def _rank(r: Request) -> tuple[int, int]:
-    return (r.priority, r.seq_no)
+def _rank(r: Request) -> tuple[int, float, int]:
+    return (r.priority, r.arrival_time, r.seq_no)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,8 +82,10 @@ def test_invariants_hold_after_every_step(
         out = sched.schedule()
         cfg_now = sched.config
 
-        # Budget never exceeded; no chunk above chunk_size.
+        # Budget never exceeded; no chunk above chunk_size; the counts add up.
         assert out.num_batched_tokens <= cfg_now.effective_budget
+        assert out.num_batched_tokens == sum(s.num_tokens for s in out.seqs)
+        assert out.num_prefill_tokens == sum(s.num_tokens for s in out.seqs if s.is_prefill)
         assert all(s.num_tokens <= max(1, cfg_now.chunk_size) for s in out.seqs)
         preempted = out.num_preempted_recompute + out.num_preempted_swap
         if preempted > cfg_now.max_preemptions_per_step:
@@ -106,8 +108,9 @@ def test_invariants_hold_after_every_step(
                     r.num_preemptions == 0 for r in admitted) else True
 
         result = ex.execute(out)
-        got = sched.update_from_output(out, result)
-        finished.extend(r.request_id for r in got if r.is_finished)
+        update = sched.update_from_output(out, result)
+        assert all(r.is_finished for r in update.finished)
+        finished.extend(r.request_id for r in update.finished)
         sched.check_integrity()
         step_no += 1
         assert step_no < 3000, "no progress"

@@ -34,6 +34,11 @@ class LiveServer:
     server: DrainingServer
     thread: threading.Thread
     backend: Backend
+    # The admin API's base URL: its own port when started with admin_port, else ``url``.
+    admin_url: str = ""
+
+    def __post_init__(self) -> None:
+        self.admin_url = self.admin_url or self.url
 
     @property
     def engine(self) -> AsyncEngine:
@@ -83,13 +88,20 @@ def build_backend(executor: str = "simulated", *, knobs: Mapping[str, Any] | Non
 
 def start_server(backend: Backend | None = None, *, admin_token: str | None = None,
                  drain_timeout_s: float = 5.0, log_level: str = "warning",
+                 admin_port: int | None = None, check_integrity: bool = True,
                  **backend_args: Any) -> LiveServer:
-    """Start a server (``backend`` or one built by ``build_backend(**backend_args)``)."""
+    """Start a server (``backend`` or one built by ``build_backend(**backend_args)``).
+
+    ``admin_port=0`` puts the admin API on a free port of its own (``admin_url``); tests
+    check the KV bookkeeping whenever the engine goes idle (``check_integrity``).
+    """
     backend = backend or build_backend(**backend_args)
-    server = make_server(backend, port=0, admin_token=admin_token,
-                         drain_timeout_s=drain_timeout_s, log_level=log_level)
+    server = make_server(backend, port=0, admin_port=admin_port, admin_token=admin_token,
+                         drain_timeout_s=drain_timeout_s, log_level=log_level,
+                         check_integrity=check_integrity)
     thread = run_in_thread(server)
-    return LiveServer(f"http://127.0.0.1:{server.bound_port}", server, thread, backend)
+    admin = f"http://127.0.0.1:{server.admin_port}" if server.admin_port is not None else ""
+    return LiveServer(f"http://127.0.0.1:{server.bound_port}", server, thread, backend, admin)
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0,

@@ -30,15 +30,18 @@ def test_replicas_targets_configs_scaling_and_a_clean_stop(tmp_path: Path) -> No
         # The token is not on the command line and an unauthenticated PUT is refused.
         assert dep.token not in " ".join(dep._command(1))
         assert httpx.put(urls[0] + "/admin/config", json={"token_budget": 512}).status_code == 401
+        assert httpx.get(urls[0] + "/admin/config").status_code == 401  # GET too
+        auth = {"Authorization": f"Bearer {dep.token}"}
         dep.apply_config({"token_budget": 512, "chunk_size": 512}, canary=True)
-        assert httpx.get(urls[0] + "/admin/config").json()["token_budget"] == 512
+        assert httpx.get(urls[0] + "/admin/config", headers=auth).json()["token_budget"] == 512
         assert dep.current_config()["token_budget"] == 2048  # the stable replica kept it
         with pytest.raises(ConfigError, match="token_budget"):
             dep.apply_config({"token_budget": -1}, canary=False)
         dep.apply_config({"token_budget": 1024, "chunk_size": 512}, canary=False)
         dep.scale(3)  # a new replica starts with the stable config
         assert dep.replicas() == 3 and len(_targets(dep)["stable"]) == 2
-        assert httpx.get(dep.endpoints()[2] + "/admin/config").json()["token_budget"] == 1024
+        assert httpx.get(dep.endpoints()[2] + "/admin/config",
+                         headers=auth).json()["token_budget"] == 1024
         dep.scale(1)  # stops the newest; the canary stays
         assert dep.endpoints() == urls[:1] and "stable" not in _targets(dep)
         with pytest.raises(ValueError, match="max_replicas=3"):

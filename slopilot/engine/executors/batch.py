@@ -46,9 +46,12 @@ class FlatBatch:
     input_ids: torch.Tensor
     positions: torch.Tensor
     attention: AttentionBatch
-    # Flat index of the last token of every row that samples, and whose row it is.
+    # Flat index of the last token of every row that samples, and whose row it is;
+    # then, for rows that want prompt logprobs, every position that predicts a prompt
+    # token (``prompt_seqs``, in order, each with its number of positions).
     logits_rows: torch.Tensor
     sample_seqs: list[ScheduledSeq]
+    prompt_seqs: list[tuple[ScheduledSeq, int]] = field(default_factory=list)
 
 
 def _slots(seq: ScheduledSeq, end: int, block_size: int, num_blocks: int) -> list[int]:
@@ -69,7 +72,8 @@ def _slots(seq: ScheduledSeq, end: int, block_size: int, num_blocks: int) -> lis
 
 
 def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
-                max_model_len: int, device: torch.device) -> FlatBatch:
+                max_model_len: int, device: torch.device,
+                prompt_logprob_targets: dict[str, list[int]] | None = None) -> FlatBatch:
     input_ids: list[int] = []
     positions: list[int] = []
     slot_mapping: list[int] = []
@@ -78,6 +82,8 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
     single_rows: list[int] = []
     single_ctx: list[list[int]] = []
     chunks: list[tuple[int, int, list[int], int]] = []
+    prompt_rows: list[int] = []
+    prompt_seqs: list[tuple[ScheduledSeq, int]] = []
     for seq in seqs:
         n = seq.num_tokens
         if n == 0:
@@ -100,6 +106,13 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
         if seq.sample:
             logits_rows.append(begin + n - 1)
             sample_seqs.append(seq)
+        targets = prompt_logprob_targets.get(seq.request_id) if prompt_logprob_targets \
+            else None
+        if targets:
+            # Position start_pos + j predicts target j; there is at most one per token.
+            count = min(len(targets), n)
+            prompt_rows.extend(range(begin, begin + count))
+            prompt_seqs.append((seq, count))
 
     def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
@@ -123,4 +136,5 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
         attention.chunks.append(ChunkAttention(begin, stop, tensor(ctx), mask))
     return FlatBatch(
         input_ids=tensor(input_ids), positions=tensor(positions), attention=attention,
-        logits_rows=tensor(logits_rows), sample_seqs=sample_seqs)
+        logits_rows=tensor(logits_rows + prompt_rows), sample_seqs=sample_seqs,
+        prompt_seqs=prompt_seqs)

@@ -1,5 +1,7 @@
 """Greedy, temperature, top-k and top-p sampling, reproducible per request.
 
+Logit bias and penalties (``penalties.py``) come first, on a copy of the logits.
+
 A seeded request draws its n-th token from a generator seeded by (seed, n), so its tokens
 do not depend on which other requests share the batch, on how its prompt was chunked, or
 on whether it was preempted and recomputed in between. Unseeded requests share one
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from slopilot.engine.executors.penalties import needs_processing, process_row
 from slopilot.engine.request import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -57,14 +60,28 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-               num_output_tokens: Sequence[int]) -> list[int]:
-        """One token per row of float logits [rows, vocab]."""
+               num_output_tokens: Sequence[int],
+               histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None
+               ) -> list[int]:
+        """One token per row of float logits [rows, vocab].
+
+        ``histories`` holds each row's (prompt ids, output ids), needed by penalties;
+        ``logits`` itself is left as it is (the raw logits give the logprobs).
+        """
         if logits.shape[0] != len(params) or len(params) != len(num_output_tokens):
             raise ValueError(
                 f"{logits.shape[0]} logit rows for {len(params)} sampling params and "
                 f"{len(num_output_tokens)} output counts; they must match")
         if not len(params):
             return []
+        rows = [i for i, p in enumerate(params) if needs_processing(p)]
+        if rows:
+            if histories is None:
+                raise ValueError("penalties need each row's prompt and output token ids; "
+                                 "pass histories")
+            logits = logits.float().clone()
+            for i in rows:
+                logits[i] = process_row(logits[i], params[i], *histories[i])
         out = logits.argmax(-1).tolist()
         for i, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
             if p.temperature == 0.0 or p.top_k == 1:

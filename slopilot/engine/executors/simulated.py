@@ -6,18 +6,24 @@ server (HTTP, metrics scraping, alerting) runs on a laptop as if it had the GPU.
 
 Sampled tokens are a fixed placeholder that is never the EOS or a request's stop
 token, so every request runs to its ``max_tokens``: output lengths come from the
-workload, not from the (absent) model.
+workload, not from the (absent) model. Penalties and logit bias change nothing (there
+are no logits to change). Logprobs, when asked for, are synthetic but well formed: the
+token at hand is the most likely, at log(1/2), and the alternatives follow at log(1/4),
+log(1/8), ... (a distribution, so a client's checks on sums and order hold).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from slopilot.engine.request import TokenLogprobs
 from slopilot.engine.sim.cost_model import CostModel, CostModelError
 
 DEFAULT_PLACEHOLDER_TOKEN_ID = 100
+_LN2 = math.log(2.0)
 
 
 class SimulatedExecutor:
@@ -70,15 +76,30 @@ class SimulatedExecutor:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         start = self._clock() if self.realtime else 0.0
         elapsed = self.modelled_time(out)
-        sampled = {s.request_id: self._token_for(s.sampling.stop_token_ids)
-                   for s in out.seqs if s.sample}
+        result = ModelRunnerOutput(sampled={}, elapsed_s=elapsed)
+        sampled, logprobs = result.sampled, result.logprobs
+        targets = out.prompt_logprob_targets
+        for s in out.seqs:
+            if targets and s.request_id in targets:
+                k = s.sampling.prompt_logprobs or 0
+                result.prompt_logprobs[s.request_id] = [
+                    self._synthetic(t, k) for t in targets[s.request_id]]
+            if s.sample:
+                token = sampled[s.request_id] = self._token_for(s.sampling.stop_token_ids)
+                if s.sampling.logprobs is not None:
+                    logprobs[s.request_id] = self._synthetic(token, s.sampling.logprobs)
         self.num_iterations += 1
         self.busy_s += elapsed
         if self.realtime:
             left = elapsed - (self._clock() - start)
             if left > 0:
                 self._sleep(left)
-        return ModelRunnerOutput(sampled=sampled, elapsed_s=elapsed)
+        return result
+
+    def _synthetic(self, token: int, num_top: int) -> TokenLogprobs:
+        vocab = self.cost_model.model.vocab_size
+        top = tuple(((token + i) % vocab, -(i + 1) * _LN2) for i in range(num_top))
+        return TokenLogprobs(token, -_LN2, 1, top)
 
     def _token_for(self, stop_token_ids: tuple[int, ...]) -> int:
         token = self.placeholder_token_id

@@ -16,9 +16,10 @@ import torch
 from slopilot.engine.executors.batch import build_batch
 from slopilot.engine.executors.kv_cache import PagedKVCache
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
+from slopilot.engine.executors.logprobs import gather_logprobs
 from slopilot.engine.executors.sampler import Sampler
 from slopilot.engine.executors.tokenizer import TextTokenizer
-from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 
 GIB = 1 << 30
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -156,21 +157,50 @@ class TorchExecutor:
         # Out before in: a block freed by a swap-out may be the target of a swap-in.
         self.kv_cache.swap_out(out.swap_out)
         self.kv_cache.swap_in(out.swap_in)
-        sampled: dict[str, int] = {}
+        result = ModelRunnerOutput(sampled={})
         if out.seqs:
             batch = build_batch(out.seqs, block_size=self.block_size,
                                 num_blocks=self.kv_cache.num_gpu_blocks,
-                                max_model_len=self.max_model_len, device=self.device)
+                                max_model_len=self.max_model_len, device=self.device,
+                                prompt_logprob_targets=out.prompt_logprob_targets)
             with torch.inference_mode():
                 logits = self.model(batch.input_ids, batch.positions, batch.attention,
                                     self.kv_cache, batch.logits_rows)
+                seqs = batch.sample_seqs
+                sample_logits = logits[:len(seqs)]
                 tokens = self.sampler.sample(
-                    logits, [s.sampling for s in batch.sample_seqs],
-                    [s.num_output_tokens for s in batch.sample_seqs])
-            sampled = {s.request_id: t for s, t in zip(batch.sample_seqs, tokens, strict=True)}
+                    sample_logits, [s.sampling for s in seqs],
+                    [s.num_output_tokens for s in seqs],
+                    [out.histories.get(s.request_id, ((), ())) for s in seqs])
+                result.sampled = {s.request_id: t for s, t in zip(seqs, tokens, strict=True)}
+                _add_logprobs(result, seqs, tokens, sample_logits, batch.prompt_seqs,
+                              logits[len(seqs):], out.prompt_logprob_targets)
         elif self.device.type == "cuda":
             # Only copies ran; wait for them so elapsed_s measures them.
             torch.cuda.synchronize(self.device)
         # out.finished_ids needs nothing here: the sampler derives each seeded draw from
         # (seed, output index), so the executor holds no per-request state to drop.
-        return ModelRunnerOutput(sampled=sampled, elapsed_s=time.perf_counter() - start)
+        result.elapsed_s = time.perf_counter() - start
+        return result
+
+
+def _add_logprobs(result: ModelRunnerOutput, seqs: list[ScheduledSeq], tokens: list[int],
+                  sample_logits: torch.Tensor, prompt_seqs: list[tuple[ScheduledSeq, int]],
+                  prompt_logits: torch.Tensor, prompt_targets: dict[str, list[int]]) -> None:
+    """Logprobs of the raw logits for the rows that asked: sampled tokens, prompt tokens."""
+    rows = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
+    if rows:
+        entries = gather_logprobs(sample_logits[rows], [tokens[i] for i in rows],
+                                  [seqs[i].sampling.logprobs or 0 for i in rows])
+        for i, entry in zip(rows, entries, strict=True):
+            result.logprobs[seqs[i].request_id] = entry
+    if prompt_seqs:
+        targets = [t for seq, count in prompt_seqs
+                   for t in prompt_targets[seq.request_id][:count]]
+        num_top = [seq.sampling.prompt_logprobs or 0 for seq, count in prompt_seqs
+                   for _ in range(count)]
+        entries = gather_logprobs(prompt_logits, targets, num_top)
+        at = 0
+        for seq, count in prompt_seqs:
+            result.prompt_logprobs[seq.request_id] = entries[at:at + count]
+            at += count

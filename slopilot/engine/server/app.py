@@ -1,56 +1,45 @@
-"""The OpenAI-compatible HTTP server of one engine replica.
+"""The HTTP server of one engine replica: the inference app, the admin app, one engine.
 
-Routes: ``/v1/completions``, ``/v1/chat/completions`` (SSE when ``stream``),
-``/v1/models``, ``/health``, ``/metrics`` and ``/admin/config``. Every error is
-OpenAI-shaped JSON. One app owns one ``AsyncEngine``: the engine thread starts with the
+Inference routes (``openai_routes.py``): ``/v1/completions``, ``/v1/chat/completions``
+(SSE when ``stream``), ``/v1/models``, ``/health``, ``/metrics``. Admin routes
+(``admin.py``): ``/admin/config``, every method behind the bearer token, on their own
+port when ``admin_port`` is given (else at /admin on the inference port). Errors are
+OpenAI-shaped JSON (``error_handlers.py``). The engine thread starts with the inference
 app's lifespan and drains when it ends.
+
+Requests travel::
+
+    socket -> EngineApp (admin port? -> admin app) -> ArrivalStamp -> route
+           -> prepare() on a tokenizer thread -> AsyncEngine -> responses.py -> socket
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+import os
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from slopilot import __version__
-from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.server import error_handlers
+from slopilot.engine.server.admin import ADMIN_PREFIX, ADMIN_TOKEN_ENV, create_admin_app
+from slopilot.engine.server.arrival import ArrivalStamp
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend
-from slopilot.engine.server.errors import APIError, error_body
-from slopilot.engine.server.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-)
-from slopilot.engine.server.serving import collect, prepare, sse_events, submit
+from slopilot.engine.server.logprobs_format import TokenText
+from slopilot.engine.server.openai_routes import add_routes
 
+__all__ = ["ADMIN_TOKEN_ENV", "EngineApp", "ServerState", "create_app"]
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-ADMIN_TOKEN_ENV = "SLOPILOT_ADMIN_TOKEN"
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": desc} for status, desc in (
-        (400, "Bad input"), (404, "Unknown model"), (413, "Prompt beyond the context"),
-        (429, "Waiting queue full (see Retry-After)"), (503, "Draining"))}
-_ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": desc} for status, desc in (
-        (400, "Bad, unknown or non-live knob; nothing changed"),
-        (401, "Missing or wrong bearer token"), (403, "No admin token configured"))}
+
+def default_tokenizer_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass
@@ -59,155 +48,72 @@ class ServerState:
     backend: Backend
     admin_token: str | None
     drain_timeout_s: float
+    tokenizer_threads: int
+    text_of: TokenText
+    # Tokenizing and chat templates run here, never on the event loop; started and
+    # stopped with the app.
+    tokenize: ThreadPoolExecutor | None = field(default=None)
 
 
-async def _client_gone(request: Request) -> None:
-    # The body is already read, so the next ASGI message is the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class EngineApp:
+    """ASGI entry point: the admin app on ``admin_port`` (or at /admin on the inference
+    port when there is none), the inference app everywhere else."""
+
+    def __init__(self, public: FastAPI, admin: FastAPI, state: ServerState,
+                 admin_port: int | None) -> None:
+        self.public, self.admin, self.state = public, admin, state
+        self.admin_port = admin_port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan" and self._is_admin(scope):
+            await self.admin(scope, receive, send)
+        else:
+            await self.public(scope, receive, send)
+
+    def _is_admin(self, scope: Scope) -> bool:
+        if self.admin_port is not None:
+            server = scope.get("server")
+            return server is not None and server[1] == self.admin_port
+        path: str = scope.get("path", "")
+        return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """Await ``work``; if the client disconnects first, cancel it (its cleanup aborts)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    return None
-
-
-def _param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
-
-
-def create_app(backend: Backend, *, admin_token: str | None = None,
-               drain_timeout_s: float = 30.0, check_integrity: bool = True) -> FastAPI:
-    """The app for ``backend``; its lifespan starts and drains the engine thread."""
-    engine = AsyncEngine(backend.engine, backend.observer, check_integrity=check_integrity)
-    state = ServerState(engine, backend, admin_token or None, drain_timeout_s)
-
+def _lifespan(state: ServerState) -> object:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        state.tokenize = ThreadPoolExecutor(state.tokenizer_threads,
+                                            thread_name_prefix="slopilot-tokenize")
+        state.engine.start()
         try:
             yield
         finally:
-            aborted = await engine.shutdown(state.drain_timeout_s)
+            aborted = await state.engine.shutdown(state.drain_timeout_s)
             if aborted:
                 log.warning("drain timed out: aborted %d requests", aborted)
-            backend.close()
+            state.tokenize.shutdown(wait=False, cancel_futures=True)
+            state.backend.close()
 
-    app = FastAPI(title="slopilot engine", version=__version__, lifespan=lifespan)
-    app.state.slopilot = state
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        param = _param(tuple(first.get("loc", ())))
-        msg = str(first.get("msg", "invalid request"))
-        message = f"{param}: {msg}" if param else msg
-        return JSONResponse(error_body(400, message, param=param), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)),
-                            status_code=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _crash(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error serving %s", request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {exc!r}"), status_code=500)
-
-    async def _generate(body: CompletionRequest | ChatCompletionRequest,
-                        request: Request) -> Response:
-        prep = prepare(backend, body, request.headers)
-        stream = await submit(engine, prep)
-        if prep.stream:
-            return StreamingResponse(sse_events(backend, prep, stream),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        result = await _unless_disconnected(request, collect(backend, prep, stream))
-        if result is None:  # nobody is listening; the request was aborted
-            return Response(status_code=499)
-        return JSONResponse(result)
-
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _generate(body, request)
-
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-              responses=_ERRORS)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _generate(body, request)
-
-    @app.get("/v1/models", response_model=ModelList)
-    async def models() -> ModelList:
-        card = ModelCard(id=backend.served_model_name, created=0,
-                         max_model_len=backend.max_model_len)
-        return ModelList(data=[card])
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        if engine.error is not None:
-            return JSONResponse({"status": "failed", "error": repr(engine.error)}, 500)
-        if engine.draining or not engine.is_running:
-            return JSONResponse({"status": "draining"}, 503)
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        # Always the classic text format: the OpenMetrics encoder would rename vllm:*.
-        return Response(backend.metrics.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
-
-    @app.get("/admin/config")
-    async def get_config() -> dict[str, Any]:
-        return engine.config.to_dict()
-
-    @app.put("/admin/config", responses=_ADMIN_ERRORS, openapi_extra={"requestBody": {
-        "required": True, "content": {"application/json": {"schema": {
-            "type": "object", "description": "Knobs to change, e.g. {\"token_budget\": 512}",
-            "additionalProperties": True}}}}})
-    async def put_config(request: Request) -> dict[str, Any]:
-        _check_admin(request, state.admin_token)
-        try:
-            overrides = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"the body is not valid JSON: {exc}") from None
-        if not isinstance(overrides, dict):
-            raise APIError(400, "the body must be a JSON object of knobs, e.g. "
-                           "{\"token_budget\": 512}")
-        try:
-            new: EngineConfig = await engine.update_config(overrides)
-        except ConfigError as exc:
-            # The knob the message names first (it may list the known ones after).
-            found = {k: str(exc).find(str(k)) for k in overrides}
-            named = min((k for k, i in found.items() if i >= 0), key=found.__getitem__,
-                        default=None)
-            raise APIError(400, str(exc), param=named, code="invalid_config") from None
-        return new.to_dict()
-
-    return app
+    return lifespan
 
 
-def _check_admin(request: Request, token: str | None) -> None:
-    if token is None:
-        raise APIError(403, "live reconfiguration is disabled: start the server with "
-                       f"{ADMIN_TOKEN_ENV} set or --admin-token-file FILE")
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()):
-        raise APIError(401, "missing or wrong admin token: send 'Authorization: Bearer "
-                       "<token>'", headers={"WWW-Authenticate": "Bearer"})
+def create_app(backend: Backend, *, admin_token: str | None = None,
+               drain_timeout_s: float = 30.0, check_integrity: bool = False,
+               admin_port: int | None = None,
+               tokenizer_threads: int | None = None) -> EngineApp:
+    """The server for ``backend``; ``admin_port`` is the bound admin port, if separate.
+
+    ``check_integrity`` runs the scheduler's O(blocks) self-check whenever the engine
+    goes idle: for tests and debugging (``slopilot serve --check-integrity``) only.
+    """
+    engine = AsyncEngine(backend.engine, backend.observer, check_integrity=check_integrity)
+    state = ServerState(engine, backend, admin_token or None, drain_timeout_s,
+                        tokenizer_threads or default_tokenizer_threads(),
+                        TokenText(backend.tokenizer))
+    public = FastAPI(title="slopilot engine", version=__version__,
+                     lifespan=_lifespan(state))  # type: ignore[arg-type]
+    public.state.slopilot = state
+    error_handlers.install(public)
+    public.add_middleware(ArrivalStamp, clock=backend.engine.clock.now)
+    add_routes(public, state)
+    admin = create_admin_app(engine, state.admin_token)
+    return EngineApp(public, admin, state, admin_port)

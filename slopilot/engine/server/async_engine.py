@@ -13,7 +13,9 @@ through an inbox of commands, run between iterations, never mid-step::
     RequestStream.__anext__  ◄── call_soon_threadsafe(deliver, token events)
 
 When there is no work the thread waits on the condition (no busy spin); on entering an
-idle period it checks the scheduler's integrity and refreshes the metric gauges.
+idle period it refreshes the metric gauges (and, with ``check_integrity`` - tests and
+``slopilot serve --check-integrity`` - runs the scheduler's O(blocks) self-check, which
+on a big KV pool takes seconds: never on by default, so going idle costs nothing).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.request import FinishReason, Request, RequestStatus
+from slopilot.engine.scheduler import DuplicateRequestError, StepOutput
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 from slopilot.engine.server.retry_after import RetryAfter
 
@@ -69,7 +72,7 @@ class AsyncEngine:
     """
 
     def __init__(self, engine: LLMEngine, metrics: MetricsObserver | None = None, *,
-                 check_integrity: bool = True) -> None:
+                 check_integrity: bool = False) -> None:
         self.engine = engine
         self.metrics = metrics
         self.check_integrity = check_integrity
@@ -154,40 +157,62 @@ class AsyncEngine:
         """Queue ``req``; returns its stream once the engine thread has admitted it.
 
         Raises what ``Scheduler.add_request`` raises (QueueFullError, PromptTooLongError,
-        ValueError for a duplicate id), EngineDrainingError, or EngineDeadError.
+        DuplicateRequestError), EngineDrainingError, or EngineDeadError.
         """
+        return (await self.add_requests([req]))[0]
+
+    async def add_requests(self, reqs: list[Request]) -> list[RequestStream]:
+        """Queue several requests (the choices of one HTTP request) all or none: in one
+        step of the engine thread, so no iteration runs between them, and if one is
+        refused the others are taken back before any runs."""
         self._check_accepting()
-        if req.arrival_time == 0.0:
-            # Stamped here, not on the engine thread: waiting for the iteration in flight
-            # to end is part of the client's time to first token.
-            req.arrival_time = self.engine.clock.now()
-        stream = RequestStream(req, self)
+        ids = [r.request_id for r in reqs]
+        if len(set(ids)) != len(ids) or any(rid in self._active for rid in ids):
+            # Refused before anything is touched: a live request's stream stays its own.
+            raise DuplicateRequestError(f"request ids {ids} repeat one or are already in use")
+        now = self.engine.clock.now()
+        for req in reqs:
+            if req.arrival_time == 0.0:
+                # Stamped here, not on the engine thread: waiting for the iteration in
+                # flight to end is part of the client's time to first token.
+                req.arrival_time = now
+        streams = [RequestStream(req, self) for req in reqs]
         fut = self._future()
 
         def add() -> None:
+            added: list[str] = []
             try:
                 if self.draining:
                     raise EngineDrainingError("the server is draining; retry on another replica")
-                self.engine.add_request(req)
+                for req in reqs:
+                    self.engine.add_request(req)
+                    added.append(req.request_id)
             except Exception as exc:
+                for rid in added:  # taken back unseen: never ran, so not counted
+                    self.engine.scheduler.abort_request(rid)
                 self._post(_resolve, fut, None, exc)
                 return
-            self._live[req.request_id] = (req, stream)
+            for req, stream in zip(reqs, streams, strict=True):
+                self._live[req.request_id] = (req, stream)
             self._post(_resolve, fut, None, None)
 
-        # Active before the engine sees it: its tokens may arrive before ``fut`` wakes us.
-        self._active[req.request_id] = stream
+        # Active before the engine sees them: tokens may arrive before ``fut`` wakes us.
+        for rid, stream in zip(ids, streams, strict=True):
+            self._active[rid] = stream
         self._all_done.clear()
         self._submit(add)
         try:
             await fut
         except BaseException as exc:
-            if self._active.pop(req.request_id, None) is not None and not self._active:
+            for rid in ids:
+                self._active.pop(rid, None)
+            if not self._active:
                 self._all_done.set()
             if isinstance(exc, asyncio.CancelledError):
-                self.abort(req.request_id)
+                for rid in ids:
+                    self.abort(rid)
             raise
-        return stream
+        return streams
 
     def abort(self, request_id: str, *, stopped: bool = False) -> None:
         """End a request and free its blocks at the next gap between iterations.
@@ -266,7 +291,8 @@ class AsyncEngine:
 
     def _check_alive(self) -> None:
         if self.error is not None:
-            raise EngineDeadError(f"the engine loop failed: {self.error!r}")
+            raise EngineDeadError(f"the engine loop failed ({type(self.error).__name__}); "
+                                  "the server log has the details; restart the server")
         if not self.is_running:
             raise EngineDrainingError("the engine is stopped")
 
@@ -342,17 +368,16 @@ class AsyncEngine:
                 continue
             idle_done = False
             steps = engine.num_steps
-            got = engine.step()
-            self._after_step(got)
+            self._after_step(engine.step())
             if engine.num_steps == steps:
                 with cond:
                     if not inbox and not self._stop:
                         cond.wait(_STALL_WAIT_S)
 
-    def _after_step(self, got: list[Request]) -> None:
+    def _after_step(self, step: StepOutput) -> None:
         live = self._live
         events: list[tuple[RequestStream, int | None, FinishReason | None]] = []
-        for req in got:
+        for req in step.new_tokens:
             entry = live.get(req.request_id)
             if entry is None:
                 continue
@@ -360,19 +385,11 @@ class AsyncEngine:
             events.append((entry[1], req.output_token_ids[-1], finish))
             if finish is not None:
                 del live[req.request_id]
-        if len(live) > len(self.engine.scheduler.requests):
-            # The scheduler finished some request without a token (it could not grow
-            # on this cache); the engine reports only requests that got a token.
-            now = self.engine.clock.now()
-            for rid, (req, stream) in list(live.items()):
-                if not req.is_finished:
-                    continue
-                del live[rid]
-                events.append((stream, None, req.finish_reason))
-                if req.finished_time is None:
-                    req.finished_time = now
-                    for obs in self.engine.observers:
-                        obs.on_finished(req, now)
+        for req in step.finished:
+            # Those that finished on a token left ``live`` above; these ended without one.
+            entry = live.pop(req.request_id, None)
+            if entry is not None:
+                events.append((entry[1], None, req.finish_reason))
         if events:
             self._post(self._deliver, events)
 

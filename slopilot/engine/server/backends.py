@@ -44,7 +44,8 @@ def _attach_metrics(engine: LLMEngine, name: str, info: dict[str, str]
                     ) -> tuple[EngineMetrics, MetricsObserver]:
     metrics = EngineMetrics(name, info=info)
     metrics.set_config(engine.config)
-    observer = MetricsObserver(metrics)
+    # The HTTP layer observes TTFT itself: from the request's arrival to its first chunk.
+    observer = MetricsObserver(metrics, observe_ttft=False)
     engine.observers.append(observer)
     return metrics, observer
 

@@ -20,7 +20,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a model over the OpenAI API",
         description="Serve one engine replica over the OpenAI API (/v1/completions, "
-        "/v1/chat/completions), with /metrics, /health and live knobs at /admin/config. "
+        "/v1/chat/completions), with /metrics, /health and live knobs at /admin/config "
+        "(every method behind the admin token; on --admin-port when given). "
         "SIGTERM or Ctrl-C drains: new requests get 503, running ones finish (up to "
         "--drain-timeout), then the server exits; a second signal stops at once.")
     p.add_argument("--model", default="tiny-random",
@@ -28,13 +29,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--executor", choices=("torch", "simulated"), default="torch")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--admin-port", type=int, metavar="PORT",
+                   help="serve the admin API (/admin/config) on this port alone, so a "
+                   "NetworkPolicy can keep clients off it; the inference port then has no "
+                   "/admin (0 picks a free port; default: /admin on --port)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (torch executor)")
     p.add_argument("--config", type=Path, metavar="FILE.json",
                    help="a JSON object of engine knobs")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="override one knob (repeatable; applied after --config)")
     p.add_argument("--admin-token-file", type=Path, metavar="FILE",
-                   help="bearer token for PUT /admin/config (else $SLOPILOT_ADMIN_TOKEN)")
+                   help="bearer token of the admin API, every method (else "
+                   "$SLOPILOT_ADMIN_TOKEN; with neither, the admin API answers 403)")
     p.add_argument("--scenario", default="tiny-cpu",
                    help="simulated executor: take gpu, model and tp from this scenario")
     p.add_argument("--gpu", help="simulated executor: GPU profile (overrides the scenario)")
@@ -45,6 +51,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on shutdown, how long running requests may take to finish")
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
+    p.add_argument("--check-integrity", action="store_true",
+                   help="debugging: check the KV bookkeeping each time the engine goes "
+                   "idle (O(KV blocks): seconds on a large cache; never for serving)")
     p.set_defaults(func=_serve)
 
 
@@ -74,7 +83,7 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
 
 def admin_token(token_file: Path | None) -> str | None:
     """The admin token from the file if given, else from $SLOPILOT_ADMIN_TOKEN."""
-    from slopilot.engine.server.app import ADMIN_TOKEN_ENV
+    from slopilot.engine.server.admin import ADMIN_TOKEN_ENV
 
     if token_file is not None:
         token = token_file.read_text().strip()
@@ -96,6 +105,9 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):
         return _fail("--gpu, --sim-model and --tp apply to --executor simulated only")
+    if args.admin_port is not None and args.admin_port == args.port != 0:
+        return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
+                     "port of its own")
     from slopilot.engine.server.backends import BackendError, build_simulated, build_torch
 
     try:
@@ -112,5 +124,11 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     from slopilot.engine.server.uvicorn_runner import serve_forever
 
-    return serve_forever(backend, host=args.host, port=args.port, admin_token=token,
-                         drain_timeout_s=args.drain_timeout, log_level=args.log_level)
+    try:
+        return serve_forever(backend, host=args.host, port=args.port,
+                             admin_port=args.admin_port, admin_token=token,
+                             drain_timeout_s=args.drain_timeout, log_level=args.log_level,
+                             check_integrity=args.check_integrity)
+    except OSError as exc:  # a port already taken
+        backend.close()
+        return _fail(f"cannot listen on {args.host}: {exc.strerror or exc}")

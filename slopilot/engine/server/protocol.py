@@ -1,9 +1,10 @@
 """OpenAI request and response shapes at the HTTP edge (pydantic lives only here).
 
 Fields follow the OpenAI API; ``top_k``, ``min_tokens``, ``ignore_eos``,
-``stop_token_ids`` and ``priority`` are extensions vLLM users know. Fields the engine
-cannot honour are accepted only at their neutral value, so a client never silently gets
-something other than what it asked for.
+``stop_token_ids``, ``repetition_penalty``, ``cache_salt`` and ``priority`` are
+extensions vLLM users know. Fields the engine cannot honour (tools, suffix) are refused
+with a 400, so a client never silently gets something other than what it asked for.
+Every string must be valid UTF-8: a lone surrogate escape is a 400 naming its field.
 """
 
 from __future__ import annotations
@@ -13,7 +14,39 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 16  # n, and n times the number of prompts in one completions request
 INT64 = 2**63 - 1
+
+
+class UnencodableText(ValueError):
+    """A string in the body that has no UTF-8 form (a lone surrogate such as \\ud800)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                         "escape), which is not text: send valid UTF-8")
+        self.path = path
+
+
+def _first_unencodable(value: Any, path: str) -> str | None:
+    """The dotted path of the first string in ``value`` that cannot be UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _first_unencodable(key, path) or _first_unencodable(
+                item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _first_unencodable(item, f"{path}.{i}")
+            if found is not None:
+                return found
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -36,7 +69,7 @@ class _GenerationFields(BaseModel):
     stop_token_ids: list[int] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     priority: int | str | None = Field(
@@ -46,18 +79,25 @@ class _GenerationFields(BaseModel):
     return_token_ids: bool = Field(
         False, description="Add the prompt's and the output's token ids (non-streaming; "
         "extension, as in vLLM)")
-    # Accepted only at their neutral value.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(
+        1.0, gt=0, le=10, description="Divides the logits of tokens already in the prompt "
+        "or the output (extension, as in vLLM); 1 disables it")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Token id (as a string) to a bias in [-100, 100]")
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=256, description="Prefix-cache blocks are shared "
+        "only between requests with the same salt (extension, as in vLLM)")
 
-    @field_validator("n")
+    @model_validator(mode="before")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"n={n}: only n=1 is supported; send several requests instead")
-        return n
+    def _utf8_only(cls, data: Any) -> Any:
+        # Before field parsing, so the path names the field whatever its type turns out.
+        path = _first_unencodable(data, "")
+        if path is not None:
+            raise UnencodableText(path or "the body")
+        return data
 
     @field_validator("stop")
     @classmethod
@@ -69,26 +109,21 @@ class _GenerationFields(BaseModel):
             raise ValueError("a stop string is empty; remove it")
         return stop
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        if value not in (None, 0, 0.0):
-            raise ValueError(f"{value}: penalties are not supported; leave it 0")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported; leave it out")
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"{key!r} is not a token id; keys are token ids as strings")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"{key}: {bias} is outside [-100, 100]")
         return value
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: Any) -> Any:
-        if value not in (None, False, 0):
-            raise ValueError("logprobs are not supported; leave it out")
-        return value
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _GenerationFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
+        return self
 
     @property
     def stop_strings(self) -> list[str]:
@@ -98,36 +133,53 @@ class _GenerationFields(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
+
 
 class CompletionRequest(_GenerationFields):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
-        ..., description="One prompt: text or token ids (a list of one is accepted)")
-    echo: bool = False
+        ..., description="Text or token ids; a list of them is a batch, one choice set "
+        "per prompt")
+    echo: bool = Field(False, description="Put the prompt in front of each choice's text "
+                       "(and its logprobs in front of theirs)")
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="Logprobs of each token and of this many top "
+        "alternatives")
     suffix: str | None = None
     best_of: int | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: Any) -> str | list[int]:
-        if isinstance(prompt, str):
-            return prompt
-        if prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ValueError(f"{len(prompt)} prompts: send one prompt per request")
-            prompt = prompt[0]
-        if isinstance(prompt, list) and not prompt:
+    def _prompts(cls, prompt: Any) -> Any:
+        items = prompt if isinstance(prompt, list) and prompt and isinstance(
+            prompt[0], (str, list)) else [prompt]
+        for item in items:
+            if isinstance(item, list) and not item:
+                raise ValueError("the prompt is empty")
+        if not items or (isinstance(prompt, list) and not prompt):
             raise ValueError("the prompt is empty")
         return prompt
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo=true is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
-        if self.best_of not in (None, 1):
-            raise ValueError(f"best_of={self.best_of}: only 1 is supported")
+        if self.best_of not in (None, 1, self.n):
+            raise ValueError(f"best_of={self.best_of}: only best_of = n is supported")
+        if self.n * len(self.prompts) > MAX_CHOICES:
+            raise ValueError(f"{len(self.prompts)} prompts x n={self.n}: at most "
+                             f"{MAX_CHOICES} choices per request; send several requests")
         return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: every prompt, as text or token ids."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            return list(p)
+        return [p]  # type: ignore[list-item]
 
 
 class TextPart(BaseModel):
@@ -151,6 +203,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
@@ -160,6 +214,8 @@ class ChatCompletionRequest(_GenerationFields):
             raise ValueError("tools are not supported")
         if self.response_format not in (None, {"type": "text"}):
             raise ValueError("response_format: only {\"type\": \"text\"} is supported")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
         return self
 
     @property
@@ -174,11 +230,18 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -195,11 +258,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class ChatLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprobContent(ChatLogprob):
+    top_logprobs: list[ChatLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatLogprobContent] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):

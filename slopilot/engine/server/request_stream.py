@@ -36,6 +36,8 @@ class RequestStream:
         self._finish: FinishReason | None = None
         self._error: BaseException | None = None
         self._event = asyncio.Event()
+        # Set as well on every push: one waiter can watch several streams (n > 1).
+        self.wakeup: asyncio.Event | None = None
         self.finished = False  # the consumer has seen the last delta
 
     def _push(self, token: int | None, finish: FinishReason | None,
@@ -47,6 +49,8 @@ class RequestStream:
         if error is not None:
             self._error = error
         self._event.set()
+        if self.wakeup is not None:
+            self.wakeup.set()
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -54,9 +58,16 @@ class RequestStream:
     async def __anext__(self) -> StreamDelta:
         if self.finished:
             raise StopAsyncIteration
-        while not self._tokens and self._finish is None and self._error is None:
+        while (delta := self.poll()) is None:
             self._event.clear()
             await self._event.wait()
+        return delta
+
+    def poll(self) -> StreamDelta | None:
+        """The delta waiting now, or None; raises the engine's error if it failed."""
+        if self.finished or (not self._tokens and self._finish is None
+                             and self._error is None):
+            return None
         if self._error is not None:
             self.finished = True
             raise self._error

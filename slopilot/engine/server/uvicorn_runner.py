@@ -8,12 +8,49 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from slopilot.engine.server.app import ServerState, create_app
+from slopilot.engine.server.arrival import SCOPE_KEY
 from slopilot.engine.server.backends import Backend
+
+
+def stamping_protocol(clock: Callable[[], float]) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, stamping a request's arrival when its bytes arrive.
+
+    Under load the app's task may start milliseconds after the request came in (the
+    event loop is busy writing other streams); those milliseconds are the client's too.
+    A request's scope is built while its bytes are handled, before its task runs.
+    """
+    class StampingH11Protocol(H11Protocol):
+        def data_received(self, data: bytes) -> None:
+            now = clock()
+            before = self.cycle
+            super().data_received(data)
+            cycle = self.cycle
+            if cycle is not None and cycle is not before:
+                scope: dict[str, object] = cycle.scope  # type: ignore[assignment]
+                scope.setdefault(SCOPE_KEY, now)
+
+    return StampingH11Protocol
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (0 picks a free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 class DrainingServer(uvicorn.Server):
@@ -21,24 +58,28 @@ class DrainingServer(uvicorn.Server):
 
     Draining: /health answers 503 and new requests 503, while running requests finish
     (up to the app's drain timeout); then uvicorn shuts down as usual. A second signal
-    is uvicorn's own handling (exit now; a further Ctrl-C forces it).
+    is uvicorn's own handling (exit now; a further Ctrl-C forces it). It listens on the
+    sockets it was given: the inference port, and the admin port when there is one.
     """
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState,
+                 listen: list[socket.socket], admin_port: int | None = None) -> None:
         super().__init__(config)
         self.state = state
+        self.listen = listen
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
-        self.bound_port: int | None = None
+        self.bound_port: int = listen[0].getsockname()[1]
+        self.admin_port = admin_port
         self.ready = threading.Event()
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().serve(sockets if sockets is not None else self.listen)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started:
-            for server in self.servers:
-                for sock in server.sockets:
-                    self.bound_port = sock.getsockname()[1]
             self.ready.set()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -57,25 +98,45 @@ class DrainingServer(uvicorn.Server):
 
 
 def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
-                admin_token: str | None = None, drain_timeout_s: float = 30.0,
-                log_level: str = "warning", check_integrity: bool = True) -> DrainingServer:
+                admin_port: int | None = None, admin_token: str | None = None,
+                drain_timeout_s: float = 30.0, log_level: str = "warning",
+                check_integrity: bool = False) -> DrainingServer:
+    """A server bound to ``port`` (and ``admin_port``: the admin API alone, when given;
+    0 picks free ports). Binding happens here, so a taken port fails at once."""
+    if admin_port is not None and admin_port == port != 0:
+        raise ValueError(f"--admin-port {admin_port} is --port too; give the admin API a "
+                         "port of its own")
+    listen = [bind_socket(host, port)]
+    bound_admin: int | None = None
+    if admin_port is not None:
+        try:
+            listen.append(bind_socket(host, admin_port))
+        except OSError:
+            listen[0].close()
+            raise
+        bound_admin = listen[1].getsockname()[1]
     app = create_app(backend, admin_token=admin_token, drain_timeout_s=drain_timeout_s,
-                     check_integrity=check_integrity)
+                     check_integrity=check_integrity, admin_port=bound_admin)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            http=stamping_protocol(backend.engine.clock.now),
                             timeout_graceful_shutdown=int(drain_timeout_s) + 5, access_log=False)
-    return DrainingServer(config, app.state.slopilot)
+    return DrainingServer(config, app.state, listen, bound_admin)
 
 
-def serve_forever(backend: Backend, *, host: str, port: int, admin_token: str | None,
-                  drain_timeout_s: float, log_level: str) -> int:
-    """Foreground ``slopilot serve``: prints one line with the URL once it listens."""
-    server = make_server(backend, host=host, port=port, admin_token=admin_token,
-                         drain_timeout_s=drain_timeout_s, log_level=log_level)
+def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | None,
+                  admin_token: str | None, drain_timeout_s: float, log_level: str,
+                  check_integrity: bool = False) -> int:
+    """Foreground ``slopilot serve``: prints one line with the URLs once it listens."""
+    server = make_server(backend, host=host, port=port, admin_port=admin_port,
+                         admin_token=admin_token, drain_timeout_s=drain_timeout_s,
+                         log_level=log_level, check_integrity=check_integrity)
 
     def announce() -> None:
-        if server.ready.wait() and server.bound_port is not None:
+        if server.ready.wait():
+            admin = (f"; admin API at http://{host}:{server.admin_port}"
+                     if server.admin_port is not None else "")
             print(f"slopilot serve: ready at http://{host}:{server.bound_port} "
-                  f"(model {backend.served_model_name})", flush=True)
+                  f"(model {backend.served_model_name}){admin}", flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
     server.run()
@@ -95,4 +156,3 @@ def run_in_thread(server: DrainingServer, *, timeout_s: float = 60.0) -> threadi
             thread.join(timeout=10)
             raise RuntimeError(f"the server did not start within {timeout_s} s")
     return thread
-

@@ -123,13 +123,11 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         if rep is not None and rep.clock.t <= t_arrival:
             if rep.clock.t >= duration:
                 break
-            got = rep.engine.step()
-            for req in [*got, *rep.engine.scheduler.finished_in_schedule]:
-                if req.is_finished:
-                    spec = rep.specs.pop(req.request_id)
-                    for follow in workload.on_finish(spec, req.all_token_ids(), rep.clock.t):
-                        heapq.heappush(
-                            pending, (follow.arrival_time, next(counter), follow, False))
+            for req in rep.engine.step().finished:
+                spec = rep.specs.pop(req.request_id)
+                for follow in workload.on_finish(spec, req.all_token_ids(), rep.clock.t):
+                    heapq.heappush(
+                        pending, (follow.arrival_time, next(counter), follow, False))
             if check_integrity:
                 rep.engine.scheduler.check_integrity()
             continue

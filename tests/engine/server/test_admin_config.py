@@ -1,4 +1,5 @@
-"""/admin/config: bearer token, whole validation, staged at the next iteration."""
+"""/admin/config: its own port, the bearer token on every method, whole validation,
+staged at the next iteration."""
 
 from __future__ import annotations
 
@@ -19,17 +20,18 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 @pytest.fixture(scope="module")
 def srv() -> Iterator[LiveServer]:
-    with start_server(admin_token=ADMIN_TOKEN) as server:
+    with start_server(admin_token=ADMIN_TOKEN, admin_port=0) as server:
         yield server
 
 
 def _put(srv: LiveServer, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
     kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-    return httpx.put(srv.url + "/admin/config", headers=headers or AUTH, timeout=10, **kw)
+    return httpx.put(srv.admin_url + "/admin/config", headers=headers or AUTH, timeout=10,
+                     **kw)
 
 
 def _get(srv: LiveServer) -> dict[str, Any]:
-    res = httpx.get(srv.url + "/admin/config")
+    res = httpx.get(srv.admin_url + "/admin/config", headers=AUTH)
     assert res.status_code == 200
     return res.json()
 
@@ -116,20 +118,62 @@ def test_put_body_must_be_an_object(srv: LiveServer, body: bytes) -> None:
 
 @pytest.mark.parametrize("headers", [
     {}, {"Authorization": "Bearer wrong"}, {"Authorization": ADMIN_TOKEN},
-    {"Authorization": f"Basic {ADMIN_TOKEN}"}])
-def test_put_needs_the_token(srv: LiveServer, headers: dict[str, str]) -> None:
+    {"Authorization": f"Basic {ADMIN_TOKEN}"}], ids=["none", "wrong", "bare", "basic"])
+@pytest.mark.parametrize("method", ["GET", "PUT", "OPTIONS", "POST", "DELETE"])
+def test_every_admin_method_needs_the_token(srv: LiveServer, headers: dict[str, str],
+                                            method: str) -> None:
     before = _get(srv)
-    res = httpx.put(srv.url + "/admin/config", json={"token_budget": 512}, headers=headers)
+    res = httpx.request(method, srv.admin_url + "/admin/config", json={"token_budget": 512},
+                        headers=headers)
     assert res.status_code == 401
     assert res.json()["error"]["type"] == "authentication_error"
     assert res.headers["www-authenticate"] == "Bearer"
+    assert "token_budget" not in res.text  # nothing about the config leaks
     assert _get(srv) == before
 
 
-def test_put_without_a_configured_token_is_403() -> None:
-    with start_server() as srv:
-        res = httpx.put(srv.url + "/admin/config", json={"token_budget": 512},
-                        headers={"Authorization": "Bearer anything"})
-        assert res.status_code == 403
-        assert "SLOPILOT_ADMIN_TOKEN" in res.json()["error"]["message"]
-        assert _get(srv)["token_budget"] == 1024
+def test_the_admin_api_is_on_its_own_port_only(srv: LiveServer) -> None:
+    assert srv.admin_url != srv.url
+    for method in ("GET", "PUT", "OPTIONS"):
+        res = httpx.request(method, srv.url + "/admin/config", headers=AUTH,
+                            json={"token_budget": 512})
+        assert res.status_code in (404, 405), (method, res.status_code)
+    assert not [p for p in httpx.get(srv.url + "/openapi.json").json()["paths"]
+                if p.startswith("/admin")]
+    # ... and the admin port serves nothing but the admin API.
+    assert httpx.get(srv.admin_url + "/v1/models", headers=AUTH).status_code == 404
+    assert httpx.get(srv.admin_url + "/metrics", headers=AUTH).status_code == 404
+
+
+def test_options_lists_every_method(srv: LiveServer) -> None:
+    res = httpx.options(srv.admin_url + "/admin/config", headers=AUTH)
+    assert res.status_code == 204
+    assert {m.strip() for m in res.headers["allow"].split(",")} == {"GET", "PUT", "OPTIONS"}
+    wrong = httpx.post(srv.admin_url + "/admin/config", headers=AUTH, json={})
+    assert wrong.status_code == 405 and "PUT" in wrong.headers["allow"]
+
+
+def test_shared_port_admin_still_needs_the_token_for_get() -> None:
+    with start_server(admin_token=ADMIN_TOKEN) as shared:
+        assert httpx.get(shared.url + "/admin/config").status_code == 401
+        assert httpx.get(shared.url + "/admin/config", headers=AUTH).status_code == 200
+
+
+def test_admin_without_a_configured_token_is_403() -> None:
+    with start_server(admin_port=0) as srv:
+        for method in ("GET", "PUT"):
+            res = httpx.request(method, srv.admin_url + "/admin/config",
+                                json={"token_budget": 512},
+                                headers={"Authorization": "Bearer anything"})
+            assert res.status_code == 403
+            assert "SLOPILOT_ADMIN_TOKEN" in res.json()["error"]["message"]
+        assert srv.call(lambda e: e.config.token_budget) == 1024
+
+
+def test_prefix_caching_switched_off_live_is_off_everywhere(srv: LiveServer) -> None:
+    res = _put(srv, {"enable_prefix_caching": False})
+    assert res.status_code == 200 and res.json()["enable_prefix_caching"] is False
+    assert srv.call(lambda e: e.scheduler.kv.enable_prefix_caching) is False
+    assert 'enable_prefix_caching="false"' in httpx.get(srv.url + "/metrics").text
+    assert _put(srv, {"enable_prefix_caching": True}).status_code == 200
+    assert srv.call(lambda e: e.scheduler.kv.enable_prefix_caching) is True

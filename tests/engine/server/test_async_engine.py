@@ -14,6 +14,7 @@ from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.request import FinishReason
+from slopilot.engine.scheduler import DuplicateRequestError, QueueFullError
 from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError
 from tests.engine.helpers import make_request
 from tests.support.fake_executor import FakeExecutor
@@ -83,8 +84,19 @@ async def test_config_update_is_staged_whole() -> None:
     await engine.shutdown()
 
 
-async def test_idle_loop_checks_integrity_and_does_not_spin() -> None:
+async def test_integrity_checks_stay_off_the_serving_path_by_default() -> None:
     engine = AsyncEngine(_engine())
+    engine.start()
+    stream = await engine.add_request(make_request("a", 5, max_tokens=2))
+    async for _ in stream:
+        pass
+    await engine.call(lambda e: None)
+    assert engine.num_idle_checks == 0  # O(KV blocks): seconds on a large cache
+    await engine.shutdown()
+
+
+async def test_idle_loop_checks_integrity_and_does_not_spin() -> None:
+    engine = AsyncEngine(_engine(), check_integrity=True)
     engine.start()
     stream = await engine.add_request(make_request("a", 5, max_tokens=2))
     async for _ in stream:
@@ -150,3 +162,31 @@ def test_metrics_observer_passes_deltas_of_scheduler_counters() -> None:
     obs.refresh(engine, engine.clock.now())
     assert metrics.preempted_recompute == sum(sched.num_preemptions.values())
     assert metrics.num_running == 0 and metrics.kv_usage == 0
+
+
+async def test_a_duplicate_id_leaves_the_live_request_alone() -> None:
+    ex = GatedExecutor()
+    engine = AsyncEngine(_engine(ex))
+    engine.start()
+    first = await engine.add_request(make_request("a", 10, max_tokens=3))
+    with pytest.raises(DuplicateRequestError, match="already in use"):
+        await engine.add_request(make_request("a", 4))
+    assert engine.num_active == 1
+    ex.gate.release(1000)
+    deltas = [d async for d in first]
+    assert sum(len(d.token_ids) for d in deltas) == 3
+    assert deltas[-1].finish_reason is FinishReason.LENGTH
+    assert engine.num_active == 0
+    await engine.shutdown()
+
+
+async def test_choices_are_admitted_all_or_none() -> None:
+    engine = AsyncEngine(_engine(max_waiting=2))
+    engine.start()
+    reqs = [make_request(f"c{i}", 5, first_token=100 * i) for i in range(3)]
+    with pytest.raises(QueueFullError):
+        await engine.add_requests(reqs)
+    assert engine.num_active == 0
+    assert await engine.call(lambda e: (len(e.scheduler.requests), e.scheduler.num_waiting)) \
+        == (0, 0)
+    await engine.shutdown()

@@ -27,12 +27,14 @@ def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[st
         env={**os.environ, **(env or {})})
 
 
-def _ready_url(proc: subprocess.Popen[str]) -> str:
+def _ready_urls(proc: subprocess.Popen[str]) -> tuple[str, str | None]:
+    """The inference URL and the admin API's, from the ready line."""
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until the ready line (or EOF if it died)
     match = re.search(r"ready at (http://\S+)", line)
     assert match, f"no ready line: {line!r}; stderr: {proc.stderr.read() if proc.stderr else ''}"
-    return match.group(1)
+    admin = re.search(r"admin API at (http://\S+)", line)
+    return match.group(1), admin.group(1) if admin else None
 
 
 @pytest.fixture
@@ -48,7 +50,7 @@ def proc(token_file: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     knobs.write_text(json.dumps({"token_budget": 512, "chunk_size": 256}))
     p = _serve("--admin-token-file", str(token_file), "--config", str(knobs),
                "--set", "max_waiting=8", "--served-model-name", "fleet-a",
-               "--drain-timeout", "20")
+               "--drain-timeout", "20", "--admin-port", "0")
     yield p
     if p.poll() is None:
         p.kill()
@@ -56,11 +58,14 @@ def proc(token_file: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
 
 
 def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
-    url = _ready_url(proc)
-    config = httpx.get(url + "/admin/config").json()
+    url, admin = _ready_urls(proc)
+    auth = {"Authorization": "Bearer s3cret"}
+    assert admin is not None and admin != url
+    assert httpx.get(admin + "/admin/config").status_code == 401
+    assert httpx.get(url + "/admin/config", headers=auth).status_code == 404
+    config = httpx.get(admin + "/admin/config", headers=auth).json()
     assert (config["token_budget"], config["chunk_size"], config["max_waiting"]) == (512, 256, 8)
-    res = httpx.put(url + "/admin/config", json={"chunk_size": 128},
-                    headers={"Authorization": "Bearer s3cret"})
+    res = httpx.put(admin + "/admin/config", json={"chunk_size": 128}, headers=auth)
     assert res.status_code == 200
     assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "fleet-a"
 
@@ -94,6 +99,7 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--set", "nonsense"], "expected knob=value"),
     (["--gpu", "A100"], "apply to --executor simulated only"),
     (["--scenario", "no-such-scenario"], "no-such-scenario"),
+    (["--port", "8123", "--admin-port", "8123"], "port of its own"),
 ])
 def test_bad_options_exit_2(args: list[str], words: str) -> None:
     executor = ["--executor", "torch"] if "--gpu" in args else []

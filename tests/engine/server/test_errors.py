@@ -31,7 +31,8 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
-    ({"prompt": "hi", "n": 2}, "n", "only n=1"),
+    ({"prompt": "hi", "n": 17}, "n", "less than or equal to 16"),
+    ({"prompt": ["a", "b", "c"], "n": 6}, None, "at most 16 choices"),
     ({"prompt": "hi", "priority": "urgent"}, "priority", "not a class"),
     ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal"),
@@ -39,12 +40,19 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, None, "min_tokens"),
     ({"prompt": "   "}, "prompt", "empty"),
     ({"prompt": []}, "prompt", "empty"),
-    ({"prompt": ["a", "b"]}, "prompt", "one prompt"),
+    ({"prompt": [[1], []]}, "prompt", "empty"),
     ({"prompt": [1, 10**9]}, "prompt", "outside the vocabulary"),
     ({"prompt": [-1]}, "prompt", "outside the vocabulary"),
     ({"prompt": "hi", "stop": ["ok", ""]}, "stop", "empty"),
-    ({"prompt": "hi", "echo": True}, None, "echo"),
-    ({"prompt": "hi", "logprobs": 2}, "logprobs", "not supported"),
+    ({"prompt": "hi", "suffix": "x"}, None, "suffix"),
+    ({"prompt": "hi", "logprobs": 21}, "logprobs", "less than or equal to 20"),
+    ({"prompt": "hi", "presence_penalty": 3}, "presence_penalty", "less than or equal"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty", "greater than"),
+    ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias", "not a token id"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias", "outside [-100, 100]"),
+    ({"prompt": "hi", "logit_bias": {"999999999": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"prompt": "hi", "cache_salt": ""}, "cache_salt", "at least 1 character"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, None, "stream=true"),
     ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "lower max_tokens"),
     ({}, "prompt", "Field required"),
 ])
@@ -60,6 +68,9 @@ def test_bad_completion_is_400(sim_server: LiveServer, body: dict[str, Any],
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, None),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, None),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+      "top_logprobs": 21}, "top_logprobs"),
 ])
 def test_bad_chat_is_400(sim_server: LiveServer, body: dict[str, Any],
                          param: str | None) -> None:
@@ -83,22 +94,35 @@ def test_unknown_model_and_route(sim_server: LiveServer) -> None:
 def test_openai_client_raises_bad_request(sim_server: LiveServer) -> None:
     client = openai.OpenAI(base_url=sim_server.url + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=sim_server.backend.served_model_name, prompt="hi", n=3)
+        client.completions.create(model=sim_server.backend.served_model_name, prompt="hi",
+                                  logprobs=25)
     assert info.value.status_code == 400
 
 
-def test_prompt_beyond_context_is_413(sim_server: LiveServer) -> None:
+@pytest.mark.parametrize("chat", [False, True])
+def test_prompt_beyond_context_is_400_context_length_exceeded(sim_server: LiveServer,
+                                                              chat: bool) -> None:
+    # As OpenAI and vLLM answer (the SDK raises BadRequestError); not 413.
     limit = sim_server.backend.max_model_len
-    err = _error(_post(sim_server, {"prompt": "w " * limit, "max_tokens": 1}), 413)
-    assert err["code"] == "context_length_exceeded"
+    client = openai.OpenAI(base_url=sim_server.url + "/v1", api_key="x", max_retries=0)
+    name = sim_server.backend.served_model_name
+    with pytest.raises(openai.BadRequestError) as info:
+        if chat:
+            client.chat.completions.create(
+                model=name, max_tokens=1, messages=[{"role": "user", "content": "w " * limit}])
+        else:
+            client.completions.create(model=name, prompt="w " * limit, max_tokens=1)
+    err = info.value.body
+    assert isinstance(err, dict) and err["code"] == "context_length_exceeded"
     assert str(limit) in err["message"]
+    assert err["param"] == ("messages" if chat else "prompt")
 
 
-def test_prompt_beyond_kv_capacity_is_413() -> None:
+def test_prompt_beyond_kv_capacity_is_400() -> None:
     # 4 blocks of 16 tokens: a 100-token prompt can never be cached.
     with start_server(num_gpu_blocks=4) as srv:
-        err = _error(_post(srv, {"prompt": "w " * 100, "max_tokens": 1}), 413)
-        assert "KV cache" in err["message"]
+        err = _error(_post(srv, {"prompt": "w " * 100, "max_tokens": 1}), 400)
+        assert "KV cache" in err["message"] and err["code"] == "context_length_exceeded"
 
 
 async def _read_first_chunk(client: httpx.AsyncClient, url: str, body: dict[str, Any],

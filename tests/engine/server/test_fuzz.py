@@ -19,22 +19,28 @@ from tests.support.live_server import LiveServer, build_backend, start_server
 
 @pytest.fixture(scope="module")
 def fuzz_server() -> Iterator[LiveServer]:
-    with start_server(build_backend(realtime=False), admin_token="fuzz-token") as srv:
+    with start_server(build_backend(realtime=False), admin_token="fuzz-token",
+                      admin_port=0) as srv:
         yield srv
 
 
 def test_no_server_error(fuzz_server: LiveServer) -> None:
     # Hypothesis drives schemathesis's strategies directly: its pytest plugin does not
-    # load under pytest 9.
-    schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
-    operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
-    assert len(operations) >= 7
+    # load under pytest 9. Both apps: the inference port and the admin port.
+    operations = []
+    for url in (fuzz_server.url + "/openapi.json",
+                fuzz_server.admin_url + "/admin/openapi.json"):
+        schema = schemathesis.openapi.from_url(
+            url, headers={"Authorization": "Bearer fuzz-token"})
+        operations += [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
+    assert len(operations) >= 8
     for op in operations:
         @given(case=op.as_strategy())
         @settings(max_examples=15, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         def check(case: Any) -> None:
-            case.call_and_validate(checks=[not_a_server_error], timeout=30)
+            case.call_and_validate(checks=[not_a_server_error], timeout=30,
+                                   headers={"Authorization": "Bearer fuzz-token"})
 
         check()
 

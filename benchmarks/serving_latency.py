@@ -1,0 +1,260 @@
+"""Serving latency as clients see it: three checks on ``slopilot serve`` (issue 11).
+
+1. Idle stalls: TTFT of a request sent the moment the previous one ended against TTFT
+   after a pause, tiny-random on the torch executor with 262,144 KV blocks (the CPU
+   default). Going idle used to run an O(blocks) integrity check that the next request
+   waited behind.
+2. Event-loop stalls: the TBT p99 of running streams before and while a 1 MB prompt is
+   tokenized (tiny-random's real tokenizer); tokenizing used to run on the event loop.
+3. TTFT truth: the server's mean TTFT (vllm:time_to_first_token_seconds sum/count)
+   against the official ``openai`` client's, streaming at a steady >= 10 requests/s on
+   the simulated executor, and against a bare socket client's (what the wire sees,
+   without the SDK's own time); the server used to stamp arrival after parsing and the
+   first token before its chunk was written.
+
+Each part starts its own server process (the code of the tree this script is in) and
+talks to it over HTTP from this process.
+
+    .venv/bin/python benchmarks/serving_latency.py [--parts idle,tokenize,ttft]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def serve(*args: str, env_extra: dict[str, str] | None = None) -> Iterator[str]:
+    """A ``slopilot serve`` process of this tree; yields its URL."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", "serve", "--port", "0",
+                             "--log-level", "warning", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"ready at (http://\S+)", line)
+        if not match:
+            raise RuntimeError(f"the server did not start: {line!r}")
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def stream_ttft(client: openai.OpenAI, model: str, prompt: str, max_tokens: int) -> float:
+    """Seconds from the call to the first chunk carrying text."""
+    start = time.perf_counter()
+    ttft = float("nan")
+    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                           stream=True, temperature=0,
+                                           extra_body={"ignore_eos": True}):
+        if ttft != ttft and chunk.choices and chunk.choices[0].text:
+            ttft = time.perf_counter() - start
+    return ttft
+
+
+def part_idle(n: int, pause_s: float) -> dict[str, float]:
+    with serve("--executor", "torch", "--model", "tiny-random",
+               "--num-gpu-blocks", "262144") as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        stream_ttft(client, model, "warm up", 4)
+        # Interleaved pairs (pause, request, request at once), so that the load of a
+        # shared machine drifting over the run weighs on both kinds alike.
+        b2b, paused = [], []
+        for i in range(n):
+            time.sleep(pause_s)
+            paused.append(stream_ttft(client, model, f"request {i} says hello", 8))
+            b2b.append(stream_ttft(client, model, f"request {i} says hello", 8))
+    b, p = statistics.median(b2b), statistics.median(paused)
+    print(f"idle: TTFT back-to-back median {b * 1e3:.1f} ms (p90 {pct(b2b, 0.9) * 1e3:.1f}), "
+          f"after a {pause_s:g} s pause {p * 1e3:.1f} ms (p90 {pct(paused, 0.9) * 1e3:.1f})")
+    return {"ttft_b2b_ms": b * 1e3, "ttft_paused_ms": p * 1e3, "b2b_over_paused_ratio": b / p}
+
+
+def _gaps(url: str, model: str, stop: threading.Event, out: list[tuple[float, float]]) -> None:
+    """Stream one long request after another until ``stop``; record (time, gap)."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    while not stop.is_set():
+        last = None
+        for _ in client.completions.create(model=model, prompt="keep talking", max_tokens=400,
+                                           stream=True, extra_body={"ignore_eos": True}):
+            now = time.perf_counter()
+            if last is not None:
+                out.append((now, now - last))
+            last = now
+            if stop.is_set():
+                break
+
+
+def part_tokenize(streams: int, prompt_mb: float, base_s: float) -> dict[str, float]:
+    # One torch thread: what is measured is the event loop, and on a small box a second
+    # OpenMP thread spinning against the tokenizer's core would swamp it.
+    with serve("--executor", "torch", "--model", "tiny-random", "--num-gpu-blocks", "4096",
+               env_extra={"OMP_NUM_THREADS": "1"}) as url:
+        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        stop = threading.Event()
+        gaps: list[tuple[float, float]] = []
+        workers = [threading.Thread(target=_gaps, args=(url, model, stop, gaps))
+                   for _ in range(streams)]
+        for w in workers:
+            w.start()
+        time.sleep(base_s)
+        text = ("The quick brown fox jumps over the lazy dog. " * 40_000)[:int(prompt_mb * 1e6)]
+        t0 = time.perf_counter()
+        res = httpx.post(url + "/v1/completions", timeout=300,
+                         json={"model": model, "prompt": text, "max_tokens": 1})
+        t1 = time.perf_counter()
+        time.sleep(1.0)
+        stop.set()
+        for w in workers:
+            w.join(60)
+    # A gap is the time between two chunks of one stream, stamped at its end: "during"
+    # is every gap that overlaps the tokenizing (a frozen stream's one long gap ends
+    # after it), "before" every gap wholly inside the second half of the quiet spell.
+    base = [g for t, g in gaps if t0 - base_s / 2 < t - g and t < t0]
+    during = [g for t, g in gaps if t >= t0 and t - g <= t1]
+    b99, d99 = pct(base, 0.99), pct(during, 0.99)
+    print(f"tokenize: {prompt_mb:g} MB prompt answered {res.status_code} after "
+          f"{t1 - t0:.2f} s; {streams} streams' TBT p99 {b99 * 1e3:.1f} ms before "
+          f"({len(base)} gaps), {d99 * 1e3:.1f} ms while tokenizing ({len(during)} gaps), "
+          f"max {max(during, default=0) * 1e3:.1f} ms")
+    return {"tbt_p99_before_ms": b99 * 1e3, "tbt_p99_tokenizing_ms": d99 * 1e3,
+            "tbt_p99_rise_ms": (d99 - b99) * 1e3, "tokenize_s": t1 - t0}
+
+
+def _ttft_sum_count(url: str) -> tuple[float, float]:
+    text = httpx.get(url + "/metrics").text
+    total = sum(float(v) for v in re.findall(
+        r"^vllm:time_to_first_token_seconds_sum\{[^}]*\} (\S+)$", text, re.M))
+    count = sum(float(v) for v in re.findall(
+        r"^vllm:time_to_first_token_seconds_count\{[^}]*\} (\S+)$", text, re.M))
+    return total, count
+
+
+async def _raw_ttft(url: str, body: dict[str, object]) -> float | None:
+    """TTFT on the wire: raw HTTP/1.1 over a socket, no SDK, no parsing but one line."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload)
+                 + payload)
+    first = None
+    while line := await reader.readline():
+        if first is None and line.startswith(b"data: {") and b'"text":""' not in line:
+            first = time.perf_counter() - start
+    writer.close()
+    return first
+
+
+async def _open_loop(url: str, rate: float, seconds: float, raw: bool = False) -> list[float]:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+    model = (await client.models.list()).data[0].id
+    ttfts: list[float] = []
+
+    async def one(i: int) -> None:
+        prompt = f"user {i} asks a short question"
+        if raw:
+            first = await _raw_ttft(url, {"model": model, "prompt": prompt, "max_tokens": 16,
+                                          "stream": True, "ignore_eos": True})
+        else:
+            start = time.perf_counter()
+            stream = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=16, stream=True,
+                extra_body={"ignore_eos": True})
+            first = None
+            async for chunk in stream:
+                if first is None and chunk.choices and chunk.choices[0].text:
+                    first = time.perf_counter() - start
+        if first is not None:
+            ttfts.append(first)
+
+    tasks = []
+    t0 = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    await client.close()
+    return ttfts
+
+
+def part_ttft(rate: float, seconds: float) -> dict[str, float]:
+    fields: dict[str, float] = {}
+    with serve("--executor", "simulated") as url:
+        asyncio.run(_open_loop(url, rate, 2.0))  # warm up
+        # The openai client, then a bare socket client: the difference between the two
+        # is the SDK's own time, which no server stamp can see.
+        for name, raw in (("client", False), ("wire", True)):
+            s0, c0 = _ttft_sum_count(url)
+            client = asyncio.run(_open_loop(url, rate, seconds, raw=raw))
+            s1, c1 = _ttft_sum_count(url)
+            server = (s1 - s0) / (c1 - c0)
+            mean = statistics.fmean(client)
+            gap = mean - server
+            who = "openai client" if name == "client" else "bare socket client"
+            print(f"ttft: {len(client)} streams at {rate:g}/s; {who} mean {mean * 1e3:.2f} "
+                  f"ms, server mean {server * 1e3:.2f} ms ({c1 - c0:.0f} requests): server "
+                  f"reads {gap * 1e3:.2f} ms ({gap / mean:.1%}) below")
+            fields |= {f"{name}_ttft_ms": mean * 1e3, f"server_vs_{name}_ttft_ms": server * 1e3,
+                       f"server_{name}_gap_ms": gap * 1e3,
+                       f"server_over_{name}_ratio": server / mean}
+    return fields
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="idle,tokenize,ttft")
+    ap.add_argument("--requests", type=int, default=20, help="idle: requests per mode")
+    ap.add_argument("--pause", type=float, default=1.0, help="idle: seconds between")
+    ap.add_argument("--streams", type=int, default=4, help="tokenize: running streams")
+    ap.add_argument("--prompt-mb", type=float, default=1.0)
+    ap.add_argument("--rate", type=float, default=12.0, help="ttft: requests per second")
+    ap.add_argument("--seconds", type=float, default=20.0, help="ttft: how long")
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    fields: dict[str, float] = {}
+    if "idle" in parts:
+        fields |= part_idle(args.requests, args.pause)
+    if "tokenize" in parts:
+        fields |= part_tokenize(args.streams, args.prompt_mb, base_s=4.0)
+    if "ttft" in parts:
+        fields |= part_ttft(args.rate, args.seconds)
+    print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

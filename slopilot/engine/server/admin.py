@@ -1,0 +1,111 @@
+"""The admin API (live knobs): its own app, every method behind the bearer token.
+
+``GET /admin/config`` reads the knobs, ``PUT`` changes them (validated whole, applied at
+the next iteration, refused whole on any bad field), ``OPTIONS`` lists the methods. The
+token is checked before routing, so without it nothing is learnt, not even which paths
+or methods exist. ``slopilot serve --admin-port N`` serves this app alone on port N (the
+inference port then has no /admin at all, and a NetworkPolicy can keep tenants off N);
+without it, /admin/* on the inference port is routed here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from slopilot import __version__
+from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.server import error_handlers
+from slopilot.engine.server.async_engine import AsyncEngine
+from slopilot.engine.server.errors import APIError, error_body
+from slopilot.engine.server.protocol import ErrorResponse
+
+ADMIN_TOKEN_ENV = "SLOPILOT_ADMIN_TOKEN"
+ADMIN_PREFIX = "/admin"
+_METHODS = "GET, PUT, OPTIONS"
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": desc} for status, desc in (
+        (401, "Missing or wrong bearer token"), (403, "No admin token configured"))}
+_PUT_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Bad, unknown or non-live knob; nothing "
+          "changed"}, **_ERRORS}
+
+
+def token_refusal(token: str | None, authorization: str) -> APIError | None:
+    """Why a request with this Authorization header may not use the admin API, if so."""
+    if token is None:
+        return APIError(403, "the admin API is disabled: start the server with "
+                        f"{ADMIN_TOKEN_ENV} set or --admin-token-file FILE")
+    scheme, _, given = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.encode()):
+        return APIError(401, "missing or wrong admin token: send 'Authorization: Bearer "
+                        "<token>'", headers={"WWW-Authenticate": "Bearer"})
+    return None
+
+
+class TokenGate:
+    """ASGI: every HTTP request needs the token before the app sees it."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = next((v.decode("latin-1") for k, v in scope.get("headers", ())
+                           if k == b"authorization"), "")
+            refusal = token_refusal(self.token, header)
+            if refusal is not None:
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_admin_app(engine: AsyncEngine, token: str | None) -> FastAPI:
+    app = FastAPI(title="slopilot engine admin", version=__version__,
+                  openapi_url=f"{ADMIN_PREFIX}/openapi.json", docs_url=None, redoc_url=None)
+    error_handlers.install(app)
+    app.add_middleware(TokenGate, token=token)
+
+    @app.get(f"{ADMIN_PREFIX}/config", responses=_ERRORS)
+    async def get_config() -> dict[str, Any]:
+        return engine.config.to_dict()
+
+    @app.options(f"{ADMIN_PREFIX}/config", status_code=204, responses=_ERRORS)
+    async def options_config() -> Response:
+        return Response(status_code=204, headers={"Allow": _METHODS})
+
+    @app.put(f"{ADMIN_PREFIX}/config", responses=_PUT_ERRORS, openapi_extra={"requestBody": {
+        "required": True, "content": {"application/json": {"schema": {
+            "type": "object", "description": "Knobs to change, e.g. {\"token_budget\": 512}",
+            "additionalProperties": True}}}}})
+    async def put_config(request: Request) -> dict[str, Any]:
+        try:
+            overrides = json.loads(await request.body() or b"null")
+        except json.JSONDecodeError as exc:
+            raise APIError(400, f"the body is not valid JSON: {exc.msg} at {exc.pos}"
+                           ) from None
+        except UnicodeDecodeError:
+            raise APIError(400, "the body is not valid JSON: it is not UTF-8") from None
+        if not isinstance(overrides, dict):
+            raise APIError(400, "the body must be a JSON object of knobs, e.g. "
+                           "{\"token_budget\": 512}")
+        try:
+            new: EngineConfig = await engine.update_config(overrides)
+        except ConfigError as exc:
+            message = str(exc).encode("utf-8", "replace").decode("utf-8")
+            raise APIError(400, message, param=exc.field, code="invalid_config") from None
+        return new.to_dict()
+
+    @app.exception_handler(405)
+    async def _method(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(405, f"{request.method} is not allowed here; use "
+                                       f"{_METHODS}"), status_code=405,
+                            headers={"Allow": _METHODS})
+
+    return app

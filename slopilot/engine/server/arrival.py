@@ -1,0 +1,34 @@
+"""Stamp each HTTP request's arrival before anything else happens to it.
+
+The server's HTTP protocol stamps the moment the request's first bytes come off the
+socket (``uvicorn_runner.stamping_protocol``); this pure ASGI middleware stamps at the
+app's door where no earlier stamp exists (an app served some other way). Either way it
+is before the body is read, parsed or tokenized, on the engine's clock: TTFT and
+end-to-end latency count from it, as the client's own clock would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+SCOPE_KEY = "slopilot.arrival"
+
+
+class ArrivalStamp:
+    def __init__(self, app: ASGIApp, clock: Callable[[], float]) -> None:
+        self.app = app
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault(SCOPE_KEY, self.clock())
+        await self.app(scope, receive, send)
+
+
+def arrival_of(request: Request, clock: Callable[[], float]) -> float:
+    """The stamp, or now when a request came in some other way (it never should)."""
+    stamp = request.scope.get(SCOPE_KEY)
+    return float(stamp) if stamp is not None else clock()

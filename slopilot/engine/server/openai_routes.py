@@ -1,0 +1,125 @@
+"""The inference routes: OpenAI completions and chat, models, health, metrics.
+
+The OpenAPI document says what each route really answers: JSON or an SSE stream for the
+generation routes, Prometheus text for /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from slopilot.engine.server.arrival import arrival_of
+from slopilot.engine.server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from slopilot.engine.server.responses import collect, sse_events
+from slopilot.engine.server.serving import INLINE_PREPARE_CHARS, prepare, submit, text_size
+
+if TYPE_CHECKING:
+    from slopilot.engine.server.app import ServerState
+
+T = TypeVar("T")
+_SSE = {"text/event-stream": {"schema": {
+    "type": "string", "description": "With stream=true: `data: {chunk JSON}` events, "
+    "one per delta (each naming its choice index), then `data: [DONE]`"}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    200: {"content": _SSE},
+    **{status: {"model": ErrorResponse, "description": desc} for status, desc in (
+        (400, "Bad input (code context_length_exceeded: the prompt or max_tokens does "
+         "not fit the context)"), (404, "Unknown model"),
+        (429, "Waiting queue full (see Retry-After)"), (500, "The engine failed"),
+        (503, "Draining"))}}
+
+
+class PrometheusText(Response):
+    """The classic exposition format: the OpenMetrics encoder would rename vllm:*."""
+
+    media_type = CONTENT_TYPE_PLAIN_0_0_4
+
+
+async def _client_gone(request: Request) -> None:
+    # The body is already read, so the next ASGI message is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Await ``work``; if the client disconnects first, cancel it (its cleanup aborts)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
+def add_routes(app: FastAPI, state: ServerState) -> None:
+    backend, engine = state.backend, state.engine
+    clock = backend.engine.clock.now
+
+    async def generate(body: CompletionRequest | ChatCompletionRequest,
+                       request: Request) -> Response:
+        arrival = arrival_of(request, clock)
+        if text_size(body) < INLINE_PREPARE_CHARS:
+            prep = prepare(backend, body, request.headers, arrival)
+        else:
+            # Tokenizing a long prompt or rendering its chat template takes real time:
+            # off the event loop, so every other stream keeps flowing meanwhile.
+            prep = await asyncio.get_running_loop().run_in_executor(
+                state.tokenize, prepare, backend, body, request.headers, arrival)
+        streams = await submit(engine, prep)
+        if prep.stream:
+            return StreamingResponse(sse_events(backend, prep, streams, state.text_of, clock),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        result = await _unless_disconnected(
+            request, collect(backend, prep, streams, state.text_of, clock))
+        if result is None:  # nobody is listening; the request was aborted
+            return Response(status_code=499)
+        return JSONResponse(result)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await generate(body, request)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses=_ERRORS)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await generate(body, request)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        card = ModelCard(id=backend.served_model_name, created=0,
+                         max_model_len=backend.max_model_len)
+        return ModelList(data=[card])
+
+    @app.get("/health", responses={
+        500: {"description": "The engine loop failed"}, 503: {"description": "Draining"}})
+    async def health() -> JSONResponse:
+        if engine.error is not None:
+            return JSONResponse({"status": "failed",
+                                 "error": type(engine.error).__name__}, 500)
+        if engine.draining or not engine.is_running:
+            return JSONResponse({"status": "draining"}, 503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", response_class=PrometheusText)
+    async def metrics() -> Response:
+        return PrometheusText(backend.metrics.render())

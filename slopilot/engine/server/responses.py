@@ -1,0 +1,225 @@
+"""Token streams to OpenAI responses: one JSON body (``collect``) or SSE chunks.
+
+Each choice (an engine request) has its own stream and decoder; the choices of one
+HTTP request are read together, as their tokens arrive, so ``n`` choices or a batch of
+prompts stream interleaved, each chunk naming its choice ``index``.
+
+TTFT is observed here, per choice, as the client sees it: from the request's arrival at
+the server (stamped before the body was parsed) to the moment the chunk carrying its
+first output was written (streaming), or the first token reached the handler (a
+non-streamed response has no earlier moment the client could see).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from slopilot.engine.request import FinishReason
+from slopilot.engine.server.async_engine import EngineDeadError, EngineDrainingError
+from slopilot.engine.server.backends import Backend
+from slopilot.engine.server.detokenizer import IncrementalDetokenizer
+from slopilot.engine.server.errors import APIError, error_body
+from slopilot.engine.server.logprobs_format import (
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+)
+from slopilot.engine.server.request_stream import RequestStream, StreamDelta
+from slopilot.engine.server.serving import Choice, Prepared
+
+# now() on the engine's clock, the one arrival times are stamped with.
+Clock = Callable[[], float]
+
+
+class ChoiceState:
+    """Text, finish reason and logprobs of one choice, delta by delta."""
+
+    def __init__(self, backend: Backend, prep: Prepared, choice: Choice,
+                 stream: RequestStream) -> None:
+        self.choice, self.stream, self.prep = choice, stream, prep
+        self.detok = IncrementalDetokenizer(backend.tokenizer, choice.prompt.token_ids,
+                                            prep.stop)
+        self.token_ids: list[int] = []
+        self.finish: str | None = None
+        self.text_len = 0  # characters handed out so far (text_offset of the next token)
+        self.first_written = False  # a chunk with output went out (TTFT is observed)
+
+    def feed(self, delta: StreamDelta) -> tuple[str, list[int]]:
+        """The new text, and the ids of the tokens it brings (for their logprobs)."""
+        token_ids, finish = delta.token_ids, delta.finish_reason
+        start = len(self.token_ids)
+        self.token_ids += token_ids
+        shown = token_ids
+        if finish is FinishReason.STOP and token_ids and token_ids[-1] in self.prep.stop_ids:
+            shown = token_ids[:-1]  # the stop token itself is not output text
+        self.detok.add(shown, final=finish is not None)
+        if self.detok.stopped:
+            self.finish = FinishReason.STOP.value
+            self.stream.abort(stopped=True)  # a stop string: the engine need not go on
+        elif finish is not None:
+            self.finish = finish.value
+        return self.detok.take(final=self.finish is not None), \
+            list(range(start, start + len(token_ids)))
+
+    def logprobs(self, positions: list[int], text_of: TokenText, *, echo: bool) -> Any:
+        """The choice's logprobs object for these output positions (and the prompt's)."""
+        prep, req = self.prep, self.choice.request
+        if prep.logprobs is None:
+            return None
+        k = prep.logprobs
+        entries = [req.output_logprobs[i] for i in positions if i < len(req.output_logprobs)]
+        ids = [self.token_ids[i] for i in positions][:len(entries)]
+        if prep.chat:
+            return chat_logprobs(text_of, entries, k)
+        offset = self.text_len
+        if echo:
+            prompt_ids = self.choice.prompt.token_ids
+            all_entries = [None, *req.prompt_logprobs[:len(prompt_ids) - 1], *entries]
+            return completion_logprobs(text_of, [*prompt_ids, *ids], all_entries, k, 0)
+        return completion_logprobs(text_of, ids, entries, k, offset)
+
+    def echo_text(self) -> str:
+        return self.choice.prompt.text or ""
+
+
+def _usage(prep: Prepared, states: list[ChoiceState]) -> dict[str, int]:
+    prompt = sum(len(p.token_ids) for p in prep.prompts)
+    completion = sum(len(s.token_ids) for s in states)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+async def _deltas(states: list[ChoiceState]) -> AsyncIterator[tuple[ChoiceState, StreamDelta]]:
+    """Every choice's deltas, in arrival order, until each has finished."""
+    wakeup = asyncio.Event()
+    for s in states:
+        s.stream.wakeup = wakeup
+    live = list(states)
+    while live:
+        wakeup.clear()
+        for s in list(live):
+            delta = s.stream.poll()
+            if delta is not None:
+                yield s, delta
+            if s.stream.finished or s.finish is not None:
+                live.remove(s)
+        # Deltas are pushed on this loop only, so one that came during a yield above
+        # has set the event again: waiting cannot miss it.
+        if live and not wakeup.is_set():
+            await wakeup.wait()
+
+
+def _ttft(backend: Backend, clock: Clock, state: ChoiceState) -> None:
+    if not state.first_written:
+        state.first_written = True
+        req = state.choice.request
+        backend.metrics.observe_ttft(req.priority, clock() - req.arrival_time)
+
+
+def _engine_error(exc: BaseException) -> APIError:
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, str(exc), code="engine_dead")
+    return APIError(503, str(exc), code="draining")
+
+
+async def collect(backend: Backend, prep: Prepared, streams: list[RequestStream],
+                  text_of: TokenText, clock: Clock) -> dict[str, object]:
+    """Run every choice to its end; the whole OpenAI response body."""
+    states = [ChoiceState(backend, prep, c, s)
+              for c, s in zip(prep.choices, streams, strict=True)]
+    parts: list[list[str]] = [[] for _ in states]
+    try:
+        async for state, delta in _deltas(states):
+            _ttft(backend, clock, state)
+            parts[state.choice.index].append(state.feed(delta)[0])
+    except (EngineDeadError, EngineDrainingError) as exc:
+        raise _engine_error(exc) from None
+    finally:
+        for s in streams:
+            s.abort()  # a no-op once finished; else the handler was cancelled
+    choices = []
+    for state in states:
+        text = "".join(parts[state.choice.index])
+        choice: dict[str, object] = {"index": state.choice.index,
+                                     "finish_reason": state.finish}
+        choice["logprobs"] = state.logprobs(list(range(len(state.token_ids))), text_of,
+                                            echo=prep.echo)
+        if prep.return_token_ids:
+            choice["prompt_token_ids"] = state.choice.prompt.token_ids
+            choice["token_ids"] = state.token_ids
+        if prep.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = (state.echo_text() if prep.echo else "") + text
+        choices.append(choice)
+    body: dict[str, object] = {
+        "id": prep.request_id, "created": prep.created, "model": backend.served_model_name,
+        "object": "chat.completion" if prep.chat else "text_completion",
+        "choices": choices, "usage": _usage(prep, states)}
+    if prep.return_token_ids and len(prep.prompts) == 1:
+        body["prompt_token_ids"] = prep.prompts[0].token_ids
+    return body
+
+
+def _sse(payload: object) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def sse_events(backend: Backend, prep: Prepared, streams: list[RequestStream],
+                     text_of: TokenText, clock: Clock) -> AsyncIterator[str]:
+    """SSE ``data:`` chunks, then ``data: [DONE]``; a closed client aborts the request."""
+    states = [ChoiceState(backend, prep, c, s)
+              for c, s in zip(prep.choices, streams, strict=True)]
+    obj = "chat.completion.chunk" if prep.chat else "text_completion"
+    base: dict[str, object] = {"id": prep.request_id, "object": obj,
+                               "created": prep.created, "model": backend.served_model_name}
+    if prep.include_usage:
+        base["usage"] = None
+
+    def chunk(state: ChoiceState, text: str | None, finish: str | None,
+              logprobs: Any = None, role: bool = False) -> str:
+        index = state.choice.index
+        if prep.chat:
+            delta: dict[str, str] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, object] = {"index": index, "delta": delta,
+                                         "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs,
+                      "finish_reason": finish}
+        return _sse({**base, "choices": [choice]})
+
+    try:
+        if prep.chat:
+            for state in states:
+                yield chunk(state, "", None, role=True)
+        async for state, delta in _deltas(states):
+            text, positions = state.feed(delta)
+            echo = prep.echo and not state.first_written
+            if echo:
+                text = state.echo_text() + text
+            logprobs = state.logprobs(positions, text_of, echo=echo) if positions else None
+            wrote = False
+            if text or logprobs is not None:
+                yield chunk(state, text, None, logprobs)
+                state.text_len += len(text)
+                wrote = True
+            if state.finish is not None:
+                yield chunk(state, None, state.finish)
+                wrote = True
+            if wrote:
+                # Resumed after the chunk was written: the moment the client has it.
+                _ttft(backend, clock, state)
+        if prep.include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(prep, states)})
+    except (EngineDeadError, EngineDrainingError) as exc:
+        err = _engine_error(exc)
+        yield _sse(error_body(err.status, err.message, code=err.code))
+    finally:
+        for s in streams:
+            s.abort()  # a no-op once finished; else the client went away
+    yield "data: [DONE]\n\n"
