@@ -74,6 +74,11 @@ class LLMEngine:
         self.observers: list[StepObserver] = list(observers or [])
         self.num_steps = 0
         self.busy_s = 0.0
+        # Seconds from the previous iteration's end (or, after idling, this step's start)
+        # to this iteration's end: the token gap a request in both iterations sees, so
+        # scheduling and bookkeeping count, not only the executor (the twin models both).
+        self.last_step_s = 0.0
+        self._last_end: float | None = None
 
     @property
     def config(self) -> EngineConfig:
@@ -107,7 +112,8 @@ class LLMEngine:
         ``scheduler.finished_in_schedule`` until the next step (already reported).
         """
         sched = self.scheduler
-        out = sched.schedule(self.clock.now())
+        started = self.clock.now()
+        out = sched.schedule(started)
         if sched.finished_in_schedule:
             now = self.clock.now()
             for req in sched.finished_in_schedule:
@@ -115,10 +121,14 @@ class LLMEngine:
                 for obs in self.observers:
                     obs.on_finished(req, now)
         if not out.seqs and not out.swap_out and not out.swap_in:
+            self._last_end = None  # the caller waits before it tries again
             return []
         result = self.executor.execute(out)
         self.clock.advance(result.elapsed_s)
         now = self.clock.now()
+        last_end = self._last_end
+        self.last_step_s = now - (started if last_end is None else last_end)
+        self._last_end = now
         self.num_steps += 1
         self.busy_s += result.elapsed_s
         got = sched.update_from_output(out, result)
@@ -141,6 +151,8 @@ class LLMEngine:
                 req.finished_time = now
                 for obs in observers:
                     obs.on_finished(req, now)
+        if not sched.has_work():
+            self._last_end = None  # idle next: the next step's time starts at its start
         return got
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
