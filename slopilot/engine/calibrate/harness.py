@@ -1,0 +1,195 @@
+"""Time the real executor on hand-built iterations, through its public ``execute()``.
+
+The KV cache is laid out so any shape fits in a small pool and reads real values::
+
+    blocks   [ shared context: max_context / block_size ][ scratch for written blocks ]
+    row      table = shared[:c // bs] + its own scratch blocks from c // bs on
+
+Rows read a common context (timing does not care whose KV it is) and write only into
+their own scratch blocks, so one batch's rows never collide. Before timing, one pass of
+prefills writes every pool block (a never-written page reads the kernel's shared zero
+page: always in cache, so too fast), which also warms the kernels. Then each shape runs
+once unmeasured, and ``repeats`` rounds run every shape in a fresh random order (load
+that drifts on a shared machine then spreads over all shapes instead of biasing a few);
+each shape's figure is the median of its rounds.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from slopilot.engine.calibrate.design import ShapeSpec
+from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from slopilot.engine.request import SamplingParams
+
+_GREEDY = SamplingParams(max_tokens=1, ignore_eos=True)
+_FILL_CHUNK = 256
+
+
+class TimedExecutor(Protocol):
+    """What the harness needs: the engine's executor interface plus its cache size."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_gpu_blocks(self) -> int: ...
+    @property
+    def num_cpu_blocks(self) -> int: ...
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+class HarnessError(ValueError):
+    """The executor's cache cannot hold the grid; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    spec: ShapeSpec
+    seconds: float  # median executor time over the rounds
+    spread: float  # interquartile range / median: this shape's noise
+    cpu_share: float  # thread CPU time / wall time: 1 on an idle core
+    times: tuple[float, ...] = ()
+    cpu_seconds: float = 0.0  # median thread CPU time (the work without the wait)
+
+
+def _written_blocks(n: int, c: int, bs: int) -> int:
+    return (c + n - 1) // bs - c // bs + 1
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    block_size: int
+    max_context: int
+    scratch: int
+
+    @classmethod
+    def for_specs(cls, specs: Sequence[ShapeSpec], block_size: int,
+                  max_context: int) -> BlockPlan:
+        need = max((sum(_written_blocks(n, c, block_size) for n, c, _ in s.rows)
+                    for s in specs), default=0)
+        swaps = max((max(s.swap_out, s.swap_in) for s in specs), default=0)
+        return cls(block_size, max_context, max(need, swaps, 1))
+
+    @property
+    def shared(self) -> int:
+        return -(-self.max_context // self.block_size)
+
+    @property
+    def total(self) -> int:
+        return self.shared + self.scratch
+
+    @property
+    def cpu_blocks(self) -> int:
+        return self.scratch
+
+    def output(self, spec: ShapeSpec) -> SchedulerOutput:
+        bs = self.block_size
+        out = SchedulerOutput()
+        free = iter(range(self.shared, self.total))
+        for i, (n, c, sample) in enumerate(spec.rows):
+            table = list(range(c // bs)) + [next(free) for _ in
+                                            range(_written_blocks(n, c, bs))]
+            out.seqs.append(ScheduledSeq(f"cal{i}", _tokens(n, i), c, table, sample, _GREEDY))
+        out.num_batched_tokens = sum(n for n, _, _ in spec.rows)
+        out.num_decode_tokens = sum(1 for n, _, _ in spec.rows if n == 1)
+        out.num_prefill_tokens = out.num_batched_tokens - out.num_decode_tokens
+        scratch = range(self.shared, self.shared + max(spec.swap_out, spec.swap_in))
+        out.swap_out = [(g, j) for j, g in enumerate(scratch[:spec.swap_out])]
+        out.swap_in = [(j, g) for j, g in enumerate(scratch[:spec.swap_in])]
+        return out
+
+    def fill(self) -> list[SchedulerOutput]:
+        """Prefills that write every block of the pool once."""
+        bs, per_row = self.block_size, max(1, self.max_context // self.block_size)
+        outs = []
+        blocks = list(range(self.total))
+        for r, first in enumerate(range(0, len(blocks), per_row)):
+            table = blocks[first:first + per_row]
+            length = len(table) * bs
+            for start in range(0, length, _FILL_CHUNK):
+                n = min(_FILL_CHUNK, length - start)
+                seq = ScheduledSeq(f"fill{r}", _tokens(n, r), start, table,
+                                   start + n >= length, _GREEDY)
+                outs.append(SchedulerOutput(seqs=[seq], num_batched_tokens=n,
+                                            num_prefill_tokens=n))
+        return outs
+
+
+def _tokens(n: int, salt: int) -> list[int]:
+    # Small ids every vocabulary has; varied so no kernel sees a constant input.
+    return [3 + (salt * 7 + j) % 50 for j in range(n)]
+
+
+class Harness:
+    """Runs the grid on one executor; see the module docstring."""
+
+    def __init__(self, executor: TimedExecutor, specs: Sequence[ShapeSpec], *,
+                 max_context: int, repeats: int = 5, seed: int = 0,
+                 progress: Callable[[str], None] | None = None,
+                 cpu_clock: Callable[[], float] = time.thread_time,
+                 wall_clock: Callable[[], float] = time.perf_counter) -> None:
+        if repeats < 1:
+            raise HarnessError(f"--repeats {repeats}: expected at least 1")
+        self.executor, self.specs = executor, list(specs)
+        self.repeats, self.seed = repeats, seed
+        self.plan = BlockPlan.for_specs(self.specs, executor.block_size, max_context)
+        if executor.num_gpu_blocks < self.plan.total:
+            raise HarnessError(
+                f"the executor's KV cache has {executor.num_gpu_blocks} blocks; the grid "
+                f"needs {self.plan.total} (context {max_context} tokens plus scratch); "
+                "lower --max-context or --max-num-seqs, or give the cache more memory")
+        if executor.num_cpu_blocks < max((max(s.swap_out, s.swap_in) for s in specs),
+                                         default=0):
+            raise HarnessError(
+                f"the executor has {executor.num_cpu_blocks} host blocks, too few for the "
+                "swap shapes; give it swap space or leave the swap shapes out")
+        self._progress = progress or (lambda _: None)
+        self._cpu, self._wall = cpu_clock, wall_clock
+
+    @property
+    def steps(self) -> int:
+        """Executes ``run`` will make (for a progress bar)."""
+        return len(self.plan.fill()) + len(self.specs) * (1 + self.repeats)
+
+    def run(self) -> list[Sample]:
+        for out in self.plan.fill():
+            self.executor.execute(out)
+            self._progress("filling the KV cache")
+        outs = [self.plan.output(s) for s in self.specs]
+        for spec, out in zip(self.specs, outs, strict=True):
+            self.executor.execute(out)  # warm-up, not measured
+            self._progress(f"warm-up {spec.describe()}")
+        times: list[list[float]] = [[] for _ in self.specs]
+        shares: list[list[float]] = [[] for _ in self.specs]
+        cpus: list[list[float]] = [[] for _ in self.specs]
+        rng = random.Random(self.seed)
+        for r in range(self.repeats):
+            order = list(range(len(self.specs)))
+            rng.shuffle(order)
+            for i in order:
+                c0, w0 = self._cpu(), self._wall()
+                result = self.executor.execute(outs[i])
+                wall = self._wall() - w0
+                cpus[i].append(self._cpu() - c0)
+                times[i].append(result.elapsed_s)
+                shares[i].append((self._cpu() - c0) / wall if wall > 0 else 1.0)
+                self._progress(f"round {r + 1}/{self.repeats}: {self.specs[i].describe()}")
+        return [_sample(s, t, sh, c)
+                for s, t, sh, c in zip(self.specs, times, shares, cpus, strict=True)]
+
+
+def _sample(spec: ShapeSpec, times: list[float], shares: list[float],
+            cpus: list[float]) -> Sample:
+    median = statistics.median(times)
+    if len(times) >= 4:
+        q = statistics.quantiles(times, n=4)
+        spread = (q[2] - q[0]) / median if median > 0 else 0.0
+    else:
+        spread = (max(times) - min(times)) / median if median > 0 else 0.0
+    return Sample(spec, median, spread, statistics.median(shares), tuple(times),
+                  statistics.median(cpus))
