@@ -16,6 +16,7 @@ and the best is committed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from typing import Any
 from rich.console import Console
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.engine.sim.twin import twin_label
 from slopilot.tuner.local.demo_report import Sample, write_demo_report
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
@@ -62,6 +64,8 @@ class DemoOptions:
     window_s: float = 10.0
     prometheus: bool | None = None
     """None: the real Prometheus when on PATH, else the direct scrape."""
+    profile: Path | None = None
+    """A calibrated cost profile for the controller's twin; None: the datasheet roofline."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= self.max_replicas:
@@ -72,6 +76,24 @@ class DemoOptions:
                              "(the shift comes half-way; 60 s shows an alert and a trial)")
         if not 0.2 <= self.tick_s <= 10 or not 4 <= self.window_s <= 120:
             raise ValueError("tick 0.2 to 10 s and window 4 to 120 s")
+
+
+def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
+    """The scenario the controller's twin simulates: on ``opts.profile`` when given.
+
+    With torch replicas the twin models the served model, so the profile must be for
+    ``opts.model``; with simulated replicas, for the scenario's model.
+    """
+    if opts.profile is None:
+        return scenario
+    from slopilot.engine.sim.profile_file import check_profile_for, load_profile
+    from slopilot.engine.sim.twin import with_profile
+
+    profile = load_profile(opts.profile)
+    if opts.model is not None:
+        check_profile_for(profile, model=opts.model)
+        scenario = dataclasses.replace(scenario, model=profile.model.name)
+    return with_profile(scenario, profile)
 
 
 def phases(torch: bool, replicas: int) -> tuple[Phase, Phase]:
@@ -131,6 +153,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     scenario = load_scenario(NAME)
+    twin = twin_scenario(scenario, opts)
     torch = opts.model is not None
     before, after = phases(torch, opts.replicas)
     report_dir = opts.report_dir
@@ -156,6 +179,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
                 else "simulated A100 + Llama-3-8B cost model, real time")
         say(f"{opts.replicas} replica(s) up ({kind}): {', '.join(dep.endpoints())}; "
             f"canary {dep.endpoints()[0]}")
+        say(f"the controller's twin: {twin_label(twin)}")
         selector = {DEPLOYMENT_LABEL: NAME}
         alerts: AlertReader
         windows: WindowEvaluator
@@ -173,14 +197,14 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
             windows = PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8)
             sampler = PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
                                         load_tolerance=1e9)
-            probe = PrometheusProbe(prom.url, selector, scenario, window_s=20, duration_s=30.0)
+            probe = PrometheusProbe(prom.url, selector, twin, window_s=20, duration_s=30.0)
         else:
             scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
             stack.callback(scrape.stop)
             say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
                 "(same alert conditions and window figures)")
             alerts = windows = sampler = scrape
-            probe = _BaseProbe(scenario)
+            probe = _BaseProbe(twin)
         space = SearchSpace.from_bounds(base=scenario.engine_config())
         tuner = ResumableTuner(open_study(None, f"{NAME}-live", seed=opts.seed), space)
         settings = ControllerSettings(
