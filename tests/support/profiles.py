@@ -20,7 +20,7 @@ COEFFICIENTS: Mapping[str, float] = MappingProxyType({
     "iteration": 4e-3, "tokens": 2e-5, "sampled": 1e-5, "decode_seqs": 2e-5,
     "decode_batches": 5e-4, "prefill_seqs": 3e-4, "decode_context": 1e-7,
     "decode_padded_context": 5e-8, "prefill_context": 2e-8, "prefill_attention": 1e-9,
-    "swap_blocks": 2e-5})
+    "prefill_attention_dense": 5e-10, "swap_batches": 5e-5, "swap_blocks": 2e-5})
 HOST: Mapping[str, float] = MappingProxyType({"iteration": 3e-4, "decode_seqs": 1e-5})
 
 

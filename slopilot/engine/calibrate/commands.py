@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a small grid and 3 repeats "
                    "(under a minute on tiny-random)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds per shape")
+    p.add_argument("--statistic", choices=("median", "min"), default="median",
+                   help="each shape's figure: the median of its rounds (what serving "
+                   "sees), or the fastest (undisturbed time on a busy shared machine)")
     p.add_argument("--token-budget", type=int, default=None, help="largest chunk")
     p.add_argument("--max-num-seqs", type=int, default=None, help="largest decode batch")
     p.add_argument("--max-context", type=int, default=None, help="longest context")
@@ -66,7 +69,8 @@ def _calibrate(args: argparse.Namespace) -> int:
                            max_num_seqs=given("max_num_seqs"),
                            max_context=given("max_context"), quick=args.quick)
         opts = CalibrationOptions(grid=grid, repeats=given("repeats"),
-                                  tolerance=args.tolerance, host=not args.no_host)
+                                  tolerance=args.tolerance, host=not args.no_host,
+                                  statistic=args.statistic)
         target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
                               threads=args.threads, kv_cache_gb=args.kv_cache_gb)
         result = _run(target, opts, quiet=args.json)

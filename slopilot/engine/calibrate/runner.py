@@ -40,6 +40,7 @@ class CalibrationOptions:
     tolerance: float = 0.10  # largest accepted mean relative error per iteration
     host: bool = True  # also time the engine loop around the executor
     seed: int = 0
+    statistic: str = "median"  # or "min": see harness.py
 
     def __post_init__(self) -> None:
         if not 1 <= self.repeats <= 100:
@@ -85,7 +86,8 @@ def calibrate(target: Target, opts: CalibrationOptions,
     grid = opts.grid
     specs = design(grid)
     harness = Harness(target.executor, specs, max_context=grid.max_context,
-                      repeats=opts.repeats, seed=opts.seed, progress=progress)
+                      repeats=opts.repeats, seed=opts.seed, progress=progress,
+                      statistic=opts.statistic)
     samples = harness.run()
     observations = [Observation(s.spec.shape, s.seconds, s.spec.describe(), s.spec.group)
                     for s in samples]
@@ -110,7 +112,7 @@ def calibrate(target: Target, opts: CalibrationOptions,
         host_steps=len(steps), host_mape=host_fit.mape if host_fit else 0.0,
         cpu_share=share, load_average=_load_average(), seconds=seconds,
         token_budget=grid.token_budget, max_num_seqs=grid.max_num_seqs,
-        max_context=grid.max_context)
+        max_context=grid.max_context, statistic=opts.statistic)
     host = {k: v for k, v in (host_fit.coefficients.items() if host_fit else ()) if v}
     profile = CostProfile(
         name=f"{target.model.name} on {target.device.type} ({target.dtype})",

@@ -98,6 +98,7 @@ class FitReport:
     token_budget: int = 0
     max_num_seqs: int = 0
     max_context: int = 0
+    statistic: str = "median"  # each shape's figure over its repeats: median or min
 
 
 @dataclass(frozen=True)
@@ -354,7 +355,8 @@ def _fit(r: Reader | None) -> FitReport | None:
         seconds=r.number("seconds", 0.0, lo=0),
         token_budget=r.integer("token_budget", 0, lo=0),
         max_num_seqs=r.integer("max_num_seqs", 0, lo=0),
-        max_context=r.integer("max_context", 0, lo=0))
+        max_context=r.integer("max_context", 0, lo=0),
+        statistic=r.text("statistic", "median", choices=("median", "min")))
     r.finish()
     return report
 

@@ -10,13 +10,13 @@ on ``(new tokens, context, samples)`` rows.
 One scheduled row is a decode (one new token) or a prefill chunk (n > 1 new tokens after
 c cached ones; it samples only when it ends the prompt)::
 
-    row          c cached     n new       reads           attention pairs
+    row          c cached     n new       reads           attention pairs (causal / dense)
     decode       c            1           c + 1 KV        c + 1
-    chunk        c            n           c + n KV        n * c + n * (n + 1) / 2
+    chunk        c            n           c + n KV        n * c + n * (n + 1) / 2  /  n * (c + n)
 
 Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order):
 
-    iteration               1 per iteration: launches, weight streaming, Python per step
+    iteration               1 per forward pass: launches, weight streaming, Python per step
     tokens                  new tokens: linear layers, norms, RoPE, KV writes
     sampled                 rows that sample: LM head rows and the sampler
     decode_seqs             decode rows: per-row bookkeeping
@@ -27,7 +27,11 @@ Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order
     decode_padded_context   decodes x the longest decode's context: a padded batched
                             attention reads and multiplies this many
     prefill_context         sum of KV tokens chunks read
-    prefill_attention       sum of (query, key) pairs of chunks: causal attention FLOPs
+    prefill_attention       sum of (query, key) pairs of chunks: causal attention FLOPs,
+                            what a kernel that skips the masked half computes
+    prefill_attention_dense sum of n * (c + n): the whole score matrix, what a kernel
+                            that materialises it and masks (torch's math path) computes
+    swap_batches            1 for swapping out and 1 for swapping in: a copy call each
     swap_blocks             KV blocks copied out to or in from host memory
 """
 
@@ -43,7 +47,7 @@ from slopilot.engine.outputs import SchedulerOutput
 FEATURES: tuple[str, ...] = (
     "iteration", "tokens", "sampled", "decode_seqs", "decode_batches", "prefill_seqs",
     "decode_context", "decode_padded_context", "prefill_context", "prefill_attention",
-    "swap_blocks")
+    "prefill_attention_dense", "swap_batches", "swap_blocks")
 
 # Bump when a feature's meaning changes; profiles carry the version and the hash of the
 # feature definitions they were fitted on (an older one gets a warning).
@@ -71,6 +75,8 @@ class IterationShape:
     decode_padded_context: float = 0
     prefill_context: float = 0
     prefill_attention: float = 0.0
+    prefill_attention_dense: float = 0
+    swap_batches: float = 0
     swap_blocks: float = 0
 
     @property
@@ -98,7 +104,8 @@ class IterationShape:
         return (self.iteration, self.tokens, self.sampled, self.decode_seqs,
                 self.decode_batches, self.prefill_seqs, self.decode_context,
                 self.decode_padded_context,
-                self.prefill_context, self.prefill_attention, self.swap_blocks)
+                self.prefill_context, self.prefill_attention, self.prefill_attention_dense,
+                self.swap_batches, self.swap_blocks)
 
     def __add__(self, other: IterationShape) -> IterationShape:
         return IterationShape(*map(add, self.vector(), other.vector()))
@@ -110,17 +117,18 @@ if tuple(f.name for f in fields(IterationShape)) != FEATURES:  # pragma: no cove
 KINDS: tuple[str, ...] = ("decode", "prefill", "mixed", "swap")
 
 
-def shape_of_rows(rows: Iterable[tuple[int, int, bool]], swap_blocks: int = 0
-                  ) -> IterationShape:
-    """The shape of one iteration from ``(new_tokens, context_before, samples)`` rows."""
-    return IterationShape(*feature_sums(rows, swap_blocks))
+def shape_of_rows(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
+                  swap_in: int = 0) -> IterationShape:
+    """The shape of one iteration from ``(new_tokens, context_before, samples)`` rows
+    and the numbers of blocks swapped out and in."""
+    return IterationShape(*feature_sums(rows, swap_out, swap_in))
 
 
-def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_blocks: int = 0
-                 ) -> tuple[float, ...]:
+def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
+                 swap_in: int = 0) -> tuple[float, ...]:
     """``shape_of_rows(...).vector()`` without building the dataclass (the hot path)."""
     tokens = sampled = decodes = chunks = 0
-    d_ctx = d_max = p_ctx = 0
+    d_ctx = d_max = p_ctx = dense = 0
     pairs = 0.0
     for n, c, sample in rows:
         if n < 1 or c < 0:
@@ -137,9 +145,10 @@ def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_blocks: int = 0
             chunks += 1
             p_ctx += c + n
             pairs += n * c + n * (n + 1) / 2
-    busy = 1 if tokens or swap_blocks else 0
-    return (busy, tokens, sampled, decodes, 1 if decodes else 0, chunks, d_ctx,
-            decodes * d_max, p_ctx, pairs, swap_blocks)
+            dense += n * (c + n)
+    return (1 if tokens else 0, tokens, sampled, decodes, 1 if decodes else 0, chunks,
+            d_ctx, decodes * d_max, p_ctx, pairs, dense,
+            (1 if swap_out else 0) + (1 if swap_in else 0), swap_out + swap_in)
 
 
 def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
@@ -148,4 +157,4 @@ def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
 
 def shape_of(out: SchedulerOutput) -> IterationShape:
     """The shape of the iteration a scheduler planned."""
-    return shape_of_rows(output_rows(out), len(out.swap_out) + len(out.swap_in))
+    return shape_of_rows(output_rows(out), len(out.swap_out), len(out.swap_in))

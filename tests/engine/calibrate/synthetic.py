@@ -12,7 +12,7 @@ TRUE: dict[str, float] = {
     "iteration": 2e-3, "tokens": 3e-5, "sampled": 1e-4, "decode_seqs": 4e-5,
     "decode_batches": 1.5e-3, "prefill_seqs": 8e-4, "decode_context": 5e-8,
     "decode_padded_context": 2e-7, "prefill_context": 1e-7, "prefill_attention": 4e-9,
-    "swap_blocks": 3e-5}
+    "prefill_attention_dense": 2e-9, "swap_batches": 1e-4, "swap_blocks": 3e-5}
 
 
 class SyntheticExecutor:

@@ -37,10 +37,27 @@ def test_noisy_times_recover_the_coefficients_that_matter() -> None:
     fit = fit_shapes(_measure(SyntheticExecutor(noise=0.02, seed=3), GridOptions()))
     # The big terms come back within a few percent; the fit is within the noise.
     for name in ("iteration", "tokens", "decode_batches", "decode_padded_context",
-                 "prefill_attention", "swap_blocks"):
+                 "swap_blocks"):
         assert fit.coefficients[name] == pytest.approx(TRUE[name], rel=0.15), name
     assert fit.mape < 0.03
     assert set(fit.classes) == {"prefill", "multi", "decode", "ragged", "mixed", "swap"}
+    # Causal and dense attention pairs differ only by n(n-1)/2: noise may trade one for
+    # the other, but not the time they predict together.
+    exact = _measure(SyntheticExecutor(), GridOptions(), repeats=1)
+    for o in exact:
+        predicted = sum(fit.coefficients[f] * v
+                        for f, v in zip(FEATURES, o.shape.vector(), strict=True))
+        assert predicted == pytest.approx(o.seconds, rel=0.04), o.label
+
+
+def test_one_disturbed_shape_does_not_drag_the_others() -> None:
+    obs = _measure(SyntheticExecutor(), GridOptions(), repeats=1)
+    hit = next(i for i, o in enumerate(obs) if o.group == "decode")
+    obs[hit] = Observation(obs[hit].shape, obs[hit].seconds * 3, obs[hit].label, "decode")
+    fit = fit_shapes(obs)
+    others = [abs(e) for i, e in enumerate(fit.errors) if i != hit]
+    assert max(others) < 0.01
+    assert fit.worst(1)[0][0].label == obs[hit].label
 
 
 def test_the_design_separates_every_feature() -> None:

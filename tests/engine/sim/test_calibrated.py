@@ -41,9 +41,9 @@ def test_output_time_charges_swaps_scaled_by_block_size() -> None:
     out = SchedulerOutput(seqs=[ScheduledSeq("a", [7], 20, [0, 1], True, sp)],
                           swap_out=[(5, 0), (6, 1)])
     base = cm.output_time(SchedulerOutput(seqs=out.seqs), 16)
-    per_block = COEFFICIENTS["swap_blocks"]
-    assert cm.output_time(out, 16) == pytest.approx(base + 2 * per_block)
-    assert cm.output_time(out, 32) == pytest.approx(base + 4 * per_block)
+    per_block, per_call = COEFFICIENTS["swap_blocks"], COEFFICIENTS["swap_batches"]
+    assert cm.output_time(out, 16) == pytest.approx(base + per_call + 2 * per_block)
+    assert cm.output_time(out, 32) == pytest.approx(base + per_call + 4 * per_block)
     assert cm.swap_time_per_block(32) == pytest.approx(2 * per_block)
 
 

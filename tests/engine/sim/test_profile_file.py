@@ -21,7 +21,8 @@ from slopilot.engine.sim.profile_file import (
     write_profile,
 )
 from slopilot.engine.sim.shape import FORM_VERSION
-from tests.support.profiles import make_profile, profile_file as write_test_profile
+from tests.support.profiles import make_profile
+from tests.support.profiles import profile_file as write_test_profile
 
 
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:

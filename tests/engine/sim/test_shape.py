@@ -19,13 +19,14 @@ def test_a_mixed_batch_sums_rows_by_kind() -> None:
     assert s.decode_padded_context == 2 * 31  # padded to the longest decode
     assert s.prefill_context == 12 + 3
     assert s.prefill_attention == pytest.approx(4 * 8 + 4 * 5 / 2 + 3 * 4 / 2)
+    assert s.prefill_attention_dense == 4 * 12 + 3 * 3
     assert (s.prefill_tokens, s.context_tokens, s.kind) == (7, 57, "mixed")
 
 
 def test_kinds() -> None:
     assert shape_of_rows([(1, 5, True)]).kind == "decode"
     assert shape_of_rows([(16, 0, True)]).kind == "prefill"
-    assert shape_of_rows([], swap_blocks=3).kind == "swap"
+    assert shape_of_rows([], swap_out=3).kind == "swap"
     assert shape_of_rows([]) == IterationShape()
 
 
@@ -34,7 +35,7 @@ def test_shape_of_a_scheduler_output_counts_swaps() -> None:
     out = SchedulerOutput(seqs=[ScheduledSeq("a", [1, 2, 3], 5, [0], True, sp)],
                           swap_out=[(1, 0), (2, 1)], swap_in=[(3, 4)])
     s = shape_of(out)
-    assert (s.tokens, s.prefill_seqs, s.swap_blocks) == (3, 1, 3)
+    assert (s.tokens, s.prefill_seqs, s.swap_batches, s.swap_blocks) == (3, 1, 2, 3)
 
 
 def test_shapes_add_up_feature_by_feature() -> None:
