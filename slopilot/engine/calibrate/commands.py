@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-QUICK = {"token_budget": 256, "max_num_seqs": 16, "max_context": 512, "repeats": 3}
+QUICK = {"token_budget": 256, "max_num_seqs": 16, "max_context": 512, "repeats": 5}
 FULL = {"token_budget": 512, "max_num_seqs": 32, "max_context": 1024, "repeats": 5}
 
 
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's; recorded in the profile)")
     p.add_argument("--out", required=True, type=Path, metavar="PROFILE.yaml")
-    p.add_argument("--quick", action="store_true", help="a small grid and 3 repeats "
+    p.add_argument("--quick", action="store_true", help="a smaller grid and context "
                    "(under a minute on tiny-random)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds per shape")
     p.add_argument("--statistic", choices=("median", "min"), default="median",

@@ -97,10 +97,10 @@ def design(opts: GridOptions) -> list[ShapeSpec]:
     """The shapes to time, in a fixed order (the harness shuffles repeats itself)."""
     budget, seqs, ctx_max = opts.token_budget, opts.max_num_seqs, opts.max_context
     quick = opts.quick
-    chunks = _geometric(16, budget, 3 if quick else None)
-    fractions = (0.0, 0.5) if quick else (0.0, 0.125, 0.25, 0.5)
+    chunks = _geometric(16, budget, 4 if quick else None)
+    fractions = (0.0, 0.25, 0.5) if quick else (0.0, 0.125, 0.25, 0.5)
     contexts = [int(ctx_max * f) for f in fractions]
-    batch_sizes = _geometric(1, seqs, 3 if quick else None)
+    batch_sizes = _geometric(1, seqs, 4 if quick else None)
     out: list[ShapeSpec] = []
     for i, c in enumerate(contexts):
         for n in chunks:
@@ -117,7 +117,7 @@ def design(opts: GridOptions) -> list[ShapeSpec]:
     for d in sorted({4, max(4, seqs // 2), seqs}) if not quick else (max(4, seqs // 2),):
         rows = tuple((1, long if j % 2 else short, True) for j in range(d))
         out.append(ShapeSpec(rows, "ragged"))
-    mixed_chunks = (budget // 2,) if quick else (32, budget // 2)
+    mixed_chunks = (32, budget // 2)
     mixed_decodes = (max(2, seqs // 2),) if quick else (4, max(4, seqs // 2))
     for n in mixed_chunks:
         for d in mixed_decodes:
