@@ -64,6 +64,9 @@ def parse_args() -> argparse.Namespace:
                    help="three fractions of the twin's saturation rate")
     p.add_argument("--trace-offset", type=int, default=0, help="first trace request used")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=900.0, metavar="SECONDS",
+                   help="cut a load's real run after this long (it is then reported as "
+                   "truncated: a busy machine serves far below the twin's rate)")
     p.add_argument("--plot", type=Path, default=None, help="PNG (default: docs/"
                    "twin_fidelity[_quick].png)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -118,7 +121,8 @@ def saturation_rate(scenario: Scenario, config: EngineConfig,
 
 
 def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenario,
-             config: EngineConfig, executor: Any, cost: CalibratedCostModel) -> LoadReport:
+             config: EngineConfig, executor: Any, cost: CalibratedCostModel,
+             time_limit_s: float) -> LoadReport:
     from slopilot.engine.engine import LLMEngine
     from slopilot.engine.metrics import EngineMetrics
     from slopilot.engine.metrics_observer import MetricsObserver
@@ -128,12 +132,15 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenari
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
                        swap, observers=[MetricsObserver(EngineMetrics(cost.model.name)),
                                         real])
-    run = replay_real(engine, specs, real)
+    run = replay_real(engine, specs, real, time_limit_s=time_limit_s)
+    if run.truncated:
+        print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
+              f"{len(specs)} requests done", file=sys.stderr)
     replay_sim(scenario, config, specs, sim)
     sim_span = max(sim.finished.values()) if sim.finished else 0.0
     report = compare(name, rate, real, sim, cost, first_arrival_real=run.t0,
                      real_span_s=run.wall_s, sim_span_s=sim_span)
-    report.cpu_share = run.cpu_share
+    report.cpu_share, report.truncated = run.cpu_share, run.truncated
     report.load_average = round(os.getloadavg()[0], 2)
     return report
 
@@ -165,7 +172,7 @@ def main() -> int:
         print(f"{name}: {f * mu:.2f} req/s ({f:g} x the twin's {mu:.2f} req/s saturation)",
               file=sys.stderr, flush=True)
         reports.append(run_load(name, f * mu, at_rate(specs, f * mu), scenario, config,
-                                executor, cost))
+                                executor, cost, args.time_limit))
     print_report(reports, profile, args.profile)
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")

@@ -28,13 +28,20 @@ def print_report(reports: list[LoadReport], profile: CostProfile, path: Path) ->
         runs.add_column(col, justify="right")
     for r in reports:
         it = r.iterations
-        runs.add_row(r.name, f"{r.rate:.2f}", str(r.requests),
+        runs.add_row(r.name + (" (cut short)" if r.truncated else ""), f"{r.rate:.2f}",
+                     str(r.requests),
                      f"{r.busy[0]:.0%}/{r.busy[1]:.0%}",
                      f"{r.throughput[0]:.1f}/{r.throughput[1]:.1f}",
                      f"{r.preemptions[0]}/{r.preemptions[1]}", f"{it.mape:.1%}",
                      f"{it.executor_mape:.1%}", f"{it.median_err:.1%}",
                      f"{r.cpu_share:.0%}", str(r.load_average))
     console.print(runs)
+    fit = profile.fit
+    if fit is not None:
+        console.print(f"calibration: {fit.shapes} shapes, mean error {fit.mape:.1%}, CPU share "
+                      f"{fit.cpu_share if fit.cpu_share is None else f'{fit.cpu_share:.0%}'}, "
+                      f"load average {fit.load_average} (this run: CPU share and load "
+                      "average per load above; far apart means different conditions)")
     lat = Table(title="Latency per class: measured / predicted ms (error)")
     for col in ("load", "class", "n", *(f"{m.upper()} p{q}" for m, q in PERCENTILES)):
         lat.add_column(col, justify="right")

@@ -58,6 +58,7 @@ class LoadReport:
     points: list[tuple[float, float, str]]  # every real iteration: measured, predicted, kind
     cpu_share: float = 1.0
     load_average: float | None = None
+    truncated: bool = False  # the real run hit its time limit: figures are not comparable
 
     def worst_error(self) -> float:
         return max((e for c in self.classes.values() for e in c.errors().values()),

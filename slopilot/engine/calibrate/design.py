@@ -7,8 +7,8 @@ cannot tell it from another (an identifiable design):
                context's chunks do not sample (``sampled`` apart from ``prefill_seqs``)
     multi      several chunks in one batch (``prefill_seqs`` apart from ``tokens``)
     decode     1 .. max_num_seqs decodes at several equal contexts
-    ragged     decodes of short and long contexts together (``decode_padded_context``
-               apart from ``decode_context``)
+    ragged     decodes of short and long contexts together, as serving batches them
+               (``decode_padded_context`` apart from ``decode_context``)
     mixed      a chunk plus decodes, as chunked prefill runs them
     swap       KV blocks copied out and in without a forward pass
 
@@ -106,25 +106,40 @@ def design(opts: GridOptions) -> list[ShapeSpec]:
         for n in chunks:
             if c + n <= ctx_max:
                 out.append(ShapeSpec(((n, c, i % 2 == 0),), "prefill"))
-    for k, n, c in ((2, budget // 4, 0), (4, max(16, budget // 8), contexts[-1] // 2)):
+    # Several chunks, and (below) chunks with decodes: only these tell a forward pass's
+    # constant apart from each attention call's, so there are enough to outvote noise.
+    multi = ((2, 32, 0), (2, budget // 4, 0), (4, max(16, budget // 8), contexts[-1] // 2))
+    for k, n, c in multi[1:] if quick else multi:
         out.append(ShapeSpec(tuple((n, c, j % 2 == 0) for j in range(k)), "multi"))
     decode_contexts = [max(16, c) for c in contexts]
     for c in decode_contexts:
         for d in batch_sizes:
             if d <= budget:
                 out.append(ShapeSpec(((1, c, True),) * d, "decode"))
-    short, long = 16, max(16, ctx_max // 2)
-    for d in sorted({4, max(4, seqs // 2), seqs}) if not quick else (max(4, seqs // 2),):
-        rows = tuple((1, long if j % 2 else short, True) for j in range(d))
-        out.append(ShapeSpec(rows, "ragged"))
-    mixed_chunks = (32, budget // 2)
-    mixed_decodes = (max(2, seqs // 2),) if quick else (4, max(4, seqs // 2))
+    # Serving's decode batches are ragged: one long context pads all the others. Only
+    # these shapes tell decode_padded_context from decode_context, so there are many:
+    # half long, and one long among short ones, at two long lengths.
+    short = 16
+    longs = (max(16, ctx_max // 2),) if quick else (max(16, ctx_max // 4), max(16, ctx_max // 2))
+    sizes = [d for d in batch_sizes if d >= 2]
+    for long in longs:
+        for d in sizes:
+            half = tuple((1, long if j % 2 else short, True) for j in range(d))
+            out.append(ShapeSpec(half, "ragged"))
+            if d >= 4:
+                one = ((1, long, True),) + ((1, short, True),) * (d - 1)
+                out.append(ShapeSpec(one, "ragged"))
+    mixed_chunks = (16, budget // 2) if quick else (16, 64, budget // 2)
+    mixed_decodes = (1, max(2, seqs // 2)) if quick else (1, 4, max(4, seqs // 2))
+    decode_ctx = max(16, ctx_max // 4)
     for n in mixed_chunks:
         for d in mixed_decodes:
-            for c in (0,) if quick else (0, contexts[2]):
-                if n + d <= budget:
-                    rows = ((n, c, True),) + ((1, max(16, ctx_max // 4), True),) * d
-                    out.append(ShapeSpec(rows, "mixed"))
+            if n + d <= budget:
+                rows = ((n, 0, True),) + ((1, decode_ctx, True),) * d
+                out.append(ShapeSpec(rows, "mixed"))
+    if not quick:
+        out.append(ShapeSpec(((64, contexts[2], True),) + ((1, decode_ctx, True),) * 4,
+                             "mixed"))
     if opts.swap:
         # Two block counts, so a copy call's fixed cost is apart from its per-block one.
         for k_out, k_in in ((4, 16),) if quick else ((4, 4), (32, 32)):

@@ -1,19 +1,16 @@
 """Time the real executor on hand-built iterations, through its public ``execute()``.
 
-The KV cache is laid out so any shape fits in a small pool and reads real values::
-
-    blocks   [ shared context: max_context / block_size ][ scratch for written blocks ]
-    row      table = shared[:c // bs] + its own scratch blocks from c // bs on
-
-Rows read a common context (timing does not care whose KV it is) and write only into
-their own scratch blocks, so one batch's rows never collide. Before timing, one pass of
-prefills writes every pool block (a never-written page reads the kernel's shared zero
-page: always in cache, so too fast), which also warms the kernels. Then each shape runs
-once unmeasured, and ``repeats`` rounds run every shape in a fresh random order (load
-that drifts on a shared machine then spreads over all shapes instead of biasing a few);
-each shape's figure is the median of its rounds (``statistic="min"`` takes the fastest
-round instead: on a machine shared with busy neighbours that estimates the undisturbed
-time, for checking the cost model's form; the median is what a server will see).
+Every row of a batch gets its own blocks for its whole context, as in serving, so the
+reads timed are the reads a server makes (a shared context could sit in cache after
+the first row; on SmolLM2 the two timed alike, but a smaller model's might not). Before
+timing, swap-ins write every block of the pool once (a
+never-written page reads the kernel's shared zero page, always in cache: too fast).
+Then each shape runs once unmeasured (kernel caches warm), and ``repeats`` rounds run
+every shape in a fresh random order (load that drifts on a shared machine then spreads
+over all shapes instead of biasing a few); each shape's figure is the median of its
+rounds (``statistic="min"`` takes the fastest round instead: on a machine shared with
+busy neighbours that estimates the undisturbed time, for checking the cost model's
+form; the median is what a server will see).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from slopilot.engine.request import SamplingParams
 
 _GREEDY = SamplingParams(max_tokens=1, ignore_eos=True)
 STATISTICS = ("median", "min")
-_FILL_CHUNK = 256
+_FILL_BATCH = 64  # blocks per swap-in of the fill
 
 
 class TimedExecutor(Protocol):
@@ -61,66 +58,45 @@ class Sample:
     cpu_times: tuple[float, ...] = ()
 
 
-def _written_blocks(n: int, c: int, bs: int) -> int:
-    return (c + n - 1) // bs - c // bs + 1
+def _row_blocks(n: int, c: int, bs: int) -> int:
+    return -(-(c + n) // bs)
 
 
 @dataclass(frozen=True)
 class BlockPlan:
+    """Block tables for the grid: every row its own blocks, as in serving."""
+
     block_size: int
-    max_context: int
-    scratch: int
+    total: int  # blocks the largest shape needs
+    cpu_blocks: int  # host blocks: the swap shapes' and the fill's
 
     @classmethod
-    def for_specs(cls, specs: Sequence[ShapeSpec], block_size: int,
-                  max_context: int) -> BlockPlan:
-        need = max((sum(_written_blocks(n, c, block_size) for n, c, _ in s.rows)
+    def for_specs(cls, specs: Sequence[ShapeSpec], block_size: int) -> BlockPlan:
+        need = max((sum(_row_blocks(n, c, block_size) for n, c, _ in s.rows)
                     for s in specs), default=0)
         swaps = max((max(s.swap_out, s.swap_in) for s in specs), default=0)
-        return cls(block_size, max_context, max(need, swaps, 1))
-
-    @property
-    def shared(self) -> int:
-        return -(-self.max_context // self.block_size)
-
-    @property
-    def total(self) -> int:
-        return self.shared + self.scratch
-
-    @property
-    def cpu_blocks(self) -> int:
-        return self.scratch
+        return cls(block_size, max(need, swaps, 1), max(swaps, _FILL_BATCH))
 
     def output(self, spec: ShapeSpec) -> SchedulerOutput:
         bs = self.block_size
         out = SchedulerOutput()
-        free = iter(range(self.shared, self.total))
+        free = iter(range(self.total))
         for i, (n, c, sample) in enumerate(spec.rows):
-            table = list(range(c // bs)) + [next(free) for _ in
-                                            range(_written_blocks(n, c, bs))]
+            table = [next(free) for _ in range(_row_blocks(n, c, bs))]
             out.seqs.append(ScheduledSeq(f"cal{i}", _tokens(n, i), c, table, sample, _GREEDY))
         out.num_batched_tokens = sum(n for n, _, _ in spec.rows)
         out.num_decode_tokens = sum(1 for n, _, _ in spec.rows if n == 1)
         out.num_prefill_tokens = out.num_batched_tokens - out.num_decode_tokens
-        scratch = range(self.shared, self.shared + max(spec.swap_out, spec.swap_in))
-        out.swap_out = [(g, j) for j, g in enumerate(scratch[:spec.swap_out])]
-        out.swap_in = [(j, g) for j, g in enumerate(scratch[:spec.swap_in])]
+        out.swap_out = [(g, g) for g in range(spec.swap_out)]
+        out.swap_in = [(g, g) for g in range(spec.swap_in)]
         return out
 
     def fill(self) -> list[SchedulerOutput]:
-        """Prefills that write every block of the pool once."""
-        bs, per_row = self.block_size, max(1, self.max_context // self.block_size)
+        """Swap-ins that write every block of the pool once (host blocks hold zeros)."""
         outs = []
-        blocks = list(range(self.total))
-        for r, first in enumerate(range(0, len(blocks), per_row)):
-            table = blocks[first:first + per_row]
-            length = len(table) * bs
-            for start in range(0, length, _FILL_CHUNK):
-                n = min(_FILL_CHUNK, length - start)
-                seq = ScheduledSeq(f"fill{r}", _tokens(n, r), start, table,
-                                   start + n >= length, _GREEDY)
-                outs.append(SchedulerOutput(seqs=[seq], num_batched_tokens=n,
-                                            num_prefill_tokens=n))
+        for first in range(0, self.total, _FILL_BATCH):
+            blocks = range(first, min(first + _FILL_BATCH, self.total))
+            outs.append(SchedulerOutput(swap_in=[(j, g) for j, g in enumerate(blocks)]))
         return outs
 
 
@@ -145,17 +121,17 @@ class Harness:
         self.statistic = statistic
         self.executor, self.specs = executor, list(specs)
         self.repeats, self.seed = repeats, seed
-        self.plan = BlockPlan.for_specs(self.specs, executor.block_size, max_context)
+        self.plan = BlockPlan.for_specs(self.specs, executor.block_size)
         if executor.num_gpu_blocks < self.plan.total:
             raise HarnessError(
                 f"the executor's KV cache has {executor.num_gpu_blocks} blocks; the grid "
-                f"needs {self.plan.total} (context {max_context} tokens plus scratch); "
-                "lower --max-context or --max-num-seqs, or give the cache more memory")
-        if executor.num_cpu_blocks < max((max(s.swap_out, s.swap_in) for s in specs),
-                                         default=0):
+                f"needs {self.plan.total} (every row of its largest batch its own "
+                f"context, up to {max_context} tokens): lower --max-context or "
+                "--max-num-seqs, or give the cache more memory (--kv-cache-gb)")
+        if executor.num_cpu_blocks < self.plan.cpu_blocks:
             raise HarnessError(
-                f"the executor has {executor.num_cpu_blocks} host blocks, too few for the "
-                "swap shapes; give it swap space or leave the swap shapes out")
+                f"the executor has {executor.num_cpu_blocks} host blocks; calibration needs "
+                f"{self.plan.cpu_blocks} (the swap shapes and the cache fill)")
         self._progress = progress or (lambda _: None)
         self._cpu, self._wall = cpu_clock, wall_clock
 

@@ -78,7 +78,7 @@ def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
         raise CalibrationError(
             f"--max-context {grid.max_context} exceeds {model}'s context of "
             f"{config.max_position_embeddings} tokens; lower it")
-    plan = BlockPlan.for_specs(design(grid), 16, grid.max_context)
+    plan = BlockPlan.for_specs(design(grid), 16)
     executor = TorchExecutor(path, device=device, dtype=dtype, kv_cache_gb=kv_cache_gb,
                              num_cpu_blocks=plan.cpu_blocks, block_size=16,
                              max_model_len=grid.max_context, num_threads=threads)

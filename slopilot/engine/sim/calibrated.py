@@ -30,6 +30,7 @@ from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.shape import FEATURES, IterationShape, feature_sums
 
 _GIB = 1024 ** 3
+MAX_BLOCKS = 50_000_000
 _SWAP = FEATURES.index("swap_blocks")
 
 
@@ -91,6 +92,12 @@ class CalibratedCostModel:
         """Blocks in the KV cache the calibrated executor had (its own sizing applied)."""
         _check_block_size(block_size)
         blocks = self.profile.kv_cache_bytes // (block_size * self.kv_bytes_per_token())
+        if blocks > MAX_BLOCKS:
+            raise CostModelError(
+                f"{self.profile.source}: memory.kv_cache_bytes="
+                f"{self.profile.kv_cache_bytes} is {blocks} blocks of {block_size} tokens; "
+                f"the simulator tracks each block and takes at most {MAX_BLOCKS}: use a "
+                "larger block_size or check the profile")
         if blocks < 1:
             raise CostModelError(
                 f"{self.profile.source}: memory.kv_cache_bytes="

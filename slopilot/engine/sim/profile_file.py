@@ -31,113 +31,33 @@ cost-model form, other executor code), which callers print as warnings.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-from slopilot.engine.sim.profiles import (
-    ModelProfile,
-    ProfileError,
-    canonical_model_name,
-    model_from_dict,
+from slopilot.engine.sim.profile_parse import parse_profile
+from slopilot.engine.sim.profile_types import (
+    DEVICE_TYPES,
+    RECALIBRATE,
+    SCHEMA,
+    ClassFit,
+    CostProfile,
+    DeviceInfo,
+    FitReport,
+    ProfileFileError,
+    StaleProfileWarning,
 )
-from slopilot.engine.sim.shape import FEATURES, FORM_NAME, FORM_VERSION, form_hash
-from slopilot.engine.sim.spec_reader import Reader, ScenarioError
+from slopilot.engine.sim.profiles import ProfileError, canonical_model_name
+from slopilot.engine.sim.spec_reader import ScenarioError
 
-SCHEMA = "slopilot.dev/cost-profile/v1"
-DEVICE_TYPES = ("cpu", "cuda")
-RECALIBRATE = "re-run `slopilot calibrate` for this model and device to write a new one"
-
-
-class ProfileFileError(ProfileError):
-    """A profile file is missing, malformed, or for another model or device."""
-
-
-class StaleProfileWarning(UserWarning):
-    """A profile is readable but older than the code that uses it."""
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    type: str  # "cpu" or "cuda"
-    name: str  # "AMD EPYC (2 cores)", "NVIDIA H100 80GB HBM3"
-    threads: int | None = None  # torch intra-op threads (CPU)
-
-
-@dataclass(frozen=True)
-class ClassFit:
-    """How well the fitted model reproduces one class of measured shapes."""
-
-    shapes: int
-    mape: float
-    max_err: float
-    worst: str = ""
-
-
-@dataclass(frozen=True)
-class FitReport:
-    repeats: int
-    shapes: int
-    mape: float
-    max_err: float
-    classes: Mapping[str, ClassFit] = field(default_factory=lambda: MappingProxyType({}))
-    host_steps: int = 0
-    host_mape: float = 0.0
-    cpu_share: float | None = None  # process CPU time / wall time while timing
-    load_average: float | None = None  # 1-minute load average when it finished
-    seconds: float = 0.0
-    # The calibrated domain: outside it the twin extrapolates.
-    token_budget: int = 0
-    max_num_seqs: int = 0
-    max_context: int = 0
-    statistic: str = "median"  # each shape's figure over its repeats: median or min
-
-
-@dataclass(frozen=True)
-class CostProfile:
-    name: str
-    device: DeviceInfo
-    model: ModelProfile
-    dtype: str
-    executor: Mapping[str, float]  # seconds per unit of each feature, executor only
-    host: Mapping[str, float]  # the engine loop around the executor
-    block_size: int = 16
-    kv_cache_bytes: int = 0
-    tp: int = 1
-    form: str = FORM_NAME
-    form_version: int = FORM_VERSION
-    form_digest: str = field(default_factory=form_hash)
-    created: str = ""
-    versions: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    executor_code: str = ""
-    fit: FitReport | None = None
-    source: str = "<memory>"  # where it was read from; not written
-
-    def coefficient(self, feature: str) -> float:
-        """Executor plus host seconds per unit of ``feature`` (0 when not fitted)."""
-        return self.executor.get(feature, 0.0) + self.host.get(feature, 0.0)
-
-    def staleness(self, executor_code: str | None = None) -> list[str]:
-        """Why this profile may not describe today's engine (empty when current)."""
-        out = []
-        if self.form_version < FORM_VERSION or self.form_digest != form_hash():
-            out.append(
-                f"{self.source}: fitted on cost-model form {self.form} v{self.form_version} "
-                f"({self.form_digest}); this engine uses {FORM_NAME} v{FORM_VERSION} "
-                f"({form_hash()}): features it lacks count as 0; {RECALIBRATE}")
-        if executor_code and self.executor_code and executor_code != self.executor_code:
-            out.append(
-                f"{self.source}: calibrated on executor code {self.executor_code}, this "
-                f"engine's is {executor_code}: its times may have changed; {RECALIBRATE}")
-        return out
+__all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "DeviceInfo",
+           "FitReport", "ProfileFileError", "StaleProfileWarning", "check_profile_for",
+           "dump_profile", "executor_code_hash", "load_profile", "profile_to_dict",
+           "write_profile"]
 
 
 def executor_code_hash() -> str:
@@ -235,7 +155,7 @@ def load_profile(path_or_text: str | Path, *, warn: bool = True) -> CostProfile:
     except yaml.YAMLError as exc:
         raise ProfileFileError(f"{source}: not valid YAML ({exc}); {RECALIBRATE}") from None
     try:
-        profile = _parse(doc, source)
+        profile = parse_profile(doc, source)
     except ScenarioError as exc:
         raise ProfileFileError(f"{exc}; {RECALIBRATE}") from None
     except ProfileError as exc:
@@ -246,10 +166,19 @@ def load_profile(path_or_text: str | Path, *, warn: bool = True) -> CostProfile:
     return profile
 
 
+# A profile is a few KiB; a bigger "profile" (a ConfigMap anyone may edit) is refused
+# before YAML sees it.
+MAX_PROFILE_BYTES = 256 * 1024
+
+
 def _read(path_or_text: str | Path) -> tuple[str, str]:
     if isinstance(path_or_text, Path) or "\n" not in str(path_or_text):
         path = Path(path_or_text)
         try:
+            if path.stat().st_size > MAX_PROFILE_BYTES:
+                raise ProfileFileError(
+                    f"{path}: {path.stat().st_size} bytes is no cost profile (they are a "
+                    f"few KiB, at most {MAX_PROFILE_BYTES}); check the path")
             return path.read_text(encoding="utf-8"), str(path)
         except FileNotFoundError:
             raise ProfileFileError(
@@ -257,108 +186,11 @@ def _read(path_or_text: str | Path) -> tuple[str, str]:
                 "`slopilot calibrate --model ... --out FILE`") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ProfileFileError(f"cannot read profile file {str(path)!r}: {exc}") from None
-    return str(path_or_text), "<profile text>"
-
-
-def _parse(doc: object, source: str) -> CostProfile:
-    r = Reader(doc, source=source)
-    schema = r.raw("schema", None)
-    if schema != SCHEMA:
-        raise r.error("schema", schema, f"not a slopilot cost profile (expected {SCHEMA!r})")
-    dev = r.section("device")
-    device = DeviceInfo(dev.text("type", choices=DEVICE_TYPES), dev.text("name"),
-                        dev.optional_int("threads", lo=1, hi=4096))
-    dev.finish()
-    m = r.section("model")
-    model_name = m.text("name")
-    dtype = m.text("dtype", choices=("float32", "bfloat16", "float16"))
-    tp = m.integer("tp", 1, lo=1, hi=64)
-    shape = m.raw("shape")
-    if not isinstance(shape, Mapping):
-        raise m.error("shape", shape, "expected a mapping of model dimensions")
-    model = model_from_dict({**shape, "name": model_name}, f"{source}: model.shape")
-    m.finish()
-    mem = r.section("memory")
-    block_size = mem.integer("block_size", lo=1, hi=1024)
-    kv_bytes = mem.integer("kv_cache_bytes", lo=0)
-    mem.finish()
-    cm = r.section("cost_model")
-    form = cm.text("form")
-    if form != FORM_NAME:
-        raise cm.error("form", form, f"this engine evaluates only {FORM_NAME!r}")
-    version = cm.integer("version", lo=1)
-    if version > FORM_VERSION:
-        raise cm.error("version", version, f"written by a newer slopilot (this one knows "
-                       f"up to v{FORM_VERSION}); upgrade slopilot")
-    digest = cm.text("hash")
-    executor = _coefficients(cm, "executor")
-    host = _coefficients(cm, "host")
-    cm.finish()
-    fit = _fit(r.sub("fit", optional=True))
-    versions = r.raw("versions", None) or {}
-    code = r.raw("code", None) or {}
-    if not isinstance(versions, Mapping) or not isinstance(code, Mapping):
-        raise r.error("versions", versions, "versions and code must be mappings")
-    profile = CostProfile(
-        name=r.text("name"), device=device, model=model, dtype=dtype, executor=executor,
-        host=host, block_size=block_size, kv_cache_bytes=kv_bytes, tp=tp, form=form,
-        form_version=version, form_digest=digest, created=str(r.raw("created", "")),
-        versions=MappingProxyType({str(k): str(v) for k, v in versions.items()}),
-        executor_code=str(code.get("executor", "")), fit=fit, source=source)
-    r.finish()
-    return profile
-
-
-def _coefficients(r: Reader, key: str) -> Mapping[str, float]:
-    sub = r.section(key)
-    out = {}
-    for name in sub.data:
-        if name not in FEATURES:
-            raise sub.error(name, sub.data[name], f"unknown feature of {FORM_NAME} "
-                            f"v{FORM_VERSION} (known: {', '.join(FEATURES)})")
-        value = _number(sub, name)
-        if value < 0:
-            raise sub.error(name, value, "a time per unit cannot be negative")
-        out[name] = value
-    return MappingProxyType(out)
-
-
-def _number(r: Reader, key: str) -> float:
-    value = r.raw(key)
-    if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-        try:
-            value = float(value)
-        except ValueError:
-            raise r.error(key, value, "expected a number") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise r.error(key, value, "expected a finite number")
-    return float(value)
-
-
-def _fit(r: Reader | None) -> FitReport | None:
-    if r is None:
-        return None
-    classes = {}
-    raw = r.raw("classes", None) or {}
-    for name, value in (raw.items() if isinstance(raw, Mapping) else ()):
-        c = r.child(f"classes.{name}", value)
-        classes[str(name)] = ClassFit(c.integer("shapes", lo=0), c.number("mape", lo=0),
-                                      c.number("max_err", lo=0), str(c.raw("worst", "")))
-        c.finish()
-    report = FitReport(
-        repeats=r.integer("repeats", lo=1), shapes=r.integer("shapes", lo=0),
-        mape=r.number("mape", lo=0), max_err=r.number("max_err", lo=0),
-        classes=MappingProxyType(classes), host_steps=r.integer("host_steps", 0, lo=0),
-        host_mape=r.number("host_mape", 0.0, lo=0),
-        cpu_share=r.optional_float("cpu_share", lo=0),
-        load_average=r.optional_float("load_average", lo=0),
-        seconds=r.number("seconds", 0.0, lo=0),
-        token_budget=r.integer("token_budget", 0, lo=0),
-        max_num_seqs=r.integer("max_num_seqs", 0, lo=0),
-        max_context=r.integer("max_context", 0, lo=0),
-        statistic=r.text("statistic", "median", choices=("median", "min")))
-    r.finish()
-    return report
+    text = str(path_or_text)
+    if len(text.encode()) > MAX_PROFILE_BYTES:
+        raise ProfileFileError(f"<profile text>: {len(text.encode())} bytes is no cost "
+                               f"profile (at most {MAX_PROFILE_BYTES})")
+    return text, "<profile text>"
 
 
 def check_profile_for(profile: CostProfile, *, model: str | None = None,

@@ -81,7 +81,10 @@ def _broken(tmp_path: Path, edit: dict[str, object], drop: str | None = None) ->
 @pytest.mark.parametrize(("edit", "drop", "message"), [
     ({"schema": "something/else"}, None, r"schema='something/else': not a slopilot cost"),
     ({"device.type": "tpu"}, None, r"device.type='tpu'.*use one of: cpu, cuda"),
-    ({"cost_model.executor.tokens": -1.0}, None, r"tokens=-1.0: a time per unit cannot"),
+    ({"cost_model.executor.tokens": -1.0}, None, r"tokens=-1.0: a time per unit must be in"),
+    ({"cost_model.executor.tokens": 1e300}, None, r"tokens=1e\+300: a time per unit must"),
+    ({"memory.kv_cache_bytes": 2 ** 60}, None, r"kv_cache_bytes=1152921504606846976: must be "
+                                              r"at most"),
     ({"cost_model.executor.warp_drive": 1.0}, None, r"warp_drive.*unknown feature"),
     ({"cost_model.executor.tokens": "fast"}, None, r"tokens='fast': expected a number"),
     ({"cost_model.version": FORM_VERSION + 1}, None, r"newer slopilot.*upgrade"),
@@ -108,6 +111,23 @@ def test_yaml_1_1_exponents_without_a_dot_read_as_numbers(tmp_path: Path) -> Non
 def test_not_a_profile_at_all(text: str) -> None:
     with pytest.raises(ProfileFileError, match="slopilot calibrate"):
         load_profile(text if "\n" in text else text + "\n")
+
+
+def test_a_huge_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("a: " + "x" * 300_000 + "\n")
+    with pytest.raises(ProfileFileError, match="bytes is no cost profile"):
+        load_profile(path)
+    with pytest.raises(ProfileFileError, match="bytes is no cost profile"):
+        load_profile(path.read_text())
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it() -> None:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = "\n".join(lines) + "\nschema: *a8\n"  # 9**9 strings if anything walked it
+    with pytest.raises(ProfileFileError, match=r"schema=.*not a slopilot cost profile"):
+        load_profile(bomb)
 
 
 def test_a_missing_file_says_how_to_make_one(tmp_path: Path) -> None:
