@@ -34,7 +34,7 @@ from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
-from slopilot.engine.sim.profile_file import CostProfile, load_profile
+from slopilot.engine.sim.profile_file import CostProfile, check_profile_for, load_profile
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.trace import TraceWorkload, read_trace
 from slopilot.engine.sim.twin import with_profile
@@ -147,7 +147,16 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenari
 
 def main() -> int:
     args = parse_args()
+    try:
+        return run(args)
+    except ValueError as exc:  # a bad profile, model, device or option: said, not traced
+        print(f"twin_fidelity: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
+    check_profile_for(profile, model=args.model)
     cost = CalibratedCostModel(profile)
     scenario = twin_scenario(profile, args.profile)
     context = profile.fit.max_context if profile.fit and profile.fit.max_context else 1024

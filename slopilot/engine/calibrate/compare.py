@@ -113,8 +113,8 @@ def _describe(s: object) -> str:
 
     if not isinstance(s, IterationShape):
         return ""
-    return (f"tokens={s.tokens} decodes={s.decode_seqs} chunks={s.prefill_seqs} "
-            f"ctx={s.context_tokens}")
+    return (f"tokens={s.tokens:g} decodes={s.decode_seqs:g} chunks={s.prefill_seqs:g} "
+            f"ctx={s.context_tokens:g} padded={s.decode_padded_context:g}")
 
 
 def compare(name: str, rate: float, real: Recorder, sim: Recorder,

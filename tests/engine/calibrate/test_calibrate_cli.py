@@ -81,3 +81,15 @@ def test_out_must_be_a_writable_file(tmp_path: Path,
 def test_an_unknown_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--model", "gpt-9", "--out", str(tmp_path / "p.yaml")]) == 2
     assert "neither a checkpoint directory nor a registered model" in capsys.readouterr().err
+
+
+def test_a_fit_outside_the_tolerance_writes_nothing(
+        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.yaml"
+    # Real timings never fit exactly: a tolerance of 1e-6 always refuses.
+    args = [a if a != "10" else "0.000001" for a in TINY_GRID]
+    assert main(["calibrate", "--model", str(tiny), "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert "above --tolerance 1e-06" in err and "worst shapes:" in err
+    assert "Nothing was written" in err and not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -124,3 +124,20 @@ def test_a_form_that_cannot_fit_is_refused_naming_the_shapes() -> None:
     text = str(err.value)
     assert "above --tolerance 0.02" in text and "decodes@" in text
     assert "Nothing was written" in text and "--tolerance" in text
+
+
+def test_the_harness_takes_the_median_or_the_fastest_round() -> None:
+    from slopilot.engine.calibrate.harness import HarnessError
+
+    specs = design(GridOptions(quick=True, token_budget=256, max_num_seqs=16,
+                               max_context=512))
+    noisy = SyntheticExecutor(noise=0.3, seed=1)
+    median = Harness(noisy, specs, max_context=512, repeats=5).run()
+    fastest = Harness(SyntheticExecutor(noise=0.3, seed=1), specs, max_context=512,
+                      repeats=5, statistic="min").run()
+    for m, f in zip(median, fastest, strict=True):
+        assert f.seconds == min(f.times) and m.seconds == sorted(m.times)[2]
+    with pytest.raises(HarnessError, match="--statistic 'mean'"):
+        Harness(noisy, specs, max_context=512, statistic="mean")
+    with pytest.raises(HarnessError, match="KV cache has 10 blocks; the grid needs"):
+        Harness(SyntheticExecutor(num_gpu_blocks=10), specs, max_context=512)
