@@ -123,10 +123,11 @@ class LLMEngine:
         if not out.seqs and not out.swap_out and not out.swap_in:
             self._last_end = None  # the caller waits before it tries again
             return []
+        last_end = self._last_end
+        out.after_idle = last_end is None
         result = self.executor.execute(out)
         self.clock.advance(result.elapsed_s)
         now = self.clock.now()
-        last_end = self._last_end
         self.last_step_s = now - (started if last_end is None else last_end)
         self._last_end = now
         self.num_steps += 1

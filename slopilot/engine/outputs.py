@@ -60,6 +60,9 @@ class SchedulerOutput:
     num_preempted_swap: int = 0
     # Running requests that got no KV room this iteration (preemption not allowed).
     num_stalled: int = 0
+    # Set by the engine loop: this iteration starts after the engine sat idle (its
+    # caches cold, a GPU's clocks down), which the calibrated cost model charges.
+    after_idle: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -82,3 +82,5 @@ def test_the_series_carry_step_time_executor_time_and_shape_by_kind() -> None:
     assert shape[("decode", "decode_seqs")] == 2
     assert shape[("decode", "decode_context")] == 9 + 10  # contexts 8 and 9, plus itself
     assert shape[("mixed", "iteration")] == 0
+    # Only the first iteration followed an idle engine (cold caches are charged once).
+    assert shape[("prefill", "idle_starts")] == 1 and shape[("decode", "idle_starts")] == 0

@@ -29,7 +29,7 @@ from slopilot.engine.sim.profile_file import ClassFit
 from slopilot.engine.sim.shape import FEATURES, IterationShape
 
 HOST_FEATURES: tuple[str, ...] = ("iteration", "tokens", "sampled", "decode_seqs",
-                                  "prefill_seqs")
+                                  "prefill_seqs", "idle_starts")
 
 
 class FitError(ValueError):
@@ -80,9 +80,9 @@ def fit_shapes(observations: Sequence[Observation],
 
 def fit_host(observations: Sequence[Observation], step_seconds: Sequence[float],
              features: Sequence[str] = HOST_FEATURES) -> FitResult:
-    """Engine-loop coefficients: ``observations`` hold the time outside the executor
-    (which may be 0 or slightly negative from timer noise); each row is weighted by its
-    whole step time, so the result minimises the relative error of the step."""
+    """Engine-loop coefficients: ``observations`` hold each step's time beyond the
+    executor model's (which may be slightly negative from noise); each row is weighted
+    by its whole step time, so the result minimises the relative error of the step."""
     obs = list(observations)
     steps = np.array(step_seconds, dtype=float)
     if len(steps) != len(obs) or not np.all(np.isfinite(steps)) or np.any(steps <= 0):

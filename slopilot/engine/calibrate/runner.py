@@ -31,6 +31,7 @@ from slopilot.engine.sim.profile_file import (
     executor_code_hash,
 )
 from slopilot.engine.sim.profiles import ModelProfile
+from slopilot.engine.sim.shape import FEATURES
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,11 @@ def calibrate(target: Target, opts: CalibrationOptions,
         steps = measure_host(target.executor, config, max_context=grid.max_context,
                              quick=grid.quick, seed=opts.seed, model_name=target.model.name,
                              progress=progress)
-        host_fit = fit_host([s.observation for s in steps], [s.step_s for s in steps])
+        executor_coef = [executor_fit.coefficients[f] for f in FEATURES]
+        predicted = [sum(c * v for c, v in zip(executor_coef, s.shape.vector(), strict=True))
+                     for s in steps]
+        host_fit = fit_host([s.observation(p) for s, p in zip(steps, predicted, strict=True)],
+                            [s.step_s for s in steps])
     seconds = time.perf_counter() - started
     share = (time.process_time() - cpu0) / seconds if seconds > 0 else None
     report = FitReport(

@@ -71,7 +71,7 @@ class CalibratedCostModel:
         rows = [(len(s.token_ids), s.start_pos, s.sample) for s in out.seqs]
         swaps = len(out.swap_out) + len(out.swap_in)
         t = sum(map(mul, self._total, feature_sums(rows, len(out.swap_out),
-                                                   len(out.swap_in))))
+                                                   len(out.swap_in), out.after_idle)))
         if swaps and block_size != self.profile.block_size:
             # The fitted swap cost is per calibrated block; other block sizes scale it.
             t += swaps * (block_size / self.profile.block_size - 1.0) * self._total[_SWAP]

@@ -33,6 +33,9 @@ Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order
                             that materialises it and masks (torch's math path) computes
     swap_batches            1 for swapping out and 1 for swapping in: a copy call each
     swap_blocks             KV blocks copied out to or in from host memory
+    idle_starts             1 when the iteration starts after the engine sat idle: code
+                            and data caches others filled meanwhile, a GPU's clocks down
+                            (the engine loop sets ``SchedulerOutput.after_idle``)
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from slopilot.engine.outputs import SchedulerOutput
 FEATURES: tuple[str, ...] = (
     "iteration", "tokens", "sampled", "decode_seqs", "decode_batches", "prefill_seqs",
     "decode_context", "decode_padded_context", "prefill_context", "prefill_attention",
-    "prefill_attention_dense", "swap_batches", "swap_blocks")
+    "prefill_attention_dense", "swap_batches", "swap_blocks", "idle_starts")
 
 # Bump when a feature's meaning changes; profiles carry the version and the hash of the
 # feature definitions they were fitted on (an older one gets a warning).
@@ -78,6 +81,7 @@ class IterationShape:
     prefill_attention_dense: float = 0
     swap_batches: float = 0
     swap_blocks: float = 0
+    idle_starts: float = 0
 
     @property
     def prefill_tokens(self) -> float:
@@ -105,7 +109,7 @@ class IterationShape:
                 self.decode_batches, self.prefill_seqs, self.decode_context,
                 self.decode_padded_context,
                 self.prefill_context, self.prefill_attention, self.prefill_attention_dense,
-                self.swap_batches, self.swap_blocks)
+                self.swap_batches, self.swap_blocks, self.idle_starts)
 
     def __add__(self, other: IterationShape) -> IterationShape:
         return IterationShape(*map(add, self.vector(), other.vector()))
@@ -118,14 +122,14 @@ KINDS: tuple[str, ...] = ("decode", "prefill", "mixed", "swap")
 
 
 def shape_of_rows(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
-                  swap_in: int = 0) -> IterationShape:
-    """The shape of one iteration from ``(new_tokens, context_before, samples)`` rows
-    and the numbers of blocks swapped out and in."""
-    return IterationShape(*feature_sums(rows, swap_out, swap_in))
+                  swap_in: int = 0, after_idle: bool = False) -> IterationShape:
+    """The shape of one iteration from ``(new_tokens, context_before, samples)`` rows,
+    the numbers of blocks swapped out and in, and whether the engine was idle before."""
+    return IterationShape(*feature_sums(rows, swap_out, swap_in, after_idle))
 
 
 def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
-                 swap_in: int = 0) -> tuple[float, ...]:
+                 swap_in: int = 0, after_idle: bool = False) -> tuple[float, ...]:
     """``shape_of_rows(...).vector()`` without building the dataclass (the hot path)."""
     tokens = sampled = decodes = chunks = 0
     d_ctx = d_max = p_ctx = dense = 0
@@ -148,7 +152,8 @@ def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
             dense += n * (c + n)
     return (1 if tokens else 0, tokens, sampled, decodes, 1 if decodes else 0, chunks,
             d_ctx, decodes * d_max, p_ctx, pairs, dense,
-            (1 if swap_out else 0) + (1 if swap_in else 0), swap_out + swap_in)
+            (1 if swap_out else 0) + (1 if swap_in else 0), swap_out + swap_in,
+            1 if after_idle else 0)
 
 
 def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
@@ -157,4 +162,5 @@ def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
 
 def shape_of(out: SchedulerOutput) -> IterationShape:
     """The shape of the iteration a scheduler planned."""
-    return shape_of_rows(output_rows(out), len(out.swap_out), len(out.swap_in))
+    return shape_of_rows(output_rows(out), len(out.swap_out), len(out.swap_in),
+                         out.after_idle)

@@ -61,10 +61,11 @@ def test_one_disturbed_shape_does_not_drag_the_others() -> None:
 
 
 def test_the_design_separates_every_feature() -> None:
-    x = np.array([s.shape.vector() for s in design(GridOptions())])
-    assert np.linalg.matrix_rank(x / x.max(axis=0)) == len(FEATURES)
-    quick = np.array([s.shape.vector() for s in design(GridOptions(quick=True))])
-    assert np.linalg.matrix_rank(quick / quick.max(axis=0)) == len(FEATURES)
+    # Every executor feature; idle starts are the engine loop's, timed by the host phase.
+    grid_features = [i for i, f in enumerate(FEATURES) if f != "idle_starts"]
+    for opts in (GridOptions(), GridOptions(quick=True)):
+        x = np.array([s.shape.vector() for s in design(opts)])[:, grid_features]
+        assert np.linalg.matrix_rank(x / x.max(axis=0)) == len(grid_features)
 
 
 def test_coefficients_are_never_negative() -> None:

@@ -36,6 +36,9 @@ def test_shape_of_a_scheduler_output_counts_swaps() -> None:
                           swap_out=[(1, 0), (2, 1)], swap_in=[(3, 4)])
     s = shape_of(out)
     assert (s.tokens, s.prefill_seqs, s.swap_batches, s.swap_blocks) == (3, 1, 2, 3)
+    assert s.idle_starts == 0
+    out.after_idle = True
+    assert shape_of(out).idle_starts == 1
 
 
 def test_shapes_add_up_feature_by_feature() -> None:
