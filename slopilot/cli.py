@@ -16,6 +16,7 @@ from slopilot import __version__
 # the parsed arguments and returns an exit code.
 _COMMAND_MODULES = (
     "slopilot.engine.sim.commands",
+    "slopilot.engine.calibrate.commands",
     "slopilot.engine.server.commands",
     "slopilot.engine.models_commands",
     "slopilot.tuner.commands",

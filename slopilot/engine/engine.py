@@ -77,6 +77,11 @@ class LLMEngine:
         self.observers: list[StepObserver] = list(observers or [])
         self.num_steps = 0
         self.busy_s = 0.0
+        # Seconds from the previous iteration's end (or, after idling, this step's start)
+        # to this iteration's end: the token gap a request in both iterations sees, so
+        # scheduling and bookkeeping count, not only the executor (the twin models both).
+        self.last_step_s = 0.0
+        self._last_end: float | None = None
 
     @property
     def config(self) -> EngineConfig:
@@ -105,8 +110,13 @@ class LLMEngine:
     def step(self) -> StepOutput:
         """Run one iteration: who got a token, and who finished (with a token or not)."""
         sched = self.scheduler
-        out = sched.schedule(self.clock.now())
-        result = _NOTHING_RAN if out.is_empty else self._execute(out)
+        started = self.clock.now()
+        out = sched.schedule(started)
+        if out.is_empty:
+            self._last_end = None  # the caller waits before it tries again
+            result = _NOTHING_RAN
+        else:
+            result = self._execute(out, started)
         update = sched.update_from_output(out, result)
         now = self.clock.now()
         if not out.is_empty:
@@ -115,11 +125,20 @@ class LLMEngine:
         self._tokens(update.new_tokens, now)
         for req in update.finished:
             self._finished(req, now)
+        if not sched.has_work():
+            self._last_end = None  # idle next: the next step's time starts at its start
         return update
 
-    def _execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def _execute(self, out: SchedulerOutput, started: float) -> ModelRunnerOutput:
+        last_end = self._last_end
+        out.after_idle = last_end is None
         result = self.executor.execute(out)
         self.clock.advance(result.elapsed_s)
+        now = self.clock.now()
+        # The token gap a client sees: from the previous iteration's end, or from this
+        # one's start when the engine sat idle before it.
+        self.last_step_s = now - (started if last_end is None else last_end)
+        self._last_end = now
         self.num_steps += 1
         self.busy_s += result.elapsed_s
         return result

@@ -22,8 +22,14 @@ from prometheus_client.core import (
 
 from slopilot import __version__
 from slopilot.engine.config import EngineConfig
+from slopilot.engine.iteration_metrics import (
+    ITERATION_HISTOGRAMS,
+    ITERATION_SERIES,
+    IterationMetrics,
+)
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.shape import IterationShape
 
 # Edges sit on every SLO threshold of the profiles (and on twice each), so that
 # "fraction under the SLO" is one bucket and a P99 above a threshold is exact.
@@ -50,13 +56,13 @@ SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-})
+}) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
     "vllm:iteration_tokens_total", "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
-})
+}) | ITERATION_HISTOGRAMS
 
 
 def exported_series() -> frozenset[str]:
@@ -107,6 +113,7 @@ class EngineMetrics:
         self._iteration = HistogramRecorder(TOKEN_BUCKETS)
         self._stall = [SlidingMax(stall_window_s) for _ in Priority]
         self._busy = SlidingSum(busy_window_s)
+        self.iterations = IterationMetrics()
 
         self.num_running = 0
         self.num_waiting = 0
@@ -147,6 +154,10 @@ class EngineMetrics:
         if num_batched_tokens > 0:
             self._iteration.observe(num_batched_tokens)
         self._busy.add(elapsed_s, now)
+
+    def on_iteration(self, shape: IterationShape, step_s: float, executor_s: float) -> None:
+        """One iteration's shape with its step and executor times (the twin's check)."""
+        self.iterations.observe(shape, step_s, executor_s)
 
     def on_first_token(self, priority: Priority, ttft_s: float | None,
                        prefill_s: float | None = None) -> None:
@@ -196,6 +207,7 @@ class EngineMetrics:
         now = self._clock()
         yield from self._latency_families()
         yield from self._token_families()
+        yield from self.iterations.families(self.model_name)
 
         for name, doc, value in (
                 ("vllm:num_requests_running", "Requests in the running batch.", self.num_running),

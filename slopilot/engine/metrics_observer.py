@@ -16,6 +16,7 @@ from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import FinishReason, Request
+from slopilot.engine.sim.shape import shape_of
 
 
 class MetricsObserver:
@@ -34,6 +35,7 @@ class MetricsObserver:
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
                 now: float) -> None:
         self._record(engine, now, elapsed_s, out)
+        self.metrics.on_iteration(shape_of(out), engine.last_step_s, elapsed_s)
 
     def refresh(self, engine: LLMEngine, now: float) -> None:
         """Update the gauges without an iteration (after aborts, when going idle).

@@ -67,6 +67,9 @@ class SchedulerOutput:
     # start_pos + 2, ... (a chunk's last position may predict the next chunk's first).
     histories: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
     prompt_logprob_targets: dict[str, list[int]] = field(default_factory=dict)
+    # Set by the engine loop: this iteration starts after the engine sat idle (its
+    # caches cold, a GPU's clocks down), which the calibrated cost model charges.
+    after_idle: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -144,11 +144,18 @@ class RunInfo:
     """The full engine config (``EngineConfig.to_dict``)."""
     rejected: int
     prefix_hit_rate: float
+    twin: str = ""
+    """Which cost model ran (``sim.twin.twin_label``); empty in studies from before it."""
+    calibrated: bool = False
+    """Whether that cost model was a measured profile rather than the datasheet roofline."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.scenario, str) or not isinstance(self.config, Mapping):
             raise SummaryError(f"RunInfo: scenario={self.scenario!r} and config: expected a "
                                "name and a mapping of knobs")
+        if not isinstance(self.twin, str) or not isinstance(self.calibrated, bool):
+            raise SummaryError(f"RunInfo: twin={self.twin!r}, calibrated={self.calibrated!r}: "
+                               "expected a label and true or false")
         _check("RunInfo", {"rejected": self.rejected, "prefix_hit_rate": self.prefix_hit_rate})
 
 
@@ -230,8 +237,9 @@ class WindowSummary:
             per[p] = _class_from(figures, f"['classes'][{p.label!r}]")
         groups: dict[str, Any] = {}
         for name, kind in _GROUPS.items():
-            keys = [f.name for f in dataclasses.fields(kind)]
-            required = [k for k in keys if k != "canary"]
+            fields = dataclasses.fields(kind)
+            keys = [f.name for f in fields]
+            required = [f.name for f in fields if f.default is dataclasses.MISSING]
             if all(k in data for k in required):
                 groups[name] = kind(**{k: data[k] for k in keys if k in data})
         return cls(

@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bound", dest="bounds", action="append", default=[],
                    metavar="KNOB=LO:HI", help="narrow a knob's range (or KNOB=a,b for "
                    "choices), repeatable")
+    p.add_argument("--profile", metavar="FILE", default=None,
+                   help="tune on a calibrated cost profile (from `slopilot calibrate`) "
+                        "instead of the scenario's datasheet GPU")
     p.add_argument("--report-dir", type=Path, default=None,
                    help="write report.md and plots here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -67,6 +70,9 @@ def _tune(args: argparse.Namespace) -> int:
         if args.trials < 1:
             raise ValueError(f"--trials {args.trials}: expected at least 1")
         scenario = load_scenario(args.scenario)
+        if args.profile:
+            from slopilot.engine.sim.commands import attach_profile
+            scenario = attach_profile(scenario, args.profile, "tune")
         fixed = parse_set_args(args.fixed)
         bounds = {**_parse_bounds(args.bounds), **fixed}
         return _run(args, scenario, bounds, fixed)
@@ -81,6 +87,7 @@ def _run(args: argparse.Namespace, scenario: Any, bounds: dict[str, Any],
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from slopilot.engine.sim.twin import twin_label
     from slopilot.tuner.sim.evaluator import SimulatorEvaluator
     from slopilot.tuner.study.space import SearchSpace
     from slopilot.tuner.study.tuner import Tuner, open_study
@@ -116,7 +123,8 @@ def _run(args: argparse.Namespace, scenario: Any, bounds: dict[str, Any],
     if args.json:
         ranked = sorted(tuner.results(), key=lambda nr: _rank(nr[1]), reverse=True)
         print(json.dumps({
-            "scenario": scenario.name, "study": name, "sampler": args.sampler,
+            "scenario": scenario.name, "twin": twin_label(scenario), "study": name,
+            "sampler": args.sampler,
             "trials": len(tuner.study.trials),
             "best_trial": best[0] if best else None,
             "best": _brief(best[1]) if best else None, "start": _brief(start),
@@ -125,6 +133,7 @@ def _run(args: argparse.Namespace, scenario: Any, bounds: dict[str, Any],
         }, default=str))
     else:
         _print_tables(console, tuner, start)
+        console.print(f"twin: {twin_label(scenario)}")
         if report_path:
             console.print(f"report: {report_path}")
     return 0

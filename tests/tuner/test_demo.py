@@ -45,3 +45,32 @@ def test_bad_demo_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["demo", "--replicas", "0"]) == 2
     assert "replicas" in capsys.readouterr().err
+
+
+def test_the_demo_twin_runs_on_a_given_profile(tmp_path: Path) -> None:
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.engine.sim.twin import twin_label
+    from slopilot.tuner.local.demo import NAME, twin_scenario
+    from tests.support.profiles import profile_file
+
+    scenario = load_scenario(NAME)
+    assert twin_scenario(scenario, DemoOptions()) is scenario
+    # Simulated replicas: the profile is for the scenario's model.
+    llama = profile_file(tmp_path, "llama.yaml")
+    twin = twin_scenario(scenario, DemoOptions(profile=llama))
+    assert twin_label(twin) == f"calibrated profile {llama}" and twin.slo == scenario.slo
+    # Torch replicas: the twin models the served model, so the profile must match it.
+    smol = profile_file(tmp_path, "smol.yaml", model="smollm2-135m", device="cpu")
+    twin = twin_scenario(scenario, DemoOptions(model="smollm2-135m", profile=smol))
+    assert twin.model == "SmolLM2-135M" and twin.profile is not None
+    with pytest.raises(ValueError, match="calibrated for model 'SmolLM2-135M', not "
+                                         "'tiny-random'"):
+        twin_scenario(scenario, DemoOptions(model="tiny-random", profile=smol))
+
+
+def test_demo_refuses_a_bad_profile_before_starting_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slopilot.cli import main
+
+    assert main(["demo", "--profile", str(tmp_path / "none.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -130,3 +130,17 @@ def test_unreachable_prometheus_is_named() -> None:
                                         timeout_s=2)
     with pytest.raises(ValueError, match="window_s=0"):
         WorkloadProfile.measure(prometheus_query("http://127.0.0.1:9"), SELECTOR, 0)
+
+
+def test_a_measured_workload_keeps_the_twins_calibrated_profile() -> None:
+    from slopilot.engine.sim.twin import twin_label, with_profile
+    from tests.support.profiles import make_profile
+
+    flat = LengthProfile(100, 0, 100, 100)
+    prof = WorkloadProfile(2.0, flat, flat, {"p1": 1.0}, 60, 120)
+    base = with_profile(load_scenario("tiny-cpu"), make_profile())
+    measured = prof.to_scenario(base, duration_s=10)
+    assert measured.profile is base.profile
+    assert twin_label(measured) == twin_label(base)
+    run = simulate(measured).summary.run
+    assert run is not None and run.calibrated

@@ -58,3 +58,20 @@ def test_bad_input_exits_2_with_the_reason(extra: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--duration", "2", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_tune_runs_its_trials_on_a_profile(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.profiles import profile_file
+
+    path = profile_file(tmp_path)
+    assert main(["tune", "--scenario", "tiny-cpu", "--trials", "2", "--duration", "6",
+                 "--sampler", "random", "--json", "--profile", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["twin"] == f"calibrated profile {path}"
+    assert main(["tune", "--scenario", "tiny-cpu", "--trials", "1", "--duration", "6",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["twin"].startswith("uncalibrated datasheet")
+    wrong = profile_file(tmp_path, "wrong.yaml", model="deepseek-67b")
+    assert main(["tune", "--scenario", "tiny-cpu", "--profile", str(wrong)]) == 2
+    assert "calibrated for model 'DeepSeek-67B'" in capsys.readouterr().err

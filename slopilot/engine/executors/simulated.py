@@ -17,19 +17,24 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.request import TokenLogprobs
 from slopilot.engine.sim.cost_model import CostModel, CostModelError
+
+if TYPE_CHECKING:
+    from slopilot.engine.sim.twin import IterationCostModel
 
 DEFAULT_PLACEHOLDER_TOKEN_ID = 100
 _LN2 = math.log(2.0)
 
 
 class SimulatedExecutor:
-    """Implements ``Executor`` from a ``CostModel``; holds no per-request state."""
+    """Implements ``Executor`` from a cost model (datasheet ``CostModel`` or calibrated
+    ``CalibratedCostModel``); holds no per-request state."""
 
-    def __init__(self, cost_model: CostModel, *, block_size: int = 16,
+    def __init__(self, cost_model: CostModel | IterationCostModel, *, block_size: int = 16,
                  eos_token_id: int | None = None,
                  placeholder_token_id: int = DEFAULT_PLACEHOLDER_TOKEN_ID,
                  realtime: bool = False,
@@ -68,10 +73,7 @@ class SimulatedExecutor:
 
     def modelled_time(self, out: SchedulerOutput) -> float:
         """Seconds the iteration would take: swaps (before the pass) plus the pass."""
-        cm, bs = self.cost_model, self.block_size
-        batch = [(len(s.token_ids), s.start_pos) for s in out.seqs]
-        return (cm.iteration_time(batch) + cm.swap_time(len(out.swap_out), bs)
-                + cm.swap_time(len(out.swap_in), bs))
+        return self.cost_model.output_time(out, self.block_size)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         start = self._clock() if self.realtime else 0.0

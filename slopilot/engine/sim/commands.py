@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=None,
                    help="engine replicas (default: the scenario's GPUs / TP)")
     p.add_argument("--seed", type=int, default=None, help="workload seed")
+    p.add_argument("--profile", metavar="FILE", default=None,
+                   help="run the twin on a calibrated cost profile (from `slopilot "
+                        "calibrate`) instead of the scenario's datasheet GPU")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--metrics-out", metavar="FILE", default=None,
                    help="write each replica's final Prometheus metrics (the same series a "
@@ -42,6 +45,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     try:
         scenario = load_scenario(args.scenario)
+        if args.profile:
+            scenario = attach_profile(scenario, args.profile, "simulate")
         overrides = parse_set_args(args.overrides)
         run = simulate(scenario, overrides, duration_s=args.duration,
                        replicas=args.replicas, seed=args.seed,
@@ -56,6 +61,17 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         print_summary(run.summary.to_dict())
     return 0
+
+
+def attach_profile(scenario: Any, path: str, command: str) -> Any:
+    """``scenario`` on the profile at ``path``; staleness warnings go to stderr."""
+    from slopilot.engine.sim.profile_file import executor_code_hash, load_profile
+    from slopilot.engine.sim.twin import with_profile
+
+    profile = load_profile(path, warn=False)
+    for problem in profile.staleness(executor_code_hash()):
+        print(f"slopilot {command}: warning: {problem}", file=sys.stderr)
+    return with_profile(scenario, profile)
 
 
 def _write_metrics(path: str, renders: list[bytes]) -> None:
@@ -101,6 +117,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             "-" if met is None else f"{met:.0%}")
     console = Console(width=None if sys.stdout.isatty() else 120)
     console.print(table)
+    if "twin" in summary:
+        console.print(f"twin: {summary['twin']}")
     console.print(
         f"preemptions/min {summary['preemptions_per_min']:.1f} "
         f"(recompute {summary['preemptions_per_min_recompute']:.1f}, "

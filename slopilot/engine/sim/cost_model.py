@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import mul
 
+from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.sim.profiles import GPUProfile, ModelProfile, resolve_gpu, resolve_model
 
 _GIB = 1024 ** 3
@@ -186,7 +187,24 @@ class CostModel:
                 f"activations but {g.name} has {g.memory_bytes / _GIB:.1f} GiB; raise tp "
                 "or use a GPU with more memory")
 
+    calibrated = False
+
+    @property
+    def label(self) -> str:
+        """What outputs say about the twin: this one is not measured against anything."""
+        return f"uncalibrated datasheet roofline ({self.gpu.name}, tp={self.tp})"
+
+    @property
+    def device_name(self) -> str:
+        return self.gpu.name
+
     # -- iteration time -------------------------------------------------------------
+
+    def output_time(self, out: SchedulerOutput, block_size: int = 16) -> float:
+        """Seconds for one planned iteration: its swaps (before the pass) plus the pass."""
+        batch = [(len(s.token_ids), s.start_pos) for s in out.seqs]
+        return (self.iteration_time(batch) + self.swap_time(len(out.swap_out), block_size)
+                + self.swap_time(len(out.swap_in), block_size))
 
     def iteration_time(self, batch: Sequence[tuple[int, int]]) -> float:
         """Seconds for one forward pass over ``batch``.

@@ -178,6 +178,16 @@ def get_gpu(name: str) -> GPUProfile:
     return _lookup("GPU", name, GPUS, _GPU_ALIASES)
 
 
+def canonical_model_name(name: str) -> str:
+    """``name`` lowercased with aliases resolved: the key two names of one model share.
+
+    A checkpoint path counts by its last component (``/models/SmolLM2-135M/``).
+    """
+    key = name.strip().rstrip("/").rsplit("/", 1)[-1].lower()
+    key = _MODEL_ALIASES.get(key, key)
+    return MODELS[key].name.lower() if key in MODELS else key
+
+
 def get_model(name: str) -> ModelProfile:
     """The model profile for ``name`` (case-insensitive, e.g. "deepseek-67b")."""
     return _lookup("model", name, MODELS, _MODEL_ALIASES)

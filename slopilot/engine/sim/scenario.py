@@ -3,7 +3,9 @@
 The shipped scenarios live in ``slopilot/data/scenarios`` (the one copy: an installed
 package has them, and ``scenarios/`` at the repository root only points there). Any other
 YAML file can be loaded by path. GPU and model names are kept as strings; the simulator
-looks them up in its profiles, so this module stays free of cost-model imports.
+looks them up in its profiles, so this module stays free of cost-model imports. The
+hardware may instead be a calibrated profile (``profile: FILE``, relative to the
+scenario's file): it is read here, as plain data, and must be for the scenario's model.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from typing import Any
 import yaml
 
 from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.sim.profile_file import (
+    CostProfile,
+    ProfileFileError,
+    check_profile_for,
+    load_profile,
+)
 from slopilot.engine.sim.spec_reader import Reader, ScenarioError, did_you_mean
 from slopilot.engine.sim.workload import Workload
 from slopilot.engine.sim.workload_spec import WorkloadSpec, parse_workload
@@ -45,6 +53,8 @@ class Scenario:
     slo: SLOSpec = field(default_factory=lambda: SLOSpec.from_profile("standard"))
     gpu_memory_utilization: float | None = None
     source: str = "<dict>"
+    profile: CostProfile | None = None
+    """A calibrated cost profile; None runs the datasheet roofline of ``gpu``."""
 
     @property
     def replicas(self) -> int:
@@ -116,9 +126,12 @@ def parse_scenario(data: object, *, source: str = "<dict>",
         EngineConfig().with_overrides(engine)
     except ConfigError as e:
         raise ScenarioError(f"{source}: engine: {e}") from None
+    model = r.text("model")
+    profile = _profile(r, base_dir or Path.cwd(), model, tp)
+    gpu = r.text("gpu") if profile is None else r.text("gpu", profile.device.name)
     scenario = Scenario(
-        name=name, description=description, gpu=r.text("gpu"), num_gpus=num_gpus, tp=tp,
-        model=r.text("model"),
+        name=name, description=description, gpu=gpu, num_gpus=num_gpus, tp=tp,
+        model=model, profile=profile,
         duration_s=r.number("duration_s", lo=0.0, lo_open=True),
         seed=r.integer("seed", 0, lo=0, hi=2**63 - 1),
         workload=parse_workload(r.section("workload"), base_dir=base_dir or Path.cwd()),
@@ -128,6 +141,23 @@ def parse_scenario(data: object, *, source: str = "<dict>",
         source=source)
     r.finish()
     return scenario
+
+
+def _profile(r: Reader, base_dir: Path, model: str, tp: int) -> CostProfile | None:
+    raw = r.raw("profile", None)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        raise r.error("profile", raw, "expected the path of a calibrated profile file")
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    try:
+        profile = load_profile(path)
+        check_profile_for(profile, model=model, tp=tp)
+    except ProfileFileError as e:
+        raise ScenarioError(f"{r.source}: profile: {e}") from None
+    return profile
 
 
 def _slo(r: Reader) -> SLOSpec:

@@ -22,9 +22,9 @@ from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.request import Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
-from slopilot.engine.sim.cost_model import CostModel
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.stats import SimStats
+from slopilot.engine.sim.twin import cost_model_for, twin_label
 from slopilot.engine.sim.workload import RequestSpec, Workload
 from slopilot.engine.window_summary import RunInfo, WindowSummary
 
@@ -52,7 +52,7 @@ def build_engine(scenario: Scenario, config: EngineConfig,
                  observers: list[StepObserver] | None = None,
                  realtime: bool = False) -> tuple[LLMEngine, VirtualClock]:
     """One replica of the scenario's deployment on a virtual clock."""
-    cost = CostModel(scenario.gpu, scenario.model, scenario.tp)
+    cost = cost_model_for(scenario)
     executor = SimulatedExecutor(cost, block_size=config.block_size, realtime=realtime)
     util = scenario.gpu_memory_utilization or 0.9
     clock = VirtualClock()
@@ -97,7 +97,8 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
     hits = sum(r.engine.scheduler.prefix_hits for r in reps)
     run = RunInfo(scenario=scenario.name, config=config.to_dict(),
                   rejected=sum(r.rejected for r in reps),
-                  prefix_hit_rate=hits / queries if queries else 0.0)
+                  prefix_hit_rate=hits / queries if queries else 0.0,
+                  twin=twin_label(scenario), calibrated=scenario.profile is not None)
     summary = stats.summary(duration, run, replicas=num_replicas)
     return SimRun(summary, [r.engine for r in reps], stats, [m.render() for m in exporters])
 

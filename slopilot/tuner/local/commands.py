@@ -24,6 +24,9 @@ def register(subparsers: Any) -> None:
                    help="seconds of load; the shift comes half-way")
     p.add_argument("--report-dir", type=Path, default=Path("reports/demo"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                   help="a calibrated cost profile (from `slopilot calibrate`) for the "
+                   "controller's twin; default: the scenario's datasheet roofline")
     p.add_argument("--no-prometheus", action="store_true",
                    help="scrape the replicas directly even when prometheus is on PATH")
     p.set_defaults(func=_demo)
@@ -32,13 +35,16 @@ def register(subparsers: Any) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from slopilot.tuner.local.demo import DemoOptions, run_demo
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.tuner.local.demo import NAME, DemoOptions, run_demo, twin_scenario
 
     try:
         opts = DemoOptions(replicas=args.replicas, max_replicas=args.max_replicas,
                            model=args.model, duration_s=args.duration,
                            report_dir=args.report_dir, seed=args.seed,
-                           prometheus=False if args.no_prometheus else None)
+                           prometheus=False if args.no_prometheus else None,
+                           profile=args.profile)
+        twin_scenario(load_scenario(NAME), opts)  # a bad profile fails before anything starts
     except ValueError as exc:
         print(f"slopilot demo: {exc}", file=sys.stderr)
         return 2

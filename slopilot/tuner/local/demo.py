@@ -16,6 +16,7 @@ and the best is committed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.demo_report import Sample, write_demo_report
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
@@ -60,6 +62,8 @@ class DemoOptions:
     window_s: float = 10.0
     prometheus: bool | None = None
     """None: the real Prometheus when on PATH, else the direct scrape."""
+    profile: Path | None = None
+    """A calibrated cost profile for the controller's twin; None: the datasheet roofline."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= self.max_replicas:
@@ -70,6 +74,24 @@ class DemoOptions:
                              "(the shift comes half-way; 60 s shows an alert and a trial)")
         if not 0.2 <= self.tick_s <= 10 or not 4 <= self.window_s <= 120:
             raise ValueError("tick 0.2 to 10 s and window 4 to 120 s")
+
+
+def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
+    """The scenario the controller's twin simulates: on ``opts.profile`` when given.
+
+    With torch replicas the twin models the served model, so the profile must be for
+    ``opts.model``; with simulated replicas, for the scenario's model.
+    """
+    if opts.profile is None:
+        return scenario
+    from slopilot.engine.sim.profile_file import check_profile_for, load_profile
+    from slopilot.engine.sim.twin import with_profile
+
+    profile = load_profile(opts.profile)
+    if opts.model is not None:
+        check_profile_for(profile, model=opts.model)
+        scenario = dataclasses.replace(scenario, model=profile.model.name)
+    return with_profile(scenario, profile)
 
 
 def phases(torch: bool, replicas: int) -> tuple[Phase, Phase]:
@@ -107,6 +129,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     scenario = load_scenario(NAME)
+    twin = twin_scenario(scenario, opts)
     work = opts.report_dir / "run"
     work.mkdir(parents=True, exist_ok=True)
     result = DemoResult(report=opts.report_dir / "report.md")
@@ -114,7 +137,8 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     with contextlib.ExitStack() as stack:
         worker = stack.enter_context(SimWorker())  # spawns while the replicas start
         dep = _start_replicas(opts, scenario, work, stack, say)
-        sources = _start_metrics(opts, scenario, dep, work, stack, say)
+        say(f"the controller's twin: {twin_label(twin)}")
+        sources = _start_metrics(opts, scenario, twin, dep, work, stack, say)
         tuner = ResumableTuner(open_study(None, f"{NAME}-live", seed=opts.seed),
                                SearchSpace.from_bounds(base=scenario.engine_config()))
         recorded = RecordingAlerts(sources.alerts)
@@ -148,16 +172,18 @@ def _start_replicas(opts: DemoOptions, scenario: Scenario, work: Path,
     return dep
 
 
-def _start_metrics(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment, work: Path,
-                   stack: contextlib.ExitStack, say: Narrator) -> _Sources:
-    """The real Prometheus with the deployment's rules, or a direct scrape without it."""
+def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
+                   dep: LocalDeployment, work: Path, stack: contextlib.ExitStack,
+                   say: Narrator) -> _Sources:
+    """The real Prometheus with the deployment's rules, or a direct scrape without it;
+    the probe simulates ``twin`` (the scenario on the calibrated profile, when given)."""
     use_prom = find_prometheus() is not None if opts.prometheus is None else opts.prometheus
     if not use_prom:
         scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
         stack.callback(scrape.stop)
         say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
             "(same alert conditions and window figures)")
-        return _Sources(scrape, scrape, _BaseProbe(scenario), scrape)
+        return _Sources(scrape, scrape, _BaseProbe(twin), scrape)
     rules = work / "rules.yaml"
     rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
     prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
@@ -169,7 +195,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment, 
     return _Sources(
         AlertSource(prom.url, NAME),
         PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8),
-        PrometheusProbe(prom.url, selector, scenario, window_s=20, duration_s=30.0),
+        PrometheusProbe(prom.url, selector, twin, window_s=20, duration_s=30.0),
         PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
                           load_tolerance=1e9))
 

@@ -13,6 +13,7 @@ out), so recorded answers can stand in for a live server in tests and replays.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -151,7 +152,9 @@ class WorkloadProfile:
         }
         if base.gpu_memory_utilization is not None:
             data["gpu_memory_utilization"] = base.gpu_memory_utilization
-        return parse_scenario(data, source=f"profile of {base.name}")
+        measured = parse_scenario(data, source=f"profile of {base.name}")
+        # The twin keeps the base's calibrated cost profile, if it has one.
+        return dataclasses.replace(measured, profile=base.profile)
 
 
 def prometheus_query(url: str, timeout_s: float = 10.0) -> PrometheusQuery:

@@ -1,0 +1,227 @@
+"""How close is the twin to the real engine? The same requests through both.
+
+The real engine (engine loop, scheduler, torch executor, metrics observer) serves
+requests drawn from the shipped Azure 2023 conversation trace, with lengths scaled to
+the calibrated context and arrivals time-scaled to three loads (light, near saturation,
+overloaded; P0/P1/P2 mixed); the simulator on the calibrated profile runs exactly the
+same requests at the same arrival times. Per load and class it reports TTFT and TBT
+p50/p99 measured against predicted, throughput, preemptions, and each real iteration's
+step time against the profile's prediction for its shape.
+
+    slopilot calibrate --model smollm2-135m --threads 1 --out smollm2-cpu.yaml
+    python benchmarks/twin_fidelity.py --profile smollm2-cpu.yaml
+    # quick: --model tiny-random --quick on both
+
+Ends with ``RESULT ttft_p50_err=... ttft_p99_err=... tbt_p50_err=... tbt_p99_err=...
+iteration_mape=... max_err=...`` (each the worst over loads and classes; max_err the
+worst of the four). Targets: max_err <= 0.10, iteration_mape <= 0.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from twin_fidelity_report import plot, print_report
+
+from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport, compare
+from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.calibrated import CalibratedCostModel
+from slopilot.engine.sim.profile_file import CostProfile, check_profile_for, load_profile
+from slopilot.engine.sim.scenario import Scenario, parse_scenario
+from slopilot.engine.sim.trace import TraceWorkload, read_trace
+from slopilot.engine.sim.twin import with_profile
+from slopilot.engine.sim.workload import ClassMix, RequestSpec
+
+LOADS = (("light", 0.3), ("near saturation", 0.85), ("overloaded", 1.3))
+CLASSES = ClassMix.of({Priority.P0: 0.2, Priority.P1: 0.6, Priority.P2: 0.2})
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", required=True, type=Path, help="from slopilot calibrate")
+    p.add_argument("--model", default=None, help="the checkpoint the profile was "
+                   "calibrated on (default: the profile's model name, e.g. smollm2-135m)")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter requests")
+    p.add_argument("--requests", type=int, default=None, help="requests per load")
+    p.add_argument("--prompt-mean", type=float, default=None,
+                   help="mean prompt tokens after scaling the trace (default: 1/8 of the "
+                   "calibrated context)")
+    p.add_argument("--output-mean", type=float, default=None,
+                   help="mean output tokens after scaling (default: prompt mean / 4)")
+    p.add_argument("--token-budget", type=int, default=256)
+    p.add_argument("--chunk-size", type=int, default=128)
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="default: the calibrated largest decode batch")
+    p.add_argument("--loads", default=",".join(f"{f:g}" for _, f in LOADS),
+                   help="three fractions of the twin's saturation rate")
+    p.add_argument("--trace-offset", type=int, default=0, help="first trace request used")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=900.0, metavar="SECONDS",
+                   help="cut a load's real run after this long (it is then reported as "
+                   "truncated: a busy machine serves far below the twin's rate)")
+    p.add_argument("--plot", type=Path, default=None, help="PNG (default: docs/"
+                   "twin_fidelity[_quick].png)")
+    p.add_argument("--json", type=Path, default=None, help="write every figure here")
+    return p.parse_args()
+
+
+def workload(profile: CostProfile, n: int, prompt_mean: float, output_mean: float,
+             offset: int, seed: int) -> list[RequestSpec]:
+    """n consecutive trace requests, lengths scaled to the means, times as recorded."""
+    records = read_trace("azure-llm-2023-conv")[offset:offset + n]
+    if len(records) < n:
+        raise SystemExit(f"--trace-offset {offset}: the trace has too few requests left")
+    context = (profile.fit.max_context if profile.fit and profile.fit.max_context
+               else profile.model.max_position_embeddings)
+    sp = prompt_mean / (sum(r.prompt_tokens for r in records) / n)
+    so = output_mean / (sum(r.output_tokens for r in records) / n)
+    max_out = max(2, context // 8)
+    scaled = [dataclasses.replace(
+        r, arrival_time=r.arrival_time - records[0].arrival_time,
+        prompt_tokens=max(8, min(context - max_out, round(r.prompt_tokens * sp))),
+        output_tokens=max(2, min(max_out, round(r.output_tokens * so)))) for r in records]
+    wl = TraceWorkload(scaled, seed=seed, vocab_size=profile.model.vocab_size,
+                       classes=CLASSES)
+    return list(wl.initial())
+
+
+def at_rate(specs: list[RequestSpec], rate: float) -> list[RequestSpec]:
+    """The trace's own arrival pattern, time-scaled to ``rate`` requests per second."""
+    span = specs[-1].arrival_time - specs[0].arrival_time
+    scale = (len(specs) - 1) / span / rate if span > 0 else 1.0
+    return [dataclasses.replace(s, arrival_time=s.arrival_time * scale) for s in specs]
+
+
+def twin_scenario(profile: CostProfile, path: Path) -> Scenario:
+    base = parse_scenario({
+        "name": "twin-fidelity", "gpu": profile.device.name, "model": profile.model.name,
+        # The workload is replaced by the trace's requests; this one only fills the form.
+        "duration_s": 60, "workload": {"type": "open_loop", "prompt_tokens": 16,
+                                       "output_tokens": 4,
+                                       "arrivals": {"process": "poisson", "rate": 1}}},
+        source=str(path))
+    return with_profile(base, profile)
+
+
+def saturation_rate(scenario: Scenario, config: EngineConfig,
+                    specs: list[RequestSpec]) -> float:
+    """Requests per second the twin finishes when everything arrives at once."""
+    rec = Recorder()
+    burst = [dataclasses.replace(s, arrival_time=0.0) for s in specs]
+    replay_sim(scenario, config, burst, rec)
+    return len(specs) / max(rec.finished.values())
+
+
+def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenario,
+             config: EngineConfig, executor: Any, cost: CalibratedCostModel,
+             time_limit_s: float) -> LoadReport:
+    from slopilot.engine.engine import LLMEngine
+    from slopilot.engine.metrics import EngineMetrics
+    from slopilot.engine.metrics_observer import MetricsObserver
+
+    real, sim = Recorder(), Recorder()
+    swap = cost.swap_time_per_block(config.block_size)
+    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
+                       swap, observers=[MetricsObserver(EngineMetrics(cost.model.name)),
+                                        real])
+    run = replay_real(engine, specs, real, time_limit_s=time_limit_s)
+    if run.truncated:
+        print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
+              f"{len(specs)} requests done", file=sys.stderr)
+    replay_sim(scenario, config, specs, sim)
+    sim_span = max(sim.finished.values()) if sim.finished else 0.0
+    report = compare(name, rate, real, sim, cost, first_arrival_real=run.t0,
+                     real_span_s=run.wall_s, sim_span_s=sim_span)
+    report.cpu_share, report.truncated = run.cpu_share, run.truncated
+    report.load_average = round(os.getloadavg()[0], 2)
+    return report
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        return run(args)
+    except ValueError as exc:  # a bad profile, model, device or option: said, not traced
+        print(f"twin_fidelity: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    check_profile_for(profile, model=args.model)
+    cost = CalibratedCostModel(profile)
+    scenario = twin_scenario(profile, args.profile)
+    context = profile.fit.max_context if profile.fit and profile.fit.max_context else 1024
+    prompt_mean = args.prompt_mean or context / 8
+    output_mean = args.output_mean or max(4.0, prompt_mean / 4)
+    n = args.requests or (40 if args.quick else 60)
+    seqs = args.max_num_seqs or (profile.fit.max_num_seqs if profile.fit else 32) or 32
+    config = EngineConfig(token_budget=args.token_budget, chunk_size=args.chunk_size,
+                          max_num_seqs=seqs, block_size=profile.block_size,
+                          swap_space_gb=1.0)
+    specs = workload(profile, n, prompt_mean, output_mean, args.trace_offset, args.seed)
+    fractions = [float(f) for f in args.loads.split(",")]
+    if len(fractions) != 3 or not all(f > 0 for f in fractions):
+        raise SystemExit(f"--loads {args.loads!r}: expected three positive fractions")
+    mu = saturation_rate(scenario, config, specs)
+    executor = build_executor(args.model or profile.model.name, profile, cost, config,
+                              context)
+    warm = at_rate(specs[: min(8, n)], mu)
+    replay_real_warmup(executor, config, cost, warm)
+    reports = []
+    for (name, _), f in zip(LOADS, fractions, strict=True):
+        print(f"{name}: {f * mu:.2f} req/s ({f:g} x the twin's {mu:.2f} req/s saturation)",
+              file=sys.stderr, flush=True)
+        reports.append(run_load(name, f * mu, at_rate(specs, f * mu), scenario, config,
+                                executor, cost, args.time_limit))
+    print_report(reports, profile, args.profile)
+    target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
+                                          else "twin_fidelity.png")
+    plot(reports, profile, target)
+    worst = {f"{m}_p{q}": max((c.errors().get(f"{m}_p{q}", 0.0) for r in reports
+                               for c in r.classes.values()), default=0.0)
+             for m, q in PERCENTILES}
+    # Every real iteration of every load counts once.
+    iteration_mape = (sum(r.iterations.mape * r.iterations.count for r in reports)
+                      / max(1, sum(r.iterations.count for r in reports)))
+    if args.json:
+        args.json.write_text(json.dumps({"worst": worst, "iteration_mape": iteration_mape,
+                                         "loads": [dataclasses.asdict(r) for r in reports]},
+                                        default=str, indent=1))
+    print(f"plot: {target}")
+    print("RESULT " + " ".join(f"{k}_err={v:.3f}" for k, v in worst.items())
+          + f" iteration_mape={iteration_mape:.3f} max_err={max(worst.values()):.3f}")
+    return 0
+
+
+def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
+                   config: EngineConfig, context: int) -> Any:
+    from slopilot.engine.executors.torch_runner import TorchExecutor
+
+    bs = config.block_size
+    return TorchExecutor(model, device=profile.device.type,
+                         dtype=profile.dtype, num_gpu_blocks=cost.num_kv_blocks(bs),
+                         num_cpu_blocks=cost.num_cpu_blocks(bs, config.swap_space_gb),
+                         block_size=bs, max_model_len=context,
+                         num_threads=profile.device.threads)
+
+
+def replay_real_warmup(executor: Any, config: EngineConfig, cost: CalibratedCostModel,
+                       specs: list[RequestSpec]) -> None:
+    """A few requests first, not measured: kernel caches warm, as in calibration."""
+    from slopilot.engine.engine import LLMEngine
+
+    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks)
+    replay_real(engine, specs, Recorder())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

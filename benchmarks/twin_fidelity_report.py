@@ -1,0 +1,136 @@
+"""Tables and the plot of ``twin_fidelity.py``: measured against predicted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport
+from slopilot.engine.sim.profile_file import CostProfile
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+_KIND_COLOURS = {"decode": "tab:blue", "prefill": "tab:orange", "mixed": "tab:green",
+                 "swap": "tab:red"}
+_CLASS_MARKERS = {"p0": "o", "p1": "s", "p2": "^"}
+
+
+def print_report(reports: list[LoadReport], profile: CostProfile, path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    runs = Table(title=f"Twin fidelity: {profile.name}, {profile.device.name}, "
+                       f"{profile.device.threads or '-'} thread(s); profile {path}")
+    for col in ("load", "req/s", "requests", "busy m/p", "tok/s m/p", "preempt m/p",
+                "iter err", "executor err", "iter median", "CPU share", "load avg"):
+        runs.add_column(col, justify="right")
+    for r in reports:
+        it = r.iterations
+        runs.add_row(r.name + (" (cut short)" if r.truncated else ""), f"{r.rate:.2f}",
+                     str(r.requests),
+                     f"{r.busy[0]:.0%}/{r.busy[1]:.0%}",
+                     f"{r.throughput[0]:.1f}/{r.throughput[1]:.1f}",
+                     f"{r.preemptions[0]}/{r.preemptions[1]}", f"{it.mape:.1%}",
+                     f"{it.executor_mape:.1%}", f"{it.median_err:.1%}",
+                     f"{r.cpu_share:.0%}", str(r.load_average))
+    console.print(runs)
+    fit = profile.fit
+    if fit is not None:
+        console.print(f"calibration: {fit.shapes} shapes, mean error {fit.mape:.1%}, CPU share "
+                      f"{fit.cpu_share if fit.cpu_share is None else f'{fit.cpu_share:.0%}'}, "
+                      f"load average {fit.load_average} (this run: CPU share and load "
+                      "average per load above; far apart means different conditions)")
+    lat = Table(title="Latency per class: measured / predicted ms (error)")
+    for col in ("load", "class", "n", *(f"{m.upper()} p{q}" for m, q in PERCENTILES)):
+        lat.add_column(col, justify="right")
+    for r in reports:
+        for name, c in r.classes.items():
+            err = c.errors()
+            cells = []
+            for m, q in PERCENTILES:
+                k = f"{m}_p{q}"
+                cells.append("-" if k not in c.measured else
+                             f"{c.measured[k] * 1e3:.0f}/{c.predicted[k] * 1e3:.0f} "
+                             f"({err[k]:.0%})")
+            lat.add_row(r.name, name, str(c.requests), *cells)
+    console.print(lat)
+    kinds = Table(title="Per-iteration step-time error by kind (mean |pred - meas| / meas)")
+    for col in ("load", *_KIND_COLOURS, "worst iterations (measured / predicted ms)"):
+        kinds.add_column(col, justify="right" if col in _KIND_COLOURS else "left")
+    for r in reports:
+        by = r.iterations.by_kind
+        worst = "; ".join(f"{d}: {m * 1e3:.1f}/{p * 1e3:.1f}"
+                          for d, m, p in r.iterations.worst[:2])
+        kinds.add_row(r.name, *(f"{by[k][1]:.1%} ({by[k][0]})" if k in by else "-"
+                                for k in _KIND_COLOURS), worst)
+    console.print(kinds)
+
+
+def plot(reports: list[LoadReport], profile: CostProfile, target: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(reports) + 1, figsize=(5 * (len(reports) + 1), 4.6))
+    for ax, r in zip(axes, reports, strict=False):
+        for kind, colour in _KIND_COLOURS.items():
+            pts = [(m * 1e3, p * 1e3) for m, p, k in r.points if k == kind]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.scatter(xs, ys, s=6, alpha=0.5, color=colour, label=f"{kind} ({len(pts)})")
+        _diagonal(ax, [m * 1e3 for m, _, _ in r.points] + [p * 1e3 for _, p, _ in r.points])
+        ax.set_title(f"{r.name}, {r.rate:.2f} req/s\niteration error {r.iterations.mape:.1%}")
+        ax.set_xlabel("measured step time (ms)")
+        ax.set_ylabel("predicted (ms)")
+        ax.legend(fontsize=7, loc="upper left")
+    ax = axes[-1]
+    colours = ("tab:blue", "tab:orange", "tab:red")
+    values = []
+    for r, colour in zip(reports, colours, strict=False):
+        for cls, c in r.classes.items():
+            for k, m in c.measured.items():
+                p = c.predicted[k]
+                values += [m * 1e3, p * 1e3]
+                filled = k.startswith("ttft")
+                ax.scatter(m * 1e3, p * 1e3, marker=_CLASS_MARKERS[cls],
+                           s=46 if k.endswith("99") else 16, alpha=0.85,
+                           color=colour if filled else "none", edgecolors=colour)
+    for r, colour in zip(reports, colours, strict=False):
+        ax.scatter([], [], color=colour, label=r.name)
+    for cls, marker in _CLASS_MARKERS.items():
+        ax.scatter([], [], color="grey", marker=marker, label=cls)
+    _diagonal(ax, values)
+    ax.set_title("TTFT (filled) and TBT (hollow), p50 small / p99 large,\nper load "
+                 "and class")
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("predicted by the twin (ms)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Twin fidelity: {profile.name} on {profile.device.name}")
+    fig.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
+def _diagonal(ax: Axes, values: list[float]) -> None:
+    """y = x with a +-10 % band, on log axes spanning the data."""
+    positive = [v for v in values if v > 0]
+    if not positive:
+        return
+    lo, hi = min(positive) / 1.3, max(positive) * 1.3
+    line = [lo, hi]
+    ax.plot(line, line, color="black", lw=0.8)
+    ax.fill_between(line, [v * 0.9 for v in line], [v * 1.1 for v in line],
+                    color="grey", alpha=0.15, label="±10 %")
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_minor_formatter(NullFormatter())

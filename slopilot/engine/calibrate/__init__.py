@@ -1,0 +1,1 @@
+"""``slopilot calibrate``: measure the real executor and fit the twin's cost model to it."""

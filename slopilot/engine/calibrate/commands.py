@@ -1,0 +1,163 @@
+"""``slopilot calibrate``: time the real executor and write a cost profile for the twin."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+QUICK = {"token_budget": 256, "max_num_seqs": 16, "max_context": 512, "repeats": 5}
+FULL = {"token_budget": 512, "max_num_seqs": 32, "max_context": 1024, "repeats": 5}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate", help="time the real executor and fit the twin's cost model to it",
+        description="Run the torch executor (the server's forward pass and paged KV "
+                    "cache) over a designed grid of iteration shapes and the engine loop "
+                    "around it, fit the cost model by least squares and write a profile "
+                    "that simulate, tune and demo take with --profile.")
+    p.add_argument("--model", required=True, help="tiny-random, smollm2-135m or a "
+                   "checkpoint directory")
+    p.add_argument("--executor", choices=("torch",), default="torch")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's; recorded in the profile)")
+    p.add_argument("--out", required=True, type=Path, metavar="PROFILE.yaml")
+    p.add_argument("--quick", action="store_true", help="a smaller grid and context "
+                   "(under a minute on tiny-random)")
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds per shape")
+    p.add_argument("--statistic", choices=("median", "min"), default="median",
+                   help="each shape's figure: the median of its rounds (what serving "
+                   "sees), or the fastest (undisturbed time on a busy shared machine)")
+    p.add_argument("--token-budget", type=int, default=None, help="largest chunk")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="largest decode batch")
+    p.add_argument("--max-context", type=int, default=None, help="longest context")
+    p.add_argument("--kv-cache-gb", type=float, default=None,
+                   help="KV cache size to record (default: what the executor would take)")
+    p.add_argument("--tolerance", type=float, default=0.10,
+                   help="largest accepted mean error per iteration (default: 0.10)")
+    p.add_argument("--no-host", action="store_true",
+                   help="skip timing the engine loop around the executor")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.set_defaults(func=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from slopilot.engine.calibrate.design import DesignError, GridOptions
+    from slopilot.engine.calibrate.fit import FitError
+    from slopilot.engine.calibrate.harness import HarnessError
+    from slopilot.engine.calibrate.runner import CalibrationOptions
+    from slopilot.engine.calibrate.torch_target import CalibrationError, torch_target
+    from slopilot.engine.models import ModelNotFoundError
+
+    defaults = QUICK if args.quick else FULL
+    try:
+        _check_out(args.out)
+        if args.threads is not None and args.threads < 1:
+            raise CalibrationError(f"--threads {args.threads}: expected at least 1")
+        def given(name: str) -> int:
+            value = getattr(args, name)
+            return int(defaults[name] if value is None else value)
+
+        grid = GridOptions(token_budget=given("token_budget"),
+                           max_num_seqs=given("max_num_seqs"),
+                           max_context=given("max_context"), quick=args.quick)
+        opts = CalibrationOptions(grid=grid, repeats=given("repeats"),
+                                  tolerance=args.tolerance, host=not args.no_host,
+                                  statistic=args.statistic)
+        target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
+                              threads=args.threads, kv_cache_gb=args.kv_cache_gb)
+        result = _run(target, opts, quiet=args.json)
+    except (CalibrationError, DesignError, HarnessError, FitError, ModelNotFoundError,
+            ValueError) as exc:
+        print(f"slopilot calibrate: {exc}", file=sys.stderr)
+        return 2
+    from slopilot.engine.sim.profile_file import write_profile
+
+    path = write_profile(result.profile, args.out)
+    if args.json:
+        print(json.dumps(_brief(result, path)))
+    else:
+        _print_report(result, path)
+    return 0
+
+
+def _check_out(out: Path) -> None:
+    """Fail before minutes of timing if the profile could not be written."""
+    from slopilot.engine.calibrate.torch_target import CalibrationError
+
+    if out.is_dir():
+        raise CalibrationError(f"--out {out}: is a directory; name a file, e.g. "
+                               f"{out / 'profile.yaml'}")
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".slopilot-check-"):
+            pass
+    except OSError as exc:
+        raise CalibrationError(f"--out {out}: cannot write there ({exc})") from None
+
+
+def _run(target: Any, opts: Any, *, quiet: bool) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from slopilot.engine.calibrate.runner import calibrate, total_steps
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]calibrating[/]"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[status]}"), console=console,
+                  transient=quiet) as progress:
+        task = progress.add_task("calibrate", total=total_steps(opts, target.executor),
+                                 status="")
+
+        def step(status: str) -> None:
+            progress.update(task, advance=1, status=status)
+
+        return calibrate(target, opts, progress=step)
+
+
+def _brief(result: Any, path: Path) -> dict[str, Any]:
+    p = result.profile
+    return {"profile": str(path), "model": p.model.name, "device": p.device.name,
+            "mape": p.fit.mape, "max_err": p.fit.max_err,
+            "classes": {k: {"shapes": v.shapes, "mape": v.mape, "max_err": v.max_err}
+                        for k, v in p.fit.classes.items()},
+            "host_mape": p.fit.host_mape, "executor": dict(p.executor), "host": dict(p.host)}
+
+
+def _print_report(result: Any, path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    p = result.profile
+    fit = p.fit
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    table = Table(title=f"Fit error per iteration: {p.name}, {p.device.name}, "
+                        f"{p.device.threads or '-'} thread(s)")
+    for col in ("shapes", "n", "mean error", "max error", "worst shape"):
+        table.add_column(col, justify="left" if col in ("shapes", "worst shape") else "right")
+    for name, c in fit.classes.items():
+        table.add_row(name, str(c.shapes), f"{c.mape:.1%}", f"{c.max_err:.1%}", c.worst)
+    table.add_row("all", str(fit.shapes), f"{fit.mape:.1%}", f"{fit.max_err:.1%}", "",
+                  style="bold")
+    if result.host_fit is not None:
+        h = result.host_fit
+        table.add_row("engine loop", str(fit.host_steps), f"{h.mape:.1%}", f"{h.max_err:.1%}",
+                      "(whole step: executor measured + loop fitted)")
+    console.print(table)
+    coef = Table(title="Coefficients (seconds per unit)")
+    for col in ("feature", "executor", "engine loop"):
+        coef.add_column(col, justify="right")
+    for name, value in p.executor.items():
+        coef.add_row(name, f"{value:.3g}", f"{p.host.get(name, 0.0):.3g}")
+    console.print(coef)
+    share = "-" if fit.cpu_share is None else f"{fit.cpu_share:.0%}"
+    console.print(f"{fit.seconds:.0f} s, {fit.repeats} repeats, CPU share {share}, load "
+                  f"average {fit.load_average}; wrote {path}")

@@ -1,0 +1,139 @@
+"""Measured against predicted: latency percentiles per class, throughput, iterations.
+
+Relative errors are ``|predicted - measured| / measured``. Two iteration errors are kept
+apart because they answer different questions: ``iteration`` compares each real
+iteration's step time with the profile's prediction for that very shape (is the cost
+model right?), while the latency percentiles compare two whole runs (is the twin right,
+scheduling feedback included?). ``executor`` narrows the first to the forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slopilot.engine.calibrate.replay import Recorder
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.calibrated import CalibratedCostModel
+
+PERCENTILES = (("ttft", 50), ("ttft", 99), ("tbt", 50), ("tbt", 99))
+
+
+def rel_err(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured if measured > 0 else float("inf")
+
+
+@dataclass
+class ClassFigures:
+    requests: int
+    measured: dict[str, float]  # "ttft_p50" -> seconds
+    predicted: dict[str, float]
+
+    def errors(self) -> dict[str, float]:
+        return {k: rel_err(self.predicted[k], v) for k, v in self.measured.items()}
+
+
+@dataclass
+class IterationFit:
+    count: int
+    mape: float  # step time: executor and engine loop
+    executor_mape: float
+    median_err: float
+    by_kind: dict[str, tuple[int, float]] = field(default_factory=dict)
+    worst: list[tuple[str, float, float]] = field(default_factory=list)
+    """(kind and shape, measured s, predicted s) of the largest errors."""
+
+
+@dataclass
+class LoadReport:
+    name: str
+    rate: float
+    requests: int
+    classes: dict[str, ClassFigures]
+    throughput: tuple[float, float]  # measured, predicted output tokens per second
+    preemptions: tuple[int, int]
+    busy: tuple[float, float]  # share of the run the engine was iterating
+    iterations: IterationFit
+    points: list[tuple[float, float, str]]  # every real iteration: measured, predicted, kind
+    cpu_share: float = 1.0
+    load_average: float | None = None
+    truncated: bool = False  # the real run hit its time limit: figures are not comparable
+
+    def worst_error(self) -> float:
+        return max((e for c in self.classes.values() for e in c.errors().values()),
+                   default=0.0)
+
+
+def _percentiles(rec: Recorder, priority: int) -> tuple[int, dict[str, float]] | None:
+    ids = [r for r, p in rec.priority.items() if p == priority]
+    if not ids:
+        return None
+    ttft = np.array([rec.ttft[r] for r in ids])
+    gaps = np.array([g for r in ids for g in rec.gaps.get(r, ())])
+    out = {}
+    for metric, q in PERCENTILES:
+        values = ttft if metric == "ttft" else gaps
+        if values.size:
+            out[f"{metric}_p{q}"] = float(np.percentile(values, q))
+    return len(ids), out
+
+
+def _throughput(rec: Recorder, first_arrival: float) -> float:
+    tokens = len(rec.ttft) + sum(len(g) for g in rec.gaps.values())
+    if not rec.finished:
+        return 0.0
+    span = max(rec.finished.values()) - first_arrival
+    return tokens / span if span > 0 else 0.0
+
+
+def iteration_fit(rec: Recorder, cost: CalibratedCostModel) -> tuple[IterationFit, list]:
+    measured = np.array([it.step_s for it in rec.iterations])
+    predicted = np.array([cost.shape_time(it.shape) for it in rec.iterations])
+    executor = np.array([it.executor_s for it in rec.iterations])
+    executor_pred = np.array([cost.executor_time(it.shape) for it in rec.iterations])
+    kinds = [it.shape.kind for it in rec.iterations]
+    if not len(measured):
+        return IterationFit(0, 0.0, 0.0, 0.0), []
+    err = np.abs(predicted - measured) / measured
+    by_kind = {k: (int(sum(1 for x in kinds if x == k)),
+                   float(np.mean([e for e, x in zip(err, kinds, strict=True) if x == k])))
+               for k in dict.fromkeys(kinds)}
+    worst = [(f"{kinds[i]} {_describe(rec.iterations[i].shape)}", float(measured[i]),
+              float(predicted[i])) for i in np.argsort(-err)[:5]]
+    fit = IterationFit(len(measured), float(err.mean()),
+                       float(np.mean(np.abs(executor_pred - executor) / executor)),
+                       float(np.median(err)), by_kind, worst)
+    points = list(zip(measured.tolist(), predicted.tolist(), kinds, strict=True))
+    return fit, points
+
+
+def _describe(s: object) -> str:
+    from slopilot.engine.sim.shape import IterationShape
+
+    if not isinstance(s, IterationShape):
+        return ""
+    return (f"tokens={s.tokens:g} decodes={s.decode_seqs:g} chunks={s.prefill_seqs:g} "
+            f"ctx={s.context_tokens:g} padded={s.decode_padded_context:g}")
+
+
+def compare(name: str, rate: float, real: Recorder, sim: Recorder,
+            cost: CalibratedCostModel, *, first_arrival_real: float,
+            real_span_s: float, sim_span_s: float) -> LoadReport:
+    classes = {}
+    for p in Priority:
+        m, s = _percentiles(real, int(p)), _percentiles(sim, int(p))
+        if m is None or s is None:
+            continue
+        keys = sorted(set(m[1]) & set(s[1]))
+        classes[p.label] = ClassFigures(m[0], {k: m[1][k] for k in keys},
+                                        {k: s[1][k] for k in keys})
+    fit, points = iteration_fit(real, cost)
+    busy_real = sum(it.step_s for it in real.iterations) / real_span_s if real_span_s else 0
+    busy_sim = sum(it.step_s for it in sim.iterations) / sim_span_s if sim_span_s else 0
+    return LoadReport(
+        name=name, rate=rate, requests=len(real.ttft), classes=classes,
+        throughput=(_throughput(real, first_arrival_real), _throughput(sim, 0.0)),
+        preemptions=(sum(it.preempted for it in real.iterations),
+                     sum(it.preempted for it in sim.iterations)),
+        busy=(busy_real, busy_sim), iterations=fit, points=points)

@@ -1,0 +1,148 @@
+"""The designed set of iteration shapes calibration times.
+
+Each feature of the cost model must vary on its own somewhere in the grid, or the fit
+cannot tell it from another (an identifiable design):
+
+    prefill    one chunk of 16 .. token_budget tokens at several contexts; every other
+               context's chunks do not sample (``sampled`` apart from ``prefill_seqs``)
+    multi      several chunks in one batch (``prefill_seqs`` apart from ``tokens``)
+    decode     1 .. max_num_seqs decodes at several equal contexts
+    ragged     decodes of short and long contexts together, as serving batches them
+               (``decode_padded_context`` apart from ``decode_context``)
+    mixed      a chunk plus decodes, as chunked prefill runs them
+    swap       KV blocks copied out and in without a forward pass
+
+Context lengths are fractions of ``max_context``; no row goes past it and no batch past
+the token budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slopilot.engine.sim.shape import IterationShape, shape_of_rows
+
+
+class DesignError(ValueError):
+    """Grid options out of range; the message names the option and the fix."""
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """One iteration to time: ``(new_tokens, context, samples)`` rows, and swaps."""
+
+    rows: tuple[tuple[int, int, bool], ...]
+    group: str
+    swap_out: int = 0
+    swap_in: int = 0
+
+    @property
+    def shape(self) -> IterationShape:
+        return shape_of_rows(self.rows, self.swap_out, self.swap_in)
+
+    @property
+    def kind(self) -> str:
+        return self.shape.kind
+
+    def describe(self) -> str:
+        if not self.rows:
+            return f"swap out {self.swap_out} in {self.swap_in} blocks"
+        decodes = [c for n, c, _ in self.rows if n == 1]
+        chunks = [(n, c, s) for n, c, s in self.rows if n > 1]
+        parts = [f"chunk {n}@{c}{'' if s else ' (no sample)'}" for n, c, s in chunks]
+        if decodes:
+            lo, hi = min(decodes), max(decodes)
+            ctx = f"{lo}" if lo == hi else f"{lo}..{hi}"
+            parts.append(f"{len(decodes)} decode{'s' if len(decodes) > 1 else ''}@{ctx}")
+        return " + ".join(parts)
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    token_budget: int = 512
+    max_num_seqs: int = 32
+    max_context: int = 1024
+    quick: bool = False
+    swap: bool = True
+
+    def __post_init__(self) -> None:
+        if not 128 <= self.token_budget <= 16384:
+            raise DesignError(f"--token-budget {self.token_budget}: expected 128 to 16384 "
+                              "(the engine's token_budget range)")
+        if not 2 <= self.max_num_seqs <= 4096:
+            raise DesignError(f"--max-num-seqs {self.max_num_seqs}: expected 2 to 4096")
+        if not 64 <= self.max_context <= 1 << 20:
+            raise DesignError(f"--max-context {self.max_context}: expected at least 64")
+        if self.token_budget > self.max_context:
+            raise DesignError(
+                f"--token-budget {self.token_budget} exceeds --max-context "
+                f"{self.max_context}; a chunk cannot be longer than the context")
+
+
+def _geometric(lo: int, hi: int, points: int | None = None) -> list[int]:
+    """Powers of two from lo to hi, hi included; thinned to ``points`` when given."""
+    out = []
+    v = lo
+    while v < hi:
+        out.append(v)
+        v *= 2
+    out.append(hi)
+    if points is not None and len(out) > points:
+        step = (len(out) - 1) / (points - 1)
+        out = [out[round(i * step)] for i in range(points)]
+    return sorted(set(out))
+
+
+def design(opts: GridOptions) -> list[ShapeSpec]:
+    """The shapes to time, in a fixed order (the harness shuffles repeats itself)."""
+    budget, seqs, ctx_max = opts.token_budget, opts.max_num_seqs, opts.max_context
+    quick = opts.quick
+    chunks = _geometric(16, budget, 4 if quick else None)
+    fractions = (0.0, 0.25, 0.5) if quick else (0.0, 0.125, 0.25, 0.5)
+    contexts = [int(ctx_max * f) for f in fractions]
+    batch_sizes = _geometric(1, seqs, 4 if quick else None)
+    out: list[ShapeSpec] = []
+    for i, c in enumerate(contexts):
+        for n in chunks:
+            if c + n <= ctx_max:
+                out.append(ShapeSpec(((n, c, i % 2 == 0),), "prefill"))
+    # Several chunks, and (below) chunks with decodes: only these tell a forward pass's
+    # constant apart from each attention call's, so there are enough to outvote noise.
+    multi = ((2, 32, 0), (2, budget // 4, 0), (4, max(16, budget // 8), contexts[-1] // 2))
+    for k, n, c in multi[1:] if quick else multi:
+        out.append(ShapeSpec(tuple((n, c, j % 2 == 0) for j in range(k)), "multi"))
+    decode_contexts = [max(16, c) for c in contexts]
+    for c in decode_contexts:
+        for d in batch_sizes:
+            if d <= budget:
+                out.append(ShapeSpec(((1, c, True),) * d, "decode"))
+    # Serving's decode batches are ragged: one long context pads all the others. Only
+    # these shapes tell decode_padded_context from decode_context, so there are many:
+    # half long, and one long among short ones, at two long lengths.
+    short = 16
+    longs = (max(16, ctx_max // 2),) if quick else (max(16, ctx_max // 4), max(16, ctx_max // 2))
+    sizes = [d for d in batch_sizes if d >= 2]
+    for long in longs:
+        for d in sizes:
+            half = tuple((1, long if j % 2 else short, True) for j in range(d))
+            out.append(ShapeSpec(half, "ragged"))
+            if d >= 4:
+                one = ((1, long, True),) + ((1, short, True),) * (d - 1)
+                out.append(ShapeSpec(one, "ragged"))
+    mixed_chunks = (16, budget // 2) if quick else (16, 64, budget // 2)
+    mixed_decodes = (1, max(2, seqs // 2)) if quick else (1, 4, max(4, seqs // 2))
+    decode_ctx = max(16, ctx_max // 4)
+    for n in mixed_chunks:
+        for d in mixed_decodes:
+            if n + d <= budget:
+                rows = ((n, 0, True),) + ((1, decode_ctx, True),) * d
+                out.append(ShapeSpec(rows, "mixed"))
+    if not quick:
+        out.append(ShapeSpec(((64, contexts[2], True),) + ((1, decode_ctx, True),) * 4,
+                             "mixed"))
+    if opts.swap:
+        # Two block counts, so a copy call's fixed cost is apart from its per-block one.
+        for k_out, k_in in ((4, 16),) if quick else ((4, 4), (32, 32)):
+            out.append(ShapeSpec((), "swap", swap_out=k_out))
+            out.append(ShapeSpec((), "swap", swap_in=k_in))
+    return out

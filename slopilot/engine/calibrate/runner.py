@@ -1,0 +1,156 @@
+"""``calibrate()``: time an executor over the grid and the engine loop, fit, make a profile.
+
+The steps, each reported to ``progress``: fill and warm the KV cache, time every shape
+``repeats`` times, serve a few bursts through the engine loop, fit the executor's
+coefficients and then the loop's, and check the fit against ``tolerance`` (mean
+relative error per iteration). A fit outside it raises ``FitError`` naming the worst
+shapes and how noisy the machine was; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from slopilot import __version__
+from slopilot.engine.calibrate.design import GridOptions, design
+from slopilot.engine.calibrate.fit import FitError, FitResult, Observation, fit_host, fit_shapes
+from slopilot.engine.calibrate.harness import Harness, Sample, TimedExecutor
+from slopilot.engine.calibrate.host import HostStep, expected_steps, measure_host
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.sim.profile_file import (
+    CostProfile,
+    DeviceInfo,
+    FitReport,
+    executor_code_hash,
+)
+from slopilot.engine.sim.profiles import ModelProfile
+from slopilot.engine.sim.shape import FEATURES
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    grid: GridOptions = field(default_factory=GridOptions)
+    repeats: int = 5
+    tolerance: float = 0.10  # largest accepted mean relative error per iteration
+    host: bool = True  # also time the engine loop around the executor
+    seed: int = 0
+    statistic: str = "median"  # or "min": see harness.py
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.repeats <= 100:
+            raise ValueError(f"--repeats {self.repeats}: expected 1 to 100")
+        if not 0 < self.tolerance <= 10:
+            raise ValueError(f"--tolerance {self.tolerance}: expected a fraction in (0, 10]")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything a run produced: the profile and the evidence behind it."""
+
+    profile: CostProfile
+    executor_fit: FitResult
+    host_fit: FitResult | None
+    samples: list[Sample]
+    host_steps: list[HostStep]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The executor to calibrate and what the profile should say about it."""
+
+    executor: TimedExecutor
+    model: ModelProfile
+    device: DeviceInfo
+    dtype: str
+    kv_cache_bytes: int
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def total_steps(opts: CalibrationOptions, executor: TimedExecutor) -> int:
+    specs = design(opts.grid)
+    harness = Harness(executor, specs, max_context=opts.grid.max_context, repeats=opts.repeats)
+    host = expected_steps(opts.grid.max_num_seqs, opts.grid.quick) if opts.host else 0
+    return harness.steps + host
+
+
+def calibrate(target: Target, opts: CalibrationOptions,
+              progress: Callable[[str], None] | None = None) -> Calibration:
+    started = time.perf_counter()
+    cpu0 = time.process_time()
+    grid = opts.grid
+    specs = design(grid)
+    harness = Harness(target.executor, specs, max_context=grid.max_context,
+                      repeats=opts.repeats, seed=opts.seed, progress=progress,
+                      statistic=opts.statistic)
+    samples = harness.run()
+    observations = [Observation(s.spec.shape, s.seconds, s.spec.describe(), s.spec.group)
+                    for s in samples]
+    executor_fit = fit_shapes(observations)
+    if executor_fit.mape > opts.tolerance:
+        raise FitError(_too_far(executor_fit, opts.tolerance, samples))
+    host_fit = None
+    steps: list[HostStep] = []
+    if opts.host:
+        config = EngineConfig(token_budget=grid.token_budget, budget_align=1,
+                              chunk_size=min(grid.token_budget, 512),
+                              max_num_seqs=grid.max_num_seqs)
+        steps = measure_host(target.executor, config, max_context=grid.max_context,
+                             quick=grid.quick, seed=opts.seed, model_name=target.model.name,
+                             progress=progress)
+        executor_coef = [executor_fit.coefficients[f] for f in FEATURES]
+        predicted = [sum(c * v for c, v in zip(executor_coef, s.shape.vector(), strict=True))
+                     for s in steps]
+        host_fit = fit_host([s.observation(p) for s, p in zip(steps, predicted, strict=True)],
+                            [s.step_s for s in steps])
+    seconds = time.perf_counter() - started
+    share = (time.process_time() - cpu0) / seconds if seconds > 0 else None
+    report = FitReport(
+        repeats=opts.repeats, shapes=len(samples), mape=executor_fit.mape,
+        max_err=executor_fit.max_err, classes=MappingProxyType(dict(executor_fit.classes)),
+        host_steps=len(steps), host_mape=host_fit.mape if host_fit else 0.0,
+        cpu_share=share, load_average=_load_average(), seconds=seconds,
+        token_budget=grid.token_budget, max_num_seqs=grid.max_num_seqs,
+        max_context=grid.max_context, statistic=opts.statistic)
+    host = {k: v for k, v in (host_fit.coefficients.items() if host_fit else ()) if v}
+    profile = CostProfile(
+        name=f"{target.model.name} on {target.device.type} ({target.dtype})",
+        device=target.device, model=target.model, dtype=target.dtype,
+        executor=MappingProxyType({k: v for k, v in executor_fit.coefficients.items()}),
+        host=MappingProxyType(host), block_size=target.executor.block_size,
+        kv_cache_bytes=target.kv_cache_bytes,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        versions=MappingProxyType({"slopilot": __version__,
+                                   "python": platform.python_version(), **target.versions}),
+        executor_code=executor_code_hash(), fit=report)
+    return Calibration(profile, executor_fit, host_fit, samples, steps)
+
+
+def _too_far(fit: FitResult, tolerance: float, samples: list[Sample]) -> str:
+    worst = "; ".join(f"{o.label} ({o.group}): measured {o.seconds * 1e3:.2f} ms, fitted "
+                      f"{p * 1e3:.2f} ms ({e:+.0%})" for o, p, e in fit.worst(5))
+    spread = statistics.median(s.spread for s in samples)
+    share = statistics.median(s.cpu_share for s in samples)
+    load = _load_average()
+    noisy = spread > 0.1 or share < 0.9
+    hint = (f"the timings were noisy (median spread {spread:.0%} between repeats, the "
+            f"process got {share:.0%} of a core, load average {load}): rerun on a quieter "
+            "machine or with more --repeats" if noisy else
+            "the timings were steady, so the cost model's form misses these shapes: "
+            "report it with the profile's table")
+    return (f"the fit's mean error per iteration is {fit.mape:.1%}, above --tolerance "
+            f"{tolerance:g}; worst shapes: {worst}. {hint}; or accept it with "
+            f"--tolerance {max(fit.mape * 1.2, tolerance):.2f}. Nothing was written.")
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None

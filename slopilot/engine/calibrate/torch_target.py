@@ -1,0 +1,103 @@
+"""Build the torch executor calibration times, and describe it for the profile."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from slopilot.engine.calibrate.design import GridOptions, design
+from slopilot.engine.calibrate.harness import BlockPlan
+from slopilot.engine.calibrate.runner import Target
+from slopilot.engine.sim.profile_file import DeviceInfo
+from slopilot.engine.sim.profiles import ModelProfile
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class CalibrationError(ValueError):
+    """Calibration cannot start (device, model, sizes); the message names the fix."""
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine does not have before any model is loaded."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise CalibrationError(f"--device {device!r}: use cpu, cuda or cuda:N")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            build = torch.__version__
+            raise CalibrationError(
+                f"--device {device}: torch {build} sees no CUDA device on this machine; "
+                "calibrate with --device cpu here, or run calibrate on the GPU node that "
+                "will serve")
+        count = torch.cuda.device_count()
+        if index and int(index) >= count:
+            raise CalibrationError(f"--device {device}: this machine has {count} CUDA "
+                                   f"device(s), cuda:0 to cuda:{count - 1}")
+
+
+def device_info(device: str, threads: int | None) -> DeviceInfo:
+    import torch
+
+    if device.startswith("cuda"):
+        return DeviceInfo("cuda", torch.cuda.get_device_name(torch.device(device)), None)
+    return DeviceInfo("cpu", _cpu_name(), threads or torch.get_num_threads())
+
+
+def _cpu_name() -> str:
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} cores)"
+
+
+def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
+                 dtype: str | None = None, threads: int | None = None,
+                 kv_cache_gb: float | None = None) -> Target:
+    """Load ``model`` into a ``TorchExecutor`` sized for ``grid``; check the device first."""
+    check_device(device)
+    import numpy
+    import scipy
+    import torch
+
+    from slopilot.engine.executors.loader import read_config
+    from slopilot.engine.executors.torch_runner import TorchExecutor
+    from slopilot.engine.models import resolve_model
+
+    path = resolve_model(model)
+    config, _ = read_config(path)
+    if grid.max_context > config.max_position_embeddings:
+        raise CalibrationError(
+            f"--max-context {grid.max_context} exceeds {model}'s context of "
+            f"{config.max_position_embeddings} tokens; lower it")
+    plan = BlockPlan.for_specs(design(grid), 16)
+    executor = TorchExecutor(path, device=device, dtype=dtype, kv_cache_gb=kv_cache_gb,
+                             num_cpu_blocks=plan.cpu_blocks, block_size=16,
+                             max_model_len=grid.max_context, num_threads=threads)
+    dtype_name = str(executor.dtype).removeprefix("torch.")
+    profile = ModelProfile(
+        name=_model_name(model, path), num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_word_embeddings,
+        max_position_embeddings=config.max_position_embeddings,
+        dtype_bytes=_DTYPE_BYTES[dtype_name])
+    versions = {"torch": torch.__version__, "numpy": numpy.__version__,
+                "scipy": scipy.__version__}
+    return Target(executor, profile, device_info(device, threads), dtype_name,
+                  executor.num_gpu_blocks * executor.block_bytes, versions)
+
+
+def _model_name(model: str, path: Path) -> str:
+    from slopilot.engine.models import REGISTRY
+
+    return model if model in REGISTRY else path.resolve().name

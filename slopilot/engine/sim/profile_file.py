@@ -1,0 +1,212 @@
+"""A calibrated cost profile: what ``slopilot calibrate`` writes and every twin reads.
+
+One YAML file describes one (device, model, dtype, threads) pairing: the model's shape
+(for KV sizing), the coefficients of the linear shape-feature cost model
+(``slopilot.engine.sim.shape``) for the executor and for the engine loop around it,
+how well they fit, and where they came from (library versions, a digest of the
+executor's code, the date, the machine's load). Layout::
+
+    schema: slopilot.dev/cost-profile/v1
+    name: smollm2-135m on cpu
+    created: 2026-05-01T12:00:00+00:00
+    device: {type: cpu, name: AMD EPYC (2 cores), threads: 1}
+    model: {name: smollm2-135m, dtype: float32, tp: 1, shape: {num_layers: 30, ...}}
+    memory: {block_size: 16, kv_cache_bytes: 2147483648}
+    cost_model:
+      form: linear-shape-features
+      version: 1
+      hash: 0123456789abcdef
+      executor: {iteration: 0.0021, tokens: 0.0009, ...}   # seconds per unit
+      host: {iteration: 0.0003, decode_seqs: 1.0e-05, ...}
+    fit: {repeats: 5, shapes: 60, mape: 0.02, max_err: 0.06, classes: {...}, ...}
+    versions: {slopilot: 0.1.0, python: 3.11.9, torch: 2.13.0+cpu, ...}
+    code: {executor: 89abcdef01234567}
+
+``load_profile`` refuses a malformed file with the field, the value and the fix;
+``CostProfile.staleness`` lists what makes an intact profile out of date (an older
+cost-model form, other executor code), which callers print as warnings.
+``write_profile`` writes atomically: a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slopilot.engine.sim.profile_parse import parse_profile
+from slopilot.engine.sim.profile_types import (
+    DEVICE_TYPES,
+    RECALIBRATE,
+    SCHEMA,
+    ClassFit,
+    CostProfile,
+    DeviceInfo,
+    FitReport,
+    ProfileFileError,
+    StaleProfileWarning,
+)
+from slopilot.engine.sim.profiles import ProfileError, canonical_model_name
+from slopilot.engine.sim.spec_reader import ScenarioError
+
+__all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "DeviceInfo",
+           "FitReport", "ProfileFileError", "StaleProfileWarning", "check_profile_for",
+           "dump_profile", "executor_code_hash", "load_profile", "profile_to_dict",
+           "write_profile"]
+
+
+def executor_code_hash() -> str:
+    """A digest of the source that sets an iteration's time on the torch executor.
+
+    Read as files, not imported, so the simulator can check a profile without torch.
+    """
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for rel in ("executors/torch_runner.py", "executors/llama.py", "executors/batch.py",
+                "executors/kv_cache.py", "executors/sampler.py", "engine.py",
+                "scheduler.py", "block_manager.py"):
+        path = root / rel
+        digest.update(rel.encode())
+        digest.update(path.read_bytes() if path.is_file() else b"<missing>")
+    return digest.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------- writing
+
+def profile_to_dict(p: CostProfile) -> dict[str, Any]:
+    shape = {k: v for k, v in dataclasses.asdict(p.model).items() if k != "name"}
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": p.name,
+        "created": p.created,
+        "device": {"type": p.device.type, "name": p.device.name,
+                   "threads": p.device.threads},
+        "model": {"name": p.model.name, "dtype": p.dtype, "tp": p.tp, "shape": shape},
+        "memory": {"block_size": p.block_size, "kv_cache_bytes": p.kv_cache_bytes},
+        "cost_model": {"form": p.form, "version": p.form_version, "hash": p.form_digest,
+                       "executor": {k: float(v) for k, v in p.executor.items()},
+                       "host": {k: float(v) for k, v in p.host.items()}},
+        "versions": {str(k): str(v) for k, v in p.versions.items()},
+        "code": {"executor": p.executor_code},
+    }
+    if p.fit is not None:
+        fit = {f.name: _plain(getattr(p.fit, f.name)) for f in dataclasses.fields(p.fit)
+               if f.name != "classes"}
+        fit["classes"] = {k: {f.name: _plain(getattr(v, f.name))
+                              for f in dataclasses.fields(v)}
+                          for k, v in p.fit.classes.items()}
+        doc["fit"] = fit
+    return doc
+
+
+def _plain(value: Any) -> Any:
+    """Builtin types only (numpy scalars and str subclasses would not dump as YAML)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return str(value)
+
+
+def dump_profile(p: CostProfile) -> str:
+    header = (f"# slopilot cost profile: {p.name}. Written by `slopilot calibrate`; "
+              "see docs/twin.md.\n")
+    return header + yaml.safe_dump(profile_to_dict(p), sort_keys=False, width=100)
+
+
+def write_profile(p: CostProfile, path: str | Path) -> Path:
+    """Write ``p`` to ``path`` atomically (a temporary file beside it, then a rename)."""
+    target = Path(path)
+    text = dump_profile(p)
+    load_profile(text, warn=False)  # never write what could not be read back
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+# ---------------------------------------------------------------------------- reading
+
+def load_profile(path_or_text: str | Path, *, warn: bool = True) -> CostProfile:
+    """Read a profile from a file path or from YAML text; errors name the field and fix.
+
+    ``warn`` emits a ``StaleProfileWarning`` for each ``staleness`` item.
+    """
+    text, source = _read(path_or_text)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ProfileFileError(f"{source}: not valid YAML ({exc}); {RECALIBRATE}") from None
+    try:
+        profile = parse_profile(doc, source)
+    except ScenarioError as exc:
+        raise ProfileFileError(f"{exc}; {RECALIBRATE}") from None
+    except ProfileError as exc:
+        raise ProfileFileError(f"{source}: model.shape: {exc}; {RECALIBRATE}") from None
+    if warn:
+        for problem in profile.staleness(executor_code_hash()):
+            warnings.warn(problem, StaleProfileWarning, stacklevel=2)
+    return profile
+
+
+# A profile is a few KiB; a bigger "profile" (a ConfigMap anyone may edit) is refused
+# before YAML sees it.
+MAX_PROFILE_BYTES = 256 * 1024
+
+
+def _read(path_or_text: str | Path) -> tuple[str, str]:
+    if isinstance(path_or_text, Path) or "\n" not in str(path_or_text):
+        path = Path(path_or_text)
+        try:
+            if path.stat().st_size > MAX_PROFILE_BYTES:
+                raise ProfileFileError(
+                    f"{path}: {path.stat().st_size} bytes is no cost profile (they are a "
+                    f"few KiB, at most {MAX_PROFILE_BYTES}); check the path")
+            return path.read_text(encoding="utf-8"), str(path)
+        except FileNotFoundError:
+            raise ProfileFileError(
+                f"profile file {str(path)!r} does not exist; write one with "
+                "`slopilot calibrate --model ... --out FILE`") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProfileFileError(f"cannot read profile file {str(path)!r}: {exc}") from None
+    text = str(path_or_text)
+    if len(text.encode()) > MAX_PROFILE_BYTES:
+        raise ProfileFileError(f"<profile text>: {len(text.encode())} bytes is no cost "
+                               f"profile (at most {MAX_PROFILE_BYTES})")
+    return text, "<profile text>"
+
+
+def check_profile_for(profile: CostProfile, *, model: str | None = None,
+                      device: str | None = None, tp: int | None = None) -> None:
+    """Refuse a profile calibrated for another model, device type or TP degree."""
+    src = profile.source
+    if model is not None and \
+            canonical_model_name(model) != canonical_model_name(profile.model.name):
+        raise ProfileFileError(
+            f"{src} was calibrated for model {profile.model.name!r}, not {model!r}; use a "
+            f"profile calibrated for {model!r} (`slopilot calibrate --model {model} ...`) "
+            "or drop the profile to use the datasheet roofline")
+    if device is not None and device.split(":")[0] != profile.device.type:
+        raise ProfileFileError(
+            f"{src} was calibrated on a {profile.device.type} device "
+            f"({profile.device.name}), not {device!r}; calibrate on the device that serves")
+    if tp is not None and tp != profile.tp:
+        raise ProfileFileError(
+            f"{src} was calibrated at tp={profile.tp}, not tp={tp}; calibrate at tp={tp}")

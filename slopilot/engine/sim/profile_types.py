@@ -1,0 +1,97 @@
+"""The plain data of a calibrated cost profile (see ``profile_file`` for the file)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from slopilot.engine.sim.profiles import ModelProfile, ProfileError
+from slopilot.engine.sim.shape import FORM_NAME, FORM_VERSION, form_hash
+
+SCHEMA = "slopilot.dev/cost-profile/v1"
+DEVICE_TYPES = ("cpu", "cuda")
+RECALIBRATE = "re-run `slopilot calibrate` for this model and device to write a new one"
+
+
+class ProfileFileError(ProfileError):
+    """A profile file is missing, malformed, or for another model or device."""
+
+
+class StaleProfileWarning(UserWarning):
+    """A profile is readable but older than the code that uses it."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    type: str  # "cpu" or "cuda"
+    name: str  # "AMD EPYC (2 cores)", "NVIDIA H100 80GB HBM3"
+    threads: int | None = None  # torch intra-op threads (CPU)
+
+
+@dataclass(frozen=True)
+class ClassFit:
+    """How well the fitted model reproduces one class of measured shapes."""
+
+    shapes: int
+    mape: float
+    max_err: float
+    worst: str = ""
+
+
+@dataclass(frozen=True)
+class FitReport:
+    repeats: int
+    shapes: int
+    mape: float
+    max_err: float
+    classes: Mapping[str, ClassFit] = field(default_factory=lambda: MappingProxyType({}))
+    host_steps: int = 0
+    host_mape: float = 0.0
+    cpu_share: float | None = None  # process CPU time / wall time while timing
+    load_average: float | None = None  # 1-minute load average when it finished
+    seconds: float = 0.0
+    # The calibrated domain: outside it the twin extrapolates.
+    token_budget: int = 0
+    max_num_seqs: int = 0
+    max_context: int = 0
+    statistic: str = "median"  # each shape's figure over its repeats: median or min
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    name: str
+    device: DeviceInfo
+    model: ModelProfile
+    dtype: str
+    executor: Mapping[str, float]  # seconds per unit of each feature, executor only
+    host: Mapping[str, float]  # the engine loop around the executor
+    block_size: int = 16
+    kv_cache_bytes: int = 0
+    tp: int = 1
+    form: str = FORM_NAME
+    form_version: int = FORM_VERSION
+    form_digest: str = field(default_factory=form_hash)
+    created: str = ""
+    versions: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    executor_code: str = ""
+    fit: FitReport | None = None
+    source: str = "<memory>"  # where it was read from; not written
+
+    def coefficient(self, feature: str) -> float:
+        """Executor plus host seconds per unit of ``feature`` (0 when not fitted)."""
+        return self.executor.get(feature, 0.0) + self.host.get(feature, 0.0)
+
+    def staleness(self, executor_code: str | None = None) -> list[str]:
+        """Why this profile may not describe today's engine (empty when current)."""
+        out = []
+        if self.form_version < FORM_VERSION or self.form_digest != form_hash():
+            out.append(
+                f"{self.source}: fitted on cost-model form {self.form} v{self.form_version} "
+                f"({self.form_digest}); this engine uses {FORM_NAME} v{FORM_VERSION} "
+                f"({form_hash()}): features it lacks count as 0; {RECALIBRATE}")
+        if executor_code and self.executor_code and executor_code != self.executor_code:
+            out.append(
+                f"{self.source}: calibrated on executor code {self.executor_code}, this "
+                f"engine's is {executor_code}: its times may have changed; {RECALIBRATE}")
+        return out

@@ -1,0 +1,166 @@
+"""The shape of one iteration: the handful of sums an iteration's time depends on.
+
+Three places read an iteration's shape and must agree on it exactly: the calibrated cost
+model (time = coefficients . features), the calibration fit (the same features measured
+on the real executor), and the engine's ``slopilot_iteration_*`` series (the features
+summed over a scrape window, so a controller can compare a twin with live iterations
+and refit it). They all call ``shape_of`` on a ``SchedulerOutput`` or ``shape_of_rows``
+on ``(new tokens, context, samples)`` rows.
+
+One scheduled row is a decode (one new token) or a prefill chunk (n > 1 new tokens after
+c cached ones; it samples only when it ends the prompt)::
+
+    row          c cached     n new       reads           attention pairs (causal / dense)
+    decode       c            1           c + 1 KV        c + 1
+    chunk        c            n           c + n KV        n * c + n * (n + 1) / 2  /  n * (c + n)
+
+Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order):
+
+    iteration               1 per forward pass: launches, weight streaming, Python per step
+    tokens                  new tokens: linear layers, norms, RoPE, KV writes
+    sampled                 rows that sample: LM head rows and the sampler
+    decode_seqs             decode rows: per-row bookkeeping
+    decode_batches          1 when there are decodes: they share one batched attention
+                            call per layer, a fixed cost of its own
+    prefill_seqs            prefill chunks: each runs its own attention call per layer
+    decode_context          sum of KV tokens decodes read
+    decode_padded_context   decodes x the longest decode's context: a padded batched
+                            attention reads and multiplies this many
+    prefill_context         sum of KV tokens chunks read
+    prefill_attention       sum of (query, key) pairs of chunks: causal attention FLOPs,
+                            what a kernel that skips the masked half computes
+    prefill_attention_dense sum of n * (c + n): the whole score matrix, what a kernel
+                            that materialises it and masks (torch's math path) computes
+    swap_batches            1 for swapping out and 1 for swapping in: a copy call each
+    swap_blocks             KV blocks copied out to or in from host memory
+    idle_starts             1 when the iteration starts after the engine sat idle: code
+                            and data caches others filled meanwhile, a GPU's clocks down
+                            (the engine loop sets ``SchedulerOutput.after_idle``)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from operator import add
+
+from slopilot.engine.outputs import SchedulerOutput
+
+FEATURES: tuple[str, ...] = (
+    "iteration", "tokens", "sampled", "decode_seqs", "decode_batches", "prefill_seqs",
+    "decode_context", "decode_padded_context", "prefill_context", "prefill_attention",
+    "prefill_attention_dense", "swap_batches", "swap_blocks", "idle_starts")
+
+# Bump when a feature's meaning changes; profiles carry the version and the hash of the
+# feature definitions they were fitted on (an older one gets a warning).
+FORM_VERSION = 1
+FORM_NAME = "linear-shape-features"
+
+
+def form_hash() -> str:
+    """A short digest of the form: its name, version and the feature list, in order."""
+    text = f"{FORM_NAME}:{FORM_VERSION}:{','.join(FEATURES)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class IterationShape:
+    """The sums of one iteration (or, added up, of many); see the module docstring."""
+
+    iteration: float = 0
+    tokens: float = 0
+    sampled: float = 0
+    decode_seqs: float = 0
+    decode_batches: float = 0
+    prefill_seqs: float = 0
+    decode_context: float = 0
+    decode_padded_context: float = 0
+    prefill_context: float = 0
+    prefill_attention: float = 0.0
+    prefill_attention_dense: float = 0
+    swap_batches: float = 0
+    swap_blocks: float = 0
+    idle_starts: float = 0
+
+    @property
+    def prefill_tokens(self) -> float:
+        return self.tokens - self.decode_seqs
+
+    @property
+    def context_tokens(self) -> float:
+        """KV tokens read, decodes and chunks together."""
+        return self.decode_context + self.prefill_context
+
+    @property
+    def kind(self) -> str:
+        """``decode``, ``prefill``, ``mixed`` or ``swap`` (only copies ran)."""
+        if self.decode_seqs and self.prefill_seqs:
+            return "mixed"
+        if self.decode_seqs:
+            return "decode"
+        if self.prefill_seqs:
+            return "prefill"
+        return "swap"
+
+    def vector(self) -> tuple[float, ...]:
+        """The features in ``FEATURES`` order."""
+        return (self.iteration, self.tokens, self.sampled, self.decode_seqs,
+                self.decode_batches, self.prefill_seqs, self.decode_context,
+                self.decode_padded_context,
+                self.prefill_context, self.prefill_attention, self.prefill_attention_dense,
+                self.swap_batches, self.swap_blocks, self.idle_starts)
+
+    def __add__(self, other: IterationShape) -> IterationShape:
+        return IterationShape(*map(add, self.vector(), other.vector()))
+
+
+if tuple(f.name for f in fields(IterationShape)) != FEATURES:  # pragma: no cover
+    raise RuntimeError("IterationShape's fields must be FEATURES, in order")
+
+KINDS: tuple[str, ...] = ("decode", "prefill", "mixed", "swap")
+
+
+def shape_of_rows(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
+                  swap_in: int = 0, after_idle: bool = False) -> IterationShape:
+    """The shape of one iteration from ``(new_tokens, context_before, samples)`` rows,
+    the numbers of blocks swapped out and in, and whether the engine was idle before."""
+    return IterationShape(*feature_sums(rows, swap_out, swap_in, after_idle))
+
+
+def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
+                 swap_in: int = 0, after_idle: bool = False) -> tuple[float, ...]:
+    """``shape_of_rows(...).vector()`` without building the dataclass (the hot path)."""
+    tokens = sampled = decodes = chunks = 0
+    d_ctx = d_max = p_ctx = dense = 0
+    pairs = 0.0
+    for n, c, sample in rows:
+        if n < 1 or c < 0:
+            raise ValueError(f"row (new_tokens={n}, context={c}): expected new_tokens >= 1 "
+                             "and context >= 0")
+        tokens += n
+        sampled += sample
+        if n == 1:  # the executor batches every one-token row as a decode
+            decodes += 1
+            d_ctx += c + 1
+            if c + 1 > d_max:
+                d_max = c + 1
+        else:
+            chunks += 1
+            p_ctx += c + n
+            pairs += n * c + n * (n + 1) / 2
+            dense += n * (c + n)
+    return (1 if tokens else 0, tokens, sampled, decodes, 1 if decodes else 0, chunks,
+            d_ctx, decodes * d_max, p_ctx, pairs, dense,
+            (1 if swap_out else 0) + (1 if swap_in else 0), swap_out + swap_in,
+            1 if after_idle else 0)
+
+
+def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
+    return [(len(s.token_ids), s.start_pos, s.sample) for s in out.seqs]
+
+
+def shape_of(out: SchedulerOutput) -> IterationShape:
+    """The shape of the iteration a scheduler planned."""
+    return shape_of_rows(output_rows(out), len(out.swap_out), len(out.swap_in),
+                         out.after_idle)

@@ -1,0 +1,68 @@
+"""Which cost model a scenario's twin runs on, and what every output says about it.
+
+A scenario's hardware is either a datasheet GPU (``gpu: H100``: the roofline of
+``cost_model.py``, uncalibrated) or a calibrated profile (``profile: FILE`` in the
+scenario, or ``--profile FILE`` on ``simulate``, ``tune`` and ``demo``: the measured
+model of ``calibrated.py``). ``cost_model_for`` builds the one a scenario names;
+``with_profile`` attaches a profile after checking it is for the scenario's model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Protocol
+
+from slopilot.engine.outputs import SchedulerOutput
+from slopilot.engine.sim.profile_file import (
+    CostProfile,
+    ProfileFileError,
+    check_profile_for,
+    load_profile,
+)
+from slopilot.engine.sim.profiles import ModelProfile
+from slopilot.engine.sim.scenario import Scenario
+
+
+class IterationCostModel(Protocol):
+    """What the simulated executor and the simulator need from a cost model."""
+
+    model: ModelProfile
+    tp: int
+    calibrated: bool
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def device_name(self) -> str: ...
+    def output_time(self, out: SchedulerOutput, block_size: int = 16) -> float: ...
+    def iteration_time(self, batch: list[tuple[int, int]]) -> float: ...
+    def swap_time_per_block(self, block_size: int) -> float: ...
+    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float = 0.9) -> int: ...
+    def num_cpu_blocks(self, block_size: int, swap_space_gb: float) -> int: ...
+
+
+def cost_model_for(scenario: Scenario) -> IterationCostModel:
+    """The scenario's calibrated profile if it names one, else its datasheet roofline."""
+    if scenario.profile is not None:
+        from slopilot.engine.sim.calibrated import CalibratedCostModel
+        return CalibratedCostModel(scenario.profile)
+    from slopilot.engine.sim.cost_model import CostModel
+    return CostModel(scenario.gpu, scenario.model, scenario.tp)
+
+
+def twin_label(scenario: Scenario) -> str:
+    """``calibrated profile FILE`` or ``uncalibrated datasheet roofline (GPU, tp=N)``."""
+    if scenario.profile is not None:
+        return f"calibrated profile {scenario.profile.source}"
+    return f"uncalibrated datasheet roofline ({scenario.gpu}, tp={scenario.tp})"
+
+
+def with_profile(scenario: Scenario, profile: CostProfile | str | Path) -> Scenario:
+    """``scenario`` on ``profile``'s hardware; refuses a profile for another model or TP."""
+    p = profile if isinstance(profile, CostProfile) else load_profile(profile, warn=False)
+    try:
+        check_profile_for(p, model=scenario.model, tp=scenario.tp)
+    except ProfileFileError as exc:
+        raise ProfileFileError(f"scenario {scenario.name}: {exc}") from None
+    return dataclasses.replace(scenario, profile=p, gpu=p.device.name)

@@ -1,0 +1,3 @@
+from tests.engine.conftest import one_torch_thread, tiny
+
+__all__ = ["one_torch_thread", "tiny"]

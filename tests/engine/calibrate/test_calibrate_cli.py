@@ -1,0 +1,95 @@
+"""`slopilot calibrate` on the real torch executor (tiny-random, a tiny grid): the
+structure of what it writes and prints, and its refusals. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from slopilot.cli import main
+from slopilot.engine.sim.profile_file import load_profile
+
+TINY_GRID = ["--quick", "--token-budget", "128", "--max-num-seqs", "4", "--max-context",
+             "256", "--repeats", "1", "--tolerance", "10", "--threads", "1",
+             "--kv-cache-gb", "0.05"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_quick_calibration_writes_a_profile_and_prints_the_table(
+        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sub" / "tiny.yaml"
+    assert main(["calibrate", "--model", str(tiny), "--out", str(out), *TINY_GRID]) == 0
+    printed = capsys.readouterr().out
+    assert "Fit error per iteration" in printed and "engine loop" in printed
+    assert f"wrote {out}" in printed.replace("\n", "")
+    p = load_profile(out)
+    assert (p.device.type, p.device.threads, p.dtype) == ("cpu", 1, "float32")
+    assert p.model.name == "tiny-random" and p.model.num_layers == 2
+    assert p.kv_cache_bytes == p.kv_cache_bytes // (16 * p.model.kv_bytes_per_token) * (
+        16 * p.model.kv_bytes_per_token) > 0
+    assert p.fit is not None and set(p.fit.classes) == {
+        "prefill", "multi", "decode", "ragged", "mixed", "swap"}
+    assert p.fit.max_context == 256 and p.fit.repeats == 1 and p.fit.host_steps > 0
+    assert "torch" in p.versions and p.executor_code and p.created
+    assert all(v >= 0 for v in p.executor.values()) and p.executor["iteration"] > 0
+
+
+def test_json_output(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tiny.yaml"
+    assert main(["calibrate", "--model", str(tiny), "--out", str(out), "--json",
+                 "--no-host", *TINY_GRID]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["profile"] == str(out) and doc["host"] == {}
+    assert set(doc["classes"]) >= {"decode", "prefill"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_device_that_is_not_there(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--model", "tiny-random", "--device", "cuda",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: torch" in err and "sees no CUDA device" in err
+    assert "--device cpu" in err and not out.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--device", "tpu"], "--device 'tpu': use cpu, cuda or cuda:N"),
+    (["--threads", "0"], "--threads 0: expected at least 1"),
+    (["--token-budget", "64"], "--token-budget 64: expected 128 to 16384"),
+    (["--max-context", "100000"], "--max-context 100000 exceeds"),
+    (["--repeats", "0"], "--repeats 0: expected 1 to 100"),
+])
+def test_bad_options(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                     args: list[str], message: str) -> None:
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--model", str(tiny), "--out", str(out), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_out_must_be_a_writable_file(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--model", "tiny-random", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_an_unknown_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--model", "gpt-9", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "neither a checkpoint directory nor a registered model" in capsys.readouterr().err
+
+
+def test_a_fit_outside_the_tolerance_writes_nothing(
+        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.yaml"
+    # Real timings never fit exactly: a tolerance of 1e-6 always refuses.
+    args = [a if a != "10" else "0.000001" for a in TINY_GRID]
+    assert main(["calibrate", "--model", str(tiny), "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert "above --tolerance 1e-06" in err and "worst shapes:" in err
+    assert "Nothing was written" in err and not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -1,0 +1,99 @@
+"""The fidelity machinery: a 'real' engine whose executor takes exactly the profile's
+time agrees with the twin, so every error is zero; a slower one shows up as error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slopilot.engine.calibrate.compare import compare
+from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import LLMEngine, WallClock
+from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.calibrated import CalibratedCostModel
+from slopilot.engine.sim.scenario import parse_scenario
+from slopilot.engine.sim.shape import shape_of
+from slopilot.engine.sim.twin import with_profile
+from slopilot.engine.sim.workload import RequestSpec
+from tests.support.profiles import make_profile
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+class ProfileExecutor:
+    """Spends (on the fake clock) what the cost model predicts, times ``slowdown``."""
+
+    def __init__(self, cost: CalibratedCostModel, clock: FakeTime, slowdown: float = 1.0
+                 ) -> None:
+        self.cost, self.clock, self.slowdown = cost, clock, slowdown
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        dt = self.cost.executor_time(shape_of(out)) * self.slowdown
+        self.clock.t += dt
+        return ModelRunnerOutput({s.request_id: 50 for s in out.seqs if s.sample}, dt)
+
+
+def _specs() -> list[RequestSpec]:
+    classes = (Priority.P0, Priority.P1, Priority.P1, Priority.P2)
+    return [RequestSpec(arrival_time=0.05 * i + 0.013 * (i % 3),
+                        prompt_token_ids=[11 + (i * 7 + j) % 200 for j in range(20 + 9 * (i % 5))],
+                        max_tokens=4 + i % 6, priority=classes[i % 4]) for i in range(24)]
+
+
+def _run(slowdown: float) -> tuple[object, Recorder, Recorder]:
+    profile = make_profile("tiny-random", device="cpu", host={}, kv_gib=0.01)
+    cost = CalibratedCostModel(profile)
+    config = EngineConfig(token_budget=128, budget_align=1, chunk_size=64, max_num_seqs=8,
+                          swap_space_gb=0.01)
+    scenario = with_profile(parse_scenario({
+        "name": "t", "gpu": "x", "model": "tiny-random", "duration_s": 10,
+        "workload": {"type": "open_loop", "prompt_tokens": 8, "output_tokens": 2,
+                     "arrivals": {"process": "poisson", "rate": 1}}}), profile)
+    clock = FakeTime()
+    real, sim = Recorder(), Recorder()
+    engine = LLMEngine(config, ProfileExecutor(cost, clock, slowdown),
+                       cost.num_kv_blocks(16), cost.num_cpu_blocks(16, config.swap_space_gb),
+                       clock=WallClock(clock.now), observers=[real])
+    specs = _specs()
+    run = replay_real(engine, specs, real, clock=clock.now, sleep=clock.sleep)
+    replay_sim(scenario, config, specs, sim)
+    report = compare("test", 20.0, real, sim, cost, first_arrival_real=run.t0,
+                     real_span_s=run.wall_s, sim_span_s=max(sim.finished.values()))
+    return report, real, sim
+
+
+def test_an_executor_that_is_the_profile_matches_the_twin_exactly() -> None:
+    report, real, sim = _run(1.0)
+    assert len(real.ttft) == len(sim.ttft) == 24 and real.rejected == sim.rejected == 0
+    assert set(report.classes) == {"p0", "p1", "p2"}
+    assert report.worst_error() == pytest.approx(0.0, abs=1e-9)
+    assert report.iterations.mape == pytest.approx(0.0, abs=1e-9)
+    assert report.throughput[0] == pytest.approx(report.throughput[1], rel=1e-9)
+    assert [it.shape for it in real.iterations] == [it.shape for it in sim.iterations]
+
+
+def test_a_slower_executor_shows_as_error_in_iterations_and_latency() -> None:
+    report, _, _ = _run(1.25)
+    assert report.iterations.mape == pytest.approx(0.2, rel=1e-6)  # 1 - 1 / 1.25
+    assert report.iterations.executor_mape == pytest.approx(0.2, rel=1e-6)
+    assert report.worst_error() > 0.1
+    assert report.throughput[0] < report.throughput[1]
+
+
+def test_arrivals_are_stamped_with_their_own_time_not_the_drivers() -> None:
+    report, real, _ = _run(1.0)
+    # Every TTFT is at least one iteration: a request waits for the pass it joins.
+    assert min(real.ttft.values()) > 0
+    assert dataclasses.is_dataclass(report)

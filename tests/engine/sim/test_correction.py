@@ -1,0 +1,87 @@
+"""A twin checked against an engine's iteration series: error, rescale, refit."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+import pytest
+
+from slopilot.engine.sim.correction import (
+    predicted_seconds,
+    refit,
+    rescaled,
+    twin_error,
+    window_samples,
+)
+from slopilot.engine.sim.profile_file import CostProfile
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import simulate
+from slopilot.engine.sim.twin import with_profile
+from tests.support.profiles import make_profile
+
+ATTENTION = ("decode_context", "decode_padded_context", "prefill_context",
+             "prefill_attention")
+
+
+def _plant_series(plant: CostProfile) -> str:
+    """The /metrics text of a replica whose iterations cost what ``plant`` says."""
+    run = simulate(with_profile(load_scenario("tiny-cpu"), plant), duration_s=20,
+                   with_metrics=True)
+    return run.metrics[0].decode()
+
+
+def _heavier_attention(p: CostProfile, factor: float) -> CostProfile:
+    ex = {k: v * (factor if k in ATTENTION else 1.0) for k, v in p.executor.items()}
+    return dataclasses.replace(p, executor=MappingProxyType(ex))
+
+
+def test_the_profile_that_made_the_series_has_no_error() -> None:
+    twin = make_profile()
+    samples = window_samples("", _plant_series(twin))
+    assert {s.kind for s in samples} >= {"decode", "mixed"}
+    assert twin_error(twin, samples) == pytest.approx(0.0, abs=1e-9)
+    for s in samples:
+        assert predicted_seconds(twin, s.shape) == pytest.approx(s.seconds, rel=1e-9)
+
+
+def test_a_uniformly_slower_plant_is_fixed_by_one_factor() -> None:
+    twin = make_profile()
+    samples = window_samples("", _plant_series(rescaled(twin, 1.3)))
+    error = twin_error(twin, samples)
+    assert error == pytest.approx(1 / 1.3 - 1, rel=1e-6)
+    fixed = rescaled(twin, 1 / (1 + error))
+    assert twin_error(fixed, samples) == pytest.approx(0.0, abs=1e-9)
+    assert "rescaled" in fixed.source
+
+
+def test_refit_finds_which_terms_moved() -> None:
+    twin = make_profile(executor={**make_profile().executor, "decode_context": 1e-6,
+                                  "prefill_attention": 2e-8})
+    plant = _heavier_attention(twin, 1.5)
+    plant = dataclasses.replace(plant, host=MappingProxyType(
+        {k: 2 * v for k, v in plant.host.items()}))
+    samples = window_samples("", _plant_series(plant))
+    one_factor = rescaled(twin, 1 / (1 + twin_error(twin, samples)))
+    per_kind_rescaled = max(abs(twin_error(one_factor, [s])) for s in samples)
+    better = refit(twin, samples, prior_weight=1e-4)
+    per_kind_refit = max(abs(twin_error(better, [s])) for s in samples)
+    assert per_kind_refit < per_kind_rescaled / 2
+    assert abs(twin_error(better, samples)) < 0.01
+    assert better.coefficient("decode_context") > twin.coefficient("decode_context")
+
+
+def test_window_samples_take_the_difference_of_two_scrapes() -> None:
+    twin = make_profile()
+    text = _plant_series(twin)
+    assert window_samples(text, text) == []
+    assert [s.iterations > 0 for s in window_samples("", text)]
+
+
+def test_bad_corrections_are_refused() -> None:
+    with pytest.raises(ValueError, match="factor=0"):
+        rescaled(make_profile(), 0)
+    with pytest.raises(ValueError, match="no measured iteration time"):
+        twin_error(make_profile(), [])
+    with pytest.raises(ValueError, match="no window"):
+        refit(make_profile(), [])

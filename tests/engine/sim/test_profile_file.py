@@ -1,0 +1,170 @@
+"""Cost profile files: round trip, atomic writes, and every way a file can be wrong."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slopilot.engine.sim import profile_file
+from slopilot.engine.sim.profile_file import (
+    SCHEMA,
+    ProfileFileError,
+    StaleProfileWarning,
+    check_profile_for,
+    dump_profile,
+    load_profile,
+    profile_to_dict,
+    write_profile,
+)
+from slopilot.engine.sim.shape import FORM_VERSION
+from tests.support.profiles import make_profile
+from tests.support.profiles import profile_file as write_test_profile
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    original = make_profile()
+    path = write_profile(original, tmp_path / "p.yaml")
+    loaded = load_profile(path)
+    assert loaded.source == str(path)
+    assert loaded == original.__class__(**{**original.__dict__, "source": str(path)})
+    assert load_profile(dump_profile(original)).executor == original.executor
+
+
+def test_the_file_says_what_it_is(tmp_path: Path) -> None:
+    text = write_test_profile(tmp_path).read_text()
+    doc = yaml.safe_load(text)
+    assert text.startswith("# slopilot cost profile")
+    assert doc["schema"] == SCHEMA
+    assert set(doc) >= {"device", "model", "memory", "cost_model", "fit", "versions", "code",
+                        "created"}
+    assert doc["cost_model"]["version"] == FORM_VERSION
+
+
+def test_write_is_atomic_and_leaves_nothing_behind(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    target = write_test_profile(tmp_path)
+    before = target.read_text()
+
+    def crash(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        write_profile(make_profile(name="another"), target)
+    assert target.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+def _broken(tmp_path: Path, edit: dict[str, object], drop: str | None = None) -> Path:
+    doc = profile_to_dict(make_profile())
+    for dotted, value in edit.items():
+        *parents, key = dotted.split(".")
+        node = doc
+        for p in parents:
+            node = node[p]
+        node[key] = value
+    if drop:
+        *parents, key = drop.split(".")
+        node = doc
+        for p in parents:
+            node = node[p]
+        del node[key]
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize(("edit", "drop", "message"), [
+    ({"schema": "something/else"}, None, r"schema='something/else': not a slopilot cost"),
+    ({"device.type": "tpu"}, None, r"device.type='tpu'.*use one of: cpu, cuda"),
+    ({"cost_model.executor.tokens": -1.0}, None, r"tokens=-1.0: a time per unit must be in"),
+    ({"cost_model.executor.tokens": 1e300}, None, r"tokens=1e\+300: a time per unit must"),
+    ({"memory.kv_cache_bytes": 2 ** 60}, None, r"kv_cache_bytes=1152921504606846976: must be "
+                                              r"at most"),
+    ({"cost_model.executor.warp_drive": 1.0}, None, r"warp_drive.*unknown feature"),
+    ({"cost_model.executor.tokens": "fast"}, None, r"tokens='fast': expected a number"),
+    ({"cost_model.version": FORM_VERSION + 1}, None, r"newer slopilot.*upgrade"),
+    ({"cost_model.form": "roofline"}, None, r"cost_model.form='roofline'"),
+    ({"model.shape.num_layers": 0}, None, r"model.shape.*num_layers=0"),
+    ({"memory.block_size": 0}, None, r"memory.block_size=0: must be at least 1"),
+    ({}, "cost_model.executor", r"cost_model.executor is required but missing"),
+    ({"model.colour": "red"}, None, r"model.colour: unknown key"),
+])
+def test_malformed_profiles_name_the_file_field_and_fix(
+        tmp_path: Path, edit: dict[str, object], drop: str | None, message: str) -> None:
+    path = _broken(tmp_path, edit, drop)
+    with pytest.raises(ProfileFileError, match=message) as err:
+        load_profile(path)
+    assert str(path) in str(err.value) and "slopilot calibrate" in str(err.value)
+
+
+def test_yaml_1_1_exponents_without_a_dot_read_as_numbers(tmp_path: Path) -> None:
+    path = _broken(tmp_path, {"cost_model.executor.tokens": "2e-5"})
+    assert load_profile(path).executor["tokens"] == 2e-5
+
+
+@pytest.mark.parametrize("text", ["{not: [yaml", "- just\n- a list\n", "\n"])
+def test_not_a_profile_at_all(text: str) -> None:
+    with pytest.raises(ProfileFileError, match="slopilot calibrate"):
+        load_profile(text if "\n" in text else text + "\n")
+
+
+def test_a_huge_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("a: " + "x" * 300_000 + "\n")
+    with pytest.raises(ProfileFileError, match="bytes is no cost profile"):
+        load_profile(path)
+    with pytest.raises(ProfileFileError, match="bytes is no cost profile"):
+        load_profile(path.read_text())
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it() -> None:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = "\n".join(lines) + "\nschema: *a8\n"  # 9**9 strings if anything walked it
+    with pytest.raises(ProfileFileError, match=r"schema=.*not a slopilot cost profile"):
+        load_profile(bomb)
+
+
+def test_a_missing_file_says_how_to_make_one(tmp_path: Path) -> None:
+    with pytest.raises(ProfileFileError, match=r"does not exist.*slopilot calibrate"):
+        load_profile(tmp_path / "nope.yaml")
+
+
+def test_an_older_cost_model_form_warns(tmp_path: Path) -> None:
+    path = write_test_profile(tmp_path, form_digest="0000000000000000")
+    with pytest.warns(StaleProfileWarning, match=r"fitted on cost-model form.*re-run"):
+        profile = load_profile(path)
+    assert profile.coefficient("tokens") > 0  # still usable
+
+
+def test_other_executor_code_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_test_profile(tmp_path, executor_code="aaaaaaaaaaaaaaaa")
+    monkeypatch.setattr(profile_file, "executor_code_hash", lambda: "bbbbbbbbbbbbbbbb")
+    with pytest.warns(StaleProfileWarning, match=r"executor code aaaa.*bbbb.*re-run"):
+        load_profile(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_profile(path, warn=False)
+
+
+def test_the_executor_code_hash_tracks_the_source() -> None:
+    assert profile_file.executor_code_hash() == profile_file.executor_code_hash()
+    assert len(profile_file.executor_code_hash()) == 16
+
+
+def test_a_profile_for_another_model_device_or_tp_is_refused() -> None:
+    p = make_profile("llama-3-8b", device="cpu")
+    check_profile_for(p, model="Meta-Llama-3-8B", device="cpu", tp=1)  # aliases match
+    check_profile_for(p, model="/models/llama-3-8b/")
+    with pytest.raises(ProfileFileError, match=r"calibrated for model 'Llama-3-8B', not "
+                                               r"'smollm2-135m'.*slopilot calibrate"):
+        check_profile_for(p, model="smollm2-135m")
+    with pytest.raises(ProfileFileError, match=r"on a cpu device.*not 'cuda:0'"):
+        check_profile_for(p, device="cuda:0")
+    with pytest.raises(ProfileFileError, match=r"tp=1, not tp=8"):
+        check_profile_for(p, tp=8)

@@ -1,0 +1,58 @@
+"""Iteration shapes: the sums the cost model, the fit and the metrics share."""
+
+from __future__ import annotations
+
+import pytest
+
+from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
+from slopilot.engine.request import SamplingParams
+from slopilot.engine.sim.shape import FEATURES, IterationShape, form_hash, shape_of, shape_of_rows
+
+
+def test_a_mixed_batch_sums_rows_by_kind() -> None:
+    # Two decodes at contexts 10 and 30, a chunk of 4 after 8 cached, one of 3 that
+    # does not sample (mid-prompt).
+    s = shape_of_rows([(1, 10, True), (1, 30, True), (4, 8, True), (3, 0, False)])
+    assert (s.iteration, s.tokens, s.sampled) == (1, 9, 3)
+    assert (s.decode_seqs, s.decode_batches, s.prefill_seqs) == (2, 1, 2)
+    assert s.decode_context == 11 + 31
+    assert s.decode_padded_context == 2 * 31  # padded to the longest decode
+    assert s.prefill_context == 12 + 3
+    assert s.prefill_attention == pytest.approx(4 * 8 + 4 * 5 / 2 + 3 * 4 / 2)
+    assert s.prefill_attention_dense == 4 * 12 + 3 * 3
+    assert (s.prefill_tokens, s.context_tokens, s.kind) == (7, 57, "mixed")
+
+
+def test_kinds() -> None:
+    assert shape_of_rows([(1, 5, True)]).kind == "decode"
+    assert shape_of_rows([(16, 0, True)]).kind == "prefill"
+    assert shape_of_rows([], swap_out=3).kind == "swap"
+    assert shape_of_rows([]) == IterationShape()
+
+
+def test_shape_of_a_scheduler_output_counts_swaps() -> None:
+    sp = SamplingParams()
+    out = SchedulerOutput(seqs=[ScheduledSeq("a", [1, 2, 3], 5, [0], True, sp)],
+                          swap_out=[(1, 0), (2, 1)], swap_in=[(3, 4)])
+    s = shape_of(out)
+    assert (s.tokens, s.prefill_seqs, s.swap_batches, s.swap_blocks) == (3, 1, 2, 3)
+    assert s.idle_starts == 0
+    out.after_idle = True
+    assert shape_of(out).idle_starts == 1
+
+
+def test_shapes_add_up_feature_by_feature() -> None:
+    a, b = shape_of_rows([(1, 3, True)]), shape_of_rows([(8, 0, True)])
+    assert (a + b).vector() == tuple(x + y for x, y in zip(a.vector(), b.vector(),
+                                                           strict=True))
+    assert len(a.vector()) == len(FEATURES)
+
+
+@pytest.mark.parametrize("row", [(0, 0, True), (1, -1, True)])
+def test_impossible_rows_are_refused(row: tuple[int, int, bool]) -> None:
+    with pytest.raises(ValueError, match="new_tokens >= 1 and context >= 0"):
+        shape_of_rows([row])
+
+
+def test_the_form_hash_is_stable_and_short() -> None:
+    assert form_hash() == form_hash() and len(form_hash()) == 16

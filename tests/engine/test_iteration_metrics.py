@@ -1,0 +1,86 @@
+"""Iteration time with the batch's shape: the engine's step time and its series."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import LLMEngine, WallClock
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.metrics_observer import MetricsObserver
+from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from tests.engine.helpers import make_request
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class TickingExecutor:
+    """Takes ``exec_s`` of the shared clock per iteration (as a real executor would)."""
+
+    def __init__(self, clock: Clock, exec_s: float) -> None:
+        self.clock, self.exec_s = clock, exec_s
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        self.clock.t += self.exec_s
+        return ModelRunnerOutput({s.request_id: 50 for s in out.seqs if s.sample},
+                                 self.exec_s)
+
+
+def _engine(clock: Clock, exec_s: float = 0.010) -> tuple[LLMEngine, EngineMetrics]:
+    metrics = EngineMetrics("tiny", clock=clock)
+    engine = LLMEngine(EngineConfig(budget_align=1), TickingExecutor(clock, exec_s), 100,
+                       clock=WallClock(clock), observers=[])
+    engine.observers.append(MetricsObserver(metrics))
+    return engine, metrics
+
+
+def test_step_time_runs_from_the_previous_end_while_busy_and_from_the_start_after_idle(
+        ) -> None:
+    clock = Clock()
+    engine, _ = _engine(clock)
+    engine.add_request(make_request("a", 8, max_tokens=3))
+    engine.step()  # first after idle: schedule + execute
+    assert engine.last_step_s == pytest.approx(0.010)
+    clock.t += 0.003  # bookkeeping between iterations (a server's delivery, the driver)
+    engine.step()
+    assert engine.last_step_s == pytest.approx(0.013)  # the token gap the request saw
+    engine.step()  # last token: the engine goes idle
+    assert not engine.has_work()
+    clock.t += 5.0  # idle
+    engine.add_request(make_request("b", 8, max_tokens=2))
+    engine.step()
+    assert engine.last_step_s == pytest.approx(0.010)  # not the idle time
+
+
+def test_the_series_carry_step_time_executor_time_and_shape_by_kind() -> None:
+    clock = Clock()
+    engine, metrics = _engine(clock)
+    engine.add_request(make_request("a", 8, max_tokens=3))
+    engine.step()
+    clock.t += 0.002
+    engine.step()
+    engine.step()
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    seconds = {(s.labels["kind"], s.name.rsplit("_", 1)[-1]): s.value
+               for s in fams["slopilot_iteration_seconds"].samples
+               if not s.name.endswith("_bucket")}
+    assert seconds[("prefill", "count")] == 1 and seconds[("decode", "count")] == 2
+    assert abs(seconds[("decode", "sum")] - 0.022) < 1e-9
+    executor = {s.labels["kind"]: s.value
+                for s in fams["slopilot_iteration_executor_seconds"].samples}
+    assert abs(executor["decode"] - 0.020) < 1e-9
+    shape = {(s.labels["kind"], s.labels["feature"]): s.value
+             for s in fams["slopilot_iteration_shape"].samples}
+    assert shape[("prefill", "tokens")] == 8 and shape[("prefill", "prefill_attention")] == 36
+    assert shape[("decode", "decode_seqs")] == 2
+    assert shape[("decode", "decode_context")] == 9 + 10  # contexts 8 and 9, plus itself
+    assert shape[("mixed", "iteration")] == 0
+    # Only the first iteration followed an idle engine (cold caches are charged once).
+    assert shape[("prefill", "idle_starts")] == 1 and shape[("decode", "idle_starts")] == 0
