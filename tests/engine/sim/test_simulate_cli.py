@@ -31,8 +31,8 @@ def test_json_has_overall_and_per_class_figures(capsys: pytest.CaptureFixture[st
 
 
 # Every key `simulate --json` has always written: tools read them, so none may go or move.
-TOP_KEYS = {"busy_ratio", "calibrated", "classes", "config", "duration_s", "goodput_tok_s", "iterations",
-            "kv_usage_max", "kv_usage_mean", "max_stall_ms", "mean_batch_tokens",
+TOP_KEYS = {"busy_ratio", "calibrated", "classes", "config", "duration_s", "goodput_tok_s",
+            "iterations", "kv_usage_max", "kv_usage_mean", "max_stall_ms", "mean_batch_tokens",
             "preemptions_per_min", "preemptions_per_min_recompute", "preemptions_per_min_swap",
             "prefix_hit_rate", "rejected", "replicas", "requests_finished", "scenario",
             "slo_attainment", "tbt_p50_ms", "tbt_p99_ms", "throughput_tok_s", "ttft_mean_ms",
