@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.sim.quote import excerpt
+
 
 class ScenarioError(ValueError):
     """A scenario or workload description is invalid; the message says where and how to fix it."""
@@ -36,7 +38,7 @@ class Reader:
         if not isinstance(data, Mapping):
             where = path or "the document"
             raise ScenarioError(
-                f"{source}: {where} must be a mapping of key: value, got {_kind(data)} {data!r}")
+                f"{source}: {where} must be a mapping of key: value, got {_kind(data)} {excerpt(data)}")
         for key in data:
             if not isinstance(key, str):
                 raise ScenarioError(
@@ -48,7 +50,7 @@ class Reader:
         return f"{self.path}.{key}" if self.path else key
 
     def error(self, key: str, value: object, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.source}: {self.qualify(key)}={value!r}: {problem}")
+        return ScenarioError(f"{self.source}: {self.qualify(key)}={excerpt(value)}: {problem}")
 
     def has(self, key: str) -> bool:
         return key in self.data

@@ -1,9 +1,9 @@
-"""Replay of recorded request traces: JSONL or Azure's CSV, windowed and time-scaled.
+"""Replay of recorded request traces: CSV (Azure's or a minimal one) or JSONL, windowed
+and time-scaled.
 
-JSONL: one object per line with ``arrival_time`` (seconds) or ``timestamp`` (seconds or
-an ISO date), ``prompt_tokens``, ``output_tokens`` and optionally ``priority`` and
-``session_id``; other keys are ignored (traces carry extra columns). Azure CSV:
-``TIMESTAMP,ContextTokens,GeneratedTokens`` as in the Azure LLM inference traces.
+The formats (``trace_formats.py``, docs/traces.md): a CSV with ``arrival_time,
+prompt_tokens,output_tokens[,class]``; Azure's ``TIMESTAMP,ContextTokens,GeneratedTokens``;
+JSONL with the same names per line plus an optional ``session_id``.
 
 Times are taken relative to the first request, then cut to a window, then scaled:
 ``time_scale`` multiplies every offset (0.5 replays twice as fast), or ``target_rate``
@@ -22,7 +22,14 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from slopilot.engine.request import Priority
-from slopilot.engine.sim.trace_formats import TraceError, TraceRecord, parse_azure, parse_jsonl
+from slopilot.engine.sim.trace_formats import (
+    FORMATS,
+    TraceError,
+    TraceRecord,
+    parse_azure,
+    parse_csv,
+    parse_jsonl,
+)
 from slopilot.engine.sim.workload import (
     DEFAULT_VOCAB_SIZE,
     ClassMix,
@@ -52,15 +59,16 @@ def trace_source(name_or_path: str | Path) -> Traversable | Path:
 def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[TraceRecord]:
     """All records, sorted by arrival, times relative to the first request."""
     source = trace_source(name_or_path)
-    fmt = fmt or ("azure-csv" if source.name.endswith(".csv") else "jsonl")
-    if fmt not in ("azure-csv", "jsonl"):
-        raise TraceError(f"trace format {fmt!r} is unknown; use azure-csv or jsonl")
+    fmt = fmt or ("csv" if source.name.lower().endswith(".csv") else "jsonl")
+    if fmt not in FORMATS:
+        raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TraceError(f"{name_or_path}: cannot read the trace: {e}") from None
     label = str(name_or_path)
-    records = parse_azure(text, label) if fmt == "azure-csv" else parse_jsonl(text, label)
+    parse = {"csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl}[fmt]
+    records = parse(text, label)
     if not records:
         raise TraceError(f"{label}: the trace has no requests")
     records.sort(key=lambda r: r.arrival_time)

@@ -92,3 +92,24 @@ def test_bad_input_is_a_clear_error(argv: list[str], message: str,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["mine.csv", "mine.jsonl", "MINE.CSV"])
+def test_a_trace_passed_as_scenario_is_one_line_pointing_to_trace(
+        tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / name
+    secret = "do-not-echo-this-row"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n" + f"0,5,5,{secret}\n" * 50)
+    assert main(["simulate", "--scenario", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--trace {trace}" in err
+    assert secret not in err
+
+
+def test_a_non_mapping_scenario_file_is_quoted_only_in_part(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("just a long line of text " * 200)
+    assert main(["simulate", "--scenario", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "must be a mapping" in err and len(err) < 400
