@@ -38,7 +38,8 @@ class Reader:
         if not isinstance(data, Mapping):
             where = path or "the document"
             raise ScenarioError(
-                f"{source}: {where} must be a mapping of key: value, got {_kind(data)} {excerpt(data)}")
+                f"{source}: {where} must be a mapping of key: value, got {_kind(data)} "
+                f"{excerpt(data)}")
         for key in data:
             if not isinstance(key, str):
                 raise ScenarioError(

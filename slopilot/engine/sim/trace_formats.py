@@ -21,11 +21,12 @@ from typing import Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
+from slopilot.engine.sim.trace_flags import TRACE_FORMATS
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
 _ALIASES = {"timestamp": "arrival_time", "priority": "class"}
-FORMATS = ("csv", "azure-csv", "jsonl")
+FORMATS = TRACE_FORMATS
 
 
 class TraceError(ValueError):
