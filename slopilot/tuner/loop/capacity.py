@@ -17,7 +17,7 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.study.objective import TrialResult, score
+from slopilot.tuner.study.objective import TrialResult, holds, score
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +41,6 @@ class CapacityAnswer:
     """Smallest feasible count in [lo, hi]; None when even hi is not enough."""
     results: dict[int, TrialResult] = field(default_factory=dict)
     """Every count simulated, with its scored result."""
-
-
-def holds(result: TrialResult, margin: float) -> bool:
-    """Feasible with every constraint term at most ``-margin`` (headroom)."""
-    return all(c <= -margin for c in result.constraints)
 
 
 class CapacityPlanner:

@@ -25,12 +25,11 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.capacity import holds
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
-from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.objective import TrialResult, holds
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import Tuner, open_study, rank
 

@@ -90,3 +90,8 @@ def score(summary: WindowSummary, slo: SLOSpec,
                        constraints=tuple(constraints),
                        feasible=all(c <= 0.0 for c in constraints),
                        summary=summary, constraint_names=constraint_names(slo))
+
+
+def holds(result: TrialResult, margin: float) -> bool:
+    """Feasible with every constraint term at most ``-margin`` (headroom)."""
+    return all(c <= -margin for c in result.constraints)
