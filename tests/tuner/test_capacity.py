@@ -59,3 +59,33 @@ def test_real_simulator_more_replicas_for_the_shifted_load() -> None:
 def test_bad_bounds_are_refused(lo: int, hi: int, margin: float, fix: str) -> None:
     with pytest.raises(CapacityError, match=fix):
         CapacityPlanner(simulate_fn=fake_sim(1, [])).search(SCENARIO, {}, lo, hi, margin=margin)
+
+
+def fake_score(enough: int, calls: list[int]) -> Any:
+    from slopilot.tuner.study.objective import score
+
+    def run(scenario: Scenario, config: Mapping[str, Any], n: int) -> Any:
+        calls.append(n)
+        return score(summary() if n >= enough else summary(p0_ttft=900.0), scenario.slo, config)
+    return run
+
+
+@pytest.mark.parametrize("enough", [1, 2, 3, 5, 8, 13, 16])
+def test_search_up_finds_the_same_count_from_below(enough: int) -> None:
+    calls: list[int] = []
+    answer = CapacityPlanner(score_fn=fake_score(enough, calls)).search_up(SCENARIO, {}, 1, 16)
+    assert answer.replicas == enough
+    assert len(set(calls)) == len(calls)
+    # From below it never simulates far more replicas than needed (cost grows with N).
+    assert max(calls) < 2 * enough
+
+
+def test_search_up_says_none_when_the_maximum_is_not_enough() -> None:
+    calls: list[int] = []
+    answer = CapacityPlanner(score_fn=fake_score(20, calls)).search_up(SCENARIO, {}, 2, 12)
+    assert answer.replicas is None and calls == [2, 4, 8, 12]
+
+
+def test_simulate_fn_and_score_fn_are_exclusive() -> None:
+    with pytest.raises(CapacityError, match="not both"):
+        CapacityPlanner(simulate_fn=fake_sim(1, []), score_fn=fake_score(1, []))
