@@ -30,6 +30,8 @@ TRACE_WINDOW_S = 60.0
 its P99 rests on a few requests, not one, and three windows stay a few minutes' work."""
 WARMUP_S = 30.0
 DRAIN_S = 20.0
+"""Simulated after a window (arrivals continue) to follow its last requests; at most a
+third of the window, so that a short window is not mostly drain."""
 SEEDS = 3
 
 
@@ -49,7 +51,8 @@ class WindowPlan:
     def describe(self) -> str:
         """One line for the output and the report."""
         what = {"trace": "the trace's busiest windows and a typical one",
-                "whole": "the whole trace", "seeds": f"{len(self.windows)} workload seeds"}
+                "whole": "the whole trace",
+                "seeds": f"{len(self.windows)} workload seed{'s' if len(self.windows) > 1 else ''}"}
         w0 = self.windows[0]
         return (f"judged on {what[self.kind]}, {w0.length_s:,.0f} s each "
                 f"(+{w0.warmup_s:,.0f} s warm-up, +{w0.drain_s:,.0f} s drain; "
@@ -70,16 +73,17 @@ def plan_windows(scenario: Scenario, *, duration_s: float | None = None, seeds: 
     if duration_s is not None and duration_s <= 0:
         raise ValueError(f"duration_s={duration_s!r}: expected a window of seconds > 0")
     spec = scenario.workload
+    length = duration_s or (TRACE_WINDOW_S if isinstance(spec, TraceSpec)
+                            else scenario.duration_s)
+    drain_s = min(drain_s, length / 3)
     if isinstance(spec, TraceSpec):
         records = spec.records()
         if whole:
             span = max(records[-1].arrival_time, 1.0)
             return WindowPlan((WindowChoice("whole trace", 0.0, span, 0.0, drain_s),), "whole")
-        windows = trace_windows(records, duration_s or TRACE_WINDOW_S, warmup_s=warmup_s,
-                                drain_s=drain_s)
+        windows = trace_windows(records, length, warmup_s=warmup_s, drain_s=drain_s)
         return WindowPlan(tuple(windows), "whole" if windows[0].name == "whole trace"
                           else "trace")
-    length = duration_s or scenario.duration_s
     return WindowPlan(tuple(seed_windows(scenario.seed, 1 if whole else seeds, length,
                                          drain_s=drain_s)), "seeds")
 
@@ -117,9 +121,10 @@ class RobustEvaluator:
         return self.scenario.engine_config().to_dict()
 
     def at_replicas(self, replicas: int) -> RobustEvaluator:
-        """The same windows and judgement on ``replicas`` replicas (the capacity search)."""
+        """The same windows and judgement on ``replicas`` replicas (the capacity search);
+        it has its own count of simulated seconds and no progress feed."""
         out = RobustEvaluator(self.scenario, self.plan, replicas=replicas, margin=self.margin,
-                              slo=self._slo, progress=self.progress)
+                              slo=self._slo)
         out._records = self._records
         return out
 
