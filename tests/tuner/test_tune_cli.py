@@ -110,7 +110,7 @@ def test_an_infeasible_scenario_names_the_terms_and_gets_a_replica_count_that_ho
     assert ttft["text"].startswith("P1 TTFT p99 ") and " against 500 ms" in ttft["text"]
     assert out["verdict"].startswith("No configuration tried holds the SLO on 1 replica")
     n = out["recommended_replicas"]
-    assert n is not None and 2 <= n <= 6 and out["config"] == out["best"]["config"]
+    assert n is not None and 2 <= n <= 6 and out["config"] == out["capacity"]["config"]
     assert out["capacity"]["tried"][str(n)]["feasible"] is True
     if n > 2:
         assert out["capacity"]["tried"][str(n - 1)]["feasible"] is False

@@ -41,6 +41,9 @@ class ReportContext:
     command: str = ""
     check_command: str | None = None
     timing: str = ""
+    recommended_result: TrialResult | None = None
+    """The recommendation's own result when it differs from the best trial (the capacity
+    search's, at the recommended replica count)."""
     extra: Sequence[str] = field(default_factory=tuple)
 
 
@@ -96,8 +99,9 @@ def _context_sections(ctx: ReportContext) -> list[str]:
     return lines + list(ctx.extra)
 
 
-def _best_figures(best: TrialResult, slo: SLOSpec) -> list[str]:
-    lines = ["## The best trial, per window and class", ""]
+def _best_figures(best: TrialResult, slo: SLOSpec,
+                  heading: str = "The best trial, per window and class") -> list[str]:
+    lines = [f"## {heading}", ""]
     windows = [(w.span, w.result) for w in best.windows] or [("the window", best)]
     targets = slo.classes()
     for span, r in windows:
@@ -120,7 +124,7 @@ def _best_figures(best: TrialResult, slo: SLOSpec) -> list[str]:
                 lines.append(f"| {p.label} | 0 | - | - | - | - | - | - | - |")
                 continue
             lines.append(
-                f"| {p.label} | {'-' if a is None else a.requests_arrived} | "
+                f"| {p.label} | {'-' if a is None else f'{a.requests_arrived:,}'} | "
                 f"{c.requests_finished:,.0f} | {'-' if a is None else a.requests_unfinished} | "
                 f"{'-' if a is None else a.requests_rejected} | {_ms(c.ttft_p99_ms)} "
                 f"({_ms(t.ttft_p99_ms)}) | {_ms(c.tbt_p99_ms)} ({_ms(t.tbt_p99_ms)}) | "
@@ -175,7 +179,15 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
         lines.append("No completed trials: nothing to plot.")
         return _write(out_dir, lines)
     ranked = sorted(results, key=lambda nr: rank(nr[1]), reverse=True)
-    lines += _slo_section(slo) + _best_figures(ranked[0][1], slo) + _top(ranked, top)
+    lines += _slo_section(slo)
+    if context is not None and context.recommended_result is not None:
+        lines += _best_figures(context.recommended_result, slo, heading=(
+            f"The recommendation on {context.recommended_replicas} replicas, per window "
+            "and class"))
+    heading = "The best trial, per window and class"
+    if context is not None:
+        heading += f" (on {context.replicas} replica{'s' if context.replicas != 1 else ''})"
+    lines += _best_figures(ranked[0][1], slo, heading) + _top(ranked, top)
     images = [plots.history(results, out_dir)]
     term_plot = plots.terms(results, slo, out_dir, start)
     images += [term_plot] if term_plot else []

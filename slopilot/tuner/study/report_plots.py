@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult
 from slopilot.tuner.study.verdict import term_label
 
 Results = Sequence[tuple[int, TrialResult]]
@@ -67,7 +67,7 @@ def history(results: Results, out: Path) -> str:
     ax.step([n for n, _ in results], best, where="post", c="black",
             label="best that holds, so far")
     ax.set(xlabel="trial", ylabel=objective_label(results), title="Trial history")
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(out / "history.png", dpi=100)
     plt.close(fig)
@@ -89,7 +89,10 @@ def terms(results: Results, slo: SLOSpec, out: Path,
     """Each latency term per trial against its SLO; None when no trial has terms."""
     plt = _pyplot()
     limits = _limits(slo)
-    names = [n for n in (results[0][1].constraint_names if results else ()) if n in limits]
+    first = results[0][1].constraint_names if results else ()
+    # A class without traffic in every trial has no P99 to draw (NO_SAMPLES).
+    names = [n for n in first if n in limits and any(
+        r.constraints[first.index(n)] != NO_SAMPLES for _, r in results)]
     if not names:
         return None
     cols = 2
@@ -112,6 +115,8 @@ def terms(results: Results, slo: SLOSpec, out: Path,
         if start is not None:
             ax.scatter([-1], [ms(start)], c="tab:blue", marker="*", s=80, label="start config")
         ax.axhline(limit, c="black", lw=1, label=f"SLO {limit:g} ms")
+        ax.text(0.01, limit, f" {limit:g} ms", transform=ax.get_yaxis_transform(),
+                va="bottom", fontsize=7)
         if margin:
             ax.axhline(limit * (1 - margin), c="black", lw=1, ls="--",
                        label=f"with {margin:.0%} headroom")
@@ -119,11 +124,13 @@ def terms(results: Results, slo: SLOSpec, out: Path,
         if max(values) / max(min(values), 1e-3) > 20:
             ax.set_yscale("log")
         ax.set(title=term_label(name)[0] + " (worst window)", xlabel="trial", ylabel="ms")
-        ax.legend(fontsize=7, loc="upper right")
     for k in range(len(names), rows * cols):
         axes[k // cols][k % cols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    labels = ["the SLO" if label.startswith("SLO ") else label for label in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     fig.suptitle("The terms that decide feasibility, per trial")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(out / "terms.png", dpi=100)
     plt.close(fig)
     return "terms.png"
@@ -136,7 +143,7 @@ def pareto(results: Results, out: Path) -> str:
     colors = ["tab:green" if r.feasible else "tab:red" for _, r in results]
     ax.scatter([y for _, y in pts], [x for x, _ in pts], c=colors, alpha=0.7,
                label="trials (green: holds the SLO)")
-    front = pareto_front([(x, y) for x, y in pts])
+    front = sorted(pareto_front([(x, y) for x, y in pts]), key=lambda i: pts[i][1])
     ax.plot([pts[i][1] for i in front], [pts[i][0] for i in front], "o-", c="tab:orange",
             mfc="none", label="Pareto front")
     margin = results[0][1].margin if results else 0.0

@@ -28,7 +28,9 @@ def context(outcome: TuneOutcome) -> ReportContext:
         replicas=outcome.settings.replicas,
         recommended_replicas=outcome.recommended_replicas, recommended_config=config,
         capacity=capacity, command=outcome.command, check_command=outcome.check_command,
-        timing=outcome.timing.line())
+        timing=outcome.timing.line(),
+        recommended_result=None if cap is None or cap.replicas is None
+        else cap.tried[cap.replicas])
 
 
 def write(outcome: TuneOutcome, out_dir: Path) -> Path:

@@ -14,7 +14,7 @@ from typing import Any
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.tuner import Tuner, open_study
+from slopilot.tuner.study.tuner import Tuner, open_study, rank
 from slopilot.tuner.study.verdict import Violation, infeasible_sentence, violations
 from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
 from slopilot.tuner.tune.progress import TuneProgress
@@ -128,8 +128,11 @@ def run(s: TuneSettings) -> TuneOutcome:
         capacity = None
         if best is not None and not best[1].feasible and s.max_replicas > s.replicas:
             progress.note(infeasible_sentence(best[1], evaluator.slo, s.replicas))
-            capacity = capacity_answer(evaluator, best[1].config, s.replicas + 1,
-                                       s.max_replicas, note=progress.note)
+            closest = [(f"trial {n}", r.config) for n, r in
+                       sorted(tuner.results(), key=lambda nr: rank(nr[1]), reverse=True)[:2]]
+            capacity = capacity_answer(evaluator, [*closest, ("the start config",
+                                                              start_config)],
+                                       s.replicas + 1, s.max_replicas, note=progress.note)
     finally:
         progress.close()
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
@@ -157,7 +160,7 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
         missed = tuple(violations(best[1], slo))
         sentence = infeasible_sentence(best[1], slo, s.replicas)
         replicas = None if capacity is None else capacity.replicas
-        config = best[1].config if replicas is not None else None
+        config = capacity.config if capacity is not None and replicas is not None else None
         if capacity is not None:
             sentence += " " + capacity.sentence()
         elif s.max_replicas <= s.replicas:
