@@ -91,17 +91,7 @@ class CapacityPlanner:
                 log.info("capacity: %d replicas do not hold the SLO at this load", hi)
                 return answer
             below, n = n, min(hi, 2 * n)
-        left, right = below + 1, n
-        while left < right:
-            mid = (left + right) // 2
-            if ok(mid):
-                right = mid
-            else:
-                left = mid + 1
-        answer.replicas = right
-        log.info("capacity: %d replicas hold the SLO (searched %s)", right,
-                 sorted(answer.results))
-        return answer
+        return _smallest(ok, below + 1, n, answer)
 
     def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
                *, margin: float = 0.0) -> CapacityAnswer:
@@ -112,14 +102,19 @@ class CapacityPlanner:
         if not ok(hi):
             log.info("capacity: %d replicas do not hold the SLO at this load", hi)
             return answer
-        left, right = lo, hi  # invariant: right is feasible
-        while left < right:
-            mid = (left + right) // 2
-            if ok(mid):
-                right = mid
-            else:
-                left = mid + 1
-        answer.replicas = right
-        log.info("capacity: %d replicas hold the SLO (searched %s)", right,
-                 sorted(answer.results))
-        return answer
+        return _smallest(ok, lo, hi, answer)
+
+
+def _smallest(ok: Callable[[int], bool], left: int, right: int,
+              answer: CapacityAnswer) -> CapacityAnswer:
+    """Binary search in [left, right] for the smallest count that holds; ``right`` does."""
+    while left < right:
+        mid = (left + right) // 2
+        if ok(mid):
+            right = mid
+        else:
+            left = mid + 1
+    answer.replicas = right
+    log.info("capacity: %d replicas hold the SLO (searched %s)", right,
+             sorted(answer.results))
+    return answer
