@@ -16,6 +16,11 @@ TPE and random search then run on the same four knobs (continuous, not gridded),
 several sampler seeds each, until a trial is feasible with >= 95 % of the grid's
 goodput (or the trial cap).
 
+Every config, grid or search, is judged as ``slopilot tune`` judges it
+(``tuner/sim/robust.RobustEvaluator``): on ``--workload-seeds`` seeds of the workload,
+feasible only if every SLO term holds in every seed with the loop's 10 % headroom, its
+objective the worst seed's goodput share.
+
     .venv/bin/python benchmarks/tuner_efficiency.py [--seeds 7] [--max-trials 100]
 """
 
@@ -34,10 +39,9 @@ from typing import Any
 import optuna
 
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
-from slopilot.engine.sim.simulator import simulate
-from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.study.objective import TrialResult, score
+from slopilot.tuner.sim.robust import RobustEvaluator, plan_windows
+from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import Tuner, open_study
 
@@ -93,20 +97,26 @@ NOTES = (
     "chance one random config succeeds, so 1 / hits is what random search should need. "
     "Goodput counts the output tokens of requests that met their class's SLO (P2 has "
     "none), so past what P0/P1 need, a config's goodput is how much P2 work it fits in "
-    "without breaking the P0/P1 latency terms. The sampler is Optuna's multivariate TPE "
-    "with 5 random start trials and the SLO terms as constraints "
+    "without breaking the P0/P1 latency terms. Every config is judged as `slopilot tune` "
+    "judges it: on several workload seeds, feasible only with 10 % headroom on every SLO "
+    "term in every seed, its objective (\"goodput\" in the table) the worst seed's goodput "
+    "share (output tokens within SLO over output tokens asked for). The sampler is "
+    "Optuna's multivariate TPE with 5 random start trials and the SLO terms as constraints "
     "(slopilot.tuner.study.tuner.make_sampler).")
 
 
 def tier_slo(tier: str) -> SLOSpec:
-    return SLOSpec.from_dict({"profile": "standard", "classes": TIERS[tier],
-                              "max_preemptions_per_min": 10})
+    return SLOSpec.from_dict(_slo_data(tier))
+
+
+def _slo_data(tier: str) -> dict[str, Any]:
+    return {"profile": "standard", "classes": TIERS[tier], "max_preemptions_per_min": 10}
 
 
 def bench_scenario(tier: str, rate: float, duration_s: float) -> Scenario:
     data = copy.deepcopy(_DEPLOYMENT)
     data.update(name=f"tuner-efficiency-{tier}", duration_s=duration_s,
-                workload=_workload(tier, rate))
+                workload=_workload(tier, rate), slo=_slo_data(tier))
     return parse_scenario(data, source="tuner_efficiency")
 
 
@@ -117,19 +127,18 @@ def space() -> SearchSpace:
                                     "kv_watermark": 0.05})
 
 
-_SCENARIOS: dict[str, Scenario] = {}
+_EVALUATORS: dict[str, RobustEvaluator] = {}
 
 
-def _init(rates: Mapping[str, float], duration_s: float) -> None:
+def _init(rates: Mapping[str, float], duration_s: float, seeds: int) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    _SCENARIOS.update({t: bench_scenario(t, rates[t], duration_s) for t in TIERS})
+    for t in TIERS:
+        sc = bench_scenario(t, rates[t], duration_s)
+        _EVALUATORS[t] = RobustEvaluator(sc, plan_windows(sc, seeds=seeds))
 
 
 def evaluate(tier: str, config: Mapping[str, Any]) -> TrialResult:
-    sc, slo = _SCENARIOS[tier], tier_slo(tier)
-    stats = SimStats(slo, end_time=sc.duration_s)
-    simulate(sc, config, observers=[stats])
-    return score(stats.summary(sc.duration_s), slo, config=dict(config))
+    return _EVALUATORS[tier].evaluate(config)
 
 
 def _grid_job(args: tuple[str, dict[str, Any]]) -> TrialResult:
@@ -144,7 +153,7 @@ def trials_to_target(sampler: str, seed: int, tier: str, target: float,
         number, config = tuner.ask()
         result = evaluate(tier, config)
         tuner.tell(number, result)
-        if result.feasible and result.goodput_tok_s >= target:
+        if result.feasible and result.value >= target:
             return i
     return None
 
@@ -156,13 +165,13 @@ def _search_job(args: tuple[str, int, str, float, int]) -> tuple[str, str, int, 
 
 def spread(results: list[TrialResult]) -> dict[str, float]:
     """How much the grid's goodput varies: the case for tuning at all."""
-    feasible = sorted(r.goodput_tok_s for r in results if r.feasible)
+    feasible = sorted(r.value for r in results if r.feasible)
     if not feasible:
         return {"feasible": 0, "best": 0.0, "median": 0.0, "hits": 0.0}
     best = feasible[-1]
     hits = sum(g >= TARGET * best for g in feasible)
     return {"feasible": len(feasible), "best": best, "median": statistics.median(feasible),
-            "all_median": statistics.median(r.goodput_tok_s for r in results),
+            "all_median": statistics.median(r.value for r in results),
             "hits": hits / len(results)}
 
 
@@ -172,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-trials", type=int, default=100, help="cap per search")
     ap.add_argument("--duration", type=float, default=30.0, help="simulated seconds")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workload-seeds", type=int, default=3,
+                    help="workload seeds each config is judged on (tune's default: 3)")
     ap.add_argument("--grid-only", action="store_true", help="print the grid's spread only")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown table here")
     for tier, rate in _RATES.items():
@@ -183,13 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     grid = space().grid(GRID_POINTS)
     ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
-    with ctx.Pool(args.workers, initializer=_init, initargs=(rates, args.duration)) as pool:
+    with ctx.Pool(args.workers, initializer=_init,
+                  initargs=(rates, args.duration, args.workload_seeds)) as pool:
         flat = pool.map(_grid_job, [(t, c) for t in TIERS for c in grid], chunksize=4)
         grid_s = time.perf_counter() - t0
         by_tier = {t: flat[i * len(grid):(i + 1) * len(grid)] for i, t in enumerate(TIERS)}
         spreads = {t: spread(by_tier[t]) for t in TIERS}
         for t, s in spreads.items():
-            best = max((r for r in by_tier[t] if r.feasible), key=lambda r: r.goodput_tok_s,
+            best = max((r for r in by_tier[t] if r.feasible), key=lambda r: r.value,
                        default=None)
             knobs = {k: best.config[k] for k in GRID_POINTS} if best else None
             print(f"grid {t}: " + " ".join(f"{k}={v:.3g}" for k, v in s.items())
@@ -213,16 +225,17 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [
         f"Command: `.venv/bin/python benchmarks/tuner_efficiency.py --seeds {args.seeds} "
-        f"--max-trials {args.max_trials}` ({args.workers} workers; grid {grid_s:.0f} s, "
-        f"total {total_s:.0f} s).",
+        f"--max-trials {args.max_trials} --workload-seeds {args.workload_seeds}` "
+        f"({args.workers} workers; grid {grid_s:.0f} s, total {total_s:.0f} s).",
         "",
         f"Deployment: 1 x A100 (gpu_memory_utilization 0.3), Llama-3-8B, "
-        f"{args.duration:g} s simulated per trial, 50 % P2. Trials = median over "
-        f"{args.seeds} sampler seeds to reach a feasible config with >= {TARGET:.0%} of "
-        f"the grid's best feasible goodput (cap {args.max_trials}).",
+        f"{args.duration:g} s simulated per window, {args.workload_seeds} workload seeds per "
+        f"config, 50 % P2. Trials = median over {args.seeds} sampler seeds to reach a "
+        f"feasible config with >= {TARGET:.0%} of the grid's best feasible objective "
+        f"(cap {args.max_trials}).",
         "",
-        "| SLO tier | workload | req/s | grid configs | grid feasible | grid goodput "
-        "best / median feasible (tok/s) | grid hits (>= 95 %, feasible) | "
+        "| SLO tier | workload | req/s | grid configs | grid feasible | grid goodput share "
+        "best / median feasible | grid hits (>= 95 %, feasible) | "
         "TPE trials (median) | TPE runs at cap | random trials (median) | "
         "random runs at cap | grid / TPE |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -234,10 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         cap = {m: sum(n is None for n in runs(m, tier)) for m in ("tpe", "random")}
         lines.append(
             f"| {tier} | {SHAPES[tier]} | {rates[tier]:g} | {len(grid)} | {s['feasible']:.0f} "
-            f"| {s['best']:.0f} / {s['median']:.0f} | {s['hits']:.1%} | {tpe:g} | "
+            f"| {s['best']:.1%} / {s['median']:.1%} | {s['hits']:.1%} | {tpe:g} | "
             f"{cap['tpe']} of {args.seeds} | {rnd:g} | {cap['random']} of {args.seeds} | "
             f"{len(grid) / tpe:.1f} |")
-        kv += [f"{tier}_grid_goodput_tok_s={s['best']:.1f}", f"{tier}_grid_hits={s['hits']:.3f}",
+        kv += [f"{tier}_grid_goodput_share={s['best']:.4f}", f"{tier}_grid_hits={s['hits']:.3f}",
                f"{tier}_tpe_trials={tpe:g}", f"{tier}_random_trials={rnd:g}"]
     worst_tpe = max(med("tpe", t) for t in TIERS)
     kv += [f"tpe_trials_max_median={worst_tpe:g}",

@@ -20,8 +20,9 @@ means, where a NaN silently compares False. The builders turn Prometheus' NaN in
 ``to_dict`` is the JSON form: the overall figures at the top level and each class under
 ``classes`` (``p0``, ``p1``, ``p2``) with the same keys plus the engine-wide
 ``preemptions_per_min``; the optional groups below add their keys only when the source
-measured them (a simulator run writes exactly the keys ``slopilot simulate --json``
-always has). ``from_dict`` reads that back, and the dicts earlier versions stored.
+measured them (a simulator run writes the keys ``slopilot simulate --json`` always had,
+plus the request accounting and ``busy_ratio_max`` it added). ``from_dict`` reads that
+back, and the dicts earlier versions stored.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _check(kind: str, values: Mapping[str, Any], optional: tuple[str, ...] = ())
 
 def _numbers(owner: Any) -> dict[str, Any]:
     return {f.name: getattr(owner, f.name) for f in dataclasses.fields(owner)
-            if f.name not in ("samples", "canary")}
+            if f.name not in ("samples", "accounting", "canary")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,28 @@ class SampleStats:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestAccounting:
+    """Where every request that arrived in the window went (the simulator knows each)."""
+
+    requests_arrived: int
+    requests_rejected: int
+    """Refused at arrival: a prompt that can never fit, or a full waiting queue."""
+    requests_unfinished: int
+    """Admitted but not finished when the run ended (followed until then)."""
+    ttft_censored: int
+    """Of those, the ones without a first token: each enters the TTFT percentiles with the
+    time it had waited when the run ended (a lower bound), not left out, so an overload
+    that leaves requests waiting cannot read as a low P99."""
+    offered_tok_s: float
+    """Output tokens the window's requests asked for, per second of the window."""
+    goodput_all_tok_s: float
+    """Prompt and output tokens of the requests that met their SLO, per second."""
+
+    def __post_init__(self) -> None:
+        _check("RequestAccounting", _numbers(self))
+
+
+@dataclass(frozen=True, slots=True)
 class ClassFigures:
     """One priority class over the window (or every class together: ``overall``)."""
 
@@ -90,10 +113,14 @@ class ClassFigures:
     """Share of finished requests that met the SLO; None with none finished, and from
     Prometheus, which cannot tell per request."""
     samples: SampleStats | None = None
+    accounting: RequestAccounting | None = None
 
     def __post_init__(self) -> None:
         if self.samples is not None and not isinstance(self.samples, SampleStats):
             raise SummaryError(f"ClassFigures.samples={self.samples!r}: expected SampleStats")
+        if self.accounting is not None and not isinstance(self.accounting, RequestAccounting):
+            raise SummaryError(f"ClassFigures.accounting={self.accounting!r}: expected "
+                               "RequestAccounting")
         _check("ClassFigures", _numbers(self), ("ttft_p99_ms", "tbt_p99_ms", "slo_attainment"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,8 +128,9 @@ class ClassFigures:
             "requests_finished": self.requests_finished, "slo_attainment": self.slo_attainment,
             "ttft_p99_ms": self.ttft_p99_ms, "tbt_p99_ms": self.tbt_p99_ms,
             "throughput_tok_s": self.throughput_tok_s, "goodput_tok_s": self.goodput_tok_s}
-        if self.samples is not None:
-            out.update(dataclasses.asdict(self.samples))
+        for group in (self.samples, self.accounting):
+            if group is not None:
+                out.update(dataclasses.asdict(group))
         return out
 
 
@@ -159,7 +187,8 @@ class RunInfo:
         _check("RunInfo", {"rejected": self.rejected, "prefix_hit_rate": self.prefix_hit_rate})
 
 
-_OPTIONAL = ("replicas", "busy_ratio", "request_rate", "gpu_utilization", "requests_waiting",
+_OPTIONAL = ("replicas", "busy_ratio", "busy_ratio_max", "request_rate", "gpu_utilization",
+             "requests_waiting",
              "prefix_cache_hit_ratio")
 _GROUPS: dict[str, type] = {"window": Window, "engine": EngineStats, "run": RunInfo}
 
@@ -175,6 +204,9 @@ class WindowSummary:
     classes: Mapping[Priority, ClassFigures]
     replicas: int | None = None
     busy_ratio: float | None = None
+    """The share of the window the engines ran, averaged over replicas (0..1)."""
+    busy_ratio_max: float | None = None
+    """The busiest replica's share (0..1)."""
     request_rate: float | None = None
     """Arriving requests per second (not completions: a slow config must not read as a
     load shift)."""
@@ -247,6 +279,7 @@ class WindowSummary:
             preemptions_per_min=_number(data, "", "preemptions_per_min"),
             overall=_class_from(data, ""), classes=per,
             replicas=data.get("replicas"), busy_ratio=data.get("busy_ratio"),
+            busy_ratio_max=_statistic(data, "", "busy_ratio_max"),
             gpu_utilization=_statistic(data, "", "gpu_utilization"),
             requests_waiting=_statistic(data, "", "requests_waiting"),
             prefix_cache_hit_ratio=_statistic(data, "", "prefix_cache_hit_ratio"),
@@ -277,10 +310,16 @@ def _class_from(data: Mapping[str, Any], where: str) -> ClassFigures:
             ttft_p90_ms=_statistic(data, where, "ttft_p90_ms"),
             tbt_p50_ms=_statistic(data, where, "tbt_p50_ms"),
             max_stall_ms=_number(data, where, "max_stall_ms"))
+    accounting = None
+    if all(f.name in data for f in dataclasses.fields(RequestAccounting)):
+        values: dict[str, Any] = {f.name: _number(data, where, f.name)
+                                  for f in dataclasses.fields(RequestAccounting)}
+        accounting = RequestAccounting(**values)
     return ClassFigures(
         requests_finished=_number(data, where, "requests_finished"),
         throughput_tok_s=_number(data, where, "throughput_tok_s"),
         goodput_tok_s=_number(data, where, "goodput_tok_s"),
         ttft_p99_ms=_statistic(data, where, "ttft_p99_ms"),
         tbt_p99_ms=_statistic(data, where, "tbt_p99_ms"),
-        slo_attainment=_statistic(data, where, "slo_attainment"), samples=samples)
+        slo_attainment=_statistic(data, where, "slo_attainment"), samples=samples,
+        accounting=accounting)

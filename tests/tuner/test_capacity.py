@@ -69,3 +69,23 @@ def test_real_simulator_more_replicas_for_the_shifted_load() -> None:
 def test_bad_bounds_are_refused(lo: int, hi: int, margin: float, fix: str) -> None:
     with pytest.raises(CapacityError, match=fix):
         CapacityPlanner(simulate_fn=fake_sim(1, [])).search(SCENARIO, {}, lo, hi, margin=margin)
+
+
+def fake_score(enough: int, calls: list[int]) -> Any:
+    from slopilot.tuner.study.objective import score
+
+    def run(scenario: Scenario, config: Mapping[str, Any], n: int) -> Any:
+        calls.append(n)
+        return score(summary() if n >= enough else summary(p0_ttft=900.0), scenario.slo, config)
+    return run
+
+
+def test_the_climb_stops_at_the_maximum_when_it_is_not_enough() -> None:
+    calls: list[int] = []
+    answer = CapacityPlanner(score_fn=fake_score(20, calls)).search(SCENARIO, {}, 2, 12)
+    assert answer.replicas is None and calls == [2, 4, 8, 12]
+
+
+def test_simulate_fn_and_score_fn_are_exclusive() -> None:
+    with pytest.raises(CapacityError, match="not both"):
+        CapacityPlanner(simulate_fn=fake_sim(1, []), score_fn=fake_score(1, []))

@@ -1,49 +1,141 @@
-"""``slopilot tune`` end to end on tiny-cpu: the table, the JSON, the report, bad input."""
+"""``slopilot tune`` end to end: the verdict, the windows, the capacity answer, the JSON
+keys, the report and bad input."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
 from slopilot.cli import main
 
+OVERLOAD = """\
+name: overload
+description: more prefill than one A100 can do at these prompts
+gpu: A100
+num_gpus: 1
+tp: 1
+model: llama-3-8b
+duration_s: 6
+seed: 0
+workload:
+  type: open_loop
+  arrivals: {process: poisson, rate: 16}
+  prompt_tokens: {dist: lognormal, mean: 1500, sigma: 0.3, min: 256, max: 4000}
+  output_tokens: {dist: fixed, value: 16}
+  classes: {p1: 1.0}
+slo:
+  profile: standard
+  classes:
+    p1: {ttft_p99_ms: 500, tbt_p99_ms: 200}
+"""
 
-def test_tune_prints_tables_and_writes_the_report(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+TOP_KEYS = {"scenario", "study", "sampler", "trials", "replicas", "duration_s",
+            "windows_kind", "windows", "judged_on", "margin", "feasible", "verdict",
+            "violations", "recommended_replicas", "config", "capacity", "best_trial", "best",
+            "start", "top", "command", "check_command", "timing", "report"}
+
+
+def test_tune_prints_the_verdict_and_writes_the_report(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
     report = tmp_path / "report"
     code = main(["tune", "--scenario", "tiny-cpu", "--trials", "6", "--duration", "8",
-                 "--set", "preemption_mode=recompute", "--bound", "max_num_seqs=16:128",
-                 "--report-dir", str(report)])
-    out = capsys.readouterr().out
+                 "--seeds", "2", "--set", "preemption_mode=recompute",
+                 "--bound", "max_num_seqs=16:128", "--report-dir", str(report)])
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
     assert "Top trials" in out and "Best config against the scenario's start config" in out
-    assert "goodput tok/s" in out
+    assert "windows: judged on 2 workload seeds, 8 s each" in out
+    assert "holds the SLO in every window with 10% headroom on 1 replica" in out
+    assert "reproduce: slopilot tune --scenario tiny-cpu --trials 6" in out
+    assert "check it on the whole workload: slopilot simulate --scenario tiny-cpu" in out
+    assert "sim-s/s" in out
+    # Progress from the first simulation (the start config) on, on stderr.
+    assert "tuning tiny-cpu on 1 replica(s), 6 trials" in captured.err
+    assert "tune: " in captured.err and "s simulated" in captured.err
     text = (report / "report.md").read_text()
-    assert "## Best configuration" in text and "| p0 | 300 | 60 |" in text  # tiny-cpu's SLO
-    for png in ("history.png", "pareto.png", "importance.png"):
+    for section in ("## What each trial was judged on", "## Recommendation",
+                    "## The best trial, per window and class", "Reproduce this study:",
+                    "Check the answer on the whole workload:"):
+        assert section in text
+    assert "| p0 | 300 | 60 |" in text  # tiny-cpu's SLO
+    assert "**seed 0: 0-8 s**" in text and "**seed 1: 0-8 s**" in text
+    assert "Knob importance is left out: needs at least 8 completed trials" in text
+    for png in ("history.png", "terms.png", "pareto.png"):
         assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (report / "importance.png").exists()
 
 
-def test_tune_json_resumes_a_stored_study(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_tune_json_keys_and_a_resumed_study(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'tune.db'}"
-    args = ["tune", "--scenario", "tiny-cpu", "--trials", "3", "--duration", "8",
-            "--storage", url, "--study-name", "cli", "--sampler", "random", "--json"]
+    args = ["tune", "--scenario", "tiny-cpu", "--trials", "3", "--duration", "6",
+            "--seeds", "1", "--storage", url, "--study-name", "cli", "--sampler", "random",
+            "--json"]
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)
-    assert first["trials"] == 3 and first["study"] == "cli"
+    assert set(first) == TOP_KEYS
+    assert first["trials"] == 3 and first["study"] == "cli" and first["margin"] == 0.1
+    assert first["duration_s"] == 6 and first["windows_kind"] == "seeds"
+    assert [w["name"] for w in first["windows"]] == ["seed 0"]
     assert main(args) == 0
     second = json.loads(capsys.readouterr().out)
     assert second["trials"] == 6  # the second run continued the same study
     best = second["best"]
-    assert best["goodput_tok_s"] >= first["best"]["goodput_tok_s"]
     assert set(best["constraints"]) == {"p0.ttft_p99", "p0.tbt_p99", "p1.ttft_p99",
                                         "p1.tbt_p99", "preemptions_per_min"}
     assert best["config"]["chunk_size"] <= best["config"]["token_budget"]
     assert second["start"]["config"]["token_budget"] == 2048  # tiny-cpu's own knobs
     assert len(second["top"]) == 6
+    if second["feasible"]:
+        assert second["violations"] == [] and second["recommended_replicas"] == 1
+        assert second["config"] == best["config"]
+
+
+def test_an_infeasible_scenario_names_the_terms_and_gets_a_replica_count_that_holds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "overload.yaml"
+    scenario.write_text(OVERLOAD)
+    assert main(["tune", "--scenario", str(scenario), "--trials", "3", "--seeds", "1",
+                 "--max-replicas", "6", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["feasible"] is False
+    terms = {v["term"] for v in out["violations"]}
+    assert "p1.ttft_p99" in terms
+    ttft = next(v for v in out["violations"] if v["term"] == "p1.ttft_p99")
+    assert ttft["text"].startswith("P1 TTFT p99 ") and " against 500 ms" in ttft["text"]
+    assert out["verdict"].startswith("No configuration tried holds the SLO on 1 replica")
+    n = out["recommended_replicas"]
+    assert n is not None and 2 <= n <= 6 and out["config"] == out["capacity"]["config"]
+    assert out["capacity"]["tried"][str(n)]["feasible"] is True
+    if n > 2:
+        assert out["capacity"]["tried"][str(n - 1)]["feasible"] is False
+    # The answer, simulated as the check command says, holds the SLO.
+    check = shlex.split(out["check_command"])
+    assert check[:2] == ["slopilot", "simulate"] and f"--replicas {n}" in out["check_command"]
+    assert main([*check[1:], "--json", "--quiet"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["classes"]["p1"]["ttft_p99_ms"] <= 500 and sim["p99_within_slo"] is True
+
+
+def test_a_trace_is_tuned_on_its_busiest_windows(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "mine.csv"
+    rows = [f"{t * 0.5:.2f},{2000 if 120 <= t < 160 else 200},20" for t in range(400)]
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    assert main(["tune", "--trace", str(trace), "--trials", "2", "--duration", "20",
+                 "--warmup", "5", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario"] == "azure-conv-2023+mine" and out["windows_kind"] == "trace"
+    names = [w["name"] for w in out["windows"]]
+    assert names == ["busiest arrivals", "busiest tokens", "typical"]
+    tokens = out["windows"][1]
+    assert 50 <= tokens["start_s"] <= 70  # the long prompts at 60-80 s
+    assert f"--trace {trace}" in out["command"]
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -53,10 +145,17 @@ def test_tune_json_resumes_a_stored_study(tmp_path: Path,
     (["--scenario", "tiny-cpu", "--bound", "token_budget"], "expected KNOB=LO:HI"),
     (["--scenario", "tiny-cpu", "--storage", "study.db"], "not a database URL"),
     (["--scenario", "tiny-cpu", "--trials", "0"], "--trials 0: expected at least 1"),
+    (["--scenario", "tiny-cpu", "--seeds", "0"], "--seeds 0: expected at least 1"),
+    (["--scenario", "tiny-cpu", "--replicas", "two"], "--replicas 'two': expected auto"),
+    (["--scenario", "tiny-cpu", "--replicas", "0"], "--replicas 0: expected at least 1"),
+    (["--scenario", "tiny-cpu", "--warmup", "-3"], "--warmup -3.0: expected seconds >= 0"),
+    (["--scenario", "tiny-cpu", "--duration", "0"], "--duration 0.0: expected seconds > 0"),
+    ([], "give --scenario NAME|FILE.yaml, or --trace FILE.csv"),
+    (["--scenario", "tiny-cpu", "--time-scale", "0.5"], "pass --trace FILE.csv"),
 ])
 def test_bad_input_exits_2_with_the_reason(extra: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["tune", "--duration", "2", *extra]) == 2
+    assert main(["tune", *extra]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -75,3 +174,12 @@ def test_tune_runs_its_trials_on_a_profile(tmp_path: Path,
     wrong = profile_file(tmp_path, "wrong.yaml", model="deepseek-67b")
     assert main(["tune", "--scenario", "tiny-cpu", "--profile", str(wrong)]) == 2
     assert "calibrated for model 'DeepSeek-67B'" in capsys.readouterr().err
+
+
+def test_a_trace_given_as_scenario_points_to_trace(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,5,5\n")
+    assert main(["tune", "--scenario", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--trace {trace}" in err

@@ -7,6 +7,10 @@ import json
 import sys
 from typing import Any
 
+from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments, trace_options
+
+DEFAULT_SCENARIO = "seed-h800x8-deepseek67b"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -14,8 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run a named scenario (or a YAML file) through the real scheduler on "
                     "a GPU cost model, as fast as the CPU allows, and report TTFT, TBT, "
                     "throughput and goodput per priority class.")
-    p.add_argument("--scenario", default="seed-h800x8-deepseek67b",
-                   help="scenario name or YAML path (default: %(default)s)")
+    p.add_argument("--scenario", default=None,
+                   help=f"scenario name or YAML path (default: {DEFAULT_SCENARIO}; with "
+                        "--trace, the deployment and SLO it replays on: "
+                        f"{TRACE_DEPLOYMENT})")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="KNOB=VALUE", help="override an engine knob (repeatable)")
     p.add_argument("--duration", type=float, default=None,
@@ -26,10 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", metavar="FILE", default=None,
                    help="run the twin on a calibrated cost profile (from `slopilot "
                         "calibrate`) instead of the scenario's datasheet GPU")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object on stdout (progress stays on stderr)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--metrics-out", metavar="FILE", default=None,
                    help="write each replica's final Prometheus metrics (the same series a "
                         "live server exports) to FILE (FILE-rN.prom with several replicas)")
+    add_trace_arguments(p)
     p.set_defaults(func=_simulate)
 
     s = sub.add_parser("scenarios", help="list the shipped scenarios")
@@ -40,26 +49,29 @@ def _simulate(args: argparse.Namespace) -> int:
     from slopilot.engine.config import ConfigError, parse_set_args
     from slopilot.engine.sim.cost_model import CostModelError
     from slopilot.engine.sim.profiles import ProfileError
-    from slopilot.engine.sim.scenario import ScenarioError, load_scenario
-    from slopilot.engine.sim.simulator import simulate
+    from slopilot.engine.sim.scenario import ScenarioError
+    from slopilot.engine.sim.summary_view import print_summary, simulate_json
+    from slopilot.engine.sim.trace_scenario import load_with_trace
 
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = load_with_trace(args.scenario, trace_options(args), DEFAULT_SCENARIO)
         if args.profile:
             scenario = attach_profile(scenario, args.profile, "simulate")
         overrides = parse_set_args(args.overrides)
-        run = simulate(scenario, overrides, duration_s=args.duration,
-                       replicas=args.replicas, seed=args.seed,
-                       with_metrics=args.metrics_out is not None)
+        if args.replicas is not None and args.replicas < 1:
+            raise ValueError(f"--replicas {args.replicas}: replicas={args.replicas} is not "
+                             "a count; give at least 1")
+        run = _run(args, scenario, overrides)
     except (ConfigError, ScenarioError, ProfileError, CostModelError, ValueError) as e:
         print(f"slopilot simulate: {e}", file=sys.stderr)
         return 2
     if args.metrics_out:
         _write_metrics(args.metrics_out, run.metrics)
     if args.json:
-        print(json.dumps(run.summary.to_dict(), indent=None, sort_keys=True))
+        print(json.dumps(simulate_json(run.summary, scenario.slo), indent=None,
+                         sort_keys=True))
     else:
-        print_summary(run.summary.to_dict())
+        print_summary(run.summary, scenario.slo)
     return 0
 
 
@@ -72,6 +84,23 @@ def attach_profile(scenario: Any, path: str, command: str) -> Any:
     for problem in profile.staleness(executor_code_hash()):
         print(f"slopilot {command}: warning: {problem}", file=sys.stderr)
     return with_profile(scenario, profile)
+
+
+def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> Any:
+    from slopilot.engine.sim.progress import ProgressReport
+    from slopilot.engine.sim.simulator import simulate
+
+    duration = scenario.duration_s if args.duration is None else args.duration
+    if args.duration is not None and not args.duration > 0:
+        raise ValueError(f"--duration {args.duration}: expected simulated seconds > 0")
+    scenario.engine_config().with_overrides(overrides)  # a bad knob fails before the bar
+    if args.quiet:
+        return simulate(scenario, overrides, duration_s=duration, replicas=args.replicas,
+                        seed=args.seed, with_metrics=args.metrics_out is not None)
+    with ProgressReport("simulate", duration, "s simulated", rate_unit="sim-s/s") as bar:
+        return simulate(scenario, overrides, duration_s=duration, replicas=args.replicas,
+                        seed=args.seed, with_metrics=args.metrics_out is not None,
+                        progress=bar.update)
 
 
 def _write_metrics(path: str, renders: list[bytes]) -> None:
@@ -91,43 +120,3 @@ def _list(args: argparse.Namespace) -> int:
     for name in list_scenarios():
         print(f"{name:28s} {load_scenario(name).description}")
     return 0
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    cfg = summary["config"]
-    title = (f"{summary['scenario']}: {summary['duration_s']:.0f} s simulated, "
-             f"{summary['replicas']} replica(s), budget {cfg['token_budget']}, "
-             f"chunk {cfg['chunk_size']}")
-    table = Table(title=title)
-    for col in ("class", "finished", "TTFT mean", "TTFT p99", "TBT p50", "TBT p99",
-                "max stall", "tok/s", "goodput", "SLO met"):
-        table.add_column(col, justify="right")
-    rows = [(name, c) for name, c in summary["classes"].items() if c["requests_finished"]]
-    rows.append(("all", summary))
-    for name, c in rows:
-        met = c["slo_attainment"]
-        table.add_row(
-            name, str(c["requests_finished"]), _ms(c["ttft_mean_ms"], 0),
-            _ms(c["ttft_p99_ms"], 0), _ms(c["tbt_p50_ms"], 1),
-            _ms(c["tbt_p99_ms"], 1), _ms(c["max_stall_ms"], 1),
-            f"{c['throughput_tok_s']:,.0f}", f"{c['goodput_tok_s']:,.0f}",
-            "-" if met is None else f"{met:.0%}")
-    console = Console(width=None if sys.stdout.isatty() else 120)
-    console.print(table)
-    if "twin" in summary:
-        console.print(f"twin: {summary['twin']}")
-    console.print(
-        f"preemptions/min {summary['preemptions_per_min']:.1f} "
-        f"(recompute {summary['preemptions_per_min_recompute']:.1f}, "
-        f"swap {summary['preemptions_per_min_swap']:.1f}); "
-        f"busy {summary['busy_ratio']:.0%}; KV mean {summary['kv_usage_mean']:.0%} "
-        f"max {summary['kv_usage_max']:.0%}; prefix hits {summary['prefix_hit_rate']:.0%}; "
-        f"{summary['iterations']:,} iterations")
-
-
-def _ms(value: float | None, digits: int) -> str:
-    """A latency cell; "-" where the class had no samples (the summary's None)."""
-    return "-" if value is None else f"{value:.{digits}f} ms"

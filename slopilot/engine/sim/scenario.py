@@ -36,6 +36,7 @@ __all__ = ["SLOSpec", "Scenario", "ScenarioError", "list_scenarios",
            "load_scenario", "parse_scenario", "scenario_file"]
 
 _PACKAGED = ("data", "scenarios")
+_TRACE_SUFFIXES = (".csv", ".jsonl")
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,11 @@ def list_scenarios() -> list[str]:
 def scenario_file(name_or_path: str | Path) -> Traversable | Path:
     """A shipped scenario by name, or a YAML file by path."""
     text = str(name_or_path)
+    if text.lower().endswith(_TRACE_SUFFIXES):
+        # A trace is requests, not a deployment: reading it as YAML would fail on its
+        # first row and quote the file back.
+        raise ScenarioError(f"{text!r} is a request trace, not a scenario; replay it with "
+                            f"--trace {text} (the deployment and SLO come from --scenario)")
     if text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text:
         path = Path(name_or_path)
         if not path.is_file():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,39 @@ from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.sim.twin import cost_model_for, twin_label
 from slopilot.engine.sim.workload import RequestSpec, Workload
 from slopilot.engine.window_summary import RunInfo, WindowSummary
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """Which part of a run its figures count, on the run's clock.
+
+    Requests arriving in ``[start_s, end_s)`` are counted, and followed until
+    ``horizon_s``, where the run stops; what they still wait for then is censored (see
+    ``RequestAccounting``). Arrivals before ``start_s`` are warm-up: they fill the engine
+    so that the window does not start on an idle one, as no window of live traffic does.
+    Arrivals after ``end_s`` keep loading it until the horizon, as they would live.
+    """
+
+    start_s: float
+    end_s: float
+    horizon_s: float
+
+    def __post_init__(self) -> None:
+        values = (self.start_s, self.end_s, self.horizon_s)
+        if not all(math.isfinite(v) for v in values) or not (
+                0.0 <= self.start_s < self.end_s <= self.horizon_s):
+            raise ValueError(f"Measure{values}: need 0 <= start_s < end_s <= horizon_s "
+                             "(start_s <= end_s <= horizon_s, a window of positive length)")
+
+    @classmethod
+    def whole(cls, duration_s: float) -> Measure:
+        """Every request arriving in ``[0, duration_s)``, the run ending there."""
+        return cls(0.0, duration_s, duration_s)
+
+
+ProgressFn = Callable[[float], None]
+"""Called with the virtual time reached, every few hundred iterations."""
+_PROGRESS_EVERY = 500
 
 
 @dataclass
@@ -67,19 +100,26 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
              replicas: int | None = None, duration_s: float | None = None,
              seed: int | None = None, workload: Workload | None = None,
              observers: list[StepObserver] | None = None,
-             check_integrity: bool = False, with_metrics: bool = False) -> SimRun:
+             check_integrity: bool = False, with_metrics: bool = False,
+             measure: Measure | None = None, progress: ProgressFn | None = None) -> SimRun:
     """Run ``scenario`` with knob ``overrides`` in virtual time; returns its summary.
 
-    Arrivals stop at ``duration_s``; figures count what happened inside the window.
-    ``with_metrics`` feeds each replica's engine loop into ``EngineMetrics`` as a live
-    server does (it costs a little speed), and returns the final exposition.
+    By default arrivals stop at ``duration_s`` and the figures count the requests that
+    arrived before it, up to that time. ``measure`` counts a window instead (warm-up
+    before it, a horizon after it; ``duration_s`` is then ignored). ``with_metrics``
+    feeds each replica's engine loop into ``EngineMetrics`` as a live server does (it
+    costs a little speed), and returns the final exposition. ``progress`` is told the
+    virtual time every few hundred iterations (a progress bar's feed).
     """
     config = scenario.engine_config().with_overrides(overrides or {})
-    duration = scenario.duration_s if duration_s is None else duration_s
+    if measure is None:
+        measure = Measure.whole(scenario.duration_s if duration_s is None else duration_s)
+    duration = measure.horizon_s
     num_replicas = scenario.replicas if replicas is None else replicas
     if num_replicas < 1:
         raise ValueError(f"replicas={num_replicas}: need at least one replica")
-    stats = SimStats(scenario.slo, end_time=duration)
+    stats = SimStats(scenario.slo, end_time=measure.end_s, start_time=measure.start_s,
+                     horizon=measure.horizon_s)
     reps = []
     exporters: list[EngineMetrics] = []
     for i in range(num_replicas):
@@ -91,7 +131,8 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
             exporters.append(metrics)
         reps.append(_Replica(engine, clock))
     wl = workload or scenario.build_workload(seed=seed, duration_s=duration)
-    _run(reps, wl, duration, stats, check_integrity)
+    _run(reps, wl, duration, stats, check_integrity, progress)
+    stats.close()
 
     queries = sum(r.engine.scheduler.prefix_queries for r in reps)
     hits = sum(r.engine.scheduler.prefix_hits for r in reps)
@@ -99,12 +140,12 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
                   rejected=sum(r.rejected for r in reps),
                   prefix_hit_rate=hits / queries if queries else 0.0,
                   twin=twin_label(scenario), calibrated=scenario.profile is not None)
-    summary = stats.summary(duration, run, replicas=num_replicas)
+    summary = stats.summary(measure.end_s - measure.start_s, run, replicas=num_replicas)
     return SimRun(summary, [r.engine for r in reps], stats, [m.render() for m in exporters])
 
 
 def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimStats,
-         check_integrity: bool) -> None:
+         check_integrity: bool, progress: ProgressFn | None) -> None:
     counter = itertools.count()
     # (arrival, tie-break, spec, came from the up-front source)
     pending: list[tuple[float, int, RequestSpec, bool]] = []
@@ -117,6 +158,7 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
             heapq.heappush(pending, (spec.arrival_time, next(counter), spec, True))
 
     pull()
+    steps = 0
     while True:
         t_arrival = pending[0][0] if pending else math.inf
         busy = [r for r in reps if r.engine.has_work()]
@@ -124,7 +166,11 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         if rep is not None and rep.clock.t <= t_arrival:
             if rep.clock.t >= duration:
                 break
-            for req in rep.engine.step().finished:
+            update = rep.engine.step()
+            steps += 1
+            if progress is not None and steps % _PROGRESS_EVERY == 0:
+                progress(min(rep.clock.t, duration))
+            for req in update.finished:
                 spec = rep.specs.pop(req.request_id)
                 for follow in workload.on_finish(spec, req.all_token_ids(), rep.clock.t):
                     heapq.heappush(
@@ -137,11 +183,13 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         _, _, spec, from_source = heapq.heappop(pending)
         if from_source:
             pull()
-        _dispatch(reps, spec, next(counter))
-    # Anything still in flight at the end is cut off: the window is what counts.
+        _dispatch(reps, spec, next(counter), stats)
+    if progress is not None:
+        progress(duration)
+    # Anything still in flight at the end is cut off; SimStats.close censors it.
 
 
-def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int) -> None:
+def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) -> None:
     rep = min(reps, key=lambda r: len(r.engine.scheduler.requests))
     if rep.clock.t < spec.arrival_time:
         rep.clock.t = spec.arrival_time
@@ -153,5 +201,7 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int) -> None:
         rep.engine.add_request(req)
     except (QueueFullError, PromptTooLongError):
         rep.rejected += 1
+        stats.on_rejected(req)
         return
+    stats.on_arrival(req)
     rep.specs[rid] = spec

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import difflib
 import math
-import reprlib
 from collections.abc import Mapping
 from typing import Any
+
+from slopilot.engine.sim.quote import excerpt
 
 
 class ScenarioError(ValueError):
@@ -19,12 +20,6 @@ class ScenarioError(ValueError):
 
 
 _MISSING: Any = object()
-# Values in messages are shown bounded: a YAML alias bomb is a tiny file whose repr is
-# not (9 levels of 9 aliases each are 9**9 strings).
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 8, 8, 8
-_REPR.maxstring = _REPR.maxother = 160
-_REPR.maxlong = 60
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -42,8 +37,9 @@ class Reader:
         self.path = path
         if not isinstance(data, Mapping):
             where = path or "the document"
-            raise ScenarioError(f"{source}: {where} must be a mapping of key: value, got "
-                                f"{_kind(data)} {_REPR.repr(data)}")
+            raise ScenarioError(
+                f"{source}: {where} must be a mapping of key: value, got {_kind(data)} "
+                f"{excerpt(data)}")
         for key in data:
             if not isinstance(key, str):
                 raise ScenarioError(
@@ -55,8 +51,7 @@ class Reader:
         return f"{self.path}.{key}" if self.path else key
 
     def error(self, key: str, value: object, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.source}: {self.qualify(key)}={_REPR.repr(value)}: "
-                             f"{problem}")
+        return ScenarioError(f"{self.source}: {self.qualify(key)}={excerpt(value)}: {problem}")
 
     def has(self, key: str) -> bool:
         return key in self.data

@@ -19,6 +19,7 @@ from slopilot.engine.request import Priority, Request
 from slopilot.engine.window_summary import (
     ClassFigures,
     EngineStats,
+    RequestAccounting,
     RunInfo,
     SampleStats,
     WindowSummary,
@@ -40,6 +41,12 @@ class _ClassStats:
     finished: int = 0
     met_slo: int = 0
     max_stall: float = 0.0
+    good_all_tokens: int = 0
+    arrived: int = 0
+    rejected: int = 0
+    unfinished: int = 0
+    censored: int = 0
+    offered_tokens: int = 0
 
 
 class SLOJudge:
@@ -70,28 +77,62 @@ class SLOJudge:
 
 
 class SimStats:
-    """An engine observer that records every token gap; ``summary()`` reduces them."""
+    """An engine observer that records every token gap; ``summary()`` reduces them.
 
-    def __init__(self, slo: SLOSpec, end_time: float) -> None:
+    It counts the requests arriving in ``[start_time, end_time)`` (the measured window;
+    earlier arrivals are warm-up, later ones load the engine but are not counted) and
+    follows them until ``horizon`` (the run's end, ``end_time`` by default). Engine-wide
+    figures (busy, preemptions, KV usage) count the iterations that end in the window.
+    ``on_arrival``/``on_rejected`` come from the simulator; ``close`` at the run's end
+    censors the counted requests still unfinished.
+    """
+
+    def __init__(self, slo: SLOSpec, end_time: float, *, start_time: float = 0.0,
+                 horizon: float | None = None) -> None:
         self.slo = slo
+        self.start_time = start_time
         self.end_time = end_time
+        self.horizon = end_time if horizon is None else horizon
         self.classes = {p: _ClassStats() for p in _CLASSES}
         self._judge = SLOJudge(slo)
+        self._open: dict[str, Request] = {}
         self.steps = 0
-        self.busy_s = 0.0
+        self.busy_s: dict[int, float] = {}  # per engine (id), for the per-replica ratio
         self.preempt_recompute = 0
         self.preempt_swap = 0
         self.kv_usage_sum = 0.0
         self.kv_usage_max = 0.0
         self.batched_tokens = 0
 
+    def _counted(self, req: Request, now: float) -> bool:
+        return self.start_time <= req.arrival_time < self.end_time and now <= self.horizon
+
+    # --------------------------------------------------------------- arrivals
+    def on_arrival(self, req: Request) -> None:
+        """An admitted request (the simulator calls this after ``add_request``)."""
+        if self.start_time <= req.arrival_time < self.end_time:
+            c = self.classes[req.priority]
+            c.arrived += 1
+            c.offered_tokens += req.sampling.max_tokens
+            self._open[req.request_id] = req
+
+    def on_rejected(self, req: Request) -> None:
+        """A request refused at arrival (prompt too long, waiting queue full)."""
+        if self.start_time <= req.arrival_time < self.end_time:
+            c = self.classes[req.priority]
+            c.arrived += 1
+            c.rejected += 1
+            c.offered_tokens += req.sampling.max_tokens
+
     # --------------------------------------------------------------- observer
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
                 now: float) -> None:
-        if now > self.end_time:
+        key = id(engine)
+        self.busy_s.setdefault(key, 0.0)
+        if not self.start_time < now <= self.end_time:
             return
         self.steps += 1
-        self.busy_s += elapsed_s
+        self.busy_s[key] += elapsed_s
         self.preempt_recompute += out.num_preempted_recompute
         self.preempt_swap += out.num_preempted_swap
         self.batched_tokens += out.num_batched_tokens
@@ -101,7 +142,7 @@ class SimStats:
             self.kv_usage_max = usage
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
-        if now > self.end_time:
+        if not self._counted(req, now):
             return
         c = self.classes[req.priority]
         c.ttft.append(ttft_s)
@@ -109,7 +150,7 @@ class SimStats:
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
         self._judge.on_token_gap(req, gap_s)
-        if now > self.end_time:
+        if not self._counted(req, now):
             return
         c = self.classes[req.priority]
         c.tbt.append(gap_s)
@@ -119,30 +160,53 @@ class SimStats:
 
     def on_finished(self, req: Request, now: float) -> None:
         met = self._judge.finished(req)
-        if now > self.end_time or met is None:
+        if not self._counted(req, now):
             return
+        self._open.pop(req.request_id, None)
         c = self.classes[req.priority]
+        if met is None:  # ended by the engine before a first token: it can never fit
+            c.rejected += 1
+            return
         c.finished += 1
         if met:
             c.met_slo += 1
             c.good_tokens += req.num_output_tokens
+            c.good_all_tokens += req.num_prompt_tokens + req.num_output_tokens
+
+    def close(self) -> None:
+        """The run ended at ``horizon``: censor what the counted requests still wait for."""
+        for req in self._open.values():
+            c = self.classes[req.priority]
+            c.unfinished += 1
+            first = req.first_token_time
+            if first is None or first > self.horizon:
+                c.ttft.append(self.horizon - req.arrival_time)
+                c.censored += 1
+        self._open.clear()
 
     # --------------------------------------------------------------- summary
-    def summary(self, duration_s: float, run: RunInfo | None = None,
+    def summary(self, duration_s: float | None = None, run: RunInfo | None = None,
                 replicas: int | None = None) -> WindowSummary:
-        """The run's figures: ``run`` and ``replicas`` are what ``simulate`` adds."""
+        """The window's figures (per second of ``duration_s``, the window's length by
+        default); ``run`` and ``replicas`` are what ``simulate`` adds."""
+        if duration_s is None:
+            duration_s = self.end_time - self.start_time
         minutes = duration_s / 60.0
 
         def per_min(count: int) -> float:
             return count / minutes if minutes else 0.0
 
+        busy = list(self.busy_s.values())
+        busy += [0.0] * max(0, (replicas or len(busy) or 1) - len(busy))
         steps = self.steps
         return WindowSummary(
             duration_s=duration_s,
             preemptions_per_min=per_min(self.preempt_recompute + self.preempt_swap),
             overall=_figures(_merge(self.classes.values()), duration_s),
             classes={p: _figures(self.classes[p], duration_s) for p in _CLASSES},
-            replicas=replicas, busy_ratio=self.busy_s / duration_s if duration_s else 0.0,
+            replicas=replicas,
+            busy_ratio=sum(busy) / len(busy) / duration_s if duration_s else 0.0,
+            busy_ratio_max=max(busy) / duration_s if duration_s else 0.0,
             engine=EngineStats(
                 iterations=steps,
                 mean_batch_tokens=self.batched_tokens / steps if steps else 0.0,
@@ -163,6 +227,12 @@ def _merge(parts: Any) -> _ClassStats:
         merged.finished += c.finished
         merged.met_slo += c.met_slo
         merged.max_stall = max(merged.max_stall, c.max_stall)
+        merged.good_all_tokens += c.good_all_tokens
+        merged.arrived += c.arrived
+        merged.rejected += c.rejected
+        merged.unfinished += c.unfinished
+        merged.censored += c.censored
+        merged.offered_tokens += c.offered_tokens
     return merged
 
 
@@ -177,6 +247,10 @@ def percentile_ms(seconds: Sequence[float] | array | np.ndarray, q: float) -> fl
 
 def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
     ttft = np.frombuffer(c.ttft, dtype=np.float64) if c.ttft else None
+
+    def rate(count: int) -> float:
+        return count / duration_s if duration_s else 0.0
+
     return ClassFigures(
         requests_finished=c.finished,
         throughput_tok_s=c.tokens / duration_s if duration_s else 0.0,
@@ -186,4 +260,8 @@ def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
         samples=SampleStats(
             ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
             ttft_p50_ms=percentile_ms(c.ttft, 50), ttft_p90_ms=percentile_ms(c.ttft, 90),
-            tbt_p50_ms=percentile_ms(c.tbt, 50), max_stall_ms=c.max_stall * 1000.0))
+            tbt_p50_ms=percentile_ms(c.tbt, 50), max_stall_ms=c.max_stall * 1000.0),
+        accounting=RequestAccounting(
+            requests_arrived=c.arrived, requests_rejected=c.rejected,
+            requests_unfinished=c.unfinished, ttft_censored=c.censored,
+            offered_tok_s=rate(c.offered_tokens), goodput_all_tok_s=rate(c.good_all_tokens)))

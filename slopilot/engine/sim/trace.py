@@ -1,9 +1,9 @@
-"""Replay of recorded request traces: JSONL or Azure's CSV, windowed and time-scaled.
+"""Replay of recorded request traces: CSV (Azure's or a minimal one) or JSONL, windowed
+and time-scaled.
 
-JSONL: one object per line with ``arrival_time`` (seconds) or ``timestamp`` (seconds or
-an ISO date), ``prompt_tokens``, ``output_tokens`` and optionally ``priority`` and
-``session_id``; other keys are ignored (traces carry extra columns). Azure CSV:
-``TIMESTAMP,ContextTokens,GeneratedTokens`` as in the Azure LLM inference traces.
+The formats (``trace_formats.py``, docs/traces.md): a CSV with ``arrival_time,
+prompt_tokens,output_tokens[,class]``; Azure's ``TIMESTAMP,ContextTokens,GeneratedTokens``;
+JSONL with the same names per line plus an optional ``session_id``.
 
 Times are taken relative to the first request, then cut to a window, then scaled:
 ``time_scale`` multiplies every offset (0.5 replays twice as fast), or ``target_rate``
@@ -14,18 +14,22 @@ stream, so a later (longer) turn has an earlier turn's prompt as its prefix.
 
 from __future__ import annotations
 
-import csv
-import datetime
-import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
 
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.trace_formats import (
+    FORMATS,
+    TraceError,
+    TraceRecord,
+    parse_azure,
+    parse_csv,
+    parse_jsonl,
+)
 from slopilot.engine.sim.workload import (
     DEFAULT_VOCAB_SIZE,
     ClassMix,
@@ -36,21 +40,7 @@ from slopilot.engine.sim.workload import (
 
 # Traces shipped in slopilot/data/traces (see the README there for sources and licences).
 BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
-_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _TOKENS, _PRIORITY = 21, 22
-
-
-class TraceError(ValueError):
-    """A trace file is missing or malformed; the message names the file and line."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRecord:
-    arrival_time: float
-    prompt_tokens: int
-    output_tokens: int
-    priority: Priority | None = None
-    session_id: int | None = None
 
 
 def trace_source(name_or_path: str | Path) -> Traversable | Path:
@@ -69,15 +59,16 @@ def trace_source(name_or_path: str | Path) -> Traversable | Path:
 def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[TraceRecord]:
     """All records, sorted by arrival, times relative to the first request."""
     source = trace_source(name_or_path)
-    fmt = fmt or ("azure-csv" if source.name.endswith(".csv") else "jsonl")
-    if fmt not in ("azure-csv", "jsonl"):
-        raise TraceError(f"trace format {fmt!r} is unknown; use azure-csv or jsonl")
+    fmt = fmt or ("csv" if source.name.lower().endswith(".csv") else "jsonl")
+    if fmt not in FORMATS:
+        raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TraceError(f"{name_or_path}: cannot read the trace: {e}") from None
     label = str(name_or_path)
-    records = _parse_azure(text, label) if fmt == "azure-csv" else _parse_jsonl(text, label)
+    parse = {"csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl}[fmt]
+    records = parse(text, label)
     if not records:
         raise TraceError(f"{label}: the trace has no requests")
     records.sort(key=lambda r: r.arrival_time)
@@ -162,98 +153,3 @@ class TraceWorkload:
     def on_finish(self, spec: RequestSpec, all_token_ids: list[int],
                   now: float) -> list[RequestSpec]:
         return []
-
-
-def _parse_azure(text: str, label: str) -> list[TraceRecord]:
-    reader = csv.reader(text.splitlines())
-    header = next(reader, None)
-    if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
-        raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
-                         f"got {header!r}")
-    records = []
-    for row in reader:
-        line = reader.line_num
-        if not row or not "".join(row).strip():
-            continue
-        if len(row) < 3:
-            raise TraceError(f"{label}:{line}: expected 3 columns "
-                             f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {row!r}")
-        t = _timestamp(row[0], label, line, "TIMESTAMP")
-        prompt = _count(row[1], label, line, "ContextTokens", lo=1)
-        output = _count(row[2], label, line, "GeneratedTokens", lo=0)
-        records.append(TraceRecord(t, prompt, output))
-    return records
-
-
-def _parse_jsonl(text: str, label: str) -> list[TraceRecord]:
-    records = []
-    sessions: dict[object, int] = {}
-    for line, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj: Any = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{label}:{line}: not valid JSON ({e.msg}): {raw[:80]!r}") from None
-        if not isinstance(obj, dict):
-            raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
-        key = "arrival_time" if "arrival_time" in obj else "timestamp"
-        if key not in obj:
-            raise TraceError(f"{label}:{line}: missing arrival_time (or timestamp)")
-        t = _timestamp(obj[key], label, line, key)
-        for name in ("prompt_tokens", "output_tokens"):
-            if name not in obj:
-                raise TraceError(f"{label}:{line}: missing {name}")
-        prompt = _count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
-        output = _count(obj["output_tokens"], label, line, "output_tokens", lo=0)
-        priority = None
-        if obj.get("priority") is not None:
-            try:
-                priority = Priority.parse(obj["priority"])
-            except ValueError as e:
-                raise TraceError(f"{label}:{line}: {e}") from None
-        session = None
-        if obj.get("session_id") is not None:
-            # Any JSON scalar names a session; number them in order of first appearance.
-            session = sessions.setdefault(_hashable(obj["session_id"]), len(sessions))
-        records.append(TraceRecord(t, prompt, output, priority, session))
-    return records
-
-
-def _timestamp(value: object, label: str, line: int, name: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value) and value >= 0:
-            return float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            return float(text)
-        except ValueError:
-            pass
-        try:
-            stamp = datetime.datetime.fromisoformat(text)
-        except ValueError:
-            pass
-        else:
-            if stamp.tzinfo is None:  # trace timestamps without a zone are UTC (Azure's are)
-                stamp = stamp.replace(tzinfo=datetime.UTC)
-            return stamp.timestamp()
-    raise TraceError(f"{label}:{line}: {name}={value!r} is not a time; use seconds (>= 0) "
-                     "or an ISO date like 2023-11-16 18:15:46.680")
-
-
-def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, float) and value.is_integer():
-        number = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        number = int(value.strip())
-    if number is None or number < lo:
-        raise TraceError(f"{label}:{line}: {name}={value!r} must be a whole number >= {lo}")
-    return number
-
-
-def _hashable(value: object) -> object:
-    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value

@@ -31,6 +31,7 @@ from slopilot.engine.sim.trace import (
     rescale,
     window,
 )
+from slopilot.engine.sim.trace_formats import FORMATS
 from slopilot.engine.sim.workload import DEFAULT_VOCAB_SIZE, ClassMix
 
 WORKLOAD_TYPES = ("open_loop", "sessions", "trace")
@@ -221,7 +222,7 @@ def _classes(r: Reader) -> ClassMix:
 def _trace(r: Reader, vocab: int, base_dir: Path) -> TraceSpec:
     fmt = r.raw("format", None)
     if fmt is not None:
-        fmt = r.text("format", choices=("azure-csv", "jsonl"))
+        fmt = r.text("format", choices=FORMATS)
     time_scale = r.optional_float("time_scale", lo=0.0, lo_open=True)
     target_rate = r.optional_float("target_rate", lo=0.0, lo_open=True)
     if time_scale is not None and target_rate is not None:

@@ -20,11 +20,13 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.study.objective import TrialResult, score
+from slopilot.tuner.study.objective import TrialResult, holds, score
 
 log = logging.getLogger(__name__)
 
 SimulateFn = Callable[[Scenario, Mapping[str, Any], int], WindowSummary]
+ScoreFn = Callable[[Scenario, Mapping[str, Any], int], TrialResult]
+"""A config's scored result on N replicas (e.g. a robust verdict over several windows)."""
 
 
 class CapacityError(ValueError):
@@ -46,48 +48,65 @@ class CapacityAnswer:
     """Every count simulated, with its scored result."""
 
 
-def holds(result: TrialResult, margin: float) -> bool:
-    """Feasible with every constraint term at most ``-margin`` (headroom)."""
-    return all(c <= -margin for c in result.constraints)
-
-
 class CapacityPlanner:
     """Smallest replica count whose simulated summary meets the SLO at a given load."""
 
     def __init__(self, *, duration_s: float | None = 120.0, seed: int | None = 0,
-                 simulate_fn: SimulateFn | None = None) -> None:
+                 simulate_fn: SimulateFn | None = None, score_fn: ScoreFn | None = None
+                 ) -> None:
         if duration_s is not None and duration_s <= 0:
             raise CapacityError(f"duration_s={duration_s}: expected a positive time")
-        self._simulate = simulate_fn or _default_simulate(duration_s, seed)
+        if simulate_fn is not None and score_fn is not None:
+            raise CapacityError("give simulate_fn or score_fn, not both")
+        simulate_one = simulate_fn or _default_simulate(duration_s, seed)
 
-    def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
-               *, margin: float = 0.0) -> CapacityAnswer:
+        def one_window(scenario: Scenario, config: Mapping[str, Any], n: int) -> TrialResult:
+            return score(simulate_one(scenario, config, n), scenario.slo, config)
+
+        self._score = score_fn or one_window
+
+    def _checked(self, lo: int, hi: int, margin: float) -> None:
         if isinstance(lo, bool) or isinstance(hi, bool) or not 1 <= lo <= hi:
             raise CapacityError(f"replica bounds [{lo}, {hi}]: need 1 <= lo <= hi")
         if not 0.0 <= margin < 1.0:
             raise CapacityError(f"margin={margin}: expected a fraction in [0, 1)")
-        answer = CapacityAnswer(replicas=None)
 
+    def _oracle(self, scenario: Scenario, config: Mapping[str, Any], margin: float,
+                answer: CapacityAnswer) -> Callable[[int], bool]:
         def ok(n: int) -> bool:
             if n not in answer.results:
-                summary = self._simulate(scenario, config, n)
-                answer.results[n] = score(summary, scenario.slo, config)
+                answer.results[n] = self._score(scenario, config, n)
             return holds(answer.results[n], margin)
+        return ok
 
-        below, n = lo - 1, lo  # invariant: every count <= below fails
+    def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
+               *, margin: float = 0.0) -> CapacityAnswer:
+        """The smallest count in [lo, hi] that holds, found from below: ``lo``, then
+        doubling, then a binary search in the last gap. A simulation of N replicas costs
+        N times one of a single replica (and a tenant's ``replicas.max`` is not ours to
+        spend), so the search never simulates much more than the answer needs."""
+        self._checked(lo, hi, margin)
+        answer = CapacityAnswer(replicas=None)
+        ok = self._oracle(scenario, config, margin, answer)
+        below, n = lo - 1, lo  # invariant: below does not hold (or is below lo)
         while not ok(n):
             if n == hi:
                 log.info("capacity: %d replicas do not hold the SLO at this load", hi)
                 return answer
-            below, n = n, min(hi, max(n + 1, 2 * n))
-        left, right = below + 1, n  # invariant: right is feasible
-        while left < right:
-            mid = (left + right) // 2
-            if ok(mid):
-                right = mid
-            else:
-                left = mid + 1
-        answer.replicas = right
-        log.info("capacity: %d replicas hold the SLO (searched %s)", right,
-                 sorted(answer.results))
-        return answer
+            below, n = n, min(hi, 2 * n)
+        return _smallest(ok, below + 1, n, answer)
+
+
+def _smallest(ok: Callable[[int], bool], left: int, right: int,
+              answer: CapacityAnswer) -> CapacityAnswer:
+    """Binary search in [left, right] for the smallest count that holds; ``right`` does."""
+    while left < right:
+        mid = (left + right) // 2
+        if ok(mid):
+            right = mid
+        else:
+            left = mid + 1
+    answer.replicas = right
+    log.info("capacity: %d replicas hold the SLO (searched %s)", right,
+             sorted(answer.results))
+    return answer

@@ -25,12 +25,11 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.capacity import holds
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
-from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.objective import HEADROOM, TrialResult, holds
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import Tuner, open_study, rank
 
@@ -122,7 +121,7 @@ class SimOffline:
     """
 
     def __init__(self, space: SearchSpace, *, n_trials: int = 12, duration_s: float = 180.0,
-                 seed: int = 0, margin: float = 0.1) -> None:
+                 seed: int = 0, margin: float = HEADROOM) -> None:
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"margin={margin!r}: expected a fraction in [0, 1), e.g. 0.1 "
                              "for 10 % headroom under every SLO term")

@@ -37,6 +37,24 @@ def constraint_names(slo: SLOSpec) -> tuple[str, ...]:
     return tuple(names)
 
 
+HEADROOM = 0.1
+"""The headroom a config needs before it counts as holding the SLO: every term at most
+90 % of its limit. The simulator is an instrument, not the plant: scheduling jitter and a
+cost model a little off push a config tuned to the SLO's edge over it. The offline study
+(``slopilot tune``), the loop's warm start (``SimOffline``) and its scale-up plan use it."""
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """A config's result on one of the windows a robust verdict judges it on."""
+
+    name: str
+    """``busiest arrivals``, ``typical``, ``seed 1`` ... (``windows.WindowChoice``)."""
+    span: str
+    """Where the window lies, for a person (``WindowChoice.describe``)."""
+    result: TrialResult
+
+
 @dataclass(frozen=True)
 class TrialResult:
     """One evaluated configuration."""
@@ -44,24 +62,52 @@ class TrialResult:
     config: Mapping[str, Any]
     goodput_tok_s: float
     constraints: tuple[float, ...]
-    """Optuna form: feasible when every value is <= 0 (``measured / limit - 1``)."""
+    """``measured / limit - 1`` per SLO term (with several windows, the worst window's)."""
     feasible: bool
+    """Every term at most ``-margin``: ``holds(self, self.margin)``."""
     summary: WindowSummary | None = None
-    """What was measured; None for a stored trial whose summary could not be read."""
+    """What was measured (with several windows, the deciding one's); None for a stored
+    trial whose summary could not be read."""
     constraint_names: tuple[str, ...] = ()
+    margin: float = 0.0
+    """The headroom feasibility asked for (``HEADROOM`` for ``slopilot tune``)."""
+    objective: float | None = None
+    """What the study maximizes when not ``goodput_tok_s`` (the worst window's goodput
+    share, for a robust verdict)."""
+    windows: tuple[WindowResult, ...] = ()
+    """Each window's own result (a robust verdict); empty for one window."""
+
+    @property
+    def value(self) -> float:
+        """The study's objective value."""
+        return self.goodput_tok_s if self.objective is None else self.objective
+
+    @property
+    def optuna_constraints(self) -> tuple[float, ...]:
+        """Optuna's form, feasible when every value is <= 0: the terms shifted by the
+        headroom, so Optuna's feasibility is ``feasible``."""
+        return tuple(c + self.margin for c in self.constraints)
 
     @property
     def violation(self) -> float:
-        """Sum of the positive constraint values: 0 when feasible, larger when worse."""
-        return sum(max(0.0, c) for c in self.constraints)
+        """How far from holding (with the headroom): 0 when feasible, larger when worse."""
+        return sum(max(0.0, c) for c in self.optuna_constraints)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": dict(self.config), "goodput_tok_s": self.goodput_tok_s,
-                "constraints": dict(zip(self.constraint_names, self.constraints,
-                                        strict=True)) if self.constraint_names
-                else list(self.constraints),
-                "feasible": self.feasible,
-                "summary": None if self.summary is None else self.summary.to_dict()}
+        out = {"config": dict(self.config), "goodput_tok_s": self.goodput_tok_s,
+               "constraints": dict(zip(self.constraint_names, self.constraints,
+                                       strict=True)) if self.constraint_names
+               else list(self.constraints),
+               "feasible": self.feasible,
+               "summary": None if self.summary is None else self.summary.to_dict()}
+        if self.margin:
+            out["margin"] = self.margin
+        if self.objective is not None:
+            out["objective"] = self.objective
+        if self.windows:
+            out["windows"] = [{"name": w.name, "span": w.span, **w.result.to_dict()}
+                              for w in self.windows]
+        return out
 
 
 def _term(measured: float | None, limit: float) -> float:
@@ -90,3 +136,8 @@ def score(summary: WindowSummary, slo: SLOSpec,
                        constraints=tuple(constraints),
                        feasible=all(c <= 0.0 for c in constraints),
                        summary=summary, constraint_names=constraint_names(slo))
+
+
+def holds(result: TrialResult, margin: float) -> bool:
+    """Feasible with every constraint term at most ``-margin`` (headroom)."""
+    return all(c <= -margin for c in result.constraints)

@@ -1,172 +1,213 @@
-"""Study reports: trial history, throughput/TBT Pareto front, knob importance, report.md.
+"""Study reports a person reads: the verdict, what each trial was judged on, the best
+trial's figures per window and class, the capacity answer, the commands, the plots.
 
-Plots use matplotlib's Agg backend (no display needed). Knob importance needs a few
-completed trials with varied parameters; with fewer it is left out and the report says so.
+``write_report`` writes ``report.md`` and the PNGs (``report_plots.py``) into a folder.
+``slopilot tune`` passes a ``ReportContext`` (windows, verdict, capacity, commands); the
+demo's live study has none, and its report says only what the trials say.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import optuna
-
+from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.study import report_plots as plots
+from slopilot.tuner.study.importance import importance
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import Tuner, rank
+from slopilot.tuner.study.verdict import goodput_share, term_label
 
-MIN_TRIALS_FOR_IMPORTANCE = 5
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of points not dominated in (maximize x, minimize y), sorted by x."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        dominated = any((x2 >= x and y2 <= y) and (x2 > x or y2 < y)
-                        for j, (x2, y2) in enumerate(points) if j != i)
-        if not dominated:
-            front.append(i)
-    return sorted(front, key=lambda i: points[i][0])
+pareto_front = plots.pareto_front
 
 
-def _plots(results: list[tuple[int, TrialResult]], out: Path) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+@dataclass(frozen=True)
+class ReportContext:
+    """What the study cannot know about itself (``slopilot tune`` fills it in)."""
 
-    written = []
-    numbers = [n for n, _ in results]
-    goodput = [r.goodput_tok_s for _, r in results]
-    feasible = [r.feasible for _, r in results]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.scatter([n for n, f in zip(numbers, feasible, strict=True) if f],
-               [g for g, f in zip(goodput, feasible, strict=True) if f],
-               c="tab:green", label="feasible")
-    ax.scatter([n for n, f in zip(numbers, feasible, strict=True) if not f],
-               [g for g, f in zip(goodput, feasible, strict=True) if not f],
-               c="tab:red", marker="x", label="infeasible")
-    best, running = [], -math.inf
-    for g, f in zip(goodput, feasible, strict=True):
-        if f:
-            running = max(running, g)
-        best.append(running if math.isfinite(running) else math.nan)
-    ax.step(numbers, best, where="post", c="black", label="best feasible so far")
-    ax.set(xlabel="trial", ylabel="goodput (tok/s)", title="Trial history")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "history.png", dpi=100)
-    plt.close(fig)
-    written.append("history.png")
-
-    overall = [None if r.summary is None else r.summary.overall for _, r in results]
-    pts = [(0.0, math.nan) if o is None else
-           (o.throughput_tok_s, math.nan if o.tbt_p99_ms is None else o.tbt_p99_ms)
-           for o in overall]
-    ok = [i for i, (_, y) in enumerate(pts) if math.isfinite(y)]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.scatter([pts[i][0] for i in ok], [pts[i][1] for i in ok], c="tab:blue", alpha=0.5,
-               label="trials")
-    front = [ok[i] for i in pareto_front([pts[i] for i in ok])]
-    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "o-", c="tab:orange",
-            label="Pareto front")
-    ax.set(xlabel="throughput (tok/s)", ylabel="TBT P99 (ms)",
-           title="Throughput against TBT P99")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "pareto.png", dpi=100)
-    plt.close(fig)
-    written.append("pareto.png")
-    return written
-
-
-def importance(study: optuna.Study) -> dict[str, float] | None:
-    """Knob importance (Optuna's default evaluator), or None with too few varied trials."""
-    complete = [t for t in study.get_trials(deepcopy=False)
-                if t.state == optuna.trial.TrialState.COMPLETE]
-    if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
-        return None
-    try:
-        with warnings.catch_warnings():
-            # Optuna warns (and returns equal shares) when the trials barely differ.
-            warnings.simplefilter("ignore", UserWarning)
-            result = optuna.importance.get_param_importances(study)
-    except (RuntimeError, ValueError, ZeroDivisionError):
-        return None  # e.g. every trial had the same value: nothing to attribute
-    return {k: float(v) for k, v in result.items()}
-
-
-def _importance_plot(values: Mapping[str, float], out: Path) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(values)[::-1]
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.5))
-    ax.barh(names, [values[n] for n in names], color="tab:purple")
-    ax.set(xlabel="importance", title="Knob importance")
-    fig.tight_layout()
-    fig.savefig(out / "importance.png", dpi=100)
-    plt.close(fig)
-    return "importance.png"
+    verdict: str
+    judged_on: str
+    """``WindowPlan.describe()``: --duration, warm-up, drain and the windows."""
+    windows: Sequence[Mapping[str, Any]] = ()
+    """Each window: name, start_s, end_s, warmup_s, drain_s, arrival_rate, token_rate."""
+    replicas: int = 1
+    recommended_replicas: int | None = None
+    recommended_config: Mapping[str, Any] | None = None
+    capacity: Sequence[str] = ()
+    """Lines on the capacity search (empty when none ran)."""
+    command: str = ""
+    check_command: str | None = None
+    timing: str = ""
+    recommended_result: TrialResult | None = None
+    """The recommendation's own result when it differs from the best trial (the capacity
+    search's, at the recommended replica count)."""
+    extra: Sequence[str] = field(default_factory=tuple)
 
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(getattr(v, "value", v))
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.0f} ms"
+
+
+def _slo_section(slo: SLOSpec) -> list[str]:
+    lines = ["## SLO", "", "| class | TTFT P99 (ms) | TBT P99 (ms) |", "|---|---|---|"]
+    for p, c in slo.classes().items():
+        lines.append(f"| {p.label} | {_fmt(c.ttft_p99_ms or '-')} | "
+                     f"{_fmt(c.tbt_p99_ms or '-')} |")
+    return lines + ["", f"Max preemptions per minute: "
+                        f"{_fmt(slo.max_preemptions_per_min or '-')}", ""]
+
+
+def _context_sections(ctx: ReportContext) -> list[str]:
+    lines = [f"**{ctx.verdict}**", "", "## What each trial was judged on", "",
+             ctx.judged_on[:1].upper() + ctx.judged_on[1:] + ".", ""]
+    if ctx.windows:
+        lines += ["| window | measured (s) | warm-up (s) | drain (s) | req/s | tok/s |",
+                  "|---|---|---|---|---|---|"]
+        for w in ctx.windows:
+            rate = "-" if w.get("arrival_rate") is None else f"{w['arrival_rate']:.1f}"
+            tok = "-" if w.get("token_rate") is None else f"{w['token_rate']:,.0f}"
+            lines.append(f"| {w['name']} | {w['start_s']:,.0f}-{w['end_s']:,.0f} | "
+                         f"{w['warmup_s']:g} | {w['drain_s']:g} | {rate} | {tok} |")
+        lines += ["", "Only requests arriving inside a window count; those unfinished when "
+                  "its drain ends enter TTFT at the time they had waited.", ""]
+    lines += ["## Recommendation", ""]
+    if ctx.recommended_replicas is not None and ctx.recommended_config is not None:
+        lines += [f"{ctx.recommended_replicas} replica(s) with:", "", "| knob | value |",
+                  "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in ctx.recommended_config.items()]
+        lines.append("")
+    else:
+        lines += ["None: see the verdict above.", ""]
+    if ctx.capacity:
+        lines += ["## Capacity", "", *ctx.capacity, ""]
+    if ctx.check_command:
+        lines += ["Check the answer on the whole workload:", "", "```",
+                  ctx.check_command, "```", ""]
+    if ctx.command:
+        lines += ["Reproduce this study:", "", "```", ctx.command, "```", ""]
+    return lines + list(ctx.extra)
+
+
+def _best_figures(best: TrialResult, slo: SLOSpec,
+                  heading: str = "The best trial, per window and class") -> list[str]:
+    lines = [f"## {heading}", ""]
+    windows = [(w.span, w.result) for w in best.windows] or [("the window", best)]
+    targets = slo.classes()
+    for span, r in windows:
+        s = r.summary
+        if s is None:
+            continue
+        share = goodput_share(s)
+        lines += [f"**{span}**: goodput {s.overall.goodput_tok_s:,.0f} tok/s"
+                  + ("" if share is None else f" ({share:.1%} of the output asked for)")
+                  + f", busy {s.busy_ratio or 0:.0%} per replica, "
+                  f"{s.preemptions_per_min:.1f} preemptions/min", "",
+                  "| class | arrived | finished | unfinished | rejected | TTFT p99 (SLO) | "
+                  "TBT p99 (SLO) | requests within SLO | goodput tok/s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for p in Priority:
+            c, t = s.classes[p], targets[p]
+            a = c.accounting
+            arrived = a.requests_arrived if a is not None else None
+            if not c.requests_finished and not arrived:
+                lines.append(f"| {p.label} | 0 | - | - | - | - | - | - | - |")
+                continue
+            lines.append(
+                f"| {p.label} | {'-' if a is None else f'{a.requests_arrived:,}'} | "
+                f"{c.requests_finished:,.0f} | {'-' if a is None else a.requests_unfinished} | "
+                f"{'-' if a is None else a.requests_rejected} | {_ms(c.ttft_p99_ms)} "
+                f"({_ms(t.ttft_p99_ms)}) | {_ms(c.tbt_p99_ms)} ({_ms(t.tbt_p99_ms)}) | "
+                f"{'-' if c.slo_attainment is None else f'{c.slo_attainment:.1%}'} | "
+                f"{c.goodput_tok_s:,.0f} |")
+        lines.append("")
+    return lines
+
+
+def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:
+    lines = [f"## Top {min(top, len(ranked))} trials", "",
+             "| trial | holds SLO | worst term (share of limit) | goodput share | "
+             "goodput (tok/s) | token_budget | chunk_size | max_num_seqs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, r in ranked[:top]:
+        worst = max(range(len(r.constraints)), key=lambda i: r.constraints[i], default=None)
+        where = "-" if worst is None else (
+            f"{r.constraints[worst] + 1:.0%} ({term_label(r.constraint_names[worst])[0]})"
+            if r.constraint_names else f"{r.constraints[worst] + 1:.0%}")
+        lines.append(f"| {n} | {'yes' if r.feasible else 'no'} | {where} | "
+                     f"{'-' if r.objective is None else f'{r.objective:.1%}'} | "
+                     f"{r.goodput_tok_s:,.1f} | {r.config.get('token_budget', '-')} | "
+                     f"{r.config.get('chunk_size', '-')} | {r.config.get('max_num_seqs', '-')} |")
+    return lines + [""]
+
+
+CAPTIONS = {
+    "history.png": "The objective per trial; green trials hold the SLO (with the headroom), "
+                   "the line is the best that holds so far.",
+    "terms.png": "What decides feasibility: each class's TTFT and TBT P99 in its worst "
+                 "window, per trial, against the SLO (solid) and the headroom line (dashed); "
+                 "the star is the scenario's start config.",
+    "pareto.png": "Goodput against the worst SLO term (as a share of its limit): right of "
+                  "the dashed line a trial lacks the headroom, right of the solid one it "
+                  "breaks the SLO.",
+    "importance.png": "How much of the variation in the target each knob explains (fANOVA "
+                      "over these trials: a rough guide, not a measurement).",
+}
 
 
 def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
-                 start: TrialResult | None = None, title: str = "Tuning report") -> Path:
+                 start: TrialResult | None = None, title: str = "Tuning report",
+                 context: ReportContext | None = None) -> Path:
     """Write the PNGs and ``report.md`` into ``out_dir``; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = tuner.results()
     lines = [f"# {title}", "", f"Study `{tuner.study.study_name}`: {len(results)} completed "
              f"trials of {len(tuner.study.trials)}.", ""]
+    if context is not None:
+        lines += _context_sections(context)
     if not results:
         lines.append("No completed trials: nothing to plot.")
-        path = out_dir / "report.md"
-        path.write_text("\n".join(lines) + "\n")
-        return path
-    images = _plots(results, out_dir)
-    imp = importance(tuner.study)
-    if imp:
-        images.append(_importance_plot(imp, out_dir))
+        return _write(out_dir, lines)
     ranked = sorted(results, key=lambda nr: rank(nr[1]), reverse=True)
-    best = ranked[0][1]
-    lines += ["## SLO", "", "| class | TTFT P99 (ms) | TBT P99 (ms) |", "|---|---|---|"]
-    for p, c in slo.classes().items():
-        lines.append(f"| {p.label} | {_fmt(c.ttft_p99_ms or '-')} | {_fmt(c.tbt_p99_ms or '-')} |")
-    lines += ["", f"Max preemptions per minute: {_fmt(slo.max_preemptions_per_min or '-')}", ""]
-    lines += ["## Best configuration", "",
-              f"Goodput {best.goodput_tok_s:.1f} tok/s, "
-              f"{'feasible' if best.feasible else 'infeasible (least violation)'}.", "",
-              "| knob | best |" + (" start |" if start else ""),
-              "|---|---|" + ("---|" if start else "")]
-    for k, v in best.config.items():
-        row = f"| {k} | {_fmt(v)} |"
-        if start:
-            row += f" {_fmt(start.config.get(k, '-'))} |"
-        lines.append(row)
-    if start:
-        lines += ["", f"Start config: goodput {start.goodput_tok_s:.1f} tok/s, "
-                  f"{'feasible' if start.feasible else 'infeasible'}."]
-    lines += ["", f"## Top {min(top, len(ranked))} trials", "",
-              "| trial | goodput (tok/s) | feasible | max constraint | token_budget | "
-              "chunk_size | max_num_seqs |", "|---|---|---|---|---|---|---|"]
-    for n, r in ranked[:top]:
-        worst = max(r.constraints) if r.constraints else 0.0
-        lines.append(f"| {n} | {r.goodput_tok_s:.1f} | {'yes' if r.feasible else 'no'} | "
-                     f"{worst:+.2f} | {r.config.get('token_budget', '-')} | "
-                     f"{r.config.get('chunk_size', '-')} | {r.config.get('max_num_seqs', '-')} |")
-    lines += ["", "## Plots", ""]
-    lines += [f"![{img.removesuffix('.png')}]({img})" for img in images]
-    if imp is None:
-        lines += ["", f"Knob importance needs at least {MIN_TRIALS_FOR_IMPORTANCE} completed "
-                  "trials with varied knobs; left out."]
+    lines += _slo_section(slo)
+    if context is not None and context.recommended_result is not None:
+        lines += _best_figures(context.recommended_result, slo, heading=(
+            f"The recommendation on {context.recommended_replicas} replicas, per window "
+            "and class"))
+    heading = "The best trial, per window and class"
+    if context is not None:
+        heading += f" (on {context.replicas} replica{'s' if context.replicas != 1 else ''})"
+    lines += _best_figures(ranked[0][1], slo, heading) + _top(ranked, top)
+    images = [plots.history(results, out_dir)]
+    term_plot = plots.terms(results, slo, out_dir, start)
+    images += [term_plot] if term_plot else []
+    images.append(plots.pareto(results, out_dir))
+    imp = importance(tuner.study, [r for _, r in results])
+    if imp.values:
+        images.append(plots.importance_plot(imp.values, imp.target, out_dir))
+    lines += ["## Plots", ""]
+    for img in images:
+        lines += [f"![{img.removesuffix('.png')}]({img})", "", CAPTIONS[img], ""]
+    if imp.values is None:
+        lines.append(f"Knob importance is left out: {imp.reason}.")
+    elif imp.reason:
+        lines.append(f"Knob importance, target {imp.target}; {imp.reason}.")
+    if context is not None and context.timing:
+        lines += ["", f"Time: {context.timing}."]
+    return _write(out_dir, lines)
+
+
+def _write(out_dir: Path, lines: list[str]) -> Path:
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -29,7 +29,7 @@ from slopilot.tuner.study.heartbeat import (
     heartbeat_of,
     rdb_storage,
 )
-from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -132,14 +132,29 @@ def result_of(trial: FrozenTrial) -> TrialResult | None:
     a = trial.user_attrs
     return TrialResult(config=dict(a.get("config", {})), goodput_tok_s=float(a["goodput_tok_s"]),
                        constraints=tuple(_constraints(trial)), feasible=bool(a["feasible"]),
-                       summary=_stored_summary(trial),
-                       constraint_names=tuple(a.get("constraint_names", ())))
+                       summary=_stored_summary(trial, a.get("summary")),
+                       constraint_names=tuple(a.get("constraint_names", ())),
+                       margin=float(a.get("margin", 0.0)),
+                       objective=None if a.get("objective") is None else float(a["objective"]),
+                       windows=_stored_windows(trial))
 
 
-def _stored_summary(trial: FrozenTrial) -> WindowSummary | None:
-    """The trial's summary as stored, by this version or an earlier one (a dict form
+def _stored_windows(trial: FrozenTrial) -> tuple[WindowResult, ...]:
+    """Each window's result as ``Tuner.tell`` stored it (a robust verdict's)."""
+    out = []
+    for w in trial.user_attrs.get("windows", ()):
+        out.append(WindowResult(str(w["name"]), str(w["span"]), TrialResult(
+            config=dict(trial.user_attrs.get("config", {})),
+            goodput_tok_s=float(w["goodput_tok_s"]),
+            constraints=tuple(float(c) for c in w["constraints"]),
+            feasible=bool(w["feasible"]), summary=_stored_summary(trial, w.get("summary")),
+            constraint_names=tuple(trial.user_attrs.get("constraint_names", ())))))
+    return tuple(out)
+
+
+def _stored_summary(trial: FrozenTrial, stored: Any) -> WindowSummary | None:
+    """A summary the trial stored, by this version or an earlier one (a dict form
     ``WindowSummary.from_dict`` reads); None, and a warning, when it cannot be read."""
-    stored = trial.user_attrs.get("summary")
     if stored is None:
         return None
     try:
@@ -151,11 +166,12 @@ def _stored_summary(trial: FrozenTrial) -> WindowSummary | None:
 
 
 def rank(result: TrialResult) -> tuple[int, float, float]:
-    """Sort key, larger is better: feasible before infeasible; then more goodput (ties go
-    to the config with more headroom); among infeasible ones, less violation."""
+    """Sort key, larger is better: feasible before infeasible; then a higher objective
+    (goodput; ties go to the config with more headroom); among infeasible ones, less
+    violation."""
     if result.feasible:
-        return (1, result.goodput_tok_s, -max(result.constraints, default=0.0))
-    return (0, -result.violation, result.goodput_tok_s)
+        return (1, result.value, -max(result.constraints, default=0.0))
+    return (0, -result.violation, result.value)
 
 
 class Tuner:
@@ -206,12 +222,24 @@ class Tuner:
         trial.set_user_attr("constraints", list(result.constraints))
         trial.set_user_attr("constraint_names", list(result.constraint_names))
         trial.set_user_attr("feasible", result.feasible)
+        if result.margin:
+            trial.set_user_attr("margin", result.margin)
+        if result.objective is not None:
+            trial.set_user_attr("objective", result.objective)
         if result.summary is not None:
             trial.set_user_attr("summary", result.summary.to_dict())
+        if result.windows:
+            trial.set_user_attr("windows", [
+                {"name": w.name, "span": w.span, "goodput_tok_s": w.result.goodput_tok_s,
+                 "constraints": list(w.result.constraints), "feasible": w.result.feasible,
+                 "summary": None if w.result.summary is None else w.result.summary.to_dict()}
+                for w in result.windows])
         names = result.constraint_names or tuple(f"c{i}" for i in range(len(result.constraints)))
-        for key, value in zip(names, result.constraints, strict=True):
+        # Optuna counts a trial feasible when every value is <= 0: the terms shifted by
+        # the headroom, so that its feasibility is the result's.
+        for key, value in zip(names, result.optuna_constraints, strict=True):
             trial.set_constraint(key, value)
-        self.study.tell(trial, result.goodput_tok_s)
+        self.study.tell(trial, result.value)
 
     def tell_failed(self, number: int, reason: str) -> None:
         trial = self._pop(number)

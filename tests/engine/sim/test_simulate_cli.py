@@ -42,11 +42,60 @@ CLASS_KEYS = {"goodput_tok_s", "max_stall_ms", "preemptions_per_min", "requests_
               "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms"}
 
 
+# Keys added since (issue 10: honest figures): added, never renamed.
+ACCOUNTING_KEYS = {"requests_arrived", "requests_rejected", "requests_unfinished",
+                   "ttft_censored", "offered_tok_s", "goodput_all_tok_s"}
+ADDED_TOP_KEYS = ACCOUNTING_KEYS | {"busy_ratio_max", "p99_within_slo"}
+ADDED_CLASS_KEYS = ACCOUNTING_KEYS | {"p99_within_slo", "slo_ttft_p99_ms", "slo_tbt_p99_ms"}
+
+
 def test_json_keys_are_exactly_the_published_ones(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == TOP_KEYS
-    assert all(set(c) == CLASS_KEYS for c in out["classes"].values())
+    assert set(out) == TOP_KEYS | ADDED_TOP_KEYS
+    assert all(set(c) == CLASS_KEYS | ADDED_CLASS_KEYS for c in out["classes"].values())
+
+
+def test_json_figures_are_honest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "20", "--replicas", "2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # Busy is per replica (a ratio), not summed over the two.
+    assert 0 < out["busy_ratio"] <= out["busy_ratio_max"] <= 1.0
+    assert out["goodput_all_tok_s"] >= out["goodput_tok_s"] > 0
+    assert out["requests_arrived"] == (out["requests_finished"] + out["requests_unfinished"]
+                                       + out["requests_rejected"])
+    p2 = out["classes"]["p2"]  # tiny-cpu's P2 is best effort: no P99 verdict
+    assert p2["p99_within_slo"] is None and p2["slo_ttft_p99_ms"] is None
+    p0 = out["classes"]["p0"]
+    assert p0["slo_ttft_p99_ms"] == 300 and isinstance(p0["p99_within_slo"], bool)
+
+
+def test_progress_goes_to_stderr_and_json_stays_clean(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "5", "--json"]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # one clean object
+    assert "simulate: 5/5 s simulated (100%)" in captured.err and "sim-s/s" in captured.err
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "5", "--json",
+                 "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_table_shows_every_class_rejected_prompts_and_the_goodput_definition(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens,class\n"
+                     "0,100,10,p1\n1,100,10,p1\n2,900000,10,p1\n")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in out.splitlines()
+            if line.startswith("│") and line.split()[1] in ("p0", "p1", "p2", "all")}
+    assert set(rows) == {"p0", "p1", "p2", "all"}
+    assert rows["p0"].count(" - ") >= 10  # no traffic: "-", not 0 ms
+    assert "requests within SLO" in out and "p99 within SLO" in out
+    assert "1 request(s) rejected" in out
+    assert "goodput: tokens per second of the requests that met their class's SLO" in out
 
 
 def test_set_overrides_reach_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,6 +109,7 @@ def test_table_is_printed_without_json(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "10"]) == 0
     out = capsys.readouterr().out
     assert "TBT p99" in out and "goodput" in out and "preemptions/min" in out
+    assert "busy per replica" in out
 
 
 def test_same_seed_same_result() -> None:
@@ -92,3 +142,24 @@ def test_bad_input_is_a_clear_error(argv: list[str], message: str,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["mine.csv", "mine.jsonl", "MINE.CSV"])
+def test_a_trace_passed_as_scenario_is_one_line_pointing_to_trace(
+        tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / name
+    secret = "do-not-echo-this-row"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n" + f"0,5,5,{secret}\n" * 50)
+    assert main(["simulate", "--scenario", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--trace {trace}" in err
+    assert secret not in err
+
+
+def test_a_non_mapping_scenario_file_is_quoted_only_in_part(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("just a long line of text " * 200)
+    assert main(["simulate", "--scenario", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "must be a mapping" in err and len(err) < 400

@@ -130,7 +130,9 @@ def test_malformed_jsonl_rows_name_file_and_line(tmp_path: Path, line: str, matc
 
 
 @pytest.mark.parametrize("text, match", [
-    ("time,prompt,output\n", r"c\.csv:1: expected the header TIMESTAMP"),
+    ("time,prompt,output\n", r"c\.csv:1: the header 'time,prompt,output' lacks "
+     r"arrival_time, prompt_tokens, output_tokens; a CSV trace starts with "
+     r"arrival_time,prompt_tokens,output_tokens\[,class\] \(or Azure's TIMESTAMP"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
      "yesterday,5,5\n", r"c\.csv:3: TIMESTAMP='yesterday' is not a time"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374\n",
@@ -149,6 +151,43 @@ def test_azure_csv_from_a_file(tmp_path: Path) -> None:
                  "2023-11-16 18:15:46.5,374,44\n2023-11-16 18:15:48.0,10,2\n")
     records = read_trace(path)
     assert [(r.arrival_time, r.prompt_tokens) for r in records] == [(0.0, 374), (1.5, 10)]
+
+
+def test_minimal_csv_with_and_without_classes(tmp_path: Path) -> None:
+    path = write(tmp_path, "mine.csv", "arrival_time,prompt_tokens,output_tokens,class\n"
+                 "10.5,300,40,p0\n10.0,100,20,\n12,50,0,P2\n")
+    records = read_trace(path)
+    assert [(r.arrival_time, r.prompt_tokens, r.output_tokens, r.priority) for r in records] \
+        == [(0.0, 100, 20, None), (0.5, 300, 40, Priority.P0), (2.0, 50, 0, Priority.P2)]
+    # Columns in any order, aliases, extra columns ignored, ISO dates as times.
+    path = write(tmp_path, "b.csv", "output_tokens,user,Timestamp,prompt_tokens,priority\n"
+                 "7,alice,2024-01-01 00:00:01,70,p1\n9,bob,2024-01-01 00:00:03,90,p1\n")
+    records = read_trace(path)
+    assert [(r.arrival_time, r.prompt_tokens, r.output_tokens) for r in records] == [
+        (0.0, 70, 7), (2.0, 90, 9)]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("arrival_time,prompt_tokens,output_tokens\n1,5\n", r"m\.csv:2: expected 3 columns"),
+    ("arrival_time,prompt_tokens,output_tokens,class\n1,5,5,urgent\n",
+     r"m\.csv:2: class: priority 'urgent' is not a class"),
+    ("arrival_time,prompt_tokens,output_tokens\n1,0,5\n",
+     r"m\.csv:2: prompt_tokens='0' must be a whole number >= 1"),
+    ("arrival_time,prompt_tokens,output_tokens\n-1,5,5\n",
+     r"m\.csv:2: arrival_time='-1' is not a time"),
+])
+def test_malformed_minimal_csv_names_file_line_and_field(tmp_path: Path, text: str,
+                                                         match: str) -> None:
+    with pytest.raises(TraceError, match=match):
+        read_trace(write(tmp_path, "m.csv", text))
+
+
+def test_errors_quote_only_an_excerpt_of_a_hostile_row(tmp_path: Path) -> None:
+    huge = "x" * 10_000
+    path = write(tmp_path, "h.csv", f"arrival_time,prompt_tokens,output_tokens\n{huge},1,1\n")
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert len(str(info.value)) < 300 and "..." in str(info.value)
 
 
 def test_unknown_trace_is_refused_with_the_shipped_names() -> None:

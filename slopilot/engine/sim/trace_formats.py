@@ -1,0 +1,178 @@
+"""Parsers of the trace file formats (see ``trace.py`` and docs/traces.md).
+
+- ``azure-csv``: ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure's LLM inference traces);
+- ``csv``: a header naming ``arrival_time`` (seconds, or an ISO date; ``timestamp`` also
+  works), ``prompt_tokens``, ``output_tokens`` and optionally ``class`` (``p0``, ``p1``,
+  ``p2``; ``priority`` also works); other columns are ignored;
+- ``jsonl``: one object per line with the same names, plus an optional ``session_id``.
+
+Errors name the file, the line and the field, and quote at most a short excerpt of the
+offending row: a trace is data a user (or an attacker) supplies, never echoed whole.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.quote import excerpt
+from slopilot.engine.sim.trace_flags import TRACE_FORMATS
+
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
+_ALIASES = {"timestamp": "arrival_time", "priority": "class"}
+FORMATS = TRACE_FORMATS
+
+
+class TraceError(ValueError):
+    """A trace file is missing or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    arrival_time: float
+    prompt_tokens: int
+    output_tokens: int
+    priority: Priority | None = None
+    session_id: int | None = None
+
+
+def parse_csv(text: str, label: str) -> list[TraceRecord]:
+    """Either CSV form, told apart by the header row."""
+    header = next(csv.reader(text.splitlines()[:1]), None)
+    if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
+        return parse_azure(text, label)
+    names = [_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header or ()]
+    if not set(CSV_COLUMNS) <= set(names):
+        raise TraceError(
+            f"{label}:1: the header {excerpt(','.join(header or ()))} lacks "
+            f"{', '.join(c for c in CSV_COLUMNS if c not in names)}; a CSV trace starts with "
+            f"{','.join(CSV_COLUMNS)}[,class] (or Azure's {','.join(_AZURE_COLUMNS)})")
+    column = {name: names.index(name) for name in (*CSV_COLUMNS, "class") if name in names}
+    reader = csv.reader(text.splitlines())
+    next(reader)
+    records = []
+    for row in reader:
+        line = reader.line_num
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) <= max(column.values()):
+            raise TraceError(f"{label}:{line}: expected {len(names)} columns "
+                             f"({','.join(names)}), got {len(row)}: {excerpt(row)}")
+        priority = None
+        if "class" in column and row[column["class"]].strip():
+            try:
+                priority = Priority.parse(row[column["class"]].strip())
+            except ValueError as e:
+                raise TraceError(f"{label}:{line}: class: {e}") from None
+        records.append(TraceRecord(
+            _timestamp(row[column["arrival_time"]], label, line, "arrival_time"),
+            _count(row[column["prompt_tokens"]], label, line, "prompt_tokens", lo=1),
+            _count(row[column["output_tokens"]], label, line, "output_tokens", lo=0),
+            priority))
+    return records
+
+
+def parse_azure(text: str, label: str) -> list[TraceRecord]:
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
+        raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
+                         f"got {excerpt(header)}")
+    records = []
+    for row in reader:
+        line = reader.line_num
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) < 3:
+            raise TraceError(f"{label}:{line}: expected 3 columns "
+                             f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {excerpt(row)}")
+        t = _timestamp(row[0], label, line, "TIMESTAMP")
+        prompt = _count(row[1], label, line, "ContextTokens", lo=1)
+        output = _count(row[2], label, line, "GeneratedTokens", lo=0)
+        records.append(TraceRecord(t, prompt, output))
+    return records
+
+
+def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
+    records = []
+    sessions: dict[object, int] = {}
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj: Any = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{label}:{line}: not valid JSON ({e.msg}): {raw[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
+        key = "arrival_time" if "arrival_time" in obj else "timestamp"
+        if key not in obj:
+            raise TraceError(f"{label}:{line}: missing arrival_time (or timestamp)")
+        t = _timestamp(obj[key], label, line, key)
+        for name in ("prompt_tokens", "output_tokens"):
+            if name not in obj:
+                raise TraceError(f"{label}:{line}: missing {name}")
+        prompt = _count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
+        output = _count(obj["output_tokens"], label, line, "output_tokens", lo=0)
+        priority = None
+        if obj.get("priority") is not None:
+            try:
+                priority = Priority.parse(obj["priority"])
+            except ValueError as e:
+                raise TraceError(f"{label}:{line}: {e}") from None
+        session = None
+        if obj.get("session_id") is not None:
+            # Any JSON scalar names a session; number them in order of first appearance.
+            session = sessions.setdefault(_hashable(obj["session_id"]), len(sessions))
+        records.append(TraceRecord(t, prompt, output, priority, session))
+    return records
+
+
+def _timestamp(value: object, label: str, line: int, name: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value) and value >= 0:
+            return float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(seconds) and seconds >= 0:
+                return seconds
+            text = ""  # a number, but no time: refused below
+        try:
+            stamp = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            pass
+        else:
+            if stamp.tzinfo is None:  # trace timestamps without a zone are UTC (Azure's are)
+                stamp = stamp.replace(tzinfo=datetime.UTC)
+            return stamp.timestamp()
+    raise TraceError(f"{label}:{line}: {name}={excerpt(value)} is not a time; use seconds "
+                     "(>= 0) or an ISO date like 2023-11-16 18:15:46.680")
+
+
+def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    if number is None or number < lo:
+        raise TraceError(f"{label}:{line}: {name}={excerpt(value)} must be a whole number "
+                         f">= {lo}")
+    return number
+
+
+def _hashable(value: object) -> object:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value

@@ -1,0 +1,142 @@
+"""A user's trace on a scenario's deployment: ``--trace FILE`` and the trace options.
+
+The scenario gives the hardware, the model, the knobs and the SLO; the trace replaces
+its workload. The options (window, time scale or target rate, class mix) apply to the
+given trace, or to a trace scenario's own (``--time-scale 0.3`` on ``azure-conv-2023``).
+With any of them the run covers the whole replayed trace: it lasts until the last
+arrival (plus a second), whatever the scenario's ``duration_s`` was written for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.scenario import Scenario, ScenarioError
+from slopilot.engine.sim.trace import BUILTIN_TRACES, TraceError
+from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT
+from slopilot.engine.sim.trace_formats import FORMATS
+from slopilot.engine.sim.workload import ClassMix
+from slopilot.engine.sim.workload_spec import TraceSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    """What the trace flags say; every field None means "as the scenario has it"."""
+
+    path: str | None = None
+    fmt: str | None = None
+    start_s: float | None = None
+    """Trace seconds (from its first request, before scaling) where the replay starts."""
+    end_s: float | None = None
+    time_scale: float | None = None
+    target_rate: float | None = None
+    classes: ClassMix | None = None
+    """Class shares for requests the trace gives no class (default: all P1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("start_s", "end_s", "time_scale", "target_rate"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ScenarioError(f"{_flag(name)} {value}: expected a number >= 0")
+        for name in ("time_scale", "target_rate"):
+            if getattr(self, name) == 0:
+                raise ScenarioError(f"{_flag(name)} 0: expected a positive number")
+        if self.time_scale is not None and self.target_rate is not None:
+            raise ScenarioError("--time-scale and --target-rate both given; give one (the "
+                                "target rate picks the time scale)")
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise ScenarioError(f"--trace-window {self.start_s:g}:{self.end_s:g}: the end "
+                                "must come after the start")
+        if self.fmt is not None and self.fmt not in FORMATS:
+            raise ScenarioError(f"--trace-format {self.fmt!r}: use one of {', '.join(FORMATS)}")
+
+    def given(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+
+def _flag(name: str) -> str:
+    return {"start_s": "--trace-window start", "end_s": "--trace-window end",
+            "time_scale": "--time-scale", "target_rate": "--target-rate"}[name]
+
+
+def parse_window(text: str | None) -> tuple[float | None, float | None]:
+    """``START:END``, ``START:`` or ``:END`` (trace seconds) from ``--trace-window``."""
+    if text is None:
+        return None, None
+    lo, sep, hi = text.partition(":")
+    if not sep:
+        raise ScenarioError(f"--trace-window {text!r}: expected START:END in trace seconds, "
+                            "e.g. 600:900 (either end may be left out)")
+    try:
+        return (float(lo) if lo.strip() else None, float(hi) if hi.strip() else None)
+    except ValueError:
+        raise ScenarioError(f"--trace-window {text!r}: START and END must be seconds, "
+                            "e.g. 600:900") from None
+
+
+def parse_classes(text: str | None) -> ClassMix | None:
+    """``p0=0.1,p1=0.9`` from ``--classes``."""
+    if text is None:
+        return None
+    weights: dict[Priority, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            weights[Priority.parse(name.strip())] = float(value)
+            if not sep:
+                raise ValueError
+        except ValueError:
+            raise ScenarioError(f"--classes {text!r}: expected CLASS=SHARE,..., e.g. "
+                                "p0=0.1,p1=0.6,p2=0.3") from None
+    try:
+        return ClassMix.of(weights)
+    except ValueError as e:
+        raise ScenarioError(f"--classes {text!r}: {e}") from None
+
+
+def with_trace(scenario: Scenario, options: TraceOptions) -> Scenario:
+    """``scenario`` replaying the trace the options name (or its own, re-cut)."""
+    if not options.given():
+        return scenario
+    own = scenario.workload if isinstance(scenario.workload, TraceSpec) else None
+    if options.path is None and own is None:
+        raise ScenarioError(f"scenario {scenario.name!r} generates its traffic; the trace "
+                            "options apply to a trace: pass --trace FILE.csv")
+    if options.path is not None:
+        path = options.path
+        if path not in BUILTIN_TRACES and not Path(path).is_file():
+            raise ScenarioError(f"--trace {path}: no such file (or name a shipped trace: "
+                                f"{', '.join(BUILTIN_TRACES)})")
+        base = TraceSpec(trace=path, classes=ClassMix.only(Priority.P1))
+        name = f"{scenario.name}+{Path(path).stem}"
+    else:
+        assert own is not None
+        base, name = own, scenario.name
+    scaled = options.time_scale is not None or options.target_rate is not None
+    spec = dataclasses.replace(
+        base, fmt=options.fmt or (None if options.path else base.fmt),
+        start_s=base.start_s if options.start_s is None else options.start_s,
+        end_s=base.end_s if options.end_s is None else options.end_s,
+        time_scale=options.time_scale if scaled else base.time_scale,
+        target_rate=options.target_rate if scaled else base.target_rate,
+        classes=options.classes or base.classes)
+    try:
+        records = spec.records()
+    except TraceError as e:
+        raise ScenarioError(f"--trace: {e}") from None
+    return dataclasses.replace(scenario, name=name, workload=spec,
+                               duration_s=math.floor(records[-1].arrival_time) + 1.0)
+
+
+def load_with_trace(scenario: str | None, options: TraceOptions, default: str) -> Scenario:
+    """The scenario a command runs: ``scenario`` (or the default for a bare ``--trace``,
+    else ``default``), with the trace options applied."""
+    from slopilot.engine.sim.scenario import load_scenario
+
+    if scenario is None:
+        scenario = TRACE_DEPLOYMENT if options.path is not None else default
+    return with_trace(load_scenario(scenario), options)

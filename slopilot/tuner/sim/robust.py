@@ -1,0 +1,169 @@
+"""``RobustEvaluator``: a config judged on representative windows, not on one stretch.
+
+The windows are chosen once per study from the workload itself (``engine/sim/windows``:
+for a trace its busiest windows by arrivals and by tokens and a typical one, each with a
+warm-up; for a generated workload several seeds), then every config is simulated on
+each and judged by ``study/verdict.robust_verdict``: feasible only if every SLO term
+holds in every window with ``HEADROOM`` to spare, ranked by the worst window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.simulator import Measure, simulate
+from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
+from slopilot.engine.sim.windows import WindowChoice, seed_windows, trace_windows
+from slopilot.engine.sim.workload_spec import TraceSpec
+from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.study.objective import HEADROOM, TrialResult, WindowResult, score
+from slopilot.tuner.study.verdict import robust_verdict
+
+TRACE_WINDOW_S = 60.0
+"""A trace window's default length: ~800 requests at the shipped trace's busy rate, so
+its P99 rests on a few requests, not one, and three windows stay a few minutes' work."""
+WARMUP_S = 30.0
+DRAIN_S = 20.0
+"""Simulated after a window (arrivals continue) to follow its last requests; at most a
+third of the window, so that a short window is not mostly drain."""
+SEEDS = 3
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """The windows a study judges on, and what choosing them meant."""
+
+    windows: tuple[WindowChoice, ...]
+    kind: str
+    """``trace`` (busiest + typical), ``whole`` (the whole trace) or ``seeds``."""
+
+    @property
+    def simulated_s(self) -> float:
+        """Virtual seconds one evaluation simulates (warm-ups and drains included)."""
+        return sum(w.warmup_s + w.length_s + w.drain_s for w in self.windows)
+
+    def describe(self) -> str:
+        """One line for the output and the report."""
+        what = {"trace": "the trace's busiest windows and a typical one",
+                "whole": "the whole trace",
+                "seeds": f"{len(self.windows)} workload seed{'s' if len(self.windows) > 1 else ''}"}
+        w0 = self.windows[0]
+        return (f"judged on {what[self.kind]}, {w0.length_s:,.0f} s each "
+                f"(+{w0.warmup_s:,.0f} s warm-up, +{w0.drain_s:,.0f} s drain; "
+                f"{self.simulated_s:,.0f} simulated s per config): "
+                + "; ".join(w.describe() for w in self.windows))
+
+
+def plan_windows(scenario: Scenario, *, duration_s: float | None = None, seeds: int = SEEDS,
+                 warmup_s: float = WARMUP_S, drain_s: float = DRAIN_S,
+                 whole: bool = False) -> WindowPlan:
+    """Choose the windows for ``scenario`` (deterministic: the same inputs, the same
+    windows). ``duration_s`` is a window's length (default: 60 s of a trace, a generated
+    scenario's own duration); ``whole`` judges a trace on all of it at once."""
+    for name, value in (("duration_s", duration_s), ("warmup_s", warmup_s),
+                        ("drain_s", drain_s)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name}={value!r}: expected seconds >= 0")
+    if duration_s is not None and duration_s <= 0:
+        raise ValueError(f"duration_s={duration_s!r}: expected a window of seconds > 0")
+    spec = scenario.workload
+    length = duration_s or (TRACE_WINDOW_S if isinstance(spec, TraceSpec)
+                            else scenario.duration_s)
+    drain_s = min(drain_s, length / 3)
+    if isinstance(spec, TraceSpec):
+        records = spec.records()
+        if whole:
+            span = max(records[-1].arrival_time, 1.0)
+            return WindowPlan((WindowChoice("whole trace", 0.0, span, 0.0, drain_s),), "whole")
+        windows = trace_windows(records, length, warmup_s=warmup_s, drain_s=drain_s)
+        return WindowPlan(tuple(windows), "whole" if windows[0].name == "whole trace"
+                          else "trace")
+    return WindowPlan(tuple(seed_windows(scenario.seed, 1 if whole else seeds, length,
+                                         drain_s=drain_s)), "seeds")
+
+
+Progress = Callable[[float], None]
+
+
+class RobustEvaluator:
+    """Scores a config on every window of ``plan`` (see the module docstring).
+
+    ``progress`` is told the virtual seconds this evaluator has simulated so far, in
+    all its evaluations (a progress bar's feed).
+    """
+
+    def __init__(self, scenario: Scenario, plan: WindowPlan, *, replicas: int | None = None,
+                 margin: float = HEADROOM, slo: SLOSpec | None = None,
+                 progress: Progress | None = None) -> None:
+        if replicas is not None and (isinstance(replicas, bool) or replicas < 1):
+            raise ValueError(f"replicas={replicas!r}: expected at least one replica")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin={margin!r}: expected a fraction in [0, 1)")
+        self.scenario, self.plan, self.replicas, self.margin = scenario, plan, replicas, margin
+        self._slo = slo if slo is not None else scenario.slo
+        self.progress = progress
+        self.simulated_s = 0.0
+        self._records: list[TraceRecord] | None = None
+        if isinstance(scenario.workload, TraceSpec):
+            self._records = scenario.workload.records()
+
+    @property
+    def slo(self) -> SLOSpec:
+        return self._slo
+
+    def start_config(self) -> dict[str, Any]:
+        return self.scenario.engine_config().to_dict()
+
+    def at_replicas(self, replicas: int) -> RobustEvaluator:
+        """The same windows and judgement on ``replicas`` replicas (the capacity search);
+        it has its own count of simulated seconds and no progress feed."""
+        out = RobustEvaluator(self.scenario, self.plan, replicas=replicas, margin=self.margin,
+                              slo=self._slo)
+        out._records = self._records
+        return out
+
+    def evaluate(self, config: Mapping[str, Any]) -> TrialResult:
+        engine = self.scenario.engine_config().with_overrides(config).to_dict()
+        results = []
+        for w in self.plan.windows:
+            summary = self._simulate(w, engine)
+            results.append(WindowResult(w.name, w.describe(),
+                                        score(summary, self._slo, config=dict(config))))
+        return robust_verdict(config, results, self.margin)
+
+    def _simulate(self, w: WindowChoice, engine: Mapping[str, Any]) -> WindowSummary:
+        measure = Measure(w.warmup_s, w.warmup_s + w.length_s,
+                          w.warmup_s + w.length_s + w.drain_s)
+        base = self.simulated_s
+
+        def tick(t: float) -> None:
+            if self.progress is not None:
+                self.progress(base + t)
+
+        workload = None
+        if self._records is not None:
+            workload = self._trace_slice(w)
+        run = simulate(self.scenario, engine, replicas=self.replicas,
+                       seed=w.seed, measure=measure, workload=workload, progress=tick)
+        self.simulated_s = base + measure.horizon_s
+        return run.summary
+
+    def _trace_slice(self, w: WindowChoice) -> TraceWorkload:
+        """The records from the warm-up's start to the horizon, re-based to 0."""
+        assert self._records is not None and isinstance(self.scenario.workload, TraceSpec)
+        spec = self.scenario.workload
+        t0 = w.start_s - w.warmup_s
+        t1 = w.end_s + w.drain_s
+        part = [dataclasses.replace(r, arrival_time=r.arrival_time - t0)
+                for r in self._records if t0 <= r.arrival_time < t1]
+        if not part:
+            raise ValueError(f"window {w.describe()}: no request arrives in it")
+        return TraceWorkload(part, seed=self.scenario.seed,
+                             classes=spec.classes, vocab_size=spec.vocab_size,
+                             duration_s=t1 - t0)

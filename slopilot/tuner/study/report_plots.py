@@ -1,0 +1,179 @@
+"""The report's plots (matplotlib's Agg backend: no display needed).
+
+- ``history.png``: the objective per trial, the best that holds the SLO so far;
+- ``terms.png``: what decides feasibility, per trial: each class's TTFT and TBT P99 (its
+  worst window) against its SLO line and the line the headroom asks for;
+- ``pareto.png``: goodput against the worst SLO term (a share of its limit): the two
+  axes every trial moves on, where a trace replay fixes the throughput;
+- ``importance.png``: the knobs' share of the variation (``importance.py``), in their
+  user names, only when it means something.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult
+from slopilot.tuner.study.verdict import term_label
+
+Results = Sequence[tuple[int, TrialResult]]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def objective_label(results: Results) -> str:
+    if any(r.objective is not None for _, r in results):
+        return "goodput share, worst window"
+    return "goodput (tok/s)"
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated in (maximize x, minimize y), sorted by x."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((x2 >= x and y2 <= y) and (x2 > x or y2 < y)
+                        for j, (x2, y2) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def _split(results: Results) -> tuple[Results, Results]:
+    return [nr for nr in results if nr[1].feasible], [nr for nr in results if not nr[1].feasible]
+
+
+def history(results: Results, out: Path) -> str:
+    plt = _pyplot()
+    ok, bad = _split(results)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.scatter([n for n, _ in ok], [r.value for _, r in ok], c="tab:green",
+               label="holds the SLO")
+    ax.scatter([n for n, _ in bad], [r.value for _, r in bad], c="tab:red", marker="x",
+               label="misses it")
+    best, running = [], -math.inf
+    for _, r in results:
+        if r.feasible:
+            running = max(running, r.value)
+        best.append(running if math.isfinite(running) else math.nan)
+    ax.step([n for n, _ in results], best, where="post", c="black",
+            label="best that holds, so far")
+    ax.set(xlabel="trial", ylabel=objective_label(results), title="Trial history")
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(out / "history.png", dpi=100)
+    plt.close(fig)
+    return "history.png"
+
+
+def _limits(slo: SLOSpec) -> dict[str, float]:
+    out = {}
+    for p, c in slo.classes().items():
+        if c.ttft_p99_ms is not None:
+            out[f"{p.label}.ttft_p99"] = c.ttft_p99_ms
+        if c.tbt_p99_ms is not None:
+            out[f"{p.label}.tbt_p99"] = c.tbt_p99_ms
+    return out
+
+
+def terms(results: Results, slo: SLOSpec, out: Path,
+          start: TrialResult | None = None) -> str | None:
+    """Each latency term per trial against its SLO; None when no trial has terms."""
+    plt = _pyplot()
+    limits = _limits(slo)
+    first = results[0][1].constraint_names if results else ()
+    # A class without traffic in every trial has no P99 to draw (NO_SAMPLES).
+    names = [n for n in first if n in limits and any(
+        r.constraints[first.index(n)] != NO_SAMPLES for _, r in results)]
+    if not names:
+        return None
+    cols = 2
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
+    margin = results[0][1].margin
+    for k, name in enumerate(names):
+        ax = axes[k // cols][k % cols]
+        i = results[0][1].constraint_names.index(name)
+        limit = limits[name]
+
+        def ms(r: TrialResult, i: int = i, limit: float = limit) -> float:
+            return max(r.constraints[i] + 1.0, 1e-3) * limit
+
+        ok, bad = _split(results)
+        ax.scatter([n for n, _ in ok], [ms(r) for _, r in ok], c="tab:green", s=18,
+                   label="trial holds the SLO")
+        ax.scatter([n for n, _ in bad], [ms(r) for _, r in bad], c="tab:red", marker="x",
+                   s=18, label="trial misses it")
+        if start is not None:
+            ax.scatter([-1], [ms(start)], c="tab:blue", marker="*", s=80, label="start config")
+        ax.axhline(limit, c="black", lw=1, label=f"SLO {limit:g} ms")
+        ax.text(0.01, limit, f" {limit:g} ms", transform=ax.get_yaxis_transform(),
+                va="bottom", fontsize=7)
+        if margin:
+            ax.axhline(limit * (1 - margin), c="black", lw=1, ls="--",
+                       label=f"with {margin:.0%} headroom")
+        values = [ms(r) for _, r in results] + [limit]
+        if max(values) / max(min(values), 1e-3) > 20:
+            ax.set_yscale("log")
+        ax.set(title=term_label(name)[0] + " (worst window)", xlabel="trial", ylabel="ms")
+    for k in range(len(names), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    labels = ["the SLO" if label.startswith("SLO ") else label for label in labels]
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.suptitle("The terms that decide feasibility, per trial")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(out / "terms.png", dpi=100)
+    plt.close(fig)
+    return "terms.png"
+
+
+def pareto(results: Results, out: Path) -> str:
+    plt = _pyplot()
+    pts = [(r.value, max(r.constraints, default=-1.0) + 1.0) for _, r in results]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = ["tab:green" if r.feasible else "tab:red" for _, r in results]
+    ax.scatter([y for _, y in pts], [x for x, _ in pts], c=colors, alpha=0.7,
+               label="trials (green: holds the SLO)")
+    front = sorted(pareto_front([(x, y) for x, y in pts]), key=lambda i: pts[i][1])
+    ax.plot([pts[i][1] for i in front], [pts[i][0] for i in front], "o-", c="tab:orange",
+            mfc="none", label="Pareto front")
+    margin = results[0][1].margin if results else 0.0
+    ax.axvline(1.0, c="black", lw=1, label="at the SLO limit")
+    if margin:
+        ax.axvline(1.0 - margin, c="black", lw=1, ls="--", label=f"{margin:.0%} headroom")
+    from matplotlib.ticker import NullFormatter, PercentFormatter
+
+    xs = [y for _, y in pts] + [1.0]
+    log = max(xs) / max(min(xs), 1e-3) > 10
+    if log:
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set(xlabel="worst SLO term, as a share of its limit" + (" (log)" if log else ""),
+           ylabel=objective_label(results), title="Goodput against the worst SLO term")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "pareto.png", dpi=100)
+    plt.close(fig)
+    return "pareto.png"
+
+
+def importance_plot(values: Mapping[str, float], target: str, out: Path) -> str:
+    plt = _pyplot()
+    names = list(values)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.6))
+    ax.barh(names, [values[n] for n in names], color="tab:purple")
+    ax.set(xlabel=f"share of the variation in {target}", title="Knob importance (fANOVA)")
+    fig.tight_layout()
+    fig.savefig(out / "importance.png", dpi=100)
+    plt.close(fig)
+    return "importance.png"

@@ -1,0 +1,142 @@
+"""The robust verdict: a config judged on every window, and what it misses, in words.
+
+A config holds the SLO only if it holds every term in every window with the headroom
+``HEADROOM`` (``holds``, the loop's own rule): its constraint terms are each term's worst
+window. The study then ranks by the worst window too: its objective is the smallest
+goodput share over the windows (output tokens of requests within their SLO over the
+output tokens the window's requests asked for), so that a config cannot buy goodput in
+a quiet window with the busy one's headroom; shares, not tokens per second, because the
+windows carry different loads. ``goodput_tok_s`` stays the windows' mean, for people.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.study.objective import TrialResult, WindowResult, holds
+
+
+def goodput_share(summary: WindowSummary | None) -> float | None:
+    """Goodput over the output tokens asked for; None where the source cannot tell."""
+    a = None if summary is None else summary.overall.accounting
+    if summary is None or a is None or a.offered_tok_s <= 0:
+        return None
+    return min(1.0, summary.overall.goodput_tok_s / a.offered_tok_s)
+
+
+def robust_verdict(config: Mapping[str, Any], windows: Sequence[WindowResult],
+                   margin: float) -> TrialResult:
+    """One result from each window's: worst term per term, worst share, mean goodput."""
+    if not windows:
+        raise ValueError("windows is empty: a verdict needs at least one window")
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin={margin!r}: expected a fraction in [0, 1), e.g. 0.1")
+    names = windows[0].result.constraint_names
+    if any(w.result.constraint_names != names for w in windows):
+        raise ValueError("windows were scored against different SLO terms")
+    worst = tuple(max(w.result.constraints[i] for w in windows) for i in range(len(names)))
+    deciding = max(windows, key=lambda w: max(w.result.constraints, default=0.0))
+    shares = [s for s in (goodput_share(w.result.summary) for w in windows) if s is not None]
+    result = TrialResult(
+        config=dict(config),
+        goodput_tok_s=sum(w.result.goodput_tok_s for w in windows) / len(windows),
+        constraints=worst, feasible=False, summary=deciding.result.summary,
+        constraint_names=names, margin=margin,
+        objective=min(shares) if shares else None, windows=tuple(windows))
+    return dataclasses.replace(result, feasible=holds(result, margin))
+
+
+# ---------------------------------------------------------------------- in words
+@dataclass(frozen=True)
+class Violation:
+    """One SLO term a config misses (or holds without the headroom), in user units."""
+
+    term: str
+    """The constraint's name: ``p1.ttft_p99``, ``preemptions_per_min``."""
+    label: str
+    """``P1 TTFT p99``."""
+    measured: float
+    limit: float
+    unit: str
+    """``ms`` or ``/min``."""
+    margin: float
+    window: str | None
+    """The window where it is worst (``WindowResult.span``); None with one window."""
+
+    @property
+    def within_limit(self) -> bool:
+        """Within the SLO itself, short only of the headroom."""
+        return self.measured <= self.limit
+
+    def text(self) -> str:
+        """``P1 TTFT p99 13.4 s against 500 ms (in busiest arrivals: 725-785 s ...)``."""
+        out = f"{self.label} {_value(self.measured, self.unit)} against " \
+              f"{_value(self.limit, self.unit)}"
+        if self.within_limit:
+            out += (f" (within it, but not with the {self.margin:.0%} headroom: needs "
+                    f"{_value(self.limit * (1 - self.margin), self.unit)})")
+        if self.window:
+            out += f" (in {self.window})"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"term": self.term, "label": self.label, "measured": self.measured,
+                "limit": self.limit, "unit": self.unit, "window": self.window,
+                "within_limit": self.within_limit, "text": self.text()}
+
+
+def _value(v: float, unit: str) -> str:
+    if unit == "ms":
+        return f"{v / 1000:.1f} s" if v >= 1000 else f"{v:.0f} ms"
+    return f"{v:.1f} {unit}"
+
+
+def term_label(term: str) -> tuple[str, str]:
+    """A constraint's name as a person reads it, and its unit."""
+    if term == "preemptions_per_min":
+        return "preemptions per minute", "/min"
+    cls, _, kind = term.partition(".")
+    return f"{cls.upper()} {kind.split('_')[0].upper()} p99", "ms"
+
+
+def _limit(slo: SLOSpec, term: str) -> float:
+    if term == "preemptions_per_min":
+        limit = slo.max_preemptions_per_min
+    else:
+        cls, _, kind = term.partition(".")
+        limit = getattr(slo.class_slo(cls), f"{kind}_ms")
+    if limit is None:
+        raise ValueError(f"the SLO sets no limit for {term}")
+    return float(limit)
+
+
+def violations(result: TrialResult, slo: SLOSpec) -> list[Violation]:
+    """The terms ``result`` misses with its headroom, worst first, each in its worst window."""
+    out = []
+    for i, term in enumerate(result.constraint_names):
+        c = result.constraints[i]
+        if c <= -result.margin:
+            continue
+        window = None
+        if result.windows:
+            worst = max(result.windows, key=lambda w: w.result.constraints[i])
+            window = worst.span
+        label, unit = term_label(term)
+        limit = _limit(slo, term)
+        out.append(Violation(term, label, (c + 1.0) * limit, limit, unit, result.margin,
+                             window))
+    return sorted(out, key=lambda v: v.measured / v.limit, reverse=True)
+
+
+def infeasible_sentence(result: TrialResult, slo: SLOSpec, replicas: int) -> str:
+    """One sentence: no config holds, and what the least violating one misses."""
+    missed = violations(result, slo)
+    terms = "; ".join(v.text() for v in missed) or "no term (?)"
+    return (f"No configuration tried holds the SLO on {replicas} replica"
+            f"{'s' if replicas != 1 else ''} with {result.margin:.0%} headroom: the closest "
+            f"misses {terms}.")

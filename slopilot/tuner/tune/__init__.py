@@ -1,0 +1,1 @@
+"""``slopilot tune``: settings, the study run, the capacity answer, progress and output."""

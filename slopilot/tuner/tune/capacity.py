@@ -1,0 +1,91 @@
+"""The capacity answer: when no config holds the SLO on the replicas tuned at, the
+smallest replica count that holds it, by the loop's own capacity search
+(``loop/capacity.CapacityPlanner``) over the same windows and verdict.
+
+The config that came closest on too few replicas is not always the best on more: under
+overload a small ``max_num_seqs`` can buy TTFT that costs throughput once there is room.
+So a few candidates are searched (the closest trials and the start config), each only
+below the best count found so far, and the smallest count wins (ties: the earlier
+candidate)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.tuner.loop.capacity import CapacityPlanner
+from slopilot.tuner.sim.robust import RobustEvaluator
+from slopilot.tuner.study.objective import TrialResult
+
+
+@dataclass(frozen=True)
+class CapacityOutcome:
+    replicas: int | None
+    """The smallest count in [lo, hi] that holds; None when even ``hi`` does not."""
+    config: Mapping[str, Any]
+    """The knobs it holds with (the first candidate's when none holds)."""
+    label: str
+    """Which candidate that is: ``trial 27``, ``the start config``."""
+    lo: int
+    hi: int
+    tried: Mapping[int, TrialResult] = field(default_factory=dict)
+    """The winning candidate's results per count."""
+    searched: tuple[tuple[str, int, bool], ...] = ()
+    """(candidate, replicas, holds) for every simulation, in order."""
+
+    def sentence(self) -> str:
+        tried = ", ".join(f"{label} on {n}: {'holds' if ok else 'misses'}"
+                          for label, n, ok in self.searched)
+        if self.replicas is None:
+            return (f"Not even {self.hi} replicas hold the SLO (tried: {tried}); raise "
+                    "--max-replicas, relax the SLO, or use a larger GPU or model "
+                    "parallelism.")
+        return (f"{self.replicas} replica{'s' if self.replicas != 1 else ''} hold the SLO "
+                f"in every window with headroom, with {self.label}'s knobs (tried: {tried}).")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"replicas": self.replicas, "lo": self.lo, "hi": self.hi,
+                "config": dict(self.config), "candidate": self.label,
+                "tried": {str(n): {"feasible": r.feasible,
+                                   "worst_term": max(r.constraints, default=0.0)}
+                          for n, r in sorted(self.tried.items())},
+                "searched": [{"candidate": label, "replicas": n, "feasible": ok}
+                             for label, n, ok in self.searched]}
+
+
+def capacity_answer(evaluator: RobustEvaluator,
+                    candidates: Sequence[tuple[str, Mapping[str, Any]]], lo: int, hi: int,
+                    note: Callable[[str], None] = lambda _: None) -> CapacityOutcome:
+    """Search ``[lo, hi]`` from below (``CapacityPlanner.search``) for each candidate."""
+    if not candidates:
+        raise ValueError("candidates is empty: the capacity search needs a config")
+    searched: list[tuple[str, int, bool]] = []
+    best: CapacityOutcome | None = None
+    seen: list[Mapping[str, Any]] = []
+    for label, config in candidates:
+        if config in seen:
+            continue
+        seen.append(config)
+        top = hi if best is None or best.replicas is None else best.replicas - 1
+        if top < lo:
+            break
+
+        def score(scenario: Scenario, cfg: Mapping[str, Any], n: int,
+                  label: str = label) -> TrialResult:
+            note(f"capacity: {label} on {n} replicas ...")
+            result = evaluator.at_replicas(n).evaluate(cfg)
+            searched.append((label, n, result.feasible))
+            note(f"capacity: {label} on {n} replicas "
+                 f"{'holds' if result.feasible else 'does not hold'} the SLO")
+            return result
+
+        answer = CapacityPlanner(score_fn=score).search(
+            evaluator.scenario, config, lo, top, margin=evaluator.margin)
+        if best is None or answer.replicas is not None:
+            best = CapacityOutcome(answer.replicas, dict(config), label, lo, hi,
+                                   dict(answer.results))
+    assert best is not None
+    return dataclasses.replace(best, searched=tuple(searched))

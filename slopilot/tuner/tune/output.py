@@ -1,0 +1,154 @@
+"""What ``slopilot tune`` prints: tables and the verdict, or one JSON object.
+
+The JSON keys: ``feasible``, ``violations`` (each in user units), ``recommended_replicas``
+and ``config`` (what to run), ``windows`` and ``duration_s`` (what each trial was judged
+on), ``capacity`` (the search, when one ran), ``best``/``start``/``top`` (trials), the
+``command`` that reproduces the study and the ``check_command`` that replays the whole
+workload with the answer, ``timing``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.summary_view import GOODPUT_DEFINITION
+from slopilot.engine.sim.twin import twin_label
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.tuner import rank
+from slopilot.tuner.study.verdict import goodput_share, term_label
+from slopilot.tuner.tune.run import TuneOutcome
+
+
+def ranked(outcome: TuneOutcome) -> list[tuple[int, TrialResult]]:
+    return sorted(outcome.tuner.results(), key=lambda nr: rank(nr[1]), reverse=True)
+
+
+def brief(r: TrialResult) -> dict[str, Any]:
+    """A trial's result for the JSON: knobs, verdict, worst-window figures per class."""
+    s = r.summary.to_dict() if r.summary is not None else {}
+    return {"config": dict(r.config), "goodput_tok_s": r.goodput_tok_s,
+            "goodput_share_worst_window": r.objective, "feasible": r.feasible,
+            "margin": r.margin,
+            "constraints": dict(zip(r.constraint_names, r.constraints, strict=True)),
+            "throughput_tok_s": s.get("throughput_tok_s"),
+            "ttft_p99_ms": s.get("ttft_p99_ms"), "tbt_p99_ms": s.get("tbt_p99_ms"),
+            "classes": {c: {k: v.get(k) for k in ("ttft_p99_ms", "tbt_p99_ms",
+                                                   "goodput_tok_s", "slo_attainment")}
+                        for c, v in (s.get("classes") or {}).items()},
+            "windows": [{"name": w.name, "span": w.span, "feasible": w.result.feasible,
+                         "goodput_tok_s": w.result.goodput_tok_s,
+                         "goodput_share": goodput_share(w.result.summary),
+                         "constraints": dict(zip(r.constraint_names, w.result.constraints,
+                                                 strict=True))}
+                        for w in r.windows]}
+
+
+def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
+    s, best = outcome.settings, outcome.best
+    return {
+        "scenario": s.scenario.name, "twin": twin_label(s.scenario), "study": s.study_name,
+        "sampler": s.sampler,
+        "trials": len(outcome.tuner.study.trials), "replicas": s.replicas,
+        "duration_s": outcome.plan.windows[0].length_s, "windows_kind": outcome.plan.kind,
+        "windows": [dataclasses.asdict(w) for w in outcome.plan.windows],
+        "judged_on": outcome.plan.describe(), "margin": outcome.start.margin,
+        "feasible": outcome.feasible, "verdict": outcome.sentence,
+        "violations": [v.to_dict() for v in outcome.violations],
+        "recommended_replicas": outcome.recommended_replicas,
+        "config": None if outcome.config is None else dict(outcome.config),
+        "capacity": None if outcome.capacity is None else outcome.capacity.to_dict(),
+        "best_trial": best[0] if best else None,
+        "best": brief(best[1]) if best else None, "start": brief(outcome.start),
+        "top": [{"trial": n, **brief(r)} for n, r in ranked(outcome)[:10]],
+        "command": outcome.command, "check_command": outcome.check_command,
+        "timing": outcome.timing.to_dict(),
+        "report": str(report) if report else None,
+    }
+
+
+def print_json(outcome: TuneOutcome, report: Path | None) -> None:
+    print(json.dumps(as_dict(outcome, report), default=str))
+
+
+def _pct(term: float) -> str:
+    return f"{term + 1:.0%}"
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.1f} s" if v >= 1000 else f"{v:.0f} ms"
+
+
+def print_text(outcome: TuneOutcome, report: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    top = Table(title="Top trials (each judged on its worst window)")
+    for col in ("trial", "holds SLO", "worst term", "goodput share", "goodput tok/s",
+                "budget", "chunk", "max seqs", "mode"):
+        top.add_column(col, justify="right")
+    order = ranked(outcome)
+    for n, r in order[:10]:
+        top.add_row(str(n), "yes" if r.feasible else "no",
+                    _pct(max(r.constraints, default=-1.0)),
+                    "-" if r.objective is None else f"{r.objective:.1%}",
+                    f"{r.goodput_tok_s:,.0f}", str(r.config.get("token_budget")),
+                    str(r.config.get("chunk_size")), str(r.config.get("max_num_seqs")),
+                    str(r.config.get("preemption_mode")))
+    console.print(top)
+    console.print("worst term: the SLO term closest to (or over) its limit in the worst "
+                  f"window, as a share of the limit (holding needs at most "
+                  f"{1 - outcome.start.margin:.0%}); goodput share: the worst window's "
+                  "output tokens within SLO over those asked for", highlight=False)
+    if order:
+        _comparison(console, outcome, order[0][1])
+    console.print(f"windows: {outcome.plan.describe()}", highlight=False)
+    console.print(f"twin: {twin_label(outcome.settings.scenario)}", highlight=False)
+    console.print(GOODPUT_DEFINITION, highlight=False)
+    console.print(f"[bold]{outcome.sentence}[/]", highlight=False)
+    if outcome.recommended_replicas is not None and outcome.config is not None:
+        console.print(f"recommended: {outcome.recommended_replicas} replica(s) with "
+                      + " ".join(f"{k}={_knob(v)}" for k, v in outcome.config.items()
+                                 if k in outcome.tuner.space.bounds), highlight=False)
+    if outcome.check_command:
+        console.print(f"check it on the whole workload: {outcome.check_command}",
+                      highlight=False)
+    console.print(f"reproduce: {outcome.command}", highlight=False)
+    console.print(f"time: {outcome.timing.line()}", highlight=False)
+    if report:
+        console.print(f"report: {report}")
+
+
+def _comparison(console: Any, outcome: TuneOutcome, best: TrialResult) -> None:
+    from rich.table import Table
+
+    start = outcome.start
+    cmp = Table(title="Best config against the scenario's start config (worst window)")
+    for col in ("", "start", "best"):
+        cmp.add_column(col, justify="right")
+    cmp.add_row("holds SLO", "yes" if start.feasible else "no", "yes" if best.feasible else "no")
+    cmp.add_row("goodput tok/s", f"{start.goodput_tok_s:,.0f}", f"{best.goodput_tok_s:,.0f}")
+    for i, name in enumerate(best.constraint_names):
+        cmp.add_row(f"{term_label(name)[0]} (of limit)", _pct(start.constraints[i]),
+                    _pct(best.constraints[i]))
+    for p in Priority:
+        for key, label in (("ttft_p99_ms", "TTFT p99"), ("tbt_p99_ms", "TBT p99")):
+            values = [max((getattr(w.result.summary.classes[p], key) or 0.0
+                           for w in r.windows if w.result.summary is not None), default=None)
+                      if r.windows else None for r in (start, best)]
+            if any(values):
+                cmp.add_row(f"{p.label.upper()} {label}", _ms(values[0]), _ms(values[1]))
+    for knob in outcome.tuner.space.bounds:
+        cmp.add_row(knob, _knob(start.config.get(knob, "-")), _knob(best.config.get(knob)))
+    console.print(cmp)
+
+
+def _knob(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,39 @@
+"""``slopilot tune --report-dir``: the study's report with what the tune knows besides
+the trials (the windows, the verdict, the capacity answer, the commands)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from slopilot.tuner.study.report import ReportContext, write_report
+from slopilot.tuner.tune.run import TuneOutcome
+
+
+def context(outcome: TuneOutcome) -> ReportContext:
+    cap = outcome.capacity
+    capacity = []
+    if cap is not None:
+        capacity = [cap.sentence(), "", "| replicas | holds SLO | worst term (share of limit) |",
+                    "|---|---|---|"]
+        capacity += [f"| {n} | {'yes' if r.feasible else 'no'} | "
+                     f"{max(r.constraints, default=-1.0) + 1:.0%} |"
+                     for n, r in sorted(cap.tried.items())]
+    config = None
+    if outcome.config is not None:
+        config = {k: v for k, v in outcome.config.items() if k in outcome.tuner.space.bounds}
+    return ReportContext(
+        verdict=outcome.sentence, judged_on=outcome.plan.describe(),
+        windows=[dataclasses.asdict(w) for w in outcome.plan.windows],
+        replicas=outcome.settings.replicas,
+        recommended_replicas=outcome.recommended_replicas, recommended_config=config,
+        capacity=capacity, command=outcome.command, check_command=outcome.check_command,
+        timing=outcome.timing.line(),
+        recommended_result=None if cap is None or cap.replicas is None
+        else cap.tried[cap.replicas])
+
+
+def write(outcome: TuneOutcome, out_dir: Path) -> Path:
+    return write_report(outcome.tuner, outcome.settings.scenario.slo, out_dir, start=outcome.start,
+                        title=f"Tuning {outcome.settings.scenario.name}",
+                        context=context(outcome))

@@ -1,0 +1,173 @@
+"""One ``slopilot tune`` run: the windows, the start config, the study, the verdict, the
+capacity answer, the report; ``main`` is the command's handler."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.sim.workload_spec import TraceSpec
+from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.tuner import Tuner, open_study, rank
+from slopilot.tuner.study.verdict import Violation, infeasible_sentence, violations
+from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
+from slopilot.tuner.tune.progress import TuneProgress
+from slopilot.tuner.tune.settings import TuneSettings, check_command, settings_from, tune_command
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the run cost, in a form that transfers between machines: simulated seconds
+    per wall second of the study (the capacity search's N-replica runs are slower)."""
+
+    evaluations: int
+    simulated_s: float
+    study_s: float
+    total_s: float = 0.0
+
+    @property
+    def sim_s_per_wall_s(self) -> float:
+        return self.simulated_s / self.study_s if self.study_s > 0 else 0.0
+
+    def line(self) -> str:
+        from slopilot.engine.sim.progress import duration_text
+
+        text = (f"{self.evaluations} evaluations, {self.simulated_s:,.0f} simulated s in "
+                f"{duration_text(self.study_s)} ({self.sim_s_per_wall_s:,.1f} sim-s/s)")
+        if self.total_s > self.study_s + 1:
+            text += f"; with the capacity search {duration_text(self.total_s)}"
+        return text
+
+    def to_dict(self) -> dict[str, float]:
+        return {"evaluations": self.evaluations, "simulated_s": self.simulated_s,
+                "study_s": self.study_s, "total_s": self.total_s,
+                "sim_s_per_wall_s": self.sim_s_per_wall_s}
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    settings: TuneSettings
+    plan: WindowPlan
+    tuner: Tuner
+    start: TrialResult
+    best: tuple[int, TrialResult] | None
+    violations: tuple[Violation, ...]
+    """What the best (least violating) config misses; empty when it holds."""
+    sentence: str
+    """The verdict in one sentence."""
+    capacity: CapacityOutcome | None
+    recommended_replicas: int | None
+    config: Mapping[str, Any] | None
+    command: str
+    check_command: str | None
+    timing: Timing
+
+    @property
+    def feasible(self) -> bool:
+        return self.best is not None and self.best[1].feasible
+
+
+def main(args: argparse.Namespace) -> int:
+    from slopilot.engine.config import ConfigError
+    from slopilot.engine.sim.cost_model import CostModelError
+    from slopilot.engine.sim.profiles import ProfileError
+    from slopilot.engine.sim.scenario import ScenarioError
+    from slopilot.tuner.loop.capacity import CapacityError
+    from slopilot.tuner.study.tuner import StudyStorageError
+    from slopilot.tuner.tune.output import print_json, print_text
+    from slopilot.tuner.tune.report import write
+
+    try:
+        settings = settings_from(args)
+        outcome = run(settings)
+    except (ConfigError, ScenarioError, StudyStorageError, CapacityError, ProfileError,
+            CostModelError, ValueError) as e:
+        print(f"slopilot tune: {e}", file=sys.stderr)
+        return 2
+    report = None if settings.report_dir is None else write(outcome, settings.report_dir)
+    if settings.json:
+        print_json(outcome, report)
+    else:
+        print_text(outcome, report)
+    return 0
+
+
+def run(s: TuneSettings) -> TuneOutcome:
+    import optuna
+
+    from slopilot.tuner.study.space import SearchSpace
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    t0 = time.perf_counter()
+    base = s.scenario.engine_config()
+    space = SearchSpace.from_bounds(s.bounds, base=base)
+    start_config = base.with_overrides(s.fixed).to_dict()
+    plan = plan_windows(s.scenario, duration_s=s.duration_s, seeds=s.seeds,
+                        warmup_s=s.warmup_s, whole=s.whole)
+    tuner = Tuner(open_study(s.storage, s.study_name, sampler=s.sampler, seed=s.seed), space)
+    generated = not isinstance(s.scenario.workload, TraceSpec)
+    progress = TuneProgress(s.trials + 1, plan.simulated_s, trials=s.trials,
+                            generated=generated, enabled=not s.quiet)
+    evaluator = RobustEvaluator(s.scenario, plan, replicas=s.replicas,
+                                progress=progress.simulated)
+    progress.note(f"tuning {s.scenario.name} on {s.replicas} replica(s), {s.trials} trials, "
+                  f"each {plan.describe()}")
+    try:
+        start = evaluator.evaluate(start_config)
+        progress.started()
+        tuner.run(evaluator, s.trials, callback=progress.trial_done)
+        timing = Timing(evaluations=s.trials + 1, simulated_s=evaluator.simulated_s,
+                        study_s=time.perf_counter() - t0)
+        best = tuner.best_trial()
+        capacity = None
+        if best is not None and not best[1].feasible and s.max_replicas > s.replicas:
+            progress.note(infeasible_sentence(best[1], evaluator.slo, s.replicas))
+            closest = [(f"trial {n}", r.config) for n, r in
+                       sorted(tuner.results(), key=lambda nr: rank(nr[1]), reverse=True)[:2]]
+            capacity = capacity_answer(evaluator, [*closest, ("the start config",
+                                                              start_config)],
+                                       s.replicas + 1, s.max_replicas, note=progress.note)
+    finally:
+        progress.close()
+    timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
+    return _outcome(s, plan, tuner, start, best, capacity, evaluator, timing)
+
+
+def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult,
+             best: tuple[int, TrialResult] | None, capacity: CapacityOutcome | None,
+             evaluator: RobustEvaluator, timing: Timing) -> TuneOutcome:
+    slo = evaluator.slo
+    missed: tuple[Violation, ...] = ()
+    replicas: int | None = s.replicas
+    config: Mapping[str, Any] | None = None
+    if best is None:
+        sentence = "No trial completed: nothing to recommend."
+        replicas = None
+    elif best[1].feasible:
+        config = best[1].config
+        worst = max(best[1].constraints, default=-1.0)
+        sentence = (f"Trial {best[0]} holds the SLO in every window with "
+                    f"{best[1].margin:.0%} headroom on {s.replicas} replica"
+                    f"{'s' if s.replicas != 1 else ''}; its closest term is at "
+                    f"{worst + 1:.0%} of its limit.")
+    else:
+        missed = tuple(violations(best[1], slo))
+        sentence = infeasible_sentence(best[1], slo, s.replicas)
+        replicas = None if capacity is None else capacity.replicas
+        config = capacity.config if capacity is not None and replicas is not None else None
+        if capacity is not None:
+            sentence += " " + capacity.sentence()
+        elif s.max_replicas <= s.replicas:
+            sentence += (f" No capacity search: --max-replicas {s.max_replicas} is not above "
+                         f"{s.replicas}.")
+    check = None if config is None or replicas is None else check_command(s, config, replicas)
+    return TuneOutcome(
+        settings=s, plan=plan, tuner=tuner, start=start, best=best, violations=missed,
+        sentence=sentence, capacity=capacity, recommended_replicas=replicas, config=config,
+        command=tune_command(s), check_command=check, timing=timing)

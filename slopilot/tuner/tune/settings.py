@@ -1,0 +1,171 @@
+"""``slopilot tune``'s flags, checked once into ``TuneSettings``, and the commands that
+reproduce a run (the tune itself, and the simulation that checks its answer)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slopilot.engine.config import ConfigError, parse_set_args
+from slopilot.engine.sim.scenario import Scenario, ScenarioError
+from slopilot.engine.sim.trace_flags import trace_options
+from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
+from slopilot.engine.sim.workload_spec import TraceSpec
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    scenario: Scenario
+    trace: TraceOptions
+    scenario_arg: str | None
+    bounds: Mapping[str, Any]
+    fixed: Mapping[str, str]
+    trials: int
+    sampler: str
+    seed: int
+    storage: str | None
+    study_name: str
+    duration_s: float | None
+    whole: bool
+    seeds: int
+    warmup_s: float
+    replicas: int
+    replicas_auto: bool
+    max_replicas: int
+    report_dir: Path | None
+    json: bool
+    quiet: bool
+    raw_bounds: tuple[str, ...] = field(default=())
+    profile: str | None = None
+    """The calibrated cost profile the twin runs on (``--profile``); None: the datasheet."""
+
+
+def parse_bounds(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value:
+            raise ConfigError(f"--bound {item!r}: expected KNOB=LO:HI or KNOB=a,b")
+        if ":" in value:
+            lo, _, hi = value.partition(":")
+            out[name.strip()] = [lo, hi]
+        else:
+            out[name.strip()] = value.split(",")
+    return out
+
+
+def _count(flag: str, value: int, lo: int) -> int:
+    if isinstance(value, bool) or value < lo:
+        raise ValueError(f"{flag} {value}: expected at least {lo}")
+    return value
+
+
+def _seconds(flag: str, value: float | None, *, zero_ok: bool) -> float | None:
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"{flag} {value}: expected seconds {'>=' if zero_ok else '>'} 0")
+    return value
+
+
+def settings_from(args: argparse.Namespace) -> TuneSettings:
+    """The checked settings; ValueError (ConfigError, ScenarioError) names the flag."""
+    trace = trace_options(args)
+    if args.scenario is None and trace.path is None:
+        raise ScenarioError("give --scenario NAME|FILE.yaml, or --trace FILE.csv to replay a "
+                            "trace (see slopilot scenarios)")
+    scenario = load_with_trace(args.scenario, trace, default="")
+    profile = getattr(args, "profile", None)
+    if profile:
+        from slopilot.engine.sim.commands import attach_profile
+        scenario = attach_profile(scenario, profile, "tune")
+    fixed = parse_set_args(args.fixed)
+    replicas_text = str(args.replicas).strip().lower()
+    if replicas_text == "auto":
+        replicas, auto = scenario.replicas, True
+    else:
+        try:
+            replicas, auto = int(replicas_text), False
+        except ValueError:
+            raise ValueError(f"--replicas {args.replicas!r}: expected auto or a count, "
+                             "e.g. 2") from None
+        _count("--replicas", replicas, 1)
+    max_replicas = _count("--max-replicas", args.max_replicas, 1)
+    return TuneSettings(
+        scenario=scenario, trace=trace, scenario_arg=args.scenario,
+        bounds={**parse_bounds(args.bounds), **fixed}, fixed=fixed,
+        trials=_count("--trials", args.trials, 1), sampler=args.sampler, seed=args.seed,
+        storage=args.storage, study_name=args.study_name or f"tune-{scenario.name}",
+        duration_s=_seconds("--duration", args.duration, zero_ok=False),
+        whole=args.windows == "whole", seeds=_count("--seeds", args.seeds, 1),
+        warmup_s=_seconds("--warmup", args.warmup, zero_ok=True) or 0.0,
+        replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
+        report_dir=args.report_dir, json=args.json, quiet=args.quiet,
+        raw_bounds=tuple(args.bounds), profile=profile or None)
+
+
+def _workload_flags(s: TuneSettings) -> list[str]:
+    out = [] if s.scenario_arg is None else ["--scenario", s.scenario_arg]
+    t = s.trace
+    if t.path is not None:
+        out += ["--trace", t.path]
+    if t.fmt is not None:
+        out += ["--trace-format", t.fmt]
+    if t.start_s is not None or t.end_s is not None:
+        lo = "" if t.start_s is None else f"{t.start_s:g}"
+        hi = "" if t.end_s is None else f"{t.end_s:g}"
+        out += ["--trace-window", f"{lo}:{hi}"]
+    if t.time_scale is not None:
+        out += ["--time-scale", f"{t.time_scale:g}"]
+    if t.target_rate is not None:
+        out += ["--target-rate", f"{t.target_rate:g}"]
+    if t.classes is not None:
+        out += ["--classes", ",".join(f"{p.label}={w:g}" for p, w in t.classes.shares.items()
+                                      if w)]
+    if s.profile is not None:
+        out += ["--profile", s.profile]
+    return out
+
+
+def tune_command(s: TuneSettings) -> str:
+    """The ``slopilot tune`` command line that runs this study again."""
+    argv = ["slopilot", "tune", *_workload_flags(s), "--trials", str(s.trials),
+            "--sampler", s.sampler, "--seed", str(s.seed)]
+    if s.duration_s is not None:
+        argv += ["--duration", f"{s.duration_s:g}"]
+    if s.whole:
+        argv += ["--windows", "whole"]
+    if not isinstance(s.scenario.workload, TraceSpec) and s.seeds != 3:
+        argv += ["--seeds", str(s.seeds)]
+    if s.warmup_s != 30.0:
+        argv += ["--warmup", f"{s.warmup_s:g}"]
+    if not s.replicas_auto:
+        argv += ["--replicas", str(s.replicas)]
+    for name, value in s.fixed.items():
+        argv += ["--set", f"{name}={value}"]
+    for item in s.raw_bounds:
+        argv += ["--bound", item]
+    if s.storage is not None:
+        argv += ["--storage", s.storage, "--study-name", s.study_name]
+    return shlex.join(argv)
+
+
+def check_command(s: TuneSettings, config: Mapping[str, Any], replicas: int) -> str:
+    """The ``slopilot simulate`` line that replays the whole workload with ``config``."""
+    argv = ["slopilot", "simulate", *_workload_flags(s), "--replicas", str(replicas)]
+    base = s.scenario.engine_config().to_dict()
+    for name, value in config.items():
+        if base.get(name) != value:
+            argv += ["--set", f"{name}={_knob(value)}"]
+    return shlex.join(argv)
+
+
+def _knob(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)  # exact: the check must simulate the very config tuned
+    return str(getattr(value, "value", value))

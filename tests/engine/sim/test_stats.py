@@ -1,0 +1,80 @@
+"""What a simulated run counts: requests arriving in the measured window, followed to the
+run's horizon; unfinished ones censored into TTFT and counted; busy per replica; goodput
+of output and of all tokens; rejected prompts per class."""
+
+from __future__ import annotations
+
+import pytest
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import Measure, simulate
+from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
+
+SCENARIO = load_scenario("tiny-cpu")
+
+
+def replay(records: list[TraceRecord]) -> TraceWorkload:
+    return TraceWorkload(records, classes=None)
+
+
+def test_a_request_still_waiting_at_the_end_is_censored_into_ttft() -> None:
+    # One short request, then a prompt so long that its prefill cannot end in 1 s
+    # at a 64-token chunk (~1.2 s): without censoring TTFT p99 would be the short one's alone.
+    records = [TraceRecord(0.0, 32, 4, Priority.P1), TraceRecord(0.5, 7000, 4, Priority.P1)]
+    run = simulate(SCENARIO, {"token_budget": 256, "chunk_size": 64}, duration_s=1.0,
+                   workload=replay(records))
+    p1 = run.summary.classes[Priority.P1]
+    assert p1.requests_finished == 1
+    assert p1.accounting is not None
+    assert p1.accounting.requests_unfinished == 1 and p1.accounting.ttft_censored == 1
+    assert p1.ttft_p99_ms is not None and p1.ttft_p99_ms > 450.0  # ~ 1.0 - 0.5 s
+    assert run.summary.overall.accounting is not None
+    assert run.summary.overall.accounting.requests_unfinished == 1
+
+
+def test_only_requests_arriving_inside_the_window_are_counted() -> None:
+    records = [TraceRecord(float(t), 64, 8, Priority.P1) for t in range(0, 30)]
+    run = simulate(SCENARIO, measure=Measure(start_s=10.0, end_s=20.0, horizon_s=25.0),
+                   workload=replay(records))
+    s = run.summary
+    assert s.duration_s == 10.0
+    assert s.overall.accounting is not None
+    assert s.overall.accounting.requests_arrived == 10  # arrivals 10 .. 19
+    assert s.overall.requests_finished == 10
+    # Their output tokens over the window's length.
+    assert s.overall.throughput_tok_s == pytest.approx(10 * 8 / 10.0)
+
+
+def test_busy_ratio_is_per_replica_mean_and_max() -> None:
+    # One request on two replicas: one replica works, the other idles.
+    records = [TraceRecord(0.0, 4000, 200, Priority.P1)]
+    s = simulate(SCENARIO, replicas=2, duration_s=5.0, workload=replay(records)).summary
+    assert s.busy_ratio is not None and s.busy_ratio_max is not None
+    assert 0.0 < s.busy_ratio <= 1.0 and s.busy_ratio_max <= 1.0
+    assert s.busy_ratio_max == pytest.approx(2 * s.busy_ratio)
+
+
+def test_goodput_counts_output_tokens_and_all_tokens_of_requests_within_slo() -> None:
+    records = [TraceRecord(float(t), 100, 10, Priority.P1) for t in range(5)]
+    s = simulate(SCENARIO, duration_s=10.0, workload=replay(records)).summary
+    p1 = s.classes[Priority.P1]
+    assert p1.slo_attainment == 1.0
+    assert p1.goodput_tok_s == pytest.approx(5 * 10 / 10.0)
+    assert p1.accounting is not None
+    assert p1.accounting.goodput_all_tok_s == pytest.approx(5 * 110 / 10.0)
+    assert p1.accounting.offered_tok_s == pytest.approx(5 * 10 / 10.0)
+
+
+def test_prompts_that_can_never_fit_are_rejected_per_class() -> None:
+    records = [TraceRecord(0.0, 64, 4, Priority.P0), TraceRecord(0.1, 10**6, 4, Priority.P2)]
+    s = simulate(SCENARIO, duration_s=3.0, workload=replay(records)).summary
+    p2 = s.classes[Priority.P2].accounting
+    assert p2 is not None and p2.requests_rejected == 1 and p2.requests_arrived == 1
+    assert s.run is not None and s.run.rejected == 1
+    assert s.classes[Priority.P0].requests_finished == 1
+
+
+def test_measure_is_checked() -> None:
+    with pytest.raises(ValueError, match="start_s <= end_s <= horizon_s"):
+        Measure(start_s=5.0, end_s=4.0, horizon_s=6.0)

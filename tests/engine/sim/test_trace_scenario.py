@@ -1,0 +1,77 @@
+"""``--trace`` and the trace options on a scenario's deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.scenario import ScenarioError, load_scenario
+from slopilot.engine.sim.trace_scenario import (
+    TraceOptions,
+    parse_classes,
+    parse_window,
+    with_trace,
+)
+from slopilot.engine.sim.workload_spec import TraceSpec
+
+AZURE = load_scenario("azure-conv-2023")
+
+
+def test_a_user_trace_replaces_the_workload_and_sets_the_duration(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,10,5\n41.5,10,5\n")
+    sc = with_trace(load_scenario("tiny-cpu"), TraceOptions(path=str(trace)))
+    assert isinstance(sc.workload, TraceSpec) and sc.duration_s == 42.0
+    assert sc.name == "tiny-cpu+mine" and sc.gpu == "A100" and sc.slo.p0.ttft_p99_ms == 300
+    assert sc.workload.classes.shares[Priority.P1] == 1.0
+
+
+def test_options_recut_a_trace_scenarios_own_trace() -> None:
+    sc = with_trace(AZURE, TraceOptions(start_s=600.0, end_s=900.0, time_scale=0.5))
+    assert isinstance(sc.workload, TraceSpec)
+    assert sc.workload.trace == "azure-llm-2023-conv" and sc.workload.time_scale == 0.5
+    assert sc.duration_s <= 150.0 + 1.0
+    fast = with_trace(AZURE, TraceOptions(target_rate=20.0))
+    assert isinstance(fast.workload, TraceSpec)
+    assert fast.workload.target_rate == 20.0 and fast.workload.time_scale is None
+
+
+def test_no_options_no_change() -> None:
+    assert with_trace(AZURE, TraceOptions()) is AZURE
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    (lambda: TraceOptions(time_scale=0.5, target_rate=3.0), "give one"),
+    (lambda: TraceOptions(time_scale=0.0), "--time-scale 0"),
+    (lambda: TraceOptions(start_s=10.0, end_s=5.0), "end must come after the start"),
+    (lambda: TraceOptions(target_rate=float("nan")), "--target-rate nan"),
+])
+def test_bad_options_name_the_flag(options: object, match: str) -> None:
+    with pytest.raises(ScenarioError, match=match):
+        options()  # type: ignore[operator]
+
+
+def test_options_on_a_generated_workload_point_to_trace() -> None:
+    with pytest.raises(ScenarioError, match=r"pass --trace FILE\.csv"):
+        with_trace(load_scenario("tiny-cpu"), TraceOptions(time_scale=0.5))
+
+
+def test_a_missing_trace_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="no such file"):
+        with_trace(AZURE, TraceOptions(path=str(tmp_path / "gone.csv")))
+
+
+def test_window_and_classes_parse() -> None:
+    assert parse_window("600:900") == (600.0, 900.0)
+    assert parse_window(":900") == (None, 900.0)
+    assert parse_window(None) == (None, None)
+    mix = parse_classes("p0=1,p1=3")
+    assert mix is not None and mix.shares[Priority.P0] == 0.25
+    for bad in ("600-900", "a:b"):
+        with pytest.raises(ScenarioError, match="--trace-window"):
+            parse_window(bad)
+    for bad in ("p0", "p9=1", "p0=x", "p0=0"):
+        with pytest.raises(ScenarioError, match="--classes"):
+            parse_classes(bad)

@@ -1,0 +1,82 @@
+"""Window selection: the busiest windows by arrivals and by tokens, a typical one, seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.trace import TraceRecord
+from slopilot.engine.sim.windows import WindowChoice, seed_windows, trace_windows
+from slopilot.engine.sim.workload_spec import TraceSpec
+
+
+def synthetic() -> list[TraceRecord]:
+    """600 s at 2 req/s of 100-token requests; a request burst at 200-230 s (10 req/s)
+    and a stretch of long prompts at 450-480 s (2 req/s of 5,000 tokens)."""
+    out = []
+    for i in range(1200):
+        t = i * 0.5
+        prompt = 5000 if 450 <= t < 480 else 100
+        out.append(TraceRecord(t, prompt, 10))
+    for i in range(240):  # 8 more per second in the burst
+        out.append(TraceRecord(200 + i / 8, 100, 10))
+    return sorted(out, key=lambda r: r.arrival_time)
+
+
+def test_busiest_by_arrivals_by_tokens_and_a_typical_window() -> None:
+    windows = trace_windows(synthetic(), 30.0, warmup_s=20.0, drain_s=10.0)
+    by_name = {w.name: w for w in windows}
+    assert list(by_name) == ["busiest arrivals", "busiest tokens", "typical"]
+    busy, tokens, typical = by_name.values()
+    assert busy.start_s == pytest.approx(200.0) and busy.arrival_rate == pytest.approx(10.0)
+    assert tokens.start_s == pytest.approx(450.0)
+    assert tokens.token_rate is not None and tokens.token_rate > 9000
+    assert typical.arrival_rate == pytest.approx(2.0)
+    assert typical.token_rate == pytest.approx(2 * 110)
+    for w in windows:
+        assert w.length_s == 30.0 and w.warmup_s == 20.0 and w.drain_s == 10.0
+    assert "busiest arrivals: 200-230 s (10.0 req/s" in busy.describe()
+
+
+def test_the_choice_is_deterministic_and_windows_do_not_overlap_much() -> None:
+    a = trace_windows(synthetic(), 60.0)
+    assert a == trace_windows(synthetic(), 60.0)
+    for i, w in enumerate(a):
+        for v in a[i + 1:]:
+            assert abs(w.start_s - v.start_s) >= 30.0
+
+
+def test_warmup_never_reaches_before_the_trace() -> None:
+    records = [TraceRecord(float(t), 5000 if t < 20 else 10, 5) for t in range(300)]
+    first = trace_windows(records, 30.0, warmup_s=60.0)
+    tokens = next(w for w in first if w.name == "busiest tokens" or w.start_s == 0.0)
+    assert tokens.start_s == 0.0 and tokens.warmup_s == 0.0
+
+
+def test_a_short_trace_is_one_window_over_all_of_it() -> None:
+    records = [TraceRecord(float(t), 10, 5) for t in range(50)]
+    (only,) = trace_windows(records, 30.0)
+    assert only.name == "whole trace" and only.start_s == 0.0 and only.end_s >= 49.0
+
+
+def test_the_shipped_conversation_trace_windows_find_its_busy_minutes() -> None:
+    spec = load_scenario("azure-conv-2023").workload
+    assert isinstance(spec, TraceSpec)
+    records = spec.records()
+    windows = trace_windows(records, 60.0)
+    busy = windows[0]
+    assert busy.arrival_rate is not None and busy.arrival_rate >= 19.0  # the mean is 13.8
+    assert all(w.start_s > 300 for w in windows[:2])  # not the quiet first minutes
+
+
+def test_seeds_for_generated_workloads() -> None:
+    assert [w.seed for w in seed_windows(4, 3, 60.0)] == [4, 5, 6]
+    assert seed_windows(0, 1, 60.0)[0] == WindowChoice("seed 0", 0.0, 60.0, 0.0, 20.0, seed=0)
+    with pytest.raises(ValueError, match="seeds=0"):
+        seed_windows(0, 0, 60.0)
+
+
+@pytest.mark.parametrize("length", [0.0, -5.0, float("inf")])
+def test_bad_lengths_are_refused(length: float) -> None:
+    with pytest.raises(ValueError, match="length_s"):
+        trace_windows(synthetic(), length)

@@ -1,0 +1,78 @@
+"""Study reports: importance only when meaningful and in user names; the sections and
+plots of a tune's report."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.tuner.study.importance import importance, inert_knobs
+from slopilot.tuner.study.objective import HEADROOM, WindowResult, score
+from slopilot.tuner.study.report import ReportContext, write_report
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import Tuner, open_study
+from slopilot.tuner.study.verdict import robust_verdict
+from tests.support.summaries import figures, window
+
+SLO = load_scenario("tiny-cpu").slo
+
+
+def study(ttft_of_budget: bool, n: int = 12) -> Tuner:
+    """Trials whose P1 TTFT follows the token budget (or stays put), no P0 traffic and no
+    preemption: the preemption knobs and p0_preempt_utilization cannot have acted."""
+    tuner = Tuner(open_study(None, "imp", sampler="random", seed=1), SearchSpace.from_bounds())
+    for _ in range(n):
+        number, config = tuner.ask()
+        ttft = 200.0 + config["token_budget"] / 10 if ttft_of_budget else 400.0
+        s = window({"p1": figures(ttft, 50.0, 100.0)})
+        verdict = robust_verdict(config, [WindowResult("w", "w: 0-1 s", score(s, SLO))],
+                                 HEADROOM)
+        tuner.tell(number, dataclasses.replace(verdict, config=config))
+    return tuner
+
+
+def test_importance_names_knobs_as_users_do_and_leaves_out_inert_ones() -> None:
+    tuner = study(ttft_of_budget=True)
+    imp = importance(tuner.study, [r for _, r in tuner.results()])
+    assert imp.values is not None and imp.target == "the worst SLO term"
+    assert "token_budget" in imp.values and "chunk_size" in imp.values
+    assert "token_budget_rank" not in imp.values and "chunk_fraction" not in imp.values
+    for inert in ("preemption_mode", "swap_timeout_ms", "p0_preempt_utilization"):
+        assert inert not in imp.values and inert in imp.reason
+    assert max(imp.values, key=lambda k: imp.values[k]) == "token_budget"  # type: ignore[index]
+
+
+def test_no_importance_when_nothing_varies() -> None:
+    tuner = study(ttft_of_budget=False)
+    imp = importance(tuner.study, [r for _, r in tuner.results()])
+    assert imp.values is None and "nothing to attribute" in imp.reason
+
+
+def test_inert_knobs_read_the_windows() -> None:
+    busy = window({"p0": figures(50.0, 10.0, 5.0), "p1": figures(100.0, 20.0)},
+                  preemptions=3.0)
+    r = score(busy, SLO)
+    assert inert_knobs([r]) == {}
+
+
+def test_an_infeasible_tune_report_has_the_verdict_capacity_and_plots(tmp_path: Path) -> None:
+    tuner = study(ttft_of_budget=True, n=4)
+    ctx = ReportContext(
+        verdict="No configuration tried holds the SLO on 1 replica: P1 TTFT p99 ...",
+        judged_on="judged on 3 workload seeds, 8 s each",
+        windows=[{"name": "seed 0", "start_s": 0.0, "end_s": 8.0, "warmup_s": 0.0,
+                  "drain_s": 2.0, "arrival_rate": None, "token_rate": None}],
+        recommended_replicas=2, recommended_config={"token_budget": 512},
+        capacity=["2 replicas hold the SLO ..."], command="slopilot tune --scenario x",
+        check_command="slopilot simulate --scenario x --replicas 2", timing="4 evaluations")
+    path = write_report(tuner, SLO, tmp_path, context=ctx, title="T")
+    text = path.read_text()
+    assert text.index("**No configuration tried holds") < text.index("## SLO")
+    for part in ("## What each trial was judged on", "| seed 0 | 0-8 | 0 | 2 | - | - |",
+                 "## Capacity", "2 replicas hold", "slopilot simulate --scenario x",
+                 "## The best trial, per window and class", "**w: 0-1 s**",
+                 "Knob importance is left out: needs at least 8"):
+        assert part in text
+    for png in ("history.png", "terms.png", "pareto.png"):
+        assert (tmp_path / png).is_file()

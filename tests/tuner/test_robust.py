@@ -1,0 +1,77 @@
+"""RobustEvaluator: every config simulated on the plan's windows and judged on the worst."""
+
+from __future__ import annotations
+
+import pytest
+
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import Measure, simulate
+from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
+from slopilot.tuner.study.objective import HEADROOM, holds
+
+AZURE = load_scenario("azure-conv-2023")
+TINY = load_scenario("tiny-cpu")
+
+
+def test_a_trace_plan_is_its_busiest_windows_and_a_typical_one() -> None:
+    plan = plan_windows(AZURE)
+    assert plan.kind == "trace"
+    assert [w.name for w in plan.windows] == ["busiest arrivals", "busiest tokens", "typical"]
+    assert all(w.length_s == 60.0 and w.warmup_s == 30.0 for w in plan.windows)
+    assert plan.simulated_s == 3 * (30 + 60 + 20)
+    assert plan == plan_windows(AZURE)  # chosen once, the same every time
+    text = plan.describe()
+    assert "busiest windows and a typical one, 60 s each (+30 s warm-up" in text
+    assert "busiest arrivals: 725-785 s" in text
+
+
+def test_a_generated_plan_is_several_seeds_and_whole_is_one_window() -> None:
+    plan = plan_windows(TINY, duration_s=20.0, seeds=2)
+    assert plan.kind == "seeds" and [w.seed for w in plan.windows] == [0, 1]
+    whole = plan_windows(AZURE, whole=True)
+    assert whole.kind == "whole" and whole.windows[0].length_s > 1400
+
+
+def test_each_window_is_simulated_and_the_worst_decides() -> None:
+    plan = plan_windows(TINY, duration_s=6.0, seeds=2, drain_s=2.0)
+    seen: list[float] = []
+    evaluator = RobustEvaluator(TINY, plan, progress=seen.append)
+    result = evaluator.evaluate({"token_budget": 512, "chunk_size": 256})
+    assert [w.name for w in result.windows] == ["seed 0", "seed 1"]
+    assert result.margin == HEADROOM and result.feasible == holds(result, HEADROOM)
+    for i in range(len(result.constraints)):
+        assert result.constraints[i] == max(w.result.constraints[i] for w in result.windows)
+    # The same as simulating that seed's window by hand.
+    by_hand = simulate(TINY, {"token_budget": 512, "chunk_size": 256}, seed=1,
+                       measure=Measure(0.0, 6.0, 8.0)).summary
+    assert result.windows[1].result.summary == by_hand
+    assert evaluator.simulated_s == plan.simulated_s and seen[-1] == plan.simulated_s
+    assert seen == sorted(seen)
+
+
+def test_a_trace_window_counts_only_its_own_arrivals_after_a_warm_up() -> None:
+    plan = plan_windows(AZURE, duration_s=10.0, warmup_s=5.0, drain_s=2.0)
+    result = RobustEvaluator(AZURE, plan).evaluate({})
+    busy = plan.windows[0]
+    summary = result.windows[0].result.summary
+    assert summary is not None and summary.overall.accounting is not None
+    assert summary.duration_s == 10.0
+    arrived = summary.overall.accounting.requests_arrived
+    assert busy.arrival_rate is not None
+    assert arrived == pytest.approx(busy.arrival_rate * 10.0)
+
+
+def test_more_replicas_on_the_same_windows() -> None:
+    plan = plan_windows(TINY, duration_s=5.0, seeds=1, drain_s=1.0)
+    two = RobustEvaluator(TINY, plan).at_replicas(2).evaluate({})
+    summary = two.windows[0].result.summary
+    assert summary is not None and summary.replicas == 2
+
+
+def test_bad_plans_are_refused() -> None:
+    with pytest.raises(ValueError, match="duration_s=0"):
+        plan_windows(TINY, duration_s=0.0)
+    with pytest.raises(ValueError, match="warmup_s=-1"):
+        plan_windows(AZURE, warmup_s=-1.0)
+    with pytest.raises(ValueError, match="replicas=0"):
+        RobustEvaluator(TINY, WindowPlan((), "seeds"), replicas=0)
