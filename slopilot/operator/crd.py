@@ -21,6 +21,7 @@ from slopilot.operator.knobs import KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
     BACKENDS,
     BOUNDED_KNOBS,
+    DEFAULT_STUDY_STORAGE,
     MAX_GPUS,
     MAX_REPLICAS,
     PHASES,
@@ -214,9 +215,10 @@ def _spec_schema() -> dict[str, Any]:
             "maxTrials": _int("Trials per tuning round.", 1, 1000, default=30),
             "canary": {"type": "boolean", "default": True,
                        "description": "Run trials on one replica when there are several."},
-            "storage": _str("Optuna storage URL (sqlite:/// or postgresql://).",
+            "storage": _str("Optuna storage URL (sqlite:/// or postgresql://, without a "
+                            "password): one the operator's SLOPILOT_ALLOWED_STORAGE lists.",
                             pattern=r"^(sqlite|postgresql(\+\w+)?)://",
-                            default="sqlite:///var/lib/slopilot/study.db"),
+                            default=DEFAULT_STUDY_STORAGE),
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),
         }, default={}),

@@ -54,6 +54,9 @@ class DaemonContext:
     name: str
     settings: ControllerSettings
     state: LoopState | None
+    storage: str
+    """The study's storage URL as the policy resolved ``spec.tuning.storage``
+    (``OperatorPolicy.study_storage``: the administrator's URL, with its credentials)."""
     uid: str = ""
     """The CR's uid: a deleted and re-created CR of the same name is another deployment."""
 
@@ -148,7 +151,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
 
     space = search_space(spec)
     try:
-        study = open_study(spec.tuning.storage, study_name(ctx.namespace, name, ctx.uid))
+        study = open_study(ctx.storage, study_name(ctx.namespace, name, ctx.uid))
     except StudyStorageError as exc:
         raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
                               "function to build the controller's ports another way") from None

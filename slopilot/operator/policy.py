@@ -11,6 +11,9 @@ administrator's word on top of it, set once on the operator (environment variabl
 - Prometheus: when an allow-list is set, only those hosts (``host`` or ``host:port``;
   ``*.suffix`` for any host under a domain) are fetched. Unset: any host that passes the
   URL rules (``validation.prometheus_url_problem``).
+- study storage: only the databases on the storage allow-list are opened, with the
+  administrator's credentials (``study_storage.py``; the default: the operator's own
+  SQLite file).
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from slopilot.operator.render import DEFAULT_IMAGES, DEFAULT_OPERATOR_NAMESPACE
-from slopilot.operator.spec import LLMDeploymentSpec
+from slopilot.operator.spec import DEFAULT_STUDY_STORAGE, LLMDeploymentSpec
+from slopilot.operator.study_storage import (
+    StorageRefused,
+    StorageRule,
+    resolve_storage,
+)
 from slopilot.operator.validation import parse_image
 
 
@@ -45,8 +53,16 @@ class OperatorPolicy:
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator's pods run: the one source the NetworkPolicy admits to the
     engines' admin port."""
+    allowed_storage: tuple[str, ...] = (DEFAULT_STUDY_STORAGE,)
+    """Study storages a CR may name (``study_storage.StorageRule``); may hold passwords."""
+    storage_rules: tuple[StorageRule, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
+        try:
+            rules = tuple(StorageRule(e) for e in self.allowed_storage)
+        except StorageRefused as exc:
+            raise PolicyError(str(exc)) from None
+        object.__setattr__(self, "storage_rules", rules)
         for entry in self.allowed_images:
             if entry == "*":
                 continue
@@ -84,6 +100,11 @@ class OperatorPolicy:
                 return True
         return False
 
+    def study_storage(self, spec: LLMDeploymentSpec) -> str:
+        """The storage URL to open for ``spec``'s study (the admin's, with credentials);
+        StorageRefused when the policy does not allow what the CR names."""
+        return resolve_storage(spec.tuning.storage, self.storage_rules)
+
     def prometheus_allowed(self, url: str) -> bool:
         if not self.allowed_prometheus:
             return True
@@ -120,6 +141,10 @@ def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> list[str
                    f"operator's Prometheus allow-list ({_listing(policy.allowed_prometheus)}); "
                    "use an allowed Prometheus, or ask the cluster admin to add it to "
                    "SLOPILOT_ALLOWED_PROMETHEUS")
+    try:
+        policy.study_storage(spec)
+    except StorageRefused as exc:
+        out.append(str(exc))
     return out
 
 

@@ -15,8 +15,9 @@
 - Events at INFO and above reach ``kubectl describe``; DEBUG stays in the operator's log.
 - Bounded watches and requests: a silent connection is dropped and resumed from its
   resourceVersion rather than hanging.
-- The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES`` and
-  ``$SLOPILOT_ALLOWED_PROMETHEUS`` (comma-separated allow-lists, see policy.py) and the
+- The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
+  ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
+  allow-lists, see policy.py and study_storage.py) and the
   operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the service account's,
   else slopilot-system).
 """
@@ -46,6 +47,7 @@ MIN_PEERING_LIFETIME_S = 2
 RETRY_BACKOFF_S = 10
 IMAGES_ENV = "SLOPILOT_ALLOWED_IMAGES"
 PROMETHEUS_ENV = "SLOPILOT_ALLOWED_PROMETHEUS"
+STORAGE_ENV = "SLOPILOT_ALLOWED_STORAGE"
 NAMESPACE_ENV = "SLOPILOT_OPERATOR_NAMESPACE"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -65,10 +67,13 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         kwargs["allowed_images"] = _entries(images)
     if (hosts := env.get(PROMETHEUS_ENV)) is not None:
         kwargs["allowed_prometheus"] = _entries(hosts)
+    if (storages := env.get(STORAGE_ENV)) is not None:
+        kwargs["allowed_storage"] = _entries(storages)
     try:
         return OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:
-        raise PolicyError(f"{exc} (in ${IMAGES_ENV} or ${PROMETHEUS_ENV})") from None
+        raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV} or "
+                          f"${STORAGE_ENV})") from None
 
 
 def peering_lifetime_s() -> int:

@@ -24,6 +24,9 @@ from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
 
+# Where a CR's study lives unless it says otherwise (and the one storage the operator's
+# policy allows by default: see study_storage.py).
+DEFAULT_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
 
 class Backend(enum.StrEnum):
     BUILTIN = "builtin"
@@ -282,8 +285,8 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> Tuning
             r.problems.append(f"spec.tuning.bounds: {exc}")
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
-                      storage=r.get(spec, "spec.tuning.storage", str,
-                                    "sqlite:///var/lib/slopilot/study.db"), bounds=bounds)
+                      storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
+                      bounds=bounds)
 
 
 def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:

@@ -159,7 +159,7 @@ def build_study_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.study.space import SearchSpace
     from slopilot.tuner.study.tuner import open_study
 
-    study = open_study(ctx.spec.tuning.storage, study_name(ctx.namespace, ctx.name, ctx.uid))
+    study = open_study(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid))
     settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
     return Controller(settings, ctx.handle, AlertSource(ctx.spec.prometheus_url, ctx.name),
                       HoldingWindows(),

@@ -130,6 +130,7 @@ def test_a_cr_deleted_mid_trial_fails_its_trial_and_its_successor_starts_afresh(
     monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
                        "tests.operator.standins:build_study_controller")
     storage = f"sqlite:///{tmp_path / 'study.db'}"
+    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)  # the admin lists it
     spec: dict[str, Any] = {"backend": "vllm", "prometheus": {"url": prom.url},
                             "tuning": {"window": "1h", "storage": storage}}
     with operator(kube_login):
@@ -166,6 +167,7 @@ def test_two_namespaces_chat_are_two_deployments_to_the_operator(
     monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
                        "tests.operator.standins:build_study_controller")
     storage = f"sqlite:///{tmp_path / 'study.db'}"
+    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)  # the admin lists it
     body = llmd(backend="vllm", prometheus={"url": prom.url},
                 tuning={"window": "1h", "storage": storage})
     with operator(kube_login):

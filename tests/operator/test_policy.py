@@ -102,3 +102,82 @@ def test_image_references_normalize_as_docker_does() -> None:
     assert parse_image("index.docker.io/vllm/vllm-openai").repository \
         == "docker.io/vllm/vllm-openai"  # type: ignore[union-attr]
     assert parse_image("UPPER/case") is None
+
+
+DEFAULT_DB = "sqlite:///var/lib/slopilot/study.db"
+SHARED = "postgresql+psycopg2://optuna:Adm1n-s3cret@db.shared.svc:5432/studies"
+
+
+def test_by_default_only_the_operators_own_study_file_is_opened() -> None:
+    policy = OperatorPolicy()
+    assert policy.study_storage(spec_of()) == DEFAULT_DB  # the CRD's default
+    for url in ("postgresql://optuna@10.0.0.5:5432/x", "sqlite:////etc/slopilot/evil.db",
+                "sqlite:///var/lib/slopilot/other.db", "mysql://root@db/x"):
+        problems = policy_problems(spec_of(tuning={"storage": url}), policy)
+        assert problems and "spec.tuning.storage" in problems[0], url
+        assert "SLOPILOT_ALLOWED_STORAGE" in problems[0]
+
+
+def test_a_cr_names_a_shared_database_and_the_operator_brings_the_credentials() -> None:
+    policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": f"{DEFAULT_DB},{SHARED}"})
+    asked = "postgresql+psycopg2://optuna@db.shared.svc:5432/studies"
+    assert policy.study_storage(spec_of(tuning={"storage": asked})) == SHARED
+    # Another database, user, port or query on the same server is another storage.
+    for url in ("postgresql+psycopg2://optuna@db.shared.svc:5432/other",
+                "postgresql+psycopg2://root@db.shared.svc:5432/studies",
+                "postgresql+psycopg2://optuna@db.shared.svc:6543/studies",
+                "postgresql+psycopg2://optuna@db.shared.svc:5432/studies?host=/tmp"):
+        assert policy_problems(spec_of(tuning={"storage": url}), policy), url
+
+
+def test_a_password_in_the_cr_is_refused_and_never_echoed() -> None:
+    policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": SHARED})
+    spec = spec_of(tuning={"storage": SHARED})  # even the right one: the CR is readable
+    problems = policy_problems(spec, policy)
+    assert problems and "holds a password" in problems[0]
+    assert "Adm1n-s3cret" not in " ".join(problems)
+    # Nor does the allow-list's own password show when a CR is refused.
+    other = policy_problems(spec_of(tuning={"storage": "postgresql://x@h/db"}), policy)
+    assert other and "Adm1n-s3cret" not in other[0] and "***" in other[0]
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("sqlite:////var/lib/slopilot/team-a.db", True),
+    ("sqlite:////var/lib/slopilot/../../etc/passwd", False),
+    ("sqlite:////var/lib/slopilot/sub/team.db", False),
+    ("sqlite:////var/lib/slopilot/.hidden", False),
+    ("sqlite:////var/lib/slopilotx/team.db", False),
+    ("sqlite:////var/lib/slopilot/team.db?mode=ro&uri=true", False),
+])
+def test_a_directory_entry_allows_plain_files_inside_it_only(url: str, allowed: bool) -> None:
+    policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "sqlite:////var/lib/slopilot/*"})
+    problems = policy_problems(spec_of(tuning={"storage": url}), policy)
+    assert (problems == []) is allowed, problems
+
+
+@pytest.mark.parametrize("entry", ["sqlite:///relative/*", "sqlite:////a/../b/*",
+                                   "mysql://root@db/x", "not a url"])
+def test_a_bad_storage_entry_names_the_variable(entry: str) -> None:
+    with pytest.raises(PolicyError, match=r"SLOPILOT_ALLOWED_STORAGE"):
+        operator_policy({"SLOPILOT_ALLOWED_STORAGE": entry})
+
+
+def test_a_bad_storage_entry_does_not_print_its_password() -> None:
+    with pytest.raises(PolicyError) as err:
+        operator_policy({"SLOPILOT_ALLOWED_STORAGE": "mysql://root:hunter2@db/x"})
+    assert "hunter2" not in str(err.value)
+
+
+def test_study_storage_errors_never_carry_the_password(tmp_path: Any) -> None:
+    from slopilot.tuner.study.tuner import StudyStorageError, open_study
+
+    url = f"sqlite:///{tmp_path}/missing/dir/study.db"
+    with pytest.raises(StudyStorageError):
+        open_study(url, "s")
+    secret = "postgresql://optuna:pa55w0rd%21@127.0.0.1:1/studies"
+    with pytest.raises(StudyStorageError) as err:
+        open_study(secret, "s")
+    assert "pa55w0rd" not in str(err.value) and "***" in str(err.value)
+    with pytest.raises(StudyStorageError) as err:
+        open_study("optuna:pa55w0rd@db/studies", "s")
+    assert "pa55w0rd" not in str(err.value)

@@ -52,7 +52,8 @@ def context(tmp_path: Path, backend: str = "builtin", **tuning: Any) -> DaemonCo
     kube: Any = OneDeployment()
     handle = KubeDeploymentHandle(kube, "team", "chat", mint=TokenMint(b"k" * 32))
     return DaemonContext(kube, handle, spec, "team", "chat",
-                         controller_settings(spec, "team", "chat"), None, uid="u1")
+                         controller_settings(spec, "team", "chat"), None, spec.tuning.storage,
+                         uid="u1")
 
 
 def test_the_default_wiring_holds_the_config_while_prometheus_is_down(tmp_path: Path) -> None:

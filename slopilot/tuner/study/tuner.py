@@ -31,6 +31,7 @@ from slopilot.tuner.study.heartbeat import (
 )
 from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.storage_url import redacted, shown
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random")
@@ -64,15 +65,16 @@ def _storage(url: str | None, heartbeat_s: int, grace_s: int) -> optuna.storages
         return optuna.storages.InMemoryStorage()  # one process: nothing goes stale
     if not isinstance(url, str) or "://" not in url:
         raise StudyStorageError(
-            f"storage={url!r} is not a database URL; use sqlite:///path/to/study.db "
-            "(a local file) or postgresql://user:pass@host/db (shared)")
+            f"storage={shown(url) if isinstance(url, str) else url!r} is not a database "
+            "URL; use sqlite:///path/to/study.db (a local file) or "
+            "postgresql://user:pass@host/db (shared)")
     try:
         return rdb_storage(url, heartbeat_s, grace_s)
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean the same to a user
         raise StudyStorageError(
-            f"cannot open study storage {url!r}: {type(exc).__name__}: {exc}; "
-            "check the URL, that the directory exists and the database is reachable"
-        ) from None
+            f"cannot open study storage {shown(url)!r}: {type(exc).__name__}: "
+            f"{redacted(str(exc), url)}; check the URL, that the directory exists and the "
+            "database is reachable") from None
 
 
 def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
@@ -95,8 +97,10 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
         study = optuna.create_study(storage=store, study_name=name, direction="maximize",
                                     load_if_exists=True, sampler=first_sampler)
     except Exception as exc:  # e.g. a database that went away after the engine opened
+        where = shown(storage) if isinstance(storage, str) else repr(storage)
+        detail = redacted(str(exc), storage) if isinstance(storage, str) else str(exc)
         raise StudyStorageError(
-            f"cannot open study {name!r} in {storage!r}: {type(exc).__name__}: {exc}") from None
+            f"cannot open study {name!r} in {where}: {type(exc).__name__}: {detail}") from None
     if isinstance(store, optuna.storages.RDBStorage):
         _beat_legacy_trials(store, study)
     fail_stale(study)
