@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.tuner import Tuner
+from slopilot.tuner.study.tuner import Tuner, storage_of
 
 
 class ResumableTuner(Tuner):
@@ -28,8 +28,11 @@ class ResumableTuner(Tuner):
     def _pop(self, number: int) -> optuna.Trial:
         if number not in self._asked:
             stored = self._stored(number)
-            if stored is not None and stored.state == TrialState.RUNNING:
-                return optuna.Trial(self.study, stored._trial_id)
+            storage = storage_of(self.study)
+            if stored is not None and stored.state == TrialState.RUNNING and storage:
+                study_id = storage.get_study_id_from_name(self.study.study_name)
+                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+                return optuna.Trial(self.study, trial_id)
         return super()._pop(number)
 
     def tell(self, number: int, result: TrialResult) -> None:

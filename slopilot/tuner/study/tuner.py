@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -101,6 +102,7 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
         detail = redacted(str(exc), storage) if isinstance(storage, str) else str(exc)
         raise StudyStorageError(
             f"cannot open study {name!r} in {where}: {type(exc).__name__}: {detail}") from None
+    _STORAGE_OF[study] = store
     if isinstance(store, optuna.storages.RDBStorage):
         _beat_legacy_trials(store, study)
     fail_stale(study)
@@ -108,6 +110,17 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
     if trials and seed is not None:
         study.sampler = make_sampler(sampler, seed + len(trials))
     return study
+
+
+# The storage each study of ``open_study`` was opened on: Optuna keeps it private
+# (``Study._storage``), and a resumed trial is reopened through its public methods.
+_STORAGE_OF: weakref.WeakKeyDictionary[optuna.Study, optuna.storages.BaseStorage] = \
+    weakref.WeakKeyDictionary()
+
+
+def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage | None:
+    """The storage ``open_study`` opened ``study`` on; None for a study from elsewhere."""
+    return _STORAGE_OF.get(study)
 
 
 def _beat_legacy_trials(store: optuna.storages.RDBStorage, study: optuna.Study) -> None:

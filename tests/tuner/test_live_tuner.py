@@ -1,0 +1,34 @@
+"""ResumableTuner: a trial asked by an earlier controller is told in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from slopilot.tuner.study.live import ResumableTuner
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import Tuner, open_study, storage_of
+
+
+def test_a_restarted_controller_tells_the_running_trial_it_did_not_ask(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    space = SearchSpace.from_bounds()
+    first = Tuner(open_study(url, "live"), space)
+    number, config = first.ask()
+    first.close()  # the process stops without telling; the trial stays RUNNING
+
+    study = open_study(url, "live")
+    assert storage_of(study) is not None
+    again = ResumableTuner(study, space)
+    again.tell(number, TrialResult(config=config, goodput_tok_s=12.5, constraints=(-0.5,),
+                                   feasible=True, constraint_names=("p0_ttft",)))
+    trials = optuna.load_study(study_name="live", storage=url).trials
+    assert [(t.number, t.state) for t in trials] == [(number, TrialState.COMPLETE)]
+    assert trials[0].value == 12.5 and trials[0].user_attrs["feasible"] is True
+
+
+def test_a_study_not_opened_here_has_no_known_storage() -> None:
+    assert storage_of(optuna.create_study()) is None
