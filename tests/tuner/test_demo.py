@@ -111,7 +111,7 @@ def test_demo_flags_pick_the_executor_and_its_defaults(
     simulated, torch, tiny = got
     assert (simulated.executor, simulated.replicas, simulated.duration_s) == ("simulated", 2, 240)
     assert (torch.executor, torch.served_model, torch.replicas, torch.max_replicas,
-            torch.duration_s, torch.window_s) == ("torch", "smollm2-135m", 1, 1, 600, 40)
+            torch.duration_s, torch.window_s) == ("torch", "smollm2-135m", 1, 1, 720, 60)
     assert (tiny.executor, tiny.served_model, tiny.replicas, tiny.max_replicas) == (
         "torch", "tiny-random", 2, 2)
 

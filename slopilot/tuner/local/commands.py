@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--replicas", type=int, default=None, help="default 2; torch 1")
     p.add_argument("--max-replicas", type=int, default=None, help="default 4; torch 1")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                   help="seconds of load, the shift half-way; default 240, torch 600")
+                   help="seconds of load, the shift half-way; default 240, torch 720")
     p.add_argument("--report-dir", type=Path, default=Path("reports/demo"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=Path, default=None, metavar="FILE",

@@ -118,10 +118,10 @@ class DemoOptions:
 
 
 # What a torch demo defaults to where the simulated one's defaults would not work on a
-# CPU: one replica (a CPU forward pass of SmolLM2 takes ~0.3 s; two replicas would share
-# the cores and halve each other), a window long enough for 8 requests at 0.25 req/s,
-# and time for four such trials after the shift.
-TORCH_DEFAULTS = {"replicas": 1, "max_replicas": 1, "duration_s": 600.0, "window_s": 40.0}
+# CPU: one replica (a SmolLM2 forward pass takes 0.1-0.3 s here; two replicas would share
+# the cores and slow each other down), a window long enough for 8 requests at
+# 0.15 req/s, and time after the half-way shift for the alert and four such trials.
+TORCH_DEFAULTS = {"replicas": 1, "max_replicas": 1, "duration_s": 720.0, "window_s": 60.0}
 
 
 def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
@@ -168,8 +168,8 @@ def phases(torch: bool, replicas: int) -> tuple[Phase, Phase]:
     """Before and after the shift (as in ``demo.yaml`` and ``demo-torch.yaml``); a CPU
     torch model takes far less load."""
     if torch:
-        return (Phase(0.25 * replicas, 32, 16, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.5, 64),
-                Phase(0.25 * replicas, 256, 16, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.5, 512))
+        return (Phase(0.15 * replicas, 32, 16, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.5, 64),
+                Phase(0.15 * replicas, 256, 16, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.5, 512))
     rate = 2.0 * replicas
     return (Phase(rate, 512, 64, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.7, 4096),
             Phase(rate, 2048, 64, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.7, 4096))
@@ -215,8 +215,10 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         recorded = RecordingAlerts(sources.alerts)
         ctl = _controller(opts, scenario, dep, recorded, sources, tuner, worker)
         before, after = opts.load or phases(opts.torch, opts.replicas)
+        # A CPU request waits tens of seconds in a queue and takes more to decode.
         load = stack.enter_context(LoadGenerator(dep.endpoints, before, model=NAME,
-                                                 seed=opts.seed))
+                                                 seed=opts.seed,
+                                                 timeout_s=300.0 if opts.torch else 60.0))
         say(f"load: Poisson {before.rate:g} req/s, prompts ~{before.prompt_mean:g} tokens, "
             f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.shift_s:g}s")
         samples = _control_loop(opts, ctl, dep, recorded, sources.timeline, load, after, say,
