@@ -286,7 +286,7 @@ def _status_schema() -> dict[str, Any]:
             "calibrated": {"type": "boolean",
                            "description": "Whether the twin runs a calibrated profile."},
             "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),
-            "model": _str("What the twin runs, in one line."),
+            "runs": _str("What the twin runs, in one line."),
         }, desc="The controller's twin: calibrated profile or uncalibrated datasheet."),
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

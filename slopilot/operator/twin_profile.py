@@ -72,7 +72,7 @@ class TwinChoice:
         return "uncalibrated datasheet roofline (no spec.twin.profile)"
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"calibrated": self.calibrated, "model": self.describe()}
+        out: dict[str, Any] = {"calibrated": self.calibrated, "runs": self.describe()}
         if self.source is not None:
             out["source"] = self.source
         return out

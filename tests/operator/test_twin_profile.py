@@ -117,7 +117,7 @@ def test_a_profile_for_the_model_runs_the_twin_and_says_from_where(
     assert twin.calibrated and twin.problem is None, twin.problem
     assert twin.source == "ConfigMap team/smol-profile key 'profile.yaml'"
     assert twin.status()["calibrated"] is True
-    assert "calibrated profile from ConfigMap team/smol-profile" in twin.status()["model"]
+    assert "calibrated profile from ConfigMap team/smol-profile" in twin.status()["runs"]
     cond = twin.condition(3)
     assert (cond["type"], cond["status"], cond["reason"]) == (
         "TwinCalibrated", "True", "ProfileLoaded")
@@ -131,7 +131,7 @@ def test_no_profile_is_the_datasheet_and_says_so() -> None:
     twin = TwinChoice()
     base = load_scenario("azure-conv-2023")
     assert twin.apply(base) is base
-    assert twin.status() == {"calibrated": False, "model": "uncalibrated datasheet roofline "
+    assert twin.status() == {"calibrated": False, "runs": "uncalibrated datasheet roofline "
                              "(no spec.twin.profile)"}
     assert twin.condition(None)["reason"] == "NoProfile"
 
@@ -143,7 +143,7 @@ def _refused(twin: TwinChoice, *needles: str) -> None:
         assert needle in message, message
     assert twin.condition(1)["reason"] == "ProfileRefused"
     assert twin.status()["calibrated"] is False
-    assert "uncalibrated datasheet roofline" in twin.status()["model"]
+    assert "uncalibrated datasheet roofline" in twin.status()["runs"]
 
 
 def test_a_configmap_of_another_namespace_is_never_read(
