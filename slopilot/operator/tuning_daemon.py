@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import logging
 import threading
@@ -124,7 +125,9 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     meta = body["metadata"]
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
                         controller_settings(spec, meta["namespace"], meta["name"]), state,
-                        uid=str(meta.get("uid", "")), twin=twin or TwinChoice())
+                        uid=str(meta.get("uid", "")))
+    if twin is not None:
+        ctx = dataclasses.replace(ctx, twin=twin)
     controller = factory(ctx)
     log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
              None if state is None else state.state.value)
