@@ -112,11 +112,18 @@ def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
         kopf.info(target, reason=reason, message=decision.line())
 
 
+def _with_twin(factory: ControllerFactory, twin: TwinChoice, ctx: DaemonContext
+               ) -> Controller:
+    return factory(dataclasses.replace(ctx, twin=twin))
+
+
 def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
           factory: ControllerFactory, policy: OperatorPolicy,
           twin: TwinChoice | None = None) -> Controller:
     """A controller for the current spec, resuming the persisted loop state if any; its
     twin runs ``twin`` (``resolve_twin``'s answer; None: the datasheet)."""
+    if twin is not None:
+        factory = functools.partial(_with_twin, factory, twin)
     spec = effective_spec(body)
     if problems := policy_problems(spec, policy):  # never query a URL the policy refuses
         raise ControllerError("; ".join(problems))
@@ -126,8 +133,6 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
                         controller_settings(spec, meta["namespace"], meta["name"]), state,
                         uid=str(meta.get("uid", "")))
-    if twin is not None:
-        ctx = dataclasses.replace(ctx, twin=twin)
     controller = factory(ctx)
     log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
              None if state is None else state.state.value)
