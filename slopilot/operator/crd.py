@@ -228,11 +228,11 @@ def _spec_schema() -> dict[str, Any]:
                         default="http://prometheus-operated.monitoring:9090"),
         }, default={}),
         "alerts": _alerts_schema(),
-        "twin": _twin_schema(),
+        "twin": _twin_profile_schema(),
     }, required=["model"])
 
 
-def _twin_schema() -> dict[str, Any]:
+def _twin_profile_schema() -> dict[str, Any]:
     return _obj({"profile": _obj({
         "configMapName": _str(
             "A ConfigMap in this LLMDeployment's namespace (a name only: the operator "
@@ -282,7 +282,7 @@ def _status_schema() -> dict[str, Any]:
                                      "restarted operator resumes it instead of acting twice.")),
         "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
                                       "hash of the spec they were tuned from (base).")),
-        "twin": _obj({
+        "twinProfile": _obj({
             "calibrated": {"type": "boolean",
                            "description": "Whether the twin runs a calibrated profile."},
             "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),

@@ -1,7 +1,7 @@
 """Which twin a deployment's controller runs, in its status, and when to read it again.
 
 The daemon resolves the twin (``twin_profile.resolve_twin``) whenever it builds the
-controller; ``TwinTracker`` writes the answer (``status.twin``, the ``TwinCalibrated``
+controller; ``TwinTracker`` writes the answer (``status.twinProfile``, the ``TwinCalibrated``
 condition, an event when it changes) and tells the daemon to rebuild when the profile's
 ConfigMap was created, edited or deleted since (one GET every ``RECHECK_S``, only while
 the spec names a profile): a recalibrated profile reaches the twin without a spec edit.
@@ -48,7 +48,7 @@ class TwinTracker:
         self.current, self.checked = twin, self.clock()
         try:
             written = write_status(self.kube, self.namespace, self.name, lambda fresh: {
-                "twin": twin.status(), "conditions": merge_conditions(
+                "twinProfile": twin.status(), "conditions": merge_conditions(
                     (fresh.get("status") or {}).get("conditions"),
                     [twin.condition(generation)])} if ours(fresh) else None)
         except Exception:  # an API error: the next rebuild writes it again

@@ -219,9 +219,9 @@ def test_the_operator_says_which_twin_runs_and_rereads_an_edited_configmap(
     prom = PrometheusStandIn()
     with serving(prom), operator(kube_login):
         cluster.create(llmd(prometheus={"url": prom.url}, twin=ref()))
-        wait_for(lambda: (cluster.status().get("twin") or {}).get("calibrated") is True,
-                 what="status.twin on the calibrated profile")
-        assert cluster.status()["twin"]["source"] == \
+        wait_for(lambda: (cluster.status().get("twinProfile") or {}).get("calibrated") is True,
+                 what="status.twinProfile on the calibrated profile")
+        assert cluster.status()["twinProfile"]["source"] == \
             f"ConfigMap {DEFAULT_NS}/smol-profile key 'profile.yaml'"
         assert cluster.condition("TwinCalibrated")["reason"] == "ProfileLoaded"
         wait_for(lambda: cluster.events("TwinProfileLoaded"), what="the loaded event")
@@ -232,5 +232,5 @@ def test_the_operator_says_which_twin_runs_and_rereads_an_edited_configmap(
                  == "ProfileRefused", what="the edited ConfigMap read again")
         message = cluster.condition("TwinCalibrated")["message"]
         assert "smol-profile" in message and "calibrated on a cuda device" in message
-        assert cluster.status()["twin"]["calibrated"] is False
+        assert cluster.status()["twinProfile"]["calibrated"] is False
         wait_for(lambda: cluster.events("TwinProfileRefused"), what="the refused event")
