@@ -1,9 +1,10 @@
 """Status conditions (Kubernetes' metav1.Condition shape) merged by type.
 
 Two writers share ``status.conditions``: the reconcile handler (Valid, Reconciled,
-KnobsIgnored, AdminToken) and the controller daemon (Tuning, SLOMet). Each merges its own
-types into the list it just read, so neither drops the other's; ``lastTransitionTime``
-moves only when a condition's status changes, as kubectl and dashboards expect.
+KnobsIgnored, AdminToken) and the controller daemon (Tuning, SLOMet, TwinCalibrated). Each
+merges its own types into the list it just read, so neither drops the other's;
+``lastTransitionTime`` moves only when a condition's status changes, as kubectl and
+dashboards expect.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class ConditionType(enum.StrEnum):
     ADMIN_TOKEN = "AdminToken"
     TUNING = "Tuning"
     SLO_MET = "SLOMet"
+    TWIN_CALIBRATED = "TwinCalibrated"
 
 
 def now_rfc3339() -> str:

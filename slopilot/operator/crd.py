@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from slopilot.operator import twin_spec
 from slopilot.operator.alert_spec import ALERT_FIELDS
 from slopilot.operator.knobs import KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
@@ -229,7 +230,22 @@ def _spec_schema() -> dict[str, Any]:
                         default="http://prometheus-operated.monitoring:9090"),
         }, default={}),
         "alerts": _alerts_schema(),
+        "twin": _twin_profile_schema(),
     }, required=["model"])
+
+
+def _twin_profile_schema() -> dict[str, Any]:
+    return _obj({"profile": _obj({
+        "configMapName": _str(
+            "A ConfigMap in this LLMDeployment's namespace (a name only: the operator "
+            "reads no other namespace's ConfigMaps for it).", pattern=twin_spec.NAME_PATTERN,
+            maxLength=twin_spec.MAX_NAME),
+        "key": _str("The data key holding the profile YAML (`slopilot calibrate --out`).",
+                    pattern=twin_spec.KEY_PATTERN, maxLength=twin_spec.MAX_NAME,
+                    default=twin_spec.DEFAULT_KEY),
+    }, required=["configMapName"], desc="A calibrated cost profile for the controller's twin; "
+        "without it the twin is the uncalibrated datasheet roofline.")},
+        desc="The cost model the controller's simulator (warm starts, capacity) runs.")
 
 
 def _status_schema() -> dict[str, Any]:
@@ -268,6 +284,12 @@ def _status_schema() -> dict[str, Any]:
                                      "restarted operator resumes it instead of acting twice.")),
         "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
                                       "hash of the spec they were tuned from (base).")),
+        "twinProfile": _obj({
+            "calibrated": {"type": "boolean",
+                           "description": "Whether the twin runs a calibrated profile."},
+            "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),
+            "runs": _str("What the twin runs, in one line."),
+        }, desc="The controller's twin: calibrated profile or uncalibrated datasheet."),
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })

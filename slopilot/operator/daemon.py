@@ -13,13 +13,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.render import applied_knobs
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase
+from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.state import (
@@ -59,6 +60,8 @@ class DaemonContext:
     (``OperatorPolicy.study_storage``: the administrator's URL, with its credentials)."""
     uid: str = ""
     """The CR's uid: a deleted and re-created CR of the same name is another deployment."""
+    twin: TwinChoice = field(default_factory=TwinChoice)
+    """The twin's cost model: ``spec.twin.profile``'s calibrated profile, or the datasheet."""
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
@@ -121,7 +124,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     ``spec.tuning.storage`` under ``study_name``, so a restarted operator continues it.
     The simulator (warm start, capacity) runs the workload measured from Prometheus on the base
     scenario's hardware (``$SLOPILOT_BASE_SCENARIO``, default azure-conv-2023) with the
-    spec's SLO and knobs.
+    spec's SLO and knobs, or on the calibrated profile of ``spec.twin.profile``
+    (``ctx.twin``: the spec's model on the profile's device).
     """
     import dataclasses
 
@@ -141,7 +145,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         base = load_scenario(scenario_name)
     except (OSError, ValueError) as exc:
         raise ControllerError(f"{BASE_SCENARIO_ENV}={scenario_name!r}: {exc}") from None
-    base = dataclasses.replace(base, slo=spec.slo, engine=spec.engine.to_dict())
+    base = ctx.twin.apply(dataclasses.replace(base, slo=spec.slo,
+                                              engine=spec.engine.to_dict()))
     selector = identity_labels(name, ctx.namespace)
     query = query_at(spec.prometheus_url)
 

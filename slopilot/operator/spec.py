@@ -19,6 +19,7 @@ from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_kn
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
 from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
+from slopilot.operator.twin_spec import ProfileRef, parse_twin
 from slopilot.operator.validation import prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
@@ -106,6 +107,9 @@ class LLMDeploymentSpec:
     trials' revert guardrail protect."""
     alerts: RuleOptions = field(default_factory=RuleOptions)
     """The alert table's thresholds and holds (``spec.alerts``; the seeds' by default)."""
+    twin_profile: ProfileRef | None = None
+    """``spec.twin.profile``: the calibrated profile for the controller's twin, in a
+    ConfigMap of the CR's namespace; None: the datasheet roofline (twin_spec.py)."""
 
     @property
     def model_ref(self) -> str:
@@ -329,17 +333,18 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     url = r.get(spec, "spec.prometheus.url", str, "http://prometheus-operated.monitoring:9090")
     if (problem := prometheus_url_problem(url)) is not None:
         r.problems.append(problem)
+    twin_profile = parse_twin(spec, r.problems)
     if r.problems:
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
-             "prometheus", "alerts"}
+             "prometheus", "alerts", "twin"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
         image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
         cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=engine,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
-        alerts=alerts)
+        alerts=alerts, twin_profile=twin_profile)
 
 
 def _quantity(spec: Mapping[str, Any], name: str) -> str | None:

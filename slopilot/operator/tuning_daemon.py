@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import logging
 import threading
@@ -57,6 +58,8 @@ from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import Phase, SpecError
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import TokenMint
+from slopilot.operator.twin_profile import TwinChoice, resolve_twin
+from slopilot.operator.twin_status import TwinTracker
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.state import (
     Action,
@@ -109,9 +112,18 @@ def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
         kopf.info(target, reason=reason, message=decision.line())
 
 
+def _with_twin(factory: ControllerFactory, twin: TwinChoice, ctx: DaemonContext
+               ) -> Controller:
+    return factory(dataclasses.replace(ctx, twin=twin))
+
+
 def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
-          factory: ControllerFactory, policy: OperatorPolicy) -> Controller:
-    """A controller for the current spec, resuming the persisted loop state if any."""
+          factory: ControllerFactory, policy: OperatorPolicy,
+          twin: TwinChoice | None = None) -> Controller:
+    """A controller for the current spec, resuming the persisted loop state if any; its
+    twin runs ``twin`` (``resolve_twin``'s answer; None: the datasheet)."""
+    if twin is not None:
+        factory = functools.partial(_with_twin, factory, twin)
     spec = effective_spec(body)
     if problems := policy_problems(spec, policy):  # never query a URL the policy refuses
         raise ControllerError("; ".join(problems))
@@ -144,6 +156,7 @@ class DeploymentLoop:
         """A decision whose status write failed: written again before the next tick."""
         self.unwritten_time = ""
         self.figures: WindowFigures | None = None
+        self.twin = TwinTracker(kube, namespace, name, clock)
 
     @property
     def key(self) -> str:
@@ -164,10 +177,13 @@ class DeploymentLoop:
             return True
         generation = body["metadata"].get("generation")
         try:
-            if self.controller is None or self.built_for != generation:
+            if self.controller is None or self.built_for != generation or \
+                    self.twin.moved():
+                twin = resolve_twin(self.kube, self.namespace, effective_spec(body))
                 self.controller = build(self.kube, self.handle, body, self.factory,
-                                        self.policy)
+                                        self.policy, twin)
                 self.built_for = generation
+                self.twin.write(twin, generation, self._ours)
                 self.figures = WindowFigures(self.controller.evaluator,
                                              self.controller.settings.window_s, self.clock())
             with self.locks.hold(self.key):

@@ -34,6 +34,9 @@ def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> N
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"replicas": 5, "max_replicas": 4}, "1 <= replicas <= max-replicas"),
     ({"duration_s": 5}, "--duration 5"),
+    ({"executor": "gpu"}, "--executor 'gpu': use one of simulated, torch"),
+    ({"model": "tiny-random"}, "add --executor torch"),
+    ({"duration_s": 60, "shift_at_s": 60}, "shift at 60 s"),
 ])
 def test_bad_demo_options_say_what_to_fix(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -61,11 +64,64 @@ def test_the_demo_twin_runs_on_a_given_profile(tmp_path: Path) -> None:
     assert twin_label(twin) == f"calibrated profile {llama}" and twin.slo == scenario.slo
     # Torch replicas: the twin models the served model, so the profile must match it.
     smol = profile_file(tmp_path, "smol.yaml", model="smollm2-135m", device="cpu")
-    twin = twin_scenario(scenario, DemoOptions(model="smollm2-135m", profile=smol))
+    torch = {"executor": "torch"}
+    twin = twin_scenario(scenario, DemoOptions(**torch, model="smollm2-135m", profile=smol))
     assert twin.model == "SmolLM2-135M" and twin.profile is not None
     with pytest.raises(ValueError, match="calibrated for model 'SmolLM2-135M', not "
                                          "'tiny-random'"):
-        twin_scenario(scenario, DemoOptions(model="tiny-random", profile=smol))
+        twin_scenario(scenario, DemoOptions(**torch, model="tiny-random", profile=smol))
+    gpu = profile_file(tmp_path, "gpu.yaml", model="smollm2-135m", device="cuda")
+    with pytest.raises(ValueError, match="calibrated on a cuda device"):
+        twin_scenario(scenario, DemoOptions(**torch, profile=gpu))
+
+
+def test_a_torch_demo_without_a_profile_says_its_twin_is_a_gpu_prior() -> None:
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.engine.sim.twin import twin_label
+    from slopilot.tuner.local.demo import twin_caveat, twin_scenario
+
+    opts = DemoOptions(executor="torch", model="tiny-random")
+    assert opts.scenario_name == "demo-torch" and DemoOptions().scenario_name == "demo"
+    twin = twin_scenario(load_scenario(opts.scenario_name), opts)
+    assert twin.model == "tiny-random"  # the served model, on the scenario's GPU prior
+    assert twin_label(twin) == "uncalibrated datasheet roofline (A100, tp=1)"
+    assert "not this CPU" in twin_caveat(twin, opts)
+    assert "slopilot calibrate --model tiny-random" in twin_caveat(twin, opts)
+    assert twin_caveat(twin, DemoOptions()) == ""
+    with pytest.raises(ValueError, match="no shape for this checkpoint"):
+        twin_scenario(load_scenario("demo-torch"),
+                      DemoOptions(executor="torch", model="/models/unknown-llm"))
+
+
+def test_demo_flags_pick_the_executor_and_its_defaults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slopilot.cli import main
+    from slopilot.tuner.local import demo
+
+    got: list[DemoOptions] = []
+
+    def fake_run(opts: DemoOptions, console: object) -> demo.DemoResult:
+        got.append(opts)
+        return demo.DemoResult(report=Path("r.md"))
+
+    monkeypatch.setattr(demo, "run_demo", fake_run)
+    assert main(["demo"]) == 0
+    assert main(["demo", "--executor", "torch"]) == 0
+    assert main(["demo", "--model", "tiny-random", "--replicas", "2"]) == 0
+    simulated, torch, tiny = got
+    assert (simulated.executor, simulated.replicas, simulated.duration_s) == ("simulated", 2, 240)
+    assert (torch.executor, torch.served_model, torch.replicas, torch.max_replicas,
+            torch.duration_s, torch.window_s) == ("torch", "smollm2-135m", 1, 1, 720, 60)
+    assert (tiny.executor, tiny.served_model, tiny.replicas, tiny.max_replicas) == (
+        "torch", "tiny-random", 2, 2)
+
+
+def test_demo_refuses_a_model_for_the_simulated_executor(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from slopilot.cli import main
+
+    assert main(["demo", "--executor", "simulated", "--model", "tiny-random"]) == 2
+    assert "add --executor torch" in capsys.readouterr().err
 
 
 def test_demo_refuses_a_bad_profile_before_starting_anything(

@@ -150,20 +150,30 @@ def load_profile(path_or_text: str | Path, *, warn: bool = True) -> CostProfile:
     ``warn`` emits a ``StaleProfileWarning`` for each ``staleness`` item.
     """
     text, source = _read(path_or_text)
+    profile = parse_profile_text(text, source)
+    if warn:
+        for problem in profile.staleness(executor_code_hash()):
+            warnings.warn(problem, StaleProfileWarning, stacklevel=2)
+    return profile
+
+
+def parse_profile_text(text: str, source: str) -> CostProfile:
+    """A profile from YAML text that is never taken for a path (``source`` names where it
+    came from, e.g. a ConfigMap): what reads profiles a tenant wrote. No staleness check:
+    the caller asks ``staleness`` and decides."""
+    if len(text.encode()) > MAX_PROFILE_BYTES:
+        raise ProfileFileError(f"{source}: {len(text.encode())} bytes is no cost profile "
+                               f"(they are a few KiB, at most {MAX_PROFILE_BYTES})")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ProfileFileError(f"{source}: not valid YAML ({exc}); {RECALIBRATE}") from None
     try:
-        profile = parse_profile(doc, source)
+        return parse_profile(doc, source)
     except ScenarioError as exc:
         raise ProfileFileError(f"{exc}; {RECALIBRATE}") from None
     except ProfileError as exc:
         raise ProfileFileError(f"{source}: model.shape: {exc}; {RECALIBRATE}") from None
-    if warn:
-        for problem in profile.staleness(executor_code_hash()):
-            warnings.warn(problem, StaleProfileWarning, stacklevel=2)
-    return profile
 
 
 # A profile is a few KiB; a bigger "profile" (a ConfigMap anyone may edit) is refused

@@ -15,13 +15,16 @@ def register(subparsers: Any) -> None:
         "(longer prompts, more P0), and let the controller notice the alert, try configs "
         "on the canary, commit (or scale) and restore the SLO. Prints every decision and "
         "writes a report with a timeline. Ends by itself and leaves nothing running.")
-    p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--max-replicas", type=int, default=4)
+    p.add_argument("--executor", choices=("simulated", "torch"), default=None,
+                   help="simulated (default): GPU cost-model replicas in real time; "
+                   "torch: real models on this CPU, a CPU's SLO (scenario demo-torch)")
     p.add_argument("--model", default=None,
-                   help="a torch model (e.g. smollm2-135m: real tokens on the CPU); "
-                   "default: the simulated executor in real time")
-    p.add_argument("--duration", type=float, default=240.0, metavar="SECONDS",
-                   help="seconds of load; the shift comes half-way")
+                   help="the torch replicas' model: tiny-random, smollm2-135m (default) "
+                   "or a checkpoint PATH; implies --executor torch")
+    p.add_argument("--replicas", type=int, default=None, help="default 2; torch 1")
+    p.add_argument("--max-replicas", type=int, default=None, help="default 4; torch 1")
+    p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                   help="seconds of load, the shift half-way; default 240, torch 720")
     p.add_argument("--report-dir", type=Path, default=Path("reports/demo"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=Path, default=None, metavar="FILE",
@@ -36,15 +39,22 @@ def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from slopilot.engine.sim.scenario import load_scenario
-    from slopilot.tuner.local.demo import NAME, DemoOptions, run_demo, twin_scenario
+    from slopilot.tuner.local.demo import TORCH_DEFAULTS, DemoOptions, run_demo, twin_scenario
 
+    executor = args.executor or ("torch" if args.model is not None else "simulated")
+    given = {k: v for k, v in (("replicas", args.replicas), ("max_replicas", args.max_replicas),
+                               ("duration_s", args.duration)) if v is not None}
+    defaults = {k: v for k, v in TORCH_DEFAULTS.items()
+                if executor == "torch" and k not in given}
+    if "replicas" in given and "max_replicas" in defaults:
+        defaults["max_replicas"] = max(given["replicas"], defaults["max_replicas"])
     try:
-        opts = DemoOptions(replicas=args.replicas, max_replicas=args.max_replicas,
-                           model=args.model, duration_s=args.duration,
+        opts = DemoOptions(**{**defaults, **given}, executor=executor, model=args.model,
                            report_dir=args.report_dir, seed=args.seed,
                            prometheus=False if args.no_prometheus else None,
                            profile=args.profile)
-        twin_scenario(load_scenario(NAME), opts)  # a bad profile fails before anything starts
+        # A bad profile or model fails before anything starts.
+        twin_scenario(load_scenario(opts.scenario_name), opts)
     except ValueError as exc:
         print(f"slopilot demo: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,12 +50,23 @@ NAME = "demo"
 RULES = RuleOptions(interval_s=1, rate_window_s=8, alert_for_s=3, tbt_periods=3)
 
 
+EXECUTORS = ("simulated", "torch")
+TORCH_MODEL = "smollm2-135m"
+UntilFn = Callable[[DemoResult, LocalDeployment], bool]
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     replicas: int = 2
     max_replicas: int = 4
+    executor: str = "simulated"
+    """``simulated``: a GPU cost model in real time; ``torch``: real tokens on this CPU."""
     model: str | None = None
-    """A torch model (real tokens on the CPU); None: the simulated executor in real time."""
+    """The torch executor's model (tiny-random, smollm2-135m or a checkpoint PATH);
+    None: smollm2-135m. The simulated executor takes none."""
+    scenario: str | None = None
+    """The story's scenario (name or file: SLO, start knobs, twin); None: ``demo`` for the
+    simulated executor, ``demo-torch`` (a CPU's SLO) for torch."""
     duration_s: float = 240.0
     report_dir: Path = Path("reports/demo")
     seed: int = 0
@@ -64,6 +76,12 @@ class DemoOptions:
     """None: the real Prometheus when on PATH, else the direct scrape."""
     profile: Path | None = None
     """A calibrated cost profile for the controller's twin; None: the datasheet roofline."""
+    shift_at_s: float | None = None
+    """When the load shifts; None: half-way."""
+    load: tuple[Phase, Phase] | None = None
+    """The load before and after the shift; None: ``phases`` for the executor."""
+    until: UntilFn | None = None
+    """End before ``duration_s`` once this holds (checked every tick; the tests' stop)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= self.max_replicas:
@@ -74,31 +92,84 @@ class DemoOptions:
                              "(the shift comes half-way; 60 s shows an alert and a trial)")
         if not 0.2 <= self.tick_s <= 10 or not 4 <= self.window_s <= 120:
             raise ValueError("tick 0.2 to 10 s and window 4 to 120 s")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"--executor {self.executor!r}: use one of {', '.join(EXECUTORS)}")
+        if self.executor == "simulated" and self.model is not None:
+            raise ValueError(f"--model {self.model}: the simulated executor serves the "
+                             "scenario's cost model; add --executor torch to serve a model")
+        if self.shift_at_s is not None and not 0 <= self.shift_at_s < self.duration_s:
+            raise ValueError(f"shift at {self.shift_at_s:g} s: expected 0 to the duration")
+
+    @property
+    def torch(self) -> bool:
+        return self.executor == "torch"
+
+    @property
+    def served_model(self) -> str:
+        return self.model or TORCH_MODEL
+
+    @property
+    def scenario_name(self) -> str:
+        return self.scenario or ("demo-torch" if self.torch else NAME)
+
+    @property
+    def shift_s(self) -> float:
+        return self.duration_s / 2 if self.shift_at_s is None else self.shift_at_s
+
+
+# What a torch demo defaults to where the simulated one's defaults would not work on a
+# CPU: one replica (a SmolLM2 forward pass takes 0.1-0.3 s here; two replicas would share
+# the cores and slow each other down), a window long enough for 8 requests at
+# 0.15 req/s, and time after the half-way shift for the alert and four such trials.
+TORCH_DEFAULTS = {"replicas": 1, "max_replicas": 1, "duration_s": 720.0, "window_s": 60.0}
 
 
 def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
     """The scenario the controller's twin simulates: on ``opts.profile`` when given.
 
     With torch replicas the twin models the served model, so the profile must be for
-    ``opts.model``; with simulated replicas, for the scenario's model.
+    it; with simulated replicas, for the scenario's model. A torch twin without a
+    profile is the scenario's datasheet GPU running the served model: a prior, not
+    this CPU (``twin_caveat`` says so).
     """
     if opts.profile is None:
-        return scenario
+        if not opts.torch:
+            return scenario
+        from slopilot.engine.sim.profiles import ProfileError, get_model
+
+        try:
+            model = get_model(opts.served_model).name
+        except ProfileError:
+            raise ValueError(
+                f"--model {opts.served_model}: the twin has no shape for this checkpoint; "
+                f"calibrate it (`slopilot calibrate --model {opts.served_model} --out F`) "
+                "and pass --profile F") from None
+        return dataclasses.replace(scenario, model=model)
     from slopilot.engine.sim.profile_file import check_profile_for, load_profile
     from slopilot.engine.sim.twin import with_profile
 
     profile = load_profile(opts.profile)
-    if opts.model is not None:
-        check_profile_for(profile, model=opts.model)
+    if opts.torch:
+        check_profile_for(profile, model=opts.served_model, device="cpu")
         scenario = dataclasses.replace(scenario, model=profile.model.name)
     return with_profile(scenario, profile)
 
 
+def twin_caveat(twin: Scenario, opts: DemoOptions) -> str:
+    """What the twin's label leaves unsaid: a torch demo's uncalibrated twin is a GPU."""
+    if not opts.torch or twin.profile is not None:
+        return ""
+    return (f" (a datasheet GPU, not this CPU: its warm starts and capacity plans are a "
+            f"prior and the live trials decide; for a twin of this CPU run `slopilot "
+            f"calibrate --model {opts.served_model} --out F` and pass --profile F)")
+
+
 def phases(torch: bool, replicas: int) -> tuple[Phase, Phase]:
-    """Before and after the shift; a CPU torch model takes far less load."""
+    """Before and after the shift (as in ``demo.yaml`` and ``demo-torch.yaml``); a CPU
+    torch model takes far less load."""
     if torch:
-        return (Phase(0.5 * replicas, 32, 16, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.5, 128),
-                Phase(0.5 * replicas, 256, 16, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.5, 512))
+        return (Phase(0.15 * replicas, 32, 16, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.5, 64),
+                Phase(0.15 * replicas, 256, 16, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.5, 512))
     rate = 2.0 * replicas
     return (Phase(rate, 512, 64, {"p0": 0.1, "p1": 0.7, "p2": 0.2}, 0.7, 4096),
             Phase(rate, 2048, 64, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.7, 4096))
@@ -128,7 +199,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
 
     # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    scenario = load_scenario(NAME)
+    scenario = load_scenario(opts.scenario_name)
     twin = twin_scenario(scenario, opts)
     work = opts.report_dir / "run"
     work.mkdir(parents=True, exist_ok=True)
@@ -137,36 +208,38 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     with contextlib.ExitStack() as stack:
         worker = stack.enter_context(SimWorker())  # spawns while the replicas start
         dep = _start_replicas(opts, scenario, work, stack, say)
-        say(f"the controller's twin: {twin_label(twin)}")
+        say(f"the controller's twin: {twin_label(twin)}{twin_caveat(twin, opts)}")
         sources = _start_metrics(opts, scenario, twin, dep, work, stack, say)
         tuner = ResumableTuner(open_study(None, f"{NAME}-live", seed=opts.seed),
                                SearchSpace.from_bounds(base=scenario.engine_config()))
         recorded = RecordingAlerts(sources.alerts)
         ctl = _controller(opts, scenario, dep, recorded, sources, tuner, worker)
-        before, after = phases(opts.model is not None, opts.replicas)
+        before, after = opts.load or phases(opts.torch, opts.replicas)
+        # A CPU request waits tens of seconds in a queue and takes more to decode.
         load = stack.enter_context(LoadGenerator(dep.endpoints, before, model=NAME,
-                                                 seed=opts.seed))
+                                                 seed=opts.seed,
+                                                 timeout_s=300.0 if opts.torch else 60.0))
         say(f"load: Poisson {before.rate:g} req/s, prompts ~{before.prompt_mean:g} tokens, "
-            f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.duration_s / 2:g}s")
+            f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.shift_s:g}s")
         samples = _control_loop(opts, ctl, dep, recorded, sources.timeline, load, after, say,
                                 result)
         load.stop()
         say(f"load stopped: {load.sent} sent, {load.ok} ok, {load.failed} failed, "
             f"{load.dropped} dropped at the concurrency limit")
     write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
-                      shift_at_s=opts.duration_s / 2)
+                      shift_at_s=opts.shift_s)
     say(f"report written: {result.report} (timeline: {opts.report_dir / 'timeline.png'})")
     return result
 
 
 def _start_replicas(opts: DemoOptions, scenario: Scenario, work: Path,
                     stack: contextlib.ExitStack, say: Narrator) -> LocalDeployment:
-    torch = opts.model is not None
     dep = stack.enter_context(LocalDeployment(
-        NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas, scenario=NAME,
-        executor="torch" if torch else "simulated", model=opts.model or "smollm2-135m",
-        knobs=scenario.engine, ready_timeout_s=180.0 if torch else 60.0))
-    kind = f"torch {opts.model}" if torch else "simulated A100 + Llama-3-8B cost model, real time"
+        NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas,
+        scenario=opts.scenario_name, executor=opts.executor, model=opts.served_model,
+        knobs=scenario.engine, ready_timeout_s=180.0 if opts.torch else 60.0))
+    kind = (f"torch {opts.served_model} on the CPU" if opts.torch else
+            f"simulated {scenario.gpu} + {scenario.model} cost model, real time")
     say(f"{opts.replicas} replica(s) up ({kind}): {', '.join(dep.endpoints())}; "
         f"canary {dep.endpoints()[0]}")
     return dep
@@ -223,7 +296,7 @@ def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
     shifted, t0 = False, say.t0
     next_tick = time.time()
     while (now := time.time()) - t0 < opts.duration_s:
-        if not shifted and now - t0 >= opts.duration_s / 2:
+        if not shifted and now - t0 >= opts.shift_s:
             shifted = True
             load.set_phase(after)
             say(f"SHIFT: prompts ~{after.prompt_mean:g} tokens, P0 {after.classes['p0']:.0%}")
@@ -235,6 +308,9 @@ def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
             summary = timeline.measure(now - RULES.rate_window_s, now, canary=False)
         story.window(summary, ctl, recorded.current, now - t0)
         samples.append(_sample(now - t0, summary, dep, ctl))
+        if opts.until is not None and opts.until(result, dep):
+            say("stopping early: the caller's condition holds")
+            break
         next_tick += opts.tick_s
         time.sleep(max(0.0, next_tick - time.time()))
     return samples

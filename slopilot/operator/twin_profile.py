@@ -1,0 +1,160 @@
+"""The operator's twin: the calibrated profile of ``spec.twin.profile``, or the datasheet.
+
+``resolve_twin`` reads the ConfigMap the spec names, in the CR's own namespace and no
+other (the name was checked to be a bare DNS name: ``twin_spec.py``), and parses its key
+with the profile reader's checks: at most ``MAX_PROFILE_BYTES``, valid YAML, a
+``slopilot calibrate`` profile, for this deployment's model and device kind, of today's
+cost-model form and executor code. Anything else is a ``problem`` naming the ConfigMap,
+the key and the fix, and the twin falls back to the datasheet roofline and says so: a
+controller that plans with a wrong profile scales the wrong way, one that plans with the
+datasheet at least says it is a prior. No ConfigMap content ever reaches status or
+events: a problem quotes the profile reader's message, bounded in length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.engine.sim.profile_file import (
+    MAX_PROFILE_BYTES,
+    check_profile_for,
+    executor_code_hash,
+    parse_profile_text,
+)
+from slopilot.engine.sim.profile_types import CostProfile, ProfileFileError
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.twin import with_profile
+from slopilot.operator.conditions import ConditionType, condition
+from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.spec import Backend, LLMDeploymentSpec
+from slopilot.operator.twin_spec import ProfileRef, key_problem, name_problem
+
+MAX_MESSAGE = 600
+FIX = ("fix the ConfigMap (write it with `slopilot calibrate --model MODEL --out FILE`, then "
+       "`kubectl create configmap NAME --from-file=profile.yaml=FILE`) or remove "
+       "spec.twin.profile")
+
+
+@dataclass(frozen=True)
+class TwinChoice:
+    """What the controller's twin runs, and why."""
+
+    profile: CostProfile | None = None
+    source: str | None = None
+    """``ConfigMap ns/name key 'k'`` when the spec names a profile."""
+    problem: str | None = None
+    """Why the named profile is not used (the twin then runs the datasheet)."""
+    version: str | None = None
+    """The ConfigMap's resourceVersion read (a change is read again)."""
+    ref: ProfileRef | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.profile is not None
+
+    def apply(self, base: Scenario) -> Scenario:
+        """``base`` on the profile's hardware and model (one replica = the profile's TP
+        group); ``base`` itself, the datasheet, without a profile."""
+        if self.profile is None:
+            return base
+        p = self.profile
+        on_model = dataclasses.replace(base, model=p.model.name, tp=p.tp, num_gpus=p.tp)
+        return with_profile(on_model, p)
+
+    def describe(self) -> str:
+        if self.profile is not None:
+            return f"calibrated profile from {self.source} ({self.profile.name})"
+        if self.problem is not None:
+            return f"uncalibrated datasheet roofline: {self.source} refused"
+        return "uncalibrated datasheet roofline (no spec.twin.profile)"
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"calibrated": self.calibrated, "runs": self.describe()}
+        if self.source is not None:
+            out["source"] = self.source
+        return out
+
+    def condition(self, generation: int | None) -> dict[str, Any]:
+        if self.profile is not None:
+            return condition(ConditionType.TWIN_CALIBRATED, True, "ProfileLoaded",
+                             f"the twin runs the {self.describe()}", generation)
+        if self.problem is not None:
+            return condition(ConditionType.TWIN_CALIBRATED, False, "ProfileRefused",
+                             f"{self.problem}; the twin falls back to the uncalibrated "
+                             "datasheet roofline", generation)
+        return condition(ConditionType.TWIN_CALIBRATED, False, "NoProfile",
+                         "the twin runs the uncalibrated datasheet roofline; name a "
+                         "calibrated profile in spec.twin.profile", generation)
+
+
+def _refused(ref: ProfileRef, source: str, message: str, version: str | None = None
+             ) -> TwinChoice:
+    text = message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + " ..."
+    return TwinChoice(source=source, problem=text, version=version, ref=ref)
+
+
+def config_map_version(kube: Kube, namespace: str, ref: ProfileRef) -> str | None:
+    """The ConfigMap's resourceVersion now (None: absent or unreadable)."""
+    try:
+        cm = kube.get("v1", "configmaps", namespace, ref.config_map)
+    except ApiError:
+        return None
+    return None if cm is None else str((cm.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def resolve_twin(kube: Kube, namespace: str, spec: LLMDeploymentSpec) -> TwinChoice:
+    """The twin for ``spec`` in ``namespace`` (the CR's own); see the module docstring."""
+    ref = spec.twin_profile
+    if ref is None:
+        return TwinChoice()
+    source = ref.where(namespace)
+    # Checked again here, before any request: a name with a '/' would be another path.
+    if bad := name_problem("spec.twin.profile.configMapName", ref.config_map) or \
+            key_problem("spec.twin.profile.key", ref.key):
+        return _refused(ref, source, bad)
+    try:
+        cm = kube.get("v1", "configmaps", namespace, ref.config_map)
+    except ApiError as exc:
+        return _refused(ref, source, f"{source}: the operator cannot read it ({exc.status} "
+                        f"{exc.reason}); grant it get on configmaps in {namespace}, or "
+                        "remove spec.twin.profile")
+    if cm is None:
+        return _refused(ref, source, f"{source}: no such ConfigMap in namespace {namespace} "
+                        f"(the twin reads this namespace only); {FIX}")
+    version = str((cm.get("metadata") or {}).get("resourceVersion", "")) or None
+    return _parse(cm, ref, source, version, spec)
+
+
+def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | None,
+           spec: LLMDeploymentSpec) -> TwinChoice:
+    data = cm.get("data") or {}
+    text = data.get(ref.key) if isinstance(data, Mapping) else None
+    if text is None:
+        where = "binaryData" if ref.key in (cm.get("binaryData") or {}) else None
+        keys = sorted(map(str, data))[:10] if isinstance(data, Mapping) else []
+        hint = ("it is under binaryData: store the profile as text (--from-file does)"
+                if where else f"its keys are {', '.join(keys) or 'none'}")
+        return _refused(ref, source, f"{source}: no such key ({hint}); set spec.twin.profile.key "
+                        f"or {FIX}", version)
+    if not isinstance(text, str):
+        return _refused(ref, source, f"{source}: not text; {FIX}", version)
+    size = len(text.encode())
+    if size > MAX_PROFILE_BYTES:
+        return _refused(ref, source, f"{source}: {size} bytes is no cost profile (they are a few "
+                        f"KiB, at most {MAX_PROFILE_BYTES}); {FIX}", version)
+    if spec.backend is not Backend.BUILTIN:
+        return _refused(ref, source, f"{source}: a calibrated profile times slopilot's built-in "
+                        f"engine, not {spec.backend.value}; remove spec.twin.profile", version)
+    try:
+        profile = parse_profile_text(text, source)
+        check_profile_for(profile, model=spec.model_name,
+                          device="cuda" if spec.gpu > 0 else "cpu")
+    except ProfileFileError as exc:
+        return _refused(ref, source, f"{exc}; {FIX}", version)
+    if stale := profile.staleness(executor_code_hash()):
+        return _refused(ref, source, f"{'; '.join(stale)} (the ConfigMap's profile is older than "
+                        "this engine: recalibrate and update the ConfigMap)", version)
+    return TwinChoice(profile=profile, source=source, version=version, ref=ref)

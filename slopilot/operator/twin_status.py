@@ -1,0 +1,64 @@
+"""Which twin a deployment's controller runs, in its status, and when to read it again.
+
+The daemon resolves the twin (``twin_profile.resolve_twin``) whenever it builds the
+controller; ``TwinTracker`` writes the answer (``status.twinProfile``, the ``TwinCalibrated``
+condition, an event when it changes) and tells the daemon to rebuild when the profile's
+ConfigMap was created, edited or deleted since (one GET every ``RECHECK_S``, only while
+the spec names a profile): a recalibrated profile reaches the twin without a spec edit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import kopf
+
+from slopilot.operator.conditions import merge_conditions
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.status_writer import write_status
+from slopilot.operator.twin_profile import TwinChoice, config_map_version
+
+log = logging.getLogger(__name__)
+RECHECK_S = 30.0
+
+
+class TwinTracker:
+    def __init__(self, kube: Kube, namespace: str, name: str, clock: Callable[[], float]
+                 ) -> None:
+        self.kube, self.namespace, self.name, self.clock = kube, namespace, name, clock
+        self.current: TwinChoice | None = None
+        self.checked = 0.0
+
+    def moved(self) -> bool:
+        """Whether the profile's ConfigMap changed since it was read (see the docstring)."""
+        twin = self.current
+        if twin is None or twin.ref is None or self.clock() - self.checked < RECHECK_S:
+            return False
+        self.checked = self.clock()
+        return config_map_version(self.kube, self.namespace, twin.ref) != twin.version
+
+    def write(self, twin: TwinChoice, generation: int | None,
+              ours: Callable[[Mapping[str, Any]], bool]) -> None:
+        """Say which twin runs; an event only when that changed (not at every rebuild)."""
+        before = self.current
+        changed = before is None or before.status() != twin.status() or \
+            before.problem != twin.problem
+        self.current, self.checked = twin, self.clock()
+        try:
+            written = write_status(self.kube, self.namespace, self.name, lambda fresh: {
+                "twinProfile": twin.status(), "conditions": merge_conditions(
+                    (fresh.get("status") or {}).get("conditions"),
+                    [twin.condition(generation)])} if ours(fresh) else None)
+        except Exception:  # an API error: the next rebuild writes it again
+            log.exception("%s/%s: could not write which twin runs", self.namespace, self.name)
+            return
+        if written is None or not changed:
+            return
+        target = cast("kopf.Body", written)
+        if twin.problem is not None:
+            kopf.warn(target, reason="TwinProfileRefused",
+                      message=twin.condition(generation)["message"])
+        elif twin.calibrated:
+            kopf.info(target, reason="TwinProfileLoaded", message=twin.describe())

@@ -1,0 +1,236 @@
+"""``spec.twin.profile``: the operator's twin on a calibrated profile from a ConfigMap.
+
+What a tenant gets right (a profile for the model, in a ConfigMap of the CR's namespace)
+and wrong or hostile (another namespace, a path-like name, a huge ConfigMap, a missing
+key, another model's or device's profile, broken YAML, a stale profile): each refused
+with a message naming the ConfigMap, the key and the fix, and the twin on the datasheet.
+"""
+
+# mypy: disable-error-code="attr-defined,index,union-attr,arg-type"
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from slopilot.engine.sim.profile_file import MAX_PROFILE_BYTES, dump_profile
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.twin import twin_label
+from slopilot.operator.daemon import prometheus_controller
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.operator.twin_profile import TwinChoice, resolve_twin
+from slopilot.operator.twin_spec import ProfileRef
+from slopilot.tuner.prometheus.adapters import PrometheusProbe
+from tests.operator.test_production_wiring import context
+from tests.support.kube_server import RunningEmulator
+from tests.support.profiles import make_profile
+
+NS = "team"
+SMOL = dict(model="smollm2-135m", device="cpu")
+
+
+def body(twin: Any = None, **spec: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"metadata": {"name": "chat", "namespace": NS},
+                           "spec": {"model": {"name": "smollm2-135m"}, **spec}}
+    if twin is not None:
+        out["spec"]["twin"] = twin
+    return out
+
+
+def ref(name: str = "smol-profile", key: str | None = None) -> dict[str, Any]:
+    r: dict[str, Any] = {"configMapName": name}
+    if key is not None:
+        r["key"] = key
+    return {"profile": r}
+
+
+# ------------------------------------------------------------------ the spec's field
+
+def test_the_spec_names_a_configmap_key_of_its_own_namespace() -> None:
+    assert parse_spec(body()).twin_profile is None
+    assert parse_spec(body(ref())).twin_profile == ProfileRef("smol-profile", "profile.yaml")
+    assert parse_spec(body(ref("a.b", "cpu.yaml"))).twin_profile == ProfileRef("a.b",
+                                                                                "cpu.yaml")
+
+
+@pytest.mark.parametrize(("twin", "message"), [
+    (ref("other-team/profiles"), "a ConfigMap name only, without a namespace"),
+    (ref("../../secrets/token"), "without a namespace"),
+    (ref("Profiles"), "not a ConfigMap name"),
+    (ref("x" * 300), "at most 253"),
+    (ref(""), "expected the name of a ConfigMap"),
+    (ref("ok", "a/b"), "spec.twin.profile.key='a/b': not a ConfigMap key"),
+    (ref("ok", ".."), "not a ConfigMap key"),
+    ({"profile": {"configMapName": "ok", "namespace": "other-team"}},
+     "spec.twin.profile.namespace: not allowed"),
+    ({"profile": {"configMapName": "ok", "name": "x"}}, "unknown field(s) name"),
+    ({"profile": "smol-profile"}, "expected {configMapName: NAME"),
+    ({"calibrated": True}, "spec.twin: unknown field(s) calibrated"),
+    ("yes", "spec.twin='yes': expected a mapping"),
+])
+def test_a_hostile_or_wrong_reference_is_refused_naming_the_field(twin: Any,
+                                                                  message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec(body(twin))
+    assert any(message in p for p in err.value.problems), err.value.problems
+
+
+def test_the_crd_schema_checks_the_reference_too() -> None:
+    from slopilot.operator.crd import openapi_schema
+
+    spec = openapi_schema()["properties"]["spec"]["properties"]
+    profile = spec["twin"]["properties"]["profile"]
+    assert set(profile["properties"]) == {"configMapName", "key"}  # no namespace
+    assert profile["required"] == ["configMapName"]
+    assert "/" not in profile["properties"]["configMapName"]["pattern"]
+    assert profile["properties"]["key"]["default"] == "profile.yaml"
+
+
+# ------------------------------------------------------------------ reading the ConfigMap
+
+@pytest.fixture
+def core(kube_client: kubernetes.client.ApiClient) -> kubernetes.client.CoreV1Api:
+    return kubernetes.client.CoreV1Api(kube_client)
+
+
+def put(core: kubernetes.client.CoreV1Api, name: str, data: dict[str, str],
+        namespace: str = NS, **extra: Any) -> None:
+    core.create_namespaced_config_map(namespace, {"apiVersion": "v1", "kind": "ConfigMap",
+                                                  "metadata": {"name": name},
+                                                  "data": data, **extra})
+
+
+def resolve(kube_client: kubernetes.client.ApiClient, twin: Any = None, **spec: Any
+            ) -> TwinChoice:
+    return resolve_twin(Kube(kube_client), NS, parse_spec(body(twin or ref(), **spec)))
+
+
+def test_a_profile_for_the_model_runs_the_twin_and_says_from_where(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
+    put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))})
+    twin = resolve(kube_client)
+    assert twin.calibrated and twin.problem is None, twin.problem
+    assert twin.source == "ConfigMap team/smol-profile key 'profile.yaml'"
+    assert twin.status()["calibrated"] is True
+    assert "calibrated profile from ConfigMap team/smol-profile" in twin.status()["runs"]
+    cond = twin.condition(3)
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "TwinCalibrated", "True", "ProfileLoaded")
+    scenario = twin.apply(load_scenario("azure-conv-2023"))
+    assert scenario.profile is twin.profile and scenario.model == "SmolLM2-135M"
+    assert twin_label(scenario) == "calibrated profile ConfigMap team/smol-profile key " \
+                                   "'profile.yaml'"
+
+
+def test_no_profile_is_the_datasheet_and_says_so() -> None:
+    twin = TwinChoice()
+    base = load_scenario("azure-conv-2023")
+    assert twin.apply(base) is base
+    assert twin.status() == {"calibrated": False, "runs": "uncalibrated datasheet roofline "
+                             "(no spec.twin.profile)"}
+    assert twin.condition(None)["reason"] == "NoProfile"
+
+
+def _refused(twin: TwinChoice, *needles: str) -> None:
+    assert not twin.calibrated and twin.problem is not None
+    message = twin.condition(1)["message"]
+    for needle in ("ConfigMap team/", *needles, "falls back to the uncalibrated datasheet"):
+        assert needle in message, message
+    assert twin.condition(1)["reason"] == "ProfileRefused"
+    assert twin.status()["calibrated"] is False
+    assert "uncalibrated datasheet roofline" in twin.status()["runs"]
+
+
+def test_a_configmap_of_another_namespace_is_never_read(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        core: kubernetes.client.CoreV1Api) -> None:
+    put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))},
+        namespace="other-team")
+    twin = resolve(kube_client)
+    _refused(twin, "no such ConfigMap in namespace team", "reads this namespace only")
+    reads = [r for r in list(kube.emulator._requests) if r.method.value == "GET"]
+    assert reads and not [r for r in reads if "other-team" in str(r.url)], reads
+
+
+@pytest.mark.parametrize(("data", "key", "needles"), [
+    ({"other.yaml": "x: 1\n"}, None, ("no such key", "its keys are other.yaml",
+                                      "spec.twin.profile.key")),
+    ({"profile.yaml": "x: [1, 2\n"}, None, ("not valid YAML", "slopilot calibrate")),
+    ({"profile.yaml": "schema: nope\n"}, None, ("not a slopilot cost profile",)),
+    ({"profile.yaml": "#" * (MAX_PROFILE_BYTES + 1)}, None,
+     (f"{MAX_PROFILE_BYTES + 1} bytes is no cost profile",)),
+    ({"cpu.yaml": dump_profile(make_profile())}, "cpu.yaml",
+     ("key 'cpu.yaml'", "calibrated for model 'Llama-3-8B', not 'smollm2-135m'")),
+    ({"profile.yaml": dump_profile(make_profile(model="smollm2-135m", device="cuda"))}, None,
+     ("calibrated on a cuda device", "not 'cpu'")),
+    ({"profile.yaml": dump_profile(make_profile(**SMOL, executor_code="0123456789abcdef"))},
+     None, ("calibrated on executor code 0123456789abcdef", "recalibrate")),
+    # Text, never a path: the operator reads no file a tenant names.
+    ({"profile.yaml": "/etc/passwd"}, None, ("must be a mapping", "'/etc/passwd'")),
+])
+def test_a_bad_profile_falls_back_to_the_datasheet_naming_the_configmap_key_and_fix(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
+        data: dict[str, str], key: str | None, needles: tuple[str, ...]) -> None:
+    put(core, "smol-profile", data)
+    twin = resolve(kube_client, ref(key=key))
+    _refused(twin, "smol-profile", *needles)
+    assert len(twin.problem) <= 700  # bounded, whatever the ConfigMap holds
+
+
+def test_a_missing_configmap_or_a_vllm_backend_falls_back(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
+    _refused(resolve(kube_client), "no such ConfigMap", "kubectl create configmap")
+    put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))})
+    _refused(resolve(kube_client, backend="vllm"), "times slopilot's built-in engine")
+    # A GPU deployment needs a GPU-calibrated profile.
+    _refused(resolve(kube_client, resources={"gpu": 1}), "calibrated on a cpu device")
+
+
+def test_the_default_wiring_plans_on_the_profile(tmp_path: Path) -> None:
+    twin = TwinChoice(profile=make_profile(**SMOL), source="ConfigMap team/p key 'k'")
+    ctl = prometheus_controller(dataclasses.replace(context(tmp_path), twin=twin))
+    assert isinstance(ctl.probe, PrometheusProbe)
+    assert ctl.probe.base.profile is twin.profile  # what warm starts and capacity simulate
+    plain = prometheus_controller(context(tmp_path))
+    assert isinstance(plain.probe, PrometheusProbe) and plain.probe.base.profile is None
+
+
+# ------------------------------------------------------------------ through the operator
+
+def test_the_operator_says_which_twin_runs_and_rereads_an_edited_configmap(
+        kube_login: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from slopilot.operator import twin_status
+    from tests.operator.operator_support import NS as DEFAULT_NS
+    from tests.operator.operator_support import Cluster, llmd, operator, wait_for
+    from tests.operator.standins import PrometheusStandIn, serving
+
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY", "tests.operator.standins:build_controller")
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
+    monkeypatch.setattr(twin_status, "RECHECK_S", 0.0)  # look at the ConfigMap every step
+    cluster = Cluster(kube_client)
+    put(cluster.core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))},
+        namespace=DEFAULT_NS)
+    prom = PrometheusStandIn()
+    with serving(prom), operator(kube_login):
+        cluster.create(llmd(prometheus={"url": prom.url}, twin=ref()))
+        wait_for(lambda: (cluster.status().get("twinProfile") or {}).get("calibrated") is True,
+                 what="status.twinProfile on the calibrated profile")
+        assert cluster.status()["twinProfile"]["source"] == \
+            f"ConfigMap {DEFAULT_NS}/smol-profile key 'profile.yaml'"
+        assert cluster.condition("TwinCalibrated")["reason"] == "ProfileLoaded"
+        wait_for(lambda: cluster.events("TwinProfileLoaded"), what="the loaded event")
+        # A profile for a GPU replaces it: the twin falls back, and says so.
+        cluster.core.patch_namespaced_config_map("smol-profile", DEFAULT_NS, {"data": {
+            "profile.yaml": dump_profile(make_profile(model="smollm2-135m", device="cuda"))}})
+        wait_for(lambda: (cluster.condition("TwinCalibrated") or {}).get("reason")
+                 == "ProfileRefused", what="the edited ConfigMap read again")
+        message = cluster.condition("TwinCalibrated")["message"]
+        assert "smol-profile" in message and "calibrated on a cuda device" in message
+        assert cluster.status()["twinProfile"]["calibrated"] is False
+        wait_for(lambda: cluster.events("TwinProfileRefused"), what="the refused event")
