@@ -183,3 +183,10 @@ def test_a_trace_given_as_scenario_points_to_trace(tmp_path: Path,
     assert main(["tune", "--scenario", str(trace)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--trace {trace}" in err
+
+
+def test_help_reads_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    out = capsys.readouterr().out
+    assert "10 % headroom" in " ".join(out.split()) and "%%" not in out
