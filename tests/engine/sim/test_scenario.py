@@ -22,8 +22,8 @@ from slopilot.engine.sim.scenario import (
 from slopilot.engine.sim.sessions import SessionWorkload
 from slopilot.engine.sim.workload import RequestSpec, Workload
 
-SHIPPED = ["azure-conv-2023", "demo", "long-context", "mixed-priority", "seed-h800x8-deepseek67b",
-           "tiny-cpu"]
+SHIPPED = ["azure-conv-2023", "demo", "long-context", "mixed-priority", "prefill-bursts",
+           "seed-h800x8-deepseek67b", "tiny-cpu"]
 
 
 def test_list_scenarios() -> None:
