@@ -190,3 +190,17 @@ def test_help_reads_as_written(capsys: pytest.CaptureFixture[str]) -> None:
         main(["tune", "--help"])
     out = capsys.readouterr().out
     assert "10 % headroom" in " ".join(out.split()) and "%%" not in out
+
+
+def test_a_class_without_traffic_reads_dash_not_zero(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "p1.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens,class\n"
+                     + "".join(f"{i * 0.2:.1f},300,20,p1\n" for i in range(20)))
+    assert main(["tune", "--scenario", "tiny-cpu", "--trace", str(trace), "--trials", "1",
+                 "--quiet"]) == 0
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
+            for line in capsys.readouterr().out.splitlines() if "(of limit)" in line}
+    assert rows["P0 TTFT p99 (of limit)"] == ["-", "-"]  # no P0 request: no P99, not 0 %
+    assert rows["P0 TBT p99 (of limit)"] == ["-", "-"]
+    assert rows["P1 TTFT p99 (of limit)"][0].endswith("%")
