@@ -102,9 +102,11 @@ def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> 
                         seed=args.seed, with_metrics=args.metrics_out is not None)
     with ProgressReport("simulate", measure.horizon_s, "s simulated",
                         rate_unit="sim-s/s") as bar:
-        return simulate(scenario, overrides, measure=measure, replicas=args.replicas,
-                        seed=args.seed, with_metrics=args.metrics_out is not None,
-                        progress=bar.update)
+        run = simulate(scenario, overrides, measure=measure, replicas=args.replicas,
+                       seed=args.seed, with_metrics=args.metrics_out is not None,
+                       progress=bar.update)
+        bar.finish()  # a replay's drain ends once its last request has finished
+        return run
 
 
 def _write_metrics(path: str, renders: list[bytes]) -> None:

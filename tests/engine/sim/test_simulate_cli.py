@@ -189,3 +189,16 @@ def test_a_cut_trace_replay_stops_where_asked(
                  "--quiet", "--duration", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["requests_unfinished"] >= 1  # --duration cuts the run, drain or not
+
+
+def test_progress_counts_what_was_simulated_when_a_replay_ends_early(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The drain ends once the last request finishes: the final line must not claim the
+    # whole 120 s allowance (nor a speed computed from it).
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,800,100\n1.0,300,30\n")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(trace), "--json"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    done, _, total = last.split(": ", 1)[1].split(" s simulated")[0].partition("/")
+    assert last.startswith("simulate: ") and "(100%)" in last
+    assert float(done) == float(total) < 20
