@@ -32,7 +32,7 @@ slo:
     p1: {ttft_p99_ms: 500, tbt_p99_ms: 200}
 """
 
-TOP_KEYS = {"scenario", "study", "sampler", "trials", "replicas", "duration_s",
+TOP_KEYS = {"scenario", "twin", "study", "sampler", "trials", "replicas", "duration_s",
             "windows_kind", "windows", "judged_on", "margin", "feasible", "verdict",
             "violations", "recommended_replicas", "config", "capacity", "best_trial", "best",
             "start", "top", "command", "check_command", "timing", "report"}
