@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run an Optuna study on a scenario: each trial simulates the "
                     "scenario's representative windows (a trace's busiest and a typical "
                     "one, or several seeds) with suggested knobs and counts as holding "
-                    "the SLO only if every term holds in every window with 10 %% "
+                    "the SLO only if every term holds in every window with 10 % "
                     "headroom. When none holds, it says what is missed and how many "
                     "replicas would hold it.")
     p.add_argument("--scenario", default=None,

@@ -30,6 +30,8 @@ def test_a_generated_plan_is_several_seeds_and_whole_is_one_window() -> None:
     assert plan.kind == "seeds" and [w.seed for w in plan.windows] == [0, 1]
     whole = plan_windows(AZURE, whole=True)
     assert whole.kind == "whole" and whole.windows[0].length_s > 1400
+    # One window is not "each": "judged on the whole trace, 1,401 s (+0 s warm-up, ...".
+    assert whole.describe().startswith("judged on the whole trace, 1,401 s (+0 s warm-up")
 
 
 def test_each_window_is_simulated_and_the_worst_decides() -> None:

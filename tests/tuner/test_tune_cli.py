@@ -32,10 +32,10 @@ slo:
     p1: {ttft_p99_ms: 500, tbt_p99_ms: 200}
 """
 
-TOP_KEYS = {"scenario", "study", "sampler", "trials", "replicas", "duration_s",
+TOP_KEYS = {"scenario", "twin", "study", "sampler", "trials", "replicas", "duration_s",
             "windows_kind", "windows", "judged_on", "margin", "feasible", "verdict",
             "violations", "recommended_replicas", "config", "capacity", "best_trial", "best",
-            "start", "top", "command", "check_command", "timing", "report", "twin"}
+            "start", "top", "command", "check_command", "timing", "report"}
 
 
 def test_tune_prints_the_verdict_and_writes_the_report(tmp_path: Path,
@@ -183,3 +183,24 @@ def test_a_trace_given_as_scenario_points_to_trace(tmp_path: Path,
     assert main(["tune", "--scenario", str(trace)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--trace {trace}" in err
+
+
+def test_help_reads_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    out = capsys.readouterr().out
+    assert "10 % headroom" in " ".join(out.split()) and "%%" not in out
+
+
+def test_a_class_without_traffic_reads_dash_not_zero(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "p1.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens,class\n"
+                     + "".join(f"{i * 0.2:.1f},300,20,p1\n" for i in range(20)))
+    assert main(["tune", "--scenario", "tiny-cpu", "--trace", str(trace), "--trials", "1",
+                 "--quiet"]) == 0
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:4]]
+            for line in capsys.readouterr().out.splitlines() if "(of limit)" in line}
+    assert rows["P0 TTFT p99 (of limit)"] == ["-", "-"]  # no P0 request: no P99, not 0 %
+    assert rows["P0 TBT p99 (of limit)"] == ["-", "-"]
+    assert rows["P1 TTFT p99 (of limit)"][0].endswith("%")

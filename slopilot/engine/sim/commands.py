@@ -88,19 +88,25 @@ def attach_profile(scenario: Any, path: str, command: str) -> Any:
 
 def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> Any:
     from slopilot.engine.sim.progress import ProgressReport
-    from slopilot.engine.sim.simulator import simulate
+    from slopilot.engine.sim.simulator import Measure, simulate
+    from slopilot.engine.sim.trace_scenario import replay_measure
 
-    duration = scenario.duration_s if args.duration is None else args.duration
     if args.duration is not None and not args.duration > 0:
         raise ValueError(f"--duration {args.duration}: expected simulated seconds > 0")
+    # A whole trace is followed past its last arrival; --duration cuts the run there.
+    measure = (replay_measure(scenario) if args.duration is None
+               else Measure.whole(args.duration))
     scenario.engine_config().with_overrides(overrides)  # a bad knob fails before the bar
     if args.quiet:
-        return simulate(scenario, overrides, duration_s=duration, replicas=args.replicas,
+        return simulate(scenario, overrides, measure=measure, replicas=args.replicas,
                         seed=args.seed, with_metrics=args.metrics_out is not None)
-    with ProgressReport("simulate", duration, "s simulated", rate_unit="sim-s/s") as bar:
-        return simulate(scenario, overrides, duration_s=duration, replicas=args.replicas,
-                        seed=args.seed, with_metrics=args.metrics_out is not None,
-                        progress=bar.update)
+    with ProgressReport("simulate", measure.horizon_s, "s simulated",
+                        rate_unit="sim-s/s") as bar:
+        run = simulate(scenario, overrides, measure=measure, replicas=args.replicas,
+                       seed=args.seed, with_metrics=args.metrics_out is not None,
+                       progress=bar.update)
+        bar.finish()  # a replay's drain ends once its last request has finished
+        return run
 
 
 def _write_metrics(path: str, renders: list[bytes]) -> None:

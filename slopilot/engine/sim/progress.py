@@ -118,6 +118,14 @@ class ProgressReport:
             self._last_line = now
             print(self.line(), file=self.stream, flush=True)
 
+    def finish(self) -> None:
+        """The work turned out smaller than ``total`` (a run that ended early): what was
+        done is the whole of it, so the last line reads 100 % at the true rate."""
+        if self.done > 0:
+            self.total = self.done
+            if self._bar is not None:
+                self._bar.update(self._task, total=self.total, completed=self.done)
+
     def note(self, text: str) -> None:
         """A message above the bar (or a line of its own)."""
         if self._bar is not None:

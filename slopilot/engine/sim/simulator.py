@@ -185,7 +185,8 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
             pull()
         _dispatch(reps, spec, next(counter), stats)
     if progress is not None:
-        progress(duration)
+        # Where the run stopped: the horizon, or sooner when nothing was left to do.
+        progress(min(duration, max(r.clock.t for r in reps)))
     # Anything still in flight at the end is cut off; SimStats.close censors it.
 
 

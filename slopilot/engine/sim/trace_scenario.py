@@ -5,6 +5,10 @@ its workload. The options (window, time scale or target rate, class mix) apply t
 given trace, or to a trace scenario's own (``--time-scale 0.3`` on ``azure-conv-2023``).
 With any of them the run covers the whole replayed trace: it lasts until the last
 arrival (plus a second), whatever the scenario's ``duration_s`` was written for.
+
+A replay is then followed for up to ``REPLAY_DRAIN_S`` past that (``replay_measure``):
+a user replaying a trace asks what happens to its requests, and cutting the run a
+second after the last arrival would leave the last ones unfinished on an idle engine.
 """
 
 from __future__ import annotations
@@ -16,11 +20,17 @@ from pathlib import Path
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
+from slopilot.engine.sim.simulator import Measure
 from slopilot.engine.sim.trace import BUILTIN_TRACES, TraceError
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT
 from slopilot.engine.sim.trace_formats import FORMATS
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import TraceSpec
+
+REPLAY_DRAIN_S = 120.0
+"""How long a whole-trace replay follows its requests after the last arrival (no new
+ones come); the run ends sooner once they have all finished. What is still waiting
+then is censored (``SimStats``) and counted as unfinished."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +140,14 @@ def with_trace(scenario: Scenario, options: TraceOptions) -> Scenario:
         raise ScenarioError(f"--trace: {e}") from None
     return dataclasses.replace(scenario, name=name, workload=spec,
                                duration_s=math.floor(records[-1].arrival_time) + 1.0)
+
+
+def replay_measure(scenario: Scenario) -> Measure:
+    """What ``simulate`` counts on ``scenario`` over its duration: every arrival, and for
+    a trace replay its requests followed ``REPLAY_DRAIN_S`` past the end."""
+    if not isinstance(scenario.workload, TraceSpec):
+        return Measure.whole(scenario.duration_s)
+    return Measure(0.0, scenario.duration_s, scenario.duration_s + REPLAY_DRAIN_S)
 
 
 def load_with_trace(scenario: str | None, options: TraceOptions, default: str) -> Scenario:

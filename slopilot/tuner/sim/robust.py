@@ -54,7 +54,8 @@ class WindowPlan:
                 "whole": "the whole trace",
                 "seeds": f"{len(self.windows)} workload seed{'s' if len(self.windows) > 1 else ''}"}
         w0 = self.windows[0]
-        return (f"judged on {what[self.kind]}, {w0.length_s:,.0f} s each "
+        each = " each" if len(self.windows) > 1 else ""
+        return (f"judged on {what[self.kind]}, {w0.length_s:,.0f} s{each} "
                 f"(+{w0.warmup_s:,.0f} s warm-up, +{w0.drain_s:,.0f} s drain; "
                 f"{self.simulated_s:,.0f} simulated s per config): "
                 + "; ".join(w.describe() for w in self.windows))

@@ -18,7 +18,7 @@ from typing import Any
 
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.study.objective import TrialResult, WindowResult, holds
+from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult, WindowResult, holds
 
 
 def goodput_share(summary: WindowSummary | None) -> float | None:
@@ -102,6 +102,14 @@ def term_label(term: str) -> tuple[str, str]:
         return "preemptions per minute", "/min"
     cls, _, kind = term.partition(".")
     return f"{cls.upper()} {kind.split('_')[0].upper()} p99", "ms"
+
+
+def share_text(term: str, value: float) -> str:
+    """A term's value as a share of its limit (``214%``), ``-`` for a class's P99 that no
+    window had a request to measure (a class without traffic has no P99, not 0 %)."""
+    if term != "preemptions_per_min" and value == NO_SAMPLES:
+        return "-"
+    return f"{value + 1:.0%}"
 
 
 def _limit(slo: SLOSpec, term: str) -> float:

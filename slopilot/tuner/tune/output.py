@@ -20,7 +20,7 @@ from slopilot.engine.sim.summary_view import GOODPUT_DEFINITION
 from slopilot.engine.sim.twin import twin_label
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import rank
-from slopilot.tuner.study.verdict import goodput_share, term_label
+from slopilot.tuner.study.verdict import goodput_share, share_text, term_label
 from slopilot.tuner.tune.run import TuneOutcome
 
 
@@ -75,10 +75,6 @@ def print_json(outcome: TuneOutcome, report: Path | None) -> None:
     print(json.dumps(as_dict(outcome, report), default=str))
 
 
-def _pct(term: float) -> str:
-    return f"{term + 1:.0%}"
-
-
 def _ms(v: float | None) -> str:
     if v is None:
         return "-"
@@ -97,7 +93,7 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
     order = ranked(outcome)
     for n, r in order[:10]:
         top.add_row(str(n), "yes" if r.feasible else "no",
-                    _pct(max(r.constraints, default=-1.0)),
+                    f"{max(r.constraints, default=-1.0) + 1:.0%}",
                     "-" if r.objective is None else f"{r.objective:.1%}",
                     f"{r.goodput_tok_s:,.0f}", str(r.config.get("token_budget")),
                     str(r.config.get("chunk_size")), str(r.config.get("max_num_seqs")),
@@ -136,8 +132,8 @@ def _comparison(console: Any, outcome: TuneOutcome, best: TrialResult) -> None:
     cmp.add_row("holds SLO", "yes" if start.feasible else "no", "yes" if best.feasible else "no")
     cmp.add_row("goodput tok/s", f"{start.goodput_tok_s:,.0f}", f"{best.goodput_tok_s:,.0f}")
     for i, name in enumerate(best.constraint_names):
-        cmp.add_row(f"{term_label(name)[0]} (of limit)", _pct(start.constraints[i]),
-                    _pct(best.constraints[i]))
+        cmp.add_row(f"{term_label(name)[0]} (of limit)", share_text(name, start.constraints[i]),
+                    share_text(name, best.constraints[i]))
     for p in Priority:
         for key, label in (("ttft_p99_ms", "TTFT p99"), ("tbt_p99_ms", "TBT p99")):
             values = [max((getattr(w.result.summary.classes[p], key) or 0.0

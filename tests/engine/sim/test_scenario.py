@@ -23,7 +23,7 @@ from slopilot.engine.sim.sessions import SessionWorkload
 from slopilot.engine.sim.workload import RequestSpec, Workload
 
 SHIPPED = ["azure-conv-2023", "demo", "demo-torch", "long-context", "mixed-priority",
-           "seed-h800x8-deepseek67b", "tiny-cpu"]
+           "prefill-bursts", "seed-h800x8-deepseek67b", "tiny-cpu"]
 
 
 def test_list_scenarios() -> None:

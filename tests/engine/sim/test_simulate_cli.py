@@ -163,3 +163,42 @@ def test_a_non_mapping_scenario_file_is_quoted_only_in_part(
     assert main(["simulate", "--scenario", str(path)]) == 2
     err = capsys.readouterr().err
     assert "must be a mapping" in err and len(err) < 400
+
+
+def test_a_trace_replay_serves_its_last_requests_to_the_end(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A user replaying a trace asks what happens to its requests: the run follows the
+    # last ones past the last arrival instead of cutting them off a second after it.
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens,class\n"
+                     "0,800,100,p1\n0.5,2000,400,p1\n1.0,300,300,p0\n")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(trace), "--json",
+                 "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests_arrived"] == 3
+    assert out["requests_finished"] == 3 and out["requests_unfinished"] == 0
+    assert out["ttft_censored"] == 0
+    assert out["duration_s"] == 2.0  # rates stay over the trace's span, not the drain
+
+
+def test_a_cut_trace_replay_stops_where_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,800,100\n0.5,2000,2000\n")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(trace), "--json",
+                 "--quiet", "--duration", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests_unfinished"] >= 1  # --duration cuts the run, drain or not
+
+
+def test_progress_counts_what_was_simulated_when_a_replay_ends_early(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The drain ends once the last request finishes: the final line must not claim the
+    # whole 120 s allowance (nor a speed computed from it).
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,800,100\n1.0,300,30\n")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(trace), "--json"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    done, _, total = last.split(": ", 1)[1].split(" s simulated")[0].partition("/")
+    assert last.startswith("simulate: ") and "(100%)" in last
+    assert float(done) == float(total) < 20
