@@ -31,9 +31,9 @@ from plant_profiles import PLANTS, datasheet_profile
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
+from slopilot.engine.sim.twin import with_profile
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.controller import Controller
-from slopilot.engine.sim.twin import with_profile
 from slopilot.tuner.loop.state import Action, ControllerSettings, Decision, TwinCorrection
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.adapters import (
