@@ -146,6 +146,17 @@ def test_an_untrusted_twin_does_not_size_a_scale_up() -> None:
     assert d.action is Action.SCALE and len(trusted.cluster.active) == 3
 
 
+def test_a_twin_optimistic_about_p99s_plans_capacity_with_more_room() -> None:
+    # Uncorrected and trusted (a loose bound): its P0 p99s come out below the measured.
+    p = plant(AlertAction.SCALE, planner=3, twin_correction=TwinCorrection.NONE,
+              twin_max_error=5.0)
+    p.ctl.offline = FakeOffline([(dict(GOOD), False)])
+    p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and check.trusted and check.latency_optimism() > 0.1
+    assert p.planner.calls[0][2] == pytest.approx(0.1 + check.latency_optimism())
+
+
 @pytest.mark.parametrize(("kwargs", "fix"), [
     ({"twin_max_error": 0}, "twin_max_error=0"),
     ({"twin_max_error": True}, "twin_max_error=True"),

@@ -10,7 +10,9 @@ the twin with the last measured window and corrects its profile (``twin_check.py
 both questions are put to the corrected twin. A twin whose error stays above
 ``twin_max_error`` after correction is not trusted: ``warm_starts`` gives nothing (the
 episode runs live trials from the study alone) and ``capacity`` gives None (the steps
-scale on live evidence only, one replica at a time, and never down).
+scale on live evidence only, one replica at a time, and never down). A trusted twin whose
+P0 p99s came out below the measured ones plans capacity with that shortfall added to its
+margin: an optimistic twin must not size a scale-down.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.twin_check import TwinCheck, check_twin, measured_window
 
 Ranked = list[tuple[dict[str, Any], bool]]
+HISTORY = 8
+MAX_MARGIN = 0.9
+"""Checked windows whose iterations the next correction is fitted on too."""
 
 
 def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[str, Any],
@@ -40,7 +45,9 @@ def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[st
         halves = (ctx.iterations.iterations(start, mid), ctx.iterations.iterations(mid, now))
         measured = measured_window(ctx.evaluator, start, now) if now > start else None
         check = check_twin(ctx.settings, halves, scenario, config, replicas, measured,
-                           at=now, window_s=now - start if now > start else w)
+                           at=now, window_s=now - start if now > start else w,
+                           history=[s for window in ctx.twin_history for s in window])
+        ctx.twin_history = [*ctx.twin_history, [*halves[0], *halves[1]]][-HISTORY:]
         ctx.twin_check = check
         ctx.loop.twin = check.to_dict()
         ctx.metrics.twin(ctx.settings.deployment, check)
@@ -86,4 +93,8 @@ def capacity(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[s
     scenario, check = checked(ctx, now, scenario, running, ctx.deployment.replicas())
     if check is not None and not check.trusted:
         return None
+    if check is not None and (optimism := check.latency_optimism()) > 0:
+        # Corrected step times can still leave the twin's p99s low (the window did not
+        # exercise the shapes the new load brings): plan with that much more headroom.
+        margin = min(MAX_MARGIN, margin + optimism)
     return ctx.planner.search(scenario, config, lo, hi, margin=margin)

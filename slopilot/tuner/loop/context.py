@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.ports import (
@@ -70,6 +71,9 @@ class LoopContext:
         """Where the twin is checked (None: the twin is trusted unchecked, as before)."""
         self.twin_check: TwinCheck | None = None
         """The last check, with its corrected profile (in memory; the status has a copy)."""
+        self.twin_history: list[list[WindowSample]] = []
+        """The iterations of the last checked windows (in memory: a restarted
+        controller corrects from the next window on)."""
         # Hysteresis: scale up to a count that holds with 10 % to spare in simulation,
         # scale down only to one that holds with 20 %, so the two never undo each other.
         if not 0.0 <= scale_up_margin <= headroom_margin < 1.0:

@@ -78,6 +78,14 @@ class TwinCheck:
     def p0(self) -> ClassError | None:
         return next((c for c in self.classes if c.priority == "p0"), None)
 
+    def latency_optimism(self) -> float:
+        """How far below the measured P0 p99s (TTFT, TBT) the twin's came out, as a
+        fraction of the measured (0 when it was not below)."""
+        p0 = self.p0()
+        errors = [] if p0 is None else [e for e in (p0.ttft_error, p0.tbt_error)
+                                        if e is not None]
+        return max(0.0, -min(errors, default=0.0))
+
     def line(self) -> str:
         parts = [f"step {_pct(self.step_error)}"]
         if self.correction is not TwinCorrection.NONE:
@@ -110,9 +118,11 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
                                                             Sequence[WindowSample]],
                scenario: Scenario, config: Mapping[str, Any], replicas: int,
                measured: WindowSummary | None, *, at: float, window_s: float,
-               seed: int = 0) -> TwinCheck:
+               history: Sequence[WindowSample] = (), seed: int = 0) -> TwinCheck:
     """Check ``scenario``'s twin on a window given as its two halves' iteration samples
-    and its measured summary (None when the window did not count)."""
+    and its measured summary (None when the window did not count). ``history``: earlier
+    windows' samples, fitted on too (a quiet window says little about attention at the
+    load a scale-down would bring; the busy windows before it do)."""
     first, second = samples
     whole = [*first, *second]
     profile = scenario.profile
@@ -121,11 +131,11 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
     used: CostProfile | None = None
     if profile is not None and sum(s.seconds for s in whole) > 0:
         step = twin_error(profile, whole)
-        used = _corrected(profile, whole, mode)
+        used = _corrected(profile, [*history, *whole], mode)
         if mode is TwinCorrection.NONE:
             corrected = step
         elif sum(s.seconds for s in first) > 0 and sum(s.seconds for s in second) > 0:
-            corrected = twin_error(_corrected(profile, first, mode), second)
+            corrected = twin_error(_corrected(profile, [*history, *first], mode), second)
         else:  # one half idle: judged in sample, which flatters the correction
             corrected = twin_error(used, whole)
     twin = with_profile(scenario, used) if used is not None else scenario
@@ -145,7 +155,7 @@ def _corrected(profile: CostProfile, samples: Sequence[WindowSample],
     if mode is TwinCorrection.REFIT:
         profile = refit(profile, samples)
     # Both end with one factor on the sum: the refit's pull towards the profile leaves
-    # the window's total off by what the prior held back.
+    # the total off by what the prior held back.
     return rescaled(profile, 1.0 / (1.0 + twin_error(profile, samples)),
                     note=f"{mode.value} on the live window")
 
