@@ -127,6 +127,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.prometheus.alerts import AlertSource
     from slopilot.tuner.prometheus.query import query_at
     from slopilot.tuner.prometheus.rules import identity_labels
+    from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.study.live import ResumableTuner
@@ -159,7 +160,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
-        metrics=_METRICS.in_namespace(ctx.namespace), state=ctx.state)
+        metrics=_METRICS.in_namespace(ctx.namespace), state=ctx.state,
+        iterations=PrometheusIterations(query, selector))
 
 
 def load_factory() -> ControllerFactory:

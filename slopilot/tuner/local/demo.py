@@ -33,10 +33,16 @@ from slopilot.tuner.local.loadgen import LoadGenerator, Phase
 from slopilot.tuner.local.prometheus_server import LocalPrometheus, find_prometheus
 from slopilot.tuner.local.scrape import DirectScrape
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.ports import AlertReader, WindowEvaluator, WorkloadProbe
+from slopilot.tuner.loop.ports import (
+    AlertReader,
+    IterationSource,
+    WindowEvaluator,
+    WorkloadProbe,
+)
 from slopilot.tuner.loop.state import ControllerSettings
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
+from slopilot.tuner.prometheus.iterations import PrometheusIterations
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
 from slopilot.tuner.sim.adapters import SimOffline
 from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
@@ -121,6 +127,9 @@ class _Sources:
     windows: WindowEvaluator
     probe: WorkloadProbe
     timeline: WindowEvaluator
+    iterations: IterationSource | None = None
+    """The twin's check (the real Prometheus only: the direct scrape keeps no history
+    of the iteration series)."""
 
 
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
@@ -197,7 +206,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
         PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8),
         PrometheusProbe(prom.url, selector, twin, window_s=20, duration_s=30.0),
         PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
-                          load_tolerance=1e9))
+                          load_tolerance=1e9), PrometheusIterations(prom.url, selector))
 
 
 def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
@@ -211,7 +220,8 @@ def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
     return Controller(settings, dep, alerts, sources.windows, tuner, sources.probe,
                       WorkerPlanner(worker, duration_s=30.0, seed=opts.seed),
                       offline=WorkerOffline(worker, SimOffline(
-                          tuner.space, n_trials=12, duration_s=20.0, seed=opts.seed)))
+                          tuner.space, n_trials=12, duration_s=20.0, seed=opts.seed)),
+                      iterations=sources.iterations)
 
 
 def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
