@@ -125,9 +125,9 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.engine.sim.scenario import load_scenario
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
+    from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.prometheus.query import query_at
     from slopilot.tuner.prometheus.rules import identity_labels
-    from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.study.live import ResumableTuner
