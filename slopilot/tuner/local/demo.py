@@ -163,7 +163,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         say(f"load stopped: {load.sent} sent, {load.ok} ok, {load.failed} failed, "
             f"{load.dropped} dropped at the concurrency limit")
     write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
-                      shift_at_s=opts.duration_s / 2)
+                      shift_at_s=opts.duration_s / 2, twin=result.twin)
     say(f"report written: {result.report} (timeline: {opts.report_dir / 'timeline.png'})")
     return result
 
