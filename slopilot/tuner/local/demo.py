@@ -128,8 +128,7 @@ class _Sources:
     probe: WorkloadProbe
     timeline: WindowEvaluator
     iterations: IterationSource | None = None
-    """The twin's check (the real Prometheus only: the direct scrape keeps no history
-    of the iteration series)."""
+    """Where the twin is checked: the iteration series, from Prometheus or the scrape."""
 
 
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
@@ -192,7 +191,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
         stack.callback(scrape.stop)
         say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
             "(same alert conditions and window figures)")
-        return _Sources(scrape, scrape, _BaseProbe(twin), scrape)
+        return _Sources(scrape, scrape, _BaseProbe(twin), scrape, scrape)
     rules = work / "rules.yaml"
     rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
     prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
