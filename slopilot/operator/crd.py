@@ -219,6 +219,17 @@ def _spec_schema() -> dict[str, Any]:
                             default="sqlite:///var/lib/slopilot/study.db"),
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),
+            "twin": _obj({
+                "maxError": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                             "maximum": 10, "default": 0.15,
+                             "description": "The twin's corrected step-time error on the "
+                                            "last window above which its warm starts and "
+                                            "capacity plans are not trusted (live trials "
+                                            "instead)."},
+                "correction": _str("How the twin is corrected from the last window's "
+                                   "iterations (docs/twin.md).",
+                                   enum=["none", "rescale", "refit"], default="refit"),
+            }, default={}),
         }, default={}),
         "prometheus": _obj({
             "url": _str("Prometheus the controller queries: http(s)://host[:port][/path], no "

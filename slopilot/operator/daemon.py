@@ -27,6 +27,7 @@ from slopilot.tuner.loop.state import (
     ControllerSettings,
     ControllerState,
     LoopState,
+    TwinCorrection,
 )
 from slopilot.tuner.study.space import SearchSpace
 
@@ -95,7 +96,9 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         deployment=f"{namespace}/{name}", slo=spec.slo, min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials,
-        canary=spec.tuning.canary and spec.backend is Backend.BUILTIN)
+        canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,
+        twin_max_error=spec.tuning.twin_max_error,
+        twin_correction=TwinCorrection(spec.tuning.twin_correction))
 
 
 def search_space(spec: LLMDeploymentSpec) -> SearchSpace:

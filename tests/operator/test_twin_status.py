@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kopf
@@ -50,3 +51,36 @@ def test_a_tick_without_a_check_posts_no_twin_event(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(tuning_daemon.kopf, "warn", lambda *a, **k: posted.append(k))
     post_decision({"metadata": {}}, d)
     assert posted == []
+
+
+def test_the_twin_bound_and_correction_come_from_the_spec() -> None:
+    from slopilot.operator.crd import openapi_schema
+    from slopilot.operator.daemon import controller_settings
+    from slopilot.operator.spec import parse_spec
+    from tests.support.crd_schema import apply_defaults
+
+    body = sample("llmdeployment-builtin.yaml")
+    defaults = parse_spec(apply_defaults(openapi_schema(), body))
+    settings = controller_settings(defaults, "team-a", "chat")
+    assert (settings.twin_max_error, settings.twin_correction) == (0.15, TwinCorrection.REFIT)
+    body["spec"]["tuning"] = {"twin": {"maxError": 0.3, "correction": "rescale"}}
+    assert errors_of(body) == []
+    settings = controller_settings(parse_spec(apply_defaults(openapi_schema(), body)),
+                                   "team-a", "chat")
+    assert (settings.twin_max_error, settings.twin_correction) == (0.3, TwinCorrection.RESCALE)
+
+
+@pytest.mark.parametrize(("twin", "needle"), [
+    ({"maxError": 0}, "spec.tuning.twin.maxError=0: use a relative error in (0, 10)"),
+    ({"maxError": "high"}, "spec.tuning.twin.maxError='high': expected int/float"),
+    ({"correction": "guess"}, "spec.tuning.twin.correction='guess': use one of none, "
+                              "rescale, refit"),
+])
+def test_a_bad_twin_setting_is_named_with_its_fix(twin: dict[str, Any], needle: str) -> None:
+    from slopilot.operator.spec import SpecError, parse_spec
+
+    body = sample("llmdeployment-builtin.yaml")
+    body["spec"]["tuning"] = {"twin": twin}
+    with pytest.raises(SpecError, match=re.escape(needle)):
+        parse_spec(body)
+    assert errors_of(body) != []  # the API server refuses it first
