@@ -166,3 +166,29 @@ def test_a_twin_optimistic_about_p99s_plans_capacity_with_more_room() -> None:
 def test_bad_twin_settings_are_refused(kwargs: dict[str, Any], fix: str) -> None:
     with pytest.raises(ControllerError, match=fix):
         ControllerSettings(deployment="d", slo=load_scenario("tiny-cpu").slo, **kwargs)
+
+
+def test_a_correction_that_fails_leaves_the_twin_untrusted(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    def cannot(*_: object, **__: object) -> None:
+        raise ValueError("the window's equations are singular")
+
+    monkeypatch.setattr("slopilot.tuner.loop.twin_check.refit", cannot)
+    p = plant()
+    d = p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and not check.trusted and check.profile is None
+    assert check.reason.startswith("refit failed (the window's equations are singular)")
+    assert p.study.warm == [] and "twin_untrusted: refit failed" in p.ctl.loop.reason
+    assert d.action is Action.TRIAL  # the loop goes on, with live trials
+
+
+def test_checks_of_overlapping_windows_are_fitted_once() -> None:
+    p = plant()
+    p.ctl.tick(WINDOW_S)
+    p.ctl.loop.state = ControllerState.STEADY  # ask the twin again, 15 s later
+    p.cluster.advance(WINDOW_S + 15)
+    p.ctl.loop.trial = None
+    p.ctl.tick(WINDOW_S + 15)
+    assert p.ctl.twin_check is not None and p.ctl.twin_check.at == WINDOW_S + 15
+    assert [end for end, _ in p.ctl.twin_history] == [WINDOW_S]

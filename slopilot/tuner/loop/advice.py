@@ -28,8 +28,8 @@ from slopilot.tuner.loop.twin_check import TwinCheck, check_twin, measured_windo
 
 Ranked = list[tuple[dict[str, Any], bool]]
 HISTORY = 8
-MAX_MARGIN = 0.9
 """Checked windows whose iterations the next correction is fitted on too."""
+MAX_MARGIN = 0.9
 
 
 def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[str, Any],
@@ -46,8 +46,9 @@ def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[st
         measured = measured_window(ctx.evaluator, start, now) if now > start else None
         check = check_twin(ctx.settings, halves, scenario, config, replicas, measured,
                            at=now, window_s=now - start if now > start else w,
-                           history=[s for window in ctx.twin_history for s in window])
-        ctx.twin_history = [*ctx.twin_history, [*halves[0], *halves[1]]][-HISTORY:]
+                           history=[s for _, window in ctx.twin_history for s in window])
+        if not ctx.twin_history or ctx.twin_history[-1][0] <= start:  # no overlap
+            ctx.twin_history = [*ctx.twin_history, (now, [*halves[0], *halves[1]])][-HISTORY:]
         ctx.twin_check = check
         ctx.loop.twin = check.to_dict()
         ctx.metrics.twin(ctx.settings.deployment, check)

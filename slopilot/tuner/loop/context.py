@@ -71,9 +71,9 @@ class LoopContext:
         """Where the twin is checked (None: the twin is trusted unchecked, as before)."""
         self.twin_check: TwinCheck | None = None
         """The last check, with its corrected profile (in memory; the status has a copy)."""
-        self.twin_history: list[list[WindowSample]] = []
-        """The iterations of the last checked windows (in memory: a restarted
-        controller corrects from the next window on)."""
+        self.twin_history: list[tuple[float, list[WindowSample]]] = []
+        """(end, iterations) of the last checked windows that do not overlap (in memory:
+        a restarted controller corrects from the next window on)."""
         # Hysteresis: scale up to a count that holds with 10 % to spare in simulation,
         # scale down only to one that holds with 20 %, so the two never undo each other.
         if not 0.0 <= scale_up_margin <= headroom_margin < 1.0:

@@ -129,21 +129,27 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
     mode = settings.twin_correction
     step = corrected = None
     used: CostProfile | None = None
+    failed = None
     if profile is not None and sum(s.seconds for s in whole) > 0:
         step = twin_error(profile, whole)
-        used = _corrected(profile, [*history, *whole], mode)
-        if mode is TwinCorrection.NONE:
-            corrected = step
-        elif sum(s.seconds for s in first) > 0 and sum(s.seconds for s in second) > 0:
-            corrected = twin_error(_corrected(profile, [*history, *first], mode), second)
-        else:  # one half idle: judged in sample, which flatters the correction
-            corrected = twin_error(used, whole)
+        try:
+            used = _corrected(profile, [*history, *whole], mode)
+            if mode is TwinCorrection.NONE:
+                corrected = step
+            elif sum(s.seconds for s in first) > 0 and sum(s.seconds for s in second) > 0:
+                corrected = twin_error(_corrected(profile, [*history, *first], mode), second)
+            else:  # one half idle: judged in sample, which flatters the correction
+                corrected = twin_error(used, whole)
+        except ValueError as exc:  # a refit that cannot be solved: the twin as it is
+            failed, used, corrected = f"{mode.value} failed ({exc})", None, step
     twin = with_profile(scenario, used) if used is not None else scenario
     predicted = simulate(twin, config, replicas=replicas, duration_s=window_s,
                          seed=seed).summary if measured is not None else None
     classes = tuple(_class_error(p, predicted, measured) for p in Priority) \
         if predicted is not None and measured is not None else ()
     trusted, reason = _verdict(settings, profile, step, corrected, classes)
+    if failed is not None:
+        reason = f"{failed}; {reason}"
     check = TwinCheck(at, window_s, step, corrected, mode, classes, trusted, reason, used)
     return check
 
