@@ -229,6 +229,11 @@ def mismatched(args: argparse.Namespace) -> int:
             runs = [run(args.minutes, args.shift_at, seed, plant=plant, correction=correction,
                         quiet=not args.verbose) for seed in range(args.seed,
                                                                   args.seed + args.seeds)]
+            for seed, r in enumerate(runs, start=args.seed):
+                print(f"  seed={seed} " + " ".join(f"{k}={_fmt(r[k])}" for k in (
+                    "recovery_min", "trials_to_recover", "p0_attainment_tuning",
+                    "scale_ups", "scale_downs", "replicas_final", "plant_needs",
+                    "slo_held_at_end", "wrong_scale_downs", "twin_untrusted")), flush=True)
             rec = [r["recovery_min"] for r in runs]
             row = {
                 "plant": plant, "correction": correction, "seeds": len(runs),
