@@ -15,6 +15,7 @@ from slopilot.engine.sim.correction import twin_error
 from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.twin import with_profile
+from slopilot.tuner.loop import advice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.state import (
     Action,
@@ -146,7 +147,7 @@ def test_an_untrusted_twin_does_not_size_a_scale_up() -> None:
     assert d.action is Action.SCALE and len(trusted.cluster.active) == 3
 
 
-def test_a_twin_optimistic_about_p99s_plans_capacity_with_more_room() -> None:
+def test_a_twin_optimistic_about_p99s_plans_a_scale_down_with_more_room() -> None:
     # Uncorrected and trusted (a loose bound): its P0 p99s come out below the measured.
     p = plant(AlertAction.SCALE, planner=3, twin_correction=TwinCorrection.NONE,
               twin_max_error=5.0)
@@ -154,7 +155,11 @@ def test_a_twin_optimistic_about_p99s_plans_capacity_with_more_room() -> None:
     p.ctl.tick(WINDOW_S)
     check = p.ctl.twin_check
     assert check is not None and check.trusted and check.latency_optimism() > 0.1
-    assert p.planner.calls[0][2] == pytest.approx(0.1 + check.latency_optimism())
+    assert p.planner.calls[0][2] == pytest.approx(0.1)  # scaling up: the margin as set
+    running = p.ctl.deployment.current_config()
+    advice.capacity(p.ctl, WINDOW_S, p.ctl.probe.measure(WINDOW_S), running, 1, 2,
+                    margin=0.2, running=running, removing=True)
+    assert p.planner.calls[1][2] == pytest.approx(0.2 + check.latency_optimism())
 
 
 @pytest.mark.parametrize(("kwargs", "fix"), [

@@ -11,8 +11,8 @@ both questions are put to the corrected twin. A twin whose error stays above
 ``twin_max_error`` after correction is not trusted: ``warm_starts`` gives nothing (the
 episode runs live trials from the study alone) and ``capacity`` gives None (the steps
 scale on live evidence only, one replica at a time, and never down). A trusted twin whose
-P0 p99s came out below the measured ones plans capacity with that shortfall added to its
-margin: an optimistic twin must not size a scale-down.
+P0 p99s came out below the measured ones plans a scale-down with that shortfall added to
+its margin: an optimistic twin must not size a scale-down.
 """
 
 from __future__ import annotations
@@ -87,15 +87,18 @@ def warm_starts(ctx: LoopContext, now: float, replicas: int, current: Mapping[st
 
 
 def capacity(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[str, Any],
-             lo: int, hi: int, *, margin: float, running: Mapping[str, Any]
-             ) -> CapacityAnswer | None:
+             lo: int, hi: int, *, margin: float, running: Mapping[str, Any],
+             removing: bool = False) -> CapacityAnswer | None:
     """The fewest replicas in [lo, hi] that hold ``config`` with ``margin`` to spare;
-    None when the twin, checked on the window ``running`` served, is not trusted."""
+    None when the twin, checked on the window ``running`` served, is not trusted.
+    ``removing``: the answer may take replicas away (a scale-down)."""
     scenario, check = checked(ctx, now, scenario, running, ctx.deployment.replicas())
     if check is not None and not check.trusted:
         return None
-    if check is not None and (optimism := check.latency_optimism()) > 0:
+    if removing and check is not None and (optimism := check.latency_optimism()) > 0:
         # Corrected step times can still leave the twin's p99s low (the window did not
-        # exercise the shapes the new load brings): plan with that much more headroom.
+        # exercise the shapes a heavier load per replica brings): a scale-down plans
+        # with that much more headroom. A scale-up does not: one replica short is put
+        # right by the next alert, a margin it can never meet would buy the maximum.
         margin = min(MAX_MARGIN, margin + optimism)
     return ctx.planner.search(scenario, config, lo, hi, margin=margin)

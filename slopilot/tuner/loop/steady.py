@@ -53,7 +53,8 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | None:
     loop.headroom_since = now  # look again after another quiet period
     running = ctx.deployment.current_config()
     answer = advice.capacity(ctx, now, ctx.probe.measure(now), running, s.min_replicas,
-                             current, margin=ctx.headroom_margin, running=running)
+                             current, margin=ctx.headroom_margin, running=running,
+                             removing=True)
     if answer is None:  # no live evidence says fewer replicas would do: keep them
         log.info("%s: no scale-down: %s", s.deployment, advice.untrusted(ctx, now))
         return None
