@@ -13,6 +13,11 @@ workload. Reported: simulated seconds and live trials from the shift until the S
 holds again, and P0 SLO attainment while tuning.
 
     .venv/bin/python benchmarks/closed_loop.py [--minutes 20] [--shift-at 240] [--seed 0]
+
+With ``--plant-profile attention|cpu|same`` (repeatable) the twin runs on the datasheet
+profile and the plant on another (``plant_profiles.py``), for each ``--correction``
+(refit, rescale, none, off; default refit, none, off) over ``--seeds`` seeds: one row per
+(plant, correction), scale decisions judged on the plant, one RESULT line at the end.
 """
 
 from __future__ import annotations
