@@ -88,8 +88,8 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
 def twin_section(twin: Mapping[str, Any] | None) -> str:
     """The last twin check: predicted vs measured p99s per class, and the verdict."""
     if twin is None:
-        return ("\n## The twin\n\nNot checked against the replicas (no iteration series "
-                "source: the direct scrape, or nothing asked of the twin).\n")
+        return ("\n## The twin\n\nNot checked against the replicas: nothing was asked "
+                "of the twin during the run.\n")
     rows = ["| class | TTFT p99 predicted | measured | error | TBT p99 predicted | measured "
             "| error |", "|---|---|---|---|---|---|---|"]
 
