@@ -222,6 +222,17 @@ def _spec_schema() -> dict[str, Any]:
                             default=DEFAULT_STUDY_STORAGE),
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),
+            "twin": _obj({
+                "maxError": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                             "maximum": 10, "default": 0.15,
+                             "description": "The twin's corrected step-time error on the "
+                                            "last window above which its warm starts and "
+                                            "capacity plans are not trusted (live trials "
+                                            "instead)."},
+                "correction": _str("How the twin is corrected from the last window's "
+                                   "iterations (docs/twin.md).",
+                                   enum=["none", "rescale", "refit"], default="refit"),
+            }, default={}),
         }, default={}),
         "prometheus": _obj({
             "url": _str("Prometheus the controller queries: http(s)://host[:port][/path], no "
@@ -280,6 +291,7 @@ def _status_schema() -> dict[str, Any]:
             "reason": _str("Why, in one line."),
             "time": _str("When.", format="date-time"),
         }, desc="The controller's last action."),
+        "twin": _twin_schema(),
         "controller": _preserve(_obj({}, desc="The controller's persisted loop state: a "
                                      "restarted operator resumes it instead of acting twice.")),
         "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
@@ -293,6 +305,32 @@ def _status_schema() -> dict[str, Any]:
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })
+
+
+def _twin_schema() -> dict[str, Any]:
+    num = {"type": "number", "nullable": True}
+    per_class = _obj({k: {**num, "description": d} for k, d in (
+        ("ttftP99PredictedMs", "The twin's P99 TTFT for the window."),
+        ("ttftP99MeasuredMs", "The measured P99 TTFT."),
+        ("tbtP99PredictedMs", "The twin's P99 TBT for the window."),
+        ("tbtP99MeasuredMs", "The measured P99 TBT."),
+        ("ttftP99Error", "(predicted - measured) / measured P99 TTFT."),
+        ("tbtP99Error", "(predicted - measured) / measured P99 TBT."))})
+    return _obj({
+        "checkedAt": {"type": "number", "description": "End of the checked window "
+                      "(seconds on the controller's clock)."},
+        "windowS": {"type": "number", "description": "Length of the checked window."},
+        "trusted": {"type": "boolean", "description": "Whether the controller takes "
+                    "warm starts and capacity plans from the twin (else: live trials)."},
+        "reason": _str("Why (the error against the bound)."),
+        "correction": _str("How the twin was corrected.", enum=["none", "rescale", "refit"]),
+        "stepTimeError": {**num, "description": "Step-time error of the twin as "
+                          "calibrated, (predicted - measured) / measured."},
+        "correctedStepTimeError": {**num, "description": "The same after correction, on "
+                                   "iterations the correction was not fitted on."},
+        "classes": {"type": "object", "additionalProperties": per_class,
+                    "description": "Per priority class (p0, p1, p2)."},
+    }, desc="The twin checked against the last measured window (docs/twin.md).")
 
 
 def openapi_schema() -> dict[str, Any]:

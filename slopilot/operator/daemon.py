@@ -28,6 +28,7 @@ from slopilot.tuner.loop.state import (
     ControllerSettings,
     ControllerState,
     LoopState,
+    TwinCorrection,
 )
 from slopilot.tuner.study.space import SearchSpace
 
@@ -101,7 +102,9 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         deployment=f"{namespace}/{name}", slo=spec.slo, min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials,
-        canary=spec.tuning.canary and spec.backend is Backend.BUILTIN)
+        canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,
+        twin_max_error=spec.tuning.twin_max_error,
+        twin_correction=TwinCorrection(spec.tuning.twin_correction))
 
 
 def search_space(spec: LLMDeploymentSpec) -> SearchSpace:
@@ -132,6 +135,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.engine.sim.scenario import load_scenario
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
+    from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.prometheus.query import query_at
     from slopilot.tuner.prometheus.rules import identity_labels
     from slopilot.tuner.sim.adapters import SimOffline
@@ -167,7 +171,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
-        metrics=_METRICS.in_namespace(ctx.namespace), state=ctx.state)
+        metrics=_METRICS.in_namespace(ctx.namespace), state=ctx.state,
+        iterations=PrometheusIterations(query, selector))
 
 
 def load_factory() -> ControllerFactory:

@@ -72,6 +72,8 @@ class SpecError(ValueError):
         self.problems = problems
 
 
+TWIN_CORRECTIONS = ("none", "rescale", "refit")  # tuner/loop/state.TwinCorrection
+
 @dataclass(frozen=True)
 class TuningSpec:
     enabled: bool
@@ -82,6 +84,10 @@ class TuningSpec:
     bounds: Mapping[str, Mapping[str, int]]
     """EngineConfig field -> the ends the user wrote (``lo``, ``hi``); an end left out is
     ``slopilot tune``'s (``tuner/study/bounds.DEFAULT_BOUNDS``), a knob left out too."""
+    twin_max_error: float = 0.15
+    """``spec.tuning.twin.maxError``: ControllerSettings.twin_max_error."""
+    twin_correction: str = "refit"
+    """``spec.tuning.twin.correction``: none, rescale or refit."""
 
 
 @dataclass(frozen=True)
@@ -290,7 +296,19 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> Tuning
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
                       storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
-                      bounds=bounds)
+                      bounds=bounds, **_twin(spec, r))
+
+
+def _twin(spec: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
+    bound = r.get(spec, "spec.tuning.twin.maxError", (int, float), 0.15)
+    if not 0 < bound < 10:
+        r.problems.append(f"spec.tuning.twin.maxError={bound!r}: use a relative error in "
+                          "(0, 10), e.g. 0.15 for 15 %")
+    correction = r.get(spec, "spec.tuning.twin.correction", str, "refit")
+    if correction not in TWIN_CORRECTIONS:
+        r.problems.append(f"spec.tuning.twin.correction={correction!r}: use one of "
+                          f"{', '.join(TWIN_CORRECTIONS)}")
+    return {"twin_max_error": float(bound), "twin_correction": correction}
 
 
 def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:

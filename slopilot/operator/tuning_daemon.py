@@ -93,6 +93,8 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
             body["metadata"].get("generation"))])}
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
         out["config"] = config_status(effective_spec(body).engine)
+    if loop.twin is not None:
+        out["twin"] = loop.twin
     if loop.best_config is not None:
         out["bestTrial"] = {"config": loop.best_config, "goodputTokS": loop.best_goodput}
     if decision.action is not Action.NONE:
@@ -102,9 +104,17 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
 
 
 def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
+    target = cast("kopf.Body", body)
+    twin = decision.twin
+    if twin is not None:  # a check ran this tick: its verdict is an event of its own
+        message = (f"twin {'trusted' if twin['trusted'] else 'untrusted'}: "
+                   f"{twin['reason']} (correction {twin['correction']})")
+        if twin["trusted"]:
+            kopf.info(target, reason="TwinChecked", message=message)
+        else:
+            kopf.warn(target, reason="TwinUntrusted", message=message)
     if decision.action is Action.NONE:
         return
-    target = cast("kopf.Body", body)
     reason = decision.action.value.capitalize()
     if decision.action in (Action.REVERT, Action.HOLD):
         kopf.warn(target, reason=reason, message=decision.reason)

@@ -38,3 +38,22 @@ def test_the_story_records_alert_trial_commit_and_restore() -> None:
     assert said[3:] == ["alerts resolved", "SLO restored: every class within its SLO over "
                         "the last 8 s, no alert firing"]
     assert out.getvalue().count("\n") == len(result.lines)
+
+
+def test_a_twin_check_is_told_and_reported() -> None:
+    from slopilot.tuner.local.demo_report import twin_section
+    from tests.tuner.test_twin_check import WINDOW_S, plant
+
+    p = plant()
+    d = p.ctl.tick(WINDOW_S)
+    out = io.StringIO()
+    result = DemoResult(report=Path("report.md"))
+    Story(Narrator(Console(file=out, width=300), result.lines), result, 8.0).decided(
+        d, p.ctl, WINDOW_S)
+    assert result.twin == d.twin
+    said = [line.split("] ", 1)[1] for line in result.lines]
+    assert said[0].startswith("TWIN    trusted (step-time error")
+    assert "after refit | P0 TTFT P99" in said[0] and "ms measured" in said[0]
+    section = twin_section(result.twin)
+    assert "| p0 |" in section and "trusted" in section and "after refit" in section
+    assert "Not checked" in twin_section(None)

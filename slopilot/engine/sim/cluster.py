@@ -21,7 +21,9 @@ from slopilot.engine.engine import LLMEngine, VirtualClock
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Priority, Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
+from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.shape import KINDS, IterationShape, shape_of
 from slopilot.engine.sim.simulator import build_engine
 from slopilot.engine.sim.stats import SLOJudge, percentile_ms
 from slopilot.engine.sim.workload import RequestSpec
@@ -38,6 +40,8 @@ class _Events:
     finished: list[tuple[float, int, bool, int, float]] = field(default_factory=list)
     """(finish time, class, met its SLO, output tokens, arrival time)."""
     steps: list[tuple[float, float, int]] = field(default_factory=list)
+    iterations: list[tuple[float, float, IterationShape]] = field(default_factory=list)
+    """(end time, step time, shape): what the engine's slopilot_iteration_* series sum."""
 
 
 class _Recorder:
@@ -51,6 +55,7 @@ class _Recorder:
                 now: float) -> None:
         preempted = out.num_preempted_recompute + out.num_preempted_swap
         self.ev.steps.append((now, elapsed_s, preempted))
+        self.ev.iterations.append((now, engine.last_step_s, shape_of(out)))
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
         self.ev.ttft.append((now, int(req.priority), ttft_s))
@@ -176,6 +181,21 @@ class SimCluster:
                 for _, c, ok, _, arrived in rep.recorder.ev.finished
                 if c == int(priority) and start <= arrived < end]
         return sum(done) / len(done) if done else None
+
+    def iteration_samples(self, start: float, end: float, *, canary: bool = False
+                          ) -> list[WindowSample]:
+        """Per kind, the iterations that ended in ``[start, end)``, summed over the
+        replicas (or the canary's alone): the increases a scrape of their
+        ``slopilot_iteration_*`` series would show over that window."""
+        reps = [self.reps[0]] if canary and self.reps else self.reps + self.retired
+        sums: dict[str, tuple[int, float, IterationShape]] = {}
+        for rep in reps:
+            for t, step_s, shape in rep.recorder.ev.iterations:
+                if start <= t < end:
+                    n, s, total = sums.get(shape.kind, (0, 0.0, IterationShape()))
+                    sums[shape.kind] = (n + 1, s + step_s, total + shape)
+        return [WindowSample(k, float(sums[k][0]), sums[k][1], sums[k][2])
+                for k in KINDS if k in sums]
 
     def summary(self, start: float, end: float, *, canary: bool = False) -> WindowSummary:
         """The figures of ``[start, end)``: every replica, or the canary alone."""

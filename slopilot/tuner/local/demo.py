@@ -34,10 +34,16 @@ from slopilot.tuner.local.loadgen import LoadGenerator, Phase
 from slopilot.tuner.local.prometheus_server import LocalPrometheus, find_prometheus
 from slopilot.tuner.local.scrape import DirectScrape
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.ports import AlertReader, WindowEvaluator, WorkloadProbe
+from slopilot.tuner.loop.ports import (
+    AlertReader,
+    IterationSource,
+    WindowEvaluator,
+    WorkloadProbe,
+)
 from slopilot.tuner.loop.state import ControllerSettings
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
+from slopilot.tuner.prometheus.iterations import PrometheusIterations
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
 from slopilot.tuner.sim.adapters import SimOffline
 from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
@@ -192,6 +198,8 @@ class _Sources:
     windows: WindowEvaluator
     probe: WorkloadProbe
     timeline: WindowEvaluator
+    iterations: IterationSource | None = None
+    """Where the twin is checked: the iteration series, from Prometheus or the scrape."""
 
 
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
@@ -227,7 +235,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         say(f"load stopped: {load.sent} sent, {load.ok} ok, {load.failed} failed, "
             f"{load.dropped} dropped at the concurrency limit")
     write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
-                      shift_at_s=opts.shift_s)
+                      shift_at_s=opts.shift_s, twin=result.twin)
     say(f"report written: {result.report} (timeline: {opts.report_dir / 'timeline.png'})")
     return result
 
@@ -256,7 +264,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
         stack.callback(scrape.stop)
         say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
             "(same alert conditions and window figures)")
-        return _Sources(scrape, scrape, _BaseProbe(twin), scrape)
+        return _Sources(scrape, scrape, _BaseProbe(twin), scrape, scrape)
     rules = work / "rules.yaml"
     rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
     prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
@@ -270,7 +278,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
         PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8),
         PrometheusProbe(prom.url, selector, twin, window_s=20, duration_s=30.0),
         PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
-                          load_tolerance=1e9))
+                          load_tolerance=1e9), PrometheusIterations(prom.url, selector))
 
 
 def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
@@ -284,7 +292,8 @@ def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
     return Controller(settings, dep, alerts, sources.windows, tuner, sources.probe,
                       WorkerPlanner(worker, duration_s=30.0, seed=opts.seed),
                       offline=WorkerOffline(worker, SimOffline(
-                          tuner.space, n_trials=12, duration_s=20.0, seed=opts.seed)))
+                          tuner.space, n_trials=12, duration_s=20.0, seed=opts.seed)),
+                      iterations=sources.iterations)
 
 
 def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,8 @@ def _plot(samples: list[Sample], slo: SLOSpec, shift_at_s: float, out: Path) -> 
 
 
 def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Sample],
-                      lines: list[str], *, shift_at_s: float) -> Path:
+                      lines: list[str], *, shift_at_s: float,
+                      twin: Mapping[str, Any] | None = None) -> Path:
     out = path.parent
     write_report(tuner, slo, out, title="slopilot demo: live trials")
     if samples:
@@ -77,6 +79,31 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
         {"shift_at_s": shift_at_s, "samples": [asdict(s) for s in samples],
          "decisions": lines}, default=str, indent=1))
     text = path.read_text()
+    text += twin_section(twin)
     text += "\n## Timeline\n\n![timeline](timeline.png)\n\n```\n" + "\n".join(lines) + "\n```\n"
     path.write_text(text)
     return path
+
+
+def twin_section(twin: Mapping[str, Any] | None) -> str:
+    """The last twin check: predicted vs measured p99s per class, and the verdict."""
+    if twin is None:
+        return ("\n## The twin\n\nNot checked against the replicas: nothing was asked "
+                "of the twin during the run.\n")
+    rows = ["| class | TTFT p99 predicted | measured | error | TBT p99 predicted | measured "
+            "| error |", "|---|---|---|---|---|---|---|"]
+
+    def cell(v: float | None, unit: str = " ms") -> str:
+        if v is None:
+            return "n/a"
+        return f"{v:+.0%}" if unit == "%" else f"{v:.0f}{unit}"
+
+    for name, c in sorted(twin["classes"].items()):
+        rows.append(f"| {name} | {cell(c['ttftP99PredictedMs'])} | {cell(c['ttftP99MeasuredMs'])} "
+                    f"| {cell(c['ttftP99Error'], '%')} | {cell(c['tbtP99PredictedMs'])} | "
+                    f"{cell(c['tbtP99MeasuredMs'])} | {cell(c['tbtP99Error'], '%')} |")
+    verdict = "trusted" if twin["trusted"] else "not trusted: live trials, no warm start"
+    return (f"\n## The twin\n\nLast check (window of {twin['windowS']:g} s): {verdict} "
+            f"({twin['reason']}); step time {cell(twin['stepTimeError'], '%')} as "
+            f"calibrated, {cell(twin['correctedStepTimeError'], '%')} after "
+            f"{twin['correction']}.\n\n" + "\n".join(rows) + "\n")

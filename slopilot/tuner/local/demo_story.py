@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -45,6 +47,8 @@ class DemoResult:
     restored_at_s: float | None = None
     scaled: bool = False
     lines: list[str] = field(default_factory=list)
+    twin: Mapping[str, Any] | None = None
+    """The last twin check (``TwinCheck.to_dict``)."""
 
 
 def p99s(s: WindowSummary | None) -> dict[str, float]:
@@ -90,6 +94,9 @@ class Story:
             self.alerts = names
 
     def decided(self, d: Decision, ctl: Controller, elapsed: float) -> None:
+        if d.twin is not None:
+            self.result.twin = d.twin
+            self.say(twin_line(d.twin))
         if d.action is not Action.NONE or d.summary is not None:
             self.say(describe(d, ctl))
         if d.action is Action.TRIAL:
@@ -121,4 +128,24 @@ def describe(d: Decision, ctl: Controller) -> str:
         text += (f" | P0 TTFT/TBT P99 {p['p0_ttft_p99_ms']:.0f}/{p['p0_tbt_p99_ms']:.0f} ms, "
                  f"P1 {p['p1_ttft_p99_ms']:.0f}/{p['p1_tbt_p99_ms']:.0f} ms "
                  f"(SLO P0 {ctl.settings.slo.p0.ttft_p99_ms:g}/{ctl.settings.slo.p0.tbt_p99_ms:g})")
+    return text
+
+
+def twin_line(twin: Mapping[str, Any]) -> str:
+    """One line of a twin check: trusted or not, step-time and P0 p99 errors."""
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:+.0%}"
+
+    def ms(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.0f}"
+
+    text = (f"TWIN    {'trusted' if twin['trusted'] else 'UNTRUSTED'} ({twin['reason']}): "
+            f"step time {pct(twin['stepTimeError'])}")
+    if twin["correction"] != "none":
+        text += f", {pct(twin['correctedStepTimeError'])} after {twin['correction']}"
+    p0 = twin["classes"].get("p0")
+    if p0:
+        text += (f" | P0 TTFT P99 {ms(p0['ttftP99PredictedMs'])} predicted vs "
+                 f"{ms(p0['ttftP99MeasuredMs'])} ms measured, TBT P99 "
+                 f"{ms(p0['tbtP99PredictedMs'])} vs {ms(p0['tbtP99MeasuredMs'])} ms")
     return text

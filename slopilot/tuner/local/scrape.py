@@ -23,6 +23,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.correction import WindowSample
+from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
@@ -41,11 +43,23 @@ _KEEP = {_TTFT, _TBT, "vllm:e2e_request_latency_seconds_count",
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le) -> value
 
 
+# The twin check's series, keyed (name, kind or kind/feature, -1) in the same Series.
+_NO_LE = -1.0
+_STEP_SUM, _STEP_COUNT = "slopilot_iteration_seconds_sum", "slopilot_iteration_seconds_count"
+_SHAPE = "slopilot_iteration_shape_total"
+
+
 def _parse(text: str) -> Series:
     out: Series = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name in _KEEP:
+            if s.name in (_STEP_SUM, _STEP_COUNT, _SHAPE):
+                label = s.labels.get("kind", "")
+                if s.name == _SHAPE:
+                    label += "/" + s.labels.get("feature", "")
+                key = (s.name, label, _NO_LE)
+                out[key] = out.get(key, 0.0) + float(s.value)
+            elif s.name in _KEEP:
                 le = float(s.labels.get("le", "nan"))
                 key = (s.name, s.labels.get("priority_class", ""), le)
                 out[key] = out.get(key, 0.0) + float(s.value)
@@ -125,6 +139,19 @@ class DirectScrape:
             for key, value in series.items():
                 # A replica that appeared within the window counts from zero.
                 out[key] = out.get(key, 0.0) + max(0.0, value - old.get(key, 0.0))
+        return out
+
+    def iterations(self, start: float, end: float) -> list[WindowSample]:
+        """IterationSource: every replica's iteration series between two snapshots."""
+        d = self._delta(start, end, canary=False)
+        out = []
+        for kind in KINDS:
+            n = d.get((_STEP_COUNT, kind, _NO_LE), 0.0)
+            if n <= 0:
+                continue
+            shape = IterationShape(*(d.get((_SHAPE, f"{kind}/{f}", _NO_LE), 0.0)
+                                     for f in FEATURES))
+            out.append(WindowSample(kind, n, d.get((_STEP_SUM, kind, _NO_LE), 0.0), shape))
         return out
 
     def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:

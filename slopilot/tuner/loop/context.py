@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.ports import (
     AlertReader,
     DeploymentHandle,
+    IterationSource,
     LiveStudy,
     OfflineSearch,
     Planner,
@@ -33,6 +35,7 @@ from slopilot.tuner.loop.state import (
     LoopState,
 )
 from slopilot.tuner.loop.transitions import Go
+from slopilot.tuner.loop.twin_check import TwinCheck
 from slopilot.tuner.prometheus.alerts import Alert
 
 
@@ -52,7 +55,8 @@ class LoopContext:
                  probe: WorkloadProbe, planner: Planner, *,
                  offline: OfflineSearch | None = None, metrics: TunerMetrics | None = None,
                  state: LoopState | None = None, headroom_margin: float = 0.2,
-                 scale_up_margin: float = 0.1) -> None:
+                 scale_up_margin: float = 0.1,
+                 iterations: IterationSource | None = None) -> None:
         self.settings = settings
         self.deployment = deployment
         self.alerts = alerts
@@ -63,6 +67,13 @@ class LoopContext:
         self.offline = offline
         self.metrics = metrics if metrics is not None else TunerMetrics()
         self.loop = state if state is not None else LoopState()
+        self.iterations = iterations
+        """Where the twin is checked (None: the twin is trusted unchecked, as before)."""
+        self.twin_check: TwinCheck | None = None
+        """The last check, with its corrected profile (in memory; the status has a copy)."""
+        self.twin_history: list[tuple[float, list[WindowSample]]] = []
+        """(end, iterations) of the last checked windows that do not overlap (in memory:
+        a restarted controller corrects from the next window on)."""
         # Hysteresis: scale up to a count that holds with 10 % to spare in simulation,
         # scale down only to one that holds with 20 %, so the two never undo each other.
         if not 0.0 <= scale_up_margin <= headroom_margin < 1.0:

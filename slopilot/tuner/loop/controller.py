@@ -27,6 +27,7 @@ decision says so. The steps, by job: ``steady.py`` (STEADY, COOLDOWN), ``scaling
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -81,6 +82,11 @@ class Controller(LoopContext):
         except Exception as exc:  # guardrail: never leave a half-tried config behind
             log.exception("%s: controller error; rolling back", self.settings.deployment)
             decision = self._rollback(now, exc)
+        check = self.twin_check
+        if check is not None and check.at == now:
+            decision = dataclasses.replace(decision, twin=check.to_dict())
+            level = logging.INFO if check.trusted else logging.WARNING
+            log.log(level, "%s: %s", self.settings.deployment, check.line())
         self._emit(decision)
         return decision
 

@@ -4,6 +4,10 @@
     slopilot_tuner_actions_total{slopilot_namespace, slopilot_deployment, action, reason}
     slopilot_replicas{slopilot_namespace, slopilot_deployment}                    gauge
     slopilot_tuner_state{slopilot_namespace, slopilot_deployment, state}          gauge
+    slopilot_twin_error{..., quantity, priority_class}   gauge: the last twin check's
+        relative errors, (predicted - measured) / measured: quantity step_time (the profile
+        as given), step_time_corrected, ttft_p99 and tbt_p99 (per class)
+    slopilot_twin_trusted{slopilot_namespace, slopilot_deployment}                gauge
 
 Series are keyed by namespace and name, as the rules are: one operator runs the
 controllers of ``chat`` in ``team-a`` and in ``team-b`` side by side. (``namespace`` itself
@@ -19,6 +23,7 @@ import re
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from slopilot.tuner.loop.state import Action, ControllerState, TrialOutcome
+from slopilot.tuner.loop.twin_check import TwinCheck
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
@@ -49,6 +54,13 @@ class TunerMetrics:
                               key, registry=self.registry)
         self.state = Gauge("slopilot_tuner_state", "1 for the controller's current state.",
                            [*key, "state"], registry=self.registry)
+        self.twin_error = Gauge(
+            "slopilot_twin_error", "The twin's relative error on the last checked window, "
+            "(predicted - measured) / measured.", [*key, "quantity", "priority_class"],
+            registry=self.registry)
+        self.twin_trusted = Gauge("slopilot_twin_trusted", "1 while the controller trusts "
+                                  "its twin's warm starts and capacity plans.", key,
+                                  registry=self.registry)
 
     def in_namespace(self, namespace: str) -> TunerMetrics:
         """The same series, recorded for deployments of ``namespace``."""
@@ -68,3 +80,15 @@ class TunerMetrics:
         self.replicas.labels(self.namespace, deployment).set(replicas)
         for s in ControllerState:
             self.state.labels(self.namespace, deployment, s.value).set(1 if s is state else 0)
+
+    def twin(self, deployment: str, check: TwinCheck) -> None:
+        key = (self.namespace, deployment)
+        self.twin_trusted.labels(*key).set(1 if check.trusted else 0)
+        rows = [("step_time", "", check.step_error),
+                ("step_time_corrected", "", check.corrected_error)]
+        for c in check.classes:
+            rows += [("ttft_p99", c.priority, c.ttft_error), ("tbt_p99", c.priority,
+                                                               c.tbt_error)]
+        for quantity, cls, value in rows:
+            if value is not None:
+                self.twin_error.labels(*key, quantity, cls).set(value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
@@ -72,6 +73,17 @@ class WorkloadProbe(Protocol):
     """
 
     def measure(self, now: float) -> Scenario: ...
+
+
+class IterationSource(Protocol):
+    """The deployment's iterations over a window: what the twin is checked against.
+
+    Per kind, the increases of ``slopilot_iteration_seconds_sum`` and
+    ``slopilot_iteration_shape_total`` over ``[start, end)`` on every replica (empty when
+    nothing ran). Raises PrometheusUnavailable when the source is down.
+    """
+
+    def iterations(self, start: float, end: float) -> list[WindowSample]: ...
 
 
 class OfflineSearch(Protocol):

@@ -38,8 +38,10 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                 allow_scale=False, ranked=ranked)
         if ranked:
             config = ranked[0][0]
-    answer = advice.capacity(ctx, scenario, config, s.min_replicas, s.max_replicas,
-                             margin=ctx.scale_up_margin)
+    answer = advice.capacity(ctx, now, scenario, config, s.min_replicas, s.max_replicas,
+                             margin=ctx.scale_up_margin, running=running)
+    if answer is None:
+        return _on_live_evidence(ctx, now, current, at_least, reason)
     needed = answer.replicas if answer.replicas is not None else s.max_replicas
     if at_least is not None:
         needed = max(needed, at_least)
@@ -62,3 +64,23 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         ctx, now, f"max_replicas {s.max_replicas} reached and the simulator sees no "
         f"config that holds; tuning for the closest; {reason}", Event.TUNE_CLOSEST,
         allow_scale=False, ranked=ranked)
+
+
+def _on_live_evidence(ctx: LoopContext, now: float, current: int, at_least: int | None,
+                      reason: str) -> Decision | Go:
+    """The twin is not trusted: no plan from it. The alert, or an episode in which no
+    config held, is live evidence for one more replica, not for the twin's count."""
+    s, why = ctx.settings, advice.untrusted(ctx, now)
+    needed = min(max(at_least or 0, current + 1), s.max_replicas)
+    if needed > current:
+        ctx.deployment.scale(needed)
+        return Go(ControllerState.COOLDOWN, Event.SCALED_UP,
+                  f"scale_up {current}->{needed}: {why}; one replica on live evidence; "
+                  f"{reason}", action=Action.SCALE)
+    if at_least is not None:
+        return Go(ControllerState.COOLDOWN, Event.MAX_REPLICAS,
+                  f"max_replicas {s.max_replicas} reached and the SLO is not held; {why}; "
+                  f"{reason}", action=Action.INFORM)
+    return start_episode(ctx, now, f"max_replicas {s.max_replicas} reached; {why}: live "
+                         f"trials without warm start; {reason}", Event.TUNE_CLOSEST,
+                         allow_scale=False, ranked=[])

@@ -41,6 +41,14 @@ class Action(enum.StrEnum):
     INFORM = "inform"
 
 
+class TwinCorrection(enum.StrEnum):
+    """How the controller corrects its twin from the last window's iterations."""
+
+    NONE = "none"  # check only: a twin off by more than the bound is not trusted
+    RESCALE = "rescale"  # every coefficient times one factor
+    REFIT = "refit"  # one factor per feature (pulled towards the profile), then rescaled
+
+
 class TrialOutcome(enum.StrEnum):
     """slopilot_tuner_trials_total{state}."""
 
@@ -82,6 +90,13 @@ class ControllerSettings:
     """Trials run on one canary replica when there are several."""
     warm_start_k: int = 3
     """Best offline configurations enqueued into the live study at each episode."""
+    twin_max_error: float = 0.15
+    """The twin is trusted (warm starts, capacity plans) while its corrected step-time
+    error on the last window, |predicted - measured| / measured, is at most this."""
+    twin_max_latency_error: float | None = None
+    """Also require the P0 TTFT and TBT p99 predicted for the last window within this
+    relative error of the measured ones (None: reported, not required)."""
+    twin_correction: TwinCorrection = TwinCorrection.REFIT
 
     def __post_init__(self) -> None:
         if not self.deployment:
@@ -99,6 +114,22 @@ class ControllerSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ControllerError(f"{name}={value!r}: expected a whole number >= 1")
+        for name in ("twin_max_error", "twin_max_latency_error"):
+            bound = getattr(self, name)
+            if bound is None and name == "twin_max_latency_error":
+                continue
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) \
+                    or not 0 < bound < 10:
+                raise ControllerError(f"{name}={bound!r}: expected a relative error in "
+                                      "(0, 10), e.g. 0.15 for 15 %")
+        if not isinstance(self.twin_correction, TwinCorrection):
+            try:
+                object.__setattr__(self, "twin_correction",
+                                   TwinCorrection(self.twin_correction))
+            except ValueError:
+                raise ControllerError(
+                    f"twin_correction={self.twin_correction!r}: use one of "
+                    f"{', '.join(c.value for c in TwinCorrection)}") from None
         check = self.revert_check_s
         if check is not None and not 0 < check <= self.window_s:
             raise ControllerError(f"revert_check_s={check!r}: expected a time in "
@@ -145,6 +176,8 @@ class LoopState:
     prometheus_unavailable: bool = False
     scale_reason: str | None = None
     """Why SCALING was entered: 'alert', 'no_feasible_config' (live evidence), ..."""
+    twin: dict[str, Any] | None = None
+    """The last twin check (``TwinCheck.to_dict``): what the status reports."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -191,6 +224,8 @@ class Decision:
     config: Mapping[str, Any] | None = None
     summary: WindowSummary | None = None
     """Figures behind the decision (a measured window), when there were some."""
+    twin: Mapping[str, Any] | None = None
+    """The twin check this tick ran (``TwinCheck.to_dict``), if it ran one."""
 
     def line(self) -> str:
         parts = [f"state={self.state.value}", f"action={self.action.value}",

@@ -8,6 +8,7 @@ that acts, replicas above the minimum are given back once the alerts have been q
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from slopilot.tuner.loop import advice
@@ -16,6 +17,8 @@ from slopilot.tuner.loop.episode import start_episode
 from slopilot.tuner.loop.state import Action, ControllerState, Decision
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
+
+log = logging.getLogger(__name__)
 
 
 def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
@@ -48,8 +51,13 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | None:
     if now - loop.headroom_since < s.scale_down_after_s:
         return None
     loop.headroom_since = now  # look again after another quiet period
-    answer = advice.capacity(ctx, ctx.probe.measure(now), ctx.deployment.current_config(),
-                             s.min_replicas, current, margin=ctx.headroom_margin)
+    running = ctx.deployment.current_config()
+    answer = advice.capacity(ctx, now, ctx.probe.measure(now), running, s.min_replicas,
+                             current, margin=ctx.headroom_margin, running=running,
+                             removing=True)
+    if answer is None:  # no live evidence says fewer replicas would do: keep them
+        log.info("%s: no scale-down: %s", s.deployment, advice.untrusted(ctx, now))
+        return None
     if answer.replicas is None or answer.replicas >= current:
         return None
     ctx.deployment.scale(answer.replicas)

@@ -19,6 +19,7 @@ from slopilot.engine.config import ConfigError
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.arrivals import Poisson
 from slopilot.engine.sim.cluster import SimCluster
+from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.distributions import Empirical
 from slopilot.engine.sim.open_loop import OpenLoopPhase
 from slopilot.engine.sim.scenario import Scenario
@@ -87,17 +88,33 @@ class SimWindows:
         return s
 
 
+class SimIterations:
+    """IterationSource over the cluster: its replicas' iteration series, per window."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+
+    def iterations(self, start: float, end: float) -> list[WindowSample]:
+        return self.cluster.iteration_samples(start, end)
+
+
 class SimProbe:
-    """The traffic of the last ``window_s``, as a scenario: resampled lengths and mix."""
+    """The traffic of the last ``window_s``, as a scenario: resampled lengths and mix.
+
+    ``twin`` is the scenario the controller's simulator runs on (its hardware and cost
+    profile); by default the cluster's own, so the twin is right by construction. A
+    plant on another profile than the twin's passes the twin's scenario here.
+    """
 
     def __init__(self, cluster: SimCluster, *, window_s: float = 120.0,
-                 duration_s: float = 120.0) -> None:
+                 duration_s: float = 120.0, twin: Scenario | None = None) -> None:
         self.cluster, self.window_s, self.duration_s = cluster, window_s, duration_s
+        self.twin = twin
 
     def measure(self, now: float) -> Scenario:
         start = max(0.0, now - self.window_s)
         seen = [a for a in self.cluster.arrivals if start <= a.arrival_time < now]
-        base = self.cluster.scenario
+        base = self.twin if self.twin is not None else self.cluster.scenario
         if len(seen) < 2:
             return base
         counts = Counter(a.priority for a in seen)

@@ -48,3 +48,26 @@ def test_alerts_hold_for_their_for_time_and_windows_reject_thin_data() -> None:
         SimWindows(cluster, min_requests=1000).measure(0, 60, canary=False)
     probe = SimProbe(cluster, window_s=20).measure(60.0)
     assert probe.slo == SCENARIO.slo and probe.duration_s == 120.0
+
+
+def test_iteration_samples_are_the_plants_own_series() -> None:
+    from slopilot.engine.sim.correction import twin_error
+    from slopilot.engine.sim.twin import with_profile
+    from tests.support.profiles import make_profile
+
+    profile = make_profile()
+    cluster = SimCluster(with_profile(load_scenario("tiny-cpu"), profile), {}, replicas=2,
+                         seed=0)
+    cluster.advance(40.0)
+    whole = cluster.iteration_samples(0.0, 40.0)
+    halves = cluster.iteration_samples(0.0, 20.0) + cluster.iteration_samples(20.0, 40.0)
+    assert {s.kind for s in whole} >= {"decode", "mixed"}
+    for kind in {s.kind for s in whole}:
+        a = next(s for s in whole if s.kind == kind)
+        b = [s for s in halves if s.kind == kind]
+        assert a.iterations == sum(s.iterations for s in b)
+        assert a.seconds == pytest.approx(sum(s.seconds for s in b))
+    # The profile the plant runs on predicts its step times exactly.
+    assert twin_error(profile, whole) == pytest.approx(0.0, abs=1e-9)
+    canary = cluster.iteration_samples(0.0, 40.0, canary=True)
+    assert sum(s.iterations for s in canary) < sum(s.iterations for s in whole)

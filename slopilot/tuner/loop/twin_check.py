@@ -1,0 +1,220 @@
+"""Is the twin right about this deployment? Checked on the last window before it is trusted.
+
+Before a warm start or a capacity plan is taken from the simulator, ``check_twin``
+compares the twin with the last measured window, through the ports:
+
+- **step time**: the deployment's ``slopilot_iteration_*`` increases (``IterationSource``)
+  against the profile's prediction for the same shapes (``engine/sim/correction.py``);
+- **correction** (``ControllerSettings.twin_correction``): a rescale or a refit of the
+  profile, fitted on the window's first half and judged on its second half, so the
+  error that decides trust is measured on iterations the correction did not see; the
+  profile the decisions then use is corrected on the whole window;
+- **latency**: the corrected twin simulates the measured workload at the running config
+  and replica count for one window; its TTFT and TBT p99 per class against the measured
+  ones (the evaluator's window).
+
+The twin is trusted while the corrected step-time error is within ``twin_max_error``
+(and, when set, the P0 p99 errors within ``twin_max_latency_error``). The p99s of one
+short window carry the workload's sampling noise (the twin draws its own arrivals at
+the measured rate), so by default they are reported and do not decide.
+A twin on a datasheet roofline is not linear in the summed features: its step time is not
+checked here (the check says so) and only the latency comparison is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.correction import WindowSample, refit, rescaled, twin_error
+from slopilot.engine.sim.profile_file import CostProfile
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.simulator import simulate
+from slopilot.engine.sim.twin import with_profile
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.ports import WindowEvaluator
+from slopilot.tuner.loop.state import ControllerSettings, TwinCorrection
+from slopilot.tuner.study.evaluator import WindowRejected
+
+
+@dataclass(frozen=True)
+class ClassError:
+    """One class's p99s over the window: the twin's prediction and the measurement."""
+
+    priority: str
+    ttft_p99_predicted_ms: float | None
+    ttft_p99_measured_ms: float | None
+    tbt_p99_predicted_ms: float | None
+    tbt_p99_measured_ms: float | None
+
+    @property
+    def ttft_error(self) -> float | None:
+        return _rel(self.ttft_p99_predicted_ms, self.ttft_p99_measured_ms)
+
+    @property
+    def tbt_error(self) -> float | None:
+        return _rel(self.tbt_p99_predicted_ms, self.tbt_p99_measured_ms)
+
+
+@dataclass(frozen=True)
+class TwinCheck:
+    """The twin against the window ``[at - window_s, at)``; see the module docstring."""
+
+    at: float
+    window_s: float
+    step_error: float | None
+    """(predicted - measured) / measured step time of the window, the profile as given."""
+    corrected_error: float | None
+    """The same after ``correction``, on iterations the correction was not fitted on."""
+    correction: TwinCorrection
+    classes: tuple[ClassError, ...]
+    trusted: bool
+    reason: str
+    profile: CostProfile | None = field(default=None, compare=False)
+    """The corrected profile the decisions use (None: the scenario's twin as it is)."""
+
+    def p0(self) -> ClassError | None:
+        return next((c for c in self.classes if c.priority == "p0"), None)
+
+    def latency_optimism(self) -> float:
+        """How far below the measured P0 p99s (TTFT, TBT) the twin's came out, as a
+        fraction of the measured (0 when it was not below)."""
+        p0 = self.p0()
+        errors = [] if p0 is None else [e for e in (p0.ttft_error, p0.tbt_error)
+                                        if e is not None]
+        return max(0.0, -min(errors, default=0.0))
+
+    def line(self) -> str:
+        parts = [f"step {_pct(self.step_error)}"]
+        if self.correction is not TwinCorrection.NONE:
+            parts[0] += f" -> {_pct(self.corrected_error)} after {self.correction.value}"
+        p0 = self.p0()
+        if p0 is not None:
+            parts.append(f"P0 TTFT p99 {_ms(p0.ttft_p99_predicted_ms)} predicted vs "
+                         f"{_ms(p0.ttft_p99_measured_ms)} measured, TBT p99 "
+                         f"{_ms(p0.tbt_p99_predicted_ms)} vs {_ms(p0.tbt_p99_measured_ms)}")
+        return f"twin {'trusted' if self.trusted else 'untrusted'} ({self.reason}): " \
+            + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe, camelCase: ``status.twin`` of the LLMDeployment."""
+        return {
+            "checkedAt": self.at, "windowS": self.window_s, "trusted": self.trusted,
+            "reason": self.reason, "correction": self.correction.value,
+            "stepTimeError": _round(self.step_error),
+            "correctedStepTimeError": _round(self.corrected_error),
+            "classes": {c.priority: {
+                "ttftP99PredictedMs": _round(c.ttft_p99_predicted_ms),
+                "ttftP99MeasuredMs": _round(c.ttft_p99_measured_ms),
+                "tbtP99PredictedMs": _round(c.tbt_p99_predicted_ms),
+                "tbtP99MeasuredMs": _round(c.tbt_p99_measured_ms),
+                "ttftP99Error": _round(c.ttft_error), "tbtP99Error": _round(c.tbt_error)}
+                for c in self.classes}}
+
+
+def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSample],
+                                                            Sequence[WindowSample]],
+               scenario: Scenario, config: Mapping[str, Any], replicas: int,
+               measured: WindowSummary | None, *, at: float, window_s: float,
+               history: Sequence[WindowSample] = (), seed: int = 0) -> TwinCheck:
+    """Check ``scenario``'s twin on a window given as its two halves' iteration samples
+    and its measured summary (None when the window did not count). ``history``: earlier
+    windows' samples, fitted on too (a quiet window says little about attention at the
+    load a scale-down would bring; the busy windows before it do)."""
+    first, second = samples
+    whole = [*first, *second]
+    profile = scenario.profile
+    mode = settings.twin_correction
+    step = corrected = None
+    used: CostProfile | None = None
+    failed = None
+    if profile is not None and sum(s.seconds for s in whole) > 0:
+        step = twin_error(profile, whole)
+        try:
+            used = _corrected(profile, [*history, *whole], mode)
+            if mode is TwinCorrection.NONE:
+                corrected = step
+            elif sum(s.seconds for s in first) > 0 and sum(s.seconds for s in second) > 0:
+                corrected = twin_error(_corrected(profile, [*history, *first], mode), second)
+            else:  # one half idle: judged in sample, which flatters the correction
+                corrected = twin_error(used, whole)
+        except ValueError as exc:  # a refit that cannot be solved: the twin as it is
+            failed, used, corrected = f"{mode.value} failed ({exc})", None, step
+    twin = with_profile(scenario, used) if used is not None else scenario
+    predicted = simulate(twin, config, replicas=replicas, duration_s=window_s,
+                         seed=seed).summary if measured is not None else None
+    classes = tuple(_class_error(p, predicted, measured) for p in Priority) \
+        if predicted is not None and measured is not None else ()
+    trusted, reason = _verdict(settings, profile, step, corrected, classes)
+    if failed is not None:
+        reason = f"{failed}; {reason}"
+    check = TwinCheck(at, window_s, step, corrected, mode, classes, trusted, reason, used)
+    return check
+
+
+def _corrected(profile: CostProfile, samples: Sequence[WindowSample],
+               mode: TwinCorrection) -> CostProfile:
+    if mode is TwinCorrection.NONE:
+        return profile
+    if mode is TwinCorrection.REFIT:
+        profile = refit(profile, samples)
+    # Both end with one factor on the sum: the refit's pull towards the profile leaves
+    # the total off by what the prior held back.
+    return rescaled(profile, 1.0 / (1.0 + twin_error(profile, samples)),
+                    note=f"{mode.value} on the live window")
+
+
+def _verdict(settings: ControllerSettings, profile: CostProfile | None,
+             step: float | None, corrected: float | None,
+             classes: Sequence[ClassError]) -> tuple[bool, str]:
+    if profile is None:
+        return True, "datasheet roofline: step time not checkable from the series"
+    if corrected is None:
+        return True, "no iterations in the window: nothing to check"
+    bound = settings.twin_max_error
+    if abs(corrected) > bound:
+        how = "uncorrected" if settings.twin_correction is TwinCorrection.NONE \
+            else f"after {settings.twin_correction.value}"
+        return False, f"step-time error {_pct(corrected)} {how} exceeds {bound:.0%}"
+    latency_bound = settings.twin_max_latency_error
+    p0 = next((c for c in classes if c.priority == "p0"), None)
+    if latency_bound is not None and p0 is not None:
+        for name, err in (("TTFT", p0.ttft_error), ("TBT", p0.tbt_error)):
+            if err is not None and abs(err) > latency_bound:
+                return False, f"P0 {name} p99 error {_pct(err)} exceeds {latency_bound:.0%}"
+    return True, f"step-time error {_pct(corrected)} within {bound:.0%}"
+
+
+def _class_error(p: Priority, predicted: WindowSummary, measured: WindowSummary
+                 ) -> ClassError:
+    a, b = predicted.classes[p], measured.classes[p]
+    return ClassError(p.label, a.ttft_p99_ms, b.ttft_p99_ms, a.tbt_p99_ms, b.tbt_p99_ms)
+
+
+def measured_window(evaluator: WindowEvaluator, start: float, end: float
+                    ) -> WindowSummary | None:
+    """The evaluator's figures of the window; None when it does not count."""
+    try:
+        return evaluator.measure(start, end, canary=False)
+    except WindowRejected:
+        return None
+
+
+def _rel(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or measured is None or measured <= 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:+.0%}"
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f} ms"

@@ -1,0 +1,199 @@
+"""The controller checks its twin on a plant that runs another profile, and corrects it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from slopilot.engine.request import Priority
+from slopilot.engine.sim.cluster import SimCluster
+from slopilot.engine.sim.correction import twin_error
+from slopilot.engine.sim.profile_file import CostProfile
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.twin import with_profile
+from slopilot.tuner.loop import advice
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.state import (
+    Action,
+    ControllerError,
+    ControllerSettings,
+    ControllerState,
+    TwinCorrection,
+)
+from slopilot.tuner.prometheus.alerts import AlertAction
+from slopilot.tuner.sim.adapters import SimDeployment, SimIterations, SimProbe, SimWindows
+from tests.support.profiles import make_profile
+from tests.tuner.controller_fakes import (
+    GOOD,
+    START,
+    FakeAlerts,
+    FakeOffline,
+    FakePlanner,
+    FakeStudy,
+    alert,
+)
+
+ATTENTION = ("decode_context", "decode_padded_context", "prefill_context",
+             "prefill_attention", "prefill_attention_dense")
+WINDOW_S = 60.0
+
+
+def costlier(p: CostProfile, *, attention: float, iteration: float) -> CostProfile:
+    """``p`` with attention ``attention`` x and the per-iteration overhead ``iteration`` x."""
+    def scale(c: Mapping[str, float]) -> MappingProxyType[str, float]:
+        return MappingProxyType({k: v * (attention if k in ATTENTION else
+                                         iteration if k == "iteration" else 1.0)
+                                 for k, v in c.items()})
+    return dataclasses.replace(p, executor=scale(p.executor), host=scale(p.host))
+
+
+@dataclasses.dataclass
+class Plant:
+    """tiny-cpu served by a plant on a costlier profile than the controller's twin."""
+
+    cluster: SimCluster
+    study: FakeStudy
+    planner: FakePlanner
+    ctl: Controller
+
+
+def plant(action: AlertAction = AlertAction.RETUNE, *, planner: int = 1,
+          **settings: Any) -> Plant:
+    base = load_scenario("tiny-cpu")
+    twin = with_profile(base, make_profile())
+    truth = with_profile(base, costlier(make_profile(), attention=1.5, iteration=2.0))
+    cluster = SimCluster(truth, START, replicas=1, seed=0)
+    cluster.advance(WINDOW_S)
+    study, fake_planner = FakeStudy(), FakePlanner(needed=planner)
+    ctl = Controller(
+        ControllerSettings(deployment="demo", slo=base.slo, window_s=WINDOW_S,
+                           max_replicas=4, **settings),
+        SimDeployment(cluster), FakeAlerts([alert(action)]), SimWindows(cluster, min_requests=5),
+        study, SimProbe(cluster, window_s=WINDOW_S, twin=twin), fake_planner,
+        offline=FakeOffline([(dict(GOOD), True)]), iterations=SimIterations(cluster))
+    return Plant(cluster, study, fake_planner, ctl)
+
+
+def metric(ctl: Controller, name: str, **labels: str) -> float | None:
+    return ctl.metrics.registry.get_sample_value(
+        name, {"slopilot_namespace": "", "slopilot_deployment": "demo", **labels})
+
+
+def test_the_check_measures_how_far_the_twin_is_from_the_plant() -> None:
+    p = plant(twin_correction=TwinCorrection.NONE)
+    d = p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and check.at == WINDOW_S
+    expected = twin_error(make_profile(), p.cluster.iteration_samples(0.0, WINDOW_S))
+    assert check.step_error == pytest.approx(expected)
+    assert check.step_error < -0.2  # the twin thinks iterations are much cheaper
+    measured = p.cluster.summary(0.0, WINDOW_S).classes[Priority.P0]
+    p0 = check.p0()
+    assert p0 is not None and p0.ttft_p99_measured_ms == pytest.approx(measured.ttft_p99_ms)
+    assert p0.ttft_p99_predicted_ms is not None
+    assert d.twin is not None and d.twin["stepTimeError"] == pytest.approx(expected, abs=1e-4)
+    assert metric(p.ctl, "slopilot_twin_error", quantity="step_time",
+                  priority_class="") == pytest.approx(expected)
+    assert metric(p.ctl, "slopilot_twin_error", quantity="ttft_p99",
+                  priority_class="p0") == pytest.approx(p0.ttft_error)
+
+
+def test_a_corrected_twin_is_trusted_and_its_warm_start_used() -> None:
+    p = plant()  # refit, the default
+    d = p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and check.trusted, check.line()
+    assert check.corrected_error is not None
+    assert abs(check.corrected_error) <= 0.15 < abs(check.step_error or 0.0)
+    assert check.profile is not None and "refit" in check.profile.source
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
+    assert p.study.warm == [GOOD] and d.config == GOOD
+    assert "twin_untrusted" not in d.reason
+    assert p.ctl.loop.twin is not None and p.ctl.loop.twin["trusted"] is True
+    assert metric(p.ctl, "slopilot_twin_trusted") == 1
+
+
+@pytest.mark.parametrize("settings", [
+    {"twin_correction": TwinCorrection.NONE},  # correction off
+    {"twin_max_error": 0.001},  # correction on, but it cannot get the error this low
+])
+def test_an_untrusted_twin_means_live_trials_without_warm_start(settings: dict[str, Any]
+                                                                ) -> None:
+    p = plant(**settings)
+    d = p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and not check.trusted
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
+    assert p.study.warm == [] and d.config != GOOD  # the study's own first config
+    assert "twin_untrusted: step-time error" in p.ctl.loop.reason
+    assert p.ctl.loop.twin is not None and p.ctl.loop.twin["trusted"] is False
+    assert "exceeds" in p.ctl.loop.twin["reason"]
+    assert metric(p.ctl, "slopilot_twin_trusted") == 0
+
+
+def test_an_untrusted_twin_does_not_size_a_scale_up() -> None:
+    # The twin's plan says 3 replicas; without trust the alert buys one more, live.
+    p = plant(AlertAction.SCALE, planner=3, twin_correction=TwinCorrection.NONE)
+    d = p.ctl.tick(WINDOW_S)
+    assert d.action is Action.SCALE and len(p.cluster.active) == 2
+    assert p.planner.calls == [] and "twin_untrusted" in d.reason
+    trusted = plant(AlertAction.SCALE, planner=3)
+    trusted.ctl.offline = FakeOffline([(dict(GOOD), False)])  # no knob change will do
+    d = trusted.ctl.tick(WINDOW_S)
+    assert d.action is Action.SCALE and len(trusted.cluster.active) == 3
+
+
+def test_a_twin_optimistic_about_p99s_plans_a_scale_down_with_more_room() -> None:
+    # Uncorrected and trusted (a loose bound): its P0 p99s come out below the measured.
+    p = plant(AlertAction.SCALE, planner=3, twin_correction=TwinCorrection.NONE,
+              twin_max_error=5.0)
+    p.ctl.offline = FakeOffline([(dict(GOOD), False)])
+    p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and check.trusted and check.latency_optimism() > 0.1
+    assert p.planner.calls[0][2] == pytest.approx(0.1)  # scaling up: the margin as set
+    running = p.ctl.deployment.current_config()
+    advice.capacity(p.ctl, WINDOW_S, p.ctl.probe.measure(WINDOW_S), running, 1, 2,
+                    margin=0.2, running=running, removing=True)
+    assert p.planner.calls[1][2] == pytest.approx(0.2 + check.latency_optimism())
+
+
+@pytest.mark.parametrize(("kwargs", "fix"), [
+    ({"twin_max_error": 0}, "twin_max_error=0"),
+    ({"twin_max_error": True}, "twin_max_error=True"),
+    ({"twin_max_latency_error": -1.0}, "twin_max_latency_error=-1.0"),
+    ({"twin_correction": "guess"}, "use one of none, rescale, refit"),
+])
+def test_bad_twin_settings_are_refused(kwargs: dict[str, Any], fix: str) -> None:
+    with pytest.raises(ControllerError, match=fix):
+        ControllerSettings(deployment="d", slo=load_scenario("tiny-cpu").slo, **kwargs)
+
+
+def test_a_correction_that_fails_leaves_the_twin_untrusted(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    def cannot(*_: object, **__: object) -> None:
+        raise ValueError("the window's equations are singular")
+
+    monkeypatch.setattr("slopilot.tuner.loop.twin_check.refit", cannot)
+    p = plant()
+    d = p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and not check.trusted and check.profile is None
+    assert check.reason.startswith("refit failed (the window's equations are singular)")
+    assert p.study.warm == [] and "twin_untrusted: refit failed" in p.ctl.loop.reason
+    assert d.action is Action.TRIAL  # the loop goes on, with live trials
+
+
+def test_checks_of_overlapping_windows_are_fitted_once() -> None:
+    p = plant()
+    p.ctl.tick(WINDOW_S)
+    p.ctl.loop.state = ControllerState.STEADY  # ask the twin again, 15 s later
+    p.cluster.advance(WINDOW_S + 15)
+    p.ctl.loop.trial = None
+    p.ctl.tick(WINDOW_S + 15)
+    assert p.ctl.twin_check is not None and p.ctl.twin_check.at == WINDOW_S + 15
+    assert [end for end, _ in p.ctl.twin_history] == [WINDOW_S]
