@@ -27,38 +27,13 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from slopilot.engine.calibrate.design import GridOptions, design
-from slopilot.engine.calibrate.fit import Observation, fit_shapes
-from slopilot.engine.sim.cost_model import CostModel
-from slopilot.engine.sim.profile_file import CostProfile, DeviceInfo, FitReport
-from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.calibrate.datasheet import datasheet_profile
+from slopilot.engine.sim.profile_file import CostProfile
+
+__all__ = ["PLANTS", "datasheet_profile"]
 
 ATTENTION = ("decode_context", "decode_padded_context", "prefill_context",
              "prefill_attention", "prefill_attention_dense")
-
-
-def datasheet_profile(scenario: Scenario, gpu_memory_utilization: float = 0.9
-                      ) -> CostProfile:
-    """``scenario``'s datasheet roofline, fitted on the calibration grid."""
-    roofline = CostModel(scenario.gpu, scenario.model, scenario.tp)
-    grid = GridOptions(token_budget=4096, max_num_seqs=64, max_context=8192, swap=False)
-    obs = [Observation(spec.shape, roofline.iteration_time([(n, c) for n, c, _ in spec.rows]),
-                       spec.describe(), spec.group) for spec in design(grid) if spec.rows]
-    fit = fit_shapes(obs)
-    coef = dict(fit.coefficients)
-    coef["swap_blocks"] = roofline.swap_time_per_block(16)
-    coef["swap_batches"] = roofline.swap_latency_s
-    coef["idle_starts"] = 0.0
-    blocks = roofline.num_kv_blocks(16, gpu_memory_utilization)
-    return CostProfile(
-        name=f"{roofline.label} in the calibrated form",
-        device=DeviceInfo("cuda", roofline.gpu.name), model=roofline.model,
-        dtype="bfloat16", executor=MappingProxyType(coef), host=MappingProxyType({}),
-        tp=scenario.tp, kv_cache_bytes=blocks * 16 * roofline.kv_bytes_per_token(),
-        fit=FitReport(repeats=1, shapes=len(obs), mape=fit.mape, max_err=fit.max_err,
-                      token_budget=grid.token_budget, max_num_seqs=grid.max_num_seqs,
-                      max_context=grid.max_context),
-        source=f"datasheet roofline ({roofline.gpu.name}) fitted to the calibrated form")
 
 
 def _changed(p: CostProfile, name: str, change: Callable[[dict[str, float]], None]
