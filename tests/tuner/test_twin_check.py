@@ -197,3 +197,49 @@ def test_checks_of_overlapping_windows_are_fitted_once() -> None:
     p.ctl.tick(WINDOW_S + 15)
     assert p.ctl.twin_check is not None and p.ctl.twin_check.at == WINDOW_S + 15
     assert [end for end, _ in p.ctl.twin_history] == [WINDOW_S]
+
+
+def datasheet_plant(truth_profile: CostProfile | None, **settings: Any) -> Plant:
+    """tiny-cpu's datasheet twin (no profile) against a plant on ``truth_profile``
+    (None: the datasheet roofline itself)."""
+    base = load_scenario("tiny-cpu")
+    truth = base if truth_profile is None else with_profile(base, truth_profile)
+    cluster = SimCluster(truth, START, replicas=1, seed=0)
+    cluster.advance(WINDOW_S)
+    study, planner = FakeStudy(), FakePlanner(needed=1)
+    ctl = Controller(
+        ControllerSettings(deployment="demo", slo=base.slo, window_s=WINDOW_S,
+                           max_replicas=4, **settings),
+        SimDeployment(cluster), FakeAlerts([alert(AlertAction.RETUNE)]),
+        SimWindows(cluster, min_requests=5), study,
+        SimProbe(cluster, window_s=WINDOW_S, twin=base), planner,
+        offline=FakeOffline([(dict(GOOD), True)]), iterations=SimIterations(cluster))
+    return Plant(cluster, study, planner, ctl)
+
+
+def test_a_datasheet_twin_is_checked_too_and_kept_where_it_is_right() -> None:
+    p = datasheet_plant(None)
+    p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and check.step_error is not None, check and check.reason
+    assert abs(check.step_error) <= 0.15 and check.trusted, check.line()
+    assert check.profile is None  # right as it is: decisions keep the roofline
+    assert p.study.warm == [GOOD]
+
+
+def test_a_wrong_datasheet_twin_is_not_trusted_blindly() -> None:
+    from slopilot.engine.calibrate.datasheet import datasheet_profile
+
+    wrong = costlier(datasheet_profile(load_scenario("tiny-cpu")), attention=1.5,
+                     iteration=2.0)
+    off = datasheet_plant(wrong, twin_correction=TwinCorrection.NONE)
+    d = off.ctl.tick(WINDOW_S)
+    check = off.ctl.twin_check
+    assert check is not None and not check.trusted and check.step_error is not None
+    assert check.step_error < -0.15 and "datasheet" in check.reason
+    assert off.study.warm == [] and d.action is Action.TRIAL
+    fixed = datasheet_plant(wrong)  # refit: trusted, and the decisions use the fit
+    fixed.ctl.tick(WINDOW_S)
+    check = fixed.ctl.twin_check
+    assert check is not None and check.trusted and check.profile is not None, check.line()
+    assert fixed.study.warm == [GOOD]

@@ -52,7 +52,7 @@ def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[st
         ctx.twin_check = check
         ctx.loop.twin = check.to_dict()
         ctx.metrics.twin(ctx.settings.deployment, check)
-    if check.profile is not None and scenario.profile is not None:
+    if check.profile is not None:  # corrected (or a datasheet twin shown wrong)
         scenario = with_profile(scenario, check.profile)
     return scenario, check
 

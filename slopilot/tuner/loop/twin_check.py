@@ -17,8 +17,11 @@ The twin is trusted while the corrected step-time error is within ``twin_max_err
 (and, when set, the P0 p99 errors within ``twin_max_latency_error``). The p99s of one
 short window carry the workload's sampling noise (the twin draws its own arrivals at
 the measured rate), so by default they are reported and do not decide.
-A twin on a datasheet roofline is not linear in the summed features: its step time is not
-checked here (the check says so) and only the latency comparison is reported.
+A twin on the datasheet roofline (no calibrated profile: the operator's default) is not
+linear in the summed features, so it is checked in its calibrated form
+(``calibrate/datasheet.py``: the roofline fitted on the calibration grid) and trusted by
+the same bound. Where the form is within the bound as it is, the decisions keep the
+roofline itself; where only a correction brings it within, they use the corrected form.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slopilot.engine.calibrate.datasheet import datasheet_profile
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample, refit, rescaled, twin_error
 from slopilot.engine.sim.profile_file import CostProfile
@@ -125,7 +129,8 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
     load a scale-down would bring; the busy windows before it do)."""
     first, second = samples
     whole = [*first, *second]
-    profile = scenario.profile
+    datasheet = scenario.profile is None
+    profile = datasheet_profile(scenario) if datasheet else scenario.profile
     mode = settings.twin_correction
     step = corrected = None
     used: CostProfile | None = None
@@ -142,12 +147,16 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
                 corrected = twin_error(used, whole)
         except ValueError as exc:  # a refit that cannot be solved: the twin as it is
             failed, used, corrected = f"{mode.value} failed ({exc})", None, step
+    if datasheet and step is not None and abs(step) <= settings.twin_max_error:
+        used = None  # the roofline is right here: it, not its fitted form, decides
     twin = with_profile(scenario, used) if used is not None else scenario
     predicted = simulate(twin, config, replicas=replicas, duration_s=window_s,
                          seed=seed).summary if measured is not None else None
     classes = tuple(_class_error(p, predicted, measured) for p in Priority) \
         if predicted is not None and measured is not None else ()
-    trusted, reason = _verdict(settings, profile, step, corrected, classes)
+    trusted, reason = _verdict(settings, step, corrected, classes)
+    if datasheet:
+        reason = f"datasheet roofline, checked in its calibrated form: {reason}"
     if failed is not None:
         reason = f"{failed}; {reason}"
     check = TwinCheck(at, window_s, step, corrected, mode, classes, trusted, reason, used)
@@ -166,11 +175,8 @@ def _corrected(profile: CostProfile, samples: Sequence[WindowSample],
                     note=f"{mode.value} on the live window")
 
 
-def _verdict(settings: ControllerSettings, profile: CostProfile | None,
-             step: float | None, corrected: float | None,
+def _verdict(settings: ControllerSettings, step: float | None, corrected: float | None,
              classes: Sequence[ClassError]) -> tuple[bool, str]:
-    if profile is None:
-        return True, "datasheet roofline: step time not checkable from the series"
     if corrected is None:
         return True, "no iterations in the window: nothing to check"
     bound = settings.twin_max_error
