@@ -68,7 +68,8 @@ class StorageRule:
             directory = self.entry[len("sqlite:///"):-2]
             db = wanted.database or ""
             head, _, name = db.rpartition("/")
-            if (wanted.drivername == "sqlite" and not wanted.query and head == directory
+            if (wanted.drivername == "sqlite" and not wanted.query and not wanted.host
+                    and not wanted.username and head == directory
                     and _SQLITE_FILE.fullmatch(name) and name not in (".", "..")):
                 return url
             return None

@@ -148,6 +148,7 @@ def test_a_password_in_the_cr_is_refused_and_never_echoed() -> None:
     ("sqlite:////var/lib/slopilot/.hidden", False),
     ("sqlite:////var/lib/slopilotx/team.db", False),
     ("sqlite:////var/lib/slopilot/team.db?mode=ro&uri=true", False),
+    ("sqlite://somehost//var/lib/slopilot/team.db", False),
 ])
 def test_a_directory_entry_allows_plain_files_inside_it_only(url: str, allowed: bool) -> None:
     policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "sqlite:////var/lib/slopilot/*"})
