@@ -135,8 +135,6 @@ class LLMEngine:
         result = self.executor.execute(out)
         self.clock.advance(result.elapsed_s)
         now = self.clock.now()
-        # The token gap a client sees: from the previous iteration's end, or from this
-        # one's start when the engine sat idle before it.
         self.last_step_s = now - (started if last_end is None else last_end)
         self._last_end = now
         self.num_steps += 1

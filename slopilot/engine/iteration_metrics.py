@@ -43,18 +43,21 @@ class IterationMetrics:
     def __init__(self) -> None:
         self._seconds = {k: HistogramRecorder(ITERATION_BUCKETS) for k in KINDS}
         self._executor = dict.fromkeys(KINDS, 0.0)
-        self._shape = {k: IterationShape() for k in KINDS}
+        # Summed in place (one list per kind), not a new IterationShape per iteration.
+        self._shape = {k: [0.0] * len(FEATURES) for k in KINDS}
 
     def observe(self, shape: IterationShape, step_s: float, executor_s: float) -> None:
         kind = shape.kind
         self._seconds[kind].observe(step_s)
         self._executor[kind] += executor_s
-        self._shape[kind] = self._shape[kind] + shape
+        sums = self._shape[kind]
+        for i, value in enumerate(shape.vector()):
+            sums[i] += value
 
     def totals(self, kind: str) -> tuple[int, float, float, IterationShape]:
         """(iterations, step seconds, executor seconds, summed shape) of one kind."""
         rec = self._seconds[kind]
-        return rec.count, rec.total, self._executor[kind], self._shape[kind]
+        return rec.count, rec.total, self._executor[kind], IterationShape(*self._shape[kind])
 
     def families(self, model_name: str) -> Iterator[Metric]:
         hist = HistogramMetricFamily(
@@ -74,7 +77,7 @@ class IterationMetrics:
             rec = self._seconds[kind]
             hist.add_metric([model_name, kind], rec.cumulative(), rec.total)
             executor.add_metric([model_name, kind], self._executor[kind])
-            for name, value in zip(FEATURES, self._shape[kind].vector(), strict=True):
+            for name, value in zip(FEATURES, self._shape[kind], strict=True):
                 shape.add_metric([model_name, kind, name], value)
         yield hist
         yield executor

@@ -70,6 +70,9 @@ class SchedulerOutput:
     # Set by the engine loop: this iteration starts after the engine sat idle (its
     # caches cold, a GPU's clocks down), which the calibrated cost model charges.
     after_idle: bool = False
+    # The iteration's shape features (``sim.shape.features_of``), computed once for all
+    # who ask on this iteration: a calibrated cost model, the metrics, a twin's check.
+    shape_features: tuple[float, ...] | None = None
 
     @property
     def is_empty(self) -> bool:

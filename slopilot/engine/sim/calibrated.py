@@ -27,7 +27,7 @@ from operator import mul
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.sim.cost_model import CostModelError
 from slopilot.engine.sim.profile_file import CostProfile
-from slopilot.engine.sim.shape import FEATURES, IterationShape, feature_sums
+from slopilot.engine.sim.shape import FEATURES, IterationShape, feature_sums, features_of
 
 _GIB = 1024 ** 3
 MAX_BLOCKS = 50_000_000
@@ -68,10 +68,8 @@ class CalibratedCostModel:
 
     def output_time(self, out: SchedulerOutput, block_size: int = 16) -> float:
         """Seconds from one iteration's start to the next: swaps, pass and loop."""
-        rows = [(len(s.token_ids), s.start_pos, s.sample) for s in out.seqs]
         swaps = len(out.swap_out) + len(out.swap_in)
-        t = sum(map(mul, self._total, feature_sums(rows, len(out.swap_out),
-                                                   len(out.swap_in), out.after_idle)))
+        t = sum(map(mul, self._total, features_of(out)))
         if swaps and block_size != self.profile.block_size:
             # The fitted swap cost is per calibrated block; other block sizes scale it.
             t += swaps * (block_size / self.profile.block_size - 1.0) * self._total[_SWAP]

@@ -160,7 +160,17 @@ def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
     return [(len(s.token_ids), s.start_pos, s.sample) for s in out.seqs]
 
 
+def features_of(out: SchedulerOutput) -> tuple[float, ...]:
+    """``shape_of(out).vector()``. The rows' sums are computed on the first call of an
+    iteration and kept on ``out``; ``idle_starts`` (the last feature) is read from
+    ``out.after_idle`` on every call, since the engine sets it after scheduling."""
+    features = out.shape_features
+    if features is None:
+        features = out.shape_features = feature_sums(
+            output_rows(out), len(out.swap_out), len(out.swap_in))
+    return features[:-1] + (1,) if out.after_idle else features
+
+
 def shape_of(out: SchedulerOutput) -> IterationShape:
     """The shape of the iteration a scheduler planned."""
-    return shape_of_rows(output_rows(out), len(out.swap_out), len(out.swap_in),
-                         out.after_idle)
+    return IterationShape(*features_of(out))
