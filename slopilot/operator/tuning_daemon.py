@@ -50,6 +50,7 @@ from slopilot.operator.daemon import (
     load_factory,
     tick_interval,
 )
+from slopilot.operator.daemon_pause import pause
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy, policy_problems
@@ -320,7 +321,7 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
             if not await on_thread(loop.step):
                 gone = True  # the object is gone or going
                 break
-            await stopped.wait(interval)
+            await pause(stopped, interval)
     finally:
         # Also when kopf cancels the task: the end of the trial is recorded either way.
         reason = stopped.reason or kopf.DaemonStoppingReason.DONE
