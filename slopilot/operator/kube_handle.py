@@ -35,9 +35,10 @@ import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.operator.crd import API_VERSION, PLURAL
+from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
-from slopilot.operator.reconcile import effective_spec, engine_checksum, reconcile
+from slopilot.operator.reconcile import effective_spec, reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.operator.tokens import TokenMint, admin_secret_name

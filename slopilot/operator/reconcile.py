@@ -23,13 +23,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.operator.knobs import KNOB_PATHS
+from slopilot.engine.config import EngineConfig
+from slopilot.operator.knobs import KNOB_PATHS, tuned_config
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.render import labels, owner_reference, render_admin_secret, render_all
@@ -96,28 +94,11 @@ def covers(live: Any, desired: Any) -> bool:
     return bool(live == desired)
 
 
-def engine_checksum(body: Mapping[str, Any]) -> str:
-    """Which spec a tuned config was tuned from: a hash of ``spec.engine`` and ``spec.slo``."""
-    spec = body.get("spec") or {}
-    payload = {"engine": spec.get("engine") or {}, "slo": spec.get("slo") or {}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def tuned_config(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> EngineConfig:
-    """The committed tuned knobs where they still belong to this spec, else the spec's."""
-    tuned = (body.get("status") or {}).get("tunedConfig") or {}
-    if tuned.get("base") != engine_checksum(body) or not isinstance(tuned.get("engine"), dict):
-        return spec.engine
-    try:
-        return spec.engine.with_overrides(tuned["engine"])
-    except ConfigError:
-        return spec.engine  # written by an older operator with other knobs: start over
-
 
 def effective_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     """parse_spec plus the committed tuned config; raises SpecError."""
     spec = parse_spec(body)
-    return dataclasses.replace(spec, engine=tuned_config(body, spec))
+    return dataclasses.replace(spec, engine=tuned_config(body, spec.engine))
 
 
 def _owned_meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:

@@ -15,14 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
-from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
+from slopilot.operator.knobs import BOUNDED_KNOBS, bound_problem, engine_config, spec_path
 from slopilot.operator.twin_spec import ProfileRef, parse_twin
 from slopilot.operator.validation import prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
-from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
 
 # Where a CR's study lives unless it says otherwise (and the one storage the operator's
@@ -55,8 +54,6 @@ PHASES = tuple(p.value for p in Phase)
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
-                 "maxNumSeqs": "max_num_seqs"}
 # The most replicas one LLMDeployment may scale to. The capacity search simulates up to
 # this many replicas in the operator's simulator worker; a bound keeps one tenant's search
 # within seconds and a few hundred MB (512 replicas took 39 s and 1.1 GB).
@@ -168,35 +165,6 @@ class _Reader:
             return default
 
 
-def _engine(spec: Mapping[str, Any], profile: Profile, r: _Reader
-            ) -> tuple[EngineConfig, frozenset[str]]:
-    explicit: dict[str, Any] = {}
-    engine = spec.get("engine") or {}
-    for path, name in KNOB_PATHS.items():
-        node: Any = engine
-        for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if node is None:
-            continue
-        try:
-            explicit[name] = coerce_knob(name, node)
-            EngineConfig().with_overrides({name: explicit[name]})
-        except ConfigError as exc:
-            if len(exc.fields) < 2:  # a cross-field rule is judged on the whole config below
-                r.problems.append(f"{spec_path(name)}: {exc}")
-                explicit.pop(name, None)
-    base = PRESETS[profile.value]
-    try:
-        return EngineConfig().with_overrides({**base, **explicit}), frozenset(explicit)
-    except ConfigError:
-        budget = explicit.get("token_budget", base["token_budget"])
-        chunk = explicit.get("chunk_size", base["chunk_size"])
-        r.problems.append(
-            f"{spec_path('chunk_size')}={chunk} exceeds {spec_path('token_budget')}={budget} "
-            f"(after the '{profile.value}' preset and budget alignment): lower chunkSize "
-            "or raise tokenBudget")
-        return EngineConfig(), frozenset(explicit)
-
 
 def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
     """The shared SLOSpec (slopilot.engine.slo) from ``spec.slo``, plus the class-order rule."""
@@ -272,22 +240,8 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> Tuning
         if not written:
             continue
         bounds[name] = written
-        lo_k, hi_k = knob_range(name)
-        default = DEFAULT_BOUNDS[name]
-        assert isinstance(default, IntRange)  # the CR bounds only integer knobs
-        lo, hi = written.get("lo", default.lo), written.get("hi", default.hi)
-        value = getattr(engine, name)
-        if not (lo_k <= lo <= hi_k and lo_k <= hi <= hi_k) or (len(written) == 2 and lo > hi):
-            r.problems.append(f"{where}=[{lo}, {hi}]: need {lo_k:g} <= min <= max <= {hi_k:g}")
-        elif lo > hi:  # one end written, beyond the other end it leaves to the default
-            r.problems.append(
-                f"{where}.min={lo} is above the upper end {hi} it leaves to the default: set "
-                "max as well" if "lo" in written else
-                f"{where}.max={hi} is below the lower end {lo} it leaves to the default: set "
-                "min as well")
-        elif ("lo" in written and value < lo) or ("hi" in written and value > hi):
-            r.problems.append(f"{spec_path(name)}={value} lies outside "
-                              f"{where}=[{lo}, {hi}]: widen the bounds or change the knob")
+        if (problem := bound_problem(name, where, written, engine)) is not None:
+            r.problems.append(problem)
     if bounds and not r.problems:
         try:  # together: e.g. a smallest chunk above every budget the bounds allow
             SearchSpace.from_bounds(bounds, base=engine)
@@ -335,7 +289,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     gpu = r.get(spec, "spec.resources.gpu", int, 0)
     if not 0 <= gpu <= MAX_GPUS:
         r.problems.append(f"spec.resources.gpu={gpu}: use 0..{MAX_GPUS} GPUs per pod")
-    engine, explicit = _engine(spec, profile, r)
+    engine, explicit = engine_config(spec, profile.value, r.problems)
     slo = _slo(spec, profile, r)
     if slo.prefix_hit_min is not None and not engine.enable_prefix_caching:
         r.problems.append(
