@@ -7,7 +7,8 @@ spec therefore sends no writes at all.
 
 Two things the controller owns survive a reconcile: the Deployment's replica count (kept
 within the spec's range) and a committed tuned configuration (``status.tunedConfig``),
-which applies while the spec's engine section is the one it was tuned from.
+which ``parse_spec`` lays over the spec's knobs while the spec's engine section is the one
+it was tuned from.
 
 A spec is refused, touching nothing, when it fails ``parse_spec`` (InvalidSpec), the
 administrator's policy (NotAllowed), or would render objects the API server refuses
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
-from slopilot.operator.knobs import KNOB_PATHS, tuned_config
+from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.render import labels, owner_reference, render_admin_secret, render_all
@@ -93,12 +94,6 @@ def covers(live: Any, desired: Any) -> bool:
                 and all(covers(a, b) for a, b in zip(live, desired, strict=True)))
     return bool(live == desired)
 
-
-
-def effective_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
-    """parse_spec plus the committed tuned config; raises SpecError."""
-    spec = parse_spec(body)
-    return dataclasses.replace(spec, engine=tuned_config(body, spec.engine))
 
 
 def _owned_meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -194,7 +189,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     it was deleted meanwhile (the operator cannot read it to tell).
     """
     try:
-        spec = effective_spec(body)
+        spec = parse_spec(body)
     except SpecError as exc:
         return Outcome(problems=tuple(exc.problems))
     if problems := policy_problems(spec, policy):

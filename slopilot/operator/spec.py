@@ -18,7 +18,13 @@ from typing import Any
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
-from slopilot.operator.knobs import BOUNDED_KNOBS, bound_problem, engine_config, spec_path
+from slopilot.operator.knobs import (
+    BOUNDED_KNOBS,
+    bound_problem,
+    engine_config,
+    spec_path,
+    tuned_config,
+)
 from slopilot.operator.twin_spec import ProfileRef, parse_twin
 from slopilot.operator.validation import prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
@@ -99,6 +105,8 @@ class LLMDeploymentSpec:
     cpu: str | None
     memory: str | None
     engine: EngineConfig
+    """What the deployment runs: the spec's knobs, or the committed tuned config over them
+    (``parse_spec``)."""
     explicit_knobs: frozenset[str]  # EngineConfig fields the user set (not from the preset)
     slo: SLOSpec
     tuning: TuningSpec
@@ -266,7 +274,11 @@ def _twin(spec: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
 
 
 def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
-    """The typed spec of an LLMDeployment object (kopf's ``body``); SpecError lists problems."""
+    """The typed spec of an LLMDeployment object (kopf's ``body``); SpecError lists problems.
+
+    Its ``engine`` is what the deployment runs: ``spec.engine`` over the profile's preset,
+    with the committed ``status.tunedConfig`` laid over it while that was tuned from this
+    very spec (``knobs.tuned_config``); every check here judges the spec's own knobs."""
     r = _Reader()
     spec = body.get("spec") if isinstance(body, Mapping) else None
     if not isinstance(spec, Mapping):
@@ -313,7 +325,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
         image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
-        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=engine,
+        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"),
+        engine=tuned_config(body, engine),
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
         alerts=alerts, twin_profile=twin_profile)
