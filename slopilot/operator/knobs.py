@@ -42,7 +42,7 @@ BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
                  "maxNumSeqs": "max_num_seqs"}
 
 # The knobs vLLM has an argument for (``vllm_args``): the tuner's space for a vLLM
-# deployment holds only these (``applied_knobs``). The rest vLLM lacks; a user who sets
+# deployment holds only these (``TuningSpec.space``). The rest vLLM lacks; a user who sets
 # one is told so in a status condition. (budget_align only rounds the budget passed.)
 VLLM_APPLIES = frozenset({"token_budget", "chunk_size", "max_num_seqs", "block_size",
                           "swap_space_gb", "enable_prefix_caching"})

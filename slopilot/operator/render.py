@@ -22,7 +22,7 @@ from typing import Any, cast
 import kopf
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
-from slopilot.operator.knobs import VLLM_APPLIES, VLLM_LACKS
+from slopilot.operator.knobs import VLLM_LACKS
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.operator.tokens import TOKEN_FIELD, admin_secret_name
 from slopilot.tuner.prometheus.rules import identity_labels
@@ -44,11 +44,6 @@ CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
 DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
                   Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
 RUN_AS = 10001
-
-
-def applied_knobs(backend: Backend) -> frozenset[str] | None:
-    """The knobs ``backend`` applies; None for the built-in engine, which applies all."""
-    return VLLM_APPLIES if backend is Backend.VLLM else None
 
 
 @dataclasses.dataclass(frozen=True)

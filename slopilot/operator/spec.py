@@ -20,6 +20,7 @@ from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
 from slopilot.operator.knobs import (
     BOUNDED_KNOBS,
+    VLLM_APPLIES,
     bound_problem,
     engine_config,
     spec_path,
@@ -87,6 +88,10 @@ class TuningSpec:
     bounds: Mapping[str, Mapping[str, int]]
     """EngineConfig field -> the ends the user wrote (``lo``, ``hi``); an end left out is
     ``slopilot tune``'s (``tuner/study/bounds.DEFAULT_BOUNDS``), a knob left out too."""
+    space: SearchSpace
+    """What the trials search, built once by the parse: ``slopilot tune``'s space (the same
+    ``SearchSpace.from_bounds``) with these bounds, over the knobs the backend applies (a
+    vLLM trial rolls every replica: only budget, chunk and max sequences, VLLM_APPLIES)."""
     twin_max_error: float = 0.15
     """``spec.tuning.twin.maxError``: ControllerSettings.twin_max_error."""
     twin_correction: str = "refit"
@@ -104,9 +109,7 @@ class LLMDeploymentSpec:
     gpu: int
     cpu: str | None
     memory: str | None
-    engine: EngineConfig
-    """What the deployment runs: the spec's knobs, or the committed tuned config over them
-    (``parse_spec``)."""
+    engine: EngineConfig  # what it runs: the spec's knobs, or the tuned config over them
     explicit_knobs: frozenset[str]  # EngineConfig fields the user set (not from the preset)
     slo: SLOSpec
     tuning: TuningSpec
@@ -230,7 +233,10 @@ def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
     return options
 
 
-def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> TuningSpec:
+def _tuning(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
+            applies: frozenset[str] | None, r: _Reader) -> TuningSpec | None:
+    """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
+    ``running`` one; None (the problems in ``r`` say why) when there is no space."""
     window = r.get(spec, "spec.tuning.window", str, "2m")
     try:
         window_s = parse_duration(window)
@@ -250,15 +256,19 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> Tuning
         bounds[name] = written
         if (problem := bound_problem(name, where, written, engine)) is not None:
             r.problems.append(problem)
-    if bounds and not r.problems:
+    space = None
+    if not r.problems:
         try:  # together: e.g. a smallest chunk above every budget the bounds allow
-            SearchSpace.from_bounds(bounds, base=engine)
+            space = SearchSpace.from_bounds(bounds or None, base=running, applies=applies)
         except ConfigError as exc:
             r.problems.append(f"spec.tuning.bounds: {exc}")
+    twin = _twin(spec, r)
+    if space is None:
+        return None
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
                       storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
-                      bounds=bounds, **_twin(spec, r))
+                      bounds=bounds, space=space, **twin)
 
 
 def _twin(spec: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
@@ -275,10 +285,7 @@ def _twin(spec: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
 
 def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     """The typed spec of an LLMDeployment object (kopf's ``body``); SpecError lists problems.
-
-    Its ``engine`` is what the deployment runs: ``spec.engine`` over the profile's preset,
-    with the committed ``status.tunedConfig`` laid over it while that was tuned from this
-    very spec (``knobs.tuned_config``); every check here judges the spec's own knobs."""
+    The checks judge the spec's knobs; ``engine`` runs ``status.tunedConfig`` over them."""
     r = _Reader()
     spec = body.get("spec") if isinstance(body, Mapping) else None
     if not isinstance(spec, Mapping):
@@ -309,7 +316,9 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
             f"{spec_path('enable_prefix_caching')} is false: the alert would always fire; "
             "enable prefix caching or remove prefixHitMin")
     alerts = _alerts(spec, r)
-    tuning = _tuning(spec, engine, r)
+    running = tuned_config(body, engine)
+    tuning = _tuning(spec, engine, running,
+                     VLLM_APPLIES if backend is Backend.VLLM else None, r)
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:
         r.problems.append(f"spec.slo.vllmClass={vllm_class!r} is not allowed; use one of: "
@@ -318,15 +327,14 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if (problem := prometheus_url_problem(url)) is not None:
         r.problems.append(problem)
     twin_profile = parse_twin(spec, r.problems)
-    if r.problems:
+    if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
              "prometheus", "alerts", "twin"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
         image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
-        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"),
-        engine=tuned_config(body, engine),
+        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
         alerts=alerts, twin_profile=twin_profile)

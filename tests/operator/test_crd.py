@@ -119,6 +119,7 @@ def test_parse_spec_runs_the_committed_tuned_config_while_it_belongs_to_the_spec
     spec = parse_spec(body)
     assert (spec.engine.token_budget, spec.engine.chunk_size) == (2048, 256)
     assert spec.explicit_knobs == {"token_budget"}  # what the user wrote, not the tuning
+    assert spec.tuning.space.budget_align == spec.engine.budget_align
     body["spec"]["engine"]["tokenBudget"] = 1280  # edited since: the tuning is stale
     assert parse_spec(body).engine.token_budget == 1280
     body["status"]["tunedConfig"]["base"] = engine_checksum(body)
