@@ -176,7 +176,6 @@ class _Reader:
             return default
 
 
-
 def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
     """The shared SLOSpec (slopilot.engine.slo) from ``spec.slo``, plus the class-order rule."""
     given = spec.get("slo")
