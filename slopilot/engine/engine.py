@@ -85,6 +85,8 @@ class LLMEngine:
 
     @property
     def config(self) -> EngineConfig:
+        """The scheduler's: it owns the config, and a live change goes to it
+        (``scheduler.update_config``), swapped in between iterations."""
         return self.scheduler.config
 
     def add_request(self, req: Request) -> None:
@@ -100,9 +102,6 @@ class LLMEngine:
         if req is not None:
             self._finished(req, self.clock.now())
         return req
-
-    def update_config(self, config: EngineConfig) -> None:
-        self.scheduler.update_config(config)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

@@ -18,10 +18,9 @@ import yaml
 
 from slopilot.operator import twin_spec
 from slopilot.operator.alert_spec import ALERT_FIELDS
-from slopilot.operator.knobs import KNOB_PATHS, knob_schema
+from slopilot.operator.knobs import BOUNDED_KNOBS, KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
     BACKENDS,
-    BOUNDED_KNOBS,
     DEFAULT_STUDY_STORAGE,
     MAX_GPUS,
     MAX_REPLICAS,

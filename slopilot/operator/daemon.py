@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, cast
 
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
-from slopilot.operator.render import applied_knobs
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
@@ -30,7 +29,6 @@ from slopilot.tuner.loop.state import (
     LoopState,
     TwinCorrection,
 )
-from slopilot.tuner.study.space import SearchSpace
 
 if TYPE_CHECKING:
     from slopilot.tuner.sim.worker import SimWorker
@@ -107,16 +105,6 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         twin_correction=TwinCorrection(spec.tuning.twin_correction))
 
 
-def search_space(spec: LLMDeploymentSpec) -> SearchSpace:
-    """What the deployment's trials search: ``slopilot tune``'s space (the same
-    ``SearchSpace.from_bounds``) with only the bounds the CR states, over only the knobs
-    its backend applies (``render.applied_knobs``). A vLLM trial is a rollout of every
-    replica (vLLM reconfigures nothing live), so its space is the three knobs vLLM takes:
-    token budget, chunk size and max sequences."""
-    return SearchSpace.from_bounds(spec.tuning.bounds or None, base=spec.engine,
-                                   applies=applied_knobs(spec.backend))
-
-
 def prometheus_controller(ctx: DaemonContext) -> Controller:
     """The production wiring: alerts, windows and workload from the spec's Prometheus.
 
@@ -158,7 +146,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         pod = ctx.handle.canary_pod()
         return {"pod": pod} if pod else {}
 
-    space = search_space(spec)
+    space = spec.tuning.space  # what the parse judged: tune's space, the backend's knobs
     try:
         study = open_study(ctx.storage, study_name(ctx.namespace, name, ctx.uid))
     except StudyStorageError as exc:

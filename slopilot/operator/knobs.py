@@ -1,16 +1,23 @@
-"""Where each engine knob lives in an LLMDeployment, and its schema, from EngineConfig.
+"""An LLMDeployment's engine knobs: where each lives in the CR, its schema, how it is judged.
 
 The CRD's ranges and the handler's checks both come from ``EngineConfig``'s field
-metadata, so a range changes in one place (slopilot/engine/config.py) only.
+metadata, so a range changes in one place (slopilot/engine/config.py) only. Here too:
+``spec.engine`` over its preset (``engine_config``), one ``spec.tuning.bounds`` entry
+(``bound_problem``), the knobs vLLM has an argument for, and the committed tuned config
+(``status.tunedConfig``) with the hash of the spec it was tuned from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
+import json
+from collections.abc import Mapping
 from typing import Any
 
-from slopilot.engine.config import EngineConfig
+from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 
 # spec.engine path (camelCase, as users write it) -> EngineConfig field name.
 KNOB_PATHS: dict[tuple[str, ...], str] = {
@@ -30,6 +37,17 @@ KNOB_PATHS: dict[tuple[str, ...], str] = {
     ("preemption", "p0Utilization"): "p0_preempt_utilization",
 }
 FIELD_PATHS: dict[str, tuple[str, ...]] = {f: p for p, f in KNOB_PATHS.items()}
+# spec.tuning.bounds entry -> EngineConfig field: the knobs a CR may narrow or widen.
+BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
+                 "maxNumSeqs": "max_num_seqs"}
+
+# The knobs vLLM has an argument for (``vllm_args``): the tuner's space for a vLLM
+# deployment holds only these (``TuningSpec.space``). The rest vLLM lacks; a user who sets
+# one is told so in a status condition. (budget_align only rounds the budget passed.)
+VLLM_APPLIES = frozenset({"token_budget", "chunk_size", "max_num_seqs", "block_size",
+                          "swap_space_gb", "enable_prefix_caching"})
+VLLM_LACKS = tuple(f.name for f in dataclasses.fields(EngineConfig)
+                   if f.name not in VLLM_APPLIES)
 
 
 def engine_field(name: str) -> dataclasses.Field[Any]:
@@ -75,3 +93,76 @@ def knob_schema(name: str) -> dict[str, Any]:
 def spec_path(name: str) -> str:
     """``spec.engine.preemption.mode`` for ``preemption_mode``: how users see a knob."""
     return "spec.engine." + ".".join(FIELD_PATHS[name])
+
+
+def engine_config(spec: Mapping[str, Any], profile: str, problems: list[str]
+                  ) -> tuple[EngineConfig, frozenset[str]]:
+    """``spec.engine`` over the ``profile`` preset, and the knobs the user set; each bad
+    knob is appended to ``problems`` (and left at the preset)."""
+    explicit: dict[str, Any] = {}
+    engine = spec.get("engine") or {}
+    for path, name in KNOB_PATHS.items():
+        node: Any = engine
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            continue
+        try:
+            explicit[name] = coerce_knob(name, node)
+            EngineConfig().with_overrides({name: explicit[name]})
+        except ConfigError as exc:
+            if len(exc.fields) < 2:  # a cross-field rule is judged on the whole config below
+                problems.append(f"{spec_path(name)}: {exc}")
+                explicit.pop(name, None)
+    base = PRESETS[profile]
+    try:
+        return EngineConfig().with_overrides({**base, **explicit}), frozenset(explicit)
+    except ConfigError:
+        budget = explicit.get("token_budget", base["token_budget"])
+        chunk = explicit.get("chunk_size", base["chunk_size"])
+        problems.append(
+            f"{spec_path('chunk_size')}={chunk} exceeds {spec_path('token_budget')}={budget} "
+            f"(after the '{profile}' preset and budget alignment): lower chunkSize "
+            "or raise tokenBudget")
+        return EngineConfig(), frozenset(explicit)
+
+
+def bound_problem(name: str, where: str, written: Mapping[str, int], engine: EngineConfig
+                  ) -> str | None:
+    """What is wrong with the ends ``written`` at ``where`` for knob ``name`` (an end left
+    out is ``slopilot tune``'s), given the spec's ``engine``; None when they hold."""
+    lo_k, hi_k = knob_range(name)
+    default = DEFAULT_BOUNDS[name]
+    assert isinstance(default, IntRange)  # the CR bounds only integer knobs
+    lo, hi = written.get("lo", default.lo), written.get("hi", default.hi)
+    value = getattr(engine, name)
+    if not (lo_k <= lo <= hi_k and lo_k <= hi <= hi_k) or (len(written) == 2 and lo > hi):
+        return f"{where}=[{lo}, {hi}]: need {lo_k:g} <= min <= max <= {hi_k:g}"
+    if lo > hi:  # one end written, beyond the other end it leaves to the default
+        return (f"{where}.min={lo} is above the upper end {hi} it leaves to the default: set "
+                "max as well" if "lo" in written else
+                f"{where}.max={hi} is below the lower end {lo} it leaves to the default: set "
+                "min as well")
+    if ("lo" in written and value < lo) or ("hi" in written and value > hi):
+        return (f"{spec_path(name)}={value} lies outside "
+                f"{where}=[{lo}, {hi}]: widen the bounds or change the knob")
+    return None
+
+
+def engine_checksum(body: Mapping[str, Any]) -> str:
+    """Which spec a tuned config was tuned from: a hash of ``spec.engine`` and ``spec.slo``."""
+    spec = body.get("spec") or {}
+    payload = {"engine": spec.get("engine") or {}, "slo": spec.get("slo") or {}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tuned_config(body: Mapping[str, Any], engine: EngineConfig) -> EngineConfig:
+    """The committed tuned knobs over ``engine`` (the spec's) where they still belong to
+    this spec, else ``engine``."""
+    tuned = (body.get("status") or {}).get("tunedConfig") or {}
+    if tuned.get("base") != engine_checksum(body) or not isinstance(tuned.get("engine"), dict):
+        return engine
+    try:
+        return engine.with_overrides(tuned["engine"])
+    except ConfigError:
+        return engine  # written by an older operator with other knobs: start over

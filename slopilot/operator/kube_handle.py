@@ -35,11 +35,12 @@ import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.operator.crd import API_VERSION, PLURAL
+from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
-from slopilot.operator.reconcile import effective_spec, engine_checksum, reconcile
+from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector
-from slopilot.operator.spec import Backend, LLMDeploymentSpec
+from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint, admin_secret_name
 from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 
@@ -111,12 +112,12 @@ class KubeDeploymentHandle:
         return self._spec_of(self.body())
 
     def _spec_of(self, body: Mapping[str, Any]) -> LLMDeploymentSpec:
-        """``effective_spec(body)``, parsed once per version of the object: any change to
+        """``parse_spec(body)``, parsed once per version of the object: any change to
         its spec or status (``tunedConfig``) gives it a new ``resourceVersion``."""
         version = (body.get("metadata") or {}).get("resourceVersion")
         if version is not None and self._parsed is not None and self._parsed[0] == str(version):
             return self._parsed[1]
-        spec = effective_spec(body)
+        spec = parse_spec(body)
         if version is not None:
             self._parsed = (str(version), spec)
         return spec

@@ -7,7 +7,8 @@ spec therefore sends no writes at all.
 
 Two things the controller owns survive a reconcile: the Deployment's replica count (kept
 within the spec's range) and a committed tuned configuration (``status.tunedConfig``),
-which applies while the spec's engine section is the one it was tuned from.
+which ``parse_spec`` lays over the spec's knobs while the spec's engine section is the one
+it was tuned from.
 
 A spec is refused, touching nothing, when it fails ``parse_spec`` (InvalidSpec), the
 administrator's policy (NotAllowed), or would render objects the API server refuses
@@ -23,12 +24,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.config import EngineConfig
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.policy import OperatorPolicy, policy_problems
@@ -95,29 +94,6 @@ def covers(live: Any, desired: Any) -> bool:
                 and all(covers(a, b) for a, b in zip(live, desired, strict=True)))
     return bool(live == desired)
 
-
-def engine_checksum(body: Mapping[str, Any]) -> str:
-    """Which spec a tuned config was tuned from: a hash of ``spec.engine`` and ``spec.slo``."""
-    spec = body.get("spec") or {}
-    payload = {"engine": spec.get("engine") or {}, "slo": spec.get("slo") or {}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def tuned_config(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> EngineConfig:
-    """The committed tuned knobs where they still belong to this spec, else the spec's."""
-    tuned = (body.get("status") or {}).get("tunedConfig") or {}
-    if tuned.get("base") != engine_checksum(body) or not isinstance(tuned.get("engine"), dict):
-        return spec.engine
-    try:
-        return spec.engine.with_overrides(tuned["engine"])
-    except ConfigError:
-        return spec.engine  # written by an older operator with other knobs: start over
-
-
-def effective_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
-    """parse_spec plus the committed tuned config; raises SpecError."""
-    spec = parse_spec(body)
-    return dataclasses.replace(spec, engine=tuned_config(body, spec))
 
 
 def _owned_meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -213,7 +189,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     it was deleted meanwhile (the operator cannot read it to tell).
     """
     try:
-        spec = effective_spec(body)
+        spec = parse_spec(body)
     except SpecError as exc:
         return Outcome(problems=tuple(exc.problems))
     if problems := policy_problems(spec, policy):

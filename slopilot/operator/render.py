@@ -22,6 +22,7 @@ from typing import Any, cast
 import kopf
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.operator.knobs import VLLM_LACKS
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.operator.tokens import TOKEN_FIELD, admin_secret_name
 from slopilot.tuner.prometheus.rules import identity_labels
@@ -43,18 +44,6 @@ CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
 DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
                   Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
 RUN_AS = 10001
-# The knobs vLLM has an argument for (``vllm_args``): the tuner's space for a vLLM
-# deployment holds only these (``applied_knobs``). The rest vLLM lacks; a user who sets
-# one is told so in a status condition. (budget_align only rounds the budget passed.)
-VLLM_APPLIES = frozenset({"token_budget", "chunk_size", "max_num_seqs", "block_size",
-                          "swap_space_gb", "enable_prefix_caching"})
-VLLM_LACKS = tuple(f.name for f in dataclasses.fields(EngineConfig)
-                   if f.name not in VLLM_APPLIES)
-
-
-def applied_knobs(backend: Backend) -> frozenset[str] | None:
-    """The knobs ``backend`` applies; None for the built-in engine, which applies all."""
-    return VLLM_APPLIES if backend is Backend.VLLM else None
 
 
 @dataclasses.dataclass(frozen=True)

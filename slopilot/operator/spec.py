@@ -15,14 +15,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
-from slopilot.operator.knobs import KNOB_PATHS, knob_range, spec_path
+from slopilot.operator.knobs import (
+    BOUNDED_KNOBS,
+    VLLM_APPLIES,
+    bound_problem,
+    engine_config,
+    spec_path,
+    tuned_config,
+)
 from slopilot.operator.twin_spec import ProfileRef, parse_twin
 from slopilot.operator.validation import prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
-from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
 
 # Where a CR's study lives unless it says otherwise (and the one storage the operator's
@@ -55,8 +61,6 @@ PHASES = tuple(p.value for p in Phase)
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
-                 "maxNumSeqs": "max_num_seqs"}
 # The most replicas one LLMDeployment may scale to. The capacity search simulates up to
 # this many replicas in the operator's simulator worker; a bound keeps one tenant's search
 # within seconds and a few hundred MB (512 replicas took 39 s and 1.1 GB).
@@ -84,6 +88,10 @@ class TuningSpec:
     bounds: Mapping[str, Mapping[str, int]]
     """EngineConfig field -> the ends the user wrote (``lo``, ``hi``); an end left out is
     ``slopilot tune``'s (``tuner/study/bounds.DEFAULT_BOUNDS``), a knob left out too."""
+    space: SearchSpace
+    """What the trials search, built once by the parse: ``slopilot tune``'s space (the same
+    ``SearchSpace.from_bounds``) with these bounds, over the knobs the backend applies (a
+    vLLM trial rolls every replica: only budget, chunk and max sequences, VLLM_APPLIES)."""
     twin_max_error: float = 0.15
     """``spec.tuning.twin.maxError``: ControllerSettings.twin_max_error."""
     twin_correction: str = "refit"
@@ -101,7 +109,7 @@ class LLMDeploymentSpec:
     gpu: int
     cpu: str | None
     memory: str | None
-    engine: EngineConfig
+    engine: EngineConfig  # what it runs: the spec's knobs, or the tuned config over them
     explicit_knobs: frozenset[str]  # EngineConfig fields the user set (not from the preset)
     slo: SLOSpec
     tuning: TuningSpec
@@ -168,36 +176,6 @@ class _Reader:
             return default
 
 
-def _engine(spec: Mapping[str, Any], profile: Profile, r: _Reader
-            ) -> tuple[EngineConfig, frozenset[str]]:
-    explicit: dict[str, Any] = {}
-    engine = spec.get("engine") or {}
-    for path, name in KNOB_PATHS.items():
-        node: Any = engine
-        for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if node is None:
-            continue
-        try:
-            explicit[name] = coerce_knob(name, node)
-            EngineConfig().with_overrides({name: explicit[name]})
-        except ConfigError as exc:
-            if len(exc.fields) < 2:  # a cross-field rule is judged on the whole config below
-                r.problems.append(f"{spec_path(name)}: {exc}")
-                explicit.pop(name, None)
-    base = PRESETS[profile.value]
-    try:
-        return EngineConfig().with_overrides({**base, **explicit}), frozenset(explicit)
-    except ConfigError:
-        budget = explicit.get("token_budget", base["token_budget"])
-        chunk = explicit.get("chunk_size", base["chunk_size"])
-        r.problems.append(
-            f"{spec_path('chunk_size')}={chunk} exceeds {spec_path('token_budget')}={budget} "
-            f"(after the '{profile.value}' preset and budget alignment): lower chunkSize "
-            "or raise tokenBudget")
-        return EngineConfig(), frozenset(explicit)
-
-
 def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
     """The shared SLOSpec (slopilot.engine.slo) from ``spec.slo``, plus the class-order rule."""
     given = spec.get("slo")
@@ -254,7 +232,10 @@ def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
     return options
 
 
-def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> TuningSpec:
+def _tuning(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
+            applies: frozenset[str] | None, r: _Reader) -> TuningSpec | None:
+    """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
+    ``running`` one; None (the problems in ``r`` say why) when there is no space."""
     window = r.get(spec, "spec.tuning.window", str, "2m")
     try:
         window_s = parse_duration(window)
@@ -272,31 +253,21 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, r: _Reader) -> Tuning
         if not written:
             continue
         bounds[name] = written
-        lo_k, hi_k = knob_range(name)
-        default = DEFAULT_BOUNDS[name]
-        assert isinstance(default, IntRange)  # the CR bounds only integer knobs
-        lo, hi = written.get("lo", default.lo), written.get("hi", default.hi)
-        value = getattr(engine, name)
-        if not (lo_k <= lo <= hi_k and lo_k <= hi <= hi_k) or (len(written) == 2 and lo > hi):
-            r.problems.append(f"{where}=[{lo}, {hi}]: need {lo_k:g} <= min <= max <= {hi_k:g}")
-        elif lo > hi:  # one end written, beyond the other end it leaves to the default
-            r.problems.append(
-                f"{where}.min={lo} is above the upper end {hi} it leaves to the default: set "
-                "max as well" if "lo" in written else
-                f"{where}.max={hi} is below the lower end {lo} it leaves to the default: set "
-                "min as well")
-        elif ("lo" in written and value < lo) or ("hi" in written and value > hi):
-            r.problems.append(f"{spec_path(name)}={value} lies outside "
-                              f"{where}=[{lo}, {hi}]: widen the bounds or change the knob")
-    if bounds and not r.problems:
+        if (problem := bound_problem(name, where, written, engine)) is not None:
+            r.problems.append(problem)
+    space = None
+    if not r.problems:
         try:  # together: e.g. a smallest chunk above every budget the bounds allow
-            SearchSpace.from_bounds(bounds, base=engine)
+            space = SearchSpace.from_bounds(bounds or None, base=running, applies=applies)
         except ConfigError as exc:
             r.problems.append(f"spec.tuning.bounds: {exc}")
+    twin = _twin(spec, r)
+    if space is None:
+        return None
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
                       storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
-                      bounds=bounds, **_twin(spec, r))
+                      bounds=bounds, space=space, **twin)
 
 
 def _twin(spec: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
@@ -312,7 +283,8 @@ def _twin(spec: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
 
 
 def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
-    """The typed spec of an LLMDeployment object (kopf's ``body``); SpecError lists problems."""
+    """The typed spec of an LLMDeployment object (kopf's ``body``); SpecError lists problems.
+    The checks judge the spec's knobs; ``engine`` runs ``status.tunedConfig`` over them."""
     r = _Reader()
     spec = body.get("spec") if isinstance(body, Mapping) else None
     if not isinstance(spec, Mapping):
@@ -335,7 +307,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     gpu = r.get(spec, "spec.resources.gpu", int, 0)
     if not 0 <= gpu <= MAX_GPUS:
         r.problems.append(f"spec.resources.gpu={gpu}: use 0..{MAX_GPUS} GPUs per pod")
-    engine, explicit = _engine(spec, profile, r)
+    engine, explicit = engine_config(spec, profile.value, r.problems)
     slo = _slo(spec, profile, r)
     if slo.prefix_hit_min is not None and not engine.enable_prefix_caching:
         r.problems.append(
@@ -343,7 +315,9 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
             f"{spec_path('enable_prefix_caching')} is false: the alert would always fire; "
             "enable prefix caching or remove prefixHitMin")
     alerts = _alerts(spec, r)
-    tuning = _tuning(spec, engine, r)
+    running = tuned_config(body, engine)
+    tuning = _tuning(spec, engine, running,
+                     VLLM_APPLIES if backend is Backend.VLLM else None, r)
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:
         r.problems.append(f"spec.slo.vllmClass={vllm_class!r} is not allowed; use one of: "
@@ -352,14 +326,14 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if (problem := prometheus_url_problem(url)) is not None:
         r.problems.append(problem)
     twin_profile = parse_twin(spec, r.problems)
-    if r.problems:
+    if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
              "prometheus", "alerts", "twin"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
         image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
-        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=engine,
+        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
         alerts=alerts, twin_profile=twin_profile)

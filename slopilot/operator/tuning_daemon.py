@@ -54,9 +54,9 @@ from slopilot.operator.daemon_pause import pause
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy, policy_problems
-from slopilot.operator.reconcile import config_status, effective_spec
+from slopilot.operator.reconcile import config_status
 from slopilot.operator.slo_status import WindowFigures
-from slopilot.operator.spec import Phase, SpecError
+from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.twin_profile import TwinChoice, resolve_twin
@@ -93,7 +93,7 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
             ConditionType.TUNING, tuning, decision.state.value.capitalize(), decision.reason,
             body["metadata"].get("generation"))])}
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
-        out["config"] = config_status(effective_spec(body).engine)
+        out["config"] = config_status(parse_spec(body).engine)
     if loop.twin is not None:
         out["twin"] = loop.twin
     if loop.best_config is not None:
@@ -135,7 +135,7 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     twin runs ``twin`` (``resolve_twin``'s answer; None: the datasheet)."""
     if twin is not None:
         factory = functools.partial(_with_twin, factory, twin)
-    spec = effective_spec(body)
+    spec = parse_spec(body)
     if problems := policy_problems(spec, policy):  # never query a URL the policy refuses
         raise ControllerError("; ".join(problems))
     saved = (body.get("status") or {}).get("controller")
@@ -190,7 +190,7 @@ class DeploymentLoop:
         try:
             if self.controller is None or self.built_for != generation or \
                     self.twin.moved():
-                twin = resolve_twin(self.kube, self.namespace, effective_spec(body))
+                twin = resolve_twin(self.kube, self.namespace, parse_spec(body))
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)
                 self.built_for = generation

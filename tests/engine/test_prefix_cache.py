@@ -55,12 +55,12 @@ def test_prefix_caching_switched_off_live_is_off_in_the_block_manager() -> None:
 
     assert run("first") == 0
     assert run("second") == 3 * BS
-    engine.update_config(engine.config.with_overrides({"enable_prefix_caching": False}))
+    sched.update_config(engine.config.with_overrides({"enable_prefix_caching": False}))
     assert sched.kv.enable_prefix_caching is False
     assert sched.kv.stats().num_cached == 0  # what was cached is forgotten, not hidden
     assert run("third") == 0
     assert run("fourth") == 0
-    engine.update_config(engine.config.with_overrides({"enable_prefix_caching": True}))
+    sched.update_config(engine.config.with_overrides({"enable_prefix_caching": True}))
     assert sched.kv.enable_prefix_caching is True
     assert run("fifth") == 0
     assert run("sixth") == 3 * BS
@@ -72,7 +72,7 @@ def test_switching_off_while_requests_run_takes_effect_at_the_next_iteration() -
     sched = engine.scheduler
     engine.add_request(make_request("long", 3 * BS + 1, max_tokens=50))
     engine.step()
-    engine.update_config(engine.config.with_overrides({"enable_prefix_caching": False}))
+    sched.update_config(engine.config.with_overrides({"enable_prefix_caching": False}))
     assert sched.kv.enable_prefix_caching is True  # staged, like every live knob
     engine.step()
     assert sched.kv.enable_prefix_caching is False

@@ -12,7 +12,9 @@ import yaml
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.operator.crd import crd_manifest, openapi_schema
+from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.spec import Backend, Profile, SpecError, parse_duration, parse_spec
+from slopilot.tuner.study.space import SearchSpace
 from tests.support.crd_schema import apply_defaults, schema_errors
 
 SAMPLES = Path(__file__).parents[2] / "manifests" / "samples"
@@ -108,6 +110,21 @@ def test_parse_spec_resolves_profile_presets_and_explicit_knobs() -> None:
     assert spec.slo.p1.tbt_p99_ms == 50
     assert spec.model_ref == "m"
     assert spec.tuning.window_s == 120.0
+
+
+def test_parse_spec_runs_the_committed_tuned_config_while_it_belongs_to_the_spec() -> None:
+    body: dict[str, Any] = {"spec": {"model": {"name": "m"}, "engine": {"tokenBudget": 768}}}
+    body["status"] = {"tunedConfig": {"engine": {"token_budget": 2048, "chunk_size": 256},
+                                      "base": engine_checksum(body)}}
+    spec = parse_spec(body)
+    assert (spec.engine.token_budget, spec.engine.chunk_size) == (2048, 256)
+    assert spec.explicit_knobs == {"token_budget"}  # what the user wrote, not the tuning
+    assert spec.tuning.space == SearchSpace.from_bounds(None, base=spec.engine)  # tune's
+    body["spec"]["engine"]["tokenBudget"] = 1280  # edited since: the tuning is stale
+    assert parse_spec(body).engine.token_budget == 1280
+    body["status"]["tunedConfig"]["base"] = engine_checksum(body)
+    body["status"]["tunedConfig"]["engine"]["token_budget"] = 99  # unfit: the spec's knobs
+    assert parse_spec(body).engine.token_budget == 1280
 
 
 @pytest.mark.parametrize(("spec", "needle"), [

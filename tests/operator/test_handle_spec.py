@@ -28,13 +28,13 @@ class _OneObject:
 
 def test_one_version_of_the_object_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     parsed: list[str] = []
-    real = kube_handle.effective_spec
+    real = kube_handle.parse_spec
 
     def counting(body: Any) -> Any:
         parsed.append(body["metadata"].get("resourceVersion", "-"))
         return real(body)
 
-    monkeypatch.setattr(kube_handle, "effective_spec", counting)
+    monkeypatch.setattr(kube_handle, "parse_spec", counting)
     body = llmd(engine={"tokenBudget": 768})
     body["metadata"]["resourceVersion"] = "7"
     kube = _OneObject(body)

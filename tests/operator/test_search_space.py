@@ -9,8 +9,8 @@ from typing import Any
 import optuna
 import pytest
 
-from slopilot.operator.daemon import search_space
-from slopilot.operator.render import VLLM_APPLIES, vllm_args
+from slopilot.operator.knobs import VLLM_APPLIES
+from slopilot.operator.render import vllm_args
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, TUNABLE, IntRange
 from slopilot.tuner.study.space import SearchSpace
@@ -26,7 +26,7 @@ def _spec(**spec: Any) -> Any:
 def test_an_empty_cr_searches_exactly_what_slopilot_tune_searches() -> None:
     spec = _spec()
     assert spec.tuning.bounds == {}  # nothing written, nothing filled in
-    space = search_space(spec)
+    space = spec.tuning.space
     assert space == SearchSpace.from_bounds(None, base=spec.engine)  # `tune`'s call
     assert space.bounds == DEFAULT_BOUNDS
     assert space.bounds["token_budget"] == IntRange(128, 8192)
@@ -38,7 +38,7 @@ def test_the_cr_bounds_hold_only_the_ends_the_user_wrote() -> None:
                                     "maxNumSeqs": {"min": 16, "max": 4096}}})
     assert spec.tuning.bounds == {"token_budget": {"lo": 512},
                                   "max_num_seqs": {"lo": 16, "hi": 4096}}
-    space = search_space(spec)
+    space = spec.tuning.space
     assert space.bounds["token_budget"] == IntRange(512, 8192)  # `tune`'s upper end
     assert space.bounds["max_num_seqs"] == IntRange(16, 4096, log=True)  # wider is allowed
     assert space.bounds["chunk_size"] == DEFAULT_BOUNDS["chunk_size"]
@@ -64,12 +64,12 @@ def test_a_half_written_bound_that_cannot_hold_names_the_missing_end(
 def test_a_knob_outside_the_default_range_is_a_start_not_an_error() -> None:
     spec = _spec(engine={"tokenBudget": 16384, "chunkSize": 512})
     assert spec.engine.token_budget == 16384
-    assert search_space(spec).bounds["token_budget"] == IntRange(128, 8192)
+    assert spec.tuning.space.bounds["token_budget"] == IntRange(128, 8192)
 
 
 def test_a_vllm_cr_searches_only_the_knobs_vllm_applies() -> None:
     spec = _spec(backend="vllm")
-    space = search_space(spec)
+    space = spec.tuning.space
     assert set(space.bounds) == {"token_budget", "chunk_size", "max_num_seqs"}
     assert set(space.bounds) <= VLLM_APPLIES
     for config in sample_configs(space, 50):

@@ -244,7 +244,7 @@ class AsyncEngine:
 
             def stage() -> None:
                 try:
-                    self.engine.update_config(new)
+                    self.engine.scheduler.update_config(new)
                 except Exception as exc:
                     self._post(_resolve, fut, None, exc)
                     return

@@ -128,11 +128,11 @@ class SimCluster:
         active = self.active
         if canary and len(active) > 1:
             self.canary_config = new
-            active[0].engine.update_config(new)
+            active[0].engine.scheduler.update_config(new)
             return
         self.config, self.canary_config = new, None
         for rep in self.reps:
-            rep.engine.update_config(new)
+            rep.engine.scheduler.update_config(new)
 
     # ------------------------------------------------------------------ time
     def advance(self, t: float) -> None:
