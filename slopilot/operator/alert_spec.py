@@ -7,17 +7,20 @@ problem named by its CRD field. ``crd.py`` builds the schema from the same map.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from slopilot.tuner.prometheus.rules import RuleError, RuleOptions
 
-# spec.alerts field -> RuleOptions field. holdFor is a duration, the two counts integers.
+# spec.alerts field -> RuleOptions field. The holds are durations, the two counts integers.
 ALERT_FIELDS = {"tbtScaleFactor": "tbt_factor", "tbtPeriods": "tbt_periods",
                 "ttftWarningFactor": "ttft_warning_factor",
                 "ttftRetuneFactor": "ttft_retune_factor", "holdFor": "alert_for_s",
+                "sustainedBreachWindow": "breach_window_s",
                 "utilizationMin": "busy_ratio_min", "waitingMin": "waiting_min"}
 INTEGER_FIELDS = frozenset({"tbtPeriods", "waitingMin"})
+DURATION_FIELDS = frozenset({"holdFor", "sustainedBreachWindow"})
 
 
 def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
@@ -33,8 +36,8 @@ def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
     try:
         return RuleOptions(**given), []
     except RuleError as exc:
+        # Name every field as the CR author wrote it (a message may name two).
         message = str(exc)
         for camel, name in ALERT_FIELDS.items():
-            if message.startswith(f"{name}="):
-                message = f"spec.alerts.{camel}" + message[len(name):]
+            message = re.sub(rf"\b{name}=", f"spec.alerts.{camel}=", message)
         return defaults, [message]

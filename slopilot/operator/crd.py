@@ -156,6 +156,13 @@ def _alerts_schema() -> dict[str, Any]:
                         "on purpose: a P99 over a 60 s window moves with one burst, and a "
                         "retune costs live trials, so one noisy evaluation must not start "
                         "one.", pattern=DURATION_PATTERN, default=duration(d.alert_for_s)),
+        "sustainedBreachWindow": _str(
+            "SlopilotTTFTP99Sustained and SlopilotTBTP99Sustained (action retune): a TTFT "
+            "P99 over ttftWarningFactor x its SLO, or a TBT P99 over its SLO, measured over "
+            "this window (not the 60 s of the others) retunes after holdFor, so a lasting "
+            "breach under the thresholds that act at once is not left alone, even when "
+            "single 60 s windows flap under the SLO now and then.",
+            pattern=DURATION_PATTERN, default=duration(d.breach_window_s)),
         "utilizationMin": _number("SlopilotBatchingUnderused: GPU utilization (DCGM's "
                                   "exporter where it reports the pods, else the built-in "
                                   "engine's busy ratio) under this ratio (seeds: 0.6) ...",

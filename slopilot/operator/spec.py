@@ -17,7 +17,12 @@ from typing import Any
 
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.slo import SLOError, SLOSpec
-from slopilot.operator.alert_spec import ALERT_FIELDS, INTEGER_FIELDS, alert_options
+from slopilot.operator.alert_spec import (
+    ALERT_FIELDS,
+    DURATION_FIELDS,
+    INTEGER_FIELDS,
+    alert_options,
+)
 from slopilot.operator.knobs import (
     BOUNDED_KNOBS,
     VLLM_APPLIES,
@@ -209,7 +214,7 @@ def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
     values: dict[str, Any] = {}
     for camel in ALERT_FIELDS:
         where = f"spec.alerts.{camel}"
-        if camel != "holdFor":
+        if camel not in DURATION_FIELDS:
             value = r.get(spec, where, int if camel in INTEGER_FIELDS else (int, float))
             if value is not None:
                 values[camel] = value

@@ -76,15 +76,22 @@ def test_the_prefix_hit_threshold_has_a_crd_field_and_reaches_the_rules() -> Non
 def test_alert_thresholds_are_configurable_per_deployment() -> None:
     b = admitted(body(alerts={"tbtScaleFactor": 3, "tbtPeriods": 2, "ttftWarningFactor": 1.5,
                               "ttftRetuneFactor": 3, "holdFor": "90s", "utilizationMin": 0.5,
-                              "waitingMin": 50}))
+                              "waitingMin": 50, "sustainedBreachWindow": "10m"}))
     assert parse_spec(b).alerts == RuleOptions(
         tbt_factor=3, tbt_periods=2, ttft_warning_factor=1.5, ttft_retune_factor=3,
-        alert_for_s=90, busy_ratio_min=0.5, waiting_min=50)
+        alert_for_s=90, busy_ratio_min=0.5, waiting_min=50, breach_window_s=600)
     alerts = alerts_of(rule_of(b))
     tbt = alerts[("SlopilotTBTP99High", "p1", "critical")]
     assert tbt["expr"].endswith("> 0.3") and tbt["for"] == "30s"  # 2 periods of 30 s
     assert alerts[("SlopilotTTFTP99High", "p1", "warning")]["expr"].endswith("> 0.75")
     assert alerts[("SlopilotTTFTP99High", "p1", "critical")]["expr"].endswith("> 1.5")
+    sustained = alerts[("SlopilotTTFTP99Sustained", "p1", "warning")]
+    assert sustained["expr"].startswith("slopilot:ttft_seconds:p99_long{")
+    assert sustained["expr"].endswith("> 0.75") and sustained["for"] == "10m"
+    assert sustained["labels"]["action"] == "retune"
+    long = {r["record"]: r["expr"] for g in rule_of(b)["groups"] for r in g["rules"]
+            if "record" in r}["slopilot:tbt_seconds:p99_long"]
+    assert "[10m]" in long
     batching = alerts[("SlopilotBatchingUnderused", "all", "warning")]
     assert "< 0.5" in batching["expr"] and batching["expr"].endswith("> 50")
     assert batching["for"] == "90s"
@@ -96,7 +103,8 @@ def test_the_defaults_are_the_seeds_and_say_where_they_differ() -> None:
     fields = schema_at("spec.alerts")["properties"]
     assert {k: fields[k]["default"] for k in fields} == {
         "tbtScaleFactor": 2, "tbtPeriods": 3, "ttftWarningFactor": 1, "ttftRetuneFactor": 2,
-        "holdFor": "2m", "utilizationMin": 0.6, "waitingMin": 100}
+        "holdFor": "2m", "utilizationMin": 0.6, "waitingMin": 100,
+        "sustainedBreachWindow": "5m"}
     assert "on purpose" in fields["holdFor"]["description"]
 
 
@@ -105,6 +113,8 @@ def test_the_defaults_are_the_seeds_and_say_where_they_differ() -> None:
     ({"utilizationMin": 1.5}, "alerts.utilizationMin: 1.5 is greater than the maximum of 1"),
     ({"ttftRetuneFactor": 0.5}, "alerts.ttftRetuneFactor: 0.5 is less than the minimum of 1"),
     ({"holdFor": "soon"}, "alerts.holdFor: 'soon' does not match"),
+    ({"sustainedBreachWindow": "later"},
+     "alerts.sustainedBreachWindow: 'later' does not match"),
     ({"waitingMin": -1}, "alerts.waitingMin: -1 is less than the minimum of 0"),
 ])
 def test_the_schema_refuses_bad_thresholds_by_name(alerts: dict[str, Any], needle: str) -> None:
@@ -117,6 +127,8 @@ def test_the_schema_refuses_bad_thresholds_by_name(alerts: dict[str, Any], needl
     ({"alerts": {"ttftWarningFactor": 3, "ttftRetuneFactor": 2}},
      "spec.alerts.ttftWarningFactor=3 exceeds spec.alerts.ttftRetuneFactor=2"),
     ({"alerts": {"holdFor": "1.5s"}}, "spec.alerts.holdFor='1.5s': use whole seconds"),
+    ({"alerts": {"sustainedBreachWindow": "30s"}},
+     "spec.alerts.sustainedBreachWindow=30: expected whole seconds >= rate_window_s=60"),
     ({"slo": {"prefixHitMin": 0.9}, "engine": {"enablePrefixCaching": False}},
      "spec.slo.prefixHitMin=0.9 expects prefix hits, but spec.engine.enablePrefixCaching"),
     ({"slo": {"prefixHitMin": 0}}, "spec.slo.prefixHitMin=0: expected a ratio in (0, 1]"),

@@ -23,7 +23,9 @@ from tests.support.prometheus import wait_until
 
 NAME = "live"
 SELECTOR = {DEPLOYMENT_LABEL: NAME}
-RULES = RuleOptions(interval_s=1, rate_window_s=6, alert_for_s=1, tbt_periods=2)
+# Seconds where production has minutes: the sustained-breach window too (5 rate windows).
+RULES = RuleOptions(interval_s=1, rate_window_s=6, alert_for_s=1, tbt_periods=2,
+                    breach_window_s=30)
 START = {"token_budget": 2048, "chunk_size": 2048}
 LIGHT = Phase(rate=2.0, prompt_mean=512, output_mean=64)
 HEAVY = Phase(rate=2.0, prompt_mean=2048, output_mean=64,

@@ -47,6 +47,13 @@ FIGURES: dict[str, tuple[Figure, dict[str, str], tuple[str, ...], float]] = {
     "waiting": (Figure.REQUESTS_WAITING, {}, ("requests_waiting",), 1.0),
     "prefix": (Figure.PREFIX_HIT_RATIO, {}, ("prefix_cache_hit_ratio",), 1.0),
 }
+# The sustained-breach rows' P99s over the long window: in the long window's summary.
+LONG_FIGURES: dict[str, tuple[Figure, dict[str, str], tuple[str, ...], float]] = {
+    **{f"ttft_long_{p.label}": (Figure.TTFT_P99_LONG, {"priority_class": p.label},
+                                ("classes", p.label, "ttft_p99_ms"), 1000.0) for p in Priority},
+    **{f"tbt_long_{p.label}": (Figure.TBT_P99_LONG, {"priority_class": p.label},
+                               ("classes", p.label, "tbt_p99_ms"), 1000.0) for p in Priority},
+}
 Timeline = dict[str, list[float | None]]
 Verdicts = list[set[tuple[str, ...]]]  # per evaluation: (alert, severity, action, class)
 
@@ -62,11 +69,12 @@ def boundary_timeline() -> Timeline:
     """Hand-written: every threshold just above, exactly at, just below; runs of each length.
 
     Standard profile: P1 TBT scales above 2 x 100 ms = 0.2 s for 3 evaluations; P1 TTFT
-    warns above 0.5 s and retunes above 1 s; preemptions above 10/min; utilization under
+    warns above 0.5 s and retunes above 1 s, and retunes above 0.5 s over the long window,
+    as P0 TBT above 20 ms does; preemptions above 10/min; utilization under
     0.6 while more than 100 wait; prefix hits under 0.95. 30 evaluations.
     """
     n = 30
-    quiet: Timeline = {key: [None] * n for key in FIGURES}
+    quiet: Timeline = {key: [None] * n for key in {**FIGURES, **LONG_FIGURES}}
     quiet.update({"ttft_p0": [0.05] * n, "tbt_p0": [0.01] * n, "ttft_p2": [9.0] * n,
                   "tbt_p2": [9.0] * n})
     quiet["tbt_p1"] = _run([(0.1, 1), (0.2, 1), (0.2001, 2), (0.1, 1),  # 2 over: no fire
@@ -79,6 +87,12 @@ def boundary_timeline() -> Timeline:
     quiet["utilization"] = _run([(0.6, 6), (0.59, 12), (0.2, 6), (0.61, 6)])
     quiet["waiting"] = _run([(101.0, 6), (100.0, 6), (101.0, 12), (500.0, 6)])
     quiet["prefix"] = _run([(0.95, 6), (0.949, 7), (1.0, 2), (0.5, 6), (None, 2), (0.9, 7)])
+    # Over the long window: P1 TTFT over its 0.5 s SLO, P0 TBT over its 20 ms, runs of
+    # each length.
+    quiet["ttft_long_p1"] = _run([(0.5, 5), (0.5001, 4), (0.4, 1), (0.6, 6), (None, 2),
+                                  (0.7, 8), (0.1, 4)])
+    quiet["tbt_long_p0"] = _run([(0.02, 3), (0.0201, 5), (math.nan, 1), (0.03, 7),
+                                 (0.01, 14)])
     return quiet
 
 
@@ -87,7 +101,9 @@ def random_timeline(seed: int, n: int = 60) -> Timeline:
     rng = random.Random(seed)
     around = {"ttft_p0": 0.1, "tbt_p0": 0.04, "ttft_p1": 1.0, "tbt_p1": 0.2,
               "ttft_p2": 1.0, "tbt_p2": 0.2, "preemptions": 10.0, "utilization": 0.6,
-              "waiting": 100.0, "prefix": 0.95}
+              "waiting": 100.0, "prefix": 0.95, "ttft_long_p0": 0.1, "tbt_long_p0": 0.02,
+              "ttft_long_p1": 0.5, "tbt_long_p1": 0.1, "ttft_long_p2": 1.0,
+              "tbt_long_p2": 0.2}
     out: Timeline = {}
     for key, mid in around.items():
         level, series = rng.choice((0.9, 1.1)), []
@@ -99,6 +115,14 @@ def random_timeline(seed: int, n: int = 60) -> Timeline:
         series[0] = mid
         out[key] = series
     return out
+
+
+def long_summary_at(timeline: Timeline, k: int) -> WindowSummary:
+    summary: dict[str, Any] = {"classes": {p.label: {} for p in Priority}}
+    for key, (_, _, (_, label, field), scale) in LONG_FIGURES.items():
+        value = timeline[key][k]
+        summary["classes"][label][field] = None if value is None else value * scale
+    return partial_summary(summary)
 
 
 def summary_at(timeline: Timeline, k: int) -> WindowSummary:
@@ -121,7 +145,8 @@ def python_verdicts(timeline: Timeline, options: RuleOptions) -> Verdicts:
     alerts = SummaryAlerts(SLO, options)
     n = len(next(iter(timeline.values())))
     return [{(a.name, a.severity, a.action.value, a.priority_class)
-             for a in alerts.evaluate(summary_at(timeline, k), k * options.interval_s)}
+             for a in alerts.evaluate(summary_at(timeline, k), k * options.interval_s,
+                                      long_summary_at(timeline, k))}
             for k in range(n)]
 
 
@@ -141,7 +166,7 @@ def promtool_files(timeline: Timeline, options: RuleOptions, verdicts: Verdicts,
         {"groups": [{**group, "rules": alerts}]}, sort_keys=False))
     names = sorted({r["alert"] for r in alerts})
     series = []
-    for key, (figure, labels, _, _) in FIGURES.items():
+    for key, (figure, labels, _, _) in {**FIGURES, **LONG_FIGURES}.items():
         selector = ",".join(f'{k}="{v}"' for k, v in {**IDENTITY, **labels}.items())
         series.append({"series": f"{figure.value}{{{selector}}}",
                        "values": " ".join(_text(v) for v in timeline[key])})
@@ -188,7 +213,14 @@ EXPECTED_FIRST = {
                  ("SlopilotTTFTP99High", "critical"): [16, 17],
                  ("SlopilotPreemptionStorm", "warning"): [10, 11],
                  ("SlopilotBatchingUnderused", "warning"): list(range(16, 24)),
-                 ("SlopilotPrefixCacheHitLow", "info"): [10, 11, 12, 19, 20, 27, 28, 29]},
+                 ("SlopilotPrefixCacheHitLow", "info"): [10, 11, 12, 19, 20, 27, 28, 29],
+                 # 5 min to hold: no run on the long window is that long here.
+                 ("SlopilotTTFTP99Sustained", "warning"): [],
+                 ("SlopilotTBTP99Sustained", "warning"): []},
+    # A 2 min breach window: held 2 min, the 5th evaluation.
+    "breach2m": {("SlopilotTTFTP99Sustained", "warning"): [14, 15, 22, 23, 24, 25],
+                 ("SlopilotTBTP99Sustained", "warning"): [7, 13, 14, 15],
+                 ("SlopilotTTFTP99High", "warning"): [*range(4, 18), 26]},
     "interval10-for45-tbt1": {
         ("SlopilotTBTP99High", "critical"): [2, 3, *range(5, 10), 11, 12, 14, 15, 16,
                                              *range(18, 22)],
@@ -196,9 +228,11 @@ EXPECTED_FIRST = {
         ("SlopilotTTFTP99High", "critical"): [17],
         ("SlopilotPreemptionStorm", "warning"): [11],
         ("SlopilotBatchingUnderused", "warning"): list(range(17, 24)),
-        ("SlopilotPrefixCacheHitLow", "info"): [11, 12, 20, 28, 29]},
+        ("SlopilotPrefixCacheHitLow", "info"): [11, 12, 20, 28, 29],
+        ("SlopilotTTFTP99Sustained", "warning"): [],
+        ("SlopilotTBTP99Sustained", "warning"): []},
 }
-OPTIONS = {"defaults": RuleOptions(),
+OPTIONS = {"defaults": RuleOptions(), "breach2m": RuleOptions(breach_window_s=120),
            "interval10-for45-tbt1": RuleOptions(interval_s=10, rate_window_s=60,
                                                 alert_for_s=45, tbt_periods=1)}
 

@@ -16,7 +16,7 @@ from slopilot.tuner.prometheus.alerts import (
     SummaryAlerts,
     parse_alerts,
 )
-from slopilot.tuner.prometheus.rules import RuleOptions
+from slopilot.tuner.prometheus.rules import RuleError, RuleOptions
 from tests.support.prometheus import free_port
 from tests.support.summaries import partial_summary
 
@@ -132,14 +132,54 @@ def test_ttft_over_its_slo_informs_and_retunes_only_above_twice() -> None:
         ("warning", AlertAction.INFORM), ("critical", AlertAction.RETUNE)}
 
 
+def _flapping(run: int, over: float, under: float) -> list[float]:
+    """A 60 s window's P99 over the SLO, but under it at every ``run``-th evaluation."""
+    return [under if k % run == run - 1 else over for k in range(20)]
+
+
+def test_a_ttft_breach_that_lasts_retunes_even_when_its_60s_windows_flap() -> None:
+    # P1 TTFT P99 0.8 s against its 500 ms SLO, under the 1 s that retunes at once, and
+    # one 60 s window in four under the SLO: the warning's 2 min hold never completes,
+    # so before, nothing acted, ever (closed_loop.py, plant `same`). Over the 5 min
+    # window the P99 is 0.8 s throughout: held 5 min (the 11th evaluation), it retunes.
+    alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
+    fired = [{(a.name, a.action) for a in alerts.evaluate(
+        _summary(p1_ttft_ms=short), 30.0 * k, long=_summary(p1_ttft_ms=800))}
+        for k, short in enumerate(_flapping(4, 800, 400))]
+    assert not any(("SlopilotTTFTP99High", AlertAction.INFORM) in f for f in fired)
+    assert fired[9] == set()
+    assert fired[10] == {("SlopilotTTFTP99Sustained", AlertAction.RETUNE)}
+
+
+def test_a_tbt_breach_under_the_scale_threshold_that_lasts_retunes() -> None:
+    # P1 TBT P99 150 ms against its 100 ms SLO: under the 2 x that scales, so nothing
+    # acted on it before, for good (closed_loop.py, plant `same`, seeds 1 and 2: P0 TBT
+    # 60-100 ms against 60 ms for 15 minutes, now and then a 60 s window under it).
+    alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
+    fired = [{(a.name, a.action) for a in alerts.evaluate(
+        _summary(p1_tbt_ms=short), 30.0 * k, long=_summary(p1_tbt_ms=150))}
+        for k, short in enumerate(_flapping(3, 150, 60))]
+    assert fired[9] == set() and fired[10] == {("SlopilotTBTP99Sustained", AlertAction.RETUNE)}
+    # Without the long window's figure (too young a series, a dead scrape) it never fires.
+    quiet = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
+    assert all(quiet.evaluate(_summary(p1_tbt_ms=150), 30.0 * k) == [] for k in range(10))
+
+
+def test_the_breach_window_is_at_least_the_rate_window() -> None:
+    with pytest.raises(RuleError, match="breach_window_s=30: expected whole seconds >= "
+                                        "rate_window_s=60"):
+        RuleOptions(breach_window_s=30)
+
+
 def test_firing_evaluates_once_per_interval_and_catches_up_missed_evaluations() -> None:
     # As a rule group: evaluations at 0, 30, 60, ... whatever the caller's cadence; a
     # call between evaluations repeats the last verdict, a late call runs the missed ones.
     alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
     asked: list[float] = []
 
-    def slow_p1(t: float) -> dict[str, Any]:
-        asked.append(t)
+    def slow_p1(t: float, window_s: float) -> WindowSummary:
+        if window_s == 60:
+            asked.append(t)
         return _summary(p1_tbt_ms=250)
 
     assert alerts.firing(0.0, slow_p1) == [] and asked == [0.0]
@@ -147,23 +187,26 @@ def test_firing_evaluates_once_per_interval_and_catches_up_missed_evaluations() 
     fired = alerts.firing(75.0, slow_p1)  # missed 30 and 60: both run, 60 is the 3rd
     assert asked == [0.0, 30.0, 60.0]
     assert [(a.name, a.since) for a in fired] == [("SlopilotTBTP99High", 0.0)]
-    assert alerts.firing(89.0, lambda t: None) == fired, "no evaluation due: same verdict"
-    assert alerts.firing(90.0, lambda t: None) == [], "no data at 90 s: resolved"
+    assert alerts.firing(89.0, lambda t, w: None) == fired, "no evaluation due: same verdict"
+    assert alerts.firing(90.0, lambda t, w: None) == [], "no data at 90 s: resolved"
 
 
 def test_a_gap_longer_than_any_hold_rebuilds_the_state_from_what_it_can_see() -> None:
     alerts = SummaryAlerts(SLOSpec.from_profile("standard"), RuleOptions())
-    alerts.firing(0.0, lambda t: _summary(p1_tbt_ms=250))
+    alerts.firing(0.0, lambda t, w: _summary(p1_tbt_ms=250))
     asked: list[float] = []
 
-    def seen(t: float) -> dict[str, Any]:
-        asked.append(t)
+    def seen(t: float, window_s: float) -> WindowSummary:
+        if window_s == 60:
+            asked.append(t)
         return _summary(p1_tbt_ms=250)
 
     fired = alerts.firing(3600.0, seen)
-    # for 2m at 30 s needs 5 evaluations to know any alert's state: only those run.
-    assert asked == [3480.0, 3510.0, 3540.0, 3570.0, 3600.0]
-    assert [(a.name, a.since) for a in fired] == [("SlopilotTBTP99High", 3480.0)]
+    # The longest hold, the sustained breach's 5m at 30 s, needs 11 evaluations to know
+    # any alert's state: only those run.
+    assert asked == [3300.0 + 30 * i for i in range(11)]
+    assert [(a.name, a.since) for a in fired] == [("SlopilotTBTP99High", 3300.0),
+                                                  ("SlopilotTBTP99Sustained", 3300.0)]
 
 
 def test_utilization_is_the_gpus_where_reported_else_the_busy_ratio() -> None:

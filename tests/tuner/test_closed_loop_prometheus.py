@@ -59,7 +59,8 @@ def controller(loop: LiveLoop, slo: SLOSpec, storage: str | None = None, *,
     space = SearchSpace.from_bounds(base=DEMO.engine_config().with_overrides(START))
     settings = ControllerSettings(deployment=NAME, slo=slo, min_replicas=1, max_replicas=1,
                                   window_s=window_s, max_trials=max_trials, cooldown_s=30,
-                                  revert_check_s=window_s / 2, canary=False)
+                                  revert_check_s=window_s / 2, canary=False,
+                                  breach_window_s=RULES.breach_window_s)
     url = loop.prometheus.url
     return Controller(
         settings, loop.deployment, AlertSource(url, NAME),
@@ -115,7 +116,8 @@ def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
         live = loop.deployment.current_config()
         assert {k: live[k] for k in committed} == committed
         assert committed["chunk_size"] < START["chunk_size"]
-        tick_until(ctl, lambda d: not ctl.alerts.firing(), timeout_s=30,
+        # The sustained-breach alerts read 30 s: they resolve once that has passed.
+        tick_until(ctl, lambda d: not ctl.alerts.firing(), timeout_s=30 + 30,
                    what="the alerts to resolve", log=log)
 
 

@@ -111,6 +111,31 @@ def test_cooldown_ignores_alerts_then_returns_to_steady() -> None:
     assert d.state is ControllerState.STEADY and d.reason == "cooldown over"
 
 
+def test_a_sustained_breach_counts_only_once_its_window_follows_the_last_action() -> None:
+    # Committed at 10 s, cooldown 30 s, breach window 60 s: until 70 s the long window
+    # still holds the config before the commit, so its alert does not start a round;
+    # a short-window alert does at once, and the sustained one from 70 s on.
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              settings={"breach_window_s": 60.0})
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert ctl.tick(10.0).action is Action.COMMIT
+    rig.alerts.alerts = [alert(AlertAction.RETUNE, "SlopilotTBTP99Sustained")]
+    assert ctl.tick(41.0).reason == "cooldown over"
+    for t in (45.0, 55.0, 69.0):
+        d = ctl.tick(t)
+        assert (d.state, d.action) == (ControllerState.STEADY, Action.NONE), (t, d.line())
+    assert ctl.tick(70.0).action is Action.TRIAL
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              settings={"breach_window_s": 60.0})
+    ctl = rig.build()
+    ctl.tick(0.0)
+    ctl.tick(10.0)
+    rig.alerts.alerts = [alert(AlertAction.RETUNE, "SlopilotTTFTP99High")]
+    ctl.tick(41.0)
+    assert ctl.tick(45.0).action is Action.TRIAL
+
+
 def test_trials_run_on_the_canary_when_there_are_several_replicas() -> None:
     rig = Rig(dep=FakeDeployment(n=3), alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
               offline=None, study=FakeStudy(queue=[dict(BAD), dict(GOOD)]),

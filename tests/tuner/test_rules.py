@@ -13,6 +13,7 @@ import yaml
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.prometheus.alert_table import Figure
 from slopilot.tuner.prometheus.rules import (
     RuleError,
     RuleOptions,
@@ -51,8 +52,10 @@ def test_every_alert_carries_the_labels_the_controller_reads() -> None:
     spec = SLOSpec.from_dict({"profile": "strict", "prefix_hit_min": 0.9})
     alerts = _alerts(render_rule_groups(spec, "chat", namespace="team-a"))
     names = {a["alert"] for a in alerts}
-    assert names == {"SlopilotTBTP99High", "SlopilotTTFTP99High", "SlopilotPreemptionStorm",
-                     "SlopilotBatchingUnderused", "SlopilotPrefixCacheHitLow"}
+    assert names == {"SlopilotTBTP99High", "SlopilotTBTP99Sustained", "SlopilotTTFTP99High",
+                     "SlopilotTTFTP99Sustained",
+                     "SlopilotPreemptionStorm", "SlopilotBatchingUnderused",
+                     "SlopilotPrefixCacheHitLow"}
     for a in alerts:
         assert set(a["labels"]) == {"severity", "action", "priority_class",
                                     "slopilot_namespace", "slopilot_deployment"}
@@ -64,6 +67,8 @@ def test_every_alert_carries_the_labels_the_controller_reads() -> None:
     assert actions == {("SlopilotTBTP99High", "critical"): "scale",
                        ("SlopilotTTFTP99High", "warning"): "inform",
                        ("SlopilotTTFTP99High", "critical"): "retune",
+                       ("SlopilotTTFTP99Sustained", "warning"): "retune",
+                       ("SlopilotTBTP99Sustained", "warning"): "retune",
                        ("SlopilotPreemptionStorm", "warning"): "retune",
                        ("SlopilotBatchingUnderused", "warning"): "retune",
                        ("SlopilotPrefixCacheHitLow", "info"): "inform"}
@@ -110,7 +115,12 @@ def test_timing_options_reach_for_and_windows() -> None:
     # 3 evaluations over the threshold span 2 intervals: for 20s fires at the 3rd.
     assert fors[("SlopilotTBTP99High", "critical")] == "20s"
     assert fors[("SlopilotTTFTP99High", "warning")] == "45s"
-    assert all("[2m]" in r["expr"] for r in group["rules"] if "rate(" in r["expr"])
+    long = {Figure.TTFT_P99_LONG.value, Figure.TBT_P99_LONG.value}
+    assert all("[2m]" in r["expr"] for r in group["rules"] if "rate(" in r["expr"]
+               and r.get("record") not in long)
+    # The sustained-breach rows' P99s: the same buckets over breach_window_s (5m).
+    assert all("[5m]" in r["expr"] for r in group["rules"] if r.get("record") in long)
+    assert fors[("SlopilotTBTP99Sustained", "warning")] == "5m"  # held as long as read
     one = RuleOptions(tbt_periods=1)
     assert one.tbt_for_s == 0 and RuleOptions().tbt_for_s == 60
 
@@ -222,7 +232,10 @@ def test_tbt_alert_fires_and_resolves_in_real_prometheus(
         metrics_endpoint: tuple[EngineMetrics, str], tmp_path: Path) -> None:
     metrics, address = metrics_endpoint
     rules = tmp_path / "rules.yaml"
-    opts = RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1, tbt_periods=1)
+    # The sustained-breach window as short as the rest: the slow gaps driven first would
+    # otherwise keep its 5-minute P99 over the SLO (as they should) after the fast ones.
+    opts = RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1, tbt_periods=1,
+                       breach_window_s=5)
     rules.write_text(render_rules_yaml(SLOSpec.from_profile("standard"), "itest", options=opts))
     prom = prometheus_factory(
         targets=[ScrapeTarget("engine", [address], {"slopilot_deployment": "itest"})],

@@ -53,7 +53,9 @@ from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import open_study
 
 NAME = "demo"
-RULES = RuleOptions(interval_s=1, rate_window_s=8, alert_for_s=3, tbt_periods=3)
+# Seconds where production has minutes (the sustained-breach window: 5 rate windows).
+RULES = RuleOptions(interval_s=1, rate_window_s=8, alert_for_s=3, tbt_periods=3,
+                    breach_window_s=40)
 
 
 EXECUTORS = ("simulated", "torch")
@@ -288,7 +290,7 @@ def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
         deployment=NAME, slo=scenario.slo, min_replicas=opts.replicas,
         max_replicas=opts.max_replicas, window_s=opts.window_s, max_trials=4,
         cooldown_s=max(15.0, 2 * opts.window_s), revert_check_s=opts.window_s / 2,
-        scale_down_after_s=3600.0, warm_start_k=2)
+        scale_down_after_s=3600.0, warm_start_k=2, breach_window_s=RULES.breach_window_s)
     return Controller(settings, dep, alerts, sources.windows, tuner, sources.probe,
                       WorkerPlanner(worker, duration_s=30.0, seed=opts.seed),
                       offline=WorkerOffline(worker, SimOffline(

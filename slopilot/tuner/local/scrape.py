@@ -87,6 +87,8 @@ class DirectScrape:
                  history_s: float = 600.0) -> None:
         self.endpoints, self.slo, self.opt = endpoints, slo, options
         self.interval_s, self.min_requests = interval_s, min_requests
+        # Long enough for the sustained-breach rows' window too.
+        history_s = max(history_s, options.breach_window_s + 2 * interval_s)
         self._snaps: deque[tuple[float, dict[str, Series]]] = deque(
             maxlen=max(2, int(history_s / interval_s)))
         self._alerts = SummaryAlerts(slo, options)
@@ -219,9 +221,9 @@ class DirectScrape:
             duration_s=span, window=Window(start, end, canary), **self._gauges(end, canary),
             prefix_cache_hit_ratio=hits / queries if queries > 0 else None)
 
-    def _summary_at(self, t: float) -> WindowSummary | None:
+    def _summary_at(self, t: float, window_s: float) -> WindowSummary | None:
         try:
-            return self.measure(t - self.opt.rate_window_s, t, canary=False)
+            return self.measure(t - window_s, t, canary=False)
         except WindowRejected:
             return None
 

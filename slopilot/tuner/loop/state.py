@@ -77,6 +77,10 @@ class ControllerSettings:
     max_trials_per_hour: int = 30
     cooldown_s: float = 300.0
     """No new tuning or scaling for this long after a commit or a scale."""
+    breach_window_s: float = 300.0
+    """The window of the sustained-breach alerts (``RuleOptions.breach_window_s``): they
+    count only once this long has passed since the last commit or scale, so a breach
+    measured partly under the config before it does not start another round."""
     revert_margin: float = 1.0
     """A trial whose P0 P99 (TTFT or TBT) exceeds its SLO by more than this fraction
     (1.0: twice the SLO) is cut short and reverted at once."""
@@ -105,7 +109,8 @@ class ControllerSettings:
             raise ControllerError(
                 f"replicas min={self.min_replicas} max={self.max_replicas}: need "
                 "1 <= min <= max")
-        for name in ("window_s", "cooldown_s", "scale_down_after_s", "revert_margin"):
+        for name in ("window_s", "cooldown_s", "scale_down_after_s", "revert_margin",
+                     "breach_window_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ControllerError(f"{name}={value!r}: expected a positive number")

@@ -16,6 +16,7 @@ from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.episode import start_episode
 from slopilot.tuner.loop.state import Action, ControllerState, Decision
 from slopilot.tuner.loop.transitions import Event, Go
+from slopilot.tuner.prometheus.alert_table import LONG_WINDOW_ALERTS
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 
 log = logging.getLogger(__name__)
@@ -24,8 +25,9 @@ log = logging.getLogger(__name__)
 def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if entered is not None:  # the cooldown just ended: the alerts are read next tick
         return ctx.decide(Action.NONE, entered.reason)
-    scale = [a for a in tick.alerts if a.action is AlertAction.SCALE]
-    retune = [a for a in tick.alerts if a.action is AlertAction.RETUNE]
+    alerts = _since_last_action(ctx, tick)
+    scale = [a for a in alerts if a.action is AlertAction.SCALE]
+    retune = [a for a in alerts if a.action is AlertAction.RETUNE]
     if scale or retune:
         ctx.loop.headroom_since = None
     if scale:
@@ -33,11 +35,22 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if retune:
         return start_episode(ctx, tick.now, "alert " + names(retune), Event.RETUNE_ALERT,
                              allow_scale=True)
-    inform = [a for a in tick.alerts if a.action is AlertAction.INFORM]
+    inform = [a for a in alerts if a.action is AlertAction.INFORM]
     step = _scale_down(ctx, tick.now)
     if step is None and inform:
         return ctx.decide(Action.INFORM, "alert " + names(inform))
     return step or ctx.decide(Action.NONE, "steady")
+
+
+def _since_last_action(ctx: LoopContext, tick: Tick) -> list[Alert]:
+    """The alerts that judge the running config: a sustained-breach alert reads a window
+    of ``breach_window_s``, so until that long after the last commit or scale (the start
+    of the last cooldown) it still counts the config before it, and is left out."""
+    loop, s = ctx.loop, ctx.settings
+    if loop.cooldown_until is None or \
+            tick.now - (loop.cooldown_until - s.cooldown_s) >= s.breach_window_s:
+        return list(tick.alerts)
+    return [a for a in tick.alerts if a.name not in LONG_WINDOW_ALERTS]
 
 
 def _scale_down(ctx: LoopContext, now: float) -> Go | None:

@@ -19,9 +19,12 @@ The seeds' table (docs/operations.md, Alerts) and where a default differs, on pu
 alert                      condition                              action    hold
 =========================  =====================================  ========  ===========
 SlopilotTBTP99High         TBT P99 > 2 x SLO                      scale     3 evaluations
+SlopilotTBTP99Sustained    TBT P99 over ``breach_window_s`` > SLO retune    ``sustained_for_s``
 SlopilotTTFTP99High crit.  TTFT P99 > 2 x SLO (the seeds' 1 s      retune    ``alert_for_s``
                            for the 500 ms P1 SLO)
 SlopilotTTFTP99High warn.  TTFT P99 > SLO                         inform    ``alert_for_s``
+SlopilotTTFTP99Sustained   TTFT P99 over ``breach_window_s``      retune    ``sustained_for_s``
+                           > SLO
 SlopilotPreemptionStorm    preemptions per minute > 10            retune    ``alert_for_s``
 SlopilotBatchingUnderused  utilization < 0.6 and waiting > 100    retune    ``alert_for_s``
 SlopilotPrefixCacheHitLow  prefix hit ratio < 0.95 (if expected)  inform    ``alert_for_s``
@@ -60,9 +63,16 @@ class AlertName(enum.StrEnum):
 
     TBT_P99_HIGH = "SlopilotTBTP99High"
     TTFT_P99_HIGH = "SlopilotTTFTP99High"
+    TTFT_P99_SUSTAINED = "SlopilotTTFTP99Sustained"
+    TBT_P99_SUSTAINED = "SlopilotTBTP99Sustained"
     PREEMPTION_STORM = "SlopilotPreemptionStorm"
     BATCHING_UNDERUSED = "SlopilotBatchingUnderused"
     PREFIX_CACHE_HIT_LOW = "SlopilotPrefixCacheHitLow"
+
+
+# The alerts whose rows read the long window (``breach_window_s``).
+LONG_WINDOW_ALERTS = frozenset({AlertName.TTFT_P99_SUSTAINED.value,
+                                AlertName.TBT_P99_SUSTAINED.value})
 
 
 class Severity(enum.StrEnum):
@@ -76,6 +86,9 @@ class Figure(enum.StrEnum):
 
     TTFT_P99 = "slopilot:ttft_seconds:p99"
     TBT_P99 = "slopilot:tbt_seconds:p99"
+    # The same P99s over ``breach_window_s`` rather than ``rate_window_s``.
+    TTFT_P99_LONG = "slopilot:ttft_seconds:p99_long"
+    TBT_P99_LONG = "slopilot:tbt_seconds:p99_long"
     PREEMPTIONS_PER_MIN = "slopilot:preemptions:per_minute"
     UTILIZATION = "slopilot:utilization:ratio"
     REQUESTS_WAITING = "slopilot:num_requests_waiting:sum"
@@ -83,7 +96,17 @@ class Figure(enum.StrEnum):
 
     @property
     def per_class(self) -> bool:
-        return self in (Figure.TTFT_P99, Figure.TBT_P99)
+        return self in (Figure.TTFT_P99, Figure.TBT_P99, Figure.TTFT_P99_LONG,
+                        Figure.TBT_P99_LONG)
+
+    @property
+    def long_window(self) -> bool:
+        """Read over ``breach_window_s`` (the sustained-breach rows), not ``rate_window_s``."""
+        return self in (Figure.TTFT_P99_LONG, Figure.TBT_P99_LONG)
+
+    @property
+    def is_ttft(self) -> bool:
+        return self in (Figure.TTFT_P99, Figure.TTFT_P99_LONG)
 
 
 class Op(enum.StrEnum):
@@ -116,6 +139,18 @@ class RuleOptions:
     ttft_retune_factor: float = 2.0
     """TTFT retunes (critical) above this multiple of the TTFT SLO: the seeds alert at 1 s
     for the standard 500 ms P1 SLO, i.e. at 2 x. Between the two a warning informs."""
+    breach_window_s: int = 300
+    """The window and the hold of the sustained-breach rows (``SlopilotTTFTP99Sustained``,
+    ``SlopilotTBTP99Sustained``): a TTFT P99 over ``ttft_warning_factor`` x SLO, or a TBT
+    P99 over its SLO, measured over this window rather than ``rate_window_s`` and held as
+    long (``sustained_for_s``; a tail statistic over a long window crosses its threshold
+    within seconds of a heavy breach, so the hold is what makes it a lasting one), retunes.
+    The seeds act only above 2 x a TBT SLO and retune on every TTFT breach; we inform on a
+    TTFT breach so one burst does not cost live trials, and these rows keep a lasting
+    breach of either from being left alone. Over the long window a breach that flaps
+    (most 60 s windows over the SLO, now and then one under it, which resets any ``for``
+    on the short figure) still reads as the breach it is: a P99 over its SLO across 5
+    minutes is a config that does not hold, not noise."""
     busy_ratio_min: float = 0.6
     """Batching is underused below this utilization (GPU utilization or busy ratio)."""
     waiting_min: int = 100
@@ -130,6 +165,11 @@ class RuleOptions:
         if isinstance(self.alert_for_s, bool) or not isinstance(self.alert_for_s, int) \
                 or self.alert_for_s < 0:
             raise RuleError(f"alert_for_s={self.alert_for_s!r}: expected whole seconds >= 0")
+        if isinstance(self.breach_window_s, bool) or not isinstance(self.breach_window_s, int) \
+                or self.breach_window_s < self.rate_window_s:
+            raise RuleError(f"breach_window_s={self.breach_window_s!r}: expected whole "
+                            f"seconds >= rate_window_s={self.rate_window_s} (a sustained "
+                            "breach is read over a window at least as long as the others)")
         for name in ("tbt_factor", "ttft_warning_factor", "ttft_retune_factor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
@@ -143,6 +183,12 @@ class RuleOptions:
         ratio = self.busy_ratio_min
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise RuleError(f"busy_ratio_min={self.busy_ratio_min!r}: expected a ratio in (0, 1]")
+
+    @property
+    def sustained_for_s(self) -> int:
+        """``for:`` of the sustained-breach rows: the breach window, or the others' hold if
+        that is longer."""
+        return max(self.alert_for_s, self.breach_window_s)
 
     @property
     def tbt_for_s(self) -> int:
@@ -185,6 +231,10 @@ def _ms(x: float) -> str:
     return f"{x:g} ms"
 
 
+def _minutes(seconds: int) -> str:
+    return f"{seconds // 60:g} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
 def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions) -> list[AlertRule]:
     c, C, target = p.label, p.label.upper(), slo.class_slo(p)
     rows = []
@@ -196,19 +246,40 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions) -> list[AlertRule]:
             f"{C} time between tokens P99 is {{{{ $value | humanizeDuration }}}}, over "
             f"{o.tbt_factor:g} x the {_ms(target.tbt_p99_ms)} SLO for {o.tbt_periods} "
             "evaluations: add replicas."))
-    if target.ttft_p99_ms is not None:
-        for factor, severity, action, then in (
-                (o.ttft_warning_factor, Severity.WARNING, AlertAction.INFORM,
-                 f"the controller retunes above {o.ttft_retune_factor:g} x"),
-                (o.ttft_retune_factor, Severity.CRITICAL, AlertAction.RETUNE,
-                 "retune the token budget and chunk size")):
-            over = "over its SLO" if factor == 1 else f"over {factor:g} x its SLO"
+        if o.tbt_factor > 1:  # at 1 x the scale alert already acts on every breach
+            span = _minutes(o.breach_window_s)
             rows.append(AlertRule(
-                AlertName.TTFT_P99_HIGH.value, c, severity, action,
-                (Condition(Figure.TTFT_P99, Op.ABOVE, factor * target.ttft_p99_ms / 1000),),
-                o.alert_for_s, f"{C} TTFT P99 {over}",
-                f"{C} time to first token P99 is {{{{ $value | humanizeDuration }}}}, {over} "
-                f"of {_ms(target.ttft_p99_ms)}: {then}."))
+                AlertName.TBT_P99_SUSTAINED.value, c, Severity.WARNING, AlertAction.RETUNE,
+                (Condition(Figure.TBT_P99_LONG, Op.ABOVE, target.tbt_p99_ms / 1000),),
+                o.sustained_for_s, f"{C} TBT P99 over its SLO across {span}",
+                f"{C} time between tokens P99 over the last {span} is {{{{ $value | "
+                f"humanizeDuration }}}}, over its SLO of {_ms(target.tbt_p99_ms)}: retune the "
+                "token budget and chunk size."))
+    if target.ttft_p99_ms is not None:
+        span = _minutes(o.breach_window_s)
+        for name, figure, factor, severity, action, then in (
+                (AlertName.TTFT_P99_HIGH, Figure.TTFT_P99, o.ttft_warning_factor,
+                 Severity.WARNING, AlertAction.INFORM,
+                 f"the controller retunes above {o.ttft_retune_factor:g} x, or when it holds "
+                 f"across {span}"),
+                (AlertName.TTFT_P99_HIGH, Figure.TTFT_P99, o.ttft_retune_factor,
+                 Severity.CRITICAL, AlertAction.RETUNE, "retune the token budget and chunk size"),
+                (AlertName.TTFT_P99_SUSTAINED, Figure.TTFT_P99_LONG, o.ttft_warning_factor,
+                 Severity.WARNING, AlertAction.RETUNE,
+                 "retune the token budget and chunk size")):
+            if name is AlertName.TTFT_P99_SUSTAINED and \
+                    o.ttft_warning_factor == o.ttft_retune_factor:
+                continue  # the critical row retunes on this very condition already
+            over = "over its SLO" if factor == 1 else f"over {factor:g} x its SLO"
+            lasting = name is AlertName.TTFT_P99_SUSTAINED
+            rows.append(AlertRule(
+                name.value, c, severity, action,
+                (Condition(figure, Op.ABOVE, factor * target.ttft_p99_ms / 1000),),
+                o.sustained_for_s if lasting else o.alert_for_s,
+                f"{C} TTFT P99 {over}" + (f" across {span}" if lasting else ""),
+                f"{C} time to first token P99" + (f" over the last {span}" if lasting else "")
+                + f" is {{{{ $value | humanizeDuration }}}}, {over} of "
+                f"{_ms(target.ttft_p99_ms)}: {then}."))
     return rows
 
 

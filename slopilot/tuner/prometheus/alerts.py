@@ -155,12 +155,15 @@ class AlertSource:
 def summary_figure(summary: WindowSummary, figure: Figure, cls: str) -> float | None:
     """What the recorded series ``figure`` would hold for this window (None: no data).
 
+    The caller picks the window: ``rate_window_s``, or ``breach_window_s`` for the
+    figures with ``long_window``.
+
     Latencies in seconds, as the series has them. Utilization is the GPU's where the
     summary has it and the executor's busy ratio otherwise, as the recording rule's ``or``.
     """
     if figure.per_class:
         per = summary.classes[Priority.parse(cls)]
-        ms = per.ttft_p99_ms if figure is Figure.TTFT_P99 else per.tbt_p99_ms
+        ms = per.ttft_p99_ms if figure.is_ttft else per.tbt_p99_ms
         return None if ms is None else ms / 1000
     if figure is Figure.UTILIZATION:
         gpu = summary.gpu_utilization
@@ -174,16 +177,19 @@ class SummaryAlerts:
     """The alert table evaluated on window summaries, as Prometheus evaluates the rules.
 
     For where no Prometheus evaluates the rules: the virtual-time simulator and the
-    direct-scrape fallback of the demo. ``evaluate(summary, now)`` is one evaluation of
-    the group at ``now`` (a summary of None, a window that did not count, is no data:
-    every condition is false). ``firing(now, summary_at)`` is what ``/api/v1/alerts``
-    would list at ``now``: it runs every evaluation due since the last, one per
-    ``interval_s``, on ``summary_at(t)``, and between evaluations repeats the last verdict.
+    direct-scrape fallback of the demo. ``evaluate(summary, now, long)`` is one evaluation
+    of the group at ``now``, on the summary of the last ``rate_window_s`` and that of the
+    last ``breach_window_s`` (a summary of None, a window that did not count, is no data:
+    every condition on it is false). ``firing(now, summary_at)`` is what
+    ``/api/v1/alerts`` would list at ``now``: it runs every evaluation due since the last,
+    one per ``interval_s``, on ``summary_at(t, window_s)``, and between evaluations
+    repeats the last verdict.
     """
 
     def __init__(self, slo: SLOSpec, options: RuleOptions) -> None:
         self.slo, self.opt = slo, options
         self.rules: tuple[AlertRule, ...] = alert_table(slo, options)
+        self._long = any(c.figure.long_window for r in self.rules for c in r.conditions)
         self._pending: dict[tuple[str, str, str], float] = {}
         self._last: float | None = None
         self._firing: list[Alert] = []
@@ -191,19 +197,23 @@ class SummaryAlerts:
         longest = max((r.for_s for r in self.rules), default=0)
         self._catch_up = math.ceil(longest / options.interval_s) + 1
 
-    def _holding(self, summary: WindowSummary
+    def _holding(self, summary: WindowSummary | None, long: WindowSummary | None
                  ) -> dict[tuple[str, str, str], tuple[AlertRule, float | None]]:
         """The rules whose every condition holds, with the first condition's value."""
         out = {}
         for rule in self.rules:
-            values = [summary_figure(summary, c.figure, rule.priority_class)
-                      for c in rule.conditions]
+            values = []
+            for c in rule.conditions:
+                window = long if c.figure.long_window else summary
+                values.append(None if window is None else
+                              summary_figure(window, c.figure, rule.priority_class))
             if all(c.holds(v) for c, v in zip(rule.conditions, values, strict=True)):
                 out[(rule.name, rule.priority_class, rule.severity.value)] = (rule, values[0])
         return out
 
-    def evaluate(self, summary: WindowSummary | None, now: float) -> list[Alert]:
-        active = self._holding(summary) if summary is not None else {}
+    def evaluate(self, summary: WindowSummary | None, now: float,
+                 long: WindowSummary | None = None) -> list[Alert]:
+        active = self._holding(summary, long)
         self._pending = {k: t for k, t in self._pending.items() if k in active}
         out = []
         for key, (rule, value) in active.items():
@@ -215,7 +225,7 @@ class SummaryAlerts:
         return list(out)
 
     def firing(self, now: float,
-               summary_at: Callable[[float], WindowSummary | None]) -> list[Alert]:
+               summary_at: Callable[[float, float], WindowSummary | None]) -> list[Alert]:
         interval = self.opt.interval_s
         if self._last is None:
             due = [now]
@@ -226,5 +236,6 @@ class SummaryAlerts:
                 # A gap longer than any hold: what happened in it is unknown, start over.
                 due, self._pending = due[-self._catch_up:], {}
         for t in due:
-            self.evaluate(summary_at(t), t)
+            long = summary_at(t, self.opt.breach_window_s) if self._long else None
+            self.evaluate(summary_at(t, self.opt.rate_window_s), t, long)
         return list(self._firing)

@@ -117,9 +117,9 @@ class _Renderer:
     def record(self, name: str, expr: str, **labels: str) -> dict[str, Any]:
         return {"record": name, "expr": expr, "labels": {**self.ident, **labels}}
 
-    def quantile(self, q: float, metric: str) -> str:
+    def quantile(self, q: float, metric: str, window: str | None = None) -> str:
         return (f"histogram_quantile({q}, sum by (le, priority_class) "
-                f"(rate({metric}_bucket{self.sel()}[{self.window}])))")
+                f"(rate({metric}_bucket{self.sel()}[{window or self.window}])))")
 
     def fraction_within(self, metric: str, cls: str, threshold_s: float) -> str:
         within = self.sel(priority_class=cls, le=_le(bucket_edge_at_or_below(threshold_s)))
@@ -150,6 +150,11 @@ class _Renderer:
             for q, tag in ((0.99, "p99"), (0.5, "p50")):
                 rules.append(self.record(f"slopilot:{short}_seconds:{tag}",
                                          self.quantile(q, metric)))
+        # The sustained-breach rows read the P99s over the longer window.
+        for figure, metric in ((Figure.TTFT_P99_LONG, "vllm:time_to_first_token_seconds"),
+                               (Figure.TBT_P99_LONG, "vllm:inter_token_latency_seconds")):
+            rules.append(self.record(figure.value, self.quantile(
+                0.99, metric, duration(self.opt.breach_window_s))))
         rules += [
             self.record(Figure.PREEMPTIONS_PER_MIN.value,
                         f"sum(rate(vllm:num_preemptions_total{self.sel()}[{w}])) * 60"),

@@ -66,8 +66,9 @@ class SimAlerts:
         self.cluster, self.opt = cluster, options
         self._alerts = SummaryAlerts(cluster.scenario.slo, options)
 
-    def _summary_at(self, t: float) -> WindowSummary | None:
-        start = max(0.0, t - self.opt.rate_window_s)
+    def _summary_at(self, t: float, window_s: float) -> WindowSummary | None:
+        # Early on, a window reaches back to the start, as a rate() over a young series.
+        start = max(0.0, t - window_s)
         return self.cluster.summary(start, t) if t - start >= 1.0 else None
 
     def firing(self) -> list[Alert]:
