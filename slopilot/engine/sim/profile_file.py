@@ -87,7 +87,7 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
         "name": p.name,
         "created": p.created,
         "device": {"type": p.device.type, "name": p.device.name,
-                   "threads": p.device.threads},
+                   "threads": p.device.threads, "cache_bytes": p.device.cache_bytes},
         "model": {"name": p.model.name, "dtype": p.dtype, "tp": p.tp, "shape": shape},
         "memory": {"block_size": p.block_size, "kv_cache_bytes": p.kv_cache_bytes},
         "cost_model": {"form": p.form, "version": p.form_version, "hash": p.form_digest,
