@@ -32,9 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller grid and context "
                    "(under a minute on tiny-random)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds per shape")
-    p.add_argument("--statistic", choices=("median", "min"), default="median",
+    p.add_argument("--statistic", choices=("median", "min"), default=None,
                    help="each shape's figure: the median of its rounds (what serving "
-                   "sees), or the fastest (undisturbed time on a busy shared machine)")
+                   "sees; the default), or the fastest (undisturbed time on a busy shared "
+                   "machine); with --refit, retaken from the kept rounds")
     p.add_argument("--token-budget", type=int, default=None, help="largest chunk")
     p.add_argument("--max-num-seqs", type=int, default=None, help="largest decode batch")
     p.add_argument("--max-context", type=int, default=None, help="longest context")
@@ -84,7 +85,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                            max_context=given("max_context"), quick=args.quick)
         opts = CalibrationOptions(grid=grid, repeats=given("repeats"),
                                   tolerance=args.tolerance, host=not args.no_host,
-                                  statistic=args.statistic)
+                                  statistic=args.statistic or "median")
         target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
                               threads=args.threads, kv_cache_gb=args.kv_cache_gb)
         result = _run(target, opts, quiet=args.json, samples_out=args.samples_out)
@@ -97,7 +98,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _refit(args: argparse.Namespace) -> int:
     from slopilot.engine.calibrate.fit import FitError
-    from slopilot.engine.calibrate.runner import fit_recording
+    from slopilot.engine.calibrate.runner import fit_recording, with_statistic
     from slopilot.engine.calibrate.samples import SamplesFileError, read_samples
     from slopilot.engine.calibrate.torch_target import CalibrationError
 
@@ -107,6 +108,8 @@ def _refit(args: argparse.Namespace) -> int:
                                    "--model or --samples-out (the file names its model)")
         _check_out(args.out)
         rec = read_samples(args.refit)
+        if args.statistic is not None:
+            rec = with_statistic(rec, args.statistic)
         result = fit_recording(rec, args.tolerance, host=not args.no_host)
     except (CalibrationError, SamplesFileError, FitError) as exc:
         print(f"slopilot calibrate: {exc}", file=sys.stderr)

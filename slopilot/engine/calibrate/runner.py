@@ -9,6 +9,7 @@ shapes and how noisy the machine was; nothing is written then.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -147,6 +148,16 @@ def measure(target: Target, opts: CalibrationOptions,
         statistic=opts.statistic, samples=samples, host_steps=steps, seconds=seconds,
         cpu_share=share, load_average=_load_average(),
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+
+
+def with_statistic(rec: Recording, statistic: str) -> Recording:
+    """The recording with each shape's figure retaken from its rounds (median or min)."""
+    if statistic not in ("median", "min"):
+        raise ValueError(f"--statistic {statistic!r}: use median or min")
+    pick = min if statistic == "min" else statistics.median
+    samples = [dataclasses.replace(s, seconds=pick(s.times)) if s.times else s
+               for s in rec.samples]
+    return dataclasses.replace(rec, samples=samples, statistic=statistic)
 
 
 def fit_recording(rec: Recording, tolerance: float = 0.10, *,

@@ -69,6 +69,20 @@ def test_calibrate_keeps_the_samples_and_refits_them(
     assert a.executor == b.executor and a.host == b.host and a.device == b.device
 
 
+def test_a_refit_can_retake_each_shapes_figure_from_its_rounds(tmp_path: Path) -> None:
+    from slopilot.engine.calibrate.runner import with_statistic
+
+    rec = measure(_target(SyntheticExecutor(noise=0.3, seed=4)),
+                  CalibrationOptions(grid=QUICK, repeats=5, host=False))
+    back = read_samples(write_samples(rec, tmp_path / "s.json"))
+    fastest = with_statistic(back, "min")
+    assert fastest.statistic == "min"
+    assert [s.seconds for s in fastest.samples] == [min(s.times) for s in rec.samples]
+    assert fit_recording(fastest, 10, host=False).profile.fit.statistic == "min"  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="--statistic 'mean'"):
+        with_statistic(back, "mean")
+
+
 def test_samples_are_kept_when_the_fit_is_refused(
         tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.engine.calibrate.test_calibrate_cli import TINY_GRID
