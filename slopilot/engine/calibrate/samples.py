@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from slopilot.engine.calibrate.design import DesignError, GridOptions, ShapeSpec
 from slopilot.engine.calibrate.harness import Sample
 from slopilot.engine.calibrate.host import HostStep
 from slopilot.engine.calibrate.runner import Recording
-from slopilot.engine.sim.profile_file import DeviceInfo
+from slopilot.engine.sim.profile_file import DeviceInfo, write_text_atomically
 from slopilot.engine.sim.profiles import ProfileError, model_from_dict
 from slopilot.engine.sim.shape import shape_of_rows
 
@@ -45,20 +43,7 @@ class SamplesFileError(ValueError):
 
 def write_samples(rec: Recording, path: str | Path) -> Path:
     """Write ``rec`` to ``path`` atomically (a temporary file beside it, then rename)."""
-    target = Path(path)
-    text = json.dumps(_to_dict(rec), separators=(",", ":"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_text_atomically(Path(path), json.dumps(_to_dict(rec), separators=(",", ":")))
 
 
 def _to_dict(rec: Recording) -> dict[str, Any]:
