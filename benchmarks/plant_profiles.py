@@ -32,7 +32,7 @@ from slopilot.engine.sim.profile_file import CostProfile
 
 __all__ = ["PLANTS", "datasheet_profile"]
 
-ATTENTION = ("decode_context", "decode_padded_context", "prefill_context",
+ATTENTION = ("decode_context", "decode_padded_context", "decode_spill", "prefill_context",
              "prefill_attention", "prefill_attention_dense")
 
 

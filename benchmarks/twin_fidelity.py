@@ -12,6 +12,12 @@ step time against the profile's prediction for its shape.
     python benchmarks/twin_fidelity.py --profile smollm2-cpu.yaml
     # quick: --model tiny-random --quick on both
 
+Percentiles are numpy's ``percentile`` (linear interpolation between order statistics,
+Hyndman-Fan type 7) over each class's requests (TTFT: one value per request) or token
+gaps (TBT: every gap of the class's requests); with n requests a TTFT p99 interpolates
+between the two slowest at 0.99 (n - 1), so the default 150 requests per load (30 P0,
+90 P1, 30 P2) keep it off a single request.
+
 Ends with ``RESULT ttft_p50_err=... ttft_p99_err=... tbt_p50_err=... tbt_p99_err=...
 iteration_mape=... max_err=...`` (each the worst over loads and classes; max_err the
 worst of the four). Targets: max_err <= 0.10, iteration_mape <= 0.05.
@@ -42,6 +48,8 @@ from slopilot.engine.sim.workload import ClassMix, RequestSpec
 
 LOADS = (("light", 0.3), ("near saturation", 0.85), ("overloaded", 1.3))
 CLASSES = ClassMix.of({Priority.P0: 0.2, Priority.P1: 0.6, Priority.P2: 0.2})
+# Per load; the real run's time grows with it (~23 min quiet on SmolLM2 at 150).
+REQUESTS, QUICK_REQUESTS = 150, 80
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,7 +58,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default=None, help="the checkpoint the profile was "
                    "calibrated on (default: the profile's model name, e.g. smollm2-135m)")
     p.add_argument("--quick", action="store_true", help="fewer, shorter requests")
-    p.add_argument("--requests", type=int, default=None, help="requests per load")
+    p.add_argument("--requests", type=int, default=None, help="requests per load (default "
+                   f"{REQUESTS}, --quick {QUICK_REQUESTS}: 20/60/20 %% P0/P1/P2)")
     p.add_argument("--prompt-mean", type=float, default=None,
                    help="mean prompt tokens after scaling the trace (default: 1/8 of the "
                    "calibrated context)")
@@ -64,7 +73,7 @@ def parse_args() -> argparse.Namespace:
                    help="three fractions of the twin's saturation rate")
     p.add_argument("--trace-offset", type=int, default=0, help="first trace request used")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-limit", type=float, default=900.0, metavar="SECONDS",
+    p.add_argument("--time-limit", type=float, default=1800.0, metavar="SECONDS",
                    help="cut a load's real run after this long (it is then reported as "
                    "truncated: a busy machine serves far below the twin's rate)")
     p.add_argument("--plot", type=Path, default=None, help="PNG (default: docs/"
@@ -131,7 +140,7 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenari
     swap = cost.swap_time_per_block(config.block_size)
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
                        swap, observers=[MetricsObserver(EngineMetrics(cost.model.name)),
-                                        real])
+                                        real], decode_knee=real_knee(executor))
     run = replay_real(engine, specs, real, time_limit_s=time_limit_s)
     if run.truncated:
         print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
@@ -162,7 +171,10 @@ def run(args: argparse.Namespace) -> int:
     context = profile.fit.max_context if profile.fit and profile.fit.max_context else 1024
     prompt_mean = args.prompt_mean or context / 8
     output_mean = args.output_mean or max(4.0, prompt_mean / 4)
-    n = args.requests or (40 if args.quick else 60)
+    n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
+    if n < 10:
+        raise SystemExit(f"--requests {n}: expected at least 10 (a percentile per class "
+                         "needs a few requests of each)")
     seqs = args.max_num_seqs or (profile.fit.max_num_seqs if profile.fit else 32) or 32
     config = EngineConfig(token_budget=args.token_budget, chunk_size=args.chunk_size,
                           max_num_seqs=seqs, block_size=profile.block_size,
@@ -174,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
     mu = saturation_rate(scenario, config, specs)
     executor = build_executor(args.model or profile.model.name, profile, cost, config,
                               context)
+    if real_knee(executor) != cost.decode_knee_tokens:
+        print(f"warning: this machine's decode_spill knee is {real_knee(executor)} padded "
+              f"tokens, the profile's {cost.decode_knee_tokens}: calibrated on another "
+              "cache size; recalibrate here", file=sys.stderr)
     warm = at_rate(specs[: min(8, n)], mu)
     replay_real_warmup(executor, config, cost, warm)
     reports = []
@@ -214,12 +230,21 @@ def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
                          num_threads=profile.device.threads)
 
 
+def real_knee(executor: Any) -> int | None:
+    """The knee this machine's engine stamps (its cache, the executor's KV layout)."""
+    from slopilot.engine.device_cache import executor_decode_knee
+
+    return executor_decode_knee(str(executor.device), executor.block_bytes,
+                                executor.block_size, executor.config.num_hidden_layers)
+
+
 def replay_real_warmup(executor: Any, config: EngineConfig, cost: CalibratedCostModel,
                        specs: list[RequestSpec]) -> None:
     """A few requests first, not measured: kernel caches warm, as in calibration."""
     from slopilot.engine.engine import LLMEngine
 
-    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks)
+    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
+                       decode_knee=real_knee(executor))
     replay_real(engine, specs, Recorder())
 
 

@@ -70,6 +70,9 @@ class SchedulerOutput:
     # Set by the engine loop: this iteration starts after the engine sat idle (its
     # caches cold, a GPU's clocks down), which the calibrated cost model charges.
     after_idle: bool = False
+    # Set by the engine loop: the knee of the ``decode_spill`` feature (padded decode KV
+    # tokens that fill the device's last-level cache), or None where there is none.
+    decode_knee: int | None = None
     # The iteration's shape features (``sim.shape.features_of``), computed once for all
     # who ask on this iteration: a calibrated cost model, the metrics, a twin's check.
     shape_features: tuple[float, ...] | None = None

@@ -84,3 +84,27 @@ def test_the_series_carry_step_time_executor_time_and_shape_by_kind() -> None:
     assert shape[("mixed", "iteration")] == 0
     # Only the first iteration followed an idle engine (cold caches are charged once).
     assert shape[("prefill", "idle_starts")] == 1 and shape[("decode", "idle_starts")] == 0
+
+
+def test_the_exported_spill_feature_uses_the_executors_cache_knee() -> None:
+    # 4 decodes at context 200 pad to 4 x 201 = 804 KV tokens; a knee of 500 leaves 304
+    # beyond the cache, which the twin's profile charges and a live refit needs.
+    clock = Clock()
+    executor = TickingExecutor(clock, 0.01)
+    executor.decode_knee_tokens = 500  # type: ignore[attr-defined]
+    metrics = EngineMetrics("tiny", clock=clock)
+    engine = LLMEngine(EngineConfig(budget_align=1), executor, 400, clock=WallClock(clock),
+                       observers=[MetricsObserver(metrics)])
+    assert engine.decode_knee == 500
+    for i in range(4):
+        engine.add_request(make_request(f"r{i}", 200, max_tokens=2))
+    while engine.has_work():
+        engine.step()
+    spill = {s.labels["kind"]: s.value
+             for fam in text_string_to_metric_families(metrics.render().decode())
+             for s in fam.samples
+             if s.name == "slopilot_iteration_shape_total"
+             and s.labels["feature"] == "decode_spill"}
+    assert spill["decode"] == 4 * 201 - 500
+    # An engine told its knee outright uses that one.
+    assert LLMEngine(EngineConfig(), executor, 10, decode_knee=7).decode_knee == 7

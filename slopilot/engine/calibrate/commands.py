@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "cache) over a designed grid of iteration shapes and the engine loop "
                     "around it, fit the cost model by least squares and write a profile "
                     "that simulate, tune and demo take with --profile.")
-    p.add_argument("--model", required=True, help="tiny-random, smollm2-135m or a "
-                   "checkpoint directory")
+    p.add_argument("--model", default=None, help="tiny-random, smollm2-135m or a "
+                   "checkpoint directory (required unless --refit)")
     p.add_argument("--executor", choices=("torch",), default="torch")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -32,9 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller grid and context "
                    "(under a minute on tiny-random)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds per shape")
-    p.add_argument("--statistic", choices=("median", "min"), default="median",
+    p.add_argument("--statistic", choices=("median", "min"), default=None,
                    help="each shape's figure: the median of its rounds (what serving "
-                   "sees), or the fastest (undisturbed time on a busy shared machine)")
+                   "sees; the default), or the fastest (undisturbed time on a busy shared "
+                   "machine); with --refit, retaken from the kept rounds")
     p.add_argument("--token-budget", type=int, default=None, help="largest chunk")
     p.add_argument("--max-num-seqs", type=int, default=None, help="largest decode batch")
     p.add_argument("--max-context", type=int, default=None, help="longest context")
@@ -44,6 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest accepted mean error per iteration (default: 0.10)")
     p.add_argument("--no-host", action="store_true",
                    help="skip timing the engine loop around the executor")
+    p.add_argument("--samples-out", type=Path, default=None, metavar="FILE",
+                   help="also keep the raw timings (every round of every shape, and the "
+                   "engine-loop steps) here, even when the fit fails, for --refit")
+    p.add_argument("--refit", type=Path, default=None, metavar="SAMPLES",
+                   help="time nothing: fit today's cost-model form to the timings a "
+                   "--samples-out file kept, and write --out")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.set_defaults(func=_calibrate)
 
@@ -53,12 +60,20 @@ def _calibrate(args: argparse.Namespace) -> int:
     from slopilot.engine.calibrate.fit import FitError
     from slopilot.engine.calibrate.harness import HarnessError
     from slopilot.engine.calibrate.runner import CalibrationOptions
+    from slopilot.engine.calibrate.samples import SamplesFileError
     from slopilot.engine.calibrate.torch_target import CalibrationError, torch_target
     from slopilot.engine.models import ModelNotFoundError
 
     defaults = QUICK if args.quick else FULL
+    if args.refit is not None:
+        return _refit(args)
     try:
+        if args.model is None:
+            raise CalibrationError("--model is required (tiny-random, smollm2-135m or a "
+                                   "checkpoint directory), unless --refit SAMPLES")
         _check_out(args.out)
+        if args.samples_out is not None:
+            _check_out(args.samples_out, "--samples-out")
         if args.threads is not None and args.threads < 1:
             raise CalibrationError(f"--threads {args.threads}: expected at least 1")
         def given(name: str) -> int:
@@ -70,14 +85,39 @@ def _calibrate(args: argparse.Namespace) -> int:
                            max_context=given("max_context"), quick=args.quick)
         opts = CalibrationOptions(grid=grid, repeats=given("repeats"),
                                   tolerance=args.tolerance, host=not args.no_host,
-                                  statistic=args.statistic)
+                                  statistic=args.statistic or "median")
         target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
                               threads=args.threads, kv_cache_gb=args.kv_cache_gb)
-        result = _run(target, opts, quiet=args.json)
+        result = _run(target, opts, quiet=args.json, samples_out=args.samples_out)
     except (CalibrationError, DesignError, HarnessError, FitError, ModelNotFoundError,
-            ValueError) as exc:
+            SamplesFileError, ValueError) as exc:
         print(f"slopilot calibrate: {exc}", file=sys.stderr)
         return 2
+    return _written(result, args)
+
+
+def _refit(args: argparse.Namespace) -> int:
+    from slopilot.engine.calibrate.fit import FitError
+    from slopilot.engine.calibrate.runner import fit_recording, with_statistic
+    from slopilot.engine.calibrate.samples import SamplesFileError, read_samples
+    from slopilot.engine.calibrate.torch_target import CalibrationError
+
+    try:
+        if args.model is not None or args.samples_out is not None:
+            raise CalibrationError("--refit fits timings already taken: it takes no "
+                                   "--model or --samples-out (the file names its model)")
+        _check_out(args.out)
+        rec = read_samples(args.refit)
+        if args.statistic is not None:
+            rec = with_statistic(rec, args.statistic)
+        result = fit_recording(rec, args.tolerance, host=not args.no_host)
+    except (CalibrationError, SamplesFileError, FitError) as exc:
+        print(f"slopilot calibrate: {exc}", file=sys.stderr)
+        return 2
+    return _written(result, args)
+
+
+def _written(result: Any, args: argparse.Namespace) -> int:
     from slopilot.engine.sim.profile_file import write_profile
 
     path = write_profile(result.profile, args.out)
@@ -88,27 +128,28 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_out(out: Path) -> None:
-    """Fail before minutes of timing if the profile could not be written."""
+def _check_out(out: Path, flag: str = "--out") -> None:
+    """Fail before minutes of timing if the file could not be written."""
     from slopilot.engine.calibrate.torch_target import CalibrationError
 
     if out.is_dir():
-        raise CalibrationError(f"--out {out}: is a directory; name a file, e.g. "
-                               f"{out / 'profile.yaml'}")
+        raise CalibrationError(f"{flag} {out}: is a directory; name a file, e.g. "
+                               f"{out / ('profile.yaml' if flag == '--out' else 'samples.json')}")
     parent = out.parent if str(out.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".slopilot-check-"):
             pass
     except OSError as exc:
-        raise CalibrationError(f"--out {out}: cannot write there ({exc})") from None
+        raise CalibrationError(f"{flag} {out}: cannot write there ({exc})") from None
 
 
-def _run(target: Any, opts: Any, *, quiet: bool) -> Any:
+def _run(target: Any, opts: Any, *, quiet: bool, samples_out: Path | None = None) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from slopilot.engine.calibrate.runner import calibrate, total_steps
+    from slopilot.engine.calibrate.runner import fit_recording, measure, total_steps
+    from slopilot.engine.calibrate.samples import write_samples
 
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]calibrating[/]"), BarColumn(), MofNCompleteColumn(),
@@ -120,7 +161,13 @@ def _run(target: Any, opts: Any, *, quiet: bool) -> Any:
         def step(status: str) -> None:
             progress.update(task, advance=1, status=status)
 
-        return calibrate(target, opts, progress=step)
+        rec = measure(target, opts, progress=step)
+    if samples_out is not None:
+        # Before the fit, which may refuse: the timings are the expensive part.
+        write_samples(rec, samples_out)
+        print(f"raw timings: {samples_out} (refit with --refit {samples_out})",
+              file=sys.stderr)
+    return fit_recording(rec, opts.tolerance, host=opts.host)
 
 
 def _brief(result: Any, path: Path) -> dict[str, Any]:

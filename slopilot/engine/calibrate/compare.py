@@ -114,7 +114,8 @@ def _describe(s: object) -> str:
     if not isinstance(s, IterationShape):
         return ""
     return (f"tokens={s.tokens:g} decodes={s.decode_seqs:g} chunks={s.prefill_seqs:g} "
-            f"ctx={s.context_tokens:g} padded={s.decode_padded_context:g}")
+            f"ctx={s.context_tokens:g} padded={s.decode_padded_context:g}"
+            f"{f' spill={s.decode_spill:g}' if s.decode_spill else ''}")
 
 
 def compare(name: str, rate: float, real: Recorder, sim: Recorder,

@@ -10,6 +10,10 @@ cannot tell it from another (an identifiable design):
     ragged     decodes of short and long contexts together, as serving batches them
                (``decode_padded_context`` apart from ``decode_context``)
     mixed      a chunk plus decodes, as chunked prefill runs them
+    large      many decodes (half to all of max_num_seqs) of ragged contexts spread up to
+               a long one (half to all of max_context), as a server near saturation
+               runs them: their padded K/V outgrows the cache (``decode_spill``)
+    large mixed  a chunk at some context with such a decode batch
     swap       KV blocks copied out and in without a forward pass
 
 Context lengths are fractions of ``max_context``; no row goes past it and no batch past
@@ -38,7 +42,12 @@ class ShapeSpec:
 
     @property
     def shape(self) -> IterationShape:
+        """The shape without a cache knee (no ``decode_spill``)."""
         return shape_of_rows(self.rows, self.swap_out, self.swap_in)
+
+    def shape_at(self, knee: int | None) -> IterationShape:
+        """The shape with ``decode_spill`` beyond ``knee`` padded KV tokens."""
+        return shape_of_rows(self.rows, self.swap_out, self.swap_in, knee=knee)
 
     @property
     def kind(self) -> str:
@@ -140,9 +149,38 @@ def design(opts: GridOptions) -> list[ShapeSpec]:
     if not quick:
         out.append(ShapeSpec(((64, contexts[2], True),) + ((1, decode_ctx, True),) * 4,
                              "mixed"))
+    out.extend(_large(opts))
     if opts.swap:
         # Two block counts, so a copy call's fixed cost is apart from its per-block one.
         for k_out, k_in in ((4, 16),) if quick else ((4, 4), (32, 32)):
             out.append(ShapeSpec((), "swap", swap_out=k_out))
             out.append(ShapeSpec((), "swap", swap_in=k_in))
+    return out
+
+
+def _spread(d: int, longest: int) -> tuple[tuple[int, int, bool], ...]:
+    """d decodes whose contexts run evenly from 16 to ``longest`` (ragged, as served)."""
+    lo = min(16, longest)
+    return tuple((1, lo + (longest - lo) * j // max(1, d - 1), True) for j in range(d))
+
+
+def _large(opts: GridOptions) -> list[ShapeSpec]:
+    """Near saturation a server runs many decodes of ragged, long contexts, whose padded
+    K/V (decodes x the longest) is the largest the grid times; without these the fit
+    extrapolates the padded-attention terms into the cache-bound regime."""
+    seqs, ctx_max, budget = opts.max_num_seqs, opts.max_context, opts.token_budget
+    counts = sorted({max(2, seqs // 2), seqs} if opts.quick
+                    else {max(2, seqs // 2), max(2, 3 * seqs // 4), seqs})
+    fractions = (0.5, 1.0) if opts.quick else (0.5, 0.75, 0.875, 1.0)
+    longest = sorted({max(16, int(ctx_max * f)) - 1 for f in fractions})
+    out = [ShapeSpec(_spread(d, c), "large") for d in counts for c in longest]
+    n = max(16, budget // 4)
+    chunk_ctx = ctx_max // 4 if n + ctx_max // 4 <= ctx_max else 0
+    mixed_counts = (seqs,) if opts.quick else (max(2, seqs // 2), seqs)
+    mixed_longest = longest[::2] + longest[-1:] if opts.quick else longest[-2:]
+    for d in mixed_counts:
+        if n + d > budget:
+            continue
+        for c in sorted(set(mixed_longest)):
+            out.append(ShapeSpec(((n, chunk_ctx, True),) + _spread(d, c), "large mixed"))
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slopilot.engine.calibrate.fit import Observation
 from slopilot.engine.calibrate.harness import TimedExecutor
@@ -23,7 +23,9 @@ from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Request, SamplingParams
-from slopilot.engine.sim.shape import IterationShape, shape_of
+from slopilot.engine.sim.shape import IterationShape, output_rows, shape_of, shape_of_rows
+
+Rows = tuple[tuple[int, int, bool], ...]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,17 @@ class HostStep:
     step_s: float
     executor_s: float
     label: str
+    # What the shape was computed from, so a refit can recompute it on another form.
+    rows: Rows = ()
+    swaps: tuple[int, int] = (0, 0)  # blocks swapped out, in
+    after_idle: bool = False
+    knee: int | None = field(default=None, compare=False)
+
+    def reshaped(self, knee: int | None) -> HostStep:
+        """The same step with its shape recomputed by today's form and ``knee``."""
+        shape = shape_of_rows(self.rows, *self.swaps, after_idle=self.after_idle, knee=knee)
+        return HostStep(shape, self.step_s, self.executor_s, self.label, self.rows,
+                        self.swaps, self.after_idle, knee)
 
     def observation(self, executor_predicted_s: float) -> Observation:
         """What the loop's coefficients must explain in this step.
@@ -56,7 +69,9 @@ class _Recorder:
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
                 now: float) -> None:
         self.steps.append(HostStep(shape_of(out), engine.last_step_s, elapsed_s,
-                                   f"step {engine.num_steps}"))
+                                   f"step {engine.num_steps}", tuple(output_rows(out)),
+                                   (len(out.swap_out), len(out.swap_in)), out.after_idle,
+                                   out.decode_knee))
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None: ...
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None: ...
@@ -78,12 +93,14 @@ def idle_probes(quick: bool) -> int:
 def measure_host(executor: TimedExecutor, config: EngineConfig, *, max_context: int,
                  quick: bool = False, seed: int = 0, model_name: str = "calibration",
                  progress: Callable[[str], None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> list[HostStep]:
+                 sleep: Callable[[float], None] = time.sleep,
+                 decode_knee: int | None = None) -> list[HostStep]:
     """Serve bursts of requests, then single ones after idle gaps; every step's times."""
     recorder = _Recorder()
     metrics = EngineMetrics(model_name)
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
-                       observers=[MetricsObserver(metrics), recorder])
+                       observers=[MetricsObserver(metrics), recorder],
+                       decode_knee=decode_knee)
     rng = random.Random(seed)
     longest = max(16, min(config.token_budget, max_context // 2))
     outputs = 8 if quick else 16

@@ -9,6 +9,7 @@ shapes and how noisy the machine was; nothing is written then.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -31,7 +32,7 @@ from slopilot.engine.sim.profile_file import (
     executor_code_hash,
 )
 from slopilot.engine.sim.profiles import ModelProfile
-from slopilot.engine.sim.shape import FEATURES
+from slopilot.engine.sim.shape import FEATURES, decode_knee_tokens
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,35 @@ class Target:
     versions: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Recording:
+    """The timings of one calibration run, before any fit: what ``--samples-out``
+    keeps and ``--refit`` fits again (each shape's rows, not its features, so a new
+    form recomputes its features from them)."""
+
+    model: ModelProfile
+    device: DeviceInfo
+    dtype: str
+    kv_cache_bytes: int
+    block_size: int
+    versions: dict[str, str]
+    executor_code: str
+    grid: GridOptions
+    repeats: int
+    statistic: str
+    samples: list[Sample]
+    host_steps: list[HostStep]
+    seconds: float
+    cpu_share: float | None
+    load_average: float | None
+    created: str = ""
+
+    @property
+    def decode_knee(self) -> int | None:
+        per_layer = self.model.kv_bytes_per_token // self.model.num_layers
+        return decode_knee_tokens(self.device.cache_bytes, per_layer)
+
+
 def total_steps(opts: CalibrationOptions, executor: TimedExecutor) -> int:
     specs = design(opts.grid)
     harness = Harness(executor, specs, max_context=opts.grid.max_context, repeats=opts.repeats)
@@ -82,53 +112,92 @@ def total_steps(opts: CalibrationOptions, executor: TimedExecutor) -> int:
 
 def calibrate(target: Target, opts: CalibrationOptions,
               progress: Callable[[str], None] | None = None) -> Calibration:
+    """Time ``target`` and fit it (``measure`` then ``fit_recording``)."""
+    return fit_recording(measure(target, opts, progress), opts.tolerance, host=opts.host)
+
+
+def measure(target: Target, opts: CalibrationOptions,
+            progress: Callable[[str], None] | None = None) -> Recording:
+    """Time the grid and the engine loop; no fit."""
     started = time.perf_counter()
     cpu0 = time.process_time()
     grid = opts.grid
-    specs = design(grid)
-    harness = Harness(target.executor, specs, max_context=grid.max_context,
+    harness = Harness(target.executor, design(grid), max_context=grid.max_context,
                       repeats=opts.repeats, seed=opts.seed, progress=progress,
                       statistic=opts.statistic)
     samples = harness.run()
-    observations = [Observation(s.spec.shape, s.seconds, s.spec.describe(), s.spec.group)
-                    for s in samples]
-    executor_fit = fit_shapes(observations)
-    if executor_fit.mape > opts.tolerance:
-        raise FitError(_too_far(executor_fit, opts.tolerance, samples))
-    host_fit = None
     steps: list[HostStep] = []
     if opts.host:
         config = EngineConfig(token_budget=grid.token_budget, budget_align=1,
                               chunk_size=min(grid.token_budget, 512),
                               max_num_seqs=grid.max_num_seqs)
+        per_layer = target.model.kv_bytes_per_token // target.model.num_layers
         steps = measure_host(target.executor, config, max_context=grid.max_context,
                              quick=grid.quick, seed=opts.seed, model_name=target.model.name,
-                             progress=progress)
+                             progress=progress,
+                             decode_knee=decode_knee_tokens(target.device.cache_bytes,
+                                                            per_layer))
+    seconds = time.perf_counter() - started
+    share = (time.process_time() - cpu0) / seconds if seconds > 0 else None
+    return Recording(
+        model=target.model, device=target.device, dtype=target.dtype,
+        kv_cache_bytes=target.kv_cache_bytes, block_size=target.executor.block_size,
+        versions={"slopilot": __version__, "python": platform.python_version(),
+                  **target.versions},
+        executor_code=executor_code_hash(), grid=grid, repeats=opts.repeats,
+        statistic=opts.statistic, samples=samples, host_steps=steps, seconds=seconds,
+        cpu_share=share, load_average=_load_average(),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+
+
+def with_statistic(rec: Recording, statistic: str) -> Recording:
+    """The recording with each shape's figure retaken from its rounds (median or min)."""
+    if statistic not in ("median", "min"):
+        raise ValueError(f"--statistic {statistic!r}: use median or min")
+    pick = min if statistic == "min" else statistics.median
+    samples = [dataclasses.replace(s, seconds=pick(s.times)) if s.times else s
+               for s in rec.samples]
+    return dataclasses.replace(rec, samples=samples, statistic=statistic)
+
+
+def fit_recording(rec: Recording, tolerance: float = 0.10, *,
+                  host: bool = True) -> Calibration:
+    """Fit today's form to a recording (fresh, or read back by ``--refit``): features
+    recomputed from each shape's rows; a mean error above ``tolerance`` is a FitError."""
+    knee = rec.decode_knee
+    samples = rec.samples
+    observations = [Observation(s.spec.shape_at(knee), s.seconds, s.spec.describe(),
+                                s.spec.group) for s in samples]
+    executor_fit = fit_shapes(observations)
+    if executor_fit.mape > tolerance:
+        raise FitError(_too_far(executor_fit, tolerance, samples))
+    host_fit = None
+    steps = [s.reshaped(knee) for s in rec.host_steps] if host else []
+    if steps:
         executor_coef = [executor_fit.coefficients[f] for f in FEATURES]
         predicted = [sum(c * v for c, v in zip(executor_coef, s.shape.vector(), strict=True))
                      for s in steps]
         host_fit = fit_host([s.observation(p) for s, p in zip(steps, predicted, strict=True)],
                             [s.step_s for s in steps])
-    seconds = time.perf_counter() - started
-    share = (time.process_time() - cpu0) / seconds if seconds > 0 else None
+    grid = rec.grid
     report = FitReport(
-        repeats=opts.repeats, shapes=len(samples), mape=executor_fit.mape,
+        repeats=rec.repeats, shapes=len(samples), mape=executor_fit.mape,
         max_err=executor_fit.max_err, classes=MappingProxyType(dict(executor_fit.classes)),
         host_steps=len(steps), host_mape=host_fit.mape if host_fit else 0.0,
-        cpu_share=share, load_average=_load_average(), seconds=seconds,
+        cpu_share=rec.cpu_share, load_average=rec.load_average, seconds=rec.seconds,
         token_budget=grid.token_budget, max_num_seqs=grid.max_num_seqs,
-        max_context=grid.max_context, statistic=opts.statistic)
-    host = {k: v for k, v in (host_fit.coefficients.items() if host_fit else ()) if v}
+        max_context=grid.max_context, statistic=rec.statistic)
+    host_coef = {k: v for k, v in (host_fit.coefficients.items() if host_fit else ()) if v}
     profile = CostProfile(
-        name=f"{target.model.name} on {target.device.type} ({target.dtype})",
-        device=target.device, model=target.model, dtype=target.dtype,
-        executor=MappingProxyType({k: v for k, v in executor_fit.coefficients.items()}),
-        host=MappingProxyType(host), block_size=target.executor.block_size,
-        kv_cache_bytes=target.kv_cache_bytes,
-        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        versions=MappingProxyType({"slopilot": __version__,
-                                   "python": platform.python_version(), **target.versions}),
-        executor_code=executor_code_hash(), fit=report)
+        name=f"{rec.model.name} on {rec.device.type} ({rec.dtype})",
+        device=rec.device, model=rec.model, dtype=rec.dtype,
+        executor=MappingProxyType(dict(executor_fit.coefficients)),
+        host=MappingProxyType(host_coef), block_size=rec.block_size,
+        kv_cache_bytes=rec.kv_cache_bytes,
+        created=rec.created or datetime.datetime.now(datetime.UTC).isoformat(
+            timespec="seconds"),
+        versions=MappingProxyType(dict(rec.versions)),
+        executor_code=rec.executor_code, fit=report)
     return Calibration(profile, executor_fit, host_fit, samples, steps)
 
 

@@ -42,9 +42,13 @@ def check_device(device: str) -> None:
 def device_info(device: str, threads: int | None) -> DeviceInfo:
     import torch
 
+    from slopilot.engine.device_cache import device_cache_bytes
+
+    cache = device_cache_bytes(device)
     if device.startswith("cuda"):
-        return DeviceInfo("cuda", torch.cuda.get_device_name(torch.device(device)), None)
-    return DeviceInfo("cpu", _cpu_name(), threads or torch.get_num_threads())
+        return DeviceInfo("cuda", torch.cuda.get_device_name(torch.device(device)), None,
+                          cache)
+    return DeviceInfo("cpu", _cpu_name(), threads or torch.get_num_threads(), cache)
 
 
 def _cpu_name() -> str:

@@ -52,6 +52,8 @@ class SimulatedExecutor:
         # Fail here, not on the first swap, when the block size is unusable.
         self.swap_time_per_block_s = cost_model.swap_time_per_block(block_size)
         self.cost_model = cost_model
+        # The engine loop stamps it on each iteration (sim/shape.py: decode_spill).
+        self.decode_knee_tokens: int | None = getattr(cost_model, "decode_knee_tokens", None)
         self.block_size = block_size
         self.eos_token_id = eos_token_id
         self.placeholder_token_id = placeholder_token_id

@@ -46,6 +46,8 @@ class CalibratedCostModel:
         self._executor = tuple(profile.executor.get(f, 0.0) for f in FEATURES)
         self._host = tuple(profile.host.get(f, 0.0) for f in FEATURES)
         self._total = tuple(a + b for a, b in zip(self._executor, self._host, strict=True))
+        # The engine loop puts it on every SchedulerOutput (from the simulated executor).
+        self.decode_knee_tokens = profile.decode_knee_tokens
 
     @property
     def label(self) -> str:
@@ -79,7 +81,8 @@ class CalibratedCostModel:
         """Seconds for ``(new_tokens, context)`` rows, each sampling (datasheet API)."""
         if not batch:
             return 0.0
-        return sum(map(mul, self._total, feature_sums((n, c, True) for n, c in batch)))
+        return sum(map(mul, self._total, feature_sums(((n, c, True) for n, c in batch),
+                                                      knee=self.decode_knee_tokens)))
 
     # -- memory and swap --------------------------------------------------------------
 

@@ -188,6 +188,8 @@ class CostModel:
                 "or use a GPU with more memory")
 
     calibrated = False
+    # No decode_spill term: the roofline has no cache model (see sim/shape.py).
+    decode_knee_tokens: int | None = None
 
     @property
     def label(self) -> str:

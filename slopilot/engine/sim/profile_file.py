@@ -57,7 +57,7 @@ from slopilot.engine.sim.spec_reader import ScenarioError
 __all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "DeviceInfo",
            "FitReport", "ProfileFileError", "StaleProfileWarning", "check_profile_for",
            "dump_profile", "executor_code_hash", "load_profile", "profile_to_dict",
-           "write_profile"]
+           "write_profile", "write_text_atomically"]
 
 
 def executor_code_hash() -> str:
@@ -87,7 +87,7 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
         "name": p.name,
         "created": p.created,
         "device": {"type": p.device.type, "name": p.device.name,
-                   "threads": p.device.threads},
+                   "threads": p.device.threads, "cache_bytes": p.device.cache_bytes},
         "model": {"name": p.model.name, "dtype": p.dtype, "tp": p.tp, "shape": shape},
         "memory": {"block_size": p.block_size, "kv_cache_bytes": p.kv_cache_bytes},
         "cost_model": {"form": p.form, "version": p.form_version, "hash": p.form_digest,
@@ -125,9 +125,14 @@ def dump_profile(p: CostProfile) -> str:
 
 def write_profile(p: CostProfile, path: str | Path) -> Path:
     """Write ``p`` to ``path`` atomically (a temporary file beside it, then a rename)."""
-    target = Path(path)
     text = dump_profile(p)
     load_profile(text, warn=False)  # never write what could not be read back
+    return write_text_atomically(Path(path), text)
+
+
+def write_text_atomically(target: Path, text: str) -> Path:
+    """``text`` into ``target`` via a temporary file beside it, fsync and a rename: a
+    reader sees the old file or the whole new one, never half of it."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:

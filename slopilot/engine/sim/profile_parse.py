@@ -29,7 +29,8 @@ def parse_profile(doc: object, source: str) -> CostProfile:
         raise r.error("schema", schema, f"not a slopilot cost profile (expected {SCHEMA!r})")
     dev = r.section("device")
     device = DeviceInfo(dev.text("type", choices=DEVICE_TYPES), dev.text("name"),
-                        dev.optional_int("threads", lo=1, hi=4096))
+                        dev.optional_int("threads", lo=1, hi=4096),
+                        dev.optional_int("cache_bytes", lo=1, hi=1 << 40))
     dev.finish()
     m = r.section("model")
     model_name = m.text("name")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from slopilot.engine.sim.profiles import ModelProfile, ProfileError
-from slopilot.engine.sim.shape import FORM_NAME, FORM_VERSION, form_hash
+from slopilot.engine.sim.shape import FORM_NAME, FORM_VERSION, decode_knee_tokens, form_hash
 
 SCHEMA = "slopilot.dev/cost-profile/v1"
 DEVICE_TYPES = ("cpu", "cuda")
@@ -27,6 +27,8 @@ class DeviceInfo:
     type: str  # "cpu" or "cuda"
     name: str  # "AMD EPYC (2 cores)", "NVIDIA H100 80GB HBM3"
     threads: int | None = None  # torch intra-op threads (CPU)
+    # The last-level cache (CPU L3, GPU L2) in bytes: the knee of ``decode_spill``.
+    cache_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,13 @@ class CostProfile:
     executor_code: str = ""
     fit: FitReport | None = None
     source: str = "<memory>"  # where it was read from; not written
+
+    @property
+    def decode_knee_tokens(self) -> int | None:
+        """Padded decode KV tokens one layer of which fills the device's last-level cache
+        (the knee of ``decode_spill``); None for a profile that does not record it."""
+        per_layer = self.model.kv_bytes_per_token // self.model.num_layers // self.tp
+        return decode_knee_tokens(self.device.cache_bytes, per_layer)
 
     def coefficient(self, feature: str) -> float:
         """Executor plus host seconds per unit of ``feature`` (0 when not fitted)."""

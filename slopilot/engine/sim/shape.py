@@ -26,6 +26,10 @@ Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order
     decode_context          sum of KV tokens decodes read
     decode_padded_context   decodes x the longest decode's context: a padded batched
                             attention reads and multiplies this many
+    decode_spill            padded KV tokens beyond the knee (``decode_padded_context -
+                            knee`` when positive): the decodes' gathered keys and values
+                            of one layer no longer fit the last-level cache, so the
+                            attention streams them from DRAM and each token costs more
     prefill_context         sum of KV tokens chunks read
     prefill_attention       sum of (query, key) pairs of chunks: causal attention FLOPs,
                             what a kernel that skips the masked half computes
@@ -36,6 +40,14 @@ Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order
     idle_starts             1 when the iteration starts after the engine sat idle: code
                             and data caches others filled meanwhile, a GPU's clocks down
                             (the engine loop sets ``SchedulerOutput.after_idle``)
+
+The knee of ``decode_spill`` is not fitted: it is the device's last-level cache over one
+layer's K and V bytes per token (``decode_knee_tokens``), so the engine (which knows its
+model and its device), the simulator (from the profile's ``device.cache_bytes``) and the
+calibration fit compute the same feature per iteration; a live correction can then
+refit its coefficient from window sums like any other. The engine loop puts the knee on
+``SchedulerOutput.decode_knee``; no knee (an old profile, a datasheet roofline) means no
+spill.
 """
 
 from __future__ import annotations
@@ -49,12 +61,14 @@ from slopilot.engine.outputs import SchedulerOutput
 
 FEATURES: tuple[str, ...] = (
     "iteration", "tokens", "sampled", "decode_seqs", "decode_batches", "prefill_seqs",
-    "decode_context", "decode_padded_context", "prefill_context", "prefill_attention",
-    "prefill_attention_dense", "swap_batches", "swap_blocks", "idle_starts")
+    "decode_context", "decode_padded_context", "decode_spill", "prefill_context",
+    "prefill_attention", "prefill_attention_dense", "swap_batches", "swap_blocks",
+    "idle_starts")
 
 # Bump when a feature's meaning changes; profiles carry the version and the hash of the
 # feature definitions they were fitted on (an older one gets a warning).
-FORM_VERSION = 1
+# v2: decode_spill (padded decode KV beyond the last-level cache).
+FORM_VERSION = 2
 FORM_NAME = "linear-shape-features"
 
 
@@ -76,6 +90,7 @@ class IterationShape:
     prefill_seqs: float = 0
     decode_context: float = 0
     decode_padded_context: float = 0
+    decode_spill: float = 0
     prefill_context: float = 0
     prefill_attention: float = 0.0
     prefill_attention_dense: float = 0
@@ -107,7 +122,7 @@ class IterationShape:
         """The features in ``FEATURES`` order."""
         return (self.iteration, self.tokens, self.sampled, self.decode_seqs,
                 self.decode_batches, self.prefill_seqs, self.decode_context,
-                self.decode_padded_context,
+                self.decode_padded_context, self.decode_spill,
                 self.prefill_context, self.prefill_attention, self.prefill_attention_dense,
                 self.swap_batches, self.swap_blocks, self.idle_starts)
 
@@ -121,15 +136,26 @@ if tuple(f.name for f in fields(IterationShape)) != FEATURES:  # pragma: no cove
 KINDS: tuple[str, ...] = ("decode", "prefill", "mixed", "swap")
 
 
+def decode_knee_tokens(cache_bytes: int | None, kv_bytes_per_layer_token: int) -> int | None:
+    """Padded decode KV tokens whose one layer's K and V fill ``cache_bytes``: the knee
+    of ``decode_spill``. None (no spill term) when the cache size is unknown."""
+    if cache_bytes is None or cache_bytes <= 0 or kv_bytes_per_layer_token <= 0:
+        return None
+    return max(1, cache_bytes // kv_bytes_per_layer_token)
+
+
 def shape_of_rows(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
-                  swap_in: int = 0, after_idle: bool = False) -> IterationShape:
+                  swap_in: int = 0, after_idle: bool = False,
+                  knee: int | None = None) -> IterationShape:
     """The shape of one iteration from ``(new_tokens, context_before, samples)`` rows,
-    the numbers of blocks swapped out and in, and whether the engine was idle before."""
-    return IterationShape(*feature_sums(rows, swap_out, swap_in, after_idle))
+    the numbers of blocks swapped out and in, whether the engine was idle before, and
+    the knee of ``decode_spill`` (None: no spill)."""
+    return IterationShape(*feature_sums(rows, swap_out, swap_in, after_idle, knee))
 
 
 def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
-                 swap_in: int = 0, after_idle: bool = False) -> tuple[float, ...]:
+                 swap_in: int = 0, after_idle: bool = False,
+                 knee: int | None = None) -> tuple[float, ...]:
     """``shape_of_rows(...).vector()`` without building the dataclass (the hot path)."""
     tokens = sampled = decodes = chunks = 0
     d_ctx = d_max = p_ctx = dense = 0
@@ -150,8 +176,10 @@ def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
             p_ctx += c + n
             pairs += n * c + n * (n + 1) / 2
             dense += n * (c + n)
+    padded = decodes * d_max
+    spill = padded - knee if knee is not None and padded > knee else 0
     return (1 if tokens else 0, tokens, sampled, decodes, 1 if decodes else 0, chunks,
-            d_ctx, decodes * d_max, p_ctx, pairs, dense,
+            d_ctx, padded, spill, p_ctx, pairs, dense,
             (1 if swap_out else 0) + (1 if swap_in else 0), swap_out + swap_in,
             1 if after_idle else 0)
 
@@ -162,12 +190,13 @@ def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
 
 def features_of(out: SchedulerOutput) -> tuple[float, ...]:
     """``shape_of(out).vector()``. The rows' sums are computed on the first call of an
-    iteration and kept on ``out``; ``idle_starts`` (the last feature) is read from
-    ``out.after_idle`` on every call, since the engine sets it after scheduling."""
+    iteration and kept on ``out`` (with ``out.decode_knee``, which the engine sets before
+    anyone asks); ``idle_starts`` (the last feature) is read from ``out.after_idle`` on
+    every call, since the engine sets it after scheduling."""
     features = out.shape_features
     if features is None:
         features = out.shape_features = feature_sums(
-            output_rows(out), len(out.swap_out), len(out.swap_in))
+            output_rows(out), len(out.swap_out), len(out.swap_in), knee=out.decode_knee)
     return features[:-1] + (1,) if out.after_idle else features
 
 

@@ -30,6 +30,7 @@ class IterationCostModel(Protocol):
     model: ModelProfile
     tp: int
     calibrated: bool
+    decode_knee_tokens: int | None  # the knee of the decode_spill feature, if any
 
     @property
     def label(self) -> str: ...

@@ -6,25 +6,28 @@ from __future__ import annotations
 import numpy as np
 
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from slopilot.engine.sim.shape import FEATURES, shape_of
+from slopilot.engine.sim.shape import FEATURES, IterationShape, feature_sums, output_rows
 
 TRUE: dict[str, float] = {
     "iteration": 2e-3, "tokens": 3e-5, "sampled": 1e-4, "decode_seqs": 4e-5,
     "decode_batches": 1.5e-3, "prefill_seqs": 8e-4, "decode_context": 5e-8,
     "decode_padded_context": 2e-7, "prefill_context": 1e-7, "prefill_attention": 4e-9,
     "prefill_attention_dense": 2e-9, "swap_batches": 1e-4, "swap_blocks": 3e-5}
+# The padded decode K/V beyond the cache costs 3x a cached padded token.
+SPILL = 4e-7
 
 
 class SyntheticExecutor:
     def __init__(self, coefficients: dict[str, float] | None = None, *, noise: float = 0.0,
                  seed: int = 0, num_gpu_blocks: int = 4096, num_cpu_blocks: int = 64,
-                 block_size: int = 16, extra: float = 0.0) -> None:
+                 block_size: int = 16, extra: float = 0.0, knee: int | None = None) -> None:
         self.coefficients = dict(TRUE if coefficients is None else coefficients)
         self.noise, self.extra = noise, extra
         self.rng = np.random.default_rng(seed)
         self.block_size, self.num_gpu_blocks, self.num_cpu_blocks = (
             block_size, num_gpu_blocks, num_cpu_blocks)
         self.calls = 0
+        self.knee = knee  # the decode_spill knee its times obey (None: no spill)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self.calls += 1
@@ -36,7 +39,8 @@ class SyntheticExecutor:
         written = [seq.block_table[p // bs] * bs + p % bs for seq in out.seqs
                    for p in range(seq.start_pos, seq.start_pos + len(seq.token_ids))]
         assert len(written) == len(set(written)), "two rows write the same KV slot"
-        shape = shape_of(out)
+        shape = IterationShape(*feature_sums(output_rows(out), len(out.swap_out),
+                                             len(out.swap_in), knee=self.knee))
         t = sum(self.coefficients.get(f, 0.0) * v
                 for f, v in zip(FEATURES, shape.vector(), strict=True))
         # A term the cost model does not have, to make a form that cannot fit.

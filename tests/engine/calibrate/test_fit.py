@@ -15,15 +15,15 @@ from slopilot.engine.calibrate.runner import CalibrationOptions, Target, calibra
 from slopilot.engine.sim.profile_file import DeviceInfo, load_profile, write_profile
 from slopilot.engine.sim.profiles import get_model
 from slopilot.engine.sim.shape import FEATURES, shape_of_rows
-from tests.engine.calibrate.synthetic import TRUE, SyntheticExecutor
+from tests.engine.calibrate.synthetic import SPILL, TRUE, SyntheticExecutor
 
 
 def _measure(executor: SyntheticExecutor, grid: GridOptions, repeats: int = 5
              ) -> list[Observation]:
     specs = design(grid)
     samples = Harness(executor, specs, max_context=grid.max_context, repeats=repeats).run()
-    return [Observation(s.spec.shape, s.seconds, s.spec.describe(), s.spec.group)
-            for s in samples]
+    return [Observation(s.spec.shape_at(executor.knee), s.seconds, s.spec.describe(),
+                        s.spec.group) for s in samples]
 
 
 def test_exact_times_give_back_the_exact_coefficients() -> None:
@@ -40,7 +40,8 @@ def test_noisy_times_recover_the_coefficients_that_matter() -> None:
                  "swap_blocks"):
         assert fit.coefficients[name] == pytest.approx(TRUE[name], rel=0.15), name
     assert fit.mape < 0.03
-    assert set(fit.classes) == {"prefill", "multi", "decode", "ragged", "mixed", "swap"}
+    assert set(fit.classes) == {"prefill", "multi", "decode", "ragged", "mixed", "large",
+                                "large mixed", "swap"}
     # Causal and dense attention pairs differ only by n(n-1)/2: noise may trade one for
     # the other, but not the time they predict together.
     exact = _measure(SyntheticExecutor(), GridOptions(), repeats=1)
@@ -62,10 +63,25 @@ def test_one_disturbed_shape_does_not_drag_the_others() -> None:
 
 def test_the_design_separates_every_feature() -> None:
     # Every executor feature; idle starts are the engine loop's, timed by the host phase.
+    # The knee sits inside each grid's padded range, as SmolLM2's L3 does in the full one.
     grid_features = [i for i, f in enumerate(FEATURES) if f != "idle_starts"]
-    for opts in (GridOptions(), GridOptions(quick=True)):
-        x = np.array([s.shape.vector() for s in design(opts)])[:, grid_features]
+    for opts, knee in ((GridOptions(), 21845), (GridOptions(quick=True), 4096)):
+        x = np.array([s.shape_at(knee).vector() for s in design(opts)])[:, grid_features]
         assert np.linalg.matrix_rank(x / x.max(axis=0)) == len(grid_features)
+
+
+def test_the_fit_recovers_the_cost_beyond_the_cache_knee() -> None:
+    truth = {**TRUE, "decode_spill": SPILL}
+    executor = SyntheticExecutor(truth, knee=21845)
+    observed = _measure(executor, GridOptions(), repeats=1)
+    fit = fit_shapes(observed)
+    assert fit.coefficients["decode_spill"] == pytest.approx(SPILL, rel=1e-6)
+    assert fit.coefficients["decode_padded_context"] == pytest.approx(
+        TRUE["decode_padded_context"], rel=1e-6)
+    assert fit.max_err < 1e-6
+    # The linear form alone (yesterday's) misses the large batches by far more.
+    linear = fit_shapes(observed, features=[f for f in FEATURES if f != "decode_spill"])
+    assert linear.classes["large"].max_err > 0.05
 
 
 def test_coefficients_are_never_negative() -> None:

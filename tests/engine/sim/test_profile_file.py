@@ -20,8 +20,8 @@ from slopilot.engine.sim.profile_file import (
     profile_to_dict,
     write_profile,
 )
-from slopilot.engine.sim.shape import FORM_VERSION
-from tests.support.profiles import make_profile
+from slopilot.engine.sim.shape import FEATURES, FORM_VERSION, shape_of_rows
+from tests.support.profiles import COEFFICIENTS, HOST, make_profile
 from tests.support.profiles import profile_file as write_test_profile
 
 
@@ -168,3 +168,39 @@ def test_a_profile_for_another_model_device_or_tp_is_refused() -> None:
         check_profile_for(p, device="cuda:0")
     with pytest.raises(ProfileFileError, match=r"tp=1, not tp=8"):
         check_profile_for(p, tp=8)
+
+
+def test_the_cache_size_round_trips_and_places_the_spill_knee(tmp_path: Path) -> None:
+    import dataclasses
+
+    from slopilot.engine.sim.calibrated import CalibratedCostModel
+    from slopilot.engine.sim.profile_file import DeviceInfo
+
+    profile = dataclasses.replace(
+        make_profile(executor={**COEFFICIENTS, "decode_spill": 1e-6}),
+        device=DeviceInfo("cuda", "Test Device 1", None, 50 * 1024 ** 2))
+    path = write_profile(profile, tmp_path / "p.yaml")
+    loaded = load_profile(path)
+    assert loaded.device.cache_bytes == 50 * 1024 ** 2
+    # llama-3-8b in bf16: 8 KV heads x 128 x 2 bytes x (K, V) = 4 KiB per layer and token.
+    assert loaded.decode_knee_tokens == 50 * 1024 ** 2 // 4096 == 12800
+    cost = CalibratedCostModel(loaded)
+    assert cost.decode_knee_tokens == 12800
+    batch = [(1, 999, True)] * 16  # 16 000 padded tokens: 3200 beyond the knee
+    without = dict(COEFFICIENTS)
+    assert cost.iteration_time([(n, c) for n, c, _ in batch]) == pytest.approx(
+        sum(without[f] * v for f, v in zip(FEATURES, shape_of_rows(batch).vector(),
+                                            strict=True) if f in without)
+        + HOST["iteration"] + 16 * HOST["decode_seqs"] + 3200 * 1e-6)
+
+
+def test_a_profile_from_form_1_loads_with_a_warning_and_no_spill(tmp_path: Path) -> None:
+    path = write_test_profile(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["cost_model"].update(version=1, hash="02e19ace97821c15")
+    del doc["device"]["cache_bytes"]  # form-1 profiles did not record the cache
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.warns(StaleProfileWarning, match=r"form linear-shape-features v1"):
+        old = load_profile(path)
+    assert old.device.cache_bytes is None and old.decode_knee_tokens is None
+    assert old.coefficient("decode_spill") == 0.0 and old.coefficient("tokens") > 0

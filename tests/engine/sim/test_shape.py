@@ -6,7 +6,15 @@ import pytest
 
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import SamplingParams
-from slopilot.engine.sim.shape import FEATURES, IterationShape, form_hash, shape_of, shape_of_rows
+from slopilot.engine.sim.shape import (
+    FEATURES,
+    FORM_VERSION,
+    IterationShape,
+    decode_knee_tokens,
+    form_hash,
+    shape_of,
+    shape_of_rows,
+)
 
 
 def test_a_mixed_batch_sums_rows_by_kind() -> None:
@@ -56,3 +64,34 @@ def test_impossible_rows_are_refused(row: tuple[int, int, bool]) -> None:
 
 def test_the_form_hash_is_stable_and_short() -> None:
     assert form_hash() == form_hash() and len(form_hash()) == 16
+
+
+def test_decode_spill_counts_padded_kv_beyond_the_knee() -> None:
+    # 4 decodes padded to 1001 tokens: 4004 padded, 1004 of them beyond a knee of 3000.
+    rows = [(1, 1000, True)] + [(1, 10, True)] * 3
+    assert shape_of_rows(rows, knee=3000).decode_spill == 4 * 1001 - 3000
+    assert shape_of_rows(rows, knee=5000).decode_spill == 0  # fits the cache
+    assert shape_of_rows(rows).decode_spill == 0  # no knee known: no spill term
+    # Chunks do not count: only the decodes' batched attention is padded.
+    assert shape_of_rows([(64, 4000, True)], knee=10).decode_spill == 0
+
+
+def test_the_engine_stamps_its_knee_on_every_iteration_for_all_who_read_the_shape() -> None:
+    sp = SamplingParams()
+    out = SchedulerOutput(seqs=[ScheduledSeq(f"r{i}", [1], 99, [0] * 7, True, sp)
+                                for i in range(8)])
+    out.decode_knee = 500
+    assert shape_of(out).decode_spill == 8 * 100 - 500
+
+
+def test_the_knee_is_the_cache_over_one_layers_kv_bytes_per_token() -> None:
+    # SmolLM2-135M in float32: 3 KV heads x 64 x 4 bytes x (K, V) = 1536 B per layer
+    # and token; a 32 MiB L3 holds 21845 padded tokens of one layer.
+    assert decode_knee_tokens(32 * 1024 ** 2, 1536) == 21845
+    assert decode_knee_tokens(None, 1536) is None
+    assert decode_knee_tokens(0, 1536) is None
+
+
+def test_the_form_is_version_2_with_the_spill_term() -> None:
+    assert FORM_VERSION == 2 and "decode_spill" in FEATURES
+    assert FEATURES.index("decode_spill") == FEATURES.index("decode_padded_context") + 1

@@ -1,0 +1,46 @@
+"""The fidelity benchmark's own behaviour (its figures are never asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load() -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("twin_fidelity",
+                                                      BENCHMARKS / "twin_fidelity.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_each_class_gets_enough_requests_for_its_p99_by_default() -> None:
+    tf = _load()
+    # P0 and P2 are 20 % each: at least 30 requests, so numpy's interpolated p99 lies
+    # between the two slowest rather than on one request (60 requests gave 9-11).
+    share = min(tf.CLASSES.weights) / sum(tf.CLASSES.weights)
+    assert tf.REQUESTS * share >= 30 and tf.QUICK_REQUESTS * share >= 16
+    assert "percentile" in (tf.__doc__ or "") and "type 7" in (tf.__doc__ or "")
+
+
+def test_too_few_requests_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.profiles import profile_file
+
+    tf = _load()
+    path = profile_file(tmp_path, model="tiny-random", device="cpu")
+    monkeypatch.setattr(sys, "argv", ["twin_fidelity.py", "--profile", str(path),
+                                      "--requests", "5"])
+    with pytest.raises(SystemExit, match=r"--requests 5: expected at least 10"):
+        tf.main()

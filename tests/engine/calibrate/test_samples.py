@@ -1,0 +1,134 @@
+"""Raw calibration timings kept in a file and fitted again without re-timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slopilot.cli import main
+from slopilot.engine.calibrate.design import GridOptions
+from slopilot.engine.calibrate.runner import CalibrationOptions, Target, fit_recording, measure
+from slopilot.engine.calibrate.samples import SamplesFileError, read_samples, write_samples
+from slopilot.engine.sim.profile_file import DeviceInfo, load_profile
+from slopilot.engine.sim.profiles import get_model
+from tests.engine.calibrate.synthetic import SPILL, TRUE, SyntheticExecutor
+
+QUICK = GridOptions(token_budget=256, max_num_seqs=16, max_context=512, quick=True)
+
+
+def _target(executor: SyntheticExecutor, cache_bytes: int | None = None) -> Target:
+    return Target(executor, get_model("tiny-random"),
+                  DeviceInfo("cpu", "synthetic", 1, cache_bytes), "float32", 64 * 1024 ** 2,
+                  {"torch": "test"})
+
+
+def test_a_refit_from_the_file_gives_the_fit_of_the_run(tmp_path: Path) -> None:
+    opts = CalibrationOptions(grid=QUICK, repeats=3)
+    rec = measure(_target(SyntheticExecutor(noise=0.01, seed=2)), opts)
+    direct = fit_recording(rec, opts.tolerance)
+    back = read_samples(write_samples(rec, tmp_path / "s.json"))
+    assert back.samples == rec.samples and back.grid == rec.grid
+    assert [h.rows for h in back.host_steps] == [h.rows for h in rec.host_steps]
+    again = fit_recording(back, opts.tolerance)
+    assert again.profile.executor == direct.profile.executor
+    assert again.profile.host == direct.profile.host
+    assert again.profile.fit == direct.profile.fit
+
+
+def test_a_refit_recomputes_features_from_the_rows(tmp_path: Path) -> None:
+    # Times that obey a spill beyond 4096 padded tokens; the cache that puts the knee
+    # there holds 4096 tokens of one layer's K and V.
+    model = get_model("tiny-random")
+    cache = 4096 * model.kv_bytes_per_token // model.num_layers
+    executor = SyntheticExecutor({**TRUE, "decode_spill": SPILL * 10}, knee=4096)
+    rec = measure(_target(executor, cache_bytes=cache),
+                  CalibrationOptions(grid=QUICK, repeats=1, host=False))
+    assert rec.decode_knee == 4096
+    fit = fit_recording(read_samples(write_samples(rec, tmp_path / "s.json")), host=False)
+    assert fit.profile.executor["decode_spill"] == pytest.approx(SPILL * 10, rel=1e-6)
+    assert fit.profile.device.cache_bytes == cache
+
+
+def test_calibrate_keeps_the_samples_and_refits_them(
+        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.engine.calibrate.test_calibrate_cli import TINY_GRID
+
+    samples, first, second = tmp_path / "s.json", tmp_path / "a.yaml", tmp_path / "b.yaml"
+    assert main(["calibrate", "--model", str(tiny), "--out", str(first), "--samples-out",
+                 str(samples), *TINY_GRID]) == 0
+    doc = json.loads(samples.read_text())
+    assert doc["schema"] == "slopilot.dev/calibration-samples/v1"
+    assert len(doc["samples"]) == load_profile(first).fit.shapes  # type: ignore[union-attr]
+    capsys.readouterr()
+    assert main(["calibrate", "--refit", str(samples), "--out", str(second),
+                 "--tolerance", "10"]) == 0
+    assert f"wrote {second}" in capsys.readouterr().out.replace("\n", "")
+    a, b = load_profile(first), load_profile(second)
+    assert a.executor == b.executor and a.host == b.host and a.device == b.device
+
+
+def test_a_refit_can_retake_each_shapes_figure_from_its_rounds(tmp_path: Path) -> None:
+    from slopilot.engine.calibrate.runner import with_statistic
+
+    rec = measure(_target(SyntheticExecutor(noise=0.3, seed=4)),
+                  CalibrationOptions(grid=QUICK, repeats=5, host=False))
+    back = read_samples(write_samples(rec, tmp_path / "s.json"))
+    fastest = with_statistic(back, "min")
+    assert fastest.statistic == "min"
+    assert [s.seconds for s in fastest.samples] == [min(s.times) for s in rec.samples]
+    assert fit_recording(fastest, 10, host=False).profile.fit.statistic == "min"  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="--statistic 'mean'"):
+        with_statistic(back, "mean")
+
+
+def test_samples_are_kept_when_the_fit_is_refused(
+        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.engine.calibrate.test_calibrate_cli import TINY_GRID
+
+    samples, out = tmp_path / "s.json", tmp_path / "p.yaml"
+    args = [a if a != "10" else "0.000001" for a in TINY_GRID]
+    assert main(["calibrate", "--model", str(tiny), "--out", str(out), "--samples-out",
+                 str(samples), *args]) == 2
+    err = capsys.readouterr().err
+    assert "above --tolerance" in err and f"--refit {samples}" in err
+    assert not out.exists() and read_samples(samples).samples
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(schema="other"), r"schema: expected .*not a calibration samples"),
+    (lambda d: d.pop("samples"), r"samples: missing"),
+    (lambda d: d["samples"][0].update(rows=[[0, 5, True]]),
+     r"samples\[0\]\.rows: row \[0, 5, True\]: expected \[new_tokens >= 1"),
+    (lambda d: d["samples"][1].update(seconds="fast"),
+     r"samples\[1\]\.seconds: expected a finite number"),
+    (lambda d: d["grid"].update(token_budget=1), r"--token-budget 1: expected 128"),
+    (lambda d: d["host_steps"][0].update(swaps=[1]), r"host_steps\[0\]\.swaps"),
+    (lambda d: d.update(samples=[]), r"samples: is empty"),
+])
+def test_a_bad_samples_file_is_named(tmp_path: Path, change: object, message: str) -> None:
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    path = write_samples(rec, tmp_path / "s.json")
+    doc = json.loads(path.read_text())
+    change(doc)  # type: ignore[operator]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SamplesFileError, match=message):
+        read_samples(path)
+
+
+def test_refit_refuses_what_it_cannot_use(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--refit", str(tmp_path / "none.json"), "--out",
+                 str(tmp_path / "p.yaml")]) == 2
+    assert "cannot read calibration samples" in capsys.readouterr().err
+    (tmp_path / "x.json").write_text("[1, 2]")
+    assert main(["calibrate", "--refit", str(tmp_path / "x.json"), "--out",
+                 str(tmp_path / "p.yaml")]) == 2
+    assert "the file: expected an object" in capsys.readouterr().err
+    assert main(["calibrate", "--refit", str(tmp_path / "x.json"), "--model", "tiny-random",
+                 "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "takes no --model" in capsys.readouterr().err
+    assert main(["calibrate", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "--model is required" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists()
