@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from slopilot.engine.executors.batch import build_batch
+from slopilot.engine.executors.host_memory import keep_freed_memory
 from slopilot.engine.executors.kv_cache import PagedKVCache
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
 from slopilot.engine.executors.logprobs import gather_logprobs
@@ -77,6 +78,8 @@ class TorchExecutor:
             # Process-wide: on a CPU shared with other busy processes, fewer intra-op
             # threads than cores avoids OpenMP barriers spinning on descheduled threads.
             torch.set_num_threads(num_threads)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.dtype = _parse_dtype(dtype, self.device)
         if isinstance(model, LoadedModel):
             self.loaded = model
