@@ -181,7 +181,12 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
             if ok and restored_at is None:
                 restored_at = w + WINDOW_S
             w += WINDOW_S
-    # P0 attainment while the loop was tuning (from the first trial to the commit).
+    # P0 attainment while the loop was tuning to recover (from the first trial to the
+    # commit). A retune after the settling action (a lasting breach at the new size, the
+    # sustained-breach alerts) is a later round, reported apart.
+    later_tuned = None
+    if tuned is not None and settled is not None and tuned > settled:
+        later_tuned, tuned = tuned, None
     p0, p0_min, p0_arrived, p0_arrived_min = None, None, None, None
     if tuned is not None:
         stop = settled if settled is not None else end
@@ -194,6 +199,12 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
         p0_arrived = cluster.attainment_by_arrival(tuned, stop, Priority.P0)
         p0_arrived_min = _worst_window(tuned, stop, lambda a, b: cluster.attainment_by_arrival(
             a, b, Priority.P0))
+    p0_later = None
+    if later_tuned is not None:
+        stop = next((t for t, d in after if t > later_tuned
+                     and d.action in (Action.COMMIT, Action.SCALE)), end)
+        p0_later = cluster.summary(later_tuned - TICK_S, stop).classes[
+            Priority.P0].slo_attainment
     before = score(cluster.summary(max(0.0, shift_at - 120), shift_at), scenario.slo)
     return {
         "shift_at_s": shift_at,
@@ -207,6 +218,8 @@ def measure(cluster: SimCluster, scenario: Scenario, decisions: list[tuple[float
         "p0_attainment_tuning_by_arrival": p0_arrived,
         "p0_attainment_min_window_by_arrival": p0_arrived_min,
         "windows_feasible_after_ratio": sum(later) / len(later) if later else None,
+        "later_retune_after_shift_s": None if later_tuned is None else later_tuned - shift_at,
+        "p0_attainment_later_tuning": p0_later,
         "replicas_final": len(cluster.active),
         "committed": settled is not None,
     }
@@ -238,7 +251,8 @@ def mismatched(args: argparse.Namespace) -> int:
                 print(f"  seed={seed} " + " ".join(f"{k}={_fmt(r[k])}" for k in (
                     "recovery_min", "trials_to_recover", "p0_attainment_tuning",
                     "scale_ups", "scale_downs", "replicas_final", "plant_needs",
-                    "slo_held_at_end", "wrong_scale_downs", "twin_untrusted")), flush=True)
+                    "slo_held_at_end", "wrong_scale_downs", "twin_untrusted",
+                    "later_retune_after_shift_s", "p0_attainment_later_tuning")), flush=True)
             rec = [r["recovery_min"] for r in runs]
             row = {
                 "plant": plant, "correction": correction, "seeds": len(runs),
@@ -255,6 +269,8 @@ def mismatched(args: argparse.Namespace) -> int:
                 "checks": sum(r["twin_checks"] for r in runs),
                 "step_error": runs[0]["twin_step_error"],
                 "corrected_error": runs[0]["twin_corrected_error"],
+                "later_retunes": sum(r["later_retune_after_shift_s"] is not None for r in runs),
+                "held_at_end": sum(bool(r["slo_held_at_end"]) for r in runs),
                 "goals_met": sum(goals_met(r) for r in runs)}
             rows.append(row)
             print(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()), flush=True)
