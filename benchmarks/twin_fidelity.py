@@ -140,7 +140,7 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenari
     swap = cost.swap_time_per_block(config.block_size)
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
                        swap, observers=[MetricsObserver(EngineMetrics(cost.model.name)),
-                                        real], decode_knee=real_knee(executor))
+                                        real])
     run = replay_real(engine, specs, real, time_limit_s=time_limit_s)
     if run.truncated:
         print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
@@ -186,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
     mu = saturation_rate(scenario, config, specs)
     executor = build_executor(args.model or profile.model.name, profile, cost, config,
                               context)
-    if real_knee(executor) != cost.decode_knee_tokens:
-        print(f"warning: this machine's decode_spill knee is {real_knee(executor)} padded "
+    if executor.decode_knee_tokens != cost.decode_knee_tokens:
+        print(f"warning: this machine's decode_spill knee is {executor.decode_knee_tokens} padded "
               f"tokens, the profile's {cost.decode_knee_tokens}: calibrated on another "
               "cache size; recalibrate here", file=sys.stderr)
     warm = at_rate(specs[: min(8, n)], mu)
@@ -230,21 +230,12 @@ def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
                          num_threads=profile.device.threads)
 
 
-def real_knee(executor: Any) -> int | None:
-    """The knee this machine's engine stamps (its cache, the executor's KV layout)."""
-    from slopilot.engine.device_cache import executor_decode_knee
-
-    return executor_decode_knee(str(executor.device), executor.block_bytes,
-                                executor.block_size, executor.config.num_hidden_layers)
-
-
 def replay_real_warmup(executor: Any, config: EngineConfig, cost: CalibratedCostModel,
                        specs: list[RequestSpec]) -> None:
     """A few requests first, not measured: kernel caches warm, as in calibration."""
     from slopilot.engine.engine import LLMEngine
 
-    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
-                       decode_knee=real_knee(executor))
+    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks)
     replay_real(engine, specs, Recorder())
 
 

@@ -56,7 +56,7 @@ def kv_bytes_per_layer_token(block_bytes: int, block_size: int, num_layers: int)
 def executor_decode_knee(device: str, block_bytes: int, block_size: int,
                          num_layers: int) -> int | None:
     """The ``decode_spill`` knee of a torch executor's paged cache on ``device``: what a
-    serving engine stamps on its iterations (``LLMEngine(decode_knee=...)``)."""
+    serving engine stamps on its iterations (``TorchExecutor.decode_knee_tokens``)."""
     from slopilot.engine.sim.shape import decode_knee_tokens
 
     return decode_knee_tokens(device_cache_bytes(device),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from slopilot.engine.device_cache import executor_decode_knee
 from slopilot.engine.executors.batch import build_batch
 from slopilot.engine.executors.host_memory import keep_freed_memory
 from slopilot.engine.executors.kv_cache import PagedKVCache
@@ -98,6 +99,11 @@ class TorchExecutor:
         self.block_bytes = PagedKVCache.block_bytes(
             num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, block_size=block_size, dtype=self.dtype)
+        # The knee of the decode_spill shape feature on this device and KV layout: the
+        # engine loop stamps it on every iteration (sim/shape.py), as a profile of this
+        # device computes it.
+        self.decode_knee_tokens = executor_decode_knee(
+            str(self.device), self.block_bytes, block_size, cfg.num_hidden_layers)
         gpu_blocks = (num_gpu_blocks if num_gpu_blocks is not None
                       else self._blocks_from_memory(kv_cache_gb, gpu_memory_utilization))
         if num_cpu_blocks is None:

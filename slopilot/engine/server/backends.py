@@ -84,18 +84,15 @@ def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
                 served_model_name: str | None = None, dtype: str | None = None,
                 max_model_len: int | None = None) -> Backend:
     """A plain-torch engine on a checkpoint directory or a registered model name."""
-    from slopilot.engine.device_cache import executor_decode_knee
     from slopilot.engine.executors.torch_runner import TorchExecutor
 
     executor = TorchExecutor(model, device=device, dtype=dtype, num_gpu_blocks=num_gpu_blocks,
                              num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
                              swap_space_gb=config.swap_space_gb, max_model_len=max_model_len)
-    # The slopilot_iteration_* series count padded decode KV beyond this device's cache
-    # as a calibrated profile of this device does (sim/shape.py: decode_spill).
-    knee = executor_decode_knee(str(executor.device), executor.block_bytes,
-                                executor.block_size, executor.config.num_hidden_layers)
+    # The engine stamps the executor's decode_spill knee on every iteration, so the
+    # slopilot_iteration_* series count as a calibrated profile of this device does.
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
-                       executor.swap_time_per_block_s, decode_knee=knee)
+                       executor.swap_time_per_block_s)
     name = served_model_name or str(model).rstrip("/").split("/")[-1]
     info = {"executor": "torch", "device": str(executor.device)}
     metrics, observer = _attach_metrics(engine, name, info)
