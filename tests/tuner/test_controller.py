@@ -254,6 +254,27 @@ def test_scale_alert_retunes_when_the_simulator_finds_a_config_that_holds() -> N
     assert rig.dep.applied == [(GOOD, False)]
 
 
+def test_scale_alert_scales_when_the_offline_study_finds_nothing_at_this_count() -> None:
+    # The capacity plan's short window says one replica holds; the offline study's longer
+    # runs of every candidate say none does. The retune path already takes the study's
+    # word (at_least = replicas + 1); a scale alert must not tune at the count the study
+    # has just ruled out (closed_loop seed 2: ten failed trials at P0 63 %).
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE, "SlopilotTBTP99High")]),
+              planner=FakePlanner(needed=1), offline=FakeOffline([(dict(GOOD), False)]))
+    d = rig.build().tick(0.0)
+    assert (d.state, d.action, d.replicas) == (ControllerState.COOLDOWN, Action.SCALE, 2)
+    assert "scale_up 1->2" in d.reason and "offline study" in d.reason
+    assert rig.dep.scaled == [2]
+
+
+def test_a_scale_alert_at_max_replicas_with_nothing_holding_offline_still_tunes() -> None:
+    rig = Rig(dep=FakeDeployment(n=4), alerts=FakeAlerts([alert(AlertAction.SCALE)]),
+              planner=FakePlanner(needed=1), offline=FakeOffline([(dict(BAD), False)]))
+    d = rig.build().tick(0.0)
+    assert (d.state, d.action, d.config) == (ControllerState.TUNING, Action.TRIAL, BAD)
+    assert rig.dep.scaled == []
+
+
 def test_scale_alert_with_enough_simulated_capacity_retunes_instead() -> None:
     rig = Rig(dep=FakeDeployment(n=2), alerts=FakeAlerts([alert(AlertAction.SCALE)]),
               planner=FakePlanner(needed=2), offline=None)

@@ -2,10 +2,12 @@
 
 A new config is cheaper than a replica, so unless live evidence already says no config
 holds (``Go.at_least``, from COMMIT or the offline study), SCALING first asks the offline
-study whether some config holds at the current count and tunes if so. Otherwise the
-capacity plan (with ``scale_up_margin`` to spare) says how many replicas the measured load
-needs, within min and max; at max replicas with nothing holding, the closest configs still
-get one live episode, and an episode that then finds nothing ends here with an inform.
+study whether some config holds at the current count and tunes if so; when the study
+finds none, at least one more replica is needed, whatever the capacity plan's shorter
+simulation says of the current count. The capacity plan (with ``scale_up_margin`` to
+spare) says how many replicas the measured load needs, within min and max; at max
+replicas with nothing holding, the closest configs still get one live episode, and an
+episode that then finds nothing ends here with an inform.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                 allow_scale=False, ranked=ranked)
         if ranked:
             config = ranked[0][0]
+            if current < s.max_replicas:
+                # The study ran every candidate longer than one capacity window does;
+                # its verdict that none holds here is the better evidence, as on the
+                # retune path (start_episode's at_least).
+                reason = f"offline study: no config holds the SLO at {current} " \
+                    f"replica(s); {reason}"
+                at_least = current + 1
     answer = advice.capacity(ctx, now, scenario, config, s.min_replicas, s.max_replicas,
                              margin=ctx.scale_up_margin, running=running)
     if answer is None:
