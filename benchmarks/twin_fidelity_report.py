@@ -24,7 +24,8 @@ def print_report(reports: list[LoadReport], profile: CostProfile, path: Path) ->
     runs = Table(title=f"Twin fidelity: {profile.name}, {profile.device.name}, "
                        f"{profile.device.threads or '-'} thread(s); profile {path}")
     for col in ("load", "req/s", "requests", "busy m/p", "tok/s m/p", "preempt m/p",
-                "iter err", "executor err", "iter median", "CPU share", "load avg"):
+                "iter err", "executor err", "iter median", "noise floor", "CPU share",
+                "load avg"):
         runs.add_column(col, justify="right")
     for r in reports:
         it = r.iterations
@@ -34,6 +35,8 @@ def print_report(reports: list[LoadReport], profile: CostProfile, path: Path) ->
                      f"{r.throughput[0]:.1f}/{r.throughput[1]:.1f}",
                      f"{r.preemptions[0]}/{r.preemptions[1]}", f"{it.mape:.1%}",
                      f"{it.executor_mape:.1%}", f"{it.median_err:.1%}",
+                     "-" if it.noise_floor is None else
+                     f"{it.noise_floor:.1%} ({it.noise_count})",
                      f"{r.cpu_share:.0%}", str(r.load_average))
     console.print(runs)
     fit = profile.fit

@@ -9,11 +9,12 @@ scheduling feedback included?). ``executor`` narrows the first to the forward pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from slopilot.engine.calibrate.replay import Recorder
+from slopilot.engine.calibrate.replay import Iteration, Recorder
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
 
@@ -43,6 +44,9 @@ class IterationFit:
     by_kind: dict[str, tuple[int, float]] = field(default_factory=dict)
     worst: list[tuple[str, float, float]] = field(default_factory=list)
     """(kind and shape, measured s, predicted s) of the largest errors."""
+    noise_floor: float | None = None
+    """``repeat_noise``: the error any shape-to-time model has on this run's iterations."""
+    noise_count: int = 0
 
 
 @dataclass
@@ -87,6 +91,32 @@ def _throughput(rec: Recorder, first_arrival: float) -> float:
     return tokens / span if span > 0 else 0.0
 
 
+NOISE_MIN_ALIKE = 5
+NOISE_CONTEXT_TOKENS = 32
+"""Context read within one bucket of this many tokens counts as the same shape: on
+SmolLM2-CPU 32 more tokens of every decode's context cost about 1 % of a step."""
+
+
+def repeat_noise(iterations: Sequence[Iteration]) -> tuple[float | None, int]:
+    """Mean ``|t - median| / t`` over iterations of one shape (at least
+    ``NOISE_MIN_ALIKE`` alike), and over how many: the error even a perfect model of
+    shape to time has on this machine, since it can predict a shape's one time only.
+
+    A real engine seldom repeats a shape exactly (every decode reads one token more
+    context each step), so the batch's counts are matched exactly and its context reads
+    within ``NOISE_CONTEXT_TOKENS``."""
+    groups: dict[tuple[float, ...], list[float]] = {}
+    for it in iterations:
+        s = it.shape
+        key = (s.tokens, s.decode_seqs, s.prefill_seqs, s.sampled, s.swap_blocks,
+               s.idle_starts, *(v // NOISE_CONTEXT_TOKENS for v in (
+                   s.decode_context, s.decode_padded_context, s.prefill_context)))
+        groups.setdefault(key, []).append(it.step_s)
+    errors = [abs(t - m) / t for times in groups.values() if len(times) >= NOISE_MIN_ALIKE
+              for m in (float(np.median(times)),) for t in times if t > 0]
+    return (float(np.mean(errors)) if errors else None), len(errors)
+
+
 def iteration_fit(rec: Recorder, cost: CalibratedCostModel) -> tuple[IterationFit, list]:
     measured = np.array([it.step_s for it in rec.iterations])
     predicted = np.array([cost.shape_time(it.shape) for it in rec.iterations])
@@ -101,9 +131,10 @@ def iteration_fit(rec: Recorder, cost: CalibratedCostModel) -> tuple[IterationFi
                for k in dict.fromkeys(kinds)}
     worst = [(f"{kinds[i]} {_describe(rec.iterations[i].shape)}", float(measured[i]),
               float(predicted[i])) for i in np.argsort(-err)[:5]]
+    floor, alike = repeat_noise(rec.iterations)
     fit = IterationFit(len(measured), float(err.mean()),
                        float(np.mean(np.abs(executor_pred - executor) / executor)),
-                       float(np.median(err)), by_kind, worst)
+                       float(np.median(err)), by_kind, worst, floor, alike)
     points = list(zip(measured.tolist(), predicted.tolist(), kinds, strict=True))
     return fit, points
 

@@ -7,15 +7,15 @@ import dataclasses
 
 import pytest
 
-from slopilot.engine.calibrate.compare import compare
-from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
+from slopilot.engine.calibrate.compare import compare, repeat_noise
+from slopilot.engine.calibrate.replay import Iteration, Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, WallClock
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
 from slopilot.engine.sim.scenario import parse_scenario
-from slopilot.engine.sim.shape import shape_of
+from slopilot.engine.sim.shape import IterationShape, shape_of
 from slopilot.engine.sim.twin import with_profile
 from slopilot.engine.sim.workload import RequestSpec
 from tests.support.profiles import make_profile
@@ -97,3 +97,32 @@ def test_arrivals_are_stamped_with_their_own_time_not_the_drivers() -> None:
     # Every TTFT is at least one iteration: a request waits for the pass it joins.
     assert min(real.ttft.values()) > 0
     assert dataclasses.is_dataclass(report)
+
+
+def _iteration(step_s: float, decodes: int = 1, context: int = 100) -> Iteration:
+    shape = IterationShape(iteration=1, tokens=decodes, sampled=decodes, decode_seqs=decodes,
+                           decode_batches=1, decode_context=context * decodes,
+                           decode_padded_context=context * decodes)
+    return Iteration(0.0, step_s, step_s, shape, 0)
+
+
+def test_repeat_noise_is_the_spread_of_alike_iterations_around_their_median() -> None:
+    # Five alike decodes 0.9, 1, 1, 1, 1.2 s: median 1, |t - m| / t = 1/9, 0, 0, 0, 1/6.
+    alike = [_iteration(t, context=100 + i) for i, t in enumerate((0.9, 1.0, 1.0, 1.0, 1.2))]
+    floor, n = repeat_noise(alike)
+    assert n == 5 and floor == pytest.approx((1 / 9 + 1 / 6) / 5)
+    # Shapes with fewer than five alike, or another batch, do not count.
+    others = [_iteration(3.0, decodes=4), _iteration(9.0, decodes=4),
+              _iteration(1.0, context=5000)]
+    assert repeat_noise([*alike, *others]) == (floor, 5)
+    assert repeat_noise(others) == (None, 0)
+
+
+def test_the_report_carries_the_noise_of_the_real_runs_alike_iterations() -> None:
+    report, real, _ = _run(1.0)
+    # The executor takes exactly the profile's time: alike shapes differ only by the
+    # context read within one bucket.
+    assert report.iterations.noise_count > 0
+    assert report.iterations.noise_floor is not None and report.iterations.noise_floor < 0.005
+    assert (report.iterations.noise_floor, report.iterations.noise_count) == \
+        repeat_noise(real.iterations)
