@@ -60,6 +60,9 @@ class LoadReport:
     busy: tuple[float, float]  # share of the run the engine was iterating
     iterations: IterationFit
     points: list[tuple[float, float, str]]  # every real iteration: measured, predicted, kind
+    shapes: list[tuple[float, ...]] = field(default_factory=list)
+    """Every real iteration's features (``IterationShape.vector``), in ``points`` order:
+    another profile's prediction can be judged on the same run afterwards."""
     cpu_share: float = 1.0
     load_average: float | None = None
     truncated: bool = False  # the real run hit its time limit: figures are not comparable
@@ -168,4 +171,5 @@ def compare(name: str, rate: float, real: Recorder, sim: Recorder,
         throughput=(_throughput(real, first_arrival_real), _throughput(sim, 0.0)),
         preemptions=(sum(it.preempted for it in real.iterations),
                      sum(it.preempted for it in sim.iterations)),
-        busy=(busy_real, busy_sim), iterations=fit, points=points)
+        busy=(busy_real, busy_sim), iterations=fit, points=points,
+        shapes=[it.shape.vector() for it in real.iterations])

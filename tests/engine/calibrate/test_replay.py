@@ -82,6 +82,11 @@ def test_an_executor_that_is_the_profile_matches_the_twin_exactly() -> None:
     assert report.iterations.mape == pytest.approx(0.0, abs=1e-9)
     assert report.throughput[0] == pytest.approx(report.throughput[1], rel=1e-9)
     assert [it.shape for it in real.iterations] == [it.shape for it in sim.iterations]
+    # The features kept per iteration give back its prediction (a later profile's too).
+    cost = CalibratedCostModel(make_profile("tiny-random", device="cpu", host={}, kv_gib=0.01))
+    assert len(report.shapes) == len(report.points)
+    assert [cost.shape_time(IterationShape(*v)) for v in report.shapes] == \
+        pytest.approx([p for _, p, _ in report.points])
 
 
 def test_a_slower_executor_shows_as_error_in_iterations_and_latency() -> None:
