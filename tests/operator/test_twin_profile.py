@@ -52,9 +52,9 @@ def ref(name: str = "smol-profile", key: str | None = None) -> dict[str, Any]:
 # ------------------------------------------------------------------ the spec's field
 
 def test_the_spec_names_a_configmap_key_of_its_own_namespace() -> None:
-    assert parse_spec(body()).twin_profile is None
-    assert parse_spec(body(ref())).twin_profile == ProfileRef("smol-profile", "profile.yaml")
-    assert parse_spec(body(ref("a.b", "cpu.yaml"))).twin_profile == ProfileRef("a.b",
+    assert parse_spec(body()).twin.profile is None
+    assert parse_spec(body(ref())).twin.profile == ProfileRef("smol-profile", "profile.yaml")
+    assert parse_spec(body(ref("a.b", "cpu.yaml"))).twin.profile == ProfileRef("a.b",
                                                                                 "cpu.yaml")
 
 
