@@ -317,12 +317,6 @@ def _status_schema() -> dict[str, Any]:
                                      "restarted operator resumes it instead of acting twice.")),
         "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
                                       "hash of the spec they were tuned from (base).")),
-        "twinProfile": _obj({
-            "calibrated": {"type": "boolean",
-                           "description": "Whether the twin runs a calibrated profile."},
-            "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),
-            "runs": _str("What the twin runs, in one line."),
-        }, desc="The controller's twin: calibrated profile or uncalibrated datasheet."),
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })
@@ -351,7 +345,14 @@ def _twin_schema() -> dict[str, Any]:
                                    "iterations the correction was not fitted on."},
         "classes": {"type": "object", "additionalProperties": per_class,
                     "description": "Per priority class (p0, p1, p2)."},
-    }, desc="The twin checked against the last measured window (docs/twin.md).")
+        "profile": _obj({
+            "calibrated": {"type": "boolean",
+                           "description": "Whether the twin runs a calibrated profile."},
+            "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),
+            "runs": _str("What the twin runs, in one line."),
+        }, desc="What the twin runs: a calibrated profile or the uncalibrated datasheet."),
+    }, desc="The controller's twin: what it runs (profile) and its check against the last "
+            "measured window (the other fields; docs/twin.md).")
 
 
 def openapi_schema() -> dict[str, Any]:
