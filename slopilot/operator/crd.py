@@ -228,17 +228,7 @@ def _spec_schema() -> dict[str, Any]:
                             default=DEFAULT_STUDY_STORAGE),
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),
-            "twin": _obj({
-                "maxError": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
-                             "maximum": 10, "default": 0.15,
-                             "description": "The twin's corrected step-time error on the "
-                                            "last window above which its warm starts and "
-                                            "capacity plans are not trusted (live trials "
-                                            "instead)."},
-                "correction": _str("How the twin is corrected from the last window's "
-                                   "iterations (docs/twin.md).",
-                                   enum=["none", "rescale", "refit"], default="refit"),
-            }, default={}),
+            "twin": _deprecated_twin_schema(),
         }, default={}),
         "prometheus": _obj({
             "url": _str("Prometheus the controller queries: http(s)://host[:port][/path], no "
@@ -251,6 +241,30 @@ def _spec_schema() -> dict[str, Any]:
     }, required=["model"])
 
 
+def _twin_settings(note: str = "") -> dict[str, dict[str, Any]]:
+    """maxError and correction, without a default: the parser applies it, as one in the
+    schema could not tell a value the user wrote from one the API server filled in."""
+    return {
+        "maxError": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                     "maximum": twin_spec.MAX_ERROR_BOUND, "exclusiveMaximum": True,
+                     "description": f"{note}The twin's corrected step-time error on the last "
+                                    "window above which its warm starts and capacity plans "
+                                    "are not trusted (live trials instead); default "
+                                    f"{twin_spec.DEFAULT_MAX_ERROR}."},
+        "correction": _str(f"{note}How the twin is corrected from the last window's "
+                           "iterations (docs/twin.md); default "
+                           f"{twin_spec.DEFAULT_CORRECTION.value}.",
+                           enum=list(twin_spec.CORRECTIONS)),
+    }
+
+
+def _deprecated_twin_schema() -> dict[str, Any]:
+    # Kept in the schema: without it the API server would prune these fields from the
+    # objects that have them, silently; parse_spec reads them and warns.
+    note = "Deprecated: moved to spec.twin; still read, with a warning. "
+    return _obj(_twin_settings(note), desc=f"{note}Remove it and set spec.twin instead.")
+
+
 def _twin_profile_schema() -> dict[str, Any]:
     return _obj({"profile": _obj({
         "configMapName": _str(
@@ -261,8 +275,9 @@ def _twin_profile_schema() -> dict[str, Any]:
                     pattern=twin_spec.KEY_PATTERN, maxLength=twin_spec.MAX_NAME,
                     default=twin_spec.DEFAULT_KEY),
     }, required=["configMapName"], desc="A calibrated cost profile for the controller's twin; "
-        "without it the twin is the uncalibrated datasheet roofline.")},
-        desc="The cost model the controller's simulator (warm starts, capacity) runs.")
+        "without it the twin is the uncalibrated datasheet roofline."), **_twin_settings()},
+        desc="The controller's twin (the simulator behind warm starts and capacity plans): "
+             "its cost model, and how it is checked and corrected against measurements.")
 
 
 def _status_schema() -> dict[str, Any]:
@@ -302,12 +317,6 @@ def _status_schema() -> dict[str, Any]:
                                      "restarted operator resumes it instead of acting twice.")),
         "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
                                       "hash of the spec they were tuned from (base).")),
-        "twinProfile": _obj({
-            "calibrated": {"type": "boolean",
-                           "description": "Whether the twin runs a calibrated profile."},
-            "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),
-            "runs": _str("What the twin runs, in one line."),
-        }, desc="The controller's twin: calibrated profile or uncalibrated datasheet."),
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })
@@ -336,7 +345,14 @@ def _twin_schema() -> dict[str, Any]:
                                    "iterations the correction was not fitted on."},
         "classes": {"type": "object", "additionalProperties": per_class,
                     "description": "Per priority class (p0, p1, p2)."},
-    }, desc="The twin checked against the last measured window (docs/twin.md).")
+        "profile": _obj({
+            "calibrated": {"type": "boolean",
+                           "description": "Whether the twin runs a calibrated profile."},
+            "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),
+            "runs": _str("What the twin runs, in one line."),
+        }, desc="What the twin runs: a calibrated profile or the uncalibrated datasheet."),
+    }, desc="The controller's twin: what it runs (profile) and its check against the last "
+            "measured window (the other fields; docs/twin.md).")
 
 
 def openapi_schema() -> dict[str, Any]:

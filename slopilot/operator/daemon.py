@@ -27,7 +27,6 @@ from slopilot.tuner.loop.state import (
     ControllerSettings,
     ControllerState,
     LoopState,
-    TwinCorrection,
 )
 
 if TYPE_CHECKING:
@@ -101,8 +100,7 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials, breach_window_s=spec.alerts.breach_window_s,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,
-        twin_max_error=spec.tuning.twin_max_error,
-        twin_correction=TwinCorrection(spec.tuning.twin_correction))
+        twin_max_error=spec.twin.max_error, twin_correction=spec.twin.correction)
 
 
 def prometheus_controller(ctx: DaemonContext) -> Controller:

@@ -7,8 +7,10 @@ importing it registers every handler, the controller daemon included.
   policy (refused with a ``Valid=False`` condition, phase Invalid and a Warning event,
   touching nothing) and against what the API server accepts in the owned objects
   (``Reconciled=False``), then create or patch the owned objects; the status says what
-  was done and which knobs vLLM ignores. Status is written conditionally on the version
-  read (status_writer.py), so the daemon's conditions and these never erase each other.
+  was done and which knobs vLLM ignores. A spec that works but should change (a
+  deprecated field) gets a ``DeprecatedField`` Warning event and says so in the Valid
+  condition. Status is written conditionally on the version read (status_writer.py), so
+  the daemon's conditions and these never erase each other.
 - events of owned Deployments, Services and ConfigMaps: a deleted or edited one is
   re-created or patched back from its LLMDeployment (drift repair).
 
@@ -36,6 +38,7 @@ from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import load_or_create
 
 MANAGED = {"app.kubernetes.io/managed-by": "slopilot-operator"}
+DEPRECATED = "DeprecatedField"  # the event reason of a spec's warnings
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
 
 
@@ -67,6 +70,13 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo.tokens = load_or_create(memo.kube, memo.policy.operator_namespace)
 
 
+def accepted(outcome: Outcome) -> str:
+    """The Valid=True condition's message: the spec's warnings, where it has any."""
+    if not outcome.warnings:
+        return "the spec passed every check"
+    return "the spec passed every check, with warnings: " + "; ".join(outcome.warnings)
+
+
 def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
     """The status fields one reconcile owns (the daemon owns the others)."""
     status = body.get("status") or {}
@@ -76,8 +86,8 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         message = "; ".join(outcome.problems)
         if outcome.refusal is Refusal.OWNED_OBJECT_INVALID:
             updates = [
-                condition(ConditionType.VALID, True, "SpecAccepted",
-                          "the spec passed every check", generation),
+                condition(ConditionType.VALID, True, "SpecAccepted", accepted(outcome),
+                          generation),
                 condition(ConditionType.RECONCILED, False, outcome.refusal.value, message,
                           generation)]
         else:
@@ -88,8 +98,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
     done = [f"{change.value} {what}" for what, change in outcome.changes.items()
             if change is not Change.UNCHANGED]
     updates = [
-        condition(ConditionType.VALID, True, "SpecAccepted", "the spec passed every check",
-                  generation),
+        condition(ConditionType.VALID, True, "SpecAccepted", accepted(outcome), generation),
         condition(ConditionType.RECONCILED, True, "OwnedObjectsInSync",
                   "; ".join(done) if done else "every owned object matches the spec",
                   generation)]
@@ -124,6 +133,8 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
 def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> None:
     """Warning events for refusals and gaps, a Normal one when something was written."""
     body = cast("kopf.Body", raw)  # kopf reads only metadata: any mapping will do
+    if outcome.warnings:
+        kopf.warn(body, reason=DEPRECATED, message="; ".join(outcome.warnings))
     if not outcome.valid:
         kopf.warn(body, reason=outcome.refusal.value, message="; ".join(outcome.problems))
         return

@@ -74,6 +74,8 @@ class Outcome:
     """The admin-token Secret the pods read (builtin only); created by the operator."""
     replicas: int | None = None
     config: EngineConfig | None = None  # the knobs rendered (spec plus committed tuning)
+    warnings: tuple[str, ...] = ()
+    """The parsed spec's warnings (a deprecated field): posted, never refused."""
 
     @property
     def valid(self) -> bool:
@@ -193,9 +195,11 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     except SpecError as exc:
         return Outcome(problems=tuple(exc.problems))
     if problems := policy_problems(spec, policy):
-        return Outcome(problems=tuple(problems), refusal=Refusal.NOT_ALLOWED)
+        return Outcome(problems=tuple(problems), refusal=Refusal.NOT_ALLOWED,
+                       warnings=spec.warnings)
     if problems := object_problems(body, spec):
-        return Outcome(problems=tuple(problems), refusal=Refusal.OWNED_OBJECT_INVALID)
+        return Outcome(problems=tuple(problems), refusal=Refusal.OWNED_OBJECT_INVALID,
+                       warnings=spec.warnings)
     monitoring = (kube.serves(MONITORING, "servicemonitors")
                   and kube.serves(MONITORING, "prometheusrules"))
     replicas = current_replicas(kube, body, spec)
@@ -217,12 +221,14 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
         # Refused as written: retrying cannot help until the spec changes.
         return Outcome(problems=(f"the API server refused {where}: {exc.message}; change "
                                  "the spec field it names",),
-                       refusal=Refusal.OWNED_OBJECT_INVALID, changes=changes)
+                       refusal=Refusal.OWNED_OBJECT_INVALID, changes=changes,
+                       warnings=spec.warnings)
     unsupported = render_all(body, spec, replicas).unsupported_knobs
     return Outcome(changes=changes, unsupported_knobs=unsupported, monitoring=monitoring,
                    admin_secret=secret,
                    replicas=replicas if replicas is not None else
-                   min(max(spec.min_replicas, 1), spec.max_replicas), config=spec.engine)
+                   min(max(spec.min_replicas, 1), spec.max_replicas), config=spec.engine,
+                   warnings=spec.warnings)
 
 
 def config_status(config: EngineConfig) -> dict[str, Any]:

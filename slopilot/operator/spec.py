@@ -31,7 +31,7 @@ from slopilot.operator.knobs import (
     spec_path,
     tuned_config,
 )
-from slopilot.operator.twin_spec import ProfileRef, parse_twin
+from slopilot.operator.twin_spec import TwinSpec, parse_twin
 from slopilot.operator.validation import prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.space import SearchSpace
@@ -81,8 +81,6 @@ class SpecError(ValueError):
         self.problems = problems
 
 
-TWIN_CORRECTIONS = ("none", "rescale", "refit")  # tuner/loop/state.TwinCorrection
-
 @dataclass(frozen=True)
 class TuningSpec:
     enabled: bool
@@ -97,10 +95,6 @@ class TuningSpec:
     """What the trials search, built once by the parse: ``slopilot tune``'s space (the same
     ``SearchSpace.from_bounds``) with these bounds, over the knobs the backend applies (a
     vLLM trial rolls every replica: only budget, chunk and max sequences, VLLM_APPLIES)."""
-    twin_max_error: float = 0.15
-    """``spec.tuning.twin.maxError``: ControllerSettings.twin_max_error."""
-    twin_correction: str = "refit"
-    """``spec.tuning.twin.correction``: none, rescale or refit."""
 
 
 @dataclass(frozen=True)
@@ -126,9 +120,12 @@ class LLMDeploymentSpec:
     trials' revert guardrail protect."""
     alerts: RuleOptions = field(default_factory=RuleOptions)
     """The alert table's thresholds and holds (``spec.alerts``; the seeds' by default)."""
-    twin_profile: ProfileRef | None = None
-    """``spec.twin.profile``: the calibrated profile for the controller's twin, in a
-    ConfigMap of the CR's namespace; None: the datasheet roofline (twin_spec.py)."""
+    twin: TwinSpec = field(default_factory=TwinSpec)
+    """``spec.twin``: the controller's twin, its profile (a ConfigMap of the CR's
+    namespace; None: the datasheet roofline), error bound and correction (twin_spec.py)."""
+    warnings: tuple[str, ...] = ()
+    """What the spec does that still works but should change (a deprecated field), each
+    naming the field and the fix; the operator posts them as Warning events."""
 
     @property
     def model_ref(self) -> str:
@@ -266,25 +263,12 @@ def _tuning(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig
             space = SearchSpace.from_bounds(bounds or None, base=running, applies=applies)
         except ConfigError as exc:
             r.problems.append(f"spec.tuning.bounds: {exc}")
-    twin = _twin(spec, r)
     if space is None:
         return None
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
                       storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
-                      bounds=bounds, space=space, **twin)
-
-
-def _twin(spec: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
-    bound = r.get(spec, "spec.tuning.twin.maxError", (int, float), 0.15)
-    if not 0 < bound < 10:
-        r.problems.append(f"spec.tuning.twin.maxError={bound!r}: use a relative error in "
-                          "(0, 10), e.g. 0.15 for 15 %")
-    correction = r.get(spec, "spec.tuning.twin.correction", str, "refit")
-    if correction not in TWIN_CORRECTIONS:
-        r.problems.append(f"spec.tuning.twin.correction={correction!r}: use one of "
-                          f"{', '.join(TWIN_CORRECTIONS)}")
-    return {"twin_max_error": float(bound), "twin_correction": correction}
+                      bounds=bounds, space=space)
 
 
 def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
@@ -330,7 +314,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     url = r.get(spec, "spec.prometheus.url", str, "http://prometheus-operated.monitoring:9090")
     if (problem := prometheus_url_problem(url)) is not None:
         r.problems.append(problem)
-    twin_profile = parse_twin(spec, r.problems)
+    warnings: list[str] = []
+    twin = parse_twin(spec, r.problems, warnings)
     if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
@@ -341,7 +326,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
-        alerts=alerts, twin_profile=twin_profile)
+        alerts=alerts, twin=twin, warnings=tuple(warnings))
 
 
 def _quantity(spec: Mapping[str, Any], name: str) -> str | None:

@@ -94,7 +94,7 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
             body["metadata"].get("generation"))])}
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
         out["config"] = config_status(parse_spec(body).engine)
-    if loop.twin is not None:
+    if loop.twin is not None:  # merged: status.twin.profile is the TwinTracker's to write
         out["twin"] = loop.twin
     if loop.best_config is not None:
         out["bestTrial"] = {"config": loop.best_config, "goodputTokS": loop.best_goodput}

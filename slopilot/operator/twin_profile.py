@@ -107,7 +107,7 @@ def config_map_version(kube: Kube, namespace: str, ref: ProfileRef) -> str | Non
 
 def resolve_twin(kube: Kube, namespace: str, spec: LLMDeploymentSpec) -> TwinChoice:
     """The twin for ``spec`` in ``namespace`` (the CR's own); see the module docstring."""
-    ref = spec.twin_profile
+    ref = spec.twin.profile
     if ref is None:
         return TwinChoice()
     source = ref.where(namespace)

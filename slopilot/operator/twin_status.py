@@ -1,10 +1,15 @@
 """Which twin a deployment's controller runs, in its status, and when to read it again.
 
 The daemon resolves the twin (``twin_profile.resolve_twin``) whenever it builds the
-controller; ``TwinTracker`` writes the answer (``status.twinProfile``, the ``TwinCalibrated``
+controller; ``TwinTracker`` writes the answer (``status.twin.profile``, the ``TwinCalibrated``
 condition, an event when it changes) and tells the daemon to rebuild when the profile's
 ConfigMap was created, edited or deleted since (one GET every ``RECHECK_S``, only while
 the spec names a profile): a recalibrated profile reaches the twin without a spec edit.
+
+``status.twin`` has two writers: this one (``profile``) and the daemon's twin check (the
+other fields, tuning_daemon.status_after). A status write is a JSON merge patch, which
+merges maps key by key, so each writes only its own keys and neither erases the other's;
+a key of ours that went away is written as null, which the merge deletes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ from slopilot.operator.twin_profile import TwinChoice, config_map_version
 
 log = logging.getLogger(__name__)
 RECHECK_S = 30.0
+PROFILE_FIELDS = ("calibrated", "source", "runs")  # TwinChoice.status(), CRD status.twin
+
+
+def profile_patch(twin: TwinChoice) -> dict[str, Any]:
+    """``status.twin.profile`` as a merge patch: ``twin.status()``, a field it lacks null."""
+    return {**dict.fromkeys(PROFILE_FIELDS), **twin.status()}
 
 
 class TwinTracker:
@@ -48,7 +59,7 @@ class TwinTracker:
         self.current, self.checked = twin, self.clock()
         try:
             written = write_status(self.kube, self.namespace, self.name, lambda fresh: {
-                "twinProfile": twin.status(), "conditions": merge_conditions(
+                "twin": {"profile": profile_patch(twin)}, "conditions": merge_conditions(
                     (fresh.get("status") or {}).get("conditions"),
                     [twin.condition(generation)])} if ours(fresh) else None)
         except Exception:  # an API error: the next rebuild writes it again

@@ -52,9 +52,9 @@ def ref(name: str = "smol-profile", key: str | None = None) -> dict[str, Any]:
 # ------------------------------------------------------------------ the spec's field
 
 def test_the_spec_names_a_configmap_key_of_its_own_namespace() -> None:
-    assert parse_spec(body()).twin_profile is None
-    assert parse_spec(body(ref())).twin_profile == ProfileRef("smol-profile", "profile.yaml")
-    assert parse_spec(body(ref("a.b", "cpu.yaml"))).twin_profile == ProfileRef("a.b",
+    assert parse_spec(body()).twin.profile is None
+    assert parse_spec(body(ref())).twin.profile == ProfileRef("smol-profile", "profile.yaml")
+    assert parse_spec(body(ref("a.b", "cpu.yaml"))).twin.profile == ProfileRef("a.b",
                                                                                 "cpu.yaml")
 
 
@@ -202,6 +202,10 @@ def test_the_default_wiring_plans_on_the_profile(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ through the operator
 
+def profile_status(cluster: Any) -> dict[str, Any]:
+    return dict((cluster.status().get("twin") or {}).get("profile") or {})
+
+
 def test_the_operator_says_which_twin_runs_and_rereads_an_edited_configmap(
         kube_login: RunningEmulator, kube_client: kubernetes.client.ApiClient,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,9 +223,9 @@ def test_the_operator_says_which_twin_runs_and_rereads_an_edited_configmap(
     prom = PrometheusStandIn()
     with serving(prom), operator(kube_login):
         cluster.create(llmd(prometheus={"url": prom.url}, twin=ref()))
-        wait_for(lambda: (cluster.status().get("twinProfile") or {}).get("calibrated") is True,
-                 what="status.twinProfile on the calibrated profile")
-        assert cluster.status()["twinProfile"]["source"] == \
+        wait_for(lambda: profile_status(cluster).get("calibrated") is True,
+                 what="status.twin.profile on the calibrated profile")
+        assert profile_status(cluster)["source"] == \
             f"ConfigMap {DEFAULT_NS}/smol-profile key 'profile.yaml'"
         assert cluster.condition("TwinCalibrated")["reason"] == "ProfileLoaded"
         wait_for(lambda: cluster.events("TwinProfileLoaded"), what="the loaded event")
@@ -232,5 +236,6 @@ def test_the_operator_says_which_twin_runs_and_rereads_an_edited_configmap(
                  == "ProfileRefused", what="the edited ConfigMap read again")
         message = cluster.condition("TwinCalibrated")["message"]
         assert "smol-profile" in message and "calibrated on a cuda device" in message
-        assert cluster.status()["twinProfile"]["calibrated"] is False
+        assert profile_status(cluster)["calibrated"] is False
+        assert "twinProfile" not in cluster.status()
         wait_for(lambda: cluster.events("TwinProfileRefused"), what="the refused event")

@@ -1,17 +1,27 @@
-"""The twin check reaches the LLMDeployment: status.twin (in the CRD schema) and an event."""
+"""The twin check reaches the LLMDeployment: status.twin (in the CRD schema) and an event;
+the twin's profile shares status.twin with it (status.twin.profile)."""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from typing import Any
 
 import kopf
+import kubernetes.client
 import pytest
 
 from slopilot.operator import tuning_daemon
+from slopilot.operator.crd import crd_manifest, openapi_schema
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.status_writer import write_status
 from slopilot.operator.tuning_daemon import post_decision, status_after
+from slopilot.operator.twin_profile import TwinChoice
+from slopilot.operator.twin_status import TwinTracker
 from slopilot.tuner.loop.state import TwinCorrection
+from tests.operator.operator_support import NS
 from tests.operator.test_crd import errors_of, sample
+from tests.support.kube_server import RunningEmulator
+from tests.support.profiles import make_profile
 from tests.tuner.test_twin_check import WINDOW_S, plant
 
 
@@ -53,7 +63,7 @@ def test_a_tick_without_a_check_posts_no_twin_event(monkeypatch: pytest.MonkeyPa
     assert posted == []
 
 
-def test_the_twin_bound_and_correction_come_from_the_spec() -> None:
+def test_the_twin_bound_and_correction_come_from_spec_twin() -> None:
     from slopilot.operator.crd import openapi_schema
     from slopilot.operator.daemon import controller_settings
     from slopilot.operator.spec import parse_spec
@@ -63,24 +73,60 @@ def test_the_twin_bound_and_correction_come_from_the_spec() -> None:
     defaults = parse_spec(apply_defaults(openapi_schema(), body))
     settings = controller_settings(defaults, "team-a", "chat")
     assert (settings.twin_max_error, settings.twin_correction) == (0.15, TwinCorrection.REFIT)
-    body["spec"]["tuning"] = {"twin": {"maxError": 0.3, "correction": "rescale"}}
+    body["spec"]["twin"] = {"maxError": 0.3, "correction": "rescale"}
     assert errors_of(body) == []
     settings = controller_settings(parse_spec(apply_defaults(openapi_schema(), body)),
                                    "team-a", "chat")
     assert (settings.twin_max_error, settings.twin_correction) == (0.3, TwinCorrection.RESCALE)
 
 
-@pytest.mark.parametrize(("twin", "needle"), [
-    ({"maxError": 0}, "spec.tuning.twin.maxError=0: use a relative error in (0, 10)"),
-    ({"maxError": "high"}, "spec.tuning.twin.maxError='high': expected int/float"),
-    ({"correction": "guess"}, "spec.tuning.twin.correction='guess': use one of none, "
-                              "rescale, refit"),
-])
-def test_a_bad_twin_setting_is_named_with_its_fix(twin: dict[str, Any], needle: str) -> None:
-    from slopilot.operator.spec import SpecError, parse_spec
+# ------------------------------------------------------------------ one status.twin, two writers
 
-    body = sample("llmdeployment-builtin.yaml")
-    body["spec"]["tuning"] = {"twin": twin}
-    with pytest.raises(SpecError, match=re.escape(needle)):
-        parse_spec(body)
-    assert errors_of(body) != []  # the API server refuses it first
+PROFILE = TwinChoice(profile=make_profile(model="smollm2-135m", device="cpu"),
+                     source="ConfigMap default/smol-profile key 'profile.yaml'")
+
+
+def _check_writer(kube: Kube) -> Callable[[], None]:
+    p = plant()
+    d = p.ctl.tick(WINDOW_S)
+    assert d.twin is not None
+
+    def write() -> None:
+        write_status(kube, NS, "chat", lambda fresh: status_after(
+            fresh, p.ctl, d, "2026-12-01T00:00:00Z"))
+    return write
+
+
+@pytest.mark.parametrize("profile_first", [True, False])
+def test_status_twin_keeps_the_check_and_the_profile_whichever_writes_last(
+        profile_first: bool, kube: RunningEmulator,
+        kube_client: kubernetes.client.ApiClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.operator.operator_support import Cluster, llmd
+
+    monkeypatch.setattr(kopf, "info", lambda *_a, **_k: None)  # no operator to post events
+    monkeypatch.setattr(kopf, "warn", lambda *_a, **_k: None)
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd())
+    tracker = TwinTracker(cluster.kube, NS, "chat", clock=lambda: 0.0)
+    writers = [lambda: tracker.write(PROFILE, 1, lambda _b: True), _check_writer(cluster.kube)]
+    for write in writers if profile_first else writers[::-1]:
+        write()
+    twin = cluster.status()["twin"]
+    assert twin["profile"] == PROFILE.status() and twin["profile"]["calibrated"] is True
+    assert isinstance(twin["trusted"], bool) and twin["classes"]["p0"]["ttftP99MeasuredMs"] > 0
+    assert "twinProfile" not in cluster.status()
+    assert cluster.condition("TwinCalibrated")["reason"] == "ProfileLoaded"
+    # The profile goes: status.twin.profile says so, without a stale source, and the
+    # check's fields stay.
+    tracker.write(TwinChoice(), 2, lambda _b: True)
+    twin = cluster.status()["twin"]
+    assert twin["profile"] == TwinChoice().status() and "source" not in twin["profile"]
+    assert isinstance(twin["trusted"], bool)
+
+
+def test_the_crd_has_no_twin_profile_status_but_a_profile_under_twin() -> None:
+    status = openapi_schema()["properties"]["status"]["properties"]
+    assert "twinProfile" not in status
+    assert set(status["twin"]["properties"]["profile"]["properties"]) == {
+        "calibrated", "source", "runs"}
