@@ -18,8 +18,15 @@ gaps (TBT: every gap of the class's requests); with n requests a TTFT p99 interp
 between the two slowest at 0.99 (n - 1), so the default 150 requests per load (30 P0,
 90 P1, 30 P2) keep it off a single request.
 
+A second twin runs beside the calibrated one: the profile corrected live, as the
+operator's controller corrects its twin (``engine/sim/correction.py`` ``corrected``: a
+refit, then one factor), on what the engine served just before each load (the warm-up,
+30 requests the loads do not contain, before the first; the previous load before the
+others). Both twins see the same real run.
+
 Ends with ``RESULT ttft_p50_err=... ttft_p99_err=... tbt_p50_err=... tbt_p99_err=...
-iteration_mape=... iteration_noise_floor=... max_err=...`` (each the worst over loads and
+iteration_mape=... iteration_noise_floor=... max_err=... corrected_iteration_mape=...
+corrected_max_err=...`` (each the worst over loads and
 classes; max_err the worst of the four). Targets: max_err <= 0.10, iteration_mape <= 0.05.
 ``iteration_noise_floor`` is what no cost model can beat on this machine: the mean
 distance of the real run's iterations from the median of their alike ones
@@ -36,13 +43,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from twin_fidelity_report import plot, print_report
+from twin_fidelity_report import plot, print_corrected, print_report
 
 from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport, compare
 from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
+from slopilot.engine.sim.correction import corrected, windows_of
 from slopilot.engine.sim.profile_file import CostProfile, check_profile_for, load_profile
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.trace import TraceWorkload, read_trace
@@ -53,6 +61,9 @@ LOADS = (("light", 0.3), ("near saturation", 0.85), ("overloaded", 1.3))
 CLASSES = ClassMix.of({Priority.P0: 0.2, Priority.P1: 0.6, Priority.P2: 0.2})
 # Per load; the real run's time grows with it (~23 min quiet on SmolLM2 at 150).
 REQUESTS, QUICK_REQUESTS = 150, 80
+WARMUP_REQUESTS = 30
+CORRECTION_WINDOW_S = 30.0
+"""The live correction's equations: one per kind and window of this many seconds."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -132,14 +143,16 @@ def saturation_rate(scenario: Scenario, config: EngineConfig,
     return len(specs) / max(rec.finished.values())
 
 
-def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenario,
-             config: EngineConfig, executor: Any, cost: CalibratedCostModel,
-             time_limit_s: float) -> LoadReport:
+def run_load(name: str, rate: float, specs: list[RequestSpec], twins: list[Twin],
+             config: EngineConfig, executor: Any, time_limit_s: float
+             ) -> tuple[list[LoadReport], Recorder]:
+    """One load through the real engine, then through each twin; a report per twin."""
     from slopilot.engine.engine import LLMEngine
     from slopilot.engine.metrics import EngineMetrics
     from slopilot.engine.metrics_observer import MetricsObserver
 
-    real, sim = Recorder(), Recorder()
+    real = Recorder()
+    cost = twins[0].cost
     swap = cost.swap_time_per_block(config.block_size)
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
                        swap, observers=[MetricsObserver(EngineMetrics(cost.model.name)),
@@ -148,13 +161,35 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], scenario: Scenari
     if run.truncated:
         print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
               f"{len(specs)} requests done", file=sys.stderr)
-    replay_sim(scenario, config, specs, sim)
-    sim_span = max(sim.finished.values()) if sim.finished else 0.0
-    report = compare(name, rate, real, sim, cost, first_arrival_real=run.t0,
-                     real_span_s=run.wall_s, sim_span_s=sim_span)
-    report.cpu_share, report.truncated = run.cpu_share, run.truncated
-    report.load_average = round(os.getloadavg()[0], 2)
-    return report
+    reports = []
+    for twin in twins:
+        sim = Recorder()
+        replay_sim(twin.scenario, config, specs, sim)
+        sim_span = max(sim.finished.values()) if sim.finished else 0.0
+        report = compare(name, rate, real, sim, twin.cost, first_arrival_real=run.t0,
+                         real_span_s=run.wall_s, sim_span_s=sim_span)
+        report.cpu_share, report.truncated = run.cpu_share, run.truncated
+        report.load_average = round(os.getloadavg()[0], 2)
+        reports.append(report)
+    return reports, real
+
+
+@dataclasses.dataclass(frozen=True)
+class Twin:
+    scenario: Scenario
+    cost: CalibratedCostModel
+
+
+def twin_of(base: Scenario, profile: CostProfile) -> Twin:
+    return Twin(with_profile(base, profile), CalibratedCostModel(profile))
+
+
+def live_corrected(profile: CostProfile, served: Recorder) -> CostProfile:
+    """The profile corrected on what the engine served just before, as the operator's
+    controller corrects its twin on the last windows (refit, then one factor)."""
+    windows = windows_of([(it.end, it.step_s, it.shape) for it in served.iterations],
+                         CORRECTION_WINDOW_S)
+    return corrected(profile, windows)
 
 
 def main() -> int:
@@ -193,38 +228,57 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: this machine's decode_spill knee is {executor.decode_knee_tokens} padded "
               f"tokens, the profile's {cost.decode_knee_tokens}: calibrated on another "
               "cache size; recalibrate here", file=sys.stderr)
-    warm = at_rate(specs[: min(8, n)], mu)
-    replay_real_warmup(executor, config, cost, warm)
-    reports = []
+    # The warm-up serves requests the loads do not (the trace's next ones), at the first
+    # load's rate: kernel caches warm, and the first live window to correct the twin on.
+    warm_n = min(WARMUP_REQUESTS, n)
+    warm = at_rate(workload(profile, warm_n, prompt_mean, output_mean,
+                            args.trace_offset + n, args.seed), fractions[0] * mu)
+    served = replay_real_warmup(executor, config, cost, warm)
+    calibrated_twin = Twin(scenario, cost)
+    reports, live = [], []
     for (name, _), f in zip(LOADS, fractions, strict=True):
         print(f"{name}: {f * mu:.2f} req/s ({f:g} x the twin's {mu:.2f} req/s saturation)",
               file=sys.stderr, flush=True)
-        reports.append(run_load(name, f * mu, at_rate(specs, f * mu), scenario, config,
-                                executor, cost, args.time_limit))
+        fixed = twin_of(scenario, live_corrected(profile, served))
+        (calibrated_report, corrected_report), served = run_load(
+            name, f * mu, at_rate(specs, f * mu), [calibrated_twin, fixed], config,
+            executor, args.time_limit)
+        reports.append(calibrated_report)
+        live.append(corrected_report)
     print_report(reports, profile, args.profile)
+    print_corrected(live)
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")
     plot(reports, profile, target)
-    worst = {f"{m}_p{q}": max((c.errors().get(f"{m}_p{q}", 0.0) for r in reports
-                               for c in r.classes.values()), default=0.0)
-             for m, q in PERCENTILES}
-    # Every real iteration of every load counts once.
-    iteration_mape = (sum(r.iterations.mape * r.iterations.count for r in reports)
-                      / max(1, sum(r.iterations.count for r in reports)))
-    # The same weighting over the iterations that have alike ones to compare with.
-    alike = sum(r.iterations.noise_count for r in reports)
-    noise = (sum((r.iterations.noise_floor or 0.0) * r.iterations.noise_count
-                 for r in reports) / alike) if alike else float("nan")
+    worst, iteration_mape, noise = summary(reports)
+    live_worst, live_mape, _ = summary(live)
     if args.json:
-        args.json.write_text(json.dumps({"worst": worst, "iteration_mape": iteration_mape,
-                                         "iteration_noise_floor": noise,
-                                         "loads": [dataclasses.asdict(r) for r in reports]},
-                                        default=str, indent=1))
+        args.json.write_text(json.dumps({
+            "worst": worst, "iteration_mape": iteration_mape, "iteration_noise_floor": noise,
+            "corrected": {"worst": live_worst, "iteration_mape": live_mape,
+                          "loads": [dataclasses.asdict(r) for r in live]},
+            "loads": [dataclasses.asdict(r) for r in reports]}, default=str, indent=1))
     print(f"plot: {target}")
     print("RESULT " + " ".join(f"{k}_err={v:.3f}" for k, v in worst.items())
           + f" iteration_mape={iteration_mape:.3f} iteration_noise_floor={noise:.3f}"
-          f" max_err={max(worst.values()):.3f}")
+          f" max_err={max(worst.values()):.3f}"
+          f" corrected_iteration_mape={live_mape:.3f}"
+          f" corrected_max_err={max(live_worst.values()):.3f}")
     return 0
+
+
+def summary(reports: list[LoadReport]) -> tuple[dict[str, float], float, float]:
+    """The worst error per percentile over loads and classes; the iteration error over
+    every real iteration; the noise floor over those with alike ones."""
+    worst = {f"{m}_p{q}": max((c.errors().get(f"{m}_p{q}", 0.0) for r in reports
+                               for c in r.classes.values()), default=0.0)
+             for m, q in PERCENTILES}
+    iteration_mape = (sum(r.iterations.mape * r.iterations.count for r in reports)
+                      / max(1, sum(r.iterations.count for r in reports)))
+    alike = sum(r.iterations.noise_count for r in reports)
+    noise = (sum((r.iterations.noise_floor or 0.0) * r.iterations.noise_count
+                 for r in reports) / alike) if alike else float("nan")
+    return worst, iteration_mape, noise
 
 
 def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
@@ -240,12 +294,16 @@ def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
 
 
 def replay_real_warmup(executor: Any, config: EngineConfig, cost: CalibratedCostModel,
-                       specs: list[RequestSpec]) -> None:
-    """A few requests first, not measured: kernel caches warm, as in calibration."""
+                       specs: list[RequestSpec]) -> Recorder:
+    """Requests before the loads, not reported: kernel caches warm, as in calibration;
+    their iterations are the first live window."""
     from slopilot.engine.engine import LLMEngine
 
-    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks)
-    replay_real(engine, specs, Recorder())
+    served = Recorder()
+    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
+                       observers=[served])
+    replay_real(engine, specs, served)
+    return served
 
 
 if __name__ == "__main__":

@@ -71,6 +71,26 @@ def print_report(reports: list[LoadReport], profile: CostProfile, path: Path) ->
     console.print(kinds)
 
 
+def print_corrected(reports: list[LoadReport]) -> None:
+    """The live-corrected twin's errors per load and class (the same real run)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="The twin corrected live on the window before each load: "
+                        "measured / predicted ms (error)")
+    for col in ("load", "class", *(f"{m.upper()} p{q}" for m, q in PERCENTILES)):
+        table.add_column(col, justify="right")
+    for r in reports:
+        for name, c in r.classes.items():
+            err = c.errors()
+            table.add_row(r.name, name, *(
+                "-" if (k := f"{m}_p{q}") not in c.measured else
+                f"{c.measured[k] * 1e3:.0f}/{c.predicted[k] * 1e3:.0f} ({err[k]:.0%})"
+                for m, q in PERCENTILES))
+        table.add_row(r.name, "iterations", f"error {r.iterations.mape:.1%}", "", "", "")
+    Console(width=140).print(table)
+
+
 def plot(reports: list[LoadReport], profile: CostProfile, target: Path) -> None:
     import matplotlib
 

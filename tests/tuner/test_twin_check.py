@@ -178,7 +178,7 @@ def test_a_correction_that_fails_leaves_the_twin_untrusted(monkeypatch: pytest.M
     def cannot(*_: object, **__: object) -> None:
         raise ValueError("the window's equations are singular")
 
-    monkeypatch.setattr("slopilot.tuner.loop.twin_check.refit", cannot)
+    monkeypatch.setattr("slopilot.engine.sim.correction.refit", cannot)
     p = plant()
     d = p.ctl.tick(WINDOW_S)
     check = p.ctl.twin_check

@@ -82,6 +82,33 @@ def refit(profile: CostProfile, samples: Sequence[WindowSample], *,
     return _scaled(profile, factors, f"refit on {len(rows)} windows")
 
 
+def corrected(profile: CostProfile, samples: Sequence[WindowSample], *,
+              refit_first: bool = True) -> CostProfile:
+    """The live correction: ``refit`` (when ``refit_first``), then one factor on the sum.
+    The refit's pull towards the profile leaves the total off by what the prior held
+    back; the factor puts the window's total right."""
+    if refit_first:
+        profile = refit(profile, samples)
+    mode = "refit" if refit_first else "rescale"
+    return rescaled(profile, 1.0 / (1.0 + twin_error(profile, samples)),
+                    note=f"{mode} on the live window")
+
+
+def windows_of(iterations: Sequence[tuple[float, float, IterationShape]],
+               window_s: float) -> list[WindowSample]:
+    """Iterations ``(end time, step seconds, shape)`` summed per window of ``window_s``
+    and kind: the equations the engine's counters give over the same windows."""
+    if not window_s > 0:
+        raise ValueError(f"window_s={window_s!r}: must be positive")
+    sums: dict[tuple[int, str], tuple[int, float, np.ndarray]] = {}
+    for end, seconds, shape in iterations:
+        key = (int(end // window_s), shape.kind)
+        n, total, vector = sums.get(key, (0, 0.0, np.zeros(len(FEATURES))))
+        sums[key] = (n + 1, total + seconds, vector + np.asarray(shape.vector()))
+    return [WindowSample(kind, float(n), total, IterationShape(*(float(v) for v in vector)))
+            for (_, kind), (n, total, vector) in sorted(sums.items())]
+
+
 def _scaled(profile: CostProfile, factors: dict[str, float], note: str) -> CostProfile:
     def scale(coefficients: Mapping[str, float]) -> MappingProxyType[str, float]:
         return MappingProxyType({k: v * factors.get(k, 1.0)

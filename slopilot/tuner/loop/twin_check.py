@@ -32,7 +32,8 @@ from typing import Any
 
 from slopilot.engine.calibrate.datasheet import datasheet_profile
 from slopilot.engine.request import Priority
-from slopilot.engine.sim.correction import WindowSample, refit, rescaled, twin_error
+from slopilot.engine.sim.correction import WindowSample, twin_error
+from slopilot.engine.sim.correction import corrected as corrected_profile
 from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
@@ -167,12 +168,7 @@ def _corrected(profile: CostProfile, samples: Sequence[WindowSample],
                mode: TwinCorrection) -> CostProfile:
     if mode is TwinCorrection.NONE:
         return profile
-    if mode is TwinCorrection.REFIT:
-        profile = refit(profile, samples)
-    # Both end with one factor on the sum: the refit's pull towards the profile leaves
-    # the total off by what the prior held back.
-    return rescaled(profile, 1.0 / (1.0 + twin_error(profile, samples)),
-                    note=f"{mode.value} on the live window")
+    return corrected_profile(profile, samples, refit_first=mode is TwinCorrection.REFIT)
 
 
 def _verdict(settings: ControllerSettings, step: float | None, corrected: float | None,

@@ -8,14 +8,17 @@ from types import MappingProxyType
 import pytest
 
 from slopilot.engine.sim.correction import (
+    corrected,
     predicted_seconds,
     refit,
     rescaled,
     twin_error,
     window_samples,
+    windows_of,
 )
 from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.twin import with_profile
 from tests.support.profiles import make_profile
@@ -85,3 +88,40 @@ def test_bad_corrections_are_refused() -> None:
         twin_error(make_profile(), [])
     with pytest.raises(ValueError, match="no window"):
         refit(make_profile(), [])
+
+
+def _iterations(plant: CostProfile) -> list[tuple[float, float, IterationShape]]:
+    """Decodes and chunks every 0.5 s for 20 s, each taking what ``plant`` says."""
+    out = []
+    for i in range(40):
+        if i % 4:
+            shape = IterationShape(iteration=1, tokens=4, sampled=4, decode_seqs=4,
+                                   decode_batches=1, decode_context=400 + 4 * i,
+                                   decode_padded_context=420 + 4 * i)
+        else:
+            shape = IterationShape(iteration=1, tokens=64, sampled=1, prefill_seqs=1,
+                                   prefill_context=32 * i, prefill_attention=2048.0)
+        out.append((0.5 * i, predicted_seconds(plant, shape), shape))
+    return out
+
+
+def test_windows_of_sums_iterations_per_window_and_kind() -> None:
+    twin = make_profile()
+    its = _iterations(twin)
+    windows = windows_of(its, 10.0)
+    assert [(w.kind, w.iterations) for w in windows] == [
+        ("decode", 15.0), ("prefill", 5.0), ("decode", 15.0), ("prefill", 5.0)]
+    assert sum(w.seconds for w in windows) == pytest.approx(sum(s for _, s, _ in its))
+    assert twin_error(twin, windows) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="window_s=0"):
+        windows_of(its, 0)
+
+
+@pytest.mark.parametrize("refit_first", [True, False])
+def test_corrected_puts_a_slower_plants_windows_right(refit_first: bool) -> None:
+    twin = make_profile()
+    windows = windows_of(_iterations(rescaled(twin, 1.3)), 5.0)
+    assert twin_error(twin, windows) == pytest.approx(1 / 1.3 - 1, rel=1e-6)
+    fixed = corrected(twin, windows, refit_first=refit_first)
+    assert twin_error(fixed, windows) == pytest.approx(0.0, abs=1e-9)
+    assert ("refit" if refit_first else "rescale") in fixed.source
