@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport
+from slopilot.engine.calibrate.compare import PERCENTILES, ClassFigures, LoadReport
 from slopilot.engine.sim.profile_file import CostProfile
 
 if TYPE_CHECKING:
@@ -45,19 +45,14 @@ def print_report(reports: list[LoadReport], profile: CostProfile, path: Path) ->
                       f"{fit.cpu_share if fit.cpu_share is None else f'{fit.cpu_share:.0%}'}, "
                       f"load average {fit.load_average} (this run: CPU share and load "
                       "average per load above; far apart means different conditions)")
-    lat = Table(title="Latency per class: measured / predicted ms (error)")
+    lat = Table(title="Latency per class: measured / predicted ms (error); * the "
+                      "prediction lies inside the measurement's 90 % bootstrap interval",
+                caption=f"{within_caption(reports)}")
     for col in ("load", "class", "n", *(f"{m.upper()} p{q}" for m, q in PERCENTILES)):
         lat.add_column(col, justify="right")
     for r in reports:
         for name, c in r.classes.items():
-            err = c.errors()
-            cells = []
-            for m, q in PERCENTILES:
-                k = f"{m}_p{q}"
-                cells.append("-" if k not in c.measured else
-                             f"{c.measured[k] * 1e3:.0f}/{c.predicted[k] * 1e3:.0f} "
-                             f"({err[k]:.0%})")
-            lat.add_row(r.name, name, str(c.requests), *cells)
+            lat.add_row(r.name, name, str(c.requests), *latency_cells(c))
     console.print(lat)
     kinds = Table(title="Per-iteration step-time error by kind (mean |pred - meas| / meas)")
     for col in ("load", *_KIND_COLOURS, "worst iterations (measured / predicted ms)"):
@@ -82,13 +77,30 @@ def print_corrected(reports: list[LoadReport]) -> None:
         table.add_column(col, justify="right")
     for r in reports:
         for name, c in r.classes.items():
-            err = c.errors()
-            table.add_row(r.name, name, *(
-                "-" if (k := f"{m}_p{q}") not in c.measured else
-                f"{c.measured[k] * 1e3:.0f}/{c.predicted[k] * 1e3:.0f} ({err[k]:.0%})"
-                for m, q in PERCENTILES))
+            table.add_row(r.name, name, *latency_cells(c))
         table.add_row(r.name, "iterations", f"error {r.iterations.mape:.1%}", "", "", "")
+    table.caption = within_caption(reports)
     Console(width=140).print(table)
+
+
+def latency_cells(c: ClassFigures) -> list[str]:
+    err, inside = c.errors(), c.within_interval()
+    return ["-" if (k := f"{m}_p{q}") not in c.measured else
+            f"{c.measured[k] * 1e3:.0f}/{c.predicted[k] * 1e3:.0f} ({err[k]:.0%})"
+            + ("*" if inside.get(k) else "") for m, q in PERCENTILES]
+
+
+def within_interval(reports: list[LoadReport]) -> tuple[int, int]:
+    """Figures whose prediction lies inside the measurement's bootstrap interval, of all."""
+    flags = [v for r in reports for c in r.classes.values()
+             for v in c.within_interval().values()]
+    return sum(flags), len(flags)
+
+
+def within_caption(reports: list[LoadReport]) -> str:
+    k, n = within_interval(reports)
+    return (f"{k} of {n} predictions inside the 90 % interval of their measurement "
+            "(resampling each class's requests)")
 
 
 def plot(reports: list[LoadReport], profile: CostProfile, target: Path) -> None:

@@ -30,9 +30,17 @@ class ClassFigures:
     requests: int
     measured: dict[str, float]  # "ttft_p50" -> seconds
     predicted: dict[str, float]
+    measured_interval: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """``bootstrap_intervals``: where each measured figure could as well have fallen."""
 
     def errors(self) -> dict[str, float]:
         return {k: rel_err(self.predicted[k], v) for k, v in self.measured.items()}
+
+    def within_interval(self) -> dict[str, bool]:
+        """Whether each prediction lies inside its measurement's interval: an error the
+        run's own sampling could have made."""
+        return {k: lo <= self.predicted[k] <= hi
+                for k, (lo, hi) in self.measured_interval.items() if k in self.predicted}
 
 
 @dataclass
@@ -72,18 +80,52 @@ class LoadReport:
                    default=0.0)
 
 
-def _percentiles(rec: Recorder, priority: int) -> tuple[int, dict[str, float]] | None:
+def _class_values(rec: Recorder, priority: int) -> tuple[list[str], np.ndarray,
+                                                          list[np.ndarray]]:
     ids = [r for r, p in rec.priority.items() if p == priority]
-    if not ids:
-        return None
-    ttft = np.array([rec.ttft[r] for r in ids])
-    gaps = np.array([g for r in ids for g in rec.gaps.get(r, ())])
+    return (ids, np.array([rec.ttft[r] for r in ids]),
+            [np.asarray(rec.gaps.get(r, ()), dtype=float) for r in ids])
+
+
+def _figures(ttft: np.ndarray, gaps: list[np.ndarray]) -> dict[str, float]:
+    joined = np.concatenate(gaps) if gaps else np.zeros(0)
     out = {}
     for metric, q in PERCENTILES:
-        values = ttft if metric == "ttft" else gaps
+        values = ttft if metric == "ttft" else joined
         if values.size:
             out[f"{metric}_p{q}"] = float(np.percentile(values, q))
-    return len(ids), out
+    return out
+
+
+def _percentiles(rec: Recorder, priority: int) -> tuple[int, dict[str, float]] | None:
+    ids, ttft, gaps = _class_values(rec, priority)
+    if not ids:
+        return None
+    return len(ids), _figures(ttft, gaps)
+
+
+BOOTSTRAP_ROUNDS = 400
+INTERVAL = 0.90
+
+
+def bootstrap_intervals(rec: Recorder, priority: int, *, rounds: int = BOOTSTRAP_ROUNDS,
+                        seed: int = 0) -> dict[str, tuple[float, float]]:
+    """The central ``INTERVAL`` of each figure over ``rounds`` resamplings of the class's
+    requests (with replacement; a request's token gaps go with it, as they are not
+    independent of each other): how far the measurement itself could have landed had the
+    same traffic sent other requests of the same kind."""
+    ids, ttft, gaps = _class_values(rec, priority)
+    if len(ids) < 2:
+        return {}
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        pick = rng.integers(0, len(ids), len(ids))
+        for k, v in _figures(ttft[pick], [gaps[i] for i in pick]).items():
+            draws.setdefault(k, []).append(v)
+    tail = 100 * (1 - INTERVAL) / 2
+    return {k: (float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail)))
+            for k, v in draws.items()}
 
 
 def _throughput(rec: Recorder, first_arrival: float) -> float:
@@ -161,8 +203,10 @@ def compare(name: str, rate: float, real: Recorder, sim: Recorder,
         if m is None or s is None:
             continue
         keys = sorted(set(m[1]) & set(s[1]))
+        interval = bootstrap_intervals(real, int(p))
         classes[p.label] = ClassFigures(m[0], {k: m[1][k] for k in keys},
-                                        {k: s[1][k] for k in keys})
+                                        {k: s[1][k] for k in keys},
+                                        {k: interval[k] for k in keys if k in interval})
     fit, points = iteration_fit(real, cost)
     busy_real = sum(it.step_s for it in real.iterations) / real_span_s if real_span_s else 0
     busy_sim = sum(it.step_s for it in sim.iterations) / sim_span_s if sim_span_s else 0

@@ -7,7 +7,12 @@ import dataclasses
 
 import pytest
 
-from slopilot.engine.calibrate.compare import compare, repeat_noise
+from slopilot.engine.calibrate.compare import (
+    ClassFigures,
+    bootstrap_intervals,
+    compare,
+    repeat_noise,
+)
 from slopilot.engine.calibrate.replay import Iteration, Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, WallClock
@@ -131,3 +136,36 @@ def test_the_report_carries_the_noise_of_the_real_runs_alike_iterations() -> Non
     assert report.iterations.noise_floor is not None and report.iterations.noise_floor < 0.005
     assert (report.iterations.noise_floor, report.iterations.noise_count) == \
         repeat_noise(real.iterations)
+
+
+def _recorder(ttfts: list[float]) -> Recorder:
+    rec = Recorder()
+    for i, t in enumerate(ttfts):
+        rec.ttft[f"r{i}"], rec.priority[f"r{i}"] = t, int(Priority.P1)
+        rec.gaps[f"r{i}"] = [0.01 * (1 + i % 3)] * 5
+    return rec
+
+
+def test_bootstrap_intervals_bracket_each_figure_and_are_seeded() -> None:
+    rec = _recorder([float(t) for t in range(1, 31)])
+    iv = bootstrap_intervals(rec, int(Priority.P1))
+    lo, hi = iv["ttft_p50"]
+    assert 1 < lo < 15.5 < hi < 30  # around the median, far inside the range
+    assert iv["tbt_p50"][0] <= 0.02 <= iv["tbt_p50"][1]
+    assert bootstrap_intervals(rec, int(Priority.P1)) == iv
+    assert bootstrap_intervals(rec, int(Priority.P0)) == {}  # no such requests
+    assert bootstrap_intervals(_recorder([1.0]), int(Priority.P1)) == {}
+
+
+def test_a_prediction_inside_the_measurements_interval_is_flagged() -> None:
+    fig = ClassFigures(30, {"ttft_p50": 15.5, "ttft_p99": 29.7}, {"ttft_p50": 16.0,
+                       "ttft_p99": 40.0}, {"ttft_p50": (12.0, 19.0), "ttft_p99": (27.0, 30.0)})
+    assert fig.within_interval() == {"ttft_p50": True, "ttft_p99": False}
+
+
+def test_the_report_carries_an_interval_per_measured_figure() -> None:
+    report, _, _ = _run(1.25)
+    for c in report.classes.values():
+        assert set(c.measured_interval) == set(c.measured)
+        for k, (lo, hi) in c.measured_interval.items():
+            assert lo <= c.measured[k] <= hi
