@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     print_corrected(live)
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")
-    plot(reports, profile, target)
+    plot(reports, profile, target, corrected=live)
     worst, iteration_mape, noise = summary(reports)
     live_worst, live_mape, _ = summary(live)
     if args.json:

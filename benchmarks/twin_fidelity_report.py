@@ -103,25 +103,42 @@ def within_caption(reports: list[LoadReport]) -> str:
             "(resampling each class's requests)")
 
 
-def plot(reports: list[LoadReport], profile: CostProfile, target: Path) -> None:
+def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
+         corrected: list[LoadReport] | None = None) -> None:
+    """Per load, each real iteration against its prediction; then the latency figures of
+    the calibrated twin, and of the live-corrected one when given."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(reports) + 1, figsize=(5 * (len(reports) + 1), 4.6))
-    for ax, r in zip(axes, reports, strict=False):
+    cols = max(len(reports), 2)
+    fig, grid = plt.subplots(2, cols, figsize=(5 * cols, 9.2), squeeze=False)
+    for ax in grid[1][2 if corrected is not None else 1:]:
+        ax.set_visible(False)
+    for ax, r in zip(grid[0], reports, strict=False):
         for kind, colour in _KIND_COLOURS.items():
             pts = [(m * 1e3, p * 1e3) for m, p, k in r.points if k == kind]
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.scatter(xs, ys, s=6, alpha=0.5, color=colour, label=f"{kind} ({len(pts)})")
         _diagonal(ax, [m * 1e3 for m, _, _ in r.points] + [p * 1e3 for _, p, _ in r.points])
-        ax.set_title(f"{r.name}, {r.rate:.2f} req/s\niteration error {r.iterations.mape:.1%}")
+        ax.set_title(f"{r.name}, {r.rate:.2f} req/s\nthe calibrated twin's iteration error "
+                     f"{r.iterations.mape:.1%}")
         ax.set_xlabel("measured step time (ms)")
         ax.set_ylabel("predicted (ms)")
         ax.legend(fontsize=7, loc="upper left")
-    ax = axes[-1]
+    _latency_panel(grid[1][0], reports, "The calibrated twin")
+    if corrected is not None:
+        _latency_panel(grid[1][1], corrected, "The twin corrected live before each load")
+    fig.suptitle(f"Twin fidelity: {profile.name} on {profile.device.name}")
+    fig.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
+def _latency_panel(ax: Axes, reports: list[LoadReport], twin: str) -> None:
     colours = ("tab:blue", "tab:orange", "tab:red")
     values = []
     for r, colour in zip(reports, colours, strict=False):
@@ -138,16 +155,12 @@ def plot(reports: list[LoadReport], profile: CostProfile, target: Path) -> None:
     for cls, marker in _CLASS_MARKERS.items():
         ax.scatter([], [], color="grey", marker=marker, label=cls)
     _diagonal(ax, values)
-    ax.set_title("TTFT (filled) and TBT (hollow), p50 small / p99 large,\nper load "
-                 "and class")
+    inside, total = within_interval(reports)
+    ax.set_title(f"{twin}\nTTFT filled, TBT hollow; p50 small, p99 large\n"
+                 f"{inside} of {total} inside the measurement's 90 % interval", fontsize=10)
     ax.set_xlabel("measured (ms)")
-    ax.set_ylabel("predicted by the twin (ms)")
+    ax.set_ylabel("predicted (ms)")
     ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"Twin fidelity: {profile.name} on {profile.device.name}")
-    fig.tight_layout()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
 
 
 def _diagonal(ax: Axes, values: list[float]) -> None:
