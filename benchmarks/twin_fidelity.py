@@ -20,9 +20,9 @@ between the two slowest at 0.99 (n - 1), so the default 150 requests per load (3
 
 A second twin runs beside the calibrated one: the profile corrected live, as the
 operator's controller corrects its twin (``engine/sim/correction.py`` ``corrected``: a
-refit, then one factor), on what the engine served just before each load (the warm-up,
-30 requests the loads do not contain, before the first; the previous load before the
-others). Both twins see the same real run.
+refit, then one factor), on what the engine served just before each load (before the
+first, 30 requests the loads do not contain, served after a warm-up of 8 more; the
+previous load before the others). Both twins see the same real run.
 
 Ends with ``RESULT ttft_p50_err=... ttft_p99_err=... tbt_p50_err=... tbt_p99_err=...
 iteration_mape=... iteration_noise_floor=... max_err=... within_interval=k/n
@@ -65,7 +65,7 @@ LOADS = (("light", 0.3), ("near saturation", 0.85), ("overloaded", 1.3))
 CLASSES = ClassMix.of({Priority.P0: 0.2, Priority.P1: 0.6, Priority.P2: 0.2})
 # Per load; the real run's time grows with it (~23 min quiet on SmolLM2 at 150).
 REQUESTS, QUICK_REQUESTS = 150, 80
-WARMUP_REQUESTS = 30
+WARMUP_REQUESTS, LIVE_WINDOW_REQUESTS = 8, 30
 CORRECTION_WINDOW_S = 30.0
 """The live correction's equations: one per kind and window of this many seconds."""
 
@@ -121,10 +121,13 @@ def workload(profile: CostProfile, n: int, prompt_mean: float, output_mean: floa
 
 
 def at_rate(specs: list[RequestSpec], rate: float) -> list[RequestSpec]:
-    """The trace's own arrival pattern, time-scaled to ``rate`` requests per second."""
-    span = specs[-1].arrival_time - specs[0].arrival_time
+    """The trace's own arrival pattern, time-scaled to ``rate`` requests per second,
+    the first arrival at 0."""
+    first = specs[0].arrival_time
+    span = specs[-1].arrival_time - first
     scale = (len(specs) - 1) / span / rate if span > 0 else 1.0
-    return [dataclasses.replace(s, arrival_time=s.arrival_time * scale) for s in specs]
+    return [dataclasses.replace(s, arrival_time=(s.arrival_time - first) * scale)
+            for s in specs]
 
 
 def twin_scenario(profile: CostProfile, path: Path) -> Scenario:
@@ -232,12 +235,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: this machine's decode_spill knee is {executor.decode_knee_tokens} padded "
               f"tokens, the profile's {cost.decode_knee_tokens}: calibrated on another "
               "cache size; recalibrate here", file=sys.stderr)
-    # The warm-up serves requests the loads do not (the trace's next ones), at the first
-    # load's rate: kernel caches warm, and the first live window to correct the twin on.
-    warm_n = min(WARMUP_REQUESTS, n)
-    warm = at_rate(workload(profile, warm_n, prompt_mean, output_mean,
-                            args.trace_offset + n, args.seed), fractions[0] * mu)
-    served = replay_real_warmup(executor, config, cost, warm)
+    # Before the loads, requests they do not contain (the trace's next ones): first a few
+    # at the twin's saturation rate, not kept (kernel caches and the allocator warm, as
+    # in calibration: a cold start would read as a slow machine), then a live window at
+    # the first load's rate, the one the twin is corrected on before that load.
+    extra = workload(profile, WARMUP_REQUESTS + LIVE_WINDOW_REQUESTS, prompt_mean,
+                     output_mean, args.trace_offset + n, args.seed)
+    replay_real_warmup(executor, config, cost, at_rate(extra[:WARMUP_REQUESTS], mu))
+    served = replay_real_warmup(executor, config, cost,
+                                at_rate(extra[WARMUP_REQUESTS:], fractions[0] * mu))
     calibrated_twin = Twin(scenario, cost)
     reports, live = [], []
     for (name, _), f in zip(LOADS, fractions, strict=True):
