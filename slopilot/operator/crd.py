@@ -18,13 +18,19 @@ import yaml
 
 from slopilot.operator import twin_spec
 from slopilot.operator.alert_spec import ALERT_FIELDS
+from slopilot.operator.crd_status import status_schema as _status_schema
+from slopilot.operator.crd_types import cel as _cel
+from slopilot.operator.crd_types import integer as _int
+from slopilot.operator.crd_types import number as _number
+from slopilot.operator.crd_types import obj as _obj
+from slopilot.operator.crd_types import quantity as _quantity
+from slopilot.operator.crd_types import string as _str
 from slopilot.operator.knobs import BOUNDED_KNOBS, KNOB_PATHS, knob_schema
 from slopilot.operator.spec import (
     BACKENDS,
     DEFAULT_STUDY_STORAGE,
     MAX_GPUS,
     MAX_REPLICAS,
-    PHASES,
     PROFILES,
     VLLM_CLASSES,
     LLMDeploymentSpec,
@@ -43,53 +49,9 @@ PLURAL = "llmdeployments"
 KIND = "LLMDeployment"
 API_VERSION = f"{GROUP}/{VERSION}"
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-# resource.Quantity, as controller-gen writes it for Kubernetes' own types.
-QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
-                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 # http(s), a host, an optional port and path; no user info, query or fragment
 # (validation.prometheus_url_problem says which, for objects that came another way).
 PROMETHEUS_URL_PATTERN = r"^https?://[^/?#@\s]+(/[^?#\s]*)?$"
-
-
-def _obj(props: dict[str, Any], *, required: list[str] | None = None,
-         desc: str | None = None, **extra: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "object"}
-    if desc:
-        out["description"] = desc
-    out["properties"] = props
-    if required:
-        out["required"] = required
-    out.update(extra)
-    return out
-
-
-def _cel(schema: dict[str, Any], rule: str, message: str) -> dict[str, Any]:
-    """Attach a CEL rule the apiserver checks (cross-field rules)."""
-    return {**schema, "x-kubernetes-validations": [{"rule": rule, "message": message}]}
-
-
-def _preserve(schema: dict[str, Any]) -> dict[str, Any]:
-    """Let the controller store fields the schema does not list (free-form status)."""
-    return {**schema, "x-kubernetes-preserve-unknown-fields": True}
-
-
-def _int(desc: str, lo: int | None = None, hi: int | None = None, **extra: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "integer", "description": desc}
-    if lo is not None:
-        out["minimum"] = lo
-    if hi is not None:
-        out["maximum"] = hi
-    return {**out, **extra}
-
-
-def _str(desc: str, **extra: Any) -> dict[str, Any]:
-    return {"type": "string", "description": desc, **extra}
-
-
-def _quantity(desc: str) -> dict[str, Any]:
-    """An int-or-string resource quantity (``4``, ``'500m'``, ``'16Gi'``)."""
-    return {"description": desc, "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True}
 
 
 def _engine_schema() -> dict[str, Any]:
@@ -127,13 +89,6 @@ def _bounds(field: str) -> dict[str, Any]:
     return _cel(_obj({"min": dict(edge), "max": dict(edge)}, desc=f"Search range of {field}."),
                 "!has(self.min) || !has(self.max) || self.min <= self.max",
                 "min must not exceed max")
-
-
-def _number(desc: str, lo: float, hi: float | None = None, **extra: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "number", "description": desc, "minimum": lo}
-    if hi is not None:
-        out["maximum"] = hi
-    return {**out, **extra}
 
 
 def _alerts_schema() -> dict[str, Any]:
@@ -278,81 +233,6 @@ def _twin_profile_schema() -> dict[str, Any]:
         "without it the twin is the uncalibrated datasheet roofline."), **_twin_settings()},
         desc="The controller's twin (the simulator behind warm starts and capacity plans): "
              "its cost model, and how it is checked and corrected against measurements.")
-
-
-def _status_schema() -> dict[str, Any]:
-    condition = _obj({
-        "type": _str("Condition type."), "status": _str("", enum=["True", "False", "Unknown"]),
-        "reason": _str("CamelCase reason."), "message": _str("Human-readable detail."),
-        "lastTransitionTime": _str("", format="date-time"),
-        "observedGeneration": _int("", 0),
-    }, required=["type", "status"])
-    return _obj({
-        "phase": _str("Lifecycle phase.", enum=list(PHASES)),
-        "observedGeneration": _int("Generation the status describes.", 0),
-        "replicas": _int("Replicas running now.", 0),
-        "config": _preserve(_obj({"tokenBudget": {"type": "integer"},
-                                  "chunkSize": {"type": "integer"}}, desc="Live engine knobs.")),
-        "bestTrial": _preserve(_obj({}, desc="Best trial of the study so far.")),
-        "trials": _int("Trials run so far.", 0),
-        "sloAttainment": {"type": "number", "minimum": 0, "maximum": 1,
-                          "description": "Share of the output tokens of the last window "
-                                         "whose requests met their class's SLO (goodput "
-                                         "over throughput)."},
-        "ttftP99Ms": {"type": "number", "description": "Measured P99 TTFT of the last "
-                                                       "window (the worst class)."},
-        "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT of the last window "
-                                                      "(the worst class)."},
-        "measuredAt": _str("End of the window the measured figures describe.",
-                           format="date-time"),
-        "adminTokenSecret": _str("The Secret the operator created with the engines' admin "
-                                 "token (owned by this LLMDeployment)."),
-        "lastAction": _obj({
-            "action": _str("retune, trial, commit, revert, scale, hold, inform."),
-            "reason": _str("Why, in one line."),
-            "time": _str("When.", format="date-time"),
-        }, desc="The controller's last action."),
-        "twin": _twin_schema(),
-        "controller": _preserve(_obj({}, desc="The controller's persisted loop state: a "
-                                     "restarted operator resumes it instead of acting twice.")),
-        "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
-                                      "hash of the spec they were tuned from (base).")),
-        "conditions": {"type": "array", "items": condition,
-                       "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    })
-
-
-def _twin_schema() -> dict[str, Any]:
-    num = {"type": "number", "nullable": True}
-    per_class = _obj({k: {**num, "description": d} for k, d in (
-        ("ttftP99PredictedMs", "The twin's P99 TTFT for the window."),
-        ("ttftP99MeasuredMs", "The measured P99 TTFT."),
-        ("tbtP99PredictedMs", "The twin's P99 TBT for the window."),
-        ("tbtP99MeasuredMs", "The measured P99 TBT."),
-        ("ttftP99Error", "(predicted - measured) / measured P99 TTFT."),
-        ("tbtP99Error", "(predicted - measured) / measured P99 TBT."))})
-    return _obj({
-        "checkedAt": {"type": "number", "description": "End of the checked window "
-                      "(seconds on the controller's clock)."},
-        "windowS": {"type": "number", "description": "Length of the checked window."},
-        "trusted": {"type": "boolean", "description": "Whether the controller takes "
-                    "warm starts and capacity plans from the twin (else: live trials)."},
-        "reason": _str("Why (the error against the bound)."),
-        "correction": _str("How the twin was corrected.", enum=["none", "rescale", "refit"]),
-        "stepTimeError": {**num, "description": "Step-time error of the twin as "
-                          "calibrated, (predicted - measured) / measured."},
-        "correctedStepTimeError": {**num, "description": "The same after correction, on "
-                                   "iterations the correction was not fitted on."},
-        "classes": {"type": "object", "additionalProperties": per_class,
-                    "description": "Per priority class (p0, p1, p2)."},
-        "profile": _obj({
-            "calibrated": {"type": "boolean",
-                           "description": "Whether the twin runs a calibrated profile."},
-            "source": _str("Where its profile came from (ConfigMap namespace/name and key)."),
-            "runs": _str("What the twin runs, in one line."),
-        }, desc="What the twin runs: a calibrated profile or the uncalibrated datasheet."),
-    }, desc="The controller's twin: what it runs (profile) and its check against the last "
-            "measured window (the other fields; docs/twin.md).")
 
 
 def openapi_schema() -> dict[str, Any]:

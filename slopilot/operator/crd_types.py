@@ -1,0 +1,58 @@
+"""The OpenAPI v3 schema pieces the CRD is built from (``crd.py``, ``crd_status.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# resource.Quantity, as controller-gen writes it for Kubernetes' own types.
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+def obj(props: dict[str, Any], *, required: list[str] | None = None,
+        desc: str | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object"}
+    if desc:
+        out["description"] = desc
+    out["properties"] = props
+    if required:
+        out["required"] = required
+    out.update(extra)
+    return out
+
+
+def cel(schema: dict[str, Any], rule: str, message: str) -> dict[str, Any]:
+    """Attach a CEL rule the apiserver checks (cross-field rules)."""
+    return {**schema, "x-kubernetes-validations": [{"rule": rule, "message": message}]}
+
+
+def preserve(schema: dict[str, Any]) -> dict[str, Any]:
+    """Let the controller store fields the schema does not list (free-form status)."""
+    return {**schema, "x-kubernetes-preserve-unknown-fields": True}
+
+
+def integer(desc: str, lo: int | None = None, hi: int | None = None,
+            **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "integer", "description": desc}
+    if lo is not None:
+        out["minimum"] = lo
+    if hi is not None:
+        out["maximum"] = hi
+    return {**out, **extra}
+
+
+def string(desc: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": desc, **extra}
+
+
+def quantity(desc: str) -> dict[str, Any]:
+    """An int-or-string resource quantity (``4``, ``'500m'``, ``'16Gi'``)."""
+    return {"description": desc, "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True}
+
+
+def number(desc: str, lo: float, hi: float | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "number", "description": desc, "minimum": lo}
+    if hi is not None:
+        out["maximum"] = hi
+    return {**out, **extra}
