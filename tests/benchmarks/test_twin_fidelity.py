@@ -19,6 +19,9 @@ def _load() -> ModuleType:
                                                       BENCHMARKS / "twin_fidelity.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        # Registered first, as importlib's recipe does: a dataclass in the module looks
+        # its module up while it is built.
+        sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         return module
     finally:
