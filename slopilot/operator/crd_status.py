@@ -31,9 +31,11 @@ def status_schema() -> dict[str, Any]:
                                          "whose requests met their class's SLO (goodput "
                                          "over throughput)."},
         "ttftP99Ms": {"type": "number", "description": "Measured P99 TTFT of the last "
-                                                       "window (the worst class)."},
-        "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT of the last window "
-                                                      "(the worst class)."},
+                      "window, every class together (the worst class's where the source "
+                      "has no overall figure)."},
+        "tbtP99Ms": {"type": "number", "description": "Measured P99 TBT of the last window, "
+                     "every class together (the worst class's where the source has no "
+                     "overall figure)."},
         "measuredAt": _str("End of the window the measured figures describe.",
                            format="date-time"),
         "adminTokenSecret": _str("The Secret the operator created with the engines' admin "
