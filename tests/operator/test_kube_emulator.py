@@ -140,6 +140,20 @@ def test_crd_schema_defaults_and_refuses_invalid_objects(custom: client.CustomOb
     assert "engine.tokenBudget" in json.loads(err.value.body)["message"]
 
 
+def test_unknown_fields_are_pruned_as_an_api_server_prunes_them(
+        custom: client.CustomObjectsApi) -> None:
+    # Without strict field validation an API server drops what the schema does not list,
+    # silently; the operator must never see it (nor rely on it being kept).
+    body = llmd("m", replicas={"min": 1, "max": 2, "surge": 5})
+    body["spec"]["tuning"] = {"maxTrials": 3, "pleaseTuneFaster": True}
+    made = custom.create_namespaced_custom_object(*LLMD, "default", "llmdeployments", body)
+    assert made["spec"]["replicas"] == {"min": 1, "max": 2}
+    assert "pleaseTuneFaster" not in made["spec"]["tuning"]
+    assert made["spec"]["tuning"]["maxTrials"] == 3
+    stored = custom.get_namespaced_custom_object(*LLMD, "default", "llmdeployments", "m")
+    assert stored["spec"] == made["spec"]
+
+
 def test_json_patch_applies_and_a_failed_test_is_invalid(core: client.CoreV1Api) -> None:
     made = core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
     rv = made.metadata.resource_version
