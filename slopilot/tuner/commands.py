@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments
+from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,8 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replicas to tune at (default auto: the scenario's); when no config "
                         "holds the SLO, the capacity search looks for the smallest count "
                         "above it that does")
-    w.add_argument("--max-replicas", type=int, default=16,
-                   help="the capacity search's upper bound (default: 16)")
+    w.add_argument("--max-replicas", type=int, default=DEFAULT_MAX_REPLICAS,
+                   help=f"the capacity search's upper bound (default: {DEFAULT_MAX_REPLICAS})")
     p.add_argument("--set", dest="fixed", action="append", default=[], metavar="KNOB=VALUE",
                    help="fix a knob (not tuned; also applied to the start config)")
     p.add_argument("--bound", dest="bounds", action="append", default=[],

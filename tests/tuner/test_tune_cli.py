@@ -204,3 +204,20 @@ def test_a_class_without_traffic_reads_dash_not_zero(tmp_path: Path,
     assert rows["P0 TTFT p99 (of limit)"] == ["-", "-"]  # no P0 request: no P99, not 0 %
     assert rows["P0 TBT p99 (of limit)"] == ["-", "-"]
     assert rows["P1 TTFT p99 (of limit)"][0].endswith("%")
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-replicas", "6"], ["--replicas", "2"],
+                                   ["--max-replicas", "3", "--warmup", "10"]])
+def test_the_reproduce_line_runs_the_same_study(extra: list[str]) -> None:
+    import shlex
+
+    from slopilot.cli import build_parser
+    from slopilot.tuner.tune.settings import settings_from, tune_command
+
+    parser = build_parser()
+    first = settings_from(parser.parse_args(["tune", "--scenario", "tiny-cpu", *extra]))
+    line = tune_command(first)
+    again = settings_from(parser.parse_args(shlex.split(line)[1:]))
+    for field in ("trials", "sampler", "seed", "seeds", "warmup_s", "replicas",
+                  "replicas_auto", "max_replicas", "duration_s", "whole", "bounds"):
+        assert getattr(again, field) == getattr(first, field), (field, line)

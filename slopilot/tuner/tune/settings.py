@@ -17,6 +17,9 @@ from slopilot.engine.sim.trace_flags import trace_options
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
 from slopilot.engine.sim.workload_spec import TraceSpec
 
+DEFAULT_MAX_REPLICAS = 16
+"""``--max-replicas``: the capacity search's upper bound unless the user names one."""
+
 
 @dataclass(frozen=True)
 class TuneSettings:
@@ -146,6 +149,8 @@ def tune_command(s: TuneSettings) -> str:
         argv += ["--warmup", f"{s.warmup_s:g}"]
     if not s.replicas_auto:
         argv += ["--replicas", str(s.replicas)]
+    if s.max_replicas != DEFAULT_MAX_REPLICAS:
+        argv += ["--max-replicas", str(s.max_replicas)]
     for name, value in s.fixed.items():
         argv += ["--set", f"{name}={value}"]
     for item in s.raw_bounds:
