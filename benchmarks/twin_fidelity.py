@@ -154,17 +154,9 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], twins: list[Twin]
              config: EngineConfig, executor: Any, time_limit_s: float
              ) -> tuple[list[LoadReport], Recorder]:
     """One load through the real engine, then through each twin; a report per twin."""
-    from slopilot.engine.engine import LLMEngine
-    from slopilot.engine.metrics import EngineMetrics
-    from slopilot.engine.metrics_observer import MetricsObserver
-
     real = Recorder()
-    cost = twins[0].cost
-    swap = cost.swap_time_per_block(config.block_size)
-    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
-                       swap, observers=[MetricsObserver(EngineMetrics(cost.model.name)),
-                                        real])
-    run = replay_real(engine, specs, real, time_limit_s=time_limit_s)
+    run = replay_real(real_engine(executor, config, twins[0].cost, real), specs, real,
+                      time_limit_s=time_limit_s)
     if run.truncated:
         print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
               f"{len(specs)} requests done", file=sys.stderr)
@@ -305,16 +297,24 @@ def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
                          num_threads=profile.device.threads)
 
 
+def real_engine(executor: Any, config: EngineConfig, cost: CalibratedCostModel,
+                recorder: Recorder) -> Any:
+    """The engine as a server runs it (swap timing, metrics observer), recording."""
+    from slopilot.engine.engine import LLMEngine
+    from slopilot.engine.metrics import EngineMetrics
+    from slopilot.engine.metrics_observer import MetricsObserver
+
+    return LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
+                     cost.swap_time_per_block(config.block_size),
+                     observers=[MetricsObserver(EngineMetrics(cost.model.name)), recorder])
+
+
 def replay_real_warmup(executor: Any, config: EngineConfig, cost: CalibratedCostModel,
                        specs: list[RequestSpec]) -> Recorder:
     """Requests before the loads, not reported: kernel caches warm, as in calibration;
-    their iterations are the first live window."""
-    from slopilot.engine.engine import LLMEngine
-
+    their iterations are the first live window, so they run on the loads' engine."""
     served = Recorder()
-    engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
-                       observers=[served])
-    replay_real(engine, specs, served)
+    replay_real(real_engine(executor, config, cost, served), specs, served)
     return served
 
 
