@@ -221,3 +221,43 @@ def test_the_reproduce_line_runs_the_same_study(extra: list[str]) -> None:
     for field in ("trials", "sampler", "seed", "seeds", "warmup_s", "replicas",
                   "replicas_auto", "max_replicas", "duration_s", "whole", "bounds"):
         assert getattr(again, field) == getattr(first, field), (field, line)
+
+
+SIMULATE_CLASS_KEYS = {"requests_arrived", "requests_finished", "requests_unfinished",
+                       "requests_rejected", "ttft_censored", "goodput_tok_s",
+                       "goodput_all_tok_s", "slo_attainment", "p99_within_slo",
+                       "slo_ttft_p99_ms", "slo_tbt_p99_ms"}
+
+
+def test_tune_reports_the_figures_simulate_does(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Busy per replica (mean and max), goodput of output and of all tokens, unfinished,
+    censored and rejected counts and the P99 verdict apart from the request share: in the
+    text, the JSON (simulate --json's keys, per window) and report.md."""
+    scenario = tmp_path / "overload.yaml"
+    scenario.write_text(OVERLOAD)
+    report = tmp_path / "report"
+    args = ["tune", "--scenario", str(scenario), "--trials", "2", "--seeds", "1",
+            "--replicas", "1", "--quiet"]
+    assert main([*args, "--report-dir", str(report)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for column in ("unfinished", "rejected", "goodput out", "goodput all",
+                   "requests within SLO", "p99 within SLO", "no (TTFT)"):
+        assert column in out, column
+    assert "busy per replica" in out and "% max" in out
+    assert "had no first token when the run ended" in out  # overload leaves some waiting
+    assert main([*args, "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    summary = best["summary"]
+    assert {"busy_ratio", "busy_ratio_max", "goodput_all_tok_s", "ttft_censored",
+            "requests_unfinished", "requests_rejected", "p99_within_slo"} <= set(summary)
+    assert summary["p99_within_slo"] is False
+    assert set(summary["classes"]["p1"]) >= SIMULATE_CLASS_KEYS
+    assert summary["classes"]["p1"]["ttft_censored"] > 0
+    for w in best["windows"]:
+        assert set(w["summary"]["classes"]["p1"]) >= SIMULATE_CLASS_KEYS
+    assert best["summary"] == best["windows"][0]["summary"]  # one window: it decides
+    text = (report / "report.md").read_text()
+    for part in ("| unfinished |", "| rejected |", "| goodput all |", "| p99 within SLO |",
+                 "no (TTFT)", "busy per replica", "had no first token when the run ended"):
+        assert part in text, part

@@ -90,7 +90,22 @@ def _row(name: str, c: ClassFigures, target: ClassSLO | None) -> list[str]:
         "-" if met is None else f"{met:.1%}", _verdict(c, target)]
 
 
-def print_summary(summary: WindowSummary, slo: SLOSpec, *, title: str | None = None) -> None:
+COLUMNS = ("class", "arrived", "finished", "unfinished", "rejected", "TTFT mean", "TTFT p99",
+           "TBT p99", "max stall", "out tok/s", "goodput out", "goodput all",
+           "requests within SLO", "p99 within SLO")
+"""The per-class table's columns, in ``rows``' order (``simulate``, ``tune`` and the
+tuning report print the same table)."""
+
+
+def rows(summary: WindowSummary, slo: SLOSpec) -> list[list[str]]:
+    """The table's cells: one row per class, then every class together."""
+    targets = slo.classes()
+    return ([_row(p.label, summary.classes[p], targets[p]) for p in Priority]
+            + [_row("all", summary.overall, None)])
+
+
+def print_summary(summary: WindowSummary, slo: SLOSpec, *, title: str | None = None,
+                  console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -99,22 +114,23 @@ def print_summary(summary: WindowSummary, slo: SLOSpec, *, title: str | None = N
         f"{summary.run.scenario if summary.run else 'run'}: {summary.duration_s:,.0f} s "
         f"simulated, {summary.replicas or 1} replica(s), budget {cfg.get('token_budget')}, "
         f"chunk {cfg.get('chunk_size')}"))
-    for col in ("class", "arrived", "finished", "unfinished", "rejected", "TTFT mean",
-                "TTFT p99", "TBT p99", "max stall", "out tok/s", "goodput out",
-                "goodput all", "requests within SLO", "p99 within SLO"):
+    for col in COLUMNS:
         table.add_column(col, justify="right")
-    targets = slo.classes()
-    for p in Priority:
-        table.add_row(*_row(p.label, summary.classes[p], targets[p]))
-    table.add_row(*_row("all", summary.overall, None))
-    console = Console(width=None if sys.stdout.isatty() else 180)
+    for row in rows(summary, slo):
+        table.add_row(*row)
+    console = console or Console(width=None if sys.stdout.isatty() else 180)
     console.print(table)
     for line in footer(summary):
         console.print(line, highlight=False)
 
 
-def footer(summary: WindowSummary) -> list[str]:
-    """The lines under the table: engine figures, censoring, the goodput definition."""
+DEFINITIONS = (
+    "requests within SLO: the share of finished requests that met their SLO; p99 within "
+    "SLO: the class's TTFT and TBT P99s against its targets", GOODPUT_DEFINITION)
+
+
+def footer(summary: WindowSummary, *, definitions: bool = True) -> list[str]:
+    """The lines under the table: engine figures, censoring, the column definitions."""
     lines = []
     e = summary.engine
     busy = summary.busy_ratio or 0.0
@@ -140,7 +156,4 @@ def footer(summary: WindowSummary) -> list[str]:
     if a is not None and a.requests_rejected:
         lines.append(f"{a.requests_rejected:,} request(s) rejected: a prompt that can never "
                      "fit this deployment's KV cache or context, or a full waiting queue")
-    lines.append("requests within SLO: the share of finished requests that met their SLO; "
-                 "p99 within SLO: the class's TTFT and TBT P99s against its targets")
-    lines.append(GOODPUT_DEFINITION)
-    return lines
+    return lines + list(DEFINITIONS) if definitions else lines

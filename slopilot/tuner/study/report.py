@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slopilot.engine.request import Priority
+from slopilot.engine.sim.summary_view import COLUMNS, DEFINITIONS, footer, rows
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.importance import importance
@@ -51,12 +51,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
     return str(getattr(v, "value", v))
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.0f} ms"
 
 
 def _slo_section(slo: SLOSpec) -> list[str]:
@@ -101,37 +95,20 @@ def _context_sections(ctx: ReportContext) -> list[str]:
 
 def _best_figures(best: TrialResult, slo: SLOSpec,
                   heading: str = "The best trial, per window and class") -> list[str]:
+    """Each window's table as ``slopilot simulate`` prints it, with the lines under it."""
     lines = [f"## {heading}", ""]
     windows = [(w.span, w.result) for w in best.windows] or [("the window", best)]
-    targets = slo.classes()
     for span, r in windows:
         s = r.summary
         if s is None:
             continue
         share = goodput_share(s)
         lines += [f"**{span}**: goodput {s.overall.goodput_tok_s:,.0f} tok/s"
-                  + ("" if share is None else f" ({share:.1%} of the output asked for)")
-                  + f", busy {s.busy_ratio or 0:.0%} per replica, "
-                  f"{s.preemptions_per_min:.1f} preemptions/min", "",
-                  "| class | arrived | finished | unfinished | rejected | TTFT p99 (SLO) | "
-                  "TBT p99 (SLO) | requests within SLO | goodput tok/s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for p in Priority:
-            c, t = s.classes[p], targets[p]
-            a = c.accounting
-            arrived = a.requests_arrived if a is not None else None
-            if not c.requests_finished and not arrived:
-                lines.append(f"| {p.label} | 0 | - | - | - | - | - | - | - |")
-                continue
-            lines.append(
-                f"| {p.label} | {'-' if a is None else f'{a.requests_arrived:,}'} | "
-                f"{c.requests_finished:,.0f} | {'-' if a is None else a.requests_unfinished} | "
-                f"{'-' if a is None else a.requests_rejected} | {_ms(c.ttft_p99_ms)} "
-                f"({_ms(t.ttft_p99_ms)}) | {_ms(c.tbt_p99_ms)} ({_ms(t.tbt_p99_ms)}) | "
-                f"{'-' if c.slo_attainment is None else f'{c.slo_attainment:.1%}'} | "
-                f"{c.goodput_tok_s:,.0f} |")
-        lines.append("")
-    return lines
+                  + ("" if share is None else f" ({share:.1%} of the output asked for)"), "",
+                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows(s, slo)]
+        lines += ["", *(f"{line}." for line in footer(s, definitions=False)), ""]
+    return lines + [f"{line}." for line in DEFINITIONS] + [""]
 
 
 def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:

@@ -29,6 +29,11 @@ def goodput_share(summary: WindowSummary | None) -> float | None:
     return min(1.0, summary.overall.goodput_tok_s / a.offered_tok_s)
 
 
+def deciding_window(windows: Sequence[WindowResult]) -> WindowResult:
+    """The window whose worst term is the highest: the one a robust verdict reports."""
+    return max(windows, key=lambda w: max(w.result.constraints, default=0.0))
+
+
 def robust_verdict(config: Mapping[str, Any], windows: Sequence[WindowResult],
                    margin: float) -> TrialResult:
     """One result from each window's: worst term per term, worst share, mean goodput."""
@@ -40,7 +45,7 @@ def robust_verdict(config: Mapping[str, Any], windows: Sequence[WindowResult],
     if any(w.result.constraint_names != names for w in windows):
         raise ValueError("windows were scored against different SLO terms")
     worst = tuple(max(w.result.constraints[i] for w in windows) for i in range(len(names)))
-    deciding = max(windows, key=lambda w: max(w.result.constraints, default=0.0))
+    deciding = deciding_window(windows)
     shares = [s for s in (goodput_share(w.result.summary) for w in windows) if s is not None]
     result = TrialResult(
         config=dict(config),

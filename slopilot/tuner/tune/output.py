@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.request import Priority
-from slopilot.engine.sim.summary_view import GOODPUT_DEFINITION
+from slopilot.engine.sim.summary_view import GOODPUT_DEFINITION, print_summary, simulate_json
 from slopilot.engine.sim.twin import twin_label
+from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import rank
-from slopilot.tuner.study.verdict import goodput_share, share_text, term_label
+from slopilot.tuner.study.verdict import deciding_window, goodput_share, share_text, term_label
 from slopilot.tuner.tune.run import TuneOutcome
 
 
@@ -28,8 +29,14 @@ def ranked(outcome: TuneOutcome) -> list[tuple[int, TrialResult]]:
     return sorted(outcome.tuner.results(), key=lambda nr: rank(nr[1]), reverse=True)
 
 
-def brief(r: TrialResult) -> dict[str, Any]:
-    """A trial's result for the JSON: knobs, verdict, worst-window figures per class."""
+def _summary(r: TrialResult, slo: SLOSpec) -> dict[str, Any] | None:
+    return None if r.summary is None else simulate_json(r.summary, slo)
+
+
+def brief(r: TrialResult, slo: SLOSpec) -> dict[str, Any]:
+    """A trial's result for the JSON: knobs, verdict, worst-window figures per class, and
+    each window's figures as ``simulate --json`` gives them (``summary``: the deciding
+    window's)."""
     s = r.summary.to_dict() if r.summary is not None else {}
     return {"config": dict(r.config), "goodput_tok_s": r.goodput_tok_s,
             "goodput_share_worst_window": r.objective, "feasible": r.feasible,
@@ -40,16 +47,19 @@ def brief(r: TrialResult) -> dict[str, Any]:
             "classes": {c: {k: v.get(k) for k in ("ttft_p99_ms", "tbt_p99_ms",
                                                    "goodput_tok_s", "slo_attainment")}
                         for c, v in (s.get("classes") or {}).items()},
+            "summary": _summary(r, slo),
             "windows": [{"name": w.name, "span": w.span, "feasible": w.result.feasible,
                          "goodput_tok_s": w.result.goodput_tok_s,
                          "goodput_share": goodput_share(w.result.summary),
                          "constraints": dict(zip(r.constraint_names, w.result.constraints,
-                                                 strict=True))}
+                                                 strict=True)),
+                         "summary": _summary(w.result, slo)}
                         for w in r.windows]}
 
 
 def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
     s, best = outcome.settings, outcome.best
+    slo = s.scenario.slo
     return {
         "scenario": s.scenario.name, "twin": twin_label(s.scenario), "study": s.study_name,
         "sampler": s.sampler,
@@ -63,8 +73,8 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "config": None if outcome.config is None else dict(outcome.config),
         "capacity": None if outcome.capacity is None else outcome.capacity.to_dict(),
         "best_trial": best[0] if best else None,
-        "best": brief(best[1]) if best else None, "start": brief(outcome.start),
-        "top": [{"trial": n, **brief(r)} for n, r in ranked(outcome)[:10]],
+        "best": brief(best[1], slo) if best else None, "start": brief(outcome.start, slo),
+        "top": [{"trial": n, **brief(r, slo)} for n, r in ranked(outcome)[:10]],
         "command": outcome.command, "check_command": outcome.check_command,
         "timing": outcome.timing.to_dict(),
         "report": str(report) if report else None,
@@ -85,7 +95,7 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 180)
     top = Table(title="Top trials (each judged on its worst window)")
     for col in ("trial", "holds SLO", "worst term", "goodput share", "goodput tok/s",
                 "budget", "chunk", "max seqs", "mode"):
@@ -103,11 +113,14 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
                   f"window, as a share of the limit (holding needs at most "
                   f"{1 - outcome.start.margin:.0%}); goodput share: the worst window's "
                   "output tokens within SLO over those asked for", highlight=False)
+    shown = False
     if order:
         _comparison(console, outcome, order[0][1])
+        shown = _deciding_window(console, outcome, *order[0])
     console.print(f"windows: {outcome.plan.describe()}", highlight=False)
-    console.print(f"twin: {twin_label(outcome.settings.scenario)}", highlight=False)
-    console.print(GOODPUT_DEFINITION, highlight=False)
+    if not shown:  # the window's table has its own twin and goodput lines
+        console.print(f"twin: {twin_label(outcome.settings.scenario)}", highlight=False)
+        console.print(GOODPUT_DEFINITION, highlight=False)
     console.print(f"[bold]{outcome.sentence}[/]", highlight=False)
     if outcome.recommended_replicas is not None and outcome.config is not None:
         console.print(f"recommended: {outcome.recommended_replicas} replica(s) with "
@@ -148,3 +161,17 @@ def _comparison(console: Any, outcome: TuneOutcome, best: TrialResult) -> None:
 
 def _knob(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _deciding_window(console: Any, outcome: TuneOutcome, n: int, best: TrialResult) -> bool:
+    """The best trial's deciding window as ``simulate`` shows a run: every class's
+    requests, censored TTFTs, rejections, both goodputs, busy per replica."""
+    summary, where = best.summary, "its window"
+    if best.windows:
+        w = deciding_window(best.windows)
+        summary, where = w.result.summary, f"its worst window, {w.span}"
+    if summary is None:
+        return False
+    print_summary(summary, outcome.settings.scenario.slo, console=console,
+                  title=f"Best trial ({n}) on {where}, {outcome.settings.replicas} replica(s)")
+    return True
