@@ -35,6 +35,13 @@ this machine allows. ``within_interval`` counts the latency figures whose predic
 inside the 90 % bootstrap interval of their measurement (``compare.bootstrap_intervals``,
 resampling each class's requests): how far the measured figure itself could have landed
 with other requests of the same kind; a near-saturation p50 of 27 requests moves a lot.
+
+``--repeat-real near,over`` serves those loads a second time on the real engine after
+all three and compares the second run with the first exactly as the twin is compared
+(``compare`` with the second run in the twin's place), adding ``real_repeat_max_err``
+(the worst such difference), ``twin_max_err_same_loads`` (the calibrated twin's worst on
+the same loads) and ``real_repeat_loads`` to the RESULT line: the engine's own
+repeatability on this machine, the floor under any twin's error against one run.
 """
 
 from __future__ import annotations
@@ -47,7 +54,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from twin_fidelity_report import plot, print_corrected, print_report, within_interval
+from twin_fidelity_report import (
+    plot,
+    print_corrected,
+    print_repeat,
+    print_report,
+    within_interval,
+)
 
 from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport, compare
 from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
@@ -97,7 +110,26 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--plot", type=Path, default=None, help="PNG (default: docs/"
                    "twin_fidelity[_quick].png)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
+    p.add_argument("--repeat-real", default="", metavar="LOADS",
+                   help="after the loads, serve these again on the real engine (comma-"
+                   "separated: light, near, over, or all) and compare the second run with "
+                   "the first as the twin is compared: the engine's own repeatability")
     return p.parse_args()
+
+
+REPEAT_NAMES = {"light": 0, "near": 1, "over": 2}
+
+
+def repeat_loads(text: str) -> list[int]:
+    """``--repeat-real``'s load indices, in load order."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names == ["all"]:
+        return [0, 1, 2]
+    bad = [n for n in names if n not in REPEAT_NAMES]
+    if bad:
+        raise SystemExit(f"--repeat-real {text!r}: unknown load {bad[0]!r}; use light, "
+                         "near, over (comma-separated) or all")
+    return sorted({REPEAT_NAMES[n] for n in names})
 
 
 def workload(profile: CostProfile, n: int, prompt_mean: float, output_mean: float,
@@ -152,8 +184,9 @@ def saturation_rate(scenario: Scenario, config: EngineConfig,
 
 def run_load(name: str, rate: float, specs: list[RequestSpec], twins: list[Twin],
              config: EngineConfig, executor: Any, time_limit_s: float
-             ) -> tuple[list[LoadReport], Recorder]:
-    """One load through the real engine, then through each twin; a report per twin."""
+             ) -> tuple[list[LoadReport], Recorder, Any]:
+    """One load through the real engine, then through each twin; a report per twin,
+    the real run's recorder and its run (start and span on the wall clock)."""
     real = Recorder()
     run = replay_real(real_engine(executor, config, twins[0].cost, real), specs, real,
                       time_limit_s=time_limit_s)
@@ -170,7 +203,25 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], twins: list[Twin]
         report.cpu_share, report.truncated = run.cpu_share, run.truncated
         report.load_average = round(os.getloadavg()[0], 2)
         reports.append(report)
-    return reports, real
+    return reports, real, run
+
+
+def serve_again(first: LoadReport, served: tuple[Recorder, Any], specs: list[RequestSpec],
+                config: EngineConfig, executor: Any, cost: CalibratedCostModel,
+                time_limit_s: float) -> LoadReport:
+    """The load's requests served a second time by the real engine, compared with its
+    first run as a twin is: the error a perfect twin would still show against one run."""
+    print(f"{first.name} again, on the real engine", file=sys.stderr, flush=True)
+    real1, run1 = served
+    real2 = Recorder()
+    run2 = replay_real(real_engine(executor, config, cost, real2), specs, real2,
+                       time_limit_s=time_limit_s)
+    report = compare(first.name, first.rate, real1, real2, cost,
+                     first_arrival_real=run1.t0, real_span_s=run1.wall_s,
+                     sim_span_s=run2.wall_s, first_arrival_sim=run2.t0)
+    report.cpu_share, report.truncated = run2.cpu_share, run1.truncated or run2.truncated
+    report.load_average = round(os.getloadavg()[0], 2)
+    return report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
                           max_num_seqs=seqs, block_size=profile.block_size,
                           swap_space_gb=1.0)
     specs = workload(profile, n, prompt_mean, output_mean, args.trace_offset, args.seed)
+    repeats = repeat_loads(args.repeat_real)
     fractions = [float(f) for f in args.loads.split(",")]
     if len(fractions) != 3 or not all(f > 0 for f in fractions):
         raise SystemExit(f"--loads {args.loads!r}: expected three positive fractions")
@@ -237,18 +289,23 @@ def run(args: argparse.Namespace) -> int:
     served = replay_real_warmup(executor, config, cost,
                                 at_rate(extra[WARMUP_REQUESTS:], fractions[0] * mu))
     calibrated_twin = Twin(scenario, cost)
-    reports, live = [], []
+    reports, live, firsts = [], [], []
     for (name, _), f in zip(LOADS, fractions, strict=True):
         print(f"{name}: {f * mu:.2f} req/s ({f:g} x the twin's {mu:.2f} req/s saturation)",
               file=sys.stderr, flush=True)
         fixed = twin_of(scenario, live_corrected(profile, served))
-        (calibrated_report, corrected_report), served = run_load(
+        (calibrated_report, corrected_report), served, run_ = run_load(
             name, f * mu, at_rate(specs, f * mu), [calibrated_twin, fixed], config,
             executor, args.time_limit)
         reports.append(calibrated_report)
         live.append(corrected_report)
+        firsts.append((served, run_))
+    again = [serve_again(reports[i], firsts[i], at_rate(specs, fractions[i] * mu), config,
+                         executor, cost, args.time_limit) for i in repeats]
     print_report(reports, profile, args.profile)
     print_corrected(live)
+    if again:
+        print_repeat(again, [reports[i] for i in repeats])
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")
     plot(reports, profile, target, corrected=live)
@@ -259,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
             "worst": worst, "iteration_mape": iteration_mape, "iteration_noise_floor": noise,
             "corrected": {"worst": live_worst, "iteration_mape": live_mape,
                           "loads": [dataclasses.asdict(r) for r in live]},
+            "real_repeat": [dataclasses.asdict(r) for r in again],
             "loads": [dataclasses.asdict(r) for r in reports]}, default=str, indent=1))
     print(f"plot: {target}")
     print("RESULT " + " ".join(f"{k}_err={v:.3f}" for k, v in worst.items())
@@ -267,7 +325,11 @@ def run(args: argparse.Namespace) -> int:
           f" within_interval={'/'.join(map(str, within_interval(reports)))}"
           f" corrected_iteration_mape={live_mape:.3f}"
           f" corrected_max_err={max(live_worst.values()):.3f}"
-          f" corrected_within_interval={'/'.join(map(str, within_interval(live)))}")
+          f" corrected_within_interval={'/'.join(map(str, within_interval(live)))}"
+          + (f" real_repeat_max_err={max(r.worst_error() for r in again):.3f}"
+             f" twin_max_err_same_loads={max(reports[i].worst_error() for i in repeats):.3f}"
+             f" real_repeat_loads={'+'.join(r.name.split()[0] for r in again)}"
+             if again else ""))
     return 0
 
 

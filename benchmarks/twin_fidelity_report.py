@@ -83,6 +83,26 @@ def print_corrected(reports: list[LoadReport]) -> None:
     Console(width=140).print(table)
 
 
+def print_repeat(again: list[LoadReport], twin: list[LoadReport]) -> None:
+    """The real engine against itself (the same requests served twice), beside the
+    calibrated twin's error on the first run: a twin judged on one run cannot be held
+    to less than the engine's own difference between two."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="The real engine served the same load again: first / second run "
+                        "ms (error); the calibrated twin's error on the first run beside it")
+    for col in ("load", "class", *(f"{m.upper()} p{q}" for m, q in PERCENTILES)):
+        table.add_column(col, justify="right")
+    for r, t in zip(again, twin, strict=True):
+        for name, c in r.classes.items():
+            errs = t.classes[name].errors() if name in t.classes else {}
+            table.add_row(r.name, name, *(
+                f"{cell} | twin {errs[f'{m}_p{q}']:.0%}" if f"{m}_p{q}" in errs else cell
+                for cell, (m, q) in zip(latency_cells(c), PERCENTILES, strict=True)))
+    Console(width=160).print(table)
+
+
 def latency_cells(c: ClassFigures) -> list[str]:
     err, inside = c.errors(), c.within_interval()
     return ["-" if (k := f"{m}_p{q}") not in c.measured else

@@ -47,3 +47,12 @@ def test_too_few_requests_are_refused(tmp_path: Path, monkeypatch: pytest.Monkey
                                       "--requests", "5"])
     with pytest.raises(SystemExit, match=r"--requests 5: expected at least 10"):
         tf.main()
+
+
+def test_repeat_real_names_the_loads_and_refuses_others() -> None:
+    tf = _load()
+    assert tf.repeat_loads("") == []
+    assert tf.repeat_loads("over, near") == [1, 2]
+    assert tf.repeat_loads("all") == [0, 1, 2]
+    with pytest.raises(SystemExit, match=r"unknown load 'saturated'; use light, near, over"):
+        tf.repeat_loads("near,saturated")

@@ -169,3 +169,36 @@ def test_the_report_carries_an_interval_per_measured_figure() -> None:
         assert set(c.measured_interval) == set(c.measured)
         for k, (lo, hi) in c.measured_interval.items():
             assert lo <= c.measured[k] <= hi
+
+
+def _real_run(slowdown: float, clock: FakeTime) -> tuple[Recorder, object]:
+    profile = make_profile("tiny-random", device="cpu", host={}, kv_gib=0.01)
+    cost = CalibratedCostModel(profile)
+    config = EngineConfig(token_budget=128, budget_align=1, chunk_size=64, max_num_seqs=8,
+                          swap_space_gb=0.01)
+    real = Recorder()
+    engine = LLMEngine(config, ProfileExecutor(cost, clock, slowdown),
+                       cost.num_kv_blocks(16), cost.num_cpu_blocks(16, config.swap_space_gb),
+                       clock=WallClock(clock.now), observers=[real])
+    return real, replay_real(engine, _specs(), real, clock=clock.now, sleep=clock.sleep)
+
+
+@pytest.mark.parametrize("slowdown", [1.0, 1.25])
+def test_a_second_real_run_is_compared_as_a_twin_would_be(slowdown: float) -> None:
+    """The engine's own repeatability: the same requests served twice, later on the
+    same clock; the second run's figures against the first's."""
+    clock = FakeTime()
+    first, run1 = _real_run(1.0, clock)
+    second, run2 = _real_run(slowdown, clock)
+    assert run2.t0 > run1.t0 + run1.wall_s  # served after the first, on the wall clock
+    cost = CalibratedCostModel(make_profile("tiny-random", device="cpu", host={},
+                                            kv_gib=0.01))
+    report = compare("repeat", 20.0, first, second, cost, first_arrival_real=run1.t0,
+                     real_span_s=run1.wall_s, sim_span_s=run2.wall_s,
+                     first_arrival_sim=run2.t0)
+    if slowdown == 1.0:
+        assert report.worst_error() == pytest.approx(0.0, abs=1e-9)
+        assert report.throughput[1] == pytest.approx(report.throughput[0], rel=1e-9)
+    else:
+        assert report.worst_error() > 0.1
+        assert report.throughput[1] < report.throughput[0]
