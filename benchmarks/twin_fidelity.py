@@ -36,6 +36,11 @@ inside the 90 % bootstrap interval of their measurement (``compare.bootstrap_int
 resampling each class's requests): how far the measured figure itself could have landed
 with other requests of the same kind; a near-saturation p50 of 27 requests moves a lot.
 
+``drift_before`` and ``drift_after`` time part of the calibration grid again before the
+first load and after the last (``calibrate/drift.py``): the median signed error of the
+profile on its own shapes, how far the machine itself has moved since calibration (below
+0: slower now), which no form can see and only a live correction can follow.
+
 ``--repeat-real near,over`` serves those loads a second time on the real engine after
 all three and compares the second run with the first exactly as the twin is compared
 (``compare`` with the second run in the twin's place), adding ``real_repeat_max_err``
@@ -63,6 +68,8 @@ from twin_fidelity_report import (
 )
 
 from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport, compare
+from slopilot.engine.calibrate.design import GridOptions
+from slopilot.engine.calibrate.drift import DriftCheck, drift_check
 from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
@@ -206,6 +213,21 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], twins: list[Twin]
     return reports, real, run
 
 
+def machine_drift(executor: Any, cost: CalibratedCostModel, profile: CostProfile,
+                  when: str) -> DriftCheck:
+    """Part of the calibration grid timed again: how far this machine has moved from
+    the profile (every shape the same way) apart from what the form gets wrong."""
+    fit = profile.fit
+    grid = GridOptions(token_budget=(fit.token_budget if fit and fit.token_budget else 512),
+                       max_num_seqs=(fit.max_num_seqs if fit and fit.max_num_seqs else 32),
+                       max_context=(fit.max_context if fit and fit.max_context else 1024))
+    check = drift_check(executor, cost, grid)
+    print(f"drift {when}: the profile predicts {check.shapes} calibration shapes "
+          f"{check.median_error:+.1%} (median; mean |error| {check.mape:.1%})",
+          file=sys.stderr, flush=True)
+    return check
+
+
 def serve_again(first: LoadReport, served: tuple[Recorder, Any], specs: list[RequestSpec],
                 config: EngineConfig, executor: Any, cost: CalibratedCostModel,
                 time_limit_s: float) -> LoadReport:
@@ -286,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
     extra = workload(profile, WARMUP_REQUESTS + LIVE_WINDOW_REQUESTS, prompt_mean,
                      output_mean, args.trace_offset + n, args.seed)
     replay_real_warmup(executor, config, cost, at_rate(extra[:WARMUP_REQUESTS], mu))
+    drift_before = machine_drift(executor, cost, profile, "before the loads")
     served = replay_real_warmup(executor, config, cost,
                                 at_rate(extra[WARMUP_REQUESTS:], fractions[0] * mu))
     calibrated_twin = Twin(scenario, cost)
@@ -302,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
         firsts.append((served, run_))
     again = [serve_again(reports[i], firsts[i], at_rate(specs, fractions[i] * mu), config,
                          executor, cost, args.time_limit) for i in repeats]
+    drift_after = machine_drift(executor, cost, profile, "after the loads")
     print_report(reports, profile, args.profile)
     print_corrected(live)
     if again:
@@ -317,10 +341,14 @@ def run(args: argparse.Namespace) -> int:
             "corrected": {"worst": live_worst, "iteration_mape": live_mape,
                           "loads": [dataclasses.asdict(r) for r in live]},
             "real_repeat": [dataclasses.asdict(r) for r in again],
+            "drift": {"before": dataclasses.asdict(drift_before),
+                      "after": dataclasses.asdict(drift_after)},
             "loads": [dataclasses.asdict(r) for r in reports]}, default=str, indent=1))
     print(f"plot: {target}")
     print("RESULT " + " ".join(f"{k}_err={v:.3f}" for k, v in worst.items())
           + f" iteration_mape={iteration_mape:.3f} iteration_noise_floor={noise:.3f}"
+          f" drift_before={drift_before.median_error:+.3f}"
+          f" drift_after={drift_after.median_error:+.3f}"
           f" max_err={max(worst.values()):.3f}"
           f" within_interval={'/'.join(map(str, within_interval(reports)))}"
           f" corrected_iteration_mape={live_mape:.3f}"
