@@ -35,7 +35,7 @@ def test_operator_command_reconciles_and_joins_the_slopilot_peering(
     cluster = Cluster(kube_client)
     try:
         cluster.create(llmd())
-        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), timeout=20,
+        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"),
                  what="the Deployment from the operator process")
         peering = wait_for(lambda: (cluster.custom.get_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", "slopilot").get("status") or None),

@@ -25,8 +25,8 @@ from tests.support.prometheus import (
     PrometheusServer,
     ScrapeTarget,
     start_prometheus,
-    wait_until,
 )
+from tests.support.waits import wait_for
 
 TOKEN = "contract-token"
 SELECTOR = {"slopilot_deployment": "contract"}
@@ -103,8 +103,8 @@ def live_stack(binaries: PrometheusBinaries, workdir: Path, rate: float = 6.0
         prom = start_prometheus(binaries, workdir, targets=[
             ScrapeTarget("engine", [host], labels=SELECTOR)], scrape_interval_s=1)
         load = LoadGenerator(server.url, rate).start()
-        wait_until(lambda: _has_finished_requests(prom), timeout_s=60,
-                   what="Prometheus to hold finished requests of the live engine")
+        wait_for(lambda: _has_finished_requests(prom),
+                 what="Prometheus to hold finished requests of the live engine")
         yield LiveStack(server, prom, load)
     finally:
         if load is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.live_server import wait_until
+from tests.support.waits import wait_for
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -84,7 +84,7 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     reader.start()
     assert started.wait(15)
     proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: httpx.get(url + "/health").status_code == 503, what="draining")
+    wait_for(lambda: httpx.get(url + "/health").status_code == 503, what="draining")
     late = httpx.post(url + "/v1/completions", json={"prompt": "late", "max_tokens": 1})
     assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
     reader.join(30)
