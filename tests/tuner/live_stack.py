@@ -26,7 +26,7 @@ from tests.support.prometheus import (
     ScrapeTarget,
     start_prometheus,
 )
-from tests.support.waits import wait_for
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 TOKEN = "contract-token"
 SELECTOR = {"slopilot_deployment": "contract"}
@@ -46,7 +46,7 @@ class LoadGenerator:
     def _post(self, priority: str) -> None:
         # A refused request is load the engine did not take; the rate shows it.
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(self.url + "/v1/completions", timeout=30, json={
+            httpx.post(self.url + "/v1/completions", timeout=HANG_GUARD_S, json={
                 "prompt": "hello " * 40, "max_tokens": 12, "priority": priority,
                 "ignore_eos": True})
 
@@ -63,7 +63,7 @@ class LoadGenerator:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self._thread.join(10)
+        self._thread.join(HANG_GUARD_S)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.support.live_server import LiveServer, start_server
-from tests.support.waits import wait_for
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 
 def _post(srv: LiveServer, body: Any, path: str = "/v1/completions",
@@ -20,7 +20,7 @@ def _post(srv: LiveServer, body: Any, path: str = "/v1/completions",
         kw.setdefault("headers", {})["content-type"] = "application/json"
     else:
         kw["json"] = body
-    return httpx.post(srv.url + path, timeout=30, **kw)
+    return httpx.post(srv.url + path, timeout=HANG_GUARD_S, **kw)
 
 
 def _error(res: httpx.Response, status: int) -> dict[str, Any]:
@@ -141,10 +141,10 @@ async def test_full_queue_is_429_with_retry_after() -> None:
     try:
         url = srv.url + "/v1/completions"
         long = {"prompt": "a b c", "max_tokens": 5000, "stream": True, "ignore_eos": True}
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=HANG_GUARD_S) as client:
             started = asyncio.Event()
             running = asyncio.create_task(_read_first_chunk(client, url, long, started))
-            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.wait_for(started.wait(), HANG_GUARD_S)
             queued = asyncio.create_task(_read_first_chunk(client, url, long, asyncio.Event()))
             await asyncio.to_thread(wait_for, lambda: srv.call(
                 lambda e: e.scheduler.num_waiting) == 1, what="a waiting request")

@@ -19,6 +19,7 @@ import pytest
 from slopilot.engine.server.detokenizer import ServerTokenizer
 from slopilot.engine.server.serving import INLINE_PREPARE_CHARS
 from tests.support.live_server import LiveServer, build_backend, start_server
+from tests.support.waits import HANG_GUARD_S
 
 LONE = "\\ud800"  # a JSON escape that decodes to a lone surrogate
 
@@ -121,13 +122,13 @@ def test_tokenizing_runs_off_the_event_loop(hooked: tuple[LiveServer, _Tokenizer
         url, json={"prompt": long_prompt, "max_tokens": 2}, timeout=60)))
     thread.start()
     try:
-        assert tok.entered.wait(30)
+        assert tok.entered.wait(HANG_GUARD_S)
         # While one prompt is stuck in the tokenizer, another request runs to its end.
-        with httpx.stream("POST", url, timeout=20, json={
+        with httpx.stream("POST", url, timeout=HANG_GUARD_S, json={
                 "prompt": "quick", "max_tokens": 3, "stream": True, "ignore_eos": True}) as r:
             lines = [line for line in r.iter_lines() if line]
         assert lines[-1] == "data: [DONE]"
-        assert httpx.get(srv.url + "/health", timeout=20).status_code == 200
+        assert httpx.get(srv.url + "/health", timeout=HANG_GUARD_S).status_code == 200
     finally:
         tok.gate.set()
     thread.join(60)
