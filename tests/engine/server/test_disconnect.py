@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.live_server import LiveServer, start_server
-from tests.support.waits import wait_for
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def _aborts(srv: LiveServer) -> float:
 def test_stream_disconnect_aborts_and_frees_blocks(srv: LiveServer) -> None:
     before = _aborts(srv)
     body = {"prompt": "w " * 100, "max_tokens": 5000, "stream": True, "ignore_eos": True}
-    with httpx.Client(timeout=30) as client, \
+    with httpx.Client(timeout=HANG_GUARD_S) as client, \
             client.stream("POST", srv.url + "/v1/completions", json=body) as res:
         lines = res.iter_lines()
         assert next(lines).startswith("data: ")

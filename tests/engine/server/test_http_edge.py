@@ -25,7 +25,7 @@ LONE = "\\ud800"  # a JSON escape that decodes to a lone surrogate
 
 
 def _raw(srv: LiveServer, body: str, path: str = "/v1/completions") -> httpx.Response:
-    return httpx.post(srv.url + path, content=body.encode(), timeout=30,
+    return httpx.post(srv.url + path, content=body.encode(), timeout=HANG_GUARD_S,
                       headers={"content-type": "application/json"})
 
 
@@ -57,7 +57,7 @@ def test_unencodable_text_is_a_400_naming_the_field(sim_server: LiveServer, path
 
 def test_invalid_utf8_bytes_are_a_400(sim_server: LiveServer) -> None:
     res = httpx.post(sim_server.url + "/v1/completions", content=b'{"prompt": "\xff\xfe"}',
-                     headers={"content-type": "application/json"}, timeout=30)
+                     headers={"content-type": "application/json"}, timeout=HANG_GUARD_S)
     assert res.status_code == 400 and res.json()["error"]["message"]
 
 
@@ -105,7 +105,7 @@ def hooked() -> Iterator[tuple[LiveServer, _Tokenizer]]:
 
 def test_a_crash_says_nothing_about_itself(hooked: tuple[LiveServer, _Tokenizer]) -> None:
     srv, _ = hooked
-    res = httpx.post(srv.url + "/v1/completions", json={"prompt": "CRASH"}, timeout=30)
+    res = httpx.post(srv.url + "/v1/completions", json={"prompt": "CRASH"}, timeout=HANG_GUARD_S)
     assert res.status_code == 500
     message = res.json()["error"]["message"]
     assert "secret" not in message and "RuntimeError" not in message
@@ -144,7 +144,7 @@ def test_ttft_counts_from_arrival_and_the_split_stays(
         hooked: tuple[LiveServer, _Tokenizer]) -> None:
     srv, tok = hooked
     tok.delay_s = 0.3
-    with httpx.stream("POST", srv.url + "/v1/completions", timeout=30, json={
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=HANG_GUARD_S, json={
             "prompt": "SLOW " + "a " * INLINE_PREPARE_CHARS, "max_tokens": 2, "stream": True,
             "ignore_eos": True}) as r:
         assert [line for line in r.iter_lines() if line][-1] == "data: [DONE]"
