@@ -8,13 +8,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes.client
-import pytest
 import urllib3
 from kopf.testing import KopfRunner
 
@@ -22,6 +20,7 @@ from slopilot.operator.crd import crd_manifest
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.render import ADMIN_PORT_NAME, DEFAULT_OPERATOR_NAMESPACE, selector
 from slopilot.operator.tokens import KEY_SECRET, TokenMint, load_or_create
+from tests.support import waits
 from tests.support.kube_server import RunningEmulator
 
 GROUP, VERSION, PLURAL = "slopilot.dev", "v1alpha1", "llmdeployments"
@@ -29,8 +28,8 @@ NS = "default"
 RUN_ARGS = ["run", "--standalone", "--all-namespaces", "-m", "slopilot.operator.handlers"]
 
 
-def _threads() -> str:
-    """Every thread's innermost frames: what the process was doing when a wait ran out."""
+def thread_stacks() -> str:
+    """Every thread's innermost frames: what the process was doing when a wait hung."""
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
     for ident, frame in sys._current_frames().items():
@@ -39,27 +38,15 @@ def _threads() -> str:
     return "\n".join(out)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds.
+def wait_for(condition: Callable[[], Any], what: str) -> Any:
+    """The suite's wait (tests.support.waits) as every operator test wants it.
 
-    A failure says how long the slowest poll took and dumps every thread's stack: one
-    full-suite run stalled here once (the status PATCH was served, then no GET came back
-    for 15 s) and did not reproduce in isolation.
+    A kube read that timed out (Cluster.get bounds each) is polled again, and a hang
+    dumps every thread's stack: one full-suite run stalled here once (the status PATCH
+    was served, then no GET came back for 15 s) and did not reproduce in isolation.
     """
-    deadline = time.monotonic() + timeout
-    polls, slowest, error = 0, 0.0, ""
-    while time.monotonic() < deadline:
-        t0 = time.monotonic()
-        try:
-            result = condition()
-        except urllib3.exceptions.HTTPError as exc:  # a read that timed out: poll again
-            result, error = None, f"; last error: {type(exc).__name__}: {exc}"
-        polls, slowest = polls + 1, max(slowest, time.monotonic() - t0)
-        if result:
-            return result
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what} ({polls} polls, the slowest "
-                f"{slowest:.1f} s{error})\n{_threads()}")
+    return waits.wait_for(condition, what, tolerate=(urllib3.exceptions.HTTPError,),
+                          diagnose=thread_stacks)
 
 
 def llmd(name: str = "chat", **spec: Any) -> dict[str, Any]:

@@ -33,13 +33,13 @@ def test_forty_tuning_crs_leave_kopf_free_to_reconcile_a_new_one(
             cluster.create(llmd(f"t{i}", prometheus={"url": prom.url}))
         names = [f"t{i}" for i in range(CRS)]
         wait_for(lambda: all(cluster.status(n).get("controller") for n in names),
-                 timeout=120, what=f"all {CRS} controllers ticking")
+                 what=f"all {CRS} controllers ticking")
         daemons = {t.name for t in threading.enumerate() if t.name.startswith("tuning-")}
         assert len(daemons) == CRS, sorted(daemons)
         # With every daemon running, a new CR still gets its objects and its status.
         cluster.create(llmd("late", prometheus={"url": prom.url}, tuning={"enabled": False}))
-        wait_for(lambda: cluster.owned("apps/v1", "deployments", "late"), timeout=60,
+        wait_for(lambda: cluster.owned("apps/v1", "deployments", "late"),
                  what="the new CR's Deployment")
-        wait_for(lambda: cluster.status("late").get("phase") == "Running", timeout=60,
+        wait_for(lambda: cluster.status("late").get("phase") == "Running",
                  what="the new CR's status")
     assert runner.exit_code == 0

@@ -5,31 +5,19 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kopf
 import kubernetes.client
-import pytest
 from kopf.testing import KopfRunner
 
 from slopilot.operator.crd import crd_manifest
+from tests.operator.operator_support import wait_for
 from tests.support.kube_server import RunningEmulator
 
 OPERATOR = Path(__file__).parents[1] / "support" / "kopf_status_operator.py"
 LLMD = ("slopilot.dev", "v1alpha1", "llmdeployments")
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_kopf_operator_patches_status_posts_event_and_releases_finalizer(

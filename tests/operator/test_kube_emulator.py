@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from kubernetes import client, watch
 
 from slopilot.operator.crd import crd_manifest
 from tests.support.kube_server import RunningEmulator
+from tests.support.waits import HANG_GUARD_S
 
 LLMD = ("slopilot.dev", "v1alpha1")
 
@@ -188,7 +190,8 @@ def test_live_watch_gets_events_as_they_happen(core: client.CoreV1Api) -> None:
     core.create_namespaced_config_map("default", {"metadata": {"name": "marker"}})
 
     def consume() -> None:
-        for event in w.stream(core.list_namespaced_config_map, "default", timeout_seconds=10):
+        for event in w.stream(core.list_namespaced_config_map, "default",
+                              timeout_seconds=math.ceil(HANG_GUARD_S)):
             if event["object"].metadata.name == "marker":
                 listening.set()
                 continue
@@ -199,11 +202,11 @@ def test_live_watch_gets_events_as_they_happen(core: client.CoreV1Api) -> None:
 
     thread = threading.Thread(target=consume)
     thread.start()
-    assert listening.wait(10), "the watch never opened"
+    assert listening.wait(HANG_GUARD_S), "the watch never opened"
     core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
     core.delete_namespaced_config_map("a", "default")
-    assert done.wait(10), "the watch never saw the deletion"
-    thread.join(10)
+    assert done.wait(HANG_GUARD_S), "the watch never saw the deletion"
+    thread.join(HANG_GUARD_S)
     assert seen[-1] == "DELETED" and "ADDED" in seen
 
 

@@ -17,6 +17,7 @@ import yaml
 from slopilot.operator.crd import crd_manifest
 from tests.operator.operator_support import Cluster, llmd, wait_for
 from tests.support.kube_server import RunningEmulator
+from tests.support.waits import HANG_GUARD_S
 
 PEERING = Path(__file__).parents[2] / "manifests" / "kopf-peering.yaml"
 
@@ -35,7 +36,7 @@ def test_operator_command_reconciles_and_joins_the_slopilot_peering(
     cluster = Cluster(kube_client)
     try:
         cluster.create(llmd())
-        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), timeout=20,
+        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"),
                  what="the Deployment from the operator process")
         peering = wait_for(lambda: (cluster.custom.get_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", "slopilot").get("status") or None),
@@ -48,7 +49,7 @@ def test_operator_command_reconciles_and_joins_the_slopilot_peering(
         wait_for(lambda: cluster.status().get("phase") == "Running", what="phase Running")
     finally:
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=20)
+        code = proc.wait(timeout=HANG_GUARD_S)
         log.seek(0)
         output = log.read()
     assert code == 0, output

@@ -155,7 +155,7 @@ def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
         wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
                  what="steady")
         prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
-        wait_for(lambda: cluster.events("Commit"), what="the commit", timeout=15)
+        wait_for(lambda: cluster.events("Commit"), what="the commit")
         canary, other = pods[0].put_bodies(), pods[1].put_bodies()
         # The trial went to the canary alone; the commit to both, each with the token.
         assert [b["token_budget"] for b in canary] == [512, 512]

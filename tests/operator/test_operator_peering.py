@@ -129,18 +129,18 @@ def test_the_higher_priority_replica_acts_and_the_other_takes_over_when_it_goes(
     high = start_replica(kube, tmp_path, "op-high", 20)
     replicas.append(high)
     wait_for(lambda: any(p["priority"] == 20 for p in peers(cluster).values()),
-             timeout=60, what="the priority-20 replica in the peering")
+             what="the priority-20 replica in the peering")
     low = start_replica(kube, tmp_path, "op-low", 10)
     replicas.append(low)
     # With a mandatory peering kopf starts paused, and stays so (silently) while it sees
     # a higher priority; it logs only when it resumes.
     wait_for(lambda: sorted(p["priority"] for p in peers(cluster).values()) == [10, 20],
-             timeout=60, what="both replicas in the peering")
+             what="both replicas in the peering")
     assert "priority 10" in low.output() and "priority 20" in high.output()
 
     # (a) The leader reconciles; (b) the follower writes nothing but its keep-alives.
     cluster.create(llmd())
-    wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), timeout=60,
+    wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"),
              what="the Deployment from the priority-20 replica")
     wait_for(lambda: cluster.status().get("phase") == "Running", what="phase Running")
     leader_writes = object_writes(kube, "op-high")
@@ -161,7 +161,7 @@ def test_the_higher_priority_replica_acts_and_the_other_takes_over_when_it_goes(
     assert cluster.owned("apps/v1", "deployments", "chat")["spec"]["replicas"] == 1
     cluster.patch("chat", {"spec": {"replicas": {"min": 2, "max": 3}}})
     wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat")["spec"][
-        "replicas"] == 2, timeout=60, what="the follower to raise replicas to the new min")
+        "replicas"] == 2, what="the follower to raise replicas to the new min")
     assert ("PATCH", "deployments", "chat") in object_writes(kube, "op-low")
     assert len(object_writes(kube, "op-high")) == before  # the old leader is gone
 

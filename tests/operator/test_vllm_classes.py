@@ -24,7 +24,8 @@ from slopilot.operator.render import (
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.prometheus.rules import RuleOptions, render_rules_yaml
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
-from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_metrics, wait_until
+from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_metrics
+from tests.support.waits import wait_for
 
 
 def body(**slo: Any) -> dict[str, Any]:
@@ -98,8 +99,8 @@ def test_vllm_token_gaps_reach_the_class_rules_and_fire_its_alert(
         return [a for a in prom.alerts() if a["state"] == "firing"
                 and a["labels"]["alertname"] == "SlopilotTBTP99High"]
 
-    fired = wait_until(firing, timeout_s=60, what="the P0 TBT alert on vLLM's gaps",
-                       interval_s=0.2)
+    fired = wait_for(firing, what="the P0 TBT alert on vLLM's gaps",
+                     interval_s=0.2)
     assert fired[0]["labels"]["priority_class"] == "p0"
     recorded = prom.query('slopilot:tbt_seconds:p99{slopilot_deployment="chat"}')
     assert {s["metric"]["priority_class"] for s in recorded["data"]["result"]} == {"p0"}

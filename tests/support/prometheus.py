@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,11 +21,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
-T = TypeVar("T")
+from tests.support.waits import WaitHung, wait_for
 
 
 class PrometheusError(RuntimeError):
@@ -53,19 +52,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def wait_until(predicate: Callable[[], T | None], *, timeout_s: float, what: str,
-               interval_s: float = 0.1) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 @dataclass(frozen=True)
@@ -156,7 +142,7 @@ class PrometheusServer:
 def start_prometheus(binaries: PrometheusBinaries, workdir: Path, *,
                      targets: Sequence[ScrapeTarget] = (), rule_files: Sequence[Path] = (),
                      scrape_interval_s: int = 1, evaluation_interval_s: int = 1,
-                     ready_timeout_s: float = 30.0, attempts: int = 3) -> PrometheusServer:
+                     attempts: int = 3) -> PrometheusServer:
     """Start Prometheus on 127.0.0.1 and wait for /-/ready; retried on a port race."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "prometheus.yml"
@@ -178,13 +164,14 @@ def start_prometheus(binaries: PrometheusBinaries, workdir: Path, *,
         def settled(s: PrometheusServer = server) -> bool:
             return s.ready() or s.process.poll() is not None
 
+        def its_log(s: PrometheusServer = server) -> str:
+            return f"its log:\n{s.log[-2000:]}"
+
         try:
-            wait_until(settled, timeout_s=ready_timeout_s,
-                       what=f"Prometheus ready on port {port}")
-        except TimeoutError:
+            wait_for(settled, f"Prometheus ready on port {port}", diagnose=its_log)
+        except WaitHung:
             server.stop()
-            raise PrometheusError(f"Prometheus not ready in {ready_timeout_s} s:\n"
-                                  f"{server.log[-2000:]}") from None
+            raise
         if server.process.poll() is None:
             return server
         last_log = server.log  # exited: most likely the port was taken meanwhile

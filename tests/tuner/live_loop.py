@@ -19,7 +19,7 @@ from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
 from slopilot.tuner.local.prometheus_server import LocalPrometheus
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
-from tests.support.prometheus import wait_until
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 NAME = "live"
 SELECTOR = {DEPLOYMENT_LABEL: NAME}
@@ -40,7 +40,7 @@ class LiveLoop:
 
     def _scalar(self, query: str) -> float:
         answer = httpx.get(self.prometheus.url + "/api/v1/query", params={"query": query},
-                           timeout=5).json()
+                           timeout=HANG_GUARD_S).json()
         result = answer.get("data", {}).get("result", [])
         return float(result[0]["value"][1]) if result else 0.0
 
@@ -67,6 +67,6 @@ def live_loop(workdir: Path, slo: SLOSpec, *, replicas: int = 1, phase: Phase = 
                                                    [rules]))
         load = stack.enter_context(LoadGenerator(dep.endpoints, phase, model=NAME, seed=seed))
         loop = LiveLoop(dep, prom, load)
-        wait_until(lambda: loop.finished_requests() >= 5, timeout_s=30,
-                   what="Prometheus to hold finished requests of the replicas")
+        wait_for(lambda: loop.finished_requests() >= 5,
+                 what="Prometheus to hold finished requests of the replicas")
         yield loop

@@ -25,8 +25,8 @@ from tests.support.prometheus import (
     PrometheusServer,
     ScrapeTarget,
     start_prometheus,
-    wait_until,
 )
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 TOKEN = "contract-token"
 SELECTOR = {"slopilot_deployment": "contract"}
@@ -46,7 +46,7 @@ class LoadGenerator:
     def _post(self, priority: str) -> None:
         # A refused request is load the engine did not take; the rate shows it.
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(self.url + "/v1/completions", timeout=30, json={
+            httpx.post(self.url + "/v1/completions", timeout=HANG_GUARD_S, json={
                 "prompt": "hello " * 40, "max_tokens": 12, "priority": priority,
                 "ignore_eos": True})
 
@@ -63,7 +63,7 @@ class LoadGenerator:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self._thread.join(10)
+        self._thread.join(HANG_GUARD_S)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -103,8 +103,8 @@ def live_stack(binaries: PrometheusBinaries, workdir: Path, rate: float = 6.0
         prom = start_prometheus(binaries, workdir, targets=[
             ScrapeTarget("engine", [host], labels=SELECTOR)], scrape_interval_s=1)
         load = LoadGenerator(server.url, rate).start()
-        wait_until(lambda: _has_finished_requests(prom), timeout_s=60,
-                   what="Prometheus to hold finished requests of the live engine")
+        wait_for(lambda: _has_finished_requests(prom),
+                 what="Prometheus to hold finished requests of the live engine")
         yield LiveStack(server, prom, load)
     finally:
         if load is not None:

@@ -36,6 +36,7 @@ from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import open_study
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.waits import wait_for
 from tests.tuner.live_loop import HEAVY, NAME, RULES, SELECTOR, START, LiveLoop, live_loop
 
 pytestmark = [pytest.mark.usefixtures("prometheus_binaries"), pytest.mark.slow,
@@ -77,19 +78,19 @@ def controller(loop: LiveLoop, slo: SLOSpec, storage: str | None = None, *,
         state=state)
 
 
-def tick_until(ctl: Controller, done: Callable[[Decision], bool], *, timeout_s: float,
-               what: str, log: list[Decision]) -> Decision:
-    deadline = time.monotonic() + timeout_s
-    while True:
+def tick_until(ctl: Controller, done: Callable[[Decision], bool], *, what: str,
+               log: list[Decision]) -> Decision:
+    """Tick ``ctl`` every 0.5 s until a decision is ``done``; a hang shows the decisions."""
+    def tick() -> Decision | None:
         d = ctl.tick(time.time())
         log.append(d)
-        if done(d):
-            return d
-        if time.monotonic() > deadline:
-            lines = "\n".join(x.line() for x in log
-                              if x.action is not Action.NONE or x.summary is not None)
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n{lines}")
-        time.sleep(0.5)
+        return d if done(d) else None
+
+    def decisions() -> str:
+        return "\n".join(x.line() for x in log
+                         if x.action is not Action.NONE or x.summary is not None)
+
+    return wait_for(tick, what, interval_s=0.5, diagnose=decisions)
 
 
 def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
@@ -101,15 +102,15 @@ def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
         log: list[Decision] = []
         # Two rate windows of the light load first: no alert, and the windows a trial is
         # compared with hold steady traffic, not the first seconds of the series.
-        tick_until(ctl, lambda d: loop.history_s() >= 2 * RULES.rate_window_s, timeout_s=60,
+        tick_until(ctl, lambda d: loop.history_s() >= 2 * RULES.rate_window_s,
                    what="two rate windows of history in Prometheus", log=log)
         assert all(d.action is Action.NONE and d.state is ControllerState.STEADY
                    for d in log), [d.line() for d in log]
         loop.load.set_phase(HEAVY)  # the injected overload: long prompts, mostly P0
-        tick_until(ctl, lambda d: d.action is Action.TRIAL, timeout_s=30,
+        tick_until(ctl, lambda d: d.action is Action.TRIAL,
                    what="an alert and a first trial", log=log)
         assert any("alert Slopilot" in x.reason for x in log)
-        tick_until(ctl, lambda d: d.action is Action.COMMIT, timeout_s=90,
+        tick_until(ctl, lambda d: d.action is Action.COMMIT,
                    what="a committed config", log=log)
         committed = ctl.loop.best_config
         assert committed is not None
@@ -117,7 +118,7 @@ def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
         assert {k: live[k] for k in committed} == committed
         assert committed["chunk_size"] < START["chunk_size"]
         # The sustained-breach alerts read 30 s: they resolve once that has passed.
-        tick_until(ctl, lambda d: not ctl.alerts.firing(), timeout_s=30 + 30,
+        tick_until(ctl, lambda d: not ctl.alerts.firing(),
                    what="the alerts to resolve", log=log)
 
 
@@ -150,7 +151,7 @@ def test_a_controller_dropped_mid_trial_resumes_without_applying_again(
     with live_loop(tmp_path, TIGHT) as loop:
         first = controller(loop, TIGHT, storage, window_s=6.0)
         log: list[Decision] = []
-        trial = tick_until(first, lambda d: d.action is Action.TRIAL, timeout_s=25,
+        trial = tick_until(first, lambda d: d.action is Action.TRIAL,
                            what="the TTFT alert (a 1 ms SLO) and a trial", log=log)
         assert loop.deployment.applied == [(trial.config, False)]
         saved = json.loads(json.dumps(first.to_dict()))
@@ -161,7 +162,7 @@ def test_a_controller_dropped_mid_trial_resumes_without_applying_again(
         assert resumed.state is ControllerState.TUNING
         assert resumed.loop.trial is not None and resumed.loop.trial.number == trial.trial
         done = tick_until(resumed, lambda d: d.trial == trial.trial and d.summary is not None,
-                          timeout_s=25, what="the resumed trial's window", log=log)
+                          what="the resumed trial's window", log=log)
         assert "infeasible" in done.reason or done.action is not Action.NONE
         # The resumed controller measured the running trial; it did not apply it again.
         assert loop.deployment.applied[:1] == [(trial.config, False)]

@@ -22,7 +22,8 @@ from slopilot.tuner.prometheus.profiling import (
 )
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
-from tests.support.prometheus import PrometheusBinaries, free_port, wait_until
+from tests.support.prometheus import PrometheusBinaries, free_port
+from tests.support.waits import wait_for
 from tests.tuner.live_stack import SELECTOR, live_stack
 
 
@@ -111,8 +112,8 @@ def test_live_engine_profile_through_real_prometheus(
             return None  # the first scrapes hold too little of the window yet
 
     with live_stack(prometheus_binaries, tmp_path, rate=6.0) as s:
-        prof = wait_until(lambda: measured(s.prometheus.url), timeout_s=60,
-                          what="a 5 s window with 20 finished requests")
+        prof = wait_for(lambda: measured(s.prometheus.url),
+                        what="a 5 s window with 20 finished requests")
     # Every request asks for 12 tokens (increase() extrapolates: not quite exact).
     assert prof.output.mean == pytest.approx(12.0, rel=0.02)
     assert prof.output.sigma < 0.05

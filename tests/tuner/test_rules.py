@@ -31,8 +31,8 @@ from tests.support.prometheus import (
     ScrapeTarget,
     promtool,
     serve_metrics,
-    wait_until,
 )
+from tests.support.waits import wait_for
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "prometheus"
 
@@ -254,8 +254,8 @@ def test_tbt_alert_fires_and_resolves_in_real_prometheus(
         drive(0.35)  # > 2 x the 100 ms P1 SLO
         return firing_tbt()
 
-    fired = wait_until(slow_and_firing, timeout_s=60, what="SlopilotTBTP99High firing",
-                       interval_s=0.2)
+    fired = wait_for(slow_and_firing, what="SlopilotTBTP99High firing",
+                     interval_s=0.2)
     assert fired[0]["labels"]["action"] == "scale"
     assert fired[0]["labels"]["priority_class"] == "p1"
     assert fired[0]["labels"]["slopilot_deployment"] == "itest"
@@ -264,8 +264,8 @@ def test_tbt_alert_fires_and_resolves_in_real_prometheus(
         drive(0.01)
         return not firing_tbt()
 
-    wait_until(fast_and_resolved, timeout_s=60, what="SlopilotTBTP99High resolved",
-               interval_s=0.2)
+    wait_for(fast_and_resolved, what="SlopilotTBTP99High resolved",
+             interval_s=0.2)
     answer = prom.query('slopilot:tbt_seconds:p99{priority_class="p1"}')
     assert answer["status"] == "success"
     assert float(answer["data"]["result"][0]["value"][1]) <= 0.2

@@ -23,8 +23,8 @@ from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import StudyStorageError, Tuner, failure_reason, open_study
-from tests.support.prometheus import wait_until
 from tests.support.summaries import OLD_CLUSTER, OLD_PROMETHEUS
+from tests.support.waits import wait_for
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPO = Path(__file__).resolve().parents[2]
@@ -154,8 +154,8 @@ def test_a_killed_process_s_trial_is_failed_a_live_one_s_is_not_and_numbering_co
         child = subprocess.Popen([sys.executable, "-c", _CHILD, url], stdout=out,
                                  stderr=subprocess.STDOUT, cwd=REPO)
     try:
-        wait_until(lambda: "asked" in log.read_text() or child.poll() is not None,
-                   timeout_s=60, what="the child to ask a trial")
+        wait_for(lambda: "asked" in log.read_text() or child.poll() is not None,
+                 what="the child to ask a trial")
         assert "asked 3" in log.read_text(), log.read_text()
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
@@ -165,8 +165,8 @@ def test_a_killed_process_s_trial_is_failed_a_live_one_s_is_not_and_numbering_co
             child.wait(timeout=30)
     # The dead child's trial stops beating and is failed after the grace period; this
     # process's trial, asked before it, beat all along and is still running.
-    wait_until(lambda: _state(url, 3) == TrialState.FAIL, timeout_s=120,
-               what="the killed process's trial to be failed as stale")
+    wait_for(lambda: _state(url, 3) == TrialState.FAIL,
+             what="the killed process's trial to be failed as stale")
     trials = open_study(url, "crash", **BEAT).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.RUNNING,
                                                                        TrialState.FAIL]
@@ -193,8 +193,8 @@ def test_fail_running_fails_what_this_tuner_holds_and_stops_beating(tmp_path: Pa
     assert {failure_reason(t) for t in trials[1:]} == {"the LLMDeployment was deleted"}
     assert tuner.fail_running("again") == []
     assert tuner.heartbeat.beating == set()
-    wait_until(lambda: not tuner.heartbeat.running, timeout_s=60,  # type: ignore[union-attr]
-               what="the heartbeat thread to end")
+    wait_for(lambda: not tuner.heartbeat.running,  # type: ignore[union-attr]
+             what="the heartbeat thread to end")
     assert Tuner(open_study(None, "memory"), SearchSpace.from_bounds()).heartbeat is None
 
 
@@ -204,8 +204,8 @@ def test_a_trial_the_previous_version_left_running_goes_stale_too(tmp_path: Path
     old = optuna.create_study(storage=url, study_name="old", direction="maximize")
     old.ask().set_user_attr("slopilot_worker", "gone-host:4242:0123456789ab")
     old.ask()  # RUNNING, unmarked: not ours to judge
-    wait_until(lambda: open_study(url, "old", **BEAT).get_trials()[0].state
-               == TrialState.FAIL, timeout_s=120, what="the old trial to be failed as stale")
+    wait_for(lambda: open_study(url, "old", **BEAT).get_trials()[0].state
+             == TrialState.FAIL, what="the old trial to be failed as stale")
     assert open_study(url, "old", **BEAT).get_trials()[1].state == TrialState.RUNNING
 
 

@@ -14,6 +14,7 @@ from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Request
 from tests.engine.server.conftest import ADMIN_TOKEN
 from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -26,7 +27,7 @@ def srv() -> Iterator[LiveServer]:
 
 def _put(srv: LiveServer, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
     kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-    return httpx.put(srv.admin_url + "/admin/config", headers=headers or AUTH, timeout=10,
+    return httpx.put(srv.admin_url + "/admin/config", headers=headers or AUTH, timeout=HANG_GUARD_S,
                      **kw)
 
 
@@ -61,7 +62,7 @@ def test_put_is_applied_from_the_next_iteration(srv: LiveServer) -> None:
     assert _get(srv) == res.json()
     rec = StepRecorder()
     srv.call(lambda e: e.observers.append(rec))
-    done = httpx.post(srv.url + "/v1/completions", timeout=30,
+    done = httpx.post(srv.url + "/v1/completions", timeout=HANG_GUARD_S,
                       json={"prompt": "w " * 300, "max_tokens": 2})
     assert done.status_code == 200
     srv.call(lambda e: e.observers.remove(rec))

@@ -18,6 +18,7 @@ from slopilot.engine.scheduler import DuplicateRequestError, QueueFullError
 from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError
 from tests.engine.helpers import make_request
 from tests.support.fake_executor import FakeExecutor
+from tests.support.waits import HANG_GUARD_S
 
 
 class GatedExecutor(FakeExecutor):
@@ -120,7 +121,7 @@ async def test_drain_timeout_aborts_and_counts() -> None:
     engine = AsyncEngine(_engine(Slow()))
     engine.start()
     stream = await engine.add_request(make_request("a", 5, max_tokens=100_000))
-    aborted = await asyncio.wait_for(engine.drain(0.05), 10)
+    aborted = await asyncio.wait_for(engine.drain(0.05), HANG_GUARD_S)
     assert aborted == 1
     deltas = [d async for d in stream]
     assert deltas[-1].finish_reason is FinishReason.ABORT

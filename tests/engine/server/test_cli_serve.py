@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.live_server import wait_until
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -50,11 +50,11 @@ def proc(token_file: Path, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     knobs.write_text(json.dumps({"token_budget": 512, "chunk_size": 256}))
     p = _serve("--admin-token-file", str(token_file), "--config", str(knobs),
                "--set", "max_waiting=8", "--served-model-name", "fleet-a",
-               "--drain-timeout", "20", "--admin-port", "0")
+               "--drain-timeout", f"{HANG_GUARD_S:g}", "--admin-port", "0")
     yield p
     if p.poll() is None:
         p.kill()
-    p.wait(10)
+    p.wait(HANG_GUARD_S)
 
 
 def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
@@ -74,7 +74,7 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
 
     def stream() -> None:
         body = {"prompt": "a b", "max_tokens": 60, "stream": True, "ignore_eos": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=HANG_GUARD_S) as r:
             for line in r.iter_lines():
                 if line:
                     lines.append(line)
@@ -82,16 +82,16 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
 
     reader = threading.Thread(target=stream)
     reader.start()
-    assert started.wait(15)
+    assert started.wait(HANG_GUARD_S)
     proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: httpx.get(url + "/health").status_code == 503, what="draining")
+    wait_for(lambda: httpx.get(url + "/health").status_code == 503, what="draining")
     late = httpx.post(url + "/v1/completions", json={"prompt": "late", "max_tokens": 1})
     assert late.status_code == 503 and late.json()["error"]["code"] == "draining"
-    reader.join(30)
+    reader.join(HANG_GUARD_S)
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2].removeprefix("data: "))
     assert last["choices"][0]["finish_reason"] == "length"
-    assert proc.wait(30) == 0
+    assert proc.wait(HANG_GUARD_S) == 0
 
 
 @pytest.mark.parametrize(("args", "words"), [

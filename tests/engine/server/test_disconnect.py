@@ -8,7 +8,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.live_server import LiveServer, start_server, wait_until
+from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +35,13 @@ def _aborts(srv: LiveServer) -> float:
 def test_stream_disconnect_aborts_and_frees_blocks(srv: LiveServer) -> None:
     before = _aborts(srv)
     body = {"prompt": "w " * 100, "max_tokens": 5000, "stream": True, "ignore_eos": True}
-    with httpx.Client(timeout=30) as client, \
+    with httpx.Client(timeout=HANG_GUARD_S) as client, \
             client.stream("POST", srv.url + "/v1/completions", json=body) as res:
         lines = res.iter_lines()
         assert next(lines).startswith("data: ")
         assert srv.call(lambda e: e.scheduler.kv.num_used_blocks) > 0
     # Leaving both blocks closes the connection mid-stream.
-    wait_until(lambda: _engine_empty(srv), what="the request to be aborted")
+    wait_for(lambda: _engine_empty(srv), what="the request to be aborted")
     assert _aborts(srv) == before + 1
     srv.call(lambda e: e.scheduler.check_integrity())
 
@@ -50,5 +51,5 @@ def test_non_streaming_disconnect_aborts(srv: LiveServer) -> None:
     body = {"prompt": "w " * 50, "max_tokens": 5000, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
-    wait_until(lambda: _engine_empty(srv), what="the request to be aborted")
+    wait_for(lambda: _engine_empty(srv), what="the request to be aborted")
     assert _aborts(srv) == before + 1

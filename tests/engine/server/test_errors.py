@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.live_server import LiveServer, start_server, wait_until
+from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 
 def _post(srv: LiveServer, body: Any, path: str = "/v1/completions",
@@ -19,7 +20,7 @@ def _post(srv: LiveServer, body: Any, path: str = "/v1/completions",
         kw.setdefault("headers", {})["content-type"] = "application/json"
     else:
         kw["json"] = body
-    return httpx.post(srv.url + path, timeout=30, **kw)
+    return httpx.post(srv.url + path, timeout=HANG_GUARD_S, **kw)
 
 
 def _error(res: httpx.Response, status: int) -> dict[str, Any]:
@@ -140,12 +141,12 @@ async def test_full_queue_is_429_with_retry_after() -> None:
     try:
         url = srv.url + "/v1/completions"
         long = {"prompt": "a b c", "max_tokens": 5000, "stream": True, "ignore_eos": True}
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=HANG_GUARD_S) as client:
             started = asyncio.Event()
             running = asyncio.create_task(_read_first_chunk(client, url, long, started))
-            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.wait_for(started.wait(), HANG_GUARD_S)
             queued = asyncio.create_task(_read_first_chunk(client, url, long, asyncio.Event()))
-            await asyncio.to_thread(wait_until, lambda: srv.call(
+            await asyncio.to_thread(wait_for, lambda: srv.call(
                 lambda e: e.scheduler.num_waiting) == 1, what="a waiting request")
             res = await client.post(url, json={"prompt": "x", "max_tokens": 1})
             err = _error(res, 429)
@@ -154,7 +155,7 @@ async def test_full_queue_is_429_with_retry_after() -> None:
             for task in (running, queued):
                 task.cancel()
             await asyncio.gather(running, queued, return_exceptions=True)
-        await asyncio.to_thread(wait_until, lambda: srv.call(
+        await asyncio.to_thread(wait_for, lambda: srv.call(
             lambda e: not e.scheduler.requests), what="both requests aborted")
     finally:
         srv.stop()
@@ -178,7 +179,7 @@ def test_draining_is_503_and_running_requests_finish() -> None:
     assert rest[-1].choices[0].finish_reason == "length"
     assert text.split() == ["tok"] * 40
     # Drained: the server shuts itself down.
-    wait_until(lambda: not srv.thread.is_alive(), timeout_s=15, what="the server to exit")
+    wait_for(lambda: not srv.thread.is_alive(), what="the server to exit")
 
 
 def test_drain_timeout_aborts_the_rest() -> None:
@@ -192,4 +193,4 @@ def test_drain_timeout_aborts_the_rest() -> None:
     srv.begin_drain()
     last = list(chunks)[-1]
     assert last.choices[0].finish_reason == "abort"
-    wait_until(lambda: not srv.thread.is_alive(), timeout_s=15, what="the server to exit")
+    wait_for(lambda: not srv.thread.is_alive(), what="the server to exit")

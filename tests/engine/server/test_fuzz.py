@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
 from tests.support.live_server import LiveServer, build_backend, start_server
+from tests.support.waits import HANG_GUARD_S
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_no_server_error(fuzz_server: LiveServer) -> None:
         @settings(max_examples=15, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         def check(case: Any) -> None:
-            case.call_and_validate(checks=[not_a_server_error], timeout=30,
+            case.call_and_validate(checks=[not_a_server_error], timeout=HANG_GUARD_S,
                                    headers={"Authorization": "Bearer fuzz-token"})
 
         check()

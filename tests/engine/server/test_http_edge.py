@@ -19,12 +19,13 @@ import pytest
 from slopilot.engine.server.detokenizer import ServerTokenizer
 from slopilot.engine.server.serving import INLINE_PREPARE_CHARS
 from tests.support.live_server import LiveServer, build_backend, start_server
+from tests.support.waits import HANG_GUARD_S
 
 LONE = "\\ud800"  # a JSON escape that decodes to a lone surrogate
 
 
 def _raw(srv: LiveServer, body: str, path: str = "/v1/completions") -> httpx.Response:
-    return httpx.post(srv.url + path, content=body.encode(), timeout=30,
+    return httpx.post(srv.url + path, content=body.encode(), timeout=HANG_GUARD_S,
                       headers={"content-type": "application/json"})
 
 
@@ -56,7 +57,7 @@ def test_unencodable_text_is_a_400_naming_the_field(sim_server: LiveServer, path
 
 def test_invalid_utf8_bytes_are_a_400(sim_server: LiveServer) -> None:
     res = httpx.post(sim_server.url + "/v1/completions", content=b'{"prompt": "\xff\xfe"}',
-                     headers={"content-type": "application/json"}, timeout=30)
+                     headers={"content-type": "application/json"}, timeout=HANG_GUARD_S)
     assert res.status_code == 400 and res.json()["error"]["message"]
 
 
@@ -104,7 +105,7 @@ def hooked() -> Iterator[tuple[LiveServer, _Tokenizer]]:
 
 def test_a_crash_says_nothing_about_itself(hooked: tuple[LiveServer, _Tokenizer]) -> None:
     srv, _ = hooked
-    res = httpx.post(srv.url + "/v1/completions", json={"prompt": "CRASH"}, timeout=30)
+    res = httpx.post(srv.url + "/v1/completions", json={"prompt": "CRASH"}, timeout=HANG_GUARD_S)
     assert res.status_code == 500
     message = res.json()["error"]["message"]
     assert "secret" not in message and "RuntimeError" not in message
@@ -121,13 +122,13 @@ def test_tokenizing_runs_off_the_event_loop(hooked: tuple[LiveServer, _Tokenizer
         url, json={"prompt": long_prompt, "max_tokens": 2}, timeout=60)))
     thread.start()
     try:
-        assert tok.entered.wait(30)
+        assert tok.entered.wait(HANG_GUARD_S)
         # While one prompt is stuck in the tokenizer, another request runs to its end.
-        with httpx.stream("POST", url, timeout=20, json={
+        with httpx.stream("POST", url, timeout=HANG_GUARD_S, json={
                 "prompt": "quick", "max_tokens": 3, "stream": True, "ignore_eos": True}) as r:
             lines = [line for line in r.iter_lines() if line]
         assert lines[-1] == "data: [DONE]"
-        assert httpx.get(srv.url + "/health", timeout=20).status_code == 200
+        assert httpx.get(srv.url + "/health", timeout=HANG_GUARD_S).status_code == 200
     finally:
         tok.gate.set()
     thread.join(60)
@@ -143,7 +144,7 @@ def test_ttft_counts_from_arrival_and_the_split_stays(
         hooked: tuple[LiveServer, _Tokenizer]) -> None:
     srv, tok = hooked
     tok.delay_s = 0.3
-    with httpx.stream("POST", srv.url + "/v1/completions", timeout=30, json={
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=HANG_GUARD_S, json={
             "prompt": "SLOW " + "a " * INLINE_PREPARE_CHARS, "max_tokens": 2, "stream": True,
             "ignore_eos": True}) as r:
         assert [line for line in r.iter_lines() if line][-1] == "data: [DONE]"

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.metrics import VLLM_METRICS
 from tests.support.live_server import start_server
+from tests.support.waits import HANG_GUARD_S
 
 OPENMETRICS_ACCEPT = ("application/openmetrics-text;version=1.0.0,"
                       "application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -18,7 +19,7 @@ def test_metrics_after_traffic() -> None:
         url = srv.url + "/v1/completions"
         for priority in ("p0", "p1", "p1"):
             res = httpx.post(url, json={"prompt": "one two three", "max_tokens": 4,
-                                        "priority": priority}, timeout=30)
+                                        "priority": priority}, timeout=HANG_GUARD_S)
             assert res.status_code == 200
         # The gauges settle when the engine goes idle (and checks its integrity).
         srv.call(lambda e: None)

@@ -9,11 +9,12 @@ import openai
 import pytest
 
 from tests.support.live_server import LiveServer
+from tests.support.waits import HANG_GUARD_S
 
 
 def _client(srv: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=30)
+                         timeout=HANG_GUARD_S)
 
 
 def test_completion(any_server: LiveServer) -> None:
@@ -75,7 +76,7 @@ def test_chat(any_server: LiveServer) -> None:
 def test_token_id_prompt_and_priority_header(any_server: LiveServer) -> None:
     res = httpx.post(any_server.url + "/v1/completions", json={
         "prompt": [5, 6, 7, 8], "max_tokens": 3, "ignore_eos": True, "return_token_ids": True},
-        headers={"x-slopilot-priority": "p0"}, timeout=30)
+        headers={"x-slopilot-priority": "p0"}, timeout=HANG_GUARD_S)
     assert res.status_code == 200, res.text
     body = res.json()
     assert body["prompt_token_ids"] == [5, 6, 7, 8]

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.support.live_server import LiveServer
+from tests.support.waits import HANG_GUARD_S
 
 
 def _client(srv: LiveServer) -> openai.OpenAI:
@@ -162,7 +163,7 @@ def test_a_queue_refusal_admits_no_choice() -> None:
     from tests.support.live_server import start_server
 
     with start_server(knobs={"max_waiting": 2, "max_num_seqs": 1}) as srv:
-        res = httpx.post(srv.url + "/v1/completions", timeout=30,
+        res = httpx.post(srv.url + "/v1/completions", timeout=HANG_GUARD_S,
                          json={"prompt": "a", "n": 4, "max_tokens": 2})
         assert res.status_code == 429
         assert srv.call(lambda e: len(e.scheduler.requests)) == 0

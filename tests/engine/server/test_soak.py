@@ -110,10 +110,10 @@ async def test_soak() -> None:
 
 
 def _wait_idle_state(srv: LiveServer) -> dict[str, int]:
-    from tests.support.live_server import wait_until
+    from tests.support.waits import wait_for
 
-    wait_until(lambda: srv.call(lambda e: not e.scheduler.requests), timeout_s=20,
-               what="the engine to go idle")
+    wait_for(lambda: srv.call(lambda e: not e.scheduler.requests),
+             what="the engine to go idle")
 
     def state(e: Any) -> dict[str, int]:
         e.scheduler.check_integrity()

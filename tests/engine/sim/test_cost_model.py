@@ -4,7 +4,7 @@ roofline shape (monotone, tile steps, memory- vs compute-bound), TP, swap and si
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slopilot.engine.sim.cost_model import CostModel, CostModelError
@@ -99,7 +99,8 @@ batches = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)),
                    min_size=1, max_size=64)
 
 
-@settings(max_examples=200, deadline=None)
+# Not too_slow either: that check times data generation on the wall clock.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=batches, row=st.integers(0, 63), extra=st.integers(1, 600),
        more_ctx=st.integers(1, 4000))
 def test_more_work_is_never_cheaper(batch: list[tuple[int, int]], row: int, extra: int,
@@ -137,7 +138,7 @@ def reference_time(cm: CostModel, batch: list[tuple[int, int]]) -> float:
     return cm.iteration_overhead_s + max(lin_c, lin_m) + max(attn_c, attn_m) + comm
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 5000)),
                       min_size=1, max_size=40),
        decode_only=st.booleans())
