@@ -101,7 +101,9 @@ class PrometheusServer:
         if params:
             url += "?" + urllib.parse.urlencode(params)
         try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
+            # A bound for a read that hangs, not a guess at speed: a busy machine's
+            # slow answer is progress, and the waits that poll here have no other bound.
+            with urllib.request.urlopen(url, timeout=60) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             # The API answers 400/422 with a JSON body that says what was wrong.

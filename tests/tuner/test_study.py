@@ -119,15 +119,16 @@ def test_rejected_windows_are_repeated_not_counted() -> None:
     assert "rejected 3 times: too few samples" in last.user_attrs["fail_reason"]
 
 
-# Heartbeats every second, stale after a few missed ones: short enough for a test, and the
-# test waits for the state it expects instead of a fixed time.
-BEAT = {"heartbeat_s": 1, "grace_s": 4}
+# Heartbeats every second, stale after 15 missed ones: the live process's trial must not go
+# stale however busy the machine (its heartbeat thread would have to starve for 15 s), and
+# the test waits for the dead one's failure, not a fixed time.
+BEAT = {"heartbeat_s": 1, "grace_s": 15}
 
 _CHILD = textwrap.dedent("""
     import sys, time
     from slopilot.tuner.study.space import SearchSpace
     from slopilot.tuner.study.tuner import Tuner, open_study
-    tuner = Tuner(open_study(sys.argv[1], "crash", heartbeat_s=1, grace_s=4),
+    tuner = Tuner(open_study(sys.argv[1], "crash", heartbeat_s=1, grace_s=15),
                   SearchSpace.from_bounds())
     number, config = tuner.ask()
     print("asked", number, flush=True)
