@@ -64,6 +64,7 @@ from twin_fidelity_report import (
     print_corrected,
     print_repeat,
     print_report,
+    reports_from_json,
     within_interval,
 )
 
@@ -117,6 +118,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--plot", type=Path, default=None, help="PNG (default: docs/"
                    "twin_fidelity[_quick].png)")
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
+    p.add_argument("--replot", type=Path, default=None, metavar="JSON",
+                   help="draw the plot again from a run's --json file (with --profile and "
+                   "--plot), running nothing")
     p.add_argument("--repeat-real", default="", metavar="LOADS",
                    help="after the loads, serve these again on the real engine (comma-"
                    "separated: light, near, over, or all) and compare the second run with "
@@ -276,6 +280,12 @@ def main() -> int:
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     check_profile_for(profile, model=args.model)
+    if args.replot is not None:
+        reports, live, again = reports_from_json(json.loads(args.replot.read_text()))
+        target = args.plot or Path("docs") / "twin_fidelity.png"
+        plot(reports, profile, target, corrected=live or None, again=again)
+        print(f"plot: {target}")
+        return 0
     cost = CalibratedCostModel(profile)
     scenario = twin_scenario(profile, args.profile)
     context = profile.fit.max_context if profile.fit and profile.fit.max_context else 1024
@@ -332,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
         print_repeat(again, [reports[i] for i in repeats])
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")
-    plot(reports, profile, target, corrected=live)
+    plot(reports, profile, target, corrected=live, again=again)
     worst, iteration_mape, noise = summary(reports)
     live_worst, live_mape, _ = summary(live)
     if args.json:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from slopilot.engine.calibrate.compare import PERCENTILES, ClassFigures, LoadReport
+from slopilot.engine.calibrate.compare import (
+    PERCENTILES,
+    ClassFigures,
+    IterationFit,
+    LoadReport,
+)
 from slopilot.engine.sim.profile_file import CostProfile
 
 if TYPE_CHECKING:
@@ -124,18 +129,29 @@ def within_caption(reports: list[LoadReport]) -> str:
 
 
 def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
-         corrected: list[LoadReport] | None = None) -> None:
+         corrected: list[LoadReport] | None = None,
+         again: list[LoadReport] | None = None) -> None:
     """Per load, each real iteration against its prediction; then the latency figures of
-    the calibrated twin, and of the live-corrected one when given."""
+    the calibrated twin, of the live-corrected one and of the real engine's second run
+    (``--repeat-real``) against its first, when given."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = max(len(reports), 2)
+    panels = [(reports, "The calibrated twin", "predicted (ms)")]
+    if corrected is not None:
+        panels.append((corrected, "The twin corrected live before each load",
+                       "predicted (ms)"))
+    if again:
+        panels.append((again, "The real engine against itself: the same requests again",
+                       "second run (ms)"))
+    cols = max(len(reports), len(panels))
     fig, grid = plt.subplots(2, cols, figsize=(5 * cols, 9.2), squeeze=False)
-    for ax in grid[1][2 if corrected is not None else 1:]:
+    for ax in grid[1][len(panels):]:
         ax.set_visible(False)
+    colours = dict(zip((r.name for r in reports), ("tab:blue", "tab:orange", "tab:red"),
+                       strict=False))
     for ax, r in zip(grid[0], reports, strict=False):
         for kind, colour in _KIND_COLOURS.items():
             pts = [(m * 1e3, p * 1e3) for m, p, k in r.points if k == kind]
@@ -148,9 +164,8 @@ def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
         ax.set_xlabel("measured step time (ms)")
         ax.set_ylabel("predicted (ms)")
         ax.legend(fontsize=7, loc="upper left")
-    _latency_panel(grid[1][0], reports, "The calibrated twin")
-    if corrected is not None:
-        _latency_panel(grid[1][1], corrected, "The twin corrected live before each load")
+    for ax, (panel, title, ylabel) in zip(grid[1], panels, strict=False):
+        _latency_panel(ax, panel, title, colours, ylabel)
     fig.suptitle(f"Twin fidelity: {profile.name} on {profile.device.name}")
     fig.tight_layout()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -158,10 +173,11 @@ def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
     plt.close(fig)
 
 
-def _latency_panel(ax: Axes, reports: list[LoadReport], twin: str) -> None:
-    colours = ("tab:blue", "tab:orange", "tab:red")
+def _latency_panel(ax: Axes, reports: list[LoadReport], twin: str,
+                   colours: dict[str, str], ylabel: str) -> None:
     values = []
-    for r, colour in zip(reports, colours, strict=False):
+    for r in reports:
+        colour = colours.get(r.name, "tab:grey")
         for cls, c in r.classes.items():
             for k, m in c.measured.items():
                 p = c.predicted[k]
@@ -170,8 +186,8 @@ def _latency_panel(ax: Axes, reports: list[LoadReport], twin: str) -> None:
                 ax.scatter(m * 1e3, p * 1e3, marker=_CLASS_MARKERS[cls],
                            s=46 if k.endswith("99") else 16, alpha=0.85,
                            color=colour if filled else "none", edgecolors=colour)
-    for r, colour in zip(reports, colours, strict=False):
-        ax.scatter([], [], color=colour, label=r.name)
+    for r in reports:
+        ax.scatter([], [], color=colours.get(r.name, "tab:grey"), label=r.name)
     for cls, marker in _CLASS_MARKERS.items():
         ax.scatter([], [], color="grey", marker=marker, label=cls)
     _diagonal(ax, values)
@@ -179,8 +195,22 @@ def _latency_panel(ax: Axes, reports: list[LoadReport], twin: str) -> None:
     ax.set_title(f"{twin}\nTTFT filled, TBT hollow; p50 small, p99 large\n"
                  f"{inside} of {total} inside the measurement's 90 % interval", fontsize=10)
     ax.set_xlabel("measured (ms)")
-    ax.set_ylabel("predicted (ms)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7, loc="upper left")
+
+
+def reports_from_json(doc: dict[str, Any]) -> tuple[list[LoadReport], list[LoadReport],
+                                                    list[LoadReport]]:
+    """The loads, the live-corrected twin's and the repeats from ``--json``'s file."""
+    def load(d: dict[str, Any]) -> LoadReport:
+        fields = dict(d)
+        fields["classes"] = {k: ClassFigures(**c) for k, c in d["classes"].items()}
+        fields["iterations"] = IterationFit(**d["iterations"])
+        return LoadReport(**fields)
+
+    return ([load(d) for d in doc["loads"]],
+            [load(d) for d in (doc.get("corrected") or {}).get("loads", ())],
+            [load(d) for d in doc.get("real_repeat", ())])
 
 
 def _diagonal(ax: Axes, values: list[float]) -> None:

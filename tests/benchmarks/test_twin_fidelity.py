@@ -56,3 +56,31 @@ def test_repeat_real_names_the_loads_and_refuses_others() -> None:
     assert tf.repeat_loads("all") == [0, 1, 2]
     with pytest.raises(SystemExit, match=r"unknown load 'saturated'; use light, near, over"):
         tf.repeat_loads("near,saturated")
+
+
+def test_a_runs_json_gives_back_its_reports_for_a_replot(tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from tests.engine.calibrate.test_replay import _run
+
+    tf = _load()
+    report, _, _ = _run(1.25)
+    doc = json.loads(json.dumps({"loads": [dataclasses.asdict(report)],
+                                 "corrected": {"loads": [dataclasses.asdict(report)]},
+                                 "real_repeat": []}, default=str))
+    loads, live, again = tf.reports_from_json(doc)
+    assert again == [] and len(loads) == len(live) == 1
+    back = loads[0]
+    assert {k: (c.measured, c.predicted) for k, c in back.classes.items()} == {
+        k: (c.measured, c.predicted) for k, c in report.classes.items()}
+    assert back.worst_error() == report.worst_error()
+    assert back.iterations.mape == report.iterations.mape
+    tf.plot(loads, _profile(), tmp_path / "p.png", corrected=live, again=loads)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _profile() -> object:
+    from tests.support.profiles import make_profile
+
+    return make_profile("tiny-random", device="cpu")
