@@ -8,6 +8,8 @@
 #   benchmarks/gpu_twin.sh                                   # on the device machine
 #   DEVICE=cpu MODEL=tiny-random QUICK=1 benchmarks/gpu_twin.sh   # the same steps here
 #
+# REPEAT: the loads served twice, to measure the engine's own repeatability (default
+# near,over; "" for none).
 # MODEL: a model name or checkpoint directory; by default a seeded random model of
 # exactly SmolLM2-135M's shape (its GGUF is too large to carry to the device machine;
 # random weights cost the same per token). Everything lands in $OUT (or ./gpu_twin):
@@ -45,4 +47,5 @@ python3 -m slopilot.cli calibrate --model "$model" --device "$device" --dtype "$
   --samples-out "$out/samples.json" 2>&1 | tee -a "$out/calibrate.log"
 python3 benchmarks/twin_fidelity.py --profile "$out/profile.yaml" --model "$model" \
   "${quick[@]}" --time-limit "${TIME_LIMIT:-240}" --json "$out/fidelity.json" \
-  --plot "$out/twin_fidelity.png" 2>&1 | tee "$out/fidelity.log"
+  --plot "$out/twin_fidelity.png" --repeat-real "${REPEAT-near,over}" \
+  2>&1 | tee "$out/fidelity.log"
