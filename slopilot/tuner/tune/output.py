@@ -118,7 +118,7 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
         _comparison(console, outcome, order[0][1])
         shown = _deciding_window(console, outcome, *order[0])
     console.print(f"windows: {outcome.plan.describe()}", highlight=False)
-    if not shown:  # the window's table has its own twin and goodput lines
+    if not shown:  # else the window's table had its own twin and goodput lines
         console.print(f"twin: {twin_label(outcome.settings.scenario)}", highlight=False)
         console.print(GOODPUT_DEFINITION, highlight=False)
     console.print(f"[bold]{outcome.sentence}[/]", highlight=False)
@@ -174,4 +174,4 @@ def _deciding_window(console: Any, outcome: TuneOutcome, n: int, best: TrialResu
         return False
     print_summary(summary, outcome.settings.scenario.slo, console=console,
                   title=f"Best trial ({n}) on {where}, {outcome.settings.replicas} replica(s)")
-    return True
+    return summary.run is not None and bool(summary.run.twin)  # the footer named the twin
