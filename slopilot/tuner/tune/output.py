@@ -19,6 +19,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.sim.summary_view import GOODPUT_DEFINITION, print_summary, simulate_json
 from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import rank
 from slopilot.tuner.study.verdict import deciding_window, goodput_share, share_text, term_label
@@ -113,13 +114,15 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
                   f"window, as a share of the limit (holding needs at most "
                   f"{1 - outcome.start.margin:.0%}); goodput share: the worst window's "
                   "output tokens within SLO over those asked for", highlight=False)
-    shown = False
+    table = None
     if order:
         _comparison(console, outcome, order[0][1])
-        shown = _deciding_window(console, outcome, *order[0])
+        table = _deciding_window(console, outcome, *order[0])
     console.print(f"windows: {outcome.plan.describe()}", highlight=False)
-    if not shown:  # else the window's table had its own twin and goodput lines
+    # The window's table, when printed, has the goodput line and (from its run) the twin's.
+    if table is None or table.run is None or not table.run.twin:
         console.print(f"twin: {twin_label(outcome.settings.scenario)}", highlight=False)
+    if table is None:
         console.print(GOODPUT_DEFINITION, highlight=False)
     console.print(f"[bold]{outcome.sentence}[/]", highlight=False)
     if outcome.recommended_replicas is not None and outcome.config is not None:
@@ -163,15 +166,17 @@ def _knob(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def _deciding_window(console: Any, outcome: TuneOutcome, n: int, best: TrialResult) -> bool:
+def _deciding_window(console: Any, outcome: TuneOutcome, n: int,
+                     best: TrialResult) -> WindowSummary | None:
     """The best trial's deciding window as ``simulate`` shows a run: every class's
-    requests, censored TTFTs, rejections, both goodputs, busy per replica."""
+    requests, censored TTFTs, rejections, both goodputs, busy per replica; the summary
+    printed, or None without one."""
     summary, where = best.summary, "its window"
     if best.windows:
         w = deciding_window(best.windows)
         summary, where = w.result.summary, f"its worst window, {w.span}"
-    if summary is None:
-        return False
-    print_summary(summary, outcome.settings.scenario.slo, console=console,
-                  title=f"Best trial ({n}) on {where}, {outcome.settings.replicas} replica(s)")
-    return summary.run is not None and bool(summary.run.twin)  # the footer named the twin
+    if summary is not None:
+        print_summary(summary, outcome.settings.scenario.slo, console=console,
+                      title=f"Best trial ({n}) on {where}, "
+                            f"{outcome.settings.replicas} replica(s)")
+    return summary
