@@ -69,7 +69,6 @@ from twin_fidelity_report import (
 )
 
 from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport, compare
-from slopilot.engine.calibrate.design import GridOptions
 from slopilot.engine.calibrate.drift import DriftCheck, drift_check
 from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
@@ -198,34 +197,41 @@ def run_load(name: str, rate: float, specs: list[RequestSpec], twins: list[Twin]
              ) -> tuple[list[LoadReport], Recorder, Any]:
     """One load through the real engine, then through each twin; a report per twin,
     the real run's recorder and its run (start and span on the wall clock)."""
-    real = Recorder()
-    run = replay_real(real_engine(executor, config, twins[0].cost, real), specs, real,
-                      time_limit_s=time_limit_s)
-    if run.truncated:
-        print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
-              f"{len(specs)} requests done", file=sys.stderr)
+    real, run = serve_real(name, specs, config, executor, twins[0].cost, time_limit_s)
     reports = []
     for twin in twins:
         sim = Recorder()
         replay_sim(twin.scenario, config, specs, sim)
         sim_span = max(sim.finished.values()) if sim.finished else 0.0
-        report = compare(name, rate, real, sim, twin.cost, first_arrival_real=run.t0,
-                         real_span_s=run.wall_s, sim_span_s=sim_span)
-        report.cpu_share, report.truncated = run.cpu_share, run.truncated
-        report.load_average = round(os.getloadavg()[0], 2)
-        reports.append(report)
+        reports.append(_stamped(compare(
+            name, rate, real, sim, twin.cost, first_arrival_real=run.t0,
+            real_span_s=run.wall_s, sim_span_s=sim_span), run, run.truncated))
     return reports, real, run
 
 
-def machine_drift(executor: Any, cost: CalibratedCostModel, profile: CostProfile,
-                  when: str) -> DriftCheck:
+def serve_real(name: str, specs: list[RequestSpec], config: EngineConfig, executor: Any,
+               cost: CalibratedCostModel, time_limit_s: float) -> tuple[Recorder, Any]:
+    """``specs`` through the real engine: its recorder and run (start, span, CPU share)."""
+    real = Recorder()
+    run = replay_real(real_engine(executor, config, cost, real), specs, real,
+                      time_limit_s=time_limit_s)
+    if run.truncated:
+        print(f"{name}: cut after {time_limit_s:g} s with {len(real.finished)} of "
+              f"{len(specs)} requests done", file=sys.stderr)
+    return real, run
+
+
+def _stamped(report: LoadReport, run: Any, truncated: bool) -> LoadReport:
+    """The report with the conditions its real run had."""
+    report.cpu_share, report.truncated = run.cpu_share, truncated
+    report.load_average = round(os.getloadavg()[0], 2)
+    return report
+
+
+def machine_drift(executor: Any, cost: CalibratedCostModel, when: str) -> DriftCheck:
     """Part of the calibration grid timed again: how far this machine has moved from
     the profile (every shape the same way) apart from what the form gets wrong."""
-    fit = profile.fit
-    grid = GridOptions(token_budget=(fit.token_budget if fit and fit.token_budget else 512),
-                       max_num_seqs=(fit.max_num_seqs if fit and fit.max_num_seqs else 32),
-                       max_context=(fit.max_context if fit and fit.max_context else 1024))
-    check = drift_check(executor, cost, grid)
+    check = drift_check(executor, cost)
     print(f"drift {when}: the profile predicts {check.shapes} calibration shapes "
           f"{check.median_error:+.1%} (median; mean |error| {check.mape:.1%})",
           file=sys.stderr, flush=True)
@@ -239,15 +245,11 @@ def serve_again(first: LoadReport, served: tuple[Recorder, Any], specs: list[Req
     first run as a twin is: the error a perfect twin would still show against one run."""
     print(f"{first.name} again, on the real engine", file=sys.stderr, flush=True)
     real1, run1 = served
-    real2 = Recorder()
-    run2 = replay_real(real_engine(executor, config, cost, real2), specs, real2,
-                       time_limit_s=time_limit_s)
-    report = compare(first.name, first.rate, real1, real2, cost,
-                     first_arrival_real=run1.t0, real_span_s=run1.wall_s,
-                     sim_span_s=run2.wall_s, first_arrival_sim=run2.t0)
-    report.cpu_share, report.truncated = run2.cpu_share, run1.truncated or run2.truncated
-    report.load_average = round(os.getloadavg()[0], 2)
-    return report
+    real2, run2 = serve_real(first.name, specs, config, executor, cost, time_limit_s)
+    return _stamped(compare(first.name, first.rate, real1, real2, cost,
+                            first_arrival_real=run1.t0, real_span_s=run1.wall_s,
+                            sim_span_s=run2.wall_s, first_arrival_sim=run2.t0),
+                    run2, run1.truncated or run2.truncated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     extra = workload(profile, WARMUP_REQUESTS + LIVE_WINDOW_REQUESTS, prompt_mean,
                      output_mean, args.trace_offset + n, args.seed)
     replay_real_warmup(executor, config, cost, at_rate(extra[:WARMUP_REQUESTS], mu))
-    drift_before = machine_drift(executor, cost, profile, "before the loads")
+    drift_before = machine_drift(executor, cost, "before the loads")
     served = replay_real_warmup(executor, config, cost,
                                 at_rate(extra[WARMUP_REQUESTS:], fractions[0] * mu))
     calibrated_twin = Twin(scenario, cost)
@@ -335,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
         firsts.append((served, run_))
     again = [serve_again(reports[i], firsts[i], at_rate(specs, fractions[i] * mu), config,
                          executor, cost, args.time_limit) for i in repeats]
-    drift_after = machine_drift(executor, cost, profile, "after the loads")
+    drift_after = machine_drift(executor, cost, "after the loads")
     print_report(reports, profile, args.profile)
     print_corrected(live)
     if again:

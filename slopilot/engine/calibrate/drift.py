@@ -10,12 +10,14 @@ drift moves them all the same way, so the median signed error reads the drift.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
 from slopilot.engine.calibrate.design import GridOptions, ShapeSpec, design
 from slopilot.engine.calibrate.harness import Harness, TimedExecutor
 from slopilot.engine.sim.calibrated import CalibratedCostModel
+from slopilot.engine.sim.profile_file import CostProfile
 
 DRIFT_KINDS = ("decode", "prefill", "mixed")
 
@@ -32,19 +34,29 @@ class DriftCheck:
 def drift_shapes(grid: GridOptions) -> list[ShapeSpec]:
     """Every other shape of the quick grid's forward passes (no swaps: a copy's time
     moves with other things than a forward pass's)."""
-    quick = GridOptions(token_budget=grid.token_budget, max_num_seqs=grid.max_num_seqs,
-                        max_context=grid.max_context, quick=True, swap=False)
+    quick = dataclasses.replace(grid, quick=True, swap=False)
     return [s for s in design(quick) if s.kind in DRIFT_KINDS][::2]
 
 
-def drift_check(executor: TimedExecutor, cost: CalibratedCostModel, grid: GridOptions, *,
-                repeats: int = 5, seed: int = 0) -> DriftCheck:
-    """Time ``drift_shapes(grid)`` (median of ``repeats`` rounds) against ``cost``."""
+def calibrated_grid(profile: CostProfile) -> GridOptions:
+    """The grid ``slopilot calibrate`` timed for ``profile`` (its recorded budget, batch
+    and context; the defaults where an older profile recorded none)."""
+    fit, default = profile.fit, GridOptions()
+    return GridOptions(token_budget=(fit and fit.token_budget) or default.token_budget,
+                       max_num_seqs=(fit and fit.max_num_seqs) or default.max_num_seqs,
+                       max_context=(fit and fit.max_context) or default.max_context)
+
+
+def drift_check(executor: TimedExecutor, cost: CalibratedCostModel,
+                grid: GridOptions | None = None, *, repeats: int = 5,
+                seed: int = 0) -> DriftCheck:
+    """Time ``drift_shapes(grid)`` (median of ``repeats`` rounds) against ``cost``; the
+    grid defaults to the one ``cost``'s profile was calibrated on."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: expected at least 1")
-    specs = drift_shapes(grid)
-    samples = Harness(executor, specs, max_context=grid.max_context, repeats=repeats,
-                      seed=seed).run()
+    grid = grid or calibrated_grid(cost.profile)
+    samples = Harness(executor, drift_shapes(grid), max_context=grid.max_context,
+                      repeats=repeats, seed=seed).run()
     knee = cost.decode_knee_tokens
     errors = [(cost.executor_time(s.spec.shape_at(knee)) - s.seconds) / s.seconds
               for s in samples]

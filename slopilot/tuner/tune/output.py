@@ -38,7 +38,8 @@ def brief(r: TrialResult, slo: SLOSpec) -> dict[str, Any]:
     """A trial's result for the JSON: knobs, verdict, worst-window figures per class, and
     each window's figures as ``simulate --json`` gives them (``summary``: the deciding
     window's)."""
-    s = r.summary.to_dict() if r.summary is not None else {}
+    summary = _summary(r, slo)
+    s = summary or {}
     return {"config": dict(r.config), "goodput_tok_s": r.goodput_tok_s,
             "goodput_share_worst_window": r.objective, "feasible": r.feasible,
             "margin": r.margin,
@@ -48,7 +49,7 @@ def brief(r: TrialResult, slo: SLOSpec) -> dict[str, Any]:
             "classes": {c: {k: v.get(k) for k in ("ttft_p99_ms", "tbt_p99_ms",
                                                    "goodput_tok_s", "slo_attainment")}
                         for c, v in (s.get("classes") or {}).items()},
-            "summary": _summary(r, slo),
+            "summary": summary,
             "windows": [{"name": w.name, "span": w.span, "feasible": w.result.feasible,
                          "goodput_tok_s": w.result.goodput_tok_s,
                          "goodput_share": goodput_share(w.result.summary),
