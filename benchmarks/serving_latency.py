@@ -10,7 +10,10 @@
    against the official ``openai`` client's, streaming at a steady >= 10 requests/s on
    the simulated executor, and against a bare socket client's (what the wire sees,
    without the SDK's own time); the server used to stamp arrival after parsing and the
-   first token before its chunk was written.
+   first token before its chunk was written. Inside the openai client a stamping
+   transport splits its TTFT into the SDK's time before httpx has the request, the
+   wire's time to the first text event's bytes (what a server stamp can match), and the
+   SDK's time turning those bytes into a chunk.
 
 Each part starts its own server process (the code of the tree this script is in) and
 talks to it over HTTP from this process.
@@ -30,11 +33,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import httpx2
 import openai
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,33 +176,99 @@ async def _raw_ttft(url: str, body: dict[str, object]) -> float | None:
                  + payload)
     first = None
     while line := await reader.readline():
-        if first is None and line.startswith(b"data: {") and b'"text":""' not in line:
+        if first is None and _text_line(line):
             first = time.perf_counter() - start
     writer.close()
     return first
 
 
-async def _open_loop(url: str, rate: float, seconds: float, raw: bool = False) -> list[float]:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
+def _text_line(line: bytes) -> bool:
+    """An SSE event carrying text: what both clients count as the first token."""
+    return line.startswith(b"data: {") and b'"text":""' not in line
+
+
+class _StampingTransport(httpx2.AsyncBaseTransport):
+    """The ``openai`` client's own transport, stamping what the SDK hides: when it hands
+    a request to httpx and when the first text event's bytes come off the socket.
+
+    Both stamps are taken inside the client's process on the same requests the SDK
+    times, so the SDK's TTFT splits into its time before sending, the wire's time (the
+    figure a server stamp can match) and its time parsing the first event.
+    """
+
+    def __init__(self) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.sent: dict[str, float] = {}
+        self.first_text: dict[str, float] = {}
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        key = request.headers.get(_ID_HEADER, "")
+        self.sent[key] = time.perf_counter()
+        response = await self.inner.handle_async_request(request)
+        if key and isinstance(response.stream, httpx2.AsyncByteStream):
+            response.stream = _StampedStream(response.stream, key, self.first_text)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _StampedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, key: str,
+                 first_text: dict[str, float]) -> None:
+        self.inner, self.key, self.first_text = inner, key, first_text
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
+            if self.key not in self.first_text and any(
+                    _text_line(line) for line in chunk.split(b"\n")):
+                self.first_text[self.key] = time.perf_counter()
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+_ID_HEADER = "x-bench-request"
+
+
+@dataclass
+class _Ttfts:
+    """Per-request seconds from the call; the stamps only the openai mode has."""
+
+    first: list[float] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)
+    wire: list[float] = field(default_factory=list)
+
+
+async def _open_loop(url: str, rate: float, seconds: float, raw: bool = False) -> _Ttfts:
+    transport = _StampingTransport()
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
+                                http_client=httpx2.AsyncClient(transport=transport, timeout=60))
     model = (await client.models.list()).data[0].id
-    ttfts: list[float] = []
+    out = _Ttfts()
 
     async def one(i: int) -> None:
         prompt = f"user {i} asks a short question"
         if raw:
             first = await _raw_ttft(url, {"model": model, "prompt": prompt, "max_tokens": 16,
                                           "stream": True, "ignore_eos": True})
-        else:
-            start = time.perf_counter()
-            stream = await client.completions.create(
-                model=model, prompt=prompt, max_tokens=16, stream=True,
-                extra_body={"ignore_eos": True})
-            first = None
-            async for chunk in stream:
-                if first is None and chunk.choices and chunk.choices[0].text:
-                    first = time.perf_counter() - start
-        if first is not None:
-            ttfts.append(first)
+            if first is not None:
+                out.first.append(first)
+            return
+        key = str(i)
+        start = time.perf_counter()
+        stream = await client.completions.create(
+            model=model, prompt=prompt, max_tokens=16, stream=True,
+            extra_body={"ignore_eos": True}, extra_headers={_ID_HEADER: key})
+        first = None
+        async for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].text:
+                first = time.perf_counter() - start
+        if first is not None and key in transport.first_text:
+            out.first.append(first)
+            out.sent.append(transport.sent[key] - start)
+            out.wire.append(transport.first_text[key] - start)
 
     tasks = []
     t0 = time.perf_counter()
@@ -208,7 +279,7 @@ async def _open_loop(url: str, rate: float, seconds: float, raw: bool = False) -
         tasks.append(asyncio.create_task(one(i)))
     await asyncio.gather(*tasks)
     await client.close()
-    return ttfts
+    return out
 
 
 def part_ttft(rate: float, seconds: float) -> dict[str, float]:
@@ -219,19 +290,36 @@ def part_ttft(rate: float, seconds: float) -> dict[str, float]:
         # is the SDK's own time, which no server stamp can see.
         for name, raw in (("client", False), ("wire", True)):
             s0, c0 = _ttft_sum_count(url)
-            client = asyncio.run(_open_loop(url, rate, seconds, raw=raw))
+            ttfts = asyncio.run(_open_loop(url, rate, seconds, raw=raw))
             s1, c1 = _ttft_sum_count(url)
             server = (s1 - s0) / (c1 - c0)
-            mean = statistics.fmean(client)
+            mean = statistics.fmean(ttfts.first)
             gap = mean - server
             who = "openai client" if name == "client" else "bare socket client"
-            print(f"ttft: {len(client)} streams at {rate:g}/s; {who} mean {mean * 1e3:.2f} "
-                  f"ms, server mean {server * 1e3:.2f} ms ({c1 - c0:.0f} requests): server "
-                  f"reads {gap * 1e3:.2f} ms ({gap / mean:.1%}) below")
+            print(f"ttft: {len(ttfts.first)} streams at {rate:g}/s; {who} mean "
+                  f"{mean * 1e3:.2f} ms, server mean {server * 1e3:.2f} ms ({c1 - c0:.0f} "
+                  f"requests): server reads {gap * 1e3:.2f} ms ({gap / mean:.1%}) below")
             fields |= {f"{name}_ttft_ms": mean * 1e3, f"server_vs_{name}_ttft_ms": server * 1e3,
                        f"server_{name}_gap_ms": gap * 1e3,
                        f"server_over_{name}_ratio": server / mean}
+            if ttfts.sent:
+                fields |= _sdk_split(ttfts, server)
     return fields
+
+
+def _sdk_split(ttfts: _Ttfts, server_s: float) -> dict[str, float]:
+    """The openai client's TTFT in three parts, all stamped in its own process."""
+    before = statistics.fmean(ttfts.sent)
+    wire = statistics.fmean(w - s for w, s in zip(ttfts.wire, ttfts.sent, strict=True))
+    parse = statistics.fmean(f - w for f, w in zip(ttfts.first, ttfts.wire, strict=True))
+    print(f"ttft: inside the openai client: {before * 1e3:.2f} ms before the request reaches "
+          f"httpx, {wire * 1e3:.2f} ms until the first text event's bytes arrive (the server "
+          f"stamps {server_s * 1e3:.2f} ms: {(wire - server_s) * 1e3:+.2f} ms), "
+          f"{parse * 1e3:.2f} ms parsing it into a chunk")
+    return {"sdk_before_send_ms": before * 1e3, "client_wire_ttft_ms": wire * 1e3,
+            "server_client_wire_gap_ms": (wire - server_s) * 1e3,
+            "server_over_client_wire_ratio": server_s / wire,
+            "sdk_parse_first_ms": parse * 1e3}
 
 
 def main() -> int:
