@@ -34,6 +34,10 @@ def register(subparsers: Any) -> None:
                    "NetworkPolicy can keep clients off it; the inference port then has no "
                    "/admin (0 picks a free port; default: /admin on --port)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (torch executor)")
+    p.add_argument("--cpu-bind", choices=("auto", "off"), default="off",
+                   help="torch executor on CPU: pin one OpenMP thread to each CPU this "
+                   "process may run on, when there is one thread per CPU and the "
+                   "environment sets no placement (auto), or leave them unpinned (off)")
     p.add_argument("--config", type=Path, metavar="FILE.json",
                    help="a JSON object of engine knobs")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
@@ -108,6 +112,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.admin_port is not None and args.admin_port == args.port != 0:
         return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
                      "port of its own")
+    from slopilot.engine.executors.cpu_threads import Binding, apply_openmp_binding
+
+    binding = Binding()
+    if args.executor == "torch" and args.device == "cpu":
+        # Before the backends' imports: OpenMP reads its placement when torch loads it.
+        binding = apply_openmp_binding(args.cpu_bind)
+        logging.getLogger("slopilot.serve").info("CPU threads: %s", binding.reason)
     from slopilot.engine.server.backends import BackendError, build_simulated, build_torch
 
     try:
@@ -122,6 +133,7 @@ def _serve(args: argparse.Namespace) -> int:
                                   served_model_name=args.served_model_name)
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))
+    binding.release_calling_thread()
     from slopilot.engine.server.uvicorn_runner import serve_forever
 
     try:
