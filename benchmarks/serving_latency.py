@@ -234,11 +234,11 @@ _ID_HEADER = "x-bench-request"
 
 @dataclass
 class _Ttfts:
-    """Per-request seconds from the call; the stamps only the openai mode has."""
+    """Seconds from the call to the first text, per request; in the openai mode also
+    (sent, first text bytes, first text) for each request whose bytes were stamped."""
 
     first: list[float] = field(default_factory=list)
-    sent: list[float] = field(default_factory=list)
-    wire: list[float] = field(default_factory=list)
+    stamped: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 async def _open_loop(url: str, rate: float, seconds: float, raw: bool = False) -> _Ttfts:
@@ -265,10 +265,12 @@ async def _open_loop(url: str, rate: float, seconds: float, raw: bool = False) -
         async for chunk in stream:
             if first is None and chunk.choices and chunk.choices[0].text:
                 first = time.perf_counter() - start
-        if first is not None and key in transport.first_text:
-            out.first.append(first)
-            out.sent.append(transport.sent[key] - start)
-            out.wire.append(transport.first_text[key] - start)
+        if first is None:
+            return
+        out.first.append(first)
+        if key in transport.first_text:
+            out.stamped.append((transport.sent[key] - start,
+                                transport.first_text[key] - start, first))
 
     tasks = []
     t0 = time.perf_counter()
@@ -302,17 +304,18 @@ def part_ttft(rate: float, seconds: float) -> dict[str, float]:
             fields |= {f"{name}_ttft_ms": mean * 1e3, f"server_vs_{name}_ttft_ms": server * 1e3,
                        f"server_{name}_gap_ms": gap * 1e3,
                        f"server_over_{name}_ratio": server / mean}
-            if ttfts.sent:
+            if ttfts.stamped:
                 fields |= _sdk_split(ttfts, server)
     return fields
 
 
 def _sdk_split(ttfts: _Ttfts, server_s: float) -> dict[str, float]:
     """The openai client's TTFT in three parts, all stamped in its own process."""
-    before = statistics.fmean(ttfts.sent)
-    wire = statistics.fmean(w - s for w, s in zip(ttfts.wire, ttfts.sent, strict=True))
-    parse = statistics.fmean(f - w for f, w in zip(ttfts.first, ttfts.wire, strict=True))
-    print(f"ttft: inside the openai client: {before * 1e3:.2f} ms before the request reaches "
+    before = statistics.fmean(sent for sent, _, _ in ttfts.stamped)
+    wire = statistics.fmean(bytes_at - sent for sent, bytes_at, _ in ttfts.stamped)
+    parse = statistics.fmean(first - bytes_at for _, bytes_at, first in ttfts.stamped)
+    print(f"ttft: inside the openai client ({len(ttfts.stamped)} of {len(ttfts.first)} "
+          f"requests stamped): {before * 1e3:.2f} ms before the request reaches "
           f"httpx, {wire * 1e3:.2f} ms until the first text event's bytes arrive (the server "
           f"stamps {server_s * 1e3:.2f} ms: {(wire - server_s) * 1e3:+.2f} ms), "
           f"{parse * 1e3:.2f} ms parsing it into a chunk")
