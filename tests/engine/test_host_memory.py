@@ -44,7 +44,10 @@ def test_decode_steps_stop_faulting_their_buffers_back_in(tiny: Path) -> None:
         pytest.skip(f"this libc keeps the buffers by itself ({given_back} faults)")
     # Before: glibc handed each layer's gathered K/V back and faulted it in again
     # (~38,000 faults in 5 steps here, ~350,000 a step on SmolLM2 at 32 x 1,000).
-    assert _faults(tiny, keep=True) < given_back / 20, given_back
+    # Kept, ~1,600-1,700 faults remain (first touches that no allocator avoids), while
+    # the given-back count ranged 32,000-40,000 between machines: 19-25x fewer. A tenth
+    # is the bound: it fails without the fix (1x) and holds with that spread.
+    assert _faults(tiny, keep=True) < given_back / 10, given_back
 
 
 def test_the_opt_out_and_a_libc_without_mallopt(monkeypatch: pytest.MonkeyPatch) -> None:
