@@ -152,6 +152,12 @@ def _container(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, An
         # reads it from there, the operator never does.
         env.append({"name": "SLOPILOT_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": admin_secret_name(body), "key": TOKEN_FIELD}}})
+        if spec.cpu:
+            # OpenMP starts a thread per CPU it can see: under a CFS quota without an
+            # exclusive cpuset that is every CPU of the node, most of them throttled.
+            # The downward API gives the limit rounded up (1500m -> 2).
+            env.append({"name": "OMP_NUM_THREADS", "valueFrom": {"resourceFieldRef": {
+                "containerName": "engine", "resource": "limits.cpu", "divisor": "1"}}})
     else:
         command = ["vllm", "serve"]
         args = vllm_args(spec)[0]

@@ -208,3 +208,20 @@ def test_the_admin_secret_is_owned_and_named_for_this_cr_only() -> None:
     assert secret["metadata"]["name"] == f"chat-admin-{UID[:8]}"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
     assert secret["data"] == {"token": "dDBrZW4="}
+
+
+def test_the_cpu_engine_starts_as_many_threads_as_its_cpu_limit() -> None:
+    # Under a CFS quota without an exclusive cpuset, OpenMP counts every CPU of the node:
+    # 64 threads on a 2-CPU limit spend most of each step throttled.
+    c = container(render_all(*render(resources={"cpu": "1500m", "memory": "4Gi"})).deployment)
+    threads = [e for e in c["env"] if e["name"] == "OMP_NUM_THREADS"]
+    # The kubelet rounds the limit up (1500m -> 2), as the downward API does.
+    assert threads == [{"name": "OMP_NUM_THREADS", "valueFrom": {"resourceFieldRef": {
+        "containerName": "engine", "resource": "limits.cpu", "divisor": "1"}}}]
+
+
+def test_no_cpu_limit_and_the_vllm_backend_leave_the_thread_count_alone() -> None:
+    unlimited = container(render_all(*render()).deployment)
+    vllm = container(render_all(*render(backend="vllm", resources={"cpu": "2"})).deployment)
+    for c in (unlimited, vllm):
+        assert "OMP_NUM_THREADS" not in {e["name"] for e in c["env"]}
