@@ -176,7 +176,8 @@ def test_config_json_is_stable_and_complete() -> None:
 
 @pytest.mark.parametrize("backend", ["builtin", "vllm"])
 def test_builtin_kinds_validate_against_kubernetes(backend: str) -> None:
-    out = render_all(*render(backend=backend, resources={"gpu": 1, "memory": "8Gi"}))
+    out = render_all(*render(backend=backend,
+                             resources={"gpu": 1, "cpu": "1500m", "memory": "8Gi"}))
     for obj in (out.config_map, out.deployment, out.service, out.network_policy):
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
     kubernetes_validate.validate(render_admin_secret(body(), "t0ken"), KUBE_VERSION,
