@@ -182,6 +182,10 @@ async def _raw_ttft(url: str, body: dict[str, object]) -> float | None:
     return first
 
 
+# The header that ties a request's transport stamps to the SDK call that made it.
+_ID_HEADER = "x-bench-request"
+
+
 def _text_line(line: bytes) -> bool:
     """An SSE event carrying text: what both clients count as the first token."""
     return line.startswith(b"data: {") and b'"text":""' not in line
@@ -227,9 +231,6 @@ class _StampedStream(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-
-_ID_HEADER = "x-bench-request"
 
 
 @dataclass

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from slopilot.engine.executors.cpu_threads import apply_openmp_binding, openmp_binding
+from slopilot.engine.executors.cpu_threads import (
+    PLACEMENT_VARS,
+    apply_openmp_binding,
+    openmp_binding,
+)
 
 
 def test_one_thread_per_cpu_of_the_mask_pins_to_exactly_those_cpus() -> None:
@@ -122,9 +126,8 @@ def _intel_openmp() -> str | None:
 @pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 @pytest.mark.parametrize("runtime", ["gnu", "intel"])
 def test_the_real_runtime_pins_its_worker_and_frees_the_main_thread(runtime: str) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY",
-                        "OMP_NUM_THREADS", "LD_PRELOAD")}
+    unset = (*PLACEMENT_VARS, "OMP_NUM_THREADS", "LD_PRELOAD")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     if runtime == "intel":
         lib = _intel_openmp()
         if lib is None:

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# No torch: this module reads the environment only (and must run before torch loads).
+from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
+
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -34,7 +37,7 @@ def register(subparsers: Any) -> None:
                    "NetworkPolicy can keep clients off it; the inference port then has no "
                    "/admin (0 picks a free port; default: /admin on --port)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (torch executor)")
-    p.add_argument("--cpu-bind", choices=("auto", "off"), default="off",
+    p.add_argument("--cpu-bind", choices=BIND_CHOICES, default="off",
                    help="torch executor on CPU: pin one OpenMP thread to each CPU this "
                    "process may run on, when there is one thread per CPU and the "
                    "environment sets no placement (auto), or leave them unpinned (off)")
@@ -112,8 +115,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.admin_port is not None and args.admin_port == args.port != 0:
         return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
                      "port of its own")
-    from slopilot.engine.executors.cpu_threads import Binding, apply_openmp_binding
-
     binding = Binding()
     if args.executor == "torch" and args.device == "cpu":
         # Before the backends' imports: OpenMP reads its placement when torch loads it.
