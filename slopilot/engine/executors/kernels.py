@@ -89,14 +89,79 @@ class Rope:
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, heads, head_dim] (any strides) -> a new contiguous rotated tensor."""
-        n, heads, dim = x.shape
-        swapped = x.reshape(n, heads, 2, dim // 2).flip(2).view(n, heads, dim)
-        swapped.mul_(self.signed_sin)
-        out = x * self.cos
-        return out.add_(swapped)
+        return rotate(x, self.cos, self.signed_sin)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + swap_halves(x) * signed_sin`` (``Rope``'s tables) as a new tensor."""
+    n, heads, dim = x.shape
+    swapped = x.reshape(n, heads, 2, dim // 2).flip(2).view(n, heads, dim)
+    swapped.mul_(signed_sin)
+    out = x * cos
+    return out.add_(swapped)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU's ``silu(gate) * up`` from the fused [gate | up] projection output."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate).mul_(up)
+
+
+def decode_bias(single_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The padded decode rows' mask as SDPA's additive bias, once per iteration."""
+    if bool(single_mask.all()):
+        return None
+    mask = single_mask[:, None, None, :]
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~mask, float("-inf"))
+
+
+class TorchKernels:
+    """A layer's non-GEMM ops in torch calls: any device, any dtype.
+
+    ``native_kernels.NativeKernels`` overrides them with the fused CPU library; the
+    model calls them through the iteration's ``StepInputs.ops`` and never asks which.
+    """
+
+    native = False
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, weight, eps)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(gate_up)
+
+    def rotate(self, cos: torch.Tensor, signed_sin: torch.Tensor,
+               x: torch.Tensor) -> torch.Tensor:
+        """x [tokens, heads, head_dim] rotated: a new tensor (the native op rotates x)."""
+        return rotate(x, cos, signed_sin)
+
+    def write_kv(self, k_flat: torch.Tensor, v_flat: torch.Tensor, slots: torch.Tensor,
+                 k: torch.Tensor, v: torch.Tensor) -> None:
+        k_flat.index_copy_(0, slots, k)
+        v_flat.index_copy_(0, slots, v)
+
+    def decode_bias(self, single_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        return decode_bias(single_mask, dtype)
+
+    def decode_attention(self, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
+                         slots: torch.Tensor, lengths: torch.Tensor,
+                         bias: torch.Tensor | None) -> torch.Tensor:
+        """Single-token rows in one padded SDPA call. q [D, H, hd] -> [D, H, hd].
+
+        Keys and values are gathered by slot into [D, width, KVH, hd] and read through a
+        transposed view (SDPA takes any strides, so no copy). The query heads of one KV
+        head become that head's query rows ([D, KVH, group, hd]): the CPU flash kernel
+        then tiles three queries per key block instead of one, and K and V are never
+        repeated per query head. ``lengths`` is unused: ``bias`` masks the padding.
+        """
+        d, width = slots.shape
+        heads, head_dim = q.shape[1], q.shape[2]
+        kv_heads = k_flat.shape[1]
+        flat_slots = slots.view(-1)
+        kk = k_flat.index_select(0, flat_slots).view(d, width, kv_heads, -1)
+        vv = v_flat.index_select(0, flat_slots).view(d, width, kv_heads, -1)
+        qg = q.reshape(d, kv_heads, heads // kv_heads, head_dim)
+        out = F.scaled_dot_product_attention(qg, kk.transpose(1, 2), vv.transpose(1, 2),
+                                             attn_mask=bias)
+        return out.view(d, heads, head_dim)

@@ -48,8 +48,10 @@ class PagedKVCache:
         # Pinned host memory makes device-to-host copies asynchronous-capable and fast.
         pin = device.type == "cuda"
         self.cpu = torch.empty(*shape, num_cpu_blocks, *tail, dtype=dtype, pin_memory=pin)
-        self._flat = self.gpu.view(2, num_layers, num_gpu_blocks * block_size,
-                                   num_kv_heads, head_dim)
+        flat = self.gpu.view(2, num_layers, num_gpu_blocks * block_size, num_kv_heads,
+                             head_dim)
+        # Views made once: indexing a view costs a few dispatches, twice a layer a step.
+        self._flat = [(flat[0, layer], flat[1, layer]) for layer in range(num_layers)]
 
     @staticmethod
     def block_bytes(*, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -66,12 +68,7 @@ class PagedKVCache:
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of one layer as [num_blocks * block_size, kv_heads, head_dim]."""
-        return self._flat[0, layer], self._flat[1, layer]
-
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_flat, v_flat = self.flat(layer)
-        k_flat.index_copy_(0, slots, k)
-        v_flat.index_copy_(0, slots, v)
+        return self._flat[layer]
 
     def _check(self, ids: Sequence[int], limit: int, where: str) -> None:
         bad = [b for b in ids if not 0 <= b < limit]

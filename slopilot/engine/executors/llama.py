@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from slopilot.engine.executors.batch import AttentionBatch
-from slopilot.engine.executors.kernels import Projection, Rope, rms_norm, silu_and_mul
+from slopilot.engine.executors.kernels import Projection, Rope, TorchKernels, rms_norm
 from slopilot.engine.executors.kv_cache import PagedKVCache
 
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -125,6 +125,8 @@ class StepInputs:
     rope: Rope
     batch: AttentionBatch
     cache: PagedKVCache
+    # The non-GEMM ops: torch's, or the fused CPU library's (native_kernels.py).
+    ops: TorchKernels
     # Additive [decodes, 1, 1, width] mask for the padded decode rows (0 or -inf), or
     # None when every decode row has the same context length.
     decode_bias: torch.Tensor | None
@@ -172,27 +174,6 @@ class Attention(nn.Module):
         self.qkv = Projection(weight, bias)
         self.out = Projection(self.o_proj.weight.detach(), None)
 
-    def _decode(self, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
-                step: StepInputs) -> torch.Tensor:
-        """Single-token rows in one padded SDPA call. q [D, H, hd] -> [D, H, hd].
-
-        The keys and values of every row are gathered slot by slot into [D, width, KVH,
-        hd] and read through a transposed view (SDPA takes any strides, so no copy).
-        The query heads of one KV head become that head's query rows ([D, KVH, group,
-        hd]): the CPU flash kernel then tiles three queries per key block instead of one,
-        and K and V are never repeated per query head.
-        """
-        slots = step.batch.single_slots
-        d, width = slots.shape
-        flat_slots = slots.view(-1)
-        kk = k_flat.index_select(0, flat_slots).view(d, width, self.num_kv_heads, -1)
-        vv = v_flat.index_select(0, flat_slots).view(d, width, self.num_kv_heads, -1)
-        group = self.num_heads // self.num_kv_heads
-        qg = q.reshape(d, self.num_kv_heads, group, self.head_dim)
-        out = F.scaled_dot_product_attention(qg, kk.transpose(1, 2), vv.transpose(1, 2),
-                                             attn_mask=step.decode_bias)
-        return out.view(d, self.num_heads, self.head_dim)
-
     def forward(self, x: torch.Tensor, step: StepInputs, residual: torch.Tensor) -> torch.Tensor:
         """``residual + o_proj(attention(x))``."""
         if self.qkv is None or self.out is None:
@@ -202,19 +183,23 @@ class Attention(nn.Module):
         qkv = self.qkv(x)
         q_out, kv_out, _ = self._split
         # Queries and keys rotate together: one set of calls for both.
-        qk = step.rope.apply(qkv[:, :q_out + kv_out].view(n, heads + kv_heads, hd))
+        ops, batch = step.ops, step.batch
+        qk = ops.rotate(step.rope.cos, step.rope.signed_sin,
+                        qkv[:, :q_out + kv_out].view(n, heads + kv_heads, hd))
         q, k = qk.split((heads, kv_heads), dim=1)
         v = qkv[:, q_out + kv_out:].view(n, kv_heads, hd)
-        batch, cache = step.batch, step.cache
-        cache.write(self.layer_idx, batch.slot_mapping, k, v)
-        k_flat, v_flat = cache.flat(self.layer_idx)
+        k_flat, v_flat = step.cache.flat(self.layer_idx)
+        ops.write_kv(k_flat, v_flat, batch.slot_mapping, k, v)
         if step.decode_only:
-            flat = self._decode(q, k_flat, v_flat, step).view(n, heads * hd)
-            return self.out(flat, residual)
+            flat = ops.decode_attention(q, k_flat, v_flat, batch.single_slots,
+                                        batch.single_lengths, step.decode_bias)
+            return self.out(flat.view(n, heads * hd), residual)
         out = torch.empty(n, heads, hd, dtype=q.dtype, device=q.device)
         if batch.single_rows is not None:
             rows = batch.single_rows
-            out[rows] = self._decode(q.index_select(0, rows), k_flat, v_flat, step)
+            out[rows] = ops.decode_attention(q.index_select(0, rows), k_flat, v_flat,
+                                             batch.single_slots, batch.single_lengths,
+                                             step.decode_bias)
         for chunk in batch.chunks:
             if chunk.mask is None:
                 # A chunk from position 0 attends to its own tokens only: they are the
@@ -250,11 +235,12 @@ class MLP(nn.Module):
         self.gate_up = Projection(weight, None)
         self.down = Projection(self.down_proj.weight.detach(), None)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor,
+                ops: TorchKernels) -> torch.Tensor:
         """``residual + down(silu(gate(x)) * up(x))``."""
         if self.gate_up is None or self.down is None:
             raise _not_fused("MLP")
-        return self.down(silu_and_mul(self.gate_up(x)), residual)
+        return self.down(ops.silu_and_mul(self.gate_up(x)), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -266,17 +252,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(h), step, residual=h)
-        return self.mlp(self.post_attention_layernorm(h), residual=h)
-
-
-def _decode_bias(batch: AttentionBatch, dtype: torch.dtype) -> torch.Tensor | None:
-    """The padded decode rows' mask as SDPA's additive bias, once per iteration."""
-    if batch.single_rows is None or bool(batch.single_mask.all()):
-        return None
-    mask = batch.single_mask[:, None, None, :]
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return bias.masked_fill_(~mask, float("-inf"))
+        ops, first, second = step.ops, self.input_layernorm, self.post_attention_layernorm
+        h = self.self_attn(ops.rms_norm(h, first.weight, first.eps), step, residual=h)
+        return self.mlp(ops.rms_norm(h, second.weight, second.eps), residual=h, ops=ops)
 
 
 class LlamaBody(nn.Module):
@@ -300,17 +278,22 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self.head: Projection | None = None
+        # TorchExecutor swaps in the native CPU kernels where they load.
+        self.ops = TorchKernels()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 cache: PagedKVCache, logits_rows: torch.Tensor) -> torch.Tensor:
         """Float32 logits [len(logits_rows), vocab] for the chosen rows of the flat batch."""
         h = self.model.embed_tokens(input_ids)
+        ops = self.ops
+        bias = (ops.decode_bias(batch.single_mask, h.dtype)
+                if batch.single_rows is not None else None)
         step = StepInputs(rope=Rope.at(positions, self.inv_freq, h.dtype), batch=batch,
-                          cache=cache, decode_bias=_decode_bias(batch, h.dtype),
-                          decode_only=not batch.chunks)
+                          cache=cache, ops=ops, decode_bias=bias, decode_only=not batch.chunks)
         for layer in self.model.layers:
             h = layer(h, step)
-        h = self.model.norm(h[logits_rows])
+        norm = self.model.norm
+        h = ops.rms_norm(h[logits_rows], norm.weight, norm.eps)
         head = self.head if self.head is not None else Projection(self.lm_head.weight, None)
         return head(h).float()
 
