@@ -11,6 +11,13 @@ COPY pyproject.toml README.md ./
 COPY slopilot ./slopilot
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[engine,tuner,operator,postgres]"
+# The engine's fused CPU kernels, compiled here so engine pods need no compiler: one
+# build per instruction set, and each pod loads the one its CPU runs (native_kernels.py).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/* \
+    && PATH=/opt/venv/bin:$PATH /opt/venv/bin/python -m slopilot.engine.executors.native_kernels build \
+        --isa avx2 --isa generic --dir /opt/venv/share/slopilot-kernels
 
 FROM python:3.11.14-slim-bookworm AS runtime
 # A fixed numeric UID/GID: Kubernetes can only verify runAsNonRoot for numeric users.
@@ -29,6 +36,7 @@ RUN apt-get update \
         /opt/preload/libtcmalloc_minimal.so.4 \
     && if [ -f /opt/venv/lib/libiomp5.so ]; then ln -s /opt/venv/lib/libiomp5.so /opt/preload/; fi
 ENV LD_PRELOAD=/opt/preload/libtcmalloc_minimal.so.4:/opt/preload/libiomp5.so
+ENV SLOPILOT_KERNEL_DIR=/opt/venv/share/slopilot-kernels
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

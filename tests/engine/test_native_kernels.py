@@ -1,0 +1,266 @@
+"""The fused CPU kernels against the torch ops they replace, their errors, and their build.
+
+The first test to ask for the library builds it (once per source and torch version, into
+``$SLOPILOT_KERNEL_DIR`` or ~/.cache/slopilot/kernels; `make test` installs g++).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from slopilot.engine.executors import native_kernels as nk
+from slopilot.engine.executors.kernels import Rope, TorchKernels
+from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
+from slopilot.engine.executors.torch_runner import ExecutorError, TorchExecutor
+from slopilot.engine.server.commands import KERNEL_CHOICES
+from tests.engine.torch_driver import Plan, generate, greedy
+
+CPU = torch.device("cpu")
+REF = TorchKernels()
+
+
+@pytest.fixture(scope="module")
+def native() -> TorchKernels:
+    choice = nk.choose_kernels("native", CPU, torch.float32)
+    assert choice.native and isinstance(choice.kernels, nk.NativeKernels)
+    return choice.kernels
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("cols", [576, 13, 8])
+def test_rms_norm_matches_torch_on_contiguous_and_strided_rows(native: TorchKernels,
+                                                                cols: int) -> None:
+    wide = torch.randn(9, cols + 5, generator=_gen(0)) * 4
+    x = wide[:, :cols]                      # rows with a stride longer than their length
+    weight = torch.randn(cols, generator=_gen(1))
+    got = native.rms_norm(x, weight, 1e-5)
+    assert got.is_contiguous()
+    # A sum of squares in another order: float32 rounding, not bit for bit.
+    torch.testing.assert_close(got, REF.rms_norm(x, weight, 1e-5), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("inter", [1536, 20, 3])
+def test_silu_and_mul_is_bit_for_bit_torch(native: TorchKernels, inter: int) -> None:
+    gate_up = torch.randn(5, 2 * inter, generator=_gen(2)) * 6
+    assert torch.equal(native.silu_and_mul(gate_up), REF.silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("head_dim", [64, 20])
+def test_rotary_rotates_the_fused_projection_in_place_as_torch(native: TorchKernels,
+                                                                head_dim: int) -> None:
+    heads, kv_heads, tokens = 6, 2, 7
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=_gen(3))
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    rope = Rope.at(torch.tensor([0, 1, 5, 6, 90, 300, 2047]), inv_freq, torch.float32)
+    qk = qkv[:, :(heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
+    untouched = qkv[:, (heads + kv_heads) * head_dim:].clone()
+    expected = REF.rotate(rope.cos, rope.signed_sin, qk)
+    got = native.rotate(rope.cos, rope.signed_sin, qk)
+    assert got.data_ptr() == qk.data_ptr()              # in place, in the projection
+    assert torch.equal(got, expected)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim:], untouched)
+
+
+@pytest.mark.parametrize("strided", [True, False])
+def test_write_kv_puts_each_token_at_its_slot(native: TorchKernels, strided: bool) -> None:
+    kv_heads, dim, tokens = 3, 16, 5
+    qkv = torch.randn(tokens, (4 + 2 * kv_heads) * dim, generator=_gen(4))
+    k = qkv[:, 4 * dim:(4 + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = qkv[:, (4 + kv_heads) * dim:].view(tokens, kv_heads, dim)
+    if not strided:
+        k, v = k.contiguous(), v.contiguous()
+    else:
+        # Heads apart from each other too: each head is copied on its own.
+        k = k.transpose(0, 1).contiguous().transpose(0, 1)
+    slots = torch.tensor([7, 0, 31, 8, 15])
+    caches = [torch.full((32, kv_heads, dim), float("nan")) for _ in range(4)]
+    native.write_kv(caches[0], caches[1], slots, k, v)
+    REF.write_kv(caches[2], caches[3], slots, k, v)
+    assert torch.equal(caches[0][slots], k) and torch.equal(caches[1][slots], v)
+    torch.testing.assert_close(caches[0], caches[2], equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(caches[1], caches[3], equal_nan=True, rtol=0, atol=0)
+
+
+def _decode_case(rows: int, heads: int, kv_heads: int, dim: int, lengths: list[int],
+                 seed: int) -> tuple[torch.Tensor, ...]:
+    gen = _gen(seed)
+    capacity = 4 * sum(lengths) + 16
+    k_cache = torch.randn(capacity, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(capacity, kv_heads, dim, generator=gen)
+    width = max(lengths)
+    perm = torch.randperm(capacity, generator=gen)
+    slots = torch.empty(rows, width, dtype=torch.long)
+    at = 0
+    for i, n in enumerate(lengths):
+        slots[i, :n] = perm[at:at + n]
+        slots[i, n:] = slots[i, 0]           # the batch builder's padding
+        at += n
+    q = torch.randn(rows, heads, dim, generator=gen) * 2
+    return q, k_cache, v_cache, slots, torch.tensor(lengths)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "lengths"), [
+    (9, 3, 64, [72, 1, 17, 8, 9, 70, 33, 16]),   # SmolLM2's shape, ragged contexts
+    (4, 4, 20, [5, 3, 9]),                      # no grouping, a head_dim off the lanes
+    (8, 1, 128, [130, 7]),                      # one KV head for all, long context
+])
+def test_decode_attention_matches_masked_sdpa(native: TorchKernels, heads: int,
+                                              kv_heads: int, dim: int,
+                                              lengths: list[int]) -> None:
+    q, k_cache, v_cache, slots, lens = _decode_case(len(lengths), heads, kv_heads, dim,
+                                                    lengths, seed=5)
+    width = slots.shape[1]
+    mask = torch.arange(width)[None, :] < lens[:, None]
+    expected = REF.decode_attention(q, k_cache, v_cache, slots, lens,
+                                    REF.decode_bias(mask, torch.float32))
+    got = native.decode_attention(q, k_cache, v_cache, slots, lens, None)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_decode_attention_never_reads_past_a_rows_length(native: TorchKernels) -> None:
+    q, k_cache, v_cache, slots, lens = _decode_case(3, 6, 2, 32, [4, 9, 2], seed=6)
+    expected = native.decode_attention(q, k_cache, v_cache, slots, lens, None)
+    # Padding pointing at poisoned or even invalid slots changes nothing.
+    poisoned = slots.clone()
+    for i, n in enumerate(lens.tolist()):
+        poisoned[i, n:] = -1
+    k_cache[slots.max() + 1:] = float("nan")
+    assert torch.equal(native.decode_attention(q, k_cache, v_cache, poisoned, lens, None),
+                       expected)
+
+
+def test_decode_attention_reads_queries_through_the_projections_strides(
+        native: TorchKernels) -> None:
+    q, k_cache, v_cache, slots, lens = _decode_case(4, 6, 2, 16, [3, 8, 1, 5], seed=7)
+    wide = torch.zeros(4, 10, 16)
+    wide[:, :6] = q
+    view = wide[:, :6]                       # as the layer's split of the fused qkv
+    assert not view.is_contiguous()
+    assert torch.equal(native.decode_attention(view, k_cache, v_cache, slots, lens, None),
+                       native.decode_attention(q, k_cache, v_cache, slots, lens, None))
+
+
+def test_bad_inputs_are_errors_that_say_what_is_wrong(native: TorchKernels) -> None:
+    q, k_cache, v_cache, slots, lens = _decode_case(2, 4, 2, 16, [3, 5], seed=8)
+    cases = [
+        (lambda: native.rms_norm(torch.ones(2, 4, dtype=torch.float64),
+                                 torch.ones(4, dtype=torch.float64), 1e-5), "float32"),
+        (lambda: native.rms_norm(torch.ones(2, 4), torch.ones(5), 1e-5), "elements"),
+        (lambda: native.silu_and_mul(torch.ones(2, 5)), "even"),
+        (lambda: native.write_kv(k_cache, v_cache, torch.tensor([0, 10_000]),
+                                 torch.ones(2, 2, 16), torch.ones(2, 2, 16)),
+         "outside the cache"),
+        (lambda: native.decode_attention(q, k_cache, v_cache, slots.clamp(max=-1), lens, None),
+         "outside the cache"),
+        (lambda: native.decode_attention(q, k_cache, v_cache, slots, lens + 10, None),
+         "context length"),
+        (lambda: native.decode_attention(q, k_cache, v_cache, slots,
+                                         torch.tensor([0, 1]), None), "context length"),
+        (lambda: native.decode_attention(q[:, :3], k_cache, v_cache, slots, lens, None),
+         "multiple of kv_heads"),
+        (lambda: native.decode_attention(q, k_cache, v_cache, slots.int(), lens, None),
+         "int64"),
+    ]
+    for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny: Path) -> LoadedModel:
+    return load_checkpoint(tiny)
+
+
+def test_the_tiny_model_decodes_the_same_greedy_tokens_with_either_kernels(
+        loaded: LoadedModel, native: TorchKernels) -> None:
+    prompts = [list(range(10, 40)), list(range(40, 47)), [3, 4], list(range(100, 117))]
+    params = [greedy(12)] * len(prompts)
+    plan = Plan(chunk=6, stagger=1, swap_out_at={4: "r1"})
+    runs = {}
+    for mode in ("torch", "native"):
+        ex = TorchExecutor(loaded, num_gpu_blocks=64, num_cpu_blocks=16, block_size=4,
+                           cpu_kernels=mode)
+        assert ex.kernels.native is (mode == "native")
+        runs[mode] = generate(ex, prompts, params, plan)
+    assert runs["native"] == runs["torch"]
+
+
+def test_kernel_modes_choose_as_documented(native: TorchKernels) -> None:
+    assert not nk.choose_kernels("torch", CPU, torch.float32).native
+    assert nk.choose_kernels("auto", CPU, torch.float32).native
+    bf16 = nk.choose_kernels("auto", CPU, torch.bfloat16)
+    assert not bf16.native and "float32 only" in bf16.reason
+    with pytest.raises(nk.KernelError, match="float32 only"):
+        nk.choose_kernels("native", CPU, torch.bfloat16)
+    with pytest.raises(nk.KernelError, match="use one of auto, native, torch"):
+        nk.choose_kernels("fast", CPU, torch.float32)
+    assert KERNEL_CHOICES == nk.KERNEL_CHOICES
+
+
+def test_an_executor_with_an_unknown_kernel_mode_is_refused(loaded: LoadedModel) -> None:
+    with pytest.raises(ExecutorError, match="cpu_kernels='fast'"):
+        TorchExecutor(loaded, num_gpu_blocks=8, num_cpu_blocks=0, cpu_kernels="fast")
+
+
+def test_cpu_isa_reads_the_flags_line() -> None:
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 f16c\n"
+    assert nk.cpu_isa(avx2, "x86_64") == "avx2"
+    assert nk.cpu_isa("flags\t\t: fpu sse2 avx avx2\n", "x86_64") == "generic"  # no FMA
+    assert nk.cpu_isa(avx2, "aarch64") == "generic"
+    assert nk.cpu_isa("", "x86_64") == "generic"
+
+
+def test_a_build_names_its_source_torch_and_flags(tmp_path: Path) -> None:
+    a, b = nk.kernel_build("avx2", tmp_path), nk.kernel_build("generic", tmp_path)
+    assert a.name != b.name and a.directory.parent == tmp_path
+    assert a.library == a.directory / f"{a.name}.so"
+    assert nk.kernel_build("avx2", tmp_path) == a
+    with pytest.raises(nk.KernelError, match="isa='sse9'"):
+        nk.kernel_build("sse9", tmp_path)
+
+
+def test_a_failed_build_says_what_it_needs_and_auto_falls_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch's builder takes the compiler from $CXX: one that always fails.
+    monkeypatch.setenv("CXX", "false")
+    build = nk.kernel_build("generic", tmp_path)
+    with pytest.raises(nk.KernelError, match="C\\+\\+ compiler and ninja") as err:
+        nk.build_in_child(build)
+    assert "--cpu-kernels torch" in str(err.value)
+    assert not build.library.exists()
+    assert not list(build.directory.glob("build-*"))     # no half-built leftovers
+
+
+def test_a_second_build_cannot_join_the_loaded_one(native: TorchKernels,
+                                                   tmp_path: Path) -> None:
+    with pytest.raises(nk.KernelError, match="one process runs one build"):
+        nk.load_library(nk.kernel_build("generic", tmp_path))
+
+
+def test_the_build_command_compiles_into_the_directory_given(tmp_path: Path) -> None:
+    """What the image runs; the generic build, so the test holds on any x86 or ARM CPU."""
+    done = subprocess.run(
+        [sys.executable, "-m", "slopilot.engine.executors.native_kernels", "build",
+         "--isa", "generic", "--dir", str(tmp_path)],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    build = nk.kernel_build("generic", tmp_path)
+    assert done.stdout.strip() == str(build.library) and build.library.is_file()
+    # A fresh process loads it and runs an op without building anything.
+    probe = ("import torch; from slopilot.engine.executors import native_kernels as nk; "
+             f"from pathlib import Path; nk.load_library(nk.kernel_build('generic', "
+             f"Path({str(tmp_path)!r}))); "
+             "print(torch.ops.slopilot.silu_and_mul(torch.zeros(1, 4)).shape)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0 and "torch.Size([1, 2])" in out.stdout, out.stderr[-2000:]
