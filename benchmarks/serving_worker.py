@@ -29,6 +29,7 @@ import torch
 
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, WallClock
+from slopilot.engine.executors.native_kernels import KERNEL_CHOICES
 from slopilot.engine.executors.roofline import decode_step_cost, measure_ceilings
 from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.outputs import SchedulerOutput
@@ -118,12 +119,16 @@ def main() -> int:
                     help="JSON list of {prompt_token_ids, max_tokens}")
     ap.add_argument("--respect-eos", action="store_true",
                     help="stop at the end-of-turn token (default: ignore_eos)")
+    ap.add_argument("--cpu-kernels", choices=KERNEL_CHOICES, default="auto",
+                    help="as `slopilot serve --cpu-kernels`")
     args = ap.parse_args()
     items = json.loads(args.requests.read_text())
     prompts = [item["prompt_token_ids"] for item in items]
     max_tokens = int(items[0]["max_tokens"])
     ignore_eos = not args.respect_eos
-    executor = TorchExecutor(args.model, dtype="float32", num_cpu_blocks=0)
+    executor = TorchExecutor(args.model, dtype="float32", num_cpu_blocks=0,
+                             cpu_kernels=args.cpu_kernels)
+    print(f"kernels: {executor.kernels.reason}", file=sys.stderr, flush=True)
     run_engine(executor, prompts, max_tokens, ignore_eos, serial=False)  # warm-up
     print("READY", flush=True)
     context = statistics.fmean(len(p) for p in prompts) + max_tokens / 2
