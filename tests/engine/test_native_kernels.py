@@ -264,3 +264,17 @@ def test_the_build_command_compiles_into_the_directory_given(tmp_path: Path) -> 
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=False)
     assert out.returncode == 0 and "torch.Size([1, 2])" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("mode", ["native", "torch"])
+def test_the_served_engine_names_its_kernels_in_its_info(tiny: Path, mode: str,
+                                                         native: TorchKernels) -> None:
+    from slopilot.engine.config import EngineConfig
+    from slopilot.engine.server.backends import build_torch
+
+    backend = build_torch(EngineConfig(), str(tiny), num_gpu_blocks=32, num_cpu_blocks=0,
+                          cpu_kernels=mode)
+    try:
+        assert backend.info["kernels"] == mode
+    finally:
+        backend.close()
