@@ -90,6 +90,22 @@ def test_write_kv_puts_each_token_at_its_slot(native: TorchKernels, strided: boo
     torch.testing.assert_close(caches[1], caches[3], equal_nan=True, rtol=0, atol=0)
 
 
+def test_argmax_answers_as_torch_on_ties_nans_infinities_and_odd_widths(
+        native: TorchKernels) -> None:
+    logits = torch.randn(8, 1003, generator=_gen(9)) * 5
+    logits[1, 400:] = logits[1].max() + 1        # a tie: the first occurrence wins
+    logits[2, 17] = logits[2, 900] = float("nan")  # the first NaN wins over any number
+    logits[3] = float("-inf")                     # all masked: index 0, as torch
+    logits[4, 5] = float("inf")
+    logits[5, 1002] = 1e30                        # the maximum in the scalar tail
+    logits[6] = 0.0
+    for x in (logits, logits[:, :1001], logits[:, 3:]):   # strided rows, other tails
+        assert torch.equal(native.argmax(x), REF.argmax(x))
+    # What the sampler hands it on other paths: torch's own argmax answers.
+    assert torch.equal(native.argmax(logits[0]), REF.argmax(logits[0]))
+    assert torch.equal(native.argmax(logits.double()), REF.argmax(logits.double()))
+
+
 def _decode_case(rows: int, heads: int, kv_heads: int, dim: int, lengths: list[int],
                  seed: int) -> tuple[torch.Tensor, ...]:
     gen = _gen(seed)
@@ -278,3 +294,28 @@ def test_the_served_engine_names_its_kernels_in_its_info(tiny: Path, mode: str,
         assert backend.info["kernels"] == mode
     finally:
         backend.close()
+
+
+def test_a_corrupt_library_falls_back_under_auto_and_fails_under_native(
+        tmp_path: Path) -> None:
+    """A truncated or foreign file where the build should be: auto serves with torch's
+    ops and says why; native refuses. (In a fresh process: this one holds the real build.)"""
+    probe = """
+import torch
+from slopilot.engine.executors import native_kernels as nk
+build = nk.kernel_build(nk.cpu_isa())  # under $SLOPILOT_KERNEL_DIR, the temp dir
+build.directory.mkdir(parents=True)
+build.library.write_bytes(b"not an ELF file")
+auto = nk.choose_kernels("auto", torch.device("cpu"), torch.float32)
+print("AUTO", auto.native, auto.reason)
+try:
+    nk.choose_kernels("native", torch.device("cpu"), torch.float32)
+except nk.KernelError as exc:
+    print("NATIVE", exc)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=False, env={**os.environ, nk.KERNEL_DIR_ENV: str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    auto = next(line for line in done.stdout.splitlines() if line.startswith("AUTO"))
+    assert auto.startswith("AUTO False torch ops: cannot load") and "delete it" in auto
+    assert "NATIVE cannot load" in done.stdout

@@ -144,6 +144,10 @@ class TorchKernels:
     def decode_bias(self, single_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         return decode_bias(single_mask, dtype)
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's first largest entry (the first NaN, if any), as ``argmax(-1)``."""
+        return logits.argmax(-1)
+
     def decode_attention(self, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
                          slots: torch.Tensor, lengths: torch.Tensor,
                          bias: torch.Tensor | None) -> torch.Tensor:

@@ -207,6 +207,12 @@ class NativeKernels(TorchKernels):
     def decode_bias(self, single_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         return None  # the kernel reads each row's length instead
 
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.dim() != 2 or logits.dtype != torch.float32 or logits.shape[1] == 0:
+            return super().argmax(logits)
+        out: torch.Tensor = torch.ops.slopilot.argmax_rows(logits)
+        return out
+
     def decode_attention(self, q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor,
                          slots: torch.Tensor, lengths: torch.Tensor,
                          bias: torch.Tensor | None) -> torch.Tensor:

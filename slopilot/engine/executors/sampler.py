@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from slopilot.engine.executors.kernels import TorchKernels
 from slopilot.engine.executors.penalties import needs_processing, process_row
 from slopilot.engine.request import SamplingParams
 
@@ -47,8 +48,11 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 class Sampler:
-    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu",
+                 kernels: TorchKernels | None = None) -> None:
         self.device = torch.device(device)
+        # Greedy rows take their argmax from the executor's kernels (native on CPU).
+        self.kernels = kernels or TorchKernels()
         self._shared = torch.Generator(device=self.device)
         self._shared.manual_seed(seed)
 
@@ -82,7 +86,7 @@ class Sampler:
             logits = logits.float().clone()
             for i in rows:
                 logits[i] = process_row(logits[i], params[i], *histories[i])
-        out = logits.argmax(-1).tolist()
+        out = self.kernels.argmax(logits).tolist()
         for i, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
             if p.temperature == 0.0 or p.top_k == 1:
                 continue

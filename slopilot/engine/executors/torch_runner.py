@@ -120,7 +120,7 @@ class TorchExecutor:
             num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, num_gpu_blocks=gpu_blocks, num_cpu_blocks=num_cpu_blocks,
             block_size=block_size, dtype=self.dtype, device=self.device)
-        self.sampler = Sampler(seed=seed, device=self.device)
+        self.sampler = Sampler(seed=seed, device=self.device, kernels=self.kernels.kernels)
 
     def _blocks_from_memory(self, kv_cache_gb: float | None, utilization: float) -> int:
         if kv_cache_gb is not None:

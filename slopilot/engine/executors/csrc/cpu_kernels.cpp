@@ -5,7 +5,8 @@
 //
 // Each op here replaces a handful of torch calls with one pass: RMSNorm, SwiGLU's
 // silu-and-mul, the rotary embedding (in place), the KV-cache write of keys and values,
-// and decode attention read straight from the paged cache through each row's slots.
+// decode attention read straight from the paged cache through each row's slots, and
+// greedy sampling's argmax.
 // Elementwise ops keep the torch path's rounding (the build turns off FMA contraction);
 // the two reductions (RMSNorm's sum of squares, attention's softmax) sum in a different
 // order, so they match torch to float32 rounding, not bit for bit.
@@ -411,11 +412,54 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   return out;
 }
 
+// Index of each row's largest value, as torch.argmax(x, -1) answers: the first NaN if
+// the row has one, else the first occurrence of the maximum. torch's CPU argmax walks
+// the row one element at a time (1.1 ms for 24 x 49152 logits on the VM measured); a
+// vectorised max and a vectorised search for its first position take a tenth of that.
+Tensor argmax_rows(const Tensor& x) {
+  check_float_cpu(x, "x", 2);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  TORCH_CHECK(cols > 0, "x must have at least one column");
+  Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  const int64_t xs = x.stride(0);
+  at::parallel_for(0, rows, grain_rows(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = xp + r * xs;
+      Vec vmax(-std::numeric_limits<float>::infinity());
+      int64_t i = 0;
+      for (; i + kLanes <= cols; i += kLanes)
+        vmax = at::vec::maximum(vmax, Vec::loadu(row + i));  // NaN-propagating
+      float top = at::vec::vec_reduce_all<float>(
+          [](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, vmax);
+      for (; i < cols; ++i)
+        if (std::isnan(row[i]) || row[i] > top) top = row[i];
+      int64_t found = 0;
+      if (std::isnan(top)) {
+        while (!std::isnan(row[found])) ++found;
+      } else {
+        const Vec vtop(top);
+        for (i = 0; i + kLanes <= cols; i += kLanes) {
+          // zero_mask() sets a bit for every lane where (x != top) is false.
+          const int equal = (Vec::loadu(row + i) != vtop).zero_mask();
+          if (equal != 0) break;
+        }
+        found = i;
+        while (row[found] != top) ++found;
+      }
+      op[r] = found;
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(slopilot, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor signed_sin) -> ()");
   m.def("write_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor k, "
         "Tensor v) -> ()");
@@ -426,6 +470,7 @@ TORCH_LIBRARY(slopilot, m) {
 TORCH_LIBRARY_IMPL(slopilot, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("argmax_rows", &argmax_rows);
   m.impl("rotary_", &rotary_);
   m.impl("write_kv", &write_kv);
   m.impl("decode_attention", &decode_attention);
