@@ -6,7 +6,7 @@ interleaved rounds against:
 - ``gemms``: the step's 121 projections alone, same prepacked weights, same order, on
   fixed inputs (what the roofline's compute floor assumes a step costs);
 - ``rest``: the step with every projection answered from a preallocated tensor, i.e.
-  everything but the GEMMs (norms, RoPE, KV writes, attention, sampling's argmax);
+  everything but the GEMMs (norms, RoPE, KV writes, attention, greedy sampling's argmax);
 - the same projections timed one by one inside real steps (``gemms_in_step``), and the
   rest of those steps (``rest_in_step``: the step's time minus its GEMMs').
 
@@ -98,8 +98,9 @@ def main() -> int:
     in_step = [0.0]
 
     def step() -> None:
-        model(batch.input_ids, batch.positions, batch.attention, executor.kv_cache,
-              batch.logits_rows).argmax(-1)
+        # Greedy's argmax as the sampler takes it: from the executor's kernels.
+        model.ops.argmax(model(batch.input_ids, batch.positions, batch.attention,
+                               executor.kv_cache, batch.logits_rows))
 
     def gemms() -> None:
         for p in projs:
