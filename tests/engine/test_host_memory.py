@@ -11,13 +11,16 @@ import pytest
 
 # 32 decodes at ~1,900 tokens of context on tiny-random: every layer gathers ~8 MB of
 # keys and values and frees them; the minor page faults of 5 steps after a first one.
+# With torch's ops: the native decode kernel reads the cache in place and allocates no
+# gather, while torch's ops (CUDA, 16-bit, --cpu-kernels torch) and prefill chunks with
+# context still do.
 _STEPS = """
 import resource, sys, torch
 torch.set_num_threads(1)
 from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import SamplingParams
-ex = TorchExecutor(sys.argv[1], num_cpu_blocks=0, num_gpu_blocks=4200)
+ex = TorchExecutor(sys.argv[1], num_cpu_blocks=0, num_gpu_blocks=4200, cpu_kernels="torch")
 ex.kv_cache.gpu.zero_()
 sp = SamplingParams(max_tokens=10, ignore_eos=True)
 out = SchedulerOutput(seqs=[
