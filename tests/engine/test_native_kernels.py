@@ -63,8 +63,8 @@ def test_rotary_rotates_the_fused_projection_in_place_as_torch(native: TorchKern
     rope = Rope.at(torch.tensor([0, 1, 5, 6, 90, 300, 2047]), inv_freq, torch.float32)
     qk = qkv[:, :(heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
     untouched = qkv[:, (heads + kv_heads) * head_dim:].clone()
-    expected = REF.rotate(rope.cos, rope.signed_sin, qk)
-    got = native.rotate(rope.cos, rope.signed_sin, qk)
+    expected = REF.rotate(qk, rope.cos, rope.signed_sin)
+    got = native.rotate(qk, rope.cos, rope.signed_sin)
     assert got.data_ptr() == qk.data_ptr()              # in place, in the projection
     assert torch.equal(got, expected)
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim:], untouched)
@@ -134,10 +134,8 @@ def test_decode_attention_matches_masked_sdpa(native: TorchKernels, heads: int,
                                               lengths: list[int]) -> None:
     q, k_cache, v_cache, slots, lens = _decode_case(len(lengths), heads, kv_heads, dim,
                                                     lengths, seed=5)
-    width = slots.shape[1]
-    mask = torch.arange(width)[None, :] < lens[:, None]
     expected = REF.decode_attention(q, k_cache, v_cache, slots, lens,
-                                    REF.decode_bias(mask, torch.float32))
+                                    REF.decode_bias(lens, slots.shape[1], torch.float32))
     got = native.decode_attention(q, k_cache, v_cache, slots, lens, None)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-6)
 

@@ -37,7 +37,6 @@ class AttentionBatch:
     slot_mapping: torch.Tensor
     single_rows: torch.Tensor | None = None
     single_slots: torch.Tensor = field(default_factory=lambda: torch.empty(0))
-    single_mask: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     # Each single row's context length (its unpadded share of single_slots).
     single_lengths: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     chunks: list[ChunkAttention] = field(default_factory=list)
@@ -129,8 +128,6 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
         attention.single_rows = tensor(single_rows)
         attention.single_slots = tensor(padded)
         attention.single_lengths = lengths
-        attention.single_mask = (torch.arange(width, device=device)[None, :]
-                                 < lengths[:, None])
     for begin, stop, ctx, start in chunks:
         mask = None
         if start > 0:

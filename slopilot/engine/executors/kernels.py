@@ -107,11 +107,12 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate).mul_(up)
 
 
-def decode_bias(single_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """The padded decode rows' mask as SDPA's additive bias, once per iteration."""
-    if bool(single_mask.all()):
+def decode_bias(lengths: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The padding of decode rows of ``lengths`` in ``width`` slots as SDPA's additive
+    bias, once per iteration; None when no row is padded."""
+    if bool((lengths == width).all()):
         return None
-    mask = single_mask[:, None, None, :]
+    mask = (torch.arange(width, device=lengths.device) < lengths[:, None])[:, None, None, :]
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return bias.masked_fill_(~mask, float("-inf"))
 
@@ -131,8 +132,8 @@ class TorchKernels:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(gate_up)
 
-    def rotate(self, cos: torch.Tensor, signed_sin: torch.Tensor,
-               x: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor,
+               signed_sin: torch.Tensor) -> torch.Tensor:
         """x [tokens, heads, head_dim] rotated: a new tensor (the native op rotates x)."""
         return rotate(x, cos, signed_sin)
 
@@ -141,8 +142,9 @@ class TorchKernels:
         k_flat.index_copy_(0, slots, k)
         v_flat.index_copy_(0, slots, v)
 
-    def decode_bias(self, single_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-        return decode_bias(single_mask, dtype)
+    def decode_bias(self, lengths: torch.Tensor, width: int,
+                    dtype: torch.dtype) -> torch.Tensor | None:
+        return decode_bias(lengths, width, dtype)
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's first largest entry (the first NaN, if any), as ``argmax(-1)``."""

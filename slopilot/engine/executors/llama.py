@@ -184,8 +184,8 @@ class Attention(nn.Module):
         q_out, kv_out, _ = self._split
         # Queries and keys rotate together: one set of calls for both.
         ops, batch = step.ops, step.batch
-        qk = ops.rotate(step.rope.cos, step.rope.signed_sin,
-                        qkv[:, :q_out + kv_out].view(n, heads + kv_heads, hd))
+        qk = ops.rotate(qkv[:, :q_out + kv_out].view(n, heads + kv_heads, hd),
+                        step.rope.cos, step.rope.signed_sin)
         q, k = qk.split((heads, kv_heads), dim=1)
         v = qkv[:, q_out + kv_out:].view(n, kv_heads, hd)
         k_flat, v_flat = step.cache.flat(self.layer_idx)
@@ -286,7 +286,7 @@ class LlamaForCausalLM(nn.Module):
         """Float32 logits [len(logits_rows), vocab] for the chosen rows of the flat batch."""
         h = self.model.embed_tokens(input_ids)
         ops = self.ops
-        bias = (ops.decode_bias(batch.single_mask, h.dtype)
+        bias = (ops.decode_bias(batch.single_lengths, batch.single_slots.shape[1], h.dtype)
                 if batch.single_rows is not None else None)
         step = StepInputs(rope=Rope.at(positions, self.inv_freq, h.dtype), batch=batch,
                           cache=cache, ops=ops, decode_bias=bias, decode_only=not batch.chunks)

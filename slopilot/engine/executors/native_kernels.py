@@ -195,8 +195,8 @@ class NativeKernels(TorchKernels):
         out: torch.Tensor = torch.ops.slopilot.silu_and_mul(gate_up)
         return out
 
-    def rotate(self, cos: torch.Tensor, signed_sin: torch.Tensor,
-               x: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor,
+               signed_sin: torch.Tensor) -> torch.Tensor:
         torch.ops.slopilot.rotary_(x, cos, signed_sin)
         return x
 
@@ -204,7 +204,8 @@ class NativeKernels(TorchKernels):
                  k: torch.Tensor, v: torch.Tensor) -> None:
         torch.ops.slopilot.write_kv(k_flat, v_flat, slots, k, v)
 
-    def decode_bias(self, single_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    def decode_bias(self, lengths: torch.Tensor, width: int,
+                    dtype: torch.dtype) -> torch.Tensor | None:
         return None  # the kernel reads each row's length instead
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:

@@ -56,17 +56,8 @@ void check_slots(const Tensor& slots, const char* name) {
   TORCH_CHECK(slots.is_contiguous(), name, " must be contiguous");
 }
 
-float sum_of_squares(const float* row, int64_t n) {
-  Vec acc(0.f);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    Vec v = Vec::loadu(row + i);
-    acc = at::vec::fmadd(v, v, acc);
-  }
-  float total = at::vec::vec_reduce_all<float>(
-      [](Vec& a, Vec& b) { return a + b; }, acc);
-  for (; i < n; ++i) total += row[i] * row[i];
-  return total;
+float lane_sum(Vec v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
 }
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -74,8 +65,7 @@ float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
-  float total = at::vec::vec_reduce_all<float>(
-      [](Vec& x, Vec& y) { return x + y; }, acc);
+  float total = lane_sum(acc);
   for (; i < n; ++i) total += a[i] * b[i];
   return total;
 }
@@ -90,9 +80,7 @@ void sum_lanes8(const Vec* a, float* out) {
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(lo4, hi4, 0x20),
                                       _mm256_permute2f128_ps(lo4, hi4, 0x31)));
 #else
-  for (int j = 0; j < 8; ++j)
-    out[j] = at::vec::vec_reduce_all<float>(
-        [](Vec& x, Vec& y) { return x + y; }, a[j]);
+  for (int j = 0; j < 8; ++j) out[j] = lane_sum(a[j]);
 #endif
 }
 
@@ -127,7 +115,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = xp + r * xs;
       float* dst = op + r * cols;
-      const float inv = 1.f / std::sqrt(sum_of_squares(row, cols) / cols +
+      const float inv = 1.f / std::sqrt(dot(row, row, cols) / cols +
                                         static_cast<float>(eps));
       const Vec vinv(inv);
       int64_t i = 0;
@@ -295,8 +283,7 @@ float softmax_(float* scores, int64_t len, float scale) {
     p.store(scores + t);
     vsum = vsum + p;
   }
-  float total = at::vec::vec_reduce_all<float>(
-      [](Vec& a, Vec& b) { return a + b; }, vsum);
+  float total = lane_sum(vsum);
   for (; t < len; ++t) {
     scores[t] = std::exp(scores[t] - top);
     total += scores[t];
