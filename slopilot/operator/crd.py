@@ -25,10 +25,14 @@ from slopilot.operator.crd_types import number as _number
 from slopilot.operator.crd_types import obj as _obj
 from slopilot.operator.crd_types import quantity as _quantity
 from slopilot.operator.crd_types import string as _str
-from slopilot.operator.knobs import BOUNDED_KNOBS, KNOB_PATHS, knob_schema
+from slopilot.operator.knobs import (
+    BOUNDED_KNOBS,
+    DEFAULT_STUDY_STORAGE,
+    KNOB_PATHS,
+    knob_schema,
+)
 from slopilot.operator.spec import (
     BACKENDS,
-    DEFAULT_STUDY_STORAGE,
     MAX_GPUS,
     MAX_REPLICAS,
     PROFILES,
@@ -38,7 +42,7 @@ from slopilot.operator.spec import (
     parse_spec,
 )
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
-from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
+from slopilot.tuner.study.space import DEFAULT_BOUNDS, IntRange
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "LLMDeploymentSpec", "SpecError",
            "crd_manifest", "crd_yaml", "openapi_schema", "parse_spec"]

@@ -3,8 +3,10 @@
 The CRD's ranges and the handler's checks both come from ``EngineConfig``'s field
 metadata, so a range changes in one place (slopilot/engine/config.py) only. Here too:
 ``spec.engine`` over its preset (``engine_config``), one ``spec.tuning.bounds`` entry
-(``bound_problem``), the knobs vLLM has an argument for, and the committed tuned config
-(``status.tunedConfig``) with the hash of the spec it was tuned from.
+(``bound_problem``), the knobs vLLM has an argument for, the committed tuned config
+(``status.tunedConfig``) with the hash of the spec it was tuned from, and ``spec.tuning``
+whole (``tuning_section``): its bounds judged, and the trials' range built once with
+``slopilot tune``'s own ``SearchSpace.from_bounds`` over the backend's knobs.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import enum
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
-from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
+from slopilot.operator.spec_reader import SpecReader, parse_duration
+from slopilot.tuner.study.space import DEFAULT_BOUNDS, IntRange, SearchSpace
 
 # spec.engine path (camelCase, as users write it) -> EngineConfig field name.
 KNOB_PATHS: dict[tuple[str, ...], str] = {
@@ -166,3 +170,61 @@ def tuned_config(body: Mapping[str, Any], engine: EngineConfig) -> EngineConfig:
         return engine.with_overrides(tuned["engine"])
     except ConfigError:
         return engine  # written by an older operator with other knobs: start over
+
+
+# Where a CR's study lives unless it says otherwise (and the one storage the operator's
+# policy allows by default: see study_storage.py).
+DEFAULT_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    enabled: bool
+    window_s: float
+    max_trials: int
+    canary: bool
+    storage: str
+    bounds: Mapping[str, Mapping[str, int]]
+    """EngineConfig field -> the ends the user wrote (``lo``, ``hi``); an end left out is
+    ``slopilot tune``'s (``tuner/study/space.DEFAULT_BOUNDS``), a knob left out too."""
+    space: SearchSpace
+    """What the trials search, built once by the parse: ``slopilot tune``'s space (the same
+    ``SearchSpace.from_bounds``) with these bounds, over the knobs the backend applies (a
+    vLLM trial rolls every replica: only budget, chunk and max sequences, VLLM_APPLIES)."""
+
+
+def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
+            applies: frozenset[str] | None, r: SpecReader) -> TuningSpec | None:
+    """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
+    ``running`` one; None (the problems in ``r`` say why) when there is no space."""
+    window = r.get(spec, "spec.tuning.window", str, "2m")
+    try:
+        window_s = parse_duration(window)
+    except ValueError as exc:
+        r.problems.append(f"spec.tuning.window: {exc}")
+        window_s = 120.0
+    trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
+    if not 1 <= trials <= 1000:
+        r.problems.append(f"spec.tuning.maxTrials={trials}: use a value in [1, 1000]")
+    bounds: dict[str, dict[str, int]] = {}
+    for camel, name in BOUNDED_KNOBS.items():
+        where = f"spec.tuning.bounds.{camel}"
+        written = {end: value for end, key in (("lo", "min"), ("hi", "max"))
+                   if (value := r.get(spec, f"{where}.{key}", int)) is not None}
+        if not written:
+            continue
+        bounds[name] = written
+        if (problem := bound_problem(name, where, written, engine)) is not None:
+            r.problems.append(problem)
+    space = None
+    if not r.problems:
+        try:  # together: e.g. a smallest chunk above every budget the bounds allow
+            space = SearchSpace.from_bounds(bounds or None, base=running, applies=applies)
+        except ConfigError as exc:
+            r.problems.append(f"spec.tuning.bounds: {exc}")
+    if space is None:
+        return None
+    return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
+                      max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
+                      storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
+                      bounds=bounds, space=space)

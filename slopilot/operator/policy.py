@@ -22,8 +22,9 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
 from slopilot.operator.render import DEFAULT_IMAGES, DEFAULT_OPERATOR_NAMESPACE
-from slopilot.operator.spec import DEFAULT_STUDY_STORAGE, LLMDeploymentSpec
+from slopilot.operator.spec import LLMDeploymentSpec
 from slopilot.operator.study_storage import (
     StorageRefused,
     StorageRule,

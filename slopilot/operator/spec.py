@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import enum
 import itertools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.config import EngineConfig
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import (
     ALERT_FIELDS,
@@ -24,21 +23,18 @@ from slopilot.operator.alert_spec import (
     alert_options,
 )
 from slopilot.operator.knobs import (
-    BOUNDED_KNOBS,
     VLLM_APPLIES,
-    bound_problem,
+    TuningSpec,
     engine_config,
     spec_path,
     tuned_config,
+    tuning_section,
 )
+from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.twin_spec import TwinSpec, parse_twin
 from slopilot.operator.validation import prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
-from slopilot.tuner.study.space import SearchSpace
 
-# Where a CR's study lives unless it says otherwise (and the one storage the operator's
-# policy allows by default: see study_storage.py).
-DEFAULT_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
 
 class Backend(enum.StrEnum):
     BUILTIN = "builtin"
@@ -64,8 +60,6 @@ BACKENDS = tuple(b.value for b in Backend)
 PROFILES = tuple(p.value for p in Profile)
 PHASES = tuple(p.value for p in Phase)
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 # The most replicas one LLMDeployment may scale to. The capacity search simulates up to
 # this many replicas in the operator's simulator worker; a bound keeps one tenant's search
 # within seconds and a few hundred MB (512 replicas took 39 s and 1.1 GB).
@@ -79,22 +73,6 @@ class SpecError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
-
-
-@dataclass(frozen=True)
-class TuningSpec:
-    enabled: bool
-    window_s: float
-    max_trials: int
-    canary: bool
-    storage: str
-    bounds: Mapping[str, Mapping[str, int]]
-    """EngineConfig field -> the ends the user wrote (``lo``, ``hi``); an end left out is
-    ``slopilot tune``'s (``tuner/study/bounds.DEFAULT_BOUNDS``), a knob left out too."""
-    space: SearchSpace
-    """What the trials search, built once by the parse: ``slopilot tune``'s space (the same
-    ``SearchSpace.from_bounds``) with these bounds, over the knobs the backend applies (a
-    vLLM trial rolls every replica: only budget, chunk and max sequences, VLLM_APPLIES)."""
 
 
 @dataclass(frozen=True)
@@ -136,49 +114,7 @@ class LLMDeploymentSpec:
 VLLM_CLASSES = ("p0", "p1", "p2")
 
 
-def parse_duration(text: str) -> float:
-    """``"2m"`` -> 120.0, ``"1m30s"`` -> 90.0; a bad string raises ValueError."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"{text!r} is not a duration like 90s, 2m or 1h30m")
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
-
-
-class _Reader:
-    """Reads typed values out of nested dicts, collecting problems instead of raising."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def get(self, data: Mapping[str, Any], path: str, kind: type | tuple[type, ...],
-            default: Any = None) -> Any:
-        node: Any = data
-        for part in path.split(".")[1:]:
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if node is None:
-            return default
-        if isinstance(node, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            node = None
-        if not isinstance(node, kind):
-            names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            self.problems.append(f"{path}={node!r}: expected {names}")
-            return default
-        return node
-
-    def choice(self, data: Mapping[str, Any], path: str, enum_type: type[enum.Enum],
-               default: enum.Enum) -> Any:
-        raw = self.get(data, path, str)
-        if raw is None:
-            return default
-        try:
-            return enum_type(raw)
-        except ValueError:
-            allowed = ", ".join(str(e.value) for e in enum_type)
-            self.problems.append(f"{path}={raw!r} is not allowed; use one of: {allowed}")
-            return default
-
-
-def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
+def _slo(spec: Mapping[str, Any], profile: Profile, r: SpecReader) -> SLOSpec:
     """The shared SLOSpec (slopilot.engine.slo) from ``spec.slo``, plus the class-order rule."""
     given = spec.get("slo")
     data = dict(given) if isinstance(given, Mapping) else {}
@@ -206,7 +142,7 @@ def _slo(spec: Mapping[str, Any], profile: Profile, r: _Reader) -> SLOSpec:
     return slo
 
 
-def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
+def _alerts(spec: Mapping[str, Any], r: SpecReader) -> RuleOptions:
     """``spec.alerts`` as the alert table's RuleOptions (alert_spec.py judges them)."""
     values: dict[str, Any] = {}
     for camel in ALERT_FIELDS:
@@ -234,47 +170,10 @@ def _alerts(spec: Mapping[str, Any], r: _Reader) -> RuleOptions:
     return options
 
 
-def _tuning(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
-            applies: frozenset[str] | None, r: _Reader) -> TuningSpec | None:
-    """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
-    ``running`` one; None (the problems in ``r`` say why) when there is no space."""
-    window = r.get(spec, "spec.tuning.window", str, "2m")
-    try:
-        window_s = parse_duration(window)
-    except ValueError as exc:
-        r.problems.append(f"spec.tuning.window: {exc}")
-        window_s = 120.0
-    trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
-    if not 1 <= trials <= 1000:
-        r.problems.append(f"spec.tuning.maxTrials={trials}: use a value in [1, 1000]")
-    bounds: dict[str, dict[str, int]] = {}
-    for camel, name in BOUNDED_KNOBS.items():
-        where = f"spec.tuning.bounds.{camel}"
-        written = {end: value for end, key in (("lo", "min"), ("hi", "max"))
-                   if (value := r.get(spec, f"{where}.{key}", int)) is not None}
-        if not written:
-            continue
-        bounds[name] = written
-        if (problem := bound_problem(name, where, written, engine)) is not None:
-            r.problems.append(problem)
-    space = None
-    if not r.problems:
-        try:  # together: e.g. a smallest chunk above every budget the bounds allow
-            space = SearchSpace.from_bounds(bounds or None, base=running, applies=applies)
-        except ConfigError as exc:
-            r.problems.append(f"spec.tuning.bounds: {exc}")
-    if space is None:
-        return None
-    return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
-                      max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
-                      storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
-                      bounds=bounds, space=space)
-
-
 def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     """The typed spec of an LLMDeployment object (kopf's ``body``); SpecError lists problems.
     The checks judge the spec's knobs; ``engine`` runs ``status.tunedConfig`` over them."""
-    r = _Reader()
+    r = SpecReader()
     spec = body.get("spec") if isinstance(body, Mapping) else None
     if not isinstance(spec, Mapping):
         raise SpecError(["spec: missing; an LLMDeployment needs at least spec.model.name"])
@@ -305,7 +204,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
             "enable prefix caching or remove prefixHitMin")
     alerts = _alerts(spec, r)
     running = tuned_config(body, engine)
-    tuning = _tuning(spec, engine, running,
+    tuning = tuning_section(spec, engine, running,
                      VLLM_APPLIES if backend is Backend.VLLM else None, r)
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:

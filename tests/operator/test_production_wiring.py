@@ -26,7 +26,7 @@ from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
-from slopilot.tuner.study.bounds import DEFAULT_BOUNDS
+from slopilot.tuner.study.space import DEFAULT_BOUNDS
 from slopilot.tuner.study.tuner import Tuner
 from tests.support.prometheus import free_port
 

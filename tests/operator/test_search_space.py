@@ -12,8 +12,7 @@ import pytest
 from slopilot.operator.knobs import VLLM_APPLIES
 from slopilot.operator.render import vllm_args
 from slopilot.operator.spec import SpecError, parse_spec
-from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, TUNABLE, IntRange
-from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.space import DEFAULT_BOUNDS, TUNABLE, IntRange, SearchSpace
 from tests.support.spaces import sample_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

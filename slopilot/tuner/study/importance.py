@@ -24,9 +24,8 @@ import optuna
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, FloatRange
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.space import BUDGET_PARAM, CHUNK_PARAM
+from slopilot.tuner.study.space import BUDGET_PARAM, CHUNK_PARAM, DEFAULT_BOUNDS, FloatRange
 
 MIN_TRIALS = 8
 USER_NAMES = {BUDGET_PARAM: "token_budget", CHUNK_PARAM: "chunk_size"}

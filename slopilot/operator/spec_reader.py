@@ -1,0 +1,54 @@
+"""Typed values out of a custom resource's nested dicts, collecting problems instead of
+raising, so that one status condition can list every bad field at once."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"2m"`` -> 120.0, ``"1m30s"`` -> 90.0; a bad string raises ValueError."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{text!r} is not a duration like 90s, 2m or 1h30m")
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+class SpecReader:
+    """Reads typed values out of nested dicts, collecting problems instead of raising."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def get(self, data: Mapping[str, Any], path: str, kind: type | tuple[type, ...],
+            default: Any = None) -> Any:
+        node: Any = data
+        for part in path.split(".")[1:]:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            return default
+        if isinstance(node, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            node = None
+        if not isinstance(node, kind):
+            names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            self.problems.append(f"{path}={node!r}: expected {names}")
+            return default
+        return node
+
+    def choice(self, data: Mapping[str, Any], path: str, enum_type: type[enum.Enum],
+               default: enum.Enum) -> Any:
+        raw = self.get(data, path, str)
+        if raw is None:
+            return default
+        try:
+            return enum_type(raw)
+        except ValueError:
+            allowed = ", ".join(str(e.value) for e in enum_type)
+            self.problems.append(f"{path}={raw!r} is not allowed; use one of: {allowed}")
+            return default
