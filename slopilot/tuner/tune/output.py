@@ -23,7 +23,7 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import rank
 from slopilot.tuner.study.verdict import deciding_window, goodput_share, share_text, term_label
-from slopilot.tuner.tune.run import TuneOutcome
+from slopilot.tuner.tune.outcome import TuneOutcome
 
 
 def ranked(outcome: TuneOutcome) -> list[tuple[int, TrialResult]]:

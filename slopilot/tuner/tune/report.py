@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from slopilot.tuner.study.report import ReportContext, write_report
-from slopilot.tuner.tune.run import TuneOutcome
+from slopilot.tuner.tune.outcome import TuneOutcome
 
 
 def context(outcome: TuneOutcome) -> ReportContext:

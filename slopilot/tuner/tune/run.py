@@ -8,7 +8,6 @@ import dataclasses
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from slopilot.engine.sim.workload_spec import TraceSpec
@@ -17,60 +16,11 @@ from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import Tuner, open_study, rank
 from slopilot.tuner.study.verdict import Violation, infeasible_sentence, violations
 from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
+from slopilot.tuner.tune.outcome import Timing, TuneOutcome
+from slopilot.tuner.tune.output import print_json, print_text
 from slopilot.tuner.tune.progress import TuneProgress
+from slopilot.tuner.tune.report import write
 from slopilot.tuner.tune.settings import TuneSettings, check_command, settings_from, tune_command
-
-
-@dataclass(frozen=True)
-class Timing:
-    """What the run cost, in a form that transfers between machines: simulated seconds
-    per wall second of the study (the capacity search's N-replica runs are slower)."""
-
-    evaluations: int
-    simulated_s: float
-    study_s: float
-    total_s: float = 0.0
-
-    @property
-    def sim_s_per_wall_s(self) -> float:
-        return self.simulated_s / self.study_s if self.study_s > 0 else 0.0
-
-    def line(self) -> str:
-        from slopilot.engine.sim.progress import duration_text
-
-        text = (f"{self.evaluations} evaluations, {self.simulated_s:,.0f} simulated s in "
-                f"{duration_text(self.study_s)} ({self.sim_s_per_wall_s:,.1f} sim-s/s)")
-        if self.total_s > self.study_s + 1:
-            text += f"; with the capacity search {duration_text(self.total_s)}"
-        return text
-
-    def to_dict(self) -> dict[str, float]:
-        return {"evaluations": self.evaluations, "simulated_s": self.simulated_s,
-                "study_s": self.study_s, "total_s": self.total_s,
-                "sim_s_per_wall_s": self.sim_s_per_wall_s}
-
-
-@dataclass(frozen=True)
-class TuneOutcome:
-    settings: TuneSettings
-    plan: WindowPlan
-    tuner: Tuner
-    start: TrialResult
-    best: tuple[int, TrialResult] | None
-    violations: tuple[Violation, ...]
-    """What the best (least violating) config misses; empty when it holds."""
-    sentence: str
-    """The verdict in one sentence."""
-    capacity: CapacityOutcome | None
-    recommended_replicas: int | None
-    config: Mapping[str, Any] | None
-    command: str
-    check_command: str | None
-    timing: Timing
-
-    @property
-    def feasible(self) -> bool:
-        return self.best is not None and self.best[1].feasible
 
 
 def main(args: argparse.Namespace) -> int:
@@ -80,8 +30,6 @@ def main(args: argparse.Namespace) -> int:
     from slopilot.engine.sim.scenario import ScenarioError
     from slopilot.tuner.loop.capacity import CapacityError
     from slopilot.tuner.study.tuner import StudyStorageError
-    from slopilot.tuner.tune.output import print_json, print_text
-    from slopilot.tuner.tune.report import write
 
     try:
         settings = settings_from(args)

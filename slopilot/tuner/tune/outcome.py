@@ -1,0 +1,67 @@
+"""What one ``slopilot tune`` run found (``TuneOutcome``) and what it cost (``Timing``):
+the run builds it, the text and JSON output and the report read it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from slopilot.tuner.sim.robust import WindowPlan
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.tuner import Tuner
+from slopilot.tuner.study.verdict import Violation
+from slopilot.tuner.tune.capacity import CapacityOutcome
+from slopilot.tuner.tune.settings import TuneSettings
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What the run cost, in a form that transfers between machines: simulated seconds
+    per wall second of the study (the capacity search's N-replica runs are slower)."""
+
+    evaluations: int
+    simulated_s: float
+    study_s: float
+    total_s: float = 0.0
+
+    @property
+    def sim_s_per_wall_s(self) -> float:
+        return self.simulated_s / self.study_s if self.study_s > 0 else 0.0
+
+    def line(self) -> str:
+        from slopilot.engine.sim.progress import duration_text
+
+        text = (f"{self.evaluations} evaluations, {self.simulated_s:,.0f} simulated s in "
+                f"{duration_text(self.study_s)} ({self.sim_s_per_wall_s:,.1f} sim-s/s)")
+        if self.total_s > self.study_s + 1:
+            text += f"; with the capacity search {duration_text(self.total_s)}"
+        return text
+
+    def to_dict(self) -> dict[str, float]:
+        return {"evaluations": self.evaluations, "simulated_s": self.simulated_s,
+                "study_s": self.study_s, "total_s": self.total_s,
+                "sim_s_per_wall_s": self.sim_s_per_wall_s}
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    settings: TuneSettings
+    plan: WindowPlan
+    tuner: Tuner
+    start: TrialResult
+    best: tuple[int, TrialResult] | None
+    violations: tuple[Violation, ...]
+    """What the best (least violating) config misses; empty when it holds."""
+    sentence: str
+    """The verdict in one sentence."""
+    capacity: CapacityOutcome | None
+    recommended_replicas: int | None
+    config: Mapping[str, Any] | None
+    command: str
+    check_command: str | None
+    timing: Timing
+
+    @property
+    def feasible(self) -> bool:
+        return self.best is not None and self.best[1].feasible
