@@ -16,7 +16,10 @@ The engines run as warm worker processes and their timed passes interleave round
 round, so a busy machine slows every engine in every round alike; each ratio is taken
 within a round and the median over rounds is reported. Beside the result: the decode
 step's roofline measured on this machine (GEMM peak on the step's shapes, copy
-bandwidth) and the fraction of it slopilot's decode step reaches.
+bandwidth) and the fraction of it slopilot's decode step reaches. The roofline is
+measured again in every round, right after slopilot's pass, and ``decode_roofline_frac``
+is the median of each round's floor over that round's step; the fastest floor of the
+whole run over the median step is ``decode_roofline_frac_best_floor``.
 
     .venv/bin/python benchmarks/serving_throughput.py [--rounds 3] [--requests 24]
 """
@@ -166,6 +169,8 @@ def main() -> int:
                     report.add_round(w.name, r, result)
                     print(f"round {r + 1}: {w.name} {result['tokens_per_s']:.1f} tok/s",
                           file=sys.stderr, flush=True)
+                    if w is ours:
+                        report.round_ceilings.append(ours.call("roofline"))
                 report.load_during.append(load_average())
             report.ceilings.append(ours.call("roofline"))
             if not args.skip_references:
