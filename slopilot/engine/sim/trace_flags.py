@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from slopilot.engine.sim.trace_formats import FORMATS, TRACE_DEPLOYMENT
+
 if TYPE_CHECKING:
     from slopilot.engine.sim.trace_scenario import TraceOptions
 
-TRACE_DEPLOYMENT = "azure-conv-2023"
-"""The scenario whose deployment and SLO a bare ``--trace`` runs on (1 x H100,
-Llama-3-8B, the standard SLO)."""
-TRACE_FORMATS = ("csv", "azure-csv", "jsonl")
+__all__ = ["TRACE_DEPLOYMENT", "add_trace_arguments", "trace_options"]
+
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay this trace (CSV: arrival_time,prompt_tokens,output_tokens"
                         "[,class]; Azure's CSV; or JSONL) on the scenario's deployment "
                         f"and SLO (default scenario with --trace: {TRACE_DEPLOYMENT})")
-    g.add_argument("--trace-format", choices=TRACE_FORMATS, default=None,
+    g.add_argument("--trace-format", choices=FORMATS, default=None,
                    help="the trace's format (default: by its suffix and header)")
     g.add_argument("--trace-window", metavar="START:END", default=None,
                    help="replay only trace seconds [START, END) (from its first request, "

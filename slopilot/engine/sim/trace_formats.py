@@ -21,12 +21,15 @@ from typing import Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
-from slopilot.engine.sim.trace_flags import TRACE_FORMATS
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
 _ALIASES = {"timestamp": "arrival_time", "priority": "class"}
-FORMATS = TRACE_FORMATS
+FORMATS = ("csv", "azure-csv", "jsonl")
+# The scenario whose deployment and SLO a bare ``--trace`` runs on (1 x H100, Llama-3-8B,
+# the standard SLO). Here, beside the formats, because the trace flags name both when
+# they register, and registration must import nothing heavy (trace_flags.py).
+TRACE_DEPLOYMENT = "azure-conv-2023"
 
 
 class TraceError(ValueError):

@@ -22,8 +22,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
 from slopilot.engine.sim.simulator import Measure
 from slopilot.engine.sim.trace import BUILTIN_TRACES, TraceError
-from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT
-from slopilot.engine.sim.trace_formats import FORMATS
+from slopilot.engine.sim.trace_formats import FORMATS, TRACE_DEPLOYMENT
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import TraceSpec
 
