@@ -20,7 +20,6 @@ import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
@@ -33,6 +32,7 @@ from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.logprobs_format import TokenText
 from slopilot.engine.server.openai_routes import add_routes
+from slopilot.engine.server.state import ServerState
 
 __all__ = ["ADMIN_TOKEN_ENV", "EngineApp", "ServerState", "create_app"]
 log = logging.getLogger(__name__)
@@ -40,19 +40,6 @@ log = logging.getLogger(__name__)
 
 def default_tokenizer_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
-
-
-@dataclass
-class ServerState:
-    engine: AsyncEngine
-    backend: Backend
-    admin_token: str | None
-    drain_timeout_s: float
-    tokenizer_threads: int
-    text_of: TokenText
-    # Tokenizing and chat templates run here, never on the event loop; started and
-    # stopped with the app.
-    tokenize: ThreadPoolExecutor | None = field(default=None)
 
 
 class EngineApp:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,9 +26,7 @@ from slopilot.engine.server.protocol import (
 )
 from slopilot.engine.server.responses import collect, sse_events
 from slopilot.engine.server.serving import INLINE_PREPARE_CHARS, prepare, submit, text_size
-
-if TYPE_CHECKING:
-    from slopilot.engine.server.app import ServerState
+from slopilot.engine.server.state import ServerState
 
 T = TypeVar("T")
 _SSE = {"text/event-stream": {"schema": {
