@@ -60,18 +60,26 @@ __all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "
            "write_profile", "write_text_atomically"]
 
 
-def executor_code_hash() -> str:
-    """A digest of the source that sets an iteration's time on the torch executor.
+# The source that sets an iteration's time on the torch executor, under slopilot/engine/:
+# the forward pass and its ops (torch's, or the fused CPU kernels'), the batch, the cache,
+# sampling, and the loop around them.
+EXECUTOR_SOURCES = (
+    "executors/torch_runner.py", "executors/llama.py", "executors/batch.py",
+    "executors/kv_cache.py", "executors/sampler.py", "executors/kernels.py",
+    "executors/native_kernels.py", "executors/csrc/cpu_kernels.cpp", "engine.py",
+    "scheduler.py", "block_manager.py")
+
+
+def executor_code_hash(root: Path | None = None) -> str:
+    """A digest of ``EXECUTOR_SOURCES`` (under ``root``, default this package's engine/).
 
     Read as files, not imported, so the simulator can check a profile without torch.
     """
     import hashlib
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1] if root is None else root
     digest = hashlib.sha256()
-    for rel in ("executors/torch_runner.py", "executors/llama.py", "executors/batch.py",
-                "executors/kv_cache.py", "executors/sampler.py", "engine.py",
-                "scheduler.py", "block_manager.py"):
+    for rel in EXECUTOR_SOURCES:
         path = root / rel
         digest.update(rel.encode())
         digest.update(path.read_bytes() if path.is_file() else b"<missing>")

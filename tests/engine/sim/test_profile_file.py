@@ -157,6 +157,26 @@ def test_the_executor_code_hash_tracks_the_source() -> None:
     assert len(profile_file.executor_code_hash()) == 16
 
 
+@pytest.mark.parametrize("rel", ["executors/csrc/cpu_kernels.cpp", "executors/kernels.py",
+                                 "executors/native_kernels.py", "executors/llama.py",
+                                 "scheduler.py"])
+def test_the_executor_code_hash_changes_with_any_source_that_times_a_step(
+        tmp_path: Path, rel: str) -> None:
+    # The fused CPU kernels set most of a CPU step's non-GEMM time: a profile fitted
+    # before they changed must read as stale, like one fitted before llama.py changed.
+    engine = Path(profile_file.__file__).resolve().parents[1]
+    for src in engine.rglob("*"):
+        if src.suffix in (".py", ".cpp") and "__pycache__" not in src.parts:
+            dest = tmp_path / src.relative_to(engine)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(src.read_bytes())
+    before = profile_file.executor_code_hash(tmp_path)
+    assert before == profile_file.executor_code_hash()
+    with (tmp_path / rel).open("a") as f:
+        f.write("\n// changed\n" if rel.endswith(".cpp") else "\n# changed\n")
+    assert profile_file.executor_code_hash(tmp_path) != before
+
+
 def test_a_profile_for_another_model_device_or_tp_is_refused() -> None:
     p = make_profile("llama-3-8b", device="cpu")
     check_profile_for(p, model="Meta-Llama-3-8B", device="cpu", tp=1)  # aliases match
