@@ -31,8 +31,8 @@ import torch
 
 from slopilot.engine.executors import kernels
 from slopilot.engine.executors.batch import FlatBatch, build_batch
+from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.engine.executors.llama import MLP, Attention, LlamaForCausalLM
-from slopilot.engine.executors.native_kernels import KERNEL_CHOICES
 from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.outputs import ScheduledSeq
 from slopilot.engine.request import SamplingParams

@@ -29,7 +29,7 @@ import torch
 
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, WallClock
-from slopilot.engine.executors.native_kernels import KERNEL_CHOICES
+from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.engine.executors.roofline import decode_step_cost, measure_ceilings
 from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.outputs import SchedulerOutput

@@ -75,6 +75,28 @@ def test_the_demo_twin_runs_on_a_given_profile(tmp_path: Path) -> None:
         twin_scenario(scenario, DemoOptions(**torch, profile=gpu))
 
 
+def test_torch_replicas_serve_with_the_kernels_their_profile_was_timed_with(
+        tmp_path: Path) -> None:
+    import dataclasses
+
+    from slopilot.engine.sim.profile_file import DeviceInfo, write_profile
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.tuner.local.demo import replica_kernels, twin_scenario
+    from tests.support.profiles import make_profile
+
+    scenario = load_scenario("demo-torch")
+    torch = {"executor": "torch", "model": "smollm2-135m"}
+    for kernels, served in (("torch", "torch"), ("native", "native"), (None, "auto")):
+        profile = dataclasses.replace(
+            make_profile("smollm2-135m", device="cpu"),
+            device=DeviceInfo("cpu", "Test CPU", 2, None, kernels))
+        path = write_profile(profile, tmp_path / f"{kernels}.yaml")
+        opts = DemoOptions(**torch, profile=path)  # type: ignore[arg-type]
+        assert replica_kernels(twin_scenario(scenario, opts), opts) == served
+    # Without a profile, or with simulated replicas, the replicas choose as serve does.
+    assert replica_kernels(scenario, DemoOptions(**torch)) == "auto"  # type: ignore[arg-type]
+
+
 def test_a_torch_demo_without_a_profile_says_its_twin_is_a_gpu_prior() -> None:
     from slopilot.engine.sim.scenario import load_scenario
     from slopilot.engine.sim.twin import twin_label

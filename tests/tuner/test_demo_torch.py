@@ -58,7 +58,7 @@ def test_the_loop_retunes_a_real_engine_on_its_measured_alert(tmp_path: Path) ->
     out = io.StringIO()
     result = run_demo(opts, Console(file=out, width=400))
     text = out.getvalue()
-    assert "replica(s) up (torch tiny-random on the CPU)" in text, text
+    assert "replica(s) up (torch tiny-random on the CPU, --cpu-kernels auto)" in text, text
     assert "Prometheus http://127.0.0.1" in text, text
     # The alert came from Prometheus's rules over the replica's own TBT histogram.
     assert result.alert_at_s is not None and "ALERT firing: SlopilotTBTP99High[" in text, text

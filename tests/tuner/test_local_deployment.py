@@ -58,9 +58,19 @@ def test_a_replica_that_cannot_start_is_reported_and_nothing_is_left(tmp_path: P
     assert dep.replicas() == 0 and all(r.process.poll() is not None for r in dep._stopping)
 
 
+def test_torch_replicas_serve_with_the_kernels_asked_for(tmp_path: Path) -> None:
+    dep = LocalDeployment("t", tmp_path, executor="torch", model="tiny-random",
+                          cpu_kernels="torch")
+    cmd = dep._command(1)
+    assert cmd[cmd.index("--cpu-kernels") + 1] == "torch"
+    # The simulated executor has no CPU kernels to choose.
+    assert "--cpu-kernels" not in LocalDeployment("s", tmp_path)._command(1)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"replicas": 0}, "1 <= replicas"),
     ({"executor": "gpu"}, "executor='gpu'"),
+    ({"executor": "torch", "cpu_kernels": "fast"}, "cpu_kernels='fast'.*auto, native, torch"),
     ({"knobs": {"chunk_sizes": 1}}, "unknown knob 'chunk_sizes'"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(

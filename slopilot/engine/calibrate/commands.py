@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
+
 QUICK = {"token_budget": 256, "max_num_seqs": 16, "max_context": 512, "repeats": 5}
 FULL = {"token_budget": 512, "max_num_seqs": 32, "max_context": 1024, "repeats": 5}
 
@@ -28,6 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's; recorded in the profile)")
+    p.add_argument("--cpu-kernels", choices=KERNEL_CHOICES, default="auto",
+                   help="a CPU step's non-GEMM ops, as `slopilot serve --cpu-kernels`: "
+                        "calibrate with what will serve (default: auto, as serve); the "
+                        "profile records which ran")
     p.add_argument("--out", required=True, type=Path, metavar="PROFILE.yaml")
     p.add_argument("--quick", action="store_true", help="a smaller grid and context "
                    "(under a minute on tiny-random)")
@@ -87,7 +93,8 @@ def _calibrate(args: argparse.Namespace) -> int:
                                   tolerance=args.tolerance, host=not args.no_host,
                                   statistic=args.statistic or "median")
         target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
-                              threads=args.threads, kv_cache_gb=args.kv_cache_gb)
+                              threads=args.threads, kv_cache_gb=args.kv_cache_gb,
+                              cpu_kernels=args.cpu_kernels)
         result = _run(target, opts, quiet=args.json, samples_out=args.samples_out)
     except (CalibrationError, DesignError, HarnessError, FitError, ModelNotFoundError,
             SamplesFileError, ValueError) as exc:
@@ -173,7 +180,7 @@ def _run(target: Any, opts: Any, *, quiet: bool, samples_out: Path | None = None
 def _brief(result: Any, path: Path) -> dict[str, Any]:
     p = result.profile
     return {"profile": str(path), "model": p.model.name, "device": p.device.name,
-            "mape": p.fit.mape, "max_err": p.fit.max_err,
+            "kernels": p.device.kernels, "mape": p.fit.mape, "max_err": p.fit.max_err,
             "classes": {k: {"shapes": v.shapes, "mape": v.mape, "max_err": v.max_err}
                         for k, v in p.fit.classes.items()},
             "host_mape": p.fit.host_mape, "executor": dict(p.executor), "host": dict(p.host)}
@@ -186,8 +193,9 @@ def _print_report(result: Any, path: Path) -> None:
     p = result.profile
     fit = p.fit
     console = Console(width=None if sys.stdout.isatty() else 120)
+    kernels = "" if p.device.kernels is None else f", kernels {p.device.kernels}"
     table = Table(title=f"Fit error per iteration: {p.name}, {p.device.name}, "
-                        f"{p.device.threads or '-'} thread(s)")
+                        f"{p.device.threads or '-'} thread(s){kernels}")
     for col in ("shapes", "n", "mean error", "max error", "worst shape"):
         table.add_column(col, justify="left" if col in ("shapes", "worst shape") else "right")
     for name, c in fit.classes.items():

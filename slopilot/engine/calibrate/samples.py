@@ -28,6 +28,7 @@ from slopilot.engine.calibrate.design import DesignError, GridOptions, ShapeSpec
 from slopilot.engine.calibrate.harness import Sample
 from slopilot.engine.calibrate.host import HostStep
 from slopilot.engine.calibrate.runner import Recording
+from slopilot.engine.executors.kernel_modes import PROFILE_KERNELS
 from slopilot.engine.sim.profile_file import DeviceInfo, write_text_atomically
 from slopilot.engine.sim.profiles import ProfileError, model_from_dict
 from slopilot.engine.sim.shape import shape_of_rows
@@ -88,8 +89,12 @@ def _from_dict(doc: Any, src: str) -> Recording:
         raise get.error("schema", f"expected {SCHEMA!r}: not a calibration samples file "
                         "(`slopilot calibrate --samples-out` writes one)")
     dev = _Fields(get.raw("device"), src, "device")
+    kernels = dev.doc.get("kernels")
+    if kernels is not None and kernels not in PROFILE_KERNELS:
+        raise dev.error("kernels", f"expected one of {', '.join(PROFILE_KERNELS)}, got "
+                        f"{kernels!r:.40}")
     device = DeviceInfo(dev.text("type"), dev.text("name"), dev.integer("threads", True),
-                        dev.integer("cache_bytes", True))
+                        dev.integer("cache_bytes", True), kernels)
     try:
         model = model_from_dict(get.mapping("model"), f"{src}: model")
         grid = GridOptions(**get.mapping("grid"))

@@ -39,7 +39,9 @@ def check_device(device: str) -> None:
                                    f"device(s), cuda:0 to cuda:{count - 1}")
 
 
-def device_info(device: str, threads: int | None) -> DeviceInfo:
+def device_info(device: str, threads: int | None, native_kernels: bool = False
+                ) -> DeviceInfo:
+    """The device as the profile records it; on a CPU, with the kernels its steps ran."""
     import torch
 
     from slopilot.engine.device_cache import device_cache_bytes
@@ -48,7 +50,8 @@ def device_info(device: str, threads: int | None) -> DeviceInfo:
     if device.startswith("cuda"):
         return DeviceInfo("cuda", torch.cuda.get_device_name(torch.device(device)), None,
                           cache)
-    return DeviceInfo("cpu", _cpu_name(), threads or torch.get_num_threads(), cache)
+    return DeviceInfo("cpu", _cpu_name(), threads or torch.get_num_threads(), cache,
+                      "native" if native_kernels else "torch")
 
 
 def _cpu_name() -> str:
@@ -65,8 +68,11 @@ def _cpu_name() -> str:
 
 def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
                  dtype: str | None = None, threads: int | None = None,
-                 kv_cache_gb: float | None = None) -> Target:
-    """Load ``model`` into a ``TorchExecutor`` sized for ``grid``; check the device first."""
+                 kv_cache_gb: float | None = None, cpu_kernels: str = "auto") -> Target:
+    """Load ``model`` into a ``TorchExecutor`` sized for ``grid``; check the device first.
+
+    ``cpu_kernels`` as ``slopilot serve --cpu-kernels``: calibrate with what the engine
+    will serve with (the default of both is ``auto``)."""
     check_device(device)
     import numpy
     import scipy
@@ -85,7 +91,8 @@ def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
     plan = BlockPlan.for_specs(design(grid), 16)
     executor = TorchExecutor(path, device=device, dtype=dtype, kv_cache_gb=kv_cache_gb,
                              num_cpu_blocks=plan.cpu_blocks, block_size=16,
-                             max_model_len=grid.max_context, num_threads=threads)
+                             max_model_len=grid.max_context, num_threads=threads,
+                             cpu_kernels=cpu_kernels)
     dtype_name = str(executor.dtype).removeprefix("torch.")
     profile = ModelProfile(
         name=_model_name(model, path), num_layers=config.num_hidden_layers,
@@ -97,7 +104,8 @@ def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
         dtype_bytes=_DTYPE_BYTES[dtype_name])
     versions = {"torch": torch.__version__, "numpy": numpy.__version__,
                 "scipy": scipy.__version__}
-    return Target(executor, profile, device_info(device, threads), dtype_name,
+    return Target(executor, profile, device_info(device, threads, executor.kernels.native),
+                  dtype_name,
                   executor.num_gpu_blocks * executor.block_bytes, versions)
 
 

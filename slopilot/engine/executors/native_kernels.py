@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
+from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.engine.executors.kernels import TorchKernels
 
-KERNEL_CHOICES = ("auto", "native", "torch")
 KERNEL_DIR_ENV = "SLOPILOT_KERNEL_DIR"
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
 # A cold build of one file against torch's headers takes ~40-70 s on two busy cores.

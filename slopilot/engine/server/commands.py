@@ -15,11 +15,9 @@ from typing import Any
 
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
+from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-# native_kernels.KERNEL_CHOICES, spelt out: that module loads torch, and --help must not
-# (tests/engine/test_native_kernels.py holds the two equal).
-KERNEL_CHOICES = ("auto", "native", "torch")
 
 
 def register(subparsers: Any) -> None:

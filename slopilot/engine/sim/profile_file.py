@@ -9,7 +9,7 @@ executor's code, the date, the machine's load). Layout::
     schema: slopilot.dev/cost-profile/v1
     name: smollm2-135m on cpu
     created: 2026-05-01T12:00:00+00:00
-    device: {type: cpu, name: AMD EPYC (2 cores), threads: 1}
+    device: {type: cpu, name: AMD EPYC (2 cores), threads: 1, kernels: native}
     model: {name: smollm2-135m, dtype: float32, tp: 1, shape: {num_layers: 30, ...}}
     memory: {block_size: 16, kv_cache_bytes: 2147483648}
     cost_model:
@@ -95,7 +95,8 @@ def profile_to_dict(p: CostProfile) -> dict[str, Any]:
         "name": p.name,
         "created": p.created,
         "device": {"type": p.device.type, "name": p.device.name,
-                   "threads": p.device.threads, "cache_bytes": p.device.cache_bytes},
+                   "threads": p.device.threads, "cache_bytes": p.device.cache_bytes,
+                   **({} if p.device.kernels is None else {"kernels": p.device.kernels})},
         "model": {"name": p.model.name, "dtype": p.dtype, "tp": p.tp, "shape": shape},
         "memory": {"block_size": p.block_size, "kv_cache_bytes": p.kv_cache_bytes},
         "cost_model": {"form": p.form, "version": p.form_version, "hash": p.form_digest,

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from slopilot.engine.executors.kernel_modes import PROFILE_KERNELS
 from slopilot.engine.sim.profile_types import (
     DEVICE_TYPES,
     SCHEMA,
@@ -28,9 +29,11 @@ def parse_profile(doc: object, source: str) -> CostProfile:
     if schema != SCHEMA:
         raise r.error("schema", schema, f"not a slopilot cost profile (expected {SCHEMA!r})")
     dev = r.section("device")
+    kernels = (None if dev.raw("kernels", None) is None
+               else dev.text("kernels", choices=PROFILE_KERNELS))
     device = DeviceInfo(dev.text("type", choices=DEVICE_TYPES), dev.text("name"),
                         dev.optional_int("threads", lo=1, hi=4096),
-                        dev.optional_int("cache_bytes", lo=1, hi=1 << 40))
+                        dev.optional_int("cache_bytes", lo=1, hi=1 << 40), kernels)
     dev.finish()
     m = r.section("model")
     model_name = m.text("name")

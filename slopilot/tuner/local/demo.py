@@ -163,6 +163,16 @@ def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
     return with_profile(scenario, profile)
 
 
+def replica_kernels(twin: Scenario, opts: DemoOptions) -> str:
+    """What torch replicas run a step's non-GEMM ops on (``serve --cpu-kernels``): the
+    kernels the twin's profile was timed with, so that the twin and the replicas it
+    predicts run the same code; ``auto``, as serve chooses, when the profile does not
+    say (or there is none)."""
+    if opts.torch and twin.profile is not None and twin.profile.device.kernels is not None:
+        return twin.profile.device.kernels
+    return "auto"
+
+
 def twin_caveat(twin: Scenario, opts: DemoOptions) -> str:
     """What the twin's label leaves unsaid: a torch demo's uncalibrated twin is a GPU."""
     if not opts.torch or twin.profile is not None:
@@ -217,7 +227,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     say = Narrator(console, result.lines)
     with contextlib.ExitStack() as stack:
         worker = stack.enter_context(SimWorker())  # spawns while the replicas start
-        dep = _start_replicas(opts, scenario, work, stack, say)
+        dep = _start_replicas(opts, scenario, twin, work, stack, say)
         say(f"the controller's twin: {twin_label(twin)}{twin_caveat(twin, opts)}")
         sources = _start_metrics(opts, scenario, twin, dep, work, stack, say)
         tuner = ResumableTuner(open_study(None, f"{NAME}-live", seed=opts.seed),
@@ -242,14 +252,16 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     return result
 
 
-def _start_replicas(opts: DemoOptions, scenario: Scenario, work: Path,
+def _start_replicas(opts: DemoOptions, scenario: Scenario, twin: Scenario, work: Path,
                     stack: contextlib.ExitStack, say: Narrator) -> LocalDeployment:
+    kernels = replica_kernels(twin, opts)
     dep = stack.enter_context(LocalDeployment(
         NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas,
         scenario=opts.scenario_name, executor=opts.executor, model=opts.served_model,
-        knobs=scenario.engine, ready_timeout_s=180.0 if opts.torch else 60.0))
-    kind = (f"torch {opts.served_model} on the CPU" if opts.torch else
-            f"simulated {scenario.gpu} + {scenario.model} cost model, real time")
+        knobs=scenario.engine, ready_timeout_s=180.0 if opts.torch else 60.0,
+        cpu_kernels=kernels))
+    kind = (f"torch {opts.served_model} on the CPU, --cpu-kernels {kernels}" if opts.torch
+            else f"simulated {scenario.gpu} + {scenario.model} cost model, real time")
     say(f"{opts.replicas} replica(s) up ({kind}): {', '.join(dep.endpoints())}; "
         f"canary {dep.endpoints()[0]}")
     return dep

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.tuner.prometheus.adapters import ROLE_LABEL
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
@@ -82,7 +83,7 @@ class LocalDeployment:
                  scenario: str = "demo", executor: str = "simulated",
                  model: str = "smollm2-135m", knobs: Mapping[str, Any] | None = None,
                  drain_timeout_s: float = 5.0, ready_timeout_s: float = 60.0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", cpu_kernels: str = "auto") -> None:
         if not name or not name.replace("-", "").isalnum():
             raise ValueError(f"name={name!r}: use letters, digits and dashes")
         if not 1 <= replicas <= max_replicas:
@@ -90,6 +91,9 @@ class LocalDeployment:
                              "1 <= replicas <= max_replicas")
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r}: use one of {', '.join(EXECUTORS)}")
+        if cpu_kernels not in KERNEL_CHOICES:
+            raise ValueError(f"cpu_kernels={cpu_kernels!r}: use one of "
+                             f"{', '.join(KERNEL_CHOICES)}")
         if drain_timeout_s < 0 or not ready_timeout_s > 0:
             raise ValueError("drain_timeout_s must be >= 0 and ready_timeout_s > 0 seconds")
         # Refuse a bad knob here, before any process starts.
@@ -98,7 +102,7 @@ class LocalDeployment:
         self.max_replicas, self.scenario, self.executor, self.model = (
             max_replicas, scenario, executor, model)
         self.drain_timeout_s, self.ready_timeout_s = drain_timeout_s, ready_timeout_s
-        self.log_level = log_level
+        self.log_level, self.cpu_kernels = log_level, cpu_kernels
         self.token = secrets.token_urlsafe(24)
         self.targets_file = self.workdir / "targets.json"
         self._initial = replicas
@@ -134,7 +138,7 @@ class LocalDeployment:
         if self.executor == "simulated":
             cmd += ["--scenario", self.scenario]
         else:
-            cmd += ["--model", self.model]
+            cmd += ["--model", self.model, "--cpu-kernels", self.cpu_kernels]
         for knob, value in self._stable.items():
             cmd += ["--set", f"{knob}={value}"]
         return cmd

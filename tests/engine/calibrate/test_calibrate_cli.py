@@ -36,15 +36,22 @@ def test_quick_calibration_writes_a_profile_and_prints_the_table(
     assert p.device.cache_bytes is None or p.device.cache_bytes > 0
     assert p.fit.max_context == 256 and p.fit.repeats == 1 and p.fit.host_steps > 0
     assert "torch" in p.versions and p.executor_code and p.created
+    # What `slopilot serve` runs by default: the fused kernels where they build.
+    from slopilot.engine.executors.native_kernels import choose_kernels
+
+    auto = choose_kernels("auto", torch.device("cpu"), torch.float32)
+    assert p.device.kernels == ("native" if auto.native else "torch")
+    assert f"kernels {p.device.kernels}" in " ".join(printed.split())
     assert all(v >= 0 for v in p.executor.values()) and p.executor["iteration"] > 0
 
 
 def test_json_output(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tiny.yaml"
     assert main(["calibrate", "--model", str(tiny), "--out", str(out), "--json",
-                 "--no-host", *TINY_GRID]) == 0
+                 "--no-host", "--cpu-kernels", "torch", *TINY_GRID]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["profile"] == str(out) and doc["host"] == {}
+    assert doc["kernels"] == "torch" and load_profile(out).device.kernels == "torch"
     assert set(doc["classes"]) >= {"decode", "prefill"}
 
 

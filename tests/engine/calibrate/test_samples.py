@@ -20,7 +20,8 @@ QUICK = GridOptions(token_budget=256, max_num_seqs=16, max_context=512, quick=Tr
 
 def _target(executor: SyntheticExecutor, cache_bytes: int | None = None) -> Target:
     return Target(executor, get_model("tiny-random"),
-                  DeviceInfo("cpu", "synthetic", 1, cache_bytes), "float32", 64 * 1024 ** 2,
+                  DeviceInfo("cpu", "synthetic", 1, cache_bytes, "torch"), "float32",
+                  64 * 1024 ** 2,
                   {"torch": "test"})
 
 
@@ -30,6 +31,7 @@ def test_a_refit_from_the_file_gives_the_fit_of_the_run(tmp_path: Path) -> None:
     direct = fit_recording(rec, opts.tolerance)
     back = read_samples(write_samples(rec, tmp_path / "s.json"))
     assert back.samples == rec.samples and back.grid == rec.grid
+    assert back.device == rec.device and back.device.kernels == "torch"
     assert [h.rows for h in back.host_steps] == [h.rows for h in rec.host_steps]
     again = fit_recording(back, opts.tolerance)
     assert again.profile.executor == direct.profile.executor

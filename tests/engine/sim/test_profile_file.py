@@ -224,3 +224,28 @@ def test_a_profile_from_form_1_loads_with_a_warning_and_no_spill(tmp_path: Path)
         old = load_profile(path)
     assert old.device.cache_bytes is None and old.decode_knee_tokens is None
     assert old.coefficient("decode_spill") == 0.0 and old.coefficient("tokens") > 0
+
+
+def test_the_kernels_a_profile_was_timed_with_round_trip(tmp_path: Path) -> None:
+    import dataclasses
+
+    from slopilot.engine.sim.profile_file import DeviceInfo
+
+    for kernels in ("native", "torch"):
+        profile = dataclasses.replace(
+            make_profile("smollm2-135m", device="cpu"),
+            device=DeviceInfo("cpu", "Test CPU (2 cores)", 2, None, kernels))
+        assert load_profile(write_profile(profile, tmp_path / "p.yaml")).device.kernels \
+            == kernels
+    # A profile from before the field: the kernels are unknown, not guessed.
+    doc = yaml.safe_load(dump_profile(make_profile("smollm2-135m", device="cpu")))
+    assert "kernels" not in doc["device"]
+    assert load_profile(yaml.safe_dump(doc)).device.kernels is None
+
+
+@pytest.mark.parametrize("bad", ["avx512", "", 3, ["native"]])
+def test_unknown_kernels_in_a_profile_are_refused_by_name(bad: object) -> None:
+    doc = yaml.safe_load(dump_profile(make_profile("smollm2-135m", device="cpu")))
+    doc["device"]["kernels"] = bad
+    with pytest.raises(ProfileFileError, match=r"device\.kernels.*(native|non-empty)"):
+        load_profile(yaml.safe_dump(doc))
