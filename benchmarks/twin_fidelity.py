@@ -392,11 +392,13 @@ def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
     from slopilot.engine.executors.torch_runner import TorchExecutor
 
     bs = config.block_size
+    # The kernels the profile was timed with: the twin and the engine run the same code.
     return TorchExecutor(model, device=profile.device.type,
                          dtype=profile.dtype, num_gpu_blocks=cost.num_kv_blocks(bs),
                          num_cpu_blocks=cost.num_cpu_blocks(bs, config.swap_space_gb),
                          block_size=bs, max_model_len=context,
-                         num_threads=profile.device.threads)
+                         num_threads=profile.device.threads,
+                         cpu_kernels=profile.device.kernels or "auto")
 
 
 def real_engine(executor: Any, config: EngineConfig, cost: CalibratedCostModel,

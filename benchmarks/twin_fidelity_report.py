@@ -27,7 +27,8 @@ def print_report(reports: list[LoadReport], profile: CostProfile, path: Path) ->
 
     console = Console(width=140)
     runs = Table(title=f"Twin fidelity: {profile.name}, {profile.device.name}, "
-                       f"{profile.device.threads or '-'} thread(s); profile {path}")
+                       f"{profile.device.threads or '-'} thread(s), kernels "
+                       f"{profile.device.kernels or 'not recorded'}; profile {path}")
     for col in ("load", "req/s", "requests", "busy m/p", "tok/s m/p", "preempt m/p",
                 "iter err", "executor err", "iter median", "noise floor", "CPU share",
                 "load avg"):

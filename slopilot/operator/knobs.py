@@ -194,7 +194,7 @@ class TuningSpec:
 
 
 def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
-            applies: frozenset[str] | None, r: SpecReader) -> TuningSpec | None:
+                   applies: frozenset[str] | None, r: SpecReader) -> TuningSpec | None:
     """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
     ``running`` one; None (the problems in ``r`` say why) when there is no space."""
     window = r.get(spec, "spec.tuning.window", str, "2m")
