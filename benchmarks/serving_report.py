@@ -82,15 +82,19 @@ class Report:
             merged = merged.best_of(ceilings_from_json(raw))
         return Roofline(decode_step_cost(self.config, self.requests, self.context), merged)
 
-    def paired_fractions(self, name: str, key: str) -> list[float]:
-        """Per round, that round's floor over that round's step (``key`` of ``name``)."""
+    def round_rooflines(self, name: str, key: str) -> list[tuple[Roofline, float]]:
+        """Per round, that round's roofline and ``name``'s step in seconds (``key``)."""
         if self.config is None:
             return []
         cost = decode_step_cost(self.config, self.requests, self.context)
-        return [Roofline(cost, ceilings_from_json(raw)).fraction(run[key] / 1e3)
+        return [(Roofline(cost, ceilings_from_json(raw)), run[key] / 1e3)
                 for raw, run in zip(self.round_ceilings, self.rounds.get(name, []),
                                     strict=False)
                 if run.get(key)]
+
+    def paired_fractions(self, name: str, key: str) -> list[float]:
+        """Per round, that round's floor over that round's step (``key`` of ``name``)."""
+        return [roof.fraction(step_s) for roof, step_s in self.round_rooflines(name, key)]
 
     def fields(self) -> dict[str, float]:
         ours = self.rounds[OURS]
@@ -186,10 +190,7 @@ class Report:
           f"{c.stream_bytes_per_s / 1e9:.1f} GB/s; step {cost.flops / 1e9:.2f} GFLOP, "
           f"{cost.bytes / 1e6:.0f} MB -> compute floor {roof.compute_floor_s * 1e3:.1f} ms, "
           f"memory floor {roof.memory_floor_s * 1e3:.1f} ms: {roof.bound}-bound\n")
-        for i, (raw, run) in enumerate(zip(self.round_ceilings, self.rounds.get(OURS, []),
-                                           strict=False)):
-            round_roof = Roofline(cost, ceilings_from_json(raw))
-            if run.get("decode_step_ms"):
-                w(f"round {i + 1}: floor {round_roof.floor_s * 1e3:.1f} ms (measured after "
-                  f"slopilot's pass), its decode step {run['decode_step_ms']:.1f} ms, "
-                  f"fraction {round_roof.fraction(run['decode_step_ms'] / 1e3):.3f}\n")
+        for i, (round_roof, step_s) in enumerate(self.round_rooflines(OURS, "decode_step_ms")):
+            w(f"round {i + 1}: floor {round_roof.floor_s * 1e3:.1f} ms (measured after "
+              f"slopilot's pass), its decode step {step_s * 1e3:.1f} ms, "
+              f"fraction {round_roof.fraction(step_s):.3f}\n")
