@@ -47,7 +47,7 @@ def test_rms_norm_matches_torch_on_contiguous_and_strided_rows(native: TorchKern
     torch.testing.assert_close(got, REF.rms_norm(x, weight, 1e-5), rtol=2e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("inter", [1536, 20, 3])
+@pytest.mark.parametrize("inter", [1536, 40, 24, 20, 3])
 def test_silu_and_mul_is_bit_for_bit_torch(native: TorchKernels, inter: int) -> None:
     gate_up = torch.randn(5, 2 * inter, generator=_gen(2)) * 6
     assert torch.equal(native.silu_and_mul(gate_up), REF.silu_and_mul(gate_up))
@@ -223,17 +223,32 @@ def test_an_executor_with_an_unknown_kernel_mode_is_refused(loaded: LoadedModel)
         TorchExecutor(loaded, num_gpu_blocks=8, num_cpu_blocks=0, cpu_kernels="fast")
 
 
-def test_cpu_isa_reads_the_flags_line() -> None:
-    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 f16c\n"
-    assert nk.cpu_isa(avx2, "x86_64") == "avx2"
-    assert nk.cpu_isa("flags\t\t: fpu sse2 avx avx2\n", "x86_64") == "generic"  # no FMA
-    assert nk.cpu_isa(avx2, "aarch64") == "generic"
-    assert nk.cpu_isa("", "x86_64") == "generic"
+def test_the_build_follows_the_isa_torch_dispatches_to() -> None:
+    # The elementwise kernels round as torch's only when both run the same Vectorized
+    # body: on an AVX-512 CPU an AVX2 build's silu differs from torch's in the last bit.
+    assert nk.cpu_isa("AVX512", "x86_64") == "avx512"
+    assert nk.cpu_isa("AVX2", "x86_64") == "avx2"
+    assert nk.cpu_isa("DEFAULT", "x86_64") == "generic"
+    assert nk.cpu_isa("AVX512", "aarch64") == "generic"
+    assert nk.cpu_isa("SVE256", "aarch64") == "generic"
+    assert nk.cpu_isa() == nk.cpu_isa(torch.backends.cpu.get_cpu_capability())
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="the CPU has no AVX2")
+def test_a_torch_held_to_avx2_gets_the_avx2_build() -> None:
+    # ATEN_CPU_CAPABILITY caps torch's dispatch; the kernels must follow it down.
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run(
+        [sys.executable, "-c", "from slopilot.engine.executors import native_kernels as nk;"
+         " print(nk.cpu_isa())"], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "avx2"
 
 
 def test_a_build_names_its_source_torch_and_flags(tmp_path: Path) -> None:
     a, b = nk.kernel_build("avx2", tmp_path), nk.kernel_build("generic", tmp_path)
-    assert a.name != b.name and a.directory.parent == tmp_path
+    c = nk.kernel_build("avx512", tmp_path)
+    assert len({a.name, b.name, c.name}) == 3 and a.directory.parent == tmp_path
     assert a.library == a.directory / f"{a.name}.so"
     assert nk.kernel_build("avx2", tmp_path) == a
     with pytest.raises(nk.KernelError, match="isa='sse9'"):

@@ -41,11 +41,16 @@ BUILD_TIMEOUT_S = 900.0
 # OpenMP on: at::parallel_for is an inline OpenMP loop, serial in a build without it; it
 # then shares the OpenMP runtime torch already loaded (GNU's, or Intel's preloaded).
 _COMMON_FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp")
-# ATen's Vectorized<float> picks its AVX2 body (and Sleef's exp) only under these macros.
+# ATen's Vectorized<float> picks its AVX2 or AVX-512 body (and Sleef's exp) only under
+# these macros; the AVX-512 flags are the ones torch's own AVX512 kernels are built with.
 _ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"),
     "avx2": ("-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"),
     "generic": (),
 }
+# torch.backends.cpu.get_cpu_capability() -> the build whose Vectorized body is the same.
+_ISA_OF_CAPABILITY = {"AVX512": "avx512", "AVX2": "avx2"}
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +82,19 @@ class KernelChoice:
     reason: str
 
 
-def cpu_isa(cpuinfo: str | None = None, machine: str | None = None) -> str:
-    """``avx2`` on an x86-64 CPU with AVX2 and FMA, else ``generic``."""
+def cpu_isa(capability: str | None = None, machine: str | None = None) -> str:
+    """The build for the instruction set torch's own CPU kernels dispatch to.
+
+    Not the CPU's best: the elementwise kernels round exactly as torch's ops only when
+    both run the same Vectorized body (an AVX2 silu differs from torch's AVX-512 one in
+    the last bit), and ``ATEN_CPU_CAPABILITY`` may hold torch below what the CPU has.
+    ``capability`` defaults to ``torch.backends.cpu.get_cpu_capability()``.
+    """
     if (machine or platform.machine()) not in ("x86_64", "AMD64"):
         return "generic"
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return "generic"
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            break
-    return "avx2" if {"avx2", "fma"} <= flags else "generic"
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    return _ISA_OF_CAPABILITY.get(capability, "generic")
 
 
 def kernel_root() -> Path:

@@ -21,7 +21,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
-#if defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #endif
 
@@ -72,9 +72,19 @@ float dot(const float* a, const float* b, int64_t n) {
 
 // The eight sums of a0..a7's lanes, into out[0..7].
 void sum_lanes8(const Vec* a, float* out) {
-#if defined(CPU_CAPABILITY_AVX2)
-  const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  __m256 h[8];
+  for (int j = 0; j < 8; ++j) {
+#if defined(CPU_CAPABILITY_AVX512)
+    // A 16-lane vector folds to 8 lanes (its halves added), then goes on as AVX2's.
+    const __m512 v = a[j];
+    h[j] = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+#else
+    h[j] = a[j];
+#endif
+  }
+  const __m256 s01 = _mm256_hadd_ps(h[0], h[1]), s23 = _mm256_hadd_ps(h[2], h[3]);
+  const __m256 s45 = _mm256_hadd_ps(h[4], h[5]), s67 = _mm256_hadd_ps(h[6], h[7]);
   const __m256 lo4 = _mm256_hadd_ps(s01, s23), hi4 = _mm256_hadd_ps(s45, s67);
   // Each 128-bit half holds a partial sum of the eight: add the halves across.
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(lo4, hi4, 0x20),
@@ -143,10 +153,14 @@ Tensor silu_and_mul(const Tensor& gate_up) {
       const float* up = gate + inter;
       float* dst = op + r * inter;
       int64_t i = 0;
-      for (; i + kLanes <= inter; i += kLanes) {
-        Vec g = Vec::loadu(gate + i);
-        // torch's own CPU silu: x / (1 + exp(-x)).
-        ((g / (one + g.neg().exp())) * Vec::loadu(up + i)).store(dst + i);
+      // Two vectors a step, as torch's vectorized loop takes them: its tail (scalar exp,
+      // not Sleef's) then starts where this one's does, so the bits agree there too.
+      for (; i + 2 * kLanes <= inter; i += 2 * kLanes) {
+        for (int64_t j = i; j < i + 2 * kLanes; j += kLanes) {
+          Vec g = Vec::loadu(gate + j);
+          // torch's own CPU silu: x / (1 + exp(-x)).
+          ((g / (one + g.neg().exp())) * Vec::loadu(up + j)).store(dst + j);
+        }
       }
       for (; i < inter; ++i) {
         const float g = gate[i];
