@@ -12,12 +12,13 @@ COPY slopilot ./slopilot
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[engine,tuner,operator,postgres]"
 # The engine's fused CPU kernels, compiled here so engine pods need no compiler: one
-# build per instruction set, and each pod loads the one its CPU runs (native_kernels.py).
+# build per instruction set, and each pod loads the one torch dispatches to on its CPU
+# (native_kernels.cpu_isa).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/* \
     && PATH=/opt/venv/bin:$PATH /opt/venv/bin/python -m slopilot.engine.executors.native_kernels build \
-        --isa avx2 --isa generic --dir /opt/venv/share/slopilot-kernels
+        --isa avx512 --isa avx2 --isa generic --dir /opt/venv/share/slopilot-kernels
 
 FROM python:3.11.14-slim-bookworm AS runtime
 # A fixed numeric UID/GID: Kubernetes can only verify runAsNonRoot for numeric users.

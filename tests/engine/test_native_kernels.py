@@ -7,6 +7,7 @@ The first test to ask for the library builds it (once per source and torch versi
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -245,6 +246,11 @@ def test_a_torch_held_to_avx2_gets_the_avx2_build() -> None:
     assert out.stdout.split()[-1] == "avx2"
 
 
+def test_the_image_compiles_every_build_a_pod_may_load() -> None:
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert sorted(re.findall(r"--isa (\w+)", dockerfile)) == sorted(nk.ISAS)
+
+
 def test_a_build_names_its_source_torch_and_flags(tmp_path: Path) -> None:
     a, b = nk.kernel_build("avx2", tmp_path), nk.kernel_build("generic", tmp_path)
     c = nk.kernel_build("avx512", tmp_path)
@@ -305,6 +311,28 @@ def test_the_served_engine_names_its_kernels_in_its_info(tiny: Path, mode: str,
         assert backend.info["kernels"] == mode
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize(("dtype", "kernels"), [(None, "native"), ("bfloat16", "torch")])
+def test_the_served_engine_names_its_dtype_and_a_bfloat16_one_runs_torch_ops(
+        tiny: Path, dtype: str | None, kernels: str, native: TorchKernels) -> None:
+    from slopilot.engine.config import EngineConfig
+    from slopilot.engine.server.backends import build_torch
+
+    backend = build_torch(EngineConfig(), str(tiny), num_gpu_blocks=32, num_cpu_blocks=0,
+                          dtype=dtype)
+    try:
+        assert backend.info["dtype"] == (dtype or "float32")
+        assert backend.info["kernels"] == kernels  # the fused kernels are float32 only
+    finally:
+        backend.close()
+
+
+def test_the_dtype_names_are_the_executors() -> None:
+    from slopilot.engine.executors import torch_runner
+    from slopilot.engine.executors.kernel_modes import DTYPE_CHOICES
+
+    assert set(DTYPE_CHOICES) == {"auto", *torch_runner._DTYPES}
 
 
 def test_a_corrupt_library_falls_back_under_auto_and_fails_under_native(

@@ -49,6 +49,8 @@ _ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx2": ("-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"),
     "generic": (),
 }
+# Every build there is: the image compiles each, so no pod needs a compiler.
+ISAS = tuple(_ISA_FLAGS)
 # torch.backends.cpu.get_cpu_capability() -> the build whose Vectorized body is the same.
 _ISA_OF_CAPABILITY = {"AVX512": "avx512", "AVX2": "avx2"}
 
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="native_kernels", description=main.__doc__)
     sub = ap.add_subparsers(dest="verb", required=True)
     b = sub.add_parser("build", help="compile the CPU kernels (the image runs this)")
-    b.add_argument("--isa", action="append", choices=tuple(_ISA_FLAGS),
+    b.add_argument("--isa", action="append", choices=ISAS,
                    help="instruction set to build for (repeatable; default: this CPU's)")
     b.add_argument("--dir", type=Path, help=f"where to put them (default ${KERNEL_DIR_ENV} "
                    "or ~/.cache/slopilot/kernels)")

@@ -96,7 +96,8 @@ def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
                        executor.swap_time_per_block_s)
     name = served_model_name or str(model).rstrip("/").split("/")[-1]
     info = {"executor": "torch", "device": str(executor.device),
-            "kernels": "native" if executor.kernels.native else "torch"}
+            "kernels": "native" if executor.kernels.native else "torch",
+            "dtype": str(executor.dtype).removeprefix("torch.")}
     metrics, observer = _attach_metrics(engine, name, info)
     eos = executor.eos_token_ids
     return Backend(engine, executor.tokenizer, name, executor.max_model_len, metrics,

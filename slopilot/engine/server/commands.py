@@ -15,7 +15,7 @@ from typing import Any
 
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
-from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
+from slopilot.engine.executors.kernel_modes import DTYPE_CHOICES, KERNEL_CHOICES
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -46,6 +46,11 @@ def register(subparsers: Any) -> None:
                    help="torch executor: the fused float32 CPU kernels for the decode "
                    "step's norms, RoPE, SwiGLU, KV writes and decode attention when they "
                    "load or build (auto), required (native), or torch's own ops (torch)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="torch executor: the weights' and activations' type; auto is "
+                   "float32 on CPU (the fused kernels, float32 parity) and bfloat16 on "
+                   "CUDA. bfloat16 on a CPU with AMX or AVX512-BF16 decodes about 1.5x "
+                   "faster, with torch's ops (docs/operations.md)")
     p.add_argument("--config", type=Path, metavar="FILE.json",
                    help="a JSON object of engine knobs")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
@@ -117,6 +122,8 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):
         return _fail("--gpu, --sim-model and --tp apply to --executor simulated only")
+    if args.executor == "simulated" and args.dtype != "auto":
+        return _fail("--dtype applies to --executor torch only")
     if args.admin_port is not None and args.admin_port == args.port != 0:
         return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
                      "port of its own")
@@ -137,7 +144,8 @@ def _serve(args: argparse.Namespace) -> int:
             backend = build_torch(config, args.model, device=args.device,
                                   num_gpu_blocks=args.num_gpu_blocks,
                                   served_model_name=args.served_model_name,
-                                  cpu_kernels=args.cpu_kernels)
+                                  cpu_kernels=args.cpu_kernels,
+                                  dtype=None if args.dtype == "auto" else args.dtype)
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))
     binding.release_calling_thread()

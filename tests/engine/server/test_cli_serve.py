@@ -100,6 +100,8 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--gpu", "A100"], "apply to --executor simulated only"),
     (["--scenario", "no-such-scenario"], "no-such-scenario"),
     (["--port", "8123", "--admin-port", "8123"], "port of its own"),
+    (["--dtype", "bfloat16"], "--dtype applies to --executor torch only"),
+    (["--dtype", "float64"], "invalid choice: 'float64'"),
 ])
 def test_bad_options_exit_2(args: list[str], words: str) -> None:
     executor = ["--executor", "torch"] if "--gpu" in args else []
