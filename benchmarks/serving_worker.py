@@ -104,9 +104,12 @@ def run_engine(executor: TorchExecutor, prompts: list[list[int]], max_tokens: in
 
 
 def roofline(executor: TorchExecutor, batch: int, context: float) -> dict[str, Any]:
-    cost = decode_step_cost(executor.config, batch, context)
+    """The ceilings in the engine's own dtype: a bfloat16 step meets bfloat16 kernels."""
+    itemsize = torch.empty(0, dtype=executor.dtype).element_size()
+    cost = decode_step_cost(executor.config, batch, context, itemsize)
     ceilings = measure_ceilings(cost.gemms, executor.dtype)
-    return {"threads": ceilings.threads, "stream_bytes_per_s": ceilings.stream_bytes_per_s,
+    return {"dtype": str(executor.dtype).removeprefix("torch."),
+            "threads": ceilings.threads, "stream_bytes_per_s": ceilings.stream_bytes_per_s,
             "shapes": [{**asdict(s.gemm), "streamed": s.streamed_flops_per_s,
                         "in_cache": s.in_cache_flops_per_s, "kernel": s.kernel}
                        for s in ceilings.shapes]}
@@ -121,12 +124,14 @@ def main() -> int:
                     help="stop at the end-of-turn token (default: ignore_eos)")
     ap.add_argument("--cpu-kernels", choices=KERNEL_CHOICES, default="auto",
                     help="as `slopilot serve --cpu-kernels`")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="as `slopilot serve --dtype`")
     args = ap.parse_args()
     items = json.loads(args.requests.read_text())
     prompts = [item["prompt_token_ids"] for item in items]
     max_tokens = int(items[0]["max_tokens"])
     ignore_eos = not args.respect_eos
-    executor = TorchExecutor(args.model, dtype="float32", num_cpu_blocks=0,
+    executor = TorchExecutor(args.model, dtype=args.dtype, num_cpu_blocks=0,
                              cpu_kernels=args.cpu_kernels)
     print(f"kernels: {executor.kernels.reason}", file=sys.stderr, flush=True)
     run_engine(executor, prompts, max_tokens, ignore_eos, serial=False)  # warm-up

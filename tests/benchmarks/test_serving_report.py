@@ -1,0 +1,49 @@
+"""serving_report's arithmetic on made-up rounds: the bfloat16 worker is judged against
+a roofline in its own dtype, and its text against float32's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from slopilot.engine.executors.llama import LlamaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import serving_report as sr
+
+CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+
+
+def _ceilings(dtype: str, rate: float) -> dict[str, object]:
+    shapes = [{"name": g.name, "m": g.m, "k": g.k, "n": g.n, "count": g.count,
+               "streamed": rate, "in_cache": rate, "kernel": "k"}
+              for g in sr.decode_step_cost(CFG, 2, 10.0).gemms]
+    return {"dtype": dtype, "threads": 2, "stream_bytes_per_s": 1e12, "shapes": shapes}
+
+
+def _run(tok_s: float, step_ms: float, text: list[int]) -> dict[str, object]:
+    return {"tokens_per_s": tok_s, "decode_step_ms": step_ms, "ttft_p99_ms": 1.0,
+            "tbt_p99_ms": 1.0, "token_ids": {"r0": text, "r1": [1, 2]}}
+
+
+def test_the_bf16_row_has_its_own_roofline_and_is_read_against_float32_text() -> None:
+    report = sr.Report(requests=2, max_tokens=4, cpu="c", flags=(), load_at_start=0.0,
+                       config=CFG, context=10.0)
+    report.add_round(sr.OURS, 0, _run(100.0, 2.0, [5, 6]))
+    report.add_round(sr.BF16, 0, _run(150.0, 1.0, [5, 7]))
+    report.add_round(sr.PEER, 0, _run(80.0, 2.5, [5, 6]))
+    report.ceilings.append(_ceilings("float32", 1e9))
+    report.round_ceilings.append(_ceilings("float32", 1e9))
+    # bfloat16 kernels twice as fast: the same step time is half as good a fraction.
+    report.bf16_round_ceilings.append(_ceilings("bfloat16", 2e9))
+    fields = report.fields()
+    flops = sr.decode_step_cost(CFG, 2, 10.0).flops
+    assert fields["decode_roofline_frac"] == pytest.approx(flops / 1e9 / 2e-3)
+    assert fields["bf16_decode_roofline_frac"] == pytest.approx(flops / 2e9 / 1e-3)
+    assert fields["bf16_gain"] == pytest.approx(1.5)
+    assert fields["bf16_vs_vllm_ratio"] == pytest.approx(150 / 80)
+    assert fields["bf16_same_text_ratio"] == 0.5
+    assert fields["vllm_same_text_ratio"] == 1.0
