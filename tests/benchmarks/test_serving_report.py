@@ -36,9 +36,9 @@ def test_the_bf16_row_has_its_own_roofline_and_is_read_against_float32_text() ->
     report.add_round(sr.BF16, 0, _run(150.0, 1.0, [5, 7]))
     report.add_round(sr.PEER, 0, _run(80.0, 2.5, [5, 6]))
     report.ceilings.append(_ceilings("float32", 1e9))
-    report.round_ceilings.append(_ceilings("float32", 1e9))
+    report.round_ceilings[sr.OURS] = [_ceilings("float32", 1e9)]
     # bfloat16 kernels twice as fast: the same step time is half as good a fraction.
-    report.bf16_round_ceilings.append(_ceilings("bfloat16", 2e9))
+    report.round_ceilings[sr.BF16] = [_ceilings("bfloat16", 2e9)]
     fields = report.fields()
     flops = sr.decode_step_cost(CFG, 2, 10.0).flops
     assert fields["decode_roofline_frac"] == pytest.approx(flops / 1e9 / 2e-3)
