@@ -115,6 +115,8 @@ def test_a_failed_status_write_does_not_make_the_daemon_ask_a_second_trial(
         assert trial["number"] == 0 and cluster.status()["controller"]["trial"]["number"] == 0
         assert len(pods[0].puts) == 1, pods[0].put_bodies()  # one trial, applied once
         assert trial["canary_replica"] == "chat-pod-0"
+        # kopf posts events from a queue of its own: wait for the first, then count.
+        wait_for(lambda: cluster.events("Trial"), what="the Trial event")
         assert len(cluster.events("Trial")) == 1
 
 
