@@ -32,7 +32,6 @@ import torch
 from slopilot.engine.executors import kernels
 from slopilot.engine.executors.batch import FlatBatch, build_batch
 from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
-from slopilot.engine.executors.llama import MLP, Attention, LlamaForCausalLM
 from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.outputs import ScheduledSeq
 from slopilot.engine.request import SamplingParams
@@ -51,22 +50,6 @@ def decode_batch(executor: TorchExecutor, batch: int, context: int) -> FlatBatch
                        num_blocks=executor.kv_cache.num_gpu_blocks,
                        max_model_len=executor.max_model_len, device=executor.device,
                        prompt_logprob_targets={})
-
-
-def step_projections(model: LlamaForCausalLM) -> list[kernels.Projection]:
-    """The step's GEMMs in the order a step runs them: per layer qkv, o, gate_up, down;
-    then the head."""
-    found: list[kernels.Projection | None] = []
-    for module in model.modules():
-        if isinstance(module, Attention):
-            found += [module.qkv, module.out]
-        elif isinstance(module, MLP):
-            found += [module.gate_up, module.down]
-    found.append(model.head)
-    projs = [p for p in found if p is not None]
-    if len(projs) != len(found):
-        raise SystemExit("the model's projections are not fused; to_runtime() did not run")
-    return projs
 
 
 @contextmanager
@@ -92,7 +75,7 @@ def main() -> int:
     print(f"kernels: {executor.kernels.reason}")
     model = executor.model
     batch = decode_batch(executor, args.batch, args.context)
-    projs = step_projections(model)
+    projs = model.projections()
     inputs = {p.weight.shape[1]: torch.randn(args.batch, p.weight.shape[1]) for p in projs}
     canned: dict[tuple[int, int], torch.Tensor] = {}
     in_step = [0.0]

@@ -106,7 +106,7 @@ def run_engine(executor: TorchExecutor, prompts: list[list[int]], max_tokens: in
 def roofline(executor: TorchExecutor, batch: int, context: float) -> dict[str, Any]:
     """The ceilings in the engine's own dtype: a bfloat16 step meets bfloat16 kernels."""
     cost = decode_step_cost(executor.config, batch, context, executor.dtype.itemsize)
-    ceilings = measure_ceilings(cost.gemms, executor.dtype)
+    ceilings = measure_ceilings(cost.gemms, executor.dtype, engine=executor.kernels.kernels)
     return {"dtype": str(executor.dtype).removeprefix("torch."),
             "threads": ceilings.threads, "stream_bytes_per_s": ceilings.stream_bytes_per_s,
             "shapes": [{**asdict(s.gemm), "streamed": s.streamed_flops_per_s,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from slopilot.engine.executors import native_kernels as nk
-from slopilot.engine.executors.kernels import Rope, TorchKernels
+from slopilot.engine.executors.kernels import SMALL_BATCH_ROWS, Projection, Rope, TorchKernels
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
 from slopilot.engine.executors.torch_runner import ExecutorError, TorchExecutor
 from tests.engine.torch_driver import Plan, generate, greedy
@@ -187,6 +187,114 @@ def test_bad_inputs_are_errors_that_say_what_is_wrong(native: TorchKernels) -> N
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
             call()
+
+
+def _small_batch(native: TorchKernels) -> nk.NativeKernels:
+    assert isinstance(native, nk.NativeKernels)
+    if not native.small_batch_gemm:
+        pytest.skip(f"the small-batch GEMM is in the avx512 build; this one is {native.isa}")
+    return native
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "bias", "residual"), [
+    (24, 576, 960, False, True),     # SmolLM2's qkv at the bench's batch
+    (1, 1536, 576, False, False),    # one decode row
+    (40, 64, 577, True, True),       # two register blocks, a part panel
+    (23, 3, 5, True, False),         # fewer columns than a panel, a tiny K
+    (25, 17, 16, False, True),       # one full panel, a one-row second block
+])
+def test_the_small_batch_gemm_is_f_linear_to_float32_rounding(
+        native: TorchKernels, rows: int, k: int, n: int, bias: bool, residual: bool) -> None:
+    _small_batch(native)
+    gen = _gen(rows * 1000 + n)
+    weight = torch.randn(n, k, generator=gen)
+    x = torch.randn(rows, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    # A residual as the layer passes it: rows of a wider tensor (a stride of its own).
+    res = torch.randn(rows, n + 3, generator=gen)[:, :n] if residual else None
+    proj = Projection(weight, b)
+    proj.use_small_batch_kernel()
+    got = proj(x, res)
+    exact = torch.nn.functional.linear(x.double(), weight.double(),
+                                       None if b is None else b.double())
+    # The worst-case error of k float32 FMAs in a row and two adds: (k + 2) units of
+    # float32 rounding times the sum of the magnitudes that went in.
+    scale = torch.nn.functional.linear(x.double().abs(), weight.double().abs(),
+                                       None if b is None else b.double().abs())
+    if res is not None:
+        exact, scale = exact + res.double(), scale + res.double().abs()
+    bound = (k + 2) * 2.0 ** -24 * scale
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    assert bool(((got.double() - exact).abs() <= bound).all())
+    # And oneDNN's projection, within the two kernels' bounds of it.
+    onednn = Projection(weight, b)(x, res)
+    assert bool(((got.double() - onednn.double()).abs() <= 2 * bound).all())
+
+
+def test_projections_take_the_small_batch_gemm_only_up_to_its_rows(
+        native: TorchKernels) -> None:
+    _small_batch(native)
+    weight = torch.randn(48, 32, generator=_gen(3))
+    proj = Projection(weight, None)
+    assert not proj.small_batch
+    proj.use_small_batch_kernel()
+    assert proj.small_batch
+    small = torch.randn(SMALL_BATCH_ROWS, 32, generator=_gen(4))
+    large = torch.randn(SMALL_BATCH_ROWS + 1, 32, generator=_gen(5))
+    packed = torch.ops.slopilot.pack_small_batch_weight(weight)
+    assert torch.equal(proj(small),
+                       torch.ops.slopilot.small_batch_linear(small, packed, 48, None, None))
+    # Past SMALL_BATCH_ROWS the projection is oneDNN's, as before the kernel was added.
+    assert torch.equal(proj(large), Projection(weight, None)(large))
+    with pytest.raises(ValueError, match="CPU float32 only"):
+        Projection(weight.double(), None).use_small_batch_kernel()
+
+
+def test_the_small_batch_gemm_refuses_what_it_cannot_compute(native: TorchKernels) -> None:
+    small = _small_batch(native)
+    assert small.small_batch_gemm
+    weight = torch.randn(20, 8, generator=_gen(6))
+    packed = torch.ops.slopilot.pack_small_batch_weight(weight)
+    op = torch.ops.slopilot.small_batch_linear
+    x = torch.randn(4, 8, generator=_gen(7))
+    cases = [
+        (lambda: op(x.double(), packed, 20, None, None), "float32"),
+        (lambda: op(torch.randn(4, 9), packed, 20, None, None), "not a \\[panels, 9, 16\\]"),
+        (lambda: op(x, packed, 40, None, None), "n=40 does not fit 2 panels"),
+        (lambda: op(x, packed, 20, torch.ones(19), None), "bias has 19 elements"),
+        (lambda: op(x, packed, 20, None, torch.ones(4, 19)), "residual is"),
+        (lambda: op(x.t(), packed, 20, None, None), "contiguous"),
+        (lambda: torch.ops.slopilot.pack_small_batch_weight(torch.ones(0, 8)), "non-empty"),
+    ]
+    for call, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            call()
+
+
+def test_builds_without_avx512_keep_the_gemms_on_onednn(native: TorchKernels) -> None:
+    assert not nk.NativeKernels("avx2").small_batch_gemm
+    assert not nk.NativeKernels("generic").small_batch_gemm
+    proj = Projection(torch.randn(16, 8, generator=_gen(9)), None)
+    nk.NativeKernels("avx2").prepare([proj])
+    assert not proj.small_batch
+    assert isinstance(native, nk.NativeKernels)
+    if native.isa != "avx512":
+        # This machine's library is such a build: its op says so instead of computing.
+        with pytest.raises(RuntimeError, match="AVX-512 only"):
+            torch.ops.slopilot.small_batch_linear(
+                torch.ones(2, 8), torch.ones(1, 8, 16), 16, None, None)
+
+
+def test_an_avx512_executor_packs_every_projection(loaded: LoadedModel,
+                                                    native: TorchKernels) -> None:
+    _small_batch(native)
+    ex = TorchExecutor(loaded, num_gpu_blocks=16, num_cpu_blocks=0, cpu_kernels="native")
+    assert "small-batch GEMM" in ex.kernels.reason
+    assert all(p.small_batch for p in ex.model.projections())
+    torch_ex = TorchExecutor(loaded, num_gpu_blocks=16, num_cpu_blocks=0, cpu_kernels="torch")
+    assert "small-batch" not in torch_ex.kernels.reason
+    # The same loaded model, fused again for torch's ops: nothing of the native packing left.
+    assert not any(p.small_batch for p in torch_ex.model.projections())
 
 
 @pytest.fixture(scope="module")

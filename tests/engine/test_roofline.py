@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slopilot.engine.executors.kernels import TorchKernels
 from slopilot.engine.executors.llama import LlamaConfig
+from slopilot.engine.executors.native_kernels import NativeKernels
 from slopilot.engine.executors.roofline import (
-    KERNELS,
     Ceilings,
     Gemm,
     Roofline,
     ShapeRate,
     decode_step_cost,
+    gemm_kernels,
     has_native_bf16,
     measure_gemm,
     measure_stream_bandwidth,
@@ -71,5 +73,15 @@ def test_measurements_run_on_a_small_shape() -> None:
     rate = measure_gemm(Gemm("tiny", 4, 32, 48, 2), torch.float32, repeats=1,
                         stream_bytes=1 << 16)
     assert rate.streamed_flops_per_s > 0 and rate.in_cache_flops_per_s > 0
-    assert rate.kernel in KERNELS
+    assert rate.kernel in gemm_kernels()
     assert measure_stream_bandwidth(1 << 20, repeats=1) > 0
+
+
+def test_the_engines_own_gemm_is_among_the_kernels_measured() -> None:
+    # The floor is the best rate of any kernel on offer, the engine's own included: a
+    # faster engine GEMM lowers the floor it is judged against rather than escaping it.
+    assert list(gemm_kernels()) == ["engine projection", "torch.matmul", "F.linear"]
+    native = gemm_kernels(NativeKernels("avx512"))
+    assert list(native) == ["engine projection", "oneDNN projection", "torch.matmul",
+                            "F.linear"]
+    assert list(gemm_kernels(TorchKernels())) == list(gemm_kernels())

@@ -8,6 +8,7 @@ element for element, checked by tests/engine/test_kernels.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,12 @@ def _onednn_linear_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+# Rows up to which the native small-batch GEMM beats oneDNN's packed one. A sweep of
+# SmolLM2's gate_up shape with the weights streamed from DRAM (AVX-512 Xeon, 2 threads):
+# ahead at 1-32 rows (176 against 144 GFLOP/s at 24), level at 48, behind from 64.
+SMALL_BATCH_ROWS = 40
+
+
 class Projection:
     """``x @ weight.T + bias (+ residual)`` for the runtime, in the fastest layout the device has.
 
@@ -28,19 +35,42 @@ class Projection:
     SmolLM2's projections in about 0.7x the time of the plain GEMM, and a residual add
     runs as the GEMM's post-op instead of a pass of its own over the output. The plain
     parameters stay for state_dict, so CPU weights live twice; fine for the small
-    models a CPU serves.
+    models a CPU serves. Where the native AVX-512 kernels run, a third packing serves
+    batches of at most ``SMALL_BATCH_ROWS`` rows (``use_small_batch_kernel``).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight, self.bias = weight, bias
         self._packed: torch.Tensor | None = None
+        self._small: torch.Tensor | None = None
         if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
                 and _onednn_linear_available():
             # The batch-size hint only picks the blocking; any row count works after.
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
 
+    @property
+    def small_batch(self) -> bool:
+        """Whether batches of up to ``SMALL_BATCH_ROWS`` rows run the native GEMM."""
+        return self._small is not None
+
+    def use_small_batch_kernel(self) -> None:
+        """Pack the weight for ``torch.ops.slopilot.small_batch_linear`` as well.
+
+        Only for a CPU float32 weight, and only once the native library is loaded (its
+        AVX-512 build: the op refuses in any other).
+        """
+        if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
+            raise ValueError(f"the small-batch GEMM is CPU float32 only, not "
+                             f"{self.weight.device.type} {self.weight.dtype}")
+        self._small = torch.ops.slopilot.pack_small_batch_weight(self.weight.detach())
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         out: torch.Tensor
+        if (self._small is not None and x.dim() == 2 and 0 < x.shape[0] <= SMALL_BATCH_ROWS
+                and x.dtype == torch.float32):
+            out = torch.ops.slopilot.small_batch_linear(
+                x.contiguous(), self._small, self.weight.shape[0], self.bias, residual)
+            return out
         if self._packed is not None and x.dim() == 2 and x.shape[0] > 0:
             x = x.contiguous()
             if residual is not None:
@@ -125,6 +155,12 @@ class TorchKernels:
     """
 
     native = False
+
+    def prepare(self, projections: Iterable[Projection]) -> None:
+        """Ready the model's projections for these kernels, once, after fusing.
+
+        torch's ops need nothing; ``NativeKernels`` packs them for its small-batch GEMM.
+        """
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm(x, weight, eps)

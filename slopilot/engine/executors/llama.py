@@ -12,9 +12,9 @@ Parameter names follow Hugging Face's, so a checkpoint's state dict loads as it 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -296,6 +296,19 @@ class LlamaForCausalLM(nn.Module):
         h = ops.rms_norm(h[logits_rows], norm.weight, norm.eps)
         head = self.head if self.head is not None else Projection(self.lm_head.weight, None)
         return head(h).float()
+
+    def projections(self) -> list[Projection]:
+        """The fused projections in the order a step runs them: per layer qkv, o, gate_up
+        and down, then the head."""
+        found: list[Projection | None] = []
+        for layer in cast(Iterable[DecoderLayer], self.model.layers):
+            found += [layer.self_attn.qkv, layer.self_attn.out, layer.mlp.gate_up,
+                      layer.mlp.down]
+        found.append(self.head)
+        projs = [p for p in found if p is not None]
+        if len(projs) != len(found):
+            raise _not_fused("LlamaForCausalLM")
+        return projs
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
         """Move weights to device and dtype, keeping the RoPE frequencies in float32."""

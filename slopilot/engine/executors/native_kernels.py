@@ -25,13 +25,14 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
-from slopilot.engine.executors.kernels import TorchKernels
+from slopilot.engine.executors.kernels import Projection, TorchKernels
 
 KERNEL_DIR_ENV = "SLOPILOT_KERNEL_DIR"
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
@@ -186,9 +187,25 @@ def load_library(build: KernelBuild) -> None:
 
 
 class NativeKernels(TorchKernels):
-    """The layer's non-GEMM ops from the native library; prefill attention stays torch's."""
+    """The layer's non-GEMM ops from the native library; prefill attention stays torch's.
+
+    On the ``avx512`` build the GEMMs of small batches (decode's) run the library's
+    small-batch kernel too; larger ones stay oneDNN's (``kernels.SMALL_BATCH_ROWS``).
+    """
 
     native = True
+
+    def __init__(self, isa: str) -> None:
+        self.isa = isa
+
+    @property
+    def small_batch_gemm(self) -> bool:
+        return self.isa == "avx512"
+
+    def prepare(self, projections: Iterable[Projection]) -> None:
+        if self.small_batch_gemm:
+            for proj in projections:
+                proj.use_small_batch_kernel()
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dim() != 2:
@@ -246,7 +263,10 @@ def choose_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> Kerne
             raise
         log.warning("CPU kernels unavailable, running torch's ops: %s", exc)
         return KernelChoice(TorchKernels(), False, f"torch ops: {exc}")
-    return KernelChoice(NativeKernels(), True, f"native {build.isa} kernels ({build.library})")
+    kernels = NativeKernels(build.isa)
+    gemm = ", small-batch GEMM" if kernels.small_batch_gemm else ""
+    return KernelChoice(kernels, True,
+                        f"native {build.isa} kernels{gemm} ({build.library})")
 
 
 def main(argv: list[str] | None = None) -> int:

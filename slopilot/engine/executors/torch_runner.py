@@ -98,6 +98,7 @@ class TorchExecutor:
         except KernelError as exc:
             raise ExecutorError(str(exc)) from None
         self.model.ops = self.kernels.kernels
+        self.kernels.kernels.prepare(self.model.projections())
         cfg = self.loaded.config
         self.config = cfg
         self.block_size = block_size

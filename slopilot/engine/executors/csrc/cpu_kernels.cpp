@@ -6,7 +6,8 @@
 // Each op here replaces a handful of torch calls with one pass: RMSNorm, SwiGLU's
 // silu-and-mul, the rotary embedding (in place), the KV-cache write of keys and values,
 // decode attention read straight from the paged cache through each row's slots, and
-// greedy sampling's argmax.
+// greedy sampling's argmax. One GEMM is here too, for the few rows a decode step has:
+// see "Small-batch GEMM" below.
 // Elementwise ops keep the torch path's rounding (the build turns off FMA contraction);
 // the two reductions (RMSNorm's sum of squares, attention's softmax) sum in a different
 // order, so they match torch to float32 rounding, not bit for bit.
@@ -25,9 +26,11 @@
 #include <immintrin.h>
 #endif
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -455,6 +458,145 @@ Tensor argmax_rows(const Tensor& x) {
   return out;
 }
 
+// ---- Small-batch GEMM (AVX-512 builds) -----------------------------------------------
+// y = x @ W^T (+ bias) (+ residual) for the handful of rows a decode step has. At 24 rows
+// oneDNN's packed kernel runs these shapes at 125-170 GFLOP/s with their weights coming
+// from DRAM, half its in-cache rate: at so few rows every weight is used 24 times and then
+// never again, so the kernel waits on each weight's cache lines as it reaches them
+// (docs/benchmarks.md, "A small-batch GEMM"). This one keeps every row's accumulator in a
+// register (24 rows x 16 columns in 24 of the 32 zmm registers), walks the weight in
+// 16-column panels laid out K-major so each thread reads one sequential stream, and asks
+// for each panel's lines 4 KB ahead of use.
+//
+// The weight is packed once: [N, K] -> [ceil(N/16), K, 16], zero columns past N. Each
+// output is the in-order FMA chain over k, then + bias, then + residual (the order of
+// oneDNN's post-ops), so it matches F.linear to float32 rounding, not bit for bit.
+
+constexpr int64_t kPanel = 16;
+// Rows one register block holds: 24 accumulators, the weight vector, spares for the
+// compiler. More rows run as further blocks over the same panel, read again from cache.
+constexpr int64_t kBlockRows = 24;
+// Floats ahead of use to prefetch: 64 k-steps of a panel, 4 KB (a sweep gave 32-64
+// k-steps as the best distance on an AVX-512 Xeon; 16 and 256 were slower).
+constexpr int64_t kPrefetchAhead = 64 * kPanel;
+
+Tensor pack_small_batch_weight(const Tensor& weight) {
+  check_float_cpu(weight, "weight", 2);
+  const int64_t n = weight.size(0), k = weight.size(1);
+  TORCH_CHECK(n > 0 && k > 0, "weight must be non-empty, got [", n, ", ", k, "]");
+  const Tensor w = weight.contiguous();
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  Tensor packed = at::zeros({panels, k, kPanel}, weight.options());
+  const float* src = w.data_ptr<float>();
+  float* dst = packed.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t cols = std::min(kPanel, n - p * kPanel);
+      float* panel = dst + p * k * kPanel;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float* row = src + (p * kPanel + c) * k;
+        for (int64_t i = 0; i < k; ++i) panel[i * kPanel + c] = row[i];
+      }
+    }
+  });
+  return packed;
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Rows [0, ROWS) of x against one panel: y[r, 0:cols] = x[r] . panel (+ bias, + residual).
+template <int ROWS>
+void panel_block(const float* x, int64_t k, const float* panel, const float* bias,
+                 const float* residual, int64_t ldr, float* y, int64_t ldy, int64_t cols) {
+  __m512 acc[ROWS];
+#pragma GCC unroll 32
+  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    // Past the panel's end the hint reads the next panel's lines, which come next anyway.
+    _mm_prefetch(reinterpret_cast<const char*>(panel + i * kPanel + kPrefetchAhead),
+                 _MM_HINT_T0);
+    const __m512 w = _mm512_loadu_ps(panel + i * kPanel);
+#pragma GCC unroll 32
+    for (int r = 0; r < ROWS; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + i]), w, acc[r]);
+  }
+  const __mmask16 mask = cols >= kPanel ? static_cast<__mmask16>(0xFFFF)
+                                        : static_cast<__mmask16>((1u << cols) - 1);
+  const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+#pragma GCC unroll 32
+  for (int r = 0; r < ROWS; ++r) {
+    __m512 v = acc[r];
+    if (bias != nullptr) v = _mm512_add_ps(v, b);
+    if (residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + r * ldr));
+    _mm512_mask_storeu_ps(y + r * ldy, mask, v);
+  }
+}
+
+using PanelFn = void (*)(const float*, int64_t, const float*, const float*, const float*,
+                         int64_t, float*, int64_t, int64_t);
+
+template <size_t... R>
+constexpr std::array<PanelFn, sizeof...(R)> panel_table(std::index_sequence<R...>) {
+  return {&panel_block<static_cast<int>(R) + 1>...};
+}
+// panel_blocks[r - 1] handles r rows, 1 <= r <= kBlockRows.
+constexpr auto panel_blocks = panel_table(std::make_index_sequence<kBlockRows>{});
+#endif
+
+Tensor small_batch_linear(const Tensor& x, const Tensor& packed, int64_t n,
+                          const c10::optional<Tensor>& bias,
+                          const c10::optional<Tensor>& residual) {
+#if defined(CPU_CAPABILITY_AVX512)
+  check_float_cpu(x, "x", 2);
+  check_float_cpu(packed, "packed", 3);
+  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous(), "x and packed must be contiguous");
+  const int64_t rows = x.size(0), k = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k && packed.size(2) == kPanel,
+              "packed is ", packed.sizes(), ", not a [panels, ", k, ", 16] packing for rows of ",
+              k, "; pack with pack_small_batch_weight");
+  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, "n=", n,
+              " does not fit ", panels, " panels of 16 columns");
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    check_float_cpu(*bias, "bias", 1);
+    TORCH_CHECK(bias->size(0) == n, "bias has ", bias->size(0), " elements for ", n,
+                " columns");
+    bp = bias->data_ptr<float>();
+  }
+  const float* rp = nullptr;
+  int64_t ldr = 0;
+  if (residual.has_value() && residual->defined()) {
+    check_float_cpu(*residual, "residual", 2);
+    TORCH_CHECK(residual->size(0) == rows && residual->size(1) == n, "residual is ",
+                residual->sizes(), ", the output is [", rows, ", ", n, "]");
+    rp = residual->data_ptr<float>();
+    ldr = residual->stride(0);
+  }
+  Tensor y = at::empty({rows, n}, x.options());
+  if (rows == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  // A thread takes a run of consecutive panels: one sequential stream through the weight.
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
+      const float* panel = wp + p * k * kPanel;
+      for (int64_t r = 0; r < rows; r += kBlockRows) {
+        const int64_t block = std::min(kBlockRows, rows - r);
+        panel_blocks[block - 1](xp + r * k, k, panel, bp != nullptr ? bp + col : nullptr,
+                                rp != nullptr ? rp + r * ldr + col : nullptr, ldr,
+                                yp + r * n + col, n, cols);
+      }
+    }
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "small_batch_linear is built for AVX-512 only; this library is ",
+              "another build: run the projection through oneDNN (Projection does)");
+  return x;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(slopilot, m) {
@@ -466,6 +608,9 @@ TORCH_LIBRARY(slopilot, m) {
         "Tensor v) -> ()");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, "
         "Tensor lengths, float scale) -> Tensor");
+  m.def("pack_small_batch_weight(Tensor weight) -> Tensor");
+  m.def("small_batch_linear(Tensor x, Tensor packed, int n, Tensor? bias, "
+        "Tensor? residual) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(slopilot, CPU, m) {
@@ -475,4 +620,6 @@ TORCH_LIBRARY_IMPL(slopilot, CPU, m) {
   m.impl("rotary_", &rotary_);
   m.impl("write_kv", &write_kv);
   m.impl("decode_attention", &decode_attention);
+  m.impl("pack_small_batch_weight", &pack_small_batch_weight);
+  m.impl("small_batch_linear", &small_batch_linear);
 }
