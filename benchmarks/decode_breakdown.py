@@ -4,7 +4,8 @@ One SmolLM2-135M decode step at batch 24 (float32, the torch executor), timed in
 interleaved rounds against:
 
 - ``gemms``: the step's 121 projections alone, same prepacked weights, same order, on
-  fixed inputs (what the roofline's compute floor assumes a step costs);
+  fixed inputs (what the roofline's compute floor assumes a step costs); where the
+  kernels finish SwiGLU inside the gate/up GEMM, that fused call;
 - ``rest``: the step with every projection answered from a preallocated tensor, i.e.
   everything but the GEMMs (norms, RoPE, KV writes, attention, greedy sampling's argmax);
 - the same projections timed one by one inside real steps (``gemms_in_step``), and the
@@ -37,6 +38,7 @@ from slopilot.engine.outputs import ScheduledSeq
 from slopilot.engine.request import SamplingParams
 
 _call = kernels.Projection.__call__
+_swiglu = kernels.Projection.small_batch_swiglu
 
 
 def decode_batch(executor: TorchExecutor, batch: int, context: int) -> FlatBatch:
@@ -53,12 +55,23 @@ def decode_batch(executor: TorchExecutor, batch: int, context: int) -> FlatBatch
 
 
 @contextmanager
-def projections(replacement: Callable[..., torch.Tensor]) -> Iterator[None]:
+def projections(replacement: Callable[..., torch.Tensor],
+                swiglu: Callable[..., torch.Tensor | None]) -> Iterator[None]:
+    """Every GEMM of the step through ``replacement``, the MLP's fused SwiGLU GEMM (where
+    the kernels fuse it) through ``swiglu``."""
     kernels.Projection.__call__ = replacement  # type: ignore[method-assign]
+    kernels.Projection.small_batch_swiglu = swiglu  # type: ignore[method-assign]
     try:
         yield
     finally:
         kernels.Projection.__call__ = _call  # type: ignore[method-assign]
+        kernels.Projection.small_batch_swiglu = _swiglu  # type: ignore[method-assign]
+
+
+def run_as_step(proj: kernels.Projection, x: torch.Tensor) -> torch.Tensor:
+    """The projection as the step calls it: a SwiGLU one through its fused kernel if any."""
+    fused = proj.small_batch_swiglu(x) if proj.swiglu else None
+    return fused if fused is not None else proj(x)
 
 
 def main() -> int:
@@ -87,7 +100,7 @@ def main() -> int:
 
     def gemms() -> None:
         for p in projs:
-            p(inputs[p.weight.shape[1]])
+            run_as_step(p, inputs[p.weight.shape[1]])
 
     def canned_call(self: kernels.Projection, x: torch.Tensor,
                     residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,6 +109,14 @@ def main() -> int:
             canned[key] = torch.zeros(key)
         return canned[key] if residual is None else residual
 
+    def canned_swiglu(self: kernels.Projection, x: torch.Tensor) -> torch.Tensor | None:
+        if not (self.small_batch and x.shape[0] <= kernels.SMALL_BATCH_ROWS):
+            return None  # not fused here: canned_call answers the projection
+        key = (x.shape[0], self.weight.shape[0] // 2)
+        if key not in canned:
+            canned[key] = torch.zeros(key)
+        return canned[key]
+
     def timed_call(self: kernels.Projection, x: torch.Tensor,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
         start = time.perf_counter()
@@ -103,12 +124,18 @@ def main() -> int:
         in_step[0] += time.perf_counter() - start
         return out
 
+    def timed_swiglu(self: kernels.Projection, x: torch.Tensor) -> torch.Tensor | None:
+        start = time.perf_counter()
+        out = _swiglu(self, x)
+        in_step[0] += time.perf_counter() - start
+        return out
+
     def rest() -> None:
-        with projections(canned_call):
+        with projections(canned_call, canned_swiglu):
             step()
 
     def timed_step() -> None:
-        with projections(timed_call):
+        with projections(timed_call, timed_swiglu):
             step()
 
     runs: dict[str, Callable[[], None]] = {"step": step, "gemms": gemms, "rest": rest,

@@ -231,6 +231,48 @@ def test_the_small_batch_gemm_is_f_linear_to_float32_rounding(
     assert bool(((got.double() - onednn.double()).abs() <= 2 * bound).all())
 
 
+@pytest.mark.parametrize(("rows", "k", "inter"), [
+    (24, 576, 1536),   # SmolLM2's MLP at the bench's batch
+    (40, 33, 48),      # two row blocks; torch's silu ends its vector loop at 32 of 48
+    (3, 8, 20),        # a part panel in each half
+    (1, 16, 8),        # half a panel, all of it torch's scalar tail
+])
+def test_the_fused_swiglu_gemm_is_the_gemm_then_silu_and_mul_bit_for_bit(
+        native: TorchKernels, rows: int, k: int, inter: int) -> None:
+    _small_batch(native)
+    gen = _gen(rows + k + inter)
+    weight = torch.randn(2 * inter, k, generator=gen)
+    x = torch.randn(rows, k, generator=gen)
+    plain = torch.ops.slopilot.pack_small_batch_weight(weight, False)
+    halves = torch.ops.slopilot.pack_small_batch_weight(weight, True)
+    assert halves.shape == (-(-inter // 16), 2, k, 16)
+    gate_up = torch.ops.slopilot.small_batch_linear(x, plain, 2 * inter, None, None)
+    # The interleaved packing computes the same columns, in the same place, to the bit.
+    assert torch.equal(
+        torch.ops.slopilot.small_batch_linear(x, halves, 2 * inter, None, None), gate_up)
+    fused = torch.ops.slopilot.small_batch_swiglu(x, halves, inter)
+    assert torch.equal(fused, native.silu_and_mul(gate_up))
+    # And so torch's SwiGLU of that GEMM's output, which the native silu equals.
+    assert torch.equal(fused, REF.silu_and_mul(gate_up))
+    proj = Projection(weight, None, swiglu=True)
+    proj.use_small_batch_kernel()
+    assert torch.equal(native.swiglu(proj, x), fused)
+    assert torch.equal(REF.swiglu(proj, x), fused)   # the long way, same kernels
+
+
+def test_a_swiglu_projection_past_the_small_rows_goes_the_long_way(
+        native: TorchKernels) -> None:
+    _small_batch(native)
+    weight = torch.randn(64, 16, generator=_gen(11))
+    proj = Projection(weight, None, swiglu=True)
+    proj.use_small_batch_kernel()
+    large = torch.randn(SMALL_BATCH_ROWS + 1, 16, generator=_gen(12))
+    assert proj.small_batch_swiglu(large) is None
+    assert torch.equal(native.swiglu(proj, large),
+                       native.silu_and_mul(Projection(weight, None)(large)))
+    assert Projection(weight, None).small_batch_swiglu(large[:4]) is None  # not SwiGLU's
+
+
 def test_projections_take_the_small_batch_gemm_only_up_to_its_rows(
         native: TorchKernels) -> None:
     _small_batch(native)
@@ -265,6 +307,11 @@ def test_the_small_batch_gemm_refuses_what_it_cannot_compute(native: TorchKernel
         (lambda: op(x, packed, 20, None, torch.ones(4, 19)), "residual is"),
         (lambda: op(x.t(), packed, 20, None, None), "contiguous"),
         (lambda: torch.ops.slopilot.pack_small_batch_weight(torch.ones(0, 8)), "non-empty"),
+        (lambda: torch.ops.slopilot.pack_small_batch_weight(torch.ones(5, 8), True), "even"),
+        (lambda: torch.ops.slopilot.small_batch_swiglu(x, packed, 10), "two halves"),
+        (lambda: torch.ops.slopilot.small_batch_swiglu(
+            x, torch.ops.slopilot.pack_small_batch_weight(weight, True), 30),
+         "does not fit 2 interleaved panels"),
     ]
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
@@ -283,6 +330,9 @@ def test_builds_without_avx512_keep_the_gemms_on_onednn(native: TorchKernels) ->
         with pytest.raises(RuntimeError, match="AVX-512 only"):
             torch.ops.slopilot.small_batch_linear(
                 torch.ones(2, 8), torch.ones(1, 8, 16), 16, None, None)
+        with pytest.raises(RuntimeError, match="AVX-512 only"):
+            torch.ops.slopilot.small_batch_swiglu(
+                torch.ones(2, 8), torch.ones(1, 2, 8, 16), 16)
 
 
 def test_an_avx512_executor_packs_every_projection(loaded: LoadedModel,

@@ -39,8 +39,10 @@ class Projection:
     batches of at most ``SMALL_BATCH_ROWS`` rows (``use_small_batch_kernel``).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias = weight, bias
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *,
+                 swiglu: bool = False) -> None:
+        # swiglu: the output is [gate | up], SwiGLU's two halves (the MLP's fused one).
+        self.weight, self.bias, self.swiglu = weight, bias, swiglu
         self._packed: torch.Tensor | None = None
         self._small: torch.Tensor | None = None
         if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
@@ -57,17 +59,32 @@ class Projection:
         """Pack the weight for ``torch.ops.slopilot.small_batch_linear`` as well.
 
         Only for a CPU float32 weight, and only once the native library is loaded (its
-        AVX-512 build: the op refuses in any other).
+        AVX-512 build: the op refuses in any other). A SwiGLU projection packs its two
+        halves interleaved, so ``small_batch_swiglu`` can finish SwiGLU in the GEMM.
         """
         if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
             raise ValueError(f"the small-batch GEMM is CPU float32 only, not "
                              f"{self.weight.device.type} {self.weight.dtype}")
-        self._small = torch.ops.slopilot.pack_small_batch_weight(self.weight.detach())
+        self._small = torch.ops.slopilot.pack_small_batch_weight(self.weight.detach(),
+                                                                 self.swiglu)
+
+    def _small_rows(self, x: torch.Tensor) -> bool:
+        return (self._small is not None and x.dim() == 2
+                and 0 < x.shape[0] <= SMALL_BATCH_ROWS and x.dtype == torch.float32)
+
+    def small_batch_swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(gate) * up`` of this SwiGLU projection in one native call, where the
+        small-batch kernel takes ``x``; None where it does not (the caller goes the long
+        way: the projection, then ``silu_and_mul``)."""
+        if not (self.swiglu and self.bias is None and self._small_rows(x)):
+            return None
+        out: torch.Tensor = torch.ops.slopilot.small_batch_swiglu(
+            x.contiguous(), self._small, self.weight.shape[0] // 2)
+        return out
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         out: torch.Tensor
-        if (self._small is not None and x.dim() == 2 and 0 < x.shape[0] <= SMALL_BATCH_ROWS
-                and x.dtype == torch.float32):
+        if self._small_rows(x):
             out = torch.ops.slopilot.small_batch_linear(
                 x.contiguous(), self._small, self.weight.shape[0], self.bias, residual)
             return out
@@ -167,6 +184,10 @@ class TorchKernels:
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(gate_up)
+
+    def swiglu(self, gate_up: Projection, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of the MLP's fused projection over ``x``."""
+        return self.silu_and_mul(gate_up(x))
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor,
                signed_sin: torch.Tensor) -> torch.Tensor:

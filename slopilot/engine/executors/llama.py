@@ -232,7 +232,7 @@ class MLP(nn.Module):
         gate, up = weight.chunk(2)
         self.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
         self.up_proj.weight = nn.Parameter(up, requires_grad=False)
-        self.gate_up = Projection(weight, None)
+        self.gate_up = Projection(weight, None, swiglu=True)
         self.down = Projection(self.down_proj.weight.detach(), None)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor,
@@ -240,7 +240,7 @@ class MLP(nn.Module):
         """``residual + down(silu(gate(x)) * up(x))``."""
         if self.gate_up is None or self.down is None:
             raise _not_fused("MLP")
-        return self.down(ops.silu_and_mul(self.gate_up(x)), residual)
+        return self.down(ops.swiglu(self.gate_up, x), residual)
 
 
 class DecoderLayer(nn.Module):

@@ -217,6 +217,10 @@ class NativeKernels(TorchKernels):
         out: torch.Tensor = torch.ops.slopilot.silu_and_mul(gate_up)
         return out
 
+    def swiglu(self, gate_up: Projection, x: torch.Tensor) -> torch.Tensor:
+        fused = gate_up.small_batch_swiglu(x)
+        return fused if fused is not None else super().swiglu(gate_up, x)
+
     def rotate(self, x: torch.Tensor, cos: torch.Tensor,
                signed_sin: torch.Tensor) -> torch.Tensor:
         torch.ops.slopilot.rotary_(x, cos, signed_sin)

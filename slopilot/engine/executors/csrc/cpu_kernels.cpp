@@ -140,6 +140,15 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return out;
 }
 
+// torch's own CPU silu, x / (1 + exp(-x)), times up: the vector body (Sleef's exp) and
+// the scalar one torch's loop ends on.
+inline Vec silu_mul(Vec g, Vec up) { return (g / (Vec(1.f) + g.neg().exp())) * up; }
+inline float silu_mul(float g, float up) { return (g / (1.f + std::exp(-g))) * up; }
+
+// Where torch's vectorized silu loop hands a row of n over to its scalar tail: it takes
+// two vectors a step.
+inline int64_t silu_vector_end(int64_t n) { return n / (2 * kLanes) * (2 * kLanes); }
+
 // silu(gate) * up over the fused [gate | up] projection output [rows, 2 * inter].
 Tensor silu_and_mul(const Tensor& gate_up) {
   check_float_cpu(gate_up, "gate_up", 2);
@@ -149,26 +158,17 @@ Tensor silu_and_mul(const Tensor& gate_up) {
   const float* gp = gate_up.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t gs = gate_up.stride(0);
+  const int64_t vector_end = silu_vector_end(inter);
   at::parallel_for(0, rows, grain_rows(inter), [&](int64_t begin, int64_t end) {
-    const Vec one(1.f);
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = gp + r * gs;
       const float* up = gate + inter;
       float* dst = op + r * inter;
+      // The vector body up to where torch's ends, its scalar tail after: same bits.
       int64_t i = 0;
-      // Two vectors a step, as torch's vectorized loop takes them: its tail (scalar exp,
-      // not Sleef's) then starts where this one's does, so the bits agree there too.
-      for (; i + 2 * kLanes <= inter; i += 2 * kLanes) {
-        for (int64_t j = i; j < i + 2 * kLanes; j += kLanes) {
-          Vec g = Vec::loadu(gate + j);
-          // torch's own CPU silu: x / (1 + exp(-x)).
-          ((g / (one + g.neg().exp())) * Vec::loadu(up + j)).store(dst + j);
-        }
-      }
-      for (; i < inter; ++i) {
-        const float g = gate[i];
-        dst[i] = (g / (1.f + std::exp(-g))) * up[i];
-      }
+      for (; i < vector_end; i += kLanes)
+        silu_mul(Vec::loadu(gate + i), Vec::loadu(up + i)).store(dst + i);
+      for (; i < inter; ++i) dst[i] = silu_mul(gate[i], up[i]);
     }
   });
   return out;
@@ -468,8 +468,12 @@ Tensor argmax_rows(const Tensor& x) {
 // 16-column panels laid out K-major so each thread reads one sequential stream, and asks
 // for each panel's lines 4 KB ahead of use.
 //
-// The weight is packed once: [N, K] -> [ceil(N/16), K, 16], zero columns past N. Each
-// output is the in-order FMA chain over k, then + bias, then + residual (the order of
+// The weight is packed once: [N, K] -> [ceil(N/16), K, 16], zero columns past N. A fused
+// [gate | up] weight can be packed with its halves interleaved instead, [ceil(N/32), 2,
+// K, 16]: the gate panel of columns c..c+15 beside the up panel of the same columns, so
+// one thread has both in hand and SwiGLU runs in the GEMM's epilogue
+// (small_batch_swiglu) instead of a pass of its own over a [rows, N] intermediate.
+// Each output is the in-order FMA chain over k, then + bias, then + residual (the order of
 // oneDNN's post-ops), so it matches F.linear to float32 rounding, not bit for bit.
 
 constexpr int64_t kPanel = 16;
@@ -480,21 +484,43 @@ constexpr int64_t kBlockRows = 24;
 // k-steps as the best distance on an AVX-512 Xeon; 16 and 256 were slower).
 constexpr int64_t kPrefetchAhead = 64 * kPanel;
 
-Tensor pack_small_batch_weight(const Tensor& weight) {
+// One packed weight's panels: panel q's floats, and the output columns it makes.
+struct Panels {
+  const float* base;
+  int64_t k;
+  int64_t count;   // panels
+  int64_t n;       // output columns
+  int64_t half;    // interleaved halves: columns per half; 0 for the plain packing
+
+  const float* panel(int64_t q) const { return base + q * k * kPanel; }
+  int64_t column(int64_t q) const {
+    return half == 0 ? q * kPanel : (q % 2) * half + (q / 2) * kPanel;
+  }
+  int64_t columns(int64_t q) const {
+    const int64_t end = half == 0 ? n : (q % 2 + 1) * half;
+    return std::min(kPanel, end - column(q));
+  }
+};
+
+Tensor pack_small_batch_weight(const Tensor& weight, bool halves) {
   check_float_cpu(weight, "weight", 2);
   const int64_t n = weight.size(0), k = weight.size(1);
   TORCH_CHECK(n > 0 && k > 0, "weight must be non-empty, got [", n, ", ", k, "]");
+  TORCH_CHECK(!halves || n % 2 == 0, "a weight packed as two halves needs an even row "
+              "count, got ", n);
   const Tensor w = weight.contiguous();
-  const int64_t panels = (n + kPanel - 1) / kPanel;
-  Tensor packed = at::zeros({panels, k, kPanel}, weight.options());
+  const int64_t half = halves ? n / 2 : 0;
+  const int64_t count = halves ? 2 * ((half + kPanel - 1) / kPanel) : (n + kPanel - 1) / kPanel;
+  Tensor packed = halves ? at::zeros({count / 2, 2, k, kPanel}, weight.options())
+                         : at::zeros({count, k, kPanel}, weight.options());
+  const Panels panels{packed.data_ptr<float>(), k, count, n, half};
   const float* src = w.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t cols = std::min(kPanel, n - p * kPanel);
-      float* panel = dst + p * k * kPanel;
-      for (int64_t c = 0; c < cols; ++c) {
-        const float* row = src + (p * kPanel + c) * k;
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      float* panel = dst + q * k * kPanel;
+      for (int64_t c = 0; c < panels.columns(q); ++c) {
+        const float* row = src + (panels.column(q) + c) * k;
         for (int64_t i = 0; i < k; ++i) panel[i * kPanel + c] = row[i];
       }
     }
@@ -503,6 +529,8 @@ Tensor pack_small_batch_weight(const Tensor& weight) {
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
+static_assert(kLanes == kPanel, "a panel is one AVX-512 vector wide");
+
 // Rows [0, ROWS) of x against one panel: y[r, 0:cols] = x[r] . panel (+ bias, + residual).
 template <int ROWS>
 void panel_block(const float* x, int64_t k, const float* panel, const float* bias,
@@ -542,19 +570,32 @@ constexpr std::array<PanelFn, sizeof...(R)> panel_table(std::index_sequence<R...
 constexpr auto panel_blocks = panel_table(std::make_index_sequence<kBlockRows>{});
 #endif
 
+// The packed weight's panels, checked against x's rows and the n columns asked for.
+Panels checked_panels(const Tensor& x, const Tensor& packed, int64_t n) {
+  check_float_cpu(x, "x", 2);
+  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous(), "x and packed must be contiguous");
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kFloat,
+              "packed must be a CPU float32 tensor");
+  const int64_t k = x.size(1);
+  const bool halves = packed.dim() == 4;
+  const bool fits = halves ? packed.size(1) == 2 && packed.size(2) == k && packed.size(3) == kPanel
+                           : packed.dim() == 3 && packed.size(1) == k && packed.size(2) == kPanel;
+  TORCH_CHECK(fits, "packed is ", packed.sizes(), ", not a [panels, ", k, ", 16] or [pairs, 2, ",
+              k, ", 16] packing for rows of ", k, "; pack with pack_small_batch_weight");
+  const int64_t count = halves ? 2 * packed.size(0) : packed.size(0);
+  const int64_t per = halves ? n / 2 : n, slots = halves ? count / 2 : count;
+  TORCH_CHECK((!halves || n % 2 == 0) && per > (slots - 1) * kPanel && per <= slots * kPanel,
+              "n=", n, " does not fit ", count, halves ? " interleaved" : "",
+              " panels of 16 columns");
+  return Panels{packed.data_ptr<float>(), k, count, n, halves ? n / 2 : 0};
+}
+
 Tensor small_batch_linear(const Tensor& x, const Tensor& packed, int64_t n,
                           const c10::optional<Tensor>& bias,
                           const c10::optional<Tensor>& residual) {
 #if defined(CPU_CAPABILITY_AVX512)
-  check_float_cpu(x, "x", 2);
-  check_float_cpu(packed, "packed", 3);
-  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous(), "x and packed must be contiguous");
-  const int64_t rows = x.size(0), k = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) == k && packed.size(2) == kPanel,
-              "packed is ", packed.sizes(), ", not a [panels, ", k, ", 16] packing for rows of ",
-              k, "; pack with pack_small_batch_weight");
-  TORCH_CHECK(n > (panels - 1) * kPanel && n <= panels * kPanel, "n=", n,
-              " does not fit ", panels, " panels of 16 columns");
+  const Panels panels = checked_panels(x, packed, n);
+  const int64_t rows = x.size(0), k = panels.k;
   const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
     check_float_cpu(*bias, "bias", 1);
@@ -574,24 +615,69 @@ Tensor small_batch_linear(const Tensor& x, const Tensor& packed, int64_t n,
   Tensor y = at::empty({rows, n}, x.options());
   if (rows == 0) return y;
   const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // A thread takes a run of consecutive panels: one sequential stream through the weight.
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
-      const float* panel = wp + p * k * kPanel;
+  at::parallel_for(0, panels.count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t col = panels.column(q);
       for (int64_t r = 0; r < rows; r += kBlockRows) {
         const int64_t block = std::min(kBlockRows, rows - r);
-        panel_blocks[block - 1](xp + r * k, k, panel, bp != nullptr ? bp + col : nullptr,
+        panel_blocks[block - 1](xp + r * k, k, panels.panel(q),
+                                bp != nullptr ? bp + col : nullptr,
                                 rp != nullptr ? rp + r * ldr + col : nullptr, ldr,
-                                yp + r * n + col, n, cols);
+                                yp + r * n + col, n, panels.columns(q));
       }
     }
   });
   return y;
 #else
   TORCH_CHECK(false, "small_batch_linear is built for AVX-512 only; this library is ",
+              "another build: run the projection through oneDNN (Projection does)");
+  return x;
+#endif
+}
+
+// silu(x @ gate^T) * (x @ up^T), [rows, inter], from a [gate | up] weight packed as
+// interleaved halves: each pair of panels is computed into a small buffer and SwiGLU'd
+// there, as silu_and_mul rounds it (torch's vector body, and its scalar tail from the
+// same column), so only the [rows, inter] result is written.
+Tensor small_batch_swiglu(const Tensor& x, const Tensor& packed, int64_t inter) {
+#if defined(CPU_CAPABILITY_AVX512)
+  TORCH_CHECK(packed.dim() == 4, "small_batch_swiglu needs a weight packed as two halves "
+              "(pack_small_batch_weight(weight, True)), got ", packed.sizes());
+  const Panels panels = checked_panels(x, packed, 2 * inter);
+  const int64_t rows = x.size(0), k = panels.k, vector_end = silu_vector_end(inter);
+  Tensor y = at::empty({rows, inter}, x.options());
+  if (rows == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, panels.count / 2, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float gate[kBlockRows * kPanel];
+    alignas(64) float up[kBlockRows * kPanel];
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t col = pair * kPanel, cols = panels.columns(2 * pair);
+      for (int64_t r = 0; r < rows; r += kBlockRows) {
+        const int64_t block = std::min(kBlockRows, rows - r);
+        panel_blocks[block - 1](xp + r * k, k, panels.panel(2 * pair), nullptr, nullptr, 0,
+                                gate, kPanel, kPanel);
+        panel_blocks[block - 1](xp + r * k, k, panels.panel(2 * pair + 1), nullptr, nullptr,
+                                0, up, kPanel, kPanel);
+        for (int64_t b = 0; b < block; ++b) {
+          float* dst = yp + (r + b) * inter + col;
+          const float* g = gate + b * kPanel;
+          const float* u = up + b * kPanel;
+          if (col + kPanel <= vector_end) {
+            silu_mul(Vec::loadu(g), Vec::loadu(u)).store(dst);
+          } else {
+            for (int64_t c = 0; c < cols; ++c) dst[c] = silu_mul(g[c], u[c]);
+          }
+        }
+      }
+    }
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "small_batch_swiglu is built for AVX-512 only; this library is ",
               "another build: run the projection through oneDNN (Projection does)");
   return x;
 #endif
@@ -608,9 +694,10 @@ TORCH_LIBRARY(slopilot, m) {
         "Tensor v) -> ()");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor slots, "
         "Tensor lengths, float scale) -> Tensor");
-  m.def("pack_small_batch_weight(Tensor weight) -> Tensor");
+  m.def("pack_small_batch_weight(Tensor weight, bool halves=False) -> Tensor");
   m.def("small_batch_linear(Tensor x, Tensor packed, int n, Tensor? bias, "
         "Tensor? residual) -> Tensor");
+  m.def("small_batch_swiglu(Tensor x, Tensor packed, int inter) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(slopilot, CPU, m) {
@@ -622,4 +709,5 @@ TORCH_LIBRARY_IMPL(slopilot, CPU, m) {
   m.impl("decode_attention", &decode_attention);
   m.impl("pack_small_batch_weight", &pack_small_batch_weight);
   m.impl("small_batch_linear", &small_batch_linear);
+  m.impl("small_batch_swiglu", &small_batch_swiglu);
 }
