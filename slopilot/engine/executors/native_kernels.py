@@ -285,9 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--dir", type=Path, help=f"where to put them (default ${KERNEL_DIR_ENV} "
                    "or ~/.cache/slopilot/kernels)")
     args = ap.parse_args(argv)
-    for isa in args.isa or [cpu_isa()]:
+    isas = args.isa or [cpu_isa()]
+    for isa in isas:
         build = kernel_build(isa, args.dir)
-        print(compile_library(build))
+        # Building loads the library, and a process holds one (both would register
+        # torch.ops.slopilot): with several to build, each is built in a child of its own.
+        print(compile_library(build) if len(isas) == 1 else build_in_child(build))
     return 0
 
 
