@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -71,3 +75,15 @@ def test_an_unfused_layer_says_how_to_fix_it() -> None:
                       num_attention_heads=2, num_key_value_heads=1, head_dim=4)
     with pytest.raises(RuntimeError, match=r"call model.to_runtime\(device, dtype\) first"):
         Attention(cfg, 0)(torch.zeros(1, 8), None, torch.zeros(1, 8))  # type: ignore[arg-type]
+
+
+def test_a_bfloat16_projection_runs_where_onednn_cannot_pack_bfloat16() -> None:
+    # oneDNN packs bfloat16 only with AVX-512 or AVX-NE-CONVERT; held to AVX2 (as an AVX2
+    # CPU is) the packing raised, and a bfloat16 engine could not load its weights.
+    probe = ("import torch; from slopilot.engine.executors.kernels import Projection; "
+             "w = torch.ones(8, 4, dtype=torch.bfloat16); "
+             "print(Projection(w, None)(torch.ones(2, 4, dtype=torch.bfloat16)).sum().item())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=False, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "64.0"

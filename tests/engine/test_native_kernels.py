@@ -193,7 +193,7 @@ def test_bad_inputs_are_errors_that_say_what_is_wrong(native: TorchKernels) -> N
 def _small_batch(native: TorchKernels) -> nk.NativeKernels:
     assert isinstance(native, nk.NativeKernels)
     if not native.small_batch_gemm:
-        pytest.skip(f"the small-batch GEMM is in the avx512 build; this one is {native.isa}")
+        pytest.skip(f"the small-batch GEMM is in the avx512 and avx2 builds, not {native.isa}")
     return native
 
 
@@ -246,7 +246,9 @@ def test_the_fused_swiglu_gemm_is_the_gemm_then_silu_and_mul_bit_for_bit(
     x = torch.randn(rows, k, generator=gen)
     plain = torch.ops.slopilot.pack_small_batch_weight(weight, False)
     halves = torch.ops.slopilot.pack_small_batch_weight(weight, True)
-    assert halves.shape == (-(-inter // 16), 2, k, 16)
+    width = plain.shape[-1]   # one vector: 16 floats on AVX-512, 8 on AVX2
+    assert plain.shape == (-(-2 * inter // width), k, width)
+    assert halves.shape == (-(-inter // width), 2, k, width)
     gate_up = torch.ops.slopilot.small_batch_linear(x, plain, 2 * inter, None, None)
     # The interleaved packing computes the same columns, in the same place, to the bit.
     assert torch.equal(
@@ -298,12 +300,15 @@ def test_the_small_batch_gemm_refuses_what_it_cannot_compute(native: TorchKernel
     assert small.small_batch_gemm
     weight = torch.randn(20, 8, generator=_gen(6))
     packed = torch.ops.slopilot.pack_small_batch_weight(weight)
+    width = packed.shape[-1]
+    panels, pairs = -(-20 // width), -(-10 // width)
     op = torch.ops.slopilot.small_batch_linear
     x = torch.randn(4, 8, generator=_gen(7))
     cases = [
         (lambda: op(x.double(), packed, 20, None, None), "float32"),
-        (lambda: op(torch.randn(4, 9), packed, 20, None, None), "not a \\[panels, 9, 16\\]"),
-        (lambda: op(x, packed, 40, None, None), "n=40 does not fit 2 panels"),
+        (lambda: op(torch.randn(4, 9), packed, 20, None, None),
+         f"not a \\[panels, 9, {width}\\]"),
+        (lambda: op(x, packed, 40, None, None), f"n=40 does not fit {panels} panels"),
         (lambda: op(x, packed, 20, torch.ones(19), None), "bias has 19 elements"),
         (lambda: op(x, packed, 20, None, torch.ones(4, 19)), "residual is"),
         (lambda: op(x.t(), packed, 20, None, None), "contiguous"),
@@ -312,31 +317,32 @@ def test_the_small_batch_gemm_refuses_what_it_cannot_compute(native: TorchKernel
         (lambda: torch.ops.slopilot.small_batch_swiglu(x, packed, 10), "two halves"),
         (lambda: torch.ops.slopilot.small_batch_swiglu(
             x, torch.ops.slopilot.pack_small_batch_weight(weight, True), 30),
-         "does not fit 2 interleaved panels"),
+         f"does not fit {2 * pairs} interleaved panels"),
     ]
     for call, message in cases:
         with pytest.raises(RuntimeError, match=message):
             call()
 
 
-def test_builds_without_avx512_keep_the_gemms_on_onednn(native: TorchKernels) -> None:
-    assert not nk.NativeKernels("avx2").small_batch_gemm
+def test_the_generic_build_keeps_the_gemms_on_onednn(native: TorchKernels) -> None:
+    assert nk.NativeKernels("avx512").small_batch_gemm
+    assert nk.NativeKernels("avx2").small_batch_gemm
     assert not nk.NativeKernels("generic").small_batch_gemm
     proj = Projection(torch.randn(16, 8, generator=_gen(9)), None)
-    nk.NativeKernels("avx2").prepare([proj])
+    nk.NativeKernels("generic").prepare([proj])
     assert not proj.small_batch
     assert isinstance(native, nk.NativeKernels)
-    if native.isa != "avx512":
-        # This machine's library is such a build: its op says so instead of computing.
-        with pytest.raises(RuntimeError, match="AVX-512 only"):
+    if native.isa == "generic":
+        # This machine's library is that build: its ops say so instead of computing.
+        with pytest.raises(RuntimeError, match="AVX-512 and AVX2 only"):
             torch.ops.slopilot.small_batch_linear(
-                torch.ones(2, 8), torch.ones(1, 8, 16), 16, None, None)
-        with pytest.raises(RuntimeError, match="AVX-512 only"):
+                torch.ones(2, 8), torch.ones(1, 8, 8), 8, None, None)
+        with pytest.raises(RuntimeError, match="AVX-512 and AVX2 only"):
             torch.ops.slopilot.small_batch_swiglu(
-                torch.ones(2, 8), torch.ones(1, 2, 8, 16), 16)
+                torch.ones(2, 8), torch.ones(1, 2, 8, 8), 8)
 
 
-def test_an_avx512_executor_packs_every_projection(loaded: LoadedModel,
+def test_a_native_executor_packs_every_projection(loaded: LoadedModel,
                                                     native: TorchKernels) -> None:
     _small_batch(native)
     ex = TorchExecutor(loaded, num_gpu_blocks=16, num_cpu_blocks=0, cpu_kernels="native")
@@ -453,7 +459,6 @@ def test_the_build_command_compiles_into_the_directory_given(tmp_path: Path) -> 
     builds = [nk.kernel_build(isa, tmp_path) for isa in ("generic", "avx2")]
     assert done.stdout.split() == [str(b.library) for b in builds]
     assert all(b.library.is_file() for b in builds)
-    build = builds[0]
     # A fresh process loads it and runs an op without building anything.
     probe = ("import torch; from slopilot.engine.executors import native_kernels as nk; "
              f"from pathlib import Path; nk.load_library(nk.kernel_build('generic', "

@@ -23,8 +23,15 @@ def _onednn_linear_available() -> bool:
 
 # Rows up to which the native small-batch GEMM beats oneDNN's packed one. A sweep of
 # SmolLM2's gate_up shape with the weights streamed from DRAM (AVX-512 Xeon, 2 threads):
-# ahead at 1-32 rows (176 against 144 GFLOP/s at 24), level at 48, behind from 64.
+# ahead at 1-32 rows (176 against 144 GFLOP/s at 24), level at 48, behind from 64; both
+# held to AVX2 on that CPU, level at 40.
 SMALL_BATCH_ROWS = 40
+
+
+def _onednn_bf16_available() -> bool:
+    # oneDNN packs bfloat16 only with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere
+    # (an AVX2 CPU) _reorder_linear_weight raises, and F.linear is the way.
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Projection:
@@ -35,8 +42,8 @@ class Projection:
     SmolLM2's projections in about 0.7x the time of the plain GEMM, and a residual add
     runs as the GEMM's post-op instead of a pass of its own over the output. The plain
     parameters stay for state_dict, so CPU weights live twice; fine for the small
-    models a CPU serves. Where the native AVX-512 kernels run, a third packing serves
-    batches of at most ``SMALL_BATCH_ROWS`` rows (``use_small_batch_kernel``).
+    models a CPU serves. Where the native AVX-512 or AVX2 kernels run, a third packing
+    serves batches of at most ``SMALL_BATCH_ROWS`` rows (``use_small_batch_kernel``).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *,
@@ -45,8 +52,9 @@ class Projection:
         self.weight, self.bias, self.swiglu = weight, bias, swiglu
         self._packed: torch.Tensor | None = None
         self._small: torch.Tensor | None = None
-        if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
-                and _onednn_linear_available():
+        if weight.device.type == "cpu" and _onednn_linear_available() and (
+                weight.dtype == torch.float32
+                or (weight.dtype == torch.bfloat16 and _onednn_bf16_available())):
             # The batch-size hint only picks the blocking; any row count works after.
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 32)
 
@@ -59,7 +67,7 @@ class Projection:
         """Pack the weight for ``torch.ops.slopilot.small_batch_linear`` as well.
 
         Only for a CPU float32 weight, and only once the native library is loaded (its
-        AVX-512 build: the op refuses in any other). A SwiGLU projection packs its two
+        AVX-512 or AVX2 build: the generic one refuses). A SwiGLU projection packs its two
         halves interleaved, so ``small_batch_swiglu`` can finish SwiGLU in the GEMM.
         """
         if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:

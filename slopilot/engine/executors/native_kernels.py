@@ -189,8 +189,9 @@ def load_library(build: KernelBuild) -> None:
 class NativeKernels(TorchKernels):
     """The layer's non-GEMM ops from the native library; prefill attention stays torch's.
 
-    On the ``avx512`` build the GEMMs of small batches (decode's) run the library's
-    small-batch kernel too; larger ones stay oneDNN's (``kernels.SMALL_BATCH_ROWS``).
+    On the ``avx512`` and ``avx2`` builds the GEMMs of small batches (decode's) run the
+    library's small-batch kernel too; larger ones stay oneDNN's
+    (``kernels.SMALL_BATCH_ROWS``).
     """
 
     native = True
@@ -200,7 +201,7 @@ class NativeKernels(TorchKernels):
 
     @property
     def small_batch_gemm(self) -> bool:
-        return self.isa == "avx512"
+        return self.isa in ("avx512", "avx2")
 
     def prepare(self, projections: Iterable[Projection]) -> None:
         if self.small_batch_gemm:

@@ -476,13 +476,22 @@ Tensor argmax_rows(const Tensor& x) {
 // Each output is the in-order FMA chain over k, then + bias, then + residual (the order of
 // oneDNN's post-ops), so it matches F.linear to float32 rounding, not bit for bit.
 
-constexpr int64_t kPanel = 16;
-// Rows one register block holds: 24 accumulators, the weight vector, spares for the
-// compiler. More rows run as further blocks over the same panel, read again from cache.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#define SLOPILOT_SMALL_BATCH_GEMM 1
+#endif
+// A panel is one vector wide: 16 columns on AVX-512, 8 on AVX2.
+constexpr int64_t kPanel = kLanes;
+// Rows one register block holds: an accumulator each, plus the weight vector and spares
+// for the compiler, out of 32 zmm (AVX-512) or 16 ymm (AVX2) registers. More rows run as
+// further blocks over the same panel, read again from cache.
+#if defined(CPU_CAPABILITY_AVX512)
 constexpr int64_t kBlockRows = 24;
-// Floats ahead of use to prefetch: 64 k-steps of a panel, 4 KB (a sweep gave 32-64
-// k-steps as the best distance on an AVX-512 Xeon; 16 and 256 were slower).
-constexpr int64_t kPrefetchAhead = 64 * kPanel;
+#else
+constexpr int64_t kBlockRows = 12;
+#endif
+// Floats ahead of use to prefetch, 4 KB (a sweep on an AVX-512 Xeon gave 32-64 k-steps
+// of a 16-wide panel as the best distance; 16 and 256 were slower).
+constexpr int64_t kPrefetchAhead = 1024;
 
 // One packed weight's panels: panel q's floats, and the output columns it makes.
 struct Panels {
@@ -528,34 +537,37 @@ Tensor pack_small_batch_weight(const Tensor& weight, bool halves) {
   return packed;
 }
 
-#if defined(CPU_CAPABILITY_AVX512)
-static_assert(kLanes == kPanel, "a panel is one AVX-512 vector wide");
-
+#if defined(SLOPILOT_SMALL_BATCH_GEMM)
 // Rows [0, ROWS) of x against one panel: y[r, 0:cols] = x[r] . panel (+ bias, + residual).
 template <int ROWS>
 void panel_block(const float* x, int64_t k, const float* panel, const float* bias,
                  const float* residual, int64_t ldr, float* y, int64_t ldy, int64_t cols) {
-  __m512 acc[ROWS];
+  Vec acc[ROWS];
 #pragma GCC unroll 32
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < ROWS; ++r) acc[r] = Vec(0.f);
   for (int64_t i = 0; i < k; ++i) {
     // Past the panel's end the hint reads the next panel's lines, which come next anyway.
     _mm_prefetch(reinterpret_cast<const char*>(panel + i * kPanel + kPrefetchAhead),
                  _MM_HINT_T0);
-    const __m512 w = _mm512_loadu_ps(panel + i * kPanel);
+    const Vec w = Vec::loadu(panel + i * kPanel);
 #pragma GCC unroll 32
-    for (int r = 0; r < ROWS; ++r)
-      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * k + i]), w, acc[r]);
+    for (int r = 0; r < ROWS; ++r) acc[r] = at::vec::fmadd(Vec(x[r * k + i]), w, acc[r]);
   }
-  const __mmask16 mask = cols >= kPanel ? static_cast<__mmask16>(0xFFFF)
-                                        : static_cast<__mmask16>((1u << cols) - 1);
-  const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  const bool whole = cols >= kPanel;
+  const auto load = [whole, cols](const float* p) {
+    return whole ? Vec::loadu(p) : Vec::loadu(p, cols);
+  };
+  const Vec b = bias != nullptr ? load(bias) : Vec(0.f);
 #pragma GCC unroll 32
   for (int r = 0; r < ROWS; ++r) {
-    __m512 v = acc[r];
-    if (bias != nullptr) v = _mm512_add_ps(v, b);
-    if (residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + r * ldr));
-    _mm512_mask_storeu_ps(y + r * ldy, mask, v);
+    Vec v = acc[r];
+    if (bias != nullptr) v = v + b;
+    if (residual != nullptr) v = v + load(residual + r * ldr);
+    if (whole) {
+      v.store(y + r * ldy);
+    } else {
+      v.store(y + r * ldy, cols);
+    }
   }
 }
 
@@ -580,20 +592,21 @@ Panels checked_panels(const Tensor& x, const Tensor& packed, int64_t n) {
   const bool halves = packed.dim() == 4;
   const bool fits = halves ? packed.size(1) == 2 && packed.size(2) == k && packed.size(3) == kPanel
                            : packed.dim() == 3 && packed.size(1) == k && packed.size(2) == kPanel;
-  TORCH_CHECK(fits, "packed is ", packed.sizes(), ", not a [panels, ", k, ", 16] or [pairs, 2, ",
-              k, ", 16] packing for rows of ", k, "; pack with pack_small_batch_weight");
+  TORCH_CHECK(fits, "packed is ", packed.sizes(), ", not a [panels, ", k, ", ", kPanel,
+              "] or [pairs, 2, ", k, ", ", kPanel, "] packing for rows of ", k,
+              "; pack with pack_small_batch_weight");
   const int64_t count = halves ? 2 * packed.size(0) : packed.size(0);
   const int64_t per = halves ? n / 2 : n, slots = halves ? count / 2 : count;
   TORCH_CHECK((!halves || n % 2 == 0) && per > (slots - 1) * kPanel && per <= slots * kPanel,
               "n=", n, " does not fit ", count, halves ? " interleaved" : "",
-              " panels of 16 columns");
+              " panels of ", kPanel, " columns");
   return Panels{packed.data_ptr<float>(), k, count, n, halves ? n / 2 : 0};
 }
 
 Tensor small_batch_linear(const Tensor& x, const Tensor& packed, int64_t n,
                           const c10::optional<Tensor>& bias,
                           const c10::optional<Tensor>& residual) {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(SLOPILOT_SMALL_BATCH_GEMM)
   const Panels panels = checked_panels(x, packed, n);
   const int64_t rows = x.size(0), k = panels.k;
   const float* bp = nullptr;
@@ -631,8 +644,8 @@ Tensor small_batch_linear(const Tensor& x, const Tensor& packed, int64_t n,
   });
   return y;
 #else
-  TORCH_CHECK(false, "small_batch_linear is built for AVX-512 only; this library is ",
-              "another build: run the projection through oneDNN (Projection does)");
+  TORCH_CHECK(false, "small_batch_linear is built for AVX-512 and AVX2 only; this library "
+              "is the generic build: run the projection through oneDNN (Projection does)");
   return x;
 #endif
 }
@@ -642,7 +655,7 @@ Tensor small_batch_linear(const Tensor& x, const Tensor& packed, int64_t n,
 // there, as silu_and_mul rounds it (torch's vector body, and its scalar tail from the
 // same column), so only the [rows, inter] result is written.
 Tensor small_batch_swiglu(const Tensor& x, const Tensor& packed, int64_t inter) {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(SLOPILOT_SMALL_BATCH_GEMM)
   TORCH_CHECK(packed.dim() == 4, "small_batch_swiglu needs a weight packed as two halves "
               "(pack_small_batch_weight(weight, True)), got ", packed.sizes());
   const Panels panels = checked_panels(x, packed, 2 * inter);
@@ -677,8 +690,8 @@ Tensor small_batch_swiglu(const Tensor& x, const Tensor& packed, int64_t inter) 
   });
   return y;
 #else
-  TORCH_CHECK(false, "small_batch_swiglu is built for AVX-512 only; this library is ",
-              "another build: run the projection through oneDNN (Projection does)");
+  TORCH_CHECK(false, "small_batch_swiglu is built for AVX-512 and AVX2 only; this library "
+              "is the generic build: run the projection through oneDNN (Projection does)");
   return x;
 #endif
 }
