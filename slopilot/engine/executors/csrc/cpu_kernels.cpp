@@ -458,21 +458,22 @@ Tensor argmax_rows(const Tensor& x) {
   return out;
 }
 
-// ---- Small-batch GEMM (AVX-512 builds) -----------------------------------------------
+// ---- Small-batch GEMM (AVX-512 and AVX2 builds) ----------------------------------------
 // y = x @ W^T (+ bias) (+ residual) for the handful of rows a decode step has. At 24 rows
 // oneDNN's packed kernel runs these shapes at 125-170 GFLOP/s with their weights coming
 // from DRAM, half its in-cache rate: at so few rows every weight is used 24 times and then
 // never again, so the kernel waits on each weight's cache lines as it reaches them
 // (docs/benchmarks.md, "A small-batch GEMM"). This one keeps every row's accumulator in a
-// register (24 rows x 16 columns in 24 of the 32 zmm registers), walks the weight in
-// 16-column panels laid out K-major so each thread reads one sequential stream, and asks
-// for each panel's lines 4 KB ahead of use.
+// register (24 rows x 16 columns in 24 of the 32 zmm registers; 12 x 8 in 16 ymm on
+// AVX2), walks the weight in one-vector-wide panels laid out K-major so each thread reads
+// one sequential stream, and asks for each panel's lines 4 KB ahead of use.
 //
-// The weight is packed once: [N, K] -> [ceil(N/16), K, 16], zero columns past N. A fused
-// [gate | up] weight can be packed with its halves interleaved instead, [ceil(N/32), 2,
-// K, 16]: the gate panel of columns c..c+15 beside the up panel of the same columns, so
-// one thread has both in hand and SwiGLU runs in the GEMM's epilogue
-// (small_batch_swiglu) instead of a pass of its own over a [rows, N] intermediate.
+// The weight is packed once: [N, K] -> [ceil(N/W), K, W] for a panel width W (16 or 8),
+// zero columns past N. A fused [gate | up] weight can be packed with its halves
+// interleaved instead, [ceil(N/2W), 2, K, W]: the gate panel of columns c..c+W-1 beside
+// the up panel of the same columns, so one thread has both in hand and SwiGLU runs in
+// the GEMM's epilogue (small_batch_swiglu) instead of a pass of its own over a [rows, N]
+// intermediate.
 // Each output is the in-order FMA chain over k, then + bias, then + residual (the order of
 // oneDNN's post-ops), so it matches F.linear to float32 rounding, not bit for bit.
 
