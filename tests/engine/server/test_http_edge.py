@@ -8,6 +8,7 @@ returns; tokenizing runs off the event loop; TTFT counts from the request's arri
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -167,3 +168,12 @@ def test_openapi_is_true_to_the_responses(sim_server: LiveServer) -> None:
         assert "413" not in doc["paths"][path]["post"]["responses"]
     res = httpx.get(sim_server.url + "/metrics")
     assert res.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_the_server_runs_on_uvloop(sim_server: LiveServer) -> None:
+    # Measured (docs/benchmarks.md, "Serving latency as clients see it"): on asyncio's own
+    # loop the openai client read a TTFT 2.4-3.5 ms above the server's stamp, on uvloop
+    # 1.4-1.6 ms. uvicorn's "auto" loop takes uvloop wherever it is installed.
+    if sys.platform == "win32":
+        pytest.skip("uvloop has no Windows build")
+    assert type(sim_server.loop).__module__.startswith("uvloop"), type(sim_server.loop)
