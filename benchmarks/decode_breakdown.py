@@ -70,7 +70,7 @@ def projections(replacement: Callable[..., torch.Tensor],
 
 def run_as_step(proj: kernels.Projection, x: torch.Tensor) -> torch.Tensor:
     """The projection as the step calls it: a SwiGLU one through its fused kernel if any."""
-    fused = proj.small_batch_swiglu(x) if proj.swiglu else None
+    fused = proj.small_batch_swiglu(x)
     return fused if fused is not None else proj(x)
 
 

@@ -193,13 +193,14 @@ def gemm_kernels(engine: TorchKernels | None = None) -> dict[str, Callable[[torc
                                                                            Kernel]]:
     """The GEMM kernels on offer for ``x @ weight.T``, by name.
 
-    The engine's projection as ``engine``'s kernels ready it (the native small-batch GEMM
-    on an AVX-512 build, else oneDNN prepacked on CPU), oneDNN's beside it where the two
-    differ, and plain matmul on either weight layout.
+    The engine's projection as ``engine``'s kernels (default torch's ops) ready it: the
+    native small-batch GEMM on an AVX-512 or AVX2 build, else oneDNN prepacked on CPU.
+    Beside it oneDNN's where the two differ, and plain matmul on either weight layout.
     """
+    engine = engine if engine is not None else TorchKernels()
     kernels: dict[str, Callable[[torch.Tensor], Kernel]] = {
-        "engine projection": _engine(engine) if engine is not None else _onednn}
-    if engine is not None and engine.native:
+        "engine projection": _engine(engine)}
+    if engine.native:
         kernels["oneDNN projection"] = _onednn
     kernels["torch.matmul"] = _matmul
     kernels["F.linear"] = _linear
