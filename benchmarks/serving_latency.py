@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,23 +86,75 @@ def stream_ttft(client: openai.OpenAI, model: str, prompt: str, max_tokens: int)
     return ttft
 
 
+def interleaved(fn: Callable[[], float], n: int, pause_s: float) -> tuple[list[float], list[float]]:
+    """``fn``'s seconds back to back and after a pause, in interleaved pairs (pause, call,
+    call at once), so that the load of a shared machine drifting over the run weighs on
+    both kinds alike."""
+    b2b, paused = [], []
+    for _ in range(n):
+        time.sleep(pause_s)
+        paused.append(fn())
+        b2b.append(fn())
+    return b2b, paused
+
+
+def timed(fn: Callable[[], object]) -> Callable[[], float]:
+    def run() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    return run
+
+
+def forward_control() -> Callable[[], float]:
+    """tiny-random's forward over 8 tokens in this process, in transformers: the same
+    size of work with neither the server nor the engine in it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slopilot.engine.models import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-random")).eval()
+    ids = torch.arange(1, 9).unsqueeze(0)
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(ids)
+    for _ in range(3):
+        forward()
+    return timed(forward)
+
+
 def part_idle(n: int, pause_s: float) -> dict[str, float]:
+    """The engine's TTFT back to back and after a pause, beside two controls through the
+    same pauses that hold no engine work: the same client listing the same server's
+    models (the HTTP path only), and the model's forward with no server. A machine that
+    loses its caches while idle (a VM whose cores other tenants use) makes every one of
+    them slower after a pause; an idle stall of the engine's own shows as a TTFT ratio
+    below the controls'."""
     with serve("--executor", "torch", "--model", "tiny-random",
                "--num-gpu-blocks", "262144") as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         stream_ttft(client, model, "warm up", 4)
-        # Interleaved pairs (pause, request, request at once), so that the load of a
-        # shared machine drifting over the run weighs on both kinds alike.
-        b2b, paused = [], []
-        for i in range(n):
-            time.sleep(pause_s)
-            paused.append(stream_ttft(client, model, f"request {i} says hello", 8))
-            b2b.append(stream_ttft(client, model, f"request {i} says hello", 8))
+        count = iter(range(2 * n))
+        b2b, paused = interleaved(
+            lambda: stream_ttft(client, model, f"request {next(count)} says hello", 8),
+            n, pause_s)
+        http = interleaved(timed(client.models.list), n, pause_s)
+    forward = interleaved(forward_control(), n, pause_s)
     b, p = statistics.median(b2b), statistics.median(paused)
     print(f"idle: TTFT back-to-back median {b * 1e3:.1f} ms (p90 {pct(b2b, 0.9) * 1e3:.1f}), "
           f"after a {pause_s:g} s pause {p * 1e3:.1f} ms (p90 {pct(paused, 0.9) * 1e3:.1f})")
-    return {"ttft_b2b_ms": b * 1e3, "ttft_paused_ms": p * 1e3, "b2b_over_paused_ratio": b / p}
+    fields = {"ttft_b2b_ms": b * 1e3, "ttft_paused_ms": p * 1e3, "b2b_over_paused_ratio": b / p,
+              "ttft_pause_cost_ms": (p - b) * 1e3}
+    for name, (cb, cp) in (("http", http), ("forward", forward)):
+        mb, mp = statistics.median(cb), statistics.median(cp)
+        print(f"idle control, {name}: back-to-back {mb * 1e3:.2f} ms, after the pause "
+              f"{mp * 1e3:.2f} ms ({(mp - mb) * 1e3:+.2f} ms, ratio {mb / mp:.2f})")
+        fields |= {f"control_{name}_b2b_over_paused_ratio": mb / mp,
+                   f"control_{name}_pause_cost_ms": (mp - mb) * 1e3}
+    return fields
 
 
 def _gaps(url: str, model: str, stop: threading.Event, out: list[tuple[float, float]]) -> None:
