@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -137,7 +138,7 @@ def part_idle(n: int, pause_s: float) -> dict[str, float]:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         stream_ttft(client, model, "warm up", 4)
-        count = iter(range(2 * n))
+        count = itertools.count()
         b2b, paused = interleaved(
             lambda: stream_ttft(client, model, f"request {next(count)} says hello", 8),
             n, pause_s)
