@@ -14,6 +14,10 @@ cannot tell it from another (an identifiable design):
                a long one (half to all of max_context), as a server near saturation
                runs them: their padded K/V outgrows the cache (``decode_spill``)
     large mixed  a chunk at some context with such a decode batch
+    multi mixed  several chunks at different contexts with ragged decodes, filling the
+               budget: what chunked prefill runs near saturation (prompt heads and
+               tails queued behind each other); ``prefill_seqs`` and the attention
+               terms as they are served, not only one chunk at a time
     swap       KV blocks copied out and in without a forward pass
 
 Context lengths are fractions of ``max_context``; no row goes past it and no batch past
@@ -150,6 +154,7 @@ def design(opts: GridOptions) -> list[ShapeSpec]:
         out.append(ShapeSpec(((64, contexts[2], True),) + ((1, decode_ctx, True),) * 4,
                              "mixed"))
     out.extend(_large(opts))
+    out.extend(_multi_mixed(opts))
     if opts.swap:
         # Two block counts, so a copy call's fixed cost is apart from its per-block one.
         for k_out, k_in in ((4, 16),) if quick else ((4, 4), (32, 32)):
@@ -162,6 +167,28 @@ def _spread(d: int, longest: int) -> tuple[tuple[int, int, bool], ...]:
     """d decodes whose contexts run evenly from 16 to ``longest`` (ragged, as served)."""
     lo = min(16, longest)
     return tuple((1, lo + (longest - lo) * j // max(1, d - 1), True) for j in range(d))
+
+
+def _multi_mixed(opts: GridOptions) -> list[ShapeSpec]:
+    """k chunks of the budget's k-th part or less, at contexts from 0 to half the
+    longest, beside a ragged decode batch: near saturation most iterations are these,
+    and a fit on one chunk at a time prices their attention calls wrong (the served
+    iterations with 3-5 chunks read 10-13 % over the profile before this group)."""
+    budget, seqs, ctx_max = opts.token_budget, opts.max_num_seqs, opts.max_context
+    spots = (0, ctx_max // 8, ctx_max // 4, ctx_max // 2)
+    out = []
+    for k, share, decodes in ((2, 2, 4), (3, 2, 8), (4, 2, 16), (2, 4, 16), (3, 4, 4),
+                              (4, 4, 8)):
+        if opts.quick and (k, share) not in ((2, 2), (4, 4)):
+            continue
+        n = max(16, budget // (k * share))
+        d = min(decodes, seqs)
+        chunks = tuple((n, spots[j], j % 2 == 0) for j in range(k)
+                       if spots[j] + n <= ctx_max)
+        if len(chunks) < 2 or n * len(chunks) + d > budget:
+            continue
+        out.append(ShapeSpec(chunks + _spread(d, max(16, ctx_max // 2)), "multi mixed"))
+    return out
 
 
 def _large(opts: GridOptions) -> list[ShapeSpec]:

@@ -41,7 +41,7 @@ def test_noisy_times_recover_the_coefficients_that_matter() -> None:
         assert fit.coefficients[name] == pytest.approx(TRUE[name], rel=0.15), name
     assert fit.mape < 0.03
     assert set(fit.classes) == {"prefill", "multi", "decode", "ragged", "mixed", "large",
-                                "large mixed", "swap"}
+                                "large mixed", "multi mixed", "swap"}
     # Causal and dense attention pairs differ only by n(n-1)/2: noise may trade one for
     # the other, but not the time they predict together.
     exact = _measure(SyntheticExecutor(), GridOptions(), repeats=1)
