@@ -60,21 +60,24 @@ from pathlib import Path
 from typing import Any
 
 from twin_fidelity_report import (
+    insensitive_max_err,
     plot,
     print_corrected,
     print_repeat,
     print_report,
+    print_sensitivity,
     reports_from_json,
+    sensitive_count,
     within_interval,
 )
 
-from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport, compare
+from slopilot.engine.calibrate.compare import PERCENTILES, LoadReport, compare, sensitivity
 from slopilot.engine.calibrate.drift import DriftCheck, drift_check
 from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
-from slopilot.engine.sim.correction import corrected, windows_of
+from slopilot.engine.sim.correction import corrected, rescaled, windows_of
 from slopilot.engine.sim.profile_file import CostProfile, check_profile_for, load_profile
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.trace import TraceWorkload, read_trace
@@ -88,6 +91,9 @@ REQUESTS, QUICK_REQUESTS = 150, 80
 WARMUP_REQUESTS, LIVE_WINDOW_REQUESTS = 8, 30
 CORRECTION_WINDOW_S = 30.0
 """The live correction's equations: one per kind and window of this many seconds."""
+SENSITIVITY, SENSITIVE_LIMIT = 0.02, 0.10
+"""A figure is sensitive when the twin's own figure moves by more than SENSITIVE_LIMIT
+with every iteration SENSITIVITY slower or faster (about the iterations' own noise)."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -193,19 +199,28 @@ def saturation_rate(scenario: Scenario, config: EngineConfig,
 
 
 def run_load(name: str, rate: float, specs: list[RequestSpec], twins: list[Twin],
-             config: EngineConfig, executor: Any, time_limit_s: float
-             ) -> tuple[list[LoadReport], Recorder, Any]:
+             config: EngineConfig, executor: Any, time_limit_s: float,
+             moved: list[Twin]) -> tuple[list[LoadReport], Recorder, Any]:
     """One load through the real engine, then through each twin; a report per twin,
-    the real run's recorder and its run (start and span on the wall clock)."""
+    the real run's recorder and its run (start and span on the wall clock). The first
+    twin's figures carry their sensitivity: how far they move on the ``moved`` twins."""
     real, run = serve_real(name, specs, config, executor, twins[0].cost, time_limit_s)
-    reports = []
+    reports, sims = [], []
     for twin in twins:
         sim = Recorder()
         replay_sim(twin.scenario, config, specs, sim)
+        sims.append(sim)
         sim_span = max(sim.finished.values()) if sim.finished else 0.0
         reports.append(_stamped(compare(
             name, rate, real, sim, twin.cost, first_arrival_real=run.t0,
             real_span_s=run.wall_s, sim_span_s=sim_span), run, run.truncated))
+    others = []
+    for twin in moved:
+        others.append(Recorder())
+        replay_sim(twin.scenario, config, specs, others[-1])
+    for label, moves in sensitivity(sims[0], others).items():
+        if label in reports[0].classes:
+            reports[0].classes[label].sensitivity = moves
     return reports, real, run
 
 
@@ -324,6 +339,8 @@ def run(args: argparse.Namespace) -> int:
     served = replay_real_warmup(executor, config, cost,
                                 at_rate(extra[WARMUP_REQUESTS:], fractions[0] * mu))
     calibrated_twin = Twin(scenario, cost)
+    moved = [twin_of(scenario, rescaled(profile, 1 + d, note=f"moved {d:+.0%}"))
+             for d in (SENSITIVITY, -SENSITIVITY)]
     reports, live, firsts = [], [], []
     for (name, _), f in zip(LOADS, fractions, strict=True):
         print(f"{name}: {f * mu:.2f} req/s ({f:g} x the twin's {mu:.2f} req/s saturation)",
@@ -331,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
         fixed = twin_of(scenario, live_corrected(profile, served))
         (calibrated_report, corrected_report), served, run_ = run_load(
             name, f * mu, at_rate(specs, f * mu), [calibrated_twin, fixed], config,
-            executor, args.time_limit)
+            executor, args.time_limit, moved)
         reports.append(calibrated_report)
         live.append(corrected_report)
         firsts.append((served, run_))
@@ -342,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
     print_corrected(live)
     if again:
         print_repeat(again, [reports[i] for i in repeats])
+    print_sensitivity(reports, SENSITIVITY, SENSITIVE_LIMIT)
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")
     plot(reports, profile, target, corrected=live, again=again)
@@ -366,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
           f" corrected_iteration_mape={live_mape:.3f}"
           f" corrected_max_err={max(live_worst.values()):.3f}"
           f" corrected_within_interval={'/'.join(map(str, within_interval(live)))}"
+          f" sensitive_figures={'/'.join(map(str, sensitive_count(reports, SENSITIVE_LIMIT)))}"
+          f" max_err_insensitive={insensitive_max_err(reports, SENSITIVE_LIMIT):.3f}"
           + (f" real_repeat_max_err={max(r.worst_error() for r in again):.3f}"
              f" twin_max_err_same_loads={max(reports[i].worst_error() for i in repeats):.3f}"
              f" real_repeat_loads={'+'.join(r.name.split()[0] for r in again)}"

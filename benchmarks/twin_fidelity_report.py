@@ -109,6 +109,44 @@ def print_repeat(again: list[LoadReport], twin: list[LoadReport]) -> None:
     Console(width=160).print(table)
 
 
+def print_sensitivity(reports: list[LoadReport], step: float, limit: float) -> None:
+    """How far each of the calibrated twin's figures moves with every iteration ``step``
+    slower or faster: where it moves over ``limit``, a prediction within ``limit`` would
+    need a cost model closer than that, and the figure's error says little of the model."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"The twin's own figures with every iteration {step:.0%} slower or "
+                        f"faster: largest move (! over {limit:.0%}), and the calibrated "
+                        "twin's error")
+    for col in ("load", "class", *(f"{m.upper()} p{q}" for m, q in PERCENTILES)):
+        table.add_column(col, justify="right")
+    for r in reports:
+        for name, c in r.classes.items():
+            err = c.errors()
+            table.add_row(r.name, name, *(
+                "-" if (k := f"{m}_p{q}") not in c.sensitivity else
+                f"{c.sensitivity[k]:.0%}{'!' if c.sensitivity[k] > limit else ''}"
+                + (f" | err {err[k]:.0%}" if k in err else "") for m, q in PERCENTILES))
+    Console(width=160).print(table)
+    count, total = sensitive_count(reports, limit)
+    print(f"{count} of {total} figures move over {limit:.0%}; the calibrated twin's worst "
+          f"error over the other {total - count}: {insensitive_max_err(reports, limit):.1%}")
+
+
+def sensitive_count(reports: list[LoadReport], limit: float) -> tuple[int, int]:
+    """Figures that move over ``limit`` (``print_sensitivity``), of all with a move."""
+    moves = [v for r in reports for c in r.classes.values() for v in c.sensitivity.values()]
+    return sum(v > limit for v in moves), len(moves)
+
+
+def insensitive_max_err(reports: list[LoadReport], limit: float) -> float:
+    """The worst error over the figures that do not move over ``limit``."""
+    return max((e for r in reports for c in r.classes.values()
+                for k, e in c.errors().items()
+                if k in c.sensitivity and k not in c.sensitive(limit)), default=0.0)
+
+
 def latency_cells(c: ClassFigures) -> list[str]:
     err, inside = c.errors(), c.within_interval()
     return ["-" if (k := f"{m}_p{q}") not in c.measured else

@@ -32,9 +32,16 @@ class ClassFigures:
     predicted: dict[str, float]
     measured_interval: dict[str, tuple[float, float]] = field(default_factory=dict)
     """``bootstrap_intervals``: where each measured figure could as well have fallen."""
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    """``sensitivity``: how far the twin's own figure moves when every iteration is a
+    little slower or faster (a small error of the cost model, as a ratio of the figure)."""
 
     def errors(self) -> dict[str, float]:
         return {k: rel_err(self.predicted[k], v) for k, v in self.measured.items()}
+
+    def sensitive(self, limit: float) -> set[str]:
+        """The figures that a cost model this close could still miss by over ``limit``."""
+        return {k for k, v in self.sensitivity.items() if v > limit}
 
     def within_interval(self) -> dict[str, bool]:
         """Whether each prediction lies inside its measurement's interval: an error the
@@ -102,6 +109,27 @@ def _percentiles(rec: Recorder, priority: int) -> tuple[int, dict[str, float]] |
     if not ids:
         return None
     return len(ids), _figures(ttft, gaps)
+
+
+def sensitivity(base: Recorder, moved: Sequence[Recorder]) -> dict[str, dict[str, float]]:
+    """Per class and figure, the largest relative move of any ``moved`` run's figure from
+    ``base``'s: the same requests through the twin with every iteration slower or faster.
+
+    Near saturation a queue's waits grow like 1 / (1 - utilization), so a figure can move
+    many times more than the iterations did; a prediction of such a figure within 10 %
+    needs a cost model far closer than the iterations' own noise, and its error says
+    little about the cost model. A figure missing from a moved run counts as moved
+    without bound."""
+    out: dict[str, dict[str, float]] = {}
+    for p in Priority:
+        b = _percentiles(base, int(p))
+        if b is None:
+            continue
+        others = [_percentiles(m, int(p)) for m in moved]
+        out[p.label] = {k: max((rel_err(o[1][k], v) if o is not None and k in o[1]
+                                else float("inf") for o in others), default=0.0)
+                        for k, v in b[1].items()}
+    return out
 
 
 BOOTSTRAP_ROUNDS = 400

@@ -32,7 +32,8 @@ def test_quick_calibration_writes_a_profile_and_prints_the_table(
     assert p.kv_cache_bytes == p.kv_cache_bytes // (16 * p.model.kv_bytes_per_token) * (
         16 * p.model.kv_bytes_per_token) > 0
     assert p.fit is not None and set(p.fit.classes) == {
-        "prefill", "multi", "decode", "ragged", "mixed", "large", "large mixed", "multi mixed", "swap"}
+        "prefill", "multi", "decode", "ragged", "mixed", "large", "large mixed", "multi mixed",
+        "swap"}
     assert p.device.cache_bytes is None or p.device.cache_bytes > 0
     assert p.fit.max_context == 256 and p.fit.repeats == 1 and p.fit.host_steps > 0
     assert "torch" in p.versions and p.executor_code and p.created

@@ -12,6 +12,7 @@ from slopilot.engine.calibrate.compare import (
     bootstrap_intervals,
     compare,
     repeat_noise,
+    sensitivity,
 )
 from slopilot.engine.calibrate.replay import Iteration, Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
@@ -19,6 +20,7 @@ from slopilot.engine.engine import LLMEngine, WallClock
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
+from slopilot.engine.sim.correction import rescaled
 from slopilot.engine.sim.scenario import parse_scenario
 from slopilot.engine.sim.shape import IterationShape, shape_of
 from slopilot.engine.sim.twin import with_profile
@@ -202,3 +204,51 @@ def test_a_second_real_run_is_compared_as_a_twin_would_be(slowdown: float) -> No
     else:
         assert report.worst_error() > 0.1
         assert report.throughput[1] < report.throughput[0]
+
+
+def test_sensitivity_is_the_largest_move_of_any_moved_run() -> None:
+    base = _recorder([float(t) for t in range(1, 31)])
+    slower = _recorder([1.1 * t for t in range(1, 31)])
+    faster = _recorder([0.95 * t for t in range(1, 31)])
+    moves = sensitivity(base, [slower, faster])
+    assert set(moves) == {"p1"}
+    assert moves["p1"]["ttft_p50"] == pytest.approx(0.1)
+    assert moves["p1"]["ttft_p99"] == pytest.approx(0.1)
+    assert moves["p1"]["tbt_p50"] == pytest.approx(0.0)  # the gaps did not move
+    assert sensitivity(base, [base])["p1"] == dict.fromkeys(moves["p1"], 0.0)
+    gone = Recorder()  # the class lost every request: moved without bound
+    assert sensitivity(base, [gone])["p1"]["ttft_p50"] == float("inf")
+    fig = ClassFigures(30, {"ttft_p50": 1.0, "tbt_p50": 1.0}, {"ttft_p50": 1.5,
+                       "tbt_p50": 1.05}, sensitivity={"ttft_p50": 0.4, "tbt_p50": 0.02})
+    assert fig.sensitive(0.1) == {"ttft_p50"}
+
+
+def _loaded_sensitivity(spacing_s: float) -> float:
+    """The twin's largest TTFT move with every iteration 2 % slower or faster."""
+    profile = make_profile("tiny-random", device="cpu", host={}, kv_gib=0.01)
+    config = EngineConfig(token_budget=128, budget_align=1, chunk_size=64, max_num_seqs=8,
+                          swap_space_gb=0.01)
+    base = parse_scenario({
+        "name": "t", "gpu": "x", "model": "tiny-random", "duration_s": 10,
+        "workload": {"type": "open_loop", "prompt_tokens": 8, "output_tokens": 2,
+                     "arrivals": {"process": "poisson", "rate": 1}}})
+    specs = [dataclasses.replace(s, arrival_time=i * spacing_s)
+             for i, s in enumerate(_specs() * 4)]
+    runs = []
+    for factor in (1.0, 1.02, 0.98):
+        rec = Recorder()
+        replay_sim(with_profile(base, rescaled(profile, factor)), config, specs, rec)
+        runs.append(rec)
+    return max(v for c in sensitivity(runs[0], runs[1:]).values()
+               for k, v in c.items() if k.startswith("ttft"))
+
+
+def test_a_queue_near_saturation_amplifies_a_small_cost_error() -> None:
+    # Spaced out, a request's TTFT is its own prefill: it moves as the iterations do.
+    # Arriving about as fast as they are served, waits pile up on each other: the same
+    # 2 % moves some TTFT percentile by 5x as much. (All at once, the whole timeline
+    # scales and nothing is amplified.)
+    light, loaded = _loaded_sensitivity(10.0), _loaded_sensitivity(0.02)
+    assert light == pytest.approx(0.02, rel=0.05)
+    assert _loaded_sensitivity(0.0) == pytest.approx(0.02, rel=0.05)
+    assert loaded > 5 * light
