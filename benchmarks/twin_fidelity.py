@@ -41,6 +41,14 @@ first load and after the last (``calibrate/drift.py``): the median signed error 
 profile on its own shapes, how far the machine itself has moved since calibration (below
 0: slower now), which no form can see and only a live correction can follow.
 
+Each of the calibrated twin's figures also carries its sensitivity: the twin runs the
+same requests twice more with every iteration 2 % slower and 2 % faster (about the
+iterations' own error), and the figure's largest move is kept. Near saturation a queue
+amplifies: a low class's TTFT p50 can move by several times the 2 %, and no cost model
+can be held within 10 % on such a figure. ``sensitive_figures=k/n`` counts the figures
+that move over 10 %, and ``max_err_insensitive`` is the calibrated twin's worst error
+over the others (``max_err`` stays the worst over all of them).
+
 ``--repeat-real near,over`` serves those loads a second time on the real engine after
 all three and compares the second run with the first exactly as the twin is compared
 (``compare`` with the second run in the twin's place), adding ``real_repeat_max_err``
