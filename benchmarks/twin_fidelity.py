@@ -22,7 +22,10 @@ A second twin runs beside the calibrated one: the profile corrected live, as the
 operator's controller corrects its twin (``engine/sim/correction.py`` ``corrected``: a
 refit, then one factor), on what the engine served just before each load (before the
 first, 30 requests the loads do not contain, served after a warm-up of 8 more; the
-previous load before the others). Both twins see the same real run.
+previous load before the others). Both twins see the same real run. What each
+correction learned is printed per feature (``correction before LOAD, on N windows:
+tokens x1.33, ...``) and kept in ``--json`` under ``corrected.factors``: a correction
+learned on a drifted machine or in another regime shows there first.
 
 Ends with ``RESULT ttft_p50_err=... ttft_p99_err=... tbt_p50_err=... tbt_p99_err=...
 iteration_mape=... iteration_noise_floor=... max_err=... within_interval=k/n
@@ -85,7 +88,7 @@ from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
-from slopilot.engine.sim.correction import corrected, rescaled, windows_of
+from slopilot.engine.sim.correction import corrected, factors, rescaled, windows_of
 from slopilot.engine.sim.profile_file import CostProfile, check_profile_for, load_profile
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.trace import TraceWorkload, read_trace
@@ -99,6 +102,8 @@ REQUESTS, QUICK_REQUESTS = 150, 80
 WARMUP_REQUESTS, LIVE_WINDOW_REQUESTS = 8, 30
 CORRECTION_WINDOW_S = 30.0
 """The live correction's equations: one per kind and window of this many seconds."""
+MOVED_FACTOR = 0.05
+"""A correction's per-feature factor is printed when it moved the feature more than this."""
 SENSITIVITY, SENSITIVE_LIMIT = 0.02, 0.10
 """A figure is sensitive when the twin's own figure moves by more than SENSITIVE_LIMIT
 with every iteration SENSITIVITY slower or faster (about the iterations' own noise)."""
@@ -285,12 +290,24 @@ def twin_of(base: Scenario, profile: CostProfile) -> Twin:
     return Twin(with_profile(base, profile), CalibratedCostModel(profile))
 
 
-def live_corrected(profile: CostProfile, served: Recorder) -> CostProfile:
+def live_corrected(profile: CostProfile, served: Recorder, before: str
+                   ) -> tuple[CostProfile, dict[str, float]]:
     """The profile corrected on what the engine served just before, as the operator's
-    controller corrects its twin on the last windows (refit, then one factor)."""
+    controller corrects its twin on the last windows (refit, then one factor), and what
+    the correction learned per feature (printed: a correction learned in another regime
+    or on a drifted machine shows here first)."""
     windows = windows_of([(it.end, it.step_s, it.shape) for it in served.iterations],
                          CORRECTION_WINDOW_S)
-    return corrected(profile, windows)
+    fixed = corrected(profile, windows)
+    learned = factors(profile, fixed)
+    moved = [f"{f} x{v:.2f}" for f, v in sorted(learned.items(),
+                                                 key=lambda kv: -abs(kv[1] - 1))
+             if abs(v - 1) > MOVED_FACTOR]
+    shown = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
+    print(f"correction before {before}, on {len(windows)} windows: "
+          f"{shown or 'no feature'} (the others within {MOVED_FACTOR:.0%})",
+          file=sys.stderr, flush=True)
+    return fixed, learned
 
 
 def main() -> int:
@@ -350,10 +367,13 @@ def run(args: argparse.Namespace) -> int:
     moved = [twin_of(scenario, rescaled(profile, 1 + d, note=f"moved {d:+.0%}"))
              for d in (SENSITIVITY, -SENSITIVITY)]
     reports, live, firsts = [], [], []
+    corrections: list[dict[str, float]] = []
     for (name, _), f in zip(LOADS, fractions, strict=True):
         print(f"{name}: {f * mu:.2f} req/s ({f:g} x the twin's {mu:.2f} req/s saturation)",
               file=sys.stderr, flush=True)
-        fixed = twin_of(scenario, live_corrected(profile, served))
+        fixed_profile, learned = live_corrected(profile, served, name)
+        fixed = twin_of(scenario, fixed_profile)
+        corrections.append(learned)
         (calibrated_report, corrected_report), served, run_ = run_load(
             name, f * mu, at_rate(specs, f * mu), [calibrated_twin, fixed], config,
             executor, args.time_limit, moved)
@@ -377,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps({
             "worst": worst, "iteration_mape": iteration_mape, "iteration_noise_floor": noise,
             "corrected": {"worst": live_worst, "iteration_mape": live_mape,
+                          "factors": corrections,
                           "loads": [dataclasses.asdict(r) for r in live]},
             "real_repeat": [dataclasses.asdict(r) for r in again],
             "drift": {"before": dataclasses.asdict(drift_before),

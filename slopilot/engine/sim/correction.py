@@ -94,6 +94,13 @@ def corrected(profile: CostProfile, samples: Sequence[WindowSample], *,
                     note=f"{mode} on the live window")
 
 
+def factors(base: CostProfile, moved: CostProfile) -> dict[str, float]:
+    """Per feature ``base`` prices, how many times its cost ``moved`` puts on it: what a
+    correction learned (1.0 where it left the feature alone)."""
+    return {f: moved.coefficient(f) / base.coefficient(f) for f in FEATURES
+            if base.coefficient(f) > 0}
+
+
 def windows_of(iterations: Sequence[tuple[float, float, IterationShape]],
                window_s: float) -> list[WindowSample]:
     """Iterations ``(end time, step seconds, shape)`` summed per window of ``window_s``

@@ -9,6 +9,7 @@ import pytest
 
 from slopilot.engine.sim.correction import (
     corrected,
+    factors,
     predicted_seconds,
     refit,
     rescaled,
@@ -18,7 +19,7 @@ from slopilot.engine.sim.correction import (
 )
 from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import load_scenario
-from slopilot.engine.sim.shape import IterationShape
+from slopilot.engine.sim.shape import FEATURES, IterationShape
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.twin import with_profile
 from tests.support.profiles import make_profile
@@ -72,6 +73,19 @@ def test_refit_finds_which_terms_moved() -> None:
     assert per_kind_refit < per_kind_rescaled / 2
     assert abs(twin_error(better, samples)) < 0.01
     assert better.coefficient("decode_context") > twin.coefficient("decode_context")
+
+
+def test_factors_say_what_a_correction_moved() -> None:
+    # A reader of a corrected twin needs what it learned (attention 1.5x heavier, the
+    # host twice as slow), per feature, not only that it was corrected.
+    twin = make_profile(executor={**make_profile().executor, "decode_context": 1e-6})
+    plant = _heavier_attention(twin, 1.5)
+    moved = factors(twin, plant)
+    assert moved["decode_context"] == pytest.approx(1.5)
+    assert moved["tokens"] == pytest.approx(1.0)
+    assert set(moved) == {f for f in FEATURES if twin.coefficient(f) > 0}
+    assert factors(twin, rescaled(twin, 0.8)) == dict.fromkeys(moved, pytest.approx(0.8))
+    assert factors(twin, twin) == dict.fromkeys(moved, 1.0)
 
 
 def test_window_samples_take_the_difference_of_two_scrapes() -> None:
