@@ -88,7 +88,13 @@ from slopilot.engine.calibrate.replay import Recorder, replay_real, replay_sim
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.calibrated import CalibratedCostModel
-from slopilot.engine.sim.correction import corrected, factors, rescaled, windows_of
+from slopilot.engine.sim.correction import (
+    corrected,
+    describe_factors,
+    factors,
+    rescaled,
+    windows_of,
+)
 from slopilot.engine.sim.profile_file import CostProfile, check_profile_for, load_profile
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.trace import TraceWorkload, read_trace
@@ -102,8 +108,6 @@ REQUESTS, QUICK_REQUESTS = 150, 80
 WARMUP_REQUESTS, LIVE_WINDOW_REQUESTS = 8, 30
 CORRECTION_WINDOW_S = 30.0
 """The live correction's equations: one per kind and window of this many seconds."""
-MOVED_FACTOR = 0.05
-"""A correction's per-feature factor is printed when it moved the feature more than this."""
 SENSITIVITY, SENSITIVE_LIMIT = 0.02, 0.10
 """A figure is sensitive when the twin's own figure moves by more than SENSITIVE_LIMIT
 with every iteration SENSITIVITY slower or faster (about the iterations' own noise)."""
@@ -300,13 +304,8 @@ def live_corrected(profile: CostProfile, served: Recorder, before: str
                          CORRECTION_WINDOW_S)
     fixed = corrected(profile, windows)
     learned = factors(profile, fixed)
-    moved = [f"{f} x{v:.2f}" for f, v in sorted(learned.items(),
-                                                 key=lambda kv: -abs(kv[1] - 1))
-             if abs(v - 1) > MOVED_FACTOR]
-    shown = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
     print(f"correction before {before}, on {len(windows)} windows: "
-          f"{shown or 'no feature'} (the others within {MOVED_FACTOR:.0%})",
-          file=sys.stderr, flush=True)
+          f"{describe_factors(learned)}", file=sys.stderr, flush=True)
     return fixed, learned
 
 

@@ -76,6 +76,10 @@ def _twin_schema() -> dict[str, Any]:
                           "calibrated, (predicted - measured) / measured."},
         "correctedStepTimeError": {**num, "description": "The same after correction, on "
                                    "iterations the correction was not fitted on."},
+        "correctionFactors": {"type": "object", "additionalProperties": {"type": "number"},
+                              "description": "What the correction learned: per cost-model "
+                              "feature, the factor on the profile's coefficient (empty "
+                              "while the twin runs uncorrected)."},
         "classes": {"type": "object", "additionalProperties": per_class,
                     "description": "Per priority class (p0, p1, p2)."},
         "profile": _obj({

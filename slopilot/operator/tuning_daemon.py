@@ -40,6 +40,7 @@ from typing import Any, cast
 
 import kopf
 
+from slopilot.engine.sim.correction import describe_factors
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions, now_rfc3339
 from slopilot.operator.crd import API_VERSION, GROUP, PLURAL, VERSION
 from slopilot.operator.daemon import (
@@ -108,8 +109,10 @@ def post_decision(body: Mapping[str, Any], decision: Decision) -> None:
     target = cast("kopf.Body", body)
     twin = decision.twin
     if twin is not None:  # a check ran this tick: its verdict is an event of its own
+        learned = twin.get("correctionFactors") or {}
+        also = f"; learned {describe_factors(learned)}" if learned else ""
         message = (f"twin {'trusted' if twin['trusted'] else 'untrusted'}: "
-                   f"{twin['reason']} (correction {twin['correction']})")
+                   f"{twin['reason']} (correction {twin['correction']}{also})")
         if twin["trusted"]:
             kopf.info(target, reason="TwinChecked", message=message)
         else:

@@ -49,6 +49,12 @@ def test_the_twin_check_is_written_to_status_and_posted(
     expected = ("info", "TwinChecked") if twin["trusted"] else ("warn", "TwinUntrusted")
     assert expected in kinds
     assert any(twin["reason"] in message for _, _, message in posted)
+    learned = [m for _, r, m in posted if r.startswith("Twin") and "learned" in m]
+    if correction is TwinCorrection.REFIT:  # what the refit moved, in the event too
+        assert learned and "iteration x" in learned[0], posted
+        assert twin["correctionFactors"]["iteration"] > 1.3
+    else:
+        assert learned == [] and twin["correctionFactors"] == {}
 
 
 def test_a_tick_without_a_check_posts_no_twin_event(monkeypatch: pytest.MonkeyPatch) -> None:

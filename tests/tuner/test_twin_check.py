@@ -243,3 +243,43 @@ def test_a_wrong_datasheet_twin_is_not_trusted_blindly() -> None:
     check = fixed.ctl.twin_check
     assert check is not None and check.trusted and check.profile is not None, check.line()
     assert fixed.study.warm == [GOOD]
+
+
+def test_what_the_correction_learned_is_shown_per_feature() -> None:
+    # The plant's iterations cost 2x per step and 1.5x per attention unit: the refit
+    # learns it, and the check says so in its line, status.twin and a gauge per feature.
+    p = plant()
+    d = p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and check.profile is not None
+    learned = dict(check.factors)
+    assert set(learned) <= set(make_profile().executor) | set(make_profile().host)
+    assert learned["iteration"] > 1.3, learned
+    assert max(learned[f] for f in ATTENTION if f in learned) > 1.1, learned
+    assert "learned " in check.line() and "iteration x" in check.line()
+    assert d.twin is not None
+    assert d.twin["correctionFactors"]["iteration"] == pytest.approx(learned["iteration"],
+                                                                     abs=1e-4)
+    assert metric(p.ctl, "slopilot_twin_correction_factor", feature="iteration"
+                  ) == pytest.approx(learned["iteration"])
+
+    # A later check that corrects nothing leaves no factor of the old one behind.
+    p.ctl.settings = dataclasses.replace(p.ctl.settings, twin_correction=TwinCorrection.NONE)
+    p.ctl.twin_check = None
+    p.ctl.twin_history.clear()
+    p.ctl.loop.state = ControllerState.STEADY
+    p.ctl.loop.trial = None
+    p.cluster.advance(2 * WINDOW_S)
+    p.ctl.tick(2 * WINDOW_S)
+    again = p.ctl.twin_check
+    assert again is not None and again.at == 2 * WINDOW_S and again.factors == {}
+    assert "learned" not in again.line()
+    assert p.ctl.loop.twin is not None and p.ctl.loop.twin["correctionFactors"] == {}
+    assert metric(p.ctl, "slopilot_twin_correction_factor", feature="iteration") is None
+
+
+def test_an_uncorrected_twin_learns_nothing() -> None:
+    p = plant(twin_correction=TwinCorrection.NONE)
+    p.ctl.tick(WINDOW_S)
+    check = p.ctl.twin_check
+    assert check is not None and check.factors == {} and "learned" not in check.line()

@@ -18,6 +18,7 @@ they barely exercise (a ridge towards the calibrated profile, in relative terms)
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -99,6 +100,25 @@ def factors(base: CostProfile, moved: CostProfile) -> dict[str, float]:
     correction learned (1.0 where it left the feature alone)."""
     return {f: moved.coefficient(f) / base.coefficient(f) for f in FEATURES
             if base.coefficient(f) > 0}
+
+
+MOVED = 0.05
+"""A factor further than this from 1 is a feature the correction moved (the rest is noise
+a few windows leave behind)."""
+
+
+def describe_factors(learned: Mapping[str, float], *, shown: int = 4) -> str:
+    """``learned`` (``factors``) in a line, the features moved furthest (in ratio) first, e.g.
+    ``tokens x1.74, prefill_seqs x1.53 and 2 more (the others within 5%)``."""
+    def size(v: float) -> float:  # x0.5 moves a feature as far as x2
+        return abs(math.log(v)) if v > 0 else math.inf
+
+    moved = [f"{f} x{v:.2f}" for f, v in sorted(learned.items(), key=lambda kv: -size(kv[1]))
+             if abs(v - 1) > MOVED]
+    if not moved:
+        return f"every feature within {MOVED:.0%}"
+    more = f" and {len(moved) - shown} more" if len(moved) > shown else ""
+    return f"{', '.join(moved[:shown])}{more} (the others within {MOVED:.0%})"
 
 
 def windows_of(iterations: Sequence[tuple[float, float, IterationShape]],

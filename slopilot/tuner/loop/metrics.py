@@ -8,6 +8,8 @@
         relative errors, (predicted - measured) / measured: quantity step_time (the profile
         as given), step_time_corrected, ttft_p99 and tbt_p99 (per class)
     slopilot_twin_trusted{slopilot_namespace, slopilot_deployment}                gauge
+    slopilot_twin_correction_factor{..., feature}        gauge: what the last check's
+        correction learned, per cost-model feature (absent while the twin runs uncorrected)
 
 Series are keyed by namespace and name, as the rules are: one operator runs the
 controllers of ``chat`` in ``team-a`` and in ``team-b`` side by side. (``namespace`` itself
@@ -61,6 +63,13 @@ class TunerMetrics:
         self.twin_trusted = Gauge("slopilot_twin_trusted", "1 while the controller trusts "
                                   "its twin's warm starts and capacity plans.", key,
                                   registry=self.registry)
+        self.twin_factor = Gauge(
+            "slopilot_twin_correction_factor", "What the last twin check's correction "
+            "learned: the factor on each cost-model feature's coefficient.",
+            [*key, "feature"], registry=self.registry)
+        # Features each deployment's gauge holds, so a check that learned fewer (or none)
+        # drops the rest instead of leaving an old correction on the dashboard.
+        self._factor_features: dict[tuple[str, str], set[str]] = {}
 
     def in_namespace(self, namespace: str) -> TunerMetrics:
         """The same series, recorded for deployments of ``namespace``."""
@@ -92,3 +101,8 @@ class TunerMetrics:
         for quantity, cls, value in rows:
             if value is not None:
                 self.twin_error.labels(*key, quantity, cls).set(value)
+        for gone in self._factor_features.get(key, set()) - set(check.factors):
+            self.twin_factor.remove(*key, gone)
+        for feature, factor in check.factors.items():
+            self.twin_factor.labels(*key, feature).set(factor)
+        self._factor_features[key] = set(check.factors)

@@ -32,7 +32,7 @@ from typing import Any
 
 from slopilot.engine.calibrate.datasheet import datasheet_profile
 from slopilot.engine.request import Priority
-from slopilot.engine.sim.correction import WindowSample, twin_error
+from slopilot.engine.sim.correction import WindowSample, describe_factors, factors, twin_error
 from slopilot.engine.sim.correction import corrected as corrected_profile
 from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import Scenario
@@ -79,6 +79,11 @@ class TwinCheck:
     reason: str
     profile: CostProfile | None = field(default=None, compare=False)
     """The corrected profile the decisions use (None: the scenario's twin as it is)."""
+    factors: Mapping[str, float] = field(default_factory=dict)
+    """What the correction learned: per feature, how many times the checked profile's cost
+    ``profile`` puts on it (empty when the decisions use the twin uncorrected). A factor
+    far from 1 on one feature says the window ran a regime the profile prices wrong, and
+    that the correction carries it into every load the twin is asked about."""
 
     def p0(self) -> ClassError | None:
         return next((c for c in self.classes if c.priority == "p0"), None)
@@ -95,6 +100,8 @@ class TwinCheck:
         parts = [f"step {_pct(self.step_error)}"]
         if self.correction is not TwinCorrection.NONE:
             parts[0] += f" -> {_pct(self.corrected_error)} after {self.correction.value}"
+        if self.factors:
+            parts.append(f"learned {describe_factors(self.factors)}")
         p0 = self.p0()
         if p0 is not None:
             parts.append(f"P0 TTFT p99 {_ms(p0.ttft_p99_predicted_ms)} predicted vs "
@@ -110,6 +117,7 @@ class TwinCheck:
             "reason": self.reason, "correction": self.correction.value,
             "stepTimeError": _round(self.step_error),
             "correctedStepTimeError": _round(self.corrected_error),
+            "correctionFactors": {f: round(v, 4) for f, v in self.factors.items()},
             "classes": {c.priority: {
                 "ttftP99PredictedMs": _round(c.ttft_p99_predicted_ms),
                 "ttftP99MeasuredMs": _round(c.ttft_p99_measured_ms),
@@ -160,8 +168,10 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
         reason = f"datasheet roofline, checked in its calibrated form: {reason}"
     if failed is not None:
         reason = f"{failed}; {reason}"
-    check = TwinCheck(at, window_s, step, corrected, mode, classes, trusted, reason, used)
-    return check
+    learned = factors(profile, used) if profile is not None and used is not None \
+        and used is not profile else {}
+    return TwinCheck(at, window_s, step, corrected, mode, classes, trusted, reason, used,
+                     learned)
 
 
 def _corrected(profile: CostProfile, samples: Sequence[WindowSample],

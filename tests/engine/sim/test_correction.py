@@ -139,3 +139,16 @@ def test_corrected_puts_a_slower_plants_windows_right(refit_first: bool) -> None
     fixed = corrected(twin, windows, refit_first=refit_first)
     assert twin_error(fixed, windows) == pytest.approx(0.0, abs=1e-9)
     assert ("refit" if refit_first else "rescale") in fixed.source
+
+
+def test_describe_factors_puts_the_largest_moves_first() -> None:
+    from slopilot.engine.sim.correction import describe_factors
+
+    learned = {"iteration": 1.02, "tokens": 1.74, "sampled": 0.5, "prefill_seqs": 1.53,
+               "decode_context": 1.06, "prefill_context": 1.2, "decode_seqs": 0.96}
+    assert describe_factors(learned) == ("sampled x0.50, tokens x1.74, prefill_seqs x1.53, "
+                                         "prefill_context x1.20 and 1 more (the others "
+                                         "within 5%)")
+    assert describe_factors({"iteration": 1.04, "tokens": 0.97}) == "every feature within 5%"
+    assert describe_factors({}) == "every feature within 5%"
+    assert describe_factors({"tokens": 0.0, "iteration": 3.0}).startswith("tokens x0.00, ")
