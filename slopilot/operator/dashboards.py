@@ -49,6 +49,12 @@ EXTERNAL_METRICS: dict[str, str] = {
         "action=retune|scale|commit|revert|cooldown, reason}: controller actions",
     "slopilot_replicas": "gauge{slopilot_namespace, slopilot_deployment}: replicas the "
                          "operator asked for",
+    "slopilot_twin_error": "gauge{slopilot_namespace, slopilot_deployment, quantity, "
+                           "priority_class}: the last twin check's relative errors",
+    "slopilot_twin_trusted": "gauge{slopilot_namespace, slopilot_deployment}: 1 while the "
+                             "controller trusts its twin",
+    "slopilot_twin_correction_factor": "gauge{slopilot_namespace, slopilot_deployment, "
+                                       "feature}: what the twin's live correction learned",
     "kube_deployment_status_replicas": "gauge{namespace, deployment}: kube-state-metrics",
     "DCGM_FI_DEV_GPU_UTIL": "gauge{namespace, pod, gpu} in percent: NVIDIA's DCGM exporter "
                             "(the batching alert's GPU utilization)",
@@ -186,6 +192,29 @@ def _tuning_panels() -> list[Any]:
     ]
 
 
+def _twin_panels() -> list[Any]:
+    return [
+        _series("Twin error and trust", [
+            _query(f'max by (quantity) (slopilot_twin_error{{{SEL},quantity=~"step_time.*"}})',
+                   "{{quantity}}"),
+            _query(f'max by (quantity) (slopilot_twin_error{{{SEL},priority_class="p0"}})',
+                   "P0 {{quantity}}"),
+            _query(f"min(slopilot_twin_trusted{{{SEL}}})", "trusted (100% = yes)")],
+            unit="percentunit", width=12, description="The controller's last check of its "
+            "twin against a measured window: (predicted - measured) / measured step time, "
+            "as calibrated and after the live correction, and the P0 p99s; trusted is 1 "
+            "while warm starts and capacity plans come from the twin (docs/twin.md)."),
+        _series("What the twin's correction learned", [
+            _query(f"max by (feature) (slopilot_twin_correction_factor{{{SEL}}})",
+                   "{{feature}}")],
+            unit="short", width=12, description="Per cost-model feature, the factor the "
+            "live correction put on the calibrated profile's coefficient (1: as "
+            "calibrated; no line: the twin runs uncorrected). A correction learned on a "
+            "quiet window is carried into every load the twin is asked about, a busy one "
+            "too (docs/twin.md, Limits)."),
+    ]
+
+
 def _annotation(name: str, expr: str, color: str) -> dash.AnnotationQuery:
     return (dash.AnnotationQuery().name(name).datasource(DATASOURCE).enable(True)
             .icon_color(color).expr(expr))
@@ -233,6 +262,7 @@ def build_dashboard(spec: SLOSpec | None = None) -> dict[str, Any]:
         ("Throughput", _throughput_panels()),
         ("Scheduler", _scheduler_panels(spec)),
         ("Tuning", _tuning_panels()),
+        ("Twin", _twin_panels()),
     ]
     for title, panels in sections:
         builder = builder.with_row(dash.Row(title))

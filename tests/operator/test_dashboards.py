@@ -78,6 +78,32 @@ def test_variables_and_panels_cover_the_brief() -> None:
     assert all(p["datasource"]["uid"] == "${datasource}" for p in _panels(d))
 
 
+def test_the_twin_section_shows_its_check_and_what_the_correction_learned() -> None:
+    panels = {p["title"]: p for p in _panels(build_dashboard())}
+    error = " ".join(t["expr"] for t in panels["Twin error and trust"]["targets"])
+    for series in ("slopilot_twin_error", "slopilot_twin_trusted"):
+        assert series in error, series
+    learned = panels["What the twin's correction learned"]
+    assert "slopilot_twin_correction_factor" in learned["targets"][0]["expr"]
+    assert "{{feature}}" in learned["targets"][0]["legendFormat"]
+
+
+def test_the_controllers_series_the_dashboard_reads_are_the_ones_it_registers() -> None:
+    from prometheus_client import generate_latest
+
+    from slopilot.tuner.loop.metrics import TunerMetrics
+
+    # Every family TunerMetrics registers (a labelled one shows its HELP line unset).
+    families = {line.split()[2] for line in
+                generate_latest(TunerMetrics().registry).decode().splitlines()
+                if line.startswith("# TYPE")}
+    ours = {n for n in EXTERNAL_METRICS if n.startswith(("slopilot_tuner", "slopilot_twin",
+                                                          "slopilot_replicas"))}
+    assert ours, "no controller series named: the test would pass vacuously"
+    for name in ours:
+        assert name in families, name
+
+
 def test_slo_lines_follow_the_spec() -> None:
     d = build_dashboard(SLOSpec.from_profile("strict"))
 

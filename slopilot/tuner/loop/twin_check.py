@@ -81,9 +81,9 @@ class TwinCheck:
     """The corrected profile the decisions use (None: the scenario's twin as it is)."""
     factors: Mapping[str, float] = field(default_factory=dict)
     """What the correction learned: per feature, how many times the checked profile's cost
-    ``profile`` puts on it (empty when the decisions use the twin uncorrected). A factor
-    far from 1 on one feature says the window ran a regime the profile prices wrong, and
-    that the correction carries it into every load the twin is asked about."""
+    ``profile`` puts on it (empty when the decisions use the twin uncorrected). Shown
+    because the correction carries what it learned on these windows into every load the
+    twin is asked about, a busier one too."""
 
     def p0(self) -> ClassError | None:
         return next((c for c in self.classes if c.priority == "p0"), None)
