@@ -61,11 +61,20 @@ def rescaled(profile: CostProfile, factor: float, *, note: str = "") -> CostProf
                    note or f"rescaled x{factor:.3g}")
 
 
+PRIOR_WEIGHT = 0.1
+"""The refit's pull towards the calibrated profile (``benchmarks/correction_transfer.py``
+measures what a stronger one trades: less carried into another load, a looser fit at
+this one)."""
+
+
 def refit(profile: CostProfile, samples: Sequence[WindowSample], *,
-          prior_weight: float = 0.1) -> CostProfile:
+          prior_weight: float = PRIOR_WEIGHT) -> CostProfile:
     """Per-feature factors fitted to ``samples`` (relative error), pulled towards 1."""
     from scipy.optimize import lsq_linear
 
+    if isinstance(prior_weight, bool) or not prior_weight >= 0 or not np.isfinite(prior_weight):
+        raise ValueError(f"prior_weight={prior_weight!r}: expected a finite number >= 0 "
+                         f"(0: no pull towards the profile; the controller uses {PRIOR_WEIGHT})")
     rows = [s for s in samples if s.seconds > 0]
     if not rows:
         raise ValueError("no window with measured iteration time to refit on")
@@ -84,12 +93,12 @@ def refit(profile: CostProfile, samples: Sequence[WindowSample], *,
 
 
 def corrected(profile: CostProfile, samples: Sequence[WindowSample], *,
-              refit_first: bool = True) -> CostProfile:
+              refit_first: bool = True, prior_weight: float = PRIOR_WEIGHT) -> CostProfile:
     """The live correction: ``refit`` (when ``refit_first``), then one factor on the sum.
     The refit's pull towards the profile leaves the total off by what the prior held
     back; the factor puts the window's total right."""
     if refit_first:
-        profile = refit(profile, samples)
+        profile = refit(profile, samples, prior_weight=prior_weight)
     mode = "refit" if refit_first else "rescale"
     return rescaled(profile, 1.0 / (1.0 + twin_error(profile, samples)),
                     note=f"{mode} on the live window")

@@ -102,6 +102,9 @@ def test_bad_corrections_are_refused() -> None:
         twin_error(make_profile(), [])
     with pytest.raises(ValueError, match="no window"):
         refit(make_profile(), [])
+    for weight in (-1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=rf"prior_weight={weight!r}: expected a finite"):
+            refit(make_profile(), [], prior_weight=weight)
 
 
 def _iterations(plant: CostProfile) -> list[tuple[float, float, IterationShape]]:

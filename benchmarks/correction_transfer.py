@@ -1,0 +1,260 @@
+"""How a live correction learned at one load predicts the engine's step time at another.
+
+The operator's controller corrects its twin on the last windows of the load it serves now,
+then asks the corrected twin about other loads: the capacity of fewer replicas (a busier
+load on each), or a warm start after a load step. This replays that on the real engine's
+iterations that ``twin_fidelity.py --json`` keeps (every iteration's measured step time
+and shape, per load): for each pair of loads it corrects the profile on the first load's
+iterations, as the controller does on its windows, and judges the result on the second's.
+
+    .venv/bin/python benchmarks/twin_fidelity.py --profile P.yaml --json RUN.json
+    .venv/bin/python benchmarks/correction_transfer.py --profile P.yaml RUN.json [RUN2.json]
+
+Per (learned on, judged on) pair and correction (``none``: the profile as calibrated,
+``rescale``: one factor, ``refit``: the controller's default, a factor per feature pulled
+towards the profile, then one on the sum) it prints the per-iteration mean relative
+error and the relative error of the load's summed step time. The sum is what a queue
+amplifies (docs/twin.md, Limits): a correction that is right where it learned and a few
+percent high at a busier load moves the busier load's TTFT by much more. A sweep of the
+refit's pull towards the profile (``--priors``) shows what a stronger one trades.
+
+The JSON keeps no iteration times, so a load's iterations are cut, in the order they ran,
+into ``--windows`` parts of equal count (twin_fidelity corrects on its 3 windows before
+each load); each part's iterations are summed per kind, as the engine's counters are.
+The last line is ``RESULT key=value ...``; figures are worst cases over every pair of
+different loads in every run given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slopilot.engine.sim.correction import (
+    PRIOR_WEIGHT,
+    WindowSample,
+    corrected,
+    predicted_seconds,
+)
+from slopilot.engine.sim.profile_file import CostProfile, load_profile
+from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
+
+CORRECTIONS = ("none", "rescale", "refit")
+DEFAULT_PRIORS = (0.01, PRIOR_WEIGHT, 1.0, 3.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load of a fidelity run: its real iterations, in the order they ran."""
+
+    name: str
+    rate: float
+    measured: np.ndarray  # step seconds per iteration
+    kinds: tuple[str, ...]
+    shapes: np.ndarray  # one row of FEATURES per iteration
+
+    def windows(self, parts: int) -> list[WindowSample]:
+        """The iterations in ``parts`` runs of equal count, summed per kind."""
+        out = []
+        for chunk in np.array_split(np.arange(len(self.measured)), parts):
+            for kind in KINDS:
+                sel = [int(i) for i in chunk if self.kinds[i] == kind]
+                if sel:
+                    out.append(WindowSample(kind, float(len(sel)),
+                                            float(self.measured[sel].sum()),
+                                            IterationShape(*(float(v) for v in
+                                                             self.shapes[sel].sum(axis=0)))))
+        return out
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A profile's step time against one load's iterations."""
+
+    iteration_mape: float
+    total_err: float  # (predicted - measured) / measured of the summed step time
+
+
+def read_run(path: Path) -> list[Load]:
+    """The loads of one ``twin_fidelity.py --json`` file, quietest first."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{path}: cannot read a twin_fidelity JSON ({exc})") from None
+    loads_doc = doc.get("loads") if isinstance(doc, dict) else None
+    if not isinstance(loads_doc, list) or not loads_doc:
+        raise SystemExit(f"{path}: no 'loads' list; expected the file twin_fidelity.py "
+                         "--json writes")
+    return sorted((_load(path, i, d) for i, d in enumerate(loads_doc)), key=lambda x: x.rate)
+
+
+def _load(path: Path, i: int, d: Any) -> Load:
+    where = f"{path}: loads[{i}]"
+    try:
+        points, shapes = d["points"], d["shapes"]
+        measured = np.array([float(p[0]) for p in points])
+        kinds = tuple(str(p[2]) for p in points)
+        rows = np.array(shapes, dtype=float)
+        name, rate = str(d["name"]), float(d["rate"])
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise SystemExit(f"{where}: expected name, rate, points [measured, predicted, "
+                         f"kind] and shapes ({type(exc).__name__}: {exc})") from None
+    if not len(measured):
+        raise SystemExit(f"{where}: no iterations")
+    if rows.shape != (len(measured), len(FEATURES)):
+        raise SystemExit(f"{where}: shapes are {rows.shape}, expected ({len(measured)}, "
+                         f"{len(FEATURES)}): one row of the form's {len(FEATURES)} features "
+                         "per point (a JSON from another form version?)")
+    if not np.all(np.isfinite(measured)) or np.any(measured <= 0):
+        raise SystemExit(f"{where}: every measured step time must be positive and finite")
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise SystemExit(f"{where}: unknown iteration kind(s) {', '.join(unknown)}; "
+                         f"expected {', '.join(KINDS)}")
+    return Load(name, rate, measured, kinds, rows)
+
+
+def judge(profile: CostProfile, load: Load) -> Judged:
+    predicted = np.array([predicted_seconds(profile, IterationShape(*(float(v) for v in row)))
+                          for row in load.shapes])
+    errors = (predicted - load.measured) / load.measured
+    return Judged(float(np.mean(np.abs(errors))),
+                  float(predicted.sum() / load.measured.sum() - 1.0))
+
+
+def correct(profile: CostProfile, how: str, windows: Sequence[WindowSample],
+            prior: float = PRIOR_WEIGHT) -> CostProfile:
+    if how == "none":
+        return profile
+    return corrected(profile, windows, refit_first=how == "refit", prior_weight=prior)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Each correction learned on ``learned``'s windows, judged on ``judged``'s iterations."""
+
+    run: str
+    learned: Load
+    judged: Load
+    results: dict[str, Judged]
+
+
+def pairs(profile: CostProfile, runs: dict[str, list[Load]], parts: int) -> list[Pair]:
+    out = []
+    for run, loads in runs.items():
+        for a in loads:
+            fixed = {how: correct(profile, how, a.windows(parts)) for how in CORRECTIONS}
+            for b in loads:
+                out.append(Pair(run, a, b, {how: judge(p, b) for how, p in fixed.items()}))
+    return out
+
+
+def prior_sweep(profile: CostProfile, runs: dict[str, list[Load]], parts: int,
+                priors: Sequence[float]) -> list[tuple[float, str, float, float, float]]:
+    """Per prior and run: worst |total error| and mean per-iteration error over pairs of
+    different loads, and the mean per-iteration error where the correction learned."""
+    rows = []
+    for prior in priors:
+        for run, loads in runs.items():
+            across, mapes, home = 0.0, [], []
+            for a in loads:
+                fixed = correct(profile, "refit", a.windows(parts), prior)
+                for b in loads:
+                    j = judge(fixed, b)
+                    if a is b:
+                        home.append(j.iteration_mape)
+                    else:
+                        across = max(across, abs(j.total_err))
+                        mapes.append(j.iteration_mape)
+            rows.append((prior, run, across, float(np.mean(mapes)) if mapes else 0.0,
+                         float(np.mean(home))))
+    return rows
+
+
+def _priors(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers, e.g. 0.1,1,3"
+                                         ) from None
+    if not values or any(not v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every prior must be >= 0")
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", type=Path, required=True,
+                    help="the profile the fidelity run(s) used")
+    ap.add_argument("runs", type=Path, nargs="+", help="twin_fidelity.py --json files")
+    ap.add_argument("--windows", type=int, default=3,
+                    help="parts a load's iterations are cut into (default 3)")
+    ap.add_argument("--priors", type=_priors, default=DEFAULT_PRIORS,
+                    help="refit pulls to sweep, comma-separated")
+    args = ap.parse_args(argv)
+    if args.windows < 1:
+        ap.error(f"--windows {args.windows}: expected at least 1")
+    try:
+        profile = load_profile(args.profile)
+    except (OSError, ValueError) as exc:
+        ap.error(f"--profile {args.profile}: {exc}")
+    runs = {str(p): read_run(p) for p in args.runs}
+    if len(set(runs)) != len(args.runs):
+        ap.error("a run is given twice")
+    table = pairs(profile, runs, args.windows)
+    sweep = prior_sweep(profile, runs, args.windows, args.priors)
+    _print(table, sweep)
+    across = [p for p in table if p.learned is not p.judged]
+    worst = {how: max((abs(p.results[how].total_err) for p in across), default=0.0)
+             for how in CORRECTIONS}
+    mape = {how: float(np.mean([p.results[how].iteration_mape for p in across]))
+            if across else 0.0 for how in CORRECTIONS}
+    quiet_to_busy = [p for p in across
+                     if p.learned is runs[p.run][0] and p.judged is runs[p.run][-1]]
+    fields = {"runs": len(runs), "pairs": len(across),
+              **{f"{how}_worst_total_err": worst[how] for how in CORRECTIONS},
+              **{f"{how}_iteration_mape": mape[how] for how in CORRECTIONS},
+              "refit_quiet_to_busy_total_err": max(
+                  (p.results["refit"].total_err for p in quiet_to_busy), default=0.0,
+                  key=abs)}
+    print("RESULT " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                               for k, v in fields.items()))
+    return 0
+
+
+def _print(table: Sequence[Pair], sweep: Sequence[tuple[float, str, float, float, float]]
+           ) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    t = Table(title="A correction learned at one load, judged at another: per-iteration "
+                    "error / error of the summed step time")
+    for col in ("run", "learned on", "judged on", *CORRECTIONS):
+        t.add_column(col, justify="right")
+    for p in table:
+        t.add_row(Path(p.run).name, p.learned.name, p.judged.name,
+                  *(f"{p.results[h].iteration_mape:.1%} / {p.results[h].total_err:+.1%}"
+                    for h in CORRECTIONS),
+                  style="dim" if p.learned is p.judged else None)
+    console.print(t)
+    s = Table(title="The refit's pull towards the profile (the controller's is "
+                    f"{PRIOR_WEIGHT:g}): worst |sum error| and mean per-iteration error at "
+                    "other loads, per-iteration error where it learned")
+    for col in ("prior", "run", "worst sum err, other loads", "iter err, other loads",
+                "iter err, where learned"):
+        s.add_column(col, justify="right")
+    for prior, run, across, mape, home in sweep:
+        s.add_row(f"{prior:g}", Path(run).name, f"{across:.1%}", f"{mape:.1%}", f"{home:.1%}")
+    console.print(s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
