@@ -61,7 +61,7 @@ from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.twin_profile import TwinChoice, resolve_twin
-from slopilot.operator.twin_status import TwinTracker
+from slopilot.operator.twin_status import TwinTracker, check_patch
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.state import (
     Action,
@@ -96,7 +96,7 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
         out["config"] = config_status(parse_spec(body).engine)
     if loop.twin is not None:  # merged: status.twin.profile is the TwinTracker's to write
-        out["twin"] = loop.twin
+        out["twin"] = check_patch(loop.twin, status.get("twin"))
     if loop.best_config is not None:
         out["bestTrial"] = {"config": loop.best_config, "goodputTokS": loop.best_goodput}
     if decision.action is not Action.NONE:

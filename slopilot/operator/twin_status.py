@@ -35,6 +35,23 @@ def profile_patch(twin: TwinChoice) -> dict[str, Any]:
     return {**dict.fromkeys(PROFILE_FIELDS), **twin.status()}
 
 
+def check_patch(check: Mapping[str, Any], before: Any) -> dict[str, Any]:
+    """``status.twin``'s check fields (``TwinCheck.to_dict``) as a merge patch over the
+    ``status.twin`` the object holds: in each map of the check (``classes``,
+    ``correctionFactors``) a key the status holds and the check lacks is set null, so a
+    check that learned nothing, or measured no class, leaves none of an earlier one's.
+    The status's own other fields (``profile``, the TwinTracker's) are left alone."""
+    old = before if isinstance(before, Mapping) else {}
+    return {k: _replacing(v, old.get(k)) if isinstance(v, Mapping) else v
+            for k, v in check.items()}
+
+
+def _replacing(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
+    gone = dict.fromkeys(k for k in old if k not in new) if isinstance(old, Mapping) else {}
+    return {**gone, **{k: _replacing(v, old.get(k) if isinstance(old, Mapping) else None)
+                       if isinstance(v, Mapping) else v for k, v in new.items()}}
+
+
 class TwinTracker:
     def __init__(self, kube: Kube, namespace: str, name: str, clock: Callable[[], float]
                  ) -> None:

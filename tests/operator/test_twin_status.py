@@ -92,8 +92,8 @@ PROFILE = TwinChoice(profile=make_profile(model="smollm2-135m", device="cpu"),
                      source="ConfigMap default/smol-profile key 'profile.yaml'")
 
 
-def _check_writer(kube: Kube) -> Callable[[], None]:
-    p = plant()
+def _check_writer(kube: Kube, **settings: Any) -> Callable[[], None]:
+    p = plant(**settings)
     d = p.ctl.tick(WINDOW_S)
     assert d.twin is not None
 
@@ -129,6 +129,43 @@ def test_status_twin_keeps_the_check_and_the_profile_whichever_writes_last(
     twin = cluster.status()["twin"]
     assert twin["profile"] == TwinChoice().status() and "source" not in twin["profile"]
     assert isinstance(twin["trusted"], bool)
+
+
+def test_a_check_that_learned_nothing_clears_what_an_earlier_one_learned(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The status is written by JSON merge patch, where a map merges: without a null per
+    # feature the cluster would keep the refit's factors under an uncorrected check.
+    from tests.operator.operator_support import Cluster, llmd
+
+    monkeypatch.setattr(kopf, "info", lambda *_a, **_k: None)
+    monkeypatch.setattr(kopf, "warn", lambda *_a, **_k: None)
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    cluster.create(llmd())
+    _check_writer(cluster.kube)()
+    assert cluster.status()["twin"]["correctionFactors"]["iteration"] > 1.3
+    _check_writer(cluster.kube, twin_correction=TwinCorrection.NONE)()
+    twin = cluster.status()["twin"]
+    assert twin["correction"] == "none" and not twin.get("correctionFactors"), twin
+
+
+def test_the_check_patch_nulls_only_what_the_check_no_longer_holds() -> None:
+    from slopilot.operator.twin_status import check_patch
+
+    before = {"trusted": True, "profile": {"calibrated": True, "source": "cm"},
+              "correctionFactors": {"iteration": 2.0, "tokens": 1.2},
+              "classes": {"p0": {"ttftP99MeasuredMs": 10.0, "tbtP99MeasuredMs": 2.0},
+                          "p2": {"ttftP99MeasuredMs": 30.0}}}
+    check = {"trusted": False, "correctionFactors": {"tokens": 1.1},
+             "classes": {"p0": {"ttftP99MeasuredMs": 12.0}}}
+    assert check_patch(check, before) == {
+        "trusted": False, "correctionFactors": {"iteration": None, "tokens": 1.1},
+        "classes": {"p0": {"ttftP99MeasuredMs": 12.0, "tbtP99MeasuredMs": None},
+                    "p2": None}}
+    # No status yet, or a hostile one that is not a map: the check as it is.
+    for nothing in (None, "x", {"correctionFactors": ["iteration"], "classes": 3}):
+        assert check_patch(check, nothing) == check
 
 
 def test_the_crd_has_no_twin_profile_status_but_a_profile_under_twin() -> None:
