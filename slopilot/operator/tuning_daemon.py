@@ -58,7 +58,7 @@ from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import config_status
 from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import Phase, SpecError, parse_spec
-from slopilot.operator.status_writer import write_status
+from slopilot.operator.status_writer import replacing, write_status
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.twin_profile import TwinChoice, resolve_twin
 from slopilot.operator.twin_status import TwinTracker, check_patch
@@ -89,7 +89,8 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
     tuning = decision.state in (ControllerState.TUNING, ControllerState.COMMIT)
     out: dict[str, Any] = {
         "phase": phase.value, "replicas": decision.replicas, "trials": loop.episode_trials,
-        "controller": controller.to_dict(),
+        # What a restarted operator resumes from: replaced whole, not merged into the last.
+        "controller": replacing(controller.to_dict(), status.get("controller")),
         "conditions": merge_conditions(status.get("conditions"), [condition(
             ConditionType.TUNING, tuning, decision.state.value.capitalize(), decision.reason,
             body["metadata"].get("generation"))])}

@@ -22,7 +22,7 @@ import kopf
 
 from slopilot.operator.conditions import merge_conditions
 from slopilot.operator.kubeapi import Kube
-from slopilot.operator.status_writer import write_status
+from slopilot.operator.status_writer import replacing, write_status
 from slopilot.operator.twin_profile import TwinChoice, config_map_version
 
 log = logging.getLogger(__name__)
@@ -42,14 +42,8 @@ def check_patch(check: Mapping[str, Any], before: Any) -> dict[str, Any]:
     check that learned nothing, or measured no class, leaves none of an earlier one's.
     The status's own other fields (``profile``, the TwinTracker's) are left alone."""
     old = before if isinstance(before, Mapping) else {}
-    return {k: _replacing(v, old.get(k)) if isinstance(v, Mapping) else v
+    return {k: replacing(v, old.get(k)) if isinstance(v, Mapping) else v
             for k, v in check.items()}
-
-
-def _replacing(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
-    gone = dict.fromkeys(k for k in old if k not in new) if isinstance(old, Mapping) else {}
-    return {**gone, **{k: _replacing(v, old.get(k) if isinstance(old, Mapping) else None)
-                       if isinstance(v, Mapping) else v for k, v in new.items()}}
 
 
 class TwinTracker:

@@ -168,6 +168,42 @@ def test_the_check_patch_nulls_only_what_the_check_no_longer_holds() -> None:
         assert check_patch(check, nothing) == check
 
 
+def test_the_controllers_saved_state_keeps_no_field_an_earlier_tick_wrote() -> None:
+    # status.controller is what a restarted operator resumes from: merged over the old
+    # one, it would keep an earlier check's factors (and any field since dropped).
+    p = plant(twin_correction=TwinCorrection.NONE)
+    d = p.ctl.tick(WINDOW_S)
+    body = sample("llmdeployment-builtin.yaml")
+    body["metadata"] = {"name": "demo", "namespace": "team-a", "generation": 1}
+    body["status"] = {"controller": {"twin": {"correctionFactors": {"iteration": 2.0}},
+                                     "left_by_a_newer_operator": 1}}
+    status = status_after(body, p.ctl, d, "2026-12-01T00:00:00Z")
+    saved = status["controller"]
+    assert saved["twin"]["correctionFactors"] == {"iteration": None}
+    assert saved["left_by_a_newer_operator"] is None
+    # Applied as the API server applies a merge patch, it leaves exactly today's state.
+    assert merged(body["status"]["controller"], saved) == without_nulls(p.ctl.to_dict())
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merged(out.get(k), v)
+    return out
+
+
+def without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
 def test_the_crd_has_no_twin_profile_status_but_a_profile_under_twin() -> None:
     status = openapi_schema()["properties"]["status"]["properties"]
     assert "twinProfile" not in status
