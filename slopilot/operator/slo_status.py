@@ -30,6 +30,9 @@ def _p99(summary: WindowSummary, key: str) -> float | None:
     return max(present) if present else None
 
 
+FIGURES = ("ttftP99Ms", "tbtP99Ms", "sloAttainment")
+
+
 def figures_of(summary: WindowSummary) -> dict[str, Any]:
     """The status fields a window summary gives; absent ones left out."""
     out: dict[str, Any] = {}
@@ -54,9 +57,10 @@ class WindowFigures:
         self.evaluator, self.window_s, self.since = evaluator, float(window_s), start
 
     def due(self, now: float) -> dict[str, Any]:
-        """The status fields of the window that just ended; {} before it ends, or when
-        the window does not count (too few samples, Prometheus down): the last figures
-        stay, and the next window is tried a full window later."""
+        """The status fields of the window that just ended, a figure it lacks as None;
+        {} before it ends, or when the window does not count (too few samples,
+        Prometheus down) or gives no figure: the last figures stay, with their
+        ``measuredAt``, and the next window is tried a full window later."""
         if now - self.since < self.window_s:
             return {}
         start, self.since = self.since, now
@@ -66,6 +70,8 @@ class WindowFigures:
             log.debug("window [%.0f, %.0f] not measured: %s", start, now, exc)
             return {}
         fields = figures_of(summary)
-        if fields:
-            fields["measuredAt"] = rfc3339(now)
-        return fields
+        if not fields:
+            return {}
+        # The window counted: a figure it lacks is null (gone, in the merge patch), not
+        # an earlier window's shown under this window's measuredAt.
+        return {**dict.fromkeys(FIGURES), **fields, "measuredAt": rfc3339(now)}
