@@ -18,9 +18,11 @@ amplifies (docs/twin.md, Limits): a correction that is right where it learned an
 percent high at a busier load moves the busier load's TTFT by much more. A sweep of the
 refit's pull towards the profile (``--priors``) shows what a stronger one trades.
 
-The JSON keeps no iteration times, so a load's iterations are cut, in the order they ran,
-into ``--windows`` parts of equal count (twin_fidelity corrects on its 3 windows before
-each load); each part's iterations are summed per kind, as the engine's counters are.
+A load's iterations are summed per kind and window of ``--window-s`` seconds on the
+run's clock (``correction.windows_of``, the equations the engine's counters give a
+controller; twin_fidelity's own correction uses 30 s). A JSON written before the
+iterations' end times were kept is cut instead, in the order the iterations ran, into
+``--windows`` parts of equal count.
 The last line is ``RESULT key=value ...``; figures are worst cases over every pair of
 different loads in every run given.
 """
@@ -42,6 +44,7 @@ from slopilot.engine.sim.correction import (
     WindowSample,
     corrected,
     predicted_seconds,
+    windows_of,
 )
 from slopilot.engine.sim.profile_file import CostProfile, load_profile
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -59,9 +62,16 @@ class Load:
     measured: np.ndarray  # step seconds per iteration
     kinds: tuple[str, ...]
     shapes: np.ndarray  # one row of FEATURES per iteration
+    ends: np.ndarray | None = None  # each iteration's end on the run's clock, if kept
 
-    def windows(self, parts: int) -> list[WindowSample]:
-        """The iterations in ``parts`` runs of equal count, summed per kind."""
+    def windows(self, parts: int, window_s: float) -> list[WindowSample]:
+        """The iterations summed per kind and window of ``window_s`` (without end times:
+        in ``parts`` runs of equal count)."""
+        if self.ends is not None:
+            return windows_of([(float(end), float(step), IterationShape(*map(float, row)))
+                               for end, step, row in zip(self.ends, self.measured,
+                                                         self.shapes, strict=True)],
+                              window_s)
         out = []
         for chunk in np.array_split(np.arange(len(self.measured)), parts):
             for kind in KINDS:
@@ -103,6 +113,7 @@ def _load(path: Path, i: int, d: Any) -> Load:
         kinds = tuple(str(p[2]) for p in points)
         rows = np.array(shapes, dtype=float)
         name, rate = str(d["name"]), float(d["rate"])
+        ends = np.array(d["ends"], dtype=float) if d.get("ends") else None
     except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise SystemExit(f"{where}: expected name, rate, points [measured, predicted, "
                          f"kind] and shapes ({type(exc).__name__}: {exc})") from None
@@ -114,11 +125,14 @@ def _load(path: Path, i: int, d: Any) -> Load:
                          "per point (a JSON from another form version?)")
     if not np.all(np.isfinite(measured)) or np.any(measured <= 0):
         raise SystemExit(f"{where}: every measured step time must be positive and finite")
+    if ends is not None and (ends.shape != measured.shape or not np.all(np.isfinite(ends))):
+        raise SystemExit(f"{where}: ends holds {ends.shape[0]} values, expected one finite "
+                         f"end time per point ({len(measured)})")
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise SystemExit(f"{where}: unknown iteration kind(s) {', '.join(unknown)}; "
                          f"expected {', '.join(KINDS)}")
-    return Load(name, rate, measured, kinds, rows)
+    return Load(name, rate, measured, kinds, rows, ends)
 
 
 def judge(profile: CostProfile, load: Load) -> Judged:
@@ -146,18 +160,21 @@ class Pair:
     results: dict[str, Judged]
 
 
-def pairs(profile: CostProfile, runs: dict[str, list[Load]], parts: int) -> list[Pair]:
+def pairs(profile: CostProfile, runs: dict[str, list[Load]], parts: int,
+          window_s: float = 30.0) -> list[Pair]:
     out = []
     for run, loads in runs.items():
         for a in loads:
-            fixed = {how: correct(profile, how, a.windows(parts)) for how in CORRECTIONS}
+            windows = a.windows(parts, window_s)
+            fixed = {how: correct(profile, how, windows) for how in CORRECTIONS}
             for b in loads:
                 out.append(Pair(run, a, b, {how: judge(p, b) for how, p in fixed.items()}))
     return out
 
 
 def prior_sweep(profile: CostProfile, runs: dict[str, list[Load]], parts: int,
-                priors: Sequence[float]) -> list[tuple[float, str, float, float, float]]:
+                window_s: float, priors: Sequence[float]
+                ) -> list[tuple[float, str, float, float, float]]:
     """Per prior and run: worst |total error| and mean per-iteration error over pairs of
     different loads, and the mean per-iteration error where the correction learned."""
     rows = []
@@ -165,7 +182,7 @@ def prior_sweep(profile: CostProfile, runs: dict[str, list[Load]], parts: int,
         for run, loads in runs.items():
             across, mapes, home = 0.0, [], []
             for a in loads:
-                fixed = correct(profile, "refit", a.windows(parts), prior)
+                fixed = correct(profile, "refit", a.windows(parts, window_s), prior)
                 for b in loads:
                     j = judge(fixed, b)
                     if a is b:
@@ -194,13 +211,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, required=True,
                     help="the profile the fidelity run(s) used")
     ap.add_argument("runs", type=Path, nargs="+", help="twin_fidelity.py --json files")
+    ap.add_argument("--window-s", type=float, default=30.0,
+                    help="seconds of one correction window (default 30, twin_fidelity's)")
     ap.add_argument("--windows", type=int, default=3,
-                    help="parts a load's iterations are cut into (default 3)")
+                    help="parts a load's iterations are cut into where the JSON has no "
+                    "end times (default 3)")
     ap.add_argument("--priors", type=_priors, default=DEFAULT_PRIORS,
                     help="refit pulls to sweep, comma-separated")
     args = ap.parse_args(argv)
     if args.windows < 1:
         ap.error(f"--windows {args.windows}: expected at least 1")
+    if not 0 < args.window_s < float("inf"):
+        ap.error(f"--window-s {args.window_s}: expected seconds above 0")
     try:
         profile = load_profile(args.profile)
     except (OSError, ValueError) as exc:
@@ -208,8 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = {str(p): read_run(p) for p in args.runs}
     if len(set(runs)) != len(args.runs):
         ap.error("a run is given twice")
-    table = pairs(profile, runs, args.windows)
-    sweep = prior_sweep(profile, runs, args.windows, args.priors)
+    table = pairs(profile, runs, args.windows, args.window_s)
+    sweep = prior_sweep(profile, runs, args.windows, args.window_s, args.priors)
     _print(table, sweep)
     across = [p for p in table if p.learned is not p.judged]
     worst = {how: max((abs(p.results[how].total_err) for p in across), default=0.0)

@@ -30,7 +30,8 @@ def _load() -> ModuleType:
     return module
 
 
-def fidelity_json(truth: CostProfile, path: Path, *, seed: int = 0) -> Path:
+def fidelity_json(truth: CostProfile, path: Path, *, seed: int = 0,
+                  step_s: float | None = None) -> Path:
     """Three loads, lighter to busier (more decodes per step, longer chunks), whose
     'measured' step times are ``truth``'s prediction: the shape of twin_fidelity's JSON."""
     rng = random.Random(seed)
@@ -47,7 +48,10 @@ def fidelity_json(truth: CostProfile, path: Path, *, seed: int = 0) -> Path:
             shape = shape_of_rows(rows)
             points.append([predicted_seconds(truth, shape), 0.0, kind])
             shapes.append(list(shape.vector()))
-        loads.append({"name": name, "rate": rate, "points": points, "shapes": shapes})
+        load = {"name": name, "rate": rate, "points": points, "shapes": shapes}
+        if step_s is not None:  # iterations ending every step_s on the run's clock
+            load["ends"] = [step_s * (i + 0.5) for i in range(len(points))]
+        loads.append(load)
     path.write_text(json.dumps({"loads": loads}))
     return path
 
@@ -101,6 +105,19 @@ def test_a_correction_learned_on_one_regime_is_judged_on_the_others(
         ct.judge(base, loads[2]).total_err)
 
 
+def test_end_times_make_the_windows_a_controller_would_sum(tmp_path: Path) -> None:
+    ct = _load()
+    base = make_profile(model="tiny-random", device="cpu")
+    timed = ct.read_run(fidelity_json(base, tmp_path / "timed.json", step_s=0.5))
+    # 120 iterations 0.5 s apart: 60 s, two 30 s windows, each split by kind.
+    windows = timed[0].windows(3, 30.0)
+    assert {w.kind for w in windows} == {"decode", "mixed"} and len(windows) == 4
+    assert sum(w.iterations for w in windows) == 120
+    assert sum(w.seconds for w in windows) == pytest.approx(timed[0].measured.sum())
+    untimed = ct.read_run(fidelity_json(base, tmp_path / "untimed.json"))
+    assert untimed[0].ends is None and len(untimed[0].windows(3, 30.0)) == 6
+
+
 def bad(tmp_path: Path, doc: Any) -> Path:
     path = tmp_path / "bad.json"
     path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
@@ -116,6 +133,10 @@ def bad(tmp_path: Path, doc: Any) -> Path:
                  "shapes": [[1, 2]]}]}, "another form version"),
     ({"loads": [{"name": "x", "rate": 1, "points": [[-0.1, 0.1, "decode"]],
                  "shapes": [[0] * len(FEATURES)]}]}, "positive and finite"),
+    ({"loads": [{"name": "x", "rate": 1, "points": [[0.1, 0.1, "decode"]],
+                 "shapes": [[0] * len(FEATURES)], "ends": [1.0, 2.0]}]}, "one finite end"),
+    ({"loads": [{"name": "x", "rate": 1, "points": [[0.1, 0.1, "decode"]],
+                 "shapes": [[0] * len(FEATURES)], "ends": ["soon"]}]}, "expected name"),
     ({"loads": [{"name": "x", "rate": 1, "points": [[0.1, 0.1, "rm -rf"]],
                  "shapes": [[0] * len(FEATURES)]}]}, "unknown iteration kind"),
 ])
@@ -130,6 +151,8 @@ def test_a_file_that_is_not_a_fidelity_run_is_refused(tmp_path: Path, doc: Any,
     (["--priors", "0.1,-1"], "every prior must be >= 0"),
     (["--priors", "a,b"], "expected numbers"),
     (["--windows", "0"], "--windows 0: expected at least 1"),
+    (["--window-s", "0"], "--window-s 0.0: expected seconds above 0"),
+    (["--window-s", "nan"], "--window-s nan: expected seconds above 0"),
 ])
 def test_bad_options_are_refused(tmp_path: Path, argv: list[str], message: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,6 +78,9 @@ class LoadReport:
     shapes: list[tuple[float, ...]] = field(default_factory=list)
     """Every real iteration's features (``IterationShape.vector``), in ``points`` order:
     another profile's prediction can be judged on the same run afterwards."""
+    ends: list[float] = field(default_factory=list)
+    """Every real iteration's end on the run's clock, in ``points`` order: the windows a
+    live correction would have summed them into (``correction.windows_of``)."""
     cpu_share: float = 1.0
     load_average: float | None = None
     truncated: bool = False  # the real run hit its time limit: figures are not comparable
@@ -251,4 +254,5 @@ def compare(name: str, rate: float, real: Recorder, sim: Recorder,
         preemptions=(sum(it.preempted for it in real.iterations),
                      sum(it.preempted for it in sim.iterations)),
         busy=(busy_real, busy_sim), iterations=fit, points=points,
-        shapes=[it.shape.vector() for it in real.iterations])
+        shapes=[it.shape.vector() for it in real.iterations],
+        ends=[it.end for it in real.iterations])
