@@ -147,10 +147,26 @@ def parse_args() -> argparse.Namespace:
                    help="after the loads, serve these again on the real engine (comma-"
                    "separated: light, near, over, or all) and compare the second run with "
                    "the first as the twin is compared: the engine's own repeatability")
+    p.add_argument("--order", default="light,near,over", metavar="LOADS",
+                   help="the order the loads are served in (all three, comma-separated; "
+                   "default light,near,over). A machine that drifts during the run moves "
+                   "with time, the cost model's regime errors with the load: serving them "
+                   "in another order tells the two apart")
     return p.parse_args()
 
 
 REPEAT_NAMES = {"light": 0, "near": 1, "over": 2}
+
+
+def load_order(text: str) -> list[int]:
+    """``--order``'s load indices, in the order they are served."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in REPEAT_NAMES]
+    if bad:
+        raise SystemExit(f"--order {text!r}: unknown load {bad[0]!r}; use light, near, over")
+    if sorted(REPEAT_NAMES[n] for n in names) != [0, 1, 2]:
+        raise SystemExit(f"--order {text!r}: name each of light, near, over once")
+    return [REPEAT_NAMES[n] for n in names]
 
 
 def repeat_loads(text: str) -> list[int]:
@@ -342,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
                           swap_space_gb=1.0)
     specs = workload(profile, n, prompt_mean, output_mean, args.trace_offset, args.seed)
     repeats = repeat_loads(args.repeat_real)
+    order = load_order(args.order)
     fractions = [float(f) for f in args.loads.split(",")]
     if len(fractions) != 3 or not all(f > 0 for f in fractions):
         raise SystemExit(f"--loads {args.loads!r}: expected three positive fractions")
@@ -361,24 +378,26 @@ def run(args: argparse.Namespace) -> int:
     replay_real_warmup(executor, config, cost, at_rate(extra[:WARMUP_REQUESTS], mu))
     drift_before = machine_drift(executor, cost, "before the loads")
     served = replay_real_warmup(executor, config, cost,
-                                at_rate(extra[WARMUP_REQUESTS:], fractions[0] * mu))
+                                at_rate(extra[WARMUP_REQUESTS:], fractions[order[0]] * mu))
     calibrated_twin = Twin(scenario, cost)
     moved = [twin_of(scenario, rescaled(profile, 1 + d, note=f"moved {d:+.0%}"))
              for d in (SENSITIVITY, -SENSITIVITY)]
-    reports, live, firsts = [], [], []
-    corrections: list[dict[str, float]] = []
-    for (name, _), f in zip(LOADS, fractions, strict=True):
+    # Served in --order; kept in load order (light, near, over) for every table after.
+    ran: dict[int, tuple[LoadReport, LoadReport, tuple[Recorder, Any], dict[str, float]]] = {}
+    for i in order:
+        name, f = LOADS[i][0], fractions[i]
         print(f"{name}: {f * mu:.2f} req/s ({f:g} x the twin's {mu:.2f} req/s saturation)",
               file=sys.stderr, flush=True)
         fixed_profile, learned = live_corrected(profile, served, name)
         fixed = twin_of(scenario, fixed_profile)
-        corrections.append(learned)
         (calibrated_report, corrected_report), served, run_ = run_load(
             name, f * mu, at_rate(specs, f * mu), [calibrated_twin, fixed], config,
             executor, args.time_limit, moved)
-        reports.append(calibrated_report)
-        live.append(corrected_report)
-        firsts.append((served, run_))
+        ran[i] = (calibrated_report, corrected_report, (served, run_), learned)
+    reports = [ran[i][0] for i in range(len(LOADS))]
+    live = [ran[i][1] for i in range(len(LOADS))]
+    firsts = [ran[i][2] for i in range(len(LOADS))]
+    corrections = [ran[i][3] for i in range(len(LOADS))]
     again = [serve_again(reports[i], firsts[i], at_rate(specs, fractions[i] * mu), config,
                          executor, cost, args.time_limit) for i in repeats]
     drift_after = machine_drift(executor, cost, "after the loads")
@@ -394,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
     live_worst, live_mape, _ = summary(live)
     if args.json:
         args.json.write_text(json.dumps({
+            "order": [LOADS[i][0] for i in order],
             "worst": worst, "iteration_mape": iteration_mape, "iteration_noise_floor": noise,
             "corrected": {"worst": live_worst, "iteration_mape": live_mape,
                           "factors": corrections,

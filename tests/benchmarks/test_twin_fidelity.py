@@ -84,3 +84,14 @@ def _profile() -> object:
     from tests.support.profiles import make_profile
 
     return make_profile("tiny-random", device="cpu")
+
+
+def test_the_load_order_names_each_load_once() -> None:
+    tf = _load()
+    assert tf.load_order("light,near,over") == [0, 1, 2]
+    assert tf.load_order(" over, near ,light") == [2, 1, 0]
+    with pytest.raises(SystemExit, match=r"unknown load 'heavy'; use light, near, over"):
+        tf.load_order("light,heavy,over")
+    for text in ("light,near", "light,near,near", "light,near,over,light", ""):
+        with pytest.raises(SystemExit, match="name each of light, near, over once"):
+            tf.load_order(text)
