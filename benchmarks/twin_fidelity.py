@@ -338,9 +338,11 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     check_profile_for(profile, model=args.model)
     if args.replot is not None:
-        reports, live, again = reports_from_json(json.loads(args.replot.read_text()))
+        doc = json.loads(args.replot.read_text())
+        reports, live, again = reports_from_json(doc)
         target = args.plot or Path("docs") / "twin_fidelity.png"
-        plot(reports, profile, target, corrected=live or None, again=again)
+        plot(reports, profile, target, corrected=live or None, again=again,
+             order=doc.get("order"))
         print(f"plot: {target}")
         return 0
     cost = CalibratedCostModel(profile)
@@ -408,7 +410,8 @@ def run(args: argparse.Namespace) -> int:
     print_sensitivity(reports, SENSITIVITY, SENSITIVE_LIMIT)
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")
-    plot(reports, profile, target, corrected=live, again=again)
+    plot(reports, profile, target, corrected=live, again=again,
+         order=[LOADS[i][0] for i in order])
     worst, iteration_mape, noise = summary(reports)
     live_worst, live_mape, _ = summary(live)
     if args.json:

@@ -169,10 +169,11 @@ def within_caption(reports: list[LoadReport]) -> str:
 
 def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
          corrected: list[LoadReport] | None = None,
-         again: list[LoadReport] | None = None) -> None:
+         again: list[LoadReport] | None = None, order: list[str] | None = None) -> None:
     """Per load, each real iteration against its prediction; then the latency figures of
     the calibrated twin, of the live-corrected one and of the real engine's second run
-    (``--repeat-real``) against its first, when given."""
+    (``--repeat-real``) against its first, when given. ``order``: the loads' names in
+    the order they were served, in the title when it is not the panels' own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,7 +206,9 @@ def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
         ax.legend(fontsize=7, loc="upper left")
     for ax, (panel, title, ylabel) in zip(grid[1], panels, strict=False):
         _latency_panel(ax, panel, title, colours, ylabel)
-    fig.suptitle(f"Twin fidelity: {profile.name} on {profile.device.name}")
+    served = "" if order is None or order == [r.name for r in reports] else \
+        f"; served in the order {', '.join(order)}"
+    fig.suptitle(f"Twin fidelity: {profile.name} on {profile.device.name}{served}")
     fig.tight_layout()
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=110)
