@@ -43,7 +43,6 @@ from slopilot.engine.sim.correction import (
     PRIOR_WEIGHT,
     WindowSample,
     corrected,
-    predicted_seconds,
     windows_of,
 )
 from slopilot.engine.sim.profile_file import CostProfile, load_profile
@@ -66,22 +65,16 @@ class Load:
 
     def windows(self, parts: int, window_s: float) -> list[WindowSample]:
         """The iterations summed per kind and window of ``window_s`` (without end times:
-        in ``parts`` runs of equal count)."""
+        in ``parts`` runs of equal count, each its own window)."""
         if self.ends is not None:
-            return windows_of([(float(end), float(step), IterationShape(*map(float, row)))
-                               for end, step, row in zip(self.ends, self.measured,
-                                                         self.shapes, strict=True)],
-                              window_s)
-        out = []
-        for chunk in np.array_split(np.arange(len(self.measured)), parts):
-            for kind in KINDS:
-                sel = [int(i) for i in chunk if self.kinds[i] == kind]
-                if sel:
-                    out.append(WindowSample(kind, float(len(sel)),
-                                            float(self.measured[sel].sum()),
-                                            IterationShape(*(float(v) for v in
-                                                             self.shapes[sel].sum(axis=0)))))
-        return out
+            ends, width = self.ends, window_s
+        else:
+            chunks = np.array_split(np.arange(len(self.measured)), parts)
+            ends, width = np.concatenate([np.full(len(c), k + 0.5)
+                                          for k, c in enumerate(chunks)]), 1.0
+        return windows_of([(float(end), float(step), IterationShape(*map(float, row)))
+                           for end, step, row in zip(ends, self.measured, self.shapes,
+                                                     strict=True)], width)
 
 
 @dataclass(frozen=True)
@@ -136,8 +129,7 @@ def _load(path: Path, i: int, d: Any) -> Load:
 
 
 def judge(profile: CostProfile, load: Load) -> Judged:
-    predicted = np.array([predicted_seconds(profile, IterationShape(*(float(v) for v in row)))
-                          for row in load.shapes])
+    predicted = load.shapes @ np.array([profile.coefficient(f) for f in FEATURES])
     errors = (predicted - load.measured) / load.measured
     return Judged(float(np.mean(np.abs(errors))),
                   float(predicted.sum() / load.measured.sum() - 1.0))
