@@ -18,6 +18,17 @@ amplifies (docs/twin.md, Limits): a correction that is right where it learned an
 percent high at a busier load moves the busier load's TTFT by much more. A sweep of the
 refit's pull towards the profile (``--priors``) shows what a stronger one trades.
 
+A load paired with itself is held out: learned on the iterations before its midpoint,
+judged on those after, which is what the controller's own check does with a window's two
+halves. Its error is the floor a correction meets at the load it learned on; an error
+at another load is the carry only where it lies above that floor. ``beyond`` says how far
+the judged iterations lie outside what the correction saw: the largest ratio of a
+feature's mean per iteration (per kind) to the largest mean any learned window showed,
+over the features that carry at least 5 % of a kind's predicted time in kinds carrying
+at least 5 % of the load's. A coverage guard would read that figure; the rank
+correlation between it and the refit's sum error (over every pair, and over pairs of
+different loads) says whether it would guard anything.
+
 A load's iterations are summed per kind and window of ``--window-s`` seconds on the
 run's clock (``correction.windows_of``, the equations the engine's counters give a
 controller; twin_fidelity's own correction uses 30 s). A JSON written before the
@@ -62,6 +73,13 @@ class Load:
     kinds: tuple[str, ...]
     shapes: np.ndarray  # one row of FEATURES per iteration
     ends: np.ndarray | None = None  # each iteration's end on the run's clock, if kept
+
+    def part(self, start: float, stop: float) -> Load:
+        """The iterations from ``start`` to ``stop`` (fractions of the load, in run order)."""
+        n = len(self.measured)
+        keep = slice(round(start * n), round(stop * n))
+        return Load(self.name, self.rate, self.measured[keep], self.kinds[keep],
+                    self.shapes[keep], None if self.ends is None else self.ends[keep])
 
     def windows(self, parts: int, window_s: float) -> list[WindowSample]:
         """The iterations summed per kind and window of ``window_s`` (without end times:
@@ -142,14 +160,54 @@ def correct(profile: CostProfile, how: str, windows: Sequence[WindowSample],
     return corrected(profile, windows, refit_first=how == "refit", prior_weight=prior)
 
 
+SHARE = 0.05
+"""A kind, or a feature within a kind, counts towards ``beyond`` from this share of the
+predicted time on."""
+
+
+def beyond(profile: CostProfile, windows: Sequence[WindowSample], load: Load
+           ) -> tuple[float, str]:
+    """How far ``load``'s iterations lie outside ``windows``: the largest ratio of a
+    feature's mean per iteration of a kind to the largest any window of that kind showed
+    (inf for a kind no window had), and which ``kind.feature`` it is."""
+    coef = np.array([profile.coefficient(f) for f in FEATURES])
+    seen: dict[str, np.ndarray] = {}
+    for w in windows:
+        mean = np.asarray(w.shape.vector()) / w.iterations
+        seen[w.kind] = np.maximum(seen.get(w.kind, mean), mean)
+    kinds = np.array(load.kinds)
+    total = float((load.shapes @ coef).sum())
+    worst, where = 0.0, ""
+    for kind in sorted(set(load.kinds)):
+        rows = load.shapes[kinds == kind]
+        if total <= 0 or float((rows @ coef).sum()) < SHARE * total:
+            continue
+        mean = rows.mean(axis=0)
+        per_iteration = float(mean @ coef)
+        for i, f in enumerate(FEATURES):
+            if coef[i] * mean[i] < SHARE * per_iteration:
+                continue
+            top = seen[kind][i] if kind in seen else 0.0
+            ratio = float(mean[i] / top) if top > 0 else float("inf")
+            if ratio > worst:
+                worst, where = ratio, f"{kind}.{f}"
+    return worst, where
+
+
 @dataclass(frozen=True)
 class Pair:
-    """Each correction learned on ``learned``'s windows, judged on ``judged``'s iterations."""
+    """Each correction learned on ``learned``'s windows, judged on ``judged``'s iterations
+    (the same load: learned on its first half, judged on its second)."""
 
     run: str
     learned: Load
     judged: Load
     results: dict[str, Judged]
+    beyond: tuple[float, str]
+
+    @property
+    def held_out(self) -> bool:
+        return self.learned is self.judged
 
 
 def pairs(profile: CostProfile, runs: dict[str, list[Load]], parts: int,
@@ -157,10 +215,12 @@ def pairs(profile: CostProfile, runs: dict[str, list[Load]], parts: int,
     out = []
     for run, loads in runs.items():
         for a in loads:
-            windows = a.windows(parts, window_s)
-            fixed = {how: correct(profile, how, windows) for how in CORRECTIONS}
             for b in loads:
-                out.append(Pair(run, a, b, {how: judge(p, b) for how, p in fixed.items()}))
+                learned, judged = (a.part(0, 0.5), a.part(0.5, 1)) if a is b else (a, b)
+                windows = learned.windows(parts, window_s)
+                fixed = {how: correct(profile, how, windows) for how in CORRECTIONS}
+                out.append(Pair(run, a, b, {how: judge(p, judged) for how, p in fixed.items()},
+                                beyond(profile, windows, judged)))
     return out
 
 
@@ -225,9 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = pairs(profile, runs, args.windows, args.window_s)
     sweep = prior_sweep(profile, runs, args.windows, args.window_s, args.priors)
     _print(table, sweep)
-    across = [p for p in table if p.learned is not p.judged]
+    across = [p for p in table if not p.held_out]
     worst = {how: max((abs(p.results[how].total_err) for p in across), default=0.0)
              for how in CORRECTIONS}
+    held_out = max((abs(p.results["refit"].total_err) for p in table if p.held_out),
+                   default=0.0)
     mape = {how: float(np.mean([p.results[how].iteration_mape for p in across]))
             if across else 0.0 for how in CORRECTIONS}
     quiet_to_busy = [p for p in across
@@ -237,10 +299,27 @@ def main(argv: Sequence[str] | None = None) -> int:
               **{f"{how}_iteration_mape": mape[how] for how in CORRECTIONS},
               "refit_quiet_to_busy_total_err": max(
                   (p.results["refit"].total_err for p in quiet_to_busy), default=0.0,
-                  key=abs)}
+                  key=abs),
+              "refit_held_out_worst_total_err": held_out,
+              "beyond_refit_err_spearman": _rank_correlation(table),
+              "beyond_refit_err_spearman_other_loads": _rank_correlation(across)}
     print("RESULT " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                for k, v in fields.items()))
     return 0
+
+
+def _rank_correlation(table: Sequence[Pair]) -> float:
+    """Spearman's rank correlation of ``beyond`` with the refit's |sum error| over
+    ``table``'s pairs (NaN with fewer than three pairs or no spread)."""
+    from scipy.stats import spearmanr
+
+    if len(table) < 3:
+        return float("nan")
+    x = [p.beyond[0] for p in table]
+    y = [abs(p.results["refit"].total_err) for p in table]
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")
+    return float(spearmanr(x, y).statistic)
 
 
 def _print(table: Sequence[Pair], sweep: Sequence[tuple[float, str, float, float, float]]
@@ -248,16 +327,18 @@ def _print(table: Sequence[Pair], sweep: Sequence[tuple[float, str, float, float
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=140)
+    console = Console(width=170)
     t = Table(title="A correction learned at one load, judged at another: per-iteration "
                     "error / error of the summed step time")
-    for col in ("run", "learned on", "judged on", *CORRECTIONS):
+    for col in ("run", "learned on", "judged on", "beyond", *CORRECTIONS):
         t.add_column(col, justify="right")
     for p in table:
-        t.add_row(Path(p.run).name, p.learned.name, p.judged.name,
+        learned, judged = (f"{p.learned.name} (1st half)", f"{p.judged.name} (2nd half)") \
+            if p.held_out else (p.learned.name, p.judged.name)
+        t.add_row(Path(p.run).name, learned, judged, f"x{p.beyond[0]:.2f} {p.beyond[1]}",
                   *(f"{p.results[h].iteration_mape:.1%} / {p.results[h].total_err:+.1%}"
                     for h in CORRECTIONS),
-                  style="dim" if p.learned is p.judged else None)
+                  style="dim" if p.held_out else None)
     console.print(t)
     s = Table(title="The refit's pull towards the profile (the controller's is "
                     f"{PRIOR_WEIGHT:g}): worst |sum error| and mean per-iteration error at "

@@ -72,6 +72,8 @@ def test_a_uniformly_slower_engine_is_corrected_at_every_load(
     result = run(ct, ["--profile", str(profile), str(runs), "--priors", "0.1,10"],
                  capsys)
     assert result["runs"] == "1" and result["pairs"] == "6"
+    assert float(result["refit_held_out_worst_total_err"]) < 0.1
+    assert -1 <= float(result["beyond_refit_err_spearman_other_loads"]) <= 1
     # As calibrated the twin is 20 % fast everywhere (1 / 1.25 - 1). The rescale learns
     # the 1.25 at one load and carries it, right, to the others.
     assert float(result["none_worst_total_err"]) == pytest.approx(0.2, abs=1e-6)
@@ -97,12 +99,33 @@ def test_a_correction_learned_on_one_regime_is_judged_on_the_others(
     loads = ct.read_run(fidelity_json(truth, tmp_path / "run.json"))
     assert [x.name for x in loads] == ["light", "near saturation", "overloaded"]
     table = ct.pairs(base, {"run": loads}, 3)
-    home = [p for p in table if p.learned is p.judged]
-    assert all(abs(p.results[h].total_err) < 1e-9 for p in home for h in ("rescale", "refit"))
+    # A load with itself is held out: learned on its first half, judged on its second.
+    # These halves are drawn alike, so either correction lands close there, and further
+    # off at a load of another mix: the floor an off-load error is read against.
+    held_out = [p for p in table if p.held_out]
+    assert len(held_out) == 3
+    for how in ("rescale", "refit"):
+        floor = max(abs(p.results[how].total_err) for p in held_out)
+        carried = max(abs(p.results[how].total_err) for p in table if not p.held_out)
+        assert floor < 0.015 < 0.04 < carried, (how, floor, carried)
     assert all(p.results["none"].total_err < 0 for p in table)  # the twin is fast
+    # How far the judged iterations lie beyond the learned windows: the halves alike,
+    # the busy load's decodes far past the light load's (2 decodes a step against 24).
+    assert all(p.beyond[0] <= 1.25 for p in held_out)
+    busy = next(p for p in table if p.learned is loads[0] and p.judged is loads[2])
+    assert busy.beyond[0] > 5 and busy.beyond[1].startswith("decode."), busy.beyond
     none = next(p for p in table if p.learned is loads[0] and p.judged is loads[2])
     assert none.results["none"].total_err == pytest.approx(
         ct.judge(base, loads[2]).total_err)
+
+
+def test_a_kind_no_learned_window_had_lies_infinitely_beyond(tmp_path: Path) -> None:
+    ct = _load()
+    base = make_profile(model="tiny-random", device="cpu")
+    load = ct.read_run(fidelity_json(base, tmp_path / "run.json"))[2]
+    decodes_only = [w for w in load.windows(3, 30.0) if w.kind == "decode"]
+    assert ct.beyond(base, decodes_only, load) == (float("inf"), "mixed.iteration")
+    assert ct.beyond(base, load.windows(1, 30.0), load) == pytest.approx((1.0, "decode.iteration"))
 
 
 def test_end_times_make_the_windows_a_controller_would_sum(tmp_path: Path) -> None:
