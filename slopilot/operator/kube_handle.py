@@ -37,6 +37,7 @@ from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.operator.crd import API_VERSION, PLURAL
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector
@@ -61,19 +62,6 @@ def ready(pod: Mapping[str, Any]) -> bool:
         return False
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
     return conditions.get("Ready", "True") == "True"
-
-
-def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The owner reference a controller set (controller and blockOwnerDeletion both true)."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
-        if ref.get("controller") is True:
-            return ref if ref.get("blockOwnerDeletion") is True else None
-    return None
-
-
-def _controlled_by(obj: Mapping[str, Any] | None, kind: str, uid: str | None) -> bool:
-    ref = controller_ref(obj) if obj is not None else None
-    return bool(ref and uid and ref.get("kind") == kind and ref.get("uid") == uid)
 
 
 def admin_port(pod: Mapping[str, Any]) -> int | None:
@@ -133,13 +121,13 @@ class KubeDeploymentHandle:
         """Ready engine pods this deployment's own ReplicaSets made, by name."""
         body = body if body is not None else self.body()
         dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
-        if not _controlled_by(dep, "LLMDeployment", body["metadata"].get("uid")):
+        if not controlled_by(dep, "LLMDeployment", body["metadata"].get("uid")):
             return []
         assert dep is not None
         sel = ",".join(f"{k}={v}" for k, v in selector(self.name).items())
         sets = {rs["metadata"]["uid"]: rs for rs in self.kube.list(
             "apps/v1", "replicasets", self.namespace, label_selector=sel)
-            if _controlled_by(rs, "Deployment", dep["metadata"].get("uid"))}
+            if controlled_by(rs, "Deployment", dep["metadata"].get("uid"))}
         out = []
         for pod in self.kube.list("v1", "pods", self.namespace, label_selector=sel):
             ref = controller_ref(pod)
