@@ -31,7 +31,7 @@ from slopilot.operator import tuning_daemon  # noqa: F401  # registers the contr
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.kubeapi import Kube, load_client
-from slopilot.operator.reconcile import Change, Outcome, Refusal, config_status, reconcile
+from slopilot.operator.reconcile import Change, Outcome, config_status, reconcile
 from slopilot.operator.settings import configure, operator_policy
 from slopilot.operator.spec import Phase
 from slopilot.operator.status_writer import write_status
@@ -84,7 +84,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
     current = status.get("conditions")
     if not outcome.valid:
         message = "; ".join(outcome.problems)
-        if outcome.refusal is Refusal.OWNED_OBJECT_INVALID:
+        if outcome.refusal.of_objects:
             updates = [
                 condition(ConditionType.VALID, True, "SpecAccepted", accepted(outcome),
                           generation),
@@ -159,6 +159,8 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, reason: str,
         write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
     post_events(body, outcome, reason="Reconciled")
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)
+    if outcome.retry_s is not None:  # kopf runs the handler again, spec change or not
+        raise kopf.TemporaryError("; ".join(outcome.problems), delay=outcome.retry_s)
 
 
 def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -1,6 +1,8 @@
 """``KubeDeploymentHandle``: the tuner controller's DeploymentHandle over Kubernetes.
 
-- ``scale(n)`` patches the Deployment's replicas, kept within the spec's min and max.
+- ``scale(n)`` patches the Deployment's replicas, kept within the spec's min and max,
+  and only a Deployment whose controller reference names this CR's uid: one of the
+  same name that another team made is neither scaled nor counted (``replicas`` is 0).
 - ``apply_config`` for the built-in engine is a live ``PUT /admin/config`` on each ready
   pod (the canary alone, or all of them), on the pod's ``admin`` port, with the token the
   operator minted for this deployment (tokens.py). For vLLM, which has no live
@@ -34,7 +36,7 @@ from typing import Any
 import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.operator.crd import API_VERSION, PLURAL
+from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
@@ -81,8 +83,10 @@ class KubeDeploymentHandle:
 
     def __init__(self, kube: Kube, namespace: str, name: str, *, mint: TokenMint,
                  policy: OperatorPolicy | None = None,
-                 http: httpx.Client | None = None) -> None:
+                 http: httpx.Client | None = None, uid: str | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
+        self.uid = uid
+        """The CR's uid, where the caller serves one CR (None: read from the object)."""
         self.mint = mint
         self.policy = policy if policy is not None else OperatorPolicy()
         self.http = http or httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
@@ -110,8 +114,17 @@ class KubeDeploymentHandle:
             self._parsed = (str(version), spec)
         return spec
 
-    def replicas(self) -> int:
+    def _uid(self) -> str:
+        return self.uid if self.uid is not None else str(self.body()["metadata"].get("uid"))
+
+    def deployment(self) -> dict[str, Any] | None:
+        """The CR's Deployment: the one of its name whose controller reference names the
+        CR's uid (None: none yet, or another's, which is never read as this CR's)."""
         dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
+        return dep if controlled_by(dep, KIND, self._uid()) else None
+
+    def replicas(self) -> int:
+        dep = self.deployment()
         return 0 if dep is None else int((dep.get("spec") or {}).get("replicas", 1))
 
     def current_config(self) -> dict[str, Any]:
@@ -121,9 +134,8 @@ class KubeDeploymentHandle:
         """Ready engine pods this deployment's own ReplicaSets made, by name."""
         body = body if body is not None else self.body()
         dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
-        if not controlled_by(dep, "LLMDeployment", body["metadata"].get("uid")):
+        if dep is None or not controlled_by(dep, KIND, body["metadata"].get("uid")):
             return []
-        assert dep is not None
         sel = ",".join(f"{k}={v}" for k, v in selector(self.name).items())
         sets = {rs["metadata"]["uid"]: rs for rs in self.kube.list(
             "apps/v1", "replicasets", self.namespace, label_selector=sel)
@@ -165,6 +177,11 @@ class KubeDeploymentHandle:
     # ------------------------------------------------------------------ actions
     def scale(self, n: int) -> None:
         spec = self.spec()
+        if self.deployment() is None:
+            live = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
+            raise ApplyError(f"{self.name}: not scaled: " + (
+                "the Deployment is not made yet" if live is None else
+                f"Deployment/{self.name} is not managed by this LLMDeployment"))
         target = min(max(int(n), spec.min_replicas), spec.max_replicas)
         if target != n:
             log.info("%s: scale to %d kept within [%d, %d]: %d", self.name, n,

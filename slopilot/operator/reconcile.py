@@ -13,7 +13,12 @@ it was tuned from.
 A spec is refused, touching nothing, when it fails ``parse_spec`` (InvalidSpec), the
 administrator's policy (NotAllowed), or would render objects the API server refuses
 (OwnedObjectInvalid: checked first and named by the CR's field; an API refusal that
-slipped past the checks is reported the same way rather than retried every 10 s).
+slipped past the checks is reported the same way rather than retried every 10 s), or
+when an object of a name it would take exists and is not this CR's (NameTaken): the
+operator changes only what this CR controls, by the uid in the controller reference, so
+a tenant cannot name an LLMDeployment after another team's Deployment or the namespace's
+NetworkPolicy and have it rewritten (and garbage-collected with the CR). A taken name is
+looked at again every ``RETRY_NAME_TAKEN_S``.
 
 The admin-token Secret is write-only to the operator (tokens.py): it is created when the
 status does not yet record it (or at a resume, in case it was deleted), never read.
@@ -28,8 +33,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
+from slopilot.operator.crd import KIND
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.render import labels, owner_reference, render_admin_secret, render_all
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
@@ -58,6 +65,18 @@ class Refusal(enum.StrEnum):
     INVALID_SPEC = "InvalidSpec"  # Valid=False
     NOT_ALLOWED = "NotAllowed"  # Valid=False: the operator's policy
     OWNED_OBJECT_INVALID = "OwnedObjectInvalid"  # Reconciled=False
+    NAME_TAKEN = "NameTaken"  # Reconciled=False: an object of an owned name is another's
+
+    @property
+    def of_objects(self) -> bool:
+        """The spec is fine; the objects it asks for cannot be made (Reconciled=False)."""
+        return self in (Refusal.OWNED_OBJECT_INVALID, Refusal.NAME_TAKEN)
+
+
+RETRY_NAME_TAKEN_S = 60.0
+"""How soon a reconcile refused for a taken name looks again: the object may be deleted
+(by its owner, or by the garbage collector once an earlier CR of this name is gone), and
+no event of an object the operator does not manage reaches it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +95,8 @@ class Outcome:
     config: EngineConfig | None = None  # the knobs rendered (spec plus committed tuning)
     warnings: tuple[str, ...] = ()
     """The parsed spec's warnings (a deprecated field): posted, never refused."""
+    retry_s: float | None = None
+    """Reconcile again after this long even without a change (a taken name may clear)."""
 
     @property
     def valid(self) -> bool:
@@ -125,8 +146,32 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
     return objects
 
 
-def ensure(kube: Kube, desired: Mapping[str, Any]) -> Change:
-    """Create the object, or patch it where it differs; nothing is sent when it matches."""
+class NameTaken(Exception):
+    """An object of a name the CR's objects take exists and is not the CR's."""
+
+
+def taken(kind: str, live: Mapping[str, Any], body: Mapping[str, Any]) -> str | None:
+    """Why ``live`` (a ``kind``) is not ``body``'s to change; None when the CR controls
+    it, by uid."""
+    if controlled_by(live, KIND, str(body["metadata"].get("uid") or "")):
+        return None
+    ref = controller_ref(live)
+    if ref is None:
+        owner = "it has no controller"
+    elif ref.get("kind") == KIND and ref.get("name") == body["metadata"]["name"]:
+        owner = (f"an earlier LLMDeployment {ref.get('name')} (uid {ref.get('uid')}) "
+                 "controls it; the garbage collector removes it once that one is gone")
+    else:
+        owner = f"{ref.get('kind')}/{ref.get('name')} controls it"
+    name = (live.get("metadata") or {}).get("name")
+    return (f"{kind}/{name} already exists and is not managed by this LLMDeployment "
+            f"({owner}): use another name for the LLMDeployment, or remove that object; "
+            f"the operator looks again every {RETRY_NAME_TAKEN_S:g} s")
+
+
+def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any]) -> Change:
+    """Create the object, or patch it where it differs; nothing is sent when it matches.
+    Raises NameTaken when an object of that name is there and is not ``body``'s."""
     api, plural = desired["apiVersion"], plural_of(desired)
     meta = desired["metadata"]
     live = kube.get(api, plural, meta["namespace"], meta["name"])
@@ -138,6 +183,8 @@ def ensure(kube: Kube, desired: Mapping[str, Any]) -> Change:
             if exc.reason != "AlreadyExists":
                 raise
             live = kube.get(api, plural, meta["namespace"], meta["name"]) or {}
+    if (why := taken(desired["kind"], live, body)) is not None:
+        raise NameTaken(why)
     if covers(live, desired):
         return Change.UNCHANGED
     patch = copy.deepcopy({k: v for k, v in desired.items() if k not in ("apiVersion", "kind")})
@@ -149,8 +196,8 @@ def current_replicas(kube: Kube, body: Mapping[str, Any], spec: LLMDeploymentSpe
     """The live replica count clamped into the spec's range; None before the first create."""
     live = kube.get("apps/v1", "deployments", body["metadata"]["namespace"],
                     body["metadata"]["name"])
-    if live is None:
-        return None
+    if live is None or not controlled_by(live, KIND, str(body["metadata"].get("uid") or "")):
+        return None  # none yet, or another's (which the reconcile refuses to touch)
     count = int((live.get("spec") or {}).get("replicas", 1))
     return min(max(count, spec.min_replicas), spec.max_replicas)
 
@@ -165,6 +212,27 @@ def object_problems(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> list[st
         if value is not None and (problem := quantity_problem(field, value)) is not None:
             out.append(problem)
     return out
+
+
+def not_reconciled(kube: Kube, body: Mapping[str, Any], spec: LLMDeploymentSpec
+                   ) -> str | None:
+    """Why this CR's objects are not its own to act on (None: they are, or not made yet).
+
+    The tuning controller scales the Deployment of the CR's name: it runs only while the
+    reconcile accepts the objects (``object_problems``, the last ``Reconciled`` condition
+    of this generation) and that Deployment, where it exists, is the CR's by uid.
+    """
+    if problems := object_problems(body, spec):
+        return "the reconcile refuses this LLMDeployment's objects: " + "; ".join(problems)
+    generation = body["metadata"].get("generation")
+    for c in (body.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "Reconciled" and c.get("status") == "False" \
+                and c.get("observedGeneration") == generation:
+            return ("the reconcile refuses this LLMDeployment's objects: "
+                    f"{c.get('reason')}: {c.get('message')}")
+    meta = body["metadata"]
+    live = kube.get("apps/v1", "deployments", meta["namespace"], meta["name"])
+    return None if live is None else taken("Deployment", live, body)
 
 
 def ensure_admin_secret(kube: Kube, body: Mapping[str, Any], mint: TokenMint, *,
@@ -203,6 +271,11 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     monitoring = (kube.serves(MONITORING, "servicemonitors")
                   and kube.serves(MONITORING, "prometheusrules"))
     replicas = current_replicas(kube, body, spec)
+    objects = desired_objects(body, spec, replicas=replicas, monitoring=monitoring,
+                              operator_namespace=policy.operator_namespace)
+    # Every name is judged before anything is written, so that a refusal touches nothing.
+    if problems := name_problems(kube, objects, body):
+        return _name_taken(problems, spec.warnings)
     changes: dict[str, Change] = {}
     secret: str | None = None  # vLLM has no admin endpoint, hence no token
     where = ""
@@ -211,10 +284,11 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
             secret = admin_secret_name(body)
             where = f"Secret/{secret}"
             changes[where] = ensure_admin_secret(kube, body, mint, force=resume)
-        for obj in desired_objects(body, spec, replicas=replicas, monitoring=monitoring,
-                                   operator_namespace=policy.operator_namespace):
+        for obj in objects:
             where = f"{obj['kind']}/{obj['metadata']['name']}"
-            changes[where] = ensure(kube, obj)
+            changes[where] = ensure(kube, obj, body)
+    except NameTaken as exc:  # made by someone else since the check above
+        return _name_taken([str(exc)], spec.warnings, changes)
     except ApiError as exc:
         if exc.status not in (400, 422):
             raise  # transient (or unknown): kopf retries the handler
@@ -229,6 +303,25 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                    replicas=replicas if replicas is not None else
                    min(max(spec.min_replicas, 1), spec.max_replicas), config=spec.engine,
                    warnings=spec.warnings)
+
+
+def name_problems(kube: Kube, objects: list[dict[str, Any]], body: Mapping[str, Any]
+                  ) -> list[str]:
+    """The objects of ``objects``' names that exist and are not ``body``'s, said why."""
+    out = []
+    for obj in objects:
+        meta = obj["metadata"]
+        live = kube.get(obj["apiVersion"], plural_of(obj), meta["namespace"], meta["name"])
+        if live is not None and (why := taken(obj["kind"], live, body)) is not None:
+            out.append(why)
+    return out
+
+
+def _name_taken(problems: list[str], warnings: tuple[str, ...],
+                changes: Mapping[str, Change] | None = None) -> Outcome:
+    return Outcome(problems=tuple(problems), refusal=Refusal.NAME_TAKEN,
+                   changes=dict(changes or {}), warnings=warnings,
+                   retry_s=RETRY_NAME_TAKEN_S)
 
 
 def config_status(config: EngineConfig) -> dict[str, Any]:

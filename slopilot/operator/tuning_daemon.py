@@ -55,7 +55,7 @@ from slopilot.operator.daemon_pause import pause
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy, policy_problems
-from slopilot.operator.reconcile import config_status
+from slopilot.operator.reconcile import config_status, not_reconciled
 from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import replacing, write_status
@@ -142,6 +142,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     spec = parse_spec(body)
     if problems := policy_problems(spec, policy):  # never query a URL the policy refuses
         raise ControllerError("; ".join(problems))
+    if (why := not_reconciled(kube, body, spec)) is not None:  # never act on another's
+        raise ControllerError(why)
     saved = (body.get("status") or {}).get("controller")
     state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
     meta = body["metadata"]
@@ -162,7 +164,8 @@ class DeploymentLoop:
                  logger: logging.Logger | logging.LoggerAdapter[Any], clock: Clock = time.time
                  ) -> None:
         self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
-        self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy)
+        self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy,
+                                           uid=uid)
         self.policy, self.factory, self.locks = policy, factory, locks
         self.logger, self.clock = logger, clock
         self.controller: Controller | None = None

@@ -36,8 +36,11 @@ class OneDeployment:
 
     def get(self, api_version: str, plural: str, namespace: str, name: str
             ) -> dict[str, Any] | None:
-        if plural == "deployments":
-            return {"spec": {"replicas": 1}}
+        if plural == "deployments":  # the CR's own, as the reconcile made it
+            return {"metadata": {"ownerReferences": [{
+                "apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
+                "name": "chat", "uid": "u1", "controller": True,
+                "blockOwnerDeletion": True}]}, "spec": {"replicas": 1}}
         return None
 
 
@@ -50,7 +53,7 @@ def context(tmp_path: Path, backend: str = "builtin", **tuning: Any) -> DaemonCo
                      "tuning": {"storage": f"sqlite:///{tmp_path / 'study.db'}", **tuning}}}
     spec = parse_spec(body)
     kube: Any = OneDeployment()
-    handle = KubeDeploymentHandle(kube, "team", "chat", mint=TokenMint(b"k" * 32))
+    handle = KubeDeploymentHandle(kube, "team", "chat", mint=TokenMint(b"k" * 32), uid="u1")
     return DaemonContext(kube, handle, spec, "team", "chat",
                          controller_settings(spec, "team", "chat"), None, spec.tuning.storage,
                          uid="u1")

@@ -1,0 +1,221 @@
+"""Objects the operator did not make are not its to change, whatever their names.
+
+A tenant who may create LLMDeployments, but not NetworkPolicies or Deployments, names
+one after an object that is already there: the namespace's deny-all policy, another
+team's Deployment. The operator derives its objects' names from the CR's, so without a
+check it would patch that object into its own (and make it garbage with the CR).
+"""
+
+# CustomObjectsApi (client 37) returns ``object``; owned objects may be None.
+# mypy: disable-error-code="attr-defined,index,union-attr"
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from slopilot.operator.crd import crd_manifest
+from slopilot.operator.handlers import status_of
+from slopilot.operator.kube_handle import ApplyError
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
+from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
+from tests.support.kube_server import RunningEmulator
+
+DENY_ALL = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "default-deny", "namespace": NS},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
+
+
+def web(name: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NS, "labels": {"app": "web"}},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}},
+                                  "spec": {"containers": [{"name": "nginx",
+                                                           "image": "nginx"}]}}}}
+
+
+@pytest.fixture
+def cluster(kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> Cluster:
+    kube.install(crd_manifest())
+    return Cluster(kube_client)
+
+
+def writes(kube: RunningEmulator) -> int:
+    return sum(1 for r in kube.emulator._requests if r.method.value != "GET")
+
+
+def test_an_object_of_the_same_name_that_is_not_ours_is_left_alone(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    k = cluster.kube
+    k.create("networking.k8s.io/v1", "networkpolicies", NS, copy.deepcopy(DENY_ALL))
+    before = k.get("networking.k8s.io/v1", "networkpolicies", NS, "default-deny")
+    body = cluster.create(llmd("default-deny"))
+    mint = operator_mint(cluster)
+    count = writes(kube)
+    out = reconcile(k, body, policy=OperatorPolicy(), mint=mint)
+    # Refused before any write: not the Secret, not the ConfigMap before the policy.
+    assert writes(kube) == count
+    assert out.refusal is Refusal.NAME_TAKEN and not out.changes
+    [problem] = out.problems
+    assert "NetworkPolicy/default-deny already exists" in problem
+    assert "not managed by this LLMDeployment" in problem and "no controller" in problem
+    assert "use another name for the LLMDeployment, or remove that object" in problem
+    after = k.get("networking.k8s.io/v1", "networkpolicies", NS, "default-deny")
+    assert after == before  # the admin's deny-all still selects every pod, owned by no one
+    assert k.get("apps/v1", "deployments", NS, "default-deny") is None
+    # The status says so where a user looks: the spec is fine, its objects are not made.
+    status = status_of(body, out)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Valid"]["status"] == "True"
+    assert conditions["Reconciled"]["status"] == "False"
+    assert conditions["Reconciled"]["reason"] == "NameTaken"
+
+
+def test_another_teams_deployment_is_neither_adopted_nor_scaled(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    k = cluster.kube
+    k.create("apps/v1", "deployments", NS, web("web"))
+    body = cluster.create(llmd("web"))
+    out = reconcile(k, body, policy=OperatorPolicy(), mint=operator_mint(cluster))
+    assert out.refusal is Refusal.NAME_TAKEN
+    assert any("Deployment/web already exists" in p for p in out.problems), out.problems
+    dep = k.get("apps/v1", "deployments", NS, "web")
+    assert not dep["metadata"].get("ownerReferences")
+    assert [c["image"] for c in dep["spec"]["template"]["spec"]["containers"]] == ["nginx"]
+    assert k.get("v1", "services", NS, "web") is None  # nothing else was made either
+
+
+def test_objects_an_earlier_llmdeployment_of_the_same_name_controls_are_not_taken(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    k = cluster.kube
+    body = cluster.create(llmd())
+    mint = operator_mint(cluster)
+    assert reconcile(k, body, policy=OperatorPolicy(), mint=mint).valid
+    # A CR of this name was deleted and made again before the garbage collector removed
+    # the first one's objects: they name the same CR, with the earlier uid.
+    earlier = "0f0f0f0f-earlier"
+    dep = k.get("apps/v1", "deployments", NS, "chat")
+    refs = [{**dep["metadata"]["ownerReferences"][0], "uid": earlier}]
+    k.patch("apps/v1", "deployments", NS, "chat", {"metadata": {"ownerReferences": refs},
+                                                   "spec": {"replicas": 4}})
+    out = reconcile(k, body, policy=OperatorPolicy(), mint=mint)
+    assert out.refusal is Refusal.NAME_TAKEN and out.retry_s is not None
+    [problem] = out.problems
+    assert f"an earlier LLMDeployment chat (uid {earlier})" in problem
+    assert "garbage collector" in problem
+    dep = k.get("apps/v1", "deployments", NS, "chat")
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == earlier
+    assert dep["spec"]["replicas"] == 4  # not even its count was read as the CR's
+
+
+def test_its_own_objects_are_still_patched_back(kube: RunningEmulator,
+                                                cluster: Cluster) -> None:
+    k = cluster.kube
+    body = cluster.create(llmd())
+    mint = operator_mint(cluster)
+    assert set(reconcile(k, body, policy=OperatorPolicy(), mint=mint).changes.values()) \
+        == {Change.CREATED}
+    k.patch("v1", "services", NS, "chat",
+            {"spec": {"selector": {"slopilot.dev/llmdeployment": "other"}}})
+    out = reconcile(k, body, policy=OperatorPolicy(), mint=mint)
+    assert out.valid and out.changes["Service/chat"] is Change.PATCHED
+
+
+def test_the_handler_looks_again_while_the_name_is_taken(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No event of an object the operator does not manage reaches it: once the admin
+    # removes their policy, only kopf's retry makes the objects.
+    import logging
+
+    import kopf
+
+    from slopilot.operator import handlers
+
+    k = cluster.kube
+    k.create("networking.k8s.io/v1", "networkpolicies", NS, copy.deepcopy(DENY_ALL))
+    body = cluster.create(llmd("default-deny"))
+    monkeypatch.setattr(handlers, "post_events", lambda *a, **kw: None)
+    memo = kopf.Memo(kube=k, locks=handlers.LockTable(), policy=OperatorPolicy(),
+                     tokens=operator_mint(cluster))
+    log = logging.getLogger("test")
+    with pytest.raises(kopf.TemporaryError) as retry:
+        handlers.reconcile_llmdeployment(body=body, memo=memo, reason="create", logger=log)
+    assert retry.value.delay == RETRY_NAME_TAKEN_S
+    assert cluster.condition("Reconciled", "default-deny")["reason"] == "NameTaken"
+    kubernetes.client.NetworkingV1Api(cluster.kube.client).delete_namespaced_network_policy(
+        "default-deny", NS)
+    handlers.reconcile_llmdeployment(body=cluster.get("default-deny"), memo=memo,
+                                     reason="create", logger=log)
+    assert cluster.condition("Reconciled", "default-deny")["status"] == "True"
+    policy = k.get("networking.k8s.io/v1", "networkpolicies", NS, "default-deny")
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+
+
+def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+                ) -> Any:
+    """The CR's daemon, stepped here (its events, which need kopf's context, dropped)."""
+    import logging
+
+    from slopilot.operator import tuning_daemon
+    from slopilot.operator.handlers import LockTable
+    from slopilot.operator.tuning_daemon import DeploymentLoop
+    from tests.operator.standins import build_controller
+
+    monkeypatch.setattr(tuning_daemon, "post_decision", lambda *a, **kw: None)
+    return DeploymentLoop(cluster.kube, NS, body["metadata"]["name"],
+                          str(body["metadata"]["uid"]), mint=operator_mint(cluster),
+                          policy=OperatorPolicy(), factory=build_controller,
+                          locks=LockTable(), logger=logging.getLogger("test"))
+
+
+def test_no_controller_runs_for_a_deployment_that_is_not_the_crs(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    k = cluster.kube
+    k.create("apps/v1", "deployments", NS, web("web"))
+    body = cluster.create(llmd("web", prometheus={"url": "http://127.0.0.1:9"}))
+    loop = daemon_loop(cluster, body, monkeypatch)
+    assert loop.step() is True
+    assert loop.controller is None
+    tuning = cluster.condition("Tuning", "web")
+    assert tuning["status"] == "False" and tuning["reason"] == "ControllerUnavailable"
+    assert "Deployment/web already exists and is not managed by this LLMDeployment" \
+        in tuning["message"]
+    # The handle a controller would act through refuses the foreign Deployment too.
+    with pytest.raises(ApplyError, match="not managed by this LLMDeployment"):
+        loop.handle.scale(5)
+    assert loop.handle.replicas() == 0  # none of this CR's
+    assert k.get("apps/v1", "deployments", NS, "web")["spec"]["replicas"] == 3
+
+
+@pytest.mark.parametrize("name", ["web.v2", "9lives"])
+def test_no_controller_runs_for_a_cr_whose_objects_cannot_be_made(
+        kube: RunningEmulator, cluster: Cluster, name: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dotted name is a valid CR and Deployment name, and no valid Service name: the
+    # reconcile refuses it (OwnedObjectInvalid), and the daemon must not then scale a
+    # Deployment of that name someone else made.
+    k = cluster.kube
+    k.create("apps/v1", "deployments", NS, web(name)) if "." in name else None
+    body = cluster.create(llmd(name, prometheus={"url": "http://127.0.0.1:9"}))
+    loop = daemon_loop(cluster, body, monkeypatch)
+    assert loop.step() is True and loop.controller is None
+    tuning = cluster.condition("Tuning", name)
+    assert tuning["reason"] == "ControllerUnavailable"
+    assert "the reconcile refuses this LLMDeployment's objects" in tuning["message"]
+
+
+def test_a_controller_runs_once_the_objects_are_the_crs(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = cluster.create(llmd(prometheus={"url": "http://127.0.0.1:9"},
+                               replicas={"min": 1, "max": 4}))
+    assert reconcile(cluster.kube, body, policy=OperatorPolicy(),
+                     mint=operator_mint(cluster)).valid
+    loop = daemon_loop(cluster, cluster.get(), monkeypatch)
+    assert loop.step() is True and loop.controller is not None
+    loop.handle.scale(2)
+    assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["replicas"] == 2
