@@ -173,8 +173,12 @@ def tuned_config(body: Mapping[str, Any], engine: EngineConfig) -> EngineConfig:
 
 
 # Where a CR's study lives unless it says otherwise (and the one storage the operator's
-# policy allows by default: see study_storage.py).
-DEFAULT_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
+# policy allows by default: see study_storage.py). Four slashes: an absolute path, the
+# volume operator.yaml mounts, whatever the operator's working directory.
+DEFAULT_STUDY_STORAGE = "sqlite:////var/lib/slopilot/study.db"
+LEGACY_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
+"""The old CRD's default, kept in every LLMDeployment created under it: a path relative
+to the working directory (the image's is /tmp), read as the default with a warning."""
 
 
 @dataclass(frozen=True)
@@ -194,9 +198,11 @@ class TuningSpec:
 
 
 def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: EngineConfig,
-                   applies: frozenset[str] | None, r: SpecReader) -> TuningSpec | None:
+                   applies: frozenset[str] | None, r: SpecReader,
+                   warnings: list[str] | None = None) -> TuningSpec | None:
     """``spec.tuning``: bounds judged on the spec's ``engine``, the space based on the
-    ``running`` one; None (the problems in ``r`` say why) when there is no space."""
+    ``running`` one; None (the problems in ``r`` say why) when there is no space. A field
+    read in another meaning than written appends to ``warnings``."""
     window = r.get(spec, "spec.tuning.window", str, "2m")
     try:
         window_s = parse_duration(window)
@@ -224,7 +230,14 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
             r.problems.append(f"spec.tuning.bounds: {exc}")
     if space is None:
         return None
+    storage = r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE)
+    if storage == LEGACY_STUDY_STORAGE:
+        storage = DEFAULT_STUDY_STORAGE
+        if warnings is not None:
+            warnings.append(
+                f"spec.tuning.storage={LEGACY_STUDY_STORAGE!r} (the old CRD's default) is a "
+                "path relative to the operator's working directory; the operator opens "
+                f"{DEFAULT_STUDY_STORAGE!r}, the mounted volume: write that (four slashes)")
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
-                      storage=r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE),
-                      bounds=bounds, space=space)
+                      storage=storage, bounds=bounds, space=space)

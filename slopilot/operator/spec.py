@@ -204,8 +204,9 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
             "enable prefix caching or remove prefixHitMin")
     alerts = _alerts(spec, r)
     running = tuned_config(body, engine)
+    warnings: list[str] = []
     tuning = tuning_section(spec, engine, running,
-                     VLLM_APPLIES if backend is Backend.VLLM else None, r)
+                            VLLM_APPLIES if backend is Backend.VLLM else None, r, warnings)
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:
         r.problems.append(f"spec.slo.vllmClass={vllm_class!r} is not allowed; use one of: "
@@ -213,7 +214,6 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     url = r.get(spec, "spec.prometheus.url", str, "http://prometheus-operated.monitoring:9090")
     if (problem := prometheus_url_problem(url)) is not None:
         r.problems.append(problem)
-    warnings: list[str] = []
     twin = parse_twin(spec, r.problems, warnings)
     if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)

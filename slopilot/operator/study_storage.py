@@ -5,7 +5,7 @@ network reach and file system: left open, a CR could point the operator at any d
 it can reach (a port scan with error messages for answers) or create SQLite files
 anywhere its pod can write. So the administrator lists the storages tenants may use
 (``$SLOPILOT_ALLOWED_STORAGE``, comma-separated; the default: the operator's own
-``sqlite:///var/lib/slopilot/study.db``):
+``sqlite:////var/lib/slopilot/study.db``):
 
 - a database URL, compared as a database (driver, user, host, port, database, query;
   never the password). The entry may carry the password, so a CR names a shared
@@ -14,7 +14,9 @@ anywhere its pod can write. So the administrator lists the storages tenants may 
   sub-directory, no ``..``), so each team can keep its own file;
 - ``*``: any URL (a single-tenant cluster).
 
-A CR's URL may never hold a password: whoever can read the CR could read it.
+A CR's URL may never hold a password: whoever can read the CR could read it. Nor may a
+SQLite path be relative (``sqlite:///x.db``, three slashes): it would resolve against the
+operator's working directory, which neither the CR's author nor the admin sees.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ class StorageRule:
         parsed = parse_storage_url(self.entry)
         if parsed is None or parsed.drivername.split("+")[0] not in ("sqlite", "postgresql"):
             raise StorageRefused(f"storage allow-list entry {shown(self.entry)!r}: expected "
-                                 "sqlite:///..., postgresql://..., sqlite:////dir/* or *")
+                                 "sqlite:////..., postgresql://..., sqlite:////dir/* or *")
+        if (problem := _relative_sqlite(parsed)) is not None:
+            raise StorageRefused(f"storage allow-list entry {shown(self.entry)!r}: {problem}")
 
     def resolve(self, wanted: URL, url: str) -> str | None:
         """The URL to open for ``wanted`` (the admin's, with its password), or None."""
@@ -77,6 +81,15 @@ class StorageRule:
         return self.entry if _identity(allowed) == _identity(wanted) else None
 
 
+def _relative_sqlite(url: URL) -> str | None:
+    db = url.database or ""
+    if url.drivername.split("+")[0] != "sqlite" or db.startswith("/") or db in ("", ":memory:"):
+        return None
+    return (f"the SQLite path {db!r} is relative to the operator's working directory: "
+            f"write sqlite:////{db.lstrip('./')} for /{db.lstrip('./')} (four slashes: an "
+            "absolute path)")
+
+
 def resolve_storage(url: str, rules: tuple[StorageRule, ...]) -> str:
     """The storage URL the operator opens for a CR that asks for ``url``.
 
@@ -84,12 +97,14 @@ def resolve_storage(url: str, rules: tuple[StorageRule, ...]) -> str:
     parsed = parse_storage_url(url)
     if parsed is None:
         raise StorageRefused(f"spec.tuning.storage={url[:80]!r} is not a database URL: use "
-                             "sqlite:///path/to/study.db or postgresql://user@host/db")
+                             "sqlite:////abs/path/study.db or postgresql://user@host/db")
     if parsed.password:
         raise StorageRefused(
             f"spec.tuning.storage={shown(url)!r} holds a password, which everyone who can "
             "read the LLMDeployment can read: name the database without it; the cluster "
             "admin puts the credentials in the operator's SLOPILOT_ALLOWED_STORAGE")
+    if (problem := _relative_sqlite(parsed)) is not None:
+        raise StorageRefused(f"spec.tuning.storage={shown(url)!r}: {problem}")
     for rule in rules:
         if (target := rule.resolve(parsed, url)) is not None:
             return target

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -104,7 +105,7 @@ def test_image_references_normalize_as_docker_does() -> None:
     assert parse_image("UPPER/case") is None
 
 
-DEFAULT_DB = "sqlite:///var/lib/slopilot/study.db"
+DEFAULT_DB = "sqlite:////var/lib/slopilot/study.db"
 SHARED = "postgresql+psycopg2://optuna:Adm1n-s3cret@db.shared.svc:5432/studies"
 
 
@@ -112,10 +113,44 @@ def test_by_default_only_the_operators_own_study_file_is_opened() -> None:
     policy = OperatorPolicy()
     assert policy.study_storage(spec_of()) == DEFAULT_DB  # the CRD's default
     for url in ("postgresql://optuna@10.0.0.5:5432/x", "sqlite:////etc/slopilot/evil.db",
-                "sqlite:///var/lib/slopilot/other.db", "mysql://root@db/x"):
+                "sqlite:////var/lib/slopilot/other.db", "mysql://root@db/x"):
         problems = policy_problems(spec_of(tuning={"storage": url}), policy)
         assert problems and "spec.tuning.storage" in problems[0], url
         assert "SLOPILOT_ALLOWED_STORAGE" in problems[0]
+
+
+def test_the_default_study_file_is_the_mounted_one_whatever_the_working_directory(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three slashes are a path relative to the process's working directory (the image's
+    # is /tmp): the study would not be in the volume mounted at /var/lib/slopilot.
+    from sqlalchemy.engine import make_url
+
+    from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
+
+    assert make_url(DEFAULT_STUDY_STORAGE).database == "/var/lib/slopilot/study.db"
+    assert spec_of().tuning.storage == DEFAULT_STUDY_STORAGE
+    crd = (Path(__file__).parents[2] / "manifests" / "crd.yaml").read_text()
+    operator = (Path(__file__).parents[2] / "manifests" / "operator.yaml").read_text()
+    assert "sqlite:///var" not in crd + operator
+
+
+def test_the_old_relative_default_is_read_as_the_mounted_file_with_a_warning() -> None:
+    # Every LLMDeployment created under the old CRD carries its default in the object.
+    spec = spec_of(tuning={"storage": "sqlite:///var/lib/slopilot/study.db"})
+    assert spec.tuning.storage == DEFAULT_DB
+    [warning] = spec.warnings
+    assert "spec.tuning.storage" in warning and "relative" in warning
+    assert DEFAULT_DB in warning
+    assert policy_problems(spec, OperatorPolicy()) == []
+
+
+def test_another_relative_sqlite_path_is_refused_naming_the_fix() -> None:
+    policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "*"})
+    [problem] = policy_problems(spec_of(tuning={"storage": "sqlite:///team.db"}), policy)
+    assert "spec.tuning.storage" in problem and "relative" in problem
+    assert "sqlite:////" in problem  # four slashes: an absolute path
+    with pytest.raises(PolicyError, match="relative"):
+        operator_policy({"SLOPILOT_ALLOWED_STORAGE": "sqlite:///var/lib/x/study.db"})
 
 
 def test_a_cr_names_a_shared_database_and_the_operator_brings_the_credentials() -> None:
