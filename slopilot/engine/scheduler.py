@@ -84,6 +84,12 @@ class Scheduler(Admission):
     def has_work(self) -> bool:
         return bool(self.running) or bool(self._waiting)
 
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether a prompt of ``num_tokens`` (and its first output token) fits the whole
+        KV cache: ``add_request``'s rule, which the simulator also judges a trace's
+        lengths by before it draws their tokens."""
+        return num_tokens + 1 <= self.kv.num_gpu_blocks * self.kv.block_size
+
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise DuplicateRequestError(
@@ -98,11 +104,10 @@ class Scheduler(Admission):
             raise QueueFullError(
                 f"{len(self._waiting)} requests are waiting (max_waiting="
                 f"{self.config.max_waiting}); retry later")
-        capacity = self.kv.num_gpu_blocks * self.kv.block_size
-        if req.num_tokens + 1 > capacity:
+        if not self.can_ever_fit(req.num_tokens):
             raise PromptTooLongError(
                 f"prompt of {req.num_tokens} tokens cannot fit in the KV cache "
-                f"({capacity} tokens); shorten the prompt")
+                f"({self.kv.num_gpu_blocks * self.kv.block_size} tokens); shorten the prompt")
         req.seq_no = next(self._seq)
         self.requests[req.request_id] = req
         if req.sampling.has_penalties:

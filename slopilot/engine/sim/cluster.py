@@ -160,6 +160,8 @@ class SimCluster:
         rep = min(self.active, key=lambda r: len(r.engine.scheduler.requests))
         if rep.clock.t < spec.arrival_time:
             rep.clock.t = spec.arrival_time
+        if not rep.engine.scheduler.can_ever_fit(spec.num_prompt_tokens):
+            return  # as the engine would, unread (``simulator._dispatch``)
         req = Request(f"c{next(self._counter)}", list(spec.prompt_token_ids),
                       SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
                       priority=spec.priority, arrival_time=spec.arrival_time)

@@ -195,6 +195,12 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
     if rep.clock.t < spec.arrival_time:
         rep.clock.t = spec.arrival_time
     rid = f"s{n}"
+    # Judged by length before the prompt is read: a trace's prompt is drawn only then,
+    # and one no replica holds (a typo, a hostile file) would cost its size in memory.
+    if not rep.engine.scheduler.can_ever_fit(spec.num_prompt_tokens):
+        rep.rejected += 1
+        stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens)
+        return
     req = Request(rid, list(spec.prompt_token_ids),
                   SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
                   priority=spec.priority, arrival_time=spec.arrival_time)
@@ -202,7 +208,7 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
         rep.engine.add_request(req)
     except (QueueFullError, PromptTooLongError):
         rep.rejected += 1
-        stats.on_rejected(req)
+        stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens)
         return
     stats.on_arrival(req)
     rep.specs[rid] = spec

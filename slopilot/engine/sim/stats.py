@@ -116,13 +116,14 @@ class SimStats:
             c.offered_tokens += req.sampling.max_tokens
             self._open[req.request_id] = req
 
-    def on_rejected(self, req: Request) -> None:
-        """A request refused at arrival (prompt too long, waiting queue full)."""
-        if self.start_time <= req.arrival_time < self.end_time:
-            c = self.classes[req.priority]
+    def on_rejected(self, arrival_time: float, priority: Priority, max_tokens: int) -> None:
+        """A request refused at arrival (prompt too long, waiting queue full); told by
+        its figures, not a ``Request``: one too long to hold is never built."""
+        if self.start_time <= arrival_time < self.end_time:
+            c = self.classes[priority]
             c.arrived += 1
             c.rejected += 1
-            c.offered_tokens += req.sampling.max_tokens
+            c.offered_tokens += max_tokens
 
     # --------------------------------------------------------------- observer
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,

@@ -14,12 +14,15 @@ stream, so a later (longer) turn has an earlier turn's prompt as its prefix.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import replace
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+
+import numpy as np
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.trace_formats import (
@@ -34,13 +37,14 @@ from slopilot.engine.sim.workload import (
     DEFAULT_VOCAB_SIZE,
     ClassMix,
     RequestSpec,
+    SyntheticPrompt,
     TokenSampler,
     child_rng,
 )
 
 # Traces shipped in slopilot/data/traces (see the README there for sources and licences).
 BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
-_TOKENS, _PRIORITY = 21, 22
+_TOKENS, _PRIORITY, _SESSION_TOKENS = 21, 22, 23
 
 
 def trace_source(name_or_path: str | Path) -> Traversable | Path:
@@ -63,7 +67,9 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
     if fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
     try:
-        text = source.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Excel, PowerShell) is dropped, not read as part
+        # of the first column's name.
+        text = source.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise TraceError(f"{name_or_path}: cannot read the trace: {e}") from None
     label = str(name_or_path)
@@ -132,20 +138,24 @@ class TraceWorkload:
         self.duration_s = duration_s
 
     def initial(self) -> Iterator[RequestSpec]:
-        rng = child_rng(self.seed, _TOKENS)
+        # Prompts are drawn only when read (``SyntheticPrompt``): the simulator rejects
+        # one no deployment holds by its length alone. So each prompt has its own stream
+        # (per request, or per session), and drawing one never shifts another's tokens.
         class_rng = child_rng(self.seed, _PRIORITY)
-        streams: dict[int, list[int]] = {}
-        for r in self.records:
+        streams: dict[int, _SessionStream] = {}
+        for i, r in enumerate(self.records):
             if self.duration_s is not None and r.arrival_time >= self.duration_s:
                 return
             priority = r.priority if r.priority is not None else self.classes.sample(class_rng)
             if r.session_id is None:
-                prompt = self.tokens.sample(rng, r.prompt_tokens)
+                prompt = SyntheticPrompt(r.prompt_tokens, functools.partial(
+                    self.tokens.sample, child_rng(self.seed, _TOKENS, i)))
             else:
-                stream = streams.setdefault(r.session_id, [])
-                if len(stream) < r.prompt_tokens:
-                    stream.extend(self.tokens.sample(rng, r.prompt_tokens - len(stream)))
-                prompt = stream[:r.prompt_tokens]
+                stream = streams.get(r.session_id)
+                if stream is None:
+                    stream = streams[r.session_id] = _SessionStream(
+                        self.tokens, child_rng(self.seed, _SESSION_TOKENS, r.session_id))
+                prompt = SyntheticPrompt(r.prompt_tokens, stream.prefix)
             yield RequestSpec(arrival_time=r.arrival_time, prompt_token_ids=prompt,
                               max_tokens=max(1, r.output_tokens), priority=priority,
                               session_id=r.session_id)
@@ -153,3 +163,19 @@ class TraceWorkload:
     def on_finish(self, spec: RequestSpec, all_token_ids: list[int],
                   now: float) -> list[RequestSpec]:
         return []
+
+
+class _SessionStream:
+    """One session's token stream: every turn's prompt is a prefix of it, so a later
+    (longer) turn starts with the earlier turn's prompt. It grows only as far as a drawn
+    prompt reads, so a turn the deployment rejects unread costs nothing."""
+
+    def __init__(self, sampler: TokenSampler, rng: np.random.Generator) -> None:
+        self.sampler = sampler
+        self.rng = rng
+        self.ids: list[int] = []
+
+    def prefix(self, n: int) -> list[int]:
+        if len(self.ids) < n:
+            self.ids.extend(self.sampler.sample(self.rng, n - len(self.ids)))
+        return self.ids[:n]

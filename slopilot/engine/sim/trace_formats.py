@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import json
 import math
 from dataclasses import dataclass
@@ -26,6 +27,11 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
 _ALIASES = {"timestamp": "arrival_time", "priority": "class"}
 FORMATS = ("csv", "azure-csv", "jsonl")
+MAX_TOKENS = 2**24
+"""The longest prompt or output a trace may give (16,777,216 tokens): above every model's
+context window (the longest hold 10M), so a larger one is a wrong column or a hostile
+file. The deployment's own limit is judged at replay, where too long a prompt is
+rejected as the engine would (unread: ``workload.SyntheticPrompt``)."""
 # The scenario whose deployment and SLO a bare ``--trace`` runs on (1 x H100, Llama-3-8B,
 # the standard SLO). Here, beside the formats, because the trace flags name both when
 # they register, and registration must import nothing heavy (trace_flags.py).
@@ -47,7 +53,7 @@ class TraceRecord:
 
 def parse_csv(text: str, label: str) -> list[TraceRecord]:
     """Either CSV form, told apart by the header row."""
-    header = next(csv.reader(text.splitlines()[:1]), None)
+    header = next(_rows(text), None)
     if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
         return parse_azure(text, label)
     names = [_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header or ()]
@@ -57,7 +63,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             f"{', '.join(c for c in CSV_COLUMNS if c not in names)}; a CSV trace starts with "
             f"{','.join(CSV_COLUMNS)}[,class] (or Azure's {','.join(_AZURE_COLUMNS)})")
     column = {name: names.index(name) for name in (*CSV_COLUMNS, "class") if name in names}
-    reader = csv.reader(text.splitlines())
+    reader = _rows(text)
     next(reader)
     records = []
     for row in reader:
@@ -81,8 +87,15 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
     return records
 
 
+def _rows(text: str) -> Any:
+    """A CSV reader over ``text``: rows end at newlines only, and a quoted field keeps its
+    own (``str.splitlines()`` would also split at U+2028, form feeds and other separators
+    a field may hold, and glue a quoted multi-line field back without its newline)."""
+    return csv.reader(io.StringIO(text, newline=""))
+
+
 def parse_azure(text: str, label: str) -> list[TraceRecord]:
-    reader = csv.reader(text.splitlines())
+    reader = _rows(text)
     header = next(reader, None)
     if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
         raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
@@ -105,7 +118,9 @@ def parse_azure(text: str, label: str) -> list[TraceRecord]:
 def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
     records = []
     sessions: dict[object, int] = {}
-    for line, raw in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only: a JSON string may hold U+2028 or U+0085, where
+    # str.splitlines() would cut it (a "\r" before the "\n" is JSON whitespace).
+    for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
         try:
@@ -124,11 +139,19 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
         prompt = _count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
         output = _count(obj["output_tokens"], label, line, "output_tokens", lo=0)
         priority = None
-        if obj.get("priority") is not None:
+        # The CSV's names: ``class``, or ``priority`` (docs/traces.md).
+        given = [k for k in ("class", "priority") if obj.get(k) is not None]
+        if len(given) > 1:
+            raise TraceError(f"{label}:{line}: class and priority both given "
+                             f"({excerpt(obj['class'])}, {excerpt(obj['priority'])}); "
+                             "give one")
+        if given:
             try:
-                priority = Priority.parse(obj["priority"])
+                priority = Priority.parse(obj[given[0]])
             except ValueError as e:
-                raise TraceError(f"{label}:{line}: {e}") from None
+                # Priority.parse names "priority" itself; "class" is said, as in a CSV.
+                field = "class: " if given[0] == "class" else ""
+                raise TraceError(f"{label}:{line}: {field}{e}") from None
         session = None
         if obj.get("session_id") is not None:
             # Any JSON scalar names a session; number them in order of first appearance.
@@ -169,11 +192,23 @@ def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        number = int(value.strip())
+    elif isinstance(value, str):
+        text = value.strip()
+        # ASCII digits only: str.isdigit() also takes "²" and other digits int() refuses;
+        # a sign is no length ("-5" reads as below the minimum, "--5" as no number).
+        digits = text[1:] if text[:1] in "+-" else text
+        if digits.isascii() and digits.isdigit():
+            # Past 12 digits it is beyond the bound either way, so the int is not built
+            # (Python refuses int() of a digit string past 4,300 digits).
+            magnitude = int(digits) if len(digits) <= 12 else MAX_TOKENS + 1
+            number = -magnitude if text.startswith("-") else magnitude
     if number is None or number < lo:
         raise TraceError(f"{label}:{line}: {name}={excerpt(value)} must be a whole number "
                          f">= {lo}")
+    if number > MAX_TOKENS:
+        raise TraceError(f"{label}:{line}: {name}={excerpt(value)} exceeds {MAX_TOKENS:,} "
+                         "tokens, longer than any model's context; check that the column "
+                         "holds a length in tokens")
     return number
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, overload, runtime_checkable
 
 import numpy as np
 
@@ -38,7 +38,8 @@ class RequestSpec:
     """
 
     arrival_time: float
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]
+    """A list, or a ``SyntheticPrompt`` whose tokens are drawn only when read."""
     max_tokens: int
     priority: Priority = Priority.P1
     session_id: int | None = None
@@ -92,6 +93,54 @@ class TokenSampler:
     def sample(self, rng: np.random.Generator, n: int) -> list[int]:
         ids: list[int] = rng.integers(RESERVED_TOKEN_IDS, self.vocab_size, n).tolist()
         return ids
+
+
+class SyntheticPrompt(Sequence[int]):
+    """``n`` synthetic token ids, drawn by ``draw(n)`` on first read and kept.
+
+    A trace gives lengths, and a mistaken or hostile one can give a length no deployment
+    holds (300M tokens are gigabytes as a list): the simulator reads ``len()`` first and
+    rejects a prompt that can never fit, as the engine would, without drawing it.
+    """
+
+    __slots__ = ("_draw", "_ids", "_n")
+
+    def __init__(self, n: int, draw: Callable[[int], list[int]]) -> None:
+        if n < 1:
+            raise ValueError(f"n={n}: a prompt needs at least one token")
+        self._n = n
+        self._draw = draw
+        self._ids: list[int] | None = None
+
+    def tokens(self) -> list[int]:
+        if self._ids is None:
+            self._ids = self._draw(self._n)
+        return self._ids
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self.tokens()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tokens())
+
+    def __eq__(self, other: object) -> bool:
+        # Equal to any sequence of the same ids, lists included (RequestSpec equality).
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == self._n and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-by-drawing, like a list
+
+    def __repr__(self) -> str:
+        drawn = "drawn" if self._ids is not None else "not drawn"
+        return f"SyntheticPrompt({self._n} tokens, {drawn})"
 
 
 @dataclass(frozen=True, slots=True)

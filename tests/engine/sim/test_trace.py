@@ -6,9 +6,12 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.trace import (
     TraceError,
     TraceRecord,
@@ -18,7 +21,8 @@ from slopilot.engine.sim.trace import (
     rescale,
     window,
 )
-from slopilot.engine.sim.workload import RESERVED_TOKEN_IDS, ClassMix
+from slopilot.engine.sim.trace_scenario import TraceOptions, replay_measure, with_trace
+from slopilot.engine.sim.workload import RESERVED_TOKEN_IDS, ClassMix, TokenSampler
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +197,99 @@ def test_errors_quote_only_an_excerpt_of_a_hostile_row(tmp_path: Path) -> None:
 def test_unknown_trace_is_refused_with_the_shipped_names() -> None:
     with pytest.raises(TraceError, match="azure-llm-2023-conv"):
         read_trace("azure-2099")
+
+
+def test_a_prompt_no_deployment_holds_is_rejected_without_drawing_its_tokens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 16M tokens (within the parse bound, far past one H100's KV cache): hundreds of MB
+    # as a Python list, for a request the engine can only reject.
+    path = write(tmp_path, "p.jsonl",
+                 '{"arrival_time": 0, "prompt_tokens": 16000000, "output_tokens": 1}\n'
+                 '{"arrival_time": 1, "prompt_tokens": 20, "output_tokens": 2}\n')
+    drawn: list[int] = []
+    real = TokenSampler.sample
+
+    def sample(self: TokenSampler, rng: np.random.Generator, n: int) -> list[int]:
+        drawn.append(n)
+        return real(self, rng, n)
+
+    monkeypatch.setattr(TokenSampler, "sample", sample)
+    sc = with_trace(load_scenario("azure-conv-2023"), TraceOptions(path=str(path)))
+    run = simulate(sc, measure=replay_measure(sc))
+    assert run.summary.run is not None and run.summary.run.rejected == 1
+    assert run.summary.overall.requests_finished == 1
+    assert drawn and max(drawn) == 20
+
+
+def test_the_same_trace_replays_the_same_tokens_however_it_is_read(
+        azure: list[TraceRecord]) -> None:
+    records = window(azure, max_requests=50)
+    specs = list(TraceWorkload(records, seed=3).initial())
+    again = list(TraceWorkload(records, seed=3).initial())
+    # Read in reverse: a prompt's tokens do not depend on which prompt was drawn first.
+    assert [list(s.prompt_token_ids) for s in reversed(again)] == [
+        list(s.prompt_token_ids) for s in reversed(specs)]
+
+
+@pytest.mark.parametrize("value", ["1e12", "300000000", "16777217"])
+def test_a_length_beyond_any_models_context_is_refused_at_parse_time(
+        tmp_path: Path, value: str) -> None:
+    path = write(tmp_path, "h.jsonl",
+                 f'{{"arrival_time": 0, "prompt_tokens": {value}, "output_tokens": 1}}\n')
+    with pytest.raises(TraceError, match=r"h\.jsonl:1: prompt_tokens=.* exceeds 16,777,216"):
+        read_trace(path)
+    out = write(tmp_path, "o.csv",
+                f"arrival_time,prompt_tokens,output_tokens\n0,5,{int(float(value))}\n")
+    with pytest.raises(TraceError, match=r"o\.csv:2: output_tokens=.* exceeds 16,777,216"):
+        read_trace(out)
+
+
+@pytest.mark.parametrize("text", [
+    "\ufeffarrival_time,prompt_tokens,output_tokens\n0,100,10\n1,100,10\n",
+    "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+    "2023-11-16 18:15:46.6805900,100,10\r\n2023-11-16 18:15:47.6805900,100,10\r\n",
+])
+def test_a_csv_saved_with_a_byte_order_mark_reads(tmp_path: Path, text: str) -> None:
+    # Excel and PowerShell write a UTF-8 BOM ahead of the header.
+    path = tmp_path / "bom.csv"
+    path.write_bytes(text.encode("utf-8"))
+    records = read_trace(path)
+    assert [(r.arrival_time, r.prompt_tokens, r.output_tokens) for r in records] == [
+        (0.0, 100, 10), (1.0, 100, 10)]
+
+
+@pytest.mark.parametrize("name, text", [
+    ("u.jsonl", '{"arrival_time": 0, "prompt_tokens": 100, "output_tokens": 10, '
+                '"note": "a\u2028b\x85c"}\n'
+                '{"arrival_time": 1, "prompt_tokens": 100, "output_tokens": 10}\r\n'),
+    ("u.csv", 'arrival_time,prompt_tokens,output_tokens,note\n0,100,10,"a\u2028b"\n'
+              '1,100,10,a\x0cb\x1dc\x85d\r\n'),
+])
+def test_only_newlines_end_a_row(tmp_path: Path, name: str, text: str) -> None:
+    # str.splitlines() also splits on U+2028, form feeds and other separators, which a
+    # JSON string or a CSV field may hold.
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8"))
+    records = read_trace(path)
+    assert [(r.arrival_time, r.prompt_tokens) for r in records] == [(0.0, 100), (1.0, 100)]
+
+
+def test_a_quoted_field_across_lines_is_not_glued_into_a_number(tmp_path: Path) -> None:
+    path = write(tmp_path, "q.csv", 'arrival_time,prompt_tokens,output_tokens\n"0","1\n00",10\n')
+    with pytest.raises(TraceError, match=r"q\.csv:3: prompt_tokens='1\\n00' must be a whole"):
+        read_trace(path)
+
+
+def test_jsonl_takes_the_csvs_class_name(tmp_path: Path) -> None:
+    path = write(tmp_path, "c.jsonl",
+                 '{"arrival_time": 0, "prompt_tokens": 10, "output_tokens": 1, "class": "p0"}\n'
+                 '{"arrival_time": 1, "prompt_tokens": 10, "output_tokens": 1, "priority": 2}\n')
+    assert [r.priority for r in read_trace(path)] == [Priority.P0, Priority.P2]
+    both = write(tmp_path, "b.jsonl", '{"arrival_time": 0, "prompt_tokens": 10, '
+                 '"output_tokens": 1, "class": "p0", "priority": "p2"}\n')
+    with pytest.raises(TraceError, match=r"b\.jsonl:1: class and priority both given"):
+        read_trace(both)
+    bad = write(tmp_path, "x.jsonl", '{"arrival_time": 0, "prompt_tokens": 10, '
+                '"output_tokens": 1, "class": "gold"}\n')
+    with pytest.raises(TraceError, match=r"x\.jsonl:1: class: "):
+        read_trace(bad)
