@@ -177,14 +177,27 @@ class EngineMetrics:
         """
         self._ttft[priority].observe(ttft_s)
 
+    def observe_delivered(self, priority: Priority, e2e_s: float) -> None:
+        """End-to-end latency as the client sees it: request arrival to its last chunk
+        written, so it holds detokenization and delivery and is never below TTFT.
+
+        Called on the server's event loop only, as ``observe_ttft`` is; the engine thread
+        then leaves e2e alone. One call per engine request, aborted ones included: the
+        tuner counts finished requests by this histogram's ``_count``.
+        """
+        self._e2e[priority].observe(e2e_s)
+
     def on_token_gap(self, priority: Priority, gap_s: float, now: float) -> None:
         self._itl[priority].observe(gap_s)
         self._stall[priority].add(gap_s, now)
         self.generation_tokens += 1
 
-    def on_finished(self, priority: Priority, *, e2e_s: float, queue_s: float,
+    def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,
                     prompt_tokens: int, generation_tokens: int, finish_reason: str) -> None:
-        self._e2e[priority].observe(e2e_s)
+        """A request the engine finished. ``e2e_s`` None: the caller observes it itself
+        (the server, when the last chunk is written; see ``observe_delivered``)."""
+        if e2e_s is not None:
+            self._e2e[priority].observe(e2e_s)
         self._queue[priority].observe(queue_s)
         self._req_prompt[priority].observe(prompt_tokens)
         self._req_generation[priority].observe(generation_tokens)
@@ -265,7 +278,8 @@ class EngineMetrics:
                 ("vllm:time_to_first_token_seconds",
                  "Time to first token: request arrival to its first output.", self._ttft),
                 ("vllm:inter_token_latency_seconds", "Time between tokens (TBT).", self._itl),
-                ("vllm:e2e_request_latency_seconds", "Arrival to finish.", self._e2e),
+                ("vllm:e2e_request_latency_seconds",
+                 "End-to-end: request arrival to its last output.", self._e2e),
                 ("vllm:request_queue_time_seconds",
                  "Engine queue: taken by the engine to first scheduled.", self._queue),
                 ("vllm:request_prefill_time_seconds", "First scheduled to first token.",

@@ -22,10 +22,14 @@ from slopilot.engine.sim.shape import shape_of
 class MetricsObserver:
     """A ``StepObserver`` that feeds one ``EngineMetrics``."""
 
-    def __init__(self, metrics: EngineMetrics, *, observe_ttft: bool = True) -> None:
+    def __init__(self, metrics: EngineMetrics, *, observe_delivery: bool = True) -> None:
         self.metrics = metrics
-        # The server observes TTFT itself, when the first chunk is written.
-        self.observe_ttft = observe_ttft
+        # False: the server observes what only delivery decides itself, as the client sees
+        # it: TTFT when a choice's first chunk is written, e2e latency when its last is.
+        # Stamped here, on the engine thread, they would miss detokenization and the
+        # write (e2e came out below TTFT for the same request). The simulator has no
+        # delivery: its engine's events are the client's.
+        self.observe_delivery = observe_delivery
         self._config: EngineConfig | None = None
         self._recompute = 0
         self._swap = 0
@@ -70,7 +74,7 @@ class MetricsObserver:
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
         scheduled = req.first_scheduled_time
-        self.metrics.on_first_token(req.priority, ttft_s if self.observe_ttft else None,
+        self.metrics.on_first_token(req.priority, ttft_s if self.observe_delivery else None,
                                     None if scheduled is None else now - scheduled)
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
@@ -84,6 +88,7 @@ class MetricsObserver:
         # and tokenizing), so TTFT = front door + queue + prefill + delivery splits up.
         queued = req.queued_time if req.queued_time is not None else req.arrival_time
         self.metrics.on_finished(
-            req.priority, e2e_s=now - req.arrival_time, queue_s=scheduled - queued,
+            req.priority, e2e_s=now - req.arrival_time if self.observe_delivery else None,
+            queue_s=scheduled - queued,
             prompt_tokens=req.num_prompt_tokens, generation_tokens=req.num_output_tokens,
             finish_reason=reason.value)

@@ -44,8 +44,9 @@ def _attach_metrics(engine: LLMEngine, name: str, info: dict[str, str]
                     ) -> tuple[EngineMetrics, MetricsObserver]:
     metrics = EngineMetrics(name, info=info)
     metrics.set_config(engine.config)
-    # The HTTP layer observes TTFT itself: from the request's arrival to its first chunk.
-    observer = MetricsObserver(metrics, observe_ttft=False)
+    # The HTTP layer observes TTFT and e2e latency itself, from the request's arrival to
+    # its first chunk written and to its last (responses.py).
+    observer = MetricsObserver(metrics, observe_delivery=False)
     engine.observers.append(observer)
     return metrics, observer
 

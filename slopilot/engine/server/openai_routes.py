@@ -11,7 +11,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from slopilot.engine.server.arrival import arrival_of
@@ -24,7 +24,7 @@ from slopilot.engine.server.protocol import (
     ModelCard,
     ModelList,
 )
-from slopilot.engine.server.responses import collect, sse_events
+from slopilot.engine.server.responses import DeliveredJSON, DeliveredStream, Delivery, collect
 from slopilot.engine.server.serving import INLINE_PREPARE_CHARS, prepare, submit, text_size
 from slopilot.engine.server.state import ServerState
 
@@ -83,15 +83,18 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             prep = await asyncio.get_running_loop().run_in_executor(
                 state.tokenize, prepare, backend, body, request.headers, arrival)
         streams = await submit(engine, prep)
+        delivery = Delivery(backend, prep, streams, clock)
         if prep.stream:
-            return StreamingResponse(sse_events(backend, prep, streams, state.text_of, clock),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        result = await _unless_disconnected(
-            request, collect(backend, prep, streams, state.text_of, clock))
+            return DeliveredStream(delivery, state.text_of)
+        try:
+            result = await _unless_disconnected(request, collect(delivery, state.text_of))
+        except BaseException:
+            delivery.close()
+            raise
         if result is None:  # nobody is listening; the request was aborted
+            delivery.close()
             return Response(status_code=499)
-        return JSONResponse(result)
+        return DeliveredJSON(result, delivery)
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -4,10 +4,13 @@ Each choice (an engine request) has its own stream and decoder; the choices of o
 HTTP request are read together, as their tokens arrive, so ``n`` choices or a batch of
 prompts stream interleaved, each chunk naming its choice ``index``.
 
-TTFT is observed here, per choice, as the client sees it: from the request's arrival at
-the server (stamped before the body was parsed) to the moment the chunk carrying its
-first output was written (streaming), or the first token reached the handler (a
-non-streamed response has no earlier moment the client could see).
+TTFT and end-to-end latency are observed here, per choice, as the client sees them:
+from the request's arrival at the server (stamped before the body was parsed) to the
+moment the chunk carrying its first output was written (streaming), or the first token
+reached the handler (a non-streamed response has no earlier moment the client could
+see); and to the moment its last chunk was written (streaming), or the whole body was
+sent. ``Delivery`` holds both stamps and the cleanup; the route's response runs that
+cleanup after sending, whatever happened, so every engine request is observed once.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from slopilot.engine.request import FinishReason
 from slopilot.engine.server.async_engine import EngineDeadError, EngineDrainingError
@@ -46,6 +52,7 @@ class ChoiceState:
         self.finish: str | None = None
         self.text_len = 0  # characters handed out so far (text_offset of the next token)
         self.first_written = False  # a chunk with output went out (TTFT is observed)
+        self.delivered = False  # its last chunk went out (e2e latency is observed)
 
     def feed(self, delta: StreamDelta) -> tuple[str, list[int]]:
         """The new text, and the ids of the tokens it brings (for their logprobs)."""
@@ -112,11 +119,69 @@ async def _deltas(states: list[ChoiceState]) -> AsyncIterator[tuple[ChoiceState,
             await wakeup.wait()
 
 
-def _ttft(backend: Backend, clock: Clock, state: ChoiceState) -> None:
-    if not state.first_written:
-        state.first_written = True
-        req = state.choice.request
-        backend.metrics.observe_ttft(req.priority, clock() - req.arrival_time)
+class Delivery:
+    """The choices of one HTTP request on their way to the client, and their stamps.
+
+    Lives on the event loop. ``close`` ends what is still running and observes the e2e
+    latency of each choice not yet observed (aborted, failed, or a non-streamed body
+    just sent); it is idempotent, so the generator and the response may both call it.
+    """
+
+    def __init__(self, backend: Backend, prep: Prepared, streams: list[RequestStream],
+                 clock: Clock) -> None:
+        self.backend, self.prep, self.streams, self.clock = backend, prep, streams, clock
+        self.states = [ChoiceState(backend, prep, c, s)
+                       for c, s in zip(prep.choices, streams, strict=True)]
+
+    def first_output(self, state: ChoiceState) -> None:
+        if not state.first_written:
+            state.first_written = True
+            req = state.choice.request
+            self.backend.metrics.observe_ttft(req.priority, self.clock() - req.arrival_time)
+
+    def last_output(self, state: ChoiceState) -> None:
+        if not state.delivered:
+            state.delivered = True
+            req = state.choice.request
+            self.backend.metrics.observe_delivered(req.priority,
+                                                   self.clock() - req.arrival_time)
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.abort()  # a no-op once finished; else the client went away
+        for state in self.states:
+            self.last_output(state)
+
+
+class DeliveredJSON(JSONResponse):
+    """A JSON body that closes its ``Delivery`` once sent (or once sending failed)."""
+
+    def __init__(self, content: Any, delivery: Delivery) -> None:
+        super().__init__(content)
+        self.delivery = delivery
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.delivery.close()
+
+
+class DeliveredStream(StreamingResponse):
+    """SSE that closes its ``Delivery`` when the response ends, even one whose generator
+    never started (the client left before the first chunk): its ``finally`` then never
+    runs, and without this the choices would run on unobserved."""
+
+    def __init__(self, delivery: Delivery, text_of: TokenText) -> None:
+        super().__init__(sse_events(delivery, text_of), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self.delivery = delivery
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.delivery.close()
 
 
 def _engine_error(exc: BaseException) -> APIError:
@@ -125,20 +190,19 @@ def _engine_error(exc: BaseException) -> APIError:
     return APIError(503, str(exc), code="draining")
 
 
-async def collect(backend: Backend, prep: Prepared, streams: list[RequestStream],
-                  text_of: TokenText, clock: Clock) -> dict[str, object]:
-    """Run every choice to its end; the whole OpenAI response body."""
-    states = [ChoiceState(backend, prep, c, s)
-              for c, s in zip(prep.choices, streams, strict=True)]
+async def collect(delivery: Delivery, text_of: TokenText) -> dict[str, object]:
+    """Run every choice to its end; the whole OpenAI response body. The caller closes
+    ``delivery`` once the body is sent (``DeliveredJSON``): that is the e2e stamp."""
+    backend, prep, states = delivery.backend, delivery.prep, delivery.states
     parts: list[list[str]] = [[] for _ in states]
     try:
         async for state, delta in _deltas(states):
-            _ttft(backend, clock, state)
+            delivery.first_output(state)
             parts[state.choice.index].append(state.feed(delta)[0])
     except (EngineDeadError, EngineDrainingError) as exc:
         raise _engine_error(exc) from None
     finally:
-        for s in streams:
+        for s in delivery.streams:
             s.abort()  # a no-op once finished; else the handler was cancelled
     choices = []
     for state in states:
@@ -168,11 +232,9 @@ def _sse(payload: object) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def sse_events(backend: Backend, prep: Prepared, streams: list[RequestStream],
-                     text_of: TokenText, clock: Clock) -> AsyncIterator[str]:
+async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[str]:
     """SSE ``data:`` chunks, then ``data: [DONE]``; a closed client aborts the request."""
-    states = [ChoiceState(backend, prep, c, s)
-              for c, s in zip(prep.choices, streams, strict=True)]
+    backend, prep, states = delivery.backend, delivery.prep, delivery.states
     obj = "chat.completion.chunk" if prep.chat else "text_completion"
     base: dict[str, object] = {"id": prep.request_id, "object": obj,
                                "created": prep.created, "model": backend.served_model_name}
@@ -213,13 +275,14 @@ async def sse_events(backend: Backend, prep: Prepared, streams: list[RequestStre
                 wrote = True
             if wrote:
                 # Resumed after the chunk was written: the moment the client has it.
-                _ttft(backend, clock, state)
+                delivery.first_output(state)
+                if state.finish is not None:
+                    delivery.last_output(state)  # its finish_reason chunk: its last
         if prep.include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(prep, states)})
     except (EngineDeadError, EngineDrainingError) as exc:
         err = _engine_error(exc)
         yield _sse(error_body(err.status, err.message, code=err.code))
     finally:
-        for s in streams:
-            s.abort()  # a no-op once finished; else the client went away
+        delivery.close()
     yield "data: [DONE]\n\n"

@@ -1,0 +1,90 @@
+"""Latency and token metrics as the client sees them: stamped where the response is
+written, so e2e latency holds detokenization and the last write and is never below TTFT.
+
+The server runs on a ticking clock (every reading is one tick later than the one before,
+whichever thread takes it), so the order of two stamps shows in their values and no
+assertion depends on how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from slopilot.engine.engine import WallClock
+from slopilot.engine.metric_window import HistogramRecorder
+from slopilot.engine.request import Priority
+from tests.support.live_server import LiveServer, build_backend, start_server
+from tests.support.waits import HANG_GUARD_S, wait_for
+
+TICK_S = 1e-6
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[LiveServer]:
+    backend = build_backend()
+    ticks = itertools.count(1)
+    backend.engine.clock = WallClock(lambda: next(ticks) * TICK_S)
+    with start_server(backend) as server:
+        yield server
+
+
+def _recorders(srv: LiveServer) -> tuple[HistogramRecorder, HistogramRecorder]:
+    m = srv.backend.metrics
+    return m._ttft[Priority.P1], m._e2e[Priority.P1]
+
+
+def _post(srv: LiveServer, body: dict[str, Any]) -> dict[str, Any]:
+    """The response body, or (streaming) the last chunk that carried usage."""
+    url = srv.url + "/v1/completions"
+    if not body.get("stream"):
+        res = httpx.post(url, json=body, timeout=HANG_GUARD_S)
+        assert res.status_code == 200, res.text
+        out: dict[str, Any] = res.json()
+        return out
+    last: dict[str, Any] = {}
+    with httpx.stream("POST", url, json=body, timeout=HANG_GUARD_S) as res:
+        assert res.status_code == 200
+        for line in res.iter_lines():
+            if line.startswith("data: {"):
+                last = json.loads(line[6:])
+    return last
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "one two three", "max_tokens": 1, "stream": True},
+    {"prompt": "one two three", "max_tokens": 1},
+    {"prompt": "one two three", "max_tokens": 5, "stream": True, "ignore_eos": True},
+    {"prompt": "one two three", "max_tokens": 3, "n": 3, "ignore_eos": True},
+    {"prompt": "one two three", "max_tokens": 2, "n": 2, "stream": True, "ignore_eos": True},
+], ids=["1-token-stream", "1-token", "5-token-stream", "n3", "n2-stream"])
+def test_e2e_is_never_below_ttft(srv: LiveServer, body: dict[str, Any]) -> None:
+    ttft, e2e = _recorders(srv)
+    n = body.get("n", 1)
+    ttft_count, ttft_sum, e2e_count, e2e_sum = ttft.count, ttft.total, e2e.count, e2e.total
+    _post(srv, body)
+    # A non-streamed body is stamped once it has been sent: maybe after the client has it.
+    wait_for(lambda: e2e.count == e2e_count + n, what="the e2e latency to be observed")
+    assert ttft.count == ttft_count + n
+    # Each choice's e2e stamp comes after its TTFT stamp (strictly: the clock ticks), so
+    # the sums do too; before, the engine thread stamped e2e when it finished the request,
+    # ahead of the first chunk's write.
+    assert e2e.total - e2e_sum > ttft.total - ttft_sum > 0
+
+
+def test_a_choice_the_client_left_is_observed_once(srv: LiveServer) -> None:
+    _, e2e = _recorders(srv)
+    before = e2e.count
+    body = {"prompt": "w " * 20, "max_tokens": 5000, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=HANG_GUARD_S) as client, \
+            client.stream("POST", srv.url + "/v1/completions", json=body) as res:
+        assert next(res.iter_lines()).startswith("data: ")
+    # The tuner counts finished requests by e2e's _count: an aborted one counts too.
+    wait_for(lambda: not srv.call(lambda e: e.scheduler.requests) and e2e.count > before,
+             what="the abandoned request to be aborted and observed")
+    assert e2e.count == before + 1
