@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.simulator import Measure, simulate
+from slopilot.engine.sim.trace_scenario import TraceOptions, with_trace
+from slopilot.engine.sim.windows import WindowChoice
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import HEADROOM, holds
 
@@ -77,3 +81,27 @@ def test_bad_plans_are_refused() -> None:
         plan_windows(AZURE, warmup_s=-1.0)
     with pytest.raises(ValueError, match="replicas=0"):
         RobustEvaluator(TINY, WindowPlan((), "seeds"), replicas=0)
+
+
+def bursty(tmp_path: Path) -> Scenario:
+    """Bursts of 20 requests every 10 minutes, silence between (its median minute is
+    empty)."""
+    rows = [f"{600 * b + i * 0.5:.1f},200,20" for b in range(5) for i in range(20)]
+    path = tmp_path / "bursty.csv"
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    return with_trace(TINY, TraceOptions(path=str(path)))
+
+
+def test_a_bursty_trace_is_judged_on_windows_with_traffic(tmp_path: Path) -> None:
+    scenario = bursty(tmp_path)
+    plan = plan_windows(scenario)
+    assert "typical" in [w.name for w in plan.windows]
+    result = RobustEvaluator(scenario, plan).evaluate({})
+    assert len(result.windows) == len(plan.windows)
+
+
+def test_an_empty_window_names_the_way_out(tmp_path: Path) -> None:
+    scenario = bursty(tmp_path)
+    empty = WindowPlan((WindowChoice("typical", 120.0, 180.0, 30.0, 20.0),), "trace")
+    with pytest.raises(ValueError, match=r"no request arrives in it.*--windows whole"):
+        RobustEvaluator(scenario, empty).evaluate({})

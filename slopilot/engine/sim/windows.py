@@ -9,7 +9,9 @@ options give the same windows):
 - the busiest by tokens (prompt + output tokens per second: the prefill and decode work),
   not overlapping the first by more than half its length,
 - a typical one: the window of the trace's fixed grid whose arrival and token rates are
-  closest to the grid's medians, overlapping neither.
+  closest to the medians over the grid's windows with arrivals, overlapping neither
+  (none when every such window overlaps them). Empty windows are left out: a bursty
+  trace's median minute is silent, and a config judged on silence is judged on nothing.
 
 Each window is simulated with ``warmup_s`` of the trace before it (so it does not start
 on an idle engine, which no minute of live traffic does) and ``drain_s`` after it
@@ -92,10 +94,14 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
                          dtype=np.float64)
     span = float(times[-1]) + 1e-9
     if span <= 2 * length_s:
-        count, tok = _rates(times, tokens, np.array([0.0]), span)
-        return [WindowChoice("whole trace", 0.0, span, 0.0, drain_s,
-                             arrival_rate=float(count[0]) / span,
-                             token_rate=float(tok[0]) / span)]
+        # At least a second, as the replay runs (``trace_scenario.with_trace``): a trace
+        # whose requests all arrive at once has no span, and n requests over a nanosecond
+        # would read as a rate of n * 1e9 req/s.
+        whole = max(span, 1.0)
+        count, tok = _rates(times, tokens, np.array([0.0]), whole)
+        return [WindowChoice("whole trace", 0.0, whole, 0.0, drain_s,
+                             arrival_rate=float(count[0]) / whole,
+                             token_rate=float(tok[0]) / whole)]
 
     def make(name: str, start: float, count: float, tok: float) -> WindowChoice:
         return WindowChoice(name, start, start + length_s, min(warmup_s, start), drain_s,
@@ -118,12 +124,17 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
         chosen.append(make("busiest tokens", float(starts[t]), counts[t], toks[t]))
     grid = np.arange(0.0, span - length_s + 1e-9, length_s)
     g_counts, g_toks = _rates(times, tokens, grid, length_s)
-    mc, mt = float(np.median(g_counts)), float(np.median(g_toks))
+    # Typical of the traffic, not of the clock: the windows with arrivals only. A sparse
+    # or bursty trace's median window is empty, and an empty window judges nothing.
+    busy = g_counts > 0
+    if not busy.any():
+        return chosen
+    mc, mt = float(np.median(g_counts[busy])), float(np.median(g_toks[busy]))
     distance = np.abs(g_counts / max(mc, 1e-9) - 1) + np.abs(g_toks / max(mt, 1e-9) - 1)
     # A typical window has room for its whole warm-up where the trace allows one.
     distance = distance + np.where(grid >= warmup_s, 0.0, 1e6)
     for k in np.argsort(distance, kind="stable"):
-        if clear(float(grid[k])):
+        if busy[k] and clear(float(grid[k])):
             chosen.append(make("typical", float(grid[k]), g_counts[k], g_toks[k]))
             break
     return chosen

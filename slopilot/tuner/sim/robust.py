@@ -164,7 +164,9 @@ class RobustEvaluator:
         part = [dataclasses.replace(r, arrival_time=r.arrival_time - t0)
                 for r in self._records if t0 <= r.arrival_time < t1]
         if not part:
-            raise ValueError(f"window {w.describe()}: no request arrives in it")
+            # trace_windows picks windows with traffic; a plan made by hand may not.
+            raise ValueError(f"window {w.describe()}: no request arrives in it (nor in its "
+                             "warm-up); judge the whole trace instead: --windows whole")
         return TraceWorkload(part, seed=self.scenario.seed,
                              classes=spec.classes, vocab_size=spec.vocab_size,
                              duration_s=t1 - t0)

@@ -80,3 +80,25 @@ def test_seeds_for_generated_workloads() -> None:
 def test_bad_lengths_are_refused(length: float) -> None:
     with pytest.raises(ValueError, match="length_s"):
         trace_windows(synthetic(), length)
+
+
+def sparse() -> list[TraceRecord]:
+    """Bursts of 50 requests every 30 minutes, silence between: most minutes are empty."""
+    return [TraceRecord(1800.0 * b + i * 0.5, 1000 + 10 * i, 100)
+            for b in range(6) for i in range(50)]
+
+
+def test_a_sparse_traces_typical_window_has_traffic() -> None:
+    # The median minute of a bursty trace is empty, and an empty window judges nothing.
+    windows = trace_windows(sparse(), 60.0)
+    typical = next(w for w in windows if w.name == "typical")
+    assert typical.arrival_rate is not None and typical.arrival_rate > 0
+    assert any(typical.start_s <= r.arrival_time < typical.end_s for r in sparse())
+
+
+def test_a_single_request_trace_has_no_made_up_rate() -> None:
+    # One arrival spans no time: its rate is one request over the one second the replay
+    # runs, not one over a nanosecond.
+    (only,) = trace_windows([TraceRecord(0.0, 100, 10)], 60.0)
+    assert only.arrival_rate == pytest.approx(1.0) and only.length_s == pytest.approx(1.0)
+    assert only.token_rate == pytest.approx(110.0)
