@@ -36,6 +36,13 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     if isinstance(cause, UnencodableText):
         return JSONResponse(error_body(400, str(cause), param=cause.path or None),
                             status_code=400)
+    if first.get("type") == "json_invalid":
+        # FastAPI puts the byte offset where a field would go: there is no field to name.
+        loc = tuple(first.get("loc", ()))
+        where = f" at position {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+        reason = cause if isinstance(cause, str) else "JSON decode error"
+        return JSONResponse(error_body(400, f"the request body is not valid JSON: {reason}"
+                                       f"{where}"), status_code=400)
     param = _param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid request"))
     message = f"{param}: {msg}" if param else msg

@@ -9,6 +9,7 @@ Every string must be valid UTF-8: a lone surrogate escape is a 400 naming its fi
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -16,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16  # n, and n times the number of prompts in one completions request
 INT64 = 2**63 - 1
+# Token ids as logit_bias keys: no vocabulary has 10**10 entries.
+MAX_TOKEN_ID_DIGITS = 10
+_TOKEN_KEY = re.compile(f"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}")
 
 
 class UnencodableText(ValueError):
@@ -113,8 +117,12 @@ class _GenerationFields(BaseModel):
     @classmethod
     def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"{key!r} is not a token id; keys are token ids as strings")
+            # ASCII digits only, and few of them: str.isdigit() passes "²" (int() then
+            # raises) and "٣" (int() reads 3), and int() refuses over 4300 digits.
+            if not _TOKEN_KEY.fullmatch(key):
+                shown = key if len(key) <= 20 else key[:20] + "..."
+                raise ValueError(f"{shown!r} is not a token id; keys are token ids written "
+                                 f"in ASCII digits (at most {MAX_TOKEN_ID_DIGITS})")
             if not -100 <= bias <= 100:
                 raise ValueError(f"{key}: {bias} is outside [-100, 100]")
         return value

@@ -11,6 +11,7 @@ HTTP statuses. ``responses.py`` turns their token streams into OpenAI responses.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ PRIORITY_HEADER = "x-slopilot-priority"
 INLINE_PREPARE_CHARS = 2048
 # The OpenAI completions default; chat defaults to whatever context is left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+_FIELD_NAMED = re.compile(r"([a-z_]+)[= ]")
 
 
 @dataclass
@@ -145,6 +147,14 @@ def _sampling(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     if bad is not None:
         raise APIError(400, f"logit_bias names token {bad}, outside the vocabulary "
                        f"[0, {vocab})", param="logit_bias")
+    # An id outside the vocabulary can never be sampled: a stop on it is a typo.
+    bad = next((t for t in body.stop_token_ids or () if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"stop_token_ids names token {bad}, outside the vocabulary "
+                       f"[0, {vocab})", param="stop_token_ids")
+    if body.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens={body.min_tokens} is above max_tokens={max_tokens}:"
+                       " lower min_tokens", param="min_tokens")
     logprobs = _logprobs(body)
     echo = isinstance(body, CompletionRequest) and body.echo
     try:
@@ -161,7 +171,9 @@ def _sampling(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
             repetition_penalty=body.repetition_penalty, logit_bias=bias,
             logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
     except ValueError as exc:
-        raise APIError(400, str(exc)) from None
+        # SamplingParams names the field first ("top_p=0: ..."); point param at it.
+        named = _FIELD_NAMED.match(str(exc))
+        raise APIError(400, str(exc), param=named.group(1) if named else None) from None
 
 
 def text_size(body: CompletionRequest | ChatCompletionRequest) -> int:

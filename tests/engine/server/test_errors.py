@@ -38,7 +38,7 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal"),
     ({"prompt": "hi", "top_p": 0}, "top_p", "greater than"),
-    ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, None, "min_tokens"),
+    ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, "min_tokens", "max_tokens"),
     ({"prompt": "   "}, "prompt", "empty"),
     ({"prompt": []}, "prompt", "empty"),
     ({"prompt": [[1], []]}, "prompt", "empty"),
@@ -52,6 +52,14 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias", "not a token id"),
     ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias", "outside [-100, 100]"),
     ({"prompt": "hi", "logit_bias": {"999999999": 1}}, "logit_bias", "outside the vocabulary"),
+    # Digits to str.isdigit() that int() refuses, or reads as another token.
+    ({"prompt": "hi", "logit_bias": {"\u00b2": 1}}, "logit_bias", "ASCII digits"),
+    ({"prompt": "hi", "logit_bias": {"\u0663": 1}}, "logit_bias", "ASCII digits"),
+    ({"prompt": "hi", "logit_bias": {"1" * 5000: 1}}, "logit_bias", "ASCII digits"),
+    ({"prompt": "hi", "logit_bias": {"-1": 1}}, "logit_bias", "ASCII digits"),
+    ({"prompt": "hi", "stop_token_ids": [-5]}, "stop_token_ids", "outside the vocabulary"),
+    ({"prompt": "hi", "stop_token_ids": [10**26]}, "stop_token_ids",
+     "outside the vocabulary"),
     ({"prompt": "hi", "cache_salt": ""}, "cache_salt", "at least 1 character"),
     ({"prompt": "hi", "stream_options": {"include_usage": True}}, None, "stream=true"),
     ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "lower max_tokens"),
@@ -80,10 +88,23 @@ def test_bad_chat_is_400(sim_server: LiveServer, body: dict[str, Any],
 
 
 def test_malformed_json_and_bad_priority_header(sim_server: LiveServer) -> None:
-    _error(_post(sim_server, b"{not json"), 400)
+    err = _error(_post(sim_server, b'{"prompt": "hi",,}'), 400)
+    # No field to name (not the byte offset FastAPI puts in the location).
+    assert err["param"] is None
+    assert "not valid JSON" in err["message"] and "position 16" in err["message"]
     err = _error(_post(sim_server, {"prompt": "hi"},
                        headers={"x-slopilot-priority": "p9"}), 400)
     assert err["param"] == "x-slopilot-priority"
+
+
+def test_a_bad_logit_bias_key_keeps_the_connection(sim_server: LiveServer) -> None:
+    # A 500 closed the keep-alive connection; a 400 leaves it for the next request.
+    with httpx.Client(base_url=sim_server.url, timeout=HANG_GUARD_S) as client:
+        for _ in range(2):
+            res = client.post("/v1/completions",
+                              json={"prompt": "hi", "logit_bias": {"\u00b2": 1}})
+            assert _error(res, 400)["param"] == "logit_bias"
+            assert res.headers.get("connection") != "close"
 
 
 def test_unknown_model_and_route(sim_server: LiveServer) -> None:
