@@ -37,6 +37,8 @@ def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> N
     ({"executor": "gpu"}, "--executor 'gpu': use one of simulated, torch"),
     ({"model": "tiny-random"}, "add --executor torch"),
     ({"duration_s": 60, "shift_at_s": 60}, "shift at 60 s"),
+    ({"seed": -1}, "--seed -1: expected a whole number >= 0"),
+    ({"report_dir": Path(__file__)}, "--report-dir .*: is a file, not a folder"),
 ])
 def test_bad_demo_options_say_what_to_fix(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -261,3 +261,17 @@ def test_tune_reports_the_figures_simulate_does(tmp_path: Path,
     for part in ("| unfinished |", "| rejected |", "| goodput all |", "| p99 within SLO |",
                  "no (TTFT)", "busy per replica", "had no first token when the run ended"):
         assert part in text, part
+
+
+def test_a_report_dir_that_is_a_file_is_refused_before_the_study(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the study ran before its report folder was checked")
+
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", never)
+    taken = tmp_path / "basic.csv"
+    taken.write_text("x\n")
+    assert main(["tune", "--scenario", "tiny-cpu", "--report-dir", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert f"--report-dir {taken}: is a file, not a folder" in err

@@ -48,12 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _simulate(args: argparse.Namespace) -> int:
     from slopilot.engine.config import ConfigError, parse_set_args
     from slopilot.engine.sim.cost_model import CostModelError
+    from slopilot.engine.sim.output_paths import check_output_file
     from slopilot.engine.sim.profiles import ProfileError
     from slopilot.engine.sim.scenario import ScenarioError
     from slopilot.engine.sim.summary_view import print_summary, simulate_json
     from slopilot.engine.sim.trace_scenario import load_with_trace
 
     try:
+        if args.metrics_out:
+            check_output_file(args.metrics_out, "--metrics-out")  # before the run, not after
         scenario = load_with_trace(args.scenario, trace_options(args), DEFAULT_SCENARIO)
         if args.profile:
             scenario = attach_profile(scenario, args.profile, "simulate")
@@ -65,13 +68,20 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ConfigError, ScenarioError, ProfileError, CostModelError, ValueError) as e:
         print(f"slopilot simulate: {e}", file=sys.stderr)
         return 2
-    if args.metrics_out:
-        _write_metrics(args.metrics_out, run.metrics)
     if args.json:
         print(json.dumps(simulate_json(run.summary, scenario.slo), indent=None,
                          sort_keys=True))
     else:
         print_summary(run.summary, scenario.slo)
+    if args.metrics_out:
+        # After the figures: a path that went bad during the run (checked before it)
+        # loses the metrics file, not the run's result.
+        try:
+            _write_metrics(args.metrics_out, run.metrics)
+        except OSError as e:
+            print(f"slopilot simulate: --metrics-out {args.metrics_out}: cannot write: "
+                  f"{e.strerror or e}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.window_summary import WindowSummary
@@ -107,6 +108,11 @@ class DemoOptions:
                              "scenario's cost model; add --executor torch to serve a model")
         if self.shift_at_s is not None and not 0 <= self.shift_at_s < self.duration_s:
             raise ValueError(f"shift at {self.shift_at_s:g} s: expected 0 to the duration")
+        # Checked here, not where they are used: the sampler takes the seed and the
+        # report goes into its folder only after the replicas have started.
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"--seed {self.seed}: expected a whole number >= 0")
+        check_output_dir(self.report_dir, "--report-dir")
 
     @property
     def torch(self) -> bool:

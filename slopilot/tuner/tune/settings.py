@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.config import ConfigError, parse_set_args
+from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
 from slopilot.engine.sim.trace_flags import trace_options
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
@@ -99,6 +100,9 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
                              "e.g. 2") from None
         _count("--replicas", replicas, 1)
     max_replicas = _count("--max-replicas", args.max_replicas, 1)
+    if args.report_dir is not None:
+        # The report is written after the whole study: a bad folder is refused first.
+        check_output_dir(args.report_dir, "--report-dir")
     return TuneSettings(
         scenario=scenario, trace=trace, scenario_arg=args.scenario,
         bounds={**parse_bounds(args.bounds), **fixed}, fixed=fixed,

@@ -202,3 +202,21 @@ def test_progress_counts_what_was_simulated_when_a_replay_ends_early(
     done, _, total = last.split(": ", 1)[1].split(" s simulated")[0].partition("/")
     assert last.startswith("simulate: ") and "(100%)" in last
     assert float(done) == float(total) < 20
+
+
+@pytest.mark.parametrize(("where", "message"), [
+    (lambda d: d / "no" / "such" / "m.prom", "the folder"),
+    (lambda d: d, "is a folder"),
+])
+def test_a_bad_metrics_path_is_refused_before_the_run(
+        tmp_path: Path, where: object, message: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started before its output path was checked")
+
+    monkeypatch.setattr("slopilot.engine.sim.simulator.simulate", never)
+    path = where(tmp_path)  # type: ignore[operator]
+    assert main(["simulate", "--scenario", "tiny-cpu", "--quiet",
+                 "--metrics-out", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--metrics-out {path}" in err and message in err and "Traceback" not in err
