@@ -32,6 +32,7 @@ from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.logprobs_format import TokenText
 from slopilot.engine.server.openai_routes import add_routes
+from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from slopilot.engine.server.state import ServerState
 
 __all__ = ["ADMIN_TOKEN_ENV", "EngineApp", "ServerState", "create_app"]
@@ -86,8 +87,11 @@ def _lifespan(state: ServerState) -> object:
 def create_app(backend: Backend, *, admin_token: str | None = None,
                drain_timeout_s: float = 30.0, check_integrity: bool = False,
                admin_port: int | None = None,
-               tokenizer_threads: int | None = None) -> EngineApp:
+               tokenizer_threads: int | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> EngineApp:
     """The server for ``backend``; ``admin_port`` is the bound admin port, if separate.
+
+    A request body over ``max_body_bytes`` is answered 413 while it is being read.
 
     ``check_integrity`` runs the scheduler's O(blocks) self-check whenever the engine
     goes idle: for tests and debugging (``slopilot serve --check-integrity``) only.
@@ -100,6 +104,9 @@ def create_app(backend: Backend, *, admin_token: str | None = None,
                      lifespan=_lifespan(state))  # type: ignore[arg-type]
     public.state.slopilot = state
     error_handlers.install(public)
+    # Inside the arrival stamp (the middleware added later runs first): a refused body's
+    # request is still stamped on arrival, and nothing of it is parsed.
+    public.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     public.add_middleware(ArrivalStamp, clock=backend.engine.clock.now)
     add_routes(public, state)
     admin = create_admin_app(engine, state.admin_token)

@@ -14,6 +14,7 @@ from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.server.detokenizer import ServerTokenizer
 from slopilot.engine.server.placeholder_tokenizer import PlaceholderTokenizer
+from slopilot.engine.server.request_limits import max_token_bytes_of
 
 
 class BackendError(ValueError):
@@ -33,6 +34,10 @@ class Backend:
     # Token ids that end generation besides the engine's own eos (extra EOS ids).
     eos_token_ids: tuple[int, ...] = ()
     info: dict[str, str] = field(default_factory=dict)
+    # The most UTF-8 bytes one token stands for (request_limits.max_token_bytes), derived
+    # once from the tokenizer; None where no bound holds (the placeholder's one token per
+    # word of any length): then longer prompts are tokenized before they are refused.
+    max_token_bytes: int | None = None
 
     def close(self) -> None:
         close = getattr(self.engine.executor, "close", None)
@@ -101,5 +106,6 @@ def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
             "dtype": str(executor.dtype).removeprefix("torch.")}
     metrics, observer = _attach_metrics(engine, name, info)
     eos = executor.eos_token_ids
+    per_token = max_token_bytes_of(getattr(executor.tokenizer, "tokenizer", None))
     return Backend(engine, executor.tokenizer, name, executor.max_model_len, metrics,
-                   observer, eos_token_ids=tuple(eos), info=info)
+                   observer, eos_token_ids=tuple(eos), info=info, max_token_bytes=per_token)

@@ -90,11 +90,14 @@ def _prompts(backend: Backend, body: CompletionRequest | ChatCompletionRequest
             text = tok.apply_chat_template(messages)
         except ValueError as exc:  # TokenizerError: no template, or it refused
             raise APIError(400, str(exc), param="messages") from None
+        # On the rendered text: a template may drop messages or add to them.
+        _check_text_fits(backend, text, "messages")
         return [Prompt(tok.encode(text, add_special_tokens=False), None)]
     out = []
     vocab = tok.vocab_size
     for prompt in body.prompts:
         if isinstance(prompt, str):
+            _check_text_fits(backend, prompt, "prompt")
             out.append(Prompt(tok.encode(prompt), prompt))
             continue
         bad = next((t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab), None)
@@ -103,6 +106,31 @@ def _prompts(backend: Backend, body: CompletionRequest | ChatCompletionRequest
                            param="prompt")
         out.append(Prompt(list(prompt), tok.decode(prompt) if body.echo else None))
     return out
+
+
+def _check_text_fits(backend: Backend, text: str, param: str) -> None:
+    """Refuse, untokenized, a text that no tokenization fits into the context.
+
+    A token stands for at most ``backend.max_token_bytes`` bytes, so a text of more than
+    (context - 1) times that needs more tokens than the context holds (one is left for
+    the output). Tokenizing it first cost seconds and gigabytes for the same answer.
+    """
+    per_token = backend.max_token_bytes
+    if per_token is None:
+        return
+    limit = backend.max_model_len
+    most = (limit - 1) * per_token
+    chars = len(text)
+    if 4 * chars <= most:  # UTF-8 takes at most 4 bytes a character
+        return
+    # Bytes are at least the characters: counting them is needed only when near.
+    size = chars if chars > most else len(text.encode())
+    if size > most:
+        raise APIError(400, f"the prompt is {'at least ' if size == chars else ''}{size} "
+                       f"bytes of UTF-8 text; this model's context is {limit} tokens and a "
+                       f"token stands for at most {per_token} bytes, so no prompt over "
+                       f"{most} bytes fits: shorten the prompt", param=param,
+                       code="context_length_exceeded")
 
 
 def _check_length(backend: Backend, prompt: Prompt, param: str) -> None:

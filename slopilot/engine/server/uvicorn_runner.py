@@ -17,6 +17,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.arrival import SCOPE_KEY
 from slopilot.engine.server.backends import Backend
+from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 
 
 def stamping_protocol(clock: Callable[[], float]) -> type[H11Protocol]:
@@ -100,7 +101,8 @@ class DrainingServer(uvicorn.Server):
 def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                 admin_port: int | None = None, admin_token: str | None = None,
                 drain_timeout_s: float = 30.0, log_level: str = "warning",
-                check_integrity: bool = False) -> DrainingServer:
+                check_integrity: bool = False,
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> DrainingServer:
     """A server bound to ``port`` (and ``admin_port``: the admin API alone, when given;
     0 picks free ports). Binding happens here, so a taken port fails at once."""
     if admin_port is not None and admin_port == port != 0:
@@ -116,7 +118,8 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
             raise
         bound_admin = listen[1].getsockname()[1]
     app = create_app(backend, admin_token=admin_token, drain_timeout_s=drain_timeout_s,
-                     check_integrity=check_integrity, admin_port=bound_admin)
+                     check_integrity=check_integrity, admin_port=bound_admin,
+                     max_body_bytes=max_body_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             http=stamping_protocol(backend.engine.clock.now),
                             timeout_graceful_shutdown=int(drain_timeout_s) + 5, access_log=False)
@@ -125,11 +128,13 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
 
 def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | None,
                   admin_token: str | None, drain_timeout_s: float, log_level: str,
-                  check_integrity: bool = False) -> int:
+                  check_integrity: bool = False,
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int:
     """Foreground ``slopilot serve``: prints one line with the URLs once it listens."""
     server = make_server(backend, host=host, port=port, admin_port=admin_port,
                          admin_token=admin_token, drain_timeout_s=drain_timeout_s,
-                         log_level=log_level, check_integrity=check_integrity)
+                         log_level=log_level, check_integrity=check_integrity,
+                         max_body_bytes=max_body_bytes)
 
     def announce() -> None:
         if server.ready.wait():
