@@ -96,7 +96,8 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
                         ) -> ControllerSettings:
     # vLLM cannot reconfigure one replica: its trials roll every replica.
     return ControllerSettings(
-        deployment=f"{namespace}/{name}", slo=spec.slo, min_replicas=max(spec.min_replicas, 1),
+        deployment=name, namespace=namespace, slo=spec.slo,
+        min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials, breach_window_s=spec.alerts.breach_window_s,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,

@@ -103,3 +103,19 @@ def test_an_unreachable_study_database_names_the_field(tmp_path: Path) -> None:
     ctx = context(tmp_path, storage=f"sqlite:///{tmp_path / 'missing' / 'dir' / 'study.db'}")
     with pytest.raises(ControllerError, match=r"spec\.tuning\.storage"):
         prometheus_controller(ctx)
+
+
+def test_the_controllers_series_carry_the_labels_the_engine_series_and_dashboards_use(
+        tmp_path: Path) -> None:
+    # The dashboard's $deployment comes from the engines' series (slopilot_deployment is
+    # the CR's name, put there by the ServiceMonitor); the controller's series must say
+    # the same, or its Tuning panels select nothing. Its log lines keep namespace/name.
+    from slopilot.operator.daemon import _METRICS
+
+    ctl = prometheus_controller(context(tmp_path))
+    assert (ctl.settings.namespace, ctl.settings.deployment) == ("team", "chat")
+    assert ctl.settings.key == "team/chat"
+    ctl.tick(time.time())
+    replicas = [s for m in _METRICS.registry.collect() if m.name == "slopilot_replicas"
+                for s in m.samples if s.labels["slopilot_namespace"] == "team"]
+    assert [s.labels["slopilot_deployment"] for s in replicas] == ["chat"]

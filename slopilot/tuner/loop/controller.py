@@ -74,19 +74,19 @@ class Controller(LoopContext):
                 if loop.trial is not None:
                     loop.trial.started_at = now  # the outage's window does not count
                 log.info("%s: Prometheus is reachable again; resuming",
-                         self.settings.deployment)
+                         self.settings.key)
             tick = Tick(now, alerts)
             decision = self._follow(STEPS[loop.state](self, tick, None), tick)
         except PrometheusUnavailable as exc:
             decision = self._hold(exc)
         except Exception as exc:  # guardrail: never leave a half-tried config behind
-            log.exception("%s: controller error; rolling back", self.settings.deployment)
+            log.exception("%s: controller error; rolling back", self.settings.key)
             decision = self._rollback(now, exc)
         check = self.twin_check
         if check is not None and check.at == now:
             decision = dataclasses.replace(decision, twin=check.to_dict())
             level = logging.INFO if check.trusted else logging.WARNING
-            log.log(level, "%s: %s", self.settings.deployment, check.line())
+            log.log(level, "%s: %s", self.settings.key, check.line())
         self._emit(decision)
         return decision
 
@@ -107,7 +107,7 @@ class Controller(LoopContext):
     def _move(self, go: Go, now: float) -> None:
         loop = self.loop
         check(loop.state, go.target, go.event)
-        log.debug("%s: %s -> %s on %s", self.settings.deployment, loop.state.value,
+        log.debug("%s: %s -> %s on %s", self.settings.key, loop.state.value,
                   go.target.value, go.event.value)
         if go.target is not loop.state:
             loop.state, loop.since = go.target, now
@@ -128,7 +128,7 @@ class Controller(LoopContext):
                 self.study.tell_failed(loop.trial.number, f"error: {exc}")
             except Exception:  # the study may be what failed; the rollback matters more
                 log.exception("%s: could not record the failed trial",
-                              self.settings.deployment)
+                              self.settings.key)
             self.metrics.trial(self.settings.deployment, TrialOutcome.FAILED)
             loop.trial = None
         target = loop.best_config or loop.baseline_config
@@ -136,7 +136,7 @@ class Controller(LoopContext):
             try:
                 self.deployment.apply_config(target, canary=False)
             except Exception:  # keep the loop alive; the next tick retries from COOLDOWN
-                log.exception("%s: rollback failed", self.settings.deployment)
+                log.exception("%s: rollback failed", self.settings.key)
         return self._follow(Go(ControllerState.COOLDOWN, Event.ERROR,
                                f"error: {type(exc).__name__}: {exc}; rolled back to the "
                                "best known config", action=Action.REVERT), Tick(now, ()))
@@ -146,4 +146,4 @@ class Controller(LoopContext):
         self.metrics.action(dep, d.action, d.reason)
         self.metrics.observe(dep, d.state, d.replicas)
         level = logging.INFO if d.action is not Action.NONE else logging.DEBUG
-        log.log(level, "%s: %s", dep, d.line())
+        log.log(level, "%s: %s", self.settings.key, d.line())

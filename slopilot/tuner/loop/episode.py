@@ -65,7 +65,7 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     s = ctx.settings
     if entered is not None:
         ctx.metrics.action(s.deployment, Action.RETUNE, entered.reason)
-        log.info("%s: %s", s.deployment, ctx.decide(Action.RETUNE, entered.reason).line())
+        log.info("%s: %s", s.key, ctx.decide(Action.RETUNE, entered.reason).line())
         return _next_trial(ctx, tick.now, f"retune: {entered.reason}")
     if ctx.loop.trial is None:
         return _next_trial(ctx, tick.now, "next trial")

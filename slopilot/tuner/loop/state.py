@@ -67,7 +67,10 @@ class ControllerSettings:
     """How one deployment's loop behaves. Times are in seconds of the caller's clock."""
 
     deployment: str
+    """The deployment's name: its series' ``slopilot_deployment``, as the engines' are."""
     slo: SLOSpec
+    namespace: str = ""
+    """Its namespace where it has one (Kubernetes): log lines say ``namespace/name``."""
     min_replicas: int = 1
     max_replicas: int = 8
     window_s: float = 120.0
@@ -139,6 +142,11 @@ class ControllerSettings:
         if check is not None and not 0 < check <= self.window_s:
             raise ControllerError(f"revert_check_s={check!r}: expected a time in "
                                   f"(0, window_s={self.window_s}]")
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` (the name alone outside a namespace): what the logs say."""
+        return f"{self.namespace}/{self.deployment}" if self.namespace else self.deployment
 
     @property
     def revert_after_s(self) -> float:
