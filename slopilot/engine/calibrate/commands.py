@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -82,6 +83,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             _check_out(args.samples_out, "--samples-out")
         if args.threads is not None and args.threads < 1:
             raise CalibrationError(f"--threads {args.threads}: expected at least 1")
+        # Before the model loads: NaN or inf would fail deep in the executor's int().
+        if args.kv_cache_gb is not None and not (math.isfinite(args.kv_cache_gb)
+                                                 and args.kv_cache_gb > 0):
+            raise CalibrationError(f"--kv-cache-gb {args.kv_cache_gb}: expected gigabytes "
+                                   "> 0, e.g. 2")
         def given(name: str) -> int:
             value = getattr(args, name)
             return int(defaults[name] if value is None else value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -101,7 +102,7 @@ def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> 
     from slopilot.engine.sim.simulator import Measure, simulate
     from slopilot.engine.sim.trace_scenario import replay_measure
 
-    if args.duration is not None and not args.duration > 0:
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
         raise ValueError(f"--duration {args.duration}: expected simulated seconds > 0")
     # A whole trace is followed past its last arrival; --duration cuts the run there.
     measure = (replay_measure(scenario) if args.duration is None

@@ -27,6 +27,7 @@ import numpy as np
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.trace_formats import (
     FORMATS,
+    MAX_SECONDS,
     TraceError,
     TraceRecord,
     parse_azure,
@@ -118,6 +119,13 @@ def rescale(records: list[TraceRecord], *, time_scale: float | None = None,
         return list(records)
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise TraceError(f"time_scale={time_scale}: must be a positive factor (0.5 = 2x rate)")
+    # Past MAX_SECONDS the span is no run anyone waits for, and past a float it is inf.
+    span = max(r.arrival_time for r in records) * time_scale
+    if not span <= MAX_SECONDS:
+        given = f"time_scale={time_scale:g}" if target_rate is None else \
+            f"target_rate={target_rate:g} (time_scale={time_scale:g})"
+        raise TraceError(f"{given}: stretches the trace to {span:.3g} s, past {MAX_SECONDS:g} "
+                         "s; give a smaller factor (0.5 = 2x rate)")
     return [replace(r, arrival_time=r.arrival_time * time_scale) for r in records]
 
 

@@ -27,6 +27,9 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
 _ALIASES = {"timestamp": "arrival_time", "priority": "class"}
 FORMATS = ("csv", "azure-csv", "jsonl")
+MAX_SECONDS = 1e11
+"""The largest numeric timestamp, in seconds (the year 5138 as epoch seconds): epoch
+milliseconds (1.7e12 in 2024) would otherwise replay as seconds, a trace of centuries."""
 MAX_TOKENS = 2**24
 """The longest prompt or output a trace may give (16,777,216 tokens): above every model's
 context window (the longest hold 10M), so a larger one is a wrong column or a hostile
@@ -66,6 +69,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
     reader = _rows(text)
     next(reader)
     records = []
+    clock = _Clock(label)
     for row in reader:
         line = reader.line_num
         if not row or not "".join(row).strip():
@@ -80,7 +84,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             except ValueError as e:
                 raise TraceError(f"{label}:{line}: class: {e}") from None
         records.append(TraceRecord(
-            _timestamp(row[column["arrival_time"]], label, line, "arrival_time"),
+            clock.read(row[column["arrival_time"]], line, "arrival_time"),
             _count(row[column["prompt_tokens"]], label, line, "prompt_tokens", lo=1),
             _count(row[column["output_tokens"]], label, line, "output_tokens", lo=0),
             priority))
@@ -101,6 +105,7 @@ def parse_azure(text: str, label: str) -> list[TraceRecord]:
         raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
                          f"got {excerpt(header)}")
     records = []
+    clock = _Clock(label)
     for row in reader:
         line = reader.line_num
         if not row or not "".join(row).strip():
@@ -108,7 +113,7 @@ def parse_azure(text: str, label: str) -> list[TraceRecord]:
         if len(row) < 3:
             raise TraceError(f"{label}:{line}: expected 3 columns "
                              f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {excerpt(row)}")
-        t = _timestamp(row[0], label, line, "TIMESTAMP")
+        t = clock.read(row[0], line, "TIMESTAMP")
         prompt = _count(row[1], label, line, "ContextTokens", lo=1)
         output = _count(row[2], label, line, "GeneratedTokens", lo=0)
         records.append(TraceRecord(t, prompt, output))
@@ -117,6 +122,7 @@ def parse_azure(text: str, label: str) -> list[TraceRecord]:
 
 def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
     records = []
+    clock = _Clock(label)
     sessions: dict[object, int] = {}
     # Lines end at "\n" only: a JSON string may hold U+2028 or U+0085, where
     # str.splitlines() would cut it (a "\r" before the "\n" is JSON whitespace).
@@ -125,14 +131,15 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
             continue
         try:
             obj: Any = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{label}:{line}: not valid JSON ({e.msg}): {raw[:80]!r}") from None
+        except ValueError as e:  # JSONDecodeError, or an integer past 4,300 digits
+            why = e.msg if isinstance(e, json.JSONDecodeError) else "a number too long"
+            raise TraceError(f"{label}:{line}: not valid JSON ({why}): {raw[:80]!r}") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
         key = "arrival_time" if "arrival_time" in obj else "timestamp"
         if key not in obj:
             raise TraceError(f"{label}:{line}: missing arrival_time (or timestamp)")
-        t = _timestamp(obj[key], label, line, key)
+        t = clock.read(obj[key], line, key)
         for name in ("prompt_tokens", "output_tokens"):
             if name not in obj:
                 raise TraceError(f"{label}:{line}: missing {name}")
@@ -160,28 +167,59 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
     return records
 
 
-def _timestamp(value: object, label: str, line: int, name: str) -> float:
+class _Clock:
+    """The timestamps of one file: all numbers (seconds) or all dates. Mixed, a date reads
+    as seconds since 1970 next to a number's own origin, and the trace would span 54
+    years; which kind was meant is the user's to say."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.kind: str | None = None
+        self.since = 0
+
+    def read(self, value: object, line: int, name: str) -> float:
+        seconds, kind = _timestamp(value, self.label, line, name)
+        if self.kind is None:
+            self.kind, self.since = kind, line
+        elif kind != self.kind:
+            raise TraceError(
+                f"{self.label}:{line}: {name}={excerpt(value)} is {kind}, but line "
+                f"{self.since} (and each row since) gives {self.kind}: the trace mixes "
+                "seconds and dates; give every row the same kind")
+        return seconds
+
+
+_SECONDS, _DATE = "a number of seconds", "a date"
+
+
+def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, str]:
+    """Seconds, and whether they came as a number or as a date."""
+    seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value) and value >= 0:
-            return float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past any float: no time
+            seconds = None
     elif isinstance(value, str):
         text = value.strip()
         try:
             seconds = float(text)
         except ValueError:
-            pass
-        else:
-            if math.isfinite(seconds) and seconds >= 0:
-                return seconds
-            text = ""  # a number, but no time: refused below
-        try:
-            stamp = datetime.datetime.fromisoformat(text)
-        except ValueError:
-            pass
-        else:
-            if stamp.tzinfo is None:  # trace timestamps without a zone are UTC (Azure's are)
-                stamp = stamp.replace(tzinfo=datetime.UTC)
-            return stamp.timestamp()
+            try:
+                stamp = datetime.datetime.fromisoformat(text)
+            except ValueError:
+                pass
+            else:
+                if stamp.tzinfo is None:  # trace timestamps without a zone are UTC (Azure's)
+                    stamp = stamp.replace(tzinfo=datetime.UTC)
+                return stamp.timestamp(), _DATE
+    if seconds is not None and math.isfinite(seconds) and seconds >= 0:
+        if seconds > MAX_SECONDS:
+            raise TraceError(
+                f"{label}:{line}: {name}={excerpt(value)} as seconds is the year "
+                f"{1970 + seconds / 31_556_952:,.0f}; it looks like epoch milliseconds (or "
+                "finer): divide the column by 1000 (trace times are seconds)")
+        return seconds, _SECONDS
     raise TraceError(f"{label}:{line}: {name}={excerpt(value)} is not a time; use seconds "
                      "(>= 0) or an ISO date like 2023-11-16 18:15:46.680")
 

@@ -72,6 +72,9 @@ def test_a_device_that_is_not_there(tmp_path: Path, capsys: pytest.CaptureFixtur
     (["--token-budget", "64"], "--token-budget 64: expected 128 to 16384"),
     (["--max-context", "100000"], "--max-context 100000 exceeds"),
     (["--repeats", "0"], "--repeats 0: expected 1 to 100"),
+    (["--kv-cache-gb", "nan"], "--kv-cache-gb nan: expected gigabytes > 0"),
+    (["--kv-cache-gb", "inf"], "--kv-cache-gb inf: expected gigabytes > 0"),
+    (["--kv-cache-gb", "-1"], "--kv-cache-gb -1.0: expected gigabytes > 0"),
 ])
 def test_bad_options(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                      args: list[str], message: str) -> None:

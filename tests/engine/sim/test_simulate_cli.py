@@ -136,6 +136,10 @@ def test_metrics_out_writes_the_servers_series(tmp_path: Path) -> None:
     (["--scenario", "tiny-cpu", "--set", "budget"], "expected knob=value"),
     (["--scenario", "tiny-cpu", "--set", "speed=3"], "unknown knob 'speed'"),
     (["--scenario", "tiny-cpu", "--replicas", "0"], "replicas=0"),
+    (["--scenario", "tiny-cpu", "--duration", "inf"], "--duration inf: expected"),
+    (["--scenario", "tiny-cpu", "--duration", "nan"], "--duration nan: expected"),
+    (["--scenario", "azure-conv-2023", "--time-scale", "1e308"],
+     "time_scale=1e+308: stretches"),
     (["--scenario", "missing.yaml"], "does not exist"),
 ])
 def test_bad_input_is_a_clear_error(argv: list[str], message: str,

@@ -293,3 +293,36 @@ def test_jsonl_takes_the_csvs_class_name(tmp_path: Path) -> None:
                 '"output_tokens": 1, "class": "gold"}\n')
     with pytest.raises(TraceError, match=r"x\.jsonl:1: class: "):
         read_trace(bad)
+
+
+def test_a_timestamp_past_any_clock_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.jsonl", '{"arrival_time": 0, "prompt_tokens": 5, '
+                 '"output_tokens": 1}\n{"arrival_time": 1' + "0" * 400 +
+                 ', "prompt_tokens": 5, "output_tokens": 1}\n')
+    with pytest.raises(TraceError, match=r"t\.jsonl:2: arrival_time=.* is not a time"):
+        read_trace(path)
+
+
+def test_epoch_milliseconds_are_refused_as_seconds(tmp_path: Path) -> None:
+    # 1,714,564,800,000 read as seconds is the year 56,000: the unit, not the time, is off.
+    path = write(tmp_path, "ms.csv", "arrival_time,prompt_tokens,output_tokens\n"
+                 "1714564800000,100,10\n1714564800500,100,10\n")
+    with pytest.raises(TraceError, match=r"ms\.csv:2: arrival_time='1714564800000' .*"
+                                         r"milliseconds.*divide"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("0,100,10\n2024-05-01 12:00:02,100,10\n", 3),
+    ("2024-05-01 12:00:02,100,10\n3,100,10\n", 3),
+])
+def test_a_trace_mixing_seconds_and_dates_is_refused(tmp_path: Path, text: str,
+                                                     line: int) -> None:
+    path = write(tmp_path, "m.csv", "arrival_time,prompt_tokens,output_tokens\n" + text)
+    with pytest.raises(TraceError, match=rf"m\.csv:{line}: arrival_time=.* mixes"):
+        read_trace(path)
+
+
+def test_a_time_scale_past_any_clock_is_refused(azure: list[TraceRecord]) -> None:
+    with pytest.raises(TraceError, match="time_scale=1e\\+308"):
+        rescale(azure, time_scale=1e308)
