@@ -132,6 +132,13 @@ def test_the_schema_refuses_bad_thresholds_by_name(alerts: dict[str, Any], needl
     ({"slo": {"prefixHitMin": 0.9}, "engine": {"enablePrefixCaching": False}},
      "spec.slo.prefixHitMin=0.9 expects prefix hits, but spec.engine.enablePrefixCaching"),
     ({"slo": {"prefixHitMin": 0}}, "spec.slo.prefixHitMin=0: expected a ratio in (0, 1]"),
+    # A duration Prometheus cannot hold stops the Prometheus that loads every tenant's
+    # rules from starting: refused here, by the field's name.
+    ({"alerts": {"holdFor": "999999999h"}}, "spec.alerts.holdFor=3599999996400: expected"),
+    ({"alerts": {"sustainedBreachWindow": "2600000h"}},
+     "spec.alerts.sustainedBreachWindow=9360000000: expected whole seconds"),
+    ({"alerts": {"tbtPeriods": 10**9}}, "spec.alerts.tbtPeriods=1000000000: expected"),
+    ({"alerts": {"waitingMin": 10**30}}, "spec.alerts.waitingMin=" + str(10**30)),
 ])
 def test_parse_spec_refuses_what_the_schema_cannot_judge(spec: dict[str, Any],
                                                          needle: str) -> None:
@@ -191,3 +198,18 @@ def test_a_slow_team_a_fires_its_own_alert_beside_a_fast_team_b(
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
+
+
+def test_the_longest_holds_a_tenant_may_write_load_in_prometheus(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, MAX_WAITING
+
+    day = f"{MAX_DURATION_S}s"
+    spec = parse_spec(body(alerts={"holdFor": day, "sustainedBreachWindow": day,
+                                   "waitingMin": MAX_WAITING}))
+    rule = rule_of(body(alerts={"holdFor": day, "sustainedBreachWindow": day,
+                                "waitingMin": MAX_WAITING}))
+    assert spec.alerts.alert_for_s == MAX_DURATION_S
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule))
+    result = promtool(prometheus_binaries, "check", "rules", "rules.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -114,6 +114,15 @@ class Op(enum.StrEnum):
     BELOW = "<"
 
 
+MAX_DURATION_S = 86_400
+"""The longest window or hold a rule may get. Prometheus refuses a duration past Go's
+(about 2.5 million hours), and a Prometheus that loads every tenant's rules file then
+refuses to start at all; a range over days is also what one tenant's rule should not ask
+of a shared Prometheus. A day is beyond any sensible hold."""
+MAX_WAITING = 1_000_000_000
+"""The largest ``waiting_min``: above any queue, and a number PromQL reads exactly."""
+
+
 @dataclass(frozen=True, slots=True)
 class RuleOptions:
     """Timing and thresholds of the alerts (the SLO gives the targets they multiply).
@@ -160,16 +169,25 @@ class RuleOptions:
         for name in ("interval_s", "rate_window_s", "tbt_periods", "waiting_min"):
             value = getattr(self, name)
             least = 0 if name == "waiting_min" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise RuleError(f"{name}={value!r}: expected a whole number >= {least}")
+            most = MAX_WAITING if name == "waiting_min" else MAX_DURATION_S
+            if isinstance(value, bool) or not isinstance(value, int) \
+                    or not least <= value <= most:
+                raise RuleError(f"{name}={value!r}: expected a whole number in "
+                                f"[{least}, {most}]")
         if isinstance(self.alert_for_s, bool) or not isinstance(self.alert_for_s, int) \
-                or self.alert_for_s < 0:
-            raise RuleError(f"alert_for_s={self.alert_for_s!r}: expected whole seconds >= 0")
+                or not 0 <= self.alert_for_s <= MAX_DURATION_S:
+            raise RuleError(f"alert_for_s={self.alert_for_s!r}: expected whole seconds in "
+                            f"[0, {MAX_DURATION_S}] (a day)")
         if isinstance(self.breach_window_s, bool) or not isinstance(self.breach_window_s, int) \
-                or self.breach_window_s < self.rate_window_s:
+                or not self.rate_window_s <= self.breach_window_s <= MAX_DURATION_S:
             raise RuleError(f"breach_window_s={self.breach_window_s!r}: expected whole "
                             f"seconds >= rate_window_s={self.rate_window_s} (a sustained "
-                            "breach is read over a window at least as long as the others)")
+                            "breach is read over a window at least as long as the others) "
+                            f"and at most {MAX_DURATION_S} (a day)")
+        if self.tbt_for_s > MAX_DURATION_S:
+            raise RuleError(f"tbt_periods={self.tbt_periods!r}: {self.tbt_periods} "
+                            f"evaluations {self.interval_s} s apart hold for more than "
+                            f"{MAX_DURATION_S} s (a day); use fewer")
         for name in ("tbt_factor", "ttft_warning_factor", "ttft_retune_factor"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
