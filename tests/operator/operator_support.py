@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes.client
+import pytest
 import urllib3
 from kopf.testing import KopfRunner
 
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.render import ADMIN_PORT_NAME, DEFAULT_OPERATOR_NAMESPACE, selector
 from slopilot.operator.tokens import KEY_SECRET, TokenMint, load_or_create
 from tests.support import waits
@@ -177,3 +179,20 @@ def monitoring_crds() -> list[dict[str, Any]]:
                          "openAPIV3Schema": {"type": "object",
                                              "x-kubernetes-preserve-unknown-fields": True}}}]}})
     return out
+
+
+def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+                ) -> Any:
+    """The CR's daemon, stepped here (its events, which need kopf's context, dropped)."""
+    import logging
+
+    from slopilot.operator import tuning_daemon
+    from slopilot.operator.handlers import LockTable
+    from slopilot.operator.tuning_daemon import DeploymentLoop
+    from tests.operator.standins import build_controller
+
+    monkeypatch.setattr(tuning_daemon, "post_decision", lambda *a, **kw: None)
+    return DeploymentLoop(cluster.kube, NS, body["metadata"]["name"],
+                          str(body["metadata"]["uid"]), mint=operator_mint(cluster),
+                          policy=OperatorPolicy(), factory=build_controller,
+                          locks=LockTable(), logger=logging.getLogger("test"))

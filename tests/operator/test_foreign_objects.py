@@ -22,7 +22,7 @@ from slopilot.operator.handlers import status_of
 from slopilot.operator.kube_handle import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
-from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
+from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
 from tests.support.kube_server import RunningEmulator
 
 DENY_ALL = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -154,23 +154,6 @@ def test_the_handler_looks_again_while_the_name_is_taken(
     assert cluster.condition("Reconciled", "default-deny")["status"] == "True"
     policy = k.get("networking.k8s.io/v1", "networkpolicies", NS, "default-deny")
     assert policy["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
-
-
-def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-                ) -> Any:
-    """The CR's daemon, stepped here (its events, which need kopf's context, dropped)."""
-    import logging
-
-    from slopilot.operator import tuning_daemon
-    from slopilot.operator.handlers import LockTable
-    from slopilot.operator.tuning_daemon import DeploymentLoop
-    from tests.operator.standins import build_controller
-
-    monkeypatch.setattr(tuning_daemon, "post_decision", lambda *a, **kw: None)
-    return DeploymentLoop(cluster.kube, NS, body["metadata"]["name"],
-                          str(body["metadata"]["uid"]), mint=operator_mint(cluster),
-                          policy=OperatorPolicy(), factory=build_controller,
-                          locks=LockTable(), logger=logging.getLogger("test"))
 
 
 def test_no_controller_runs_for_a_deployment_that_is_not_the_crs(

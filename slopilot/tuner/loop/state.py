@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import math
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -199,6 +201,8 @@ class LoopState:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LoopState:
+        """The state ``to_dict`` wrote; ControllerError naming the field for anything
+        else (the status it lives in is anyone's with status rights to write)."""
         if not isinstance(data, Mapping):
             raise ControllerError(f"controller state: expected a mapping, got "
                                   f"{type(data).__name__}")
@@ -210,18 +214,77 @@ class LoopState:
         values = dict(data)
         try:
             values["state"] = ControllerState(values.get("state", "steady"))
-        except ValueError:
+        except (ValueError, TypeError):
             raise ControllerError(
-                f"controller state: state={data.get('state')!r}; use one of: "
+                f"controller state: state={_shown(data.get('state'))}; use one of: "
                 f"{', '.join(s.value for s in ControllerState)}") from None
+        _check_fields(cls, values, "", skip=("state", "trial"))
         trial = values.get("trial")
         if trial is not None:
+            if not isinstance(trial, Mapping):
+                raise ControllerError(f"controller state: trial={_shown(trial)}: expected "
+                                      "a mapping")
+            _check_fields(RunningTrial, trial, "trial.")
             try:
                 values["trial"] = RunningTrial(**trial)
             except TypeError as exc:
-                raise ControllerError(f"controller state: trial={trial!r}: {exc}") from None
+                raise ControllerError(f"controller state: trial={_shown(trial)}: {exc}"
+                                      ) from None
         values["trial_starts"] = [float(t) for t in values.get("trial_starts") or []]
         return cls(**values)
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _check_fields(cls: type, values: Mapping[str, Any], prefix: str,
+                  skip: tuple[str, ...] = ()) -> None:
+    """Each of ``values`` of the type ``cls`` declares for it (numbers finite)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    for name, value in values.items():
+        hint = _HINTS[cls].get(name)
+        if name in skip or hint is None or _conforms(value, hint):
+            continue
+        raise ControllerError(f"controller state: {prefix}{name}={_shown(value)}: expected "
+                              f"{_type_name(hint)}")
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    if origin is dict:
+        return isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    return True  # a type of its own (an enum, a dataclass): judged where it is built
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    names = {float: "a finite number", int: "a whole number", str: "a string",
+             bool: "true or false", type(None): "null"}
+    if hint in names:
+        return names[hint]
+    origin = typing.get_origin(hint)
+    return {dict: "a mapping", list: "a list of numbers"}.get(origin, str(hint))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)

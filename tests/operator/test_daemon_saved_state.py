@@ -1,0 +1,35 @@
+"""A ``status.controller`` the operator cannot read stops the controller, by name.
+
+The daemon resumes from the loop state it saved in the status; whoever may write the
+status can put anything there. The controller does not start (Tuning=False,
+ControllerUnavailable, naming the field), where a TypeError used to escape the step and
+kopf retried it forever with no condition written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.operator.crd import crd_manifest
+from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd
+from tests.support.kube_server import RunningEmulator
+
+
+@pytest.mark.parametrize(("saved", "field"), [
+    ({"trial_starts": ["x"]}, "trial_starts"), ({"since": "yesterday"}, "since"),
+    ({"trial_starts": 5}, "trial_starts"), ({"trial": {"number": "1"}}, "trial.number")])
+def test_a_saved_state_of_the_wrong_types_is_named_in_the_tuning_condition(
+        kube: RunningEmulator, kube_client: Any, monkeypatch: pytest.MonkeyPatch,
+        saved: dict[str, Any], field: str) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    body = cluster.create(llmd(prometheus={"url": "http://127.0.0.1:9"}))
+    cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat",
+                       {"status": {"controller": saved}}, subresource="status")
+    loop = daemon_loop(cluster, body, monkeypatch)
+    assert loop.step() is True and loop.controller is None
+    tuning = cluster.condition("Tuning")
+    assert tuning["reason"] == "ControllerUnavailable"
+    assert f"controller state: {field}=" in tuning["message"]

@@ -1,0 +1,54 @@
+"""The controller's saved state is read back only as the types it was written with.
+
+``status.controller`` lives in the LLMDeployment's status: whoever may write the status
+(or an older operator, or a hand edit) can put anything there, and a restarted operator
+resumes from it. A value of the wrong type must stop the controller with a message that
+names the field, not escape as a TypeError from deep inside a tick.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.tuner.loop.state import ControllerError, ControllerState, LoopState, RunningTrial
+
+TRIAL = {"number": 3, "config": {"token_budget": 512}, "started_at": 10.0, "canary": True}
+
+
+def test_a_saved_state_round_trips() -> None:
+    state = LoopState(state=ControllerState.TUNING, since=5.0, trial=RunningTrial(**TRIAL),
+                      trial_starts=[1.0, 2], best_goodput=3, twin={"trusted": True})
+    assert LoopState.from_dict(state.to_dict()) == state
+
+
+@pytest.mark.parametrize(("saved", "field"), [
+    ({"trial_starts": ["x"]}, "trial_starts"),
+    ({"trial_starts": 5}, "trial_starts"),
+    ({"since": "yesterday"}, "since"),
+    ({"since": float("nan")}, "since"),
+    ({"since": True}, "since"),
+    ({"reason": 7}, "reason"),
+    ({"episode_trials": 1.5}, "episode_trials"),
+    ({"episode_trials": "3"}, "episode_trials"),
+    ({"best_config": [1, 2]}, "best_config"),
+    ({"best_goodput": "lots"}, "best_goodput"),
+    ({"prometheus_unavailable": "no"}, "prometheus_unavailable"),
+    ({"cooldown_until": float("inf")}, "cooldown_until"),
+    ({"twin": "trusted"}, "twin"),
+    ({"trial": "running"}, "trial"),
+    ({"trial": {**TRIAL, "number": "3"}}, "trial.number"),
+    ({"trial": {**TRIAL, "config": None}}, "trial.config"),
+    ({"trial": {**TRIAL, "canary_replica": 5}}, "trial.canary_replica"),
+    ({"trial": {"number": 3}}, "trial"),
+])
+def test_a_field_of_the_wrong_type_is_named(saved: dict[str, Any], field: str) -> None:
+    with pytest.raises(ControllerError, match=rf"controller state: {field}="):
+        LoopState.from_dict(saved)
+
+
+def test_a_long_bad_value_is_cut_in_the_message() -> None:
+    with pytest.raises(ControllerError) as info:
+        LoopState.from_dict({"reason": ["x" * 10_000]})
+    assert len(str(info.value)) < 400
