@@ -165,7 +165,7 @@ class TraceWorkload:
                         self.tokens, child_rng(self.seed, _SESSION_TOKENS, r.session_id))
                 prompt = SyntheticPrompt(r.prompt_tokens, stream.prefix)
             yield RequestSpec(arrival_time=r.arrival_time, prompt_token_ids=prompt,
-                              max_tokens=max(1, r.output_tokens), priority=priority,
+                              max_tokens=r.output_tokens, priority=priority,
                               session_id=r.session_id)
 
     def on_finish(self, spec: RequestSpec, all_token_ids: list[int],

@@ -86,7 +86,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
         records.append(TraceRecord(
             clock.read(row[column["arrival_time"]], line, "arrival_time"),
             _count(row[column["prompt_tokens"]], label, line, "prompt_tokens", lo=1),
-            _count(row[column["output_tokens"]], label, line, "output_tokens", lo=0),
+            _count(row[column["output_tokens"]], label, line, "output_tokens", lo=1),
             priority))
     return records
 
@@ -115,7 +115,7 @@ def parse_azure(text: str, label: str) -> list[TraceRecord]:
                              f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {excerpt(row)}")
         t = clock.read(row[0], line, "TIMESTAMP")
         prompt = _count(row[1], label, line, "ContextTokens", lo=1)
-        output = _count(row[2], label, line, "GeneratedTokens", lo=0)
+        output = _count(row[2], label, line, "GeneratedTokens", lo=1)
         records.append(TraceRecord(t, prompt, output))
     return records
 
@@ -144,7 +144,7 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
             if name not in obj:
                 raise TraceError(f"{label}:{line}: missing {name}")
         prompt = _count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
-        output = _count(obj["output_tokens"], label, line, "output_tokens", lo=0)
+        output = _count(obj["output_tokens"], label, line, "output_tokens", lo=1)
         priority = None
         # The CSV's names: ``class``, or ``priority`` (docs/traces.md).
         given = [k for k in ("class", "priority") if obj.get(k) is not None]
@@ -224,6 +224,9 @@ def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, 
                      "(>= 0) or an ISO date like 2023-11-16 18:15:46.680")
 
 
+_OUTPUT_FIELDS = ("output_tokens", "GeneratedTokens")
+
+
 def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -241,8 +244,12 @@ def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
             magnitude = int(digits) if len(digits) <= 12 else MAX_TOKENS + 1
             number = -magnitude if text.startswith("-") else magnitude
     if number is None or number < lo:
+        # An output of 0 cannot be replayed: the engine generates the prefill's token,
+        # and replaying it as 1 would count a token the trace never had.
+        why = ("; a request generates at least one token (its prefill's): drop the row "
+               "or give 1") if name in _OUTPUT_FIELDS and number == 0 else ""
         raise TraceError(f"{label}:{line}: {name}={excerpt(value)} must be a whole number "
-                         f">= {lo}")
+                         f">= {lo}{why}")
     if number > MAX_TOKENS:
         raise TraceError(f"{label}:{line}: {name}={excerpt(value)} exceeds {MAX_TOKENS:,} "
                          "tokens, longer than any model's context; check that the column "

@@ -99,7 +99,7 @@ def test_jsonl_with_priorities_and_sessions(tmp_path: Path) -> None:
          "session_id": "alice", "priority": "p0", "extra": "ignored"},
         {"timestamp": "2024-01-01T00:00:12.5", "prompt_tokens": 150, "output_tokens": 6,
          "session_id": "alice"},
-        {"timestamp": "2024-01-01T00:00:11", "prompt_tokens": 30, "output_tokens": 0},
+        {"timestamp": "2024-01-01T00:00:11", "prompt_tokens": 30, "output_tokens": 1},
     ]
     path = write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n")
     records = read_trace(path)
@@ -109,7 +109,7 @@ def test_jsonl_with_priorities_and_sessions(tmp_path: Path) -> None:
     first, other, second = specs
     # A later turn of one session starts with the earlier turn's prompt.
     assert second.prompt_token_ids[:100] == first.prompt_token_ids
-    assert other.session_id is None and other.max_tokens == 1  # 0 outputs still emit one
+    assert other.session_id is None and other.max_tokens == 1
 
 
 @pytest.mark.parametrize("line, match", [
@@ -159,10 +159,10 @@ def test_azure_csv_from_a_file(tmp_path: Path) -> None:
 
 def test_minimal_csv_with_and_without_classes(tmp_path: Path) -> None:
     path = write(tmp_path, "mine.csv", "arrival_time,prompt_tokens,output_tokens,class\n"
-                 "10.5,300,40,p0\n10.0,100,20,\n12,50,0,P2\n")
+                 "10.5,300,40,p0\n10.0,100,20,\n12,50,1,P2\n")
     records = read_trace(path)
     assert [(r.arrival_time, r.prompt_tokens, r.output_tokens, r.priority) for r in records] \
-        == [(0.0, 100, 20, None), (0.5, 300, 40, Priority.P0), (2.0, 50, 0, Priority.P2)]
+        == [(0.0, 100, 20, None), (0.5, 300, 40, Priority.P0), (2.0, 50, 1, Priority.P2)]
     # Columns in any order, aliases, extra columns ignored, ISO dates as times.
     path = write(tmp_path, "b.csv", "output_tokens,user,Timestamp,prompt_tokens,priority\n"
                  "7,alice,2024-01-01 00:00:01,70,p1\n9,bob,2024-01-01 00:00:03,90,p1\n")
@@ -326,3 +326,20 @@ def test_a_trace_mixing_seconds_and_dates_is_refused(tmp_path: Path, text: str,
 def test_a_time_scale_past_any_clock_is_refused(azure: list[TraceRecord]) -> None:
     with pytest.raises(TraceError, match="time_scale=1e\\+308"):
         rescale(azure, time_scale=1e308)
+
+
+@pytest.mark.parametrize(("name", "text", "where"), [
+    ("z.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,3\n1,5,0\n", "3: output_tokens"),
+    ("z.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+              "2023-11-16 18:15:46,5,3\n2023-11-16 18:15:47,5,0\n", "3: GeneratedTokens"),
+    ("z.jsonl", '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 3}\n'
+                '{"arrival_time": 1, "prompt_tokens": 5, "output_tokens": 0}\n',
+     "2: output_tokens"),
+])
+def test_zero_output_tokens_are_refused_not_replayed_as_one(
+        tmp_path: Path, name: str, text: str, where: str) -> None:
+    # The engine always generates the prefill's token, so a replay of 0 would run 1 and
+    # its figures would count a token the trace never had.
+    with pytest.raises(TraceError, match=rf"z\.\w+:{where}='?0'? must be a whole number "
+                                         r">= 1.*at least one token"):
+        read_trace(write(tmp_path, name, text))
