@@ -32,7 +32,7 @@ from slopilot.operator.knobs import (
 )
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.twin_spec import TwinSpec, parse_twin
-from slopilot.operator.validation import prometheus_url_problem
+from slopilot.operator.validation import model_ref_problem, prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
 
 
@@ -182,6 +182,9 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     name = r.get(spec, "spec.model.name", str)
     if not name:
         r.problems.append("spec.model.name: required: name the model, e.g. smollm2-135m")
+    for where in ("spec.model.name", "spec.model.path"):
+        if (problem := model_ref_problem(where, r.get(spec, where, str))) is not None:
+            r.problems.append(problem)
     lo = r.get(spec, "spec.replicas.min", int, 1)
     hi = r.get(spec, "spec.replicas.max", int, max(lo, 1))
     if lo < 0 or hi < 1:

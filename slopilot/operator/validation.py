@@ -131,3 +131,24 @@ def parse_image(image: str, *, prefix: bool = False) -> ImageRef | None:
         domain = "docker.io"
     return ImageRef(f"{domain.lower()}/{path}", (m.group("tag") or "") + (m.group("digest")
                                                                           or ""))
+
+
+MAX_MODEL_REF = 512
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+
+
+def model_ref_problem(where: str, value: str | None) -> str | None:
+    """The model's name and path become the engine's first argument (vLLM's positional
+    model): one that starts with ``-`` would be read as an option a tenant may not set
+    (``--trust-remote-code``), and whitespace or control characters are no name."""
+    if not value:
+        return None
+    if value.startswith("-"):
+        return (f"{where}={value[:80]!r} starts with '-', which the engine would read as "
+                "an option: name the model (e.g. meta-llama/Llama-3.1-8B) or its path")
+    if _CONTROL.search(value):
+        return (f"{where}={value[:80]!r} holds whitespace or a control character: a model "
+                "name or path has none")
+    if len(value) > MAX_MODEL_REF:
+        return f"{where}: {len(value)} characters; at most {MAX_MODEL_REF}"
+    return None

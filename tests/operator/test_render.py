@@ -16,7 +16,7 @@ from slopilot.operator.render import (
     render_all,
     vllm_args,
 )
-from slopilot.operator.spec import LLMDeploymentSpec, parse_spec
+from slopilot.operator.spec import LLMDeploymentSpec, SpecError, parse_spec
 
 KUBE_VERSION = "1.33.0"
 UID = "0b0e9a4e-4c1e-4d55-9b5e-1c9a3f6f0d11"
@@ -226,3 +226,28 @@ def test_no_cpu_limit_and_the_vllm_backend_leave_the_thread_count_alone() -> Non
     vllm = container(render_all(*render(backend="vllm", resources={"cpu": "2"})).deployment)
     for c in (unlimited, vllm):
         assert "OMP_NUM_THREADS" not in {e["name"] for e in c["env"]}
+
+
+@pytest.mark.parametrize(("model", "field"), [
+    ({"name": "chat", "path": "--trust-remote-code"}, "spec.model.path"),
+    ({"name": "--admin-port=1"}, "spec.model.name"),
+    ({"name": "-x"}, "spec.model.name"),
+    ({"name": "chat\n--trust-remote-code"}, "spec.model.name"),
+    ({"name": "chat", "path": "/models/a b\x00"}, "spec.model.path"),
+    ({"name": "m" * 1000}, "spec.model.name"),
+])
+@pytest.mark.parametrize("backend", ["builtin", "vllm"])
+def test_a_model_reference_that_would_be_read_as_an_option_is_refused(
+        model: dict[str, str], field: str, backend: str) -> None:
+    # The reference is the engine's first argument: "--trust-remote-code" there is a
+    # flag the image allow-list never meant to allow a tenant to set.
+    with pytest.raises(SpecError) as info:
+        parse_spec(body(model=model, backend=backend))
+    assert any(p.startswith(field) for p in info.value.problems), info.value.problems
+
+
+def test_ordinary_model_references_pass() -> None:
+    for model in ({"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                  {"name": "chat", "path": "/models/llama-3.1-8b"},
+                  {"name": "Qwen2.5-0.5B", "path": "s3://bucket/qwen-2.5"}):
+        assert parse_spec(body(model=model, backend="vllm")).model_ref in model.values()
