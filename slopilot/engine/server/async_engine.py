@@ -37,7 +37,7 @@ from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 from slopilot.engine.server.retry_after import RetryAfter
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "RequestStream",
-           "StreamDelta"]
+           "StreamDelta", "TooManyChoicesError"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +52,12 @@ class EngineDrainingError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop crashed; no request can be served (HTTP 500)."""
+
+
+class TooManyChoicesError(ValueError):
+    """More choices than the waiting queue holds at all: admitted all or none, they
+    never fit however empty the queue, so this is bad input (HTTP 400), not a full
+    queue to retry later (429)."""
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any = None,
@@ -184,6 +190,12 @@ class AsyncEngine:
             try:
                 if self.draining:
                     raise EngineDrainingError("the server is draining; retry on another replica")
+                # Checked here, against the live config (max_waiting is a live knob).
+                limit = self.engine.config.max_waiting
+                if len(reqs) > limit:
+                    raise TooManyChoicesError(
+                        f"{len(reqs)} choices can never be admitted together: the waiting "
+                        f"queue holds at most max_waiting={limit}")
                 for req in reqs:
                     self.engine.add_request(req)
                     added.append(req.request_id)

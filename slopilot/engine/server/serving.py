@@ -24,6 +24,7 @@ from slopilot.engine.server.async_engine import (
     EngineDeadError,
     EngineDrainingError,
     RequestStream,
+    TooManyChoicesError,
 )
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.errors import APIError
@@ -251,6 +252,11 @@ async def submit(engine: AsyncEngine, prep: Prepared) -> list[RequestStream]:
     """Admit every choice, or none (one step of the engine thread)."""
     try:
         return await engine.add_requests([c.request for c in prep.choices])
+    except TooManyChoicesError as exc:
+        n = len(prep.choices) // len(prep.prompts)
+        batch = f" x {len(prep.prompts)} prompts" if len(prep.prompts) > 1 else ""
+        raise APIError(400, f"n={n}{batch}: {exc}; lower n or send several requests",
+                       param="n") from None
     except QueueFullError as exc:
         raise APIError(429, str(exc), code="queue_full",
                        headers={"Retry-After": str(engine.retry_after_s())}) from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
@@ -15,10 +17,16 @@ from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.request import FinishReason
 from slopilot.engine.scheduler import DuplicateRequestError, QueueFullError
-from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError
+from slopilot.engine.server.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    TooManyChoicesError,
+)
 from tests.engine.helpers import make_request
 from tests.support.fake_executor import FakeExecutor
 from tests.support.waits import HANG_GUARD_S
+
+T = TypeVar("T")
 
 
 class GatedExecutor(FakeExecutor):
@@ -181,13 +189,42 @@ async def test_a_duplicate_id_leaves_the_live_request_alone() -> None:
     await engine.shutdown()
 
 
+async def _one_step_then(engine: AsyncEngine, ex: GatedExecutor, work: Awaitable[T]) -> T:
+    """Queue ``work``'s command, then let the iteration that holds the thread end."""
+    task = asyncio.ensure_future(work)
+    while not engine._inbox:  # the command is queued before the task first waits
+        await asyncio.sleep(0)
+    ex.gate.release(1)
+    return await task
+
+
 async def test_choices_are_admitted_all_or_none() -> None:
+    ex = GatedExecutor()
+    engine = AsyncEngine(_engine(ex, max_waiting=2, max_num_seqs=1))
+    engine.start()
+    running = await engine.add_request(make_request("a", 5, max_tokens=100))
+    # "a" runs (each iteration held at the gate), "b" waits: one waiting slot is left
+    # for two choices.
+    await _one_step_then(engine, ex, engine.add_request(
+        make_request("b", 5, max_tokens=2, first_token=50)))
+    reqs = [make_request(f"c{i}", 5, first_token=100 * (i + 1)) for i in range(2)]
+    with pytest.raises(QueueFullError):
+        await _one_step_then(engine, ex, engine.add_requests(reqs))
+    assert engine.num_active == 2
+    assert await _one_step_then(engine, ex, engine.call(
+        lambda e: sorted(e.scheduler.requests))) == ["a", "b"]
+    ex.gate.release(1000)
+    assert [d async for d in running][-1].finish_reason is FinishReason.LENGTH
+    await engine.shutdown()
+
+
+async def test_more_choices_than_the_queue_holds_are_refused_for_good() -> None:
+    # Retrying never helps: even an empty queue takes at most max_waiting of them.
     engine = AsyncEngine(_engine(max_waiting=2))
     engine.start()
     reqs = [make_request(f"c{i}", 5, first_token=100 * i) for i in range(3)]
-    with pytest.raises(QueueFullError):
+    with pytest.raises(TooManyChoicesError, match="max_waiting=2"):
         await engine.add_requests(reqs)
     assert engine.num_active == 0
-    assert await engine.call(lambda e: (len(e.scheduler.requests), e.scheduler.num_waiting)) \
-        == (0, 0)
+    assert await engine.call(lambda e: len(e.scheduler.requests)) == 0
     await engine.shutdown()

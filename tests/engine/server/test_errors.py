@@ -182,6 +182,15 @@ async def test_full_queue_is_429_with_retry_after() -> None:
         srv.stop()
 
 
+def test_more_choices_than_max_waiting_is_400_not_429() -> None:
+    with start_server(knobs={"max_waiting": 4}) as srv:
+        res = _post(srv, {"prompt": "hi", "n": 8, "max_tokens": 2})
+        err = _error(res, 400)
+        assert err["param"] == "n" and "retry-after" not in res.headers
+        assert "max_waiting=4" in err["message"] and "n=8" in err["message"]
+        assert _post(srv, {"prompt": "hi", "n": 4, "max_tokens": 2}).status_code == 200
+
+
 def test_draining_is_503_and_running_requests_finish() -> None:
     srv = start_server(drain_timeout_s=30)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
