@@ -181,6 +181,10 @@ LEGACY_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
 to the working directory (the image's is /tmp), read as the default with a warning."""
 
 
+MIN_WINDOW_S, MAX_WINDOW_S = 1.0, 86_400.0
+"""A trial's window: a zero one divides by zero, one of years never ends a trial."""
+
+
 @dataclass(frozen=True)
 class TuningSpec:
     enabled: bool
@@ -208,6 +212,11 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
         window_s = parse_duration(window)
     except ValueError as exc:
         r.problems.append(f"spec.tuning.window: {exc}")
+        window_s = 120.0
+    if not MIN_WINDOW_S <= window_s <= MAX_WINDOW_S:
+        r.problems.append(f"spec.tuning.window={window!r}: a trial's window must be "
+                          f"between {MIN_WINDOW_S:g} s and {MAX_WINDOW_S:g} s (a day); "
+                          "e.g. 2m")
         window_s = 120.0
     trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
     if not 1 <= trials <= 1000:

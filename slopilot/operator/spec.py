@@ -218,20 +218,22 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if (problem := prometheus_url_problem(url)) is not None:
         r.problems.append(problem)
     twin = parse_twin(spec, r.problems, warnings)
+    cpu, memory = _quantity(spec, "cpu", r), _quantity(spec, "memory", r)
+    model_path, image = r.get(spec, "spec.model.path", str), r.get(spec, "spec.image", str)
     if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
              "prometheus", "alerts", "twin"}
     return LLMDeploymentSpec(
-        backend=backend, model_name=name, model_path=r.get(spec, "spec.model.path", str),
-        image=r.get(spec, "spec.image", str), min_replicas=lo, max_replicas=hi, gpu=gpu,
-        cpu=_quantity(spec, "cpu"), memory=_quantity(spec, "memory"), engine=running,
+        backend=backend, model_name=name, model_path=model_path,
+        image=image, min_replicas=lo, max_replicas=hi, gpu=gpu,
+        cpu=cpu, memory=memory, engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
         alerts=alerts, twin=twin, warnings=tuple(warnings))
 
 
-def _quantity(spec: Mapping[str, Any], name: str) -> str | None:
-    value = (spec.get("resources") or {}).get(name)
+def _quantity(spec: Mapping[str, Any], name: str, r: SpecReader) -> str | None:
+    value = r.get(spec, f"spec.resources.{name}", (str, int, float))
     return None if value is None else str(value)
 

@@ -28,16 +28,26 @@ class SpecReader:
 
     def get(self, data: Mapping[str, Any], path: str, kind: type | tuple[type, ...],
             default: Any = None) -> Any:
+        """The value at ``path`` (``spec.a.b``, read from ``data`` = the spec), or
+        ``default`` where it is absent. A section on the way that is not a mapping is
+        named once as a problem, not read as absent (nothing below it would count)."""
         node: Any = data
-        for part in path.split(".")[1:]:
-            node = node.get(part) if isinstance(node, Mapping) else None
+        parts = path.split(".")
+        for depth, part in enumerate(parts[1:], start=1):
+            if node is not None and not isinstance(node, Mapping):
+                where = ".".join(parts[:depth])
+                problem = f"{where}={_shown(node)}: expected a mapping"
+                if problem not in self.problems:
+                    self.problems.append(problem)
+                return default
+            node = node.get(part) if node is not None else None
         if node is None:
             return default
         if isinstance(node, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
             node = None
         if not isinstance(node, kind):
             names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            self.problems.append(f"{path}={node!r}: expected {names}")
+            self.problems.append(f"{path}={_shown(node)}: expected {names}")
             return default
         return node
 
@@ -52,3 +62,8 @@ class SpecReader:
             allowed = ", ".join(str(e.value) for e in enum_type)
             self.problems.append(f"{path}={raw!r} is not allowed; use one of: {allowed}")
             return default
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,57 @@
+"""A spec whose sections are the wrong shape is refused by name, never half read.
+
+The CRD's schema types every section, but an LLMDeployment can reach the parser without
+it (an older CRD installed, ``kubectl`` with validation off, a test client): a section
+of another type was read as absent, so ``spec.alerts: "x"`` ran with the default alerts
+and said nothing, and ``spec.resources: 1`` raised an AttributeError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.operator.spec import SpecError, parse_spec
+
+
+def parse(**spec: Any) -> Any:
+    return parse_spec({"metadata": {"name": "chat", "namespace": "ns"},
+                       "spec": {"model": {"name": "m"}, **spec}})
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ({"alerts": "x"}, "spec.alerts='x': expected a mapping"),
+    ({"resources": 1}, "spec.resources=1: expected a mapping"),
+    ({"tuning": ["enabled"]}, "spec.tuning=['enabled']: expected a mapping"),
+    ({"tuning": {"bounds": 5}}, "spec.tuning.bounds=5: expected a mapping"),
+    ({"slo": True}, "spec.slo=True: expected a mapping"),
+    ({"model": "m"}, "spec.model='m': expected a mapping"),
+    ({"resources": {"cpu": ["2"]}}, "spec.resources.cpu=['2']: expected"),
+])
+def test_a_section_of_another_type_is_named(spec: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(**spec)
+    assert any(needle in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize(("window", "needle"), [
+    ("0s", "spec.tuning.window='0s'"), ("0.0001ms", "spec.tuning.window='0.0001ms'"),
+    ("999999999h", "spec.tuning.window='999999999h'")])
+def test_a_trial_window_outside_what_a_trial_can_measure_is_refused(window: str,
+                                                                     needle: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(tuning={"window": window})
+    assert any(needle in p and "between" in p for p in info.value.problems), \
+        info.value.problems
+
+
+def test_a_huge_value_is_cut_in_the_message() -> None:
+    with pytest.raises(SpecError) as info:
+        parse(alerts="x" * 100_000)
+    assert max(len(p) for p in info.value.problems) < 300
+
+
+def test_well_shaped_sections_still_parse() -> None:
+    spec = parse(resources={"cpu": 2, "memory": "4Gi"}, tuning={"window": "90s"})
+    assert (spec.cpu, spec.memory, spec.tuning.window_s) == ("2", "4Gi", 90.0)
