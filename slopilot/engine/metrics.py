@@ -160,14 +160,16 @@ class EngineMetrics:
         self.iterations.observe(shape, step_s, executor_s)
 
     def on_first_token(self, priority: Priority, ttft_s: float | None,
-                       prefill_s: float | None = None) -> None:
+                       prefill_s: float | None = None, tokens: int = 1) -> None:
         """A request's first token. ``ttft_s`` None: the caller observes TTFT itself
-        (the server, when the first chunk is written; see ``observe_ttft``)."""
+        (the server, when the first chunk is written; see ``observe_ttft``); ``tokens``
+        0: it counts delivered tokens itself (``count_delivered``)."""
         if ttft_s is not None:
             self._ttft[priority].observe(ttft_s)
         if prefill_s is not None:
             self._prefill[priority].observe(prefill_s)
-        self.generation_tokens += 1
+        if tokens:  # not even "+= 0": the server's loop thread owns the count then
+            self.generation_tokens += tokens
 
     def observe_ttft(self, priority: Priority, ttft_s: float) -> None:
         """TTFT as the client sees it: request arrival to its first chunk written.
@@ -177,30 +179,46 @@ class EngineMetrics:
         """
         self._ttft[priority].observe(ttft_s)
 
-    def observe_delivered(self, priority: Priority, e2e_s: float) -> None:
+    def observe_delivered(self, priority: Priority, e2e_s: float,
+                          generation_tokens: int) -> None:
         """End-to-end latency as the client sees it: request arrival to its last chunk
-        written, so it holds detokenization and delivery and is never below TTFT.
+        written, so it holds detokenization and delivery and is never below TTFT; and
+        the output length the client got (its usage.completion_tokens).
 
         Called on the server's event loop only, as ``observe_ttft`` is; the engine thread
-        then leaves e2e alone. One call per engine request, aborted ones included: the
-        tuner counts finished requests by this histogram's ``_count``.
+        then leaves both alone. One call per engine request, aborted ones included: the
+        tuner counts finished requests by e2e's ``_count``.
         """
         self._e2e[priority].observe(e2e_s)
+        self._req_generation[priority].observe(generation_tokens)
 
-    def on_token_gap(self, priority: Priority, gap_s: float, now: float) -> None:
+    def count_delivered(self, tokens: int) -> None:
+        """Generated tokens handed to the client (the server's loop, as they arrive).
+
+        As in vLLM, whose frontend drops what the engine made for a request it already
+        stopped: after a stop string matches, the engine runs on until the abort lands
+        between iterations, and those tokens never reach the client or its usage.
+        """
+        self.generation_tokens += tokens
+
+    def on_token_gap(self, priority: Priority, gap_s: float, now: float,
+                     tokens: int = 1) -> None:
         self._itl[priority].observe(gap_s)
         self._stall[priority].add(gap_s, now)
-        self.generation_tokens += 1
+        if tokens:
+            self.generation_tokens += tokens
 
     def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,
-                    prompt_tokens: int, generation_tokens: int, finish_reason: str) -> None:
-        """A request the engine finished. ``e2e_s`` None: the caller observes it itself
-        (the server, when the last chunk is written; see ``observe_delivered``)."""
+                    prompt_tokens: int, generation_tokens: int | None,
+                    finish_reason: str) -> None:
+        """A request the engine finished. ``e2e_s`` and ``generation_tokens`` None: the
+        caller observes them itself, as delivered (``observe_delivered``)."""
         if e2e_s is not None:
             self._e2e[priority].observe(e2e_s)
         self._queue[priority].observe(queue_s)
         self._req_prompt[priority].observe(prompt_tokens)
-        self._req_generation[priority].observe(generation_tokens)
+        if generation_tokens is not None:
+            self._req_generation[priority].observe(generation_tokens)
         # vLLM counts prompt tokens as they are prefilled; at the finish is close enough
         # for rates and never counts a recomputed prefill twice.
         self.prompt_tokens += prompt_tokens

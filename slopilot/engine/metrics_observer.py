@@ -25,10 +25,12 @@ class MetricsObserver:
     def __init__(self, metrics: EngineMetrics, *, observe_delivery: bool = True) -> None:
         self.metrics = metrics
         # False: the server observes what only delivery decides itself, as the client sees
-        # it: TTFT when a choice's first chunk is written, e2e latency when its last is.
-        # Stamped here, on the engine thread, they would miss detokenization and the
-        # write (e2e came out below TTFT for the same request). The simulator has no
-        # delivery: its engine's events are the client's.
+        # it: TTFT when a choice's first chunk is written, e2e latency when its last is,
+        # and generated tokens as they are handed out. Stamped here, on the engine thread,
+        # they would miss detokenization and the write (e2e came out below TTFT for the
+        # same request) and count tokens made after a stop string matched, which the
+        # client never gets. The simulator has no delivery: its engine's events are the
+        # client's. (TBT stays the engine's: the gap between iterations is what it means.)
         self.observe_delivery = observe_delivery
         self._config: EngineConfig | None = None
         self._recompute = 0
@@ -75,10 +77,11 @@ class MetricsObserver:
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
         scheduled = req.first_scheduled_time
         self.metrics.on_first_token(req.priority, ttft_s if self.observe_delivery else None,
-                                    None if scheduled is None else now - scheduled)
+                                    None if scheduled is None else now - scheduled,
+                                    1 if self.observe_delivery else 0)
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
-        self.metrics.on_token_gap(req.priority, gap_s, now)
+        self.metrics.on_token_gap(req.priority, gap_s, now, 1 if self.observe_delivery else 0)
 
     def on_finished(self, req: Request, now: float) -> None:
         # A request aborted before it was ever scheduled spent all its life queued.
@@ -90,5 +93,6 @@ class MetricsObserver:
         self.metrics.on_finished(
             req.priority, e2e_s=now - req.arrival_time if self.observe_delivery else None,
             queue_s=scheduled - queued,
-            prompt_tokens=req.num_prompt_tokens, generation_tokens=req.num_output_tokens,
+            prompt_tokens=req.num_prompt_tokens,
+            generation_tokens=req.num_output_tokens if self.observe_delivery else None,
             finish_reason=reason.value)

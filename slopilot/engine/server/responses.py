@@ -46,6 +46,7 @@ class ChoiceState:
     def __init__(self, backend: Backend, prep: Prepared, choice: Choice,
                  stream: RequestStream) -> None:
         self.choice, self.stream, self.prep = choice, stream, prep
+        self.metrics = backend.metrics
         self.detok = IncrementalDetokenizer(backend.tokenizer, choice.prompt.token_ids,
                                             prep.stop)
         self.token_ids: list[int] = []
@@ -59,6 +60,9 @@ class ChoiceState:
         token_ids, finish = delta.token_ids, delta.finish_reason
         start = len(self.token_ids)
         self.token_ids += token_ids
+        # Counted as handed out: what the engine makes after a stop string matched never
+        # gets here (the choice is done), nor into usage.
+        self.metrics.count_delivered(len(token_ids))
         shown = token_ids
         if finish is FinishReason.STOP and token_ids and token_ids[-1] in self.prep.stop_ids:
             shown = token_ids[:-1]  # the stop token itself is not output text
@@ -143,8 +147,8 @@ class Delivery:
         if not state.delivered:
             state.delivered = True
             req = state.choice.request
-            self.backend.metrics.observe_delivered(req.priority,
-                                                   self.clock() - req.arrival_time)
+            self.backend.metrics.observe_delivered(
+                req.priority, self.clock() - req.arrival_time, len(state.token_ids))
 
     def close(self) -> None:
         for s in self.streams:

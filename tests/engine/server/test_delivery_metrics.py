@@ -88,3 +88,29 @@ def test_a_choice_the_client_left_is_observed_once(srv: LiveServer) -> None:
     wait_for(lambda: not srv.call(lambda e: e.scheduler.requests) and e2e.count > before,
              what="the abandoned request to be aborted and observed")
     assert e2e.count == before + 1
+
+
+def _token_metrics(srv: LiveServer) -> tuple[float, float, int]:
+    m = srv.backend.metrics
+    gen = m._req_generation[Priority.P1]
+    return m.generation_tokens, gen.total, gen.count
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tokens_after_a_stop_string_are_not_counted(srv: LiveServer, stream: bool) -> None:
+    # The placeholder tokenizer reads every token as "tok": the stop matches on the third.
+    # The engine has run on by then (the abort lands between iterations); what it made
+    # after the match never reaches the client, so the metrics must not count it.
+    body = {"prompt": "one two three", "max_tokens": 50, "ignore_eos": True,
+            "stop": ["tok tok tok"], "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+    total, gen_sum, gen_count = _token_metrics(srv)
+    usage = _post(srv, body)["usage"]
+    assert usage["completion_tokens"] == 3
+    wait_for(lambda: _token_metrics(srv)[2] == gen_count + 1,
+             what="the output length to be observed")
+    wait_for(lambda: not srv.call(lambda e: e.scheduler.requests),
+             what="the stopped request to leave the engine")
+    now_total, now_sum, _ = _token_metrics(srv)
+    assert now_sum - gen_sum == usage["completion_tokens"]
+    assert now_total - total == usage["completion_tokens"]
