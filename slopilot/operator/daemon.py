@@ -92,6 +92,11 @@ def study_name(namespace: str, name: str, uid: str) -> str:
     return f"{namespace}/{name}/{uid}" if uid else f"{namespace}/{name}"
 
 
+def operator_metrics(namespace: str) -> TunerMetrics:
+    """The operator's controller series, recorded for deployments of ``namespace``."""
+    return _METRICS.in_namespace(namespace)
+
+
 def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
                         ) -> ControllerSettings:
     # vLLM cannot reconfigure one replica: its trials roll every replica.
@@ -158,7 +163,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
-        metrics=_METRICS.in_namespace(ctx.namespace), state=ctx.state,
+        metrics=operator_metrics(ctx.namespace), state=ctx.state,
         iterations=PrometheusIterations(query, selector))
 
 

@@ -49,6 +49,7 @@ from slopilot.operator.daemon import (
     DaemonContext,
     controller_settings,
     load_factory,
+    operator_metrics,
     tick_interval,
 )
 from slopilot.operator.daemon_pause import pause
@@ -256,6 +257,13 @@ class DeploymentLoop:
         except Exception:
             log.exception("%s: could not write the measured figures", self.key)
 
+    def retire(self) -> None:
+        """This CR's controller series leave the operator's /metrics: the CR is gone, or
+        no longer tuned (a successor of the same name starts its own)."""
+        metrics = self.controller.metrics if self.controller is not None \
+            else operator_metrics(self.namespace)
+        metrics.forget(self.name)
+
     def abandon(self, reason: str, *, restore: bool = False) -> None:
         """The trial cannot go on (the CR is being deleted, or tuning was turned off): the
         study is told it failed, as a dead trial would otherwise stay RUNNING; with
@@ -345,4 +353,5 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
             ending = None
         if ending is not None:
             await asyncio.shield(on_thread(ending))
+            loop.retire()
         thread.shutdown(wait=False)

@@ -19,6 +19,7 @@ from slopilot.tuner.loop.state import (
     ControllerState,
     Decision,
     LoopState,
+    TrialOutcome,
 )
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import (
@@ -443,3 +444,20 @@ def test_metrics_of_two_namespaces_are_two_series() -> None:
                   reason="scale_up") == 1.0
     assert sample("slopilot_tuner_actions_total", "team-b", action="scale",
                   reason="scale_up") is None
+
+
+def test_a_deployment_that_is_gone_takes_its_series_with_it() -> None:
+    # One operator serves every tenant's CRs: series of deleted ones would pile up in
+    # its /metrics forever, and show a deleted deployment on the dashboards.
+    shared = TunerMetrics()
+    a, b = shared.in_namespace("team-a"), shared.in_namespace("team-b")
+    for view in (a, b):
+        view.observe("chat", ControllerState.SCALING, 3)
+        view.action("chat", Action.SCALE, "scale_up 1->3")
+        view.trial("chat", TrialOutcome.COMPLETE)
+    a.forget("chat")
+    text = generate_latest(shared.registry).decode()
+    assert 'slopilot_namespace="team-a"' not in text
+    assert text.count('slopilot_namespace="team-b"') >= 5
+    a.forget("chat")  # twice, or a deployment that never recorded: nothing to remove
+    a.forget("never-seen")

@@ -67,6 +67,11 @@ class TunerMetrics:
             "slopilot_twin_correction_factor", "What the last twin check's correction "
             "learned: the factor on each cost-model feature's coefficient.",
             [*key, "feature"], registry=self.registry)
+        self._labels: list[tuple[Counter | Gauge, list[str]]] = [
+            (self.trials, [*key, "state"]), (self.actions, [*key, "action", "reason"]),
+            (self.replicas, key), (self.state, [*key, "state"]),
+            (self.twin_error, [*key, "quantity", "priority_class"]),
+            (self.twin_trusted, key), (self.twin_factor, [*key, "feature"])]
         # Features each deployment's gauge holds, so a check that learned fewer (or none)
         # drops the rest instead of leaving an old correction on the dashboard.
         self._factor_features: dict[tuple[str, str], set[str]] = {}
@@ -76,6 +81,19 @@ class TunerMetrics:
         view = copy.copy(self)
         view.namespace = namespace
         return view
+
+    def forget(self, deployment: str) -> None:
+        """Remove every series of ``deployment`` (in this view's namespace): it is gone,
+        or no longer tuned, and one operator's /metrics must not keep every deleted
+        tenant's deployment forever."""
+        key = (self.namespace, deployment)
+        for metric, names in self._labels:
+            seen = {tuple(s.labels[n] for n in names) for family in metric.collect()
+                    for s in family.samples if all(n in s.labels for n in names)}
+            for values in seen:
+                if values[:2] == key:
+                    metric.remove(*values)
+        self._factor_features.pop(key, None)
 
     def trial(self, deployment: str, outcome: TrialOutcome) -> None:
         self.trials.labels(self.namespace, deployment, outcome.value).inc()
