@@ -68,8 +68,17 @@ def register(subparsers: Any) -> None:
                         "Ignored with --standalone")
     p.add_argument("--liveness", metavar="URL",
                    help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT",
+                   help="serve the controllers' series (trials, actions, replicas, the "
+                        "twin's check) for Prometheus, e.g. --metrics 0.0.0.0:8081")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
     p.set_defaults(func=run)
+
+
+def _metrics_address(text: str) -> tuple[str, int]:
+    from slopilot.operator.metrics_endpoint import metrics_address
+
+    return metrics_address(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +95,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"slopilot operator: {exc}") from None
     kopf.configure(verbose=args.verbose)
+    if args.metrics is not None:
+        from slopilot.operator.metrics_endpoint import serve_metrics
+
+        try:
+            serve_metrics(args.metrics)
+        except OSError as exc:
+            raise SystemExit(f"slopilot operator: --metrics {args.metrics[0]}:"
+                             f"{args.metrics[1]}: cannot listen there ({exc})") from None
+        log.info("slopilot operator: controller series at %s:%d/metrics", *args.metrics)
     if args.standalone:
         log.info("slopilot operator: standalone (no peering)")
     else:
