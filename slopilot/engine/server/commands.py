@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -67,11 +68,26 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-gpu-blocks", type=int, help="KV cache size in blocks")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on shutdown, how long running requests may take to finish")
+    p.add_argument("--max-body-mb", type=_mib, default=None, metavar="MIB",
+                   help="largest request body accepted, in MiB (default 16); a larger "
+                        "one is answered 413 while it is read")
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
     p.add_argument("--check-integrity", action="store_true",
                    help="debugging: check the KV bookkeeping each time the engine goes "
                    "idle (O(KV blocks): seconds on a large cache; never for serving)")
     p.set_defaults(func=_serve)
+
+
+def _mib(text: str) -> int:
+    """argparse type: MiB as a number above 0, returned in bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0 and value * 2**20 >= 1):
+        raise argparse.ArgumentTypeError(f"--max-body-mb {text}: expected MiB above 0, "
+                                         "e.g. 16")
+    return int(value * 2**20)
 
 
 def _fail(message: str) -> int:
@@ -155,7 +171,9 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_forever(backend, host=args.host, port=args.port,
                              admin_port=args.admin_port, admin_token=token,
                              drain_timeout_s=args.drain_timeout, log_level=args.log_level,
-                             check_integrity=args.check_integrity)
+                             check_integrity=args.check_integrity,
+                             **({} if args.max_body_mb is None
+                                else {"max_body_bytes": args.max_body_mb}))
     except OSError as exc:  # a port already taken
         backend.close()
         return _fail(f"cannot listen on {args.host}: {exc.strerror or exc}")

@@ -102,6 +102,9 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--port", "8123", "--admin-port", "8123"], "port of its own"),
     (["--dtype", "bfloat16"], "--dtype applies to --executor torch only"),
     (["--dtype", "float64"], "invalid choice: 'float64'"),
+    (["--max-body-mb", "0"], "--max-body-mb 0: expected MiB above 0"),
+    (["--max-body-mb", "nan"], "--max-body-mb nan: expected MiB above 0"),
+    (["--max-body-mb", "lots"], "--max-body-mb lots: expected MiB above 0"),
 ])
 def test_bad_options_exit_2(args: list[str], words: str) -> None:
     executor = ["--executor", "torch"] if "--gpu" in args else []
@@ -110,3 +113,19 @@ def test_bad_options_exit_2(args: list[str], words: str) -> None:
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert words in p.stderr
+
+
+def test_the_body_cap_is_set_from_the_command_line() -> None:
+    p = _serve("--max-body-mb", "0.001")  # 1048 bytes
+    try:
+        url, _ = _ready_urls(p)
+        big = httpx.post(f"{url}/v1/completions", timeout=HANG_GUARD_S,
+                         json={"prompt": "x" * 2000, "max_tokens": 1})
+        assert big.status_code == 413, big.text
+        assert "at most 1048 bytes" in big.text
+        small = httpx.post(f"{url}/v1/completions", timeout=HANG_GUARD_S,
+                           json={"prompt": "hi", "max_tokens": 1})
+        assert small.status_code == 200, small.text
+    finally:
+        p.kill()
+        p.wait(HANG_GUARD_S)
