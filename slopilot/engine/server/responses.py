@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -165,10 +165,7 @@ class DeliveredJSON(JSONResponse):
         self.delivery = delivery
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.delivery.close()
+        await _then_close(super().__call__(scope, receive, send), self.delivery)
 
 
 class DeliveredStream(StreamingResponse):
@@ -182,10 +179,15 @@ class DeliveredStream(StreamingResponse):
         self.delivery = delivery
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.delivery.close()
+        await _then_close(super().__call__(scope, receive, send), self.delivery)
+
+
+async def _then_close(sending: Awaitable[None], delivery: Delivery) -> None:
+    """Send the response, then close its ``Delivery`` however the sending ended."""
+    try:
+        await sending
+    finally:
+        delivery.close()
 
 
 def _engine_error(exc: BaseException) -> APIError:
