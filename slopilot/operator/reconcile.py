@@ -169,12 +169,20 @@ def taken(kind: str, live: Mapping[str, Any], body: Mapping[str, Any]) -> str | 
             f"the operator looks again every {RETRY_NAME_TAKEN_S:g} s")
 
 
-def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any]) -> Change:
-    """Create the object, or patch it where it differs; nothing is sent when it matches.
-    Raises NameTaken when an object of that name is there and is not ``body``'s."""
+def live_object(kube: Kube, desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The object of ``desired``'s kind and name as it is now (None: there is none)."""
+    meta = desired["metadata"]
+    return kube.get(desired["apiVersion"], plural_of(desired), meta["namespace"],
+                    meta["name"])
+
+
+def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
+           live: Mapping[str, Any] | None) -> Change:
+    """Create the object, or patch it where ``live`` (``live_object``'s answer) differs;
+    nothing is sent when it matches. Raises NameTaken when an object of that name is
+    there and is not ``body``'s."""
     api, plural = desired["apiVersion"], plural_of(desired)
     meta = desired["metadata"]
-    live = kube.get(api, plural, meta["namespace"], meta["name"])
     if live is None:
         try:
             kube.create(api, plural, meta["namespace"], desired)
@@ -273,8 +281,9 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     replicas = current_replicas(kube, body, spec)
     objects = desired_objects(body, spec, replicas=replicas, monitoring=monitoring,
                               operator_namespace=policy.operator_namespace)
+    lives = [live_object(kube, obj) for obj in objects]
     # Every name is judged before anything is written, so that a refusal touches nothing.
-    if problems := name_problems(kube, objects, body):
+    if problems := name_problems(objects, lives, body):
         return _name_taken(problems, spec.warnings)
     changes: dict[str, Change] = {}
     secret: str | None = None  # vLLM has no admin endpoint, hence no token
@@ -284,9 +293,9 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
             secret = admin_secret_name(body)
             where = f"Secret/{secret}"
             changes[where] = ensure_admin_secret(kube, body, mint, force=resume)
-        for obj in objects:
+        for obj, live in zip(objects, lives, strict=True):
             where = f"{obj['kind']}/{obj['metadata']['name']}"
-            changes[where] = ensure(kube, obj, body)
+            changes[where] = ensure(kube, obj, body, live)
     except NameTaken as exc:  # made by someone else since the check above
         return _name_taken([str(exc)], spec.warnings, changes)
     except ApiError as exc:
@@ -305,16 +314,12 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                    warnings=spec.warnings)
 
 
-def name_problems(kube: Kube, objects: list[dict[str, Any]], body: Mapping[str, Any]
-                  ) -> list[str]:
-    """The objects of ``objects``' names that exist and are not ``body``'s, said why."""
-    out = []
-    for obj in objects:
-        meta = obj["metadata"]
-        live = kube.get(obj["apiVersion"], plural_of(obj), meta["namespace"], meta["name"])
-        if live is not None and (why := taken(obj["kind"], live, body)) is not None:
-            out.append(why)
-    return out
+def name_problems(objects: list[dict[str, Any]], lives: list[dict[str, Any] | None],
+                  body: Mapping[str, Any]) -> list[str]:
+    """Of ``objects`` (as they are now: ``lives``), those that exist and are not
+    ``body``'s, said why."""
+    return [why for obj, live in zip(objects, lives, strict=True)
+            if live is not None and (why := taken(obj["kind"], live, body)) is not None]
 
 
 def _name_taken(problems: list[str], warnings: tuple[str, ...],
