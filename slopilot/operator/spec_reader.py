@@ -8,6 +8,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.sim.quote import excerpt
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -36,7 +38,7 @@ class SpecReader:
         for depth, part in enumerate(parts[1:], start=1):
             if node is not None and not isinstance(node, Mapping):
                 where = ".".join(parts[:depth])
-                problem = f"{where}={_shown(node)}: expected a mapping"
+                problem = f"{where}={excerpt(node)}: expected a mapping"
                 if problem not in self.problems:
                     self.problems.append(problem)
                 return default
@@ -47,7 +49,7 @@ class SpecReader:
             node = None
         if not isinstance(node, kind):
             names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            self.problems.append(f"{path}={_shown(node)}: expected {names}")
+            self.problems.append(f"{path}={excerpt(node)}: expected {names}")
             return default
         return node
 
@@ -63,7 +65,3 @@ class SpecReader:
             self.problems.append(f"{path}={raw!r} is not allowed; use one of: {allowed}")
             return default
 
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from slopilot.engine.sim.quote import excerpt
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
 
@@ -216,19 +217,19 @@ class LoopState:
             values["state"] = ControllerState(values.get("state", "steady"))
         except (ValueError, TypeError):
             raise ControllerError(
-                f"controller state: state={_shown(data.get('state'))}; use one of: "
+                f"controller state: state={excerpt(data.get('state'))}; use one of: "
                 f"{', '.join(s.value for s in ControllerState)}") from None
         _check_fields(cls, values, "", skip=("state", "trial"))
         trial = values.get("trial")
         if trial is not None:
             if not isinstance(trial, Mapping):
-                raise ControllerError(f"controller state: trial={_shown(trial)}: expected "
+                raise ControllerError(f"controller state: trial={excerpt(trial)}: expected "
                                       "a mapping")
             _check_fields(RunningTrial, trial, "trial.")
             try:
                 values["trial"] = RunningTrial(**trial)
             except TypeError as exc:
-                raise ControllerError(f"controller state: trial={_shown(trial)}: {exc}"
+                raise ControllerError(f"controller state: trial={excerpt(trial)}: {exc}"
                                       ) from None
         values["trial_starts"] = [float(t) for t in values.get("trial_starts") or []]
         return cls(**values)
@@ -246,7 +247,7 @@ def _check_fields(cls: type, values: Mapping[str, Any], prefix: str,
         hint = _HINTS[cls].get(name)
         if name in skip or hint is None or _conforms(value, hint):
             continue
-        raise ControllerError(f"controller state: {prefix}{name}={_shown(value)}: expected "
+        raise ControllerError(f"controller state: {prefix}{name}={excerpt(value)}: expected "
                               f"{_type_name(hint)}")
 
 
@@ -281,10 +282,6 @@ def _type_name(hint: Any) -> str:
     origin = typing.get_origin(hint)
     return {dict: "a mapping", list: "a list of numbers"}.get(origin, str(hint))
 
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)
