@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -47,31 +48,34 @@ class TunerMetrics:
                  namespace: str = "") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.namespace = namespace
-        key = [NAMESPACE_LABEL, DEPLOYMENT_LABEL]
-        self.trials = Counter("slopilot_tuner_trials", "Tuner trials by outcome.",
-                              [*key, "state"], registry=self.registry)
-        self.actions = Counter("slopilot_tuner_actions", "Controller actions.",
-                               [*key, "action", "reason"], registry=self.registry)
-        self.replicas = Gauge("slopilot_replicas", "Replicas the controller asked for.",
-                              key, registry=self.registry)
-        self.state = Gauge("slopilot_tuner_state", "1 for the controller's current state.",
-                           [*key, "state"], registry=self.registry)
-        self.twin_error = Gauge(
-            "slopilot_twin_error", "The twin's relative error on the last checked window, "
-            "(predicted - measured) / measured.", [*key, "quantity", "priority_class"],
-            registry=self.registry)
-        self.twin_trusted = Gauge("slopilot_twin_trusted", "1 while the controller trusts "
-                                  "its twin's warm starts and capacity plans.", key,
-                                  registry=self.registry)
-        self.twin_factor = Gauge(
-            "slopilot_twin_correction_factor", "What the last twin check's correction "
-            "learned: the factor on each cost-model feature's coefficient.",
-            [*key, "feature"], registry=self.registry)
-        self._labels: list[tuple[Counter | Gauge, list[str]]] = [
-            (self.trials, [*key, "state"]), (self.actions, [*key, "action", "reason"]),
-            (self.replicas, key), (self.state, [*key, "state"]),
-            (self.twin_error, [*key, "quantity", "priority_class"]),
-            (self.twin_trusted, key), (self.twin_factor, [*key, "feature"])]
+        self._labels: list[tuple[Counter | Gauge, list[str]]] = []
+        """Every series and its label names, in order (what ``forget`` removes)."""
+
+        def series(kind: type[Counter] | type[Gauge], name: str, doc: str,
+                   *labels: str) -> Any:
+            names = [NAMESPACE_LABEL, DEPLOYMENT_LABEL, *labels]
+            metric = kind(name, doc, names, registry=self.registry)
+            self._labels.append((metric, names))
+            return metric
+
+        self.trials: Counter = series(Counter, "slopilot_tuner_trials",
+                                      "Tuner trials by outcome.", "state")
+        self.actions: Counter = series(Counter, "slopilot_tuner_actions",
+                                       "Controller actions.", "action", "reason")
+        self.replicas: Gauge = series(Gauge, "slopilot_replicas",
+                                      "Replicas the controller asked for.")
+        self.state: Gauge = series(Gauge, "slopilot_tuner_state",
+                                   "1 for the controller's current state.", "state")
+        self.twin_error: Gauge = series(
+            Gauge, "slopilot_twin_error", "The twin's relative error on the last checked "
+            "window, (predicted - measured) / measured.", "quantity", "priority_class")
+        self.twin_trusted: Gauge = series(
+            Gauge, "slopilot_twin_trusted", "1 while the controller trusts its twin's warm "
+            "starts and capacity plans.")
+        self.twin_factor: Gauge = series(
+            Gauge, "slopilot_twin_correction_factor", "What the last twin check's "
+            "correction learned: the factor on each cost-model feature's coefficient.",
+            "feature")
         # Features each deployment's gauge holds, so a check that learned fewer (or none)
         # drops the rest instead of leaving an old correction on the dashboard.
         self._factor_features: dict[tuple[str, str], set[str]] = {}
