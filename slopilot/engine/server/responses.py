@@ -150,9 +150,14 @@ class Delivery:
             self.backend.metrics.observe_delivered(
                 req.priority, self.clock() - req.arrival_time, len(state.token_ids))
 
-    def close(self) -> None:
+    def abort(self) -> None:
+        """Stop every choice still running (a no-op for finished ones): the client went
+        away, or the handler was cancelled."""
         for s in self.streams:
-            s.abort()  # a no-op once finished; else the client went away
+            s.abort()
+
+    def close(self) -> None:
+        self.abort()
         for state in self.states:
             self.last_output(state)
 
@@ -208,8 +213,7 @@ async def collect(delivery: Delivery, text_of: TokenText) -> dict[str, object]:
     except (EngineDeadError, EngineDrainingError) as exc:
         raise _engine_error(exc) from None
     finally:
-        for s in delivery.streams:
-            s.abort()  # a no-op once finished; else the handler was cancelled
+        delivery.abort()
     choices = []
     for state in states:
         text = "".join(parts[state.choice.index])
