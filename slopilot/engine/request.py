@@ -96,6 +96,14 @@ _FINISH_REASON = {
 MAX_LOGPROBS = 20
 
 
+class SamplingError(ValueError):
+    """A sampling parameter out of range; ``field`` names it, as the request writes it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Stop conditions and sampling settings; validated once at the edge.
@@ -132,31 +140,35 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens}: must be at least 1")
+            raise SamplingError("max_tokens",
+                                f"max_tokens={self.max_tokens}: must be at least 1")
         if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(
-                f"min_tokens={self.min_tokens}: must be in [0, max_tokens={self.max_tokens}]")
+            raise SamplingError("min_tokens", f"min_tokens={self.min_tokens}: must be in "
+                                f"[0, max_tokens={self.max_tokens}]")
         if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0")
+            raise SamplingError("temperature",
+                                f"temperature={self.temperature}: must be >= 0")
         if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 disables it)")
+            raise SamplingError("top_k",
+                                f"top_k={self.top_k}: must be >= 0 (0 disables it)")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+            raise SamplingError("top_p", f"top_p={self.top_p}: must be in (0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name}={value}: must be in [-2, 2]")
+                raise SamplingError(name, f"{name}={value}: must be in [-2, 2]")
         if not 0 < self.repetition_penalty <= 10:
-            raise ValueError(f"repetition_penalty={self.repetition_penalty}: must be in "
-                             "(0, 10]; 1 disables it")
+            raise SamplingError("repetition_penalty",
+                                f"repetition_penalty={self.repetition_penalty}: must be in "
+                                "(0, 10]; 1 disables it")
         for token, bias in self.logit_bias:
             if token < 0 or not -100 <= bias <= 100:
-                raise ValueError(f"logit_bias {token}: {bias}: token ids are >= 0 and "
-                                 "biases in [-100, 100]")
+                raise SamplingError("logit_bias", f"logit_bias {token}: {bias}: token ids "
+                                    "are >= 0 and biases in [-100, 100]")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise ValueError(f"{name}={value}: must be in [0, {MAX_LOGPROBS}]")
+                raise SamplingError(name, f"{name}={value}: must be in [0, {MAX_LOGPROBS}]")
 
 
 @dataclass(slots=True, eq=False)

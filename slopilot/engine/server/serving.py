@@ -11,13 +11,12 @@ HTTP statuses. ``responses.py`` turns their token streams into OpenAI responses.
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from slopilot.engine.request import Priority, Request, SamplingParams
+from slopilot.engine.request import Priority, Request, SamplingError, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from slopilot.engine.server.async_engine import (
     AsyncEngine,
@@ -36,7 +35,6 @@ PRIORITY_HEADER = "x-slopilot-priority"
 INLINE_PREPARE_CHARS = 2048
 # The OpenAI completions default; chat defaults to whatever context is left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-_FIELD_NAMED = re.compile(r"([a-z_]+)[= ]")
 
 
 @dataclass
@@ -199,10 +197,9 @@ def _sampling(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
             frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty, logit_bias=bias,
             logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
-    except ValueError as exc:
-        # SamplingParams names the field first ("top_p=0: ..."); point param at it.
-        named = _FIELD_NAMED.match(str(exc))
-        raise APIError(400, str(exc), param=named.group(1) if named else None) from None
+    except ValueError as exc:  # SamplingParams' own checks name their field
+        field = exc.field if isinstance(exc, SamplingError) else None
+        raise APIError(400, str(exc), param=field) from None
 
 
 def text_size(body: CompletionRequest | ChatCompletionRequest) -> int:
