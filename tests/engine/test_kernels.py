@@ -87,3 +87,31 @@ def test_a_bfloat16_projection_runs_where_onednn_cannot_pack_bfloat16() -> None:
                          check=False, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "64.0"
+
+
+def test_decode_attention_takes_sdpa_output_in_any_layout(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """CUDA's flash and memory-efficient SDPA kernels return [B, H, L, E] as a transposed
+    view of a [B, L, H, E] buffer; the grouped decode rows must not assume contiguity
+    (H200: 'view size is not compatible with input tensor's size and stride')."""
+    from slopilot.engine.executors import kernels
+
+    torch.manual_seed(0)
+    d, width, heads, kv_heads, hd = 3, 5, 6, 2, 8
+    q = torch.randn(d, heads, hd)
+    k_flat, v_flat = torch.randn(32, kv_heads, hd), torch.randn(32, kv_heads, hd)
+    slots = torch.randint(0, 32, (d, width))
+    lengths = torch.tensor([5, 3, 1])
+    ops = kernels.TorchKernels()
+    bias = ops.decode_bias(lengths, width, q.dtype)
+    expected = ops.decode_attention(q, k_flat, v_flat, slots, lengths, bias)
+    sdpa = F.scaled_dot_product_attention
+
+    def strided_like_cuda(*args: torch.Tensor, **kw: object) -> torch.Tensor:
+        out = sdpa(*args, **kw)  # type: ignore[arg-type]
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", strided_like_cuda)
+    got = ops.decode_attention(q, k_flat, v_flat, slots, lengths, bias)
+    torch.testing.assert_close(got, expected)
+    assert got.view(d, heads * hd).shape == (d, heads * hd)

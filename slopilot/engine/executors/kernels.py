@@ -235,4 +235,6 @@ class TorchKernels:
         qg = q.reshape(d, kv_heads, heads // kv_heads, head_dim)
         out = F.scaled_dot_product_attention(qg, kk.transpose(1, 2), vv.transpose(1, 2),
                                              attn_mask=bias)
-        return out.view(d, heads, head_dim)
+        # reshape, not view: CUDA's fused kernels hand back a transposed [D, group, KVH,
+        # hd] buffer, which one copy puts in the head order the projection expects.
+        return out.reshape(d, heads, head_dim)
