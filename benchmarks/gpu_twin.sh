@@ -22,6 +22,11 @@ device="${DEVICE:-cuda}"
 dtype="${DTYPE:-float32}"
 quick=()
 if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
+# REPEATS, TOLERANCE: calibrate's --repeats and --tolerance, when set (a first run on a
+# new machine may need a looser tolerance to get a profile the fidelity run can judge).
+calib=()
+if [[ -n "${REPEATS:-}" ]]; then calib+=(--repeats "$REPEATS"); fi
+if [[ -n "${TOLERANCE:-}" ]]; then calib+=(--tolerance "$TOLERANCE"); fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 model="${MODEL:-}"
 if [[ -z "$model" ]]; then
@@ -43,7 +48,7 @@ if [[ "$device" == cuda* ]]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/calibrate.log"
 fi
 python3 -m slopilot.cli calibrate --model "$model" --device "$device" --dtype "$dtype" \
-  --kv-cache-gb "${KV_CACHE_GB:-4}" "${quick[@]}" --out "$out/profile.yaml" \
+  --kv-cache-gb "${KV_CACHE_GB:-4}" "${quick[@]}" "${calib[@]}" --out "$out/profile.yaml" \
   --samples-out "$out/samples.json" 2>&1 | tee -a "$out/calibrate.log"
 python3 benchmarks/twin_fidelity.py --profile "$out/profile.yaml" --model "$model" \
   "${quick[@]}" --time-limit "${TIME_LIMIT:-240}" --json "$out/fidelity.json" \
