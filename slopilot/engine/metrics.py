@@ -201,12 +201,24 @@ class EngineMetrics:
         """
         self.generation_tokens += tokens
 
-    def on_token_gap(self, priority: Priority, gap_s: float, now: float,
-                     tokens: int = 1) -> None:
-        self._itl[priority].observe(gap_s)
+    def on_token_gap(self, priority: Priority, gap_s: float, now: float) -> None:
+        """A token after a request's first, where the engine's events are the client's
+        (the simulator): its gap, the decode stall and the token count at once."""
+        self.observe_token_gap(priority, gap_s)
+        self.on_decode_gap(priority, gap_s, now)
+        self.generation_tokens += 1
+
+    def on_decode_gap(self, priority: Priority, gap_s: float, now: float) -> None:
+        """The engine's side of a token gap: the longest decode stall (engine thread)."""
         self._stall[priority].add(gap_s, now)
-        if tokens:
-            self.generation_tokens += tokens
+
+    def observe_token_gap(self, priority: Priority, gap_s: float) -> None:
+        """Inter-token latency of a token the client got: the engine's gap between it and
+        the one before. The server observes it on its event loop when it hands the token
+        out, as vLLM's frontend does, so a token made after a stop string matched (the
+        engine runs on until the abort lands) is not counted; the engine thread then
+        leaves this histogram alone."""
+        self._itl[priority].observe(gap_s)
 
     def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,
                     prompt_tokens: int, generation_tokens: int | None,

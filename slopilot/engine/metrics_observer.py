@@ -30,7 +30,9 @@ class MetricsObserver:
         # they would miss detokenization and the write (e2e came out below TTFT for the
         # same request) and count tokens made after a stop string matched, which the
         # client never gets. The simulator has no delivery: its engine's events are the
-        # client's. (TBT stays the engine's: the gap between iterations is what it means.)
+        # client's. TBT stays the engine's gap between a token and the one before (what
+        # the twin predicts, and what vLLM reports), but the server observes it for the
+        # tokens it hands out only; the longest decode stall stays here.
         self.observe_delivery = observe_delivery
         self._config: EngineConfig | None = None
         self._recompute = 0
@@ -81,7 +83,10 @@ class MetricsObserver:
                                     1 if self.observe_delivery else 0)
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
-        self.metrics.on_token_gap(req.priority, gap_s, now, 1 if self.observe_delivery else 0)
+        if self.observe_delivery:
+            self.metrics.on_token_gap(req.priority, gap_s, now)
+        else:
+            self.metrics.on_decode_gap(req.priority, gap_s, now)
 
     def on_finished(self, req: Request, now: float) -> None:
         # A request aborted before it was ever scheduled spent all its life queued.

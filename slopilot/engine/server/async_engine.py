@@ -41,6 +41,9 @@ __all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "RequestStre
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# One request's news from an iteration: its stream, the token (None: it ended without
+# one), how it finished, and when the engine made the token (its clock).
+_Event = tuple[RequestStream, int | None, FinishReason | None, float]
 # After an iteration in which nothing could run (every running request stalled on KV),
 # wait this long for a command before trying again, instead of spinning.
 _STALL_WAIT_S = 0.005
@@ -240,7 +243,7 @@ class AsyncEngine:
             self.engine.abort_request(request_id, status)
             if entry is not None:
                 reason = FinishReason.STOP if stopped else FinishReason.ABORT
-                self._post(self._deliver, [(entry[1], None, reason)])
+                self._post(self._deliver, [(entry[1], None, reason, 0.0)])
         self._submit(abort)
 
     async def update_config(self, overrides: Mapping[str, Any]) -> EngineConfig:
@@ -324,11 +327,10 @@ class AsyncEngine:
         with contextlib.suppress(RuntimeError):
             self._loop_ref().call_soon_threadsafe(fn, *args)
 
-    def _deliver(self, events: list[tuple[RequestStream, int | None, FinishReason | None]]
-                 ) -> None:
+    def _deliver(self, events: list[_Event]) -> None:
         active = self._active
-        for stream, token, finish in events:
-            stream._push(token, finish)
+        for stream, token, finish, made_at in events:
+            stream._push(token, finish, made_at=made_at)
             if finish is not None:
                 active.pop(stream.request_id, None)
         if not active:
@@ -388,20 +390,21 @@ class AsyncEngine:
 
     def _after_step(self, step: StepOutput) -> None:
         live = self._live
-        events: list[tuple[RequestStream, int | None, FinishReason | None]] = []
+        events: list[_Event] = []
         for req in step.new_tokens:
             entry = live.get(req.request_id)
             if entry is None:
                 continue
             finish = req.finish_reason if req.is_finished else None
-            events.append((entry[1], req.output_token_ids[-1], finish))
+            events.append((entry[1], req.output_token_ids[-1], finish,
+                           req.last_token_time or 0.0))
             if finish is not None:
                 del live[req.request_id]
         for req in step.finished:
             # Those that finished on a token left ``live`` above; these ended without one.
             entry = live.pop(req.request_id, None)
             if entry is not None:
-                events.append((entry[1], None, req.finish_reason))
+                events.append((entry[1], None, req.finish_reason, 0.0))
         if events:
             self._post(self._deliver, events)
 

@@ -7,7 +7,7 @@ loop, so the stream's state is only ever read and written on the loop's thread.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from slopilot.engine.request import FinishReason, Request
@@ -19,10 +19,14 @@ class _Aborter(Protocol):
 
 @dataclass(slots=True)
 class StreamDelta:
-    """New tokens of one request; ``finish_reason`` is set on the last delta only."""
+    """New tokens of one request; ``finish_reason`` is set on the last delta only.
+
+    ``token_times``: when the engine made each token, on the engine's clock (the
+    delivery observes the gaps between them for the tokens it hands out)."""
 
     token_ids: list[int]
     finish_reason: FinishReason | None = None
+    token_times: list[float] = field(default_factory=list)
 
 
 class RequestStream:
@@ -33,6 +37,7 @@ class RequestStream:
         self.num_prompt_tokens = request.num_prompt_tokens
         self._engine = engine
         self._tokens: list[int] = []
+        self._times: list[float] = []
         self._finish: FinishReason | None = None
         self._error: BaseException | None = None
         self._event = asyncio.Event()
@@ -41,9 +46,10 @@ class RequestStream:
         self.finished = False  # the consumer has seen the last delta
 
     def _push(self, token: int | None, finish: FinishReason | None,
-              error: BaseException | None = None) -> None:
+              error: BaseException | None = None, made_at: float = 0.0) -> None:
         if token is not None:
             self._tokens.append(token)
+            self._times.append(made_at)
         if finish is not None:
             self._finish = finish
         if error is not None:
@@ -72,9 +78,10 @@ class RequestStream:
             self.finished = True
             raise self._error
         tokens, self._tokens = self._tokens, []
+        times, self._times = self._times, []
         if self._finish is not None:
             self.finished = True
-        return StreamDelta(tokens, self._finish)
+        return StreamDelta(tokens, self._finish, times)
 
     def abort(self, *, stopped: bool = False) -> None:
         """End the request early: the client went away, or (``stopped``) a stop string

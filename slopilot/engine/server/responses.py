@@ -11,6 +11,8 @@ reached the handler (a non-streamed response has no earlier moment the client co
 see); and to the moment its last chunk was written (streaming), or the whole body was
 sent. ``Delivery`` holds both stamps and the cleanup; the route's response runs that
 cleanup after sending, whatever happened, so every engine request is observed once.
+Inter-token latency is the engine's gap between a token and the one before, observed
+here for the tokens handed out only (``ChoiceState.feed``), as vLLM's frontend does.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class ChoiceState:
         self.finish: str | None = None
         self.text_len = 0  # characters handed out so far (text_offset of the next token)
         self.first_written = False  # a chunk with output went out (TTFT is observed)
+        self.last_made_at: float | None = None  # when the engine made the last token fed
         self.delivered = False  # its last chunk went out (e2e latency is observed)
 
     def feed(self, delta: StreamDelta) -> tuple[str, list[int]]:
@@ -61,8 +64,13 @@ class ChoiceState:
         start = len(self.token_ids)
         self.token_ids += token_ids
         # Counted as handed out: what the engine makes after a stop string matched never
-        # gets here (the choice is done), nor into usage.
+        # gets here (the choice is done), nor into usage; nor do its token gaps.
         self.metrics.count_delivered(len(token_ids))
+        priority = self.choice.request.priority
+        for made_at in delta.token_times:
+            if self.last_made_at is not None:
+                self.metrics.observe_token_gap(priority, made_at - self.last_made_at)
+            self.last_made_at = made_at
         shown = token_ids
         if finish is FinishReason.STOP and token_ids and token_ids[-1] in self.prep.stop_ids:
             shown = token_ids[:-1]  # the stop token itself is not output text

@@ -114,3 +114,24 @@ def test_tokens_after_a_stop_string_are_not_counted(srv: LiveServer, stream: boo
     now_total, now_sum, _ = _token_metrics(srv)
     assert now_sum - gen_sum == usage["completion_tokens"]
     assert now_total - total == usage["completion_tokens"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("stop", [True, False], ids=["stop-string", "max-tokens"])
+def test_token_gaps_are_those_of_delivered_tokens(srv: LiveServer, stream: bool,
+                                                  stop: bool) -> None:
+    """One inter-token gap per delivered token after the first, as vLLM's frontend
+    counts them (it drops what the engine made for a request it already stopped). The
+    engine thread used to observe every gap it made: a stop string's choice counted the
+    gap of a token the client never got (5 gaps where the client saw 4)."""
+    itl = srv.backend.metrics._itl[Priority.P1]
+    body = {"prompt": "one two three", "max_tokens": 50 if stop else 3, "ignore_eos": True,
+            "stream": stream, **({"stop": ["tok tok tok"]} if stop else {}),
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+    before, before_sum = itl.count, itl.total
+    usage = _post(srv, body)["usage"]
+    assert usage["completion_tokens"] == 3
+    wait_for(lambda: not srv.call(lambda e: e.scheduler.requests),
+             what="the request to leave the engine")
+    assert itl.count - before == usage["completion_tokens"] - 1
+    assert itl.total > before_sum  # the engine's gaps: the clock ticked between tokens
