@@ -11,8 +11,9 @@ importing it registers every handler, the controller daemon included.
   deprecated field) gets a ``DeprecatedField`` Warning event and says so in the Valid
   condition. Status is written conditionally on the version read (status_writer.py), so
   the daemon's conditions and these never erase each other.
-- events of owned Deployments, Services and ConfigMaps: a deleted or edited one is
-  re-created or patched back from its LLMDeployment (drift repair).
+- events of owned Deployments, NetworkPolicies, Services and ConfigMaps: a deleted or
+  edited one is re-created or patched back from its LLMDeployment (drift repair). Their
+  watches ask the API server for managed objects only (``watch_only_managed``).
 
 Handlers are synchronous (the official client is): kopf runs them in worker threads, and
 a per-deployment lock keeps a drift repair and a spec reconcile from interleaving.
@@ -32,12 +33,15 @@ from slopilot.operator.conditions import ConditionType, condition, merge_conditi
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.kubeapi import Kube, load_client
 from slopilot.operator.reconcile import Change, Outcome, config_status, reconcile
+from slopilot.operator.render import MANAGED
 from slopilot.operator.settings import configure, operator_policy
 from slopilot.operator.spec import Phase
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import load_or_create
 
-MANAGED = {"app.kubernetes.io/managed-by": "slopilot-operator"}
+# The owned kinds whose events repair drift, as kopf's decorators name them.
+OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "networkpolicies"),
+               ("v1", "services"), ("v1", "configmaps"))
 DEPRECATED = "DeprecatedField"  # the event reason of a spec's warnings
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
 
@@ -64,10 +68,24 @@ def key_of(body: Mapping[str, Any]) -> str:
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
+    watch_only_managed(settings)
     memo.kube = Kube(load_client())
     memo.locks = LockTable()
     memo.policy = operator_policy()
     memo.tokens = load_or_create(memo.kube, memo.policy.operator_namespace)
+
+
+def watch_only_managed(settings: kopf.OperatorSettings) -> None:
+    """Ask the API server for the owned kinds' managed objects only.
+
+    A handler's ``labels=`` filter runs in the operator: without a server-side selector
+    every tenant's ConfigMaps, Services, Deployments and NetworkPolicies stream to it, to
+    be read and dropped, a load that grows with the cluster rather than with the
+    deployments this operator runs.
+    """
+    selector = ",".join(f"{key}={value}" for key, value in MANAGED.items())
+    for kind in OWNED_KINDS:
+        settings.watching.label_selectors[kind] = selector
 
 
 def accepted(outcome: Outcome) -> str:
@@ -171,10 +189,6 @@ def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)
-@kopf.on.event("v1", "services", labels=MANAGED)
-@kopf.on.event("v1", "configmaps", labels=MANAGED)
 def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
                  logger: kopf.Logger, **_: Any) -> None:
     """An owned object was deleted or edited: reconcile its owner (a no-op when in sync)."""
@@ -194,3 +208,7 @@ def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
     if any(c is not Change.UNCHANGED for c in outcome.changes.values()):
         logger.info("repaired drift of %s: %s", owner["name"], dict(outcome.changes))
         post_events(cr, outcome, reason="DriftRepaired")
+
+
+for _kind in OWNED_KINDS:  # one handler for every owned kind
+    kopf.on.event(*_kind, labels=MANAGED)(repair_drift)

@@ -71,9 +71,12 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
         block_owner_deletion=True))
 
 
+MANAGED = {"app.kubernetes.io/managed-by": "slopilot-operator"}  # on every owned object
+
+
 def labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "slopilot-engine", "app.kubernetes.io/instance": name,
-            "app.kubernetes.io/managed-by": "slopilot-operator", "slopilot.dev/llmdeployment": name}
+            **MANAGED, "slopilot.dev/llmdeployment": name}
 
 
 def selector(name: str) -> dict[str, str]:

@@ -102,6 +102,25 @@ def test_owned_objects_appear_follow_edits_and_come_back(
                  what="the hand edit to be undone")
 
 
+OWNED_WATCHED = ("deployments", "networkpolicies", "services", "configmaps")
+
+
+def test_the_operator_streams_only_the_objects_it_manages(kube_login: RunningEmulator,
+                                                          cluster: Cluster) -> None:
+    """kopf's ``labels=`` filter on a handler is applied in the operator: without a
+    server-side selector every ConfigMap, Service, Deployment and NetworkPolicy of every
+    tenant streams to it (read, deserialized, dropped). The watches carry the managed-by
+    selector, so the API server sends the operator's own objects only; drift repair on
+    them still works (the test above)."""
+    with operator(kube_login):
+        watches = wait_for(lambda: (w := [x for x in kube_login.emulator.watches
+                                          if x[0] in OWNED_WATCHED])
+                           and {p for p, _ in w} == set(OWNED_WATCHED) and w,
+                           what="the operator's watches of the objects it owns")
+    assert {selector for _, selector in watches} == {
+        "app.kubernetes.io/managed-by=slopilot-operator"}
+
+
 def test_invalid_spec_is_refused_with_condition_event_and_no_objects(
         kube_login: RunningEmulator, cluster: Cluster) -> None:
     with operator(kube_login):

@@ -72,6 +72,9 @@ class KubeEmulator(KubernetesEmulator):
     _closing: bool = attrs.field(default=False, init=False)
     _faults: list[Fault] = attrs.field(factory=list, init=False)
     _columns: dict[resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    # Every watch opened: (plural, its labelSelector or None), for tests of what a client
+    # asks the API server to stream.
+    watches: list[tuple[str, str | None]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -318,6 +321,7 @@ class KubeEmulator(KubernetesEmulator):
     async def _serve_watch(self, request: Request) -> AsyncIterator[Any]:
         yield b""  # send the headers now: a quiet watch must still count as started
         res = self._known(request)
+        self.watches.append((res.plural or "", request.params.get("labelSelector")))
         loop = asyncio.get_running_loop()
         timeout = request.params.get("timeoutSeconds")
         deadline = loop.time() + float(timeout) if timeout else None
