@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import pathlib
 import pickle
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 
@@ -12,10 +16,12 @@ import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.loop.capacity import CapacityError, CapacityPlanner
+from slopilot.tuner.loop.ports import SimulatorBusy
 from slopilot.tuner.sim.adapters import SimOffline, rank_for_warm_start
-from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
+from slopilot.tuner.sim.worker import SimTimeout, SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 TINY = load_scenario("tiny-cpu")
 
@@ -111,8 +117,6 @@ def _hog(mb: int) -> int:
 
 
 def test_a_call_past_its_time_is_killed_and_the_next_call_gets_a_new_worker() -> None:
-    from slopilot.tuner.sim.worker import SimTimeout
-
     with SimWorker() as w:
         first = w.call(os.getpid)
         with pytest.raises(SimTimeout, match="1 s"):
@@ -134,3 +138,106 @@ def test_the_planner_and_the_study_calls_carry_their_time_limits() -> None:
         WorkerPlanner(SimWorker.__new__(SimWorker), timeout_s=0)
     with pytest.raises(ValueError, match="memory_limit_mb"):
         SimWorker(memory_limit_mb=10)
+
+
+def _until(started: str, release: str) -> str:
+    """A call that holds its process until the test lets it go (a FIFO: the read
+    blocks until the test opens it for writing)."""
+    import pathlib
+    pathlib.Path(started).touch()
+    with open(release) as fifo:
+        fifo.read()
+    return "done"
+
+
+class Held:
+    """A call running in ``w`` (in a thread of this process) until ``finish``."""
+
+    def __init__(self, w: SimWorker, tmp: pathlib.Path, name: str = "a") -> None:
+        self.started, self.release = tmp / f"{name}.started", tmp / f"{name}.release"
+        os.mkfifo(self.release)
+        self.outcome: list[object] = []
+
+        def run() -> None:
+            try:
+                self.outcome.append(w.call(_until, str(self.started), str(self.release)))
+            except BaseException as exc:  # the test reads it
+                self.outcome.append(exc)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        wait_for(self.started.exists, what=f"call {name} to run in the worker")
+
+    def finish(self) -> object:
+        """Let the call end; what it returned or raised (raised at once if killed)."""
+        def released() -> bool:
+            try:  # non-blocking: ENXIO until the call has the FIFO open for reading
+                os.close(os.open(self.release, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                return False
+            return True
+
+        wait_for(lambda: bool(self.outcome) or released(), what="the held call to end")
+        self.thread.join(HANG_GUARD_S)
+        return self.outcome[0]
+
+
+def test_a_call_behind_another_deployments_is_not_timed_while_it_waits(
+        tmp_path: pathlib.Path) -> None:
+    """concurrent.futures marks a call running when it joins the worker's call queue,
+    behind the call in progress: its time limit ran out there, and its timeout killed the
+    process serving the other deployment's call. A call now waits for a free process
+    untimed, and its limit counts from when it runs."""
+    with SimWorker() as w:
+        a = Held(w, tmp_path)
+        behind: list[object] = []
+        thread = threading.Thread(target=lambda: behind.append(
+            w.call(os.getpid, timeout_s=0.2)), daemon=True)
+        thread.start()
+        wait_for(lambda: w.waiting == 1, what="the second call to wait for a process")
+        since = time.monotonic()
+        # Five times its limit behind the first call (a slow machine only waits longer).
+        wait_for(lambda: time.monotonic() - since > 1.0, what="a second to pass")
+        assert w.waiting == 1 and not behind
+        assert a.finish() == "done"
+        thread.join(HANG_GUARD_S)
+        assert isinstance(behind[0], int)
+
+
+def test_a_call_that_finds_no_free_process_in_time_is_busy_and_harms_nothing(
+        tmp_path: pathlib.Path) -> None:
+    with SimWorker() as w:
+        a = Held(w, tmp_path)
+        with pytest.raises(SimulatorBusy, match="1 simulator process"):
+            w.call(os.getpid, queue_timeout_s=0)
+        assert w.waiting == 0
+        assert a.finish() == "done"
+        with pytest.raises(ValueError, match="queue_timeout_s"):
+            w.call(os.getpid, queue_timeout_s=-1)
+
+
+def test_processes_are_apart_a_timeout_kills_only_its_own_call(tmp_path: pathlib.Path
+                                                               ) -> None:
+    with SimWorker(workers=2) as w:
+        a = Held(w, tmp_path)
+        with pytest.raises(SimTimeout):
+            w.call(_forever, timeout_s=1.0)
+        assert a.finish() == "done"  # the other process ran on
+        assert w.call(os.getpid) != os.getpid()
+
+
+def test_the_study_and_the_planner_pass_their_queue_limit(tmp_path: pathlib.Path) -> None:
+    space = SearchSpace.from_bounds(base=TINY.engine_config())
+    config = TINY.engine_config().to_dict()
+    with SimWorker() as w:
+        a = Held(w, tmp_path)
+        with pytest.raises(SimulatorBusy):
+            WorkerOffline(w, SimOffline(space, n_trials=2, duration_s=5.0),
+                          queue_timeout_s=0).best_configs(TINY, 1, config, 1)
+        with pytest.raises(SimulatorBusy):
+            WorkerPlanner(w, duration_s=5.0, queue_timeout_s=0).search(TINY, config, 1, 2)
+        a.finish()
+    with pytest.raises(ValueError, match="queue_timeout_s"):
+        WorkerPlanner(SimWorker.__new__(SimWorker), queue_timeout_s=-1)

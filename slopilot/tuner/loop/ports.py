@@ -19,6 +19,13 @@ from slopilot.tuner.prometheus.alerts import Alert
 from slopilot.tuner.study.objective import TrialResult
 
 
+class SimulatorBusy(RuntimeError):
+    """The simulator could not take a call in time: its workers serve other deployments.
+
+    ``OfflineSearch`` and ``Planner`` may raise it; the loop then goes on without the
+    twin's answer, as for a twin it does not trust (``advice.py``)."""
+
+
 @runtime_checkable
 class DeploymentHandle(Protocol):
     """The replicas of one deployment; the operator implements it over Kubernetes."""

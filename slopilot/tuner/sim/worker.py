@@ -1,22 +1,29 @@
-"""The controller's simulator work in a worker process, so its host stays responsive.
+"""The controller's simulator work in worker processes, so its host stays responsive.
 
 The warm-start study (``SimOffline``) and the capacity search (``CapacityPlanner``) run
 the simulator for seconds of pure-Python CPU. In the process that hosts the controller
 they hold the GIL that long: kopf's event loop (peering keep-alives, watch events) and
 the demo's load generator stall, and a stalled load generator sends less, which then
-reads as a load shift and voids the trial windows that follow. Here the caller blocks on
-a future (GIL released) while one worker process simulates.
+reads as a load shift and voids the trial windows that follow. Here the caller blocks
+(GIL released) while a worker process simulates.
 
-The worker is spawned, not forked: the host has threads (kopf, uvicorn, the load
-generator) and a forked child can inherit a lock held by one of them. It starts in the
-background at construction, so its imports are paid before the first alert; a worker
+Workers are spawned, not forked: the host has threads (kopf, uvicorn, the load
+generator) and a forked child can inherit a lock held by one of them. They start in the
+background at construction, so their imports are paid before the first alert; a worker
 that dies is replaced at the next call and the call's error reaches the controller,
 which rolls back as for any error.
 
-Bounded, because one deployment's search must not take the operator down with it: each
-call has a time limit (``timeout_s``, counted from when it starts to run; past it the
-worker is killed and the call raises ``SimTimeout``), and the worker's address space is
-capped (``memory_limit_mb``: an allocation past it is a MemoryError in that call alone).
+Shared by every deployment an operator runs, so bounded and kept apart:
+
+- Each worker is a pool of its own with one process, and a call has a worker to itself.
+  A call waits (first come, first served) for a free worker, untimed; its time limit
+  (``timeout_s``) counts from when it runs, and past it only its own process is killed
+  (``SimTimeout``). A single pool would mark a call running as soon as it joined the
+  worker's queue, so it timed out behind another deployment's call and killed that one.
+- ``queue_timeout_s``: how long a call may wait for a worker; past it ``SimulatorBusy``,
+  and the loop goes on without the twin's answer (``advice.py``).
+- Each worker's address space is capped (``memory_limit_mb``: an allocation past it is
+  a MemoryError in that call alone).
 """
 
 from __future__ import annotations
@@ -24,11 +31,11 @@ from __future__ import annotations
 import copyreg
 import logging
 import multiprocessing
+import queue
 import resource
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from types import MappingProxyType
@@ -36,6 +43,7 @@ from typing import Any, TypeVar
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
+from slopilot.tuner.loop.ports import SimulatorBusy
 from slopilot.tuner.sim.adapters import SimOffline
 
 T = TypeVar("T")
@@ -55,7 +63,6 @@ def _ready() -> bool:
 
 DEFAULT_MEMORY_LIMIT_MB = 1536
 MIN_MEMORY_LIMIT_MB = 256  # the interpreter and the simulator's imports take ~170 MB
-POLL_S = 0.5
 
 
 class SimTimeout(TimeoutError):
@@ -72,8 +79,59 @@ def _init_worker(level: int, memory_limit_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+class _Process:
+    """One worker: a single-process pool, replaced when it dies or is killed."""
+
+    def __init__(self, memory_limit_mb: int | None) -> None:
+        self.memory_limit_mb = memory_limit_mb
+        self._pool: ProcessPoolExecutor | None = None
+        self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(logging.getLogger("slopilot").getEffectiveLevel(),
+                          self.memory_limit_mb))
+            self._pool.submit(_ready)  # spawns the process now, not at the first call
+        return self._pool
+
+    def call(self, fn: Callable[..., T], args: tuple[Any, ...], timeout_s: float | None
+             ) -> T:
+        # Called by the one caller holding this worker: its process is idle (or warming
+        # up), so the call runs at once and the limit is the call's own.
+        future = self._start().submit(fn, *args)
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            self._discard(kill=True)
+            raise SimTimeout(f"the simulator call ran past its {timeout_s:g} s limit; "
+                             "its worker was stopped") from None
+        except BrokenProcessPool:
+            self._discard(kill=False)  # the next call gets a fresh process
+            raise
+
+    def _discard(self, *, kill: bool) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:
+            # concurrent.futures cannot cancel a running call (Python 3.14 adds
+            # kill_workers); ending the process is the only way to stop it.
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 class SimWorker:
-    """Spawned processes (``workers``, one by default) that run simulator calls."""
+    """``workers`` spawned processes (one by default) that run simulator calls, one call
+    per process at a time; see the module docstring."""
 
     def __init__(self, workers: int = 1, *,
                  memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB) -> None:
@@ -85,68 +143,45 @@ class SimWorker:
         self.workers = workers
         self.memory_limit_mb = memory_limit_mb
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
-        self._start()
+        self._waiting = 0
+        # Free workers; Queue.get serves waiting callers in the order they came.
+        self._all = [_Process(memory_limit_mb) for _ in range(workers)]
+        self._free: queue.Queue[_Process] = queue.Queue()
+        for worker in self._all:
+            self._free.put(worker)
 
-    def _start(self) -> ProcessPoolExecutor:
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a free worker now."""
+        return self._waiting
+
+    def call(self, fn: Callable[..., T], *args: Any, timeout_s: float | None = None,
+             queue_timeout_s: float | None = None) -> T:
+        """``fn(*args)`` in a free worker: SimulatorBusy when none is free within
+        ``queue_timeout_s`` (None: wait as long as it takes); SimTimeout past
+        ``timeout_s`` of running."""
+        if queue_timeout_s is not None and not queue_timeout_s >= 0:
+            raise ValueError(f"queue_timeout_s={queue_timeout_s!r}: expected seconds >= 0 "
+                             "(or None to wait as long as it takes)")
         with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker,
-                    initargs=(logging.getLogger("slopilot").getEffectiveLevel(),
-                              self.memory_limit_mb))
-                self._pool.submit(_ready)  # spawns the process now, not at the first call
-            return self._pool
-
-    def call(self, fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> T:
-        """``fn(*args)`` in the worker; past ``timeout_s`` of running, SimTimeout."""
-        pool = self._start()
-        future = pool.submit(fn, *args)
+            self._waiting += 1
         try:
-            return self._wait(future, timeout_s)
-        except SimTimeout:
-            self._discard(pool, kill=True)
-            raise
-        except BrokenProcessPool:
-            self._discard(pool, kill=False)  # the next call gets a fresh worker
-            raise
-
-    @staticmethod
-    def _wait(future: Future[T], timeout_s: float | None) -> T:
-        if timeout_s is None:
-            return future.result()
-        deadline: float | None = None
-        while True:
-            left = POLL_S if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                return future.result(timeout=left)
-            except FutureTimeout:
-                # The clock starts once the call runs, not while it queues behind another
-                # deployment's call.
-                if deadline is None:
-                    if future.running():
-                        deadline = time.monotonic() + timeout_s
-                elif time.monotonic() >= deadline:
-                    raise SimTimeout(f"the simulator call ran past its {timeout_s:g} s "
-                                     "limit; its worker was stopped") from None
-
-    def _discard(self, pool: ProcessPoolExecutor, *, kill: bool) -> None:
-        with self._lock:
-            if self._pool is pool:
-                self._pool = None
-        if kill:
-            # concurrent.futures cannot cancel a running call (Python 3.14 adds
-            # kill_workers); ending the processes is the only way to stop it.
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+            worker = self._free.get(timeout=queue_timeout_s)
+        except queue.Empty:
+            raise SimulatorBusy(
+                f"no free simulator process within {queue_timeout_s:g} s: all "
+                f"{self.workers} simulator process(es) serve other calls") from None
+        finally:
+            with self._lock:
+                self._waiting -= 1
+        try:
+            return worker.call(fn, args, timeout_s)
+        finally:
+            self._free.put(worker)
 
     def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        for worker in self._all:
+            worker.close()
 
     def __enter__(self) -> SimWorker:
         return self
@@ -172,30 +207,47 @@ def _positive(timeout_s: float) -> float:
     return float(timeout_s)
 
 
+def _queue_limit(queue_timeout_s: float) -> float:
+    if not queue_timeout_s >= 0:
+        raise ValueError(f"queue_timeout_s={queue_timeout_s!r}: expected seconds >= 0")
+    return float(queue_timeout_s)
+
+
+QUEUE_TIMEOUT_S = 120.0
+"""How long a deployment's warm start or capacity plan waits for a free simulator
+process before its loop goes on without the answer (live trials, live evidence)."""
+
+
 class WorkerOffline:
-    """OfflineSearch: ``SimOffline`` run in the worker, within ``timeout_s``."""
+    """OfflineSearch: ``SimOffline`` run in a worker, within ``timeout_s`` once it runs
+    and ``queue_timeout_s`` waiting for a free one."""
 
     def __init__(self, worker: SimWorker, search: SimOffline, *,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
         self.worker, self.search, self.timeout_s = worker, search, _positive(timeout_s)
+        self.queue_timeout_s = _queue_limit(queue_timeout_s)
 
     def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
                      k: int) -> Sequence[tuple[dict[str, Any], bool]]:
         return self.worker.call(_best_configs, self.search, scenario, replicas, dict(start), k,
-                                timeout_s=self.timeout_s)
+                                timeout_s=self.timeout_s,
+                                queue_timeout_s=self.queue_timeout_s)
 
 
 class WorkerPlanner:
-    """The controller's Planner: ``CapacityPlanner``'s search run in the worker, within
-    ``timeout_s``."""
+    """The controller's Planner: ``CapacityPlanner``'s search run in a worker, within
+    ``timeout_s`` once it runs and ``queue_timeout_s`` waiting for a free one."""
 
     def __init__(self, worker: SimWorker, *, duration_s: float | None = 120.0,
-                 seed: int | None = 0, timeout_s: float = 300.0) -> None:
+                 seed: int | None = 0, timeout_s: float = 300.0,
+                 queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
         CapacityPlanner(duration_s=duration_s, seed=seed)  # the same checks, here and now
         self.worker, self.duration_s, self.seed = worker, duration_s, seed
         self.timeout_s = _positive(timeout_s)
+        self.queue_timeout_s = _queue_limit(queue_timeout_s)
 
     def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
                *, margin: float = 0.0) -> CapacityAnswer:
         return self.worker.call(_capacity, self.duration_s, self.seed, scenario,
-                                dict(config), lo, hi, margin, timeout_s=self.timeout_s)
+                                dict(config), lo, hi, margin, timeout_s=self.timeout_s,
+                                queue_timeout_s=self.queue_timeout_s)
