@@ -17,6 +17,7 @@ from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.twin import with_profile
 from slopilot.tuner.loop import advice
 from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.ports import SimulatorBusy
 from slopilot.tuner.loop.state import (
     Action,
     ControllerError,
@@ -283,3 +284,36 @@ def test_an_uncorrected_twin_learns_nothing() -> None:
     p.ctl.tick(WINDOW_S)
     check = p.ctl.twin_check
     assert check is not None and check.factors == {} and "learned" not in check.line()
+
+
+@dataclasses.dataclass
+class BusyTwin:
+    """An offline search and a planner whose simulator processes serve other
+    deployments (``SimWorker``'s queue limit ran out)."""
+
+    calls: int = 0
+
+    def best_configs(self, *args: Any) -> list[tuple[dict[str, Any], bool]]:
+        self.calls += 1
+        raise SimulatorBusy("no free simulator process within 120 s")
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise SimulatorBusy("no free simulator process within 120 s")
+
+
+def test_a_busy_twin_means_live_trials_and_live_evidence_not_an_error() -> None:
+    """Another deployment's simulator work must not stop this one's loop: a busy twin
+    gives no answer, as an untrusted one gives none."""
+    busy = BusyTwin()
+    p = plant()
+    p.ctl.offline = busy
+    d = p.ctl.tick(WINDOW_S)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
+    assert busy.calls == 1 and p.study.warm == []
+    assert "twin_busy: no free simulator process" in p.ctl.loop.reason
+    scale = plant(AlertAction.SCALE, planner=3)
+    scale.ctl.offline, scale.ctl.planner = busy, busy
+    d = scale.ctl.tick(WINDOW_S)
+    assert d.action is Action.SCALE and len(scale.cluster.active) == 2  # one, live
+    assert "twin_busy" in d.reason and "one replica on live evidence" in d.reason

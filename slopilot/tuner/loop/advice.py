@@ -10,7 +10,10 @@ the twin with the last measured window and corrects its profile (``twin_check.py
 both questions are put to the corrected twin. A twin whose error stays above
 ``twin_max_error`` after correction is not trusted: ``warm_starts`` gives nothing (the
 episode runs live trials from the study alone) and ``capacity`` gives None (the steps
-scale on live evidence only, one replica at a time, and never down). A trusted twin whose
+scale on live evidence only, one replica at a time, and never down). A twin whose
+simulator processes are busy with other deployments' calls past the queue limit
+(``SimulatorBusy``) gives no answer the same way: one deployment's searches must not
+stop another's loop. ``unavailable`` says why there was no answer. A trusted twin whose
 P0 p99s came out below the measured ones plans a scale-down with that shortfall added to
 its margin: an optimistic twin must not size a scale-down.
 """
@@ -24,6 +27,7 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.twin import with_profile
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.context import LoopContext
+from slopilot.tuner.loop.ports import SimulatorBusy
 from slopilot.tuner.loop.twin_check import TwinCheck, check_twin, measured_window
 
 Ranked = list[tuple[dict[str, Any], bool]]
@@ -57,12 +61,19 @@ def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[st
     return scenario, check
 
 
-def untrusted(ctx: LoopContext, now: float) -> str | None:
-    """Why the twin checked this tick is not trusted; None when it is (or unchecked)."""
+def unavailable(ctx: LoopContext, now: float) -> str | None:
+    """Why the twin gave no answer this tick (busy, or checked and not trusted); None
+    when it answered (or was not asked)."""
+    if ctx.twin_busy is not None and ctx.twin_busy[0] == now:
+        return f"twin_busy: {ctx.twin_busy[1]}"
     check = ctx.twin_check
     if check is None or check.at != now or check.trusted:
         return None
     return f"twin_untrusted: {check.reason}"
+
+
+def _busy(ctx: LoopContext, now: float, exc: SimulatorBusy) -> None:
+    ctx.twin_busy = (now, str(exc))
 
 
 def warm_starts(ctx: LoopContext, now: float, replicas: int, current: Mapping[str, Any],
@@ -81,7 +92,11 @@ def warm_starts(ctx: LoopContext, now: float, replicas: int, current: Mapping[st
     if check is not None and not check.trusted:
         return []
     k = ctx.settings.warm_start_k
-    ranked = ctx.offline.best_configs(scenario, replicas, current, k + 1)
+    try:
+        ranked = ctx.offline.best_configs(scenario, replicas, current, k + 1)
+    except SimulatorBusy as exc:
+        _busy(ctx, now, exc)
+        return []
     return [(c, ok) for c, ok in ranked
             if any(current.get(key) != v for key, v in c.items())][:k]
 
@@ -90,7 +105,7 @@ def capacity(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[s
              lo: int, hi: int, *, margin: float, running: Mapping[str, Any],
              removing: bool = False) -> CapacityAnswer | None:
     """The fewest replicas in [lo, hi] that hold ``config`` with ``margin`` to spare;
-    None when the twin, checked on the window ``running`` served, is not trusted.
+    None when the twin, checked on the window ``running`` served, is not trusted, or busy.
     ``removing``: the answer may take replicas away (a scale-down)."""
     scenario, check = checked(ctx, now, scenario, running, ctx.deployment.replicas())
     if check is not None and not check.trusted:
@@ -101,4 +116,8 @@ def capacity(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[s
         # with that much more headroom. A scale-up does not: one replica short is put
         # right by the next alert, a margin it can never meet would buy the maximum.
         margin = min(MAX_MARGIN, margin + optimism)
-    return ctx.planner.search(scenario, config, lo, hi, margin=margin)
+    try:
+        return ctx.planner.search(scenario, config, lo, hi, margin=margin)
+    except SimulatorBusy as exc:
+        _busy(ctx, now, exc)
+        return None

@@ -74,6 +74,8 @@ class LoopContext:
         self.twin_history: list[tuple[float, list[WindowSample]]] = []
         """(end, iterations) of the last checked windows that do not overlap (in memory:
         a restarted controller corrects from the next window on)."""
+        self.twin_busy: tuple[float, str] | None = None
+        """(when, why) the simulator last could not take this loop's call."""
         # Hysteresis: scale up to a count that holds with 10 % to spare in simulation,
         # scale down only to one that holds with 20 %, so the two never undo each other.
         if not 0.0 <= scale_up_margin <= headroom_margin < 1.0:

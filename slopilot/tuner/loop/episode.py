@@ -50,7 +50,7 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
     replicas = ctx.deployment.replicas()
     if ranked is None and ctx.offline is not None:
         ranked = advice.warm_starts(ctx, now, replicas, loop.baseline_config)
-    if (why := advice.untrusted(ctx, now)) is not None:
+    if (why := advice.unavailable(ctx, now)) is not None:
         reason = f"{reason}; {why}: live trials without warm start"
     if ranked:
         if not any(ok for _, ok in ranked) and allow_scale and replicas < s.max_replicas:

@@ -77,9 +77,9 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
 
 def _on_live_evidence(ctx: LoopContext, now: float, current: int, at_least: int | None,
                       reason: str) -> Decision | Go:
-    """The twin is not trusted: no plan from it. The alert, or an episode in which no
+    """The twin gave no plan (not trusted, or busy). The alert, or an episode in which no
     config held, is live evidence for one more replica, not for the twin's count."""
-    s, why = ctx.settings, advice.untrusted(ctx, now)
+    s, why = ctx.settings, advice.unavailable(ctx, now)
     needed = min(max(at_least or 0, current + 1), s.max_replicas)
     if needed > current:
         ctx.deployment.scale(needed)

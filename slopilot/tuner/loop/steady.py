@@ -69,7 +69,7 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | None:
                              current, margin=ctx.headroom_margin, running=running,
                              removing=True)
     if answer is None:  # no live evidence says fewer replicas would do: keep them
-        log.info("%s: no scale-down: %s", s.key, advice.untrusted(ctx, now))
+        log.info("%s: no scale-down: %s", s.key, advice.unavailable(ctx, now))
         return None
     if answer.replicas is None or answer.replicas >= current:
         return None
