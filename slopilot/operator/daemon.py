@@ -37,6 +37,8 @@ FACTORY_ENV = "SLOPILOT_CONTROLLER_FACTORY"
 TICK_ENV = "SLOPILOT_CONTROLLER_TICK_S"
 DEFAULT_TICK_S = 5.0
 BASE_SCENARIO_ENV = "SLOPILOT_BASE_SCENARIO"
+SIM_WORKERS_ENV = "SLOPILOT_SIM_WORKERS"
+MAX_SIM_WORKERS = 64
 DEFAULT_BASE_SCENARIO = "azure-conv-2023"
 PHASES = {ControllerState.TUNING: Phase.TUNING, ControllerState.COMMIT: Phase.TUNING,
           ControllerState.SCALING: Phase.SCALING}
@@ -68,18 +70,29 @@ _WORKER_LOCK = threading.Lock()
 _WORKER: SimWorker | None = None
 
 
-def sim_worker() -> SimWorker:
-    """The process's simulator worker, shared by every deployment's controller.
+def sim_workers() -> int:
+    """``$SLOPILOT_SIM_WORKERS``: simulator processes the deployments share (default 1;
+    each may take ``DEFAULT_MEMORY_LIMIT_MB``, so size the operator's memory limit)."""
+    raw = os.environ.get(SIM_WORKERS_ENV, "1")
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_SIM_WORKERS:
+        raise ControllerError(f"{SIM_WORKERS_ENV}={raw[:40]!r}: expected a whole number "
+                              f"of processes from 1 to {MAX_SIM_WORKERS}")
+    return int(raw)
 
-    Their studies queue on it rather than each holding the operator's GIL for seconds
-    (kopf's keep-alives and watches run on that same interpreter).
+
+def sim_worker() -> SimWorker:
+    """The process's simulator workers, shared by every deployment's controller.
+
+    Their studies wait for a free worker (each waits at most ``QUEUE_TIMEOUT_S``, then
+    its loop goes on without the twin) rather than each holding the operator's GIL for
+    seconds (kopf's keep-alives and watches run on that same interpreter).
     """
     global _WORKER
     from slopilot.tuner.sim.worker import SimWorker
 
     with _WORKER_LOCK:
         if _WORKER is None:
-            _WORKER = SimWorker()
+            _WORKER = SimWorker(sim_workers())
             # Shut it down while the interpreter is whole: a pool collected during
             # finalization prints an ignored AttributeError on the way out.
             atexit.register(_WORKER.close)

@@ -14,10 +14,12 @@ import pytest
 
 from slopilot.operator.daemon import (
     BASE_SCENARIO_ENV,
+    SIM_WORKERS_ENV,
     DaemonContext,
     controller_settings,
     prometheus_controller,
     sim_worker,
+    sim_workers,
 )
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.spec import parse_spec
@@ -97,6 +99,21 @@ def test_a_bad_base_scenario_names_the_variable(tmp_path: Path,
     monkeypatch.setenv(BASE_SCENARIO_ENV, "no-such-scenario")
     with pytest.raises(ControllerError, match=f"{BASE_SCENARIO_ENV}='no-such-scenario'"):
         prometheus_controller(context(tmp_path))
+
+
+@pytest.mark.parametrize("raw", ["0", "65", "two", "1.5", "-1", "", "\u0663", "9" * 400])
+def test_a_bad_simulator_process_count_names_the_variable(monkeypatch: pytest.MonkeyPatch,
+                                                          raw: str) -> None:
+    monkeypatch.setenv(SIM_WORKERS_ENV, raw)
+    with pytest.raises(ControllerError, match=f"{SIM_WORKERS_ENV}=.*1 to 64"):
+        sim_workers()
+
+
+def test_the_simulator_process_count_is_the_operators_to_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert sim_workers() == 1
+    monkeypatch.setenv(SIM_WORKERS_ENV, "3")
+    assert sim_workers() == 3
 
 
 def test_an_unreachable_study_database_names_the_field(tmp_path: Path) -> None:
