@@ -129,3 +129,18 @@ def test_the_body_cap_is_set_from_the_command_line() -> None:
     finally:
         p.kill()
         p.wait(HANG_GUARD_S)
+
+
+def test_serve_freezes_its_start_up_heap_before_it_serves() -> None:
+    """A full collection walks every long-lived object (the model, the tokenizer, the
+    web stack): 150-250 ms on the engine thread, a TBT spike far above any SLO. The
+    process freezes what start-up left, so collections while serving skip it."""
+    p = _serve("--log-level", "info")
+    try:
+        _ready_urls(p)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=HANG_GUARD_S)
+    froze = re.search(r"froze the start-up heap: (\d+) objects", err)
+    assert froze, err[-2000:]
+    assert int(froze.group(1)) > 10_000  # the imports alone: what collections now skip
