@@ -133,7 +133,7 @@ def test_the_body_cap_is_set_from_the_command_line() -> None:
 
 def test_serve_freezes_its_start_up_heap_before_it_serves() -> None:
     """A full collection walks every long-lived object (the model, the tokenizer, the
-    web stack): 150-250 ms on the engine thread, a TBT spike far above any SLO. The
+    web stack): 166 ms on the engine thread, a TBT spike far above any SLO. The
     process freezes what start-up left, so collections while serving skip it."""
     p = _serve("--log-level", "info")
     try:
