@@ -18,6 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.arrival import SCOPE_KEY
 from slopilot.engine.server.backends import Backend
+from slopilot.engine.server.gc_pauses import GCPauses
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.engine.server.startup_heap import freeze_startup_heap
 
@@ -149,6 +150,7 @@ def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | N
     logging.getLogger("slopilot.serve").info(
         "froze the start-up heap: %d objects out of the garbage collector's reach (a full "
         "collection took %.0f ms)", heap.objects, heap.collect_ms)
+    GCPauses().install(backend.metrics.registry)  # what collections cost from here on
     threading.Thread(target=announce, daemon=True).start()
     server.run()
     return 0 if server.started else 1

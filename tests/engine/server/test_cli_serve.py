@@ -137,10 +137,17 @@ def test_serve_freezes_its_start_up_heap_before_it_serves() -> None:
     process freezes what start-up left, so collections while serving skip it."""
     p = _serve("--log-level", "info")
     try:
-        _ready_urls(p)
+        url, _ = _ready_urls(p)
+        for _ in range(20):  # enough allocation for young collections
+            httpx.post(url + "/v1/completions", json={"prompt": "a b", "max_tokens": 4},
+                       timeout=HANG_GUARD_S)
+        scraped = httpx.get(url + "/metrics", timeout=HANG_GUARD_S).text
     finally:
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=HANG_GUARD_S)
     froze = re.search(r"froze the start-up heap: (\d+) objects", err)
     assert froze, err[-2000:]
     assert int(froze.group(1)) > 10_000  # the imports alone: what collections now skip
+    # What collections cost while it serves (every thread waits them out).
+    young = re.search(r'slopilot_gc_pause_seconds_count\{generation="0"\} (\S+)', scraped)
+    assert young and float(young.group(1)) >= 1, scraped[-1500:]
