@@ -63,12 +63,15 @@ HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:iteration_tokens_total", "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
 }) | ITERATION_HISTOGRAMS
+# The serving process's own series, beside its engine's (engine/server/gc_pauses.py).
+GC_PAUSE_SECONDS = "slopilot_gc_pause_seconds"
+SERVER_HISTOGRAMS: frozenset[str] = frozenset({GC_PAUSE_SECONDS})
 
 
 def exported_series() -> frozenset[str]:
     """Every series name a query may use, histograms expanded to _bucket/_sum/_count."""
-    names = set(VLLM_METRICS | SLOPILOT_METRICS)
-    for h in HISTOGRAMS:
+    names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS)
+    for h in HISTOGRAMS | SERVER_HISTOGRAMS:
         names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
     return frozenset(names)
 

@@ -148,6 +148,10 @@ def _scheduler_panels(spec: SLOSpec) -> list[Any]:
         _series("Longest decode stall (60 s)", [
             _query(f"max by (priority_class) (slopilot_decode_stall_max_seconds{{{SEL}}})",
                    "{{priority_class}}")], unit="s"),
+        _series("Garbage-collector pause p99 (every thread waits it out)", [
+            _query(f"histogram_quantile(0.99, sum by (le, generation) (rate("
+                   f"slopilot_gc_pause_seconds_bucket{{{SEL}}}[{RATE}])))",
+                   "generation {{generation}}")], unit="s"),
         _series("KV cache usage", [
             _query(f"vllm:kv_cache_usage_perc{{{SEL}}}", "{{instance}}")],
             unit="percentunit"),

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from slopilot.engine.metric_window import HistogramRecorder
+from slopilot.engine.metrics import GC_PAUSE_SECONDS
 
 # From a young collection's fraction of a millisecond to the oldest generation's walk
 # of an unfrozen heap (166 ms on SmolLM2-135M's process), with the SLO thresholds.
@@ -52,7 +53,7 @@ class GCPauses:
 
     def collect(self) -> Iterator[Metric]:
         h = HistogramMetricFamily(
-            "slopilot_gc_pause_seconds", "Garbage-collector pauses of the server process "
+            GC_PAUSE_SECONDS, "Garbage-collector pauses of the server process "
             "(every thread, the engine's included, waits them out).", labels=["generation"])
         for generation, recorder in self.recorders.items():
             h.add_metric([str(generation)], recorder.cumulative(), recorder.total)
