@@ -14,11 +14,16 @@
    transport splits its TTFT into the SDK's time before httpx has the request, the
    wire's time to the first text event's bytes (what a server stamp can match), and the
    SDK's time turning those bytes into a chunk.
+4. TBT truth: the server's inter-token latency (vllm:inter_token_latency_seconds, the
+   engine's gap between a token and the one before, observed for the tokens handed out)
+   against the gaps between text events a bare socket client reads, streaming at the same
+   steady rate on the simulated executor: the mean, and the p99 (the client's exact; the
+   server's interpolated in its buckets as Prometheus's histogram_quantile does).
 
 Each part starts its own server process (the code of the tree this script is in) and
 talks to it over HTTP from this process.
 
-    .venv/bin/python benchmarks/serving_latency.py [--parts idle,tokenize,ttft]
+    .venv/bin/python benchmarks/serving_latency.py [--parts idle,tokenize,ttft,tbt]
 """
 
 from __future__ import annotations
@@ -363,6 +368,91 @@ def part_ttft(rate: float, seconds: float) -> dict[str, float]:
     return fields
 
 
+def _itl_histogram(url: str) -> dict[float, float]:
+    """The server's inter-token latency buckets (every class summed): le -> count,
+    with the sum under ``-1`` and the count under ``-2``."""
+    text = httpx.get(url + "/metrics").text
+    out: dict[float, float] = {}
+    for le, value in re.findall(r'^vllm:inter_token_latency_seconds_bucket\{[^}]*le="([^"]+)"'
+                                r"[^}]*\} (\S+)$", text, re.M):
+        edge = float("inf") if le == "+Inf" else float(le)
+        out[edge] = out.get(edge, 0.0) + float(value)
+    for key, series in ((-1.0, "sum"), (-2.0, "count")):
+        out[key] = sum(float(v) for v in re.findall(
+            rf"^vllm:inter_token_latency_seconds_{series}\{{[^}}]*\}} (\S+)$", text, re.M))
+    return out
+
+
+def _bucket_quantile(q: float, buckets: dict[float, float]) -> float:
+    """histogram_quantile over cumulative (le, count) pairs: linear within the bucket."""
+    edges = sorted(e for e in buckets if e >= 0)
+    total = buckets[edges[-1]]
+    rank, lower, below = q * total, 0.0, 0.0
+    for edge in edges:
+        if buckets[edge] >= rank:
+            if edge == float("inf"):
+                return lower
+            inside = buckets[edge] - below
+            return lower + (edge - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = edge, buckets[edge]
+    return lower
+
+
+async def _raw_gaps(url: str, body: dict[str, object]) -> list[float]:
+    """The gaps between a stream's text events, read off a bare socket."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload)
+                 + payload)
+    stamps = []
+    while line := await reader.readline():
+        if _text_line(line):
+            stamps.append(time.perf_counter())
+    writer.close()
+    return [b - a for a, b in itertools.pairwise(stamps)]
+
+
+async def _tbt_load(url: str, rate: float, seconds: float, tokens: int) -> list[float]:
+    gaps: list[float] = []
+
+    async def one(i: int) -> None:
+        gaps.extend(await _raw_gaps(url, {"prompt": f"user {i} asks a question",
+                                          "max_tokens": tokens, "stream": True,
+                                          "ignore_eos": True}))
+
+    tasks, t0 = [], time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    return gaps
+
+
+def part_tbt(rate: float, seconds: float, tokens: int = 32) -> dict[str, float]:
+    with serve("--executor", "simulated") as url:
+        asyncio.run(_tbt_load(url, rate, 2.0, tokens))  # warm up
+        before = _itl_histogram(url)
+        client = asyncio.run(_tbt_load(url, rate, seconds, tokens))
+        after = _itl_histogram(url)
+    diff = {k: after[k] - before.get(k, 0.0) for k in after}
+    count, total = diff.pop(-2.0), diff.pop(-1.0)
+    server_mean, client_mean = total / count, statistics.fmean(client)
+    server_p99, client_p99 = _bucket_quantile(0.99, diff), pct(client, 0.99)
+    print(f"tbt: {len(client)} gaps read by the client, {count:.0f} observed by the "
+          f"server; mean {client_mean * 1e3:.2f} ms client, {server_mean * 1e3:.2f} ms "
+          f"server; p99 {client_p99 * 1e3:.2f} ms client, {server_p99 * 1e3:.2f} ms server "
+          "(interpolated in its buckets)")
+    return {"client_itl_ms": client_mean * 1e3, "server_itl_ms": server_mean * 1e3,
+            "server_over_client_itl_ratio": server_mean / client_mean,
+            "client_itl_p99_ms": client_p99 * 1e3, "server_itl_p99_ms": server_p99 * 1e3,
+            "server_over_client_itl_p99_ratio": server_p99 / client_p99,
+            "itl_count_ratio": count / len(client)}
+
+
 def _sdk_split(ttfts: _Ttfts, server_s: float) -> dict[str, float]:
     """The openai client's TTFT in three parts, all stamped in its own process."""
     before = statistics.fmean(sent for sent, _, _ in ttfts.stamped)
@@ -381,7 +471,7 @@ def _sdk_split(ttfts: _Ttfts, server_s: float) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="idle,tokenize,ttft")
+    ap.add_argument("--parts", default="idle,tokenize,ttft,tbt")
     ap.add_argument("--requests", type=int, default=20, help="idle: requests per mode")
     ap.add_argument("--pause", type=float, default=1.0, help="idle: seconds between")
     ap.add_argument("--streams", type=int, default=4, help="tokenize: running streams")
@@ -397,6 +487,8 @@ def main() -> int:
         fields |= part_tokenize(args.streams, args.prompt_mb, base_s=4.0)
     if "ttft" in parts:
         fields |= part_ttft(args.rate, args.seconds)
+    if "tbt" in parts:
+        fields |= part_tbt(args.rate, args.seconds)
     print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
     return 0
 
