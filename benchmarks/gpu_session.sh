@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole device session as one prepared run: gpu_check.sh, then gpu_twin.sh, with the
-# machine watched beside them (GPU clocks and power state, host load and CPU steal every
+# The whole device session as one prepared run: gpu_check.sh and gpu_step_jitter.py (both
+# into gpu_check.log), then gpu_twin.sh, with the machine watched beside them (GPU clocks and power state, host load and CPU steal every
 # half second into $OUT/machine.csv): a host-bound engine's iteration times follow both,
 # and a calibration whose rounds disagree needs to say which moved.
 #
@@ -31,6 +31,11 @@ watcher=$!
 trap 'kill $watcher 2>/dev/null' EXIT
 timeout "${CHECK_LIMIT:-150}" bash benchmarks/gpu_check.sh
 echo "gpu_check rc=$?"
+# Where an iteration's time goes, and a served decode beside the harness's (a cost paid
+# per new shape, as cuDNN's attention plans were, shows there first).
+PYTHONPATH="$PWD" timeout "${JITTER_LIMIT:-90}" python3 benchmarks/gpu_step_jitter.py \
+  --iters 60 2>&1 | grep -v USDT >> "$out/gpu_check.log"
+echo "gpu_step_jitter rc=$?"
 timeout "${TWIN_LIMIT:-360}" bash benchmarks/gpu_twin.sh > /dev/null 2>&1
 echo "gpu_twin rc=$?"
 grep -E "^(RESULT|slopilot calibrate)|s, [0-9]+ repeats" "$out"/calibrate.log "$out"/fidelity.log

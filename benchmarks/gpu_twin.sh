@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 out="${OUT:-gpu_twin}"
 mkdir -p "$out"
 device="${DEVICE:-cuda}"
-dtype="${DTYPE:-float32}"
+dtype="${DTYPE:-bfloat16}"  # what serving runs on CUDA
 quick=()
 if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
 # REPEATS, TOLERANCE: calibrate's --repeats and --tolerance, when set (a first run on a
@@ -51,6 +51,6 @@ python3 -m slopilot.cli calibrate --model "$model" --device "$device" --dtype "$
   --kv-cache-gb "${KV_CACHE_GB:-4}" "${quick[@]}" "${calib[@]}" --out "$out/profile.yaml" \
   --samples-out "$out/samples.json" 2>&1 | tee -a "$out/calibrate.log"
 python3 benchmarks/twin_fidelity.py --profile "$out/profile.yaml" --model "$model" \
-  "${quick[@]}" --time-limit "${TIME_LIMIT:-240}" --json "$out/fidelity.json" \
+  "${quick[@]}" --time-limit "${TIME_LIMIT:-60}" --json "$out/fidelity.json" \
   --plot "$out/twin_fidelity.png" --repeat-real "${REPEAT-near,over}" \
   2>&1 | tee "$out/fidelity.log"
