@@ -39,10 +39,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import httpx2
@@ -223,8 +224,9 @@ def _ttft_sum_count(url: str) -> tuple[float, float]:
     return total, count
 
 
-async def _raw_ttft(url: str, body: dict[str, object]) -> float | None:
-    """TTFT on the wire: raw HTTP/1.1 over a socket, no SDK, no parsing but one line."""
+async def _raw_text_events(url: str, body: dict[str, object]) -> list[float]:
+    """When each text event of a stream arrived, from before the connection: raw HTTP/1.1
+    over a socket, no SDK, no parsing but one line."""
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     start = time.perf_counter()
@@ -232,12 +234,31 @@ async def _raw_ttft(url: str, body: dict[str, object]) -> float | None:
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload)
                  + payload)
-    first = None
+    stamps = []
     while line := await reader.readline():
-        if first is None and _text_line(line):
-            first = time.perf_counter() - start
+        if _text_line(line):
+            stamps.append(time.perf_counter() - start)
     writer.close()
-    return first
+    return stamps
+
+
+async def _raw_ttft(url: str, body: dict[str, object]) -> float | None:
+    """TTFT on the wire."""
+    stamps = await _raw_text_events(url, body)
+    return stamps[0] if stamps else None
+
+
+async def _at_rate(rate: float, seconds: float,
+                   one: Callable[[int], Coroutine[Any, Any, None]]) -> None:
+    """Open loop: ``one(i)`` started every 1/rate s for ``seconds``, then all awaited."""
+    tasks = []
+    t0 = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
 
 
 # The header that ties a request's transport stamps to the SDK call that made it.
@@ -331,14 +352,7 @@ async def _open_loop(url: str, rate: float, seconds: float, raw: bool = False) -
             out.stamped.append((transport.sent[key] - start,
                                 transport.first_text[key] - start, first))
 
-    tasks = []
-    t0 = time.perf_counter()
-    for i in range(int(rate * seconds)):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i)))
-    await asyncio.gather(*tasks)
+    await _at_rate(rate, seconds, one)
     await client.close()
     return out
 
@@ -398,37 +412,17 @@ def _bucket_quantile(q: float, buckets: dict[float, float]) -> float:
     return lower
 
 
-async def _raw_gaps(url: str, body: dict[str, object]) -> list[float]:
-    """The gaps between a stream's text events, read off a bare socket."""
-    host, port = url.removeprefix("http://").split(":")
-    payload = json.dumps(body).encode()
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload)
-                 + payload)
-    stamps = []
-    while line := await reader.readline():
-        if _text_line(line):
-            stamps.append(time.perf_counter())
-    writer.close()
-    return [b - a for a, b in itertools.pairwise(stamps)]
-
-
 async def _tbt_load(url: str, rate: float, seconds: float, tokens: int) -> list[float]:
+    """The gaps between each stream's text events, read off a bare socket."""
     gaps: list[float] = []
 
     async def one(i: int) -> None:
-        gaps.extend(await _raw_gaps(url, {"prompt": f"user {i} asks a question",
-                                          "max_tokens": tokens, "stream": True,
-                                          "ignore_eos": True}))
+        stamps = await _raw_text_events(url, {"prompt": f"user {i} asks a question",
+                                              "max_tokens": tokens, "stream": True,
+                                              "ignore_eos": True})
+        gaps.extend(b - a for a, b in itertools.pairwise(stamps))
 
-    tasks, t0 = [], time.perf_counter()
-    for i in range(int(rate * seconds)):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i)))
-    await asyncio.gather(*tasks)
+    await _at_rate(rate, seconds, one)
     return gaps
 
 
