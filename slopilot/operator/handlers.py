@@ -16,7 +16,8 @@ importing it registers every handler, the controller daemon included.
   watches ask the API server for managed objects only (``watch_only_managed``).
 
 Handlers are synchronous (the official client is): kopf runs them in worker threads, and
-a per-deployment lock keeps a drift repair and a spec reconcile from interleaving.
+a per-deployment lock keeps a drift repair, a spec reconcile and the controller's writes
+(a scale, a committed config) from interleaving.
 """
 
 from __future__ import annotations

@@ -29,8 +29,10 @@ while the object's ``resourceVersion`` is the same (one tick reads it several ti
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
@@ -83,8 +85,13 @@ class KubeDeploymentHandle:
 
     def __init__(self, kube: Kube, namespace: str, name: str, *, mint: TokenMint,
                  policy: OperatorPolicy | None = None,
-                 http: httpx.Client | None = None, uid: str | None = None) -> None:
+                 http: httpx.Client | None = None, uid: str | None = None,
+                 guard: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
+        self.guard = guard if guard is not None else contextlib.nullcontext
+        """Held around each write to the Deployment and the rendered objects (the
+        operator's per-deployment lock, which its reconciles hold too); never around a
+        whole tick, whose simulator and Prometheus calls may take minutes."""
         self.uid = uid
         """The CR's uid, where the caller serves one CR (None: read from the object)."""
         self.mint = mint
@@ -186,8 +193,9 @@ class KubeDeploymentHandle:
         if target != n:
             log.info("%s: scale to %d kept within [%d, %d]: %d", self.name, n,
                      spec.min_replicas, spec.max_replicas, target)
-        self.kube.patch("apps/v1", "deployments", self.namespace, self.name,
-                        {"spec": {"replicas": target}})
+        with self.guard():
+            self.kube.patch("apps/v1", "deployments", self.namespace, self.name,
+                            {"spec": {"replicas": target}})
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
         """Apply to the canary (whose pod name is returned) or to every replica."""
@@ -247,8 +255,9 @@ class KubeDeploymentHandle:
     def _record(self, body: Mapping[str, Any], config: EngineConfig) -> None:
         """Persist the config every replica runs, then render it (ConfigMap, vLLM args)."""
         tuned = {"engine": config.to_dict(), "base": engine_checksum(body)}
-        updated = self.kube.patch(API_VERSION, PLURAL, self.namespace, self.name,
-                                  {"status": {"tunedConfig": tuned}}, subresource="status")
-        outcome = reconcile(self.kube, updated, policy=self.policy, mint=self.mint)
+        with self.guard():
+            updated = self.kube.patch(API_VERSION, PLURAL, self.namespace, self.name,
+                                      {"status": {"tunedConfig": tuned}}, subresource="status")
+            outcome = reconcile(self.kube, updated, policy=self.policy, mint=self.mint)
         if not outcome.valid:
             raise ApplyError(f"{self.name}: the spec became invalid: {outcome.problems}")

@@ -165,8 +165,10 @@ class DeploymentLoop:
                  logger: logging.Logger | logging.LoggerAdapter[Any], clock: Clock = time.time
                  ) -> None:
         self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
+        # Locked per write, not per tick: a tick may take minutes, and every reconcile of
+        # this CR would wait that long on one of kopf's few handler threads.
         self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy,
-                                           uid=uid)
+                                           uid=uid, guard=lambda: locks.hold(self.key))
         self.policy, self.factory, self.locks = policy, factory, locks
         self.logger, self.clock = logger, clock
         self.controller: Controller | None = None
@@ -205,9 +207,8 @@ class DeploymentLoop:
                 self.twin.write(twin, generation, self._ours)
                 self.figures = WindowFigures(self.controller.evaluator,
                                              self.controller.settings.window_s, self.clock())
-            with self.locks.hold(self.key):
-                decision = self.controller.tick(self.clock())
-                self._write(decision, now_rfc3339())
+            decision = self.controller.tick(self.clock())
+            self._write(decision, now_rfc3339())
         except (SpecError, ControllerError) as exc:
             self.controller = None  # rebuilt once the spec or the environment is fixed
             self.logger.warning("controller not running: %s", exc)

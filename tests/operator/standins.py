@@ -173,3 +173,25 @@ def build_controller(ctx: DaemonContext) -> Controller:
     return Controller(settings, ctx.handle, alerts,
                       HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
                       MoreReplicas(ctx), state=ctx.state)
+
+
+class StalledAlerts:
+    """An alert source that answers only once released: a tick that lasts (a slow
+    Prometheus, a study waiting minutes for a simulator worker). ``entered`` is set
+    once a tick is inside it."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def firing(self) -> list[Any]:
+        StalledAlerts.entered.set()
+        StalledAlerts.release.wait()
+        return []
+
+
+def build_stalled_controller(ctx: DaemonContext) -> Controller:
+    """``build_controller`` whose every tick waits in ``StalledAlerts``."""
+    settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
+    return Controller(settings, ctx.handle, StalledAlerts(),  # type: ignore[arg-type]
+                      HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
+                      MoreReplicas(ctx), state=ctx.state)

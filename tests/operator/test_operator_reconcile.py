@@ -200,3 +200,33 @@ def test_a_second_reconcile_writes_nothing(kube: RunningEmulator,
     assert resumed.changes[f"Secret/{admin_secret_name(body)}"] is Change.CREATED
     again = reconcile(k, body, **args, resume=True)
     assert again.changes[f"Secret/{admin_secret_name(body)}"] is Change.UNCHANGED
+
+
+def test_a_long_controller_tick_holds_up_no_reconcile(
+        kube_login: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick may last minutes (a study queued for the simulator, then run for up to 600
+    s; a slow Prometheus). It held the CR's lock throughout, so every spec update and
+    drift event of that CR parked one of kopf's few handler threads (min(32, CPUs + 4))
+    on it: a tenant with a few such CRs stalled every other tenant's reconciles."""
+    from tests.operator.standins import StalledAlerts
+
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_stalled_controller")
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
+    StalledAlerts.entered.clear()
+    StalledAlerts.release.clear()
+    try:
+        with operator(kube_login):
+            cluster.create(llmd())
+            wait_for(lambda: cluster.owned("v1", "services", "chat"), what="the Service")
+            wait_for(StalledAlerts.entered.is_set, what="a tick stalled in the controller")
+            cluster.core.delete_namespaced_service("chat", NS)
+            wait_for(lambda: cluster.owned("v1", "services", "chat"),
+                     what="the Service back while the tick lasts")
+            cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 2048}}})
+            wait_for(lambda: (engine_json(cluster) or {}).get("token_budget") == 2048,
+                     what="the spec edit reconciled while the tick lasts")
+            assert not StalledAlerts.release.is_set()
+            StalledAlerts.release.set()
+    finally:
+        StalledAlerts.release.set()
