@@ -23,6 +23,7 @@ a per-deployment lock keeps a drift repair, a spec reconcile and the controller'
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
@@ -48,16 +49,26 @@ DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
 
 
 class LockTable:
-    """One lock per deployment (namespace/name), created on first use."""
+    """One lock per deployment (namespace/name), created on first use and gone once no
+    one holds or waits for it: kept for good, one per CR name ever seen, the table grew
+    with every CR a tenant created and deleted."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        # Each holder and waiter keeps its lock alive; the table only finds it.
+        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = \
+            weakref.WeakValueDictionary()
+
+    def __len__(self) -> int:
+        """How many deployments' locks are held or waited for now."""
+        return len(self._locks)
 
     @contextmanager
     def hold(self, key: str) -> Iterator[None]:
         with self._guard:
-            lock = self._locks.setdefault(key, threading.Lock())
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.Lock()
         with lock:
             yield
 

@@ -230,3 +230,35 @@ def test_a_long_controller_tick_holds_up_no_reconcile(
             StalledAlerts.release.set()
     finally:
         StalledAlerts.release.set()
+
+
+def test_the_lock_table_keeps_no_lock_of_a_deployment_no_one_holds() -> None:
+    """One lock per namespace/name ever seen, kept for good, grew the operator's memory
+    with every CR a tenant created and deleted under a new name."""
+    import threading
+
+    from slopilot.operator.handlers import LockTable
+
+    locks = LockTable()
+    for i in range(1000):
+        with locks.hold(f"team-{i}/chat"):
+            pass
+    assert len(locks) == 0
+    # Still one lock per deployment while anyone holds or waits for it.
+    entered, order = threading.Event(), []
+    with locks.hold("team-a/chat"):
+        assert len(locks) == 1
+
+        def second() -> None:
+            entered.set()
+            with locks.hold("team-a/chat"):
+                order.append("second")
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        entered.wait()
+        with locks.hold("team-b/chat"):  # another deployment's is another lock
+            order.append("other")
+        order.append("first")
+    waiter.join()
+    assert order == ["other", "first", "second"] and len(locks) == 0
