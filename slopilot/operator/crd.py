@@ -29,6 +29,7 @@ from slopilot.operator.knobs import (
     BOUNDED_KNOBS,
     DEFAULT_STUDY_STORAGE,
     KNOB_PATHS,
+    MAX_STORAGE_URL,
     knob_schema,
 )
 from slopilot.operator.spec import (
@@ -41,6 +42,7 @@ from slopilot.operator.spec import (
     SpecError,
     parse_spec,
 )
+from slopilot.operator.validation import MAX_MODEL_REF
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
 from slopilot.tuner.study.space import DEFAULT_BOUNDS, IntRange
 
@@ -139,9 +141,10 @@ def _spec_schema() -> dict[str, Any]:
         "backend": _str("Which engine runs in the pods.", enum=list(BACKENDS),
                         default="builtin"),
         "model": _obj({
-            "name": _str("Model name, served as the OpenAI model id.", minLength=1),
+            "name": _str("Model name, served as the OpenAI model id.", minLength=1,
+                         maxLength=MAX_MODEL_REF),
             "path": _str("Where the weights are in the pod (a mounted volume); "
-                         "the name is used when absent."),
+                         "the name is used when absent.", maxLength=MAX_MODEL_REF),
         }, required=["name"]),
         "image": _str("Container image; the backend's default when absent. The operator "
                       "runs only images on its allow-list.", maxLength=4096),
@@ -184,7 +187,7 @@ def _spec_schema() -> dict[str, Any]:
             "storage": _str("Optuna storage URL (sqlite:/// or postgresql://, without a "
                             "password): one the operator's SLOPILOT_ALLOWED_STORAGE lists.",
                             pattern=r"^(sqlite|postgresql(\+\w+)?)://",
-                            default=DEFAULT_STUDY_STORAGE),
+                            maxLength=MAX_STORAGE_URL, default=DEFAULT_STUDY_STORAGE),
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),
             "twin": _deprecated_twin_schema(),

@@ -176,6 +176,9 @@ def tuned_config(body: Mapping[str, Any], engine: EngineConfig) -> EngineConfig:
 # policy allows by default: see study_storage.py). Four slashes: an absolute path, the
 # volume operator.yaml mounts, whatever the operator's working directory.
 DEFAULT_STUDY_STORAGE = "sqlite:////var/lib/slopilot/study.db"
+MAX_STORAGE_URL = 2048
+"""The longest ``spec.tuning.storage``: refusals quote the URL, and an unbounded one went
+whole into the status condition (and the Event) on every reconcile."""
 LEGACY_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
 """The old CRD's default, kept in every LLMDeployment created under it: a path relative
 to the working directory (the image's is /tmp), read as the default with a warning."""
@@ -240,6 +243,11 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
     if space is None:
         return None
     storage = r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE)
+    if len(storage) > MAX_STORAGE_URL:
+        r.problems.append(f"spec.tuning.storage: {len(storage)} characters, more than the "
+                          f"{MAX_STORAGE_URL} of a database URL: name the database, e.g. "
+                          f"{DEFAULT_STUDY_STORAGE}")
+        return None
     if storage == LEGACY_STUDY_STORAGE:
         storage = DEFAULT_STUDY_STORAGE
         if warnings is not None:

@@ -63,6 +63,9 @@ def test_samples_pass_the_schema_and_parse(name: str) -> None:
     ({"resources": {"cpu": "four"}}, "resources.cpu: 'four' does not match"),
     ({"prometheus": {"url": "http://10.0.0.1:8080/?x="}}, "prometheus.url: 'http://10.0.0.1"),
     ({"prometheus": {"url": "http://u:p@prom:9090"}}, "prometheus.url: 'http://u:p@prom"),
+    ({"tuning": {"storage": "postgresql://u@h/" + "x" * 3000}}, "tuning.storage: 'postgr"),
+    ({"model": {"name": "m" * 600}}, "model.name: 'mmm"),
+    ({"model": {"name": "m", "path": "/" + "m" * 600}}, "model.path: '/mmm"),
 ])
 def test_schema_refuses_bad_fields_by_name(change: dict[str, Any], needle: str) -> None:
     problems = errors_of(with_spec(**change))
@@ -179,3 +182,20 @@ def test_preemption_mode_is_typed() -> None:
     spec = parse_spec({"spec": {"model": {"name": "m"},
                                 "engine": {"preemption": {"mode": "swap"}}}})
     assert spec.engine.preemption_mode is PreemptionMode.SWAP
+
+
+def test_a_string_no_bound_held_is_refused_short_not_quoted_whole() -> None:
+    """spec.tuning.storage had no maxLength, and a refusal quoted it whole: a 100 KB URL
+    made a 100 KB Valid condition, copied into status on every reconcile (a CR near the
+    object size limit then had a status the API server refuses, retried every 10 s)."""
+    from slopilot.operator.policy import OperatorPolicy, policy_problems
+
+    for url in ("postgresql://u@h/" + "x" * 100_000,
+                "sqlite:////var/lib/slopilot/" + "a" * 100_000 + ".db"):
+        body = {"spec": {"model": {"name": "m"}, "tuning": {"storage": url}}}
+        try:
+            problems = policy_problems(parse_spec(body), OperatorPolicy())
+        except SpecError as exc:
+            problems = exc.problems
+        assert problems and all(len(p) < 1000 for p in problems), [len(p) for p in problems]
+        assert any(p.startswith("spec.tuning.storage") for p in problems), problems
