@@ -102,9 +102,16 @@ class KubeDeploymentHandle:
 
     # ------------------------------------------------------------------ reads
     def body(self) -> dict[str, Any]:
+        """The CR, fresh; ApplyError once it is gone. Where the handle knows the uid, a
+        CR made since under the same name is gone too: another deployment, whose pods,
+        token and tunedConfig are not this controller's to use."""
         body = self.kube.get(API_VERSION, PLURAL, self.namespace, self.name)
         if body is None:
             raise ApplyError(f"LLMDeployment {self.namespace}/{self.name} is gone")
+        if self.uid is not None and str(body["metadata"].get("uid")) != self.uid:
+            raise ApplyError(f"LLMDeployment {self.namespace}/{self.name} (uid {self.uid}) "
+                             f"is gone: {body['metadata'].get('uid')} is a new one of the "
+                             "same name")
         return body
 
     def spec(self) -> LLMDeploymentSpec:

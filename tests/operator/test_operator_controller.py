@@ -260,3 +260,29 @@ def test_the_canary_is_chosen_once_and_kept_until_a_config_goes_to_all(
             subresource="status")
         fresh = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=handle.mint)
         assert fresh.apply_config({"token_budget": 512}, canary=True) == "chat-pod-7"
+
+
+def test_a_deleted_crs_controller_never_configures_its_successor(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """The handle of a CR deleted and made again under the same name (its daemon's last
+    tick still running) read the successor by name, sent its config to the successor's
+    pods with the successor's token, and wrote the successor's status.tunedConfig."""
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    first = cluster.create(llmd())
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    reconcile(cluster.kube, first, policy=policy, mint=mint)
+    old = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                               uid=first["metadata"]["uid"])
+    cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
+                                                   "llmdeployments", "chat")
+    second = cluster.create(llmd())
+    assert reconcile(cluster.kube, second, policy=policy, mint=mint).valid
+    pod = PodStandIn(mint.for_body(second))
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        with pytest.raises(ApplyError, match="is gone"):
+            old.apply_config({"token_budget": 512}, canary=False)
+    assert pod.puts == []
+    assert "tunedConfig" not in cluster.status()
