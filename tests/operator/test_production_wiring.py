@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optuna.storages import RDBStorage
+from sqlalchemy import event
+from sqlalchemy.pool import Pool
 
 from slopilot.operator.daemon import (
     BASE_SCENARIO_ENV,
@@ -29,7 +32,7 @@ from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindow
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.space import DEFAULT_BOUNDS
-from slopilot.tuner.study.tuner import Tuner
+from slopilot.tuner.study.tuner import Tuner, storage_of
 from tests.support.prometheus import free_port
 
 
@@ -92,6 +95,33 @@ def test_the_study_searches_tunes_space_over_the_knobs_the_backend_applies(
     assert isinstance(vllm.study, Tuner)
     assert set(vllm.study.space.bounds) == {"token_budget", "chunk_size", "max_num_seqs"}
     assert vllm.study.space.bounds["token_budget"] == DEFAULT_BOUNDS["token_budget"]
+
+
+def test_every_rebuilt_controller_of_a_storage_shares_one_connection_pool(
+        tmp_path: Path) -> None:
+    """Each build (a spec or twin change, a restarted daemon) opened an RDBStorage of its
+    own, whose engine and pool were never disposed: on a shared PostgreSQL, a connection
+    held per build until ``max_connections`` ran out."""
+    connections: list[object] = []
+
+    def connected(dbapi_connection: object, record: object) -> None:
+        connections.append(dbapi_connection)
+
+    event.listen(Pool, "connect", connected)  # every pool's new database connections
+    try:
+        built = [prometheus_controller(context(tmp_path))]
+        first = len(connections)  # the one pool's (Optuna nests a session in a connection)
+        built += [prometheus_controller(context(tmp_path)) for _ in range(7)]
+    finally:
+        event.remove(Pool, "connect", connected)
+    assert len(connections) == first  # the rebuilds opened none of their own
+    engines = set()
+    for ctl in built:
+        assert isinstance(ctl.study, Tuner)
+        storage = storage_of(ctl.study.study)
+        assert isinstance(storage, RDBStorage)
+        engines.add(id(storage.engine))
+    assert len(engines) == 1
 
 
 def test_a_bad_base_scenario_names_the_variable(tmp_path: Path,

@@ -2,9 +2,10 @@
 
 Trials store what they measured in user attributes (the config, goodput, constraints,
 the summary), so a study read back from storage needs neither the space's encoding nor
-the process that ran it. A study in a database has heartbeats (``heartbeat.py``): a trial
-a dead process left RUNNING is failed when the study is opened or a trial is asked; it
-stays in the history and the trial count continues past it.
+the process that ran it. Every study on one database URL shares one storage and its
+connection pool (``shared_storage.py``). A study in a database has heartbeats
+(``heartbeat.py``): a trial a dead process left RUNNING is failed when the study is opened
+or a trial is asked; it stays in the history and the trial count continues past it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from slopilot.tuner.study.heartbeat import (
     check_heartbeat,
     fail_stale,
     heartbeat_of,
-    rdb_storage,
 )
 from slopilot.tuner.study.objective import TrialResult, WindowResult
+from slopilot.tuner.study.shared_storage import SHARED_STORAGES
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage_url import redacted, shown
 
@@ -70,7 +71,7 @@ def _storage(url: str | None, heartbeat_s: int, grace_s: int) -> optuna.storages
             "URL; use sqlite:///path/to/study.db (a local file) or "
             "postgresql://user:pass@host/db (shared)")
     try:
-        return rdb_storage(url, heartbeat_s, grace_s)
+        return SHARED_STORAGES.get(url, heartbeat_s, grace_s)
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean the same to a user
         raise StudyStorageError(
             f"cannot open study storage {shown(url)!r}: {type(exc).__name__}: "
