@@ -12,9 +12,10 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
 - Idempotent: a status write that fails leaves the controller as it is in memory, and
   the next step writes that same state again before it ticks; a daemon never asks a
   second trial because its first was not recorded.
-- Deleted mid-trial: the study's running trial is told FAIL, so that it does not stay
-  RUNNING (and the study is keyed by the CR's uid: a new CR of the same name starts its
-  own).
+- Deleted: the study's running trial is told FAIL, so that it does not stay RUNNING,
+  then the study is deleted from its storage: it is keyed by the CR's uid, so a new CR
+  of the same name starts its own and nothing would ever resume it. Tuning turned off
+  fails the running trial and keeps the study, for when it is turned on again.
 - Threads: kopf runs a sync daemon on its handler pool for the daemon's whole life, and
   that pool (min(32, CPUs + 4)) then has no thread left for reconciles once there are a
   few tuning CRs. This daemon is async: each step runs on a thread of the daemon's own
@@ -265,23 +266,54 @@ class DeploymentLoop:
             else operator_metrics(self.namespace)
         metrics.forget(self.name)
 
+    def _controller_to_end(self, *, with_trial: bool) -> Controller | None:
+        """The controller whose trial or study the daemon's end closes: the running one,
+        or, when the daemon ended before a step built one (the CR was deleted before its
+        first step), one built from the CR's body and kept for the next ending.
+        None when the CR is gone or a successor's, or (``with_trial``) has no trial."""
+        if self.controller is not None:
+            return self.controller
+        body = self.kube.get(*_CR, self.namespace, self.name)
+        if body is None or str(body["metadata"].get("uid")) != self.uid:
+            return None  # gone, or already a new CR of the same name: not ours to touch
+        saved = (body.get("status") or {}).get("controller") or {}
+        if with_trial and not saved.get("trial"):
+            return None  # nothing to end: no reason to build
+        try:
+            self.controller = build(self.kube, self.handle, body, self.factory, self.policy)
+        except (SpecError, ControllerError) as exc:
+            log.warning("%s: cannot reach the study to end it: %s", self.key, exc)
+            return None
+        return self.controller
+
+    def end_deleted(self) -> None:
+        """The CR is deleted: its running trial is failed, then its study deleted."""
+        self.abandon("the LLMDeployment was deleted during the trial")
+        self.delete_study()
+
+    def delete_study(self) -> None:
+        """The deleted CR's study leaves the storage, with all its trials. Its name holds
+        the CR's uid, so no later CR resumes it, and kept it would grow a shared storage
+        by every CR a tenant creates and deletes. Never on tuning turned off: the CR may
+        turn it on again and go on with its study."""
+        controller = self._controller_to_end(with_trial=False)
+        if controller is None:
+            return
+        try:
+            controller.study.delete_study()
+        except Exception:  # the database may be down: the study stays (operations.md)
+            log.exception("%s: could not delete the deleted LLMDeployment's study",
+                          self.key)
+            return
+        log.info("%s: the deleted LLMDeployment's study deleted", self.key)
+
     def abandon(self, reason: str, *, restore: bool = False) -> None:
         """The trial cannot go on (the CR is being deleted, or tuning was turned off): the
         study is told it failed, as a dead trial would otherwise stay RUNNING; with
         ``restore`` every replica goes back to the episode's starting (or best) config."""
-        controller = self.controller
+        controller = self._controller_to_end(with_trial=True)
         if controller is None:
-            body = self.kube.get(*_CR, self.namespace, self.name)
-            if body is None or str(body["metadata"].get("uid")) != self.uid:
-                return  # gone, or already a new CR of the same name: not ours to touch
-            saved = (body.get("status") or {}).get("controller") or {}
-            if not saved.get("trial"):
-                return
-            try:
-                controller = build(self.kube, self.handle, body, self.factory, self.policy)
-            except (SpecError, ControllerError) as exc:
-                log.warning("%s: cannot fail the running trial: %s", self.key, exc)
-                return
+            return
         loop = controller.loop
         trial = loop.trial
         if trial is None:
@@ -345,8 +377,7 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
                                                    | kopf.DaemonStoppingReason.OPERATOR_PAUSING):
             ending = None  # a restarted (or the other) operator resumes the trial
         elif gone or reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
-            ending = functools.partial(loop.abandon, "the LLMDeployment was deleted during "
-                                       "the trial")
+            ending = loop.end_deleted
         elif reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH:
             ending = functools.partial(loop.abandon, "tuning was disabled during the trial",
                                        restore=True)

@@ -181,9 +181,10 @@ def monitoring_crds() -> list[dict[str, Any]]:
     return out
 
 
-def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-                ) -> Any:
-    """The CR's daemon, stepped here (its events, which need kopf's context, dropped)."""
+def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                *, factory: Any = None, policy: OperatorPolicy | None = None) -> Any:
+    """The CR's daemon, stepped here (its events, which need kopf's context, dropped);
+    its controllers from ``factory`` (default: standins.build_controller)."""
     import logging
 
     from slopilot.operator import tuning_daemon
@@ -194,5 +195,6 @@ def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.Monk
     monkeypatch.setattr(tuning_daemon, "post_decision", lambda *a, **kw: None)
     return DeploymentLoop(cluster.kube, NS, body["metadata"]["name"],
                           str(body["metadata"]["uid"]), mint=operator_mint(cluster),
-                          policy=OperatorPolicy(), factory=build_controller,
+                          policy=policy or OperatorPolicy(),
+                          factory=factory or build_controller,
                           locks=LockTable(), logger=logging.getLogger("test"))

@@ -1,5 +1,6 @@
 """The controller daemon's status: conditions that stay, writes that are idempotent, SLO
-figures each window, nothing of a foreign answer reflected, a deleted CR's trial failed."""
+figures each window, nothing of a foreign answer reflected, a deleted CR's study deleted
+and a CR that turns tuning off keeping its own."""
 
 # CustomObjectsApi (client 37) returns ``object``; owned objects may be None until they appear.
 # mypy: disable-error-code="attr-defined,index,union-attr,arg-type"
@@ -126,7 +127,7 @@ def study_trials(storage: str) -> dict[str, list[TrialState]]:
         for s in optuna.get_all_study_summaries(storage)}
 
 
-def test_a_cr_deleted_mid_trial_fails_its_trial_and_its_successor_starts_afresh(
+def test_a_cr_deleted_mid_trial_takes_its_study_along_and_its_successor_starts_afresh(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
@@ -146,9 +147,9 @@ def test_a_cr_deleted_mid_trial_fails_its_trial_and_its_successor_starts_afresh(
                                                        "llmdeployments", "chat")
         wait_for(lambda: not cluster.custom.list_namespaced_custom_object(
             "slopilot.dev", "v1alpha1", NS, "llmdeployments")["items"], what="the CR gone")
-        assert study_trials(storage) == {name: [TrialState.FAIL]}
-        failed = optuna.load_study(study_name=name, storage=storage).trials[0]
-        assert "deleted" in failed.user_attrs["fail_reason"]
+        # Its study is deleted with it: no later CR can resume it (the name holds the
+        # CR's uid), and kept it would grow the shared storage by every deleted CR.
+        assert study_trials(storage) == {}
 
         # The same name again: another deployment, its own study, no trial inherited.
         prom.alerts = []
@@ -160,7 +161,36 @@ def test_a_cr_deleted_mid_trial_fails_its_trial_and_its_successor_starts_afresh(
         wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
                  what="the new CR's own trial")
         again = f"{NS}/chat/{second['metadata']['uid']}"
-        assert study_trials(storage) == {name: [TrialState.FAIL], again: [TrialState.RUNNING]}
+        assert again != name and study_trials(storage) == {again: [TrialState.RUNNING]}
+
+
+def test_a_cr_that_turns_tuning_off_keeps_its_study_to_continue_it(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_study_controller")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)  # the admin lists it
+    with operator(kube_login):
+        body = cluster.create(llmd(backend="vllm", prometheus={"url": prom.url},
+                                   tuning={"window": "1h", "storage": storage}))
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
+                 what="a running trial")
+        name = f"{NS}/chat/{body['metadata']['uid']}"
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+        # The daemon's end fails the trial, then clears it from status: it has ended then.
+        wait_for(lambda: study_trials(storage) == {name: [TrialState.FAIL]}
+                 and not (cluster.status().get("controller") or {}).get("trial"),
+                 what="the stopped daemon to fail its trial and record it")
+        assert study_trials(storage) == {name: [TrialState.FAIL]}
+        failed = optuna.load_study(study_name=name, storage=storage).trials[0]
+        assert "tuning was disabled" in failed.user_attrs["fail_reason"]
+
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": True}}})
+        wait_for(lambda: len(study_trials(storage).get(name, ())) == 2,
+                 what="tuning on again to continue the same study")
+        assert study_trials(storage) == {name: [TrialState.FAIL, TrialState.RUNNING]}
 
 
 def test_two_namespaces_chat_are_two_deployments_to_the_operator(
@@ -193,6 +223,14 @@ def test_two_namespaces_chat_are_two_deployments_to_the_operator(
                                          for ns, uid in uids.items()}
         for ns in uids:
             assert cluster.kube.get("apps/v1", "deployments", ns, "chat") is not None
+
+        # Deleting team-a's chat deletes its study only: team-b's, of the same name, stays.
+        cluster.custom.delete_namespaced_custom_object(
+            "slopilot.dev", "v1alpha1", "team-a", "llmdeployments", "chat")
+        wait_for(lambda: not cluster.custom.list_namespaced_custom_object(
+            "slopilot.dev", "v1alpha1", "team-a", "llmdeployments")["items"],
+            what="team-a's CR gone")
+        assert study_trials(storage) == {f"team-b/chat/{uids['team-b']}": [TrialState.RUNNING]}
 
 
 def test_a_foreign_answer_never_reaches_status_or_events(

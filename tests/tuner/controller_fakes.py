@@ -122,6 +122,7 @@ class FakeStudy:
     told: dict[int, TrialResult] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     asked: int = 0
+    deleted: bool = False
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None:
         self.warm = [dict(c) for c in configs]
@@ -138,6 +139,9 @@ class FakeStudy:
 
     def tell_failed(self, number: int, reason: str) -> None:
         self.failed[number] = reason
+
+    def delete_study(self) -> None:
+        self.deleted = True
 
 
 class FakeProbe:

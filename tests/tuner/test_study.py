@@ -20,6 +20,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import StudyStorageError, Tuner, failure_reason, open_study
@@ -197,6 +198,30 @@ def test_fail_running_fails_what_this_tuner_holds_and_stops_beating(tmp_path: Pa
     wait_for(lambda: not tuner.heartbeat.running,  # type: ignore[union-attr]
              what="the heartbeat thread to end")
     assert Tuner(open_study(None, "memory"), SearchSpace.from_bounds()).heartbeat is None
+
+
+def test_delete_study_removes_its_own_study_only_and_stops_beating(tmp_path: Path) -> None:
+    """A deleted LLMDeployment's study goes; another namespace's ``chat`` in the same
+    storage stays, trials and all."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    gone = ResumableTuner(open_study(url, "team-a/chat/u1", **BEAT), SearchSpace.from_bounds())
+    kept = Tuner(open_study(url, "team-b/chat/u2", **BEAT), SearchSpace.from_bounds())
+    gone.ask()
+    number, _ = kept.ask()
+    gone.delete_study()
+    assert [s.study_name for s in optuna.get_all_study_summaries(url)] == ["team-b/chat/u2"]
+    assert gone.heartbeat is not None and not gone.heartbeat.beating
+    gone.delete_study()  # already deleted (by another replica, say): nothing to do
+    assert [t.state for t in open_study(url, "team-b/chat/u2", **BEAT).get_trials()] == [
+        TrialState.RUNNING]
+    kept.tell_failed(number, "done")
+    kept.close()
+
+
+def test_delete_study_names_what_to_do_for_a_study_not_opened_here() -> None:
+    tuner = Tuner(optuna.create_study(study_name="elsewhere"), SearchSpace.from_bounds())
+    with pytest.raises(StudyStorageError, match="'elsewhere' was not opened by open_study"):
+        tuner.delete_study()
 
 
 def test_a_trial_the_previous_version_left_running_goes_stale_too(tmp_path: Path) -> None:

@@ -110,7 +110,8 @@ class Planner(Protocol):
 
 
 class LiveStudy(Protocol):
-    """The live Optuna study (``study.Tuner``), seen through the calls the loop makes."""
+    """The live Optuna study (``study.Tuner``), seen through the calls the loop makes, and
+    ``delete_study``, which the deployment's owner makes once the deployment is gone."""
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> object: ...
 
@@ -121,3 +122,8 @@ class LiveStudy(Protocol):
     def tell(self, number: int, result: TrialResult) -> None: ...
 
     def tell_failed(self, number: int, reason: str) -> None: ...
+
+    def delete_study(self) -> None:
+        """Remove the study and its trials from storage; nothing left to do when it is
+        already gone."""
+        ...

@@ -280,6 +280,22 @@ class Tuner:
         if self.heartbeat is not None:
             self.heartbeat.stop()
 
+    def delete_study(self) -> None:
+        """Delete the study, with every trial, from its storage (its deployment is gone:
+        nothing resumes it). Another process may have deleted it first: nothing to do then.
+        The heartbeat stops first; it would beat on for trials no longer there."""
+        self.close()
+        self._asked.clear()
+        storage = storage_of(self.study)
+        if storage is None:
+            raise StudyStorageError(
+                f"study {self.study.study_name!r} was not opened by open_study, so its "
+                "storage is not known: delete it with optuna.delete_study and its storage")
+        try:
+            optuna.delete_study(study_name=self.study.study_name, storage=storage)
+        except KeyError:
+            log.info("study %s: already deleted", self.study.study_name)
+
     def warm_start(self, configs: Iterable[Mapping[str, Any]]) -> int:
         """Queue ``configs`` (e.g. an offline study's best) as the next trials; returns how
         many were queued (configs outside this space are refused with ConfigError)."""
