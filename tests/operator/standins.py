@@ -1,6 +1,7 @@
 """HTTP stand-ins on 127.0.0.1 for the operator's controller tests, and the test factory.
 
-- ``PrometheusStandIn`` answers ``/api/v1/alerts`` with the alerts a test sets.
+- ``PrometheusStandIn`` answers the alerts query (``/api/v1/query``) with the alerts a
+  test sets, as the ``ALERTS`` and ``ALERTS_FOR_STATE`` series Prometheus keeps.
 - ``PodStandIn`` is an engine pod's admin endpoint: it records each ``PUT /admin/config``
   with its Authorization header and refuses a wrong token with 401, like the server.
 - ``build_controller`` is a ``$SLOPILOT_CONTROLLER_FACTORY``: the real Controller over the
@@ -15,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -63,13 +66,27 @@ class _Handler(BaseHTTPRequestHandler):
 
 class PrometheusStandIn(_Server):
     """``raw_answer`` (status, content type, body) replaces every answer, for a service
-    that is not a Prometheus; ``requests`` counts what was asked."""
+    that is not a Prometheus; ``requests`` counts what was asked, ``queries`` keeps the
+    PromQL. Every alert set is in every answer: the reader must match its own."""
 
     def __init__(self) -> None:
         self.alerts: list[dict[str, Any]] = []
         self.raw_answer: tuple[int, str, bytes] | None = None
         self.requests = 0
+        self.queries: list[str] = []
         super().__init__(_PromHandler)
+
+    def series(self) -> list[dict[str, Any]]:
+        """The alerts set, as the ALERTS and ALERTS_FOR_STATE samples of a query."""
+        out = []
+        for alert in self.alerts:
+            labels, state = alert["labels"], alert["state"]
+            active_at = datetime.fromisoformat(alert["activeAt"].replace("Z", "+00:00"))
+            out.append({"metric": {"__name__": "ALERTS", "alertstate": state, **labels},
+                        "value": [0, "1"]})
+            out.append({"metric": {"__name__": "ALERTS_FOR_STATE", **labels},
+                        "value": [0, str(int(active_at.timestamp()))]})
+        return out
 
     def fire(self, name: str, action: str, deployment: str, namespace: str,
              *more_namespaces: str) -> None:
@@ -92,8 +109,11 @@ class _PromHandler(_Handler):
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
-        elif self.path.startswith("/api/v1/alerts"):
-            self.reply(200, {"status": "success", "data": {"alerts": standin.alerts}})
+        elif self.path.startswith("/api/v1/query?"):
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            standin.queries += query.get("query", [])
+            self.reply(200, {"status": "success",
+                             "data": {"resultType": "vector", "result": standin.series()}})
         else:
             self.reply(404, {"status": "error", "error": f"not served: {self.path}"})
 

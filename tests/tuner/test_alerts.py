@@ -2,23 +2,45 @@
 
 from __future__ import annotations
 
+import threading
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.prometheus.alert_table import VALUE_FIGURE, alert_table
 from slopilot.tuner.prometheus.alerts import (
     AlertAction,
     AlertSource,
     PrometheusUnavailable,
     SummaryAlerts,
+    alerts_query,
+    parse_alert_series,
     parse_alerts,
 )
-from slopilot.tuner.prometheus.rules import RuleError, RuleOptions
-from tests.support.prometheus import free_port
+from slopilot.tuner.prometheus.rules import (
+    RuleError,
+    RuleOptions,
+    identity_labels,
+    render_selector,
+)
+from tests.support.fixtures import (  # noqa: F401 - fixtures
+    prometheus_binaries,
+    prometheus_factory,
+    prometheus_server,
+)
+from tests.support.prometheus import PrometheusServer, free_port
 from tests.support.summaries import partial_summary
+from tests.support.waits import wait_for
 
 
 def row(name: str, action: str, state: str = "firing", dep: str = "demo",
@@ -64,19 +86,187 @@ def test_a_bad_answer_is_prometheus_unavailable(bad: Any) -> None:
 def test_a_dead_prometheus_raises_a_clear_error() -> None:
     port = free_port()  # nothing listens there
     source = AlertSource(f"http://127.0.0.1:{port}", "demo", timeout_s=2)
-    with pytest.raises(PrometheusUnavailable, match=f"127.0.0.1:{port} is unreachable"):
+    with pytest.raises(PrometheusUnavailable,
+                       match=f"cannot reach Prometheus at http://127.0.0.1:{port}"):
         source.firing()
     source.close()
 
 
+def series(name: str, value: str, **labels: str) -> dict[str, Any]:
+    return {"metric": {"__name__": name, **labels}, "value": [1767323050.0, value]}
+
+
+def alert_series(name: str, action: str, state: str = "firing", dep: str = "demo",
+                 active_at: str = "1767323045", **labels: str) -> list[dict[str, Any]]:
+    """The ALERTS and ALERTS_FOR_STATE samples Prometheus keeps for one alert."""
+    own = {"alertname": name, "action": action, "severity": "warning",
+           "priority_class": "p0", "slopilot_deployment": dep, **labels}
+    return [series("ALERTS", "1", alertstate=state, **own),
+            series("ALERTS_FOR_STATE", active_at, **own)]
+
+
+def vector(*samples: dict[str, Any]) -> dict[str, Any]:
+    return {"status": "success", "data": {"resultType": "vector", "result": list(samples)}}
+
+
 def test_reads_through_http() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/api/v1/alerts"
-        return httpx.Response(200, json=answer(row("SlopilotTTFTP99High", "retune")))
+        assert request.url.path == "/api/v1/query"
+        assert request.url.params["query"] == alerts_query("demo")
+        return httpx.Response(200, json=vector(*alert_series("SlopilotTTFTP99High", "retune")))
 
     source = AlertSource("http://prom:9090/", "demo",
                          client=httpx.Client(transport=httpx.MockTransport(handler)))
     assert [a.action for a in source.firing()] == [AlertAction.RETUNE]
+
+
+def test_alert_series_give_the_fields_of_the_alerts_api() -> None:
+    got = parse_alert_series(vector(
+        *alert_series("SlopilotTTFTP99High", "retune", priority_class="p1", active_at="30"),
+        *alert_series("SlopilotPreemptionStorm", "reboot", priority_class="all",
+                      active_at="20"),
+        *alert_series("SlopilotTBTP99High", "scale", state="pending"),
+        *alert_series("SlopilotTBTP99High", "scale", dep="other"),
+        *alert_series("NotOurs", "retune"),
+        series("slopilot:ttft_seconds:p99", "1.5", priority_class="p1",
+               slopilot_deployment="demo"),
+        series("slopilot:ttft_seconds:p99", "9", priority_class="p0",
+               slopilot_deployment="demo"),
+        series("slopilot:preemptions:per_minute", "12", slopilot_deployment="demo"),
+    )["data"]["result"], "demo")
+    assert [(a.name, a.action, a.priority_class, a.since, a.value) for a in got] == [
+        ("SlopilotPreemptionStorm", AlertAction.INFORM, "all", 20.0, 12.0),
+        ("SlopilotTTFTP99High", AlertAction.RETUNE, "p1", 30.0, 1.5)]
+
+
+def test_an_alert_without_its_active_at_or_figure_still_fires() -> None:
+    firing = alert_series("SlopilotTBTP99High", "scale")[0]
+    (a,) = parse_alert_series([firing], "demo")
+    assert (a.name, a.since, a.value) == ("SlopilotTBTP99High", 0.0, None)
+
+
+@pytest.mark.parametrize("bad", [None, {"result": []}, "not a list"])
+def test_a_result_that_is_not_a_list_is_prometheus_unavailable(bad: Any) -> None:
+    with pytest.raises(PrometheusUnavailable, match="no result list"):
+        parse_alert_series(bad, "demo")
+
+
+def test_the_alerts_query_escapes_the_identity() -> None:
+    expr = alerts_query('we"ird\\name', namespace="team\na")
+    assert 'slopilot_deployment="we\\"ird\\\\name"' in expr
+    assert 'slopilot_namespace="team\\na"' in expr
+
+
+@pytest.mark.prometheus
+def test_the_alerts_query_is_promql_with_any_identity(
+        prometheus_server: PrometheusServer) -> None:  # noqa: F811
+    for dep, ns in (("chat", "team-a"), ('we"ird\\', "team\nb"), ("chat", None)):
+        answer = prometheus_server.query(alerts_query(dep, ns))
+        assert answer["status"] == "success", answer
+        assert answer["data"]["result"] == []
+
+
+def test_each_alert_reads_the_figure_of_its_first_condition() -> None:
+    for profile in ("standard", "relaxed", "strict"):
+        slo = SLOSpec.from_dict({"profile": profile, "prefix_hit_min": 0.9})
+        for rule in alert_table(slo, RuleOptions()):
+            assert VALUE_FIGURE[rule.name] is rule.conditions[0].figure, rule.name
+
+
+def _group(namespace: str, deployment: str, tbt_s: float) -> dict[str, Any]:
+    """Rules as ``rules.py`` renders them: a per-class and an engine-wide figure, and an
+    alert on each, for one deployment; both fire at once."""
+    ident = identity_labels(deployment, namespace)
+    tbt, storm = "slopilot:tbt_seconds:p99", "slopilot:preemptions:per_minute"
+    return {"name": f"slopilot/{namespace}/{deployment}", "interval": "1s", "rules": [
+        {"record": tbt, "expr": f"vector({tbt_s})", "labels": {**ident, "priority_class": "p1"}},
+        {"record": storm, "expr": "vector(12)", "labels": ident},
+        {"alert": "SlopilotTBTP99High", "for": "0s",
+         "expr": f"{tbt}{render_selector({**ident, 'priority_class': 'p1'})} > 0.2",
+         "labels": {"severity": "critical", "action": "scale", "priority_class": "p1", **ident}},
+        {"alert": "SlopilotPreemptionStorm", "for": "1s",
+         "expr": f"{storm}{render_selector(ident)} > 10",
+         "labels": {"severity": "warning", "action": "retune", "priority_class": "all",
+                    **ident}}]}
+
+
+def whole_seconds(rfc3339: str) -> float:
+    """``2026-01-02T03:04:05.123Z`` as Unix seconds, the fraction dropped (as Prometheus
+    writes activeAt into ALERTS_FOR_STATE)."""
+    return datetime.fromisoformat(rfc3339[:19] + "+00:00").timestamp()
+
+
+class RecordingProxy:
+    """Passes GETs to ``upstream`` and keeps each (path and query, answer body)."""
+
+    def __init__(self, upstream: str) -> None:
+        seen: list[tuple[str, bytes]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with urllib.request.urlopen(upstream + self.path, timeout=60) as resp:
+                    body, ctype = resp.read(), resp.headers["Content-Type"]
+                seen.append((self.path, body))
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.seen = seen
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.prometheus
+def test_a_controller_reads_its_own_alerts_and_no_other_deployments(
+        prometheus_factory: Callable[..., PrometheusServer],  # noqa: F811
+        tmp_path: Path) -> None:
+    # Three deployments fire the same alerts in one Prometheus: chat in team-a (ours),
+    # chat in team-b, other in team-a. Our request names us, and the answer carries
+    # nothing of the other two: before, every tick fetched all of them (/api/v1/alerts).
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [
+        _group("team-a", "chat", 0.42), _group("team-b", "chat", 0.5),
+        _group("team-a", "other", 0.6)]}))
+    prom = prometheus_factory(rule_files=[rules])
+
+    def all_firing() -> list[dict[str, Any]] | None:
+        # The alerts API shows an evaluation's verdict before its ALERTS samples are
+        # written: wait for both.
+        written = prom.query('ALERTS{alertstate="firing"} or ALERTS_FOR_STATE')
+        firing = [a for a in prom.alerts() if a["state"] == "firing"]
+        return firing if len(firing) == 6 and len(written["data"]["result"]) == 12 else None
+
+    truth = [a for a in wait_for(all_firing, "every deployment's two alerts firing")
+             if a["labels"]["slopilot_namespace"] == "team-a"
+             and a["labels"]["slopilot_deployment"] == "chat"]
+    proxy = RecordingProxy(prom.url)
+    source = AlertSource(proxy.url, "chat", namespace="team-a")
+    try:
+        got = source.firing()
+    finally:
+        source.close()
+        proxy.close()
+    want = sorted((a["labels"]["alertname"], a["labels"]["action"],
+                   a["labels"]["severity"], a["labels"]["priority_class"],
+                   whole_seconds(a["activeAt"]), float(a["value"])) for a in truth)
+    assert sorted((a.name, a.action, a.severity, a.priority_class, a.since, a.value)
+                  for a in got) == want
+    assert [a.value for a in got if a.name == "SlopilotTBTP99High"] == [0.42]
+    ((path, body),) = proxy.seen
+    url = urllib.parse.urlsplit(path)
+    assert url.path == "/api/v1/query"
+    assert urllib.parse.parse_qs(url.query)["query"] == [alerts_query("chat", "team-a")]
+    assert b"team-a" in body and b"team-b" not in body and b'"other"' not in body
 
 
 @pytest.mark.parametrize("url, dep, fix", [("prom:9090", "d", "expected http"),

@@ -109,6 +109,19 @@ class Figure(enum.StrEnum):
         return self in (Figure.TTFT_P99, Figure.TTFT_P99_LONG)
 
 
+# The figure each alert's value is: its first condition's, as Prometheus' ``$value``. The
+# ALERTS series carry no value, so a reader of them looks it up in this series.
+VALUE_FIGURE: dict[str, Figure] = {
+    AlertName.TBT_P99_HIGH: Figure.TBT_P99,
+    AlertName.TTFT_P99_HIGH: Figure.TTFT_P99,
+    AlertName.TTFT_P99_SUSTAINED: Figure.TTFT_P99_LONG,
+    AlertName.TBT_P99_SUSTAINED: Figure.TBT_P99_LONG,
+    AlertName.PREEMPTION_STORM: Figure.PREEMPTIONS_PER_MIN,
+    AlertName.BATCHING_UNDERUSED: Figure.UTILIZATION,
+    AlertName.PREFIX_CACHE_HIT_LOW: Figure.PREFIX_HIT_RATIO,
+}
+
+
 class Op(enum.StrEnum):
     ABOVE = ">"
     BELOW = "<"

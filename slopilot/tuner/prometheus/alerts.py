@@ -2,8 +2,11 @@
 
 The rules (``rules.py``) label every alert with ``action`` (what the controller should
 do) and the identity labels ``slopilot_namespace`` and ``slopilot_deployment`` (whose it
-is); ``parse_alerts`` turns Prometheus' ``/api/v1/alerts`` answer into typed ``Alert``
-objects of one deployment, matched by namespace and name. Where no Prometheus runs,
+is). ``AlertSource`` asks Prometheus for one deployment's firing alerts only
+(``alerts_query``: its ``ALERTS`` series, selected by those labels in Prometheus), and
+``parse_alert_series`` turns the answer into typed ``Alert`` objects; ``parse_alerts``
+does the same for an ``/api/v1/alerts`` answer (every tenant's alerts, matched here by
+namespace and name). Where no Prometheus runs,
 ``SummaryAlerts`` evaluates the same alert table on window summaries with Prometheus'
 ``for`` semantics (see ``alert_table``).
 """
@@ -11,7 +14,7 @@ objects of one deployment, matched by namespace and name. Where no Prometheus ru
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,6 +26,7 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.prometheus.alert_table import (
     ALL_CLASSES,
+    VALUE_FIGURE,
     AlertAction,
     AlertName,
     AlertRule,
@@ -30,12 +34,12 @@ from slopilot.tuner.prometheus.alert_table import (
     Severity,
     alert_table,
 )
-from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels
-from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
+from slopilot.tuner.prometheus.query import query_at
+from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels, render_selector
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 __all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "SummaryAlerts",
-           "parse_alerts", "summary_figure"]
+           "alerts_query", "parse_alert_series", "parse_alerts", "summary_figure"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +80,37 @@ _SEVERITIES = frozenset(Severity)
 _CLASSES = frozenset({ALL_CLASSES, *(p.label for p in Priority)})
 
 
-def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> list[Alert]:
-    """Firing alerts of ``namespace/deployment`` from an ``/api/v1/alerts`` answer (pending
-    ones wait). Every identity label must match: an alert of ``chat`` in another namespace,
-    or one without a namespace when a namespace is asked for, is not this deployment's.
+def _alert(labels: Mapping[str, Any], ident: Mapping[str, str], since: float,
+           value: float | None) -> Alert | None:
+    """The alert these labels describe, if it is this deployment's and one of the rules'.
 
     An alert whose ``action`` the controller does not know is read as ``inform``: a rule
     added later must never make the controller act on a guess. Only the rules' own alert
     names, severities and classes are read: the tenant picks the URL, and any other text
     in those labels would reach the CR's status (``lastAction``, the Tuning condition).
+    """
+    if any(labels.get(k) != v for k, v in ident.items()):
+        return None
+    if (labels.get("alertname") not in _NAMES or labels.get("severity") not in _SEVERITIES
+            or labels.get("priority_class") not in _CLASSES):
+        return None
+    try:
+        action = AlertAction(labels.get("action", ""))
+    except ValueError:
+        action = AlertAction.INFORM
+    return Alert(name=labels["alertname"], action=action, severity=labels["severity"],
+                 priority_class=labels["priority_class"], since=since, value=value)
+
+
+def _in_order(alerts: list[Alert]) -> list[Alert]:
+    return sorted(alerts, key=lambda a: (a.since, a.name, a.priority_class))
+
+
+def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> list[Alert]:
+    """Firing alerts of ``namespace/deployment`` from an ``/api/v1/alerts`` answer (pending
+    ones wait). Every identity label must match: an alert of ``chat`` in another namespace,
+    or one without a namespace when a namespace is asked for, is not this deployment's
+    (see ``_alert`` for what else is left out).
     """
     ident = identity_labels(deployment, namespace)
     if not isinstance(answer, dict) or answer.get("status") != "success":
@@ -95,25 +121,89 @@ def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> 
         raise PrometheusUnavailable("/api/v1/alerts: the answer has no data.alerts list")
     out = []
     for row in rows:
-        labels = row.get("labels") or {}
-        if row.get("state") != "firing" or any(labels.get(k) != v for k, v in ident.items()):
+        if row.get("state") != "firing":
             continue
-        if (labels.get("alertname") not in _NAMES or labels.get("severity") not in _SEVERITIES
-                or labels.get("priority_class") not in _CLASSES):
+        alert = _alert(row.get("labels") or {}, ident, _since(row.get("activeAt")),
+                       _value(row.get("value")))
+        if alert is not None:
+            out.append(alert)
+    return _in_order(out)
+
+
+_FIRING, _ACTIVE_AT = "ALERTS", "ALERTS_FOR_STATE"
+_FIGURES = "|".join(sorted(set(VALUE_FIGURE.values())))
+
+
+def alerts_query(deployment: str, namespace: str | None = None) -> str:
+    """PromQL for ``namespace/deployment``'s firing alerts and nothing of anyone else's.
+
+    Selected in Prometheus by the identity labels (escaped by ``render_selector``): a
+    controller that fetched ``/api/v1/alerts`` (every tenant's) each tick made N
+    deployments cost the operator and Prometheus O(N^2). One instant query gives
+    ``ALERTS`` (name, action, severity, class), ``ALERTS_FOR_STATE`` (activeAt, in whole
+    seconds) and the recorded figures the alerts' values are (``VALUE_FIGURE``): the
+    fields ``/api/v1/alerts`` gave. ``or`` keeps all three: their label sets differ.
+    """
+    ident = identity_labels(deployment, namespace)
+    firing = render_selector({"alertstate": "firing", **ident})
+    own = render_selector(ident)
+    return (f"{_FIRING}{firing} or {_ACTIVE_AT}{own} "
+            f'or {{__name__=~"{_FIGURES}",{own[1:-1]}}}')
+
+
+def _alert_key(labels: Mapping[str, str]) -> frozenset[tuple[str, str]]:
+    """An alert's labels as ALERTS and ALERTS_FOR_STATE both carry them."""
+    return frozenset((k, v) for k, v in labels.items() if k not in ("__name__", "alertstate"))
+
+
+def parse_alert_series(result: Any, deployment: str,
+                       namespace: str | None = None) -> list[Alert]:
+    """Firing alerts of ``namespace/deployment`` from the result list of ``alerts_query``.
+
+    The same alerts ``parse_alerts`` reads from ``/api/v1/alerts``, matched again here by
+    identity (the URL is the tenant's: any server may answer). ``since`` is activeAt in
+    whole seconds (0 where Prometheus wrote no ``ALERTS_FOR_STATE``), ``value`` the
+    alert's figure as last recorded (None where there is none).
+    """
+    ident = identity_labels(deployment, namespace)
+    if not isinstance(result, list):
+        raise PrometheusUnavailable("the alerts query: the answer has no result list")
+    samples = [(s["metric"], _value(s["value"][1])) for s in result if _is_sample(s)]
+    active_at = {_alert_key(m): v for m, v in samples if m.get("__name__") == _ACTIVE_AT}
+    figures = {(m.get("__name__"), m.get("priority_class")): v for m, v in samples}
+    out = []
+    for labels, _ in samples:
+        if labels.get("__name__") != _FIRING or labels.get("alertstate") != "firing":
             continue
-        try:
-            action = AlertAction(labels.get("action", ""))
-        except ValueError:
-            action = AlertAction.INFORM
-        out.append(Alert(name=labels["alertname"], action=action,
-                         severity=labels["severity"], priority_class=labels["priority_class"],
-                         since=_since(row.get("activeAt")), value=_value(row.get("value"))))
-    out.sort(key=lambda a: (a.since, a.name, a.priority_class))
-    return out
+        since = active_at.get(_alert_key(labels))
+        alert = _alert(labels, ident, _seconds_or_zero(since), _figure_value(labels, figures))
+        if alert is not None:
+            out.append(alert)
+    return _in_order(out)
+
+
+def _seconds_or_zero(value: float | None) -> float:
+    # 0, as parse_alerts reads a missing activeAt: it only orders the alerts.
+    return value if value is not None and math.isfinite(value) else 0.0
+
+
+def _is_sample(sample: Any) -> bool:
+    return (isinstance(sample, dict) and isinstance(sample.get("metric"), dict)
+            and isinstance(sample.get("value"), list) and len(sample["value"]) == 2)
+
+
+def _figure_value(labels: Mapping[str, str],
+                  figures: Mapping[tuple[Any, Any], float | None]) -> float | None:
+    figure = VALUE_FIGURE.get(labels.get("alertname", ""))
+    if figure is None:
+        return None
+    cls = labels.get("priority_class") if figure.per_class else None
+    return figures.get((figure.value, cls))
 
 
 class AlertSource:
-    """Reads firing alerts of one deployment from a Prometheus server's HTTP API."""
+    """Reads firing alerts of one deployment from a Prometheus server's HTTP API: one
+    instant query (``alerts_query``) a tick, never the whole cluster's alert list."""
 
     def __init__(self, url: str, deployment: str, *, namespace: str | None = None,
                  timeout_s: float = 5.0, client: httpx.Client | None = None) -> None:
@@ -121,32 +211,16 @@ class AlertSource:
             raise ValueError(f"Prometheus url {url!r}: expected http://host:port")
         if not deployment:
             raise ValueError("deployment is empty; pass the LLMDeployment's name")
-        identity_labels(deployment, namespace)  # the same checks parse_alerts makes
+        self.expr = alerts_query(deployment, namespace)  # checks the identity, as parse does
         self.url = url.rstrip("/")
         self.deployment, self.namespace = deployment, namespace
         self._client = client or httpx.Client(timeout=timeout_s)
+        # query_at's errors name the status code and content type, never the body.
+        self._query = query_at(self.url, timeout_s, client=self._client)
 
     def firing(self) -> list[Alert]:
-        # Messages name the status code and content type, never the body (safe_errors).
-        where = f"Prometheus at {self.url}"
-        try:
-            resp = self._client.get(self.url + "/api/v1/alerts")
-        except httpx.HTTPError as exc:
-            raise PrometheusUnavailable(
-                f"{where} is unreachable: {transport_failure(exc)}") from None
-        ctype = resp.headers.get("content-type")
-        if resp.status_code != 200:
-            raise PrometheusUnavailable(f"{where}: /api/v1/alerts answered "
-                                        f"{http_failure(resp.status_code, ctype)}")
-        try:
-            answer = resp.json()
-        except ValueError:
-            raise PrometheusUnavailable(f"{where}: /api/v1/alerts answered "
-                                        f"{http_failure(200, ctype, 'not JSON')}") from None
-        try:
-            return parse_alerts(answer, self.deployment, self.namespace)
-        except PrometheusUnavailable as exc:
-            raise PrometheusUnavailable(f"{where}: {http_failure(200, ctype)}: {exc}") from None
+        return parse_alert_series(self._query(self.expr, None), self.deployment,
+                                  self.namespace)
 
     def close(self) -> None:
         self._client.close()

@@ -9,23 +9,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary, or_none
 from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
+if TYPE_CHECKING:
+    import httpx
+
 # (expr, evaluation time in Unix seconds or None for now) -> the result's sample list.
 QueryAt = Callable[[str, float | None], list[dict[str, Any]]]
 
 
-def query_at(url: str, timeout_s: float = 5.0) -> QueryAt:
+def query_at(url: str, timeout_s: float = 5.0, *,
+             client: httpx.Client | None = None) -> QueryAt:
     """A ``QueryAt`` over ``GET /api/v1/query`` of the server at ``url``.
 
     Errors never quote the answer (``safe_errors``): the URL may be a tenant's, and the
     message reaches the CR's status. Redirects are not followed, so an allowed host
-    cannot bounce the request elsewhere.
+    cannot bounce the request elsewhere. ``client``: the caller's (it closes it).
     """
     import httpx
 
@@ -34,8 +38,8 @@ def query_at(url: str, timeout_s: float = 5.0) -> QueryAt:
                          "e.g. http://prometheus-operated.monitoring:9090")
     base = url.rstrip("/")
     # One quick retry of a failed connect: a dead Prometheus should say so in seconds.
-    client = httpx.Client(timeout=max(1.0, float(timeout_s)), follow_redirects=False,
-                          transport=httpx.HTTPTransport(retries=1, verify=False))
+    client = client or httpx.Client(timeout=max(1.0, float(timeout_s)), follow_redirects=False,
+                                    transport=httpx.HTTPTransport(retries=1, verify=False))
 
     def run(expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
