@@ -34,6 +34,11 @@ from slopilot.tuner.prometheus.alert_table import (
     Severity,
     alert_table,
 )
+from slopilot.tuner.prometheus.bounded import (
+    ANSWER_DEADLINE_S,
+    MAX_ANSWER_BYTES,
+    prometheus_client,
+)
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels, render_selector
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
@@ -206,7 +211,9 @@ class AlertSource:
     instant query (``alerts_query``) a tick, never the whole cluster's alert list."""
 
     def __init__(self, url: str, deployment: str, *, namespace: str | None = None,
-                 timeout_s: float = 5.0, client: httpx.Client | None = None) -> None:
+                 timeout_s: float = 5.0, client: httpx.Client | None = None,
+                 deadline_s: float = ANSWER_DEADLINE_S,
+                 max_bytes: int = MAX_ANSWER_BYTES) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Prometheus url {url!r}: expected http://host:port")
         if not deployment:
@@ -214,9 +221,10 @@ class AlertSource:
         self.expr = alerts_query(deployment, namespace)  # checks the identity, as parse does
         self.url = url.rstrip("/")
         self.deployment, self.namespace = deployment, namespace
-        self._client = client or httpx.Client(timeout=timeout_s)
-        # query_at's errors name the status code and content type, never the body.
-        self._query = query_at(self.url, timeout_s, client=self._client)
+        self._client = client or prometheus_client(timeout_s)
+        # query_at reads within the bounds, and its errors never quote the body.
+        self._query = query_at(self.url, timeout_s, client=self._client,
+                               deadline_s=deadline_s, max_bytes=max_bytes)
 
     def firing(self) -> list[Alert]:
         return parse_alert_series(self._query(self.expr, None), self.deployment,

@@ -2,18 +2,27 @@
 
 Every reader of Prometheus (the window adapter, workload profiling) goes through
 ``query_at`` so that an unreachable or refusing Prometheus always surfaces as
-``PrometheusUnavailable`` with the same message, and quickly (one short retry).
+``PrometheusUnavailable`` with the same message, and quickly (one short retry); and
+``AlertSource`` queries through it too, so every answer is read within ``bounded``'s
+byte cap and deadline.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary, or_none
-from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
+from slopilot.tuner.prometheus.bounded import (
+    ANSWER_DEADLINE_S,
+    MAX_ANSWER_BYTES,
+    prometheus_client,
+    read_answer,
+)
+from slopilot.tuner.prometheus.safe_errors import http_failure
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 if TYPE_CHECKING:
@@ -23,48 +32,45 @@ if TYPE_CHECKING:
 QueryAt = Callable[[str, float | None], list[dict[str, Any]]]
 
 
-def query_at(url: str, timeout_s: float = 5.0, *,
-             client: httpx.Client | None = None) -> QueryAt:
+def query_at(url: str, timeout_s: float = 5.0, *, client: httpx.Client | None = None,
+             deadline_s: float = ANSWER_DEADLINE_S,
+             max_bytes: int = MAX_ANSWER_BYTES) -> QueryAt:
     """A ``QueryAt`` over ``GET /api/v1/query`` of the server at ``url``.
 
     Errors never quote the answer (``safe_errors``): the URL may be a tenant's, and the
     message reaches the CR's status. Redirects are not followed, so an allowed host
-    cannot bounce the request elsewhere. ``client``: the caller's (it closes it).
+    cannot bounce the request elsewhere. Each answer is read within ``max_bytes`` and
+    ``deadline_s`` (``bounded``). ``client``: the caller's (it closes it).
     """
-    import httpx
-
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"prometheus url={url!r}: expected an http(s) URL, "
                          "e.g. http://prometheus-operated.monitoring:9090")
     base = url.rstrip("/")
     # One quick retry of a failed connect: a dead Prometheus should say so in seconds.
-    client = client or httpx.Client(timeout=max(1.0, float(timeout_s)), follow_redirects=False,
-                                    transport=httpx.HTTPTransport(retries=1, verify=False))
+    http = client or prometheus_client(timeout_s, verify=False, retries=1)
 
     def run(expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
-        try:
-            resp = client.get(f"{base}/api/v1/query", params=params)
-        except httpx.HTTPError as exc:
-            raise PrometheusUnavailable(
-                f"cannot reach Prometheus at {base}: {transport_failure(exc)}; "
-                "check the URL and that Prometheus is running") from None
-        ctype = resp.headers.get("content-type")
-        if resp.status_code != 200:
+        answer = read_answer(http, base, "/api/v1/query", params, deadline_s=deadline_s,
+                             max_bytes=max_bytes)
+        if answer.status != 200:
             raise PrometheusUnavailable(f"Prometheus at {base} refused the query {expr!r}: "
-                                        f"{http_failure(resp.status_code, ctype)}")
-        try:
-            answer = resp.json()
-        except ValueError:
-            answer = None
-        result = _vector(answer)
+                                        f"{http_failure(answer.status, answer.content_type)}")
+        result = _vector(_json(answer.body))
         if result is None:
             raise PrometheusUnavailable(
                 f"Prometheus at {base} answered the query {expr!r} with "
-                f"{http_failure(resp.status_code, ctype, 'not a Prometheus result')}")
+                f"{http_failure(200, answer.content_type, 'not a Prometheus result')}")
         return result
 
     return run
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+        return None
 
 
 def _vector(answer: Any) -> list[dict[str, Any]] | None:
