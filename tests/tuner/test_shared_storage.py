@@ -89,3 +89,41 @@ def test_many_studies_on_a_shared_postgresql_hold_one_pools_connections() -> Non
         finally:
             watcher.close()
         assert 1 <= held <= 2, held  # one pool's (Optuna nests a session in a connection)
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.disposed = 0
+
+    def dispose(self) -> None:
+        self.disposed += 1
+
+
+class _Storage:
+    def __init__(self, url: str) -> None:
+        self.url, self.engine = url, _Engine()
+
+
+def test_the_least_recently_used_pool_is_closed_past_the_cap() -> None:
+    """A storage policy of ``sqlite:////dir/*`` lets a tenant name a database per CR:
+    kept for good, every name would keep its pool's files open in the operator. Past
+    ``max_open`` the least recently used storage's pool is closed (an engine still in use
+    opens a new one on its next query)."""
+    made: list[_Storage] = []
+
+    def make(url: str, heartbeat_s: int, grace_s: int) -> RDBStorage:
+        made.append(_Storage(url))
+        return made[-1]  # type: ignore[return-value]
+
+    shared = SharedStorages(make, max_open=3)
+    for name in ("a", "b", "c"):
+        shared.get(f"sqlite:////s/{name}.db", 60, 300)
+    shared.get("sqlite:////s/a.db", 60, 300)  # a is used again: b is now the oldest
+    shared.get("sqlite:////s/d.db", 60, 300)
+    assert len(shared) == 3 and len(made) == 4
+    assert [s.engine.disposed for s in made] == [0, 1, 0, 0]  # b's pool closed
+    again = shared.get("sqlite:////s/b.db", 60, 300)
+    assert again is not made[1] and made[0].engine.disposed == 0  # b reopened; c goes
+    assert made[2].engine.disposed == 1
+    with pytest.raises(ValueError, match="max_open"):
+        SharedStorages(make, max_open=0)
