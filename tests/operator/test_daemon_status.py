@@ -121,6 +121,27 @@ def test_a_failed_status_write_does_not_make_the_daemon_ask_a_second_trial(
         assert len(cluster.events("Trial")) == 1
 
 
+@pytest.fixture
+def study_storage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """Controllers on a real study (``build_study_controller``) in a SQLite file the
+    administrator lists."""
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_study_controller")
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)
+    return storage
+
+
+def running_trial(cluster: Cluster, prom: PrometheusStandIn, storage: str) -> dict[str, Any]:
+    """A vLLM chat tuning on ``storage``, with a trial started by a retune alert."""
+    body = cluster.create(llmd(backend="vllm", prometheus={"url": prom.url},
+                               tuning={"window": "1h", "storage": storage}))
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
+             what="a running trial")
+    return body
+
+
 def study_trials(storage: str) -> dict[str, list[TrialState]]:
     return {s.study_name: [t.state for t in optuna.load_study(
         study_name=s.study_name, storage=storage).get_trials(deepcopy=False)]
@@ -129,18 +150,10 @@ def study_trials(storage: str) -> dict[str, list[TrialState]]:
 
 def test_a_cr_deleted_mid_trial_takes_its_study_along_and_its_successor_starts_afresh(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
-        controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
-                       "tests.operator.standins:build_study_controller")
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)  # the admin lists it
-    spec: dict[str, Any] = {"backend": "vllm", "prometheus": {"url": prom.url},
-                            "tuning": {"window": "1h", "storage": storage}}
+        controller_env: None, study_storage: str) -> None:
+    storage = study_storage
     with operator(kube_login):
-        first = cluster.create(llmd(**spec))
-        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
-        wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
-                 what="a running trial")
+        first = running_trial(cluster, prom, storage)
         name = f"{NS}/chat/{first['metadata']['uid']}"
         assert study_trials(storage) == {name: [TrialState.RUNNING]}
         cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
@@ -153,7 +166,8 @@ def test_a_cr_deleted_mid_trial_takes_its_study_along_and_its_successor_starts_a
 
         # The same name again: another deployment, its own study, no trial inherited.
         prom.alerts = []
-        second = cluster.create(llmd(**spec))
+        second = cluster.create(llmd(backend="vllm", prometheus={"url": prom.url},
+                                     tuning={"window": "1h", "storage": storage}))
         wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
                  what="the new CR's controller")
         assert cluster.status()["controller"].get("trial") is None
@@ -166,17 +180,10 @@ def test_a_cr_deleted_mid_trial_takes_its_study_along_and_its_successor_starts_a
 
 def test_a_cr_that_turns_tuning_off_keeps_its_study_to_continue_it(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
-        controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
-                       "tests.operator.standins:build_study_controller")
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)  # the admin lists it
+        controller_env: None, study_storage: str) -> None:
+    storage = study_storage
     with operator(kube_login):
-        body = cluster.create(llmd(backend="vllm", prometheus={"url": prom.url},
-                                   tuning={"window": "1h", "storage": storage}))
-        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
-        wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
-                 what="a running trial")
+        body = running_trial(cluster, prom, storage)
         name = f"{NS}/chat/{body['metadata']['uid']}"
         cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
         # The daemon's end fails the trial, then clears it from status: it has ended then.
@@ -195,11 +202,8 @@ def test_a_cr_that_turns_tuning_off_keeps_its_study_to_continue_it(
 
 def test_two_namespaces_chat_are_two_deployments_to_the_operator(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
-        controller_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
-                       "tests.operator.standins:build_study_controller")
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)  # the admin lists it
+        controller_env: None, study_storage: str) -> None:
+    storage = study_storage
     body = llmd(backend="vllm", prometheus={"url": prom.url},
                 tuning={"window": "1h", "storage": storage})
     with operator(kube_login):
