@@ -25,7 +25,6 @@ from slopilot.tuner.prometheus.alerts import (
     SummaryAlerts,
     alerts_query,
     parse_alert_series,
-    parse_alerts,
 )
 from slopilot.tuner.prometheus.rules import (
     RuleError,
@@ -43,44 +42,10 @@ from tests.support.summaries import partial_summary
 from tests.support.waits import wait_for
 
 
-def row(name: str, action: str, state: str = "firing", dep: str = "demo",
-        **labels: str) -> dict[str, Any]:
-    return {"labels": {"alertname": name, "action": action, "severity": "warning",
-                       "priority_class": "p0", "slopilot_deployment": dep, **labels},
-            "state": state, "activeAt": "2026-01-02T03:04:05.123456789Z", "value": "0.42"}
-
-
-def answer(*rows: dict[str, Any]) -> dict[str, Any]:
-    return {"status": "success", "data": {"alerts": list(rows)}}
-
-
-def test_firing_alerts_of_the_deployment_are_routed_by_action() -> None:
-    alerts = parse_alerts(answer(
-        row("SlopilotTTFTP99High", "retune"), row("SlopilotTBTP99High", "scale"),
-        row("SlopilotPrefixCacheHitLow", "inform"), row("Pending", "retune", state="pending"),
-        row("Other", "retune", dep="other")), "demo")
-    assert [(a.name, a.action) for a in alerts] == [
-        ("SlopilotPrefixCacheHitLow", AlertAction.INFORM),
-        ("SlopilotTBTP99High", AlertAction.SCALE),
-        ("SlopilotTTFTP99High", AlertAction.RETUNE)]
-    assert alerts[0].since == pytest.approx(1767323045.123456)
-    assert alerts[0].value == pytest.approx(0.42) and alerts[0].priority_class == "p0"
-
-
-def test_an_unknown_action_is_read_as_inform_never_acted_on() -> None:
-    (a,) = parse_alerts(answer(row("SlopilotTTFTP99High", "reboot")), "demo")
-    assert a.action is AlertAction.INFORM
-
-
-def test_an_alert_the_rules_do_not_define_is_not_read() -> None:
-    assert parse_alerts(answer(row("New", "retune")), "demo") == []
-
-
-@pytest.mark.parametrize("bad", [{"status": "error", "error": "boom"}, {"status": "success"},
-                                 "not json"])
+@pytest.mark.parametrize("bad", [{"status": "error"}, "not a list", None])
 def test_a_bad_answer_is_prometheus_unavailable(bad: Any) -> None:
     with pytest.raises(PrometheusUnavailable):
-        parse_alerts(bad, "demo")
+        parse_alert_series(bad, "demo")
 
 
 def test_a_dead_prometheus_raises_a_clear_error() -> None:
@@ -276,19 +241,15 @@ def test_bad_arguments_are_refused(url: str, dep: str, fix: str) -> None:
         AlertSource(url, dep)
 
 
-def row_in(namespace: str, name: str, action: str, dep: str = "chat") -> dict[str, Any]:
-    r = row(name, action, dep=dep)
-    r["labels"]["slopilot_namespace"] = namespace
-    return r
-
-
 def test_alerts_are_matched_by_namespace_and_name() -> None:
     # Two CRs named chat in team-a and team-b are two deployments: one's alert never
     # scales the other, and an alert without a namespace belongs to neither.
-    got = parse_alerts(answer(row_in("team-a", "SlopilotTBTP99High", "scale"),
-                              row_in("team-b", "SlopilotTTFTP99High", "retune"),
-                              row("SlopilotPreemptionStorm", "retune", dep="chat")),
-                       "chat", namespace="team-b")
+    got = parse_alert_series(vector(
+        *alert_series("SlopilotTBTP99High", "scale", dep="chat", slopilot_namespace="team-a"),
+        *alert_series("SlopilotTTFTP99High", "retune", dep="chat",
+                      slopilot_namespace="team-b"),
+        *alert_series("SlopilotPreemptionStorm", "retune", dep="chat"),
+    )["data"]["result"], "chat", namespace="team-b")
     assert [a.name for a in got] == ["SlopilotTTFTP99High"]
     source = AlertSource("http://p:9090", "chat", namespace="team-a")
     assert source.namespace == "team-a"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.tuner.prometheus.alerts import AlertSource, parse_alerts
+from slopilot.tuner.prometheus.alerts import AlertSource, parse_alert_series
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
@@ -95,26 +95,30 @@ def test_query_errors_name_the_status_and_content_type_only(
 
 
 @pytest.mark.parametrize("bad", [{"status": "error", "error": SECRET}, {"token": SECRET},
-                                 SECRET, {"status": "success", "data": SECRET}])
-def test_parse_alerts_never_quotes_the_answer(bad: Any) -> None:
-    with pytest.raises(PrometheusUnavailable) as info:
-        parse_alerts(bad, "chat")
-    assert SECRET not in str(info.value)
+                                 SECRET, [{"metric": SECRET, "value": SECRET}]])
+def test_parse_alert_series_never_quotes_the_answer(bad: Any) -> None:
+    try:
+        got = parse_alert_series(bad, "chat")
+    except PrometheusUnavailable as exc:
+        assert SECRET not in str(exc)
+    else:
+        assert got == []
 
 
 def test_alert_labels_a_foreign_server_makes_up_never_become_alerts() -> None:
     # A Prometheus-shaped answer from anywhere the URL points: only the rules' own alert
     # names, severities and classes are read; anything else would carry the peer's text
     # into lastAction and the Tuning condition.
-    def row(**labels: str) -> dict[str, Any]:
+    def alert(**labels: str) -> list[dict[str, Any]]:
         base = {"alertname": "SlopilotTTFTP99High", "action": "retune",
                 "severity": "critical", "priority_class": "p0",
-                "slopilot_deployment": "chat", "slopilot_namespace": "team"}
-        return {"labels": {**base, **labels}, "state": "firing",
-                "activeAt": "2026-01-01T00:00:00Z", "value": SECRET}
-    answer = {"status": "success", "data": {"alerts": [
-        row(alertname=SECRET), row(severity=SECRET), row(priority_class=SECRET), row()]}}
-    got = parse_alerts(answer, "chat", "team")
+                "slopilot_deployment": "chat", "slopilot_namespace": "team", **labels}
+        return [{"metric": {"__name__": "ALERTS", "alertstate": "firing", **base},
+                 "value": [0, "1"]},
+                {"metric": {"__name__": "ALERTS_FOR_STATE", **base}, "value": [0, SECRET]}]
+    result = [*alert(alertname=SECRET), *alert(severity=SECRET),
+              *alert(priority_class=SECRET), *alert()]
+    got = parse_alert_series(result, "chat", "team")
     assert [(a.name, a.severity, a.priority_class) for a in got] == [
         ("SlopilotTTFTP99High", "critical", "p0")]
     assert SECRET not in repr(got)

@@ -4,9 +4,8 @@ The rules (``rules.py``) label every alert with ``action`` (what the controller 
 do) and the identity labels ``slopilot_namespace`` and ``slopilot_deployment`` (whose it
 is). ``AlertSource`` asks Prometheus for one deployment's firing alerts only
 (``alerts_query``: its ``ALERTS`` series, selected by those labels in Prometheus), and
-``parse_alert_series`` turns the answer into typed ``Alert`` objects; ``parse_alerts``
-does the same for an ``/api/v1/alerts`` answer (every tenant's alerts, matched here by
-namespace and name). Where no Prometheus runs,
+``parse_alert_series`` turns the answer into typed ``Alert`` objects (matched again by
+namespace and name: any server may answer the tenant's URL). Where no Prometheus runs,
 ``SummaryAlerts`` evaluates the same alert table on window summaries with Prometheus'
 ``for`` semantics (see ``alert_table``).
 """
@@ -16,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import httpx
@@ -44,7 +42,7 @@ from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels, render
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 __all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "SummaryAlerts",
-           "alerts_query", "parse_alert_series", "parse_alerts", "summary_figure"]
+           "alerts_query", "parse_alert_series", "summary_figure"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +57,6 @@ class Alert:
 
     def describe(self) -> str:
         return f"{self.name}[{self.priority_class},{self.severity}]"
-
-
-def _since(text: Any) -> float:
-    if not isinstance(text, str) or not text:
-        return 0.0
-    # Prometheus writes RFC 3339 with up to nanoseconds; fromisoformat takes microseconds.
-    head, dot, frac = text.rstrip("Z").partition(".")
-    stamp = head + (("." + frac[:6]) if dot else "") + "+00:00"
-    try:
-        return datetime.fromisoformat(stamp).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _value(text: Any) -> float | None:
@@ -111,30 +97,6 @@ def _in_order(alerts: list[Alert]) -> list[Alert]:
     return sorted(alerts, key=lambda a: (a.since, a.name, a.priority_class))
 
 
-def parse_alerts(answer: Any, deployment: str, namespace: str | None = None) -> list[Alert]:
-    """Firing alerts of ``namespace/deployment`` from an ``/api/v1/alerts`` answer (pending
-    ones wait). Every identity label must match: an alert of ``chat`` in another namespace,
-    or one without a namespace when a namespace is asked for, is not this deployment's
-    (see ``_alert`` for what else is left out).
-    """
-    ident = identity_labels(deployment, namespace)
-    if not isinstance(answer, dict) or answer.get("status") != "success":
-        raise PrometheusUnavailable("/api/v1/alerts: not a Prometheus success answer")
-    data = answer.get("data")
-    rows = data.get("alerts") if isinstance(data, dict) else None
-    if not isinstance(rows, list):
-        raise PrometheusUnavailable("/api/v1/alerts: the answer has no data.alerts list")
-    out = []
-    for row in rows:
-        if row.get("state") != "firing":
-            continue
-        alert = _alert(row.get("labels") or {}, ident, _since(row.get("activeAt")),
-                       _value(row.get("value")))
-        if alert is not None:
-            out.append(alert)
-    return _in_order(out)
-
-
 _FIRING, _ACTIVE_AT = "ALERTS", "ALERTS_FOR_STATE"
 _FIGURES = "|".join(sorted(set(VALUE_FIGURE.values())))
 
@@ -165,8 +127,8 @@ def parse_alert_series(result: Any, deployment: str,
                        namespace: str | None = None) -> list[Alert]:
     """Firing alerts of ``namespace/deployment`` from the result list of ``alerts_query``.
 
-    The same alerts ``parse_alerts`` reads from ``/api/v1/alerts``, matched again here by
-    identity (the URL is the tenant's: any server may answer). ``since`` is activeAt in
+    The alerts ``/api/v1/alerts`` lists as firing, matched again here by identity (the
+    URL is the tenant's: any server may answer). ``since`` is activeAt in
     whole seconds (0 where Prometheus wrote no ``ALERTS_FOR_STATE``), ``value`` the
     alert's figure as last recorded (None where there is none).
     """
@@ -188,7 +150,7 @@ def parse_alert_series(result: Any, deployment: str,
 
 
 def _seconds_or_zero(value: float | None) -> float:
-    # 0, as parse_alerts reads a missing activeAt: it only orders the alerts.
+    # 0 for a missing activeAt: it only orders the alerts.
     return value if value is not None and math.isfinite(value) else 0.0
 
 
