@@ -35,7 +35,7 @@ from slopilot.tuner.prometheus.alert_table import (
 from slopilot.tuner.prometheus.bounded import (
     ANSWER_DEADLINE_S,
     MAX_ANSWER_BYTES,
-    prometheus_client,
+    bounded_client,
 )
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels, render_selector
@@ -183,7 +183,7 @@ class AlertSource:
         self.expr = alerts_query(deployment, namespace)  # checks the identity, as parse does
         self.url = url.rstrip("/")
         self.deployment, self.namespace = deployment, namespace
-        self._client = client or prometheus_client(timeout_s)
+        self._client = client or bounded_client(timeout_s)
         # query_at reads within the bounds, and its errors never quote the body.
         self._query = query_at(self.url, timeout_s, client=self._client,
                                deadline_s=deadline_s, max_bytes=max_bytes)

@@ -50,7 +50,7 @@ class Answer:
     """Empty unless the status is 200: no caller reads an error's body."""
 
 
-def prometheus_client(timeout_s: float, *, verify: bool = True,
+def bounded_client(timeout_s: float, *, verify: bool = True,
                       retries: int = 0) -> httpx.Client:
     """An httpx client for ``read_answer``: no redirects, a fresh connection per request.
 

@@ -19,7 +19,7 @@ from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary, 
 from slopilot.tuner.prometheus.bounded import (
     ANSWER_DEADLINE_S,
     MAX_ANSWER_BYTES,
-    prometheus_client,
+    bounded_client,
     read_answer,
 )
 from slopilot.tuner.prometheus.safe_errors import http_failure
@@ -47,7 +47,7 @@ def query_at(url: str, timeout_s: float = 5.0, *, client: httpx.Client | None = 
                          "e.g. http://prometheus-operated.monitoring:9090")
     base = url.rstrip("/")
     # One quick retry of a failed connect: a dead Prometheus should say so in seconds.
-    http = client or prometheus_client(timeout_s, verify=False, retries=1)
+    http = client or bounded_client(timeout_s, verify=False, retries=1)
 
     def run(expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
