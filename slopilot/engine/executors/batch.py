@@ -55,7 +55,16 @@ class FlatBatch:
     prompt_seqs: list[tuple[ScheduledSeq, int]] = field(default_factory=list)
 
 
-def _slots(seq: ScheduledSeq, end: int, block_size: int, num_blocks: int) -> list[int]:
+def row_blocks(seq: ScheduledSeq, *, block_size: int, num_blocks: int,
+               max_model_len: int) -> list[int]:
+    """The blocks holding the row's positions up to its last new token, checked."""
+    if seq.num_tokens == 0:
+        raise BatchError(f"request {seq.request_id}: a scheduled row has no tokens")
+    end = seq.start_pos + seq.num_tokens
+    if seq.start_pos < 0 or end > max_model_len:
+        raise BatchError(
+            f"request {seq.request_id}: positions [{seq.start_pos}, {end}) are outside "
+            f"the model's context of {max_model_len} tokens; cap prompt plus max_tokens")
     needed = -(-end // block_size)
     if len(seq.block_table) < needed:
         raise BatchError(
@@ -69,6 +78,14 @@ def _slots(seq: ScheduledSeq, end: int, block_size: int, num_blocks: int) -> lis
             f"request {seq.request_id}: block ids {bad} are outside the cache's "
             f"{num_blocks} blocks; the block manager and the executor disagree on "
             "num_gpu_blocks")
+    return table
+
+
+def _slots(seq: ScheduledSeq, block_size: int, num_blocks: int,
+           max_model_len: int) -> list[int]:
+    table = row_blocks(seq, block_size=block_size, num_blocks=num_blocks,
+                       max_model_len=max_model_len)
+    end = seq.start_pos + seq.num_tokens
     return [table[p // block_size] * block_size + p % block_size for p in range(end)]
 
 
@@ -86,15 +103,9 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
     prompt_rows: list[int] = []
     prompt_seqs: list[tuple[ScheduledSeq, int]] = []
     for seq in seqs:
+        ctx = _slots(seq, block_size, num_blocks, max_model_len)
         n = seq.num_tokens
-        if n == 0:
-            raise BatchError(f"request {seq.request_id}: a scheduled row has no tokens")
         end = seq.start_pos + n
-        if seq.start_pos < 0 or end > max_model_len:
-            raise BatchError(
-                f"request {seq.request_id}: positions [{seq.start_pos}, {end}) are outside "
-                f"the model's context of {max_model_len} tokens; cap prompt plus max_tokens")
-        ctx = _slots(seq, end, block_size, num_blocks)
         begin = len(input_ids)
         input_ids.extend(seq.token_ids)
         positions.extend(range(seq.start_pos, end))

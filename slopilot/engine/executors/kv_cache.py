@@ -9,6 +9,10 @@ layers in one indexed copy::
 Per layer, ``k_cache(layer)`` / ``v_cache(layer)`` are views of shape
 [num_blocks, block_size, kv_heads, head_dim]; token position p of a sequence lives in
 block ``block_table[p // block_size]`` at offset ``p % block_size``.
+
+``scratch_blocks`` more device blocks sit past ``num_gpu_blocks``, outside the block
+manager's reach: a decode batch padded to a captured CUDA graph's size writes its padding
+rows' keys and values there, and reads them back as the padding of real rows.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ class CacheError(ValueError):
 class PagedKVCache:
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  num_gpu_blocks: int, num_cpu_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, scratch_blocks: int = 0) -> None:
         if num_gpu_blocks < 1:
             raise CacheError(
                 f"num_gpu_blocks={num_gpu_blocks}: the KV cache needs at least one block; "
@@ -34,24 +38,35 @@ class PagedKVCache:
             raise CacheError(f"num_cpu_blocks={num_cpu_blocks}: must be >= 0")
         if block_size < 1:
             raise CacheError(f"block_size={block_size}: must be >= 1")
+        if scratch_blocks < 0:
+            raise CacheError(f"scratch_blocks={scratch_blocks}: must be >= 0")
         self.num_layers = num_layers
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
+        self.scratch_blocks = scratch_blocks
         self.device = device
         shape = (2, num_layers)
         tail = (block_size, num_kv_heads, head_dim)
         # Uninitialised on purpose: a slot is only ever read after it was written (the
         # batch builder pads with the row's own first slot), and on the host untouched
         # pages cost nothing, so a large pool starts instantly.
-        self.gpu = torch.empty(*shape, num_gpu_blocks, *tail, dtype=dtype, device=device)
+        total = num_gpu_blocks + scratch_blocks
+        self.gpu = torch.empty(*shape, total, *tail, dtype=dtype, device=device)
+        # Scratch is read as masked padding, where only a finite value keeps its weight's
+        # zero a zero: it starts at 0 and only ever receives real keys and values.
+        self.gpu[:, :, num_gpu_blocks:].zero_()
         # Pinned host memory makes device-to-host copies asynchronous-capable and fast.
         pin = device.type == "cuda"
         self.cpu = torch.empty(*shape, num_cpu_blocks, *tail, dtype=dtype, pin_memory=pin)
-        flat = self.gpu.view(2, num_layers, num_gpu_blocks * block_size, num_kv_heads,
-                             head_dim)
+        flat = self.gpu.view(2, num_layers, total * block_size, num_kv_heads, head_dim)
         # Views made once: indexing a view costs a few dispatches, twice a layer a step.
         self._flat = [(flat[0, layer], flat[1, layer]) for layer in range(num_layers)]
+
+    @property
+    def scratch_slot(self) -> int:
+        """The first slot past the managed blocks (the first scratch block's first)."""
+        return self.num_gpu_blocks * self.block_size
 
     @staticmethod
     def block_bytes(*, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,

@@ -285,15 +285,35 @@ class LlamaForCausalLM(nn.Module):
                 cache: PagedKVCache, logits_rows: torch.Tensor) -> torch.Tensor:
         """Float32 logits [len(logits_rows), vocab] for the chosen rows of the flat batch."""
         h = self.model.embed_tokens(input_ids)
-        ops = self.ops
-        bias = (ops.decode_bias(batch.single_lengths, batch.single_slots.shape[1], h.dtype)
+        bias = (self.ops.decode_bias(batch.single_lengths, batch.single_slots.shape[1],
+                                     h.dtype)
                 if batch.single_rows is not None else None)
+        return self._layers_and_head(h, positions, batch, cache, bias, logits_rows)
+
+    def forward_decode(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:
+        """Float32 logits [rows, vocab] of a batch of single-token rows only, every row's.
+
+        The same computation as ``forward`` without one host synchronisation or
+        data-dependent shape, so a CUDA graph can capture it: the padding mask is always
+        built and every row gets its logits.
+        """
+        h = self.model.embed_tokens(input_ids)
+        bias = self.ops.decode_bias(batch.single_lengths, batch.single_slots.shape[1],
+                                    h.dtype, static=True)
+        return self._layers_and_head(h, positions, batch, cache, bias, None)
+
+    def _layers_and_head(self, h: torch.Tensor, positions: torch.Tensor,
+                         batch: AttentionBatch, cache: PagedKVCache,
+                         bias: torch.Tensor | None,
+                         logits_rows: torch.Tensor | None) -> torch.Tensor:
+        ops = self.ops
         step = StepInputs(rope=Rope.at(positions, self.inv_freq, h.dtype), batch=batch,
                           cache=cache, ops=ops, decode_bias=bias, decode_only=not batch.chunks)
         for layer in self.model.layers:
             h = layer(h, step)
         norm = self.model.norm
-        h = ops.rms_norm(h[logits_rows], norm.weight, norm.eps)
+        h = ops.rms_norm(h if logits_rows is None else h[logits_rows], norm.weight, norm.eps)
         head = self.head if self.head is not None else Projection(self.lm_head.weight, None)
         return head(h).float()
 

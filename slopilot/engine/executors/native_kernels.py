@@ -231,8 +231,8 @@ class NativeKernels(TorchKernels):
                  k: torch.Tensor, v: torch.Tensor) -> None:
         torch.ops.slopilot.write_kv(k_flat, v_flat, slots, k, v)
 
-    def decode_bias(self, lengths: torch.Tensor, width: int,
-                    dtype: torch.dtype) -> torch.Tensor | None:
+    def decode_bias(self, lengths: torch.Tensor, width: int, dtype: torch.dtype, *,
+                    static: bool = False) -> torch.Tensor | None:
         return None  # the kernel reads each row's length instead
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:

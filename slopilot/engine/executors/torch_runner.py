@@ -12,11 +12,21 @@ import time
 from pathlib import Path
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from slopilot.engine.device_cache import executor_decode_knee
 from slopilot.engine.executors.batch import build_batch
+from slopilot.engine.executors.decode_graphs import (
+    DEFAULT_MAX_BATCH,
+    DecodeGraphError,
+    DecodeGraphMode,
+    DecodeGraphs,
+    cuda_capture,
+    eager_capture,
+    parse_mode,
+)
 from slopilot.engine.executors.host_memory import keep_freed_memory
+from slopilot.engine.executors.kernels import ATTENTION_BACKENDS
 from slopilot.engine.executors.kv_cache import PagedKVCache
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
 from slopilot.engine.executors.logprobs import gather_logprobs
@@ -33,11 +43,6 @@ _CPU_KV_SHARE = 0.25
 _CPU_KV_DEFAULT_GB = 2.0
 # Room left on a CUDA device for activations of one iteration and the allocator's slack.
 _CUDA_ACTIVATION_RESERVE = 1 * GIB
-# Every SDPA backend but cuDNN's, which builds an execution plan for each new shape: a
-# served batch's shapes are new nearly every step (contexts grow, chunks vary), and on an
-# H200 the plans cost 2 ms of host time per layer, a decode step 80 ms instead of 14.
-_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                       SDPBackend.MATH]
 
 
 class ExecutorError(ValueError):
@@ -69,7 +74,8 @@ class TorchExecutor:
                  kv_cache_gb: float | None = None, swap_space_gb: float = 4.0,
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
                  seed: int = 0, num_threads: int | None = None,
-                 cpu_kernels: str = "auto") -> None:
+                 cpu_kernels: str = "auto", decode_graphs: str = "auto",
+                 max_graph_batch: int = DEFAULT_MAX_BATCH) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ExecutorError("device='cuda' but torch sees no CUDA device; use device='cpu'")
@@ -80,6 +86,12 @@ class TorchExecutor:
                 f"gpu_memory_utilization={gpu_memory_utilization}: must be in (0, 1]")
         if swap_space_gb < 0:
             raise ExecutorError(f"swap_space_gb={swap_space_gb}: must be >= 0")
+        try:
+            graph_mode = parse_mode(decode_graphs, self.device)
+        except DecodeGraphError as exc:
+            raise ExecutorError(str(exc)) from None
+        if max_graph_batch < 1:
+            raise ExecutorError(f"max_graph_batch={max_graph_batch}: must be >= 1")
         if num_threads is not None:
             if num_threads < 1:
                 raise ExecutorError(f"num_threads={num_threads}: must be >= 1 (or None to "
@@ -126,7 +138,15 @@ class TorchExecutor:
         self.kv_cache = PagedKVCache(
             num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, num_gpu_blocks=gpu_blocks, num_cpu_blocks=num_cpu_blocks,
-            block_size=block_size, dtype=self.dtype, device=self.device)
+            block_size=block_size, dtype=self.dtype, device=self.device,
+            scratch_blocks=0 if graph_mode is DecodeGraphMode.OFF else 1)
+        self.decode_graphs: DecodeGraphs | None = None
+        if graph_mode is not DecodeGraphMode.OFF:
+            capture = (cuda_capture(self.device) if graph_mode is DecodeGraphMode.CUDA
+                       else eager_capture)
+            self.decode_graphs = DecodeGraphs(
+                self.model, self.kv_cache, max_model_len=self.max_model_len,
+                capture=capture, max_batch=max_graph_batch)
         self.sampler = Sampler(seed=seed, device=self.device, kernels=self.kernels.kernels)
 
     def _blocks_from_memory(self, kv_cache_gb: float | None, utilization: float) -> int:
@@ -147,6 +167,21 @@ class TorchExecutor:
                 f"{self.block_bytes}); raise gpu_memory_utilization or kv_cache_gb, or "
                 "pass num_gpu_blocks")
         return blocks
+
+    def capture_decode_graphs(self, max_num_seqs: int) -> int:
+        """Capture the decode graphs a batch limit of ``max_num_seqs`` rows can reach, at
+        every context up to the model's, before serving; 0 where graphs are off."""
+        if self.decode_graphs is None:
+            return 0
+        return self.decode_graphs.capture_all(max_num_seqs, self.max_model_len)
+
+    @property
+    def profile_kernels(self) -> str:
+        """What a step runs on, as a cost profile records it (``PROFILE_KERNELS``)."""
+        if self.kernels.native:
+            return "native"
+        graphs = self.decode_graphs
+        return "cuda-graphs" if graphs is not None and graphs.captures_graphs else "torch"
 
     @property
     def swap_time_per_block_s(self) -> float:
@@ -182,22 +217,28 @@ class TorchExecutor:
         self.kv_cache.swap_in(out.swap_in)
         result = ModelRunnerOutput(sampled={})
         if out.seqs:
-            batch = build_batch(out.seqs, block_size=self.block_size,
-                                num_blocks=self.kv_cache.num_gpu_blocks,
-                                max_model_len=self.max_model_len, device=self.device,
-                                prompt_logprob_targets=out.prompt_logprob_targets)
-            with torch.inference_mode(), sdpa_kernel(_ATTENTION_BACKENDS):
-                logits = self.model(batch.input_ids, batch.positions, batch.attention,
-                                    self.kv_cache, batch.logits_rows)
-                seqs = batch.sample_seqs
-                sample_logits = logits[:len(seqs)]
+            with torch.inference_mode(), sdpa_kernel(ATTENTION_BACKENDS):
+                graphs = self.decode_graphs
+                prompt_seqs: list[tuple[ScheduledSeq, int]] = []
+                if graphs is not None and graphs.takes(out):
+                    seqs, sample_logits = graphs.run(out.seqs)
+                    prompt_logits = sample_logits[:0]
+                else:
+                    batch = build_batch(out.seqs, block_size=self.block_size,
+                                        num_blocks=self.kv_cache.num_gpu_blocks,
+                                        max_model_len=self.max_model_len, device=self.device,
+                                        prompt_logprob_targets=out.prompt_logprob_targets)
+                    logits = self.model(batch.input_ids, batch.positions, batch.attention,
+                                        self.kv_cache, batch.logits_rows)
+                    seqs, prompt_seqs = batch.sample_seqs, batch.prompt_seqs
+                    sample_logits, prompt_logits = logits[:len(seqs)], logits[len(seqs):]
                 tokens = self.sampler.sample(
                     sample_logits, [s.sampling for s in seqs],
                     [s.num_output_tokens for s in seqs],
                     [out.histories.get(s.request_id, ((), ())) for s in seqs])
                 result.sampled = {s.request_id: t for s, t in zip(seqs, tokens, strict=True)}
-                _add_logprobs(result, seqs, tokens, sample_logits, batch.prompt_seqs,
-                              logits[len(seqs):], out.prompt_logprob_targets)
+                _add_logprobs(result, seqs, tokens, sample_logits, prompt_seqs,
+                              prompt_logits, out.prompt_logprob_targets)
         elif self.device.type == "cuda":
             # Only copies ran; wait for them so elapsed_s measures them.
             torch.cuda.synchronize(self.device)

@@ -1,0 +1,328 @@
+"""Decode iterations replayed from CUDA graphs: one launch instead of ~800.
+
+On a CUDA device a decode iteration of a small model is hundreds of small kernels (808
+for SmolLM2-135M), and each launch costs 10-17 us of host time: on the H200 VM of
+docs/benchmarks.md a decode of 8 rows took 14 ms with the GPU 0-22 % busy, and the same
+shape took 11 or 28 ms from one stretch of a run to the next as the host's state moved.
+A CUDA graph captured once per padded batch shape replays the whole forward pass in one
+launch, so the GPU's time, not the host's, is the iteration's (vLLM and SGLang capture
+their decode batches the same way).
+
+A graph fixes every tensor's shape and address, so a batch of ``D`` single-token rows
+whose longest context is ``L`` runs as the graph of ``(B, W)``: ``B`` the smallest batch
+bucket >= D, ``W`` the smallest width bucket >= L (a multiple of the block size). Its
+inputs live in one int64 buffer, filled by one host-to-device copy per iteration::
+
+    | token ids [B] | positions [B] | new slots [B] | context lengths [B] | block tables [B, W/bs] |
+
+Inside the graph each row's context slots come from its block table (``block * bs +
+offset``); a column at or past the row's length reads the scratch slot instead, so no
+masked column ever reads a slot nobody wrote (only a finite value keeps a zero weight a
+zero). Padding rows decode token 0 at position 0 into the cache's scratch block, past the
+block manager's blocks (``PagedKVCache(scratch_blocks=1)``), and are never sampled.
+
+Only iterations in which every row has one new token run here; a prefill chunk, a prompt
+logprob request, or a batch past the limits runs the eager forward pass. A shape is
+captured once, on first use (a capture costs three eager passes) or ahead of serving
+(``capture_all``: a server captures what its batch limit can reach before it serves, so
+no request pays for one); all graphs share one memory pool and one logits buffer, as they
+replay one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from torch.nn.attention import sdpa_kernel
+
+from slopilot.engine.executors.batch import AttentionBatch, row_blocks
+from slopilot.engine.executors.kernels import ATTENTION_BACKENDS
+from slopilot.engine.executors.kv_cache import PagedKVCache
+from slopilot.engine.executors.llama import LlamaForCausalLM
+from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
+
+# Largest batch captured (vLLM's default stops at 512; a small model's decode is
+# launch-bound well past 256 rows anyway).
+DEFAULT_MAX_BATCH = 256
+# Bytes one layer's gathered keys and values may take in a captured batch (B x W slots):
+# they live in the graphs' pool for good, unlike an eager pass's, which are freed after
+# it. Wider batches run eagerly.
+GATHER_BYTES_LIMIT = 256 << 20
+# The smallest width bucket, in context tokens (rounded up to the block size).
+_MIN_WIDTH = 32
+
+# What a capture hands back: a call that reruns the computation, and the tensor each run
+# leaves its result in (the computation returns the same tensor every time).
+Replay = Callable[[], object]
+Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replay, torch.Tensor]]
+
+
+class DecodeGraphMode(StrEnum):
+    """How the executor runs decode-only iterations (``--decode-graphs``)."""
+
+    AUTO = "auto"      # CUDA graphs on a CUDA device, the eager pass elsewhere
+    CUDA = "cuda"      # CUDA graphs, and an error where there is no CUDA device
+    PADDED = "padded"  # the graphs' padded static-shape pass, run eagerly: checks it on CPU
+    OFF = "off"        # the eager pass for every iteration
+
+
+class DecodeGraphError(ValueError):
+    """A decode-graph setting that cannot work; the message names it and the fix."""
+
+
+def parse_mode(value: str | DecodeGraphMode, device: torch.device) -> DecodeGraphMode:
+    """The mode to run on ``device``: ``auto`` resolved, an impossible one refused."""
+    try:
+        mode = DecodeGraphMode(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in DecodeGraphMode)
+        raise DecodeGraphError(f"decode_graphs={value!r}: use one of {choices}") from None
+    if mode is DecodeGraphMode.AUTO:
+        return DecodeGraphMode.CUDA if device.type == "cuda" else DecodeGraphMode.OFF
+    if mode is DecodeGraphMode.CUDA and device.type != "cuda":
+        raise DecodeGraphError(
+            f"decode_graphs='cuda' on device {device.type!r}: CUDA graphs need a CUDA "
+            "device; use 'auto' (or 'padded' to run their padded pass eagerly)")
+    return mode
+
+
+def batch_buckets(limit: int) -> list[int]:
+    """Batch sizes captured: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... up to ``limit`` (included).
+
+    Each step is at most 1.5x the last, so a batch pads at most a third of its rows.
+    """
+    if limit < 1:
+        raise DecodeGraphError(f"max_graph_batch={limit}: must be >= 1")
+    sizes = [1, 2, 3]
+    while sizes[-1] < limit:
+        last = sizes[-1]
+        # Alternate x4/3 and x3/2 from 3: 4, 6, 8, 12, 16, 24, ...
+        sizes.append(last * 4 // 3 if last % 3 == 0 else last * 3 // 2)
+    return [s for s in sizes if s < limit] + [limit]
+
+
+def width_buckets(limit: int, block_size: int) -> list[int]:
+    """Context widths captured: 32, 48, 64, 96, ... each rounded up to whole blocks, the
+    last one ``limit`` rounded up."""
+    def aligned(n: int) -> int:
+        return -(-n // block_size) * block_size
+
+    top = aligned(limit)
+    widths: list[int] = []
+    width = _MIN_WIDTH
+    while aligned(width) < top:
+        if not widths or aligned(width) > widths[-1]:
+            widths.append(aligned(width))
+        width = width * 4 // 3 if width % 3 == 0 else width * 3 // 2
+    return widths + [top]
+
+
+def cuda_capture(device: torch.device) -> Capture:
+    """Captures into CUDA graphs that share one memory pool (they replay one at a time)."""
+    pool = torch.cuda.graph_pool_handle()
+
+    def capture(run: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
+        # Two passes on a side stream first: lazy initialisation (cuBLAS handles and
+        # workspaces, kernel selection) must not happen inside the capture.
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            run()
+            run()
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's harmless CUDA call (a metrics read) must not
+        # invalidate the capture.
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            out = run()
+        return graph.replay, out
+
+    return capture
+
+
+def eager_capture(run: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
+    """The padded pass without a graph: each replay reruns it, into the same tensor."""
+    return run, run()
+
+
+@dataclass(slots=True)
+class _Graph:
+    batch: int
+    width: int
+    replay: Replay
+
+
+class DecodeGraphs:
+    """Decode-only iterations run as replays of per-shape graphs (module docstring)."""
+
+    def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, *, max_model_len: int,
+                 capture: Capture, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        # Whether the capture makes real CUDA graphs (and not ``eager_capture``'s passes).
+        self.captures_graphs = capture is not eager_capture
+        if cache.scratch_blocks < 1:
+            raise DecodeGraphError(
+                "the KV cache has no scratch block for padding rows; build it with "
+                "PagedKVCache(scratch_blocks=1)")
+        self.model = model
+        self.cache = cache
+        self.block_size = cache.block_size
+        self.max_model_len = max_model_len
+        self._capture = capture
+        self.batches = batch_buckets(max_batch)
+        self.widths = width_buckets(max_model_len, self.block_size)
+        k_flat = cache.flat(0)[0]
+        slot_bytes = 2 * k_flat.shape[1] * k_flat.shape[2] * k_flat.element_size()
+        self.max_slots = max(GATHER_BYTES_LIMIT // slot_bytes, 1)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        device = cache.gpu.device
+        size = self._input_size(self.batches[-1], self.widths[-1])
+        self._inputs = torch.empty(size, dtype=torch.long, device=device)
+        pin = device.type == "cuda"
+        self._staging = torch.empty(size, dtype=torch.long, pin_memory=pin)
+        # Set once the staged inputs have reached the device: the next iteration must not
+        # overwrite them before.
+        self._copied = torch.cuda.Event() if pin else None
+        self._logits: torch.Tensor | None = None
+        self._scratch_block = cache.num_gpu_blocks
+
+    @property
+    def captured(self) -> list[tuple[int, int]]:
+        """The (batch, width) shapes captured so far."""
+        return list(self._graphs)
+
+    def _input_size(self, batch: int, width: int) -> int:
+        return batch * (4 + width // self.block_size)
+
+    def shape_for(self, seqs: Sequence[ScheduledSeq]) -> tuple[int, int] | None:
+        """The (batch, width) graph that runs these rows, or None if they run eagerly."""
+        if not seqs or len(seqs) > self.batches[-1]:
+            return None
+        if any(s.num_tokens != 1 for s in seqs):
+            return None
+        longest = max(s.start_pos + 1 for s in seqs)
+        if longest > self.widths[-1]:
+            return None
+        batch = next(b for b in self.batches if b >= len(seqs))
+        width = next(w for w in self.widths if w >= longest)
+        if batch * width > self.max_slots:
+            return None
+        return batch, width
+
+    def capture_all(self, max_batch: int, max_context: int) -> int:
+        """Capture every shape that ``max_batch`` rows of up to ``max_context`` tokens can
+        run as, largest first (the shared pool is then sized by the first); returns how
+        many were new. Rows past these limits (a batch limit raised live) capture lazily.
+        """
+        batch_top = next((b for b in self.batches if b >= max_batch), self.batches[-1])
+        width_top = next((w for w in self.widths if w >= max_context), self.widths[-1])
+        shapes = [(b, w) for b in self.batches if b <= batch_top
+                  for w in self.widths if w <= width_top and b * w <= self.max_slots]
+        new = 0
+        for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
+            if shape not in self._graphs:
+                self._graphs[shape] = self._new_graph(*shape)
+                new += 1
+        return new
+
+    def takes(self, out: SchedulerOutput) -> bool:
+        """Whether this iteration runs as a graph replay."""
+        return not out.prompt_logprob_targets and self.shape_for(out.seqs) is not None
+
+    def run(self, seqs: Sequence[ScheduledSeq]) -> tuple[list[ScheduledSeq], torch.Tensor]:
+        """One decode iteration: the rows that sample and their float32 logits.
+
+        Call inside ``torch.inference_mode()``. Rows are checked as the eager batch
+        builder checks them, before anything runs.
+        """
+        shape = self.shape_for(seqs)
+        if shape is None:
+            raise DecodeGraphError(
+                f"{len(seqs)} rows do not fit a decode graph; ask shape_for() first")
+        batch, width = shape
+        values = self._values(seqs, batch, width)
+        graph = self._graphs.get(shape)
+        if graph is None:
+            graph = self._graphs[shape] = self._new_graph(batch, width)
+        self._stage(values)
+        graph.replay()
+        assert self._logits is not None
+        logits = self._logits[:batch]
+        sampling = [i for i, s in enumerate(seqs) if s.sample]
+        chosen = [seqs[i] for i in sampling]
+        if len(sampling) == len(seqs):
+            return chosen, logits[:len(seqs)]
+        return chosen, logits[torch.tensor(sampling, device=logits.device)]
+
+    def _values(self, seqs: Sequence[ScheduledSeq], batch: int, width: int) -> list[int]:
+        bs, blocks = self.block_size, width // self.block_size
+        pad = batch - len(seqs)
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        lengths: list[int] = []
+        tables: list[int] = []
+        for seq in seqs:
+            table = row_blocks(seq, block_size=bs, num_blocks=self.cache.num_gpu_blocks,
+                               max_model_len=self.max_model_len)
+            pos = seq.start_pos
+            ids.append(seq.token_ids[0])
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            lengths.append(pos + 1)
+            tables.extend(table)
+            tables.extend([self._scratch_block] * (blocks - len(table)))
+        scratch = self.cache.scratch_slot
+        return (ids + [0] * pad + positions + [0] * pad + slots + [scratch] * pad
+                + lengths + [1] * pad + tables + [self._scratch_block] * (pad * blocks))
+
+    def _stage(self, values: list[int]) -> None:
+        n = len(values)
+        if self._copied is not None:
+            self._copied.synchronize()
+        self._staging[:n].copy_(torch.tensor(values, dtype=torch.long))
+        self._inputs[:n].copy_(self._staging[:n], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+
+    def _new_graph(self, batch: int, width: int) -> _Graph:
+        # Captured over padding only (every row a padding row): the warm-up passes and
+        # the capture itself then write the scratch block, never a request's blocks.
+        self._stage(self._values([], batch, width))
+        inputs = self._views(batch, width)
+        bs = self.block_size
+        columns = torch.arange(width, device=self._inputs.device)
+        offsets = columns % bs
+        scratch = self.cache.scratch_slot
+        model, cache = self.model, self.cache
+        if self._logits is None:
+            vocab = model.lm_head.weight.shape[0]
+            self._logits = torch.empty(self.batches[-1], vocab, dtype=torch.float32,
+                                       device=self._inputs.device)
+        logits = self._logits
+
+        def forward() -> torch.Tensor:
+            ids, positions, new_slots, lengths, tables = inputs
+            # Not repeat_interleave: it sums its repeats on the host, which a capture
+            # does not allow.
+            slots = tables[:, :, None].expand(-1, -1, bs).reshape(batch, width) * bs + offsets
+            slots = torch.where(columns < lengths[:, None], slots, scratch)
+            attention = AttentionBatch(slot_mapping=new_slots, single_slots=slots,
+                                       single_lengths=lengths)
+            out = logits[:batch]
+            out.copy_(model.forward_decode(ids, positions, attention, cache))
+            return out
+
+        # The executor's attention backends: a capture fixes the choice for good.
+        with torch.inference_mode(), sdpa_kernel(ATTENTION_BACKENDS):
+            replay, _ = self._capture(forward)
+        return _Graph(batch, width, replay)
+
+    def _views(self, batch: int, width: int) -> tuple[torch.Tensor, ...]:
+        flat = self._inputs
+        b = batch
+        tables = flat[4 * b:self._input_size(batch, width)].view(b, width // self.block_size)
+        return flat[:b], flat[b:2 * b], flat[2 * b:3 * b], flat[3 * b:4 * b], tables
