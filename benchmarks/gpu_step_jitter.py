@@ -166,47 +166,64 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--decode-graphs", default="auto,off",
+                    help="the executor's decode-graph modes to time side by side, in one "
+                    "process (default: auto,off; keys of a mode past the first carry it)")
+    ap.add_argument("--one-thread", action="store_true",
+                    help="also time each shape at one intra-op thread")
+    ap.add_argument("--profiles", action="store_true",
+                    help="print torch.profiler tables of a served and a harness decode8")
     args = ap.parse_args()
     device = torch.device(args.device)
     default_threads = torch.get_num_threads()
     result: dict[str, float] = {"launch_us": launch_us(device)}
     print(f"device {args.device}; one empty kernel launch {result['launch_us']:.1f} us; "
           f"torch {torch.__version__}, {default_threads} intra-op threads by default")
+    modes = args.decode_graphs.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "smollm2-shaped-random"
         build_tiny_random(path, seed=0, shape=SMOLLM2_SHAPE)
-        ex = TorchExecutor(path, device=args.device, dtype=args.dtype, kv_cache_gb=1.0,
-                           num_cpu_blocks=64)
-        plan = BlockPlan.for_specs(list(SHAPES.values()), ex.block_size)
-        for name, spec in SHAPES.items():
-            launches = kernels_per_iteration(ex, spec, plan)
-            for threads in (default_threads, 1):
-                torch.set_num_threads(threads)
-                t = time_shape(ex, spec, plan, args.iters)
-                w, c, g = _stats(t["wall"]), _stats(t["cpu"]), _stats(t["gpu"])
-                print(f"{name} ({spec.describe()}), {threads} thread(s), {launches} kernels: "
-                      f"wall {w[0]:.2f} ms (p10 {w[1]:.2f}, p90 {w[2]:.2f}, spread {w[3]:.0%}); "
-                      f"cpu {c[0]:.2f} ms; gpu span {g[0]:.2f} ms (p10 {g[1]:.2f}, "
-                      f"p90 {g[2]:.2f})")
-                if threads == default_threads:
-                    result |= {f"{name}_wall_ms": w[0], f"{name}_cpu_ms": c[0],
-                               f"{name}_gpu_ms": g[0], f"{name}_spread": w[3],
-                               f"{name}_kernels": float(launches)}
-                else:
-                    result |= {f"{name}_1thread_wall_ms": w[0],
-                               f"{name}_1thread_spread": w[3]}
-            torch.set_num_threads(default_threads)
-        # The same decode batch through the engine loop: the fidelity run saw served decodes
-        # 4-8 x slower than the harness's, so both are profiled side by side.
-        served, prof = served_decodes(ex, args.iters // 3)
-        w = _stats(served)
-        print(f"served decode8 (engine loop), {default_threads} thread(s): wall {w[0]:.2f} ms "
-              f"(p10 {w[1]:.2f}, p90 {w[2]:.2f}, spread {w[3]:.0%})")
-        result |= {"served_decode8_wall_ms": w[0], "served_decode8_spread": w[3]}
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
-        print("harness decode8:")
-        print(harness_profile(ex, SHAPES["decode8"], plan).key_averages().table(
-            sort_by="self_cpu_time_total", row_limit=14))
+        for n, mode in enumerate(modes):
+            ex = TorchExecutor(path, device=args.device, dtype=args.dtype, kv_cache_gb=1.0,
+                               num_cpu_blocks=64, max_model_len=1024, decode_graphs=mode)
+            graphs = ex.capture_decode_graphs(32)
+            tag = "" if n == 0 else f"_{mode}"
+            print(f"decode graphs {mode}: {graphs} captured")
+            plan = BlockPlan.for_specs(list(SHAPES.values()), ex.block_size)
+            for name, spec in SHAPES.items():
+                if n and spec.kind != "decode":
+                    continue  # a chunk runs eagerly in every mode
+                launches = kernels_per_iteration(ex, spec, plan)
+                threads_list = [default_threads] + ([1] if args.one_thread else [])
+                for threads in threads_list:
+                    torch.set_num_threads(threads)
+                    t = time_shape(ex, spec, plan, args.iters)
+                    w, c, g = _stats(t["wall"]), _stats(t["cpu"]), _stats(t["gpu"])
+                    print(f"{name} ({spec.describe()}), graphs {mode}, {threads} thread(s), "
+                          f"{launches} kernels: wall {w[0]:.2f} ms (p10 {w[1]:.2f}, p90 "
+                          f"{w[2]:.2f}, spread {w[3]:.0%}); cpu {c[0]:.2f} ms; gpu span "
+                          f"{g[0]:.2f} ms (p10 {g[1]:.2f}, p90 {g[2]:.2f})")
+                    key = f"{name}{tag}" + ("" if threads == default_threads else "_1thread")
+                    result |= {f"{key}_wall_ms": w[0], f"{key}_gpu_ms": g[0],
+                               f"{key}_spread": w[3]}
+                    if threads == default_threads:
+                        result |= {f"{key}_cpu_ms": c[0], f"{key}_kernels": float(launches)}
+                torch.set_num_threads(default_threads)
+            # The same decode batch through the engine loop, as a server runs it.
+            served, prof = served_decodes(ex, args.iters // 3)
+            w = _stats(served)
+            print(f"served decode8 (engine loop), graphs {mode}: wall {w[0]:.2f} ms "
+                  f"(p10 {w[1]:.2f}, p90 {w[2]:.2f}, spread {w[3]:.0%})")
+            result |= {f"served_decode8{tag}_wall_ms": w[0],
+                       f"served_decode8{tag}_spread": w[3]}
+            if args.profiles:
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
+                print("harness decode8:")
+                print(harness_profile(ex, SHAPES["decode8"], plan).key_averages().table(
+                    sort_by="self_cpu_time_total", row_limit=14))
+            del ex
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in result.items()))
     return 0
 

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
+from slopilot.engine.executors.kernel_modes import DECODE_GRAPH_CHOICES, KERNEL_CHOICES
 
 QUICK = {"token_budget": 256, "max_num_seqs": 16, "max_context": 512, "repeats": 5}
 FULL = {"token_budget": 512, "max_num_seqs": 32, "max_context": 1024, "repeats": 5}
@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a CPU step's non-GEMM ops, as `slopilot serve --cpu-kernels`: "
                         "calibrate with what will serve (default: auto, as serve); the "
                         "profile records which ran")
+    p.add_argument("--decode-graphs", choices=DECODE_GRAPH_CHOICES, default="auto",
+                   help="as `slopilot serve --decode-graphs` (default: auto, as serve); "
+                        "the profile records whether decodes were graph replays")
     p.add_argument("--out", required=True, type=Path, metavar="PROFILE.yaml")
     p.add_argument("--quick", action="store_true", help="a smaller grid and context "
                    "(under a minute on tiny-random)")
@@ -100,7 +103,8 @@ def _calibrate(args: argparse.Namespace) -> int:
                                   statistic=args.statistic or "median")
         target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
                               threads=args.threads, kv_cache_gb=args.kv_cache_gb,
-                              cpu_kernels=args.cpu_kernels)
+                              cpu_kernels=args.cpu_kernels,
+                              decode_graphs=args.decode_graphs)
         result = _run(target, opts, quiet=args.json, samples_out=args.samples_out)
     except (CalibrationError, DesignError, HarnessError, FitError, ModelNotFoundError,
             SamplesFileError, ValueError) as exc:

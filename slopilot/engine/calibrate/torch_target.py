@@ -39,9 +39,10 @@ def check_device(device: str) -> None:
                                    f"device(s), cuda:0 to cuda:{count - 1}")
 
 
-def device_info(device: str, threads: int | None, native_kernels: bool = False
+def device_info(device: str, threads: int | None, kernels: str | None = None
                 ) -> DeviceInfo:
-    """The device as the profile records it; on a CPU, with the kernels its steps ran."""
+    """The device as the profile records it, with what its steps ran on
+    (``kernel_modes.PROFILE_KERNELS``; a CPU's default: torch's ops)."""
     import torch
 
     from slopilot.engine.device_cache import device_cache_bytes
@@ -49,9 +50,9 @@ def device_info(device: str, threads: int | None, native_kernels: bool = False
     cache = device_cache_bytes(device)
     if device.startswith("cuda"):
         return DeviceInfo("cuda", torch.cuda.get_device_name(torch.device(device)), None,
-                          cache)
+                          cache, kernels)
     return DeviceInfo("cpu", _cpu_name(), threads or torch.get_num_threads(), cache,
-                      "native" if native_kernels else "torch")
+                      kernels or "torch")
 
 
 def _cpu_name() -> str:
@@ -68,11 +69,13 @@ def _cpu_name() -> str:
 
 def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
                  dtype: str | None = None, threads: int | None = None,
-                 kv_cache_gb: float | None = None, cpu_kernels: str = "auto") -> Target:
+                 kv_cache_gb: float | None = None, cpu_kernels: str = "auto",
+                 decode_graphs: str = "auto") -> Target:
     """Load ``model`` into a ``TorchExecutor`` sized for ``grid``; check the device first.
 
     ``cpu_kernels`` as ``slopilot serve --cpu-kernels``: calibrate with what the engine
-    will serve with (the default of both is ``auto``)."""
+    will serve with (the default of both is ``auto``); ``decode_graphs`` likewise, as
+    ``serve --decode-graphs``."""
     check_device(device)
     import numpy
     import scipy
@@ -92,7 +95,7 @@ def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
     executor = TorchExecutor(path, device=device, dtype=dtype, kv_cache_gb=kv_cache_gb,
                              num_cpu_blocks=plan.cpu_blocks, block_size=16,
                              max_model_len=grid.max_context, num_threads=threads,
-                             cpu_kernels=cpu_kernels)
+                             cpu_kernels=cpu_kernels, decode_graphs=decode_graphs)
     dtype_name = str(executor.dtype).removeprefix("torch.")
     profile = ModelProfile(
         name=_model_name(model, path), num_layers=config.num_hidden_layers,
@@ -104,7 +107,7 @@ def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
         dtype_bytes=_DTYPE_BYTES[dtype_name])
     versions = {"torch": torch.__version__, "numpy": numpy.__version__,
                 "scipy": scipy.__version__}
-    return Target(executor, profile, device_info(device, threads, executor.kernels.native),
+    return Target(executor, profile, device_info(device, threads, executor.profile_kernels),
                   dtype_name,
                   executor.num_gpu_blocks * executor.block_bytes, versions)
 

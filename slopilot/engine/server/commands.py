@@ -16,7 +16,11 @@ from typing import Any
 
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
-from slopilot.engine.executors.kernel_modes import DTYPE_CHOICES, KERNEL_CHOICES
+from slopilot.engine.executors.kernel_modes import (
+    DECODE_GRAPH_CHOICES,
+    DTYPE_CHOICES,
+    KERNEL_CHOICES,
+)
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -47,6 +51,10 @@ def register(subparsers: Any) -> None:
                    help="torch executor: the fused float32 CPU kernels for the decode "
                    "step's norms, RoPE, SwiGLU, KV writes and decode attention when they "
                    "load or build (auto), required (native), or torch's own ops (torch)")
+    p.add_argument("--decode-graphs", choices=DECODE_GRAPH_CHOICES, default="auto",
+                   help="torch executor: replay decode-only iterations from CUDA graphs, "
+                   "one launch instead of hundreds (auto: on CUDA; cuda: required; "
+                   "padded: their padded pass without capture; off: never)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="torch executor: the weights' and activations' type; auto is "
                    "float32 on CPU (the fused kernels, float32 parity) and bfloat16 on "
@@ -161,6 +169,7 @@ def _serve(args: argparse.Namespace) -> int:
                                   num_gpu_blocks=args.num_gpu_blocks,
                                   served_model_name=args.served_model_name,
                                   cpu_kernels=args.cpu_kernels,
+                                  decode_graphs=args.decode_graphs,
                                   dtype=None if args.dtype == "auto" else args.dtype)
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))

@@ -66,7 +66,8 @@ __all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "
 EXECUTOR_SOURCES = (
     "executors/torch_runner.py", "executors/llama.py", "executors/batch.py",
     "executors/kv_cache.py", "executors/sampler.py", "executors/kernels.py",
-    "executors/native_kernels.py", "executors/csrc/cpu_kernels.cpp", "engine.py",
+    "executors/native_kernels.py", "executors/csrc/cpu_kernels.cpp",
+    "executors/decode_graphs.py", "engine.py",
     "scheduler.py", "block_manager.py")
 
 

@@ -29,9 +29,9 @@ class DeviceInfo:
     threads: int | None = None  # torch intra-op threads (CPU)
     # The last-level cache (CPU L3, GPU L2) in bytes: the knee of ``decode_spill``.
     cache_bytes: int | None = None
-    # What a CPU step's non-GEMM ops ran on while timed (kernel_modes.PROFILE_KERNELS:
-    # the fused CPU kernels or torch's ops; they differ by ~20 % a step). None: not
-    # recorded (a CUDA device, or a profile from before the field).
+    # What a step's ops ran on while timed (kernel_modes.PROFILE_KERNELS): on a CPU the
+    # fused kernels or torch's ops (they differ by ~20 % a step); on CUDA torch's ops,
+    # decodes eager or replayed from CUDA graphs. None: a profile from before the field.
     kernels: str | None = None
 
 

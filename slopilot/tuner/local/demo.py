@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from slopilot.engine.executors.kernel_modes import executor_modes
 from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.twin import twin_label
@@ -174,8 +175,8 @@ def replica_kernels(twin: Scenario, opts: DemoOptions) -> str:
     kernels the twin's profile was timed with, so that the twin and the replicas it
     predicts run the same code; ``auto``, as serve chooses, when the profile does not
     say (or there is none)."""
-    if opts.torch and twin.profile is not None and twin.profile.device.kernels is not None:
-        return twin.profile.device.kernels
+    if opts.torch and twin.profile is not None:
+        return executor_modes(twin.profile.device.kernels)[0]
     return "auto"
 
 
