@@ -65,8 +65,9 @@ def run_engine(path: Path, device: str, dtype: str, reqs: list[list[int]],
                        decode_graphs=decode_graphs, max_model_len=MAX_MODEL_LEN)
     config = EngineConfig(token_budget=4096, chunk_size=2048, max_num_seqs=512)
     start = time.perf_counter()
-    # As a server does before it serves (none where the graphs are off).
-    captured = ex.capture_decode_graphs(config.max_num_seqs)
+    # As a server does before it serves (none where the graphs are off), up to the batch
+    # these requests can make.
+    captured = ex.capture_decode_graphs(min(config.max_num_seqs, len(reqs)))
     capture_s = time.perf_counter() - start
     engine = LLMEngine(config, ex, ex.num_gpu_blocks, clock=WallClock())
     gaps: list[float] = []
