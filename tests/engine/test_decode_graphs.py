@@ -8,7 +8,9 @@ real; they run where a CUDA device is (benchmarks/gpu_session.sh runs them first
 
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -286,3 +288,31 @@ def test_capture_all_takes_every_reachable_shape_once(make: Make) -> None:
     assert set(ex.execute(SchedulerOutput(seqs=_decode_rows(first))).sampled) == set(_PROMPTS)
     assert len(graphs.captured) == before
     assert make("off").capture_decode_graphs(8) == 0
+
+
+def test_a_graph_keeps_alive_what_its_capture_read(make: Make) -> None:
+    """A CUDA graph holds the addresses of the tensors its capture read, not the tensors:
+    a capture that keeps nothing (as ``torch.cuda.graph`` keeps nothing) must still
+    replay, because the graph's owner keeps the computation and what it closes over."""
+    def forgetful(run: Callable[[], torch.Tensor]) -> tuple[Callable[[], object], torch.Tensor]:
+        out = run()
+        ref = weakref.ref(run)
+        del run
+
+        def replay() -> object:
+            alive = ref()
+            assert alive is not None, "the captured computation was freed"
+            return alive()
+        return replay, out
+
+    ex = make("padded")
+    ex.decode_graphs = DecodeGraphs(ex.model, ex.kv_cache, max_model_len=ex.max_model_len,
+                                    capture=forgetful)
+    first = _prefilled(ex)
+    eager = make("off")
+    _prefilled(eager)
+    rows = _decode_rows(first)
+    ex.execute(SchedulerOutput(seqs=rows[:1]))  # captured here
+    gc.collect()
+    assert ex.execute(SchedulerOutput(seqs=rows)).sampled == \
+        eager.execute(SchedulerOutput(seqs=rows)).sampled

@@ -154,6 +154,10 @@ class _Graph:
     batch: int
     width: int
     replay: Replay
+    # The captured computation, kept for as long as the graph: a CUDA graph reads the
+    # tensors it closes over (the column indices) by address and does not keep them; freed,
+    # their memory goes to other tensors and the graph reads those.
+    run: Callable[[], torch.Tensor]
 
 
 class DecodeGraphs:
@@ -319,7 +323,7 @@ class DecodeGraphs:
         # The executor's attention backends: a capture fixes the choice for good.
         with torch.inference_mode(), sdpa_kernel(ATTENTION_BACKENDS):
             replay, _ = self._capture(forward)
-        return _Graph(batch, width, replay)
+        return _Graph(batch, width, replay, forward)
 
     def _views(self, batch: int, width: int) -> tuple[torch.Tensor, ...]:
         flat = self._inputs
