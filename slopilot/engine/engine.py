@@ -71,13 +71,16 @@ class LLMEngine:
                  num_cpu_blocks: int = 0, swap_s_per_block: float = 0.0,
                  clock: Clock | None = None,
                  observers: list[StepObserver] | None = None,
-                 decode_knee: int | None = None) -> None:
+                 decode_knee: int | None = None, graph_batch: int | None = None) -> None:
         self.scheduler = Scheduler(config, num_gpu_blocks, num_cpu_blocks, swap_s_per_block)
         self.executor = executor
         # The knee of the decode_spill shape feature (sim/shape.py), stamped on every
         # iteration for the cost model and the metrics: given, or the executor's own.
         self.decode_knee = (decode_knee if decode_knee is not None
                             else getattr(executor, "decode_knee_tokens", None))
+        # Likewise the largest decode batch the executor replays from a CUDA graph.
+        self.graph_batch = (graph_batch if graph_batch is not None
+                            else getattr(executor, "graph_batch", None))
         self.clock: Clock = clock if clock is not None else WallClock()
         self.observers: list[StepObserver] = list(observers or [])
         self.num_steps = 0
@@ -137,6 +140,7 @@ class LLMEngine:
         last_end = self._last_end
         out.after_idle = last_end is None
         out.decode_knee = self.decode_knee
+        out.graph_batch = self.graph_batch
         result = self.executor.execute(out)
         self.clock.advance(result.elapsed_s)
         now = self.clock.now()

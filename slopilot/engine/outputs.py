@@ -73,6 +73,9 @@ class SchedulerOutput:
     # Set by the engine loop: the knee of the ``decode_spill`` feature (padded decode KV
     # tokens that fill the device's last-level cache), or None where there is none.
     decode_knee: int | None = None
+    # Set by the engine loop: the largest decode-only batch the executor replays from a
+    # CUDA graph (the ``eager_passes`` feature), or None where it replays none.
+    graph_batch: int | None = None
     # The iteration's shape features (``sim.shape.features_of``), computed once for all
     # who ask on this iteration: a calibrated cost model, the metrics, a twin's check.
     shape_features: tuple[float, ...] | None = None

@@ -18,11 +18,13 @@ import pytest
 import torch
 
 from slopilot.engine.executors.batch import BatchError
-from slopilot.engine.executors.decode_graphs import (
-    DecodeGraphError,
-    DecodeGraphs,
+from slopilot.engine.executors.decode_graphs import DecodeGraphError, DecodeGraphs, eager_capture
+from slopilot.engine.executors.graph_shapes import (
+    GRAPH_MAX_BATCH,
+    GraphShapeError,
     batch_buckets,
-    eager_capture,
+    padded_rows,
+    padded_width,
     width_buckets,
 )
 from slopilot.engine.executors.kv_cache import CacheError, PagedKVCache
@@ -91,8 +93,19 @@ def test_buckets_cover_every_size_with_at_most_half_again() -> None:
     assert all(w % 16 == 0 for w in widths) and widths == sorted(set(widths))
     assert width_buckets(20, 16) == [32]
     assert width_buckets(100, 64) == [64, 128]
-    with pytest.raises(DecodeGraphError, match="max_graph_batch=0"):
+    with pytest.raises(GraphShapeError, match="max_graph_batch=0"):
         batch_buckets(0)
+
+
+def test_the_twins_padding_is_the_executors() -> None:
+    # sim/shape.py pads a replayed pass with padded_rows and padded_width: the shapes
+    # the executor captures (block size 16, any context up to the model's).
+    batches = batch_buckets(GRAPH_MAX_BATCH)
+    assert [padded_rows(n) for n in range(1, 257)] == \
+        [next(b for b in batches if b >= n) for n in range(1, 257)]
+    widths = width_buckets(8192, 16)
+    assert [padded_width(c) for c in range(1, 8193)] == \
+        [next(w for w in widths if w >= c) for c in range(1, 8193)]
 
 
 @pytest.mark.parametrize("plan", [Plan(chunk=64), Plan(chunk=3, stagger=1),

@@ -108,3 +108,27 @@ def test_the_exported_spill_feature_uses_the_executors_cache_knee() -> None:
     assert spill["decode"] == 4 * 201 - 500
     # An engine told its knee outright uses that one.
     assert LLMEngine(EngineConfig(), executor, 10, decode_knee=7).decode_knee == 7
+
+
+def test_the_exported_eager_passes_follow_the_executors_graphs() -> None:
+    # An executor replaying decode batches of up to 2 rows from graphs: the prefill and
+    # the 3-row decodes run eagerly, so a live refit sees what the profile charges.
+    clock = Clock()
+    executor = TickingExecutor(clock, 0.01)
+    executor.graph_batch = 2  # type: ignore[attr-defined]
+    metrics = EngineMetrics("tiny", clock=clock)
+    engine = LLMEngine(EngineConfig(budget_align=1), executor, 400, clock=WallClock(clock),
+                       observers=[MetricsObserver(metrics)])
+    assert engine.graph_batch == 2
+    for i in range(3):
+        engine.add_request(make_request(f"r{i}", 20, max_tokens=3))
+    while engine.has_work():
+        engine.step()
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    shape = {(s.labels["kind"], s.labels["feature"]): s.value
+             for s in fams["slopilot_iteration_shape"].samples}
+    iterations = {k: shape[(k, "iteration")] for k in ("prefill", "decode")}
+    assert shape[("prefill", "eager_passes")] == iterations["prefill"] > 0
+    assert shape[("decode", "eager_passes")] == iterations["decode"] > 0
+    assert LLMEngine(EngineConfig(), TickingExecutor(clock, 0.01), 10).graph_batch is None
+    assert LLMEngine(EngineConfig(), executor, 10, graph_batch=8).graph_batch == 8

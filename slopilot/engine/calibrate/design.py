@@ -49,9 +49,11 @@ class ShapeSpec:
         """The shape without a cache knee (no ``decode_spill``)."""
         return shape_of_rows(self.rows, self.swap_out, self.swap_in)
 
-    def shape_at(self, knee: int | None) -> IterationShape:
-        """The shape with ``decode_spill`` beyond ``knee`` padded KV tokens."""
-        return shape_of_rows(self.rows, self.swap_out, self.swap_in, knee=knee)
+    def shape_at(self, knee: int | None, graph_batch: int | None = None) -> IterationShape:
+        """The shape with ``decode_spill`` beyond ``knee`` padded KV tokens, on a device
+        replaying decode batches of up to ``graph_batch`` rows from CUDA graphs."""
+        return shape_of_rows(self.rows, self.swap_out, self.swap_in, knee=knee,
+                             graph_batch=graph_batch)
 
     @property
     def kind(self) -> str:

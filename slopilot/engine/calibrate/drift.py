@@ -57,8 +57,8 @@ def drift_check(executor: TimedExecutor, cost: CalibratedCostModel,
     grid = grid or calibrated_grid(cost.profile)
     samples = Harness(executor, drift_shapes(grid), max_context=grid.max_context,
                       repeats=repeats, seed=seed).run()
-    knee = cost.decode_knee_tokens
-    errors = [(cost.executor_time(s.spec.shape_at(knee)) - s.seconds) / s.seconds
+    knee, graphs = cost.decode_knee_tokens, cost.graph_batch
+    errors = [(cost.executor_time(s.spec.shape_at(knee, graphs)) - s.seconds) / s.seconds
               for s in samples]
     return DriftCheck(len(errors), statistics.median(errors),
                       statistics.fmean(abs(e) for e in errors))

@@ -39,12 +39,15 @@ class HostStep:
     swaps: tuple[int, int] = (0, 0)  # blocks swapped out, in
     after_idle: bool = False
     knee: int | None = field(default=None, compare=False)
+    graph_batch: int | None = field(default=None, compare=False)
 
-    def reshaped(self, knee: int | None) -> HostStep:
-        """The same step with its shape recomputed by today's form and ``knee``."""
-        shape = shape_of_rows(self.rows, *self.swaps, after_idle=self.after_idle, knee=knee)
+    def reshaped(self, knee: int | None, graph_batch: int | None = None) -> HostStep:
+        """The same step with its shape recomputed by today's form, ``knee`` and
+        ``graph_batch``."""
+        shape = shape_of_rows(self.rows, *self.swaps, after_idle=self.after_idle, knee=knee,
+                              graph_batch=graph_batch)
         return HostStep(shape, self.step_s, self.executor_s, self.label, self.rows,
-                        self.swaps, self.after_idle, knee)
+                        self.swaps, self.after_idle, knee, graph_batch)
 
     def observation(self, executor_predicted_s: float) -> Observation:
         """What the loop's coefficients must explain in this step.
@@ -71,7 +74,7 @@ class _Recorder:
         self.steps.append(HostStep(shape_of(out), engine.last_step_s, elapsed_s,
                                    f"step {engine.num_steps}", tuple(output_rows(out)),
                                    (len(out.swap_out), len(out.swap_in)), out.after_idle,
-                                   out.decode_knee))
+                                   out.decode_knee, out.graph_batch))
 
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None: ...
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None: ...
@@ -94,13 +97,14 @@ def measure_host(executor: TimedExecutor, config: EngineConfig, *, max_context: 
                  quick: bool = False, seed: int = 0, model_name: str = "calibration",
                  progress: Callable[[str], None] | None = None,
                  sleep: Callable[[float], None] = time.sleep,
-                 decode_knee: int | None = None) -> list[HostStep]:
+                 decode_knee: int | None = None,
+                 graph_batch: int | None = None) -> list[HostStep]:
     """Serve bursts of requests, then single ones after idle gaps; every step's times."""
     recorder = _Recorder()
     metrics = EngineMetrics(model_name)
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
                        observers=[MetricsObserver(metrics), recorder],
-                       decode_knee=decode_knee)
+                       decode_knee=decode_knee, graph_batch=graph_batch)
     rng = random.Random(seed)
     longest = max(16, min(config.token_budget, max_context // 2))
     outputs = 8 if quick else 16

@@ -102,6 +102,10 @@ class Recording:
         per_layer = self.model.kv_bytes_per_token // self.model.num_layers
         return decode_knee_tokens(self.device.cache_bytes, per_layer)
 
+    @property
+    def graph_batch(self) -> int | None:
+        return self.device.graph_batch
+
 
 def total_steps(opts: CalibrationOptions, executor: TimedExecutor) -> int:
     specs = design(opts.grid)
@@ -136,7 +140,8 @@ def measure(target: Target, opts: CalibrationOptions,
                              quick=grid.quick, seed=opts.seed, model_name=target.model.name,
                              progress=progress,
                              decode_knee=decode_knee_tokens(target.device.cache_bytes,
-                                                            per_layer))
+                                                            per_layer),
+                             graph_batch=target.device.graph_batch)
     seconds = time.perf_counter() - started
     share = (time.process_time() - cpu0) / seconds if seconds > 0 else None
     return Recording(
@@ -164,15 +169,15 @@ def fit_recording(rec: Recording, tolerance: float = 0.10, *,
                   host: bool = True) -> Calibration:
     """Fit today's form to a recording (fresh, or read back by ``--refit``): features
     recomputed from each shape's rows; a mean error above ``tolerance`` is a FitError."""
-    knee = rec.decode_knee
+    knee, graphs = rec.decode_knee, rec.graph_batch
     samples = rec.samples
-    observations = [Observation(s.spec.shape_at(knee), s.seconds, s.spec.describe(),
+    observations = [Observation(s.spec.shape_at(knee, graphs), s.seconds, s.spec.describe(),
                                 s.spec.group) for s in samples]
     executor_fit = fit_shapes(observations)
     if executor_fit.mape > tolerance:
         raise FitError(_too_far(executor_fit, tolerance, samples))
     host_fit = None
-    steps = [s.reshaped(knee) for s in rec.host_steps] if host else []
+    steps = [s.reshaped(knee, graphs) for s in rec.host_steps] if host else []
     if steps:
         executor_coef = [executor_fit.coefficients[f] for f in FEATURES]
         predicted = [sum(c * v for c, v in zip(executor_coef, s.shape.vector(), strict=True))

@@ -39,20 +39,22 @@ import torch
 from torch.nn.attention import sdpa_kernel
 
 from slopilot.engine.executors.batch import AttentionBatch, row_blocks
+from slopilot.engine.executors.graph_shapes import (
+    GRAPH_MAX_BATCH,
+    GraphShapeError,
+    batch_buckets,
+    width_buckets,
+)
 from slopilot.engine.executors.kernels import ATTENTION_BACKENDS
 from slopilot.engine.executors.kv_cache import PagedKVCache
 from slopilot.engine.executors.llama import LlamaForCausalLM
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 
-# Largest batch captured (vLLM's default stops at 512; a small model's decode is
-# launch-bound well past 256 rows anyway).
-DEFAULT_MAX_BATCH = 256
+DEFAULT_MAX_BATCH = GRAPH_MAX_BATCH
 # Bytes one layer's gathered keys and values may take in a captured batch (B x W slots):
 # they live in the graphs' pool for good, unlike an eager pass's, which are freed after
 # it. Wider batches run eagerly.
 GATHER_BYTES_LIMIT = 256 << 20
-# The smallest width bucket, in context tokens (rounded up to the block size).
-_MIN_WIDTH = 32
 
 # What a capture hands back: a call that reruns the computation, and the tensor each run
 # leaves its result in (the computation returns the same tensor every time).
@@ -69,7 +71,7 @@ class DecodeGraphMode(StrEnum):
     OFF = "off"        # the eager pass for every iteration
 
 
-class DecodeGraphError(ValueError):
+class DecodeGraphError(GraphShapeError):
     """A decode-graph setting that cannot work; the message names it and the fix."""
 
 
@@ -87,37 +89,6 @@ def parse_mode(value: str | DecodeGraphMode, device: torch.device) -> DecodeGrap
             f"decode_graphs='cuda' on device {device.type!r}: CUDA graphs need a CUDA "
             "device; use 'auto' (or 'padded' to run their padded pass eagerly)")
     return mode
-
-
-def batch_buckets(limit: int) -> list[int]:
-    """Batch sizes captured: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... up to ``limit`` (included).
-
-    Each step is at most 1.5x the last, so a batch pads at most a third of its rows.
-    """
-    if limit < 1:
-        raise DecodeGraphError(f"max_graph_batch={limit}: must be >= 1")
-    sizes = [1, 2, 3]
-    while sizes[-1] < limit:
-        last = sizes[-1]
-        # Alternate x4/3 and x3/2 from 3: 4, 6, 8, 12, 16, 24, ...
-        sizes.append(last * 4 // 3 if last % 3 == 0 else last * 3 // 2)
-    return [s for s in sizes if s < limit] + [limit]
-
-
-def width_buckets(limit: int, block_size: int) -> list[int]:
-    """Context widths captured: 32, 48, 64, 96, ... each rounded up to whole blocks, the
-    last one ``limit`` rounded up."""
-    def aligned(n: int) -> int:
-        return -(-n // block_size) * block_size
-
-    top = aligned(limit)
-    widths: list[int] = []
-    width = _MIN_WIDTH
-    while aligned(width) < top:
-        if not widths or aligned(width) > widths[-1]:
-            widths.append(aligned(width))
-        width = width * 4 // 3 if width % 3 == 0 else width * 3 // 2
-    return widths + [top]
 
 
 def cuda_capture(device: torch.device) -> Capture:

@@ -54,6 +54,7 @@ class SimulatedExecutor:
         self.cost_model = cost_model
         # The engine loop stamps it on each iteration (sim/shape.py: decode_spill).
         self.decode_knee_tokens: int | None = getattr(cost_model, "decode_knee_tokens", None)
+        self.graph_batch: int | None = cost_model.graph_batch
         self.block_size = block_size
         self.eos_token_id = eos_token_id
         self.placeholder_token_id = placeholder_token_id

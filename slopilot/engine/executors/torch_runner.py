@@ -176,12 +176,18 @@ class TorchExecutor:
         return self.decode_graphs.capture_all(max_num_seqs, self.max_model_len)
 
     @property
+    def graph_batch(self) -> int | None:
+        """The largest decode batch replayed from a CUDA graph (the engine stamps it on
+        every iteration for the ``eager_passes`` shape feature); None without graphs."""
+        graphs = self.decode_graphs
+        return graphs.batches[-1] if graphs is not None and graphs.captures_graphs else None
+
+    @property
     def profile_kernels(self) -> str:
         """What a step runs on, as a cost profile records it (``PROFILE_KERNELS``)."""
         if self.kernels.native:
             return "native"
-        graphs = self.decode_graphs
-        return "cuda-graphs" if graphs is not None and graphs.captures_graphs else "torch"
+        return "torch" if self.graph_batch is None else "cuda-graphs"
 
     @property
     def swap_time_per_block_s(self) -> float:

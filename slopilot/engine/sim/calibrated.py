@@ -48,6 +48,7 @@ class CalibratedCostModel:
         self._total = tuple(a + b for a, b in zip(self._executor, self._host, strict=True))
         # The engine loop puts it on every SchedulerOutput (from the simulated executor).
         self.decode_knee_tokens = profile.decode_knee_tokens
+        self.graph_batch = profile.device.graph_batch
 
     @property
     def label(self) -> str:
@@ -82,7 +83,8 @@ class CalibratedCostModel:
         if not batch:
             return 0.0
         return sum(map(mul, self._total, feature_sums(((n, c, True) for n, c in batch),
-                                                      knee=self.decode_knee_tokens)))
+                                                      knee=self.decode_knee_tokens,
+                                                      graph_batch=self.graph_batch)))
 
     # -- memory and swap --------------------------------------------------------------
 

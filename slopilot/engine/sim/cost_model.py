@@ -190,6 +190,8 @@ class CostModel:
     calibrated = False
     # No decode_spill term: the roofline has no cache model (see sim/shape.py).
     decode_knee_tokens: int | None = None
+    # No eager_passes term either: the roofline counts no kernel launches.
+    graph_batch: int | None = None
 
     @property
     def label(self) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from slopilot.engine.executors.graph_shapes import GRAPH_MAX_BATCH
 from slopilot.engine.sim.profiles import ModelProfile, ProfileError
 from slopilot.engine.sim.shape import FORM_NAME, FORM_VERSION, decode_knee_tokens, form_hash
 
@@ -33,6 +34,12 @@ class DeviceInfo:
     # fused kernels or torch's ops (they differ by ~20 % a step); on CUDA torch's ops,
     # decodes eager or replayed from CUDA graphs. None: a profile from before the field.
     kernels: str | None = None
+
+    @property
+    def graph_batch(self) -> int | None:
+        """The largest decode batch this device replayed from a CUDA graph while timed
+        (the ``eager_passes`` feature's bound); None where it replayed none."""
+        return GRAPH_MAX_BATCH if self.kernels == "cuda-graphs" else None
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,25 @@ c cached ones; it samples only when it ends the prompt)::
 Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order):
 
     iteration               1 per forward pass: launches, weight streaming, Python per step
+    eager_passes            1 per forward pass that a device replaying decode graphs runs
+                            eagerly (a prefill chunk in it, or more decodes than its largest
+                            graph): on such a device a decode-only pass is one graph launch,
+                            and an eager one pays for its ~800-1,400 kernel launches
     tokens                  new tokens: linear layers, norms, RoPE, KV writes
     sampled                 rows that sample: LM head rows and the sampler
     decode_seqs             decode rows: per-row bookkeeping
     decode_batches          1 when there are decodes: they share one batched attention
-                            call per layer, a fixed cost of its own
+                            call per layer, a fixed cost of its own (inside a graph
+                            replay it has none: counted in eager passes only there)
     prefill_seqs            prefill chunks: each runs its own attention call per layer
     decode_context          sum of KV tokens decodes read
+    decode_width            the batched attention's width: the longest decode's context
+                            (a graph replay: its graph's width). A few rows cannot fill a
+                            GPU, and each runs its keys in sequence: there the call takes
+                            as long as its longest row, whatever the rows' count
     decode_padded_context   decodes x the longest decode's context: a padded batched
-                            attention reads and multiplies this many
+                            attention reads and multiplies this many (a graph replay:
+                            its graph's rows x width, ``executors/graph_shapes.py``)
     decode_spill            padded KV tokens beyond the knee (``decode_padded_context -
                             knee`` when positive): the decodes' gathered keys and values
                             of one layer no longer fit the last-level cache, so the
@@ -40,6 +50,13 @@ Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order
     idle_starts             1 when the iteration starts after the engine sat idle: code
                             and data caches others filled meanwhile, a GPU's clocks down
                             (the engine loop sets ``SchedulerOutput.after_idle``)
+
+Whether a device replays decode graphs, and up to which batch, is not fitted either: the
+profile records it (``device.kernels: cuda-graphs``), the engine loop puts the executor's
+largest graph batch on ``SchedulerOutput.graph_batch`` and the simulator the profile's, so
+``eager_passes`` is 0 everywhere else (a CPU, an eager CUDA engine, a datasheet roofline).
+A graph is also skipped for a batch whose padded context outgrows its memory bound or
+that wants prompt logprobs; the feature does not see those rare passes.
 
 The knee of ``decode_spill`` is not fitted: it is the device's last-level cache over one
 layer's K and V bytes per token (``decode_knee_tokens``), so the engine (which knows its
@@ -57,18 +74,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from operator import add
 
+from slopilot.engine.executors.graph_shapes import padded_rows, padded_width
 from slopilot.engine.outputs import SchedulerOutput
 
 FEATURES: tuple[str, ...] = (
-    "iteration", "tokens", "sampled", "decode_seqs", "decode_batches", "prefill_seqs",
-    "decode_context", "decode_padded_context", "decode_spill", "prefill_context",
+    "iteration", "eager_passes", "tokens", "sampled", "decode_seqs", "decode_batches",
+    "prefill_seqs",
+    "decode_context", "decode_width", "decode_padded_context", "decode_spill", "prefill_context",
     "prefill_attention", "prefill_attention_dense", "swap_batches", "swap_blocks",
     "idle_starts")
 
 # Bump when a feature's meaning changes; profiles carry the version and the hash of the
 # feature definitions they were fitted on (an older one gets a warning).
 # v2: decode_spill (padded decode KV beyond the last-level cache).
-FORM_VERSION = 2
+# v3: eager_passes (decode-only passes replayed from CUDA graphs), decode_batches counted
+# in eager passes only on such a device, decode_width (a batched attention's longest row).
+FORM_VERSION = 3
 FORM_NAME = "linear-shape-features"
 
 
@@ -83,12 +104,14 @@ class IterationShape:
     """The sums of one iteration (or, added up, of many); see the module docstring."""
 
     iteration: float = 0
+    eager_passes: float = 0
     tokens: float = 0
     sampled: float = 0
     decode_seqs: float = 0
     decode_batches: float = 0
     prefill_seqs: float = 0
     decode_context: float = 0
+    decode_width: float = 0
     decode_padded_context: float = 0
     decode_spill: float = 0
     prefill_context: float = 0
@@ -120,9 +143,9 @@ class IterationShape:
 
     def vector(self) -> tuple[float, ...]:
         """The features in ``FEATURES`` order."""
-        return (self.iteration, self.tokens, self.sampled, self.decode_seqs,
+        return (self.iteration, self.eager_passes, self.tokens, self.sampled, self.decode_seqs,
                 self.decode_batches, self.prefill_seqs, self.decode_context,
-                self.decode_padded_context, self.decode_spill,
+                self.decode_width, self.decode_padded_context, self.decode_spill,
                 self.prefill_context, self.prefill_attention, self.prefill_attention_dense,
                 self.swap_batches, self.swap_blocks, self.idle_starts)
 
@@ -146,16 +169,19 @@ def decode_knee_tokens(cache_bytes: int | None, kv_bytes_per_layer_token: int) -
 
 def shape_of_rows(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
                   swap_in: int = 0, after_idle: bool = False,
-                  knee: int | None = None) -> IterationShape:
+                  knee: int | None = None, graph_batch: int | None = None) -> IterationShape:
     """The shape of one iteration from ``(new_tokens, context_before, samples)`` rows,
-    the numbers of blocks swapped out and in, whether the engine was idle before, and
-    the knee of ``decode_spill`` (None: no spill)."""
-    return IterationShape(*feature_sums(rows, swap_out, swap_in, after_idle, knee))
+    the numbers of blocks swapped out and in, whether the engine was idle before, the
+    knee of ``decode_spill`` (None: no spill) and the largest decode batch the device
+    replays from a graph (None: it replays none)."""
+    return IterationShape(*feature_sums(rows, swap_out, swap_in, after_idle, knee,
+                                        graph_batch))
 
 
 def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
                  swap_in: int = 0, after_idle: bool = False,
-                 knee: int | None = None) -> tuple[float, ...]:
+                 knee: int | None = None, graph_batch: int | None = None
+                 ) -> tuple[float, ...]:
     """``shape_of_rows(...).vector()`` without building the dataclass (the hot path)."""
     tokens = sampled = decodes = chunks = 0
     d_ctx = d_max = p_ctx = dense = 0
@@ -176,10 +202,19 @@ def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
             p_ctx += c + n
             pairs += n * c + n * (n + 1) / 2
             dense += n * (c + n)
-    padded = decodes * d_max
+    eager = 1 if graph_batch is not None and tokens and (chunks or decodes > graph_batch) \
+        else 0
+    width = d_max
+    if graph_batch is not None and decodes and not eager:
+        # A replayed pass attends over its graph's padded rows and width.
+        width = padded_width(d_max)
+        padded = padded_rows(decodes) * width
+    else:
+        padded = decodes * d_max
     spill = padded - knee if knee is not None and padded > knee else 0
-    return (1 if tokens else 0, tokens, sampled, decodes, 1 if decodes else 0, chunks,
-            d_ctx, padded, spill, p_ctx, pairs, dense,
+    decode_batch = 1 if decodes and (eager or graph_batch is None) else 0
+    return (1 if tokens else 0, eager, tokens, sampled, decodes, decode_batch, chunks,
+            d_ctx, width, padded, spill, p_ctx, pairs, dense,
             (1 if swap_out else 0) + (1 if swap_in else 0), swap_out + swap_in,
             1 if after_idle else 0)
 
@@ -190,13 +225,14 @@ def output_rows(out: SchedulerOutput) -> list[tuple[int, int, bool]]:
 
 def features_of(out: SchedulerOutput) -> tuple[float, ...]:
     """``shape_of(out).vector()``. The rows' sums are computed on the first call of an
-    iteration and kept on ``out`` (with ``out.decode_knee``, which the engine sets before
-    anyone asks); ``idle_starts`` (the last feature) is read from ``out.after_idle`` on
-    every call, since the engine sets it after scheduling."""
+    iteration and kept on ``out`` (with ``out.decode_knee`` and ``out.graph_batch``, which
+    the engine sets before anyone asks); ``idle_starts`` (the last feature) is read from
+    ``out.after_idle`` on every call, since the engine sets it after scheduling."""
     features = out.shape_features
     if features is None:
         features = out.shape_features = feature_sums(
-            output_rows(out), len(out.swap_out), len(out.swap_in), knee=out.decode_knee)
+            output_rows(out), len(out.swap_out), len(out.swap_in), knee=out.decode_knee,
+            graph_batch=out.graph_batch)
     return features[:-1] + (1,) if out.after_idle else features
 
 

@@ -31,6 +31,7 @@ class IterationCostModel(Protocol):
     tp: int
     calibrated: bool
     decode_knee_tokens: int | None  # the knee of the decode_spill feature, if any
+    graph_batch: int | None  # the bound of the eager_passes feature: graphs, if any
 
     @property
     def label(self) -> str: ...

@@ -15,12 +15,16 @@ TRUE: dict[str, float] = {
     "prefill_attention_dense": 2e-9, "swap_batches": 1e-4, "swap_blocks": 3e-5}
 # The padded decode K/V beyond the cache costs 3x a cached padded token.
 SPILL = 4e-7
+# On a device replaying decode graphs an eager pass costs ~800 launches more than a
+# replay (the H200 VM: 3 ms a replayed decode, ~20 ms an eager pass).
+EAGER = 1.7e-2
 
 
 class SyntheticExecutor:
     def __init__(self, coefficients: dict[str, float] | None = None, *, noise: float = 0.0,
                  seed: int = 0, num_gpu_blocks: int = 4096, num_cpu_blocks: int = 64,
-                 block_size: int = 16, extra: float = 0.0, knee: int | None = None) -> None:
+                 block_size: int = 16, extra: float = 0.0, knee: int | None = None,
+                 graph_batch: int | None = None) -> None:
         self.coefficients = dict(TRUE if coefficients is None else coefficients)
         self.noise, self.extra = noise, extra
         self.rng = np.random.default_rng(seed)
@@ -28,6 +32,7 @@ class SyntheticExecutor:
             block_size, num_gpu_blocks, num_cpu_blocks)
         self.calls = 0
         self.knee = knee  # the decode_spill knee its times obey (None: no spill)
+        self.graph_batch = graph_batch  # decode batches it replays (None: no graphs)
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self.calls += 1
@@ -40,7 +45,8 @@ class SyntheticExecutor:
                    for p in range(seq.start_pos, seq.start_pos + len(seq.token_ids))]
         assert len(written) == len(set(written)), "two rows write the same KV slot"
         shape = IterationShape(*feature_sums(output_rows(out), len(out.swap_out),
-                                             len(out.swap_in), knee=self.knee))
+                                             len(out.swap_in), knee=self.knee,
+                                             graph_batch=self.graph_batch))
         t = sum(self.coefficients.get(f, 0.0) * v
                 for f, v in zip(FEATURES, shape.vector(), strict=True))
         # A term the cost model does not have, to make a form that cannot fit.

@@ -249,3 +249,26 @@ def test_unknown_kernels_in_a_profile_are_refused_by_name(bad: object) -> None:
     doc["device"]["kernels"] = bad
     with pytest.raises(ProfileFileError, match=r"device\.kernels.*(native|non-empty)"):
         load_profile(yaml.safe_dump(doc))
+
+
+def test_a_cuda_graph_profile_charges_eager_passes_only(tmp_path: Path) -> None:
+    import dataclasses
+
+    from slopilot.engine.sim.calibrated import CalibratedCostModel
+    from slopilot.engine.sim.profile_file import DeviceInfo
+
+    profile = dataclasses.replace(
+        make_profile(executor={**COEFFICIENTS, "eager_passes": 0.02}),
+        device=DeviceInfo("cuda", "Test Device 1", None, None, "cuda-graphs"))
+    loaded = load_profile(write_profile(profile, tmp_path / "p.yaml"))
+    assert loaded.device.kernels == "cuda-graphs" and loaded.device.graph_batch == 256
+    cost = CalibratedCostModel(loaded)
+    decode = cost.iteration_time([(1, 99)] * 8)
+    mixed = cost.iteration_time([(1, 99)] * 8 + [(64, 0)])
+    # The chunk's own terms, plus one eager pass of 20 ms (and the eager decode batch).
+    assert mixed - decode > 0.02
+    eager = CalibratedCostModel(dataclasses.replace(
+        loaded, device=DeviceInfo("cuda", "Test Device 1", None, None, "torch")))
+    assert eager.graph_batch is None
+    assert eager.iteration_time([(1, 99)] * 8 + [(64, 0)]) - \
+        eager.iteration_time([(1, 99)] * 8) < 0.02

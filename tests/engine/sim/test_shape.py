@@ -92,6 +92,28 @@ def test_the_knee_is_the_cache_over_one_layers_kv_bytes_per_token() -> None:
     assert decode_knee_tokens(0, 1536) is None
 
 
-def test_the_form_is_version_2_with_the_spill_term() -> None:
-    assert FORM_VERSION == 2 and "decode_spill" in FEATURES
+def test_the_form_is_version_3_with_the_spill_and_eager_pass_terms() -> None:
+    assert FORM_VERSION == 3 and "decode_spill" in FEATURES and "eager_passes" in FEATURES
     assert FEATURES.index("decode_spill") == FEATURES.index("decode_padded_context") + 1
+    assert FEATURES[-1] == "idle_starts"
+
+
+@pytest.mark.parametrize(("rows", "graph_batch", "eager", "decode_batches"), [
+    ([(1, 99, True)] * 8, None, 0, 1),          # no graphs: no eager passes to count
+    ([(1, 99, True)] * 8, 256, 0, 0),           # a replay: no launch-bound attention call
+    ([(1, 99, True)] * 8, 4, 1, 1),             # more decodes than the largest graph
+    ([(64, 0, True), (1, 99, True)], 256, 1, 1),  # a chunk in the pass: eager
+    ([(64, 0, True), (64, 0, False)], 256, 1, 0),
+    ([(64, 0, True)], None, 0, 0),
+])
+def test_eager_passes_count_what_a_graph_device_runs_eagerly(
+        rows: list[tuple[int, int, bool]], graph_batch: int | None, eager: int,
+        decode_batches: int) -> None:
+    shape = shape_of_rows(rows, graph_batch=graph_batch)
+    assert (shape.eager_passes, shape.decode_batches) == (eager, decode_batches)
+    assert shape_of_rows([], swap_out=2, graph_batch=256).eager_passes == 0
+    sp = SamplingParams()
+    out = SchedulerOutput(seqs=[ScheduledSeq(f"r{i}", [1] * n, c, [0] * 7, s, sp)
+                                for i, (n, c, s) in enumerate(rows)])
+    out.graph_batch = graph_batch
+    assert shape_of(out) == shape
