@@ -148,6 +148,8 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail("--gpu, --sim-model and --tp apply to --executor simulated only")
     if args.executor == "simulated" and args.dtype != "auto":
         return _fail("--dtype applies to --executor torch only")
+    if args.executor == "simulated" and args.decode_graphs != "auto":
+        return _fail("--decode-graphs applies to --executor torch only")
     if args.admin_port is not None and args.admin_port == args.port != 0:
         return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
                      "port of its own")

@@ -66,6 +66,17 @@ def test_a_device_that_is_not_there(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "--device cpu" in err and not out.exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_graphs_without_a_cuda_device(tiny: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--model", str(tiny), "--decode-graphs", "cuda",
+                 "--out", str(out), *TINY_GRID]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "decode_graphs='cuda' on device 'cpu'" in err and "use 'auto'" in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--device", "tpu"], "--device 'tpu': use cpu, cuda or cuda:N"),
     (["--threads", "0"], "--threads 0: expected at least 1"),

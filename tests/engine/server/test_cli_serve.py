@@ -102,6 +102,8 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--port", "8123", "--admin-port", "8123"], "port of its own"),
     (["--dtype", "bfloat16"], "--dtype applies to --executor torch only"),
     (["--dtype", "float64"], "invalid choice: 'float64'"),
+    (["--decode-graphs", "off"], "--decode-graphs applies to --executor torch only"),
+    (["--decode-graphs", "always"], "invalid choice: 'always'"),
     (["--max-body-mb", "0"], "--max-body-mb 0: expected MiB above 0"),
     (["--max-body-mb", "nan"], "--max-body-mb nan: expected MiB above 0"),
     (["--max-body-mb", "lots"], "--max-body-mb lots: expected MiB above 0"),
