@@ -86,26 +86,31 @@ def test_the_series_carry_step_time_executor_time_and_shape_by_kind() -> None:
     assert shape[("prefill", "idle_starts")] == 1 and shape[("decode", "idle_starts")] == 0
 
 
+def _exported_shape(executor: TickingExecutor, clock: Clock, requests: int, prompt: int,
+                    max_tokens: int) -> tuple[LLMEngine, dict[tuple[str, str], float]]:
+    """Serve ``requests`` alike to the end; the engine and its exported shape sums."""
+    metrics = EngineMetrics("tiny", clock=clock)
+    engine = LLMEngine(EngineConfig(budget_align=1), executor, 400, clock=WallClock(clock),
+                       observers=[MetricsObserver(metrics)])
+    for i in range(requests):
+        engine.add_request(make_request(f"r{i}", prompt, max_tokens=max_tokens))
+    while engine.has_work():
+        engine.step()
+    shape = {(s.labels["kind"], s.labels["feature"]): s.value
+             for fam in text_string_to_metric_families(metrics.render().decode())
+             for s in fam.samples if s.name == "slopilot_iteration_shape_total"}
+    return engine, shape
+
+
 def test_the_exported_spill_feature_uses_the_executors_cache_knee() -> None:
     # 4 decodes at context 200 pad to 4 x 201 = 804 KV tokens; a knee of 500 leaves 304
     # beyond the cache, which the twin's profile charges and a live refit needs.
     clock = Clock()
     executor = TickingExecutor(clock, 0.01)
     executor.decode_knee_tokens = 500  # type: ignore[attr-defined]
-    metrics = EngineMetrics("tiny", clock=clock)
-    engine = LLMEngine(EngineConfig(budget_align=1), executor, 400, clock=WallClock(clock),
-                       observers=[MetricsObserver(metrics)])
+    engine, shape = _exported_shape(executor, clock, 4, 200, 2)
     assert engine.decode_knee == 500
-    for i in range(4):
-        engine.add_request(make_request(f"r{i}", 200, max_tokens=2))
-    while engine.has_work():
-        engine.step()
-    spill = {s.labels["kind"]: s.value
-             for fam in text_string_to_metric_families(metrics.render().decode())
-             for s in fam.samples
-             if s.name == "slopilot_iteration_shape_total"
-             and s.labels["feature"] == "decode_spill"}
-    assert spill["decode"] == 4 * 201 - 500
+    assert shape[("decode", "decode_spill")] == 4 * 201 - 500
     # An engine told its knee outright uses that one.
     assert LLMEngine(EngineConfig(), executor, 10, decode_knee=7).decode_knee == 7
 
@@ -116,19 +121,9 @@ def test_the_exported_eager_passes_follow_the_executors_graphs() -> None:
     clock = Clock()
     executor = TickingExecutor(clock, 0.01)
     executor.graph_batch = 2  # type: ignore[attr-defined]
-    metrics = EngineMetrics("tiny", clock=clock)
-    engine = LLMEngine(EngineConfig(budget_align=1), executor, 400, clock=WallClock(clock),
-                       observers=[MetricsObserver(metrics)])
+    engine, shape = _exported_shape(executor, clock, 3, 20, 3)
     assert engine.graph_batch == 2
-    for i in range(3):
-        engine.add_request(make_request(f"r{i}", 20, max_tokens=3))
-    while engine.has_work():
-        engine.step()
-    fams = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
-    shape = {(s.labels["kind"], s.labels["feature"]): s.value
-             for s in fams["slopilot_iteration_shape"].samples}
-    iterations = {k: shape[(k, "iteration")] for k in ("prefill", "decode")}
-    assert shape[("prefill", "eager_passes")] == iterations["prefill"] > 0
-    assert shape[("decode", "eager_passes")] == iterations["decode"] > 0
+    for kind in ("prefill", "decode"):
+        assert shape[(kind, "eager_passes")] == shape[(kind, "iteration")] > 0
     assert LLMEngine(EngineConfig(), TickingExecutor(clock, 0.01), 10).graph_batch is None
     assert LLMEngine(EngineConfig(), executor, 10, graph_batch=8).graph_batch == 8
