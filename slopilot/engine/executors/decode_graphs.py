@@ -6,7 +6,7 @@ docs/benchmarks.md a decode of 8 rows took 14 ms with the GPU 0-22 % busy, and t
 shape took 11 or 28 ms from one stretch of a run to the next as the host's state moved.
 A CUDA graph captured once per padded batch shape replays the whole forward pass in one
 launch, so the GPU's time, not the host's, is the iteration's (vLLM and SGLang capture
-their decode batches the same way).
+their decode batches the same way): there 8 rows then took 3.6 ms against 31 ms eager.
 
 A graph fixes every tensor's shape and address, so a batch of ``D`` single-token rows
 whose longest context is ``L`` runs as the graph of ``(B, W)``: ``B`` the smallest batch
@@ -50,7 +50,6 @@ from slopilot.engine.executors.kv_cache import PagedKVCache
 from slopilot.engine.executors.llama import LlamaForCausalLM
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 
-DEFAULT_MAX_BATCH = GRAPH_MAX_BATCH
 # Bytes one layer's gathered keys and values may take in a captured batch (B x W slots):
 # they live in the graphs' pool for good, unlike an eager pass's, which are freed after
 # it. Wider batches run eagerly.
@@ -135,7 +134,7 @@ class DecodeGraphs:
     """Decode-only iterations run as replays of per-shape graphs (module docstring)."""
 
     def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, *, max_model_len: int,
-                 capture: Capture, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+                 capture: Capture, max_batch: int = GRAPH_MAX_BATCH) -> None:
         # Whether the capture makes real CUDA graphs (and not ``eager_capture``'s passes).
         self.captures_graphs = capture is not eager_capture
         if cache.scratch_blocks < 1:

@@ -17,7 +17,6 @@ from torch.nn.attention import sdpa_kernel
 from slopilot.engine.device_cache import executor_decode_knee
 from slopilot.engine.executors.batch import build_batch
 from slopilot.engine.executors.decode_graphs import (
-    DEFAULT_MAX_BATCH,
     DecodeGraphError,
     DecodeGraphMode,
     DecodeGraphs,
@@ -25,6 +24,7 @@ from slopilot.engine.executors.decode_graphs import (
     eager_capture,
     parse_mode,
 )
+from slopilot.engine.executors.graph_shapes import GRAPH_MAX_BATCH
 from slopilot.engine.executors.host_memory import keep_freed_memory
 from slopilot.engine.executors.kernels import ATTENTION_BACKENDS
 from slopilot.engine.executors.kv_cache import PagedKVCache
@@ -75,7 +75,7 @@ class TorchExecutor:
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
                  seed: int = 0, num_threads: int | None = None,
                  cpu_kernels: str = "auto", decode_graphs: str = "auto",
-                 max_graph_batch: int = DEFAULT_MAX_BATCH) -> None:
+                 max_graph_batch: int = GRAPH_MAX_BATCH) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ExecutorError("device='cuda' but torch sees no CUDA device; use device='cpu'")

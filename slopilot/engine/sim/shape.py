@@ -79,10 +79,9 @@ from slopilot.engine.outputs import SchedulerOutput
 
 FEATURES: tuple[str, ...] = (
     "iteration", "eager_passes", "tokens", "sampled", "decode_seqs", "decode_batches",
-    "prefill_seqs",
-    "decode_context", "decode_width", "decode_padded_context", "decode_spill", "prefill_context",
-    "prefill_attention", "prefill_attention_dense", "swap_batches", "swap_blocks",
-    "idle_starts")
+    "prefill_seqs", "decode_context", "decode_width", "decode_padded_context",
+    "decode_spill", "prefill_context", "prefill_attention", "prefill_attention_dense",
+    "swap_batches", "swap_blocks", "idle_starts")
 
 # Bump when a feature's meaning changes; profiles carry the version and the hash of the
 # feature definitions they were fitted on (an older one gets a warning).
