@@ -62,6 +62,8 @@ class DaemonContext:
     """The CR's uid: a deleted and re-created CR of the same name is another deployment."""
     twin: TwinChoice = field(default_factory=TwinChoice)
     """The twin's cost model: ``spec.twin.profile``'s calibrated profile, or the datasheet."""
+    namespace_label: str | None = None
+    """``OperatorPolicy.namespace_label``: the enforced label the reads match as well."""
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
@@ -127,8 +129,9 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
 
     Windows select the deployment's series, and alerts are matched, by namespace and name
     (``slopilot_namespace`` and ``slopilot_deployment``, which the ServiceMonitor puts on
-    every series it scrapes), and the canary's by its ``pod`` label (the pod the running
-    trial was applied to, recorded in the trial). The study lives in
+    every series it scrapes, and the policy's enforced namespace label where it names
+    one), and the canary's by its ``pod`` label (the pod the running trial was applied
+    to, recorded in the trial). The study lives in
     ``spec.tuning.storage`` under ``study_name``, so a restarted operator continues it.
     The simulator (warm start, capacity) runs the workload measured from Prometheus on the base
     scenario's hardware (``$SLOPILOT_BASE_SCENARIO``, default azure-conv-2023) with the
@@ -156,7 +159,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         raise ControllerError(f"{BASE_SCENARIO_ENV}={scenario_name!r}: {exc}") from None
     base = ctx.twin.apply(dataclasses.replace(base, slo=spec.slo,
                                               engine=spec.engine.to_dict()))
-    selector = identity_labels(name, ctx.namespace)
+    selector = identity_labels(name, ctx.namespace, ctx.namespace_label)
     query = query_at(spec.prometheus_url)
 
     def canary_labels() -> dict[str, str]:
@@ -172,7 +175,9 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     window = max(2, int(ctx.settings.window_s))
     worker = sim_worker()
     return Controller(
-        ctx.settings, ctx.handle, AlertSource(spec.prometheus_url, name, namespace=ctx.namespace),
+        ctx.settings, ctx.handle,
+        AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
+                    namespace_label=ctx.namespace_label),
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),

@@ -31,6 +31,7 @@ from slopilot.operator.study_storage import (
     resolve_storage,
 )
 from slopilot.operator.validation import parse_image
+from slopilot.tuner.prometheus.rules import RuleError, check_namespace_label
 
 
 class PolicyError(ValueError):
@@ -57,6 +58,11 @@ class OperatorPolicy:
     allowed_storage: tuple[str, ...] = (DEFAULT_STUDY_STORAGE,)
     """Study storages a CR may name (``study_storage.StorageRule``); may hold passwords."""
     storage_rules: tuple[StorageRule, ...] = field(init=False, repr=False, default=())
+    namespace_label: str | None = None
+    """The label the cluster's prometheus-operator stamps with the namespace of every
+    monitor and rule (its Prometheus's ``enforcedNamespaceLabel``). Set, the rules, the
+    alerts and the controller's reads match it too, so no tenant's own rule or monitor
+    can speak for another namespace's deployment. None: the ``slopilot_*`` labels only."""
 
     def __post_init__(self) -> None:
         try:
@@ -64,6 +70,11 @@ class OperatorPolicy:
         except StorageRefused as exc:
             raise PolicyError(str(exc)) from None
         object.__setattr__(self, "storage_rules", rules)
+        if self.namespace_label is not None:
+            try:
+                check_namespace_label(self.namespace_label)
+            except RuleError as exc:
+                raise PolicyError(str(exc)) from None
         for entry in self.allowed_images:
             if entry == "*":
                 continue

@@ -127,14 +127,16 @@ def _owned_meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                     replicas: int | None, monitoring: bool,
-                    operator_namespace: str) -> list[dict[str, Any]]:
+                    operator_namespace: str,
+                    namespace_label: str | None = None) -> list[dict[str, Any]]:
     """Every object the deployment owns; the rules as a PrometheusRule or a plain ConfigMap."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     rendered = render_all(body, spec, replicas, operator_namespace=operator_namespace)
     objects = [rendered.config_map, rendered.deployment, rendered.service,
                rendered.network_policy]
     if monitoring:
-        rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts)
+        rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts,
+                                      namespace_label=namespace_label)
         rule["metadata"] = {**_owned_meta(body, rule["metadata"]["name"]),
                             "labels": {**rule["metadata"]["labels"], **labels(name)}}
         objects += [rendered.service_monitor, rule]
@@ -142,7 +144,8 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
         objects.append({"apiVersion": "v1", "kind": "ConfigMap",
                         "metadata": _owned_meta(body, f"{name}-rules"),
                         "data": {RULES_FILE: render_rules_yaml(
-                            spec.slo, name, namespace=namespace, options=spec.alerts)}})
+                            spec.slo, name, namespace=namespace, options=spec.alerts,
+                            namespace_label=namespace_label)}})
     return objects
 
 
@@ -280,7 +283,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                   and kube.serves(MONITORING, "prometheusrules"))
     replicas = current_replicas(kube, body, spec)
     objects = desired_objects(body, spec, replicas=replicas, monitoring=monitoring,
-                              operator_namespace=policy.operator_namespace)
+                              operator_namespace=policy.operator_namespace,
+                              namespace_label=policy.namespace_label)
     lives = [live_object(kube, obj) for obj in objects]
     # Every name is judged before anything is written, so that a refusal touches nothing.
     if problems := name_problems(objects, lives, body):

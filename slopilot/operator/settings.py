@@ -17,7 +17,9 @@
   resourceVersion rather than hanging.
 - The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
   ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
-  allow-lists, see policy.py and study_storage.py) and the
+  allow-lists, see policy.py and study_storage.py), ``$SLOPILOT_NAMESPACE_LABEL`` (the
+  Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then match)
+  and the
   operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the service account's,
   else slopilot-system).
 """
@@ -49,6 +51,7 @@ IMAGES_ENV = "SLOPILOT_ALLOWED_IMAGES"
 PROMETHEUS_ENV = "SLOPILOT_ALLOWED_PROMETHEUS"
 STORAGE_ENV = "SLOPILOT_ALLOWED_STORAGE"
 NAMESPACE_ENV = "SLOPILOT_OPERATOR_NAMESPACE"
+NAMESPACE_LABEL_ENV = "SLOPILOT_NAMESPACE_LABEL"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -69,11 +72,13 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         kwargs["allowed_prometheus"] = _entries(hosts)
     if (storages := env.get(STORAGE_ENV)) is not None:
         kwargs["allowed_storage"] = _entries(storages)
+    if label := env.get(NAMESPACE_LABEL_ENV, "").strip():
+        kwargs["namespace_label"] = label
     try:
         return OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:
-        raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV} or "
-                          f"${STORAGE_ENV})") from None
+        raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV}, ${STORAGE_ENV} or "
+                          f"${NAMESPACE_LABEL_ENV})") from None
 
 
 def peering_lifetime_s() -> int:

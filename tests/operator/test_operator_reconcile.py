@@ -15,6 +15,7 @@ from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, reconcile
 from slopilot.operator.render import CHECKSUM_ANNOTATION
+from slopilot.operator.settings import operator_policy
 from slopilot.operator.tokens import admin_secret_name
 from tests.operator.operator_support import (
     NS,
@@ -262,3 +263,23 @@ def test_the_lock_table_keeps_no_lock_of_a_deployment_no_one_holds() -> None:
         order.append("first")
     waiter.join()
     assert order == ["other", "first", "second"] and len(locks) == 0
+
+
+def test_an_enforced_namespace_label_reaches_every_rule(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """With ``$SLOPILOT_NAMESPACE_LABEL`` (the Prometheus's enforcedNamespaceLabel) the
+    PrometheusRule's series and alerts carry the CR's namespace there too, which the
+    controller then matches (tests/tuner/test_alerts.py: a tenant's forged rule)."""
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest(), *monitoring_crds())
+    cluster = Cluster(kube_client)
+    body = cluster.create(llmd())
+    policy = operator_policy({"SLOPILOT_NAMESPACE_LABEL": "namespace"})
+    assert policy.namespace_label == "namespace"
+    reconcile(Kube(kube_client), body, policy=policy, mint=operator_mint(cluster))
+    rule = cluster.owned("monitoring.coreos.com/v1", "prometheusrules", "slopilot-chat")
+    rules = rule["spec"]["groups"][0]["rules"]
+    assert rules and all(r["labels"]["namespace"] == NS for r in rules)
+    assert all(f'namespace="{NS}"' in r["expr"].replace("slopilot_namespace", "")
+               for r in rules if "record" in r and "vllm:" in r["expr"])

@@ -217,3 +217,14 @@ def test_study_storage_errors_never_carry_the_password(tmp_path: Any) -> None:
     with pytest.raises(StudyStorageError) as err:
         open_study("optuna:pa55w0rd@db/studies", "s")
     assert "pa55w0rd" not in str(err.value)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("name-space", "not a Prometheus label name"), ("__meta_ns", "not a Prometheus label"),
+    ("slopilot_deployment", "already use"),
+])
+def test_a_bad_namespace_label_names_the_variable(value: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=f"{message}.*SLOPILOT_NAMESPACE_LABEL"):
+        operator_policy({"SLOPILOT_NAMESPACE_LABEL": value})
+    assert operator_policy({}).namespace_label is None
+    assert operator_policy({"SLOPILOT_NAMESPACE_LABEL": " tenant "}).namespace_label == "tenant"

@@ -49,7 +49,8 @@ class OneDeployment:
         return None
 
 
-def context(tmp_path: Path, backend: str = "builtin", **tuning: Any) -> DaemonContext:
+def context(tmp_path: Path, backend: str = "builtin", namespace_label: str | None = None,
+            **tuning: Any) -> DaemonContext:
     body = {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
             "metadata": {"name": "chat", "namespace": "team", "uid": "u1"},
             "spec": {"model": {"name": "smollm2-135m"}, "backend": backend,
@@ -61,7 +62,7 @@ def context(tmp_path: Path, backend: str = "builtin", **tuning: Any) -> DaemonCo
     handle = KubeDeploymentHandle(kube, "team", "chat", mint=TokenMint(b"k" * 32), uid="u1")
     return DaemonContext(kube, handle, spec, "team", "chat",
                          controller_settings(spec, "team", "chat"), None, spec.tuning.storage,
-                         uid="u1")
+                         uid="u1", namespace_label=namespace_label)
 
 
 def test_the_default_wiring_holds_the_config_while_prometheus_is_down(tmp_path: Path) -> None:
@@ -84,6 +85,17 @@ def test_alerts_and_windows_are_the_deployments_by_namespace_and_name(tmp_path: 
     assert ctl.evaluator.selector == {"slopilot_namespace": "team", "slopilot_deployment": "chat"}
     assert isinstance(ctl.probe, PrometheusProbe)
     assert ctl.probe.selector == ctl.evaluator.selector
+
+
+def test_with_an_enforced_namespace_label_every_read_matches_it(tmp_path: Path) -> None:
+    ctl = prometheus_controller(context(tmp_path, namespace_label="namespace"))
+    assert isinstance(ctl.alerts, AlertSource) and isinstance(ctl.evaluator, PrometheusWindows)
+    assert ctl.evaluator.selector == {"slopilot_namespace": "team", "namespace": "team",
+                                      "slopilot_deployment": "chat"}
+    assert isinstance(ctl.probe, PrometheusProbe)
+    assert ctl.probe.selector == ctl.evaluator.selector
+    assert ctl.alerts.namespace_label == "namespace"
+    assert 'namespace="team"' in ctl.alerts.expr.replace("slopilot_namespace", "")
 
 
 def test_the_study_searches_tunes_space_over_the_knobs_the_backend_applies(

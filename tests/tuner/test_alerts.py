@@ -138,10 +138,15 @@ def test_each_alert_reads_the_figure_of_its_first_condition() -> None:
             assert VALUE_FIGURE[rule.name] is rule.conditions[0].figure, rule.name
 
 
-def _group(namespace: str, deployment: str, tbt_s: float) -> dict[str, Any]:
+def _group(namespace: str, deployment: str, tbt_s: float,
+           stamped: str | None = None) -> dict[str, Any]:
     """Rules as ``rules.py`` renders them: a per-class and an engine-wide figure, and an
-    alert on each, for one deployment; both fire at once."""
+    alert on each, for one deployment; both fire at once. ``stamped``: the namespace a
+    prometheus-operator with ``enforcedNamespaceLabel: namespace`` stamps on every rule
+    of a PrometheusRule (the namespace the PrometheusRule is in)."""
     ident = identity_labels(deployment, namespace)
+    if stamped is not None:
+        ident["namespace"] = stamped
     tbt, storm = "slopilot:tbt_seconds:p99", "slopilot:preemptions:per_minute"
     return {"name": f"slopilot/{namespace}/{deployment}", "interval": "1s", "rules": [
         {"record": tbt, "expr": f"vector({tbt_s})", "labels": {**ident, "priority_class": "p1"}},
@@ -232,6 +237,74 @@ def test_a_controller_reads_its_own_alerts_and_no_other_deployments(
     assert url.path == "/api/v1/query"
     assert urllib.parse.parse_qs(url.query)["query"] == [alerts_query("chat", "team-a")]
     assert b"team-a" in body and b"team-b" not in body and b'"other"' not in body
+
+
+@pytest.mark.prometheus
+def test_a_tenants_own_rule_cannot_fire_another_namespaces_alert(
+        prometheus_factory: Callable[..., PrometheusServer],  # noqa: F811
+        tmp_path: Path) -> None:
+    # team-b's chat fires at 0.5 (its PrometheusRule is in team-b). A tenant of team-a,
+    # allowed to write PrometheusRules in team-a, writes one with team-b/chat's labels
+    # at 0.9: the enforced label says where it came from, and only the controller that
+    # matches it too is not fooled.
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [
+        _group("team-b", "chat", 0.5, stamped="team-b"),
+        {**_group("team-b", "chat", 0.9, stamped="team-a"), "name": "forged"}]}))
+    prom = prometheus_factory(rule_files=[rules])
+    wait_for(lambda: len(prom.query('ALERTS{alertstate="firing"}')["data"]["result"]) == 4
+             or None, "both groups' two alerts firing")
+
+    def values(**kw: Any) -> list[tuple[str, float | None]]:
+        source = AlertSource(prom.url, "chat", namespace="team-b", **kw)
+        try:
+            return sorted((a.name, a.value) for a in source.firing())
+        finally:
+            source.close()
+
+    assert values(namespace_label="namespace") == [
+        ("SlopilotPreemptionStorm", 12.0), ("SlopilotTBTP99High", 0.5)]
+    # Matched on the slopilot_* labels alone, the forged alerts count as team-b's.
+    assert len(values()) == 4
+
+
+def _tbt(value: str, **labels: str) -> dict[str, Any]:
+    return series("slopilot:tbt_seconds:p99", value, priority_class="p0",
+                  slopilot_deployment="chat", **labels)
+
+
+def test_the_enforced_namespace_label_is_asked_for_and_checked_again() -> None:
+    query = alerts_query("chat", "team-b", "namespace")
+    assert query.count('namespace="team-b"') == 6  # 3 selectors x (slopilot_ and enforced)
+    # Any server may answer (the URL is the tenant's): a forged alert and a forged figure
+    # in the answer are dropped by the parse as well.
+    b, forged = ({"slopilot_namespace": "team-b", "namespace": ns} for ns in ("team-b", "team-a"))
+    got = parse_alert_series(vector(
+        *alert_series("SlopilotTBTP99High", "scale", dep="chat", **forged), _tbt("0.9", **forged),
+        *alert_series("SlopilotTBTP99High", "scale", dep="chat", **b), _tbt("0.5", **b),
+    )["data"]["result"], "chat", "team-b", "namespace")
+    assert [(a.name, a.value) for a in got] == [("SlopilotTBTP99High", 0.5)]
+
+
+def test_another_deployments_figure_never_gives_an_alert_its_value() -> None:
+    # An answer holding team-a's figure after team-b's alert and figure: the value is
+    # team-b's own figure, never team-a's.
+    got = parse_alert_series(vector(
+        *alert_series("SlopilotTBTP99High", "scale", dep="chat", slopilot_namespace="team-b"),
+        _tbt("0.5", slopilot_namespace="team-b"), _tbt("0.9", slopilot_namespace="team-a"),
+    )["data"]["result"], "chat", "team-b")
+    assert [(a.name, a.value) for a in got] == [("SlopilotTBTP99High", 0.5)]
+
+
+@pytest.mark.parametrize(("label", "message"), [
+    ("", "not a Prometheus label name"), ("1ns", "not a Prometheus label name"),
+    ("__name__", "not a Prometheus label name"), ("name-space", "not a Prometheus label"),
+    ("slopilot_namespace", "already use"), ("pod", "already use"),
+    ("priority_class", "already use"),
+])
+def test_a_bad_namespace_label_is_refused(label: str, message: str) -> None:
+    with pytest.raises(RuleError, match=message):
+        identity_labels("chat", "team-b", label)
 
 
 @pytest.mark.parametrize("url, dep, fix", [("prom:9090", "d", "expected http"),

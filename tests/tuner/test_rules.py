@@ -148,6 +148,38 @@ def test_two_namespaces_are_two_deployments() -> None:
         render_rule_groups(spec, "chat", namespace="")
 
 
+def test_the_enforced_namespace_label_is_on_every_selector_series_and_alert() -> None:
+    # What a prometheus-operator with enforcedNamespaceLabel stamps on a PrometheusRule,
+    # rendered in as well: the rules then work, and the controller's reads that match
+    # the label find them, with or without the enforcement.
+    spec = SLOSpec.from_profile("standard")
+    rules = render_rule_groups(spec, "chat", namespace="team-b",
+                               namespace_label="namespace")["groups"][0]["rules"]
+    for rule in rules:
+        assert rule["labels"]["namespace"] == "team-b", rule.get("record", rule.get("alert"))
+        if "vllm:" in rule["expr"] or "slopilot:" in rule["expr"]:
+            assert 'namespace="team-b"' in rule["expr"].replace("slopilot_namespace", "")
+    alerts = [r for r in rules if "alert" in r]
+    assert alerts and all("and on (slopilot_namespace, namespace, slopilot_deployment)"
+                          in r["expr"] for r in alerts if " and on " in r["expr"])
+    cr = render_prometheus_rule(spec, "chat", "team-b", namespace_label="namespace")
+    assert cr["spec"]["groups"][0]["rules"] == rules
+    plain = render_rule_groups(spec, "chat", namespace="team-b")["groups"][0]["rules"]
+    assert all("namespace" not in r["labels"] for r in plain)
+    with pytest.raises(RuleError, match="already use"):
+        render_rule_groups(spec, "chat", namespace="team-b", namespace_label="pod")
+
+
+@pytest.mark.prometheus
+def test_promtool_checks_the_rules_with_the_namespace_label(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    path = tmp_path / "rules.yaml"
+    path.write_text(render_rules_yaml(SLOSpec.from_profile("strict"), "chat",
+                                      namespace="team-b", namespace_label="namespace"))
+    result = promtool(prometheus_binaries, "check", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"deployment": ""}, "deployment name is empty"),
     ({"selector": {}}, "selector is empty"),

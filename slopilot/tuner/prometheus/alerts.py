@@ -101,7 +101,8 @@ _FIRING, _ACTIVE_AT = "ALERTS", "ALERTS_FOR_STATE"
 _FIGURES = "|".join(sorted(set(VALUE_FIGURE.values())))
 
 
-def alerts_query(deployment: str, namespace: str | None = None) -> str:
+def alerts_query(deployment: str, namespace: str | None = None,
+                 namespace_label: str | None = None) -> str:
     """PromQL for ``namespace/deployment``'s firing alerts and nothing of anyone else's.
 
     Selected in Prometheus by the identity labels (escaped by ``render_selector``): a
@@ -110,8 +111,9 @@ def alerts_query(deployment: str, namespace: str | None = None) -> str:
     ``ALERTS`` (name, action, severity, class), ``ALERTS_FOR_STATE`` (activeAt, in whole
     seconds) and the recorded figures the alerts' values are (``VALUE_FIGURE``): the
     fields ``/api/v1/alerts`` gave. ``or`` keeps all three: their label sets differ.
+    ``namespace_label``: the enforced namespace label, matched too (``identity_labels``).
     """
-    ident = identity_labels(deployment, namespace)
+    ident = identity_labels(deployment, namespace, namespace_label)
     firing = render_selector({"alertstate": "firing", **ident})
     own = render_selector(ident)
     return (f"{_FIRING}{firing} or {_ACTIVE_AT}{own} "
@@ -123,19 +125,24 @@ def _alert_key(labels: Mapping[str, str]) -> frozenset[tuple[str, str]]:
     return frozenset((k, v) for k, v in labels.items() if k not in ("__name__", "alertstate"))
 
 
-def parse_alert_series(result: Any, deployment: str,
-                       namespace: str | None = None) -> list[Alert]:
+def parse_alert_series(result: Any, deployment: str, namespace: str | None = None,
+                       namespace_label: str | None = None) -> list[Alert]:
     """Firing alerts of ``namespace/deployment`` from the result list of ``alerts_query``.
 
     The alerts ``/api/v1/alerts`` lists as firing, matched again here by identity (the
     URL is the tenant's: any server may answer). ``since`` is activeAt in
     whole seconds (0 where Prometheus wrote no ``ALERTS_FOR_STATE``), ``value`` the
-    alert's figure as last recorded (None where there is none).
+    alert's figure as last recorded (None where there is none). With ``namespace_label``
+    an alert must carry the namespace there too, as must the figures its value is read
+    from.
     """
-    ident = identity_labels(deployment, namespace)
+    ident = identity_labels(deployment, namespace, namespace_label)
     if not isinstance(result, list):
         raise PrometheusUnavailable("the alerts query: the answer has no result list")
-    samples = [(s["metric"], _value(s["value"][1])) for s in result if _is_sample(s)]
+    # Only this deployment's samples: a figure of another's must not give an alert its
+    # value (the server may answer with more than the query asked for).
+    samples = [(s["metric"], _value(s["value"][1])) for s in result if _is_sample(s)
+               and all(s["metric"].get(k) == v for k, v in ident.items())]
     active_at = {_alert_key(m): v for m, v in samples if m.get("__name__") == _ACTIVE_AT}
     figures = {(m.get("__name__"), m.get("priority_class")): v for m, v in samples}
     out = []
@@ -173,6 +180,7 @@ class AlertSource:
     instant query (``alerts_query``) a tick, never the whole cluster's alert list."""
 
     def __init__(self, url: str, deployment: str, *, namespace: str | None = None,
+                 namespace_label: str | None = None,
                  timeout_s: float = 5.0, client: httpx.Client | None = None,
                  deadline_s: float = ANSWER_DEADLINE_S,
                  max_bytes: int = MAX_ANSWER_BYTES) -> None:
@@ -180,9 +188,11 @@ class AlertSource:
             raise ValueError(f"Prometheus url {url!r}: expected http://host:port")
         if not deployment:
             raise ValueError("deployment is empty; pass the LLMDeployment's name")
-        self.expr = alerts_query(deployment, namespace)  # checks the identity, as parse does
+        # Checks the identity, as parse does.
+        self.expr = alerts_query(deployment, namespace, namespace_label)
         self.url = url.rstrip("/")
         self.deployment, self.namespace = deployment, namespace
+        self.namespace_label = namespace_label
         self._client = client or bounded_client(timeout_s)
         # query_at reads within the bounds, and its errors never quote the body.
         self._query = query_at(self.url, timeout_s, client=self._client,
@@ -190,7 +200,7 @@ class AlertSource:
 
     def firing(self) -> list[Alert]:
         return parse_alert_series(self._query(self.expr, None), self.deployment,
-                                  self.namespace)
+                                  self.namespace, self.namespace_label)
 
     def close(self) -> None:
         self._client.close()

@@ -45,15 +45,42 @@ EXAMPLE_DEPLOYMENT = "example"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 
 
-def identity_labels(deployment: str, namespace: str | None = None) -> dict[str, str]:
-    """The labels that say whose a series or an alert is: namespace (if any) and name."""
+def identity_labels(deployment: str, namespace: str | None = None,
+                    namespace_label: str | None = None) -> dict[str, str]:
+    """The labels that say whose a series or an alert is: namespace (if any) and name.
+
+    ``namespace_label``: the label a prometheus-operator stamps with the namespace of the
+    object a series or a rule came from (its Prometheus's ``enforcedNamespaceLabel``); it
+    then holds the namespace too. The ``slopilot_*`` labels are whatever a rule or a scrape
+    says, so a tenant who may write PrometheusRules or monitors could put another
+    namespace's there; the enforced one no tenant can write.
+    """
     if not isinstance(deployment, str) or not deployment.strip():
         raise RuleError("deployment name is empty; pass the LLMDeployment's name")
     if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
         raise RuleError("namespace is empty; pass the deployment's namespace, or None for "
                         "a deployment outside Kubernetes")
     labels = {} if namespace is None else {NAMESPACE_LABEL: namespace}
+    if namespace_label is not None and namespace is not None:
+        labels[check_namespace_label(namespace_label)] = namespace
     return {**labels, DEPLOYMENT_LABEL: deployment}
+
+
+# Labels the rules, the alerts and the controller's reads give a meaning of their own.
+_TAKEN_LABELS = frozenset({NAMESPACE_LABEL, DEPLOYMENT_LABEL, "priority_class", "alertname",
+                           "alertstate", "severity", "action", "le", "pod", "job",
+                           "instance"})
+
+
+def check_namespace_label(name: str) -> str:
+    """``name`` if it can be the enforced namespace label, else a RuleError saying why."""
+    if not isinstance(name, str) or not _LABEL_NAME.match(name) or name.startswith("__"):
+        raise RuleError(f"namespace label {str(name)[:60]!r} is not a Prometheus label "
+                        "name; use the Prometheus's enforcedNamespaceLabel, e.g. namespace")
+    if name in _TAKEN_LABELS:
+        raise RuleError(f"namespace label {name!r} is a label slopilot's series already "
+                        "use; use the Prometheus's enforcedNamespaceLabel, e.g. namespace")
+    return name
 
 
 def duration(seconds: int) -> str:
@@ -96,9 +123,10 @@ def _le(edge: float) -> str:
 
 class _Renderer:
     def __init__(self, spec: SLOSpec, deployment: str, namespace: str | None,
-                 selector: Mapping[str, str] | None, options: RuleOptions) -> None:
+                 selector: Mapping[str, str] | None, options: RuleOptions,
+                 namespace_label: str | None = None) -> None:
         self.spec, self.opt = spec, options
-        self.ident = identity_labels(deployment, namespace)
+        self.ident = identity_labels(deployment, namespace, namespace_label)
         self.subject = deployment if namespace is None else f"{namespace}/{deployment}"
         sel = dict(selector) if selector is not None else dict(self.ident)
         if not sel:
@@ -208,13 +236,16 @@ class _Renderer:
 
 def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                        selector: Mapping[str, str] | None = None,
-                       options: RuleOptions | None = None) -> dict[str, Any]:
+                       options: RuleOptions | None = None,
+                       namespace_label: str | None = None) -> dict[str, Any]:
     """The plain rules file content: ``{"groups": [...]}``.
 
     ``namespace``: the deployment's Kubernetes namespace; None only outside a cluster.
+    ``namespace_label``: the Prometheus's enforced namespace label (``identity_labels``),
+    which every selector, recorded series and alert then carries as well.
     """
     opts = options if options is not None else RuleOptions()
-    r = _Renderer(spec, deployment, namespace, selector, opts)
+    r = _Renderer(spec, deployment, namespace, selector, opts, namespace_label)
     # Kubernetes names hold no '/', so "slopilot/<namespace>/<name>" names one deployment.
     name = f"slopilot-{deployment}" if namespace is None else f"slopilot/{r.subject}"
     group = {"name": name, "interval": duration(opts.interval_s),
@@ -224,21 +255,23 @@ def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None 
 
 def render_rules_yaml(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                       selector: Mapping[str, str] | None = None,
-                      options: RuleOptions | None = None) -> str:
+                      options: RuleOptions | None = None,
+                      namespace_label: str | None = None) -> str:
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
-                                options=options)
+                                options=options, namespace_label=namespace_label)
     return yaml.safe_dump(groups, sort_keys=False, width=100)
 
 
 def render_prometheus_rule(spec: SLOSpec, deployment: str, namespace: str, *,
                            selector: Mapping[str, str] | None = None,
                            options: RuleOptions | None = None,
-                           labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+                           labels: Mapping[str, str] | None = None,
+                           namespace_label: str | None = None) -> dict[str, Any]:
     """The same groups as a prometheus-operator PrometheusRule in the deployment's namespace."""
     if not namespace:
         raise RuleError("namespace is empty; pass the deployment's namespace")
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
-                                options=options)
+                                options=options, namespace_label=namespace_label)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
