@@ -176,25 +176,52 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, step: StepInputs, residual: torch.Tensor) -> torch.Tensor:
         """``residual + o_proj(attention(x))``."""
-        if self.qkv is None or self.out is None:
+        q, k, v = self.project(x, step)
+        return self.output(self.attend(q, k, v, step), residual)
+
+    def project(self, x: torch.Tensor, step: StepInputs
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x``, rotated; the keys and values written to the
+        cache at ``step.batch.slot_mapping``."""
+        if self.qkv is None:
             raise _not_fused("Attention")
         n = x.shape[0]
         heads, kv_heads, hd = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
         q_out, kv_out, _ = self._split
         # Queries and keys rotate together: one set of calls for both.
-        ops, batch = step.ops, step.batch
+        ops = step.ops
         qk = ops.rotate(qkv[:, :q_out + kv_out].view(n, heads + kv_heads, hd),
                         step.rope.cos, step.rope.signed_sin)
         q, k = qk.split((heads, kv_heads), dim=1)
         v = qkv[:, q_out + kv_out:].view(n, kv_heads, hd)
         k_flat, v_flat = step.cache.flat(self.layer_idx)
-        ops.write_kv(k_flat, v_flat, batch.slot_mapping, k, v)
-        if step.decode_only:
-            flat = ops.decode_attention(q, k_flat, v_flat, batch.single_slots,
+        ops.write_kv(k_flat, v_flat, step.batch.slot_mapping, k, v)
+        return q, k, v
+
+    def output(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + o_proj(attended)``, ``attended`` [tokens, heads, head_dim]."""
+        if self.out is None:
+            raise _not_fused("Attention")
+        n = attended.shape[0]
+        return self.out(attended.reshape(n, self.num_heads * self.head_dim), residual)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepInputs,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every row's attention over its cached context: [tokens, heads, head_dim], in
+        ``out`` when given (a static buffer a captured graph reads)."""
+        n, heads, hd = q.shape[0], self.num_heads, self.head_dim
+        ops, batch = step.ops, step.batch
+        k_flat, v_flat = step.cache.flat(self.layer_idx)
+        if step.decode_only and out is None:
+            return ops.decode_attention(q, k_flat, v_flat, batch.single_slots,
                                         batch.single_lengths, step.decode_bias)
-            return self.out(flat.view(n, heads * hd), residual)
-        out = torch.empty(n, heads, hd, dtype=q.dtype, device=q.device)
+        if out is None:
+            out = torch.empty(n, heads, hd, dtype=q.dtype, device=q.device)
+        if step.decode_only:
+            out.copy_(ops.decode_attention(q, k_flat, v_flat, batch.single_slots,
+                                           batch.single_lengths, step.decode_bias))
+            return out
         if batch.single_rows is not None:
             rows = batch.single_rows
             out[rows] = ops.decode_attention(q.index_select(0, rows), k_flat, v_flat,
@@ -214,7 +241,7 @@ class Attention(nn.Module):
                 qq, kk, vv, attn_mask=chunk.mask, is_causal=chunk.mask is None,
                 enable_gqa=True)
             out[chunk.begin:chunk.end] = o.transpose(0, 1)
-        return self.out(out.view(n, heads * hd), residual)
+        return out
 
 
 class MLP(nn.Module):
@@ -252,9 +279,21 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, step: StepInputs) -> torch.Tensor:
-        ops, first, second = step.ops, self.input_layernorm, self.post_attention_layernorm
-        h = self.self_attn(ops.rms_norm(h, first.weight, first.eps), step, residual=h)
-        return self.mlp(ops.rms_norm(h, second.weight, second.eps), residual=h, ops=ops)
+        q, k, v = self.before_attention(h, step)
+        return self.after_attention(self.self_attn.attend(q, k, v, step), h, step.ops)
+
+    def before_attention(self, h: torch.Tensor, step: StepInputs
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's work up to attention: its queries, keys and values (cached)."""
+        norm = self.input_layernorm
+        return self.self_attn.project(step.ops.rms_norm(h, norm.weight, norm.eps), step)
+
+    def after_attention(self, attended: torch.Tensor, h: torch.Tensor,
+                        ops: TorchKernels) -> torch.Tensor:
+        """The layer's work after attention: the layer's output from ``h``, its input."""
+        h = self.self_attn.output(attended, residual=h)
+        norm = self.post_attention_layernorm
+        return self.mlp(ops.rms_norm(h, norm.weight, norm.eps), residual=h, ops=ops)
 
 
 class LlamaBody(nn.Module):
