@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import gc
 import itertools
-import weakref
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,58 +26,23 @@ from slopilot.engine.executors.graph_shapes import (
     width_buckets,
 )
 from slopilot.engine.executors.kv_cache import CacheError, PagedKVCache
-from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
+from slopilot.engine.executors.loader import LoadedModel
 from slopilot.engine.executors.torch_runner import ExecutorError, TorchExecutor
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import SamplingParams
+from tests.engine.graph_support import (
+    PROMPTS,
+    Make,
+    cuda,
+    decode_rows,
+    forgetful,
+    prefilled,
+    row,
+    touched_slots,
+)
 from tests.engine.torch_driver import Plan, generate, greedy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny: Path) -> LoadedModel:
-    return load_checkpoint(tiny)
-
-
-Make = Callable[..., TorchExecutor]
-
-
-# torch's ops read the padding through the mask's -inf (a NaN there would spread); the
-# native CPU kernels read each row's length instead.
-@pytest.fixture(params=["torch", "auto"])
-def make(request: pytest.FixtureRequest, loaded: LoadedModel) -> Make:
-    def executor(mode: str, **kw: object) -> TorchExecutor:
-        settings: dict[str, object] = dict(num_gpu_blocks=40, num_cpu_blocks=8,
-                                           block_size=4, cpu_kernels=request.param)
-        settings.update(kw)
-        return TorchExecutor(loaded, decode_graphs=mode, **settings)  # type: ignore[arg-type]
-    return executor
-
-
-def _row(rid: str, tokens: list[int], start: int, table: list[int],
-         params: SamplingParams | None = None, sample: bool = True) -> ScheduledSeq:
-    return ScheduledSeq(rid, tokens, start, list(table), sample, params or greedy(4), 0)
-
-
-# Five prompts, most of whose lengths end mid-block (block size 4), so the last block
-# holds slots nobody wrote; five rows run as the graph of six, one row padding.
-_PROMPTS = {"a": (list(range(3, 13)), [5, 9, 2]), "b": (list(range(20, 27)), [7, 1]),
-            "c": ([40, 41, 42], [11]), "d": (list(range(50, 58)), [13, 14, 16]),
-            "e": ([60], [15])}
-
-
-def _prefilled(ex: TorchExecutor) -> dict[str, int]:
-    """Poison the whole cache with NaN, then prefill the five prompts; their first tokens."""
-    ex.kv_cache.gpu[:, :, :ex.num_gpu_blocks] = float("nan")
-    out = ex.execute(SchedulerOutput(seqs=[_row(r, p, 0, t) for r, (p, t) in _PROMPTS.items()]))
-    return out.sampled
-
-
-def _decode_rows(first: dict[str, int], params: SamplingParams | None = None
-                 ) -> list[ScheduledSeq]:
-    return [_row(r, [first[r]], len(p), t, params) for r, (p, t) in _PROMPTS.items()]
 
 
 def test_buckets_cover_every_size_with_at_most_half_again() -> None:
@@ -126,11 +89,11 @@ def test_padded_logprobs_equal_the_eager_ones(make: Make) -> None:
     results = []
     for mode in ("off", "padded"):
         ex = make(mode)
-        first = _prefilled(ex)
-        results.append(ex.execute(SchedulerOutput(seqs=_decode_rows(first, params))))
+        first = prefilled(ex)
+        results.append(ex.execute(SchedulerOutput(seqs=decode_rows(first, params))))
     eager, padded = results
     assert padded.sampled == eager.sampled
-    for rid in _PROMPTS:
+    for rid in PROMPTS:
         e, p = eager.logprobs[rid], padded.logprobs[rid]
         assert (p.token_id, p.rank) == (e.token_id, e.rank)
         assert [t for t, _ in p.top] == [t for t, _ in e.top] and len(p.top) == 3
@@ -140,34 +103,29 @@ def test_padded_logprobs_equal_the_eager_ones(make: Make) -> None:
 
 def test_padding_writes_only_the_scratch_block(make: Make) -> None:
     ex = make("padded")
-    first = _prefilled(ex)
+    first = prefilled(ex)
     before = ex.kv_cache.gpu[:, :, :ex.num_gpu_blocks].clone()
-    rows = _decode_rows(first)
+    rows = decode_rows(first)
     out = ex.execute(SchedulerOutput(seqs=rows))
     assert ex.decode_graphs is not None and ex.decode_graphs.captured == [(6, 32)]
-    assert set(out.sampled) == set(_PROMPTS)
-    after = ex.kv_cache.gpu[:, :, :ex.num_gpu_blocks]
+    assert set(out.sampled) == set(PROMPTS)
     # The five new tokens' slots, and nothing else a request owns, changed.
-    new = {(r.block_table[r.start_pos // 4], r.start_pos % 4) for r in rows}
-    for block in range(ex.num_gpu_blocks):
-        for offset in range(4):
-            same = torch.equal(after[:, :, block, offset].nan_to_num(7.0),
-                               before[:, :, block, offset].nan_to_num(7.0))
-            assert same != ((block, offset) in new), (block, offset)
+    assert touched_slots(before, ex.kv_cache.gpu[:, :, :ex.num_gpu_blocks]) == {
+        (r.block_table[r.start_pos // 4], r.start_pos % 4) for r in rows}
     assert torch.isfinite(ex.kv_cache.gpu[:, :, ex.num_gpu_blocks:]).all()
 
 
 def test_only_sampling_rows_answer(make: Make) -> None:
     ex = make("padded")
-    first = _prefilled(ex)
-    rows = _decode_rows(first)
+    first = prefilled(ex)
+    rows = decode_rows(first)
     # A sixth single-token row that does not sample: a one-token prompt chunk.
-    rows.append(_row("f", [9], 0, [30], sample=False))
+    rows.append(row("f", [9], 0, [30], sample=False))
     eager = make("off")
-    _prefilled(eager)
+    prefilled(eager)
     want = eager.execute(SchedulerOutput(seqs=rows)).sampled
     got = ex.execute(SchedulerOutput(seqs=rows)).sampled
-    assert got == want and set(got) == set(_PROMPTS)
+    assert got == want and set(got) == set(PROMPTS)
     assert ex.decode_graphs is not None and ex.decode_graphs.captured == [(6, 32)]
 
 
@@ -184,8 +142,8 @@ def test_each_shape_is_captured_once(make: Make) -> None:
     graphs = DecodeGraphs(ex.model, ex.kv_cache, max_model_len=ex.max_model_len,
                           capture=_counting(captures))  # type: ignore[arg-type]
     ex.decode_graphs = graphs
-    first = _prefilled(ex)
-    rows = _decode_rows(first)
+    first = prefilled(ex)
+    rows = decode_rows(first)
     spare = iter(range(20, 40))
     for batch in (rows[:1], rows[:2], rows[:1], rows[:2], rows[:3]):
         ex.execute(SchedulerOutput(seqs=batch))
@@ -201,24 +159,24 @@ def test_what_a_graph_does_not_take_runs_eagerly(make: Make) -> None:
     ex = make("padded", max_graph_batch=4)
     graphs = ex.decode_graphs
     assert graphs is not None
-    first = _prefilled(ex)
-    rows = _decode_rows(first)
-    mixed = [rows[0], _row("p", [1, 2, 3], 0, [30])]
+    first = prefilled(ex)
+    rows = decode_rows(first)
+    mixed = [rows[0], row("p", [1, 2, 3], 0, [30])]
     logprob_prompt = SchedulerOutput(seqs=rows[:1], prompt_logprob_targets={"a": [4]})
     for out in (SchedulerOutput(seqs=rows), SchedulerOutput(seqs=mixed), logprob_prompt,
                 SchedulerOutput()):
         assert not graphs.takes(out)
     assert graphs.takes(SchedulerOutput(seqs=rows[:4]))
-    assert set(ex.execute(SchedulerOutput(seqs=rows)).sampled) == set(_PROMPTS)
+    assert set(ex.execute(SchedulerOutput(seqs=rows)).sampled) == set(PROMPTS)
     assert graphs.captured == []
     with pytest.raises(DecodeGraphError, match="shape_for"):
         graphs.run(rows)
 
 
 @pytest.mark.parametrize(("row", "message"), [
-    (_row("x", [1], 8, [0]), "need 3 blocks"),
-    (_row("x", [1], 2, [40]), r"block ids \[40\] are outside the cache's 40 blocks"),
-    (_row("x", [1], -1, [0]), "outside the model's context"),
+    (row("x", [1], 8, [0]), "need 3 blocks"),
+    (row("x", [1], 2, [40]), r"block ids \[40\] are outside the cache's 40 blocks"),
+    (row("x", [1], -1, [0]), "outside the model's context"),
 ])
 def test_bad_rows_are_refused_before_any_capture(make: Make, row: ScheduledSeq,
                                                  message: str) -> None:
@@ -233,17 +191,17 @@ def test_bad_rows_are_refused_before_any_capture(make: Make, row: ScheduledSeq,
     ({"decode_graphs": "fast"}, "decode_graphs='fast': use one of auto, cuda, padded, off"),
     ({"max_graph_batch": 0}, "max_graph_batch=0: must be >= 1"),
 ])
-def test_bad_settings(loaded: LoadedModel, kwargs: dict[str, object], message: str) -> None:
+def test_bad_settings(loaded_tiny: LoadedModel, kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ExecutorError, match=message):
-        TorchExecutor(loaded, num_gpu_blocks=8, **kwargs)  # type: ignore[arg-type]
+        TorchExecutor(loaded_tiny, num_gpu_blocks=8, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
-def test_cuda_graphs_need_a_cuda_device(loaded: LoadedModel) -> None:
+def test_cuda_graphs_need_a_cuda_device(loaded_tiny: LoadedModel) -> None:
     with pytest.raises(ExecutorError, match="decode_graphs='cuda' on device 'cpu'"):
-        TorchExecutor(loaded, num_gpu_blocks=8, decode_graphs="cuda")
+        TorchExecutor(loaded_tiny, num_gpu_blocks=8, decode_graphs="cuda")
     # auto means no graphs on CPU, and no scratch block either.
-    ex = TorchExecutor(loaded, num_gpu_blocks=8)
+    ex = TorchExecutor(loaded_tiny, num_gpu_blocks=8)
     assert ex.decode_graphs is None and ex.kv_cache.gpu.shape[2] == 8
 
 
@@ -275,15 +233,13 @@ def test_cuda_graphs_give_the_eager_tokens(make: Make, plan: Plan) -> None:
 @cuda
 def test_cuda_graph_padding_writes_only_the_scratch_block(make: Make) -> None:
     ex = make("cuda", device="cuda", dtype="float32")
-    first = _prefilled(ex)
+    first = prefilled(ex)
     before = ex.kv_cache.gpu[:, :, :ex.num_gpu_blocks].clone()
-    rows = _decode_rows(first)
+    rows = decode_rows(first)
     ex.execute(SchedulerOutput(seqs=rows[:2]))   # a capture at batch 2
     ex.execute(SchedulerOutput(seqs=rows))       # and at 3: then replays of both
-    changed = ~torch.eq(ex.kv_cache.gpu[:, :, :ex.num_gpu_blocks].nan_to_num(7.0),
-                        before.nan_to_num(7.0))
-    touched = {(int(b), int(o)) for b, o in changed.any(dim=(0, 1, 4, 5)).nonzero()}
-    assert touched == {(r.block_table[r.start_pos // 4], r.start_pos % 4) for r in rows}
+    assert touched_slots(before, ex.kv_cache.gpu[:, :, :ex.num_gpu_blocks]) == {
+        (r.block_table[r.start_pos // 4], r.start_pos % 4) for r in rows}
 
 
 def test_capture_all_takes_every_reachable_shape_once(make: Make) -> None:
@@ -296,9 +252,9 @@ def test_capture_all_takes_every_reachable_shape_once(make: Make) -> None:
     assert graphs.captured[0] == (6, 64)  # the largest first
     assert graphs.capture_all(5, 50) == 0
     assert ex.capture_decode_graphs(2) == 2 * 2  # batches 1 and 2 at widths 96 and 100
-    first = _prefilled(ex)
+    first = prefilled(ex)
     before = len(graphs.captured)
-    assert set(ex.execute(SchedulerOutput(seqs=_decode_rows(first))).sampled) == set(_PROMPTS)
+    assert set(ex.execute(SchedulerOutput(seqs=decode_rows(first))).sampled) == set(PROMPTS)
     assert len(graphs.captured) == before
     assert make("off").capture_decode_graphs(8) == 0
 
@@ -307,24 +263,13 @@ def test_a_graph_keeps_alive_what_its_capture_read(make: Make) -> None:
     """A CUDA graph holds the addresses of the tensors its capture read, not the tensors:
     a capture that keeps nothing (as ``torch.cuda.graph`` keeps nothing) must still
     replay, because the graph's owner keeps the computation and what it closes over."""
-    def forgetful(run: Callable[[], torch.Tensor]) -> tuple[Callable[[], object], torch.Tensor]:
-        out = run()
-        ref = weakref.ref(run)
-        del run
-
-        def replay() -> object:
-            alive = ref()
-            assert alive is not None, "the captured computation was freed"
-            return alive()
-        return replay, out
-
     ex = make("padded")
     ex.decode_graphs = DecodeGraphs(ex.model, ex.kv_cache, max_model_len=ex.max_model_len,
                                     capture=forgetful)
-    first = _prefilled(ex)
+    first = prefilled(ex)
     eager = make("off")
-    _prefilled(eager)
-    rows = _decode_rows(first)
+    prefilled(eager)
+    rows = decode_rows(first)
     ex.execute(SchedulerOutput(seqs=rows[:1]))  # captured here
     gc.collect()
     assert ex.execute(SchedulerOutput(seqs=rows)).sampled == \
