@@ -12,7 +12,7 @@
 # STAGES: which of tests, check, jitter, twin to run (default: all four, in that order;
 # split across two calls when one call's time limit is shorter than the whole). Each step
 # has its own time limit so that what finished comes back when a later one overruns;
-# TWIN_* variables pass through to gpu_twin.sh (REPEATS, TOLERANCE, TIME_LIMIT).
+# TWIN_* variables pass through to gpu_twin.sh (REPEATS, TOLERANCE, TIME_LIMIT, PIECEWISE).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu_session}"
@@ -45,7 +45,8 @@ if [[ "$stages" == *" tests "* ]]; then
   fi
   PYTHONPATH="$PWD:/tmp/pytest-site" timeout "${TESTS_LIMIT:-120}" python3 -m pytest -q \
     -p no:cacheprovider -o addopts="" tests/engine/test_decode_graphs.py \
-    tests/engine/test_torch_runner.py tests/engine/test_kernels.py > "$out/tests.log" 2>&1
+    tests/engine/test_piecewise_graphs.py tests/engine/test_torch_runner.py \
+    tests/engine/test_kernels.py > "$out/tests.log" 2>&1
   echo "tests rc=$?"
   tail -3 "$out/tests.log"
 fi

@@ -166,9 +166,10 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--decode-graphs", default="auto,off",
-                    help="the executor's decode-graph modes to time side by side, in one "
-                    "process (default: auto,off; keys of a mode past the first carry it)")
+    ap.add_argument("--decode-graphs", default="auto,off,piecewise",
+                    help="the executor's graph modes to time side by side, in one process: "
+                    "decode-graph modes, and piecewise (decode graphs and the passes with "
+                    "chunks as piece replays); keys of a mode past the first carry it")
     ap.add_argument("--one-thread", action="store_true",
                     help="also time each shape at one intra-op thread")
     ap.add_argument("--profiles", action="store_true",
@@ -184,15 +185,19 @@ def main() -> int:
         path = Path(tmp) / "smollm2-shaped-random"
         build_tiny_random(path, seed=0, shape=SMOLLM2_SHAPE)
         for n, mode in enumerate(modes):
+            piecewise = mode == "piecewise"
+            pieces = ("cuda" if device.type == "cuda" else "padded") if piecewise else "off"
             ex = TorchExecutor(path, device=args.device, dtype=args.dtype, kv_cache_gb=1.0,
-                               num_cpu_blocks=64, max_model_len=1024, decode_graphs=mode)
-            graphs = ex.capture_decode_graphs(32)
+                               num_cpu_blocks=64, max_model_len=1024,
+                               decode_graphs="auto" if piecewise else mode,
+                               piecewise_graphs=pieces, max_graph_tokens=512)
+            graphs = ex.capture_decode_graphs(32, 512)
             tag = "" if n == 0 else f"_{mode}"
             print(f"decode graphs {mode}: {graphs} captured")
             plan = BlockPlan.for_specs(list(SHAPES.values()), ex.block_size)
             for name, spec in SHAPES.items():
-                if n and spec.kind != "decode":
-                    continue  # a chunk runs eagerly in every mode
+                if n and spec.kind != "decode" and not piecewise:
+                    continue  # a chunk runs eagerly in every decode-graph mode
                 launches = kernels_per_iteration(ex, spec, plan)
                 threads_list = [default_threads] + ([1] if args.one_thread else [])
                 for threads in threads_list:

@@ -27,6 +27,9 @@ if [[ -n "${QUICK:-}" ]]; then quick=(--quick); fi
 calib=()
 if [[ -n "${REPEATS:-}" ]]; then calib+=(--repeats "$REPEATS"); fi
 if [[ -n "${TOLERANCE:-}" ]]; then calib+=(--tolerance "$TOLERANCE"); fi
+# PIECEWISE=1: calibrate (and so serve, in the fidelity run) with the passes that carry
+# prefill chunks replayed piecewise as well (--piecewise-graphs cuda).
+if [[ -n "${PIECEWISE:-}" ]]; then calib+=(--piecewise-graphs cuda); fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 model="${MODEL:-}"
 if [[ -z "$model" ]]; then

@@ -465,13 +465,14 @@ def build_executor(model: str, profile: CostProfile, cost: CalibratedCostModel,
 
     bs = config.block_size
     # The kernels the profile was timed with: the twin and the engine run the same code.
-    cpu_kernels, decode_graphs = executor_modes(profile.device.kernels)
+    cpu_kernels, decode_graphs, piecewise_graphs = executor_modes(profile.device.kernels)
     executor = TorchExecutor(model, device=profile.device.type,
                              dtype=profile.dtype, num_gpu_blocks=cost.num_kv_blocks(bs),
                              num_cpu_blocks=cost.num_cpu_blocks(bs, config.swap_space_gb),
                              block_size=bs, max_model_len=context,
                              num_threads=profile.device.threads,
-                             cpu_kernels=cpu_kernels, decode_graphs=decode_graphs)
+                             cpu_kernels=cpu_kernels, decode_graphs=decode_graphs,
+                             piecewise_graphs=piecewise_graphs)
     # As a server does before it serves: no measured iteration pays for a capture.
     executor.capture_decode_graphs(config.max_num_seqs)
     return executor

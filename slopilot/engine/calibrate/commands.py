@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-graphs", choices=DECODE_GRAPH_CHOICES, default="auto",
                    help="as `slopilot serve --decode-graphs` (default: auto, as serve); "
                         "the profile records whether decodes were graph replays")
+    p.add_argument("--piecewise-graphs", choices=DECODE_GRAPH_CHOICES, default="off",
+                   help="as `slopilot serve --piecewise-graphs` (default: off, as serve)")
     p.add_argument("--out", required=True, type=Path, metavar="PROFILE.yaml")
     p.add_argument("--quick", action="store_true", help="a smaller grid and context "
                    "(under a minute on tiny-random)")
@@ -104,7 +106,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         target = torch_target(args.model, grid, device=args.device, dtype=args.dtype,
                               threads=args.threads, kv_cache_gb=args.kv_cache_gb,
                               cpu_kernels=args.cpu_kernels,
-                              decode_graphs=args.decode_graphs)
+                              decode_graphs=args.decode_graphs,
+                              piecewise_graphs=args.piecewise_graphs)
         result = _run(target, opts, quiet=args.json, samples_out=args.samples_out)
     except (CalibrationError, DesignError, HarnessError, FitError, ModelNotFoundError,
             SamplesFileError, ValueError) as exc:

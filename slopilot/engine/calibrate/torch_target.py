@@ -70,7 +70,7 @@ def _cpu_name() -> str:
 def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
                  dtype: str | None = None, threads: int | None = None,
                  kv_cache_gb: float | None = None, cpu_kernels: str = "auto",
-                 decode_graphs: str = "auto") -> Target:
+                 decode_graphs: str = "auto", piecewise_graphs: str = "off") -> Target:
     """Load ``model`` into a ``TorchExecutor`` sized for ``grid``; check the device first.
 
     ``cpu_kernels`` as ``slopilot serve --cpu-kernels``: calibrate with what the engine
@@ -95,7 +95,8 @@ def torch_target(model: str, grid: GridOptions, *, device: str = "cpu",
     executor = TorchExecutor(path, device=device, dtype=dtype, kv_cache_gb=kv_cache_gb,
                              num_cpu_blocks=plan.cpu_blocks, block_size=16,
                              max_model_len=grid.max_context, num_threads=threads,
-                             cpu_kernels=cpu_kernels, decode_graphs=decode_graphs)
+                             cpu_kernels=cpu_kernels, decode_graphs=decode_graphs,
+                             piecewise_graphs=piecewise_graphs)
     dtype_name = str(executor.dtype).removeprefix("torch.")
     profile = ModelProfile(
         name=_model_name(model, path), num_layers=config.num_hidden_layers,

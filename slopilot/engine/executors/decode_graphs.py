@@ -74,18 +74,21 @@ class DecodeGraphError(GraphShapeError):
     """A decode-graph setting that cannot work; the message names it and the fix."""
 
 
-def parse_mode(value: str | DecodeGraphMode, device: torch.device) -> DecodeGraphMode:
-    """The mode to run on ``device``: ``auto`` resolved, an impossible one refused."""
+def parse_mode(value: str | DecodeGraphMode, device: torch.device, *,
+               field: str = "decode_graphs",
+               auto: DecodeGraphMode = DecodeGraphMode.CUDA) -> DecodeGraphMode:
+    """The mode ``field`` runs on ``device``: ``auto`` resolved (to ``auto`` on a CUDA
+    device, off elsewhere), an impossible one refused."""
     try:
         mode = DecodeGraphMode(value)
     except ValueError:
         choices = ", ".join(m.value for m in DecodeGraphMode)
-        raise DecodeGraphError(f"decode_graphs={value!r}: use one of {choices}") from None
+        raise DecodeGraphError(f"{field}={value!r}: use one of {choices}") from None
     if mode is DecodeGraphMode.AUTO:
-        return DecodeGraphMode.CUDA if device.type == "cuda" else DecodeGraphMode.OFF
+        return auto if device.type == "cuda" else DecodeGraphMode.OFF
     if mode is DecodeGraphMode.CUDA and device.type != "cuda":
         raise DecodeGraphError(
-            f"decode_graphs='cuda' on device {device.type!r}: CUDA graphs need a CUDA "
+            f"{field}='cuda' on device {device.type!r}: CUDA graphs need a CUDA "
             "device; use 'auto' (or 'padded' to run their padded pass eagerly)")
     return mode
 

@@ -353,8 +353,12 @@ class LlamaForCausalLM(nn.Module):
             h = layer(h, step)
         norm = self.model.norm
         h = ops.rms_norm(h if logits_rows is None else h[logits_rows], norm.weight, norm.eps)
+        return self.head_logits(h)
+
+    def head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of hidden states the final norm has seen."""
         head = self.head if self.head is not None else Projection(self.lm_head.weight, None)
-        return head(h).float()
+        return head(normed).float()
 
     def projections(self) -> list[Projection]:
         """The fused projections in the order a step runs them: per layer qkv, o, gate_up

@@ -17,6 +17,7 @@ from torch.nn.attention import sdpa_kernel
 from slopilot.engine.device_cache import executor_decode_knee
 from slopilot.engine.executors.batch import build_batch
 from slopilot.engine.executors.decode_graphs import (
+    Capture,
     DecodeGraphError,
     DecodeGraphMode,
     DecodeGraphs,
@@ -31,6 +32,11 @@ from slopilot.engine.executors.kv_cache import PagedKVCache
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
 from slopilot.engine.executors.logprobs import gather_logprobs
 from slopilot.engine.executors.native_kernels import KernelError, choose_kernels
+from slopilot.engine.executors.piecewise_graphs import (
+    DEFAULT_MAX_TOKENS,
+    PiecewiseGraphError,
+    PiecewiseGraphs,
+)
 from slopilot.engine.executors.sampler import Sampler
 from slopilot.engine.executors.tokenizer import TextTokenizer
 from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
@@ -75,7 +81,8 @@ class TorchExecutor:
                  gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
                  seed: int = 0, num_threads: int | None = None,
                  cpu_kernels: str = "auto", decode_graphs: str = "auto",
-                 max_graph_batch: int = GRAPH_MAX_BATCH) -> None:
+                 max_graph_batch: int = GRAPH_MAX_BATCH, piecewise_graphs: str = "off",
+                 max_graph_tokens: int = DEFAULT_MAX_TOKENS) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ExecutorError("device='cuda' but torch sees no CUDA device; use device='cpu'")
@@ -88,6 +95,9 @@ class TorchExecutor:
             raise ExecutorError(f"swap_space_gb={swap_space_gb}: must be >= 0")
         try:
             graph_mode = parse_mode(decode_graphs, self.device)
+            # Off unless asked for: not yet measured on a GPU (piecewise_graphs.py).
+            piece_mode = parse_mode(piecewise_graphs, self.device, field="piecewise_graphs",
+                                    auto=DecodeGraphMode.OFF)
         except DecodeGraphError as exc:
             raise ExecutorError(str(exc)) from None
         if max_graph_batch < 1:
@@ -139,14 +149,31 @@ class TorchExecutor:
             num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, num_gpu_blocks=gpu_blocks, num_cpu_blocks=num_cpu_blocks,
             block_size=block_size, dtype=self.dtype, device=self.device,
-            scratch_blocks=0 if graph_mode is DecodeGraphMode.OFF else 1)
+            scratch_blocks=0 if graph_mode is piece_mode is DecodeGraphMode.OFF else 1)
         self.decode_graphs: DecodeGraphs | None = None
+        self.piecewise_graphs: PiecewiseGraphs | None = None
+        # One memory pool for every graph: they replay one at a time.
+        pool_capture = (cuda_capture(self.device)
+                        if DecodeGraphMode.CUDA in (graph_mode, piece_mode) else eager_capture)
+
+        def capture_for(mode: DecodeGraphMode) -> Capture:
+            return pool_capture if mode is DecodeGraphMode.CUDA else eager_capture
+
         if graph_mode is not DecodeGraphMode.OFF:
-            capture = (cuda_capture(self.device) if graph_mode is DecodeGraphMode.CUDA
-                       else eager_capture)
             self.decode_graphs = DecodeGraphs(
                 self.model, self.kv_cache, max_model_len=self.max_model_len,
-                capture=capture, max_batch=max_graph_batch)
+                capture=capture_for(graph_mode), max_batch=max_graph_batch)
+        if piece_mode is DecodeGraphMode.CUDA and graph_mode is not DecodeGraphMode.CUDA:
+            raise ExecutorError(
+                "piecewise_graphs='cuda' with decode_graphs off: replay the decode passes "
+                "from graphs too (decode_graphs='auto' or 'cuda'), or leave both off")
+        if piece_mode is not DecodeGraphMode.OFF:
+            try:
+                self.piecewise_graphs = PiecewiseGraphs(
+                    self.model, self.kv_cache, capture=capture_for(piece_mode),
+                    max_tokens=max_graph_tokens)
+            except PiecewiseGraphError as exc:
+                raise ExecutorError(str(exc)) from None
         self.sampler = Sampler(seed=seed, device=self.device, kernels=self.kernels.kernels)
 
     def _blocks_from_memory(self, kv_cache_gb: float | None, utilization: float) -> int:
@@ -168,12 +195,16 @@ class TorchExecutor:
                 "pass num_gpu_blocks")
         return blocks
 
-    def capture_decode_graphs(self, max_num_seqs: int) -> int:
-        """Capture the decode graphs a batch limit of ``max_num_seqs`` rows can reach, at
-        every context up to the model's, before serving; 0 where graphs are off."""
-        if self.decode_graphs is None:
-            return 0
-        return self.decode_graphs.capture_all(max_num_seqs, self.max_model_len)
+    def capture_decode_graphs(self, max_num_seqs: int, token_budget: int = 0) -> int:
+        """Capture, before serving, the decode graphs a batch limit of ``max_num_seqs`` rows
+        can reach at every context up to the model's, and the piecewise graphs of passes
+        of up to ``token_budget`` tokens; how many graph sets were new (0: graphs off)."""
+        new = 0
+        if self.decode_graphs is not None:
+            new += self.decode_graphs.capture_all(max_num_seqs, self.max_model_len)
+        if self.piecewise_graphs is not None and token_budget > 0:
+            new += self.piecewise_graphs.capture_all(token_budget)
+        return new
 
     @property
     def graph_batch(self) -> int | None:
@@ -187,7 +218,11 @@ class TorchExecutor:
         """What a step runs on, as a cost profile records it (``PROFILE_KERNELS``)."""
         if self.kernels.native:
             return "native"
-        return "torch" if self.graph_batch is None else "cuda-graphs"
+        if self.graph_batch is None:
+            return "torch"
+        pieces = self.piecewise_graphs
+        return "cuda-graphs" if pieces is None or not pieces.captures_graphs \
+            else "cuda-graphs-piecewise"
 
     @property
     def swap_time_per_block_s(self) -> float:
@@ -234,8 +269,12 @@ class TorchExecutor:
                                         num_blocks=self.kv_cache.num_gpu_blocks,
                                         max_model_len=self.max_model_len, device=self.device,
                                         prompt_logprob_targets=out.prompt_logprob_targets)
-                    logits = self.model(batch.input_ids, batch.positions, batch.attention,
-                                        self.kv_cache, batch.logits_rows)
+                    pieces = self.piecewise_graphs
+                    if pieces is not None and pieces.bucket_for(len(batch.input_ids)):
+                        logits = pieces.run(batch)
+                    else:
+                        logits = self.model(batch.input_ids, batch.positions,
+                                            batch.attention, self.kv_cache, batch.logits_rows)
                     seqs, prompt_seqs = batch.sample_seqs, batch.prompt_seqs
                     sample_logits, prompt_logits = logits[:len(seqs)], logits[len(seqs):]
                 tokens = self.sampler.sample(

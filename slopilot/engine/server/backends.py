@@ -90,25 +90,27 @@ def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
                 num_gpu_blocks: int | None = None, num_cpu_blocks: int | None = None,
                 served_model_name: str | None = None, dtype: str | None = None,
                 max_model_len: int | None = None, cpu_kernels: str = "auto",
-                decode_graphs: str = "auto") -> Backend:
+                decode_graphs: str = "auto", piecewise_graphs: str = "off") -> Backend:
     """A plain-torch engine on a checkpoint directory or a registered model name."""
     from slopilot.engine.executors.torch_runner import TorchExecutor
 
     executor = TorchExecutor(model, device=device, dtype=dtype, num_gpu_blocks=num_gpu_blocks,
                              num_cpu_blocks=num_cpu_blocks, block_size=config.block_size,
                              swap_space_gb=config.swap_space_gb, max_model_len=max_model_len,
-                             cpu_kernels=cpu_kernels, decode_graphs=decode_graphs)
+                             cpu_kernels=cpu_kernels, decode_graphs=decode_graphs,
+                             piecewise_graphs=piecewise_graphs)
     # The engine stamps the executor's decode_spill knee on every iteration, so the
     # slopilot_iteration_* series count as a calibrated profile of this device does.
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
                        executor.swap_time_per_block_s)
     # Before serving, so that no request waits for a capture (limits raised live later
     # capture lazily).
-    graphs = executor.capture_decode_graphs(config.max_num_seqs)
+    graphs = executor.capture_decode_graphs(config.max_num_seqs, config.token_budget)
     if graphs:
         logging.getLogger("slopilot.serve").info(
-            "captured %d CUDA graphs for decode batches of up to %d rows", graphs,
-            config.max_num_seqs)
+            "captured %d CUDA graph shapes for decode batches of up to %d rows (and, with "
+            "--piecewise-graphs, passes of up to %d tokens)", graphs, config.max_num_seqs,
+            config.token_budget)
     name = served_model_name or str(model).rstrip("/").split("/")[-1]
     info = {"executor": "torch", "device": str(executor.device),
             "kernels": executor.profile_kernels,

@@ -55,6 +55,10 @@ def register(subparsers: Any) -> None:
                    help="torch executor: replay decode-only iterations from CUDA graphs, "
                    "one launch instead of hundreds (auto: on CUDA; cuda: required; "
                    "padded: their padded pass without capture; off: never)")
+    p.add_argument("--piecewise-graphs", choices=DECODE_GRAPH_CHOICES, default="off",
+                   help="torch executor: replay the layers' work around attention of "
+                   "passes with prefill chunks from CUDA graphs too (cuda; auto is off "
+                   "until measured on a GPU; padded: their padded pass without capture)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="torch executor: the weights' and activations' type; auto is "
                    "float32 on CPU (the fused kernels, float32 parity) and bfloat16 on "
@@ -150,6 +154,8 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail("--dtype applies to --executor torch only")
     if args.executor == "simulated" and args.decode_graphs != "auto":
         return _fail("--decode-graphs applies to --executor torch only")
+    if args.executor == "simulated" and args.piecewise_graphs != "off":
+        return _fail("--piecewise-graphs applies to --executor torch only")
     if args.admin_port is not None and args.admin_port == args.port != 0:
         return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
                      "port of its own")
@@ -172,6 +178,7 @@ def _serve(args: argparse.Namespace) -> int:
                                   served_model_name=args.served_model_name,
                                   cpu_kernels=args.cpu_kernels,
                                   decode_graphs=args.decode_graphs,
+                                  piecewise_graphs=args.piecewise_graphs,
                                   dtype=None if args.dtype == "auto" else args.dtype)
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))

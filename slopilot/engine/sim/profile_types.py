@@ -39,7 +39,8 @@ class DeviceInfo:
     def graph_batch(self) -> int | None:
         """The largest decode batch this device replayed from a CUDA graph while timed
         (the ``eager_passes`` feature's bound); None where it replayed none."""
-        return GRAPH_MAX_BATCH if self.kernels == "cuda-graphs" else None
+        return (GRAPH_MAX_BATCH if self.kernels in ("cuda-graphs", "cuda-graphs-piecewise")
+                else None)
 
 
 @dataclass(frozen=True)

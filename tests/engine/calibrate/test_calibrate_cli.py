@@ -67,13 +67,15 @@ def test_a_device_that_is_not_there(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_cuda_graphs_without_a_cuda_device(tiny: Path, tmp_path: Path,
+@pytest.mark.parametrize("flag", ["--decode-graphs", "--piecewise-graphs"])
+def test_cuda_graphs_without_a_cuda_device(tiny: Path, tmp_path: Path, flag: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "p.yaml"
-    assert main(["calibrate", "--model", str(tiny), "--decode-graphs", "cuda",
+    assert main(["calibrate", "--model", str(tiny), flag, "cuda",
                  "--out", str(out), *TINY_GRID]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "decode_graphs='cuda' on device 'cpu'" in err and "use 'auto'" in err
+    field = flag.removeprefix("--").replace("-", "_")
+    assert f"{field}='cuda' on device 'cpu'" in err and "use 'auto'" in err
     assert not out.exists()
 
 

@@ -104,6 +104,7 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--dtype", "float64"], "invalid choice: 'float64'"),
     (["--decode-graphs", "off"], "--decode-graphs applies to --executor torch only"),
     (["--decode-graphs", "always"], "invalid choice: 'always'"),
+    (["--piecewise-graphs", "cuda"], "--piecewise-graphs applies to --executor torch only"),
     (["--max-body-mb", "0"], "--max-body-mb 0: expected MiB above 0"),
     (["--max-body-mb", "nan"], "--max-body-mb nan: expected MiB above 0"),
     (["--max-body-mb", "lots"], "--max-body-mb lots: expected MiB above 0"),
