@@ -18,10 +18,9 @@
 - The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
   ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
   allow-lists, see policy.py and study_storage.py), ``$SLOPILOT_NAMESPACE_LABEL`` (the
-  Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then match)
-  and the
-  operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the service account's,
-  else slopilot-system).
+  Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then
+  match) and the operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the
+  service account's, else slopilot-system).
 """
 
 from __future__ import annotations
