@@ -100,6 +100,10 @@ class TorchExecutor:
                                     auto=DecodeGraphMode.OFF)
         except DecodeGraphError as exc:
             raise ExecutorError(str(exc)) from None
+        if piece_mode is DecodeGraphMode.CUDA and graph_mode is not DecodeGraphMode.CUDA:
+            raise ExecutorError(
+                "piecewise_graphs='cuda' with decode_graphs off: replay the decode passes "
+                "from graphs too (decode_graphs='auto' or 'cuda'), or leave both off")
         if max_graph_batch < 1:
             raise ExecutorError(f"max_graph_batch={max_graph_batch}: must be >= 1")
         if num_threads is not None:
@@ -152,29 +156,29 @@ class TorchExecutor:
             scratch_blocks=0 if graph_mode is piece_mode is DecodeGraphMode.OFF else 1)
         self.decode_graphs: DecodeGraphs | None = None
         self.piecewise_graphs: PiecewiseGraphs | None = None
+        self._build_graphs(graph_mode, piece_mode, max_graph_batch, max_graph_tokens)
+        self.sampler = Sampler(seed=seed, device=self.device, kernels=self.kernels.kernels)
+
+    def _build_graphs(self, decode: DecodeGraphMode, pieces: DecodeGraphMode,
+                      max_batch: int, max_tokens: int) -> None:
         # One memory pool for every graph: they replay one at a time.
         pool_capture = (cuda_capture(self.device)
-                        if DecodeGraphMode.CUDA in (graph_mode, piece_mode) else eager_capture)
+                        if DecodeGraphMode.CUDA in (decode, pieces) else eager_capture)
 
         def capture_for(mode: DecodeGraphMode) -> Capture:
             return pool_capture if mode is DecodeGraphMode.CUDA else eager_capture
 
-        if graph_mode is not DecodeGraphMode.OFF:
+        if decode is not DecodeGraphMode.OFF:
             self.decode_graphs = DecodeGraphs(
                 self.model, self.kv_cache, max_model_len=self.max_model_len,
-                capture=capture_for(graph_mode), max_batch=max_graph_batch)
-        if piece_mode is DecodeGraphMode.CUDA and graph_mode is not DecodeGraphMode.CUDA:
-            raise ExecutorError(
-                "piecewise_graphs='cuda' with decode_graphs off: replay the decode passes "
-                "from graphs too (decode_graphs='auto' or 'cuda'), or leave both off")
-        if piece_mode is not DecodeGraphMode.OFF:
+                capture=capture_for(decode), max_batch=max_batch)
+        if pieces is not DecodeGraphMode.OFF:
             try:
                 self.piecewise_graphs = PiecewiseGraphs(
-                    self.model, self.kv_cache, capture=capture_for(piece_mode),
-                    max_tokens=max_graph_tokens)
+                    self.model, self.kv_cache, capture=capture_for(pieces),
+                    max_tokens=max_tokens)
             except PiecewiseGraphError as exc:
                 raise ExecutorError(str(exc)) from None
-        self.sampler = Sampler(seed=seed, device=self.device, kernels=self.kernels.kernels)
 
     def _blocks_from_memory(self, kv_cache_gb: float | None, utilization: float) -> int:
         if kv_cache_gb is not None:
