@@ -202,12 +202,15 @@ class TorchExecutor:
     def capture_decode_graphs(self, max_num_seqs: int, token_budget: int = 0) -> int:
         """Capture, before serving, the decode graphs a batch limit of ``max_num_seqs`` rows
         can reach at every context up to the model's, and the piecewise graphs of passes
-        of up to ``token_budget`` tokens; how many graph sets were new (0: graphs off)."""
+        of up to ``token_budget`` tokens; how many graph sets were new. 0 without CUDA
+        graphs: the ``padded`` modes run their shapes as they come (capturing them ahead
+        would only run each once, seconds of a CPU's start-up for nothing)."""
         new = 0
-        if self.decode_graphs is not None:
+        if self.decode_graphs is not None and self.decode_graphs.captures_graphs:
             new += self.decode_graphs.capture_all(max_num_seqs, self.max_model_len)
-        if self.piecewise_graphs is not None and token_budget > 0:
-            new += self.piecewise_graphs.capture_all(token_budget)
+        pieces = self.piecewise_graphs
+        if pieces is not None and pieces.captures_graphs and token_budget > 0:
+            new += pieces.capture_all(token_budget)
         return new
 
     @property
