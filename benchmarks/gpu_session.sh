@@ -39,11 +39,12 @@ stages=" ${STAGES:-tests check jitter twin} "
 if [[ "$stages" == *" tests "* ]]; then
   # pytest from the carried wheels (.whl) when the machine has none, kept apart from the
   # other stages' imports.
+  site=$(mktemp -d)
   if ! python3 -c "import pytest" 2>/dev/null && compgen -G ".whl/pytest/pytest-*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pytest-site \
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
       .whl/pytest/*.whl
   fi
-  PYTHONPATH="$PWD:/tmp/pytest-site" timeout "${TESTS_LIMIT:-120}" python3 -m pytest -q \
+  PYTHONPATH="$PWD:$site" timeout "${TESTS_LIMIT:-120}" python3 -m pytest -q \
     -p no:cacheprovider -o addopts="" tests/engine/test_decode_graphs.py \
     tests/engine/test_piecewise_graphs.py tests/engine/test_torch_runner.py \
     tests/engine/test_kernels.py > "$out/tests.log" 2>&1
