@@ -47,6 +47,7 @@ if [[ "$stages" == *" tests "* ]]; then
   PYTHONPATH="$PWD:$site" timeout "${TESTS_LIMIT:-120}" python3 -m pytest -q \
     -p no:cacheprovider -o addopts="" tests/engine/test_decode_graphs.py \
     tests/engine/test_piecewise_graphs.py tests/engine/test_torch_runner.py \
+    tests/engine/test_sampler.py \
     tests/engine/test_kernels.py > "$out/tests.log" 2>&1
   echo "tests rc=$?"
   tail -3 "$out/tests.log"

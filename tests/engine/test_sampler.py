@@ -86,3 +86,27 @@ def test_sampling_follows_the_distribution() -> None:
 def test_mismatched_rows_are_refused() -> None:
     with pytest.raises(ValueError, match="2 logit rows for 1 sampling params"):
         Sampler().sample(_logits(rows=2), [SamplingParams()], [0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sampled_rows_read_the_device_once_whatever_their_number() -> None:
+    """Each host read of a GPU tensor waits for the device; a batch of temperature-sampled
+    rows read each row's draw on its own (8 rows, 8 waits)."""
+    import warnings
+
+    def syncs(rows: int) -> int:
+        sampler = Sampler(seed=0, device="cuda")
+        logits = torch.randn(rows, 100, device="cuda")
+        params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=i)
+                  for i in range(rows)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                sampler.sample(logits, params, [0] * rows)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in seen)
+
+    assert syncs(8) == syncs(2) >= 1

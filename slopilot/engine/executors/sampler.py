@@ -86,7 +86,8 @@ class Sampler:
             logits = logits.float().clone()
             for i in rows:
                 logits[i] = process_row(logits[i], params[i], *histories[i])
-        out = self.kernels.argmax(logits).tolist()
+        chosen = self.kernels.argmax(logits)
+        drawn: list[tuple[int, torch.Tensor]] = []
         for i, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
             if p.temperature == 0.0 or p.top_k == 1:
                 continue
@@ -94,5 +95,11 @@ class Sampler:
             # Exponential race (Gumbel-max in disguise): argmax(p / E) with E ~ Exp(1) is
             # a draw from p, and needs one random vector instead of a CDF search.
             noise = torch.empty_like(probs).exponential_(generator=self._generator(p, n_out))
-            out[i] = int((probs / noise).argmax())
-        return [int(t) for t in out]
+            drawn.append((i, (probs / noise).argmax()))
+        if drawn:
+            # One host read for every row, not one per sampled row: on a GPU each read
+            # waits for the device, and a batch of sampled rows paid that wait per row.
+            where = torch.tensor([i for i, _ in drawn], device=chosen.device)
+            chosen = chosen.index_copy(0, where, torch.stack([t for _, t in drawn])
+                                       .to(chosen.dtype))
+        return [int(t) for t in chosen.tolist()]
