@@ -213,15 +213,12 @@ class Attention(nn.Module):
         n, heads, hd = q.shape[0], self.num_heads, self.head_dim
         ops, batch = step.ops, step.batch
         k_flat, v_flat = step.cache.flat(self.layer_idx)
-        if step.decode_only and out is None:
-            return ops.decode_attention(q, k_flat, v_flat, batch.single_slots,
+        if step.decode_only:
+            flat = ops.decode_attention(q, k_flat, v_flat, batch.single_slots,
                                         batch.single_lengths, step.decode_bias)
+            return flat if out is None else out.copy_(flat)
         if out is None:
             out = torch.empty(n, heads, hd, dtype=q.dtype, device=q.device)
-        if step.decode_only:
-            out.copy_(ops.decode_attention(q, k_flat, v_flat, batch.single_slots,
-                                           batch.single_lengths, step.decode_bias))
-            return out
         if batch.single_rows is not None:
             rows = batch.single_rows
             out[rows] = ops.decode_attention(q.index_select(0, rows), k_flat, v_flat,
@@ -324,10 +321,15 @@ class LlamaForCausalLM(nn.Module):
                 cache: PagedKVCache, logits_rows: torch.Tensor) -> torch.Tensor:
         """Float32 logits [len(logits_rows), vocab] for the chosen rows of the flat batch."""
         h = self.model.embed_tokens(input_ids)
-        bias = (self.ops.decode_bias(batch.single_lengths, batch.single_slots.shape[1],
-                                     h.dtype)
-                if batch.single_rows is not None else None)
-        return self._layers_and_head(h, positions, batch, cache, bias, logits_rows)
+        return self._layers_and_head(h, positions, batch, cache,
+                                     self.decode_bias(batch, h.dtype), logits_rows)
+
+    def decode_bias(self, batch: AttentionBatch, dtype: torch.dtype) -> torch.Tensor | None:
+        """The padding mask of the batch's decode rows, once per pass (None: no decodes,
+        or none padded)."""
+        if batch.single_rows is None:
+            return None
+        return self.ops.decode_bias(batch.single_lengths, batch.single_slots.shape[1], dtype)
 
     def forward_decode(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        batch: AttentionBatch, cache: PagedKVCache) -> torch.Tensor:

@@ -127,12 +127,10 @@ class PiecewiseGraphs:
         self._stage(batch, n, bucket)
         model, ops = self.model, self.model.ops
         attention = batch.attention
-        bias = (ops.decode_bias(attention.single_lengths, attention.single_slots.shape[1],
-                                self._q.dtype)
-                if attention.single_rows is not None else None)
         rope = Rope(self._cos[:n], self._sin[:n])
         step = StepInputs(rope=rope, batch=attention, cache=self.cache, ops=ops,
-                          decode_bias=bias, decode_only=not attention.chunks)
+                          decode_bias=model.decode_bias(attention, self._q.dtype),
+                          decode_only=not attention.chunks)
         layers = self._layers()
         pieces.replays[0]()
         for i, layer in enumerate(layers):

@@ -277,7 +277,8 @@ class TorchExecutor:
                                         max_model_len=self.max_model_len, device=self.device,
                                         prompt_logprob_targets=out.prompt_logprob_targets)
                     pieces = self.piecewise_graphs
-                    if pieces is not None and pieces.bucket_for(len(batch.input_ids)):
+                    if pieces is not None and \
+                            pieces.bucket_for(len(batch.input_ids)) is not None:
                         logits = pieces.run(batch)
                     else:
                         logits = self.model(batch.input_ids, batch.positions,
