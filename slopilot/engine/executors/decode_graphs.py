@@ -256,6 +256,11 @@ class DecodeGraphs:
         return (ids + [0] * pad + positions + [0] * pad + slots + [scratch] * pad
                 + lengths + [1] * pad + tables + [self._scratch_block] * (pad * blocks))
 
+    def stage_inputs(self, seqs: Sequence[ScheduledSeq], batch: int, width: int) -> None:
+        """Fill the graph's input buffer for these rows, padded to ``batch`` rows of
+        ``width`` tokens, and send it to the device."""
+        self._stage(self._values(seqs, batch, width))
+
     def _stage(self, values: list[int]) -> None:
         n = len(values)
         if self._copied is not None:
