@@ -35,10 +35,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from slopilot.engine.executors.batch import AttentionBatch, row_blocks
+from slopilot.engine.executors.batch import (
+    AttentionBatch,
+    block_matrix,
+    check_block_ids,
+    row_blocks,
+)
 from slopilot.engine.executors.graph_shapes import (
     GRAPH_MAX_BATCH,
     GraphShapeError,
@@ -160,6 +166,7 @@ class DecodeGraphs:
         self._inputs = torch.empty(size, dtype=torch.long, device=device)
         pin = device.type == "cuda"
         self._staging = torch.empty(size, dtype=torch.long, pin_memory=pin)
+        self._staging_np = self._staging.numpy()  # the same memory, filled by numpy
         # Set once the staged inputs have reached the device: the next iteration must not
         # overwrite them before.
         self._copied = torch.cuda.Event() if pin else None
@@ -220,11 +227,11 @@ class DecodeGraphs:
             raise DecodeGraphError(
                 f"{len(seqs)} rows do not fit a decode graph; ask shape_for() first")
         batch, width = shape
-        values = self._values(seqs, batch, width)
+        matrix = self._rows(seqs, width // self.block_size)  # before a capture too
         graph = self._graphs.get(shape)
         if graph is None:
             graph = self._graphs[shape] = self._new_graph(batch, width)
-        self._stage(values)
+        self._fill(seqs, matrix, batch, width)
         graph.replay()
         assert self._logits is not None
         logits = self._logits[:batch]
@@ -234,46 +241,48 @@ class DecodeGraphs:
             return chosen, logits[:len(seqs)]
         return chosen, logits[torch.tensor(sampling, device=logits.device)]
 
-    def _values(self, seqs: Sequence[ScheduledSeq], batch: int, width: int) -> list[int]:
-        bs, blocks = self.block_size, width // self.block_size
-        pad = batch - len(seqs)
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        lengths: list[int] = []
-        tables: list[int] = []
-        for seq in seqs:
-            table = row_blocks(seq, block_size=bs, num_blocks=self.cache.num_gpu_blocks,
-                               max_model_len=self.max_model_len)
-            pos = seq.start_pos
-            ids.append(seq.token_ids[0])
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            lengths.append(pos + 1)
-            tables.extend(table)
-            tables.extend([self._scratch_block] * (blocks - len(table)))
-        scratch = self.cache.scratch_slot
-        return (ids + [0] * pad + positions + [0] * pad + slots + [scratch] * pad
-                + lengths + [1] * pad + tables + [self._scratch_block] * (pad * blocks))
+    def _rows(self, seqs: Sequence[ScheduledSeq], blocks: int) -> np.ndarray:
+        """The rows' block tables as ``blocks`` columns padded with the scratch block,
+        checked as the eager batch builder checks them."""
+        tables = [row_blocks(seq, block_size=self.block_size,
+                             num_blocks=self.cache.num_gpu_blocks,
+                             max_model_len=self.max_model_len, check_ids=False)
+                  for seq in seqs]
+        matrix = block_matrix(tables, blocks, self._scratch_block)
+        check_block_ids(seqs, matrix, np.array([len(t) for t in tables], dtype=np.int64),
+                        self.cache.num_gpu_blocks)
+        return matrix
 
     def stage_inputs(self, seqs: Sequence[ScheduledSeq], batch: int, width: int) -> None:
-        """Fill the graph's input buffer for these rows, padded to ``batch`` rows of
-        ``width`` tokens, and send it to the device."""
-        self._stage(self._values(seqs, batch, width))
+        """Check the rows, then fill the graph's input buffer for them, padded to
+        ``batch`` rows of ``width`` tokens, and send it to the device (one copy)."""
+        self._fill(seqs, self._rows(seqs, width // self.block_size), batch, width)
 
-    def _stage(self, values: list[int]) -> None:
-        n = len(values)
-        if self._copied is not None:
+    def _fill(self, seqs: Sequence[ScheduledSeq], matrix: np.ndarray, batch: int,
+              width: int) -> None:
+        if self._copied is not None:  # the last iteration's inputs have left the buffer
             self._copied.synchronize()
-        self._staging[:n].copy_(torch.tensor(values, dtype=torch.long))
-        self._inputs[:n].copy_(self._staging[:n], non_blocking=True)
+        n, bs, blocks = len(seqs), self.block_size, width // self.block_size
+        size = self._input_size(batch, width)
+        flat = self._staging_np[:size]
+        ids, positions, slots, lengths = (flat[k * batch:(k + 1) * batch] for k in range(4))
+        positions[:n] = [seq.start_pos for seq in seqs]
+        ids[:n] = [seq.token_ids[0] for seq in seqs]
+        rows = np.arange(n)
+        slots[:n] = matrix[rows, positions[:n] // bs] * bs + positions[:n] % bs
+        lengths[:n] = positions[:n] + 1
+        ids[n:], positions[n:], slots[n:], lengths[n:] = 0, 0, self.cache.scratch_slot, 1
+        table_view = flat[4 * batch:].reshape(batch, blocks)
+        table_view[:n] = matrix
+        table_view[n:] = self._scratch_block
+        self._inputs[:size].copy_(self._staging[:size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
 
     def _new_graph(self, batch: int, width: int) -> _Graph:
         # Captured over padding only (every row a padding row): the warm-up passes and
         # the capture itself then write the scratch block, never a request's blocks.
-        self._stage(self._values([], batch, width))
+        self.stage_inputs([], batch, width)
         inputs = self._views(batch, width)
         bs = self.block_size
         columns = torch.arange(width, device=self._inputs.device)
