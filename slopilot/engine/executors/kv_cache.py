@@ -48,15 +48,22 @@ class PagedKVCache:
         self.device = device
         shape = (2, num_layers)
         tail = (block_size, num_kv_heads, head_dim)
-        # Uninitialised on purpose: a slot is only ever read after it was written (the
-        # batch builder pads with the row's own first slot), and on the host untouched
-        # pages cost nothing, so a large pool starts instantly.
         total = num_gpu_blocks + scratch_blocks
         self.gpu = torch.empty(*shape, total, *tail, dtype=dtype, device=device)
+        if device.type == "cpu":
+            # Host memory is mapped page by page on first write. Left to serving, each
+            # never-used block faulted its pages in inside the iteration that first
+            # wrote it: the engine's first pass over the pool ran up to 1.5x slower than
+            # the same shapes on touched blocks, which is what calibration times (a
+            # slot is only read after it is written, so the zeros themselves are moot).
+            self.gpu.zero_()
         # Scratch is read as masked padding, where only a finite value keeps its weight's
         # zero a zero: it starts at 0 and only ever receives real keys and values.
         self.gpu[:, :, num_gpu_blocks:].zero_()
         # Pinned host memory makes device-to-host copies asynchronous-capable and fast.
+        # Unpinned (on CPU) the swap pool is left to fault in on first use: it is sized
+        # for the worst case (up to half the host's free memory), written only under
+        # memory pressure, and touching it all would cost its whole size at start.
         pin = device.type == "cuda"
         self.cpu = torch.empty(*shape, num_cpu_blocks, *tail, dtype=dtype, pin_memory=pin)
         flat = self.gpu.view(2, num_layers, total * block_size, num_kv_heads, head_dim)

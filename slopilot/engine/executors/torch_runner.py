@@ -7,6 +7,7 @@ model, and sample the rows that end at their request's last known token.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -40,6 +41,8 @@ from slopilot.engine.executors.piecewise_graphs import (
 from slopilot.engine.executors.sampler import Sampler
 from slopilot.engine.executors.tokenizer import TextTokenizer
 from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+
+log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -149,11 +152,16 @@ class TorchExecutor:
         if num_cpu_blocks is None:
             host_cap = _available_host_bytes() // 2
             num_cpu_blocks = int(min(swap_space_gb * GIB, host_cap)) // self.block_bytes
+        started = time.perf_counter()
         self.kv_cache = PagedKVCache(
             num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, num_gpu_blocks=gpu_blocks, num_cpu_blocks=num_cpu_blocks,
             block_size=block_size, dtype=self.dtype, device=self.device,
             scratch_blocks=0 if graph_mode is piece_mode is DecodeGraphMode.OFF else 1)
+        if self.device.type == "cpu":  # the pool is touched at start: say what it cost
+            log.info("KV cache: %d blocks, %.2f GiB of host memory made resident in %.1f s",
+                     gpu_blocks, gpu_blocks * self.block_bytes / GIB,
+                     time.perf_counter() - started)
         self.decode_graphs: DecodeGraphs | None = None
         self.piecewise_graphs: PiecewiseGraphs | None = None
         self._build_graphs(graph_mode, piece_mode, max_graph_batch, max_graph_tokens)
