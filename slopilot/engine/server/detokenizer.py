@@ -47,15 +47,19 @@ class IncrementalDetokenizer:
         self._sent = 0
         self.stopped = False  # a stop string matched; ``text`` is cut before it
 
-    def add(self, token_ids: Sequence[int], *, final: bool = False) -> None:
-        """Append tokens; on ``final`` flush text held back for incomplete characters."""
+    def add(self, token_ids: Sequence[int], *, final: bool = False) -> int:
+        """Append tokens; on ``final`` flush text held back for incomplete characters.
+
+        Returns how many of ``token_ids`` it took: all of them, or, when a stop string
+        matched, those up to the one that completed it (the rest are not output)."""
         for i, token in enumerate(token_ids):
             if self.stopped:
-                return
+                return i
             self._ids.append(token)
             self._decode_step(final and i == len(token_ids) - 1)
         if final and not token_ids and not self.stopped:
             self._decode_step(True)
+        return len(token_ids)
 
     def _decode_step(self, flush: bool) -> None:
         ids, decode = self._ids, self._tok.decode

@@ -61,20 +61,24 @@ class ChoiceState:
     def feed(self, delta: StreamDelta) -> tuple[str, list[int]]:
         """The new text, and the ids of the tokens it brings (for their logprobs)."""
         token_ids, finish = delta.token_ids, delta.finish_reason
+        shown = token_ids
+        if finish is FinishReason.STOP and token_ids and token_ids[-1] in self.prep.stop_ids:
+            shown = token_ids[:-1]  # the stop token itself is not output text
+        taken = self.detok.add(shown, final=finish is not None)
+        if self.detok.stopped:
+            # One delta may bring several tokens (the loop was busy, the engine fast):
+            # those after the one that completed the stop string never reach the client.
+            token_ids = token_ids[:taken]
         start = len(self.token_ids)
         self.token_ids += token_ids
         # Counted as handed out: what the engine makes after a stop string matched never
         # gets here (the choice is done), nor into usage; nor do its token gaps.
         self.metrics.count_delivered(len(token_ids))
         priority = self.choice.request.priority
-        for made_at in delta.token_times:
+        for made_at in delta.token_times[:len(token_ids)]:
             if self.last_made_at is not None:
                 self.metrics.observe_token_gap(priority, made_at - self.last_made_at)
             self.last_made_at = made_at
-        shown = token_ids
-        if finish is FinishReason.STOP and token_ids and token_ids[-1] in self.prep.stop_ids:
-            shown = token_ids[:-1]  # the stop token itself is not output text
-        self.detok.add(shown, final=finish is not None)
         if self.detok.stopped:
             self.finish = FinishReason.STOP.value
             self.stream.abort(stopped=True)  # a stop string: the engine need not go on

@@ -8,6 +8,7 @@ assertion depends on how fast this machine is.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Iterator
@@ -18,7 +19,12 @@ import pytest
 
 from slopilot.engine.engine import WallClock
 from slopilot.engine.metric_window import HistogramRecorder
-from slopilot.engine.request import Priority
+from slopilot.engine.request import FinishReason, Priority, TokenLogprobs
+from slopilot.engine.server.logprobs_format import TokenText
+from slopilot.engine.server.protocol import CompletionRequest
+from slopilot.engine.server.request_stream import RequestStream
+from slopilot.engine.server.responses import Delivery, collect, sse_events
+from slopilot.engine.server.serving import prepare
 from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -135,3 +141,55 @@ def test_token_gaps_are_those_of_delivered_tokens(srv: LiveServer, stream: bool,
              what="the request to leave the engine")
     assert itl.count - before == usage["completion_tokens"] - 1
     assert itl.total > before_sum  # the engine's gaps: the clock ticked between tokens
+
+
+class _Aborts:
+    """Stands in for the engine: records what the delivery aborts."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
+        self.calls.append((request_id, stopped))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_inside_a_delta_of_several_tokens_ends_the_count(stream: bool) -> None:
+    """A busy event loop (or a fast engine) hands a choice several tokens in one delta.
+    When a stop string matches at the third of eight, the client gets three tokens: the
+    usage, the logprobs and the metrics must say three whatever the delta's size. They
+    said eight (a client saw 200 completion tokens for a text of one space)."""
+    backend = build_backend(realtime=False)
+    m = backend.metrics
+    body = CompletionRequest(prompt="one two three", max_tokens=8, ignore_eos=True,
+                             stop=["tok tok tok"], logprobs=0, stream=stream,
+                             stream_options={"include_usage": True} if stream else None)
+    prep = prepare(backend, body, {}, arrival_time=0.0)
+    engine = _Aborts()
+    text_of = TokenText(backend.tokenizer)
+    itl = m._itl[Priority.P1]
+
+    async def deliver() -> dict[str, Any]:
+        req = prep.choices[0].request
+        stream_ = RequestStream(req, engine)
+        # The whole output arrives before the handler reads: one delta of eight tokens.
+        for i in range(8):
+            req.output_logprobs.append(TokenLogprobs(7, -0.5, 1))
+            stream_._push(7, FinishReason.LENGTH if i == 7 else None, made_at=float(i))
+        delivery = Delivery(backend, prep, [stream_], lambda: 100.0)
+        if not stream:
+            body = await collect(delivery, text_of)
+            delivery.close()  # as DeliveredJSON does once the body is sent
+            return body
+        chunks = [json.loads(e[6:]) async for e in sse_events(delivery, text_of)
+                  if e.startswith("data: {")]
+        lps = [t for c in chunks for ch in c["choices"] if ch["logprobs"]
+               for t in ch["logprobs"]["tokens"]]
+        return {**chunks[-1], "choices": [{"logprobs": {"tokens": lps}}]}
+
+    out = asyncio.run(deliver())
+    assert out["usage"]["completion_tokens"] == 3
+    assert len(out["choices"][0]["logprobs"]["tokens"]) == 3
+    assert m.generation_tokens == 3
+    assert m._req_generation[Priority.P1].total == 3
+    assert itl.count == 2  # the gaps between the three tokens delivered
