@@ -183,10 +183,12 @@ class EngineMetrics:
         self._ttft[priority].observe(ttft_s)
 
     def observe_delivered(self, priority: Priority, e2e_s: float,
-                          generation_tokens: int) -> None:
+                          generation_tokens: int, finish_reason: str) -> None:
         """End-to-end latency as the client sees it: request arrival to its last chunk
-        written, so it holds detokenization and delivery and is never below TTFT; and
-        the output length the client got (its usage.completion_tokens).
+        written, so it holds detokenization and delivery and is never below TTFT; the
+        output length the client got (its usage.completion_tokens); and the finish
+        reason it was told (a stop string can match in the token that also reached
+        max_tokens: the engine finished on length, the client got stop, as in vLLM).
 
         Called on the server's event loop only, as ``observe_ttft`` is; the engine thread
         then leaves both alone. One call per engine request, aborted ones included: the
@@ -194,6 +196,7 @@ class EngineMetrics:
         """
         self._e2e[priority].observe(e2e_s)
         self._req_generation[priority].observe(generation_tokens)
+        self._success[finish_reason] = self._success.get(finish_reason, 0) + 1
 
     def count_delivered(self, tokens: int) -> None:
         """Generated tokens handed to the client (the server's loop, as they arrive).
@@ -225,9 +228,10 @@ class EngineMetrics:
 
     def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,
                     prompt_tokens: int, generation_tokens: int | None,
-                    finish_reason: str) -> None:
-        """A request the engine finished. ``e2e_s`` and ``generation_tokens`` None: the
-        caller observes them itself, as delivered (``observe_delivered``)."""
+                    finish_reason: str | None) -> None:
+        """A request the engine finished. ``e2e_s``, ``generation_tokens`` and
+        ``finish_reason`` None: the caller observes them itself, as delivered
+        (``observe_delivered``)."""
         if e2e_s is not None:
             self._e2e[priority].observe(e2e_s)
         self._queue[priority].observe(queue_s)
@@ -237,7 +241,8 @@ class EngineMetrics:
         # vLLM counts prompt tokens as they are prefilled; at the finish is close enough
         # for rates and never counts a recomputed prefill twice.
         self.prompt_tokens += prompt_tokens
-        self._success[finish_reason] = self._success.get(finish_reason, 0) + 1
+        if finish_reason is not None:
+            self._success[finish_reason] = self._success.get(finish_reason, 0) + 1
 
     # -- read on scrape --------------------------------------------------------------
 

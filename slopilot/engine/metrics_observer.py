@@ -25,8 +25,9 @@ class MetricsObserver:
     def __init__(self, metrics: EngineMetrics, *, observe_delivery: bool = True) -> None:
         self.metrics = metrics
         # False: the server observes what only delivery decides itself, as the client sees
-        # it: TTFT when a choice's first chunk is written, e2e latency when its last is,
-        # and generated tokens as they are handed out. Stamped here, on the engine thread,
+        # it: TTFT when a choice's first chunk is written, e2e latency and the finish
+        # reason the client was told when its last is, and generated tokens as they are
+        # handed out. Stamped here, on the engine thread,
         # they would miss detokenization and the write (e2e came out below TTFT for the
         # same request) and count tokens made after a stop string matched, which the
         # client never gets. The simulator has no delivery: its engine's events are the
@@ -100,4 +101,4 @@ class MetricsObserver:
             queue_s=scheduled - queued,
             prompt_tokens=req.num_prompt_tokens,
             generation_tokens=req.num_output_tokens if self.observe_delivery else None,
-            finish_reason=reason.value)
+            finish_reason=reason.value if self.observe_delivery else None)

@@ -9,8 +9,9 @@ from the request's arrival at the server (stamped before the body was parsed) to
 moment the chunk carrying its first output was written (streaming), or the first token
 reached the handler (a non-streamed response has no earlier moment the client could
 see); and to the moment its last chunk was written (streaming), or the whole body was
-sent. ``Delivery`` holds both stamps and the cleanup; the route's response runs that
-cleanup after sending, whatever happened, so every engine request is observed once.
+sent; the finish reason is counted then too, as the client got it. ``Delivery`` holds
+both stamps and the cleanup; the route's response runs that cleanup after sending,
+whatever happened, so every engine request is observed once.
 Inter-token latency is the engine's gap between a token and the one before, observed
 here for the tokens handed out only (``ChoiceState.feed``), as vLLM's frontend does.
 """
@@ -160,7 +161,8 @@ class Delivery:
             state.delivered = True
             req = state.choice.request
             self.backend.metrics.observe_delivered(
-                req.priority, self.clock() - req.arrival_time, len(state.token_ids))
+                req.priority, self.clock() - req.arrival_time, len(state.token_ids),
+                state.finish or FinishReason.ABORT.value)
 
     def abort(self) -> None:
         """Stop every choice still running (a no-op for finished ones): the client went

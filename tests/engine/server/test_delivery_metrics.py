@@ -143,6 +143,29 @@ def test_token_gaps_are_those_of_delivered_tokens(srv: LiveServer, stream: bool,
     assert itl.total > before_sum  # the engine's gaps: the clock ticked between tokens
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_finish_reasons_are_counted_as_the_client_got_them(srv: LiveServer,
+                                                            stream: bool) -> None:
+    """The third token both reaches max_tokens=3 and completes the stop string: the
+    engine finishes the request on length before any abort can land, the client gets
+    finish_reason "stop" (as vLLM answers). vllm:request_success_total counted "length",
+    so the dashboard's finish reasons disagreed with what clients were told."""
+    _, e2e = _recorders(srv)
+    success = srv.backend.metrics._success
+    before, count = dict(success), e2e.count
+    body = {"prompt": "one two three", "max_tokens": 3, "ignore_eos": True,
+            "stop": ["tok tok tok"], "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+    out = _post(srv, body)
+    if not stream:
+        assert out["choices"][0]["finish_reason"] == "stop"
+    wait_for(lambda: e2e.count == count + 1, what="the request to be observed")
+    wait_for(lambda: not srv.call(lambda e: e.scheduler.requests),
+             what="the request to leave the engine")
+    gained = {r: n - before.get(r, 0) for r, n in success.items() if n != before.get(r, 0)}
+    assert gained == {"stop": 1}
+
+
 class _Aborts:
     """Stands in for the engine: records what the delivery aborts."""
 
