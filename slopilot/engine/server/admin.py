@@ -92,6 +92,10 @@ def create_admin_app(engine: AsyncEngine, token: str | None) -> FastAPI:
                            ) from None
         except UnicodeDecodeError:
             raise APIError(400, "the body is not valid JSON: it is not UTF-8") from None
+        except RecursionError:  # nested past the parser's depth: no knob is that deep
+            raise APIError(400, "the body is not valid JSON here: it is nested too deeply; "
+                           "send a flat object of knobs, e.g. {\"token_budget\": 512}"
+                           ) from None
         if not isinstance(overrides, dict):
             raise APIError(400, "the body must be a JSON object of knobs, e.g. "
                            "{\"token_budget\": 512}")

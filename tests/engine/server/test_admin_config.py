@@ -117,6 +117,17 @@ def test_put_body_must_be_an_object(srv: LiveServer, body: bytes) -> None:
     assert "error" in res.json()
 
 
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"token_budget": ' + b"[" * 100_000],
+                         ids=["body", "value"])
+def test_a_put_nested_too_deep_is_a_400(srv: LiveServer, body: bytes) -> None:
+    # Nested past the JSON parser's recursion depth, it was a 500 (RecursionError).
+    before = _get(srv)
+    res = _put(srv, body)
+    assert res.status_code == 400, res.text
+    assert "nested" in res.json()["error"]["message"]
+    assert _get(srv) == before
+
+
 @pytest.mark.parametrize("headers", [
     {}, {"Authorization": "Bearer wrong"}, {"Authorization": ADMIN_TOKEN},
     {"Authorization": f"Basic {ADMIN_TOKEN}"}], ids=["none", "wrong", "bare", "basic"])
