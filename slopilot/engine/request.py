@@ -119,7 +119,9 @@ class SamplingParams:
 
     max_tokens: int = 16
     min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
+    # A set: every new token is checked against it on the engine thread, and a client
+    # may send a long list (repeats included) that a tuple would make a scan per token.
+    stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     temperature: float = 0.0
     top_k: int = 0

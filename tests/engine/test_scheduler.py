@@ -87,7 +87,8 @@ def test_max_num_seqs_caps_running() -> None:
     ({"max_tokens": 3}, [5, 6, 7, 8], RequestStatus.FINISHED_LENGTH, 3),
     ({"max_tokens": 9, "ignore_eos": False}, [5, 2, 7], RequestStatus.FINISHED_STOPPED, 2),
     ({"max_tokens": 9, "ignore_eos": True}, [5, 2, 7, 2], RequestStatus.FINISHED_LENGTH, 9),
-    ({"max_tokens": 9, "stop_token_ids": (7,)}, [5, 7, 2], RequestStatus.FINISHED_STOPPED, 2),
+    ({"max_tokens": 9, "stop_token_ids": frozenset({7})}, [5, 7, 2],
+     RequestStatus.FINISHED_STOPPED, 2),
     ({"max_tokens": 9, "ignore_eos": False, "min_tokens": 3}, [2, 2, 2, 2],
      RequestStatus.FINISHED_STOPPED, 3),
 ])

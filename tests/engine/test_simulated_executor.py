@@ -74,7 +74,7 @@ def test_only_sampling_rows_get_a_token_and_it_is_the_placeholder(
 
 def test_a_stop_token_equal_to_the_placeholder_is_avoided(cost_model: CostModel) -> None:
     ex = SimulatedExecutor(cost_model, eos_token_id=0, placeholder_token_id=1)
-    stops = SamplingParams(stop_token_ids=(1, 2))
+    stops = SamplingParams(stop_token_ids=frozenset({1, 2}))
     sampled = ex.execute(SchedulerOutput(seqs=[seq("r", 1, 10, sampling=stops)])).sampled
     assert sampled["r"] not in (0, 1, 2)
 

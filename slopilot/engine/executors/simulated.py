@@ -106,15 +106,12 @@ class SimulatedExecutor:
         top = tuple(((token + i) % vocab, -(i + 1) * _LN2) for i in range(num_top))
         return TokenLogprobs(token, -_LN2, 1, top)
 
-    def _token_for(self, stop_token_ids: tuple[int, ...]) -> int:
+    def _token_for(self, stop_token_ids: frozenset[int]) -> int:
         token = self.placeholder_token_id
         if token in stop_token_ids:
             # The smallest id that ends nothing; such an id exists unless every id stops.
-            banned = set(stop_token_ids)
-            if self.eos_token_id is not None:
-                banned.add(self.eos_token_id)
             token = next(t for t in range(self.cost_model.model.vocab_size + 1)
-                         if t not in banned)
+                         if t not in stop_token_ids and t != self.eos_token_id)
         return token
 
     def close(self) -> None:

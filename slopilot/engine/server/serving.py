@@ -187,8 +187,8 @@ def _sampling(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     try:
         return SamplingParams(
             max_tokens=max_tokens, min_tokens=body.min_tokens,
-            stop_token_ids=tuple(body.stop_token_ids or ())
-            + (() if body.ignore_eos else tuple(eos[1:])),
+            stop_token_ids=frozenset(body.stop_token_ids or ())
+            | frozenset(() if body.ignore_eos else eos[1:]),
             ignore_eos=body.ignore_eos,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_k=body.top_k if body.top_k is not None and body.top_k > 0 else 0,

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from slopilot.engine.server.detokenizer import ServerTokenizer
-from slopilot.engine.server.serving import INLINE_PREPARE_CHARS
+from slopilot.engine.server.protocol import CompletionRequest
+from slopilot.engine.server.serving import INLINE_PREPARE_CHARS, prepare
 from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S
 
@@ -177,3 +178,16 @@ def test_the_server_runs_on_uvloop(sim_server: LiveServer) -> None:
     if sys.platform == "win32":
         pytest.skip("uvloop has no Windows build")
     assert type(sim_server.loop).__module__.startswith("uvloop"), type(sim_server.loop)
+
+
+def test_a_stop_id_repeated_a_million_times_is_one_stop_id() -> None:
+    """The engine checks each new token against its request's stop ids, on the engine
+    thread. A list repeating one id a million times (2 MB, under the body cap) was kept
+    whole and scanned for every token: while one such request ran, a plain request on
+    the same simulated server took 9.5 s instead of 0.05 s. Distinct ids are at most the
+    vocabulary, and a set answers membership at once."""
+    backend = build_backend(realtime=False)
+    body = CompletionRequest(prompt="hi", max_tokens=4, ignore_eos=True,
+                             stop_token_ids=[5] * 1_000_000 + [9])
+    prep = prepare(backend, body, {}, arrival_time=0.0)
+    assert prep.choices[0].request.sampling.stop_token_ids == frozenset({5, 9})
