@@ -1,15 +1,18 @@
 """Every error the app can raise, answered as OpenAI-shaped JSON.
 
-Validation errors become 400s naming the parameter (``messages.0.role``); a string that
-is not UTF-8 names its field; an unexpected exception is a 500 with a generic message
-and an id to find it in the log, never the exception's repr (it can carry input, paths,
-or other tenants' data).
+Validation errors become 400s naming the parameter as sent (``messages.0.role``, never
+a union member pydantic tried, such as ``stop.str``); a string that is not UTF-8 names
+its field; an unexpected exception is a 500 with a generic message and an id to find it
+in the log, never the exception's repr (it can carry input, paths, or other tenants'
+data).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,14 +26,54 @@ from slopilot.engine.server.protocol import UnencodableText
 log = logging.getLogger(__name__)
 
 
-def _param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(parts) or None
+def _param(path: tuple[Any, ...]) -> str | None:
+    return ".".join(str(p) for p in path) or None
+
+
+def _sent_path(error: Mapping[str, Any], body: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The error's path as the client sent it, and the union member it is under.
+
+    pydantic puts the member it tried into the path of a field of several types
+    (``stop.str``, ``prompt.list[int].0``): a step that does not lead into the body is
+    such a member, except the name of a missing field, last.
+    """
+    loc = tuple(error.get("loc", ()))
+    if loc[:1] == ("body",):
+        loc = loc[1:]
+    if not isinstance(body, (dict, list)):
+        return loc, ()
+    path: list[Any] = []
+    member = 0  # how much of ``loc`` names the union member
+    node = body
+    for i, part in enumerate(loc):
+        into_dict = isinstance(node, dict) and isinstance(part, str) and part in node
+        into_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if into_dict or into_list:
+            node = node[part]
+        elif not (error.get("type") == "missing" and i == len(loc) - 1):
+            member = i + 1
+            continue
+        path.append(part)
+    return tuple(path), loc[:member]
+
+
+def _closest(errors: Sequence[Any], body: Any) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """The error to report, and its path: the first field's, and for a field of several
+    types the one the value came closest to (deepest into it, then fewest errors)."""
+    found = [(dict(e), *_sent_path(e, body)) for e in errors]
+    field = found[0][1][:1]
+    per_member = Counter(member for _, _, member in found)
+    error, path, _ = min((f for f in found if f[1][:1] == field),
+                         key=lambda f: (-len(f[1]), per_member[f[2]]))
+    return error, path
 
 
 def validation_response(exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
-    first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request"}
+    first: dict[str, Any] = {"loc": (), "msg": "invalid request"}
+    path: tuple[Any, ...] = ()
+    if errors:
+        first, path = _closest(errors, exc.body)
     ctx = first.get("ctx")
     cause = ctx.get("error") if isinstance(ctx, dict) else None
     if isinstance(cause, UnencodableText):
@@ -43,7 +86,7 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
         reason = cause if isinstance(cause, str) else "JSON decode error"
         return JSONResponse(error_body(400, f"the request body is not valid JSON: {reason}"
                                        f"{where}"), status_code=400)
-    param = _param(tuple(first.get("loc", ())))
+    param = _param(path)
     msg = str(first.get("msg", "invalid request"))
     message = f"{param}: {msg}" if param else msg
     # The message is pydantic's text (never the input); make sure it is JSON-safe too.

@@ -107,6 +107,29 @@ def test_a_bad_logit_bias_key_keeps_the_connection(sim_server: LiveServer) -> No
             assert res.headers.get("connection") != "close"
 
 
+@pytest.mark.parametrize(("path", "body", "param", "words"), [
+    ("/v1/completions", {"prompt": "hi", "stop": ["ok", 7]}, "stop.1", "valid string"),
+    ("/v1/completions", {"prompt": "hi", "priority": 1.5}, "priority", "fractional part"),
+    ("/v1/completions", {"prompt": ["a", [1, 2]]}, "prompt.1", "valid string"),
+    ("/v1/completions", {"prompt": None}, "prompt", "valid"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0.type", "'text'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages.0.content.0.text", "Field required"),
+])
+def test_a_field_of_several_types_is_named_as_sent(sim_server: LiveServer, path: str,
+                                                   body: dict[str, Any], param: str,
+                                                   words: str) -> None:
+    """pydantic puts the union member it tried in the error's path; param was
+    "stop.str", "priority.int" or "messages.0.content.str": no such field, and the
+    message named the first member tried, not the one the client's value came close to
+    (an image part was told its content should be a string)."""
+    err = _error(_post(sim_server, body, path), 400)
+    assert err["param"] == param
+    assert err["message"].startswith(f"{param}: ") and words in err["message"]
+
+
 def test_unknown_model_and_route(sim_server: LiveServer) -> None:
     err = _error(_post(sim_server, {"prompt": "hi", "model": "gpt-9"}), 404)
     assert err["code"] == "model_not_found"
