@@ -21,9 +21,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from slopilot import __version__
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.server import error_handlers
-from slopilot.engine.server.async_engine import AsyncEngine
+from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError, EngineDrainingError
 from slopilot.engine.server.errors import APIError, error_body
 from slopilot.engine.server.protocol import ErrorResponse
+from slopilot.engine.server.responses import engine_error
 
 ADMIN_TOKEN_ENV = "SLOPILOT_ADMIN_TOKEN"
 ADMIN_PREFIX = "/admin"
@@ -33,7 +34,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "Missing or wrong bearer token"), (403, "No admin token configured"))}
 _PUT_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Bad, unknown or non-live knob; nothing "
-          "changed"}, **_ERRORS}
+          "changed"},
+    500: {"model": ErrorResponse, "description": "The engine loop failed (code engine_dead)"},
+    503: {"model": ErrorResponse, "description": "The engine is stopped (code draining)"},
+    **_ERRORS}
 
 
 def token_refusal(token: str | None, authorization: str) -> APIError | None:
@@ -104,6 +108,8 @@ def create_admin_app(engine: AsyncEngine, token: str | None) -> FastAPI:
         except ConfigError as exc:
             message = str(exc).encode("utf-8", "replace").decode("utf-8")
             raise APIError(400, message, param=exc.field, code="invalid_config") from None
+        except (EngineDeadError, EngineDrainingError) as exc:
+            raise engine_error(exc) from None
         return new.to_dict()
 
     @app.exception_handler(405)

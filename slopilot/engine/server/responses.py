@@ -209,7 +209,8 @@ async def _then_close(sending: Awaitable[None], delivery: Delivery) -> None:
         delivery.close()
 
 
-def _engine_error(exc: BaseException) -> APIError:
+def engine_error(exc: BaseException) -> APIError:
+    """What a client is told when the engine cannot serve (failed, or stopping)."""
     if isinstance(exc, EngineDeadError):
         return APIError(500, str(exc), code="engine_dead")
     return APIError(503, str(exc), code="draining")
@@ -225,7 +226,7 @@ async def collect(delivery: Delivery, text_of: TokenText) -> dict[str, object]:
             delivery.first_output(state)
             parts[state.choice.index].append(state.feed(delta)[0])
     except (EngineDeadError, EngineDrainingError) as exc:
-        raise _engine_error(exc) from None
+        raise engine_error(exc) from None
     finally:
         delivery.abort()
     choices = []
@@ -305,7 +306,7 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
         if prep.include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(prep, states)})
     except (EngineDeadError, EngineDrainingError) as exc:
-        err = _engine_error(exc)
+        err = engine_error(exc)
         yield _sse(error_body(err.status, err.message, code=err.code))
     finally:
         delivery.close()

@@ -13,8 +13,8 @@ from slopilot.engine.engine import LLMEngine
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Request
 from tests.engine.server.conftest import ADMIN_TOKEN
-from tests.support.live_server import LiveServer, start_server
-from tests.support.waits import HANG_GUARD_S
+from tests.support.live_server import LiveServer, build_backend, start_server
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -189,3 +189,24 @@ def test_prefix_caching_switched_off_live_is_off_everywhere(srv: LiveServer) -> 
     assert 'enable_prefix_caching="false"' in httpx.get(srv.url + "/metrics").text
     assert _put(srv, {"enable_prefix_caching": True}).status_code == 200
     assert srv.call(lambda e: e.scheduler.kv.enable_prefix_caching) is True
+
+
+def test_a_put_to_a_dead_engine_says_so() -> None:
+    """After the engine loop failed, a PUT answered the generic "internal error
+    (incident ...)" and logged a traceback as for a bug in the server; the inference
+    routes answer engine_dead, which says to restart the server."""
+    backend = build_backend(realtime=False)
+
+    def broken(out: SchedulerOutput) -> Any:
+        raise RuntimeError("device lost")
+
+    backend.engine.executor.execute = broken  # type: ignore[method-assign]
+    with start_server(backend, admin_token=ADMIN_TOKEN, admin_port=0) as srv:
+        res = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi"},
+                         timeout=HANG_GUARD_S)
+        assert res.status_code == 500
+        wait_for(lambda: srv.engine.error is not None, what="the engine loop to fail")
+        res = _put(srv, {"max_num_seqs": 8})
+        assert res.status_code == 500, res.text
+        err = res.json()["error"]
+        assert err["code"] == "engine_dead" and "restart the server" in err["message"]
