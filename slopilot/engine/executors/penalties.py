@@ -23,16 +23,30 @@ def needs_processing(params: SamplingParams) -> bool:
     return bool(params.logit_bias) or params.has_penalties
 
 
+Bias = tuple[torch.Tensor, torch.Tensor]
+
+
+def bias_tensors(params: SamplingParams, device: torch.device) -> Bias:
+    """A request's ``logit_bias`` as (token ids, float32 values) on ``device``."""
+    ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long, device=device)
+    values = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32,
+                          device=device)
+    return ids, values
+
+
 def process_row(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
-                output_ids: Sequence[int]) -> torch.Tensor:
-    """A new float32 row: ``logits`` [vocab] with bias and penalties applied."""
+                output_ids: Sequence[int], bias: Bias | None = None) -> torch.Tensor:
+    """A new float32 row: ``logits`` [vocab] with bias and penalties applied.
+
+    ``bias`` is ``bias_tensors(params)`` built once for the request (a client may send
+    a bias for every token of the vocabulary); without it the row builds its own.
+    """
     row = logits.float().clone()
     vocab = row.shape[-1]
     device = row.device
     if params.logit_bias:
-        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long, device=device)
-        bias = torch.tensor([b for _, b in params.logit_bias], dtype=row.dtype, device=device)
-        row.index_add_(0, ids, bias)
+        ids, values = bias if bias is not None else bias_tensors(params, device)
+        row.index_add_(0, ids, values)
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(list(prompt_ids) + list(output_ids), dtype=torch.long,
                             device=device).unique()

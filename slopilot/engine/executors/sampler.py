@@ -15,7 +15,12 @@ from collections.abc import Sequence
 import torch
 
 from slopilot.engine.executors.kernels import TorchKernels
-from slopilot.engine.executors.penalties import needs_processing, process_row
+from slopilot.engine.executors.penalties import (
+    Bias,
+    bias_tensors,
+    needs_processing,
+    process_row,
+)
 from slopilot.engine.request import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -55,6 +60,10 @@ class Sampler:
         self.kernels = kernels or TorchKernels()
         self._shared = torch.Generator(device=self.device)
         self._shared.manual_seed(seed)
+        # The logit biases of the requests in the last step, by their params' identity
+        # (the params object stays with its request, choices of one request share it):
+        # built once per request, dropped the first step the request is not in.
+        self._biases: dict[int, tuple[SamplingParams, Bias]] = {}
 
     def _generator(self, params: SamplingParams, num_output_tokens: int) -> torch.Generator:
         if params.seed is None:
@@ -62,6 +71,18 @@ class Sampler:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(_mix(params.seed, num_output_tokens))
         return gen
+
+    def _step_biases(self, params: Sequence[SamplingParams]) -> dict[int, Bias]:
+        kept: dict[int, tuple[SamplingParams, Bias]] = {}
+        for p in params:
+            if not p.logit_bias or id(p) in kept:
+                continue
+            known = self._biases.get(id(p))
+            # The object is held in the entry, so its id cannot pass to another while kept.
+            kept[id(p)] = known if known is not None and known[0] is p \
+                else (p, bias_tensors(p, self.device))
+        self._biases = kept
+        return {key: bias for key, (_, bias) in kept.items()}
 
     def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
                num_output_tokens: Sequence[int],
@@ -84,8 +105,10 @@ class Sampler:
                 raise ValueError("penalties need each row's prompt and output token ids; "
                                  "pass histories")
             logits = logits.float().clone()
+            biases = self._step_biases([params[i] for i in rows])
             for i in rows:
-                logits[i] = process_row(logits[i], params[i], *histories[i])
+                logits[i] = process_row(logits[i], params[i], *histories[i],
+                                        bias=biases.get(id(params[i])))
         chosen = self.kernels.argmax(logits)
         drawn: list[tuple[int, torch.Tensor]] = []
         for i, (p, n_out) in enumerate(zip(params, num_output_tokens, strict=True)):
