@@ -24,10 +24,12 @@ from slopilot.engine.server import error_handlers
 from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError, EngineDrainingError
 from slopilot.engine.server.errors import APIError, error_body
 from slopilot.engine.server.protocol import ErrorResponse
+from slopilot.engine.server.request_limits import BodyLimit
 from slopilot.engine.server.responses import engine_error
 
 ADMIN_TOKEN_ENV = "SLOPILOT_ADMIN_TOKEN"
 ADMIN_PREFIX = "/admin"
+ADMIN_MAX_BODY_BYTES = 64 * 2**10
 _METHODS = "GET, PUT, OPTIONS"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": desc} for status, desc in (
@@ -74,6 +76,10 @@ def create_admin_app(engine: AsyncEngine, token: str | None) -> FastAPI:
     app = FastAPI(title="slopilot engine admin", version=__version__,
                   openapi_url=f"{ADMIN_PREFIX}/openapi.json", docs_url=None, redoc_url=None)
     error_handlers.install(app)
+    # A config patch is a handful of knobs: nothing near this needs reading or parsing.
+    app.add_middleware(BodyLimit, max_bytes=ADMIN_MAX_BODY_BYTES,
+                       hint="(the admin API's limit): send only the knobs to change")
+    # Added last, so it runs first: a caller without the token is refused unread.
     app.add_middleware(TokenGate, token=token)
 
     @app.get(f"{ADMIN_PREFIX}/config", responses=_ERRORS)

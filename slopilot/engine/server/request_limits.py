@@ -26,27 +26,31 @@ from slopilot.engine.server.errors import APIError
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 
 
-def _too_large(size: str, limit: int) -> str:
-    return (f"the request body is {size} bytes; this server accepts at most {limit} "
-            "bytes (max_body_bytes): send a shorter prompt or split the batch")
+PROMPT_HINT = "(max_body_bytes): send a shorter prompt or split the batch"
+
+
+def _too_large(size: str, limit: int, hint: str) -> str:
+    return f"the request body is {size} bytes; this server accepts at most {limit} bytes {hint}"
 
 
 class BodyTooLarge(HTTPException):
     """Raised from ``receive`` while FastAPI reads the body: it re-raises an
     HTTPException as it is (any other error there becomes a 400 "error parsing")."""
 
-    def __init__(self, size: str, limit: int) -> None:
-        super().__init__(413, _too_large(size, limit))
+    def __init__(self, size: str, limit: int, hint: str) -> None:
+        super().__init__(413, _too_large(size, limit, hint))
 
 
 class BodyLimit:
-    """Pure ASGI middleware: 413 for a body over ``max_bytes``, read no further."""
+    """Pure ASGI middleware: 413 for a body over ``max_bytes``, read no further;
+    ``hint`` ends the message with what the client can do."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, hint: str = PROMPT_HINT) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_body_bytes={max_bytes}: must be at least 1")
         self.app = app
         self.max_bytes = max_bytes
+        self.hint = hint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -56,7 +60,7 @@ class BodyLimit:
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             # Refused before a byte of it is read.
-            err = APIError(413, _too_large(str(declared), limit))
+            err = APIError(413, _too_large(str(declared), limit, self.hint))
             await err.response()(scope, receive, send)
             return
         received = 0
@@ -67,7 +71,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge(f"over {limit}", limit)
+                    raise BodyTooLarge(f"over {limit}", limit, self.hint)
             return message
 
         await self.app(scope, limited, send)
