@@ -38,8 +38,6 @@ def status_schema() -> dict[str, Any]:
                      "overall figure)."},
         "measuredAt": _str("End of the window the measured figures describe.",
                            format="date-time"),
-        "adminTokenSecret": _str("The Secret the operator created with the engines' admin "
-                                 "token (owned by this LLMDeployment)."),
         "lastAction": _obj({
             "action": _str("retune, trial, commit, revert, scale, hold, inform."),
             "reason": _str("Why, in one line."),

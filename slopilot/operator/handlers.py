@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import kopf
 
+from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -140,11 +141,12 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
             "use backend: builtin to tune them", generation))
     else:
         removed.append(ConditionType.KNOBS_IGNORED)
-    if outcome.admin_secret is not None:
+    if outcome.admin_token:
         updates.append(condition(
             ConditionType.ADMIN_TOKEN, True, "OperatorMinted",
-            f"Secret {outcome.admin_secret} holds the engines' admin token: the operator "
-            "created it (owned by this LLMDeployment) and never reads it back", generation))
+            "the engines admit the operator's admin token by its SHA-256, which the pod "
+            f"template carries ({ADMIN_TOKEN_SHA256_ENV}); no Secret holds the token",
+            generation))
     else:
         removed.append(ConditionType.ADMIN_TOKEN)
     phase = status.get("phase")
@@ -153,8 +155,6 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         "phase": phase if phase in DAEMON_PHASES else Phase.RUNNING.value,
         "replicas": outcome.replicas,
         "conditions": merge_conditions(current, updates, remove=removed)}
-    if outcome.admin_secret is not None:
-        out["adminTokenSecret"] = outcome.admin_secret
     if outcome.config is not None:
         out["config"] = config_status(outcome.config)
     return out
@@ -180,12 +180,11 @@ def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> Non
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, reason: str,
-                            logger: kopf.Logger, **_: Any) -> None:
+def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                            **_: Any) -> None:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     with memo.locks.hold(key_of(body)):
-        outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens,
-                            resume=reason == "resume")
+        outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)
         write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
     post_events(body, outcome, reason="Reconciled")
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import Kube
@@ -46,7 +47,7 @@ from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
-from slopilot.operator.tokens import TokenMint, admin_secret_name
+from slopilot.operator.tokens import TokenMint
 from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class KubeDeploymentHandle:
             token = self.mint.for_body(body)
             targets = [self._pick_canary(pods)] if canary else pods
             for pod in targets:
-                self._put(body, pod, new, token)
+                self._put(pod, new, token)
             if canary:
                 return str(targets[0]["metadata"]["name"])  # a trial: nothing recorded
             self._canary = None  # every replica runs the same config again
@@ -238,8 +239,7 @@ class KubeDeploymentHandle:
         self._canary = str(pods[0]["metadata"]["name"])
         return pods[0]
 
-    def _put(self, body: Mapping[str, Any], pod: Mapping[str, Any], config: EngineConfig,
-             token: str) -> None:
+    def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str) -> None:
         name = pod["metadata"]["name"]
         url = self._url(pod) + "/admin/config"
         try:
@@ -253,9 +253,9 @@ class KubeDeploymentHandle:
             raise ConfigError(f"{name} refused the config: {what}")
         if resp.status_code in (401, 403):
             raise ApplyError(
-                f"{name} refused the operator's admin token ({what}): its Secret "
-                f"{admin_secret_name(body)} holds another one; delete that Secret, and the "
-                "operator re-creates it at its next restart, then restart the pods")
+                f"{name} refused the operator's admin token ({what}): the pod does not run "
+                f"this deployment's current {ADMIN_TOKEN_SHA256_ENV} (a rollout under way, "
+                "or an image too old to read it: use a current slopilot image)")
         if resp.status_code >= 300:
             raise ApplyError(f"{name} at {url}: {what}")
 

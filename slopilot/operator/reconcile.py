@@ -20,8 +20,8 @@ a tenant cannot name an LLMDeployment after another team's Deployment or the nam
 NetworkPolicy and have it rewritten (and garbage-collected with the CR). A taken name is
 looked at again every ``RETRY_NAME_TAKEN_S``.
 
-The admin-token Secret is write-only to the operator (tokens.py): it is created when the
-status does not yet record it (or at a resume, in case it was deleted), never read.
+The engines' admin token is in no object at all: the Deployment's pod template carries
+only its digest (tokens.py), rendered like any other field.
 """
 
 from __future__ import annotations
@@ -38,16 +38,16 @@ from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.policy import OperatorPolicy, policy_problems
-from slopilot.operator.render import labels, owner_reference, render_admin_secret, render_all
+from slopilot.operator.render import labels, owner_reference, render_all
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
-from slopilot.operator.tokens import TokenMint, admin_secret_name
+from slopilot.operator.tokens import TokenMint
 from slopilot.operator.validation import deployment_name_problem, quantity_problem
 from slopilot.tuner.prometheus.rules import render_prometheus_rule, render_rules_yaml
 
 MONITORING = "monitoring.coreos.com/v1"
 RULES_FILE = "slopilot-rules.yaml"
 PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services",
-           ("v1", "Secret"): "secrets", ("apps/v1", "Deployment"): "deployments",
+           ("apps/v1", "Deployment"): "deployments",
            ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
            (MONITORING, "ServiceMonitor"): "servicemonitors",
            (MONITORING, "PrometheusRule"): "prometheusrules"}
@@ -89,8 +89,8 @@ class Outcome:
     changes: Mapping[str, Change] = dataclasses.field(default_factory=dict)  # "Kind/name"
     unsupported_knobs: tuple[str, ...] = ()
     monitoring: bool = False
-    admin_secret: str | None = None
-    """The admin-token Secret the pods read (builtin only); created by the operator."""
+    admin_token: bool = False
+    """The pods admit the operator's admin token (builtin only: vLLM has no admin API)."""
     replicas: int | None = None
     config: EngineConfig | None = None  # the knobs rendered (spec plus committed tuning)
     warnings: tuple[str, ...] = ()
@@ -127,11 +127,13 @@ def _owned_meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                     replicas: int | None, monitoring: bool,
-                    operator_namespace: str,
-                    namespace_label: str | None = None) -> list[dict[str, Any]]:
-    """Every object the deployment owns; the rules as a PrometheusRule or a plain ConfigMap."""
+                    operator_namespace: str, namespace_label: str | None = None,
+                    admin_token_sha256: str | None = None) -> list[dict[str, Any]]:
+    """Every object the deployment owns; the rules as a PrometheusRule or a plain ConfigMap.
+    ``admin_token_sha256``: what the pods admit (``render_deployment``)."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    rendered = render_all(body, spec, replicas, operator_namespace=operator_namespace)
+    rendered = render_all(body, spec, replicas, operator_namespace=operator_namespace,
+                          admin_token_sha256=admin_token_sha256)
     objects = [rendered.config_map, rendered.deployment, rendered.service,
                rendered.network_policy]
     if monitoring:
@@ -246,29 +248,9 @@ def not_reconciled(kube: Kube, body: Mapping[str, Any], spec: LLMDeploymentSpec
     return None if live is None else taken("Deployment", live, body)
 
 
-def ensure_admin_secret(kube: Kube, body: Mapping[str, Any], mint: TokenMint, *,
-                        force: bool) -> Change:
-    """Create the admin-token Secret unless the status records it (never read back)."""
-    name = admin_secret_name(body)
-    if not force and (body.get("status") or {}).get("adminTokenSecret") == name:
-        return Change.UNCHANGED
-    secret = render_admin_secret(body, mint.for_body(body))
-    try:
-        kube.create("v1", "secrets", body["metadata"]["namespace"], secret)
-    except ApiError as exc:
-        if exc.reason != "AlreadyExists":
-            raise
-        return Change.UNCHANGED  # ours from an earlier reconcile (the name has the uid)
-    return Change.CREATED
-
-
 def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
-              mint: TokenMint, resume: bool = False) -> Outcome:
-    """Parse, check, render and apply; a refused spec touches nothing and says why.
-
-    ``resume``: the operator (re)started; the admin-token Secret is created again in case
-    it was deleted meanwhile (the operator cannot read it to tell).
-    """
+              mint: TokenMint) -> Outcome:
+    """Parse, check, render and apply; a refused spec touches nothing and says why."""
     try:
         spec = parse_spec(body)
     except SpecError as exc:
@@ -284,19 +266,15 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     replicas = current_replicas(kube, body, spec)
     objects = desired_objects(body, spec, replicas=replicas, monitoring=monitoring,
                               operator_namespace=policy.operator_namespace,
-                              namespace_label=policy.namespace_label)
+                              namespace_label=policy.namespace_label,
+                              admin_token_sha256=mint.sha256_for_body(body))
     lives = [live_object(kube, obj) for obj in objects]
     # Every name is judged before anything is written, so that a refusal touches nothing.
     if problems := name_problems(objects, lives, body):
         return _name_taken(problems, spec.warnings)
     changes: dict[str, Change] = {}
-    secret: str | None = None  # vLLM has no admin endpoint, hence no token
     where = ""
     try:
-        if spec.backend is Backend.BUILTIN:
-            secret = admin_secret_name(body)
-            where = f"Secret/{secret}"
-            changes[where] = ensure_admin_secret(kube, body, mint, force=resume)
         for obj, live in zip(objects, lives, strict=True):
             where = f"{obj['kind']}/{obj['metadata']['name']}"
             changes[where] = ensure(kube, obj, body, live)
@@ -312,7 +290,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                        warnings=spec.warnings)
     unsupported = render_all(body, spec, replicas).unsupported_knobs
     return Outcome(changes=changes, unsupported_knobs=unsupported, monitoring=monitoring,
-                   admin_secret=secret,
+                   admin_token=spec.backend is Backend.BUILTIN,
                    replicas=replicas if replicas is not None else
                    min(max(spec.min_replicas, 1), spec.max_replicas), config=spec.engine,
                    warnings=spec.warnings)

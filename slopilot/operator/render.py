@@ -12,7 +12,6 @@ so any knob change rolls the pods.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -22,9 +21,9 @@ from typing import Any, cast
 import kopf
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator.knobs import VLLM_LACKS
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
-from slopilot.operator.tokens import TOKEN_FIELD, admin_secret_name
 from slopilot.tuner.prometheus.rules import identity_labels
 
 API_VERSION = "slopilot.dev/v1alpha1"
@@ -137,7 +136,7 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures, "timeoutSeconds": 5}
 
 
-def _container(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"},
                                      {"name": "cache", "mountPath": "/cache"}]
     env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"},
@@ -151,10 +150,10 @@ def _container(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, An
         args: list[str] = []
         ports.append({"name": ADMIN_PORT_NAME, "containerPort": ADMIN_PORT, "protocol": "TCP"})
         mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
-        # The operator minted this token and created the Secret (tokens.py); the pod
-        # reads it from there, the operator never does.
-        env.append({"name": "SLOPILOT_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": admin_secret_name(body), "key": TOKEN_FIELD}}})
+        if admin_token_sha256 is not None:
+            # The digest admits the operator's token and reveals nothing of it, so it may
+            # sit in the template: no Secret in the tenant's namespace (tokens.py).
+            env.append({"name": ADMIN_TOKEN_SHA256_ENV, "value": admin_token_sha256})
         if spec.cpu:
             # OpenMP starts a thread per CPU it can see: under a CFS quota without an
             # exclusive cpuset that is every CPU of the node, most of them throttled.
@@ -181,8 +180,11 @@ def _container(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, An
 
 
 def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
-                      replicas: int | None = None) -> dict[str, Any]:
-    """The engine Deployment; ``replicas`` defaults to max(min, 1) (the controller moves it)."""
+                      replicas: int | None = None, *,
+                      admin_token_sha256: str | None = None) -> dict[str, Any]:
+    """The engine Deployment; ``replicas`` defaults to max(min, 1) (the controller moves it).
+    ``admin_token_sha256``: the digest of the operator's admin token for this CR
+    (``TokenMint.sha256_for_body``); without it a built-in engine's admin API is off."""
     name = body["metadata"]["name"]
     count = replicas if replicas is not None else min(max(spec.min_replicas, 1), spec.max_replicas)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
@@ -207,7 +209,8 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS,
                                         "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [_container(body, spec)], "volumes": volumes,
+                    "containers": [_container(spec, admin_token_sha256)],
+                    "volumes": volumes,
                 },
             },
         },
@@ -219,13 +222,6 @@ def render_service(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(body, name),
             "spec": {"type": "ClusterIP", "selector": selector(name), "ports": [
                 {"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}}
-
-
-def render_admin_secret(body: Mapping[str, Any], token: str) -> dict[str, Any]:
-    """The Secret the engine pods take ``SLOPILOT_ADMIN_TOKEN`` from (owner: the CR)."""
-    meta = _meta(body, admin_secret_name(body))
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta,
-            "data": {TOKEN_FIELD: base64.b64encode(token.encode()).decode()}}
 
 
 def render_network_policy(body: Mapping[str, Any], spec: LLMDeploymentSpec,
@@ -283,10 +279,12 @@ def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> 
 
 def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                replicas: int | None = None, *,
-               operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE) -> Rendered:
+               operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
+               admin_token_sha256: str | None = None) -> Rendered:
     unsupported = vllm_args(spec)[1] if spec.backend is Backend.VLLM else ()
     return Rendered(config_map=render_config_map(body, spec),
-                    deployment=render_deployment(body, spec, replicas),
+                    deployment=render_deployment(body, spec, replicas,
+                                                 admin_token_sha256=admin_token_sha256),
                     service=render_service(body, spec),
                     service_monitor=render_service_monitor(body, spec),
                     network_policy=render_network_policy(body, spec, operator_namespace),

@@ -1,14 +1,16 @@
-"""Each deployment's admin token: minted by the operator, so it never reads a tenant's Secret.
+"""Each deployment's admin token: minted by the operator, and no Secret of a tenant's holds it.
 
 The token of LLMDeployment ``ns/name`` (uid ``u``) is HMAC-SHA256(key, "ns/name/u"), with
 one random key the operator keeps in its own namespace (Secret
-``slopilot-operator-token-key``, created at first start). The operator *creates* the
-Secret the engine pods read it from (``<name>-admin-<uid prefix>``, owned by the CR, so
-the garbage collector removes it with the CR) and computes the token again whenever it
-calls a pod: it needs no ``get`` on any Secret outside its own namespace, and a CR author
-cannot make it read, mount or send any other Secret. The uid in the name and in the
-MAC means that a deleted and re-created CR of the same name gets a new token, and never
-the old Secret the garbage collector is about to delete.
+``slopilot-operator-token-key``, created at first start). The engine pods get only the
+token's SHA-256 (``SLOPILOT_ADMIN_TOKEN_SHA256`` in the pod template), which admits the
+token and reveals nothing of it, and the operator computes the token again whenever it
+calls a pod. So the operator creates no Secret in a tenant's namespace and reads none:
+its RBAC touches Secrets in its own namespace only (cluster-wide ``create``, which RBAC
+cannot narrow by name, would let it write a service-account-token Secret into any
+namespace). The uid in the MAC means that a deleted and re-created CR of the same name
+gets a new token; a new key (its Secret deleted, the operator restarted) changes every
+digest, and with it every pod template, so the pods roll onto it.
 """
 
 from __future__ import annotations
@@ -22,22 +24,17 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.server.admin_credential import token_sha256
 from slopilot.operator.kubeapi import ApiError, Kube
 
 log = logging.getLogger(__name__)
 KEY_SECRET = "slopilot-operator-token-key"
 KEY_FIELD = "key"
-TOKEN_FIELD = "token"
 MIN_KEY_BYTES = 32
 
 
 class TokenKeyError(RuntimeError):
     """The operator's token key is missing or malformed; the message says how to fix it."""
-
-
-def admin_secret_name(body: Mapping[str, Any]) -> str:
-    meta = body["metadata"]
-    return f"{meta['name']}-admin-{str(meta['uid'])[:8]}"
 
 
 class TokenMint:
@@ -55,6 +52,10 @@ class TokenMint:
     def for_body(self, body: Mapping[str, Any]) -> str:
         meta = body["metadata"]
         return self.token(meta["namespace"], meta["name"], str(meta["uid"]))
+
+    def sha256_for_body(self, body: Mapping[str, Any]) -> str:
+        """What the pods of ``body`` get: the digest that admits its token."""
+        return token_sha256(self.for_body(body))
 
     def __repr__(self) -> str:  # never the key, in a traceback or a log line
         return "TokenMint(<key>)"

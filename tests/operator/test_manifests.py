@@ -30,7 +30,6 @@ EXPECTED_GRANTS = {
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "prometheusrules"): {"get", "list", "watch", "create", "patch"},
-    ("", "secrets"): {"create"},  # the admin tokens it mints; never read (tokens.py)
     # Listed by label, then judged by owner uid (kube_handle.pods); never fetched by name.
     ("", "pods"): {"list"},
     ("apps", "replicasets"): {"list"},
@@ -104,14 +103,22 @@ def test_rbac_grants_exactly_what_the_operator_needs() -> None:
     assert grants == EXPECTED_GRANTS
 
 
-def test_the_only_secret_the_operator_reads_is_its_key_in_its_own_namespace() -> None:
+def test_the_only_secrets_the_operator_may_touch_are_in_its_own_namespace() -> None:
+    """Cluster-wide ``create`` on Secrets would let the operator's service account write a
+    Secret into any namespace, kube-system's included (a service-account-token Secret
+    there is a token for any of its accounts); RBAC cannot narrow ``create`` by name. The
+    pods get the admin token's digest, not a Secret, so no cluster-wide grant remains."""
     from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
     from slopilot.operator.tokens import KEY_SECRET
 
+    assert not [r for r in rules() if "secrets" in r["resources"]]
     roles = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "Role"]
     assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
-        (DEFAULT_OPERATOR_NAMESPACE, [{"apiGroups": [""], "resources": ["secrets"],
-                                       "resourceNames": [KEY_SECRET], "verbs": ["get"]}])]
+        (DEFAULT_OPERATOR_NAMESPACE, [
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [KEY_SECRET],
+             "verbs": ["get"]},
+            # The key, at first start (RBAC cannot narrow create by name).
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}])]
     (binding,) = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "RoleBinding"]
     assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
     assert binding["metadata"]["namespace"] == DEFAULT_OPERATOR_NAMESPACE

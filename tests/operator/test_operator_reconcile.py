@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import json
 
 import kubernetes.client
@@ -16,7 +16,6 @@ from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, reconcile
 from slopilot.operator.render import CHECKSUM_ANNOTATION
 from slopilot.operator.settings import operator_policy
-from slopilot.operator.tokens import admin_secret_name
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -64,17 +63,17 @@ def test_owned_objects_appear_follow_edits_and_come_back(
                           and cluster.status(), what="status Running")
         assert status["replicas"] == 2 and status["config"]["tokenBudget"] == 1024
         assert cluster.condition("Valid")["status"] == "True"
-        # The operator minted the engines' admin token and created its Secret, owned by
-        # the CR; the pods read it from there (the operator never does).
-        secret_name = admin_secret_name(created)
+        # The operator minted the engines' admin token and put only its digest in the pod
+        # template: nothing in the tenant's namespace holds the token, no Secret is made.
         token = cluster.condition("AdminToken")
         assert token is not None and token["status"] == "True"
-        assert secret_name in token["message"] and status["adminTokenSecret"] == secret_name
-        secret = cluster.core.read_namespaced_secret(secret_name, NS)
-        assert secret.metadata.owner_references[0].uid == uid
-        assert base64.b64decode(secret.data["token"]).decode() == operator_token(cluster)
+        assert "SLOPILOT_ADMIN_TOKEN_SHA256" in token["message"]
+        assert "adminTokenSecret" not in status
         env = {e["name"]: e for e in c["env"]}
-        assert env["SLOPILOT_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret_name
+        assert env["SLOPILOT_ADMIN_TOKEN_SHA256"] == {
+            "name": "SLOPILOT_ADMIN_TOKEN_SHA256",
+            "value": hashlib.sha256(operator_token(cluster).encode()).hexdigest()}
+        assert cluster.core.list_namespaced_secret(NS).items == []
         policy = wait_for(lambda: cluster.owned("networking.k8s.io/v1", "networkpolicies",
                                                 "chat"), what="the NetworkPolicy")
         assert [r["ports"][0]["port"] for r in policy["spec"]["ingress"]] == ["http", "admin"]
@@ -182,9 +181,6 @@ def test_a_second_reconcile_writes_nothing(kube: RunningEmulator,
     args = {"policy": OperatorPolicy(), "mint": operator_mint(cluster)}
     first = reconcile(k, body, **args)
     assert set(first.changes.values()) == {Change.CREATED}
-    # The status records the Secret (the operator cannot read it to see it is there).
-    body = cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {
-        "status": {"adminTokenSecret": admin_secret_name(body)}}, subresource="status")
     versions = {n: o["metadata"]["resourceVersion"] for n, o in (
         ("dep", k.get("apps/v1", "deployments", NS, "chat")),
         ("cm", k.get("v1", "configmaps", NS, "chat-engine")))}
@@ -194,13 +190,6 @@ def test_a_second_reconcile_writes_nothing(kube: RunningEmulator,
     assert sum(1 for r in kube.emulator._requests if r.method.value != "GET") == writes
     assert versions["dep"] == k.get("apps/v1", "deployments", NS, "chat")[
         "metadata"]["resourceVersion"]
-    # A restarted operator cannot tell whether someone deleted the Secret: it creates it
-    # again (an AlreadyExists is fine), and a deleted one comes back.
-    cluster.core.delete_namespaced_secret(admin_secret_name(body), NS)
-    resumed = reconcile(k, body, **args, resume=True)
-    assert resumed.changes[f"Secret/{admin_secret_name(body)}"] is Change.CREATED
-    again = reconcile(k, body, **args, resume=True)
-    assert again.changes[f"Secret/{admin_secret_name(body)}"] is Change.UNCHANGED
 
 
 def test_a_long_controller_tick_holds_up_no_reconcile(

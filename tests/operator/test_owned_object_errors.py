@@ -95,10 +95,10 @@ def test_a_quantity_the_api_server_refuses_names_the_field(
 
 
 def test_a_refusal_no_check_foresaw_is_reported_not_retried() -> None:
-    kube: Any = Refusing(422, "Invalid", 'Secret "x" is invalid: something new')
+    kube: Any = Refusing(422, "Invalid", 'ConfigMap "x" is invalid: something new')
     outcome = reconcile(kube, body(), policy=OperatorPolicy(), mint=MINT)
     assert outcome.refusal is Refusal.OWNED_OBJECT_INVALID
-    assert outcome.problems[0].startswith("the API server refused Secret/chat-admin-u-1")
+    assert outcome.problems[0].startswith("the API server refused ConfigMap/chat-engine")
     assert "something new" in outcome.problems[0]
     # A transient failure is not a refusal: it propagates, and kopf retries the handler.
     with pytest.raises(ApiError):

@@ -12,7 +12,6 @@ import pytest
 from slopilot.operator.render import (
     CHECKSUM_ANNOTATION,
     config_json,
-    render_admin_secret,
     render_all,
     vllm_args,
 )
@@ -40,7 +39,7 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 def test_builtin_engine_pod_command_config_and_token() -> None:
     b, spec = render(resources={"gpu": 2, "cpu": "4", "memory": "16Gi"},
                      engine={"tokenBudget": 2048, "chunkSize": 1024})
-    out = render_all(b, spec)
+    out = render_all(b, spec, admin_token_sha256="ab" * 32)
     c = container(out.deployment)
     assert c["command"] == ["slopilot", "serve", "--executor", "torch", "--model",
                             "/models/smollm2", "--port", "8000", "--admin-port", "8081",
@@ -52,9 +51,10 @@ def test_builtin_engine_pod_command_config_and_token() -> None:
     assert knobs["preemption_mode"] == "auto"
     assert {"name": "engine-config", "mountPath": "/etc/slopilot", "readOnly": True} in c[
         "volumeMounts"]
-    token = next(e for e in c["env"] if e["name"] == "SLOPILOT_ADMIN_TOKEN")
-    assert token["valueFrom"]["secretKeyRef"] == {"name": f"chat-admin-{UID[:8]}",
-                                                  "key": "token"}
+    # The pods get the token's digest only: no Secret holds the token, none is referenced.
+    assert {"name": "SLOPILOT_ADMIN_TOKEN_SHA256", "value": "ab" * 32} in c["env"]
+    assert all(e["name"] != "SLOPILOT_ADMIN_TOKEN" for e in c["env"])
+    assert "secret" not in json.dumps(out.objects()).lower()
     assert c["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 2}
     assert c["resources"]["requests"]["nvidia.com/gpu"] == 2
     assert out.unsupported_knobs == ()
@@ -180,8 +180,6 @@ def test_builtin_kinds_validate_against_kubernetes(backend: str) -> None:
                              resources={"gpu": 1, "cpu": "1500m", "memory": "8Gi"}))
     for obj in (out.config_map, out.deployment, out.service, out.network_policy):
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-    kubernetes_validate.validate(render_admin_secret(body(), "t0ken"), KUBE_VERSION,
-                                 strict=True)
 
 
 def test_only_the_operators_pods_may_reach_the_admin_port() -> None:
@@ -202,13 +200,6 @@ def test_only_the_operators_pods_may_reach_the_admin_port() -> None:
     assert vllm["spec"]["ingress"] == [inference]
     ports = container(render_all(*render(backend="vllm")).deployment)["ports"]
     assert [p["name"] for p in ports] == ["http"]
-
-
-def test_the_admin_secret_is_owned_and_named_for_this_cr_only() -> None:
-    secret = render_admin_secret(body(), "t0ken")
-    assert secret["metadata"]["name"] == f"chat-admin-{UID[:8]}"
-    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
-    assert secret["data"] == {"token": "dDBrZW4="}
 
 
 def test_the_cpu_engine_starts_as_many_threads_as_its_cpu_limit() -> None:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
+from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend, build_simulated, build_torch
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
@@ -90,7 +91,8 @@ def build_backend(executor: str = "simulated", *, knobs: Mapping[str, Any] | Non
     raise ValueError(f"executor={executor!r}: use 'simulated' or 'torch'")
 
 
-def start_server(backend: Backend | None = None, *, admin_token: str | None = None,
+def start_server(backend: Backend | None = None, *,
+                 admin_token: str | AdminCredential | None = None,
                  drain_timeout_s: float = 5.0, log_level: str = "warning",
                  admin_port: int | None = None, check_integrity: bool = True,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,

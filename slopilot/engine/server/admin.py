@@ -10,7 +10,6 @@ without it, /admin/* on the inference port is routed here.
 
 from __future__ import annotations
 
-import hmac
 import json
 from typing import Any
 
@@ -21,13 +20,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from slopilot import __version__
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.server import error_handlers
+from slopilot.engine.server.admin_credential import (
+    ADMIN_TOKEN_ENV,
+    ADMIN_TOKEN_SHA256_ENV,
+    AdminCredential,
+)
 from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError, EngineDrainingError
 from slopilot.engine.server.errors import APIError, error_body
 from slopilot.engine.server.protocol import ErrorResponse
 from slopilot.engine.server.request_limits import BodyLimit
 from slopilot.engine.server.responses import engine_error
 
-ADMIN_TOKEN_ENV = "SLOPILOT_ADMIN_TOKEN"
+__all__ = ["ADMIN_TOKEN_ENV", "AdminCredential", "create_admin_app", "token_refusal"]
 ADMIN_PREFIX = "/admin"
 ADMIN_MAX_BODY_BYTES = 64 * 2**10
 _METHODS = "GET, PUT, OPTIONS"
@@ -42,14 +46,14 @@ _PUT_ERRORS: dict[int | str, dict[str, Any]] = {
     **_ERRORS}
 
 
-def token_refusal(token: str | None, authorization: str) -> APIError | None:
+def token_refusal(credential: AdminCredential | None, authorization: str) -> APIError | None:
     """Why a request with this Authorization header may not use the admin API, if so."""
-    if token is None:
+    if credential is None:
         return APIError(403, "the admin API is disabled: start the server with "
-                        f"{ADMIN_TOKEN_ENV} set or --admin-token-file FILE")
+                        f"{ADMIN_TOKEN_ENV} or {ADMIN_TOKEN_SHA256_ENV} set, or "
+                        "--admin-token-file FILE")
     scheme, _, given = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), token.encode()):
+    if scheme.lower() != "bearer" or not credential.admits(given.strip()):
         return APIError(401, "missing or wrong admin token: send 'Authorization: Bearer "
                         "<token>'", headers={"WWW-Authenticate": "Bearer"})
     return None
@@ -58,21 +62,21 @@ def token_refusal(token: str | None, authorization: str) -> APIError | None:
 class TokenGate:
     """ASGI: every HTTP request needs the token before the app sees it."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app, self.token = app, token
+    def __init__(self, app: ASGIApp, credential: AdminCredential | None) -> None:
+        self.app, self.credential = app, credential
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             header = next((v.decode("latin-1") for k, v in scope.get("headers", ())
                            if k == b"authorization"), "")
-            refusal = token_refusal(self.token, header)
+            refusal = token_refusal(self.credential, header)
             if refusal is not None:
                 await refusal.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def create_admin_app(engine: AsyncEngine, token: str | None) -> FastAPI:
+def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None) -> FastAPI:
     app = FastAPI(title="slopilot engine admin", version=__version__,
                   openapi_url=f"{ADMIN_PREFIX}/openapi.json", docs_url=None, redoc_url=None)
     error_handlers.install(app)
@@ -80,7 +84,7 @@ def create_admin_app(engine: AsyncEngine, token: str | None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=ADMIN_MAX_BODY_BYTES,
                        hint="(the admin API's limit): send only the knobs to change")
     # Added last, so it runs first: a caller without the token is refused unread.
-    app.add_middleware(TokenGate, token=token)
+    app.add_middleware(TokenGate, credential=credential)
 
     @app.get(f"{ADMIN_PREFIX}/config", responses=_ERRORS)
     async def get_config() -> dict[str, Any]:

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 from slopilot import __version__
 from slopilot.engine.server import error_handlers
 from slopilot.engine.server.admin import ADMIN_PREFIX, ADMIN_TOKEN_ENV, create_admin_app
+from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.arrival import ArrivalStamp
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend
@@ -84,7 +85,7 @@ def _lifespan(state: ServerState) -> object:
     return lifespan
 
 
-def create_app(backend: Backend, *, admin_token: str | None = None,
+def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = None,
                drain_timeout_s: float = 30.0, check_integrity: bool = False,
                admin_port: int | None = None,
                tokenizer_threads: int | None = None,
@@ -95,9 +96,13 @@ def create_app(backend: Backend, *, admin_token: str | None = None,
 
     ``check_integrity`` runs the scheduler's O(blocks) self-check whenever the engine
     goes idle: for tests and debugging (``slopilot serve --check-integrity``) only.
+    ``admin_token``: the token, or only its digest (``AdminCredential``); empty or None
+    disables the admin API.
     """
+    credential = AdminCredential.of_token(admin_token) if isinstance(admin_token, str) \
+        and admin_token else admin_token or None
     engine = AsyncEngine(backend.engine, backend.observer, check_integrity=check_integrity)
-    state = ServerState(engine, backend, admin_token or None, drain_timeout_s,
+    state = ServerState(engine, backend, credential, drain_timeout_s,
                         tokenizer_threads or default_tokenizer_threads(),
                         TokenText(backend.tokenizer))
     public = FastAPI(title="slopilot engine", version=__version__,

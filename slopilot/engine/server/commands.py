@@ -14,13 +14,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
 from slopilot.engine.executors.kernel_modes import (
     DECODE_GRAPH_CHOICES,
     DTYPE_CHOICES,
     KERNEL_CHOICES,
 )
+
+# No torch: this module reads the environment only (and must run before torch loads).
+from slopilot.engine.server.admin_credential import AdminCredential
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -70,7 +72,8 @@ def register(subparsers: Any) -> None:
                    help="override one knob (repeatable; applied after --config)")
     p.add_argument("--admin-token-file", type=Path, metavar="FILE",
                    help="bearer token of the admin API, every method (else "
-                   "$SLOPILOT_ADMIN_TOKEN; with neither, the admin API answers 403)")
+                   "$SLOPILOT_ADMIN_TOKEN, or only its SHA-256 in $SLOPILOT_ADMIN_TOKEN_SHA256; "
+                   "with none, the admin API answers 403)")
     p.add_argument("--scenario", default="tiny-cpu",
                    help="simulated executor: take gpu, model and tp from this scenario")
     p.add_argument("--gpu", help="simulated executor: GPU profile (overrides the scenario)")
@@ -126,16 +129,24 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
     return knobs
 
 
-def admin_token(token_file: Path | None) -> str | None:
-    """The admin token from the file if given, else from $SLOPILOT_ADMIN_TOKEN."""
-    from slopilot.engine.server.admin import ADMIN_TOKEN_ENV
+def admin_token(token_file: Path | None) -> str | AdminCredential | None:
+    """The admin token from the file if given, else from $SLOPILOT_ADMIN_TOKEN, or only its
+    digest from $SLOPILOT_ADMIN_TOKEN_SHA256 (what the operator's pods get: no Secret)."""
+    from slopilot.engine.server.admin_credential import ADMIN_TOKEN_ENV, ADMIN_TOKEN_SHA256_ENV
 
     if token_file is not None:
         token = token_file.read_text().strip()
         if not token:
             raise ValueError(f"--admin-token-file {token_file} is empty")
         return token
-    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+    token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    digest = os.environ.get(ADMIN_TOKEN_SHA256_ENV, "").strip()
+    if token and digest:
+        raise ValueError(f"${ADMIN_TOKEN_ENV} and ${ADMIN_TOKEN_SHA256_ENV} are both set: "
+                         "set one (the digest where the token itself must not be stored)")
+    if digest:
+        return AdminCredential.of_digest(digest)
+    return token or None
 
 
 def _serve(args: argparse.Namespace) -> int:

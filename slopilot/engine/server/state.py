@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.logprobs_format import TokenText
@@ -15,7 +16,7 @@ from slopilot.engine.server.logprobs_format import TokenText
 class ServerState:
     engine: AsyncEngine
     backend: Backend
-    admin_token: str | None
+    admin_token: AdminCredential | None
     drain_timeout_s: float
     tokenizer_threads: int
     text_of: TokenText

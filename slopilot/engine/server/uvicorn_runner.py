@@ -15,6 +15,7 @@ from types import FrameType
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.arrival import SCOPE_KEY
 from slopilot.engine.server.backends import Backend
@@ -102,7 +103,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
-                admin_port: int | None = None, admin_token: str | None = None,
+                admin_port: int | None = None,
+                admin_token: str | AdminCredential | None = None,
                 drain_timeout_s: float = 30.0, log_level: str = "warning",
                 check_integrity: bool = False,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> DrainingServer:
@@ -130,7 +132,8 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
 
 
 def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | None,
-                  admin_token: str | None, drain_timeout_s: float, log_level: str,
+                  admin_token: str | AdminCredential | None, drain_timeout_s: float,
+                  log_level: str,
                   check_integrity: bool = False,
                   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int:
     """Foreground ``slopilot serve``: prints one line with the URLs once it listens."""

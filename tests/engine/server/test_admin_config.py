@@ -12,6 +12,8 @@ import pytest
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Request
+from slopilot.engine.server.admin_credential import AdminCredential, token_sha256
+from slopilot.engine.server.commands import admin_token
 from tests.engine.server.conftest import ADMIN_TOKEN
 from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S, wait_for
@@ -170,6 +172,32 @@ def test_shared_port_admin_still_needs_the_token_for_get() -> None:
     with start_server(admin_token=ADMIN_TOKEN) as shared:
         assert httpx.get(shared.url + "/admin/config").status_code == 401
         assert httpx.get(shared.url + "/admin/config", headers=AUTH).status_code == 200
+
+
+def test_a_server_given_only_the_digest_admits_the_token_and_nothing_else() -> None:
+    # What the operator's pods get: the digest in their template, no Secret.
+    digest = token_sha256(ADMIN_TOKEN)
+    with start_server(admin_token=AdminCredential.of_digest(digest), admin_port=0) as srv:
+        assert httpx.get(srv.admin_url + "/admin/config", headers=AUTH).status_code == 200
+        for given in (digest, digest.upper(), "wrong"):
+            res = httpx.get(srv.admin_url + "/admin/config",
+                            headers={"Authorization": f"Bearer {given}"})
+            assert res.status_code == 401, given
+
+
+def test_serve_reads_the_token_or_its_digest_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLOPILOT_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("SLOPILOT_ADMIN_TOKEN_SHA256", token_sha256(ADMIN_TOKEN).upper())
+    credential = admin_token(None)
+    assert isinstance(credential, AdminCredential) and credential.admits(ADMIN_TOKEN)
+    monkeypatch.setenv("SLOPILOT_ADMIN_TOKEN", ADMIN_TOKEN)
+    with pytest.raises(ValueError, match=r"SLOPILOT_ADMIN_TOKEN_SHA256.*both"):
+        admin_token(None)
+    monkeypatch.delenv("SLOPILOT_ADMIN_TOKEN")
+    monkeypatch.setenv("SLOPILOT_ADMIN_TOKEN_SHA256", "not-a-digest")
+    with pytest.raises(ValueError, match=r"SLOPILOT_ADMIN_TOKEN_SHA256: expected .* 64 hex"):
+        admin_token(None)
 
 
 def test_admin_without_a_configured_token_is_403() -> None:
