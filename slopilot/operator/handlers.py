@@ -41,6 +41,7 @@ from slopilot.operator.settings import configure, operator_policy
 from slopilot.operator.spec import Phase
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import load_or_create
+from slopilot.operator.validation import DNS_1123_SUBDOMAIN
 
 # The owned kinds whose events repair drift, as kopf's decorators name them.
 OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "networkpolicies"),
@@ -193,10 +194,15 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
 
 
 def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The LLMDeployment ``body`` names as its controller, if its name could be one: the
+    API server does not check an owner reference's name, and anyone who can create the
+    object can write ``../../team-b/llmdeployments/chat`` there."""
     for ref in body.get("metadata", {}).get("ownerReferences") or ():
         if ref.get("controller") and ref.get("kind") == KIND \
                 and ref.get("apiVersion") == API_VERSION:
-            return dict(ref)
+            name = ref.get("name")
+            return dict(ref) if isinstance(name, str) and \
+                DNS_1123_SUBDOMAIN.match(name) else None
     return None
 
 

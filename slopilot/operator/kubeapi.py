@@ -46,9 +46,25 @@ def load_client() -> kubernetes.client.ApiClient:
     return client
 
 
+def path_segment_problem(what: str, value: str) -> str | None:
+    """Why ``value`` cannot be one segment of a resource path (the API server's own rule
+    for names), or None. Names reach paths from objects tenants write (an owner
+    reference's name is not validated), and the HTTP client resolves ``..`` before
+    sending: ``../../team-b/...`` would be a request about another namespace."""
+    if value in (".", "..") or "/" in value or "%" in value:
+        return (f"{what}={value[:80]!r} is no object name (it may not be '.' or '..' or "
+                "hold '/' or '%')")
+    return None
+
+
 def resource_path(api_version: str, plural: str, namespace: str | None = None,
                   name: str | None = None, subresource: str | None = None) -> str:
-    """``/api/v1/namespaces/ns/pods/x`` or ``/apis/apps/v1/...`` for any resource."""
+    """``/api/v1/namespaces/ns/pods/x`` or ``/apis/apps/v1/...`` for any resource.
+    ValueError for a namespace, name or subresource that is not one path segment."""
+    for what, value in (("namespace", namespace), ("name", name),
+                        ("subresource", subresource)):
+        if value and (problem := path_segment_problem(what, value)) is not None:
+            raise ValueError(problem)
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
     if name:

@@ -12,16 +12,20 @@ check it would patch that object into its own (and make it garbage with the CR).
 from __future__ import annotations
 
 import copy
+import logging
+from types import SimpleNamespace
 from typing import Any
 
+import kopf
 import kubernetes.client
 import pytest
 
-from slopilot.operator.crd import crd_manifest
-from slopilot.operator.handlers import status_of
+from slopilot.operator.crd import API_VERSION, KIND, PLURAL, crd_manifest
+from slopilot.operator.handlers import LockTable, repair_drift, status_of
 from slopilot.operator.kube_handle import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
+from slopilot.operator.render import MANAGED
 from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
 from tests.support.kube_server import RunningEmulator
 
@@ -202,3 +206,38 @@ def test_a_controller_runs_once_the_objects_are_the_crs(
     assert loop.step() is True and loop.controller is not None
     loop.handle.scale(2)
     assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["replicas"] == 2
+
+
+def test_an_owner_reference_cannot_steer_the_operator_into_another_namespace(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server checks an owner reference's kind and uid, not its name, and the
+    drift handler GETs the owner by that name: a tenant's ConfigMap (labelled as the
+    operator's, so it is watched) named its owner ``../../team-b/llmdeployments/chat``,
+    and the client's path normalization turned the GET into one of team-b's object,
+    which the operator then reconciled as this namespace's owner."""
+    k = cluster.kube
+    theirs = k.create(API_VERSION, PLURAL, "team-b", {
+        **llmd(), "metadata": {"name": "chat", "namespace": "team-b"}})
+    bait = k.create("v1", "configmaps", NS, {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "bait", "namespace": NS, "labels": dict(MANAGED),
+                     "ownerReferences": [{
+                         "apiVersion": API_VERSION, "kind": KIND,
+                         "name": "../../team-b/llmdeployments/chat",
+                         "uid": theirs["metadata"]["uid"], "controller": True,
+                         "blockOwnerDeletion": True}]}})
+    memo = SimpleNamespace(kube=k, locks=LockTable(), policy=OperatorPolicy(),
+                           tokens=operator_mint(cluster))
+    posted: list[Any] = []
+    monkeypatch.setattr(kopf, "info", lambda body, **kw: posted.append((body, kw)))
+    monkeypatch.setattr(kopf, "warn", lambda body, **kw: posted.append((body, kw)))
+    seen = len(kube.emulator._requests)
+    repair_drift(event={"type": "MODIFIED"}, body=bait, memo=memo,
+                 logger=logging.getLogger(__name__))
+    assert [(r.method.value, r.namespace, r.name) for r in kube.emulator._requests[seen:]
+            if r.namespace not in (NS, None)] == []
+    assert posted == []
+    # And no other road: a name that is not one path segment never becomes a request.
+    for name in ("..", "../../team-b/llmdeployments/chat", "chat%2F..", "a/b"):
+        with pytest.raises(ValueError, match="is no object name"):
+            k.get(API_VERSION, PLURAL, NS, name)
