@@ -9,8 +9,8 @@ administrator's word on top of it, set once on the operator (environment variabl
   images). An entry is a repository (``ghcr.io/acme/engine``: any tag or digest of it)
   or a prefix ending in ``/*`` (``registry.acme.internal/llm/*``); ``*`` alone allows all.
 - Prometheus: when an allow-list is set, only those hosts (``host`` or ``host:port``;
-  ``*.suffix`` for any host under a domain) are fetched. Unset: any host that passes the
-  URL rules (``validation.prometheus_url_problem``).
+  ``*.suffix`` for any host under a domain) are fetched, and none when it is set empty.
+  Unset: any host that passes the URL rules (``validation.prometheus_url_problem``).
 - study storage: only the databases on the storage allow-list are opened, with the
   administrator's credentials (``study_storage.py``; the default: the operator's own
   SQLite file).
@@ -50,8 +50,9 @@ def _default_images() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class OperatorPolicy:
     allowed_images: tuple[str, ...] = field(default_factory=_default_images)
-    allowed_prometheus: tuple[str, ...] = ()
-    """Empty: any host."""
+    allowed_prometheus: tuple[str, ...] | None = None
+    """None (the variable unset): any host. Empty: no host; an administrator who blanks
+    the list means to shut tenants' URLs off, never to open them all."""
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator's pods run: the one source the NetworkPolicy admits to the
     engines' admin port."""
@@ -84,7 +85,7 @@ class OperatorPolicy:
                 raise PolicyError(f"image allow-list entry {entry!r}: expected a repository "
                                   "such as ghcr.io/acme/engine, a prefix such as "
                                   "registry.acme.internal/llm/*, or *")
-        for entry in self.allowed_prometheus:
+        for entry in self.allowed_prometheus or ():
             host = entry[2:] if entry.startswith("*.") else entry
             parts = urllib.parse.urlsplit(f"//{host}")
             try:
@@ -118,7 +119,7 @@ class OperatorPolicy:
         return resolve_storage(spec.tuning.storage, self.storage_rules)
 
     def prometheus_allowed(self, url: str) -> bool:
-        if not self.allowed_prometheus:
+        if self.allowed_prometheus is None:
             return True
         parts = urllib.parse.urlsplit(url)
         host = (parts.hostname or "").lower().rstrip(".")
@@ -150,7 +151,8 @@ def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> list[str
                    "cluster admin to add it to SLOPILOT_ALLOWED_IMAGES")
     if not policy.prometheus_allowed(spec.prometheus_url):
         out.append(f"spec.prometheus.url={spec.prometheus_url!r}: the host is not on the "
-                   f"operator's Prometheus allow-list ({_listing(policy.allowed_prometheus)}); "
+                   f"operator's Prometheus allow-list "
+                   f"({_listing(policy.allowed_prometheus or ())}); "
                    "use an allowed Prometheus, or ask the cluster admin to add it to "
                    "SLOPILOT_ALLOWED_PROMETHEUS")
     try:

@@ -58,6 +58,19 @@ def test_the_prometheus_allow_list_keeps_the_operator_to_known_hosts() -> None:
     assert len(problems) == 1 and "SLOPILOT_ALLOWED_PROMETHEUS" in problems[0]
 
 
+@pytest.mark.parametrize("value", ["", " ", ","])
+def test_an_empty_prometheus_allow_list_allows_no_host_not_every_host(value: str) -> None:
+    """Unset means any host; set, the variable lists the hosts, and an empty list (a blank
+    value from a template, a ConfigMap key left empty) lists none. It read as unset, so
+    the list an administrator emptied to shut tenants' URLs off opened them all."""
+    policy = operator_policy({"SLOPILOT_ALLOWED_PROMETHEUS": value})
+    assert not policy.prometheus_allowed("http://10.0.0.1:9090")
+    assert not policy.prometheus_allowed("http://prometheus-operated.monitoring:9090")
+    (problem,) = policy_problems(spec_of(), policy)
+    assert "Prometheus allow-list (empty)" in problem
+    assert operator_policy({}).prometheus_allowed("http://10.0.0.1:9090")
+
+
 @pytest.mark.parametrize(("image", "allowed"), [
     ("ghcr.io/slopilot/slopilot:0.1.0", True),
     ("ghcr.io/slopilot/slopilot@sha256:" + "a" * 64, True),
