@@ -262,7 +262,14 @@ class DeploymentLoop:
 
     def retire(self) -> None:
         """This CR's controller series leave the operator's /metrics: the CR is gone, or
-        no longer tuned (a successor of the same name starts its own)."""
+        no longer tuned. Not when a successor of the same name is already there: the
+        series are labelled by namespace and name, so they are the successor's now."""
+        try:
+            body = self.kube.get(*_CR, self.namespace, self.name)
+        except Exception:  # unknown: forget, a deleted CR's series must not stay forever
+            body = None
+        if body is not None and str(body["metadata"].get("uid")) != self.uid:
+            return
         metrics = self.controller.metrics if self.controller is not None \
             else operator_metrics(self.namespace)
         metrics.forget(self.name)
@@ -386,5 +393,5 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
             ending = None
         if ending is not None:
             await asyncio.shield(on_thread(ending))
-            loop.retire()
+            await asyncio.shield(on_thread(loop.retire))  # it reads the CR: not on the loop
         thread.shutdown(wait=False)

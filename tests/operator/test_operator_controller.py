@@ -286,3 +286,39 @@ def test_a_deleted_crs_controller_never_configures_its_successor(
             old.apply_config({"token_budget": 512}, canary=False)
     assert pod.puts == []
     assert "tunedConfig" not in cluster.status()
+
+
+def _has_series(name: str) -> bool:
+    from slopilot.operator.daemon import operator_metrics
+
+    registry = operator_metrics(NS).registry
+    return registry.get_sample_value(
+        "slopilot_replicas", {"slopilot_namespace": NS, "slopilot_deployment": name}) \
+        is not None
+
+
+def test_a_deleted_crs_ending_leaves_its_successors_series_alone(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The series are labelled by namespace and name. A deleted CR's daemon that ended
+    after a successor of the same name had started (its study's deletion can take a
+    while) removed the successor's series with its own: the new chat's counters went
+    back to zero and its gauges vanished until its next tick."""
+    from slopilot.operator.crd import crd_manifest
+    from slopilot.operator.daemon import operator_metrics
+    from slopilot.tuner.loop.state import ControllerState
+    from tests.operator.operator_support import daemon_loop
+
+    kube.install(crd_manifest())
+    first = cluster.create(llmd())
+    old = daemon_loop(cluster, first, monkeypatch)
+    cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
+                                                   "llmdeployments", "chat")
+    cluster.create(llmd())
+    operator_metrics(NS).observe("chat", ControllerState.STEADY, 2)  # the successor's
+    old.retire()
+    assert _has_series("chat")
+    # With no successor the ending CR's series go, as before.
+    cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
+                                                   "llmdeployments", "chat")
+    old.retire()
+    assert not _has_series("chat")
