@@ -107,10 +107,28 @@ ROBUST_SCALE = 0.05  # relative error beyond which a residual counts linearly
 
 def _solve(obs: list[Observation], y: np.ndarray, weights: np.ndarray,
            features: Sequence[str]) -> dict[str, float]:
-    from scipy.optimize import least_squares, lsq_linear
-
     index = [FEATURES.index(f) for f in features]
     x = np.array([[o.shape.vector()[i] for i in index] for o in obs], dtype=float)
+    try:
+        solution = solve_columns(x, y, weights)
+    except NotConverged as exc:
+        _not_converged(obs, exc.residuals, exc.message)
+    return {f: float(v) for f, v in zip(features, solution, strict=True)}
+
+
+class NotConverged(Exception):
+    def __init__(self, message: str, residuals: np.ndarray) -> None:
+        super().__init__(message)
+        self.message, self.residuals = message, residuals
+
+
+def solve_columns(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients for the columns of ``x`` (rows: observations) that
+    minimise the weighted residuals of ``y`` (the module docstring's fit); 0 for a column
+    the data never exercises. Raises FitError if no column is exercised, NotConverged
+    (with the residuals) if a solver fails."""
+    from scipy.optimize import least_squares, lsq_linear
+
     used = np.flatnonzero(np.any(x != 0, axis=0))
     if used.size == 0:
         raise FitError("every measured shape has all-zero features; nothing to fit")
@@ -119,15 +137,14 @@ def _solve(obs: list[Observation], y: np.ndarray, weights: np.ndarray,
     a, b = a / scale, y * weights
     res = lsq_linear(a, b, bounds=(0.0, np.inf), method="bvls")
     if not res.success or not np.all(np.isfinite(res.x)):
-        _not_converged(obs, a @ np.nan_to_num(res.x) - b, str(res.message))
+        raise NotConverged(str(res.message), a @ np.nan_to_num(res.x) - b)
     robust = least_squares(lambda c: a @ c - b, np.maximum(res.x, 0.0), jac=lambda c: a,
                            bounds=(0.0, np.inf), loss="soft_l1", f_scale=ROBUST_SCALE,
                            method="trf")
     if not robust.success or not np.all(np.isfinite(robust.x)):
-        _not_converged(obs, a @ res.x - b, str(robust.message))
-    coef = dict.fromkeys(features, 0.0)
-    for j, value in zip(used, robust.x / scale, strict=True):
-        coef[features[int(j)]] = max(0.0, float(value))  # bvls may return -1e-19
+        raise NotConverged(str(robust.message), a @ res.x - b)
+    coef = np.zeros(x.shape[1])
+    coef[used] = np.maximum(0.0, robust.x / scale)  # bvls may return -1e-19
     return coef
 
 
