@@ -22,6 +22,11 @@ Features (one coefficient each, seconds per unit; ``FEATURES`` fixes their order
                             graph): on such a device a decode-only pass is one graph launch,
                             and an eager one pays for its ~800-1,400 kernel launches
     tokens                  new tokens: linear layers, norms, RoPE, KV writes
+    tokens_past_knee        new tokens beyond the first ``GEMM_KNEE_TOKENS`` (8): a linear
+                            layer over a few rows is bound by reading its weights, which
+                            the first row pays and the next few ride along with; past
+                            the knee each row adds its own multiply (on this project's CPU
+                            1 to 8 decodes cost 17.1 to 20.5 ms, 8 to 32 about 1 ms each)
     sampled                 rows that sample: LM head rows and the sampler
     decode_seqs             decode rows: per-row bookkeeping
     decode_batches          1 when there are decodes: they share one batched attention
@@ -78,8 +83,8 @@ from slopilot.engine.executors.graph_shapes import padded_rows, padded_width
 from slopilot.engine.outputs import SchedulerOutput
 
 FEATURES: tuple[str, ...] = (
-    "iteration", "eager_passes", "tokens", "sampled", "decode_seqs", "decode_batches",
-    "prefill_seqs", "decode_context", "decode_width", "decode_padded_context",
+    "iteration", "eager_passes", "tokens", "tokens_past_knee", "sampled", "decode_seqs",
+    "decode_batches", "prefill_seqs", "decode_context", "decode_width", "decode_padded_context",
     "decode_spill", "prefill_context", "prefill_attention", "prefill_attention_dense",
     "swap_batches", "swap_blocks", "idle_starts")
 
@@ -88,7 +93,14 @@ FEATURES: tuple[str, ...] = (
 # v2: decode_spill (padded decode KV beyond the last-level cache).
 # v3: eager_passes (decode-only passes replayed from CUDA graphs), decode_batches counted
 # in eager passes only on such a device, decode_width (a batched attention's longest row).
-FORM_VERSION = 3
+# v4: tokens_past_knee (a pass's rows past the first few cost more than those within).
+FORM_VERSION = 4
+# Not fitted, and the same on every device, so that the engine, the simulator and the
+# fit compute the feature alike with nothing to stamp: the knee that fitted best in a scan
+# of this project's CPU samples (benchmarks/form_gemm_knee.py: 2.9 % -> 1.8 % mean fit
+# error, decodes 4.7 % -> 1.6 %). Where rows cost alike on either side (a launch-bound
+# GPU) the fit leaves the feature at 0.
+GEMM_KNEE_TOKENS = 8
 FORM_NAME = "linear-shape-features"
 
 
@@ -105,6 +117,7 @@ class IterationShape:
     iteration: float = 0
     eager_passes: float = 0
     tokens: float = 0
+    tokens_past_knee: float = 0
     sampled: float = 0
     decode_seqs: float = 0
     decode_batches: float = 0
@@ -142,7 +155,8 @@ class IterationShape:
 
     def vector(self) -> tuple[float, ...]:
         """The features in ``FEATURES`` order."""
-        return (self.iteration, self.eager_passes, self.tokens, self.sampled, self.decode_seqs,
+        return (self.iteration, self.eager_passes, self.tokens, self.tokens_past_knee,
+                self.sampled, self.decode_seqs,
                 self.decode_batches, self.prefill_seqs, self.decode_context,
                 self.decode_width, self.decode_padded_context, self.decode_spill,
                 self.prefill_context, self.prefill_attention, self.prefill_attention_dense,
@@ -212,7 +226,8 @@ def feature_sums(rows: Iterable[tuple[int, int, bool]], swap_out: int = 0,
         padded = decodes * d_max
     spill = padded - knee if knee is not None and padded > knee else 0
     decode_batch = 1 if decodes and (eager or graph_batch is None) else 0
-    return (1 if tokens else 0, eager, tokens, sampled, decodes, decode_batch, chunks,
+    return (1 if tokens else 0, eager, tokens, max(tokens - GEMM_KNEE_TOKENS, 0), sampled,
+            decodes, decode_batch, chunks,
             d_ctx, width, padded, spill, p_ctx, pairs, dense,
             (1 if swap_out else 0) + (1 if swap_in else 0), swap_out + swap_in,
             1 if after_idle else 0)

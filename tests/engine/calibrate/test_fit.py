@@ -89,6 +89,21 @@ def test_the_fit_recovers_the_eager_pass_of_a_graph_device() -> None:
                       [f for f in FEATURES if f != "eager_passes"]).mape > 0.05
 
 
+def test_the_fit_recovers_a_rows_cost_past_the_gemm_knee() -> None:
+    # As on this project's CPU: a few rows ride along with the first one's weight reads
+    # (tokens cheap), past the knee each row costs its own multiply.
+    truth = {**TRUE, "tokens": 2e-4, "tokens_past_knee": 6e-4}
+    executor = SyntheticExecutor(truth)
+    fit = fit_shapes(_measure(executor, GridOptions(), repeats=1))
+    assert fit.coefficients["tokens_past_knee"] == pytest.approx(6e-4, rel=1e-6)
+    assert fit.coefficients["tokens"] == pytest.approx(2e-4, rel=1e-6)
+    assert fit.max_err < 1e-6
+    # One slope cannot carry both: the decodes of a few rows are where it misses.
+    single = fit_shapes(_measure(executor, GridOptions(), repeats=1),
+                        [f for f in FEATURES if f != "tokens_past_knee"])
+    assert single.classes["decode"].mape > 0.03
+
+
 def test_the_fit_recovers_the_cost_beyond_the_cache_knee() -> None:
     truth = {**TRUE, "decode_spill": SPILL}
     executor = SyntheticExecutor(truth, knee=21845)

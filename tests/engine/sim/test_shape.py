@@ -9,6 +9,7 @@ from slopilot.engine.request import SamplingParams
 from slopilot.engine.sim.shape import (
     FEATURES,
     FORM_VERSION,
+    GEMM_KNEE_TOKENS,
     IterationShape,
     decode_knee_tokens,
     form_hash,
@@ -92,8 +93,9 @@ def test_the_knee_is_the_cache_over_one_layers_kv_bytes_per_token() -> None:
     assert decode_knee_tokens(0, 1536) is None
 
 
-def test_the_form_is_version_3_with_the_spill_and_eager_pass_terms() -> None:
-    assert FORM_VERSION == 3 and "decode_spill" in FEATURES and "eager_passes" in FEATURES
+def test_the_form_is_version_4_with_the_knee_spill_and_eager_pass_terms() -> None:
+    assert FORM_VERSION == 4 and "decode_spill" in FEATURES and "eager_passes" in FEATURES
+    assert FEATURES.index("tokens_past_knee") == FEATURES.index("tokens") + 1
     assert FEATURES.index("decode_spill") == FEATURES.index("decode_padded_context") + 1
     assert FEATURES[-1] == "idle_starts"
 
@@ -117,3 +119,19 @@ def test_eager_passes_count_what_a_graph_device_runs_eagerly(
                                 for i, (n, c, s) in enumerate(rows)])
     out.graph_batch = graph_batch
     assert shape_of(out) == shape
+
+
+@pytest.mark.parametrize(("rows", "past"), [
+    ([(1, 10, True)] * 8, 0),             # 8 decodes: all within the knee
+    ([(1, 10, True)] * 12, 4),            # 12 decodes: 4 past it
+    ([(64, 0, False), (1, 5, True)], 57),  # a chunk and a decode: 65 rows, 57 past
+    ([(3, 0, True)], 0),
+])
+def test_tokens_past_the_knee_are_the_passs_rows_beyond_the_first_eight(
+        rows: list[tuple[int, int, bool]], past: int) -> None:
+    # A linear layer over a few rows reads its weights once for all of them: on this
+    # project's CPU 1 to 8 decodes cost 17.1 to 20.5 ms, then about 1 ms a row.
+    assert GEMM_KNEE_TOKENS == 8
+    shape = shape_of_rows(rows)
+    assert shape.tokens_past_knee == past
+    assert shape.tokens == sum(n for n, _, _ in rows)
