@@ -152,3 +152,25 @@ def test_direct_scrape_reads_the_figures_the_batching_and_prefix_alerts_need() -
         scrape.stop()
     fired = SummaryAlerts(DEMO.slo, RuleOptions(alert_for_s=0)).evaluate(s, 110.0)
     assert {a.name for a in fired} == {"SlopilotBatchingUnderused"}
+
+
+
+def test_direct_scrape_counts_the_windows_requests_not_the_replicas_lifetime() -> None:
+    # 1,000 requests and 500 preemptions before the window, 10 requests and none in it:
+    # a client of the window's requests counts 10, and no preemption storm.
+    pages = iter(["vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 1000\n"
+                  "vllm:request_generation_tokens_sum{priority_class=\"p1\"} 50000\n"
+                  "vllm:num_preemptions_total 500\n",
+                  "vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 1010\n"
+                  "vllm:request_generation_tokens_sum{priority_class=\"p1\"} 50600\n"
+                  "vllm:num_preemptions_total 500\n"])
+    with serve_metrics(lambda: next(pages).encode()) as address:
+        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
+                              min_requests=1)
+        scrape.poll(now=100.0)
+        scrape.poll(now=160.0)
+        s = scrape.measure(100.0, 160.0, canary=False)
+        scrape.stop()
+    assert s.classes[Priority.P1].requests_finished == 10
+    assert s.classes[Priority.P1].throughput_tok_s == pytest.approx(600 / 60)
+    assert s.preemptions_per_min == 0

@@ -40,7 +40,7 @@ _GAUGES = {_BUSY, _WAITING}
 _KEEP = {_TTFT, _TBT, "vllm:e2e_request_latency_seconds_count",
          "vllm:request_generation_tokens_sum", "vllm:num_preemptions_total", _HITS,
          _QUERIES, *_GAUGES}
-Series = dict[tuple[str, str, float], float]  # (name, priority_class, le) -> value
+Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
 
 # The twin check's series, keyed (name, kind or kind/feature, -1) in the same Series.
@@ -60,7 +60,9 @@ def _parse(text: str) -> Series:
                 key = (s.name, label, _NO_LE)
                 out[key] = out.get(key, 0.0) + float(s.value)
             elif s.name in _KEEP:
-                le = float(s.labels.get("le", "nan"))
+                # Not NaN for "no le": NaN != NaN, so such a key never matched the
+                # window's first snapshot and every counter read as its lifetime.
+                le = float(s.labels["le"]) if "le" in s.labels else _NO_LE
                 key = (s.name, s.labels.get("priority_class", ""), le)
                 out[key] = out.get(key, 0.0) + float(s.value)
     return out
