@@ -174,3 +174,35 @@ def test_direct_scrape_counts_the_windows_requests_not_the_replicas_lifetime() -
     assert s.classes[Priority.P1].requests_finished == 10
     assert s.classes[Priority.P1].throughput_tok_s == pytest.approx(600 / 60)
     assert s.preemptions_per_min == 0
+
+
+def _page(finished: int, slow_gaps: int) -> bytes:
+    """One replica's e2e count and TBT histogram: every gap 10 ms, ``slow_gaps`` at 1 s."""
+    fast = 100 * finished
+    return "".join([
+        f'vllm:e2e_request_latency_seconds_count{{priority_class="p1"}} {finished}\n',
+        f'vllm:inter_token_latency_seconds_bucket{{priority_class="p1",le="0.01"}} {fast}\n',
+        f'vllm:inter_token_latency_seconds_bucket{{priority_class="p1",le="1.0"}} '
+        f'{fast + slow_gaps}\n',
+        f'vllm:inter_token_latency_seconds_bucket{{priority_class="p1",le="+Inf"}} '
+        f'{fast + slow_gaps}\n']).encode()
+
+
+def test_a_replica_that_becomes_the_canary_counts_only_its_windows_requests() -> None:
+    # Replica a served 1,000 requests before the window, with a burst of slow gaps, and
+    # 10 fast ones in it; the deployment scales to two in the window (a becomes the
+    # canary) and b serves 5. A client of the window's requests counts 15, all fast.
+    a_pages = iter([_page(1000, 5000), _page(1010, 5000)])
+    with serve_metrics(lambda: next(a_pages)) as a, \
+            serve_metrics(lambda: _page(5, 0)) as b:
+        urls = [f"http://{a}"]
+        scrape = DirectScrape(lambda: list(urls), DEMO.slo, RuleOptions(), min_requests=1)
+        scrape.poll(now=100.0)
+        urls.append(f"http://{b}")
+        scrape.poll(now=160.0)
+        s = scrape.measure(100.0, 160.0, canary=False)
+        canary = scrape.measure(100.0, 160.0, canary=True)
+        scrape.stop()
+    assert s.classes[Priority.P1].requests_finished == 15
+    assert s.classes[Priority.P1].tbt_p99_ms == pytest.approx(9.9)
+    assert canary.classes[Priority.P1].requests_finished == 10

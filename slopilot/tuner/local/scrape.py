@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -68,6 +69,15 @@ def _parse(text: str) -> Series:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """One poll: each replica's series by its URL, and which URL was the canary."""
+
+    series: dict[str, Series]
+    canary: str | None
+    """The first replica while there are several, as ``LocalDeployment`` orders them."""
+
+
 def quantile(q: float, buckets: Mapping[float, float]) -> float:
     """``histogram_quantile`` over cumulative ``{le: count}``: NaN when empty."""
     edges = sorted(buckets)
@@ -91,7 +101,7 @@ class DirectScrape:
         self.interval_s, self.min_requests = interval_s, min_requests
         # Long enough for the sustained-breach rows' window too.
         history_s = max(history_s, options.breach_window_s + 2 * interval_s)
-        self._snaps: deque[tuple[float, dict[str, Series]]] = deque(
+        self._snaps: deque[tuple[float, _Snapshot]] = deque(
             maxlen=max(2, int(history_s / interval_s)))
         self._alerts = SummaryAlerts(slo, options)
         self._lock = threading.Lock()
@@ -117,16 +127,19 @@ class DirectScrape:
         """Scrape every replica once and keep the snapshot as taken at ``now``."""
         urls = self.endpoints()
         snap: dict[str, Series] = {}
-        for i, url in enumerate(urls):
-            role = "canary" if i == 0 and len(urls) > 1 else "stable"
+        for url in urls:
             try:
-                snap[f"{role}|{url}"] = _parse(self._client.get(url + "/metrics").text)
+                snap[url] = _parse(self._client.get(url + "/metrics").text)
             except httpx.HTTPError:
                 continue  # a replica starting or stopping: its series just pause
+        # Keyed by URL alone, the role beside it: a replica's role changes when the
+        # deployment scales (the only one becomes the canary), and keyed by role its
+        # whole history read as the window's.
+        canary = urls[0] if len(urls) > 1 else None
         with self._lock:
-            self._snaps.append((time.time() if now is None else now, snap))
+            self._snaps.append((time.time() if now is None else now, _Snapshot(snap, canary)))
 
-    def _at(self, t: float) -> dict[str, Series] | None:
+    def _at(self, t: float) -> _Snapshot | None:
         with self._lock:
             before = [s for ts, s in self._snaps if ts <= t]
         return before[-1] if before else None
@@ -136,10 +149,10 @@ class DirectScrape:
         out: Series = {}
         if a is None or b is None:
             return out
-        for who, series in b.items():
-            if canary and not who.startswith("canary|"):
+        for url, series in b.series.items():
+            if canary and url != b.canary:
                 continue
-            old = a.get(who, {})
+            old = a.series.get(url, {})
             for key, value in series.items():
                 # A replica that appeared within the window counts from zero.
                 out[key] = out.get(key, 0.0) + max(0.0, value - old.get(key, 0.0))
@@ -160,10 +173,10 @@ class DirectScrape:
 
     def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:
         """Busy ratio (mean over replicas) and waiting requests (sum) in the last scrape."""
-        snap = self._at(end) or {}
+        snap = self._at(end) or _Snapshot({}, None)
         busy, waiting = [], []
-        for who, series in snap.items():
-            if canary and not who.startswith("canary|"):
+        for url, series in snap.series.items():
+            if canary and url != snap.canary:
                 continue
             for (name, _, _), value in series.items():
                 if name == _BUSY:
