@@ -206,3 +206,23 @@ def test_a_replica_that_becomes_the_canary_counts_only_its_windows_requests() ->
     assert s.classes[Priority.P1].requests_finished == 15
     assert s.classes[Priority.P1].tbt_p99_ms == pytest.approx(9.9)
     assert canary.classes[Priority.P1].requests_finished == 10
+
+
+def test_direct_scrape_alerts_read_a_window_with_few_finished_requests() -> None:
+    # A stalled deployment: 150 requests wait, the engine is busy 40 % of the time, and
+    # only 5 long requests finish in the minute, their gaps all 1 s. Prometheus' rules
+    # have no request minimum: the batching and TBT alerts fire; so must the scrape's.
+    pages = iter([_page(0, 0), _page(5, 500), _page(5, 500)])
+    gauges = b"slopilot_busy_ratio 0.4\nvllm:num_requests_waiting 150\n"
+    with serve_metrics(lambda: next(pages) + gauges) as address:
+        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo,
+                              RuleOptions(interval_s=30, alert_for_s=0, tbt_periods=1),
+                              min_requests=8)
+        for t in (100.0, 130.0, 160.0):
+            scrape.poll(now=t)
+        fired = scrape.firing(now=160.0)
+        with pytest.raises(WindowRejected, match="only 5 requests"):
+            scrape.measure(100.0, 160.0, canary=False)  # a trial's window still needs 8
+        scrape.stop()
+    assert {(a.name, a.priority_class) for a in fired} >= {
+        ("SlopilotBatchingUnderused", "all"), ("SlopilotTBTP99High", "p1")}

@@ -187,6 +187,10 @@ class DirectScrape:
                 "requests_waiting": sum(waiting) if waiting else None}
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
+        return self._summary(start, end, canary, self.min_requests)
+
+    def _summary(self, start: float, end: float, canary: bool,
+                 min_requests: int) -> WindowSummary:
         d = self._delta(start, end, canary)
         span = max(1e-9, end - start)
         labels = {p.label for p in Priority}
@@ -208,9 +212,9 @@ class DirectScrape:
 
         requests = by_class("vllm:e2e_request_latency_seconds_count")
         finished = sum(requests.values())
-        if finished < self.min_requests:
+        if finished < min_requests:
             raise WindowRejected(f"only {finished:.0f} requests finished in the "
-                                 f"{span:.0f} s window; need {self.min_requests}")
+                                 f"{span:.0f} s window; need {min_requests}")
         queries = sum(v for (n, _, _), v in d.items() if n == _QUERIES)
         hits = sum(v for (n, _, _), v in d.items() if n == _HITS)
         tokens = by_class("vllm:request_generation_tokens_sum")
@@ -237,10 +241,11 @@ class DirectScrape:
             prefix_cache_hit_ratio=hits / queries if queries > 0 else None)
 
     def _summary_at(self, t: float, window_s: float) -> WindowSummary | None:
-        try:
-            return self.measure(t - window_s, t, canary=False)
-        except WindowRejected:
-            return None
+        # No request minimum: a recording rule has none, and a stall in which few
+        # requests finish is when the TBT and batching alerts must fire. A figure with
+        # no samples is None, which no condition holds on, as a NaN series in Prometheus.
+        return self._summary(t - window_s, t, False, 0)
 
-    def firing(self) -> list[Alert]:
-        return self._alerts.firing(time.time(), self._summary_at)
+    def firing(self, now: float | None = None) -> list[Alert]:
+        """The alerts firing at ``now`` (the wall clock by default, as ``poll``'s)."""
+        return self._alerts.firing(time.time() if now is None else now, self._summary_at)
