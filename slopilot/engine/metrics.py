@@ -8,9 +8,11 @@ the OpenMetrics encoder would turn the ``:`` in ``vllm:...`` into ``_``.
 
 from __future__ import annotations
 
+import bisect
+import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -66,6 +68,29 @@ HISTOGRAMS: frozenset[str] = frozenset({
 # The serving process's own series, beside its engine's (engine/server/gc_pauses.py).
 GC_PAUSE_SECONDS = "slopilot_gc_pause_seconds"
 SERVER_HISTOGRAMS: frozenset[str] = frozenset({GC_PAUSE_SECONDS})
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
+    """Prometheus' ``histogram_quantile`` over cumulative ``{le: count}``: NaN when empty."""
+    edges = sorted(buckets)
+    if not edges or buckets[edges[-1]] <= 0:
+        return math.nan
+    rank = q * buckets[edges[-1]]
+    counts = [buckets[e] for e in edges]
+    i = bisect.bisect_left(counts, rank)
+    if i >= len(edges) - 1 and math.isinf(edges[-1]):
+        return edges[-2] if len(edges) > 1 else math.nan
+    lo_edge, lo_count = (0.0, 0.0) if i == 0 else (edges[i - 1], counts[i - 1])
+    width = counts[i] - lo_count
+    return lo_edge + (edges[i] - lo_edge) * ((rank - lo_count) / width if width else 1.0)
+
+
+def latency_quantile(q: float, seconds: Sequence[float]) -> float:
+    """``q`` of these latencies as Prometheus reads it from the engine's histogram
+    (``LATENCY_BUCKETS``, then ``histogram_quantile``): NaN without samples."""
+    ordered = sorted(seconds)
+    cumulative = {e: float(bisect.bisect_right(ordered, e)) for e in LATENCY_BUCKETS}
+    return histogram_quantile(q, {**cumulative, math.inf: float(len(ordered))})
 
 
 def exported_series() -> frozenset[str]:

@@ -57,7 +57,7 @@ def _check(kind: str, values: Mapping[str, Any], optional: tuple[str, ...] = ())
 
 def _numbers(owner: Any) -> dict[str, Any]:
     return {f.name: getattr(owner, f.name) for f in dataclasses.fields(owner)
-            if f.name not in ("samples", "accounting", "canary")}
+            if f.name not in ("samples", "accounting", "canary", "bucketed")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +141,17 @@ class Window:
     start: float
     end: float
     canary: bool = False
+    bucketed: bool = False
+    """Its P99s were read from the latency histograms (``histogram_quantile`` over the
+    engine's buckets), not from every sample: a prediction compared with them is read
+    the same way (``metrics.latency_quantile``)."""
 
     def __post_init__(self) -> None:
         _check("Window", _numbers(self))
-        if not isinstance(self.canary, bool):
-            raise SummaryError(f"Window.canary={self.canary!r}: expected true or false")
+        for name in ("canary", "bucketed"):
+            if not isinstance(getattr(self, name), bool):
+                raise SummaryError(f"Window.{name}={getattr(self, name)!r}: expected true "
+                                   "or false")
 
 
 @dataclass(frozen=True, slots=True)

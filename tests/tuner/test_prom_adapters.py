@@ -71,7 +71,7 @@ def test_a_window_is_read_at_its_end_over_its_length() -> None:
     assert s.overall.ttft_p99_ms == pytest.approx(450.0)  # every class's histogram together
     assert s.classes[Priority.P2].ttft_p99_ms is None  # no P2 series: no samples
     assert s.overall.requests_finished == 20 and s.duration_s == 10
-    assert s.window == Window(90.0, 100.0, canary=False)
+    assert s.window == Window(90.0, 100.0, canary=False, bucketed=True)
     assert all("[10s]" in e for e, _ in q.asked if "[" in e)
     assert {t for _, t in q.asked} == {100.0, 90.0}  # the window, and the one before it
     assert all('instance_role="canary"' not in e for e, _ in q.asked)

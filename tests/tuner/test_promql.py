@@ -28,7 +28,7 @@ def test_best_effort_class_counts_all_its_tokens_and_missing_series_are_neutral(
     assert s.classes[Priority.P2].ttft_p99_ms is None and s.overall.tbt_p99_ms is None
     assert s.request_rate is None
     assert s.overall.requests_finished == 35.0 and s.duration_s == 60.0
-    assert s.window == Window(40.0, 100.0, canary=False)
+    assert s.window == Window(40.0, 100.0, canary=False, bucketed=True)
 
 
 def test_query_at_refuses_a_url_without_a_scheme() -> None:

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from collections.abc import Mapping
+from math import inf, nan
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
+from slopilot.engine.metrics import LATENCY_BUCKETS
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.correction import twin_error
 from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.twin import with_profile
+from slopilot.engine.window_summary import Window
+from slopilot.tuner.local.scrape import quantile
 from slopilot.tuner.loop import advice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.ports import SimulatorBusy
@@ -25,7 +31,9 @@ from slopilot.tuner.loop.state import (
     ControllerState,
     TwinCorrection,
 )
+from slopilot.tuner.loop.twin_check import check_twin
 from slopilot.tuner.prometheus.alerts import AlertAction
+from slopilot.tuner.prometheus.query import window_summary
 from slopilot.tuner.sim.adapters import SimDeployment, SimIterations, SimProbe, SimWindows
 from tests.support.profiles import make_profile
 from tests.tuner.controller_fakes import (
@@ -317,3 +325,30 @@ def test_a_busy_twin_means_live_trials_and_live_evidence_not_an_error() -> None:
     d = scale.ctl.tick(WINDOW_S)
     assert d.action is Action.SCALE and len(scale.cluster.active) == 2  # one, live
     assert "twin_busy" in d.reason and "one replica on live evidence" in d.reason
+
+
+def test_a_twin_right_about_the_plant_reads_its_p99s_as_the_plants_are_read() -> None:
+    # The plant is the twin itself, measured as Prometheus measures it: its p99s are
+    # read from the latency histograms (histogram_quantile). A twin that is exactly
+    # right is not optimistic, so a scale-down gets no extra headroom for the buckets.
+    scenario = with_profile(load_scenario("tiny-cpu"), make_profile())
+    stats = simulate(scenario, START, replicas=1, duration_s=WINDOW_S, seed=0).stats.classes
+
+    def read(samples: Any) -> float:
+        xs = sorted(samples)
+        return quantile(0.99, {**{e: float(bisect_right(xs, e)) for e in LATENCY_BUCKETS},
+                               inf: float(len(xs))})
+
+    measured = window_summary(
+        requests={p.label: float(stats[p].finished) for p in Priority}, throughput={},
+        ttft_p99_s={p.label: read(stats[p].ttft) for p in Priority},
+        tbt_p99_s={p.label: read(stats[p].tbt) for p in Priority}, goodput={},
+        preemptions_per_min=0.0, overall_ttft_p99_s=nan, overall_tbt_p99_s=nan,
+        duration_s=WINDOW_S, window=Window(0.0, WINDOW_S))
+    check = check_twin(ControllerSettings(deployment="demo", slo=scenario.slo,
+                                          window_s=WINDOW_S),
+                       ((), ()), scenario, START, 1, measured, at=WINDOW_S, window_s=WINDOW_S)
+    p0 = check.p0()
+    assert p0 is not None and p0.tbt_p99_measured_ms is not None
+    assert p0.tbt_p99_predicted_ms == pytest.approx(p0.tbt_p99_measured_ms)
+    assert check.latency_optimism() == pytest.approx(0.0, abs=1e-9)

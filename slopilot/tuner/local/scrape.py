@@ -12,7 +12,6 @@ builder (``prometheus/query.window_summary``), and the alerts the alert table
 
 from __future__ import annotations
 
-import bisect
 import math
 import threading
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from slopilot.engine.metrics import histogram_quantile
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -80,17 +80,7 @@ class _Snapshot:
 
 def quantile(q: float, buckets: Mapping[float, float]) -> float:
     """``histogram_quantile`` over cumulative ``{le: count}``: NaN when empty."""
-    edges = sorted(buckets)
-    if not edges or buckets[edges[-1]] <= 0:
-        return math.nan
-    rank = q * buckets[edges[-1]]
-    counts = [buckets[e] for e in edges]
-    i = bisect.bisect_left(counts, rank)
-    if i >= len(edges) - 1 and math.isinf(edges[-1]):
-        return edges[-2] if len(edges) > 1 else math.nan
-    lo_edge, lo_count = (0.0, 0.0) if i == 0 else (edges[i - 1], counts[i - 1])
-    width = counts[i] - lo_count
-    return lo_edge + (edges[i] - lo_edge) * ((rank - lo_count) / width if width else 1.0)
+    return histogram_quantile(q, buckets)
 
 
 class DirectScrape:

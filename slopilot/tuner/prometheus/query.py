@@ -9,6 +9,7 @@ byte cap and deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -150,4 +151,5 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
         preemptions_per_min=number(preemptions_per_min), overall=overall, classes=classes,
         request_rate=or_none(request_rate), busy_ratio=or_none(busy_ratio),
         gpu_utilization=or_none(gpu_utilization), requests_waiting=or_none(requests_waiting),
-        prefix_cache_hit_ratio=or_none(prefix_cache_hit_ratio), window=window)
+        prefix_cache_hit_ratio=or_none(prefix_cache_hit_ratio),
+        window=dataclasses.replace(window, bucketed=True))
