@@ -131,8 +131,11 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
             continue
         try:
             obj: Any = json.loads(raw)
-        except ValueError as e:  # JSONDecodeError, or an integer past 4,300 digits
-            why = e.msg if isinstance(e, json.JSONDecodeError) else "a number too long"
+        except (ValueError, RecursionError) as e:
+            # JSONDecodeError; an integer past 4,300 digits; or brackets nested past the
+            # decoder's recursion limit (a few kB of "[").
+            why = (e.msg if isinstance(e, json.JSONDecodeError) else
+                   "nested too deep" if isinstance(e, RecursionError) else "a number too long")
             raise TraceError(f"{label}:{line}: not valid JSON ({why}): {raw[:80]!r}") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")

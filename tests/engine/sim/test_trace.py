@@ -343,3 +343,11 @@ def test_zero_output_tokens_are_refused_not_replayed_as_one(
     with pytest.raises(TraceError, match=rf"z\.\w+:{where}='?0'? must be a whole number "
                                          r">= 1.*at least one token"):
         read_trace(write(tmp_path, name, text))
+
+
+def test_a_jsonl_row_nested_past_the_parsers_depth_names_its_line(tmp_path: Path) -> None:
+    # json.loads recurses once per bracket: a few kB of "[" overflow the stack.
+    good = '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5}'
+    path = write(tmp_path, "t.jsonl", f"{good}\n{'[' * 100_000}\n")
+    with pytest.raises(TraceError, match=r"t\.jsonl:2: not valid JSON \(nested too deep"):
+        read_trace(path)
