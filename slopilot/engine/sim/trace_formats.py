@@ -17,6 +17,7 @@ import datetime
 import io
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,8 @@ class TraceRecord:
 
 def parse_csv(text: str, label: str) -> list[TraceRecord]:
     """Either CSV form, told apart by the header row."""
-    header = next(_rows(text), None)
+    rows = _numbered_rows(text, label)
+    header = next(rows, (1, None))[1]
     if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
         return parse_azure(text, label)
     names = [_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header or ()]
@@ -66,12 +68,9 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             f"{', '.join(c for c in CSV_COLUMNS if c not in names)}; a CSV trace starts with "
             f"{','.join(CSV_COLUMNS)}[,class] (or Azure's {','.join(_AZURE_COLUMNS)})")
     column = {name: names.index(name) for name in (*CSV_COLUMNS, "class") if name in names}
-    reader = _rows(text)
-    next(reader)
     records = []
     clock = _Clock(label)
-    for row in reader:
-        line = reader.line_num
+    for line, row in rows:
         if not row or not "".join(row).strip():
             continue
         if len(row) <= max(column.values()):
@@ -98,16 +97,31 @@ def _rows(text: str) -> Any:
     return csv.reader(io.StringIO(text, newline=""))
 
 
-def parse_azure(text: str, label: str) -> list[TraceRecord]:
+def _numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
+    """``_rows`` with each row's line; the csv module's own refusals (a field past its
+    131,072-character limit) become a ``TraceError`` naming the line."""
     reader = _rows(text)
-    header = next(reader, None)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise TraceError(f"{label}:{reader.line_num}: {e}; a trace's fields are times, "
+                             "token counts and classes: check that this is a CSV trace") \
+                from None
+        yield reader.line_num, row
+
+
+def parse_azure(text: str, label: str) -> list[TraceRecord]:
+    rows = _numbered_rows(text, label)
+    header = next(rows, (1, None))[1]
     if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
         raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
                          f"got {excerpt(header)}")
     records = []
     clock = _Clock(label)
-    for row in reader:
-        line = reader.line_num
+    for line, row in rows:
         if not row or not "".join(row).strip():
             continue
         if len(row) < 3:

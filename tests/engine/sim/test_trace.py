@@ -351,3 +351,14 @@ def test_a_jsonl_row_nested_past_the_parsers_depth_names_its_line(tmp_path: Path
     path = write(tmp_path, "t.jsonl", f"{good}\n{'[' * 100_000}\n")
     with pytest.raises(TraceError, match=r"t\.jsonl:2: not valid JSON \(nested too deep"):
         read_trace(path)
+
+
+@pytest.mark.parametrize("header", ["arrival_time,prompt_tokens,output_tokens",
+                                    "TIMESTAMP,ContextTokens,GeneratedTokens"])
+def test_a_csv_field_past_the_csv_modules_limit_names_its_line(tmp_path: Path,
+                                                               header: str) -> None:
+    # The csv module refuses a field over 131,072 characters with its own csv.Error.
+    path = write(tmp_path, "c.csv", f"{header}\n0,5,5\n1,{'7' * 200_000},5\n")
+    with pytest.raises(TraceError, match=r"c\.csv:3: field larger than field limit") as info:
+        read_trace(path)
+    assert len(str(info.value)) < 300
