@@ -53,6 +53,7 @@ from slopilot.engine.sim.profile_types import (
 )
 from slopilot.engine.sim.profiles import ProfileError, canonical_model_name
 from slopilot.engine.sim.spec_reader import ScenarioError
+from slopilot.engine.sim.yaml_load import safe_load_bounded
 
 __all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "DeviceInfo",
            "FitReport", "ProfileFileError", "StaleProfileWarning", "check_profile_for",
@@ -180,7 +181,7 @@ def parse_profile_text(text: str, source: str) -> CostProfile:
         raise ProfileFileError(f"{source}: {len(text.encode())} bytes is no cost profile "
                                f"(they are a few KiB, at most {MAX_PROFILE_BYTES})")
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load_bounded(text)
     except yaml.YAMLError as exc:
         raise ProfileFileError(f"{source}: not valid YAML ({exc}); {RECALIBRATE}") from None
     try:

@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from slopilot.engine.sim.yaml_load import safe_load_bounded
+
 _MIB = 1024 * 1024
 
 
@@ -244,7 +246,7 @@ def load_profiles(path: str | Path) -> tuple[dict[str, GPUProfile], dict[str, Mo
     """Read extra profiles from YAML: top-level ``gpus:`` and/or ``models:`` lists."""
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        doc = safe_load_bounded(p.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ProfileError(f"cannot read profiles from {p}: {exc}") from None
     if not isinstance(doc, Mapping) or not set(doc) <= {"gpus", "models"}:

@@ -30,6 +30,7 @@ from slopilot.engine.sim.profile_file import (
 from slopilot.engine.sim.spec_reader import Reader, ScenarioError, did_you_mean
 from slopilot.engine.sim.workload import Workload
 from slopilot.engine.sim.workload_spec import WorkloadSpec, parse_workload
+from slopilot.engine.sim.yaml_load import safe_load_bounded
 from slopilot.engine.slo import SLOError, SLOSpec
 
 __all__ = ["SLOSpec", "Scenario", "ScenarioError", "list_scenarios",
@@ -106,7 +107,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     source = scenario_file(name_or_path)
     label = str(source) if isinstance(source, Path) else f"scenario {name_or_path}"
     try:
-        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+        data = safe_load_bounded(source.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ScenarioError(f"{label}: not valid YAML: {e}") from None
     base_dir = source.parent if isinstance(source, Path) else Path.cwd()

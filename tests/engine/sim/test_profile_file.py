@@ -126,7 +126,7 @@ def test_an_alias_bomb_is_refused_without_expanding_it() -> None:
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
     bomb = "\n".join(lines) + "\nschema: *a8\n"  # 9**9 strings if anything walked it
-    with pytest.raises(ProfileFileError, match=r"schema=.*not a slopilot cost profile"):
+    with pytest.raises(ProfileFileError, match=r"not valid YAML \(its aliases"):
         load_profile(bomb)
 
 
@@ -272,3 +272,28 @@ def test_a_cuda_graph_profile_charges_eager_passes_only(tmp_path: Path) -> None:
     assert eager.graph_batch is None
     assert eager.iteration_time([(1, 99)] * 8 + [(64, 0)]) - \
         eager.iteration_time([(1, 99)] * 8) < 0.02
+
+
+@pytest.mark.parametrize("field", ["versions:\n  slopilot: ", "code:\n  executor: ",
+                                   "created: ", "      worst: "])
+def test_an_alias_bomb_in_a_field_read_as_text_is_refused(field: str) -> None:
+    # Fields taken with str() walked every alias: 9**9 strings were minutes and
+    # gigabytes (an operator reading a tenant's profile stalled); 9**7 load in a second.
+    # The anchors sit in ``versions``, whose keys are free.
+    anchors = ["  a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    anchors += [f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 7)]
+    text = dump_profile(make_profile())
+    start = text.index(field) + len(field)
+    text = text[:start] + "*a6" + text[text.index("\n", start):]
+    text = text.replace("versions:\n", "versions:\n" + "\n".join(anchors) + "\n")
+    if field == "created: ":  # above the anchors: move it below them
+        text = text.replace("created: *a6\n", "") + "created: *a6\n"
+    with pytest.raises(ProfileFileError, match=r"not valid YAML \(its aliases .* expand it "
+                                               r"to more than 100,000 values"):
+        load_profile(text)
+
+def test_a_profile_nested_past_the_parsers_depth_is_refused() -> None:
+    text = dump_profile(make_profile()).replace(
+        "slopilot: 0.1.0", "slopilot: " + "[" * 5000 + "]" * 5000)
+    with pytest.raises(ProfileFileError, match=r"<profile text>: not valid YAML \(nested "):
+        load_profile(text)

@@ -236,3 +236,21 @@ def test_a_malformed_trace_fails_at_load_not_mid_run(tmp_path: Path) -> None:
                        "target_rate": 3}
     with pytest.raises(ScenarioError, match="not both"):
         parse_scenario(doc, source="doc")
+
+
+@pytest.mark.parametrize("field", ["engine: {preemption_mode: *a5}",
+                                   "slo: {max_preemptions_per_min: *a5}"])
+def test_an_alias_bomb_is_refused_before_a_message_quotes_it(tmp_path: Path,
+                                                             field: str) -> None:
+    # A knob's or the SLO's error quoted the value whole: 9**6 aliased strings made a
+    # megabytes-long message (9**9 took minutes and gigabytes to build).
+    lines = ["bombs:", "  a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 6)]
+    with pytest.raises(ScenarioError, match=r"mine\.yaml: not valid YAML: its aliases") as info:
+        load_text(tmp_path, "\n".join(lines) + "\n" + BASE + field + "\n")
+    assert len(str(info.value)) < 400
+
+
+def test_a_scenario_nested_past_the_parsers_depth_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"mine\.yaml: not valid YAML: nested deeper"):
+        load_text(tmp_path, BASE + "engine: " + "[" * 5000 + "]" * 5000 + "\n")
