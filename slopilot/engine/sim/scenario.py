@@ -107,7 +107,12 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     source = scenario_file(name_or_path)
     label = str(source) if isinstance(source, Path) else f"scenario {name_or_path}"
     try:
-        data = safe_load_bounded(source.read_text(encoding="utf-8"))
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{label}: cannot read the scenario: {e}; save it as UTF-8 "
+                            "text where this user can read it") from None
+    try:
+        data = safe_load_bounded(text)
     except yaml.YAMLError as e:
         raise ScenarioError(f"{label}: not valid YAML: {e}") from None
     base_dir = source.parent if isinstance(source, Path) else Path.cwd()

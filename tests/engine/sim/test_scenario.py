@@ -254,3 +254,12 @@ def test_an_alias_bomb_is_refused_before_a_message_quotes_it(tmp_path: Path,
 def test_a_scenario_nested_past_the_parsers_depth_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"mine\.yaml: not valid YAML: nested deeper"):
         load_text(tmp_path, BASE + "engine: " + "[" * 5000 + "]" * 5000 + "\n")
+
+
+def test_a_scenario_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    # Saved as Latin-1: the decoder's own message named neither the file nor a fix.
+    path = tmp_path / "mine.yaml"
+    path.write_bytes(BASE.replace("name: mine", "name: caf\xe9").encode("latin-1"))
+    with pytest.raises(ScenarioError, match=r"mine\.yaml: cannot read the scenario: 'utf-8' "
+                                            r"codec can't decode .*save it as UTF-8"):
+        load_scenario(path)
