@@ -38,6 +38,8 @@ def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> N
     ({"model": "tiny-random"}, "add --executor torch"),
     ({"duration_s": 60, "shift_at_s": 60}, "shift at 60 s"),
     ({"seed": -1}, "--seed -1: expected a whole number >= 0"),
+    # Optuna's samplers take 32-bit seeds; a larger one failed after the replicas started.
+    ({"seed": 2**32}, "--seed 4294967296: expected a whole number >= 0 and at most 4294967295"),
     ({"report_dir": Path(__file__)}, "--report-dir .*: is a file, not a folder"),
 ])
 def test_bad_demo_options_say_what_to_fix(kwargs: dict[str, float], message: str) -> None:

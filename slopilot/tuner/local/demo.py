@@ -52,7 +52,7 @@ from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import open_study
+from slopilot.tuner.study.tuner import SEED_MAX, open_study
 
 NAME = "demo"
 # Seconds where production has minutes (the sustained-breach window: 5 rate windows).
@@ -111,8 +111,10 @@ class DemoOptions:
             raise ValueError(f"shift at {self.shift_at_s:g} s: expected 0 to the duration")
         # Checked here, not where they are used: the sampler takes the seed and the
         # report goes into its folder only after the replicas have started.
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"--seed {self.seed}: expected a whole number >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) \
+                or not 0 <= self.seed <= SEED_MAX:
+            raise ValueError(f"--seed {self.seed}: expected a whole number >= 0 and at most "
+                             f"{SEED_MAX}")
         check_output_dir(self.report_dir, "--report-dir")
 
     @property

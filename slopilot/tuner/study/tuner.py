@@ -37,6 +37,8 @@ from slopilot.tuner.study.storage_url import redacted, shown
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random")
+SEED_MAX = 2**32 - 1
+"""The largest sampler seed: Optuna seeds numpy's legacy RandomState, which takes 32 bits."""
 _LEGACY_WORKER = "slopilot_worker"  # "host:pid:token": the previous version's liveness mark
 _LEGACY_BEATEN = "slopilot_legacy_heartbeat"
 
