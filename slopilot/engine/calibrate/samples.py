@@ -76,10 +76,19 @@ def read_samples(path: str | Path) -> Recording:
     try:
         if p.stat().st_size > MAX_BYTES:
             raise SamplesFileError(f"{p}: larger than {MAX_BYTES} bytes; not a samples file")
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise SamplesFileError(f"{p}: cannot read calibration samples ({exc}); write one "
                                "with `slopilot calibrate ... --samples-out FILE`") from None
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # JSONDecodeError; an integer past 4,300 digits; brackets past the recursion limit.
+        why = (str(exc) if isinstance(exc, json.JSONDecodeError) else
+               "nested too deep" if isinstance(exc, RecursionError) else "a number too long")
+        raise SamplesFileError(f"{p}: cannot read calibration samples (not valid JSON: "
+                               f"{why}); write one with `slopilot calibrate ... --samples-out "
+                               "FILE`") from None
     return _from_dict(doc, str(p))
 
 

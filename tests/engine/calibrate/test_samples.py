@@ -134,3 +134,18 @@ def test_refit_refuses_what_it_cannot_use(tmp_path: Path,
     assert main(["calibrate", "--out", str(tmp_path / "p.yaml")]) == 2
     assert "--model is required" in capsys.readouterr().err
     assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("[" * 100_000, "nested too deep"),
+    ('{"schema": ' + "9" * 5000 + "}", "a number too long"),
+])
+def test_json_the_decoder_cannot_take_is_a_named_error(tmp_path: Path, text: str,
+                                                       why: str) -> None:
+    # json.loads raised RecursionError and, for an integer past 4,300 digits, a plain
+    # ValueError: neither was a SamplesFileError, so `--refit` ended in a traceback.
+    path = tmp_path / "s.json"
+    path.write_text(text)
+    with pytest.raises(SamplesFileError, match=rf"s\.json: cannot read calibration samples "
+                                               rf"\(not valid JSON: {why}\)"):
+        read_samples(path)
