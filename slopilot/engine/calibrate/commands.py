@@ -131,10 +131,29 @@ def _refit(args: argparse.Namespace) -> int:
         if args.statistic is not None:
             rec = with_statistic(rec, args.statistic)
         result = fit_recording(rec, args.tolerance, host=not args.no_host)
+        _check_reads_back(result.profile, args.refit)
     except (CalibrationError, SamplesFileError, FitError) as exc:
         print(f"slopilot calibrate: {exc}", file=sys.stderr)
         return 2
     return _written(result, args)
+
+
+def _check_reads_back(profile: Any, samples: Path) -> None:
+    """The samples file's device, model and provenance go into the profile as it gives
+    them; one the profile refuses is the file's fault, said before ``--out`` is written
+    (``write_profile`` would refuse it too, as a traceback naming no file)."""
+    from slopilot.engine.calibrate.samples import SamplesFileError
+    from slopilot.engine.sim.profile_file import (
+        ProfileFileError,
+        dump_profile,
+        parse_profile_text,
+    )
+
+    try:
+        parse_profile_text(dump_profile(profile), "<profile text>")
+    except ProfileFileError as exc:
+        raise SamplesFileError(f"{samples}: the profile fitted to it would not read back "
+                               f"({exc})") from None
 
 
 def _written(result: Any, args: argparse.Namespace) -> int:

@@ -25,11 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.calibrate.design import DesignError, GridOptions, ShapeSpec
-from slopilot.engine.calibrate.harness import Sample
+from slopilot.engine.calibrate.harness import STATISTICS, Sample
 from slopilot.engine.calibrate.host import HostStep
 from slopilot.engine.calibrate.runner import Recording
 from slopilot.engine.executors.kernel_modes import PROFILE_KERNELS
 from slopilot.engine.sim.profile_file import DeviceInfo, write_text_atomically
+from slopilot.engine.sim.profile_types import (
+    DEVICE_TYPES,
+    MAX_BLOCK_SIZE,
+    MAX_KV_CACHE_BYTES,
+    PROFILE_DTYPES,
+)
 from slopilot.engine.sim.profiles import ProfileError, model_from_dict
 from slopilot.engine.sim.shape import shape_of_rows
 
@@ -102,8 +108,8 @@ def _from_dict(doc: Any, src: str) -> Recording:
     if kernels is not None and kernels not in PROFILE_KERNELS:
         raise dev.error("kernels", f"expected one of {', '.join(PROFILE_KERNELS)}, got "
                         f"{kernels!r:.40}")
-    device = DeviceInfo(dev.text("type"), dev.text("name"), dev.integer("threads", True),
-                        dev.integer("cache_bytes", True), kernels)
+    device = DeviceInfo(dev.choice("type", DEVICE_TYPES), dev.text("name"),
+                        dev.integer("threads", True), dev.integer("cache_bytes", True), kernels)
     try:
         model = model_from_dict(get.mapping("model"), f"{src}: model")
         grid = GridOptions(**get.mapping("grid"))
@@ -117,11 +123,11 @@ def _from_dict(doc: Any, src: str) -> Recording:
         raise get.error("samples", "is empty: nothing to fit")
     versions = {str(k): str(v) for k, v in get.mapping("versions").items()}
     return Recording(
-        model=model, device=device, dtype=get.text("dtype"),
-        kv_cache_bytes=int(get.number("kv_cache_bytes")),
-        block_size=get.integer("block_size") or 16, versions=versions,
+        model=model, device=device, dtype=get.choice("dtype", PROFILE_DTYPES),
+        kv_cache_bytes=get.whole("kv_cache_bytes", 0, MAX_KV_CACHE_BYTES),
+        block_size=get.whole("block_size", 1, MAX_BLOCK_SIZE), versions=versions,
         executor_code=get.text("executor_code", allow_empty=True), grid=grid,
-        repeats=get.integer("repeats") or 1, statistic=get.text("statistic"),
+        repeats=get.integer("repeats") or 1, statistic=get.choice("statistic", STATISTICS),
         samples=samples, host_steps=steps, seconds=get.number("seconds"),
         cpu_share=get.number("cpu_share", True), load_average=get.number("load_average", True),
         created=get.text("created", allow_empty=True))
@@ -183,6 +189,22 @@ class _Fields:
         value = self.raw(key)
         if not isinstance(value, str) or not (value or allow_empty):
             raise self.error(key, f"expected a non-empty string, got {value!r:.40}")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        value = self.raw(key)
+        if value not in choices:
+            raise self.error(key, f"expected one of {', '.join(choices)}, got {value!r:.40}")
+        return str(value)
+
+    def whole(self, key: str, lo: int, hi: int) -> int:
+        """A whole number in [lo, hi] (a float such as 2.0 too: JSON writers differ)."""
+        value = self.raw(key)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self.error(key, f"expected a whole number from {lo} to {hi}, got "
+                             f"{value!r:.40}")
         return value
 
     def number(self, key: str, optional: bool = False) -> Any:

@@ -9,6 +9,9 @@ from types import MappingProxyType
 from slopilot.engine.executors.kernel_modes import PROFILE_KERNELS
 from slopilot.engine.sim.profile_types import (
     DEVICE_TYPES,
+    MAX_BLOCK_SIZE,
+    MAX_KV_CACHE_BYTES,
+    PROFILE_DTYPES,
     SCHEMA,
     ClassFit,
     CostProfile,
@@ -37,7 +40,7 @@ def parse_profile(doc: object, source: str) -> CostProfile:
     dev.finish()
     m = r.section("model")
     model_name = m.text("name")
-    dtype = m.text("dtype", choices=("float32", "bfloat16", "float16"))
+    dtype = m.text("dtype", choices=PROFILE_DTYPES)
     tp = m.integer("tp", 1, lo=1, hi=64)
     shape = m.raw("shape")
     if not isinstance(shape, Mapping):
@@ -45,9 +48,8 @@ def parse_profile(doc: object, source: str) -> CostProfile:
     model = model_from_dict({**shape, "name": model_name}, f"{source}: model.shape")
     m.finish()
     mem = r.section("memory")
-    block_size = mem.integer("block_size", lo=1, hi=1024)
-    # 4 TiB: more KV memory than any single device has; the simulator tracks every block.
-    kv_bytes = mem.integer("kv_cache_bytes", lo=0, hi=1 << 42)
+    block_size = mem.integer("block_size", lo=1, hi=MAX_BLOCK_SIZE)
+    kv_bytes = mem.integer("kv_cache_bytes", lo=0, hi=MAX_KV_CACHE_BYTES)
     mem.finish()
     cm = r.section("cost_model")
     form = cm.text("form")

@@ -12,6 +12,10 @@ from slopilot.engine.sim.shape import FORM_NAME, FORM_VERSION, decode_knee_token
 
 SCHEMA = "slopilot.dev/cost-profile/v1"
 DEVICE_TYPES = ("cpu", "cuda")
+PROFILE_DTYPES = ("float32", "bfloat16", "float16")
+MAX_BLOCK_SIZE = 1024
+MAX_KV_CACHE_BYTES = 1 << 42
+"""4 TiB: more KV memory than any single device has; the simulator tracks every block."""
 RECALIBRATE = "re-run `slopilot calibrate` for this model and device to write a new one"
 
 

@@ -108,6 +108,15 @@ def test_samples_are_kept_when_the_fit_is_refused(
     (lambda d: d["grid"].update(token_budget=1), r"--token-budget 1: expected 128"),
     (lambda d: d["host_steps"][0].update(swaps=[1]), r"host_steps\[0\]\.swaps"),
     (lambda d: d.update(samples=[]), r"samples: is empty"),
+    # Copied into the profile as they are: one the profile refuses failed only when
+    # the refitted profile was read back, as a traceback naming "<profile text>".
+    (lambda d: d["device"].update(type="tpu"), r"device\.type: expected one of cpu, cuda"),
+    (lambda d: d.update(dtype="int8"), r"dtype: expected one of float32, bfloat16, float16"),
+    (lambda d: d.update(statistic="mean"), r"statistic: expected one of median, min"),
+    (lambda d: d.update(kv_cache_bytes=1e30), r"kv_cache_bytes: expected a whole number "
+                                               r"from 0 to 4398046511104"),
+    (lambda d: d.update(block_size=5000), r"block_size: expected a whole number from 1 to "
+                                          r"1024"),
 ])
 def test_a_bad_samples_file_is_named(tmp_path: Path, change: object, message: str) -> None:
     rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
@@ -149,3 +158,32 @@ def test_json_the_decoder_cannot_take_is_a_named_error(tmp_path: Path, text: str
     with pytest.raises(SamplesFileError, match=rf"s\.json: cannot read calibration samples "
                                                rf"\(not valid JSON: {why}\)"):
         read_samples(path)
+
+
+def test_refit_of_values_no_profile_takes_exits_2_and_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    path = write_samples(rec, tmp_path / "s.json")
+    doc = json.loads(path.read_text())
+    doc["device"]["type"] = "tpu"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--refit", str(path), "--out", str(out)]) == 2
+    assert "s.json: device.type: expected one of cpu, cuda" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_refit_of_a_file_whose_profile_would_not_read_back_exits_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Any other field the profile bounds (threads >= 1 here) is caught as the refitted
+    # profile is read back before writing: an error naming the samples file, no file.
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    path = write_samples(rec, tmp_path / "s.json")
+    doc = json.loads(path.read_text())
+    doc["device"]["threads"] = 0
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--refit", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: the profile fitted to it would not read back" in err
+    assert "device.threads=0: must be at least 1" in err and not out.exists()
