@@ -123,12 +123,16 @@ def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> 
 def _write_metrics(path: str, renders: list[bytes]) -> None:
     from pathlib import Path
 
+    from slopilot.engine.sim.profile_file import write_bytes_atomically
+
+    # Atomically: a write cut short (a full disk) keeps the previous run's file whole.
     target = Path(path)
     if len(renders) == 1:
-        target.write_bytes(renders[0])
+        write_bytes_atomically(target, renders[0])
         return
     for i, text in enumerate(renders):
-        target.with_name(f"{target.stem}-r{i}{target.suffix or '.prom'}").write_bytes(text)
+        write_bytes_atomically(
+            target.with_name(f"{target.stem}-r{i}{target.suffix or '.prom'}"), text)
 
 
 def _list(args: argparse.Namespace) -> int:

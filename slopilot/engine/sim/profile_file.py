@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -58,7 +59,7 @@ from slopilot.engine.sim.yaml_load import safe_load_bounded
 __all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "DeviceInfo",
            "FitReport", "ProfileFileError", "StaleProfileWarning", "check_profile_for",
            "dump_profile", "executor_code_hash", "load_profile", "profile_to_dict",
-           "write_profile", "write_text_atomically"]
+           "write_bytes_atomically", "write_profile", "write_text_atomically"]
 
 
 # The source that sets an iteration's time on the torch executor, under slopilot/engine/:
@@ -144,11 +145,19 @@ def write_profile(p: CostProfile, path: str | Path) -> Path:
 def write_text_atomically(target: Path, text: str) -> Path:
     """``text`` into ``target`` via a temporary file beside it, fsync and a rename: a
     reader sees the old file or the whole new one, never half of it."""
+    return write_bytes_atomically(target, text.encode("utf-8"))
+
+
+def write_bytes_atomically(target: Path, data: bytes) -> Path:
+    """``write_text_atomically`` for bytes."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        # mkstemp makes it 0600; the file gets the mode the one it replaces had, or that
+        # a plain open() would give, so others who could read it still can.
+        os.fchmod(fd, _mode_for(target))
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -156,6 +165,15 @@ def write_text_atomically(target: Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _mode_for(target: Path) -> int:
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0o022)  # read by setting: the CLIs write from one thread
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 # ---------------------------------------------------------------------------- reading

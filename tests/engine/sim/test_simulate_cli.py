@@ -224,3 +224,40 @@ def test_a_bad_metrics_path_is_refused_before_the_run(
                  "--metrics-out", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"--metrics-out {path}" in err and message in err and "Traceback" not in err
+
+
+def test_a_metrics_file_that_cannot_be_written_whole_leaves_the_old_one(
+        tmp_path: Path) -> None:
+    # A disk that fills mid-write (here: a file-size limit, EFBIG) must not leave the
+    # previous run's metrics truncated to half of the new ones.
+    import resource
+    import signal
+
+    from slopilot.engine.sim.commands import _write_metrics
+
+    target = tmp_path / "metrics.prom"
+    target.write_text("# the previous run's metrics\n")
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512, limits[1]))
+    try:
+        with pytest.raises(OSError):
+            _write_metrics(str(target), [b"x" * 4096])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert target.read_text() == "# the previous run's metrics\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.prom"]
+
+
+def test_metrics_files_get_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
+    # Written via a temporary file (mkstemp's 0600): readers of a plain write still read.
+    from slopilot.engine.sim.commands import _write_metrics
+
+    plain = tmp_path / "plain.prom"
+    plain.write_bytes(b"x")
+    _write_metrics(str(tmp_path / "new.prom"), [b"y"])
+    assert (tmp_path / "new.prom").stat().st_mode == plain.stat().st_mode
+    plain.chmod(0o640)
+    _write_metrics(str(plain), [b"z"])
+    assert plain.stat().st_mode & 0o777 == 0o640 and plain.read_bytes() == b"z"
