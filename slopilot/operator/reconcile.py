@@ -42,7 +42,11 @@ from slopilot.operator.render import labels, owner_reference, render_all
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.validation import deployment_name_problem, quantity_problem
-from slopilot.tuner.prometheus.rules import render_prometheus_rule, render_rules_yaml
+from slopilot.tuner.prometheus.rules import (
+    VLLM_LATENCY_BUCKETS,
+    render_prometheus_rule,
+    render_rules_yaml,
+)
 
 MONITORING = "monitoring.coreos.com/v1"
 RULES_FILE = "slopilot-rules.yaml"
@@ -136,9 +140,12 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                           admin_token_sha256=admin_token_sha256)
     objects = [rendered.config_map, rendered.deployment, rendered.service,
                rendered.network_policy]
+    # vLLM's histograms have their own edges: an SLO between two is read there.
+    buckets = VLLM_LATENCY_BUCKETS if spec.backend is Backend.VLLM else None
     if monitoring:
         rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts,
-                                      namespace_label=namespace_label)
+                                      namespace_label=namespace_label,
+                                      latency_buckets=buckets)
         rule["metadata"] = {**_owned_meta(body, rule["metadata"]["name"]),
                             "labels": {**rule["metadata"]["labels"], **labels(name)}}
         objects += [rendered.service_monitor, rule]
@@ -147,7 +154,7 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                         "metadata": _owned_meta(body, f"{name}-rules"),
                         "data": {RULES_FILE: render_rules_yaml(
                             spec.slo, name, namespace=namespace, options=spec.alerts,
-                            namespace_label=namespace_label)}})
+                            namespace_label=namespace_label, latency_buckets=buckets)}})
     return objects
 
 

@@ -64,6 +64,29 @@ def test_the_plain_prometheus_form_is_the_same_rule() -> None:
                      "replacement": monitor["replacement"]}
 
 
+def test_a_vllm_deployments_goodput_reads_vllms_own_bucket_edges() -> None:
+    # The standard P0 TBT SLO is 20 ms; vLLM's inter-token buckets go 0.01, 0.025. The
+    # rendered goodput selected le="0.02", which no vLLM pod exports, so P0's goodput and
+    # the deployment's sloAttainment read nothing (the review of the loop's numbers).
+    from slopilot.operator.reconcile import desired_objects
+
+    def p0_goodput(backend: str) -> str:
+        b = body()
+        b["spec"]["backend"] = backend
+        objects = desired_objects(b, parse_spec(b), replicas=1, monitoring=True,
+                                  operator_namespace="slopilot-system")
+        [rule] = [o for o in objects if o["kind"] == "PrometheusRule"]
+        return next(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]
+                    if r.get("record") == "slopilot:goodput_tokens:per_second"
+                    and r["labels"]["priority_class"] == "p0")
+
+    gaps = "vllm:inter_token_latency_seconds_bucket"
+    vllm = p0_goodput("vllm")
+    assert 'le="0.02"' not in vllm
+    assert vllm.count('le="0.01"') == 2 and vllm.count('le="0.025"') == 1 and gaps in vllm
+    assert 'le="0.02"' in p0_goodput("builtin")  # the built-in engine exports that edge
+
+
 @pytest.fixture
 def vllm_endpoint() -> Iterator[tuple[Histogram, str]]:
     """A vLLM-shaped /metrics: its names and labels, no priority_class."""

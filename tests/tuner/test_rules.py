@@ -304,3 +304,54 @@ def test_tbt_alert_fires_and_resolves_in_real_prometheus(
     assert not [a for a in prom.alerts() if a["labels"]["alertname"] != "SlopilotTBTP99High"
                 and a["state"] == "firing"], "only the driven alert may fire"
     assert yaml.safe_load(rules.read_text())["groups"][0]["interval"] == "1s"
+
+
+def _vllm_goodput_test(rules: str, ttft_tbt: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """A promtool unit test: one minute of vLLM-shaped histograms (vLLM's own bucket
+    edges) for class p0 of deployment d, and the goodput the rules should record."""
+    series = []
+    labels = 'namespace="n",slopilot_namespace="n",slopilot_deployment="d",priority_class="p0"'
+    for metric, buckets in ttft_tbt.items():
+        total = buckets["+Inf"]
+        for le, count in buckets.items():
+            series.append({"series": f'{metric}_bucket{{{labels},le="{le}"}}',
+                           "values": f"0+{count}x10"})
+        series.append({"series": f"{metric}_count{{{labels}}}", "values": f"0+{total}x10"})
+    series.append({"series": f"vllm:request_generation_tokens_sum{{{labels}}}",
+                   "values": "0+600x10"})  # 10 tokens/s over the 1 m rate window
+    return {"rule_files": [rules], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series}]}
+
+
+@pytest.mark.prometheus
+def test_goodput_reads_a_vllm_histogram_whose_edges_miss_the_slo(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # vLLM's inter-token buckets are 0.01, 0.025, 0.05, ...: the standard P0 TBT SLO of
+    # 20 ms lies between two of them. The rules selected le="0.02", which vLLM never
+    # exports, so P0's goodput (and the deployment's sloAttainment) read nothing while
+    # clients were served well. (P0's TTFT SLO, 100 ms, is one of vLLM's TTFT edges.)
+    from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS
+
+    spec = SLOSpec.from_profile("standard")
+    slo = spec.classes()[Priority.P0]
+    assert slo.tbt_p99_ms == 20 and slo.ttft_p99_ms == 100
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(render_rules_yaml(spec, "d", namespace="n",
+                                       latency_buckets=VLLM_LATENCY_BUCKETS))
+    # Per minute: 100 gaps, 60 within 10 ms and 90 within 25 ms, read as Prometheus'
+    # histogram_quantile reads a bucket (uniform inside it): 60 + 30 * (20 - 10) /
+    # (25 - 10) = 80 within 20 ms; 10 first tokens, 8 within 100 ms.
+    tbt = {"0.01": 60, "0.025": 90, "0.05": 100, "+Inf": 100}
+    ttft = {"0.1": 8, "0.25": 10, "+Inf": 10}
+    test = _vllm_goodput_test("rules.yaml", {"vllm:inter_token_latency_seconds": tbt,
+                                             "vllm:time_to_first_token_seconds": ttft})
+    goodput = 10 * (80 / 100) * (8 / 10)  # tokens/s; compared in thousandths (rounding)
+    test["tests"][0]["promql_expr_test"] = [{
+        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
+        "eval_time": "5m",
+        "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
+                                   'slopilot_namespace="n"}',
+                         "value": round(goodput * 1000)}]}]
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

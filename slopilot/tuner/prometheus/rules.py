@@ -16,8 +16,9 @@ labels, which the operator's ServiceMonitor puts on every series it scrapes).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -34,9 +35,10 @@ from slopilot.tuner.prometheus.alert_table import (
     alert_table,
 )
 
-__all__ = ["ALL_CLASSES", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "RuleError", "RuleOptions",
-           "bucket_edge_at_or_below", "duration", "identity_labels", "render_prometheus_rule",
-           "render_rule_groups", "render_rules_yaml", "render_selector"]
+__all__ = ["ALL_CLASSES", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "VLLM_LATENCY_BUCKETS",
+           "LatencyBuckets", "RuleError", "RuleOptions", "bucket_edge_at_or_below", "duration",
+           "identity_labels", "render_prometheus_rule", "render_rule_groups",
+           "render_rules_yaml", "render_selector"]
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 DEPLOYMENT_LABEL = "slopilot_deployment"
@@ -110,6 +112,21 @@ def render_selector(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+LatencyBuckets = Mapping[str, Sequence[float]]
+"""A backend's latency histogram bucket edges (seconds, finite), by metric name."""
+
+VLLM_LATENCY_BUCKETS: LatencyBuckets = MappingProxyType({
+    # vLLM's own edges (v1 engine, vllm/v1/metrics/loggers.py); the standard profile's
+    # P0 TBT SLO (20 ms) falls between two of them.
+    "vllm:time_to_first_token_seconds": (
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+        7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    "vllm:inter_token_latency_seconds": (
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+        10.0, 20.0, 40.0, 80.0),
+})
+
+
 def bucket_edge_at_or_below(threshold_s: float) -> float:
     """The latency bucket edge whose count means 'met the SLO' (conservative if off-grid)."""
     below = [e for e in LATENCY_BUCKETS if e <= threshold_s + 1e-12]
@@ -124,8 +141,10 @@ def _le(edge: float) -> str:
 class _Renderer:
     def __init__(self, spec: SLOSpec, deployment: str, namespace: str | None,
                  selector: Mapping[str, str] | None, options: RuleOptions,
-                 namespace_label: str | None = None) -> None:
+                 namespace_label: str | None = None,
+                 buckets: LatencyBuckets | None = None) -> None:
         self.spec, self.opt = spec, options
+        self.buckets: LatencyBuckets = buckets or {}
         self.ident = identity_labels(deployment, namespace, namespace_label)
         self.subject = deployment if namespace is None else f"{namespace}/{deployment}"
         sel = dict(selector) if selector is not None else dict(self.ident)
@@ -150,10 +169,27 @@ class _Renderer:
                 f"(rate({metric}_bucket{self.sel()}[{window or self.window}])))")
 
     def fraction_within(self, metric: str, cls: str, threshold_s: float) -> str:
-        within = self.sel(priority_class=cls, le=_le(bucket_edge_at_or_below(threshold_s)))
-        return (f"sum by (priority_class) (rate({metric}_bucket{within}"
-                f"[{self.window}])) / sum by (priority_class) "
-                f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}]))")
+        """The share of ``metric``'s observations of class ``cls`` at or under the
+        threshold. Off the backend's grid it is read as ``histogram_quantile`` reads a
+        bucket, uniform inside it: an edge a backend does not export selects nothing."""
+        edges = sorted(self.buckets.get(metric, LATENCY_BUCKETS))
+
+        def rate(le: float) -> str:
+            return (f"sum by (priority_class) (rate({metric}_bucket"
+                    f"{self.sel(priority_class=cls, le=_le(le))}[{self.window}]))")
+
+        count = (f"sum by (priority_class) "
+                 f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}]))")
+        lower = [e for e in edges if e <= threshold_s + 1e-12]
+        upper = [e for e in edges if e > threshold_s + 1e-12]
+        if lower and (abs(lower[-1] - threshold_s) <= 1e-12 or not upper):
+            return f"{rate(lower[-1])} / {count}"  # on an edge (or past the last one)
+        hi = upper[0]
+        if not lower:
+            return f"{rate(hi)} * {_num(threshold_s / hi)} / {count}"
+        lo = lower[-1]
+        share = _num((threshold_s - lo) / (hi - lo))
+        return f"({rate(lo)} + ({rate(hi)} - {rate(lo)}) * {share}) / {count}"
 
     def gpu_utilization(self) -> str:
         """DCGM's GPU utilization (percent) of the deployment's pods, as a ratio.
@@ -237,15 +273,19 @@ class _Renderer:
 def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                        selector: Mapping[str, str] | None = None,
                        options: RuleOptions | None = None,
-                       namespace_label: str | None = None) -> dict[str, Any]:
+                       namespace_label: str | None = None,
+                       latency_buckets: LatencyBuckets | None = None) -> dict[str, Any]:
     """The plain rules file content: ``{"groups": [...]}``.
 
     ``namespace``: the deployment's Kubernetes namespace; None only outside a cluster.
     ``namespace_label``: the Prometheus's enforced namespace label (``identity_labels``),
     which every selector, recorded series and alert then carries as well.
+    ``latency_buckets``: the backend's histogram edges where they are not the built-in
+    engine's (``VLLM_LATENCY_BUCKETS``), so that an SLO between two edges is read there.
     """
     opts = options if options is not None else RuleOptions()
-    r = _Renderer(spec, deployment, namespace, selector, opts, namespace_label)
+    r = _Renderer(spec, deployment, namespace, selector, opts, namespace_label,
+                  latency_buckets)
     # Kubernetes names hold no '/', so "slopilot/<namespace>/<name>" names one deployment.
     name = f"slopilot-{deployment}" if namespace is None else f"slopilot/{r.subject}"
     group = {"name": name, "interval": duration(opts.interval_s),
@@ -256,9 +296,11 @@ def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None 
 def render_rules_yaml(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                       selector: Mapping[str, str] | None = None,
                       options: RuleOptions | None = None,
-                      namespace_label: str | None = None) -> str:
+                      namespace_label: str | None = None,
+                      latency_buckets: LatencyBuckets | None = None) -> str:
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
-                                options=options, namespace_label=namespace_label)
+                                options=options, namespace_label=namespace_label,
+                                latency_buckets=latency_buckets)
     return yaml.safe_dump(groups, sort_keys=False, width=100)
 
 
@@ -266,12 +308,14 @@ def render_prometheus_rule(spec: SLOSpec, deployment: str, namespace: str, *,
                            selector: Mapping[str, str] | None = None,
                            options: RuleOptions | None = None,
                            labels: Mapping[str, str] | None = None,
-                           namespace_label: str | None = None) -> dict[str, Any]:
+                           namespace_label: str | None = None,
+                           latency_buckets: LatencyBuckets | None = None) -> dict[str, Any]:
     """The same groups as a prometheus-operator PrometheusRule in the deployment's namespace."""
     if not namespace:
         raise RuleError("namespace is empty; pass the deployment's namespace")
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
-                                options=options, namespace_label=namespace_label)
+                                options=options, namespace_label=namespace_label,
+                                latency_buckets=latency_buckets)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
