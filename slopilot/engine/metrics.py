@@ -85,6 +85,26 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
     return lo_edge + (edges[i] - lo_edge) * ((rank - lo_count) / width if width else 1.0)
 
 
+def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> float:
+    """The share of observations at or under ``threshold`` from cumulative
+    ``{le: count}`` (with ``+Inf``), read as ``histogram_quantile`` reads a bucket, uniform
+    inside it; the recording rules compute the same (``rules.fraction_within``). NaN when
+    empty."""
+    total = buckets.get(math.inf, 0.0)
+    if total <= 0:
+        return math.nan
+    edges = sorted(e for e in buckets if not math.isinf(e))
+    lower = [e for e in edges if e <= threshold + 1e-12]
+    upper = [e for e in edges if e > threshold + 1e-12]
+    if lower and (abs(lower[-1] - threshold) <= 1e-12 or not upper):
+        return buckets[lower[-1]] / total
+    hi = upper[0]
+    if not lower:
+        return buckets[hi] * (threshold / hi) / total
+    lo = lower[-1]
+    return (buckets[lo] + (buckets[hi] - buckets[lo]) * (threshold - lo) / (hi - lo)) / total
+
+
 def latency_quantile(q: float, seconds: Sequence[float]) -> float:
     """``q`` of these latencies as Prometheus reads it from the engine's histogram
     (``LATENCY_BUCKETS``, then ``histogram_quantile``): NaN without samples."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -225,3 +226,20 @@ def test_recorders_directly() -> None:
     assert s.value(now=5.4) == 1.0 and s.value(now=6.1) == 0.0
     w = SlidingSum(5)
     assert w.ratio(now=1.0) == 0.0
+
+
+@pytest.mark.parametrize(("threshold", "share"), [
+    (0.02, 0.8),     # between 0.01 and 0.025: 60 + 30 * 10 / 15 of 100, as the rules read it
+    (0.025, 0.9),    # on an edge: that bucket's count
+    (0.005, 0.3),    # below the first edge: from 0 at 0
+    (0.5, 1.0),      # past the last finite edge: its count
+])
+def test_the_share_within_an_slo_is_read_as_the_recording_rules_read_it(
+        threshold: float, share: float) -> None:
+    # The demo's direct scrape and the Prometheus rules must give one goodput: the same
+    # vLLM-shaped histogram as tests/tuner/test_rules.py's promtool test (0.8 at 20 ms).
+    from slopilot.engine.metrics import histogram_share_within
+
+    buckets = {0.01: 60.0, 0.025: 90.0, 0.05: 100.0, math.inf: 100.0}
+    assert histogram_share_within(threshold, buckets) == pytest.approx(share)
+    assert math.isnan(histogram_share_within(0.02, {math.inf: 0.0}))

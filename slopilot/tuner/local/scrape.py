@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import histogram_quantile
+from slopilot.engine.metrics import histogram_quantile, histogram_share_within
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -30,7 +30,7 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.query import window_summary
-from slopilot.tuner.prometheus.rules import RuleOptions, bucket_edge_at_or_below
+from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.evaluator import WindowRejected
 
 _TTFT = "vllm:time_to_first_token_seconds_bucket"
@@ -216,7 +216,7 @@ class DirectScrape:
                 hist = buckets(name, c)
                 total = hist.get(math.inf, 0.0)
                 if limit is not None and total > 0:
-                    good *= hist.get(bucket_edge_at_or_below(limit / 1000), 0.0) / total
+                    good *= histogram_share_within(limit / 1000, hist)
             goodput[c] = good
         return window_summary(
             requests=requests, throughput={c: v / span for c, v in tokens.items()},

@@ -36,7 +36,7 @@ from slopilot.tuner.prometheus.alert_table import (
 )
 
 __all__ = ["ALL_CLASSES", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "VLLM_LATENCY_BUCKETS",
-           "LatencyBuckets", "RuleError", "RuleOptions", "bucket_edge_at_or_below", "duration",
+           "LatencyBuckets", "RuleError", "RuleOptions", "duration",
            "identity_labels", "render_prometheus_rule", "render_rule_groups",
            "render_rules_yaml", "render_selector"]
 
@@ -125,12 +125,6 @@ VLLM_LATENCY_BUCKETS: LatencyBuckets = MappingProxyType({
         0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
         10.0, 20.0, 40.0, 80.0),
 })
-
-
-def bucket_edge_at_or_below(threshold_s: float) -> float:
-    """The latency bucket edge whose count means 'met the SLO' (conservative if off-grid)."""
-    below = [e for e in LATENCY_BUCKETS if e <= threshold_s + 1e-12]
-    return below[-1] if below else LATENCY_BUCKETS[0]
 
 
 def _le(edge: float) -> str:
