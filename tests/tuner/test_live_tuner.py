@@ -32,3 +32,19 @@ def test_a_restarted_controller_tells_the_running_trial_it_did_not_ask(tmp_path:
 
 def test_a_study_not_opened_here_has_no_known_storage() -> None:
     assert storage_of(optuna.create_study()) is None
+
+
+def test_a_resumed_study_seeded_at_the_limit_still_opens(tmp_path: Path) -> None:
+    # A resumed study's sampler seed is offset by its trials so that a seeded sampler
+    # does not repeat its first configs; at the 32-bit limit the offset passed it, and
+    # `slopilot tune --seed 4294967295` failed on its second run with Optuna's error.
+    from slopilot.tuner.study.tuner import SEED_MAX
+
+    url = f"sqlite:///{tmp_path / 'seeded.db'}"
+    space = SearchSpace.from_bounds()
+    first = Tuner(open_study(url, "s", sampler="random", seed=SEED_MAX), space)
+    first_config = first.ask()[1]
+    first.close()
+    again = Tuner(open_study(url, "s", sampler="random", seed=SEED_MAX), space)
+    # The offset wraps to seed 0 (one trial before): a sampler that is not the first's.
+    assert again.ask()[1] != first_config

@@ -110,8 +110,8 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
         _beat_legacy_trials(store, study)
     fail_stale(study)
     trials = study.get_trials(deepcopy=False)
-    if trials and seed is not None:
-        study.sampler = make_sampler(sampler, seed + len(trials))
+    if trials and seed is not None:  # wrapped: the offset may pass the 32-bit seed limit
+        study.sampler = make_sampler(sampler, (seed + len(trials)) % (SEED_MAX + 1))
     return study
 
 
