@@ -138,6 +138,10 @@ class EngineConfig:
         return {f.name: f.metadata["doc"] for f in dataclasses.fields(EngineConfig)}
 
 
+# What a knob's text must be, in the words of the error ("expected a whole number").
+_KINDS: dict[type, str] = {bool: "true or false", int: "a whole number", float: "a number"}
+
+
 def coerce_knob(name: str, raw: Any) -> Any:
     """Turn a CLI or JSON value into the knob's type; the dataclass then checks bounds."""
     fields_by_name = {f.name: f for f in dataclasses.fields(EngineConfig)}
@@ -165,8 +169,8 @@ def coerce_knob(name: str, raw: Any) -> Any:
         if isinstance(default, float):
             return float(text)
     except ValueError:
-        kind = type(default).__name__
-        raise ConfigError(f"{name}={raw!r}: expected a {kind}", name) from None
+        kind = _KINDS.get(type(default), type(default).__name__)
+        raise ConfigError(f"{name}={raw!r}: expected {kind}", name) from None
     return text
 
 

@@ -106,7 +106,7 @@ def test_validate_refuses_configs_outside_the_space() -> None:
     ({"block_size": [8, 16]}, r"block_size is not tuned; give a single value"),
     ({"chunk_size": 4096, "token_budget": [128, 1024]}, r"no token budget .* fits"),
     ({"chunk_size": 2048, "token_budget": 1024}, r"exceeds the token budget"),
-    ({"kv_watermark": "lots"}, r"kv_watermark='lots': expected a float"),
+    ({"kv_watermark": "lots"}, r"kv_watermark='lots': expected a number"),
 ])
 def test_bad_bounds_name_the_value_and_the_fix(bounds: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

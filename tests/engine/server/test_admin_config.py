@@ -92,7 +92,7 @@ def test_an_idle_engine_reports_a_new_config_before_any_request(srv: LiveServer)
     ({"token_budget": 512, "chunk_size": 99999}, "chunk_size", "out of range"),
     ({"token_budget": 512, "no_such_knob": 1}, "no_such_knob", "unknown knob"),
     ({"token_budget": 512, "block_size": 32}, "block_size", "cannot change"),
-    ({"token_budget": "many"}, "token_budget", "expected a int"),
+    ({"token_budget": "many"}, "token_budget", "expected a whole number"),
     ({"preemption_mode": "pray"}, "preemption_mode", "recompute, swap, auto"),
     ({"token_budget": 256, "chunk_size": 512}, "chunk_size", "exceeds the token budget"),
 ])
