@@ -156,3 +156,21 @@ def test_demo_refuses_a_bad_profile_before_starting_anything(
 
     assert main(["demo", "--profile", str(tmp_path / "none.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_stale_profile_is_a_warning_line_of_the_demo_not_a_python_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # simulate and tune say "slopilot simulate: warning: ..." for a profile fitted on an
+    # older form; the demo let Python print its StaleProfileWarning with a source line.
+    import warnings
+
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.tuner.local.demo import NAME, twin_scenario
+    from tests.support.profiles import profile_file
+
+    stale = profile_file(tmp_path, "old.yaml", form_version=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        twin_scenario(load_scenario(NAME), DemoOptions(profile=stale))
+    err = capsys.readouterr().err
+    assert "slopilot demo: warning: " in err and "form" in err

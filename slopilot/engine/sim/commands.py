@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments, trace_options
@@ -86,15 +87,22 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def attach_profile(scenario: Any, path: str, command: str) -> Any:
-    """``scenario`` on the profile at ``path``; staleness warnings go to stderr."""
+def load_profile_noting(path: str | Path, command: str) -> Any:
+    """The ``CostProfile`` at ``path``; each reason it may be stale is a warning line of
+    ``slopilot COMMAND`` on stderr (not a Python warning with its source line)."""
     from slopilot.engine.sim.profile_file import executor_code_hash, load_profile
-    from slopilot.engine.sim.twin import with_profile
 
     profile = load_profile(path, warn=False)
     for problem in profile.staleness(executor_code_hash()):
         print(f"slopilot {command}: warning: {problem}", file=sys.stderr)
-    return with_profile(scenario, profile)
+    return profile
+
+
+def attach_profile(scenario: Any, path: str, command: str) -> Any:
+    """``scenario`` on the profile at ``path``; staleness warnings go to stderr."""
+    from slopilot.engine.sim.twin import with_profile
+
+    return with_profile(scenario, load_profile_noting(path, command))
 
 
 def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> Any:

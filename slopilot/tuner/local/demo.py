@@ -162,10 +162,11 @@ def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
                 f"calibrate it (`slopilot calibrate --model {opts.served_model} --out F`) "
                 "and pass --profile F") from None
         return dataclasses.replace(scenario, model=model)
-    from slopilot.engine.sim.profile_file import check_profile_for, load_profile
+    from slopilot.engine.sim.commands import load_profile_noting
+    from slopilot.engine.sim.profile_file import check_profile_for
     from slopilot.engine.sim.twin import with_profile
 
-    profile = load_profile(opts.profile)
+    profile = load_profile_noting(opts.profile, "demo")
     if opts.torch:
         check_profile_for(profile, model=opts.served_model, device="cpu")
         scenario = dataclasses.replace(scenario, model=profile.model.name)
