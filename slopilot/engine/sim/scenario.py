@@ -92,6 +92,9 @@ def scenario_file(name_or_path: str | Path) -> Traversable | Path:
                             f"--trace {text} (the deployment and SLO come from --scenario)")
     if text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text:
         path = Path(name_or_path)
+        if path.is_dir():
+            raise ScenarioError(f"scenario file {text!r} is a folder, not a scenario file; "
+                                "name a .yaml file in it")
         if not path.is_file():
             raise ScenarioError(f"scenario file {text!r} does not exist")
         return path

@@ -263,3 +263,10 @@ def test_a_scenario_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"mine\.yaml: cannot read the scenario: 'utf-8' "
                                             r"codec can't decode .*save it as UTF-8"):
         load_scenario(path)
+
+
+def test_a_folder_named_as_a_scenario_is_called_a_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "scenarios.yaml"
+    folder.mkdir()
+    with pytest.raises(ScenarioError, match=r"is a folder, not a scenario file; name a \.yaml"):
+        load_scenario(str(folder))
