@@ -43,6 +43,10 @@ from slopilot.engine.sim.workload import (
     child_rng,
 )
 
+# A trace is read whole and held as records (a few hundred bytes of Python each): past
+# this a file is refused from its size rather than by the kernel's OOM killer.
+MAX_TRACE_BYTES = 1 << 30
+
 # Traces shipped in slopilot/data/traces (see the README there for sources and licences).
 BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
 _TOKENS, _PRIORITY, _SESSION_TOKENS = 21, 22, 23
@@ -68,6 +72,12 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
     if fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
     try:
+        size = source.stat().st_size if isinstance(source, Path) else 0
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(
+                f"{name_or_path}: the trace is {_size(size)}; at most "
+                f"{_size(MAX_TRACE_BYTES)} is read (whole, into memory): cut it to the span "
+                "you replay, e.g. with head -n")
         # utf-8-sig: a byte-order mark (Excel, PowerShell) is dropped, not read as part
         # of the first column's name.
         text = source.read_text(encoding="utf-8-sig")
@@ -81,6 +91,13 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
     records.sort(key=lambda r: r.arrival_time)
     t0 = records[0].arrival_time
     return [replace(r, arrival_time=r.arrival_time - t0) for r in records]
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def window(records: list[TraceRecord], *, start_s: float = 0.0, end_s: float | None = None,

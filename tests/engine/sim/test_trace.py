@@ -362,3 +362,17 @@ def test_a_csv_field_past_the_csv_modules_limit_names_its_line(tmp_path: Path,
     with pytest.raises(TraceError, match=r"c\.csv:3: field larger than field limit") as info:
         read_trace(path)
     assert len(str(info.value)) < 300
+
+
+def test_a_trace_past_the_size_limit_is_refused_before_it_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read whole and parsed into records, a multi-GB trace was bounded only by RAM (an
+    # OOM kill, nothing said). Past the limit it is refused from its size, unread.
+    from slopilot.engine.sim import trace
+
+    path = tmp_path / "big.csv"
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "0,10,5\n" * 200)
+    monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 1000)
+    with pytest.raises(TraceError, match=r"big.csv: the trace is 1\.\d+ kB; at most 1\.0 kB "
+                                         r"is read .*cut it to the span you replay"):
+        trace.read_trace(path)
