@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
@@ -54,7 +55,13 @@ def run(s: TuneSettings) -> TuneOutcome:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
     base = s.scenario.engine_config()
-    space = SearchSpace.from_bounds(s.bounds, base=base)
+    try:
+        space = SearchSpace.from_bounds(s.bounds, base=base)
+    except ConfigError as exc:  # name the flag that gave the bound, as the user wrote it
+        given = [b for b in s.raw_bounds if b.partition("=")[0].strip() == exc.field]
+        if not given:
+            raise
+        raise ConfigError(f"--bound {given[-1]}: {exc}", exc.field) from None
     start_config = base.with_overrides(s.fixed).to_dict()
     plan = plan_windows(s.scenario, duration_s=s.duration_s, seeds=s.seeds,
                         warmup_s=s.warmup_s, whole=s.whole)
