@@ -15,14 +15,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from slopilot.engine.metrics import LATENCY_BUCKETS
 from slopilot.operator.render import (
     render_all,
     vllm_class_metric_relabel_config,
     vllm_class_relabeling,
 )
 from slopilot.operator.spec import SpecError, parse_spec
-from slopilot.tuner.prometheus.rules import RuleOptions, render_rules_yaml
+from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS, RuleOptions, render_rules_yaml
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
 from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_metrics
 from tests.support.waits import wait_for
@@ -89,10 +88,11 @@ def test_a_vllm_deployments_goodput_reads_vllms_own_bucket_edges() -> None:
 
 @pytest.fixture
 def vllm_endpoint() -> Iterator[tuple[Histogram, str]]:
-    """A vLLM-shaped /metrics: its names and labels, no priority_class."""
+    """A vLLM-shaped /metrics: its names, labels and bucket edges, no priority_class."""
     registry = CollectorRegistry()
-    itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency.",
-                    ["model_name", "engine"], buckets=LATENCY_BUCKETS, registry=registry)
+    name = "vllm:inter_token_latency_seconds"
+    itl = Histogram(name, "Inter-token latency.", ["model_name", "engine"],
+                    buckets=VLLM_LATENCY_BUCKETS[name], registry=registry)
 
     with serve_metrics(lambda: generate_latest(registry)) as address:
         yield itl, address
@@ -108,7 +108,8 @@ def test_vllm_token_gaps_reach_the_class_rules_and_fire_its_alert(
     rules = tmp_path / "rules.yaml"
     rules.write_text(render_rules_yaml(
         spec.slo, "chat", options=RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1,
-                                              tbt_periods=1)))
+                                              tbt_periods=1),
+        latency_buckets=VLLM_LATENCY_BUCKETS))
     prom = prometheus_factory(
         targets=[ScrapeTarget("vllm", [address], {"slopilot_deployment": "chat"},
                               metric_relabel_configs=[
