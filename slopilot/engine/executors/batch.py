@@ -137,7 +137,7 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
     sample_seqs: list[ScheduledSeq] = []
     singles: list[int] = []  # indices into seqs
     single_rows: list[int] = []  # their flat token indices
-    chunks: list[tuple[int, int, int]] = []  # (seq index, flat begin, flat end)
+    chunks: list[tuple[np.ndarray, int, int, int]] = []  # (context slots, begin, end, start)
     prompt_rows: list[int] = []
     prompt_seqs: list[tuple[ScheduledSeq, int]] = []
     for i, seq in enumerate(seqs):
@@ -146,13 +146,16 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
         begin = len(input_ids)
         input_ids.extend(seq.token_ids)
         positions.extend(range(start, end))
-        table = tables[i]
-        slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
         if n == 1:
+            table = tables[i]
+            slot_mapping.append(table[start // bs] * bs + start % bs)
             singles.append(i)
             single_rows.append(begin)
         else:
-            chunks.append((i, begin, begin + n))
+            # The chunk's context slots hold its new tokens' slots too: computed once.
+            ctx = context_slots(matrix[i:i + 1], bs, end)[0]
+            slot_mapping.extend(ctx[start:].tolist())
+            chunks.append((ctx, begin, begin + n, start))
         if seq.sample:
             logits_rows.append(begin + n - 1)
             sample_seqs.append(seq)
@@ -180,9 +183,7 @@ def build_batch(seqs: list[ScheduledSeq], *, block_size: int, num_blocks: int,
         attention.single_rows = tensor(single_rows)
         attention.single_slots = tensor(padded)
         attention.single_lengths = tensor(lengths)
-    for i, begin, stop in chunks:
-        start = seqs[i].start_pos
-        ctx = context_slots(matrix[i:i + 1], bs, start + stop - begin)[0]
+    for ctx, begin, stop, start in chunks:
         mask = None
         if start > 0:
             q_pos = torch.arange(start, start + stop - begin, device=device)
