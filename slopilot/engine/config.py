@@ -134,6 +134,13 @@ class EngineConfig:
         return out
 
     @staticmethod
+    def restart_knobs() -> tuple[str, ...]:
+        """The knobs a running engine cannot change (``live=False``): a new value needs a
+        restart, so a deployment's pod template carries them and no live PUT does."""
+        return tuple(f.name for f in dataclasses.fields(EngineConfig)
+                     if not f.metadata["live"])
+
+    @staticmethod
     def knob_docs() -> dict[str, str]:
         return {f.name: f.metadata["doc"] for f in dataclasses.fields(EngineConfig)}
 

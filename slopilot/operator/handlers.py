@@ -11,6 +11,10 @@ importing it registers every handler, the controller daemon included.
   deprecated field) gets a ``DeprecatedField`` Warning event and says so in the Valid
   condition. Status is written conditionally on the version read (status_writer.py), so
   the daemon's conditions and these never erase each other.
+- the built-in engine's running pods are brought to the spec's live knobs (which the
+  engine reads from its ConfigMap only at start) after each reconcile and once a
+  ``tuning_daemon.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
+  daemon does it, around its trials.
 - events of owned Deployments, NetworkPolicies, Services and ConfigMaps: a deleted or
   edited one is re-created or patched back from its LLMDeployment (drift repair). Their
   watches ask the API server for managed objects only (``watch_only_managed``).
@@ -31,9 +35,10 @@ from typing import Any, cast
 import kopf
 
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
-from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
+from slopilot.operator import tuning_daemon  # also registers the controller daemon
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube, load_client
 from slopilot.operator.reconcile import Change, Outcome, config_status, reconcile
 from slopilot.operator.render import MANAGED
@@ -187,10 +192,46 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
     with memo.locks.hold(key_of(body)):
         outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)
         write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
+        if outcome.valid and outcome.admin_token and not tuning_daemon.tuning_enabled(
+                body.get("spec") or {}):
+            sync_pods(body, memo, logger)
     post_events(body, outcome, reason="Reconciled")
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)
     if outcome.retry_s is not None:  # kopf runs the handler again, spec change or not
         raise kopf.TemporaryError("; ".join(outcome.problems), delay=outcome.retry_s)
+
+
+def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
+    """Bring the running pods to the spec's live knobs (no trials run: tuning is off)."""
+    meta = body["metadata"]
+    handle = KubeDeploymentHandle(memo.kube, meta["namespace"], meta["name"],
+                                  mint=memo.tokens, policy=memo.policy, uid=str(meta["uid"]))
+    try:
+        done = handle.sync_config()
+    except Exception as exc:  # the CR went away, or the API: the timer tries again
+        logger.warning("the pods' configs were not checked: %s: %s", type(exc).__name__,
+                       exc)
+        return
+    if done.updated:
+        logger.info("the spec's live knobs sent to %s", ", ".join(done.updated))
+    for why in done.left:
+        logger.warning("a pod is not on the spec's config: %s", why)
+
+
+def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:
+    return not tuning_daemon.tuning_enabled(spec)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, id="config-sync", interval=tuning_daemon.CONFIG_SYNC_S,
+            initial_delay=tuning_daemon.CONFIG_SYNC_S, when=tuning_disabled)
+def sync_untuned_pods(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                      **_: Any) -> None:
+    """A pod that read an older ConfigMap (it started before an edit and became ready
+    after the reconcile's sync) is brought over within one interval."""
+    if body["metadata"].get("deletionTimestamp"):
+        return
+    with memo.locks.hold(key_of(body)):
+        sync_pods(body, memo, logger)
 
 
 def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:

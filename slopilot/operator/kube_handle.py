@@ -8,6 +8,10 @@
   operator minted for this deployment (tokens.py). For vLLM, which has no live
   reconfiguration, it is a rollout: the new knobs change the container's arguments and
   the pod template's checksum annotation.
+- ``sync_config`` brings every ready pod's live knobs to the spec's config (``spec.engine``
+  with the committed ``tunedConfig``), which the engine otherwise reads only from its
+  ConfigMap at start: an edit of a live knob reaches the running pods, and a pod that read
+  an older ConfigMap is brought over. Pods a running trial holds are left alone.
 - Every config applied to all replicas is recorded in ``status.tunedConfig`` (with a hash
   of the spec it was tuned from) and rendered into the owned objects, so a restarted pod
   starts with it and a later reconcile keeps it instead of reverting to the spec.
@@ -30,8 +34,10 @@ while the object's ``resourceVersion`` is the same (one tick reads it several ti
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -52,11 +58,22 @@ from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failur
 
 log = logging.getLogger(__name__)
 HTTP_TIMEOUT_S = 5.0
+MAX_CONFIG_BYTES = 64 * 1024
+"""The most of a pod's ``GET /admin/config`` answer read (the admin API's own body cap)."""
 TEMPLATE_HASH = "pod-template-hash"
 
 
 class ApplyError(RuntimeError):
     """A replica did not take a config (unreachable, or an error other than a refusal)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSync:
+    """What one ``sync_config`` did: the pods it reconfigured, and ``"<pod>: <why>"`` for
+    each one it could not read or bring over."""
+
+    updated: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
 
 
 def ready(pod: Mapping[str, Any]) -> bool:
@@ -228,6 +245,49 @@ class KubeDeploymentHandle:
         self._record(body, new)
         return None
 
+    def sync_config(self, *, held: Collection[str] = ()) -> ConfigSync:
+        """Bring every ready pod not in ``held`` (the pods a running trial is measuring)
+        to the spec's config, where its live knobs differ; a no-op for vLLM, whose knobs
+        are arguments that a rollout sets.
+
+        Each pod is read first (``GET /admin/config``), so a pod already right is not
+        written. A pod that runs other restart knobs (block size, swap space) is from an
+        older pod template: the rollout replaces it, and a live PUT could not change them.
+        """
+        body = self.body()
+        spec = self._spec_of(body)
+        if spec.backend is not Backend.BUILTIN:
+            return ConfigSync()
+        want = spec.engine.to_dict()
+        token = self.mint.for_body(body)
+        updated: list[str] = []
+        left: list[str] = []
+        for pod in self.pods(body):
+            name = str(pod["metadata"]["name"])
+            if name in held:
+                continue
+            try:
+                runs = self._get(pod, token)
+            except ApplyError as exc:
+                left.append(str(exc))
+                continue
+            if restart := [f"{k}={runs.get(k)!r}" for k in EngineConfig.restart_knobs()
+                           if runs.get(k) != want[k]]:
+                left.append(f"{name}: runs {', '.join(restart)}, which only a restart "
+                            "changes; the rollout of the new pod template replaces it")
+                continue
+            if all(runs.get(k) == v for k, v in want.items()):
+                continue
+            try:
+                self._put(pod, spec.engine, token)
+            except (ApplyError, ConfigError) as exc:
+                left.append(str(exc))
+                continue
+            updated.append(name)
+        if updated:
+            log.info("%s: the spec's config sent to %s", self.name, ", ".join(updated))
+        return ConfigSync(tuple(updated), tuple(left))
+
     def _pick_canary(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
         wanted = self.canary_pod()
         for pod in pods:
@@ -239,15 +299,36 @@ class KubeDeploymentHandle:
         self._canary = str(pods[0]["metadata"]["name"])
         return pods[0]
 
-    def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str) -> None:
+    def _get(self, pod: Mapping[str, Any], token: str) -> dict[str, Any]:
+        """The config ``pod`` runs, as its admin API reports it (read up to
+        ``MAX_CONFIG_BYTES``: the image is the tenant's, so the answer may be anything)."""
         name = pod["metadata"]["name"]
         url = self._url(pod) + "/admin/config"
         try:
-            resp = self.http.put(url, json=config.to_dict(),
-                                 headers={"Authorization": f"Bearer {token}"})
+            with self.http.stream("GET", url, headers={"Authorization": f"Bearer {token}"}
+                                  ) as resp:
+                if resp.status_code != 200:
+                    self._refused(name, url, resp)
+                data = b""
+                for chunk in resp.iter_bytes():
+                    data += chunk
+                    if len(data) > MAX_CONFIG_BYTES:
+                        raise ApplyError(f"{name}: {url} answered more than "
+                                         f"{MAX_CONFIG_BYTES} bytes; a config is a few "
+                                         "hundred")
         except httpx.HTTPError as exc:
             raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
-        # Never the body: status and events show what went wrong by code (safe_errors).
+        try:
+            runs = json.loads(data)
+        except ValueError:
+            runs = None
+        if not isinstance(runs, dict):
+            raise ApplyError(f"{name}: {url} did not answer a JSON object of knobs")
+        return runs
+
+    @staticmethod
+    def _refused(name: str, url: str, resp: httpx.Response) -> None:
+        """Raise for a non-2xx answer; never quoting its body (safe_errors)."""
         what = http_failure(resp.status_code, resp.headers.get("content-type"))
         if resp.status_code == 400:
             raise ConfigError(f"{name} refused the config: {what}")
@@ -256,8 +337,18 @@ class KubeDeploymentHandle:
                 f"{name} refused the operator's admin token ({what}): the pod does not run "
                 f"this deployment's current {ADMIN_TOKEN_SHA256_ENV} (a rollout under way, "
                 "or an image too old to read it: use a current slopilot image)")
+        raise ApplyError(f"{name} at {url}: {what}")
+
+    def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str) -> None:
+        name = pod["metadata"]["name"]
+        url = self._url(pod) + "/admin/config"
+        try:
+            resp = self.http.put(url, json=config.to_dict(),
+                                 headers={"Authorization": f"Bearer {token}"})
+        except httpx.HTTPError as exc:
+            raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
         if resp.status_code >= 300:
-            raise ApplyError(f"{name} at {url}: {what}")
+            self._refused(name, url, resp)
 
     def _record(self, body: Mapping[str, Any], config: EngineConfig) -> None:
         """Persist the config every replica runs, then render it (ConfigMap, vLLM args)."""

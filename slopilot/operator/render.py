@@ -192,7 +192,7 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
     if spec.backend is Backend.BUILTIN:
         volumes.append({"name": "engine-config", "configMap": {"name": f"{name}-engine"}})
         restart_knobs = {k: v for k, v in spec.engine.to_dict().items()
-                         if k in ("block_size", "swap_space_gb")}
+                         if k in EngineConfig.restart_knobs()}
         checksum = _checksum(restart_knobs)
     else:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})

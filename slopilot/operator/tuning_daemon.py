@@ -16,6 +16,11 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   then the study is deleted from its storage: it is keyed by the CR's uid, so a new CR
   of the same name starts its own and nothing would ever resume it. Tuning turned off
   fails the running trial and keeps the study, for when it is turned on again.
+- Pods on the spec's config: at each build (a new spec generation) and every
+  ``CONFIG_SYNC_S`` after it, the pods no running trial holds are brought to the spec's
+  live knobs (``KubeDeploymentHandle.sync_config``): the engine reads its ConfigMap only
+  at start, so an edit of a live knob, or a pod that read an older ConfigMap, would
+  otherwise leave pods on a config that neither the status nor the controller knows.
 - Threads: kopf runs a sync daemon on its handler pool for the daemon's whole life, and
   that pool (min(32, CPUs + 4)) then has no thread left for reconciles once there are a
   few tuning CRs. This daemon is async: each step runs on a thread of the daemon's own
@@ -71,13 +76,29 @@ from slopilot.tuner.loop.state import (
     ControllerState,
     Decision,
     LoopState,
+    RunningTrial,
 )
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
+CONFIG_SYNC_S = 60.0
+"""How often the pods' configs are checked against the spec between builds: a pod that
+read an older ConfigMap (it started before an edit and became ready after its sync) runs
+the old config at most this long."""
 
-def tuning_enabled(spec: kopf.Spec, **_: Any) -> bool:
+
+def held_pods(trial: RunningTrial | None) -> frozenset[str] | None:
+    """The pods a running trial is measuring, which only the controller configures; None
+    when that is every pod (a trial on all replicas, or a canary not yet recorded)."""
+    if trial is None:
+        return frozenset()
+    if not trial.canary or trial.canary_replica is None:
+        return None
+    return frozenset({trial.canary_replica})
+
+
+def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:
     return bool((spec.get("tuning") or {}).get("enabled", True))
 
 
@@ -180,6 +201,8 @@ class DeploymentLoop:
         self.unwritten_time = ""
         self.figures: WindowFigures | None = None
         self.twin = TwinTracker(kube, namespace, name, clock)
+        self.synced_at: float | None = None
+        """When the pods were last brought to the spec's config; None: at the next step."""
 
     @property
     def key(self) -> str:
@@ -206,6 +229,7 @@ class DeploymentLoop:
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)
                 self.built_for = generation
+                self.synced_at = None
                 self.twin.write(twin, generation, self._ours)
                 self.figures = WindowFigures(self.controller.evaluator,
                                              self.controller.settings.window_s, self.clock())
@@ -215,8 +239,28 @@ class DeploymentLoop:
             self.controller = None  # rebuilt once the spec or the environment is fixed
             self.logger.warning("controller not running: %s", exc)
             self._write_condition(str(exc), generation)
+        self._sync_pods()
         self._measure()
         return True
+
+    def _sync_pods(self) -> None:
+        """After the tick, so that a trial it started is held (module docstring)."""
+        now, controller = self.clock(), self.controller
+        if controller is None or (self.synced_at is not None
+                                  and now - self.synced_at < CONFIG_SYNC_S):
+            return
+        held = held_pods(controller.loop.trial)
+        if held is None:
+            return  # the trial's config is what every pod should run until it ends
+        self.synced_at = now
+        try:
+            done = self.handle.sync_config(held=held)
+        except Exception as exc:  # the API or the CR went away: tried again when due
+            log.warning("%s: the pods' configs were not checked: %s: %s", self.key,
+                        type(exc).__name__, exc)
+            return
+        for why in done.left:
+            log.warning("%s: a pod is not on the spec's config: %s", self.key, why)
 
     def _write(self, decision: Decision, action_time: str) -> bool:
         """Write the controller's state as of ``decision``; on failure keep it for later."""

@@ -3,7 +3,9 @@
 - ``PrometheusStandIn`` answers the alerts query (``/api/v1/query``) with the alerts a
   test sets, as the ``ALERTS`` and ``ALERTS_FOR_STATE`` series Prometheus keeps.
 - ``PodStandIn`` is an engine pod's admin endpoint: it records each ``PUT /admin/config``
-  with its Authorization header and refuses a wrong token with 401, like the server.
+  with its Authorization header and refuses a wrong token with 401, like the server; with
+  a ``config`` (the one it started with), ``GET /admin/config`` answers it, and an
+  accepted PUT replaces it, as the engine does.
 - ``build_controller`` is a ``$SLOPILOT_CONTROLLER_FACTORY``: the real Controller over the
   real KubeDeploymentHandle and the real AlertSource (HTTP to the stand-in); the study,
   windows, workload and capacity ports are the tuner's test fakes (their own job is
@@ -119,11 +121,14 @@ class _PromHandler(_Handler):
 
 
 class PodStandIn(_Server):
-    """``token``: the one it accepts (set it once the operator has minted it)."""
+    """``token``: the one it accepts (set it once the operator has minted it);
+    ``config``: what it runs (None: it serves no GET, 404)."""
 
-    def __init__(self, token: str = "") -> None:
+    def __init__(self, token: str = "", config: Mapping[str, Any] | None = None) -> None:
         self.token = token
+        self.config = None if config is None else dict(config)
         self.puts: list[tuple[dict[str, Any], str]] = []  # (body, Authorization header)
+        self.gets = 0
         self.lock = threading.Lock()
         super().__init__(_PodHandler)
 
@@ -133,12 +138,26 @@ class PodStandIn(_Server):
 
 
 class _PodHandler(_Handler):
+    def do_GET(self) -> None:
+        standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
+        with standin.lock:
+            standin.gets += 1
+            config = None if standin.config is None else dict(standin.config)
+        if self.headers.get("Authorization", "") != f"Bearer {standin.token}":
+            self.reply(401, {"error": {"message": "missing or wrong admin token"}})
+        elif self.path != "/admin/config" or config is None:
+            self.reply(404, {"error": {"message": f"not served: {self.path}"}})
+        else:
+            self.reply(200, config)
+
     def do_PUT(self) -> None:
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         auth = self.headers.get("Authorization", "")
         with standin.lock:
             standin.puts.append((body, auth))
+            if auth == f"Bearer {standin.token}" and standin.config is not None:
+                standin.config = {**standin.config, **body}
         if auth != f"Bearer {standin.token}":
             self.reply(401, {"error": {"message": "missing or wrong admin token"}})
         else:

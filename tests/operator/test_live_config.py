@@ -1,0 +1,249 @@
+"""A live knob the user edits in spec.engine reaches the built-in engine's running pods.
+
+The engine reads its ConfigMap only at start, and live knobs are left out of the pod
+template's checksum so that a change does not restart the pods: before the operator
+pushed them, an edit of ``spec.engine.tokenBudget`` changed the ConfigMap and the status
+while every running pod kept the old budget (until it restarted, or a trial happened to
+carry it), and the controller judged its windows as if they ran the new one.
+"""
+
+# CustomObjectsApi (client 37) returns ``object``; owned objects may be None until they appear.
+# mypy: disable-error-code="attr-defined,index,union-attr,arg-type"
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.reconcile import reconcile
+from slopilot.operator.spec import parse_spec
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    add_pod,
+    daemon_loop,
+    llmd,
+    operator,
+    operator_mint,
+    operator_token,
+    wait_for,
+)
+from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
+from tests.support.kube_server import RunningEmulator
+
+
+@pytest.fixture
+def controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY", "tests.operator.standins:build_controller")
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
+
+
+@pytest.fixture
+def prom() -> Iterator[PrometheusStandIn]:
+    p = PrometheusStandIn()
+    with serving(p):
+        yield p
+
+
+@pytest.fixture
+def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
+    return Cluster(kube_client)
+
+
+def spec_config(cluster: Cluster) -> dict[str, Any]:
+    """What the ConfigMap tells a pod that starts now (the spec's engine config)."""
+    return parse_spec(cluster.get()).engine.to_dict()
+
+
+def running(pod: PodStandIn) -> dict[str, Any]:
+    with pod.lock:
+        return dict(pod.config or {})
+
+
+@pytest.mark.parametrize("tuning", [True, False], ids=["tuning-on", "tuning-off"])
+def test_a_live_knob_edited_in_the_spec_reaches_every_running_pod(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, tuning: bool) -> None:
+    pods = [PodStandIn(), PodStandIn()]
+    with serving(*pods), operator(kube_login):
+        cluster.create(llmd(replicas={"min": 2, "max": 2}, prometheus={"url": prom.url},
+                            engine={"tokenBudget": 512},
+                            tuning={"window": "1h", "enabled": tuning}))
+        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
+        token = operator_token(cluster)
+        for i, pod in enumerate(pods):
+            pod.token, pod.config = token, spec_config(cluster)
+            add_pod(cluster, "chat", i, pod.port)
+        cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 1024, "maxNumSeqs": 64}}})
+        wait_for(lambda: all(running(p)["token_budget"] == 1024 for p in pods),
+                 what="the edited budget on every running pod")
+        assert all(running(p)["max_num_seqs"] == 64 for p in pods)
+        assert all(running(p) == spec_config(cluster) for p in pods)
+
+
+def test_the_sync_touches_only_pods_that_run_another_config_and_never_a_held_one(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(engine={"tokenBudget": 1024}, tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    want = spec_config(cluster)
+    old = {**want, "token_budget": 512}
+    token = mint.for_body(cluster.get())
+    canary, right, stale = (PodStandIn(token, old), PodStandIn(token, want),
+                            PodStandIn(token, old))
+    with serving(canary, right, stale):
+        for i, pod in enumerate((canary, right, stale)):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"])
+        done = handle.sync_config(held={"chat-pod-0"})
+        assert done.updated == ("chat-pod-2",) and done.left == ()
+        assert (canary.gets, canary.puts) == (0, [])  # a trial's: not even read
+        assert (right.gets, right.puts) == (1, [])
+        assert running(stale) == want and len(stale.puts) == 1
+        # A second sync finds nothing to do.
+        assert handle.sync_config(held={"chat-pod-0"}).updated == ()
+        assert len(stale.puts) == 1
+
+
+def test_a_pod_the_sync_cannot_bring_over_is_named_with_why(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    want = spec_config(cluster)
+    token = mint.for_body(cluster.get())
+    older = PodStandIn(token, {**want, "block_size": 32, "token_budget": 2048})
+    deaf = PodStandIn(token)  # serves no GET
+    stranger = PodStandIn("another-token", want)
+    with serving(older, deaf, stranger):
+        for i, pod in enumerate((older, deaf, stranger)):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"])
+        done = handle.sync_config()
+    assert done.updated == ()
+    assert [why.split()[0].rstrip(":") for why in done.left] == [
+        "chat-pod-0", "chat-pod-1", "chat-pod-2"]
+    assert "block_size=32" in done.left[0] and "restart" in done.left[0]
+    assert "HTTP 404" in done.left[1]
+    assert "HTTP 401" in done.left[2]
+    assert older.puts == [] and deaf.puts == []  # a restart knob is the rollout's to change
+
+
+def test_a_vllm_deployment_is_never_synced_over_http(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(backend="vllm", tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    pod = PodStandIn(mint.for_body(cluster.get()), {"token_budget": 1})
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"])
+        assert handle.sync_config().updated == ()
+    assert (pod.gets, pod.puts) == (0, [])  # its knobs are arguments: a rollout sets them
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ConfigMap is read once, at start: a pod that read it before an edit and became
+    ready after the edit's sync runs the old config until the daemon's next sync."""
+    from slopilot.operator import tuning_daemon
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(prometheus={"url": prom.url}, engine={"tokenBudget": 1024},
+                               tuning={"window": "1h"}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    loop = daemon_loop(cluster, body, monkeypatch)
+    clock = Clock()
+    loop.clock = clock
+    want = spec_config(cluster)
+    token = mint.for_body(cluster.get())
+    first, late = PodStandIn(token, want), PodStandIn(token, {**want, "token_budget": 512})
+    with serving(first, late):
+        add_pod(cluster, "chat", 0, first.port)
+        assert loop.step()
+        assert first.gets == 1 and first.puts == []
+        add_pod(cluster, "chat", 1, late.port)
+        clock.now += tuning_daemon.CONFIG_SYNC_S - 1
+        assert loop.step()
+        assert late.gets == 0  # not due yet
+        clock.now += 1
+        assert loop.step()
+        assert running(late) == want and len(late.puts) == 1
+        assert first.puts == []
+
+
+def test_with_tuning_off_the_timer_brings_over_a_pod_that_read_an_older_config_map(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    import logging
+
+    import kopf
+
+    from slopilot.operator.crd import crd_manifest
+    from slopilot.operator.handlers import LockTable, sync_untuned_pods, tuning_disabled
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(engine={"tokenBudget": 1024}, tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    assert tuning_disabled(cluster.get()["spec"])
+    want = spec_config(cluster)
+    late = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512})
+    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    with serving(late):
+        add_pod(cluster, "chat", 0, late.port)
+        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
+    assert running(late) == want and len(late.puts) == 1
+
+
+def test_an_edit_during_a_canary_trial_leaves_the_canary_to_the_trial(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None) -> None:
+    pods = [PodStandIn(), PodStandIn()]
+    with serving(*pods), operator(kube_login):
+        cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
+                            tuning={"window": "1h", "canary": True}))
+        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
+        token = operator_token(cluster)
+        for i, pod in enumerate(pods):
+            pod.token, pod.config = token, spec_config(cluster)
+            add_pod(cluster, "chat", i, pod.port)
+        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
+                 what="steady")
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        trial = wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
+                         what="the trial on record")
+        assert trial["canary_replica"] == "chat-pod-0"
+        trial_config = running(pods[0])
+        cluster.patch("chat", {"spec": {"engine": {"maxNumSeqs": 64}}})
+        wait_for(lambda: running(pods[1])["max_num_seqs"] == 64,
+                 what="the edit on the replica no trial holds")
+        assert running(pods[0]) == trial_config and len(pods[0].puts) == 1
+
