@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
 from slopilot.operator.spec_reader import SpecReader, parse_duration
@@ -160,14 +160,22 @@ def engine_checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def tuned_overlay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.tunedConfig``'s knobs while they belong to this spec (tuned from this
+    ``spec.engine`` and ``spec.slo``); None when there are none or an edit made them stale."""
+    tuned = (body.get("status") or {}).get("tunedConfig") or {}
+    if tuned.get("base") != engine_checksum(body) or not isinstance(tuned.get("engine"), dict):
+        return None
+    return cast(Mapping[str, Any], tuned["engine"])
+
+
 def tuned_config(body: Mapping[str, Any], engine: EngineConfig) -> EngineConfig:
     """The committed tuned knobs over ``engine`` (the spec's) where they still belong to
     this spec, else ``engine``."""
-    tuned = (body.get("status") or {}).get("tunedConfig") or {}
-    if tuned.get("base") != engine_checksum(body) or not isinstance(tuned.get("engine"), dict):
+    if (tuned := tuned_overlay(body)) is None:
         return engine
     try:
-        return engine.with_overrides(tuned["engine"])
+        return engine.with_overrides(tuned)
     except ConfigError:
         return engine  # written by an older operator with other knobs: start over
 

@@ -59,7 +59,8 @@ from slopilot.operator.daemon import (
     tick_interval,
 )
 from slopilot.operator.daemon_pause import pause
-from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.knobs import tuned_overlay
+from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import config_status, not_reconciled
@@ -86,6 +87,23 @@ CONFIG_SYNC_S = 60.0
 """How often the pods' configs are checked against the spec between builds: a pod that
 read an older ConfigMap (it started before an edit and became ready after its sync) runs
 the old config at most this long."""
+
+
+def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
+    """An episode's rollback target after an edit of ``spec.engine`` or ``spec.slo``.
+
+    The baseline is the whole config the episode began on, laid over the spec on a
+    rollback (a trial failed, no config held, tuning turned off); kept after an edit, it
+    undid the edit on every pod and recorded the old knobs as the new spec's tuned
+    config. The edit makes ``status.tunedConfig`` stale (it is keyed by those two
+    sections), and then the spec as it is now is what the deployment runs without the
+    episode's trials. A valid tuned config means no such edit: the baseline stays (with
+    one replica the trials themselves are recorded there, so the spec is not the
+    baseline then).
+    """
+    if loop.baseline_config is None or tuned_overlay(body) is not None:
+        return
+    loop.baseline_config = parse_spec(body).engine.to_dict()
 
 
 def held_pods(trial: RunningTrial | None) -> frozenset[str] | None:
@@ -169,6 +187,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
         raise ControllerError(why)
     saved = (body.get("status") or {}).get("controller")
     state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+    if state is not None:
+        rebase_episode(state, body)
     meta = body["metadata"]
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
                         controller_settings(spec, meta["namespace"], meta["name"]), state,
@@ -377,6 +397,13 @@ class DeploymentLoop:
             return
         loop.trial = None
         log.info("%s: trial %d told failed: %s", self.key, trial.number, reason)
+        if restore:
+            try:  # the controller may predate an edit that ended tuning (rebase_episode)
+                body = self.handle.body()
+                rebase_episode(loop, body)
+            except (ApplyError, SpecError) as exc:
+                log.warning("%s: no config restored after the trial: %s", self.key, exc)
+                restore = False
         target = loop.best_config or loop.baseline_config
         if restore and target is not None:
             try:

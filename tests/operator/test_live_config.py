@@ -247,3 +247,47 @@ def test_an_edit_during_a_canary_trial_leaves_the_canary_to_the_trial(
                  what="the edit on the replica no trial holds")
         assert running(pods[0]) == trial_config and len(pods[0].puts) == 1
 
+
+def episode_under_way(cluster: Cluster, baseline: dict[str, Any], now: float) -> None:
+    """A retune episode on record with a canary trial on chat-pod-0, begun on ``baseline``."""
+    cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {"status": {
+        "controller": {"state": "tuning", "since": now, "baseline_config": baseline,
+                       "trial": {"number": 0, "config": {"token_budget": 2048},
+                                 "started_at": now, "canary": True,
+                                 "canary_replica": "chat-pod-0"}}}},
+        subresource="status")
+
+
+@pytest.mark.parametrize("stepped", [True, False], ids=["built-before-edit", "built-after"])
+def test_an_edit_during_an_episode_is_what_its_rollback_restores(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, stepped: bool) -> None:
+    """The episode's baseline was the whole config of the spec it began on, laid back over
+    the spec on a rollback: an edit made during the episode was undone on every pod, and
+    recorded as the tuned config (status.tunedConfig, the ConfigMap) for good."""
+    import time
+
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
+                               tuning={"window": "1h", "canary": True}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    before = spec_config(cluster)
+    episode_under_way(cluster, before, time.time())
+    token = mint.for_body(cluster.get())
+    pods = [PodStandIn(token, {**before, "token_budget": 2048}), PodStandIn(token, before)]
+    loop = daemon_loop(cluster, body, monkeypatch)
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        if stepped:
+            assert loop.step()  # the controller of the spec before the edit
+        cluster.patch("chat", {"spec": {"engine": {"maxNumSeqs": 64},
+                                        "tuning": {"enabled": False}}})
+        loop.abandon("tuning was disabled", restore=True)
+        after = spec_config(cluster)
+        assert after["max_num_seqs"] == 64
+        assert [running(p) for p in pods] == [after, after]
+    assert cluster.status()["tunedConfig"]["engine"]["max_num_seqs"] == 64
