@@ -11,7 +11,8 @@
 - ``sync_config`` brings every ready pod's live knobs to the spec's config (``spec.engine``
   with the committed ``tunedConfig``), which the engine otherwise reads only from its
   ConfigMap at start: an edit of a live knob reaches the running pods, and a pod that read
-  an older ConfigMap is brought over. Pods a running trial holds are left alone.
+  an older ConfigMap is brought over. The pod a running trial measures gets the trial's
+  knobs over it instead, as ``apply_config`` sent them.
 - Every config applied to all replicas is recorded in ``status.tunedConfig`` (with a hash
   of the spec it was tuned from) and rendered into the owned objects, so a restarted pod
   starts with it and a later reconcile keeps it instead of reverting to the spec.
@@ -37,7 +38,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -245,9 +246,12 @@ class KubeDeploymentHandle:
         self._record(body, new)
         return None
 
-    def sync_config(self, *, held: Collection[str] = ()) -> ConfigSync:
-        """Bring every ready pod not in ``held`` (the pods a running trial is measuring)
-        to the spec's config, where its live knobs differ; a no-op for vLLM, whose knobs
+    def sync_config(self, *, trial: Mapping[str, Any] | None = None,
+                    trial_on: str | None = None) -> ConfigSync:
+        """Bring every ready pod to the config it should run, where its knobs differ: the
+        spec's, or on the pod a running ``trial`` measures (``trial_on``; None: every
+        pod) the trial's knobs over it, as ``apply_config`` sent them (a canary that
+        restarted mid-trial came back on the ConfigMap's). A no-op for vLLM, whose knobs
         are arguments that a rollout sets.
 
         Each pod is read first (``GET /admin/config``), so a pod already right is not
@@ -258,14 +262,16 @@ class KubeDeploymentHandle:
         spec = self._spec_of(body)
         if spec.backend is not Backend.BUILTIN:
             return ConfigSync()
-        want = spec.engine.to_dict()
+        trial_config = None if trial is None else \
+            spec.engine.with_overrides(trial, live_only=True)
         token = self.mint.for_body(body)
         updated: list[str] = []
         left: list[str] = []
         for pod in self.pods(body):
             name = str(pod["metadata"]["name"])
-            if name in held:
-                continue
+            config = trial_config if trial_config is not None and trial_on in (None, name) \
+                else spec.engine
+            want = config.to_dict()
             try:
                 runs = self._get(pod, token)
             except ApplyError as exc:
@@ -279,13 +285,13 @@ class KubeDeploymentHandle:
             if all(runs.get(k) == v for k, v in want.items()):
                 continue
             try:
-                self._put(pod, spec.engine, token)
+                self._put(pod, config, token)
             except (ApplyError, ConfigError) as exc:
                 left.append(str(exc))
                 continue
             updated.append(name)
         if updated:
-            log.info("%s: the spec's config sent to %s", self.name, ", ".join(updated))
+            log.info("%s: its config sent to %s", self.name, ", ".join(updated))
         return ConfigSync(tuple(updated), tuple(left))
 
     def _pick_canary(self, pods: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,10 +17,11 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   of the same name starts its own and nothing would ever resume it. Tuning turned off
   fails the running trial and keeps the study, for when it is turned on again.
 - Pods on the spec's config: at each build (a new spec generation) and every
-  ``CONFIG_SYNC_S`` after it, the pods no running trial holds are brought to the spec's
-  live knobs (``KubeDeploymentHandle.sync_config``): the engine reads its ConfigMap only
-  at start, so an edit of a live knob, or a pod that read an older ConfigMap, would
-  otherwise leave pods on a config that neither the status nor the controller knows.
+  ``CONFIG_SYNC_S`` after it, the pods are brought to the spec's live knobs, and the pod a
+  running trial measures to the trial's (``KubeDeploymentHandle.sync_config``): the
+  engine reads its ConfigMap only at start, so an edit of a live knob, a pod that read an
+  older ConfigMap, or a canary restarted mid-trial would otherwise run a config that
+  neither the status nor the controller knows.
 - Threads: kopf runs a sync daemon on its handler pool for the daemon's whole life, and
   that pool (min(32, CPUs + 4)) then has no thread left for reconciles once there are a
   few tuning CRs. This daemon is async: each step runs on a thread of the daemon's own
@@ -77,7 +78,6 @@ from slopilot.tuner.loop.state import (
     ControllerState,
     Decision,
     LoopState,
-    RunningTrial,
 )
 
 log = logging.getLogger(__name__)
@@ -104,16 +104,6 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
     if loop.baseline_config is None or tuned_overlay(body) is not None:
         return
     loop.baseline_config = parse_spec(body).engine.to_dict()
-
-
-def held_pods(trial: RunningTrial | None) -> frozenset[str] | None:
-    """The pods a running trial is measuring, which only the controller configures; None
-    when that is every pod (a trial on all replicas, or a canary not yet recorded)."""
-    if trial is None:
-        return frozenset()
-    if not trial.canary or trial.canary_replica is None:
-        return None
-    return frozenset({trial.canary_replica})
 
 
 def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:
@@ -264,17 +254,20 @@ class DeploymentLoop:
         return True
 
     def _sync_pods(self) -> None:
-        """After the tick, so that a trial it started is held (module docstring)."""
+        """After the tick, so that a trial it started is kept on its pod (module
+        docstring)."""
         now, controller = self.clock(), self.controller
         if controller is None or (self.synced_at is not None
                                   and now - self.synced_at < CONFIG_SYNC_S):
             return
-        held = held_pods(controller.loop.trial)
-        if held is None:
-            return  # the trial's config is what every pod should run until it ends
+        trial = controller.loop.trial
+        if trial is not None and trial.canary and trial.canary_replica is None:
+            return  # a canary not on record: which pod runs the trial is not known
         self.synced_at = now
         try:
-            done = self.handle.sync_config(held=held)
+            done = self.handle.sync_config(
+                trial=None if trial is None else trial.config,
+                trial_on=None if trial is None else trial.canary_replica)
         except Exception as exc:  # the API or the CR went away: tried again when due
             log.warning("%s: the pods' configs were not checked: %s: %s", self.key,
                         type(exc).__name__, exc)

@@ -86,7 +86,7 @@ def test_a_live_knob_edited_in_the_spec_reaches_every_running_pod(
         assert all(running(p) == spec_config(cluster) for p in pods)
 
 
-def test_the_sync_touches_only_pods_that_run_another_config_and_never_a_held_one(
+def test_the_sync_touches_only_pods_that_run_another_config_and_keeps_a_trials_own(
         kube: RunningEmulator, cluster: Cluster) -> None:
     from slopilot.operator.crd import crd_manifest
 
@@ -95,23 +95,33 @@ def test_the_sync_touches_only_pods_that_run_another_config_and_never_a_held_one
     policy, mint = OperatorPolicy(), operator_mint(cluster)
     assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
     want = spec_config(cluster)
-    old = {**want, "token_budget": 512}
+    trial = {**want, "token_budget": 2048}
     token = mint.for_body(cluster.get())
-    canary, right, stale = (PodStandIn(token, old), PodStandIn(token, want),
-                            PodStandIn(token, old))
+    canary, right, stale = (PodStandIn(token, trial), PodStandIn(token, want),
+                            PodStandIn(token, {**want, "token_budget": 512}))
     with serving(canary, right, stale):
         for i, pod in enumerate((canary, right, stale)):
             add_pod(cluster, "chat", i, pod.port)
         handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
                                       uid=body["metadata"]["uid"])
-        done = handle.sync_config(held={"chat-pod-0"})
+        on_canary = {"trial": {"token_budget": 2048}, "trial_on": "chat-pod-0"}
+        done = handle.sync_config(**on_canary)
         assert done.updated == ("chat-pod-2",) and done.left == ()
-        assert (canary.gets, canary.puts) == (0, [])  # a trial's: not even read
-        assert (right.gets, right.puts) == (1, [])
+        assert (canary.puts, right.puts) == ([], [])
         assert running(stale) == want and len(stale.puts) == 1
         # A second sync finds nothing to do.
-        assert handle.sync_config(held={"chat-pod-0"}).updated == ()
+        assert handle.sync_config(**on_canary).updated == ()
         assert len(stale.puts) == 1
+        # The canary restarts mid-trial, on the ConfigMap's config: it gets the trial's
+        # back, or the trial's window would measure the spec's config as the trial's.
+        with canary.lock:
+            canary.config = dict(want)
+        assert handle.sync_config(**on_canary).updated == ("chat-pod-0",)
+        assert running(canary) == trial
+        # A trial on every replica (one replica, or canaries off) is every pod's config.
+        assert handle.sync_config(trial={"token_budget": 2048}).updated == (
+            "chat-pod-1", "chat-pod-2")
+        assert [running(p) for p in (canary, right, stale)] == [trial] * 3
 
 
 def test_a_pod_the_sync_cannot_bring_over_is_named_with_why(
@@ -223,7 +233,7 @@ def test_with_tuning_off_the_timer_brings_over_a_pod_that_read_an_older_config_m
     assert running(late) == want and len(late.puts) == 1
 
 
-def test_an_edit_during_a_canary_trial_leaves_the_canary_to_the_trial(
+def test_an_edit_during_a_canary_trial_reaches_the_canary_under_the_trials_knobs(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         controller_env: None) -> None:
     pods = [PodStandIn(), PodStandIn()]
@@ -242,10 +252,15 @@ def test_an_edit_during_a_canary_trial_leaves_the_canary_to_the_trial(
                          what="the trial on record")
         assert trial["canary_replica"] == "chat-pod-0"
         trial_config = running(pods[0])
+        assert trial_config["token_budget"] == 512  # the trial's (FakeStudy's GOOD)
         cluster.patch("chat", {"spec": {"engine": {"maxNumSeqs": 64}}})
-        wait_for(lambda: running(pods[1])["max_num_seqs"] == 64,
-                 what="the edit on the replica no trial holds")
-        assert running(pods[0]) == trial_config and len(pods[0].puts) == 1
+        wait_for(lambda: all(running(p)["max_num_seqs"] == 64 for p in pods),
+                 what="the edit on both replicas")
+        # The canary runs the trial's knobs over the spec as it is now, as a trial
+        # applied after the edit would: the trial goes on.
+        assert running(pods[0]) == {**trial_config, "max_num_seqs": 64}
+        assert running(pods[1]) == spec_config(cluster)
+        assert cluster.status()["controller"]["trial"]["number"] == trial["number"]
 
 
 def episode_under_way(cluster: Cluster, baseline: dict[str, Any], now: float) -> None:
