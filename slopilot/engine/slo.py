@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slopilot.engine.request import Priority
+from slopilot.engine.request import Priority, Request
 
 
 class SLOError(ValueError):
@@ -196,3 +196,30 @@ class SLOSpec:
         out: dict[str, Any] = {} if self.profile is None else {"profile": self.profile}
         out["classes"] = {p.label: self.class_slo(p).to_dict() for p in Priority}
         return out
+
+
+class SLOJudge:
+    """Whether each finished request met its class's SLO (``ClassSLO.met``, the one rule).
+
+    An engine observer's helper: it counts, per live request, the token gaps above the
+    class's TBT target (rare, so kept sparse) until the request finishes.
+    """
+
+    def __init__(self, slo: SLOSpec) -> None:
+        self._classes = slo.classes()
+        self._tbt_s = {p: None if c.tbt_p99_ms is None else c.tbt_p99_ms / 1000.0
+                       for p, c in self._classes.items()}
+        self._over: dict[str, int] = {}
+
+    def on_token_gap(self, req: Request, gap_s: float) -> None:
+        limit = self._tbt_s[req.priority]
+        if limit is not None and gap_s > limit:
+            self._over[req.request_id] = self._over.get(req.request_id, 0) + 1
+
+    def finished(self, req: Request) -> bool | None:
+        """Met or not; None for a request that ended without a token (nothing to judge)."""
+        over = self._over.pop(req.request_id, 0)
+        if req.first_token_time is None:
+            return None
+        return self._classes[req.priority].met(req.first_token_time - req.arrival_time,
+                                               req.num_output_tokens - 1, over)

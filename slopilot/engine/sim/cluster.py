@@ -25,9 +25,9 @@ from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.shape import KINDS, IterationShape, shape_of
 from slopilot.engine.sim.simulator import build_engine
-from slopilot.engine.sim.stats import SLOJudge, percentile_ms
+from slopilot.engine.sim.stats import percentile_ms
 from slopilot.engine.sim.workload import RequestSpec
-from slopilot.engine.slo import SLOSpec
+from slopilot.engine.slo import SLOJudge, SLOSpec
 from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary
 
 

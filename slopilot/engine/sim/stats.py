@@ -16,6 +16,7 @@ import numpy as np
 
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Priority, Request
+from slopilot.engine.slo import SLOJudge
 from slopilot.engine.window_summary import (
     ClassFigures,
     EngineStats,
@@ -47,33 +48,6 @@ class _ClassStats:
     unfinished: int = 0
     censored: int = 0
     offered_tokens: int = 0
-
-
-class SLOJudge:
-    """Whether each finished request met its class's SLO (``ClassSLO.met``, the one rule).
-
-    An engine observer's helper: it counts, per live request, the token gaps above the
-    class's TBT target (rare, so kept sparse) until the request finishes.
-    """
-
-    def __init__(self, slo: SLOSpec) -> None:
-        self._classes = slo.classes()
-        self._tbt_s = {p: None if c.tbt_p99_ms is None else c.tbt_p99_ms / 1000.0
-                       for p, c in self._classes.items()}
-        self._over: dict[str, int] = {}
-
-    def on_token_gap(self, req: Request, gap_s: float) -> None:
-        limit = self._tbt_s[req.priority]
-        if limit is not None and gap_s > limit:
-            self._over[req.request_id] = self._over.get(req.request_id, 0) + 1
-
-    def finished(self, req: Request) -> bool | None:
-        """Met or not; None for a request that ended without a token (nothing to judge)."""
-        over = self._over.pop(req.request_id, 0)
-        if req.first_token_time is None:
-            return None
-        return self._classes[req.priority].met(req.first_token_time - req.arrival_time,
-                                               req.num_output_tokens - 1, over)
 
 
 class SimStats:
