@@ -32,6 +32,7 @@ from slopilot.engine.iteration_metrics import (
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.shape import IterationShape
+from slopilot.engine.slo import ClassSLO, SLOSpec
 
 # Edges sit on every SLO threshold of the profiles (and on twice each), so that
 # "fraction under the SLO" is one bucket and a P99 above a threshold is exact.
@@ -54,10 +55,15 @@ VLLM_METRICS: frozenset[str] = frozenset({
     "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
     "vllm:request_prefill_time_seconds",
 })
+# Per-request verdicts against the class's SLO (``ClassSLO.met``), labelled by the
+# objectives judged (``slo``: ``ClassSLO.label``) and the verdict (``met``: true/false).
+SLO_REQUESTS = "slopilot_slo_requests_total"
+SLO_TOKENS = "slopilot_slo_generation_tokens_total"
 SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
+    SLO_REQUESTS, SLO_TOKENS,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
@@ -175,6 +181,8 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self._success: dict[str, int] = {}
+        self._slo: SLOSpec | None = None
+        self._verdicts: dict[tuple[Priority, str, bool], list[int]] = {}
         self.registry.register(self)
 
     # -- fed by the engine loop ------------------------------------------------------
@@ -185,6 +193,39 @@ class EngineMetrics:
         self._knobs = {k: float(v) for k, v in values.items()
                        if isinstance(v, (int, float))}
         self._knobs["effective_budget"] = float(config.effective_budget)
+
+    def set_slo(self, slo: SLOSpec | None) -> None:
+        """The objectives requests are judged by from now on (None: none are judged).
+
+        Verdicts already counted stay under the objectives they were judged by; every
+        class's series under the new ones are exported from now on, at 0 until counted.
+        """
+        self._slo = slo
+        if slo is not None:
+            for p, cls in slo.classes().items():
+                for met in (True, False):
+                    self._verdicts.setdefault((p, cls.label, met), [0, 0])
+
+    @property
+    def slo(self) -> SLOSpec | None:
+        return self._slo
+
+    def class_slo(self, priority: Priority) -> ClassSLO | None:
+        """What a request of ``priority`` arriving now is judged by; None: not judged."""
+        return None if self._slo is None else self._slo.class_slo(priority)
+
+    def observe_verdict(self, priority: Priority, slo: ClassSLO, *, met: bool,
+                        tokens: int) -> None:
+        """One finished request's verdict against ``slo`` (``ClassSLO.met``), with the
+        output tokens the client got. Called on one thread only: the server's event loop
+        (as delivered) or, in the simulator, the engine's."""
+        counts = self._verdicts.setdefault((priority, slo.label, met), [0, 0])
+        counts[0] += 1
+        counts[1] += tokens
+
+    def verdicts(self) -> dict[tuple[Priority, str, bool], tuple[int, int]]:
+        """(class, objectives, met) -> (requests, output tokens) counted so far."""
+        return {k: (v[0], v[1]) for k, v in self._verdicts.items()}
 
     def on_step(self, *, now: float, elapsed_s: float, num_running: int, num_waiting: int,
                 num_swapped: int, kv_usage: float, num_batched_tokens: int,
@@ -354,7 +395,27 @@ class EngineMetrics:
         for reason, count in sorted(self._success.items()):
             success.add_metric([self.model_name, reason], count)
         yield success
+        yield from self._verdict_families()
         yield from self._info_families()
+
+    def _verdict_families(self) -> Iterator[Metric]:
+        if not self._verdicts:
+            return
+        labels = ["model_name", "priority_class", "slo", "met"]
+        requests = CounterMetricFamily(
+            SLO_REQUESTS, "Finished requests judged against their class's SLO: TTFT "
+            "within its target and at most 1 % of their token gaps over the TBT target.",
+            labels=labels)
+        tokens = CounterMetricFamily(
+            SLO_TOKENS, "Output tokens of the requests judged (goodput: met=\"true\").",
+            labels=labels)
+        for (p, slo, met), (count, toks) in sorted(
+                self._verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+            values = [self.model_name, p.label, slo, "true" if met else "false"]
+            requests.add_metric(values, count)
+            tokens.add_metric(values, toks)
+        yield requests
+        yield tokens
 
     def _latency_families(self) -> Iterator[Metric]:
         for name, doc, recorders in (

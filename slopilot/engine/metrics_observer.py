@@ -17,6 +17,7 @@ from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import FinishReason, Request
 from slopilot.engine.sim.shape import shape_of
+from slopilot.engine.slo import SLOJudge, SLOSpec
 
 
 class MetricsObserver:
@@ -35,6 +36,9 @@ class MetricsObserver:
         # the twin predicts, and what vLLM reports), but the server observes it for the
         # tokens it hands out only; the longest decode stall stays here.
         self.observe_delivery = observe_delivery
+        # Per-request verdicts where the engine's events are the client's (the server
+        # judges what it delivers itself): by the metrics' SLO, as the summary counts.
+        self._judge: tuple[SLOSpec, SLOJudge] | None = None
         self._config: EngineConfig | None = None
         self._recompute = 0
         self._swap = 0
@@ -83,9 +87,19 @@ class MetricsObserver:
                                     None if scheduled is None else now - scheduled,
                                     1 if self.observe_delivery else 0)
 
+    def _judged(self) -> SLOJudge | None:
+        slo = self.metrics.slo
+        if not self.observe_delivery or slo is None:
+            return None
+        if self._judge is None or self._judge[0] is not slo:
+            self._judge = (slo, SLOJudge(slo))
+        return self._judge[1]
+
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
         if self.observe_delivery:
             self.metrics.on_token_gap(req.priority, gap_s, now)
+            if (judge := self._judged()) is not None:
+                judge.on_token_gap(req, gap_s)
         else:
             self.metrics.on_decode_gap(req.priority, gap_s, now)
 
@@ -102,3 +116,6 @@ class MetricsObserver:
             prompt_tokens=req.num_prompt_tokens,
             generation_tokens=req.num_output_tokens if self.observe_delivery else None,
             finish_reason=reason.value if self.observe_delivery else None)
+        if (judge := self._judged()) is not None and (met := judge.finished(req)) is not None:
+            self.metrics.observe_verdict(req.priority, judge.class_slo(req.priority),
+                                         met=met, tokens=req.num_output_tokens)

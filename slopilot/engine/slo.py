@@ -60,6 +60,16 @@ class ClassSLO:
     def best_effort(self) -> bool:
         return self.ttft_p99_ms is None and self.tbt_p99_ms is None
 
+    @property
+    def label(self) -> str:
+        """The latency objectives a request of this class is judged by (``met``), as the
+        ``slo`` label of the engine's verdict series (metrics.py) and of the rules that
+        read them (rules.py): both take it from here, so verdicts counted under other
+        objectives (an SLO edited since) are never read as this one's."""
+        parts = [f"{name}={float(value)!r}" for name in ("ttft_p99_ms", "tbt_p99_ms")
+                 if (value := getattr(self, name)) is not None]
+        return ",".join(parts) or "best_effort"
+
     def met(self, ttft_s: float, gaps: int, gaps_over_tbt: int) -> bool:
         """Whether one finished request met this class's objectives: the one rule that
         goodput and SLO attainment count by, in the simulator and the simulated cluster.
@@ -215,6 +225,9 @@ class SLOJudge:
         limit = self._tbt_s[req.priority]
         if limit is not None and gap_s > limit:
             self._over[req.request_id] = self._over.get(req.request_id, 0) + 1
+
+    def class_slo(self, priority: Priority) -> ClassSLO:
+        return self._classes[priority]
 
     def finished(self, req: Request) -> bool | None:
         """Met or not; None for a request that ended without a token (nothing to judge)."""

@@ -69,6 +69,9 @@ def m(clock: Clock) -> EngineMetrics:
 
 
 def test_names_keep_the_colon_and_the_vllm_list(m: EngineMetrics) -> None:
+    from slopilot.engine.slo import SLOSpec
+
+    m.set_slo(SLOSpec.from_profile("standard"))  # its verdicts are exported with one
     text = m.render().decode()
     assert "vllm:time_to_first_token_seconds_bucket{" in text
     assert "vllm_time_to_first_token" not in text
@@ -243,3 +246,47 @@ def test_the_share_within_an_slo_is_read_as_the_recording_rules_read_it(
     buckets = {0.01: 60.0, 0.025: 90.0, 0.05: 100.0, math.inf: 100.0}
     assert histogram_share_within(threshold, buckets) == pytest.approx(share)
     assert math.isnan(histogram_share_within(0.02, {math.inf: 0.0}))
+
+
+def _verdicts(m: EngineMetrics) -> dict[tuple[str, str, str, str], float]:
+    """(series, class, slo, met) -> value, of the per-request verdict counters."""
+    out = {}
+    for (name, labels), v in samples(m).items():
+        if name in ("slopilot_slo_requests_total", "slopilot_slo_generation_tokens_total"):
+            d = dict(labels)
+            out[(name, d["priority_class"], d["slo"], d["met"])] = v
+    return out
+
+
+def test_verdicts_are_counted_under_the_objectives_they_were_judged_by(
+        m: EngineMetrics) -> None:
+    from slopilot.engine.slo import SLOSpec
+
+    assert _verdicts(m) == {}  # no SLO: nothing judged, no series to read as "none met"
+    slo = SLOSpec.from_profile("standard")
+    m.set_slo(slo)
+    p0 = slo.p0.label
+    # Every class's series exist at 0 from the start: a window with verdicts but none
+    # met reads 0, never absent (which the rules read as "no verdicts here").
+    assert _verdicts(m)[("slopilot_slo_requests_total", "p0", p0, "true")] == 0
+    assert _verdicts(m)[("slopilot_slo_generation_tokens_total", "p2", "best_effort",
+                         "false")] == 0
+    m.observe_verdict(Priority.P0, slo.p0, met=True, tokens=30)
+    m.observe_verdict(Priority.P0, slo.p0, met=False, tokens=200)
+    m.observe_verdict(Priority.P0, slo.p0, met=True, tokens=10)
+    v = _verdicts(m)
+    assert v[("slopilot_slo_requests_total", "p0", p0, "true")] == 2
+    assert v[("slopilot_slo_requests_total", "p0", p0, "false")] == 1
+    assert v[("slopilot_slo_generation_tokens_total", "p0", p0, "true")] == 40
+    assert v[("slopilot_slo_generation_tokens_total", "p0", p0, "false")] == 200
+    # An edited SLO: new verdicts go under its label, the old counts stay under theirs.
+    strict = SLOSpec.from_dict({"classes": {"p0": {"ttftP99Ms": 50}}})
+    m.set_slo(strict)
+    m.observe_verdict(Priority.P0, strict.p0, met=True, tokens=7)
+    v = _verdicts(m)
+    assert v[("slopilot_slo_generation_tokens_total", "p0", strict.p0.label, "true")] == 7
+    assert v[("slopilot_slo_generation_tokens_total", "p0", p0, "true")] == 40
+    assert m.slo == strict and m.class_slo(Priority.P0) == strict.p0
+    m.set_slo(None)
+    assert m.class_slo(Priority.P0) is None
+    assert "slopilot_slo_requests_total" in SLOPILOT_METRICS

@@ -77,3 +77,15 @@ def test_a_request_meets_its_slo_within_the_ttft_target_and_one_percent_of_slow_
     assert not slo.met(0.05, gaps=200, gaps_over_tbt=3)
     assert not slo.met(0.05, gaps=0, gaps_over_tbt=1)
     assert ClassSLO().met(60.0, gaps=10, gaps_over_tbt=0)  # best effort: any TTFT
+
+
+def test_a_class_slo_label_names_its_latency_objectives_exactly() -> None:
+    """The ``slo`` label of the engine's verdict series, which the rules select by: two
+    classes with other latency targets never share one, and one without any is plain."""
+    assert ClassSLO(100, 20).label == "ttft_p99_ms=100.0,tbt_p99_ms=20.0"
+    assert ClassSLO(ttft_p99_ms=100).label == "ttft_p99_ms=100.0"
+    assert ClassSLO(tbt_p99_ms=12.5).label == "tbt_p99_ms=12.5"
+    assert ClassSLO().label == ClassSLO(max_preemptions_per_min=3).label == "best_effort"
+    # Preemption and prefix limits judge the engine, not one request: not in the label.
+    assert ClassSLO(100, 20, 5, 0.5).label == ClassSLO(100, 20).label
+    assert ClassSLO(100, 20).label != ClassSLO(100.0000001, 20).label

@@ -1,7 +1,10 @@
 """The admin API (live knobs): its own app, every method behind the bearer token.
 
 ``GET /admin/config`` reads the knobs, ``PUT`` changes them (validated whole, applied at
-the next iteration, refused whole on any bad field), ``OPTIONS`` lists the methods. The
+the next iteration, refused whole on any bad field), ``OPTIONS`` lists the methods.
+``GET /admin/slo`` reads the objectives each request is judged by once delivered
+(``null``: none, nothing judged), ``PUT`` replaces them whole (``SLOSpec.from_dict``: the
+CR's ``spec.slo``), for the requests that arrive from then on. The
 token is checked before routing, so without it nothing is learnt, not even which paths
 or methods exist. ``slopilot serve --admin-port N`` serves this app alone on port N (the
 inference port then has no /admin at all, and a NetworkPolicy can keep tenants off N);
@@ -19,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slopilot import __version__
 from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.server import error_handlers
 from slopilot.engine.server.admin_credential import (
     ADMIN_TOKEN_ENV,
@@ -30,6 +34,7 @@ from slopilot.engine.server.errors import APIError, error_body
 from slopilot.engine.server.protocol import ErrorResponse
 from slopilot.engine.server.request_limits import BodyLimit
 from slopilot.engine.server.responses import engine_error
+from slopilot.engine.slo import SLOError, SLOSpec
 
 __all__ = ["ADMIN_TOKEN_ENV", "AdminCredential", "create_admin_app", "token_refusal"]
 ADMIN_PREFIX = "/admin"
@@ -76,7 +81,9 @@ class TokenGate:
         await self.app(scope, receive, send)
 
 
-def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None) -> FastAPI:
+def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None,
+                     metrics: EngineMetrics) -> FastAPI:
+    """``metrics``: the engine's, which hold the SLO its requests are judged by."""
     app = FastAPI(title="slopilot engine admin", version=__version__,
                   openapi_url=f"{ADMIN_PREFIX}/openapi.json", docs_url=None, redoc_url=None)
     error_handlers.install(app)
@@ -99,20 +106,7 @@ def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None) ->
             "type": "object", "description": "Knobs to change, e.g. {\"token_budget\": 512}",
             "additionalProperties": True}}}}})
     async def put_config(request: Request) -> dict[str, Any]:
-        try:
-            overrides = json.loads(await request.body() or b"null")
-        except json.JSONDecodeError as exc:
-            raise APIError(400, f"the body is not valid JSON: {exc.msg} at {exc.pos}"
-                           ) from None
-        except UnicodeDecodeError:
-            raise APIError(400, "the body is not valid JSON: it is not UTF-8") from None
-        except RecursionError:  # nested past the parser's depth: no knob is that deep
-            raise APIError(400, "the body is not valid JSON here: it is nested too deeply; "
-                           "send a flat object of knobs, e.g. {\"token_budget\": 512}"
-                           ) from None
-        if not isinstance(overrides, dict):
-            raise APIError(400, "the body must be a JSON object of knobs, e.g. "
-                           "{\"token_budget\": 512}")
+        overrides = await _json_object(request, "knobs, e.g. {\"token_budget\": 512}")
         try:
             new: EngineConfig = await engine.update_config(overrides)
         except ConfigError as exc:
@@ -122,6 +116,23 @@ def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None) ->
             raise engine_error(exc) from None
         return new.to_dict()
 
+    @app.get(f"{ADMIN_PREFIX}/slo", responses=_ERRORS)
+    async def get_slo() -> dict[str, Any] | None:
+        return None if metrics.slo is None else metrics.slo.to_dict()
+
+    @app.put(f"{ADMIN_PREFIX}/slo", responses=_PUT_ERRORS, openapi_extra={"requestBody": {
+        "required": True, "content": {"application/json": {"schema": {
+            "type": "object", "description": "The whole SLO, as an LLMDeployment's "
+            "spec.slo, e.g. {\"profile\": \"strict\"}", "additionalProperties": True}}}}})
+    async def put_slo(request: Request) -> dict[str, Any]:
+        data = await _json_object(request, "objectives, e.g. {\"profile\": \"strict\"}")
+        try:
+            slo = SLOSpec.from_dict(data)
+        except SLOError as exc:
+            raise APIError(400, str(exc), code="invalid_slo") from None
+        metrics.set_slo(slo)
+        return slo.to_dict()
+
     @app.exception_handler(405)
     async def _method(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(error_body(405, f"{request.method} is not allowed here; use "
@@ -129,3 +140,19 @@ def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None) ->
                             headers={"Allow": _METHODS})
 
     return app
+
+
+async def _json_object(request: Request, what: str) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    try:
+        data = json.loads(await request.body() or b"null")
+    except json.JSONDecodeError as exc:
+        raise APIError(400, f"the body is not valid JSON: {exc.msg} at {exc.pos}") from None
+    except UnicodeDecodeError:
+        raise APIError(400, "the body is not valid JSON: it is not UTF-8") from None
+    except RecursionError:  # nested past the parser's depth: nothing here is that deep
+        raise APIError(400, f"the body is not valid JSON here: it is nested too deeply; "
+                       f"send a flat object of {what}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object of {what}")
+    return data

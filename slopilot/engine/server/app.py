@@ -114,5 +114,5 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     public.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     public.add_middleware(ArrivalStamp, clock=backend.engine.clock.now)
     add_routes(public, state)
-    admin = create_admin_app(engine, state.admin_token)
+    admin = create_admin_app(engine, state.admin_token, backend.metrics)
     return EngineApp(public, admin, state, admin_port)

@@ -23,6 +23,7 @@ from slopilot.engine.executors.kernel_modes import (
 
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.server.admin_credential import AdminCredential
+from slopilot.engine.slo import SLOError, SLOSpec
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -70,6 +71,10 @@ def register(subparsers: Any) -> None:
                    help="a JSON object of engine knobs")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="override one knob (repeatable; applied after --config)")
+    p.add_argument("--slo", type=Path, metavar="FILE.json",
+                   help="judge each request against its class's objectives in this file "
+                   "(an LLMDeployment's spec.slo, e.g. {\"profile\": \"strict\"}) and "
+                   "export the verdicts (slopilot_slo_*); PUT /admin/slo replaces them")
     p.add_argument("--admin-token-file", type=Path, metavar="FILE",
                    help="bearer token of the admin API, every method (else "
                    "$SLOPILOT_ADMIN_TOKEN, or only its SHA-256 in $SLOPILOT_ADMIN_TOKEN_SHA256; "
@@ -129,6 +134,20 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
     return knobs
 
 
+def load_slo_file(path: Path) -> SLOSpec:
+    """``--slo FILE.json``: the objectives the server judges requests by."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--slo {path}: cannot read it: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"--slo {path}: not valid JSON: {exc}") from None
+    try:
+        return SLOSpec.from_dict(data)
+    except SLOError as exc:
+        raise ValueError(f"--slo {path}: {exc}") from None
+
+
 def admin_token(token_file: Path | None) -> str | AdminCredential | None:
     """The admin token from the file if given, else from $SLOPILOT_ADMIN_TOKEN, or only its
     digest from $SLOPILOT_ADMIN_TOKEN_SHA256 (what the operator's pods get: no Secret)."""
@@ -157,6 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = EngineConfig().with_overrides(_knobs(args))
         token = admin_token(args.admin_token_file)
+        slo = None if args.slo is None else load_slo_file(args.slo)
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
     if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):
@@ -193,6 +213,7 @@ def _serve(args: argparse.Namespace) -> int:
                                   dtype=None if args.dtype == "auto" else args.dtype)
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))
+    backend.metrics.set_slo(slo)
     binding.release_calling_thread()
     from slopilot.engine.server.uvicorn_runner import serve_forever
 

@@ -14,6 +14,10 @@ both stamps and the cleanup; the route's response runs that cleanup after sendin
 whatever happened, so every engine request is observed once.
 Inter-token latency is the engine's gap between a token and the one before, observed
 here for the tokens handed out only (``ChoiceState.feed``), as vLLM's frontend does.
+Where the server knows the deployment's SLO, each choice is judged once delivered
+against its class's objectives as they stood when it arrived (``ClassSLO.met`` on that
+TTFT and those gaps, the simulator's rule), and counted with the tokens the client got:
+the per-request goodput that histograms of first tokens and of gaps cannot give.
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ class ChoiceState:
         self.first_written = False  # a chunk with output went out (TTFT is observed)
         self.last_made_at: float | None = None  # when the engine made the last token fed
         self.delivered = False  # its last chunk went out (e2e latency is observed)
+        # What it is judged by (None: no SLO known); the objectives of its arrival, so
+        # an SLO changed mid-request does not judge half of it by each.
+        self.slo = self.metrics.class_slo(choice.request.priority)
+        self.tbt_s = None if self.slo is None or self.slo.tbt_p99_ms is None \
+            else self.slo.tbt_p99_ms / 1000.0
+        self.ttft_s: float | None = None
+        self.gaps = 0
+        self.gaps_over = 0
 
     def feed(self, delta: StreamDelta) -> tuple[str, list[int]]:
         """The new text, and the ids of the tokens it brings (for their logprobs)."""
@@ -78,7 +90,11 @@ class ChoiceState:
         priority = self.choice.request.priority
         for made_at in delta.token_times[:len(token_ids)]:
             if self.last_made_at is not None:
-                self.metrics.observe_token_gap(priority, made_at - self.last_made_at)
+                gap = made_at - self.last_made_at
+                self.metrics.observe_token_gap(priority, gap)
+                self.gaps += 1
+                if self.tbt_s is not None and gap > self.tbt_s:
+                    self.gaps_over += 1
             self.last_made_at = made_at
         if self.detok.stopped:
             self.finish = FinishReason.STOP.value
@@ -154,7 +170,8 @@ class Delivery:
         if not state.first_written:
             state.first_written = True
             req = state.choice.request
-            self.backend.metrics.observe_ttft(req.priority, self.clock() - req.arrival_time)
+            state.ttft_s = self.clock() - req.arrival_time
+            self.backend.metrics.observe_ttft(req.priority, state.ttft_s)
 
     def last_output(self, state: ChoiceState) -> None:
         if not state.delivered:
@@ -163,6 +180,13 @@ class Delivery:
             self.backend.metrics.observe_delivered(
                 req.priority, self.clock() - req.arrival_time, len(state.token_ids),
                 state.finish or FinishReason.ABORT.value)
+            # A choice without output (refused, aborted before its first token) has
+            # nothing to judge, as in the simulator (SLOJudge.finished).
+            if state.slo is not None and state.ttft_s is not None:
+                self.backend.metrics.observe_verdict(
+                    req.priority, state.slo,
+                    met=state.slo.met(state.ttft_s, state.gaps, state.gaps_over),
+                    tokens=len(state.token_ids))
 
     def abort(self) -> None:
         """Stop every choice still running (a no-op for finished ones): the client went

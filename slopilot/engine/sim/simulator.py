@@ -127,6 +127,7 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
         if with_metrics:
             metrics = EngineMetrics(scenario.model, clock=clock.now,
                                     info={"replica": str(i), "scenario": scenario.name})
+            metrics.set_slo(scenario.slo)  # its verdicts are the summary's goodput
             engine.observers.append(MetricsObserver(metrics))
             exporters.append(metrics)
         reps.append(_Replica(engine, clock))

@@ -216,3 +216,51 @@ def test_a_stop_string_inside_a_delta_of_several_tokens_ends_the_count(stream: b
     assert m.generation_tokens == 3
     assert m._req_generation[Priority.P1].total == 3
     assert itl.count == 2  # the gaps between the three tokens delivered
+
+
+# P1 of this SLO: TTFT within 500 ms, and at most 1 % of a request's gaps over 100 ms.
+_JUDGED_SLO = {"classes": {"p1": {"ttftP99Ms": 500, "tbtP99Ms": 100}}}
+
+
+@pytest.mark.parametrize(("ttft_s", "slow_gaps", "met"), [
+    (0.2, 0, True),
+    (0.2, 2, True),    # 2 of 200 gaps over: 1 %, the request's own P99 within
+    (0.2, 3, False),   # 3 of 200: its P99 gap is over the target
+    (0.6, 0, False),   # the first token came too late
+], ids=["within", "1-percent-slow", "3-slow", "late-first-token"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_request_is_judged_as_delivered_against_its_classs_slo(
+        stream: bool, ttft_s: float, slow_gaps: int, met: bool) -> None:
+    """The verdict the simulator's goodput counts by (ClassSLO.met), per request: the
+    Prometheus goodput multiplied the shares of fast first tokens and of fast gaps, as if
+    every request had the same few slow gaps, which read a config whose slow gaps fall on
+    a few requests (each then over its own P99 target) as 97.9 % good where 68 % was."""
+    from slopilot.engine.slo import SLOSpec
+
+    backend = build_backend(realtime=False)
+    m = backend.metrics
+    slo = SLOSpec.from_dict(_JUDGED_SLO)
+    m.set_slo(slo)
+    body = CompletionRequest(prompt="one two three", max_tokens=201, ignore_eos=True,
+                             stream=stream)
+    prep = prepare(backend, body, {}, arrival_time=10.0)
+
+    async def deliver() -> None:
+        req = prep.choices[0].request
+        stream_ = RequestStream(req, _Aborts())
+        made_at = 0.0
+        for i in range(201):  # 200 gaps
+            made_at += 0.3 if 0 < i <= slow_gaps else 0.05
+            stream_._push(7, FinishReason.LENGTH if i == 200 else None, made_at=made_at)
+        delivery = Delivery(backend, prep, [stream_], lambda: 10.0 + ttft_s)
+        if stream:
+            async for _ in sse_events(delivery, TokenText(backend.tokenizer)):
+                pass
+        else:
+            await collect(delivery, TokenText(backend.tokenizer))
+        delivery.close()
+
+    asyncio.run(deliver())
+    label = slo.p1.label
+    counted = {k: v for k, v in m.verdicts().items() if v != (0, 0)}
+    assert counted == {(Priority.P1, label, met): (1, 201)}

@@ -78,3 +78,40 @@ def test_prompts_that_can_never_fit_are_rejected_per_class() -> None:
 def test_measure_is_checked() -> None:
     with pytest.raises(ValueError, match="start_s <= end_s <= horizon_s"):
         Measure(start_s=5.0, end_s=4.0, horizon_s=6.0)
+
+
+def test_the_exported_verdicts_are_the_summarys_goodput_request_by_request() -> None:
+    """``simulate --metrics-out`` exports the per-request verdicts that the summary's
+    goodput and attainment count: the same tokens, the same requests, per class."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from slopilot.engine.metrics import SLO_REQUESTS, SLO_TOKENS
+    from slopilot.engine.request import Priority
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.engine.sim.simulator import simulate
+
+    scenario = load_scenario("mixed-priority")
+    run = simulate(scenario, {"token_budget": 4096, "chunk_size": 4096}, duration_s=30,
+                   seed=3, with_metrics=True)
+    exported: dict[tuple[str, str, str], float] = {}
+    for text in run.metrics:
+        for family in text_string_to_metric_families(text.decode()):
+            for s in family.samples:
+                if s.name in (SLO_REQUESTS, SLO_TOKENS):
+                    assert s.labels["slo"] == scenario.slo.class_slo(
+                        s.labels["priority_class"]).label
+                    key = (s.name, s.labels["priority_class"], s.labels["met"])
+                    exported[key] = exported.get(key, 0.0) + s.value
+    summary = run.summary
+    judged_some = False
+    for p in Priority:
+        c = summary.classes[p]
+        met = exported[(SLO_REQUESTS, p.label, "true")]
+        judged = met + exported[(SLO_REQUESTS, p.label, "false")]
+        assert exported[(SLO_TOKENS, p.label, "true")] == pytest.approx(
+            c.goodput_tok_s * summary.duration_s)
+        assert judged == c.requests_finished
+        if judged:
+            judged_some = True
+            assert met / judged == pytest.approx(c.slo_attainment)
+    assert judged_some

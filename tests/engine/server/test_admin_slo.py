@@ -1,0 +1,87 @@
+"""/admin/slo: the objectives the server judges each request by, read and replaced live
+behind the admin token (the operator keeps them on the deployment's spec.slo)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
+from tests.engine.server.conftest import ADMIN_TOKEN
+from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+def srv() -> Iterator[LiveServer]:
+    with start_server(admin_token=ADMIN_TOKEN, admin_port=0) as server:
+        yield server
+
+
+def _slo(srv: LiveServer, method: str = "GET", body: Any = None,
+         headers: dict[str, str] | None = None) -> httpx.Response:
+    kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else (
+        {"json": body} if body is not None else {})
+    return httpx.request(method, srv.admin_url + "/admin/slo", headers=headers or AUTH,
+                         timeout=HANG_GUARD_S, **kw)
+
+
+def test_a_put_slo_is_what_requests_are_judged_by_from_then_on(srv: LiveServer) -> None:
+    res = _slo(srv)
+    assert res.status_code == 200 and res.json() is None  # none given: nothing judged
+    strict = {"profile": "strict", "classes": {"p0": {"ttftP99Ms": 80}}}
+    res = _slo(srv, "PUT", strict)
+    assert res.status_code == 200, res.text
+    want = SLOSpec.from_dict(strict)
+    assert res.json() == want.to_dict() == _slo(srv).json()
+    assert srv.backend.metrics.slo == want
+    assert srv.backend.metrics.class_slo(Priority.P0) == want.p0
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"classes": {"p0": {"ttftP99Ms": -1}}}, "classes.p0.ttft_p99_ms=-1"),
+    ({"classes": {"p9": {}}}, "classes.p9: not a class"),
+    ({"profile": "fastest"}, "unknown SLO profile 'fastest'"),
+    ([1, 2], "must be a JSON object of objectives"),
+    (b"{not json", "not valid JSON"),
+    (b'{"classes": ' * 2000 + b"{}" + b"}" * 2000, "nested too deeply"),
+], ids=["negative", "no-such-class", "no-such-profile", "a-list", "not-json", "deep"])
+def test_a_bad_slo_is_a_400_that_says_why_and_changes_nothing(
+        srv: LiveServer, body: Any, words: str) -> None:
+    before = SLOSpec.from_profile("relaxed")
+    assert _slo(srv, "PUT", before.to_dict()).status_code == 200
+    res = _slo(srv, "PUT", body)
+    assert res.status_code == 400, res.text
+    assert words in res.json()["error"]["message"]
+    assert srv.backend.metrics.slo == before
+
+
+def test_the_slo_needs_the_token_like_every_admin_path(srv: LiveServer) -> None:
+    for method, body in (("GET", None), ("PUT", {"profile": "strict"})):
+        res = _slo(srv, method, body, headers={"Authorization": "Bearer wrong"})
+        assert res.status_code == 401
+    assert srv.backend.metrics.slo is None
+
+
+def test_serve_judges_by_the_slo_file_it_was_started_with(tmp_path: Any) -> None:
+    import json
+
+    from slopilot.engine.server.commands import load_slo_file
+
+    path = tmp_path / "slo.json"
+    path.write_text(json.dumps({"profile": "strict"}))
+    assert load_slo_file(path) == SLOSpec.from_profile("strict")
+    path.write_text('{"classes": {"p1": {"tbtP99Ms": 0}}}')
+    with pytest.raises(ValueError, match=r"--slo .*slo.json: classes.p1.tbt_p99_ms=0"):
+        load_slo_file(path)
+    with pytest.raises(ValueError, match=r"--slo .*missing.json: cannot read it"):
+        load_slo_file(tmp_path / "missing.json")
+    path.write_text("[")
+    with pytest.raises(ValueError, match=r"--slo .*slo.json: not valid JSON"):
+        load_slo_file(path)
