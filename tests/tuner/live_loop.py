@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -38,10 +39,15 @@ class LiveLoop:
     prometheus: LocalPrometheus
     load: LoadGenerator
 
-    def _scalar(self, query: str) -> float:
-        answer = httpx.get(self.prometheus.url + "/api/v1/query", params={"query": query},
+    def query(self, query: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": query, **({} if at is None else {"time": str(at)})}
+        answer = httpx.get(self.prometheus.url + "/api/v1/query", params=params,
                            timeout=HANG_GUARD_S).json()
-        result = answer.get("data", {}).get("result", [])
+        result: list[dict[str, Any]] = answer.get("data", {}).get("result", [])
+        return result
+
+    def _scalar(self, query: str) -> float:
+        result = self.query(query)
         return float(result[0]["value"][1]) if result else 0.0
 
     def finished_requests(self) -> float:
@@ -60,7 +66,7 @@ def live_loop(workdir: Path, slo: SLOSpec, *, replicas: int = 1, phase: Phase = 
               seed: int = 0) -> Iterator[LiveLoop]:
     with ExitStack() as stack:
         dep = stack.enter_context(LocalDeployment(NAME, workdir / "replicas", replicas=replicas,
-                                                  max_replicas=3, knobs=START))
+                                                  max_replicas=3, knobs=START, slo=slo))
         rules = workdir / "rules.yaml"
         rules.write_text(render_rules_yaml(slo, NAME, options=RULES))
         prom = stack.enter_context(LocalPrometheus(workdir / "prometheus", dep.targets_file,

@@ -122,6 +122,36 @@ def test_overload_fires_an_alert_and_the_controller_retunes_until_it_resolves(
                    what="the alerts to resolve", log=log)
 
 
+def test_the_goodput_rule_reads_the_replicas_own_per_request_verdicts(
+        tmp_path: Path) -> None:
+    """Real replicas told the deployment's SLO judge each request, and the rules select
+    their verdicts by the same objectives: the goodput rule's expression is the verdicts'
+    rate, not the histograms' product (both queried at one past instant, so both see
+    the same scrapes)."""
+    from slopilot.engine.metrics import SLO_TOKENS
+    from slopilot.tuner.prometheus.rules import render_rule_groups
+
+    rules = {r["labels"]["priority_class"]: r["expr"] for r in render_rule_groups(
+        DEMO.slo, NAME, options=RULES)["groups"][0]["rules"]
+        if r.get("record") == "slopilot:goodput_tokens:per_second"}
+    with live_loop(tmp_path, DEMO.slo) as loop:
+        wait_for(lambda: loop.history_s() >= RULES.rate_window_s + 4,
+                 what="a rate window of history in Prometheus")
+        at = time.time() - 3  # every scrape up to it is in
+        seen = 0
+        for cls, expr in rules.items():
+            label = DEMO.slo.class_slo(cls).label
+            judged = loop.query(
+                f'sum by (priority_class) (rate({SLO_TOKENS}{{slopilot_deployment="{NAME}",'
+                f'priority_class="{cls}",slo="{label}",met="true"}}[{RULES.rate_window_s}s]))',
+                at)
+            rule = loop.query(expr, at)
+            assert [r["value"] for r in rule] == [r["value"] for r in judged], cls
+            seen += len(judged)
+        assert seen, "no class had verdicts"
+        assert loop.query(f'slopilot:goodput_tokens:per_second{{slopilot_deployment="{NAME}"}}')
+
+
 def test_prometheus_down_holds_the_config_then_resumes(tmp_path: Path) -> None:
     with live_loop(tmp_path, DEMO.slo) as loop:
         ctl = controller(loop, DEMO.slo)

@@ -77,3 +77,16 @@ def test_bad_arguments_are_refused_before_any_process_starts(
         tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
     with pytest.raises((ValueError, ConfigError), match=message):
         LocalDeployment("t", tmp_path, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_replicas_judge_each_request_by_the_deployments_slo(tmp_path: Path) -> None:
+    """The demo's goodput is the replicas' own per-request verdicts (as the rules read
+    them): a replica, the first and any one scaled up, starts with the deployment's SLO."""
+    from slopilot.engine.slo import SLOSpec
+
+    slo = SLOSpec.from_dict({"profile": "strict", "classes": {"p1": {"tbtP99Ms": 70}}})
+    with LocalDeployment("t", tmp_path, replicas=1, max_replicas=2, slo=slo) as dep:
+        auth = {"Authorization": f"Bearer {dep.token}"}
+        dep.scale(2)
+        for url in dep.endpoints():
+            assert httpx.get(url + "/admin/slo", headers=auth).json() == slo.to_dict()

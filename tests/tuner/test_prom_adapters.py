@@ -226,3 +226,43 @@ def test_direct_scrape_alerts_read_a_window_with_few_finished_requests() -> None
         scrape.stop()
     assert {(a.name, a.priority_class) for a in fired} >= {
         ("SlopilotBatchingUnderused", "all"), ("SlopilotTBTP99High", "p1")}
+
+
+def _judged_page(tokens: int, good: int, label: str) -> bytes:
+    """P1's tokens, every gap and first token fast, and the engine's verdicts: ``good``
+    of the ``tokens`` from requests that met their SLO as judged under ``label``."""
+    from slopilot.engine.metrics import SLO_TOKENS
+
+    return "".join([
+        'vllm:e2e_request_latency_seconds_count{priority_class="p1"} 20\n',
+        f'vllm:request_generation_tokens_sum{{priority_class="p1"}} {tokens}\n',
+        'vllm:time_to_first_token_seconds_bucket{priority_class="p1",le="0.1"} 20\n',
+        'vllm:time_to_first_token_seconds_bucket{priority_class="p1",le="+Inf"} 20\n',
+        'vllm:inter_token_latency_seconds_bucket{priority_class="p1",le="0.01"} 990\n',
+        'vllm:inter_token_latency_seconds_bucket{priority_class="p1",le="1.0"} 1000\n',
+        'vllm:inter_token_latency_seconds_bucket{priority_class="p1",le="+Inf"} 1000\n',
+        f'{SLO_TOKENS}{{priority_class="p1",slo="{label}",met="true"}} {good}\n',
+        f'{SLO_TOKENS}{{priority_class="p1",slo="{label}",met="false"}} {tokens - good}\n',
+    ]).encode()
+
+
+@pytest.mark.parametrize("current", [True, False], ids=["this-slo", "an-edited-slo"])
+def test_direct_scrape_goodput_is_the_engines_per_request_verdicts(current: bool) -> None:
+    """As the rules read them: the tokens of the requests judged to have met this SLO;
+    verdicts under other objectives are not this SLO's, and the histograms' product
+    (99 % of gaps fast: 99 % good) stands in."""
+    label = DEMO.slo.p1.label if current else "ttft_p99_ms=1.0"
+    pages = iter([b"", _judged_page(1000, 400, label)])  # every series from zero
+    with serve_metrics(lambda: next(pages)) as address:
+        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
+                              min_requests=1)
+        scrape.poll(now=100.0)
+        scrape.poll(now=110.0)
+        s = scrape.measure(100.0, 110.0, canary=False)
+        scrape.stop()
+    p1 = s.classes[Priority.P1]
+    assert p1.throughput_tok_s == pytest.approx(100.0)
+    if current:
+        assert p1.goodput_tok_s == pytest.approx(40.0)
+    else:  # the product: 99 % of gaps within 10 ms, the rest up to 1 s, interpolated
+        assert 99.0 <= p1.goodput_tok_s < 100.0

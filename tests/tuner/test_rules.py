@@ -355,3 +355,44 @@ def test_goodput_reads_a_vllm_histogram_whose_edges_miss_the_slo(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize(("verdicts_under", "expected"), [
+    ("current", 5.0),     # the engine's per-request verdicts, under the SLO judged now
+    ("edited", 9.9),      # verdicts under objectives since edited: not this SLO's
+    (None, 9.9),          # no verdicts (vLLM, an engine not told the SLO): the histograms
+], ids=["verdicts", "stale-verdicts", "histograms-only"])
+def test_goodput_counts_the_engines_per_request_verdicts_where_it_exports_them(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        verdicts_under: str | None, expected: float) -> None:
+    """Half the tokens came from requests that broke P0's SLO (a few slow gaps each,
+    over 1 % of their own), while 99 % of all gaps and every first token were fast: the
+    histograms' product read 99 % good. The engine judges each request as the simulator
+    does; its verdicts are the goodput where it exports them under this SLO."""
+    from slopilot.engine.metrics import SLO_TOKENS
+
+    spec = SLOSpec.from_profile("standard")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(render_rules_yaml(spec, "d", namespace="n"))
+    test = _vllm_goodput_test("rules.yaml", {
+        "vllm:inter_token_latency_seconds": {"0.02": 99, "+Inf": 100},
+        "vllm:time_to_first_token_seconds": {"0.1": 10, "+Inf": 10}})
+    labels = 'namespace="n",slopilot_namespace="n",slopilot_deployment="d",priority_class="p0"'
+    if verdicts_under is not None:
+        judged = spec.p0.label if verdicts_under == "current" else \
+            SLOSpec.from_profile("strict").p0.label.replace("100.0", "80.0")
+        assert judged != spec.p0.label or verdicts_under == "current"
+        for met in ("true", "false"):  # 300 tokens a minute each: 5 tokens/s good
+            test["tests"][0]["input_series"].append({
+                "series": f'{SLO_TOKENS}{{{labels},slo="{judged}",met="{met}"}}',
+                "values": "0+300x10"})
+    test["tests"][0]["promql_expr_test"] = [{
+        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
+        "eval_time": "5m",
+        "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
+                                   'slopilot_namespace="n"}',
+                         "value": round(expected * 1000)}]}]
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

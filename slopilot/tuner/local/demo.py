@@ -269,7 +269,7 @@ def _start_replicas(opts: DemoOptions, scenario: Scenario, twin: Scenario, work:
         NAME, work, replicas=opts.replicas, max_replicas=opts.max_replicas,
         scenario=opts.scenario_name, executor=opts.executor, model=opts.served_model,
         knobs=scenario.engine, ready_timeout_s=180.0 if opts.torch else 60.0,
-        cpu_kernels=kernels))
+        cpu_kernels=kernels, slo=scenario.slo))
     kind = (f"torch {opts.served_model} on the CPU, --cpu-kernels {kernels}" if opts.torch
             else f"simulated {scenario.gpu} + {scenario.model} cost model, real time")
     say(f"{opts.replicas} replica(s) up ({kind}): {', '.join(dep.endpoints())}; "

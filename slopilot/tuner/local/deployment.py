@@ -32,6 +32,7 @@ import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
+from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.adapters import ROLE_LABEL
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
@@ -83,7 +84,8 @@ class LocalDeployment:
                  scenario: str = "demo", executor: str = "simulated",
                  model: str = "smollm2-135m", knobs: Mapping[str, Any] | None = None,
                  drain_timeout_s: float = 5.0, ready_timeout_s: float = 60.0,
-                 log_level: str = "warning", cpu_kernels: str = "auto") -> None:
+                 log_level: str = "warning", cpu_kernels: str = "auto",
+                 slo: SLOSpec | None = None) -> None:
         if not name or not name.replace("-", "").isalnum():
             raise ValueError(f"name={name!r}: use letters, digits and dashes")
         if not 1 <= replicas <= max_replicas:
@@ -103,6 +105,10 @@ class LocalDeployment:
             max_replicas, scenario, executor, model)
         self.drain_timeout_s, self.ready_timeout_s = drain_timeout_s, ready_timeout_s
         self.log_level, self.cpu_kernels = log_level, cpu_kernels
+        self.slo = slo
+        """What the replicas judge each request by (``serve --slo``): their verdicts are
+        the goodput the demo's scrape and Prometheus' rules read."""
+        self.slo_file = self.workdir / "slo.json"
         self.token = secrets.token_urlsafe(24)
         self.targets_file = self.workdir / "targets.json"
         self._initial = replicas
@@ -117,6 +123,8 @@ class LocalDeployment:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.slo is not None:
+            self.slo_file.write_text(json.dumps(self.slo.to_dict()))
         try:
             self._start_replicas(self._initial)
         except BaseException:
@@ -141,6 +149,8 @@ class LocalDeployment:
             cmd += ["--model", self.model, "--cpu-kernels", self.cpu_kernels]
         for knob, value in self._stable.items():
             cmd += ["--set", f"{knob}={value}"]
+        if self.slo is not None:
+            cmd += ["--slo", str(self.slo_file)]
         return cmd
 
     def _spawn(self) -> Replica:

@@ -3,8 +3,9 @@
 ``DirectScrape`` polls every replica's ``/metrics`` once a ``interval_s`` on its own
 thread and keeps the cumulative series it needs. It is both the demo's AlertReader and
 its WindowEvaluator: windows are counter and bucket differences between two scrapes, the
-P99s the same linear interpolation ``histogram_quantile`` does, goodput the rules'
-product (tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), the
+P99s the same linear interpolation ``histogram_quantile`` does, goodput as the rules read
+it (the engine's per-request verdicts under this SLO where it exports them, else tokens/s
+x fraction of TTFTs within the SLO x fraction of gaps within it), the
 gauges (busy ratio, waiting requests) as at the window's end, the summary Prometheus' own
 builder (``prometheus/query.window_summary``), and the alerts the alert table
 (``prometheus/alerts.SummaryAlerts``) evaluated once per rule interval on the trailing window.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import histogram_quantile, histogram_share_within
+from slopilot.engine.metrics import SLO_TOKENS, histogram_quantile, histogram_share_within
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -60,6 +61,11 @@ def _parse(text: str) -> Series:
                     label += "/" + s.labels.get("feature", "")
                 key = (s.name, label, _NO_LE)
                 out[key] = out.get(key, 0.0) + float(s.value)
+            elif s.name == SLO_TOKENS:
+                if s.labels.get("met") == "true":  # keyed by class and objectives judged
+                    key = (s.name, f"{s.labels.get('priority_class', '')}/"
+                           f"{s.labels.get('slo', '')}", _NO_LE)
+                    out[key] = out.get(key, 0.0) + float(s.value)
             elif s.name in _KEEP:
                 # Not NaN for "no le": NaN != NaN, so such a key never matched the
                 # window's first snapshot and every counter read as its lifetime.
@@ -211,6 +217,10 @@ class DirectScrape:
         goodput: dict[str, float] = {}
         for p in Priority:
             c, cls_slo = p.label, self.slo.class_slo(p)
+            judged = d.get((SLO_TOKENS, f"{c}/{cls_slo.label}", _NO_LE))
+            if judged is not None:
+                goodput[c] = judged / span
+                continue
             good = tokens.get(c, 0.0) / span
             for name, limit in ((_TTFT, cls_slo.ttft_p99_ms), (_TBT, cls_slo.tbt_p99_ms)):
                 hist = buckets(name, c)

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.metrics import LATENCY_BUCKETS
+from slopilot.engine.metrics import LATENCY_BUCKETS, SLO_TOKENS
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.alert_table import (
     ALL_CLASSES,
@@ -232,16 +232,23 @@ class _Renderer:
                         f"sum(rate(vllm:generation_tokens_total{self.sel()}[{w}]))"),
         ]
         for p, slo in self.spec.classes().items():
-            # Goodput-ish: finished tokens times the fractions of first tokens and gaps
-            # inside the SLO (a product, as if independent; exact where all or none pass).
-            expr = (f"sum by (priority_class) (rate(vllm:request_generation_tokens_sum"
-                    f"{self.sel(priority_class=p.label)}[{w}]))")
+            # Goodput: the output tokens of the requests that met their class's SLO, as
+            # the engine judged each one (ClassSLO.met) under these very objectives.
+            exact = (f"sum by (priority_class) (rate({SLO_TOKENS}"
+                     f"{self.sel(priority_class=p.label, slo=slo.label, met='true')}[{w}]))")
+            # Where it judges none (vLLM, an engine not yet told this SLO): finished
+            # tokens times the shares of first tokens and of gaps within the SLO, as if
+            # every request had the same few slow gaps. That reads high where slow gaps
+            # bunch on a few requests (each then over its own P99 target).
+            approx = (f"sum by (priority_class) (rate(vllm:request_generation_tokens_sum"
+                      f"{self.sel(priority_class=p.label)}[{w}]))")
             if slo.ttft_p99_ms is not None:
-                expr += " * (" + self.fraction_within(
+                approx += " * (" + self.fraction_within(
                     "vllm:time_to_first_token_seconds", p.label, slo.ttft_p99_ms / 1000) + ")"
             if slo.tbt_p99_ms is not None:
-                expr += " * (" + self.fraction_within(
+                approx += " * (" + self.fraction_within(
                     "vllm:inter_token_latency_seconds", p.label, slo.tbt_p99_ms / 1000) + ")"
+            expr = f"{exact} or ({approx})"
             # The class label keeps promtool's duplicate-rule lint apart.
             rules.append(self.record("slopilot:goodput_tokens:per_second", expr,
                                      priority_class=p.label))
