@@ -19,6 +19,10 @@ from typing import Any
 
 from slopilot.engine.request import Priority, Request
 
+SLO_FILE_ENV = "SLOPILOT_SLO_FILE"
+"""Where ``slopilot serve`` reads the SLO it judges requests by when ``--slo`` is not
+given: what the operator's pods get (an image too old to know it ignores it)."""
+
 
 class SLOError(ValueError):
     """An SLO spec field is missing, unknown or out of range; the message names the fix."""

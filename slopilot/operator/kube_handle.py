@@ -71,10 +71,12 @@ class ApplyError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class ConfigSync:
     """What one ``sync_config`` did: the pods it reconfigured, and ``"<pod>: <why>"`` for
-    each one it could not read or bring over."""
+    each one it could not read or bring over (its knobs or its SLO)."""
 
     updated: tuple[str, ...] = ()
     left: tuple[str, ...] = ()
+    slo_updated: tuple[str, ...] = ()
+    """The pods sent ``spec.slo`` to judge requests by (``PUT /admin/slo``)."""
 
 
 def ready(pod: Mapping[str, Any]) -> bool:
@@ -255,7 +257,8 @@ class KubeDeploymentHandle:
         are arguments that a rollout sets.
 
         Each pod is read first (``GET /admin/config``), so a pod already right is not
-        written. A pod that runs other restart knobs (block size, swap space) is from an
+        written; so is the SLO it judges requests by (``/admin/slo``: ``spec.slo``). A pod
+        that runs other restart knobs (block size, swap space) is from an
         older pod template: the rollout replaces it, and a live PUT could not change them.
         """
         body = self.body()
@@ -265,7 +268,9 @@ class KubeDeploymentHandle:
         trial_config = None if trial is None else \
             spec.engine.with_overrides(trial, live_only=True)
         token = self.mint.for_body(body)
+        slo = spec.slo.to_dict()
         updated: list[str] = []
+        slo_updated: list[str] = []
         left: list[str] = []
         for pod in self.pods(body):
             name = str(pod["metadata"]["name"])
@@ -277,6 +282,14 @@ class KubeDeploymentHandle:
             except ApplyError as exc:
                 left.append(str(exc))
                 continue
+            if not isinstance(runs, dict):
+                left.append(f"{name}: /admin/config did not answer a JSON object of knobs")
+                continue
+            try:
+                if self._sync_slo(pod, slo, token):
+                    slo_updated.append(name)
+            except ApplyError as exc:  # the knobs are still brought over
+                left.append(str(exc))
             if restart := [f"{k}={runs.get(k)!r}" for k in EngineConfig.restart_knobs()
                            if runs.get(k) != want[k]]:
                 left.append(f"{name}: runs {', '.join(restart)}, which only a restart "
@@ -292,7 +305,27 @@ class KubeDeploymentHandle:
             updated.append(name)
         if updated:
             log.info("%s: its config sent to %s", self.name, ", ".join(updated))
-        return ConfigSync(tuple(updated), tuple(left))
+        if slo_updated:
+            log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
+        return ConfigSync(tuple(updated), tuple(left), tuple(slo_updated))
+
+    def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], token: str) -> bool:
+        """Send ``slo`` (``spec.slo``) to ``pod`` unless it judges by it already; whether
+        it was sent. The engine reads the ConfigMap's only at start, as its knobs."""
+        if self._get(pod, token, "/admin/slo") == slo:
+            return False
+        name = pod["metadata"]["name"]
+        url = self._url(pod) + "/admin/slo"
+        try:
+            resp = self.http.put(url, json=slo, headers={"Authorization": f"Bearer {token}"})
+        except httpx.HTTPError as exc:
+            raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
+        if resp.status_code >= 300:
+            try:
+                self._refused(name, url, resp)
+            except ConfigError as exc:  # a 400: an engine that reads SLOs otherwise
+                raise ApplyError(f"{exc} (the SLO at {url})") from None
+        return True
 
     def _pick_canary(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
         wanted = self.canary_pod()
@@ -305,11 +338,11 @@ class KubeDeploymentHandle:
         self._canary = str(pods[0]["metadata"]["name"])
         return pods[0]
 
-    def _get(self, pod: Mapping[str, Any], token: str) -> dict[str, Any]:
-        """The config ``pod`` runs, as its admin API reports it (read up to
-        ``MAX_CONFIG_BYTES``: the image is the tenant's, so the answer may be anything)."""
+    def _get(self, pod: Mapping[str, Any], token: str, path: str = "/admin/config") -> Any:
+        """``path`` of ``pod``'s admin API, parsed (read up to ``MAX_CONFIG_BYTES``: the
+        image is the tenant's, so the answer may be anything)."""
         name = pod["metadata"]["name"]
-        url = self._url(pod) + "/admin/config"
+        url = self._url(pod) + path
         try:
             with self.http.stream("GET", url, headers={"Authorization": f"Bearer {token}"}
                                   ) as resp:
@@ -325,12 +358,9 @@ class KubeDeploymentHandle:
         except httpx.HTTPError as exc:
             raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
         try:
-            runs = json.loads(data)
+            return json.loads(data)
         except ValueError:
-            runs = None
-        if not isinstance(runs, dict):
-            raise ApplyError(f"{name}: {url} did not answer a JSON object of knobs")
-        return runs
+            raise ApplyError(f"{name}: {url} did not answer JSON") from None
 
     @staticmethod
     def _refused(name: str, url: str, resp: httpx.Response) -> None:

@@ -22,6 +22,7 @@ import kopf
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
+from slopilot.engine.slo import SLO_FILE_ENV
 from slopilot.operator.knobs import VLLM_LACKS
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.tuner.prometheus.rules import identity_labels
@@ -39,6 +40,7 @@ OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "slopilot-operator"}
 DEFAULT_OPERATOR_NAMESPACE = "slopilot-system"
 CONFIG_DIR = "/etc/slopilot"
 CONFIG_FILE = "engine.json"
+SLO_FILE = "slo.json"
 CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
 DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
                   Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
@@ -115,9 +117,12 @@ def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:
 
 
 def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    """The knobs and the SLO the built-in engine starts with (it reads both only at
+    start: a live change is a PUT, ``KubeDeploymentHandle.sync_config``)."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(body, f"{body['metadata']['name']}-engine"),
-            "data": {CONFIG_FILE: config_json(spec.engine)}}
+            "data": {CONFIG_FILE: config_json(spec.engine),
+                     SLO_FILE: json.dumps(spec.slo.to_dict(), sort_keys=True)}}
 
 
 def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
@@ -150,6 +155,9 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[
         args: list[str] = []
         ports.append({"name": ADMIN_PORT_NAME, "containerPort": ADMIN_PORT, "protocol": "TCP"})
         mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
+        # An environment variable, not --slo: an older image ignores it rather than
+        # refusing an unknown flag, and only then judges no requests.
+        env.append({"name": SLO_FILE_ENV, "value": f"{CONFIG_DIR}/{SLO_FILE}"})
         if admin_token_sha256 is not None:
             # The digest admits the operator's token and reveals nothing of it, so it may
             # sit in the template: no Secret in the tenant's namespace (tokens.py).

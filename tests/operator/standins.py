@@ -5,7 +5,7 @@
 - ``PodStandIn`` is an engine pod's admin endpoint: it records each ``PUT /admin/config``
   with its Authorization header and refuses a wrong token with 401, like the server; with
   a ``config`` (the one it started with), ``GET /admin/config`` answers it, and an
-  accepted PUT replaces it, as the engine does.
+  accepted PUT replaces it, as the engine does; ``/admin/slo`` likewise with ``slo``.
 - ``build_controller`` is a ``$SLOPILOT_CONTROLLER_FACTORY``: the real Controller over the
   real KubeDeploymentHandle and the real AlertSource (HTTP to the stand-in); the study,
   windows, workload and capacity ports are the tuner's test fakes (their own job is
@@ -124,10 +124,14 @@ class PodStandIn(_Server):
     """``token``: the one it accepts (set it once the operator has minted it);
     ``config``: what it runs (None: it serves no GET, 404)."""
 
-    def __init__(self, token: str = "", config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, token: str = "", config: Mapping[str, Any] | None = None,
+                 slo: Mapping[str, Any] | None = None, *, serves_slo: bool = True) -> None:
         self.token = token
+        self.serves_slo = serves_slo  # False: an image from before /admin/slo
         self.config = None if config is None else dict(config)
+        self.slo = None if slo is None else dict(slo)  # what GET /admin/slo answers
         self.puts: list[tuple[dict[str, Any], str]] = []  # (body, Authorization header)
+        self.slo_puts: list[dict[str, Any]] = []
         self.gets = 0
         self.lock = threading.Lock()
         super().__init__(_PodHandler)
@@ -141,19 +145,30 @@ class _PodHandler(_Handler):
     def do_GET(self) -> None:
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
         with standin.lock:
-            standin.gets += 1
+            standin.gets += self.path == "/admin/config"
             config = None if standin.config is None else dict(standin.config)
+            slo = standin.slo
         if self.headers.get("Authorization", "") != f"Bearer {standin.token}":
             self.reply(401, {"error": {"message": "missing or wrong admin token"}})
-        elif self.path != "/admin/config" or config is None:
+        elif config is None or self.path not in ("/admin/config", "/admin/slo") or (
+                self.path == "/admin/slo" and not standin.serves_slo):
             self.reply(404, {"error": {"message": f"not served: {self.path}"}})
         else:
-            self.reply(200, config)
+            self.reply(200, config if self.path == "/admin/config" else slo)
 
     def do_PUT(self) -> None:
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         auth = self.headers.get("Authorization", "")
+        if self.path == "/admin/slo" and standin.config is not None and standin.serves_slo:
+            if auth != f"Bearer {standin.token}":
+                self.reply(401, {"error": {"message": "missing or wrong admin token"}})
+                return
+            with standin.lock:
+                standin.slo_puts.append(body)
+                standin.slo = body
+            self.reply(200, body)
+            return
         with standin.lock:
             standin.puts.append((body, auth))
             if auth == f"Bearer {standin.token}" and standin.config is not None:

@@ -84,6 +84,9 @@ def test_a_live_knob_edited_in_the_spec_reaches_every_running_pod(
                  what="the edited budget on every running pod")
         assert all(running(p)["max_num_seqs"] == 64 for p in pods)
         assert all(running(p) == spec_config(cluster) for p in pods)
+        cluster.patch("chat", {"spec": {"slo": {"profile": "relaxed"}}})
+        wait_for(lambda: all(p.slo == parse_spec(cluster.get()).slo.to_dict() for p in pods),
+                 what="the edited SLO on every running pod")
 
 
 def test_the_sync_touches_only_pods_that_run_another_config_and_keeps_a_trials_own(
@@ -306,3 +309,40 @@ def test_an_edit_during_an_episode_is_what_its_rollback_restores(
         assert after["max_num_seqs"] == 64
         assert [running(p) for p in pods] == [after, after]
     assert cluster.status()["tunedConfig"]["engine"]["max_num_seqs"] == 64
+
+
+def test_the_pods_judge_requests_by_the_slo_the_spec_has_now(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """The engine reads the ConfigMap's SLO only at start, as its knobs: an edit of
+    spec.slo reaches the running pods by PUT /admin/slo, or their verdicts (the goodput
+    the rules read) stay under the old objectives and the rules fall back to the
+    histograms' product."""
+    from slopilot.engine.slo import SLOSpec
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}, slo={"profile": "strict"}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    cluster.patch("chat", {"spec": {"slo": {"profile": "relaxed"}}})
+    want_slo = parse_spec(cluster.get()).slo.to_dict()
+    assert want_slo["profile"] == "relaxed"
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    old = SLOSpec.from_profile("strict").to_dict()
+    stale, right, untold = (PodStandIn(token, want, old), PodStandIn(token, want, want_slo),
+                            PodStandIn(token, want))
+    older = PodStandIn(token, {**want, "token_budget": 128}, serves_slo=False)
+    with serving(stale, right, untold, older):
+        for i, pod in enumerate((stale, right, untold, older)):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"])
+        done = handle.sync_config()
+        assert done.slo_updated == ("chat-pod-0", "chat-pod-2")
+        assert stale.slo == untold.slo == right.slo == want_slo
+        assert right.slo_puts == [] and stale.puts == [] and untold.puts == []
+        # An image from before /admin/slo: named, and its knobs still brought over.
+        assert done.updated == ("chat-pod-3",) and running(older) == want
+        assert len(done.left) == 1 and done.left[0].startswith("chat-pod-3")
+        assert "HTTP 404" in done.left[0]
+        assert handle.sync_config().slo_updated == ()

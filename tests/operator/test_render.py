@@ -242,3 +242,23 @@ def test_ordinary_model_references_pass() -> None:
                   {"name": "chat", "path": "/models/llama-3.1-8b"},
                   {"name": "Qwen2.5-0.5B", "path": "s3://bucket/qwen-2.5"}):
         assert parse_spec(body(model=model, backend="vllm")).model_ref in model.values()
+
+
+def test_the_engine_is_given_the_deployments_slo_to_judge_requests_by() -> None:
+    """In the ConfigMap it reads at start (an edit reaches running pods by PUT
+    /admin/slo: no restart), named by an environment variable, which an image too old
+    to read it ignores rather than failing on an unknown flag."""
+    from slopilot.engine.slo import SLO_FILE_ENV, SLOSpec
+
+    slo = {"profile": "strict", "classes": {"p1": {"tbtP99Ms": 70}}}
+    b, spec = render(slo=slo)
+    out = render_all(b, spec)
+    assert json.loads(out.config_map["data"]["slo.json"]) == SLOSpec.from_dict(
+        slo).to_dict() == spec.slo.to_dict()
+    env = {e["name"]: e.get("value") for e in container(out.deployment)["env"]}
+    assert env[SLO_FILE_ENV] == "/etc/slopilot/slo.json"
+    assert "--slo" not in container(out.deployment)["command"]
+    edited = render_all(*render(slo={"profile": "relaxed"}))
+    assert checksum(edited) == checksum(out)  # an SLO edit restarts nothing
+    vllm = render_all(*render(backend="vllm", slo=slo))
+    assert SLO_FILE_ENV not in {e["name"] for e in container(vllm.deployment)["env"]}

@@ -23,7 +23,7 @@ from slopilot.engine.executors.kernel_modes import (
 
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.server.admin_credential import AdminCredential
-from slopilot.engine.slo import SLOError, SLOSpec
+from slopilot.engine.slo import SLO_FILE_ENV, SLOError, SLOSpec
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -74,7 +74,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--slo", type=Path, metavar="FILE.json",
                    help="judge each request against its class's objectives in this file "
                    "(an LLMDeployment's spec.slo, e.g. {\"profile\": \"strict\"}) and "
-                   "export the verdicts (slopilot_slo_*); PUT /admin/slo replaces them")
+                   "export the verdicts (slopilot_slo_*); PUT /admin/slo replaces them "
+                   f"(default: ${SLO_FILE_ENV} if set)")
     p.add_argument("--admin-token-file", type=Path, metavar="FILE",
                    help="bearer token of the admin API, every method (else "
                    "$SLOPILOT_ADMIN_TOKEN, or only its SHA-256 in $SLOPILOT_ADMIN_TOKEN_SHA256; "
@@ -176,7 +177,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = EngineConfig().with_overrides(_knobs(args))
         token = admin_token(args.admin_token_file)
-        slo = None if args.slo is None else load_slo_file(args.slo)
+        slo_file = args.slo or (Path(os.environ[SLO_FILE_ENV]) if os.environ.get(SLO_FILE_ENV)
+                                else None)
+        slo = None if slo_file is None else load_slo_file(slo_file)
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
     if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):

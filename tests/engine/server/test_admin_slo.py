@@ -50,7 +50,7 @@ def test_a_put_slo_is_what_requests_are_judged_by_from_then_on(srv: LiveServer) 
     ({"profile": "fastest"}, "unknown SLO profile 'fastest'"),
     ([1, 2], "must be a JSON object of objectives"),
     (b"{not json", "not valid JSON"),
-    (b'{"classes": ' * 2000 + b"{}" + b"}" * 2000, "nested too deeply"),
+    (b"[" * 50_000, "nested too deeply"),  # past any recursion limit, < 64 KiB
 ], ids=["negative", "no-such-class", "no-such-profile", "a-list", "not-json", "deep"])
 def test_a_bad_slo_is_a_400_that_says_why_and_changes_nothing(
         srv: LiveServer, body: Any, words: str) -> None:
@@ -85,3 +85,26 @@ def test_serve_judges_by_the_slo_file_it_was_started_with(tmp_path: Any) -> None
     path.write_text("[")
     with pytest.raises(ValueError, match=r"--slo .*slo.json: not valid JSON"):
         load_slo_file(path)
+
+
+def test_serve_reads_the_slo_file_named_by_the_environment(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the operator's pods get: the ConfigMap's slo.json, named by $SLOPILOT_SLO_FILE
+    (an image too old to know it ignores it; --slo would stop it starting)."""
+    import argparse
+
+    from slopilot.engine.server import commands
+    from slopilot.engine.slo import SLO_FILE_ENV
+
+    (tmp_path / "slo.json").write_text('{"profile": "relaxed"}')
+    monkeypatch.setenv(SLO_FILE_ENV, str(tmp_path / "slo.json"))
+    seen: list[Any] = []
+    monkeypatch.setattr("slopilot.engine.server.uvicorn_runner.serve_forever",
+                        lambda backend, **kw: seen.append(backend.metrics.slo) or 0)
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--executor", "simulated"])
+    assert args.func(args) == 0
+    assert seen == [SLOSpec.from_profile("relaxed")]
+    monkeypatch.setenv(SLO_FILE_ENV, str(tmp_path / "gone.json"))
+    assert args.func(args) == 2  # named, and refused before anything starts
