@@ -197,14 +197,19 @@ class EngineMetrics:
     def set_slo(self, slo: SLOSpec | None) -> None:
         """The objectives requests are judged by from now on (None: none are judged).
 
-        Verdicts already counted stay under the objectives they were judged by; every
-        class's series under the new ones are exported from now on, at 0 until counted.
+        Every class's series under the new objectives are exported from now on, at 0
+        until counted. Those under objectives no longer judged are dropped: no rule reads
+        them, and kept they would grow with every edit of the SLO (a series per edit in
+        the Prometheus every tenant shares). One that comes back restarts from 0, which
+        ``rate()`` reads as a counter reset. A request still in flight is judged by the
+        objectives of its arrival, and counted under them even if they were just dropped.
         """
         self._slo = slo
-        if slo is not None:
-            for p, cls in slo.classes().items():
-                for met in (True, False):
-                    self._verdicts.setdefault((p, cls.label, met), [0, 0])
+        current = set() if slo is None else {(p, c.label) for p, c in slo.classes().items()}
+        self._verdicts = {k: v for k, v in self._verdicts.items() if k[:2] in current}
+        for p, label in current:
+            for met in (True, False):
+                self._verdicts.setdefault((p, label, met), [0, 0])
 
     @property
     def slo(self) -> SLOSpec | None:

@@ -279,14 +279,37 @@ def test_verdicts_are_counted_under_the_objectives_they_were_judged_by(
     assert v[("slopilot_slo_requests_total", "p0", p0, "false")] == 1
     assert v[("slopilot_slo_generation_tokens_total", "p0", p0, "true")] == 40
     assert v[("slopilot_slo_generation_tokens_total", "p0", p0, "false")] == 200
-    # An edited SLO: new verdicts go under its label, the old counts stay under theirs.
+    m.observe_verdict(Priority.P1, slo.p1, met=True, tokens=5)
+    # An edited SLO (P0's only): new verdicts go under its label, and the old label's
+    # series leave (no rule reads them); P1's objectives did not change, nor its counts.
     strict = SLOSpec.from_dict({"classes": {"p0": {"ttftP99Ms": 50}}})
     m.set_slo(strict)
     m.observe_verdict(Priority.P0, strict.p0, met=True, tokens=7)
     v = _verdicts(m)
     assert v[("slopilot_slo_generation_tokens_total", "p0", strict.p0.label, "true")] == 7
-    assert v[("slopilot_slo_generation_tokens_total", "p0", p0, "true")] == 40
+    assert ("slopilot_slo_generation_tokens_total", "p0", p0, "true") not in v
+    assert v[("slopilot_slo_generation_tokens_total", "p1", slo.p1.label, "true")] == 5
     assert m.slo == strict and m.class_slo(Priority.P0) == strict.p0
     m.set_slo(None)
     assert m.class_slo(Priority.P0) is None
     assert "slopilot_slo_requests_total" in SLOPILOT_METRICS
+
+
+def test_a_tenant_editing_its_slo_in_a_loop_cannot_grow_the_series_without_bound(
+        m: EngineMetrics) -> None:
+    """Each SLO gets its own ``slo`` label: kept for every SLO ever set, a CR edited in a
+    loop grew its pods' series, and the Prometheus every team shares, without bound. A
+    verdict under objectives no longer judged is read by no rule: only the current
+    SLO's series are exported (a counter that comes back later restarts from 0, which
+    rate() reads as a reset)."""
+    from slopilot.engine.slo import SLOSpec
+
+    for ms in range(1, 1001):
+        slo = SLOSpec.from_dict({"classes": {"p0": {"ttftP99Ms": ms}}})
+        m.set_slo(slo)
+        m.observe_verdict(Priority.P0, slo.p0, met=True, tokens=1)
+    series = [k for k in _verdicts(m) if k[0] == "slopilot_slo_requests_total"]
+    assert len(series) == 6  # 3 classes x met true/false, all under the last SLO
+    assert {k[2] for k in series if k[1] == "p0"} == {slo.p0.label}
+    assert _verdicts(m)[("slopilot_slo_generation_tokens_total", "p0", slo.p0.label,
+                         "true")] == 1
