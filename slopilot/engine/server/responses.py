@@ -180,9 +180,10 @@ class Delivery:
             self.backend.metrics.observe_delivered(
                 req.priority, self.clock() - req.arrival_time, len(state.token_ids),
                 state.finish or FinishReason.ABORT.value)
-            # A choice without output (refused, aborted before its first token) has
-            # nothing to judge, as in the simulator (SLOJudge.finished).
-            if state.slo is not None and state.ttft_s is not None:
+            # A choice without a token (refused, aborted before its first token) has
+            # nothing to judge, as in the simulator (SLOJudge.finished). Its finish chunk
+            # alone sets ttft_s (a drain's abort of a waiting request), so the tokens decide.
+            if state.slo is not None and state.ttft_s is not None and state.token_ids:
                 self.backend.metrics.observe_verdict(
                     req.priority, state.slo,
                     met=state.slo.met(state.ttft_s, state.gaps, state.gaps_over),

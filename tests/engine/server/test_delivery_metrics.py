@@ -264,3 +264,32 @@ def test_each_request_is_judged_as_delivered_against_its_classs_slo(
     label = slo.p1.label
     counted = {k: v for k, v in m.verdicts().items() if v != (0, 0)}
     assert counted == {(Priority.P1, label, met): (1, 201)}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_aborted_before_its_first_token_is_not_judged(stream: bool) -> None:
+    """A drain past its timeout aborts the requests still waiting: each ends with a finish
+    and no token. The simulator judges no such request (SLOJudge.finished: no first
+    token), and the server did: its finish chunk was stamped as the first output, so a
+    waiting request drained within 500 ms counted as one that met its SLO."""
+    from slopilot.engine.slo import SLOSpec
+
+    backend = build_backend(realtime=False)
+    m = backend.metrics
+    m.set_slo(SLOSpec.from_dict(_JUDGED_SLO))
+    body = CompletionRequest(prompt="one two three", max_tokens=5, stream=stream)
+    prep = prepare(backend, body, {}, arrival_time=10.0)
+
+    async def deliver() -> None:
+        stream_ = RequestStream(prep.choices[0].request, _Aborts())
+        stream_._push(None, FinishReason.ABORT)  # as AsyncEngine.abort posts it
+        delivery = Delivery(backend, prep, [stream_], lambda: 10.2)
+        if stream:
+            async for _ in sse_events(delivery, TokenText(backend.tokenizer)):
+                pass
+        else:
+            await collect(delivery, TokenText(backend.tokenizer))
+        delivery.close()
+
+    asyncio.run(deliver())
+    assert {k: v for k, v in m.verdicts().items() if v != (0, 0)} == {}
