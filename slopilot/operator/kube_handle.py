@@ -346,6 +346,9 @@ class KubeDeploymentHandle:
         try:
             with self.http.stream("GET", url, headers={"Authorization": f"Bearer {token}"}
                                   ) as resp:
+                if resp.status_code == 400:  # a read sends no config for it to refuse
+                    raise ApplyError(f"{name} at {url}: " + http_failure(
+                        resp.status_code, resp.headers.get("content-type")))
                 if resp.status_code != 200:
                     self._refused(name, url, resp)
                 data = b""

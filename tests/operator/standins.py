@@ -133,6 +133,9 @@ class PodStandIn(_Server):
         self.puts: list[tuple[dict[str, Any], str]] = []  # (body, Authorization header)
         self.slo_puts: list[dict[str, Any]] = []
         self.gets = 0
+        # path -> (status, content type, body) answering a GET of it: an image that is
+        # not the engine, or a hostile one.
+        self.raw_gets: dict[str, tuple[int, str, bytes]] = {}
         self.lock = threading.Lock()
         super().__init__(_PodHandler)
 
@@ -148,7 +151,15 @@ class _PodHandler(_Handler):
             standin.gets += self.path == "/admin/config"
             config = None if standin.config is None else dict(standin.config)
             slo = standin.slo
-        if self.headers.get("Authorization", "") != f"Bearer {standin.token}":
+            raw = standin.raw_gets.get(self.path)
+        if raw is not None:
+            status, ctype, data = raw
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.headers.get("Authorization", "") != f"Bearer {standin.token}":
             self.reply(401, {"error": {"message": "missing or wrong admin token"}})
         elif config is None or self.path not in ("/admin/config", "/admin/slo") or (
                 self.path == "/admin/slo" and not standin.serves_slo):

@@ -346,3 +346,31 @@ def test_the_pods_judge_requests_by_the_slo_the_spec_has_now(
         assert len(done.left) == 1 and done.left[0].startswith("chat-pod-3")
         assert "HTTP 404" in done.left[0]
         assert handle.sync_config().slo_updated == ()
+
+
+
+@pytest.mark.parametrize("path", ["/admin/config", "/admin/slo"])
+def test_a_pod_answering_a_read_with_400_is_named_and_the_others_are_still_synced(
+        kube: RunningEmulator, cluster: Cluster, path: str) -> None:
+    """The image is the tenant's: a 400 to the operator's GET was raised as a refusal of
+    a config (ConfigError), which no caller of the read caught, so the whole sync ended
+    at that pod and every pod after it kept its stale knobs."""
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    slo = parse_spec(cluster.get()).slo.to_dict()
+    odd, stale = PodStandIn(token, want, slo), PodStandIn(token, {**want, "token_budget": 512})
+    odd.raw_gets[path] = (400, "application/json", b'{"error": "no"}')
+    with serving(odd, stale):
+        for i, pod in enumerate((odd, stale)):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"])
+        done = handle.sync_config()
+    assert done.updated == ("chat-pod-1",) and running(stale) == want
+    assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
+    assert "HTTP 400" in done.left[0] and path in done.left[0]
