@@ -316,13 +316,10 @@ class KubeDeploymentHandle:
             return False
         name = pod["metadata"]["name"]
         url = self._url(pod) + "/admin/slo"
-        try:
-            resp = self.http.put(url, json=slo, headers={"Authorization": f"Bearer {token}"})
-        except httpx.HTTPError as exc:
-            raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
-        if resp.status_code >= 300:
+        status, ctype = self._send(name, url, slo, token)
+        if status >= 300:
             try:
-                self._refused(name, url, resp)
+                self._refused(name, url, status, ctype)
             except ConfigError as exc:  # a 400: an engine that reads SLOs otherwise
                 raise ApplyError(f"{exc} (the SLO at {url})") from None
         return True
@@ -350,7 +347,8 @@ class KubeDeploymentHandle:
                     raise ApplyError(f"{name} at {url}: " + http_failure(
                         resp.status_code, resp.headers.get("content-type")))
                 if resp.status_code != 200:
-                    self._refused(name, url, resp)
+                    self._refused(name, url, resp.status_code,
+                                  resp.headers.get("content-type"))
                 data = b""
                 for chunk in resp.iter_bytes():
                     data += chunk
@@ -366,12 +364,12 @@ class KubeDeploymentHandle:
             raise ApplyError(f"{name}: {url} did not answer JSON") from None
 
     @staticmethod
-    def _refused(name: str, url: str, resp: httpx.Response) -> None:
+    def _refused(name: str, url: str, status: int, ctype: str | None) -> None:
         """Raise for a non-2xx answer; never quoting its body (safe_errors)."""
-        what = http_failure(resp.status_code, resp.headers.get("content-type"))
-        if resp.status_code == 400:
+        what = http_failure(status, ctype)
+        if status == 400:
             raise ConfigError(f"{name} refused the config: {what}")
-        if resp.status_code in (401, 403):
+        if status in (401, 403):
             raise ApplyError(
                 f"{name} refused the operator's admin token ({what}): the pod does not run "
                 f"this deployment's current {ADMIN_TOKEN_SHA256_ENV} (a rollout under way, "
@@ -381,13 +379,20 @@ class KubeDeploymentHandle:
     def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str) -> None:
         name = pod["metadata"]["name"]
         url = self._url(pod) + "/admin/config"
+        status, ctype = self._send(name, url, config.to_dict(), token)
+        if status >= 300:
+            self._refused(name, url, status, ctype)
+
+    def _send(self, name: str, url: str, data: Any, token: str) -> tuple[int, str | None]:
+        """PUT ``data`` to ``url``: the answer's status and content type. Its body is never
+        read: the image is the tenant's, and an endless body read whole (httpx's
+        ``put``) would fill the operator's memory."""
         try:
-            resp = self.http.put(url, json=config.to_dict(),
-                                 headers={"Authorization": f"Bearer {token}"})
+            with self.http.stream("PUT", url, json=data,
+                                  headers={"Authorization": f"Bearer {token}"}) as resp:
+                return resp.status_code, resp.headers.get("content-type")
         except httpx.HTTPError as exc:
             raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
-        if resp.status_code >= 300:
-            self._refused(name, url, resp)
 
     def _record(self, body: Mapping[str, Any], config: EngineConfig) -> None:
         """Persist the config every replica runs, then render it (ConfigMap, vLLM args)."""

@@ -136,6 +136,11 @@ class PodStandIn(_Server):
         # path -> (status, content type, body) answering a GET of it: an image that is
         # not the engine, or a hostile one.
         self.raw_gets: dict[str, tuple[int, str, bytes]] = {}
+        # Bytes of padding every PUT is answered with (0: none), a hostile image's huge
+        # body; ``answer_cut`` is set once the client closed before it was all sent, and
+        # ``answer_sent`` once it was.
+        self.put_answer_bytes = 0
+        self.answer_cut, self.answer_sent = threading.Event(), threading.Event()
         self.lock = threading.Lock()
         super().__init__(_PodHandler)
 
@@ -171,6 +176,9 @@ class _PodHandler(_Handler):
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         auth = self.headers.get("Authorization", "")
+        if standin.put_answer_bytes:
+            self.pad(standin)
+            return
         if self.path == "/admin/slo" and standin.config is not None and standin.serves_slo:
             if auth != f"Bearer {standin.token}":
                 self.reply(401, {"error": {"message": "missing or wrong admin token"}})
@@ -188,6 +196,20 @@ class _PodHandler(_Handler):
             self.reply(401, {"error": {"message": "missing or wrong admin token"}})
         else:
             self.reply(200, body)
+
+    def pad(self, standin: PodStandIn) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(standin.put_answer_bytes))
+        self.end_headers()
+        block = b" " * 65536
+        try:
+            for _ in range(standin.put_answer_bytes // len(block)):
+                self.wfile.write(block)
+        except OSError:
+            standin.answer_cut.set()
+            return
+        standin.answer_sent.set()
 
 
 @contextmanager

@@ -374,3 +374,32 @@ def test_a_pod_answering_a_read_with_400_is_named_and_the_others_are_still_synce
     assert done.updated == ("chat-pod-1",) and running(stale) == want
     assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
     assert "HTTP 400" in done.left[0] and path in done.left[0]
+
+
+@pytest.mark.parametrize("path", ["/admin/config", "/admin/slo"])
+def test_the_answer_to_a_put_is_not_read_into_the_operators_memory(
+        kube: RunningEmulator, cluster: Cluster, path: str) -> None:
+    """The GETs are read up to MAX_CONFIG_BYTES, but each PUT's answer was read whole
+    (httpx's put): a tenant's image that differs from the spec (so the sync PUTs) and
+    answers with an endless body filled the operator's memory, every tenant's operator,
+    once a minute. The status is all the PUT needs; the body is never read."""
+    from slopilot.operator.crd import crd_manifest
+    from tests.operator.operator_support import wait_for
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    slo = parse_spec(cluster.get()).slo.to_dict()
+    # Only ``path`` differs from the spec: that is the one PUT sent.
+    pod = PodStandIn(token, {**want, "token_budget": 512} if path == "/admin/config"
+                     else want, None if path == "/admin/slo" else slo)
+    pod.put_answer_bytes = 64 * 1024 * 1024
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                             uid=body["metadata"]["uid"]).sync_config()
+        wait_for(lambda: pod.answer_cut.is_set() or pod.answer_sent.is_set(),
+                 what="the padded answer to end")
+        assert pod.answer_cut.is_set()
