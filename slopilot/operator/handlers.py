@@ -32,13 +32,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
+import httpx
 import kopf
 
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator import tuning_daemon  # also registers the controller daemon
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.kube_handle import HTTP_TIMEOUT_S, KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube, load_client
 from slopilot.operator.reconcile import Change, Outcome, config_status, reconcile
 from slopilot.operator.render import MANAGED
@@ -204,10 +205,14 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
 def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
     """Bring the running pods to the spec's live knobs (no trials run: tuning is off)."""
     meta = body["metadata"]
-    handle = KubeDeploymentHandle(memo.kube, meta["namespace"], meta["name"],
-                                  mint=memo.tokens, policy=memo.policy, uid=str(meta["uid"]))
+    # Closed here: a handle's own client is never closed, and one per call kept a socket
+    # to each pod open until a garbage collection found it.
     try:
-        done = handle.sync_config()
+        with httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False) as http:
+            handle = KubeDeploymentHandle(memo.kube, meta["namespace"], meta["name"],
+                                          mint=memo.tokens, policy=memo.policy, http=http,
+                                          uid=str(meta["uid"]))
+            done = handle.sync_config()
     except Exception as exc:  # the CR went away, or the API: the timer tries again
         logger.warning("the pods' configs were not checked: %s: %s", type(exc).__name__,
                        exc)

@@ -403,3 +403,39 @@ def test_the_answer_to_a_put_is_not_read_into_the_operators_memory(
         wait_for(lambda: pod.answer_cut.is_set() or pod.answer_sent.is_set(),
                  what="the padded answer to end")
         assert pod.answer_cut.is_set()
+
+
+def test_the_timers_sync_closes_the_http_client_it_opens(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each reconcile and each timer tick with tuning off made a KubeDeploymentHandle, and
+    with it an httpx client that nothing closed: its keep-alive socket to every pod it
+    reached stayed open until a garbage collection found the client (a cycle), once a
+    minute per LLMDeployment."""
+    import logging
+
+    import httpx
+    import kopf
+
+    from slopilot.operator import kube_handle
+    from slopilot.operator.crd import crd_manifest
+    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+
+    opened: list[httpx.Client] = []
+
+    class Recorded(httpx.Client):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    monkeypatch.setattr(kube_handle.httpx, "Client", Recorded)
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
+    assert pod.gets == 1
+    assert opened and all(c.is_closed for c in opened)
