@@ -340,9 +340,11 @@ class KubeDeploymentHandle:
         image is the tenant's, so the answer may be anything)."""
         name = pod["metadata"]["name"]
         url = self._url(pod) + path
+        # Read as sent, never inflated: the cap counts what the operator holds, and a
+        # compressed answer (Content-Encoding, asked for or not) inflates a thousandfold.
+        headers = {"Authorization": f"Bearer {token}", "Accept-Encoding": "identity"}
         try:
-            with self.http.stream("GET", url, headers={"Authorization": f"Bearer {token}"}
-                                  ) as resp:
+            with self.http.stream("GET", url, headers=headers) as resp:
                 if resp.status_code == 400:  # a read sends no config for it to refuse
                     raise ApplyError(f"{name} at {url}: " + http_failure(
                         resp.status_code, resp.headers.get("content-type")))
@@ -350,7 +352,7 @@ class KubeDeploymentHandle:
                     self._refused(name, url, resp.status_code,
                                   resp.headers.get("content-type"))
                 data = b""
-                for chunk in resp.iter_bytes():
+                for chunk in resp.iter_raw():
                     data += chunk
                     if len(data) > MAX_CONFIG_BYTES:
                         raise ApplyError(f"{name}: {url} answered more than "

@@ -136,6 +136,7 @@ class PodStandIn(_Server):
         # path -> (status, content type, body) answering a GET of it: an image that is
         # not the engine, or a hostile one.
         self.raw_gets: dict[str, tuple[int, str, bytes]] = {}
+        self.raw_headers: dict[str, str] = {}  # sent with each of those answers too
         # Bytes of padding every PUT is answered with (0: none), a hostile image's huge
         # body; ``answer_cut`` is set once the client closed before it was all sent, and
         # ``answer_sent`` once it was.
@@ -162,6 +163,8 @@ class _PodHandler(_Handler):
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
+            for header, value in standin.raw_headers.items():
+                self.send_header(header, value)
             self.end_headers()
             self.wfile.write(data)
         elif self.headers.get("Authorization", "") != f"Bearer {standin.token}":

@@ -439,3 +439,36 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
         sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
     assert pod.gets == 1
     assert opened and all(c.is_closed for c in opened)
+
+
+def test_a_compressed_answer_is_not_inflated_past_the_cap(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """The GET is read up to MAX_CONFIG_BYTES, but counted after httpx decoded it: a
+    tenant's image that answers 40 KiB of gzip (Content-Encoding, asked for or not) had
+    them inflated to 40 MiB at once in the operator before the cap was looked at."""
+    import gzip
+    import tracemalloc
+
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    bomb = gzip.compress(b" " * (40 * 1024 * 1024), compresslevel=9)
+    assert len(bomb) < 64 * 1024
+    pod.raw_gets["/admin/config"] = (200, "application/json", bomb)
+    pod.raw_headers = {"Content-Encoding": "gzip"}
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"])
+        tracemalloc.start()
+        try:
+            done = handle.sync_config()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
+    assert peak < 4 * 1024 * 1024, f"{peak} bytes at the peak"
