@@ -32,7 +32,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
-import httpx
 import kopf
 
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
@@ -48,6 +47,7 @@ from slopilot.operator.spec import Phase
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import load_or_create
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
+from slopilot.tuner.prometheus.bounded import bounded_client
 
 # The owned kinds whose events repair drift, as kopf's decorators name them.
 OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "networkpolicies"),
@@ -208,7 +208,7 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
     # Closed here: a handle's own client is never closed, and one per call kept a socket
     # to each pod open until a garbage collection found it.
     try:
-        with httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False) as http:
+        with bounded_client(HTTP_TIMEOUT_S) as http:
             handle = KubeDeploymentHandle(memo.kube, meta["namespace"], meta["name"],
                                           mint=memo.tokens, policy=memo.policy, http=http,
                                           uid=str(meta["uid"]))

@@ -38,7 +38,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -55,10 +55,16 @@ from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
+from slopilot.tuner.prometheus.bounded import Deadline, bounded_client
 from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 
 log = logging.getLogger(__name__)
 HTTP_TIMEOUT_S = 5.0
+POD_ANSWER_DEADLINE_S = 15.0
+"""The longest one request to a pod's admin API may take, connect to last byte. The
+image is the tenant's: httpx's timeout restarts with every byte, so one that drips its
+answer held the sync (a kopf handler thread, and the CR's lock) for as long as it liked.
+An engine answers in milliseconds, a PUT once the current iteration ends."""
 MAX_CONFIG_BYTES = 64 * 1024
 """The most of a pod's ``GET /admin/config`` answer read (the admin API's own body cap)."""
 TEMPLATE_HASH = "pod-template-hash"
@@ -117,7 +123,8 @@ class KubeDeploymentHandle:
         """The CR's uid, where the caller serves one CR (None: read from the object)."""
         self.mint = mint
         self.policy = policy if policy is not None else OperatorPolicy()
-        self.http = http or httpx.Client(timeout=HTTP_TIMEOUT_S, follow_redirects=False)
+        # No keep-alive: each request opens its own connection, which its deadline can shut.
+        self.http = http or bounded_client(HTTP_TIMEOUT_S)
         self._canary: str | None = None
         self._parsed: tuple[str, LLMDeploymentSpec] | None = None
 
@@ -343,23 +350,21 @@ class KubeDeploymentHandle:
         # Read as sent, never inflated: the cap counts what the operator holds, and a
         # compressed answer (Content-Encoding, asked for or not) inflates a thousandfold.
         headers = {"Authorization": f"Bearer {token}", "Accept-Encoding": "identity"}
-        try:
-            with self.http.stream("GET", url, headers=headers) as resp:
-                if resp.status_code == 400:  # a read sends no config for it to refuse
-                    raise ApplyError(f"{name} at {url}: " + http_failure(
-                        resp.status_code, resp.headers.get("content-type")))
-                if resp.status_code != 200:
-                    self._refused(name, url, resp.status_code,
-                                  resp.headers.get("content-type"))
-                data = b""
-                for chunk in resp.iter_raw():
-                    data += chunk
-                    if len(data) > MAX_CONFIG_BYTES:
-                        raise ApplyError(f"{name}: {url} answered more than "
-                                         f"{MAX_CONFIG_BYTES} bytes; a config is a few "
-                                         "hundred")
-        except httpx.HTTPError as exc:
-            raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
+        with self._bounded(name, url) as extensions, \
+                self.http.stream("GET", url, headers=headers, extensions=extensions) as resp:
+            if resp.status_code == 400:  # a read sends no config for it to refuse
+                raise ApplyError(f"{name} at {url}: " + http_failure(
+                    resp.status_code, resp.headers.get("content-type")))
+            if resp.status_code != 200:
+                self._refused(name, url, resp.status_code,
+                              resp.headers.get("content-type"))
+            data = b""
+            for chunk in resp.iter_raw():
+                data += chunk
+                if len(data) > MAX_CONFIG_BYTES:
+                    raise ApplyError(f"{name}: {url} answered more than "
+                                     f"{MAX_CONFIG_BYTES} bytes; a config is a few "
+                                     "hundred")
         try:
             return json.loads(data)
         except ValueError:
@@ -389,12 +394,29 @@ class KubeDeploymentHandle:
         """PUT ``data`` to ``url``: the answer's status and content type. Its body is never
         read: the image is the tenant's, and an endless body read whole (httpx's
         ``put``) would fill the operator's memory."""
+        with self._bounded(name, url) as extensions, \
+                self.http.stream("PUT", url, json=data, extensions=extensions,
+                                 headers={"Authorization": f"Bearer {token}"}) as resp:
+            return resp.status_code, resp.headers.get("content-type")
+
+    @contextlib.contextmanager
+    def _bounded(self, name: str, url: str) -> Iterator[dict[str, Any]]:
+        """The ``extensions`` of one request to ``name``'s admin API, whose whole answer
+        then has ``POD_ANSWER_DEADLINE_S``; its transport errors as ApplyError."""
+        deadline = Deadline(POD_ANSWER_DEADLINE_S)
+        late = (f"{name} at {url}: did not finish its answer within the "
+                f"{deadline.deadline_s:g} s deadline per request (POD_ANSWER_DEADLINE_S); "
+                "an engine answers in milliseconds: is this image the engine?")
         try:
-            with self.http.stream("PUT", url, json=data,
-                                  headers={"Authorization": f"Bearer {token}"}) as resp:
-                return resp.status_code, resp.headers.get("content-type")
+            yield {"trace": deadline.trace}
         except httpx.HTTPError as exc:
+            if deadline.passed:  # the deadline shut the socket under the read
+                raise ApplyError(late) from None
             raise ApplyError(f"{name} at {url}: {transport_failure(exc)}") from None
+        finally:
+            deadline.cancel()
+        if deadline.passed:  # a shut socket ends a body without a length as if complete
+            raise ApplyError(late)
 
     def _record(self, body: Mapping[str, Any], config: EngineConfig) -> None:
         """Persist the config every replica runs, then render it (ConfigMap, vLLM args)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -141,6 +142,10 @@ class PodStandIn(_Server):
         # body; ``answer_cut`` is set once the client closed before it was all sent, and
         # ``answer_sent`` once it was.
         self.put_answer_bytes = 0
+        # Seconds between the bytes of every answer (0: sent at once): a hostile image
+        # that sends each byte just inside any read timeout, forever.
+        self.drip_s = 0.0
+        self.drip_methods = frozenset({"GET", "PUT"})
         self.answer_cut, self.answer_sent = threading.Event(), threading.Event()
         self.lock = threading.Lock()
         super().__init__(_PodHandler)
@@ -151,8 +156,24 @@ class PodStandIn(_Server):
 
 
 class _PodHandler(_Handler):
+    def drip(self, standin: PodStandIn) -> bool:
+        """Answer one header byte at a time until the client hangs up; whether it did."""
+        if not standin.drip_s or self.command not in standin.drip_methods:
+            return False
+        try:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            while True:
+                self.wfile.write(b"X")
+                self.wfile.flush()
+                time.sleep(standin.drip_s)
+        except OSError:
+            standin.answer_cut.set()
+        return True
+
     def do_GET(self) -> None:
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
+        if self.drip(standin):
+            return
         with standin.lock:
             standin.gets += self.path == "/admin/config"
             config = None if standin.config is None else dict(standin.config)
@@ -179,6 +200,8 @@ class _PodHandler(_Handler):
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         auth = self.headers.get("Authorization", "")
+        if self.drip(standin):
+            return
         if standin.put_answer_bytes:
             self.pad(standin)
             return

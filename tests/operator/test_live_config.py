@@ -472,3 +472,39 @@ def test_a_compressed_answer_is_not_inflated_past_the_cap(
             tracemalloc.stop()
     assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
     assert peak < 4 * 1024 * 1024, f"{peak} bytes at the peak"
+
+
+@pytest.mark.parametrize("answer", ["GET", "PUT"])
+def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+        answer: str) -> None:
+    """httpx's timeout restarts with every byte: a tenant's image that sent a byte every
+    few seconds held the sync, a kopf handler thread and this CR's lock with it, for as
+    long as it liked (a few such CRs and every tenant's reconciles wait). Each request to
+    a pod now has a deadline for its whole answer."""
+    from slopilot.operator import kube_handle
+    from slopilot.operator.crd import crd_manifest
+
+    monkeypatch.setattr(kube_handle, "POD_ANSWER_DEADLINE_S", 0.5)
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    slo = parse_spec(cluster.get()).slo.to_dict()
+    dripping = PodStandIn(token, {**want, "token_budget": 512}, slo)
+    stale = PodStandIn(token, {**want, "token_budget": 512}, slo)
+    with serving(dripping, stale):
+        add_pod(cluster, "chat", 0, dripping.port)
+        add_pod(cluster, "chat", 1, stale.port)
+        # PUT: its GETs are answered (it runs another budget, so the sync PUTs), and the
+        # PUT's answer drips.
+        dripping.drip_methods = frozenset({answer})
+        dripping.drip_s = 0.05
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"])
+        done = handle.sync_config()
+        assert done.updated == ("chat-pod-1",) and running(stale) == want
+        assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
+        assert "0.5 s" in done.left[0] and "deadline" in done.left[0]
+        assert dripping.answer_cut.wait(timeout=60)  # the socket was shut, not left open

@@ -73,7 +73,7 @@ def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str,
     if not deadline_s > 0 or max_bytes < 1:
         raise ValueError(f"deadline_s={deadline_s!r}, max_bytes={max_bytes!r}: expected "
                          "seconds > 0 and bytes >= 1")
-    deadline = _Deadline(deadline_s)
+    deadline = Deadline(deadline_s)
     try:
         with client.stream("GET", base + path, params=params,
                            extensions={"trace": deadline.trace}) as resp:
@@ -84,14 +84,14 @@ def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str,
             body = b"".join(_capped(resp.iter_bytes(), deadline, base, max_bytes))
     except httpx.HTTPError as exc:
         if deadline.passed:  # a read the deadline cut short is the deadline's doing
-            raise deadline.error(base) from None
+            raise _deadline_error(deadline, base) from None
         raise PrometheusUnavailable(
             f"cannot reach Prometheus at {base}: {transport_failure(exc)}; "
             "check the URL and that Prometheus is running") from None
     finally:
         deadline.cancel()
     # A shut socket ends a body without a Content-Length as if it were complete.
-    deadline.check(base)
+    _check(deadline, base)
     return Answer(200, ctype, body)
 
 
@@ -101,14 +101,14 @@ def _refuse_declared_size(resp: httpx.Response, base: str, max_bytes: int) -> No
         raise PrometheusUnavailable(_too_large(base, max_bytes))
 
 
-def _capped(chunks: Iterator[bytes], deadline: _Deadline, base: str,
+def _capped(chunks: Iterator[bytes], deadline: Deadline, base: str,
             max_bytes: int) -> Iterator[bytes]:
     size = 0
     for chunk in chunks:
         size += len(chunk)
         if size > max_bytes:
             raise PrometheusUnavailable(_too_large(base, max_bytes))
-        deadline.check(base)
+        _check(deadline, base)
         yield chunk
 
 
@@ -119,12 +119,14 @@ def _too_large(base: str, max_bytes: int) -> str:
             "that spec.prometheus.url is a Prometheus")
 
 
-class _Deadline:
+class Deadline:
     """Shuts the request's socket down once ``deadline_s`` has passed.
 
     A timer, not a check between reads: a server that sends a byte just inside each read
     timeout (headers included) never lets a read time out. Shutting the socket wakes the
-    read that waits on it, and ``check`` then says why it ended.
+    read that waits on it, and ``passed`` then says why it ended. Pass ``trace`` as the
+    request's ``trace`` extension, on a client without keep-alive (``bounded_client``),
+    and ``cancel`` once the request is over.
     """
 
     def __init__(self, deadline_s: float) -> None:
@@ -151,18 +153,20 @@ class _Deadline:
             if self._sock is not None:
                 _shut(self._sock)
 
-    def check(self, base: str) -> None:
-        if self.passed:
-            raise self.error(base)
-
-    def error(self, base: str) -> PrometheusUnavailable:
-        return PrometheusUnavailable(
-            f"Prometheus at {base} did not finish its answer within the "
-            f"{self.deadline_s:g} s deadline per request (ANSWER_DEADLINE_S); check "
-            "that it is healthy and not overloaded")
-
     def cancel(self) -> None:
         self._timer.cancel()
+
+
+def _deadline_error(deadline: Deadline, base: str) -> PrometheusUnavailable:
+    return PrometheusUnavailable(
+        f"Prometheus at {base} did not finish its answer within the "
+        f"{deadline.deadline_s:g} s deadline per request (ANSWER_DEADLINE_S); check "
+        "that it is healthy and not overloaded")
+
+
+def _check(deadline: Deadline, base: str) -> None:
+    if deadline.passed:
+        raise _deadline_error(deadline, base)
 
 
 def _shut(sock: socket.socket) -> None:
