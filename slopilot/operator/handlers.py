@@ -40,10 +40,17 @@ from slopilot.operator.conditions import ConditionType, condition, merge_conditi
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.kube_handle import HTTP_TIMEOUT_S, KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube, load_client
-from slopilot.operator.reconcile import Change, Outcome, config_status, reconcile
+from slopilot.operator.policy import policy_problems
+from slopilot.operator.reconcile import (
+    Change,
+    Outcome,
+    config_status,
+    not_reconciled,
+    reconcile,
+)
 from slopilot.operator.render import MANAGED
 from slopilot.operator.settings import configure, operator_policy
-from slopilot.operator.spec import Phase
+from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.tokens import load_or_create
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
@@ -203,8 +210,18 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
 
 
 def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
-    """Bring the running pods to the spec's live knobs (no trials run: tuning is off)."""
+    """Bring the running pods to the spec's live knobs (no trials run: tuning is off).
+
+    Only for a spec the reconcile accepts: one the policy or the API server refuses
+    touches nothing, its knobs included (the pods run the last accepted spec's).
+    """
     meta = body["metadata"]
+    try:
+        spec = parse_spec(body)
+    except SpecError:
+        return
+    if policy_problems(spec, memo.policy) or not_reconciled(memo.kube, body, spec):
+        return
     # Closed here: a handle's own client is never closed, and one per call kept a socket
     # to each pod open until a garbage collection found it.
     try:

@@ -508,3 +508,32 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
         assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
         assert "0.5 s" in done.left[0] and "deadline" in done.left[0]
         assert dripping.answer_cut.wait(timeout=60)  # the socket was shut, not left open
+
+
+def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """A refused spec touches nothing (the reconcile's rule): an edit that the operator's
+    policy refuses (here an image off the allow-list) together with a knob must not have
+    the knob sent to the pods of the last accepted spec by the timer's sync."""
+    import logging
+
+    import kopf
+
+    from slopilot.operator.crd import crd_manifest
+    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(tuning={"enabled": False}))
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    accepted = spec_config(cluster)
+    cluster.patch("chat", {"spec": {"image": "evil.example/miner:1",
+                                    "engine": {"tokenBudget": 4096}}})
+    assert not reconcile(cluster.kube, cluster.get(), policy=policy, mint=mint).valid
+    pod = PodStandIn(mint.for_body(cluster.get()), accepted,
+                     parse_spec(body).slo.to_dict())
+    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
+    assert pod.puts == [] and pod.slo_puts == [] and running(pod) == accepted
