@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from slopilot.engine.config import ConfigError
+from slopilot.engine.slo import SLOSpec
 from tests.support.live_server import LiveServer, start_server
 from tests.support.prometheus import (
     PrometheusBinaries,
@@ -83,6 +84,14 @@ class LiveStack:
             raise ConfigError(resp.text)
         resp.raise_for_status()
         self.applied.append(dict(config))
+
+
+    def judge_by(self, slo: SLOSpec) -> None:
+        """What the operator does on an edit of spec.slo: PUT /admin/slo, so that the
+        engine's verdicts (the goodput the rules read) are under these objectives."""
+        resp = httpx.put(self.server.url + "/admin/slo", json=slo.to_dict(), timeout=10,
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+        resp.raise_for_status()
 
 
 def _has_finished_requests(prom: PrometheusServer) -> bool:

@@ -103,7 +103,9 @@ class Prometheus:
         return PrometheusWindows(query_at(self.stack.prometheus.url), SELECTOR, slo, **args)
 
     def trial(self, config: dict[str, Any], slo: SLOSpec, **kw: Any) -> TrialResult:
-        # The live window waits on the wall clock: Prometheus scrapes in real time.
+        # The live window waits on the wall clock: Prometheus scrapes in real time. The
+        # engine judges each request by ``slo``, as the operator's pods do by spec.slo.
+        self.stack.judge_by(slo)
         return _window_trial(self.stack.apply_config, lambda: time.sleep(WINDOW_S), time.time,
                              self.windows(slo, **kw), config, slo)
 
