@@ -367,7 +367,7 @@ class KubeDeploymentHandle:
                                      "hundred")
         try:
             return json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # also nested past the parser's depth
             raise ApplyError(f"{name}: {url} did not answer JSON") from None
 
     @staticmethod

@@ -349,12 +349,16 @@ def test_the_pods_judge_requests_by_the_slo_the_spec_has_now(
 
 
 
+@pytest.mark.parametrize("answer", [(400, b'{"error": "no"}'), (200, b"[" * 50_000)],
+                         ids=["400", "nested-past-the-parser"])
 @pytest.mark.parametrize("path", ["/admin/config", "/admin/slo"])
 def test_a_pod_answering_a_read_with_400_is_named_and_the_others_are_still_synced(
-        kube: RunningEmulator, cluster: Cluster, path: str) -> None:
+        kube: RunningEmulator, cluster: Cluster, path: str, answer: tuple[int, bytes]
+        ) -> None:
     """The image is the tenant's: a 400 to the operator's GET was raised as a refusal of
-    a config (ConfigError), which no caller of the read caught, so the whole sync ended
-    at that pod and every pod after it kept its stale knobs."""
+    a config (ConfigError), and JSON nested past the parser's depth (50 KB, under the
+    read's cap) as a RecursionError; no caller of the read caught either, so the whole
+    sync ended at that pod and every pod after it kept its stale knobs."""
     from slopilot.operator.crd import crd_manifest
 
     kube.install(crd_manifest())
@@ -364,7 +368,7 @@ def test_a_pod_answering_a_read_with_400_is_named_and_the_others_are_still_synce
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
     odd, stale = PodStandIn(token, want, slo), PodStandIn(token, {**want, "token_budget": 512})
-    odd.raw_gets[path] = (400, "application/json", b'{"error": "no"}')
+    odd.raw_gets[path] = (answer[0], "application/json", answer[1])
     with serving(odd, stale):
         for i, pod in enumerate((odd, stale)):
             add_pod(cluster, "chat", i, pod.port)
@@ -373,7 +377,8 @@ def test_a_pod_answering_a_read_with_400_is_named_and_the_others_are_still_synce
         done = handle.sync_config()
     assert done.updated == ("chat-pod-1",) and running(stale) == want
     assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
-    assert "HTTP 400" in done.left[0] and path in done.left[0]
+    assert path in done.left[0]
+    assert ("HTTP 400" if answer[0] == 400 else "did not answer JSON") in done.left[0]
 
 
 @pytest.mark.parametrize("path", ["/admin/config", "/admin/slo"])
