@@ -29,6 +29,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from slopilot.engine.metrics import SLO_REQUESTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL, RuleOptions
@@ -122,6 +123,14 @@ def _throughput_panels() -> list[Any]:
                    "goodput {{priority_class}}")],
             unit="short", description="Goodput: output tokens of requests inside their "
             "class's SLO (recording rule slopilot:goodput_tokens:per_second)."),
+        _series("Requests within their SLO", [
+            _query(f"sum by (priority_class) (rate({SLO_REQUESTS}{{{SEL},met=\"true\"}}"
+                   f"[{RATE}])) / sum by (priority_class) (rate({SLO_REQUESTS}{{{SEL}}}"
+                   f"[{RATE}]))", "{{priority_class}}")],
+            unit="percentunit", description="The share of finished requests the engine "
+            "judged within their class's SLO: TTFT within target and at most 1 % of their "
+            "token gaps over the TBT target (the built-in engine's verdicts; vLLM exports "
+            "none)."),
         _series("Requests", [
             _query(f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
             _query(f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting"),
