@@ -8,6 +8,8 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
+from tests.operator.operator_support import Cluster
+from tests.operator.standins import PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator, serve_emulator
 
 
@@ -42,3 +44,24 @@ def kube_login(kube: RunningEmulator, monkeypatch: pytest.MonkeyPatch) -> Runnin
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kube.kubeconfig))
     return kube
+
+
+@pytest.fixture
+def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
+    """The official client's view of the emulator (operator_support.Cluster)."""
+    return Cluster(kube_client)
+
+
+@pytest.fixture
+def controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's controllers from standins.build_controller, ticking every 0.2 s."""
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY", "tests.operator.standins:build_controller")
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
+
+
+@pytest.fixture
+def prom() -> Iterator[PrometheusStandIn]:
+    """A Prometheus stand-in answering the alerts a test sets (standins.py)."""
+    p = PrometheusStandIn()
+    with serving(p):
+        yield p

@@ -8,11 +8,9 @@ and a CR that turns tuning off keeping its own."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -30,24 +28,6 @@ from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
 
 SECRET = "TOP-SECRET-5e1b"
-
-
-@pytest.fixture
-def controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY", "tests.operator.standins:build_controller")
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
-
-
-@pytest.fixture
-def prom() -> Iterator[PrometheusStandIn]:
-    p = PrometheusStandIn()
-    with serving(p):
-        yield p
-
-
-@pytest.fixture
-def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
-    return Cluster(kube_client)
 
 
 def types(cluster: Cluster, name: str = "chat") -> set[str]:

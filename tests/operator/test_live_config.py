@@ -12,16 +12,15 @@ carry it), and the controller judged its windows as if they ran the new one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import kubernetes.client
 import pytest
 
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
+from slopilot.operator.tokens import TokenMint
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -37,24 +36,6 @@ from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
 
 
-@pytest.fixture
-def controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY", "tests.operator.standins:build_controller")
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
-
-
-@pytest.fixture
-def prom() -> Iterator[PrometheusStandIn]:
-    p = PrometheusStandIn()
-    with serving(p):
-        yield p
-
-
-@pytest.fixture
-def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
-    return Cluster(kube_client)
-
-
 def spec_config(cluster: Cluster) -> dict[str, Any]:
     """What the ConfigMap tells a pod that starts now (the spec's engine config)."""
     return parse_spec(cluster.get()).engine.to_dict()
@@ -63,6 +44,25 @@ def spec_config(cluster: Cluster) -> dict[str, Any]:
 def running(pod: PodStandIn) -> dict[str, Any]:
     with pod.lock:
         return dict(pod.config or {})
+
+
+def reconciled(kube: RunningEmulator, cluster: Cluster, body: dict[str, Any]
+             ) -> tuple[dict[str, Any], OperatorPolicy, TokenMint]:
+    """``body`` created and reconciled once (its Deployment, ConfigMap, admin token), as
+    the operator would: the CR, the policy and the token mint the sync runs with."""
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    created = cluster.create(body)
+    policy, mint = OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(cluster.kube, created, policy=policy, mint=mint).valid
+    return created, policy, mint
+
+
+def handle_of(cluster: Cluster, body: dict[str, Any], policy: OperatorPolicy,
+              mint: TokenMint) -> KubeDeploymentHandle:
+    return KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                uid=body["metadata"]["uid"])
 
 
 @pytest.mark.parametrize("tuning", [True, False], ids=["tuning-on", "tuning-off"])
@@ -91,12 +91,8 @@ def test_a_live_knob_edited_in_the_spec_reaches_every_running_pod(
 
 def test_the_sync_touches_only_pods_that_run_another_config_and_keeps_a_trials_own(
         kube: RunningEmulator, cluster: Cluster) -> None:
-    from slopilot.operator.crd import crd_manifest
-
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(engine={"tokenBudget": 1024}, tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(
+        engine={"tokenBudget": 1024}, tuning={"enabled": False}))
     want = spec_config(cluster)
     trial = {**want, "token_budget": 2048}
     token = mint.for_body(cluster.get())
@@ -105,8 +101,7 @@ def test_the_sync_touches_only_pods_that_run_another_config_and_keeps_a_trials_o
     with serving(canary, right, stale):
         for i, pod in enumerate((canary, right, stale)):
             add_pod(cluster, "chat", i, pod.port)
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"])
+        handle = handle_of(cluster, body, policy, mint)
         on_canary = {"trial": {"token_budget": 2048}, "trial_on": "chat-pod-0"}
         done = handle.sync_config(**on_canary)
         assert done.updated == ("chat-pod-2",) and done.left == ()
@@ -129,12 +124,7 @@ def test_the_sync_touches_only_pods_that_run_another_config_and_keeps_a_trials_o
 
 def test_a_pod_the_sync_cannot_bring_over_is_named_with_why(
         kube: RunningEmulator, cluster: Cluster) -> None:
-    from slopilot.operator.crd import crd_manifest
-
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want = spec_config(cluster)
     token = mint.for_body(cluster.get())
     older = PodStandIn(token, {**want, "block_size": 32, "token_budget": 2048})
@@ -143,8 +133,7 @@ def test_a_pod_the_sync_cannot_bring_over_is_named_with_why(
     with serving(older, deaf, stranger):
         for i, pod in enumerate((older, deaf, stranger)):
             add_pod(cluster, "chat", i, pod.port)
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"])
+        handle = handle_of(cluster, body, policy, mint)
         done = handle.sync_config()
     assert done.updated == ()
     assert [why.split()[0].rstrip(":") for why in done.left] == [
@@ -157,17 +146,11 @@ def test_a_pod_the_sync_cannot_bring_over_is_named_with_why(
 
 def test_a_vllm_deployment_is_never_synced_over_http(
         kube: RunningEmulator, cluster: Cluster) -> None:
-    from slopilot.operator.crd import crd_manifest
-
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(backend="vllm", tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(backend="vllm", tuning={"enabled": False}))
     pod = PodStandIn(mint.for_body(cluster.get()), {"token_budget": 1})
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"])
+        handle = handle_of(cluster, body, policy, mint)
         assert handle.sync_config().updated == ()
     assert (pod.gets, pod.puts) == (0, [])  # its knobs are arguments: a rollout sets them
 
@@ -186,13 +169,9 @@ def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon
     """The ConfigMap is read once, at start: a pod that read it before an edit and became
     ready after the edit's sync runs the old config until the daemon's next sync."""
     from slopilot.operator import tuning_daemon
-    from slopilot.operator.crd import crd_manifest
 
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(prometheus={"url": prom.url}, engine={"tokenBudget": 1024},
-                               tuning={"window": "1h"}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, _, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, engine={"tokenBudget": 1024}, tuning={"window": "1h"}))
     loop = daemon_loop(cluster, body, monkeypatch)
     clock = Clock()
     loop.clock = clock
@@ -219,13 +198,10 @@ def test_with_tuning_off_the_timer_brings_over_a_pod_that_read_an_older_config_m
 
     import kopf
 
-    from slopilot.operator.crd import crd_manifest
     from slopilot.operator.handlers import LockTable, sync_untuned_pods, tuning_disabled
 
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(engine={"tokenBudget": 1024}, tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    _, policy, mint = reconciled(kube, cluster, llmd(
+        engine={"tokenBudget": 1024}, tuning={"enabled": False}))
     assert tuning_disabled(cluster.get()["spec"])
     want = spec_config(cluster)
     late = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512})
@@ -285,13 +261,9 @@ def test_an_edit_during_an_episode_is_what_its_rollback_restores(
     recorded as the tuned config (status.tunedConfig, the ConfigMap) for good."""
     import time
 
-    from slopilot.operator.crd import crd_manifest
-
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
-                               tuning={"window": "1h", "canary": True}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, _, mint = reconciled(kube, cluster, llmd(
+        replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
+        tuning={"window": "1h", "canary": True}))
     before = spec_config(cluster)
     episode_under_way(cluster, before, time.time())
     token = mint.for_body(cluster.get())
@@ -318,12 +290,8 @@ def test_the_pods_judge_requests_by_the_slo_the_spec_has_now(
     the rules read) stay under the old objectives and the rules fall back to the
     histograms' product."""
     from slopilot.engine.slo import SLOSpec
-    from slopilot.operator.crd import crd_manifest
-
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}, slo={"profile": "strict"}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(
+        tuning={"enabled": False}, slo={"profile": "strict"}))
     cluster.patch("chat", {"spec": {"slo": {"profile": "relaxed"}}})
     want_slo = parse_spec(cluster.get()).slo.to_dict()
     assert want_slo["profile"] == "relaxed"
@@ -335,8 +303,7 @@ def test_the_pods_judge_requests_by_the_slo_the_spec_has_now(
     with serving(stale, right, untold, older):
         for i, pod in enumerate((stale, right, untold, older)):
             add_pod(cluster, "chat", i, pod.port)
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"])
+        handle = handle_of(cluster, body, policy, mint)
         done = handle.sync_config()
         assert done.slo_updated == ("chat-pod-0", "chat-pod-2")
         assert stale.slo == untold.slo == right.slo == want_slo
@@ -359,12 +326,7 @@ def test_a_pod_answering_a_read_with_400_is_named_and_the_others_are_still_synce
     a config (ConfigError), and JSON nested past the parser's depth (50 KB, under the
     read's cap) as a RecursionError; no caller of the read caught either, so the whole
     sync ended at that pod and every pod after it kept its stale knobs."""
-    from slopilot.operator.crd import crd_manifest
-
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
     odd, stale = PodStandIn(token, want, slo), PodStandIn(token, {**want, "token_budget": 512})
@@ -372,8 +334,7 @@ def test_a_pod_answering_a_read_with_400_is_named_and_the_others_are_still_synce
     with serving(odd, stale):
         for i, pod in enumerate((odd, stale)):
             add_pod(cluster, "chat", i, pod.port)
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"])
+        handle = handle_of(cluster, body, policy, mint)
         done = handle.sync_config()
     assert done.updated == ("chat-pod-1",) and running(stale) == want
     assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
@@ -388,13 +349,9 @@ def test_the_answer_to_a_put_is_not_read_into_the_operators_memory(
     (httpx's put): a tenant's image that differs from the spec (so the sync PUTs) and
     answers with an endless body filled the operator's memory, every tenant's operator,
     once a minute. The status is all the PUT needs; the body is never read."""
-    from slopilot.operator.crd import crd_manifest
     from tests.operator.operator_support import wait_for
 
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
     # Only ``path`` differs from the spec: that is the one PUT sent.
@@ -403,8 +360,7 @@ def test_the_answer_to_a_put_is_not_read_into_the_operators_memory(
     pod.put_answer_bytes = 64 * 1024 * 1024
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                             uid=body["metadata"]["uid"]).sync_config()
+        handle_of(cluster, body, policy, mint).sync_config()
         wait_for(lambda: pod.answer_cut.is_set() or pod.answer_sent.is_set(),
                  what="the padded answer to end")
         assert pod.answer_cut.is_set()
@@ -422,7 +378,6 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
     import kopf
 
     from slopilot.operator import kube_handle
-    from slopilot.operator.crd import crd_manifest
     from slopilot.operator.handlers import LockTable, sync_untuned_pods
 
     opened: list[httpx.Client] = []
@@ -433,10 +388,7 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
             opened.append(self)
 
     monkeypatch.setattr(kube_handle.httpx, "Client", Recorded)
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
     memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
     with serving(pod):
@@ -454,12 +406,7 @@ def test_a_compressed_answer_is_not_inflated_past_the_cap(
     import gzip
     import tracemalloc
 
-    from slopilot.operator.crd import crd_manifest
-
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
     bomb = gzip.compress(b" " * (40 * 1024 * 1024), compresslevel=9)
     assert len(bomb) < 64 * 1024
@@ -467,8 +414,7 @@ def test_a_compressed_answer_is_not_inflated_past_the_cap(
     pod.raw_headers = {"Content-Encoding": "gzip"}
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"])
+        handle = handle_of(cluster, body, policy, mint)
         tracemalloc.start()
         try:
             done = handle.sync_config()
@@ -488,13 +434,8 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
     long as it liked (a few such CRs and every tenant's reconciles wait). Each request to
     a pod now has a deadline for its whole answer."""
     from slopilot.operator import kube_handle
-    from slopilot.operator.crd import crd_manifest
-
     monkeypatch.setattr(kube_handle, "POD_ANSWER_DEADLINE_S", 0.5)
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
     dripping = PodStandIn(token, {**want, "token_budget": 512}, slo)
@@ -506,8 +447,7 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
         # PUT's answer drips.
         dripping.drip_methods = frozenset({answer})
         dripping.drip_s = 0.05
-        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"])
+        handle = handle_of(cluster, body, policy, mint)
         done = handle.sync_config()
         assert done.updated == ("chat-pod-1",) and running(stale) == want
         assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
@@ -524,13 +464,9 @@ def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
 
     import kopf
 
-    from slopilot.operator.crd import crd_manifest
     from slopilot.operator.handlers import LockTable, sync_untuned_pods
 
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(tuning={"enabled": False}))
-    policy, mint = OperatorPolicy(), operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     accepted = spec_config(cluster)
     cluster.patch("chat", {"spec": {"image": "evil.example/miner:1",
                                     "engine": {"tokenBudget": 4096}}})

@@ -6,11 +6,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
 import pytest
 import yaml
 
@@ -33,24 +31,6 @@ from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
 
 RBAC = Path(__file__).parents[2] / "manifests" / "rbac.yaml"
-
-
-@pytest.fixture
-def controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY", "tests.operator.standins:build_controller")
-    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
-
-
-@pytest.fixture
-def prom() -> Iterator[PrometheusStandIn]:
-    p = PrometheusStandIn()
-    with serving(p):
-        yield p
-
-
-@pytest.fixture
-def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
-    return Cluster(kube_client)
 
 
 def scale_count(cluster: Cluster) -> int:

@@ -29,11 +29,6 @@ from tests.operator.operator_support import (
 from tests.support.kube_server import RunningEmulator
 
 
-@pytest.fixture
-def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
-    return Cluster(kube_client)
-
-
 def engine_json(cluster: Cluster, name: str = "chat") -> dict[str, object] | None:
     cm = cluster.owned("v1", "configmaps", f"{name}-engine")
     return None if cm is None else dict(json.loads(cm["data"]["engine.json"]))

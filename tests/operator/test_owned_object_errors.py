@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes.client
 import pytest
 
 from slopilot.operator.kubeapi import ApiError
@@ -22,11 +21,6 @@ from tests.support.kube_server import RunningEmulator
 
 MINT = TokenMint(b"k" * 32)
 HANDLED = "slopilot.dev/last-handled-configuration"
-
-
-@pytest.fixture
-def cluster(kube_client: kubernetes.client.ApiClient) -> Cluster:
-    return Cluster(kube_client)
 
 
 @pytest.mark.parametrize(("name", "needle"), [

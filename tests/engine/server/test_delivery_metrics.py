@@ -218,6 +218,17 @@ def test_a_stop_string_inside_a_delta_of_several_tokens_ends_the_count(stream: b
     assert itl.count == 2  # the gaps between the three tokens delivered
 
 
+async def _hand_out(delivery: Delivery, stream: bool) -> None:
+    """What the route does: the SSE chunks or the one body, then the response's close."""
+    text_of = TokenText(delivery.backend.tokenizer)
+    if stream:
+        async for _ in sse_events(delivery, text_of):
+            pass
+    else:
+        await collect(delivery, text_of)
+    delivery.close()
+
+
 # P1 of this SLO: TTFT within 500 ms, and at most 1 % of a request's gaps over 100 ms.
 _JUDGED_SLO = {"classes": {"p1": {"ttftP99Ms": 500, "tbtP99Ms": 100}}}
 
@@ -252,13 +263,7 @@ def test_each_request_is_judged_as_delivered_against_its_classs_slo(
         for i in range(201):  # 200 gaps
             made_at += 0.3 if 0 < i <= slow_gaps else 0.05
             stream_._push(7, FinishReason.LENGTH if i == 200 else None, made_at=made_at)
-        delivery = Delivery(backend, prep, [stream_], lambda: 10.0 + ttft_s)
-        if stream:
-            async for _ in sse_events(delivery, TokenText(backend.tokenizer)):
-                pass
-        else:
-            await collect(delivery, TokenText(backend.tokenizer))
-        delivery.close()
+        await _hand_out(Delivery(backend, prep, [stream_], lambda: 10.0 + ttft_s), stream)
 
     asyncio.run(deliver())
     label = slo.p1.label
@@ -283,13 +288,7 @@ def test_a_request_aborted_before_its_first_token_is_not_judged(stream: bool) ->
     async def deliver() -> None:
         stream_ = RequestStream(prep.choices[0].request, _Aborts())
         stream_._push(None, FinishReason.ABORT)  # as AsyncEngine.abort posts it
-        delivery = Delivery(backend, prep, [stream_], lambda: 10.2)
-        if stream:
-            async for _ in sse_events(delivery, TokenText(backend.tokenizer)):
-                pass
-        else:
-            await collect(delivery, TokenText(backend.tokenizer))
-        delivery.close()
+        await _hand_out(Delivery(backend, prep, [stream_], lambda: 10.2), stream)
 
     asyncio.run(deliver())
     assert {k: v for k, v in m.verdicts().items() if v != (0, 0)} == {}
