@@ -266,3 +266,23 @@ def test_direct_scrape_goodput_is_the_engines_per_request_verdicts(current: bool
         assert p1.goodput_tok_s == pytest.approx(40.0)
     else:  # the product: 99 % of gaps within 10 ms, the rest up to 1 s, interpolated
         assert 99.0 <= p1.goodput_tok_s < 100.0
+
+
+def test_direct_scrape_counts_each_replica_by_its_verdicts_or_else_its_histograms() -> None:
+    """As the rules do: a replica that does not judge under this SLO (yet) adds its
+    histograms' product; it added nothing once another replica judged."""
+    label = DEMO.slo.p1.label
+    judged_pages = iter([b"", _judged_page(1000, 400, label)])
+    with serve_metrics(lambda: next(judged_pages)) as a, \
+            serve_metrics(lambda: _judged_page(1000, 0, "ttft_p99_ms=1.0")) as b:
+        urls = [f"http://{a}", f"http://{b}"]
+        scrape = DirectScrape(lambda: list(urls), DEMO.slo, RuleOptions(), min_requests=1)
+        urls.pop()  # b appears within the window: it counts from zero
+        scrape.poll(now=100.0)
+        urls.append(f"http://{b}")
+        scrape.poll(now=110.0)
+        s = scrape.measure(100.0, 110.0, canary=False)
+        scrape.stop()
+    p1 = s.classes[Priority.P1]
+    assert p1.throughput_tok_s == pytest.approx(200.0)
+    assert 40.0 + 99.0 <= p1.goodput_tok_s < 40.0 + 100.0  # a's verdicts + b's product

@@ -396,3 +396,44 @@ def test_goodput_counts_the_engines_per_request_verdicts_where_it_exports_them(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
+def test_goodput_counts_each_replica_by_its_verdicts_or_else_its_histograms(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """A fleet where one replica judges requests under this SLO and another does not
+    yet (a rollout onto an image that judges, the seconds after an SLO edit before the
+    operator's sync): the verdicts counted the first replica alone, and the second's
+    tokens vanished from goodput. Each replica counts by its verdicts where it exports
+    them, else by its own histograms' product."""
+    from slopilot.engine.metrics import SLO_TOKENS
+
+    spec = SLOSpec.from_profile("standard")
+    (tmp_path / "rules.yaml").write_text(render_rules_yaml(spec, "d", namespace="n"))
+    series = []
+    for instance, judged in (("a:8000", True), ("b:8000", False)):
+        labels = (f'namespace="n",slopilot_namespace="n",slopilot_deployment="d",'
+                  f'priority_class="p0",instance="{instance}"')
+        for metric, buckets in (("vllm:inter_token_latency_seconds", {"0.02": 99, "+Inf": 100}),
+                                ("vllm:time_to_first_token_seconds", {"0.1": 10, "+Inf": 10})):
+            for le, count in buckets.items():
+                series.append({"series": f'{metric}_bucket{{{labels},le="{le}"}}',
+                               "values": f"0+{count}x10"})
+            series.append({"series": f"{metric}_count{{{labels}}}",
+                           "values": f"0+{buckets['+Inf']}x10"})
+        series.append({"series": f"vllm:request_generation_tokens_sum{{{labels}}}",
+                       "values": "0+600x10"})  # 10 tokens/s each
+        if judged:  # 5 tokens/s from requests within their SLO
+            for met in ("true", "false"):
+                series.append({"series": f'{SLO_TOKENS}{{{labels},slo="{spec.p0.label}",'
+                                         f'met="{met}"}}', "values": "0+300x10"})
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
+            "eval_time": "5m",
+            "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
+                                       'slopilot_namespace="n"}',
+                             "value": round((5.0 + 10 * 0.99) * 1000)}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -4,8 +4,8 @@
 thread and keeps the cumulative series it needs. It is both the demo's AlertReader and
 its WindowEvaluator: windows are counter and bucket differences between two scrapes, the
 P99s the same linear interpolation ``histogram_quantile`` does, goodput as the rules read
-it (the engine's per-request verdicts under this SLO where it exports them, else tokens/s
-x fraction of TTFTs within the SLO x fraction of gaps within it), the
+it (each replica's per-request verdicts under this SLO where it exports them, else its
+tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), the
 gauges (busy ratio, waiting requests) as at the window's end, the summary Prometheus' own
 builder (``prometheus/query.window_summary``), and the alerts the alert table
 (``prometheus/alerts.SummaryAlerts``) evaluated once per rule interval on the trailing window.
@@ -140,18 +140,27 @@ class DirectScrape:
             before = [s for ts, s in self._snaps if ts <= t]
         return before[-1] if before else None
 
-    def _delta(self, start: float, end: float, canary: bool) -> Series:
+    def _deltas(self, start: float, end: float, canary: bool) -> dict[str, Series]:
+        """Each replica's series over the window, by its URL."""
         a, b = self._at(start), self._at(end)
-        out: Series = {}
+        out: dict[str, Series] = {}
         if a is None or b is None:
             return out
         for url, series in b.series.items():
             if canary and url != b.canary:
                 continue
             old = a.series.get(url, {})
+            # A replica that appeared within the window counts from zero.
+            out[url] = {key: max(0.0, value - old.get(key, 0.0))
+                        for key, value in series.items()}
+        return out
+
+    def _delta(self, start: float, end: float, canary: bool) -> Series:
+        """Every replica's series over the window, summed."""
+        out: Series = {}
+        for series in self._deltas(start, end, canary).values():
             for key, value in series.items():
-                # A replica that appeared within the window counts from zero.
-                out[key] = out.get(key, 0.0) + max(0.0, value - old.get(key, 0.0))
+                out[key] = out.get(key, 0.0) + value
         return out
 
     def iterations(self, start: float, end: float) -> list[WindowSample]:
@@ -214,20 +223,9 @@ class DirectScrape:
         queries = sum(v for (n, _, _), v in d.items() if n == _QUERIES)
         hits = sum(v for (n, _, _), v in d.items() if n == _HITS)
         tokens = by_class("vllm:request_generation_tokens_sum")
-        goodput: dict[str, float] = {}
-        for p in Priority:
-            c, cls_slo = p.label, self.slo.class_slo(p)
-            judged = d.get((SLO_TOKENS, f"{c}/{cls_slo.label}", _NO_LE))
-            if judged is not None:
-                goodput[c] = judged / span
-                continue
-            good = tokens.get(c, 0.0) / span
-            for name, limit in ((_TTFT, cls_slo.ttft_p99_ms), (_TBT, cls_slo.tbt_p99_ms)):
-                hist = buckets(name, c)
-                total = hist.get(math.inf, 0.0)
-                if limit is not None and total > 0:
-                    good *= histogram_share_within(limit / 1000, hist)
-            goodput[c] = good
+        goodput = {p.label: sum(self._good_tokens(r, p) for r in
+                                self._deltas(start, end, canary).values()) / span
+                   for p in Priority}
         return window_summary(
             requests=requests, throughput={c: v / span for c, v in tokens.items()},
             ttft_p99_s={p.label: quantile(0.99, buckets(_TTFT, p.label)) for p in Priority},
@@ -239,6 +237,21 @@ class DirectScrape:
             overall_tbt_p99_s=quantile(0.99, buckets(_TBT, None)),
             duration_s=span, window=Window(start, end, canary), **self._gauges(end, canary),
             prefix_cache_hit_ratio=hits / queries if queries > 0 else None)
+
+    def _good_tokens(self, d: Series, p: Priority) -> float:
+        """One replica's good tokens of class ``p`` in the window, as the rules count
+        them: its verdicts under this SLO where it exports them, else its tokens times
+        its shares of first tokens and of gaps within the SLO."""
+        c, cls_slo = p.label, self.slo.class_slo(p)
+        judged = d.get((SLO_TOKENS, f"{c}/{cls_slo.label}", _NO_LE))
+        if judged is not None:
+            return judged
+        good = d.get(("vllm:request_generation_tokens_sum", c, _NO_LE), 0.0)
+        for name, limit in ((_TTFT, cls_slo.ttft_p99_ms), (_TBT, cls_slo.tbt_p99_ms)):
+            hist = {le: v for (n, cls, le), v in d.items() if n == name and cls == c}
+            if limit is not None and hist.get(math.inf, 0.0) > 0:
+                good *= histogram_share_within(limit / 1000, hist)
+        return good
 
     def _summary_at(self, t: float, window_s: float) -> WindowSummary | None:
         # No request minimum: a recording rule has none, and a stall in which few

@@ -43,6 +43,9 @@ __all__ = ["ALL_CLASSES", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "VLLM_LATENCY_B
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 DEPLOYMENT_LABEL = "slopilot_deployment"
 NAMESPACE_LABEL = "slopilot_namespace"
+REPLICA_LABEL = "instance"
+"""What tells one replica's series from another's: the target Prometheus scraped, on
+every series it scrapes (a pod's address under the ServiceMonitor, the demo's too)."""
 EXAMPLE_DEPLOYMENT = "example"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 
@@ -162,18 +165,20 @@ class _Renderer:
         return (f"histogram_quantile({q}, sum by (le, priority_class) "
                 f"(rate({metric}_bucket{self.sel()}[{window or self.window}])))")
 
-    def fraction_within(self, metric: str, cls: str, threshold_s: float) -> str:
+    def fraction_within(self, metric: str, cls: str, threshold_s: float,
+                        by: str = "priority_class") -> str:
         """The share of ``metric``'s observations of class ``cls`` at or under the
-        threshold. Off the backend's grid it is read as ``histogram_quantile`` reads a
-        bucket, uniform inside it: an edge a backend does not export selects nothing."""
+        threshold, per ``by``; absent where there are none (no 0/0 NaN to spoil a sum).
+        Off the backend's grid it is read as ``histogram_quantile`` reads a bucket,
+        uniform inside it: an edge a backend does not export selects nothing."""
         edges = sorted(self.buckets.get(metric, LATENCY_BUCKETS))
 
         def rate(le: float) -> str:
-            return (f"sum by (priority_class) (rate({metric}_bucket"
+            return (f"sum by ({by}) (rate({metric}_bucket"
                     f"{self.sel(priority_class=cls, le=_le(le))}[{self.window}]))")
 
-        count = (f"sum by (priority_class) "
-                 f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}]))")
+        count = (f"(sum by ({by}) "
+                 f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}])) > 0)")
         lower = [e for e in edges if e <= threshold_s + 1e-12]
         upper = [e for e in edges if e > threshold_s + 1e-12]
         if lower and (abs(lower[-1] - threshold_s) <= 1e-12 or not upper):
@@ -231,24 +236,28 @@ class _Renderer:
             self.record("slopilot:generation_tokens:per_second",
                         f"sum(rate(vllm:generation_tokens_total{self.sel()}[{w}]))"),
         ]
+        by = f"priority_class, {REPLICA_LABEL}"
         for p, slo in self.spec.classes().items():
-            # Goodput: the output tokens of the requests that met their class's SLO, as
-            # the engine judged each one (ClassSLO.met) under these very objectives.
-            exact = (f"sum by (priority_class) (rate({SLO_TOKENS}"
+            # Goodput, per replica: the output tokens of the requests that met their
+            # class's SLO, as the engine judged each one (ClassSLO.met) under these very
+            # objectives.
+            exact = (f"sum by ({by}) (rate({SLO_TOKENS}"
                      f"{self.sel(priority_class=p.label, slo=slo.label, met='true')}[{w}]))")
-            # Where it judges none (vLLM, an engine not yet told this SLO): finished
-            # tokens times the shares of first tokens and of gaps within the SLO, as if
-            # every request had the same few slow gaps. That reads high where slow gaps
-            # bunch on a few requests (each then over its own P99 target).
-            approx = (f"sum by (priority_class) (rate(vllm:request_generation_tokens_sum"
+            # A replica that judges none (vLLM, an image from before, one not yet told
+            # this SLO): its finished tokens times its shares of first tokens and of gaps
+            # within the SLO, as if every request had the same few slow gaps. That reads
+            # high where slow gaps bunch on a few requests (each over its own P99 target).
+            approx = (f"sum by ({by}) (rate(vllm:request_generation_tokens_sum"
                       f"{self.sel(priority_class=p.label)}[{w}]))")
             if slo.ttft_p99_ms is not None:
                 approx += " * (" + self.fraction_within(
-                    "vllm:time_to_first_token_seconds", p.label, slo.ttft_p99_ms / 1000) + ")"
+                    "vllm:time_to_first_token_seconds", p.label, slo.ttft_p99_ms / 1000,
+                    by) + ")"
             if slo.tbt_p99_ms is not None:
                 approx += " * (" + self.fraction_within(
-                    "vllm:inter_token_latency_seconds", p.label, slo.tbt_p99_ms / 1000) + ")"
-            expr = f"{exact} or ({approx})"
+                    "vllm:inter_token_latency_seconds", p.label, slo.tbt_p99_ms / 1000,
+                    by) + ")"
+            expr = f"sum by (priority_class) ({exact} or ({approx}))"
             # The class label keeps promtool's duplicate-rule lint apart.
             rules.append(self.record("slopilot:goodput_tokens:per_second", expr,
                                      priority_class=p.label))
