@@ -8,8 +8,9 @@ This script runs the simulator (the real scheduler on a GPU cost model, in virtu
 with its Prometheus exposition on, and per class reads, in one run:
 
 - ``truth``: the simulator's own per-request count (every token gap, exact);
-- ``product``: the histograms' product, computed from the exposition as the direct scrape
-  and the rules' fallback compute it (``metrics.histogram_share_within``);
+- ``product``: the histograms' product, computed from each replica's exposition as the
+  direct scrape and the rules' fallback compute it (``metrics.histogram_share_within``),
+  summed over the replicas;
 - ``verdicts``: the engine's exported per-request verdicts
   (``slopilot_slo_generation_tokens_total{met="true"}``), which the rules now read.
 
@@ -50,37 +51,47 @@ _TBT = "vllm:inter_token_latency_seconds_bucket"
 _TOKENS = "vllm:request_generation_tokens_sum"
 
 
-def shares(expositions: Sequence[bytes], slo: SLOSpec
-           ) -> dict[str, tuple[float, float, float]]:
-    """Per class with output: (its finished tokens, product share, verdict share)."""
+def _read(text: bytes, slo: SLOSpec) -> tuple[dict[str, float], dict[str, float],
+                                               dict[tuple[str, str], dict[float, float]]]:
+    """One replica's exposition: tokens and verdict tokens by class, and histograms."""
     tokens: dict[str, float] = {}
     good: dict[str, float] = {}
     hist: dict[tuple[str, str], dict[float, float]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            c = s.labels.get("priority_class", "")
+            if s.name == _TOKENS:
+                tokens[c] = tokens.get(c, 0.0) + s.value
+            elif s.name == SLO_TOKENS and s.labels.get("met") == "true" \
+                    and s.labels.get("slo") == slo.class_slo(c).label:
+                good[c] = good.get(c, 0.0) + s.value
+            elif s.name in (_TTFT, _TBT):
+                buckets = hist.setdefault((s.name, c), {})
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+    return tokens, good, hist
+
+
+def shares(expositions: Sequence[bytes], slo: SLOSpec
+           ) -> dict[str, tuple[float, float, float]]:
+    """Per class with output: (its finished tokens, product share, verdict share), each
+    replica counted by itself as the rules count it, then summed."""
+    finished: dict[str, float] = {}
+    product: dict[str, float] = {}
+    verdicts: dict[str, float] = {}
     for text in expositions:
-        for family in text_string_to_metric_families(text.decode()):
-            for s in family.samples:
-                c = s.labels.get("priority_class", "")
-                if s.name == _TOKENS:
-                    tokens[c] = tokens.get(c, 0.0) + s.value
-                elif s.name == SLO_TOKENS and s.labels.get("met") == "true" \
-                        and s.labels.get("slo") == slo.class_slo(c).label:
-                    good[c] = good.get(c, 0.0) + s.value
-                elif s.name in (_TTFT, _TBT):
-                    buckets = hist.setdefault((s.name, c), {})
-                    le = float(s.labels["le"])
-                    buckets[le] = buckets.get(le, 0.0) + s.value
-    out = {}
-    for p in Priority:
-        c, cls = p.label, slo.class_slo(p)
-        if tokens.get(c, 0.0) <= 0:
-            continue
-        share = 1.0
-        for name, limit in ((_TTFT, cls.ttft_p99_ms), (_TBT, cls.tbt_p99_ms)):
-            buckets = hist.get((name, c), {})
-            if limit is not None and buckets.get(math.inf, 0.0) > 0:
-                share *= histogram_share_within(limit / 1000, buckets)
-        out[c] = (tokens[c], share, good.get(c, 0.0) / tokens[c])
-    return out
+        tokens, good, hist = _read(text, slo)
+        for p in Priority:
+            c, cls = p.label, slo.class_slo(p)
+            share = 1.0
+            for name, limit in ((_TTFT, cls.ttft_p99_ms), (_TBT, cls.tbt_p99_ms)):
+                buckets = hist.get((name, c), {})
+                if limit is not None and buckets.get(math.inf, 0.0) > 0:
+                    share *= histogram_share_within(limit / 1000, buckets)
+            finished[c] = finished.get(c, 0.0) + tokens.get(c, 0.0)
+            product[c] = product.get(c, 0.0) + tokens.get(c, 0.0) * share
+            verdicts[c] = verdicts.get(c, 0.0) + good.get(c, 0.0)
+    return {c: (n, product[c] / n, verdicts[c] / n) for c, n in finished.items() if n > 0}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
