@@ -315,7 +315,6 @@ def test_the_pods_judge_requests_by_the_slo_the_spec_has_now(
         assert handle.sync_config().slo_updated == ()
 
 
-
 @pytest.mark.parametrize("answer", [(400, b'{"error": "no"}'), (200, b"[" * 50_000)],
                          ids=["400", "nested-past-the-parser"])
 @pytest.mark.parametrize("path", ["/admin/config", "/admin/slo"])

@@ -154,7 +154,6 @@ def test_direct_scrape_reads_the_figures_the_batching_and_prefix_alerts_need() -
     assert {a.name for a in fired} == {"SlopilotBatchingUnderused"}
 
 
-
 def test_direct_scrape_counts_the_windows_requests_not_the_replicas_lifetime() -> None:
     # 1,000 requests and 500 preemptions before the window, 10 requests and none in it:
     # a client of the window's requests counts 10, and no preemption storm.
