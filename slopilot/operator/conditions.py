@@ -1,7 +1,9 @@
 """Status conditions (Kubernetes' metav1.Condition shape) merged by type.
 
 Two writers share ``status.conditions``: the reconcile handler (Valid, Reconciled,
-KnobsIgnored, AdminToken) and the controller daemon (Tuning, SLOMet, TwinCalibrated). Each
+KnobsIgnored, AdminToken) and the controller daemon (Tuning, SLOMet, TwinCalibrated);
+PodsConfigured is the pods' sync's, which the handler runs while tuning is off and the
+daemon while it is on (pods_status.py). Each
 merges its own types into the list it just read, so neither drops the other's;
 ``lastTransitionTime`` moves only when a condition's status changes, as kubectl and
 dashboards expect.
@@ -23,6 +25,7 @@ class ConditionType(enum.StrEnum):
     TUNING = "Tuning"
     SLO_MET = "SLOMet"
     TWIN_CALIBRATED = "TwinCalibrated"
+    PODS_CONFIGURED = "PodsConfigured"
 
 
 def now_rfc3339() -> str:

@@ -40,6 +40,7 @@ from slopilot.operator.conditions import ConditionType, condition, merge_conditi
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.kube_handle import HTTP_TIMEOUT_S, KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube, load_client
+from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import policy_problems
 from slopilot.operator.reconcile import (
     Change,
@@ -238,6 +239,8 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
         logger.info("the spec's live knobs sent to %s", ", ".join(done.updated))
     for why in done.left:
         logger.warning("a pod is not on the spec's config: %s", why)
+    record_pods_condition(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]), done,
+                          meta.get("generation"))
 
 
 def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:

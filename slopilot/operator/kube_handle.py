@@ -83,6 +83,8 @@ class ConfigSync:
     left: tuple[str, ...] = ()
     slo_updated: tuple[str, ...] = ()
     """The pods sent ``spec.slo`` to judge requests by (``PUT /admin/slo``)."""
+    pods: int | None = None
+    """The ready pods checked; None where the backend has no live config (vLLM)."""
 
 
 def ready(pod: Mapping[str, Any]) -> bool:
@@ -279,7 +281,8 @@ class KubeDeploymentHandle:
         updated: list[str] = []
         slo_updated: list[str] = []
         left: list[str] = []
-        for pod in self.pods(body):
+        pods = self.pods(body)
+        for pod in pods:
             name = str(pod["metadata"]["name"])
             config = trial_config if trial_config is not None and trial_on in (None, name) \
                 else spec.engine
@@ -314,7 +317,7 @@ class KubeDeploymentHandle:
             log.info("%s: its config sent to %s", self.name, ", ".join(updated))
         if slo_updated:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
-        return ConfigSync(tuple(updated), tuple(left), tuple(slo_updated))
+        return ConfigSync(tuple(updated), tuple(left), tuple(slo_updated), len(pods))
 
     def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], token: str) -> bool:
         """Send ``slo`` (``spec.slo``) to ``pod`` unless it judges by it already; whether

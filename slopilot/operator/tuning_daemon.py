@@ -63,6 +63,7 @@ from slopilot.operator.daemon_pause import pause
 from slopilot.operator.knobs import tuned_overlay
 from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import config_status, not_reconciled
 from slopilot.operator.slo_status import WindowFigures
@@ -274,6 +275,8 @@ class DeploymentLoop:
             return
         for why in done.left:
             log.warning("%s: a pod is not on the spec's config: %s", self.key, why)
+        record_pods_condition(self.kube, self.namespace, self.name, self.uid, done,
+                              self.built_for)
 
     def _write(self, decision: Decision, action_time: str) -> bool:
         """Write the controller's state as of ``decision``; on failure keep it for later."""

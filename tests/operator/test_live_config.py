@@ -21,6 +21,7 @@ from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.tokens import TokenMint
+from slopilot.operator.tuning_daemon import CONFIG_SYNC_S
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -477,3 +478,63 @@ def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
         add_pod(cluster, "chat", 0, pod.port)
         sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
     assert pod.puts == [] and pod.slo_puts == [] and running(pod) == accepted
+
+
+def _pods_condition(cluster: Cluster) -> dict[str, Any] | None:
+    return next((c for c in cluster.status().get("conditions") or ()
+                 if c["type"] == "PodsConfigured"), None)
+
+
+def _status_writes(kube: RunningEmulator) -> int:
+    return sum(1 for r in list(kube.emulator._requests)
+               if r.method.value == "PATCH" and r.subresource == "status")
+
+
+@pytest.mark.parametrize("tuning", [True, False], ids=["daemon", "timer"])
+def test_the_status_says_which_pods_are_not_on_the_specs_config(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tuning: bool) -> None:
+    """A pod the sync cannot bring over (here one from an older pod template, whose
+    block size only its replacement changes) was only in the operator's log: the user
+    saw status.config and believed every pod ran it. The PodsConfigured condition says
+    which pod and why, and turns True once they all do; written when it changes only."""
+    import logging
+
+    import kopf
+
+    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+
+    body, policy, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, tuning={"window": "1h", "enabled": tuning}))
+    want = spec_config(cluster)
+    token, slo = mint.for_body(cluster.get()), parse_spec(cluster.get()).slo.to_dict()
+    good, older = PodStandIn(token, want, slo), PodStandIn(token, {**want, "block_size": 32})
+    loop = daemon_loop(cluster, body, monkeypatch) if tuning else None
+    clock = Clock()
+    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+
+    def sync() -> None:
+        if loop is not None:
+            loop.clock = clock
+            clock.now += CONFIG_SYNC_S
+            assert loop.step()
+        else:
+            sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("t"))
+
+    with serving(good, older):
+        add_pod(cluster, "chat", 0, good.port)
+        add_pod(cluster, "chat", 1, older.port)
+        sync()
+        cond = _pods_condition(cluster)
+        assert cond is not None and cond["status"] == "False", cond
+        assert cond["message"].startswith("chat-pod-1: runs block_size=32")
+        writes = _status_writes(kube)
+        sync()  # the same answer: no write
+        assert _status_writes(kube) == writes or loop is not None  # the daemon writes ticks
+        assert _pods_condition(cluster) == cond
+        with older.lock:
+            older.config = dict(want)  # its replacement, on the new template
+        sync()
+        cond = _pods_condition(cluster)
+        assert cond is not None and cond["status"] == "True", cond
+        assert "2 ready pods" in cond["message"]

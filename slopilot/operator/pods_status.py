@@ -1,0 +1,69 @@
+"""The ``PodsConfigured`` condition: whether every ready pod runs what the spec says.
+
+The built-in engine reads its knobs and SLO from the ConfigMap at start only, and the
+operator's sync (``KubeDeploymentHandle.sync_config``) sends them to the running pods.
+A pod it cannot bring over (one from an older pod template, an image without
+``/admin/slo``, a pod that refuses the token) was only in the operator's log, while
+``status.config`` told the user what every pod ran. The condition names such pods and
+why; it is written when it changes, not once a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.operator.conditions import ConditionType, condition, merge_conditions
+from slopilot.operator.kube_handle import ConfigSync
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.status_writer import write_status
+
+log = logging.getLogger(__name__)
+MAX_LISTED = 5
+"""Pods named in the message at most (the rest counted): status is no log."""
+_COMPARED = ("status", "reason", "message", "observedGeneration")
+
+
+def pods_condition(done: ConfigSync, generation: int | None) -> dict[str, Any] | None:
+    """The condition one sync's answer makes; None for a backend with no live config."""
+    if done.pods is None:
+        return None
+    if done.left:
+        more = len(done.left) - MAX_LISTED
+        message = "; ".join(done.left[:MAX_LISTED]) + (f"; and {more} more" if more > 0
+                                                       else "")
+        return condition(ConditionType.PODS_CONFIGURED, False, "PodsNotConfigured",
+                         message, generation)
+    if done.pods == 0:
+        return condition(ConditionType.PODS_CONFIGURED, None, "NoReadyPods",
+                         "no ready pod to check yet", generation)
+    return condition(ConditionType.PODS_CONFIGURED, True, "PodsConfigured",
+                     f"{done.pods} ready pod{'s' if done.pods != 1 else ''} run the spec's "
+                     "live knobs and SLO (a running trial's pod, the trial's knobs)",
+                     generation)
+
+
+def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
+                          done: ConfigSync, generation: int | None) -> None:
+    """Merge the condition into the CR's status if it changed; never into another CR of
+    the same name (``uid``). Failures are logged: the next sync writes it again."""
+    cond = pods_condition(done, generation)
+    if cond is None:
+        return
+
+    def build(fresh: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = fresh["metadata"]
+        if str(meta.get("uid")) != uid or meta.get("deletionTimestamp"):
+            return None
+        conditions = (fresh.get("status") or {}).get("conditions") or []
+        now = next((c for c in conditions if c.get("type") == cond["type"]), None)
+        if now is not None and all(now.get(k) == cond.get(k) for k in _COMPARED):
+            return None
+        return {"conditions": merge_conditions(conditions, [cond])}
+
+    try:
+        write_status(kube, namespace, name, build)
+    except Exception as exc:  # an API error: the next sync writes it again
+        log.warning("%s/%s: the PodsConfigured condition was not written: %s: %s",
+                    namespace, name, type(exc).__name__, exc)
