@@ -437,3 +437,27 @@ def test_goodput_counts_each_replica_by_its_verdicts_or_else_its_histograms(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
+def test_goodput_counts_a_replicas_tokens_where_a_histogram_has_no_observation(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """vLLM (no verdicts) serving a class whose requests each ask one token (a
+    classifier's max_tokens=1): every first token within the SLO, and no gap to judge.
+    The share of gaps within target was 0/0, filtered out, and took the replica's
+    tokens with it: goodput (and sloAttainment) read 0, where the direct scrape, which
+    judges only what it observed, reads every token good. A share with no observation
+    leaves the tokens as they are."""
+    spec = SLOSpec.from_profile("standard")
+    (tmp_path / "rules.yaml").write_text(render_rules_yaml(spec, "d", namespace="n"))
+    test = _vllm_goodput_test("rules.yaml", {
+        "vllm:inter_token_latency_seconds": {"0.02": 0, "+Inf": 0},
+        "vllm:time_to_first_token_seconds": {"0.1": 10, "+Inf": 10}})
+    test["tests"][0]["promql_expr_test"] = [{
+        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
+        "eval_time": "5m",
+        "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
+                                   'slopilot_namespace="n"}', "value": 10_000}]}]
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

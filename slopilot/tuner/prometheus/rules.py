@@ -249,14 +249,17 @@ class _Renderer:
             # high where slow gaps bunch on a few requests (each over its own P99 target).
             approx = (f"sum by ({by}) (rate(vllm:request_generation_tokens_sum"
                       f"{self.sel(priority_class=p.label)}[{w}]))")
-            if slo.ttft_p99_ms is not None:
+            for metric, limit_ms in (("vllm:time_to_first_token_seconds", slo.ttft_p99_ms),
+                                     ("vllm:inter_token_latency_seconds", slo.tbt_p99_ms)):
+                if limit_ms is None:
+                    continue
+                # A replica that observed none (one-token requests have no gaps; a long
+                # one's first token fell before the window) keeps its tokens, as the
+                # direct scrape does: absent, the share took them all out of goodput.
+                none = (f"(sum by ({by}) (rate({metric}_count"
+                        f"{self.sel(priority_class=p.label)}[{w}])) == 0) + 1")
                 approx += " * (" + self.fraction_within(
-                    "vllm:time_to_first_token_seconds", p.label, slo.ttft_p99_ms / 1000,
-                    by) + ")"
-            if slo.tbt_p99_ms is not None:
-                approx += " * (" + self.fraction_within(
-                    "vllm:inter_token_latency_seconds", p.label, slo.tbt_p99_ms / 1000,
-                    by) + ")"
+                    metric, p.label, limit_ms / 1000, by) + f" or {none})"
             expr = f"sum by (priority_class) ({exact} or ({approx}))"
             # The class label keeps promtool's duplicate-rule lint apart.
             rules.append(self.record("slopilot:goodput_tokens:per_second", expr,
