@@ -163,7 +163,9 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
             f"template carries ({ADMIN_TOKEN_SHA256_ENV}); no Secret holds the token",
             generation))
     else:
-        removed.append(ConditionType.ADMIN_TOKEN)
+        # No admin API (vLLM): no sync runs to write PodsConfigured again, and one from
+        # the built-in backend would name its pods for as long as the CR lived.
+        removed += [ConditionType.ADMIN_TOKEN, ConditionType.PODS_CONFIGURED]
     phase = status.get("phase")
     out: dict[str, Any] = {
         "observedGeneration": generation,

@@ -538,3 +538,32 @@ def test_the_status_says_which_pods_are_not_on_the_specs_config(
         cond = _pods_condition(cluster)
         assert cond is not None and cond["status"] == "True", cond
         assert "2 ready pods" in cond["message"]
+
+
+def test_the_pods_condition_goes_once_the_backend_is_vllm(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built-in deployment with a pod the sync could not bring over, switched to vLLM:
+    no sync runs for vLLM (no admin API), so nothing wrote the condition again, and
+    "PodsNotConfigured" named a pod of the old backend for as long as the CR lived."""
+    import logging
+
+    import kopf
+
+    from slopilot.operator import handlers
+
+    _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want = spec_config(cluster)
+    older = PodStandIn(mint.for_body(cluster.get()), {**want, "block_size": 32})
+    monkeypatch.setattr(handlers, "post_events", lambda *a, **kw: None)
+    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy,
+                     locks=handlers.LockTable())
+    log = logging.getLogger("test")
+    with serving(older):
+        add_pod(cluster, "chat", 0, older.port)
+        handlers.reconcile_llmdeployment(body=cluster.get(), memo=memo, logger=log)
+        cond = _pods_condition(cluster)
+        assert cond is not None and cond["status"] == "False", cond
+        cluster.patch("chat", {"spec": {"backend": "vllm"}})
+        handlers.reconcile_llmdeployment(body=cluster.get(), memo=memo, logger=log)
+    assert cluster.condition("Reconciled")["status"] == "True"
+    assert _pods_condition(cluster) is None
