@@ -22,7 +22,14 @@ from slopilot.operator.status_writer import write_status
 log = logging.getLogger(__name__)
 MAX_LISTED = 5
 """Pods named in the message at most (the rest counted): status is no log."""
+MAX_REASON = 400
+"""Characters of one pod's reason at most: it quotes what the pod answered (the restart
+knobs it runs), and the image is the tenant's."""
 _COMPARED = ("status", "reason", "message", "observedGeneration")
+
+
+def _clip(why: str) -> str:
+    return why if len(why) <= MAX_REASON else why[:MAX_REASON] + " ..."
 
 
 def pods_condition(done: ConfigSync, generation: int | None) -> dict[str, Any] | None:
@@ -31,8 +38,8 @@ def pods_condition(done: ConfigSync, generation: int | None) -> dict[str, Any] |
         return None
     if done.left:
         more = len(done.left) - MAX_LISTED
-        message = "; ".join(done.left[:MAX_LISTED]) + (f"; and {more} more" if more > 0
-                                                       else "")
+        message = "; ".join(map(_clip, done.left[:MAX_LISTED])) + (
+            f"; and {more} more" if more > 0 else "")
         return condition(ConditionType.PODS_CONFIGURED, False, "PodsNotConfigured",
                          message, generation)
     if done.pods == 0:

@@ -567,3 +567,30 @@ def test_the_pods_condition_goes_once_the_backend_is_vllm(
         handlers.reconcile_llmdeployment(body=cluster.get(), memo=memo, logger=log)
     assert cluster.condition("Reconciled")["status"] == "True"
     assert _pods_condition(cluster) is None
+
+
+def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """The restart knobs a pod says it runs are quoted as it answered them: a tenant's
+    image answering a 60 KB block size put 60 KB per pod (five pods listed) into the
+    CR's status, which every status write then carried."""
+    import logging
+
+    import kopf
+
+    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+
+    _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want = spec_config(cluster)
+    pods = [PodStandIn(mint.for_body(cluster.get()), {**want, "block_size": "9" * 60_000})
+            for _ in range(2)]
+    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("t"))
+    cond = _pods_condition(cluster)
+    assert cond is not None and cond["status"] == "False", cond
+    assert cond["message"].startswith("chat-pod-0: runs block_size=")
+    assert "chat-pod-1" in cond["message"]
+    assert len(cond["message"]) < 4096
