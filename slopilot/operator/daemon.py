@@ -145,7 +145,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.prometheus.alerts import AlertSource
     from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.prometheus.query import query_at
-    from slopilot.tuner.prometheus.rules import identity_labels
+    from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS, identity_labels
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.study.live import ResumableTuner
@@ -178,7 +178,11 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         ctx.settings, ctx.handle,
         AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
                     namespace_label=ctx.namespace_label),
-        PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels),
+        # On the edges the deployment's recording rules use (reconcile.py): the same
+        # goodput in the trials' objective and status.sloAttainment as in Prometheus.
+        PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels,
+                          latency_buckets=VLLM_LATENCY_BUCKETS
+                          if spec.backend is Backend.VLLM else None),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
         metrics=operator_metrics(ctx.namespace), state=ctx.state,

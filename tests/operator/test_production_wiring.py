@@ -178,3 +178,28 @@ def test_the_controllers_series_carry_the_labels_the_engine_series_and_dashboard
     replicas = [s for m in _METRICS.registry.collect() if m.name == "slopilot_replicas"
                 for s in m.samples if s.labels["slopilot_namespace"] == "team"]
     assert [s.labels["slopilot_deployment"] for s in replicas] == ["chat"]
+
+
+def test_a_vllm_deployments_windows_read_goodput_on_vllms_bucket_edges(
+        tmp_path: Path) -> None:
+    """vLLM's inter-token buckets are 0.01, 0.025, ...: the default class (p0) of the
+    standard profile has a 20 ms TBT SLO between them. The recording rules read it there,
+    but the windows (the trials' objective, status.sloAttainment) rendered the rules on
+    the built-in engine's edges and selected le="0.02", which vLLM never exports: P0's
+    goodput read nothing, and the deployment's attainment 0, however well it served."""
+    from slopilot.engine.metrics import SLO_TOKENS
+
+    ctl = prometheus_controller(context(tmp_path, backend="vllm"))
+    assert isinstance(ctl.evaluator, PrometheusWindows)
+    asked: list[str] = []
+
+    def query(expr: str, at: float) -> list[dict[str, Any]]:
+        asked.append(expr)
+        if "increase(vllm:e2e_request_latency_seconds_count" in expr:
+            return [{"metric": {"priority_class": "p0"}, "value": [at, "100"]}]
+        return []
+
+    ctl.evaluator.query = query
+    ctl.evaluator.measure(0.0, 60.0, canary=False)
+    (goodput,) = [e for e in asked if SLO_TOKENS in e and 'priority_class="p0"' in e]
+    assert 'le="0.025"' in goodput and 'le="0.02"' not in goodput

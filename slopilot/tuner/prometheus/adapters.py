@@ -22,6 +22,7 @@ from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.profiling import ProfileError, WorkloadProfile
 from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
 from slopilot.tuner.prometheus.rules import (
+    LatencyBuckets,
     RuleOptions,
     duration,
     render_rule_groups,
@@ -53,12 +54,16 @@ class PrometheusWindows:
     the window of the same length just before it -> WindowRejected (a trial compared
     under a different load is not comparable). ``min_rate_for_check`` skips that check
     when the earlier window was (nearly) idle: a start from nothing is not a shift.
+    ``latency_buckets``: the backend's histogram edges, as the recording rules are
+    rendered with (``render_rule_groups``); without them an SLO between two of vLLM's
+    edges selects a bucket it never exports, and the goodput reads nothing.
     """
 
     def __init__(self, query: QueryAt | str, selector: Mapping[str, str], slo: SLOSpec, *,
                  canary_labels: Mapping[str, str] | Callable[[], Mapping[str, str]] = CANARY,
                  min_requests: int = 10,
-                 load_tolerance: float = 0.5, min_rate_for_check: float = 0.2) -> None:
+                 load_tolerance: float = 0.5, min_rate_for_check: float = 0.2,
+                 latency_buckets: LatencyBuckets | None = None) -> None:
         if not selector:
             raise ValueError("selector is empty: it would mix every engine in Prometheus; "
                              "pass the deployment's labels, e.g. {'slopilot_deployment': 'x'}")
@@ -78,6 +83,7 @@ class PrometheusWindows:
         self.min_requests = min_requests
         self.load_tolerance = load_tolerance
         self.min_rate_for_check = min_rate_for_check
+        self.latency_buckets = latency_buckets
 
     def _selector(self, canary: bool) -> dict[str, str]:
         if not canary:
@@ -89,7 +95,8 @@ class PrometheusWindows:
 
     def _exprs(self, sel: Mapping[str, str], window_s: int) -> dict[str, dict[str | None, str]]:
         groups = render_rule_groups(self.slo, "window", selector=sel,
-                                    options=RuleOptions(rate_window_s=window_s))
+                                    options=RuleOptions(rate_window_s=window_s),
+                                    latency_buckets=self.latency_buckets)
         out: dict[str, dict[str | None, str]] = {}
         for rule in groups["groups"][0]["rules"]:
             if "record" in rule:
