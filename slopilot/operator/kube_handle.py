@@ -74,6 +74,13 @@ class ApplyError(RuntimeError):
     """A replica did not take a config (unreachable, or an error other than a refusal)."""
 
 
+def _quoted(value: Any) -> str:
+    """A value a pod answered, as a log line or a status condition may quote it: the
+    image is the tenant's, and its answer may be 64 KiB of anything."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 @dataclasses.dataclass(frozen=True)
 class ConfigSync:
     """What one ``sync_config`` did: the pods it reconfigured, and ``"<pod>: <why>"`` for
@@ -300,7 +307,7 @@ class KubeDeploymentHandle:
                     slo_updated.append(name)
             except ApplyError as exc:  # the knobs are still brought over
                 left.append(str(exc))
-            if restart := [f"{k}={runs.get(k)!r}" for k in EngineConfig.restart_knobs()
+            if restart := [f"{k}={_quoted(runs.get(k))}" for k in EngineConfig.restart_knobs()
                            if runs.get(k) != want[k]]:
                 left.append(f"{name}: runs {', '.join(restart)}, which only a restart "
                             "changes; the rollout of the new pod template replaces it")

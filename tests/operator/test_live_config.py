@@ -589,8 +589,11 @@ def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
         for i, pod in enumerate(pods):
             add_pod(cluster, "chat", i, pod.port)
         sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("t"))
+        # The operator's log (a warning per pod, once a minute) quoted it whole too.
+        left = handle_of(cluster, cluster.get(), policy, mint).sync_config().left
     cond = _pods_condition(cluster)
     assert cond is not None and cond["status"] == "False", cond
     assert cond["message"].startswith("chat-pod-0: runs block_size=")
     assert "chat-pod-1" in cond["message"]
     assert len(cond["message"]) < 4096
+    assert len(left) == 2 and all(len(why) < 400 for why in left), [len(w) for w in left]
