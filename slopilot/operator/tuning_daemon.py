@@ -16,8 +16,9 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   then the study is deleted from its storage: it is keyed by the CR's uid, so a new CR
   of the same name starts its own and nothing would ever resume it. Tuning turned off
   fails the running trial and keeps the study, for when it is turned on again.
-- Pods on the spec's config: at each build (a new spec generation) and every
-  ``CONFIG_SYNC_S`` after it, the pods are brought to the spec's live knobs, and the pod a
+- Pods on the spec's config: at each new spec generation (whether or not a controller
+  could be built for it) and every ``CONFIG_SYNC_S`` after it, the pods are brought to
+  the spec's live knobs, and the pod a
   running trial measures to the trial's (``KubeDeploymentHandle.sync_config``): the
   engine reads its ConfigMap only at start, so an edit of a live knob, a pod that read an
   older ConfigMap, or a canary restarted mid-trial would otherwise run a config that
@@ -79,6 +80,7 @@ from slopilot.tuner.loop.state import (
     ControllerState,
     Decision,
     LoopState,
+    RunningTrial,
 )
 
 log = logging.getLogger(__name__)
@@ -214,6 +216,8 @@ class DeploymentLoop:
         self.twin = TwinTracker(kube, namespace, name, clock)
         self.synced_at: float | None = None
         """When the pods were last brought to the spec's config; None: at the next step."""
+        self.synced_for: int | None = None
+        """The spec generation they were brought to then."""
 
     @property
     def key(self) -> str:
@@ -240,7 +244,6 @@ class DeploymentLoop:
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)
                 self.built_for = generation
-                self.synced_at = None
                 self.twin.write(twin, generation, self._ours)
                 self.figures = WindowFigures(self.controller.evaluator,
                                              self.controller.settings.window_s, self.clock())
@@ -250,21 +253,23 @@ class DeploymentLoop:
             self.controller = None  # rebuilt once the spec or the environment is fixed
             self.logger.warning("controller not running: %s", exc)
             self._write_condition(str(exc), generation)
-        self._sync_pods()
+        self._sync_pods(body, generation)
         self._measure()
         return True
 
-    def _sync_pods(self) -> None:
+    def _sync_pods(self, body: Mapping[str, Any], generation: int | None) -> None:
         """After the tick, so that a trial it started is kept on its pod (module
-        docstring)."""
-        now, controller = self.clock(), self.controller
-        if controller is None or (self.synced_at is not None
-                                  and now - self.synced_at < CONFIG_SYNC_S):
+        docstring); at a new generation, else once a ``CONFIG_SYNC_S``."""
+        now = self.clock()
+        if generation == self.synced_for and self.synced_at is not None \
+                and now - self.synced_at < CONFIG_SYNC_S:
             return
-        trial = controller.loop.trial
+        known, trial = self._running_trial(body)
+        if not known:
+            return
         if trial is not None and trial.canary and trial.canary_replica is None:
             return  # a canary not on record: which pod runs the trial is not known
-        self.synced_at = now
+        self.synced_at, self.synced_for = now, generation
         try:
             done = self.handle.sync_config(
                 trial=None if trial is None else trial.config,
@@ -276,7 +281,24 @@ class DeploymentLoop:
         for why in done.left:
             log.warning("%s: a pod is not on the spec's config: %s", self.key, why)
         record_pods_condition(self.kube, self.namespace, self.name, self.uid, done,
-                              self.built_for)
+                              generation)
+
+    def _running_trial(self, body: Mapping[str, Any]) -> tuple[bool, RunningTrial | None]:
+        """Whether the pods may be synced now, and the trial they are to keep. Without a
+        controller (it could not be built: the study's database down, say) the pods
+        still follow a spec the reconcile accepts, around the trial on record; a spec it
+        refuses touches nothing, as in the reconcile."""
+        if self.controller is not None:
+            return True, self.controller.loop.trial
+        try:
+            spec = parse_spec(body)
+            if policy_problems(spec, self.policy) or not_reconciled(self.kube, body, spec):
+                return False, None
+            saved = (body.get("status") or {}).get("controller")
+            state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+        except (SpecError, ControllerError):
+            return False, None
+        return True, None if state is None else state.trial
 
     def _write(self, decision: Decision, action_time: str) -> bool:
         """Write the controller's state as of ``decision``; on failure keep it for later."""

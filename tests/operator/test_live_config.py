@@ -597,3 +597,29 @@ def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
     assert "chat-pod-1" in cond["message"]
     assert len(cond["message"]) < 4096
     assert len(left) == 2 and all(len(why) < 400 for why in left), [len(w) for w in left]
+
+
+def _unbuildable(ctx: Any) -> Any:
+    """A controller factory whose study storage is down (open_study's ControllerError)."""
+    from slopilot.tuner.loop.state import ControllerError
+
+    raise ControllerError("spec.tuning.storage: cannot reach the study's database")
+
+
+def test_an_edit_reaches_the_pods_while_the_controller_cannot_be_built(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tuning on, the daemon is the one that syncs: while its controller could not be
+    built (the study's database down), no sync ran at all, and an edit of a live knob,
+    in a spec the reconcile had accepted, never reached the pods."""
+    body, _, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, engine={"tokenBudget": 1024}, tuning={"window": "1h"}))
+    loop = daemon_loop(cluster, body, monkeypatch, factory=_unbuildable)
+    want = spec_config(cluster)
+    token, slo = mint.for_body(cluster.get()), parse_spec(cluster.get()).slo.to_dict()
+    pod = PodStandIn(token, {**want, "token_budget": 512}, slo)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        assert loop.step()
+        assert loop.controller is None  # not built: the Tuning condition says why
+        assert running(pod) == want
