@@ -213,12 +213,18 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
 
 
 def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
-    """Bring the running pods to the spec's live knobs (no trials run: tuning is off).
+    """Bring the running pods to the spec's live knobs and SLO (tuning is off: no trials).
 
     Only for a spec the reconcile accepts: one the policy or the API server refuses
-    touches nothing, its knobs included (the pods run the last accepted spec's).
+    touches nothing, its knobs included (the pods run the last accepted spec's). Judged
+    on the object as it is now: kopf hands a timer the copy it had when the timer was
+    due, and once tuning is on the daemon syncs, around its trials.
     """
     meta = body["metadata"]
+    body = memo.kube.get(API_VERSION, PLURAL, meta["namespace"], meta["name"]) or {}
+    if str((body.get("metadata") or {}).get("uid")) != str(meta["uid"]) or \
+            tuning_daemon.tuning_enabled(body.get("spec") or {}):
+        return  # gone, a successor of the same name, or the daemon's to sync now
     try:
         spec = parse_spec(body)
     except SpecError:
@@ -242,7 +248,7 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
     for why in done.left:
         logger.warning("a pod is not on the spec's config: %s", why)
     record_pods_condition(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]), done,
-                          meta.get("generation"))
+                          body["metadata"].get("generation"))
 
 
 def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:

@@ -623,3 +623,27 @@ def test_an_edit_reaches_the_pods_while_the_controller_cannot_be_built(
         assert loop.step()
         assert loop.controller is None  # not built: the Tuning condition says why
         assert running(pod) == want
+
+
+def test_the_timer_leaves_the_pods_to_the_daemon_once_tuning_is_on(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """kopf hands the timer the object as it was when it was due: a sync begun on that
+    copy after tuning was turned on sent the spec's config over the trial the daemon had
+    just started on the canary. The timer judges who syncs on the object as it is now."""
+    import logging
+
+    import kopf
+
+    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+
+    _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    stale = cluster.get()  # what kopf handed the timer
+    cluster.patch("chat", {"spec": {"tuning": {"enabled": True}}})
+    want = spec_config(cluster)
+    canary = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512},
+                        parse_spec(cluster.get()).slo.to_dict())  # the daemon's trial
+    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    with serving(canary):
+        add_pod(cluster, "chat", 0, canary.port)
+        sync_untuned_pods(body=stale, memo=memo, logger=logging.getLogger("t"))
+    assert canary.puts == [] and running(canary)["token_budget"] == 512
