@@ -168,27 +168,30 @@ class _Renderer:
     def fraction_within(self, metric: str, cls: str, threshold_s: float,
                         by: str = "priority_class") -> str:
         """The share of ``metric``'s observations of class ``cls`` at or under the
-        threshold, per ``by``; absent where there are none (no 0/0 NaN to spoil a sum).
-        Off the backend's grid it is read as ``histogram_quantile`` reads a bucket,
-        uniform inside it: an edge a backend does not export selects nothing."""
+        threshold, per ``by``; 1 where there are none in the window (one-token requests
+        have no gaps; a long one's first token fell before it), not 0/0. Off the
+        backend's grid it is read as ``histogram_quantile`` reads a bucket, uniform
+        inside it: an edge a backend does not export selects nothing."""
         edges = sorted(self.buckets.get(metric, LATENCY_BUCKETS))
 
         def rate(le: float) -> str:
             return (f"sum by ({by}) (rate({metric}_bucket"
                     f"{self.sel(priority_class=cls, le=_le(le))}[{self.window}]))")
 
-        count = (f"(sum by ({by}) "
-                 f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}])) > 0)")
+        observed = (f"sum by ({by}) "
+                    f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}]))")
+        count = f"({observed} > 0)"
+        none = f" or ({observed} == 0) + 1"
         lower = [e for e in edges if e <= threshold_s + 1e-12]
         upper = [e for e in edges if e > threshold_s + 1e-12]
         if lower and (abs(lower[-1] - threshold_s) <= 1e-12 or not upper):
-            return f"{rate(lower[-1])} / {count}"  # on an edge (or past the last one)
+            return f"{rate(lower[-1])} / {count}{none}"  # on an edge (or past the last one)
         hi = upper[0]
         if not lower:
-            return f"{rate(hi)} * {_num(threshold_s / hi)} / {count}"
+            return f"{rate(hi)} * {_num(threshold_s / hi)} / {count}{none}"
         lo = lower[-1]
         share = _num((threshold_s - lo) / (hi - lo))
-        return f"({rate(lo)} + ({rate(hi)} - {rate(lo)}) * {share}) / {count}"
+        return f"({rate(lo)} + ({rate(hi)} - {rate(lo)}) * {share}) / {count}{none}"
 
     def gpu_utilization(self) -> str:
         """DCGM's GPU utilization (percent) of the deployment's pods, as a ratio.
@@ -251,15 +254,9 @@ class _Renderer:
                       f"{self.sel(priority_class=p.label)}[{w}]))")
             for metric, limit_ms in (("vllm:time_to_first_token_seconds", slo.ttft_p99_ms),
                                      ("vllm:inter_token_latency_seconds", slo.tbt_p99_ms)):
-                if limit_ms is None:
-                    continue
-                # A replica that observed none (one-token requests have no gaps; a long
-                # one's first token fell before the window) keeps its tokens, as the
-                # direct scrape does: absent, the share took them all out of goodput.
-                none = (f"(sum by ({by}) (rate({metric}_count"
-                        f"{self.sel(priority_class=p.label)}[{w}])) == 0) + 1")
-                approx += " * (" + self.fraction_within(
-                    metric, p.label, limit_ms / 1000, by) + f" or {none})"
+                if limit_ms is not None:  # a replica that observed none keeps its tokens
+                    approx += " * (" + self.fraction_within(
+                        metric, p.label, limit_ms / 1000, by) + ")"
             expr = f"sum by (priority_class) ({exact} or ({approx}))"
             # The class label keeps promtool's duplicate-rule lint apart.
             rules.append(self.record("slopilot:goodput_tokens:per_second", expr,
