@@ -227,11 +227,13 @@ def test_direct_scrape_alerts_read_a_window_with_few_finished_requests() -> None
         ("SlopilotBatchingUnderused", "all"), ("SlopilotTBTP99High", "p1")}
 
 
-def _judged_page(tokens: int, good: int, label: str) -> bytes:
+def _judged_page(tokens: int, good: int, label: str, judged: int | None = None) -> bytes:
     """P1's tokens, every gap and first token fast, and the engine's verdicts: ``good``
-    of the ``tokens`` from requests that met their SLO as judged under ``label``."""
+    of the ``judged`` tokens (all ``tokens`` by default) from requests that met their
+    SLO as judged under ``label``."""
     from slopilot.engine.metrics import SLO_TOKENS
 
+    judged = tokens if judged is None else judged
     return "".join([
         'vllm:e2e_request_latency_seconds_count{priority_class="p1"} 20\n',
         f'vllm:request_generation_tokens_sum{{priority_class="p1"}} {tokens}\n',
@@ -241,7 +243,7 @@ def _judged_page(tokens: int, good: int, label: str) -> bytes:
         'vllm:inter_token_latency_seconds_bucket{priority_class="p1",le="1.0"} 1000\n',
         'vllm:inter_token_latency_seconds_bucket{priority_class="p1",le="+Inf"} 1000\n',
         f'{SLO_TOKENS}{{priority_class="p1",slo="{label}",met="true"}} {good}\n',
-        f'{SLO_TOKENS}{{priority_class="p1",slo="{label}",met="false"}} {tokens - good}\n',
+        f'{SLO_TOKENS}{{priority_class="p1",slo="{label}",met="false"}} {judged - good}\n',
     ]).encode()
 
 
@@ -285,3 +287,22 @@ def test_direct_scrape_counts_each_replica_by_its_verdicts_or_else_its_histogram
     p1 = s.classes[Priority.P1]
     assert p1.throughput_tok_s == pytest.approx(200.0)
     assert 40.0 + 99.0 <= p1.goodput_tok_s < 40.0 + 100.0  # a's verdicts + b's product
+
+
+def test_direct_scrape_goodput_of_a_replica_told_its_slo_inside_the_window() -> None:
+    """As the rules read it: a replica told this SLO halfway through the window judged
+    the 500 tokens of its last requests, 400 of them good, of the 1,000 it served. Its
+    met tokens alone read 40 % good where its requests were 80 % good; its share of
+    good tokens judged stands for the window's tokens."""
+    pages = iter([b'vllm:request_generation_tokens_sum{priority_class="p1"} 0\n',
+                  _judged_page(1000, 400, DEMO.slo.p1.label, judged=500)])
+    with serve_metrics(lambda: next(pages)) as address:
+        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
+                              min_requests=1)
+        scrape.poll(now=100.0)
+        scrape.poll(now=110.0)
+        s = scrape.measure(100.0, 110.0, canary=False)
+        scrape.stop()
+    p1 = s.classes[Priority.P1]
+    assert p1.throughput_tok_s == pytest.approx(100.0)
+    assert p1.goodput_tok_s == pytest.approx(80.0)

@@ -461,3 +461,38 @@ def test_goodput_counts_a_replicas_tokens_where_a_histogram_has_no_observation(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
+def test_goodput_of_a_replica_told_its_slo_inside_the_window_is_its_share_of_the_tokens(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """A replica told this SLO half a minute into the one-minute window (an edited
+    spec.slo, a restarted pod) exports its verdicts from then on: it judged half the
+    window's requests. Its met tokens read 2 tokens/s where it served 10 tokens/s, 80 %
+    of them to requests within their SLO; goodput and sloAttainment read a quarter of
+    the truth for a whole window after every edit of the SLO. What it judged is its
+    share of good tokens; its tokens are all the window's."""
+    from slopilot.engine.metrics import SLO_TOKENS
+
+    spec = SLOSpec.from_profile("standard")
+    (tmp_path / "rules.yaml").write_text(render_rules_yaml(spec, "d", namespace="n"))
+    labels = 'namespace="n",slopilot_namespace="n",slopilot_deployment="d",priority_class="p0"'
+    series = [{"series": f"vllm:request_generation_tokens_sum{{{labels}}}",
+               "values": "0+100x30"}]  # 10 tokens/s, sampled every 10 s
+    for metric in ("vllm:inter_token_latency_seconds", "vllm:time_to_first_token_seconds"):
+        for le in ("0.02", "0.1", "+Inf"):
+            series.append({"series": f'{metric}_bucket{{{labels},le="{le}"}}',
+                           "values": "0+10x30"})
+        series.append({"series": f"{metric}_count{{{labels}}}", "values": "0+10x30"})
+    for met, per_10s in (("true", 40), ("false", 10)):  # from t=270 s, at 0 when told
+        series.append({"series": f'{SLO_TOKENS}{{{labels},slo="{spec.p0.label}",'
+                                 f'met="{met}"}}', "values": f"_x27 0+{per_10s}x3"})
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "10s", "tests": [{
+        "interval": "10s", "input_series": series, "promql_expr_test": [{
+            "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
+            "eval_time": "300s",
+            "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
+                                       'slopilot_namespace="n"}', "value": 8000}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -61,11 +61,10 @@ def _parse(text: str) -> Series:
                     label += "/" + s.labels.get("feature", "")
                 key = (s.name, label, _NO_LE)
                 out[key] = out.get(key, 0.0) + float(s.value)
-            elif s.name == SLO_TOKENS:
-                if s.labels.get("met") == "true":  # keyed by class and objectives judged
-                    key = (s.name, f"{s.labels.get('priority_class', '')}/"
-                           f"{s.labels.get('slo', '')}", _NO_LE)
-                    out[key] = out.get(key, 0.0) + float(s.value)
+            elif s.name == SLO_TOKENS:  # keyed by class, objectives judged and verdict
+                key = (s.name, f"{s.labels.get('priority_class', '')}/"
+                       f"{s.labels.get('slo', '')}/{s.labels.get('met', '')}", _NO_LE)
+                out[key] = out.get(key, 0.0) + float(s.value)
             elif s.name in _KEEP:
                 # Not NaN for "no le": NaN != NaN, so such a key never matched the
                 # window's first snapshot and every counter read as its lifetime.
@@ -240,13 +239,15 @@ class DirectScrape:
 
     def _good_tokens(self, d: Series, p: Priority) -> float:
         """One replica's good tokens of class ``p`` in the window, as the rules count
-        them: its verdicts under this SLO where it exports them, else its tokens times
-        its shares of first tokens and of gaps within the SLO."""
+        them: its tokens times the share of those it judged under this SLO that met it,
+        where it judged any, else times its shares of first tokens and of gaps within
+        the SLO."""
         c, cls_slo = p.label, self.slo.class_slo(p)
-        judged = d.get((SLO_TOKENS, f"{c}/{cls_slo.label}", _NO_LE))
-        if judged is not None:
-            return judged
         good = d.get(("vllm:request_generation_tokens_sum", c, _NO_LE), 0.0)
+        met, missed = (d.get((SLO_TOKENS, f"{c}/{cls_slo.label}/{v}", _NO_LE), 0.0)
+                       for v in ("true", "false"))
+        if met + missed > 0:
+            return good * met / (met + missed)
         for name, limit in ((_TTFT, cls_slo.ttft_p99_ms), (_TBT, cls_slo.tbt_p99_ms)):
             hist = {le: v for (n, cls, le), v in d.items() if n == name and cls == c}
             if limit is not None and hist.get(math.inf, 0.0) > 0:

@@ -241,17 +241,21 @@ class _Renderer:
         ]
         by = f"priority_class, {REPLICA_LABEL}"
         for p, slo in self.spec.classes().items():
-            # Goodput, per replica: the output tokens of the requests that met their
-            # class's SLO, as the engine judged each one (ClassSLO.met) under these very
-            # objectives.
-            exact = (f"sum by ({by}) (rate({SLO_TOKENS}"
-                     f"{self.sel(priority_class=p.label, slo=slo.label, met='true')}[{w}]))")
+            tokens = (f"sum by ({by}) (rate(vllm:request_generation_tokens_sum"
+                      f"{self.sel(priority_class=p.label)}[{w}]))")
+            judged, met = (f"sum by ({by}) (rate({SLO_TOKENS}"
+                           f"{self.sel(priority_class=p.label, slo=slo.label, **only)}[{w}]))"
+                           for only in ({}, {"met": "true"}))
+            # Goodput, per replica: its finished tokens times the share of the tokens it
+            # judged (ClassSLO.met, under these very objectives) that met them. A share,
+            # not the met tokens alone: a replica told this SLO inside the window (an
+            # edit, a restart) judged only part of the window's requests.
+            exact = f"{tokens} * {met} / ({judged} > 0)"
             # A replica that judges none (vLLM, an image from before, one not yet told
             # this SLO): its finished tokens times its shares of first tokens and of gaps
             # within the SLO, as if every request had the same few slow gaps. That reads
             # high where slow gaps bunch on a few requests (each over its own P99 target).
-            approx = (f"sum by ({by}) (rate(vllm:request_generation_tokens_sum"
-                      f"{self.sel(priority_class=p.label)}[{w}]))")
+            approx = tokens
             for metric, limit_ms in (("vllm:time_to_first_token_seconds", slo.ttft_p99_ms),
                                      ("vllm:inter_token_latency_seconds", slo.tbt_p99_ms)):
                 if limit_ms is not None:  # a replica that observed none keeps its tokens
