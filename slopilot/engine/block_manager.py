@@ -26,11 +26,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
 from slopilot.engine.prefix_cache import PrefixCache
 from slopilot.engine.request import Request
 
-__all__ = ["BlockManager", "IntegrityError", "KVStats"]
+__all__ = ["BlockManager", "KVStats"]
 
 @dataclass(frozen=True, slots=True)
 class KVStats:
@@ -319,10 +318,3 @@ class BlockManager:
             self._cpu_free.extend(self._cpu_draining)
             self._cpu_draining.clear()
 
-    # ---------------------------------------------------------------- integrity
-    def check_integrity(self) -> None:
-        """free + used + cached == total, and every count agrees with the tables.
-
-        O(blocks ever used): for tests and ``--check-integrity``, never the serving path.
-        """
-        check_block_manager(self)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from slopilot.engine.admission import Admission
 from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.kv_integrity import check_block_manager
 from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import Priority, Request, RequestStatus
 
@@ -315,7 +316,7 @@ class Scheduler(Admission):
 
         O(blocks + requests): tests and the debug flag only, never the serving path.
         """
-        self.kv.check_integrity()
+        check_block_manager(self.kv)
         bs = self.kv.block_size
         for req in self.running:
             if req.status is not RequestStatus.RUNNING:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slopilot.engine.block_manager import BlockManager, IntegrityError
+from slopilot.engine.block_manager import BlockManager
+from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
 from slopilot.engine.request import Request
 
 
@@ -23,7 +24,7 @@ def test_allocate_answers_yes_or_no_and_changes_nothing_on_no() -> None:
     assert not kv.allocate_slots(b, 8)  # needs 2, 1 free
     assert kv.stats() == before and kv.num_blocks("b") == 0
     assert not kv.allocate_slots(req("c", [1]), 1, reserve_blocks=1)
-    kv.check_integrity()
+    check_block_manager(kv)
 
 
 def test_prefix_is_shared_only_when_the_whole_prefix_matches() -> None:
@@ -57,7 +58,7 @@ def test_shared_blocks_are_reference_counted() -> None:
     kv.free("b")
     assert kv.num_used_blocks == 0
     assert kv.stats().num_cached == 2
-    kv.check_integrity()
+    check_block_manager(kv)
 
 
 def test_cached_blocks_are_evicted_least_recently_freed_tail_first() -> None:
@@ -90,7 +91,7 @@ def test_swap_out_and_in_moves_blocks_through_the_cpu_pool() -> None:
     assert kv.num_free_cpu_blocks == 1
     kv.begin_step()
     assert kv.num_free_cpu_blocks == 4
-    kv.check_integrity()
+    check_block_manager(kv)
 
 
 def test_swap_refusals() -> None:
@@ -106,10 +107,10 @@ def test_swap_refusals() -> None:
 def test_integrity_check_catches_corruption() -> None:
     kv = BlockManager(num_gpu_blocks=4, block_size=4)
     kv.allocate_slots(req("a", [1, 2, 3]), 3)
-    kv.check_integrity()
+    check_block_manager(kv)
     kv._free.append(kv.block_table("a")[0])  # a block both used and free
     with pytest.raises(IntegrityError):
-        kv.check_integrity()
+        check_block_manager(kv)
 
 
 def test_bad_sizes_are_refused() -> None:
