@@ -50,8 +50,8 @@ from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
-from slopilot.operator.policy import OperatorPolicy
-from slopilot.operator.reconcile import reconcile
+from slopilot.operator.policy import OperatorPolicy, policy_problems
+from slopilot.operator.reconcile import not_reconciled, reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
@@ -165,6 +165,18 @@ class KubeDeploymentHandle:
             self._parsed = (str(version), spec)
         return spec
 
+    def _accepted(self, body: Mapping[str, Any]) -> LLMDeploymentSpec:
+        """``body``'s spec, where the reconcile would accept it; else ApplyError. A
+        caller's own check judged the object it read earlier: an edit since (during a
+        tick that may take minutes) is only seen here, and a refused spec touches
+        nothing, its knobs and SLO included."""
+        spec = self._spec_of(body)
+        if problems := policy_problems(spec, self.policy):
+            raise ApplyError(f"{self.name}: the spec is refused: {'; '.join(problems)}")
+        if (why := not_reconciled(self.kube, body, spec)) is not None:
+            raise ApplyError(f"{self.name}: {why}")
+        return spec
+
     def _uid(self) -> str:
         return self.uid if self.uid is not None else str(self.body()["metadata"].get("uid"))
 
@@ -244,7 +256,7 @@ class KubeDeploymentHandle:
     def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
         """Apply to the canary (whose pod name is returned) or to every replica."""
         body = self.body()
-        spec = self._spec_of(body)
+        spec = self._accepted(body)
         # Judged whole before any replica sees it (raises ConfigError, named by field).
         new = spec.engine.with_overrides(config, live_only=spec.backend is Backend.BUILTIN)
         if spec.backend is Backend.BUILTIN:
@@ -276,9 +288,10 @@ class KubeDeploymentHandle:
         written; so is the SLO it judges requests by (``/admin/slo``: ``spec.slo``). A pod
         that runs other restart knobs (block size, swap space) is from an
         older pod template: the rollout replaces it, and a live PUT could not change them.
+        ApplyError, with nothing sent, for a spec the reconcile refuses.
         """
         body = self.body()
-        spec = self._spec_of(body)
+        spec = self._accepted(body)
         if spec.backend is not Backend.BUILTIN:
             return ConfigSync()
         trial_config = None if trial is None else \

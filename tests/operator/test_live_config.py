@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
@@ -647,3 +647,61 @@ def test_the_timer_leaves_the_pods_to_the_daemon_once_tuning_is_on(
         add_pod(cluster, "chat", 0, canary.port)
         sync_untuned_pods(body=stale, memo=memo, logger=logging.getLogger("t"))
     assert canary.puts == [] and running(canary)["token_budget"] == 512
+
+
+def test_the_sync_itself_never_acts_on_a_spec_the_policy_refuses(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """Its callers judged the object they had read, and the sync read it again: an edit
+    in between (a tenant's, made during the daemon's tick, which may take minutes) that
+    the policy refuses had its knobs and SLO sent to the pods of the last accepted spec.
+    A refused spec touches nothing, whoever reads it."""
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    accepted, slo = spec_config(cluster), parse_spec(body).slo.to_dict()
+    pod = PodStandIn(mint.for_body(cluster.get()), accepted, slo)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        handle = handle_of(cluster, body, policy, mint)
+        cluster.patch("chat", {"spec": {"image": "evil.example/miner:1",
+                                        "engine": {"tokenBudget": 4096},
+                                        "slo": {"profile": "relaxed"}}})
+        with pytest.raises(ApplyError, match="not on the operator's image allow-list"):
+            handle.sync_config()
+        # The controller's own writes, a trial's or a commit's, likewise.
+        with pytest.raises(ApplyError, match="not on the operator's image allow-list"):
+            handle.apply_config({"token_budget": 512}, canary=False)
+    assert pod.puts == [] and pod.slo_puts == [] and running(pod) == accepted
+    assert "tunedConfig" not in cluster.status()
+
+
+def test_an_edit_the_policy_refuses_made_during_the_daemons_tick_is_not_synced(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from slopilot.tuner.loop.controller import Controller
+    from tests.operator.standins import GOOD, FakeProbe, FakeStudy, HoldingWindows, MoreReplicas
+
+    body, _, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, tuning={"window": "1h"}))
+    accepted = spec_config(cluster)
+    token, slo = mint.for_body(cluster.get()), parse_spec(body).slo.to_dict()
+
+    class EditedDuringTick:
+        def firing(self) -> list[Any]:  # a tick is under way: the tenant edits the CR
+            cluster.patch("chat", {"spec": {"image": "evil.example/miner:1",
+                                            "engine": {"tokenBudget": 4096}}})
+            return []
+
+    def factory(ctx: Any) -> Controller:
+        settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
+        return Controller(settings, ctx.handle, EditedDuringTick(),  # type: ignore[arg-type]
+                          HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
+                          MoreReplicas(ctx), state=ctx.state)
+
+    loop = daemon_loop(cluster, body, monkeypatch, factory=factory)
+    pod = PodStandIn(token, accepted, slo)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        assert loop.step()
+    assert parse_spec(cluster.get()).engine.token_budget == 4096  # the edit was made
+    assert pod.puts == [] and running(pod) == accepted
