@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -65,6 +66,12 @@ POD_ANSWER_DEADLINE_S = 15.0
 image is the tenant's: httpx's timeout restarts with every byte, so one that drips its
 answer held the sync (a kopf handler thread, and the CR's lock) for as long as it liked.
 An engine answers in milliseconds, a PUT once the current iteration ends."""
+SYNC_DEADLINE_S = 30.0
+"""The longest one ``sync_config`` may take, every pod together; each request gets at
+most what is left of it. A deadline per request alone let a tenant's image that answered
+each just inside it hold the sync (a kopf handler thread and the CR's lock, which the
+CR's reconciles and drift repairs wait on, each on a thread) a minute per replica. Healthy
+engines answer all 64 replicas' reads in well under a second."""
 MAX_CONFIG_BYTES = 64 * 1024
 """The most of a pod's ``GET /admin/config`` answer read (the admin API's own body cap)."""
 TEMPLATE_HASH = "pod-template-hash"
@@ -122,7 +129,8 @@ class KubeDeploymentHandle:
     def __init__(self, kube: Kube, namespace: str, name: str, *, mint: TokenMint,
                  policy: OperatorPolicy | None = None,
                  http: httpx.Client | None = None, uid: str | None = None,
-                 guard: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+                 guard: Callable[[], AbstractContextManager[Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.guard = guard if guard is not None else contextlib.nullcontext
         """Held around each write to the Deployment and the rendered objects (the
@@ -131,6 +139,8 @@ class KubeDeploymentHandle:
         self.uid = uid
         """The CR's uid, where the caller serves one CR (None: read from the object)."""
         self.mint = mint
+        self.clock = clock
+        """What ``SYNC_DEADLINE_S`` is counted by."""
         self.policy = policy if policy is not None else OperatorPolicy()
         # No keep-alive: each request opens its own connection, which its deadline can shut.
         self.http = http or bounded_client(HTTP_TIMEOUT_S)
@@ -288,7 +298,8 @@ class KubeDeploymentHandle:
         written; so is the SLO it judges requests by (``/admin/slo``: ``spec.slo``). A pod
         that runs other restart knobs (block size, swap space) is from an
         older pod template: the rollout replaces it, and a live PUT could not change them.
-        ApplyError, with nothing sent, for a spec the reconcile refuses.
+        All of it within ``SYNC_DEADLINE_S``: the pods it has no time left for are in
+        ``left``. ApplyError, with nothing sent, for a spec the reconcile refuses.
         """
         body = self.body()
         spec = self._accepted(body)
@@ -302,13 +313,19 @@ class KubeDeploymentHandle:
         slo_updated: list[str] = []
         left: list[str] = []
         pods = self.pods(body)
-        for pod in pods:
+        ends = self.clock() + SYNC_DEADLINE_S
+        for i, pod in enumerate(pods):
+            if self.clock() >= ends:  # the rest wait for the next sync, named meanwhile
+                left += [f"{p['metadata']['name']}: not checked: the pods before it took "
+                         f"this sync's {SYNC_DEADLINE_S:g} s (SYNC_DEADLINE_S)"
+                         for p in pods[i:]]
+                break
             name = str(pod["metadata"]["name"])
             config = trial_config if trial_config is not None and trial_on in (None, name) \
                 else spec.engine
             want = config.to_dict()
             try:
-                runs = self._get(pod, token)
+                runs = self._get(pod, token, ends=ends)
             except ApplyError as exc:
                 left.append(str(exc))
                 continue
@@ -316,7 +333,7 @@ class KubeDeploymentHandle:
                 left.append(f"{name}: /admin/config did not answer a JSON object of knobs")
                 continue
             try:
-                if self._sync_slo(pod, slo, token):
+                if self._sync_slo(pod, slo, token, ends):
                     slo_updated.append(name)
             except ApplyError as exc:  # the knobs are still brought over
                 left.append(str(exc))
@@ -328,7 +345,7 @@ class KubeDeploymentHandle:
             if all(runs.get(k) == v for k, v in want.items()):
                 continue
             try:
-                self._put(pod, config, token)
+                self._put(pod, config, token, ends)
             except (ApplyError, ConfigError) as exc:
                 left.append(str(exc))
                 continue
@@ -339,14 +356,15 @@ class KubeDeploymentHandle:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
         return ConfigSync(tuple(updated), tuple(left), tuple(slo_updated), len(pods))
 
-    def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], token: str) -> bool:
+    def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], token: str,
+                  ends: float) -> bool:
         """Send ``slo`` (``spec.slo``) to ``pod`` unless it judges by it already; whether
         it was sent. The engine reads the ConfigMap's only at start, as its knobs."""
-        if self._get(pod, token, "/admin/slo") == slo:
+        if self._get(pod, token, "/admin/slo", ends=ends) == slo:
             return False
         name = pod["metadata"]["name"]
         url = self._url(pod) + "/admin/slo"
-        status, ctype = self._send(name, url, slo, token)
+        status, ctype = self._send(name, url, slo, token, ends)
         if status >= 300:
             try:
                 self._refused(name, url, status, ctype)
@@ -365,15 +383,17 @@ class KubeDeploymentHandle:
         self._canary = str(pods[0]["metadata"]["name"])
         return pods[0]
 
-    def _get(self, pod: Mapping[str, Any], token: str, path: str = "/admin/config") -> Any:
+    def _get(self, pod: Mapping[str, Any], token: str, path: str = "/admin/config", *,
+             ends: float | None = None) -> Any:
         """``path`` of ``pod``'s admin API, parsed (read up to ``MAX_CONFIG_BYTES``: the
-        image is the tenant's, so the answer may be anything)."""
+        image is the tenant's, so the answer may be anything); by ``ends`` (the clock's
+        reading) where given."""
         name = pod["metadata"]["name"]
         url = self._url(pod) + path
         # Read as sent, never inflated: the cap counts what the operator holds, and a
         # compressed answer (Content-Encoding, asked for or not) inflates a thousandfold.
         headers = {"Authorization": f"Bearer {token}", "Accept-Encoding": "identity"}
-        with self._bounded(name, url) as extensions, \
+        with self._bounded(name, url, ends) as extensions, \
                 self.http.stream("GET", url, headers=headers, extensions=extensions) as resp:
             if resp.status_code == 400:  # a read sends no config for it to refuse
                 raise ApplyError(f"{name} at {url}: " + http_failure(
@@ -406,29 +426,39 @@ class KubeDeploymentHandle:
                 "or an image too old to read it: use a current slopilot image)")
         raise ApplyError(f"{name} at {url}: {what}")
 
-    def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str) -> None:
+    def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str,
+             ends: float | None = None) -> None:
         name = pod["metadata"]["name"]
         url = self._url(pod) + "/admin/config"
-        status, ctype = self._send(name, url, config.to_dict(), token)
+        status, ctype = self._send(name, url, config.to_dict(), token, ends)
         if status >= 300:
             self._refused(name, url, status, ctype)
 
-    def _send(self, name: str, url: str, data: Any, token: str) -> tuple[int, str | None]:
+    def _send(self, name: str, url: str, data: Any, token: str,
+              ends: float | None = None) -> tuple[int, str | None]:
         """PUT ``data`` to ``url``: the answer's status and content type. Its body is never
         read: the image is the tenant's, and an endless body read whole (httpx's
         ``put``) would fill the operator's memory."""
-        with self._bounded(name, url) as extensions, \
+        with self._bounded(name, url, ends) as extensions, \
                 self.http.stream("PUT", url, json=data, extensions=extensions,
                                  headers={"Authorization": f"Bearer {token}"}) as resp:
             return resp.status_code, resp.headers.get("content-type")
 
     @contextlib.contextmanager
-    def _bounded(self, name: str, url: str) -> Iterator[dict[str, Any]]:
+    def _bounded(self, name: str, url: str, ends: float | None = None
+                 ) -> Iterator[dict[str, Any]]:
         """The ``extensions`` of one request to ``name``'s admin API, whose whole answer
-        then has ``POD_ANSWER_DEADLINE_S``; its transport errors as ApplyError."""
-        deadline = Deadline(POD_ANSWER_DEADLINE_S)
+        then has ``POD_ANSWER_DEADLINE_S``, or what is left until ``ends`` if less (a
+        sync's deadline); its transport errors as ApplyError."""
+        deadline_s, bound = POD_ANSWER_DEADLINE_S, "deadline per request (POD_ANSWER_DEADLINE_S)"
+        if ends is not None and (left_s := ends - self.clock()) < deadline_s:
+            if left_s <= 0:
+                raise ApplyError(f"{name} at {url}: not asked: this sync's "
+                                 f"{SYNC_DEADLINE_S:g} s (SYNC_DEADLINE_S) are over")
+            deadline_s, bound = left_s, "left of this sync's deadline (SYNC_DEADLINE_S)"
+        deadline = Deadline(deadline_s)
         late = (f"{name} at {url}: did not finish its answer within the "
-                f"{deadline.deadline_s:g} s deadline per request (POD_ANSWER_DEADLINE_S); "
+                f"{deadline.deadline_s:g} s {bound}; "
                 "an engine answers in milliseconds: is this image the engine?")
         try:
             yield {"trace": deadline.trace}

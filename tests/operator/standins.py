@@ -20,7 +20,7 @@ import json
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -147,6 +147,9 @@ class PodStandIn(_Server):
         self.drip_s = 0.0
         self.drip_methods = frozenset({"GET", "PUT"})
         self.answer_cut, self.answer_sent = threading.Event(), threading.Event()
+        # Called with (method, path) as each request arrives, before it is answered: a
+        # test's clock can take the time a slow image would.
+        self.on_request: Callable[[str, str], None] | None = None
         self.lock = threading.Lock()
         super().__init__(_PodHandler)
 
@@ -172,6 +175,8 @@ class _PodHandler(_Handler):
 
     def do_GET(self) -> None:
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
+        if standin.on_request is not None:
+            standin.on_request("GET", self.path)
         if self.drip(standin):
             return
         with standin.lock:
@@ -200,6 +205,8 @@ class _PodHandler(_Handler):
         standin: PodStandIn = self.server.standin  # type: ignore[attr-defined]
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         auth = self.headers.get("Authorization", "")
+        if standin.on_request is not None:
+            standin.on_request("PUT", self.path)
         if self.drip(standin):
             return
         if standin.put_answer_bytes:

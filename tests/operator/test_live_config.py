@@ -705,3 +705,43 @@ def test_an_edit_the_policy_refuses_made_during_the_daemons_tick_is_not_synced(
         assert loop.step()
     assert parse_spec(cluster.get()).engine.token_budget == 4096  # the edit was made
     assert pod.puts == [] and running(pod) == accepted
+
+
+def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """Each request to a pod had a deadline (POD_ANSWER_DEADLINE_S), the sync as a whole
+    none: up to four requests a pod, one pod after another, so a tenant's image that
+    answered each just inside the deadline held the sync for a minute per replica (an
+    hour at 64), begun again every minute; with it a kopf handler thread and the CR's
+    lock, on which every reconcile and drift repair of that CR waits on a thread of its
+    own. The pods a sync has no time left for are named, and the next sync goes on."""
+    from slopilot.operator import kube_handle
+
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    slo = parse_spec(cluster.get()).slo.to_dict()
+    clock = Clock()
+    answer_s = kube_handle.POD_ANSWER_DEADLINE_S - 1  # inside each request's deadline
+    pods = [PodStandIn(token, {**want, "token_budget": 512}, slo) for _ in range(4)]
+    asked: list[tuple[str, str]] = []
+
+    def slow(method: str, path: str) -> None:
+        asked.append((method, path))
+        clock.now += answer_s
+
+    for pod in pods:
+        pod.on_request = slow
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"], clock=clock)
+        start = clock.now
+        done = handle.sync_config()
+    # Every request began inside the sync's deadline, and none was begun after it.
+    assert clock.now - start < kube_handle.SYNC_DEADLINE_S + answer_s
+    assert len(asked) * answer_s < kube_handle.SYNC_DEADLINE_S + answer_s
+    assert pods[-1].gets == 0 and pods[-1].puts == []
+    assert done.pods == len(pods)
+    assert [why.split()[0].rstrip(":") for why in done.left][-1] == "chat-pod-3"
+    assert "SYNC_DEADLINE_S" in done.left[-1]
