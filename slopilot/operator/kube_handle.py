@@ -450,15 +450,18 @@ class KubeDeploymentHandle:
         """The ``extensions`` of one request to ``name``'s admin API, whose whole answer
         then has ``POD_ANSWER_DEADLINE_S``, or what is left until ``ends`` if less (a
         sync's deadline); its transport errors as ApplyError."""
-        deadline_s, bound = POD_ANSWER_DEADLINE_S, "deadline per request (POD_ANSWER_DEADLINE_S)"
+        deadline_s = POD_ANSWER_DEADLINE_S
+        bound = f"{deadline_s:g} s deadline per request (POD_ANSWER_DEADLINE_S)"
         if ends is not None and (left_s := ends - self.clock()) < deadline_s:
             if left_s <= 0:
                 raise ApplyError(f"{name} at {url}: not asked: this sync's "
                                  f"{SYNC_DEADLINE_S:g} s (SYNC_DEADLINE_S) are over")
-            deadline_s, bound = left_s, "left of this sync's deadline (SYNC_DEADLINE_S)"
+            # Named by the sync's whole deadline: what was left varies, and the
+            # PodsConfigured message, which quotes this, is written only when it changes.
+            deadline_s = left_s
+            bound = f"{SYNC_DEADLINE_S:g} s of this sync (SYNC_DEADLINE_S)"
         deadline = Deadline(deadline_s)
-        late = (f"{name} at {url}: did not finish its answer within the "
-                f"{deadline.deadline_s:g} s {bound}; "
+        late = (f"{name} at {url}: did not finish its answer within the {bound}; "
                 "an engine answers in milliseconds: is this image the engine?")
         try:
             yield {"trace": deadline.trace}

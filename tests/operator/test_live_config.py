@@ -745,3 +745,21 @@ def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
     assert done.pods == len(pods)
     assert [why.split()[0].rstrip(":") for why in done.left][-1] == "chat-pod-3"
     assert "SYNC_DEADLINE_S" in done.left[-1]
+
+
+def test_a_request_gets_only_what_is_left_of_the_syncs_deadline(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync's deadline bounds the request under way too, not only the next pod's:
+    a pod that drips its answer is cut when the sync's time is up."""
+    from slopilot.operator import kube_handle
+    monkeypatch.setattr(kube_handle, "POD_ANSWER_DEADLINE_S", 3600.0)
+    monkeypatch.setattr(kube_handle, "SYNC_DEADLINE_S", 0.5)
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    dripping = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    dripping.drip_s = 0.05
+    with serving(dripping):
+        add_pod(cluster, "chat", 0, dripping.port)
+        done = handle_of(cluster, body, policy, mint).sync_config()
+        assert dripping.answer_cut.wait(timeout=60)
+    assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
+    assert "0.5 s of this sync (SYNC_DEADLINE_S)" in done.left[0]
