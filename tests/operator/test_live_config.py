@@ -763,3 +763,74 @@ def test_a_request_gets_only_what_is_left_of_the_syncs_deadline(
         assert dripping.answer_cut.wait(timeout=60)
     assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
     assert "0.5 s of this sync (SYNC_DEADLINE_S)" in done.left[0]
+
+
+def _engine_pod(cluster: Cluster, namespace: str, pod: str, port: int, template_hash: str,
+                deployment_uid: str | None = None) -> None:
+    """A ready pod of a ReplicaSet that the Deployment ``chat`` of ``namespace``
+    controls (what the Deployment controller makes): the one there now, or the one whose
+    uid is ``deployment_uid``."""
+    from slopilot.operator.render import ADMIN_PORT_NAME, selector
+
+    if deployment_uid is None:
+        deployment_uid = cluster.kube.get("apps/v1", "deployments", namespace,
+                                          "chat")["metadata"]["uid"]
+    labels = {**selector("chat"), "pod-template-hash": template_hash}
+    rs = cluster.kube.create("apps/v1", "replicasets", namespace, {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": f"chat-{template_hash}", "labels": labels, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "Deployment", "name": "chat",
+            "uid": deployment_uid, "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "engine", "image": "x"}]}}}})
+    cluster.kube.create("v1", "pods", namespace, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "labels": labels, "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
+            "uid": rs["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"containers": [{"name": "engine", "image": "x", "ports": [
+            {"name": ADMIN_PORT_NAME, "containerPort": port}]}]}})
+    cluster.kube.patch("v1", "pods", namespace, pod, {"status": {
+        "phase": "Running", "podIP": "127.0.0.1",
+        "conditions": [{"type": "Ready", "status": "True"}]}}, subresource="status")
+
+
+def test_a_deployments_token_and_config_reach_its_own_pods_only(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """A tenant's ``chat`` never has another's pods synced, nor sends its token there:
+    not the ``chat`` of another namespace, nor the pods of a deleted ``chat`` of the same
+    name (another uid) that still run while the garbage collector takes them."""
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want = spec_config(cluster)
+    other = cluster.custom.create_namespaced_custom_object(
+        "slopilot.dev", "v1alpha1", "team-b", "llmdeployments",
+        {**llmd(tuning={"enabled": False}), "metadata": {"name": "chat",
+                                                         "namespace": "team-b"}})
+    assert reconcile(cluster.kube, other, policy=policy, mint=mint).valid
+    asked: dict[str, list[tuple[str, str]]] = {}
+
+    def standin(name: str, token: str) -> PodStandIn:
+        pod = PodStandIn(token, {**want, "token_budget": 512})
+        pod.on_request = lambda method, path: asked.setdefault(name, []).append(
+            (method, path))
+        return pod
+
+    old_deployment = cluster.owned("apps/v1", "deployments", "chat")["metadata"]["uid"]
+    cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
+                                                   "llmdeployments", "chat")
+    successor = cluster.create(llmd(tuning={"enabled": False}))
+    assert reconcile(cluster.kube, successor, policy=policy, mint=mint).valid
+    pods = {"old": standin("old", mint.for_body(body)),
+            "new": standin("new", mint.for_body(successor)),
+            "team-b": standin("team-b", mint.for_body(other))}
+    with serving(*pods.values()):
+        # The first chat's pod, which the garbage collector has not deleted yet.
+        _engine_pod(cluster, NS, "chat-old", pods["old"].port, "0ld", old_deployment)
+        _engine_pod(cluster, NS, "chat-new", pods["new"].port, "n3w")
+        _engine_pod(cluster, "team-b", "chat-b", pods["team-b"].port, "b")
+        assert len(cluster.core.list_namespaced_pod(NS).items) == 2
+        done = handle_of(cluster, successor, policy, mint).sync_config()
+    assert done.updated == ("chat-new",) and done.left == ()
+    assert set(asked) == {"new"}
+    assert [auth for _, auth in pods["new"].puts] == [f"Bearer {mint.for_body(successor)}"]
