@@ -17,7 +17,8 @@ here for the tokens handed out only (``ChoiceState.feed``), as vLLM's frontend d
 Where the server knows the deployment's SLO, each choice is judged once delivered
 against its class's objectives as they stood when it arrived (``ClassSLO.met`` on that
 TTFT and those gaps, the simulator's rule), and counted with the tokens the client got:
-the per-request goodput that histograms of first tokens and of gaps cannot give.
+the per-request goodput that histograms of first tokens and of gaps cannot give. One cut
+short (the client left, a drain or a failed engine ended it) is not judged.
 """
 
 from __future__ import annotations
@@ -104,6 +105,20 @@ class ChoiceState:
         return self.detok.take(final=self.finish is not None), \
             list(range(start, start + len(token_ids)))
 
+    @property
+    def judgeable(self) -> bool:
+        """Whether its verdict can be told: it ran to its end with a token.
+
+        A choice without a token (refused, aborted before its first token) has nothing
+        to judge, as in the simulator (SLOJudge.finished); its finish chunk alone sets
+        ``ttft_s`` (a drain's abort of a waiting request), so the tokens decide. Nor has
+        one cut short (the client left, a drain or a failed engine ended it): the gaps
+        it never got could be any length, so "met" would credit the tokens it did get
+        with a verdict nobody measured, as the simulator leaves a request unfinished at
+        the horizon unjudged.
+        """
+        return bool(self.token_ids) and self.finish not in (None, FinishReason.ABORT.value)
+
     def logprobs(self, positions: list[int], text_of: TokenText, *, echo: bool) -> Any:
         """The choice's logprobs object for these output positions (and the prompt's)."""
         prep, req = self.prep, self.choice.request
@@ -180,10 +195,7 @@ class Delivery:
             self.backend.metrics.observe_delivered(
                 req.priority, self.clock() - req.arrival_time, len(state.token_ids),
                 state.finish or FinishReason.ABORT.value)
-            # A choice without a token (refused, aborted before its first token) has
-            # nothing to judge, as in the simulator (SLOJudge.finished). Its finish chunk
-            # alone sets ttft_s (a drain's abort of a waiting request), so the tokens decide.
-            if state.slo is not None and state.ttft_s is not None and state.token_ids:
+            if state.slo is not None and state.ttft_s is not None and state.judgeable:
                 self.backend.metrics.observe_verdict(
                     req.priority, state.slo,
                     met=state.slo.met(state.ttft_s, state.gaps, state.gaps_over),

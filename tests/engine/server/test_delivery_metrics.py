@@ -292,3 +292,58 @@ def test_a_request_aborted_before_its_first_token_is_not_judged(stream: bool) ->
 
     asyncio.run(deliver())
     assert {k: v for k, v in m.verdicts().items() if v != (0, 0)} == {}
+
+
+async def _leave_after(delivery: Delivery, stream: bool, tokens: int) -> None:
+    """A client that goes away once ``tokens`` tokens reached the handler: what the route
+    does then (the stream's generator closed, or the body's task cancelled), then the
+    response's close."""
+    state = delivery.states[0]
+    text_of = TokenText(delivery.backend.tokenizer)
+    if stream:
+        # The chunk is written once the response asks for the next, which then waits.
+        events = sse_events(delivery, text_of)
+        await anext(events)
+        task = asyncio.ensure_future(anext(events))
+        while not state.first_written:
+            await asyncio.sleep(0)
+    else:
+        task = asyncio.ensure_future(collect(delivery, text_of))
+        while len(state.token_ids) < tokens:
+            await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    delivery.close()
+
+
+@pytest.mark.parametrize("how", ["client-left", "drained"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_cut_short_is_not_judged(stream: bool, how: str) -> None:
+    """A choice that never finished (the client went away, a drain aborted it) has no
+    verdict: its remaining gaps were never made, so nobody can say it met its SLO. It
+    was judged met: a client that took 3 of 500 tokens, fast, and left counted 1 request
+    and 3 tokens met; a non-streamed client that timed out with nothing (14 tokens made)
+    counted 14 tokens met."""
+    from slopilot.engine.slo import SLOSpec
+
+    backend = build_backend(realtime=False)
+    m = backend.metrics
+    m.set_slo(SLOSpec.from_dict(_JUDGED_SLO))
+    body = CompletionRequest(prompt="one two three", max_tokens=500, ignore_eos=True,
+                             stream=stream)
+    prep = prepare(backend, body, {}, arrival_time=10.0)
+
+    async def deliver() -> None:
+        stream_ = RequestStream(prep.choices[0].request, _Aborts())
+        for i in range(3):  # fast: 50 ms apart, the first within the TTFT target
+            stream_._push(7, None, made_at=10.1 + 0.05 * i)
+        delivery = Delivery(backend, prep, [stream_], lambda: 10.2)
+        if how == "drained":
+            stream_._push(None, FinishReason.ABORT)  # as AsyncEngine.abort posts it
+            await _hand_out(delivery, stream)
+        else:
+            await _leave_after(delivery, stream, 3)
+
+    asyncio.run(deliver())
+    assert m._e2e[Priority.P1].count == 1  # observed once, as aborted
+    assert {k: v for k, v in m.verdicts().items() if v != (0, 0)} == {}
