@@ -290,7 +290,8 @@ class EngineMetrics:
         self._success[finish_reason] = self._success.get(finish_reason, 0) + 1
 
     def count_delivered(self, tokens: int) -> None:
-        """Generated tokens handed to the client (the server's loop, as they arrive).
+        """Generated tokens handed to the client (the server's loop, as they reach it:
+        each chunk written, or the whole body sent).
 
         As in vLLM, whose frontend drops what the engine made for a request it already
         stopped: after a stop string matches, the engine runs on until the abort lands

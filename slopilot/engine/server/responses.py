@@ -13,7 +13,9 @@ sent; the finish reason is counted then too, as the client got it. ``Delivery`` 
 both stamps and the cleanup; the route's response runs that cleanup after sending,
 whatever happened, so every engine request is observed once.
 Inter-token latency is the engine's gap between a token and the one before, observed
-here for the tokens handed out only (``ChoiceState.feed``), as vLLM's frontend does.
+here for the tokens handed out only, as vLLM's frontend does; generated tokens are
+counted with them (``ChoiceState.hand_out``): once their chunk was written, or the whole
+body sent, so a client that left before its body went out got, and counts, none.
 Where the server knows the deployment's SLO, each choice is judged once delivered
 against its class's objectives as they stood when it arrived (``ClassSLO.met`` on that
 TTFT and those gaps, the simulator's rule), and counted with the tokens the client got:
@@ -62,6 +64,10 @@ class ChoiceState:
         self.text_len = 0  # characters handed out so far (text_offset of the next token)
         self.first_written = False  # a chunk with output went out (TTFT is observed)
         self.last_made_at: float | None = None  # when the engine made the last token fed
+        # Tokens (and their gaps) count once they reach the client, not once fed: a
+        # non-streamed body that is never sent hands out none.
+        self.handed = 0
+        self.unhanded_gaps: list[float] = []
         self.delivered = False  # its last chunk went out (e2e latency is observed)
         # What it is judged by (None: no SLO known); the objectives of its arrival, so
         # an SLO changed mid-request does not judge half of it by each.
@@ -84,15 +90,13 @@ class ChoiceState:
             # those after the one that completed the stop string never reach the client.
             token_ids = token_ids[:taken]
         start = len(self.token_ids)
+        # What the engine makes after a stop string matched never gets here (the choice
+        # is done), nor into usage; nor do its token gaps.
         self.token_ids += token_ids
-        # Counted as handed out: what the engine makes after a stop string matched never
-        # gets here (the choice is done), nor into usage; nor do its token gaps.
-        self.metrics.count_delivered(len(token_ids))
-        priority = self.choice.request.priority
         for made_at in delta.token_times[:len(token_ids)]:
             if self.last_made_at is not None:
                 gap = made_at - self.last_made_at
-                self.metrics.observe_token_gap(priority, gap)
+                self.unhanded_gaps.append(gap)
                 self.gaps += 1
                 if self.tbt_s is not None and gap > self.tbt_s:
                     self.gaps_over += 1
@@ -105,6 +109,16 @@ class ChoiceState:
         return self.detok.take(final=self.finish is not None), \
             list(range(start, start + len(token_ids)))
 
+    def hand_out(self) -> None:
+        """Count the tokens fed since the last call, and their gaps: they reached the
+        client (their chunk, or the whole body, was written)."""
+        self.metrics.count_delivered(len(self.token_ids) - self.handed)
+        self.handed = len(self.token_ids)
+        priority = self.choice.request.priority
+        for gap in self.unhanded_gaps:
+            self.metrics.observe_token_gap(priority, gap)
+        self.unhanded_gaps.clear()
+
     @property
     def judgeable(self) -> bool:
         """Whether its verdict can be told: it ran to its end with a token.
@@ -115,9 +129,10 @@ class ChoiceState:
         one cut short (the client left, a drain or a failed engine ended it): the gaps
         it never got could be any length, so "met" would credit the tokens it did get
         with a verdict nobody measured, as the simulator leaves a request unfinished at
-        the horizon unjudged.
+        the horizon unjudged. Nor has one whose last tokens never reached the client.
         """
-        return bool(self.token_ids) and self.finish not in (None, FinishReason.ABORT.value)
+        return bool(self.token_ids) and self.handed == len(self.token_ids) \
+            and self.finish not in (None, FinishReason.ABORT.value)
 
     def logprobs(self, positions: list[int], text_of: TokenText, *, echo: bool) -> Any:
         """The choice's logprobs object for these output positions (and the prompt's)."""
@@ -193,13 +208,18 @@ class Delivery:
             state.delivered = True
             req = state.choice.request
             self.backend.metrics.observe_delivered(
-                req.priority, self.clock() - req.arrival_time, len(state.token_ids),
+                req.priority, self.clock() - req.arrival_time, state.handed,
                 state.finish or FinishReason.ABORT.value)
             if state.slo is not None and state.ttft_s is not None and state.judgeable:
                 self.backend.metrics.observe_verdict(
                     req.priority, state.slo,
                     met=state.slo.met(state.ttft_s, state.gaps, state.gaps_over),
-                    tokens=len(state.token_ids))
+                    tokens=state.handed)
+
+    def body_sent(self) -> None:
+        """A non-streamed body went out whole: every choice's tokens reached the client."""
+        for state in self.states:
+            state.hand_out()
 
     def abort(self) -> None:
         """Stop every choice still running (a no-op for finished ones): the client went
@@ -221,7 +241,11 @@ class DeliveredJSON(JSONResponse):
         self.delivery = delivery
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _then_close(super().__call__(scope, receive, send), self.delivery)
+        await _then_close(self._send(scope, receive, send), self.delivery)
+
+    async def _send(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        self.delivery.body_sent()
 
 
 class DeliveredStream(StreamingResponse):
@@ -255,7 +279,8 @@ def engine_error(exc: BaseException) -> APIError:
 
 async def collect(delivery: Delivery, text_of: TokenText) -> dict[str, object]:
     """Run every choice to its end; the whole OpenAI response body. The caller closes
-    ``delivery`` once the body is sent (``DeliveredJSON``): that is the e2e stamp."""
+    ``delivery`` once the body is sent (``DeliveredJSON``): that is the e2e stamp, and
+    the moment its tokens count as handed out (``Delivery.body_sent``)."""
     backend, prep, states = delivery.backend, delivery.prep, delivery.states
     parts: list[list[str]] = [[] for _ in states]
     try:
@@ -337,6 +362,7 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
                 wrote = True
             if wrote:
                 # Resumed after the chunk was written: the moment the client has it.
+                state.hand_out()
                 delivery.first_output(state)
                 if state.finish is not None:
                     delivery.last_output(state)  # its finish_reason chunk: its last

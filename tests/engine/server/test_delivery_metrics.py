@@ -202,7 +202,8 @@ def test_a_stop_string_inside_a_delta_of_several_tokens_ends_the_count(stream: b
         delivery = Delivery(backend, prep, [stream_], lambda: 100.0)
         if not stream:
             body = await collect(delivery, text_of)
-            delivery.close()  # as DeliveredJSON does once the body is sent
+            delivery.body_sent()  # as DeliveredJSON does once the body is sent
+            delivery.close()
             return body
         chunks = [json.loads(e[6:]) async for e in sse_events(delivery, text_of)
                   if e.startswith("data: {")]
@@ -226,6 +227,7 @@ async def _hand_out(delivery: Delivery, stream: bool) -> None:
             pass
     else:
         await collect(delivery, text_of)
+        delivery.body_sent()
     delivery.close()
 
 
@@ -347,3 +349,41 @@ def test_a_request_cut_short_is_not_judged(stream: bool, how: str) -> None:
     asyncio.run(deliver())
     assert m._e2e[Priority.P1].count == 1  # observed once, as aborted
     assert {k: v for k, v in m.verdicts().items() if v != (0, 0)} == {}
+
+
+@pytest.mark.parametrize("how", ["client-left", "engine-failed"])
+def test_a_body_never_sent_hands_out_no_token(how: str) -> None:
+    """A non-streamed client gets its tokens in the body or not at all. One that timed
+    out (the route answers 499) or got the 500 of a failed engine got none, and the
+    counters of tokens handed out must say so; they counted every token that had
+    reached the handler (a client that timed out with nothing: 14 in
+    vllm:generation_tokens_total and vllm:request_generation_tokens, 13 token gaps)."""
+    from slopilot.engine.server.async_engine import EngineDeadError
+    from slopilot.engine.server.errors import APIError
+
+    backend = build_backend(realtime=False)
+    m = backend.metrics
+    body = CompletionRequest(prompt="one two three", max_tokens=500, ignore_eos=True)
+    prep = prepare(backend, body, {}, arrival_time=10.0)
+
+    async def deliver() -> None:
+        stream_ = RequestStream(prep.choices[0].request, _Aborts())
+        for i in range(3):
+            stream_._push(7, None, made_at=10.1 + 0.05 * i)
+        delivery = Delivery(backend, prep, [stream_], lambda: 10.2)
+        if how == "client-left":
+            await _leave_after(delivery, False, 3)
+            return
+        task = asyncio.ensure_future(collect(delivery, TokenText(backend.tokenizer)))
+        while len(delivery.states[0].token_ids) < 3:
+            await asyncio.sleep(0)
+        stream_._push(None, None, EngineDeadError("the engine loop failed"))
+        with pytest.raises(APIError):
+            await task
+        delivery.close()  # as the route does when the handler raised
+
+    asyncio.run(deliver())
+    assert m._e2e[Priority.P1].count == 1  # observed once, as aborted
+    assert m.generation_tokens == 0
+    assert m._req_generation[Priority.P1].total == 0
+    assert m._itl[Priority.P1].count == 0
