@@ -75,6 +75,9 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def generate(body: CompletionRequest | ChatCompletionRequest,
                        request: Request) -> Response:
         arrival = arrival_of(request, clock)
+        # Taken now: an SLO replaced while the request is tokenized or waits for the
+        # engine thread to admit it (a whole iteration) is for the requests after it.
+        slo = backend.metrics.slo
         if text_size(body) < INLINE_PREPARE_CHARS:
             prep = prepare(backend, body, request.headers, arrival)
         else:
@@ -83,7 +86,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             prep = await asyncio.get_running_loop().run_in_executor(
                 state.tokenize, prepare, backend, body, request.headers, arrival)
         streams = await submit(engine, prep)
-        delivery = Delivery(backend, prep, streams, clock)
+        delivery = Delivery(backend, prep, streams, clock, slo=slo)
         if prep.stream:
             return DeliveredStream(delivery, state.text_of)
         try:

@@ -45,6 +45,7 @@ from slopilot.engine.server.logprobs_format import (
 )
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 from slopilot.engine.server.serving import Choice, Prepared
+from slopilot.engine.slo import SLOSpec
 
 # now() on the engine's clock, the one arrival times are stamped with.
 Clock = Callable[[], float]
@@ -54,7 +55,7 @@ class ChoiceState:
     """Text, finish reason and logprobs of one choice, delta by delta."""
 
     def __init__(self, backend: Backend, prep: Prepared, choice: Choice,
-                 stream: RequestStream) -> None:
+                 stream: RequestStream, slo: SLOSpec | None) -> None:
         self.choice, self.stream, self.prep = choice, stream, prep
         self.metrics = backend.metrics
         self.detok = IncrementalDetokenizer(backend.tokenizer, choice.prompt.token_ids,
@@ -71,7 +72,7 @@ class ChoiceState:
         self.delivered = False  # its last chunk went out (e2e latency is observed)
         # What it is judged by (None: no SLO known); the objectives of its arrival, so
         # an SLO changed mid-request does not judge half of it by each.
-        self.slo = self.metrics.class_slo(choice.request.priority)
+        self.slo = None if slo is None else slo.class_slo(choice.request.priority)
         self.tbt_s = None if self.slo is None or self.slo.tbt_p99_ms is None \
             else self.slo.tbt_p99_ms / 1000.0
         self.ttft_s: float | None = None
@@ -191,9 +192,10 @@ class Delivery:
     """
 
     def __init__(self, backend: Backend, prep: Prepared, streams: list[RequestStream],
-                 clock: Clock) -> None:
+                 clock: Clock, *, slo: SLOSpec | None) -> None:
+        """``slo``: the server's when the request arrived (``EngineMetrics.slo``)."""
         self.backend, self.prep, self.streams, self.clock = backend, prep, streams, clock
-        self.states = [ChoiceState(backend, prep, c, s)
+        self.states = [ChoiceState(backend, prep, c, s, slo)
                        for c, s in zip(prep.choices, streams, strict=True)]
 
     def first_output(self, state: ChoiceState) -> None:

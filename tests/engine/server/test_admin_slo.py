@@ -3,7 +3,10 @@ behind the admin token (the operator keeps them on the deployment's spec.slo).""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -13,7 +16,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from tests.engine.server.conftest import ADMIN_TOKEN
 from tests.support.live_server import LiveServer, start_server
-from tests.support.waits import HANG_GUARD_S
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -108,3 +111,32 @@ def test_serve_reads_the_slo_file_named_by_the_environment(
     assert seen == [SLOSpec.from_profile("relaxed")]
     monkeypatch.setenv(SLO_FILE_ENV, str(tmp_path / "gone.json"))
     assert args.func(args) == 2  # named, and refused before anything starts
+
+
+def test_a_request_waiting_for_admission_is_judged_by_the_slo_of_its_arrival(
+        srv: LiveServer) -> None:
+    """An SLO replaced while a request that already arrived waits to be admitted (the
+    engine thread takes it between two iterations) applies from the next request on.
+    The request was judged by the new objectives, taken when its admission came back:
+    it arrived under a 500 ms P1 TTFT and was counted under the strict profile's."""
+    old, new = SLOSpec.from_profile("standard"), SLOSpec.from_profile("strict")
+    assert old.p1.label != new.p1.label
+    assert _slo(srv, "PUT", old.to_dict()).status_code == 200
+    gate = threading.Event()
+    # The engine thread is held in a command, as in a long iteration: the request's
+    # admission queues behind it.
+    held = asyncio.run_coroutine_threadsafe(srv.engine.call(lambda e: gate.wait()),
+                                            srv.loop)
+    body = {"prompt": "one two three", "max_tokens": 2, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(httpx.post, srv.url + "/v1/completions", json=body,
+                           timeout=HANG_GUARD_S)
+        wait_for(lambda: srv.engine.num_active == 1, what="the request to await admission")
+        assert _slo(srv, "PUT", new.to_dict()).status_code == 200
+        gate.set()
+        held.result(HANG_GUARD_S)
+        assert sent.result(HANG_GUARD_S).status_code == 200
+    wait_for(lambda: any(v != (0, 0) for v in srv.backend.metrics.verdicts().values()),
+             what="the request to be judged")
+    counted = {k: v for k, v in srv.backend.metrics.verdicts().items() if v != (0, 0)}
+    assert counted == {(Priority.P1, old.p1.label, True): (1, 2)}

@@ -199,7 +199,7 @@ def test_a_stop_string_inside_a_delta_of_several_tokens_ends_the_count(stream: b
         for i in range(8):
             req.output_logprobs.append(TokenLogprobs(7, -0.5, 1))
             stream_._push(7, FinishReason.LENGTH if i == 7 else None, made_at=float(i))
-        delivery = Delivery(backend, prep, [stream_], lambda: 100.0)
+        delivery = Delivery(backend, prep, [stream_], lambda: 100.0, slo=m.slo)
         if not stream:
             body = await collect(delivery, text_of)
             delivery.body_sent()  # as DeliveredJSON does once the body is sent
@@ -265,7 +265,8 @@ def test_each_request_is_judged_as_delivered_against_its_classs_slo(
         for i in range(201):  # 200 gaps
             made_at += 0.3 if 0 < i <= slow_gaps else 0.05
             stream_._push(7, FinishReason.LENGTH if i == 200 else None, made_at=made_at)
-        await _hand_out(Delivery(backend, prep, [stream_], lambda: 10.0 + ttft_s), stream)
+        await _hand_out(Delivery(backend, prep, [stream_], lambda: 10.0 + ttft_s,
+                                 slo=m.slo), stream)
 
     asyncio.run(deliver())
     label = slo.p1.label
@@ -290,7 +291,7 @@ def test_a_request_aborted_before_its_first_token_is_not_judged(stream: bool) ->
     async def deliver() -> None:
         stream_ = RequestStream(prep.choices[0].request, _Aborts())
         stream_._push(None, FinishReason.ABORT)  # as AsyncEngine.abort posts it
-        await _hand_out(Delivery(backend, prep, [stream_], lambda: 10.2), stream)
+        await _hand_out(Delivery(backend, prep, [stream_], lambda: 10.2, slo=m.slo), stream)
 
     asyncio.run(deliver())
     assert {k: v for k, v in m.verdicts().items() if v != (0, 0)} == {}
@@ -339,7 +340,7 @@ def test_a_request_cut_short_is_not_judged(stream: bool, how: str) -> None:
         stream_ = RequestStream(prep.choices[0].request, _Aborts())
         for i in range(3):  # fast: 50 ms apart, the first within the TTFT target
             stream_._push(7, None, made_at=10.1 + 0.05 * i)
-        delivery = Delivery(backend, prep, [stream_], lambda: 10.2)
+        delivery = Delivery(backend, prep, [stream_], lambda: 10.2, slo=m.slo)
         if how == "drained":
             stream_._push(None, FinishReason.ABORT)  # as AsyncEngine.abort posts it
             await _hand_out(delivery, stream)
@@ -370,7 +371,7 @@ def test_a_body_never_sent_hands_out_no_token(how: str) -> None:
         stream_ = RequestStream(prep.choices[0].request, _Aborts())
         for i in range(3):
             stream_._push(7, None, made_at=10.1 + 0.05 * i)
-        delivery = Delivery(backend, prep, [stream_], lambda: 10.2)
+        delivery = Delivery(backend, prep, [stream_], lambda: 10.2, slo=m.slo)
         if how == "client-left":
             await _leave_after(delivery, False, 3)
             return
