@@ -20,7 +20,8 @@ Where the server knows the deployment's SLO, each choice is judged once delivere
 against its class's objectives as they stood when it arrived (``ClassSLO.met`` on that
 TTFT and those gaps, the simulator's rule), and counted with the tokens the client got:
 the per-request goodput that histograms of first tokens and of gaps cannot give. One cut
-short (the client left, a drain or a failed engine ended it) is not judged.
+short (the client left, a drain or a failed engine ended it) is judged only where it had
+missed already (``ChoiceState.verdict``).
 """
 
 from __future__ import annotations
@@ -120,20 +121,33 @@ class ChoiceState:
             self.metrics.observe_token_gap(priority, gap)
         self.unhanded_gaps.clear()
 
-    @property
-    def judgeable(self) -> bool:
-        """Whether its verdict can be told: it ran to its end with a token.
+    def verdict(self, waited_s: float) -> bool | None:
+        """Whether it met its class's SLO (``ClassSLO.met``); None: it cannot be told.
 
-        A choice without a token (refused, aborted before its first token) has nothing
-        to judge, as in the simulator (SLOJudge.finished); its finish chunk alone sets
-        ``ttft_s`` (a drain's abort of a waiting request), so the tokens decide. Nor has
-        one cut short (the client left, a drain or a failed engine ended it): the gaps
-        it never got could be any length, so "met" would credit the tokens it did get
-        with a verdict nobody measured, as the simulator leaves a request unfinished at
-        the horizon unjudged. Nor has one whose last tokens never reached the client.
+        One that ran to its end, every token handed out, is judged on them. One without a
+        token that ended normally has nothing to judge, as in the simulator
+        (SLOJudge.finished). One cut short (the client left, a drain or a failed engine
+        ended it, its last tokens never sent) is judged only where it had already missed,
+        whatever would have followed: no first token within the TTFT target (delivered,
+        or by ``waited_s``, when it ended), or more slow gaps than 1 % of all it could
+        have had. Else its end could still have met the SLO: "met" would credit the
+        tokens it got with a verdict nobody measured, and "missed" would let any client
+        that leaves early count against the config. Unjudged, the clients an overloaded
+        class drove away vanished from its goodput share.
         """
-        return bool(self.token_ids) and self.handed == len(self.token_ids) \
-            and self.finish not in (None, FinishReason.ABORT.value)
+        slo = self.slo
+        if slo is None:
+            return None
+        whole = self.handed == len(self.token_ids) and \
+            self.finish not in (None, FinishReason.ABORT.value)
+        if whole:
+            return None if not self.token_ids or self.ttft_s is None else \
+                slo.met(self.ttft_s, self.gaps, self.gaps_over)
+        first_s = self.ttft_s if self.handed and self.ttft_s is not None else waited_s
+        most_gaps = self.choice.request.sampling.max_tokens - 1
+        if not slo.met(first_s, most_gaps, self.gaps_over):
+            return False
+        return None
 
     def logprobs(self, positions: list[int], text_of: TokenText, *, echo: bool) -> Any:
         """The choice's logprobs object for these output positions (and the prompt's)."""
@@ -209,14 +223,13 @@ class Delivery:
         if not state.delivered:
             state.delivered = True
             req = state.choice.request
+            e2e_s = self.clock() - req.arrival_time
             self.backend.metrics.observe_delivered(
-                req.priority, self.clock() - req.arrival_time, state.handed,
-                state.finish or FinishReason.ABORT.value)
-            if state.slo is not None and state.ttft_s is not None and state.judgeable:
-                self.backend.metrics.observe_verdict(
-                    req.priority, state.slo,
-                    met=state.slo.met(state.ttft_s, state.gaps, state.gaps_over),
-                    tokens=state.handed)
+                req.priority, e2e_s, state.handed, state.finish or FinishReason.ABORT.value)
+            met = state.verdict(e2e_s)
+            if state.slo is not None and met is not None:
+                self.backend.metrics.observe_verdict(req.priority, state.slo, met=met,
+                                                     tokens=state.handed)
 
     def body_sent(self) -> None:
         """A non-streamed body went out whole: every choice's tokens reached the client."""

@@ -352,6 +352,54 @@ def test_a_request_cut_short_is_not_judged(stream: bool, how: str) -> None:
     assert {k: v for k, v in m.verdicts().items() if v != (0, 0)} == {}
 
 
+@pytest.mark.parametrize(("case", "tokens", "now", "first_at", "slow_gaps"), [
+    ("waited-past-target", 0, 10.8, None, 0),     # no token in 800 ms: TTFT 500 missed
+    ("late-first-token", 3, 10.8, 10.7, 0),       # its first token came at 700 ms
+    ("slow-gaps-past-any-end", 8, 10.8, 10.1, 5),  # 5 gaps over 100 ms: > 1 % of 499
+], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("how", ["client-left", "drained"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_cut_short_after_it_missed_its_slo_counts_as_missed(
+        stream: bool, how: str, case: str, tokens: int, now: float,
+        first_at: float | None, slow_gaps: int) -> None:
+    """A choice cut short has no verdict while its end could still have met the SLO;
+    one that had already missed it, whatever came after, did miss it: a client that
+    waited 800 ms for a first token due within 500 ms and gave up (or was drained), one
+    whose first token came late, one with more slow gaps than 1 % of all it could have.
+    Unjudged, the impatient clients of an overloaded class vanished from its goodput
+    share, which then read as high as when every client was served in time."""
+    from slopilot.engine.slo import SLOSpec
+
+    backend = build_backend(realtime=False)
+    m = backend.metrics
+    slo = SLOSpec.from_dict(_JUDGED_SLO)
+    m.set_slo(slo)
+    body = CompletionRequest(prompt="one two three", max_tokens=500, ignore_eos=True,
+                             stream=stream)
+    prep = prepare(backend, body, {}, arrival_time=10.0)
+
+    async def deliver() -> None:
+        stream_ = RequestStream(prep.choices[0].request, _Aborts())
+        made_at = first_at or 10.0
+        for i in range(tokens):
+            stream_._push(7, None, made_at=made_at)
+            made_at += 0.3 if i < slow_gaps else 0.05
+        clock = iter(itertools.chain([first_at or now], itertools.repeat(now)))
+        delivery = Delivery(backend, prep, [stream_], lambda: next(clock), slo=m.slo)
+        if how == "drained":
+            stream_._push(None, FinishReason.ABORT)  # as AsyncEngine.abort posts it
+            await _hand_out(delivery, stream)
+        elif tokens:
+            await _leave_after(delivery, stream, tokens)
+        else:
+            delivery.close()  # the client left before anything came
+
+    asyncio.run(deliver())
+    counted = {k: v for k, v in m.verdicts().items() if v != (0, 0)}
+    assert list(counted) == [(Priority.P1, slo.p1.label, False)]
+    assert counted[(Priority.P1, slo.p1.label, False)][0] == 1
+
+
 @pytest.mark.parametrize("how", ["client-left", "engine-failed"])
 def test_a_body_never_sent_hands_out_no_token(how: str) -> None:
     """A non-streamed client gets its tokens in the body or not at all. One that timed
