@@ -215,10 +215,6 @@ class EngineMetrics:
     def slo(self) -> SLOSpec | None:
         return self._slo
 
-    def class_slo(self, priority: Priority) -> ClassSLO | None:
-        """What a request of ``priority`` arriving now is judged by; None: not judged."""
-        return None if self._slo is None else self._slo.class_slo(priority)
-
     def observe_verdict(self, priority: Priority, slo: ClassSLO, *, met: bool,
                         tokens: int) -> None:
         """One finished request's verdict against ``slo`` (``ClassSLO.met``), with the

@@ -289,9 +289,9 @@ def test_verdicts_are_counted_under_the_objectives_they_were_judged_by(
     assert v[("slopilot_slo_generation_tokens_total", "p0", strict.p0.label, "true")] == 7
     assert ("slopilot_slo_generation_tokens_total", "p0", p0, "true") not in v
     assert v[("slopilot_slo_generation_tokens_total", "p1", slo.p1.label, "true")] == 5
-    assert m.slo == strict and m.class_slo(Priority.P0) == strict.p0
+    assert m.slo == strict
     m.set_slo(None)
-    assert m.class_slo(Priority.P0) is None
+    assert m.slo is None
     assert "slopilot_slo_requests_total" in SLOPILOT_METRICS
 
 

@@ -44,7 +44,7 @@ def test_a_put_slo_is_what_requests_are_judged_by_from_then_on(srv: LiveServer) 
     want = SLOSpec.from_dict(strict)
     assert res.json() == want.to_dict() == _slo(srv).json()
     assert srv.backend.metrics.slo == want
-    assert srv.backend.metrics.class_slo(Priority.P0) == want.p0
+    assert srv.backend.metrics.slo.p0 == want.p0
 
 
 @pytest.mark.parametrize(("body", "words"), [
