@@ -40,6 +40,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -66,6 +67,8 @@ POD_ANSWER_DEADLINE_S = 15.0
 image is the tenant's: httpx's timeout restarts with every byte, so one that drips its
 answer held the sync (a kopf handler thread, and the CR's lock) for as long as it liked.
 An engine answers in milliseconds, a PUT once the current iteration ends."""
+SYNC_FANOUT = 8
+"""Pods one sync asks at once (each with its own connection, for its own deadline)."""
 SYNC_DEADLINE_S = 30.0
 """The longest one ``sync_config`` may take, every pod together; each request gets at
 most what is left of it. A deadline per request alone let a tenant's image that answered
@@ -99,6 +102,16 @@ class ConfigSync:
     """The pods sent ``spec.slo`` to judge requests by (``PUT /admin/slo``)."""
     pods: int | None = None
     """The ready pods checked; None where the backend has no live config (vLLM)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PodSync:
+    """What a sync did to one pod: ``ConfigSync``'s figures, before they are gathered."""
+
+    name: str
+    updated: bool = False
+    slo_updated: bool = False
+    left: tuple[str, ...] = ()
 
 
 def ready(pod: Mapping[str, Any]) -> bool:
@@ -298,8 +311,9 @@ class KubeDeploymentHandle:
         written; so is the SLO it judges requests by (``/admin/slo``: ``spec.slo``). A pod
         that runs other restart knobs (block size, swap space) is from an
         older pod template: the rollout replaces it, and a live PUT could not change them.
-        All of it within ``SYNC_DEADLINE_S``: the pods it has no time left for are in
-        ``left``. ApplyError, with nothing sent, for a spec the reconcile refuses.
+        Up to ``SYNC_FANOUT`` pods at once, all of it within ``SYNC_DEADLINE_S``: the
+        pods it has no time left for are in ``left``. ApplyError, with nothing sent, for
+        a spec the reconcile refuses.
         """
         body = self.body()
         spec = self._accepted(body)
@@ -309,52 +323,63 @@ class KubeDeploymentHandle:
             spec.engine.with_overrides(trial, live_only=True)
         token = self.mint.for_body(body)
         slo = spec.slo.to_dict()
-        updated: list[str] = []
-        slo_updated: list[str] = []
-        left: list[str] = []
         pods = self.pods(body)
         ends = self.clock() + SYNC_DEADLINE_S
-        for i, pod in enumerate(pods):
-            if self.clock() >= ends:  # the rest wait for the next sync, named meanwhile
-                left += [f"{p['metadata']['name']}: not checked: the pods before it took "
-                         f"this sync's {SYNC_DEADLINE_S:g} s (SYNC_DEADLINE_S)"
-                         for p in pods[i:]]
-                break
+
+        def sync(pod: Mapping[str, Any]) -> _PodSync:
             name = str(pod["metadata"]["name"])
             config = trial_config if trial_config is not None and trial_on in (None, name) \
                 else spec.engine
-            want = config.to_dict()
-            try:
-                runs = self._get(pod, token, ends=ends)
-            except ApplyError as exc:
-                left.append(str(exc))
-                continue
-            if not isinstance(runs, dict):
-                left.append(f"{name}: /admin/config did not answer a JSON object of knobs")
-                continue
-            try:
-                if self._sync_slo(pod, slo, token, ends):
-                    slo_updated.append(name)
-            except ApplyError as exc:  # the knobs are still brought over
-                left.append(str(exc))
-            if restart := [f"{k}={_quoted(runs.get(k))}" for k in EngineConfig.restart_knobs()
-                           if runs.get(k) != want[k]]:
-                left.append(f"{name}: runs {', '.join(restart)}, which only a restart "
-                            "changes; the rollout of the new pod template replaces it")
-                continue
-            if all(runs.get(k) == v for k, v in want.items()):
-                continue
-            try:
-                self._put(pod, config, token, ends)
-            except (ApplyError, ConfigError) as exc:
-                left.append(str(exc))
-                continue
-            updated.append(name)
+            return self._sync_pod(pod, config, slo, token, ends)
+
+        # Pods are asked side by side: one whose answers are slow (a wedged engine thread
+        # holds a PUT until its deadline) holds its own worker, not every pod after it.
+        with ThreadPoolExecutor(max_workers=max(1, min(SYNC_FANOUT, len(pods))),
+                                thread_name_prefix=f"sync-{self.name}") as pool:
+            done = list(pool.map(sync, pods))  # in the pods' order, whatever finished first
+        updated = [d.name for d in done if d.updated]
+        slo_updated = [d.name for d in done if d.slo_updated]
         if updated:
             log.info("%s: its config sent to %s", self.name, ", ".join(updated))
         if slo_updated:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
-        return ConfigSync(tuple(updated), tuple(left), tuple(slo_updated), len(pods))
+        return ConfigSync(tuple(updated), tuple(why for d in done for why in d.left),
+                          tuple(slo_updated), len(pods))
+
+    def _sync_pod(self, pod: Mapping[str, Any], config: EngineConfig, slo: dict[str, Any],
+                  token: str, ends: float) -> _PodSync:
+        """Bring one pod to ``config`` and ``slo`` by ``ends``, where it runs others."""
+        name = str(pod["metadata"]["name"])
+        if self.clock() >= ends:  # it waits for the next sync, named meanwhile
+            return _PodSync(name, left=(f"{name}: not checked: this sync's "
+                                        f"{SYNC_DEADLINE_S:g} s (SYNC_DEADLINE_S) went to "
+                                        "slower pods",))
+        want = config.to_dict()
+        try:
+            runs = self._get(pod, token, ends=ends)
+        except ApplyError as exc:
+            return _PodSync(name, left=(str(exc),))
+        if not isinstance(runs, dict):
+            return _PodSync(name, left=(f"{name}: /admin/config did not answer a JSON "
+                                        "object of knobs",))
+        left: list[str] = []
+        try:
+            slo_updated = self._sync_slo(pod, slo, token, ends)
+        except ApplyError as exc:  # the knobs are still brought over
+            slo_updated = False
+            left.append(str(exc))
+        if restart := [f"{k}={_quoted(runs.get(k))}" for k in EngineConfig.restart_knobs()
+                       if runs.get(k) != want[k]]:
+            left.append(f"{name}: runs {', '.join(restart)}, which only a restart "
+                        "changes; the rollout of the new pod template replaces it")
+            return _PodSync(name, slo_updated=slo_updated, left=tuple(left))
+        if all(runs.get(k) == v for k, v in want.items()):
+            return _PodSync(name, slo_updated=slo_updated, left=tuple(left))
+        try:
+            self._put(pod, config, token, ends)
+        except (ApplyError, ConfigError) as exc:
+            return _PodSync(name, slo_updated=slo_updated, left=(*left, str(exc)))
+        return _PodSync(name, updated=True, slo_updated=slo_updated, left=tuple(left))
 
     def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], token: str,
                   ends: float) -> bool:

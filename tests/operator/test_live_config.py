@@ -12,6 +12,7 @@ carry it), and the controller judged its windows as if they ran the new one.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from tests.operator.operator_support import (
 )
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
+from tests.support.waits import HANG_GUARD_S
 
 
 def spec_config(cluster: Cluster) -> dict[str, Any]:
@@ -708,7 +710,7 @@ def test_an_edit_the_policy_refuses_made_during_the_daemons_tick_is_not_synced(
 
 
 def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
-        kube: RunningEmulator, cluster: Cluster) -> None:
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each request to a pod had a deadline (POD_ANSWER_DEADLINE_S), the sync as a whole
     none: up to four requests a pod, one pod after another, so a tenant's image that
     answered each just inside the deadline held the sync for a minute per replica (an
@@ -716,7 +718,8 @@ def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
     lock, on which every reconcile and drift repair of that CR waits on a thread of its
     own. The pods a sync has no time left for are named, and the next sync goes on."""
     from slopilot.operator import kube_handle
-
+    # One pod at a time, so that the clock each request moves is read in a known order.
+    monkeypatch.setattr(kube_handle, "SYNC_FANOUT", 1)
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
@@ -834,3 +837,37 @@ def test_a_deployments_token_and_config_reach_its_own_pods_only(
     assert done.updated == ("chat-new",) and done.left == ()
     assert set(asked) == {"new"}
     assert [auth for _, auth in pods["new"].puts] == [f"Bearer {mint.for_body(successor)}"]
+
+
+def test_a_pod_that_holds_its_answers_keeps_no_other_pod_from_its_config(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods were asked one after another: a pod whose engine thread is wedged (its
+    event loop still answers the readiness probe, while a PUT waits on the engine
+    thread until its deadline) held every pod after it, and two such pods spent the
+    whole sync, so an edit reached no other pod, sync after sync. Here the slow pod
+    answers only once the others have their config; asked one after another, they never
+    would."""
+    from slopilot.operator import kube_handle
+    for limit in ("HTTP_TIMEOUT_S", "POD_ANSWER_DEADLINE_S", "SYNC_DEADLINE_S"):
+        monkeypatch.setattr(kube_handle, limit, 3600.0)  # the hold outlasts none of them
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    slo = parse_spec(cluster.get()).slo.to_dict()
+    pods = [PodStandIn(token, {**want, "token_budget": 512}, slo) for _ in range(3)]
+    release = threading.Event()
+    pods[0].on_request = lambda method, path: release.wait()
+    done: list[Any] = []
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = handle_of(cluster, body, policy, mint)
+        sync = threading.Thread(target=lambda: done.append(handle.sync_config()))
+        sync.start()
+        try:
+            wait_for(lambda: all(running(p) == want for p in pods[1:]),
+                     "the pods after the slow one get their config")
+        finally:
+            release.set()
+            sync.join(timeout=HANG_GUARD_S)
+    assert done and set(done[0].updated) == {"chat-pod-0", "chat-pod-1", "chat-pod-2"}
+    assert done[0].left == ()
