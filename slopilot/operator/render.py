@@ -99,13 +99,25 @@ def _checksum(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+def vllm_max_num_seqs(config: EngineConfig) -> int:
+    """The ``--max-num-seqs`` vLLM is given: the knob, at most the token budget.
+
+    vLLM refuses to start when max_num_seqs exceeds max_num_batched_tokens (v0.11.0,
+    vllm/config/scheduler.py, ``SchedulerConfig._verify_args``: a ValueError), and the
+    tuner's space draws the two independently (a budget of 256 beside up to 1024
+    sequences). A step schedules at least a token for each request it runs, so no more
+    requests than the budget run in one step anyway: the budget is the same limit in a
+    form vLLM accepts, where the raw knob would crash-loop every replica of a trial."""
+    return min(config.max_num_seqs, config.effective_budget)
+
+
 def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:
     """vLLM's arguments for the knobs, and the knobs set in the spec that vLLM lacks."""
     c = spec.engine
     args = [spec.model_ref, "--served-model-name", spec.model_name, "--port", str(PORT),
             "--max-num-batched-tokens", str(c.effective_budget),
             "--enable-chunked-prefill", "--long-prefill-token-threshold", str(c.chunk_size),
-            "--max-num-seqs", str(c.max_num_seqs), "--scheduling-policy", "priority",
+            "--max-num-seqs", str(vllm_max_num_seqs(c)), "--scheduling-policy", "priority",
             "--block-size", str(c.block_size), "--swap-space", f"{c.swap_space_gb:g}",
             "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching"]
     if spec.gpu > 1:

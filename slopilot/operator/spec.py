@@ -210,6 +210,13 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     warnings: list[str] = []
     tuning = tuning_section(spec, engine, running,
                             VLLM_APPLIES if backend is Backend.VLLM else None, r, warnings)
+    if backend is Backend.VLLM and engine.max_num_seqs > engine.effective_budget:
+        # vLLM refuses max_num_seqs above max_num_batched_tokens (v0.11.0,
+        # vllm/config/scheduler.py); the pods get the budget (render.vllm_max_num_seqs).
+        warnings.append(
+            f"{spec_path('max_num_seqs')}={engine.max_num_seqs} exceeds the token budget "
+            f"{engine.effective_budget}, which vLLM refuses: its pods run --max-num-seqs "
+            f"{engine.effective_budget}; lower maxNumSeqs or raise tokenBudget")
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:
         r.problems.append(f"spec.slo.vllmClass={vllm_class!r} is not allowed; use one of: "

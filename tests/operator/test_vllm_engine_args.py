@@ -1,0 +1,73 @@
+"""The command line a vLLM pod gets is one the pinned vLLM (v0.11.0) starts with.
+
+vLLM checks its arguments when the engine is built and exits on a bad one: the pod then
+crash-loops and a trial, which rolls every replica of a vLLM deployment, takes the whole
+deployment down. These tests hold the renderer to vLLM's own rules, each cited by the
+vLLM v0.11.0 file that makes it (read from that release's wheel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+from slopilot.operator.render import DEFAULT_IMAGES, render_all, vllm_args
+from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
+from tests.support.spaces import sample_configs
+
+
+def _spec(**spec: Any) -> LLMDeploymentSpec:
+    return parse_spec({"metadata": {"name": "chat", "namespace": "team", "uid": "u1"},
+                       "spec": {"backend": "vllm", "model": {"name": "m"}, **spec}})
+
+
+def _pairs(spec: LLMDeploymentSpec) -> dict[str, str]:
+    return dict(itertools.pairwise(vllm_args(spec)[0]))
+
+
+def test_the_rules_below_are_those_of_the_image_the_operator_runs() -> None:
+    assert DEFAULT_IMAGES[Backend.VLLM] == "vllm/vllm-openai:v0.11.0"
+
+
+def _budget_holds_the_sequences(args: dict[str, str]) -> bool:
+    # vllm/config/scheduler.py (v0.11.0), SchedulerConfig._verify_args: "max_num_batched_
+    # tokens (...) must be greater than or equal to max_num_seqs (...)", a ValueError.
+    return int(args["--max-num-batched-tokens"]) >= int(args["--max-num-seqs"])
+
+
+def test_max_sequences_above_the_token_budget_is_not_a_command_vllm_refuses() -> None:
+    spec = _spec(engine={"tokenBudget": 256, "chunkSize": 128, "maxNumSeqs": 1024})
+    args = _pairs(spec)
+    assert _budget_holds_the_sequences(args), args
+    # One step schedules at most a token per request: more running requests than the
+    # budget never run in the same step, so the budget is what vLLM is given.
+    assert args["--max-num-seqs"] == "256"
+    assert args["--max-num-batched-tokens"] == "256"
+
+
+def test_a_user_who_set_max_sequences_above_the_budget_is_told() -> None:
+    spec = _spec(engine={"tokenBudget": 256, "chunkSize": 128, "maxNumSeqs": 1024})
+    assert any("spec.engine.maxNumSeqs=1024" in w and "256" in w for w in spec.warnings), \
+        spec.warnings
+    assert _spec(engine={"tokenBudget": 1024, "maxNumSeqs": 1024}).warnings == ()
+
+
+def test_every_trial_of_a_vllm_deployment_renders_arguments_vllm_accepts() -> None:
+    spec = _spec()
+    refused = []
+    for config in sample_configs(spec.tuning.space, 200):
+        trial = dataclasses.replace(spec, engine=spec.engine.with_overrides(config))
+        args = _pairs(trial)
+        if not _budget_holds_the_sequences(args):
+            refused.append((args["--max-num-batched-tokens"], args["--max-num-seqs"]))
+    assert not refused, f"{len(refused)} of 200 trials crash-loop vLLM, e.g. {refused[:3]}"
+
+
+def test_the_checksum_follows_what_vllm_is_given() -> None:
+    # Two max_num_seqs that both clamp to the budget are one command line: no roll.
+    a = render_all({"metadata": {"name": "chat", "namespace": "team", "uid": "u1"}},
+                   _spec(engine={"tokenBudget": 256, "chunkSize": 128, "maxNumSeqs": 512}))
+    b = render_all({"metadata": {"name": "chat", "namespace": "team", "uid": "u1"}},
+                   _spec(engine={"tokenBudget": 256, "chunkSize": 128, "maxNumSeqs": 1024}))
+    assert a.deployment["spec"]["template"] == b.deployment["spec"]["template"]
