@@ -48,8 +48,11 @@ BOUNDED_KNOBS = {"tokenBudget": "token_budget", "chunkSize": "chunk_size",
 # The knobs vLLM has an argument for (``vllm_args``): the tuner's space for a vLLM
 # deployment holds only these (``TuningSpec.space``). The rest vLLM lacks; a user who sets
 # one is told so in a status condition. (budget_align only rounds the budget passed.)
+# Not swap_space_gb: vLLM 0.11 runs only its V1 engine, which preempts by recompute and
+# never reads --swap-space (only vllm/config/cache.py's verify_with_parallel_config
+# checks it, refusing to start when it exceeds 70 % of the node's memory).
 VLLM_APPLIES = frozenset({"token_budget", "chunk_size", "max_num_seqs", "block_size",
-                          "swap_space_gb", "enable_prefix_caching"})
+                          "enable_prefix_caching"})
 VLLM_LACKS = tuple(f.name for f in dataclasses.fields(EngineConfig)
                    if f.name not in VLLM_APPLIES)
 

@@ -118,7 +118,7 @@ def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:
             "--max-num-batched-tokens", str(c.effective_budget),
             "--enable-chunked-prefill", "--long-prefill-token-threshold", str(c.chunk_size),
             "--max-num-seqs", str(vllm_max_num_seqs(c)), "--scheduling-policy", "priority",
-            "--block-size", str(c.block_size), "--swap-space", f"{c.swap_space_gb:g}",
+            "--block-size", str(c.block_size),
             "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching"]
     if spec.gpu > 1:
         args += ["--tensor-parallel-size", str(spec.gpu)]

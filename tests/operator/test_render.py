@@ -114,7 +114,7 @@ def test_service_and_monitor_select_the_engine_pods() -> None:
 def test_vllm_args_map_the_knobs() -> None:
     b, spec = render(backend="vllm", resources={"gpu": 4},
                      engine={"tokenBudget": 1000, "chunkSize": 256, "maxNumSeqs": 64,
-                             "blockSize": 32, "swapSpaceGb": 8})
+                             "blockSize": 32})
     args, lacking = vllm_args(spec)
     pairs = dict(itertools.pairwise(args))
     assert args[0] == "/models/smollm2"
@@ -122,7 +122,7 @@ def test_vllm_args_map_the_knobs() -> None:
     assert pairs["--long-prefill-token-threshold"] == "256"
     assert pairs["--max-num-seqs"] == "64"
     assert pairs["--scheduling-policy"] == "priority"
-    assert pairs["--block-size"] == "32" and pairs["--swap-space"] == "8"
+    assert pairs["--block-size"] == "32"
     assert pairs["--tensor-parallel-size"] == "4"
     assert lacking == ()
     c = container(render_all(b, spec).deployment)

@@ -71,3 +71,15 @@ def test_the_checksum_follows_what_vllm_is_given() -> None:
     b = render_all({"metadata": {"name": "chat", "namespace": "team", "uid": "u1"}},
                    _spec(engine={"tokenBudget": 256, "chunkSize": 128, "maxNumSeqs": 1024}))
     assert a.deployment["spec"]["template"] == b.deployment["spec"]["template"]
+
+
+def test_swap_space_is_a_knob_vllm_v1_lacks() -> None:
+    # vLLM v0.11.0 runs only the V1 engine (vllm/core/, V0's swapping scheduler, is gone);
+    # V1 preempts by recompute and never reads CacheConfig.swap_space, which only
+    # config/cache.py's verify_with_parallel_config checks against the node's memory
+    # ("Too large swap space", a ValueError). The flag can only stop a pod.
+    spec = _spec(engine={"swapSpaceGb": 8})
+    args, lacking = vllm_args(spec)
+    assert "--swap-space" not in args
+    assert lacking == ("swap_space_gb",)
+    assert "--swap-space" not in vllm_args(_spec())[0]
