@@ -55,6 +55,24 @@ VLLM_APPLIES = frozenset({"token_budget", "chunk_size", "max_num_seqs", "block_s
                           "enable_prefix_caching"})
 VLLM_LACKS = tuple(f.name for f in dataclasses.fields(EngineConfig)
                    if f.name not in VLLM_APPLIES)
+# The block sizes vLLM's --block-size takes: vLLM 0.11's vllm/config/cache.py types it
+# ``BlockSize = Literal[1, 8, 16, 32, 64, 128]`` and engine/arg_utils.py makes that the
+# argparse choices, so any other size exits before the engine starts.
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+# vLLM 0.11's default attention backend on Ampere and Hopper GPUs (FlashAttention, or
+# Triton; platforms/cuda.py) needs a multiple of this (v1/attention/backends/
+# flash_attn.py: "Block size must be a multiple of 16."); Blackwell's FlashInfer does not.
+VLLM_DEFAULT_BACKEND_BLOCK_MULTIPLE = 16
+
+
+def vllm_block_size_problem(block_size: int) -> str | None:
+    """Why vLLM refuses ``block_size`` (naming the sizes it takes), or None."""
+    if block_size in VLLM_BLOCK_SIZES:
+        return None
+    lo, hi = knob_range("block_size")
+    offered = ", ".join(str(b) for b in VLLM_BLOCK_SIZES if lo <= b <= hi)
+    return (f"{spec_path('block_size')}={block_size}: vLLM's --block-size takes only "
+            f"{offered}; use one of them or backend: builtin")
 
 
 def engine_field(name: str) -> dataclasses.Field[Any]:

@@ -24,11 +24,13 @@ from slopilot.operator.alert_spec import (
 )
 from slopilot.operator.knobs import (
     VLLM_APPLIES,
+    VLLM_DEFAULT_BACKEND_BLOCK_MULTIPLE,
     TuningSpec,
     engine_config,
     spec_path,
     tuned_config,
     tuning_section,
+    vllm_block_size_problem,
 )
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.twin_spec import TwinSpec, parse_twin
@@ -217,6 +219,15 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
             f"{spec_path('max_num_seqs')}={engine.max_num_seqs} exceeds the token budget "
             f"{engine.effective_budget}, which vLLM refuses: its pods run --max-num-seqs "
             f"{engine.effective_budget}; lower maxNumSeqs or raise tokenBudget")
+    if backend is Backend.VLLM:
+        if (problem := vllm_block_size_problem(engine.block_size)) is not None:
+            r.problems.append(problem)
+        elif engine.block_size % VLLM_DEFAULT_BACKEND_BLOCK_MULTIPLE:
+            warnings.append(
+                f"{spec_path('block_size')}={engine.block_size}: vLLM's default attention "
+                "backend on Ampere and Hopper GPUs (FlashAttention) needs a multiple of "
+                f"{VLLM_DEFAULT_BACKEND_BLOCK_MULTIPLE} and fails to start with it; "
+                "use 16 unless the GPUs are Blackwell")
     vllm_class = r.get(spec, "spec.slo.vllmClass", str, "p0")
     if vllm_class not in VLLM_CLASSES:
         r.problems.append(f"spec.slo.vllmClass={vllm_class!r} is not allowed; use one of: "

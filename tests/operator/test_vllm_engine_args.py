@@ -12,8 +12,10 @@ import dataclasses
 import itertools
 from typing import Any
 
+import pytest
+
 from slopilot.operator.render import DEFAULT_IMAGES, render_all, vllm_args
-from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
+from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from tests.support.spaces import sample_configs
 
 
@@ -83,3 +85,33 @@ def test_swap_space_is_a_knob_vllm_v1_lacks() -> None:
     assert "--swap-space" not in args
     assert lacking == ("swap_space_gb",)
     assert "--swap-space" not in vllm_args(_spec())[0]
+
+
+@pytest.mark.parametrize("size", [8, 16, 32, 64, 128])
+def test_a_block_size_vllm_offers_is_passed(size: int) -> None:
+    assert _pairs(_spec(engine={"blockSize": size}))["--block-size"] == str(size)
+
+
+@pytest.mark.parametrize("size", [12, 24, 48, 100])
+def test_a_block_size_vllm_has_no_choice_for_is_refused(size: int) -> None:
+    # vllm/config/cache.py (v0.11.0): BlockSize = Literal[1, 8, 16, 32, 64, 128], which
+    # engine/arg_utils.py turns into argparse choices: `--block-size 24` exits at once.
+    with pytest.raises(SpecError) as err:
+        _spec(engine={"blockSize": size})
+    assert any(f"spec.engine.blockSize={size}" in p and "8, 16, 32, 64, 128" in p
+               for p in err.value.problems), err.value.problems
+
+
+def test_the_builtin_engine_keeps_any_block_size_in_its_range() -> None:
+    spec = parse_spec({"spec": {"model": {"name": "m"}, "engine": {"blockSize": 24}}})
+    assert spec.engine.block_size == 24
+
+
+def test_block_size_8_is_passed_with_a_warning_about_the_default_backend() -> None:
+    # vllm/v1/attention/backends/flash_attn.py (v0.11.0): FlashAttention, vLLM's default
+    # on Ampere and Hopper GPUs (platforms/cuda.py), raises "Block size must be a
+    # multiple of 16."; FlashInfer, the default on Blackwell, takes 8.
+    spec = _spec(engine={"blockSize": 8})
+    assert any("spec.engine.blockSize=8" in w and "multiple of 16" in w
+               for w in spec.warnings), spec.warnings
+    assert _spec(engine={"blockSize": 32}).warnings == ()
