@@ -272,10 +272,37 @@ def vllm_class_relabeling(cls: str) -> dict[str, Any]:
 
 def vllm_class_metric_relabel_config(cls: str) -> dict[str, Any]:
     """The same rule for a plain Prometheus job's ``metric_relabel_configs``."""
-    rule = vllm_class_relabeling(cls)
-    return {"action": rule["action"], "source_labels": rule["sourceLabels"],
+    return _plain_relabel_config(vllm_class_relabeling(cls))
+
+
+# vLLM serves /metrics through prometheus_client's ASGI app (v0.11.0,
+# vllm/entrypoints/openai/api_server.py, mount_metrics), which answers in the format the
+# scraper asks for. From prometheus_client 0.23 (older than vLLM 0.11.0, which asks only
+# for >= 0.18) an OpenMetrics answer to a scraper that does not offer
+# escaping=allow-utf-8 (every Prometheus 2; a Prometheus 3 on legacy name validation)
+# names each sample with "_" for ":", so Prometheus stores vllm_num_requests_running and
+# every vllm:* selector reads nothing. This puts the colon back; a name already stored as
+# vllm:* does not match, and vLLM 0.11 names none of its own series vllm_*.
+VLLM_NAME_RELABELING: dict[str, Any] = {
+    "action": "replace", "sourceLabels": ["__name__"], "regex": "vllm_(.+)",
+    "targetLabel": "__name__", "replacement": "vllm:${1}"}
+
+
+def vllm_metric_relabelings(cls: str) -> list[dict[str, Any]]:
+    """ServiceMonitor ``metricRelabelings`` of a vLLM deployment: vLLM's names as the
+    rules select them, and every series in the class ``cls``."""
+    return [dict(VLLM_NAME_RELABELING), vllm_class_relabeling(cls)]
+
+
+def _plain_relabel_config(rule: Mapping[str, Any]) -> dict[str, Any]:
+    return {"action": rule["action"], "source_labels": list(rule["sourceLabels"]),
             "regex": rule["regex"], "target_label": rule["targetLabel"],
             "replacement": rule["replacement"]}
+
+
+def vllm_metric_relabel_configs(cls: str) -> list[dict[str, Any]]:
+    """The same rules for a plain Prometheus job's ``metric_relabel_configs``."""
+    return [_plain_relabel_config(rule) for rule in vllm_metric_relabelings(cls)]
 
 
 def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
@@ -287,8 +314,9 @@ def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> 
         "relabelings": [{"action": "replace", "targetLabel": label, "replacement": value}
                         for label, value in identity_labels(name, namespace).items()]}
     if spec.backend is Backend.VLLM:
-        # The per-class rules and panels need a class on every latency series.
-        endpoint["metricRelabelings"] = [vllm_class_relabeling(spec.vllm_class)]
+        # The rules select vLLM's names with their colon, and the per-class rules and
+        # panels need a class on every latency series.
+        endpoint["metricRelabelings"] = vllm_metric_relabelings(spec.vllm_class)
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": _meta(body, name),
             "spec": {"selector": {"matchLabels": selector(name)},
@@ -309,3 +337,4 @@ def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     service_monitor=render_service_monitor(body, spec),
                     network_policy=render_network_policy(body, spec, operator_namespace),
                     unsupported_knobs=unsupported)
+

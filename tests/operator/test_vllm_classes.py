@@ -19,6 +19,7 @@ from slopilot.operator.render import (
     render_all,
     vllm_class_metric_relabel_config,
     vllm_class_relabeling,
+    vllm_metric_relabelings,
 )
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS, RuleOptions, render_rules_yaml
@@ -40,7 +41,8 @@ def test_a_vllm_monitor_puts_its_series_in_the_chosen_class() -> None:
         spec = parse_spec(b)
         assert spec.vllm_class == cls
         endpoint = render_all(b, spec).service_monitor["spec"]["endpoints"][0]
-        assert endpoint["metricRelabelings"] == [vllm_class_relabeling(cls)]
+        assert endpoint["metricRelabelings"] == vllm_metric_relabelings(cls)
+        assert vllm_class_relabeling(cls) in endpoint["metricRelabelings"]
 
 
 def test_a_builtin_monitor_keeps_the_engines_own_classes() -> None:
