@@ -8,9 +8,9 @@ importing it registers every handler, the controller daemon included.
   touching nothing) and against what the API server accepts in the owned objects
   (``Reconciled=False``), then create or patch the owned objects; the status says what
   was done and which knobs vLLM ignores. A spec that works but should change (a
-  deprecated field) gets a ``DeprecatedField`` Warning event and says so in the Valid
-  condition. Status is written conditionally on the version read (status_writer.py), so
-  the daemon's conditions and these never erase each other.
+  deprecated field, a knob the backend caps) gets a ``SpecWarning`` Warning event and
+  says so in the Valid condition. Status is written conditionally on the version read
+  (status_writer.py), so the daemon's conditions and these never erase each other.
 - the built-in engine's running pods are brought to the spec's live knobs (which the
   engine reads from its ConfigMap only at start) after each reconcile and once a
   ``tuning_daemon.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
@@ -60,7 +60,8 @@ from slopilot.tuner.prometheus.bounded import bounded_client
 # The owned kinds whose events repair drift, as kopf's decorators name them.
 OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "networkpolicies"),
                ("v1", "services"), ("v1", "configmaps"))
-DEPRECATED = "DeprecatedField"  # the event reason of a spec's warnings
+# The event reason of a spec's warnings: a deprecated field, a knob the backend caps.
+SPEC_WARNING = "SpecWarning"
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
 
 
@@ -181,7 +182,7 @@ def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> Non
     """Warning events for refusals and gaps, a Normal one when something was written."""
     body = cast("kopf.Body", raw)  # kopf reads only metadata: any mapping will do
     if outcome.warnings:
-        kopf.warn(body, reason=DEPRECATED, message="; ".join(outcome.warnings))
+        kopf.warn(body, reason=SPEC_WARNING, message="; ".join(outcome.warnings))
     if not outcome.valid:
         kopf.warn(body, reason=outcome.refusal.value, message="; ".join(outcome.problems))
         return

@@ -337,4 +337,3 @@ def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     service_monitor=render_service_monitor(body, spec),
                     network_policy=render_network_policy(body, spec, operator_namespace),
                     unsupported_knobs=unsupported)
-

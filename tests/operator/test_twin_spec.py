@@ -188,12 +188,12 @@ def test_the_warning_is_in_the_valid_condition_and_a_warning_event(
     monkeypatch.setattr(kopf, "warn", lambda _b, *, reason, message: posted.append(
         ("warn", reason, message)))
     post_events(body(), outcome, reason="Reconciled")
-    [(level, _, message)] = [p for p in posted if p[1] == "DeprecatedField"]
+    [(level, _, message)] = [p for p in posted if p[1] == "SpecWarning"]
     assert level == "warn" and re.search(r"spec\.tuning\.twin\.maxError.*spec\.twin\.maxError",
                                          message), message
     posted.clear()
     post_events(body(), Outcome(), reason="Reconciled")
-    assert not [p for p in posted if p[1] == "DeprecatedField"]
+    assert not [p for p in posted if p[1] == "SpecWarning"]
 
 
 def test_the_operator_posts_the_deprecation_as_a_kubernetes_warning_event(
@@ -203,7 +203,7 @@ def test_the_operator_posts_the_deprecation_as_a_kubernetes_warning_event(
     cluster = Cluster(kube_client)
     with operator(kube_login):
         cluster.create(llmd(tuning={"enabled": False, "twin": {"correction": "rescale"}}))
-        event = wait_for(lambda: cluster.events("DeprecatedField"),
+        event = wait_for(lambda: cluster.events("SpecWarning"),
                          what="the deprecation event")[0]
         assert event.type == "Warning"
         assert "spec.tuning.twin.correction" in event.message
