@@ -197,6 +197,8 @@ def test_a_vllm_deployments_windows_read_goodput_on_vllms_bucket_edges(
         asked.append(expr)
         if "increase(vllm:e2e_request_latency_seconds_count" in expr:
             return [{"metric": {"priority_class": "p0"}, "value": [at, "100"]}]
+        if SLO_TOKENS in expr:  # the goodput rule read something
+            return [{"metric": {}, "value": [at, "1"]}]
         return []
 
     ctl.evaluator.query = query

@@ -55,7 +55,9 @@ def answers(rate_now: float = 2.0, rate_before: float = 2.0, finished: float = 2
         "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first": 0.45,
         "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token": 0.05,
         "vllm:num_preemptions_total": 0.0,
-        "vllm:request_generation_tokens_sum{priority_class=\"p0\"": 25.0,
+        # Each class's goodput rule (the only expressions that select an slo label).
+        'priority_class="p0",slo=': 25.0,
+        'priority_class="p1",slo=': 35.0,
     }
 
 
@@ -70,6 +72,8 @@ def test_a_window_is_read_at_its_end_over_its_length() -> None:
     assert s.classes[Priority.P1].tbt_p99_ms == pytest.approx(50.0)
     assert s.overall.ttft_p99_ms == pytest.approx(450.0)  # every class's histogram together
     assert s.classes[Priority.P2].ttft_p99_ms is None  # no P2 series: no samples
+    assert (s.classes[Priority.P0].goodput_tok_s, s.classes[Priority.P1].goodput_tok_s) == \
+        (25.0, 35.0)
     assert s.overall.requests_finished == 20 and s.duration_s == 10
     assert s.window == Window(90.0, 100.0, canary=False, bucketed=True)
     assert all("[10s]" in e for e, _ in q.asked if "[" in e)
@@ -306,3 +310,16 @@ def test_direct_scrape_goodput_of_a_replica_told_its_slo_inside_the_window() -> 
     p1 = s.classes[Priority.P1]
     assert p1.throughput_tok_s == pytest.approx(100.0)
     assert p1.goodput_tok_s == pytest.approx(80.0)
+
+
+def test_a_class_whose_goodput_reads_no_series_rejects_the_window() -> None:
+    """P1 finished requests and tokens, and its goodput read no series at all (a vLLM
+    image older than 0.11 exports its gaps as vllm:time_per_output_token_seconds, so the
+    rule's product has no factor): the class's goodput read 0, and the trial scored, and
+    status.sloAttainment showed, a config whose every request met its SLO as one that
+    met none. The window does not count, and says which series it lacked."""
+    recorded = answers()
+    del recorded['priority_class="p1",slo=']
+    q = Recorded(recorded)
+    with pytest.raises(WindowRejected, match=r"p1 .*goodput.*vllm:inter_token_latency_seconds"):
+        windows(q).measure(90.0, 100.0, canary=False)

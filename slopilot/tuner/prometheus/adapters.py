@@ -149,11 +149,20 @@ class PrometheusWindows:
                                  f"(more than {self.load_tolerance:.0%}): the window is not "
                                  "comparable")
         p99 = {key: self._by_class(q[rec][None], end) for key, rec in _QUANTILES.items()}
+        goodput = {c: self._scalar(expr, end) for c, expr in q.get(_GOODPUT, {}).items()
+                   if c is not None}
+        if unread := [c for c, v in goodput.items() if math.isnan(v) and requests.get(c, 0) > 0]:
+            # A class with an SLO served requests and its goodput read no series: read as
+            # 0, every trial would score (and sloAttainment show) a config that met the
+            # SLO as one that met none.
+            raise WindowRejected(
+                f"{', '.join(unread)} finished requests but its goodput reads no series: "
+                "no verdicts (slopilot_slo_*) nor both latency histograms (" +
+                ", ".join(_HISTOGRAMS.values()) + ") for it; a vLLM image older than "
+                "0.11 exports its token gaps under another name: use vLLM 0.11 or newer")
         return window_summary(
             requests=requests, throughput=self._by_class(q["throughput"][None], end),
-            ttft_p99_s=p99["ttft"], tbt_p99_s=p99["tbt"],
-            goodput={c: self._scalar(expr, end) for c, expr in q.get(_GOODPUT, {}).items()
-                     if c is not None},
+            ttft_p99_s=p99["ttft"], tbt_p99_s=p99["tbt"], goodput=goodput,
             preemptions_per_min=self._scalar(q[_PREEMPT][None], end),
             overall_ttft_p99_s=self._scalar(q["ttft_p99_all"][None], end),
             overall_tbt_p99_s=self._scalar(q["tbt_p99_all"][None], end),
