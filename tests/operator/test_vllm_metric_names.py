@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 from typing import Any
 
 import pytest
@@ -30,7 +28,7 @@ from slopilot.operator.render import render_all, vllm_metric_relabel_configs
 from slopilot.operator.spec import parse_spec
 from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS, render_rules_yaml
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
-from tests.support.prometheus import PrometheusServer, ScrapeTarget
+from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_negotiated
 from tests.support.waits import wait_for
 
 # What Prometheus 2 (2.42, Debian's) sends on every scrape.
@@ -120,26 +118,12 @@ def negotiating_vllm() -> Iterator[str]:
     """A vLLM-shaped /metrics that answers in the format asked, as vLLM's does."""
     registry = vllm_registry()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            data = encoder(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        return encoder(registry), content_type
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_negotiated(answer) as at:
+        yield at
 
 
 @pytest.mark.prometheus

@@ -190,12 +190,21 @@ def promtool(binaries: PrometheusBinaries, *args: str | Path,
 @contextmanager
 def serve_metrics(render: Callable[[], bytes]) -> Iterator[str]:
     """``render()`` served as a classic-text /metrics by a plain thread; yields host:port."""
+    with serve_negotiated(lambda accept: (render(),
+                                          "text/plain; version=0.0.4; charset=utf-8")) as at:
+        yield at
+
+
+@contextmanager
+def serve_negotiated(answer: Callable[[str], tuple[bytes, str]]) -> Iterator[str]:
+    """Every GET answered ``answer(Accept header)``: (body, content type), by a plain
+    thread; yields host:port. A target that picks its format as the scraper asks."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = render()
+            body, content_type = answer(self.headers.get("Accept", ""))
             self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

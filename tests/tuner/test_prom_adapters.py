@@ -10,7 +10,7 @@ import pytest
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
-from slopilot.engine.window_summary import Window
+from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.local.scrape import DirectScrape, quantile
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import SummaryAlerts
@@ -251,20 +251,27 @@ def _judged_page(tokens: int, good: int, label: str, judged: int | None = None) 
     ]).encode()
 
 
-@pytest.mark.parametrize("current", [True, False], ids=["this-slo", "an-edited-slo"])
-def test_direct_scrape_goodput_is_the_engines_per_request_verdicts(current: bool) -> None:
-    """As the rules read them: the tokens of the requests judged to have met this SLO;
-    verdicts under other objectives are not this SLO's, and the histograms' product
-    (99 % of gaps fast: 99 % good) stands in."""
-    label = DEMO.slo.p1.label if current else "ttft_p99_ms=1.0"
-    pages = iter([b"", _judged_page(1000, 400, label)])  # every series from zero
-    with serve_metrics(lambda: next(pages)) as address:
+def _scraped(pages: list[bytes]) -> WindowSummary:
+    """The window [100, 110] of one replica whose /metrics answers ``pages`` in turn,
+    read by the direct scrape."""
+    answers = iter(pages)
+    with serve_metrics(lambda: next(answers)) as address:
         scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
                               min_requests=1)
         scrape.poll(now=100.0)
         scrape.poll(now=110.0)
         s = scrape.measure(100.0, 110.0, canary=False)
         scrape.stop()
+    return s
+
+
+@pytest.mark.parametrize("current", [True, False], ids=["this-slo", "an-edited-slo"])
+def test_direct_scrape_goodput_is_the_engines_per_request_verdicts(current: bool) -> None:
+    """As the rules read them: the tokens of the requests judged to have met this SLO;
+    verdicts under other objectives are not this SLO's, and the histograms' product
+    (99 % of gaps fast: 99 % good) stands in."""
+    label = DEMO.slo.p1.label if current else "ttft_p99_ms=1.0"
+    s = _scraped([b"", _judged_page(1000, 400, label)])  # every series from zero
     p1 = s.classes[Priority.P1]
     assert p1.throughput_tok_s == pytest.approx(100.0)
     if current:
@@ -298,15 +305,8 @@ def test_direct_scrape_goodput_of_a_replica_told_its_slo_inside_the_window() -> 
     the 500 tokens of its last requests, 400 of them good, of the 1,000 it served. Its
     met tokens alone read 40 % good where its requests were 80 % good; its share of
     good tokens judged stands for the window's tokens."""
-    pages = iter([b'vllm:request_generation_tokens_sum{priority_class="p1"} 0\n',
+    s = _scraped([b'vllm:request_generation_tokens_sum{priority_class="p1"} 0\n',
                   _judged_page(1000, 400, DEMO.slo.p1.label, judged=500)])
-    with serve_metrics(lambda: next(pages)) as address:
-        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
-                              min_requests=1)
-        scrape.poll(now=100.0)
-        scrape.poll(now=110.0)
-        s = scrape.measure(100.0, 110.0, canary=False)
-        scrape.stop()
     p1 = s.classes[Priority.P1]
     assert p1.throughput_tok_s == pytest.approx(100.0)
     assert p1.goodput_tok_s == pytest.approx(80.0)

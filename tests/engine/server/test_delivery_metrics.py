@@ -20,11 +20,13 @@ import pytest
 from slopilot.engine.engine import WallClock
 from slopilot.engine.metric_window import HistogramRecorder
 from slopilot.engine.request import FinishReason, Priority, TokenLogprobs
+from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.logprobs_format import TokenText
 from slopilot.engine.server.protocol import CompletionRequest
 from slopilot.engine.server.request_stream import RequestStream
 from slopilot.engine.server.responses import Delivery, collect, sse_events
-from slopilot.engine.server.serving import prepare
+from slopilot.engine.server.serving import Prepared, prepare
+from slopilot.engine.slo import SLOSpec
 from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -235,6 +237,16 @@ async def _hand_out(delivery: Delivery, stream: bool) -> None:
 _JUDGED_SLO = {"classes": {"p1": {"ttftP99Ms": 500, "tbtP99Ms": 100}}}
 
 
+def _judged_request(*, max_tokens: int, stream: bool) -> tuple[Backend, Prepared]:
+    """A server judging by ``_JUDGED_SLO``, and a P1 request to it that arrived at 10 s
+    (EOS ignored: it runs to ``max_tokens`` unless cut short)."""
+    backend = build_backend(realtime=False)
+    backend.metrics.set_slo(SLOSpec.from_dict(_JUDGED_SLO))
+    body = CompletionRequest(prompt="one two three", max_tokens=max_tokens, ignore_eos=True,
+                             stream=stream)
+    return backend, prepare(backend, body, {}, arrival_time=10.0)
+
+
 @pytest.mark.parametrize(("ttft_s", "slow_gaps", "met"), [
     (0.2, 0, True),
     (0.2, 2, True),    # 2 of 200 gaps over: 1 %, the request's own P99 within
@@ -248,15 +260,8 @@ def test_each_request_is_judged_as_delivered_against_its_classs_slo(
     Prometheus goodput multiplied the shares of fast first tokens and of fast gaps, as if
     every request had the same few slow gaps, which read a config whose slow gaps fall on
     a few requests (each then over its own P99 target) as 97.9 % good where 68 % was."""
-    from slopilot.engine.slo import SLOSpec
-
-    backend = build_backend(realtime=False)
-    m = backend.metrics
-    slo = SLOSpec.from_dict(_JUDGED_SLO)
-    m.set_slo(slo)
-    body = CompletionRequest(prompt="one two three", max_tokens=201, ignore_eos=True,
-                             stream=stream)
-    prep = prepare(backend, body, {}, arrival_time=10.0)
+    backend, prep = _judged_request(max_tokens=201, stream=stream)
+    m, slo = backend.metrics, SLOSpec.from_dict(_JUDGED_SLO)
 
     async def deliver() -> None:
         req = prep.choices[0].request
@@ -280,13 +285,8 @@ def test_a_request_aborted_before_its_first_token_is_not_judged(stream: bool) ->
     and no token. The simulator judges no such request (SLOJudge.finished: no first
     token), and the server did: its finish chunk was stamped as the first output, so a
     waiting request drained within 500 ms counted as one that met its SLO."""
-    from slopilot.engine.slo import SLOSpec
-
-    backend = build_backend(realtime=False)
+    backend, prep = _judged_request(max_tokens=5, stream=stream)
     m = backend.metrics
-    m.set_slo(SLOSpec.from_dict(_JUDGED_SLO))
-    body = CompletionRequest(prompt="one two three", max_tokens=5, stream=stream)
-    prep = prepare(backend, body, {}, arrival_time=10.0)
 
     async def deliver() -> None:
         stream_ = RequestStream(prep.choices[0].request, _Aborts())
@@ -327,14 +327,8 @@ def test_a_request_cut_short_is_not_judged(stream: bool, how: str) -> None:
     was judged met: a client that took 3 of 500 tokens, fast, and left counted 1 request
     and 3 tokens met; a non-streamed client that timed out with nothing (14 tokens made)
     counted 14 tokens met."""
-    from slopilot.engine.slo import SLOSpec
-
-    backend = build_backend(realtime=False)
+    backend, prep = _judged_request(max_tokens=500, stream=stream)
     m = backend.metrics
-    m.set_slo(SLOSpec.from_dict(_JUDGED_SLO))
-    body = CompletionRequest(prompt="one two three", max_tokens=500, ignore_eos=True,
-                             stream=stream)
-    prep = prepare(backend, body, {}, arrival_time=10.0)
 
     async def deliver() -> None:
         stream_ = RequestStream(prep.choices[0].request, _Aborts())
@@ -368,15 +362,8 @@ def test_a_request_cut_short_after_it_missed_its_slo_counts_as_missed(
     whose first token came late, one with more slow gaps than 1 % of all it could have.
     Unjudged, the impatient clients of an overloaded class vanished from its goodput
     share, which then read as high as when every client was served in time."""
-    from slopilot.engine.slo import SLOSpec
-
-    backend = build_backend(realtime=False)
-    m = backend.metrics
-    slo = SLOSpec.from_dict(_JUDGED_SLO)
-    m.set_slo(slo)
-    body = CompletionRequest(prompt="one two three", max_tokens=500, ignore_eos=True,
-                             stream=stream)
-    prep = prepare(backend, body, {}, arrival_time=10.0)
+    backend, prep = _judged_request(max_tokens=500, stream=stream)
+    m, slo = backend.metrics, SLOSpec.from_dict(_JUDGED_SLO)
 
     async def deliver() -> None:
         stream_ = RequestStream(prep.choices[0].request, _Aborts())
