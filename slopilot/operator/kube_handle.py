@@ -54,7 +54,7 @@ from slopilot.operator.kubeapi import Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled, reconcile
-from slopilot.operator.render import ADMIN_PORT_NAME, selector
+from slopilot.operator.render import ADMIN_PORT_NAME, selector, vllm_max_num_seqs
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.tuner.prometheus.bounded import Deadline, bounded_client
@@ -294,8 +294,12 @@ class KubeDeploymentHandle:
             if canary:
                 return str(targets[0]["metadata"]["name"])  # a trial: nothing recorded
             self._canary = None  # every replica runs the same config again
-        elif canary:
-            log.info("%s: vLLM cannot reconfigure one replica; rolling all of them", self.name)
+        else:
+            if canary:
+                log.info("%s: vLLM cannot reconfigure one replica; rolling all of them",
+                         self.name)
+            # Recorded as the pods run it: vLLM is given at most the budget's sequences.
+            new = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new))
         self._record(body, new)
         return None
 

@@ -158,6 +158,23 @@ def test_a_vllm_deployment_is_never_synced_over_http(
     assert (pod.gets, pod.puts) == (0, [])  # its knobs are arguments: a rollout sets them
 
 
+def test_a_vllm_trial_records_the_sequences_its_pods_run(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """vLLM refuses more sequences than the token budget, so its pods are given the
+    budget (render.vllm_max_num_seqs); a trial of 1,024 sequences on a 256-token budget
+    was recorded in status.tunedConfig as 1,024, a figure no pod ran."""
+    body, policy, mint = reconciled(kube, cluster, llmd(backend="vllm"))
+    handle = handle_of(cluster, body, policy, mint)
+    handle.apply_config({"token_budget": 256, "chunk_size": 128, "max_num_seqs": 1024},
+                        canary=False)
+    tuned = cluster.get()["status"]["tunedConfig"]["engine"]
+    assert (tuned["token_budget"], tuned["max_num_seqs"]) == (256, 256)
+    args = cluster.kube.get("apps/v1", "deployments", NS, "chat")[
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "256"
+    assert handle.current_config()["max_num_seqs"] == 256
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1_000_000.0
