@@ -76,3 +76,17 @@ def test_an_infeasible_tune_report_has_the_verdict_capacity_and_plots(tmp_path: 
         assert part in text
     for png in ("history.png", "terms.png", "pareto.png"):
         assert (tmp_path / png).is_file()
+
+
+def test_the_history_of_a_study_where_nothing_holds_says_so_and_draws_no_phantoms() -> None:
+    """Where no trial holds the SLO, the history's legend named a green "holds the SLO"
+    and a "best that holds, so far" line that the plot did not have."""
+    from slopilot.tuner.study.report_plots import history_figure
+
+    missed = score(window({"p1": figures(60_000.0, 50.0, 100.0)}), SLO)  # TTFT a minute
+    results = [(n, missed) for n in range(4)]
+    assert not missed.feasible
+    fig = history_figure(results)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["misses it"]
+    assert ax.get_title() == "Trial history: no trial holds the SLO"

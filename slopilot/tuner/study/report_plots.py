@@ -53,25 +53,37 @@ def _split(results: Results) -> tuple[Results, Results]:
 
 def history(results: Results, out: Path) -> str:
     plt = _pyplot()
-    ok, bad = _split(results)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.scatter([n for n, _ in ok], [r.value for _, r in ok], c="tab:green",
-               label="holds the SLO")
-    ax.scatter([n for n, _ in bad], [r.value for _, r in bad], c="tab:red", marker="x",
-               label="misses it")
-    best, running = [], -math.inf
-    for _, r in results:
-        if r.feasible:
-            running = max(running, r.value)
-        best.append(running if math.isfinite(running) else math.nan)
-    ax.step([n for n, _ in results], best, where="post", c="black",
-            label="best that holds, so far")
-    ax.set(xlabel="trial", ylabel=objective_label(results), title="Trial history")
-    ax.legend(loc="best")
-    fig.tight_layout()
+    fig = history_figure(results)
     fig.savefig(out / "history.png", dpi=100)
     plt.close(fig)
     return "history.png"
+
+
+def history_figure(results: Results) -> Any:
+    """The objective per trial and the best that holds so far; where none holds, the
+    plot says so, and its legend names only what it draws."""
+    plt = _pyplot()
+    ok, bad = _split(results)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if ok:
+        ax.scatter([n for n, _ in ok], [r.value for _, r in ok], c="tab:green",
+                   label="holds the SLO")
+    if bad:
+        ax.scatter([n for n, _ in bad], [r.value for _, r in bad], c="tab:red",
+                   marker="x", label="misses it")
+    if ok:
+        best, running = [], -math.inf
+        for _, r in results:
+            if r.feasible:
+                running = max(running, r.value)
+            best.append(running if math.isfinite(running) else math.nan)
+        ax.step([n for n, _ in results], best, where="post", c="black",
+                label="best that holds, so far")
+    title = "Trial history" if ok else "Trial history: no trial holds the SLO"
+    ax.set(xlabel="trial", ylabel=objective_label(results), title=title)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    return fig
 
 
 def _limits(slo: SLOSpec) -> dict[str, float]:
