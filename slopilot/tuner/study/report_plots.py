@@ -120,10 +120,12 @@ def terms(results: Results, slo: SLOSpec, out: Path,
             return max(r.constraints[i] + 1.0, 1e-3) * limit
 
         ok, bad = _split(results)
-        ax.scatter([n for n, _ in ok], [ms(r) for _, r in ok], c="tab:green", s=18,
-                   label="trial holds the SLO")
-        ax.scatter([n for n, _ in bad], [ms(r) for _, r in bad], c="tab:red", marker="x",
-                   s=18, label="trial misses it")
+        if ok:  # the legend names only what is drawn
+            ax.scatter([n for n, _ in ok], [ms(r) for _, r in ok], c="tab:green", s=18,
+                       label="trial holds the SLO")
+        if bad:
+            ax.scatter([n for n, _ in bad], [ms(r) for _, r in bad], c="tab:red",
+                       marker="x", s=18, label="trial misses it")
         if start is not None:
             ax.scatter([-1], [ms(start)], c="tab:blue", marker="*", s=80, label="start config")
         ax.axhline(limit, c="black", lw=1, label=f"SLO {limit:g} ms")
