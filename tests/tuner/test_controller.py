@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -461,3 +462,34 @@ def test_a_deployment_that_is_gone_takes_its_series_with_it() -> None:
     assert text.count('slopilot_namespace="team-b"') >= 5
     a.forget("chat")  # twice, or a deployment that never recorded: nothing to remove
     a.forget("never-seen")
+
+
+def test_a_trials_window_leaves_out_its_first_seconds() -> None:
+    """A trial starts when its config is applied, while requests that arrived under the
+    config before it (the one an alert fired on) are still finishing: measured from the
+    apply, the trial was scored on its predecessor's stragglers (a client-side benchmark,
+    benchmarks/loop_truth.py, saw a window after a config change read P1 0.960 good where
+    the requests that arrived in it were 0.926). The first tenth of the window (by
+    default) is left out; a repeated window, with no change before it, is not cut."""
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    assert rig.ev is not None
+    rig.ev.reject = 1
+    ctl.tick(0.0)  # the trial's config applied
+    assert ctl.tick(10.0).action is Action.REPEAT
+    assert rig.ev.calls[-1][:2] == (1.0, 10.0)
+    assert ctl.tick(20.0).action is Action.COMMIT
+    assert rig.ev.calls[-1][:2] == (10.0, 20.0)
+    with pytest.raises(ControllerError, match="trial_settle_s"):
+        dataclasses.replace(ctl.settings, trial_settle_s=10.0)
+
+
+def test_the_early_look_waits_for_the_settled_part_of_the_window() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              settings={"revert_check_s": 0.5, "trial_settle_s": 2.0})
+    ctl = rig.build()
+    assert rig.ev is not None
+    ctl.tick(0.0)
+    assert ctl.tick(1.0).action is Action.NONE and rig.ev.calls == []  # nothing settled yet
+    ctl.tick(3.0)
+    assert rig.ev.calls[-1][:2] == (2.0, 3.0)

@@ -3,8 +3,9 @@
 An episode starts from STEADY (a retune alert) or SCALING (a new config is cheaper than a
 replica) with the running config as its baseline and the offline study's best configs
 queued as warm starts. Each trial applies a config (to the canary when there are several
-replicas), waits ``window_s`` and is scored on its window; a trial that breaks P0 by more
-than ``revert_margin`` is cut short, a window that does not count is repeated. The first
+replicas), waits ``window_s`` and is scored on its window past its first ``settle_s``
+(the requests that arrived under the config before it finish then); a trial that breaks
+P0 by more than ``revert_margin`` is cut short, a window that does not count is repeated. The first
 feasible trial, or the trial limits, end the episode in COMMIT, which applies the best
 feasible config everywhere, or, when none held, asks SCALING for another replica.
 """
@@ -105,7 +106,7 @@ def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | 
     if elapsed < s.window_s:
         return _early_look(ctx, now, t, elapsed)
     try:
-        summary = ctx.evaluator.measure(t.started_at, now, canary=t.canary)
+        summary = ctx.evaluator.measure(_measured_from(ctx, t), now, canary=t.canary)
     except WindowRejected as exc:
         t.repeats += 1
         if t.repeats >= s.max_window_repeats:
@@ -119,13 +120,20 @@ def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | 
     return _scored(ctx, now, t, summary)
 
 
+def _measured_from(ctx: LoopContext, t: RunningTrial) -> float:
+    """Where a trial's window is measured from: past its first seconds, in which the
+    requests that arrived under the config before it finish (``settle_s``); a repeat
+    follows a window of the same config, so it is measured whole."""
+    return t.started_at + (ctx.settings.settle_s if t.repeats == 0 else 0.0)
+
+
 def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
                 elapsed: float) -> Decision:
     """Mid-window, after ``revert_after_s``: cut a trial short that breaks P0 badly."""
-    partial = None
-    if elapsed >= ctx.settings.revert_after_s:
+    partial, start = None, _measured_from(ctx, t)
+    if elapsed >= ctx.settings.revert_after_s and now > start:
         try:
-            partial = ctx.evaluator.measure(t.started_at, now, canary=t.canary)
+            partial = ctx.evaluator.measure(start, now, canary=t.canary)
         except WindowRejected:
             partial = None  # too little to tell yet: the window goes on
     breach = None if partial is None else _p0_breach(ctx, partial)

@@ -78,6 +78,10 @@ class ControllerSettings:
     max_replicas: int = 8
     window_s: float = 120.0
     """How long a trial config runs before its window is measured."""
+    trial_settle_s: float | None = None
+    """The first seconds of a trial's window that are not measured (default: a tenth of
+    ``window_s``): requests that arrived under the config before it, the one an alert
+    fired on, are still finishing then, and would score the trial by their latencies."""
     max_trials: int = 20
     """Live trials in one tuning episode before the best is committed."""
     max_trials_per_hour: int = 30
@@ -141,6 +145,12 @@ class ControllerSettings:
                 raise ControllerError(
                     f"twin_correction={self.twin_correction!r}: use one of "
                     f"{', '.join(c.value for c in TwinCorrection)}") from None
+        settle = self.trial_settle_s
+        if settle is not None and (isinstance(settle, bool) or not isinstance(
+                settle, (int, float)) or not 0 <= settle <= self.window_s / 2):
+            raise ControllerError(f"trial_settle_s={settle!r}: expected seconds in "
+                                  f"[0, window_s / 2 = {self.window_s / 2:g}], so that "
+                                  "most of a trial's window is measured")
         check = self.revert_check_s
         if check is not None and not 0 < check <= self.window_s:
             raise ControllerError(f"revert_check_s={check!r}: expected a time in "
@@ -150,6 +160,11 @@ class ControllerSettings:
     def key(self) -> str:
         """``namespace/name`` (the name alone outside a namespace): what the logs say."""
         return f"{self.namespace}/{self.deployment}" if self.namespace else self.deployment
+
+    @property
+    def settle_s(self) -> float:
+        """``trial_settle_s``, or its default."""
+        return self.trial_settle_s if self.trial_settle_s is not None else self.window_s / 10
 
     @property
     def revert_after_s(self) -> float:
