@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,8 @@ def register(subparsers: Any) -> None:
                    help="tiny-random, smollm2-135m or a checkpoint directory (torch executor)")
     p.add_argument("--executor", choices=("torch", "simulated"), default="torch")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--admin-port", type=int, metavar="PORT",
+    p.add_argument("--port", type=_port("--port"), default=8000, help="0 picks a free port")
+    p.add_argument("--admin-port", type=_port("--admin-port"), metavar="PORT",
                    help="serve the admin API (/admin/config) on this port alone, so a "
                    "NetworkPolicy can keep clients off it; the inference port then has no "
                    "/admin (0 picks a free port; default: /admin on --port)")
@@ -97,6 +98,21 @@ def register(subparsers: Any) -> None:
                    help="debugging: check the KV bookkeeping each time the engine goes "
                    "idle (O(KV blocks): seconds on a large cache; never for serving)")
     p.set_defaults(func=_serve)
+
+
+def _port(flag: str) -> Callable[[str], int]:
+    """argparse type: a TCP port, 0 (a free one) to 65535. Checked here, before the model
+    loads: socket.bind raised an OverflowError traceback for -1 or 70000."""
+    def parse(text: str) -> int:
+        try:
+            port = int(text)
+        except ValueError:
+            port = -1
+        if not 0 <= port <= 65535:
+            raise argparse.ArgumentTypeError(f"{flag} {text}: expected a port number, 0 to "
+                                             "65535 (0 picks a free one)")
+        return port
+    return parse
 
 
 def _mib(text: str) -> int:
@@ -155,7 +171,11 @@ def admin_token(token_file: Path | None) -> str | AdminCredential | None:
     from slopilot.engine.server.admin_credential import ADMIN_TOKEN_ENV, ADMIN_TOKEN_SHA256_ENV
 
     if token_file is not None:
-        token = token_file.read_text().strip()
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:  # named with its flag: a bare errno line named neither
+            raise ValueError(f"--admin-token-file {token_file}: cannot read it: "
+                             f"{exc.strerror or exc}") from None
         if not token:
             raise ValueError(f"--admin-token-file {token_file} is empty")
         return token
@@ -218,7 +238,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     backend.metrics.set_slo(slo)
     binding.release_calling_thread()
-    from slopilot.engine.server.uvicorn_runner import serve_forever
+    from slopilot.engine.server.uvicorn_runner import ListenError, serve_forever
 
     try:
         return serve_forever(backend, host=args.host, port=args.port,
@@ -227,6 +247,9 @@ def _serve(args: argparse.Namespace) -> int:
                              check_integrity=args.check_integrity,
                              **({} if args.max_body_mb is None
                                 else {"max_body_bytes": args.max_body_mb}))
-    except OSError as exc:  # a port already taken
+    except ListenError as exc:  # a port already taken: the message names flag and port
+        backend.close()
+        return _fail(str(exc))
+    except OSError as exc:
         backend.close()
         return _fail(f"cannot listen on {args.host}: {exc.strerror or exc}")

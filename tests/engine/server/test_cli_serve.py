@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -108,6 +109,10 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--max-body-mb", "0"], "--max-body-mb 0: expected MiB above 0"),
     (["--max-body-mb", "nan"], "--max-body-mb nan: expected MiB above 0"),
     (["--max-body-mb", "lots"], "--max-body-mb lots: expected MiB above 0"),
+    (["--port", "-1"], "--port -1: expected a port number, 0 to 65535"),
+    (["--admin-port", "70000"], "--admin-port 70000: expected a port number, 0 to 65535"),
+    (["--admin-token-file", "/no/such/token"], "--admin-token-file /no/such/token: cannot "
+                                               "read it: No such file or directory"),
 ])
 def test_bad_options_exit_2(args: list[str], words: str) -> None:
     executor = ["--executor", "torch"] if "--gpu" in args else []
@@ -116,6 +121,21 @@ def test_bad_options_exit_2(args: list[str], words: str) -> None:
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert words in p.stderr
+
+
+@pytest.mark.parametrize("flag", ["--port", "--admin-port"])
+def test_a_port_already_taken_is_named_with_its_flag(flag: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args = ["--port", port] if flag == "--port" else ["--port", "0", "--admin-port", port]
+        p = subprocess.run([sys.executable, "-m", "slopilot.cli", "serve", "--executor",
+                            "simulated", *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert f"{flag} {port}: cannot listen on 127.0.0.1:{port}: Address already in use" \
+        in p.stderr, p.stderr
 
 
 def test_the_body_cap_is_set_from_the_command_line() -> None:
