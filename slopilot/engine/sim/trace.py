@@ -111,7 +111,13 @@ def window(records: list[TraceRecord], *, start_s: float = 0.0, end_s: float | N
             if r.arrival_time >= start_s and (end_s is None or r.arrival_time < end_s)]
     kept = kept[:max_requests]
     if not kept:
-        raise TraceError(f"no requests in the window [{start_s}, {end_s}); widen it")
+        # Name the window as the flag reads (no Python "None" for an open end) and the
+        # span the trace has, so that the user can see how far off the window is.
+        end = "end" if end_s is None else f"{end_s:g}"
+        span = ("" if not records else "; the trace's requests arrive at "
+                f"{min(r.arrival_time for r in records):g}-"
+                f"{max(r.arrival_time for r in records):g} s")
+        raise TraceError(f"no requests in the window [{start_s:g}, {end}){span}; widen it")
     return [replace(r, arrival_time=r.arrival_time - start_s) for r in kept]
 
 

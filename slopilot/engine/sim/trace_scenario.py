@@ -47,13 +47,16 @@ class TraceOptions:
     """Class shares for requests the trace gives no class (default: all P1)."""
 
     def __post_init__(self) -> None:
-        for name in ("start_s", "end_s", "time_scale", "target_rate"):
+        for name in ("start_s", "end_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise ScenarioError(f"{_flag(name)} {value}: expected a number >= 0")
+                raise ScenarioError(f"{_flag(name)} {value:g}: expected a number >= 0")
+        # One range, said the same for 0 and below: "-1: expected a number >= 0" told a
+        # user to try 0, which was then refused as not positive.
         for name in ("time_scale", "target_rate"):
-            if getattr(self, name) == 0:
-                raise ScenarioError(f"{_flag(name)} 0: expected a positive number")
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ScenarioError(f"{_flag(name)} {value:g}: expected a number > 0")
         if self.time_scale is not None and self.target_rate is not None:
             raise ScenarioError("--time-scale and --target-rate both given; give one (the "
                                 "target rate picks the time scale)")
@@ -95,7 +98,11 @@ def parse_classes(text: str | None) -> ClassMix | None:
     for item in text.split(","):
         name, sep, value = item.partition("=")
         try:
-            weights[Priority.parse(name.strip())] = float(value)
+            priority = Priority.parse(name.strip())
+        except ValueError as e:  # say which name is not a class, not only the shape
+            raise ScenarioError(f"--classes {text!r}: {e}") from None
+        try:
+            weights[priority] = float(value)
             if not sep:
                 raise ValueError
         except ValueError:
@@ -117,6 +124,9 @@ def with_trace(scenario: Scenario, options: TraceOptions) -> Scenario:
                             "options apply to a trace: pass --trace FILE.csv")
     if options.path is not None:
         path = options.path
+        if path not in BUILTIN_TRACES and Path(path).is_dir():  # not "no such file"
+            raise ScenarioError(f"--trace {path}: is a folder, not a trace file; name a "
+                                ".csv or .jsonl file in it")
         if path not in BUILTIN_TRACES and not Path(path).is_file():
             raise ScenarioError(f"--trace {path}: no such file (or name a shipped trace: "
                                 f"{', '.join(BUILTIN_TRACES)})")

@@ -63,6 +63,42 @@ def test_a_missing_trace_file_is_named(tmp_path: Path) -> None:
         with_trace(AZURE, TraceOptions(path=str(tmp_path / "gone.csv")))
 
 
+@pytest.mark.parametrize(("options", "words"), [
+    # 0 and a negative scale are refused alike: saying ">= 0" for -1 sent users to try 0
+    (lambda: TraceOptions(time_scale=-1.0), "--time-scale -1: expected a number > 0"),
+    (lambda: TraceOptions(time_scale=0.0), "--time-scale 0: expected a number > 0"),
+    (lambda: TraceOptions(target_rate=-2.0), "--target-rate -2: expected a number > 0"),
+    (lambda: TraceOptions(start_s=-1.0), "--trace-window start -1: expected a number >= 0"),
+])
+def test_a_scale_or_rate_out_of_range_says_the_range_it_accepts(options: object,
+                                                                 words: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        options()  # type: ignore[operator]
+    assert str(err.value) == words
+
+
+def test_a_folder_given_as_the_trace_is_called_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as err:
+        with_trace(AZURE, TraceOptions(path=str(tmp_path)))
+    assert str(err.value) == (f"--trace {tmp_path}: is a folder, not a trace file; name a "
+                              ".csv or .jsonl file in it")
+
+
+def test_a_window_past_the_trace_names_the_traces_span(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,10,5\n41.5,10,5\n")
+    with pytest.raises(ScenarioError) as err:
+        with_trace(AZURE, TraceOptions(path=str(trace), start_s=100.0))
+    assert "no requests in the window [100, end)" in str(err.value)
+    assert "None" not in str(err.value)
+    assert "the trace's requests arrive at 0-41.5 s" in str(err.value)
+
+
+def test_an_unknown_class_in_classes_is_named() -> None:
+    with pytest.raises(ScenarioError, match="priority 'p9' is not a class"):
+        parse_classes("p9=1")
+
+
 def test_window_and_classes_parse() -> None:
     assert parse_window("600:900") == (600.0, 900.0)
     assert parse_window(":900") == (None, 900.0)
