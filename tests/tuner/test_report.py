@@ -90,3 +90,14 @@ def test_the_history_of_a_study_where_nothing_holds_says_so_and_draws_no_phantom
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["misses it"]
     assert ax.get_title() == "Trial history: no trial holds the SLO"
+
+
+def test_a_report_written_over_an_earlier_one_leaves_none_of_its_plots(tmp_path: Path) -> None:
+    # An earlier, longer study drew importance.png; this one (4 trials) draws none, and its
+    # report.md no longer links it. Left beside it, the old plot read as this study's.
+    (tmp_path / "importance.png").write_bytes(b"an earlier study's plot")
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    write_report(study(ttft_of_budget=True, n=4), SLO, tmp_path, title="T")
+    assert not (tmp_path / "importance.png").exists()
+    assert (tmp_path / "notes.txt").read_text() == "the user's own file"
+    assert (tmp_path / "history.png").is_file()

@@ -154,6 +154,7 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
         lines += _context_sections(context)
     if not results:
         lines.append("No completed trials: nothing to plot.")
+        _remove_undrawn(out_dir, drawn=[])
         return _write(out_dir, lines)
     ranked = sorted(results, key=lambda nr: rank(nr[1]), reverse=True)
     lines += _slo_section(slo)
@@ -181,7 +182,17 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
         lines.append(f"Knob importance, target {imp.target}; {imp.reason}.")
     if context is not None and context.timing:
         lines += ["", f"Time: {context.timing}."]
+    _remove_undrawn(out_dir, drawn=images)
     return _write(out_dir, lines)
+
+
+def _remove_undrawn(out_dir: Path, drawn: Sequence[str]) -> None:
+    """Remove the plots of an earlier report in ``out_dir`` that this one did not draw:
+    re-run into the same folder, a study that draws no importance plot (too few trials)
+    left the earlier study's importance.png beside a report.md that no longer links it.
+    Only the report's own plot names are touched; any other file there is kept."""
+    for name in CAPTIONS.keys() - set(drawn):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _write(out_dir: Path, lines: list[str]) -> Path:
