@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from slopilot.engine.models import REGISTRY
 from slopilot.engine.sim.profile_parse import parse_profile
 from slopilot.engine.sim.profile_types import (
     DEVICE_TYPES,
@@ -243,9 +244,13 @@ def check_profile_for(profile: CostProfile, *, model: str | None = None,
     src = profile.source
     if model is not None and \
             canonical_model_name(model) != canonical_model_name(profile.model.name):
+        # calibrate's --model takes a registered model or a checkpoint directory; a
+        # scenario's model (llama-3-8b) is neither, and `--model llama-3-8b` is refused.
+        how = (f"`slopilot calibrate --model {model} ...`" if model.strip().lower() in REGISTRY
+               else f"`slopilot calibrate --model DIR ...` with DIR a checkpoint of {model!r}")
         raise ProfileFileError(
             f"{src} was calibrated for model {profile.model.name!r}, not {model!r}; use a "
-            f"profile calibrated for {model!r} (`slopilot calibrate --model {model} ...`) "
+            f"profile calibrated for {model!r} ({how}) "
             "or drop the profile to use the datasheet roofline")
     if device is not None and device.split(":")[0] != profile.device.type:
         raise ProfileFileError(

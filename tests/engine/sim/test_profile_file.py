@@ -190,6 +190,19 @@ def test_a_profile_for_another_model_device_or_tp_is_refused() -> None:
         check_profile_for(p, tp=8)
 
 
+def test_the_fix_for_another_models_profile_is_a_command_calibrate_takes() -> None:
+    # calibrate's --model takes a registered model or a checkpoint directory: it refuses
+    # 'llama-3-8b', which the message for tiny-cpu's scenario told users to run.
+    p = make_profile("smollm2-135m", device="cpu")
+    with pytest.raises(ProfileFileError) as err:
+        check_profile_for(p, model="llama-3-8b")
+    assert "--model llama-3-8b" not in str(err.value)
+    assert "`slopilot calibrate --model DIR ...` with DIR a checkpoint of 'llama-3-8b'" \
+        in str(err.value)
+    with pytest.raises(ProfileFileError, match=r"`slopilot calibrate --model smollm2-135m "):
+        check_profile_for(make_profile("llama-3-8b", device="cpu"), model="smollm2-135m")
+
+
 def test_the_cache_size_round_trips_and_places_the_spill_knee(tmp_path: Path) -> None:
     import dataclasses
 
