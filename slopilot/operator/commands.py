@@ -9,6 +9,7 @@ import argparse
 import logging
 import random
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -88,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
     from slopilot.operator.settings import peering_lifetime_s
 
     if not args.all_namespaces and not args.namespace:
-        raise SystemExit("slopilot operator: say where to work: --all-namespaces or "
-                         "--namespace NS (repeatable)")
+        # A usage error: exit 2, as argparse's are (SystemExit(message) exits 1).
+        print("slopilot operator: say where to work: --all-namespaces or --namespace NS "
+              "(repeatable)", file=sys.stderr)
+        raise SystemExit(2)
     try:
         lifetime = peering_lifetime_s()  # fail here, not in kopf's startup handler
     except ValueError as exc:

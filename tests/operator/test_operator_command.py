@@ -55,11 +55,14 @@ def test_operator_command_reconciles_and_joins_the_slopilot_peering(
     assert code == 0, output
 
 
-def test_operator_command_needs_a_scope() -> None:
+def test_operator_command_needs_a_scope(capsys: pytest.CaptureFixture[str]) -> None:
     from slopilot.cli import main
 
-    with pytest.raises(SystemExit, match="--all-namespaces or --namespace"):
+    # A usage error, exit 2 as argparse's own are (it exited 1, as a failure would).
+    with pytest.raises(SystemExit) as exited:
         main(["operator", "--standalone"])
+    assert exited.value.code == 2
+    assert "--all-namespaces or --namespace" in capsys.readouterr().err
 
 
 def test_the_operator_makes_its_peering_object_where_it_works(
