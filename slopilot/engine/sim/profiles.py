@@ -169,9 +169,12 @@ def _lookup(kind: str, name: str, table: Mapping[str, _P], aliases: Mapping[str,
     key = name.strip().lower()
     key = aliases.get(key, key)
     if key not in table:
+        # No "pass a YAML file describing it": nothing resolves a name as a file. The short
+        # names are listed because the shipped scenarios use them (gpu: A100, gpu: H100).
         known = ", ".join(p.name for p in table.values())
-        raise ProfileError(f"unknown {kind} {name!r}; known {kind}s: {known} "
-                           f"(or pass a YAML file describing it)")
+        short = ", ".join(sorted(aliases))
+        raise ProfileError(f"unknown {kind} {name!r}; known {kind}s: {known}; or one of "
+                           f"their short names: {short}")
     return table[key]
 
 

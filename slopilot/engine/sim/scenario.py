@@ -27,6 +27,7 @@ from slopilot.engine.sim.profile_file import (
     check_profile_for,
     load_profile,
 )
+from slopilot.engine.sim.profiles import ProfileError, get_gpu, get_model
 from slopilot.engine.sim.spec_reader import Reader, ScenarioError, did_you_mean
 from slopilot.engine.sim.workload import Workload
 from slopilot.engine.sim.workload_spec import WorkloadSpec, parse_workload
@@ -119,7 +120,18 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     except yaml.YAMLError as e:
         raise ScenarioError(f"{label}: not valid YAML: {e}") from None
     base_dir = source.parent if isinstance(source, Path) else Path.cwd()
-    return parse_scenario(data, source=label, base_dir=base_dir)
+    scenario = parse_scenario(data, source=label, base_dir=base_dir)
+    if scenario.profile is None:
+        # The datasheet roofline needs both profiles: check them here, with the file and
+        # the field, not when the simulator starts (that error named neither). Here, not
+        # in parse_scenario: a profiled twin's documents carry the profile's device name.
+        for key, value, lookup in (("gpu", scenario.gpu, get_gpu),
+                                   ("model", scenario.model, get_model)):
+            try:
+                lookup(value)
+            except ProfileError as e:
+                raise ScenarioError(f"{label}: {key}={value!r}: {e}") from None
+    return scenario
 
 
 def parse_scenario(data: object, *, source: str = "<dict>",

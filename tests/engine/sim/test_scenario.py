@@ -138,6 +138,13 @@ def test_a_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
     (("model: llama-3-8b", "model: ''"), r"model='': expected a non-empty string"),
     (("gpu: H100\n", "gpu: H100\nnum_gpus: 6\ntp: 4\n"), r"tp=4: num_gpus=6 is not a multiple"),
     (("gpu: H100\n", "gpu: H100\nseed: -1\n"), r"seed=-1: must be at least 0"),
+    # checked on load, with the file and the field (it failed only when the simulator
+    # started, as "unknown GPU 'H1000'" with neither, and offered a YAML file it refuses)
+    (("gpu: H100\n", "gpu: H1000\n"),
+     r"mine\.yaml: gpu='H1000': unknown GPU 'H1000'; known GPUs: .*H100-SXM.*; or one of "
+     r"their short names: .*h100"),
+    (("model: llama-3-8b", "model: llama-3-9b"),
+     r"mine\.yaml: model='llama-3-9b': unknown model 'llama-3-9b'; known models: "),
     (("gpu: H100\n", "gpu: H100\nengine: {token_budget: 99999}\n"),
      r"mine\.yaml: engine: token_budget=99999 is out of range"),
     (("gpu: H100\n", "gpu: H100\nengine: {budget: 512}\n"), r"engine: unknown knob 'budget'"),
