@@ -65,9 +65,16 @@ def build_simulated(config: EngineConfig, *, scenario: str = "tiny-cpu",
     """A cost-model engine; gpu/model/tp default to the scenario's."""
     from slopilot.engine.executors.simulated import SimulatedExecutor
     from slopilot.engine.sim.cost_model import CostModel, CostModelError
-    from slopilot.engine.sim.profiles import ProfileError
+    from slopilot.engine.sim.profiles import ProfileError, get_gpu, get_model
     from slopilot.engine.sim.scenario import ScenarioError, load_scenario
 
+    # The flags first, each error naming its flag ("unknown GPU 'A1000'" named neither).
+    for flag, value, lookup in (("--gpu", gpu, get_gpu), ("--sim-model", sim_model, get_model)):
+        if value is not None:
+            try:
+                lookup(value)
+            except ProfileError as exc:
+                raise BackendError(f"{flag} {value}: {exc}") from None
     try:
         scen = load_scenario(scenario)
         cost = CostModel(gpu or scen.gpu, sim_model or scen.model, tp or scen.tp)

@@ -123,6 +123,19 @@ def test_bad_options_exit_2(args: list[str], words: str) -> None:
     assert words in p.stderr
 
 
+@pytest.mark.parametrize(("args", "words"), [
+    (["--gpu", "A1000"], "--gpu A1000: unknown GPU 'A1000'"),
+    (["--sim-model", "llama-3-9b"], "--sim-model llama-3-9b: unknown model 'llama-3-9b'"),
+])
+def test_an_unknown_simulated_profile_is_named_with_its_flag(args: list[str],
+                                                             words: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "slopilot.cli", "serve", "--port", "0",
+                        "--executor", "simulated", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert words in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("flag", ["--port", "--admin-port"])
 def test_a_port_already_taken_is_named_with_its_flag(flag: str) -> None:
     with socket.socket() as taken:
