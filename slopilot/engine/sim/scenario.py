@@ -119,6 +119,10 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         data = safe_load_bounded(text)
     except yaml.YAMLError as e:
         raise ScenarioError(f"{label}: not valid YAML: {e}") from None
+    if data is None:
+        raise ScenarioError(f"{label}: the file is empty (or only comments); a scenario "
+                            "needs at least name, gpu, model, duration_s and workload "
+                            "(scenarios/README.md shows one)")
     base_dir = source.parent if isinstance(source, Path) else Path.cwd()
     scenario = parse_scenario(data, source=label, base_dir=base_dir)
     if scenario.profile is None:

@@ -37,9 +37,8 @@ class Reader:
         self.path = path
         if not isinstance(data, Mapping):
             where = path or "the document"
-            raise ScenarioError(
-                f"{source}: {where} must be a mapping of key: value, got {_kind(data)} "
-                f"{excerpt(data)}")
+            got = "nothing" if data is None else f"{type(data).__name__} {excerpt(data)}"
+            raise ScenarioError(f"{source}: {where} must be a mapping of key: value, got {got}")
         for key in data:
             if not isinstance(key, str):
                 raise ScenarioError(
@@ -141,7 +140,3 @@ class Reader:
             raise self.error(key, value, f"must be at least {lo}")
         if hi is not None and value > hi:
             raise self.error(key, value, f"must be at most {hi}")
-
-
-def _kind(value: object) -> str:
-    return "nothing" if value is None else type(value).__name__

@@ -185,6 +185,23 @@ def test_malformed_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
         load_text(tmp_path, "- just\n- a list\n")
 
 
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
+def test_an_empty_file_says_so_and_what_a_scenario_needs(tmp_path: Path, text: str) -> None:
+    # It said "the document must be a mapping of key: value, got nothing None".
+    with pytest.raises(ScenarioError) as info:
+        load_text(tmp_path, text)
+    message = str(info.value)
+    assert "mine.yaml: the file is empty" in message
+    assert "name, gpu, model, duration_s and workload" in message
+    assert "None" not in message
+
+
+def test_a_section_left_empty_is_named_without_none(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"workload must be a mapping of key: value, "
+                                            r"got nothing$"):
+        load_text(tmp_path, BASE[:BASE.index("workload:")] + "workload:\n")
+
+
 def test_unknown_names_suggest_the_shipped_ones() -> None:
     with pytest.raises(ScenarioError, match="did you mean 'tiny-cpu'"):
         load_scenario("tiny-gpu")
