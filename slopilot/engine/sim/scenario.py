@@ -101,8 +101,8 @@ def scenario_file(name_or_path: str | Path) -> Traversable | Path:
         return path
     names = list_scenarios()
     if text not in names:
-        raise ScenarioError(f"unknown scenario {text!r}; {did_you_mean(text, names)} "
-                            f"(shipped: {', '.join(names)}; or pass a path to a YAML file)")
+        raise ScenarioError(f"unknown scenario {text!r}; {did_you_mean(text, names)}"
+                            f"shipped: {', '.join(names)}; or pass a path to a YAML file")
     return resources.files("slopilot").joinpath(*_PACKAGED, f"{text}.yaml")
 
 

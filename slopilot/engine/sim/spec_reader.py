@@ -23,10 +23,10 @@ _MISSING: Any = object()
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """``did you mean 'x'? `` when a choice is close to ``word``, else nothing: the caller
+    lists the choices itself, once."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {close[0]!r}?"
-    return f"known: {', '.join(sorted(choices))}"
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 class Reader:
@@ -107,8 +107,8 @@ class Reader:
         if not isinstance(value, str) or not value.strip():
             raise self.error(key, value, "expected a non-empty string")
         if choices is not None and value not in choices:
-            raise self.error(key, value, f"not allowed; {did_you_mean(value, choices)} "
-                             f"(use one of: {', '.join(choices)})")
+            raise self.error(key, value, f"not allowed; {did_you_mean(value, choices)}"
+                             f"use one of: {', '.join(choices)}")
         return value
 
     def sub(self, key: str, *, optional: bool = False) -> Reader | None:
@@ -133,7 +133,7 @@ class Reader:
             if key not in self._used and key not in extra_known:
                 raise ScenarioError(
                     f"{self.source}: {self.qualify(key)}: unknown key; "
-                    f"{did_you_mean(key, known)} (allowed here: {', '.join(known)})")
+                    f"{did_you_mean(key, known)}allowed here: {', '.join(known)}")
 
     def _check_bounds(self, key: str, value: float, lo: float | None, hi: float | None) -> None:
         if lo is not None and value < lo:

@@ -178,6 +178,20 @@ def test_bad_fields_name_file_field_value_and_fix(tmp_path: Path, edit: tuple[st
     assert "mine.yaml" in str(info.value)
 
 
+@pytest.mark.parametrize(("edit", "listed"), [
+    (("name: mine", "name: mine\nzzzqq: 1"), "duration_s"),  # no close match
+    (("name: mine", "name: mine\ndescripton: x"), "duration_s"),
+    (("poisson", "qqqq"), "on_off"),
+    (("poisson", "poison"), "on_off"),
+])
+def test_the_allowed_keys_and_values_are_listed_once(tmp_path: Path, edit: tuple[str, str],
+                                                      listed: str) -> None:
+    # An unknown key printed them twice: "known: ..." and again "(allowed here: ...)".
+    with pytest.raises(ScenarioError) as info:
+        load_text(tmp_path, BASE.replace(*edit, 1))
+    assert str(info.value).count(listed) == 1, str(info.value)
+
+
 def test_malformed_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"mine\.yaml: not valid YAML"):
         load_text(tmp_path, "name: [unclosed\n")
@@ -205,6 +219,9 @@ def test_a_section_left_empty_is_named_without_none(tmp_path: Path) -> None:
 def test_unknown_names_suggest_the_shipped_ones() -> None:
     with pytest.raises(ScenarioError, match="did you mean 'tiny-cpu'"):
         load_scenario("tiny-gpu")
+    with pytest.raises(ScenarioError) as info:
+        load_scenario("zzzqq")
+    assert str(info.value).count("mixed-priority") == 1
     with pytest.raises(ScenarioError, match="does not exist"):
         load_scenario("no/such/file.yaml")
 
