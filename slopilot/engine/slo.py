@@ -173,9 +173,13 @@ class SLOSpec:
         profile = data.get("profile")
         if profile is not None and not isinstance(profile, str):
             raise SLOError(f"profile={profile!r}: expected a name: {', '.join(PROFILES)}")
+        if profile is not None and profile not in PROFILES:
+            raise SLOError(f"profile={profile!r}: unknown SLO profile; use one of: "
+                           f"{', '.join(PROFILES)}")
         base = cls.from_profile(profile or "standard").classes()
         shared: dict[str, Any] = {
             k: data[k] for k in ("max_preemptions_per_min", "prefix_hit_min") if k in data}
+        ClassSLO(**shared)  # a bad shared value is named where it was written, not per class
         classes_in = data.get("classes") or {}
         if not isinstance(classes_in, Mapping):
             raise SLOError("classes: expected a mapping of p0/p1/p2 to objectives")

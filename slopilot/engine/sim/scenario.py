@@ -195,7 +195,15 @@ def _slo(r: Reader) -> SLOSpec:
     data = r.raw("slo", None)
     if data is None:
         return SLOSpec.from_profile("standard")
+    if not isinstance(data, Mapping):
+        raise r.error("slo", data, "expected a mapping of profile, classes, "
+                      "max_preemptions_per_min and prefix_hit_min")
     try:
         return SLOSpec.from_dict(data)
     except SLOError as e:
-        raise r.error("slo", data, str(e)) from None
+        # from_dict names the field inside the mapping (classes.p0.ttft_p99_ms=-3: ...),
+        # or the mapping itself for a stray key: quoting the mapping too buried the field.
+        inside = str(e).startswith(("profile", "classes", "max_preemptions_per_min",
+                                    "prefix_hit_min"))
+        raise ScenarioError(f"{r.source}: {r.qualify('slo')}{'.' if inside else ': '}{e}") \
+            from None

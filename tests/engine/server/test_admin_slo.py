@@ -50,7 +50,7 @@ def test_a_put_slo_is_what_requests_are_judged_by_from_then_on(srv: LiveServer) 
 @pytest.mark.parametrize(("body", "words"), [
     ({"classes": {"p0": {"ttftP99Ms": -1}}}, "classes.p0.ttft_p99_ms=-1"),
     ({"classes": {"p9": {}}}, "classes.p9: not a class"),
-    ({"profile": "fastest"}, "unknown SLO profile 'fastest'"),
+    ({"profile": "fastest"}, "profile='fastest': unknown SLO profile"),
     ([1, 2], "must be a JSON object of objectives"),
     (b"{not json", "not valid JSON"),
     (b"[" * 50_000, "nested too deeply"),  # past any recursion limit, < 64 KiB

@@ -151,11 +151,11 @@ def test_a_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
     (("gpu: H100\n", "gpu: H100\ngpu_memory_utilization: 1.5\n"),
      r"gpu_memory_utilization=1\.5: must be at most 1"),
     (("gpu: H100\n", "gpu: H100\nslo: {classes: {p1: {ttft_p99: 5}}}\n"),
-     r"slo=.*classes\.p1\.ttft_p99: unknown objective"),
+     r"slo\.classes\.p1\.ttft_p99: unknown objective"),
     (("gpu: H100\n", "gpu: H100\nslo: {classes: {p1: {tbt_p99_ms: 0}}}\n"),
-     r"slo=.*tbt_p99_ms=0: expected a positive number"),
+     r"slo\.classes\.p1\.tbt_p99_ms=0: expected a positive number"),
     (("gpu: H100\n", "gpu: H100\nslo: {p1: {tbt_p99_ms: 5}}\n"),
-     r"unknown SLO field\(s\) 'p1'"),
+     r"slo: unknown SLO field\(s\) 'p1'"),
     (("output_tokens: 16", "output_tokens: 16\n  classes: {p0: 0, p1: 0}"),
      r"workload\.classes: all weights are 0"),
     (("output_tokens: 16", "output_tokens: 16\n  classes: {p3: 1}"),
@@ -190,6 +190,32 @@ def test_the_allowed_keys_and_values_are_listed_once(tmp_path: Path, edit: tuple
     with pytest.raises(ScenarioError) as info:
         load_text(tmp_path, BASE.replace(*edit, 1))
     assert str(info.value).count(listed) == 1, str(info.value)
+
+
+@pytest.mark.parametrize(("slo", "message"), [
+    ("{classes: {p0: {ttft_p99_ms: -3}, p1: {tbt_p99_ms: 150}}}",
+     "mine.yaml: slo.classes.p0.ttft_p99_ms=-3: expected a positive number, or null for best "
+     "effort"),
+    ("{profile: standard, classes: {p0: {ttfp_p99_ms: 3}}}",
+     "mine.yaml: slo.classes.p0.ttfp_p99_ms: unknown objective; use one of: "),
+    ("{profile: fast, classes: {p0: {ttft_p99_ms: 3}}}",
+     "mine.yaml: slo.profile='fast': unknown SLO profile; use one of: strict, standard, "
+     "relaxed"),
+    ("{max_preemptions_per_min: 0, classes: {p1: {tbt_p99_ms: 150}}}",
+     "mine.yaml: slo.max_preemptions_per_min=0: expected a positive number"),
+    ("{classes: [p0], profile: standard}",
+     "mine.yaml: slo.classes: expected a mapping of p0/p1/p2 to objectives"),
+    ("{tbt: 5, profile: standard}", "mine.yaml: slo: unknown SLO field(s) 'tbt'; known "),
+    ("5", "mine.yaml: slo=5: expected a mapping of profile, classes, "),
+])
+def test_a_bad_slo_names_the_field_path_value_and_fix_not_the_whole_mapping(
+        tmp_path: Path, slo: str, message: str) -> None:
+    # It quoted the whole mapping first: "slo={'classes': {'p0': {...: classes.p0...".
+    with pytest.raises(ScenarioError) as info:
+        load_text(tmp_path, f"{BASE}slo: {slo}\n")
+    assert str(info.value).startswith(str(tmp_path / "mine.yaml") + ": ")
+    assert message in str(info.value)
+    assert "{" not in str(info.value)
 
 
 def test_malformed_yaml_is_reported_with_the_file(tmp_path: Path) -> None:
