@@ -164,6 +164,21 @@ def test_bad_input_exits_2_with_the_reason(extra: list[str], message: str,
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("bound", "message"), [
+    ("token_budget=9000:100", "--bound token_budget=9000:100: lo is above hi; swap them"),
+    ("token_budget=1:99999999",
+     "--bound token_budget=1:99999999: leaves the knob's range; use values in [128, 16384]"),
+    ("token_budget=512", "--bound token_budget=512: expected two ends, lo and hi"),
+    ("preemption_mode=swap,swap", "--bound preemption_mode=swap,swap: repeats a value"),
+])
+def test_a_bad_bound_names_the_flag_as_written(bound: str, message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # It named the study's internal "bounds.token_budget=[9000, 100]", not the flag.
+    assert main(["tune", "--scenario", "tiny-cpu", "--bound", bound]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "bounds." not in err, err
+
+
 def test_tune_runs_its_trials_on_a_profile(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     from tests.support.profiles import profile_file

@@ -72,6 +72,15 @@ DEFAULT_BOUNDS: Mapping[str, Bound] = MappingProxyType({
 FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 
+class BoundError(ConfigError):
+    """A malformed bound. ``problem`` is the message without its ``bounds.KNOB=...``
+    start, so a caller names the bound as its user wrote it (``tune --bound``)."""
+
+    def __init__(self, name: str, shown: str, problem: str) -> None:
+        super().__init__(f"bounds.{name}{shown}: {problem}", name)
+        self.problem = problem
+
+
 def parse_bound(name: str, spec: Any, default: Bound) -> Bound | None:
     """A bound from user input; None means ``spec`` is a single value (the knob is fixed)."""
     if isinstance(spec, (IntRange, FloatRange, Choice)):
@@ -80,20 +89,20 @@ def parse_bound(name: str, spec: Any, default: Bound) -> Bound | None:
         if isinstance(spec, str | PreemptionMode):
             return None
         if not isinstance(spec, Sequence) or not spec:
-            raise ConfigError(f"bounds.{name}={spec!r}: expected one value or a non-empty "
-                              f"list of: {', '.join(map(str, default.options))}")
+            raise BoundError(name, f"={spec!r}", "expected one value or a non-empty list of: "
+                             f"{', '.join(map(str, default.options))}")
         bound = Choice(tuple(str(coerce_knob(name, s).value) for s in spec))
     elif isinstance(spec, Mapping) or (isinstance(spec, Sequence) and not isinstance(spec, str)):
         if isinstance(spec, Mapping):
             unknown = set(spec) - {"lo", "hi", "min", "max", "log"}
             if unknown:
-                raise ConfigError(f"bounds.{name}: unknown field(s) {sorted(unknown)}; "
-                                  "use lo and hi (or min and max)")
+                raise BoundError(name, "", f"unknown field(s) {sorted(unknown)}; use lo and hi "
+                                 "(or min and max)")
             lo, hi = spec.get("lo", spec.get("min")), spec.get("hi", spec.get("max"))
             log = bool(spec.get("log", getattr(default, "log", False)))
         else:
             if len(spec) != 2:
-                raise ConfigError(f"bounds.{name}={list(spec)!r}: expected [lo, hi]")
+                raise BoundError(name, f"={list(spec)!r}", "expected two ends, lo and hi")
             lo, hi = spec
             log = getattr(default, "log", False)
         lo = default.lo if lo is None else lo
@@ -102,13 +111,13 @@ def parse_bound(name: str, spec: Any, default: Bound) -> Bound | None:
             lo, hi = coerce_knob(name, lo), coerce_knob(name, hi)
             if isinstance(lo, bool) or isinstance(hi, bool) or not isinstance(lo, int) \
                     or not isinstance(hi, int):
-                raise ConfigError(f"bounds.{name}=[{lo!r}, {hi!r}]: expected whole numbers")
+                raise BoundError(name, f"=[{lo!r}, {hi!r}]", "expected whole numbers")
             bound = IntRange(lo, hi, log)
         else:
             try:
                 bound = FloatRange(float(lo), float(hi), log)
             except (TypeError, ValueError):
-                raise ConfigError(f"bounds.{name}=[{lo!r}, {hi!r}]: expected numbers") from None
+                raise BoundError(name, f"=[{lo!r}, {hi!r}]", "expected numbers") from None
     else:
         return None
     check_bound(name, bound)
@@ -121,19 +130,18 @@ def check_bound(name: str, bound: Bound) -> None:
         for option in bound.options:
             EngineConfig().with_overrides({name: option})  # names the allowed values
         if len(set(bound.options)) != len(bound.options):
-            raise ConfigError(f"bounds.{name}: {list(bound.options)} repeats a value")
+            raise BoundError(name, f"={list(bound.options)!r}", "repeats a value")
         return
     lo, hi = meta["lo"], meta["hi"]
     if not (math.isfinite(bound.lo) and math.isfinite(bound.hi)):
-        raise ConfigError(f"bounds.{name}=[{bound.lo}, {bound.hi}]: expected finite numbers")
+        raise BoundError(name, f"=[{bound.lo}, {bound.hi}]", "expected finite numbers")
     if bound.lo > bound.hi:
-        raise ConfigError(f"bounds.{name}=[{bound.lo}, {bound.hi}]: lo is above hi; "
-                          "swap them")
+        raise BoundError(name, f"=[{bound.lo}, {bound.hi}]", "lo is above hi; swap them")
     if bound.lo < lo or bound.hi > hi:
-        raise ConfigError(f"bounds.{name}=[{bound.lo}, {bound.hi}] leaves the knob's range; "
-                          f"use values in [{lo}, {hi}]")
+        raise BoundError(name, f"=[{bound.lo}, {bound.hi}]",
+                         f"leaves the knob's range; use values in [{lo}, {hi}]")
     if bound.log and bound.lo <= 0:
-        raise ConfigError(f"bounds.{name}: a log scale needs lo > 0, got {bound.lo}")
+        raise BoundError(name, "", f"a log scale needs lo > 0, got {bound.lo}")
 
 
 BUDGET_PARAM = "token_budget_rank"

@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
 def run(s: TuneSettings) -> TuneOutcome:
     import optuna
 
-    from slopilot.tuner.study.space import SearchSpace
+    from slopilot.tuner.study.space import BoundError, SearchSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
@@ -61,7 +61,8 @@ def run(s: TuneSettings) -> TuneOutcome:
         given = [b for b in s.raw_bounds if b.partition("=")[0].strip() == exc.field]
         if not given:
             raise
-        raise ConfigError(f"--bound {given[-1]}: {exc}", exc.field) from None
+        problem = exc.problem if isinstance(exc, BoundError) else str(exc)
+        raise ConfigError(f"--bound {given[-1]}: {problem}", exc.field) from None
     start_config = base.with_overrides(s.fixed).to_dict()
     plan = plan_windows(s.scenario, duration_s=s.duration_s, seeds=s.seeds,
                         warmup_s=s.warmup_s, whole=s.whole)
