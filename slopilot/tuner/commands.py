@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments
-from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS
+from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,11 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--windows", choices=("auto", "whole"), default="auto",
                    help="auto: a trace's busiest windows (by arrivals, by tokens) and a "
                         "typical one, or --seeds seeds of a generated workload; whole: the "
-                        "whole trace in one window (exact, slower)")
+                        "whole trace in one window (exact, slower; a trace only)")
     w.add_argument("--seeds", type=int, default=3,
                    help="workload seeds per trial for a generated workload (default: 3)")
-    w.add_argument("--warmup", type=float, default=30.0,
-                   help="trace seconds simulated before each window (default: 30)")
+    w.add_argument("--warmup", type=float, default=None,
+                   help=f"trace seconds simulated before each window (default: "
+                        f"{DEFAULT_WARMUP_S:g}; a trace only)")
     w.add_argument("--replicas", default="auto", metavar="auto|N",
                    help="replicas to tune at (default auto: the scenario's); when no config "
                         "holds the SLO, the capacity search looks for the smallest count "

@@ -179,6 +179,21 @@ def test_a_bad_bound_names_the_flag_as_written(bound: str, message: str,
     assert message in err and "bounds." not in err, err
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--windows", "whole"], "--windows whole: a trace's option; tiny-cpu's workload is "
+                             "generated"),
+    (["--warmup", "10"], "--warmup 10: a trace's option; tiny-cpu's workload is generated"),
+    (["--warmup", "30"], "--warmup 30: a trace's option"),  # the default, but said
+])
+def test_trace_only_flags_on_a_generated_workload_are_refused(
+        extra: list[str], message: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # They were ignored without a word (--windows whole quietly judged one seed).
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", None)  # refused before the study
+    assert main(["tune", "--scenario", "tiny-cpu", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_tune_runs_its_trials_on_a_profile(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     from tests.support.profiles import profile_file
@@ -227,7 +242,8 @@ def test_a_class_without_traffic_reads_dash_not_zero(tmp_path: Path,
 
 
 @pytest.mark.parametrize("extra", [[], ["--max-replicas", "6"], ["--replicas", "2"],
-                                   ["--max-replicas", "3", "--warmup", "10"]])
+                                   ["--scenario", "azure-conv-2023", "--max-replicas", "3",
+                                    "--warmup", "10", "--windows", "whole"]])
 def test_the_reproduce_line_runs_the_same_study(extra: list[str]) -> None:
     import shlex
 

@@ -20,6 +20,8 @@ from slopilot.engine.sim.workload_spec import TraceSpec
 
 DEFAULT_MAX_REPLICAS = 16
 """``--max-replicas``: the capacity search's upper bound unless the user names one."""
+DEFAULT_WARMUP_S = 30.0
+"""``--warmup``: trace seconds simulated before each window unless the user names some."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,17 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
     if profile:
         from slopilot.engine.sim.commands import attach_profile
         scenario = attach_profile(scenario, profile, "tune")
+    warmup = _seconds("--warmup", args.warmup, zero_ok=True)
+    if not isinstance(scenario.workload, TraceSpec):
+        # Refused, not ignored: a user who asks for them expects them to act, and a
+        # generated workload has no windows to widen or warm up (docs/tuning.md).
+        trace_only = ["--windows whole"] if args.windows == "whole" else []
+        trace_only += [] if warmup is None else [f"--warmup {warmup:g}"]
+        if trace_only:
+            raise ValueError(
+                f"{trace_only[0]}: a trace's option; {scenario.name}'s workload is "
+                "generated, and each of its --seeds runs is judged whole from t=0 (no "
+                f"windows, no warm-up): leave {trace_only[0].split()[0]} out")
     fixed = parse_set_args(args.fixed)
     replicas_text = str(args.replicas).strip().lower()
     if replicas_text == "auto":
@@ -115,7 +128,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         storage=args.storage, study_name=args.study_name or f"tune-{scenario.name}",
         duration_s=_seconds("--duration", args.duration, zero_ok=False),
         whole=args.windows == "whole", seeds=_count("--seeds", args.seeds, 1),
-        warmup_s=_seconds("--warmup", args.warmup, zero_ok=True) or 0.0,
+        warmup_s=DEFAULT_WARMUP_S if warmup is None else warmup,
         replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
         raw_bounds=tuple(args.bounds), profile=profile or None)
@@ -154,7 +167,7 @@ def tune_command(s: TuneSettings) -> str:
         argv += ["--windows", "whole"]
     if not isinstance(s.scenario.workload, TraceSpec) and s.seeds != 3:
         argv += ["--seeds", str(s.seeds)]
-    if s.warmup_s != 30.0:
+    if s.warmup_s != DEFAULT_WARMUP_S:
         argv += ["--warmup", f"{s.warmup_s:g}"]
     if not s.replicas_auto:
         argv += ["--replicas", str(s.replicas)]
