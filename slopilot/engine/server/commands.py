@@ -134,13 +134,17 @@ def _fail(message: str) -> int:
 
 def _knobs(args: argparse.Namespace) -> dict[str, Any]:
     from slopilot.engine.config import ConfigError, parse_set_args
+    from slopilot.engine.read_errors import unreadable
 
     knobs: dict[str, Any] = {}
     if args.config is not None:
         try:
-            data = json.loads(args.config.read_text())
+            data = json.loads(args.config.read_text(encoding="utf-8"))
         except OSError as exc:
-            raise ConfigError(f"--config {args.config}: cannot read it: {exc}") from None
+            raise ConfigError(f"--config {args.config}: {unreadable(exc)}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"--config {args.config}: not UTF-8 text; it holds a JSON "
+                              "object of knobs") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--config {args.config}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):

@@ -91,8 +91,12 @@ def load_profile_noting(path: str | Path, command: str) -> Any:
     """The ``CostProfile`` at ``path``; each reason it may be stale is a warning line of
     ``slopilot COMMAND`` on stderr (not a Python warning with its source line)."""
     from slopilot.engine.sim.profile_file import executor_code_hash, load_profile
+    from slopilot.engine.sim.profile_types import ProfileFileError
 
-    profile = load_profile(path, warn=False)
+    try:
+        profile = load_profile(path, warn=False)
+    except ProfileFileError as exc:
+        raise ProfileFileError(f"--profile {exc}") from None  # each starts with the path
     for problem in profile.staleness(executor_code_hash()):
         print(f"slopilot {command}: warning: {problem}", file=sys.stderr)
     return profile

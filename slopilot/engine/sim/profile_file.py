@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from slopilot.engine.models import REGISTRY
+from slopilot.engine.read_errors import unreadable
 from slopilot.engine.sim.profile_parse import parse_profile
 from slopilot.engine.sim.profile_types import (
     DEVICE_TYPES,
@@ -225,12 +226,14 @@ def _read(path_or_text: str | Path) -> tuple[str, str]:
                     f"{path}: {path.stat().st_size} bytes is no cost profile (they are a "
                     f"few KiB, at most {MAX_PROFILE_BYTES}); check the path")
             return path.read_text(encoding="utf-8"), str(path)
-        except FileNotFoundError:
-            raise ProfileFileError(
-                f"profile file {str(path)!r} does not exist; write one with "
-                "`slopilot calibrate --model ... --out FILE`") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileFileError(f"cannot read profile file {str(path)!r}: {exc}") from None
+        except FileNotFoundError as exc:
+            raise ProfileFileError(f"{path}: {unreadable(exc)}; write one with "
+                                   "`slopilot calibrate --model ... --out FILE`") from None
+        except OSError as exc:
+            raise ProfileFileError(f"{path}: {unreadable(exc)}") from None
+        except UnicodeDecodeError:
+            raise ProfileFileError(f"{path}: not UTF-8 text; a profile is the YAML "
+                                   "`slopilot calibrate` writes") from None
     text = str(path_or_text)
     if len(text.encode()) > MAX_PROFILE_BYTES:
         raise ProfileFileError(f"<profile text>: {len(text.encode())} bytes is no cost "

@@ -113,6 +113,9 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--admin-port", "70000"], "--admin-port 70000: expected a port number, 0 to 65535"),
     (["--admin-token-file", "/no/such/token"], "--admin-token-file /no/such/token: cannot "
                                                "read it: No such file or directory"),
+    # Python's "[Errno 2] No such file or directory: '...'" named the file twice.
+    (["--config", "/no/such/knobs.json"], "--config /no/such/knobs.json: no such file"),
+    (["--config", "/"], "--config /: is a folder, not a file"),
 ])
 def test_bad_options_exit_2(args: list[str], words: str) -> None:
     executor = ["--executor", "torch"] if "--gpu" in args else []
@@ -121,6 +124,7 @@ def test_bad_options_exit_2(args: list[str], words: str) -> None:
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert words in p.stderr
+    assert "Errno" not in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -104,7 +104,7 @@ def test_a_scenario_can_name_a_profile_file_relative_to_itself(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"profile": "missing.yaml"}, r"profile: profile file .*missing.yaml.* does not exist"),
+    ({"profile": "missing.yaml"}, r"profile: .*missing\.yaml: no such file; write one"),
     ({"profile": 3}, r"profile=3: expected the path of a calibrated profile file"),
     ({"profile": "hw.yaml", "model": "deepseek-67b"},
      r"profile: .*calibrated for model 'Llama-3-8B', not 'deepseek-67b'"),

@@ -131,8 +131,26 @@ def test_an_alias_bomb_is_refused_without_expanding_it() -> None:
 
 
 def test_a_missing_file_says_how_to_make_one(tmp_path: Path) -> None:
-    with pytest.raises(ProfileFileError, match=r"does not exist.*slopilot calibrate"):
+    with pytest.raises(ProfileFileError, match=r"nope\.yaml: no such file.*slopilot calibrate"):
         load_profile(tmp_path / "nope.yaml")
+
+
+def test_a_file_that_cannot_be_read_is_said_in_words(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # It showed Python's "[Errno 21] Is a directory: '...'".
+    with pytest.raises(ProfileFileError) as info:
+        load_profile(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}: is a folder, not a file")
+    assert "Errno" not in str(info.value)
+    path = write_test_profile(tmp_path)
+
+    def denied(self: Path, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", denied)  # root reads any file: a chmod can't
+    with pytest.raises(ProfileFileError) as info:
+        load_profile(path)
+    assert str(info.value) == f"{path}: this user may not read it (permission denied)"
 
 
 def test_an_older_cost_model_form_warns(tmp_path: Path) -> None:

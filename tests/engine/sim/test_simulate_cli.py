@@ -141,6 +141,9 @@ def test_metrics_out_writes_the_servers_series(tmp_path: Path) -> None:
     (["--scenario", "azure-conv-2023", "--time-scale", "1e308"],
      "time_scale=1e+308: stretches"),
     (["--scenario", "missing.yaml"], "does not exist"),
+    (["--scenario", "tiny-cpu", "--profile", "missing.yaml"],
+     "--profile missing.yaml: no such file; write one with `slopilot calibrate"),
+    (["--scenario", "tiny-cpu", "--profile", "/"], "--profile /: is a folder, not a file"),
 ])
 def test_bad_input_is_a_clear_error(argv: list[str], message: str,
                                     capsys: pytest.CaptureFixture[str]) -> None:
