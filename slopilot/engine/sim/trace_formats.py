@@ -57,6 +57,8 @@ class TraceRecord:
 
 def parse_csv(text: str, label: str) -> list[TraceRecord]:
     """Either CSV form, told apart by the header row."""
+    _refuse_empty(text, label, f"{','.join(CSV_COLUMNS)}[,class] (or Azure's "
+                               f"{','.join(_AZURE_COLUMNS)})")
     rows = _numbered_rows(text, label)
     header = next(rows, (1, None))[1]
     if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
@@ -97,6 +99,13 @@ def _rows(text: str) -> Any:
     return csv.reader(io.StringIO(text, newline=""))
 
 
+def _refuse_empty(text: str, label: str, header: str) -> None:
+    # Said as such: judged as a header, an empty file read "the header '' lacks ...".
+    if not text.strip():
+        raise TraceError(f"{label}: the file is empty; a CSV trace starts with {header} "
+                         "and has a row per request")
+
+
 def _numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
     """``_rows`` with each row's line; the csv module's own refusals (a field past its
     131,072-character limit) become a ``TraceError`` naming the line."""
@@ -114,6 +123,7 @@ def _numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
 
 
 def parse_azure(text: str, label: str) -> list[TraceRecord]:
+    _refuse_empty(text, label, ",".join(_AZURE_COLUMNS))
     rows = _numbered_rows(text, label)
     header = next(rows, (1, None))[1]
     if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:

@@ -186,6 +186,17 @@ def test_malformed_minimal_csv_names_file_line_and_field(tmp_path: Path, text: s
         read_trace(write(tmp_path, "m.csv", text))
 
 
+@pytest.mark.parametrize("fmt", ["csv", "azure-csv"])
+@pytest.mark.parametrize("text", ["", "\n\n", " \r\n"])
+def test_an_empty_csv_says_the_file_is_empty(tmp_path: Path, fmt: str, text: str) -> None:
+    # It said "the header '' lacks arrival_time, ..." (Azure's: "got None").
+    path = write(tmp_path, "e.csv", text)
+    with pytest.raises(TraceError) as info:
+        read_trace(path, fmt=fmt)
+    assert str(info.value).startswith(f"{path}: the file is empty; a CSV trace starts with ")
+    assert "lacks" not in str(info.value) and "None" not in str(info.value)
+
+
 def test_errors_quote_only_an_excerpt_of_a_hostile_row(tmp_path: Path) -> None:
     huge = "x" * 10_000
     path = write(tmp_path, "h.csv", f"arrival_time,prompt_tokens,output_tokens\n{huge},1,1\n")
