@@ -4,7 +4,10 @@ plots of a tune's report."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
+
+import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.study.importance import importance, inert_knobs
@@ -101,3 +104,21 @@ def test_a_report_written_over_an_earlier_one_leaves_none_of_its_plots(tmp_path:
     assert not (tmp_path / "importance.png").exists()
     assert (tmp_path / "notes.txt").read_text() == "the user's own file"
     assert (tmp_path / "history.png").is_file()
+
+
+def test_a_write_that_fails_leaves_the_earlier_report_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # report.md was written in place: a crash part-way left half of it, and no old one.
+    (tmp_path / "report.md").write_text("an earlier study's whole report\n")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_report(study(ttft_of_budget=True, n=0), SLO, tmp_path, title="T")
+    assert (tmp_path / "report.md").read_text() == "an earlier study's whole report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]  # no temporary left
+    monkeypatch.undo()
+    write_report(study(ttft_of_budget=True, n=0), SLO, tmp_path, title="T")
+    assert (tmp_path / "report.md").read_text().startswith("# T\n")

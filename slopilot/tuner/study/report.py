@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.sim.summary_view import COLUMNS, DEFINITIONS, footer, rows
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study import report_plots as plots
@@ -196,6 +197,6 @@ def _remove_undrawn(out_dir: Path, drawn: Sequence[str]) -> None:
 
 
 def _write(out_dir: Path, lines: list[str]) -> Path:
-    path = out_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    # Beside it, then renamed over it: a crash part-way leaves the earlier report whole,
+    # never half of this one.
+    return write_text_atomically(out_dir / "report.md", "\n".join(lines) + "\n")
