@@ -155,7 +155,7 @@ def test_demo_refuses_a_bad_profile_before_starting_anything(
     from slopilot.cli import main
 
     assert main(["demo", "--profile", str(tmp_path / "none.yaml")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_a_stale_profile_is_a_warning_line_of_the_demo_not_a_python_warning(

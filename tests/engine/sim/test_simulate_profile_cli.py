@@ -36,7 +36,7 @@ def test_a_profile_for_another_model_exits_2(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    (None, "does not exist"),
+    (None, "no such file"),
     ("schema: nope\n", "not a slopilot cost profile"),
     ("][\n", "not valid YAML"),
 ])
