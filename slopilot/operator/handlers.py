@@ -168,9 +168,17 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         # the built-in backend would name its pods for as long as the CR lived.
         removed += [ConditionType.ADMIN_TOKEN, ConditionType.PODS_CONFIGURED]
     phase = status.get("phase")
+    tuned = tuning_daemon.tuning_enabled(body.get("spec") or {})
+    if not tuned:
+        # No daemon runs now to move the phase or the Tuning condition on: kept, a
+        # deployment whose tuning was turned off mid-trial said "Tuning" (trial N
+        # running) for good, while its pods ran the restored config.
+        updates.append(condition(ConditionType.TUNING, False, "Disabled",
+                                 "spec.tuning.enabled is false: no trials, no scaling",
+                                 generation))
     out: dict[str, Any] = {
         "observedGeneration": generation,
-        "phase": phase if phase in DAEMON_PHASES else Phase.RUNNING.value,
+        "phase": phase if tuned and phase in DAEMON_PHASES else Phase.RUNNING.value,
         "replicas": outcome.replicas,
         "conditions": merge_conditions(current, updates, remove=removed)}
     if outcome.config is not None:

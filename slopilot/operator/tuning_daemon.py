@@ -128,6 +128,11 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
         "conditions": merge_conditions(status.get("conditions"), [condition(
             ConditionType.TUNING, tuning, decision.state.value.capitalize(), decision.reason,
             body["metadata"].get("generation"))])}
+    if not tuning_enabled(body.get("spec") or {}):
+        # Turned off since the tick read the CR: the daemon is ending, and the phase and
+        # Tuning condition are the reconcile's now (handlers.status_of); written, a
+        # tick in flight left "Tuning" on a deployment that no longer tunes.
+        del out["phase"], out["conditions"]
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
         out["config"] = config_status(parse_spec(body).engine)
     if loop.twin is not None:  # merged: status.twin.profile is the TwinTracker's to write

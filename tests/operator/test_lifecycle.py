@@ -1,0 +1,61 @@
+"""Across a deployment's life, what the operator records stays what runs: tuning turned
+off and on, an operator restart, a CR re-created, replicas scaled by someone else."""
+
+# CustomObjectsApi (client 37) returns ``object``; the bodies are dicts.
+# mypy: disable-error-code="index"
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.operator.handlers import status_of
+from slopilot.operator.reconcile import reconcile
+from slopilot.operator.status_writer import write_status
+from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd
+from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
+from tests.operator.test_live_config import reconciled, spec_config
+from tests.support.kube_server import RunningEmulator
+
+
+def handler_reconcile(cluster: Cluster, policy: Any, mint: Any) -> None:
+    """What ``reconcile_llmdeployment`` writes for the CR as it is now."""
+    outcome = reconcile(cluster.kube, cluster.get(), policy=policy, mint=mint)
+    write_status(cluster.kube, NS, "chat", lambda fresh: status_of(fresh, outcome))
+
+
+def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconcile kept a daemon's phase, and the daemon that ended wrote only its
+    loop state: a CR whose tuning was turned off mid-trial said phase Tuning and
+    Tuning=True ("trial 0 on all replicas") for good, its pods on the restored config."""
+    body, policy, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, tuning={"window": "1h"}))
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    loop = daemon_loop(cluster, body, monkeypatch)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        assert loop.step()
+        status = cluster.status()
+        assert status["controller"]["trial"] is not None and status["phase"] == "Tuning"
+        controller = loop.controller
+        tick = controller.tick
+
+        def turned_off_during(now: float) -> Any:  # the edit lands while a tick runs
+            decision = tick(now)
+            cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+            handler_reconcile(cluster, policy, mint)  # the update handler
+            return decision
+
+        monkeypatch.setattr(controller, "tick", turned_off_during)
+        assert loop.step()  # its state written after the reconcile's status
+        loop.abandon("tuning was disabled during the trial", restore=True)  # its end
+        status = cluster.status()
+        assert status["controller"].get("trial") is None
+        assert pod.config == spec_config(cluster)
+        tuning = next(c for c in status["conditions"] if c["type"] == "Tuning")
+        assert (status["phase"], tuning["status"], tuning["reason"]) == \
+            ("Running", "False", "Disabled")
