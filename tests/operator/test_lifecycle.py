@@ -6,15 +6,33 @@ off and on, an operator restart, a CR re-created, replicas scaled by someone els
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+from optuna.trial import TrialState
 
+from slopilot.operator.crd import crd_manifest
 from slopilot.operator.handlers import status_of
+from slopilot.operator.kubeapi import ApiError
+from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.status_writer import write_status
-from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd
-from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    add_pod,
+    daemon_loop,
+    llmd,
+    operator_mint,
+)
+from tests.operator.standins import (
+    PodStandIn,
+    PrometheusStandIn,
+    build_study_controller,
+    serving,
+)
 from tests.operator.test_live_config import reconciled, spec_config
 from tests.support.kube_server import RunningEmulator
 
@@ -59,3 +77,53 @@ def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
         tuning = next(c for c in status["conditions"] if c["type"] == "Tuning")
         assert (status["phase"], tuning["status"], tuning["reason"]) == \
             ("Running", "False", "Disabled")
+
+
+def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The study was told the trial's window, then its status write failed and the
+    operator restarted: the status still had the trial running, so the restarted
+    controller measured it again and ``ResumableTuner.tell``, meant for a trial failed
+    as stale, added a second completed trial of the same config to the study."""
+    from slopilot.operator import tuning_daemon
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(prometheus={"url": prom.url},
+                               tuning={"window": "1h", "storage": storage}))
+    mint = operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    now = [1_000_000.0]
+
+    def started() -> Any:
+        loop = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
+                           policy=policy)
+        loop.clock = lambda: now[0]
+        return loop
+
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        first = started()
+        assert first.step()
+        assert cluster.status()["controller"]["trial"]["number"] == 0
+        now[0] += 3601.0  # the window is over: the next tick tells the study
+
+        def unwritten(*_: Any, **__: Any) -> Any:
+            raise ApiError(500, "InternalError", "the API server went away")
+
+        with monkeypatch.context() as m:
+            m.setattr(tuning_daemon, "write_status", unwritten)
+            assert first.step()
+        assert first.unwritten is not None  # the operator stops before writing it again
+        assert cluster.status()["controller"]["trial"]["number"] == 0
+        restarted = started()
+        assert restarted.step()
+    study = optuna.load_study(study_name=f"{NS}/chat/{body['metadata']['uid']}",
+                              storage=storage)
+    complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
+    assert len(complete) == 1, [(t.number, t.user_attrs.get("resumed_from_trial"))
+                                for t in complete]

@@ -30,6 +30,22 @@ def test_a_restarted_controller_tells_the_running_trial_it_did_not_ask(tmp_path:
     assert trials[0].value == 12.5 and trials[0].user_attrs["feasible"] is True
 
 
+def test_a_trial_told_before_a_restart_is_not_told_twice(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    space = SearchSpace.from_bounds()
+    first = ResumableTuner(open_study(url, "live"), space)
+    number, config = first.ask()
+    result = TrialResult(config=config, goodput_tok_s=12.5, constraints=(-0.5,),
+                         feasible=True, constraint_names=("p0_ttft",))
+    first.tell(number, result)
+    first.close()  # the status that said so was not written: the trial is told again
+    again = ResumableTuner(open_study(url, "live"), space)
+    again.tell(number, result)
+    again.tell_failed(number, "tuning was disabled")
+    trials = optuna.load_study(study_name="live", storage=url).trials
+    assert [(t.number, t.state) for t in trials] == [(number, TrialState.COMPLETE)]
+
+
 def test_a_study_not_opened_here_has_no_known_storage() -> None:
     assert storage_of(optuna.create_study()) is None
 

@@ -6,16 +6,21 @@ This one reopens it from storage when it is still RUNNING (the same process rebu
 controller, or a restarted one within the heartbeat's grace period); when it has already
 been failed as stale (its process died and stopped beating, ``heartbeat.py``), the
 measured result is added as a new completed trial with the same parameters, so the live
-measurement is not lost.
+measurement is not lost. A trial already told (the controller that told it stopped before
+its status said so) is not told again: its window would count twice.
 """
 
 from __future__ import annotations
+
+import logging
 
 import optuna
 from optuna.trial import TrialState
 
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import Tuner, storage_of
+
+log = logging.getLogger(__name__)
 
 
 class ResumableTuner(Tuner):
@@ -39,6 +44,14 @@ class ResumableTuner(Tuner):
         stored = None if number in self._asked else self._stored(number)
         if stored is None or stored.state == TrialState.RUNNING:
             super().tell(number, result)
+            return
+        if stored.state != TrialState.FAIL or "fail_reason" in stored.user_attrs:
+            # Told already, by a controller whose status write was lost before its
+            # process stopped (the status still had the trial running): a second
+            # trial of the same config counted its window twice. Only a trial failed
+            # as stale (no reason: Optuna failed it) lacks the measurement.
+            log.info("study %s: trial %d was already told (%s); not told again",
+                     self.study.study_name, number, stored.state.name)
             return
         names = result.constraint_names or tuple(f"c{i}" for i in range(len(result.constraints)))
         attrs = {**stored.user_attrs, "config": dict(result.config),
