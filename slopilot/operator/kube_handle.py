@@ -50,7 +50,7 @@ from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.knobs import engine_checksum
-from slopilot.operator.kubeapi import Kube
+from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled, reconcile
@@ -506,9 +506,21 @@ class KubeDeploymentHandle:
     def _record(self, body: Mapping[str, Any], config: EngineConfig) -> None:
         """Persist the config every replica runs, then render it (ConfigMap, vLLM args)."""
         tuned = {"engine": config.to_dict(), "base": engine_checksum(body)}
+        uid = body["metadata"].get("uid")
         with self.guard():
-            updated = self.kube.patch(API_VERSION, PLURAL, self.namespace, self.name,
-                                      {"status": {"tunedConfig": tuned}}, subresource="status")
+            try:
+                # The uid is a precondition: the pods' PUTs take a while, and a CR
+                # deleted and re-created under the name meanwhile took this one's tuned
+                # config (its ConfigMap rendered from it) when it was written by name.
+                updated = self.kube.patch(API_VERSION, PLURAL, self.namespace, self.name,
+                                          {"metadata": {"uid": uid},
+                                           "status": {"tunedConfig": tuned}},
+                                          subresource="status")
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                raise ApplyError(f"LLMDeployment {self.namespace}/{self.name} (uid {uid}) "
+                                 "is gone: its config was not recorded") from None
             outcome = reconcile(self.kube, updated, policy=self.policy, mint=self.mint)
         if not outcome.valid:
             raise ApplyError(f"{self.name}: the spec became invalid: {outcome.problems}")

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.handlers import status_of
+from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
@@ -127,3 +128,28 @@ def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
     complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
     assert len(complete) == 1, [(t.number, t.user_attrs.get("resumed_from_trial"))
                                 for t in complete]
+
+
+def test_a_commit_never_records_its_config_on_a_successor_of_the_same_name(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit reads the CR (its uid checked), PUTs the config to each pod, then records
+    it in ``status.tunedConfig`` by name: a CR deleted and re-created meanwhile got the
+    old one's tuned config, and its ConfigMap rendered from it."""
+    body, policy, mint = reconciled(kube, cluster, llmd())
+    handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                  uid=body["metadata"]["uid"])
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    put = handle._put
+
+    def recreated_during(*args: Any, **kwargs: Any) -> None:
+        put(*args, **kwargs)
+        cluster.custom.delete_namespaced_custom_object(
+            "slopilot.dev", "v1alpha1", NS, "llmdeployments", "chat")
+        cluster.create(llmd())
+
+    monkeypatch.setattr(handle, "_put", recreated_during)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        with pytest.raises(ApplyError, match="gone"):
+            handle.apply_config({"token_budget": 512}, canary=False)
+    assert "tunedConfig" not in cluster.status()

@@ -142,6 +142,12 @@ class KubeEmulator(KubernetesEmulator):
             ctype = request.headers.get("Content-Type", "application/merge-patch+json")
             current = self._get(key)
             new = ko.apply_patch(current, request.data, ctype, res, request.name)
+            # As the API server: a uid in a patch is a precondition ("Precondition
+            # failed: UID in precondition"), so a patch meant for a deleted object never
+            # lands on one re-created under its name (the kubelet's status patches).
+            sent_uid = (new.get("metadata") or {}).get("uid")
+            if sent_uid is not None and sent_uid != current["metadata"].get("uid"):
+                raise ko.conflict(res, request.name)
             if strict:
                 self._strict(res, new)
             return 200, self._update(key, current, new, to_status=sub == "status")
