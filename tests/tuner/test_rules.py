@@ -306,6 +306,22 @@ def test_tbt_alert_fires_and_resolves_in_real_prometheus(
     assert yaml.safe_load(rules.read_text())["groups"][0]["interval"] == "1s"
 
 
+def _assert_p0_goodput(binaries: PrometheusBinaries, tmp_path: Path, test: dict[str, Any],
+                       tokens_per_s: float, eval_time: str = "5m") -> None:
+    """Run ``test`` (a promtool unit test of rules.yaml in ``tmp_path``, its input series
+    set) and demand P0's recorded goodput of deployment n/d be ``tokens_per_s`` at
+    ``eval_time``, compared in thousandths (promtool's float formatting rounds)."""
+    test["tests"][0]["promql_expr_test"] = [{
+        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
+        "eval_time": eval_time,
+        "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
+                                   'slopilot_namespace="n"}',
+                         "value": round(tokens_per_s * 1000)}]}]
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def _vllm_goodput_test(rules: str, ttft_tbt: dict[str, dict[str, int]]) -> dict[str, Any]:
     """A promtool unit test: one minute of vLLM-shaped histograms (vLLM's own bucket
     edges) for class p0 of deployment d, and the goodput the rules should record."""
@@ -345,16 +361,7 @@ def test_goodput_reads_a_vllm_histogram_whose_edges_miss_the_slo(
     ttft = {"0.1": 8, "0.25": 10, "+Inf": 10}
     test = _vllm_goodput_test("rules.yaml", {"vllm:inter_token_latency_seconds": tbt,
                                              "vllm:time_to_first_token_seconds": ttft})
-    goodput = 10 * (80 / 100) * (8 / 10)  # tokens/s; compared in thousandths (rounding)
-    test["tests"][0]["promql_expr_test"] = [{
-        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
-        "eval_time": "5m",
-        "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
-                                   'slopilot_namespace="n"}',
-                         "value": round(goodput * 1000)}]}]
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, 10 * (80 / 100) * (8 / 10))
 
 
 @pytest.mark.prometheus
@@ -387,15 +394,7 @@ def test_goodput_counts_the_engines_per_request_verdicts_where_it_exports_them(
             test["tests"][0]["input_series"].append({
                 "series": f'{SLO_TOKENS}{{{labels},slo="{judged}",met="{met}"}}',
                 "values": "0+300x10"})
-    test["tests"][0]["promql_expr_test"] = [{
-        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
-        "eval_time": "5m",
-        "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
-                                   'slopilot_namespace="n"}',
-                         "value": round(expected * 1000)}]}]
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, expected)
 
 
 @pytest.mark.prometheus
@@ -427,16 +426,9 @@ def test_goodput_counts_each_replica_by_its_verdicts_or_else_its_histograms(
             for met in ("true", "false"):
                 series.append({"series": f'{SLO_TOKENS}{{{labels},slo="{spec.p0.label}",'
                                          f'met="{met}"}}', "values": "0+300x10"})
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": series, "promql_expr_test": [{
-            "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
-            "eval_time": "5m",
-            "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
-                                       'slopilot_namespace="n"}',
-                             "value": round((5.0 + 10 * 0.99) * 1000)}]}]}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series}]}
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, 5.0 + 10 * 0.99)
 
 
 @pytest.mark.prometheus
@@ -453,14 +445,7 @@ def test_goodput_counts_a_replicas_tokens_where_a_histogram_has_no_observation(
     test = _vllm_goodput_test("rules.yaml", {
         "vllm:inter_token_latency_seconds": {"0.02": 0, "+Inf": 0},
         "vllm:time_to_first_token_seconds": {"0.1": 10, "+Inf": 10}})
-    test["tests"][0]["promql_expr_test"] = [{
-        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
-        "eval_time": "5m",
-        "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
-                                   'slopilot_namespace="n"}', "value": 10_000}]}]
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, 10.0)
 
 
 @pytest.mark.prometheus
@@ -487,12 +472,6 @@ def test_goodput_of_a_replica_told_its_slo_inside_the_window_is_its_share_of_the
     for met, per_10s in (("true", 40), ("false", 10)):  # from t=270 s, at 0 when told
         series.append({"series": f'{SLO_TOKENS}{{{labels},slo="{spec.p0.label}",'
                                  f'met="{met}"}}', "values": f"_x27 0+{per_10s}x3"})
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "10s", "tests": [{
-        "interval": "10s", "input_series": series, "promql_expr_test": [{
-            "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
-            "eval_time": "300s",
-            "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
-                                       'slopilot_namespace="n"}', "value": 8000}]}]}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "10s",
+            "tests": [{"interval": "10s", "input_series": series}]}
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, 8.0, eval_time="300s")
