@@ -161,19 +161,13 @@ def test_direct_scrape_reads_the_figures_the_batching_and_prefix_alerts_need() -
 def test_direct_scrape_counts_the_windows_requests_not_the_replicas_lifetime() -> None:
     # 1,000 requests and 500 preemptions before the window, 10 requests and none in it:
     # a client of the window's requests counts 10, and no preemption storm.
-    pages = iter(["vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 1000\n"
-                  "vllm:request_generation_tokens_sum{priority_class=\"p1\"} 50000\n"
-                  "vllm:num_preemptions_total 500\n",
-                  "vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 1010\n"
-                  "vllm:request_generation_tokens_sum{priority_class=\"p1\"} 50600\n"
-                  "vllm:num_preemptions_total 500\n"])
-    with serve_metrics(lambda: next(pages).encode()) as address:
-        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
-                              min_requests=1)
-        scrape.poll(now=100.0)
-        scrape.poll(now=160.0)
-        s = scrape.measure(100.0, 160.0, canary=False)
-        scrape.stop()
+    pages = ["vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 1000\n"
+             "vllm:request_generation_tokens_sum{priority_class=\"p1\"} 50000\n"
+             "vllm:num_preemptions_total 500\n",
+             "vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 1010\n"
+             "vllm:request_generation_tokens_sum{priority_class=\"p1\"} 50600\n"
+             "vllm:num_preemptions_total 500\n"]
+    s = _scraped([page.encode() for page in pages], end=160.0)
     assert s.classes[Priority.P1].requests_finished == 10
     assert s.classes[Priority.P1].throughput_tok_s == pytest.approx(600 / 60)
     assert s.preemptions_per_min == 0
@@ -251,16 +245,16 @@ def _judged_page(tokens: int, good: int, label: str, judged: int | None = None) 
     ]).encode()
 
 
-def _scraped(pages: list[bytes]) -> WindowSummary:
-    """The window [100, 110] of one replica whose /metrics answers ``pages`` in turn,
-    read by the direct scrape."""
+def _scraped(pages: list[bytes], end: float = 110.0) -> WindowSummary:
+    """The window [100, ``end``] of one replica whose /metrics answers ``pages`` in
+    turn, read by the direct scrape."""
     answers = iter(pages)
     with serve_metrics(lambda: next(answers)) as address:
         scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
                               min_requests=1)
         scrape.poll(now=100.0)
-        scrape.poll(now=110.0)
-        s = scrape.measure(100.0, 110.0, canary=False)
+        scrape.poll(now=end)
+        s = scrape.measure(100.0, end, canary=False)
         scrape.stop()
     return s
 
