@@ -184,8 +184,12 @@ def engine_checksum(body: Mapping[str, Any]) -> str:
 def tuned_overlay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """``status.tunedConfig``'s knobs while they belong to this spec (tuned from this
     ``spec.engine`` and ``spec.slo``); None when there are none or an edit made them stale."""
-    tuned = (body.get("status") or {}).get("tunedConfig") or {}
-    if tuned.get("base") != engine_checksum(body) or not isinstance(tuned.get("engine"), dict):
+    status = body.get("status")
+    tuned = status.get("tunedConfig") if isinstance(status, Mapping) else None
+    # The status subresource is the operator's, but whoever may write it (an older
+    # release, a tenant granted it) can leave anything there: what is not ours is none.
+    if not isinstance(tuned, Mapping) or tuned.get("base") != engine_checksum(body) \
+            or not isinstance(tuned.get("engine"), dict):
         return None
     return cast(Mapping[str, Any], tuned["engine"])
 
