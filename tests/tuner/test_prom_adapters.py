@@ -317,3 +317,27 @@ def test_a_class_whose_goodput_reads_no_series_rejects_the_window() -> None:
     q = Recorded(recorded)
     with pytest.raises(WindowRejected, match=r"p1 .*goodput.*vllm:inter_token_latency_seconds"):
         windows(q).measure(90.0, 100.0, canary=False)
+
+
+@pytest.mark.parametrize(("fragment", "value", "named"), [
+    ("sum by (priority_class) (rate(vllm:request_generation_tokens_sum", {"p0": "+Inf",
+                                                                        "p1": 40}, "p0"),
+    ('priority_class="p1",slo=', "+Inf", "p1"),
+    ('priority_class="p0",slo=', -5.0, "p0"),
+    ("histogram_quantile(0.99, sum by (le, priority_class) (rate(vllm:inter_token",
+     {"p0": "-Inf", "p1": 0.05}, "p0"),
+    ("increase(vllm:e2e_request_latency_seconds_count", {"p0": "+Inf", "p1": 10}, "p0"),
+    ("vllm:num_preemptions_total", "+Inf", "preemptions"),
+])
+def test_a_figure_no_engine_can_export_rejects_the_window(fragment: str, value: Any,
+                                                          named: str) -> None:
+    """A pod's /metrics is its image's to write, and the deployment's series are read as
+    it wrote them: an infinite or negative rate (a broken or hostile exporter; no real
+    engine's counters give one) made the window's summary raise SummaryError, which the
+    loop took for a controller error (a traceback, the trial failed, a rollback, at every
+    tick of steady state). The window does not count, and names the figure and class."""
+    recorded = answers()
+    recorded = {fragment: value, **{k: v for k, v in recorded.items() if k != fragment}}
+    with pytest.raises(WindowRejected, match=named) as err:
+        windows(Recorded(recorded)).measure(90.0, 100.0, canary=False)
+    assert "/metrics" in err.value.reason

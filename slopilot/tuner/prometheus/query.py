@@ -24,7 +24,7 @@ from slopilot.tuner.prometheus.bounded import (
     read_answer,
 )
 from slopilot.tuner.prometheus.safe_errors import http_failure
-from slopilot.tuner.study.evaluator import PrometheusUnavailable
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 
 if TYPE_CHECKING:
     import httpx
@@ -107,6 +107,20 @@ def _number(text: Any) -> bool:
     return isinstance(text, str)
 
 
+def _unexportable(**figures: Mapping[str, float]) -> None:
+    """WindowRejected for a figure that is infinite or negative. The series are each pod's
+    /metrics as its image wrote them; rates of counters and quantiles of histograms never
+    give these, so a broken or hostile exporter did: such a window measures nothing, and
+    taken as a controller error it failed the trial and rolled back at every tick."""
+    for figure, by_class in figures.items():
+        for cls, value in by_class.items():
+            if math.isinf(value) or value < 0:
+                where = f"{cls} " if cls else ""
+                raise WindowRejected(
+                    f"{where}{figure} read {value:g}, which no engine's series give: check "
+                    "what the deployment's pods export on /metrics")
+
+
 def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, float],
                    ttft_p99_s: Mapping[str, float], tbt_p99_s: Mapping[str, float],
                    goodput: Mapping[str, float], preemptions_per_min: float,
@@ -121,7 +135,13 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
 
     A class with no goodput series has no SLO (best effort): all its tokens count, as in
     the simulator. A NaN preemption rate or request rate (no series yet) reads as none.
+    An infinite or negative figure rejects the window (``_unexportable``).
     """
+    _unexportable(requests=requests, throughput=throughput, goodput=goodput,
+                  ttft_p99=ttft_p99_s, tbt_p99=tbt_p99_s,
+                  preemptions={"": preemptions_per_min},
+                  overall_ttft_p99={"": overall_ttft_p99_s},
+                  overall_tbt_p99={"": overall_tbt_p99_s})
     def number(value: float) -> float:
         return 0.0 if math.isnan(value) else value
 
