@@ -13,6 +13,7 @@ from slopilot.engine.metrics import TOKEN_BUCKETS
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import simulate
+from slopilot.tuner.prometheus.adapters import PrometheusProbe
 from slopilot.tuner.prometheus.profiling import (
     LengthProfile,
     ProfileError,
@@ -145,3 +146,54 @@ def test_a_measured_workload_keeps_the_twins_calibrated_profile() -> None:
     assert twin_label(measured) == twin_label(base)
     run = simulate(measured).summary.run
     assert run is not None and run.calibrated
+
+
+def _answers(**over: list) -> dict[str, list]:
+    prompt_b = [_sample(v, le=str(e)) for e, v in ((256.0, 0), (512.0, 40), (1024.0, 100),
+                                                   (math.inf, 100))]
+    return {
+        "request_prompt_tokens_count": [_sample(20, priority_class="p0"),
+                                        _sample(80, priority_class="p1")],
+        "request_prompt_tokens_bucket": prompt_b,
+        "request_prompt_tokens_sum": [_sample(60_000)],
+        "request_generation_tokens_bucket": [_sample(100, le="64.0"),
+                                             _sample(100, le="+Inf")],
+        "request_generation_tokens_sum": [_sample(5_000)],
+        "request_generation_tokens_count": [_sample(100)],
+        "num_requests_running": [_sample(10)], **over}
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"request_prompt_tokens_count": [_sample(math.inf, priority_class="p0"),
+                                      _sample(80, priority_class="p1")]},
+     r"vllm:request_prompt_tokens_count\{priority_class=p0\} read inf"),
+    ({"request_prompt_tokens_count": [_sample(-50, priority_class="p0"),
+                                      _sample(80, priority_class="p1")]}, "read -50"),
+    ({"request_prompt_tokens_sum": [_sample(math.inf)]}, "_sum read inf"),
+    ({"request_prompt_tokens_sum": [_sample(math.nan)]}, "_sum read nan"),
+    ({"request_prompt_tokens_sum": [_sample(-5)]}, "_sum read -5"),
+    ({"request_prompt_tokens_bucket": [_sample(-100, le="512.0"), _sample(100, le="+Inf")]},
+     r"_bucket\{le=512\} read -100"),
+    ({"num_requests_running": [_sample(math.inf)]}, "queue's growth read inf"),
+    # 100 finished requests' prompts summing to a ten-thousandth of a token.
+    ({"request_prompt_tokens_sum": [_sample(1e-4)]}, "prompt_tokens.mean"),
+    # The queue grew by 1e12 in 50 s: 2e10 requests a second for the twin to simulate.
+    ({"num_requests_running": [_sample(1e12)]}, r"2e\+10 requests a second"),
+])
+def test_a_workload_no_engine_can_export_is_no_profile(over: dict[str, list],
+                                                       message: str) -> None:
+    """The histograms are each pod's /metrics as its image wrote them. A figure no engine
+    gives (infinite, NaN, negative, prompts of no length, a queue that grew by 1e12)
+    raised OverflowError, ValueError or ScenarioError out of the probe, which the loop
+    took for a controller error (a rollback at each tick), or became a workload of 2e10
+    requests a second that the simulator processes, which every deployment shares, ran
+    until its time limit killed them. It is no profile: the twin plans for the base."""
+    query = _recorded(_answers(**over))
+    with pytest.raises(ProfileError, match=message) as err:
+        WorkloadProfile.measure(query, SELECTOR, 50).to_scenario(  # type: ignore[arg-type]
+            load_scenario("tiny-cpu"), duration_s=60)
+    assert "/metrics" in str(err.value)
+    base = load_scenario("tiny-cpu")
+    probe = PrometheusProbe(lambda expr, at: query(expr), SELECTOR, base,  # type: ignore
+                            window_s=50)
+    assert probe.measure(100.0) is base

@@ -12,6 +12,7 @@ its series, or (the operator) a callable naming the canary pod's ``pod`` label n
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,7 +20,11 @@ from typing import Any
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
-from slopilot.tuner.prometheus.profiling import ProfileError, WorkloadProfile
+from slopilot.tuner.prometheus.profiling import (
+    ImplausibleWorkload,
+    ProfileError,
+    WorkloadProfile,
+)
 from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
 from slopilot.tuner.prometheus.rules import (
     LatencyBuckets,
@@ -29,6 +34,8 @@ from slopilot.tuner.prometheus.rules import (
     render_selector,
 )
 from slopilot.tuner.study.evaluator import WindowRejected
+
+log = logging.getLogger(__name__)
 
 ROLE_LABEL = "instance_role"
 CANARY = {ROLE_LABEL: "canary"}
@@ -196,5 +203,9 @@ class PrometheusProbe:
             profile = WorkloadProfile.measure(at_now, self.selector, self.window_s,
                                               min_requests=self.min_requests)
             return profile.to_scenario(self.base, duration_s=self.duration_s)
+        except ImplausibleWorkload as exc:
+            log.warning("the live workload is not profiled; the twin plans for the base "
+                        "scenario: %s", exc)
+            return self.base
         except ProfileError:
             return self.base

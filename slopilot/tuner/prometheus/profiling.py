@@ -21,10 +21,16 @@ from typing import Any
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
+from slopilot.engine.sim.spec_reader import ScenarioError
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import duration, render_selector
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
+CHECK_METRICS = "check what the deployment's pods export on /metrics"
+MAX_TWIN_REQUESTS = 1_000_000
+"""The most requests a measured workload may bring to one simulation. The simulator's
+processes are every deployment's: a pod that exports a queue grown by 1e12 (no engine
+holds one) would have them simulate 2e10 requests a second until their time limit."""
 _PROMPT = "vllm:request_prompt_tokens"
 _OUTPUT = "vllm:request_generation_tokens"
 # Within one power-of-two bucket, log-lengths spread uniformly over ln 2: Sheppard's
@@ -34,6 +40,10 @@ _SHEPPARD = math.log(2) ** 2 / 12
 
 class ProfileError(ValueError):
     """The window holds too little to profile; the message says what was missing."""
+
+
+class ImplausibleWorkload(ProfileError):
+    """The window's series hold what no engine exports (a broken or hostile image)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,16 @@ def length_profile(buckets: Mapping[float, float], total: float, count: float) -
     return LengthProfile(mean=mean, sigma=sigma, lo=lo, hi=max(hi, math.ceil(mean)))
 
 
+def _count(series: str, text: Any) -> float:
+    """One sample of a counter or histogram's increase: finite and never negative, as no
+    engine's series give otherwise."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ImplausibleWorkload(f"{series} read {value:g}, which no engine's series give: "
+                           f"{CHECK_METRICS}")
+    return value
+
+
 @dataclass(frozen=True)
 class WorkloadProfile:
     arrival_rate: float
@@ -100,22 +120,27 @@ class WorkloadProfile:
             group = f" by ({by})" if by else ""
             return query(f"sum{group} (increase({expr}{sel}[{w}]))")
 
-        per_class = {s["metric"].get("priority_class", ""): float(s["value"][1])
-                     for s in inc(f"{_PROMPT}_count", "priority_class")}
-        requests = sum(v for v in per_class.values() if math.isfinite(v))
+        per_class = {s["metric"].get("priority_class", ""): _count(
+            f"{_PROMPT}_count{{priority_class={s['metric'].get('priority_class', '')}}}",
+            s["value"][1]) for s in inc(f"{_PROMPT}_count", "priority_class")}
+        requests = sum(per_class.values())
         if requests < min_requests:
             raise ProfileError(f"only {requests:g} requests finished in the last {w}; need "
                                f"{min_requests} to profile (widen the window)")
         lengths = {}
         for name in (_PROMPT, _OUTPUT):
-            buckets = {float(s["metric"]["le"]): float(s["value"][1])
-                       for s in inc(f"{name}_bucket", "le")}
-            total = sum(float(s["value"][1]) for s in inc(f"{name}_sum"))
-            count = sum(float(s["value"][1]) for s in inc(f"{name}_count"))
+            buckets = {float(s["metric"]["le"]): _count(
+                f"{name}_bucket{{le={float(s['metric']['le']):g}}}", s["value"][1])
+                for s in inc(f"{name}_bucket", "le")}
+            total = sum(_count(f"{name}_sum", s["value"][1]) for s in inc(f"{name}_sum"))
+            count = sum(_count(f"{name}_count", s["value"][1]) for s in inc(f"{name}_count"))
             lengths[name] = length_profile(buckets, total, count)
         running = query(f"sum(delta(vllm:num_requests_running{sel}[{w}])) + "
                         f"sum(delta(vllm:num_requests_waiting{sel}[{w}]))")
         growth = float(running[0]["value"][1]) if running else 0.0
+        if math.isinf(growth):
+            raise ImplausibleWorkload(f"the queue's growth read {growth:g}, which no engine's "
+                               f"series give: {CHECK_METRICS}")
         rate = max(0.0, (requests + (growth if math.isfinite(growth) else 0.0)) / window_s)
         mix = {p.label: max(0.0, per_class.get(p.label, 0.0)) / requests for p in Priority}
         return cls(arrival_rate=rate, prompt=lengths[_PROMPT], output=lengths[_OUTPUT],
@@ -152,7 +177,16 @@ class WorkloadProfile:
         }
         if base.gpu_memory_utilization is not None:
             data["gpu_memory_utilization"] = base.gpu_memory_utilization
-        measured = parse_scenario(data, source=f"profile of {base.name}")
+        if (many := self.arrival_rate * data["duration_s"]) > MAX_TWIN_REQUESTS:
+            raise ImplausibleWorkload(
+                f"the measured arrival rate, {self.arrival_rate:.3g} requests a second, "
+                f"would be {many:.3g} requests in the twin's {data['duration_s']:g} s (at "
+                f"most {MAX_TWIN_REQUESTS:,}): {CHECK_METRICS}")
+        try:
+            measured = parse_scenario(data, source=f"profile of {base.name}")
+        except ScenarioError as exc:
+            raise ImplausibleWorkload(f"the measured workload is no scenario ({exc}): "
+                               f"{CHECK_METRICS}") from None
         # The twin keeps the base's calibrated cost profile, if it has one.
         return dataclasses.replace(measured, profile=base.profile)
 
