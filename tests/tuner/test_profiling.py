@@ -65,10 +65,10 @@ def _sample(value: float, **labels: str) -> dict:
     return {"metric": labels, "value": [0, str(value)]}
 
 
-def test_profile_from_recorded_query_results_becomes_a_scenario() -> None:
+def _answers(**over: list) -> dict[str, list]:
     prompt_b = [_sample(v, le=str(e)) for e, v in ((256.0, 0), (512.0, 40), (1024.0, 100),
                                                    (math.inf, 100))]
-    answers = {
+    return {
         "request_prompt_tokens_count": [_sample(20, priority_class="p0"),
                                         _sample(80, priority_class="p1")],
         "request_prompt_tokens_bucket": prompt_b,
@@ -77,8 +77,11 @@ def test_profile_from_recorded_query_results_becomes_a_scenario() -> None:
                                              _sample(100, le="+Inf")],
         "request_generation_tokens_sum": [_sample(5_000)],
         "request_generation_tokens_count": [_sample(100)],
-        "num_requests_running": [_sample(10)],
-    }
+        "num_requests_running": [_sample(10)], **over}
+
+
+def test_profile_from_recorded_query_results_becomes_a_scenario() -> None:
+    answers = _answers()
     prof = WorkloadProfile.measure(_recorded(answers), SELECTOR, 50)  # type: ignore[arg-type]
     assert prof.arrival_rate == pytest.approx((100 + 10) / 50)
     assert prof.class_mix == {"p0": 0.2, "p1": 0.8, "p2": 0.0}
@@ -147,20 +150,6 @@ def test_a_measured_workload_keeps_the_twins_calibrated_profile() -> None:
     run = simulate(measured).summary.run
     assert run is not None and run.calibrated
 
-
-def _answers(**over: list) -> dict[str, list]:
-    prompt_b = [_sample(v, le=str(e)) for e, v in ((256.0, 0), (512.0, 40), (1024.0, 100),
-                                                   (math.inf, 100))]
-    return {
-        "request_prompt_tokens_count": [_sample(20, priority_class="p0"),
-                                        _sample(80, priority_class="p1")],
-        "request_prompt_tokens_bucket": prompt_b,
-        "request_prompt_tokens_sum": [_sample(60_000)],
-        "request_generation_tokens_bucket": [_sample(100, le="64.0"),
-                                             _sample(100, le="+Inf")],
-        "request_generation_tokens_sum": [_sample(5_000)],
-        "request_generation_tokens_count": [_sample(100)],
-        "num_requests_running": [_sample(10)], **over}
 
 
 @pytest.mark.parametrize(("over", "message"), [
