@@ -15,7 +15,8 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
 - Deleted: the study's running trial is told FAIL, so that it does not stay RUNNING,
   then the study is deleted from its storage: it is keyed by the CR's uid, so a new CR
   of the same name starts its own and nothing would ever resume it. Tuning turned off
-  fails the running trial and keeps the study, for when it is turned on again.
+  ends the episode (the running trial failed, the loop to STEADY: turned on again, it
+  waits for an alert) and keeps the study, for when it is turned on again.
 - Pods on the spec's config: at each new spec generation (whether or not a controller
   could be built for it) and every ``CONFIG_SYNC_S`` after it, the pods are brought to
   the spec's live knobs, and the pod a
@@ -361,18 +362,20 @@ class DeploymentLoop:
             else operator_metrics(self.namespace)
         metrics.forget(self.name)
 
-    def _controller_to_end(self, *, with_trial: bool) -> Controller | None:
-        """The controller whose trial or study the daemon's end closes: the running one,
-        or, when the daemon ended before a step built one (the CR was deleted before its
-        first step), one built from the CR's body and kept for the next ending.
-        None when the CR is gone or a successor's, or (``with_trial``) has no trial."""
+    def _controller_to_end(self, *, with_episode: bool) -> Controller | None:
+        """The controller whose episode or study the daemon's end closes: the running
+        one, or, when the daemon ended before a step built one (the CR was deleted before
+        its first step), one built from the CR's body and kept for the next ending.
+        None when the CR is gone or a successor's, or (``with_episode``) its status has
+        no episode under way (STEADY, no trial)."""
         if self.controller is not None:
             return self.controller
         body = self.kube.get(*_CR, self.namespace, self.name)
         if body is None or str(body["metadata"].get("uid")) != self.uid:
             return None  # gone, or already a new CR of the same name: not ours to touch
         saved = (body.get("status") or {}).get("controller") or {}
-        if with_trial and not saved.get("trial"):
+        if with_episode and not saved.get("trial") and \
+                saved.get("state", ControllerState.STEADY.value) == ControllerState.STEADY:
             return None  # nothing to end: no reason to build
         try:
             self.controller = build(self.kube, self.handle, body, self.factory, self.policy)
@@ -391,7 +394,7 @@ class DeploymentLoop:
         the CR's uid, so no later CR resumes it, and kept it would grow a shared storage
         by every CR a tenant creates and deletes. Never on tuning turned off: the CR may
         turn it on again and go on with its study."""
-        controller = self._controller_to_end(with_trial=False)
+        controller = self._controller_to_end(with_episode=False)
         if controller is None:
             return
         try:
@@ -403,42 +406,39 @@ class DeploymentLoop:
         log.info("%s: the deleted LLMDeployment's study deleted", self.key)
 
     def abandon(self, reason: str, *, restore: bool = False) -> None:
-        """The trial cannot go on (the CR is being deleted, or tuning was turned off): the
-        study is told it failed, as a dead trial would otherwise stay RUNNING; with
-        ``restore`` every replica goes back to the episode's starting (or best) config."""
-        controller = self._controller_to_end(with_trial=True)
+        """Tuning ends (the CR is being deleted, or tuning was turned off), and the
+        episode with it (``Controller.stop``): the open trial is told failed, as a dead
+        trial would otherwise stay RUNNING, and the loop goes to STEADY, so tuning turned
+        on again waits for an alert. With ``restore``, a trial's end sends every replica
+        back to the episode's starting (or best) config."""
+        controller = self._controller_to_end(with_episode=True)
         if controller is None:
             return
         loop = controller.loop
         trial = loop.trial
-        if trial is None:
+        if trial is None and loop.state is ControllerState.STEADY:
             return
-        try:
-            controller.study.tell_failed(trial.number, reason)
-        except Exception:
-            log.exception("%s: could not fail trial %d", self.key, trial.number)
-            return
-        loop.trial = None
-        log.info("%s: trial %d told failed: %s", self.key, trial.number, reason)
-        if restore:
+        controller.stop(self.clock(), reason)
+        if restore and trial is not None:
             try:  # the controller may predate an edit that ended tuning (rebase_episode)
                 body = self.handle.body()
                 rebase_episode(loop, body)
             except (ApplyError, SpecError) as exc:
                 log.warning("%s: no config restored after the trial: %s", self.key, exc)
                 restore = False
-        target = loop.best_config or loop.baseline_config
-        if restore and target is not None:
-            try:
-                self.handle.apply_config(target, canary=False)
-            except Exception:
-                log.exception("%s: could not restore the config after the trial", self.key)
+            target = loop.best_config or loop.baseline_config
+            if restore and target is not None:
+                try:
+                    self.handle.apply_config(target, canary=False)
+                except Exception:
+                    log.exception("%s: could not restore the config after the trial",
+                                  self.key)
         self.unwritten = None
         try:
             write_status(self.kube, self.namespace, self.name, lambda fresh: {
                 "controller": loop.to_dict()} if self._ours(fresh) else None)
         except Exception:
-            log.exception("%s: could not record the failed trial in status", self.key)
+            log.exception("%s: could not record the ended episode in status", self.key)
 
 
 _CR = (API_VERSION, PLURAL)

@@ -80,6 +80,42 @@ def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
             ("Running", "False", "Disabled")
 
 
+@pytest.mark.parametrize("left", ["trial", "tuning", "commit", "scaling"])
+def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, left: str) -> None:
+    """Turning tuning off failed the running trial but left the episode's state in
+    ``status.controller``; turned on again, the new daemon resumed it (a TUNING loop asked
+    its next trial, COMMIT and SCALING scaled up) with no alert firing. ``left``: a
+    trial the first daemon ran, or a state on record that it ended before stepping."""
+    body, _, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, replicas={"min": 1, "max": 4},
+        tuning={"window": "1h"}))
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        first = daemon_loop(cluster, body, monkeypatch)
+        if left == "trial":
+            prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+            assert first.step()
+            assert cluster.status()["controller"]["trial"] is not None
+        else:
+            cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {
+                "status": {"controller": {"state": left, "since": 0.0,
+                                          "reason": "an episode under way"}}},
+                subresource="status")
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+        first.abandon("tuning was disabled during the trial", restore=True)  # its end
+        prom.alerts = []
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": True}}})
+        again = daemon_loop(cluster, cluster.get(), monkeypatch)
+        assert again.step()
+        saved = cluster.status()["controller"]
+        assert (saved["state"], saved.get("trial")) == ("steady", None)
+        assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["replicas"] == 1
+        assert pod.config == spec_config(cluster)
+
+
 def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -372,6 +372,19 @@ def test_trials_per_hour_limit_holds_the_config() -> None:
     assert d.action is Action.SCALE and len(rig.study.told) == 2
 
 
+def test_stopping_ends_the_episode_so_a_restart_waits_for_an_alert() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL
+    ctl.stop(5.0, "tuning was disabled during the trial")
+    assert rig.study.failed == {0: "tuning was disabled during the trial"}
+    assert (ctl.loop.state, ctl.loop.trial, ctl.loop.since) == (ControllerState.STEADY,
+                                                                 None, 5.0)
+    rig.alerts.alerts = []
+    again = rig.build(LoopState.from_dict(ctl.to_dict()))
+    assert (again.tick(6.0).action, rig.study.asked) == (Action.NONE, 1)
+
+
 def test_state_round_trips_and_a_restarted_controller_does_not_act_twice() -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
     ctl = rig.build()

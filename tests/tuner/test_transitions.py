@@ -14,7 +14,7 @@ import pytest
 from slopilot.tuner.loop import controller as controller_module
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.controller import STEPS, Controller
-from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
+from slopilot.tuner.loop.state import Action, ControllerError, ControllerState, LoopState
 from slopilot.tuner.loop.transitions import (
     TRANSITIONS,
     Event,
@@ -178,6 +178,14 @@ def test_every_row_of_the_table_is_taken_and_nothing_else(
                 m = MOVE.match(record.getMessage())
                 if m:
                     taken.add((S(m[1]), S(m[2]), Event(m[3])))
+    for state in S:  # tuning turned off: the operator stops the loop wherever it is
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="slopilot.tuner.loop.controller"):
+            Rig().build(LoopState(state=state)).stop(1.0, "tuning turned off")
+        for record in caplog.records:
+            m = MOVE.match(record.getMessage())
+            if m:
+                taken.add((S(m[1]), S(m[2]), Event(m[3])))
     table = {(t.source, t.target, t.event) for t in TRANSITIONS}
     assert taken <= table  # holds by construction: a move outside it raises
     assert sorted(table - taken) == [], "rows no run takes"

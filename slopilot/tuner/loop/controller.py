@@ -13,6 +13,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
                 |<------------------|             no_feasible_config
                                     |-------->|   committed
       |<--------------------------------------|   cooldown_over
+      |<----------------------------- any state   tuning_off
       any state ----------------------------->|   error
 
 ``tick(now)`` reads the firing alerts, runs the current state's step (``STEPS``) and follows
@@ -112,6 +113,21 @@ class Controller(LoopContext):
         if go.target is not loop.state:
             loop.state, loop.since = go.target, now
         loop.reason = go.reason
+
+    def stop(self, now: float, reason: str) -> None:
+        """Tuning ends here (turned off, or the deployment deleted), and the episode with
+        it: the open trial is told failed and the loop goes to STEADY. Turned on again,
+        the loop then waits for an alert; a TUNING, COMMIT or SCALING state kept would go
+        on with no alert asking. Restoring the pods' config is the caller's."""
+        loop = self.loop
+        if loop.trial is not None:
+            number, loop.trial = loop.trial.number, None
+            try:
+                self.study.tell_failed(number, reason)
+                log.info("%s: trial %d told failed: %s", self.settings.key, number, reason)
+            except Exception:  # left RUNNING, it goes stale once nothing beats for it
+                log.exception("%s: could not fail trial %d", self.settings.key, number)
+        self._move(Go(ControllerState.STEADY, Event.TUNING_OFF, reason), now)
 
     # ------------------------------------------------------------------ guardrails
     def _hold(self, exc: Exception) -> Decision:

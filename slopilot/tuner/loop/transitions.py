@@ -44,6 +44,7 @@ class Event(enum.StrEnum):
     NO_FEASIBLE_CONFIG = "no_feasible_config"
     COOLDOWN_OVER = "cooldown_over"
     ERROR = "error"
+    TUNING_OFF = "tuning_off"
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Transition:
 
 
 _ON_ERROR = "any error: rolled back to the best known config"
+_ON_TUNING_OFF = ("tuning turned off (or the deployment deleted): the episode ends, its "
+                  "open trial told failed")
 TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT, "an alert with action scale fires"),
     Transition(S.STEADY, S.SCALING, Event.NOTHING_HOLDS_OFFLINE,
@@ -83,6 +86,10 @@ TRANSITIONS: tuple[Transition, ...] = (
                "no live trial held the SLO: at least one more replica"),
     Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER, "cooldown_s has passed"),
     *(Transition(s, S.COOLDOWN, Event.ERROR, _ON_ERROR) for s in S),
+    # Not a step's move: the operator's, when its daemon for the deployment ends. Kept, a
+    # TUNING, COMMIT or SCALING state went on when tuning was turned on again, with no
+    # alert to ask for it.
+    *(Transition(s, S.STEADY, Event.TUNING_OFF, _ON_TUNING_OFF) for s in S),
 )
 
 _ALLOWED: dict[tuple[ControllerState, ControllerState], frozenset[Event]] = {}
@@ -123,6 +130,13 @@ LAYOUT = (S.STEADY, S.SCALING, S.TUNING, S.COMMIT, S.COOLDOWN)
 _COLUMN = 10
 
 
+def _everywhere() -> list[tuple[ControllerState, Event]]:
+    """(target, event) of the moves the table allows from every state, by column."""
+    found = {(t.target, t.event) for t in TRANSITIONS
+             if all(t.event in _ALLOWED.get((s, t.target), ()) for s in S)}
+    return sorted(found, key=lambda te: (LAYOUT.index(te[0]), te[1].value))
+
+
 def render_diagram() -> str:
     """The table as a picture: one column per state, one arrow per (from, to) pair with
     its events; an event that leads from every state to one target is one "any state" row."""
@@ -130,8 +144,7 @@ def render_diagram() -> str:
         raise ControllerError(f"LAYOUT {[s.value for s in LAYOUT]} must name every state once")
     x = {s: 2 + _COLUMN * i for i, s in enumerate(LAYOUT)}
     width = x[LAYOUT[-1]] + 1
-    everywhere = {(t.target, t.event) for t in TRANSITIONS
-                  if all(t.event in _ALLOWED.get((s, t.target), ()) for s in S)}
+    everywhere = _everywhere()
     pairs: dict[tuple[ControllerState, ControllerState], list[str]] = {}
     for t in TRANSITIONS:
         if (t.target, t.event) not in everywhere:
@@ -145,18 +158,26 @@ def render_diagram() -> str:
         row[lo:hi + 1] = "|" + "-" * (hi - lo - 1) + "|"
         row[b - 1 if b > a else b + 1] = ">" if b > a else "<"
         lines.append("".join(row) + "   " + ", ".join(events))
-    for target, event in sorted(everywhere, key=lambda te: LAYOUT.index(te[0])):
-        arrow = "  any state ".ljust(x[target] - 1, "-") + ">|"
+    label = "  any state -"
+    for target, event in everywhere:
+        if x[target] - 1 >= len(label):
+            arrow = label.ljust(x[target] - 1, "-") + ">|"
+        else:  # no room for the label on its left: drawn from the right
+            arrow = " " * x[target] + "|<" + " any state".rjust(width - x[target] - 2, "-")
         lines.append(arrow.ljust(width) + "   " + event.value)
     return "\n".join(line.rstrip() for line in lines)
 
 
 def render_table() -> str:
-    """The table in Markdown (docs/architecture.md carries it; a test compares)."""
+    """The table in Markdown (docs/architecture.md carries it; a test compares); a move
+    from every state is one "any state" row."""
+    everywhere = _everywhere()
     rows = ["| from | to | on | when |", "|---|---|---|---|"]
     rows += [f"| {t.source.value} | {t.target.value} | `{t.event.value}` | {t.when} |"
-             for t in TRANSITIONS if t.event is not Event.ERROR]
-    rows.append(f"| any state | {S.COOLDOWN.value} | `{Event.ERROR.value}` | {_ON_ERROR} |")
+             for t in TRANSITIONS if (t.target, t.event) not in everywhere]
+    whens = {(t.target, t.event): t.when for t in TRANSITIONS}
+    rows += [f"| any state | {target.value} | `{event.value}` | {whens[target, event]} |"
+             for target, event in everywhere]
     return "\n".join(rows)
 
 
