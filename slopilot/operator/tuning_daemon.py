@@ -434,9 +434,11 @@ class DeploymentLoop:
                     log.exception("%s: could not restore the config after the trial",
                                   self.key)
         self.unwritten = None
-        try:
+        try:  # replaced whole, as each step writes it: merged, a map kept the old keys
             write_status(self.kube, self.namespace, self.name, lambda fresh: {
-                "controller": loop.to_dict()} if self._ours(fresh) else None)
+                "controller": replacing(loop.to_dict(),
+                                        (fresh.get("status") or {}).get("controller"))}
+                if self._ours(fresh) else None)
         except Exception:
             log.exception("%s: could not record the ended episode in status", self.key)
 

@@ -116,6 +116,52 @@ def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
         assert pod.config == spec_config(cluster)
 
 
+def test_the_state_an_ended_daemon_writes_replaces_the_one_on_record(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's end wrote ``status.controller`` as a merge patch: the maps of the
+    state on record (a twin check's classes and learned factors) kept every key the
+    ended state lacked, merged into it, and a restarted controller read that mix."""
+    from slopilot.operator import tuning_daemon
+    from slopilot.tuner.loop.state import LoopState
+
+    body, _, mint = reconciled(kube, cluster, llmd(prometheus={"url": prom.url},
+                                                   tuning={"window": "1h"}))
+    cell = {"ttftP99PredictedMs": 90.0, "ttftP99MeasuredMs": 80.0}
+    cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {"status": {
+        "controller": {"twin": {"trusted": True, "classes": {"p0": cell, "p1": cell},
+                                "correctionFactors": {"attention": 1.2}}}}},
+        subresource="status")
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    loop = daemon_loop(cluster, body, monkeypatch)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        assert loop.step()
+        assert set(cluster.status()["controller"]["twin"]["classes"]) == {"p0", "p1"}
+        controller = loop.controller
+        tick = controller.tick
+
+        def checked(now: float) -> Any:  # a check that measured p0 only, learned nothing
+            decision = tick(now)
+            controller.loop.twin = {"trusted": False, "classes": {"p0": cell},
+                                    "correctionFactors": {}}
+            return decision
+
+        def unwritten(*_: Any, **__: Any) -> Any:
+            raise ApiError(500, "InternalError", "the API server went away")
+
+        monkeypatch.setattr(controller, "tick", checked)
+        with monkeypatch.context() as m:
+            m.setattr(tuning_daemon, "write_status", unwritten)
+            assert loop.step()
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+        loop.abandon("tuning was disabled during the trial", restore=True)  # its end
+    saved = cluster.status()["controller"]
+    assert saved["twin"] == controller.loop.twin
+    assert LoopState.from_dict(saved) == controller.loop
+
+
 def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
