@@ -212,6 +212,37 @@ def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
                                 for t in complete]
 
 
+def test_a_restarted_operator_beats_for_the_trial_it_resumes(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The restarted operator's study beat only for trials it asked: the trial it
+    resumed from ``status.controller`` went stale once its window outlasted the grace
+    period, and was failed, its window then added as another trial."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(prometheus={"url": prom.url},
+                               tuning={"window": "1h", "storage": storage}))
+    mint = operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        first = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
+                            policy=policy)
+        assert first.step()
+        first.controller.study.close()  # the operator stops: its beats with it
+        restarted = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
+                                policy=policy)
+        assert restarted.step()
+        assert cluster.status()["controller"]["trial"]["number"] == 0
+        heartbeat = restarted.controller.study.heartbeat
+        assert heartbeat is not None and heartbeat.beating == {0}
+        restarted.abandon("the test is over")
+        assert heartbeat.beating == set()
+
+
 def test_a_commit_never_records_its_config_on_a_successor_of_the_same_name(
         kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit reads the CR (its uid checked), PUTs the config to each pod, then records

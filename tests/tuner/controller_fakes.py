@@ -123,6 +123,7 @@ class FakeStudy:
     failed: dict[int, str] = field(default_factory=dict)
     asked: int = 0
     deleted: bool = False
+    resumed: list[int] = field(default_factory=list)
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None:
         self.warm = [dict(c) for c in configs]
@@ -139,6 +140,9 @@ class FakeStudy:
 
     def tell_failed(self, number: int, reason: str) -> None:
         self.failed[number] = reason
+
+    def resume(self, number: int) -> None:
+        self.resumed.append(number)
 
     def delete_study(self) -> None:
         self.deleted = True

@@ -67,6 +67,8 @@ class LoopContext:
         self.offline = offline
         self.metrics = metrics if metrics is not None else TunerMetrics()
         self.loop = state if state is not None else LoopState()
+        if self.loop.trial is not None:  # asked before a restart: held here from now on
+            study.resume(self.loop.trial.number)
         self.iterations = iterations
         """Where the twin is checked (None: the twin is trusted unchecked, as before)."""
         self.twin_check: TwinCheck | None = None

@@ -123,6 +123,11 @@ class LiveStudy(Protocol):
 
     def tell_failed(self, number: int, reason: str) -> None: ...
 
+    def resume(self, number: int) -> None:
+        """Go on with trial ``number``, asked before a restart (``LoopState.trial``): this
+        process holds it open now (its heartbeat), and ``tell`` takes it."""
+        ...
+
     def delete_study(self) -> None:
         """Remove the study and its trials from storage; nothing left to do when it is
         already gone."""

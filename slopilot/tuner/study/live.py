@@ -2,8 +2,11 @@
 
 The controller persists the running trial's number (``LoopState.trial``); after a
 restart a fresh ``Tuner`` over the same storage has no open ``optuna.Trial`` for it.
-This one reopens it from storage when it is still RUNNING (the same process rebuilt its
-controller, or a restarted one within the heartbeat's grace period); when it has already
+A controller built on that state resumes it at once (``Tuner.resume``): reopened while
+still RUNNING (the same process rebuilt its controller, or a restarted one within the
+heartbeat's grace period), and beaten for by this process from then on, however long its
+window. This one also tells a trial it did not resume, or one that was failed meanwhile:
+reopened from storage when it is still RUNNING; when it has already
 been failed as stale (its process died and stopped beating, ``heartbeat.py``), the
 measured result is added as a new completed trial with the same parameters, so the live
 measurement is not lost. A trial already told (the controller that told it stopped before
@@ -18,33 +21,57 @@ import optuna
 from optuna.trial import TrialState
 
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.tuner import Tuner, storage_of
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.tuner import Tuner
 
 log = logging.getLogger(__name__)
 
 
 class ResumableTuner(Tuner):
+    def __init__(self, study: optuna.Study, space: SearchSpace) -> None:
+        super().__init__(study, space)
+        self._resumed: set[int] = set()
+        """Trials held by ``resume``: storage says whether they are still running (one
+        may have been failed as stale while the database was out of reach)."""
+
+    def resume(self, number: int) -> None:
+        super().resume(number)
+        if number in self._asked:
+            self._resumed.add(number)
+
     def _stored(self, number: int) -> optuna.trial.FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False):
             if t.number == number:
                 return t
         return None
 
+    def _stored_unless_asked(self, number: int) -> optuna.trial.FrozenTrial | None:
+        """The stored trial, unless this tuner asked it (then it is open here)."""
+        if number in self._asked and number not in self._resumed:
+            return None
+        return self._stored(number)
+
     def _pop(self, number: int) -> optuna.Trial:
+        self._resumed.discard(number)
         if number not in self._asked:
-            stored = self._stored(number)
-            storage = storage_of(self.study)
-            if stored is not None and stored.state == TrialState.RUNNING and storage:
-                study_id = storage.get_study_id_from_name(self.study.study_name)
-                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-                return optuna.Trial(self.study, trial_id)
+            trial = self._reopened(number)
+            if trial is not None:
+                return trial
         return super()._pop(number)
 
+    def _forget(self, number: int) -> None:
+        """A trial finished in storage is no longer held here."""
+        self._resumed.discard(number)
+        self._asked.pop(number, None)
+        if self.heartbeat is not None:
+            self.heartbeat.release(number)
+
     def tell(self, number: int, result: TrialResult) -> None:
-        stored = None if number in self._asked else self._stored(number)
+        stored = self._stored_unless_asked(number)
         if stored is None or stored.state == TrialState.RUNNING:
             super().tell(number, result)
             return
+        self._forget(number)
         if stored.state != TrialState.FAIL or "fail_reason" in stored.user_attrs:
             # Told already, by a controller whose status write was lost before its
             # process stopped (the status still had the trial running): a second
@@ -67,7 +94,8 @@ class ResumableTuner(Tuner):
             constraints=dict(zip(names, result.constraints, strict=True))))
 
     def tell_failed(self, number: int, reason: str) -> None:
-        stored = None if number in self._asked else self._stored(number)
+        stored = self._stored_unless_asked(number)
         if stored is not None and stored.state != TrialState.RUNNING:
+            self._forget(number)
             return  # already failed (stale) in storage: nothing more to record
         super().tell_failed(number, reason)

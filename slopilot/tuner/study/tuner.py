@@ -212,11 +212,7 @@ class Tuner:
             # the same record, kept for ask/tell.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
             trial = self.study.ask()
-        if self.heartbeat is None:
-            self.heartbeat = heartbeat_of(self.study, trial)
-        if self.heartbeat is not None:
-            self.heartbeat.hold(trial.number)
-        self._asked[trial.number] = trial
+        self._hold(trial)
         try:
             config = self.space.suggest(trial)
             trial.set_user_attr("config", config)
@@ -224,6 +220,44 @@ class Tuner:
             self.tell_failed(trial.number, f"{type(exc).__name__}: {exc}")
             raise
         return trial.number, config
+
+    def resume(self, number: int) -> None:
+        """Go on with trial ``number``, asked by an earlier tuner of this study (the trial
+        a restarted controller resumes): while it is RUNNING in storage, this tuner holds
+        it open as if asked here, and beats for it. Not held, a window longer than the
+        grace period failed it as stale, and its result became another trial. A trial
+        that is finished, or unknown, is left as it is."""
+        if number in self._asked:
+            return
+        try:
+            trial = self._reopened(number)
+            if trial is not None:
+                self._hold(trial)
+        except Exception as exc:  # the database: the trial may go stale, and is told anyway
+            log.warning("study %s: trial %d not resumed here (%s: %s); with no heartbeat it "
+                        "is failed as stale after the grace period", self.study.study_name,
+                        number, type(exc).__name__, exc)
+
+    def _reopened(self, number: int) -> optuna.Trial | None:
+        """Trial ``number`` as an open ``optuna.Trial`` while it is RUNNING in storage."""
+        storage = storage_of(self.study)
+        if storage is None:
+            return None
+        study_id = storage.get_study_id_from_name(self.study.study_name)
+        try:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        except KeyError:
+            return None
+        if storage.get_trial(trial_id).state != TrialState.RUNNING:
+            return None
+        return optuna.Trial(self.study, trial_id)
+
+    def _hold(self, trial: optuna.Trial) -> None:
+        if self.heartbeat is None:
+            self.heartbeat = heartbeat_of(self.study, trial)
+        if self.heartbeat is not None:
+            self.heartbeat.hold(trial.number)
+        self._asked[trial.number] = trial
 
     def _pop(self, number: int) -> optuna.Trial:
         try:
