@@ -8,7 +8,9 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
 
 - Resumable: a restarted operator builds the controller from the persisted state, so a
   scale or a trial already done is resumed (cooling down, or measuring the running
-  trial), not done again.
+  trial), not done again. Each controller's study beats for the trial it holds open; a
+  controller replaced (a new spec generation) or dropped, and the daemon's at its end,
+  stops beating (``close``), after its successor, if any, has taken the trial over.
 - Idempotent: a status write that fails leaves the controller as it is in memory, and
   the next step writes that same state again before it ticks; a daemon never asks a
   second trial because its first was not recorded.
@@ -247,8 +249,13 @@ class DeploymentLoop:
             if self.controller is None or self.built_for != generation or \
                     self.twin.moved():
                 twin = resolve_twin(self.kube, self.namespace, parse_spec(body))
+                replaced = self.controller
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)
+                # After the build, which resumed the trial: the new study beats already
+                # (unless a factory hands both controllers one study: it is kept then).
+                if replaced is not None and replaced.study is not self.controller.study:
+                    replaced.study.close()
                 self.built_for = generation
                 self.twin.write(twin, generation, self._ours)
                 self.figures = WindowFigures(self.controller.evaluator,
@@ -256,7 +263,7 @@ class DeploymentLoop:
             decision = self.controller.tick(self.clock())
             self._write(decision, now_rfc3339())
         except (SpecError, ControllerError) as exc:
-            self.controller = None  # rebuilt once the spec or the environment is fixed
+            self.close()  # rebuilt once the spec or the environment is fixed
             self.logger.warning("controller not running: %s", exc)
             self._write_condition(str(exc), generation)
         self._sync_pods(body, generation)
@@ -361,6 +368,15 @@ class DeploymentLoop:
         metrics = self.controller.metrics if self.controller is not None \
             else operator_metrics(self.namespace)
         metrics.forget(self.name)
+
+    def close(self) -> None:
+        """Drop the controller, and the heartbeat its study holds for its open trials:
+        left beating, a dropped controller's thread kept a trial alive that nothing ran.
+        A trial still open goes stale unless a controller resumes it in time (the next
+        one built here, a restarted operator, the peering's next leader)."""
+        controller, self.controller = self.controller, None
+        if controller is not None:
+            controller.study.close()
 
     def _controller_to_end(self, *, with_episode: bool) -> Controller | None:
         """The controller whose episode or study the daemon's end closes: the running
@@ -490,4 +506,5 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
         if ending is not None:
             await asyncio.shield(on_thread(ending))
             await asyncio.shield(on_thread(loop.retire))  # it reads the CR: not on the loop
+        await asyncio.shield(on_thread(loop.close))  # after a step that may still run there
         thread.shutdown(wait=False)

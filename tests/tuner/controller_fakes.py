@@ -124,6 +124,7 @@ class FakeStudy:
     asked: int = 0
     deleted: bool = False
     resumed: list[int] = field(default_factory=list)
+    closed: bool = False
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None:
         self.warm = [dict(c) for c in configs]
@@ -143,6 +144,9 @@ class FakeStudy:
 
     def resume(self, number: int) -> None:
         self.resumed.append(number)
+
+    def close(self) -> None:
+        self.closed = True
 
     def delete_study(self) -> None:
         self.deleted = True

@@ -111,7 +111,8 @@ class Planner(Protocol):
 
 class LiveStudy(Protocol):
     """The live Optuna study (``study.Tuner``), seen through the calls the loop makes, and
-    ``delete_study``, which the deployment's owner makes once the deployment is gone."""
+    ``close`` and ``delete_study``, which the deployment's owner makes once it drops the
+    controller or the deployment is gone."""
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> object: ...
 
@@ -126,6 +127,11 @@ class LiveStudy(Protocol):
     def resume(self, number: int) -> None:
         """Go on with trial ``number``, asked before a restart (``LoopState.trial``): this
         process holds it open now (its heartbeat), and ``tell`` takes it."""
+        ...
+
+    def close(self) -> None:
+        """Stop the heartbeat of the trials held open (the controller is dropped); a
+        trial still open goes stale unless another process resumes it."""
         ...
 
     def delete_study(self) -> None:
