@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments
-from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS, DEFAULT_WARMUP_S
+from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS, DEFAULT_SEEDS, DEFAULT_WARMUP_S
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="auto: a trace's busiest windows (by arrivals, by tokens) and a "
                         "typical one, or --seeds seeds of a generated workload; whole: the "
                         "whole trace in one window (exact, slower; a trace only)")
-    w.add_argument("--seeds", type=int, default=3,
-                   help="workload seeds per trial for a generated workload (default: 3)")
+    w.add_argument("--seeds", type=int, default=None,
+                   help=f"workload seeds per trial (default: {DEFAULT_SEEDS}; a generated "
+                        "workload only)")
     w.add_argument("--warmup", type=float, default=None,
                    help=f"trace seconds simulated before each window (default: "
                         f"{DEFAULT_WARMUP_S:g}; a trace only)")

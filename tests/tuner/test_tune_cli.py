@@ -194,6 +194,26 @@ def test_trace_only_flags_on_a_generated_workload_are_refused(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("workload", "seeds", "message"), [
+    (["--trace", "T"], "5", "--seeds 5: a generated workload's option; "),
+    (["--scenario", "azure-conv-2023"], "3", "--seeds 3: a generated workload's option; "),
+])
+def test_seeds_on_a_trace_are_refused(workload: list[str], seeds: str, message: str,
+                                      tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # They were ignored without a word: a trace is judged on its windows, never on seeds,
+    # so a user who asked for 5 got a study no more robust than with 1. The default (3),
+    # given, is refused too: the flag was written, and it cannot act.
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,5,5\n1,5,5\n")
+    workload = [str(trace) if w == "T" else w for w in workload]
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", None)  # refused before the study
+    assert main(["tune", *workload, "--seeds", seeds]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "judged on its windows" in err, err
+    assert "leave --seeds out" in err and err.count("\n") == 1, err
+
+
 def test_tune_runs_its_trials_on_a_profile(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     from tests.support.profiles import profile_file

@@ -22,6 +22,8 @@ DEFAULT_MAX_REPLICAS = 16
 """``--max-replicas``: the capacity search's upper bound unless the user names one."""
 DEFAULT_WARMUP_S = 30.0
 """``--warmup``: trace seconds simulated before each window unless the user names some."""
+DEFAULT_SEEDS = 3
+"""``--seeds``: workload seeds per trial of a generated workload unless the user names some."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,14 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
                 f"{trace_only[0]}: a trace's option; {scenario.name}'s workload is "
                 "generated, and each of its --seeds runs is judged whole from t=0 (no "
                 f"windows, no warm-up): leave {trace_only[0].split()[0]} out")
+    elif args.seeds is not None:
+        # Refused, not ignored, for the same reason: a trace is judged on its windows, so
+        # more seeds would buy no robustness the user could see.
+        raise ValueError(
+            f"--seeds {args.seeds}: a generated workload's option; {scenario.name}'s "
+            "workload is a trace, judged on its windows (its busiest and a typical one), "
+            "not on seeds: leave --seeds out (--windows whole judges all of the trace)")
+    seeds = _count("--seeds", DEFAULT_SEEDS if args.seeds is None else args.seeds, 1)
     fixed = parse_set_args(args.fixed)
     replicas_text = str(args.replicas).strip().lower()
     if replicas_text == "auto":
@@ -127,7 +137,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         trials=_count("--trials", args.trials, 1), sampler=args.sampler, seed=args.seed,
         storage=args.storage, study_name=args.study_name or f"tune-{scenario.name}",
         duration_s=_seconds("--duration", args.duration, zero_ok=False),
-        whole=args.windows == "whole", seeds=_count("--seeds", args.seeds, 1),
+        whole=args.windows == "whole", seeds=seeds,
         warmup_s=DEFAULT_WARMUP_S if warmup is None else warmup,
         replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
@@ -165,7 +175,7 @@ def tune_command(s: TuneSettings) -> str:
         argv += ["--duration", f"{s.duration_s:g}"]
     if s.whole:
         argv += ["--windows", "whole"]
-    if not isinstance(s.scenario.workload, TraceSpec) and s.seeds != 3:
+    if not isinstance(s.scenario.workload, TraceSpec) and s.seeds != DEFAULT_SEEDS:
         argv += ["--seeds", str(s.seeds)]
     if s.warmup_s != DEFAULT_WARMUP_S:
         argv += ["--warmup", f"{s.warmup_s:g}"]
