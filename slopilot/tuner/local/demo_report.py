@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.report import write_report
 from slopilot.tuner.study.tuner import Tuner
 
@@ -64,25 +66,25 @@ def _plot(samples: list[Sample], slo: SLOSpec, shift_at_s: float, out: Path) -> 
     for ax in (ax_lat, ax_knob, ax_rep):
         ax.axvline(shift_at_s, ls="--", color="gray")
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    plots.save(fig, out, dpi=90)
 
 
 def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Sample],
                       lines: list[str], *, shift_at_s: float,
                       twin: Mapping[str, Any] | None = None) -> Path:
     out = path.parent
-    write_report(tuner, slo, out, title="slopilot demo: live trials")
+    # Every file is written beside itself and renamed over it, report.md last: a crash or
+    # a full disk part-way leaves each file whole, and the report that is there links no
+    # plot still to come.
     if samples:
         _plot(samples, slo, shift_at_s, out / "timeline.png")
-    (out / "timeline.json").write_text(json.dumps(
+    write_text_atomically(out / "timeline.json", json.dumps(
         {"shift_at_s": shift_at_s, "samples": [asdict(s) for s in samples],
          "decisions": lines}, default=str, indent=1))
-    text = path.read_text()
-    text += twin_section(twin)
-    text += "\n## Timeline\n\n![timeline](timeline.png)\n\n```\n" + "\n".join(lines) + "\n```\n"
-    path.write_text(text)
-    return path
+    tail = twin_section(twin) + ("\n## Timeline\n\n![timeline](timeline.png)\n\n```\n"
+                                 + "\n".join(lines) + "\n```\n")
+    return write_report(tuner, slo, out, title="slopilot demo: live trials",
+                        tail=tail.splitlines())
 
 
 def twin_section(twin: Mapping[str, Any] | None) -> str:

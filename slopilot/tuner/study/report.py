@@ -145,8 +145,9 @@ CAPTIONS = {
 
 def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
                  start: TrialResult | None = None, title: str = "Tuning report",
-                 context: ReportContext | None = None) -> Path:
-    """Write the PNGs and ``report.md`` into ``out_dir``; returns the report's path."""
+                 context: ReportContext | None = None, tail: Sequence[str] = ()) -> Path:
+    """Write the PNGs and ``report.md`` (ending in ``tail``'s lines) into ``out_dir``;
+    returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = tuner.results()
     lines = [f"# {title}", "", f"Study `{tuner.study.study_name}`: {len(results)} completed "
@@ -156,7 +157,7 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
     if not results:
         lines.append("No completed trials: nothing to plot.")
         _remove_undrawn(out_dir, drawn=[])
-        return _write(out_dir, lines)
+        return _write(out_dir, [*lines, *tail])
     ranked = sorted(results, key=lambda nr: rank(nr[1]), reverse=True)
     lines += _slo_section(slo)
     if context is not None and context.recommended_result is not None:
@@ -184,7 +185,7 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
     if context is not None and context.timing:
         lines += ["", f"Time: {context.timing}."]
     _remove_undrawn(out_dir, drawn=images)
-    return _write(out_dir, lines)
+    return _write(out_dir, [*lines, *tail])
 
 
 def _remove_undrawn(out_dir: Path, drawn: Sequence[str]) -> None:

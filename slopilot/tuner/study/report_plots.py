@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.sim.profile_file import write_bytes_atomically
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult
 from slopilot.tuner.study.verdict import term_label
@@ -28,6 +30,18 @@ def _pyplot() -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def save(fig: Any, target: Path, *, dpi: int) -> None:
+    """Draw ``fig`` into ``target`` whole or not at all, and close it."""
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        _pyplot().close(fig)
+    # Rendered in memory, then beside the file and renamed over it: a crash or a full
+    # disk part-way leaves the earlier plot whole, never half a PNG.
+    write_bytes_atomically(target, buf.getvalue())
 
 
 def objective_label(results: Results) -> str:
@@ -52,10 +66,8 @@ def _split(results: Results) -> tuple[Results, Results]:
 
 
 def history(results: Results, out: Path) -> str:
-    plt = _pyplot()
     fig = history_figure(results)
-    fig.savefig(out / "history.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "history.png", dpi=100)
     return "history.png"
 
 
@@ -145,8 +157,7 @@ def terms(results: Results, slo: SLOSpec, out: Path,
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     fig.suptitle("The terms that decide feasibility, per trial")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(out / "terms.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "terms.png", dpi=100)
     return "terms.png"
 
 
@@ -176,8 +187,7 @@ def pareto(results: Results, out: Path) -> str:
            ylabel=objective_label(results), title="Goodput against the worst SLO term")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "pareto.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "pareto.png", dpi=100)
     return "pareto.png"
 
 
@@ -188,6 +198,5 @@ def importance_plot(values: Mapping[str, float], target: str, out: Path) -> str:
     ax.barh(names, [values[n] for n in names], color="tab:purple")
     ax.set(xlabel=f"share of the variation in {target}", title="Knob importance (fANOVA)")
     fig.tight_layout()
-    fig.savefig(out / "importance.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "importance.png", dpi=100)
     return "importance.png"

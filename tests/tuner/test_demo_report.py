@@ -1,0 +1,93 @@
+"""The demo's report on disk: every file it writes is whole, whichever write fails."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slopilot.tuner.local.demo_report import Sample, write_demo_report
+from tests.tuner.test_report import SLO, study
+
+SAMPLES = [Sample(t_s=float(t), p99_ms={"p1_ttft_p99_ms": 100.0 + t}, token_budget=512,
+                  chunk_size=256, replicas=1, trial=None) for t in range(4)]
+
+
+class _DiskFillsMidWrite:
+    """A file whose first write lands half its bytes and then fails as a full disk does."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+
+    def write(self, data: Any) -> int:
+        self._fh.write(data[:len(data) // 2])
+        self._fh.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
+
+    def __enter__(self) -> _DiskFillsMidWrite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._fh.close()
+
+
+def _failing_open(folder: Path, nth: int, real: Callable[..., Any]) -> Callable[..., Any]:
+    """``open`` that lets the first ``nth - 1`` writes into ``folder`` through and fails
+    the ``nth`` part-way (a file, or a descriptor os.fdopen wraps, opened for writing)."""
+    seen = [0]
+
+    def fake(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        fh = real(file, mode, *args, **kwargs)
+        where = os.readlink(f"/proc/self/fd/{file}") if isinstance(file, int) else file
+        if not set(mode) & set("wax+") or Path(os.path.abspath(where)).parent != folder:
+            return fh
+        seen[0] += 1
+        return _DiskFillsMidWrite(fh) if seen[0] == nth else fh
+
+    return fake
+
+
+def _write(folder: Path) -> None:
+    write_demo_report(folder / "report.md", study(ttft_of_budget=True, n=6), SLO, SAMPLES,
+                      ["[t+1s] ALERT  P1 TTFT", "[t+2s] COMMIT token_budget=512"],
+                      shift_at_s=2.0)
+
+
+def test_a_write_that_fails_part_way_leaves_every_report_file_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # report.md was written by the tune report, read back and written again in place with
+    # the timeline, and the plots and timeline.json in place: a crash part-way left half
+    # a file, or a report.md without its timeline.
+    new = tmp_path / "whole"
+    _write(new)
+    written = {p.name: p.read_bytes() for p in new.iterdir()}
+    assert {"report.md", "timeline.png", "timeline.json", "history.png"} <= written.keys()
+    assert b"## Timeline" in written["report.md"]
+    folder = tmp_path / "report"
+    folder.mkdir()
+    for nth in range(1, len(written) + 1):
+        for name in written:
+            (folder / name).write_bytes(b"an earlier demo's whole " + name.encode())
+        fake = _failing_open(folder, nth, builtins.open)
+        with monkeypatch.context() as m:
+            m.setattr(builtins, "open", fake)
+            m.setattr(io, "open", fake)
+            with pytest.raises(OSError, match="No space left"):
+                _write(folder)
+        now = {p.name: p.read_bytes() for p in folder.iterdir()}
+        assert now.keys() == written.keys(), (nth, now.keys())  # no temporary left
+        for name, data in now.items():
+            assert data in (b"an earlier demo's whole " + name.encode(), written[name]), (
+                nth, name)
+        # report.md goes last: while it is the earlier one, it links no half plot.
+        if now["report.md"] == written["report.md"]:
+            assert now == written, nth
