@@ -214,6 +214,30 @@ def test_seeds_on_a_trace_are_refused(workload: list[str], seeds: str, message: 
     assert "leave --seeds out" in err and err.count("\n") == 1, err
 
 
+def test_a_trace_no_request_of_which_fits_the_deployment_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Every request was rejected (prompts past the KV cache, whatever the knobs), no class
+    # had a P99 to miss, and the study said "holds the SLO", exit 0, goodput 0.
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n"
+                     + "".join(f"{t},{10_000_000 + t},10\n" for t in range(20)))
+    assert main(["tune", "--trace", str(trace), "--trials", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--trace {trace}: none of its 20 requests fits" in err, err
+    assert "the shortest prompt is 10,000,000 tokens" in err, err
+    assert "give a --scenario whose GPUs hold them" in err, err
+
+
+def test_a_trace_whose_requests_partly_fit_is_tuned_on_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "some.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,10000000,10\n"
+                     + "".join(f"{t},100,10\n" for t in range(1, 20)))
+    assert main(["tune", "--trace", str(trace), "--trials", "1", "--quiet", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["feasible"] is True
+
+
 def test_tune_runs_its_trials_on_a_profile(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     from tests.support.profiles import profile_file

@@ -81,6 +81,28 @@ def _seconds(flag: str, value: float | None, *, zero_ok: bool) -> float | None:
     return value
 
 
+def _check_fits(scenario: Scenario, trace: TraceSpec, fixed: Mapping[str, str], *,
+                given: bool) -> None:
+    """Refuse a trace none of whose requests one replica can ever hold: each is rejected
+    whatever the knobs, no class has a P99 left to miss, and the study would call an
+    empty verdict holding the SLO."""
+    from slopilot.engine.sim.simulator import build_engine  # heavy: not at registration
+
+    engine, _ = build_engine(scenario, scenario.engine_config().with_overrides(fixed))
+    records = trace.records()
+    if any(engine.scheduler.can_ever_fit(r.prompt_tokens) for r in records):
+        return
+    holds = engine.scheduler.kv.num_gpu_blocks * engine.scheduler.kv.block_size
+    named = f"--trace {trace.trace}" if given else f"{scenario.name}'s trace {trace.trace}"
+    raise ValueError(
+        f"{named}: none of its {len(records):,} requests fits one replica of "
+        f"{scenario.name} ({scenario.tp} x {scenario.gpu}, {scenario.model}): its KV cache "
+        f"holds {holds:,} tokens, the shortest prompt is "
+        f"{min(r.prompt_tokens for r in records):,} tokens, so every request would be "
+        "rejected whatever the knobs; give a --scenario whose GPUs hold them, or check that "
+        "the prompt column holds lengths in tokens")
+
+
 def settings_from(args: argparse.Namespace) -> TuneSettings:
     """The checked settings; ValueError (ConfigError, ScenarioError) names the flag."""
     trace = trace_options(args)
@@ -112,6 +134,8 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
             "not on seeds: leave --seeds out (--windows whole judges all of the trace)")
     seeds = _count("--seeds", DEFAULT_SEEDS if args.seeds is None else args.seeds, 1)
     fixed = parse_set_args(args.fixed)
+    if isinstance(scenario.workload, TraceSpec):
+        _check_fits(scenario, scenario.workload, fixed, given=trace.path is not None)
     replicas_text = str(args.replicas).strip().lower()
     if replicas_text == "auto":
         replicas, auto = scenario.replicas, True
