@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.trace_formats import (
     FORMATS,
@@ -78,12 +79,16 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
                 f"{name_or_path}: the trace is {_size(size)}; at most "
                 f"{_size(MAX_TRACE_BYTES)} is read (whole, into memory): cut it to the span "
                 "you replay, e.g. with head -n")
+        data = source.read_bytes()
+    except OSError as e:
+        raise TraceError(f"{name_or_path}: {unreadable(e)}") from None
+    label = str(name_or_path)
+    try:
         # utf-8-sig: a byte-order mark (Excel, PowerShell) is dropped, not read as part
         # of the first column's name.
-        text = source.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceError(f"{name_or_path}: cannot read the trace: {e}") from None
-    label = str(name_or_path)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise TraceError(_not_utf8(label, data, e.start)) from None
     parse = {"csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl}[fmt]
     records = parse(text, label)
     if not records:
@@ -91,6 +96,17 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
     records.sort(key=lambda r: r.arrival_time)
     t0 = records[0].arrival_time
     return [replace(r, arrival_time=r.arrival_time - t0) for r in records]
+
+
+def _not_utf8(label: str, data: bytes, at: int) -> str:
+    # Said with its line and the fix: Python's codec text gives an offset in bytes and
+    # reads as a crash, and "invalid continuation byte" tells a user nothing to do.
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return (f"{label}: UTF-16 text (its byte-order mark says so); a trace is UTF-8: "
+                "save it as UTF-8 (Excel: CSV UTF-8)")
+    line = data.count(b"\n", 0, at) + 1
+    return (f"{label}:{line}: not UTF-8 text (byte 0x{data[at]:02x}); a trace is UTF-8 text "
+            "(CSV or JSONL): save it as UTF-8, or check that this file is the trace")
 
 
 def _size(n: int) -> str:

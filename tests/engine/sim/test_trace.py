@@ -387,3 +387,37 @@ def test_a_trace_past_the_size_limit_is_refused_before_it_is_read(
     with pytest.raises(TraceError, match=r"big.csv: the trace is 1\.\d+ kB; at most 1\.0 kB "
                                          r"is read .*cut it to the span you replay"):
         trace.read_trace(path)
+
+
+@pytest.mark.parametrize(("data", "where", "why"), [
+    (b"arrival_time,prompt_tokens,output_tokens\n0,100,10,caf\xe9\n", ":2: ",
+     "not UTF-8 text (byte 0xe9)"),
+    (bytes(range(256)) * 4, ":2: ", "not UTF-8 text (byte 0x80)"),  # 0x0a ends line 1
+    ("arrival_time,prompt_tokens,output_tokens\n0,5,5\n".encode("utf-16"), ": ",
+     "UTF-16 text (its byte-order mark says so)"),
+], ids=["latin-1", "binary", "utf-16"])
+def test_a_trace_that_is_not_utf8_names_the_line_and_the_fix(
+        tmp_path: Path, data: bytes, where: str, why: str) -> None:
+    # It read "cannot read the trace: 'utf-8' codec can't decode byte 0xe9 in position
+    # 53: invalid continuation byte": Python's words, an offset in bytes, no fix.
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}{where}{why}"), message
+    assert "save it as UTF-8" in message and "codec" not in message, message
+
+
+def test_a_trace_that_cannot_be_read_says_why_in_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "t.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,5\n")
+
+    def refused(self: Path, *args: object, **kwargs: object) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    monkeypatch.setattr(Path, "read_text", refused)
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert str(info.value) == f"{path}: this user may not read it (permission denied)"
