@@ -127,6 +127,12 @@ def with_trace(scenario: Scenario, options: TraceOptions) -> Scenario:
         if path not in BUILTIN_TRACES and Path(path).is_dir():  # not "no such file"
             raise ScenarioError(f"--trace {path}: is a folder, not a trace file; name a "
                                 ".csv or .jsonl file in it")
+        if path not in BUILTIN_TRACES and Path(path).exists() and not Path(path).is_file():
+            # Not "no such file": it is there. A pipe (--trace <(zcat t.csv.gz)) would
+            # give its rows to the first read only, and the tuner reads the trace again.
+            raise ScenarioError(f"--trace {path}: not a regular file (a pipe, or a device); "
+                                "a trace is read more than once: save it to a file and "
+                                "give that")
         if path not in BUILTIN_TRACES and not Path(path).is_file():
             raise ScenarioError(f"--trace {path}: no such file (or name a shipped trace: "
                                 f"{', '.join(BUILTIN_TRACES)})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,23 @@ def test_a_folder_given_as_the_trace_is_called_a_folder(tmp_path: Path) -> None:
         with_trace(AZURE, TraceOptions(path=str(tmp_path)))
     assert str(err.value) == (f"--trace {tmp_path}: is a folder, not a trace file; name a "
                               ".csv or .jsonl file in it")
+
+
+@pytest.mark.parametrize("kind", ["pipe", "device"])
+def test_a_pipe_or_a_device_given_as_the_trace_is_called_so(tmp_path: Path,
+                                                              kind: str) -> None:
+    # Both read "no such file" though they are there: --trace <(zcat t.csv.gz) and
+    # --trace /dev/null sent the user looking for a file that exists.
+    if kind == "pipe":
+        path = tmp_path / "fifo.csv"
+        os.mkfifo(path)  # never opened: a read would wait for a writer
+    else:
+        path = Path("/dev/null")
+    with pytest.raises(ScenarioError) as err:
+        with_trace(AZURE, TraceOptions(path=str(path)))
+    assert str(err.value) == (f"--trace {path}: not a regular file (a pipe, or a device); "
+                              "a trace is read more than once: save it to a file and give "
+                              "that")
 
 
 def test_a_window_past_the_trace_names_the_traces_span(tmp_path: Path) -> None:
