@@ -217,6 +217,11 @@ class _Clock:
 
 
 _SECONDS, _DATE = "a number of seconds", "a date"
+_FINEST_EPOCH = 1e20
+"""Above every epoch count in a unit down to nanoseconds (1.7e18 in 2024): a time past
+this is no time in any unit, not milliseconds to divide."""
+_EPOCH_UNITS = (("milliseconds", 1e3), ("microseconds", 1e6), ("nanoseconds", 1e9),
+                ("nanoseconds or finer", _FINEST_EPOCH / MAX_SECONDS))
 
 
 def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, str]:
@@ -241,11 +246,20 @@ def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, 
                     stamp = stamp.replace(tzinfo=datetime.UTC)
                 return stamp.timestamp(), _DATE
     if seconds is not None and math.isfinite(seconds) and seconds >= 0:
+        if seconds > _FINEST_EPOCH:
+            # No unit makes this a time, and its year would print in hundreds of digits.
+            raise TraceError(
+                f"{label}:{line}: {name}={excerpt(value)} as seconds is past any clock "
+                f"(above {MAX_SECONDS:g} s, the year 5138); trace times are seconds: check "
+                "that the column holds times")
         if seconds > MAX_SECONDS:
+            # The unit that brings it under the bound: "divide by 1000" on nanoseconds
+            # left a time still a million times too late.
+            unit, by = next((u, d) for u, d in _EPOCH_UNITS if seconds / d <= MAX_SECONDS)
             raise TraceError(
                 f"{label}:{line}: {name}={excerpt(value)} as seconds is the year "
-                f"{1970 + seconds / 31_556_952:,.0f}; it looks like epoch milliseconds (or "
-                "finer): divide the column by 1000 (trace times are seconds)")
+                f"{1970 + seconds / 31_556_952:,.0f}; it looks like epoch {unit}: divide "
+                f"the column by {by:,.0f} (trace times are seconds)")
         return seconds, _SECONDS
     raise TraceError(f"{label}:{line}: {name}={excerpt(value)} is not a time; use seconds "
                      "(>= 0) or an ISO date like 2023-11-16 18:15:46.680")

@@ -421,3 +421,34 @@ def test_a_trace_that_cannot_be_read_says_why_in_words(
     with pytest.raises(TraceError) as info:
         read_trace(path)
     assert str(info.value) == f"{path}: this user may not read it (permission denied)"
+
+
+def test_a_time_past_any_clock_is_said_in_a_few_digits(tmp_path: Path) -> None:
+    # 1e300 s read "the year 31,688,738,506,811,432,819,241,178,...": 400 characters of
+    # year, and a guess (epoch milliseconds) that no unit explains.
+    import re
+
+    path = write(tmp_path, "h.csv", "arrival_time,prompt_tokens,output_tokens\n"
+                 "0,100,10\n1e300,100,10\n")
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:3: arrival_time='1e300' as seconds is past any "
+                              "clock"), message
+    assert not re.search(r"\d{7}", message) and "milliseconds" not in message, message
+    assert "trace times are seconds" in message
+
+
+@pytest.mark.parametrize(("value", "unit", "by"), [
+    ("1714564800000", "milliseconds", "1,000"),
+    ("1714564800000000", "microseconds", "1,000,000"),
+    ("1714564800000000000", "nanoseconds", "1,000,000,000"),
+])
+def test_an_epoch_in_a_finer_unit_names_the_divisor_that_fixes_it(
+        tmp_path: Path, value: str, unit: str, by: str) -> None:
+    # All said "milliseconds (or finer): divide the column by 1000"; nanoseconds divided
+    # by 1000 are still a million times too late.
+    path = write(tmp_path, "e.csv", f"arrival_time,prompt_tokens,output_tokens\n{value},5,5\n")
+    with pytest.raises(TraceError, match=rf"looks like epoch {unit}: divide the column by "
+                                         rf"{by} \(trace times"):
+        read_trace(path)
