@@ -69,6 +69,17 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             f"{label}:1: the header {excerpt(','.join(header or ()))} lacks "
             f"{', '.join(c for c in CSV_COLUMNS if c not in names)}; a CSV trace starts with "
             f"{','.join(CSV_COLUMNS)}[,class] (or Azure's {','.join(_AZURE_COLUMNS)})")
+    for name in (*CSV_COLUMNS, "class"):
+        # Refused, not the first taken: which of two times (or classes) the user meant is
+        # theirs to say, as a JSONL row giving class and priority is refused.
+        at = [i for i, n in enumerate(names) if n == name]
+        if len(at) > 1:
+            assert header is not None
+            times = "twice" if len(at) == 2 else f"{len(at)} times"
+            raise TraceError(
+                f"{label}:1: the header gives {name} {times} (columns {at[0] + 1} and "
+                f"{at[1] + 1}: {excerpt(header[at[0]].strip())}, "
+                f"{excerpt(header[at[1]].strip())}); keep one")
     column = {name: names.index(name) for name in (*CSV_COLUMNS, "class") if name in names}
     records = []
     clock = _Clock(label)

@@ -452,3 +452,21 @@ def test_an_epoch_in_a_finer_unit_names_the_divisor_that_fixes_it(
     with pytest.raises(TraceError, match=rf"looks like epoch {unit}: divide the column by "
                                          rf"{by} \(trace times"):
         read_trace(path)
+
+
+@pytest.mark.parametrize(("header", "said"), [
+    ("arrival_time,timestamp,prompt_tokens,output_tokens",
+     "arrival_time twice (columns 1 and 2: 'arrival_time', 'timestamp')"),
+    ("arrival_time,prompt_tokens,output_tokens,class,priority",
+     "class twice (columns 4 and 5: 'class', 'priority')"),
+    ("arrival_time,prompt_tokens,Prompt_Tokens,output_tokens",
+     "prompt_tokens twice (columns 2 and 3: 'prompt_tokens', 'Prompt_Tokens')"),
+])
+def test_a_csv_header_giving_a_column_twice_is_refused(tmp_path: Path, header: str,
+                                                       said: str) -> None:
+    # The first was read and the other silently dropped (a JSONL row giving class and
+    # priority is refused): which one the user meant is theirs to say.
+    path = write(tmp_path, "d.csv", f"{header}\n0,1,5,5,p1\n")
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert str(info.value) == f"{path}:1: the header gives {said}; keep one"
