@@ -89,6 +89,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
         if len(row) <= max(column.values()):
             raise TraceError(f"{label}:{line}: expected {len(names)} columns "
                              f"({','.join(names)}), got {len(row)}: {excerpt(row)}")
+        _refuse_wide(row, len(names), label, line)
         priority = None
         if "class" in column and row[column["class"]].strip():
             try:
@@ -133,6 +134,17 @@ def _numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
         yield reader.line_num, row
 
 
+def _refuse_wide(row: list[str], width: int, label: str, line: int) -> None:
+    # A field past the header's is no column of the trace but a comma inside a value:
+    # "1,500" read as prompt 1, output 500, and the real output dropped. Trailing empty
+    # fields (a comma ending each row) say nothing and are read.
+    if any(field.strip() for field in row[width:]):
+        raise TraceError(
+            f"{label}:{line}: {len(row)} fields, the header has {width}: {excerpt(row)}; a "
+            "length written with a thousands separator (1,500) splits in two: write 1500 "
+            "(or quote a field that holds a comma)")
+
+
 def parse_azure(text: str, label: str) -> list[TraceRecord]:
     _refuse_empty(text, label, ",".join(_AZURE_COLUMNS))
     rows = _numbered_rows(text, label)
@@ -148,6 +160,7 @@ def parse_azure(text: str, label: str) -> list[TraceRecord]:
         if len(row) < 3:
             raise TraceError(f"{label}:{line}: expected 3 columns "
                              f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {excerpt(row)}")
+        _refuse_wide(row, len(header), label, line)
         t = clock.read(row[0], line, "TIMESTAMP")
         prompt = _count(row[1], label, line, "ContextTokens", lo=1)
         output = _count(row[2], label, line, "GeneratedTokens", lo=1)

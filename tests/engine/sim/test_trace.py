@@ -470,3 +470,24 @@ def test_a_csv_header_giving_a_column_twice_is_refused(tmp_path: Path, header: s
     with pytest.raises(TraceError) as info:
         read_trace(path)
     assert str(info.value) == f"{path}:1: the header gives {said}; keep one"
+
+
+@pytest.mark.parametrize(("text", "fields"), [
+    ("arrival_time,prompt_tokens,output_tokens\n0,100,10\n1,1,500,10\n", "4 fields"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,100,10\n"
+     "2023-11-16 18:15:47,1,500,10\n", "4 fields"),
+])
+def test_a_row_with_more_fields_than_its_header_is_refused(tmp_path: Path, text: str,
+                                                           fields: str) -> None:
+    # A length written with a thousands separator (1,500) split in two, and the row was
+    # replayed as prompt 1, output 500, the 10 dropped: wrong lengths, nothing said.
+    path = write(tmp_path, "w.csv", text)
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert str(info.value).startswith(f"{path}:3: {fields}, the header has 3: "), info.value
+    assert "write 1500" in str(info.value)
+
+
+def test_trailing_empty_fields_are_read(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,5,\n1,6,6,,\n")
+    assert [r.prompt_tokens for r in read_trace(path)] == [5, 6]
