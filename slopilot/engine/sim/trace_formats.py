@@ -65,6 +65,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
         return parse_azure(text, label)
     names = [_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header or ()]
     if not set(CSV_COLUMNS) <= set(names):
+        _refuse_other_separator(header, label)
         raise TraceError(
             f"{label}:1: the header {excerpt(','.join(header or ()))} lacks "
             f"{', '.join(c for c in CSV_COLUMNS if c not in names)}; a CSV trace starts with "
@@ -102,6 +103,19 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             _count(row[column["output_tokens"]], label, line, "output_tokens", lo=1),
             priority))
     return records
+
+
+def _refuse_other_separator(header: list[str] | None, label: str) -> None:
+    # A locale's Excel saves "CSV" with semicolons, a spreadsheet export may use tabs:
+    # told as missing columns, the user saw the very names the error asked for.
+    if header is None or len(header) != 1:
+        return
+    for sep, said in ((";", "';'"), ("\t", "tabs")):
+        if sep in header[0]:
+            raise TraceError(
+                f"{label}:1: the header {excerpt(header[0])} is separated by {said}, not "
+                "commas; a CSV trace's fields are separated by commas: save it with commas "
+                "(Excel: CSV UTF-8)")
 
 
 def _rows(text: str) -> Any:

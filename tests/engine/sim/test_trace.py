@@ -491,3 +491,18 @@ def test_a_row_with_more_fields_than_its_header_is_refused(tmp_path: Path, text:
 def test_trailing_empty_fields_are_read(tmp_path: Path) -> None:
     path = write(tmp_path, "t.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,5,\n1,6,6,,\n")
     assert [r.prompt_tokens for r in read_trace(path)] == [5, 6]
+
+
+@pytest.mark.parametrize(("sep", "said"), [(";", "';'"), ("\t", "tabs")])
+def test_a_csv_separated_by_semicolons_or_tabs_says_so(tmp_path: Path, sep: str,
+                                                       said: str) -> None:
+    # It read "the header 'arrival_time;prompt_tokens;output_tokens' lacks arrival_time,
+    # prompt_tokens, output_tokens": the very names the user can see in it.
+    path = write(tmp_path, "s.csv", sep.join(("arrival_time", "prompt_tokens",
+                                              "output_tokens")) + "\n" + sep.join("055") + "\n")
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:1: the header "), message
+    assert f"is separated by {said}, not commas" in message and "lacks" not in message
+    assert "save it with commas" in message
