@@ -69,8 +69,7 @@ def trace_source(name_or_path: str | Path) -> Traversable | Path:
 def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[TraceRecord]:
     """All records, sorted by arrival, times relative to the first request."""
     source = trace_source(name_or_path)
-    fmt = fmt or ("csv" if source.name.lower().endswith(".csv") else "jsonl")
-    if fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
     try:
         size = source.stat().st_size if isinstance(source, Path) else 0
@@ -89,6 +88,7 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise TraceError(_not_utf8(label, data, e.start)) from None
+    fmt = fmt or _format_of(source.name, text)
     parse = {"csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl}[fmt]
     records = parse(text, label)
     if not records:
@@ -96,6 +96,19 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
     records.sort(key=lambda r: r.arrival_time)
     t0 = records[0].arrival_time
     return [replace(r, arrival_time=r.arrival_time - t0) for r in records]
+
+
+def _format_of(name: str, text: str) -> str:
+    """By the suffix, else by the first line (docs/traces.md): a JSONL row is an object,
+    a CSV starts with its header. Read as JSONL, a CSV named .txt (or with no suffix)
+    was "not valid JSON"."""
+    suffix = name.lower().rpartition(".")[2] if "." in name else ""
+    if suffix == "csv":
+        return "csv"
+    if suffix in ("jsonl", "ndjson", "json"):
+        return "jsonl"
+    head = text[:4096]  # not the whole text: a trace may be a gigabyte
+    return "jsonl" if head.lstrip()[:1] == "{" else "csv"
 
 
 def _not_utf8(label: str, data: bytes, at: int) -> str:

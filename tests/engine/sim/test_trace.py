@@ -506,3 +506,19 @@ def test_a_csv_separated_by_semicolons_or_tabs_says_so(tmp_path: Path, sep: str,
     assert message.startswith(f"{path}:1: the header "), message
     assert f"is separated by {said}, not commas" in message and "lacks" not in message
     assert "save it with commas" in message
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("t.txt", "arrival_time,prompt_tokens,output_tokens\n0,5,5\n1,6,6\n"),
+    ("trace", "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n"
+              "2023-11-16 18:15:46,5,5\n2023-11-16 18:15:47,6,6\n"),
+    ("t.log", '\n{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5}\n'
+              '{"arrival_time": 1, "prompt_tokens": 6, "output_tokens": 6}\n'),
+])
+def test_a_trace_without_a_known_suffix_is_told_by_its_first_line(
+        tmp_path: Path, name: str, text: str) -> None:
+    # docs/traces.md: "told by the file's suffix and header"; a CSV named .txt, or named
+    # with no suffix, read "not valid JSON (Expecting value)".
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    assert [r.prompt_tokens for r in read_trace(path)] == [5, 6]
