@@ -137,6 +137,7 @@ def _numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
     131,072-character limit) become a ``TraceError`` naming the line."""
     reader = _rows(text)
     while True:
+        start = reader.line_num + 1
         try:
             row = next(reader)
         except StopIteration:
@@ -145,7 +146,22 @@ def _numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
             raise TraceError(f"{label}:{reader.line_num}: {e}; a trace's fields are times, "
                              "token counts and classes: check that this is a CSV trace") \
                 from None
+        if reader.line_num > start and _open_quote_to_the_end(text, reader.line_num):
+            # The csv module reads a quote left open as a field running to the end of
+            # the file; told from the row's last line, the error named the wrong line
+            # and a row the user never wrote.
+            raise TraceError(f'{label}:{start}: a quote (") opened on this line is never '
+                             "closed, so the rest of the file reads as one field; close it "
+                             "or remove it")
         yield reader.line_num, row
+
+
+def _open_quote_to_the_end(text: str, line: int) -> bool:
+    """Whether a row that ended on ``line`` ran to the end of ``text`` inside a quote: it
+    ended there, and the file's quotes do not pair up (a closed field's, with "" inside,
+    always do)."""
+    lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    return line >= lines and text.count('"') % 2 == 1
 
 
 def _refuse_wide(row: list[str], width: int, label: str, line: int) -> None:

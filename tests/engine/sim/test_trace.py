@@ -522,3 +522,17 @@ def test_a_trace_without_a_known_suffix_is_told_by_its_first_line(
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     assert [r.prompt_tokens for r in read_trace(path)] == [5, 6]
+
+
+@pytest.mark.parametrize("header", ["arrival_time,prompt_tokens,output_tokens",
+                                    "TIMESTAMP,ContextTokens,GeneratedTokens"])
+def test_a_quote_never_closed_names_the_line_it_opens_on(tmp_path: Path,
+                                                          header: str) -> None:
+    # It read "c.csv:4: expected 3 columns (...), got 1: ['0,100,10\n1,100,10\n...']":
+    # the last line, and a row the user never wrote.
+    path = write(tmp_path, "c.csv", f'{header}\n"0,100,10\n1,100,10\n2,100,10\n')
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert str(info.value) == (f'{path}:2: a quote (") opened on this line is never closed, '
+                               "so the rest of the file reads as one field; close it or "
+                               "remove it")
