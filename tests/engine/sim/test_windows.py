@@ -102,3 +102,22 @@ def test_a_single_request_trace_has_no_made_up_rate() -> None:
     (only,) = trace_windows([TraceRecord(0.0, 100, 10)], 60.0)
     assert only.arrival_rate == pytest.approx(1.0) and only.length_s == pytest.approx(1.0)
     assert only.token_rate == pytest.approx(110.0)
+
+
+def test_the_typical_window_costs_memory_by_requests_not_by_span() -> None:
+    # Its grid was every window of the span: two requests 1e10 s apart (a file of three
+    # lines, within the trace's 1e11 s bound) asked numpy for 1.3 GB, and at 9e10 s
+    # tune was killed by the kernel. Measured here on 6e8 s, 80 MB the old way.
+    import tracemalloc
+
+    records = [TraceRecord(t, 100, 10) for t in (0.0, 1.0, 3e8, 3e8 + 1, 6e8)]
+    tracemalloc.start()
+    try:
+        windows = trace_windows(records, 60.0, warmup_s=30.0, drain_s=20.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, peak
+    # Both grid windows with arrivals overlap the busiest ones: no typical, as before.
+    assert [(w.name, w.start_s) for w in windows] == [("busiest arrivals", 0.0),
+                                                      ("busiest tokens", 3e8)]
