@@ -59,11 +59,14 @@ VLLM_METRICS: frozenset[str] = frozenset({
 # objectives judged (``slo``: ``ClassSLO.label``) and the verdict (``met``: true/false).
 SLO_REQUESTS = "slopilot_slo_requests_total"
 SLO_TOKENS = "slopilot_slo_generation_tokens_total"
+# Requests turned away for load (429: the waiting queue held max_waiting): their clients
+# were never served. The TTFT percentiles read each as a first token never given.
+REFUSED = "slopilot_requests_refused_total"
 SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS,
+    SLO_REQUESTS, SLO_TOKENS, REFUSED,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
@@ -183,6 +186,7 @@ class EngineMetrics:
         self._success: dict[str, int] = {}
         self._slo: SLOSpec | None = None
         self._verdicts: dict[tuple[Priority, str, bool], list[int]] = {}
+        self._refused = [0 for _ in Priority]
         self.registry.register(self)
 
     # -- fed by the engine loop ------------------------------------------------------
@@ -223,6 +227,18 @@ class EngineMetrics:
         counts = self._verdicts.setdefault((priority, slo.label, met), [0, 0])
         counts[0] += 1
         counts[1] += tokens
+
+    def count_refused(self, priority: Priority, slo: ClassSLO | None) -> None:
+        """One request turned away for load (the waiting queue was full), judged by
+        ``slo`` (its class's objectives at its arrival; None: none known): it missed
+        them, with no token to count. Called on the server's event loop only."""
+        self._refused[priority] += 1
+        if slo is not None:
+            self.observe_verdict(priority, slo, met=False, tokens=0)
+
+    def refused(self) -> dict[Priority, int]:
+        """Requests turned away for load so far, by class."""
+        return {p: self._refused[p] for p in Priority}
 
     def verdicts(self) -> dict[tuple[Priority, str, bool], tuple[int, int]]:
         """(class, objectives, met) -> (requests, output tokens) counted so far."""
@@ -397,6 +413,12 @@ class EngineMetrics:
         for reason, count in sorted(self._success.items()):
             success.add_metric([self.model_name, reason], count)
         yield success
+        refused = CounterMetricFamily(
+            REFUSED, "Requests turned away for load (429: the waiting queue was full), "
+            "never served.", labels=["model_name", "priority_class"])
+        for p in Priority:  # at 0 from the start: rate() misses a counter's first value
+            refused.add_metric([self.model_name, p.label], self._refused[p])
+        yield refused
         yield from self._verdict_families()
         yield from self._info_families()
 

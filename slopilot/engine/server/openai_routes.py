@@ -85,7 +85,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             # off the event loop, so every other stream keeps flowing meanwhile.
             prep = await asyncio.get_running_loop().run_in_executor(
                 state.tokenize, prepare, backend, body, request.headers, arrival)
-        streams = await submit(engine, prep)
+        streams = await submit(engine, prep, backend.metrics, slo)
         delivery = Delivery(backend, prep, streams, clock, slo=slo)
         if prep.stream:
             return DeliveredStream(delivery, state.text_of)

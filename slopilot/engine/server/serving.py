@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority, Request, SamplingError, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from slopilot.engine.server.async_engine import (
@@ -28,6 +29,7 @@ from slopilot.engine.server.async_engine import (
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.errors import APIError
 from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from slopilot.engine.slo import SLOSpec
 
 PRIORITY_HEADER = "x-slopilot-priority"
 # Below this many characters of prompt text, tokenizing takes well under a millisecond:
@@ -245,8 +247,10 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
                     _logprobs(body))
 
 
-async def submit(engine: AsyncEngine, prep: Prepared) -> list[RequestStream]:
-    """Admit every choice, or none (one step of the engine thread)."""
+async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
+                 slo: SLOSpec | None) -> list[RequestStream]:
+    """Admit every choice, or none (one step of the engine thread). Choices turned away
+    for load are counted, each a miss of its class's ``slo`` (taken at arrival)."""
     try:
         return await engine.add_requests([c.request for c in prep.choices])
     except TooManyChoicesError as exc:
@@ -255,6 +259,9 @@ async def submit(engine: AsyncEngine, prep: Prepared) -> list[RequestStream]:
         raise APIError(400, f"n={n}{batch}: {exc}; lower n or send several requests",
                        param="n") from None
     except QueueFullError as exc:
+        for c in prep.choices:
+            p = c.request.priority
+            metrics.count_refused(p, None if slo is None else slo.class_slo(p))
         raise APIError(429, str(exc), code="queue_full",
                        headers={"Retry-After": str(engine.retry_after_s())}) from None
     except PromptTooLongError as exc:

@@ -8,9 +8,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.live_server import LiveServer, start_server
+from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
+from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S, wait_for
+
+SLO = SLOSpec.from_profile("standard")
+P0_SLO = SLO.class_slo(Priority.P0)
 
 
 def _post(srv: LiveServer, body: Any, path: str = "/v1/completions",
@@ -181,7 +187,9 @@ async def _read_first_chunk(client: httpx.AsyncClient, url: str, body: dict[str,
 
 async def test_full_queue_is_429_with_retry_after() -> None:
     # One running request and one waiting fill the server; the third gets 429.
-    srv = start_server(knobs={"max_num_seqs": 1, "max_waiting": 1})
+    backend = build_backend(knobs={"max_num_seqs": 1, "max_waiting": 1})
+    backend.metrics.set_slo(SLO)
+    srv = start_server(backend)
     try:
         url = srv.url + "/v1/completions"
         long = {"prompt": "a b c", "max_tokens": 5000, "stream": True, "ignore_eos": True}
@@ -192,10 +200,21 @@ async def test_full_queue_is_429_with_retry_after() -> None:
             queued = asyncio.create_task(_read_first_chunk(client, url, long, asyncio.Event()))
             await asyncio.to_thread(wait_for, lambda: srv.call(
                 lambda e: e.scheduler.num_waiting) == 1, what="a waiting request")
-            res = await client.post(url, json={"prompt": "x", "max_tokens": 1})
+            res = await client.post(url, json={"prompt": "x", "max_tokens": 1,
+                                               "priority": 0})
             err = _error(res, 429)
             assert err["type"] == "rate_limit_error"
             assert 1 <= int(res.headers["retry-after"]) <= 60  # the backlog over its rate
+            # Its client was never served: counted by class, and judged a miss of its
+            # class's SLO (with no tokens), where nothing else would have seen it.
+            metrics = srv.backend.metrics
+            assert metrics.refused() == {Priority.P0: 1, Priority.P1: 0, Priority.P2: 0}
+            assert metrics.verdicts()[Priority.P0, P0_SLO.label, False] == (1, 0)
+            text = (await client.get(srv.url + "/metrics")).text
+            assert 'slopilot_requests_refused_total{model_name="' in text
+            assert sum(s.value for f in text_string_to_metric_families(text)
+                       for s in f.samples if s.name == "slopilot_requests_refused_total"
+                       and s.labels["priority_class"] == "p0") == 1
             for task in (running, queued):
                 task.cancel()
             await asyncio.gather(running, queued, return_exceptions=True)
