@@ -3,6 +3,8 @@
 - ``scale(n)`` patches the Deployment's replicas, kept within the spec's min and max,
   and only a Deployment whose controller reference names this CR's uid: one of the
   same name that another team made is neither scaled nor counted (``replicas`` is 0).
+  The patch names the uid and resourceVersion it judged, so one made again under the
+  name, or orphaned, after that look is not scaled either.
 - ``apply_config`` for the built-in engine is a live ``PUT /admin/config`` on each ready
   pod (the canary alone, or all of them), on the pod's ``admin`` port, with the token the
   operator minted for this deployment (tokens.py). For vLLM, which has no live
@@ -78,6 +80,9 @@ engines answer all 64 replicas' reads in well under a second."""
 MAX_CONFIG_BYTES = 64 * 1024
 """The most of a pod's ``GET /admin/config`` answer read (the admin API's own body cap)."""
 TEMPLATE_HASH = "pod-template-hash"
+SCALE_ATTEMPTS = 4
+"""Reads and conditional patches one scale makes at most: the Deployment controller's
+own status writes move the resourceVersion a patch is conditional on."""
 
 
 class ApplyError(RuntimeError):
@@ -262,19 +267,44 @@ class KubeDeploymentHandle:
 
     # ------------------------------------------------------------------ actions
     def scale(self, n: int) -> None:
+        """Patch the replicas of the Deployment this CR controls, on condition of the
+        uid and resourceVersion it was judged by; ApplyError where it is not the CR's."""
         spec = self.spec()
-        if self.deployment() is None:
-            live = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
-            raise ApplyError(f"{self.name}: not scaled: " + (
-                "the Deployment is not made yet" if live is None else
-                f"Deployment/{self.name} is not managed by this LLMDeployment"))
         target = min(max(int(n), spec.min_replicas), spec.max_replicas)
         if target != n:
             log.info("%s: scale to %d kept within [%d, %d]: %d", self.name, n,
                      spec.min_replicas, spec.max_replicas, target)
         with self.guard():
-            self.kube.patch("apps/v1", "deployments", self.namespace, self.name,
-                            {"spec": {"replicas": target}})
+            for _ in range(SCALE_ATTEMPTS):
+                meta = self._own_deployment()["metadata"]
+                # By name alone, a Deployment deleted and made again under the name (by
+                # another owner) since the look above was scaled, and so was one orphaned
+                # meanwhile (same uid, its owner reference stripped): the API server
+                # refuses the patch for any other object or version (409).
+                try:
+                    self.kube.patch("apps/v1", "deployments", self.namespace, self.name,
+                                    {"metadata": {"uid": meta.get("uid"),
+                                                  "resourceVersion": meta.get(
+                                                      "resourceVersion")},
+                                     "spec": {"replicas": target}})
+                    return
+                except ApiError as exc:
+                    if exc.status not in (404, 409):
+                        raise
+        raise ApplyError(f"{self.name}: not scaled: Deployment/{self.name} changed between "
+                         f"each of {SCALE_ATTEMPTS} reads and its conditional patch; the "
+                         "next tick tries again")
+
+    def _own_deployment(self) -> dict[str, Any]:
+        """The Deployment as it is now, where this CR controls it; else ApplyError."""
+        live = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
+        if live is None:
+            raise ApplyError(f"{self.name}: not scaled: Deployment/{self.name} does not "
+                             "exist (not made yet, or deleted)")
+        if not controlled_by(live, KIND, self._uid()):
+            raise ApplyError(f"{self.name}: not scaled: Deployment/{self.name} is not "
+                             "managed by this LLMDeployment")
+        return live
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
         """Apply to the canary (whose pod name is returned) or to every replica."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL, crd_manifest
 from slopilot.operator.handlers import LockTable, repair_drift, status_of
-from slopilot.operator.kube_handle import ApplyError
+from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
 from slopilot.operator.render import MANAGED
@@ -241,3 +242,72 @@ def test_an_owner_reference_cannot_steer_the_operator_into_another_namespace(
     for name in ("..", "../../team-b/llmdeployments/chat", "chat%2F..", "a/b"):
         with pytest.raises(ValueError, match="is no object name"):
             k.get(API_VERSION, PLURAL, NS, name)
+
+
+def _scaling_handle(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+                    meanwhile: Callable[[], None]) -> KubeDeploymentHandle:
+    """A reconciled ``chat`` (1..4 replicas) and its handle, whose first patch of a
+    Deployment runs ``meanwhile`` just before it is sent: what another writer did
+    between the scale's look at the Deployment and its write."""
+    body = cluster.create(llmd(replicas={"min": 1, "max": 4}))
+    mint = operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=OperatorPolicy(), mint=mint).valid
+    k = cluster.kube
+    patch, pending = k.patch, [meanwhile]
+
+    def patch_after(api_version: str, plural: str, *args: Any, **kwargs: Any) -> Any:
+        if plural == "deployments" and pending:
+            pending.pop()()
+        return patch(api_version, plural, *args, **kwargs)
+
+    monkeypatch.setattr(k, "patch", patch_after)
+    return KubeDeploymentHandle(k, NS, "chat", mint=mint, policy=OperatorPolicy(),
+                                uid=body["metadata"]["uid"])
+
+
+def test_a_scale_never_lands_on_a_deployment_made_again_under_its_name(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scale looked at the Deployment (the CR's, by uid), then patched its replicas
+    by name: one deleted and made again meanwhile under that name (another team's) was
+    scaled instead."""
+    def replaced() -> None:
+        cluster.apps.delete_namespaced_deployment("chat", NS)
+        cluster.kube.create("apps/v1", "deployments", NS, web("chat"))
+
+    handle = _scaling_handle(cluster, monkeypatch, replaced)
+    with pytest.raises(ApplyError, match=r"chat: not scaled: Deployment/chat .*not managed "
+                       "by this LLMDeployment"):
+        handle.scale(2)
+    theirs = cluster.kube.get("apps/v1", "deployments", NS, "chat")
+    assert not theirs["metadata"].get("ownerReferences")
+    assert theirs["spec"]["replicas"] == 3  # its own count, not the scale's
+
+
+def test_a_scale_never_lands_on_a_deployment_orphaned_meanwhile(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same object (its uid unchanged) can stop being the CR's: the garbage collector
+    strips the owner reference when its owner is deleted with propagationPolicy Orphan.
+    The scale judged it by the version it read, and that version is what it patches."""
+    def orphaned() -> None:
+        cluster.kube.patch("apps/v1", "deployments", NS, "chat",
+                           {"metadata": {"ownerReferences": None}})
+
+    handle = _scaling_handle(cluster, monkeypatch, orphaned)
+    with pytest.raises(ApplyError, match=r"Deployment/chat .*not managed by this "
+                       "LLMDeployment"):
+        handle.scale(2)
+    assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["replicas"] == 1
+
+
+def test_a_scale_still_lands_when_only_the_deployments_status_moved_meanwhile(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Deployment controller writes status all the time (a new resourceVersion each):
+    a scale whose precondition met one reads the Deployment again and goes on."""
+    def status_written() -> None:
+        cluster.kube.patch("apps/v1", "deployments", NS, "chat",
+                           {"status": {"observedGeneration": 1, "replicas": 1}},
+                           subresource="status")
+
+    handle = _scaling_handle(cluster, monkeypatch, status_written)
+    handle.scale(2)
+    assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["replicas"] == 2
