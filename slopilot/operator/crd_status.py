@@ -48,6 +48,14 @@ def status_schema() -> dict[str, Any]:
                                      "restarted operator resumes it instead of acting twice.")),
         "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
                                       "hash of the spec they were tuned from (base).")),
+        "pods": _obj({
+            "notConfigured": {
+                "type": "array", "items": {"type": "string"}, "maxItems": 64,
+                "description": "The pods the PodsConfigured condition names (the "
+                               "condition is written again when these, its status or "
+                               "its reason change, not when only what a pod answered "
+                               "does)."},
+        }, desc="What the last sync of the pods' live knobs found (built-in engine)."),
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })

@@ -183,6 +183,8 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         "conditions": merge_conditions(current, updates, remove=removed)}
     if outcome.config is not None:
         out["config"] = config_status(outcome.config)
+    if not outcome.admin_token:
+        out["pods"] = None  # what the sync found goes with its condition
     return out
 
 

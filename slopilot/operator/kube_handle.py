@@ -107,6 +107,8 @@ class ConfigSync:
     """The pods sent ``spec.slo`` to judge requests by (``PUT /admin/slo``)."""
     pods: int | None = None
     """The ready pods checked; None where the backend has no live config (vLLM)."""
+    not_configured: tuple[str, ...] = ()
+    """The pods ``left`` names, each once, in the pods' order."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -378,7 +380,7 @@ class KubeDeploymentHandle:
         if slo_updated:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
         return ConfigSync(tuple(updated), tuple(why for d in done for why in d.left),
-                          tuple(slo_updated), len(pods))
+                          tuple(slo_updated), len(pods), tuple(d.name for d in done if d.left))
 
     def _sync_pod(self, pod: Mapping[str, Any], config: EngineConfig, slo: dict[str, Any],
                   token: str, ends: float) -> _PodSync:

@@ -6,6 +6,12 @@ A pod it cannot bring over (one from an older pod template, an image without
 ``/admin/slo``, a pod that refuses the token) was only in the operator's log, while
 ``status.config`` told the user what every pod ran. The condition names such pods and
 why; it is written when it changes, not once a minute.
+
+"Changes" is its meaning: its status, its reason, its generation and the pods it names
+(kept in ``status.pods.notConfigured``), not its message. The message quotes what each
+pod answered (a restart knob's value, an error's content type), and the image is the
+tenant's: one that answered something new each time had the status written at every
+sync. So the message stays as first written while the pods named stay the same.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ MAX_LISTED = 5
 MAX_REASON = 400
 """Characters of one pod's reason at most: it quotes what the pod answered (the restart
 knobs it runs), and the image is the tenant's."""
-_COMPARED = ("status", "reason", "message", "observedGeneration")
+MAX_TRACKED = 64
+"""Pods kept in ``status.pods.notConfigured`` at most (``spec.replicas.max``)."""
+_COMPARED = ("status", "reason", "observedGeneration")
 
 
 def _clip(why: str) -> str:
@@ -45,10 +53,11 @@ def pods_condition(done: ConfigSync, generation: int | None) -> dict[str, Any] |
     if done.pods == 0:
         return condition(ConditionType.PODS_CONFIGURED, None, "NoReadyPods",
                          "no ready pod to check yet", generation)
+    # No count of pods: the message is written again only when the meaning changes, and
+    # a count would go stale with every scale.
     return condition(ConditionType.PODS_CONFIGURED, True, "PodsConfigured",
-                     f"{done.pods} ready pod{'s' if done.pods != 1 else ''} run the spec's "
-                     "live knobs and SLO (a running trial's pod, the trial's knobs)",
-                     generation)
+                     "every ready pod runs the spec's live knobs and SLO (a running "
+                     "trial's pod, the trial's knobs)", generation)
 
 
 def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
@@ -58,16 +67,21 @@ def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
     cond = pods_condition(done, generation)
     if cond is None:
         return
+    named = list(done.not_configured[:MAX_TRACKED])
 
     def build(fresh: Mapping[str, Any]) -> dict[str, Any] | None:
         meta = fresh["metadata"]
         if str(meta.get("uid")) != uid or meta.get("deletionTimestamp"):
             return None
-        conditions = (fresh.get("status") or {}).get("conditions") or []
+        status = fresh.get("status") or {}
+        conditions = status.get("conditions") or []
         now = next((c for c in conditions if c.get("type") == cond["type"]), None)
-        if now is not None and all(now.get(k) == cond.get(k) for k in _COMPARED):
+        was = (status.get("pods") or {}).get("notConfigured")
+        if now is not None and was == named and \
+                all(now.get(k) == cond.get(k) for k in _COMPARED):
             return None
-        return {"conditions": merge_conditions(conditions, [cond])}
+        return {"conditions": merge_conditions(conditions, [cond]),
+                "pods": {"notConfigured": named}}
 
     try:
         write_status(kube, namespace, name, build)

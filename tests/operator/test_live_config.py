@@ -547,6 +547,7 @@ def test_the_status_says_which_pods_are_not_on_the_specs_config(
         cond = _pods_condition(cluster)
         assert cond is not None and cond["status"] == "False", cond
         assert cond["message"].startswith("chat-pod-1: runs block_size=32")
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
         writes = _status_writes(kube)
         sync()  # the same answer: no write
         assert _status_writes(kube) == writes or loop is not None  # the daemon writes ticks
@@ -556,7 +557,8 @@ def test_the_status_says_which_pods_are_not_on_the_specs_config(
         sync()
         cond = _pods_condition(cluster)
         assert cond is not None and cond["status"] == "True", cond
-        assert "2 ready pods" in cond["message"]
+        assert cond["message"].startswith("every ready pod runs the spec's live knobs")
+        assert cluster.status()["pods"]["notConfigured"] == []
 
 
 def test_the_pods_condition_goes_once_the_backend_is_vllm(
@@ -586,6 +588,7 @@ def test_the_pods_condition_goes_once_the_backend_is_vllm(
         handlers.reconcile_llmdeployment(body=cluster.get(), memo=memo, logger=log)
     assert cluster.condition("Reconciled")["status"] == "True"
     assert _pods_condition(cluster) is None
+    assert "pods" not in cluster.status()
 
 
 def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
