@@ -55,6 +55,16 @@ def status_schema() -> dict[str, Any]:
                                "condition is written again when these, its status or "
                                "its reason change, not when only what a pod answered "
                                "does)."},
+            "held": {
+                "type": "array", "maxItems": 128, "description": "Pods not sent a "
+                "document (path: /admin/config or /admin/slo; sent: its digest) again: "
+                "they took it and answered another. Held until the pod (uid), its engine's "
+                "restarts, the spec's generation or the document change.",
+                "items": _obj({"pod": _str("Pod name."), "uid": _str("Pod uid."),
+                               "restarts": _int("Engine container restarts.", 0),
+                               "generation": _int("Spec generation.", 0),
+                               "path": _str("The admin API path."),
+                               "sent": _str("Digest of the document sent.")})},
         }, desc="What the last sync of the pods' live knobs found (built-in engine)."),
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

@@ -54,6 +54,7 @@ from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
+from slopilot.operator.pod_holds import Hold, hold_for, holds_of
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled, reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector, vllm_max_num_seqs
@@ -80,6 +81,7 @@ engines answer all 64 replicas' reads in well under a second."""
 MAX_CONFIG_BYTES = 64 * 1024
 """The most of a pod's ``GET /admin/config`` answer read (the admin API's own body cap)."""
 TEMPLATE_HASH = "pod-template-hash"
+CONFIG_PATH, SLO_PATH = "/admin/config", "/admin/slo"
 SCALE_ATTEMPTS = 4
 """Reads and conditional patches one scale makes at most: the Deployment controller's
 own status writes move the resourceVersion a patch is conditional on."""
@@ -87,6 +89,16 @@ own status writes move the resourceVersion a patch is conditional on."""
 
 class ApplyError(RuntimeError):
     """A replica did not take a config (unreachable, or an error other than a refusal)."""
+
+
+class _NotTaken(ApplyError):
+    """A pod took a document (PUT) and answers another (GET): held back (pod_holds.py)."""
+
+    def __init__(self, hold: Hold, what: str) -> None:
+        super().__init__(f"{hold.pod}: answers GET {hold.path} with {what} than it took "
+                         "by PUT; not sent again until the spec or the pod changes (an "
+                         "edit, an engine restart, a replacement)")
+        self.hold = hold
 
 
 def _quoted(value: Any) -> str:
@@ -109,6 +121,8 @@ class ConfigSync:
     """The ready pods checked; None where the backend has no live config (vLLM)."""
     not_configured: tuple[str, ...] = ()
     """The pods ``left`` names, each once, in the pods' order."""
+    held: tuple[Hold, ...] = ()
+    """The pods not sent a document they took and contradicted (pod_holds.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,6 +133,19 @@ class _PodSync:
     updated: bool = False
     slo_updated: bool = False
     left: tuple[str, ...] = ()
+    held: tuple[Hold, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Round:
+    """What every pod of one sync is asked with."""
+
+    token: str
+    ends: float
+    """The clock's reading by which the sync is over (``SYNC_DEADLINE_S``)."""
+    generation: int | None
+    holds: frozenset[Hold]
+    """The holds the CR's status records (``status.pods.held``)."""
 
 
 def ready(pod: Mapping[str, Any]) -> bool:
@@ -348,8 +375,10 @@ class KubeDeploymentHandle:
         that runs other restart knobs (block size, swap space) is from an
         older pod template: the rollout replaces it, and a live PUT could not change them.
         Up to ``SYNC_FANOUT`` pods at once, all of it within ``SYNC_DEADLINE_S``: the
-        pods it has no time left for are in ``left``. ApplyError, with nothing sent, for
-        a spec the reconcile refuses.
+        pods it has no time left for are in ``left``. A pod sent a document is read
+        again, and one that contradicts what it took is in ``left`` and ``held``, and is
+        not sent it again while the hold stands (pod_holds.py). ApplyError, with nothing
+        sent, for a spec the reconcile refuses.
         """
         body = self.body()
         spec = self._accepted(body)
@@ -357,16 +386,16 @@ class KubeDeploymentHandle:
             return ConfigSync()
         trial_config = None if trial is None else \
             spec.engine.with_overrides(trial, live_only=True)
-        token = self.mint.for_body(body)
         slo = spec.slo.to_dict()
         pods = self.pods(body)
-        ends = self.clock() + SYNC_DEADLINE_S
+        round_ = _Round(self.mint.for_body(body), self.clock() + SYNC_DEADLINE_S,
+                        body["metadata"].get("generation"), holds_of(body))
 
         def sync(pod: Mapping[str, Any]) -> _PodSync:
             name = str(pod["metadata"]["name"])
             config = trial_config if trial_config is not None and trial_on in (None, name) \
                 else spec.engine
-            return self._sync_pod(pod, config, slo, token, ends)
+            return self._sync_pod(pod, config, slo, round_)
 
         # Pods are asked side by side: one whose answers are slow (a wedged engine thread
         # holds a PUT until its deadline) holds its own worker, not every pod after it.
@@ -380,58 +409,105 @@ class KubeDeploymentHandle:
         if slo_updated:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
         return ConfigSync(tuple(updated), tuple(why for d in done for why in d.left),
-                          tuple(slo_updated), len(pods), tuple(d.name for d in done if d.left))
+                          tuple(slo_updated), len(pods), tuple(d.name for d in done if d.left),
+                          tuple(h for d in done for h in d.held))
 
     def _sync_pod(self, pod: Mapping[str, Any], config: EngineConfig, slo: dict[str, Any],
-                  token: str, ends: float) -> _PodSync:
-        """Bring one pod to ``config`` and ``slo`` by ``ends``, where it runs others."""
+                  round_: _Round) -> _PodSync:
+        """Bring one pod to ``config`` and ``slo`` by the round's end, where it runs
+        others."""
         name = str(pod["metadata"]["name"])
-        if self.clock() >= ends:  # it waits for the next sync, named meanwhile
-            return _PodSync(name, left=(f"{name}: not checked: this sync's "
-                                        f"{SYNC_DEADLINE_S:g} s (SYNC_DEADLINE_S) went to "
-                                        "slower pods",))
+        token, ends = round_.token, round_.ends
         want = config.to_dict()
+        # A hold stands until the pod is found running the document, or something it is
+        # keyed by changes: a sync that could not tell (the pod did not answer, the
+        # deadline) keeps it, or a pod that fails every other read is sent it again.
+        held = {h.path: h for h in (hold_for(pod, round_.generation, CONFIG_PATH, want),
+                                    hold_for(pod, round_.generation, SLO_PATH, slo))
+                if h in round_.holds}
+
+        def result(*, updated: bool = False, slo_updated: bool = False,
+                   left: tuple[str, ...] = ()) -> _PodSync:
+            return _PodSync(name, updated, slo_updated, left, tuple(held.values()))
+
+        if self.clock() >= ends:  # it waits for the next sync, named meanwhile
+            return result(left=(f"{name}: not checked: this sync's {SYNC_DEADLINE_S:g} s "
+                                "(SYNC_DEADLINE_S) went to slower pods",))
         try:
             runs = self._get(pod, token, ends=ends)
         except ApplyError as exc:
-            return _PodSync(name, left=(str(exc),))
+            return result(left=(str(exc),))
         if not isinstance(runs, dict):
-            return _PodSync(name, left=(f"{name}: /admin/config did not answer a JSON "
-                                        "object of knobs",))
+            return result(left=(f"{name}: /admin/config did not answer a JSON object of "
+                                "knobs",))
         left: list[str] = []
         try:
-            slo_updated = self._sync_slo(pod, slo, token, ends)
+            slo_updated = self._sync_slo(pod, slo, round_)
+            held.pop(SLO_PATH, None)
         except ApplyError as exc:  # the knobs are still brought over
             slo_updated = False
             left.append(str(exc))
+            if isinstance(exc, _NotTaken):
+                held[SLO_PATH] = exc.hold
         if restart := [f"{k}={_quoted(runs.get(k))}" for k in EngineConfig.restart_knobs()
                        if runs.get(k) != want[k]]:
             left.append(f"{name}: runs {', '.join(restart)}, which only a restart "
                         "changes; the rollout of the new pod template replaces it")
-            return _PodSync(name, slo_updated=slo_updated, left=tuple(left))
-        if all(runs.get(k) == v for k, v in want.items()):
-            return _PodSync(name, slo_updated=slo_updated, left=tuple(left))
-        try:
-            self._put(pod, config, token, ends)
-        except (ApplyError, ConfigError) as exc:
-            return _PodSync(name, slo_updated=slo_updated, left=(*left, str(exc)))
-        return _PodSync(name, updated=True, slo_updated=slo_updated, left=tuple(left))
+            return result(slo_updated=slo_updated, left=tuple(left))
 
-    def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], token: str,
-                  ends: float) -> bool:
+        def runs_it(answer: Any) -> bool:
+            return isinstance(answer, dict) and all(answer.get(k) == v
+                                                    for k, v in want.items())
+
+        if runs_it(runs):
+            held.pop(CONFIG_PATH, None)
+            return result(slo_updated=slo_updated, left=tuple(left))
+        try:
+            hold = self._unless_held(pod, CONFIG_PATH, want, round_, "other knobs")
+            self._put(pod, config, token, ends)
+            self._read_back(pod, hold, runs_it, round_, "other knobs")
+        except (ApplyError, ConfigError) as exc:
+            if isinstance(exc, _NotTaken):
+                held[CONFIG_PATH] = exc.hold
+            return result(slo_updated=slo_updated, left=(*left, str(exc)))
+        held.pop(CONFIG_PATH, None)
+        return result(updated=True, slo_updated=slo_updated, left=tuple(left))
+
+    def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], round_: _Round) -> bool:
         """Send ``slo`` (``spec.slo``) to ``pod`` unless it judges by it already; whether
         it was sent. The engine reads the ConfigMap's only at start, as its knobs."""
-        if self._get(pod, token, "/admin/slo", ends=ends) == slo:
+        token, ends = round_.token, round_.ends
+        if self._get(pod, token, SLO_PATH, ends=ends) == slo:
             return False
+        hold = self._unless_held(pod, SLO_PATH, slo, round_, "other objectives")
         name = pod["metadata"]["name"]
-        url = self._url(pod) + "/admin/slo"
+        url = self._url(pod) + SLO_PATH
         status, ctype = self._send(name, url, slo, token, ends)
         if status >= 300:
             try:
                 self._refused(name, url, status, ctype)
             except ConfigError as exc:  # a 400: an engine that reads SLOs otherwise
                 raise ApplyError(f"{exc} (the SLO at {url})") from None
+        self._read_back(pod, hold, lambda answer: answer == slo, round_, "other objectives")
         return True
+
+    @staticmethod
+    def _unless_held(pod: Mapping[str, Any], path: str, document: Any, round_: _Round,
+                     what: str) -> Hold:
+        """The hold that sending ``document`` to ``path`` would earn, should the pod
+        contradict it; _NotTaken, with nothing sent, where that hold stands already."""
+        hold = hold_for(pod, round_.generation, path, document)
+        if hold in round_.holds:
+            raise _NotTaken(hold, what)
+        return hold
+
+    def _read_back(self, pod: Mapping[str, Any], hold: Hold, took: Callable[[Any], bool],
+                   round_: _Round, what: str) -> None:
+        """Read ``hold.path`` again after its PUT was taken; _NotTaken where the pod
+        answers other than it took. An engine answers what it took from then on, so an
+        answer that is not it, sent again, would be sent at every sync."""
+        if not took(self._get(pod, round_.token, hold.path, ends=round_.ends)):
+            raise _NotTaken(hold, what)
 
     def _pick_canary(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
         wanted = self.canary_pod()
@@ -444,7 +520,7 @@ class KubeDeploymentHandle:
         self._canary = str(pods[0]["metadata"]["name"])
         return pods[0]
 
-    def _get(self, pod: Mapping[str, Any], token: str, path: str = "/admin/config", *,
+    def _get(self, pod: Mapping[str, Any], token: str, path: str = CONFIG_PATH, *,
              ends: float | None = None) -> Any:
         """``path`` of ``pod``'s admin API, parsed (read up to ``MAX_CONFIG_BYTES``: the
         image is the tenant's, so the answer may be anything); by ``ends`` (the clock's
@@ -490,7 +566,7 @@ class KubeDeploymentHandle:
     def _put(self, pod: Mapping[str, Any], config: EngineConfig, token: str,
              ends: float | None = None) -> None:
         name = pod["metadata"]["name"]
-        url = self._url(pod) + "/admin/config"
+        url = self._url(pod) + CONFIG_PATH
         status, ctype = self._send(name, url, config.to_dict(), token, ends)
         if status >= 300:
             self._refused(name, url, status, ctype)

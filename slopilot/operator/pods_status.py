@@ -23,6 +23,7 @@ from typing import Any
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.kube_handle import ConfigSync
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.pod_holds import MAX_HOLDS
 from slopilot.operator.status_writer import write_status
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
     if cond is None:
         return
     named = list(done.not_configured[:MAX_TRACKED])
+    held = [h.to_dict() for h in done.held[:MAX_HOLDS]]
 
     def build(fresh: Mapping[str, Any]) -> dict[str, Any] | None:
         meta = fresh["metadata"]
@@ -76,12 +78,13 @@ def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
         status = fresh.get("status") or {}
         conditions = status.get("conditions") or []
         now = next((c for c in conditions if c.get("type") == cond["type"]), None)
-        was = (status.get("pods") or {}).get("notConfigured")
-        if now is not None and was == named and \
+        pods = status.get("pods") or {}
+        if now is not None and pods.get("notConfigured") == named and \
+                pods.get("held", []) == held and \
                 all(now.get(k) == cond.get(k) for k in _COMPARED):
             return None
         return {"conditions": merge_conditions(conditions, [cond]),
-                "pods": {"notConfigured": named}}
+                "pods": {"notConfigured": named, "held": held}}
 
     try:
         write_status(kube, namespace, name, build)

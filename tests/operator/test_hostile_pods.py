@@ -20,9 +20,11 @@ import pytest
 
 from slopilot.operator.handlers import LockTable, sync_untuned_pods
 from slopilot.operator.spec import parse_spec
-from tests.operator.operator_support import Cluster, add_pod, llmd
-from tests.operator.standins import PodStandIn, serving
+from slopilot.operator.tuning_daemon import CONFIG_SYNC_S
+from tests.operator.operator_support import Cluster, add_pod, daemon_loop, llmd
+from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.operator.test_live_config import (
+    Clock,
     _pods_condition,
     _status_writes,
     reconciled,
@@ -106,3 +108,158 @@ def test_the_condition_is_written_again_once_it_names_other_pods(
     assert cond["status"] == "False"
     assert cond["message"].startswith("chat-pod-0: runs swap_space_gb=1"), cond
     assert "; chat-pod-1: runs block_size=32" in cond["message"]
+
+
+def lies_about(pod: PodStandIn, path: str, lie: dict[str, Any]) -> None:
+    """``pod`` takes every PUT of ``path`` (2xx) and answers each GET of it with ``lie``."""
+    def lie_on_get(method: str, asked: str) -> None:
+        if (method, asked) == ("GET", path):
+            with pod.lock:
+                if path == "/admin/config":
+                    pod.config = dict(lie)
+                else:
+                    pod.slo = dict(lie)
+
+    pod.on_request = lie_on_get
+
+
+def sent(pod: PodStandIn, path: str) -> int:
+    with pod.lock:
+        return len(pod.puts if path == "/admin/config" else pod.slo_puts)
+
+
+def restart(cluster: Cluster, pod: str, count: int) -> None:
+    """The kubelet's record of the engine container's ``count``-th restart."""
+    cluster.kube.patch("v1", "pods", "default", pod, {"status": {"containerStatuses": [
+        {"name": "engine", "restartCount": count, "ready": True, "image": "x",
+         "imageID": "", "state": {"running": {}}}]}}, subresource="status")
+
+
+@pytest.mark.parametrize("path", ["/admin/config", "/admin/slo"])
+def test_a_pod_that_answers_other_than_it_took_is_named_and_not_sent_it_again(
+        kube: RunningEmulator, cluster: Cluster, path: str) -> None:
+    """A pod that takes each PUT and answers the next GET with something else was sent
+    the same PUT at every sync, once a minute, and counted as brought over each time.
+    It is named, and not sent that again until the spec or the pod changes."""
+    pods = Pods(kube, cluster, 2)
+    honest, liar = pods.standins
+    lie = {**pods.want, "token_budget": 512} if path == "/admin/config" \
+        else {**pods.slo, "profile": "relaxed"}
+    lies_about(liar, path, lie)
+    with serving(*pods.standins):
+        pods.add()
+        pods.sync()
+        assert sent(liar, path) == 1
+        cond = _pods_condition(cluster)
+        assert cond is not None and cond["status"] == "False", cond
+        assert cond["message"].startswith(f"chat-pod-1: answers GET {path} with other")
+        assert "not sent again until the spec or the pod changes" in cond["message"]
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+        writes = _status_writes(kube)
+        for _ in range(3):
+            pods.sync()
+        assert sent(liar, path) == 1
+        assert _status_writes(kube) == writes and _pods_condition(cluster) == cond
+        assert (honest.puts, honest.slo_puts) == ([], [])
+        # An edit of the spec is sent to it again (and found out again).
+        cluster.patch("chat", {"spec": {"engine": {"maxNumSeqs": 64}}})
+        pods.sync()
+        assert sent(liar, path) == 2
+        pods.sync()
+        assert sent(liar, path) == 2
+
+
+def test_a_pod_held_back_that_restarts_is_sent_its_config_at_the_next_sync(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """A restarted engine runs its ConfigMap's config, not what it was sent: holding back
+    a pod until it changes must not hold back one that restarted."""
+    pods = Pods(kube, cluster, 1)
+    [pod] = pods.standins
+    lies_about(pod, "/admin/config", {**pods.want, "token_budget": 512})
+    with serving(pod):
+        pods.add()
+        pods.sync()
+        pods.sync()
+        assert sent(pod, "/admin/config") == 1
+        restart(cluster, "chat-pod-0", 1)  # and now it is an honest engine again
+        pod.on_request = None
+        with pod.lock:
+            pod.config = {**pods.want, "token_budget": 512}  # its ConfigMap's, say
+        pods.sync()
+        assert sent(pod, "/admin/config") == 2 and pod.config == pods.want
+    cond = _pods_condition(cluster)
+    assert cond is not None and cond["status"] == "True", cond
+    assert cluster.status()["pods"] == {"notConfigured": [], "held": []}
+
+
+def test_an_honest_pod_that_restarts_gets_its_config_again_every_time(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    pods = Pods(kube, cluster, 1)
+    [pod] = pods.standins
+    stale = {**pods.want, "token_budget": 512}  # what its ConfigMap said when it started
+    with serving(pod):
+        pods.add()
+        for restarts in range(3):
+            restart(cluster, "chat-pod-0", restarts)
+            with pod.lock:
+                pod.config = dict(stale)
+            pods.sync()
+            assert pod.config == pods.want
+        pods.sync()  # and nothing more once it runs it
+        assert sent(pod, "/admin/config") == 3
+        # Not even a restart the kubelet has not reported yet is held back.
+        with pod.lock:
+            pod.config = dict(stale)
+        pods.sync()
+        assert sent(pod, "/admin/config") == 4 and pod.config == pods.want
+    assert _pods_condition(cluster)["status"] == "True"
+
+
+def test_the_daemons_sync_holds_such_a_pod_back_too(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tuning on the daemon syncs, on a handle that lives as long as it does: the
+    hold is the CR's status, which the timer's syncs (a handle each) and a restarted
+    operator read alike."""
+    body, _, mint = reconciled(kube, cluster, llmd(prometheus={"url": prom.url},
+                                                   tuning={"window": "1h"}))
+    want, slo = spec_config(cluster), parse_spec(cluster.get()).slo.to_dict()
+    liar = PodStandIn(mint.for_body(cluster.get()), want, slo)
+    lies_about(liar, "/admin/config", {**want, "token_budget": 512})
+    clock = Clock()
+    with serving(liar):
+        add_pod(cluster, "chat", 0, liar.port)
+        for _ in range(3):
+            loop = daemon_loop(cluster, body, monkeypatch)  # an operator restart, each
+            loop.clock = clock
+            assert loop.step()
+            clock.now += CONFIG_SYNC_S
+            assert loop.step()
+    assert sent(liar, "/admin/config") == 1
+    assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-0"]
+
+
+def test_a_held_pod_that_fails_a_read_in_between_stays_held(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """A sync that could not read the pod cannot tell it came round: dropped then, the
+    hold of a pod that failed every other read had it sent the PUT every other sync (and
+    the status written at each)."""
+    pods = Pods(kube, cluster, 1)
+    [liar] = pods.standins
+    lies_about(liar, "/admin/config", {**pods.want, "token_budget": 512})
+    with serving(liar):
+        pods.add()
+        pods.sync()
+        held = cluster.status()["pods"]
+        writes = _status_writes(kube)
+        for _ in range(2):
+            with liar.lock:
+                liar.raw_gets["/admin/config"] = (500, "application/json", b"{}")
+            pods.sync()
+            with liar.lock:
+                del liar.raw_gets["/admin/config"]
+            pods.sync()
+        assert sent(liar, "/admin/config") == 1
+    assert cluster.status()["pods"] == held and held["held"][0]["pod"] == "chat-pod-0"
+    # Named all along: the message it was first written with stands.
+    assert _status_writes(kube) == writes
