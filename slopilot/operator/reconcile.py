@@ -208,7 +208,20 @@ def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
     if covers(live, desired):
         return Change.UNCHANGED
     patch = copy.deepcopy({k: v for k, v in desired.items() if k not in ("apiVersion", "kind")})
-    kube.patch(api, plural, meta["namespace"], meta["name"], patch)
+    # The uid judged above is a precondition (409 for another object): by name alone, an
+    # object deleted and made again under the name by another owner since the read was
+    # patched into this CR's, its owner reference included.
+    if uid := (live.get("metadata") or {}).get("uid"):
+        patch["metadata"]["uid"] = uid
+    try:
+        kube.patch(api, plural, meta["namespace"], meta["name"], patch)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        now = kube.get(api, plural, meta["namespace"], meta["name"])
+        if now is not None and (why := taken(desired["kind"], now, body)) is not None:
+            raise NameTaken(why) from None
+        raise  # changed, and the CR's still (or gone): kopf runs the reconcile again
     return Change.PATCHED
 
 

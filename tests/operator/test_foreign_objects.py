@@ -244,24 +244,31 @@ def test_an_owner_reference_cannot_steer_the_operator_into_another_namespace(
             k.get(API_VERSION, PLURAL, NS, name)
 
 
-def _scaling_handle(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
-                    meanwhile: Callable[[], None]) -> KubeDeploymentHandle:
-    """A reconciled ``chat`` (1..4 replicas) and its handle, whose first patch of a
-    Deployment runs ``meanwhile`` just before it is sent: what another writer did
-    between the scale's look at the Deployment and its write."""
-    body = cluster.create(llmd(replicas={"min": 1, "max": 4}))
-    mint = operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=OperatorPolicy(), mint=mint).valid
+def _before_first_patch(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, plural: str,
+                        meanwhile: Callable[[], None]) -> None:
+    """Run ``meanwhile`` just before the first patch of a ``plural`` is sent through
+    ``cluster.kube``: what another writer did between the operator's look at the object
+    and its write."""
     k = cluster.kube
     patch, pending = k.patch, [meanwhile]
 
-    def patch_after(api_version: str, plural: str, *args: Any, **kwargs: Any) -> Any:
-        if plural == "deployments" and pending:
+    def patch_after(api_version: str, of: str, *args: Any, **kwargs: Any) -> Any:
+        if of == plural and pending:
             pending.pop()()
-        return patch(api_version, plural, *args, **kwargs)
+        return patch(api_version, of, *args, **kwargs)
 
     monkeypatch.setattr(k, "patch", patch_after)
-    return KubeDeploymentHandle(k, NS, "chat", mint=mint, policy=OperatorPolicy(),
+
+
+def _scaling_handle(cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+                    meanwhile: Callable[[], None]) -> KubeDeploymentHandle:
+    """A reconciled ``chat`` (1..4 replicas) and its handle, whose first patch of a
+    Deployment runs ``meanwhile`` just before it is sent."""
+    body = cluster.create(llmd(replicas={"min": 1, "max": 4}))
+    mint = operator_mint(cluster)
+    assert reconcile(cluster.kube, body, policy=OperatorPolicy(), mint=mint).valid
+    _before_first_patch(cluster, monkeypatch, "deployments", meanwhile)
+    return KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=OperatorPolicy(),
                                 uid=body["metadata"]["uid"])
 
 
@@ -311,3 +318,32 @@ def test_a_scale_still_lands_when_only_the_deployments_status_moved_meanwhile(
     handle = _scaling_handle(cluster, monkeypatch, status_written)
     handle.scale(2)
     assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["replicas"] == 2
+
+
+def test_a_reconcile_never_patches_an_object_made_again_under_its_name(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconcile judged each owned name (the CR's, by uid), then patched what differed
+    by name: a Service deleted and made again meanwhile by another owner was patched into
+    the CR's, owner reference and all (rewritten, and garbage-collected with the CR)."""
+    k = cluster.kube
+    body = cluster.create(llmd())
+    mint = operator_mint(cluster)
+    assert reconcile(k, body, policy=OperatorPolicy(), mint=mint).valid
+    # Drifted: the next reconcile patches it back.
+    k.patch("v1", "services", NS, "chat",
+            {"spec": {"selector": {"slopilot.dev/llmdeployment": "other"}}})
+    theirs = {"apiVersion": "v1", "kind": "Service",
+              "metadata": {"name": "chat", "namespace": NS, "labels": {"app": "web"}},
+              "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}}
+
+    def replaced() -> None:
+        cluster.core.delete_namespaced_service("chat", NS)
+        k.create("v1", "services", NS, copy.deepcopy(theirs))
+
+    _before_first_patch(cluster, monkeypatch, "services", replaced)
+    out = reconcile(k, body, policy=OperatorPolicy(), mint=mint)
+    assert out.refusal is Refusal.NAME_TAKEN, out
+    assert any("Service/chat already exists" in p for p in out.problems), out.problems
+    service = k.get("v1", "services", NS, "chat")
+    assert not service["metadata"].get("ownerReferences")
+    assert service["spec"]["selector"] == {"app": "web"}
