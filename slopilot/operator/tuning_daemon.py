@@ -74,7 +74,7 @@ from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import replacing, write_status
 from slopilot.operator.tokens import TokenMint
-from slopilot.operator.twin_profile import TwinChoice, resolve_twin
+from slopilot.operator.twin_profile import TwinChoice
 from slopilot.operator.twin_status import TwinTracker, check_patch
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.state import (
@@ -248,7 +248,7 @@ class DeploymentLoop:
         try:
             if self.controller is None or self.built_for != generation or \
                     self.twin.moved():
-                twin = resolve_twin(self.kube, self.namespace, parse_spec(body))
+                twin = self.twin.resolve(parse_spec(body), generation)
                 replaced = self.controller
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)

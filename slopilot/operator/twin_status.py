@@ -1,6 +1,7 @@
 """Which twin a deployment's controller runs, in its status, and when to read it again.
 
-The daemon resolves the twin (``twin_profile.resolve_twin``) whenever it builds the
+The daemon resolves the twin (``TwinTracker.resolve``: ``twin_profile.resolve_twin``,
+again only for a new spec generation or ConfigMap version) whenever it builds the
 controller; ``TwinTracker`` writes the answer (``status.twin.profile``, the ``TwinCalibrated``
 condition, an event when it changes) and tells the daemon to rebuild when the profile's
 ConfigMap was created, edited or deleted since (one GET every ``RECHECK_S``, only while
@@ -22,8 +23,9 @@ import kopf
 
 from slopilot.operator.conditions import merge_conditions
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.spec import LLMDeploymentSpec
 from slopilot.operator.status_writer import replacing, write_status
-from slopilot.operator.twin_profile import TwinChoice, config_map_version
+from slopilot.operator.twin_profile import TwinChoice, config_map_version, resolve_twin
 
 log = logging.getLogger(__name__)
 RECHECK_S = 30.0
@@ -52,6 +54,24 @@ class TwinTracker:
         self.kube, self.namespace, self.name, self.clock = kube, namespace, name, clock
         self.current: TwinChoice | None = None
         self.checked = 0.0
+        self.resolved: tuple[int | None, TwinChoice] | None = None
+        """The last ``resolve`` answer, with the spec generation it was for."""
+
+    def resolve(self, spec: LLMDeploymentSpec, generation: int | None) -> TwinChoice:
+        """``resolve_twin``'s answer for ``spec`` (of ``generation``), read again only
+        for another generation or once its ConfigMap's resourceVersion moved. A
+        controller that cannot be built is built again at every tick, and each build
+        resolved its twin: up to ``MAX_PROFILE_BYTES`` of the tenant's YAML, most of a
+        second of the operator's CPU (under the GIL its handlers share), parsed every
+        few seconds for as long as the build failed."""
+        last = self.resolved
+        if last is not None and last[0] == generation and last[1].ref == spec.twin.profile \
+                and (last[1].ref is None or config_map_version(
+                    self.kube, self.namespace, last[1].ref) == last[1].version):
+            return last[1]
+        twin = resolve_twin(self.kube, self.namespace, spec)
+        self.resolved = (generation, twin)
+        return twin
 
     def moved(self) -> bool:
         """Whether the profile's ConfigMap changed since it was read (see the docstring)."""

@@ -239,3 +239,40 @@ def test_the_operator_says_which_twin_runs_and_rereads_an_edited_configmap(
         assert profile_status(cluster)["calibrated"] is False
         assert "twinProfile" not in cluster.status()
         wait_for(lambda: cluster.events("TwinProfileRefused"), what="the refused event")
+
+
+def test_a_controller_that_cannot_be_built_reads_the_profile_once_per_version(
+        kube: RunningEmulator, cluster: Any, prom: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller that could not be built is built again at every tick (5 s), and the
+    twin was resolved before each try: the tenant's ConfigMap, up to 256 KiB of YAML
+    (most of a second of the operator's CPU, under the GIL its handlers share), parsed
+    again each time, by each such CR (one named after a taken name never builds). It is
+    parsed again once the ConfigMap or the spec changes."""
+    from slopilot.operator import twin_profile
+    from tests.operator.operator_support import NS as DEFAULT_NS
+    from tests.operator.operator_support import daemon_loop, llmd
+    from tests.operator.test_live_config import _unbuildable, reconciled
+
+    parses: list[str] = []
+    parse = twin_profile.parse_profile_text
+
+    def counted(text: str, source: str) -> Any:
+        parses.append(source)
+        return parse(text, source)
+
+    monkeypatch.setattr(twin_profile, "parse_profile_text", counted)
+    put(cluster.core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))},
+        namespace=DEFAULT_NS)
+    body, _, _ = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, tuning={"window": "1h"}, twin=ref()))
+    loop = daemon_loop(cluster, body, monkeypatch, factory=_unbuildable)
+    for _ in range(3):
+        assert loop.step() and loop.controller is None
+    assert len(parses) == 1
+    cluster.core.patch_namespaced_config_map("smol-profile", DEFAULT_NS, {"data": {
+        "profile.yaml": dump_profile(make_profile(model="smollm2-135m", device="cuda"))}})
+    assert loop.step() and len(parses) == 2
+    cluster.patch("chat", {"spec": {"engine": {"maxNumSeqs": 64}}})
+    assert loop.step() and len(parses) == 3
+    assert loop.step() and len(parses) == 3
