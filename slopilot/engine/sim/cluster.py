@@ -25,7 +25,7 @@ from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.shape import KINDS, IterationShape, shape_of
 from slopilot.engine.sim.simulator import build_engine
-from slopilot.engine.sim.stats import percentile_ms
+from slopilot.engine.sim.stats import percentile_ms, ttft_percentile_ms
 from slopilot.engine.sim.workload import RequestSpec
 from slopilot.engine.slo import SLOJudge, SLOSpec
 from slopilot.engine.window_summary import ClassFigures, Window, WindowSummary
@@ -42,6 +42,8 @@ class _Events:
     steps: list[tuple[float, float, int]] = field(default_factory=list)
     iterations: list[tuple[float, float, IterationShape]] = field(default_factory=list)
     """(end time, step time, shape): what the engine's slopilot_iteration_* series sum."""
+    refused: list[tuple[float, int]] = field(default_factory=list)
+    """(arrival time, class) of the requests turned away for load (a full queue)."""
 
 
 class _Recorder:
@@ -167,7 +169,9 @@ class SimCluster:
                       priority=spec.priority, arrival_time=spec.arrival_time)
         try:
             rep.engine.add_request(req)
-        except (QueueFullError, PromptTooLongError):
+        except QueueFullError:  # its client was never served: a first token never given
+            rep.recorder.ev.refused.append((spec.arrival_time, spec.priority))
+        except PromptTooLongError:
             return  # counted by its absence from finished requests
 
     # ------------------------------------------------------------------ figures
@@ -207,15 +211,16 @@ class SimCluster:
         dur = end - start
         ev = _Events()
         for rep in reps:
-            for name in ("ttft", "gaps", "finished", "steps"):
+            for name in ("ttft", "gaps", "finished", "steps", "refused"):
                 rows = getattr(rep.recorder.ev, name)
                 getattr(ev, name).extend(r for r in rows if start <= r[0] < end)
         classes = {p: _figures([v for _, c, v in ev.ttft if c == p],
                                [v for _, c, v in ev.gaps if c == p],
-                               [(ok, n) for _, c, ok, n, _ in ev.finished if c == p], dur)
+                               [(ok, n) for _, c, ok, n, _ in ev.finished if c == p],
+                               sum(1 for _, c in ev.refused if c == p), dur)
                    for p in Priority}
         overall = _figures([v for _, _, v in ev.ttft], [v for _, _, v in ev.gaps],
-                           [(ok, n) for _, _, ok, n, _ in ev.finished], dur)
+                           [(ok, n) for _, _, ok, n, _ in ev.finished], len(ev.refused), dur)
         preempted = sum(n for _, _, n in ev.steps)
         return WindowSummary(
             duration_s=dur, preemptions_per_min=preempted / dur * 60.0, overall=overall,
@@ -226,10 +231,10 @@ class SimCluster:
 
 
 def _figures(ttft: list[float], gaps: list[float], done: list[tuple[bool, int]],
-             dur: float) -> ClassFigures:
+             refused: int, dur: float) -> ClassFigures:
     return ClassFigures(
         requests_finished=len(done),
         throughput_tok_s=(len(ttft) + len(gaps)) / dur,
         goodput_tok_s=sum(n for ok, n in done if ok) / dur,
-        ttft_p99_ms=percentile_ms(ttft, 99), tbt_p99_ms=percentile_ms(gaps, 99),
+        ttft_p99_ms=ttft_percentile_ms(ttft, refused, 99), tbt_p99_ms=percentile_ms(gaps, 99),
         slo_attainment=sum(1 for ok, _ in done if ok) / len(done) if done else None)

@@ -74,9 +74,12 @@ class SimRun:
 
 
 class _Replica:
-    def __init__(self, engine: LLMEngine, clock: VirtualClock) -> None:
+    def __init__(self, engine: LLMEngine, clock: VirtualClock,
+                 metrics: EngineMetrics | None = None) -> None:
         self.engine = engine
         self.clock = clock
+        self.metrics = metrics
+        """Its exporter (``with_metrics``): told the requests turned away, as a server's."""
         self.specs: dict[str, RequestSpec] = {}
         self.rejected = 0
 
@@ -130,7 +133,7 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
             metrics.set_slo(scenario.slo)  # its verdicts are the summary's goodput
             engine.observers.append(MetricsObserver(metrics))
             exporters.append(metrics)
-        reps.append(_Replica(engine, clock))
+        reps.append(_Replica(engine, clock, exporters[-1] if with_metrics else None))
     wl = workload or scenario.build_workload(seed=seed, duration_s=duration)
     _run(reps, wl, duration, stats, check_integrity, progress)
     stats.close()
@@ -207,9 +210,15 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
                   priority=spec.priority, arrival_time=spec.arrival_time)
     try:
         rep.engine.add_request(req)
-    except (QueueFullError, PromptTooLongError):
+    except (QueueFullError, PromptTooLongError) as exc:
         rep.rejected += 1
-        stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens)
+        for_load = isinstance(exc, QueueFullError)
+        stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens,
+                          for_load=for_load)
+        if for_load and rep.metrics is not None:
+            slo = rep.metrics.slo
+            rep.metrics.count_refused(spec.priority, None if slo is None
+                                      else slo.class_slo(spec.priority))
         return
     stats.on_arrival(req)
     rep.specs[rid] = spec

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from slopilot.engine.metrics import LATENCY_BUCKETS
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Priority, Request
 from slopilot.engine.slo import SLOJudge
@@ -45,6 +46,9 @@ class _ClassStats:
     good_all_tokens: int = 0
     arrived: int = 0
     rejected: int = 0
+    refused: int = 0
+    """Of ``rejected``, those turned away for load (a full waiting queue), not for a
+    prompt that can never fit: their TTFT is a first token never given."""
     unfinished: int = 0
     censored: int = 0
     offered_tokens: int = 0
@@ -90,13 +94,16 @@ class SimStats:
             c.offered_tokens += req.sampling.max_tokens
             self._open[req.request_id] = req
 
-    def on_rejected(self, arrival_time: float, priority: Priority, max_tokens: int) -> None:
-        """A request refused at arrival (prompt too long, waiting queue full); told by
-        its figures, not a ``Request``: one too long to hold is never built."""
+    def on_rejected(self, arrival_time: float, priority: Priority, max_tokens: int, *,
+                    for_load: bool = False) -> None:
+        """A request refused at arrival (prompt too long, or ``for_load``: the waiting
+        queue was full); told by its figures, not a ``Request``: one too long to hold is
+        never built."""
         if self.start_time <= arrival_time < self.end_time:
             c = self.classes[priority]
             c.arrived += 1
             c.rejected += 1
+            c.refused += for_load
             c.offered_tokens += max_tokens
 
     # --------------------------------------------------------------- observer
@@ -205,10 +212,31 @@ def _merge(parts: Any) -> _ClassStats:
         merged.good_all_tokens += c.good_all_tokens
         merged.arrived += c.arrived
         merged.rejected += c.rejected
+        merged.refused += c.refused
         merged.unfinished += c.unfinished
         merged.censored += c.censored
         merged.offered_tokens += c.offered_tokens
     return merged
+
+
+REFUSED_TTFT_S = LATENCY_BUCKETS[-1]
+"""A TTFT percentile that falls among the requests turned away for load: the highest
+finite edge of the engine's TTFT histogram, which is what ``histogram_quantile`` reads for
+a quantile in the +Inf bucket, where the live rules count them (``rules.py``)."""
+
+
+def ttft_percentile_ms(seconds: Sequence[float] | array | np.ndarray, refused: int,
+                       q: float) -> float | None:
+    """The ``q``-th percentile of first-token times in ms, with ``refused`` requests never
+    served ranked past every served one (``REFUSED_TTFT_S`` where it falls among them);
+    None with neither."""
+    n = len(seconds)
+    if not refused:
+        return percentile_ms(seconds, q)
+    rank = q / 100.0 * (n + refused - 1)  # numpy's linear rank in the union
+    if rank > n - 1:
+        return REFUSED_TTFT_S * 1000.0
+    return percentile_ms(seconds, 100.0 * rank / (n - 1) if n > 1 else q)
 
 
 def percentile_ms(seconds: Sequence[float] | array | np.ndarray, q: float) -> float | None:
@@ -230,11 +258,13 @@ def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
         requests_finished=c.finished,
         throughput_tok_s=c.tokens / duration_s if duration_s else 0.0,
         goodput_tok_s=c.good_tokens / duration_s if duration_s else 0.0,
-        ttft_p99_ms=percentile_ms(c.ttft, 99), tbt_p99_ms=percentile_ms(c.tbt, 99),
+        ttft_p99_ms=ttft_percentile_ms(c.ttft, c.refused, 99),
+        tbt_p99_ms=percentile_ms(c.tbt, 99),
         slo_attainment=c.met_slo / c.finished if c.finished else None,
         samples=SampleStats(
             ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
-            ttft_p50_ms=percentile_ms(c.ttft, 50), ttft_p90_ms=percentile_ms(c.ttft, 90),
+            ttft_p50_ms=ttft_percentile_ms(c.ttft, c.refused, 50),
+            ttft_p90_ms=ttft_percentile_ms(c.ttft, c.refused, 90),
             tbt_p50_ms=percentile_ms(c.tbt, 50), max_stall_ms=c.max_stall * 1000.0),
         accounting=RequestAccounting(
             requests_arrived=c.arrived, requests_rejected=c.rejected,

@@ -7,6 +7,7 @@ import pytest
 from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.stats import REFUSED_TTFT_S
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.adapters import SimAlerts, SimDeployment, SimProbe, SimWindows
 
@@ -71,3 +72,15 @@ def test_iteration_samples_are_the_plants_own_series() -> None:
     assert twin_error(profile, whole) == pytest.approx(0.0, abs=1e-9)
     canary = cluster.iteration_samples(0.0, 40.0, canary=True)
     assert sum(s.iterations for s in canary) < sum(s.iterations for s in whole)
+
+
+def test_requests_turned_away_for_load_read_as_first_tokens_never_given() -> None:
+    """A full waiting queue turns requests away: in the window's TTFT P99 each is a first
+    token never given, as in ``simulate`` and the live rules; left out, the P99 was the
+    few served requests' and the loop saw an SLO held."""
+    knobs = {**SCENARIO.engine, "max_num_seqs": 2, "max_waiting": 2}
+    cluster = SimCluster(SCENARIO, knobs, replicas=1, seed=0, duration_s=20)
+    cluster.advance(20.0)
+    assert cluster.reps[0].recorder.ev.refused
+    s = cluster.summary(0, 20)
+    assert s.overall.ttft_p99_ms == REFUSED_TTFT_S * 1000.0

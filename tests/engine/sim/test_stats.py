@@ -9,6 +9,7 @@ import pytest
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import Measure, simulate
+from slopilot.engine.sim.stats import REFUSED_TTFT_S, ttft_percentile_ms
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
 
 SCENARIO = load_scenario("tiny-cpu")
@@ -115,3 +116,45 @@ def test_the_exported_verdicts_are_the_summarys_goodput_request_by_request() -> 
             judged_some = True
             assert met / judged == pytest.approx(c.slo_attainment)
     assert judged_some
+
+
+def _burst(n: int, *, at: float = 0.0) -> list[TraceRecord]:
+    return [TraceRecord(at + i * 1e-3, 64, 400, Priority.P1) for i in range(n)]
+
+
+def test_requests_turned_away_for_load_are_first_tokens_never_given() -> None:
+    """A full waiting queue turns requests away (429): their clients were never served,
+    so the TTFT percentiles read each as a first token never given. Left out, as before,
+    a config that turned away half its requests read the P99 of the other half, and held
+    the SLO. More than 1 % turned away, the P99 is past anything measured: what
+    ``histogram_quantile`` reads when a P99 falls in the +Inf bucket (the live side)."""
+    knobs = {"max_num_seqs": 4, "max_waiting": 4}
+    s = simulate(SCENARIO, knobs, duration_s=2.0, workload=replay(_burst(40))).summary
+    p1 = s.classes[Priority.P1]
+    assert p1.accounting is not None and p1.accounting.requests_rejected == 32
+    assert p1.ttft_p99_ms == REFUSED_TTFT_S * 1000.0
+    assert p1.samples is not None and p1.samples.ttft_p50_ms == REFUSED_TTFT_S * 1000.0
+    assert s.overall.ttft_p99_ms == REFUSED_TTFT_S * 1000.0
+
+
+def test_a_prompt_that_can_never_fit_is_not_a_first_token_never_given() -> None:
+    # A client error (400), not load: the P99 is the served requests'.
+    records = [TraceRecord(0.0, 64, 4, Priority.P1), TraceRecord(0.1, 10**6, 4, Priority.P1)]
+    p1 = simulate(SCENARIO, duration_s=3.0, workload=replay(records)).summary.classes[
+        Priority.P1]
+    assert p1.ttft_p99_ms is not None and p1.ttft_p99_ms < 1000.0
+
+
+@pytest.mark.parametrize(("served", "refused", "expected"), [
+    ([1.0, 2.0, 3.0], 0, 2.98),
+    # 1 of 200 never served: the P99's rank (0.99 x 199 = 197.01) lies among the served.
+    (list(map(float, range(1, 200))), 1, 197.01 + 1.0),
+    # 2 of 100: the rank falls among those never served.
+    (list(map(float, range(1, 99))), 2, REFUSED_TTFT_S),
+    ([], 3, REFUSED_TTFT_S),
+    ([], 0, None),
+])
+def test_the_ttft_percentile_places_those_never_served_past_every_other(
+        served: list[float], refused: int, expected: float | None) -> None:
+    got = ttft_percentile_ms(served, refused, 99)
+    assert (got is None) if expected is None else got == pytest.approx(expected * 1000.0)
