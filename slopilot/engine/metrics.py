@@ -114,12 +114,13 @@ def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> 
     return (buckets[lo] + (buckets[hi] - buckets[lo]) * (threshold - lo) / (hi - lo)) / total
 
 
-def latency_quantile(q: float, seconds: Sequence[float]) -> float:
+def latency_quantile(q: float, seconds: Sequence[float], never: int = 0) -> float:
     """``q`` of these latencies as Prometheus reads it from the engine's histogram
-    (``LATENCY_BUCKETS``, then ``histogram_quantile``): NaN without samples."""
+    (``LATENCY_BUCKETS``, then ``histogram_quantile``), with ``never`` more in +Inf (the
+    first tokens of requests turned away for load): NaN without samples."""
     ordered = sorted(seconds)
     cumulative = {e: float(bisect.bisect_right(ordered, e)) for e in LATENCY_BUCKETS}
-    return histogram_quantile(q, {**cumulative, math.inf: float(len(ordered))})
+    return histogram_quantile(q, {**cumulative, math.inf: float(len(ordered) + never)})
 
 
 def exported_series() -> frozenset[str]:

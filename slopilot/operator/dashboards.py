@@ -29,10 +29,15 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from slopilot.engine.metrics import SLO_REQUESTS
+from slopilot.engine.metrics import REFUSED, SLO_REQUESTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
-from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL, RuleOptions
+from slopilot.tuner.prometheus.rules import (
+    DEPLOYMENT_LABEL,
+    NAMESPACE_LABEL,
+    RuleOptions,
+    bucket_rates,
+)
 
 UID = "slopilot-overview"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -104,8 +109,10 @@ def _latency_panels(spec: SLOSpec) -> list[timeseries.Panel]:
         for p in Priority:
             slo_ms = getattr(spec.class_slo(p), field)
             sel = f'{{{SEL},priority_class="{p.label}"}}'
-            queries = [_query(f"histogram_quantile({q}, sum by (le) "
-                              f"(rate({metric}_bucket{sel}[{RATE}])))", tag)
+            # As the loop reads them: a request turned away for load is a first token
+            # never given (rules.bucket_rates).
+            queries = [_query(f"histogram_quantile({q}, "
+                              f"{bucket_rates(metric, sel, RATE, by='le')})", tag)
                        for q, tag in ((0.99, "P99"), (0.5, "P50"))]
             slo_text = f"SLO P99 < {slo_ms:g} ms" if slo_ms else "best effort"
             panels.append(_series(f"{short} {p.label.upper()} ({slo_text})", queries,
@@ -137,7 +144,12 @@ def _throughput_panels() -> list[Any]:
             _query(f"sum(slopilot_num_requests_swapped{{{SEL}}})", "swapped")], unit="short"),
         _series("Finished requests per second", [
             _query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
-                   f"[{RATE}]))", "{{finished_reason}}")], unit="reqps"),
+                   f"[{RATE}]))", "{{finished_reason}}"),
+            _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
+                   "turned away (429) {{priority_class}}")], unit="reqps",
+            description="Turned away: requests the engine refused for load (its waiting "
+            "queue full), never served; the TTFT panels count each as a first token "
+            "never given."),
     ]
 
 

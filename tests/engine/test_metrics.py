@@ -17,6 +17,7 @@ from slopilot.engine.metrics import (
     SLOPILOT_METRICS,
     VLLM_METRICS,
     EngineMetrics,
+    latency_quantile,
 )
 from slopilot.engine.request import Priority
 
@@ -313,3 +314,11 @@ def test_a_tenant_editing_its_slo_in_a_loop_cannot_grow_the_series_without_bound
     assert {k[2] for k in series if k[1] == "p0"} == {slo.p0.label}
     assert _verdicts(m)[("slopilot_slo_generation_tokens_total", "p0", slo.p0.label,
                          "true")] == 1
+
+
+def test_the_bucketed_ttft_quantile_reads_first_tokens_never_given_in_inf() -> None:
+    # As the rules read it: 2 of 100 never served put the P99 in +Inf (the last finite
+    # edge); none, and it is the served requests' own.
+    served = [0.05] * 98
+    assert latency_quantile(0.99, served) == pytest.approx(0.0499)  # inside (0.04, 0.05]
+    assert latency_quantile(0.99, served, never=2) == LATENCY_BUCKETS[-1]

@@ -43,7 +43,7 @@ class Recorded:
 def answers(rate_now: float = 2.0, rate_before: float = 2.0, finished: float = 20.0
             ) -> dict[str, Any]:
     return {
-        "histogram_quantile(0.99, sum by (le, priority_class) (rate(vllm:time_to_first":
+        "histogram_quantile(0.99, (sum by (le, priority_class) (rate(vllm:time_to_first":
             {"p0": 0.3, "p1": 0.5},
         "histogram_quantile(0.99, sum by (le, priority_class) (rate(vllm:inter_token":
             {"p0": 0.04, "p1": 0.05},
@@ -52,7 +52,7 @@ def answers(rate_now: float = 2.0, rate_before: float = 2.0, finished: float = 2
         "sum(rate(vllm:e2e_request_latency_seconds_count":
             lambda at: rate_now if at == 100.0 else rate_before,
         "sum by (priority_class) (rate(vllm:request_generation_tokens_sum": {"p0": 30, "p1": 40},
-        "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first": 0.45,
+        "histogram_quantile(0.99, (sum by (le) (rate(vllm:time_to_first": 0.45,
         "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token": 0.05,
         "vllm:num_preemptions_total": 0.0,
         # Each class's goodput rule (the only expressions that select an slo label).
@@ -341,3 +341,22 @@ def test_a_figure_no_engine_can_export_rejects_the_window(fragment: str, value: 
     with pytest.raises(WindowRejected, match=named) as err:
         windows(Recorded(recorded)).measure(90.0, 100.0, canary=False)
     assert "/metrics" in err.value.reason
+
+
+@pytest.mark.parametrize(("refused", "p99_ms"), [(0, 99.0), (5, 300_000.0)])
+def test_direct_scrape_reads_a_request_turned_away_as_a_first_token_never_given(
+        refused: int, p99_ms: float) -> None:
+    """As the rules read them (``rules.bucket_rates``): each request the engine turned
+    away for load (429) is in the +Inf bucket of its class's TTFT, and of every class's."""
+    from slopilot.engine.metrics import REFUSED
+
+    page = "".join([
+        'vllm:e2e_request_latency_seconds_count{priority_class="p1"} 100\n',
+        'vllm:time_to_first_token_seconds_bucket{priority_class="p1",le="0.1"} 100\n',
+        'vllm:time_to_first_token_seconds_bucket{priority_class="p1",le="300.0"} 100\n',
+        'vllm:time_to_first_token_seconds_bucket{priority_class="p1",le="+Inf"} 100\n',
+        f'{REFUSED}{{priority_class="p1"}} {refused}\n',
+        f'{REFUSED}{{priority_class="p0"}} 0\n']).encode()
+    s = _scraped([b"", page])
+    assert s.classes[Priority.P1].ttft_p99_ms == pytest.approx(p99_ms)
+    assert s.overall.ttft_p99_ms == pytest.approx(p99_ms)

@@ -307,12 +307,14 @@ def test_tbt_alert_fires_and_resolves_in_real_prometheus(
 
 
 def _assert_p0_goodput(binaries: PrometheusBinaries, tmp_path: Path, test: dict[str, Any],
-                       tokens_per_s: float, eval_time: str = "5m") -> None:
+                       tokens_per_s: float, eval_time: str = "5m",
+                       record: str = "slopilot:goodput_tokens:per_second") -> None:
     """Run ``test`` (a promtool unit test of rules.yaml in ``tmp_path``, its input series
-    set) and demand P0's recorded goodput of deployment n/d be ``tokens_per_s`` at
-    ``eval_time``, compared in thousandths (promtool's float formatting rounds)."""
+    set) and demand P0's recorded goodput (or ``record``) of deployment n/d be
+    ``tokens_per_s`` at ``eval_time``, compared in thousandths (promtool's float
+    formatting rounds)."""
     test["tests"][0]["promql_expr_test"] = [{
-        "expr": 'round(slopilot:goodput_tokens:per_second{priority_class="p0"} * 1000)',
+        "expr": f'round({record}{{priority_class="p0"}} * 1000)',
         "eval_time": eval_time,
         "exp_samples": [{"labels": '{priority_class="p0",slopilot_deployment="d",'
                                    'slopilot_namespace="n"}',
@@ -475,3 +477,67 @@ def test_goodput_of_a_replica_told_its_slo_inside_the_window_is_its_share_of_the
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "10s",
             "tests": [{"interval": "10s", "input_series": series}]}
     _assert_p0_goodput(prometheus_binaries, tmp_path, test, 8.0, eval_time="300s")
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize(("record", "refused_per_min", "expected_s"), [
+    ("slopilot:ttft_seconds:p99", None, 0.099),     # no such series (vLLM): as before
+    ("slopilot:ttft_seconds:p99", 0, 0.099),
+    # 5 of 105 turned away: the P99 falls among them, in the +Inf bucket, which
+    # histogram_quantile reads as the highest finite edge (the simulator's REFUSED_TTFT_S).
+    ("slopilot:ttft_seconds:p99", 5, 300.0),
+    ("slopilot:ttft_seconds:p99_long", 5, 300.0),
+    ("slopilot:ttft_seconds:p50", 20, 0.06),        # the median moves up too
+])
+def test_a_request_turned_away_for_load_is_a_first_token_never_given(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        record: str, refused_per_min: int | None, expected_s: float) -> None:
+    """A full waiting queue answers 429: the client was never served. Its TTFT is a
+    first token never given, so the TTFT percentiles the alerts, the trials and status
+    read count it in the +Inf bucket; left out, they read the served requests alone, and
+    a deployment turning away 5 % of its clients held its SLO (no alert fired)."""
+    from slopilot.engine.metrics import REFUSED
+    from slopilot.engine.sim.stats import REFUSED_TTFT_S
+
+    assert expected_s != 300.0 or REFUSED_TTFT_S == 300.0
+    spec = SLOSpec.from_profile("standard")
+    (tmp_path / "rules.yaml").write_text(render_rules_yaml(spec, "d", namespace="n"))
+    labels = 'namespace="n",slopilot_namespace="n",slopilot_deployment="d",priority_class="p0"'
+    series = [{"series": f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}}',
+               "values": "0+100x10"} for le in ("0.1", "300.0", "+Inf")]
+    series.append({"series": f"vllm:time_to_first_token_seconds_count{{{labels}}}",
+                   "values": "0+100x10"})
+    if refused_per_min is not None:
+        series.append({"series": f'{REFUSED}{{{labels},model_name="m"}}',
+                       "values": f"0+{refused_per_min}x10"})
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series}]}
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, expected_s, eval_time="6m",
+                       record=record)
+
+
+@pytest.mark.prometheus
+def test_every_classs_ttft_p99_counts_those_turned_away_too(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The windows' P99 of every class together (status.ttftP99Ms) reads the buckets
+    summed by ``le`` alone: the refused counter joins them there as well."""
+    from slopilot.engine.metrics import REFUSED
+    from slopilot.tuner.prometheus.rules import TTFT, bucket_rates
+
+    (tmp_path / "rules.yaml").write_text(render_rules_yaml(SLOSpec.from_profile("standard"),
+                                                           "d", namespace="n"))
+    sel = '{slopilot_deployment="d"}'
+    series = []
+    for cls, refused in (("p0", 5), ("p1", 0)):
+        labels = f'slopilot_deployment="d",priority_class="{cls}"'
+        series += [{"series": f'{TTFT}_bucket{{{labels},le="{le}"}}', "values": "0+100x10"}
+                   for le in ("0.1", "300.0", "+Inf")]
+        series.append({"series": f"{REFUSED}{{{labels}}}", "values": f"0+{refused}x10"})
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            # 5 of 205 never served: the P99 (rank 202.95) falls among them.
+            "expr": f"histogram_quantile(0.99, {bucket_rates(TTFT, sel, '1m', by='le')})",
+            "eval_time": "6m", "exp_samples": [{"labels": "{}", "value": 300}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import SLO_TOKENS, histogram_quantile, histogram_share_within
+from slopilot.engine.metrics import (
+    REFUSED,
+    SLO_TOKENS,
+    histogram_quantile,
+    histogram_share_within,
+)
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -39,7 +44,7 @@ _TBT = "vllm:inter_token_latency_seconds_bucket"
 _HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 _BUSY, _WAITING = "slopilot_busy_ratio", "vllm:num_requests_waiting"
 _GAUGES = {_BUSY, _WAITING}
-_KEEP = {_TTFT, _TBT, "vllm:e2e_request_latency_seconds_count",
+_KEEP = {_TTFT, _TBT, REFUSED, "vllm:e2e_request_latency_seconds_count",
          "vllm:request_generation_tokens_sum", "vllm:num_preemptions_total", _HITS,
          _QUERIES, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
@@ -207,11 +212,18 @@ class DirectScrape:
             return out
 
         def buckets(name: str, cls: str | None) -> dict[float, float]:
-            """Cumulative ``{le: count}`` of one class, or of every class (None)."""
+            """Cumulative ``{le: count}`` of one class, or of every class (None); for
+            TTFT, each request turned away for load in +Inf (``rules.bucket_rates``)."""
             out: dict[float, float] = {}
+            never = 0.0
             for (n, c, le), v in d.items():
-                if n == name and (c == cls or (cls is None and c in labels)):
-                    out[le] = out.get(le, 0.0) + v
+                if c == cls or (cls is None and c in labels):
+                    if n == name:
+                        out[le] = out.get(le, 0.0) + v
+                    elif n == REFUSED:
+                        never += v
+            if name == _TTFT and math.inf in out:  # as PromQL's join: where +Inf is
+                out[math.inf] += never
             return out
 
         requests = by_class("vllm:e2e_request_latency_seconds_count")

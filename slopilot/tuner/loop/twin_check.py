@@ -209,7 +209,8 @@ def _class_error(p: Priority, predicted: WindowSummary, stats: SimStats,
         # The measured P99s are the histogram's, which reads high inside a bucket (23-29 %
         # for TBT in docs/benchmarks.md, TBT truth): the twin's exact ones against them
         # read as optimism, and a scale-down took that much more headroom.
-        ttft = or_none(latency_quantile(0.99, stats.classes[p].ttft) * 1000.0)
+        c = stats.classes[p]
+        ttft = or_none(latency_quantile(0.99, c.ttft, never=c.refused) * 1000.0)
         tbt = or_none(latency_quantile(0.99, stats.classes[p].tbt) * 1000.0)
     return ClassError(p.label, ttft, b.ttft_p99_ms, tbt, b.tbt_p99_ms)
 

@@ -29,6 +29,7 @@ from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
 from slopilot.tuner.prometheus.rules import (
     LatencyBuckets,
     RuleOptions,
+    bucket_rates,
     duration,
     render_rule_groups,
     render_selector,
@@ -116,8 +117,8 @@ class PrometheusWindows:
                                    f"vllm:request_generation_tokens_sum{s}[{w}]))"}
         # Every class together, as the simulator's overall P99 (no recording rule has it).
         for key, metric in _HISTOGRAMS.items():
-            out[f"{key}_p99_all"] = {None: f"histogram_quantile(0.99, sum by (le) (rate("
-                                           f"{metric}_bucket{s}[{w}])))"}
+            out[f"{key}_p99_all"] = {None: f"histogram_quantile(0.99, "
+                                           f"{bucket_rates(metric, s, w, by='le')})"}
         # Arrivals, not completions: a bad config slows completions, and that must read as
         # a bad trial, not as a load shift. Arrivals = finished + growth of the queue.
         out["request_rate"] = {None: (

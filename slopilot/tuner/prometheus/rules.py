@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.metrics import LATENCY_BUCKETS, SLO_TOKENS
+from slopilot.engine.metrics import LATENCY_BUCKETS, REFUSED, SLO_TOKENS
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.alert_table import (
     ALL_CLASSES,
@@ -130,6 +130,25 @@ VLLM_LATENCY_BUCKETS: LatencyBuckets = MappingProxyType({
 })
 
 
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def bucket_rates(metric: str, selector: str, window: str,
+                 by: str = "le, priority_class") -> str:
+    """The rates of ``metric``'s buckets, summed ``by`` (``le`` among them), as
+    ``histogram_quantile`` takes them. For TTFT, a request turned away for load (429) is
+    a first token never given: counted in the +Inf bucket beside the served ones. No such
+    series (vLLM, an image from before it): the buckets as they are."""
+    buckets = f"sum by ({by}) (rate({metric}_bucket{selector}[{window}]))"
+    if metric != TTFT:
+        return buckets
+    others = ", ".join(label for label in by.replace(" ", "").split(",") if label != "le")
+    never = (f"sum by ({others}) (rate({REFUSED}{selector}[{window}]))" if others
+             else f"sum(rate({REFUSED}{selector}[{window}]))")
+    return (f'({buckets} + on ({by}) label_replace({never}, "le", "+Inf", "", "") '
+            f"or {buckets})")
+
+
 def _le(edge: float) -> str:
     # The text prometheus_client writes for le: 1 -> "1.0", 0.1 -> "0.1".
     return str(floatToGoString(edge))
@@ -162,8 +181,8 @@ class _Renderer:
         return {"record": name, "expr": expr, "labels": {**self.ident, **labels}}
 
     def quantile(self, q: float, metric: str, window: str | None = None) -> str:
-        return (f"histogram_quantile({q}, sum by (le, priority_class) "
-                f"(rate({metric}_bucket{self.sel()}[{window or self.window}])))")
+        return (f"histogram_quantile({q}, "
+                f"{bucket_rates(metric, self.sel(), window or self.window)})")
 
     def fraction_within(self, metric: str, cls: str, threshold_s: float,
                         by: str = "priority_class") -> str:
