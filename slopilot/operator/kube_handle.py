@@ -348,8 +348,7 @@ class KubeDeploymentHandle:
                                  "reconfigure")
             token = self.mint.for_body(body)
             targets = [self._pick_canary(pods)] if canary else pods
-            for pod in targets:
-                self._put(pod, new, token)
+            self._put_all(targets, new, token)
             if canary:
                 return str(targets[0]["metadata"]["name"])  # a trial: nothing recorded
             self._canary = None  # every replica runs the same config again
@@ -361,6 +360,27 @@ class KubeDeploymentHandle:
             new = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new))
         self._record(body, new)
         return None
+
+    def _put_all(self, pods: list[dict[str, Any]], config: EngineConfig, token: str) -> None:
+        """PUT ``config`` to every pod as a sync asks them: up to ``SYNC_FANOUT`` at once,
+        all within ``SYNC_DEADLINE_S``. One after another, a wedged pod held the pods
+        after it, and 64 slow ones held the daemon's thread for 16 minutes. ApplyError
+        naming each pod that did not take it (after every pod was asked); ConfigError
+        where one refused it."""
+        ends = self.clock() + SYNC_DEADLINE_S
+
+        def put(pod: Mapping[str, Any]) -> str | None:
+            try:
+                self._put(pod, config, token, ends)
+            except ApplyError as exc:
+                return str(exc)
+            return None
+
+        with ThreadPoolExecutor(max_workers=max(1, min(SYNC_FANOUT, len(pods))),
+                                thread_name_prefix=f"apply-{self.name}") as pool:
+            failed = [why for why in pool.map(put, pods) if why is not None]
+        if failed:
+            raise ApplyError("; ".join(failed))
 
     def sync_config(self, *, trial: Mapping[str, Any] | None = None,
                     trial_on: str | None = None) -> ConfigSync:

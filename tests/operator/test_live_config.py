@@ -891,3 +891,71 @@ def test_a_pod_that_holds_its_answers_keeps_no_other_pod_from_its_config(
             sync.join(timeout=HANG_GUARD_S)
     assert done and set(done[0].updated) == {"chat-pod-0", "chat-pod-1", "chat-pod-2"}
     assert done[0].left == ()
+
+
+def test_a_commit_reaches_every_other_pod_while_one_holds_its_answer(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit (``apply_config`` to every replica) sent its PUTs one pod after another,
+    with no deadline but each request's: a wedged pod held the pods after it, and 64
+    slow ones held the deployment's daemon thread for 16 minutes, a thread that outlives
+    its cancelled daemon. It asks them as the sync does: side by side."""
+    from slopilot.operator import kube_handle
+    for limit in ("HTTP_TIMEOUT_S", "POD_ANSWER_DEADLINE_S", "SYNC_DEADLINE_S"):
+        monkeypatch.setattr(kube_handle, limit, 3600.0)  # the hold outlasts none of them
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    pods = [PodStandIn(token, dict(want)) for _ in range(3)]
+    release = threading.Event()
+    failed: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            handle.apply_config({"token_budget": 512}, canary=False)
+        except BaseException as exc:  # reported below
+            failed.append(exc)
+
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = handle_of(cluster, body, policy, mint)
+        # The pod the handle asks first holds its answer.
+        first = int(str(handle.pods(cluster.get())[0]["metadata"]["name"]).rsplit("-", 1)[1])
+        pods[first].on_request = lambda method, path: release.wait()
+        worker = threading.Thread(target=commit)
+        worker.start()
+        try:
+            wait_for(lambda: all(running(p)["token_budget"] == 512
+                                 for i, p in enumerate(pods) if i != first),
+                     "the pods after the slow one get the committed config")
+        finally:
+            release.set()
+            worker.join(timeout=HANG_GUARD_S)
+    assert not failed and all(running(p)["token_budget"] == 512 for p in pods)
+
+
+def test_a_commit_takes_at_most_the_deadline_and_names_the_pods_it_missed(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slopilot.operator import kube_handle
+    monkeypatch.setattr(kube_handle, "SYNC_FANOUT", 1)  # the clock moves in a known order
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want, token = spec_config(cluster), mint.for_body(cluster.get())
+    clock = Clock()
+    answer_s = kube_handle.POD_ANSWER_DEADLINE_S - 1
+    pods = [PodStandIn(token, dict(want)) for _ in range(4)]
+
+    def slow(method: str, path: str) -> None:
+        clock.now += answer_s
+
+    for pod in pods:
+        pod.on_request = slow
+    with serving(*pods):
+        for i, pod in enumerate(pods):
+            add_pod(cluster, "chat", i, pod.port)
+        handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
+                                      uid=body["metadata"]["uid"], clock=clock)
+        start = clock.now
+        with pytest.raises(ApplyError, match=r"chat-pod-3.*SYNC_DEADLINE_S"):
+            handle.apply_config({"token_budget": 512}, canary=False)
+    assert clock.now - start < kube_handle.SYNC_DEADLINE_S + answer_s
+    assert pods[-1].puts == []
+    assert "tunedConfig" not in (cluster.get().get("status") or {})  # not every pod took it
