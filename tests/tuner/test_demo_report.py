@@ -91,3 +91,15 @@ def test_a_write_that_fails_part_way_leaves_every_report_file_whole(
         # report.md goes last: while it is the earlier one, it links no half plot.
         if now["report.md"] == written["report.md"]:
             assert now == written, nth
+
+
+def test_a_run_without_samples_leaves_no_earlier_runs_timeline_behind(tmp_path: Path) -> None:
+    """A run that drew no timeline (no samples) linked timeline.png anyway, and an
+    earlier run's plot in the folder read as this run's."""
+    _write(tmp_path)
+    assert (tmp_path / "timeline.png").exists()
+    write_demo_report(tmp_path / "report.md", study(ttft_of_budget=True, n=6), SLO, [],
+                      ["[t+1s] nothing happened"], shift_at_s=2.0)
+    assert not (tmp_path / "timeline.png").exists()
+    report = (tmp_path / "report.md").read_text()
+    assert "timeline.png" not in report and "## Timeline" in report

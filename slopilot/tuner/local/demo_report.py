@@ -76,12 +76,16 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
     # Every file is written beside itself and renamed over it, report.md last: a crash or
     # a full disk part-way leaves each file whole, and the report that is there links no
     # plot still to come.
+    plot = out / "timeline.png"
     if samples:
-        _plot(samples, slo, shift_at_s, out / "timeline.png")
+        _plot(samples, slo, shift_at_s, plot)
+    else:  # an earlier run's plot would read as this run's
+        plot.unlink(missing_ok=True)
     write_text_atomically(out / "timeline.json", json.dumps(
         {"shift_at_s": shift_at_s, "samples": [asdict(s) for s in samples],
          "decisions": lines}, default=str, indent=1))
-    tail = twin_section(twin) + ("\n## Timeline\n\n![timeline](timeline.png)\n\n```\n"
+    drawn = "![timeline](timeline.png)" if samples else "No samples: no timeline drawn."
+    tail = twin_section(twin) + (f"\n## Timeline\n\n{drawn}\n\n```\n"
                                  + "\n".join(lines) + "\n```\n")
     return write_report(tuner, slo, out, title="slopilot demo: live trials",
                         tail=tail.splitlines())
