@@ -105,3 +105,16 @@ def test_an_empty_window_names_the_way_out(tmp_path: Path) -> None:
     empty = WindowPlan((WindowChoice("typical", 120.0, 180.0, 30.0, 20.0),), "trace")
     with pytest.raises(ValueError, match=r"no request arrives in it.*--windows whole"):
         RobustEvaluator(scenario, empty).evaluate({})
+
+
+def test_a_trace_plan_of_fewer_windows_says_which_it_has() -> None:
+    # A sparse trace whose busiest window is also its only one with arrivals: it read
+    # "its busiest windows and a typical one" over one window.
+    from slopilot.engine.sim.windows import WindowChoice
+    from slopilot.tuner.sim.robust import WindowPlan
+
+    one = WindowChoice("busiest arrivals", 30.0, 90.0, 30.0, 20.0, arrival_rate=0.1,
+                       token_rate=10.0)
+    text = WindowPlan((one,), "trace").describe()
+    assert text.startswith("judged on the trace's busiest window by arrivals (its only "
+                           "one), 60 s (+30 s warm-up"), text

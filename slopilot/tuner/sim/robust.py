@@ -35,6 +35,10 @@ third of the window, so that a short window is not mostly drain."""
 SEEDS = 3
 
 
+_SAID = {"busiest arrivals": "busiest window by arrivals",
+         "busiest tokens": "busiest window by tokens", "typical": "typical window"}
+
+
 @dataclass(frozen=True)
 class WindowPlan:
     """The windows a study judges on, and what choosing them meant."""
@@ -48,9 +52,19 @@ class WindowPlan:
         """Virtual seconds one evaluation simulates (warm-ups and drains included)."""
         return sum(w.warmup_s + w.length_s + w.drain_s for w in self.windows)
 
+    def _trace_windows(self) -> str:
+        """Which of a trace's windows there are: a sparse trace may have fewer than three
+        (its busiest window the only one with arrivals, say)."""
+        names = [w.name for w in self.windows]
+        if names == ["busiest arrivals", "busiest tokens", "typical"]:
+            return "the trace's busiest windows and a typical one"
+        said = [_SAID.get(n, n) for n in names]
+        only = " (its only one)" if len(said) == 1 else ""
+        return "the trace's " + " and ".join(said) + only
+
     def describe(self) -> str:
         """One line for the output and the report."""
-        what = {"trace": "the trace's busiest windows and a typical one",
+        what = {"trace": self._trace_windows(),
                 "whole": "the whole trace",
                 "seeds": f"{len(self.windows)} workload seed{'s' if len(self.windows) > 1 else ''}"}
         w0 = self.windows[0]
