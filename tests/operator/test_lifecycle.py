@@ -13,11 +13,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from slopilot.operator.crd import crd_manifest
 from slopilot.operator.handlers import status_of
 from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
-from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.status_writer import write_status
 from tests.operator.operator_support import (
@@ -26,7 +24,6 @@ from tests.operator.operator_support import (
     add_pod,
     daemon_loop,
     llmd,
-    operator_mint,
 )
 from tests.operator.standins import (
     PodStandIn,
@@ -34,6 +31,7 @@ from tests.operator.standins import (
     build_study_controller,
     serving,
 )
+from tests.operator.test_daemon_heartbeat import tuning_cr
 from tests.operator.test_live_config import reconciled, spec_config
 from tests.support.kube_server import RunningEmulator
 
@@ -171,14 +169,8 @@ def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
     as stale, added a second completed trial of the same config to the study."""
     from slopilot.operator import tuning_daemon
 
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    policy = OperatorPolicy(allowed_storage=(storage,))
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(prometheus={"url": prom.url},
-                               tuning={"window": "1h", "storage": storage}))
-    mint = operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
-    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
+    storage = policy.allowed_storage[0]
     now = [1_000_000.0]
 
     def started() -> Any:
@@ -189,7 +181,6 @@ def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
 
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
         first = started()
         assert first.step()
         assert cluster.status()["controller"]["trial"]["number"] == 0
@@ -218,17 +209,9 @@ def test_a_restarted_operator_beats_for_the_trial_it_resumes(
     """The restarted operator's study beat only for trials it asked: the trial it
     resumed from ``status.controller`` went stale once its window outlasted the grace
     period, and was failed, its window then added as another trial."""
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    policy = OperatorPolicy(allowed_storage=(storage,))
-    kube.install(crd_manifest())
-    body = cluster.create(llmd(prometheus={"url": prom.url},
-                               tuning={"window": "1h", "storage": storage}))
-    mint = operator_mint(cluster)
-    assert reconcile(cluster.kube, body, policy=policy, mint=mint).valid
-    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
         first = daemon_loop(cluster, body, monkeypatch, factory=build_study_controller,
                             policy=policy)
         assert first.step()
