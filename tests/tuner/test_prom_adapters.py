@@ -4,9 +4,11 @@ the live path is in test_closed_loop_prometheus. Also the direct-scrape quantile
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
@@ -17,7 +19,8 @@ from slopilot.tuner.prometheus.alerts import SummaryAlerts
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
-from tests.support.prometheus import free_port, serve_metrics
+from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.prometheus import PrometheusBinaries, free_port, promtool, serve_metrics
 
 DEMO = load_scenario("demo")
 
@@ -360,3 +363,34 @@ def test_direct_scrape_reads_a_request_turned_away_as_a_first_token_never_given(
     s = _scraped([b"", page])
     assert s.classes[Priority.P1].ttft_p99_ms == pytest.approx(p99_ms)
     assert s.overall.ttft_p99_ms == pytest.approx(p99_ms)
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("refused_per_s", [None, 0, 8])
+def test_the_arrival_rate_counts_the_requests_turned_away(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        refused_per_s: int | None) -> None:
+    """A request turned away for load (429) arrived: the load-shift check compares
+    arrivals so that a bad config reads as a bad trial, not as a load that moved, and a
+    config that turns away most of its clients is the worst of them. The simulated
+    cluster counts every arrival (``SimCluster.summary``). Left out, 2 served and 8
+    turned away a second read as 2 arrivals against a config before it serving all 10:
+    a load shift, and the window was thrown away instead of judged."""
+    from slopilot.engine.metrics import REFUSED
+
+    expr = windows(Recorded({}))._exprs({"d": "x"}, 60)["request_rate"][None]
+    labels = 'd="x",priority_class="p1"'
+    series = [{"series": f"vllm:e2e_request_latency_seconds_count{{{labels}}}",
+               "values": "0+120x10"}]  # 2 a second
+    series += [{"series": f'{gauge}{{d="x"}}', "values": "3x10"}
+               for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+    if refused_per_s is not None:  # None: no such series (vLLM)
+        series.append({"series": f"{REFUSED}{{{labels}}}",
+                       "values": f"0+{refused_per_s * 60}x10"})
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": f"round(({expr}) * 1000)", "eval_time": "5m",
+            "exp_samples": [{"labels": "{}", "value": (2 + (refused_per_s or 0)) * 1000}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slopilot.engine.metrics import REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
@@ -120,11 +121,14 @@ class PrometheusWindows:
             out[f"{key}_p99_all"] = {None: f"histogram_quantile(0.99, "
                                            f"{bucket_rates(metric, s, w, by='le')})"}
         # Arrivals, not completions: a bad config slows completions, and that must read as
-        # a bad trial, not as a load shift. Arrivals = finished + growth of the queue.
+        # a bad trial, not as a load shift. Arrivals = finished + growth of the queue +
+        # turned away for load: a config that refuses its clients took less, it was not
+        # offered less (and the simulated cluster counts them, as every arrival).
         out["request_rate"] = {None: (
             f"sum(rate(vllm:e2e_request_latency_seconds_count{s}[{w}])) + "
             f"((sum(delta(vllm:num_requests_running{s}[{w}])) + "
-            f"sum(delta(vllm:num_requests_waiting{s}[{w}]))) / {window_s} or vector(0))")}
+            f"sum(delta(vllm:num_requests_waiting{s}[{w}]))) / {window_s} or vector(0)) + "
+            f"(sum(rate({REFUSED}{s}[{w}])) or vector(0))")}
         return out
 
     def _by_class(self, expr: str, at: float) -> dict[str, float]:
