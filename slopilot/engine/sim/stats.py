@@ -233,9 +233,12 @@ def ttft_percentile_ms(seconds: Sequence[float] | array | np.ndarray, refused: i
     n = len(seconds)
     if not refused:
         return percentile_ms(seconds, q)
-    rank = q / 100.0 * (n + refused - 1)  # numpy's linear rank in the union
-    if rank > n - 1:
+    # Among them exactly where histogram_quantile puts it (the live rules): more than
+    # 1 - q of all never served. numpy's rank in the union crosses into them earlier (1 of
+    # 100 at the P99), and the twin judged a miss where the live deployment held.
+    if q / 100.0 * (n + refused) > n:
         return REFUSED_TTFT_S * 1000.0
+    rank = min(q / 100.0 * (n + refused - 1), n - 1.0)  # numpy's linear rank in the union
     return percentile_ms(seconds, 100.0 * rank / (n - 1) if n > 1 else q)
 
 

@@ -151,6 +151,11 @@ def test_a_prompt_that_can_never_fit_is_not_a_first_token_never_given() -> None:
     (list(map(float, range(1, 200))), 1, 197.01 + 1.0),
     # 2 of 100: the rank falls among those never served.
     (list(map(float, range(1, 99))), 2, REFUSED_TTFT_S),
+    # 1 of 100, 10 of 1000: exactly 1 %, which the live P99 reads as the served ones'
+    # (histogram_quantile: 99 % of all within the last finite bucket), and the docs'
+    # "more than 1 %" says so; the twin read 300 s there and judged a miss live held.
+    ([0.05] * 99, 1, 0.05),
+    (list(map(float, range(1, 991))), 10, 990.0),
     ([], 3, REFUSED_TTFT_S),
     ([], 0, None),
 ])
