@@ -97,6 +97,19 @@ def test_profile_from_recorded_query_results_becomes_a_scenario() -> None:
                                 min_requests=500)
 
 
+def test_the_requests_turned_away_for_load_are_part_of_the_workload() -> None:
+    """A deployment turning clients away (429) was offered them: the twin plans for the
+    load that arrived, not for the share its config let in. Left out, a saturated
+    deployment measured its own throughput as the load, and the capacity plan found the
+    replicas it had enough while the TTFT alerts read 300 s."""
+    answers = _answers(requests_refused_total=[_sample(40, priority_class="p1")])
+    prof = WorkloadProfile.measure(_recorded(answers), SELECTOR, 50)  # type: ignore[arg-type]
+    assert prof.arrival_rate == pytest.approx((100 + 10 + 40) / 50)
+    assert prof.class_mix == pytest.approx({"p0": 20 / 140, "p1": 120 / 140, "p2": 0.0})
+    # The lengths are the finished requests' alone: a refused one told none.
+    assert prof.prompt.mean == 600 and prof.output.mean == 50
+
+
 def test_zero_rate_profile_cannot_become_a_scenario() -> None:
     flat = LengthProfile(10, 0, 10, 10)
     prof = WorkloadProfile(0.0, flat, flat, {"p1": 1.0}, 60, 0)

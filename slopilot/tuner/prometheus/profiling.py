@@ -1,11 +1,12 @@
 """The live workload, measured from Prometheus, as a scenario the offline study can run.
 
 From one window of the engines' metrics: the arrival rate (finished requests per second
-plus the growth of the queue), the prompt and output length distributions (the
-``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` histograms: the mean
-from ``_sum / _count``, the lognormal spread from the bucket counts in log space) and the
-class mix (finished requests per ``priority_class``). ``to_scenario`` puts that workload,
-open loop, on a base scenario's hardware, model, knobs and SLO.
+plus the growth of the queue and those turned away for load), the prompt and output length
+distributions (the ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens``
+histograms: the mean from ``_sum / _count``, the lognormal spread from the bucket counts in
+log space) and the class mix (finished and turned-away requests per ``priority_class``).
+``to_scenario`` puts that workload, open loop, on a base scenario's hardware, model, knobs
+and SLO.
 
 The queries go through ``PrometheusQuery`` (a callable: PromQL in, the API's result list
 out), so recorded answers can stand in for a live server in tests and replays.
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.metrics import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.spec_reader import ScenarioError
@@ -141,8 +143,16 @@ class WorkloadProfile:
         if math.isinf(growth):
             raise ImplausibleWorkload(f"the queue's growth read {growth:g}, which no engine's "
                                f"series give: {CHECK_METRICS}")
-        rate = max(0.0, (requests + (growth if math.isfinite(growth) else 0.0)) / window_s)
-        mix = {p.label: max(0.0, per_class.get(p.label, 0.0)) / requests for p in Priority}
+        # Turned away for load (429): offered, if not let in. Planned for without them, a
+        # saturated deployment's load was its own throughput, and no plan grew it. A
+        # client that retries counts once a try: the twin plans for more, not less.
+        refused = {s["metric"].get("priority_class", ""): _count(
+            f"{REFUSED}{{priority_class={s['metric'].get('priority_class', '')}}}",
+            s["value"][1]) for s in inc(REFUSED, "priority_class")}
+        offered = requests + sum(refused.values())
+        rate = max(0.0, (offered + (growth if math.isfinite(growth) else 0.0)) / window_s)
+        mix = {p.label: max(0.0, per_class.get(p.label, 0.0) + refused.get(p.label, 0.0))
+               / offered for p in Priority}
         return cls(arrival_rate=rate, prompt=lengths[_PROMPT], output=lengths[_OUTPUT],
                    class_mix=mix, window_s=window_s, requests=requests)
 
