@@ -101,14 +101,16 @@ class Scheduler(Admission):
             raise DuplicateRequestError(
                 f"request {req.request_id!r} was already submitted once (status "
                 f"{req.status.name}); build a new Request to run it again")
-        if len(self._waiting) >= self.config.max_waiting:
-            raise QueueFullError(
-                f"{len(self._waiting)} requests are waiting (max_waiting="
-                f"{self.config.max_waiting}); retry later")
+        # A prompt that can never fit first: the client's error whatever the load (a 400,
+        # not a 429 inviting a retry that fails again, nor counted as a client turned away).
         if not self.can_ever_fit(req.num_tokens):
             raise PromptTooLongError(
                 f"prompt of {req.num_tokens} tokens cannot fit in the KV cache "
                 f"({self.kv.num_gpu_blocks * self.kv.block_size} tokens); shorten the prompt")
+        if len(self._waiting) >= self.config.max_waiting:
+            raise QueueFullError(
+                f"{len(self._waiting)} requests are waiting (max_waiting="
+                f"{self.config.max_waiting}); retry later")
         req.seq_no = next(self._seq)
         self.requests[req.request_id] = req
         if req.sampling.has_penalties:

@@ -284,6 +284,10 @@ def test_bad_requests_are_refused_clearly() -> None:
     sched.add_request(make_request("b", 5))
     with pytest.raises(QueueFullError, match="max_waiting=2"):
         sched.add_request(make_request("c", 5))
+    # With the queue full, a prompt that can never fit is still the client's error (400,
+    # not worth a retry), not load (429, counted as a client turned away).
+    with pytest.raises(PromptTooLongError, match="cannot fit"):
+        sched.add_request(make_request("huge-while-full", 64))
 
 
 def test_request_that_outgrows_the_cache_ends_with_length_and_is_reported() -> None:
