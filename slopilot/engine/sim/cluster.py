@@ -181,11 +181,14 @@ class SimCluster:
 
         ``summary`` counts requests by when they finish, so a window right after a bad
         config carries that config's backlog; this one charges each request to the
-        config it arrived under. Requests still running at ``now`` are left out.
+        config it arrived under. Requests still running at ``now`` are left out; those
+        turned away for load count as missed.
         """
-        done = [ok for rep in self.reps + self.retired
-                for _, c, ok, _, arrived in rep.recorder.ev.finished
+        reps = self.reps + self.retired
+        done = [ok for rep in reps for _, c, ok, _, arrived in rep.recorder.ev.finished
                 if c == int(priority) and start <= arrived < end]
+        done += [False for rep in reps for arrived, c in rep.recorder.ev.refused
+                 if c == int(priority) and start <= arrived < end]
         return sum(done) / len(done) if done else None
 
     def iteration_samples(self, start: float, end: float, *, canary: bool = False
@@ -237,4 +240,5 @@ def _figures(ttft: list[float], gaps: list[float], done: list[tuple[bool, int]],
         throughput_tok_s=(len(ttft) + len(gaps)) / dur,
         goodput_tok_s=sum(n for ok, n in done if ok) / dur,
         ttft_p99_ms=ttft_percentile_ms(ttft, refused, 99), tbt_p99_ms=percentile_ms(gaps, 99),
-        slo_attainment=sum(1 for ok, _ in done if ok) / len(done) if done else None)
+        slo_attainment=(sum(1 for ok, _ in done if ok) / (len(done) + refused)
+                        if done or refused else None))

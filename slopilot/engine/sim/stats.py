@@ -263,7 +263,10 @@ def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
         goodput_tok_s=c.good_tokens / duration_s if duration_s else 0.0,
         ttft_p99_ms=ttft_percentile_ms(c.ttft, c.refused, 99),
         tbt_p99_ms=percentile_ms(c.tbt, 99),
-        slo_attainment=c.met_slo / c.finished if c.finished else None,
+        # Of the requests judged, as the exported verdicts count them: one turned away
+        # for load missed (it was never served).
+        slo_attainment=(c.met_slo / (c.finished + c.refused)
+                        if c.finished + c.refused else None),
         samples=SampleStats(
             ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
             ttft_p50_ms=ttft_percentile_ms(c.ttft, c.refused, 50),

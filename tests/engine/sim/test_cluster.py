@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slopilot.engine.config import ConfigError
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.stats import REFUSED_TTFT_S
@@ -84,3 +85,11 @@ def test_requests_turned_away_for_load_read_as_first_tokens_never_given() -> Non
     assert cluster.reps[0].recorder.ev.refused
     s = cluster.summary(0, 20)
     assert s.overall.ttft_p99_ms == REFUSED_TTFT_S * 1000.0
+    # Misses in the attainment too, by finish time and by arrival.
+    refused = sum(1 for _, c in cluster.reps[0].recorder.ev.refused if c == Priority.P1)
+    met = sum(ok for _, c, ok, _, _ in cluster.reps[0].recorder.ev.finished
+              if c == Priority.P1)
+    assert refused and s.classes[Priority.P1].slo_attainment is not None
+    assert s.classes[Priority.P1].slo_attainment <= met / (met + refused)
+    by_arrival = cluster.attainment_by_arrival(0, 20, Priority.P1)
+    assert by_arrival is not None and by_arrival <= met / (met + refused)

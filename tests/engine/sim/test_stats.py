@@ -81,24 +81,32 @@ def test_measure_is_checked() -> None:
         Measure(start_s=5.0, end_s=4.0, horizon_s=6.0)
 
 
-def test_the_exported_verdicts_are_the_summarys_goodput_request_by_request() -> None:
+@pytest.mark.parametrize("knobs", [{}, {"max_num_seqs": 8, "max_waiting": 4}],
+                         ids=["all-served", "some-turned-away"])
+def test_the_exported_verdicts_are_the_summarys_goodput_request_by_request(
+        knobs: dict[str, int]) -> None:
     """``simulate --metrics-out`` exports the per-request verdicts that the summary's
-    goodput and attainment count: the same tokens, the same requests, per class."""
+    goodput and attainment count: the same tokens, the same requests, per class. A
+    request turned away for load is a miss in both (the summary's attainment left it
+    out while the exported verdicts counted it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from slopilot.engine.metrics import SLO_REQUESTS, SLO_TOKENS
+    from slopilot.engine.metrics import REFUSED, SLO_REQUESTS, SLO_TOKENS
     from slopilot.engine.request import Priority
     from slopilot.engine.sim.scenario import load_scenario
     from slopilot.engine.sim.simulator import simulate
 
     scenario = load_scenario("mixed-priority")
-    run = simulate(scenario, {"token_budget": 4096, "chunk_size": 4096}, duration_s=30,
-                   seed=3, with_metrics=True)
+    run = simulate(scenario, {"token_budget": 4096, "chunk_size": 4096, **knobs},
+                   duration_s=30, seed=3, with_metrics=True)
     exported: dict[tuple[str, str, str], float] = {}
     for text in run.metrics:
         for family in text_string_to_metric_families(text.decode()):
             for s in family.samples:
-                if s.name in (SLO_REQUESTS, SLO_TOKENS):
+                if s.name == REFUSED:
+                    key = (REFUSED, s.labels["priority_class"], "false")
+                    exported[key] = exported.get(key, 0.0) + s.value
+                elif s.name in (SLO_REQUESTS, SLO_TOKENS):
                     assert s.labels["slo"] == scenario.slo.class_slo(
                         s.labels["priority_class"]).label
                     key = (s.name, s.labels["priority_class"], s.labels["met"])
@@ -111,11 +119,13 @@ def test_the_exported_verdicts_are_the_summarys_goodput_request_by_request() -> 
         judged = met + exported[(SLO_REQUESTS, p.label, "false")]
         assert exported[(SLO_TOKENS, p.label, "true")] == pytest.approx(
             c.goodput_tok_s * summary.duration_s)
-        assert judged == c.requests_finished
+        assert judged == c.requests_finished + exported[(REFUSED, p.label, "false")]
         if judged:
             judged_some = True
             assert met / judged == pytest.approx(c.slo_attainment)
     assert judged_some
+    refused = sum(v for (name, _, _), v in exported.items() if name == REFUSED)
+    assert (refused > 0) == bool(knobs)
 
 
 def _burst(n: int, *, at: float = 0.0) -> list[TraceRecord]:
