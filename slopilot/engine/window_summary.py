@@ -110,8 +110,11 @@ class ClassFigures:
     ttft_p99_ms: float | None
     tbt_p99_ms: float | None
     slo_attainment: float | None = None
-    """Share of finished requests that met the SLO; None with none finished, and from
-    Prometheus, which cannot tell per request."""
+    """Share of the requests judged (finished, or turned away for load) that met the SLO;
+    None with none judged, and from Prometheus, which cannot tell per request."""
+    requests_refused: float = 0.0
+    """Requests turned away for load in the window (429: the waiting queue was full),
+    never served: a count, fractional from Prometheus as ``requests_finished``."""
     samples: SampleStats | None = None
     accounting: RequestAccounting | None = None
 
@@ -122,10 +125,14 @@ class ClassFigures:
             raise SummaryError(f"ClassFigures.accounting={self.accounting!r}: expected "
                                "RequestAccounting")
         _check("ClassFigures", _numbers(self), ("ttft_p99_ms", "tbt_p99_ms", "slo_attainment"))
+        if self.requests_refused < 0:
+            raise SummaryError(f"ClassFigures.requests_refused={self.requests_refused!r}: "
+                               "expected a count >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requests_finished": self.requests_finished, "slo_attainment": self.slo_attainment,
+            "requests_refused": self.requests_refused,
             "ttft_p99_ms": self.ttft_p99_ms, "tbt_p99_ms": self.tbt_p99_ms,
             "throughput_tok_s": self.throughput_tok_s, "goodput_tok_s": self.goodput_tok_s}
         for group in (self.samples, self.accounting):
@@ -327,5 +334,8 @@ def _class_from(data: Mapping[str, Any], where: str) -> ClassFigures:
         goodput_tok_s=_number(data, where, "goodput_tok_s"),
         ttft_p99_ms=_statistic(data, where, "ttft_p99_ms"),
         tbt_p99_ms=_statistic(data, where, "tbt_p99_ms"),
-        slo_attainment=_statistic(data, where, "slo_attainment"), samples=samples,
-        accounting=accounting)
+        slo_attainment=_statistic(data, where, "slo_attainment"),
+        # Absent before it was counted: none turned away, as those versions read it.
+        requests_refused=(_number(data, where, "requests_refused")
+                          if "requests_refused" in data else 0.0),
+        samples=samples, accounting=accounting)

@@ -14,7 +14,7 @@ import datetime
 import logging
 from typing import Any
 
-from slopilot.engine.window_summary import WindowSummary
+from slopilot.engine.window_summary import ClassFigures, WindowSummary
 from slopilot.tuner.loop.ports import WindowEvaluator
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 
@@ -39,11 +39,24 @@ def figures_of(summary: WindowSummary) -> dict[str, Any]:
     for key, field in (("ttft_p99_ms", "ttftP99Ms"), ("tbt_p99_ms", "tbtP99Ms")):
         if (value := _p99(summary, key)) is not None:
             out[field] = round(value, 3)
-    throughput = summary.overall.throughput_tok_s
-    if throughput > 0:
-        ratio = summary.overall.goodput_tok_s / throughput
-        out["sloAttainment"] = round(min(max(ratio, 0.0), 1.0), 4)
+    if (attainment := token_attainment(summary.overall)) is not None:
+        out["sloAttainment"] = round(attainment, 4)
     return out
+
+
+def token_attainment(figures: ClassFigures) -> float | None:
+    """The share of the window's output tokens whose requests met their SLO, a request
+    turned away for load (never served) counting at the window's mean output length of
+    the served ones: without them, a deployment that refused most of its clients read
+    1.0. None with nothing served and nobody turned away."""
+    throughput, finished = figures.throughput_tok_s, figures.requests_finished
+    if figures.requests_refused > 0 and (finished <= 0 or throughput <= 0):
+        return 0.0  # every client turned away, or served nothing
+    if throughput <= 0:
+        return None
+    refused = figures.requests_refused
+    offered = throughput * (1.0 + refused / finished) if refused > 0 else throughput
+    return min(max(figures.goodput_tok_s / offered, 0.0), 1.0)
 
 
 def rfc3339(unix_s: float) -> str:

@@ -81,3 +81,18 @@ def test_nan_is_refused_where_a_summary_is_built() -> None:
     with pytest.raises(SummaryError, match="each of p0, p1, p2"):
         WindowSummary(duration_s=1.0, preemptions_per_min=0.0, overall=empty,
                       classes={Priority.P0: empty})
+
+
+def test_the_requests_turned_away_read_back_and_default_to_none_turned_away() -> None:
+    figures = ClassFigures(10.0, 5.0, 4.0, 100.0, 20.0, requests_refused=3.0)
+    s = WindowSummary(60.0, 0.0, figures, dict.fromkeys(Priority, figures))
+    back = WindowSummary.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert back.overall.requests_refused == 3.0
+    assert back.classes[Priority.P1].requests_refused == 3.0
+    old = s.to_dict()  # stored before the field existed
+    del old["requests_refused"]
+    for c in old["classes"].values():
+        del c["requests_refused"]
+    assert WindowSummary.from_dict(old).overall.requests_refused == 0.0
+    with pytest.raises(SummaryError, match="requests_refused"):
+        ClassFigures(1.0, 1.0, 1.0, None, None, requests_refused=-1.0)

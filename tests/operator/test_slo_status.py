@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import ClassFigures, WindowSummary
-from slopilot.operator.slo_status import FIGURES, WindowFigures
+from slopilot.operator.slo_status import FIGURES, WindowFigures, figures_of
 
 
 def summary(ttft: float | None, tbt: float | None, throughput: float) -> WindowSummary:
@@ -38,3 +38,19 @@ def test_a_window_without_a_figure_clears_the_last_windows_one() -> None:
 def test_a_window_with_no_figure_at_all_leaves_the_last_ones_and_their_time() -> None:
     figures = WindowFigures(Evaluator([summary(None, None, 0.0)]), 60.0, 0.0)
     assert figures.due(60.0) == {}
+
+
+def test_requests_turned_away_for_load_lower_the_attainment() -> None:
+    """A deployment that turned away 30 of every 40 requests (429) with each of the 10 it
+    served within its SLO showed sloAttainment 1.0: the share of the tokens it made, none
+    of them for the clients it refused. Each refused request counts at the window's mean
+    output length of the served ones, never given."""
+    served = ClassFigures(10.0, 100.0, 100.0, 50.0, 10.0, requests_refused=30.0)
+    s = WindowSummary(60.0, 0.0, served, dict.fromkeys(Priority, served))
+    assert figures_of(s)["sloAttainment"] == 0.25
+    nobody = ClassFigures(0.0, 0.0, 0.0, None, None, requests_refused=5.0)
+    s = WindowSummary(60.0, 0.0, nobody, dict.fromkeys(Priority, nobody))
+    assert figures_of(s)["sloAttainment"] == 0.0  # every client turned away
+    tokens_only = ClassFigures(0.0, 10.0, 5.0, None, None)  # tokens of requests still running
+    s = WindowSummary(60.0, 0.0, tokens_only, dict.fromkeys(Priority, tokens_only))
+    assert figures_of(s)["sloAttainment"] == 0.5

@@ -84,6 +84,18 @@ def test_a_window_is_read_at_its_end_over_its_length() -> None:
     assert all('instance_role="canary"' not in e for e, _ in q.asked)
 
 
+def test_a_window_reads_the_requests_each_class_turned_away() -> None:
+    from slopilot.engine.metrics import REFUSED
+
+    q = Recorded({f"sum by (priority_class) (increase({REFUSED}": {"p1": 30.0}, **answers()})
+    s = windows(q).measure(90.0, 100.0, canary=False)
+    assert s.classes[Priority.P1].requests_refused == 30.0
+    assert s.classes[Priority.P0].requests_refused == 0.0
+    assert s.overall.requests_refused == 30.0
+    assert windows(Recorded(answers())).measure(90.0, 100.0, canary=False
+                                               ).overall.requests_refused == 0.0  # vLLM
+
+
 def test_the_canary_window_selects_the_canary_series() -> None:
     q = Recorded(answers())
     windows(q).measure(90.0, 100.0, canary=True)
@@ -361,6 +373,7 @@ def test_direct_scrape_reads_a_request_turned_away_as_a_first_token_never_given(
         f'{REFUSED}{{priority_class="p1"}} {refused}\n',
         f'{REFUSED}{{priority_class="p0"}} 0\n']).encode()
     s = _scraped([b"", page])
+    assert s.classes[Priority.P1].requests_refused == refused
     assert s.classes[Priority.P1].ttft_p99_ms == pytest.approx(p99_ms)
     assert s.overall.ttft_p99_ms == pytest.approx(p99_ms)
 

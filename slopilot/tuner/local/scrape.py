@@ -238,7 +238,8 @@ class DirectScrape:
                                 self._deltas(start, end, canary).values()) / span
                    for p in Priority}
         return window_summary(
-            requests=requests, throughput={c: v / span for c, v in tokens.items()},
+            requests=requests, refused=by_class(REFUSED),
+            throughput={c: v / span for c, v in tokens.items()},
             ttft_p99_s={p.label: quantile(0.99, buckets(_TTFT, p.label)) for p in Priority},
             tbt_p99_s={p.label: quantile(0.99, buckets(_TBT, p.label)) for p in Priority},
             goodput=goodput,

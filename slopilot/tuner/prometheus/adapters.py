@@ -114,6 +114,7 @@ class PrometheusWindows:
         w, s = duration(window_s), render_selector(sel)
         out["requests"] = {None: f"sum by (priority_class) (increase("
                                  f"vllm:e2e_request_latency_seconds_count{s}[{w}]))"}
+        out["refused"] = {None: f"sum by (priority_class) (increase({REFUSED}{s}[{w}]))"}
         out["throughput"] = {None: f"sum by (priority_class) (rate("
                                    f"vllm:request_generation_tokens_sum{s}[{w}]))"}
         # Every class together, as the simulator's overall P99 (no recording rule has it).
@@ -173,7 +174,8 @@ class PrometheusWindows:
                 ", ".join(_HISTOGRAMS.values()) + ") for it; a vLLM image older than "
                 "0.11 exports its token gaps under another name: use vLLM 0.11 or newer")
         return window_summary(
-            requests=requests, throughput=self._by_class(q["throughput"][None], end),
+            requests=requests, refused=self._by_class(q["refused"][None], end),
+            throughput=self._by_class(q["throughput"][None], end),
             ttft_p99_s=p99["ttft"], tbt_p99_s=p99["tbt"], goodput=goodput,
             preemptions_per_min=self._scalar(q[_PREEMPT][None], end),
             overall_ttft_p99_s=self._scalar(q["ttft_p99_all"][None], end),

@@ -128,16 +128,19 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
                    window: Window, request_rate: float | None = None,
                    busy_ratio: float | None = None, gpu_utilization: float | None = None,
                    requests_waiting: float | None = None,
-                   prefix_cache_hit_ratio: float | None = None) -> WindowSummary:
+                   prefix_cache_hit_ratio: float | None = None,
+                   refused: Mapping[str, float] | None = None) -> WindowSummary:
     """Per-class figures read from histograms and counters (by ``priority_class``) as a
     ``WindowSummary``: the one builder of both live sources, Prometheus and the direct
-    scrape. P99s are in seconds, NaN (or absent) where a class had no samples.
+    scrape. P99s are in seconds, NaN (or absent) where a class had no samples; ``refused``:
+    the requests each class turned away for load (none where absent).
 
     A class with no goodput series has no SLO (best effort): all its tokens count, as in
     the simulator. A NaN preemption rate or request rate (no series yet) reads as none.
     An infinite or negative figure rejects the window (``_unexportable``).
     """
-    _unexportable(requests=requests, throughput=throughput, goodput=goodput,
+    refused = refused or {}
+    _unexportable(requests=requests, refused=refused, throughput=throughput, goodput=goodput,
                   ttft_p99=ttft_p99_s, tbt_p99=tbt_p99_s,
                   preemptions={"": preemptions_per_min},
                   overall_ttft_p99={"": overall_ttft_p99_s},
@@ -160,9 +163,11 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
             # No finished request of the class: no goodput either (NaN from 0/0).
             goodput_tok_s=number(good),
             ttft_p99_ms=ms(ttft_p99_s.get(c, math.nan)),
-            tbt_p99_ms=ms(tbt_p99_s.get(c, math.nan)))
+            tbt_p99_ms=ms(tbt_p99_s.get(c, math.nan)),
+            requests_refused=number(refused.get(c, 0.0)))
     overall = ClassFigures(
         requests_finished=sum(x.requests_finished for x in classes.values()),
+        requests_refused=sum(x.requests_refused for x in classes.values()),
         throughput_tok_s=sum(x.throughput_tok_s for x in classes.values()),
         goodput_tok_s=sum(x.goodput_tok_s for x in classes.values()),
         ttft_p99_ms=ms(overall_ttft_p99_s), tbt_p99_ms=ms(overall_tbt_p99_s))

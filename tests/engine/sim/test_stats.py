@@ -142,6 +142,7 @@ def test_requests_turned_away_for_load_are_first_tokens_never_given() -> None:
     s = simulate(SCENARIO, knobs, duration_s=2.0, workload=replay(_burst(40))).summary
     p1 = s.classes[Priority.P1]
     assert p1.accounting is not None and p1.accounting.requests_rejected == 32
+    assert p1.requests_refused == 32 and s.overall.requests_refused == 32
     assert p1.ttft_p99_ms == REFUSED_TTFT_S * 1000.0
     assert p1.samples is not None and p1.samples.ttft_p50_ms == REFUSED_TTFT_S * 1000.0
     assert s.overall.ttft_p99_ms == REFUSED_TTFT_S * 1000.0
