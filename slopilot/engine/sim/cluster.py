@@ -44,6 +44,8 @@ class _Events:
     """(end time, step time, shape): what the engine's slopilot_iteration_* series sum."""
     refused: list[tuple[float, int]] = field(default_factory=list)
     """(arrival time, class) of the requests turned away for load (a full queue)."""
+    arrived: list[float] = field(default_factory=list)
+    """Arrival times of the requests dispatched to this replica (admitted or not)."""
 
 
 class _Recorder:
@@ -160,6 +162,7 @@ class SimCluster:
     def _dispatch(self, spec: RequestSpec) -> None:
         self.arrivals.append(spec)
         rep = min(self.active, key=lambda r: len(r.engine.scheduler.requests))
+        rep.recorder.ev.arrived.append(spec.arrival_time)
         if rep.clock.t < spec.arrival_time:
             rep.clock.t = spec.arrival_time
         if not rep.engine.scheduler.can_ever_fit(spec.num_prompt_tokens):
@@ -229,7 +232,9 @@ class SimCluster:
             duration_s=dur, preemptions_per_min=preempted / dur * 60.0, overall=overall,
             classes=classes, replicas=len(reps),
             busy_ratio=sum(e for _, e, _ in ev.steps) / dur / max(1, len(reps)),
-            request_rate=sum(1 for a in self.arrivals if start <= a.arrival_time < end) / dur,
+            # The canary's own arrivals in a canary window, as its selected series read.
+            request_rate=sum(1 for rep in reps for t in rep.recorder.ev.arrived
+                             if start <= t < end) / dur,
             window=Window(start, end, canary))
 
 

@@ -28,6 +28,10 @@ def test_windows_scaling_and_canary_config() -> None:
     whole, canary = cluster.summary(0, 25), cluster.summary(10, 25, canary=True)
     assert 0 < canary.overall.requests_finished < whole.overall.requests_finished
     assert whole.request_rate == pytest.approx(3.0, rel=0.5)
+    # The canary's own arrivals, as its selected series read live (the whole cluster's
+    # were read): two replicas share the load from t=10 s.
+    assert canary.request_rate is not None and whole.request_rate is not None
+    assert canary.request_rate < 0.8 * cluster.summary(10, 25).request_rate
     dep.scale(1)
     cluster.advance(40.0)
     assert dep.replicas() == 1 and len(cluster.retired) == 1
