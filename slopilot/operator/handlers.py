@@ -176,6 +176,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         updates.append(condition(ConditionType.TUNING, False, "Disabled",
                                  "spec.tuning.enabled is false: no trials, no scaling",
                                  generation))
+    ended = None if tuned else tuning_daemon.ended_episode(status)
     out: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": phase if tuned and phase in DAEMON_PHASES else Phase.RUNNING.value,
@@ -185,6 +186,8 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         out["config"] = config_status(outcome.config)
     if not outcome.admin_token:
         out["pods"] = None  # what the sync found goes with its condition
+    if ended is not None:
+        out["controller"] = ended
     return out
 
 

@@ -85,6 +85,7 @@ from slopilot.tuner.loop.state import (
     LoopState,
     RunningTrial,
 )
+from slopilot.tuner.loop.transitions import Event, check
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -114,6 +115,27 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
 
 def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:
     return bool((spec.get("tuning") or {}).get("enabled", True))
+
+
+def ended_episode(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``status.controller``'s episode ended, as ``Controller.stop`` ends it (STEADY, no
+    trial), for the reconcile to write while tuning is off; None with none under way.
+    Where no daemon saw tuning turned off (the operator was down, and its resume handler
+    reconciles), nothing else would end it, and tuning turned on again resumed the old
+    episode with no alert asking. The trial's study entry goes stale (its process is
+    gone); a daemon still running ends the trial itself, from its own copy."""
+    saved = status.get("controller")
+    if not isinstance(saved, Mapping):
+        return None
+    try:
+        state = ControllerState(saved.get("state", ControllerState.STEADY.value))
+    except ValueError:
+        return None  # not a state this operator wrote: the daemon's build says so
+    if saved.get("trial") is None and state is ControllerState.STEADY:
+        return None
+    check(state, ControllerState.STEADY, Event.TUNING_OFF)
+    return {"state": ControllerState.STEADY.value, "trial": None,
+            "reason": f"{Event.TUNING_OFF.value}: spec.tuning.enabled is false"}
 
 
 def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,

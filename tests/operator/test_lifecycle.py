@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from slopilot.operator.handlers import status_of
 from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
+from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.status_writer import write_status
 from tests.operator.operator_support import (
@@ -78,14 +79,17 @@ def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
             ("Running", "False", "Disabled")
 
 
+@pytest.mark.parametrize("ended_by", ["daemon", "reconcile"])
 @pytest.mark.parametrize("left", ["trial", "tuning", "commit", "scaling"])
 def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
-        monkeypatch: pytest.MonkeyPatch, left: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, left: str, ended_by: str) -> None:
     """Turning tuning off failed the running trial but left the episode's state in
     ``status.controller``; turned on again, the new daemon resumed it (a TUNING loop asked
     its next trial, COMMIT and SCALING scaled up) with no alert firing. ``left``: a
-    trial the first daemon ran, or a state on record that it ended before stepping."""
+    trial the first daemon ran, or a state on record that it ended before stepping.
+    ``ended_by``: the daemon's end, or, where no daemon saw tuning off (the operator was
+    down, and its resume handler reconciles the CR), the reconcile's status."""
     body, _, mint = reconciled(kube, cluster, llmd(
         prometheus={"url": prom.url}, replicas={"min": 1, "max": 4},
         tuning={"window": "1h"}))
@@ -103,7 +107,12 @@ def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
                                           "reason": "an episode under way"}}},
                 subresource="status")
         cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
-        first.abandon("tuning was disabled during the trial", restore=True)  # its end
+        if ended_by == "daemon":
+            first.abandon("tuning was disabled during the trial", restore=True)  # its end
+        else:
+            outcome = reconcile(cluster.kube, cluster.get(), policy=OperatorPolicy(),
+                                mint=mint)
+            write_status(cluster.kube, NS, "chat", lambda fresh: status_of(fresh, outcome))
         prom.alerts = []
         cluster.patch("chat", {"spec": {"tuning": {"enabled": True}}})
         again = daemon_loop(cluster, cluster.get(), monkeypatch)
