@@ -9,7 +9,8 @@ request and records its send time, the arrival of every chunk with output, the t
 it and its class. Over ``--windows`` consecutive windows of ``--window`` seconds (the
 second starts with the demo's load shift, the third with a live config change PUT to
 every replica as the controller commits one, the fourth with an SLO change, PUT
-/admin/slo) it compares, per window and class, what the loop's window evaluators report
+/admin/slo, the fifth with a live waiting-queue limit small enough that the replicas turn
+clients away, 429) it compares, per window and class, what the loop's window evaluators report
 (``PrometheusWindows`` as the demo builds it, and ``DirectScrape``) against the client's
 own figures, counted as the engine counts them:
 
@@ -21,16 +22,21 @@ own figures, counted as the engine counts them:
   s of those that met their class's SLO by ``ClassSLO.met`` on the client's timings,
   the SLO the server had when they were sent) over the requests whose last chunk
   arrived in the window;
-- attainment: the share of those tokens that were good (goodput / throughput, as the
-  operator's ``status.sloAttainment``), and of those requests (the engines' verdict
-  counters, ``slopilot_slo_requests_total``, read from Prometheus; the loop's summary
-  has no per-request share).
+- attainment: the share of those tokens that were good (the client counting each
+  request turned away at the tokens it asked for, which ``ignore_eos`` would have given;
+  the loop as the operator's ``status.sloAttainment``, at the window's mean output
+  length), and of those requests (the engines' verdict counters,
+  ``slopilot_slo_requests_total``, read from Prometheus; the loop's summary has no
+  per-request share);
+- refused: the requests turned away for load (429) that were sent in the window; each
+  also enters the client's TTFT P99 as a first token never given (infinite: its bucketed
+  form reads the last finite edge, as the loop's does).
 
 P99s read from histograms are bucketed (``histogram_quantile`` interpolates inside a
 bucket) and a client's P99 over a dozen requests is nearly their maximum: the P99 rows
 are for a reader to judge, the counts, rates and shares are the ones that should agree.
 
-    .venv/bin/python benchmarks/loop_truth.py [--window 30] [--windows 4] [--rate 4]
+    .venv/bin/python benchmarks/loop_truth.py [--window 30] [--windows 5] [--rate 4]
 
 Ends with ``RESULT key=value ...``: per source and figure, the median over windows and
 classes of the relative error against the client (loop - client) / client.
@@ -59,6 +65,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.operator.slo_status import token_attainment
 from slopilot.tuner.local.demo import RULES, phases
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import Phase
@@ -73,10 +80,12 @@ from slopilot.tuner.study.evaluator import WindowRejected
 NAME = "truth"
 CLASSES = tuple(p.label for p in Priority)
 FIGURES = ("ttft_p99_ms", "ttft_p99_bucketed", "tbt_p99_ms", "tbt_p99_bucketed", "finished",
-           "throughput", "goodput", "attain_tokens", "attain_requests")
+           "throughput", "goodput", "attain_tokens", "attain_requests", "refused")
 # The third window's live config (a smaller budget and chunk: what the demo's twin
 # proposes for the long prompts after the shift) and the fourth's SLO (tighter TBT).
 NEW_CONFIG = {"token_budget": 512, "chunk_size": 512}
+# The fifth window's waiting-queue limit: small enough that the replicas turn clients away.
+REFUSING = {"max_waiting": 1, "max_num_seqs": 2}
 NEW_SLO = {"profile": "standard",
            "classes": {"p0": {"ttftP99Ms": 800, "tbtP99Ms": 40},
                        "p1": {"ttftP99Ms": 1500, "tbtP99Ms": 80}}}
@@ -97,6 +106,10 @@ class Record:
     """How many tokens each of those chunks brought."""
     done: bool = False
     """The stream ended with a finish reason: the request ran to its end."""
+    refused: bool = False
+    """Turned away for load (429): never served."""
+    asked: int = 0
+    """The tokens it asked for (``max_tokens``, all of which ``ignore_eos`` gives)."""
 
     @property
     def output_tokens(self) -> int:
@@ -151,6 +164,7 @@ class Figures:
     goodput: float
     attain_tokens: float
     attain_requests: float
+    refused: float
 
     def get(self, name: str) -> float:
         value: float = getattr(self, name)
@@ -166,22 +180,27 @@ def client_figures(records: Iterable[Record], start: float, end: float, cls: str
     def inside(t: float) -> bool:
         return start <= t < end
 
+    refused = [r for r in records if r.cls == cls and r.refused and inside(r.sent)]
     mine = [r for r in records if r.cls == cls and r.arrivals]
     ttfts = [r.arrivals[0] - r.sent for r in mine if inside(r.arrivals[0])]
+    never = [math.inf] * len(refused)  # a first token never given
     gaps = [g for r in mine for t, g in token_gaps(r) if inside(t)]
     finished = [r for r in mine if r.done and inside(r.arrivals[-1])]
     good = [r for r in finished if met(r)]
     span = end - start
     tokens = sum(r.output_tokens for r in finished)
+    offered = tokens + sum(r.asked for r in refused)
     good_tokens = sum(r.output_tokens for r in good)
+    judged = len(finished) + len(refused)
     return Figures(
-        ttft_p99_ms=percentile(ttfts, 0.99) * 1000,
-        ttft_p99_bucketed=latency_quantile(0.99, ttfts) * 1000,
+        ttft_p99_ms=percentile(ttfts + never, 0.99) * 1000,
+        ttft_p99_bucketed=latency_quantile(0.99, ttfts, never=len(refused)) * 1000,
         tbt_p99_ms=percentile(gaps, 0.99) * 1000,
         tbt_p99_bucketed=latency_quantile(0.99, gaps) * 1000,
         finished=float(len(finished)), throughput=tokens / span, goodput=good_tokens / span,
-        attain_tokens=good_tokens / tokens if tokens else math.nan,
-        attain_requests=len(good) / len(finished) if finished else math.nan)
+        attain_tokens=good_tokens / offered if offered else math.nan,
+        attain_requests=len(good) / judged if judged else math.nan,
+        refused=float(len(refused)))
 
 
 def loop_figures(summary: WindowSummary, cls: str,
@@ -196,10 +215,8 @@ def loop_figures(summary: WindowSummary, cls: str,
     return Figures(
         ttft_p99_ms=ttft, ttft_p99_bucketed=ttft, tbt_p99_ms=tbt, tbt_p99_bucketed=tbt,
         finished=c.requests_finished, throughput=c.throughput_tok_s,
-        goodput=c.goodput_tok_s,
-        attain_tokens=c.goodput_tok_s / c.throughput_tok_s if c.throughput_tok_s > 0
-        else math.nan,
-        attain_requests=attain_requests)
+        goodput=c.goodput_tok_s, attain_tokens=number(token_attainment(c)),
+        attain_requests=attain_requests, refused=c.requests_refused)
 
 
 def relative_error(loop: float, client: float) -> float:
@@ -254,13 +271,14 @@ class StreamingLoad:
                 await asyncio.sleep(max(0.0, next_at - self.now()))
                 urls = self.endpoints()
                 cls = self.rng.choices(list(p.classes), weights=list(p.classes.values()))[0]
+                # Drawn in this order (the prompt first), as every earlier run drew them.
+                words = _lognormal(self.rng, p.prompt_mean, p.sigma, 16, p.prompt_max) - 1
+                asked = _lognormal(self.rng, p.output_mean, 0.5, 4, 256)
                 body = {"model": self.model, "ignore_eos": True, "stream": True,
                         "stream_options": {"include_usage": True},
-                        "prompt": f"t{sent} " + "w " * (_lognormal(
-                            self.rng, p.prompt_mean, p.sigma, 16, p.prompt_max) - 1),
-                        "max_tokens": _lognormal(self.rng, p.output_mean, 0.5, 4, 256),
+                        "prompt": f"t{sent} " + "w " * words, "max_tokens": asked,
                         "priority": cls}
-                rec = Record(cls, self.slo().class_slo(cls), self.now())
+                rec = Record(cls, self.slo().class_slo(cls), self.now(), asked=asked)
                 task = asyncio.create_task(self._post(client, urls[sent % len(urls)], body, rec))
                 sent += 1
                 tasks.add(task)
@@ -272,6 +290,10 @@ class StreamingLoad:
         rec.sent = self.now()
         try:
             async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+                if resp.status_code == 429:  # turned away for load: the client got nothing
+                    rec.refused = True
+                    self.records.append(rec)
+                    return
                 if resp.status_code != 200:
                     self.failed += 1
                     return
@@ -372,6 +394,9 @@ def run(args: argparse.Namespace, work: Path
                 current["slo"] = new_slo
                 _put_slo(dep, new_slo)
                 return "SLO change"
+            if i == 4:
+                dep.apply_config(REFUSING, canary=False)
+                return f"queue limit {REFUSING}"
             return "steady"
 
         for i in range(args.windows):
@@ -445,8 +470,9 @@ def report(rows: list[tuple[Window, str, dict[str, Figures]]]) -> dict[str, floa
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--window", type=float, default=30.0, help="seconds per window")
-    ap.add_argument("--windows", type=int, default=4, help="consecutive windows (events in "
-                    "the 2nd: load shift, 3rd: config, 4th: SLO)")
+    ap.add_argument("--windows", type=int, default=5, help="consecutive windows (events in "
+                    "the 2nd: load shift, 3rd: config, 4th: SLO, 5th: a queue limit that "
+                    "turns clients away)")
     ap.add_argument("--warmup", type=float, default=6.0, help="seconds of load before the first")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--rate", type=float, default=None,
@@ -462,7 +488,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.records.write_text(json.dumps({
             "windows": [[w.start, w.end, w.event] for w, s, _ in rows if s == "client"],
             "records": [{"cls": r.cls, "slo": r.slo.label, "sent": r.sent,
-                         "arrivals": r.arrivals, "tokens": r.tokens, "done": r.done}
+                         "arrivals": r.arrivals, "tokens": r.tokens, "done": r.done,
+                         "refused": r.refused, "asked": r.asked}
                         for r in records]}))
     for w, _, _ in rows:
         if _ == "client":

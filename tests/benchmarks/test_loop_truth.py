@@ -79,3 +79,23 @@ def test_relative_error() -> None:
     assert lt.relative_error(0.0, 0.0) == 0.0
     assert math.isinf(lt.relative_error(1.0, 0.0))
     assert math.isnan(lt.relative_error(math.nan, 1.0))
+
+
+def test_a_client_turned_away_is_a_first_token_never_given_and_a_miss() -> None:
+    """A 429: the client got nothing. It counts in the window it was sent in, in the TTFT
+    P99 as a first token never given (infinite; its bucketed form the last finite edge,
+    as the loop's rules read it), and in both attainments as a miss, at the tokens it
+    asked for."""
+    from slopilot.engine.metrics import LATENCY_BUCKETS
+
+    served = [lt.Record("p0", SLO, float(i), [i + 0.05, i + 0.06], [1, 1], True, asked=2)
+              for i in range(9)]
+    refused = lt.Record("p0", SLO, 5.5, refused=True, asked=6)
+    figures = lt.client_figures([*served, refused], 0.0, 10.0, "p0")
+    assert figures.refused == 1.0
+    assert math.isinf(figures.ttft_p99_ms)
+    assert figures.ttft_p99_bucketed == LATENCY_BUCKETS[-1] * 1000
+    assert figures.attain_tokens == pytest.approx(18 / 24)
+    assert figures.attain_requests == pytest.approx(9 / 10)
+    # Sent before the window: not this window's.
+    assert lt.client_figures([*served, refused], 6.0, 10.0, "p0").refused == 0.0
