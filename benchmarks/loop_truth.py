@@ -125,6 +125,8 @@ def percentile(values: Sequence[float], q: float) -> float:
     pos = q * (len(xs) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
+    if math.isinf(xs[hi]) and (pos > lo or math.isinf(xs[lo])):
+        return math.inf  # among the first tokens never given (inf - inf would read NaN)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 

@@ -24,6 +24,10 @@ def test_percentile_interpolates_between_ranks_as_numpy() -> None:
     assert lt.percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
     assert lt.percentile(list(range(101)), 0.99) == pytest.approx(99.0)
     assert lt.percentile([0.0, 10.0], 0.99) == pytest.approx(9.9)
+    # Past the finite samples (requests never served): infinite, not NaN.
+    assert math.isinf(lt.percentile([1.0, math.inf, math.inf], 0.99))
+    assert math.isinf(lt.percentile([1.0, 2.0, math.inf], 0.99))
+    assert lt.percentile([1.0, 2.0, 3.0, math.inf], 0.5) == 2.5
 
 
 def test_a_chunk_shares_its_gap_with_its_tokens() -> None:
