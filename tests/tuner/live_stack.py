@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -53,8 +54,14 @@ class LoadGenerator:
 
     def _run(self) -> None:
         classes = ("p0", "p1", "p1", "p2")
-        # Event.wait paces the sends and returns at once when stopped.
-        while not self.stop_event.wait(self.interval):
+        # The n-th send is due at start + n / rate, not one interval after the previous
+        # send woke: on a busy machine each wake-up comes late, and waits measured from
+        # it added their lateness up, so the rate sent (and the rate the tests read
+        # back) sank with the machine's load. A late wake-up now sends what is due.
+        # Event.wait returns at once when stopped.
+        start = time.monotonic()
+        while not self.stop_event.wait(
+                max(0.0, start + (self.sent + 1) * self.interval - time.monotonic())):
             self._pool.submit(self._post, classes[self.sent % len(classes)])
             self.sent += 1
 
@@ -78,7 +85,7 @@ class LiveStack:
     def apply_config(self, config: Mapping[str, Any]) -> None:
         """What the demo and the operator do: PUT /admin/config with the bearer token; the
         engine judges the config whole and refuses it (400, ConfigError here) whole."""
-        resp = httpx.put(self.server.url + "/admin/config", json=dict(config), timeout=10,
+        resp = httpx.put(self.server.url + "/admin/config", json=dict(config), timeout=HANG_GUARD_S,
                          headers={"Authorization": f"Bearer {TOKEN}"})
         if resp.status_code == 400:
             raise ConfigError(resp.text)
@@ -89,7 +96,7 @@ class LiveStack:
     def judge_by(self, slo: SLOSpec) -> None:
         """What the operator does on an edit of spec.slo: PUT /admin/slo, so that the
         engine's verdicts (the goodput the rules read) are under these objectives."""
-        resp = httpx.put(self.server.url + "/admin/slo", json=slo.to_dict(), timeout=10,
+        resp = httpx.put(self.server.url + "/admin/slo", json=slo.to_dict(), timeout=HANG_GUARD_S,
                          headers={"Authorization": f"Bearer {TOKEN}"})
         resp.raise_for_status()
 
