@@ -159,7 +159,7 @@ def operator(kube: RunningEmulator, *extra: str) -> Iterator[KopfRunner]:
     crds = {k[2] for k in kube.emulator._objects if not kube.emulator._objects[k].deleted}
     if "llmdeployments.slopilot.dev" not in crds:
         kube.install(crd_manifest())
-    with KopfRunner([*RUN_ARGS, *extra], timeout=60) as runner:
+    with KopfRunner([*RUN_ARGS, *extra], timeout=waits.HANG_GUARD_S) as runner:
         yield runner
     assert runner.exception is None, runner.output
     assert runner.exit_code == 0, runner.output

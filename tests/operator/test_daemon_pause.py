@@ -12,6 +12,7 @@ import contextlib
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
 from slopilot.operator.daemon_pause import pause
+from tests.support.waits import HANG_GUARD_S
 
 
 def _stopper() -> tuple[FlagSetter[object], AsyncFlagWaiter[object]]:
@@ -42,7 +43,7 @@ def test_a_stop_ends_the_pause_at_once() -> None:
         await asyncio.sleep(0)
         setter.set()
         # Bounded so that a pause deaf to the stop fails the test instead of hanging it.
-        done, _ = await asyncio.wait({waiting}, timeout=60)
+        done, _ = await asyncio.wait({waiting}, timeout=HANG_GUARD_S)
         return waiting in done
 
     assert asyncio.run(main())

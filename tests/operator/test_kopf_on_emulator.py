@@ -15,6 +15,7 @@ from kopf.testing import KopfRunner
 from slopilot.operator.crd import crd_manifest
 from tests.operator.operator_support import wait_for
 from tests.support.kube_server import RunningEmulator
+from tests.support.waits import HANG_GUARD_S
 
 OPERATOR = Path(__file__).parents[1] / "support" / "kopf_status_operator.py"
 LLMD = ("slopilot.dev", "v1alpha1", "llmdeployments")
@@ -32,7 +33,7 @@ def test_kopf_operator_patches_status_posts_event_and_releases_finalizer(
     kopf.on.login(registry=registry)(kopf.login_via_client)  # what kopf's default one has
     kopf.set_default_registry(registry)
     try:
-        with KopfRunner(args, timeout=60) as runner:
+        with KopfRunner(args, timeout=HANG_GUARD_S) as runner:
             _exercise(api, core)
     finally:
         kopf.set_default_registry(default)

@@ -471,7 +471,7 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
         assert done.updated == ("chat-pod-1",) and running(stale) == want
         assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
         assert "0.5 s" in done.left[0] and "deadline" in done.left[0]
-        assert dripping.answer_cut.wait(timeout=60)  # the socket was shut, not left open
+        assert dripping.answer_cut.wait(timeout=HANG_GUARD_S)  # the socket was shut, not left open
 
 
 def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
@@ -790,7 +790,7 @@ def test_a_request_gets_only_what_is_left_of_the_syncs_deadline(
     with serving(dripping):
         add_pod(cluster, "chat", 0, dripping.port)
         done = handle_of(cluster, body, policy, mint).sync_config()
-        assert dripping.answer_cut.wait(timeout=60)
+        assert dripping.answer_cut.wait(timeout=HANG_GUARD_S)
     assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
     assert "0.5 s of this sync (SYNC_DEADLINE_S)" in done.left[0]
 

@@ -17,6 +17,7 @@ import yaml
 from slopilot.operator.daemon import operator_metrics
 from slopilot.operator.metrics_endpoint import metrics_address, serve_metrics
 from slopilot.tuner.loop.state import ControllerState
+from tests.support.waits import HANG_GUARD_S
 
 MANIFESTS = Path(__file__).parents[2] / "manifests"
 
@@ -25,7 +26,8 @@ def test_the_controllers_series_are_served() -> None:
     operator_metrics("team-m").observe("served", ControllerState.SCALING, 3)
     server = serve_metrics(("127.0.0.1", 0))
     try:
-        text = httpx.get(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10).text
+        text = httpx.get(f"http://127.0.0.1:{server.server_port}/metrics",
+                         timeout=HANG_GUARD_S).text
     finally:
         server.shutdown()
         server.server_close()

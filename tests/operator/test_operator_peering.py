@@ -33,6 +33,7 @@ from slopilot.operator.crd import crd_manifest
 from slopilot.operator.settings import PEERING_LIFETIME_ENV, peering_lifetime_s
 from tests.operator.operator_support import Cluster, llmd, wait_for
 from tests.support.kube_server import RunningEmulator
+from tests.support.waits import HANG_GUARD_S
 
 PEERING = Path(__file__).parents[2] / "manifests" / "kopf-peering.yaml"
 PEERING_RESOURCES = {"clusterkopfpeerings", "kopfpeerings"}
@@ -53,7 +54,7 @@ class Replica:
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
+        return self.proc.wait(timeout=HANG_GUARD_S)
 
 
 def start_replica(kube: RunningEmulator, tmp_path: Path, token: str, prio: int) -> Replica:

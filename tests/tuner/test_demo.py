@@ -10,6 +10,7 @@ import pytest
 
 from slopilot.tuner.local.demo import DemoOptions
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.waits import HANG_GUARD_S
 
 
 @pytest.mark.slow
@@ -21,7 +22,7 @@ def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> N
     # (replicas, Prometheus in its own working directory) must still find its files.
     proc = subprocess.run(
         [sys.executable, "-m", "slopilot.cli", "demo", "--duration", "60",
-         "--report-dir", "report"], capture_output=True, text=True, timeout=180,
+         "--report-dir", "report"], capture_output=True, text=True, timeout=HANG_GUARD_S,
         check=False, cwd=tmp_path)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr

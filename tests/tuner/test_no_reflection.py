@@ -18,6 +18,7 @@ import pytest
 from slopilot.tuner.prometheus.alerts import AlertSource, parse_alert_series
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
+from tests.support.waits import HANG_GUARD_S
 
 SECRET = "TOP-SECRET-7f3a"
 # (status, content type, body): what an internal service might answer instead.
@@ -70,7 +71,7 @@ def url_of(server: ThreadingHTTPServer) -> str:
 def test_alert_errors_name_the_status_and_content_type_only(
         leaky: ThreadingHTTPServer, kind: str) -> None:
     leaky.answer = ANSWERS[kind]  # type: ignore[attr-defined]
-    source = AlertSource(url_of(leaky), "chat", timeout_s=5)
+    source = AlertSource(url_of(leaky), "chat", timeout_s=HANG_GUARD_S)
     try:
         alerts = source.firing()
     except PrometheusUnavailable as exc:
@@ -87,7 +88,7 @@ def test_alert_errors_name_the_status_and_content_type_only(
 def test_query_errors_name_the_status_and_content_type_only(
         leaky: ThreadingHTTPServer, kind: str) -> None:
     leaky.answer = ANSWERS[kind]  # type: ignore[attr-defined]
-    query = query_at(url_of(leaky), timeout_s=5)
+    query = query_at(url_of(leaky), timeout_s=HANG_GUARD_S)
     with pytest.raises(PrometheusUnavailable) as info:
         query("up", None)
     assert SECRET not in str(info.value)

@@ -25,7 +25,7 @@ from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.tuner import StudyStorageError, Tuner, failure_reason, open_study
 from tests.support.summaries import OLD_CLUSTER, OLD_PROMETHEUS
-from tests.support.waits import wait_for
+from tests.support.waits import HANG_GUARD_S, wait_for
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPO = Path(__file__).resolve().parents[2]
@@ -160,11 +160,11 @@ def test_a_killed_process_s_trial_is_failed_a_live_one_s_is_not_and_numbering_co
                  what="the child to ask a trial")
         assert "asked 3" in log.read_text(), log.read_text()
         os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
+        child.wait(timeout=HANG_GUARD_S)
     finally:
         if child.poll() is None:
             child.kill()
-            child.wait(timeout=30)
+            child.wait(timeout=HANG_GUARD_S)
     # The dead child's trial stops beating and is failed after the grace period; this
     # process's trial, asked before it, beat all along and is still running.
     wait_for(lambda: _state(url, 3) == TrialState.FAIL,

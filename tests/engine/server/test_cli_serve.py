@@ -121,7 +121,7 @@ def test_bad_options_exit_2(args: list[str], words: str) -> None:
     executor = ["--executor", "torch"] if "--gpu" in args else []
     p = subprocess.run([sys.executable, "-m", "slopilot.cli", "serve", "--port", "0",
                         *(executor or ["--executor", "simulated"]), *args],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert p.returncode == 2
     assert words in p.stderr
     assert "Errno" not in p.stderr, p.stderr
@@ -135,7 +135,7 @@ def test_an_unknown_simulated_profile_is_named_with_its_flag(args: list[str],
                                                              words: str) -> None:
     p = subprocess.run([sys.executable, "-m", "slopilot.cli", "serve", "--port", "0",
                         "--executor", "simulated", *args],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert p.returncode == 2
     assert words in p.stderr, p.stderr
 
@@ -148,7 +148,8 @@ def test_a_port_already_taken_is_named_with_its_flag(flag: str) -> None:
         port = str(taken.getsockname()[1])
         args = ["--port", port] if flag == "--port" else ["--port", "0", "--admin-port", port]
         p = subprocess.run([sys.executable, "-m", "slopilot.cli", "serve", "--executor",
-                            "simulated", *args], capture_output=True, text=True, timeout=60)
+                            "simulated", *args], capture_output=True, text=True,
+                           timeout=HANG_GUARD_S)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     assert f"{flag} {port}: cannot listen on 127.0.0.1:{port}: Address already in use" \

@@ -234,7 +234,7 @@ def test_more_choices_than_max_waiting_is_400_not_429() -> None:
 
 
 def test_draining_is_503_and_running_requests_finish() -> None:
-    srv = start_server(drain_timeout_s=30)
+    srv = start_server(drain_timeout_s=HANG_GUARD_S)
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
     name = srv.backend.served_model_name
     stream = client.completions.create(model=name, prompt="a b", max_tokens=40, stream=True,

@@ -13,6 +13,7 @@ import pytest
 
 from slopilot.engine.config import PreemptionMode
 from tests.support.live_server import start_server
+from tests.support.waits import HANG_GUARD_S
 
 MAX_TOKENS = 24
 
@@ -41,7 +42,7 @@ def test_greedy_matches_transformers(tiny_random_dir: Path,
         # One request of six prompts: the engine takes all six in one step, so they are
         # in the cache together and preempt however fast or slow the machine is (six
         # separate requests could each finish before the next arrived on a busy one).
-        res = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+        res = httpx.post(srv.url + "/v1/completions", timeout=HANG_GUARD_S, json={
             "prompt": [p for p, _ in cases], "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True, "return_token_ids": True})
         assert res.status_code == 200, res.text

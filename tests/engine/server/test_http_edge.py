@@ -81,7 +81,7 @@ class _Tokenizer:
             raise RuntimeError("secret path /srv/tenant-b/key")
         if "BLOCK" in text:
             self.entered.set()
-            self.gate.wait(60)
+            self.gate.wait(HANG_GUARD_S)
         if "SLOW" in text:
             time.sleep(self.delay_s)
         return self.inner.encode(text, add_special_tokens=add_special_tokens)
@@ -121,7 +121,7 @@ def test_tokenizing_runs_off_the_event_loop(hooked: tuple[LiveServer, _Tokenizer
     # Long enough to be tokenized off the loop (a short one is cheaper inline).
     long_prompt = "BLOCK " + "a " * INLINE_PREPARE_CHARS
     thread = threading.Thread(target=lambda: blocked.append(httpx.post(
-        url, json={"prompt": long_prompt, "max_tokens": 2}, timeout=60)))
+        url, json={"prompt": long_prompt, "max_tokens": 2}, timeout=HANG_GUARD_S)))
     thread.start()
     try:
         assert tok.entered.wait(HANG_GUARD_S)
@@ -133,7 +133,7 @@ def test_tokenizing_runs_off_the_event_loop(hooked: tuple[LiveServer, _Tokenizer
         assert httpx.get(srv.url + "/health", timeout=HANG_GUARD_S).status_code == 200
     finally:
         tok.gate.set()
-    thread.join(60)
+    thread.join(HANG_GUARD_S)
     assert blocked and blocked[0].status_code == 200
 
 

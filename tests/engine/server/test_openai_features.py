@@ -17,7 +17,7 @@ from tests.support.waits import HANG_GUARD_S
 
 def _client(srv: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=60)
+                         timeout=HANG_GUARD_S)
 
 
 def _args(srv: LiveServer, **kw: Any) -> dict[str, Any]:
@@ -149,11 +149,11 @@ def test_logit_bias_steers_the_model(torch_server: LiveServer) -> None:
         torch_server, prompt="The weather today", max_tokens=5, temperature=0,
         logit_bias={"42": 100}, extra_body={"ignore_eos": True, "return_token_ids": True}))
     assert res.model_extra is not None or res.choices
-    body = httpx.post(torch_server.url + "/v1/completions", timeout=60, json={
+    body = httpx.post(torch_server.url + "/v1/completions", timeout=HANG_GUARD_S, json={
         "prompt": "The weather today", "max_tokens": 5, "temperature": 0,
         "logit_bias": {"42": 100}, "ignore_eos": True, "return_token_ids": True}).json()
     assert body["choices"][0]["token_ids"] == [42] * 5
-    unbiased = httpx.post(torch_server.url + "/v1/completions", timeout=60, json={
+    unbiased = httpx.post(torch_server.url + "/v1/completions", timeout=HANG_GUARD_S, json={
         "prompt": "The weather today", "max_tokens": 5, "temperature": 0,
         "ignore_eos": True, "return_token_ids": True}).json()
     assert unbiased["choices"][0]["token_ids"] != [42] * 5

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S
 
 pytestmark = [
     pytest.mark.slow,
@@ -30,7 +31,7 @@ def smol() -> Iterator[LiveServer]:
 
 def test_chat_answers_in_real_text(smol: LiveServer) -> None:
     client = openai.OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0,
-                           timeout=120)
+                           timeout=HANG_GUARD_S)
     res = client.chat.completions.create(
         model=smol.backend.served_model_name, temperature=0, max_completion_tokens=24,
         messages=[{"role": "user", "content": "What is the capital of France?"}])
@@ -42,7 +43,7 @@ def test_chat_answers_in_real_text(smol: LiveServer) -> None:
 
 def test_streamed_chat_equals_the_whole_answer(smol: LiveServer) -> None:
     client = openai.OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0,
-                           timeout=120)
+                           timeout=HANG_GUARD_S)
     args = {"model": smol.backend.served_model_name, "temperature": 0,
             "max_completion_tokens": 16,
             "messages": [{"role": "user", "content": "Name a color of the sky."}]}

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.server.conftest import ADMIN_TOKEN
 from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S
 
 NUM_REQUESTS = 200
 CONCURRENCY = 32
@@ -81,7 +82,8 @@ async def test_soak() -> None:
         statuses: list[int] = []
         outcomes = {"finished": 0, "aborted": 0}
         limits = httpx.Limits(max_connections=CONCURRENCY + 4)
-        async with httpx.AsyncClient(base_url=srv.url, timeout=60, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=HANG_GUARD_S,
+                                     limits=limits) as client:
             sem = asyncio.Semaphore(CONCURRENCY)
 
             async def bounded(i: int) -> None:
