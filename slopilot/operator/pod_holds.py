@@ -83,8 +83,11 @@ def hold_for(pod: Mapping[str, Any], generation: int | None, path: str,
 
 
 def holds_of(body: Mapping[str, Any]) -> frozenset[Hold]:
-    """The holds ``body``'s status records."""
-    raw = ((body.get("status") or {}).get("pods") or {}).get("held")
+    """The holds ``body``'s status records; none where it records something else (the
+    status is whoever may write it: an older release, a tenant granted it)."""
+    status = body.get("status")
+    pods = status.get("pods") if isinstance(status, Mapping) else None
+    raw = pods.get("held") if isinstance(pods, Mapping) else None
     if not isinstance(raw, list):
         return frozenset()
     return frozenset(h for h in map(Hold.from_dict, raw[:MAX_HOLDS]) if h is not None)

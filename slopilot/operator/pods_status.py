@@ -78,7 +78,8 @@ def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
         status = fresh.get("status") or {}
         conditions = status.get("conditions") or []
         now = next((c for c in conditions if c.get("type") == cond["type"]), None)
-        pods = status.get("pods") or {}
+        recorded = status.get("pods")
+        pods: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
         if now is not None and pods.get("notConfigured") == named and \
                 pods.get("held", []) == held and \
                 all(now.get(k) == cond.get(k) for k in _COMPARED):

@@ -263,3 +263,15 @@ def test_a_held_pod_that_fails_a_read_in_between_stays_held(
     assert cluster.status()["pods"] == held and held["held"][0]["pod"] == "chat-pod-0"
     # Named all along: the message it was first written with stands.
     assert _status_writes(kube) == writes
+
+
+@pytest.mark.parametrize("pods", [["held"], "held", 7, {"held": {"pod": "x"}},
+                                  {"held": [None, 3, {"pod": 1}]}])
+def test_holds_that_are_none_of_ours_are_no_holds(pods: Any) -> None:
+    """status.pods is the operator's, but whoever may write the status subresource (an
+    older release, a tenant granted it) can leave anything there: read as no holds, not
+    an AttributeError at every sync."""
+    from slopilot.operator.pod_holds import holds_of
+
+    assert holds_of({"status": {"pods": pods}}) == frozenset()
+    assert holds_of({"status": "x"}) == frozenset()
