@@ -229,13 +229,13 @@ class EngineMetrics:
         counts[0] += 1
         counts[1] += tokens
 
-    def count_refused(self, priority: Priority, slo: ClassSLO | None) -> None:
-        """One request turned away for load (the waiting queue was full), judged by
-        ``slo`` (its class's objectives at its arrival; None: none known): it missed
-        them, with no token to count. Called on the server's event loop only."""
+    def count_refused(self, priority: Priority, slo: SLOSpec | None) -> None:
+        """One request turned away for load (the waiting queue was full), judged by its
+        class's objectives in ``slo`` (the SLO at its arrival; None: none known): it
+        missed them, with no token to count. Called on the server's event loop only."""
         self._refused[priority] += 1
         if slo is not None:
-            self.observe_verdict(priority, slo, met=False, tokens=0)
+            self.observe_verdict(priority, slo.class_slo(priority), met=False, tokens=0)
 
     def refused(self) -> dict[Priority, int]:
         """Requests turned away for load so far, by class."""

@@ -260,8 +260,7 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
                        param="n") from None
     except QueueFullError as exc:
         for c in prep.choices:
-            p = c.request.priority
-            metrics.count_refused(p, None if slo is None else slo.class_slo(p))
+            metrics.count_refused(c.request.priority, slo)
         raise APIError(429, str(exc), code="queue_full",
                        headers={"Retry-After": str(engine.retry_after_s())}) from None
     except PromptTooLongError as exc:

@@ -216,9 +216,7 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
         stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens,
                           for_load=for_load)
         if for_load and rep.metrics is not None:
-            slo = rep.metrics.slo
-            rep.metrics.count_refused(spec.priority, None if slo is None
-                                      else slo.class_slo(spec.priority))
+            rep.metrics.count_refused(spec.priority, rep.metrics.slo)
         return
     stats.on_arrival(req)
     rep.specs[rid] = spec

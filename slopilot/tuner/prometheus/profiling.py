@@ -24,11 +24,10 @@ from slopilot.engine.metrics import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.spec_reader import ScenarioError
-from slopilot.tuner.prometheus.query import query_at
+from slopilot.tuner.prometheus.query import CHECK_METRICS, query_at
 from slopilot.tuner.prometheus.rules import duration, render_selector
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
-CHECK_METRICS = "check what the deployment's pods export on /metrics"
 MAX_TWIN_REQUESTS = 1_000_000
 """The most requests a measured workload may bring to one simulation. The simulator's
 processes are every deployment's: a pod that exports a queue grown by 1e12 (no engine

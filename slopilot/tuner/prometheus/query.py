@@ -107,6 +107,10 @@ def _number(text: Any) -> bool:
     return isinstance(text, str)
 
 
+CHECK_METRICS = "check what the deployment's pods export on /metrics"
+"""The fix a figure no engine exports names (a window's, a workload profile's)."""
+
+
 def _unexportable(**figures: Mapping[str, float]) -> None:
     """WindowRejected for a figure that is infinite or negative. The series are each pod's
     /metrics as its image wrote them; rates of counters and quantiles of histograms never
@@ -117,8 +121,8 @@ def _unexportable(**figures: Mapping[str, float]) -> None:
             if math.isinf(value) or value < 0:
                 where = f"{cls} " if cls else ""
                 raise WindowRejected(
-                    f"{where}{figure} read {value:g}, which no engine's series give: check "
-                    "what the deployment's pods export on /metrics")
+                    f"{where}{figure} read {value:g}, which no engine's series give: "
+                    f"{CHECK_METRICS}")
 
 
 def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, float],
