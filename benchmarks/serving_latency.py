@@ -15,7 +15,8 @@
    wire's time to the first text event's bytes (what a server stamp can match), and the
    SDK's time turning those bytes into a chunk.
 4. TBT truth: the server's inter-token latency (vllm:inter_token_latency_seconds, the
-   engine's gap between a token and the one before, observed for the tokens handed out)
+   gap between the writes of the chunks that bring the tokens, shared by a chunk's
+   tokens, observed for the tokens handed out)
    against the gaps between text events a bare socket client reads, streaming at the same
    steady rate on the simulated executor: the mean, and the p99 (the client's exact; the
    server's interpolated in its buckets as Prometheus's histogram_quantile does).

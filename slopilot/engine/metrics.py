@@ -324,11 +324,12 @@ class EngineMetrics:
         self._stall[priority].add(gap_s, now)
 
     def observe_token_gap(self, priority: Priority, gap_s: float) -> None:
-        """Inter-token latency of a token the client got: the engine's gap between it and
-        the one before. The server observes it on its event loop when it hands the token
-        out, as vLLM's frontend does, so a token made after a stop string matched (the
-        engine runs on until the abort lands) is not counted; the engine thread then
-        leaves this histogram alone."""
+        """Inter-token latency of a token the client got, as it got it (a stream's gap
+        between chunk writes, a body's gap as the engine made it: ``ChoiceState.hand_out``).
+        The server observes it on its event loop when it hands the token out, as vLLM's
+        frontend does, so a token made after a stop string matched (the engine runs on
+        until the abort lands) is not counted; the engine thread then leaves this
+        histogram alone."""
         self._itl[priority].observe(gap_s)
 
     def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,

@@ -32,9 +32,9 @@ class MetricsObserver:
         # they would miss detokenization and the write (e2e came out below TTFT for the
         # same request) and count tokens made after a stop string matched, which the
         # client never gets. The simulator has no delivery: its engine's events are the
-        # client's. TBT stays the engine's gap between a token and the one before (what
-        # the twin predicts, and what vLLM reports), but the server observes it for the
-        # tokens it hands out only; the longest decode stall stays here.
+        # client's. The server observes TBT too, for the tokens it hands out, as their
+        # client sees the gaps (a stream's between chunk writes); the longest decode
+        # stall, an engine figure, stays here.
         self.observe_delivery = observe_delivery
         # Per-request verdicts where the engine's events are the client's (the server
         # judges what it delivers itself): by the metrics' SLO, as the summary counts.

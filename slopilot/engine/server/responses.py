@@ -12,10 +12,14 @@ see); and to the moment its last chunk was written (streaming), or the whole bod
 sent; the finish reason is counted then too, as the client got it. ``Delivery`` holds
 both stamps and the cleanup; the route's response runs that cleanup after sending,
 whatever happened, so every engine request is observed once.
-Inter-token latency is the engine's gap between a token and the one before, observed
-here for the tokens handed out only, as vLLM's frontend does; generated tokens are
-counted with them (``ChoiceState.hand_out``): once their chunk was written, or the whole
-body sent, so a client that left before its body went out got, and counts, none.
+Inter-token latency is observed here for the tokens handed out only, as vLLM's frontend
+does, and as the client sees it: in a stream, the time since the last chunk that
+brought tokens to the moment this one was written, shared by the tokens it brings (a
+busy event loop or a slow connection shows in it, as on the client's side); in a body,
+which shows no gap, the engine's gap between a token and the one before. Generated
+tokens are counted with them (``ChoiceState.hand_out``): once their chunk was written,
+or the whole body sent, so a client that left before its body went out got, and counts,
+none.
 Where the server knows the deployment's SLO, each choice is judged once delivered
 against its class's objectives as they stood when it arrived (``ClassSLO.met`` on that
 TTFT and those gaps, the simulator's rule), and counted with the tokens the client got:
@@ -66,6 +70,7 @@ class ChoiceState:
         self.text_len = 0  # characters handed out so far (text_offset of the next token)
         self.first_written = False  # a chunk with output went out (TTFT is observed)
         self.last_made_at: float | None = None  # when the engine made the last token fed
+        self.last_written_at: float | None = None  # the last chunk with tokens went out
         # Tokens (and their gaps) count once they reach the client, not once fed: a
         # non-streamed body that is never sent hands out none.
         self.handed = 0
@@ -97,11 +102,7 @@ class ChoiceState:
         self.token_ids += token_ids
         for made_at in delta.token_times[:len(token_ids)]:
             if self.last_made_at is not None:
-                gap = made_at - self.last_made_at
-                self.unhanded_gaps.append(gap)
-                self.gaps += 1
-                if self.tbt_s is not None and gap > self.tbt_s:
-                    self.gaps_over += 1
+                self.unhanded_gaps.append(made_at - self.last_made_at)
             self.last_made_at = made_at
         if self.detok.stopped:
             self.finish = FinishReason.STOP.value
@@ -111,15 +112,33 @@ class ChoiceState:
         return self.detok.take(final=self.finish is not None), \
             list(range(start, start + len(token_ids)))
 
-    def hand_out(self) -> None:
+    def hand_out(self, written_at: float | None = None) -> None:
         """Count the tokens fed since the last call, and their gaps: they reached the
-        client (their chunk, or the whole body, was written)."""
-        self.metrics.count_delivered(len(self.token_ids) - self.handed)
+        client, in a chunk written at ``written_at`` (streaming), or in the whole body
+        (None).
+
+        A stream's gaps are the ones its client measures: the time since the last chunk
+        that brought tokens, shared by the ``n`` tokens this one brings (those of the
+        first chunk came with no gap). A body shows its client no gap at all, so its
+        gaps are the engine's, as made (vLLM's frontend observes those for both)."""
+        n = len(self.token_ids) - self.handed
+        self.metrics.count_delivered(n)
         self.handed = len(self.token_ids)
+        gaps = self.unhanded_gaps
+        if written_at is not None and n:
+            previous, self.last_written_at = self.last_written_at, written_at
+            gaps = [0.0] * (n - 1) if previous is None else [(written_at - previous) / n] * n
         priority = self.choice.request.priority
-        for gap in self.unhanded_gaps:
+        for gap in gaps:
             self.metrics.observe_token_gap(priority, gap)
-        self.unhanded_gaps.clear()
+            self.gaps += 1
+            self.gaps_over += self._over([gap])
+        self.unhanded_gaps = []
+
+    def _over(self, gaps: list[float]) -> int:
+        """How many of ``gaps`` lie over the class's TBT target (none without one)."""
+        tbt = self.tbt_s
+        return 0 if tbt is None else sum(1 for gap in gaps if gap > tbt)
 
     def verdict(self, waited_s: float) -> bool | None:
         """Whether it met its class's SLO (``ClassSLO.met``); None: it cannot be told.
@@ -145,7 +164,10 @@ class ChoiceState:
                 slo.met(self.ttft_s, self.gaps, self.gaps_over)
         first_s = self.ttft_s if self.handed and self.ttft_s is not None else waited_s
         most_gaps = self.choice.request.sampling.max_tokens - 1
-        if not slo.met(first_s, most_gaps, self.gaps_over):
+        # Tokens made and never handed out count by the gaps they were made with: they
+        # could reach the client no sooner.
+        over = self.gaps_over + self._over(self.unhanded_gaps)
+        if not slo.met(first_s, most_gaps, over):
             return False
         return None
 
@@ -212,11 +234,13 @@ class Delivery:
         self.states = [ChoiceState(backend, prep, c, s, slo)
                        for c, s in zip(prep.choices, streams, strict=True)]
 
-    def first_output(self, state: ChoiceState) -> None:
+    def first_output(self, state: ChoiceState, at: float | None = None) -> None:
+        """``state``'s first output reached the client (or, for a body, the handler) at
+        ``at``: now, unless given."""
         if not state.first_written:
             state.first_written = True
             req = state.choice.request
-            state.ttft_s = self.clock() - req.arrival_time
+            state.ttft_s = (self.clock() if at is None else at) - req.arrival_time
             self.backend.metrics.observe_ttft(req.priority, state.ttft_s)
 
     def last_output(self, state: ChoiceState) -> None:
@@ -377,8 +401,9 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
                 wrote = True
             if wrote:
                 # Resumed after the chunk was written: the moment the client has it.
-                state.hand_out()
-                delivery.first_output(state)
+                written_at = delivery.clock()
+                state.hand_out(written_at)
+                delivery.first_output(state, written_at)
                 if state.finish is not None:
                     delivery.last_output(state)  # its finish_reason chunk: its last
         if prep.include_usage:
