@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import httpx
 import httpx2
@@ -225,9 +225,21 @@ def _ttft_sum_count(url: str) -> tuple[float, float]:
     return total, count
 
 
-async def _raw_text_events(url: str, body: dict[str, object]) -> list[float]:
+@overload
+async def _raw_text_events(url: str, body: dict[str, object]) -> list[float]: ...
+
+
+@overload
+async def _raw_text_events(url: str, body: dict[str, object], *,
+                           count: Callable[[bytes], int]) -> list[tuple[float, int]]: ...
+
+
+async def _raw_text_events(url: str, body: dict[str, object], *,
+                           count: Callable[[bytes], int] | None = None
+                           ) -> list[float] | list[tuple[float, int]]:
     """When each text event of a stream arrived, from before the connection: raw HTTP/1.1
-    over a socket, no SDK, no parsing but one line."""
+    over a socket, no SDK, no parsing but one line. With ``count``, each stamp comes
+    with ``count(line)``, taken once the stamp is."""
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     start = time.perf_counter()
@@ -235,12 +247,16 @@ async def _raw_text_events(url: str, body: dict[str, object]) -> list[float]:
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload)
                  + payload)
-    stamps = []
+    stamps: list[float] = []
+    lines: list[bytes] = []
     while line := await reader.readline():
         if _text_line(line):
             stamps.append(time.perf_counter() - start)
+            lines.append(line)
     writer.close()
-    return stamps
+    if count is None:
+        return stamps
+    return [(stamp, count(line)) for stamp, line in zip(stamps, lines, strict=True)]
 
 
 async def _raw_ttft(url: str, body: dict[str, object]) -> float | None:
@@ -413,25 +429,49 @@ def _bucket_quantile(q: float, buckets: dict[float, float]) -> float:
     return lower
 
 
-async def _tbt_load(url: str, rate: float, seconds: float, tokens: int) -> list[float]:
-    """The gaps between each stream's text events, read off a bare socket."""
+async def _tbt_load(url: str, rate: float, seconds: float, tokens: int,
+                    logprobs: int | None = None) -> list[float]:
+    """Each output token's gap as a client sees it, read off a bare socket: the time
+    between the text events of a stream, shared by the tokens an event brings (those of
+    the first came with no gap)."""
     gaps: list[float] = []
 
     async def one(i: int) -> None:
-        stamps = await _raw_text_events(url, {"prompt": f"user {i} asks a question",
-                                              "max_tokens": tokens, "stream": True,
-                                              "ignore_eos": True})
-        gaps.extend(b - a for a, b in itertools.pairwise(stamps))
+        body: dict[str, object] = {"prompt": f"user {i} asks a question",
+                                   "max_tokens": tokens, "stream": True, "ignore_eos": True}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        events = await _raw_text_events(url, body, count=_event_tokens)
+        for k, (stamp, n) in enumerate(events):
+            if k == 0:
+                gaps.extend([0.0] * (n - 1))
+            elif n:
+                gaps.extend([(stamp - events[k - 1][0]) / n] * n)
 
     await _at_rate(rate, seconds, one)
     return gaps
 
 
-def part_tbt(rate: float, seconds: float, tokens: int = 32) -> dict[str, float]:
+def _event_tokens(line: bytes) -> int:
+    """How many tokens a text event brings (the placeholder tokenizer's are words)."""
+    return sum(len(str(c.get("text") or "").split())
+               for c in json.loads(line[6:]).get("choices") or ())
+
+
+# Gap lengths whose share both sides count exactly: edges of the server's buckets, at and
+# around the simulated executor's 10 ms decode step.
+_OVER_EDGES_S = (0.015, 0.02, 0.03)
+
+
+def part_tbt(rate: float, seconds: float, tokens: int = 32,
+             logprobs: int | None = None) -> dict[str, float]:
+    """``logprobs``: each stream asks for that many top logprobs per token, which the
+    server formats into every chunk on its event loop: a busy loop delays the writes,
+    which the client sees and the engine's own gaps do not."""
     with serve("--executor", "simulated") as url:
-        asyncio.run(_tbt_load(url, rate, 2.0, tokens))  # warm up
+        asyncio.run(_tbt_load(url, rate, 2.0, tokens, logprobs))  # warm up
         before = _itl_histogram(url)
-        client = asyncio.run(_tbt_load(url, rate, seconds, tokens))
+        client = asyncio.run(_tbt_load(url, rate, seconds, tokens, logprobs))
         after = _itl_histogram(url)
     diff = {k: after[k] - before.get(k, 0.0) for k in after}
     count, total = diff.pop(-2.0), diff.pop(-1.0)
@@ -441,11 +481,18 @@ def part_tbt(rate: float, seconds: float, tokens: int = 32) -> dict[str, float]:
           f"server; mean {client_mean * 1e3:.2f} ms client, {server_mean * 1e3:.2f} ms "
           f"server; p99 {client_p99 * 1e3:.2f} ms client, {server_p99 * 1e3:.2f} ms server "
           "(interpolated in its buckets)")
-    return {"client_itl_ms": client_mean * 1e3, "server_itl_ms": server_mean * 1e3,
-            "server_over_client_itl_ratio": server_mean / client_mean,
-            "client_itl_p99_ms": client_p99 * 1e3, "server_itl_p99_ms": server_p99 * 1e3,
-            "server_over_client_itl_p99_ratio": server_p99 / client_p99,
-            "itl_count_ratio": count / len(client)}
+    fields = {"client_itl_ms": client_mean * 1e3, "server_itl_ms": server_mean * 1e3,
+              "server_over_client_itl_ratio": server_mean / client_mean,
+              "client_itl_p99_ms": client_p99 * 1e3, "server_itl_p99_ms": server_p99 * 1e3,
+              "server_over_client_itl_p99_ratio": server_p99 / client_p99,
+              "itl_count_ratio": count / len(client)}
+    for edge in _OVER_EDGES_S:
+        client_over = sum(1 for g in client if g > edge) / len(client)
+        server_over = (count - diff[edge]) / count
+        ms = f"{edge * 1e3:g}"
+        print(f"tbt: gaps over {ms} ms: {client_over:.4%} client, {server_over:.4%} server")
+        fields |= {f"client_over_{ms}ms": client_over, f"server_over_{ms}ms": server_over}
+    return fields
 
 
 def _sdk_split(ttfts: _Ttfts, server_s: float) -> dict[str, float]:
@@ -473,6 +520,9 @@ def main() -> int:
     ap.add_argument("--prompt-mb", type=float, default=1.0)
     ap.add_argument("--rate", type=float, default=12.0, help="ttft: requests per second")
     ap.add_argument("--seconds", type=float, default=20.0, help="ttft: how long")
+    ap.add_argument("--tbt-logprobs", type=int, default=None,
+                    help="tbt: top logprobs each stream asks for (loads the server's "
+                         "event loop)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     fields: dict[str, float] = {}
@@ -483,7 +533,7 @@ def main() -> int:
     if "ttft" in parts:
         fields |= part_ttft(args.rate, args.seconds)
     if "tbt" in parts:
-        fields |= part_tbt(args.rate, args.seconds)
+        fields |= part_tbt(args.rate, args.seconds, logprobs=args.tbt_logprobs)
     print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
     return 0
 
