@@ -39,6 +39,7 @@ from slopilot.tuner.prometheus.bounded import (
 )
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import RuleOptions, identity_labels, render_selector
+from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 __all__ = ["Alert", "AlertAction", "AlertSource", "PrometheusUnavailable", "SummaryAlerts",
@@ -180,7 +181,7 @@ class AlertSource:
     instant query (``alerts_query``) a tick, never the whole cluster's alert list."""
 
     def __init__(self, url: str, deployment: str, *, namespace: str | None = None,
-                 namespace_label: str | None = None,
+                 namespace_label: str | None = None, verify: TLSVerify = VERIFIED,
                  timeout_s: float = 5.0, client: httpx.Client | None = None,
                  deadline_s: float = ANSWER_DEADLINE_S,
                  max_bytes: int = MAX_ANSWER_BYTES) -> None:
@@ -193,7 +194,9 @@ class AlertSource:
         self.url = url.rstrip("/")
         self.deployment, self.namespace = deployment, namespace
         self.namespace_label = namespace_label
-        self._client = client or bounded_client(timeout_s)
+        self.verify = verify
+        """How an https server's certificate is checked (unless ``client`` is given)."""
+        self._client = client or bounded_client(timeout_s, verify=verify)
         # query_at reads within the bounds, and its errors never quote the body.
         self._query = query_at(self.url, timeout_s, client=self._client,
                                deadline_s=deadline_s, max_bytes=max_bytes)

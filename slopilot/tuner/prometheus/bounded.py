@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from slopilot.tuner.prometheus.safe_errors import transport_failure
+from slopilot.tuner.prometheus.safe_errors import certificate_failure, transport_failure
+from slopilot.tuner.prometheus.tls import TRUST_FIX, VERIFIED, TLSVerify
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
@@ -50,14 +51,16 @@ class Answer:
     """Empty unless the status is 200: no caller reads an error's body."""
 
 
-def bounded_client(timeout_s: float, *, verify: bool = True,
-                      retries: int = 0) -> httpx.Client:
-    """An httpx client for ``read_answer``: no redirects, a fresh connection per request.
+def bounded_client(timeout_s: float, *, verify: TLSVerify = VERIFIED,
+                   retries: int = 0) -> httpx.Client:
+    """An httpx client for ``read_answer``: no redirects, a fresh connection per request,
+    an ``https`` server's certificate checked as ``verify`` says (CAFileError: its CA
+    bundle cannot be read).
 
     Keep-alive is off so that every request opens its own connection, whose socket the
     deadline can shut (a reused one reports no connect event to ``read_answer``).
     """
-    transport = httpx.HTTPTransport(verify=verify, retries=retries,
+    transport = httpx.HTTPTransport(verify=verify.context(), retries=retries,
                                     limits=httpx.Limits(max_keepalive_connections=0))
     return httpx.Client(timeout=max(1.0, float(timeout_s)), follow_redirects=False,
                         transport=transport)
@@ -68,7 +71,8 @@ def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str,
                 max_bytes: int = MAX_ANSWER_BYTES) -> Answer:
     """``GET base + path``: its status, content type and (for a 200) body.
 
-    Unreachable, past ``max_bytes`` or past ``deadline_s`` -> ``PrometheusUnavailable``.
+    Unreachable, a certificate that fails verification, past ``max_bytes`` or past
+    ``deadline_s`` -> ``PrometheusUnavailable``.
     """
     if not deadline_s > 0 or max_bytes < 1:
         raise ValueError(f"deadline_s={deadline_s!r}, max_bytes={max_bytes!r}: expected "
@@ -85,6 +89,10 @@ def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str,
     except httpx.HTTPError as exc:
         if deadline.passed:  # a read the deadline cut short is the deadline's doing
             raise _deadline_error(deadline, base) from None
+        if (why := certificate_failure(exc)) is not None:
+            raise PrometheusUnavailable(
+                f"Prometheus at {base}: certificate verification failed ({why}); "
+                f"{TRUST_FIX}") from None
         raise PrometheusUnavailable(
             f"cannot reach Prometheus at {base}: {transport_failure(exc)}; "
             "check the URL and that Prometheus is running") from None

@@ -26,6 +26,7 @@ from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.spec_reader import ScenarioError
 from slopilot.tuner.prometheus.query import CHECK_METRICS, query_at
 from slopilot.tuner.prometheus.rules import duration, render_selector
+from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
 MAX_TWIN_REQUESTS = 1_000_000
@@ -157,8 +158,9 @@ class WorkloadProfile:
 
     @classmethod
     def from_prometheus(cls, url: str, selector: Mapping[str, str], window_s: int, *,
-                        min_requests: int = 20, timeout_s: float = 10.0) -> WorkloadProfile:
-        return cls.measure(prometheus_query(url, timeout_s), selector, window_s,
+                        min_requests: int = 20, timeout_s: float = 10.0,
+                        verify: TLSVerify = VERIFIED) -> WorkloadProfile:
+        return cls.measure(prometheus_query(url, timeout_s, verify=verify), selector, window_s,
                            min_requests=min_requests)
 
     def workload_spec(self, *, shared_prefix_tokens: int = 0) -> dict[str, Any]:
@@ -200,7 +202,8 @@ class WorkloadProfile:
         return dataclasses.replace(measured, profile=base.profile)
 
 
-def prometheus_query(url: str, timeout_s: float = 10.0) -> PrometheusQuery:
+def prometheus_query(url: str, timeout_s: float = 10.0, *,
+                     verify: TLSVerify = VERIFIED) -> PrometheusQuery:
     """A ``PrometheusQuery`` (instant queries, now); unreachable -> PrometheusUnavailable."""
-    run = query_at(url, timeout_s)
+    run = query_at(url, timeout_s, verify=verify)
     return lambda expr: run(expr, None)

@@ -4,7 +4,8 @@ Every reader of Prometheus (the window adapter, workload profiling) goes through
 ``query_at`` so that an unreachable or refusing Prometheus always surfaces as
 ``PrometheusUnavailable`` with the same message, and quickly (one short retry); and
 ``AlertSource`` queries through it too, so every answer is read within ``bounded``'s
-byte cap and deadline.
+byte cap and deadline. An ``https`` server's certificate is verified unless the caller's
+``TLSVerify`` says otherwise (``tls``): the loop acts on these numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from slopilot.tuner.prometheus.bounded import (
     read_answer,
 )
 from slopilot.tuner.prometheus.safe_errors import http_failure
+from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 
 if TYPE_CHECKING:
@@ -33,22 +35,24 @@ if TYPE_CHECKING:
 QueryAt = Callable[[str, float | None], list[dict[str, Any]]]
 
 
-def query_at(url: str, timeout_s: float = 5.0, *, client: httpx.Client | None = None,
-             deadline_s: float = ANSWER_DEADLINE_S,
+def query_at(url: str, timeout_s: float = 5.0, *, verify: TLSVerify = VERIFIED,
+             client: httpx.Client | None = None, deadline_s: float = ANSWER_DEADLINE_S,
              max_bytes: int = MAX_ANSWER_BYTES) -> QueryAt:
     """A ``QueryAt`` over ``GET /api/v1/query`` of the server at ``url``.
 
     Errors never quote the answer (``safe_errors``): the URL may be a tenant's, and the
     message reaches the CR's status. Redirects are not followed, so an allowed host
     cannot bounce the request elsewhere. Each answer is read within ``max_bytes`` and
-    ``deadline_s`` (``bounded``). ``client``: the caller's (it closes it).
+    ``deadline_s`` (``bounded``). ``verify``: how an https server's certificate is
+    checked (CAFileError here when its CA bundle cannot be read). ``client``: the
+    caller's, which checks certificates its own way (the caller closes it).
     """
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"prometheus url={url!r}: expected an http(s) URL, "
                          "e.g. http://prometheus-operated.monitoring:9090")
     base = url.rstrip("/")
     # One quick retry of a failed connect: a dead Prometheus should say so in seconds.
-    http = client or bounded_client(timeout_s, verify=False, retries=1)
+    http = client or bounded_client(timeout_s, verify=verify, retries=1)
 
     def run(expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}

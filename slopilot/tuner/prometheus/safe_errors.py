@@ -11,6 +11,8 @@ connection that never opened, what the operating system said.
 from __future__ import annotations
 
 import re
+import ssl
+from collections.abc import Callable
 
 _MIME = re.compile(r"[^A-Za-z0-9!#$&^_.+\-/;= ]")
 MAX_CONTENT_TYPE = 80
@@ -36,21 +38,41 @@ def transport_failure(exc: BaseException) -> str:
     text from this machine only; everything else (a malformed status line, a broken
     chunk) can quote the peer, so only its type name is kept.
     """
-    found = _os_error(exc, depth=0, seen=set())
+    found = _nested(exc, _is_os_error, depth=0, seen=set())
     name = type(exc).__name__
-    return f"{name}: {found.strerror}" if found is not None and found.strerror else name
+    strerror = found.strerror if isinstance(found, OSError) else None
+    return f"{name}: {strerror}" if strerror else name
 
 
-def _os_error(exc: object, *, depth: int, seen: set[int]) -> OSError | None:
+def certificate_failure(exc: BaseException) -> str | None:
+    """Why the peer's certificate was refused, where that ended the call; else None.
+
+    OpenSSL's reason for the verification's error code (``self-signed certificate``,
+    ``certificate has expired``) or Python's hostname mismatch, which names the host of
+    our own URL: this side's verdict, never the certificate's text.
+    """
+    found = _nested(exc, lambda e: isinstance(e, ssl.SSLCertVerificationError),
+                    depth=0, seen=set())
+    if not isinstance(found, ssl.SSLCertVerificationError):
+        return None
+    return found.verify_message or "no reason given"
+
+
+def _is_os_error(exc: BaseException) -> bool:
+    # Built-in OSErrors only: libraries subclass OSError for their protocol errors.
+    return type(exc).__module__ in ("builtins", "socket") and isinstance(exc, OSError)
+
+
+def _nested(exc: object, match: Callable[[BaseException], bool], *, depth: int,
+            seen: set[int]) -> BaseException | None:
     if depth > 8 or id(exc) in seen or not isinstance(exc, BaseException):
         return None
     seen.add(id(exc))
-    # Built-in OSErrors only: libraries subclass OSError for their protocol errors.
-    if type(exc).__module__ in ("builtins", "socket") and isinstance(exc, OSError):
+    if match(exc):
         return exc
     nested = [exc.__cause__, exc.__context__, getattr(exc, "reason", None), *exc.args]
     for inner in nested:
-        found = _os_error(inner, depth=depth + 1, seen=seen)
+        found = _nested(inner, match, depth=depth + 1, seen=seen)
         if found is not None:
             return found
     return None
