@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.settings import PROMETHEUS_CA_ENV
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
@@ -28,6 +29,7 @@ from slopilot.tuner.loop.state import (
     ControllerState,
     LoopState,
 )
+from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
 if TYPE_CHECKING:
     from slopilot.tuner.sim.worker import SimWorker
@@ -64,6 +66,8 @@ class DaemonContext:
     """The twin's cost model: ``spec.twin.profile``'s calibrated profile, or the datasheet."""
     namespace_label: str | None = None
     """``OperatorPolicy.namespace_label``: the enforced label the reads match as well."""
+    prometheus_tls: TLSVerify = VERIFIED
+    """``OperatorPolicy.prometheus_tls``: how every read checks an https Prometheus."""
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
@@ -136,7 +140,9 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     The simulator (warm start, capacity) runs the workload measured from Prometheus on the base
     scenario's hardware (``$SLOPILOT_BASE_SCENARIO``, default azure-conv-2023) with the
     spec's SLO and knobs, or on the calibrated profile of ``spec.twin.profile``
-    (``ctx.twin``: the spec's model on the profile's device).
+    (``ctx.twin``: the spec's model on the profile's device). Every read (alerts,
+    windows, workload, iterations) checks an https Prometheus as ``ctx.prometheus_tls``
+    says.
     """
     import dataclasses
 
@@ -160,7 +166,13 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     base = ctx.twin.apply(dataclasses.replace(base, slo=spec.slo,
                                               engine=spec.engine.to_dict()))
     selector = identity_labels(name, ctx.namespace, ctx.namespace_label)
-    query = query_at(spec.prometheus_url)
+    try:
+        query = query_at(spec.prometheus_url, verify=ctx.prometheus_tls)
+        alerts = AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
+                             namespace_label=ctx.namespace_label, verify=ctx.prometheus_tls)
+    except CAFileError as exc:  # it was read at the operator's start: since moved away
+        raise ControllerError(f"{PROMETHEUS_CA_ENV}: the CA bundle {exc}; mount the "
+                              "Prometheus CA's PEM certificate there again") from None
 
     def canary_labels() -> dict[str, str]:
         pod = ctx.handle.canary_pod()
@@ -175,9 +187,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     window = max(2, int(ctx.settings.window_s))
     worker = sim_worker()
     return Controller(
-        ctx.settings, ctx.handle,
-        AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
-                    namespace_label=ctx.namespace_label),
+        ctx.settings, ctx.handle, alerts,
         # On the edges the deployment's recording rules use (reconcile.py): the same
         # goodput in the trials' objective and status.sloAttainment as in Prometheus.
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels,

@@ -14,6 +14,8 @@ administrator's word on top of it, set once on the operator (environment variabl
 - study storage: only the databases on the storage allow-list are opened, with the
   administrator's credentials (``study_storage.py``; the default: the operator's own
   SQLite file).
+- Prometheus certificates (``prometheus_tls``): verified, against a CA bundle the
+  administrator names or the default CAs; only the administrator may turn that off.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from slopilot.operator.study_storage import (
 )
 from slopilot.operator.validation import parse_image
 from slopilot.tuner.prometheus.rules import RuleError, check_namespace_label
+from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 
 
 class PolicyError(ValueError):
-    """A malformed allow-list entry; the message names the variable and the entry."""
+    """A malformed allow-list entry or setting; the message names the variable and the
+    value."""
 
 
 def _default_images() -> tuple[str, ...]:
@@ -64,6 +68,10 @@ class OperatorPolicy:
     monitor and rule (its Prometheus's ``enforcedNamespaceLabel``). Set, the rules, the
     alerts and the controller's reads match it too, so no tenant's own rule or monitor
     can speak for another namespace's deployment. None: the ``slopilot_*`` labels only."""
+    prometheus_tls: TLSVerify = VERIFIED
+    """How every controller checks an https Prometheus's certificate (the default: against
+    the default CAs). No CR field changes it: a tenant who could turn it off could have
+    the loop act on numbers anyone on the path supplied."""
 
     def __post_init__(self) -> None:
         try:

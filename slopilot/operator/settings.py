@@ -21,6 +21,11 @@
   Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then
   match) and the operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the
   service account's, else slopilot-system).
+- How an ``https`` Prometheus's certificate is checked (``prometheus_tls``): verified by
+  default; ``$SLOPILOT_PROMETHEUS_CA_FILE`` names a PEM bundle of the CAs to trust
+  instead (read once here, so a bad file stops the start with the fix), and
+  ``$SLOPILOT_PROMETHEUS_TLS_VERIFY=false`` turns the check off for every deployment,
+  with a warning. The operator's word alone: no CR field touches it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import kopf
 
 from slopilot.operator.policy import OperatorPolicy, PolicyError
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify, ca_context
 
 PREFIX = "slopilot.dev"
 FINALIZER = f"{PREFIX}/finalizer"
@@ -51,7 +57,10 @@ PROMETHEUS_ENV = "SLOPILOT_ALLOWED_PROMETHEUS"
 STORAGE_ENV = "SLOPILOT_ALLOWED_STORAGE"
 NAMESPACE_ENV = "SLOPILOT_OPERATOR_NAMESPACE"
 NAMESPACE_LABEL_ENV = "SLOPILOT_NAMESPACE_LABEL"
+PROMETHEUS_CA_ENV = "SLOPILOT_PROMETHEUS_CA_FILE"
+PROMETHEUS_TLS_VERIFY_ENV = "SLOPILOT_PROMETHEUS_TLS_VERIFY"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+log = logging.getLogger(__name__)
 
 
 def _entries(raw: str) -> tuple[str, ...]:
@@ -73,11 +82,45 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         kwargs["allowed_storage"] = _entries(storages)
     if label := env.get(NAMESPACE_LABEL_ENV, "").strip():
         kwargs["namespace_label"] = label
+    kwargs["prometheus_tls"] = prometheus_tls(env)
     try:
         return OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:
         raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV}, ${STORAGE_ENV} or "
                           f"${NAMESPACE_LABEL_ENV})") from None
+
+
+def prometheus_tls(env: Mapping[str, str]) -> TLSVerify:
+    """How every controller checks an https Prometheus's certificate (module docstring).
+
+    ``true``/``false`` exactly: a security switch read loosely (``False``, ``0``, ``no``)
+    would leave the administrator guessing which way it went.
+    """
+    raw = env.get(PROMETHEUS_TLS_VERIFY_ENV, "")
+    ca_file = env.get(PROMETHEUS_CA_ENV, "").strip()
+    if raw not in ("", "true", "false"):
+        raise PolicyError(f"{PROMETHEUS_TLS_VERIFY_ENV}={raw[:40]!r}: expected true or "
+                          "false (unset: true, certificates verified)")
+    if raw == "false":
+        if ca_file:
+            raise PolicyError(f"{PROMETHEUS_TLS_VERIFY_ENV}=false with {PROMETHEUS_CA_ENV}="
+                              f"{ca_file!r}: a CA to trust means verifying; unset one of "
+                              "them")
+        log.warning("%s=false: https Prometheus certificates are not verified, so whoever "
+                    "can intercept the operator's traffic to Prometheus can feed every "
+                    "deployment's control loop its numbers; set %s to the CA's PEM bundle "
+                    "instead", PROMETHEUS_TLS_VERIFY_ENV, PROMETHEUS_CA_ENV)
+        return TLSVerify(enabled=False)
+    if not ca_file:
+        return VERIFIED
+    try:
+        ca_context(ca_file)
+    except CAFileError as exc:
+        raise PolicyError(f"{PROMETHEUS_CA_ENV}: the CA bundle {exc}; mount the PEM "
+                          "certificate of the CA that signed Prometheus's certificate there "
+                          "(a ConfigMap or Secret volume), or unset it to trust the default "
+                          "CAs") from None
+    return TLSVerify(ca_file=ca_file)
 
 
 def peering_lifetime_s() -> int:

@@ -216,7 +216,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
                         controller_settings(spec, meta["namespace"], meta["name"]), state,
                         policy.study_storage(spec), uid=str(meta.get("uid", "")),
-                        namespace_label=policy.namespace_label)
+                        namespace_label=policy.namespace_label,
+                        prometheus_tls=policy.prometheus_tls)
     controller = factory(ctx)
     log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
              None if state is None else state.state.value)

@@ -289,7 +289,8 @@ def build_study_controller(ctx: DaemonContext) -> Controller:
 
 def build_controller(ctx: DaemonContext) -> Controller:
     settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
-    alerts = AlertSource(ctx.spec.prometheus_url, ctx.name, namespace=ctx.namespace)
+    alerts = AlertSource(ctx.spec.prometheus_url, ctx.name, namespace=ctx.namespace,
+                         verify=ctx.prometheus_tls)
     return Controller(settings, ctx.handle, alerts,
                       HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
                       MoreReplicas(ctx), state=ctx.state)

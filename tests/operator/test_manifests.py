@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from slopilot.operator.crd import crd_yaml
+from slopilot.tuner.prometheus.tls import TLSVerify
 from tests.support.crd_schema import apply_defaults, schema_errors, served_schema
 
 ROOT = Path(__file__).parents[2]
@@ -147,6 +148,7 @@ def test_the_shipped_policy_parses_and_the_engines_policy_admits_these_pods() ->
     assert policy.prometheus_allowed("http://prometheus-operated.monitoring:9090")
     assert not policy.prometheus_allowed("http://10.0.0.1:9090")
     assert policy.image_allowed("vllm/vllm-openai:v0.11.0")
+    assert policy.prometheus_tls == TLSVerify()  # an https Prometheus is verified
 
 
 def test_operator_deployment_is_locked_down_and_probed() -> None:
