@@ -22,6 +22,16 @@ REQUEST_TIMEOUT_S = 30.0
 # Every tuning daemon has a thread of its own (tuning_daemon.py) and calls the API from it;
 # urllib3 would otherwise open and discard a connection per call above its default 10.
 CONNECTION_POOL = 64
+LIST_PAGE = 500
+"""Objects asked for per page of a list (``limit``), as kubectl and client-go ask: a
+namespace's thousands of pods unpaged were one response, parsed and held whole."""
+MAX_LIST_PAGES = 200
+"""Pages one list reads at most (100,000 objects at ``LIST_PAGE``). The API server ends a
+list by handing no ``continue`` token; one that never stops (a bug, a hostile proxy in
+front of it) would otherwise have the list read for ever, empty pages included."""
+MAX_LIST_ITEMS = 100_000
+"""Objects one list gathers at most, for an API server whose pages are larger than the
+``limit`` asked."""
 
 
 class ApiError(Exception):
@@ -30,6 +40,12 @@ class ApiError(Exception):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status, self.reason, self.message = status, reason, message
+
+
+class ListError(RuntimeError):
+    """A list not read whole: its continue token expired on the list restarted for it
+    too, or the API server kept handing out pages past ``MAX_LIST_PAGES`` or
+    ``MAX_LIST_ITEMS``."""
 
 
 def load_client() -> kubernetes.client.ApiClient:
@@ -109,11 +125,47 @@ class Kube:
             raise
         return dict(obj)
 
+    def _list_pages(self, api_version: str, plural: str, namespace: str | None,
+                    label_selector: str | None, what: str) -> list[dict[str, Any]]:
+        """One list, page by page; ApiError as a page is refused (410 included)."""
+        path = resource_path(api_version, plural, namespace)
+        query = {"labelSelector": label_selector} if label_selector else {}
+        query["limit"] = str(LIST_PAGE)
+        items: list[dict[str, Any]] = []
+        for _ in range(MAX_LIST_PAGES):
+            page = self.request("GET", path, query=query)
+            items += page.get("items") or []
+            if len(items) > MAX_LIST_ITEMS:
+                raise ListError(f"{what}: more than {MAX_LIST_ITEMS} objects "
+                                "(MAX_LIST_ITEMS); not read further")
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = str(token)
+        raise ListError(f"{what}: the API server still had more after {MAX_LIST_PAGES} "
+                        f"pages (MAX_LIST_PAGES) of {LIST_PAGE}; not read further")
+
     def list(self, api_version: str, plural: str, namespace: str | None, *,
              label_selector: str | None = None) -> list[dict[str, Any]]:
-        query = {"labelSelector": label_selector} if label_selector else None
-        out = self.request("GET", resource_path(api_version, plural, namespace), query=query)
-        return list(out.get("items", []))
+        """Every object of the resource (matching ``label_selector``), read ``LIST_PAGE``
+        at a time. A continue token that expires (410 Gone: etcd compacted the version
+        the list began at) restarts the list once; ListError where the restarted one
+        expires too, or the pages do not end (``MAX_LIST_PAGES``, ``MAX_LIST_ITEMS``)."""
+        what = f"{plural} in namespace {namespace}" if namespace else plural
+        if label_selector:
+            what += f" (labelSelector {label_selector})"
+        try:
+            return self._list_pages(api_version, plural, namespace, label_selector, what)
+        except ApiError as exc:
+            if exc.status != 410:
+                raise
+        try:
+            return self._list_pages(api_version, plural, namespace, label_selector, what)
+        except ApiError as exc:
+            if exc.status != 410:
+                raise
+            raise ListError(f"{what}: the list's continue token expired (410 Gone) again "
+                            f"on the list restarted for it: {exc.message}") from None
 
     def create(self, api_version: str, plural: str, namespace: str | None,
                body: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ and replaces the state changes with apiserver rules:
 - PUT (replace) and PATCH (merge, strategic-merge as merge, JSON patch with ``test``);
 - the status subresource changes only status, the main resource never status (for
   resources that declare the subresource), so controllers and users do not clobber each other;
-- lists with ``kind``/``apiVersion``/``resourceVersion``, label and field selectors;
+- lists with ``kind``/``apiVersion``/``resourceVersion``, label and field selectors, and
+  in pages where ``limit`` asks (``continue`` tokens, in namespace and name order);
 - watches from a resourceVersion (an event log, like etcd's), namespaced, with timeoutSeconds;
 - finalizers and deletionTimestamp; background garbage collection through ownerReferences;
 - CRDs created through the API become discoverable resources; their schema prunes
@@ -28,8 +29,10 @@ and replaces the state changes with apiserver rules:
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import copy
+import json
 import random
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -290,7 +293,29 @@ class KubeEmulator(KubernetesEmulator):
             bodies = [body for _, body in self._select(res, request)]
             if oa.wants_table(request.headers.get("Accept")):
                 return oa.table(bodies, self._columns.get(res), str(self._rv))
-            return self._list_body(res, bodies)
+            if "limit" not in request.params:
+                return self._list_body(res, bodies)
+            return self._list_page(res, bodies, request)
+
+    def _list_page(self, res: resource, bodies: list[dict[str, Any]],
+                   request: Request) -> dict[str, Any]:
+        """One page of a list asked with ``limit``, in the API server's order (by
+        namespace and name); its ``continue`` token is where the next page starts."""
+        def key(body: Mapping[str, Any]) -> list[str]:
+            meta = body.get("metadata", {})
+            return [meta.get("namespace") or "", meta.get("name") or ""]
+
+        bodies.sort(key=key)
+        if token := request.params.get("continue"):
+            after = json.loads(base64.b64decode(token))
+            bodies = [b for b in bodies if key(b) > after]
+        limit = int(request.params["limit"])
+        page = self._list_body(res, bodies[:limit] if limit > 0 else bodies)
+        if 0 < limit < len(bodies):
+            page["metadata"]["continue"] = base64.b64encode(
+                json.dumps(key(bodies[limit - 1])).encode()).decode()
+            page["metadata"]["remainingItemCount"] = len(bodies) - limit
+        return page
 
     async def _serve_version(self, request: Request) -> Any:
         # kmock names the core group-version "/v1"; kubectl then finds no kind in "v1".
