@@ -40,6 +40,7 @@ from slopilot.operator.conditions import ConditionType, condition, merge_conditi
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.kube_handle import HTTP_TIMEOUT_S, KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube, load_client
+from slopilot.operator.pod_memory import memory_of
 from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import policy_problems
 from slopilot.operator.reconcile import (
@@ -251,7 +252,7 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
         with bounded_client(HTTP_TIMEOUT_S) as http:
             handle = KubeDeploymentHandle(memo.kube, meta["namespace"], meta["name"],
                                           mint=memo.tokens, policy=memo.policy, http=http,
-                                          uid=str(meta["uid"]))
+                                          uid=str(meta["uid"]), memory=memory_of(memo))
             done = handle.sync_config()
     except Exception as exc:  # the CR went away, or the API: the timer tries again
         logger.warning("the pods' configs were not checked: %s: %s", type(exc).__name__,

@@ -55,6 +55,7 @@ from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.pod_holds import Hold, hold_for, holds_of
+from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled, reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector, vllm_max_num_seqs
@@ -134,6 +135,9 @@ class _PodSync:
     slo_updated: bool = False
     left: tuple[str, ...] = ()
     held: tuple[Hold, ...] = ()
+    seen: tuple[tuple[str, Hold | None], ...] = ()
+    """Each path read, with the hold of the document the pod took there (None: none
+    sent), for the next sync (pod_memory.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -177,7 +181,8 @@ class KubeDeploymentHandle:
                  policy: OperatorPolicy | None = None,
                  http: httpx.Client | None = None, uid: str | None = None,
                  guard: Callable[[], AbstractContextManager[Any]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 memory: PodMemory | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.guard = guard if guard is not None else contextlib.nullcontext
         """Held around each write to the Deployment and the rendered objects (the
@@ -188,6 +193,9 @@ class KubeDeploymentHandle:
         self.mint = mint
         self.clock = clock
         """What ``SYNC_DEADLINE_S`` is counted by."""
+        self.memory = memory if memory is not None else PodMemory()
+        """What the last sync sent each pod (pod_memory.py): the CR's, where the caller
+        keeps one across handles (the timer makes a handle per sync)."""
         self.policy = policy if policy is not None else OperatorPolicy()
         # No keep-alive: each request opens its own connection, which its deadline can shut.
         self.http = http or bounded_client(HTTP_TIMEOUT_S)
@@ -348,7 +356,11 @@ class KubeDeploymentHandle:
                                  "reconfigure")
             token = self.mint.for_body(body)
             targets = [self._pick_canary(pods)] if canary else pods
-            self._put_all(targets, new, token)
+            try:
+                self._put_all(targets, new, token)
+            finally:  # a PUT that failed may have been taken all the same
+                self.memory.forget([str(p["metadata"].get("uid")) for p in targets],
+                                   CONFIG_PATH)
             if canary:
                 return str(targets[0]["metadata"]["name"])  # a trial: nothing recorded
             self._canary = None  # every replica runs the same config again
@@ -396,8 +408,9 @@ class KubeDeploymentHandle:
         older pod template: the rollout replaces it, and a live PUT could not change them.
         Up to ``SYNC_FANOUT`` pods at once, all of it within ``SYNC_DEADLINE_S``: the
         pods it has no time left for are in ``left``. A pod sent a document is read
-        again, and one that contradicts what it took is in ``left`` and ``held``, and is
-        not sent it again while the hold stands (pod_holds.py). ApplyError, with nothing
+        again, and one that contradicts what it took, then or at the next sync's first
+        read (pod_memory.py), is in ``left`` and ``held``, and is not sent it again while
+        the hold stands (pod_holds.py). ApplyError, with nothing
         sent, for a spec the reconcile refuses.
         """
         body = self.body()
@@ -428,6 +441,10 @@ class KubeDeploymentHandle:
             log.info("%s: its config sent to %s", self.name, ", ".join(updated))
         if slo_updated:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
+        uids = [str(p["metadata"].get("uid")) for p in pods]
+        self.memory.remember(uids, ((uid, path, taken)
+                                    for uid, d in zip(uids, done, strict=True)
+                                    for path, taken in d.seen))
         return ConfigSync(tuple(updated), tuple(why for d in done for why in d.left),
                           tuple(slo_updated), len(pods), tuple(d.name for d in done if d.left),
                           tuple(h for d in done for h in d.held))
@@ -445,10 +462,12 @@ class KubeDeploymentHandle:
         held = {h.path: h for h in (hold_for(pod, round_.generation, CONFIG_PATH, want),
                                     hold_for(pod, round_.generation, SLO_PATH, slo))
                 if h in round_.holds}
+        seen: dict[str, Hold | None] = {}
 
         def result(*, updated: bool = False, slo_updated: bool = False,
                    left: tuple[str, ...] = ()) -> _PodSync:
-            return _PodSync(name, updated, slo_updated, left, tuple(held.values()))
+            return _PodSync(name, updated, slo_updated, left, tuple(held.values()),
+                            tuple(seen.items()))
 
         if self.clock() >= ends:  # it waits for the next sync, named meanwhile
             return result(left=(f"{name}: not checked: this sync's {SYNC_DEADLINE_S:g} s "
@@ -460,9 +479,10 @@ class KubeDeploymentHandle:
         if not isinstance(runs, dict):
             return result(left=(f"{name}: /admin/config did not answer a JSON object of "
                                 "knobs",))
+        seen[CONFIG_PATH] = None
         left: list[str] = []
         try:
-            slo_updated = self._sync_slo(pod, slo, round_)
+            slo_updated = self._sync_slo(pod, slo, round_, seen)
             held.pop(SLO_PATH, None)
         except ApplyError as exc:  # the knobs are still brought over
             slo_updated = False
@@ -485,6 +505,7 @@ class KubeDeploymentHandle:
         try:
             hold = self._unless_held(pod, CONFIG_PATH, want, round_, "other knobs")
             self._put(pod, config, token, ends)
+            seen[CONFIG_PATH] = hold
             self._read_back(pod, hold, runs_it, round_, "other knobs")
         except (ApplyError, ConfigError) as exc:
             if isinstance(exc, _NotTaken):
@@ -493,11 +514,15 @@ class KubeDeploymentHandle:
         held.pop(CONFIG_PATH, None)
         return result(updated=True, slo_updated=slo_updated, left=tuple(left))
 
-    def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], round_: _Round) -> bool:
+    def _sync_slo(self, pod: Mapping[str, Any], slo: dict[str, Any], round_: _Round,
+                  seen: dict[str, Hold | None]) -> bool:
         """Send ``slo`` (``spec.slo``) to ``pod`` unless it judges by it already; whether
-        it was sent. The engine reads the ConfigMap's only at start, as its knobs."""
+        it was sent (and in ``seen``, what it took). The engine reads the ConfigMap's
+        only at start, as its knobs."""
         token, ends = round_.token, round_.ends
-        if self._get(pod, token, SLO_PATH, ends=ends) == slo:
+        runs = self._get(pod, token, SLO_PATH, ends=ends)
+        seen[SLO_PATH] = None
+        if runs == slo:
             return False
         hold = self._unless_held(pod, SLO_PATH, slo, round_, "other objectives")
         name = pod["metadata"]["name"]
@@ -508,16 +533,18 @@ class KubeDeploymentHandle:
                 self._refused(name, url, status, ctype)
             except ConfigError as exc:  # a 400: an engine that reads SLOs otherwise
                 raise ApplyError(f"{exc} (the SLO at {url})") from None
+        seen[SLO_PATH] = hold
         self._read_back(pod, hold, lambda answer: answer == slo, round_, "other objectives")
         return True
 
-    @staticmethod
-    def _unless_held(pod: Mapping[str, Any], path: str, document: Any, round_: _Round,
-                     what: str) -> Hold:
+    def _unless_held(self, pod: Mapping[str, Any], path: str, document: Any,
+                     round_: _Round, what: str) -> Hold:
         """The hold that sending ``document`` to ``path`` would earn, should the pod
-        contradict it; _NotTaken, with nothing sent, where that hold stands already."""
+        contradict it; _NotTaken, with nothing sent, where that hold stands already, or
+        where the pod took the document at the last sync and answers another now
+        (pod_memory.py)."""
         hold = hold_for(pod, round_.generation, path, document)
-        if hold in round_.holds:
+        if hold in round_.holds or self.memory.took(hold):
             raise _NotTaken(hold, what)
         return hold
 

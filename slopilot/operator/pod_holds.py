@@ -5,7 +5,8 @@ sends the spec's (``PUT``) where they differ. An engine answers what it took fro
 (``AsyncEngine.config`` is the newest accepted config); an image that takes each PUT and
 answers the next GET with something else (the image is the tenant's) was sent the same
 PUT at every sync, and counted as brought over each time. So after each PUT the sync
-reads the pod again, and a pod that contradicts what it just took is held: named in
+reads the pod again, and a pod that contradicts what it just took is held (so is one
+that answers it then and another at the next sync's first read: pod_memory.py): named in
 ``PodsConfigured``, and not sent that document again while nothing that could make it
 honest changes: the pod (its uid), the engine container's restarts (a restarted engine
 runs its ConfigMap's config and has really lost what it was sent), the spec's generation

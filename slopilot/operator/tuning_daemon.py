@@ -67,6 +67,7 @@ from slopilot.operator.daemon_pause import pause
 from slopilot.operator.knobs import tuned_overlay
 from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.pod_memory import PodMemory, memory_of
 from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import config_status, not_reconciled
@@ -229,13 +230,14 @@ class DeploymentLoop:
 
     def __init__(self, kube: Kube, namespace: str, name: str, uid: str, *, mint: TokenMint,
                  policy: OperatorPolicy, factory: ControllerFactory, locks: Any,
-                 logger: logging.Logger | logging.LoggerAdapter[Any], clock: Clock = time.time
-                 ) -> None:
+                 logger: logging.Logger | logging.LoggerAdapter[Any], clock: Clock = time.time,
+                 memory: PodMemory | None = None) -> None:
         self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
         # Locked per write, not per tick: a tick may take minutes, and every reconcile of
         # this CR would wait that long on one of kopf's few handler threads.
         self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy,
-                                           uid=uid, guard=lambda: locks.hold(self.key))
+                                           uid=uid, guard=lambda: locks.hold(self.key),
+                                           memory=memory)
         self.policy, self.factory, self.locks = policy, factory, locks
         self.logger, self.clock = logger, clock
         self.controller: Controller | None = None
@@ -497,7 +499,7 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
         raise kopf.PermanentError("LLMDeployment is namespaced; got none")
     loop = DeploymentLoop(memo.kube, namespace, name, str(uid), mint=memo.tokens,
                           policy=memo.policy, factory=load_factory(), locks=memo.locks,
-                          logger=logger)
+                          logger=logger, memory=memory_of(memo))
     interval = tick_interval()
     thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tuning-{namespace}-{name}")
     aio = asyncio.get_running_loop()

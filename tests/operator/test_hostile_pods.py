@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from typing import Any
 
 import kopf
@@ -27,6 +28,7 @@ from tests.operator.test_live_config import (
     Clock,
     _pods_condition,
     _status_writes,
+    handle_of,
     reconciled,
     spec_config,
 )
@@ -167,6 +169,77 @@ def test_a_pod_that_answers_other_than_it_took_is_named_and_not_sent_it_again(
         assert sent(liar, path) == 2
         pods.sync()
         assert sent(liar, path) == 2
+
+
+def reverts(pod: PodStandIn, path: str, stale: dict[str, Any]) -> None:
+    """``pod`` takes every PUT of ``path`` (2xx), answers the read right after it with
+    what it took, and ``stale`` at every read after that, as if it never took it."""
+    took = threading.Event()
+
+    def revert(method: str, asked: str) -> None:
+        if asked != path:
+            return
+        if method == "PUT":
+            took.set()
+        elif took.is_set():
+            took.clear()  # the sync's read-back: it answers what it took
+        else:
+            with pod.lock:
+                if path == "/admin/config":
+                    pod.config = dict(stale)
+                else:
+                    pod.slo = dict(stale)
+
+    pod.on_request = revert
+
+
+@pytest.mark.parametrize("path", ["/admin/config", "/admin/slo"])
+def test_a_pod_that_reverts_what_it_took_by_the_next_sync_is_held_not_sent_it_each_time(
+        kube: RunningEmulator, cluster: Cluster, path: str) -> None:
+    """A pod that answers the read after a PUT with what it took, and the next sync's
+    first read with something else again, was sent the same PUT at every sync (each a
+    live reconfiguration of the engine) and counted as brought over each time. An
+    engine answers what it took until it restarts: it is held as one that contradicts
+    its PUT at once is."""
+    pods = Pods(kube, cluster, 1)
+    [pod] = pods.standins
+    stale = {**pods.want, "token_budget": 512} if path == "/admin/config" \
+        else {**pods.slo, "profile": "relaxed"}
+    reverts(pod, path, stale)
+    with serving(pod):
+        pods.add()
+        pods.sync()
+        assert sent(pod, path) == 1
+        assert _pods_condition(cluster)["status"] == "True"
+        for _ in range(4):
+            pods.sync()
+        assert sent(pod, path) == 1
+        cond = _pods_condition(cluster)
+        assert cond["status"] == "False", cond
+        assert cond["message"].startswith(f"chat-pod-0: answers GET {path} with other"), cond
+        assert [h["pod"] for h in cluster.status()["pods"]["held"]] == ["chat-pod-0"]
+        # Once it restarts it runs its ConfigMap's config, and is sent the spec's again.
+        restart(cluster, "chat-pod-0", 1)
+        pods.sync()
+        assert sent(pod, path) == 2
+
+
+def test_the_operators_own_put_between_two_syncs_is_no_contradiction(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """A trial's knobs sent to the canary between two syncs (``apply_config``) are not
+    the pod reverting what the first sync sent it."""
+    body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
+    want = spec_config(cluster)
+    pod = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512},
+                     parse_spec(cluster.get()).slo.to_dict())
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        handle = handle_of(cluster, body, policy, mint)
+        assert handle.sync_config().updated == ("chat-pod-0",)
+        assert handle.apply_config({"token_budget": 2048}, canary=True) == "chat-pod-0"
+        done = handle.sync_config()  # as after a trial whose restore was lost
+    assert done.updated == ("chat-pod-0",) and done.held == () and done.left == ()
+    assert sent(pod, "/admin/config") == 3
 
 
 def test_a_pod_held_back_that_restarts_is_sent_its_config_at_the_next_sync(
