@@ -54,7 +54,9 @@ def status_schema() -> dict[str, Any]:
                 "description": "The pods the PodsConfigured condition names (the "
                                "condition is written again when these, its status or "
                                "its reason change, not when only what a pod answered "
-                               "does)."},
+                               "does). A pod named stays named until two syncs in a "
+                               "row find it right (more for one that keeps coming "
+                               "back)."},
             "held": {
                 "type": "array", "maxItems": 128, "description": "Pods not sent a "
                 "document (path: /admin/config or /admin/slo; sent: its digest) again: "

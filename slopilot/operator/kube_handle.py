@@ -55,7 +55,7 @@ from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.pod_holds import Hold, hold_for, holds_of
-from slopilot.operator.pod_memory import PodMemory
+from slopilot.operator.pod_memory import PodMemory, named_of
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled, reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector, vllm_max_num_seqs
@@ -121,9 +121,12 @@ class ConfigSync:
     pods: int | None = None
     """The ready pods checked; None where the backend has no live config (vLLM)."""
     not_configured: tuple[str, ...] = ()
-    """The pods ``left`` names, each once, in the pods' order."""
+    """The pods ``left`` and ``confirming`` name, each once, in the pods' order."""
     held: tuple[Hold, ...] = ()
     """The pods not sent a document they took and contradicted (pod_holds.py)."""
+    confirming: tuple[str, ...] = ()
+    """``"<pod>: <why>"`` for each pod found right that stays named in PodsConfigured
+    until more syncs in a row find it so (pod_memory.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -410,8 +413,9 @@ class KubeDeploymentHandle:
         pods it has no time left for are in ``left``. A pod sent a document is read
         again, and one that contradicts what it took, then or at the next sync's first
         read (pod_memory.py), is in ``left`` and ``held``, and is not sent it again while
-        the hold stands (pod_holds.py). ApplyError, with nothing
-        sent, for a spec the reconcile refuses.
+        the hold stands (pod_holds.py). A pod the status names that is found right stays
+        named (``confirming``) until enough syncs in a row find it so (pod_memory.py).
+        ApplyError, with nothing sent, for a spec the reconcile refuses.
         """
         body = self.body()
         spec = self._accepted(body)
@@ -445,9 +449,16 @@ class KubeDeploymentHandle:
         self.memory.remember(uids, ((uid, path, taken)
                                     for uid, d in zip(uids, done, strict=True)
                                     for path, taken in d.seen))
+        stay = self.memory.confirm([(uid, d.name, not d.left)
+                                    for uid, d in zip(uids, done, strict=True)],
+                                   named_of(body))
+        confirming = tuple(f"{d.name}: runs what it should again; named until "
+                           f"{stay[d.name]} syncs in a row find it so" for d in done
+                           if d.name in stay)
         return ConfigSync(tuple(updated), tuple(why for d in done for why in d.left),
-                          tuple(slo_updated), len(pods), tuple(d.name for d in done if d.left),
-                          tuple(h for d in done for h in d.held))
+                          tuple(slo_updated), len(pods),
+                          tuple(d.name for d in done if d.left or d.name in stay),
+                          tuple(h for d in done for h in d.held), confirming)
 
     def _sync_pod(self, pod: Mapping[str, Any], config: EngineConfig, slo: dict[str, Any],
                   round_: _Round) -> _PodSync:

@@ -1,38 +1,76 @@
 """What the syncs of one LLMDeployment's pods remember from one sync to the next.
 
-A pod that took a document (``PUT``, answered 2xx) at one sync and answers another at
-the next sync's first read has lost it without restarting (the same uid, engine
-restarts, spec generation and document: a hold's key, pod_holds.py). An engine answers
-what it took until it restarts; an image that takes each PUT, answers the read right
-after it with what it took and reverts by the next sync was sent the same PUT, a live
-reconfiguration of the engine, at every sync. It is held, as one that contradicts its
-PUT at once is.
+Two judgements need the syncs before:
+
+- A pod that took a document (``PUT``, answered 2xx) at one sync and answers another at
+  the next sync's first read has lost it without restarting (the same uid, engine
+  restarts, spec generation and document: a hold's key, pod_holds.py). An engine answers
+  what it took until it restarts; an image that takes each PUT, answers the read right
+  after it with what it took and reverts by the next sync was sent the same PUT, a live
+  reconfiguration of the engine, at every sync. It is held, as one that contradicts its
+  PUT at once is (``took``).
+- A pod named in ``PodsConfigured`` (``status.pods.notConfigured``) is named at the
+  first sync that finds it wrong, and named no more only once ``CONFIRM_SYNCS`` syncs
+  in a row find it right; twice as many each time it comes back within ``CALM_SYNCS``
+  of being named no more, up to ``MAX_CONFIRM_SYNCS`` (``confirm``). A pod found wrong
+  and right by turns had the condition, and so the CR's status, written at every sync:
+  now it is written when the pod is first named, and for an image that is right a few
+  syncs in a row between wrong ones, a few times more, then not again.
 
 Kept in the operator's memory (kopf's memo of the CR, which the timer's syncs and the
-daemon's share; else the handle's own), not in the status: what each sync sent would be
-a status write at every sync that sends anything. An operator restart forgets it, on
-the safe side: a pod that reverts is sent the document once more, then held (the hold is
-in the status).
+daemon's share; else the handle's own), not in the status: a count of syncs in a row
+must change at every sync that finds a pod wrong after right, and written to the status
+it would be the very write per sync it is there to stop. What the status keeps is the
+pods named. An operator restart forgets the rest, on the safe side: a pod named stays
+named until ``CONFIRM_SYNCS`` syncs find it right again, and a pod that reverts is sent
+the document once more, then held (the hold is in the status).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from slopilot.operator.pod_holds import Hold
 
 MEMO_KEY = "pod_memory"
+CONFIRM_SYNCS = 2
+"""Syncs in a row that must find a named pod right before it is named no more: one
+right answer between wrong ones cleared the condition, and the next named the pod
+again, a status write at every sync (once a minute). Two keep an honest pod, once
+brought over, named one sync (``CONFIG_SYNC_S``) longer."""
+MAX_CONFIRM_SYNCS = 32
+"""The most syncs in a row (half an hour at ``CONFIG_SYNC_S``) a pod must be found right
+on. The count doubles each time a pod comes back soon after it was named no more: with a
+fixed count an image right twice and wrong once by turns still had the status written
+twice every three syncs."""
+CALM_SYNCS = 60
+"""Syncs in a row (an hour) that found a pod right after which it starts over at
+``CONFIRM_SYNCS`` when found wrong again: a pod that misses a read now and then (a slow
+answer, an engine restart) is not named longer each time."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Streak:
+    right: int = 0
+    """Syncs in a row that found the pod right (at most ``CALM_SYNCS``)."""
+    doublings: int = 0
+    """How often ``CONFIRM_SYNCS`` doubled for it."""
+    named: bool = False
+    """Whether it was ever named while remembered."""
 
 
 class PodMemory:
-    """``took``: the documents the last sync that read a pod's path sent it there."""
+    """``took``: the documents the last sync that read a pod's path sent it there;
+    ``confirm``: which pods found right stay named."""
 
     def __init__(self) -> None:
         # The timer's sync and the daemon's may overlap while tuning is turned on or off.
         self._lock = threading.Lock()
         self._took: dict[tuple[str, str], Hold] = {}
+        self._streaks: dict[str, _Streak] = {}
 
     def took(self, hold: Hold) -> bool:
         """Whether the pod took ``hold``'s document at the last sync that read its path,
@@ -62,6 +100,48 @@ class PodMemory:
         with self._lock:
             for uid in uids:
                 self._took.pop((uid, path), None)
+
+    def confirm(self, found: Sequence[tuple[str, str, bool]],
+                named: frozenset[str]) -> dict[str, int]:
+        """After a sync that found each pod ``(uid, name, right)``, where ``named`` are
+        the pods the status names: each pod found right that stays named, with the syncs
+        in a row it must be found right on. Pods the sync did not list are forgotten."""
+        stay: dict[str, int] = {}
+        with self._lock:
+            streaks: dict[str, _Streak] = {}
+            for uid, name, right in found:
+                was = self._streaks.get(uid, _Streak())
+                if not right:
+                    doublings = was.doublings
+                    if name not in named and not (was.named and was.right < CALM_SYNCS):
+                        doublings = 0  # named for the first time, or long ago
+                    elif name not in named and _need(doublings) < MAX_CONFIRM_SYNCS:
+                        doublings += 1  # named again soon after it was named no more
+                    streaks[uid] = _Streak(0, doublings, True)
+                    continue
+                now = dataclasses.replace(was, right=min(was.right + 1, CALM_SYNCS))
+                need = _need(now.doublings)
+                if name in named and now.right < need:
+                    stay[name] = need
+                    now = dataclasses.replace(now, named=True)
+                streaks[uid] = now
+            self._streaks = streaks
+        return stay
+
+
+def _need(doublings: int) -> int:
+    return min(CONFIRM_SYNCS << doublings, MAX_CONFIRM_SYNCS)
+
+
+def named_of(body: Mapping[str, Any]) -> frozenset[str]:
+    """The pods ``body``'s status names (``status.pods.notConfigured``); none where it
+    records something else (the status is whoever may write it)."""
+    status = body.get("status")
+    pods = status.get("pods") if isinstance(status, Mapping) else None
+    raw = pods.get("notConfigured") if isinstance(pods, Mapping) else None
+    if not isinstance(raw, list):
+        return frozenset()
+    return frozenset(n for n in raw if isinstance(n, str))
 
 
 def memory_of(memo: Any) -> PodMemory:

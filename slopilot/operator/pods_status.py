@@ -12,6 +12,11 @@ why; it is written when it changes, not once a minute.
 pod answered (a restart knob's value, an error's content type), and the image is the
 tenant's: one that answered something new each time had the status written at every
 sync. So the message stays as first written while the pods named stay the same.
+
+A pod is named at the first sync that finds it wrong, and named no more once
+``CONFIRM_SYNCS`` (2) syncs in a row find it right, more for one that keeps coming back
+(pod_memory.py): a pod right and wrong by turns had the condition flip, and the status
+written, at every sync.
 """
 
 from __future__ import annotations
@@ -45,9 +50,9 @@ def pods_condition(done: ConfigSync, generation: int | None) -> dict[str, Any] |
     """The condition one sync's answer makes; None for a backend with no live config."""
     if done.pods is None:
         return None
-    if done.left:
-        more = len(done.left) - MAX_LISTED
-        message = "; ".join(map(_clip, done.left[:MAX_LISTED])) + (
+    if why := (*done.left, *done.confirming):
+        more = len(why) - MAX_LISTED
+        message = "; ".join(map(_clip, why[:MAX_LISTED])) + (
             f"; and {more} more" if more > 0 else "")
         return condition(ConditionType.PODS_CONFIGURED, False, "PodsNotConfigured",
                          message, generation)

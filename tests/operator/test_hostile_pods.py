@@ -20,6 +20,7 @@ import kopf
 import pytest
 
 from slopilot.operator.handlers import LockTable, sync_untuned_pods
+from slopilot.operator.pod_memory import MEMO_KEY, PodMemory
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.tuning_daemon import CONFIG_SYNC_S
 from tests.operator.operator_support import Cluster, add_pod, daemon_loop, llmd
@@ -110,6 +111,108 @@ def test_the_condition_is_written_again_once_it_names_other_pods(
     assert cond["status"] == "False"
     assert cond["message"].startswith("chat-pod-0: runs swap_space_gb=1"), cond
     assert "; chat-pod-1: runs block_size=32" in cond["message"]
+
+
+@pytest.mark.parametrize("turns", ["WR", "WRR"], ids=["alternating", "twice-right-once-wrong"])
+def test_a_pod_right_and_wrong_by_turns_has_the_status_written_a_bounded_number_of_times(
+        kube: RunningEmulator, cluster: Cluster, turns: str) -> None:
+    """A pod found wrong (W) at one sync and right (R) at the next had the condition and
+    the pods it names flip at every sync: a status write per sync, once a minute for as
+    long as it ran. A named pod is named no more once CONFIRM_SYNCS syncs in a row find
+    it right, twice as many each time it comes back soon after: the writes stop."""
+    pods = Pods(kube, cluster, 2)
+    shifty = pods.standins[1]
+    answers = itertools.cycle(turns)
+
+    def by_turns(method: str, path: str) -> None:
+        if (method, path) == ("GET", "/admin/config"):
+            with shifty.lock:
+                shifty.config = {**pods.want, "block_size": 32} \
+                    if next(answers) == "W" else dict(pods.want)
+
+    shifty.on_request = by_turns
+    with serving(*pods.standins):
+        pods.add()
+        writes = _status_writes(kube)
+        for _ in range(30):
+            pods.sync()
+        # Named (W); for WRR named no more (RR), named again (W) and then for good, as
+        # it is found right at most twice in a row and now needs four.
+        assert _status_writes(kube) - writes == {"WR": 1, "WRR": 3}[turns]
+    assert _pods_condition(cluster)["status"] == "False"
+    assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+
+
+def test_a_pod_brought_over_is_named_no_more_after_two_syncs_in_a_row(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """... also after an operator restart, which forgets the syncs that found it right
+    (in memory, not in the status, or each would be a write): it is named a sync longer."""
+    pods = Pods(kube, cluster, 2)
+    older = pods.standins[1]
+    with older.lock:
+        older.config = {**pods.want, "block_size": 32}  # an older pod template's
+    with serving(*pods.standins):
+        pods.add()
+        pods.sync()
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+        with older.lock:
+            older.config = dict(pods.want)
+        pods.sync()  # found right once
+        cond = _pods_condition(cluster)
+        assert cond["status"] == "False" and cond["message"].startswith(
+            "chat-pod-1: runs block_size=32"), cond
+        pods.sync()
+        assert _pods_condition(cluster)["status"] == "True"
+        assert cluster.status()["pods"]["notConfigured"] == []
+        # Named again, found right once, and the operator restarts (a new memo).
+        with older.lock:
+            older.config = {**pods.want, "block_size": 32}
+        pods.sync()
+        with older.lock:
+            older.config = dict(pods.want)
+        pods.sync()
+        pods.memo = kopf.Memo({k: v for k, v in pods.memo.items() if k != MEMO_KEY})
+        pods.sync()
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+        pods.sync()
+        assert cluster.status()["pods"]["notConfigured"] == []
+
+
+def test_a_pod_right_for_long_is_named_no_longer_for_having_been_named_before(
+        kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doubling is for a pod that comes back soon after: one that misses a read now
+    and then (a slow answer, a restart) starts over at CONFIRM_SYNCS."""
+    from slopilot.operator import pod_memory
+
+    monkeypatch.setattr(pod_memory, "CALM_SYNCS", 4)
+    pods = Pods(kube, cluster, 1)
+    [pod] = pods.standins
+    seen: list[bool] = []
+    with serving(pod):
+        pods.add()
+        for wrong in "W RR RRRR W RR".replace(" ", ""):
+            with pod.lock:
+                pod.config = {**pods.want, "block_size": 32} if wrong == "W" \
+                    else dict(pods.want)
+            pods.sync()
+            seen.append(cluster.status()["pods"]["notConfigured"] == ["chat-pod-0"])
+    assert seen == [True, True, False, False, False, False, False, True, True, False]
+
+
+def test_an_image_wrong_each_time_it_is_named_no_more_is_named_ever_longer() -> None:
+    """An image that learns the count: right while named, wrong at the first sync after.
+    Each comeback doubles the syncs in a row it must be found right on, up to 32: the
+    condition is then written twice in 33 syncs (half an hour), not twice in 3."""
+    memory, named, needs, changes = PodMemory(), frozenset[str](), [], 0
+    for _ in range(200):
+        right = "p" in named
+        stay = memory.confirm([("uid-p", "p", right)], named)
+        if "p" in stay and stay["p"] not in needs[-1:]:
+            needs.append(stay["p"])
+        now = frozenset({"p"}) if not right or "p" in stay else frozenset()
+        changes, named = changes + (now != named), now
+    assert needs == [2, 4, 8, 16, 32]
+    assert changes == 19  # named and named no more: with CONFIRM_SYNCS alone, 133
 
 
 def lies_about(pod: PodStandIn, path: str, lie: dict[str, Any]) -> None:
@@ -260,6 +363,9 @@ def test_a_pod_held_back_that_restarts_is_sent_its_config_at_the_next_sync(
             pod.config = {**pods.want, "token_budget": 512}  # its ConfigMap's, say
         pods.sync()
         assert sent(pod, "/admin/config") == 2 and pod.config == pods.want
+        assert cluster.status()["pods"] == {"notConfigured": ["chat-pod-0"], "held": []}
+        pods.sync()  # named until a second sync in a row finds it right (pod_memory.py)
+        assert sent(pod, "/admin/config") == 2
     cond = _pods_condition(cluster)
     assert cond is not None and cond["status"] == "True", cond
     assert cluster.status()["pods"] == {"notConfigured": [], "held": []}
