@@ -62,11 +62,14 @@ SLO_TOKENS = "slopilot_slo_generation_tokens_total"
 # Requests turned away for load (429: the waiting queue held max_waiting): their clients
 # were never served. The TTFT percentiles read each as a first token never given.
 REFUSED = "slopilot_requests_refused_total"
+# Retries of a request turned away that were turned away again (the client said it was a
+# retry): one call the client makes, counted once in REFUSED however often it retries.
+REFUSED_RETRIES = "slopilot_requests_refused_retries_total"
 SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS, REFUSED,
+    SLO_REQUESTS, SLO_TOKENS, REFUSED, REFUSED_RETRIES,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
@@ -188,6 +191,7 @@ class EngineMetrics:
         self._slo: SLOSpec | None = None
         self._verdicts: dict[tuple[Priority, str, bool], list[int]] = {}
         self._refused = [0 for _ in Priority]
+        self._refused_retries = [0 for _ in Priority]
         self.registry.register(self)
 
     # -- fed by the engine loop ------------------------------------------------------
@@ -229,17 +233,28 @@ class EngineMetrics:
         counts[0] += 1
         counts[1] += tokens
 
-    def count_refused(self, priority: Priority, slo: SLOSpec | None) -> None:
+    def count_refused(self, priority: Priority, slo: SLOSpec | None, *,
+                      retry: bool = False) -> None:
         """One request turned away for load (the waiting queue was full), judged by its
         class's objectives in ``slo`` (the SLO at its arrival; None: none known): it
-        missed them, with no token to count. Called on the server's event loop only."""
+        missed them, with no token to count. A ``retry`` (its client says it retries one
+        turned away already) is counted apart and not judged again: its client's call
+        was counted, and missed, at its first try. Called on the server's event loop
+        only."""
+        if retry:
+            self._refused_retries[priority] += 1
+            return
         self._refused[priority] += 1
         if slo is not None:
             self.observe_verdict(priority, slo.class_slo(priority), met=False, tokens=0)
 
     def refused(self) -> dict[Priority, int]:
-        """Requests turned away for load so far, by class."""
+        """Requests turned away for load so far, by class (first tries)."""
         return {p: self._refused[p] for p in Priority}
+
+    def refused_retries(self) -> dict[Priority, int]:
+        """Retries turned away again so far, by class."""
+        return {p: self._refused_retries[p] for p in Priority}
 
     def verdicts(self) -> dict[tuple[Priority, str, bool], tuple[int, int]]:
         """(class, objectives, met) -> (requests, output tokens) counted so far."""
@@ -418,9 +433,15 @@ class EngineMetrics:
         refused = CounterMetricFamily(
             REFUSED, "Requests turned away for load (429: the waiting queue was full), "
             "never served.", labels=["model_name", "priority_class"])
+        retries = CounterMetricFamily(
+            REFUSED_RETRIES, "Retries of requests turned away for load that were turned "
+            "away again (x-stainless-retry-count above 0), not counted in "
+            f"{REFUSED.removesuffix('_total')}.", labels=["model_name", "priority_class"])
         for p in Priority:  # at 0 from the start: rate() misses a counter's first value
             refused.add_metric([self.model_name, p.label], self._refused[p])
+            retries.add_metric([self.model_name, p.label], self._refused_retries[p])
         yield refused
+        yield retries
         yield from self._verdict_families()
         yield from self._info_families()
 

@@ -29,7 +29,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from slopilot.engine.metrics import REFUSED, SLO_REQUESTS
+from slopilot.engine.metrics import REFUSED, REFUSED_RETRIES, SLO_REQUESTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.rules import (
@@ -146,10 +146,13 @@ def _throughput_panels() -> list[Any]:
             _query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
                    f"[{RATE}]))", "{{finished_reason}}"),
             _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
-                   "turned away (429) {{priority_class}}")], unit="reqps",
+                   "turned away (429) {{priority_class}}"),
+            _query(f"sum by (priority_class) (rate({REFUSED_RETRIES}{{{SEL}}}[{RATE}]))",
+                   "retries turned away again {{priority_class}}")], unit="reqps",
             description="Turned away: requests the engine refused for load (its waiting "
             "queue full), never served; the TTFT panels count each as a first token "
-            "never given."),
+            "never given. Retries turned away again: a client's later tries of a call "
+            "already turned away (x-stainless-retry-count), counted apart."),
     ]
 
 

@@ -32,6 +32,10 @@ from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionReq
 from slopilot.engine.slo import SLOSpec
 
 PRIORITY_HEADER = "x-slopilot-priority"
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+"""Which try of one call a request is (0: the first), as the openai SDKs send it: they
+retry a 429 twice by default, and each retry of a call turned away is not another
+client turned away."""
 # Below this many characters of prompt text, tokenizing takes well under a millisecond:
 # cheaper on the event loop than the hop to a tokenizer thread and back.
 INLINE_PREPARE_CHARS = 2048
@@ -69,6 +73,16 @@ class Prepared:
     # Top alternatives per token when logprobs are asked for, else None.
     logprobs: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # Its client retries a call (RETRY_COUNT_HEADER above 0).
+    retry: bool = False
+
+
+def _retry(headers: Mapping[str, str]) -> bool:
+    """Whether the client says this request retries a call: a count above 0. Anything
+    else (no header, 0, a value that is no count) is a first try, counted as one."""
+    raw = headers.get(RETRY_COUNT_HEADER, "").strip()
+    # Read as digits, not int(): a count of 5,000 digits would raise (int's digit limit).
+    return raw.isascii() and raw.isdigit() and raw.strip("0") != ""
 
 
 def _priority(body_value: int | str | None, headers: Mapping[str, str]) -> Priority:
@@ -244,7 +258,7 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     return Prepared(base, prompts, choices, body.stop_strings,
                     frozenset(body.stop_token_ids or ()) | frozenset(eos), chat,
                     body.include_usage, body.stream, body.return_token_ids, echo,
-                    _logprobs(body))
+                    _logprobs(body), retry=_retry(headers))
 
 
 async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
@@ -260,7 +274,7 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
                        param="n") from None
     except QueueFullError as exc:
         for c in prep.choices:
-            metrics.count_refused(c.request.priority, slo)
+            metrics.count_refused(c.request.priority, slo, retry=prep.retry)
         raise APIError(429, str(exc), code="queue_full",
                        headers={"Retry-After": str(engine.retry_after_s())}) from None
     except PromptTooLongError as exc:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -185,8 +187,10 @@ async def _read_first_chunk(client: httpx.AsyncClient, url: str, body: dict[str,
     raise AssertionError("the long request finished; the test meant to cancel it")
 
 
-async def test_full_queue_is_429_with_retry_after() -> None:
-    # One running request and one waiting fill the server; the third gets 429.
+@contextlib.asynccontextmanager
+async def _full_queue() -> AsyncIterator[tuple[LiveServer, httpx.AsyncClient]]:
+    """A server judging by ``SLO`` whose one running and one waiting request fill it: the
+    next request gets 429."""
     backend = build_backend(knobs={"max_num_seqs": 1, "max_waiting": 1})
     backend.metrics.set_slo(SLO)
     srv = start_server(backend)
@@ -200,28 +204,61 @@ async def test_full_queue_is_429_with_retry_after() -> None:
             queued = asyncio.create_task(_read_first_chunk(client, url, long, asyncio.Event()))
             await asyncio.to_thread(wait_for, lambda: srv.call(
                 lambda e: e.scheduler.num_waiting) == 1, what="a waiting request")
-            res = await client.post(url, json={"prompt": "x", "max_tokens": 1,
-                                               "priority": 0})
-            err = _error(res, 429)
-            assert err["type"] == "rate_limit_error"
-            assert 1 <= int(res.headers["retry-after"]) <= 60  # the backlog over its rate
-            # Its client was never served: counted by class, and judged a miss of its
-            # class's SLO (with no tokens), where nothing else would have seen it.
-            metrics = srv.backend.metrics
-            assert metrics.refused() == {Priority.P0: 1, Priority.P1: 0, Priority.P2: 0}
-            assert metrics.verdicts()[Priority.P0, P0_SLO.label, False] == (1, 0)
-            text = (await client.get(srv.url + "/metrics")).text
-            assert 'slopilot_requests_refused_total{model_name="' in text
-            assert sum(s.value for f in text_string_to_metric_families(text)
-                       for s in f.samples if s.name == "slopilot_requests_refused_total"
-                       and s.labels["priority_class"] == "p0") == 1
-            for task in (running, queued):
-                task.cancel()
-            await asyncio.gather(running, queued, return_exceptions=True)
+            try:
+                yield srv, client
+            finally:
+                for task in (running, queued):
+                    task.cancel()
+                await asyncio.gather(running, queued, return_exceptions=True)
         await asyncio.to_thread(wait_for, lambda: srv.call(
             lambda e: not e.scheduler.requests), what="both requests aborted")
     finally:
         srv.stop()
+
+
+def _refused_series(text: str, name: str) -> dict[str, float]:
+    return {s.labels["priority_class"]: s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == name}
+
+
+async def test_full_queue_is_429_with_retry_after() -> None:
+    async with _full_queue() as (srv, client):
+        res = await client.post(srv.url + "/v1/completions",
+                                json={"prompt": "x", "max_tokens": 1, "priority": 0})
+        err = _error(res, 429)
+        assert err["type"] == "rate_limit_error"
+        assert 1 <= int(res.headers["retry-after"]) <= 60  # the backlog over its rate
+        # Its client was never served: counted by class, and judged a miss of its
+        # class's SLO (with no tokens), where nothing else would have seen it.
+        metrics = srv.backend.metrics
+        assert metrics.refused() == {Priority.P0: 1, Priority.P1: 0, Priority.P2: 0}
+        assert metrics.verdicts()[Priority.P0, P0_SLO.label, False] == (1, 0)
+        text = (await client.get(srv.url + "/metrics")).text
+        assert 'slopilot_requests_refused_total{model_name="' in text
+        assert _refused_series(text, "slopilot_requests_refused_total")["p0"] == 1
+
+
+async def test_a_clients_retries_of_a_refused_request_are_not_refusals_again() -> None:
+    """The openai SDK retries a 429 twice by default, each retry saying which it is
+    (``x-stainless-retry-count``: 1, 2). One call turned away counted three refusals and
+    three misses of its class: the refused share, the TTFT P99 and the demand the twin
+    plans for all read its retries as more clients. A retry refused again is counted
+    apart (``slopilot_requests_refused_retries_total``); a first try (0, no header, or a
+    value that is no count) is a refusal as before."""
+    async with _full_queue() as (srv, client):
+        url = srv.url + "/v1/completions"
+        for retry in (None, "1", "2", "0", "x", "-1", "00", "9" * 5000):
+            headers = {} if retry is None else {"x-stainless-retry-count": retry}
+            _error(await client.post(url, json={"prompt": "x", "max_tokens": 1,
+                                                "priority": 0}, headers=headers), 429)
+        metrics = srv.backend.metrics
+        assert metrics.refused() == {Priority.P0: 5, Priority.P1: 0, Priority.P2: 0}
+        assert metrics.verdicts()[Priority.P0, P0_SLO.label, False] == (5, 0)
+        assert metrics.refused_retries() == {Priority.P0: 3, Priority.P1: 0, Priority.P2: 0}
+        text = (await client.get(srv.url + "/metrics")).text
+        assert _refused_series(text, "slopilot_requests_refused_total")["p0"] == 5
+        assert _refused_series(text, "slopilot_requests_refused_retries_total") == \
+            {"p0": 3, "p1": 0, "p2": 0}
 
 
 def test_more_choices_than_max_waiting_is_400_not_429() -> None:

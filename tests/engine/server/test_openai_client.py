@@ -105,3 +105,25 @@ def test_stop_string_trims_and_finishes(sim_server: LiveServer, stream: bool) ->
     assert text == " "
     assert finish == "stop"
     sim_server.call(lambda e: e.scheduler.check_integrity())
+
+
+def test_the_sdk_names_each_retry_of_a_429_as_the_server_reads_it() -> None:
+    """The pinned openai SDK retries a 429 (twice by default) and says which try each
+    request is in ``x-stainless-retry-count``, the header the server reads to count a
+    call turned away once (``serving.RETRY_COUNT_HEADER``). If a new SDK renamed it, the
+    server would count each retry as a new refusal again: this says so first."""
+    from slopilot.engine.server.serving import RETRY_COUNT_HEADER
+
+    seen: list[str | None] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get(RETRY_COUNT_HEADER))
+        return httpx.Response(429, headers={"retry-after-ms": "1"},  # no wait between tries
+                              json={"error": {"message": "queue full", "type":
+                                              "rate_limit_error", "code": "queue_full"}})
+
+    client = openai.OpenAI(base_url="http://engine.invalid/v1", api_key="x",
+                           http_client=httpx.Client(transport=httpx.MockTransport(refuse)))
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(model="m", prompt="x", max_tokens=1)
+    assert seen == ["0", "1", "2"]
