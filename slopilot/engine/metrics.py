@@ -62,14 +62,15 @@ SLO_TOKENS = "slopilot_slo_generation_tokens_total"
 # Requests turned away for load (429: the waiting queue held max_waiting): their clients
 # were never served. The TTFT percentiles read each as a first token never given.
 REFUSED = "slopilot_requests_refused_total"
-# Retries of a request turned away that were turned away again (the client said it was a
-# retry): one call the client makes, counted once in REFUSED however often it retries.
-REFUSED_RETRIES = "slopilot_requests_refused_retries_total"
+# Retries (the client numbers its tries) by what became of them (``outcome``: refused,
+# or admitted): one call turned away is counted once in REFUSED however often its
+# client retries, and the size of a retry storm shows here.
+RETRIES = "slopilot_request_retries_total"
 SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS, REFUSED, REFUSED_RETRIES,
+    SLO_REQUESTS, SLO_TOKENS, REFUSED, RETRIES,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
@@ -191,7 +192,7 @@ class EngineMetrics:
         self._slo: SLOSpec | None = None
         self._verdicts: dict[tuple[Priority, str, bool], list[int]] = {}
         self._refused = [0 for _ in Priority]
-        self._refused_retries = [0 for _ in Priority]
+        self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
         self.registry.register(self)
 
     # -- fed by the engine loop ------------------------------------------------------
@@ -242,7 +243,7 @@ class EngineMetrics:
         was counted, and missed, at its first try. Called on the server's event loop
         only."""
         if retry:
-            self._refused_retries[priority] += 1
+            self._retries[priority, True] += 1
             return
         self._refused[priority] += 1
         if slo is not None:
@@ -252,9 +253,15 @@ class EngineMetrics:
         """Requests turned away for load so far, by class (first tries)."""
         return {p: self._refused[p] for p in Priority}
 
-    def refused_retries(self) -> dict[Priority, int]:
-        """Retries turned away again so far, by class."""
-        return {p: self._refused_retries[p] for p in Priority}
+    def count_retry_admitted(self, priority: Priority) -> None:
+        """A retry was let in: served, judged and counted as any request (its call's
+        first try may have failed in a way nothing counted: a drain's 503, a lost
+        connection), and counted here too. Event loop only."""
+        self._retries[priority, False] += 1
+
+    def retries(self, *, refused: bool) -> dict[Priority, int]:
+        """Retries so far, by class: those turned away (``refused``), or those let in."""
+        return {p: self._retries[p, refused] for p in Priority}
 
     def verdicts(self) -> dict[tuple[Priority, str, bool], tuple[int, int]]:
         """(class, objectives, met) -> (requests, output tokens) counted so far."""
@@ -434,12 +441,15 @@ class EngineMetrics:
             REFUSED, "Requests turned away for load (429: the waiting queue was full), "
             "never served.", labels=["model_name", "priority_class"])
         retries = CounterMetricFamily(
-            REFUSED_RETRIES, "Retries of requests turned away for load that were turned "
-            "away again (x-stainless-retry-count above 0), not counted in "
-            f"{REFUSED.removesuffix('_total')}.", labels=["model_name", "priority_class"])
+            RETRIES, "Retries (x-stainless-retry-count above 0) by outcome: turned away "
+            f"for load (not counted in {REFUSED.removesuffix('_total')}: their call was, "
+            "at its first try) or admitted.",
+            labels=["model_name", "priority_class", "outcome"])
         for p in Priority:  # at 0 from the start: rate() misses a counter's first value
             refused.add_metric([self.model_name, p.label], self._refused[p])
-            retries.add_metric([self.model_name, p.label], self._refused_retries[p])
+            for outcome, was_refused in (("refused", True), ("admitted", False)):
+                retries.add_metric([self.model_name, p.label, outcome],
+                                   self._retries[p, was_refused])
         yield refused
         yield retries
         yield from self._verdict_families()

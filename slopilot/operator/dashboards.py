@@ -29,7 +29,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from slopilot.engine.metrics import REFUSED, REFUSED_RETRIES, SLO_REQUESTS
+from slopilot.engine.metrics import REFUSED, RETRIES, SLO_REQUESTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.rules import (
@@ -147,12 +147,13 @@ def _throughput_panels() -> list[Any]:
                    f"[{RATE}]))", "{{finished_reason}}"),
             _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
                    "turned away (429) {{priority_class}}"),
-            _query(f"sum by (priority_class) (rate({REFUSED_RETRIES}{{{SEL}}}[{RATE}]))",
-                   "retries turned away again {{priority_class}}")], unit="reqps",
+            _query(f"sum by (priority_class) (rate({RETRIES}{{{SEL},outcome=\"refused\"}}"
+                   f"[{RATE}]))", "retries turned away {{priority_class}}")],
+            unit="reqps",
             description="Turned away: requests the engine refused for load (its waiting "
             "queue full), never served; the TTFT panels count each as a first token "
-            "never given. Retries turned away again: a client's later tries of a call "
-            "already turned away (x-stainless-retry-count), counted apart."),
+            "never given. Retries turned away: a client's later tries of a call "
+            "(x-stainless-retry-count above 0) turned away, counted apart from the calls."),
     ]
 
 

@@ -266,7 +266,7 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
     """Admit every choice, or none (one step of the engine thread). Choices turned away
     for load are counted, each a miss of its class's ``slo`` (taken at arrival)."""
     try:
-        return await engine.add_requests([c.request for c in prep.choices])
+        streams = await engine.add_requests([c.request for c in prep.choices])
     except TooManyChoicesError as exc:
         n = len(prep.choices) // len(prep.prompts)
         batch = f" x {len(prep.prompts)} prompts" if len(prep.prompts) > 1 else ""
@@ -284,3 +284,7 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
         raise APIError(503, str(exc), code="draining") from None
     except EngineDeadError as exc:
         raise APIError(500, str(exc), code="engine_dead") from None
+    if prep.retry:
+        for c in prep.choices:
+            metrics.count_retry_admitted(c.request.priority)
+    return streams

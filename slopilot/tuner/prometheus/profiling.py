@@ -145,7 +145,8 @@ class WorkloadProfile:
                                f"series give: {CHECK_METRICS}")
         # Turned away for load (429): offered, if not let in. Planned for without them, a
         # saturated deployment's load was its own throughput, and no plan grew it. A
-        # client that retries counts once a try: the twin plans for more, not less.
+        # retry turned away is not counted again (metrics.RETRIES); one let in counts
+        # as served: a call turned away once and then served is planned for twice.
         refused = {s["metric"].get("priority_class", ""): _count(
             f"{REFUSED}{{priority_class={s['metric'].get('priority_class', '')}}}",
             s["value"][1]) for s in inc(REFUSED, "priority_class")}

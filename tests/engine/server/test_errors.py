@@ -243,8 +243,8 @@ async def test_a_clients_retries_of_a_refused_request_are_not_refusals_again() -
     (``x-stainless-retry-count``: 1, 2). One call turned away counted three refusals and
     three misses of its class: the refused share, the TTFT P99 and the demand the twin
     plans for all read its retries as more clients. A retry refused again is counted
-    apart (``slopilot_requests_refused_retries_total``); a first try (0, no header, or a
-    value that is no count) is a refusal as before."""
+    apart (``slopilot_request_retries_total{outcome="refused"}``); a first try (0, no
+    header, or a value that is no count) is a refusal as before."""
     async with _full_queue() as (srv, client):
         url = srv.url + "/v1/completions"
         for retry in (None, "1", "2", "0", "x", "-1", "00", "9" * 5000):
@@ -254,11 +254,26 @@ async def test_a_clients_retries_of_a_refused_request_are_not_refusals_again() -
         metrics = srv.backend.metrics
         assert metrics.refused() == {Priority.P0: 5, Priority.P1: 0, Priority.P2: 0}
         assert metrics.verdicts()[Priority.P0, P0_SLO.label, False] == (5, 0)
-        assert metrics.refused_retries() == {Priority.P0: 3, Priority.P1: 0, Priority.P2: 0}
+        assert metrics.retries(refused=True) == {Priority.P0: 3, Priority.P1: 0,
+                                                 Priority.P2: 0}
         text = (await client.get(srv.url + "/metrics")).text
         assert _refused_series(text, "slopilot_requests_refused_total")["p0"] == 5
-        assert _refused_series(text, "slopilot_requests_refused_retries_total") == \
-            {"p0": 3, "p1": 0, "p2": 0}
+        retries = {(s.labels["priority_class"], s.labels["outcome"]): s.value
+                   for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "slopilot_request_retries_total"}
+        assert retries == {(c, o): 3 if (c, o) == ("p0", "refused") else 0
+                           for c in ("p0", "p1", "p2") for o in ("refused", "admitted")}
+
+
+def test_a_retry_let_in_is_served_and_counted_as_any_request_and_as_a_retry() -> None:
+    with start_server(knobs={"max_waiting": 4}) as srv:
+        res = _post(srv, {"prompt": "hi", "max_tokens": 2, "priority": 2},
+                    headers={"x-stainless-retry-count": "1"})
+        assert res.status_code == 200
+        metrics = srv.backend.metrics
+        assert metrics.retries(refused=False) == {Priority.P0: 0, Priority.P1: 0,
+                                                  Priority.P2: 1}
+        assert metrics.refused() == {p: 0 for p in Priority}
 
 
 def test_more_choices_than_max_waiting_is_400_not_429() -> None:
