@@ -131,8 +131,8 @@ class ChoiceState:
         priority = self.choice.request.priority
         for gap in gaps:
             self.metrics.observe_token_gap(priority, gap)
-            self.gaps += 1
-            self.gaps_over += self._over([gap])
+        self.gaps += len(gaps)
+        self.gaps_over += self._over(gaps)
         self.unhanded_gaps = []
 
     def _over(self, gaps: list[float]) -> int:
