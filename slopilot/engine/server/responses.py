@@ -38,6 +38,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from slopilot.engine.client_gaps import ClientGaps
 from slopilot.engine.request import FinishReason
 from slopilot.engine.server.async_engine import EngineDeadError, EngineDrainingError
 from slopilot.engine.server.backends import Backend
@@ -70,7 +71,7 @@ class ChoiceState:
         self.text_len = 0  # characters handed out so far (text_offset of the next token)
         self.first_written = False  # a chunk with output went out (TTFT is observed)
         self.last_made_at: float | None = None  # when the engine made the last token fed
-        self.last_written_at: float | None = None  # the last chunk with tokens went out
+        self.written = ClientGaps()  # a stream's gaps, as its chunks went out
         # Tokens (and their gaps) count once they reach the client, not once fed: a
         # non-streamed body that is never sent hands out none.
         self.handed = 0
@@ -117,17 +118,14 @@ class ChoiceState:
         client, in a chunk written at ``written_at`` (streaming), or in the whole body
         (None).
 
-        A stream's gaps are the ones its client measures: the time since the last chunk
-        that brought tokens, shared by the ``n`` tokens this one brings (those of the
-        first chunk came with no gap). A body shows its client no gap at all, so its
-        gaps are the engine's, as made (vLLM's frontend observes those for both)."""
+        A stream's gaps are the ones its client measures (``ClientGaps``: the time since
+        the last chunk that brought tokens, shared by the tokens this one brings). A body
+        shows its client no gap at all, so its gaps are the engine's, as made (vLLM's
+        frontend observes those for both)."""
         n = len(self.token_ids) - self.handed
         self.metrics.count_delivered(n)
         self.handed = len(self.token_ids)
-        gaps = self.unhanded_gaps
-        if written_at is not None and n:
-            previous, self.last_written_at = self.last_written_at, written_at
-            gaps = [0.0] * (n - 1) if previous is None else [(written_at - previous) / n] * n
+        gaps = self.unhanded_gaps if written_at is None else self.written.written(n, written_at)
         priority = self.choice.request.priority
         for gap in gaps:
             self.metrics.observe_token_gap(priority, gap)
