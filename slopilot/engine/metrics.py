@@ -33,6 +33,7 @@ from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, Sliding
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.slo import ClassSLO, SLOSpec
+from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
 
 # Edges sit on every SLO threshold of the profiles (and on twice each), so that
 # "fraction under the SLO" is one bucket and a P99 above a threshold is exact.
@@ -55,10 +56,6 @@ VLLM_METRICS: frozenset[str] = frozenset({
     "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
     "vllm:request_prefill_time_seconds",
 })
-# Per-request verdicts against the class's SLO (``ClassSLO.met``), labelled by the
-# objectives judged (``slo``: ``ClassSLO.label``) and the verdict (``met``: true/false).
-SLO_REQUESTS = "slopilot_slo_requests_total"
-SLO_TOKENS = "slopilot_slo_generation_tokens_total"
 # Requests turned away for load (429: the waiting queue held max_waiting): their clients
 # were never served. The TTFT percentiles read each as a first token never given.
 REFUSED = "slopilot_requests_refused_total"
@@ -189,8 +186,7 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self._success: dict[str, int] = {}
-        self._slo: SLOSpec | None = None
-        self._verdicts: dict[tuple[Priority, str, bool], list[int]] = {}
+        self._verdicts = Verdicts()
         self._refused = [0 for _ in Priority]
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
         self.registry.register(self)
@@ -205,34 +201,19 @@ class EngineMetrics:
         self._knobs["effective_budget"] = float(config.effective_budget)
 
     def set_slo(self, slo: SLOSpec | None) -> None:
-        """The objectives requests are judged by from now on (None: none are judged).
-
-        Every class's series under the new objectives are exported from now on, at 0
-        until counted. Those under objectives no longer judged are dropped: no rule reads
-        them, and kept they would grow with every edit of the SLO (a series per edit in
-        the Prometheus every tenant shares). One that comes back restarts from 0, which
-        ``rate()`` reads as a counter reset. A request still in flight is judged by the
-        objectives of its arrival, and counted under them even if they were just dropped.
-        """
-        self._slo = slo
-        current = set() if slo is None else {(p, c.label) for p, c in slo.classes().items()}
-        self._verdicts = {k: v for k, v in self._verdicts.items() if k[:2] in current}
-        for p, label in current:
-            for met in (True, False):
-                self._verdicts.setdefault((p, label, met), [0, 0])
+        """The objectives requests are judged by from now on (``Verdicts.set_slo``)."""
+        self._verdicts.set_slo(slo)
 
     @property
     def slo(self) -> SLOSpec | None:
-        return self._slo
+        return self._verdicts.slo
 
     def observe_verdict(self, priority: Priority, slo: ClassSLO, *, met: bool,
                         tokens: int) -> None:
         """One finished request's verdict against ``slo`` (``ClassSLO.met``), with the
         output tokens the client got. Called on one thread only: the server's event loop
         (as delivered) or, in the simulator, the engine's."""
-        counts = self._verdicts.setdefault((priority, slo.label, met), [0, 0])
-        counts[0] += 1
-        counts[1] += tokens
+        self._verdicts.observe(priority, slo, met=met, tokens=tokens)
 
     def count_refused(self, priority: Priority, slo: SLOSpec | None, *,
                       retry: bool = False) -> None:
@@ -265,7 +246,7 @@ class EngineMetrics:
 
     def verdicts(self) -> dict[tuple[Priority, str, bool], tuple[int, int]]:
         """(class, objectives, met) -> (requests, output tokens) counted so far."""
-        return {k: (v[0], v[1]) for k, v in self._verdicts.items()}
+        return self._verdicts.counts()
 
     def on_step(self, *, now: float, elapsed_s: float, num_running: int, num_waiting: int,
                 num_swapped: int, kv_usage: float, num_batched_tokens: int,
@@ -452,27 +433,8 @@ class EngineMetrics:
                                    self._retries[p, was_refused])
         yield refused
         yield retries
-        yield from self._verdict_families()
+        yield from self._verdicts.families(self.model_name)
         yield from self._info_families()
-
-    def _verdict_families(self) -> Iterator[Metric]:
-        if not self._verdicts:
-            return
-        labels = ["model_name", "priority_class", "slo", "met"]
-        requests = CounterMetricFamily(
-            SLO_REQUESTS, "Finished requests judged against their class's SLO: TTFT "
-            "within its target and at most 1 % of their token gaps over the TBT target.",
-            labels=labels)
-        tokens = CounterMetricFamily(
-            SLO_TOKENS, "Output tokens of the requests judged (goodput: met=\"true\").",
-            labels=labels)
-        for (p, slo, met), (count, toks) in sorted(
-                self._verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-            values = [self.model_name, p.label, slo, "true" if met else "false"]
-            requests.add_metric(values, count)
-            tokens.add_metric(values, toks)
-        yield requests
-        yield tokens
 
     def _latency_families(self) -> Iterator[Metric]:
         for name, doc, recorders in (
