@@ -12,9 +12,11 @@ rule needs one limit, it takes the strictest class's (``max_preemptions_per_min`
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slopilot.engine.request import Priority, Request
@@ -244,3 +246,18 @@ class SLOJudge:
             return None
         return self._classes[req.priority].met(req.first_token_time - req.arrival_time,
                                                req.num_output_tokens - 1, over)
+
+
+def read_slo_file(path: Path) -> SLOSpec:
+    """The objectives in the JSON file ``path`` (``spec.slo``'s shape); SLOError naming
+    the file where it cannot be read, is not JSON, or is not an SLO."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SLOError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise SLOError(f"{path}: not valid JSON: {exc}") from None
+    try:
+        return SLOSpec.from_dict(data)
+    except SLOError as exc:
+        raise SLOError(f"{path}: {exc}") from None

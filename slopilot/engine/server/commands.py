@@ -24,7 +24,7 @@ from slopilot.engine.executors.kernel_modes import (
 
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.server.admin_credential import AdminCredential
-from slopilot.engine.slo import SLO_FILE_ENV, SLOError, SLOSpec
+from slopilot.engine.slo import SLO_FILE_ENV, SLOError, SLOSpec, read_slo_file
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -158,15 +158,9 @@ def _knobs(args: argparse.Namespace) -> dict[str, Any]:
 def load_slo_file(path: Path) -> SLOSpec:
     """``--slo FILE.json``: the objectives the server judges requests by."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"--slo {path}: cannot read it: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(f"--slo {path}: not valid JSON: {exc}") from None
-    try:
-        return SLOSpec.from_dict(data)
+        return read_slo_file(path)
     except SLOError as exc:
-        raise ValueError(f"--slo {path}: {exc}") from None
+        raise ValueError(f"--slo {exc}") from None
 
 
 def admin_token(token_file: Path | None) -> str | AdminCredential | None:
