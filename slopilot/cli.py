@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "slopilot.engine.sim.commands",
     "slopilot.engine.calibrate.commands",
     "slopilot.engine.server.commands",
+    "slopilot.engine.meter.commands",
     "slopilot.engine.models_commands",
     "slopilot.tuner.commands",
     "slopilot.tuner.local.commands",

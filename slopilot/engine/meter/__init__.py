@@ -1,0 +1,10 @@
+"""The meter: a proxy beside a vLLM engine that judges each stream as its client sees it.
+
+vLLM exports histograms of first tokens and of gaps, not one verdict per request, and
+the product of their shares reads a class's goodput high wherever slow gaps bunch on a
+few requests (+68 % on mixed traffic, docs/benchmarks.md). The operator runs the meter
+in each vLLM pod, in front of the engine (``slopilot meter``): it forwards every request,
+judges each streamed completion by ``ClassSLO.met`` on its TTFT and token gaps as
+written to the client (``stream_judge``), and serves vLLM's ``/metrics`` with the
+verdict counters after them (``proxy``), the ones the goodput rule reads per replica.
+"""

@@ -1,0 +1,57 @@
+"""``slopilot meter``: the proxy the operator runs beside each vLLM engine (meter/)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from slopilot.engine.request import Priority
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "meter", help="proxy an OpenAI-compatible engine (vLLM) and judge each stream "
+        "against the SLO as its client sees it",
+        description="Forward every request to --upstream and serve its answers back; "
+        "judge each streamed completion (TTFT and token gaps as written to the client) "
+        "against --priority-class's objectives in --slo-file, and serve the upstream's "
+        "/metrics with the verdict counters after them.")
+    p.add_argument("--upstream", required=True, help="the engine's URL, e.g. "
+                   "http://127.0.0.1:8001")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--slo-file", type=Path, required=True,
+                   help="the SLO (spec.slo's JSON), read again whenever it changes")
+    p.add_argument("--priority-class", default="p0", choices=[q.label for q in Priority],
+                   help="the class every request is judged in (spec.slo.vllmClass)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import sys
+
+    import uvicorn
+
+    from slopilot.engine.meter.proxy import Meter
+    from slopilot.engine.meter.slo_watch import SLOWatch
+    from slopilot.engine.slo import SLOError
+    from slopilot.engine.verdicts import Verdicts
+
+    if not args.upstream.startswith(("http://", "https://")):
+        print(f"slopilot meter: --upstream {args.upstream!r}: expected an http(s) URL, e.g. "
+              "http://127.0.0.1:8001", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(message)s")
+    try:
+        slo = SLOWatch(args.slo_file, Verdicts())
+    except SLOError as exc:
+        print(f"slopilot meter: --slo-file {exc}", file=sys.stderr)
+        return 2
+    app = Meter(args.upstream, slo, Priority.parse(args.priority_class))
+    # The stream's chunks go out as they come: no buffering of the body by the server.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False, lifespan="on")
+    return 0

@@ -1,0 +1,251 @@
+"""The meter's ASGI app: every request forwarded to vLLM, streams judged as written.
+
+- Each request's body is read whole (at most ``max_body_bytes``: 413 past it), sent on
+  to the upstream with the client's method, path, query and headers (hop-by-hop ones
+  dropped), and the answer streamed back piece by piece as it comes.
+- A streamed completion (``POST /v1/completions`` or ``/v1/chat/completions`` with
+  ``"stream": true``) is read as it is written (``StreamJudge``), each piece stamped
+  once the client's side took it (the send returned), and judged at its end against
+  the objectives of its class (``--priority-class``) as they stood at its arrival.
+  A non-streamed body shows its client no first token, and is not judged.
+- A client that goes away has the upstream request closed at once, so vLLM aborts it
+  and frees its cache rather than generating for nobody.
+- ``GET /metrics`` is vLLM's exposition (asked for in the text format, whose names keep
+  their colons), then the verdict counters (``Verdicts.families``): one answer, one
+  ``instance``, so the goodput rule joins vLLM's tokens and the verdicts per replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import httpx
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from slopilot.engine.meter.slo_watch import SLOWatch
+from slopilot.engine.meter.stream_judge import StreamJudge
+from slopilot.engine.request import Priority
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+MAX_BODY_BYTES = 64 << 20
+"""A request body larger than this is refused (413): a prompt of 64 MiB is past any
+context, and the meter holds a body whole before it forwards it."""
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+# RFC 9110 7.6.1, and what a proxy must not pass on; host and length are the new hop's.
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate",
+                         "proxy-authorization", "te", "trailer", "transfer-encoding",
+                         "upgrade", "host", "content-length"})
+
+
+class _ClientGone(Exception):
+    """The client went away before its request was whole."""
+
+
+class _VerdictCollector(Collector):
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        return self.meter.verdicts.families(self.meter.model_name)
+
+
+class Meter:
+    """The ASGI app. ``clock``: when a piece was written (monotonic seconds)."""
+
+    def __init__(self, upstream: str, slo: SLOWatch, priority: Priority, *,
+                 client: httpx.AsyncClient | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.slo, self.priority, self.clock = slo, priority, clock
+        self.verdicts = slo.verdicts
+        self.max_body_bytes = max_body_bytes
+        self.model_name = ""
+        """The served model's name, as the judged streams name it."""
+        # No read timeout: a long generation sends nothing for minutes, and the client
+        # going away closes it (``_watch_disconnect``).
+        self.client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_VerdictCollector(self))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # websockets: vLLM's OpenAI API has none
+        arrival = self.clock()
+        try:
+            body = await self._body(receive)
+        except _ClientGone:
+            return  # gone before its request was whole: nothing to forward to anyone
+        if body is None:
+            await _answer(send, 413, {"error": {
+                "message": f"request body over the meter's {self.max_body_bytes} bytes",
+                "type": "invalid_request_error", "code": "request_too_large"}})
+            return
+        forward = asyncio.ensure_future(self._forward(scope, body, send, arrival))
+        watch = asyncio.ensure_future(_watch_disconnect(receive))
+        try:
+            await asyncio.wait({forward, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (forward, watch):
+                task.cancel()
+            await asyncio.gather(forward, watch, return_exceptions=True)
+        if forward.done() and not forward.cancelled() and (exc := forward.exception()):
+            raise exc
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _body(self, receive: Receive) -> bytes | None:
+        """The request's body; None past ``max_body_bytes``."""
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            parts.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(parts)
+
+    def _judge(self, scope: Scope, body: bytes, arrival: float) -> StreamJudge | None:
+        """A judge for a streamed completion; None for anything else."""
+        if scope["method"] != "POST" or scope["path"] not in JUDGED_PATHS:
+            return None
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            return None  # vLLM answers it 400
+        if not isinstance(data, dict) or data.get("stream") is not True:
+            return None
+        return StreamJudge(self.slo.current().class_slo(self.priority), arrival)
+
+    async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float) -> None:
+        if scope["method"] == "GET" and scope["path"] == "/metrics":
+            await self._metrics(scope, send)
+            return
+        judge = self._judge(scope, body, arrival)
+        headers = _request_headers(scope)
+        if judge is not None:
+            headers["accept-encoding"] = "identity"  # SSE read as written, not compressed
+        url = self.upstream + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        if query := scope.get("query_string", b""):
+            url += "?" + query.decode("latin-1")
+        request = self.client.build_request(scope["method"], url, headers=headers,
+                                            content=body)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            log.warning("%s %s: the engine did not answer: %s", scope["method"],
+                        scope["path"], type(exc).__name__)
+            await _answer(send, 502, {"error": {
+                "message": f"the engine beside the meter did not answer: "
+                           f"{type(exc).__name__}", "type": "server_error",
+                "code": "upstream_unavailable"}})
+            return
+        try:
+            if response.status_code != 200 or response.headers.get("content-encoding"):
+                judge = None  # an error, or bytes the meter cannot read as written
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": _response_headers(response.headers, keep_length=True)})
+            async for piece in response.aiter_raw():
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+                if judge is not None:
+                    judge.written(piece, self.clock())
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+        if judge is not None:
+            self._count(judge)
+
+    def _count(self, judge: StreamJudge) -> None:
+        if judge.model is not None:
+            self.model_name = judge.model
+        for verdict in judge.verdicts():
+            self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
+                                  tokens=verdict.tokens)
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        """vLLM's exposition in the text format, then the verdicts'. An upstream that
+        does not answer fails the scrape (502): Prometheus then marks the replica down
+        rather than reading verdicts without the tokens they are a share of."""
+        try:
+            response = await self.client.get(
+                self.upstream + "/metrics", headers={"accept": TEXT_FORMAT,
+                                                      "accept-encoding": "identity"})
+        except httpx.HTTPError as exc:
+            await _answer(send, 502, {"error": {"message": "the engine's /metrics did not "
+                                                f"answer: {type(exc).__name__}"}})
+            return
+        kind = response.headers.get("content-type", "")
+        if response.status_code != 200 or not kind.startswith("text/plain"):
+            # Passed on as it came: another format would not take the verdicts after it.
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": _response_headers(response.headers, keep_length=False)})
+            await send({"type": "http.response.body", "body": response.content})
+            return
+        own = generate_latest(self.registry)
+        text = response.content
+        if text and not text.endswith(b"\n"):
+            text += b"\n"
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
+        await send({"type": "http.response.body", "body": text + own})
+
+
+def _request_headers(scope: Scope) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", []):
+        name = raw_name.decode("latin-1").lower()
+        if name not in _HOP_BY_HOP:
+            value = raw_value.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    # httpx would add its own accept-encoding where the client sent none.
+    headers.setdefault("accept-encoding", "identity")
+    return headers
+
+
+def _response_headers(headers: httpx.Headers, *, keep_length: bool) -> list[tuple[bytes, bytes]]:
+    drop = _HOP_BY_HOP - ({"content-length"} if keep_length else set())
+    return [(k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in headers.multi_items() if k.lower() not in drop]
+
+
+async def _watch_disconnect(receive: Receive) -> None:
+    """Returns once the client went away (the forwarding is then cancelled)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,144 @@
+"""One streamed completion, judged as its client sees it, from the SSE bytes written.
+
+The proxy hands over each piece of the upstream's answer after writing it to the client,
+with the moment it was written. The events it completes are read: each choice's first
+text is its first token (TTFT from the request's arrival at the meter), and the tokens
+of each later event share the time since the choice's last one (``ClientGaps``). vLLM
+streams a chunk per step, one token each (more only where it could not send for a while,
+and then the shared gap is what the client saw); an event with text counts as one token
+unless the stream's last usage says how many there were. A choice is judged once the
+stream ended whole (``[DONE]``) with its finish reason; a stream cut short, or one the
+meter could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``), is not judged:
+it passes through all the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from slopilot.engine.client_gaps import ClientGaps
+from slopilot.engine.slo import ClassSLO
+
+MAX_EVENT_BYTES = 1 << 20
+"""Bytes one SSE event may take before the meter stops reading the stream (it still
+passes it through): the upstream is the tenant's image, and an event that never ends
+would otherwise grow the buffer without bound."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """One choice's: whether it met the class's SLO, and the output tokens it brought."""
+
+    met: bool
+    tokens: int
+
+
+@dataclasses.dataclass(slots=True)
+class _Choice:
+    gaps: ClientGaps = dataclasses.field(default_factory=ClientGaps)
+    ttft_s: float | None = None
+    tokens: int = 0
+    gap_count: int = 0
+    over: int = 0
+    finished: bool = False
+
+
+class StreamJudge:
+    """The choices of one stream, read event by event as the bytes are written."""
+
+    def __init__(self, slo: ClassSLO, arrival: float) -> None:
+        self.slo, self.arrival = slo, arrival
+        self.tbt_s = None if slo.tbt_p99_ms is None else slo.tbt_p99_ms / 1000.0
+        self.model: str | None = None
+        """The model the events name (the served model's name)."""
+        self._buffer = b""
+        self._choices: dict[int, _Choice] = {}
+        self._usage_tokens: int | None = None
+        self._done = False
+        self._unreadable = False
+
+    @property
+    def readable(self) -> bool:
+        return not self._unreadable
+
+    def written(self, data: bytes, at: float) -> None:
+        """``data`` reached the client at ``at``: read the events it completes."""
+        if self._unreadable or self._done:
+            return
+        self._buffer += data.replace(b"\r\n", b"\n")
+        *events, self._buffer = self._buffer.split(b"\n\n")
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            self._unreadable = True
+            self._buffer = b""
+            return
+        for event in events:
+            self._event(event, at)
+            if self._unreadable or self._done:
+                return
+
+    def _event(self, event: bytes, at: float) -> None:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue  # comments, event names, ids: SSE allows them
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self._done = True
+                return
+            try:
+                chunk = json.loads(payload)
+            except (ValueError, RecursionError):
+                self._unreadable = True
+                return
+            if not isinstance(chunk, dict) or not self._chunk(chunk, at):
+                self._unreadable = True
+                return
+
+    def _chunk(self, chunk: dict[str, Any], at: float) -> bool:
+        """Read one chunk; False where it is not a completion chunk."""
+        if isinstance(model := chunk.get("model"), str):
+            self.model = model[:200]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and type(usage.get("completion_tokens")) is int:
+            self._usage_tokens = usage["completion_tokens"]
+        choices = chunk.get("choices")
+        if "error" in chunk:
+            return False  # an error mid-stream: the request failed, nothing to judge
+        if not isinstance(choices, list):
+            return choices is None
+        for raw in choices:
+            if not isinstance(raw, dict) or type(raw.get("index")) is not int:
+                return False
+            choice = self._choices.setdefault(raw["index"], _Choice())
+            if _text(raw):
+                if choice.ttft_s is None:
+                    choice.ttft_s = at - self.arrival
+                gaps = choice.gaps.written(1, at)
+                choice.tokens += 1
+                choice.gap_count += len(gaps)
+                choice.over += sum(1 for g in gaps if self.tbt_s is not None and g > self.tbt_s)
+            if raw.get("finish_reason") is not None:
+                choice.finished = True
+        return True
+
+    def verdicts(self) -> list[Verdict]:
+        """The verdict of each choice, once the stream ended whole; none before, none
+        for one cut short or unreadable, and none for a choice with no token (nothing
+        to judge, as the engine's server and the simulator have it)."""
+        choices = list(self._choices.values())
+        if self._unreadable or not self._done or not all(c.finished for c in choices):
+            return []
+        # The usage counts every choice's tokens together: exact for one.
+        usage = self._usage_tokens if len(choices) == 1 else None
+        return [Verdict(self.slo.met(c.ttft_s, c.gap_count, c.over),
+                        c.tokens if usage is None else usage)
+                for c in choices if c.ttft_s is not None]
+
+
+def _text(choice: dict[str, Any]) -> bool:
+    """Whether a choice's delta carries output: completions' ``text``, chat's content."""
+    text = choice.get("text")
+    if text is None and isinstance(delta := choice.get("delta"), dict):
+        text = delta.get("content") or delta.get("reasoning_content")
+    return isinstance(text, str) and text != ""
