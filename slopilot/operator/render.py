@@ -8,6 +8,16 @@ Knob changes reach the pods two ways. The built-in engine takes live knobs throu
 a checksum of the *non-live* knobs alone (a change there needs a restart). vLLM has no live
 reconfiguration: its knobs are command-line arguments and the checksum covers all of them,
 so any knob change rolls the pods.
+
+A vLLM pod has a second container, the meter (``slopilot meter``): vLLM exports no
+per-request SLO verdicts, and the product of its histograms' shares read 81 % of P0's
+tokens good on mixed traffic where 13.5 % were (docs/benchmarks.md). The meter takes the
+pod's ``http`` port, forwards each request to vLLM on the loopback (vLLM moves to
+``VLLM_PORT``), judges each streamed completion as its client sees it, and serves vLLM's
+/metrics followed by its verdicts. The Service, the ServiceMonitor and the
+NetworkPolicy keep ``http``, so the rules' per-``instance`` join of vLLM's series and the
+verdicts holds unchanged. The meter re-reads the ConfigMap's SLO file when it changes:
+an SLO edit rolls no vLLM pod, while its command line (the class it judges in) does.
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ PORT = 8000
 # NetworkPolicy can let only the operator reach them (`slopilot serve --admin-port`).
 ADMIN_PORT = 8081
 ADMIN_PORT_NAME = "admin"
+# vLLM listens here behind its meter, which takes PORT. On every interface, not the
+# loopback alone: the kubelet probes vLLM on the pod's IP. The NetworkPolicy names no rule
+# for it, so other pods reach vLLM only through the meter.
+VLLM_PORT = 8001
+VLLM_PORT_NAME = "vllm"
 # The operator's pods, as manifests/operator.yaml labels them: the NetworkPolicy's only
 # source for the admin port.
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "slopilot-operator"}
@@ -45,6 +60,22 @@ CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
 DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
                   Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
 RUN_AS = 10001
+METER_IMAGE = DEFAULT_IMAGES[Backend.BUILTIN]
+"""The meter is the operator's code in the operator's image, chosen by the operator: the
+image allow-list (``policy.policy_problems``) judges only the image a tenant asks for."""
+# The meter's resources. CPU: a request, no limit. The request is its share when the node
+# is busy: an asyncio proxy spends some tens of microseconds on each chunk it forwards, so
+# a replica streaming a few thousand chunks a second needs a quarter of a core. A CFS
+# limit would hold every stream of the replica until the next 100 ms period whenever a
+# burst used up the quota: token gaps added on the path the meter judges. Memory: about
+# 65 MiB is the interpreter with the server stack loaded (slopilot's CLI, fastapi,
+# uvicorn, httpx); the rest holds the streams in flight, running or queued in vLLM (a few
+# tens of KiB of buffers each: a thousand in some tens of MiB), and a copy of vLLM's
+# exposition (hundreds of KiB) at each scrape. A limit, equal to the request: a proxy that
+# leaks is restarted rather than taking the node's memory from vLLM. Without a CPU limit
+# the pod is Burstable, not Guaranteed, even where the engine's requests equal its limits.
+METER_CPU_REQUEST = "250m"
+METER_MEMORY = "256Mi"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +145,7 @@ def vllm_max_num_seqs(config: EngineConfig) -> int:
 def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:
     """vLLM's arguments for the knobs, and the knobs set in the spec that vLLM lacks."""
     c = spec.engine
-    args = [spec.model_ref, "--served-model-name", spec.model_name, "--port", str(PORT),
+    args = [spec.model_ref, "--served-model-name", spec.model_name, "--port", str(VLLM_PORT),
             "--max-num-batched-tokens", str(c.effective_budget),
             "--enable-chunked-prefill", "--long-prefill-token-threshold", str(c.chunk_size),
             "--max-num-seqs", str(vllm_max_num_seqs(c)), "--scheduling-policy", "priority",
@@ -128,9 +159,18 @@ def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:
     return args, tuple(lacking)
 
 
+def meter_command(spec: LLMDeploymentSpec) -> list[str]:
+    """The meter's command line: every request judged in ``spec.vllm_class``, the class
+    the ServiceMonitor relabels vLLM's own series into."""
+    return ["slopilot", "meter", "--upstream", f"http://127.0.0.1:{VLLM_PORT}",
+            "--port", str(PORT), "--slo-file", f"{CONFIG_DIR}/{SLO_FILE}",
+            "--priority-class", spec.vllm_class]
+
+
 def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     """The knobs and the SLO the built-in engine starts with (it reads both only at
-    start: a live change is a PUT, ``KubeDeploymentHandle.sync_config``)."""
+    start: a live change is a PUT, ``KubeDeploymentHandle.sync_config``); a vLLM pod's
+    meter reads the SLO, again whenever the kubelet updates the file."""
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": _meta(body, f"{body['metadata']['name']}-engine"),
             "data": {CONFIG_FILE: config_json(spec.engine),
@@ -148,9 +188,38 @@ def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
-def _probe(period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+def _probe(period: int, failures: int, port: str) -> dict[str, Any]:
+    return {"httpGet": {"path": "/health", "port": port}, "periodSeconds": period,
             "failureThreshold": failures, "timeoutSeconds": 5}
+
+
+def _security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def _meter_probe(period: int, failures: int) -> dict[str, Any]:
+    # A connection only: the meter's /health is vLLM's, proxied, which vLLM's own probes
+    # gate already; asked of the meter, it would restart the meter while vLLM loads.
+    return {"tcpSocket": {"port": "http"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 5}
+
+
+def _meter_container(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    return {
+        "name": "meter", "image": METER_IMAGE, "command": meter_command(spec),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        # The directory, never a subPath: the kubelet updates no subPath mount, and an
+        # SLO edit reaches the meter only by the file changing. /tmp is its own, not the
+        # pod's: the tenant's vLLM image has no way into the meter's files.
+        "volumeMounts": [{"name": "meter-tmp", "mountPath": "/tmp"},
+                         {"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "readinessProbe": _meter_probe(5, 3), "livenessProbe": _meter_probe(10, 3),
+        "resources": {"requests": {"cpu": METER_CPU_REQUEST, "memory": METER_MEMORY},
+                      "limits": {"memory": METER_MEMORY}},
+        "securityContext": _security_context(),
+    }
 
 
 def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[str, Any]:
@@ -159,13 +228,14 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[
     env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"},
                                  {"name": "HF_HOME", "value": "/cache/huggingface"},
                                  {"name": "XDG_CACHE_HOME", "value": "/cache"}]
-    ports = [{"name": "http", "containerPort": PORT, "protocol": "TCP"}]
     if spec.backend is Backend.BUILTIN:
+        ports = [{"name": "http", "containerPort": PORT, "protocol": "TCP"},
+                 {"name": ADMIN_PORT_NAME, "containerPort": ADMIN_PORT, "protocol": "TCP"}]
+        probe_port = "http"
         command = ["slopilot", "serve", "--executor", "torch", "--model", spec.model_ref,
                    "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
                    "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
         args: list[str] = []
-        ports.append({"name": ADMIN_PORT_NAME, "containerPort": ADMIN_PORT, "protocol": "TCP"})
         mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
         # An environment variable, not --slo: an older image ignores it rather than
         # refusing an unknown flag, and only then judges no requests.
@@ -183,14 +253,15 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[
     else:
         command = ["vllm", "serve"]
         args = vllm_args(spec)[0]
+        ports = [{"name": VLLM_PORT_NAME, "containerPort": VLLM_PORT, "protocol": "TCP"}]
+        probe_port = VLLM_PORT_NAME
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})  # NCCL and torch workers
     container: dict[str, Any] = {
         "name": "engine", "image": spec.image or DEFAULT_IMAGES[spec.backend],
         "command": command, "ports": ports, "env": env, "volumeMounts": mounts,
-        "startupProbe": _probe(10, 60),  # model loading may take minutes
-        "readinessProbe": _probe(5, 3), "livenessProbe": _probe(10, 3),
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "startupProbe": _probe(10, 60, probe_port),  # model loading may take minutes
+        "readinessProbe": _probe(5, 3, probe_port), "livenessProbe": _probe(10, 3, probe_port),
+        "securityContext": _security_context(),
     }
     if args:
         container["args"] = args
@@ -215,8 +286,14 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                          if k in EngineConfig.restart_knobs()}
         checksum = _checksum(restart_knobs)
     else:
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        checksum = _checksum(vllm_args(spec)[0])
+        volumes += [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                    {"name": "meter-tmp", "emptyDir": {}},
+                    {"name": "engine-config", "configMap": {"name": f"{name}-engine"}}]
+        # Not the SLO: the meter re-reads the file. Its class is on its command line.
+        checksum = _checksum({"vllm": vllm_args(spec)[0], "meter": meter_command(spec)})
+    containers = [_container(spec, admin_token_sha256)]
+    if spec.backend is Backend.VLLM:
+        containers.append(_meter_container(spec))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(body, name),
         "spec": {
@@ -229,7 +306,7 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS,
                                         "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [_container(spec, admin_token_sha256)],
+                    "containers": containers,
                     "volumes": volumes,
                 },
             },
@@ -248,7 +325,9 @@ def render_network_policy(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                           operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
                           ) -> dict[str, Any]:
     """Ingress to the engine pods: inference and /metrics from anywhere the cluster's
-    own policies allow, the admin port from the operator's pods only (and nothing else)."""
+    own policies allow, the admin port from the operator's pods only (and nothing else).
+    ``http`` is a vLLM pod's meter: vLLM's own port is in no rule, so a request that
+    goes around the meter, unjudged, is refused."""
     name = body["metadata"]["name"]
     ingress: list[dict[str, Any]] = [{"ports": [{"port": "http", "protocol": "TCP"}]}]
     if spec.backend is Backend.BUILTIN:

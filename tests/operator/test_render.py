@@ -195,11 +195,11 @@ def test_only_the_operators_pods_may_reach_the_admin_port() -> None:
     assert admin["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "slopilot-operator"}}}]
-    # vLLM has no admin endpoint: nothing but inference is open.
+    # vLLM has no admin endpoint: nothing but inference (its meter's port) is open.
     vllm = render_all(*render(backend="vllm")).network_policy
     assert vllm["spec"]["ingress"] == [inference]
     ports = container(render_all(*render(backend="vllm")).deployment)["ports"]
-    assert [p["name"] for p in ports] == ["http"]
+    assert [p["name"] for p in ports] == ["vllm"]
 
 
 def test_the_cpu_engine_starts_as_many_threads_as_its_cpu_limit() -> None:

@@ -1,0 +1,184 @@
+"""A vLLM pod's meter: the proxy in front of vLLM that judges each streamed request.
+
+vLLM exports no per-request SLO verdicts, so a vLLM deployment's goodput was the product
+of its histograms' shares, which read 81 % of P0's tokens good on mixed traffic where
+13.5 % were (docs/benchmarks.md, ``mixed_p0_product_err``). The meter (``slopilot meter``, the
+operator's own image) takes the pod's ``http`` port, forwards to vLLM on the loopback,
+judges each stream as its client sees it and serves vLLM's /metrics followed by its
+verdicts, so the Service, the ServiceMonitor and the NetworkPolicy keep the port they had.
+Only the rendering is tested here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from typing import Any
+
+import kubernetes_validate
+
+from slopilot.operator.policy import OperatorPolicy, policy_problems
+from slopilot.operator.render import (
+    CHECKSUM_ANNOTATION,
+    DEFAULT_IMAGES,
+    render_all,
+    vllm_args,
+)
+from slopilot.operator.spec import Backend, parse_spec
+
+UID = "0b0e9a4e-4c1e-4d55-9b5e-1c9a3f6f0d11"
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
+            "metadata": {"name": "chat", "namespace": "team", "uid": UID},
+            "spec": {"model": {"name": "smollm2-135m", "path": "/models/smollm2"}, **spec}}
+
+
+def vllm(**spec: Any) -> Any:
+    b = body(backend="vllm", **spec)
+    return render_all(b, parse_spec(b))
+
+
+def pod(out: Any) -> dict[str, Any]:
+    return dict(out.deployment["spec"]["template"]["spec"])
+
+
+def containers(out: Any) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in pod(out)["containers"]}
+
+
+def test_the_meter_takes_the_pods_port_and_forwards_to_vllm_on_the_loopback() -> None:
+    out = vllm(slo={"vllmClass": "p1"})
+    engine, meter = pod(out)["containers"]  # the engine first: kubectl's default container
+    assert (engine["name"], meter["name"]) == ("engine", "meter")
+    assert meter["command"] == [
+        "slopilot", "meter", "--upstream", "http://127.0.0.1:8001", "--port", "8000",
+        "--slo-file", "/etc/slopilot/slo.json", "--priority-class", "p1"]
+    assert "args" not in meter
+    assert meter["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert engine["ports"] == [{"name": "vllm", "containerPort": 8001, "protocol": "TCP"}]
+    args = vllm_args(parse_spec(body(backend="vllm")))[0]
+    assert dict(itertools.pairwise(args))["--port"] == "8001"
+    # The kubelet probes vLLM on the pod's IP: it keeps listening on every interface.
+    assert "--host" not in args
+    assert engine["args"] == args
+
+
+def test_the_meter_judges_in_the_class_vllms_series_are_relabelled_into() -> None:
+    for slo, cls in (({}, "p0"), ({"vllmClass": "p2"}, "p2")):
+        out = vllm(slo=slo)
+        command = containers(out)["meter"]["command"]
+        assert command[command.index("--priority-class") + 1] == cls
+        relabel = out.service_monitor["spec"]["endpoints"][0]["metricRelabelings"][-1]
+        assert relabel["replacement"] == cls
+
+
+def test_the_meter_runs_the_operators_image_whatever_the_tenant_chose() -> None:
+    out = vllm(image="registry.acme.internal/vllm:custom")
+    assert containers(out)["engine"]["image"] == "registry.acme.internal/vllm:custom"
+    assert containers(out)["meter"]["image"] == DEFAULT_IMAGES[Backend.BUILTIN]
+
+
+def test_the_image_allow_list_judges_the_tenants_image_not_the_meters() -> None:
+    # The allow-list says which images a tenant may run; the meter is the operator's own
+    # code, chosen by the operator: a list without the slopilot image refuses nothing here.
+    only_vllm = OperatorPolicy(allowed_images=("docker.io/vllm/vllm-openai",))
+    assert not only_vllm.image_allowed(DEFAULT_IMAGES[Backend.BUILTIN])
+    assert policy_problems(parse_spec(body(backend="vllm")), only_vllm) == []
+
+
+def test_the_meter_reads_the_slo_from_the_configmap_mounted_whole() -> None:
+    out = vllm(slo={"profile": "strict"})
+    assert json.loads(out.config_map["data"]["slo.json"]) == parse_spec(
+        body(backend="vllm", slo={"profile": "strict"})).slo.to_dict()
+    config = out.config_map["metadata"]["name"]
+    (volume,) = [v for v in pod(out)["volumes"] if "configMap" in v]
+    assert volume["configMap"] == {"name": config}
+    meter = containers(out)["meter"]
+    # The directory, not a subPath: the kubelet never updates a subPath mount, and the
+    # meter's reload of an edited SLO is what spares vLLM's pods a roll.
+    (mount,) = [m for m in meter["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount == {"name": volume["name"], "mountPath": "/etc/slopilot", "readOnly": True}
+    # The tenant's vLLM image does not see it.
+    assert all(m["name"] != volume["name"] for m in containers(out)["engine"]["volumeMounts"])
+
+
+def test_vllms_probes_go_to_vllm_and_the_meters_only_open_a_connection() -> None:
+    c = containers(vllm())
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c["engine"][probe]["httpGet"] == {"path": "/health", "port": "vllm"}
+    # The meter's /health is vLLM's, proxied: an HTTP probe would restart the meter
+    # while vLLM loads its model.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c["meter"][probe]["tcpSocket"] == {"port": "http"}
+        assert "httpGet" not in c["meter"][probe]
+
+
+def test_the_meter_is_as_locked_down_as_the_engine() -> None:
+    c = containers(vllm())
+    assert c["meter"]["securityContext"] == c["engine"]["securityContext"]
+    assert c["meter"]["securityContext"]["readOnlyRootFilesystem"] is True
+    # A writable /tmp of its own: not shared with the tenant's vLLM image.
+    tmp = {m["mountPath"]: m["name"] for m in c["meter"]["volumeMounts"]}["/tmp"]
+    assert tmp not in {m["name"] for m in c["engine"]["volumeMounts"]}
+    assert {"name": tmp, "emptyDir": {}} in pod(vllm())["volumes"]
+
+
+def test_the_meter_requests_a_cpu_share_and_is_never_throttled() -> None:
+    resources = containers(vllm(resources={"gpu": 1, "cpu": "4", "memory": "32Gi"}))[
+        "meter"]["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert resources["limits"] == {"memory": resources["requests"]["memory"]}
+
+
+def test_only_the_meter_is_reachable_from_other_pods() -> None:
+    out = vllm()
+    named = [(c["name"], p["containerPort"]) for c in pod(out)["containers"]
+             for p in c["ports"] if p["name"] == "http"]
+    assert named == [("meter", 8000)]
+    assert out.service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert out.service_monitor["spec"]["endpoints"][0]["port"] == "http"
+    # vLLM's port is in no rule: other pods cannot reach it past the meter (the kubelet's
+    # probes come from the node, which a NetworkPolicy always admits).
+    assert out.network_policy["spec"]["ingress"] == [
+        {"ports": [{"port": "http", "protocol": "TCP"}]}]
+
+
+def checksum(out: Any) -> str:
+    return str(out.deployment["spec"]["template"]["metadata"]["annotations"][CHECKSUM_ANNOTATION])
+
+
+def test_an_slo_edit_rolls_no_vllm_pod_but_a_new_class_does() -> None:
+    before = vllm(slo={"profile": "standard"})
+    # The objectives only: a profile also picks the engine's preset knobs.
+    edited = vllm(slo={"profile": "standard", "classes": {"p0": {"tbtP99Ms": 40}}})
+    assert edited.config_map != before.config_map  # the meter re-reads the file
+    assert edited.deployment["spec"]["template"] == before.deployment["spec"]["template"]
+    reclassed = vllm(slo={"profile": "standard", "vllmClass": "p1"})
+    assert reclassed.config_map == before.config_map
+    assert checksum(reclassed) != checksum(before)
+
+
+def test_a_vllm_pod_with_its_meter_validates_against_kubernetes() -> None:
+    out = vllm(resources={"gpu": 1, "cpu": "1500m", "memory": "8Gi"})
+    kubernetes_validate.validate(out.deployment, "1.33.0", strict=True)
+
+
+def test_the_builtin_engines_objects_are_as_they_were_before_the_meter() -> None:
+    """Byte for byte: a changed template rolls every built-in pod. A change meant for the
+    built-in engine updates the digest and says so in its commit."""
+    outs = []
+    for spec, kw in (({}, {}),
+                     ({"resources": {"gpu": 1, "cpu": "1500m", "memory": "8Gi"},
+                       "slo": {"profile": "strict"}, "engine": {"blockSize": 32}},
+                      {"admin_token_sha256": "ab" * 32, "operator_namespace": "ops",
+                       "replicas": 3})):
+        b = body(**spec)
+        out = render_all(b, parse_spec(b), **kw)
+        outs.append({"objects": out.objects(), "unsupported": list(out.unsupported_knobs)})
+    text = json.dumps(outs, sort_keys=True)
+    assert hashlib.sha256(text.encode()).hexdigest() == (
+        "e78419d819441f92dee4cc3bb1ba22190382fb466ee77eb916e85a96956ecfb1")
