@@ -270,8 +270,9 @@ class _Renderer:
             # not the met tokens alone: a replica told this SLO inside the window (an
             # edit, a restart) judged only part of the window's requests.
             exact = f"{tokens} * {met} / ({judged} > 0)"
-            # A replica that judges none (vLLM, an image from before, one not yet told
-            # this SLO): its finished tokens times its shares of first tokens and of gaps
+            # A replica that judges none (an image from before, one not yet told this SLO,
+            # a vLLM replica whose meter saw no stream): its finished tokens times its
+            # shares of first tokens and of gaps
             # within the SLO, as if every request had the same few slow gaps. That reads
             # high where slow gaps bunch on a few requests (each over its own P99 target).
             approx = tokens

@@ -1,0 +1,264 @@
+"""The meter's verdicts against a client's own, beside the histogram product vLLM gives.
+
+``slopilot serve`` on the simulated executor (A100 + Llama-3-8B in real time) stands in
+for vLLM: it is started with no SLO, so that, like vLLM, it exports latency histograms
+and no per-request verdicts. Its token budget and chunk are 4,096, so a long prompt's
+prefill stalls the decodes batched with it and the slow gaps bunch on a few requests,
+which is where the product of histogram shares reads goodput high. ``slopilot meter``
+runs in front of it, judging by ``--slo``'s P0 objectives. An open-loop client (Poisson)
+streams a mix of short and long prompts through the meter, every request P0, and judges
+each request itself: ``ClassSLO.met`` on its own chunk arrivals, a chunk's gap shared by
+its tokens. Over the same requests, the share of output tokens that met the SLO:
+
+- ``client``: the client's own verdicts, the truth;
+- ``meter``: the meter's verdict counters, which the goodput rule reads per replica;
+- ``product``: the engine's own histograms, the share of first tokens within the TTFT
+  target times the share of gaps within the TBT target (``histogram_share_within``), as
+  the rules read a replica without verdicts (a vLLM pod without the meter).
+
+Then what the meter costs: at a light load, requests alternate between the engine and
+the meter, and the client's TTFT and mean gap through each are compared (medians of
+pairs).
+
+    .venv/bin/python benchmarks/meter_truth.py [--rate 6] [--seconds 40] [--seed 1]
+
+Ends with ``RESULT key=value ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from slopilot.engine.metrics import histogram_share_within
+from slopilot.engine.slo import ClassSLO, SLOSpec
+from slopilot.engine.verdicts import SLO_TOKENS
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from serving_latency import serve  # noqa: E402
+
+SLO = {"classes": {"p0": {"ttftP99Ms": 1000, "tbtP99Ms": 50}}}
+
+
+@dataclass
+class Record:
+    sent: float
+    arrivals: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    done: bool = False
+
+    def gaps(self) -> list[float]:
+        """A chunk's gap since the one before, shared by its tokens (as the meter and the
+        engine's server count them)."""
+        out: list[float] = []
+        for i, (t, n) in enumerate(zip(self.arrivals, self.tokens, strict=True)):
+            out += [0.0] * (n - 1) if i == 0 else [(t - self.arrivals[i - 1]) / n] * n
+        return out
+
+    def met(self, slo: ClassSLO) -> bool:
+        tbt = slo.tbt_p99_ms
+        gaps = self.gaps()
+        over = 0 if tbt is None else sum(1 for g in gaps if g > tbt / 1000.0)
+        return slo.met(self.arrivals[0] - self.sent, len(gaps), over)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def meter(upstream: str, slo_file: Path) -> Iterator[str]:
+    """A ``slopilot meter`` process of this tree in front of ``upstream``; its URL."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", "meter", "--upstream",
+                             upstream, "--host", "127.0.0.1", "--port", str(port),
+                             "--slo-file", str(slo_file), "--log-level", "warning"],
+                            env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/metrics", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the meter did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def _stream(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
+                  rec: Record) -> None:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "priority": "p0"}
+    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            return
+        async for line in resp.aiter_lines():
+            t = time.perf_counter()
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices") or ():
+                if n := len((choice.get("text") or "").split()):
+                    rec.arrivals.append(t)
+                    rec.tokens.append(n)
+                if choice.get("finish_reason"):
+                    rec.done = True
+
+
+async def load(url: str, rate: float, seconds: float, seed: int) -> list[Record]:
+    """Poisson arrivals: 70 % short prompts (30 words), 30 % long (2,000), 64 tokens out,
+    each prompt's words its own."""
+    rng = random.Random(seed)
+    records: list[Record] = []
+    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None)) as c:
+        tasks = []
+        t0 = time.perf_counter()
+        due = 0.0
+        while due < seconds:
+            delay = t0 + due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            words = 2000 if rng.random() < 0.3 else 30
+            rec = Record(time.perf_counter())
+            records.append(rec)
+            # Words of its own: a prompt the prefix cache already holds is prefilled free.
+            prompt = " ".join(f"w{rng.randrange(10**6)}" for _ in range(words))
+            tasks.append(asyncio.create_task(_stream(c, url, prompt, 64, rec)))
+            due += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+    return [r for r in records if r.done and r.arrivals]
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _scrape(url: str) -> Samples:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def _diff(after: Samples, before: Samples) -> Samples:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def _buckets(d: Samples, name: str) -> dict[float, float]:
+    out: dict[float, float] = {}
+    for (n, labels), v in d.items():
+        lab = dict(labels)
+        if n == name + "_bucket" and lab.get("priority_class") == "p0":
+            le = math.inf if lab["le"] == "+Inf" else float(lab["le"])
+            out[le] = out.get(le, 0.0) + v
+    return out
+
+
+def truth(args: argparse.Namespace, engine: str, metered: str) -> dict[str, float]:
+    slo = SLOSpec.from_dict(SLO).p0
+    assert slo.ttft_p99_ms is not None and slo.tbt_p99_ms is not None
+    asyncio.run(load(metered, args.rate, 3.0, args.seed + 1000))  # warm up
+    before_e, before_m = _scrape(engine), _scrape(metered)
+    records = asyncio.run(load(metered, args.rate, args.seconds, args.seed))
+    after_e, after_m = _scrape(engine), _scrape(metered)
+    tokens = sum(sum(r.tokens) for r in records)
+    client = sum(sum(r.tokens) for r in records if r.met(slo)) / tokens
+    m = _diff(after_m, before_m)
+    good = sum(v for (n, lab), v in m.items() if n == SLO_TOKENS and dict(lab)["met"] == "true"
+               and dict(lab)["priority_class"] == "p0")
+    judged = sum(v for (n, lab), v in m.items() if n == SLO_TOKENS
+                 and dict(lab)["priority_class"] == "p0")
+    e = _diff(after_e, before_e)
+    product = (histogram_share_within(slo.ttft_p99_ms / 1000,
+                                      _buckets(e, "vllm:time_to_first_token_seconds"))
+               * histogram_share_within(slo.tbt_p99_ms / 1000,
+                                        _buckets(e, "vllm:inter_token_latency_seconds")))
+    meter_share = good / judged if judged else math.nan
+    requests_met = sum(1 for r in records if r.met(slo))
+    print(f"{len(records)} requests streamed through the meter, {tokens} tokens; "
+          f"{requests_met} met the SLO on the client's side")
+    print(f"{'':10} {'tokens that met the SLO':>24} {'error':>8}")
+    for name, share in (("client", client), ("meter", meter_share), ("product", product)):
+        err = "" if name == "client" else f"{(share - client) / client:+8.1%}"
+        print(f"{name:10} {share:24.3f} {err:>8}")
+    return {"requests": len(records), "client_share": client, "meter_share": meter_share,
+            "product_share": product, "meter_err": (meter_share - client) / client,
+            "product_err": (product - client) / client,
+            "meter_judged_tokens_ratio": judged / tokens}
+
+
+async def _paired(engine: str, metered: str, pairs: int) -> list[tuple[Record, Record]]:
+    out = []
+    async with httpx.AsyncClient(timeout=None) as c:
+        for i in range(pairs):
+            one = []
+            for url in (engine, metered) if i % 2 == 0 else (metered, engine):
+                rec = Record(time.perf_counter())
+                await _stream(c, url, f"user {i} asks", 32, rec)
+                one.append((url, rec))
+            d = next(r for u, r in one if u == engine)
+            m = next(r for u, r in one if u == metered)
+            out.append((d, m))
+            await asyncio.sleep(0.2)
+    return out
+
+
+def cost(engine: str, metered: str, pairs: int) -> dict[str, float]:
+    pairs_ = [(d, m) for d, m in asyncio.run(_paired(engine, metered, pairs))
+              if d.arrivals and m.arrivals]
+    ttft = [(m.arrivals[0] - m.sent) - (d.arrivals[0] - d.sent) for d, m in pairs_]
+    gap = [statistics.fmean(m.gaps()[1:]) - statistics.fmean(d.gaps()[1:]) for d, m in pairs_]
+    direct_ttft = statistics.median(d.arrivals[0] - d.sent for d, _ in pairs_)
+    print(f"cost, {len(pairs_)} pairs at a light load: TTFT "
+          f"{statistics.median(ttft) * 1e3:+.2f} ms through the meter (median of pairs; "
+          f"direct {direct_ttft * 1e3:.2f} ms), mean gap {statistics.median(gap) * 1e3:+.3f} ms")
+    return {"meter_ttft_added_ms": statistics.median(ttft) * 1e3,
+            "direct_ttft_ms": direct_ttft * 1e3,
+            "meter_gap_added_ms": statistics.median(gap) * 1e3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=6.0, help="requests per second")
+    ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pairs", type=int, default=40, help="cost: requests each way")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        slo_file = Path(tmp) / "slo.json"
+        slo_file.write_text(json.dumps(SLO))
+        with serve("--executor", "simulated", "--set", "token_budget=4096",
+                   "--set", "chunk_size=4096") as engine, meter(engine, slo_file) as metered:
+            fields = truth(args, engine, metered)
+            fields |= cost(engine, metered, args.pairs)
+    print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
