@@ -43,6 +43,9 @@ JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_BODY_BYTES = 64 << 20
 """A request body larger than this is refused (413): a prompt of 64 MiB is past any
 context, and the meter holds a body whole before it forwards it."""
+INLINE_PARSE_BYTES = 64 << 10
+"""Request bodies up to this size are parsed on the event loop (well under a millisecond);
+larger ones on a thread."""
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 # RFC 9110 7.6.1, and what a proxy must not pass on; host and length are the new hop's.
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate",
@@ -134,12 +137,15 @@ class Meter:
             if not message.get("more_body"):
                 return b"".join(parts)
 
-    def _judge(self, scope: Scope, body: bytes, arrival: float) -> StreamJudge | None:
+    async def _judge(self, scope: Scope, body: bytes, arrival: float) -> StreamJudge | None:
         """A judge for a streamed completion; None for anything else."""
         if scope["method"] != "POST" or scope["path"] not in JUDGED_PATHS:
             return None
         try:
-            data = json.loads(body)
+            # A long prompt's body parsed on the loop would hold every stream's next chunk
+            # (and stretch the gaps the meter judges) for as long as it takes.
+            data = json.loads(body) if len(body) <= INLINE_PARSE_BYTES else \
+                await asyncio.to_thread(json.loads, body)
         except (ValueError, RecursionError):
             return None  # vLLM answers it 400
         if not isinstance(data, dict) or data.get("stream") is not True:
@@ -150,7 +156,7 @@ class Meter:
         if scope["method"] == "GET" and scope["path"] == "/metrics":
             await self._metrics(scope, send)
             return
-        judge = self._judge(scope, body, arrival)
+        judge = await self._judge(scope, body, arrival)
         headers = _request_headers(scope)
         if judge is not None:
             headers["accept-encoding"] = "identity"  # SSE read as written, not compressed
