@@ -184,11 +184,13 @@ class Meter:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
                 if judge is not None:
                     judge.written(piece, self.clock())
+            if judge is not None:
+                # Counted before the end is sent: a response complete reads, to the
+                # server, as a client gone (uvicorn), which cancels this task.
+                self._count(judge)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
-        if judge is not None:
-            self._count(judge)
 
     def _count(self, judge: StreamJudge) -> None:
         if judge.model is not None:

@@ -79,6 +79,7 @@ class Upstream:
                 if pieces and pieces[-1] is HOLD:
                     await self.hold.wait()
             finally:
+                await asyncio.sleep(0)  # a connection's close takes a turn of the loop
                 self.closed.set()
 
         return httpx.Response(status, headers=headers,
@@ -125,6 +126,11 @@ class Client:
             self.sent.append(message)
             if message["type"] == "http.response.body" and message.get("body"):
                 self.now[0] = next(times, self.now[0])
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                # As uvicorn: once the response is complete, receive() says the client
+                # is gone, and the write yields to the loop.
+                self.leave.set()
+                await asyncio.sleep(0)
 
         scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
                  "query_string": b"", "headers": [(k.encode(), v.encode()) for k, v in
