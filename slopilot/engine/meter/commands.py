@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import sys
 
+    import httpx
     import uvicorn
 
     from slopilot.engine.meter.proxy import Meter
@@ -40,9 +41,15 @@ def run(args: argparse.Namespace) -> int:
     from slopilot.engine.slo import SLOError
     from slopilot.engine.verdicts import Verdicts
 
-    if not args.upstream.startswith(("http://", "https://")):
-        print(f"slopilot meter: --upstream {args.upstream!r}: expected an http(s) URL, e.g. "
-              "http://127.0.0.1:8001", file=sys.stderr)
+    try:
+        upstream = httpx.URL(args.upstream)
+    except httpx.InvalidURL:
+        upstream = None
+    # A path would be replaced by each request's: the engine is served from its root.
+    if upstream is None or upstream.scheme not in ("http", "https") or not upstream.host \
+            or upstream.path not in ("", "/") or upstream.query:
+        print(f"slopilot meter: --upstream {args.upstream!r}: expected the engine's "
+              "scheme, host and port, e.g. http://127.0.0.1:8001", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(message)s")
     try:

@@ -73,6 +73,7 @@ class Meter:
                  clock: Callable[[], float] = time.monotonic,
                  max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.upstream = upstream.rstrip("/")
+        self.upstream_url = httpx.URL(self.upstream)
         self.slo, self.priority, self.clock = slo, priority, clock
         self.verdicts = slo.verdicts
         self.max_body_bytes = max_body_bytes
@@ -156,13 +157,21 @@ class Meter:
         if scope["method"] == "GET" and scope["path"] == "/metrics":
             await self._metrics(scope, send)
             return
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        if not raw_path.startswith(b"/"):
+            # The target is the client's to write: glued to the upstream's URL,
+            # "@host/..." named another host, reached from the pod with the client's
+            # request. Only a path goes on, and into the path alone.
+            await _answer(send, 400, {"error": {
+                "message": "the request target must be a path, e.g. /v1/completions",
+                "type": "invalid_request_error", "code": "invalid_request_target"}})
+            return
         judge = await self._judge(scope, body, arrival)
         headers = _request_headers(scope)
         if judge is not None:
             headers["accept-encoding"] = "identity"  # SSE read as written, not compressed
-        url = self.upstream + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
-        if query := scope.get("query_string", b""):
-            url += "?" + query.decode("latin-1")
+        query: bytes = scope.get("query_string", b"")
+        url = self.upstream_url.copy_with(raw_path=raw_path + (b"?" + query if query else b""))
         request = self.client.build_request(scope["method"], url, headers=headers,
                                             content=body)
         try:

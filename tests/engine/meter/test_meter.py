@@ -383,3 +383,23 @@ def test_a_long_prompts_stream_is_judged_too(tmp_path: Path) -> None:
 
     run(go)
     assert counted(meter) == {(Priority.P0, LABEL, True): (1, 1)}
+
+
+@pytest.mark.parametrize("target", [b"@evil.example/v1/models", b"http://evil.example/x",
+                                    b"*"])
+def test_a_request_target_that_is_no_path_goes_nowhere(tmp_path: Path, target: bytes) -> None:
+    """The request target is the client's to write (h11 takes any non-blank bytes): glued
+    to the upstream's URL, ``@evil.example/...`` made ``http://127.0.0.1:8001@evil.example``
+    and sent the client's request, headers and all, to a host of its choosing from the
+    pod's network. Only an origin-form path is forwarded."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([b"{}"])
+
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        client = Client(meter, now)
+        return await client.request("GET", target.decode(), None)
+
+    status, _, body = run(go)
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request_target"
+    assert upstream.requests == []

@@ -1,0 +1,40 @@
+"""``slopilot meter``'s command line: what a user gets wrong is named, with the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slopilot.cli import main
+
+
+@pytest.mark.parametrize("upstream", ["127.0.0.1:8001", "ftp://h:1", "http://h:1/base",
+                                      "http://h:1/?x=1", "http://[::1"])
+def test_an_upstream_that_is_not_an_engines_root_is_refused(
+        tmp_path: Path, upstream: str, capsys: pytest.CaptureFixture[str]) -> None:
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps({"profile": "standard"}))
+    assert main(["meter", "--upstream", upstream, "--slo-file", str(slo)]) == 2
+    err = capsys.readouterr().err
+    assert repr(upstream) in err and "e.g. http://127.0.0.1:8001" in err
+
+
+@pytest.mark.parametrize(("text", "why"), [(None, "cannot read it"), ("{", "not valid JSON"),
+                                           ('{"profile": "nope"}', "profile")])
+def test_an_slo_file_that_cannot_be_judged_by_is_refused(
+        tmp_path: Path, text: str | None, why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    slo = tmp_path / "slo.json"
+    if text is not None:
+        slo.write_text(text)
+    assert main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo)]) == 2
+    err = capsys.readouterr().err
+    assert "--slo-file" in err and why in err
+
+
+def test_a_class_that_is_not_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", "x",
+              "--priority-class", "p7"])
+    assert exc.value.code == 2
