@@ -215,15 +215,20 @@ def test_an_image_wrong_each_time_it_is_named_no_more_is_named_ever_longer() -> 
     assert changes == 19  # named and named no more: with CONFIRM_SYNCS alone, 133
 
 
+def answers(pod: PodStandIn, path: str, document: dict[str, Any]) -> None:
+    """``pod`` answers ``document`` at its next GET of ``path``."""
+    with pod.lock:
+        if path == "/admin/config":
+            pod.config = dict(document)
+        else:
+            pod.slo = dict(document)
+
+
 def lies_about(pod: PodStandIn, path: str, lie: dict[str, Any]) -> None:
     """``pod`` takes every PUT of ``path`` (2xx) and answers each GET of it with ``lie``."""
     def lie_on_get(method: str, asked: str) -> None:
         if (method, asked) == ("GET", path):
-            with pod.lock:
-                if path == "/admin/config":
-                    pod.config = dict(lie)
-                else:
-                    pod.slo = dict(lie)
+            answers(pod, path, lie)
 
     pod.on_request = lie_on_get
 
@@ -287,11 +292,7 @@ def reverts(pod: PodStandIn, path: str, stale: dict[str, Any]) -> None:
         elif took.is_set():
             took.clear()  # the sync's read-back: it answers what it took
         else:
-            with pod.lock:
-                if path == "/admin/config":
-                    pod.config = dict(stale)
-                else:
-                    pod.slo = dict(stale)
+            answers(pod, path, stale)
 
     pod.on_request = revert
 

@@ -76,13 +76,19 @@ def test_an_expired_continue_token_restarts_the_list_once() -> None:
     assert [q.get("continue") for q in kube.queries] == [None, "1", "2", None, "1", "2"]
 
 
-def test_a_token_that_expires_again_is_an_error_naming_the_list() -> None:
+def _refusing_later_pages(error: ApiError) -> Scripted:
+    """An API server whose first page says there is more, and which refuses the rest."""
     def answer(query: Mapping[str, str]) -> Any:
         if "continue" in query:
-            raise ApiError(410, "Expired", "The provided continue parameter is too old")
+            raise error
         return {"metadata": {"continue": "1"}, "items": [pod(0)]}
 
-    kube = Scripted(answer)
+    return Scripted(answer)
+
+
+def test_a_token_that_expires_again_is_an_error_naming_the_list() -> None:
+    kube = _refusing_later_pages(
+        ApiError(410, "Expired", "The provided continue parameter is too old"))
     with pytest.raises(ListError, match=rf"pods in namespace {NS} \(labelSelector "
                                         r"app=chat\): .*expired .* again"):
         kube.list("v1", "pods", NS, label_selector="app=chat")
@@ -90,12 +96,7 @@ def test_a_token_that_expires_again_is_an_error_naming_the_list() -> None:
 
 
 def test_other_errors_of_a_page_are_not_retried() -> None:
-    def answer(query: Mapping[str, str]) -> Any:
-        if "continue" in query:
-            raise ApiError(500, "InternalError", "etcd is down")
-        return {"metadata": {"continue": "1"}, "items": [pod(0)]}
-
-    kube = Scripted(answer)
+    kube = _refusing_later_pages(ApiError(500, "InternalError", "etcd is down"))
     with pytest.raises(ApiError, match="etcd is down"):
         kube.list("v1", "pods", NS)
     assert len(kube.queries) == 2
