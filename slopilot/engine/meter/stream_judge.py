@@ -59,10 +59,6 @@ class StreamJudge:
         self._done = False
         self._unreadable = False
 
-    @property
-    def readable(self) -> bool:
-        return not self._unreadable
-
     def written(self, data: bytes, at: float) -> None:
         """``data`` reached the client at ``at``: read the events it completes."""
         if self._unreadable or self._done:
