@@ -182,3 +182,17 @@ def test_the_builtin_engines_objects_are_as_they_were_before_the_meter() -> None
     text = json.dumps(outs, sort_keys=True)
     assert hashlib.sha256(text.encode()).hexdigest() == (
         "e78419d819441f92dee4cc3bb1ba22190382fb466ee77eb916e85a96956ecfb1")
+
+
+def test_the_rendered_meter_command_is_one_the_image_s_cli_takes() -> None:
+    """The render and ``slopilot meter`` are written apart: a flag renamed on one side
+    would crash-loop every vLLM pod's meter."""
+    from slopilot.cli import build_parser
+    from slopilot.engine.meter.commands import run
+
+    command = containers(vllm(slo={"vllmClass": "p2"}))["meter"]["command"]
+    assert command[0] == "slopilot"
+    args = build_parser().parse_args(command[1:])
+    assert args.func is run
+    assert (args.upstream, args.port, str(args.slo_file), args.priority_class) == (
+        "http://127.0.0.1:8001", 8000, "/etc/slopilot/slo.json", "p2")
