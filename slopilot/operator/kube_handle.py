@@ -14,7 +14,9 @@
   with the committed ``tunedConfig``), which the engine otherwise reads only from its
   ConfigMap at start: an edit of a live knob reaches the running pods, and a pod that read
   an older ConfigMap is brought over. The pod a running trial measures gets the trial's
-  knobs over it instead, as ``apply_config`` sent them.
+  knobs over it instead, as ``apply_config`` sent them. A pod that is not ready is not
+  asked; where the status names it (``PodsConfigured``), it stays named, its holds and
+  what the syncs remember of it kept, until a sync finds it ready and right.
 - Every config applied to all replicas is recorded in ``status.tunedConfig`` (with a hash
   of the spec it was tuned from) and rendered into the owned objects, so a restarted pod
   starts with it and a later reconcile keeps it instead of reverting to the spec.
@@ -121,12 +123,15 @@ class ConfigSync:
     pods: int | None = None
     """The ready pods checked; None where the backend has no live config (vLLM)."""
     not_configured: tuple[str, ...] = ()
-    """The pods ``left`` and ``confirming`` name, each once, in the pods' order."""
+    """The pods ``left``, ``confirming`` and ``resting`` name, each once, by name."""
     held: tuple[Hold, ...] = ()
     """The pods not sent a document they took and contradicted (pod_holds.py)."""
     confirming: tuple[str, ...] = ()
     """``"<pod>: <why>"`` for each pod found right that stays named in PodsConfigured
     until more syncs in a row find it so (pod_memory.py)."""
+    resting: tuple[str, ...] = ()
+    """``"<pod>: <why>"`` for each pod the status names that is not ready now, so not
+    checked, and stays named (pod_memory.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -263,6 +268,10 @@ class KubeDeploymentHandle:
 
     def pods(self, body: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Ready engine pods this deployment's own ReplicaSets made, by name."""
+        return [p for p in self._own_pods(body) if ready(p)]
+
+    def _own_pods(self, body: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Engine pods this deployment's own ReplicaSets made, ready or not, by name."""
         body = body if body is not None else self.body()
         dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
         if dep is None or not controlled_by(dep, KIND, body["metadata"].get("uid")):
@@ -276,7 +285,7 @@ class KubeDeploymentHandle:
             ref = controller_ref(pod)
             rs = sets.get(str(ref.get("uid"))) if ref and ref.get("kind") == "ReplicaSet" \
                 else None
-            if rs is None or not ready(pod):
+            if rs is None:
                 continue
             want = (rs["metadata"].get("labels") or {}).get(TEMPLATE_HASH)
             if want is None or (pod["metadata"].get("labels") or {}).get(TEMPLATE_HASH) != want:
@@ -414,7 +423,8 @@ class KubeDeploymentHandle:
         again, and one that contradicts what it took, then or at the next sync's first
         read (pod_memory.py), is in ``left`` and ``held``, and is not sent it again while
         the hold stands (pod_holds.py). A pod the status names that is found right stays
-        named (``confirming``) until enough syncs in a row find it so (pod_memory.py).
+        named (``confirming``) until enough syncs in a row find it so (pod_memory.py),
+        and so does one that is not ready (``resting``), with its holds.
         ApplyError, with nothing sent, for a spec the reconcile refuses.
         """
         body = self.body()
@@ -424,7 +434,13 @@ class KubeDeploymentHandle:
         trial_config = None if trial is None else \
             spec.engine.with_overrides(trial, live_only=True)
         slo = spec.slo.to_dict()
-        pods = self.pods(body)
+        own = self._own_pods(body)
+        pods = [p for p in own if ready(p)]
+        # Not checked, but not gone either: what the status names of them stays, or an
+        # image that fails its readiness probe at every other sync had the status written
+        # at every sync (named, named no more, named again).
+        resting = [p for p in own if not ready(p)
+                   and not p["metadata"].get("deletionTimestamp")]
         round_ = _Round(self.mint.for_body(body), self.clock() + SYNC_DEADLINE_S,
                         body["metadata"].get("generation"), holds_of(body))
 
@@ -446,19 +462,33 @@ class KubeDeploymentHandle:
         if slo_updated:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
         uids = [str(p["metadata"].get("uid")) for p in pods]
-        self.memory.remember(uids, ((uid, path, taken)
-                                    for uid, d in zip(uids, done, strict=True)
-                                    for path, taken in d.seen))
+        resting_ids = [(str(p["metadata"].get("uid")), str(p["metadata"]["name"]))
+                  for p in resting]
+        self.memory.remember([*uids, *(uid for uid, _ in resting_ids)],
+                             ((uid, path, taken) for uid, d in zip(uids, done, strict=True)
+                              for path, taken in d.seen))
         stay = self.memory.confirm([(uid, d.name, not d.left)
                                     for uid, d in zip(uids, done, strict=True)],
-                                   named_of(body))
+                                   named_of(body), resting_ids)
         confirming = tuple(f"{d.name}: runs what it should again; named until "
                            f"{stay[d.name]} syncs in a row find it so" for d in done
                            if d.name in stay)
+        kept = [(uid, name) for uid, name in resting_ids if name in stay]
+        # A hold of a pod not checked stands, as one of a pod that did not answer does.
+        kept_uids = {uid for uid, _ in kept}
+        # In the pods' order, as the status keeps them: lists that differ in order
+        # alone are written again.
+        held = sorted([*(h for d in done for h in d.held),
+                       *(h for h in round_.holds if h.uid in kept_uids)],
+                      key=lambda h: (h.pod, h.path))
+        named = sorted([*(d.name for d in done if d.left or d.name in stay),
+                        *(name for _, name in kept)])
         return ConfigSync(tuple(updated), tuple(why for d in done for why in d.left),
-                          tuple(slo_updated), len(pods),
-                          tuple(d.name for d in done if d.left or d.name in stay),
-                          tuple(h for d in done for h in d.held), confirming)
+                          tuple(slo_updated), len(pods), tuple(named), tuple(held),
+                          confirming,
+                          tuple(f"{name}: not ready; named until {stay[name]} syncs in "
+                                "a row find it ready and running what it should"
+                                for _, name in kept))
 
     def _sync_pod(self, pod: Mapping[str, Any], config: EngineConfig, slo: dict[str, Any],
                   round_: _Round) -> _PodSync:

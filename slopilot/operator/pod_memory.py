@@ -15,7 +15,10 @@ Two judgements need the syncs before:
   of being named no more, up to ``MAX_CONFIRM_SYNCS`` (``confirm``). A pod found wrong
   and right by turns had the condition, and so the CR's status, written at every sync:
   now it is written when the pod is first named, and for an image that is right a few
-  syncs in a row between wrong ones, a few times more, then not again.
+  syncs in a row between wrong ones, a few times more, then not again. A named pod
+  that is not ready is not checked, and keeps both its name in the status and its count
+  while it is there (the same uid, not deleted): dropped then, an image that failed its
+  readiness probe at every other sync had the status written at every sync.
 
 Kept in the operator's memory (kopf's memo of the CR, which the timer's syncs and the
 daemon's share; else the handle's own), not in the status: a count of syncs in a row
@@ -101,14 +104,25 @@ class PodMemory:
             for uid in uids:
                 self._took.pop((uid, path), None)
 
-    def confirm(self, found: Sequence[tuple[str, str, bool]],
-                named: frozenset[str]) -> dict[str, int]:
-        """After a sync that found each pod ``(uid, name, right)``, where ``named`` are
-        the pods the status names: each pod found right that stays named, with the syncs
-        in a row it must be found right on. Pods the sync did not list are forgotten."""
+    def confirm(self, found: Sequence[tuple[str, str, bool]], named: frozenset[str],
+                resting: Sequence[tuple[str, str]] = ()) -> dict[str, int]:
+        """After a sync that found each pod ``(uid, name, right)``, and did not check the
+        pods ``resting`` (``(uid, name)``: not ready, not deleted), where ``named`` are
+        the pods the status names: each pod found right, or resting, that stays named,
+        with the syncs in a row it must be found right on. A resting pod keeps what is
+        remembered of it, and stays named where this memory knows its uid (an image that
+        fails its readiness probe at every other sync had it leave the status and come
+        back, a write at every sync); other pods are forgotten."""
         stay: dict[str, int] = {}
         with self._lock:
             streaks: dict[str, _Streak] = {}
+            for uid, name in resting:
+                if (was := self._streaks.get(uid)) is None:
+                    continue  # another pod of the name, or one before a restart
+                if name in named:
+                    stay[name] = _need(was.doublings)
+                    was = dataclasses.replace(was, named=True)
+                streaks[uid] = was
             for uid, name, right in found:
                 was = self._streaks.get(uid, _Streak())
                 if not right:

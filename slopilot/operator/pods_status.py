@@ -16,7 +16,9 @@ sync. So the message stays as first written while the pods named stay the same.
 A pod is named at the first sync that finds it wrong, and named no more once
 ``CONFIRM_SYNCS`` (2) syncs in a row find it right, more for one that keeps coming back
 (pod_memory.py): a pod right and wrong by turns had the condition flip, and the status
-written, at every sync.
+written, at every sync. A named pod that is not ready now is not checked and stays
+named ("not ready"), with its holds, until a sync finds it ready and right; one that is
+gone (deleted, or another pod of the name) leaves the list at the next sync.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def pods_condition(done: ConfigSync, generation: int | None) -> dict[str, Any] |
     """The condition one sync's answer makes; None for a backend with no live config."""
     if done.pods is None:
         return None
-    if why := (*done.left, *done.confirming):
+    if why := (*done.left, *done.confirming, *done.resting):
         more = len(why) - MAX_LISTED
         message = "; ".join(map(_clip, why[:MAX_LISTED])) + (
             f"; and {more} more" if more > 0 else "")

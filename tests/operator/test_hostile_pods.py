@@ -23,7 +23,7 @@ from slopilot.operator.handlers import LockTable, sync_untuned_pods
 from slopilot.operator.pod_memory import MEMO_KEY, PodMemory
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.tuning_daemon import CONFIG_SYNC_S
-from tests.operator.operator_support import Cluster, add_pod, daemon_loop, llmd
+from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.operator.test_live_config import (
     Clock,
@@ -141,6 +141,93 @@ def test_a_pod_right_and_wrong_by_turns_has_the_status_written_a_bounded_number_
         assert _status_writes(kube) - writes == {"WR": 1, "WRR": 3}[turns]
     assert _pods_condition(cluster)["status"] == "False"
     assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+
+
+def set_ready(cluster: Cluster, pod: str, ready: bool) -> None:
+    """The kubelet's record of ``pod``'s readiness probe."""
+    cluster.core.patch_namespaced_pod_status(pod, NS, {"status": {"conditions": [
+        {"type": "Ready", "status": "True" if ready else "False"}]}})
+
+
+def cr_status_writes(kube: RunningEmulator) -> int:
+    """``_status_writes`` less the pods' (``set_ready``)."""
+    return sum(1 for r in list(kube.emulator._requests)
+               if r.method.value == "PATCH" and r.subresource == "status"
+               and r.resource is not None and r.resource.plural == "llmdeployments")
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_wrong_pod_ready_and_not_by_turns_has_the_status_written_a_bounded_number_of_times(
+        kube: RunningEmulator, cluster: Cluster, count: int) -> None:
+    """The sync checks ready pods only: a named pod whose image fails its readiness
+    probe at every other sync dropped out of the pods named while not ready and came
+    back at the next sync, a status write per sync for as long as it ran. A pod the
+    status names that is not ready, and still there, stays named."""
+    pods = Pods(kube, cluster, count)
+    shifty = pods.standins[-1]
+    name = f"chat-pod-{count - 1}"
+    with shifty.lock:
+        shifty.config = {**pods.want, "block_size": 32}
+    with serving(*pods.standins):
+        pods.add()
+        writes = cr_status_writes(kube)
+        for turn in range(30):
+            set_ready(cluster, name, turn % 2 == 0)
+            pods.sync()
+            assert cluster.status()["pods"]["notConfigured"] == [name]
+        assert cr_status_writes(kube) - writes == 1  # named at the first sync
+    cond = _pods_condition(cluster)
+    assert cond["status"] == "False" and cond["reason"] == "PodsNotConfigured", cond
+
+
+@pytest.mark.parametrize("gone", ["deleted", "replaced"])
+def test_a_named_pod_that_is_gone_is_named_no_more_at_the_next_sync(
+        kube: RunningEmulator, cluster: Cluster, gone: str) -> None:
+    """... whether or not it was ready last: a pod of the same name is another pod (its
+    uid), named when a sync finds it wrong."""
+    pods = Pods(kube, cluster, 2)
+    with pods.standins[1].lock:
+        pods.standins[1].config = {**pods.want, "block_size": 32}
+    with serving(*pods.standins):
+        pods.add()
+        pods.sync()
+        set_ready(cluster, "chat-pod-1", False)
+        with pods.standins[0].lock:  # named too: the message is written again
+            pods.standins[0].config = {**pods.want, "swap_space_gb": 1}
+        pods.sync()
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-0", "chat-pod-1"]
+        assert "; chat-pod-1: not ready; named until 2 syncs in a row find it ready" in \
+            _pods_condition(cluster)["message"]
+        cluster.core.delete_namespaced_pod("chat-pod-1", NS)
+        if gone == "replaced":
+            add_pod(cluster, "chat", 1, pods.standins[1].port)
+            set_ready(cluster, "chat-pod-1", False)
+        pods.sync()
+    assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-0"]
+
+
+def test_a_named_pod_not_ready_for_a_while_is_named_no_more_as_any_other(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """Once ready and right it leaves as a pod that was ready all along: after
+    CONFIRM_SYNCS syncs in a row find it right (pod_memory.py)."""
+    pods = Pods(kube, cluster, 2)
+    honest = pods.standins[1]
+    with honest.lock:
+        honest.config = {**pods.want, "block_size": 32}  # an older pod template's
+    with serving(*pods.standins):
+        pods.add()
+        pods.sync()
+        set_ready(cluster, "chat-pod-1", False)
+        for _ in range(3):
+            pods.sync()
+        with honest.lock:
+            honest.config = dict(pods.want)
+        set_ready(cluster, "chat-pod-1", True)
+        pods.sync()  # found right once
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+        pods.sync()
+    assert cluster.status()["pods"]["notConfigured"] == []
+    assert _pods_condition(cluster)["status"] == "True"
 
 
 def test_a_pod_brought_over_is_named_no_more_after_two_syncs_in_a_row(
@@ -443,6 +530,26 @@ def test_a_held_pod_that_fails_a_read_in_between_stays_held(
     assert cluster.status()["pods"] == held and held["held"][0]["pod"] == "chat-pod-0"
     # Named all along: the message it was first written with stands.
     assert _status_writes(kube) == writes
+
+
+def test_a_held_pod_ready_and_not_by_turns_stays_held(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """A hold is the status's as the pods named are: dropped while its pod was not
+    ready, it had the pod sent the PUT again at each sync that found it ready."""
+    pods = Pods(kube, cluster, 2)
+    liar = pods.standins[1]
+    lies_about(liar, "/admin/config", {**pods.want, "token_budget": 512})
+    with serving(*pods.standins):
+        pods.add()
+        pods.sync()
+        recorded = cluster.status()["pods"]
+        writes = cr_status_writes(kube)
+        for turn in range(10):
+            set_ready(cluster, "chat-pod-1", turn % 2 == 1)
+            pods.sync()
+        assert sent(liar, "/admin/config") == 1
+    assert cluster.status()["pods"] == recorded and recorded["held"][0]["pod"] == "chat-pod-1"
+    assert cr_status_writes(kube) == writes
 
 
 @pytest.mark.parametrize("pods", [["held"], "held", 7, {"held": {"pod": "x"}},
