@@ -463,7 +463,7 @@ class KubeDeploymentHandle:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
         uids = [str(p["metadata"].get("uid")) for p in pods]
         resting_ids = [(str(p["metadata"].get("uid")), str(p["metadata"]["name"]))
-                  for p in resting]
+                       for p in resting]
         self.memory.remember([*uids, *(uid for uid, _ in resting_ids)],
                              ((uid, path, taken) for uid, d in zip(uids, done, strict=True)
                               for path, taken in d.seen))
@@ -476,8 +476,8 @@ class KubeDeploymentHandle:
         kept = [(uid, name) for uid, name in resting_ids if name in stay]
         # A hold of a pod not checked stands, as one of a pod that did not answer does.
         kept_uids = {uid for uid, _ in kept}
-        # In the pods' order, as the status keeps them: lists that differ in order
-        # alone are written again.
+        # Sorted by pod: the status keeps the lists as given, and two that differ in
+        # order alone would be written again.
         held = sorted([*(h for d in done for h in d.held),
                        *(h for h in round_.holds if h.uid in kept_uids)],
                       key=lambda h: (h.pod, h.path))
