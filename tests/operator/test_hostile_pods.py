@@ -206,14 +206,21 @@ def test_a_named_pod_that_is_gone_is_named_no_more_at_the_next_sync(
     assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-0"]
 
 
+def _one_pod_on_an_older_template(kube: RunningEmulator,
+                                  cluster: Cluster) -> tuple[Pods, PodStandIn]:
+    """Two pods, the second running an older pod template's knobs (block_size=32)."""
+    pods = Pods(kube, cluster, 2)
+    older = pods.standins[1]
+    with older.lock:
+        older.config = {**pods.want, "block_size": 32}
+    return pods, older
+
+
 def test_a_named_pod_not_ready_for_a_while_is_named_no_more_as_any_other(
         kube: RunningEmulator, cluster: Cluster) -> None:
     """Once ready and right it leaves as a pod that was ready all along: after
     CONFIRM_SYNCS syncs in a row find it right (pod_memory.py)."""
-    pods = Pods(kube, cluster, 2)
-    honest = pods.standins[1]
-    with honest.lock:
-        honest.config = {**pods.want, "block_size": 32}  # an older pod template's
+    pods, honest = _one_pod_on_an_older_template(kube, cluster)
     with serving(*pods.standins):
         pods.add()
         pods.sync()
@@ -234,10 +241,7 @@ def test_a_pod_brought_over_is_named_no_more_after_two_syncs_in_a_row(
         kube: RunningEmulator, cluster: Cluster) -> None:
     """... also after an operator restart, which forgets the syncs that found it right
     (in memory, not in the status, or each would be a write): it is named a sync longer."""
-    pods = Pods(kube, cluster, 2)
-    older = pods.standins[1]
-    with older.lock:
-        older.config = {**pods.want, "block_size": 32}  # an older pod template's
+    pods, older = _one_pod_on_an_older_template(kube, cluster)
     with serving(*pods.standins):
         pods.add()
         pods.sync()
