@@ -132,6 +132,8 @@ class ConfigSync:
     resting: tuple[str, ...] = ()
     """``"<pod>: <why>"`` for each pod the status names that is not ready now, so not
     checked, and stays named (pod_memory.py)."""
+    not_ready: int = 0
+    """The deployment's pods that are there but not ready (not checked)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -488,7 +490,7 @@ class KubeDeploymentHandle:
                           confirming,
                           tuple(f"{name}: not ready; named until {stay[name]} syncs in "
                                 "a row find it ready and running what it should"
-                                for _, name in kept))
+                                for _, name in kept), len(resting))
 
     def _sync_pod(self, pod: Mapping[str, Any], config: EngineConfig, slo: dict[str, Any],
                   round_: _Round) -> _PodSync:

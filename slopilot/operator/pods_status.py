@@ -18,7 +18,9 @@ A pod is named at the first sync that finds it wrong, and named no more once
 (pod_memory.py): a pod right and wrong by turns had the condition flip, and the status
 written, at every sync. A named pod that is not ready now is not checked and stays
 named ("not ready"), with its holds, until a sync finds it ready and right; one that is
-gone (deleted, or another pod of the name) leaves the list at the next sync.
+gone (deleted, or another pod of the name) leaves the list at the next sync. A sync with
+no ready pod while pods are there leaves a condition already written as it is (a right
+pod ready and not by turns flipped it between Unknown and True at every sync).
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
         return
     named = list(done.not_configured[:MAX_TRACKED])
     held = [h.to_dict() for h in done.held[:MAX_HOLDS]]
+    # No pod ready to check, but pods there: nothing learnt, so a condition already
+    # written stands. Written over, a right pod that failed its readiness probe at every
+    # other sync flipped it between Unknown and True, a status write at every sync.
+    learnt_nothing = done.pods == 0 and done.not_ready > 0 and not named
 
     def build(fresh: Mapping[str, Any]) -> dict[str, Any] | None:
         meta = fresh["metadata"]
@@ -88,8 +94,8 @@ def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
         recorded = status.get("pods")
         pods: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
         if now is not None and pods.get("notConfigured") == named and \
-                pods.get("held", []) == held and \
-                all(now.get(k) == cond.get(k) for k in _COMPARED):
+                pods.get("held", []) == held and (
+                    all(now.get(k) == cond.get(k) for k in _COMPARED) or learnt_nothing):
             return None
         return {"conditions": merge_conditions(conditions, [cond]),
                 "pods": {"notConfigured": named, "held": held}}

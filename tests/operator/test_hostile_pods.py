@@ -180,6 +180,29 @@ def test_a_wrong_pod_ready_and_not_by_turns_has_the_status_written_a_bounded_num
     assert cond["status"] == "False" and cond["reason"] == "PodsNotConfigured", cond
 
 
+def test_a_right_pod_ready_and_not_by_turns_keeps_the_condition_as_it_was(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """One replica, running what it should, whose image fails its readiness probe at
+    every other sync: no ready pod read as "NoReadyPods" (Unknown), the next sync as
+    "PodsConfigured" (True), a status write at every sync. A sync with no ready pod but
+    pods still there has learnt nothing: the condition stays as last written. Before any
+    was written, it says there is no ready pod yet."""
+    pods = Pods(kube, cluster, 1)
+    with serving(*pods.standins):
+        pods.add()
+        set_ready(cluster, "chat-pod-0", False)
+        pods.sync()
+        assert _pods_condition(cluster)["reason"] == "NoReadyPods"
+        set_ready(cluster, "chat-pod-0", True)
+        pods.sync()
+        writes = cr_status_writes(kube)
+        for turn in range(20):
+            set_ready(cluster, "chat-pod-0", turn % 2 == 1)
+            pods.sync()
+        assert cr_status_writes(kube) - writes == 0
+    assert _pods_condition(cluster)["status"] == "True"
+
+
 @pytest.mark.parametrize("gone", ["deleted", "replaced"])
 def test_a_named_pod_that_is_gone_is_named_no_more_at_the_next_sync(
         kube: RunningEmulator, cluster: Cluster, gone: str) -> None:
