@@ -86,9 +86,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class MeterProcess:
+    url: str
+    pid: int
+
+    def cpu_s(self) -> float:
+        """CPU seconds the meter's process has used (user and system)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def meter(upstream: str, slo_file: Path) -> Iterator[str]:
-    """A ``slopilot meter`` process of this tree in front of ``upstream``; its URL."""
+def meter(upstream: str, slo_file: Path) -> Iterator[MeterProcess]:
+    """A ``slopilot meter`` process of this tree in front of ``upstream``."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", "meter", "--upstream",
@@ -107,7 +118,7 @@ def meter(upstream: str, slo_file: Path) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the meter did not start")
             time.sleep(0.2)
-        yield url
+        yield MeterProcess(url, proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -179,12 +190,15 @@ def _buckets(d: Samples, name: str) -> dict[float, float]:
     return out
 
 
-def truth(args: argparse.Namespace, engine: str, metered: str) -> dict[str, float]:
+def truth(args: argparse.Namespace, engine: str, proc: MeterProcess) -> dict[str, float]:
+    metered = proc.url
     slo = SLOSpec.from_dict(SLO).p0
     assert slo.ttft_p99_ms is not None and slo.tbt_p99_ms is not None
     asyncio.run(load(metered, args.rate, 3.0, args.seed + 1000))  # warm up
     before_e, before_m = _scrape(engine), _scrape(metered)
+    cpu_before = proc.cpu_s()
     records = asyncio.run(load(metered, args.rate, args.seconds, args.seed))
+    cpu_s = proc.cpu_s() - cpu_before
     after_e, after_m = _scrape(engine), _scrape(metered)
     tokens = sum(sum(r.tokens) for r in records)
     client = sum(sum(r.tokens) for r in records if r.met(slo)) / tokens
@@ -206,7 +220,13 @@ def truth(args: argparse.Namespace, engine: str, metered: str) -> dict[str, floa
     for name, share in (("client", client), ("meter", meter_share), ("product", product)):
         err = "" if name == "client" else f"{(share - client) / client:+8.1%}"
         print(f"{name:10} {share:24.3f} {err:>8}")
-    return {"requests": len(records), "client_share": client, "meter_share": meter_share,
+    chunks = sum(len(r.arrivals) for r in records)
+    print(f"the meter's CPU: {cpu_s:.2f} s for {chunks} chunks of {len(records)} streams in "
+          f"{args.seconds:g} s ({cpu_s / chunks * 1e6:.0f} us a chunk, "
+          f"{cpu_s / args.seconds:.3f} of a core)")
+    return {"meter_cpu_us_per_chunk": cpu_s / chunks * 1e6,
+            "meter_cores": cpu_s / args.seconds,
+            "requests": len(records), "client_share": client, "meter_share": meter_share,
             "product_share": product, "meter_err": (meter_share - client) / client,
             "product_err": (product - client) / client,
             "meter_judged_tokens_ratio": judged / tokens}
@@ -255,7 +275,7 @@ def main() -> int:
         with serve("--executor", "simulated", "--set", "token_budget=4096",
                    "--set", "chunk_size=4096") as engine, meter(engine, slo_file) as metered:
             fields = truth(args, engine, metered)
-            fields |= cost(engine, metered, args.pairs)
+            fields |= cost(engine, metered.url, args.pairs)
     print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
     return 0
 
