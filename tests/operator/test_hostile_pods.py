@@ -460,13 +460,21 @@ def test_the_operators_own_put_between_two_syncs_is_no_contradiction(
     assert sent(pod, "/admin/config") == 3
 
 
+def _one_pod_lying_about_its_knobs(kube: RunningEmulator,
+                                   cluster: Cluster) -> tuple[Pods, PodStandIn]:
+    """One pod that takes every PUT of its knobs and answers token_budget=512 to each
+    read (``lies_about``)."""
+    pods = Pods(kube, cluster, 1)
+    [pod] = pods.standins
+    lies_about(pod, "/admin/config", {**pods.want, "token_budget": 512})
+    return pods, pod
+
+
 def test_a_pod_held_back_that_restarts_is_sent_its_config_at_the_next_sync(
         kube: RunningEmulator, cluster: Cluster) -> None:
     """A restarted engine runs its ConfigMap's config, not what it was sent: holding back
     a pod until it changes must not hold back one that restarted."""
-    pods = Pods(kube, cluster, 1)
-    [pod] = pods.standins
-    lies_about(pod, "/admin/config", {**pods.want, "token_budget": 512})
+    pods, pod = _one_pod_lying_about_its_knobs(kube, cluster)
     with serving(pod):
         pods.add()
         pods.sync()
@@ -538,9 +546,7 @@ def test_a_held_pod_that_fails_a_read_in_between_stays_held(
     """A sync that could not read the pod cannot tell it came round: dropped then, the
     hold of a pod that failed every other read had it sent the PUT every other sync (and
     the status written at each)."""
-    pods = Pods(kube, cluster, 1)
-    [liar] = pods.standins
-    lies_about(liar, "/admin/config", {**pods.want, "token_budget": 512})
+    pods, liar = _one_pod_lying_about_its_knobs(kube, cluster)
     with serving(liar):
         pods.add()
         pods.sync()

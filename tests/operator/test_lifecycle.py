@@ -6,6 +6,8 @@ off and on, an operator restart, a CR re-created, replicas scaled by someone els
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,20 @@ def handler_reconcile(cluster: Cluster, policy: Any, mint: Any) -> None:
     write_status(cluster.kube, NS, "chat", lambda fresh: status_of(fresh, outcome))
 
 
+@contextlib.contextmanager
+def _in_a_trial(cluster: Cluster, body: dict[str, Any], mint: Any, prom: PrometheusStandIn,
+                monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, PodStandIn]]:
+    """The CR's daemon and its one pod, serving, after the daemon's first step on a
+    retune alert: a trial running on the pod."""
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    loop = daemon_loop(cluster, body, monkeypatch)
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+        assert loop.step()
+        yield loop, pod
+
+
 def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,12 +67,7 @@ def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
     Tuning=True ("trial 0 on all replicas") for good, its pods on the restored config."""
     body, policy, mint = reconciled(kube, cluster, llmd(
         prometheus={"url": prom.url}, tuning={"window": "1h"}))
-    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
-    loop = daemon_loop(cluster, body, monkeypatch)
-    with serving(pod):
-        add_pod(cluster, "chat", 0, pod.port)
-        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
-        assert loop.step()
+    with _in_a_trial(cluster, body, mint, prom, monkeypatch) as (loop, pod):
         status = cluster.status()
         assert status["controller"]["trial"] is not None and status["phase"] == "Tuning"
         controller = loop.controller
@@ -139,12 +150,7 @@ def test_the_state_an_ended_daemon_writes_replaces_the_one_on_record(
         "controller": {"twin": {"trusted": True, "classes": {"p0": cell, "p1": cell},
                                 "correctionFactors": {"attention": 1.2}}}}},
         subresource="status")
-    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
-    loop = daemon_loop(cluster, body, monkeypatch)
-    with serving(pod):
-        add_pod(cluster, "chat", 0, pod.port)
-        prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
-        assert loop.step()
+    with _in_a_trial(cluster, body, mint, prom, monkeypatch) as (loop, _):
         assert set(cluster.status()["controller"]["twin"]["classes"]) == {"p0", "p1"}
         controller = loop.controller
         tick = controller.tick
