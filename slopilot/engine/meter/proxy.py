@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -43,6 +44,8 @@ JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_BODY_BYTES = 64 << 20
 """A request body larger than this is refused (413): a prompt of 64 MiB is past any
 context, and the meter holds a body whole before it forwards it."""
+MAX_CHOICES = 128
+"""The most choices (``n``) a cut-short stream is judged for: vLLM refuses more."""
 INLINE_PARSE_BYTES = 64 << 10
 """Request bodies up to this size are parsed on the event loop (well under a millisecond);
 larger ones on a thread."""
@@ -51,6 +54,14 @@ TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate",
                          "proxy-authorization", "te", "trailer", "transfer-encoding",
                          "upgrade", "host", "content-length"})
+
+
+@dataclasses.dataclass
+class _Exchange:
+    """One request's judge (None: not a stream the meter judges), counted once."""
+
+    judge: StreamJudge | None = None
+    counted: bool = False
 
 
 class _ClientGone(Exception):
@@ -102,7 +113,8 @@ class Meter:
                 "message": f"request body over the meter's {self.max_body_bytes} bytes",
                 "type": "invalid_request_error", "code": "request_too_large"}})
             return
-        forward = asyncio.ensure_future(self._forward(scope, body, send, arrival))
+        exchange = _Exchange()
+        forward = asyncio.ensure_future(self._forward(scope, body, send, arrival, exchange))
         watch = asyncio.ensure_future(_watch_disconnect(receive))
         try:
             await asyncio.wait({forward, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -110,6 +122,8 @@ class Meter:
             for task in (forward, watch):
                 task.cancel()
             await asyncio.gather(forward, watch, return_exceptions=True)
+            # The client left, or the engine's answer broke off: judged as cut short.
+            self._count(exchange)
         if forward.done() and not forward.cancelled() and (exc := forward.exception()):
             raise exc
 
@@ -151,9 +165,14 @@ class Meter:
             return None  # vLLM answers it 400
         if not isinstance(data, dict) or data.get("stream") is not True:
             return None
-        return StreamJudge(self.slo.current().class_slo(self.priority), arrival)
+        n, max_tokens = data.get("n", 1), data.get("max_tokens")
+        return StreamJudge(self.slo.current().class_slo(self.priority), arrival,
+                           choices=n if type(n) is int and 1 <= n <= MAX_CHOICES else 1,
+                           max_tokens=max_tokens if type(max_tokens) is int and
+                           max_tokens > 0 else None)
 
-    async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float) -> None:
+    async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float,
+                       exchange: _Exchange) -> None:
         if scope["method"] == "GET" and scope["path"] == "/metrics":
             await self._metrics(scope, send)
             return
@@ -166,7 +185,7 @@ class Meter:
                 "message": "the request target must be a path, e.g. /v1/completions",
                 "type": "invalid_request_error", "code": "invalid_request_target"}})
             return
-        judge = await self._judge(scope, body, arrival)
+        judge = exchange.judge = await self._judge(scope, body, arrival)
         headers = _request_headers(scope)
         if judge is not None:
             headers["accept-encoding"] = "identity"  # SSE read as written, not compressed
@@ -186,25 +205,31 @@ class Meter:
             return
         try:
             if response.status_code != 200 or response.headers.get("content-encoding"):
-                judge = None  # an error, or bytes the meter cannot read as written
+                # An error, or bytes the meter cannot read as written: not judged.
+                judge = exchange.judge = None
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": _response_headers(response.headers, keep_length=True)})
             async for piece in response.aiter_raw():
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
                 if judge is not None:
                     judge.written(piece, self.clock())
-            if judge is not None:
-                # Counted before the end is sent: a response complete reads, to the
-                # server, as a client gone (uvicorn), which cancels this task.
-                self._count(judge)
+            # Counted before the end is sent: a response complete reads, to the server,
+            # as a client gone (uvicorn), which cancels this task.
+            self._count(exchange)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
 
-    def _count(self, judge: StreamJudge) -> None:
+    def _count(self, exchange: _Exchange) -> None:
+        """The stream's verdicts, once: whole, or cut short now."""
+        judge = exchange.judge
+        if judge is None or exchange.counted:
+            return
+        exchange.counted = True
         if judge.model is not None:
             self.model_name = judge.model
-        for verdict in judge.verdicts():
+        verdicts = judge.verdicts() if judge.whole else judge.cut_short(self.clock())
+        for verdict in verdicts:
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens)
 

@@ -7,15 +7,17 @@ of each later event share the time since the choice's last one (``ClientGaps``).
 streams a chunk per step, one token each (more only where it could not send for a while,
 and then the shared gap is what the client saw); an event with text counts as one token
 unless the stream's last usage says how many there were. A choice is judged once the
-stream ended whole (``[DONE]``) with its finish reason; a stream cut short, or one the
-meter could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``), is not judged:
-it passes through all the same.
+stream ended whole (``[DONE]``) with its finish reason; one cut short (the client left,
+the engine's answer broke off) only where it had missed already (``cut_short``), as the
+engine's server judges it. A stream the meter could not read (not SSE, not JSON, an event
+past ``MAX_EVENT_BYTES``) is not judged: it passes through all the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 from slopilot.engine.client_gaps import ClientGaps
@@ -48,8 +50,12 @@ class _Choice:
 class StreamJudge:
     """The choices of one stream, read event by event as the bytes are written."""
 
-    def __init__(self, slo: ClassSLO, arrival: float) -> None:
+    def __init__(self, slo: ClassSLO, arrival: float, *, choices: int = 1,
+                 max_tokens: int | None = None) -> None:
+        """``choices`` and ``max_tokens``: the request's ``n`` and ``max_tokens`` (None:
+        not given, the engine's limit), for a stream cut short (``cut_short``)."""
         self.slo, self.arrival = slo, arrival
+        self.n, self.max_tokens = choices, max_tokens
         self.tbt_s = None if slo.tbt_p99_ms is None else slo.tbt_p99_ms / 1000.0
         self.model: str | None = None
         """The model the events name (the served model's name)."""
@@ -117,6 +123,37 @@ class StreamJudge:
             if raw.get("finish_reason") is not None:
                 choice.finished = True
         return True
+
+    @property
+    def whole(self) -> bool:
+        """The stream ended as a stream does (``[DONE]``)."""
+        return self._done
+
+    def cut_short(self, now: float) -> list[Verdict]:
+        """The verdicts of a stream that ended at ``now`` before it was whole (the client
+        left, the engine failed), as the engine's server has them
+        (``responses.ChoiceState.verdict``): a choice that finished is judged; one cut
+        short only where it had missed already, whatever would have followed: no first
+        token within the TTFT target (by ``now`` if none came), or more slow gaps than
+        1 % of all its ``max_tokens`` allow. Else its end could still have met the SLO,
+        and it is not judged. Unjudged, the clients an overloaded deployment drove away
+        vanished from its goodput share."""
+        if self._unreadable:
+            return []
+        choices = list(self._choices.values())
+        choices += [_Choice() for _ in range(self.n - len(choices))]  # none came yet
+        # Without max_tokens the engine's limit is the context: no count of slow gaps
+        # could have missed the SLO yet.
+        most = sys.maxsize if self.max_tokens is None else max(0, self.max_tokens - 1)
+        out = []
+        for c in choices:
+            if c.finished:
+                if c.ttft_s is not None:
+                    out.append(Verdict(self.slo.met(c.ttft_s, c.gap_count, c.over), c.tokens))
+            elif not self.slo.met(now - self.arrival if c.ttft_s is None else c.ttft_s,
+                                  most, c.over):
+                out.append(Verdict(False, c.tokens))
+        return out
 
     def verdicts(self) -> list[Verdict]:
         """The verdict of each choice, once the stream ended whole; none before, none

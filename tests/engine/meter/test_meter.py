@@ -403,3 +403,42 @@ def test_a_request_target_that_is_no_path_goes_nowhere(tmp_path: Path, target: b
     status, _, body = run(go)
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request_target"
     assert upstream.requests == []
+
+
+@pytest.mark.parametrize(("case", "pieces", "written_at", "max_tokens", "want"), [
+    ("waited-past-target", [HOLD], [], 4, (1, 0)),     # no first token in 800 ms
+    ("late-first-token", [event(text="a"), HOLD], [0.7], 4, (1, 1)),
+    ("slow-gaps-past-any-end", [event(text="a"), event(text="b"), event(text="c"), HOLD],
+     [0.1, 0.3, 0.5], 10, (1, 3)),                      # 2 gaps over 100 ms: > 1 % of 9
+    ("could-still-have-met", [event(text="a"), HOLD], [0.1], 4, None),
+    ("engine-failed-late", [event(text="a")], [0.7], 4, (1, 1)),  # ended, no [DONE]
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_stream_cut_short_counts_only_where_it_had_missed_already(
+        tmp_path: Path, case: str, pieces: list[bytes], written_at: list[float],
+        max_tokens: int, want: tuple[int, int] | None) -> None:
+    """As the engine's server judges one (responses.ChoiceState.verdict): a client that
+    gave up after 800 ms without a first token due in 500 missed it, whatever would have
+    followed; one whose first token came late, or with more slow gaps than 1 % of all its
+    max_tokens allow, too. Unjudged, the impatient clients of an overloaded vLLM
+    deployment vanished from its goodput share. One that could still have met it is
+    judged neither way."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer(pieces)
+
+    async def go() -> None:
+        client = Client(meter, now)
+        task = asyncio.ensure_future(client.request(
+            "POST", "/v1/completions", {**STREAM, "max_tokens": max_tokens},
+            written_at=written_at))
+        if pieces[-1:] == [HOLD]:
+            while sum(1 for m in client.sent if m.get("body")) < len(pieces) - 1 or \
+                    not upstream.requests:
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            now[0] = 0.8  # the client gives up
+            client.leave.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+
+    run(go)
+    assert counted(meter) == ({} if want is None else {(Priority.P0, LABEL, False): want})
