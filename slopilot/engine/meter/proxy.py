@@ -174,7 +174,7 @@ class Meter:
     async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float,
                        exchange: _Exchange) -> None:
         if scope["method"] == "GET" and scope["path"] == "/metrics":
-            await self._metrics(scope, send)
+            await self._metrics(send)
             return
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         if not raw_path.startswith(b"/"):
@@ -221,19 +221,18 @@ class Meter:
             await response.aclose()
 
     def _count(self, exchange: _Exchange) -> None:
-        """The stream's verdicts, once: whole, or cut short now."""
+        """The stream's verdicts, once, as it ended now."""
         judge = exchange.judge
         if judge is None or exchange.counted:
             return
         exchange.counted = True
         if judge.model is not None:
             self.model_name = judge.model
-        verdicts = judge.verdicts() if judge.whole else judge.cut_short(self.clock())
-        for verdict in verdicts:
+        for verdict in judge.verdicts(self.clock()):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens)
 
-    async def _metrics(self, scope: Scope, send: Send) -> None:
+    async def _metrics(self, send: Send) -> None:
         """vLLM's exposition in the text format, then the verdicts'. An upstream that
         does not answer fails the scrape (502): Prometheus then marks the replica down
         rather than reading verdicts without the tokens they are a share of."""

@@ -6,11 +6,11 @@ text is its first token (TTFT from the request's arrival at the meter), and the 
 of each later event share the time since the choice's last one (``ClientGaps``). vLLM
 streams a chunk per step, one token each (more only where it could not send for a while,
 and then the shared gap is what the client saw); an event with text counts as one token
-unless the stream's last usage says how many there were. A choice is judged once the
-stream ended whole (``[DONE]``) with its finish reason; one cut short (the client left,
-the engine's answer broke off) only where it had missed already (``cut_short``), as the
-engine's server judges it. A stream the meter could not read (not SSE, not JSON, an event
-past ``MAX_EVENT_BYTES``) is not judged: it passes through all the same.
+unless the stream's last usage says how many there were. A choice that finished (its
+finish reason) is judged; one cut short (the client left, the engine's answer broke off)
+only where it had missed already (``verdicts``), as the engine's server judges it. A
+stream the meter could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``) is
+not judged: it passes through all the same.
 """
 
 from __future__ import annotations
@@ -124,24 +124,22 @@ class StreamJudge:
                 choice.finished = True
         return True
 
-    @property
-    def whole(self) -> bool:
-        """The stream ended as a stream does (``[DONE]``)."""
-        return self._done
-
-    def cut_short(self, now: float) -> list[Verdict]:
-        """The verdicts of a stream that ended at ``now`` before it was whole (the client
-        left, the engine failed), as the engine's server has them
-        (``responses.ChoiceState.verdict``): a choice that finished is judged; one cut
-        short only where it had missed already, whatever would have followed: no first
-        token within the TTFT target (by ``now`` if none came), or more slow gaps than
-        1 % of all its ``max_tokens`` allow. Else its end could still have met the SLO,
-        and it is not judged. Unjudged, the clients an overloaded deployment drove away
-        vanished from its goodput share."""
+    def verdicts(self, now: float) -> list[Verdict]:
+        """Each choice's verdict, the stream having ended at ``now``, as the engine's
+        server has them (``responses.ChoiceState.verdict``). A choice that finished is
+        judged (none without a token: nothing to judge). One cut short (the client left,
+        the engine's answer broke off) only where it had missed already, whatever would
+        have followed: no first token within the TTFT target (by ``now`` if none came),
+        or more slow gaps than 1 % of all its ``max_tokens`` allow; else its end could
+        still have met the SLO, and it is not judged. Unjudged, the clients an overloaded
+        deployment drove away vanished from its goodput share. None for a stream the
+        meter could not read."""
         if self._unreadable:
             return []
         choices = list(self._choices.values())
         choices += [_Choice() for _ in range(self.n - len(choices))]  # none came yet
+        # The usage counts every choice's tokens together: exact for one, streamed whole.
+        usage = self._usage_tokens if self._done and len(choices) == 1 else None
         # Without max_tokens the engine's limit is the context: no count of slow gaps
         # could have missed the SLO yet.
         most = sys.maxsize if self.max_tokens is None else max(0, self.max_tokens - 1)
@@ -149,24 +147,12 @@ class StreamJudge:
         for c in choices:
             if c.finished:
                 if c.ttft_s is not None:
-                    out.append(Verdict(self.slo.met(c.ttft_s, c.gap_count, c.over), c.tokens))
+                    out.append(Verdict(self.slo.met(c.ttft_s, c.gap_count, c.over),
+                                       c.tokens if usage is None else usage))
             elif not self.slo.met(now - self.arrival if c.ttft_s is None else c.ttft_s,
                                   most, c.over):
                 out.append(Verdict(False, c.tokens))
         return out
-
-    def verdicts(self) -> list[Verdict]:
-        """The verdict of each choice, once the stream ended whole; none before, none
-        for one cut short or unreadable, and none for a choice with no token (nothing
-        to judge, as the engine's server and the simulator have it)."""
-        choices = list(self._choices.values())
-        if self._unreadable or not self._done or not all(c.finished for c in choices):
-            return []
-        # The usage counts every choice's tokens together: exact for one.
-        usage = self._usage_tokens if len(choices) == 1 else None
-        return [Verdict(self.slo.met(c.ttft_s, c.gap_count, c.over),
-                        c.tokens if usage is None else usage)
-                for c in choices if c.ttft_s is not None]
 
 
 def _text(choice: dict[str, Any]) -> bool:
