@@ -25,8 +25,8 @@ daemon's share; else the handle's own), not in the status: a count of syncs in a
 must change at every sync that finds a pod wrong after right, and written to the status
 it would be the very write per sync it is there to stop. What the status keeps is the
 pods named. An operator restart forgets the rest, on the safe side: a pod named stays
-named until ``CONFIRM_SYNCS`` syncs find it right again, and a pod that reverts is sent
-the document once more, then held (the hold is in the status).
+named (ready or not) until ``CONFIRM_SYNCS`` syncs find it right again, and a pod that
+reverts is sent the document once more, then held (the hold is in the status).
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ class PodMemory:
         self._lock = threading.Lock()
         self._took: dict[tuple[str, str], Hold] = {}
         self._streaks: dict[str, _Streak] = {}
+        self._confirmed = False
+        """Whether a sync has confirmed here: before, this memory is new (an operator
+        restart), and the status is all there is of the pods named."""
 
     def took(self, hold: Hold) -> bool:
         """Whether the pod took ``hold``'s document at the last sync that read its path,
@@ -112,13 +115,20 @@ class PodMemory:
         with the syncs in a row it must be found right on. A resting pod keeps what is
         remembered of it, and stays named where this memory knows its uid (an image that
         fails its readiness probe at every other sync had it leave the status and come
-        back, a write at every sync); other pods are forgotten."""
+        back, a write at every sync), or, at a new memory's first sync, where the status
+        names it (an operator restart had it leave, and come back once ready); other
+        pods are forgotten."""
         stay: dict[str, int] = {}
         with self._lock:
             streaks: dict[str, _Streak] = {}
             for uid, name in resting:
-                if (was := self._streaks.get(uid)) is None:
-                    continue  # another pod of the name, or one before a restart
+                was = self._streaks.get(uid)
+                if was is None and not self._confirmed and name in named:
+                    # A restart forgot it: named by the status, it is taken as the pod
+                    # it names, and starts over, on the safe side.
+                    was = _Streak()
+                if was is None:
+                    continue  # another pod of the name
                 if name in named:
                     stay[name] = _need(was.doublings)
                     was = dataclasses.replace(was, named=True)
@@ -139,7 +149,7 @@ class PodMemory:
                     stay[name] = need
                     now = dataclasses.replace(now, named=True)
                 streaks[uid] = now
-            self._streaks = streaks
+            self._streaks, self._confirmed = streaks, True
         return stay
 
 

@@ -229,6 +229,28 @@ def test_a_named_pod_that_is_gone_is_named_no_more_at_the_next_sync(
     assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-0"]
 
 
+def test_a_named_pod_not_ready_when_the_operator_restarts_stays_named(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """The status is all a restarted operator knows of the pods it named: a named pod
+    not ready at its first sync left the status, and came back at the first sync that
+    found it ready and wrong, two status writes for nothing."""
+    pods, _ = _one_pod_on_an_older_template(kube, cluster)
+    with serving(*pods.standins):
+        pods.add()
+        pods.sync()
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+        set_ready(cluster, "chat-pod-1", False)
+        pods.sync()
+        writes = cr_status_writes(kube)
+        delattr(pods.memo, MEMO_KEY)  # the operator restarts: a new memo per CR
+        pods.sync()
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+        set_ready(cluster, "chat-pod-1", True)
+        pods.sync()  # ready, and still on the older template
+        assert cluster.status()["pods"]["notConfigured"] == ["chat-pod-1"]
+        assert cr_status_writes(kube) - writes == 0
+
+
 def _one_pod_on_an_older_template(kube: RunningEmulator,
                                   cluster: Cluster) -> tuple[Pods, PodStandIn]:
     """Two pods, the second running an older pod template's knobs (block_size=32)."""
