@@ -10,13 +10,15 @@ unless the stream's last usage says how many there were. A choice that finished 
 finish reason) is judged; one cut short (the client left, the engine's answer broke off)
 only where it had missed already (``verdicts``), as the engine's server judges it. A
 stream the meter could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``) is
-not judged: it passes through all the same.
+not judged: it passes through all the same. The events are read as a client's SSE parser
+reads them (``written``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from typing import Any
 
@@ -59,43 +61,62 @@ class StreamJudge:
         self.tbt_s = None if slo.tbt_p99_ms is None else slo.tbt_p99_ms / 1000.0
         self.model: str | None = None
         """The model the events name (the served model's name)."""
-        self._buffer = b""
+        self._partial = b""
+        """The line not yet ended."""
+        self._lines: list[bytes] = []
+        """The event's lines so far, and their bytes."""
+        self._event_bytes = 0
+        self._after_cr = False
+        """Whether the last piece ended on a CR: an LF starting the next ends no line."""
         self._choices: dict[int, _Choice] = {}
         self._usage_tokens: int | None = None
         self._done = False
         self._unreadable = False
 
     def written(self, data: bytes, at: float) -> None:
-        """``data`` reached the client at ``at``: read the events it completes."""
-        if self._unreadable or self._done:
+        """``data`` reached the client at ``at``: read the events it completes.
+
+        Lines as SSE ends them (CRLF, LF or a bare CR) and as a client's parser reads
+        them: a CR ends its line at once, and an LF right after it, in this piece or the
+        next, is part of that end, so an event whose CRLF a read split is seen when its
+        CR came, not with the next event."""
+        if self._unreadable or self._done or not data:
             return
-        self._buffer += data.replace(b"\r\n", b"\n")
-        *events, self._buffer = self._buffer.split(b"\n\n")
-        if len(self._buffer) > MAX_EVENT_BYTES:
-            self._unreadable = True
-            self._buffer = b""
-            return
-        for event in events:
-            self._event(event, at)
+        if self._after_cr and data.startswith(b"\n"):
+            data = data[1:]
+        self._after_cr = data.endswith(b"\r")
+        *lines, self._partial = _LINE_END.split(self._partial + data)
+        for line in lines:
+            if line:
+                self._lines.append(line)
+                self._event_bytes += len(line)
+                continue
+            lines_of_event, self._lines, self._event_bytes = self._lines, [], 0
+            self._event(lines_of_event, at)
             if self._unreadable or self._done:
                 return
+        if self._event_bytes + len(self._partial) > MAX_EVENT_BYTES:
+            self._unreadable = True
+            self._partial, self._lines = b"", []
 
-    def _event(self, event: bytes, at: float) -> None:
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue  # comments, event names, ids: SSE allows them
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                self._done = True
-                return
-            try:
-                chunk = json.loads(payload)
-            except (ValueError, RecursionError):
-                self._unreadable = True
-                return
-            if not isinstance(chunk, dict) or not self._chunk(chunk, at):
-                self._unreadable = True
-                return
+    def _event(self, lines: list[bytes], at: float) -> None:
+        # An event's data is its data lines joined by newlines (SSE); comments, event
+        # names and ids are allowed, and carry nothing to judge.
+        parts = [line[5:].removeprefix(b" ") for line in lines
+                 if line.startswith(b"data:") or line == b"data"]
+        if not parts:
+            return
+        payload = b"\n".join(parts).strip()
+        if payload == b"[DONE]":
+            self._done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except (ValueError, RecursionError):
+            self._unreadable = True
+            return
+        if not isinstance(chunk, dict) or not self._chunk(chunk, at):
+            self._unreadable = True
 
     def _chunk(self, chunk: dict[str, Any], at: float) -> bool:
         """Read one chunk; False where it is not a completion chunk."""
@@ -113,7 +134,7 @@ class StreamJudge:
             if not isinstance(raw, dict) or type(raw.get("index")) is not int:
                 return False
             choice = self._choices.setdefault(raw["index"], _Choice())
-            if _text(raw):
+            if _output(raw):
                 if choice.ttft_s is None:
                     choice.ttft_s = at - self.arrival
                 gaps = choice.gaps.written(1, at)
@@ -155,9 +176,18 @@ class StreamJudge:
         return out
 
 
-def _text(choice: dict[str, Any]) -> bool:
-    """Whether a choice's delta carries output: completions' ``text``, chat's content."""
-    text = choice.get("text")
-    if text is None and isinstance(delta := choice.get("delta"), dict):
-        text = delta.get("content") or delta.get("reasoning_content")
-    return isinstance(text, str) and text != ""
+def _output(choice: dict[str, Any]) -> bool:
+    """Whether a choice's chunk carries generated output: completions' ``text``, or a
+    chat delta's content, reasoning or tool calls (an agent's stream may carry nothing
+    else); a delta with only a role, or empty fields, carries none."""
+    if isinstance(text := choice.get("text"), str) and text:
+        return True
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and any(
+        delta.get(field) for field in _OUTPUT_FIELDS)
+
+
+_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
+"""The delta fields vLLM streams generated tokens in (``reasoning``: its newer spelling of
+``reasoning_content``; ``function_call``: the deprecated form of ``tool_calls``)."""
+_LINE_END = re.compile(rb"\r\n|\r|\n")
