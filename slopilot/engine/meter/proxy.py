@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import httpx
+import pydantic
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -163,12 +164,15 @@ class Meter:
                 await asyncio.to_thread(json.loads, body)
         except (ValueError, RecursionError):
             return None  # vLLM answers it 400
-        if not isinstance(data, dict) or data.get("stream") is not True:
+        if not isinstance(data, dict) or _lax(_BOOL, data.get("stream")) is not True:
             return None
-        n, max_tokens = data.get("n", 1), data.get("max_tokens")
+        n = _lax(_INT, data.get("n", 1))
+        # vLLM's rule: the chat API's newer spelling first, where it is given.
+        max_tokens = _lax(_INT, data.get("max_completion_tokens")) or \
+            _lax(_INT, data.get("max_tokens"))
         return StreamJudge(self.slo.current().class_slo(self.priority), arrival,
-                           choices=n if type(n) is int and 1 <= n <= MAX_CHOICES else 1,
-                           max_tokens=max_tokens if type(max_tokens) is int and
+                           choices=n if n is not None and 1 <= n <= MAX_CHOICES else 1,
+                           max_tokens=max_tokens if max_tokens is not None and
                            max_tokens > 0 else None)
 
     async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float,
@@ -204,8 +208,11 @@ class Meter:
                 "code": "upstream_unavailable"}})
             return
         try:
-            if response.status_code != 200 or response.headers.get("content-encoding"):
-                # An error, or bytes the meter cannot read as written: not judged.
+            kind = response.headers.get("content-type", "")
+            if response.status_code != 200 or response.headers.get("content-encoding") \
+                    or not kind.lower().startswith("text/event-stream"):
+                # An error, bytes the meter cannot read as written, or no stream at all
+                # (an image that ignores ``stream``): not judged.
                 judge = exchange.judge = None
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": _response_headers(response.headers, keep_length=True)})
@@ -290,3 +297,21 @@ async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": data})
+
+
+# vLLM reads a request's fields with pydantic, in its lax mode: "stream": 1 or "true" is
+# a stream, "n": "2" two choices. Read the same way, or a client could opt out of its
+# verdicts by spelling a field as vLLM accepts and the meter did not.
+_BOOL: pydantic.TypeAdapter[bool] = pydantic.TypeAdapter(bool)
+_INT: pydantic.TypeAdapter[int] = pydantic.TypeAdapter(int)
+
+
+def _lax(adapter: pydantic.TypeAdapter[Any], value: Any) -> Any:
+    """``value`` as vLLM's request model reads it; None where it refuses it (vLLM then
+    answers 400, and there is nothing to judge)."""
+    if value is None:
+        return None
+    try:
+        return adapter.validate_python(value)
+    except pydantic.ValidationError:
+        return None

@@ -442,3 +442,79 @@ def test_a_stream_cut_short_counts_only_where_it_had_missed_already(
 
     run(go)
     assert counted(meter) == ({} if want is None else {(Priority.P0, LABEL, False): want})
+
+
+@pytest.mark.parametrize("stream", [True, 1, "true", "1", "on"])
+def test_a_stream_asked_for_as_vllm_reads_the_flag_is_judged(tmp_path: Path,
+                                                              stream: Any) -> None:
+    """vLLM's request model reads ``stream`` as pydantic's lax bool: ``1`` or ``"true"``
+    is streamed, and was not judged, so any client could opt out of its verdicts."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([event(text="a", finish="stop"), DONE])
+
+    async def go() -> None:
+        await Client(meter, now).request("POST", "/v1/completions",
+                                         {**STREAM, "stream": stream}, written_at=[0.1, 0.1])
+
+    run(go)
+    assert counted(meter) == {(Priority.P0, LABEL, True): (1, 1)}
+
+
+@pytest.mark.parametrize("stream", [False, 0, "false", "no", None, "maybe", [1]])
+def test_a_body_asked_for_or_refused_is_not_judged(tmp_path: Path, stream: Any) -> None:
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([b'{"choices": []}'], headers={"content-type": "application/json"})
+
+    async def go() -> None:
+        await Client(meter, now).request("POST", "/v1/completions",
+                                         {**STREAM, "stream": stream}, written_at=[0.9])
+
+    run(go)
+    assert counted(meter) == {}
+
+
+def test_a_stream_answered_with_no_event_stream_is_not_judged(tmp_path: Path) -> None:
+    """An answer of 200 that is not SSE (an image that ignores ``stream``) cannot be read
+    as one: it was judged a stream cut short, a miss with no tokens."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    body = json.dumps({"id": "x", "model": "llama", "choices": [
+        {"index": 0, "text": "hello", "finish_reason": "stop"}]}).encode()
+    upstream.answer([body], headers={"content-type": "application/json"})
+
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        return await Client(meter, now).request("POST", "/v1/completions", STREAM,
+                                                written_at=[0.8])
+
+    status, _, got = run(go)
+    assert status == 200 and got == body
+    assert counted(meter) == {}
+
+
+@pytest.mark.parametrize("limit", ["max_completion_tokens", "max_tokens"])
+def test_a_chat_streams_token_limit_is_read_in_either_spelling(tmp_path: Path,
+                                                                limit: str) -> None:
+    """The openai SDK's chat clients send ``max_completion_tokens``: a stream cut short
+    after 2 slow gaps of at most 9 had missed already, and was judged only where the
+    limit was spelt ``max_tokens``."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([event(text=t, chat=True) for t in "abc"] + [HOLD])
+
+    async def go() -> None:
+        client = Client(meter, now)
+        task = asyncio.ensure_future(client.request(
+            "POST", "/v1/chat/completions",
+            {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
+             "stream": True, limit: 10}, written_at=[0.1, 0.3, 0.5]))
+        while sum(1 for m in client.sent if m.get("body")) < 3 or not upstream.requests:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        now[0] = 0.8
+        client.leave.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+
+    run(go)
+    assert counted(meter) == {(Priority.P0, LABEL, False): (1, 3)}
