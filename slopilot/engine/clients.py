@@ -34,6 +34,7 @@ MAX_KEYS = 1024
 """More keys than any one deployment's clients need; each is a digest checked per request."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 _GRANT_FIELDS = frozenset({"maxClass", "defaultClass"})
 _KEY_FIELDS = _GRANT_FIELDS | {"name", "sha256"}
 _FIELDS = frozenset({"keys", "anonymous"})
@@ -193,11 +194,13 @@ class ClientClasses:
 
     def _key_of(self, authorization: str | None) -> ClientKey | None:
         scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer":
+        given = given.strip()
+        # "Bearer" and nothing is what a client sends from an unset variable: no key.
+        if scheme.lower() != "bearer" or not given:
             return None
         # A lookup by digest: what its timing could tell is where a digest lies, which
         # is of no help in finding a key.
-        return self._by_digest.get(hashlib.sha256(given.strip().encode()).digest())
+        return self._by_digest.get(hashlib.sha256(given.encode()).digest())
 
 
 def _served(client: str, grant: Grant, named: Priority | None) -> Served:
@@ -246,6 +249,9 @@ def _key(data: Any, where: str) -> ClientKey:
         raise ClientsError(f"{where}.sha256", f"{_shown(digest)} is not a SHA-256: expected "
                            "the key's digest as 64 hex digits (`printf %s KEY | sha256sum`), "
                            "never the key")
+    if text == _EMPTY_DIGEST:
+        raise ClientsError(f"{where}.sha256", "the SHA-256 of an empty key (was KEY unset "
+                           "in `printf %s KEY | sha256sum`?); digest the key itself")
     return ClientKey(name, bytes.fromhex(text), Grant.from_dict(
         {k: v for k, v in data.items() if k in _GRANT_FIELDS}, where))
 

@@ -74,6 +74,26 @@ def test_without_a_granted_key_a_request_is_refused_or_anonymous(
         open_.serve(authorization, Priority.P1)
 
 
+def test_an_empty_key_is_no_key_and_its_digest_no_grant() -> None:
+    """``printf %s $KEY | sha256sum`` with KEY unset digests the empty string; granted,
+    that digest served every client whose Authorization said ``Bearer`` and no key (curl
+    with the same unset variable, or any client that tries it)."""
+    empty = hashlib.sha256(b"").hexdigest()
+    with pytest.raises(ClientsError, match="an empty key") as caught:
+        ClientClasses.from_dict({"keys": [{"name": "a", "sha256": empty, "maxClass": "p0"}]})
+    assert caught.value.field == "clients.keys[0].sha256"
+
+
+def test_bearer_and_no_key_never_matches_a_grant() -> None:
+    c = ClientClasses.from_dict(grants(anonymous={"maxClass": "p2"}))
+    # A grant whose digest is the empty string's, made as the parse refuses to: no key.
+    key = c.keys[0]
+    forged = ClientClasses((type(key)(key.name, hashlib.sha256(b"").digest(), key.grant),),
+                           c.anonymous)
+    for authorization in ("Bearer", "Bearer ", "bearer   "):
+        assert forged.serve(authorization, None) == Served(ANONYMOUS, Priority.P2)
+
+
 def test_anonymous_alone_caps_every_client() -> None:
     """No keys: nobody may name p0, the use of a deployment that never wants realtime."""
     c = ClientClasses.from_dict({"anonymous": {"maxClass": "p1"}})
