@@ -78,6 +78,11 @@ HISTOGRAMS: frozenset[str] = frozenset({
 # The serving process's own series, beside its engine's (engine/server/gc_pauses.py).
 GC_PAUSE_SECONDS = "slopilot_gc_pause_seconds"
 SERVER_HISTOGRAMS: frozenset[str] = frozenset({GC_PAUSE_SECONDS})
+# With client grants (``slopilot serve --clients``; engine/server/client_counts.py): the
+# requests each client's grant let in, by the class served, and those refused, by reason.
+CLIENT_REQUESTS = "slopilot_client_requests_total"
+CLIENT_REFUSALS = "slopilot_client_refusals_total"
+SERVER_COUNTERS: frozenset[str] = frozenset({CLIENT_REQUESTS, CLIENT_REFUSALS})
 
 
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
@@ -126,7 +131,7 @@ def latency_quantile(q: float, seconds: Sequence[float], never: int = 0) -> floa
 
 def exported_series() -> frozenset[str]:
     """Every series name a query may use, histograms expanded to _bucket/_sum/_count."""
-    names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS)
+    names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS | SERVER_COUNTERS)
     for h in HISTOGRAMS | SERVER_HISTOGRAMS:
         names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
     return frozenset(names)

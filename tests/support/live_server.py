@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from slopilot.engine.clients import ClientClasses
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.server.admin_credential import AdminCredential
@@ -25,6 +26,7 @@ from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend, build_simulated, build_torch
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.engine.server.uvicorn_runner import DrainingServer, make_server, run_in_thread
+from slopilot.engine.watched_file import WatchedFile
 from tests.support.waits import HANG_GUARD_S
 
 T = TypeVar("T")
@@ -96,16 +98,19 @@ def start_server(backend: Backend | None = None, *,
                  drain_timeout_s: float = 5.0, log_level: str = "warning",
                  admin_port: int | None = None, check_integrity: bool = True,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 clients: WatchedFile[ClientClasses] | None = None,
                  **backend_args: Any) -> LiveServer:
     """Start a server (``backend`` or one built by ``build_backend(**backend_args)``).
 
     ``admin_port=0`` puts the admin API on a free port of its own (``admin_url``); tests
-    check the KV bookkeeping whenever the engine goes idle (``check_integrity``).
+    check the KV bookkeeping whenever the engine goes idle (``check_integrity``);
+    ``clients``: the grants file, as ``slopilot serve --clients`` watches it.
     """
     backend = backend or build_backend(**backend_args)
     server = make_server(backend, port=0, admin_port=admin_port, admin_token=admin_token,
                          drain_timeout_s=drain_timeout_s, log_level=log_level,
-                         check_integrity=check_integrity, max_body_bytes=max_body_bytes)
+                         check_integrity=check_integrity, max_body_bytes=max_body_bytes,
+                         clients=clients)
     thread = run_in_thread(server)
     admin = f"http://127.0.0.1:{server.admin_port}" if server.admin_port is not None else ""
     return LiveServer(f"http://127.0.0.1:{server.bound_port}", server, thread, backend, admin)

@@ -9,7 +9,8 @@ app's lifespan and drains when it ends.
 
 Requests travel::
 
-    socket -> EngineApp (admin port? -> admin app) -> ArrivalStamp -> route
+    socket -> EngineApp (admin port? -> admin app) -> ArrivalStamp
+           -> ClientGate (with --clients: /v1 needs a granted key) -> route
            -> prepare() on a tokenizer thread -> AsyncEngine -> responses.py -> socket
 """
 
@@ -25,16 +26,20 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from slopilot import __version__
+from slopilot.engine.clients import ClientClasses
 from slopilot.engine.server import error_handlers
 from slopilot.engine.server.admin import ADMIN_PREFIX, ADMIN_TOKEN_ENV, create_admin_app
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.arrival import ArrivalStamp
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend
+from slopilot.engine.server.client_counts import ClientCounts
+from slopilot.engine.server.client_gate import ClientGate, ClientGrants
 from slopilot.engine.server.logprobs_format import TokenText
 from slopilot.engine.server.openai_routes import add_routes
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from slopilot.engine.server.state import ServerState
+from slopilot.engine.watched_file import WatchedFile
 
 __all__ = ["ADMIN_TOKEN_ENV", "EngineApp", "ServerState", "create_app"]
 log = logging.getLogger(__name__)
@@ -89,8 +94,14 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
                drain_timeout_s: float = 30.0, check_integrity: bool = False,
                admin_port: int | None = None,
                tokenizer_threads: int | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> EngineApp:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               clients: WatchedFile[ClientClasses] | None = None) -> EngineApp:
     """The server for ``backend``; ``admin_port`` is the bound admin port, if separate.
+
+    ``clients``: the classes each API key may name (``slopilot serve --clients``), looked
+    at per request; with them every /v1 route needs a granted key or the anonymous grant
+    (``client_gate.py``) and the per-client counters are exported. None: a class is the
+    client's to name and Authorization is ignored.
 
     A request body over ``max_body_bytes`` is answered 413 while it is being read.
 
@@ -105,6 +116,11 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     state = ServerState(engine, backend, credential, drain_timeout_s,
                         tokenizer_threads or default_tokenizer_threads(),
                         TokenText(backend.tokenizer))
+    if clients is not None:
+        counts = ClientCounts(backend.served_model_name)
+        state.clients = ClientGrants(clients, counts)
+        state.clients.current()  # its series, at 0, from the first scrape
+        backend.metrics.registry.register(counts)
     public = FastAPI(title="slopilot engine", version=__version__,
                      lifespan=_lifespan(state))  # type: ignore[arg-type]
     public.state.slopilot = state
@@ -112,6 +128,9 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     # Inside the arrival stamp (the middleware added later runs first): a refused body's
     # request is still stamped on arrival, and nothing of it is parsed.
     public.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if state.clients is not None:
+        # Outside the body limit: a client without a key is refused before any is read.
+        public.add_middleware(ClientGate, grants=state.clients)
     public.add_middleware(ArrivalStamp, clock=backend.engine.clock.now)
     add_routes(public, state)
     admin = create_admin_app(engine, state.admin_token, backend.metrics)

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from slopilot.engine.server.arrival import arrival_of
+from slopilot.engine.server.client_gate import GrantRefusal, grants_of
 from slopilot.engine.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -36,7 +37,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     200: {"content": _SSE},
     **{status: {"model": ErrorResponse, "description": desc} for status, desc in (
         (400, "Bad input (code context_length_exceeded: the prompt or max_tokens does "
-         "not fit the context)"), (404, "Unknown model"),
+         "not fit the context)"),
+        (401, "With client grants (--clients): no granted API key (code invalid_api_key)"),
+        (403, "With client grants: a class above the key's grant (code "
+         "priority_not_allowed)"), (404, "Unknown model"),
         (429, "Waiting queue full (see Retry-After)"), (500, "The engine failed"),
         (503, "Draining"))}}
 
@@ -78,13 +82,22 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         # Taken now: an SLO replaced while the request is tokenized or waits for the
         # engine thread to admit it (a whole iteration) is for the requests after it.
         slo = backend.metrics.slo
-        if text_size(body) < INLINE_PREPARE_CHARS:
-            prep = prepare(backend, body, request.headers, arrival)
-        else:
-            # Tokenizing a long prompt or rendering its chat template takes real time:
-            # off the event loop, so every other stream keeps flowing meanwhile.
-            prep = await asyncio.get_running_loop().run_in_executor(
-                state.tokenize, prepare, backend, body, request.headers, arrival)
+        clients = grants_of(request.scope)
+        try:
+            if text_size(body) < INLINE_PREPARE_CHARS:
+                prep = prepare(backend, body, request.headers, arrival, clients)
+            else:
+                # Tokenizing a long prompt or rendering its chat template takes real time:
+                # off the event loop, so every other stream keeps flowing meanwhile.
+                prep = await asyncio.get_running_loop().run_in_executor(
+                    state.tokenize, prepare, backend, body, request.headers, arrival,
+                    clients)
+        except GrantRefusal as exc:
+            if state.clients is not None:
+                state.clients.counts.count_refused(exc.client, exc.reason)
+            raise
+        if prep.served is not None and state.clients is not None:
+            state.clients.counts.count_served(prep.served.client, prep.served.priority)
         streams = await submit(engine, prep, backend.metrics, slo)
         delivery = Delivery(backend, prep, streams, clock, slo=slo)
         if prep.stream:
@@ -108,7 +121,9 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await generate(body, request)
 
-    @app.get("/v1/models", response_model=ModelList)
+    @app.get("/v1/models", response_model=ModelList, responses={
+        401: {"model": ErrorResponse, "description": "With client grants (--clients): no "
+              "granted API key (code invalid_api_key)"}})
     async def models() -> ModelList:
         card = ModelCard(id=backend.served_model_name, created=0,
                          max_model_len=backend.max_model_len)

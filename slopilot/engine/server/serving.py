@@ -1,10 +1,10 @@
 """From a validated OpenAI request to engine requests, and their admission.
 
 ``prepare`` checks what only the server can check (token ids against the vocabulary,
-the context length, the priority header, logit-bias ids) and builds one engine
-``Request`` per choice: every prompt of a batch, ``n`` times. It tokenizes and renders
-the chat template, so the server runs it on a worker thread, not on the event loop
-(unless the prompt is so short that the thread hop would cost more).
+the context length, the class against the client's grant, logit-bias ids) and builds one
+engine ``Request`` per choice: every prompt of a batch, ``n`` times. It tokenizes and
+renders the chat template, so the server runs it on a worker thread, not on the event
+loop (unless the prompt is so short that the thread hop would cost more).
 ``submit`` admits a request's choices all or none, mapping the scheduler's refusals to
 HTTP statuses. ``responses.py`` turns their token streams into OpenAI responses.
 """
@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from slopilot.engine.clients import ClientClasses, ClientRefused, Served
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority, Request, SamplingError, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
@@ -27,6 +28,7 @@ from slopilot.engine.server.async_engine import (
     TooManyChoicesError,
 )
 from slopilot.engine.server.backends import Backend
+from slopilot.engine.server.client_gate import GrantRefusal
 from slopilot.engine.server.errors import APIError
 from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from slopilot.engine.slo import SLOSpec
@@ -75,6 +77,8 @@ class Prepared:
     created: int = field(default_factory=lambda: int(time.time()))
     # Its client retries a call (RETRY_COUNT_HEADER above 0).
     retry: bool = False
+    # Whom it is served for and in which class, where client grants decide (else None).
+    served: Served | None = None
 
 
 def _retry(headers: Mapping[str, str]) -> bool:
@@ -85,15 +89,25 @@ def _retry(headers: Mapping[str, str]) -> bool:
     return raw.isascii() and raw.isdigit() and raw.strip("0") != ""
 
 
-def _priority(body_value: int | str | None, headers: Mapping[str, str]) -> Priority:
+def _priority(body_value: int | str | None, headers: Mapping[str, str],
+              clients: ClientClasses | None) -> tuple[Priority, Served | None]:
+    """The class a request is served in (the body's ``priority`` over the header, P1 if
+    neither names one), and for whom where ``clients`` grant the classes."""
     raw = body_value if body_value is not None else headers.get(PRIORITY_HEADER)
-    if raw is None:
-        return Priority.P1
+    param = "priority" if body_value is not None else PRIORITY_HEADER
+    named = None
+    if raw is not None:
+        try:
+            named = Priority.parse(raw)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=param) from None
+    if clients is None:
+        return (Priority.P1 if named is None else named), None
     try:
-        return Priority.parse(raw)
-    except ValueError as exc:
-        param = "priority" if body_value is not None else PRIORITY_HEADER
-        raise APIError(400, str(exc), param=param) from None
+        served = clients.serve(headers.get("authorization"), named)
+    except ClientRefused as exc:
+        raise GrantRefusal(exc, param) from None
+    return served.priority, served
 
 
 def _prompts(backend: Backend, body: CompletionRequest | ChatCompletionRequest
@@ -226,14 +240,18 @@ def text_size(body: CompletionRequest | ChatCompletionRequest) -> int:
 
 
 def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
-            headers: Mapping[str, str], arrival_time: float) -> Prepared:
-    """Every choice's engine request; runs on a worker thread (it tokenizes)."""
+            headers: Mapping[str, str], arrival_time: float,
+            clients: ClientClasses | None = None) -> Prepared:
+    """Every choice's engine request; runs on a worker thread (it tokenizes).
+
+    ``clients``: the grants the request's class must be within (GrantRefusal if not);
+    None: the class is the client's to name."""
     chat = isinstance(body, ChatCompletionRequest)
     if body.model is not None and body.model != backend.served_model_name:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves "
                        f"{backend.served_model_name!r}", param="model",
                        code="model_not_found")
-    priority = _priority(body.priority, headers)
+    priority, served = _priority(body.priority, headers, clients)
     param = "messages" if chat else "prompt"
     prompts = _prompts(backend, body)
     for prompt in prompts:
@@ -258,7 +276,7 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     return Prepared(base, prompts, choices, body.stop_strings,
                     frozenset(body.stop_token_ids or ()) | frozenset(eos), chat,
                     body.include_usage, body.stream, body.return_token_ids, echo,
-                    _logprobs(body), retry=_retry(headers))
+                    _logprobs(body), retry=_retry(headers), served=served)
 
 
 async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,

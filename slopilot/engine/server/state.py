@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend
+from slopilot.engine.server.client_gate import ClientGrants
 from slopilot.engine.server.logprobs_format import TokenText
 
 
@@ -23,3 +24,5 @@ class ServerState:
     # Tokenizing and chat templates run here, never on the event loop; started and
     # stopped with the app.
     tokenize: ThreadPoolExecutor | None = field(default=None)
+    # The classes each client may name (--clients); None: any, as in vLLM.
+    clients: ClientGrants | None = None

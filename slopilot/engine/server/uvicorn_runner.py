@@ -15,6 +15,7 @@ from types import FrameType
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from slopilot.engine.clients import ClientClasses
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.arrival import SCOPE_KEY
@@ -22,6 +23,7 @@ from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.gc_pauses import GCPauses
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.engine.server.startup_heap import freeze_startup_heap
+from slopilot.engine.watched_file import WatchedFile
 
 
 def stamping_protocol(clock: Callable[[], float]) -> type[H11Protocol]:
@@ -121,7 +123,8 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                 admin_token: str | AdminCredential | None = None,
                 drain_timeout_s: float = 30.0, log_level: str = "warning",
                 check_integrity: bool = False,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> DrainingServer:
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                clients: WatchedFile[ClientClasses] | None = None) -> DrainingServer:
     """A server bound to ``port`` (and ``admin_port``: the admin API alone, when given;
     0 picks free ports). Binding happens here, so a taken port fails at once."""
     if admin_port is not None and admin_port == port != 0:
@@ -141,7 +144,7 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
         bound_admin = listen[1].getsockname()[1]
     app = create_app(backend, admin_token=admin_token, drain_timeout_s=drain_timeout_s,
                      check_integrity=check_integrity, admin_port=bound_admin,
-                     max_body_bytes=max_body_bytes)
+                     max_body_bytes=max_body_bytes, clients=clients)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             http=stamping_protocol(backend.engine.clock.now),
                             timeout_graceful_shutdown=int(drain_timeout_s) + 5, access_log=False)
@@ -152,12 +155,13 @@ def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | N
                   admin_token: str | AdminCredential | None, drain_timeout_s: float,
                   log_level: str,
                   check_integrity: bool = False,
-                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int:
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  clients: WatchedFile[ClientClasses] | None = None) -> int:
     """Foreground ``slopilot serve``: prints one line with the URLs once it listens."""
     server = make_server(backend, host=host, port=port, admin_port=admin_port,
                          admin_token=admin_token, drain_timeout_s=drain_timeout_s,
                          log_level=log_level, check_integrity=check_integrity,
-                         max_body_bytes=max_body_bytes)
+                         max_body_bytes=max_body_bytes, clients=clients)
 
     def announce() -> None:
         if server.ready.wait():
