@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
 from slopilot.engine.executors.kernel_modes import (
@@ -25,6 +25,10 @@ from slopilot.engine.executors.kernel_modes import (
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.slo import SLO_FILE_ENV, SLOError, SLOSpec, read_slo_file
+
+if TYPE_CHECKING:
+    from slopilot.engine.clients import ClientClasses
+    from slopilot.engine.watched_file import WatchedFile
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -81,6 +85,14 @@ def register(subparsers: Any) -> None:
                    help="bearer token of the admin API, every method (else "
                    "$SLOPILOT_ADMIN_TOKEN, or only its SHA-256 in $SLOPILOT_ADMIN_TOKEN_SHA256; "
                    "with none, the admin API answers 403)")
+    # A flag, never an environment variable: an image too old to know it stops at it,
+    # where it would ignore a variable and serve every class to every client.
+    p.add_argument("--clients", type=Path, metavar="FILE.json",
+                   help="the priority classes each API key may name (an LLMDeployment's "
+                   "spec.clients: {\"keys\": [{\"name\", \"sha256\", \"maxClass\", "
+                   "\"defaultClass\"}], \"anonymous\": {\"maxClass\"}}); every /v1 "
+                   "request then needs a granted key (401) and a class within its grant "
+                   "(403). Read again whenever it changes (default: any class, any client)")
     p.add_argument("--scenario", default="tiny-cpu",
                    help="simulated executor: take gpu, model and tp from this scenario")
     p.add_argument("--gpu", help="simulated executor: GPU profile (overrides the scenario)")
@@ -163,6 +175,19 @@ def load_slo_file(path: Path) -> SLOSpec:
         raise ValueError(f"--slo {exc}") from None
 
 
+def load_clients_file(path: Path) -> WatchedFile[ClientClasses]:
+    """``--clients FILE.json``: the grants, read again whenever the file changes (the
+    operator's ConfigMap is swapped in place); ValueError naming the flag, the file and
+    the field where the file cannot be used at the start."""
+    from slopilot.engine.clients import ClientsError, read_clients_file
+    from slopilot.engine.watched_file import WatchedFile
+
+    try:
+        return WatchedFile(path, read_clients_file, "client grants", (ClientsError,))
+    except ClientsError as exc:
+        raise ValueError(f"--clients {exc}") from None
+
+
 def admin_token(token_file: Path | None) -> str | AdminCredential | None:
     """The admin token from the file if given, else from $SLOPILOT_ADMIN_TOKEN, or only its
     digest from $SLOPILOT_ADMIN_TOKEN_SHA256 (what the operator's pods get: no Secret)."""
@@ -198,6 +223,7 @@ def _serve(args: argparse.Namespace) -> int:
         slo_file = args.slo or (Path(os.environ[SLO_FILE_ENV]) if os.environ.get(SLO_FILE_ENV)
                                 else None)
         slo = None if slo_file is None else load_slo_file(slo_file)
+        clients = None if args.clients is None else load_clients_file(args.clients)
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
     if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):
@@ -242,7 +268,7 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_forever(backend, host=args.host, port=args.port,
                              admin_port=args.admin_port, admin_token=token,
                              drain_timeout_s=args.drain_timeout, log_level=args.log_level,
-                             check_integrity=args.check_integrity,
+                             check_integrity=args.check_integrity, clients=clients,
                              **({} if args.max_body_mb is None
                                 else {"max_body_bytes": args.max_body_mb}))
     except ListenError as exc:  # a port already taken: the message names flag and port

@@ -116,6 +116,8 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     # Python's "[Errno 2] No such file or directory: '...'" named the file twice.
     (["--config", "/no/such/knobs.json"], "--config /no/such/knobs.json: no such file"),
     (["--config", "/"], "--config /: is a folder, not a file"),
+    (["--clients", "/no/such/clients.json"], "--clients /no/such/clients.json: cannot read "
+                                             "it: No such file or directory"),
 ])
 def test_bad_options_exit_2(args: list[str], words: str) -> None:
     executor = ["--executor", "torch"] if "--gpu" in args else []
@@ -170,6 +172,46 @@ def test_the_body_cap_is_set_from_the_command_line() -> None:
     finally:
         p.kill()
         p.wait(HANG_GUARD_S)
+
+
+def test_serve_enforces_the_grants_in_its_clients_file(tmp_path: Path) -> None:
+    import hashlib
+
+    key = "sk-reports-0c1d2e3f4a5b6c7d8e9f"
+    grants = {"keys": [{"name": "reports", "maxClass": "p1",
+                        "sha256": hashlib.sha256(key.encode()).hexdigest()}]}
+    (tmp_path / "clients.json").write_text(json.dumps(grants))
+    p = _serve("--clients", str(tmp_path / "clients.json"))
+    try:
+        url, _ = _ready_urls(p)
+        ask = {"prompt": "hi", "max_tokens": 1, "priority": "p1"}
+        for headers, status in (({}, 401), ({"Authorization": f"Bearer {key}"}, 200)):
+            res = httpx.post(f"{url}/v1/completions", json=ask, headers=headers,
+                             timeout=HANG_GUARD_S)
+            assert res.status_code == status, res.text
+        res = httpx.post(f"{url}/v1/completions", json={**ask, "priority": "p0"},
+                         headers={"Authorization": f"Bearer {key}"}, timeout=HANG_GUARD_S)
+        assert res.status_code == 403, res.text
+    finally:
+        p.kill()
+        p.wait(HANG_GUARD_S)
+
+
+def test_an_unusable_clients_file_names_the_flag_the_file_and_the_field(
+        tmp_path: Path) -> None:
+    from slopilot.engine.server.commands import load_clients_file
+
+    path = tmp_path / "clients.json"
+    path.write_text(json.dumps({"keys": [{"name": "a", "sha256": "0" * 64,
+                                          "maxClass": "p7"}]}))
+    with pytest.raises(ValueError, match=r"^--clients .*clients\.json: "
+                       r"clients\.keys\[0\]\.maxClass: .*p7"):
+        load_clients_file(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match=r"^--clients .*clients\.json: not valid JSON"):
+        load_clients_file(path)
+    path.write_text(json.dumps({"anonymous": {"maxClass": "p2"}}))
+    assert load_clients_file(path).current().anonymous is not None
 
 
 def test_serve_freezes_its_start_up_heap_before_it_serves() -> None:
