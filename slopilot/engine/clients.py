@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.quote import excerpt
 
 MAX_KEYS = 1024
 """More keys than any one deployment's clients need; each is a digest checked per request."""
@@ -281,5 +282,9 @@ def _kind(value: Any) -> str:
 def _shown(value: Any) -> str:
     if isinstance(value, int) and value.bit_length() > 64:
         return "an integer too large to show"  # repr() of thousands of digits raises
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    # Bounded while built: repr() of an object nested 1000 deep (a few KB of JSON)
+    # raises RecursionError.
+    try:
+        return excerpt(value)
+    except ValueError:  # such an integer inside a list or an object
+        return "a value too large to show"

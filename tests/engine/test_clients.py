@@ -131,6 +131,7 @@ def bad_key(**fields: Any) -> dict[str, Any]:
     (bad_key(maxClass="p3"), "clients.keys[0].maxClass", "use 0, 1, 2"),
     (bad_key(maxClass=True), "clients.keys[0].maxClass", "use p0, p1 or p2"),
     (bad_key(maxClass=10 ** 5000), "clients.keys[0].maxClass", "too large to show"),
+    (bad_key(maxClass=[10 ** 5000]), "clients.keys[0].maxClass", "too large to show"),
     (bad_key(maxClass="p" * 10_000), "clients.keys[0].maxClass", "..."),
     (bad_key(defaultClass="p0"), "clients.keys[0].defaultClass", "more urgent than"),
     (bad_key(tier="gold"), "clients.keys[0].tier", "unknown field"),
@@ -162,6 +163,19 @@ def test_any_json_is_grants_or_a_clients_error(data: Any) -> None:
     with contextlib.suppress(ClientsError):
         ClientClasses.from_dict(data)
 
+
+
+@pytest.mark.parametrize("where", ["name", "sha256", "maxClass"])
+def test_a_value_nested_a_thousand_deep_is_named_not_a_recursion_error(where: str) -> None:
+    """A JSON document 1000 levels deep is a few KB: quoted whole, its repr recursed past
+    Python's limit, and the parse raised RecursionError instead of naming the field."""
+    deep: Any = "x"
+    for _ in range(1000):
+        deep = {"a": deep}
+    with pytest.raises(ClientsError) as caught:
+        ClientClasses.from_dict(bad_key(**{where: deep}))
+    assert caught.value.field == f"clients.keys[0].{where}"
+    assert len(str(caught.value)) < 400
 
 def test_the_file_is_read_again_when_it_changes_and_a_bad_version_keeps_the_last(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
