@@ -18,6 +18,7 @@ import yaml
 
 from slopilot.operator import twin_spec
 from slopilot.operator.alert_spec import ALERT_FIELDS
+from slopilot.operator.clients_spec import VLLM_REFUSAL, VLLM_RULE, clients_schema
 from slopilot.operator.crd_status import status_schema as _status_schema
 from slopilot.operator.crd_types import cel as _cel
 from slopilot.operator.crd_types import integer as _int
@@ -137,7 +138,7 @@ def _alerts_schema() -> dict[str, Any]:
 
 
 def _spec_schema() -> dict[str, Any]:
-    return _obj({
+    return _cel(_obj({
         "backend": _str("Which engine runs in the pods.", enum=list(BACKENDS),
                         default="builtin"),
         "model": _obj({
@@ -177,6 +178,7 @@ def _spec_schema() -> dict[str, Any]:
                               "metrics carry no priority class).",
                               enum=list(VLLM_CLASSES), default="p0"),
         }, default={}),
+        "clients": clients_schema(),
         "tuning": _obj({
             "enabled": {"type": "boolean", "default": True},
             "window": _str("How long one live trial observes traffic.",
@@ -200,7 +202,7 @@ def _spec_schema() -> dict[str, Any]:
         }, default={}),
         "alerts": _alerts_schema(),
         "twin": _twin_profile_schema(),
-    }, required=["model"])
+    }, required=["model"]), VLLM_RULE, VLLM_REFUSAL)
 
 
 def _twin_settings(note: str = "") -> dict[str, dict[str, Any]]:

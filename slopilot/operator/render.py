@@ -56,6 +56,7 @@ DEFAULT_OPERATOR_NAMESPACE = "slopilot-system"
 CONFIG_DIR = "/etc/slopilot"
 CONFIG_FILE = "engine.json"
 SLO_FILE = "slo.json"
+CLIENTS_FILE = "clients.json"
 CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
 DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
                   Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
@@ -172,11 +173,14 @@ def meter_command(spec: LLMDeploymentSpec) -> list[str]:
 def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     """The knobs and the SLO the built-in engine starts with (it reads both only at
     start: a live change is a PUT, ``KubeDeploymentHandle.sync_config``); a vLLM pod's
-    meter reads the SLO, again whenever the kubelet updates the file."""
+    meter reads the SLO, again whenever the kubelet updates the file. With
+    ``spec.clients``, the grants, which the built-in engine re-reads when they change."""
+    data = {CONFIG_FILE: config_json(spec.engine),
+            SLO_FILE: json.dumps(spec.slo.to_dict(), sort_keys=True)}
+    if spec.clients is not None:
+        data[CLIENTS_FILE] = json.dumps(spec.clients.to_dict(), sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(body, f"{body['metadata']['name']}-engine"),
-            "data": {CONFIG_FILE: config_json(spec.engine),
-                     SLO_FILE: json.dumps(spec.slo.to_dict(), sort_keys=True)}}
+            "metadata": _meta(body, f"{body['metadata']['name']}-engine"), "data": data}
 
 
 def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
@@ -237,7 +241,16 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[
         command = ["slopilot", "serve", "--executor", "torch", "--model", spec.model_ref,
                    "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
                    "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+        if spec.clients is not None:
+            # A flag, not an environment variable as the SLO's: an image too old to
+            # enforce grants refuses to start rather than serving every client any class.
+            # The flag comes and goes with spec.clients, so adding or removing it rolls the
+            # pods (a server started without it has no file to re-read); an edit of the
+            # grants rolls none (not in the checksum: the server re-reads the file, which
+            # the kubelet updates in the directory mount below).
+            command += ["--clients", f"{CONFIG_DIR}/{CLIENTS_FILE}"]
         args: list[str] = []
+        # The directory, never a subPath: the kubelet updates no subPath mount.
         mounts.append({"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True})
         # An environment variable, not --slo: an older image ignores it rather than
         # refusing an unknown flag, and only then judges no requests.

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from slopilot.engine.clients import ClientClasses
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.operator.alert_spec import (
@@ -22,6 +23,7 @@ from slopilot.operator.alert_spec import (
     INTEGER_FIELDS,
     alert_options,
 )
+from slopilot.operator.clients_spec import parse_clients
 from slopilot.operator.knobs import (
     VLLM_APPLIES,
     VLLM_DEFAULT_BACKEND_BLOCK_MULTIPLE,
@@ -103,6 +105,9 @@ class LLMDeploymentSpec:
     twin: TwinSpec = field(default_factory=TwinSpec)
     """``spec.twin``: the controller's twin, its profile (a ConfigMap of the CR's
     namespace; None: the datasheet roofline), error bound and correction (twin_spec.py)."""
+    clients: ClientClasses | None = None
+    """``spec.clients``: the classes each API key may name (clients_spec.py); None: any
+    request names any class. The built-in engine's only."""
     warnings: tuple[str, ...] = ()
     """What the spec does that still works but should change (a deprecated field), each
     naming the field and the fix; the operator posts them as Warning events."""
@@ -236,19 +241,20 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if (problem := prometheus_url_problem(url)) is not None:
         r.problems.append(problem)
     twin = parse_twin(spec, r.problems, warnings)
+    clients = parse_clients(spec, backend is Backend.BUILTIN, r.problems)
     cpu, memory = _quantity(spec, "cpu", r), _quantity(spec, "memory", r)
     model_path, image = r.get(spec, "spec.model.path", str), r.get(spec, "spec.image", str)
     if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
-             "prometheus", "alerts", "twin"}
+             "prometheus", "alerts", "twin", "clients"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=model_path,
         image=image, min_replicas=lo, max_replicas=hi, gpu=gpu,
         cpu=cpu, memory=memory, engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
-        alerts=alerts, twin=twin, warnings=tuple(warnings))
+        alerts=alerts, twin=twin, clients=clients, warnings=tuple(warnings))
 
 
 def _quantity(spec: Mapping[str, Any], name: str, r: SpecReader) -> str | None:

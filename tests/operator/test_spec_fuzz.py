@@ -23,12 +23,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slopilot.engine.clients import ClientClasses
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.slo import SLOSpec
 from slopilot.operator.crd import openapi_schema
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.reconcile import desired_objects, object_problems
-from slopilot.operator.render import CONFIG_FILE, SLO_FILE
+from slopilot.operator.render import CLIENTS_FILE, CONFIG_FILE, SLO_FILE
 from slopilot.operator.spec import SpecError, parse_spec
 
 Leaf = tuple[tuple[str, ...], Mapping[str, Any]]
@@ -67,6 +68,14 @@ def _in_schema(path: tuple[str, ...], node: Mapping[str, Any]) -> st.SearchStrat
             int(lo) if lo is not None else -2**63, int(hi) if hi is not None else 2**63 - 1)
     if kind == "boolean":
         return st.booleans()
+    if kind == "array":  # spec.clients.keys: items drawn as the fields are
+        return st.lists(_in_schema(path, node["items"]), max_size=min(node["maxItems"], 3))
+    if kind == "object":
+        fields = {k: _in_schema((*path, k), v) for k, v in node["properties"].items()}
+        required = set(node.get("required", ()))
+        return st.fixed_dictionaries({k: v for k, v in fields.items() if k in required},
+                                     optional={k: v for k, v in fields.items()
+                                               if k not in required})
     if path[-1] in ("cpu", "memory"):
         return _QUANTITY
     if path[-1] in ("window", "holdFor", "sustainedBreachWindow"):
@@ -154,6 +163,8 @@ def _check_objects(body: dict[str, Any]) -> None:
     # What the pods load at start (``slopilot serve --config``, ``--slo``).
     EngineConfig().with_overrides(json.loads(config_map["data"][CONFIG_FILE]))
     SLOSpec.from_dict(json.loads(config_map["data"][SLO_FILE]))
+    if CLIENTS_FILE in config_map["data"]:  # ``--clients``
+        ClientClasses.from_dict(json.loads(config_map["data"][CLIENTS_FILE]))
     # Every config the tuner may try, judged as the handle judges it before a PUT.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

@@ -5,7 +5,8 @@ In the apiserver's order: unknown fields are pruned (except under
 validated: jsonschema's Draft 4 validator understands the OpenAPI v3 subset that
 structural CRD schemas use (type, properties, required, enum, minimum, maximum, pattern,
 items, anyOf), and the ``x-kubernetes-validations`` CEL rules run on cel-python, each with
-``self`` bound to its node, as the apiserver binds it.
+``self`` bound to its node, as the apiserver binds it. A list of ``x-kubernetes-list-type:
+map`` holds no two items of the same ``x-kubernetes-list-map-keys`` (``list_map_errors``).
 """
 
 from __future__ import annotations
@@ -141,4 +142,23 @@ def cel_errors(schema: Mapping[str, Any], body: Mapping[str, Any]) -> list[str]:
             elif not bool(ok):
                 message = rule.get("message") or f"failed rule: {rule['rule']}"
                 out.append(f"{path or '<root>'}: Invalid value: \"object\": {message}")
+    return out
+
+
+def list_map_errors(schema: Mapping[str, Any], body: Mapping[str, Any]) -> list[str]:
+    """Items of an ``x-kubernetes-list-type: map`` list that repeat an earlier item's
+    ``x-kubernetes-list-map-keys``, as ``path[i]: Duplicate value: ...``."""
+    out = []
+    for node, value, path in _nodes(schema, body, ""):
+        if node.get("x-kubernetes-list-type") != "map" or not isinstance(value, list):
+            continue
+        names = node.get("x-kubernetes-list-map-keys") or []
+        seen: set[str] = set()
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                continue
+            key = repr({n: item.get(n) for n in names})
+            if key in seen:
+                out.append(f"{path}[{i}]: Duplicate value: {key}")
+            seen.add(key)
     return out

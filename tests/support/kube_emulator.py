@@ -16,7 +16,8 @@ and replaces the state changes with apiserver rules:
 - watches from a resourceVersion (an event log, like etcd's), namespaced, with timeoutSeconds;
 - finalizers and deletionTimestamp; background garbage collection through ownerReferences;
 - CRDs created through the API become discoverable resources; their schema prunes
-  unknown fields, defaults and validates custom objects, CEL rules included;
+  unknown fields, defaults and validates custom objects, CEL rules and list-map keys
+  included;
 - names, labels, replica counts and resource quantities are checked as the apiserver
   checks them (kube_validation.py), so an object a cluster would refuse is refused here;
 - ``fail(...)``: the next matching writes fail with a given status before they apply
@@ -47,6 +48,7 @@ from tests.support import kube_openapi as oa
 from tests.support.crd_schema import (
     apply_defaults,
     cel_errors,
+    list_map_errors,
     prune,
     schema_errors,
     served_schema,
@@ -459,7 +461,8 @@ class KubeEmulator(KubernetesEmulator):
         if schema is None:
             return body
         body = apply_defaults(schema, prune(schema, body))
-        if errors := schema_errors(schema, body) + cel_errors(schema, body):
+        if errors := (schema_errors(schema, body) + cel_errors(schema, body)
+                      + list_map_errors(schema, body)):
             raise ko.invalid(res, body["metadata"].get("name"), *errors, kind=self._kind(res))
         return body
 
