@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -278,3 +280,20 @@ def test_grants_the_schema_admits_the_parser_takes(clients: dict[str, Any]) -> N
     except SpecError as exc:
         digests = [k["sha256"].lower() for k in clients.get("keys", [])]
         assert len(set(digests)) < len(digests), exc.problems
+
+
+def test_the_samples_commented_grants_pass_the_schema_and_parse() -> None:
+    """The sample shows spec.clients commented out (uncommented, every pod would need a
+    key); uncommented, it must be grants the API server and the operator take."""
+    sample = Path(__file__).parents[2] / "manifests" / "samples" / "llmdeployment-builtin.yaml"
+    lines = sample.read_text(encoding="utf-8").splitlines()
+    start = lines.index("  # clients:")
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith("  #   "):
+            break
+        block.append(line)
+    clients = yaml.safe_load("\n".join(line.replace("# ", "", 1) for line in block))["clients"]
+    assert refusals(clients=clients) == []
+    spec = parse_spec(body(clients=clients))
+    assert spec.clients is not None and [k.name for k in spec.clients.keys] == ["checkout"]
