@@ -77,13 +77,7 @@ def test_the_rendered_serve_command_is_one_the_cli_takes() -> None:
     assert command[:2] == ["slopilot", "serve"]
     args, unknown = build_parser().parse_known_args(command[1:])
     assert str(args.config) == "/etc/slopilot/engine.json"
-    # --clients comes with the server's enforcement, written on another branch; until it
-    # is merged here, it is the one argument the parser does not know.
-    given = getattr(args, "clients", None)
-    if given is None:
-        assert unknown == ["--clients", "/etc/slopilot/clients.json"]
-    else:
-        assert (str(given), unknown) == ("/etc/slopilot/clients.json", [])
+    assert (str(args.clients), unknown) == ("/etc/slopilot/clients.json", [])
 
 
 # -- through the API -------------------------------------------------------------------
