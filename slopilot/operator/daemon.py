@@ -170,7 +170,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         query = query_at(spec.prometheus_url, verify=ctx.prometheus_tls)
         alerts = AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
                              namespace_label=ctx.namespace_label, verify=ctx.prometheus_tls)
-    except CAFileError as exc:  # it was read at the operator's start: since moved away
+    except CAFileError as exc:  # a bundle never read: a policy not made by settings.py
         raise ControllerError(f"{PROMETHEUS_CA_ENV}: the CA bundle {exc}; mount the "
                               "Prometheus CA's PEM certificate there again") from None
 

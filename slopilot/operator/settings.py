@@ -23,7 +23,8 @@
   service account's, else slopilot-system).
 - How an ``https`` Prometheus's certificate is checked (``prometheus_tls``): verified by
   default; ``$SLOPILOT_PROMETHEUS_CA_FILE`` names a PEM bundle of the CAs to trust
-  instead (read once here, so a bad file stops the start with the fix), and
+  instead (read here, so a bad file stops the start with the fix; then again at each
+  read once the file changes, so a rotated CA needs no restart: ``tls.CABundle``), and
   ``$SLOPILOT_PROMETHEUS_TLS_VERIFY=false`` turns the check off for every deployment,
   with a warning. The operator's word alone: no CR field touches it.
 """
@@ -39,7 +40,7 @@ import kopf
 
 from slopilot.operator.policy import OperatorPolicy, PolicyError
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
-from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify, ca_context
+from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
 PREFIX = "slopilot.dev"
 FINALIZER = f"{PREFIX}/finalizer"
@@ -113,14 +114,17 @@ def prometheus_tls(env: Mapping[str, str]) -> TLSVerify:
         return TLSVerify(enabled=False)
     if not ca_file:
         return VERIFIED
+    tls = TLSVerify(ca_file=ca_file)
     try:
-        ca_context(ca_file)
+        # Read now, into the policy's own bundle: a file broken after the start then
+        # keeps this version trusted rather than failing the controllers built later.
+        tls.context()
     except CAFileError as exc:
         raise PolicyError(f"{PROMETHEUS_CA_ENV}: the CA bundle {exc}; mount the PEM "
                           "certificate of the CA that signed Prometheus's certificate there "
                           "(a ConfigMap or Secret volume), or unset it to trust the default "
                           "CAs") from None
-    return TLSVerify(ca_file=ca_file)
+    return tls
 
 
 def peering_lifetime_s() -> int:

@@ -1,7 +1,8 @@
 """The administrator decides how the operator checks an https Prometheus (settings.py).
 
-Verified by default; ``SLOPILOT_PROMETHEUS_CA_FILE`` names the CA to trust (checked
-once, at the start); ``SLOPILOT_PROMETHEUS_TLS_VERIFY=false`` turns the check off for
+Verified by default; ``SLOPILOT_PROMETHEUS_CA_FILE`` names the CA to trust (checked at
+the start, and followed on disk after it: a rotated CA needs no restart);
+``SLOPILOT_PROMETHEUS_TLS_VERIFY=false`` turns the check off for
 every deployment. The choice travels from the policy, through ``build``'s
 ``DaemonContext``, to every port ``prometheus_controller`` reads Prometheus with, and
 no CR can change it.
@@ -30,7 +31,7 @@ from slopilot.tuner.loop.state import ControllerError
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.tls import TRUST_FIX, TLSVerify
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
-from tests.support.tls import ThrowawayCA, https_prometheus, throwaway_ca
+from tests.support.tls import ThrowawayCA, https_prometheus, swap_in, throwaway_ca
 
 
 @pytest.fixture
@@ -178,10 +179,41 @@ def test_a_cr_cannot_turn_verification_off(ca: ThrowawayCA, tmp_path: Path) -> N
             controller.evaluator.query("up", None)  # type: ignore[attr-defined]
 
 
-def test_a_ca_bundle_gone_since_the_start_is_a_controller_error_naming_the_variable(
-        ca: ThrowawayCA, tmp_path: Path) -> None:
+def test_a_rotated_ca_reaches_the_running_controller_without_a_restart(
+        tmp_path: Path) -> None:
+    # The Secret or ConfigMap volume the administrator mounted is updated by the kubelet
+    # (cert-manager renewed the CA): the policy read at the start and the controller built
+    # then are the ones that must read the Prometheus the new CA signed.
+    old, new = throwaway_ca(tmp_path / "old"), throwaway_ca(tmp_path / "new")
+    trust = tmp_path / "trust.pem"
+    trust.write_bytes(old.ca_file.read_bytes())
+    tls = operator_policy({PROMETHEUS_CA_ENV: str(trust)}).prometheus_tls
+    with https_prometheus(new) as url:
+        _, controller = built(cr(url, tmp_path), tmp_path, tls)
+        with pytest.raises(PrometheusUnavailable, match="certificate verification failed"):
+            read_every_port(controller)
+        swap_in(trust, new.ca_file.read_bytes())
+        assert read_every_port(controller) == [[], []]
+
+
+def test_a_ca_bundle_gone_since_the_start_keeps_the_one_read_there_with_a_warning(
+        ca: ThrowawayCA, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Never unverified, and no controller refused for it: the CA read at the start
+    # still signs what it signed then.
     tls = operator_policy({PROMETHEUS_CA_ENV: str(ca.ca_file)}).prometheus_tls
     ca.ca_file.unlink()
+    with https_prometheus(ca) as url, caplog.at_level(logging.WARNING):
+        _, controller = built(cr(url, tmp_path), tmp_path, tls)
+        assert read_every_port(controller) == [[], []]
+    (record,) = [r for r in caplog.records if r.name == "slopilot.tuner.prometheus.tls"]
+    assert "No such file or directory" in record.getMessage()
+
+
+def test_a_ca_bundle_never_read_is_a_controller_error_naming_the_variable(
+        tmp_path: Path) -> None:
+    # A policy made elsewhere than settings.py, whose start read the bundle: no bundle
+    # trusted yet to keep.
+    tls = TLSVerify(ca_file=str(tmp_path / "absent.pem"))
     with pytest.raises(ControllerError, match=f"{PROMETHEUS_CA_ENV}: the CA bundle "
                                               ".*No such file or directory"):
         built(cr("https://prom.monitoring:9090", tmp_path), tmp_path, tls)

@@ -108,3 +108,21 @@ def https_prometheus(ca: ThrowawayCA) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(HANG_GUARD_S)
+
+
+def rewrite_in_place(path: Path, content: bytes) -> None:
+    """Rewrite ``path``'s bytes in place (same inode), as a tool that writes the file it
+    rotates does, and move its mtime a second on: two writes within one tick of the
+    file system's clock would otherwise share an mtime, and a same-sized bundle would
+    look unchanged (a real rotation is minutes apart, never that close)."""
+    before = path.stat().st_mtime_ns
+    path.write_bytes(content)
+    os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
+
+
+def swap_in(path: Path, content: bytes) -> None:
+    """Replace ``path`` by a new file (a new inode), as the kubelet updates a ConfigMap
+    or Secret volume: the new bytes are written aside and renamed over it."""
+    aside = path.with_name(path.name + ".new")
+    aside.write_bytes(content)
+    os.replace(aside, path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -55,15 +56,48 @@ def bounded_client(timeout_s: float, *, verify: TLSVerify = VERIFIED,
                    retries: int = 0) -> httpx.Client:
     """An httpx client for ``read_answer``: no redirects, a fresh connection per request,
     an ``https`` server's certificate checked as ``verify`` says (CAFileError: its CA
-    bundle cannot be read).
+    bundle cannot be read), against the bundle as it is at each request.
 
     Keep-alive is off so that every request opens its own connection, whose socket the
     deadline can shut (a reused one reports no connect event to ``read_answer``).
     """
-    transport = httpx.HTTPTransport(verify=verify.context(), retries=retries,
-                                    limits=httpx.Limits(max_keepalive_connections=0))
     return httpx.Client(timeout=max(1.0, float(timeout_s)), follow_redirects=False,
-                        transport=transport)
+                        transport=_TrustFollowing(verify, retries))
+
+
+def _transport(trust: ssl.SSLContext | bool, retries: int) -> httpx.HTTPTransport:
+    return httpx.HTTPTransport(verify=trust, retries=retries,
+                               limits=httpx.Limits(max_keepalive_connections=0))
+
+
+class _TrustFollowing(httpx.BaseTransport):
+    """Each request through a transport of the trust ``verify`` gives at that moment.
+
+    httpx fixes a transport's SSL context when it is built, and a client lives as long
+    as its controller: without this, a CA rotated on disk would be trusted only by
+    clients built after it (the operator's restart). The context is the same object
+    while the bundle is unchanged, so the transport is rebuilt only on a change.
+    """
+
+    def __init__(self, verify: TLSVerify, retries: int) -> None:
+        self._verify, self._retries = verify, retries
+        self._lock = threading.Lock()
+        self._trust = verify.context()  # CAFileError here, as the client is built
+        self._current = _transport(self._trust, retries)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        trust = self._verify.context()
+        with self._lock:
+            if trust is not self._trust:
+                # The old one is left open, not closed: a request on another thread may
+                # still be reading through it, and without keep-alive it holds no idle
+                # connection to leak.
+                self._trust, self._current = trust, _transport(trust, self._retries)
+            current = self._current
+        return current.handle_request(request)
+
+    def close(self) -> None:
+        self._current.close()
 
 
 def read_answer(client: httpx.Client, base: str, path: str, params: Mapping[str, str], *,

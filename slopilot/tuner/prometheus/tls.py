@@ -6,21 +6,85 @@ from anyone on the path, and retune or scale the deployment. So a certificate is
 verified by default (httpx's trust: the certifi bundle, or ``SSL_CERT_FILE``); a CA
 bundle replaces that trust (an in-cluster Prometheus is usually signed by a private CA);
 turning verification off is the operator's administrator's choice alone, never a CR's.
+
+A CA bundle is followed on disk (``CABundle``): cert-manager renews a CA, or the kubelet
+swaps the Secret or ConfigMap volume it is mounted from, while the operator runs, and
+every controller built before then must verify against the new one at its next read, not
+after a restart. A rewrite that cannot be used (half-written, garbage, gone) keeps the
+bundle trusted before, with a warning: refusing every read would stop every loop, and
+verifying nothing would let anyone on the path feed them.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import ssl
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 TRUST_FIX = ("trust the CA that signed its certificate: the operator's "
              "SLOPILOT_PROMETHEUS_CA_FILE (a PEM bundle)")
 """The fix a failed verification names (the operator's variable: settings.py reads it)."""
 
 
+
 class CAFileError(ValueError):
     """The CA bundle cannot be used; the message names the file and why, not the fix
     (the caller knows where the path came from)."""
+
+
+log = logging.getLogger(__name__)
+# (inode, size, mtime) as os.stat gives them; None: the file could not be stat'ed.
+Version = tuple[int, int, int] | None
+_NONE_WARNED = object()
+
+
+class CABundle:
+    """The client context of the CA bundle at ``path`` as the file is now.
+
+    ``context`` stats the file at every call (a stat per request: microseconds) and
+    parses it again only when its inode, size or mtime moved: a rewrite in place changes
+    size or mtime, a volume swap the inode. Thread-safe: every deployment's controller
+    shares the policy's one bundle.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._context: ssl.SSLContext | None = None
+        self._version: Version = None
+        self._warned: Version | object = _NONE_WARNED
+
+    def context(self) -> ssl.SSLContext:
+        """The context of the file as it is now. CAFileError only while no version of
+        it was ever usable; a later unusable one keeps the last usable, warned of once."""
+        try:
+            stat = os.stat(self.path)
+            version: Version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            version = None  # ca_context below says why
+        with self._lock:
+            if self._context is not None and version is not None \
+                    and version == self._version:
+                return self._context
+            try:
+                # Stat'ed before the read: a write between the two leaves the version
+                # older than the bytes, so the next call reads them again (never new
+                # bytes missed under the version they came with).
+                context = ca_context(self.path)
+            except CAFileError as exc:
+                if self._context is None:
+                    raise
+                if version != self._warned:
+                    self._warned = version
+                    log.warning("the Prometheus CA bundle %s since it changed: the operator "
+                                "still trusts the bundle read before from that file "
+                                "(SLOPILOT_PROMETHEUS_CA_FILE); write the whole PEM bundle "
+                                "of the CA that signs Prometheus's certificate there", exc)
+                return self._context
+            self._context, self._version, self._warned = context, version, _NONE_WARNED
+            return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,23 +95,28 @@ class TLSVerify:
     """False: any certificate is accepted (an administrator's explicit choice)."""
     ca_file: str | None = None
     """A PEM bundle of the CAs to trust instead of the default ones; None: the default."""
+    bundle: CABundle | None = field(init=False, default=None, repr=False, compare=False)
+    """``ca_file`` followed on disk, one per TLSVerify: the policy's is every controller's."""
 
     def __post_init__(self) -> None:
         if not self.enabled and self.ca_file is not None:
             raise ValueError(f"ca_file={self.ca_file!r} with verification off: a CA to "
                              "trust means verifying; keep one or the other")
+        if self.ca_file is not None:
+            object.__setattr__(self, "bundle", CABundle(self.ca_file))
 
     def context(self) -> ssl.SSLContext | bool:
-        """What httpx's ``verify`` takes: the bundle's context, or True/False.
+        """What httpx's ``verify`` takes: the bundle's context as the file is now (the
+        same object while it is unchanged), or True/False.
 
-        The bundle is read here, at each call (a client's construction): CAFileError
-        when it is missing, unreadable or holds no PEM certificate.
+        CAFileError while no version of the bundle was usable: missing, unreadable or
+        without a PEM certificate at the first read.
         """
         if not self.enabled:
             return False
-        if self.ca_file is None:
+        if self.bundle is None:
             return True
-        return ca_context(self.ca_file)
+        return self.bundle.context()
 
 
 VERIFIED = TLSVerify()
