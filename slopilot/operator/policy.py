@@ -5,9 +5,10 @@ its own rights. The spec's shape is judged by the CRD and ``parse_spec``; this i
 administrator's word on top of it, set once on the operator (environment variables, see
 ``settings.operator_policy``):
 
-- images: only repositories on the allow-list run (the default: the two backends' own
-  images). An entry is a repository (``ghcr.io/acme/engine``: any tag or digest of it)
-  or a prefix ending in ``/*`` (``registry.acme.internal/llm/*``); ``*`` alone allows all.
+- images: only repositories on the allow-list run (the default: the repositories of the
+  two backends' default images, ``images``, which the administrator may name). An entry
+  is a repository (``ghcr.io/acme/engine``: any tag or digest of it) or a prefix ending
+  in ``/*`` (``registry.acme.internal/llm/*``); ``*`` alone allows all.
 - Prometheus: when an allow-list is set, only those hosts (``host`` or ``host:port``;
   ``*.suffix`` for any host under a domain) are fetched, and none when it is set empty.
   Unset: any host that passes the URL rules (``validation.prometheus_url_problem``).
@@ -16,6 +17,8 @@ administrator's word on top of it, set once on the operator (environment variabl
   SQLite file).
 - Prometheus certificates (``prometheus_tls``): verified, against a CA bundle the
   administrator names or the default CAs; only the administrator may turn that off.
+- the images the operator picks (``images``): the meter's, and each backend's engine
+  where a CR names none. No CR field changes the meter's: it judges that CR's goodput.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
-from slopilot.operator.render import DEFAULT_IMAGES, DEFAULT_OPERATOR_NAMESPACE
-from slopilot.operator.spec import LLMDeploymentSpec
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, SHIPPED_IMAGES, Images
+from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.operator.study_storage import (
     StorageRefused,
     StorageRule,
@@ -42,18 +45,32 @@ class PolicyError(ValueError):
     value."""
 
 
-def _default_images() -> tuple[str, ...]:
+def _engine_repositories(images: Images) -> tuple[str, ...]:
+    """The repositories of each backend's default image: the allow-list where none is set,
+    so that a CR without ``spec.image`` runs its backend's default (a mirror's, where the
+    administrator named one)."""
     out = []
-    for image in DEFAULT_IMAGES.values():
+    for backend in Backend:
+        image = images.engine(backend)
         ref = parse_image(image)
-        assert ref is not None, image
+        if ref is None:
+            raise PolicyError(f"the {backend.value} default image {image!r} is not a "
+                              "container image reference (registry/path:tag or "
+                              "@sha256:digest)")
         out.append(ref.repository)
-    return tuple(out)
+    return tuple(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)
 class OperatorPolicy:
-    allowed_images: tuple[str, ...] = field(default_factory=_default_images)
+    allowed_images: tuple[str, ...] | None = None
+    """Repositories or ``prefix/*`` entries (``*``: all). None (the variable unset): the
+    repositories of ``images``' engine defaults. Read ``image_allow_list``."""
+    image_allow_list: tuple[str, ...] = field(init=False, default=())
+    """``allowed_images`` as it applies (None resolved)."""
+    images: Images = SHIPPED_IMAGES
+    """The images the operator picks: the meter's, and the engines' where the CR names
+    none (``$SLOPILOT_METER_IMAGE``, ``$SLOPILOT_BUILTIN_IMAGE``, ``$SLOPILOT_VLLM_IMAGE``)."""
     allowed_prometheus: tuple[str, ...] | None = None
     """None (the variable unset): any host. Empty: no host; an administrator who blanks
     the list means to shut tenants' URLs off, never to open them all."""
@@ -74,6 +91,8 @@ class OperatorPolicy:
     the loop act on numbers anyone on the path supplied."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "image_allow_list", _engine_repositories(self.images)
+                           if self.allowed_images is None else self.allowed_images)
         try:
             rules = tuple(StorageRule(e) for e in self.allowed_storage)
         except StorageRefused as exc:
@@ -84,7 +103,7 @@ class OperatorPolicy:
                 check_namespace_label(self.namespace_label)
             except RuleError as exc:
                 raise PolicyError(str(exc)) from None
-        for entry in self.allowed_images:
+        for entry in self.image_allow_list:
             if entry == "*":
                 continue
             stem = entry[:-2] if entry.endswith("/*") else entry
@@ -108,7 +127,7 @@ class OperatorPolicy:
         ref = parse_image(image)
         if ref is None:
             return False
-        for entry in self.allowed_images:
+        for entry in self.image_allow_list:
             if entry == "*":
                 return True
             if entry.endswith("/*"):
@@ -148,14 +167,14 @@ class OperatorPolicy:
 def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> list[str]:
     """The spec's fields this operator's policy refuses, each with the fix."""
     out = []
-    image = spec.image or DEFAULT_IMAGES[spec.backend]
+    image = spec.image or policy.images.engine(spec.backend)
     if parse_image(image) is None:
         out.append(f"spec.image={image!r} is not a container image reference "
                    "(registry/path:tag or @sha256:digest)")
     elif not policy.image_allowed(image):
         where = "spec.image" if spec.image else f"the {spec.backend.value} default image"
         out.append(f"{where}={image!r} is not on the operator's image allow-list "
-                   f"({_listing(policy.allowed_images)}): use an allowed image, or ask the "
+                   f"({_listing(policy.image_allow_list)}): use an allowed image, or ask the "
                    "cluster admin to add it to SLOPILOT_ALLOWED_IMAGES")
     if not policy.prometheus_allowed(spec.prometheus_url):
         out.append(f"spec.prometheus.url={spec.prometheus_url!r}: the host is not on the "

@@ -38,7 +38,13 @@ from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.policy import OperatorPolicy, policy_problems
-from slopilot.operator.render import labels, owner_reference, render_all
+from slopilot.operator.render import (
+    SHIPPED_IMAGES,
+    Images,
+    labels,
+    owner_reference,
+    render_all,
+)
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.validation import deployment_name_problem, quantity_problem
@@ -132,12 +138,13 @@ def _owned_meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
 def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                     replicas: int | None, monitoring: bool,
                     operator_namespace: str, namespace_label: str | None = None,
-                    admin_token_sha256: str | None = None) -> list[dict[str, Any]]:
+                    admin_token_sha256: str | None = None,
+                    images: Images = SHIPPED_IMAGES) -> list[dict[str, Any]]:
     """Every object the deployment owns; the rules as a PrometheusRule or a plain ConfigMap.
-    ``admin_token_sha256``: what the pods admit (``render_deployment``)."""
+    ``admin_token_sha256``, ``images``: what the pods admit and run (``render_deployment``)."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     rendered = render_all(body, spec, replicas, operator_namespace=operator_namespace,
-                          admin_token_sha256=admin_token_sha256)
+                          admin_token_sha256=admin_token_sha256, images=images)
     objects = [rendered.config_map, rendered.deployment, rendered.service,
                rendered.network_policy]
     # vLLM's histograms have their own edges: an SLO between two is read there.
@@ -287,7 +294,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     objects = desired_objects(body, spec, replicas=replicas, monitoring=monitoring,
                               operator_namespace=policy.operator_namespace,
                               namespace_label=policy.namespace_label,
-                              admin_token_sha256=mint.sha256_for_body(body))
+                              admin_token_sha256=mint.sha256_for_body(body),
+                              images=policy.images)
     lives = [live_object(kube, obj) for obj in objects]
     # Every name is judged before anything is written, so that a refusal touches nothing.
     if problems := name_problems(objects, lives, body):

@@ -60,10 +60,31 @@ CLIENTS_FILE = "clients.json"
 CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
 DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
                   Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
+"""The shipped default engine image of each backend (``Images`` holds the ones used)."""
 RUN_AS = 10001
 METER_IMAGE = DEFAULT_IMAGES[Backend.BUILTIN]
-"""The meter is the operator's code in the operator's image, chosen by the operator: the
-image allow-list (``policy.policy_problems``) judges only the image a tenant asks for."""
+"""The shipped meter image. The meter is the operator's code in the operator's image,
+chosen by the operator: the image allow-list (``policy.policy_problems``) judges only the
+image a tenant asks for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Images:
+    """The images the operator picks: the meter's, and each backend's engine where the CR
+    names none. The administrator's (``settings.operator_images``: an air-gapped cluster
+    runs mirrors), else the shipped ones; never a CR's, since the meter judges its own
+    tenant's goodput."""
+
+    meter: str = METER_IMAGE
+    builtin: str = DEFAULT_IMAGES[Backend.BUILTIN]
+    vllm: str = DEFAULT_IMAGES[Backend.VLLM]
+
+    def engine(self, backend: Backend) -> str:
+        """``backend``'s default engine image."""
+        return {Backend.BUILTIN: self.builtin, Backend.VLLM: self.vllm}[backend]
+
+
+SHIPPED_IMAGES = Images()
 # The meter's resources. CPU: a request, no limit. The request is its share when the node
 # is busy: the meter spent 117-153 us of CPU a streamed chunk, all in (the request's
 # forward and the stream's judging shared over its 64 chunks; benchmarks/meter_truth.py),
@@ -211,9 +232,9 @@ def _meter_probe(period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures, "timeoutSeconds": 5}
 
 
-def _meter_container(spec: LLMDeploymentSpec) -> dict[str, Any]:
+def _meter_container(spec: LLMDeploymentSpec, image: str) -> dict[str, Any]:
     return {
-        "name": "meter", "image": METER_IMAGE, "command": meter_command(spec),
+        "name": "meter", "image": image, "command": meter_command(spec),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": [{"name": "HOME", "value": "/tmp"}],
         # The directory, never a subPath: the kubelet updates no subPath mount, and an
@@ -228,7 +249,8 @@ def _meter_container(spec: LLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[str, Any]:
+def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None,
+               default_image: str) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"},
                                      {"name": "cache", "mountPath": "/cache"}]
     env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"},
@@ -272,7 +294,7 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[
         probe_port = VLLM_PORT_NAME
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})  # NCCL and torch workers
     container: dict[str, Any] = {
-        "name": "engine", "image": spec.image or DEFAULT_IMAGES[spec.backend],
+        "name": "engine", "image": spec.image or default_image,
         "command": command, "ports": ports, "env": env, "volumeMounts": mounts,
         "startupProbe": _probe(10, 60, probe_port),  # model loading may take minutes
         "readinessProbe": _probe(5, 3, probe_port), "livenessProbe": _probe(10, 3, probe_port),
@@ -287,10 +309,13 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None) -> dict[
 
 def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                       replicas: int | None = None, *,
-                      admin_token_sha256: str | None = None) -> dict[str, Any]:
+                      admin_token_sha256: str | None = None,
+                      images: Images = SHIPPED_IMAGES) -> dict[str, Any]:
     """The engine Deployment; ``replicas`` defaults to max(min, 1) (the controller moves it).
     ``admin_token_sha256``: the digest of the operator's admin token for this CR
-    (``TokenMint.sha256_for_body``); without it a built-in engine's admin API is off."""
+    (``TokenMint.sha256_for_body``); without it a built-in engine's admin API is off.
+    ``images``: the operator's (``OperatorPolicy.images``); ``spec.image`` replaces only
+    the engine's."""
     name = body["metadata"]["name"]
     count = replicas if replicas is not None else min(max(spec.min_replicas, 1), spec.max_replicas)
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}},
@@ -306,9 +331,9 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     {"name": "engine-config", "configMap": {"name": f"{name}-engine"}}]
         # Not the SLO: the meter re-reads the file. Its class is on its command line.
         checksum = _checksum({"vllm": vllm_args(spec)[0], "meter": meter_command(spec)})
-    containers = [_container(spec, admin_token_sha256)]
+    containers = [_container(spec, admin_token_sha256, images.engine(spec.backend))]
     if spec.backend is Backend.VLLM:
-        containers.append(_meter_container(spec))
+        containers.append(_meter_container(spec, images.meter))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(body, name),
         "spec": {
@@ -422,11 +447,13 @@ def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> 
 def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                replicas: int | None = None, *,
                operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
-               admin_token_sha256: str | None = None) -> Rendered:
+               admin_token_sha256: str | None = None,
+               images: Images = SHIPPED_IMAGES) -> Rendered:
     unsupported = vllm_args(spec)[1] if spec.backend is Backend.VLLM else ()
     return Rendered(config_map=render_config_map(body, spec),
                     deployment=render_deployment(body, spec, replicas,
-                                                 admin_token_sha256=admin_token_sha256),
+                                                 admin_token_sha256=admin_token_sha256,
+                                                 images=images),
                     service=render_service(body, spec),
                     service_monitor=render_service_monitor(body, spec),
                     network_policy=render_network_policy(body, spec, operator_namespace),

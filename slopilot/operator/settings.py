@@ -21,6 +21,11 @@
   Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then
   match) and the operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the
   service account's, else slopilot-system).
+- The images the operator picks (``operator_images``): ``$SLOPILOT_METER_IMAGE`` (the
+  meter in every vLLM pod), ``$SLOPILOT_BUILTIN_IMAGE`` and ``$SLOPILOT_VLLM_IMAGE`` (each
+  backend's engine where a CR names no ``spec.image``); unset or blank, the shipped ones.
+  An air-gapped cluster names its mirrors here. A value that is no image reference stops
+  the start; the allow-list, unset, is these engine images' repositories.
 - How an ``https`` Prometheus's certificate is checked (``prometheus_tls``): verified by
   default; ``$SLOPILOT_PROMETHEUS_CA_FILE`` names a PEM bundle of the CAs to trust
   instead (read here, so a bad file stops the start with the fix; then again at each
@@ -39,7 +44,8 @@ from pathlib import Path
 import kopf
 
 from slopilot.operator.policy import OperatorPolicy, PolicyError
-from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, SHIPPED_IMAGES, Images
+from slopilot.operator.validation import parse_image
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
 PREFIX = "slopilot.dev"
@@ -60,6 +66,11 @@ NAMESPACE_ENV = "SLOPILOT_OPERATOR_NAMESPACE"
 NAMESPACE_LABEL_ENV = "SLOPILOT_NAMESPACE_LABEL"
 PROMETHEUS_CA_ENV = "SLOPILOT_PROMETHEUS_CA_FILE"
 PROMETHEUS_TLS_VERIFY_ENV = "SLOPILOT_PROMETHEUS_TLS_VERIFY"
+METER_IMAGE_ENV = "SLOPILOT_METER_IMAGE"
+BUILTIN_IMAGE_ENV = "SLOPILOT_BUILTIN_IMAGE"
+VLLM_IMAGE_ENV = "SLOPILOT_VLLM_IMAGE"
+IMAGE_ENVS = {METER_IMAGE_ENV: "meter", BUILTIN_IMAGE_ENV: "builtin", VLLM_IMAGE_ENV: "vllm"}
+"""Each variable and the ``render.Images`` field it sets."""
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 log = logging.getLogger(__name__)
 
@@ -84,11 +95,38 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
     if label := env.get(NAMESPACE_LABEL_ENV, "").strip():
         kwargs["namespace_label"] = label
     kwargs["prometheus_tls"] = prometheus_tls(env)
+    kwargs["images"] = operator_images(env)
     try:
         return OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:
         raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV}, ${STORAGE_ENV} or "
                           f"${NAMESPACE_LABEL_ENV})") from None
+
+
+def operator_images(env: Mapping[str, str]) -> Images:
+    """The images the administrator names for the operator to run (module docstring).
+
+    Checked here, at the start, as docker reads a reference: a typo would otherwise show
+    only as every new pod's ImagePullBackOff (or InvalidImageName), long after the
+    operator started.
+    """
+    chosen: dict[str, str] = {}
+    for variable, field in IMAGE_ENVS.items():
+        raw = env.get(variable, "")
+        if not raw.strip():
+            continue
+        if parse_image(raw) is None:
+            shipped = getattr(SHIPPED_IMAGES, field)
+            raise PolicyError(f"{variable}={raw[:200]!r} is not a container image reference: "
+                              "expected registry/path:tag or registry/path@sha256:digest, "
+                              f"e.g. registry.acme.internal/mirror/{_name(shipped)}; fix "
+                              f"it, or unset it for the shipped {shipped}")
+        chosen[field] = raw
+    return Images(**chosen)
+
+
+def _name(image: str) -> str:
+    return image.rpartition("/")[2]
 
 
 def prometheus_tls(env: Mapping[str, str]) -> TLSVerify:
