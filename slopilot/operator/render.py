@@ -85,19 +85,25 @@ class Images:
 
 
 SHIPPED_IMAGES = Images()
-# The meter's resources. CPU: a request, no limit. The request is its share when the node
-# is busy: the meter spent 117-153 us of CPU a streamed chunk, all in (the request's
-# forward and the stream's judging shared over its 64 chunks; benchmarks/meter_truth.py),
-# so half a core holds about 3,500 chunks a second, a replica streaming over a hundred
-# requests at 30 tokens a second. One process takes one core at most (about 7,000). A CFS
-# limit would hold every stream of the replica until the next 100 ms period whenever a
-# burst used up the quota: token gaps added on the path the meter judges. Memory: about
-# 65 MiB is the interpreter with the server stack loaded (slopilot's CLI, fastapi,
-# uvicorn, httpx); the rest holds the streams in flight, running or queued in vLLM (a few
-# tens of KiB of buffers each: a thousand in some tens of MiB), and a copy of vLLM's
-# exposition (hundreds of KiB) at each scrape. A limit, equal to the request: a proxy that
-# leaks is restarted rather than taking the node's memory from vLLM. Without a CPU limit
-# the pod is Burstable, not Guaranteed, even where the engine's requests equal its limits.
+# The meter's resources. CPU: a request, no limit (but see Guaranteed pods, below). The
+# request is its share when the node is busy: the meter spent 117-153 us of CPU a
+# streamed chunk, all in (the request's forward and the stream's judging shared over its
+# 64 chunks; benchmarks/meter_truth.py), so half a core holds about 3,500 chunks a
+# second, a replica streaming over a hundred requests at 30 tokens a second. One process
+# takes one core at most (about 7,000). A CFS limit would hold every stream of the
+# replica until the next 100 ms period whenever a burst used up the quota: token gaps
+# added on the path the meter judges. Memory: about 65 MiB is the interpreter with the
+# server stack loaded (slopilot's CLI, fastapi, uvicorn, httpx); the rest holds the
+# streams in flight, running or queued in vLLM (a few tens of KiB of buffers each: a
+# thousand in some tens of MiB), and a copy of vLLM's exposition (hundreds of KiB) at
+# each scrape. A limit, equal to the request: a proxy that leaks is restarted rather than
+# taking the node's memory from vLLM.
+# Guaranteed pods: where the engine's CPU and memory requests equal its limits the user
+# sized the pod Guaranteed, and one container without a CPU limit makes it Burstable,
+# evicted before Guaranteed pods under node pressure: for a GPU pod, its loaded model
+# and its GPU lost. There the meter's CPU limit equals its request, and the trade is the
+# throttling above: past about 3,500 chunks a second at 500m a burst waits for the next
+# CFS period, added to the token gaps the meter judges (``_meter_resources``).
 METER_CPU_REQUEST = "500m"
 METER_MEMORY = "256Mi"
 
@@ -232,7 +238,24 @@ def _meter_probe(period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures, "timeoutSeconds": 5}
 
 
-def _meter_container(spec: LLMDeploymentSpec, image: str) -> dict[str, Any]:
+def _guaranteed(resources: Mapping[str, Any]) -> bool:
+    """Whether a container's resources meet the Guaranteed QoS class's rule: CPU and
+    memory limits, each request equal to its limit (an absent request defaults to it)."""
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    return all(k in limits and requests.get(k, limits[k]) == limits[k]
+               for k in ("cpu", "memory"))
+
+
+def _meter_resources(guaranteed_pod: bool) -> dict[str, Any]:
+    """The meter's share (the constants' comment says why each): a CPU limit only where
+    the rest of the pod is Guaranteed, to keep it so."""
+    requests = {"cpu": METER_CPU_REQUEST, "memory": METER_MEMORY}
+    limits = dict(requests) if guaranteed_pod else {"memory": METER_MEMORY}
+    return {"requests": requests, "limits": limits}
+
+
+def _meter_container(spec: LLMDeploymentSpec, image: str,
+                     guaranteed_pod: bool) -> dict[str, Any]:
     return {
         "name": "meter", "image": image, "command": meter_command(spec),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
@@ -243,8 +266,7 @@ def _meter_container(spec: LLMDeploymentSpec, image: str) -> dict[str, Any]:
         "volumeMounts": [{"name": "meter-tmp", "mountPath": "/tmp"},
                          {"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True}],
         "readinessProbe": _meter_probe(5, 3), "livenessProbe": _meter_probe(10, 3),
-        "resources": {"requests": {"cpu": METER_CPU_REQUEST, "memory": METER_MEMORY},
-                      "limits": {"memory": METER_MEMORY}},
+        "resources": _meter_resources(guaranteed_pod),
         "securityContext": _security_context(),
     }
 
@@ -331,9 +353,11 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     {"name": "engine-config", "configMap": {"name": f"{name}-engine"}}]
         # Not the SLO: the meter re-reads the file. Its class is on its command line.
         checksum = _checksum({"vllm": vllm_args(spec)[0], "meter": meter_command(spec)})
-    containers = [_container(spec, admin_token_sha256, images.engine(spec.backend))]
+    engine = _container(spec, admin_token_sha256, images.engine(spec.backend))
+    containers = [engine]
     if spec.backend is Backend.VLLM:
-        containers.append(_meter_container(spec, images.meter))
+        containers.append(_meter_container(spec, images.meter,
+                                           _guaranteed(engine.get("resources") or {})))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(body, name),
         "spec": {

@@ -17,6 +17,8 @@ import json
 from typing import Any
 
 import kubernetes_validate
+import pytest
+from kubernetes.utils import parse_quantity
 
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.render import (
@@ -126,11 +128,60 @@ def test_the_meter_is_as_locked_down_as_the_engine() -> None:
     assert {"name": tmp, "emptyDir": {}} in pod(vllm())["volumes"]
 
 
-def test_the_meter_requests_a_cpu_share_and_is_never_throttled() -> None:
-    resources = containers(vllm(resources={"gpu": 1, "cpu": "4", "memory": "32Gi"}))[
-        "meter"]["resources"]
-    assert set(resources["requests"]) == {"cpu", "memory"}
-    assert resources["limits"] == {"memory": resources["requests"]["memory"]}
+def qos_class(pod_spec: dict[str, Any]) -> str:
+    """The pod's QoS class by Kubernetes' documented rule (concepts/workloads/pods/
+    pod-qos): Guaranteed iff every container has CPU and memory limits, with requests
+    equal to them (a request left out defaults to its limit); BestEffort iff none has
+    any CPU or memory request or limit; else Burstable."""
+    guaranteed, best_effort = True, True
+    for c in pod_spec["containers"]:
+        resources = c.get("resources") or {}
+        limits = {k: v for k, v in (resources.get("limits") or {}).items()
+                  if k in ("cpu", "memory")}
+        requests = {**limits, **{k: v for k, v in (resources.get("requests") or {}).items()
+                                 if k in ("cpu", "memory")}}
+        best_effort = best_effort and not limits and not requests
+        guaranteed = guaranteed and set(limits) == {"cpu", "memory"} and all(
+            parse_quantity(requests[k]) == parse_quantity(limits[k]) for k in limits)
+    return "Guaranteed" if guaranteed else "BestEffort" if best_effort else "Burstable"
+
+
+def test_the_qos_rule_of_the_test_is_kubernetes_own() -> None:
+    def pod_of(*resources: dict[str, Any]) -> dict[str, Any]:
+        return {"containers": [{"name": str(i), "resources": r}
+                               for i, r in enumerate(resources)]}
+
+    whole = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    assert qos_class(pod_of(whole)) == "Guaranteed"  # requests default to the limits
+    assert qos_class(pod_of({"requests": {"cpu": "1000m", "memory": "1024Mi"}, **whole}))\
+        == "Guaranteed"
+    assert qos_class(pod_of(whole, {"requests": {"cpu": "1", "memory": "1Gi"},
+                                    "limits": {"memory": "1Gi"}})) == "Burstable"
+    assert qos_class(pod_of({"limits": {"nvidia.com/gpu": 1}}, {})) == "BestEffort"
+
+
+GUARANTEED_ENGINE = {"gpu": 1, "cpu": "4", "memory": "32Gi"}
+BURSTABLE_ENGINES = [{}, {"gpu": 1}, {"gpu": 1, "cpu": "4"}, {"memory": "32Gi"}]
+
+
+def test_a_pod_whose_engine_is_guaranteed_stays_guaranteed_with_its_meter() -> None:
+    # A GPU pod evicted early under node pressure (Burstable goes before Guaranteed)
+    # loses its loaded model: the meter must not demote the pod the user sized whole.
+    out = vllm(resources=GUARANTEED_ENGINE)
+    assert qos_class(pod(out)) == "Guaranteed"
+    assert containers(out)["meter"]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "256Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"}}
+    kubernetes_validate.validate(out.deployment, "1.33.0", strict=True)
+
+
+@pytest.mark.parametrize("resources", BURSTABLE_ENGINES)
+def test_otherwise_the_meter_requests_a_cpu_share_and_is_never_throttled(
+        resources: dict[str, Any]) -> None:
+    out = vllm(resources=resources)
+    assert qos_class(pod(out)) == "Burstable"
+    assert containers(out)["meter"]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
 
 
 def test_only_the_meter_is_reachable_from_other_pods() -> None:
