@@ -28,10 +28,14 @@ class WatchedFile(Generic[T]):
     """``parse(path)``, again whenever the file changes; ``what`` names it in the log."""
 
     def __init__(self, path: Path, parse: Callable[[Path], T], what: str,
-                 errors: tuple[type[Exception], ...] = (ValueError,)) -> None:
+                 errors: tuple[type[Exception], ...] = (ValueError,), *,
+                 fix: str = "", logger: logging.Logger = log) -> None:
         """``errors``: what ``parse`` raises for a file it cannot use; raised here, at the
-        start, where there is no version before it to keep."""
+        start, where there is no version before it to keep. ``fix``: what the warning of
+        an unusable version tells its reader to do; ``logger``: the user's, so the warning
+        is filed where its reader looks."""
         self.path, self._parse, self.what, self._errors = path, parse, what, errors
+        self._fix, self._log = fix, logger
         self._seen = self._stat()
         self._value = parse(path)
         self.changes = 0
@@ -52,9 +56,11 @@ class WatchedFile(Generic[T]):
             try:
                 self._value = self._parse(self.path)
             except self._errors as exc:
-                log.warning("the %s in %s changed and cannot be used (%s); keeping the one "
-                            "before", self.what, self.path, exc)
+                self._log.warning("the %s in %s changed and cannot be used (%s); keeping the "
+                                  "one before%s", self.what, self.path, exc,
+                                  f"; {self._fix}" if self._fix else "")
             else:
                 self.changes += 1
-                log.info("the %s in %s changed: using it from now on", self.what, self.path)
+                self._log.info("the %s in %s changed: using it from now on", self.what,
+                               self.path)
         return self._value

@@ -18,15 +18,18 @@ verifying nothing would let anyone on the path feed them.
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from slopilot.engine.watched_file import WatchedFile
+
+log = logging.getLogger(__name__)
 
 TRUST_FIX = ("trust the CA that signed its certificate: the operator's "
              "SLOPILOT_PROMETHEUS_CA_FILE (a PEM bundle)")
 """The fix a failed verification names (the operator's variable: settings.py reads it)."""
-
 
 
 class CAFileError(ValueError):
@@ -34,57 +37,33 @@ class CAFileError(ValueError):
     (the caller knows where the path came from)."""
 
 
-log = logging.getLogger(__name__)
-# (inode, size, mtime) as os.stat gives them; None: the file could not be stat'ed.
-Version = tuple[int, int, int] | None
-_NONE_WARNED = object()
-
-
 class CABundle:
-    """The client context of the CA bundle at ``path`` as the file is now.
-
-    ``context`` stats the file at every call (a stat per request: microseconds) and
-    parses it again only when its inode, size or mtime moved: a rewrite in place changes
-    size or mtime, a volume swap the inode. Thread-safe: every deployment's controller
-    shares the policy's one bundle.
+    """The client context of the CA bundle at ``path`` as the file is now
+    (``WatchedFile``: looked at, a stat, at every call; parsed again only when it
+    changed; a version that cannot be used keeps the one before, warned of once).
+    Thread-safe: every deployment's controller shares the policy's one bundle.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._context: ssl.SSLContext | None = None
-        self._version: Version = None
-        self._warned: Version | object = _NONE_WARNED
+        self._file: WatchedFile[ssl.SSLContext] | None = None
 
     def context(self) -> ssl.SSLContext:
         """The context of the file as it is now. CAFileError only while no version of
-        it was ever usable; a later unusable one keeps the last usable, warned of once."""
-        try:
-            stat = os.stat(self.path)
-            version: Version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        except OSError:
-            version = None  # ca_context below says why
+        it was ever usable; a later unusable one keeps the last usable."""
         with self._lock:
-            if self._context is not None and version is not None \
-                    and version == self._version:
-                return self._context
-            try:
-                # Stat'ed before the read: a write between the two leaves the version
-                # older than the bytes, so the next call reads them again (never new
-                # bytes missed under the version they came with).
-                context = ca_context(self.path)
-            except CAFileError as exc:
-                if self._context is None:
-                    raise
-                if version != self._warned:
-                    self._warned = version
-                    log.warning("the Prometheus CA bundle %s since it changed: the operator "
-                                "still trusts the bundle read before from that file "
-                                "(SLOPILOT_PROMETHEUS_CA_FILE); write the whole PEM bundle "
-                                "of the CA that signs Prometheus's certificate there", exc)
-                return self._context
-            self._context, self._version, self._warned = context, version, _NONE_WARNED
-            return context
+            if self._file is None:
+                self._file = WatchedFile(
+                    Path(self.path), _read_ca, "Prometheus CA bundle "
+                    "(SLOPILOT_PROMETHEUS_CA_FILE)", (CAFileError,), logger=log,
+                    fix="write the whole PEM bundle of the CA that signs Prometheus's "
+                    "certificate there")
+            return self._file.current()
+
+
+def _read_ca(path: Path) -> ssl.SSLContext:
+    return ca_context(str(path))
 
 
 @dataclass(frozen=True, slots=True)
