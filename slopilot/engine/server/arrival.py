@@ -1,8 +1,9 @@
 """Stamp each HTTP request's arrival before anything else happens to it.
 
-The server's HTTP protocol stamps the moment the request's first bytes come off the
-socket (``uvicorn_runner.stamping_protocol``); this pure ASGI middleware stamps at the
-app's door where no earlier stamp exists (an app served some other way). Either way it
+The server's HTTP protocol stamps the moment the request's first bytes came off the
+socket (``http_arrival.h11_protocol``: a pipelined request too, which reaches the app
+only once the one before it is answered); this pure ASGI middleware stamps at the app's
+door where no earlier stamp exists (an app served some other way). Either way it
 is before the body is read, parsed or tokenized, on the engine's clock: TTFT and
 end-to-end latency count from it, as the client's own clock would.
 """
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-SCOPE_KEY = "slopilot.arrival"
+from slopilot.engine.http_arrival import SCOPE_KEY
 
 
 class ArrivalStamp:

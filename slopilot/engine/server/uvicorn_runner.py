@@ -9,41 +9,19 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from slopilot.engine.clients import ClientClasses
+from slopilot.engine.http_arrival import h11_protocol
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.app import ServerState, create_app
-from slopilot.engine.server.arrival import SCOPE_KEY
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.gc_pauses import GCPauses
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.engine.server.startup_heap import freeze_startup_heap
 from slopilot.engine.watched_file import WatchedFile
-
-
-def stamping_protocol(clock: Callable[[], float]) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, stamping a request's arrival when its bytes arrive.
-
-    Under load the app's task may start milliseconds after the request came in (the
-    event loop is busy writing other streams); those milliseconds are the client's too.
-    A request's scope is built while its bytes are handled, before its task runs.
-    """
-    class StampingH11Protocol(H11Protocol):
-        def data_received(self, data: bytes) -> None:
-            now = clock()
-            before = self.cycle
-            super().data_received(data)
-            cycle = self.cycle
-            if cycle is not None and cycle is not before:
-                scope: dict[str, object] = cycle.scope  # type: ignore[assignment]
-                scope.setdefault(SCOPE_KEY, now)
-
-    return StampingH11Protocol
 
 
 class ListenError(OSError):
@@ -146,7 +124,7 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                      check_integrity=check_integrity, admin_port=bound_admin,
                      max_body_bytes=max_body_bytes, clients=clients)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            http=stamping_protocol(backend.engine.clock.now),
+                            http=h11_protocol(backend.engine.clock.now),
                             timeout_graceful_shutdown=int(drain_timeout_s) + 5, access_log=False)
     return DrainingServer(config, app.state, listen, bound_admin)
 
