@@ -6,7 +6,10 @@
 - A streamed completion (``POST /v1/completions`` or ``/v1/chat/completions`` with
   ``"stream": true``) is read as it is written (``StreamJudge``), each piece stamped
   once the client's side took it (the send returned), and judged at its end against
-  the objectives of its class (``--priority-class``) as they stood at its arrival.
+  the objectives of its class (``--priority-class``) as they stood at its arrival. Its
+  arrival is when its bytes came in, as the server's protocol stamped it
+  (``http_arrival``), not when the app was called: for a request pipelined behind
+  another on one connection, a whole answer later.
   A non-streamed body shows its client no first token, and is not judged.
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
   and frees its cache rather than generating for nobody.
@@ -30,6 +33,7 @@ import pydantic
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from slopilot.engine.http_arrival import SCOPE_KEY
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge
 from slopilot.engine.request import Priority
@@ -78,7 +82,9 @@ class _VerdictCollector(Collector):
 
 
 class Meter:
-    """The ASGI app. ``clock``: when a piece was written (monotonic seconds)."""
+    """The ASGI app. ``clock``: when a piece was written, and when a request arrived where
+    its server stamped none (monotonic seconds; the server's protocol stamps on this
+    clock too, ``commands.uvicorn_config``)."""
 
     def __init__(self, upstream: str, slo: SLOWatch, priority: Priority, *,
                  client: httpx.AsyncClient | None = None,
@@ -104,7 +110,8 @@ class Meter:
             return
         if scope["type"] != "http":
             return  # websockets: vLLM's OpenAI API has none
-        arrival = self.clock()
+        stamp = scope.get(SCOPE_KEY)
+        arrival = float(stamp) if stamp is not None else self.clock()
         try:
             body = await self._body(receive)
         except _ClientGone:

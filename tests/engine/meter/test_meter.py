@@ -18,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slopilot.engine.http_arrival import SCOPE_KEY
 from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES
@@ -109,7 +110,9 @@ class Client:
 
     async def request(self, method: str, path: str, body: Any = None, *,
                       written_at: Sequence[float] = (), headers: dict[str, str] | None = None,
-                      raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+                      raw: bytes | None = None,
+                      arrival: float | None = None) -> tuple[int, dict[str, str], bytes]:
+        """``arrival``: the server's stamp of the request (none: the meter stamps it)."""
         self.sent = []
         data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
         times = iter(written_at)
@@ -135,6 +138,8 @@ class Client:
         scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
                  "query_string": b"", "headers": [(k.encode(), v.encode()) for k, v in
                                                   (headers or {}).items()]}
+        if arrival is not None:
+            scope[SCOPE_KEY] = arrival
         await self.meter(scope, receive, send)
         start = next(m for m in self.sent if m["type"] == "http.response.start")
         return (start["status"], {k.decode(): v.decode() for k, v in start["headers"]},
@@ -518,3 +523,21 @@ def test_a_chat_streams_token_limit_is_read_in_either_spelling(tmp_path: Path,
 
     run(go)
     assert counted(meter) == {(Priority.P0, LABEL, False): (1, 3)}
+
+
+def test_a_request_is_judged_from_the_servers_stamp_of_its_arrival(tmp_path: Path) -> None:
+    """The server stamps a request when its bytes came in (``http_arrival``); the app is
+    called later, a whole answer later for a request pipelined behind another. Its
+    client's wait counts from the stamp: a first token 200 ms after the app was called
+    but 1.2 s after the bytes came missed the 500 ms target."""
+    upstream, now = Upstream(), [10.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([event(text="a", finish="stop"), DONE])
+
+    async def go() -> None:
+        await Client(meter, now).request("POST", "/v1/completions", STREAM,
+                                         written_at=[10.2, 10.2], arrival=9.0)
+
+    run(go)
+    assert counted(meter) == {(Priority.P0, LABEL, False): (1, 1)}
+

@@ -14,6 +14,7 @@ import openai
 import pytest
 import uvicorn
 
+from slopilot.engine.meter.commands import uvicorn_config
 from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.request import Priority
@@ -38,8 +39,8 @@ def meter(engine: LiveServer, tmp_path: Path) -> Iterator[tuple[str, Meter]]:
     slo_file = tmp_path / "slo.json"
     slo_file.write_text(json.dumps(SLO))
     app = Meter(engine.url, SLOWatch(slo_file, Verdicts()), Priority.P0)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=0,
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started or not thread.is_alive(), what="the meter to listen")

@@ -1,0 +1,136 @@
+"""The meter on a real socket, served as ``slopilot meter`` serves it (``uvicorn_config``:
+httptools), in front of a stand-in vLLM whose streams speak only when the test says.
+
+- HTTP/1.1 pipelining: two streamed completions sent back to back on one connection are
+  answered one after the other, so the second's client waits for the whole first answer
+  before its first token. The meter judges that wait: a request is stamped when its
+  bytes came in, not when uvicorn got round to calling the app for it.
+
+No speed in the assertions: the meter's clock is the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from slopilot.engine.meter.commands import uvicorn_config
+from slopilot.engine.meter.proxy import Meter
+from slopilot.engine.meter.slo_watch import SLOWatch
+from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
+from slopilot.engine.verdicts import Verdicts
+from tests.engine.meter.test_meter import DONE, SLO, event
+from tests.support.waits import HANG_GUARD_S, wait_for
+
+LABEL = SLOSpec.from_dict(SLO).p0.label  # a first token within 500 ms
+
+
+class _Upstream:
+    """A stand-in vLLM: the n-th stream's one token comes once ``release[n]`` is set."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+        self.release = [threading.Event() for _ in range(2)]
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        gate = self.release[len(self.requests)]
+        self.requests.append(request)
+
+        async def body() -> object:
+            await asyncio.to_thread(gate.wait, HANG_GUARD_S)
+            yield event(text="a", finish="stop")
+            yield DONE
+
+        return httpx.Response(200, content=body(), headers={  # type: ignore[arg-type]
+            "content-type": "text/event-stream"})
+
+
+def _counting(cls: type[asyncio.Protocol], read: list[int]) -> type[asyncio.Protocol]:
+    """``cls``, adding up the bytes it has read (each read counted once it is handled)."""
+
+    class Counting(cls):  # type: ignore[valid-type, misc]
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            read.append(len(data))
+
+    return Counting
+
+
+@dataclass
+class _Served:
+    app: Meter
+    upstream: _Upstream
+    port: int
+    now: list[float]
+    read: list[int]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[_Served]:
+    slo_file = tmp_path / "slo.json"
+    slo_file.write_text(json.dumps(SLO))
+    upstream, now, read = _Upstream(), [100.0], []
+    app = Meter("http://127.0.0.1:8001", SLOWatch(slo_file, Verdicts()), Priority.P0,
+                client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle)),
+                clock=lambda: now[0])
+    config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning")
+    config.load()
+    config.http_protocol_class = _counting(config.http_protocol_class, read)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or not thread.is_alive(), what="the meter to listen")
+    assert server.started, "the meter did not start"
+    try:
+        yield _Served(app, upstream, server.servers[0].sockets[0].getsockname()[1], now, read)
+    finally:
+        for gate in upstream.release:
+            gate.set()
+        server.should_exit = True
+        thread.join(HANG_GUARD_S)
+
+
+def _completion() -> bytes:
+    body = json.dumps({"model": "llama", "prompt": "hi", "max_tokens": 1,
+                       "stream": True}).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body)
+
+
+def counted(meter: Meter) -> dict[tuple[Priority, str, bool], tuple[int, int]]:
+    return {k: v for k, v in meter.verdicts.counts().items() if v != (0, 0)}
+
+
+def test_a_pipelined_streams_wait_behind_the_one_before_is_judged(served: _Served) -> None:
+    sent = _completion() + _completion()
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(HANG_GUARD_S)
+        sock.sendall(sent)  # both at 100
+        wait_for(lambda: sum(served.read) == len(sent) and len(served.upstream.requests) == 1,
+                 what="the meter to read both requests and forward the first")
+        served.now[0] = 100.4  # the first's first token: 400 ms, met
+        served.upstream.release[0].set()
+        # The second is forwarded only once the first is answered.
+        wait_for(lambda: len(served.upstream.requests) == 2, what="the second forwarded")
+        served.now[0] = 100.8  # its first token: 800 ms after its bytes came, missed
+        served.upstream.release[1].set()
+        answers = b""
+        while answers.count(b"data: [DONE]") < 2:
+            got = sock.recv(65536)
+            assert got, f"the connection closed after {answers!r}"
+            answers += got
+    wait_for(lambda: sum(n for n, _ in counted(served.app).values()) == 2,
+             what="both streams judged")
+    assert counted(served.app) == {(Priority.P0, LABEL, True): (1, 1),
+                                   (Priority.P0, LABEL, False): (1, 1)}
+
