@@ -13,6 +13,8 @@
   A non-streamed body shows its client no first token, and is not judged.
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
   and frees its cache rather than generating for nobody.
+- Each answer carries one ``date``: the engine's passes through (the server adds none,
+  or there would be two), and the meter dates its own answers and any that came without.
 - ``GET /metrics`` is vLLM's exposition (asked for in the text format, whose names keep
   their colons), then the verdict counters (``Verdicts.families``): one answer, one
   ``instance``, so the goodput rule joins vLLM's tokens and the verdicts per replica.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import email.utils
 import json
 import logging
 import time
@@ -270,7 +273,7 @@ class Meter:
         if text and not text.endswith(b"\n"):
             text += b"\n"
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
+                    "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()), _date()]})
         await send({"type": "http.response.body", "body": text + own})
 
 
@@ -288,8 +291,15 @@ def _request_headers(scope: Scope) -> dict[str, str]:
 
 def _response_headers(headers: httpx.Headers, *, keep_length: bool) -> list[tuple[bytes, bytes]]:
     drop = _HOP_BY_HOP - ({"content-length"} if keep_length else set())
-    return [(k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in headers.multi_items() if k.lower() not in drop]
+    passed = [(k.encode("latin-1"), v.encode("latin-1"))
+              for k, v in headers.multi_items() if k.lower() not in drop]
+    # RFC 9110 6.6.1: a recipient with a clock forwarding a response without one adds it.
+    return passed if "date" in headers else [*passed, _date()]
+
+
+def _date() -> tuple[bytes, bytes]:
+    """A ``date`` header for now, as uvicorn would have written it."""
+    return (b"date", email.utils.formatdate(usegmt=True).encode())
 
 
 async def _watch_disconnect(receive: Receive) -> None:
@@ -302,7 +312,7 @@ async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
+                            (b"content-length", str(len(data)).encode()), _date()]})
     await send({"type": "http.response.body", "body": data})
 
 

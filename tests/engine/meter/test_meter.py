@@ -9,6 +9,7 @@ machine's speed.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from pathlib import Path
@@ -541,3 +542,45 @@ def test_a_request_is_judged_from_the_servers_stamp_of_its_arrival(tmp_path: Pat
     run(go)
     assert counted(meter) == {(Priority.P0, LABEL, False): (1, 1)}
 
+
+def _dates(client: Client) -> list[str]:
+    start = next(m for m in client.sent if m["type"] == "http.response.start")
+    return [v.decode() for k, v in start["headers"] if k.lower() == b"date"]
+
+
+def test_every_answer_carries_one_date(tmp_path: Path) -> None:
+    """The meter's server adds no date (the engine's passes through, and would be there
+    twice), so the meter's own answers carry their own, as an origin's must (RFC 9110
+    6.6.1), and so does an engine's answer that came without one."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now, max_body_bytes=100)
+    engine_date = "Tue, 05 May 2026 10:00:00 GMT"
+    upstream.answer([b"{}"], headers={"content-type": "application/json", "date": engine_date})
+    upstream.answer([b"{}"], headers={"content-type": "application/json"})
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    down = meter_for(tmp_path, upstream, now)
+    down.client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+
+    async def go() -> list[tuple[int, list[str]]]:
+        answers = []
+        for app, method, path, raw in [(meter, "GET", "/v1/models", None),   # the engine's
+                                       (meter, "GET", "/v1/models", None),   # no date of its own
+                                       (meter, "POST", "/v1/completions", b"x" * 101),  # 413
+                                       (meter, "GET", "*", None),            # 400
+                                       (meter, "GET", "/metrics", None),     # the meter's
+                                       (down, "GET", "/v1/models", None),    # 502
+                                       (down, "GET", "/metrics", None)]:     # 502
+            client = Client(app, now)
+            status, _, _ = await client.request(method, path, raw=raw)
+            answers.append((status, _dates(client)))
+        return answers
+
+    answers = run(go)
+    assert [status for status, _ in answers] == [200, 200, 413, 400, 200, 502, 502]
+    assert answers[0][1] == [engine_date]
+    for status, dates in answers[1:]:
+        assert len(dates) == 1, (status, dates)
+        assert email.utils.parsedate_to_datetime(dates[0]).tzinfo is not None, dates

@@ -5,6 +5,8 @@ httptools), in front of a stand-in vLLM whose streams speak only when the test s
   answered one after the other, so the second's client waits for the whole first answer
   before its first token. The meter judges that wait: a request is stamped when its
   bytes came in, not when uvicorn got round to calling the app for it.
+- The headers: the engine's ``date`` and ``server`` reach the client once (uvicorn's own
+  would make each twice); the meter's own answers carry a ``date`` of their own.
 
 No speed in the assertions: the meter's clock is the test's.
 """
@@ -12,6 +14,7 @@ No speed in the assertions: the meter's clock is the test's.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import socket
 import threading
@@ -33,6 +36,7 @@ from tests.engine.meter.test_meter import DONE, SLO, event
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 LABEL = SLOSpec.from_dict(SLO).p0.label  # a first token within 500 ms
+ENGINE_DATE = "Tue, 05 May 2026 10:00:00 GMT"
 
 
 class _Upstream:
@@ -43,6 +47,9 @@ class _Upstream:
         self.release = [threading.Event() for _ in range(2)]
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, content=b"vllm:num_requests_running 0\n", headers={
+                "content-type": "text/plain; version=0.0.4; charset=utf-8"})
         gate = self.release[len(self.requests)]
         self.requests.append(request)
 
@@ -52,7 +59,7 @@ class _Upstream:
             yield DONE
 
         return httpx.Response(200, content=body(), headers={  # type: ignore[arg-type]
-            "content-type": "text/event-stream"})
+            "content-type": "text/event-stream", "date": ENGINE_DATE, "server": "vllm"})
 
 
 def _counting(cls: type[asyncio.Protocol], read: list[int]) -> type[asyncio.Protocol]:
@@ -134,3 +141,18 @@ def test_a_pipelined_streams_wait_behind_the_one_before_is_judged(served: _Serve
     assert counted(served.app) == {(Priority.P0, LABEL, True): (1, 1),
                                    (Priority.P0, LABEL, False): (1, 1)}
 
+
+def test_the_engines_date_and_server_reach_the_client_once(served: _Served) -> None:
+    served.upstream.release[0].set()
+    url = f"http://127.0.0.1:{served.port}"
+    with httpx.Client(timeout=HANG_GUARD_S) as client:
+        streamed = client.post(url + "/v1/completions", json={
+            "model": "llama", "prompt": "hi", "max_tokens": 1, "stream": True})
+        own = client.get(url + "/metrics")
+    assert streamed.status_code == 200
+    assert streamed.headers.get_list("date") == [ENGINE_DATE]
+    assert streamed.headers.get_list("server") == ["vllm"]
+    # The meter's own answer (verdicts after the engine's exposition): a date, no server.
+    assert own.status_code == 200 and len(own.headers.get_list("date")) == 1
+    assert email.utils.parsedate_to_datetime(own.headers["date"]).tzinfo is not None
+    assert own.headers.get_list("server") == []
