@@ -158,10 +158,17 @@ class _Renderer:
     def __init__(self, spec: SLOSpec, deployment: str, namespace: str | None,
                  selector: Mapping[str, str] | None, options: RuleOptions,
                  namespace_label: str | None = None,
-                 buckets: LatencyBuckets | None = None) -> None:
+                 buckets: LatencyBuckets | None = None, *,
+                 dcgm_namespace: str | None = None) -> None:
         self.spec, self.opt = spec, options
         self.buckets: LatencyBuckets = buckets or {}
         self.ident = identity_labels(deployment, namespace, namespace_label)
+        if dcgm_namespace is not None and (not isinstance(dcgm_namespace, str)
+                                           or not dcgm_namespace.strip()):
+            raise RuleError(f"dcgm_namespace={dcgm_namespace!r} is empty; pass the "
+                            "namespace the DCGM exporter runs in, or None to read its "
+                            "series only where they are scraped with honorLabels")
+        self.dcgm_namespace = dcgm_namespace
         self.subject = deployment if namespace is None else f"{namespace}/{deployment}"
         sel = dict(selector) if selector is not None else dict(self.ident)
         if not sel:
@@ -215,17 +222,44 @@ class _Renderer:
     def gpu_utilization(self) -> str:
         """DCGM's GPU utilization (percent) of the deployment's pods, as a ratio.
 
-        The exporter names the pod using each GPU in ``namespace``/``pod`` (scraped with
-        honorLabels, as its chart does) or ``exported_namespace``/``exported_pod``
-        (without); either way the GPUs are joined on the pods the engine's own series come
-        from, so the selector alone decides whose GPUs count. No DCGM series for these
-        pods: no sample, and the utilization falls back to the busy ratio.
+        The exporter names the pod using each GPU in ``namespace``/``pod`` where it is
+        scraped with honorLabels (as its chart does), else in ``exported_namespace``/
+        ``exported_pod``. The GPUs are joined on the pods the engine's own series come
+        from; but those labels are also what any pod's own series may say, so only the
+        exporter's series are read at all:
+
+        - ``namespace`` the deployment's (and the enforced namespace label, where there
+          is one): a tenant's pod scraped by the operator's ServiceMonitor (honorLabels
+          false) carries its own namespace there, whatever its image wrote, which
+          lands in ``exported_namespace``: read as the GPU's, that let one tenant set
+          another's utilization, and so fire or hide its retune alert.
+        - ``exported_*`` only under ``namespace`` = ``dcgm_namespace``, the namespace the
+          administrator says the exporter runs in; None, never.
+        - never a series with the operator's identity labels: an engine wrote it.
+
+        Without a namespace (outside Kubernetes, one tenant) the join alone decides. No
+        DCGM series for these pods: no sample, and the utilization falls back to the busy
+        ratio.
         """
-        dcgm = DCGM_GPU_UTIL
-        for label in ("pod", "namespace"):
-            dcgm = f'label_replace({dcgm}, "{label}", "$1", "exported_{label}", "(.+)")'
+        not_an_engine = {NAMESPACE_LABEL: "", DEPLOYMENT_LABEL: ""}
+        namespace = self.ident.get(NAMESPACE_LABEL)
+        own: dict[str, str] = {}
+        if namespace is not None:
+            # The enforced label, where there is one, says the same namespace.
+            own = {"namespace": namespace,
+                   **{k: v for k, v in self.ident.items() if k not in not_an_engine}}
+        gpus = [DCGM_GPU_UTIL + render_selector({**own, **not_an_engine})]
+        if self.dcgm_namespace is not None:
+            exported = {"namespace": self.dcgm_namespace}
+            if namespace is not None:
+                exported["exported_namespace"] = namespace
+            dcgm = DCGM_GPU_UTIL + render_selector({**exported, **not_an_engine})
+            for label in ("pod", "namespace"):
+                dcgm = f'label_replace({dcgm}, "{label}", "$1", "exported_{label}", "(.+)")'
+            gpus.append(dcgm)
+        either = gpus[0] if len(gpus) == 1 else f"({' or '.join(gpus)})"
         pods = f"group by (namespace, pod) (vllm:num_requests_running{self.sel()})"
-        return f"avg({dcgm} * on (namespace, pod) group_left () {pods}) / 100"
+        return f"avg({either} * on (namespace, pod) group_left () {pods}) / 100"
 
     def recording_rules(self) -> list[dict[str, Any]]:
         w = self.window
@@ -307,6 +341,7 @@ class _Renderer:
 def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                        selector: Mapping[str, str] | None = None,
                        options: RuleOptions | None = None,
+                       dcgm_namespace: str | None = None,
                        namespace_label: str | None = None,
                        latency_buckets: LatencyBuckets | None = None) -> dict[str, Any]:
     """The plain rules file content: ``{"groups": [...]}``.
@@ -316,10 +351,12 @@ def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None 
     which every selector, recorded series and alert then carries as well.
     ``latency_buckets``: the backend's histogram edges where they are not the built-in
     engine's (``VLLM_LATENCY_BUCKETS``), so that an SLO between two edges is read there.
+    ``dcgm_namespace``: where the DCGM exporter runs, so that its series scraped without
+    honorLabels are read too (``_Renderer.gpu_utilization``); None, they are not.
     """
     opts = options if options is not None else RuleOptions()
     r = _Renderer(spec, deployment, namespace, selector, opts, namespace_label,
-                  latency_buckets)
+                  latency_buckets, dcgm_namespace=dcgm_namespace)
     # Kubernetes names hold no '/', so "slopilot/<namespace>/<name>" names one deployment.
     name = f"slopilot-{deployment}" if namespace is None else f"slopilot/{r.subject}"
     group = {"name": name, "interval": duration(opts.interval_s),
@@ -330,9 +367,11 @@ def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None 
 def render_rules_yaml(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
                       selector: Mapping[str, str] | None = None,
                       options: RuleOptions | None = None,
+                      dcgm_namespace: str | None = None,
                       namespace_label: str | None = None,
                       latency_buckets: LatencyBuckets | None = None) -> str:
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
+                                dcgm_namespace=dcgm_namespace,
                                 options=options, namespace_label=namespace_label,
                                 latency_buckets=latency_buckets)
     return yaml.safe_dump(groups, sort_keys=False, width=100)
@@ -342,12 +381,14 @@ def render_prometheus_rule(spec: SLOSpec, deployment: str, namespace: str, *,
                            selector: Mapping[str, str] | None = None,
                            options: RuleOptions | None = None,
                            labels: Mapping[str, str] | None = None,
+                           dcgm_namespace: str | None = None,
                            namespace_label: str | None = None,
                            latency_buckets: LatencyBuckets | None = None) -> dict[str, Any]:
     """The same groups as a prometheus-operator PrometheusRule in the deployment's namespace."""
     if not namespace:
         raise RuleError("namespace is empty; pass the deployment's namespace")
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
+                                dcgm_namespace=dcgm_namespace,
                                 options=options, namespace_label=namespace_label,
                                 latency_buckets=latency_buckets)
     return {
@@ -365,14 +406,19 @@ def example_spec() -> SLOSpec:
     return SLOSpec.from_dict({"profile": "standard", "prefix_hit_min": 0.95})
 
 
+EXAMPLE_DCGM_NAMESPACE = "gpu-operator"
+"""The example's DCGM exporter runs there (the GPU operator's default), so the example
+reads both shapes of its series (``_Renderer.gpu_utilization``)."""
 EXAMPLE_HEADER = (
     "# Generated by `python -m slopilot.tuner.prometheus.rules` from the standard SLO profile\n"
-    "# with prefix caching expected (prefix_hit_min 0.95), for deployment \"example\".\n"
+    "# with prefix caching expected (prefix_hit_min 0.95), for deployment \"example\", with\n"
+    f"# the DCGM exporter in namespace {EXAMPLE_DCGM_NAMESPACE}.\n"
     "# Do not edit: tests/tuner/test_rules.py checks it equals the rendering.\n")
 
 
 def render_example() -> str:
-    return EXAMPLE_HEADER + render_rules_yaml(example_spec(), EXAMPLE_DEPLOYMENT)
+    return EXAMPLE_HEADER + render_rules_yaml(example_spec(), EXAMPLE_DEPLOYMENT,
+                                              dcgm_namespace=EXAMPLE_DCGM_NAMESPACE)
 
 
 def example_path() -> Path:
