@@ -19,6 +19,8 @@ administrator's word on top of it, set once on the operator (environment variabl
   administrator names or the default CAs; only the administrator may turn that off.
 - the images the operator picks (``images``): the meter's, and each backend's engine
   where a CR names none. No CR field changes the meter's: it judges that CR's goodput.
+- the DCGM exporter's namespace (``dcgm_namespace``): where its series scraped without
+  honorLabels may name a tenant's GPUs (``rules._Renderer.gpu_utilization``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from slopilot.operator.study_storage import (
     StorageRule,
     resolve_storage,
 )
-from slopilot.operator.validation import parse_image
+from slopilot.operator.validation import DNS_1123_LABEL, parse_image
 from slopilot.tuner.prometheus.rules import RuleError, check_namespace_label
 from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 
@@ -43,6 +45,22 @@ from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 class PolicyError(ValueError):
     """A malformed allow-list entry or setting; the message names the variable and the
     value."""
+
+
+DCGM_NAMESPACE_ENV = "SLOPILOT_DCGM_NAMESPACE"
+
+
+def check_dcgm_namespace(value: str) -> str:
+    """``value`` if it can name the DCGM exporter's namespace, else a PolicyError with the
+    fix. Checked at the start: a typo would otherwise read as no GPU series at all."""
+    if not isinstance(value, str) or len(value) > 63 or not DNS_1123_LABEL.match(value):
+        raise PolicyError(f"{DCGM_NAMESPACE_ENV}={str(value)[:80]!r} is not a namespace "
+                          "name (a DNS label: at most 63 lowercase letters, digits and "
+                          "'-', starting and ending with a letter or digit); set it to "
+                          "the namespace the DCGM exporter runs in, e.g. gpu-operator, or "
+                          "unset it to read its series only where they are scraped with "
+                          "honorLabels")
+    return value
 
 
 def _engine_repositories(images: Images) -> tuple[str, ...]:
@@ -89,6 +107,13 @@ class OperatorPolicy:
     """How every controller checks an https Prometheus's certificate (the default: against
     the default CAs). No CR field changes it: a tenant who could turn it off could have
     the loop act on numbers anyone on the path supplied."""
+    dcgm_namespace: str | None = None
+    """The namespace the DCGM exporter runs in (``$SLOPILOT_DCGM_NAMESPACE``). Set, the
+    rules read its series scraped without honorLabels (``exported_namespace`` and
+    ``exported_pod`` name the GPU's pod) under that ``namespace`` only. None: only those
+    scraped with honorLabels count, where ``namespace`` is the deployment's own. No CR
+    field changes it: a tenant who named it could have their own pods pose as the
+    exporter for another namespace's GPUs."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_allow_list", _engine_repositories(self.images)
@@ -98,6 +123,8 @@ class OperatorPolicy:
         except StorageRefused as exc:
             raise PolicyError(str(exc)) from None
         object.__setattr__(self, "storage_rules", rules)
+        if self.dcgm_namespace is not None:
+            check_dcgm_namespace(self.dcgm_namespace)
         if self.namespace_label is not None:
             try:
                 check_namespace_label(self.namespace_label)

@@ -139,9 +139,11 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                     replicas: int | None, monitoring: bool,
                     operator_namespace: str, namespace_label: str | None = None,
                     admin_token_sha256: str | None = None,
-                    images: Images = SHIPPED_IMAGES) -> list[dict[str, Any]]:
+                    images: Images = SHIPPED_IMAGES,
+                    dcgm_namespace: str | None = None) -> list[dict[str, Any]]:
     """Every object the deployment owns; the rules as a PrometheusRule or a plain ConfigMap.
-    ``admin_token_sha256``, ``images``: what the pods admit and run (``render_deployment``)."""
+    ``admin_token_sha256``, ``images``: what the pods admit and run (``render_deployment``).
+    ``dcgm_namespace``: where the DCGM exporter runs (``OperatorPolicy.dcgm_namespace``)."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     rendered = render_all(body, spec, replicas, operator_namespace=operator_namespace,
                           admin_token_sha256=admin_token_sha256, images=images)
@@ -151,6 +153,7 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
     buckets = VLLM_LATENCY_BUCKETS if spec.backend is Backend.VLLM else None
     if monitoring:
         rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts,
+                                      dcgm_namespace=dcgm_namespace,
                                       namespace_label=namespace_label,
                                       latency_buckets=buckets)
         rule["metadata"] = {**_owned_meta(body, rule["metadata"]["name"]),
@@ -161,6 +164,7 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                         "metadata": _owned_meta(body, f"{name}-rules"),
                         "data": {RULES_FILE: render_rules_yaml(
                             spec.slo, name, namespace=namespace, options=spec.alerts,
+                            dcgm_namespace=dcgm_namespace,
                             namespace_label=namespace_label, latency_buckets=buckets)}})
     return objects
 
@@ -295,7 +299,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                               operator_namespace=policy.operator_namespace,
                               namespace_label=policy.namespace_label,
                               admin_token_sha256=mint.sha256_for_body(body),
-                              images=policy.images)
+                              images=policy.images, dcgm_namespace=policy.dcgm_namespace)
     lives = [live_object(kube, obj) for obj in objects]
     # Every name is judged before anything is written, so that a refusal touches nothing.
     if problems := name_problems(objects, lives, body):

@@ -26,6 +26,9 @@
   backend's engine where a CR names no ``spec.image``); unset or blank, the shipped ones.
   An air-gapped cluster names its mirrors here. A value that is no image reference stops
   the start; the allow-list, unset, is these engine images' repositories.
+- ``$SLOPILOT_DCGM_NAMESPACE``: the namespace the DCGM exporter runs in, so the rules
+  read its series scraped without honorLabels too (policy.py); a value that is no
+  namespace name stops the start.
 - How an ``https`` Prometheus's certificate is checked (``prometheus_tls``): verified by
   default; ``$SLOPILOT_PROMETHEUS_CA_FILE`` names a PEM bundle of the CAs to trust
   instead (read here, so a bad file stops the start with the fix; then again at each
@@ -43,7 +46,12 @@ from pathlib import Path
 
 import kopf
 
-from slopilot.operator.policy import OperatorPolicy, PolicyError
+from slopilot.operator.policy import (
+    DCGM_NAMESPACE_ENV,
+    OperatorPolicy,
+    PolicyError,
+    check_dcgm_namespace,
+)
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, SHIPPED_IMAGES, Images
 from slopilot.operator.validation import parse_image
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
@@ -96,6 +104,10 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         kwargs["namespace_label"] = label
     kwargs["prometheus_tls"] = prometheus_tls(env)
     kwargs["images"] = operator_images(env)
+    if dcgm := env.get(DCGM_NAMESPACE_ENV, "").strip():
+        # Checked here, so the message is this variable's alone (the allow-lists' below
+        # say which of theirs).
+        kwargs["dcgm_namespace"] = check_dcgm_namespace(dcgm)
     try:
         return OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:

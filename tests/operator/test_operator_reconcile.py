@@ -267,3 +267,21 @@ def test_an_enforced_namespace_label_reaches_every_rule(
     assert rules and all(r["labels"]["namespace"] == NS for r in rules)
     assert all(f'namespace="{NS}"' in r["expr"].replace("slopilot_namespace", "")
                for r in rules if "record" in r and "vllm:" in r["expr"])
+
+
+def test_the_dcgm_exporters_namespace_reaches_the_rules(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    """With ``$SLOPILOT_DCGM_NAMESPACE`` the PrometheusRule reads the exporter's series
+    scraped without honorLabels too, under that namespace only
+    (tests/tuner/test_rules_dcgm.py: another tenant's series count for nothing)."""
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest(), *monitoring_crds())
+    cluster = Cluster(kube_client)
+    body = cluster.create(llmd())
+    policy = operator_policy({"SLOPILOT_DCGM_NAMESPACE": "gpu-operator"})
+    reconcile(Kube(kube_client), body, policy=policy, mint=operator_mint(cluster))
+    rule = cluster.owned("monitoring.coreos.com/v1", "prometheusrules", "slopilot-chat")
+    gpu = next(r["expr"] for r in rule["spec"]["groups"][0]["rules"]
+               if r.get("record") == "slopilot:gpu_utilization:avg")
+    assert f'namespace="gpu-operator",exported_namespace="{NS}"' in gpu
