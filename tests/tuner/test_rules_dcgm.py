@@ -169,6 +169,10 @@ def test_the_gpu_selectors_name_the_namespaces() -> None:
     honor = gpu_expr(namespace="team-b")
     assert 'DCGM_FI_DEV_GPU_UTIL{namespace="team-b",' in honor
     assert "exported_namespace" not in honor and "label_replace" not in honor
+    # Where the Prometheus enforces a label of its own, the series must carry it too.
+    assert ('DCGM_FI_DEV_GPU_UTIL{namespace="team-b",tenant="team-b",'
+            'slopilot_namespace="",slopilot_deployment=""}'
+            in gpu_expr(namespace="team-b", namespace_label="tenant"))
     both = gpu_expr(namespace="team-b", dcgm_namespace=DCGM_NAMESPACE)
     assert (f'namespace="{DCGM_NAMESPACE}",exported_namespace="team-b"' in both
             and "label_replace" in both)
