@@ -29,17 +29,13 @@ from slopilot.engine.iteration_metrics import (
     ITERATION_SERIES,
     IterationMetrics,
 )
+from slopilot.engine.latency_buckets import LATENCY_BUCKETS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
 
-# Edges sit on every SLO threshold of the profiles (and on twice each), so that
-# "fraction under the SLO" is one bucket and a P99 above a threshold is exact.
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-    0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.metrics import LATENCY_BUCKETS, REFUSED, SLO_TOKENS
+from slopilot.engine.latency_buckets import LATENCY_BUCKETS
+from slopilot.engine.metrics import REFUSED, SLO_TOKENS
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.alert_table import (
     ALL_CLASSES,
