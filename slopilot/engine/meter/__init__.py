@@ -6,6 +6,8 @@ few requests (on mixed traffic in the simulator, 81 % of P0's tokens read good w
 13.5 % were: docs/benchmarks.md, "goodput_truth"). The operator runs the meter
 in each vLLM pod, in front of the engine (``slopilot meter``): it forwards every request,
 judges each streamed completion by ``ClassSLO.met`` on its TTFT and token gaps as
-written to the client (``stream_judge``), and serves vLLM's ``/metrics`` with the
-verdict counters after them (``proxy``), the ones the goodput rule reads per replica.
+written to the client (``stream_judge``), observes their TTFT and token gaps as written
+(``client_latency``: the P99s the rules read on a vLLM deployment, where vLLM's own
+leave out its frontend's work), and serves vLLM's ``/metrics`` with the verdict counters
+(the ones the goodput rule reads per replica) and those histograms after them (``proxy``).
 """

@@ -15,9 +15,13 @@
   and frees its cache rather than generating for nobody.
 - Each answer carries one ``date``: the engine's passes through (the server adds none,
   or there would be two), and the meter dates its own answers and any that came without.
+- Each judged stream's first tokens and token gaps are observed as they are written
+  (``ClientLatency``): the TTFT and TBT its client saw, which the rules read on a vLLM
+  deployment where vLLM's own leave out its frontend's work.
 - ``GET /metrics`` is vLLM's exposition (asked for in the text format, whose names keep
-  their colons), then the verdict counters (``Verdicts.families``): one answer, one
-  ``instance``, so the goodput rule joins vLLM's tokens and the verdicts per replica.
+  their colons), then the verdict counters (``Verdicts.families``), then the client-side
+  histograms: one answer, one ``instance``, so the goodput rule joins vLLM's tokens and
+  the verdicts per replica.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from slopilot.engine.http_arrival import SCOPE_KEY
+from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge
 from slopilot.engine.request import Priority
@@ -84,6 +89,14 @@ class _VerdictCollector(Collector):
         return self.meter.verdicts.families(self.meter.model_name)
 
 
+class _LatencyCollector(Collector):
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        return self.meter.latency.families(self.meter.model_name)
+
+
 class Meter:
     """The ASGI app. ``clock``: when a piece was written, and when a request arrived where
     its server stamped none (monotonic seconds; the server's protocol stamps on this
@@ -97,6 +110,8 @@ class Meter:
         self.upstream_url = httpx.URL(self.upstream)
         self.slo, self.priority, self.clock = slo, priority, clock
         self.verdicts = slo.verdicts
+        self.latency = ClientLatency(priority)
+        """Each judged stream's first tokens and gaps, observed as written."""
         self.max_body_bytes = max_body_bytes
         self.model_name = ""
         """The served model's name, as the judged streams name it."""
@@ -106,6 +121,7 @@ class Meter:
             timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_VerdictCollector(self))
+        self.registry.register(_LatencyCollector(self))  # scraped in this order
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -183,7 +199,7 @@ class Meter:
         return StreamJudge(self.slo.current().class_slo(self.priority), arrival,
                            choices=n if n is not None and 1 <= n <= MAX_CHOICES else 1,
                            max_tokens=max_tokens if max_tokens is not None and
-                           max_tokens > 0 else None)
+                           max_tokens > 0 else None, latency=self.latency)
 
     async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float,
                        exchange: _Exchange) -> None:
@@ -230,6 +246,9 @@ class Meter:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
                 if judge is not None:
                     judge.written(piece, self.clock())
+                    if judge.model is not None:
+                        # From its first chunk on: the histograms it fed are labelled so.
+                        self.model_name = judge.model
             # Counted before the end is sent: a response complete reads, to the server,
             # as a client gone (uvicorn), which cancels this task.
             self._count(exchange)
@@ -243,16 +262,15 @@ class Meter:
         if judge is None or exchange.counted:
             return
         exchange.counted = True
-        if judge.model is not None:
-            self.model_name = judge.model
         for verdict in judge.verdicts(self.clock()):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens)
 
     async def _metrics(self, send: Send) -> None:
-        """vLLM's exposition in the text format, then the verdicts'. An upstream that
-        does not answer fails the scrape (502): Prometheus then marks the replica down
-        rather than reading verdicts without the tokens they are a share of."""
+        """vLLM's exposition in the text format, then the verdicts' and the client-side
+        histograms'. An upstream that does not answer fails the scrape (502): Prometheus
+        then marks the replica down rather than reading verdicts without the tokens they
+        are a share of."""
         try:
             response = await self.client.get(
                 self.upstream + "/metrics", headers={"accept": TEXT_FORMAT,

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from slopilot.engine.client_gaps import ClientGaps
+from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.slo import ClassSLO
 
 MAX_EVENT_BYTES = 1 << 20
@@ -53,10 +54,12 @@ class StreamJudge:
     """The choices of one stream, read event by event as the bytes are written."""
 
     def __init__(self, slo: ClassSLO, arrival: float, *, choices: int = 1,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, latency: ClientLatency | None = None) -> None:
         """``choices`` and ``max_tokens``: the request's ``n`` and ``max_tokens`` (None:
-        not given, the engine's limit), for a stream cut short (``cut_short``)."""
+        not given, the engine's limit), for a stream cut short (``cut_short``).
+        ``latency``: where each first token and gap is observed as it is read."""
         self.slo, self.arrival = slo, arrival
+        self.latency = latency
         self.n, self.max_tokens = choices, max_tokens
         self.tbt_s = None if slo.tbt_p99_ms is None else slo.tbt_p99_ms / 1000.0
         self.model: str | None = None
@@ -137,7 +140,11 @@ class StreamJudge:
             if _output(raw):
                 if choice.ttft_s is None:
                     choice.ttft_s = at - self.arrival
+                    if self.latency is not None:
+                        self.latency.first_token(choice.ttft_s)
                 gaps = choice.gaps.written(1, at)
+                if self.latency is not None:
+                    self.latency.token_gaps(gaps)
                 choice.tokens += 1
                 choice.gap_count += len(gaps)
                 choice.over += sum(1 for g in gaps if self.tbt_s is not None and g > self.tbt_s)

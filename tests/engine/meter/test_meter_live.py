@@ -77,6 +77,9 @@ def test_streams_through_the_meter_are_judged_as_the_engine_judges_them(
              what="the engine to judge the body too")
     assert served.verdicts()[Priority.P0, label, True] == (4, 8 + 9 + 10 + 4)
     assert app.model_name == name
+    # One first token per stream and a gap per later token, as the engine's server
+    # observes them at its writes (it observes the body's too, as made).
+    assert (app.latency.ttft.count, app.latency.gaps.count) == (3, 7 + 8 + 9)
     metrics = httpx.get(url + "/metrics", timeout=HANG_GUARD_S).text
     # The engine's exposition, then the meter's verdicts (this engine judges too: a vLLM
     # exports none, so there the meter's are the only ones).

@@ -1,0 +1,64 @@
+"""The TTFT and token gaps of the streams the meter judges, as their clients saw them.
+
+vLLM's own histograms time what its engine made: TTFT from when its frontend began to
+tokenize the request to when it took the engine's first output, and the gaps between the
+engine core's steps. Parsing and validating the request before, and detokenizing,
+serializing and writing after (with an API server's event loop busy under load, vLLM's
+known bottleneck), are left out: they read low against what a client measures. The
+meter observes each streamed completion's first token at its write (from the request's
+arrival at the meter) and each token gap at the write that brought it (``ClientGaps``),
+as the built-in engine's server does (``server/responses.py``), on its bucket edges
+(``LATENCY_BUCKETS``), so the recording rules read the same figure on both backends.
+
+Observed as the pieces are written, not at the stream's end: an hour-long stream's gaps
+land in the rate windows they were seen in, and a stream cut short keeps what its client
+had seen. A stream the meter does not judge (not streamed, an error) observes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import HistogramMetricFamily, Metric
+
+from slopilot.engine.latency_buckets import LATENCY_BUCKETS
+from slopilot.engine.metric_window import HistogramRecorder
+from slopilot.engine.request import Priority
+
+CLIENT_TTFT = "slopilot_client_time_to_first_token_seconds"
+CLIENT_TBT = "slopilot_client_inter_token_latency_seconds"
+CLIENT_SERIES: frozenset[str] = frozenset({CLIENT_TTFT, CLIENT_TBT})
+"""The meter's histograms, by the name Prometheus stores (base names)."""
+
+
+class ClientLatency:
+    """One meter's histograms: its one class, every stream it judges."""
+
+    def __init__(self, priority: Priority) -> None:
+        self.priority = priority
+        self.ttft = HistogramRecorder(LATENCY_BUCKETS)
+        self.gaps = HistogramRecorder(LATENCY_BUCKETS)
+
+    def first_token(self, seconds: float) -> None:
+        """A choice's first token reached its client ``seconds`` after the request came."""
+        self.ttft.observe(seconds)
+
+    def token_gaps(self, gaps: list[float]) -> None:
+        """The gaps of the tokens a written chunk brought (``ClientGaps.written``)."""
+        for gap in gaps:
+            self.gaps.observe(gap)
+
+    def families(self, model_name: str) -> Iterator[Metric]:
+        """Both histograms, as the verdicts are exported (``Verdicts.families``): from
+        the start, under the model name the streams named (none before the first)."""
+        labels = [model_name, self.priority.label]
+        for name, doc, recorder in (
+                (CLIENT_TTFT, "Time to first token as the client saw it: the request's "
+                 "arrival at the meter to the write of a choice's first token (streamed "
+                 "completions).", self.ttft),
+                (CLIENT_TBT, "Time between tokens as the client saw them: the time between "
+                 "the writes of a choice's chunks, shared by the tokens a chunk brings.",
+                 self.gaps)):
+            family = HistogramMetricFamily(name, doc, labels=["model_name", "priority_class"])
+            family.add_metric(labels, recorder.cumulative(), recorder.total)
+            yield family
