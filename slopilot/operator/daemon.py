@@ -147,11 +147,12 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     import dataclasses
 
     from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.operator.render import latency_sources
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
     from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.prometheus.query import query_at
-    from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS, identity_labels
+    from slopilot.tuner.prometheus.rules import identity_labels
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.study.live import ResumableTuner
@@ -188,11 +189,10 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     worker = sim_worker()
     return Controller(
         ctx.settings, ctx.handle, alerts,
-        # On the edges the deployment's recording rules use (reconcile.py): the same
-        # goodput in the trials' objective and status.sloAttainment as in Prometheus.
+        # From the sources the deployment's recording rules read (reconcile.py): the same
+        # P99s and goodput in the trials' objective and status as in Prometheus.
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels,
-                          latency_buckets=VLLM_LATENCY_BUCKETS
-                          if spec.backend is Backend.VLLM else None),
+                          latency=latency_sources(spec.backend)),
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
         metrics=operator_metrics(ctx.namespace), state=ctx.state,

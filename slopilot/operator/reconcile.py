@@ -42,17 +42,14 @@ from slopilot.operator.render import (
     SHIPPED_IMAGES,
     Images,
     labels,
+    latency_sources,
     owner_reference,
     render_all,
 )
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.validation import deployment_name_problem, quantity_problem
-from slopilot.tuner.prometheus.rules import (
-    VLLM_LATENCY_BUCKETS,
-    render_prometheus_rule,
-    render_rules_yaml,
-)
+from slopilot.tuner.prometheus.rules import render_prometheus_rule, render_rules_yaml
 
 MONITORING = "monitoring.coreos.com/v1"
 RULES_FILE = "slopilot-rules.yaml"
@@ -149,13 +146,11 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                           admin_token_sha256=admin_token_sha256, images=images)
     objects = [rendered.config_map, rendered.deployment, rendered.service,
                rendered.network_policy]
-    # vLLM's histograms have their own edges: an SLO between two is read there.
-    buckets = VLLM_LATENCY_BUCKETS if spec.backend is Backend.VLLM else None
+    latency = latency_sources(spec.backend)
     if monitoring:
         rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts,
                                       dcgm_namespace=dcgm_namespace,
-                                      namespace_label=namespace_label,
-                                      latency_buckets=buckets)
+                                      namespace_label=namespace_label, latency=latency)
         rule["metadata"] = {**_owned_meta(body, rule["metadata"]["name"]),
                             "labels": {**rule["metadata"]["labels"], **labels(name)}}
         objects += [rendered.service_monitor, rule]
@@ -165,7 +160,7 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                         "data": {RULES_FILE: render_rules_yaml(
                             spec.slo, name, namespace=namespace, options=spec.alerts,
                             dcgm_namespace=dcgm_namespace,
-                            namespace_label=namespace_label, latency_buckets=buckets)}})
+                            namespace_label=namespace_label, latency=latency)}})
     return objects
 
 

@@ -35,7 +35,12 @@ from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.engine.slo import SLO_FILE_ENV
 from slopilot.operator.knobs import VLLM_LACKS
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
-from slopilot.tuner.prometheus.rules import identity_labels
+from slopilot.tuner.prometheus.rules import (
+    BUILTIN_LATENCY,
+    VLLM_LATENCY,
+    LatencySources,
+    identity_labels,
+)
 
 API_VERSION = "slopilot.dev/v1alpha1"
 KIND = "LLMDeployment"
@@ -404,6 +409,13 @@ def render_network_policy(body: Mapping[str, Any], spec: LLMDeploymentSpec,
             "metadata": _meta(body, name),
             "spec": {"podSelector": {"matchLabels": selector(name)},
                      "policyTypes": ["Ingress"], "ingress": ingress}}
+
+
+def latency_sources(backend: Backend) -> LatencySources:
+    """Where the backend's TTFT and TBT are read (the rules, the trial windows and the
+    dashboard alike): vLLM's pods run the meter, whose client-side histograms read what
+    vLLM's own leave out; the built-in engine's own are the client's already."""
+    return VLLM_LATENCY if backend is Backend.VLLM else BUILTIN_LATENCY
 
 
 def vllm_class_relabeling(cls: str) -> dict[str, Any]:

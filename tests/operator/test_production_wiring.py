@@ -205,3 +205,29 @@ def test_a_vllm_deployments_windows_read_goodput_on_vllms_bucket_edges(
     ctl.evaluator.measure(0.0, 60.0, canary=False)
     (goodput,) = [e for e in asked if SLO_TOKENS in e and 'priority_class="p0"' in e]
     assert 'le="0.025"' in goodput and 'le="0.02"' not in goodput
+
+
+@pytest.mark.parametrize("backend", ["vllm", "builtin"])
+def test_a_deployments_windows_read_the_p99s_its_rules_read(tmp_path: Path,
+                                                            backend: str) -> None:
+    """On vLLM the meter's client-side histograms (vLLM's own read low), as the
+    deployment's recording rules; the built-in engine's own are the client's already."""
+    from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
+
+    ctl = prometheus_controller(context(tmp_path, backend=backend))
+    assert isinstance(ctl.evaluator, PrometheusWindows)
+    asked: list[str] = []
+
+    def query(expr: str, at: float) -> list[dict[str, Any]]:
+        asked.append(expr)
+        if "increase(vllm:e2e_request_latency_seconds_count" in expr:
+            return [{"metric": {"priority_class": "p0"}, "value": [at, "100"]}]
+        return [{"metric": {}, "value": [at, "1"]}]
+
+    ctl.evaluator.query = query
+    ctl.evaluator.measure(0.0, 60.0, canary=False)
+    p99s = [e for e in asked if e.startswith(("(histogram_quantile(0.99", "histogram_quantile"
+                                              "(0.99"))]
+    assert len(p99s) == 4  # TTFT and TBT, per class and of every class together
+    for metric in (CLIENT_TTFT, CLIENT_TBT):
+        assert sum(metric in e for e in p99s) == (2 if backend == "vllm" else 0)

@@ -22,7 +22,12 @@ from slopilot.operator.render import (
     vllm_metric_relabelings,
 )
 from slopilot.operator.spec import SpecError, parse_spec
-from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS, RuleOptions, render_rules_yaml
+from slopilot.tuner.prometheus.rules import (
+    VLLM_LATENCY,
+    VLLM_LATENCY_BUCKETS,
+    RuleOptions,
+    render_rules_yaml,
+)
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
 from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_metrics
 from tests.support.waits import wait_for
@@ -111,7 +116,7 @@ def test_vllm_token_gaps_reach_the_class_rules_and_fire_its_alert(
     rules.write_text(render_rules_yaml(
         spec.slo, "chat", options=RuleOptions(interval_s=1, rate_window_s=5, alert_for_s=1,
                                               tbt_periods=1),
-        latency_buckets=VLLM_LATENCY_BUCKETS))
+        latency=VLLM_LATENCY))
     prom = prometheus_factory(
         targets=[ScrapeTarget("vllm", [address], {"slopilot_deployment": "chat"},
                               metric_relabel_configs=[

@@ -26,7 +26,11 @@ from prometheus_client.exposition import choose_encoder
 from slopilot.operator.dashboards import render_dashboard
 from slopilot.operator.render import render_all, vllm_metric_relabel_configs
 from slopilot.operator.spec import parse_spec
-from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS, render_rules_yaml
+from slopilot.tuner.prometheus.rules import (
+    VLLM_LATENCY,
+    VLLM_LATENCY_BUCKETS,
+    render_rules_yaml,
+)
 from tests.support.fixtures import prometheus_binaries, prometheus_factory  # noqa: F401
 from tests.support.prometheus import PrometheusServer, ScrapeTarget, serve_negotiated
 from tests.support.waits import wait_for
@@ -86,7 +90,7 @@ def selected_vllm_names() -> set[str]:
     """Every vllm:* name the deployment's rules and dashboard select."""
     spec = parse_spec(body())
     text = render_rules_yaml(spec.slo, "chat", namespace="team",
-                             latency_buckets=VLLM_LATENCY_BUCKETS)
+                             latency=VLLM_LATENCY)
     text += str(render_dashboard())
     return set(re.findall(r"vllm:[a-z_:]+", text))
 

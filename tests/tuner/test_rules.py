@@ -348,14 +348,14 @@ def test_goodput_reads_a_vllm_histogram_whose_edges_miss_the_slo(
     # 20 ms lies between two of them. The rules selected le="0.02", which vLLM never
     # exports, so P0's goodput (and the deployment's sloAttainment) read nothing while
     # clients were served well. (P0's TTFT SLO, 100 ms, is one of vLLM's TTFT edges.)
-    from slopilot.tuner.prometheus.rules import VLLM_LATENCY_BUCKETS
+    from slopilot.tuner.prometheus.rules import VLLM_LATENCY
 
     spec = SLOSpec.from_profile("standard")
     slo = spec.classes()[Priority.P0]
     assert slo.tbt_p99_ms == 20 and slo.ttft_p99_ms == 100
     rules = tmp_path / "rules.yaml"
     rules.write_text(render_rules_yaml(spec, "d", namespace="n",
-                                       latency_buckets=VLLM_LATENCY_BUCKETS))
+                                       latency=VLLM_LATENCY))
     # Per minute: 100 gaps, 60 within 10 ms and 90 within 25 ms, read as Prometheus'
     # histogram_quantile reads a bucket (uniform inside it): 60 + 30 * (20 - 10) /
     # (25 - 10) = 80 within 20 ms; 10 first tokens, 8 within 100 ms.

@@ -28,10 +28,11 @@ from slopilot.tuner.prometheus.profiling import (
 )
 from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
 from slopilot.tuner.prometheus.rules import (
-    LatencyBuckets,
+    BUILTIN_LATENCY,
+    LatencySources,
     RuleOptions,
-    bucket_rates,
     duration,
+    latency_quantile,
     render_rule_groups,
     render_selector,
 )
@@ -42,8 +43,6 @@ log = logging.getLogger(__name__)
 ROLE_LABEL = "instance_role"
 CANARY = {ROLE_LABEL: "canary"}
 _QUANTILES = {"ttft": "slopilot:ttft_seconds:p99", "tbt": "slopilot:tbt_seconds:p99"}
-_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
-               "tbt": "vllm:inter_token_latency_seconds"}
 _GOODPUT = "slopilot:goodput_tokens:per_second"
 _PREEMPT = "slopilot:preemptions:per_minute"
 
@@ -63,16 +62,17 @@ class PrometheusWindows:
     the window of the same length just before it -> WindowRejected (a trial compared
     under a different load is not comparable). ``min_rate_for_check`` skips that check
     when the earlier window was (nearly) idle: a start from nothing is not a shift.
-    ``latency_buckets``: the backend's histogram edges, as the recording rules are
-    rendered with (``render_rule_groups``); without them an SLO between two of vLLM's
-    edges selects a bucket it never exports, and the goodput reads nothing.
+    ``latency``: the backend's TTFT and TBT sources, as the recording rules are rendered
+    with (``render_rule_groups``): on vLLM the meter's client-side P99s, and vLLM's edges
+    for its goodput (without them an SLO between two of vLLM's edges selects a bucket it
+    never exports, and the goodput reads nothing).
     """
 
     def __init__(self, query: QueryAt | str, selector: Mapping[str, str], slo: SLOSpec, *,
                  canary_labels: Mapping[str, str] | Callable[[], Mapping[str, str]] = CANARY,
                  min_requests: int = 10,
                  load_tolerance: float = 0.5, min_rate_for_check: float = 0.2,
-                 latency_buckets: LatencyBuckets | None = None) -> None:
+                 latency: LatencySources = BUILTIN_LATENCY) -> None:
         if not selector:
             raise ValueError("selector is empty: it would mix every engine in Prometheus; "
                              "pass the deployment's labels, e.g. {'slopilot_deployment': 'x'}")
@@ -92,7 +92,7 @@ class PrometheusWindows:
         self.min_requests = min_requests
         self.load_tolerance = load_tolerance
         self.min_rate_for_check = min_rate_for_check
-        self.latency_buckets = latency_buckets
+        self.latency = latency
 
     def _selector(self, canary: bool) -> dict[str, str]:
         if not canary:
@@ -105,7 +105,7 @@ class PrometheusWindows:
     def _exprs(self, sel: Mapping[str, str], window_s: int) -> dict[str, dict[str | None, str]]:
         groups = render_rule_groups(self.slo, "window", selector=sel,
                                     options=RuleOptions(rate_window_s=window_s),
-                                    latency_buckets=self.latency_buckets)
+                                    latency=self.latency)
         out: dict[str, dict[str | None, str]] = {}
         for rule in groups["groups"][0]["rules"]:
             if "record" in rule:
@@ -118,9 +118,8 @@ class PrometheusWindows:
         out["throughput"] = {None: f"sum by (priority_class) (rate("
                                    f"vllm:request_generation_tokens_sum{s}[{w}]))"}
         # Every class together, as the simulator's overall P99 (no recording rule has it).
-        for key, metric in _HISTOGRAMS.items():
-            out[f"{key}_p99_all"] = {None: f"histogram_quantile(0.99, "
-                                           f"{bucket_rates(metric, s, w, by='le')})"}
+        for key, source in (("ttft", self.latency.ttft), ("tbt", self.latency.tbt)):
+            out[f"{key}_p99_all"] = {None: latency_quantile(0.99, source, s, w, by="le")}
         # Arrivals, not completions: a bad config slows completions, and that must read as
         # a bad trial, not as a load shift. Arrivals = finished + growth of the queue +
         # turned away for load: a config that refuses its clients took less, it was not
@@ -171,7 +170,8 @@ class PrometheusWindows:
             raise WindowRejected(
                 f"{', '.join(unread)} finished requests but its goodput reads no series: "
                 "no verdicts (slopilot_slo_*) nor both latency histograms (" +
-                ", ".join(_HISTOGRAMS.values()) + ") for it; a vLLM image older than "
+                f"{self.latency.ttft.engine.metric}, {self.latency.tbt.engine.metric}"
+                ") for it; a vLLM image older than "
                 "0.11 exports its token gaps under another name: use vLLM 0.11 or newer")
         return window_summary(
             requests=requests, refused=self._by_class(q["refused"][None], end),

@@ -16,15 +16,13 @@ labels, which the operator's ServiceMonitor puts on every series it scrapes).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.latency_buckets import LATENCY_BUCKETS
 from slopilot.engine.metrics import REFUSED, SLO_TOKENS
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.alert_table import (
@@ -35,11 +33,20 @@ from slopilot.tuner.prometheus.alert_table import (
     RuleOptions,
     alert_table,
 )
+from slopilot.tuner.prometheus.latency_sources import (
+    BUILTIN_LATENCY,
+    TTFT,
+    VLLM_LATENCY,
+    VLLM_LATENCY_BUCKETS,
+    LatencySource,
+    LatencySources,
+)
 
-__all__ = ["ALL_CLASSES", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "VLLM_LATENCY_BUCKETS",
-           "LatencyBuckets", "RuleError", "RuleOptions", "duration",
-           "identity_labels", "render_prometheus_rule", "render_rule_groups",
-           "render_rules_yaml", "render_selector"]
+__all__ = ["ALL_CLASSES", "BUILTIN_LATENCY", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "TTFT",
+           "VLLM_LATENCY", "VLLM_LATENCY_BUCKETS", "LatencySources", "RuleError",
+           "RuleOptions", "duration", "identity_labels", "latency_quantile",
+           "render_prometheus_rule", "render_rule_groups", "render_rules_yaml",
+           "render_selector"]
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 DEPLOYMENT_LABEL = "slopilot_deployment"
@@ -116,24 +123,6 @@ def render_selector(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-LatencyBuckets = Mapping[str, Sequence[float]]
-"""A backend's latency histogram bucket edges (seconds, finite), by metric name."""
-
-VLLM_LATENCY_BUCKETS: LatencyBuckets = MappingProxyType({
-    # vLLM's own edges (v1 engine, vllm/v1/metrics/loggers.py); the standard profile's
-    # P0 TBT SLO (20 ms) falls between two of them.
-    "vllm:time_to_first_token_seconds": (
-        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-        7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
-    "vllm:inter_token_latency_seconds": (
-        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-        10.0, 20.0, 40.0, 80.0),
-})
-
-
-TTFT = "vllm:time_to_first_token_seconds"
-
-
 def bucket_rates(metric: str, selector: str, window: str,
                  by: str = "le, priority_class") -> str:
     """The rates of ``metric``'s buckets, summed ``by`` (``le`` among them), as
@@ -150,6 +139,25 @@ def bucket_rates(metric: str, selector: str, window: str,
             f"or {buckets})")
 
 
+def latency_quantile(q: float, source: LatencySource, selector: str, window: str,
+                     by: str = "le, priority_class") -> str:
+    """``q`` of a TTFT or TBT over ``window``, summed ``by`` (``le`` among them): the
+    client-side histogram's wherever it observed any in the window, else the engine's
+    (``latency_sources``). Per group of ``by``: the guard keeps a group whose client
+    histogram counted nothing (its quantile NaN) from hiding the engine's, and ``or``
+    takes the engine's for a group only where the client's has none of the same labels.
+    """
+    own = f"histogram_quantile({q}, {bucket_rates(source.engine.metric, selector, window, by)})"
+    if source.client is None:
+        return own
+    metric = source.client.metric
+    others = ", ".join(label for label in by.replace(" ", "").split(",") if label != "le")
+    seen = f"sum by ({others}) " if others else "sum"
+    seen += f"(rate({metric}_count{selector}[{window}])) > 0"
+    client = f"histogram_quantile({q}, {bucket_rates(metric, selector, window, by)})"
+    return f"({client} and on ({others}) ({seen})) or {own}"
+
+
 def _le(edge: float) -> str:
     # The text prometheus_client writes for le: 1 -> "1.0", 0.1 -> "0.1".
     return str(floatToGoString(edge))
@@ -159,10 +167,10 @@ class _Renderer:
     def __init__(self, spec: SLOSpec, deployment: str, namespace: str | None,
                  selector: Mapping[str, str] | None, options: RuleOptions,
                  namespace_label: str | None = None,
-                 buckets: LatencyBuckets | None = None, *,
+                 latency: LatencySources = BUILTIN_LATENCY, *,
                  dcgm_namespace: str | None = None) -> None:
         self.spec, self.opt = spec, options
-        self.buckets: LatencyBuckets = buckets or {}
+        self.latency = latency
         self.ident = identity_labels(deployment, namespace, namespace_label)
         if dcgm_namespace is not None and (not isinstance(dcgm_namespace, str)
                                            or not dcgm_namespace.strip()):
@@ -188,9 +196,8 @@ class _Renderer:
     def record(self, name: str, expr: str, **labels: str) -> dict[str, Any]:
         return {"record": name, "expr": expr, "labels": {**self.ident, **labels}}
 
-    def quantile(self, q: float, metric: str, window: str | None = None) -> str:
-        return (f"histogram_quantile({q}, "
-                f"{bucket_rates(metric, self.sel(), window or self.window)})")
+    def quantile(self, q: float, source: LatencySource, window: str | None = None) -> str:
+        return latency_quantile(q, source, self.sel(), window or self.window)
 
     def fraction_within(self, metric: str, cls: str, threshold_s: float,
                         by: str = "priority_class") -> str:
@@ -199,7 +206,7 @@ class _Renderer:
         have no gaps; a long one's first token fell before it), not 0/0. Off the
         backend's grid it is read as ``histogram_quantile`` reads a bucket, uniform
         inside it: an edge a backend does not export selects nothing."""
-        edges = sorted(self.buckets.get(metric, LATENCY_BUCKETS))
+        edges = sorted(self.latency.edges(metric))
 
         def rate(le: float) -> str:
             return (f"sum by ({by}) (rate({metric}_bucket"
@@ -265,16 +272,15 @@ class _Renderer:
     def recording_rules(self) -> list[dict[str, Any]]:
         w = self.window
         rules = []
-        for short, metric in (("ttft", "vllm:time_to_first_token_seconds"),
-                              ("tbt", "vllm:inter_token_latency_seconds")):
+        ttft, tbt = self.latency.ttft, self.latency.tbt
+        for short, source in (("ttft", ttft), ("tbt", tbt)):
             for q, tag in ((0.99, "p99"), (0.5, "p50")):
                 rules.append(self.record(f"slopilot:{short}_seconds:{tag}",
-                                         self.quantile(q, metric)))
+                                         self.quantile(q, source)))
         # The sustained-breach rows read the P99s over the longer window.
-        for figure, metric in ((Figure.TTFT_P99_LONG, "vllm:time_to_first_token_seconds"),
-                               (Figure.TBT_P99_LONG, "vllm:inter_token_latency_seconds")):
+        for figure, source in ((Figure.TTFT_P99_LONG, ttft), (Figure.TBT_P99_LONG, tbt)):
             rules.append(self.record(figure.value, self.quantile(
-                0.99, metric, duration(self.opt.breach_window_s))))
+                0.99, source, duration(self.opt.breach_window_s))))
         rules += [
             self.record(Figure.PREEMPTIONS_PER_MIN.value,
                         f"sum(rate(vllm:num_preemptions_total{self.sel()}[{w}])) * 60"),
@@ -311,8 +317,11 @@ class _Renderer:
             # within the SLO, as if every request had the same few slow gaps. That reads
             # high where slow gaps bunch on a few requests (each over its own P99 target).
             approx = tokens
-            for metric, limit_ms in (("vllm:time_to_first_token_seconds", slo.ttft_p99_ms),
-                                     ("vllm:inter_token_latency_seconds", slo.tbt_p99_ms)):
+            # On the engine's histograms, even where a meter observes the client's: a
+            # replica reads this only where it judged nothing, and a meter that saw a
+            # stream judged it, so there its client-side histograms are empty too.
+            for metric, limit_ms in ((ttft.engine.metric, slo.ttft_p99_ms),
+                                     (tbt.engine.metric, slo.tbt_p99_ms)):
                 if limit_ms is not None:  # a replica that observed none keeps its tokens
                     approx += " * (" + self.fraction_within(
                         metric, p.label, limit_ms / 1000, by) + ")"
@@ -344,20 +353,21 @@ def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None 
                        options: RuleOptions | None = None,
                        dcgm_namespace: str | None = None,
                        namespace_label: str | None = None,
-                       latency_buckets: LatencyBuckets | None = None) -> dict[str, Any]:
+                       latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
     """The plain rules file content: ``{"groups": [...]}``.
 
     ``namespace``: the deployment's Kubernetes namespace; None only outside a cluster.
     ``namespace_label``: the Prometheus's enforced namespace label (``identity_labels``),
     which every selector, recorded series and alert then carries as well.
-    ``latency_buckets``: the backend's histogram edges where they are not the built-in
-    engine's (``VLLM_LATENCY_BUCKETS``), so that an SLO between two edges is read there.
+    ``latency``: where the backend's TTFT and TBT come from, and on which edges
+    (``VLLM_LATENCY``: the meter's client-side histograms, else vLLM's own, whose edges
+    an SLO may fall between).
     ``dcgm_namespace``: where the DCGM exporter runs, so that its series scraped without
     honorLabels are read too (``_Renderer.gpu_utilization``); None, they are not.
     """
     opts = options if options is not None else RuleOptions()
-    r = _Renderer(spec, deployment, namespace, selector, opts, namespace_label,
-                  latency_buckets, dcgm_namespace=dcgm_namespace)
+    r = _Renderer(spec, deployment, namespace, selector, opts, namespace_label, latency,
+                  dcgm_namespace=dcgm_namespace)
     # Kubernetes names hold no '/', so "slopilot/<namespace>/<name>" names one deployment.
     name = f"slopilot-{deployment}" if namespace is None else f"slopilot/{r.subject}"
     group = {"name": name, "interval": duration(opts.interval_s),
@@ -370,11 +380,11 @@ def render_rules_yaml(spec: SLOSpec, deployment: str, *, namespace: str | None =
                       options: RuleOptions | None = None,
                       dcgm_namespace: str | None = None,
                       namespace_label: str | None = None,
-                      latency_buckets: LatencyBuckets | None = None) -> str:
+                      latency: LatencySources = BUILTIN_LATENCY) -> str:
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
                                 dcgm_namespace=dcgm_namespace,
                                 options=options, namespace_label=namespace_label,
-                                latency_buckets=latency_buckets)
+                                latency=latency)
     return yaml.safe_dump(groups, sort_keys=False, width=100)
 
 
@@ -384,14 +394,14 @@ def render_prometheus_rule(spec: SLOSpec, deployment: str, namespace: str, *,
                            labels: Mapping[str, str] | None = None,
                            dcgm_namespace: str | None = None,
                            namespace_label: str | None = None,
-                           latency_buckets: LatencyBuckets | None = None) -> dict[str, Any]:
+                           latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
     """The same groups as a prometheus-operator PrometheusRule in the deployment's namespace."""
     if not namespace:
         raise RuleError("namespace is empty; pass the deployment's namespace")
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
                                 dcgm_namespace=dcgm_namespace,
                                 options=options, namespace_label=namespace_label,
-                                latency_buckets=latency_buckets)
+                                latency=latency)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

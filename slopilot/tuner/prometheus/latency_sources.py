@@ -1,0 +1,83 @@
+"""Where a backend's TTFT and TBT histograms come from, as the recording rules read them.
+
+The built-in engine observes both at its own writes to the client (TTFT at a choice's
+first chunk written, gaps between chunk writes): its histograms are the client's figures.
+vLLM's are its engine's: TTFT from when its frontend began to tokenize to when it took
+the first engine output, and gaps between the engine core's steps, without parsing before
+nor detokenizing, serializing and the write after (nor a busy API server's event loop,
+vLLM's known bottleneck under load), so they read low against what clients measure.
+The meter in each vLLM pod observes what its clients see (``engine/meter/client_latency``);
+the rules read it wherever it observed a stream in the window, and vLLM's where it
+observed none (a deployment whose clients ask for bodies, or a pod without a meter).
+
+The operator picks a backend's sources once (``operator.render.latency_sources``), and
+passes them to the rules, the trial windows and the dashboard alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from slopilot.engine.latency_buckets import LATENCY_BUCKETS
+from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
+
+TTFT = "vllm:time_to_first_token_seconds"
+TBT = "vllm:inter_token_latency_seconds"
+
+VLLM_LATENCY_BUCKETS: Mapping[str, Sequence[float]] = MappingProxyType({
+    # vLLM's own edges (v1 engine, vllm/v1/metrics/loggers.py); the standard profile's
+    # P0 TBT SLO (20 ms) falls between two of them.
+    TTFT: (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+           7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    TBT: (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+          10.0, 20.0, 40.0, 80.0),
+})
+"""vLLM's latency histogram edges (seconds, finite), by metric name."""
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A latency histogram: its name (without ``_bucket``) and its finite edges."""
+
+    metric: str
+    edges: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class LatencySource:
+    """One figure's histograms. ``engine``: the backend's own, on every replica.
+    ``client``: one observed at the client's side (the meter's), read instead wherever
+    it observed any in the window; None where the engine's are the client's already."""
+
+    engine: Histogram
+    client: Histogram | None = None
+
+
+@dataclass(frozen=True)
+class LatencySources:
+    """A backend's TTFT and TBT sources."""
+
+    ttft: LatencySource
+    tbt: LatencySource
+
+    def edges(self, metric: str) -> tuple[float, ...]:
+        """``metric``'s bucket edges (an unknown one's: the built-in engine's)."""
+        for source in (self.ttft, self.tbt):
+            for hist in (source.engine, source.client):
+                if hist is not None and hist.metric == metric:
+                    return hist.edges
+        return LATENCY_BUCKETS
+
+
+BUILTIN_LATENCY = LatencySources(ttft=LatencySource(Histogram(TTFT, LATENCY_BUCKETS)),
+                                 tbt=LatencySource(Histogram(TBT, LATENCY_BUCKETS)))
+"""The built-in engine: its histograms, observed at its writes, are the client's."""
+
+VLLM_LATENCY = LatencySources(
+    ttft=LatencySource(Histogram(TTFT, tuple(VLLM_LATENCY_BUCKETS[TTFT])),
+                       client=Histogram(CLIENT_TTFT, LATENCY_BUCKETS)),
+    tbt=LatencySource(Histogram(TBT, tuple(VLLM_LATENCY_BUCKETS[TBT])),
+                      client=Histogram(CLIENT_TBT, LATENCY_BUCKETS)))
+"""vLLM behind the meter: the meter's client-side histograms, else vLLM's own."""
