@@ -1,8 +1,11 @@
 """The Grafana overview dashboard, generated with grafana_foundation_sdk.
 
-``python -m slopilot.operator.dashboards`` rewrites dashboards/slopilot-overview.json;
-a test checks the checked-in file equals the generated one. Queries use the engine's
-series (vLLM names, so a vLLM backend fills most panels too), the recording rules of
+``python -m slopilot.operator.dashboards`` rewrites dashboards/slopilot-overview.json
+and, for vLLM deployments, dashboards/slopilot-overview-vllm.json (its latency panels
+read the meter's client-side histograms, as the loop does there, with vLLM's own P99
+beside them); a test checks the checked-in files equal the generated ones. Queries use
+the engine's series (vLLM names, so a vLLM backend fills most panels too), the recording
+rules of
 ``slopilot.tuner.prometheus.rules`` for goodput, and the tuner/kube series listed in
 ``EXTERNAL_METRICS``. Every series is selected by ``slopilot_namespace`` and
 ``slopilot_deployment``, the labels the scrape configuration puts on each engine pod's
@@ -32,14 +35,18 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from slopilot.engine.metrics import REFUSED, RETRIES, SLO_REQUESTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.prometheus.latency_sources import LatencySource
 from slopilot.tuner.prometheus.rules import (
+    BUILTIN_LATENCY,
     DEPLOYMENT_LABEL,
     NAMESPACE_LABEL,
+    LatencySources,
     RuleOptions,
-    bucket_rates,
+    latency_quantile,
 )
 
 UID = "slopilot-overview"
+VLLM_UID = "slopilot-overview-vllm"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = f'{NAMESPACE_LABEL}=~"$namespace",{DEPLOYMENT_LABEL}=~"$deployment"'
 RATE = "$__rate_interval"
@@ -101,22 +108,34 @@ def _series(title: str, queries: list[prometheus.Dataquery], *, unit: str,
     return panel
 
 
-def _latency_panels(spec: SLOSpec) -> list[timeseries.Panel]:
+def _latency_panels(spec: SLOSpec, latency: LatencySources) -> list[timeseries.Panel]:
     panels = []
-    for short, metric, field in (
-            ("TTFT", "vllm:time_to_first_token_seconds", "ttft_p99_ms"),
-            ("TBT", "vllm:inter_token_latency_seconds", "tbt_p99_ms")):
+    for short, source, field in (("TTFT", latency.ttft, "ttft_p99_ms"),
+                                 ("TBT", latency.tbt, "tbt_p99_ms")):
         for p in Priority:
             slo_ms = getattr(spec.class_slo(p), field)
             sel = f'{{{SEL},priority_class="{p.label}"}}'
             # As the loop reads them: a request turned away for load is a first token
-            # never given (rules.bucket_rates).
-            queries = [_query(f"histogram_quantile({q}, "
-                              f"{bucket_rates(metric, sel, RATE, by='le')})", tag)
+            # never given (rules.bucket_rates); on vLLM, the meter's client-side figure
+            # where it saw a stream, else vLLM's.
+            queries = [_query(latency_quantile(q, source, sel, RATE, by="le"), tag)
                        for q, tag in ((0.99, "P99"), (0.5, "P50"))]
+            description = ""
+            if source.client is not None:
+                # vLLM's own beside it: the gap is what its frontend adds (parsing,
+                # detokenizing, the write), which vLLM's histograms leave out.
+                queries.append(_query(latency_quantile(
+                    0.99, LatencySource(source.engine), sel, RATE, by="le"),
+                    "P99 as vLLM measures it"))
+                description = (
+                    "P99 and P50 as the loop reads them: the meter's, as the clients saw "
+                    "each stream (from the request's arrival at the meter to each write), "
+                    "or vLLM's own where the meter saw no stream. vLLM measures from the "
+                    "start of tokenizing to its engine's output, and reads low.")
             slo_text = f"SLO P99 < {slo_ms:g} ms" if slo_ms else "best effort"
             panels.append(_series(f"{short} {p.label.upper()} ({slo_text})", queries,
-                                  unit="s", line_at=slo_ms / 1000 if slo_ms else None))
+                                  unit="s", line_at=slo_ms / 1000 if slo_ms else None,
+                                  description=description))
     return panels
 
 
@@ -258,11 +277,15 @@ _ANNOTATION_EXTRAS = {
 }
 
 
-def build_dashboard(spec: SLOSpec | None = None) -> dict[str, Any]:
-    """The overview dashboard as a JSON-ready dict; SLO lines from ``spec`` (standard)."""
+def build_dashboard(spec: SLOSpec | None = None, *,
+                    latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
+    """The overview dashboard as a JSON-ready dict; SLO lines from ``spec`` (standard),
+    TTFT and TBT from ``latency`` (the backend's, ``render.latency_sources``)."""
     spec = spec if spec is not None else SLOSpec.from_profile("standard")
+    vllm = latency != BUILTIN_LATENCY
     builder = (
-        dash.Dashboard("slopilot overview").uid(UID).tags(["slopilot", "llm", "slo"])
+        dash.Dashboard("slopilot overview (vLLM)" if vllm else "slopilot overview")
+        .uid(VLLM_UID if vllm else UID).tags(["slopilot", "llm", "slo"])
         .description("LLM serving against its SLO: latency per class, throughput, "
                      "scheduler, and what the tuner changed.")
         .refresh("30s").time("now-1h", "now").tooltip(DashboardCursorSync.CROSSHAIR)
@@ -287,7 +310,7 @@ def build_dashboard(spec: SLOSpec | None = None) -> dict[str, Any]:
         .annotation(_annotation(
             "Alerts", f'ALERTS{{alertstate="firing",{SEL}}}', "red")))
     sections: list[tuple[str, list[Any]]] = [
-        ("Latency per class", _latency_panels(spec)),
+        ("Latency per class", _latency_panels(spec, latency)),
         ("Throughput", _throughput_panels()),
         ("Scheduler", _scheduler_panels(spec)),
         ("Tuning", _tuning_panels()),
@@ -303,16 +326,24 @@ def build_dashboard(spec: SLOSpec | None = None) -> dict[str, Any]:
     return data
 
 
-def render_dashboard(spec: SLOSpec | None = None) -> str:
-    return json.dumps(build_dashboard(spec), indent=2, sort_keys=True) + "\n"
+def render_dashboard(spec: SLOSpec | None = None, *,
+                     latency: LatencySources = BUILTIN_LATENCY) -> str:
+    return json.dumps(build_dashboard(spec, latency=latency), indent=2, sort_keys=True) + "\n"
 
 
 def dashboard_path() -> Path:
     return Path(__file__).resolve().parents[2] / "dashboards" / "slopilot-overview.json"
 
 
+def vllm_dashboard_path() -> Path:
+    return dashboard_path().with_name("slopilot-overview-vllm.json")
+
+
 if __name__ == "__main__":
-    path = dashboard_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_dashboard())
-    print(f"wrote {path}")
+    from slopilot.tuner.prometheus.rules import VLLM_LATENCY
+
+    for path, latency in ((dashboard_path(), BUILTIN_LATENCY),
+                          (vllm_dashboard_path(), VLLM_LATENCY)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_dashboard(latency=latency))
+        print(f"wrote {path}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from slopilot.engine.meter.client_latency import CLIENT_SERIES
 from slopilot.engine.metrics import exported_series
 from slopilot.engine.slo import SLOSpec
 from slopilot.operator.dashboards import (
@@ -15,7 +16,13 @@ from slopilot.operator.dashboards import (
     dashboard_path,
     render_dashboard,
 )
-from slopilot.tuner.prometheus.rules import example_spec, render_rule_groups
+from slopilot.tuner.prometheus.rules import (
+    BUILTIN_LATENCY,
+    VLLM_LATENCY,
+    LatencySources,
+    example_spec,
+    render_rule_groups,
+)
 from tests.support.fixtures import prometheus_binaries, prometheus_server  # noqa: F401
 from tests.support.prometheus import PrometheusServer
 
@@ -35,8 +42,8 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
     return exprs
 
 
-def rule_exprs() -> tuple[list[str], set[str]]:
-    groups = render_rule_groups(example_spec(), "example")
+def rule_exprs(latency: LatencySources = BUILTIN_LATENCY) -> tuple[list[str], set[str]]:
+    groups = render_rule_groups(example_spec(), "example", latency=latency)
     rules = [r for g in groups["groups"] for r in g["rules"]]
     return [r["expr"] for r in rules], {r["record"] for r in rules if "record" in r}
 
@@ -121,8 +128,12 @@ def test_slo_lines_follow_the_spec() -> None:
 
 def test_every_referenced_series_is_exported_or_documented() -> None:
     exprs, recorded = rule_exprs()
+    exprs += rule_exprs(VLLM_LATENCY)[0]
     exprs += dashboard_exprs(build_dashboard(example_spec()))
-    known = exported_series() | set(EXTERNAL_METRICS) | recorded
+    exprs += dashboard_exprs(build_dashboard(example_spec(), latency=VLLM_LATENCY))
+    # The meter's, beside a vLLM engine (engine/meter/client_latency.py).
+    meter = {f"{name}_{part}" for name in CLIENT_SERIES for part in ("bucket", "count")}
+    known = exported_series() | set(EXTERNAL_METRICS) | recorded | meter
     referenced = {name for e in exprs for name in _SELECTED.findall(e)}
     assert referenced, "the selector pattern found nothing: the test would pass vacuously"
     assert referenced - known == set()
@@ -134,8 +145,34 @@ def test_every_referenced_series_is_exported_or_documented() -> None:
 def test_every_query_parses_in_real_prometheus(
         prometheus_server: PrometheusServer) -> None:  # noqa: F811
     exprs = dashboard_exprs(build_dashboard()) + rule_exprs()[0]
+    exprs += dashboard_exprs(build_dashboard(latency=VLLM_LATENCY)) + rule_exprs(VLLM_LATENCY)[0]
     for expr in exprs:
         answer = prometheus_server.query(substitute(expr))
         assert answer["status"] == "success", f"{expr}\n-> {answer.get('error')}"
     bad = prometheus_server.query("sum(rate(vllm:x[1m])")
     assert bad["status"] == "error", "the check must be able to fail"
+
+
+def test_a_vllm_deployments_latency_panels_show_what_the_loop_reads() -> None:
+    """vLLM's own histograms leave out its frontend's work: the loop reads the meter's
+    client-side P99 where it saw a stream, vLLM's where not, and the vLLM dashboard
+    draws that figure, with vLLM's own P99 beside it, labelled."""
+    from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
+    from slopilot.operator.dashboards import vllm_dashboard_path
+    from slopilot.tuner.prometheus.rules import VLLM_LATENCY
+
+    vllm = build_dashboard(example_spec(), latency=VLLM_LATENCY)
+    assert vllm["uid"] != build_dashboard()["uid"]
+    panels = {p["title"]: p for p in _panels(vllm)}
+    for title, client, own in (("TTFT P0", CLIENT_TTFT, "vllm:time_to_first_token_seconds"),
+                               ("TBT P0", CLIENT_TBT, "vllm:inter_token_latency_seconds")):
+        panel = next(p for t, p in panels.items() if t.startswith(title))
+        legends = {t["legendFormat"]: t["expr"] for t in panel["targets"]}
+        assert client in legends["P99"] and own in legends["P99"]  # with its fallback
+        assert client in legends["P50"]
+        assert client not in legends["P99 as vLLM measures it"]
+    assert vllm_dashboard_path().read_text() == render_dashboard(latency=VLLM_LATENCY), (
+        "dashboards/slopilot-overview-vllm.json is stale: "
+        "run python -m slopilot.operator.dashboards")
+    # The built-in engine's dashboard reads no meter.
+    assert not any(name in render_dashboard() for name in (CLIENT_TTFT, CLIENT_TBT))

@@ -91,7 +91,7 @@ def selected_vllm_names() -> set[str]:
     spec = parse_spec(body())
     text = render_rules_yaml(spec.slo, "chat", namespace="team",
                              latency=VLLM_LATENCY)
-    text += str(render_dashboard())
+    text += render_dashboard(latency=VLLM_LATENCY)
     return set(re.findall(r"vllm:[a-z_:]+", text))
 
 
