@@ -16,6 +16,19 @@ its tokens. Over the same requests, the share of output tokens that met the SLO:
   target times the share of gaps within the TBT target (``histogram_share_within``), as
   the rules read a replica without verdicts (a vLLM pod without the meter).
 
+And the TTFT and TBT P99 over the same requests:
+
+- ``client``: the client's own, exact (its first chunk's arrival from its send; its
+  gaps as above);
+- ``meter``: the meter's client-side histograms (``slopilot_client_*``), read as the
+  rules read them on a vLLM deployment (``histogram_quantile`` on its buckets), beside
+  ``client_bucketed``, the client's own on the same edges (the buckets' share of the
+  error);
+- ``made``: as vLLM measures them, from when the engine made each token (the stand-in
+  runs with one more observer, ``made_time_engine.py``), on vLLM's own bucket edges,
+  what the rules read before the meter had histograms (and still read where it saw no
+  stream); ``made_exact`` without the buckets.
+
 Then what the meter costs: at a light load, requests alternate between the engine and
 the meter, and the client's TTFT and mean gap through each are compared (medians of
 pairs).
@@ -29,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import math
@@ -40,19 +54,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import histogram_share_within
+from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
+from slopilot.engine.metrics import (
+    histogram_quantile,
+    histogram_share_within,
+    latency_quantile,
+)
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
+from slopilot.tuner.prometheus.latency_sources import TBT, TTFT, VLLM_LATENCY_BUCKETS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from loop_truth import percentile, relative_error  # noqa: E402
 from serving_latency import serve  # noqa: E402
 
 SLO = {"classes": {"p0": {"ttftP99Ms": 1000, "tbtP99Ms": 50}}}
@@ -190,16 +211,56 @@ def _buckets(d: Samples, name: str) -> dict[float, float]:
     return out
 
 
-def truth(args: argparse.Namespace, engine: str, proc: MeterProcess) -> dict[str, float]:
+def _made(url: str) -> dict[str, list[float]]:
+    """The stand-in engine's made-time TTFTs and gaps so far (``made_time_engine.py``)."""
+    made: dict[str, list[float]] = httpx.get(url, timeout=30).json()
+    return made
+
+
+def _bucketed(samples: list[float], edges: Sequence[float]) -> dict[float, float]:
+    """``samples`` as a histogram on ``edges`` (cumulative, with +Inf) would count them."""
+    xs = sorted(samples)
+    return {**{e: float(bisect.bisect_right(xs, e)) for e in edges}, math.inf: float(len(xs))}
+
+
+def p99s(records: list[Record], m: Samples, made: dict[str, list[float]]) -> dict[str, float]:
+    """TTFT and TBT P99 (ms) as the client measured them, as the meter's histograms give
+    them, and as the engine made them (vLLM's way), each with its error against the
+    client's."""
+    out: dict[str, float] = {}
+    for short, client, meter_metric, made_key, vllm_metric in (
+            ("ttft", [r.arrivals[0] - r.sent for r in records], CLIENT_TTFT, "ttft", TTFT),
+            ("tbt", [g for r in records for g in r.gaps()], CLIENT_TBT, "gaps", TBT)):
+        truth_ms = percentile(client, 0.99) * 1e3
+        figures = {
+            # The client's own on the meter's edges: what of the meter's error is theirs.
+            "client_bucketed": latency_quantile(0.99, client) * 1e3,
+            "meter": histogram_quantile(0.99, _buckets(m, meter_metric)) * 1e3,
+            "made": histogram_quantile(0.99, _bucketed(
+                made[made_key], VLLM_LATENCY_BUCKETS[vllm_metric])) * 1e3,
+            "made_exact": percentile(made[made_key], 0.99) * 1e3}
+        out[f"client_{short}_p99_ms"] = truth_ms
+        print(f"{short.upper()} P99: client {truth_ms:.1f} ms; " + "; ".join(
+            f"{name} {ms:.1f} ms ({relative_error(ms, truth_ms):+.1%})"
+            for name, ms in figures.items()))
+        for name, ms in figures.items():
+            out[f"{name}_{short}_p99_ms"] = ms
+            out[f"{name}_{short}_p99_err"] = relative_error(ms, truth_ms)
+    return out
+
+
+def truth(args: argparse.Namespace, engine: str, proc: MeterProcess,
+          made_url: str) -> dict[str, float]:
     metered = proc.url
     slo = SLOSpec.from_dict(SLO).p0
     assert slo.ttft_p99_ms is not None and slo.tbt_p99_ms is not None
     asyncio.run(load(metered, args.rate, 3.0, args.seed + 1000))  # warm up
-    before_e, before_m = _scrape(engine), _scrape(metered)
+    before_e, before_m, made_before = _scrape(engine), _scrape(metered), _made(made_url)
     cpu_before = proc.cpu_s()
     records = asyncio.run(load(metered, args.rate, args.seconds, args.seed))
     cpu_s = proc.cpu_s() - cpu_before
-    after_e, after_m = _scrape(engine), _scrape(metered)
+    after_e, after_m, made_after = _scrape(engine), _scrape(metered), _made(made_url)
+    made = {k: v[len(made_before[k]):] for k, v in made_after.items()}
     tokens = sum(sum(r.tokens) for r in records)
     client = sum(sum(r.tokens) for r in records if r.met(slo)) / tokens
     m = _diff(after_m, before_m)
@@ -229,7 +290,7 @@ def truth(args: argparse.Namespace, engine: str, proc: MeterProcess) -> dict[str
             "requests": len(records), "client_share": client, "meter_share": meter_share,
             "product_share": product, "meter_err": (meter_share - client) / client,
             "product_err": (product - client) / client,
-            "meter_judged_tokens_ratio": judged / tokens}
+            "meter_judged_tokens_ratio": judged / tokens} | p99s(records, m, made)
 
 
 async def _paired(engine: str, metered: str, pairs: int) -> list[tuple[Record, Record]]:
@@ -272,9 +333,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         slo_file = Path(tmp) / "slo.json"
         slo_file.write_text(json.dumps(SLO))
+        made_port = _free_port()
+        stand_in = (str(ROOT / "benchmarks" / "made_time_engine.py"), "--made-port",
+                    str(made_port))
         with serve("--executor", "simulated", "--set", "token_budget=4096",
-                   "--set", "chunk_size=4096") as engine, meter(engine, slo_file) as metered:
-            fields = truth(args, engine, metered)
+                   "--set", "chunk_size=4096", launcher=stand_in) as engine, \
+                meter(engine, slo_file) as metered:
+            fields = truth(args, engine, metered, f"http://127.0.0.1:{made_port}/")
             fields |= cost(engine, metered.url, args.pairs)
     print("RESULT " + " ".join(f"{k}={v:.4g}" for k, v in fields.items()))
     return 0

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,10 +54,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def serve(*args: str, env_extra: dict[str, str] | None = None) -> Iterator[str]:
-    """A ``slopilot serve`` process of this tree; yields its URL."""
+def serve(*args: str, env_extra: dict[str, str] | None = None,
+          launcher: Sequence[str] = ("-m", "slopilot.cli")) -> Iterator[str]:
+    """A ``slopilot serve`` process of this tree; yields its URL. ``launcher``: what
+    Python runs, given ``serve`` and its flags (``made_time_engine.py``: with one more
+    observer on the engine)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", "serve", "--port", "0",
+    proc = subprocess.Popen([sys.executable, *launcher, "serve", "--port", "0",
                              "--log-level", "warning", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=env, cwd=ROOT)
