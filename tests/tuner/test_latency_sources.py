@@ -20,6 +20,8 @@ from slopilot.tuner.prometheus.adapters import PrometheusWindows
 from slopilot.tuner.prometheus.alert_table import Figure
 from slopilot.tuner.prometheus.latency_sources import BUILTIN_LATENCY, VLLM_LATENCY
 from slopilot.tuner.prometheus.rules import (
+    EXAMPLE_DCGM_NAMESPACE,
+    EXAMPLE_DEPLOYMENT,
     EXAMPLE_HEADER,
     example_path,
     example_spec,
@@ -100,7 +102,8 @@ def test_the_builtin_engines_rules_are_the_checked_in_rendering() -> None:
     histograms alone, byte for byte as before the meter had any."""
     checked_in = example_path().read_text()
     assert checked_in == EXAMPLE_HEADER + render_rules_yaml(
-        example_spec(), "example", latency=BUILTIN_LATENCY)
+        example_spec(), EXAMPLE_DEPLOYMENT, latency=BUILTIN_LATENCY,
+        dcgm_namespace=EXAMPLE_DCGM_NAMESPACE)
     assert not any(name in checked_in for name in CLIENT_SERIES)
     for profile in ("strict", "standard", "relaxed"):
         spec = SLOSpec.from_profile(profile)
