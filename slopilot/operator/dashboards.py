@@ -155,8 +155,8 @@ def _throughput_panels() -> list[Any]:
                    f"[{RATE}]))", "{{priority_class}}")],
             unit="percentunit", description="The share of finished requests the engine "
             "judged within their class's SLO: TTFT within target and at most 1 % of their "
-            "token gaps over the TBT target (the built-in engine's verdicts; vLLM exports "
-            "none)."),
+            "token gaps over the TBT target (the built-in engine's verdicts; on vLLM, the "
+            "meter's, of streamed requests)."),
         _series("Requests", [
             _query(f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
             _query(f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting"),

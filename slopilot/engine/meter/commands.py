@@ -22,7 +22,8 @@ def register(subparsers: Any) -> None:
         description="Forward every request to --upstream and serve its answers back; "
         "judge each streamed completion (TTFT and token gaps as written to the client) "
         "against --priority-class's objectives in --slo-file, and serve the upstream's "
-        "/metrics with the verdict counters after them.")
+        "/metrics with the verdict counters and the client-side TTFT and TBT histograms "
+        "after them.")
     p.add_argument("--upstream", required=True, help="the engine's URL, e.g. "
                    "http://127.0.0.1:8001")
     p.add_argument("--host", default="0.0.0.0")
