@@ -1,7 +1,8 @@
 """Status conditions (Kubernetes' metav1.Condition shape) merged by type.
 
 Two writers share ``status.conditions``: the reconcile handler (Valid, Reconciled,
-KnobsIgnored, AdminToken) and the controller daemon (Tuning, SLOMet, TwinCalibrated);
+KnobsIgnored, AdminToken; its drift repairs Reconciled alone, drift.py) and the
+controller daemon (Tuning, SLOMet, TwinCalibrated);
 PodsConfigured is the pods' sync's, which the handler runs while tuning is off and the
 daemon while it is on (pods_status.py). Each
 merges its own types into the list it just read, so neither drops the other's;
@@ -26,6 +27,13 @@ class ConditionType(enum.StrEnum):
     SLO_MET = "SLOMet"
     TWIN_CALIBRATED = "TwinCalibrated"
     PODS_CONFIGURED = "PodsConfigured"
+
+
+class DriftReason(enum.StrEnum):
+    """The Reconciled condition's reasons a drift repair writes (drift.py)."""
+
+    REPAIRED = "DriftRepaired"  # True: the message says what was put back, and when
+    NOT_REPAIRED = "DriftNotRepaired"  # False: which object, and why; tried again
 
 
 def now_rfc3339() -> str:

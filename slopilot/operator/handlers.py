@@ -15,9 +15,12 @@ importing it registers every handler, the controller daemon included.
   engine reads from its ConfigMap only at start) after each reconcile and once a
   ``tuning_daemon.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
   daemon does it, around its trials.
-- events of owned Deployments, NetworkPolicies, Services and ConfigMaps: a deleted or
-  edited one is re-created or patched back from its LLMDeployment (drift repair). Their
-  watches ask the API server for managed objects only (``watch_only_managed``).
+- events of owned Deployments, NetworkPolicies, Services, ConfigMaps and, where
+  prometheus-operator's CRDs exist, ServiceMonitors and PrometheusRules: a deleted or
+  edited one is re-created or patched back from its LLMDeployment (drift repair), and
+  the ``Reconciled`` condition says what was put back, or what could not be, which a
+  timer then tries again (drift.py). Their watches ask the API server for managed
+  objects only (``watch_only_managed``).
 
 Handlers are synchronous (the official client is): kopf runs them in worker threads, and
 a per-deployment lock keeps a drift repair, a spec reconcile and the controller's writes
@@ -38,8 +41,10 @@ from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator import tuning_daemon  # also registers the controller daemon
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
+from slopilot.operator.drift import record_repair, unrepaired
 from slopilot.operator.kube_handle import HTTP_TIMEOUT_S, KubeDeploymentHandle
-from slopilot.operator.kubeapi import Kube, load_client
+from slopilot.operator.kubeapi import ApiError, Kube, load_client
 from slopilot.operator.pod_memory import memory_of
 from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import policy_problems
@@ -58,9 +63,13 @@ from slopilot.operator.tokens import load_or_create
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
 from slopilot.tuner.prometheus.bounded import bounded_client
 
-# The owned kinds whose events repair drift, as kopf's decorators name them.
+# The owned kinds whose events repair drift, as kopf's decorators name them. kopf serves
+# a kind only where the cluster does (its discovery, watched as CRDs come and go): without
+# prometheus-operator the last two are left unwatched, with one warning in the log.
 OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "networkpolicies"),
-               ("v1", "services"), ("v1", "configmaps"))
+               ("v1", "services"), ("v1", "configmaps"),
+               ("monitoring.coreos.com", "v1", "servicemonitors"),
+               ("monitoring.coreos.com", "v1", "prometheusrules"))
 # The event reason of a spec's warnings: a deprecated field, a knob the backend caps.
 SPEC_WARNING = "SpecWarning"
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
@@ -309,11 +318,47 @@ def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
     if cr is None or cr["metadata"].get("deletionTimestamp") \
             or cr["metadata"].get("uid") != owner.get("uid"):
         return  # the owner is going away; the garbage collector takes the rest
+    repair(cr, memo, logger)
+
+
+def repair(cr: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
+    """Reconcile ``cr`` and say in its Reconciled condition what was put back, or why
+    something could not be (drift.py). An API error is reported, not raised: kopf retries
+    no event handler, and the condition's timer looks again."""
+    meta = cr["metadata"]
+    found: Outcome | ApiError
     with memo.locks.hold(key_of(cr)):
-        outcome = reconcile(kube, cr, policy=memo.policy, mint=memo.tokens)
-    if any(c is not Change.UNCHANGED for c in outcome.changes.values()):
-        logger.info("repaired drift of %s: %s", owner["name"], dict(outcome.changes))
-        post_events(cr, outcome, reason="DriftRepaired")
+        try:
+            found = reconcile(memo.kube, cr, policy=memo.policy, mint=memo.tokens)
+        except ApiError as exc:
+            found = exc
+            logger.warning("drift of %s not repaired: %s", meta["name"], exc)
+        # Under the lock: a spec reconcile's condition, written after, is the last word.
+        record_repair(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]), found)
+    if isinstance(found, Outcome) and any(
+            c is not Change.UNCHANGED for c in found.changes.values()):
+        logger.info("repaired drift of %s: %s", meta["name"], dict(found.changes))
+        post_events(cr, found, reason="DriftRepaired")
+
+
+def drift_unrepaired(status: Mapping[str, Any], **_: Any) -> bool:
+    return unrepaired(status)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, id="drift-retry", interval=DRIFT_RETRY_S,
+            initial_delay=DRIFT_RETRY_S, when=drift_unrepaired)
+def retry_drift_repair(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                       **_: Any) -> None:
+    """A repair left something it could not put back: look again (once it is put back,
+    or a spec reconcile says otherwise, the condition stops this timer)."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    cr = memo.kube.get(API_VERSION, PLURAL, meta["namespace"], meta["name"])
+    if cr is None or str(cr["metadata"].get("uid")) != str(meta["uid"]) \
+            or cr["metadata"].get("deletionTimestamp"):
+        return
+    repair(cr, memo, logger)
 
 
 for _kind in OWNED_KINDS:  # one handler for every owned kind

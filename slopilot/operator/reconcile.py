@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
+from slopilot.operator.conditions import DriftReason
 from slopilot.operator.crd import KIND
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
@@ -168,6 +169,15 @@ class NameTaken(Exception):
     """An object of a name the CR's objects take exists and is not the CR's."""
 
 
+class WriteFailed(ApiError):
+    """A write of an owned object failed in a way a retry may clear (not a 400 or 422):
+    ``what`` names the object ("Kind/name"), for a condition that says which."""
+
+    def __init__(self, what: str, exc: ApiError) -> None:
+        super().__init__(exc.status, exc.reason, exc.message)
+        self.what = what
+
+
 def taken(kind: str, live: Mapping[str, Any], body: Mapping[str, Any]) -> str | None:
     """Why ``live`` (a ``kind``) is not ``body``'s to change; None when the CR controls
     it, by uid."""
@@ -265,7 +275,11 @@ def not_reconciled(kube: Kube, body: Mapping[str, Any], spec: LLMDeploymentSpec
         return "the reconcile refuses this LLMDeployment's objects: " + "; ".join(problems)
     generation = body["metadata"].get("generation")
     for c in (body.get("status") or {}).get("conditions") or ():
+        # A drift repair's False is no refusal of the spec: an object is missing, wrong
+        # or its name taken a while, and tried again (a Deployment that is not the CR's
+        # is caught below, by uid).
         if c.get("type") == "Reconciled" and c.get("status") == "False" \
+                and c.get("reason") != DriftReason.NOT_REPAIRED \
                 and c.get("observedGeneration") == generation:
             return ("the reconcile refuses this LLMDeployment's objects: "
                     f"{c.get('reason')}: {c.get('message')}")
@@ -309,7 +323,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
         return _name_taken([str(exc)], spec.warnings, changes)
     except ApiError as exc:
         if exc.status not in (400, 422):
-            raise  # transient (or unknown): kopf retries the handler
+            # Transient (or unknown): kopf retries the handler.
+            raise WriteFailed(where, exc) from exc
         # Refused as written: retrying cannot help until the spec changes.
         return Outcome(problems=(f"the API server refused {where}: {exc.message}; change "
                                  "the spec field it names",),
