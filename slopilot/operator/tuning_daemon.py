@@ -98,7 +98,7 @@ the old config at most this long."""
 
 
 def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
-    """An episode's rollback target after an edit of ``spec.engine`` or ``spec.slo``.
+    """The loop's configs after an edit of ``spec.engine`` or ``spec.slo``.
 
     The baseline is the whole config the episode began on, laid over the spec on a
     rollback (a trial failed, no config held, tuning turned off); kept after an edit, it
@@ -108,10 +108,17 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
     episode's trials. A valid tuned config means no such edit: the baseline stays (with
     one replica the trials themselves are recorded there, so the spec is not the
     baseline then).
+
+    Outside an episode the best config kept is the last commit, which belonged to the
+    spec it was committed under as the tuned config did: it is forgotten with it. An open
+    episode's best is its own trials' and stays (laid over the spec as it is now).
     """
-    if loop.baseline_config is None or tuned_overlay(body) is not None:
+    if tuned_overlay(body) is not None:
         return
-    loop.baseline_config = parse_spec(body).engine.to_dict()
+    if not loop.episode_open:
+        loop.best_config = loop.best_goodput = None
+    if loop.baseline_config is not None:
+        loop.baseline_config = parse_spec(body).engine.to_dict()
 
 
 def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:
@@ -459,21 +466,20 @@ class DeploymentLoop:
         trial = loop.trial
         if trial is None and loop.state is ControllerState.STEADY:
             return
-        controller.stop(self.clock(), reason)
+        target = None
         if restore and trial is not None:
+            # Before the stop, which ends the episode: its best or baseline is the target.
             try:  # the controller may predate an edit that ended tuning (rebase_episode)
-                body = self.handle.body()
-                rebase_episode(loop, body)
+                rebase_episode(loop, self.handle.body())
+                target = loop.rollback_config()
             except (ApplyError, SpecError) as exc:
                 log.warning("%s: no config restored after the trial: %s", self.key, exc)
-                restore = False
-            target = loop.best_config or loop.baseline_config
-            if restore and target is not None:
-                try:
-                    self.handle.apply_config(target, canary=False)
-                except Exception:
-                    log.exception("%s: could not restore the config after the trial",
-                                  self.key)
+        controller.stop(self.clock(), reason)
+        if target is not None:
+            try:
+                self.handle.apply_config(target, canary=False)
+            except Exception:
+                log.exception("%s: could not restore the config after the trial", self.key)
         self.unwritten = None
         try:  # replaced whole, as each step writes it: merged, a map kept the old keys
             write_status(self.kube, self.namespace, self.name, lambda fresh: {

@@ -12,17 +12,22 @@ carry it), and the controller judged its windows as if they ran the new one.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
 import pytest
 
+from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuning_daemon import CONFIG_SYNC_S
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.prometheus.alerts import AlertSource
+from slopilot.tuner.sim.worker import SimTimeout
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -34,9 +39,10 @@ from tests.operator.operator_support import (
     operator_token,
     wait_for,
 )
-from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
+from tests.operator.standins import HoldingWindows, PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
 from tests.support.waits import HANG_GUARD_S
+from tests.tuner.controller_fakes import FakeProbe, FakeStudy
 
 
 def spec_config(cluster: Cluster) -> dict[str, Any]:
@@ -301,6 +307,62 @@ def test_an_edit_during_an_episode_is_what_its_rollback_restores(
         assert after["max_num_seqs"] == 64
         assert [running(p) for p in pods] == [after, after]
     assert cluster.status()["tunedConfig"]["engine"]["max_num_seqs"] == 64
+
+
+class TimedOutPlanner:
+    """A capacity search past its time limit (the worker killed): the tick errors."""
+
+    def search(self, *_: Any, **__: Any) -> Any:
+        raise SimTimeout("capacity search ran past its 300 s time limit; worker killed")
+
+
+def timing_out(ctx: DaemonContext) -> Controller:
+    settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
+    alerts = AlertSource(ctx.spec.prometheus_url, ctx.name, namespace=ctx.namespace)
+    return Controller(settings, ctx.handle, alerts, HoldingWindows(), FakeStudy(),
+                      FakeProbe(), TimedOutPlanner(), state=ctx.state)
+
+
+def test_a_tick_error_after_a_commit_keeps_a_later_edit(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop kept its last commit after the episode (``best_config``): a tick that
+    errored after an edit of spec.engine rolled back to it on every pod, and recorded it
+    as the edited spec's tuned config, which then stood until the next edit."""
+    import time
+
+    body, policy, mint = reconciled(kube, cluster, llmd(
+        replicas={"min": 1, "max": 4}, prometheus={"url": prom.url},
+        tuning={"window": "1m"}))
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        # An episode committed token_budget 512 (the commit's own call) and the loop went
+        # back to STEADY through its cooldown, as status.controller keeps it.
+        before = spec_config(cluster)
+        handle_of(cluster, body, policy, mint).apply_config({"token_budget": 512},
+                                                            canary=False)
+        cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {
+            "status": {"controller": {
+                "state": "steady", "since": time.time() - 7200, "baseline_config": before,
+                "best_config": {"token_budget": 512}, "best_goodput": 150.0}}},
+            subresource="status")
+        assert running(pod)["token_budget"] == 512
+        cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 2048}}})
+        assert spec_config(cluster)["token_budget"] == 2048  # the commit is stale now
+
+        loop = daemon_loop(cluster, cluster.get(), monkeypatch, factory=timing_out)
+        assert loop.step()  # nothing firing: the pod is synced to the edit
+        assert running(pod)["token_budget"] == 2048
+        prom.fire("SlopilotTBTP99High", "scale", "chat", NS)
+        assert loop.step()  # SCALING: the capacity search times out, the tick errors
+        status = cluster.status()
+        assert status["lastAction"]["action"] == "revert"
+        assert "SimTimeout" in status["lastAction"]["reason"]
+        assert running(pod)["token_budget"] == 2048
+        assert spec_config(cluster)["token_budget"] == 2048
+        assert status["config"]["tokenBudget"] == 2048
+        assert status["controller"].get("best_config") is None  # the commit forgotten
 
 
 def test_the_pods_judge_requests_by_the_slo_the_spec_has_now(

@@ -166,10 +166,17 @@ class FakeProbe:
 class FakePlanner:
     needed: int | None = 1
     calls: list[tuple[int, int, float]] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    """The config each search planned for."""
+    error: Exception | None = None
+    """Raised by every search (a simulator call past its time limit, say)."""
 
     def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
                *, margin: float = 0.0) -> CapacityAnswer:
         self.calls.append((lo, hi, margin))
+        self.configs.append(dict(config))
+        if self.error is not None:
+            raise self.error
         n = self.needed
         return CapacityAnswer(replicas=None if n is None or n > hi else max(n, lo))
 

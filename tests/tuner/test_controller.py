@@ -350,6 +350,38 @@ def test_an_error_rolls_back_to_the_starting_config() -> None:
     assert "RuntimeError" in d.reason
 
 
+EDITED = {"token_budget": 4096, "chunk_size": 1024}
+
+
+def after_a_commit() -> LoopState:
+    """A loop back in STEADY after an episode that began on START and committed GOOD."""
+    return LoopState(state=ControllerState.STEADY, baseline_config=dict(START),
+                     best_config=dict(GOOD), best_goodput=150.0)
+
+
+def test_an_error_outside_an_episode_leaves_the_deployments_config_as_it_is() -> None:
+    # The deployment's config moved on since the last commit (in the operator: a tenant's
+    # edit of spec.engine). The rollback applied that episode's best (or its baseline)
+    # over it, and the operator recorded it as the tuned config of the edited spec.
+    rig = Rig(dep=FakeDeployment(config=dict(EDITED)),
+              alerts=FakeAlerts([alert(AlertAction.SCALE, "SlopilotTBTP99High")]),
+              planner=FakePlanner(error=RuntimeError("capacity search timed out")),
+              offline=None)
+    d = rig.build(after_a_commit()).tick(0.0)
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.REVERT)
+    assert "capacity search timed out" in d.reason
+    assert rig.dep.applied == [] and rig.dep.config == EDITED
+
+
+def test_a_scale_alert_plans_capacity_for_the_running_config_not_the_last_commit() -> None:
+    rig = Rig(dep=FakeDeployment(config=dict(EDITED)),
+              alerts=FakeAlerts([alert(AlertAction.SCALE, "SlopilotTBTP99High")]),
+              planner=FakePlanner(needed=2), offline=None)
+    d = rig.build(after_a_commit()).tick(0.0)
+    assert (d.action, d.replicas) == (Action.SCALE, 2)
+    assert rig.planner.configs == [EDITED]
+
+
 def test_a_refused_config_fails_the_trial_and_moves_on() -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
               study=FakeStudy(queue=[dict(GOOD)]), offline=FakeOffline([(dict(BAD), True)]))

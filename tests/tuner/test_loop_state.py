@@ -52,3 +52,16 @@ def test_a_long_bad_value_is_cut_in_the_message() -> None:
     with pytest.raises(ControllerError) as info:
         LoopState.from_dict({"reason": ["x" * 10_000]})
     assert len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("state", list(ControllerState))
+def test_only_an_open_episode_has_a_config_to_roll_back_to(state: ControllerState) -> None:
+    # Outside an episode its configs are the last one's record: its commit is the
+    # deployment's own config, which a later edit of the spec may have replaced.
+    start, best = {"token_budget": 2048}, {"token_budget": 512}
+    loop = LoopState(state=state, baseline_config=start, best_config=best)
+    is_open = state in (ControllerState.TUNING, ControllerState.COMMIT)
+    assert loop.episode_open is is_open
+    assert loop.rollback_config() == (best if is_open else None)
+    loop.best_config = None
+    assert loop.rollback_config() == (start if is_open else None)

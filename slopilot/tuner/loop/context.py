@@ -98,7 +98,7 @@ class LoopContext:
 
     def restore(self, canary: bool) -> None:
         """Back to the episode's best config, or the one it started from."""
-        target = self.loop.best_config or self.loop.baseline_config
+        target = self.loop.rollback_config()
         if target is not None:
             self.deployment.apply_config(target, canary=canary)
 

@@ -20,10 +20,12 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
 the moves it returns (each checked against the table) until a step returns the tick's
 ``Decision``. It never sleeps, so the demo's loop, the benchmark's virtual clock and the
 operator's kopf daemon all drive the same object; ``now`` is seconds on the evaluator's
-clock (Unix time for Prometheus). Guardrails: any error rolls back to the best known (or
-the starting) config; while Prometheus is unreachable the current config is held and the
-decision says so. The steps, by job: ``steady.py`` (STEADY, COOLDOWN), ``scaling.py``
-(SCALING), ``episode.py`` (TUNING, COMMIT); ``advice.py`` asks the simulator.
+clock (Unix time for Prometheus). Guardrails: any error during an episode rolls back to
+its best known (or its starting) config, and outside one leaves the deployment's config
+as it is (``LoopState.rollback_config``); while Prometheus is unreachable the current
+config is held and the decision says so. The steps, by job: ``steady.py`` (STEADY,
+COOLDOWN), ``scaling.py`` (SCALING), ``episode.py`` (TUNING, COMMIT); ``advice.py`` asks
+the simulator.
 """
 
 from __future__ import annotations
@@ -147,7 +149,7 @@ class Controller(LoopContext):
                               self.settings.key)
             self.metrics.trial(self.settings.deployment, TrialOutcome.FAILED)
             loop.trial = None
-        target = loop.best_config or loop.baseline_config
+        target = loop.rollback_config()
         if target is not None:
             try:
                 self.deployment.apply_config(target, canary=False)

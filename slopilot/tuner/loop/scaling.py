@@ -27,8 +27,11 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         reason, at_least = entered.reason, entered.at_least
     loop.reason = loop.scale_reason = reason
     current = ctx.deployment.replicas()
-    running = ctx.deployment.current_config()  # read once: a pod's spec or an HTTP GET
-    config = loop.best_config or running
+    # Read once: a pod's spec or an HTTP GET. What the capacity is planned for: SCALING
+    # is never inside an episode, so a best config kept is the last episode's commit,
+    # which the deployment runs unless an edit of its spec has replaced it since.
+    running = ctx.deployment.current_config()
+    config = running
     scenario = ctx.probe.measure(now)
     ranked: advice.Ranked = []
     if at_least is None and ctx.offline is not None:

@@ -193,10 +193,12 @@ class LoopState:
     since: float = 0.0
     reason: str = "start"
     baseline_config: dict[str, Any] | None = None
-    """The config before this episode: the rollback target when nothing better is known."""
+    """The config before this episode: the rollback target when nothing better is known.
+    Kept after the episode as its record, never applied then (``rollback_config``)."""
     best_config: dict[str, Any] | None = None
     best_goodput: float | None = None
-    """Best feasible live result of this episode (goodput, tokens/s)."""
+    """Best feasible live result of this episode (goodput, tokens/s); after a commit, the
+    committed config, kept as the record of the last episode."""
     trial: RunningTrial | None = None
     episode_trials: int = 0
     episode_feasible: int = 0
@@ -209,6 +211,24 @@ class LoopState:
     """Why SCALING was entered: 'alert', 'no_feasible_config' (live evidence), ..."""
     twin: dict[str, Any] | None = None
     """The last twin check (``TwinCheck.to_dict``): what the status reports."""
+
+    @property
+    def episode_open(self) -> bool:
+        """Whether a tuning episode is under way (TUNING, COMMIT)."""
+        return self.state in (ControllerState.TUNING, ControllerState.COMMIT)
+
+    def rollback_config(self) -> dict[str, Any] | None:
+        """What a rollback applies: the open episode's best, else the config it began on.
+
+        None outside an episode: nothing the loop applied is left to undo, and the last
+        episode's configs are a record, not the deployment's config. Its commit became
+        the deployment's own (in the operator, ``status.tunedConfig``, which belongs to
+        the spec it was committed under), and a later edit of the spec may have left it
+        behind: applied after the edit, it undid the edit.
+        """
+        if not self.episode_open:
+            return None
+        return self.best_config or self.baseline_config
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -55,7 +55,8 @@ class Transition:
     when: str
 
 
-_ON_ERROR = "any error: rolled back to the best known config"
+_ON_ERROR = ("any error: an episode rolled back to its best known config; outside one, "
+             "the config left as it is")
 _ON_TUNING_OFF = ("tuning turned off (or the deployment deleted): the episode ends, its "
                   "open trial told failed")
 TRANSITIONS: tuple[Transition, ...] = (
