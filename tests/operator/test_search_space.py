@@ -4,15 +4,20 @@ the CR says so, and only over the knobs its backend applies."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 
+from slopilot.engine.config import EngineConfig
+from slopilot.operator.daemon import study_name
 from slopilot.operator.knobs import VLLM_APPLIES
 from slopilot.operator.render import vllm_args
 from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import DEFAULT_BOUNDS, TUNABLE, IntRange, SearchSpace
+from slopilot.tuner.study.tuner import open_study
 from tests.support.spaces import sample_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -88,3 +93,33 @@ def test_the_vllm_renderer_applies_exactly_the_knobs_it_declares(knob: str) -> N
     spec = _spec(backend="vllm")
     moved = dataclasses.replace(spec, engine=spec.engine.with_overrides({knob: OTHER[knob]}))
     assert (vllm_args(moved)[0] != vllm_args(spec)[0]) == (knob in VLLM_APPLIES)
+
+
+def _warm(space: SearchSpace, budget: int) -> dict[str, Any]:
+    base = EngineConfig().to_dict()
+    return {**{k: base[k] for k in space.bounds}, "token_budget": budget, "chunk_size": 256}
+
+
+@pytest.mark.parametrize("edit", [
+    {"tuning": {"bounds": {"tokenBudget": {"min": 768}}}},
+    {"tuning": {"bounds": {"tokenBudget": {"min": 1024, "max": 4096}}}},
+    {"tuning": {"bounds": {"tokenBudget": {"min": 512}}}, "engine": {"budgetAlign": 128}},
+], ids=["min-raised", "both-moved", "align-changed"])
+def test_an_edit_mid_episode_leaves_a_queued_warm_start_its_budget(
+        tmp_path: Path, edit: dict[str, Any]) -> None:
+    """The daemon builds a tuner over the CR's one study at each new generation, with that
+    generation's space, and the warm starts the episode queued are still waiting in it:
+    the budget was a rank on the bounds' grid, and a queued 1024 ran as 1280 or 1536."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    name = study_name("team-a", "chat", "u1")
+    before = _spec(tuning={"bounds": {"tokenBudget": {"min": 512}}}).tuning.space
+    tuner = ResumableTuner(open_study(storage, name), before)
+    tuner.warm_start([_warm(before, 3072), _warm(before, 1024)])
+    n0, c0 = tuner.ask()
+    assert c0["token_budget"] == 3072
+    after = _spec(**edit).tuning.space
+    rebuilt = ResumableTuner(open_study(storage, name), after)
+    rebuilt.resume(n0)
+    _, c1 = rebuilt.ask()
+    assert c1["token_budget"] == 1024 and c1["chunk_size"] == 256
+    assert after.validate(c1) == c1

@@ -7,6 +7,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import optuna
 import pytest
 
 from slopilot.engine.sim.scenario import load_scenario
@@ -40,9 +41,30 @@ def test_importance_names_knobs_as_users_do_and_leaves_out_inert_ones() -> None:
     imp = importance(tuner.study, [r for _, r in tuner.results()])
     assert imp.values is not None and imp.target == "the worst SLO term"
     assert "token_budget" in imp.values and "chunk_size" in imp.values
-    assert "token_budget_rank" not in imp.values and "chunk_fraction" not in imp.values
+    assert "token_budget/256" not in imp.values and "chunk_fraction" not in imp.values
     for inert in ("preemption_mode", "swap_timeout_ms", "p0_preempt_utilization"):
         assert inert not in imp.values and inert in imp.reason
+    assert max(imp.values, key=lambda k: imp.values[k]) == "token_budget"  # type: ignore[index]
+
+
+def test_importance_reads_the_trials_of_the_study_s_latest_encoding() -> None:
+    # A study resumed after the budget's parameter changed (an earlier slopilot's rank, or
+    # another budget_align): two parameters named token_budget, whose shares overwrote
+    # each other (the rank's, over four trials of one config, said 0).
+    new = study(ttft_of_budget=True).study.get_trials()
+    resumed = open_study(None, "resumed")
+    first = new[0]
+    old = {("token_budget_rank" if k == "token_budget/256" else k): v
+           for k, v in first.distributions.items()}
+    for r in range(1, 5):
+        params = {("token_budget_rank" if k == "token_budget/256" else k): v
+                  for k, v in first.params.items()}
+        resumed.add_trial(optuna.trial.create_trial(
+            params={**params, "token_budget_rank": r}, distributions=old, value=float(r),
+            user_attrs={**first.user_attrs, "constraints": [float(r)]}))
+    resumed.add_trials(new)
+    imp = importance(resumed, [r for _, r in Tuner(resumed, SearchSpace.from_bounds()).results()])
+    assert imp.values is not None, imp.reason
     assert max(imp.values, key=lambda k: imp.values[k]) == "token_budget"  # type: ignore[index]
 
 

@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.tuner.study.space import BUDGET_PARAM, CHUNK_PARAM, TUNABLE, IntRange, SearchSpace
+from slopilot.tuner.study.space import CHUNK_PARAM, TUNABLE, IntRange, SearchSpace
 from tests.support.spaces import sample_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -23,15 +23,19 @@ def test_default_space_tunes_every_tunable_knob_and_configs_are_valid() -> None:
         assert 8 <= engine.max_num_seqs <= 1024
 
 
-def test_budget_is_an_index_on_the_alignment_grid() -> None:
+def test_the_budget_is_its_multiple_of_the_alignment_whatever_the_bounds() -> None:
     space = SearchSpace.from_bounds({"token_budget": [512, 2048]}, base=EngineConfig(
         budget_align=128))
     assert space.budget_grid() == tuple(range(512, 2049, 128))
+    assert space.budget_param == "token_budget/128"
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     trial = study.ask()
     config = space.suggest(trial)
-    assert isinstance(trial.params[BUDGET_PARAM], int)
-    assert config["token_budget"] == space.budget_grid()[trial.params[BUDGET_PARAM] - 1]
+    multiple = trial.params["token_budget/128"]
+    assert isinstance(multiple, int) and config["token_budget"] == 128 * multiple
+    # Log-uniform over the grid, as its multiples: one value per budget the engine runs.
+    assert trial.distributions["token_budget/128"] == optuna.distributions.IntDistribution(
+        4, 16, log=True)
     assert config["budget_align"] == 128
 
 
@@ -60,7 +64,8 @@ def test_params_round_trip_for_warm_start() -> None:
         assert again == config
     # A budget off the grid snaps to the grid point the engine would round it to.
     config = {**sample_configs(space, 1)[0], "token_budget": 1000, "chunk_size": 500}
-    assert space.budget_grid()[space.to_params(config)[BUDGET_PARAM] - 1] == 1024
+    assert space.to_params(config)["token_budget/256"] == 4  # 1024
+    assert space.config_of(space.to_params(config))["token_budget"] == 1024
     assert 0.0 <= space.to_params(config)[CHUNK_PARAM] <= 1.0
 
 

@@ -2,7 +2,7 @@
 
 Optuna's fANOVA attributes the variation of a target to the sampled parameters. Left to
 itself it ranks knobs that provably changed nothing (the preemption knobs in a run with
-no preemption) and names the space's encodings (``token_budget_rank``). So:
+no preemption) and names the space's encodings (``token_budget/256``). So:
 
 - the target is what decided the study: the worst SLO term while it varies (feasibility
   is what the knobs bought), else the objective; neither varying, there is nothing to
@@ -10,8 +10,8 @@ no preemption) and names the space's encodings (``token_budget_rank``). So:
 - knobs that could not have acted are left out and said so: the preemption knobs when no
   trial preempted, ``p0_preempt_utilization`` without P0 traffic, ``kv_watermark`` when
   the KV cache never came near the highest watermark;
-- ``token_budget_rank`` and ``chunk_fraction`` are shown as ``token_budget`` and
-  ``chunk_size``.
+- the budget's multiple of its alignment (``token_budget/256``) and ``chunk_fraction``
+  are shown as ``token_budget`` and ``chunk_size`` (``space.user_name``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import optuna
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.space import BUDGET_PARAM, CHUNK_PARAM, DEFAULT_BOUNDS, FloatRange
+from slopilot.tuner.study.space import DEFAULT_BOUNDS, FloatRange, user_name
 
 MIN_TRIALS = 8
-USER_NAMES = {BUDGET_PARAM: "token_budget", CHUNK_PARAM: "chunk_size"}
 PREEMPTION_KNOBS = ("preemption_mode", "recompute_max_tokens", "max_preemptions_per_step",
                     "swap_timeout_ms")
 _TERM_SPREAD = 0.05   # the worst term moves by 5 % of its limit across trials
@@ -69,6 +68,11 @@ def inert_knobs(results: Sequence[TrialResult]) -> dict[str, str]:
 def importance(study: optuna.Study, results: Sequence[TrialResult]) -> Importance:
     complete = [t for t in study.get_trials(deepcopy=False)
                 if t.state == optuna.trial.TrialState.COMPLETE and "constraints" in t.user_attrs]
+    # The trials of the latest encoding of the space: a study resumed in another (an
+    # earlier slopilot's budget rank, another budget_align) has two parameters for one
+    # knob, whose shares would overwrite each other under the knob's name.
+    latest = set(complete[-1].params) if complete else set()
+    complete = [t for t in complete if set(t.params) == latest]
     if len(complete) < MIN_TRIALS:
         return Importance(None, "", f"needs at least {MIN_TRIALS} completed trials "
                           f"({len(complete)} here)")
@@ -89,7 +93,7 @@ def importance(study: optuna.Study, results: Sequence[TrialResult]) -> Importanc
                           "measurably in these trials: there is nothing to attribute")
     inert = inert_knobs(results)
     params = sorted({p for t in complete for p in t.params})
-    kept = [p for p in params if USER_NAMES.get(p, p) not in inert
+    kept = [p for p in params if user_name(p) not in inert
             and len({repr(t.params.get(p)) for t in complete}) > 1]
     if not kept:
         return Importance(None, target_name, "no varied knob could have acted")
@@ -100,8 +104,8 @@ def importance(study: optuna.Study, results: Sequence[TrialResult]) -> Importanc
     except (RuntimeError, ValueError, ZeroDivisionError) as exc:
         return Importance(None, target_name, f"Optuna could not attribute it ({exc})")
     left_out = sorted({f"{k} ({why})" for k, why in inert.items() if k in
-                       {USER_NAMES.get(p, p) for p in params}})
+                       {user_name(p) for p in params}})
     reason = ("left out, as they could not have acted: " + ", ".join(left_out)) \
         if left_out else ""
-    return Importance({USER_NAMES.get(k, k): float(v) for k, v in raw.items()},
+    return Importance({user_name(k): float(v) for k, v in raw.items()},
                       target_name, reason)

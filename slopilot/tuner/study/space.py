@@ -6,10 +6,16 @@ its range with ``SearchSpace.from_bounds``: it writes ``[lo, hi]``, ``{lo, hi, l
 list of choices, or a single value (the knob is then fixed), which ``parse_bound`` turns
 into a checked bound. Two knobs are encoded, not sampled raw:
 
-- ``token_budget`` is a 1-based rank on the ``budget_align`` grid (the engine rounds the
-  budget up to that tile anyway, so values between grid points are the same config),
-  sampled log-uniformly: an iteration's time, and so TBT, scales with the budget, so
-  256 -> 512 matters as much as 4096 -> 8192 and small budgets must not be starved;
+- ``token_budget`` is its multiple of ``budget_align``, a parameter named for the
+  alignment (``token_budget/256``: 4 is 1024): the engine rounds the budget up to that
+  tile anyway, so values between grid points are the same config and one value is one
+  config. Sampled log-uniformly: an iteration's time, and so TBT, scales with the budget,
+  so 256 -> 512 matters as much as 4096 -> 8192 and small budgets must not be starved.
+  A value means one budget whatever the bounds: a study outlives its bounds (the
+  operator rebuilds its tuner over the same study at each spec edit, with its queued
+  warm starts and its history), and the rank on the bounds' grid this replaced made
+  every stored value mean another budget after an edit. Another alignment is another
+  parameter, whose values no trial of the old one is read as;
 - ``chunk_size`` is a fraction, in log space, of ``[chunk lo, min(chunk hi, budget)]``:
   the chunk can never exceed the budget, and a fraction keeps one fixed distribution
   for Optuna, where a range that moves with the budget would not.
@@ -27,8 +33,9 @@ from typing import Any, Protocol
 
 from slopilot.engine.config import ConfigError, EngineConfig, PreemptionMode, coerce_knob
 
-__all__ = ["BUDGET_PARAM", "CHUNK_PARAM", "DEFAULT_BOUNDS", "TUNABLE", "Bound", "Choice",
-           "FloatRange", "IntRange", "SearchSpace", "TrialLike", "parse_bound"]
+__all__ = ["CHUNK_PARAM", "DEFAULT_BOUNDS", "LEGACY_BUDGET_PARAM", "TUNABLE", "Bound",
+           "Choice", "FloatRange", "IntRange", "SearchSpace", "TrialLike", "budget_param",
+           "parse_bound", "user_name"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +151,23 @@ def check_bound(name: str, bound: Bound) -> None:
         raise BoundError(name, "", f"a log scale needs lo > 0, got {bound.lo}")
 
 
-BUDGET_PARAM = "token_budget_rank"
 CHUNK_PARAM = "chunk_fraction"
+LEGACY_BUDGET_PARAM = "token_budget_rank"
+"""The budget's parameter before ``budget_param``: its rank on the bounds' grid, which an
+edit of the bounds changed the meaning of. Never read as a budget."""
+
+
+def budget_param(align: int) -> str:
+    """The Optuna parameter of a budget on the ``align``-token grid: its multiple of it."""
+    return f"token_budget/{align}"
+
+
+def user_name(param: str) -> str:
+    """The knob an Optuna parameter of the space stands for (its encodings named as the
+    knobs they encode)."""
+    if param == LEGACY_BUDGET_PARAM or param.startswith("token_budget/"):
+        return "token_budget"
+    return "chunk_size" if param == CHUNK_PARAM else param
 
 
 class TrialLike(Protocol):
@@ -253,6 +275,16 @@ class SearchSpace:
         first = -(-max(b.lo, self._chunk_lo()) // a)
         return tuple(k * a for k in range(max(first, 1), b.hi // a + 1))
 
+    @property
+    def budget_param(self) -> str:
+        """The budget's Optuna parameter in this space (``budget_param``)."""
+        return budget_param(self.budget_align)
+
+    def _budget_multiples(self) -> tuple[int, int]:
+        """The grid's ends as multiples of ``budget_align`` (the budget's parameter)."""
+        grid = self.budget_grid()
+        return grid[0] // self.budget_align, grid[-1] // self.budget_align
+
     def _empty_budget_message(self) -> str:
         return (f"no token budget on the {self.budget_align}-token grid fits the bounds "
                 f"(budget {self.bounds.get('token_budget', self.fixed.get('token_budget'))}, "
@@ -278,40 +310,56 @@ class SearchSpace:
     # ------------------------------------------------------------------ sampling
     def suggest(self, trial: TrialLike) -> dict[str, Any]:
         """One config from an Optuna trial (define-by-run); fixed values included."""
-        config: dict[str, Any] = dict(self.fixed)
-        config["budget_align"] = self.budget_align
-        grid = self.budget_grid()
+        params: dict[str, Any] = {}
         if "token_budget" in self.bounds:
-            rank = trial.suggest_int(BUDGET_PARAM, 1, len(grid), log=True)
-            config["token_budget"] = grid[rank - 1]
-        budget = int(config["token_budget"])
+            first, last = self._budget_multiples()
+            params[self.budget_param] = trial.suggest_int(self.budget_param, first, last,
+                                                          log=True)
         for name, bound in self.bounds.items():
             if name == "token_budget":
                 continue
             if name == "chunk_size":
-                f = trial.suggest_float(CHUNK_PARAM, 0.0, 1.0)
-                config[name] = self._chunk_from_fraction(budget, f)
+                params[CHUNK_PARAM] = trial.suggest_float(CHUNK_PARAM, 0.0, 1.0)
             elif isinstance(bound, IntRange):
-                config[name] = trial.suggest_int(name, bound.lo, bound.hi, log=bound.log)
+                params[name] = trial.suggest_int(name, bound.lo, bound.hi, log=bound.log)
             elif isinstance(bound, FloatRange):
-                config[name] = trial.suggest_float(name, bound.lo, bound.hi, log=bound.log)
+                params[name] = trial.suggest_float(name, bound.lo, bound.hi, log=bound.log)
             else:
-                config[name] = trial.suggest_categorical(name, list(bound.options))
+                params[name] = trial.suggest_categorical(name, list(bound.options))
+        return self.config_of(params)
+
+    def config_of(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The config Optuna parameters of this space stand for (what ``suggest`` gives
+        for them); not checked against the bounds (``validate``): a queued trial's
+        parameters may lie outside them, which Optuna runs as they are."""
+        config: dict[str, Any] = dict(self.fixed)
+        config["budget_align"] = self.budget_align
+        if "token_budget" in self.bounds:
+            config["token_budget"] = int(params[self.budget_param]) * self.budget_align
+        budget = int(config["token_budget"])
+        for name in self.bounds:
+            if name == "chunk_size":
+                config[name] = self._chunk_from_fraction(budget, float(params[CHUNK_PARAM]))
+            elif name != "token_budget":
+                config[name] = params[name]
         return config
 
     def to_params(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """Optuna params that ``suggest`` turns back into ``config`` (for enqueue_trial)."""
+        """Optuna params that ``suggest`` turns back into ``config`` (for enqueue_trial);
+        a budget off the grid becomes the grid point the engine would round it to."""
         checked = self.validate(config)
         params: dict[str, Any] = {}
         budget = int(checked["token_budget"])
+        if "token_budget" in self.bounds:
+            first, last = self._budget_multiples()
+            multiple = min(last, max(first, -(-budget // self.budget_align)))
+            params[self.budget_param] = multiple
+            budget = multiple * self.budget_align  # the chunk's cap is the grid point's
         for name, bound in self.bounds.items():
             value = checked[name]
             if name == "token_budget":
-                grid = self.budget_grid()
-                eff = -(-budget // self.budget_align) * self.budget_align
-                params[BUDGET_PARAM] = 1 + min(range(len(grid)),
-                                               key=lambda i: abs(grid[i] - eff))
-            elif name == "chunk_size":
+                continue
+            if name == "chunk_size":
                 params[CHUNK_PARAM] = self._fraction_from_chunk(budget, int(value))
             elif isinstance(bound, Choice):
                 params[name] = getattr(value, "value", value)

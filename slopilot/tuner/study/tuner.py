@@ -19,6 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from slopilot.engine.config import ConfigError
 from slopilot.engine.window_summary import SummaryError, WindowSummary
 from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
 from slopilot.tuner.study.heartbeat import (
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random")
 SEED_MAX = 2**32 - 1
 """The largest sampler seed: Optuna seeds numpy's legacy RandomState, which takes 32 bits."""
+QUEUED_CONFIG = "queued_config"
+"""A queued trial's user attribute: the config it was queued as, in the space then."""
 _LEGACY_WORKER = "slopilot_worker"  # "host:pid:token": the previous version's liveness mark
 _LEGACY_BEATEN = "slopilot_legacy_heartbeat"
 
@@ -185,6 +188,11 @@ def _stored_summary(trial: FrozenTrial, stored: Any) -> WindowSummary | None:
         return None
 
 
+def _knobs(config: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in sorted(config.items()) if k != "budget_align")
+
+
 def rank(result: TrialResult) -> tuple[int, float, float]:
     """Sort key, larger is better: feasible before infeasible; then a higher objective
     (goodput; ties go to the config with more headroom); among infeasible ones, less
@@ -205,21 +213,83 @@ class Tuner:
         """Beats for the open trials when the study's storage has heartbeats."""
 
     def ask(self) -> tuple[int, dict[str, Any]]:
-        """The next config to try, with its trial number (for ``tell``)."""
+        """The next config to try, with its trial number (for ``tell``).
+
+        A queued config (``warm_start``) runs as itself or not at all: the study may have
+        been queued in another space (the bounds or the budget's alignment edited since,
+        an earlier slopilot's encoding). Outside this space's bounds, or off its grid, it
+        is skipped, told failed with the reason, as Optuna would run it as it was queued
+        (it only warns of a value outside a distribution) and the bounds are the user's;
+        inside them, but written in another encoding, it is queued again in this one.
+        """
         fail_stale(self.study)  # as Study.optimize does before each trial
-        with warnings.catch_warnings():
-            # Optuna warns that its heartbeat expects Study.optimize: TrialHeartbeat is
-            # the same record, kept for ask/tell.
-            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-            trial = self.study.ask()
-        self._hold(trial)
+        while True:  # each pass takes one queued trial off the queue, or samples one
+            with warnings.catch_warnings():
+                # Optuna warns that its heartbeat expects Study.optimize: TrialHeartbeat
+                # is the same record, kept for ask/tell. A queued value outside this
+                # space is judged below.
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+                warnings.filterwarnings("ignore", message="Fixed parameter .* out of range")
+                trial = self.study.ask()
+                self._hold(trial)
+                try:
+                    config = self.space.suggest(trial)
+                    skip, again = self._not_as_queued(trial, config)
+                    if skip is None:
+                        trial.set_user_attr("config", config)
+                except BaseException as exc:  # told, not left running (and beating) unasked
+                    self.tell_failed(trial.number, f"{type(exc).__name__}: {exc}")
+                    raise
+            if skip is None:
+                return trial.number, config
+            log.warning("study %s: trial %d skipped: %s", self.study.study_name,
+                        trial.number, skip)
+            self.tell_failed(trial.number, f"skipped: {skip}")
+            if again is not None:
+                self._enqueue(again, skip_if_exists=False)  # the same warm start, moved
+
+    def _not_as_queued(self, trial: optuna.Trial, config: Mapping[str, Any]
+                       ) -> tuple[str | None, dict[str, Any] | None]:
+        """Why a queued ``trial``, suggested as ``config``, is not to run (None: it is
+        not queued, or runs as queued), and the queued config to queue again in this
+        space's encoding, if it lies in this space."""
+        queued = trial.user_attrs.get(QUEUED_CONFIG)
+        if queued is None:
+            if not self._fixed_params(trial.number):
+                return None, None  # sampled
+            return ("queued by an earlier slopilot, in parameters this one does not read "
+                    "(the budget was a rank on the bounds' grid then)"), None
+        # The knobs it was queued with; the grid it was queued on is this space's now.
+        knobs = {k: v for k, v in queued.items() if k != "budget_align"}
+        shown = _knobs(knobs)
+        if {**knobs, "budget_align": self.space.budget_align} == dict(config):
+            try:
+                self.space.validate(config)
+            except ConfigError as exc:
+                return f"queued {shown} lies outside the search space now: {exc}", None
+            return None, None
         try:
-            config = self.space.suggest(trial)
-            trial.set_user_attr("config", config)
-        except BaseException as exc:  # told, not left running (and beating) unasked
-            self.tell_failed(trial.number, f"{type(exc).__name__}: {exc}")
-            raise
-        return trial.number, config
+            params = self.space.to_params(knobs)
+        except ConfigError as exc:
+            return f"queued {shown} lies outside the search space now: {exc}", None
+        moved = self.space.config_of(params)
+        if {k: v for k, v in moved.items() if k != "budget_align"} != knobs:
+            a = self.space.budget_align
+            return (f"queued {shown} is not on the search space's grid now (the "
+                    f"{a}-token grid of budget_align={a}, where it would run as "
+                    f"{_knobs(moved)})"), None
+        if self._fixed_params(trial.number) == params:
+            # Queued in these very terms already: queued again, it would come back so.
+            return f"queued {shown} would run as {_knobs(config)}", None
+        return (f"queued {shown} in another encoding of the space (its bounds or "
+                "budget_align edited since): queued again in this one"), knobs
+
+    def _fixed_params(self, number: int) -> dict[str, Any]:
+        """The parameters trial ``number`` was queued with (Optuna's record of them)."""
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.number == number:
+                return dict(t.system_attrs.get("fixed_params") or {})
+        return {}
 
     def resume(self, number: int) -> None:
         """Go on with trial ``number``, asked by an earlier tuner of this study (the trial
@@ -337,10 +407,16 @@ class Tuner:
         many were queued (configs outside this space are refused with ConfigError)."""
         n = 0
         for config in configs:
-            params = self.space.to_params(config)
-            self.study.enqueue_trial(params, skip_if_exists=True)
+            self._enqueue(config, skip_if_exists=True)
             n += 1
         return n
+
+    def _enqueue(self, config: Mapping[str, Any], *, skip_if_exists: bool) -> None:
+        """Queue ``config`` with the config it stands for in this space (``ask`` runs it
+        as that or not at all)."""
+        params = self.space.to_params(config)
+        self.study.enqueue_trial(params, user_attrs={QUEUED_CONFIG: self.space.config_of(
+            params)}, skip_if_exists=skip_if_exists)
 
     def results(self) -> list[tuple[int, TrialResult]]:
         """(trial number, result) of every completed trial, in trial order."""
