@@ -25,12 +25,9 @@ from slopilot.engine.clients import (
 )
 from slopilot.engine.request import Priority
 from slopilot.engine.watched_file import WatchedFile
+from tests.support.client_keys import digest
 
 KEY_A, KEY_B = "sk-team-a-0123456789abcdef0123", "sk-team-b-fedcba9876543210fedc"
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def grants(**extra: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ builds it, against a Prometheus that is not there.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,25 @@ def test_the_controllers_series_carry_the_labels_the_engine_series_and_dashboard
     assert [s.labels["slopilot_deployment"] for s in replicas] == ["chat"]
 
 
+def window_queries(tmp_path: Path, backend: str,
+                   answers: Callable[[str], bool]) -> list[str]:
+    """The queries one trial window of a ``backend`` deployment's controller asks, where
+    P0 finished 100 requests and each query ``answers`` says 1 (the others nothing)."""
+    ctl = prometheus_controller(context(tmp_path, backend=backend))
+    assert isinstance(ctl.evaluator, PrometheusWindows)
+    asked: list[str] = []
+
+    def query(expr: str, at: float) -> list[dict[str, Any]]:
+        asked.append(expr)
+        if "increase(vllm:e2e_request_latency_seconds_count" in expr:
+            return [{"metric": {"priority_class": "p0"}, "value": [at, "100"]}]
+        return [{"metric": {}, "value": [at, "1"]}] if answers(expr) else []
+
+    ctl.evaluator.query = query
+    ctl.evaluator.measure(0.0, 60.0, canary=False)
+    return asked
+
+
 def test_a_vllm_deployments_windows_read_goodput_on_vllms_bucket_edges(
         tmp_path: Path) -> None:
     """vLLM's inter-token buckets are 0.01, 0.025, ...: the default class (p0) of the
@@ -189,20 +209,8 @@ def test_a_vllm_deployments_windows_read_goodput_on_vllms_bucket_edges(
     goodput read nothing, and the deployment's attainment 0, however well it served."""
     from slopilot.engine.metrics import SLO_TOKENS
 
-    ctl = prometheus_controller(context(tmp_path, backend="vllm"))
-    assert isinstance(ctl.evaluator, PrometheusWindows)
-    asked: list[str] = []
-
-    def query(expr: str, at: float) -> list[dict[str, Any]]:
-        asked.append(expr)
-        if "increase(vllm:e2e_request_latency_seconds_count" in expr:
-            return [{"metric": {"priority_class": "p0"}, "value": [at, "100"]}]
-        if SLO_TOKENS in expr:  # the goodput rule read something
-            return [{"metric": {}, "value": [at, "1"]}]
-        return []
-
-    ctl.evaluator.query = query
-    ctl.evaluator.measure(0.0, 60.0, canary=False)
+    # Only the goodput rule reads something.
+    asked = window_queries(tmp_path, "vllm", lambda expr: SLO_TOKENS in expr)
     (goodput,) = [e for e in asked if SLO_TOKENS in e and 'priority_class="p0"' in e]
     assert 'le="0.025"' in goodput and 'le="0.02"' not in goodput
 
@@ -214,18 +222,7 @@ def test_a_deployments_windows_read_the_p99s_its_rules_read(tmp_path: Path,
     deployment's recording rules; the built-in engine's own are the client's already."""
     from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
 
-    ctl = prometheus_controller(context(tmp_path, backend=backend))
-    assert isinstance(ctl.evaluator, PrometheusWindows)
-    asked: list[str] = []
-
-    def query(expr: str, at: float) -> list[dict[str, Any]]:
-        asked.append(expr)
-        if "increase(vllm:e2e_request_latency_seconds_count" in expr:
-            return [{"metric": {"priority_class": "p0"}, "value": [at, "100"]}]
-        return [{"metric": {}, "value": [at, "1"]}]
-
-    ctl.evaluator.query = query
-    ctl.evaluator.measure(0.0, 60.0, canary=False)
+    asked = window_queries(tmp_path, backend, lambda expr: True)
     p99s = [e for e in asked if e.startswith(("(histogram_quantile(0.99", "histogram_quantile"
                                               "(0.99"))]
     assert len(p99s) == 4  # TTFT and TBT, per class and of every class together

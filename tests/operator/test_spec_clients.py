@@ -7,7 +7,6 @@ and a refused spec renders nothing. The render: test_render_clients.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from slopilot.operator.reconcile import Refusal, reconcile
 from slopilot.operator.render import render_all
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.tokens import MIN_KEY_BYTES, TokenMint
+from tests.support.client_keys import digest
 from tests.support.crd_schema import (
     apply_defaults,
     cel_errors,
@@ -34,10 +34,6 @@ from tests.support.crd_schema import (
 )
 
 KEY_A, KEY_B = "sk-checkout-0123456789abcdef0123", "sk-reports-fedcba9876543210fedc"
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def grants() -> dict[str, Any]:

@@ -62,6 +62,18 @@ def _series(metric: str, edges: tuple[str, str], values: str) -> list[dict[str, 
     return out
 
 
+def assert_rules_test(binaries: PrometheusBinaries, where: Path, series: list[Any],
+                      exprs: list[dict[str, Any]]) -> None:
+    """promtool's unit test of ``where/rules.yaml`` on ``series``, every expression as
+    expected, one minute a sample."""
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series,
+                       "promql_expr_test": exprs}]}
+    (where / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(binaries, "test", "rules", "test.yaml", cwd=where)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.prometheus
 @pytest.mark.parametrize(("meter", "eval_time", "reads"), [
     ("observing", "5m", {r: "meter" for r in FIGURES}),
@@ -72,6 +84,7 @@ def _series(metric: str, edges: tuple[str, str], values: str) -> list[dict[str, 
     # rows' five minutes the meter's.
     ("idle-lately", "6m", {r: "meter" if r in LONG else "vllm" for r in FIGURES}),
 ])
+
 def test_vllm_latency_is_the_meters_where_it_saw_a_stream_else_vllms(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
         meter: str, eval_time: str, reads: dict[str, str]) -> None:
@@ -89,12 +102,7 @@ def test_vllm_latency_is_the_meters_where_it_saw_a_stream_else_vllms(
                                "value": round(FIGURES[record][reads[record] == "meter"]
                                               * SCALE)}]}
              for record in FIGURES]
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": series,
-                       "promql_expr_test": exprs}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_rules_test(prometheus_binaries, tmp_path, series, exprs)
 
 
 def test_the_builtin_engines_rules_are_the_checked_in_rendering() -> None:
@@ -147,9 +155,4 @@ def test_the_windows_p99_of_every_class_together_reads_the_same_source(
                   FIGURES[record][meter == "observing"] * SCALE)}]}
              for key, record in (("ttft", "slopilot:ttft_seconds:p99"),
                                  ("tbt", "slopilot:tbt_seconds:p99"))]
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": series,
-                       "promql_expr_test": tests}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_rules_test(prometheus_binaries, tmp_path, series, tests)

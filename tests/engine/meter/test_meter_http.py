@@ -33,6 +33,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.verdicts import Verdicts
 from tests.engine.meter.test_meter import DONE, SLO, event
+from tests.support.read_counting import counting
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 LABEL = SLOSpec.from_dict(SLO).p0.label  # a first token within 500 ms
@@ -62,16 +63,6 @@ class _Upstream:
             "content-type": "text/event-stream", "date": ENGINE_DATE, "server": "vllm"})
 
 
-def _counting(cls: type[asyncio.Protocol], read: list[int]) -> type[asyncio.Protocol]:
-    """``cls``, adding up the bytes it has read (each read counted once it is handled)."""
-
-    class Counting(cls):  # type: ignore[valid-type, misc]
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            read.append(len(data))
-
-    return Counting
-
 
 @dataclass
 class _Served:
@@ -92,7 +83,7 @@ def served(tmp_path: Path) -> Iterator[_Served]:
                 clock=lambda: now[0])
     config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning")
     config.load()
-    config.http_protocol_class = _counting(config.http_protocol_class, read)
+    config.http_protocol_class = counting(config.http_protocol_class, read)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -7,7 +7,6 @@ verdict). The live server with the openai client is ``test_client_grants_live.py
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,14 +22,11 @@ from slopilot.engine.server.app import EngineApp, create_app
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.watched_file import WatchedFile
+from tests.support.client_keys import digest
 from tests.support.live_server import build_backend
 
 CHECKOUT, REPORTS = "sk-checkout-7f3a9c0e5b2d4e6f8a1b", "sk-reports-0c1d2e3f4a5b6c7d8e9f"
 SLO = SLOSpec.from_profile("relaxed")
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def grants(**extra: Any) -> dict[str, Any]:

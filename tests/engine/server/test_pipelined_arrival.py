@@ -10,7 +10,6 @@ engine runs nothing until the test has moved it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import socket
@@ -23,6 +22,7 @@ from slopilot.engine.engine import WallClock
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.server.uvicorn_runner import make_server, run_in_thread
 from tests.support.live_server import LiveServer, build_backend
+from tests.support.read_counting import counting
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 
@@ -43,16 +43,6 @@ class _GatedExecutor:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-
-def _counting(cls: type[asyncio.Protocol], read: list[int]) -> type[asyncio.Protocol]:
-    """``cls``, adding up the bytes it has read (each read counted once it is handled)."""
-
-    class Counting(cls):  # type: ignore[valid-type, misc]
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            read.append(len(data))
-
-    return Counting
 
 
 def _completion(priority: str) -> bytes:
@@ -76,7 +66,7 @@ def test_a_pipelined_requests_ttft_counts_its_wait_behind_the_one_before() -> No
     backend.engine.executor = gate  # type: ignore[assignment]
     server = make_server(backend, port=0, drain_timeout_s=5.0, check_integrity=True)
     read: list[int] = []
-    server.config.http = _counting(server.config.http, read)  # type: ignore[arg-type]
+    server.config.http = counting(server.config.http, read)  # type: ignore[arg-type]
     with LiveServer(f"http://127.0.0.1:{server.bound_port}", server, run_in_thread(server),
                     backend) as srv:
         # The first in class p0, the second in p2: each has a TTFT series of its own.
