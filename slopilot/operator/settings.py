@@ -23,7 +23,8 @@
   service account's, else slopilot-system).
 - The images the operator picks (``operator_images``): ``$SLOPILOT_METER_IMAGE`` (the
   meter in every vLLM pod), ``$SLOPILOT_BUILTIN_IMAGE`` and ``$SLOPILOT_VLLM_IMAGE`` (each
-  backend's engine where a CR names no ``spec.image``); unset or blank, the shipped ones.
+  backend's engine where a CR names no ``spec.image``); unset or blank, the shipped ones
+  (the meter, the built-in engine's image where only that is named: both are slopilot).
   An air-gapped cluster names its mirrors here. A value that is no image reference stops
   the start; the allow-list, unset, is these engine images' repositories.
 - ``$SLOPILOT_DCGM_NAMESPACE``: the namespace the DCGM exporter runs in, so the rules
@@ -134,6 +135,10 @@ def operator_images(env: Mapping[str, str]) -> Images:
                               f"e.g. registry.acme.internal/mirror/{_name(shipped)}; fix "
                               f"it, or unset it for the shipped {shipped}")
         chosen[field] = raw
+    if "meter" not in chosen and "builtin" in chosen:
+        # The meter is slopilot, as the built-in engine's image is: a cluster that
+        # mirrored only that one must not have every vLLM pod pull the shipped meter.
+        chosen["meter"] = chosen["builtin"]
     return Images(**chosen)
 
 

@@ -65,6 +65,16 @@ def test_a_builtin_pod_runs_the_default_image_the_administrator_names(
     assert pod_images(cluster, body, MIRRORED) == {"engine": MIRRORED[BUILTIN_IMAGE_ENV]}
 
 
+def test_a_meter_not_named_runs_the_builtin_image_the_administrator_names(
+        cluster: Cluster) -> None:
+    """The meter is slopilot, as the built-in engine's image is: an air-gapped cluster
+    that mirrored only that one had every vLLM pod pull the shipped meter from a registry
+    it cannot reach (ImagePullBackOff)."""
+    body = cluster.create(llmd(backend="vllm"))
+    only = {BUILTIN_IMAGE_ENV: MIRRORED[BUILTIN_IMAGE_ENV]}
+    assert pod_images(cluster, body, only)["meter"] == MIRRORED[BUILTIN_IMAGE_ENV]
+
+
 def test_unset_the_shipped_images_run(cluster: Cluster) -> None:
     body = cluster.create(llmd(backend="vllm"))
     assert pod_images(cluster, body, {}) == {"engine": DEFAULT_IMAGES[Backend.VLLM],
