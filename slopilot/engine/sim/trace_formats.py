@@ -17,6 +17,7 @@ import datetime
 import io
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -217,7 +218,13 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
             raise TraceError(f"{label}:{line}: not valid JSON ({why}): {raw[:80]!r}") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
-        key = "arrival_time" if "arrival_time" in obj else "timestamp"
+        times = [k for k in ("arrival_time", "timestamp") if obj.get(k) is not None]
+        if len(times) > 1:
+            # Which the user meant is theirs to say, as the CSV's two columns are.
+            raise TraceError(f"{label}:{line}: arrival_time and timestamp both given "
+                             f"({excerpt(obj['arrival_time'])}, {excerpt(obj['timestamp'])}); "
+                             "give one")
+        key = times[0] if times else "arrival_time"
         if key not in obj:
             raise TraceError(f"{label}:{line}: missing arrival_time (or timestamp)")
         t = clock.read(obj[key], line, key)
@@ -278,6 +285,11 @@ _EPOCH_UNITS = (("milliseconds", 1e3), ("microseconds", 1e6), ("nanoseconds", 1e
                 ("nanoseconds or finer", _FINEST_EPOCH / MAX_SECONDS))
 
 
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NOT_FINITE = ("nan", "inf", "infinity")
+"""Read as numbers, so that the bounds below name them (trace times are finite)."""
+
+
 def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, str]:
     """Seconds, and whether they came as a number or as a date."""
     seconds: float | None = None
@@ -289,6 +301,11 @@ def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, 
     elif isinstance(value, str):
         text = value.strip()
         try:
+            # A plain number, as a token count is one: float() also takes Python's digit
+            # grouping ("1_000") and any script's digits (a full-width "1"), which would
+            # read a malformed column rather than refuse it.
+            if not (_PLAIN_NUMBER.fullmatch(text) or text.lower().lstrip("+-") in _NOT_FINITE):
+                raise ValueError(text)
             seconds = float(text)
         except ValueError:
             try:

@@ -536,3 +536,25 @@ def test_a_quote_never_closed_names_the_line_it_opens_on(tmp_path: Path,
     assert str(info.value) == (f'{path}:2: a quote (") opened on this line is never closed, '
                                "so the rest of the file reads as one field; close it or "
                                "remove it")
+
+
+def test_a_jsonl_row_giving_both_times_is_refused_as_the_csvs_header_is(
+        tmp_path: Path) -> None:
+    """Which of two times the user meant is theirs to say: the CSV refuses the two
+    columns, and a JSONL row giving both was read with arrival_time, the other dropped."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"arrival_time": 0, "timestamp": 5000, "prompt_tokens": 10, '
+                    '"output_tokens": 3}\n')
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: arrival_time and timestamp both"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("value", ["1_000", "１", "1e3_0", " ٣ "])
+def test_a_time_is_a_plain_number_as_a_token_count_is(tmp_path: Path, value: str) -> None:
+    """float() takes Python's digit grouping and any script's digits, which the token
+    fields refuse: a malformed time column was read (1_000 as 1000 s, a full-width 1 as
+    1 s)."""
+    path = tmp_path / "t.csv"
+    path.write_text(f"arrival_time,prompt_tokens,output_tokens\n0,10,3\n{value},10,3\n")
+    with pytest.raises(TraceError, match=r"t\.csv:3: arrival_time"):
+        read_trace(path)
