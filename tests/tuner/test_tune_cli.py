@@ -355,3 +355,28 @@ def test_a_report_dir_that_is_a_file_is_refused_before_the_study(
     assert main(["tune", "--scenario", "tiny-cpu", "--report-dir", str(taken)]) == 2
     err = capsys.readouterr().err
     assert f"--report-dir {taken}: is a file, not a folder" in err
+
+
+def test_the_reproduce_and_check_lines_replay_the_very_window_tuned(tmp_path: Path) -> None:
+    """Written with %g (six digits), a month-long trace's window 1234567:1238167 came
+    back as [1234570, 1238170), and a scale 0.123456789 as 0.123457: the check judged
+    other requests than the study did."""
+    import shlex
+
+    from slopilot.cli import build_parser
+    from slopilot.tuner.tune.settings import check_command, settings_from, tune_command
+
+    trace = tmp_path / "month.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,100,10\n1234600,100,10\n1235000,100,10\n"
+                     "1238300,100,10\n")
+    parser = build_parser()
+    for rate in (["--time-scale", "0.123456789"], ["--target-rate", "3.14159265358979"]):
+        first = settings_from(parser.parse_args([
+            "tune", "--trace", str(trace), "--trace-window", "1234567.25:1238167", *rate,
+            "--duration", "1234.5678901"]))
+        for line in (tune_command(first), check_command(first, {}, 1)):
+            argv = shlex.split(line)
+            assert argv[argv.index("--trace-window") + 1] == "1234567.25:1238167"
+            assert float(argv[argv.index(rate[0]) + 1]) == float(rate[1])
+        again = settings_from(parser.parse_args(shlex.split(tune_command(first))[1:]))
+        assert (again.trace, again.duration_s) == (first.trace, first.duration_s)

@@ -176,15 +176,15 @@ def _workload_flags(s: TuneSettings) -> list[str]:
     if t.fmt is not None:
         out += ["--trace-format", t.fmt]
     if t.start_s is not None or t.end_s is not None:
-        lo = "" if t.start_s is None else f"{t.start_s:g}"
-        hi = "" if t.end_s is None else f"{t.end_s:g}"
+        lo = "" if t.start_s is None else _exact(t.start_s)
+        hi = "" if t.end_s is None else _exact(t.end_s)
         out += ["--trace-window", f"{lo}:{hi}"]
     if t.time_scale is not None:
-        out += ["--time-scale", f"{t.time_scale:g}"]
+        out += ["--time-scale", _exact(t.time_scale)]
     if t.target_rate is not None:
-        out += ["--target-rate", f"{t.target_rate:g}"]
+        out += ["--target-rate", _exact(t.target_rate)]
     if t.classes is not None:
-        out += ["--classes", ",".join(f"{p.label}={w:g}" for p, w in t.classes.shares.items()
+        out += ["--classes", ",".join(f"{p.label}={_exact(w)}" for p, w in t.classes.shares.items()
                                       if w)]
     if s.profile is not None:
         out += ["--profile", s.profile]
@@ -196,7 +196,7 @@ def tune_command(s: TuneSettings) -> str:
     argv = ["slopilot", "tune", *_workload_flags(s), "--trials", str(s.trials),
             "--sampler", s.sampler, "--seed", str(s.seed)]
     if s.duration_s is not None:
-        argv += ["--duration", f"{s.duration_s:g}"]
+        argv += ["--duration", _exact(s.duration_s)]
     if s.whole:
         argv += ["--windows", "whole"]
     if not isinstance(s.scenario.workload, TraceSpec) and s.seeds != DEFAULT_SEEDS:
@@ -224,6 +224,13 @@ def check_command(s: TuneSettings, config: Mapping[str, Any], replicas: int) -> 
         if base.get(name) != value:
             argv += ["--set", f"{name}={_knob(value)}"]
     return shlex.join(argv)
+
+
+def _exact(x: float) -> str:
+    """``x`` as a flag takes it back exactly: the reproduce and check lines must replay
+    the very window, scale and rate tuned (``%g``'s six digits moved a month-long trace's
+    window by seconds)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
 def _knob(value: Any) -> str:
