@@ -7,6 +7,9 @@ nobody's work is thrown away for nothing), then preempts the newest of them unti
 fits. When the per-step preemption cap stops it short, it keeps a *claim*: next step,
 lower classes may not grow into the room it freed, and it goes on without judging the
 threshold again, so the victims already taken are not wasted.
+
+The scheduler calls admission once per class, after that class's partial prefills and
+before any lower class's (strict priority for the budget as well).
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ class Admission(SchedulerBase):
         # would only keep a large prompt out forever.
         return int(self.config.kv_watermark * self.kv.num_gpu_blocks) if self.running else 0
 
-    def _admit_waiting(self, only_claim: bool = False) -> None:
+    def _admit_waiting(self, cls: Priority, only_claim: bool = False) -> None:
+        """Admit waiting requests of class ``cls`` while they head the queue."""
         cfg, kv, waiting = self.config, self.kv, self._waiting
         reserve = self._watermark_blocks()
         while waiting and self._budget_left > 0 and len(self.running) < cfg.max_num_seqs:
             req = waiting.peek()
+            if req.priority != cls:
+                return  # a higher class's head still waits (strict), or cls is done
             claiming = req is self._p0_claim
             if only_claim and not claiming:
                 return
@@ -49,7 +55,10 @@ class Admission(SchedulerBase):
                     return
             waiting.pop()
             if claiming:
+                # Admitted: the room it claimed is its own now, and lower classes later
+                # in this step may grow into what is left.
                 self._p0_claim = None
+                self._claim_blocks = 0
             if self._out.num_preempted_recompute or self._out.num_preempted_swap:
                 # A step that preempted admits nobody after the P0 it preempted for:
                 # the victims would only come straight back (as in vLLM).

@@ -2,8 +2,9 @@
 
 One iteration, under a token budget:
   1. every running decode gets one token (no decode stalls behind a prefill);
-  2. partially prefilled requests get their next chunk, capped by ``chunk_size``;
-  3. waiting requests are admitted by class, then arrival, each with a first chunk.
+  2-3. the rest of the budget goes to prefill work class by class: a class's partially
+     prefilled requests (their next chunk, capped by ``chunk_size``), then its waiting
+     requests (by arrival, each with a first chunk), before any lower class's.
 When KV blocks run out for a running request, the lowest-class, newest running request
 is preempted (recompute or swap); a waiting P0 may preempt P1/P2 under KV pressure.
 
@@ -171,13 +172,7 @@ class Scheduler(Admission):
         self._num_decodes = 0
         self._claim_blocks = self._claimed_blocks() if self._p0_claim is not None else 0
 
-        self._schedule_running()
-        # A step that had to preempt for growth admits nobody (the KV is already short),
-        # except a P0 whose claim that growth had to respect.
-        if not (out.num_preempted_recompute or out.num_preempted_swap):
-            self._admit_waiting()
-        elif self._p0_claim is not None:
-            self._admit_waiting(only_claim=True)
+        self._schedule_prefills(self._schedule_decodes())
 
         out.seqs = list(self._scheduled.values())
         if self._with_penalties:
@@ -190,8 +185,9 @@ class Scheduler(Admission):
         out.num_prefill_tokens = total - self._num_decodes
         return out
 
-    def _schedule_running(self) -> None:
-        """Decodes first (one token each), then partial prefills (a chunk each)."""
+    def _schedule_decodes(self) -> list[Request]:
+        """Step 1: every running decode gets its token; returns the partial prefills (in
+        rank order, so grouped by class) for the budget that is left."""
         running = self.running
         tables = self.kv.tables
         bs = self.kv.block_size
@@ -229,14 +225,42 @@ class Scheduler(Admission):
                 i += 1  # else it was preempted or finished, and running[i] is the next
         self._budget_left = budget
         self._num_decodes += decodes
+        return prefills
+
+    def _schedule_prefills(self, partials: list[Request]) -> None:
+        """Steps 2-3 by class: strict priority holds for the budget as for admission.
+
+        A class's partial prefills, then its waiting requests, before any lower class's:
+        with partial prefills of every class first, a P0 waited for whole P2 prompts
+        already running (31 iterations behind two of 16,000 tokens). Within a class the
+        partial prefills go first, so a class's started work finishes before it takes on
+        more.
+        """
         chunk = self.config.chunk_size
-        for req in prefills:
+        i, num_partials = 0, len(partials)
+        for cls in Priority:
+            while i < num_partials and partials[i].priority == cls:
+                req = partials[i]
+                i += 1
+                if self._budget_left <= 0:
+                    return
+                if req.status is not RequestStatus.RUNNING:
+                    continue  # preempted by an earlier request's growth
+                n = min(req.num_tokens - req.num_computed_tokens, chunk, self._budget_left)
+                self._grow(req, n)
             if self._budget_left <= 0:
-                break
-            if req.status is not RequestStatus.RUNNING:
-                continue  # preempted by an earlier request's growth
-            n = min(req.num_tokens - req.num_computed_tokens, chunk, self._budget_left)
-            self._grow(req, n)
+                return
+            waiting = self._waiting
+            if not waiting or waiting.peek().priority != cls:
+                continue  # nobody of this class heads the queue
+            out = self._out
+            # A step that had to preempt admits nobody (the KV is already short, and the
+            # victims would only come straight back), except a P0 whose claim that
+            # growth had to respect.
+            if not (out.num_preempted_recompute or out.num_preempted_swap):
+                self._admit_waiting(cls)
+            elif self._p0_claim is not None and cls is Priority.P0:
+                self._admit_waiting(cls, only_claim=True)
 
     def _grow(self, req: Request, n: int) -> bool:
         """Schedule ``n`` more tokens of a running request; False if it got no room."""

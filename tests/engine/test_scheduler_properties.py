@@ -1,5 +1,7 @@
 """Property tests: random workloads and knobs; the scheduler's invariants (budget kept, no
-decode skipped, blocks conserved, each request ends once, class order) after every step."""
+decode skipped, blocks conserved, each request ends once, class order for admission and
+for the prefill budget, a waiting P0 never held back by lower classes' prefills) after
+every step."""
 
 from __future__ import annotations
 
@@ -96,6 +98,12 @@ def test_invariants_hold_after_every_step(
         if out.num_stalled == 0 and len(decoding_before) <= cfg_now.effective_budget:
             for r in decoding_before:
                 assert r.request_id in scheduled or r.status is not RequestStatus.RUNNING
+        # Strict priority for the budget too: after the decodes, prefill rows come class
+        # by class, so no P1/P2 chunk is planned before a P0's.
+        decoding_ids = {r.request_id for r in decoding_before}
+        prefill_classes = [all_reqs[s.request_id].priority for s in out.seqs
+                           if s.request_id not in decoding_ids]
+        assert prefill_classes == sorted(prefill_classes)
         # Class order: everyone still waiting ranks after everyone admitted this step.
         admitted = [all_reqs[rid] for rid in waiting_before if rid in scheduled]
         # Admission respects max_num_seqs (a live decrease lets running drain down).
@@ -123,3 +131,57 @@ def test_invariants_hold_after_every_step(
     for r in all_reqs.values():
         if r.status is not RequestStatus.FINISHED_ABORTED:
             assert r.num_output_tokens <= r.sampling.max_tokens
+
+
+# A cache too large to ever run short, so that only the budget and the seq slots can hold
+# a waiting P0 back: what is left of the budget after the decodes and the P0s' own partial
+# prefills must go to the oldest waiting P0, never to a P1/P2 prefill.
+roomy_knobs = st.fixed_dictionaries({
+    "token_budget": st.integers(128, 512),
+    "budget_align": st.sampled_from([1, 64]),
+    "chunk_size": st.integers(64, 128),
+    "max_num_seqs": st.integers(1, 16),
+    "preemption_mode": st.sampled_from(list(PreemptionMode)),
+    "max_preemptions_per_step": st.integers(0, 3),
+    "p0_preempt_utilization": st.floats(0.0, 1.0),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(knobs=roomy_knobs, requests=st.lists(
+    st.tuples(st.integers(0, 12), st.integers(1, 600), st.integers(1, 20),
+              st.sampled_from(list(Priority))), min_size=1, max_size=20))
+def test_a_waiting_p0_gets_the_budget_left_after_the_decodes(
+        knobs: dict[str, object], requests: list[tuple[int, int, int, Priority]]) -> None:
+    knobs["chunk_size"] = min(int(knobs["chunk_size"]), int(knobs["token_budget"]))  # type: ignore[call-overload]
+    cfg = EngineConfig().with_overrides(knobs)
+    sched = Scheduler(cfg, 10_000, 10_000)
+    ex = FakeExecutor()
+    pending = sorted(enumerate(requests), key=lambda x: x[1][0])
+    step_no = 0
+    while pending or sched.has_work():
+        while pending and pending[0][1][0] <= step_no:
+            i, (_, plen, max_tok, prio) = pending.pop(0)
+            sched.add_request(Request(f"r{i}", [10 * i + t for t in range(plen)],
+                                      SamplingParams(max_tokens=max_tok, ignore_eos=True),
+                                      priority=prio))
+        running = list(sched.running)
+        decoding = {r.request_id for r in running if r.num_tokens - r.num_computed_tokens == 1}
+        p0_partials = {r.request_id for r in running
+                       if r.priority is Priority.P0 and r.request_id not in decoding}
+        waiting_p0 = sorted((r for r in sched.requests.values()
+                             if r.status is not RequestStatus.RUNNING
+                             and r.priority is Priority.P0), key=_rank)
+        out = sched.schedule()
+        rows = {s.request_id: s.num_tokens for s in out.seqs}
+        if waiting_p0:
+            head = waiting_p0[0]
+            left = cfg.effective_budget - sum(rows.get(rid, 0) for rid in decoding) \
+                - sum(rows.get(rid, 0) for rid in p0_partials)
+            slot_held = len(running) >= cfg.max_num_seqs
+            if left > 0 and not slot_held:
+                assert head.request_id in rows, (head.request_id, left, rows)
+        sched.update_from_output(out, ex.execute(out))
+        sched.check_integrity()
+        step_no += 1
+        assert step_no < 3000, "no progress"
