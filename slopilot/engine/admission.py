@@ -36,7 +36,8 @@ class Admission(SchedulerBase):
         """Admit waiting requests of class ``cls`` while they head the queue."""
         cfg, kv, waiting = self.config, self.kv, self._waiting
         reserve = self._watermark_blocks()
-        while waiting and self._budget_left > 0 and len(self.running) < cfg.max_num_seqs:
+        max_seqs = cfg.effective_max_num_seqs
+        while waiting and self._budget_left > 0 and len(self.running) < max_seqs:
             req = waiting.peek()
             if req.priority != cls:
                 return  # a higher class's head still waits (strict), or cls is done

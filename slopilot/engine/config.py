@@ -53,7 +53,9 @@ class EngineConfig:
     chunk_size: int = _knob(
         512, "Max prefill tokens one request gets in one iteration "
         "(vLLM long_prefill_token_threshold); at most token_budget.", 64, 16384)
-    max_num_seqs: int = _knob(256, "Max running requests.", 1, 4096)
+    max_num_seqs: int = _knob(
+        256, "Max running requests; at most the (aligned) token budget are run, so that "
+        "every running decode gets its token each iteration.", 1, 4096)
     preemption_mode: PreemptionMode = _knob(
         PreemptionMode.AUTO, "recompute, swap, or auto (hybrid by recompute_max_tokens).",
         choices=tuple(PreemptionMode))
@@ -111,6 +113,17 @@ class EngineConfig:
         """The budget after rounding up to the tile alignment."""
         a = self.budget_align
         return -(-self.token_budget // a) * a
+
+    @property
+    def effective_max_num_seqs(self) -> int:
+        """The most requests that run at once: ``max_num_seqs``, at most the budget.
+
+        One iteration gives every running decode a token of the budget, so more running
+        requests than the budget would leave some decodes without a token (and the same
+        ones every step: ``running`` is in rank order). vLLM refuses such a config; here
+        it is capped, because the tuner draws the two knobs independently and a refused
+        trial would be a wasted one (the operator gives vLLM the same value)."""
+        return min(self.max_num_seqs, self.effective_budget)
 
     def with_overrides(self, overrides: Mapping[str, Any], *, live_only: bool = False
                        ) -> EngineConfig:

@@ -1,6 +1,7 @@
 """Stall-free (Sarathi-style) continuous-batching scheduler with priority classes.
 
 One iteration, under a token budget:
+  0. no more requests run than the budget can decode (a live cut preempts the excess);
   1. every running decode gets one token (no decode stalls behind a prefill);
   2-3. the rest of the budget goes to prefill work class by class: a class's partially
      prefilled requests (their next chunk, capped by ``chunk_size``), then its waiting
@@ -172,6 +173,9 @@ class Scheduler(Admission):
         self._num_decodes = 0
         self._claim_blocks = self._claimed_blocks() if self._p0_claim is not None else 0
 
+        if len(self.running) > budget:
+            # A live cut of the budget: preempt what it cannot decode, never skip it.
+            self._trim_running(budget)
         self._schedule_prefills(self._schedule_decodes())
 
         out.seqs = list(self._scheduled.values())

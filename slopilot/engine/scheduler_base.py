@@ -74,10 +74,13 @@ class SchedulerBase:
         return out.num_preempted_recompute + out.num_preempted_swap \
             >= self.config.max_preemptions_per_step and (bool(self._scheduled) or newcomer)
 
-    def _preempt(self, victim: Request, newcomer: bool = False) -> bool:
-        """Preempt ``victim`` (the lowest-ranked running request); False if not allowed."""
+    def _preempt(self, victim: Request, newcomer: bool = False, *, capped: bool = True
+                 ) -> bool:
+        """Preempt ``victim`` (the lowest-ranked running request); False if not allowed.
+
+        ``capped=False`` ignores ``max_preemptions_per_step`` (``_trim_running`` only)."""
         out, cfg = self._out, self.config
-        if self._cap_reached(newcomer):
+        if capped and self._cap_reached(newcomer):
             return False
         mode = choose_mode(cfg, self.kv, victim, self.swap_s_per_block, newcomer=newcomer)
         if mode is None:
@@ -105,6 +108,21 @@ class SchedulerBase:
         victim.num_preemptions += 1
         self._waiting.push(victim)
         return True
+
+    def _trim_running(self, limit: int) -> None:
+        """Preempt running requests past ``limit`` (what one budget can decode), lowest
+        class and newest first, recompute or swap as for any victim.
+
+        Only a live cut of the budget leaves more running than it can decode (admission
+        stops at ``effective_max_num_seqs``). Skipped decodes would be the same tail
+        every step (``running`` is in rank order): hundreds of iterations without a token,
+        with nothing preempted and no stall reported. So the whole excess goes at once,
+        past ``max_preemptions_per_step``, which bounds thrash under KV pressure, not
+        the one-off consequence of a new config; the counts and metrics include them.
+        A running victim never waits on a slow swap: it is recomputed instead."""
+        running = self.running
+        while len(running) > limit and self._preempt(running[-1], capped=False):
+            pass
 
     def _start_running(self, req: Request) -> None:
         if req.first_scheduled_time is None:

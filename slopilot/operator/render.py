@@ -173,8 +173,9 @@ def vllm_max_num_seqs(config: EngineConfig) -> int:
     tuner's space draws the two independently (a budget of 256 beside up to 1024
     sequences). A step schedules at least a token for each request it runs, so no more
     requests than the budget run in one step anyway: the budget is the same limit in a
-    form vLLM accepts, where the raw knob would crash-loop every replica of a trial."""
-    return min(config.max_num_seqs, config.effective_budget)
+    form vLLM accepts, where the raw knob would crash-loop every replica of a trial. It is
+    the built-in engine's own limit too (``EngineConfig.effective_max_num_seqs``)."""
+    return config.effective_max_num_seqs
 
 
 def vllm_args(spec: LLMDeploymentSpec) -> tuple[list[str], tuple[str, ...]]:

@@ -93,9 +93,12 @@ def test_invariants_hold_after_every_step(
         if preempted > cfg_now.max_preemptions_per_step:
             # Past the cap only to unblock a step that would otherwise do nothing.
             assert out.seqs
-        # No running decode skipped unless the KV could not make room for it.
+        # No running decode skipped unless the KV could not make room for it, whatever
+        # the budget: no more run than one budget can decode (a live cut preempts the
+        # excess), so a decode goes at most one iteration without its token.
+        assert len(sched.running) <= cfg_now.effective_budget
         scheduled = {s.request_id for s in out.seqs}
-        if out.num_stalled == 0 and len(decoding_before) <= cfg_now.effective_budget:
+        if out.num_stalled == 0:
             for r in decoding_before:
                 assert r.request_id in scheduled or r.status is not RequestStatus.RUNNING
         # Strict priority for the budget too: after the decodes, prefill rows come class
@@ -106,8 +109,9 @@ def test_invariants_hold_after_every_step(
         assert prefill_classes == sorted(prefill_classes)
         # Class order: everyone still waiting ranks after everyone admitted this step.
         admitted = [all_reqs[rid] for rid in waiting_before if rid in scheduled]
-        # Admission respects max_num_seqs (a live decrease lets running drain down).
-        assert not admitted or len(sched.running) <= cfg_now.max_num_seqs
+        # Admission respects max_num_seqs, at most the budget (a live decrease of the
+        # knob lets running drain down).
+        assert not admitted or len(sched.running) <= cfg_now.effective_max_num_seqs
         still_waiting = [r for r in sched.requests.values()
                          if r.status is not RequestStatus.RUNNING and r.num_preemptions == 0]
         if admitted and still_waiting:
@@ -178,7 +182,7 @@ def test_a_waiting_p0_gets_the_budget_left_after_the_decodes(
             head = waiting_p0[0]
             left = cfg.effective_budget - sum(rows.get(rid, 0) for rid in decoding) \
                 - sum(rows.get(rid, 0) for rid in p0_partials)
-            slot_held = len(running) >= cfg.max_num_seqs
+            slot_held = len(running) >= cfg.effective_max_num_seqs
             if left > 0 and not slot_held:
                 assert head.request_id in rows, (head.request_id, left, rows)
         sched.update_from_output(out, ex.execute(out))
