@@ -1,12 +1,19 @@
 """Admission: waiting requests start by class, then arrival, while room allows.
 
 Strict priority: nobody jumps the head of the queue, except that a P0 head may push out
-P1/P2 work while the KV cache is under pressure (usage above p0_preempt_utilization).
-Such a P0 first checks that preempting lower classes could ever make room for it (else
-nobody's work is thrown away for nothing), then preempts the newest of them until it
-fits. When the per-step preemption cap stops it short, it keeps a *claim*: next step,
-lower classes may not grow into the room it freed, and it goes on without judging the
-threshold again, so the victims already taken are not wasted.
+P1/P2 work for one of two shortages:
+
+- KV blocks, while the cache is under pressure (usage above p0_preempt_utilization);
+- a seq slot, when every slot is taken (``effective_max_num_seqs``), whatever the KV
+  usage: a full slot table is its own shortage, and without this a P0 waited for a P2
+  batch job to finish. It takes one slot: one victim, even when a live cut of
+  max_num_seqs left more running than the new value (they drain as they finish).
+
+Such a P0 first checks that preempting lower classes could ever let it in (else nobody's
+work is thrown away for nothing), then preempts the newest of them until it fits. When
+the per-step preemption cap stops it short, it keeps a *claim*: next step, lower classes
+may not grow into the room it freed, and it goes on without judging the threshold
+again, so the victims already taken are not wasted.
 
 The scheduler calls admission once per class, after that class's partial prefills and
 before any lower class's (strict priority for the budget as well).
@@ -37,23 +44,33 @@ class Admission(SchedulerBase):
         cfg, kv, waiting = self.config, self.kv, self._waiting
         reserve = self._watermark_blocks()
         max_seqs = cfg.effective_max_num_seqs
-        while waiting and self._budget_left > 0 and len(self.running) < max_seqs:
+        while waiting and self._budget_left > 0:
             req = waiting.peek()
             if req.priority != cls:
                 return  # a higher class's head still waits (strict), or cls is done
             claiming = req is self._p0_claim
             if only_claim and not claiming:
                 return
+            slot_free = len(self.running) < max_seqs
+            if not slot_free and cls is not Priority.P0:
+                return
             # Strict priority: nobody jumps the head of the queue, except that a P0 head
-            # may push out P1/P2 work while the cache is under pressure. The threshold is
-            # read once, before any victim is chosen: each victim lowers the usage, and
-            # re-reading it between victims would stop short with the victims wasted.
-            may_preempt = claiming or (
-                req.priority == Priority.P0 and kv.usage > cfg.p0_preempt_utilization
-                and self._p0_can_make_room(req, reserve))
-            while not self._try_admit(req, reserve):
-                if not (may_preempt and self._preempt_for(req)):
+            # may push out P1/P2 work for a slot, or for blocks while the cache is under
+            # pressure. The threshold is read once, before any victim is chosen: each
+            # victim lowers the usage, and re-reading it between victims would stop short
+            # with the victims wasted.
+            kv_pressure = claiming or (cls is Priority.P0
+                                       and kv.usage > cfg.p0_preempt_utilization)
+            may_preempt = claiming or (cls is Priority.P0 and (
+                kv_pressure or not slot_free) and self._p0_can_make_room(
+                    req, reserve, slot_free, kv_pressure))
+            while not (slot_free and self._try_admit(req, reserve)):
+                # Short of a slot: the first victim gives one. Short of blocks once it has
+                # a slot: only KV pressure (or a claim) lets it take more.
+                if not may_preempt or (slot_free and not kv_pressure) \
+                        or not self._preempt_for(req):
                     return
+                slot_free = True
             waiting.pop()
             if claiming:
                 # Admitted: the room it claimed is its own now, and lower classes later
@@ -75,20 +92,24 @@ class Admission(SchedulerBase):
                 self._budget_left)
         return kv.free_blocks_needed(req, n, cached)
 
-    def _p0_can_make_room(self, req: Request, reserve: int) -> bool:
-        """Whether preempting lower classes (newest first) would ever let ``req`` in:
-        if not, preempting anyone only wastes their work."""
+    def _p0_can_make_room(self, req: Request, reserve: int, slot_free: bool,
+                          kv_pressure: bool) -> bool:
+        """Whether preempting lower classes (newest first) would ever let ``req`` in: if
+        not, preempting anyone only wastes their work. Without KV pressure only a slot
+        may be taken (one victim), so its blocks and the free ones must do."""
         kv, cfg = self.kv, self.config
         need = self._p0_blocks_to_admit(req) + reserve
         room = kv.num_free_blocks
         for victim in reversed(self.running):
-            if room >= need:
+            if room >= need and slot_free:
                 return True
-            if victim.priority <= req.priority or choose_mode(
-                    cfg, kv, victim, self.swap_s_per_block, newcomer=True) is None:
+            if (slot_free and not kv_pressure) or victim.priority <= req.priority \
+                    or choose_mode(cfg, kv, victim, self.swap_s_per_block,
+                                   newcomer=True) is None:
                 break
             room += kv.num_exclusive_blocks(victim.request_id)
-        return room >= need
+            slot_free = True
+        return room >= need and slot_free
 
     def _preempt_for(self, req: Request) -> bool:
         """Preempt the next victim for a waiting P0; on the per-step cap, keep a claim

@@ -67,8 +67,9 @@ class EngineConfig:
         50.0, "A victim whose estimated swap-out time exceeds this is not preempted; "
         "the newcomer waits.", 0, 10000)
     p0_preempt_utilization: float = _knob(
-        0.9, "A waiting P0 request may preempt running P1/P2 only while KV usage is "
-        "above this.", 0.0, 1.0)
+        0.9, "A waiting P0 request may preempt running P1/P2 for KV blocks only while "
+        "KV usage is above this; for a seq slot it may whenever every slot is taken.",
+        0.0, 1.0)
     kv_watermark: float = _knob(
         0.05, "Fraction of KV blocks kept free when admitting new requests.", 0.0, 0.5)
     block_size: int = _knob(16, "Tokens per KV block.", 8, 128, live=False)

@@ -1,14 +1,16 @@
-"""Strict priority for the prefill budget (outside review, repro3).
+"""Strict priority for the prefill budget, and for the seq slots (outside review, repro3).
 
 After the decodes, the budget goes to prefill work class by class: a class's partial
 prefills, then its waiting requests, before any lower class's. Before this, partial
 prefills of every class came first, so a 3-token P0 waited ~31 iterations behind two
-running P2 prompts of 16,000 tokens on a nearly empty cache.
+running P2 prompts of 16,000 tokens on a nearly empty cache. And a waiting P0 may take a
+seq slot from P1/P2 when every slot is taken; before, the max_num_seqs check came before
+the P0 was even looked at, and it waited for a P2 batch job to finish.
 """
 
 from __future__ import annotations
 
-from slopilot.engine.request import Priority
+from slopilot.engine.request import Priority, RequestStatus
 from slopilot.engine.scheduler import Scheduler
 from tests.engine.helpers import make_request, make_scheduler, step, tokens_by_id
 from tests.support.fake_executor import FakeExecutor
@@ -77,3 +79,91 @@ def test_p0_behind_p2_prefills_gets_its_first_token_in_one_iteration() -> None:
         iterations += 1
         assert iterations <= 100
     assert iterations == 1
+
+
+# ---------------------------------------------------------------- seq slots (defect 3)
+
+def _slots_full(max_num_seqs: int = 2, **knobs: object) -> Scheduler:
+    """Two P2 batch jobs of 250 tokens in 40 blocks of 16: usage ~0.8, both slots full."""
+    cfg: dict[str, object] = {
+        "token_budget": 512, "chunk_size": 512, "max_num_seqs": max_num_seqs,
+        "p0_preempt_utilization": 0.5, "kv_watermark": 0.0, "preemption_mode": "recompute",
+        **knobs}
+    sched = make_scheduler(40, **cfg)
+    for name, first in (("p2-a", 1000), ("p2-b", 5000)):
+        sched.add_request(make_request(name, 250, max_tokens=2000, priority=Priority.P2,
+                                       first_token=first))
+    for _ in range(3):
+        step(sched)
+    return sched
+
+
+def test_p0_takes_a_slot_from_the_newest_p2_when_slots_are_full() -> None:
+    sched = _slots_full()
+    assert sched.num_running == 2 and sched.kv.usage > 0.5
+    sched.add_request(make_request("p0", 100, max_tokens=5, priority=Priority.P0,
+                                   first_token=9000))
+    out = step(sched)
+    assert "p0" in tokens_by_id(out)
+    assert sched.requests["p2-b"].status is RequestStatus.PREEMPTED_RECOMPUTE
+    assert sched.requests["p2-a"].status is RequestStatus.RUNNING
+    assert out.num_preempted_recompute == 1 and sched.num_running == 2
+    sched.check_integrity()
+
+
+def test_a_full_slot_table_is_its_own_shortage_whatever_the_kv_usage() -> None:
+    # Usage is 0.8, under a 0.9 threshold, and the P0's block is free: only a slot is short.
+    sched = _slots_full(p0_preempt_utilization=0.9)
+    sched.add_request(make_request("p0", 10, max_tokens=5, priority=Priority.P0,
+                                   first_token=9000))
+    out = step(sched)
+    assert "p0" in tokens_by_id(out)
+    assert out.num_preempted_recompute == 1
+    assert sched.requests["p2-b"].status is RequestStatus.PREEMPTED_RECOMPUTE
+
+
+def test_slot_preemption_never_takes_a_p0_and_respects_the_cap() -> None:
+    sched = make_scheduler(max_num_seqs=1)
+    sched.add_request(make_request("p0-old", 10, max_tokens=50, priority=Priority.P0))
+    step(sched)
+    sched.add_request(make_request("p0-new", 10, priority=Priority.P0, first_token=5000))
+    out = step(sched)
+    assert "p0-new" not in tokens_by_id(out) and out.num_preempted_recompute == 0
+    # No preemption at all when the cap is 0: the P0 waits for the slot.
+    sched = _slots_full(max_preemptions_per_step=0)
+    sched.add_request(make_request("p0", 10, priority=Priority.P0, first_token=9000))
+    out = step(sched)
+    assert "p0" not in tokens_by_id(out)
+    assert out.num_preempted_recompute == out.num_preempted_swap == 0
+
+
+def test_a_slot_is_taken_only_when_the_p0_would_then_fit() -> None:
+    # Under the KV threshold, the P0 may preempt for a slot, not for blocks: one victim's
+    # 16 blocks plus the 4 free cannot hold a 500-token first chunk (32 blocks), so
+    # nobody's work is thrown away for nothing.
+    sched = _slots_full(p0_preempt_utilization=0.95)
+    free = sched.kv.num_free_blocks
+    assert free < 32 and sched.kv.usage < 0.95
+    sched.add_request(make_request("p0", 500, priority=Priority.P0, first_token=9000))
+    out = step(sched)
+    assert "p0" not in tokens_by_id(out)
+    assert out.num_preempted_recompute == 0
+
+
+def test_after_a_live_cut_of_max_num_seqs_a_p0_takes_one_slot_not_the_whole_cut() -> None:
+    # Four P2 decode; max_num_seqs is cut to 2 live: they drain as they finish, and a P0
+    # swaps in for one of them instead of preempting everyone past the new value.
+    sched = make_scheduler(max_num_seqs=4, preemption_mode="recompute")
+    for i in range(4):
+        sched.add_request(make_request(f"p2-{i}", 10, max_tokens=50, priority=Priority.P2,
+                                       first_token=1000 * (i + 1)))
+    step(sched)
+    sched.update_config(sched.config.with_overrides({"max_num_seqs": 2}))
+    out = step(sched)
+    assert sched.num_running == 4 and out.num_preempted_recompute == 0  # drains
+    sched.add_request(make_request("p0", 10, priority=Priority.P0, first_token=9000))
+    out = step(sched)
+    assert "p0" in tokens_by_id(out) and out.num_preempted_recompute == 1
+    assert sched.requests["p2-3"].status is RequestStatus.PREEMPTED_RECOMPUTE
+    assert sched.num_running == 4
+    sched.check_integrity()

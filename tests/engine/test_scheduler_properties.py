@@ -79,6 +79,7 @@ def test_invariants_hold_after_every_step(
                     finished.append(rid)
 
         decoding_before = [r for r in sched.running if r.num_tokens - r.num_computed_tokens == 1]
+        running_before = len(sched.running)
         waiting_before = {rid for rid, r in sched.requests.items()
                           if r.status is not RequestStatus.RUNNING}
         out = sched.schedule()
@@ -109,9 +110,10 @@ def test_invariants_hold_after_every_step(
         assert prefill_classes == sorted(prefill_classes)
         # Class order: everyone still waiting ranks after everyone admitted this step.
         admitted = [all_reqs[rid] for rid in waiting_before if rid in scheduled]
-        # Admission respects max_num_seqs, at most the budget (a live decrease of the
-        # knob lets running drain down).
-        assert not admitted or len(sched.running) <= cfg_now.effective_max_num_seqs
+        # Admission respects max_num_seqs, at most the budget. A live decrease of the knob
+        # lets running drain down; meanwhile a P0 may only take one P1/P2's slot.
+        assert not admitted or len(sched.running) <= max(
+            cfg_now.effective_max_num_seqs, running_before)
         still_waiting = [r for r in sched.requests.values()
                          if r.status is not RequestStatus.RUNNING and r.num_preemptions == 0]
         if admitted and still_waiting:
@@ -182,7 +184,11 @@ def test_a_waiting_p0_gets_the_budget_left_after_the_decodes(
             head = waiting_p0[0]
             left = cfg.effective_budget - sum(rows.get(rid, 0) for rid in decoding) \
                 - sum(rows.get(rid, 0) for rid in p0_partials)
-            slot_held = len(running) >= cfg.effective_max_num_seqs
+            # A full slot table holds it back only when no P1/P2 runs to give up a slot,
+            # or when no preemption is allowed at all.
+            slot_held = len(running) >= cfg.effective_max_num_seqs and (
+                cfg.max_preemptions_per_step == 0
+                or all(r.priority is Priority.P0 for r in running))
             if left > 0 and not slot_held:
                 assert head.request_id in rows, (head.request_id, left, rows)
         sched.update_from_output(out, ex.execute(out))
