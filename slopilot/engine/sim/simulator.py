@@ -104,7 +104,8 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
              seed: int | None = None, workload: Workload | None = None,
              observers: list[StepObserver] | None = None,
              check_integrity: bool = False, with_metrics: bool = False,
-             measure: Measure | None = None, progress: ProgressFn | None = None) -> SimRun:
+             measure: Measure | None = None, progress: ProgressFn | None = None,
+             until_judged: bool = False) -> SimRun:
     """Run ``scenario`` with knob ``overrides`` in virtual time; returns its summary.
 
     By default arrivals stop at ``duration_s`` and the figures count the requests that
@@ -112,7 +113,11 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
     before it, a horizon after it; ``duration_s`` is then ignored). ``with_metrics``
     feeds each replica's engine loop into ``EngineMetrics`` as a live server does (it
     costs a little speed), and returns the final exposition. ``progress`` is told the
-    virtual time every few hundred iterations (a progress bar's feed).
+    virtual time every few hundred iterations (a progress bar's feed). ``until_judged``
+    ends the run before the horizon once the window is past and every request it counts
+    has finished: nothing simulated after that can change the summary, and a drain sized
+    for requests that live minutes then costs only what they take (the engines are left
+    as they were then, so leave it off to inspect them or their metrics at the horizon).
     """
     config = scenario.engine_config().with_overrides(overrides or {})
     if measure is None:
@@ -135,7 +140,8 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
             exporters.append(metrics)
         reps.append(_Replica(engine, clock, exporters[-1] if with_metrics else None))
     wl = workload or scenario.build_workload(seed=seed, duration_s=duration)
-    _run(reps, wl, duration, stats, check_integrity, progress)
+    _run(reps, wl, duration, stats, check_integrity, progress,
+         judged_after=measure.end_s if until_judged else None)
     stats.close()
 
     queries = sum(r.engine.scheduler.prefix_queries for r in reps)
@@ -149,7 +155,8 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
 
 
 def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimStats,
-         check_integrity: bool, progress: ProgressFn | None) -> None:
+         check_integrity: bool, progress: ProgressFn | None,
+         judged_after: float | None = None) -> None:
     counter = itertools.count()
     # (arrival, tie-break, spec, came from the up-front source)
     pending: list[tuple[float, int, RequestSpec, bool]] = []
@@ -166,6 +173,12 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
     while True:
         t_arrival = pending[0][0] if pending else math.inf
         busy = [r for r in reps if r.engine.has_work()]
+        if judged_after is not None and t_arrival >= judged_after and stats.all_judged() \
+                and all(r.clock.t >= judged_after for r in busy):
+            # No counted request is left to arrive or to finish, and every iteration
+            # that ends in the window has run (a later one could still follow up a
+            # session into it, or count towards busy and KV usage): the figures are final.
+            break
         rep = min(busy, key=lambda r: r.clock.t) if busy else None
         if rep is not None and rep.clock.t <= t_arrival:
             if rep.clock.t >= duration:
@@ -189,7 +202,8 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
             pull()
         _dispatch(reps, spec, next(counter), stats)
     if progress is not None:
-        # Where the run stopped: the horizon, or sooner when nothing was left to do.
+        # Where the run stopped: the horizon, or sooner when nothing was left to do (or
+        # to judge).
         progress(min(duration, max(r.clock.t for r in reps)))
     # Anything still in flight at the end is cut off; SimStats.close censors it.
 

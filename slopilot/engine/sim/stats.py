@@ -106,6 +106,10 @@ class SimStats:
             c.refused += for_load
             c.offered_tokens += max_tokens
 
+    def all_judged(self) -> bool:
+        """Every counted request admitted so far has finished (or been rejected)."""
+        return not self._open
+
     # --------------------------------------------------------------- observer
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
                 now: float) -> None:

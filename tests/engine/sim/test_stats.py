@@ -47,6 +47,27 @@ def test_only_requests_arriving_inside_the_window_are_counted() -> None:
     assert s.overall.throughput_tok_s == pytest.approx(10 * 8 / 10.0)
 
 
+def test_a_window_run_can_stop_once_its_requests_are_judged() -> None:
+    # Arrivals go on past the window (they load the engine as live traffic would), but
+    # once every request it counts has finished nothing left can change its figures: a
+    # drain sized for requests living minutes costs only what they take.
+    records = [TraceRecord(float(t), 64, 8, Priority.P1) for t in range(60)]
+    measure = Measure(start_s=10.0, end_s=20.0, horizon_s=60.0)
+    full = simulate(SCENARIO, measure=measure, workload=replay(records))
+    reached: list[float] = []
+    short = simulate(SCENARIO, measure=measure, workload=replay(records),
+                     until_judged=True, progress=reached.append)
+    assert short.summary == full.summary
+    assert 19.0 < reached[-1] < 21.0  # where the last counted request (at 19 s) ended
+    # One still running at the horizon: the run goes to the horizon, as without it.
+    slow = [TraceRecord(0.0, 64, 8, Priority.P1), TraceRecord(15.0, 64, 8000, Priority.P1)]
+    reached.clear()
+    run = simulate(SCENARIO, measure=measure, workload=replay(slow), until_judged=True,
+                   progress=reached.append)
+    assert reached[-1] == 60.0
+    assert run.summary == simulate(SCENARIO, measure=measure, workload=replay(slow)).summary
+
+
 def test_busy_ratio_is_per_replica_mean_and_max() -> None:
     # One request on two replicas: one replica works, the other idles.
     records = [TraceRecord(0.0, 4000, 200, Priority.P1)]
