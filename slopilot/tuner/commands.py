@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "workload only)")
     w.add_argument("--warmup", type=float, default=None,
                    help=f"trace seconds simulated before each window (default: "
-                        f"{DEFAULT_WARMUP_S:g}; a trace only)")
+                        f"{DEFAULT_WARMUP_S:g}, or as long as the trace's requests live "
+                        "where longer; a trace only)")
     w.add_argument("--replicas", default="auto", metavar="auto|N",
                    help="replicas to tune at (default auto: the scenario's); when no config "
                         "holds the SLO, the capacity search looks for the smallest count "

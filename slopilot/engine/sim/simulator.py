@@ -115,9 +115,11 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
     costs a little speed), and returns the final exposition. ``progress`` is told the
     virtual time every few hundred iterations (a progress bar's feed). ``until_judged``
     ends the run before the horizon once the window is past and every request it counts
-    has finished: nothing simulated after that can change the summary, and a drain sized
-    for requests that live minutes then costs only what they take (the engines are left
-    as they were then, so leave it off to inspect them or their metrics at the horizon).
+    has finished: nothing simulated after that can change the window's figures, and a
+    drain sized for requests that live minutes then costs only what they take. The
+    run-wide ones (``RunInfo``: rejections and prefix-cache hits over the whole run,
+    warm-up included) cover the run as far as it went, and the engines are left as they
+    were then: leave it off to inspect them or their metrics at the horizon.
     """
     config = scenario.engine_config().with_overrides(overrides or {})
     if measure is None:

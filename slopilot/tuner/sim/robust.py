@@ -5,6 +5,12 @@ for a trace its busiest windows by arrivals and by tokens and a typical one, eac
 warm-up; for a generated workload several seeds), then every config is simulated on
 each and judged by ``study/verdict.robust_verdict``: feasible only if every SLO term
 holds in every window with ``HEADROOM`` to spare, ranked by the worst window.
+
+A trace window's warm-up and drain cover its requests' lifetime (``engine/sim/lifetimes``):
+``WARMUP_S`` and ``DRAIN_S`` where the requests live no longer (most traces: the shipped
+one's live up to ~19 s), else the lifetime itself, so that a window starts on the engine
+the trace drives it to and its requests are judged whole. When that makes three windows
+dearer than the whole trace, the whole trace is judged instead: exact, and cheaper.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.sim.lifetimes import Lifetime, covering_s, request_lifetime
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import Measure, simulate
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
@@ -29,9 +36,12 @@ TRACE_WINDOW_S = 60.0
 """A trace window's default length: ~800 requests at the shipped trace's busy rate, so
 its P99 rests on a few requests, not one, and three windows stay a few minutes' work."""
 WARMUP_S = 30.0
+"""Simulated before a trace window where its requests live no longer, so that it does not
+start on an idle engine; else their lifetime."""
 DRAIN_S = 20.0
-"""Simulated after a window (arrivals continue) to follow its last requests; at most a
-third of the window, so that a short window is not mostly drain."""
+"""Simulated after a window (arrivals continue) to follow its last requests, where they
+live no longer (else their lifetime); this default is at most a third of the window, so
+that a short window of short requests is not mostly drain."""
 SEEDS = 3
 
 
@@ -46,10 +56,17 @@ class WindowPlan:
     windows: tuple[WindowChoice, ...]
     kind: str
     """``trace`` (busiest + typical), ``whole`` (the whole trace) or ``seeds``."""
+    lifetime: Lifetime | None = None
+    """A trace's request lifetime on one replica (None for a generated workload)."""
+    sized: bool = False
+    """The warm-up or the drain was lengthened to the lifetime (it outlives the default)."""
+    whole_is_cheaper: bool = False
+    """Judged whole because windows so sized would simulate more than the whole trace."""
 
     @property
     def simulated_s(self) -> float:
-        """Virtual seconds one evaluation simulates (warm-ups and drains included)."""
+        """Virtual seconds one evaluation simulates at most (warm-ups and drains included;
+        a window's run ends sooner once every request it counts is judged)."""
         return sum(w.warmup_s + w.length_s + w.drain_s for w in self.windows)
 
     def _trace_windows(self) -> str:
@@ -69,18 +86,32 @@ class WindowPlan:
                 "seeds": f"{len(self.windows)} workload seed{'s' if len(self.windows) > 1 else ''}"}
         w0 = self.windows[0]
         each = " each" if len(self.windows) > 1 else ""
-        return (f"judged on {what[self.kind]}, {w0.length_s:,.0f} s{each} "
+        text = (f"judged on {what[self.kind]}, {w0.length_s:,.0f} s{each} "
                 f"(+{w0.warmup_s:,.0f} s warm-up, +{w0.drain_s:,.0f} s drain; "
                 f"{self.simulated_s:,.0f} simulated s per config): "
                 + "; ".join(w.describe() for w in self.windows))
+        if self.sized and self.lifetime is not None:
+            cover = covering_s(self.lifetime)
+            if self.whole_is_cheaper:
+                text += (f"; three windows, each with a warm-up and a drain of the requests' "
+                         f"lifetime ({cover:,.0f} s), would simulate more than the whole "
+                         f"trace: {self.lifetime.describe()}")
+            else:
+                text += (f"; warm-up and drain cover the requests' lifetime: "
+                         f"{self.lifetime.describe()}")
+        return text
 
 
 def plan_windows(scenario: Scenario, *, duration_s: float | None = None, seeds: int = SEEDS,
-                 warmup_s: float = WARMUP_S, drain_s: float = DRAIN_S,
-                 whole: bool = False) -> WindowPlan:
+                 warmup_s: float | None = None, drain_s: float | None = None,
+                 whole: bool = False, config: Mapping[str, Any] | None = None) -> WindowPlan:
     """Choose the windows for ``scenario`` (deterministic: the same inputs, the same
     windows). ``duration_s`` is a window's length (default: 60 s of a trace, a generated
-    scenario's own duration); ``whole`` judges a trace on all of it at once."""
+    scenario's own duration); ``whole`` judges a trace on all of it at once.
+
+    ``warmup_s`` and ``drain_s`` left out are what a trace's requests need (the module
+    docstring; ``config``, the start config's knob overrides, sizes the lifetime's decode
+    batch); given, they are used as given (a drain at most a third of the window)."""
     for name, value in (("duration_s", duration_s), ("warmup_s", warmup_s),
                         ("drain_s", drain_s)):
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -90,17 +121,33 @@ def plan_windows(scenario: Scenario, *, duration_s: float | None = None, seeds: 
     spec = scenario.workload
     length = duration_s or (TRACE_WINDOW_S if isinstance(spec, TraceSpec)
                             else scenario.duration_s)
-    drain_s = min(drain_s, length / 3)
-    if isinstance(spec, TraceSpec):
-        records = spec.records()
-        if whole:
-            span = max(records[-1].arrival_time, 1.0)
-            return WindowPlan((WindowChoice("whole trace", 0.0, span, 0.0, drain_s),), "whole")
-        windows = trace_windows(records, length, warmup_s=warmup_s, drain_s=drain_s)
-        return WindowPlan(tuple(windows), "whole" if windows[0].name == "whole trace"
-                          else "trace")
-    return WindowPlan(tuple(seed_windows(scenario.seed, 1 if whole else seeds, length,
-                                         drain_s=drain_s)), "seeds")
+    short_drain = min(DRAIN_S if drain_s is None else drain_s, length / 3)
+    if not isinstance(spec, TraceSpec):
+        return WindowPlan(tuple(seed_windows(scenario.seed, 1 if whole else seeds, length,
+                                             drain_s=short_drain)), "seeds")
+    records = spec.records()
+    life = request_lifetime(scenario, records, config)
+    cover = covering_s(life)
+    # Each default stands where it already covers a lifetime: short requests keep the
+    # windows they had, and only requests that outlive it lengthen it.
+    long_warmup = warmup_s is None and cover > WARMUP_S
+    long_drain = drain_s is None and cover > DRAIN_S
+    warm = warmup_s if warmup_s is not None else max(WARMUP_S, cover)
+    drain = cover if long_drain else short_drain
+    sized = long_warmup or long_drain
+    span = max(records[-1].arrival_time, 1.0)
+    if whole:
+        return WindowPlan((WindowChoice("whole trace", 0.0, span, 0.0, drain),), "whole",
+                          life, sized)
+    windows = trace_windows(records, length, warmup_s=warm, drain_s=drain)
+    if windows[0].name == "whole trace":
+        return WindowPlan(tuple(windows), "whole", life, sized)
+    if sized and sum(w.warmup_s + w.length_s + w.drain_s for w in windows) >= span + drain:
+        # Windows exist to cost less than the whole trace; with warm-ups and drains of
+        # minutes they would not, and the whole trace is what the check replays.
+        whole_trace = trace_windows(records, span, drain_s=drain)
+        return WindowPlan(tuple(whole_trace), "whole", life, sized, whole_is_cheaper=True)
+    return WindowPlan(tuple(windows), "trace", life, sized)
 
 
 Progress = Callable[[float], None]
@@ -124,6 +171,9 @@ class RobustEvaluator:
         self._slo = slo if slo is not None else scenario.slo
         self.progress = progress
         self.simulated_s = 0.0
+        """Virtual seconds simulated so far (a window's run may end before its horizon)."""
+        self._planned_s = 0.0
+        """The progress feed: each window done counts whole, as the plan's total does."""
         self._records: list[TraceRecord] | None = None
         if isinstance(scenario.workload, TraceSpec):
             self._records = scenario.workload.records()
@@ -155,18 +205,27 @@ class RobustEvaluator:
     def _simulate(self, w: WindowChoice, engine: Mapping[str, Any]) -> WindowSummary:
         measure = Measure(w.warmup_s, w.warmup_s + w.length_s,
                           w.warmup_s + w.length_s + w.drain_s)
-        base = self.simulated_s
+        base, planned = self.simulated_s, self._planned_s
+        reached = 0.0
 
         def tick(t: float) -> None:
+            nonlocal reached
+            reached = t
             if self.progress is not None:
-                self.progress(base + t)
+                self.progress(planned + t)
 
         workload = None
         if self._records is not None:
             workload = self._trace_slice(w)
+        # Until judged: a drain sized for the longest lifetime is paid only by the
+        # windows whose requests take it (the figures are the same either way).
         run = simulate(self.scenario, engine, replicas=self.replicas,
-                       seed=w.seed, measure=measure, workload=workload, progress=tick)
-        self.simulated_s = base + measure.horizon_s
+                       seed=w.seed, measure=measure, workload=workload, progress=tick,
+                       until_judged=True)
+        self.simulated_s = base + reached
+        self._planned_s = planned + measure.horizon_s
+        if self.progress is not None:
+            self.progress(self._planned_s)
         return run.summary
 
     def _trace_slice(self, w: WindowChoice) -> TraceWorkload:

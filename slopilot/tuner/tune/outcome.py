@@ -61,6 +61,9 @@ class TuneOutcome:
     command: str
     check_command: str | None
     timing: Timing
+    warnings: tuple[str, ...] = ()
+    """What the user asked for that may keep the verdict from transferring (a --warmup
+    shorter than the trace's requests live), each naming the flag and the fix."""
 
     @property
     def feasible(self) -> bool:

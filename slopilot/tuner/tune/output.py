@@ -4,7 +4,8 @@ The JSON keys: ``feasible``, ``violations`` (each in user units), ``recommended_
 and ``config`` (what to run), ``windows`` and ``duration_s`` (what each trial was judged
 on), ``capacity`` (the search, when one ran), ``best``/``start``/``top`` (trials), the
 ``command`` that reproduces the study and the ``check_command`` that replays the whole
-workload with the answer, ``timing``.
+workload with the answer, ``timing``, ``warnings`` (each also on stderr when the study
+starts).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "best": brief(best[1], slo) if best else None, "start": brief(outcome.start, slo),
         "top": [{"trial": n, **brief(r, slo)} for n, r in ranked(outcome)[:10]],
         "command": outcome.command, "check_command": outcome.check_command,
-        "timing": outcome.timing.to_dict(),
+        "timing": outcome.timing.to_dict(), "warnings": list(outcome.warnings),
         "report": str(report) if report else None,
     }
 

@@ -30,7 +30,8 @@ def context(outcome: TuneOutcome) -> ReportContext:
         capacity=capacity, command=outcome.command, check_command=outcome.check_command,
         timing=outcome.timing.line(),
         recommended_result=None if cap is None or cap.replicas is None
-        else cap.tried[cap.replicas])
+        else cap.tried[cap.replicas],
+        extra=tuple(line for w in outcome.warnings for line in ("", f"Warning: {w}")))
 
 
 def write(outcome: TuneOutcome, out_dir: Path) -> Path:

@@ -21,7 +21,13 @@ from slopilot.tuner.tune.outcome import Timing, TuneOutcome
 from slopilot.tuner.tune.output import print_json, print_text
 from slopilot.tuner.tune.progress import TuneProgress
 from slopilot.tuner.tune.report import write
-from slopilot.tuner.tune.settings import TuneSettings, check_command, settings_from, tune_command
+from slopilot.tuner.tune.settings import (
+    TuneSettings,
+    check_command,
+    settings_from,
+    tune_command,
+    warmup_warning,
+)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,7 +71,11 @@ def run(s: TuneSettings) -> TuneOutcome:
         raise ConfigError(f"--bound {given[-1]}: {problem}", exc.field) from None
     start_config = base.with_overrides(s.fixed).to_dict()
     plan = plan_windows(s.scenario, duration_s=s.duration_s, seeds=s.seeds,
-                        warmup_s=s.warmup_s, whole=s.whole)
+                        warmup_s=s.warmup_s, whole=s.whole, config=s.fixed)
+    warning = warmup_warning(s, plan)
+    if warning is not None:
+        # Before the study, and whatever --quiet says: it may be worth stopping for.
+        print(f"slopilot tune: warning: {warning}", file=sys.stderr)
     tuner = Tuner(open_study(s.storage, s.study_name, sampler=s.sampler, seed=s.seed), space)
     generated = not isinstance(s.scenario.workload, TraceSpec)
     progress = TuneProgress(s.trials + 1, plan.simulated_s, trials=s.trials,
@@ -92,7 +102,8 @@ def run(s: TuneSettings) -> TuneOutcome:
     finally:
         progress.close()
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
-    return _outcome(s, plan, tuner, start, best, capacity, evaluator, timing)
+    outcome = _outcome(s, plan, tuner, start, best, capacity, evaluator, timing)
+    return dataclasses.replace(outcome, warnings=() if warning is None else (warning,))
 
 
 def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult,

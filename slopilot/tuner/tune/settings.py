@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.config import ConfigError, parse_set_args
 from slopilot.engine.sim.output_paths import check_output_dir
@@ -18,10 +18,15 @@ from slopilot.engine.sim.trace_flags import trace_options
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
 from slopilot.engine.sim.workload_spec import TraceSpec
 
+if TYPE_CHECKING:  # the simulator is heavy to import, and this module is read at start
+    from slopilot.tuner.sim.robust import WindowPlan
+
 DEFAULT_MAX_REPLICAS = 16
 """``--max-replicas``: the capacity search's upper bound unless the user names one."""
 DEFAULT_WARMUP_S = 30.0
-"""``--warmup``: trace seconds simulated before each window unless the user names some."""
+"""``--warmup`` left out: trace seconds simulated before each window, or the trace's
+request lifetime where longer (``tuner/sim/robust.WARMUP_S``, the same figure, and
+``plan_windows``; --help says it without importing the simulator)."""
 DEFAULT_SEEDS = 3
 """``--seeds``: workload seeds per trial of a generated workload unless the user names some."""
 
@@ -41,7 +46,8 @@ class TuneSettings:
     duration_s: float | None
     whole: bool
     seeds: int
-    warmup_s: float
+    warmup_s: float | None
+    """``--warmup`` as given; None: what the trace's requests need (``plan_windows``)."""
     replicas: int
     replicas_auto: bool
     max_replicas: int
@@ -162,10 +168,27 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         storage=args.storage, study_name=args.study_name or f"tune-{scenario.name}",
         duration_s=_seconds("--duration", args.duration, zero_ok=False),
         whole=args.windows == "whole", seeds=seeds,
-        warmup_s=DEFAULT_WARMUP_S if warmup is None else warmup,
+        warmup_s=warmup,
         replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
         raw_bounds=tuple(args.bounds), profile=profile or None)
+
+
+def warmup_warning(s: TuneSettings, plan: WindowPlan) -> str | None:
+    """What to tell a user whose ``--warmup`` is shorter than the trace's requests live:
+    it is used as given (the user's to choose), but its windows start on an engine
+    emptier than the trace ever leaves it, and their verdict may not hold on the whole
+    trace. None when it is long enough, not given, or no window has a warm-up."""
+    life = plan.lifetime
+    if s.warmup_s is None or life is None or plan.kind != "trace" \
+            or s.warmup_s >= life.seconds:
+        return None
+    return (f"--warmup {s.warmup_s:g}: shorter than the {life.seconds:,.0f} s this trace's "
+            f"requests need ({life.describe()}): each window starts with the requests of "
+            f"the last {s.warmup_s:g} s only, on a KV cache emptier than the whole trace "
+            "leaves it, and a verdict judged there may not hold on the whole trace; give "
+            f"--warmup {math.ceil(life.seconds)} or more, or leave --warmup out (it is "
+            "then sized to the trace)")
 
 
 def _workload_flags(s: TuneSettings) -> list[str]:
@@ -201,7 +224,7 @@ def tune_command(s: TuneSettings) -> str:
         argv += ["--windows", "whole"]
     if not isinstance(s.scenario.workload, TraceSpec) and s.seeds != DEFAULT_SEEDS:
         argv += ["--seeds", str(s.seeds)]
-    if s.warmup_s != DEFAULT_WARMUP_S:
+    if s.warmup_s is not None:  # given, even at 30 s: left out, it is sized to the trace
         argv += ["--warmup", f"{s.warmup_s:g}"]
     if not s.replicas_auto:
         argv += ["--replicas", str(s.replicas)]

@@ -1,0 +1,197 @@
+"""Windows sized by how long a trace's requests live, so that a verdict on them is the
+verdict of the whole replay (``engine/sim/lifetimes.py``, ``tuner/sim/robust.plan_windows``).
+
+The case an outside review found: a "reasoning" trace (short prompts, outputs of
+thousands of tokens, requests living minutes) on the default deployment. With a fixed
+30 s warm-up and 20 s drain every window started on a near-empty KV cache and no
+request finished inside it: tune said a config held the SLO with room to spare, and its
+own check command, replaying the whole trace, showed P1 TTFT p99 over a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from slopilot.cli import build_parser, main
+from slopilot.engine.sim.lifetimes import covering_s, request_lifetime
+from slopilot.engine.sim.scenario import Scenario, load_scenario
+from slopilot.engine.sim.simulator import simulate
+from slopilot.engine.sim.summary_view import simulate_json
+from slopilot.engine.sim.trace import TraceRecord
+from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace, replay_measure
+from slopilot.tuner.sim.robust import DRAIN_S, WARMUP_S, plan_windows
+from slopilot.tuner.tune.settings import settings_from, tune_command, warmup_warning
+
+SLOW_DECODE = """\
+name: slow-decode
+description: one tp=2 replica of Llama-3-70B on 2 x A100, a ~50 ms decode step
+gpu: A100
+num_gpus: 2
+tp: 2
+model: llama-3-70b
+gpu_memory_utilization: 0.95
+duration_s: 60
+seed: 0
+workload:
+  type: open_loop
+  arrivals: {process: poisson, rate: 1}
+  prompt_tokens: {dist: fixed, value: 100}
+  output_tokens: {dist: fixed, value: 10}
+slo:
+  profile: relaxed
+"""
+"""Requests of 1,500-3,000 output tokens live minutes here in few engine steps, so a trace
+long enough to be judged on windows (not whole) simulates in a second or two."""
+
+
+def reasoning_trace(path: Path, *, rate: float, span_s: float,
+                    outputs: tuple[int, int] = (4000, 8000)) -> Path:
+    """Poisson arrivals, prompts of 200-600 tokens, long outputs (repro4's generator)."""
+    rng = random.Random(1)
+    rows, t = ["arrival_time,prompt_tokens,output_tokens"], 0.0
+    while (t := t + rng.expovariate(rate)) <= span_s:
+        rows.append(f"{t:.3f},{rng.randint(200, 600)},{rng.randint(*outputs)}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def on_default_deployment(trace: Path) -> Scenario:
+    """A bare ``--trace``: azure-conv-2023's deployment (1 x H100, Llama-3-8B)."""
+    return load_with_trace(None, TraceOptions(path=str(trace)), default="")
+
+
+def test_a_long_output_trace_is_judged_as_its_whole_replay_judges_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The review's trace shrunk (1 req/s for 300 s, outputs of 4,000-8,000 tokens): its
+    # requests live ~3 minutes, its whole replay fills the KV cache and queues.
+    trace = reasoning_trace(tmp_path / "reasoning.csv", rate=1.0, span_s=300.0)
+    assert main(["tune", "--trace", str(trace), "--trials", "1", "--max-replicas", "1",
+                 "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    scenario = on_default_deployment(trace)
+    # What check_command runs: the whole trace, followed past its end, with the answer.
+    whole = simulate(scenario, out["best"]["config"], measure=replay_measure(scenario))
+    held = simulate_json(whole.summary, scenario.slo)["p99_within_slo"]
+    assert held is False, "the case needs a trace whose whole replay misses the SLO"
+    assert out["feasible"] is held, out["verdict"]
+    # Its requests are judged, not all cut off: the objective can rank configs.
+    assert all(t["goodput_share_worst_window"] > 0 for t in out["top"]), out["top"]
+
+
+@pytest.mark.parametrize("rate", [0.2, 0.14], ids=["both-miss", "both-hold"])
+def test_windows_of_long_lived_requests_judge_as_the_whole_replay(
+        rate: float, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 20 minutes of requests living ~2.5 minutes: judged on windows, each warmed up and
+    # drained for a lifetime. At 0.2 req/s the whole replay fills the KV cache and queues
+    # (P1 TTFT p99 ~0.7 s against 500 ms), which windows warmed for 30 s never saw.
+    deployment = tmp_path / "slow.yaml"
+    deployment.write_text(SLOW_DECODE)
+    trace = reasoning_trace(tmp_path / "r.csv", rate=rate, span_s=1200.0,
+                            outputs=(1500, 3000))
+    assert main(["tune", "--scenario", str(deployment), "--trace", str(trace), "--trials",
+                 "1", "--max-replicas", "1", "--json", "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["windows_kind"] == "trace"
+    assert all(w["warmup_s"] > 120 or w["warmup_s"] == w["start_s"] for w in out["windows"])
+    scenario = load_with_trace(str(deployment), TraceOptions(path=str(trace)), default="")
+    whole = simulate(scenario, out["best"]["config"], measure=replay_measure(scenario))
+    held = simulate_json(whole.summary, scenario.slo)["p99_within_slo"]
+    assert held is (rate < 0.2)
+    assert out["feasible"] is held, out["verdict"]
+    assert all(t["goodput_share_worst_window"] > 0.5 for t in out["top"]), out["top"]
+
+
+def test_long_lived_requests_get_a_warm_up_and_a_drain_of_their_lifetime(
+        tmp_path: Path) -> None:
+    # Sparse enough, and long enough, that three windows cost less than the whole.
+    trace = reasoning_trace(tmp_path / "long.csv", rate=0.05, span_s=4000.0)
+    scenario = on_default_deployment(trace)
+    life = request_lifetime(scenario, scenario.workload.records())
+    assert life.seconds > 4 * WARMUP_S  # outputs of 4k-8k tokens at a ~20 ms step
+    plan = plan_windows(scenario)
+    assert plan.kind == "trace" and plan.lifetime == life
+    for w in plan.windows:  # whole seconds, at least the lifetime
+        assert w.warmup_s == min(w.start_s, covering_s(life)) and w.drain_s == covering_s(life)
+    assert life.seconds <= covering_s(life) < life.seconds + 1
+    assert "lifetime" in plan.describe() and "KV cache" in plan.describe()
+
+
+def test_windows_dearer_than_the_whole_trace_give_way_to_it(tmp_path: Path) -> None:
+    # 300 s of requests living ~3 minutes: three windows, each with a warm-up and a
+    # drain of a lifetime, would simulate more than the whole trace does.
+    trace = reasoning_trace(tmp_path / "short.csv", rate=1.0, span_s=300.0)
+    scenario = on_default_deployment(trace)
+    plan = plan_windows(scenario)
+    assert plan.kind == "whole" and len(plan.windows) == 1
+    (w,) = plan.windows
+    assert w.start_s == 0.0 and w.warmup_s == 0.0 and w.end_s > 295.0
+    assert plan.lifetime is not None and w.drain_s == covering_s(plan.lifetime)
+    assert "would simulate more than the whole trace" in plan.describe()
+
+
+def test_short_requests_keep_the_windows_they_had(tmp_path: Path) -> None:
+    azure = load_scenario("azure-conv-2023")
+    plan = plan_windows(azure)
+    assert plan.lifetime is not None and plan.lifetime.seconds < DRAIN_S
+    assert [(w.start_s, w.warmup_s, w.drain_s) for w in plan.windows] == [
+        (w.start_s, min(w.start_s, WARMUP_S), DRAIN_S) for w in plan.windows]
+    assert plan.simulated_s == 3 * (30 + 60 + 20)
+    assert "lifetime" not in plan.describe()
+    # A chat-like trace of the tests' kind: the same windows as before, its default drain
+    # still a third of a short window.
+    records = [TraceRecord(t * 0.5, 200, 20) for t in range(400)]
+    trace = tmp_path / "chat.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n" + "".join(
+        f"{r.arrival_time},{r.prompt_tokens},{r.output_tokens}\n" for r in records))
+    chat = plan_windows(on_default_deployment(trace), duration_s=20.0)
+    assert chat.kind == "trace" and len(chat.windows) == 3
+    assert all(w.warmup_s == min(w.start_s, WARMUP_S) and w.drain_s == pytest.approx(20 / 3)
+               for w in chat.windows)
+
+
+def test_an_explicit_warmup_shorter_than_the_lifetime_wins_and_is_warned(
+        tmp_path: Path) -> None:
+    trace = reasoning_trace(tmp_path / "long.csv", rate=0.05, span_s=4000.0)
+    parser = build_parser()
+    s = settings_from(parser.parse_args(["tune", "--trace", str(trace), "--warmup", "30"]))
+    plan = plan_windows(s.scenario, warmup_s=s.warmup_s)
+    assert plan.kind == "trace" and all(w.warmup_s <= 30.0 for w in plan.windows)
+    assert plan.lifetime is not None
+    needed = f"{plan.lifetime.seconds:,.0f} s"
+    text = warmup_warning(s, plan)
+    assert text is not None
+    assert text.startswith("--warmup 30: ") and needed in text
+    assert "KV cache" in text and "leave --warmup out" in text
+    # Given, it is reproduced even at the old default (the default is no longer 30 s).
+    assert "--warmup 30" in tune_command(s)
+    # Long enough, or left out: nothing to say.
+    enough = settings_from(parser.parse_args(["tune", "--trace", str(trace), "--warmup",
+                                              f"{plan.lifetime.seconds + 1:g}"]))
+    assert warmup_warning(enough, plan_windows(enough.scenario,
+                                               warmup_s=enough.warmup_s)) is None
+    default = settings_from(parser.parse_args(["tune", "--trace", str(trace)]))
+    assert default.warmup_s is None and "--warmup" not in tune_command(default)
+    assert warmup_warning(default, plan_windows(default.scenario)) is None
+
+
+def test_tune_says_so_before_the_study_when_the_warmup_given_is_too_short(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deployment = tmp_path / "slow.yaml"
+    deployment.write_text(SLOW_DECODE)
+    trace = reasoning_trace(tmp_path / "r.csv", rate=0.14, span_s=1200.0,
+                            outputs=(1500, 3000))
+    report = tmp_path / "report"
+    assert main(["tune", "--scenario", str(deployment), "--trace", str(trace), "--trials",
+                 "1", "--duration", "20", "--warmup", "30", "--json", "--quiet",
+                 "--report-dir", str(report)]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert [w["warmup_s"] for w in out["windows"]] == [30.0] * 3  # the user's, as given
+    (warning,) = out["warnings"]
+    assert warning.startswith("--warmup 30: shorter than the 157 s this trace's requests")
+    assert f"slopilot tune: warning: {warning}" in captured.err.splitlines()
+    assert f"Warning: {warning}" in (report / "report.md").read_text()
