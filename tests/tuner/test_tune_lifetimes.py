@@ -195,3 +195,11 @@ def test_tune_says_so_before_the_study_when_the_warmup_given_is_too_short(
     assert warning.startswith("--warmup 30: shorter than the 157 s this trace's requests")
     assert f"slopilot tune: warning: {warning}" in captured.err.splitlines()
     assert f"Warning: {warning}" in (report / "report.md").read_text()
+
+
+def test_the_whole_trace_asked_for_is_drained_for_a_lifetime(tmp_path: Path) -> None:
+    trace = reasoning_trace(tmp_path / "long.csv", rate=0.05, span_s=4000.0)
+    plan = plan_windows(on_default_deployment(trace), whole=True)
+    assert plan.kind == "whole" and plan.lifetime is not None
+    assert plan.windows[0].drain_s == covering_s(plan.lifetime)
+    assert "; the drain covers the requests' lifetime: " in plan.describe()

@@ -97,8 +97,9 @@ class WindowPlan:
                          f"lifetime ({cover:,.0f} s), would simulate more than the whole "
                          f"trace: {self.lifetime.describe()}")
             else:
-                text += (f"; warm-up and drain cover the requests' lifetime: "
-                         f"{self.lifetime.describe()}")
+                covers = "the drain covers" if self.kind == "whole" else \
+                    "warm-up and drain cover"
+                text += f"; {covers} the requests' lifetime: {self.lifetime.describe()}"
         return text
 
 
@@ -218,7 +219,7 @@ class RobustEvaluator:
         if self._records is not None:
             workload = self._trace_slice(w)
         # Until judged: a drain sized for the longest lifetime is paid only by the
-        # windows whose requests take it (the figures are the same either way).
+        # windows whose requests take it (the window's figures are the same either way).
         run = simulate(self.scenario, engine, replicas=self.replicas,
                        seed=w.seed, measure=measure, workload=workload, progress=tick,
                        until_judged=True)
