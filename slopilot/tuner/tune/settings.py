@@ -225,7 +225,7 @@ def tune_command(s: TuneSettings) -> str:
     if not isinstance(s.scenario.workload, TraceSpec) and s.seeds != DEFAULT_SEEDS:
         argv += ["--seeds", str(s.seeds)]
     if s.warmup_s is not None:  # given, even at 30 s: left out, it is sized to the trace
-        argv += ["--warmup", f"{s.warmup_s:g}"]
+        argv += ["--warmup", _exact(s.warmup_s)]
     if not s.replicas_auto:
         argv += ["--replicas", str(s.replicas)]
     if s.max_replicas != DEFAULT_MAX_REPLICAS:
