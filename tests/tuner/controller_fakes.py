@@ -206,9 +206,10 @@ class Rig:
 
     def build(self, state: LoopState | None = None) -> Controller:
         self.ev = self.ev or FakeEvaluator(self.dep, by_config)
-        settings = ControllerSettings(
-            deployment="demo", slo=SLO, window_s=10, cooldown_s=30, scale_down_after_s=60,
-            max_replicas=4, **self.settings)
+        defaults = {"window_s": 10, "cooldown_s": 30, "scale_down_after_s": 60,
+                    "max_replicas": 4}  # each overridden by ``settings``
+        settings = ControllerSettings(deployment="demo", slo=SLO,
+                                      **(defaults | self.settings))
         self.ctl = Controller(settings, self.dep, self.alerts, self.ev, self.study,
                               FakeProbe(), self.planner, offline=self.offline, state=state)
         return self.ctl

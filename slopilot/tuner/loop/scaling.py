@@ -7,12 +7,14 @@ finds none, at least one more replica is needed, whatever the capacity plan's sh
 simulation says of the current count. The capacity plan (with ``scale_up_margin`` to
 spare) says how many replicas the measured load needs, within min and max; at max
 replicas with nothing holding, the closest configs still get one live episode, and an
-episode that then finds nothing ends here with an inform.
+episode that then finds nothing ends here with an inform, whose verdict holds off the
+next such episode in the same situation (``backoff.py``).
 """
 
 from __future__ import annotations
 
-from slopilot.tuner.loop import advice
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.tuner.loop import advice, backoff
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.episode import start_episode
 from slopilot.tuner.loop.state import Action, ControllerState, Decision
@@ -53,7 +55,7 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     answer = advice.capacity(ctx, now, scenario, config, s.min_replicas, s.max_replicas,
                              margin=ctx.scale_up_margin, running=running)
     if answer is None:
-        return _on_live_evidence(ctx, now, current, at_least, reason)
+        return _on_live_evidence(ctx, now, scenario, current, at_least, reason)
     needed = answer.replicas if answer.replicas is not None else s.max_replicas
     if at_least is not None:
         needed = max(needed, at_least)
@@ -63,23 +65,24 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return Go(ControllerState.COOLDOWN, Event.SCALED_UP,
                   f"scale_up {current}->{needed}: {reason}", action=Action.SCALE)
     if at_least is not None:
-        return Go(ControllerState.COOLDOWN, Event.MAX_REPLICAS,
-                  f"max_replicas {s.max_replicas} reached and the SLO is not held; {reason}",
-                  action=Action.INFORM)
+        return _max_replicas(ctx, now, scenario, reason)
     if answer.replicas is not None:
         return start_episode(ctx, now, f"capacity_suffices at {current} replica(s); "
                              f"{reason}", Event.CAPACITY_SUFFICES, allow_scale=False)
     # No replica to add and the simulator sees no config that holds: the closest ones are
     # still worth a live episode (the model may be pessimistic). An episode that then
-    # finds nothing comes back with at_least set and stops above.
+    # finds nothing comes back with at_least set and stops above, and that verdict holds
+    # off the next such episode in the same situation (backoff.py).
+    if (held := _backed_off(ctx, now, reason)) is not None:
+        return held
     return start_episode(
         ctx, now, f"max_replicas {s.max_replicas} reached and the simulator sees no "
         f"config that holds; tuning for the closest; {reason}", Event.TUNE_CLOSEST,
         allow_scale=False, ranked=ranked)
 
 
-def _on_live_evidence(ctx: LoopContext, now: float, current: int, at_least: int | None,
-                      reason: str) -> Decision | Go:
+def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current: int,
+                      at_least: int | None, reason: str) -> Decision | Go:
     """The twin gave no plan (not trusted, or busy). The alert, or an episode in which no
     config held, is live evidence for one more replica, not for the twin's count."""
     s, why = ctx.settings, advice.unavailable(ctx, now)
@@ -90,9 +93,33 @@ def _on_live_evidence(ctx: LoopContext, now: float, current: int, at_least: int 
                   f"scale_up {current}->{needed}: {why}; one replica on live evidence; "
                   f"{reason}", action=Action.SCALE)
     if at_least is not None:
-        return Go(ControllerState.COOLDOWN, Event.MAX_REPLICAS,
-                  f"max_replicas {s.max_replicas} reached and the SLO is not held; {why}; "
-                  f"{reason}", action=Action.INFORM)
+        return _max_replicas(ctx, now, scenario, f"{why}; {reason}")
+    if (held := _backed_off(ctx, now, reason)) is not None:
+        return held
     return start_episode(ctx, now, f"max_replicas {s.max_replicas} reached; {why}: live "
                          f"trials without warm start; {reason}", Event.TUNE_CLOSEST,
                          allow_scale=False, ranked=[])
+
+
+def _max_replicas(ctx: LoopContext, now: float, scenario: Scenario,
+                  reason: str) -> Go:
+    """The verdict: live evidence that nothing holds, and no replica left to add. Kept
+    with its situation, so that the alerts still firing after the cooldown do not start
+    the same episode again (backoff.py)."""
+    kept = backoff.record(ctx, now, scenario)
+    return Go(ControllerState.COOLDOWN, Event.MAX_REPLICAS,
+              f"max_replicas {ctx.settings.max_replicas} reached and the SLO is not held; "
+              f"no new episode for {kept.wait_s:g} s{backoff.UNLESS}; {reason}",
+              action=Action.INFORM)
+
+
+def _backed_off(ctx: LoopContext, now: float, reason: str) -> Go | None:
+    """A tune-closest episode is what the kept verdict already tried: while its backoff
+    runs, say so again instead (SCALING is entered from COMMIT too, and resumed after a
+    restart, not only from STEADY, which checks the same)."""
+    why = backoff.blocking(ctx, now)
+    if why is None:
+        return None
+    return Go(ControllerState.COOLDOWN, Event.MAX_REPLICAS,
+              f"max_replicas {ctx.settings.max_replicas} reached and the SLO is not held; "
+              f"{why}; {reason}", action=Action.INFORM)

@@ -87,6 +87,9 @@ class ControllerSettings:
     max_trials_per_hour: int = 30
     cooldown_s: float = 300.0
     """No new tuning or scaling for this long after a commit or a scale."""
+    max_backoff_s: float = 3600.0
+    """At max replicas with nothing holding, no new episode for the same situation for
+    twice ``cooldown_s``, doubling after each such verdict up to this (``backoff.py``)."""
     breach_window_s: float = 300.0
     """The window of the sustained-breach alerts (``RuleOptions.breach_window_s``): they
     count only once this long has passed since the last commit or scale, so a breach
@@ -120,7 +123,7 @@ class ControllerSettings:
                 f"replicas min={self.min_replicas} max={self.max_replicas}: need "
                 "1 <= min <= max")
         for name in ("window_s", "cooldown_s", "scale_down_after_s", "revert_margin",
-                     "breach_window_s"):
+                     "breach_window_s", "max_backoff_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ControllerError(f"{name}={value!r}: expected a positive number")
@@ -211,6 +214,9 @@ class LoopState:
     """Why SCALING was entered: 'alert', 'no_feasible_config' (live evidence), ..."""
     twin: dict[str, Any] | None = None
     """The last twin check (``TwinCheck.to_dict``): what the status reports."""
+    backoff: dict[str, Any] | None = None
+    """The last "max replicas reached and the SLO is not held" verdict, its situation and
+    until when no new episode starts in it (``backoff.Backoff.to_dict``)."""
 
     @property
     def episode_open(self) -> bool:

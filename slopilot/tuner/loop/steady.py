@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from slopilot.tuner.loop import advice
+from slopilot.tuner.loop import advice, backoff
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.episode import start_episode
 from slopilot.tuner.loop.state import Action, ControllerState, Decision
@@ -30,6 +30,10 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     retune = [a for a in alerts if a.action is AlertAction.RETUNE]
     if scale or retune:
         ctx.loop.headroom_since = None
+        # At max replicas with nothing holding, the verdict stands until the situation
+        # changes or its backoff runs out: the same episode would find the same nothing.
+        if (why := backoff.blocking(ctx, tick.now)) is not None:
+            return ctx.decide(Action.NONE, f"{why}; alert {names(scale + retune)}")
     if scale:
         return Go(ControllerState.SCALING, Event.SCALE_ALERT, "alert " + names(scale))
     if retune:
