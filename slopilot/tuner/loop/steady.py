@@ -2,8 +2,10 @@
 
 STEADY acts on the firing alerts by their ``action`` label: ``scale`` moves to SCALING,
 ``retune`` starts a tuning episode, ``inform`` is reported and nothing more. With no alert
-that acts, replicas above the minimum are given back once the alerts have been quiet for
-``scale_down_after_s`` and the simulator holds the SLO with fewer (with headroom).
+that acts and none that says an SLO is breached (the TTFT warning informs, but the SLO is
+breached all the same), replicas above the minimum are given back once the alerts have
+been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
+headroom).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.episode import start_episode
 from slopilot.tuner.loop.state import Action, ControllerState, Decision
 from slopilot.tuner.loop.transitions import Event, Go
-from slopilot.tuner.prometheus.alert_table import LONG_WINDOW_ALERTS
+from slopilot.tuner.prometheus.alert_table import LONG_WINDOW_ALERTS, SLO_BREACH_ALERTS
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,10 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return start_episode(ctx, tick.now, "alert " + names(retune), Event.RETUNE_ALERT,
                              allow_scale=True)
     inform = [a for a in alerts if a.action is AlertAction.INFORM]
+    if any(a.name in SLO_BREACH_ALERTS for a in inform):
+        # An SLO breached is no spare capacity, whatever the alert asks the loop to do.
+        ctx.loop.headroom_since = None
+        return ctx.decide(Action.INFORM, "alert " + names(inform))
     step = _scale_down(ctx, tick.now)
     if step is None and inform:
         return ctx.decide(Action.INFORM, "alert " + names(inform))
@@ -79,8 +85,9 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | None:
         return None
     ctx.deployment.scale(answer.replicas)
     return Go(ControllerState.COOLDOWN, Event.HEADROOM,
-              f"scale_down {current}->{answer.replicas}: quiet for "
-              f"{s.scale_down_after_s:g} s and the simulator holds the SLO with fewer",
+              f"scale_down {current}->{answer.replicas}: no alert that acts or says an "
+              f"SLO is breached for {s.scale_down_after_s:g} s and the simulator holds "
+              "the SLO with fewer",
               action=Action.SCALE)
 
 

@@ -73,6 +73,14 @@ class AlertName(enum.StrEnum):
 # The alerts whose rows read the long window (``breach_window_s``).
 LONG_WINDOW_ALERTS = frozenset({AlertName.TTFT_P99_SUSTAINED.value,
                                 AlertName.TBT_P99_SUSTAINED.value})
+# The alerts that say an SLO is breached, whatever their action: each of their rows reads
+# a term the objective judges (a class's P99, preemptions per minute) above a multiple >= 1
+# of its limit. A scale-down waits for them to stop, an inform among them too (the TTFT
+# warning). The prefix-cache and batching rows read no SLO term.
+SLO_BREACH_ALERTS = frozenset({AlertName.TBT_P99_HIGH.value, AlertName.TBT_P99_SUSTAINED.value,
+                               AlertName.TTFT_P99_HIGH.value,
+                               AlertName.TTFT_P99_SUSTAINED.value,
+                               AlertName.PREEMPTION_STORM.value})
 
 
 class Severity(enum.StrEnum):

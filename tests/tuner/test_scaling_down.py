@@ -1,0 +1,60 @@
+"""Scale-down waits for quiet: no alert that acts, and none that says an SLO is breached.
+
+The P0 TTFT warning (TTFT P99 over its SLO, action inform) used to leave the headroom
+clock running: the loop removed a replica "quiet for 60 s" while the SLO was breached the
+whole time (the review's r5).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from slopilot.tuner.prometheus.alert_table import (
+    SLO_BREACH_ALERTS,
+    AlertName,
+    RuleOptions,
+    alert_table,
+)
+from slopilot.tuner.prometheus.alerts import AlertAction
+from tests.tuner.controller_fakes import SLO, FakeDeployment, FakePlanner, Rig, alert
+
+
+def quiet_minute(name: str) -> tuple[Rig, list[str]]:
+    """Three replicas, the simulator holding the SLO with two, and ``name`` (action
+    inform) firing for the whole of ``scale_down_after_s`` (60 s) and a tick more."""
+    rig = Rig(dep=FakeDeployment(n=3), planner=FakePlanner(needed=2))
+    ctl = rig.build()
+    rig.alerts.alerts = [alert(AlertAction.INFORM, name)]
+    return rig, [ctl.tick(float(t)).reason for t in range(0, 76, 15)]
+
+
+def test_an_slo_breach_warning_blocks_the_scale_down() -> None:
+    rig, reasons = quiet_minute(AlertName.TTFT_P99_HIGH)
+    assert rig.dep.scaled == [], reasons
+    assert rig.ctl is not None and rig.ctl.loop.headroom_since is None
+    assert reasons[-1] == "alert SlopilotTTFTP99High[p0,warning]"
+
+
+def test_an_inform_that_is_no_slo_breach_lets_the_scale_down_go_on() -> None:
+    rig, reasons = quiet_minute(AlertName.PREFIX_CACHE_HIT_LOW)
+    assert rig.dep.scaled == [2], reasons
+    assert reasons[4].startswith("scale_down 3->2: no alert that acts or says an SLO is "
+                                 "breached for 60 s"), reasons
+
+
+def test_the_breach_alerts_are_the_rows_over_an_slo_term() -> None:
+    # The controller reads alerts by name; the table's rows under those names must all be
+    # "an SLO term above its SLO", and no other row may be.
+    slo_terms = {"slopilot:ttft_seconds:p99", "slopilot:tbt_seconds:p99",
+                 "slopilot:ttft_seconds:p99_long", "slopilot:tbt_seconds:p99_long",
+                 "slopilot:preemptions:per_minute"}
+    for row in alert_table(SLO, RuleOptions()):
+        over_slo = all(c.figure.value in slo_terms and c.op.value == ">"
+                       for c in row.conditions)
+        assert (row.name in SLO_BREACH_ALERTS) is over_slo, row.name
+
+
+@pytest.mark.parametrize("name", sorted(SLO_BREACH_ALERTS))
+def test_no_breach_alert_leaves_the_headroom_clock_running(name: str) -> None:
+    rig, _ = quiet_minute(name)
+    assert rig.dep.scaled == []
