@@ -33,7 +33,6 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     # is never inside an episode, so a best config kept is the last episode's commit,
     # which the deployment runs unless an edit of its spec has replaced it since.
     running = ctx.deployment.current_config()
-    config = running
     scenario = ctx.probe.measure(now)
     ranked: advice.Ranked = []
     if at_least is None and ctx.offline is not None:
@@ -43,16 +42,19 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                 ctx, now, f"retune_suffices: the simulator holds the SLO at {current} "
                 f"replica(s) with other knobs; {reason}", Event.RETUNE_SUFFICES,
                 allow_scale=False, ranked=ranked)
-        if ranked:
-            config = ranked[0][0]
-            if current < s.max_replicas:
-                # The study ran every candidate longer than one capacity window does;
-                # its verdict that none holds here is the better evidence, as on the
-                # retune path (start_episode's at_least).
-                reason = f"offline study: no config holds the SLO at {current} " \
-                    f"replica(s); {reason}"
-                at_least = current + 1
-    answer = advice.capacity(ctx, now, scenario, config, s.min_replicas, s.max_replicas,
+        if ranked and current < s.max_replicas:
+            # The study ran every candidate longer than one capacity window does; its
+            # verdict that none holds here is the better evidence, as on the retune path
+            # (start_episode's at_least).
+            reason = f"offline study: no config holds the SLO at {current} " \
+                f"replica(s); {reason}"
+            at_least = current + 1
+    # Planned for the running config, not the study's best (ranked[0]): a scale applies
+    # no config, and the loop applies only what a live trial judged (COMMIT), never a
+    # config the study itself says does not hold here. So the running config is what the
+    # new count must carry; an episode at that count may later find a cheaper config,
+    # and the scale-down gives the spare replicas back.
+    answer = advice.capacity(ctx, now, scenario, running, s.min_replicas, s.max_replicas,
                              margin=ctx.scale_up_margin, running=running)
     if answer is None:
         return _on_live_evidence(ctx, now, scenario, current, at_least, reason)
