@@ -132,7 +132,9 @@ class BlockManager:
     # ---------------------------------------------------------------- prefix cache
     def set_prefix_caching(self, enabled: bool) -> None:
         """Switch the prefix cache live. Off forgets every key: cached blocks become
-        plain free blocks and no later request hits what was cached before."""
+        plain free blocks and no later request hits what was cached before. On again,
+        live requests key their full blocks from the root at their next update; a block
+        that several of them share keeps one key, that of the last to register it."""
         if enabled == self.prefix.enabled:
             return
         self.prefix.enabled = enabled

@@ -10,6 +10,11 @@ Token ids are packed as fixed-width little-endian int64, so the tokens are the l
 one (salt, token prefix). ``node`` ids are handed out when a prefix is first cached and
 never reused, so "n" + node(i-1) stands for the whole prefix before block i.
 
+A block carries at most one key, and the index maps that key back to it. One prefix can
+have two nodes (cached again after its first blocks were evicted, or after the cache was
+switched off and on), so a block can be reached by a second path: registering it through
+that path moves its key there (see ``register``).
+
 The index is a dict keyed by these bytes: a hit compares the key in full (no hash
 collision can serve one tenant another's KV, the flaw vLLM fixed with SHA-256 after
 CVE-2025-25183), and bytes hash with Python's keyed SipHash, so crafted keys cannot
@@ -149,10 +154,19 @@ class PrefixCache:
             key = parent + packed[i]
             entry = index.get(key)
             if entry is None:
-                # Our block is the first with this prefix: it is cached under a new node.
-                parent = node_prefix(self._next_node)
-                self._next_node += 1
                 block = table[i]
+                old = keys[block]
+                if old is None:
+                    # Our block is the first with this prefix: cached under a new node.
+                    parent = node_prefix(self._next_node)
+                    self._next_node += 1
+                else:
+                    # Our block is cached under another path to these same tokens (two
+                    # nodes for one prefix, e.g. when holders of a shared block re-key
+                    # it after the cache was switched off and on, each through its own
+                    # chain). A block has one key: it moves to our path, reachable from
+                    # the root, and keeps its node, so the blocks after it still match.
+                    parent = index.pop(old)[1]
                 index[key] = (block, parent)
                 keys[block] = key
             else:

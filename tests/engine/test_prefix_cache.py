@@ -6,8 +6,9 @@ import sys
 
 from slopilot.engine.block_manager import BlockManager
 from slopilot.engine.kv_integrity import check_block_manager
-from slopilot.engine.request import Request
-from tests.engine.helpers import make_engine, make_request
+from slopilot.engine.prefix_cache import PrefixCache
+from slopilot.engine.request import Request, SamplingParams
+from tests.engine.helpers import make_engine, make_request, make_scheduler, step
 
 BS = 16
 
@@ -124,3 +125,89 @@ def test_concurrent_twins_keep_matching_after_a_private_block() -> None:
     kv.free("b")
     kv.free("a")
     check_block_manager(kv)
+
+
+def test_switching_off_and_on_rekeys_a_shared_block_without_a_stale_key() -> None:
+    # a, b and c share a 2-block prefix; b and c also share b's third block (c hit it).
+    # Off drops every key; on again, b re-keys its blocks from the root, so the shared
+    # third block is keyed under b's private chain. Once b's private blocks are evicted,
+    # c re-keys the same block under its own chain: the block's first key must go.
+    kv = BlockManager(num_gpu_blocks=8, block_size=4)
+    shared = list(range(12))
+    a = Request("a", shared[:8] + [99])
+    b = Request("b", shared + [7])
+    for r in (a, b):  # computed side by side: b's first two blocks stay private
+        assert kv.allocate_slots(r, r.num_tokens)
+    for r in (a, b):
+        r.num_computed_tokens = r.num_tokens
+        kv.cache_full_blocks(r)
+    c = Request("c", shared + [5])
+    hits = kv.find_cached_prefix(c)
+    assert hits == kv.block_table("a")[:2] + kv.block_table("b")[2:3]
+    assert kv.allocate_slots(c, 1, hits)
+    c.num_computed_tokens = c.num_tokens
+    kv.free("a")
+    kv.set_prefix_caching(False)
+    kv.set_prefix_caching(True)
+    kv.cache_full_blocks(b)  # re-keys b0, b1 and the shared block from the root
+    kv.free("b")  # b0, b1 and b's tail are cached; the shared block is held by c
+    filler = Request("filler", list(range(500, 500 + 4 * kv.num_free_blocks)))
+    assert kv.allocate_slots(filler, filler.num_tokens)  # evicts every cached block
+    kv.cache_full_blocks(c)  # c re-keys a0, a1 and the shared block from the root
+    check_block_manager(kv)
+    # The shared block is found again through c's prefix, and only through it.
+    assert kv.find_cached_prefix(Request("d", shared + [1])) == kv.block_table("c")[:3]
+    kv.free("c")
+    kv.free("filler")
+    check_block_manager(kv)
+
+
+def test_prefix_caching_off_and_on_live_keeps_the_index_consistent() -> None:
+    # The outside review's repro through the scheduler: c hits a's and b's blocks, the
+    # switch goes off and on, b finishes and is evicted, then c fills a block.
+    sched = make_scheduler(num_blocks=10, block_size=8, token_budget=256,
+                           chunk_size=256, kv_watermark=0.0)
+    prefix = list(range(1, 41))
+
+    def add(rid: str, prompt: list[int], max_tokens: int) -> None:
+        sched.add_request(Request(rid, prompt,
+                                  SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            step(sched)
+            sched.check_integrity()
+
+    add("a", prefix[:17], 1)  # caches a0, a1
+    add("b", prefix[:24] + [7] * 4, 6)  # private copies of a0, a1; caches b2
+    run(1)
+    add("c", prefix[:24] + [999], 20)  # hits a0, a1, b2
+    run(1)
+    sched.update_config(sched.config.with_overrides({"enable_prefix_caching": False}))
+    run(1)
+    sched.update_config(sched.config.with_overrides({"enable_prefix_caching": True}))
+    run(3)  # b fills a block (re-registering from the root), then finishes
+    add("d", list(range(500, 540)), 1)  # evicts b's cached blocks
+    run(6)  # c fills a block: re-registers from the root over b2
+    while sched.has_work():  # c decodes to the end, checked at every step
+        run(1)
+    assert sched.kv.num_used_blocks == 0
+
+
+def test_a_block_reached_by_a_second_path_moves_its_key_and_keeps_its_node() -> None:
+    # x cached four blocks, then its first was evicted; y caches the same prefix again
+    # from the root, and its table holds x's second and third blocks. Each keeps one
+    # key, now on y's path, and x's fourth block, keyed after x's third, is found still.
+    pc = PrefixCache(block_size=4, enabled=True)
+    pc.keys.extend([None] * 8)
+    prompt = list(range(17))
+    x = Request("x", prompt)
+    x.num_computed_tokens = 16
+    pc.register(x, [0, 1, 2, 3])
+    pc.evict(0)
+    y = Request("y", prompt[:12] + [99])
+    y.num_computed_tokens = 12
+    pc.register(y, [5, 1, 2])
+    assert pc.lookup(Request("z", prompt)) == [5, 1, 2, 3]
+    assert {b: key for key, (b, _) in pc.index.items()} == {
+        b: key for b, key in enumerate(pc.keys) if key is not None}
