@@ -23,7 +23,7 @@ INSTALL = [p for p in FILES if p.parent == MANIFESTS and p.name != "kustomizatio
 # Exactly what the operator may do: (apiGroup, resource) -> verbs.
 EXPECTED_GRANTS = {
     ("slopilot.dev", "llmdeployments"): {"get", "list", "watch", "patch"},
-    ("slopilot.dev", "llmdeployments/status"): {"get", "patch"},
+    ("slopilot.dev", "llmdeployments/status"): {"patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch"},
     ("slopilot.dev", "llmdeployments/finalizers"): {"update"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
@@ -34,7 +34,10 @@ EXPECTED_GRANTS = {
     # Listed by label, then judged by owner uid (kube_handle.pods); never fetched by name.
     ("", "pods"): {"list"},
     ("apps", "replicasets"): {"list"},
-    ("", "events"): {"create", "patch"},
+    # kopf only posts events; patch would reach any namespace's, kube-system's too.
+    ("", "events"): {"create"},
+    # A namespace glob (--namespace 'team-*') is expanded from the namespaces kopf lists.
+    ("", "namespaces"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch", "create"},
     ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch", "create"},
