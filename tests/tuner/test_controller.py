@@ -314,23 +314,64 @@ def test_an_alert_resets_the_headroom_clock() -> None:
     assert ctl.loop.headroom_since is None
 
 
-def test_prometheus_down_holds_the_config_and_resumes() -> None:
-    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+def test_prometheus_down_outside_a_trial_holds_the_config_and_resumes() -> None:
+    rig = Rig()
     ctl = rig.build()
     ctl.tick(0.0)
-    applied = list(rig.dep.applied)
     rig.alerts.down = True
     d = ctl.tick(5.0)
     assert d.action is Action.HOLD and d.prometheus_unavailable
     assert "prometheus_unavailable" in d.reason
-    d = ctl.tick(12.0)  # past the window: still held, nothing measured
-    assert d.action is Action.NONE and d.prometheus_unavailable
-    assert rig.dep.applied == applied and rig.study.told == {}
+    assert ctl.tick(20.0).action is Action.NONE  # said once, then held quietly
+    assert rig.dep.applied == [] and rig.dep.config == START
     rig.alerts.down = False
-    d = ctl.tick(13.0)
-    assert not d.prometheus_unavailable and ctl.loop.trial is not None
-    assert ctl.loop.trial.started_at == 13.0  # the outage's window does not count
-    assert ctl.tick(23.0).action is Action.COMMIT
+    rig.alerts.alerts = [alert(AlertAction.RETUNE)]
+    d = ctl.tick(25.0)
+    assert not d.prometheus_unavailable and d.action is Action.TRIAL
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_an_outage_mid_trial_restores_the_known_config_and_fails_the_trial(
+        replicas: int) -> None:
+    # BAD breaks P0 ten-fold: the early look would cut it at a quarter window. Unwatched,
+    # it used to serve (on every replica, with one) for the whole outage.
+    rig = Rig(dep=FakeDeployment(n=replicas), alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              offline=None, study=FakeStudy(queue=[dict(BAD)]))
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL
+    canary = replicas > 1
+    assert rig.dep.serving(canary) == BAD
+    rig.alerts.down = True
+    d = ctl.tick(5.0)
+    assert (d.state, d.action, d.trial) == (ControllerState.TUNING, Action.REVERT, 0)
+    assert d.prometheus_unavailable and "prometheus_unavailable" in d.reason
+    assert "trial 0" in d.reason and "restored" in d.reason
+    assert rig.dep.serving(canary) == START and rig.dep.config == START
+    assert 0 in rig.study.failed and ctl.loop.trial is None
+    assert metric(ctl, "slopilot_tuner_trials_total", state="failed") == 1
+    applied = list(rig.dep.applied)
+    for t in range(20, 1800, 15):  # a 30-minute outage: held, nothing tried
+        d = ctl.tick(float(t))
+        assert (d.state, d.action) == (ControllerState.TUNING, Action.NONE)
+    assert rig.dep.applied == applied and rig.study.asked == 1
+    rig.alerts.down = False
+    d = ctl.tick(1800.0)  # watched again: the episode goes on with its next trial
+    assert (d.action, d.trial) == (Action.TRIAL, 1) and not d.prometheus_unavailable
+
+
+def test_a_trial_whose_config_cannot_be_restored_in_an_outage_is_kept_and_retried() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), offline=None,
+              study=FakeStudy(queue=[dict(BAD)]))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    rig.alerts.down = True
+    rig.dep.refuse = lambda c: RuntimeError("replica unreachable")
+    d = ctl.tick(5.0)
+    assert d.action is Action.HOLD and "could not be restored" in d.reason
+    assert ctl.loop.trial is not None and rig.study.failed == {}
+    rig.dep.refuse = lambda c: None
+    assert ctl.tick(20.0).action is Action.REVERT and rig.dep.config == START
+    assert 0 in rig.study.failed
 
 
 def test_an_error_rolls_back_to_the_starting_config() -> None:

@@ -23,9 +23,10 @@ operator's kopf daemon all drive the same object; ``now`` is seconds on the eval
 clock (Unix time for Prometheus). Guardrails: any error during an episode rolls back to
 its best known (or its starting) config, and outside one leaves the deployment's config
 as it is (``LoopState.rollback_config``); while Prometheus is unreachable the current
-config is held and the decision says so. The steps, by job: ``steady.py`` (STEADY,
-COOLDOWN), ``scaling.py`` (SCALING), ``episode.py`` (TUNING, COMMIT); ``advice.py`` asks
-the simulator.
+config is held and the decision says so, except a trial's: one that cannot be watched is
+told failed and the episode's known config restored (``_hold``). The steps, by job:
+``steady.py`` (STEADY, COOLDOWN), ``scaling.py`` (SCALING), ``episode.py`` (TUNING,
+COMMIT); ``advice.py`` asks the simulator.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Controller(LoopContext):
             alerts = self.alerts.firing()
             if loop.prometheus_unavailable:
                 loop.prometheus_unavailable = False
-                if loop.trial is not None:
+                if loop.trial is not None:  # its restore failed all through the outage
                     loop.trial.started_at = now  # the outage's window does not count
                 log.info("%s: Prometheus is reachable again; resuming",
                          self.settings.key)
@@ -133,11 +134,40 @@ class Controller(LoopContext):
 
     # ------------------------------------------------------------------ guardrails
     def _hold(self, exc: Exception) -> Decision:
-        first = not self.loop.prometheus_unavailable
-        self.loop.prometheus_unavailable = True
-        action = Action.HOLD if first else Action.NONE
-        return self.decide(action, f"prometheus_unavailable: holding the current config "
-                           f"({exc})")
+        """Prometheus cannot be read: hold, and say so once. A trial cannot be judged
+        while it lasts, so its config is not left to serve unwatched (one that breaks P0
+        ten-fold, which the early look cuts at a quarter window, served the whole
+        outage): the episode's known config is restored and the trial told failed, which
+        the study learns from as it does from a refused config. The episode stays in
+        TUNING and asks its next trial once Prometheus answers again."""
+        loop = self.loop
+        first = not loop.prometheus_unavailable
+        loop.prometheus_unavailable = True
+        quiet = Action.HOLD if first else Action.NONE
+        t = loop.trial
+        if t is None:
+            return self.decide(quiet, f"prometheus_unavailable: holding the current "
+                               f"config ({exc})")
+        try:
+            self.restore(t.canary)
+        except Exception as restore_exc:  # kept open: the next tick of the outage retries
+            log.exception("%s: could not restore the known config under trial %d",
+                          self.settings.key, t.number)
+            return self.decide(quiet, f"prometheus_unavailable: trial {t.number} cannot be "
+                               f"watched and the known config could not be restored "
+                               f"({restore_exc}); retrying ({exc})", trial=t.number)
+        loop.trial = None
+        # Counted as any failed trial: a Prometheus that comes and goes would otherwise
+        # let an episode start trials without end.
+        loop.episode_trials += 1
+        self.metrics.trial(self.settings.deployment, TrialOutcome.FAILED)
+        try:
+            self.study.tell_failed(t.number, f"prometheus unavailable: {exc}")
+        except Exception:  # left RUNNING, it goes stale once nothing beats for it
+            log.exception("%s: could not fail trial %d", self.settings.key, t.number)
+        return self.decide(Action.REVERT, f"prometheus_unavailable: trial {t.number} cannot "
+                           "be watched: told failed, the known config restored and held "
+                           f"({exc})", trial=t.number, config=t.config)
 
     def _rollback(self, now: float, exc: Exception) -> Decision:
         loop = self.loop
