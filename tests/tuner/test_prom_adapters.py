@@ -113,6 +113,23 @@ def test_windows_that_do_not_count_are_rejected(kw: dict[str, float], message: s
         windows(Recorded(answers(**kw))).measure(90.0, 100.0, canary=False)
 
 
+@pytest.mark.parametrize(("before", "now", "shifted"), [
+    (2.0, 3.8, True), (2.0, 1.0, True),  # 1.9x up, 2x down: both are shifts
+    (2.0, 2.8, False), (2.8, 2.0, False),  # 1.4x either way: the same load
+    (2.0, 3.0, False), (3.0, 2.0, False),  # 1.5x either way: the tolerance's edge
+])
+def test_the_load_shift_check_is_the_same_ratio_either_way(before: float, now: float,
+                                                            shifted: bool) -> None:
+    # A fall flatters a trial as much as a rise condemns it: at half the load a config
+    # "holds" and would be committed for the whole load.
+    measure = windows(Recorded(answers(rate_now=now, rate_before=before))).measure
+    if shifted:
+        with pytest.raises(WindowRejected, match="request rate moved"):
+            measure(90.0, 100.0, canary=False)
+    else:
+        assert measure(90.0, 100.0, canary=False).request_rate == now
+
+
 def test_an_idle_window_before_is_not_a_load_shift() -> None:
     s = windows(Recorded(answers(rate_before=0.0))).measure(90.0, 100.0, canary=False)
     assert s.request_rate == 2.0

@@ -58,10 +58,13 @@ class PrometheusWindows:
     """WindowEvaluator: the ``WindowSummary`` of ``[start, end]`` read from Prometheus.
 
     ``min_requests``: fewer finished requests in the window -> WindowRejected.
-    ``load_tolerance``: the arrival rate of the window moved more than this fraction from
-    the window of the same length just before it -> WindowRejected (a trial compared
-    under a different load is not comparable). ``min_rate_for_check`` skips that check
-    when the earlier window was (nearly) idle: a start from nothing is not a shift.
+    ``load_tolerance``: the arrival rate of the window moved from the window of the same
+    length just before it by a ratio beyond ``1 + load_tolerance`` either way (0.5: above
+    1.5x or below 1/1.5x) -> WindowRejected (a trial compared under a different load is
+    not comparable). The same ratio both ways: a fall flatters a trial as much as a rise
+    condemns it, and ``|rate/before - 1|`` rejected a 1.9x rise but took a fall to half.
+    ``min_rate_for_check`` skips that check when the earlier window was (nearly) idle: a
+    start from nothing is not a shift.
     ``latency``: the backend's TTFT and TBT sources, as the recording rules are rendered
     with (``render_rule_groups``): on vLLM the meter's client-side P99s, and vLLM's edges
     for its goodput (without them an SLO between two of vLLM's edges selects a bucket it
@@ -84,7 +87,7 @@ class PrometheusWindows:
             raise ValueError(f"min_requests={min_requests!r}: expected a count >= 1")
         if not load_tolerance > 0:
             raise ValueError(f"load_tolerance={load_tolerance!r}: expected a ratio > 0, e.g. "
-                             "0.5 for a 50 % change in request rate")
+                             "0.5 for request rates within 1.5x of each other either way")
         self.query = query_at(query) if isinstance(query, str) else query
         self.selector = dict(selector)
         self.canary_labels = canary_labels if callable(canary_labels) else dict(canary_labels)
@@ -155,10 +158,11 @@ class PrometheusWindows:
                                  f"window; need {self.min_requests}")
         rate = self._scalar(q["request_rate"][None], end)
         before = self._scalar(q["request_rate"][None], end - w)
+        bound = 1.0 + self.load_tolerance
         if math.isfinite(before) and before >= self.min_rate_for_check and \
-                math.isfinite(rate) and abs(rate / before - 1.0) > self.load_tolerance:
+                math.isfinite(rate) and not 1.0 / bound <= rate / before <= bound:
             raise WindowRejected(f"request rate moved from {before:.3g}/s to {rate:.3g}/s "
-                                 f"(more than {self.load_tolerance:.0%}): the window is not "
+                                 f"(beyond {bound:.3g}x either way): the window is not "
                                  "comparable")
         p99 = {key: self._by_class(q[rec][None], end) for key, rec in _QUANTILES.items()}
         goodput = {c: self._scalar(expr, end) for c, expr in q.get(_GOODPUT, {}).items()
