@@ -36,6 +36,8 @@ class Recorded:
         for fragment, value in self.answers.items():
             if fragment in expr:
                 v = value(at) if callable(value) else value
+                if isinstance(v, list):  # whole series, labels and all
+                    return v
                 if isinstance(v, dict):
                     return [{"metric": {"priority_class": c}, "value": [at, str(x)]}
                             for c, x in v.items()]
@@ -128,6 +130,36 @@ def test_the_load_shift_check_is_the_same_ratio_either_way(before: float, now: f
             measure(90.0, 100.0, canary=False)
     else:
         assert measure(90.0, 100.0, canary=False).request_rate == now
+
+
+def scraped_without_series(*instances: str) -> dict[str, Any]:
+    """Prometheus's answer naming the targets it scraped (``up``) in the window that have
+    no engine series in it."""
+    return {"max_over_time(up{": [{"metric": {"instance": i}, "value": [100.0, "0"]}
+                                  for i in instances]}
+
+
+def test_a_window_missing_a_replicas_series_is_not_the_deployments() -> None:
+    # Three replicas serve the trial; one's scrapes time out under it, so its series are
+    # absent. What the other two report is 2/s against 3/s before, inside the load
+    # tolerance: judged as the deployment's, the window of two replicas was committed.
+    q = Recorded({**scraped_without_series("10.0.0.3:8000"),
+                  **answers(rate_now=2.0, rate_before=3.0)})
+    with pytest.raises(WindowRejected, match=r"10\.0\.0\.3:8000.*no series"):
+        windows(q).measure(90.0, 100.0, canary=False)
+    missing = next(e for e, _ in q.asked if "up{" in e)
+    assert 'up{slopilot_deployment="d"}[10s]' in missing
+    assert "vllm:num_requests_running" in missing  # both backends export it, idle or not
+    # Every target reported: the same window is measured.
+    assert windows(Recorded(answers(rate_now=2.0, rate_before=3.0))).measure(
+        90.0, 100.0, canary=False).request_rate == 2.0
+
+
+def test_a_canary_window_whose_canary_reported_nothing_is_rejected() -> None:
+    q = Recorded({**scraped_without_series("127.0.0.1:9000"), **answers()})
+    with pytest.raises(WindowRejected, match="canary"):
+        windows(q).measure(90.0, 100.0, canary=True)
+    assert 'instance_role="canary"' in next(e for e, _ in q.asked if "up{" in e)
 
 
 def test_an_idle_window_before_is_not_a_load_shift() -> None:

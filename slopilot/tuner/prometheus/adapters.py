@@ -41,6 +41,9 @@ from slopilot.tuner.study.evaluator import WindowRejected
 log = logging.getLogger(__name__)
 
 ROLE_LABEL = "instance_role"
+REPLICA_LABEL = "instance"
+"""What tells one replica's series from another's: Prometheus's own target label, on
+every series of a scrape target (a pod in Kubernetes, a process of ``LocalDeployment``)."""
 CANARY = {ROLE_LABEL: "canary"}
 _QUANTILES = {"ttft": "slopilot:ttft_seconds:p99", "tbt": "slopilot:tbt_seconds:p99"}
 _GOODPUT = "slopilot:goodput_tokens:per_second"
@@ -57,7 +60,9 @@ def _window_s(start: float, end: float) -> int:
 class PrometheusWindows:
     """WindowEvaluator: the ``WindowSummary`` of ``[start, end]`` read from Prometheus.
 
-    ``min_requests``: fewer finished requests in the window -> WindowRejected.
+    ``min_requests``: fewer finished requests in the window -> WindowRejected. So does a
+    replica measured (every replica, or the canary) that Prometheus scraped in the window
+    but that left no series in it: the others' figures are not the deployment's.
     ``load_tolerance``: the arrival rate of the window moved from the window of the same
     length just before it by a ratio beyond ``1 + load_tolerance`` either way (0.5: above
     1.5x or below 1/1.5x) -> WindowRejected (a trial compared under a different load is
@@ -127,6 +132,15 @@ class PrometheusWindows:
         # a bad trial, not as a load shift. Arrivals = finished + growth of the queue +
         # turned away for load: a config that refuses its clients took less, it was not
         # offered less (and the simulated cluster counts them, as every arrival).
+        # The replicas Prometheus scraped in the window (``up``, one series per target,
+        # kept where a scrape fails) that left no engine series in it: their requests are
+        # in no figure, and what the others report would be judged as the whole
+        # deployment's (or as the canary's). The gauge, not a request counter: both
+        # backends export it from the start, a replica that served nothing too.
+        out["unreported"] = {None: (
+            f"max by ({REPLICA_LABEL}) (max_over_time(up{s}[{w}])) unless on "
+            f"({REPLICA_LABEL}) count by ({REPLICA_LABEL}) (last_over_time("
+            f"vllm:num_requests_running{s}[{w}]))")}
         out["request_rate"] = {None: (
             f"sum(rate(vllm:e2e_request_latency_seconds_count{s}[{w}])) + "
             f"((sum(delta(vllm:num_requests_running{s}[{w}])) + "
@@ -150,6 +164,13 @@ class PrometheusWindows:
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         w = _window_s(start, end)
         q = self._exprs(self._selector(canary), w)
+        if unreported := sorted(r["metric"].get(REPLICA_LABEL, "?")
+                                for r in self.query(q["unreported"][None], end)):
+            which, whose = (("the canary replica", "the canary's") if canary else
+                            ("replica(s)", "the deployment's"))
+            raise WindowRejected(f"{which} {', '.join(unreported)} scraped but no series "
+                                 f"in the {w} s window (scrapes failing, or restarted): "
+                                 f"the others' figures are not {whose}")
         requests = self._by_class(q["requests"][None], end)
         finished = sum(v for v in requests.values() if math.isfinite(v))
         if finished < self.min_requests:
