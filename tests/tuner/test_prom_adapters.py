@@ -456,3 +456,24 @@ def test_the_arrival_rate_counts_the_requests_turned_away(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.prometheus
+def test_prometheus_names_the_replicas_scraped_without_series_in_the_window(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The query behind the missing-replica rejection, on Prometheus' own engine: a
+    target whose scrapes fail all window (``up`` 0, no series) is named; one that
+    reported, or stopped being a target half-way (scaled down), is not."""
+    expr = windows(Recorded({}))._exprs({"d": "x"}, 300)["unreported"][None]
+    series = [{"series": f'up{{d="x",instance="{i}"}}', "values": v}
+              for i, v in (("a", "1x10"), ("timing-out", "0x10"), ("gone", "1x3 _x7"))]
+    series += [{"series": f'vllm:num_requests_running{{d="x",instance="{i}"}}', "values": v}
+               for i, v in (("a", "3x10"), ("gone", "2x3 _x7"))]
+    series.append({"series": 'up{d="y",instance="other"}', "values": "0x10"})
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": expr, "eval_time": "5m",
+            "exp_samples": [{"labels": '{instance="timing-out"}', "value": 0}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
