@@ -6,7 +6,7 @@ import pytest
 
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.study.objective import NO_SAMPLES, constraint_names, score
+from slopilot.tuner.study.objective import NO_SAMPLES, constraint_names, score, unmeasured
 from tests.support.summaries import figures, window
 
 
@@ -68,3 +68,10 @@ def test_no_preemption_limit_means_no_preemption_term() -> None:
                                                  for c in ("p0", "p1", "p2")}})
     assert constraint_names(best_effort) == ()
     assert score(_summary({}, {}), best_effort).feasible
+
+
+def test_unmeasured_names_the_classes_with_an_slo_and_no_sample() -> None:
+    # p2 sets no SLO term here: its absence is nobody's business; p0 has none of its P99s.
+    s = window({"p1": figures(100.0, 50.0, 10.0)})
+    assert unmeasured(s, SLO) == ("p0",)
+    assert unmeasured(_summary({"p0": 50, "p1": 100}, {"p0": 10, "p1": 50}), SLO) == ()

@@ -5,7 +5,9 @@ replica) with the running config as its baseline and the offline study's best co
 queued as warm starts. Each trial applies a config (to the canary when there are several
 replicas), waits ``window_s`` and is scored on its window past its first ``settle_s``
 (the requests that arrived under the config before it finish then); a trial that breaks
-P0 by more than ``revert_margin`` is cut short, a window that does not count is repeated. The first
+P0 by more than ``revert_margin`` is cut short, a window that does not count is repeated
+(rejected by the evaluator, or without a sample of a class the episode's alerts are about:
+a class's P99 that was not measured is no evidence that it holds). The first
 feasible trial, or the trial limits, end the episode in COMMIT, which applies the best
 feasible config everywhere, or, when none held, asks SCALING for another replica.
 """
@@ -29,10 +31,12 @@ from slopilot.tuner.loop.state import (
     TrialOutcome,
 )
 from slopilot.tuner.loop.transitions import Event, Go
+from slopilot.tuner.prometheus.alerts import AlertAction
 from slopilot.tuner.study.evaluator import WindowRejected
-from slopilot.tuner.study.objective import score
+from slopilot.tuner.study.objective import score, unmeasured
 
 log = logging.getLogger(__name__)
+_CLASSES = frozenset(p.label for p in Priority)
 
 
 def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
@@ -65,6 +69,11 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
 def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     s = ctx.settings
     if entered is not None:
+        # What the episode is about: a window that measured none of these classes is no
+        # verdict. An alert on every class (preemptions, batching) names none.
+        ctx.loop.episode_classes = sorted({
+            a.priority_class for a in tick.alerts
+            if a.action is not AlertAction.INFORM and a.priority_class in _CLASSES})
         ctx.metrics.action(s.deployment, Action.RETUNE, entered.reason)
         log.info("%s: %s", s.key, ctx.decide(Action.RETUNE, entered.reason).line())
         return _next_trial(ctx, tick.now, f"retune: {entered.reason}")
@@ -108,16 +117,45 @@ def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | 
     try:
         summary = ctx.evaluator.measure(_measured_from(ctx, t), now, canary=t.canary)
     except WindowRejected as exc:
-        t.repeats += 1
-        if t.repeats >= s.max_window_repeats:
-            ctx.study.tell_failed(t.number, f"window rejected {t.repeats} times")
-            return _end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
-                              f"window_rejected trial {t.number} {t.repeats} times: "
-                              f"{exc.reason}", None)
-        t.started_at = now
-        return ctx.decide(Action.REPEAT, f"window_rejected trial {t.number} "
-                          f"(repeat {t.repeats}): {exc.reason}", trial=t.number)
+        return _repeat(ctx, now, t, exc.reason)
+    why = _no_verdict(ctx, summary)
+    if why is not None:
+        return _repeat(ctx, now, t, why)
     return _scored(ctx, now, t, summary)
+
+
+def _repeat(ctx: LoopContext, now: float, t: RunningTrial, why: str) -> Decision:
+    """A window that does not count: measured again, up to ``max_window_repeats`` times
+    in a row, after which the trial counts as failed and is reverted."""
+    t.repeats += 1
+    if t.repeats >= ctx.settings.max_window_repeats:
+        ctx.study.tell_failed(t.number, f"window rejected {t.repeats} times: {why}")
+        return _end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
+                          f"window_rejected trial {t.number} {t.repeats} times: {why}",
+                          None)
+    t.started_at = now
+    return ctx.decide(Action.REPEAT, f"window_rejected trial {t.number} "
+                      f"(repeat {t.repeats}): {why}", trial=t.number)
+
+
+def _no_verdict(ctx: LoopContext, summary: WindowSummary) -> str | None:
+    """Why a measured window says nothing of the trial, or None when it does.
+
+    ``score`` reads a class without samples as meeting its SLO, which is right for a
+    class the workload does not send. It is not for the class an alert fired on: a
+    canary's window (a share of the traffic) can miss a small class entirely, and the
+    trial then "held" with nothing measured for what the episode is about. A class the
+    alerts are not about may be absent (a trace without P2); a window in which no class
+    with an SLO was measured at all is never a verdict."""
+    absent = unmeasured(summary, ctx.settings.slo)
+    about = [c for c in ctx.loop.episode_classes if c in absent]
+    if about:
+        return f"no sample of {', '.join(about)} (the class the alert fired on) in the window"
+    judged = [p for p, c in ctx.settings.slo.classes().items()
+              if c.ttft_p99_ms is not None or c.tbt_p99_ms is not None]
+    if judged and len(absent) == len(judged):
+        return "no sample of any class with an SLO in the window"
+    return None
 
 
 def _measured_from(ctx: LoopContext, t: RunningTrial) -> float:

@@ -207,6 +207,9 @@ class LoopState:
     episode_feasible: int = 0
     trial_starts: list[float] = field(default_factory=list)
     """Starts of live trials in the last hour (the per-hour limit)."""
+    episode_classes: list[str] = field(default_factory=list)
+    """The classes (``p0``..``p2``) of the alerts that started this episode: a trial's
+    window that measured none of one of them is no verdict (``episode._no_verdict``)."""
     cooldown_until: float | None = None
     headroom_since: float | None = None
     prometheus_unavailable: bool = False

@@ -20,7 +20,10 @@ from slopilot.engine.window_summary import WindowSummary
 
 # A class that served nothing in the window has no P99 (None in a summary); it breaks no
 # SLO (its goodput is zero, which the objective already counts), so its term reads as
-# comfortably met.
+# comfortably met. That is right for a class the workload does not send (a trace without
+# P0 traffic), not for one it sends and the window happened to miss: a live trial asks
+# ``unmeasured`` first (tuner/loop/episode.py), and a window that did not measure the
+# class its episode is about is no verdict.
 NO_SAMPLES = -1.0
 
 
@@ -136,6 +139,20 @@ def score(summary: WindowSummary, slo: SLOSpec,
                        constraints=tuple(constraints),
                        feasible=all(c <= 0.0 for c in constraints),
                        summary=summary, constraint_names=constraint_names(slo))
+
+
+def unmeasured(summary: WindowSummary, slo: SLOSpec) -> tuple[str, ...]:
+    """Labels of the classes with an SLO term of which ``summary`` has no sample: every
+    P99 their SLO sets is None (``score`` reads those terms as ``NO_SAMPLES``)."""
+    out: list[str] = []
+    for p, c in slo.classes().items():
+        figures = summary.classes[p]
+        set_by_slo = [value for value, limit in ((figures.ttft_p99_ms, c.ttft_p99_ms),
+                                                 (figures.tbt_p99_ms, c.tbt_p99_ms))
+                      if limit is not None]
+        if set_by_slo and all(value is None for value in set_by_slo):
+            out.append(p.label)
+    return tuple(out)
 
 
 def holds(result: TrialResult, margin: float) -> bool:

@@ -1,0 +1,65 @@
+"""How an episode judges its live trials: what a window must show before it is a verdict,
+which breaches cut a trial short, and what ends an episode. Driven through the in-memory
+fakes (tests/tuner/controller_fakes.py) on a virtual clock."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from slopilot.tuner.loop.state import Action, ControllerState
+from slopilot.tuner.prometheus.alerts import AlertAction
+from tests.support.summaries import figures, window
+from tests.tuner.controller_fakes import (
+    FakeAlerts,
+    FakeDeployment,
+    FakeEvaluator,
+    FakeStudy,
+    Rig,
+    alert,
+)
+
+TRIAL = {"token_budget": 4096, "chunk_size": 4096}
+
+
+def test_a_window_without_the_alerts_class_is_no_verdict() -> None:
+    """A P0 alert starts the episode; the canary (a third of the traffic) serves 30 P1
+    requests and no P0 in its window. P0's P99s are None: read as met, the trial 'held'
+    and went to every replica with nothing measured for the class the alert was about."""
+    rig = Rig(dep=FakeDeployment(n=3), offline=None,
+              alerts=FakeAlerts([alert(AlertAction.RETUNE)]),  # P0 TTFT P99 high
+              study=FakeStudy(queue=[dict(TRIAL)]), settings={"max_window_repeats": 2})
+    rig.ev = FakeEvaluator(rig.dep, lambda c: window(
+        {"p1": figures(400.0, 50.0, 40.0, finished=30)}))
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL
+    d = ctl.tick(10.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.REPEAT), d.reason
+    assert "p0" in d.reason and rig.study.told == {}
+    d = ctl.tick(20.0)  # still no P0: the trial fails, as a window rejected too often
+    assert d.action is Action.REVERT and 0 in rig.study.failed
+    assert rig.dep.config != TRIAL and rig.dep.canary_config != TRIAL
+
+
+def test_a_class_the_alert_is_not_about_may_be_absent() -> None:
+    """P2 served nothing in the window (a workload without P2 traffic): the P0 alert's
+    class was measured, so the window is a verdict and the trial commits."""
+    rig = Rig(offline=None, alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              study=FakeStudy(queue=[dict(TRIAL)]))
+    rig.ev = FakeEvaluator(rig.dep, lambda c: window(
+        {"p0": figures(100.0, 20.0, 10.0), "p1": figures(400.0, 50.0, 40.0)}))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert ctl.tick(10.0).action is Action.COMMIT
+
+
+def test_a_window_in_which_no_class_with_an_slo_was_measured_is_no_verdict() -> None:
+    """An alert on every class (preemptions) names no class; a window that measured no
+    class with an SLO still says nothing, and is never feasible by absence."""
+    storm = dataclasses.replace(alert(AlertAction.RETUNE, "SlopilotPreemptionStorm"),
+                                priority_class="all")
+    rig = Rig(offline=None, alerts=FakeAlerts([storm]), study=FakeStudy(queue=[dict(TRIAL)]))
+    rig.ev = FakeEvaluator(rig.dep, lambda c: window({}))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    d = ctl.tick(10.0)
+    assert d.action is Action.REPEAT and rig.study.told == {}
