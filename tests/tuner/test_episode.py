@@ -10,12 +10,15 @@ from slopilot.tuner.loop.state import Action, ControllerState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import (
+    START,
     FakeAlerts,
     FakeDeployment,
     FakeEvaluator,
+    FakePlanner,
     FakeStudy,
     Rig,
     alert,
+    summary,
 )
 
 TRIAL = {"token_budget": 4096, "chunk_size": 4096}
@@ -63,3 +66,32 @@ def test_a_window_in_which_no_class_with_an_slo_was_measured_is_no_verdict() -> 
     ctl.tick(0.0)
     d = ctl.tick(10.0)
     assert d.action is Action.REPEAT and rig.study.told == {}
+
+
+def test_a_scale_alert_during_an_episode_ends_it_and_scales() -> None:
+    """A surge 60 s into an episode: the scale alert (P0 TBT P99 over 2 x SLO) used to wait
+    for the whole episode, 20 infeasible trials judged at a load the episode was not
+    started for, and the replica came 44 minutes after the alert."""
+    rig = Rig(dep=FakeDeployment(n=2), alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              planner=FakePlanner(needed=3))
+    rig.ev = FakeEvaluator(rig.dep, lambda c: summary(p0_tbt=96.0))  # every config misses
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL and rig.dep.canary_config is not None
+    rig.alerts.alerts = [alert(AlertAction.SCALE, "SlopilotTBTP99High")]
+    d = ctl.tick(5.0)
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.SCALE), d.reason
+    assert rig.dep.scaled == [3] and "SlopilotTBTP99High" in d.reason
+    assert list(rig.study.failed) == [0] and ctl.loop.trial is None
+    # The episode's rollback config (its starting one) on every replica, the canary too.
+    assert rig.dep.config == START and rig.dep.canary_config is None
+
+
+def test_the_scale_alert_an_episode_started_under_does_not_end_it() -> None:
+    """A scale alert whose offline study finds a config that holds starts an episode
+    (retune_suffices); the alert still fires while its trials run, and is theirs."""
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.SCALE, "SlopilotTBTP99High")]))
+    ctl = rig.build()
+    d = ctl.tick(0.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
+    assert ctl.tick(5.0).action is Action.NONE and rig.dep.scaled == []
+    assert ctl.tick(10.0).action is Action.COMMIT

@@ -130,6 +130,10 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
     def planner_breaks(rig: Rig, t: float) -> None:
         rig.planner.search = _broken("simulator crashed")  # type: ignore[method-assign]
 
+    def surge(rig: Rig, t: float) -> None:
+        if t == 5.0:
+            rig.alerts.alerts = [alert(AlertAction.SCALE, "SlopilotTBTP99High")]
+
     return [
         # retune alert -> tuning -> commit -> cooldown -> steady
         (Rig(alerts=retune), [0.0, 10.0, 41.0], None),
@@ -150,6 +154,9 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         (Rig(dep=FakeDeployment(n=4), alerts=scale, planner=FakePlanner(needed=None),
              offline=FakeOffline([(dict(BAD), False)]), settings={"max_trials": 1}),
          [0.0, 6.0, 7.0], None),
+        # a scale alert fires mid-episode -> scaling -> scaled up
+        (Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), planner=FakePlanner(needed=2)),
+         [0.0, 5.0], surge),
         # the hour's trials used up mid-episode
         (Rig(alerts=retune, offline=None,
              settings={"max_trials_per_hour": 2, "max_trials": 10}),

@@ -9,6 +9,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
       |-------------------------------------->|   headroom
                 |-------->|                       retune_suffices, capacity_suffices, tune_closest
                 |---------------------------->|   scaled_up, max_replicas
+                |<--------|                       scale_alert
                           |-------->|             trial_holds, trial_limit, trial_rate_limit
                 |<------------------|             no_feasible_config
                                     |-------->|   committed

@@ -9,7 +9,9 @@ P0 by more than ``revert_margin`` is cut short, a window that does not count is 
 (rejected by the evaluator, or without a sample of a class the episode's alerts are about:
 a class's P99 that was not measured is no evidence that it holds). The first
 feasible trial, or the trial limits, end the episode in COMMIT, which applies the best
-feasible config everywhere, or, when none held, asks SCALING for another replica.
+feasible config everywhere, or, when none held, asks SCALING for another replica. A scale
+alert that fires during the episode (not one it began under) ends it at once: the open
+trial failed, its rollback config restored, SCALING asked for another replica.
 """
 
 from __future__ import annotations
@@ -71,15 +73,42 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if entered is not None:
         # What the episode is about: a window that measured none of these classes is no
         # verdict. An alert on every class (preemptions, batching) names none.
-        ctx.loop.episode_classes = sorted({
-            a.priority_class for a in tick.alerts
-            if a.action is not AlertAction.INFORM and a.priority_class in _CLASSES})
+        acting = [a for a in tick.alerts if a.action is not AlertAction.INFORM]
+        ctx.loop.episode_classes = sorted({a.priority_class for a in acting
+                                           if a.priority_class in _CLASSES})
+        ctx.loop.episode_alerts = sorted({a.describe() for a in acting})
         ctx.metrics.action(s.deployment, Action.RETUNE, entered.reason)
         log.info("%s: %s", s.key, ctx.decide(Action.RETUNE, entered.reason).line())
         return _next_trial(ctx, tick.now, f"retune: {entered.reason}")
+    surge = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.SCALE}
+                   - set(ctx.loop.episode_alerts))
+    if surge:
+        return _end_for_scale(ctx, ", ".join(surge))
     if ctx.loop.trial is None:
         return _next_trial(ctx, tick.now, "next trial")
     return _running_trial(ctx, tick.now, ctx.loop.trial)
+
+
+def _end_for_scale(ctx: LoopContext, alerts: str) -> Go:
+    """A scale alert that fired after the episode began: the load changed under it, so
+    its windows judge configs at a load it was not started for, and waiting out the
+    episode (up to ``max_trials`` windows) leaves the critical alert unanswered. The open
+    trial is told failed, the episode's rollback config goes back on every replica, and
+    SCALING is asked for at least one more: the episode has been searching configs at
+    this count, so the offline study's word for this count is not asked again (it would
+    start the same episode)."""
+    loop = ctx.loop
+    if loop.trial is not None:
+        ctx.study.tell_failed(loop.trial.number, f"episode ended: scale alert {alerts}")
+        ctx.metrics.trial(ctx.settings.deployment, TrialOutcome.PRUNED)
+        loop.trial = None
+    target = loop.rollback_config()
+    if target is not None:
+        ctx.deployment.apply_config(target, canary=False)
+    replicas = ctx.deployment.replicas()
+    return Go(ControllerState.SCALING, Event.SCALE_ALERT,
+              f"alert {alerts} during the episode (after {loop.episode_trials} trials): "
+              "the episode ends, its rollback config restored", at_least=replicas + 1)
 
 
 def _next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:

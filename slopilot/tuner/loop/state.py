@@ -210,6 +210,9 @@ class LoopState:
     episode_classes: list[str] = field(default_factory=list)
     """The classes (``p0``..``p2``) of the alerts that started this episode: a trial's
     window that measured none of one of them is no verdict (``episode._no_verdict``)."""
+    episode_alerts: list[str] = field(default_factory=list)
+    """The alerts (``Alert.describe()``) that acted when this episode began: a scale alert
+    among them is what the episode answers; any other ends it (``episode.tuning``)."""
     cooldown_until: float | None = None
     headroom_since: float | None = None
     prometheus_unavailable: bool = False
