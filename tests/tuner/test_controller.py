@@ -146,7 +146,7 @@ def test_trials_run_on_the_canary_when_there_are_several_replicas() -> None:
     ctl.tick(0.0)
     assert rig.dep.applied == [(BAD, True)] and rig.dep.config == START
     d = ctl.tick(3.0)  # BAD breaks P0 by far more than the margin: cut short
-    assert d.action is Action.REVERT and "p0_breach" in d.reason
+    assert d.action is Action.REVERT and "slo_breach" in d.reason and "p0 " in d.reason
     assert rig.dep.applied[-1] == (START, True) and rig.dep.canary_config == START
     assert metric(ctl, "slopilot_tuner_trials_total", state="reverted") == 1
     d = ctl.tick(4.0)

@@ -5,7 +5,10 @@ fakes (tests/tuner/controller_fakes.py) on a virtual clock."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.state import Action, ControllerState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.support.summaries import figures, window
@@ -95,3 +98,38 @@ def test_the_scale_alert_an_episode_started_under_does_not_end_it() -> None:
     assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL)
     assert ctl.tick(5.0).action is Action.NONE and rig.dep.scaled == []
     assert ctl.tick(10.0).action is Action.COMMIT
+
+
+def test_a_trial_that_breaks_any_class_badly_is_cut_short() -> None:
+    """The early look read P0 only: a trial with P1 TTFT at 10 x its SLO ran its whole
+    window, and on a workload without P0 (the azure-conv-2023 trace) none was ever cut.
+    tiny-cpu's SLO: P1 TTFT 1000 ms, TBT 150 ms; the revert margin 1.0 (2 x)."""
+    awful = {"token_budget": 128, "chunk_size": 64}
+
+    def p1_only(c: Mapping[str, Any]) -> WindowSummary:
+        ttft = 10_000.0 if dict(c) == awful else 1_200.0
+        return window({"p1": figures(ttft, 100.0, 50.0, finished=40)})
+
+    rig = Rig(offline=None, study=FakeStudy(queue=[dict(awful)]),
+              alerts=FakeAlerts([dataclasses.replace(alert(AlertAction.RETUNE),
+                                                     priority_class="p1")]))
+    rig.ev = FakeEvaluator(rig.dep, p1_only)
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL
+    assert ctl.tick(2.0).action is Action.NONE  # before the early look (a quarter window)
+    d = ctl.tick(3.0)
+    assert d.action is Action.REVERT and "p1 ttft_p99_ms=10000" in d.reason, d.reason
+    assert rig.dep.config == START and not rig.study.told[0].feasible
+
+
+def test_a_breach_under_the_revert_margin_runs_its_window() -> None:
+    """P1 TTFT at 1.2 x its SLO: under 2 x, the window runs whole and is then judged."""
+    rig = Rig(offline=None,
+              alerts=FakeAlerts([dataclasses.replace(alert(AlertAction.RETUNE),
+                                                     priority_class="p1")]))
+    rig.ev = FakeEvaluator(rig.dep, lambda c: window(
+        {"p1": figures(1_200.0, 100.0, 50.0, finished=40)}))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert [ctl.tick(float(t)).action for t in range(3, 10, 2)] == [Action.NONE] * 4
+    assert "infeasible: p1.ttft_p99" in ctl.tick(10.0).reason

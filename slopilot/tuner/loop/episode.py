@@ -5,11 +5,11 @@ replica) with the running config as its baseline and the offline study's best co
 queued as warm starts. Each trial applies a config (to the canary when there are several
 replicas), waits ``window_s`` and is scored on its window past its first ``settle_s``
 (the requests that arrived under the config before it finish then); a trial that breaks
-P0 by more than ``revert_margin`` is cut short, a window that does not count is repeated
-(rejected by the evaluator, or without a sample of a class the episode's alerts are about:
-a class's P99 that was not measured is no evidence that it holds). The first
-feasible trial, or the trial limits, end the episode in COMMIT, which applies the best
-feasible config everywhere, or, when none held, asks SCALING for another replica. A scale
+any class's SLO by more than ``revert_margin`` is cut short, a window that does not count
+is repeated (rejected by the evaluator, or without a sample of a class the episode's
+alerts are about: a class's P99 that was not measured is no evidence that it holds). The
+first feasible trial, or the trial limits, end the episode in COMMIT, which applies the
+best feasible config everywhere, or, when none held, asks SCALING for another replica. A scale
 alert that fires during the episode (not one it began under) ends it at once: the open
 trial failed, its rollback config restored, SCALING asked for another replica.
 """
@@ -196,19 +196,20 @@ def _measured_from(ctx: LoopContext, t: RunningTrial) -> float:
 
 def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
                 elapsed: float) -> Decision:
-    """Mid-window, after ``revert_after_s``: cut a trial short that breaks P0 badly."""
+    """Mid-window, after ``revert_after_s``: cut a trial short that breaks a class's SLO
+    badly."""
     partial, start = None, _measured_from(ctx, t)
     if elapsed >= ctx.settings.revert_after_s and now > start:
         try:
             partial = ctx.evaluator.measure(start, now, canary=t.canary)
         except WindowRejected:
             partial = None  # too little to tell yet: the window goes on
-    breach = None if partial is None else _p0_breach(ctx, partial)
+    breach = None if partial is None else _breach(ctx, partial)
     if partial is None or breach is None:
         return ctx.decide(Action.NONE, f"trial {t.number} running", trial=t.number)
     ctx.study.tell(t.number, score(partial, ctx.settings.slo, t.config))
     return _end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
-                      f"p0_breach trial {t.number} cut short: {breach}", partial)
+                      f"slo_breach trial {t.number} cut short: {breach}", partial)
 
 
 def _scored(ctx: LoopContext, now: float, t: RunningTrial,
@@ -234,14 +235,18 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
     return ctx.decide(Action.NONE, reason, trial=t.number, config=t.config, summary=summary)
 
 
-def _p0_breach(ctx: LoopContext, summary: WindowSummary) -> str | None:
-    p0 = summary.classes[Priority.P0]
-    slo = ctx.settings.slo.p0
+def _breach(ctx: LoopContext, summary: WindowSummary) -> str | None:
+    """A class's P99 over ``1 + revert_margin`` times its SLO, for every class with an
+    SLO: the early look's rule for P0, applied to each (a P1 at 10 x its SLO, or any
+    breach on a workload without P0, ran its whole window). The margin stays wide: a
+    partial window's P99 rests on few requests, and a trial cut on noise is a trial lost."""
     limit = 1.0 + ctx.settings.revert_margin
-    for key, value, bound in (("ttft_p99_ms", p0.ttft_p99_ms, slo.ttft_p99_ms),
-                              ("tbt_p99_ms", p0.tbt_p99_ms, slo.tbt_p99_ms)):
-        if bound is not None and value is not None and value > limit * bound:
-            return f"p0 {key}={value:.0f} > {limit:g} x {bound:g}"
+    for p, slo in ctx.settings.slo.classes().items():
+        figures = summary.classes[p]
+        for key, value, bound in (("ttft_p99_ms", figures.ttft_p99_ms, slo.ttft_p99_ms),
+                                  ("tbt_p99_ms", figures.tbt_p99_ms, slo.tbt_p99_ms)):
+            if bound is not None and value is not None and value > limit * bound:
+                return f"{p.label} {key}={value:.0f} > {limit:g} x {bound:g}"
     return None
 
 

@@ -95,8 +95,8 @@ class ControllerSettings:
     count only once this long has passed since the last commit or scale, so a breach
     measured partly under the config before it does not start another round."""
     revert_margin: float = 1.0
-    """A trial whose P0 P99 (TTFT or TBT) exceeds its SLO by more than this fraction
-    (1.0: twice the SLO) is cut short and reverted at once."""
+    """A trial with a P99 (TTFT or TBT) of any class over its SLO by more than this
+    fraction (1.0: twice the SLO) is cut short and reverted at once."""
     revert_check_s: float | None = None
     """Earliest time into a trial the revert check looks (default: a quarter window)."""
     max_window_repeats: int = 3
