@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.state import Action, ControllerState
 from slopilot.tuner.prometheus.alerts import AlertAction
@@ -133,3 +135,53 @@ def test_a_breach_under_the_revert_margin_runs_its_window() -> None:
     ctl.tick(0.0)
     assert [ctl.tick(float(t)).action for t in range(3, 10, 2)] == [Action.NONE] * 4
     assert "infeasible: p1.ttft_p99" in ctl.tick(10.0).reason
+
+
+EDGE = {"token_budget": 1024, "chunk_size": 768}
+
+
+def _edge_rig(*p0_ttft: float) -> Rig:
+    """A trial whose P0 TTFT P99 is each of ``p0_ttft`` in turn, window by window (the
+    SLO's limit is 300 ms)."""
+    rig = Rig(dep=FakeDeployment(n=3), alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              offline=None, study=FakeStudy(queue=[dict(EDGE)]))
+    left = list(p0_ttft)
+    rig.ev = FakeEvaluator(rig.dep, lambda c: summary(p0_ttft=left.pop(0)))
+    return rig
+
+
+def test_a_window_within_the_margin_is_confirmed_by_a_second() -> None:
+    """One window at 99.7 % of the limit committed the config to every replica: the
+    simulator must show 10 % to spare before the loop trusts a config, a live trial
+    needed none, on ~35 P0 requests a window. Within the margin, one more window."""
+    rig = _edge_rig(299.0, 290.0)
+    ctl = rig.build()
+    ctl.tick(0.0)
+    d = ctl.tick(10.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.REPEAT), d.reason
+    assert "p0.ttft_p99" in d.reason and rig.study.told == {}
+    assert (rig.dep.config, rig.dep.canary_config) == (START, EDGE)  # still on the canary
+    assert ctl.loop.episode_trials == 0
+    d = ctl.tick(20.0)
+    assert d.action is Action.COMMIT and rig.dep.config == EDGE
+    assert rig.ev is not None and rig.ev.calls[-1][:2] == (10.0, 20.0)  # measured whole
+    told = rig.study.told[0]
+    assert told.feasible and told.constraints[0] == pytest.approx(299.0 / 300.0 - 1.0)
+
+
+def test_an_edge_config_that_misses_on_its_second_window_is_not_committed() -> None:
+    rig = _edge_rig(299.0, 310.0)
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert ctl.tick(10.0).action is Action.REPEAT
+    d = ctl.tick(20.0)
+    assert d.action is Action.NONE and "infeasible: p0.ttft_p99" in d.reason
+    assert (EDGE, False) not in rig.dep.applied and not rig.study.told[0].feasible
+    assert rig.study.told[0].constraints[0] == pytest.approx(310.0 / 300.0 - 1.0)
+
+
+def test_a_config_with_the_margin_to_spare_commits_on_one_window() -> None:
+    rig = _edge_rig(260.0)  # 87 % of the limit
+    ctl = rig.build()
+    ctl.tick(0.0)
+    assert ctl.tick(10.0).action is Action.COMMIT

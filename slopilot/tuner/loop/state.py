@@ -36,7 +36,7 @@ class Action(enum.StrEnum):
     HOLD = "hold"  # kept the current config on purpose (Prometheus down, rate limit)
     RETUNE = "retune"  # started a tuning episode
     TRIAL = "trial"  # applied a trial config
-    REPEAT = "repeat"  # a rejected window: the trial's window starts again
+    REPEAT = "repeat"  # a window that is no verdict yet (rejected, or a confirming one)
     COMMIT = "commit"
     REVERT = "revert"  # a trial cut short, or a rollback after an error
     COOLDOWN = "cooldown"
@@ -186,6 +186,11 @@ class RunningTrial:
     canary_replica: str | None = None
     """Which replica the trial runs on (the handle's answer), kept so that a resumed
     controller measures and restores the same one."""
+    edge_constraints: list[float] | None = None
+    """The SLO terms of a first window that held within ``objective.HEADROOM`` of a limit
+    (None otherwise): the trial is then on its confirming window, judged on both."""
+    edge_goodput: float | None = None
+    """That first window's goodput (tokens/s)."""
 
 
 @dataclass
