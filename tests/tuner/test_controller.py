@@ -441,8 +441,14 @@ def test_trials_per_hour_limit_holds_the_config() -> None:
     ctl.tick(0.0)
     ctl.tick(10.0)
     ctl.tick(11.0)
-    d = ctl.tick(21.0)  # two trials used up the hour: commit what is known (nothing)
-    assert d.action is Action.SCALE and len(rig.study.told) == 2
+    d = ctl.tick(21.0)  # two trials used up the hour, neither held
+    # A budget running out is no evidence that no config holds: no replica bought on it.
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.HOLD)
+    assert "trial_rate_limit" in d.reason and len(rig.study.told) == 2
+    assert rig.dep.scaled == [] and rig.dep.config == START
+    d = ctl.tick(52.0)  # the cooldown over, the alert still firing: held while rate-limited
+    assert ctl.tick(53.0).action is Action.HOLD and rig.study.asked == 2
+    assert ctl.tick(3611.0).action is Action.TRIAL  # the hour's budget back: tuning again
 
 
 def test_stopping_ends_the_episode_so_a_restart_waits_for_an_alert() -> None:

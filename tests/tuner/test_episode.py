@@ -11,14 +11,17 @@ from typing import Any
 import pytest
 
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.state import Action, ControllerState
+from slopilot.tuner.loop.state import Action, ControllerState, LoopState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import (
+    BAD,
+    GOOD,
     START,
     FakeAlerts,
     FakeDeployment,
     FakeEvaluator,
+    FakeOffline,
     FakePlanner,
     FakeStudy,
     Rig,
@@ -185,3 +188,20 @@ def test_a_config_with_the_margin_to_spare_commits_on_one_window() -> None:
     ctl = rig.build()
     ctl.tick(0.0)
     assert ctl.tick(10.0).action is Action.COMMIT
+
+
+def test_the_hours_budget_running_out_with_warm_starts_untried_buys_no_replica() -> None:
+    """29 of the hour's 30 trials used by an earlier episode; the offline study ranks
+    three configs that hold; one trial runs and misses, and the budget is spent. COMMIT
+    read that as live evidence that nothing holds: 'no_feasible_config after 1 trials',
+    a replica bought with two warm starts the twin said hold never tried."""
+    near = {"token_budget": 1536, "chunk_size": 1024}  # misses by a little (by_config)
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), planner=FakePlanner(needed=1),
+              offline=FakeOffline([(dict(near), True), (dict(GOOD), True),
+                                   (dict(BAD), True)]))
+    ctl = rig.build(LoopState(trial_starts=[float(-3000 + i) for i in range(29)]))
+    assert ctl.tick(0.0).action is Action.TRIAL
+    d = ctl.tick(10.0)
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.HOLD), d.reason
+    assert "trial_rate_limit" in d.reason and "2 warm start(s) untried" in d.reason
+    assert rig.dep.scaled == [] and rig.dep.config == START

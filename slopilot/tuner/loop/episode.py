@@ -60,7 +60,7 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
                           f"trials in the last hour; {reason}")
     loop.baseline_config = dict(ctx.deployment.current_config())
     loop.best_config, loop.best_goodput = None, None
-    loop.episode_trials = loop.episode_feasible = 0
+    loop.episode_trials = loop.episode_feasible = loop.episode_warm_starts = 0
     replicas = ctx.deployment.replicas()
     if ranked is None and ctx.offline is not None:
         ranked = advice.warm_starts(ctx, now, replicas, loop.baseline_config)
@@ -72,6 +72,7 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
                       f"offline study: no config holds the SLO at {replicas} replica(s); "
                       f"{reason}", at_least=replicas + 1)
         ctx.study.warm_start([c for c, _ in ranked])
+        loop.episode_warm_starts = len(ranked)
     return Go(ControllerState.TUNING, event, reason)
 
 
@@ -315,9 +316,35 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if loop.best_config is None:
         if loop.baseline_config is not None:
             ctx.deployment.apply_config(loop.baseline_config, canary=False)
+        if _rate_limited(ctx):
+            return _hold_for_rate_limit(ctx)
         return Go(ControllerState.SCALING, Event.NO_FEASIBLE_CONFIG,
                   f"no_feasible_config after {loop.episode_trials} trials",
                   at_least=ctx.deployment.replicas() + 1)
     ctx.deployment.apply_config(loop.best_config, canary=False)
     return Go(ControllerState.COOLDOWN, Event.COMMITTED, f"commit: {reason}",
               action=Action.COMMIT, config=loop.best_config, summary=summary)
+
+
+def _rate_limited(ctx: LoopContext) -> bool:
+    """Whether the episode ended because the hour's trials ran out, before its own
+    ``max_trials``: then its misses are a sample cut short, not the search's verdict."""
+    loop, s = ctx.loop, ctx.settings
+    return loop.episode_trials < s.max_trials and \
+        len(loop.trial_starts) >= s.max_trials_per_hour
+
+
+def _hold_for_rate_limit(ctx: LoopContext) -> Go:
+    """Nothing held in the trials the hour allowed. That says the budget is spent, not
+    that no config holds: read as live evidence, one trial that missed bought a replica
+    while the warm starts the twin said hold were never tried. The episode's starting
+    config is kept (restored by the caller) and the loop cools down; the alert, if it
+    still fires, starts a new episode once the hour allows trials again (STEADY holds
+    until then)."""
+    loop, s = ctx.loop, ctx.settings
+    untried = max(0, loop.episode_warm_starts - loop.episode_trials)
+    warm = f"; {untried} warm start(s) untried" if untried else ""
+    return Go(ControllerState.COOLDOWN, Event.TRIAL_RATE_LIMIT,
+              f"trial_rate_limit: {s.max_trials_per_hour} trials in the last hour, none "
+              f"of this episode's {loop.episode_trials} held{warm}; holding the starting "
+              "config rather than scaling on a spent budget", action=Action.HOLD)

@@ -215,6 +215,9 @@ class LoopState:
     episode_classes: list[str] = field(default_factory=list)
     """The classes (``p0``..``p2``) of the alerts that started this episode: a trial's
     window that measured none of one of them is no verdict (``episode._no_verdict``)."""
+    episode_warm_starts: int = 0
+    """Warm starts queued for this episode (tried first): how many a rate-limited end
+    left untried, for the decision's reason."""
     episode_alerts: list[str] = field(default_factory=list)
     """The alerts (``Alert.describe()``) that acted when this episode began: a scale alert
     among them is what the episode answers; any other ends it (``episode.tuning``)."""

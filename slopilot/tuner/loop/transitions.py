@@ -86,8 +86,12 @@ TRANSITIONS: tuple[Transition, ...] = (
                "max_trials_per_hour trials in the last hour"),
     Transition(S.COMMIT, S.COOLDOWN, Event.COMMITTED,
                "the episode's best feasible config applied to every replica"),
+    Transition(S.COMMIT, S.COOLDOWN, Event.TRIAL_RATE_LIMIT,
+               "the hour's trials ran out before any held: the starting config kept, no "
+               "replica bought on a spent budget"),
     Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
-               "no live trial held the SLO: at least one more replica"),
+               "no live trial held the SLO in max_trials (not cut by the hour's "
+               "budget): at least one more replica"),
     Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER, "cooldown_s has passed"),
     *(Transition(s, S.COOLDOWN, Event.ERROR, _ON_ERROR) for s in S),
     # Not a step's move: the operator's, when its daemon for the deployment ends. Kept, a
