@@ -205,3 +205,15 @@ def test_the_hours_budget_running_out_with_warm_starts_untried_buys_no_replica()
     assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.HOLD), d.reason
     assert "trial_rate_limit" in d.reason and "2 warm start(s) untried" in d.reason
     assert rig.dep.scaled == [] and rig.dep.config == START
+
+
+def test_at_max_replicas_a_scale_alert_leaves_the_episode_running() -> None:
+    """No replica can answer the alert there: the episode is the only remedy left."""
+    rig = Rig(dep=FakeDeployment(n=4), alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              offline=None)
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL
+    rig.alerts.alerts = [alert(AlertAction.SCALE, "SlopilotTBTP99High")]
+    d = ctl.tick(5.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.NONE), d.reason
+    assert rig.study.failed == {} and rig.dep.scaled == []

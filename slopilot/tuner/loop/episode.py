@@ -90,7 +90,8 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return _next_trial(ctx, tick.now, f"retune: {entered.reason}")
     surge = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.SCALE}
                    - set(ctx.loop.episode_alerts))
-    if surge:
+    # At max replicas no replica can answer it: the episode is the only remedy left.
+    if surge and ctx.deployment.replicas() < s.max_replicas:
         return _end_for_scale(ctx, ", ".join(surge))
     if ctx.loop.trial is None:
         return _next_trial(ctx, tick.now, "next trial")

@@ -79,7 +79,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "at max replicas after live evidence that nothing holds: say so"),
     Transition(S.TUNING, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires during the episode (not one it began "
-               "under): its open trial told failed, its rollback config restored"),
+               "under), below max replicas: its open trial told failed, its rollback "
+               "config restored"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_HOLDS, "a trial's window holds the SLO"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_LIMIT, "max_trials trials in this episode"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_RATE_LIMIT,
