@@ -39,6 +39,7 @@ from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.policy import OperatorPolicy, policy_problems
+from slopilot.operator.quantity import same_quantity
 from slopilot.operator.render import (
     SHIPPED_IMAGES,
     Images,
@@ -116,14 +117,35 @@ def plural_of(obj: Mapping[str, Any]) -> str:
 
 
 def covers(live: Any, desired: Any) -> bool:
-    """Whether ``live`` already carries every field of ``desired`` (lists element-wise)."""
+    """Whether ``live`` already carries every field of ``desired`` (lists element-wise;
+    a container's resource amounts by amount, ``_covers_resources``)."""
     if isinstance(desired, Mapping):
         return isinstance(live, Mapping) and all(
-            k in live and covers(live[k], v) for k, v in desired.items())
+            k in live and (_covers_resources(live[k], v) if k == "resources"
+                           else covers(live[k], v)) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
                 and all(covers(a, b) for a, b in zip(live, desired, strict=True)))
     return bool(live == desired)
+
+
+def _covers_resources(live: Any, desired: Any) -> bool:
+    """A container's (or pod's) ``resources``: the API server serves each request and
+    limit back in its canonical form ("1" for 1, "500m" for "0.5"), so they are compared
+    as quantities; compared as written, a GPU deployment was patched at every reconcile."""
+    if not isinstance(desired, Mapping) or not isinstance(live, Mapping):
+        return covers(live, desired)
+    for part, amounts in desired.items():
+        if part not in live:
+            return False
+        if part in ("requests", "limits") and isinstance(amounts, Mapping):
+            have = live[part]
+            if not isinstance(have, Mapping) or not all(
+                    k in have and same_quantity(have[k], v) for k, v in amounts.items()):
+                return False
+        elif not covers(live[part], amounts):
+            return False
+    return True
 
 
 

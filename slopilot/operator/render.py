@@ -34,6 +34,7 @@ from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.engine.slo import SLO_FILE_ENV
 from slopilot.operator.knobs import VLLM_LACKS
+from slopilot.operator.quantity import stored_form
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
@@ -217,13 +218,16 @@ def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[
 
 
 def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    # As the API server stores them (strings, canonical: "1", "500m"), so the object
+    # read back is the object rendered; a value it would refuse is left as written, for
+    # the reconcile's check to name (reconcile.object_problems).
     amounts: dict[str, Any] = {}
     if spec.cpu:
-        amounts["cpu"] = spec.cpu
+        amounts["cpu"] = stored_form(spec.cpu)
     if spec.memory:
-        amounts["memory"] = spec.memory
+        amounts["memory"] = stored_form(spec.memory)
     if spec.gpu:
-        amounts["nvidia.com/gpu"] = spec.gpu
+        amounts["nvidia.com/gpu"] = str(spec.gpu)
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 

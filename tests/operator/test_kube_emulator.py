@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client, watch
 
 from slopilot.operator.crd import crd_manifest
+from slopilot.operator.kubeapi import Kube
 from tests.support.kube_server import RunningEmulator
 from tests.support.waits import HANG_GUARD_S
 
@@ -90,6 +91,28 @@ def test_put_replaces_and_keeps_server_fields(core: client.CoreV1Api) -> None:
     assert new.data == {"k": "w"}
     assert new.metadata.uid == made.metadata.uid
     assert new.metadata.creation_timestamp == made.metadata.creation_timestamp
+
+
+def test_resource_quantities_are_stored_in_canonical_form(
+        kube_client: client.ApiClient) -> None:
+    """As an API server stores a resource.Quantity: a number comes back a string, and a
+    quantity in its canonical form (a drift check that compares what it sent with what
+    it reads back must see the same amounts)."""
+    kube = Kube(kube_client)  # plain dicts, as the server sent them
+    amounts = {"cpu": "0.5", "memory": "1.5Gi", "nvidia.com/gpu": 1}
+    container = {"name": "c", "image": "x", "resources": {"requests": amounts,
+                                                         "limits": amounts}}
+    kube.create("apps/v1", "deployments", "default", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {
+            "selector": {"matchLabels": {"a": "b"}}, "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [container], "initContainers": [container]}}}})
+    kube.patch("apps/v1", "deployments", "default", "d", {"spec": {"template": {"spec": {
+        "containers": [{**container, "resources": {"limits": {"cpu": 2000}}}]}}}})
+    pod = kube.get("apps/v1", "deployments", "default", "d")["spec"]["template"]["spec"]
+    stored = {"cpu": "500m", "memory": "1536Mi", "nvidia.com/gpu": "1"}
+    assert pod["initContainers"][0]["resources"] == {"requests": stored, "limits": stored}
+    assert pod["containers"][0]["resources"] == {"limits": {"cpu": "2k"}}  # patched too
 
 
 def test_lists_carry_kind_api_version_and_filter_by_labels(core: client.CoreV1Api,

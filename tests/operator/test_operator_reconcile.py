@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import kubernetes.client
 import pytest
+import yaml
 
+from slopilot.operator.drift import drift_condition
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, reconcile
@@ -27,6 +30,8 @@ from tests.operator.operator_support import (
     wait_for,
 )
 from tests.support.kube_server import RunningEmulator
+
+ROOT = Path(__file__).parents[2]
 
 
 def engine_json(cluster: Cluster, name: str = "chat") -> dict[str, object] | None:
@@ -165,13 +170,21 @@ def test_vllm_knobs_it_lacks_are_named_and_monitoring_objects_used_when_served(
         assert cluster.condition("AdminToken", "v") is None  # vLLM has no admin endpoint
 
 
+@pytest.mark.parametrize("spec", [
+    {},
+    # The API server stores each quantity in its canonical form (1 -> "1", 0.5 -> "500m",
+    # 1.5Gi -> "1536Mi"): compared as written, each reconcile patched the Deployment.
+    {"resources": {"gpu": 1, "cpu": "0.5", "memory": "1.5Gi"}},
+    {"resources": {"gpu": 2, "cpu": 4, "memory": "1073741824"}, "backend": "vllm"},
+], ids=["plain", "gpu-builtin", "gpu-vllm"])
 def test_a_second_reconcile_writes_nothing(kube: RunningEmulator,
-                                           kube_client: kubernetes.client.ApiClient) -> None:
+                                           kube_client: kubernetes.client.ApiClient,
+                                           spec: dict[str, object]) -> None:
     from slopilot.operator.crd import crd_manifest
 
     kube.install(crd_manifest())
     cluster = Cluster(kube_client)
-    body = cluster.create(llmd(engine={"tokenBudget": 2048}))
+    body = cluster.create(llmd(engine={"tokenBudget": 2048}, **spec))
     k = Kube(kube_client)
     args = {"policy": OperatorPolicy(), "mint": operator_mint(cluster)}
     first = reconcile(k, body, **args)
@@ -185,6 +198,26 @@ def test_a_second_reconcile_writes_nothing(kube: RunningEmulator,
     assert sum(1 for r in kube.emulator._requests if r.method.value != "GET") == writes
     assert versions["dep"] == k.get("apps/v1", "deployments", NS, "chat")[
         "metadata"]["resourceVersion"]
+
+
+@pytest.mark.parametrize("sample", ["llmdeployment-builtin.yaml", "llmdeployment-vllm.yaml"])
+def test_a_shipped_samples_second_reconcile_writes_nothing(
+        kube: RunningEmulator, cluster: Cluster, sample: str) -> None:
+    """The samples ask for a GPU (``resources.gpu: 1``), stored as "1": rendered as the
+    number, every event of the Deployment (its controller's status writes included) was a
+    drift repair that patched it and wrote a DriftRepaired condition and event."""
+    from slopilot.operator.crd import crd_manifest
+
+    kube.install(crd_manifest())
+    body = yaml.safe_load((ROOT / "manifests/samples" / sample).read_text())
+    body["metadata"]["namespace"] = NS
+    body = cluster.create(body)
+    args = {"policy": OperatorPolicy(), "mint": operator_mint(cluster)}
+    assert reconcile(cluster.kube, body, **args).valid
+    second = reconcile(cluster.kube, body, **args)
+    assert set(second.changes.values()) == {Change.UNCHANGED}
+    assert drift_condition({"type": "Reconciled", "status": "True",
+                            "reason": "OwnedObjectsInSync"}, second, 1) is None
 
 
 def test_a_long_controller_tick_holds_up_no_reconcile(

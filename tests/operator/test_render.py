@@ -55,8 +55,9 @@ def test_builtin_engine_pod_command_config_and_token() -> None:
     assert {"name": "SLOPILOT_ADMIN_TOKEN_SHA256", "value": "ab" * 32} in c["env"]
     assert all(e["name"] != "SLOPILOT_ADMIN_TOKEN" for e in c["env"])
     assert "secret" not in json.dumps(out.objects()).lower()
-    assert c["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 2}
-    assert c["resources"]["requests"]["nvidia.com/gpu"] == 2
+    # Strings, as the API server stores them: a number read back as "2" was drift.
+    assert c["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "2"}
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == "2"
     assert out.unsupported_knobs == ()
 
 

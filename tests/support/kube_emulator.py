@@ -19,7 +19,8 @@ and replaces the state changes with apiserver rules:
   unknown fields, defaults and validates custom objects, CEL rules and list-map keys
   included;
 - names, labels, replica counts and resource quantities are checked as the apiserver
-  checks them (kube_validation.py), so an object a cluster would refuse is refused here;
+  checks them (kube_validation.py), so an object a cluster would refuse is refused here,
+  and resource quantities are stored in its canonical form ("1" for 1, "500m" for 0.5);
 - ``fail(...)``: the next matching writes fail with a given status before they apply
   (a lost connection, an overloaded apiserver), for tests of what a client does then;
 - what kubectl needs (kube_openapi.py): OpenAPI v2 and v3 discovery, server-side tables
@@ -54,7 +55,7 @@ from tests.support.crd_schema import (
     served_schema,
 )
 from tests.support.kmock_fixes import Fault, route
-from tests.support.kube_validation import object_problems
+from tests.support.kube_validation import object_problems, store_quantities
 
 CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
@@ -457,6 +458,7 @@ class KubeEmulator(KubernetesEmulator):
         if problems := object_problems(str(res.plural), body):
             raise ko.invalid(res, body["metadata"].get("name"), *problems,
                              kind=self._kind(res))
+        store_quantities(str(res.plural), body)
         schema = self._schemas.get(res)
         if schema is None:
             return body

@@ -3,7 +3,10 @@ replica counts and resource quantities, with the apiserver's own wording.
 
 The emulator calls ``object_problems`` on every create and every non-status update, so
 a test sees the 422 a cluster would send (and the operator has to cope with it), not a
-create that succeeds only because the emulator was lenient.
+create that succeeds only because the emulator was lenient. Then ``store_quantities``
+puts each container's resource amounts in the form the API server stores and serves
+(``1`` -> ``"1"``, ``"0.5"`` -> ``"500m"``): kept as sent, a client that compares what it
+wrote with what it reads back passed here and patched at every reconcile on a cluster.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from slopilot.operator.quantity import canonical
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -85,19 +90,44 @@ def label_problems(where: str, labels: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _containers(pod: Mapping[str, Any]) -> list[tuple[str, int, Any]]:
+    return [(field, i, c) for field in ("initContainers", "containers")
+            for i, c in enumerate(pod.get(field) or ())]
+
+
 def _pod_spec_problems(where: str, spec: Mapping[str, Any]) -> list[str]:
     out = []
-    for i, container in enumerate(spec.get("containers") or ()):
+    for field, i, container in _containers(spec):
         for kind in ("limits", "requests"):
             for resource, amount in ((container.get("resources") or {}).get(kind)
                                      or {}).items():
-                path = f"{where}.containers[{i}].resources.{kind}[{resource}]"
+                path = f"{where}.{field}[{i}].resources.{kind}[{resource}]"
                 if isinstance(amount, bool) or not (
                         isinstance(amount, int) or QUANTITY.match(str(amount))):
                     out.append(f"{path}: Invalid value: {amount!r}: quantities must match "
                                "the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*"
                                "[-+]?[0-9]*)$'")
     return out
+
+
+POD_TEMPLATED = ("deployments", "replicasets", "statefulsets", "daemonsets", "jobs")
+
+
+def store_quantities(plural: str, body: dict[str, Any]) -> None:
+    """Each container's requests and limits as resource.Quantity serializes them (the
+    canonical form, always a string), in place; run after ``object_problems``."""
+    spec = body.get("spec") or {}
+    if plural in POD_TEMPLATED:
+        pod = (spec.get("template") or {}).get("spec") or {}
+    elif plural == "pods":
+        pod = spec
+    else:
+        return
+    for _, _, c in _containers(pod):
+        for kind in ("limits", "requests"):
+            amounts = (c.get("resources") or {}).get(kind) or {}
+            for resource, amount in amounts.items():
+                amounts[resource] = canonical(amount)
 
 
 def object_problems(plural: str, body: Mapping[str, Any]) -> list[str]:
