@@ -8,7 +8,9 @@ from slopilot.operator.crd_types import integer as _int
 from slopilot.operator.crd_types import obj as _obj
 from slopilot.operator.crd_types import preserve as _preserve
 from slopilot.operator.crd_types import string as _str
+from slopilot.operator.knobs import MAX_STORAGE_URL
 from slopilot.operator.spec import PHASES
+from slopilot.operator.study_storage import MAX_STUDY_STORAGES
 
 
 def status_schema() -> dict[str, Any]:
@@ -68,6 +70,11 @@ def status_schema() -> dict[str, Any]:
                                "path": _str("The admin API path."),
                                "sent": _str("Digest of the document sent.")})},
         }, desc="What the last sync of the pods' live knobs found (built-in engine)."),
+        "studyStorages": {
+            "type": "array", "items": {"type": "string", "maxLength": MAX_STORAGE_URL},
+            "maxItems": MAX_STUDY_STORAGES, "description": "Every spec.tuning.storage the "
+            "tuning study was opened in (the newest last): a deleted LLMDeployment's "
+            "study is deleted from each that the operator's storage policy allows."},
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })

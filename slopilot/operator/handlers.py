@@ -15,6 +15,8 @@ importing it registers every handler, the controller daemon included.
   engine reads from its ConfigMap only at start) after each reconcile and once a
   ``tuning_daemon.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
   daemon does it, around its trials.
+- deletion while tuning is off: the CR's study is deleted from every storage it lived in
+  (study_cleanup.py; while tuning is on, the controller daemon's end does it).
 - events of owned Deployments, NetworkPolicies, Services, ConfigMaps and, where
   prometheus-operator's CRDs exist, ServiceMonitors and PrometheusRules: a deleted or
   edited one is re-created or patched back from its LLMDeployment (drift repair), and
@@ -59,6 +61,7 @@ from slopilot.operator.render import MANAGED
 from slopilot.operator.settings import configure, operator_policy
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
+from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import load_or_create
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
 from slopilot.tuner.prometheus.bounded import bounded_client
@@ -277,6 +280,17 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
 
 def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:
     return not tuning_daemon.tuning_enabled(spec)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, id="study-cleanup", optional=True,
+                when=tuning_disabled)
+def delete_untuned_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                           **_: Any) -> None:
+    """A CR deleted while tuning is off: no daemon runs to end with it, so its study is
+    deleted here from every storage on record (study_cleanup.py). Optional: it adds no
+    finalizer of its own (the config-sync timer's holds the CR while tuning is off), so
+    it never keeps a CR Terminating that nothing else would."""
+    delete_studies(body, memo.policy, log=logger)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, id="config-sync", interval=tuning_daemon.CONFIG_SYNC_S,

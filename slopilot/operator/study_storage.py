@@ -29,6 +29,9 @@ from sqlalchemy.engine import URL, make_url
 from slopilot.tuner.study.storage_url import parse_storage_url, shown
 
 ALLOW_ALL = "*"
+MAX_STUDY_STORAGES = 8
+"""How many storages ``status.studyStorages`` keeps (the newest; study_cleanup.py): a
+study switched through more storages than this may stay in the oldest."""
 _SQLITE_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 

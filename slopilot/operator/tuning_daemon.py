@@ -15,8 +15,9 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
   the next step writes that same state again before it ticks; a daemon never asks a
   second trial because its first was not recorded.
 - Deleted: the study's running trial is told FAIL, so that it does not stay RUNNING,
-  then the study is deleted from its storage: it is keyed by the CR's uid, so a new CR
-  of the same name starts its own and nothing would ever resume it. Tuning turned off
+  then the study is deleted from every storage it lived in (``status.studyStorages``,
+  which each step's status write keeps: study_cleanup.py): it is keyed by the CR's uid,
+  so a new CR of the same name starts its own and nothing would ever resume it. Tuning turned off
   ends the episode (the running trial failed, the loop to STEADY: turned on again, it
   waits for an alert) and keeps the study, for when it is turned on again.
 - Pods on the spec's config: at each new spec generation (whether or not a controller
@@ -74,6 +75,8 @@ from slopilot.operator.reconcile import config_status, not_reconciled
 from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import replacing, write_status
+from slopilot.operator.study_cleanup import delete_studies, with_storage
+from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.operator.twin_status import TwinTracker, check_patch
@@ -147,7 +150,9 @@ def ended_episode(status: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,
-                 action_time: str) -> dict[str, Any]:
+                 action_time: str, storage: str | None = None) -> dict[str, Any]:
+    """The status after ``decision``; ``storage``: the ``spec.tuning.storage`` the
+    controller's study was opened in, put on record for the CR's deletion."""
     status = body.get("status") or {}
     loop = controller.loop
     phase = PHASES.get(decision.state, Phase.RUNNING)
@@ -175,6 +180,8 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
     if decision.action is not Action.NONE:
         out["lastAction"] = {"action": decision.action.value, "reason": decision.reason,
                              "time": action_time}
+    if storage is not None:
+        out["studyStorages"] = with_storage(status, storage)
     return out
 
 
@@ -249,6 +256,8 @@ class DeploymentLoop:
         self.logger, self.clock = logger, clock
         self.controller: Controller | None = None
         self.built_for: int | None = None
+        self.storage: str | None = None
+        """``spec.tuning.storage`` as the controller's study was opened in it."""
         self.unwritten: Decision | None = None
         """A decision whose status write failed: written again before the next tick."""
         self.unwritten_time = ""
@@ -284,6 +293,7 @@ class DeploymentLoop:
                 replaced = self.controller
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)
+                self.storage = parse_spec(body).tuning.storage
                 # After the build, which resumed the trial: the new study beats already
                 # (unless a factory hands both controllers one study: it is kept then).
                 if replaced is not None and replaced.study is not self.controller.study:
@@ -352,7 +362,7 @@ class DeploymentLoop:
         self.unwritten, self.unwritten_time = decision, action_time
         try:
             written = write_status(self.kube, self.namespace, self.name, lambda fresh: (
-                status_after(fresh, controller, decision, action_time)
+                status_after(fresh, controller, decision, action_time, self.storage)
                 if self._ours(fresh) else None))
         except Exception as exc:  # an API error or a dropped connection: retried next step
             log.warning("%s: status write failed (%s: %s); the controller keeps its state "
@@ -427,6 +437,7 @@ class DeploymentLoop:
             return None  # nothing to end: no reason to build
         try:
             self.controller = build(self.kube, self.handle, body, self.factory, self.policy)
+            self.storage = parse_spec(body).tuning.storage
         except (SpecError, ControllerError) as exc:
             log.warning("%s: cannot reach the study to end it: %s", self.key, exc)
             return None
@@ -438,20 +449,27 @@ class DeploymentLoop:
         self.delete_study()
 
     def delete_study(self) -> None:
-        """The deleted CR's study leaves the storage, with all its trials. Its name holds
-        the CR's uid, so no later CR resumes it, and kept it would grow a shared storage
-        by every CR a tenant creates and deletes. Never on tuning turned off: the CR may
-        turn it on again and go on with its study."""
+        """The deleted CR's study leaves the storage, with all its trials, and every
+        other storage it lived in (``status.studyStorages``: spec.tuning.storage was
+        switched). Its name holds the CR's uid, so no later CR resumes it, and kept it
+        would grow a shared storage by every CR a tenant creates and deletes. Never on
+        tuning turned off: the CR may turn it on again and go on with its study."""
+        body = self.kube.get(*_CR, self.namespace, self.name)
         controller = self._controller_to_end(with_episode=False)
-        if controller is None:
-            return
-        try:
-            controller.study.delete_study()
-        except Exception:  # the database may be down: the study stays (operations.md)
-            log.exception("%s: could not delete the deleted LLMDeployment's study",
-                          self.key)
-            return
-        log.info("%s: the deleted LLMDeployment's study deleted", self.key)
+        done: tuple[str, ...] = ()
+        if controller is not None:
+            try:
+                controller.study.delete_study()
+            except Exception:  # the database may be down: the study stays (operations.md)
+                log.exception("%s: could not delete the deleted LLMDeployment's study",
+                              self.key)
+            else:
+                log.info("%s: the deleted LLMDeployment's study deleted", self.key)
+                if self.storage is not None:
+                    with contextlib.suppress(StorageRefused):
+                        done = (resolve_storage(self.storage, self.policy.storage_rules),)
+        if body is not None and str(body["metadata"].get("uid")) == self.uid:
+            delete_studies(body, self.policy, log=self.logger, done=done)
 
     def abandon(self, reason: str, *, restore: bool = False) -> None:
         """Tuning ends (the CR is being deleted, or tuning was turned off), and the

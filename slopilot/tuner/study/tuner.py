@@ -11,6 +11,7 @@ or a trial is asked; it stays in the history and the trial count continues past 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -34,7 +35,7 @@ from slopilot.tuner.study.heartbeat import (
 from slopilot.tuner.study.objective import TrialResult, WindowResult
 from slopilot.tuner.study.shared_storage import SHARED_STORAGES
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.storage_url import redacted, shown
+from slopilot.tuner.study.storage_url import parse_storage_url, redacted, shown
 
 log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "random")
@@ -116,6 +117,26 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
     if trials and seed is not None:  # wrapped: the offset may pass the 32-bit seed limit
         study.sampler = make_sampler(sampler, (seed + len(trials)) % (SEED_MAX + 1))
     return study
+
+
+def delete_named_study(storage: str, name: str) -> bool:
+    """Delete the study ``name``, with every trial, from ``storage`` (a database URL);
+    False where it is not there. A SQLite file that does not exist holds no study: it is
+    not created for the question. StudyStorageError where the storage cannot be reached."""
+    url = parse_storage_url(storage)
+    if url is not None and url.drivername.split("+")[0] == "sqlite" and url.database \
+            and url.database != ":memory:" and not os.path.exists(url.database):
+        return False
+    store = _storage(storage, HEARTBEAT_S, GRACE_S)
+    try:
+        optuna.delete_study(study_name=name, storage=store)
+    except KeyError:
+        return False
+    except Exception as exc:  # SQLAlchemy's many kinds: the database went away
+        raise StudyStorageError(f"cannot delete study {name!r} from {shown(storage)}: "
+                                f"{type(exc).__name__}: {redacted(str(exc), storage)}"
+                                ) from None
+    return True
 
 
 # The storage each study of ``open_study`` was opened on: Optuna keeps it private

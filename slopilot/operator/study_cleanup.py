@@ -1,0 +1,78 @@
+"""Every storage an LLMDeployment's study has lived in, and its deletion from each.
+
+``spec.tuning.storage`` may change (from one allowed storage to another): the daemon then
+opens the study afresh in the new one, and the old one keeps the study's trials. Deleting
+only from the storage the spec names at deletion left the old one behind, trials and all,
+in a storage other tenants share. So the daemon records each storage in
+``status.studyStorages`` as it opens the study there (``with_storage``), and a deleted
+CR's study is deleted from each (``delete_studies``): by the daemon's end while tuning is
+on, by the deletion handler while it is off (no daemon runs then).
+
+The status is whoever may write it, not only the operator: each entry read back is judged
+by the administrator's storage policy again (``resolve_storage``) and skipped where it
+refuses, so no entry makes the operator open a storage it would not open for the spec.
+Only this CR's study (its name holds the CR's uid) is deleted from any of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.operator.daemon import study_name
+from slopilot.operator.policy import OperatorPolicy
+from slopilot.operator.study_storage import MAX_STUDY_STORAGES, StorageRefused, resolve_storage
+from slopilot.tuner.study.storage_url import shown
+from slopilot.tuner.study.tuner import StudyStorageError, delete_named_study
+
+
+def recorded_storages(status: Mapping[str, Any] | None) -> list[str]:
+    """``status.studyStorages`` as far as it is a list of strings (anything else in it
+    was not written by the operator, and names no storage)."""
+    entries = (status or {}).get("studyStorages")
+    if not isinstance(entries, list):
+        return []
+    return [e for e in entries if isinstance(e, str)][-MAX_STUDY_STORAGES:]
+
+
+def with_storage(status: Mapping[str, Any] | None, storage: str) -> list[str]:
+    """``status.studyStorages`` with ``storage`` (``spec.tuning.storage`` as the CR names
+    it: never a password) on it, the newest last."""
+    kept = [e for e in recorded_storages(status) if e != storage]
+    return [*kept, storage][-MAX_STUDY_STORAGES:]
+
+
+def storages_to_clean(body: Mapping[str, Any], policy: OperatorPolicy,
+                      log: logging.Logger | logging.LoggerAdapter[Any]) -> list[str]:
+    """The storages (the policy's URLs, with credentials) the deleted CR's study may be
+    in: each on record that the policy allows, once."""
+    out: list[str] = []
+    for entry in recorded_storages(body.get("status")):
+        try:
+            url = resolve_storage(entry, policy.storage_rules)
+        except StorageRefused as exc:
+            log.warning("status.studyStorages: %s; its study, if any, is not deleted", exc)
+            continue
+        if url not in out:
+            out.append(url)
+    return out
+
+
+def delete_studies(body: Mapping[str, Any], policy: OperatorPolicy, *,
+                   log: logging.Logger | logging.LoggerAdapter[Any],
+                   done: tuple[str, ...] = ()) -> None:
+    """Delete the CR's study from every storage on record but ``done`` (the storage the
+    daemon's controller already deleted it from). A storage that fails keeps the study
+    (a log line says so, as operations.md tells how to remove it by hand)."""
+    meta = body["metadata"]
+    name = study_name(meta["namespace"], meta["name"], str(meta.get("uid") or ""))
+    for url in storages_to_clean(body, policy, log):
+        if url in done:
+            continue
+        try:
+            delete_named_study(url, name)
+        except StudyStorageError as exc:
+            log.warning("study %s stays in %s: %s", name, shown(url), exc)
+            continue
+        log.info("study %s deleted from %s", name, shown(url))
