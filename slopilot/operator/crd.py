@@ -33,6 +33,7 @@ from slopilot.operator.knobs import (
     MAX_STORAGE_URL,
     knob_schema,
 )
+from slopilot.operator.model_source import TOKEN_REFUSAL, TOKEN_RULE, model_schema
 from slopilot.operator.spec import (
     BACKENDS,
     MAX_GPUS,
@@ -138,15 +139,10 @@ def _alerts_schema() -> dict[str, Any]:
 
 
 def _spec_schema() -> dict[str, Any]:
-    return _cel(_obj({
+    spec = _cel(_obj({
         "backend": _str("Which engine runs in the pods.", enum=list(BACKENDS),
                         default="builtin"),
-        "model": _obj({
-            "name": _str("Model name, served as the OpenAI model id.", minLength=1,
-                         maxLength=MAX_MODEL_REF),
-            "path": _str("Where the weights are in the pod (a mounted volume); "
-                         "the name is used when absent.", maxLength=MAX_MODEL_REF),
-        }, required=["name"]),
+        "model": model_schema(MAX_MODEL_REF),
         "image": _str("Container image; the backend's default when absent. The operator "
                       "runs only images on its allow-list.", maxLength=4096),
         "replicas": _cel(_obj({
@@ -203,6 +199,8 @@ def _spec_schema() -> dict[str, Any]:
         "alerts": _alerts_schema(),
         "twin": _twin_profile_schema(),
     }, required=["model"]), VLLM_RULE, VLLM_REFUSAL)
+    spec["x-kubernetes-validations"].append({"rule": TOKEN_RULE, "message": TOKEN_REFUSAL})
+    return spec
 
 
 def _twin_settings(note: str = "") -> dict[str, dict[str, Any]]:

@@ -34,6 +34,7 @@ from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.engine.slo import SLO_FILE_ENV
 from slopilot.operator.knobs import VLLM_LACKS
+from slopilot.operator.model_source import pod_volume, token_env, volume_mount
 from slopilot.operator.quantity import stored_form
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.tuner.prometheus.rules import (
@@ -325,6 +326,11 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None,
         ports = [{"name": VLLM_PORT_NAME, "containerPort": VLLM_PORT, "protocol": "TCP"}]
         probe_port = VLLM_PORT_NAME
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})  # NCCL and torch workers
+        if spec.token_secret is not None:
+            # The engine's alone, not the meter's: only vLLM downloads from the hub.
+            env.append(token_env(spec.token_secret))
+    if spec.model_volume is not None:
+        mounts.append(volume_mount(spec.model_volume))
     container: dict[str, Any] = {
         "name": "engine", "image": spec.image or default_image,
         "command": command, "ports": ports, "env": env, "volumeMounts": mounts,
@@ -363,6 +369,8 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     {"name": "engine-config", "configMap": {"name": f"{name}-engine"}}]
         # Not the SLO: the meter re-reads the file. Its class is on its command line.
         checksum = _checksum({"vllm": vllm_args(spec)[0], "meter": meter_command(spec)})
+    if spec.model_volume is not None:
+        volumes.append(pod_volume(spec.model_volume))
     engine = _container(spec, admin_token_sha256, images.engine(spec.backend))
     containers = [engine]
     if spec.backend is Backend.VLLM:

@@ -34,6 +34,12 @@ from slopilot.operator.knobs import (
     tuning_section,
     vllm_block_size_problem,
 )
+from slopilot.operator.model_source import (
+    ModelVolume,
+    TokenSecret,
+    parse_token_secret,
+    parse_volume,
+)
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.twin_spec import TwinSpec, parse_twin
 from slopilot.operator.validation import model_ref_problem, prometheus_url_problem
@@ -108,6 +114,10 @@ class LLMDeploymentSpec:
     clients: ClientClasses | None = None
     """``spec.clients``: the classes each API key may name (clients_spec.py); None: any
     request names any class. The built-in engine's only."""
+    model_volume: ModelVolume | None = None
+    """``spec.model.volume``: the claim mounted read-only at /models (model_source.py)."""
+    token_secret: TokenSecret | None = None
+    """``spec.model.tokenSecret``: vLLM's hub token, from a Secret of the namespace."""
     warnings: tuple[str, ...] = ()
     """What the spec does that still works but should change (a deprecated field), each
     naming the field and the fix; the operator posts them as Warning events."""
@@ -244,6 +254,10 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     clients = parse_clients(spec, backend is Backend.BUILTIN, r.problems)
     cpu, memory = _quantity(spec, "cpu", r), _quantity(spec, "memory", r)
     model_path, image = r.get(spec, "spec.model.path", str), r.get(spec, "spec.image", str)
+    raw_model = spec.get("model")
+    model: Mapping[str, Any] = raw_model if isinstance(raw_model, Mapping) else {}
+    volume = parse_volume(model, model_path, r.problems, warnings)
+    token = parse_token_secret(model, backend is Backend.VLLM, r.problems)
     if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
@@ -254,7 +268,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         cpu=cpu, memory=memory, engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
-        alerts=alerts, twin=twin, clients=clients, warnings=tuple(warnings))
+        alerts=alerts, twin=twin, clients=clients, model_volume=volume,
+        token_secret=token, warnings=tuple(warnings))
 
 
 def _quantity(spec: Mapping[str, Any], name: str, r: SpecReader) -> str | None:
