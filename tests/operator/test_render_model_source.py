@@ -108,6 +108,12 @@ def loadable_in_the_image(container: dict[str, Any], mounts: list[str]) -> bool:
                                   for m in mounts)
 
 
+def test_the_builtin_sample_runs_a_model_the_image_can_load() -> None:
+    c = engine(pod(sample("llmdeployment-builtin.yaml")))
+    mounts = [m["mountPath"] for m in c["volumeMounts"]]
+    assert loadable_in_the_image(c, mounts), (model_arg(c), mounts)
+
+
 def test_the_samples_volume_variant_mounts_what_it_names() -> None:
     b = sample("llmdeployment-builtin.yaml")
     b["spec"]["model"].update(path="/models/smollm2-135m", volume=VOLUME)
