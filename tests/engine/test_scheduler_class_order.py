@@ -1,4 +1,4 @@
-"""Strict priority for the prefill budget, and for the seq slots (outside review, repro3).
+"""Strict priority for the prefill budget, and for the seq slots (found by an outside review).
 
 After the decodes, the budget goes to prefill work class by class: a class's partial
 prefills, then its waiting requests, before any lower class's. Before this, partial

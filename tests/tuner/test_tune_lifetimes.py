@@ -50,7 +50,7 @@ long enough to be judged on windows (not whole) simulates in a second or two."""
 
 def reasoning_trace(path: Path, *, rate: float, span_s: float,
                     outputs: tuple[int, int] = (4000, 8000)) -> Path:
-    """Poisson arrivals, prompts of 200-600 tokens, long outputs (repro4's generator)."""
+    """Poisson arrivals, prompts of 200-600 tokens, long outputs (the outside review's reasoning trace)."""
     rng = random.Random(1)
     rows, t = ["arrival_time,prompt_tokens,output_tokens"], 0.0
     while (t := t + rng.expovariate(rate)) <= span_s:
