@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,31 +27,16 @@ from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace, re
 from slopilot.tuner.sim.robust import DRAIN_S, WARMUP_S, plan_windows
 from slopilot.tuner.tune.settings import settings_from, tune_command, warmup_warning
 
-SLOW_DECODE = """\
-name: slow-decode
-description: one tp=2 replica of Llama-3-70B on 2 x A100, a ~50 ms decode step
-gpu: A100
-num_gpus: 2
-tp: 2
-model: llama-3-70b
-gpu_memory_utilization: 0.95
-duration_s: 60
-seed: 0
-workload:
-  type: open_loop
-  arrivals: {process: poisson, rate: 1}
-  prompt_tokens: {dist: fixed, value: 100}
-  output_tokens: {dist: fixed, value: 10}
-slo:
-  profile: relaxed
-"""
-"""Requests of 1,500-3,000 output tokens live minutes here in few engine steps, so a trace
-long enough to be judged on windows (not whole) simulates in a second or two."""
+# The benchmark's slow-decode deployment (benchmarks/ is no package): requests of
+# 1,500-3,000 output tokens live minutes there in few engine steps, so a trace long
+# enough to be judged on windows (not whole) simulates in a second or two.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from window_transfer import SLOW_DECODE
 
 
 def reasoning_trace(path: Path, *, rate: float, span_s: float,
                     outputs: tuple[int, int] = (4000, 8000)) -> Path:
-    """Poisson arrivals, prompts of 200-600 tokens, long outputs (the outside review's reasoning trace)."""
+    """Poisson arrivals, prompts of 200-600 tokens, long outputs (a reasoning model's)."""
     rng = random.Random(1)
     rows, t = ["arrival_time,prompt_tokens,output_tokens"], 0.0
     while (t := t + rng.expovariate(rate)) <= span_s:
