@@ -1,4 +1,4 @@
-"""No running decode is ever skipped, even after a live cut of the budget (found by an outside review).
+"""No running decode is ever skipped, even after a live cut of the budget (an outside review).
 
 One iteration gives each running decode one token, so no more requests may run than one
 budget can decode: the engine runs at most ``effective_max_num_seqs`` (max_num_seqs, at
