@@ -254,9 +254,8 @@ def _confirm(ctx: LoopContext, now: float, t: RunningTrial, result: TrialResult
     """A window that holds, but with a term within ``HEADROOM`` of its limit: one more
     window of the same config before it counts. The simulator's verdicts need 10 % to
     spare, and a live window's P99 rests on a few dozen requests of a class (nearly its
-    maximum): one window at 99.7 % of a limit used to commit everywhere, and 7-15 % of
-    the later windows then broke the SLO (docs/closed_loop.md, seeds 5 and 6). A config
-    held on two windows commits (a config truly at the limit passes one about half the
+    maximum): one window at 99.7 % of a limit used to commit everywhere. A config held
+    on two windows commits (a config truly at the limit passes one about half the
     time, two about a quarter); one clear of the margin still commits on its first."""
     t.edge_constraints, t.edge_goodput = list(result.constraints), result.goodput_tok_s
     t.started_at = now
