@@ -155,6 +155,18 @@ def _text(raw: Mapping[str, Any], where: str, key: str, problems: list[str]) -> 
     return None
 
 
+def _required_name(fields: Mapping[str, Any], where: str, key: str, what: str,
+                   holding: str, problems: list[str]) -> str | None:
+    """``fields[key]``, the name of a ``what`` of the CR's namespace (a problem said where
+    it is missing or no such name)."""
+    name = _text(fields, where, key, problems)
+    if not name:
+        problems.append(f"{where}.{key}: required: name the {what} holding {holding}")
+    elif (p := _name_problem(f"{where}.{key}", name, what)):
+        problems.append(p)
+    return name
+
+
 def parse_volume(model: Mapping[str, Any], path: str | None,
                  problems: list[str], warnings: list[str]) -> ModelVolume | None:
     """``spec.model.volume`` (None where absent or refused, a problem appended), and the
@@ -172,13 +184,9 @@ def parse_volume(model: Mapping[str, Any], path: str | None,
     if fields is None:
         return None
     before = len(problems)
-    claim = _text(fields, where, "claimName", problems)
+    claim = _required_name(fields, where, "claimName", "PersistentVolumeClaim",
+                           "the weights", problems)
     sub = _text(fields, where, "subPath", problems)
-    if not claim:
-        problems.append(f"{where}.claimName: required: name the PersistentVolumeClaim "
-                        "holding the weights")
-    elif (p := _name_problem(f"{where}.claimName", claim, "PersistentVolumeClaim")):
-        problems.append(p)
     if sub is not None and (p := _sub_path_problem(f"{where}.subPath", sub)):
         problems.append(p)
     if path is None or not _under_models(path):
@@ -205,12 +213,8 @@ def parse_token_secret(model: Mapping[str, Any], vllm: bool,
     if fields is None:
         return None
     before = len(problems)
-    name = _text(fields, where, "name", problems)
+    name = _required_name(fields, where, "name", "Secret", "the token", problems)
     key = _text(fields, where, "key", problems) or DEFAULT_TOKEN_KEY
-    if not name:
-        problems.append(f"{where}.name: required: name the Secret holding the token")
-    elif (p := _name_problem(f"{where}.name", name, "Secret")):
-        problems.append(p)
     if len(key) > MAX_NAME or not _KEY.match(key):
         problems.append(f"{where}.key={key[:80]!r}: use a data key of the Secret (letters, "
                         f"digits, '-', '_' and '.', not starting with '.'), e.g. "
