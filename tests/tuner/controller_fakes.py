@@ -18,6 +18,7 @@ from slopilot.tuner.loop.state import ControllerSettings, LoopState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.space import SearchSpace
 from tests.support.summaries import figures, window
 
 SLO = load_scenario("tiny-cpu").slo
@@ -125,6 +126,7 @@ class FakeStudy:
     deleted: bool = False
     resumed: list[int] = field(default_factory=list)
     closed: bool = False
+    space: SearchSpace = field(default_factory=SearchSpace.from_bounds)
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> None:
         self.warm = [dict(c) for c in configs]

@@ -163,3 +163,27 @@ def test_the_operators_status_shows_the_backoff() -> None:
     kept = status["controller"]["backoff"]
     assert (kept["until"], kept["wait_s"]) == (when + 600.0, 600.0)
     assert errors_of({**body, "status": status}) == []
+
+
+def test_an_edit_of_the_search_space_alone_ends_the_backoff() -> None:
+    """The verdict was "no config in this space holds": widening the tuning bounds (the
+    one edit a user makes to say "look further") is another situation. It ended nothing
+    before, as the situation held the controller's settings and not the space, so the
+    wider space waited out the backoff, up to an hour."""
+    from slopilot.tuner.study.space import SearchSpace
+
+    rig = beyond_four_replicas()
+    rig.study.space = SearchSpace.from_bounds({"token_budget": [128, 2048]})
+    ctl = rig.build()
+    (when,) = verdicts(run(ctl, 0, 300))
+    saved = json.loads(json.dumps(ctl.to_dict()))
+    rig.study.space = SearchSpace.from_bounds({"token_budget": [128, 2048]})  # as before
+    restarted = rig.build(LoopState.from_dict(saved))
+    restarted.tick(when + 300.0)
+    assert restarted.tick(when + 315.0).reason.startswith("backoff:")
+    rig.study.space = SearchSpace.from_bounds({"token_budget": [128, 16384]})
+    restarted = rig.build(LoopState.from_dict(saved))
+    restarted.tick(when + 300.0)
+    d = restarted.tick(when + 315.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
+    assert restarted.loop.backoff is None

@@ -11,7 +11,8 @@ replica count, the running config, the settings the spec gave (SLO, replica boun
 trial settings) and the load the probe measured. Until ``until``, an alert in the same
 situation starts nothing. Any change of the situation ends the backoff at once: the load
 moving by more than ``LOAD_FACTOR`` (either way) or its class mix by ``MIX_SHIFT``, a
-spec edit, a different count or config. When it runs out with nothing changed, one more
+spec edit (the tuning bounds included: the verdict was for the space searched), a
+different count or config. When it runs out with nothing changed, one more
 round is tried (the twin and the measured load are coarse, and the traffic's shape moves
 in ways the probe's figures do not show); another verdict in the same situation doubles
 the wait, up to ``ControllerSettings.max_backoff_s``. It lives in the persisted state, so
@@ -29,6 +30,7 @@ from slopilot.engine.sim.open_loop import OpenLoopPhase
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.tuner.loop.context import LoopContext
+from slopilot.tuner.study.space import SearchSpace
 
 LOAD_FACTOR = 1.25
 """Arrival rate or mean prompt/output length this many times higher or lower than at the
@@ -74,7 +76,16 @@ def situation(ctx: LoopContext, scenario: Scenario) -> dict[str, Any]:
             "config": dict(ctx.deployment.current_config()),
             # The spec, as far as the loop sees it: SLO, replica bounds, trial settings.
             "settings": hashlib.sha256(repr(s).encode()).hexdigest()[:16],
+            # The verdict is "nothing in this space holds": a wider (or other) space may.
+            "space": _digest(ctx.study.space),
             "load": load_figures(scenario)}
+
+
+def _digest(space: SearchSpace) -> str:
+    """The space in a few hex digits, the same for the same bounds however built."""
+    canonical = (sorted((k, repr(b)) for k, b in space.bounds.items()),
+                 sorted((k, repr(v)) for k, v in space.fixed.items()), space.budget_align)
+    return hashlib.sha256(repr(canonical).encode()).hexdigest()[:16]
 
 
 def load_figures(scenario: Scenario) -> dict[str, Any]:
@@ -94,9 +105,9 @@ def load_figures(scenario: Scenario) -> dict[str, Any]:
 
 def changed(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     """What moved between two situations, in words; None when it is the same one."""
-    for key in ("replicas", "config", "settings"):
+    for key in ("replicas", "config", "settings", "space"):
         if then.get(key) != now.get(key):
-            return "the spec" if key == "settings" else f"the {key}"
+            return {"settings": "the spec", "space": "the search space"}.get(key, f"the {key}")
     old, new = then.get("load") or {}, now.get("load") or {}
     if set(old) != set(new) or old.get("digest") != new.get("digest"):
         return "the load"

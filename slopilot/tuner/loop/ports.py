@@ -17,6 +17,7 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.prometheus.alerts import Alert
 from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.space import SearchSpace
 
 
 class SimulatorBusy(RuntimeError):
@@ -113,6 +114,10 @@ class LiveStudy(Protocol):
     """The live Optuna study (``study.Tuner``), seen through the calls the loop makes, and
     ``close`` and ``delete_study``, which the deployment's owner makes once it drops the
     controller or the deployment is gone."""
+
+    space: SearchSpace
+    """What its trials are drawn from: a max-replicas verdict holds only for this space
+    (``backoff.situation``)."""
 
     def warm_start(self, configs: Sequence[Mapping[str, Any]]) -> object: ...
 
