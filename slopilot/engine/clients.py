@@ -201,7 +201,23 @@ class ClientClasses:
             return None
         # A lookup by digest: what its timing could tell is where a digest lies, which
         # is of no help in finding a key.
-        return self._by_digest.get(hashlib.sha256(given.encode()).digest())
+        for raw in _key_bytes(given):
+            if (key := self._by_digest.get(hashlib.sha256(raw).digest())) is not None:
+                return key
+        return None
+
+
+def _key_bytes(given: str) -> tuple[bytes, ...]:
+    """The bytes a key may have been sent as. A header as HTTP servers read it (Starlette:
+    Latin-1, one character per byte) encodes back to the bytes on the wire, which are a
+    key's UTF-8 where the client sent it as typed (curl); a key handed over as text (no
+    HTTP between) is its UTF-8. ``printf %s KEY | sha256sum`` digests the UTF-8."""
+    utf8 = given.encode()
+    try:
+        wire = given.encode("latin-1")
+    except UnicodeEncodeError:
+        return (utf8,)
+    return (wire,) if wire == utf8 else (wire, utf8)
 
 
 def _served(client: str, grant: Grant, named: Priority | None) -> Served:

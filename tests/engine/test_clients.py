@@ -203,3 +203,19 @@ def test_a_bad_file_at_the_start_names_the_file_and_the_field(tmp_path: Path) ->
     path.write_text("{")
     with pytest.raises(ClientsError, match="not valid JSON"):
         read_clients_file(path)
+
+
+def test_a_key_beyond_ascii_matches_the_digest_of_its_utf8_bytes() -> None:
+    """``printf %s KEY | sha256sum`` digests the key's UTF-8 bytes, which curl sends as
+    they are; the server reads the header as HTTP and Starlette do, one character per
+    byte (Latin-1). Digested again as UTF-8, ``é`` became two characters and four bytes,
+    and a key with one never matched its own grant."""
+    key = "sk-clé-ключ-0123456789"
+    c = ClientClasses.from_dict({"keys": [{"name": "intl", "sha256": digest(key),
+                                           "maxClass": "p1"}]})
+    as_read = ("Bearer " + key).encode().decode("latin-1")  # what Starlette hands on
+    assert c.serve(as_read, None) == Served("intl", Priority.P1)
+    # A caller holding the key itself (no HTTP between) is served by the same grant.
+    assert c.serve(f"Bearer {key}", None) == Served("intl", Priority.P1)
+    with pytest.raises(ClientRefused):
+        c.serve(("Bearer " + key[:-1]).encode().decode("latin-1"), None)

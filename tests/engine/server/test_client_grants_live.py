@@ -127,3 +127,21 @@ def test_a_hostile_key_on_the_wire_is_refused_and_counted_as_no_demand(
     assert res.status_code == status, res.text
     assert all(v == 0 for v in series(srv, *SERVED).values())
     assert all(v == 0 for v in series(srv, *LOAD).values())
+
+
+def test_a_key_beyond_ascii_sent_as_curl_sends_it_is_served_by_its_grant(
+        live: tuple[LiveServer, Path]) -> None:
+    """curl sends a typed key's UTF-8 bytes; the grant holds ``printf %s KEY |
+    sha256sum``, the digest of the same bytes (it never matched before: the server
+    digested the header's Latin-1 reading re-encoded as UTF-8)."""
+    srv, path = live
+    key = "sk-clé-ключ-0123456789"
+    with_intl = grants()
+    with_intl["keys"].append({"name": "intl", "sha256": digest(key), "maxClass": "p1"})
+    replace(path, json.dumps(with_intl))
+    res = httpx.post(srv.url + "/v1/completions",
+                     json={"prompt": "hi", "max_tokens": 2, "priority": "p1"},
+                     headers=[(b"authorization", ("Bearer " + key).encode())],
+                     timeout=HANG_GUARD_S)
+    assert res.status_code == 200, res.text
+    assert series(srv, *SERVED)[("intl", "p1")] == 1
