@@ -219,6 +219,16 @@ def taken(kind: str, live: Mapping[str, Any], body: Mapping[str, Any]) -> str | 
             f"the operator looks again every {RETRY_NAME_TAKEN_S:g} s")
 
 
+def stale_files(desired: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+    """The files of an owned ConfigMap the render no longer writes (a grants file after
+    ``spec.clients`` was removed): a merge patch keeps every key it does not name, so each
+    is sent as a null. The operator alone writes these maps, so a key it did not render is
+    its own stale one, never another writer's default."""
+    if desired.get("kind") != "ConfigMap":
+        return []
+    return sorted(set(live.get("data") or {}) - set(desired.get("data") or {}))
+
+
 def live_object(kube: Kube, desired: Mapping[str, Any]) -> dict[str, Any] | None:
     """The object of ``desired``'s kind and name as it is now (None: there is none)."""
     meta = desired["metadata"]
@@ -243,9 +253,12 @@ def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
             live = kube.get(api, plural, meta["namespace"], meta["name"]) or {}
     if (why := taken(desired["kind"], live, body)) is not None:
         raise NameTaken(why)
-    if covers(live, desired):
+    stale = stale_files(desired, live)
+    if not stale and covers(live, desired):
         return Change.UNCHANGED
     patch = copy.deepcopy({k: v for k, v in desired.items() if k not in ("apiVersion", "kind")})
+    if stale:
+        patch["data"] = {**patch.get("data", {}), **dict.fromkeys(stale)}
     # The uid judged above is a precondition (409 for another object): by name alone, an
     # object deleted and made again under the name by another owner since the read was
     # patched into this CR's, its owner reference included.

@@ -65,6 +65,12 @@ CONFIG_FILE = "engine.json"
 SLO_FILE = "slo.json"
 CLIENTS_FILE = "clients.json"
 CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
+TEMPLATE_ANNOTATION = "slopilot.dev/template-sha256"
+"""On the Deployment (not its template, so adding it rolls no pod): the digest of the pod
+template as rendered. The drift check asks only that the live object carry every rendered
+field, as the API server and admission (a LimitRange's default limits) add their own; a
+field the render drops, a memory limit removed from the spec, then looked covered and
+stayed. A changed digest sends the template again, whose lists replace the live ones."""
 DEFAULT_IMAGES = {Backend.BUILTIN: "ghcr.io/slopilot/slopilot:0.1.0",
                   Backend.VLLM: "vllm/vllm-openai:v0.11.0"}
 """The shipped default engine image of each backend (``Images`` holds the ones used)."""
@@ -376,23 +382,23 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
     if spec.backend is Backend.VLLM:
         containers.append(_meter_container(spec, images.meter,
                                            _guaranteed(engine.get("resources") or {})))
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(body, name),
+    template = {
+        "metadata": {"labels": labels(name), "annotations": {CHECKSUM_ANNOTATION: checksum}},
         "spec": {
-            "replicas": count, "selector": {"matchLabels": selector(name)},
-            "template": {
-                "metadata": {"labels": labels(name),
-                             "annotations": {CHECKSUM_ANNOTATION: checksum}},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS,
-                                        "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": containers,
-                    "volumes": volumes,
-                },
-            },
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS,
+                                "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": containers,
+            "volumes": volumes,
         },
+    }
+    meta = _meta(body, name)
+    meta["annotations"] = {TEMPLATE_ANNOTATION: _checksum(template)}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+        "spec": {"replicas": count, "selector": {"matchLabels": selector(name)},
+                 "template": template},
     }
 
 
