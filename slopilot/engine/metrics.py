@@ -50,7 +50,8 @@ VLLM_METRICS: frozenset[str] = frozenset({
     "vllm:request_success_total", "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total",
     "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
-    "vllm:request_prefill_time_seconds",
+    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds", "vllm:request_max_num_generation_tokens",
 })
 # Requests turned away for load (429: the waiting queue held max_waiting): their clients
 # were never served. The TTFT percentiles read each as a first token never given.
@@ -70,6 +71,8 @@ HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
     "vllm:iteration_tokens_total", "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+    "vllm:request_max_num_generation_tokens",
 }) | ITERATION_HISTOGRAMS
 # The serving process's own series, beside its engine's (engine/server/gc_pauses.py).
 GC_PAUSE_SECONDS = "slopilot_gc_pause_seconds"
@@ -168,8 +171,11 @@ class EngineMetrics:
         self._e2e = per_class(LATENCY_BUCKETS)
         self._queue = per_class(LATENCY_BUCKETS)
         self._prefill = per_class(LATENCY_BUCKETS)
+        self._decode = per_class(LATENCY_BUCKETS)
+        self._inference = per_class(LATENCY_BUCKETS)
         self._req_prompt = per_class(TOKEN_BUCKETS)
         self._req_generation = per_class(TOKEN_BUCKETS)
+        self._req_max_generation = per_class(TOKEN_BUCKETS)
         self._iteration = HistogramRecorder(TOKEN_BUCKETS)
         self._stall = [SlidingMax(stall_window_s) for _ in Priority]
         self._busy = SlidingSum(busy_window_s)
@@ -336,18 +342,35 @@ class EngineMetrics:
         histogram alone."""
         self._itl[priority].observe(gap_s)
 
+    def observe_request_outputs(self, priority: Priority, longest: int) -> None:
+        """One HTTP request's choices all ended: the most output tokens any of them got
+        (vLLM's ``request_max_num_generation_tokens``, one observation per request
+        whatever its ``n``). Event loop only, as ``observe_delivered``."""
+        self._req_max_generation[priority].observe(longest)
+
     def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,
                     prompt_tokens: int, generation_tokens: int | None,
-                    finish_reason: str | None) -> None:
+                    finish_reason: str | None, decode_s: float | None = None,
+                    inference_s: float | None = None) -> None:
         """A request the engine finished. ``e2e_s``, ``generation_tokens`` and
         ``finish_reason`` None: the caller observes them itself, as delivered
-        (``observe_delivered``)."""
+        (``observe_delivered``, ``observe_request_outputs``). ``decode_s`` (first token
+        to last) and ``inference_s`` (first scheduled to last token), the engine's own
+        phases as vLLM splits a request: None for one that made no token (it had no
+        such phase; vLLM's prefill histogram, like ours, counts only those too)."""
         if e2e_s is not None:
             self._e2e[priority].observe(e2e_s)
         self._queue[priority].observe(queue_s)
         self._req_prompt[priority].observe(prompt_tokens)
+        if decode_s is not None:
+            self._decode[priority].observe(decode_s)
+        if inference_s is not None:
+            self._inference[priority].observe(inference_s)
         if generation_tokens is not None:
             self._req_generation[priority].observe(generation_tokens)
+            # Where the engine's events are the client's (the simulator), a request is
+            # one choice: its longest output is its output.
+            self._req_max_generation[priority].observe(generation_tokens)
         # vLLM counts prompt tokens as they are prefilled; at the finish is close enough
         # for rates and never counts a recomputed prefill twice.
         self.prompt_tokens += prompt_tokens
@@ -448,10 +471,17 @@ class EngineMetrics:
                  "Engine queue: taken by the engine to first scheduled.", self._queue),
                 ("vllm:request_prefill_time_seconds", "First scheduled to first token.",
                  self._prefill),
+                ("vllm:request_decode_time_seconds", "First token to last token.",
+                 self._decode),
+                ("vllm:request_inference_time_seconds", "First scheduled to last token.",
+                 self._inference),
                 ("vllm:request_prompt_tokens", "Prompt length of finished requests.",
                  self._req_prompt),
                 ("vllm:request_generation_tokens", "Output length of finished requests.",
-                 self._req_generation)):
+                 self._req_generation),
+                ("vllm:request_max_num_generation_tokens", "Longest output of the "
+                 "choices of one request (n of them), once all ended.",
+                 self._req_max_generation)):
             h = HistogramMetricFamily(name, doc, labels=["model_name", "priority_class"])
             for p in Priority:
                 rec = recorders[p]

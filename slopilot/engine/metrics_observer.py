@@ -110,12 +110,18 @@ class MetricsObserver:
         # Queue time is the engine's own: from when it took the request (after parsing
         # and tokenizing), so TTFT = front door + queue + prefill + delivery splits up.
         queued = req.queued_time if req.queued_time is not None else req.arrival_time
+        # The engine's phases as vLLM splits a request; none for one that made no token.
+        first, last = req.first_token_time, req.last_token_time
+        decode_s = inference_s = None
+        if first is not None and last is not None:
+            decode_s, inference_s = last - first, last - scheduled
         self.metrics.on_finished(
             req.priority, e2e_s=now - req.arrival_time if self.observe_delivery else None,
             queue_s=scheduled - queued,
             prompt_tokens=req.num_prompt_tokens,
             generation_tokens=req.num_output_tokens if self.observe_delivery else None,
-            finish_reason=reason.value if self.observe_delivery else None)
+            finish_reason=reason.value if self.observe_delivery else None,
+            decode_s=decode_s, inference_s=inference_s)
         if (judge := self._judged()) is not None and (met := judge.finished(req)) is not None:
             self.metrics.observe_verdict(req.priority, judge.class_slo(req.priority),
                                          met=met, tokens=req.num_output_tokens)

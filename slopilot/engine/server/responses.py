@@ -252,6 +252,11 @@ class Delivery:
             if state.slo is not None and met is not None:
                 self.backend.metrics.observe_verdict(req.priority, state.slo, met=met,
                                                      tokens=state.handed)
+            # Each choice is delivered once, so this holds at exactly one call: the
+            # request's last choice to end.
+            if all(s.delivered for s in self.states):
+                self.backend.metrics.observe_request_outputs(
+                    req.priority, max(s.handed for s in self.states))
 
     def body_sent(self) -> None:
         """A non-streamed body went out whole: every choice's tokens reached the client."""

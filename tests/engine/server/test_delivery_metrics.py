@@ -98,6 +98,21 @@ def test_a_choice_the_client_left_is_observed_once(srv: LiveServer) -> None:
     assert e2e.count == before + 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_of_n_choices_observes_its_longest_output_once(srv: LiveServer,
+                                                                  stream: bool) -> None:
+    """vLLM's request_max_num_generation_tokens: one observation per request, the most
+    tokens any of its ``n`` choices got, as its example dashboard reads it."""
+    _, e2e = _recorders(srv)
+    longest = srv.backend.metrics._req_max_generation[Priority.P1]
+    count, total, ended = longest.count, longest.total, e2e.count
+    _post(srv, {"prompt": "one two three", "max_tokens": 4, "n": 3, "ignore_eos": True,
+                "stream": stream})
+    # Every choice has ended (each observes its e2e latency) before this is read.
+    wait_for(lambda: e2e.count == ended + 3, what="the three choices to end")
+    assert (longest.count - count, longest.total - total) == (1, 4)
+
+
 def _token_metrics(srv: LiveServer) -> tuple[float, float, int]:
     m = srv.backend.metrics
     gen = m._req_generation[Priority.P1]
