@@ -40,6 +40,7 @@ from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
     DEPLOYMENT_LABEL,
     NAMESPACE_LABEL,
+    REPLICA_LABEL,
     LatencySources,
     RuleOptions,
     latency_quantile,
@@ -230,7 +231,10 @@ def _tuning_panels() -> list[Any]:
             _query('sum(kube_deployment_status_replicas{namespace=~"$namespace",'
                    'deployment=~"$deployment"})',
                    "kube"),
-            _query(f"count(slopilot_engine_info{{{SEL}}})", "scraped engines")],
+            # Pods, by the gauge both backends export from the start: vLLM has no
+            # slopilot_engine_info, and one series per data-parallel engine.
+            _query(f"count(count by ({REPLICA_LABEL}) (vllm:num_requests_running{{{SEL}}}))",
+                   "scraped engines")],
             unit="short", width=12),
         _series("Tuner trials and actions", [
             _query(f"sum by (state) (increase(slopilot_tuner_trials_total{{{SEL}}}[{RATE}]))",

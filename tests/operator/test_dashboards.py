@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from slopilot.engine.meter.client_latency import CLIENT_SERIES
 from slopilot.engine.metrics import exported_series
@@ -24,7 +26,7 @@ from slopilot.tuner.prometheus.rules import (
     render_rule_groups,
 )
 from tests.support.fixtures import prometheus_binaries, prometheus_server  # noqa: F401
-from tests.support.prometheus import PrometheusServer
+from tests.support.prometheus import PrometheusBinaries, PrometheusServer, promtool
 
 # Every vector selector the generators write has braces: a name right before '{'.
 _SELECTED = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
@@ -176,3 +178,39 @@ def test_a_vllm_deployments_latency_panels_show_what_the_loop_reads() -> None:
         "run python -m slopilot.operator.dashboards")
     # The built-in engine's dashboard reads no meter.
     assert not any(name in render_dashboard() for name in (CLIENT_TTFT, CLIENT_TBT))
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("latency", [BUILTIN_LATENCY, VLLM_LATENCY], ids=["builtin", "vllm"])
+def test_the_replicas_panel_counts_the_engine_pods_scraped_on_either_backend(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        latency: LatencySources) -> None:
+    """Two pods of one deployment scraped: "scraped engines" reads 2, on the built-in
+    engine's dashboard and on vLLM's alike. vLLM exports no slopilot_engine_info, and
+    labels each data-parallel engine's series with ``engine`` (pod b runs two)."""
+    panel = next(p for p in _panels(build_dashboard(latency=latency))
+                 if p["title"] == "Replicas")
+    expr = next(t["expr"] for t in panel["targets"] if t["legendFormat"] == "scraped engines")
+    ident = 'slopilot_namespace="team-a",slopilot_deployment="example"'
+    if latency == BUILTIN_LATENCY:
+        series = [{"series": f'{name}{{{ident},instance="{pod}",model_name="m"}}',
+                   "values": "1x10"}
+                  for pod in ("a", "b")
+                  for name in ("vllm:num_requests_running", "slopilot_engine_info")]
+    else:
+        series = [{"series": f'vllm:num_requests_running{{{ident},instance="{pod}",'
+                             f'model_name="m",engine="{engine}"}}', "values": "1x10"}
+                  for pod, engine in (("a", "0"), ("b", "0"), ("b", "1"))]
+    # Another deployment's pod, and the same name in another namespace: not counted.
+    series += [{"series": f'vllm:num_requests_running{{{other},instance="c"}}',
+                "values": "1x10"}
+               for other in ('slopilot_namespace="team-a",slopilot_deployment="other"',
+                             'slopilot_namespace="team-b",slopilot_deployment="example"')]
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": substitute(expr), "eval_time": "5m",
+            "exp_samples": [{"labels": "{}", "value": 2}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
