@@ -31,7 +31,7 @@ from slopilot.engine.iteration_metrics import (
 )
 from slopilot.engine.latency_buckets import LATENCY_BUCKETS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
-from slopilot.engine.request import Priority
+from slopilot.engine.request import FinishReason, Priority
 from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
@@ -192,7 +192,9 @@ class EngineMetrics:
         self.prefix_hits = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self._success: dict[str, int] = {}
+        # Every reason at 0 from the start, as vLLM exports them: a counter born at 1
+        # never shows its first request to rate() or increase().
+        self._success: dict[str, int] = {r.value: 0 for r in FinishReason}
         self._verdicts = Verdicts()
         self._refused = [0 for _ in Priority]
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
