@@ -31,6 +31,10 @@ from slopilot.operator.knobs import (
     DEFAULT_STUDY_STORAGE,
     KNOB_PATHS,
     MAX_STORAGE_URL,
+    MAX_WINDOW_S,
+    MIN_WINDOW_S,
+    VLLM_BLOCK_SIZES,
+    knob_range,
     knob_schema,
 )
 from slopilot.operator.model_source import TOKEN_REFUSAL, TOKEN_RULE, model_schema
@@ -45,6 +49,7 @@ from slopilot.operator.spec import (
     parse_spec,
 )
 from slopilot.operator.validation import MAX_MODEL_REF
+from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, MAX_WAITING
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
 from slopilot.tuner.study.space import DEFAULT_BOUNDS, IntRange
 
@@ -57,9 +62,30 @@ PLURAL = "llmdeployments"
 KIND = "LLMDeployment"
 API_VERSION = f"{GROUP}/{VERSION}"
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-# http(s), a host, an optional port and path; no user info, query or fragment
-# (validation.prometheus_url_problem says which, for objects that came another way).
-PROMETHEUS_URL_PATTERN = r"^https?://[^/?#@\s]+(/[^?#\s]*)?$"
+MAX_DURATION_TEXT = 64
+"""Characters of a duration field at most: "1h30m" needs five; the bound also prices the
+CEL rule that parses it."""
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+# http(s), a host (a name, or an IPv6 address in brackets), an optional port 1..65535 and
+# path; no user info, query or fragment (validation.prometheus_url_problem says which,
+# for objects that came another way, and refuses the same).
+PROMETHEUS_URL_PATTERN = (r"^https?://([^/?#@\s\[\]:]+|\[[0-9A-Fa-f:.]+\])(:" + _PORT
+                          + r"?)?(/[^?#\s]*)?$")
+
+
+def _duration(desc: str, lo_s: float, hi_s: float, *, whole: bool = False,
+              **extra: Any) -> dict[str, Any]:
+    """A duration string the handler takes only within [lo_s, hi_s] (``whole``: in whole
+    seconds), refused the same by the API server: CEL's duration() parses what
+    DURATION_PATTERN admits as Go's time.ParseDuration does (one too long for it fails
+    the rule)."""
+    rule = f"duration(self) >= duration('{lo_s:g}s') && duration(self) <= duration('{hi_s:g}s')"
+    message = f"must be between {duration(int(lo_s))} and {duration(int(hi_s))}"
+    if whole:
+        rule += " && duration(self).getMilliseconds() % 1000 == 0"
+        message += ", in whole seconds"
+    return _cel(_str(desc, pattern=DURATION_PATTERN, maxLength=MAX_DURATION_TEXT, **extra),
+                rule, message)
 
 
 def _engine_schema() -> dict[str, Any]:
@@ -115,27 +141,32 @@ def _alerts_schema() -> dict[str, Any]:
         "ttftRetuneFactor": _number("SlopilotTTFTP99High critical (action retune) above "
                                     "this multiple (seeds: 2, their 1 s for the 500 ms P1 "
                                     "SLO).", 1, default=d.ttft_retune_factor),
-        "holdFor": _str("Prometheus' for of every alert but TBT. The seeds give none; 2m "
-                        "on purpose: a P99 over a 60 s window moves with one burst, and a "
-                        "retune costs live trials, so one noisy evaluation must not start "
-                        "one.", pattern=DURATION_PATTERN, default=duration(d.alert_for_s)),
-        "sustainedBreachWindow": _str(
+        "holdFor": _duration("Prometheus' for of every alert but TBT. The seeds give none; "
+                             "2m on purpose: a P99 over a 60 s window moves with one burst, "
+                             "and a retune costs live trials, so one noisy evaluation must "
+                             "not start one.", 0, MAX_DURATION_S, whole=True,
+                             default=duration(d.alert_for_s)),
+        "sustainedBreachWindow": _duration(
             "SlopilotTTFTP99Sustained and SlopilotTBTP99Sustained (action retune): a TTFT "
             "P99 over ttftWarningFactor x its SLO, or a TBT P99 over its SLO, measured over "
             "this window (not the 60 s of the others) retunes after holdFor, so a lasting "
             "breach under the thresholds that act at once is not left alone, even when "
             "single 60 s windows flap under the SLO now and then.",
-            pattern=DURATION_PATTERN, default=duration(d.breach_window_s)),
+            d.rate_window_s, MAX_DURATION_S, whole=True, default=duration(d.breach_window_s)),
         "utilizationMin": _number("SlopilotBatchingUnderused: GPU utilization (DCGM's "
                                   "exporter where it reports the pods, else the built-in "
                                   "engine's busy ratio) under this ratio (seeds: 0.6) ...",
                                   0, 1, exclusiveMinimum=True, default=d.busy_ratio_min),
         "waitingMin": _int("... while more requests than this wait (seeds: 100).", 0,
-                           default=d.waiting_min),
+                           MAX_WAITING, default=d.waiting_min),
     }
-    return _obj({k: desc[k] for k in ALERT_FIELDS}, default={},
-                desc="Alert thresholds; the defaults are the seeds' table "
-                     "(docs/operations.md, Alerts).")
+    return _cel(_obj({k: desc[k] for k in ALERT_FIELDS}, default={},
+                     desc="Alert thresholds; the defaults are the seeds' table "
+                          "(docs/operations.md, Alerts)."),
+                "!has(self.ttftWarningFactor) || !has(self.ttftRetuneFactor) || "
+                "self.ttftWarningFactor <= self.ttftRetuneFactor",
+                "ttftWarningFactor must not exceed ttftRetuneFactor: the warning (inform) "
+                "comes before the retune")
 
 
 def _spec_schema() -> dict[str, Any]:
@@ -177,8 +208,8 @@ def _spec_schema() -> dict[str, Any]:
         "clients": clients_schema(),
         "tuning": _obj({
             "enabled": {"type": "boolean", "default": True},
-            "window": _str("How long one live trial observes traffic.",
-                           pattern=DURATION_PATTERN, default="2m"),
+            "window": _duration("How long one live trial observes traffic.",
+                                MIN_WINDOW_S, MAX_WINDOW_S, default="2m"),
             "maxTrials": _int("Trials per tuning round.", 1, 1000, default=30),
             "canary": {"type": "boolean", "default": True,
                        "description": "Run trials on one replica when there are several."},
@@ -199,7 +230,14 @@ def _spec_schema() -> dict[str, Any]:
         "alerts": _alerts_schema(),
         "twin": _twin_profile_schema(),
     }, required=["model"]), VLLM_RULE, VLLM_REFUSAL)
-    spec["x-kubernetes-validations"].append({"rule": TOKEN_RULE, "message": TOKEN_REFUSAL})
+    lo, hi = knob_range("block_size")
+    sizes = ", ".join(str(b) for b in VLLM_BLOCK_SIZES if lo <= b <= hi)
+    spec["x-kubernetes-validations"] += [
+        {"rule": TOKEN_RULE, "message": TOKEN_REFUSAL},
+        {"rule": "!has(self.backend) || self.backend != 'vllm' || !has(self.engine) || "
+                 f"!has(self.engine.blockSize) || self.engine.blockSize in [{sizes}]",
+         "message": f"backend vllm: engine.blockSize must be one of {sizes} (vLLM's "
+                    "--block-size values), or use backend: builtin"}]
     return spec
 
 

@@ -26,6 +26,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from slopilot.operator.crd_types import obj, string
+from slopilot.operator.validation import MODEL_REF_PATTERN
 
 MODELS_DIR = "/models"
 """Where ``spec.model.volume`` is mounted; ``spec.model.path`` must be this or under it."""
@@ -103,11 +104,12 @@ def model_schema(max_ref: int) -> dict[str, Any]:
     model = obj({
         "name": string("Model name, served as the OpenAI model id; what the engine loads "
                        "when path is absent (builtin: a model built into the image, "
-                       "smollm2-135m or tiny-random; vllm: a Hugging Face id).",
-                       minLength=1, maxLength=max_ref),
+                       "smollm2-135m or tiny-random; vllm: a Hugging Face id). No "
+                       "leading '-' (the engine would read an option), no whitespace.",
+                       minLength=1, maxLength=max_ref, pattern=MODEL_REF_PATTERN),
         "path": string(f"Where the weights are in the engine container: under {MODELS_DIR} "
                        "with a volume, else a directory the image holds. The name is used "
-                       "when absent.", maxLength=max_ref),
+                       "when absent.", maxLength=max_ref, pattern=MODEL_REF_PATTERN),
         "volume": volume,
         "tokenSecret": token,
     }, required=["name"])

@@ -135,6 +135,9 @@ def parse_image(image: str, *, prefix: bool = False) -> ImageRef | None:
 
 MAX_MODEL_REF = 512
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
+MODEL_REF_PATTERN = r"^([^-\x00-\x20\x7f][^\x00-\x20\x7f]*)?$"
+"""``model_ref_problem``'s rule for the CRD's schema: no leading '-', no whitespace or
+control character (RE2 and Python's re read it alike)."""
 
 
 def model_ref_problem(where: str, value: str | None) -> str | None:

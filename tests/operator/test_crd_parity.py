@@ -1,0 +1,98 @@
+"""What ``parse_spec`` refuses in one field (or in two of one section), the API server
+refuses too, by the CRD's schema and CEL rules: a tenant's ``kubectl apply`` says no at
+once, naming the field, instead of storing a CR the operator then marks Invalid.
+
+Cross-field rules that depend on the profile's preset (a chunk over the preset's budget,
+a class's target over the next class's default) stay the handler's alone, as the CRD's
+description says; these do not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.operator.crd import openapi_schema
+from slopilot.operator.spec import SpecError, parse_spec
+from tests.support.crd_schema import apply_defaults, cel_errors, prune, schema_errors
+
+
+def admitted(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The object as the API server stores it, and what it refuses in it."""
+    schema = openapi_schema()
+    body = {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
+            "metadata": {"name": "chat", "namespace": "team-a"},
+            "spec": {"model": {"name": "m"}, **spec}}
+    stored = apply_defaults(schema, prune(schema, body))
+    return stored, schema_errors(schema, stored) + cel_errors(schema, stored)
+
+
+REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
+    # The engine's first argument: an option, or no name at all.
+    ({"model": {"name": "--trust-remote-code"}}, "model.name"),
+    ({"model": {"name": "-m"}}, "model.name"),
+    ({"model": {"name": "meta llama"}}, "model.name"),
+    ({"model": {"name": "m\n--trust-remote-code"}}, "model.name"),
+    ({"model": {"name": "m\x00"}}, "model.name"),
+    ({"model": {"name": "m", "path": "--trust-remote-code"}}, "model.path"),
+    ({"model": {"name": "m", "path": "/models/a b"}}, "model.path"),
+    # A trial's window: 1 s to a day.
+    ({"tuning": {"window": "0s"}}, "tuning.window"),
+    ({"tuning": {"window": "500ms"}}, "tuning.window"),
+    ({"tuning": {"window": "25h"}}, "tuning.window"),
+    ({"tuning": {"window": "99999999999h"}}, "tuning.window"),
+    # The alert holds: whole seconds, at most a day; the breach window at least 60 s.
+    ({"alerts": {"holdFor": "1500ms"}}, "alerts.holdFor"),
+    ({"alerts": {"holdFor": "1.5s"}}, "alerts.holdFor"),
+    ({"alerts": {"holdFor": "25h"}}, "alerts.holdFor"),
+    ({"alerts": {"sustainedBreachWindow": "30s"}}, "alerts.sustainedBreachWindow"),
+    ({"alerts": {"sustainedBreachWindow": "999999h"}}, "alerts.sustainedBreachWindow"),
+    ({"alerts": {"sustainedBreachWindow": "90500ms"}}, "alerts.sustainedBreachWindow"),
+    ({"alerts": {"waitingMin": 2**40}}, "alerts.waitingMin"),
+    ({"alerts": {"ttftWarningFactor": 3}}, "alerts"),
+    ({"alerts": {"ttftWarningFactor": 1.5, "ttftRetuneFactor": 1.2}}, "alerts"),
+    # A Prometheus URL that names no port or no host.
+    ({"prometheus": {"url": "http://prom:0"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://prom:99999/"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://:9090"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://[::1:9090"}}, "prometheus.url"),
+    # vLLM's block sizes.
+    ({"backend": "vllm", "engine": {"blockSize": 24}}, ""),
+]
+
+
+@pytest.mark.parametrize(("spec", "where"), REFUSED_BY_BOTH)
+def test_what_parse_spec_refuses_the_api_server_refuses_too(spec: dict[str, Any],
+                                                            where: str) -> None:
+    stored, errors = admitted(spec)
+    with pytest.raises(SpecError):
+        parse_spec(stored)
+    field = f"spec.{where}" if where else "spec:"  # "": a rule of the spec as a whole
+    assert any(e.startswith(field) for e in errors), errors
+
+
+ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
+    {"model": {"name": "meta-llama/Llama-3.1-8B", "path": "/models/llama-3.1-8b"}},
+    {"model": {"name": "m", "path": ""}},
+    {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}},
+    {"tuning": {"window": "1s"}},
+    {"tuning": {"window": "24h"}},
+    {"tuning": {"window": "1m30s"}},
+    {"tuning": {"window": "1500ms"}},
+    {"alerts": {"holdFor": "0s", "sustainedBreachWindow": "60s"}},
+    {"alerts": {"holdFor": "2000ms", "sustainedBreachWindow": "24h"}},
+    {"alerts": {"holdFor": "1h30m", "waitingMin": 1_000_000_000}},
+    {"alerts": {"ttftWarningFactor": 2, "ttftRetuneFactor": 2}},
+    {"prometheus": {"url": "http://prom:65535/prefix"}},
+    {"prometheus": {"url": "https://[::1]:9090"}},
+    {"backend": "vllm", "engine": {"blockSize": 32}},
+    {"backend": "builtin", "engine": {"blockSize": 24}},
+]
+
+
+@pytest.mark.parametrize("spec", ACCEPTED_BY_BOTH)
+def test_what_parse_spec_accepts_the_api_server_accepts(spec: dict[str, Any]) -> None:
+    stored, errors = admitted(spec)
+    assert errors == []
+    parse_spec(stored)
