@@ -69,8 +69,8 @@ _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2]
 # http(s), a host (a name, or an IPv6 address in brackets), an optional port 1..65535 and
 # path; no user info, query or fragment (validation.prometheus_url_problem says which,
 # for objects that came another way, and refuses the same).
-PROMETHEUS_URL_PATTERN = (r"^https?://([^/?#@\s\[\]:]+|\[[0-9A-Fa-f:.]+\])(:" + _PORT
-                          + r"?)?(/[^?#\s]*)?$")
+PROMETHEUS_URL_PATTERN = (r"^https?://([^/?#@\s\[\]:]+|\[[0-9A-Fa-f:.]+\])(:(0*" + _PORT
+                          + r")?)?(/[^?#\s]*)?$")
 
 
 def _duration(desc: str, lo_s: float, hi_s: float, *, whole: bool = False,

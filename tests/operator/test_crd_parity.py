@@ -54,6 +54,8 @@ REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
     ({"alerts": {"ttftWarningFactor": 1.5, "ttftRetuneFactor": 1.2}}, "alerts"),
     # A Prometheus URL that names no port or no host.
     ({"prometheus": {"url": "http://prom:0"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://prom:000"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://prom:9090x/"}}, "prometheus.url"),
     ({"prometheus": {"url": "http://prom:99999/"}}, "prometheus.url"),
     ({"prometheus": {"url": "http://:9090"}}, "prometheus.url"),
     ({"prometheus": {"url": "http://[::1:9090"}}, "prometheus.url"),
@@ -86,6 +88,8 @@ ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
     {"alerts": {"ttftWarningFactor": 2, "ttftRetuneFactor": 2}},
     {"prometheus": {"url": "http://prom:65535/prefix"}},
     {"prometheus": {"url": "https://[::1]:9090"}},
+    {"prometheus": {"url": "http://prom:080/"}},
+    {"prometheus": {"url": "http://prom:/"}},
     {"backend": "vllm", "engine": {"blockSize": 32}},
     {"backend": "builtin", "engine": {"blockSize": 24}},
 ]
