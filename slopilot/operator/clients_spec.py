@@ -10,11 +10,13 @@ The engine's own parser (``slopilot.engine.clients``) judges it, so the operator
 ``slopilot serve --clients`` cannot disagree on what a grant means; the schema here is as
 tight as that parser, so the API server refuses most bad grants before the operator sees
 them. The one rule it leaves to the parser is two keys of one digest: CEL comparing every
-pair of 1024 keys is past what the API server lets a rule cost.
+pair of 1024 keys is past what the API server lets a rule cost (a rule on each key alone,
+such as the empty key's digest, is not).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +25,7 @@ from slopilot.engine.request import Priority
 from slopilot.operator.crd_types import obj, string
 
 CLASSES = [p.label for p in Priority]
+EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 # The parser's own rules (clients.py): a DNS-1123 label, the digest as hex.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DIGEST_PATTERN = r"^[0-9a-fA-F]{64}$"
@@ -65,7 +68,12 @@ def clients_schema() -> dict[str, Any]:
     key["x-kubernetes-validations"] = [
         dict(_DEFAULT_RULE), {"rule": "self.name != 'anonymous'",
                         "message": "'anonymous' names requests without a key; pick another "
-                                   "name"}]
+                                   "name"},
+        # The parser's refusal of the empty key's digest (a KEY unset when digested), in
+        # any case of its hex digits; one regex per key, not a comparison of pairs.
+        {"rule": f"!self.sha256.matches('(?i)^{EMPTY_DIGEST}$')",
+         "message": "sha256 is the SHA-256 of an empty key (was KEY unset in `printf %s KEY "
+                    "| sha256sum`?); digest the key itself"}]
     anonymous = obj(_grant_fields(), required=["maxClass"],
                     desc="The grant of requests that present no granted key (or none at "
                          "all); absent: they are refused (401).")

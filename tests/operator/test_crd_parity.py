@@ -9,6 +9,7 @@ description says; these do not.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ def admitted(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return stored, schema_errors(schema, stored) + cel_errors(schema, stored)
 
 
+EMPTY_KEY = hashlib.sha256(b"").hexdigest()
 REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
     # The engine's first argument: an option, or no name at all.
     ({"model": {"name": "--trust-remote-code"}}, "model.name"),
@@ -59,6 +61,15 @@ REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
     ({"prometheus": {"url": "http://prom:99999/"}}, "prometheus.url"),
     ({"prometheus": {"url": "http://:9090"}}, "prometheus.url"),
     ({"prometheus": {"url": "http://[::1:9090"}}, "prometheus.url"),
+    # The digest of an empty key (KEY unset in `printf %s KEY | sha256sum`), in any case.
+    ({"clients": {"keys": [{"name": "a", "sha256": EMPTY_KEY, "maxClass": "p1"}]}},
+     "clients.keys[0]"),
+    ({"clients": {"keys": [{"name": "a", "sha256": "b" * 64, "maxClass": "p0"},
+                           {"name": "c", "sha256": EMPTY_KEY.upper(), "maxClass": "p1"}]}},
+     "clients.keys[1]"),
+    ({"clients": {"anonymous": {"maxClass": "p2"}, "keys": [
+        {"name": "a", "sha256": EMPTY_KEY[:10].upper() + EMPTY_KEY[10:], "maxClass": "p1"}]}},
+     "clients.keys[0]"),
     # vLLM's block sizes.
     ({"backend": "vllm", "engine": {"blockSize": 24}}, ""),
 ]
@@ -92,6 +103,8 @@ ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
     {"prometheus": {"url": "http://prom:/"}},
     {"backend": "vllm", "engine": {"blockSize": 32}},
     {"backend": "builtin", "engine": {"blockSize": 24}},
+    {"clients": {"keys": [{"name": "a", "sha256": hashlib.sha256(b"k").hexdigest().upper(),
+                           "maxClass": "p1"}]}},
 ]
 
 
