@@ -46,9 +46,15 @@ def string(desc: str, **extra: Any) -> dict[str, Any]:
 
 
 def quantity(desc: str) -> dict[str, Any]:
-    """An int-or-string resource quantity (``4``, ``'500m'``, ``'16Gi'``)."""
+    """An int-or-string resource quantity of 0 or more (``4``, ``'500m'``, ``'16Gi'``): a
+    negative request or limit is refused in the Deployment, after the ConfigMap."""
     return {"description": desc, "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True}
+            "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [{
+                "rule": "type(self) == string ? !self.startsWith('-') || "
+                        "self.matches('^-[0.]*([^0-9.].*)?$') : self >= 0",
+                "message": "must not be negative: a request or limit is an amount of 0 "
+                           "or more"}]}
 
 
 def number(desc: str, lo: float, hi: float | None = None, **extra: Any) -> dict[str, Any]:

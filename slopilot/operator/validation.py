@@ -47,7 +47,12 @@ def _suggest(name: str) -> str:
 
 
 def quantity_problem(field: str, value: str) -> str | None:
-    if QUANTITY.match(value):
+    if m := QUANTITY.match(value):
+        if value.startswith("-") and float(m.group(1)) != 0:
+            # The API server refuses a negative request or limit in the Deployment,
+            # after the ConfigMap is written, naming the Deployment's field.
+            return (f"{field}={value!r} is negative: a request or limit is an amount of "
+                    "0 or more; write e.g. '16Gi', '500m' or '4'")
         return None
     hint = ""
     if m := re.match(r"^(\d+(\.\d+)?)([KMGTPE])B$", value):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from slopilot.operator.crd import openapi_schema
+from slopilot.operator.reconcile import object_problems
 from slopilot.operator.spec import SpecError, parse_spec
 from tests.support.crd_schema import apply_defaults, cel_errors, prune, schema_errors
 
@@ -113,3 +114,26 @@ def test_what_parse_spec_accepts_the_api_server_accepts(spec: dict[str, Any]) ->
     stored, errors = admitted(spec)
     assert errors == []
     parse_spec(stored)
+
+
+@pytest.mark.parametrize(("resource", "value"), [
+    ("cpu", "-1"), ("cpu", -2), ("memory", "-1Gi"), ("memory", "-0.5"), ("cpu", "-1e-3"),
+    ("cpu", "-.5m")])
+def test_a_negative_resource_is_refused_by_name_before_anything_is_written(
+        resource: str, value: Any) -> None:
+    """The API server refuses a negative request or limit in the Deployment, after the
+    ConfigMap was written, naming the Deployment's field; refused first, the CR's."""
+    stored, errors = admitted({"resources": {resource: value}})
+    assert any(e.startswith(f"spec.resources.{resource}") for e in errors), errors
+    problems = object_problems(stored, parse_spec(stored))
+    assert any(p.startswith(f"spec.resources.{resource}=") and "negative" in p
+               for p in problems), problems
+
+
+def test_zero_and_positive_resources_are_amounts() -> None:
+    for resources in ({"cpu": 0, "memory": "0"}, {"cpu": "+1", "memory": "1.5Gi"},
+                      {"cpu": "500m", "memory": 1024}, {"cpu": "-0", "memory": "-0Gi"},
+                      {"cpu": "-0.0e5"}):
+        stored, errors = admitted({"resources": resources})
+        assert errors == []
+        assert object_problems(stored, parse_spec(stored)) == []
