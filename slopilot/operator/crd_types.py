@@ -7,6 +7,7 @@ from typing import Any
 # resource.Quantity, as controller-gen writes it for Kubernetes' own types.
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+MAX_QUANTITY_TEXT = 64
 
 
 def obj(props: dict[str, Any], *, required: list[str] | None = None,
@@ -50,6 +51,9 @@ def quantity(desc: str) -> dict[str, Any]:
     negative request or limit is refused in the Deployment, after the ConfigMap."""
     return {"description": desc, "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN, "x-kubernetes-int-or-string": True,
+            # Bounds what the API server prices the rule below at (a string's operations
+            # cost by its longest length); "1536Mi" is six characters.
+            "maxLength": MAX_QUANTITY_TEXT,
             "x-kubernetes-validations": [{
                 "rule": "type(self) == string ? !self.startsWith('-') || "
                         "self.matches('^-[0.]*([^0-9.].*)?$') : self >= 0",

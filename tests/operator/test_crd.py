@@ -199,3 +199,30 @@ def test_a_string_no_bound_held_is_refused_short_not_quoted_whole() -> None:
             problems = exc.problems
         assert problems and all(len(p) < 1000 for p in problems), [len(p) for p in problems]
         assert any(p.startswith("spec.tuning.storage") for p in problems), problems
+
+
+def _nodes(schema: Any, path: str = "spec") -> Any:
+    if isinstance(schema, dict):
+        yield path, schema
+        for key, sub in (schema.get("properties") or {}).items():
+            yield from _nodes(sub, f"{path}.{key}")
+        if isinstance(schema.get("items"), dict):
+            yield from _nodes(schema["items"], f"{path}[]")
+        if isinstance(schema.get("additionalProperties"), dict):
+            yield from _nodes(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_every_string_a_cel_rule_reads_by_regex_or_parse_has_a_length_bound() -> None:
+    """The API server prices each rule before it stores the CRD, a string's operations
+    by its longest possible length: without maxLength that is the whole request (3 MB),
+    and a regex over it can price the rule past the limit, so the CRD is refused at
+    install. Every string a rule matches, parses or scans has its own bound."""
+    spec = openapi_schema()["properties"]["spec"]
+    costly = ("matches(", "duration(self)", "startsWith(", "contains(", "url(self)")
+    unbounded = [path for path, node in _nodes(spec)
+                 for rule in node.get("x-kubernetes-validations") or ()
+                 if any(f"self.{c}" in rule["rule"] or c in rule["rule"] for c in costly)
+                 and ("string" in (node.get("type"), *[a.get("type") for a in
+                                                        node.get("anyOf") or ()]))
+                 and "maxLength" not in node]
+    assert unbounded == []
