@@ -27,7 +27,10 @@ from slopilot.engine.sim.quote import excerpt
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
-_ALIASES = {"timestamp": "arrival_time", "priority": "class"}
+# Azure's names too, read in any order beside other columns: a slice of Azure's trace
+# saved by pandas (``df.to_csv(path)``) has its index as an unnamed first column.
+_ALIASES = {"timestamp": "arrival_time", "priority": "class",
+            "contexttokens": "prompt_tokens", "generatedtokens": "output_tokens"}
 FORMATS = ("csv", "azure-csv", "jsonl")
 MAX_SECONDS = 1e11
 """The largest numeric timestamp, in seconds (the year 5138 as epoch seconds): epoch
@@ -64,7 +67,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
     header = next(rows, (1, None))[1]
     if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
         return parse_azure(text, label)
-    names = [_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header or ()]
+    names = [_canonical(h) for h in header or ()]
     if not set(CSV_COLUMNS) <= set(names):
         _refuse_other_separator(header, label)
         raise TraceError(
@@ -83,6 +86,9 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
                 f"{at[1] + 1}: {excerpt(header[at[0]].strip())}, "
                 f"{excerpt(header[at[1]].strip())}); keep one")
     column = {name: names.index(name) for name in (*CSV_COLUMNS, "class") if name in names}
+    # Errors name a column as its header spells it (ContextTokens, not prompt_tokens).
+    said = {name: header[i].strip() for name, i in column.items()} if header else {}
+    shown = ",".join(h.strip() for h in header or ())
     records = []
     clock = _Clock(label)
     for line, row in rows:
@@ -90,7 +96,7 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             continue
         if len(row) <= max(column.values()):
             raise TraceError(f"{label}:{line}: expected {len(names)} columns "
-                             f"({','.join(names)}), got {len(row)}: {excerpt(row)}")
+                             f"({excerpt(shown)}), got {len(row)}: {excerpt(row)}")
         _refuse_wide(row, len(names), label, line)
         priority = None
         if "class" in column and row[column["class"]].strip():
@@ -99,11 +105,17 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
             except ValueError as e:
                 raise TraceError(f"{label}:{line}: class: {e}") from None
         records.append(TraceRecord(
-            clock.read(row[column["arrival_time"]], line, "arrival_time"),
-            _count(row[column["prompt_tokens"]], label, line, "prompt_tokens", lo=1),
-            _count(row[column["output_tokens"]], label, line, "output_tokens", lo=1),
+            clock.read(row[column["arrival_time"]], line, said["arrival_time"]),
+            _count(row[column["prompt_tokens"]], label, line, said["prompt_tokens"], lo=1),
+            _count(row[column["output_tokens"]], label, line, said["output_tokens"], lo=1),
             priority))
     return records
+
+
+def _canonical(column: str) -> str:
+    """A header's column as the CSV format names it (``ContextTokens``: ``prompt_tokens``)."""
+    name = column.strip().lower()
+    return _ALIASES.get(name, name)
 
 
 def _refuse_other_separator(header: list[str] | None, label: str) -> None:
@@ -336,7 +348,6 @@ def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, 
                      "(>= 0) or an ISO date like 2023-11-16 18:15:46.680")
 
 
-_OUTPUT_FIELDS = ("output_tokens", "GeneratedTokens")
 
 
 def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
@@ -359,7 +370,7 @@ def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
         # An output of 0 cannot be replayed: the engine generates the prefill's token,
         # and replaying it as 1 would count a token the trace never had.
         why = ("; a request generates at least one token (its prefill's): drop the row "
-               "or give 1") if name in _OUTPUT_FIELDS and number == 0 else ""
+               "or give 1") if _canonical(name) == "output_tokens" and number == 0 else ""
         raise TraceError(f"{label}:{line}: {name}={excerpt(value)} must be a whole number "
                          f">= {lo}{why}")
     if number > MAX_TOKENS:
