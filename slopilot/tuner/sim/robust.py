@@ -1,7 +1,8 @@
 """``RobustEvaluator``: a config judged on representative windows, not on one stretch.
 
 The windows are chosen once per study from the workload itself (``engine/sim/windows``:
-for a trace its busiest windows by arrivals and by tokens and a typical one, each with a
+for a trace its busiest windows by arrivals and by tokens, its sharpest burst's where
+that lies outside them, and a typical one, each with a
 warm-up; for a generated workload several seeds), then every config is simulated on
 each and judged by ``study/verdict.robust_verdict``: feasible only if every SLO term
 holds in every window with ``HEADROOM`` to spare, ranked by the worst window.
@@ -46,7 +47,8 @@ SEEDS = 3
 
 
 _SAID = {"busiest arrivals": "busiest window by arrivals",
-         "busiest tokens": "busiest window by tokens", "typical": "typical window"}
+         "busiest tokens": "busiest window by tokens",
+         "sharpest burst": "sharpest burst's window", "typical": "typical window"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class WindowPlan:
         if self.sized and self.lifetime is not None:
             cover = covering_s(self.lifetime)
             if self.whole_is_cheaper:
-                text += (f"; three windows, each with a warm-up and a drain of the requests' "
+                text += (f"; its windows, each with a warm-up and a drain of the requests' "
                          f"lifetime ({cover:,.0f} s), would simulate more than the whole "
                          f"trace: {self.lifetime.describe()}")
             else:

@@ -121,3 +121,43 @@ def test_the_typical_window_costs_memory_by_requests_not_by_span() -> None:
     # Both grid windows with arrivals overlap the busiest ones: no typical, as before.
     assert [(w.name, w.start_s) for w in windows] == [("busiest arrivals", 0.0),
                                                       ("busiest tokens", 3e8)]
+
+
+def off_peak_burst() -> list[TraceRecord]:
+    """900 s of 800-token prompts, 1 req/s rising to 3 req/s at 400-600 s, and at 120 s
+    an off-peak burst: 15 prompts of 6,000 tokens within a second (fewer tokens than the
+    busiest minute's, and fewer requests)."""
+    out = []
+    t = 0.0
+    while t < 900.0:
+        out.append(TraceRecord(t, 800, 40))
+        t += 1 / 3 if 400.0 <= t < 600.0 else 1.0
+    out += [TraceRecord(120.0 + i / 15, 6000, 10) for i in range(15)]
+    return sorted(out, key=lambda r: r.arrival_time)
+
+
+def test_a_sub_minute_burst_off_the_busiest_minutes_gets_a_window() -> None:
+    # The busiest minute by arrivals and by tokens is at the peak (3 x 840 = 2,520
+    # tok/s against the burst minute's 1 x 840 + 90,150 / 60 = 2,343); the burst's
+    # queue (90,150 tokens in a second) is the trace's worst TTFT, and a study judged
+    # without it said "holds" where the whole trace missed.
+    records = off_peak_burst()
+    windows = trace_windows(records, 60.0, warmup_s=30.0, drain_s=20.0)
+    names = [w.name for w in windows]
+    assert names[:2] == ["busiest arrivals", "busiest tokens"]
+    assert all(w.start_s >= 390.0 for w in windows[:2])
+    burst = next(w for w in windows if w.name == "sharpest burst")
+    assert burst.start_s <= 120.0 and burst.end_s > 121.0
+    assert burst.warmup_s == 30.0
+    assert "typical" in names  # still chosen, clear of the burst's window
+    typical = next(w for w in windows if w.name == "typical")
+    assert abs(typical.start_s - burst.start_s) >= 30.0
+
+
+def test_a_burst_inside_the_busiest_windows_adds_none() -> None:
+    # The same burst at the peak: the busiest windows already judge its queue.
+    records = sorted([r for r in off_peak_burst() if r.prompt_tokens != 6000]
+                     + [TraceRecord(500.0 + i / 15, 6000, 10) for i in range(15)],
+                     key=lambda r: r.arrival_time)
+    windows = trace_windows(records, 60.0, warmup_s=30.0, drain_s=20.0)
+    assert "sharpest burst" not in [w.name for w in windows]
