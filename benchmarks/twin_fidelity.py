@@ -98,6 +98,7 @@ from slopilot.engine.sim.correction import (
 from slopilot.engine.sim.profile_file import CostProfile, check_profile_for, load_profile
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.trace import TraceWorkload, read_trace
+from slopilot.engine.sim.trace_formats import FORMATS
 from slopilot.engine.sim.twin import with_profile
 from slopilot.engine.sim.workload import ClassMix, RequestSpec
 
@@ -132,6 +133,11 @@ def parse_args() -> argparse.Namespace:
                    help="default: the calibrated largest decode batch")
     p.add_argument("--loads", default=",".join(f"{f:g}" for _, f in LOADS),
                    help="three fractions of the twin's saturation rate")
+    p.add_argument("--trace", default="azure-llm-2023-conv", metavar="FILE",
+                   help="the trace whose requests are drawn: a shipped one by name or a "
+                   "file in any format `slopilot simulate --trace` reads (docs/traces.md)")
+    p.add_argument("--trace-format", choices=FORMATS, default=None,
+                   help="the trace's format (default: by its suffix and header)")
     p.add_argument("--trace-offset", type=int, default=0, help="first trace request used")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=1800.0, metavar="SECONDS",
@@ -182,9 +188,10 @@ def repeat_loads(text: str) -> list[int]:
 
 
 def workload(profile: CostProfile, n: int, prompt_mean: float, output_mean: float,
-             offset: int, seed: int) -> list[RequestSpec]:
+             offset: int, seed: int, trace: str = "azure-llm-2023-conv",
+             fmt: str | None = None) -> list[RequestSpec]:
     """n consecutive trace requests, lengths scaled to the means, times as recorded."""
-    records = read_trace("azure-llm-2023-conv")[offset:offset + n]
+    records = read_trace(trace, fmt=fmt)[offset:offset + n]
     if len(records) < n:
         raise SystemExit(f"--trace-offset {offset}: the trace has too few requests left")
     context = (profile.fit.max_context if profile.fit and profile.fit.max_context
@@ -358,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(token_budget=args.token_budget, chunk_size=args.chunk_size,
                           max_num_seqs=seqs, block_size=profile.block_size,
                           swap_space_gb=1.0)
-    specs = workload(profile, n, prompt_mean, output_mean, args.trace_offset, args.seed)
+    specs = workload(profile, n, prompt_mean, output_mean, args.trace_offset, args.seed,
+                     args.trace, args.trace_format)
     repeats = repeat_loads(args.repeat_real)
     order = load_order(args.order)
     fractions = [float(f) for f in args.loads.split(",")]
@@ -376,7 +384,8 @@ def run(args: argparse.Namespace) -> int:
     # in calibration: a cold start would read as a slow machine), then a live window at
     # the first load's rate, the one the twin is corrected on before that load.
     extra = workload(profile, WARMUP_REQUESTS + LIVE_WINDOW_REQUESTS, prompt_mean,
-                     output_mean, args.trace_offset + n, args.seed)
+                     output_mean, args.trace_offset + n, args.seed, args.trace,
+                     args.trace_format)
     replay_real_warmup(executor, config, cost, at_rate(extra[:WARMUP_REQUESTS], mu))
     drift_before = machine_drift(executor, cost, "before the loads")
     served = replay_real_warmup(executor, config, cost,

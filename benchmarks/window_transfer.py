@@ -7,6 +7,10 @@ both miss it; a study that says "holds" over a whole replay that misses is the f
 this measures (a reasoning trace's requests outlived the 30 s warm-up: docs/tuning.md).
 
 Cases: the shipped conversation trace (short requests: its windows must not move);
+an Azure-2024-shaped trace (the 2024 CSV's zone-suffixed dates; a 900 s diurnal ramp to
+6 req/s of ~500-token prompts and, at 120 s, an off-peak burst of 40 prompts of
+2,500-3,500 tokens within a second, 1.5 % of the requests: neither busiest minute holds
+it);
 the review's reasoning trace (0.25 req/s for 900 s, outputs of 8,000-16,000 tokens) on
 the default deployment; a longer one with shorter outputs (judged on windows, not
 whole); and two traces on a slow-decode deployment (Llama-3-70B on 2 x A100, ~50 ms a
@@ -23,7 +27,9 @@ windows were sized (PYTHONPATH=that tree) for a before/after table.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import random
 import subprocess
 import sys
@@ -67,10 +73,13 @@ class Case:
     span_s: float = 0.0
     outputs: tuple[int, int] = (0, 0)
     """A generated reasoning trace's; rate 0: the scenario's own trace."""
+    shape: str = "reasoning"
+    """``reasoning`` (``reasoning_trace``) or ``burst`` (``burst_trace``)."""
 
 
 CASES = (
     Case("azure-conv", "azure-conv-2023"),
+    Case("azure24-burst", None, 6.0, 900.0, shape="burst"),
     Case("reasoning-900s", None, 0.25, 900.0, (8000, 16000)),
     Case("reasoning-1800s", None, 0.5, 1800.0, (4000, 8000)),
     Case("slow-miss", "slow", 0.2, 1200.0, (1500, 3000)),
@@ -87,6 +96,28 @@ def reasoning_trace(path: Path, rate: float, span_s: float, outputs: tuple[int, 
     path.write_text("\n".join(rows) + "\n")
 
 
+def burst_trace(path: Path, peak: float, span_s: float) -> None:
+    """Azure's 2024 CSV (dates with a zone): Poisson arrivals on a diurnal ramp from a
+    tenth of ``peak`` req/s to ``peak`` and back, lognormal prompts (median 500) and
+    outputs (median 40), and at 120 s 40 prompts of 2,500-3,500 tokens within a second
+    (seed 3)."""
+    rng = random.Random(3)
+    start = datetime.datetime(2024, 5, 10, tzinfo=datetime.UTC)
+    rows, t = [], 0.0
+    while True:
+        t += rng.expovariate(peak * (0.1 + 0.9 * math.sin(math.pi * t / span_s) ** 2))
+        if t >= span_s:
+            break
+        rows.append((t, max(16, min(4000, int(rng.lognormvariate(math.log(500), 0.7)))),
+                     max(1, int(rng.lognormvariate(math.log(40), 0.8)))))
+    rows += [(120 + rng.uniform(0, 1.0), rng.randint(2500, 3500), rng.randint(1, 20))
+             for _ in range(40)]
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"{(start + datetime.timedelta(seconds=at)).isoformat(sep=' ')},{p},{o}"
+              for at, p, o in sorted(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
     flags: list[str] = []
     scenario_arg = case.scenario
@@ -98,7 +129,10 @@ def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
     trace = None
     if case.rate:
         trace = work / f"{case.name}.csv"
-        reasoning_trace(trace, case.rate, case.span_s, case.outputs)
+        if case.shape == "burst":
+            burst_trace(trace, case.rate, case.span_s)
+        else:
+            reasoning_trace(trace, case.rate, case.span_s, case.outputs)
         flags += ["--trace", str(trace)]
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", CLI, "tune", *flags, "--trials", str(trials),

@@ -95,3 +95,21 @@ def test_the_load_order_names_each_load_once() -> None:
     for text in ("light,near", "light,near,near", "light,near,over,light", ""):
         with pytest.raises(SystemExit, match="name each of light, near, over once"):
             tf.load_order(text)
+
+
+def test_a_users_trace_is_drawn_from_instead_of_the_shipped_one(tmp_path: Path) -> None:
+    from slopilot.engine.sim.profile_file import load_profile
+    from tests.support.profiles import profile_file
+
+    tf = _load()
+    profile = load_profile(profile_file(tmp_path, model="tiny-random", device="cpu"))
+    trace = tmp_path / "code_1week.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2024-05-10 00:00:{i:02d}.5+00:00,{100 * (i + 1)},{i + 1}\n" for i in range(12)))
+    specs = tf.workload(profile, 10, 64.0, 16.0, 2, 0, str(trace))
+    # Its arrivals (from the third row) and its lengths' shape, scaled to the means.
+    assert [s.arrival_time for s in specs] == [float(i) for i in range(10)]
+    prompts = [len(s.prompt_token_ids) for s in specs]
+    assert prompts == sorted(prompts) and prompts[0] < prompts[-1]
+    with pytest.raises(SystemExit, match="too few requests"):
+        tf.workload(profile, 11, 64.0, 16.0, 2, 0, str(trace))
