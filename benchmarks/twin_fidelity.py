@@ -11,6 +11,7 @@ step time against the profile's prediction for its shape.
     slopilot calibrate --model smollm2-135m --threads 1 --out smollm2-cpu.yaml
     python benchmarks/twin_fidelity.py --profile smollm2-cpu.yaml
     # quick: --model tiny-random --quick on both
+    # another trace: --trace FILE (any format `slopilot simulate --trace` reads)
 
 Percentiles are numpy's ``percentile`` (linear interpolation between order statistics,
 Hyndman-Fan type 7) over each class's requests (TTFT: one value per request) or token
