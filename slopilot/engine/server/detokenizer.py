@@ -9,6 +9,9 @@ the window gained, holding back text that ends in an incomplete character::
 
 Stop strings can span deltas: the last ``len(longest stop) - 1`` characters are held
 back while streaming, so a stop string is never half-sent before it is recognised.
+As in vLLM, no stop string can end in the text of the first ``min_tokens`` output
+tokens: a client that asks for at least that many gets them (the engine holds off EOS
+and the stop ids just as long).
 """
 
 from __future__ import annotations
@@ -36,13 +39,15 @@ class IncrementalDetokenizer:
     """Feeds on output token ids; ``take()`` returns the text not yet handed out."""
 
     def __init__(self, tokenizer: ServerTokenizer, prompt_ids: Sequence[int],
-                 stop: Sequence[str] = ()) -> None:
+                 stop: Sequence[str] = (), *, min_tokens: int = 0) -> None:
         self._tok = tokenizer
         self._ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._stop = tuple(s for s in stop if s)
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
+        self._min_tokens = min_tokens
+        self._num_output = 0  # output tokens added so far
         self.text = ""
         self._sent = 0
         self.stopped = False  # a stop string matched; ``text`` is cut before it
@@ -56,6 +61,7 @@ class IncrementalDetokenizer:
             if self.stopped:
                 return i
             self._ids.append(token)
+            self._num_output += 1
             self._decode_step(final and i == len(token_ids) - 1)
         if final and not token_ids and not self.stopped:
             self._decode_step(True)
@@ -72,13 +78,14 @@ class IncrementalDetokenizer:
             self._append(piece)
 
     def _append(self, piece: str) -> None:
-        start = max(0, len(self.text) - self._holdback)
+        old = len(self.text)
         self.text += piece
-        if not self._stop:
+        if not self._stop or self._num_output <= self._min_tokens:
             return
-        # The earliest stop string that starts in the region this piece could complete.
-        cut = min((i for i in (self.text.find(s, start) for s in self._stop) if i >= 0),
-                  default=-1)
+        # The earliest stop string that ends in this piece (it may begin before it: in an
+        # earlier piece, or in the text of the first min_tokens tokens, never searched).
+        found = (self.text.find(s, max(0, old - len(s) + 1)) for s in self._stop)
+        cut = min((i for i in found if i >= 0), default=-1)
         if cut >= 0:
             self.text = self.text[:cut]
             self.stopped = True

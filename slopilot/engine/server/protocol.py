@@ -75,7 +75,9 @@ class _GenerationFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(
+        0, ge=0, description="No EOS, stop token id or stop string ends the output before "
+        "this many tokens (extension, as in vLLM)")
     priority: int | str | None = Field(
         None, description="0/1/2 or p0/p1/p2 (extension); else the x-slopilot-priority "
         "header; default p1")

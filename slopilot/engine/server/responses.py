@@ -65,7 +65,8 @@ class ChoiceState:
         self.choice, self.stream, self.prep = choice, stream, prep
         self.metrics = backend.metrics
         self.detok = IncrementalDetokenizer(backend.tokenizer, choice.prompt.token_ids,
-                                            prep.stop)
+                                            prep.stop,
+                                            min_tokens=choice.request.sampling.min_tokens)
         self.token_ids: list[int] = []
         self.finish: str | None = None
         self.text_len = 0  # characters handed out so far (text_offset of the next token)

@@ -61,6 +61,25 @@ def test_no_stop_streams_everything() -> None:
     assert "".join(pieces) == "plain text" and not d.stopped
 
 
+def test_no_stop_string_ends_within_min_tokens() -> None:
+    """As in vLLM (its PR 22014): the text of the first ``min_tokens`` tokens is not
+    searched for stop strings; the first match that ends after them stops the output."""
+    tok = ByteTokenizer()
+    d = IncrementalDetokenizer(tok, tok.encode("prompt "), ["e"], min_tokens=5)
+    ids = tok.encode("Lee, a student")
+    taken = d.add(ids, final=False)
+    assert d.stopped and d.text == "Lee, a stud"
+    assert taken == len("Lee, a stude")
+
+
+def test_a_stop_string_may_begin_within_min_tokens() -> None:
+    # Only its end must come after them: "ab" spans the third and fourth token.
+    tok = ByteTokenizer()
+    d = IncrementalDetokenizer(tok, [], ["ab", "zzzzzz"], min_tokens=3)
+    d.add(tok.encode("xxabab"))
+    assert d.stopped and d.text == "xx"
+
+
 def test_incomplete_character_at_the_end_is_flushed() -> None:
     tok = ByteTokenizer()
     d = IncrementalDetokenizer(tok, [], ())

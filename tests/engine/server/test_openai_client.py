@@ -107,6 +107,29 @@ def test_stop_string_trims_and_finishes(sim_server: LiveServer, stream: bool) ->
     sim_server.call(lambda e: e.scheduler.check_integrity())
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_min_tokens_holds_off_stop_strings(sim_server: LiveServer, stream: bool) -> None:
+    """vLLM searches no stop string in the first min_tokens tokens: a client asking for
+    at least 4 gets them, not a reply cut at the first match."""
+    client = _client(sim_server)
+    args: dict[str, Any] = {"model": sim_server.backend.served_model_name, "prompt": "a b c",
+                            "max_tokens": 20, "stop": ["tok"],
+                            "extra_body": {"min_tokens": 4, "ignore_eos": True}}
+    if stream:
+        chunks = list(client.completions.create(**args, stream=True,
+                                                stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage
+    else:
+        res = client.completions.create(**args)
+        text, finish, usage = res.choices[0].text, res.choices[0].finish_reason, res.usage
+    # Five tokens: the fifth's "tok" is the first match past the four.
+    assert text == " tok tok tok tok "
+    assert finish == "stop"
+    assert usage is not None and usage.completion_tokens == 5
+
+
 def test_the_sdk_names_each_retry_of_a_429_as_the_server_reads_it() -> None:
     """The pinned openai SDK retries a 429 (twice by default) and says which try each
     request is in ``x-stainless-retry-count``, the header the server reads to count a
