@@ -206,7 +206,8 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            # As vLLM, SGLang and TensorRT-LLM join them: parts are not glued into a word.
+            return "\n".join(p.text for p in self.content)
         return self.content or ""
 
 

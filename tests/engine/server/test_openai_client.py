@@ -73,6 +73,24 @@ def test_chat(any_server: LiveServer) -> None:
     assert all(c.usage is None for c in chunks)  # not asked for
 
 
+def test_text_parts_of_a_message_are_joined_by_newlines(sim_server: LiveServer) -> None:
+    """A message sent as text parts is read as vLLM (and SGLang, TensorRT-LLM) read it:
+    the parts joined by a newline, not glued into one word ("hello" + "world")."""
+    client = _client(sim_server)
+    name = sim_server.backend.served_model_name
+
+    def prompt_tokens(content: Any) -> int:
+        res = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": content}], max_tokens=1)
+        assert res.usage is not None
+        return res.usage.prompt_tokens
+
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]
+    # One token a word on the simulated model: glued, the two parts were one word.
+    assert prompt_tokens(parts) == prompt_tokens("hello\nworld") \
+        == prompt_tokens("hello") + 1
+
+
 def test_token_id_prompt_and_priority_header(any_server: LiveServer) -> None:
     res = httpx.post(any_server.url + "/v1/completions", json={
         "prompt": [5, 6, 7, 8], "max_tokens": 3, "ignore_eos": True, "return_token_ids": True},
