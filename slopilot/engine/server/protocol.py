@@ -53,11 +53,26 @@ def _first_unencodable(value: Any, path: str) -> str | None:
     return None
 
 
-class StreamOptions(BaseModel):
+class _NullIsDefault(BaseModel):
+    """A field with a default, sent as JSON null, takes its default: the OpenAI API marks
+    these fields nullable and vLLM reads null so, and clients that write every field,
+    set or not, send ``"n": null``. A required field sent as null is still refused."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_to_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields
+                or fields[k].is_required()}
+
+
+class StreamOptions(_NullIsDefault):
     include_usage: bool = False
 
 
-class _GenerationFields(BaseModel):
+class _GenerationFields(_NullIsDefault):
     """Fields shared by completions and chat completions."""
 
     # Unknown fields are ignored, as OpenAI-compatible servers do for SDK extensions.
