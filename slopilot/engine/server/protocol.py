@@ -248,6 +248,11 @@ class ChatCompletionRequest(_GenerationFields):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def max_tokens_param(self) -> str:
+        """The field ``requested_max_tokens`` came from, for errors to name as sent."""
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
 
 # ---------------------------------------------------------------------------- responses
 class Usage(BaseModel):

@@ -178,15 +178,20 @@ def _max_tokens(backend: Backend, body: CompletionRequest | ChatCompletionReques
     chat = isinstance(body, ChatCompletionRequest)
     asked = body.requested_max_tokens if isinstance(body, ChatCompletionRequest) \
         else body.max_tokens
+    param = _max_tokens_param(body)
     limit = backend.max_model_len
     max_tokens = asked if asked is not None else (
         limit - num_prompt if chat else COMPLETIONS_DEFAULT_MAX_TOKENS)
     if num_prompt + max_tokens > limit:
         raise APIError(400, f"this model's context is {limit} tokens; the prompt has "
-                       f"{num_prompt} and max_tokens asks for {max_tokens}: lower max_tokens "
-                       f"to at most {limit - num_prompt}", param="max_tokens",
+                       f"{num_prompt} and {param} asks for {max_tokens}: lower {param} "
+                       f"to at most {limit - num_prompt}", param=param,
                        code="context_length_exceeded")
     return max_tokens
+
+
+def _max_tokens_param(body: CompletionRequest | ChatCompletionRequest) -> str:
+    return body.max_tokens_param if isinstance(body, ChatCompletionRequest) else "max_tokens"
 
 
 def _logprobs(body: CompletionRequest | ChatCompletionRequest) -> int | None:
@@ -210,8 +215,9 @@ def _sampling(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
         raise APIError(400, f"stop_token_ids names token {bad}, outside the vocabulary "
                        f"[0, {vocab})", param="stop_token_ids")
     if body.min_tokens > max_tokens:
-        raise APIError(400, f"min_tokens={body.min_tokens} is above max_tokens={max_tokens}:"
-                       " lower min_tokens", param="min_tokens")
+        raise APIError(400, f"min_tokens={body.min_tokens} is above "
+                       f"{_max_tokens_param(body)}={max_tokens}: lower min_tokens",
+                       param="min_tokens")
     logprobs = _logprobs(body)
     echo = isinstance(body, CompletionRequest) and body.echo
     try:

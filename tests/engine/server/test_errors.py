@@ -95,6 +95,19 @@ def test_bad_chat_is_400(sim_server: LiveServer, body: dict[str, Any],
     assert err["param"] == param
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_chat_length_error_names_the_field_sent(sim_server: LiveServer, field: str) -> None:
+    # The SDK's chat parameter is max_completion_tokens: the error must name it, not a
+    # max_tokens the client never sent.
+    err = _error(_post(sim_server, {"messages": [{"role": "user", "content": "hi"}],
+                                    field: 10**6}, "/v1/chat/completions"), 400)
+    assert err["param"] == field and err["code"] == "context_length_exceeded"
+    assert f"lower {field} to at most" in err["message"]
+    err = _error(_post(sim_server, {"messages": [{"role": "user", "content": "hi"}],
+                                    field: 2, "min_tokens": 3}, "/v1/chat/completions"), 400)
+    assert err["param"] == "min_tokens" and f"above {field}=2" in err["message"]
+
+
 def test_malformed_json_and_bad_priority_header(sim_server: LiveServer) -> None:
     err = _error(_post(sim_server, b'{"prompt": "hi",,}'), 400)
     # No field to name (not the byte offset FastAPI puts in the location).
