@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from slopilot.engine.client_gaps import ClientGaps
-from slopilot.engine.request import FinishReason
+from slopilot.engine.request import FinishReason, TokenLogprobs
 from slopilot.engine.server.async_engine import EngineDeadError, EngineDrainingError
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.detokenizer import IncrementalDetokenizer
@@ -69,7 +69,10 @@ class ChoiceState:
                                             min_tokens=choice.request.sampling.min_tokens)
         self.token_ids: list[int] = []
         self.finish: str | None = None
-        self.text_len = 0  # characters handed out so far (text_offset of the next token)
+        # text_offset of the next token given logprobs: what the tokens before it read
+        # (each decoded alone, as in ``tokens``), not the text sent so far, which a stop
+        # string holds back while streaming; so a stream's offsets are the body's.
+        self.logprob_offset = 0
         self.first_written = False  # a chunk with output went out (TTFT is observed)
         self.last_made_at: float | None = None  # when the engine made the last token fed
         self.written = ClientGaps()  # a stream's gaps, as its chunks went out
@@ -180,12 +183,14 @@ class ChoiceState:
         ids = [self.token_ids[i] for i in positions][:len(entries)]
         if prep.chat:
             return chat_logprobs(text_of, entries, k)
-        offset = self.text_len
+        all_entries: list[TokenLogprobs | None] = list(entries)
         if echo:
             prompt_ids = self.choice.prompt.token_ids
             all_entries = [None, *req.prompt_logprobs[:len(prompt_ids) - 1], *entries]
-            return completion_logprobs(text_of, [*prompt_ids, *ids], all_entries, k, 0)
-        return completion_logprobs(text_of, ids, entries, k, offset)
+            ids = [*prompt_ids, *ids]
+        out = completion_logprobs(text_of, ids, all_entries, k, self.logprob_offset)
+        self.logprob_offset += sum(len(t) for t in out["tokens"])
+        return out
 
     def echo_text(self) -> str:
         return self.choice.prompt.text or ""
@@ -398,7 +403,6 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
             wrote = False
             if text or logprobs is not None:
                 yield chunk(state, text, None, logprobs)
-                state.text_len += len(text)
                 wrote = True
             if state.finish is not None:
                 yield chunk(state, None, state.finish)

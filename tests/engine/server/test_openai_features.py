@@ -90,6 +90,24 @@ def test_completion_logprobs(any_server: LiveServer) -> None:
     assert values == pytest.approx(lp.token_logprobs, abs=1e-6)
 
 
+@pytest.mark.parametrize("stop", [None, ["no such stop string"]])
+def test_streamed_text_offsets_match_the_whole_response(any_server: LiveServer,
+                                                         stop: list[str] | None) -> None:
+    """A token's text_offset is where it starts in the choice's text, streamed or not:
+    a stop string holds text back while streaming, and offsets counted from the text
+    sent so far came out too small (0, 0, 0, 1, ... against 0, 6, 7, 8, ...)."""
+    client = _client(any_server)
+    args = _args(any_server, prompt="Count: one two", max_tokens=6, logprobs=1,
+                 temperature=0, stop=stop)
+    whole = client.completions.create(**args).choices[0].logprobs
+    assert whole is not None
+    streamed = [o for c in client.completions.create(**args, stream=True)
+                for ch in c.choices if ch.logprobs for o in ch.logprobs.text_offset]
+    assert streamed == whole.text_offset
+    assert whole.text_offset == [sum(map(len, whole.tokens[:i]))
+                                 for i in range(len(whole.tokens))]
+
+
 def test_echo_with_logprobs(any_server: LiveServer) -> None:
     client = _client(any_server)
     prompt = "Echo me back please"
