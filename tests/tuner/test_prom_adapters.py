@@ -477,3 +477,47 @@ def test_prometheus_names_the_replicas_scraped_without_series_in_the_window(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def partly_scraped(share: dict[str, float]) -> dict[str, Any]:
+    """Prometheus's answer naming the targets that answered only this share of the
+    window's scrapes."""
+    return {"avg_over_time(up{": [{"metric": {"instance": i}, "value": [100.0, str(v)]}
+                                  for i, v in share.items()]}
+
+
+def test_a_window_a_replica_answered_only_part_of_is_not_the_deployments() -> None:
+    # One replica's scrapes time out for the window's second half: its counters stop at
+    # the middle and rate() extrapolates them little, so half its requests are in no
+    # figure while the load check sees the rest move by less than its tolerance.
+    q = Recorded({**partly_scraped({"10.0.0.3:8000": 0.5}),
+                  **answers(rate_now=2.5, rate_before=3.0)})
+    with pytest.raises(WindowRejected, match=r"10\.0\.0\.3:8000 answered 50 % of"):
+        windows(q).measure(90.0, 100.0, canary=False)
+    partly = next(e for e, _ in q.asked if "avg_over_time(up{" in e)
+    assert 'up{slopilot_deployment="d"}[10s]' in partly
+    q = Recorded({**partly_scraped({"127.0.0.1:9000": 0.25}), **answers()})
+    with pytest.raises(WindowRejected, match=r"the canary replica 127\.0\.0\.1:9000 answered 25 %"):
+        windows(q).measure(90.0, 100.0, canary=True)
+
+
+@pytest.mark.prometheus
+def test_prometheus_names_the_replicas_that_answered_part_of_the_window(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The query behind the partial rejection, on Prometheus' own engine: a target that
+    answered two of the window's five scrapes is named; one that missed one of five, or
+    was scaled down part-way (no ``up`` after it, not 0), is not."""
+    expr = windows(Recorded({}))._exprs({"d": "x"}, 300)["partly_scraped"][None]
+    series = [{"series": f'up{{d="x",instance="{i}"}}', "values": v}
+              for i, v in (("a", "1x10"), ("two-of-five", "1x7 0x3"),
+                           ("one-miss", "1x7 0 1x2"), ("gone", "1x7 _x3"))]
+    series.append({"series": 'up{d="y",instance="other"}', "values": "1x7 0x3"})
+    # Which targets, not their share: Prometheus 2 counts the sample at the window's
+    # start (two of six), Prometheus 3 does not (two of five).
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": f"count by (instance) ({expr})", "eval_time": "10m",
+            "exp_samples": [{"labels": '{instance="two-of-five"}', "value": 1}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -44,6 +44,10 @@ ROLE_LABEL = "instance_role"
 REPLICA_LABEL = "instance"
 """What tells one replica's series from another's: Prometheus's own target label, on
 every series of a scrape target (a pod in Kubernetes, a process of ``LocalDeployment``)."""
+MIN_SCRAPED_SHARE = 0.75
+"""A replica measured must have answered at least this share of the window's scrapes: one
+failed scrape in four is noise (a counter loses nothing to a gap in the middle), fewer
+may leave a quarter of its window in no figure."""
 CANARY = {ROLE_LABEL: "canary"}
 _QUANTILES = {"ttft": "slopilot:ttft_seconds:p99", "tbt": "slopilot:tbt_seconds:p99"}
 _GOODPUT = "slopilot:goodput_tokens:per_second"
@@ -141,6 +145,13 @@ class PrometheusWindows:
             f"max by ({REPLICA_LABEL}) (max_over_time(up{s}[{w}])) unless on "
             f"({REPLICA_LABEL}) count by ({REPLICA_LABEL}) (last_over_time("
             f"vllm:num_requests_running{s}[{w}]))")}
+        # The replicas that answered only part of the window's scrapes: a counter loses
+        # nothing to a gap in the middle, but one that stops (or starts) answering
+        # part-way leaves the rest of the window in no figure, as rate() extrapolates
+        # at most half an interval past its last sample. A target scaled away has no
+        # ``up`` after it (not 0), so it is not counted here.
+        out["partly_scraped"] = {None: (
+            f"avg by ({REPLICA_LABEL}) (avg_over_time(up{s}[{w}])) < {MIN_SCRAPED_SHARE}")}
         out["request_rate"] = {None: (
             f"sum(rate(vllm:e2e_request_latency_seconds_count{s}[{w}])) + "
             f"((sum(delta(vllm:num_requests_running{s}[{w}])) + "
@@ -171,6 +182,13 @@ class PrometheusWindows:
             raise WindowRejected(f"{which} {', '.join(unreported)} scraped but no series "
                                  f"in the {w} s window (scrapes failing, or restarted): "
                                  f"the others' figures are not {whose}")
+        if partly := sorted((r["metric"].get(REPLICA_LABEL, "?"), float(r["value"][1]))
+                            for r in self.query(q["partly_scraped"][None], end)):
+            which = "the canary replica" if canary else "replica(s)"
+            shown = ", ".join(f"{i} answered {share * 100:.0f} %" for i, share in partly)
+            raise WindowRejected(
+                f"{which} {shown} of its scrapes in the {w} s window (at least "
+                f"{MIN_SCRAPED_SHARE * 100:g} % needed): part of its window is in no figure")
         requests = self._by_class(q["requests"][None], end)
         finished = sum(v for v in requests.values() if math.isfinite(v))
         if finished < self.min_requests:
