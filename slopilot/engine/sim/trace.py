@@ -44,9 +44,14 @@ from slopilot.engine.sim.workload import (
     child_rng,
 )
 
-# A trace is read whole and held as records (a few hundred bytes of Python each): past
-# this a file is refused from its size rather than by the kernel's OOM killer.
+# A trace is read whole and held as records: past these a file is refused, from its size
+# unread, then from its lines before any is parsed, rather than by the kernel's OOM
+# killer. A line costs ~260 bytes at the parse's peak however short it is (1M lines of a
+# compact CSV, 11.9 MB: 258 MB), so the size alone let 1 GB of file be ~22 GB of memory;
+# 5M lines is ~1.3 GB (measured: 1.36 GB resident; ``tune`` reads it again in its
+# worker).
 MAX_TRACE_BYTES = 1 << 30
+MAX_TRACE_ROWS = 5_000_000
 
 # Traces shipped in slopilot/data/traces (see the README there for sources and licences).
 BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
@@ -82,6 +87,12 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
     except OSError as e:
         raise TraceError(f"{name_or_path}: {unreadable(e)}") from None
     label = str(name_or_path)
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    if lines > MAX_TRACE_ROWS + 1:  # the rows and a header
+        raise TraceError(
+            f"{label}: the trace has {lines:,} lines; at most {MAX_TRACE_ROWS:,} are read "
+            f"(~260 bytes each in memory while parsed): cut it to the span you replay, e.g. "
+            f"with head -n {MAX_TRACE_ROWS + 1}")
     try:
         # utf-8-sig: a byte-order mark (Excel, PowerShell) is dropped, not read as part
         # of the first column's name.

@@ -558,3 +558,24 @@ def test_a_time_is_a_plain_number_as_a_token_count_is(tmp_path: Path, value: str
     path.write_text(f"arrival_time,prompt_tokens,output_tokens\n0,10,3\n{value},10,3\n")
     with pytest.raises(TraceError, match=r"t\.csv:3: arrival_time"):
         read_trace(path)
+
+
+def test_a_trace_of_more_rows_than_memory_holds_is_refused_before_it_is_parsed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the size limit, a compact trace still held too many rows: 12 bytes of CSV a
+    row become ~260 bytes of records while parsing (measured: 1M rows, 11.9 MB, 258 MB
+    at peak), so 1 GB of file was ~22 GB of memory, the kernel's OOM kill the size limit
+    claimed to prevent. The lines are counted before any is parsed."""
+    from slopilot.engine.sim import trace
+
+    assert trace.MAX_TRACE_ROWS * 260 < 2 * 2**30  # the shipped bound: under 2 GiB
+    monkeypatch.setattr(trace, "MAX_TRACE_ROWS", 100)
+    path = tmp_path / "compact.csv"
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "0,1,1\n" * 101)
+    with pytest.raises(TraceError, match=(
+            r"compact.csv: the trace has 102 lines; at most 100 are read .*cut it to the "
+            r"span you replay, e.g. with head -n 101")):
+        trace.read_trace(path)
+    # The header and MAX_TRACE_ROWS rows are read, a last line without its newline too.
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "0,1,1\n" * 99 + "0,1,1")
+    assert len(trace.read_trace(path)) == 100
