@@ -39,6 +39,9 @@ class Backend:
     # once from the tokenizer; None where no bound holds (the placeholder's one token per
     # word of any length): then longer prompts are tokenized before they are refused.
     max_token_bytes: int | None = None
+    # max_model_len is what the KV cache holds, less than the model's context
+    # (``servable_len``): the refusals say so.
+    kv_limited: bool = False
 
     def close(self) -> None:
         close = getattr(self.engine.executor, "close", None)
@@ -55,6 +58,23 @@ def _attach_metrics(engine: LLMEngine, name: str, info: dict[str, str]
     observer = MetricsObserver(metrics, observe_delivery=False)
     engine.observers.append(observer)
     return metrics, observer
+
+
+def servable_len(model_len: int, num_gpu_blocks: int, block_size: int) -> int:
+    """The longest request (prompt plus output) the server takes: the model's context, at
+    most what the KV cache holds. A request can never grow past the cache, even alone
+    (the scheduler ends it there as ``length``), so a longer one is refused at the door
+    (``context_length_exceeded``) rather than cut short without a word; /v1/models
+    advertises it. vLLM refuses to start instead; here the cache is sized by flag
+    (``--num-gpu-blocks``), and the log says what it costs."""
+    held = num_gpu_blocks * block_size
+    if held < model_len:
+        logging.getLogger("slopilot.serve").warning(
+            "the KV cache holds %d tokens (%d blocks of %d), less than the model's context "
+            "of %d: requests of up to %d tokens (prompt plus max_tokens) are served; give "
+            "the cache more blocks to serve the whole context", held, num_gpu_blocks,
+            block_size, model_len, held)
+    return min(model_len, held)
 
 
 def build_simulated(config: EngineConfig, *, scenario: str = "tiny-cpu",
@@ -89,8 +109,10 @@ def build_simulated(config: EngineConfig, *, scenario: str = "tiny-cpu",
     name = served_model_name or cost.model.name
     info = {"executor": "simulated", "gpu": cost.gpu.name, "tp": str(cost.tp)}
     metrics, observer = _attach_metrics(engine, name, info)
-    return Backend(engine, PlaceholderTokenizer(cost.model.vocab_size), name,
-                   cost.model.max_position_embeddings, metrics, observer, info=info)
+    limit = servable_len(cost.model.max_position_embeddings, gpu_blocks, config.block_size)
+    return Backend(engine, PlaceholderTokenizer(cost.model.vocab_size), name, limit,
+                   metrics, observer, info=info,
+                   kv_limited=limit < cost.model.max_position_embeddings)
 
 
 def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
@@ -125,5 +147,7 @@ def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
     metrics, observer = _attach_metrics(engine, name, info)
     eos = executor.eos_token_ids
     per_token = max_token_bytes_of(getattr(executor.tokenizer, "tokenizer", None))
-    return Backend(engine, executor.tokenizer, name, executor.max_model_len, metrics,
-                   observer, eos_token_ids=tuple(eos), info=info, max_token_bytes=per_token)
+    limit = servable_len(executor.max_model_len, executor.num_gpu_blocks, config.block_size)
+    return Backend(engine, executor.tokenizer, name, limit, metrics,
+                   observer, eos_token_ids=tuple(eos), info=info, max_token_bytes=per_token,
+                   kv_limited=limit < executor.max_model_len)

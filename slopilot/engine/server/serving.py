@@ -137,6 +137,15 @@ def _prompts(backend: Backend, body: CompletionRequest | ChatCompletionRequest
     return out
 
 
+def context_of(backend: Backend) -> str:
+    """The context limit in words: the model's, or the KV cache's where that is less (a
+    client is told which it ran into, and so whether another server would take it)."""
+    if backend.kv_limited:
+        return (f"this server's KV cache holds {backend.max_model_len} tokens (less than "
+                "the model's context)")
+    return f"this model's context is {backend.max_model_len} tokens"
+
+
 def _check_text_fits(backend: Backend, text: str, param: str) -> None:
     """Refuse, untokenized, a text that no tokenization fits into the context.
 
@@ -156,7 +165,7 @@ def _check_text_fits(backend: Backend, text: str, param: str) -> None:
     size = chars if chars > most else len(text.encode())
     if size > most:
         raise APIError(400, f"the prompt is {'at least ' if size == chars else ''}{size} "
-                       f"bytes of UTF-8 text; this model's context is {limit} tokens and a "
+                       f"bytes of UTF-8 text; {context_of(backend)} and a "
                        f"token stands for at most {per_token} bytes, so no prompt over "
                        f"{most} bytes fits: shorten the prompt", param=param,
                        code="context_length_exceeded")
@@ -168,8 +177,8 @@ def _check_length(backend: Backend, prompt: Prompt, param: str) -> None:
     limit = backend.max_model_len
     if len(prompt.token_ids) >= limit:
         # 400, as OpenAI and vLLM answer: the SDK raises BadRequestError on it.
-        raise APIError(400, f"the prompt has {len(prompt.token_ids)} tokens; this model's "
-                       f"context is {limit} tokens, which must also hold the output: "
+        raise APIError(400, f"the prompt has {len(prompt.token_ids)} tokens; "
+                       f"{context_of(backend)}, which must also hold the output: "
                        "shorten the prompt", param=param, code="context_length_exceeded")
 
 
@@ -183,7 +192,7 @@ def _max_tokens(backend: Backend, body: CompletionRequest | ChatCompletionReques
     max_tokens = asked if asked is not None else (
         limit - num_prompt if chat else COMPLETIONS_DEFAULT_MAX_TOKENS)
     if num_prompt + max_tokens > limit:
-        raise APIError(400, f"this model's context is {limit} tokens; the prompt has "
+        raise APIError(400, f"{context_of(backend)}; the prompt has "
                        f"{num_prompt} and {param} asks for {max_tokens}: lower {param} "
                        f"to at most {limit - num_prompt}", param=param,
                        code="context_length_exceeded")

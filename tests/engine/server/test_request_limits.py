@@ -167,7 +167,8 @@ def test_a_prompt_no_tokenization_fits_is_refused_untokenized(
 def test_a_long_prompt_within_the_bound_is_still_tokenized(
         counted: tuple[LiveServer, _Counting]) -> None:
     srv, tok = counted
-    text = "word " * 4000  # within the bound, beyond the context once tokenized
+    # Within the bound, beyond the context once tokenized (a word is a token at least).
+    text = "word " * srv.backend.max_model_len
     res = httpx.post(srv.url + "/v1/completions", json={"prompt": text, "max_tokens": 2},
                      timeout=HANG_GUARD_S)
     err = _error(res, 400)
