@@ -93,6 +93,13 @@ class Scheduler(Admission):
         lengths by before it draws their tokens."""
         return num_tokens + 1 <= self.kv.num_gpu_blocks * self.kv.block_size
 
+    def can_ever_finish(self, num_prompt_tokens: int, max_tokens: int) -> bool:
+        """Whether a request of ``num_prompt_tokens`` and ``max_tokens`` of output can
+        end other than cut short: no request grows past the whole KV cache, so the server
+        refuses one that would (``backends.servable_len``), and the simulator rejects it
+        as the server does."""
+        return num_prompt_tokens + max_tokens <= self.kv.num_gpu_blocks * self.kv.block_size
+
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise DuplicateRequestError(

@@ -165,7 +165,7 @@ class SimCluster:
         rep.recorder.ev.arrived.append(spec.arrival_time)
         if rep.clock.t < spec.arrival_time:
             rep.clock.t = spec.arrival_time
-        if not rep.engine.scheduler.can_ever_fit(spec.num_prompt_tokens):
+        if not rep.engine.scheduler.can_ever_finish(spec.num_prompt_tokens, spec.max_tokens):
             return  # as the engine would, unread (``simulator._dispatch``)
         req = Request(f"c{next(self._counter)}", list(spec.prompt_token_ids),
                       SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),

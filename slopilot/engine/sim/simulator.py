@@ -217,7 +217,8 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
     rid = f"s{n}"
     # Judged by length before the prompt is read: a trace's prompt is drawn only then,
     # and one no replica holds (a typo, a hostile file) would cost its size in memory.
-    if not rep.engine.scheduler.can_ever_fit(spec.num_prompt_tokens):
+    # With its output too: the server refuses a request the cache cannot see finish.
+    if not rep.engine.scheduler.can_ever_finish(spec.num_prompt_tokens, spec.max_tokens):
         rep.rejected += 1
         stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens)
         return

@@ -195,3 +195,18 @@ def test_the_ttft_percentile_places_those_never_served_past_every_other(
         served: list[float], refused: int, expected: float | None) -> None:
     got = ttft_percentile_ms(served, refused, 99)
     assert (got is None) if expected is None else got == pytest.approx(expected * 1000.0)
+
+
+def test_a_request_whose_output_can_never_fit_is_rejected_as_the_server_refuses_it() -> None:
+    """The server refuses a request whose prompt plus max_tokens is more than its KV
+    cache holds (400, context_length_exceeded), as no such request can ever finish. The
+    twin admitted it while its prompt fit, to be cut at the cache's size or, here, never
+    to finish: what the twin judged was a request no client of the server is served."""
+    records = [TraceRecord(0.0, 64, 4, Priority.P0),
+               TraceRecord(0.1, 64, 2**24 - 64, Priority.P2)]
+    s = simulate(SCENARIO, duration_s=3.0, workload=replay(records)).summary
+    p2 = s.classes[Priority.P2].accounting
+    assert p2 is not None and p2.requests_rejected == 1 and p2.requests_arrived == 1
+    assert p2.requests_unfinished == 0
+    assert s.run is not None and s.run.rejected == 1
+    assert s.classes[Priority.P0].requests_finished == 1
