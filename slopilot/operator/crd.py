@@ -149,9 +149,10 @@ def _alerts_schema() -> dict[str, Any]:
         "sustainedBreachWindow": _duration(
             "SlopilotTTFTP99Sustained and SlopilotTBTP99Sustained (action retune): a TTFT "
             "P99 over ttftWarningFactor x its SLO, or a TBT P99 over its SLO, measured over "
-            "this window (not the 60 s of the others) retunes after holdFor, so a lasting "
-            "breach under the thresholds that act at once is not left alone, even when "
-            "single 60 s windows flap under the SLO now and then.",
+            "this window (not the 60 s of the others) retunes once it has held for the "
+            "longer of this window and holdFor, so a lasting breach under the thresholds "
+            "that act at once is not left alone, even when single 60 s windows flap under "
+            "the SLO now and then.",
             d.rate_window_s, MAX_DURATION_S, whole=True, default=duration(d.breach_window_s)),
         "utilizationMin": _number("SlopilotBatchingUnderused: GPU utilization (DCGM's "
                                   "exporter where it reports the pods, else the built-in "

@@ -92,7 +92,7 @@ def selected_vllm_names() -> set[str]:
     text = render_rules_yaml(spec.slo, "chat", namespace="team",
                              latency=VLLM_LATENCY)
     text += render_dashboard(latency=VLLM_LATENCY)
-    return set(re.findall(r"vllm:[a-z_:]+", text))
+    return set(re.findall(r"vllm:[a-z0-9_:]+", text))  # digits too: vllm:e2e_...
 
 
 def test_prometheus_2_is_served_vllms_names_with_underscores() -> None:
