@@ -68,8 +68,23 @@ def _closest(errors: Sequence[Any], body: Any) -> tuple[dict[str, Any], tuple[An
     return error, path
 
 
-def validation_response(exc: RequestValidationError) -> JSONResponse:
+def _not_json(content_type: str | None) -> str:
+    """Why a body was not read as JSON: FastAPI reads a body as JSON only under a JSON
+    content type, and ``curl -d`` sends a form's."""
+    shown = repr(content_type) if content_type else "no Content-Type"
+    return (f"the request body must be JSON sent with Content-Type: application/json (got "
+            f"{shown}); with curl, add -H 'Content-Type: application/json'")
+
+
+def validation_response(exc: RequestValidationError, content_type: str | None = None
+                        ) -> JSONResponse:
+    """The OpenAI-shaped 400 for a body that did not validate. ``content_type``: the
+    request's header, to name it where the body was not read as JSON at all."""
     errors = exc.errors()
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if not (media == "application/json" or media.endswith("+json")) and any(
+            tuple(e.get("loc", ())) == ("body",) for e in errors):
+        return JSONResponse(error_body(400, _not_json(content_type)), status_code=400)
     first: dict[str, Any] = {"loc": (), "msg": "invalid request"}
     path: tuple[Any, ...] = ()
     if errors:
@@ -101,7 +116,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_response(exc)
+        return validation_response(exc, request.headers.get("content-type"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -331,3 +331,26 @@ def test_drain_timeout_aborts_the_rest() -> None:
     last = list(chunks)[-1]
     assert last.choices[0].finish_reason == "abort"
     wait_for(lambda: not srv.thread.is_alive(), what="the server to exit")
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "text/plain"])
+def test_a_json_body_sent_without_the_json_content_type_is_told_the_header(
+        content_type: str | None) -> None:
+    """``curl -d '{...}'`` sends a form's content type; the body is JSON but is not read
+    as such, and the answer was pydantic's "Input should be a valid dictionary or object
+    to extract fields from", which names neither the header nor the fix."""
+    headers = {} if content_type is None else {"content-type": content_type}
+    with start_server() as srv:
+        res = httpx.post(srv.url + "/v1/completions", content=b'{"prompt": "hi"}',
+                         headers=headers, timeout=HANG_GUARD_S)
+        err = _error(res, 400)
+        assert "Content-Type: application/json" in err["message"]
+        assert (content_type or "no Content-Type") in err["message"]
+        assert "-H 'Content-Type: application/json'" in err["message"]
+        # The JSON type itself, or one of its +json forms, is read as JSON.
+        for json_type in ("application/json", "application/json; charset=utf-8"):
+            res = httpx.post(srv.url + "/v1/completions",
+                             content=b'{"prompt": "hi", "max_tokens": 1}',
+                             headers={"content-type": json_type}, timeout=HANG_GUARD_S)
+            assert res.status_code == 200, res.text
