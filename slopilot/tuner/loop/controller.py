@@ -37,6 +37,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.tuner.loop.clock_step import rebase_future
 from slopilot.tuner.loop.context import LoopContext, Step, Tick
 from slopilot.tuner.loop.episode import commit, tuning
 from slopilot.tuner.loop.scaling import scaling
@@ -71,6 +72,10 @@ class Controller(LoopContext):
 
     def tick(self, now: float) -> Decision:
         loop = self.loop
+        if moved := rebase_future(loop, self.settings, now):
+            log.warning("%s: times kept in the future of the clock (it stepped back, or the "
+                        "state was written on another clock), each wait restarted from "
+                        "now: %s", self.settings.key, ", ".join(moved))
         loop.trial_starts = [t for t in loop.trial_starts if now - t < HOUR_S]
         try:
             alerts = self.alerts.firing()

@@ -1,0 +1,54 @@
+"""Times the loop kept that lie after ``now``: brought back to at most one wait from now.
+
+Every time in ``LoopState`` is a reading of the clock that ticks the controller, and it
+is persisted (``status.controller``) across restarts and operator replicas. A time after
+``now`` means the clock stepped back since it was read (an NTP step), another clock
+wrote it (a restarted operator on a node whose clock is behind, a peer replica's ahead),
+or someone wrote the status by hand. Kept, each wait lasted the step's length on top of
+its own: a trial served its config for a day on a clock stepped back a day, and
+``cooldown_until: 1e15`` cooled for ever. ``rebase_future`` moves each such time back so
+that its wait is at most its own length from now: a trial's window starts now (what the
+window measured before the step is on another clock), and so does a rate-limit entry, a
+quiet period or a state's ``since``; a cooldown or a backoff ends at most its length
+from now. A clock that jumps forward needs nothing: each wait just ends, as after an
+operator that was down that long.
+"""
+
+from __future__ import annotations
+
+from slopilot.tuner.loop.backoff import Backoff
+from slopilot.tuner.loop.state import ControllerSettings, LoopState
+
+
+def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> list[str]:
+    """Bring ``loop``'s times after ``now`` back (module docstring); returns the fields
+    moved, each as ``name (N s ahead)``, for the caller's log line."""
+    moved: list[str] = []
+
+    def note(name: str, value: float) -> None:
+        moved.append(f"{name} ({value - now:.0f} s ahead)")
+
+    if loop.since > now:
+        note("since", loop.since)
+        loop.since = now
+    trial = loop.trial
+    if trial is not None and trial.started_at > now:
+        note("trial.started_at", trial.started_at)
+        trial.started_at = now
+    if ahead := [t for t in loop.trial_starts if t > now]:
+        note("trial_starts", max(ahead))
+        loop.trial_starts = [min(t, now) for t in loop.trial_starts]
+    if loop.headroom_since is not None and loop.headroom_since > now:
+        note("headroom_since", loop.headroom_since)
+        loop.headroom_since = now
+    if loop.cooldown_until is not None and loop.cooldown_until > now + settings.cooldown_s:
+        note("cooldown_until", loop.cooldown_until - settings.cooldown_s)
+        loop.cooldown_until = now + settings.cooldown_s
+    if loop.backoff is not None and (kept := Backoff.from_dict(loop.backoff)) is not None:
+        cap = max(settings.max_backoff_s, settings.cooldown_s)  # as backoff.record caps it
+        wait = min(max(kept.wait_s, 0.0), cap)
+        if kept.until > now + wait or wait != kept.wait_s:
+            note("backoff.until", kept.until - wait)
+            loop.backoff = Backoff(kept.situation, min(kept.until, now + wait),
+                                   wait).to_dict()
+    return moved
