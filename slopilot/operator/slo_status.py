@@ -74,6 +74,8 @@ class WindowFigures:
         {} before it ends, or when the window does not count (too few samples,
         Prometheus down) or gives no figure: the last figures stay, with their
         ``measuredAt``, and the next window is tried a full window later."""
+        if now < self.since:  # the clock stepped back: the window starts again here
+            self.since = now
         if now - self.since < self.window_s:
             return {}
         start, self.since = self.since, now

@@ -316,8 +316,10 @@ class DeploymentLoop:
         """After the tick, so that a trial it started is kept on its pod (module
         docstring); at a new generation, else once a ``CONFIG_SYNC_S``."""
         now = self.clock()
+        # A clock stepped back (an NTP step) makes the time since negative: due now, or
+        # the pods went unchecked for the step's length.
         if generation == self.synced_for and self.synced_at is not None \
-                and now - self.synced_at < CONFIG_SYNC_S:
+                and 0 <= now - self.synced_at < CONFIG_SYNC_S:
             return
         known, trial = self._running_trial(body)
         if not known:

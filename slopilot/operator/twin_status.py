@@ -76,7 +76,8 @@ class TwinTracker:
     def moved(self) -> bool:
         """Whether the profile's ConfigMap changed since it was read (see the docstring)."""
         twin = self.current
-        if twin is None or twin.ref is None or self.clock() - self.checked < RECHECK_S:
+        # Negative after the clock stepped back: looked at now, not after the step's length.
+        if twin is None or twin.ref is None or 0 <= self.clock() - self.checked < RECHECK_S:
             return False
         self.checked = self.clock()
         return config_map_version(self.kube, self.namespace, twin.ref) != twin.version

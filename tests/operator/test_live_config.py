@@ -218,6 +218,30 @@ def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon
         assert first.puts == []
 
 
+def test_the_pods_are_synced_one_period_after_the_clock_stepped_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync's period is timed on the operator's clock: stepped back a day (an NTP
+    step), a pod on an older config ran it for that day, not a ``CONFIG_SYNC_S``."""
+    body, _, mint = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, engine={"tokenBudget": 1024}, tuning={"window": "1h"}))
+    loop = daemon_loop(cluster, body, monkeypatch)
+    clock = Clock()
+    loop.clock = clock
+    want = spec_config(cluster)
+    token = mint.for_body(cluster.get())
+    first, late = PodStandIn(token, want), PodStandIn(token, {**want, "token_budget": 512})
+    with serving(first, late):
+        add_pod(cluster, "chat", 0, first.port)
+        assert loop.step()
+        add_pod(cluster, "chat", 1, late.port)
+        clock.now -= 86_400.0
+        assert loop.step()
+        clock.now += CONFIG_SYNC_S
+        assert loop.step()
+        assert running(late) == want
+
+
 def test_with_tuning_off_the_timer_brings_over_a_pod_that_read_an_older_config_map(
         kube: RunningEmulator, cluster: Cluster) -> None:
     import logging

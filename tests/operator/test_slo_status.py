@@ -54,3 +54,12 @@ def test_requests_turned_away_for_load_lower_the_attainment() -> None:
     tokens_only = ClassFigures(0.0, 10.0, 5.0, None, None)  # tokens of requests still running
     s = WindowSummary(60.0, 0.0, tokens_only, dict.fromkeys(Priority, tokens_only))
     assert figures_of(s)["sloAttainment"] == 0.5
+
+
+def test_a_clock_stepped_back_measures_one_window_after_the_step() -> None:
+    """The window is ``[last end, now]`` on the operator's clock: stepped back a day, no
+    figure was written for a day (``now - since`` was negative all that time)."""
+    figures = WindowFigures(Evaluator([summary(300.0, 50.0, 160.0)]), 60.0, 1_000_000.0)
+    back = 1_000_000.0 - 86_400.0
+    assert figures.due(back) == {}  # the window starts again at the step
+    assert figures.due(back + 60.0)["ttftP99Ms"] == 300.0

@@ -209,3 +209,29 @@ def test_the_crd_has_no_twin_profile_status_but_a_profile_under_twin() -> None:
     assert "twinProfile" not in status
     assert set(status["twin"]["properties"]["profile"]["properties"]) == {
         "calibrated", "source", "runs"}
+
+
+class _ConfigMaps:
+    """A Kube's ``get`` for ConfigMaps alone, counting the reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def get(self, api_version: str, plural: str, namespace: str, name: str
+            ) -> dict[str, Any]:
+        self.reads += 1
+        return {"metadata": {"resourceVersion": "2"}}
+
+
+def test_the_profile_is_looked_at_again_right_after_the_clock_stepped_back() -> None:
+    """Timed on the operator's clock: stepped back a day (an NTP step), a profile edited
+    then was not seen for that day."""
+    from slopilot.operator.twin_spec import ProfileRef
+
+    now = [1_000_000.0]
+    maps = _ConfigMaps()
+    tracker = TwinTracker(maps, NS, "chat", lambda: now[0])  # type: ignore[arg-type]
+    tracker.current = TwinChoice(version="1", ref=ProfileRef("profile"))
+    tracker.checked = now[0]
+    now[0] -= 86_400.0
+    assert tracker.moved() and maps.reads == 1
