@@ -224,7 +224,15 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     if (why := not_reconciled(kube, body, spec)) is not None:  # never act on another's
         raise ControllerError(why)
     saved = (body.get("status") or {}).get("controller")
-    state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+    try:
+        state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+    except ControllerError as exc:  # not resumed from: what it holds is not ours to act on
+        meta = body["metadata"]
+        raise ControllerError(
+            f"status.controller: {exc}; to start the loop afresh (in steady, its trial "
+            f"left to go stale in the study), remove it: kubectl -n {meta['namespace']} "
+            f"patch llmdeployment {meta['name']} --subresource=status --type=merge "
+            """-p '{"status":{"controller":null}}'""") from None
     if state is not None:
         rebase_episode(state, body)
     meta = body["metadata"]

@@ -19,7 +19,8 @@ from tests.support.kube_server import RunningEmulator
 
 @pytest.mark.parametrize(("saved", "field"), [
     ({"trial_starts": ["x"]}, "trial_starts"), ({"since": "yesterday"}, "since"),
-    ({"trial_starts": 5}, "trial_starts"), ({"trial": {"number": "1"}}, "trial.number")])
+    ({"trial_starts": 5}, "trial_starts"), ({"trial": {"number": "1"}}, "trial.number"),
+    ({"episode_trials": -1000}, "episode_trials")])
 def test_a_saved_state_of_the_wrong_types_is_named_in_the_tuning_condition(
         kube: RunningEmulator, kube_client: Any, monkeypatch: pytest.MonkeyPatch,
         saved: dict[str, Any], field: str) -> None:
@@ -33,3 +34,6 @@ def test_a_saved_state_of_the_wrong_types_is_named_in_the_tuning_condition(
     tuning = cluster.condition("Tuning")
     assert tuning["reason"] == "ControllerUnavailable"
     assert f"controller state: {field}=" in tuning["message"]
+    # and how to start afresh, where the status is not the tenant's to write
+    assert f"kubectl -n {NS} patch llmdeployment chat --subresource=status" \
+        in tuning["message"]

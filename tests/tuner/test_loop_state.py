@@ -65,3 +65,35 @@ def test_only_an_open_episode_has_a_config_to_roll_back_to(state: ControllerStat
     assert loop.rollback_config() == (best if is_open else None)
     loop.best_config = None
     assert loop.rollback_config() == (start if is_open else None)
+
+
+@pytest.mark.parametrize(("saved", "field"), [
+    # A count below zero let the episode run past max_trials (-1000: 1020 trials) and a
+    # trial's window be rejected past max_window_repeats; a time below zero is no clock
+    # reading (a trial that started in 1938 was measured over 88 years of Prometheus).
+    ({"episode_trials": -1000}, "episode_trials"),
+    ({"episode_feasible": -1}, "episode_feasible"),
+    ({"episode_warm_starts": -3}, "episode_warm_starts"),
+    ({"trial": {**TRIAL, "repeats": -1000}}, "trial.repeats"),
+    ({"trial": {**TRIAL, "number": -1}}, "trial.number"),
+    ({"trial": {**TRIAL, "started_at": -1e9}}, "trial.started_at"),
+    ({"since": -5.0}, "since"),
+    ({"cooldown_until": -1.0}, "cooldown_until"),
+    ({"trial_starts": [1.0, -2.0]}, "trial_starts"),
+    ({"best_goodput": -10.0}, "best_goodput"),
+])
+def test_a_value_below_zero_is_named(saved: dict[str, Any], field: str) -> None:
+    with pytest.raises(ControllerError, match=rf"controller state: {field}=.*>= 0"):
+        LoopState.from_dict(saved)
+
+
+def test_a_confirming_windows_constraints_may_be_below_zero() -> None:
+    # A constraint below zero is a term that held: the one value that may be negative.
+    trial = {**TRIAL, "edge_constraints": [-0.1, 0.02], "edge_goodput": 12.0}
+    assert LoopState.from_dict({"trial": trial}).trial == RunningTrial(**trial)
+
+
+def test_a_list_of_strings_of_the_wrong_type_is_named_as_such() -> None:
+    with pytest.raises(ControllerError) as info:
+        LoopState.from_dict({"episode_classes": [1]})
+    assert "expected a list of strings" in str(info.value)

@@ -292,18 +292,38 @@ class LoopState:
 
 _HINTS: dict[type, dict[str, Any]] = {}
 
+_MAY_BE_NEGATIVE = frozenset({"edge_constraints"})
+"""The numbers of the state that may be below zero (a constraint below zero held). Every
+other is a count, a trial number, goodput or a clock reading: below zero, a count let an
+episode run past ``max_trials`` (-1000: 1020 trials) and a trial's window be rejected
+past ``max_window_repeats``, and a time was no reading of any clock the loop runs on."""
+
 
 def _check_fields(cls: type, values: Mapping[str, Any], prefix: str,
                   skip: tuple[str, ...] = ()) -> None:
-    """Each of ``values`` of the type ``cls`` declares for it (numbers finite)."""
+    """Each of ``values`` of the type ``cls`` declares for it (numbers finite, and none
+    below zero but ``_MAY_BE_NEGATIVE``'s)."""
     if cls not in _HINTS:
         _HINTS[cls] = typing.get_type_hints(cls)
     for name, value in values.items():
         hint = _HINTS[cls].get(name)
-        if name in skip or hint is None or _conforms(value, hint):
+        if name in skip or hint is None:
             continue
-        raise ControllerError(f"controller state: {prefix}{name}={excerpt(value)}: expected "
-                              f"{_type_name(hint)}")
+        if not _conforms(value, hint):
+            raise ControllerError(f"controller state: {prefix}{name}={excerpt(value)}: "
+                                  f"expected {_type_name(hint)}")
+        if name not in _MAY_BE_NEGATIVE and _below_zero(value):
+            raise ControllerError(f"controller state: {prefix}{name}={excerpt(value)}: "
+                                  "expected >= 0 (a count, a trial number, goodput or a "
+                                  "time)")
+
+
+def _below_zero(value: Any) -> bool:
+    """Whether ``value`` (as ``_conforms`` passed it) is, or lists, a number below zero;
+    a config's knobs (a mapping) are the engine's config to judge."""
+    if isinstance(value, list):
+        return any(_below_zero(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0
 
 
 def _conforms(value: Any, hint: Any) -> bool:
@@ -335,7 +355,10 @@ def _type_name(hint: Any) -> str:
     if hint in names:
         return names[hint]
     origin = typing.get_origin(hint)
-    return {dict: "a mapping", list: "a list of numbers"}.get(origin, str(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return {float: "a list of numbers", str: "a list of strings"}.get(item, "a list")
+    return {dict: "a mapping"}.get(origin, str(hint))
 
 
 
