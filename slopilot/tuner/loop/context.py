@@ -9,6 +9,7 @@ and a returned ``Go`` moves on to the next state's step within the same tick.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from slopilot.tuner.loop.state import (
 from slopilot.tuner.loop.transitions import Go
 from slopilot.tuner.loop.twin_check import TwinCheck
 from slopilot.tuner.prometheus.alerts import Alert
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class LoopContext:
         self.loop = state if state is not None else LoopState()
         if self.loop.trial is not None:  # asked before a restart: held here from now on
             study.resume(self.loop.trial.number)
+        self._forget_best_outside_space()
         self.iterations = iterations
         """Where the twin is checked (None: the twin is trusted unchecked, as before)."""
         self.twin_check: TwinCheck | None = None
@@ -85,6 +89,20 @@ class LoopContext:
                 f"margins scale_up={scale_up_margin!r}, headroom={headroom_margin!r}: "
                 "need 0 <= scale_up_margin <= headroom_margin < 1 (e.g. 0.1 and 0.2)")
         self.headroom_margin, self.scale_up_margin = headroom_margin, scale_up_margin
+
+    def _forget_best_outside_space(self) -> None:
+        """An open episode's best that this study's space no longer holds (its bounds
+        narrowed since, or a status written by hand) is forgotten: committed or rolled
+        back to, it put every replica on a config the spec's bounds rule out. Its
+        baseline, the config it began on, is the rollback target again."""
+        loop = self.loop
+        if not loop.episode_open or loop.best_config is None:
+            return
+        why = self.study.space.outside(loop.best_config)
+        if why is not None:
+            log.warning("%s: the episode's best config is forgotten: %s (the search "
+                        "space now)", self.settings.key, why)
+            loop.best_config = loop.best_goodput = None
 
     @property
     def state(self) -> ControllerState:

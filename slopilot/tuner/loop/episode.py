@@ -95,7 +95,18 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return _end_for_scale(ctx, ", ".join(surge))
     if ctx.loop.trial is None:
         return _next_trial(ctx, tick.now, "next trial")
+    if (why := ctx.study.space.outside(ctx.loop.trial.config)) is not None:
+        return _outside_space(ctx, ctx.loop.trial, why)
     return _running_trial(ctx, tick.now, ctx.loop.trial)
+
+
+def _outside_space(ctx: LoopContext, t: RunningTrial, why: str) -> Decision:
+    """A running trial whose config the study's space no longer holds (the spec's
+    bounds narrowed during it, or a status written by hand): told failed and reverted
+    now. Judged, it held and was committed to every replica over the new bounds."""
+    reason = f"trial {t.number} is outside the search space now: {why}"
+    ctx.study.tell_failed(t.number, reason)
+    return _end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT, reason, None)
 
 
 def _end_for_scale(ctx: LoopContext, alerts: str) -> Go:

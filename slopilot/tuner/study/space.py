@@ -367,6 +367,25 @@ class SearchSpace:
                 params[name] = value
         return params
 
+    def outside(self, config: Mapping[str, Any]) -> str | None:
+        """Why ``config`` lies outside this space, judged on the knobs it names that the
+        space tunes or fixes (a trial's config, or one kept from an earlier space); None
+        when none of them does. Unlike ``validate``, a knob it leaves out is no fault."""
+        for name, value in config.items():
+            bound = self.bounds.get(name)
+            if isinstance(bound, Choice):
+                if value not in bound.options:
+                    return (f"{name}={value!r} is not one of "
+                            f"{', '.join(map(str, bound.options))}")
+            elif bound is not None:
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if not number or not bound.lo <= value <= bound.hi:
+                    return f"{name}={value!r} is outside [{bound.lo}, {bound.hi}]"
+            elif name in self.fixed and value != getattr(self.fixed[name], "value",
+                                                         self.fixed[name]):
+                return f"{name}={value!r} but the space fixes it at {self.fixed[name]!r}"
+        return None
+
     def validate(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """``config`` checked against the knobs and this space; raises ConfigError."""
         for name in self.bounds:
