@@ -14,6 +14,12 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
 - Idempotent: a status write that fails leaves the controller as it is in memory, and
   the next step writes that same state again before it ticks; a daemon never asks a
   second trial because its first was not recorded.
+- One writer of the loop's state: each write of ``status.controller`` is made only over
+  the state this daemon built its controller from or last wrote there. Another found
+  there is another writer's (a second operator replica's daemon, before the peering
+  paused one, or an administrator's reset): this daemon's tick is dropped, its own trial
+  told failed, and its next step resumes the state on record. Each wrote over the other's
+  before: two trials RUNNING in the study, each daemon's config on the pods.
 - Deleted: the study's running trial is told FAIL, so that it does not stay RUNNING,
   then the study is deleted from every storage it lived in (``status.studyStorages``,
   which each step's status write keeps: study_cleanup.py): it is keyed by the CR's uid,
@@ -275,6 +281,10 @@ class DeploymentLoop:
         """When the pods were last brought to the spec's config; None: at the next step."""
         self.synced_for: int | None = None
         """The spec generation they were brought to then."""
+        self.on_record: Any = None
+        """``status.controller`` as this loop's controller was built from it or last wrote
+        it (``on_record``): another state found there is another writer's (module
+        docstring), which this loop resumes rather than overwrites."""
 
     @property
     def key(self) -> str:
@@ -294,6 +304,9 @@ class DeploymentLoop:
             self._write(self.unwritten, self.unwritten_time)
             return True
         generation = body["metadata"].get("generation")
+        saved = (body.get("status") or {}).get("controller")
+        if self.controller is not None and on_record(saved) != self.on_record:
+            self._overtaken(saved, "its state in status.controller was replaced")
         try:
             if self.controller is None or self.built_for != generation or \
                     self.twin.moved():
@@ -301,6 +314,7 @@ class DeploymentLoop:
                 replaced = self.controller
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)
+                self.on_record = on_record(saved)
                 self.storage = parse_spec(body).tuning.storage
                 # After the build, which resumed the trial: the new study beats already
                 # (unless a factory hands both controllers one study: it is kept then).
@@ -366,23 +380,66 @@ class DeploymentLoop:
         return True, None if state is None else state.trial
 
     def _write(self, decision: Decision, action_time: str) -> bool:
-        """Write the controller's state as of ``decision``; on failure keep it for later."""
+        """Write the controller's state as of ``decision``; on failure keep it for later.
+        Only over the state on record as this loop last saw it: another writer's state
+        found there (another operator replica's daemon) is resumed, not overwritten, and
+        this tick's decision dropped (``_overtaken``)."""
         controller = self.controller
         assert controller is not None
         self.unwritten, self.unwritten_time = decision, action_time
+        mine = controller.to_dict()
+        found: list[Any] = []
+
+        def build_status(fresh: dict[str, Any]) -> dict[str, Any] | None:
+            if not self._ours(fresh):
+                return None
+            now = on_record((fresh.get("status") or {}).get("controller"))
+            if now != self.on_record:
+                found.append(now)
+                return None
+            return status_after(fresh, controller, decision, action_time, self.storage)
+
         try:
-            written = write_status(self.kube, self.namespace, self.name, lambda fresh: (
-                status_after(fresh, controller, decision, action_time, self.storage)
-                if self._ours(fresh) else None))
+            written = write_status(self.kube, self.namespace, self.name, build_status)
         except Exception as exc:  # an API error or a dropped connection: retried next step
             log.warning("%s: status write failed (%s: %s); the controller keeps its state "
                         "and writes it again before its next tick", self.key,
                         type(exc).__name__, exc)
             return False
         self.unwritten = None
+        if found:
+            self._overtaken(found[0], "another writer replaced status.controller during "
+                            f"the tick ({decision.action.value}: {decision.reason})")
+            return True
+        self.on_record = on_record(mine)
         if written is not None:
             post_decision(written, decision)
         return True
+
+    def _overtaken(self, theirs: Any, why: str) -> None:
+        """Another writer's state ``theirs`` is on record (another operator replica's
+        daemon acts on this CR, or an administrator reset it): this loop's controller is
+        dropped and the next step builds one from the status, resuming the trial on
+        record, if any. Its own trial, unless it is that one, is told failed: left
+        running, it was a second trial the study held open beside the other's, its config
+        on the pods until the sync put them back (at the next step)."""
+        controller = self.controller
+        if controller is None:
+            return
+        recorded = theirs.get("trial") if isinstance(theirs, Mapping) else None
+        number = recorded.get("number") if isinstance(recorded, Mapping) else None
+        trial = controller.loop.trial
+        if trial is not None and trial.number != number:
+            try:
+                controller.study.tell_failed(
+                    trial.number, "another operator replica's state for this "
+                    "LLMDeployment was on record: its trial, if any, goes on instead")
+            except Exception:  # left RUNNING, it goes stale once nothing beats for it
+                log.exception("%s: could not fail trial %d", self.key, trial.number)
+        log.warning("%s: %s; this replica's controller is dropped and the state on record "
+                    "resumed", self.key, why)
+        self.close()
+        self.synced_at = None  # the pods back to the config on record at the next step
 
     def _write_condition(self, message: str, generation: int | None) -> None:
         try:
@@ -519,6 +576,14 @@ class DeploymentLoop:
 
 
 _CR = (API_VERSION, PLURAL)
+
+
+def on_record(saved: Any) -> Any:
+    """``status.controller`` as a JSON merge patch leaves what the daemon wrote: without
+    its null fields (the patch deletes them), at every level of its maps."""
+    if isinstance(saved, Mapping):
+        return {k: on_record(v) for k, v in saved.items() if v is not None}
+    return saved
 
 # Set by `slopilot operator` on SIGTERM/SIGINT before kopf begins to stop: a daemon that
 # kopf starts while shutting down is not told to stop, so each one also checks this.
