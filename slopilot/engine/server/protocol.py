@@ -76,7 +76,9 @@ class _GenerationFields(_NullIsDefault):
     """Fields shared by completions and chat completions."""
 
     # Unknown fields are ignored, as OpenAI-compatible servers do for SDK extensions.
-    model_config = ConfigDict(extra="ignore")
+    # NaN and Infinity, which Python's JSON reader takes and JSON has not, are named as
+    # not finite (a NaN temperature was told it should be at most 2).
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)

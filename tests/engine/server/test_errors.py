@@ -354,3 +354,14 @@ def test_a_json_body_sent_without_the_json_content_type_is_told_the_header(
                              content=b'{"prompt": "hi", "max_tokens": 1}',
                              headers={"content-type": json_type}, timeout=HANG_GUARD_S)
             assert res.status_code == 200, res.text
+
+
+@pytest.mark.parametrize(("field", "literal"), [("temperature", "NaN"), ("top_p", "NaN"),
+                                                ("presence_penalty", "Infinity"),
+                                                ("frequency_penalty", "-Infinity")])
+def test_a_number_that_is_not_finite_is_named_as_such(field: str, literal: str) -> None:
+    """Python's JSON reader takes NaN and Infinity, which JSON has not: a NaN temperature
+    was told "Input should be less than or equal to 2", as if it were too large."""
+    with start_server() as srv:
+        err = _error(_post(srv, f'{{"prompt": "hi", "{field}": {literal}}}'), 400)
+        assert err["param"] == field and "finite number" in err["message"], err
