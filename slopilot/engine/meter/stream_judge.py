@@ -7,11 +7,12 @@ of each later event share the time since the choice's last one (``ClientGaps``).
 streams a chunk per step, one token each (more only where it could not send for a while,
 and then the shared gap is what the client saw); an event with text counts as one token
 unless the stream's last usage says how many there were. A choice that finished (its
-finish reason) is judged; one cut short (the client left, the engine's answer broke off)
-only where it had missed already (``verdicts``), as the engine's server judges it. A
-stream the meter could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``) is
-not judged: it passes through all the same. The events are read as a client's SSE parser
-reads them (``written``).
+finish reason) is judged; one cut short (the client left, the engine's answer broke off,
+or the engine failed it: vLLM writes an exception inside a stream it answered 200 as one
+``data: {"error": ...}`` event) only where it had missed already (``verdicts``), as the
+engine's server judges it. A stream the meter could not read (not SSE, not JSON, an
+event past ``MAX_EVENT_BYTES``) is not judged: it passes through all the same. The events
+are read as a client's SSE parser reads them (``written``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class StreamJudge:
         self._choices: dict[int, _Choice] = {}
         self._usage_tokens: int | None = None
         self._done = False
+        self._failed = False
+        """The engine failed the stream (its error event): what follows is not read."""
         self._unreadable = False
 
     def written(self, data: bytes, at: float) -> None:
@@ -83,7 +86,7 @@ class StreamJudge:
         them: a CR ends its line at once, and an LF right after it, in this piece or the
         next, is part of that end, so an event whose CRLF a read split is seen when its
         CR came, not with the next event."""
-        if self._unreadable or self._done or not data:
+        if self._unreadable or self._done or self._failed or not data:
             return
         if self._after_cr and data.startswith(b"\n"):
             data = data[1:]
@@ -96,7 +99,7 @@ class StreamJudge:
                 continue
             lines_of_event, self._lines, self._event_bytes = self._lines, [], 0
             self._event(lines_of_event, at)
-            if self._unreadable or self._done:
+            if self._unreadable or self._done or self._failed:
                 return
         if self._event_bytes + len(self._partial) > MAX_EVENT_BYTES:
             self._unreadable = True
@@ -130,7 +133,10 @@ class StreamJudge:
             self._usage_tokens = usage["completion_tokens"]
         choices = chunk.get("choices")
         if "error" in chunk:
-            return False  # an error mid-stream: the request failed, nothing to judge
+            # The engine failed the request mid-stream (then writes [DONE] all the same):
+            # its unfinished choices were cut short there, as by a broken connection.
+            self._failed = True
+            return True
         if not isinstance(choices, list):
             return choices is None
         for raw in choices:
@@ -156,7 +162,8 @@ class StreamJudge:
         """Each choice's verdict, the stream having ended at ``now``, as the engine's
         server has them (``responses.ChoiceState.verdict``). A choice that finished is
         judged (none without a token: nothing to judge). One cut short (the client left,
-        the engine's answer broke off) only where it had missed already, whatever would
+        the engine's answer broke off or it failed the stream) only where it had missed
+        already, whatever would
         have followed: no first token within the TTFT target (by ``now`` if none came),
         or more slow gaps than 1 % of all its ``max_tokens`` allow; else its end could
         still have met the SLO, and it is not judged. Unjudged, the clients an overloaded

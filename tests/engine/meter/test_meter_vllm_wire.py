@@ -1,0 +1,69 @@
+"""The meter in front of vLLM v0.11's own stream bytes (``vllm_wire``), judged as the
+client sees them, on the test's clock (``test_meter``'s ``Client``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slopilot.engine.request import Priority
+from tests.engine.meter import vllm_wire as wire
+from tests.engine.meter.test_meter import LABEL, Client, Upstream, counted, meter_for, run
+
+CHAT = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+        "max_tokens": 8}
+COMPLETION = {"model": "llama", "prompt": "hi", "stream": True, "max_tokens": 8}
+
+
+def judged(tmp_path: Path, path: str, body: dict[str, Any],
+           pieces: list[tuple[bytes, float]]) -> dict[Any, tuple[int, int]]:
+    """The verdicts of one request answered with ``pieces``, each written at its time
+    (the request arrives at 0)."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([p for p, _ in pieces], headers={"content-type": wire.CONTENT_TYPE})
+
+    async def go() -> bytes:
+        status, headers, got = await Client(meter, now).request(
+            "POST", path, body, written_at=[t for _, t in pieces])
+        assert status == 200 and headers["content-type"] == wire.CONTENT_TYPE
+        return got
+
+    assert run(go) == b"".join(p for p, _ in pieces)  # passed on byte for byte
+    return counted(meter)
+
+
+MET, MISSED = (Priority.P0, LABEL, True), (Priority.P0, LABEL, False)
+
+
+@pytest.mark.parametrize(("path", "body", "pieces", "want"), [
+    # The first token came 0.7 s after the request (its target 0.5 s), then the engine
+    # failed: the client saw a late first token and an error.
+    ("/v1/chat/completions", CHAT,
+     [(wire.chat_role(), 0.7), (wire.chat_delta(content="a"), 0.7),
+      (wire.error("EngineCore encountered an issue."), 0.75), (wire.DONE, 0.75)],
+     {MISSED: (1, 1)}),
+    # A request the engine aborted: vLLM's completions raise on finish_reason "abort".
+    ("/v1/completions", COMPLETION,
+     [(wire.completion(0, "a"), 0.6), (wire.error("aborted"), 0.65), (wire.DONE, 0.65)],
+     {MISSED: (1, 1)}),
+    # No first token at all: the error came 0.9 s after the request.
+    ("/v1/chat/completions", CHAT,
+     [(wire.error("reasoning parser failed"), 0.9), (wire.DONE, 0.9)], {MISSED: (1, 0)}),
+    # On time so far: the rest could still have met the SLO, so it is judged neither way
+    # (as a stream cut short is).
+    ("/v1/chat/completions", CHAT,
+     [(wire.chat_role(), 0.1), (wire.chat_delta(content="a"), 0.1),
+      (wire.error("boom"), 0.12), (wire.DONE, 0.12)], {}),
+], ids=["late-then-failed", "aborted", "failed-before-a-token", "failed-on-time"])
+def test_an_error_event_mid_stream_is_judged_as_an_answer_broken_off(
+        tmp_path: Path, path: str, body: dict[str, Any],
+        pieces: list[tuple[bytes, float]], want: dict[Any, tuple[int, int]]) -> None:
+    """vLLM reports a failure inside a stream already answered 200 as one
+    ``data: {"error": ...}`` event: the meter read the stream as unreadable and judged
+    it neither way, so a stream that had missed its first token and then failed vanished
+    from the goodput share, where one whose connection broke counted a miss. Judged as
+    the engine's server judges a failed one: a miss where it had missed already."""
+    assert judged(tmp_path, path, body, pieces) == want
