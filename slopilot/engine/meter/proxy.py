@@ -116,9 +116,13 @@ class Meter:
         self.model_name = ""
         """The served model's name, as the judged streams name it."""
         # No read timeout: a long generation sends nothing for minutes, and the client
-        # going away closes it (``_watch_disconnect``).
+        # going away closes it (``_watch_disconnect``). No cap on connections: httpx's
+        # default pool (100) queued the 101st stream inside the meter, out of reach of
+        # vLLM's max_num_seqs (the tuner draws up to 1,024), its priority queue and its
+        # metrics; vLLM queues what it cannot run itself.
         self.client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False)
+            timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_VerdictCollector(self))
         self.registry.register(_LatencyCollector(self))  # scraped in this order
