@@ -197,11 +197,13 @@ class Meter:
         if not isinstance(data, dict) or _lax(_BOOL, data.get("stream")) is not True:
             return None
         n = _lax(_INT, data.get("n", 1))
+        n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
         # vLLM's rule: the chat API's newer spelling first, where it is given.
         max_tokens = _lax(_INT, data.get("max_completion_tokens")) or \
             _lax(_INT, data.get("max_tokens"))
+        prompts = _prompts(data.get("prompt")) if scope["path"] == "/v1/completions" else 1
         return StreamJudge(self.slo.current().class_slo(self.priority), arrival,
-                           choices=n if n is not None and 1 <= n <= MAX_CHOICES else 1,
+                           choices=n * prompts,
                            max_tokens=max_tokens if max_tokens is not None and
                            max_tokens > 0 else None, latency=self.latency)
 
@@ -336,6 +338,15 @@ async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(data)).encode()), _date()]})
     await send({"type": "http.response.body", "body": data})
+
+
+def _prompts(prompt: Any) -> int:
+    """How many prompts a completions request's ``prompt`` holds: vLLM runs each of a
+    list of texts or of token lists as a request of its own, streamed as choices
+    ``prompt_idx * n + i``; a text or one list of token ids is one."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return len(prompt)
+    return 1
 
 
 # vLLM reads a request's fields with pydantic, in its lax mode: "stream": 1 or "true" is

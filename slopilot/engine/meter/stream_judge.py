@@ -56,8 +56,9 @@ class StreamJudge:
 
     def __init__(self, slo: ClassSLO, arrival: float, *, choices: int = 1,
                  max_tokens: int | None = None, latency: ClientLatency | None = None) -> None:
-        """``choices`` and ``max_tokens``: the request's ``n`` and ``max_tokens`` (None:
-        not given, the engine's limit), for a stream cut short (``cut_short``).
+        """``choices`` and ``max_tokens``: the choices the request streams (its ``n``,
+        times its prompts for a list of them) and its ``max_tokens`` (None: not given,
+        the engine's limit), for a stream cut short (``verdicts``).
         ``latency``: where each first token and gap is observed as it is read."""
         self.slo, self.arrival = slo, arrival
         self.latency = latency

@@ -3,6 +3,7 @@ client sees them, on the test's clock (``test_meter``'s ``Client``)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,16 @@ import pytest
 
 from slopilot.engine.request import Priority
 from tests.engine.meter import vllm_wire as wire
-from tests.engine.meter.test_meter import LABEL, Client, Upstream, counted, meter_for, run
+from tests.engine.meter.test_meter import (
+    HOLD,
+    LABEL,
+    Client,
+    Upstream,
+    counted,
+    meter_for,
+    run,
+)
+from tests.support.waits import HANG_GUARD_S
 
 CHAT = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "max_tokens": 8}
@@ -67,3 +77,31 @@ def test_an_error_event_mid_stream_is_judged_as_an_answer_broken_off(
     from the goodput share, where one whose connection broke counted a miss. Judged as
     the engine's server judges a failed one: a miss where it had missed already."""
     assert judged(tmp_path, path, body, pieces) == want
+
+
+@pytest.mark.parametrize(("prompt", "want"), [
+    (["a", "b", "c"], 3), ([[1, 2], [3]], 2), ([1, 2, 3], 1), ("abc", 1)],
+    ids=["texts", "token-lists", "one-token-list", "one-text"])
+def test_a_completions_list_of_prompts_is_judged_choice_by_choice_when_cut_short(
+        tmp_path: Path, prompt: Any, want: int) -> None:
+    """vLLM runs each prompt of a list as its own request, streamed as choice
+    ``prompt_idx * n + i`` (``completion_stream_generator``): a client that gave up
+    after 0.8 s with no first token (due in 0.5) had missed it on every one of them, and
+    was counted one miss, as if it had asked for a single prompt."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([HOLD], headers={"content-type": wire.CONTENT_TYPE})
+
+    async def go() -> None:
+        client = Client(meter, now)
+        task = asyncio.ensure_future(client.request(
+            "POST", "/v1/completions", {**COMPLETION, "prompt": prompt, "n": 1}))
+        while not upstream.requests:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        now[0] = 0.8  # the client gives up
+        client.leave.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+
+    run(go)
+    assert counted(meter) == {MISSED: (want, 0)}
