@@ -136,9 +136,10 @@ class Client:
                 self.leave.set()
                 await asyncio.sleep(0)
 
-        scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
-                 "query_string": b"", "headers": [(k.encode(), v.encode()) for k, v in
-                                                  (headers or {}).items()]}
+        scope: dict[str, Any] = {
+            "type": "http", "method": method, "path": path, "raw_path": path.encode(),
+            "query_string": b"", "headers": [(k.encode(), v.encode()) for k, v in
+                                             (headers or {}).items()]}
         if arrival is not None:
             scope[SCOPE_KEY] = arrival
         await self.meter(scope, receive, send)
