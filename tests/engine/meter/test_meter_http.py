@@ -77,7 +77,8 @@ class _Served:
 def served(tmp_path: Path) -> Iterator[_Served]:
     slo_file = tmp_path / "slo.json"
     slo_file.write_text(json.dumps(SLO))
-    upstream, now, read = _Upstream(), [100.0], []
+    upstream, now = _Upstream(), [100.0]
+    read: list[int] = []
     app = Meter("http://127.0.0.1:8001", SLOWatch(slo_file, Verdicts()), Priority.P0,
                 client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle)),
                 clock=lambda: now[0])
