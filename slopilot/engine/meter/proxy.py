@@ -59,6 +59,9 @@ MAX_BODY_BYTES = 64 << 20
 context, and the meter holds a body whole before it forwards it."""
 MAX_CHOICES = 128
 """The most choices (``n``) a cut-short stream is judged for: vLLM refuses more."""
+COMPLETIONS_MAX_TOKENS = 16
+"""vLLM's ``max_tokens`` for a completions request that leaves it out (v0.11,
+``protocol.CompletionRequest``; the chat API's is the context)."""
 INLINE_PARSE_BYTES = 64 << 10
 """Request bodies up to this size are parsed on the event loop (well under a millisecond);
 larger ones on a thread."""
@@ -198,10 +201,13 @@ class Meter:
             return None
         n = _lax(_INT, data.get("n", 1))
         n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
-        # vLLM's rule: the chat API's newer spelling first, where it is given.
+        completions = scope["path"] == "/v1/completions"
+        # vLLM's rule: the chat API's newer spelling first, where it is given. Its
+        # completions API has a default of its own where the field is left out (null:
+        # the context, as for chat).
         max_tokens = _lax(_INT, data.get("max_completion_tokens")) or \
-            _lax(_INT, data.get("max_tokens"))
-        prompts = _prompts(data.get("prompt")) if scope["path"] == "/v1/completions" else 1
+            _lax(_INT, data.get("max_tokens", COMPLETIONS_MAX_TOKENS if completions else None))
+        prompts = _prompts(data.get("prompt")) if completions else 1
         return StreamJudge(self.slo.current().class_slo(self.priority), arrival,
                            choices=n * prompts,
                            max_tokens=max_tokens if max_tokens is not None and

@@ -105,3 +105,34 @@ def test_a_completions_list_of_prompts_is_judged_choice_by_choice_when_cut_short
 
     run(go)
     assert counted(meter) == {MISSED: (want, 0)}
+
+
+@pytest.mark.parametrize(("limit", "want"), [
+    ({}, {MISSED: (1, 3)}),  # vLLM's default: 16 tokens, 15 gaps, none of them slow
+    ({"max_tokens": None}, {}),  # the model's context: the rest could still have met it
+], ids=["left-out", "null"])
+def test_a_completions_token_limit_left_out_is_vllms_default(
+        tmp_path: Path, limit: dict[str, Any], want: dict[Any, tuple[int, int]]) -> None:
+    """vLLM's CompletionRequest has ``max_tokens = 16`` when the field is left out (the
+    chat API's is the context). A stream cut short after two slow gaps of at most 15 had
+    missed already; the meter read a limit left out as the context's, and judged it
+    neither way."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([wire.completion(0, t) for t in "abc"] + [HOLD],
+                    headers={"content-type": wire.CONTENT_TYPE})
+    body = {k: v for k, v in COMPLETION.items() if k != "max_tokens"} | limit
+
+    async def go() -> None:
+        client = Client(meter, now)
+        task = asyncio.ensure_future(client.request("POST", "/v1/completions", body,
+                                                    written_at=[0.1, 0.3, 0.5]))
+        while sum(1 for m in client.sent if m.get("body")) < 3 or not upstream.requests:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        now[0] = 0.8  # the client gives up
+        client.leave.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+
+    run(go)
+    assert counted(meter) == want
