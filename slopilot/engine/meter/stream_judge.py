@@ -4,15 +4,16 @@ The proxy hands over each piece of the upstream's answer after writing it to the
 with the moment it was written. The events it completes are read: each choice's first
 text is its first token (TTFT from the request's arrival at the meter), and the tokens
 of each later event share the time since the choice's last one (``ClientGaps``). vLLM
-streams a chunk per step, one token each (more only where it could not send for a while,
-and then the shared gap is what the client saw); an event with text counts as one token
-unless the stream's last usage says how many there were. A choice that finished (its
-finish reason) is judged; one cut short (the client left, the engine's answer broke off,
-or the engine failed it: vLLM writes an exception inside a stream it answered 200 as one
-``data: {"error": ...}`` event) only where it had missed already (``verdicts``), as the
-engine's server judges it. A stream the meter could not read (not SSE, not JSON, an
-event past ``MAX_EVENT_BYTES``) is not judged: it passes through all the same. The events
-are read as a client's SSE parser reads them (``written``).
+streams a chunk per step, one token each, but merges the steps its API server could not
+write yet into one chunk: a chunk's tokens are what it says (token ids, continuous
+usage, logprobs), else one, and the stream's last usage says how many there were in
+all. A choice that finished (its finish reason) is judged; one cut short (the client
+left, the engine's answer broke off, or the engine failed it: vLLM writes an exception
+inside a stream it answered 200 as one ``data: {"error": ...}`` event) only where it had
+missed already (``verdicts``), as the engine's server judges it. A stream the meter
+could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``) is not judged: it
+passes through all the same. The events are read as a client's SSE parser reads them
+(``written``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class _Choice:
     gap_count: int = 0
     over: int = 0
     finished: bool = False
+    usage_tokens: int = 0
+    """The choice's tokens so far by its chunks' continuous usage (0 without)."""
 
 
 class StreamJudge:
@@ -144,15 +147,23 @@ class StreamJudge:
             if not isinstance(raw, dict) or type(raw.get("index")) is not int:
                 return False
             choice = self._choices.setdefault(raw["index"], _Choice())
+            # vLLM's continuous usage counts the chunk's one choice's tokens so far.
+            so_far = usage.get("completion_tokens") if isinstance(usage, dict) and \
+                len(choices) == 1 else None
+            carried = None
+            if type(so_far) is int:
+                carried, choice.usage_tokens = so_far - choice.usage_tokens, so_far
             if _output(raw):
-                if choice.ttft_s is None:
+                first = choice.ttft_s is None
+                if first:
                     choice.ttft_s = at - self.arrival
                     if self.latency is not None:
                         self.latency.first_token(choice.ttft_s)
-                gaps = choice.gaps.written(1, at)
+                tokens = _tokens(raw, carried, first=first)
+                gaps = choice.gaps.written(tokens, at)
                 if self.latency is not None:
                     self.latency.token_gaps(gaps)
-                choice.tokens += 1
+                choice.tokens += tokens
                 choice.gap_count += len(gaps)
                 choice.over += sum(1 for g in gaps if self.tbt_s is not None and g > self.tbt_s)
             if raw.get("finish_reason") is not None:
@@ -200,6 +211,26 @@ def _output(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta")
     return isinstance(delta, dict) and any(
         delta.get(field) for field in _OUTPUT_FIELDS)
+
+
+def _tokens(choice: dict[str, Any], carried: int | None, *, first: bool) -> int:
+    """How many tokens a choice's chunk with output brings: vLLM merges the outputs its
+    API server had not written yet into one chunk, so a busy server's chunks bring
+    several. Said by its ``token_ids`` (``return_token_ids``), its continuous usage's
+    growth (``carried``) or its logprobs (one entry a token; not on a completion's first
+    chunk, where ``echo`` puts the prompt's before them); one where none says."""
+    if isinstance(ids := choice.get("token_ids"), list) and ids:
+        return len(ids)
+    if carried is not None and carried > 0:
+        return carried
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, dict):
+        entries = logprobs.get("content")  # chat
+        if entries is None and not first:
+            entries = logprobs.get("tokens")  # completions
+        if isinstance(entries, list) and entries:
+            return len(entries)
+    return 1
 
 
 _OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
