@@ -1,5 +1,6 @@
 """What the docs name exists: every ``slopilot`` flag and choice, every benchmark flag,
-every file of the repository and every ``slopilot.*`` name they cite.
+every file of the repository and every ``slopilot.*`` name they cite; and every
+LLMDeployment they show is one the API server and the operator accept.
 
 A user copies a command from README.md or docs/*.md; a flag renamed in the parser, a
 script moved or a module split leaves that command failing while every other test
@@ -9,14 +10,26 @@ passes. These checks read the docs as text and hold each reference against the c
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from slopilot.cli import build_parser
+from slopilot.operator.spec import SpecError, parse_spec
+from tests.support.crd_schema import (
+    apply_defaults,
+    cel_errors,
+    list_map_errors,
+    prune,
+    schema_errors,
+    served_schema,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "scenarios" / "README.md",
@@ -197,3 +210,73 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
                                     "doc.md:5: slopilot/engine/gone.py does not exist"]
     assert dotted_problems([doc]) == [
         "doc.md:5: slopilot.engine.config.NoSuchThing does not import"]
+
+
+# A fenced ```yaml block, at any indent (list items indent theirs).
+YAML_BLOCK = re.compile(r"^( *)```yaml\n(.*?)^\1```", re.M | re.S)
+
+
+def spec_examples(docs: list[Path] = DOCS) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each LLMDeployment a doc shows, whole (``kind: LLMDeployment``), as ``spec:`` or
+    as spec fields (``model:``, ``alerts:``), made a whole object; placeholders for key
+    digests (``<64 hex digits>``) become distinct digests."""
+    crd = yaml.safe_load((ROOT / "manifests" / "crd.yaml").read_text())
+    fields = set(served_schema(crd)["properties"]["spec"]["properties"])
+    for doc in docs:
+        text = doc.read_text()
+        for match in YAML_BLOCK.finditer(text):
+            where = f"{doc.name}:{text[:match.start()].count(chr(10)) + 1}"
+            indent = len(match.group(1))
+            block = "\n".join(line[indent:] for line in match.group(2).splitlines())
+            parts = block.split("<64 hex digits>")
+            block = "".join(part + hashlib.sha256(str(i).encode()).hexdigest()
+                            for i, part in enumerate(parts[:-1])) + parts[-1]
+            example = yaml.safe_load(block)
+            if not isinstance(example, dict):
+                continue
+            if example.get("kind") == "LLMDeployment":
+                body = example
+            elif set(example) == {"spec"} or set(example) <= fields:
+                spec = example.get("spec", example) if set(example) == {"spec"} else example
+                body = {"apiVersion": "slopilot.dev/v1alpha1", "kind": "LLMDeployment",
+                        "metadata": {"name": "example", "namespace": "team-a"},
+                        "spec": {"model": {"name": "smollm2-135m"}, **spec}}
+            else:
+                continue  # a scenario, a profile, a Prometheus job: not an LLMDeployment
+            yield where, body
+
+
+def spec_problems(docs: list[Path] = DOCS) -> list[str]:
+    """What the API server (the CRD's schema and CEL rules, pruning) or the operator's
+    parse refuses of the docs' examples."""
+    schema = served_schema(yaml.safe_load((ROOT / "manifests" / "crd.yaml").read_text()))
+    problems = []
+    for where, body in spec_examples(docs):
+        pruned = prune(schema, body)
+        if pruned != body:
+            problems.append(f"{where}: the API server would drop fields of {body['spec']}")
+        full = apply_defaults(schema, pruned)
+        errors = schema_errors(schema, full) + cel_errors(schema, full) \
+            + list_map_errors(schema, full)
+        problems += [f"{where}: {error}" for error in errors]
+        if not errors:
+            try:
+                parse_spec(full)
+            except SpecError as exc:
+                problems.append(f"{where}: the operator refuses it: {exc}")
+    return problems
+
+
+def test_the_docs_llmdeployment_examples_are_accepted() -> None:
+    assert sum(1 for _ in spec_examples()) >= 4  # operations.md's examples are read
+    assert spec_problems() == []
+
+
+def test_a_refused_example_is_named(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("```yaml\nspec:\n  alerts: {holdFor: 2m, tbtPeriod: 3}\n```\n\n"
+                   "  ```yaml\n  alerts:\n    ttftWarningFactor: 3\n  ```\n")
+    problems = spec_problems([doc])
+    assert len(problems) == 2
+    assert problems[0].startswith("doc.md:1: the API server would drop fields")
+    assert problems[1].startswith("doc.md:6: ") and "ttftWarningFactor" in problems[1]
