@@ -111,7 +111,7 @@ def test_a_torch_demo_without_a_profile_says_its_twin_is_a_gpu_prior() -> None:
     assert opts.scenario_name == "demo-torch" and DemoOptions().scenario_name == "demo"
     twin = twin_scenario(load_scenario(opts.scenario_name), opts)
     assert twin.model == "tiny-random"  # the served model, on the scenario's GPU prior
-    assert twin_label(twin) == "uncalibrated datasheet roofline (A100, tp=1)"
+    assert twin_label(twin) == "uncalibrated datasheet roofline (A100-80GB, tp=1)"
     assert "not this CPU" in twin_caveat(twin, opts)
     assert "slopilot calibrate --model tiny-random" in twin_caveat(twin, opts)
     assert twin_caveat(twin, DemoOptions()) == ""

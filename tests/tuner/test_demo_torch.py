@@ -68,5 +68,6 @@ def test_the_loop_retunes_a_real_engine_on_its_measured_alert(tmp_path: Path) ->
     assert canary is False  # one replica: the trial runs on all of them
     assert {k: seen["live"][k] for k in config} == config, (config, seen["live"])
     assert "trial 0 on all replicas" in text, text
-    assert "uncalibrated datasheet roofline (A100, tp=1) (a datasheet GPU, not this CPU" in text
+    assert ("uncalibrated datasheet roofline (A100-80GB, tp=1) (a datasheet GPU, not this "
+            "CPU") in text
     assert result.report.is_file()

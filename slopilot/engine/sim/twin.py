@@ -54,10 +54,10 @@ def cost_model_for(scenario: Scenario) -> IterationCostModel:
 
 
 def twin_label(scenario: Scenario) -> str:
-    """``calibrated profile FILE`` or ``uncalibrated datasheet roofline (GPU, tp=N)``."""
-    if scenario.profile is not None:
-        return f"calibrated profile {scenario.profile.source}"
-    return f"uncalibrated datasheet roofline ({scenario.gpu}, tp={scenario.tp})"
+    """``calibrated profile FILE`` or ``uncalibrated datasheet roofline (GPU, tp=N)``: the
+    label of the cost model the scenario runs on, named as that model names itself (the
+    GPU's datasheet name, not the scenario's alias for it)."""
+    return cost_model_for(scenario).label
 
 
 def with_profile(scenario: Scenario, profile: CostProfile | str | Path) -> Scenario:

@@ -59,7 +59,7 @@ def test_kv_sizing_comes_from_the_calibrated_cache() -> None:
 
 def test_labels_say_calibrated_or_datasheet() -> None:
     scenario = load_scenario("tiny-cpu")
-    assert twin_label(scenario) == "uncalibrated datasheet roofline (A100, tp=1)"
+    assert twin_label(scenario) == "uncalibrated datasheet roofline (A100-80GB, tp=1)"
     assert isinstance(cost_model_for(scenario), CostModel)
     on_profile = with_profile(scenario, make_profile())
     assert twin_label(on_profile) == "calibrated profile <memory>"
@@ -143,3 +143,15 @@ def test_datasheet_and_calibrated_models_are_interchangeable_in_the_simulator() 
     profile = dataclasses.replace(make_profile(), executor={}, host={"iteration": 0.01})
     summary = simulate(with_profile(scenario, profile), duration_s=5).summary.to_dict()
     assert summary["iterations"] > 0 and summary["busy_ratio"] > 0
+
+
+def test_every_shipped_scenarios_twin_is_named_as_its_cost_model_names_itself() -> None:
+    """Two labels of one twin: ``simulate`` printed ``(H100, tp=1)``, the scenario's
+    spelling of the GPU, while the cost model (and docs/twin.md) says ``(H100-SXM, tp=1)``;
+    a reader matching a result to the twin that ran could not."""
+    from slopilot.engine.sim.scenario import list_scenarios, load_scenario
+    from slopilot.engine.sim.twin import cost_model_for, twin_label
+
+    for name in list_scenarios():
+        scenario = load_scenario(name)
+        assert twin_label(scenario) == cost_model_for(scenario).label, name

@@ -19,7 +19,7 @@ def test_simulate_says_which_twin_it_ran(tmp_path: Path,
     datasheet = json.loads(capsys.readouterr().out)
     assert main([*base, "--profile", str(path)]) == 0
     calibrated = json.loads(capsys.readouterr().out)
-    assert datasheet["twin"] == "uncalibrated datasheet roofline (A100, tp=1)"
+    assert datasheet["twin"] == "uncalibrated datasheet roofline (A100-80GB, tp=1)"
     assert calibrated["twin"] == f"calibrated profile {path}" and calibrated["calibrated"]
     assert calibrated["iterations"] != datasheet["iterations"]  # another cost model
     assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "8",
