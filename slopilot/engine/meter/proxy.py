@@ -59,6 +59,13 @@ MAX_BODY_BYTES = 64 << 20
 context, and the meter holds a body whole before it forwards it."""
 MAX_CHOICES = 128
 """The most choices (``n``) a cut-short stream is judged for: vLLM refuses more."""
+VLLM_KEEP_ALIVE_S = 5.0
+"""How long vLLM's server keeps an idle connection (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, its
+uvicorn's ``timeout_keep_alive``; 5 s by default)."""
+UPSTREAM_IDLE_S = 2.0
+"""How long the meter keeps an idle connection to vLLM for reuse: well under vLLM's own.
+httpx's default is 5 s, vLLM's too, so a request sent on a connection vLLM was closing
+that instant failed (a 502 to a client vLLM would have served)."""
 COMPLETIONS_MAX_TOKENS = 16
 """vLLM's ``max_tokens`` for a completions request that leaves it out (v0.11,
 ``protocol.CompletionRequest``; the chat API's is the context)."""
@@ -125,7 +132,8 @@ class Meter:
         # metrics; vLLM queues what it cannot run itself.
         self.client = client or httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                                keepalive_expiry=UPSTREAM_IDLE_S))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_VerdictCollector(self))
         self.registry.register(_LatencyCollector(self))  # scraped in this order

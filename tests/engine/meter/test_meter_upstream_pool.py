@@ -81,3 +81,17 @@ def test_every_stream_reaches_the_engine_at_once(tmp_path: Path) -> None:
                                   (STREAMS, STREAMS)}
 
     asyncio.run(go())
+
+
+def test_an_idle_connection_to_vllm_is_dropped_before_vllm_drops_it(tmp_path: Path) -> None:
+    """httpx keeps an idle connection 5 s by default, and vLLM's server closes one after
+    5 s idle: a request sent on it as vLLM closed it failed, a 502 for a request vLLM
+    would have served. The meter lets go of its idle connections first."""
+    from slopilot.engine.meter.proxy import UPSTREAM_IDLE_S, VLLM_KEEP_ALIVE_S
+
+    slo_file = tmp_path / "slo.json"
+    slo_file.write_text(json.dumps(SLO))
+    meter = Meter("http://127.0.0.1:9", SLOWatch(slo_file, Verdicts()), Priority.P1)
+    pool = meter.client._transport._pool  # type: ignore[attr-defined]
+    assert pool._keepalive_expiry == UPSTREAM_IDLE_S <= VLLM_KEEP_ALIVE_S / 2
+    asyncio.run(meter.client.aclose())
