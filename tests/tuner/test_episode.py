@@ -217,3 +217,25 @@ def test_at_max_replicas_a_scale_alert_leaves_the_episode_running() -> None:
     d = ctl.tick(5.0)
     assert (d.state, d.action) == (ControllerState.TUNING, Action.NONE), d.reason
     assert rig.study.failed == {} and rig.dep.scaled == []
+
+
+def test_a_trial_looked_at_long_after_its_window_is_judged_on_its_last_window() -> None:
+    """An operator down for a week (or a tick that came late) found the trial running and
+    measured it from its start: one window of a week, over loads and a config the pods
+    may have lost in between, and a range query over all of it. Past twice its length,
+    the window measured is the last one."""
+    rig = _edge_rig(260.0)
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL
+    week = 7 * 86400.0
+    assert ctl.tick(week).action is Action.COMMIT
+    assert rig.ev is not None
+    start, end, _ = rig.ev.calls[-1]
+    assert (start, end) == (week - ctl.settings.window_s, week)
+    # On time, the window is the trial's own, from its start past the settling.
+    rig = _edge_rig(260.0)
+    ctl = rig.build()
+    ctl.tick(0.0)
+    ctl.tick(15.0)
+    assert rig.ev is not None
+    assert rig.ev.calls[-1][:2] == (ctl.settings.settle_s, 15.0)

@@ -163,8 +163,14 @@ def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | 
     elapsed = now - t.started_at
     if elapsed < s.window_s:
         return _early_look(ctx, now, t, elapsed)
+    start = _measured_from(ctx, t)
+    if now - start > 2 * s.window_s:
+        # Looked at long after its window (an operator down for days, a late tick): the
+        # last window is the trial's, not days of loads and a config the pods may have
+        # lost in between, in one range query over all of it.
+        start = now - s.window_s
     try:
-        summary = ctx.evaluator.measure(_measured_from(ctx, t), now, canary=t.canary)
+        summary = ctx.evaluator.measure(start, now, canary=t.canary)
     except WindowRejected as exc:
         return _repeat(ctx, now, t, exc.reason)
     why = _no_verdict(ctx, summary)
