@@ -106,3 +106,134 @@ def error(message: str) -> bytes:
     """The event an exception in the stream's generator becomes (then ``[DONE]``)."""
     return _sse(json.dumps({"error": {"message": message, "type": "BadRequestError",
                                       "param": None, "code": 400}}))
+
+
+# The Responses API (``POST /v1/responses`` with ``"stream": true``), from vLLM v0.11's
+# source, not copied from it:
+#
+# - ``vllm/entrypoints/openai/api_server.py``, ``_convert_stream_to_sse_events``: each
+#   event is ``event: <its type>`` then ``data: <model_dump_json(indent=None)>`` (every
+#   field, nulls included), in a ``StreamingResponse`` of ``text/event-stream``; no
+#   ``[DONE]``, and an exception in the generator writes nothing: the stream breaks off.
+# - ``vllm/entrypoints/openai/serving_responses.py``, ``responses_stream_generator``:
+#   ``response.created`` and ``response.in_progress`` (the response so far, status
+#   ``in_progress``), the events of ``_process_simple_streaming_events`` (or, for
+#   gpt-oss, ``_process_harmony_streaming_events``), then ``response.completed`` with
+#   the whole response (``responses_full_generator``) and its usage, numbered from 0 in
+#   ``sequence_number``. Its status is ``incomplete`` (``incomplete_details.reason``
+#   ``max_output_tokens``, ``ResponsesResponse.from_request``) where a gpt-oss answer
+#   hit its limit: vLLM writes no ``response.incomplete`` event of its own.
+# - ``_process_simple_streaming_events``: before the first delta an
+#   ``output_item.added`` (a reasoning item or a message) and a ``content_part.added``;
+#   one ``response.reasoning_text.delta`` or ``response.output_text.delta`` per engine
+#   output (the latter's ``logprobs`` one entry a token where the request ``include``s
+#   ``message.output_text.logprobs``, else ``[]``); the ``.done`` events at the end.
+# - ``_process_harmony_streaming_events``: a function call's first argument delta is
+#   written as the ``output_item.added`` of a ``function_call`` item (its name), the
+#   next ones as ``response.function_call_arguments.delta``.
+# - The events' and the response's fields in the order their pydantic models declare
+#   them (openai-python's ``openai.types.responses``, vLLM's ``protocol.ResponsesResponse``).
+#   ``response.incomplete``, ``response.failed`` and ``error`` are the OpenAI API's
+#   events (openai-python's ``ResponseIncompleteEvent``, ``ResponseFailedEvent``,
+#   ``ResponseErrorEvent``) that other servers, and later vLLMs, write.
+
+def _named(payload: dict[str, Any]) -> bytes:
+    return f"event: {payload['type']}\ndata: {_compact(payload)}\n\n".encode()
+
+
+class ResponsesStream:
+    """One Responses stream's events, numbered as vLLM numbers them (``sequence_number``
+    from 0, ``_increment_sequence_number_and_return``)."""
+
+    def __init__(self, *, model: str = "llama", max_output_tokens: int = 8) -> None:
+        self.model, self.max_output_tokens = model, max_output_tokens
+        self.seq = 0
+        self.item = "msg_7"
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        # openai-python's event models declare their fields in alphabetical order
+        # (``sequence_number`` and ``type`` among them).
+        fields |= {"sequence_number": self.seq, "type": kind}
+        payload = {k: fields[k] for k in sorted(fields)}
+        self.seq += 1
+        return _named(payload)
+
+    def _response(self, status: str, *, output: list[Any] | None = None,
+                  usage: tuple[int, int] | None = None,
+                  incomplete: str | None = None) -> dict[str, Any]:
+        return {
+            "id": "resp_7", "created_at": CREATED,
+            "incomplete_details": None if incomplete is None else {"reason": incomplete},
+            "instructions": None, "metadata": None, "model": self.model, "object": "response",
+            "output": output or [], "parallel_tool_calls": True, "temperature": 1.0,
+            "tool_choice": "auto", "tools": [], "top_p": 1.0, "background": False,
+            "max_output_tokens": self.max_output_tokens, "max_tool_calls": None,
+            "previous_response_id": None, "prompt": None, "reasoning": None,
+            "service_tier": "auto", "status": status, "text": None, "top_logprobs": None,
+            "truncation": "disabled",
+            "usage": None if usage is None else {
+                "input_tokens": usage[0], "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": usage[1],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage[0] + usage[1]},
+            "user": None, "input_messages": None, "output_messages": None}
+
+    def created(self) -> bytes:
+        """``response.created`` then ``response.in_progress``: no token yet."""
+        return (self._event("response.created", response=self._response("in_progress"))
+                + self._event("response.in_progress",
+                              response=self._response("in_progress")))
+
+    def message_added(self, *, reasoning: bool = False) -> bytes:
+        """The item and content part written before the first delta: no token."""
+        item: dict[str, Any] = (
+            {"id": self.item, "summary": [], "type": "reasoning", "content": None,
+             "encrypted_content": None, "status": "in_progress"} if reasoning else
+            {"id": self.item, "content": [], "role": "assistant", "status": "in_progress",
+             "type": "message"})
+        return (self._event("response.output_item.added", item=item, output_index=0)
+                + self._event("response.content_part.added", content_index=0,
+                              item_id=self.item, output_index=0,
+                              part={"annotations": [], "text": "", "type": "output_text",
+                                    "logprobs": []}))
+
+    def text(self, delta: str, *, logprobs: list[Any] | None = None) -> bytes:
+        return self._event("response.output_text.delta", content_index=1, delta=delta,
+                           item_id=self.item, logprobs=logprobs or [], output_index=0)
+
+    def reasoning(self, delta: str) -> bytes:
+        return self._event("response.reasoning_text.delta", content_index=1, delta=delta,
+                           item_id=self.item, output_index=0)
+
+    def function_call_added(self, name: str) -> bytes:
+        """gpt-oss: a function call's first argument delta, written as its item."""
+        return self._event("response.output_item.added", item={
+            "arguments": "", "call_id": "call_7", "name": name, "type": "function_call",
+            "id": self.item, "status": "in_progress"}, output_index=0)
+
+    def arguments(self, delta: str) -> bytes:
+        return self._event("response.function_call_arguments.delta", delta=delta,
+                           item_id="fc_7", output_index=0)
+
+    def text_done(self, text: str) -> bytes:
+        return self._event("response.output_text.done", content_index=2, item_id=self.item,
+                           logprobs=[], output_index=0, text=text)
+
+    def completed(self, output_tokens: int, *, status: str = "completed",
+                  prompt_tokens: int = 5) -> bytes:
+        """The last event: the whole response and its usage (``status`` ``incomplete``
+        where a gpt-oss answer hit ``max_output_tokens``)."""
+        return self._event("response.completed", response=self._response(
+            status, usage=(prompt_tokens, output_tokens),
+            incomplete="max_output_tokens" if status == "incomplete" else None))
+
+    def incomplete(self, output_tokens: int, reason: str = "max_output_tokens") -> bytes:
+        return self._event("response.incomplete", response=self._response(
+            "incomplete", usage=(5, output_tokens), incomplete=reason))
+
+    def failed(self) -> bytes:
+        return self._event("response.failed", response=self._response("failed") | {
+            "error": {"code": "server_error", "message": "EngineCore encountered an issue."}})
+
+    def error(self, message: str) -> bytes:
+        return self._event("error", code="server_error", message=message, param=None)
