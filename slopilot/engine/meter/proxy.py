@@ -3,13 +3,14 @@
 - Each request's body is read whole (at most ``max_body_bytes``: 413 past it), sent on
   to the upstream with the client's method, path, query and headers (hop-by-hop ones
   dropped), and the answer streamed back piece by piece as it comes.
-- A streamed completion (``POST /v1/completions`` or ``/v1/chat/completions`` with
-  ``"stream": true``) is read as it is written (``StreamJudge``), each piece stamped
-  once the client's side took it (the send returned), and judged at its end against
-  the objectives of its class (``--priority-class``) as they stood at its arrival. Its
-  arrival is when its bytes came in, as the server's protocol stamped it
-  (``http_arrival``), not when the app was called: for a request pipelined behind
-  another on one connection, a whole answer later.
+- A streamed completion (``POST /v1/completions``, ``/v1/chat/completions`` or
+  ``/v1/responses`` with ``"stream": true``) is read as it is written
+  (``StreamJudge``), each piece stamped once the client's side took it (the send
+  returned), and judged at its end against the objectives of its class
+  (``--priority-class``) as they stood at its arrival. Its arrival is when its bytes
+  came in, as the server's protocol stamped it (``http_arrival``), not when the app was
+  called: for a request pipelined behind another on one connection, a whole answer
+  later.
   A non-streamed body shows its client no first token, and is not judged.
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
   and frees its cache rather than generating for nobody.
@@ -43,7 +44,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from slopilot.engine.http_arrival import SCOPE_KEY
 from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.meter.slo_watch import SLOWatch
-from slopilot.engine.meter.stream_judge import StreamJudge
+from slopilot.engine.meter.stream_judge import StreamJudge, Wire
 from slopilot.engine.request import Priority
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+RESPONSES_PATH = "/v1/responses"
+"""The Responses API's: vLLM v0.11 serves it (``api_server.create_responses``), one
+answer a request (no ``n``), limited by ``max_output_tokens``."""
+JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", RESPONSES_PATH})
 MAX_BODY_BYTES = 64 << 20
 """A request body larger than this is refused (413): a prompt of 64 MiB is past any
 context, and the meter holds a body whole before it forwards it."""
@@ -207,6 +211,13 @@ class Meter:
             return None  # vLLM answers it 400
         if not isinstance(data, dict) or _lax(_BOOL, data.get("stream")) is not True:
             return None
+        slo = self.slo.current().class_slo(self.priority)
+        if scope["path"] == RESPONSES_PATH:
+            # vLLM's ResponsesRequest: null or left out, the context's limit, as chat's.
+            limit = _lax(_INT, data.get("max_output_tokens"))
+            return StreamJudge(slo, arrival, max_tokens=limit if limit is not None and
+                               limit > 0 else None, latency=self.latency,
+                               wire=Wire.RESPONSES)
         n = _lax(_INT, data.get("n", 1))
         n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
         completions = scope["path"] == "/v1/completions"
@@ -216,8 +227,7 @@ class Meter:
         max_tokens = _lax(_INT, data.get("max_completion_tokens")) or \
             _lax(_INT, data.get("max_tokens", COMPLETIONS_MAX_TOKENS if completions else None))
         prompts = _prompts(data.get("prompt")) if completions else 1
-        return StreamJudge(self.slo.current().class_slo(self.priority), arrival,
-                           choices=n * prompts,
+        return StreamJudge(slo, arrival, choices=n * prompts,
                            max_tokens=max_tokens if max_tokens is not None and
                            max_tokens > 0 else None, latency=self.latency)
 

@@ -14,17 +14,23 @@ missed already (``verdicts``), as the engine's server judges it. A stream the me
 could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``) is not judged: it
 passes through all the same. The events are read as a client's SSE parser reads them
 (``written``).
+
+A Responses API stream (``Wire.RESPONSES``) is one answer of named events with no
+``[DONE]``: its output deltas are its one choice's chunks, its ``response.completed``
+finishes it with the usage, a failure cuts it short (``responses_events``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import re
 import sys
 from typing import Any
 
 from slopilot.engine.client_gaps import ClientGaps
+from slopilot.engine.meter import responses_events
 from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.slo import ClassSLO
 
@@ -32,6 +38,15 @@ MAX_EVENT_BYTES = 1 << 20
 """Bytes one SSE event may take before the meter stops reading the stream (it still
 passes it through): the upstream is the tenant's image, and an event that never ends
 would otherwise grow the buffer without bound."""
+
+
+class Wire(enum.StrEnum):
+    """How a stream lays out its events."""
+
+    CHOICES = "choices"
+    """Chat and completions chunks: ``data:`` events of ``choices``, then ``[DONE]``."""
+    RESPONSES = "responses"
+    """The Responses API's named events (``responses_events``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,13 +73,15 @@ class StreamJudge:
     """The choices of one stream, read event by event as the bytes are written."""
 
     def __init__(self, slo: ClassSLO, arrival: float, *, choices: int = 1,
-                 max_tokens: int | None = None, latency: ClientLatency | None = None) -> None:
+                 max_tokens: int | None = None, latency: ClientLatency | None = None,
+                 wire: Wire = Wire.CHOICES) -> None:
         """``choices`` and ``max_tokens``: the choices the request streams (its ``n``,
         times its prompts for a list of them) and its ``max_tokens`` (None: not given,
         the engine's limit), for a stream cut short (``verdicts``).
-        ``latency``: where each first token and gap is observed as it is read."""
+        ``latency``: where each first token and gap is observed as it is read.
+        ``wire``: how the stream's events are laid out (the request's API)."""
         self.slo, self.arrival = slo, arrival
-        self.latency = latency
+        self.latency, self.wire = latency, wire
         self.n, self.max_tokens = choices, max_tokens
         self.tbt_s = None if slo.tbt_p99_ms is None else slo.tbt_p99_ms / 1000.0
         self.model: str | None = None
@@ -125,8 +142,30 @@ class StreamJudge:
         except (ValueError, RecursionError):
             self._unreadable = True
             return
-        if not isinstance(chunk, dict) or not self._chunk(chunk, at):
+        if not isinstance(chunk, dict):
             self._unreadable = True
+        elif self.wire is Wire.RESPONSES:
+            self._response_event(chunk, _event_name(lines), at)
+        elif not self._chunk(chunk, at):
+            self._unreadable = True
+
+    def _response_event(self, event: dict[str, Any], name: str | None, at: float) -> None:
+        """Read one event of a Responses stream: its one choice, index 0. Its type as the
+        OpenAI client dispatches on it, the JSON's own ``type``, else the SSE event's name;
+        an event of a type the meter does not know carries nothing to judge."""
+        kind = event.get("type")
+        kind = kind if isinstance(kind, str) else name or ""
+        if (model := responses_events.model(event)) is not None:
+            self.model = model[:200]
+        choice = self._choices.setdefault(0, _Choice())
+        if tokens := responses_events.output_tokens(event, kind):
+            self._observe(choice, tokens, at)
+        end = responses_events.ending(event, kind)
+        if end is responses_events.Ending.FINISHED:
+            choice.finished, self._done = True, True
+            self._usage_tokens = responses_events.usage_tokens(event)
+        elif end is responses_events.Ending.FAILED:
+            self._failed = True
 
     def _chunk(self, chunk: dict[str, Any], at: float) -> bool:
         """Read one chunk; False where it is not a completion chunk."""
@@ -154,21 +193,23 @@ class StreamJudge:
             if type(so_far) is int:
                 carried, choice.usage_tokens = so_far - choice.usage_tokens, so_far
             if _output(raw):
-                first = choice.ttft_s is None
-                if first:
-                    choice.ttft_s = at - self.arrival
-                    if self.latency is not None:
-                        self.latency.first_token(choice.ttft_s)
-                tokens = _tokens(raw, carried, first=first)
-                gaps = choice.gaps.written(tokens, at)
-                if self.latency is not None:
-                    self.latency.token_gaps(gaps)
-                choice.tokens += tokens
-                choice.gap_count += len(gaps)
-                choice.over += sum(1 for g in gaps if self.tbt_s is not None and g > self.tbt_s)
+                self._observe(choice, _tokens(raw, carried, first=choice.ttft_s is None), at)
             if raw.get("finish_reason") is not None:
                 choice.finished = True
         return True
+
+    def _observe(self, choice: _Choice, tokens: int, at: float) -> None:
+        """A chunk of ``tokens`` of ``choice``'s output reached the client at ``at``."""
+        if choice.ttft_s is None:
+            choice.ttft_s = at - self.arrival
+            if self.latency is not None:
+                self.latency.first_token(choice.ttft_s)
+        gaps = choice.gaps.written(tokens, at)
+        if self.latency is not None:
+            self.latency.token_gaps(gaps)
+        choice.tokens += tokens
+        choice.gap_count += len(gaps)
+        choice.over += sum(1 for g in gaps if self.tbt_s is not None and g > self.tbt_s)
 
     def verdicts(self, now: float) -> list[Verdict]:
         """Each choice's verdict, the stream having ended at ``now``, as the engine's
@@ -200,6 +241,12 @@ class StreamJudge:
                                   most, c.over):
                 out.append(Verdict(False, c.tokens))
         return out
+
+
+def _event_name(lines: list[bytes]) -> str | None:
+    """The SSE event's name (its last ``event:`` line), None where it has none."""
+    names = [line[6:].removeprefix(b" ") for line in lines if line.startswith(b"event:")]
+    return names[-1].decode("utf-8", "replace") if names else None
 
 
 def _output(choice: dict[str, Any]) -> bool:
