@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.engine.meter.stream_judge import StreamJudge, Verdict
+from slopilot.engine.meter.stream_judge import StreamJudge, Verdict, Wire
 from slopilot.engine.slo import ClassSLO
 
 SLO = ClassSLO(ttft_p99_ms=500, tbt_p99_ms=100)
@@ -88,3 +88,16 @@ def test_a_delta_with_only_a_role_or_empty_fields_is_no_token() -> None:
                   (data(content="a", finish="stop") + b"\n\n", 0.1),
                   (b"data: [DONE]\n\n", 0.1)], 0.2)
     assert got == [Verdict(True, 1)]
+
+
+def test_a_responses_events_type_is_its_json_type_else_its_event_name() -> None:
+    """The OpenAI client dispatches on the JSON's ``type``; an event without one is read
+    by its SSE ``event:`` name, as vLLM names every event (``_convert_stream_to_sse_events``),
+    so a server that writes the type only there is judged all the same."""
+    judge = StreamJudge(SLO, 0.0, wire=Wire.RESPONSES)
+    judge.written(b'event: response.output_text.delta\r\ndata: {"delta": "a"}\r\n\r\n', 0.1)
+    judge.written(b'event: ignored\ndata: {"type": "response.output_text.delta", '
+                  b'"delta": "b"}\n\n', 0.15)
+    judge.written(b'event: response.completed\ndata: {"response": {"status": "completed"}}'
+                  b'\n\n', 0.15)
+    assert judge.verdicts(0.2) == [Verdict(True, 2)]  # no usage: its deltas counted
