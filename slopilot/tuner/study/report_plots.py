@@ -65,6 +65,23 @@ def _split(results: Results) -> tuple[Results, Results]:
     return [nr for nr in results if nr[1].feasible], [nr for nr in results if not nr[1].feasible]
 
 
+def _trials(numbers: Sequence[int]) -> str:
+    shown = ", ".join(str(n) for n in numbers[:6])
+    more = f" and {len(numbers) - 6} more" if len(numbers) > 6 else ""
+    return f"trial{'s' if len(numbers) > 1 else ''} {shown}{more}"
+
+
+def _whole_trials(ax: Any) -> None:
+    """Trial numbers are whole: with one or two trials matplotlib's own ticks read
+    -0.04 ... 0.04."""
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = ax.get_xlim()
+    mid = (lo + hi) / 2
+    ax.set_xlim(min(lo, mid - 1), max(hi, mid + 1))  # room for a whole number either side
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def history(results: Results, out: Path) -> str:
     fig = history_figure(results)
     save(fig, out / "history.png", dpi=100)
@@ -93,6 +110,7 @@ def history_figure(results: Results) -> Any:
                 label="best that holds, so far")
     title = "Trial history" if ok else "Trial history: no trial holds the SLO"
     ax.set(xlabel="trial", ylabel=objective_label(results), title=title)
+    _whole_trials(ax)
     ax.legend(loc="best")
     fig.tight_layout()
     return fig
@@ -111,6 +129,15 @@ def _limits(slo: SLOSpec) -> dict[str, float]:
 def terms(results: Results, slo: SLOSpec, out: Path,
           start: TrialResult | None = None) -> str | None:
     """Each latency term per trial against its SLO; None when no trial has terms."""
+    fig = terms_figure(results, slo, start)
+    if fig is None:
+        return None
+    save(fig, out / "terms.png", dpi=100)
+    return "terms.png"
+
+
+def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = None) -> Any:
+    """The figure ``terms`` draws, or None when no trial has a latency term."""
     plt = _pyplot()
     limits = _limits(slo)
     first = results[0][1].constraint_names if results else ()
@@ -123,33 +150,47 @@ def terms(results: Results, slo: SLOSpec, out: Path,
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
     margin = results[0][1].margin
+    ok, bad = _split(results)
     for k, name in enumerate(names):
         ax = axes[k // cols][k % cols]
         i = results[0][1].constraint_names.index(name)
         limit = limits[name]
 
         def ms(r: TrialResult, i: int = i, limit: float = limit) -> float:
-            return max(r.constraints[i] + 1.0, 1e-3) * limit
+            return (r.constraints[i] + 1.0) * limit
 
-        ok, bad = _split(results)
-        if ok:  # the legend names only what is drawn
-            ax.scatter([n for n, _ in ok], [ms(r) for _, r in ok], c="tab:green", s=18,
-                       label="trial holds the SLO")
+        def measured(rs: Results, i: int = i) -> Results:
+            # A trial whose windows had no sample of this term has no P99 to draw; drawn
+            # at 0 (0.1 % of the limit on a log axis) it read as the study's best.
+            return [nr for nr in rs if nr[1].constraints[i] != NO_SAMPLES]
+
+        # The legend (the first panel's) names only what is drawn: the outcome series
+        # are drawn on every panel, empty where no trial of them measured the term.
+        if ok:
+            ax.scatter([n for n, _ in measured(ok)], [ms(r) for _, r in measured(ok)],
+                       c="tab:green", s=18, label="trial holds the SLO")
         if bad:
-            ax.scatter([n for n, _ in bad], [ms(r) for _, r in bad], c="tab:red",
-                       marker="x", s=18, label="trial misses it")
+            ax.scatter([n for n, _ in measured(bad)], [ms(r) for _, r in measured(bad)],
+                       c="tab:red", marker="x", s=18, label="trial misses it")
         if start is not None:
-            ax.scatter([-1], [ms(start)], c="tab:blue", marker="*", s=80, label="start config")
+            drawn = start.constraints[i] != NO_SAMPLES
+            ax.scatter([-1] if drawn else [], [ms(start)] if drawn else [], c="tab:blue",
+                       marker="*", s=80, label="start config")
         ax.axhline(limit, c="black", lw=1, label=f"SLO {limit:g} ms")
         ax.text(0.01, limit, f" {limit:g} ms", transform=ax.get_yaxis_transform(),
                 va="bottom", fontsize=7)
         if margin:
             ax.axhline(limit * (1 - margin), c="black", lw=1, ls="--",
                        label=f"with {margin:.0%} headroom")
-        values = [ms(r) for _, r in results] + [limit]
+        values = [ms(r) for _, r in measured(results)] + [limit]
         if max(values) / max(min(values), 1e-3) > 20:
             ax.set_yscale("log")
-        ax.set(title=term_label(name)[0] + " (worst window)", xlabel="trial", ylabel="ms")
+        silent = [n for n, r in results if r.constraints[i] == NO_SAMPLES]
+        title = term_label(name)[0] + " (worst window)"
+        if silent:
+            title += f"\nno samples, not drawn: {_trials(silent)}"
+        ax.set(title=title, xlabel="trial", ylabel="ms")
+        _whole_trials(ax)
     for k in range(len(names), rows * cols):
         axes[k // cols][k % cols].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -157,8 +198,7 @@ def terms(results: Results, slo: SLOSpec, out: Path,
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     fig.suptitle("The terms that decide feasibility, per trial")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    save(fig, out / "terms.png", dpi=100)
-    return "terms.png"
+    return fig
 
 
 def pareto(results: Results, out: Path) -> str:

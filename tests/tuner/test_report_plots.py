@@ -1,0 +1,52 @@
+"""The tune report's plots and captions, read as their reader reads them: the points a
+panel draws, its tick labels, and what the caption beside it says is drawn."""
+
+from __future__ import annotations
+
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.tuner.study.objective import HEADROOM, NO_SAMPLES, WindowResult, score
+from slopilot.tuner.study.report_plots import history_figure, terms_figure
+from slopilot.tuner.study.verdict import robust_verdict
+from tests.support.summaries import figures, window
+
+SLO = load_scenario("tiny-cpu").slo  # P0 300/60 ms, P1 1000/150 ms
+
+
+def judged(p0: tuple[float | None, float | None], p1: tuple[float, float]):  # type: ignore[no-untyped-def]
+    s = window({"p0": figures(*p0, 10.0), "p1": figures(*p1, 100.0)})
+    return robust_verdict({}, [WindowResult("w", "w: 0-1 s", score(s, SLO))], HEADROOM)
+
+
+def drawn_y(ax) -> list[float]:  # type: ignore[no-untyped-def]
+    """Every scattered point's y on a panel, the start config's star included."""
+    return sorted(float(y) for c in ax.collections for _, y in c.get_offsets())
+
+
+def test_a_trial_without_samples_of_a_term_is_not_drawn_as_a_tiny_p99() -> None:
+    """A trial whose windows had no P0 token gaps has no P0 TBT P99 (NO_SAMPLES): the
+    panel drew it at 0.1 % of the limit (0.06 ms), on a log axis forced by that point
+    alone, so the trial read as the best P0 TBT of the study."""
+    measured = [judged((250.0, 40.0), (500.0, 50.0)), judged((260.0, 45.0), (520.0, 55.0))]
+    silent = judged((280.0, None), (540.0, 60.0))
+    assert silent.constraints[1] == NO_SAMPLES
+    fig = terms_figure([(0, measured[0]), (1, silent), (2, measured[1])], SLO)
+    assert fig is not None
+    panel = next(ax for ax in fig.axes if ax.get_title().startswith("P0 TBT"))
+    assert drawn_y(panel) == [40.0, 45.0]
+    assert panel.get_yscale() == "linear"
+    assert "no samples" in panel.get_title() and "trial 1" in panel.get_title()
+
+
+def test_the_trial_axis_has_whole_trial_numbers_for_a_one_trial_study() -> None:
+    """One trial (the demo's live study, `tune --trials 1`): the axis read -0.04 ... 0.04."""
+    results = [(0, judged((250.0, 40.0), (500.0, 50.0)))]
+    fig = terms_figure(results, SLO)
+    assert fig is not None
+    for fig_ in (fig, history_figure(results)):
+        for ax in fig_.axes:
+            if not ax.axison or ax.get_xlabel() != "trial":
+                continue
+            fig_.canvas.draw()
+            labels = [t.get_text().replace("\u2212", "-") for t in ax.get_xticklabels()
+                      if t.get_text()]
+            assert labels and all(lab.lstrip("-").isdigit() for lab in labels), labels
