@@ -3,6 +3,9 @@ panel draws, its tick labels, and what the caption beside it says is drawn."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.study.objective import HEADROOM, NO_SAMPLES, WindowResult, score
 from slopilot.tuner.study.report_plots import history_figure, terms_figure
@@ -50,3 +53,32 @@ def test_the_trial_axis_has_whole_trial_numbers_for_a_one_trial_study() -> None:
             labels = [t.get_text().replace("\u2212", "-") for t in ax.get_xticklabels()
                       if t.get_text()]
             assert labels and all(lab.lstrip("-").isdigit() for lab in labels), labels
+
+
+def test_captions_name_only_what_the_plots_draw(tmp_path: Path) -> None:
+    """The demo's live study has no start config and no headroom line: its report said
+    "the star is the scenario's start config" and "right of the dashed line a trial
+    lacks the headroom" beside plots with neither."""
+    from slopilot.tuner.study.report import write_report
+    from slopilot.tuner.study.space import SearchSpace
+    from slopilot.tuner.study.tuner import Tuner, open_study
+
+    tuner = Tuner(open_study(None, "live"), SearchSpace.from_bounds())
+    number, config = tuner.ask()
+    live = score(window({"p0": figures(250.0, 40.0, 10.0), "p1": figures(500.0, 50.0, 9.0)}),
+                 SLO, config)
+    assert live.margin == 0.0 and live.feasible
+    tuner.tell(number, live)
+    text = write_report(tuner, SLO, tmp_path, title="T").read_text()
+    assert "star" not in text
+    assert "dashed" not in text and "headroom" not in text.split("## Plots")[1]
+
+    tuner = Tuner(open_study(None, "offline"), SearchSpace.from_bounds())
+    number, config = tuner.ask()
+    missed = dataclasses.replace(judged((900.0, 40.0), (500.0, 50.0)), config=config)
+    tuner.tell(number, missed)
+    text = write_report(tuner, SLO, tmp_path, title="T", start=missed).read_text()
+    plots = text.split("## Plots")[1]
+    assert "the star is the scenario's start config" in plots
+    assert "dashed" in plots
+    assert "green trials hold" not in plots and "no trial holds the SLO" in plots

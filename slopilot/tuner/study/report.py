@@ -129,18 +129,34 @@ def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:
     return lines + [""]
 
 
-CAPTIONS = {
-    "history.png": "The objective per trial; green trials hold the SLO (with the headroom), "
-                   "the line is the best that holds so far.",
-    "terms.png": "What decides feasibility: each class's TTFT and TBT P99 in its worst "
-                 "window, per trial, against the SLO (solid) and the headroom line (dashed); "
-                 "the star is the scenario's start config.",
-    "pareto.png": "Goodput against the worst SLO term (as a share of its limit): right of "
-                  "the dashed line a trial lacks the headroom, right of the solid one it "
-                  "breaks the SLO.",
-    "importance.png": "How much of the variation in the target each knob explains (fANOVA "
-                      "over these trials: a rough guide, not a measurement).",
-}
+PLOTS = ("history.png", "terms.png", "pareto.png", "importance.png")
+
+
+def caption(img: str, results: Sequence[tuple[int, TrialResult]],
+            start: TrialResult | None) -> str:
+    """What ``img`` shows, naming only what it draws: the demo's live study has no start
+    config and asks no headroom, and its report spoke of a star and a dashed line that its
+    plots did not have."""
+    margin = results[0][1].margin if results else 0.0
+    headroom = " (with the headroom)" if margin else ""
+    if img == "history.png":
+        if any(r.feasible for _, r in results):
+            return (f"The objective per trial; green trials hold the SLO{headroom}, the line "
+                    "is the best that holds so far.")
+        return (f"The objective per trial; no trial holds the SLO{headroom}, so there is no "
+                "best-so-far line.")
+    if img == "terms.png":
+        return ("What decides feasibility: each class's TTFT and TBT P99 in its worst "
+                "window, per trial, against the SLO (solid)"
+                + (" and the headroom line (dashed)" if margin else "")
+                + ("; the star is the scenario's start config" if start is not None else "")
+                + ".")
+    if img == "pareto.png":
+        return ("Goodput against the worst SLO term (as a share of its limit): "
+                + ("right of the dashed line a trial lacks the headroom, " if margin else "")
+                + "right of the solid one it breaks the SLO.")
+    return ("How much of the variation in the target each knob explains (fANOVA over these "
+            "trials: a rough guide, not a measurement).")
 
 
 def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
@@ -177,7 +193,8 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
         images.append(plots.importance_plot(imp.values, imp.target, out_dir))
     lines += ["## Plots", ""]
     for img in images:
-        lines += [f"![{img.removesuffix('.png')}]({img})", "", CAPTIONS[img], ""]
+        lines += [f"![{img.removesuffix('.png')}]({img})", "", caption(img, results, start),
+                  ""]
     if imp.values is None:
         lines.append(f"Knob importance is left out: {imp.reason}.")
     elif imp.reason:
@@ -193,7 +210,7 @@ def _remove_undrawn(out_dir: Path, drawn: Sequence[str]) -> None:
     re-run into the same folder, a study that draws no importance plot (too few trials)
     left the earlier study's importance.png beside a report.md that no longer links it.
     Only the report's own plot names are touched; any other file there is kept."""
-    for name in CAPTIONS.keys() - set(drawn):
+    for name in set(PLOTS) - set(drawn):
         (out_dir / name).unlink(missing_ok=True)
 
 
