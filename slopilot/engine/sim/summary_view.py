@@ -133,13 +133,16 @@ def footer(summary: WindowSummary, *, definitions: bool = True) -> list[str]:
     """The lines under the table: engine figures, censoring, the column definitions."""
     lines = []
     e = summary.engine
-    busy = summary.busy_ratio or 0.0
+    busy = summary.busy_ratio
     busy_max = summary.busy_ratio_max if summary.busy_ratio_max is not None else busy
     text = f"preemptions/min {summary.preemptions_per_min:.1f}"
     if e is not None:
         text += (f" (recompute {e.preemptions_per_min_recompute:.1f}, "
                  f"swap {e.preemptions_per_min_swap:.1f})")
-    text += f"; busy per replica {busy:.0%} mean, {busy_max:.0%} max"
+    # A live window has no busy ratio: read as 0 % it said the replicas serving the
+    # table's tokens were idle.
+    text += ("; busy per replica not measured" if busy is None else
+             f"; busy per replica {busy:.0%} mean, {busy_max or 0.0:.0%} max")
     if e is not None:
         text += f"; KV mean {e.kv_usage_mean:.0%} max {e.kv_usage_max:.0%}"
     if summary.run is not None:
