@@ -16,9 +16,10 @@ from typing import Any
 from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.sim.summary_view import COLUMNS, DEFINITIONS, footer, rows
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.importance import importance
-from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.objective import TrialResult, score
 from slopilot.tuner.study.tuner import Tuner, rank
 from slopilot.tuner.study.verdict import goodput_share, term_label
 
@@ -109,7 +110,24 @@ def _best_figures(best: TrialResult, slo: SLOSpec,
                   "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(row) + " |" for row in rows(s, slo)]
         lines += ["", *(f"{line}." for line in footer(s, definitions=False)), ""]
+    if not best.windows and best.summary is not None and \
+            _beyond_its_window(best, best.summary, slo):
+        lines += [f"This trial was judged on more than this window (a live trial within "
+                  f"the headroom of a limit is confirmed on a second one): its result, "
+                  f"goodput {best.goodput_tok_s:,.1f} tok/s and each term the worse "
+                  "window's (the top trials and the plots), is not this table's; the "
+                  "table is its last window.", ""]
     return lines + [f"{line}." for line in DEFINITIONS] + [""]
+
+
+def _beyond_its_window(result: TrialResult, summary: WindowSummary, slo: SLOSpec) -> bool:
+    """Whether a one-window result says more than its summary: the loop's two-window
+    trial keeps the last window's summary with the worse terms and lower goodput of
+    both (``loop/episode._with_first_window``), and only that summary is stored."""
+    own = score(summary, slo, result.config)
+    return (own.goodput_tok_s != result.goodput_tok_s
+            or (own.constraint_names == result.constraint_names
+                and own.constraints != result.constraints))
 
 
 def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:
