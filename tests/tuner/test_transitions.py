@@ -130,6 +130,10 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
     def planner_breaks(rig: Rig, t: float) -> None:
         rig.planner.search = _broken("simulator crashed")  # type: ignore[method-assign]
 
+    def no_data(rig: Rig, t: float) -> None:
+        assert rig.ev is not None
+        rig.ev.reject = 1000
+
     def surge(rig: Rig, t: float) -> None:
         if t == 5.0:
             rig.alerts.alerts = [alert(AlertAction.SCALE, "SlopilotTBTP99High")]
@@ -161,6 +165,10 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         (Rig(alerts=retune, offline=None,
              settings={"max_trials_per_hour": 2, "max_trials": 10}),
          [0.0, 10.0, 11.0, 21.0], None),
+        # every window of the episode read no data: no replica bought on it
+        (Rig(alerts=retune, offline=None,
+             settings={"max_trials": 1, "max_window_repeats": 1}),
+         [0.0, 10.0, 11.0], no_data),
         # errors in each state
         (Rig(alerts=retune), [0.0, 10.0], evaluator_breaks),
         (Rig(dep=FakeDeployment(n=3), alerts=retune, offline=None,

@@ -12,7 +12,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
                 |<--------|                       scale_alert
                           |-------->|             trial_holds, trial_limit, trial_rate_limit
                 |<------------------|             no_feasible_config
-                                    |-------->|   committed, trial_rate_limit
+                                    |-------->|   committed, trial_rate_limit, nothing_measured
       |<--------------------------------------|   cooldown_over
       |<----------------------------- any state   tuning_off
       any state ----------------------------->|   error

@@ -61,6 +61,7 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
     loop.baseline_config = dict(ctx.deployment.current_config())
     loop.best_config, loop.best_goodput = None, None
     loop.episode_trials = loop.episode_feasible = loop.episode_warm_starts = 0
+    loop.episode_measured = 0
     replicas = ctx.deployment.replicas()
     if ranked is None and ctx.offline is not None:
         ranked = advice.warm_starts(ctx, now, replicas, loop.baseline_config)
@@ -235,6 +236,7 @@ def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
     if partial is None or breach is None:
         return ctx.decide(Action.NONE, f"trial {t.number} running", trial=t.number)
     ctx.study.tell(t.number, score(partial, ctx.settings.slo, t.config))
+    ctx.loop.episode_measured += 1
     return _end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
                       f"slo_breach trial {t.number} cut short: {breach}", partial)
 
@@ -250,6 +252,7 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
     ctx.study.tell(t.number, result)
     ctx.metrics.trial(s.deployment, TrialOutcome.COMPLETE)
     loop.episode_trials += 1
+    loop.episode_measured += 1
     loop.trial = None
     if result.feasible:
         loop.episode_feasible += 1
@@ -335,6 +338,8 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
             ctx.deployment.apply_config(loop.baseline_config, canary=False)
         if _rate_limited(ctx):
             return _hold_for_rate_limit(ctx)
+        if loop.episode_measured == 0:
+            return _hold_unmeasured(ctx)
         return Go(ControllerState.SCALING, Event.NO_FEASIBLE_CONFIG,
                   f"no_feasible_config after {loop.episode_trials} trials",
                   at_least=ctx.deployment.replicas() + 1)
@@ -365,3 +370,17 @@ def _hold_for_rate_limit(ctx: LoopContext) -> Go:
               f"trial_rate_limit: {s.max_trials_per_hour} trials in the last hour, none "
               f"of this episode's {loop.episode_trials} held{warm}; holding the starting "
               "config rather than scaling on a spent budget", action=Action.HOLD)
+
+
+def _hold_unmeasured(ctx: LoopContext) -> Go:
+    """Every trial of the episode failed without a measured window: rejected windows (a
+    Prometheus that answers with no series, a canary with too few requests), refused
+    configs, an outage. That says nothing of the configs nor of the capacity: read as
+    "nothing held", it bought a replica while the metrics were blind, and the reason
+    said no config held. The starting config is kept (restored by the caller) and the
+    loop cools down; an alert still firing after it starts a new episode."""
+    n = ctx.loop.episode_trials
+    return Go(ControllerState.COOLDOWN, Event.NOTHING_MEASURED,
+              f"nothing_measured: no window measured in this episode's {n} trial(s) "
+              "(rejected windows, no data or refused configs); holding the starting "
+              "config rather than scaling on no evidence", action=Action.HOLD)

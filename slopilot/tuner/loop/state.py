@@ -215,6 +215,12 @@ class LoopState:
     episode_classes: list[str] = field(default_factory=list)
     """The classes (``p0``..``p2``) of the alerts that started this episode: a trial's
     window that measured none of one of them is no verdict (``episode._no_verdict``)."""
+    episode_measured: int = 0
+    """Trials of this episode judged on a measured window (scored, or cut by the early
+    look): the others failed unseen (windows rejected, no data, refused, an outage), and
+    an episode of only those is no evidence that a replica is needed (``commit``). A
+    state written before this field reads 0: its episode, if open, ends without a
+    replica bought on its trials, one more round at worst."""
     episode_warm_starts: int = 0
     """Warm starts queued for this episode (tried first): how many a rate-limited end
     left untried, for the decision's reason."""

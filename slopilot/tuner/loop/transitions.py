@@ -41,6 +41,7 @@ class Event(enum.StrEnum):
     TRIAL_LIMIT = "trial_limit"
     TRIAL_RATE_LIMIT = "trial_rate_limit"
     COMMITTED = "committed"
+    NOTHING_MEASURED = "nothing_measured"
     NO_FEASIBLE_CONFIG = "no_feasible_config"
     COOLDOWN_OVER = "cooldown_over"
     ERROR = "error"
@@ -90,9 +91,13 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.COMMIT, S.COOLDOWN, Event.TRIAL_RATE_LIMIT,
                "the hour's trials ran out before any held: the starting config kept, no "
                "replica bought on a spent budget"),
+    Transition(S.COMMIT, S.COOLDOWN, Event.NOTHING_MEASURED,
+               "no trial of the episode was judged on a measured window (no data, too "
+               "few requests, refused): the starting config kept, no replica bought on "
+               "no evidence"),
     Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
                "no live trial held the SLO in max_trials (not cut by the hour's "
-               "budget): at least one more replica"),
+               "budget, at least one measured): at least one more replica"),
     Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER, "cooldown_s has passed"),
     *(Transition(s, S.COOLDOWN, Event.ERROR, _ON_ERROR) for s in S),
     # Not a step's move: the operator's, when its daemon for the deployment ends. Kept, a
