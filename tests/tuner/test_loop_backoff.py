@@ -13,6 +13,7 @@ import json
 
 from slopilot.engine.sim.arrivals import Poisson
 from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.workload import ClassMix
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.state import Action, ControllerState, LoopState
 from slopilot.tuner.prometheus.alerts import AlertAction
@@ -114,6 +115,39 @@ def test_a_material_load_change_ends_the_backoff_at_once() -> None:
     d = ctl.tick(when + 330.0)  # half the load: another situation, another episode
     assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
     assert ctl.loop.backoff is None
+
+
+def with_mix(scenario: Scenario, p0: float, rate: float = 2.9) -> Scenario:
+    *before, last = scenario.workload.phases  # type: ignore[union-attr]
+    phase = dataclasses.replace(last, arrivals=Poisson(rate=rate),
+                                classes=ClassMix((p0, 0.9 - p0, 0.1)))
+    return dataclasses.replace(scenario, workload=dataclasses.replace(
+        scenario.workload, phases=(*before, phase)))  # type: ignore[arg-type]
+
+
+def test_sampling_noise_in_the_class_mix_neither_ends_the_backoff_nor_resets_its_doubling(
+        ) -> None:
+    """One 60 s window at 2.9 req/s holds ~174 requests: a 40 % P0 share reads 45 % in
+    one and 32 % in the next about one time in twenty (what a 10-request-a-second
+    simulated plant at 40 % P0 showed, as the probe measured it). Read as "the load's
+    class mix" changed, it lifted every backoff within minutes and reset the doubling,
+    so a load beyond max replicas got a 10-trial round every cooldown or two again."""
+    rig = beyond_four_replicas()
+    ctl = rig.build()
+    scenario = ctl.probe.scenario  # type: ignore[attr-defined]
+    ctl.probe.scenario = with_mix(scenario, 0.45)  # type: ignore[attr-defined]
+    (when,) = verdicts(run(ctl, 0, 300))
+    ctl.probe.scenario = with_mix(scenario, 0.32)  # type: ignore[attr-defined]
+    ctl.tick(when + 300.0)  # the cooldown is over, the alert still fires
+    d = ctl.tick(when + 315.0)
+    assert d.reason.startswith("backoff:"), d.line()
+    acted = run(ctl, int(when) + 330, int(when) + 600 + 600)
+    assert len(verdicts(acted)) == 1, acted  # the next round after 600 s...
+    assert ctl.loop.backoff is not None and ctl.loop.backoff["wait_s"] == 1200.0  # doubled
+    # A shift the window can tell from noise (40 % -> 70 % P0) is another load.
+    ctl.probe.scenario = with_mix(scenario, 0.7)  # type: ignore[attr-defined]
+    d = ctl.tick(when + 1500.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
 
 
 def test_the_backoff_survives_a_restart_and_a_spec_change_ends_it() -> None:

@@ -39,6 +39,13 @@ quarter less load can be what one more config needs at the edge."""
 MIX_SHIFT = 0.1
 """A class's share of the requests moving by this much (0.1: 10 % to 20 % P0) is another
 load: a larger P0 share is a harder SLO to hold at the same rate."""
+NOISE_SE = 3.0
+"""A rate or a class share must also move by this many standard errors of the difference
+between two probe windows (Poisson counts, binomial shares) before it is another load.
+The probe reads one window of ``window_s``: at 2.9 req/s over 60 s (~174 requests) a 40 %
+P0 share reads 45 % in one window and 32 % in another about once in twenty, and with
+MIX_SHIFT alone that noise lifted every backoff within minutes and reset its doubling (a
+load beyond max replicas got a round of trials every cooldown or two again)."""
 
 
 @dataclass(frozen=True)
@@ -72,13 +79,18 @@ class Backoff:
 def situation(ctx: LoopContext, scenario: Scenario) -> dict[str, Any]:
     """What the verdict was reached under; a change of any of it may change the answer."""
     s = ctx.settings
+    load = load_figures(scenario)
+    if "rate" in load:
+        # How many requests the figures rest on, for the noise floor of ``changed``: the
+        # probes measure the last ``window_s`` (the operator's and the benchmark's).
+        load["requests"] = load["rate"] * s.window_s
     return {"replicas": ctx.deployment.replicas(),
             "config": dict(ctx.deployment.current_config()),
             # The spec, as far as the loop sees it: SLO, replica bounds, trial settings.
             "settings": hashlib.sha256(repr(s).encode()).hexdigest()[:16],
             # The verdict is "nothing in this space holds": a wider (or other) space may.
             "space": _digest(ctx.study.space),
-            "load": load_figures(scenario)}
+            "load": load}
 
 
 def _digest(space: SearchSpace) -> str:
@@ -109,17 +121,33 @@ def changed(then: dict[str, Any], now: dict[str, Any]) -> str | None:
         if then.get(key) != now.get(key):
             return {"settings": "the spec", "space": "the search space"}.get(key, f"the {key}")
     old, new = then.get("load") or {}, now.get("load") or {}
-    if set(old) != set(new) or old.get("digest") != new.get("digest"):
+    # ``requests`` is no figure of the load, and a verdict kept before it was recorded
+    # has none: then no noise floor, as before.
+    if set(old) - {"requests"} != set(new) - {"requests"} or \
+            old.get("digest") != new.get("digest"):
         return "the load"
+    n_old, n_new = old.get("requests"), new.get("requests")
+    counted = isinstance(n_old, (int, float)) and isinstance(n_new, (int, float)) \
+        and n_old > 0 and n_new > 0
     for key in ("rate", "prompt", "output"):
         a, b = old.get(key), new.get(key)
         if a is None or b is None:
             continue
-        if a <= 0 or b <= 0 or abs(math.log(b / a)) > math.log(LOAD_FACTOR):
+        if a <= 0 or b <= 0:
             return f"the load ({key} {a:.3g} -> {b:.3g})"
-    shares = zip(old.get("mix") or [], new.get("mix") or [], strict=False)
-    if any(abs(a - b) > MIX_SHIFT for a, b in shares):
-        return "the load's class mix"
+        bound = math.log(LOAD_FACTOR)
+        if key == "rate" and counted:  # the log of a Poisson count's ratio
+            bound = max(bound, NOISE_SE * math.sqrt(1 / n_old + 1 / n_new))
+        if abs(math.log(b / a)) > bound:
+            return f"the load ({key} {a:.3g} -> {b:.3g})"
+    for i, (a, b) in enumerate(zip(old.get("mix") or [], new.get("mix") or [],
+                                   strict=False)):
+        bound = MIX_SHIFT
+        if counted:  # two binomial shares
+            p = (a * n_old + b * n_new) / (n_old + n_new)
+            bound = max(bound, NOISE_SE * math.sqrt(p * (1 - p) * (1 / n_old + 1 / n_new)))
+        if abs(a - b) > bound:
+            return f"the load's class mix (p{i} share {a:.0%} -> {b:.0%})"
     return None
 
 
