@@ -126,9 +126,10 @@ def changed(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     if set(old) - {"requests"} != set(new) - {"requests"} or \
             old.get("digest") != new.get("digest"):
         return "the load"
-    n_old, n_new = old.get("requests"), new.get("requests")
-    counted = isinstance(n_old, (int, float)) and isinstance(n_new, (int, float)) \
-        and n_old > 0 and n_new > 0
+    counts = [n if isinstance(n, (int, float)) and n > 0 else None
+              for n in (old.get("requests"), new.get("requests"))]
+    n_old, n_new = (float(counts[0] or 0.0), float(counts[1] or 0.0))
+    counted = None not in counts
     for key in ("rate", "prompt", "output"):
         a, b = old.get(key), new.get(key)
         if a is None or b is None:
