@@ -188,8 +188,24 @@ def test_an_unreachable_prometheus_is_reported_as_unavailable() -> None:
 
 
 def test_the_probe_falls_back_to_the_base_scenario_without_traffic() -> None:
-    probe = PrometheusProbe(Recorded({}), {"a": "b"}, DEMO, window_s=10)
+    # The engines report (the gauge both backends export, idle or not), nothing finished.
+    engines = {"vllm:num_requests_running": [{"metric": {"instance": "a"},
+                                              "value": [100.0, "0"]}]}
+    probe = PrometheusProbe(Recorded(engines), {"a": "b"}, DEMO, window_s=10)
     assert probe.measure(100.0) is DEMO
+
+
+def test_the_probe_refuses_to_plan_for_a_deployment_whose_series_are_gone() -> None:
+    """No series of the deployment's engines at all is not a quiet deployment: the
+    scrape broke (a relabelling, a NetworkPolicy, a restarted Prometheus without its
+    data). Read as quiet, the probe handed the designed load to the capacity search, and
+    after scale_down_after_s the loop scaled a busy deployment down on no evidence."""
+    q = Recorded({})
+    probe = PrometheusProbe(q, {"a": "b"}, DEMO, window_s=10)
+    with pytest.raises(PrometheusUnavailable, match=r"no series of the deployment's engines "
+                                                    r"in the last 10s"):
+        probe.measure(100.0)
+    assert any('vllm:num_requests_running{a="b"}[10s]' in e for e, _ in q.asked)
 
 
 def test_direct_scrape_quantile_interpolates_like_histogram_quantile() -> None:

@@ -58,3 +58,23 @@ def test_the_breach_alerts_are_the_rows_over_an_slo_term() -> None:
 def test_no_breach_alert_leaves_the_headroom_clock_running(name: str) -> None:
     rig, _ = quiet_minute(name)
     assert rig.dep.scaled == []
+
+
+def test_metrics_gone_blind_scale_nothing_down() -> None:
+    """No alert fires when the deployment's series stop reaching Prometheus, so a quiet
+    period runs out as if the deployment were idle; the probe then says it sees no
+    engines (PrometheusUnavailable), and the loop holds instead of planning fewer
+    replicas for the designed load."""
+    from slopilot.tuner.study.evaluator import PrometheusUnavailable
+
+    rig = Rig(dep=FakeDeployment(n=3), planner=FakePlanner(needed=1))
+    ctl = rig.build()
+
+    def blind(now: float) -> object:
+        raise PrometheusUnavailable("no series of the deployment's engines in the last 1m")
+
+    ctl.probe.measure = blind  # type: ignore[method-assign, assignment]
+    decisions = [ctl.tick(float(t)) for t in range(0, 76, 15)]
+    assert rig.dep.scaled == [], [d.line() for d in decisions]
+    assert decisions[-2].reason.startswith("prometheus_unavailable: holding the current "
+                                           "config (no series of the deployment's engines")

@@ -36,7 +36,7 @@ from slopilot.tuner.prometheus.rules import (
     render_rule_groups,
     render_selector,
 )
-from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +246,19 @@ class PrometheusProbe:
         self.min_requests = min_requests
 
     def measure(self, now: float) -> Scenario:
+        """Raises PrometheusUnavailable where the deployment's engines left no series in
+        the window: that is no quiet deployment (whose engines export their gauges, idle
+        or not) but metrics that stopped reaching Prometheus, and the designed load is
+        no plan for it (a busy deployment was scaled down on it)."""
         def at_now(expr: str) -> list[dict[str, Any]]:
             return self.query(expr, now)
 
+        w, sel = duration(self.window_s), render_selector(self.selector)
+        if not at_now(f"count(last_over_time(vllm:num_requests_running{sel}[{w}]))"):
+            raise PrometheusUnavailable(
+                f"no series of the deployment's engines in the last {w} (Prometheus "
+                f"answers, but nothing matches {sel}): the scrape is failing or its "
+                "relabelling changed; no scale is planned on no evidence")
         try:
             profile = WorkloadProfile.measure(at_now, self.selector, self.window_s,
                                               min_requests=self.min_requests)
