@@ -115,6 +115,8 @@ def test_a_material_load_change_ends_the_backoff_at_once() -> None:
     d = ctl.tick(when + 330.0)  # half the load: another situation, another episode
     assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
     assert ctl.loop.backoff is None
+    # The SRE is told why the round came before its wait was over.
+    assert "backoff lifted early: the load (rate 3 -> 1.5)" in d.reason, d.reason
 
 
 def with_mix(scenario: Scenario, p0: float, rate: float = 2.9) -> Scenario:

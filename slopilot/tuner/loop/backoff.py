@@ -168,23 +168,34 @@ def record(ctx: LoopContext, now: float, scenario: Scenario) -> Backoff:
     return kept
 
 
-def blocking(ctx: LoopContext, now: float) -> str | None:
-    """Why no new round may start now (the backoff, in words), or None: no verdict kept,
-    its wait over, or the situation changed since (then it is forgotten)."""
+@dataclass(frozen=True)
+class Look:
+    """What a kept verdict says at one look."""
+
+    blocked: str | None = None
+    """Why no new round may start now (the backoff, in words); None: one may."""
+    lifted: str | None = None
+    """What ended the backoff before its wait was over, in words, for the round that
+    starts now to say (a round in the middle of a backoff is otherwise a surprise)."""
+
+
+def look(ctx: LoopContext, now: float) -> Look:
+    """Whether the kept verdict holds off a new round now: no verdict kept, its wait over,
+    or the situation changed since (then it is forgotten, and ``lifted`` says what)."""
     loop = ctx.loop
     if loop.backoff is None:
-        return None
+        return Look()
     kept = Backoff.from_dict(loop.backoff)
     if kept is None:
         loop.backoff = None
-        return None
+        return Look()
     if now >= kept.until:
-        return None  # kept to double the next wait if nothing changed
+        return Look()  # kept to double the next wait if nothing changed
     moved = changed(kept.situation, situation(ctx, ctx.probe.measure(now)))
     if moved is not None:
         loop.backoff = None
-        return None
-    return describe(kept, now)
+        return Look(lifted=f"backoff lifted early: {moved} changed")
+    return Look(blocked=describe(kept, now))
 
 
 def describe(kept: Backoff, now: float) -> str:

@@ -119,7 +119,7 @@ def _backed_off(ctx: LoopContext, now: float, reason: str) -> Go | None:
     """A tune-closest episode is what the kept verdict already tried: while its backoff
     runs, say so again instead (SCALING is entered from COMMIT too, and resumed after a
     restart, not only from STEADY, which checks the same)."""
-    why = backoff.blocking(ctx, now)
+    why = backoff.look(ctx, now).blocked
     if why is None:
         return None
     return Go(ControllerState.COOLDOWN, Event.MAX_REPLICAS,

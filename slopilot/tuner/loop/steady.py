@@ -30,17 +30,21 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     alerts = _since_last_action(ctx, tick)
     scale = [a for a in alerts if a.action is AlertAction.SCALE]
     retune = [a for a in alerts if a.action is AlertAction.RETUNE]
+    lifted = ""
     if scale or retune:
         ctx.loop.headroom_since = None
         # At max replicas with nothing holding, the verdict stands until the situation
         # changes or its backoff runs out: the same episode would find the same nothing.
-        if (why := backoff.blocking(ctx, tick.now)) is not None:
-            return ctx.decide(Action.NONE, f"{why}; alert {names(scale + retune)}")
+        held = backoff.look(ctx, tick.now)
+        if held.blocked is not None:
+            return ctx.decide(Action.NONE, f"{held.blocked}; alert {names(scale + retune)}")
+        lifted = f" ({held.lifted})" if held.lifted else ""
     if scale:
-        return Go(ControllerState.SCALING, Event.SCALE_ALERT, "alert " + names(scale))
+        return Go(ControllerState.SCALING, Event.SCALE_ALERT,
+                  "alert " + names(scale) + lifted)
     if retune:
-        return start_episode(ctx, tick.now, "alert " + names(retune), Event.RETUNE_ALERT,
-                             allow_scale=True)
+        return start_episode(ctx, tick.now, "alert " + names(retune) + lifted,
+                             Event.RETUNE_ALERT, allow_scale=True)
     inform = [a for a in alerts if a.action is AlertAction.INFORM]
     if any(a.name in SLO_BREACH_ALERTS for a in inform):
         # An SLO breached is no spare capacity, whatever the alert asks the loop to do.
