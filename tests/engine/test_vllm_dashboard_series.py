@@ -19,8 +19,8 @@ from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, WallClock
 from slopilot.engine.metrics import EngineMetrics, exported_series
 from slopilot.engine.metrics_observer import MetricsObserver
-from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from tests.engine.helpers import make_request
+from tests.engine.test_iteration_metrics import Clock, TickingExecutor
 
 # Every expression of vLLM's example dashboard (its panels' targets), as it ships them.
 VLLM_EXAMPLE_DASHBOARD = (
@@ -65,26 +65,6 @@ def test_every_series_vllms_example_dashboard_reads_is_exported() -> None:
     # The pattern finds a series in every expression: the check cannot pass vacuously.
     assert all(_SELECTED.search(expr) for expr in VLLM_EXAMPLE_DASHBOARD)
     assert read - exported_series() == set()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class TickingExecutor:
-    """Each iteration takes ``exec_s`` of the shared clock."""
-
-    def __init__(self, clock: Clock, exec_s: float) -> None:
-        self.clock, self.exec_s = clock, exec_s
-
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        self.clock.t += self.exec_s
-        return ModelRunnerOutput({s.request_id: 50 for s in out.seqs if s.sample},
-                                 self.exec_s)
 
 
 def _sums(metrics: EngineMetrics, family: str) -> tuple[float, float]:

@@ -189,13 +189,11 @@ class Clock:
         return self.now
 
 
-def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon(
-        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ConfigMap is read once, at start: a pod that read it before an edit and became
-    ready after the edit's sync runs the old config until the daemon's next sync."""
-    from slopilot.operator import tuning_daemon
-
+def _loop_and_two_pods(kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+                       monkeypatch: pytest.MonkeyPatch
+                       ) -> tuple[Any, Clock, dict[str, Any], PodStandIn, PodStandIn]:
+    """A daemon on an injected clock, the spec's config, a pod on it and a pod on an
+    older one (token_budget 512), neither serving yet."""
     body, _, mint = reconciled(kube, cluster, llmd(
         prometheus={"url": prom.url}, engine={"tokenBudget": 1024}, tuning={"window": "1h"}))
     loop = daemon_loop(cluster, body, monkeypatch)
@@ -204,6 +202,17 @@ def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon
     want = spec_config(cluster)
     token = mint.for_body(cluster.get())
     first, late = PodStandIn(token, want), PodStandIn(token, {**want, "token_budget": 512})
+    return loop, clock, want, first, late
+
+
+def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ConfigMap is read once, at start: a pod that read it before an edit and became
+    ready after the edit's sync runs the old config until the daemon's next sync."""
+    from slopilot.operator import tuning_daemon
+
+    loop, clock, want, first, late = _loop_and_two_pods(kube, cluster, prom, monkeypatch)
     with serving(first, late):
         add_pod(cluster, "chat", 0, first.port)
         assert loop.step()
@@ -223,14 +232,7 @@ def test_the_pods_are_synced_one_period_after_the_clock_stepped_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The sync's period is timed on the operator's clock: stepped back a day (an NTP
     step), a pod on an older config ran it for that day, not a ``CONFIG_SYNC_S``."""
-    body, _, mint = reconciled(kube, cluster, llmd(
-        prometheus={"url": prom.url}, engine={"tokenBudget": 1024}, tuning={"window": "1h"}))
-    loop = daemon_loop(cluster, body, monkeypatch)
-    clock = Clock()
-    loop.clock = clock
-    want = spec_config(cluster)
-    token = mint.for_body(cluster.get())
-    first, late = PodStandIn(token, want), PodStandIn(token, {**want, "token_budget": 512})
+    loop, clock, want, first, late = _loop_and_two_pods(kube, cluster, prom, monkeypatch)
     with serving(first, late):
         add_pod(cluster, "chat", 0, first.port)
         assert loop.step()

@@ -162,6 +162,17 @@ def run(fn: Callable[[], Any]) -> Any:
     return asyncio.run(fn())
 
 
+async def give_up(client: Client, upstream: Upstream, now: list[float], *, after: int,
+                  at: float = 0.8) -> None:
+    """The client leaves at ``at`` on the meter's clock, once ``after`` pieces of the
+    answer reached it and the upstream has the request."""
+    while sum(1 for m in client.sent if m.get("body")) < after or not upstream.requests:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    now[0] = at
+    client.leave.set()
+
+
 def counted(meter: Meter) -> dict[tuple[Priority, str, bool], tuple[int, int]]:
     return {k: v for k, v in meter.verdicts.counts().items() if v != (0, 0)}
 
@@ -439,12 +450,7 @@ def test_a_stream_cut_short_counts_only_where_it_had_missed_already(
             "POST", "/v1/completions", {**STREAM, "max_tokens": max_tokens},
             written_at=written_at))
         if pieces[-1:] == [HOLD]:
-            while sum(1 for m in client.sent if m.get("body")) < len(pieces) - 1 or \
-                    not upstream.requests:
-                await asyncio.sleep(0)
-            await asyncio.sleep(0)
-            now[0] = 0.8  # the client gives up
-            client.leave.set()
+            await give_up(client, upstream, now, after=len(pieces) - 1)
         await asyncio.wait_for(task, HANG_GUARD_S)
 
     run(go)
@@ -516,11 +522,7 @@ def test_a_chat_streams_token_limit_is_read_in_either_spelling(tmp_path: Path,
             "POST", "/v1/chat/completions",
             {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
              "stream": True, limit: 10}, written_at=[0.1, 0.3, 0.5]))
-        while sum(1 for m in client.sent if m.get("body")) < 3 or not upstream.requests:
-            await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        now[0] = 0.8
-        client.leave.set()
+        await give_up(client, upstream, now, after=3)
         await asyncio.wait_for(task, HANG_GUARD_S)
 
     run(go)

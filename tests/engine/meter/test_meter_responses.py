@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from tests.engine.meter import vllm_wire as wire
-from tests.engine.meter.test_meter import HOLD, Client, Upstream, counted, meter_for, run
+from tests.engine.meter.test_meter import (
+    HOLD,
+    Client,
+    Upstream,
+    counted,
+    give_up,
+    meter_for,
+    run,
+)
 from tests.engine.meter.test_meter_vllm_wire import MET, MISSED, judged
 from tests.support.waits import HANG_GUARD_S
 
@@ -112,11 +120,7 @@ def test_max_output_tokens_is_the_limit_of_a_stream_cut_short(
         client = Client(meter, now)
         task = asyncio.ensure_future(client.request("POST", RESPONSES, body,
                                                     written_at=[0.1, 0.3, 0.5]))
-        while sum(1 for m in client.sent if m.get("body")) < 3 or not upstream.requests:
-            await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        now[0] = 0.8  # the client gives up
-        client.leave.set()
+        await give_up(client, upstream, now, after=3)  # the client gives up
         await asyncio.wait_for(task, HANG_GUARD_S)
 
     run(go)

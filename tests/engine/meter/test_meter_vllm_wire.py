@@ -17,6 +17,7 @@ from tests.engine.meter.test_meter import (
     Client,
     Upstream,
     counted,
+    give_up,
     meter_for,
     run,
 )
@@ -96,11 +97,7 @@ def test_a_completions_list_of_prompts_is_judged_choice_by_choice_when_cut_short
         client = Client(meter, now)
         task = asyncio.ensure_future(client.request(
             "POST", "/v1/completions", {**COMPLETION, "prompt": prompt, "n": 1}))
-        while not upstream.requests:
-            await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        now[0] = 0.8  # the client gives up
-        client.leave.set()
+        await give_up(client, upstream, now, after=0)  # the client gives up
         await asyncio.wait_for(task, HANG_GUARD_S)
 
     run(go)
@@ -127,11 +124,7 @@ def test_a_completions_token_limit_left_out_is_vllms_default(
         client = Client(meter, now)
         task = asyncio.ensure_future(client.request("POST", "/v1/completions", body,
                                                     written_at=[0.1, 0.3, 0.5]))
-        while sum(1 for m in client.sent if m.get("body")) < 3 or not upstream.requests:
-            await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        now[0] = 0.8  # the client gives up
-        client.leave.set()
+        await give_up(client, upstream, now, after=3)  # the client gives up
         await asyncio.wait_for(task, HANG_GUARD_S)
 
     run(go)
