@@ -104,6 +104,25 @@ def test_swap_refusals() -> None:
         kv.swap_in("a")
 
 
+def test_swap_out_fits_a_cpu_pool_of_exactly_its_blocks() -> None:
+    kv = BlockManager(num_gpu_blocks=4, block_size=4, num_cpu_blocks=3)
+    kv.allocate_slots(req("a", list(range(10))), 10)  # 3 blocks
+    assert kv.can_swap_out("a")
+    assert len(kv.swap_out("a")) == 3 and kv.num_free_cpu_blocks == 0
+
+
+def test_swap_in_keeps_the_reserve_free() -> None:
+    """``reserve_blocks`` (the watermark, or a P0's claim) must stay free after a swap-in,
+    as after any allocation."""
+    kv = BlockManager(num_gpu_blocks=4, block_size=4, num_cpu_blocks=4)
+    kv.allocate_slots(req("a", list(range(10))), 10)  # 3 blocks
+    kv.swap_out("a")
+    assert kv.swap_in("a", reserve_blocks=2) is None  # 3 + 2 > 4 free: no change
+    assert kv.is_swapped("a") and kv.num_used_blocks == 0
+    assert kv.swap_in("a", reserve_blocks=1) is not None
+    check_block_manager(kv)
+
+
 def test_integrity_check_catches_corruption() -> None:
     kv = BlockManager(num_gpu_blocks=4, block_size=4)
     kv.allocate_slots(req("a", [1, 2, 3]), 3)

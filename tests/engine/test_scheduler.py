@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.config import ConfigError, EngineConfig, PreemptionMode
 from slopilot.engine.request import Priority, RequestStatus
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from tests.engine.helpers import make_request, make_scheduler, step, tokens_by_id
@@ -124,6 +124,70 @@ def test_preemption_victim_is_lowest_class_then_newest() -> None:
     assert sched.requests["p1-new"].status is RequestStatus.PREEMPTED_RECOMPUTE
     assert {s.request_id for s in out.seqs} == {"p0", "p1-old"}
     assert out.num_preempted_recompute == 2
+
+
+def test_the_victim_is_the_lowest_class_even_when_it_arrived_first() -> None:
+    """Class before arrival: a P2 that came first is preempted before a newer P1. With
+    every arrival at 0 (the test above) an order by arrival first looks the same."""
+    sched = make_scheduler(num_blocks=2, block_size=16, kv_watermark=0.0,
+                           preemption_mode="recompute")
+    p2 = make_request("p2-first", 15, max_tokens=20, priority=Priority.P2)
+    p1 = make_request("p1-later", 15, max_tokens=20, first_token=5000)
+    p2.arrival_time, p1.arrival_time = 1.0, 2.0
+    sched.add_request(p2)
+    sched.add_request(p1)
+    step(sched)
+    step(sched)  # both blocks full; each needs a second one for its 17th token
+    out = step(sched)
+    assert p2.status is RequestStatus.PREEMPTED_RECOMPUTE
+    assert p1.status is RequestStatus.RUNNING
+    assert [s.request_id for s in out.seqs] == ["p1-later"]
+
+
+def test_a_recomputed_request_that_fills_the_cache_exactly_still_gets_its_token() -> None:
+    """A victim recomputed in chunks whose last chunk ends exactly at the cache's end
+    still fits (the cache holds 128 tokens; it samples the 129th), so it ends as the one
+    never preempted does (``test_request_that_outgrows...``), not one token short."""
+    # No prefix cache: the recompute runs in whole chunks, not from a cached prefix.
+    sched = make_scheduler(num_blocks=8, block_size=16, kv_watermark=0.0, chunk_size=64,
+                           preemption_mode="recompute", enable_prefix_caching=False)
+    long = make_request("long", 100, max_tokens=100)
+    sched.add_request(long)
+    while long.num_tokens < 128:
+        step(sched)
+    assert long.num_tokens == 128 and sched.kv.num_free_blocks == 0
+    sched.add_request(make_request("p0", 5, max_tokens=1, priority=Priority.P0,
+                                   first_token=9000))
+    step(sched)
+    assert long.status is RequestStatus.PREEMPTED_RECOMPUTE
+    while sched.has_work():
+        step(sched)
+    assert long.status is RequestStatus.FINISHED_LENGTH
+    assert long.num_tokens == 129  # recomputed in chunks of 64: the last ends at 128
+
+
+def test_auto_mode_swaps_a_victim_of_exactly_recompute_max_tokens() -> None:
+    """Fewer computed tokens than ``recompute_max_tokens`` are recomputed; as many are
+    swapped (the knob's documented rule)."""
+    from slopilot.engine.preemption import choose_mode
+
+    for computed, mode in ((15, PreemptionMode.RECOMPUTE), (16, PreemptionMode.SWAP)):
+        sched = make_scheduler(num_blocks=4, num_cpu_blocks=4, block_size=16,
+                               preemption_mode="auto", recompute_max_tokens=16)
+        victim = make_request("v", 16)
+        sched.kv.allocate_slots(victim, 16)
+        victim.num_computed_tokens = computed
+        assert choose_mode(sched.config, sched.kv, victim, 0.0, newcomer=False) is mode
+
+
+def test_the_watermark_keeps_no_prompt_out_of_an_idle_engine() -> None:
+    """The watermark guards running requests; with none running, a prompt that needs all
+    but a block of the cache is admitted at once, not kept waiting forever."""
+    sched = make_scheduler(num_blocks=10, block_size=16, kv_watermark=0.2,
+                           token_budget=256, chunk_size=256)
+    sched.add_request(make_request("big", 150, max_tokens=2))
+    out = step(sched)
+    assert tokens_by_id(out) == {"big": 150}
 
 
 def test_no_preemption_when_there_is_room() -> None:
