@@ -17,6 +17,7 @@ from slopilot.engine.metrics import (
     SLOPILOT_METRICS,
     VLLM_METRICS,
     EngineMetrics,
+    histogram_quantile,
     latency_quantile,
 )
 from slopilot.engine.request import Priority
@@ -314,6 +315,14 @@ def test_a_tenant_editing_its_slo_in_a_loop_cannot_grow_the_series_without_bound
     assert {k[2] for k in series if k[1] == "p0"} == {slo.p0.label}
     assert _verdicts(m)[("slopilot_slo_generation_tokens_total", "p0", slo.p0.label,
                          "true")] == 1
+
+
+def test_a_quantile_whose_rank_is_a_bucket_count_lies_in_that_bucket() -> None:
+    """As Prometheus reads it: the first bucket whose count reaches the rank, so an empty
+    bucket after it does not move the answer up (0.1, not 0.2)."""
+    buckets = {0.1: 50.0, 0.2: 50.0, 0.3: 100.0, math.inf: 100.0}
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.75, buckets) == pytest.approx(0.25)
 
 
 def test_the_bucketed_ttft_quantile_reads_first_tokens_never_given_in_inf() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.engine.request import Priority
+from slopilot.engine.request import Priority, Request
 from slopilot.engine.slo import ClassSLO, SLOError, SLOSpec
 
 
@@ -78,6 +78,31 @@ def test_a_request_meets_its_slo_within_the_ttft_target_and_one_percent_of_slow_
     assert not slo.met(0.05, gaps=200, gaps_over_tbt=3)
     assert not slo.met(0.05, gaps=0, gaps_over_tbt=1)
     assert ClassSLO().met(60.0, gaps=10, gaps_over_tbt=0)  # best effort: any TTFT
+
+
+def test_the_engine_wide_preemption_limit_is_the_strictest_class_s() -> None:
+    slo = SLOSpec.from_dict({"classes": {"p0": {"max_preemptions_per_min": 5},
+                                         "p1": {"max_preemptions_per_min": 20}}})
+    assert slo.max_preemptions_per_min == 5
+    hits = SLOSpec.from_dict({"classes": {"p0": {"prefix_hit_min": 0.2},
+                                          "p1": {"prefix_hit_min": 0.6}}})
+    assert hits.prefix_hit_min == 0.6  # the highest any class asks for
+
+
+def test_a_gap_at_the_tbt_target_is_not_over_it() -> None:
+    """The judge counts gaps above the target, as ``met`` reads a P99 at it as met."""
+    from slopilot.engine.slo import SLOJudge
+
+    judge = SLOJudge(SLOSpec.from_dict({"classes": {"p0": {"ttft_p99_ms": 100,
+                                                           "tbt_p99_ms": 20}}}))
+    r = Request("r", [1, 2], priority=Priority.P0)
+    for _ in range(5):
+        judge.on_token_gap(r, 0.02)
+    r.first_token_time = 0.05
+    r.output_token_ids = [7] * 6
+    assert judge.finished(r) is True
+    judge.on_token_gap(r, 0.0201)
+    assert judge.finished(r) is False
 
 
 def test_a_class_slo_label_names_its_latency_objectives_exactly() -> None:
