@@ -75,3 +75,6 @@ def test_unmeasured_names_the_classes_with_an_slo_and_no_sample() -> None:
     s = window({"p1": figures(100.0, 50.0, 10.0)})
     assert unmeasured(s, SLO) == ("p0",)
     assert unmeasured(_summary({"p0": 50, "p1": 100}, {"p0": 10, "p1": 50}), SLO) == ()
+    # A class with first tokens but no gap (one-token answers) was measured.
+    assert unmeasured(window({"p0": figures(50.0, None), "p1": figures(100.0, 50.0)}),
+                      SLO) == ()
