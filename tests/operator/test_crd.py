@@ -159,6 +159,17 @@ def test_parse_spec_names_each_problem_and_its_fix(spec: dict[str, Any], needle:
     assert any(needle in p for p in err.value.problems), err.value.problems
 
 
+def test_parse_spec_takes_the_crd_s_own_maxima() -> None:
+    """What the CRD's schema admits at its edge, the parser takes: a CR the API server
+    stored is never refused for a bound the two draw one apart."""
+    from slopilot.operator.spec import MAX_GPUS, MAX_REPLICAS
+
+    spec = parse_spec({"spec": {"model": {"name": "m"}, "resources": {"gpu": MAX_GPUS},
+                                "replicas": {"min": MAX_REPLICAS, "max": MAX_REPLICAS}}})
+    assert spec.gpu == MAX_GPUS
+    assert (spec.min_replicas, spec.max_replicas) == (MAX_REPLICAS, MAX_REPLICAS)
+
+
 def test_parse_spec_collects_every_problem_at_once() -> None:
     with pytest.raises(SpecError) as err:
         parse_spec({"spec": {"model": {}, "replicas": {"min": 3, "max": 1},
