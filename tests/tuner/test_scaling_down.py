@@ -78,3 +78,13 @@ def test_metrics_gone_blind_scale_nothing_down() -> None:
     assert rig.dep.scaled == [], [d.line() for d in decisions]
     assert decisions[-2].reason.startswith("prometheus_unavailable: holding the current "
                                            "config (no series of the deployment's engines")
+
+
+def test_quiet_at_min_replicas_runs_no_capacity_search() -> None:
+    """Nothing can be given back at ``min_replicas``: no headroom clock, and no simulator
+    run (seconds of CPU on the operator's host) every quiet period to find that out."""
+    rig = Rig(dep=FakeDeployment(n=1))
+    ctl = rig.build()
+    reasons = [ctl.tick(float(t)).reason for t in range(0, 301, 15)]
+    assert rig.planner.calls == [], reasons
+    assert ctl.loop.headroom_since is None and rig.dep.scaled == []
