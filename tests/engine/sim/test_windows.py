@@ -38,6 +38,19 @@ def test_busiest_by_arrivals_by_tokens_and_a_typical_window() -> None:
     assert "busiest arrivals: 200-230 s (10.0 req/s" in busy.describe()
 
 
+def test_the_tokens_window_may_overlap_the_arrivals_window_by_exactly_half() -> None:
+    """The tokens window may overlap the first by half its length, no more: a heavy
+    stretch that starts half a window after a request burst is its own window, from its
+    first request on (105 s, not 106 s and one heavy request short)."""
+    records = [TraceRecord(float(t), 10, 0) for t in range(300)]  # background, 1 req/s
+    records += [TraceRecord(100 + i / 50, 10, 0) for i in range(50)]  # the burst
+    records += [TraceRecord(float(t), 5000, 10) for t in range(105, 115)]  # heavy
+    records.sort(key=lambda r: r.arrival_time)
+    by_name = {w.name: w for w in trace_windows(records, 10.0, warmup_s=0.0)}
+    assert by_name["busiest arrivals"].start_s == 100.0
+    assert by_name["busiest tokens"].start_s == 105.0
+
+
 def test_the_choice_is_deterministic_and_windows_do_not_overlap_much() -> None:
     a = trace_windows(synthetic(), 60.0)
     assert a == trace_windows(synthetic(), 60.0)
