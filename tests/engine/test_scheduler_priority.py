@@ -138,3 +138,27 @@ def test_duplicate_ids_and_resubmitted_requests_are_refused_whole() -> None:
     assert not sched.requests and sched.kv.num_used_blocks == 0
     sched.check_integrity()
     assert a.status is RequestStatus.FINISHED_ABORTED
+
+
+def test_a_p0_claim_never_takes_a_running_p0_as_its_victim() -> None:
+    """A P0 preempts lower classes only. Here its claim outlives its victims: the two P2s
+    it preempted (one a step: the cap) freed the 5 blocks it lacked, but the running P0s
+    grew into one of them meanwhile (a claim holds lower classes back, not P0s). With no
+    lower class left it waits for room; it never preempts a P0 that runs."""
+    sched = make_scheduler(12, kv_watermark=0.0, preemption_mode="recompute",
+                           max_preemptions_per_step=1, p0_preempt_utilization=0.8)
+    arrivals = {0: ("a", 23, Priority.P2), 1: ("b", 37, Priority.P2),
+                2: ("c", 61, Priority.P0), 4: ("d", 24, Priority.P0),
+                5: ("big", 84, Priority.P0)}  # big: 6 blocks
+    reqs: dict[str, Request] = {}
+    for i in range(10):
+        if i in arrivals:
+            rid, prompt, cls = arrivals[i]
+            reqs[rid] = make_request(rid, prompt, max_tokens=50, priority=cls,
+                                     first_token=1000 * (len(reqs) + 1))
+            sched.add_request(reqs[rid])
+        step(sched)
+        sched.check_integrity()
+    assert reqs["a"].num_preemptions == reqs["b"].num_preemptions == 1
+    assert reqs["c"].num_preemptions == reqs["d"].num_preemptions == 0
+    assert reqs["big"].status is RequestStatus.WAITING
