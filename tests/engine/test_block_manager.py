@@ -52,6 +52,9 @@ def test_shared_blocks_are_reference_counted() -> None:
     b = req("b", list(range(8)) + [42])
     hits = kv.find_cached_prefix(b)
     assert kv.allocate_slots(b, 1, hits)
+    # What preempting one would give back (a P0 judges its room by it): its own block.
+    assert kv.num_blocks("a") == kv.num_blocks("b") == 3
+    assert kv.num_exclusive_blocks("a") == kv.num_exclusive_blocks("b") == 1
     used = kv.num_used_blocks
     kv.free("a")
     assert kv.num_used_blocks == used - 1  # only a's private tail block is released
