@@ -33,7 +33,8 @@ METRICS = ("tests/engine/test_metrics.py", "tests/engine/test_slo.py",
            "tests/engine/server/test_admin_slo.py")
 TUNER = ("tests/tuner/test_objective.py", "tests/tuner/test_verdict.py",
          "tests/tuner/test_space.py", "tests/tuner/test_controller.py",
-         "tests/tuner/test_transitions.py", "tests/tuner/test_scaling_down.py")
+         "tests/tuner/test_transitions.py", "tests/tuner/test_scaling_down.py",
+         "tests/tuner/test_loop_state.py", "tests/tuner/test_loop_backoff.py")
 WINDOWS = ("tests/engine/sim/test_windows.py",)
 OPERATOR = ("tests/operator/test_policy.py", "tests/operator/test_render.py",
             "tests/operator/test_crd.py", "tests/operator/test_manifests.py")
