@@ -31,7 +31,7 @@ read), whichever read the request's head completes in and whenever its app is ca
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import h11
@@ -77,8 +77,20 @@ class _TimedConnection(h11.Connection):
             self._reads.popleft()
         event = super().next_event()
         if isinstance(event, h11.Request):
+            if _framed_twice(event.headers):
+                # h11 reads such a body by its encoding and keeps the connection, so what
+                # a proxy reading the length took for the body's tail is served as a
+                # request of its own (smuggling). uvicorn answers this error 400 and closes.
+                raise h11.RemoteProtocolError(
+                    "both Content-Length and Transfer-Encoding (RFC 9112 6.1)")
             self.request_arrival = self._reads[0][1]
         return event
+
+
+def _framed_twice(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's head gives both a length and a transfer coding."""
+    names = {name for name, _ in headers}  # h11 lower-cases them
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def h11_protocol(clock: Clock) -> type[H11Protocol]:
