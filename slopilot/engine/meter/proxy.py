@@ -198,9 +198,11 @@ class Meter:
             if not message.get("more_body"):
                 return b"".join(parts)
 
-    async def _judge(self, scope: Scope, body: bytes, arrival: float) -> StreamJudge | None:
-        """A judge for a streamed completion; None for anything else."""
-        if scope["method"] != "POST" or scope["path"] not in JUDGED_PATHS:
+    async def _judge(self, method: str, path: str, body: bytes,
+                     arrival: float) -> StreamJudge | None:
+        """A judge for a streamed completion to ``path`` (as the engine is asked for it);
+        None for anything else."""
+        if method != "POST" or path not in JUDGED_PATHS:
             return None
         try:
             # A long prompt's body parsed on the loop would hold every stream's next chunk
@@ -212,7 +214,7 @@ class Meter:
         if not isinstance(data, dict) or _lax(_BOOL, data.get("stream")) is not True:
             return None
         slo = self.slo.current().class_slo(self.priority)
-        if scope["path"] == RESPONSES_PATH:
+        if path == RESPONSES_PATH:
             # vLLM's ResponsesRequest: null or left out, the context's limit, as chat's.
             limit = _lax(_INT, data.get("max_output_tokens"))
             return StreamJudge(slo, arrival, max_tokens=limit if limit is not None and
@@ -220,7 +222,7 @@ class Meter:
                                wire=Wire.RESPONSES)
         n = _lax(_INT, data.get("n", 1))
         n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
-        completions = scope["path"] == "/v1/completions"
+        completions = path == "/v1/completions"
         # vLLM's rule: the chat API's newer spelling first, where it is given. Its
         # completions API has a default of its own where the field is left out (null:
         # the context, as for chat).
@@ -233,9 +235,6 @@ class Meter:
 
     async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float,
                        exchange: _Exchange) -> None:
-        if scope["method"] == "GET" and scope["path"] == "/metrics":
-            await self._metrics(send)
-            return
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         if not raw_path.startswith(b"/"):
             # The target is the client's to write: glued to the upstream's URL,
@@ -245,12 +244,18 @@ class Meter:
                 "message": "the request target must be a path, e.g. /v1/completions",
                 "type": "invalid_request_error", "code": "invalid_request_target"}})
             return
-        judge = exchange.judge = await self._judge(scope, body, arrival)
+        query: bytes = scope.get("query_string", b"")
+        url = self.upstream_url.copy_with(raw_path=raw_path + (b"?" + query if query else b""))
+        # Every decision reads the path the engine is asked for: httpx removes dot
+        # segments, so "/v1/./completions" is served as /v1/completions, and read by the
+        # client's spelling it was a stream that went unjudged.
+        if scope["method"] == "GET" and url.path == "/metrics":
+            await self._metrics(send)
+            return
+        judge = exchange.judge = await self._judge(scope["method"], url.path, body, arrival)
         headers = _request_headers(scope)
         if judge is not None:
             headers["accept-encoding"] = "identity"  # SSE read as written, not compressed
-        query: bytes = scope.get("query_string", b"")
-        url = self.upstream_url.copy_with(raw_path=raw_path + (b"?" + query if query else b""))
         request = self.client.build_request(scope["method"], url, headers=headers,
                                             content=body)
         try:

@@ -148,3 +148,23 @@ def test_the_engines_date_and_server_reach_the_client_once(served: _Served) -> N
     assert own.status_code == 200 and len(own.headers.get_list("date")) == 1
     assert email.utils.parsedate_to_datetime(own.headers["date"]).tzinfo is not None
     assert own.headers.get_list("server") == []
+
+
+@pytest.mark.parametrize("path", ["/v1/./completions", "/v1/x/../completions"])
+def test_a_stream_whose_path_has_dot_segments_is_judged_as_the_engine_serves_it(
+        served: _Served, path: str) -> None:
+    # httpx removes dot segments from the URL it sends, so the engine serves this as
+    # /v1/completions: judged by the client's spelling, the stream went unjudged (a way
+    # to opt out of the verdicts).
+    served.upstream.release[0].set()
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(HANG_GUARD_S)
+        sock.sendall(_completion().replace(b"/v1/completions", path.encode(), 1))
+        answer = b""
+        while b"data: [DONE]" not in answer:
+            got = sock.recv(65536)
+            assert got, f"the connection closed after {answer!r}"
+            answer += got
+    assert [r.url.path for r in served.upstream.requests] == ["/v1/completions"]
+    wait_for(lambda: counted(served.app) != {}, what="the stream judged")
+    assert counted(served.app) == {(Priority.P0, LABEL, True): (1, 1)}
