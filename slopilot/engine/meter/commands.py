@@ -78,11 +78,13 @@ def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str) -> uvico
     import uvicorn
 
     from slopilot.engine.http_arrival import httptools_protocol
+    from slopilot.engine.http_head_limit import bounded_head
 
     # httptools: the meter's CPU a chunk is the ceiling of what one pod can stream
     # through it (a quarter less than with h11); its requests stamped on arrival on the
     # meter's clock. No date or server of uvicorn's: the engine's pass through, and
     # would be there twice (the meter dates its own answers).
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          lifespan="on", http=httptools_protocol(app.clock),
+                          lifespan="on",
+                          http=bounded_head(httptools_protocol(app.clock)),
                           server_header=False, date_header=False)

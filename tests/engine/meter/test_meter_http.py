@@ -168,3 +168,23 @@ def test_a_stream_whose_path_has_dot_segments_is_judged_as_the_engine_serves_it(
     assert [r.url.path for r in served.upstream.requests] == ["/v1/completions"]
     wait_for(lambda: counted(served.app) != {}, what="the stream judged")
     assert counted(served.app) == {(Priority.P0, LABEL, True): (1, 1)}
+
+
+@pytest.mark.parametrize("where", ["one header", "many headers", "target"])
+def test_a_head_past_the_bound_is_a_431_and_the_connection_ends(
+        served: _Served, where: str) -> None:
+    # Unbounded, the meter held every byte of an endless head (llhttp sets no limit).
+    flood = {"one header": b"x-big: " + b"a" * (1 << 20) + b"\r\n",
+             "many headers": b"".join(b"x-h%d: v\r\n" % i for i in range(100_000)),
+             "target": b""}[where]
+    target = b"/v1/models" + (b"?q=" + b"a" * (1 << 20) if where == "target" else b"")
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(HANG_GUARD_S)
+        # All of it is taken (and dropped) after the refusal, so the client reads the 431
+        # rather than a reset.
+        sock.sendall(b"GET " + target + b" HTTP/1.1\r\nhost: x\r\n" + flood + b"\r\n")
+        answer = b""
+        while got := sock.recv(65536):
+            answer += got
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert served.upstream.requests == []
