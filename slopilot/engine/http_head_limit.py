@@ -14,8 +14,10 @@ bound is loose by at most one read, never more.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import logging
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -37,10 +39,12 @@ def bounded_head(base: type[HttpToolsProtocol],
     class BoundedHead(base):  # type: ignore[misc, valid-type]
         _in_head = False
         _head_bytes = 0
-        _refused = False
+        refused = False
+        """Whether the connection answered a refusal and lingers until it closes: nothing
+        more is parsed or answered on it (http_deadlines reads it too)."""
 
         def data_received(self, data: bytes) -> None:
-            if self._refused:
+            if self.refused:
                 return  # the lingering close: dropped, unparsed
             super().data_received(data)
             if not self._in_head or self.transport.is_closing():
@@ -59,24 +63,34 @@ def bounded_head(base: type[HttpToolsProtocol],
 
         def _refuse(self) -> None:
             log.warning("a request head over %d bytes: refused (431)", max_head_bytes)
-            self._refused = True
+            self.refused = True
             if self.cycle is None or self.cycle.response_complete:
-                body = (b'{"error": {"message": "request head over %d bytes", "type": '
-                        b'"invalid_request_error", "code": "request_header_too_large"}}'
-                        % max_head_bytes)
-                self.transport.write(
-                    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                    b"content-type: application/json\r\ncontent-length: %d\r\n"
-                    b"date: %s\r\nconnection: close\r\n\r\n"
-                    % (len(body), email.utils.formatdate(usegmt=True).encode()) + body)
-                # Closed at once with the client's bytes unread, the socket would send a
-                # reset, which discards the answer on the client's side before it is read.
-                # So the answer ends the write side, what still comes is dropped unread,
-                # and the connection closes when the client does, or after LINGER_S.
-                self.transport.write_eof()
-                self.loop.call_later(LINGER_S, self.transport.close)
+                refuse_and_linger(self.transport, self.loop.call_later,
+                                  b"431 Request Header Fields Too Large",
+                                  b"request head over %d bytes" % max_head_bytes,
+                                  b"request_header_too_large")
                 return
             # Else an answer is being written on this connection: no room for another.
             self.transport.close()
 
     return BoundedHead
+
+
+def refuse_and_linger(transport: asyncio.Transport,
+                      call_later: Callable[[float, Callable[[], None]], object],
+                      status: bytes, message: bytes, code: bytes) -> None:
+    """Answer ``status`` (``b"431 Request Header Fields Too Large"``) with an
+    OpenAI-shaped error, then close lingering: for a connection whose head is refused,
+    with nothing else being answered on it."""
+    body = (b'{"error": {"message": "%s", "type": "invalid_request_error", "code": "%s"}}'
+            % (message, code))
+    transport.write(
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"date: %s\r\nconnection: close\r\n\r\n"
+        % (status, len(body), email.utils.formatdate(usegmt=True).encode()) + body)
+    # Closed at once with the client's bytes unread, the socket would send a reset, which
+    # discards the answer on the client's side before it is read. So the answer ends the
+    # write side, what still comes is dropped unread (the caller's part), and the
+    # connection closes when the client does, or after LINGER_S.
+    transport.write_eof()
+    call_later(LINGER_S, transport.close)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from slopilot.engine.clients import ClientClasses
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
+from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, Deadlines
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend, build_simulated, build_torch
@@ -99,6 +100,7 @@ def start_server(backend: Backend | None = None, *,
                  admin_port: int | None = None, check_integrity: bool = True,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  clients: WatchedFile[ClientClasses] | None = None,
+                 deadlines: Deadlines = DEFAULT_DEADLINES,
                  **backend_args: Any) -> LiveServer:
     """Start a server (``backend`` or one built by ``build_backend(**backend_args)``).
 
@@ -110,7 +112,7 @@ def start_server(backend: Backend | None = None, *,
     server = make_server(backend, port=0, admin_port=admin_port, admin_token=admin_token,
                          drain_timeout_s=drain_timeout_s, log_level=log_level,
                          check_integrity=check_integrity, max_body_bytes=max_body_bytes,
-                         clients=clients)
+                         clients=clients, deadlines=deadlines)
     thread = run_in_thread(server)
     admin = f"http://127.0.0.1:{server.admin_port}" if server.admin_port is not None else ""
     return LiveServer(f"http://127.0.0.1:{server.bound_port}", server, thread, backend, admin)

@@ -105,6 +105,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-body-mb", type=_mib, default=None, metavar="MIB",
                    help="largest request body accepted, in MiB (default 16); a larger "
                         "one is answered 413 while it is read")
+    p.add_argument("--head-timeout", type=_seconds("--head-timeout"), default=None,
+                   metavar="SECONDS", help="how long a request's head may take (default 30); "
+                   "past it the answer is 408 and the connection closes")
+    p.add_argument("--body-idle-timeout", type=_seconds("--body-idle-timeout"), default=None,
+                   metavar="SECONDS", help="how long a request's body may send nothing while "
+                   "the server waits for it (default 30); past it the connection closes and "
+                   "the request ends as if its client left")
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
     p.add_argument("--check-integrity", action="store_true",
                    help="debugging: check the KV bookkeeping each time the engine goes "
@@ -124,6 +131,20 @@ def _port(flag: str) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{flag} {text}: expected a port number, 0 to "
                                              "65535 (0 picks a free one)")
         return port
+    return parse
+
+
+def _seconds(flag: str) -> Callable[[str], float]:
+    """argparse type: a number of seconds above 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{flag} {text}: expected seconds above 0, "
+                                             "e.g. 30")
+        return value
     return parse
 
 
@@ -262,14 +283,19 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     backend.metrics.set_slo(slo)
     binding.release_calling_thread()
+    from slopilot.engine.http_deadlines import Deadlines
     from slopilot.engine.server.uvicorn_runner import ListenError, serve_forever
 
+    # The flags given replace the defaults (http_deadlines' constants), one by one.
+    deadlines = Deadlines(**{name: value for name, value in (
+        ("head_s", args.head_timeout), ("body_idle_s", args.body_idle_timeout))
+        if value is not None})
     try:
         return serve_forever(backend, host=args.host, port=args.port,
                              admin_port=args.admin_port, admin_token=token,
                              drain_timeout_s=args.drain_timeout, log_level=args.log_level,
                              check_integrity=args.check_integrity, clients=clients,
-                             **({} if args.max_body_mb is None
+                             deadlines=deadlines, **({} if args.max_body_mb is None
                                 else {"max_body_bytes": args.max_body_mb}))
     except ListenError as exc:  # a port already taken: the message names flag and port
         backend.close()

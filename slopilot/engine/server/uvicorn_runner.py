@@ -15,6 +15,7 @@ import uvicorn
 
 from slopilot.engine.clients import ClientClasses
 from slopilot.engine.http_arrival import h11_protocol
+from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, Deadlines, with_deadlines
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.backends import Backend
@@ -102,9 +103,11 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                 drain_timeout_s: float = 30.0, log_level: str = "warning",
                 check_integrity: bool = False,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                clients: WatchedFile[ClientClasses] | None = None) -> DrainingServer:
+                clients: WatchedFile[ClientClasses] | None = None,
+                deadlines: Deadlines = DEFAULT_DEADLINES) -> DrainingServer:
     """A server bound to ``port`` (and ``admin_port``: the admin API alone, when given;
-    0 picks free ports). Binding happens here, so a taken port fails at once."""
+    0 picks free ports). Binding happens here, so a taken port fails at once.
+    ``deadlines``: how long a request's head, and a silence in its body, may take."""
     if admin_port is not None and admin_port == port != 0:
         raise ValueError(f"--admin-port {admin_port} is --port too; give the admin API a "
                          "port of its own")
@@ -124,7 +127,8 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                      check_integrity=check_integrity, admin_port=bound_admin,
                      max_body_bytes=max_body_bytes, clients=clients)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            http=h11_protocol(backend.engine.clock.now),
+                            http=with_deadlines(h11_protocol(backend.engine.clock.now),
+                                                deadlines),
                             timeout_graceful_shutdown=int(drain_timeout_s) + 5, access_log=False)
     return DrainingServer(config, app.state, listen, bound_admin)
 
@@ -134,12 +138,14 @@ def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | N
                   log_level: str,
                   check_integrity: bool = False,
                   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                  clients: WatchedFile[ClientClasses] | None = None) -> int:
+                  clients: WatchedFile[ClientClasses] | None = None,
+                  deadlines: Deadlines = DEFAULT_DEADLINES) -> int:
     """Foreground ``slopilot serve``: prints one line with the URLs once it listens."""
     server = make_server(backend, host=host, port=port, admin_port=admin_port,
                          admin_token=admin_token, drain_timeout_s=drain_timeout_s,
                          log_level=log_level, check_integrity=check_integrity,
-                         max_body_bytes=max_body_bytes, clients=clients)
+                         max_body_bytes=max_body_bytes, clients=clients,
+                         deadlines=deadlines)
 
     def announce() -> None:
         if server.ready.wait():

@@ -109,6 +109,8 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--max-body-mb", "0"], "--max-body-mb 0: expected MiB above 0"),
     (["--max-body-mb", "nan"], "--max-body-mb nan: expected MiB above 0"),
     (["--max-body-mb", "lots"], "--max-body-mb lots: expected MiB above 0"),
+    (["--head-timeout", "0"], "--head-timeout 0: expected seconds above 0"),
+    (["--body-idle-timeout", "inf"], "--body-idle-timeout inf: expected seconds above 0"),
     (["--port", "-1"], "--port -1: expected a port number, 0 to 65535"),
     (["--admin-port", "70000"], "--admin-port 70000: expected a port number, 0 to 65535"),
     (["--admin-token-file", "/no/such/token"], "--admin-token-file /no/such/token: cannot "
@@ -169,6 +171,22 @@ def test_the_body_cap_is_set_from_the_command_line() -> None:
         small = httpx.post(f"{url}/v1/completions", timeout=HANG_GUARD_S,
                            json={"prompt": "hi", "max_tokens": 1})
         assert small.status_code == 200, small.text
+    finally:
+        p.kill()
+        p.wait(HANG_GUARD_S)
+
+
+def test_the_head_deadline_is_set_from_the_command_line() -> None:
+    p = _serve("--head-timeout", "0.5")
+    try:
+        url = httpx.URL(_ready_urls(p)[0])
+        with socket.create_connection((url.host, url.port)) as sock:
+            sock.settimeout(HANG_GUARD_S)
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")  # and no more
+            answer = b""
+            while got := sock.recv(65536):
+                answer += got
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
     finally:
         p.kill()
         p.wait(HANG_GUARD_S)

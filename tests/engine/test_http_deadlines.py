@@ -1,0 +1,358 @@
+"""What a client owes a connection, bounded in time, in both HTTP protocols the servers
+run (h11: ``slopilot serve``; httptools, under the head-size bound: the meter).
+
+Without these deadlines a client that sent nothing, half a head, or a body shorter than
+its Content-Length held its connection (and a file descriptor) for ever: uvicorn's
+keep-alive timer starts only once a response is written.
+
+The protocol is driven as asyncio drives it, read by read, and its deadlines on timers
+the test fires (``_Timers``): nothing here waits on, or measures, wall-clock time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from slopilot.engine.http_arrival import h11_protocol, httptools_protocol
+from slopilot.engine.http_deadlines import Deadlines, with_deadlines
+from slopilot.engine.http_head_limit import LINGER_S, bounded_head
+
+HEAD_S, BODY_S = 10.0, 3.0
+DEADLINES = Deadlines(head_s=HEAD_S, body_idle_s=BODY_S)
+
+
+@dataclass
+class _Timer:
+    due: float
+    callback: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class _Timers:
+    """A ``call_later`` whose time moves only when the test says."""
+
+    now: float = 0.0
+    pending: list[_Timer] = field(default_factory=list)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> _Timer:
+        timer = _Timer(self.now + delay, callback)
+        self.pending.append(timer)
+        return timer
+
+    def advance(self, to: float) -> None:
+        """Time moves to ``to``: the timers due by then fire, in order."""
+        while due := sorted((t for t in self.pending if not t.cancelled and t.due <= to),
+                            key=lambda t: t.due):
+            timer = due[0]
+            self.pending.remove(timer)
+            self.now = timer.due
+            timer.callback()
+        self.now = to
+
+
+def _server(clock: Callable[[], float], call_later: Any) -> type[asyncio.Protocol]:
+    return with_deadlines(h11_protocol(clock), DEADLINES, call_later=call_later)
+
+
+def _meter(clock: Callable[[], float], call_later: Any) -> type[asyncio.Protocol]:
+    return with_deadlines(bounded_head(httptools_protocol(clock), max_head_bytes=1000),
+                          DEADLINES, call_later=call_later)
+
+
+PROTOCOLS = [pytest.param(_server, id="h11"), pytest.param(_meter, id="httptools")]
+Factory = Callable[[Callable[[], float], Any], type[asyncio.Protocol]]
+
+
+def _request(path: str, body: bytes = b"hello", length: int | None = None) -> bytes:
+    size = len(body) if length is None else length
+    return (b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
+            % (path.encode(), size) + body)
+
+
+class _Transport(asyncio.Transport):
+    """A socket's transport as far as the protocol can see it; closing it loses the
+    connection on the next turn of the loop, as asyncio's own does."""
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.written = b""
+        self.eof = False
+        self.closing = False
+        self.paused = False
+
+    def write(self, data: Any) -> None:
+        self.written += bytes(data)
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000),
+                "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+
+class _App:
+    """Records what each request's ``receive`` gave; reads each body only once told to
+    (``read``), and answers it once told to (``answer``)."""
+
+    def __init__(self) -> None:
+        self.received: dict[str, list[MutableMapping[str, Any]]] = {}
+        self.read: dict[str, asyncio.Event] = {}
+        self.answer: dict[str, asyncio.Event] = {}
+        self.eager = True
+        """Whether each body is read as soon as the app is called."""
+
+    def gate(self, gates: dict[str, asyncio.Event], path: str) -> asyncio.Event:
+        return gates.setdefault(path, asyncio.Event())
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        got = self.received.setdefault(path, [])
+        if not self.eager:
+            await self.gate(self.read, path).wait()
+        while True:
+            message = await receive()
+            got.append(message)
+            if message["type"] == "http.disconnect":
+                return  # the client left: nothing to answer
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await self.gate(self.answer, path).wait()
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def body(self, path: str) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.received.get(path, []))
+
+
+class _Connection:
+    def __init__(self, factory: Factory) -> None:
+        self.timers = _Timers()
+        self.app = _App()
+        config = uvicorn.Config(self.app, lifespan="off", log_config=None,
+                                proxy_headers=False)
+        config.load()
+        cls: Any = factory(lambda: self.timers.now, self.timers.call_later)
+        self.protocol = cls(config, ServerState(), {}, _loop=asyncio.get_running_loop())
+        self.transport = _Transport(self.protocol)
+        self.protocol.connection_made(self.transport)
+
+    async def read(self, at: float, data: bytes) -> None:
+        """The socket read ``data`` at ``at`` (the timers due before fire first)."""
+        await self.at(at)
+        self.protocol.data_received(data)
+        await _turns()
+
+    async def at(self, t: float) -> None:
+        self.timers.advance(t)
+        await _turns()
+
+    async def answer(self, path: str) -> None:
+        self.app.gate(self.app.answer, path).set()
+        await _turns()
+
+    @property
+    def closed(self) -> bool:
+        return self.transport.closing
+
+
+async def _turns() -> None:
+    """Enough turns of the loop for the app's task, and a lost connection, to run."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def _run(factory: Factory, script: Callable[[_Connection], Any]) -> None:
+    async def main() -> None:
+        conn = _Connection(factory)
+        try:
+            await script(conn)
+        finally:
+            conn.transport.close()
+            await _turns()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_connection_that_sends_nothing_is_closed_at_the_head_deadline(
+        factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.at(HEAD_S - 0.1)
+        assert not conn.closed
+        await conn.at(HEAD_S)
+        # No request to answer: a 408 here could be read as the answer to a request the
+        # client was sending just then.
+        assert conn.closed and conn.transport.written == b""
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_half_a_head_is_answered_408_and_the_connection_ends(factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+        await conn.at(HEAD_S - 0.1)  # from the connection's start, not the first byte
+        assert conn.transport.written == b""
+        await conn.at(HEAD_S)
+        assert conn.transport.written.startswith(b"HTTP/1.1 408 "), conn.transport.written
+        assert b"connection: close" in conn.transport.written.lower()
+        # The write side ends; what the client still sends is dropped unparsed, and the
+        # connection closes after the lingering time (so the client reads the 408).
+        assert conn.transport.eof and not conn.closed
+        await conn.read(HEAD_S + 1, b"content-length: 5\r\n\r\nhello")
+        assert conn.app.received == {}
+        assert conn.transport.written.count(b"HTTP/1.1") == 1
+        await conn.at(HEAD_S + LINGER_S)
+        assert conn.closed
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_half_a_head_on_a_kept_alive_connection_has_the_deadline_from_its_first_byte(
+        factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.answer("/one")
+        assert conn.app.body("/one") == b"hello"
+        # Uvicorn's keep-alive bounds the idle time from here to the next byte; once the
+        # next head has begun, only the head deadline bounds it.
+        await conn.read(20.0, b"POST /two HTTP/1.1\r\n")
+        await conn.at(20.0 + HEAD_S - 0.1)
+        assert not conn.closed and conn.transport.written.count(b"HTTP/1.1 408") == 0
+        await conn.at(20.0 + HEAD_S)
+        assert conn.transport.written.count(b"HTTP/1.1 408 ") == 1
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_pipelined_head_waits_from_the_end_of_the_answer_before_it(
+        factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        # /one's answer takes long (a long generation): the head behind it, half sent,
+        # is not the client's to finish before the connection is ready for it.
+        await conn.read(1.0, _request("/one") + b"POST /two HTTP/1.1\r\n")
+        await conn.at(50.0)
+        assert not conn.closed
+        await conn.answer("/one")
+        await conn.at(50.0 + HEAD_S - 0.1)
+        assert conn.transport.written.count(b"HTTP/1.1 408") == 0
+        await conn.at(50.0 + HEAD_S)
+        assert conn.transport.written.count(b"HTTP/1.1 408 ") == 1
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_body_that_stops_short_ends_the_request_as_a_client_that_left(
+        factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one", b"hel", length=10))
+        await conn.at(1.0 + BODY_S - 0.1)
+        assert not conn.closed
+        await conn.at(1.0 + BODY_S)
+        assert conn.closed
+        # The app hears what it hears of any client that left: a disconnect.
+        assert [m["type"] for m in conn.app.received["/one"]][-1] == "http.disconnect"
+        assert conn.transport.written == b""
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_slow_but_progressing_body_is_served(factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(0.0, _request("/one", b"", length=12))
+        for i, byte in enumerate(b"hello, world"):  # a byte a second, 12 s: past both
+            await conn.read(1.0 + i, bytes([byte]))
+        await conn.answer("/one")
+        assert conn.app.body("/one") == b"hello, world"
+        assert conn.transport.written.startswith(b"HTTP/1.1 200 ")
+        assert conn.transport.written.endswith(b"ok") and not conn.closed
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_no_deadline_while_the_answer_streams(factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.at(1000.0)  # the body is whole; the answer takes its time
+        assert not conn.closed
+        await conn.answer("/one")
+        assert conn.transport.written.endswith(b"ok")
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_no_body_deadline_while_the_app_is_not_reading(factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        conn.app.eager = False
+        # Over uvicorn's high-water mark: it pauses reading until the app reads.
+        body = b"x" * 70_000
+        await conn.read(1.0, _request("/one", body, length=len(body) + 5))
+        assert conn.transport.paused
+        await conn.at(1000.0)
+        assert not conn.closed
+        conn.app.gate(conn.app.read, "/one").set()
+        await _turns()
+        assert conn.app.body("/one") == body
+        # Now it waits for the rest: from here the idle deadline runs.
+        await conn.at(1000.0 + BODY_S - 0.1)
+        assert not conn.closed
+        await conn.at(1000.0 + BODY_S)
+        assert conn.closed
+
+    _run(factory, script)
+
+
+def test_a_head_refused_for_its_size_is_not_answered_again_at_its_deadline() -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, b"GET / HTTP/1.1\r\nx-big: " + b"a" * 2000)
+        assert conn.transport.written.startswith(b"HTTP/1.1 431 ")
+        await conn.at(HEAD_S)
+        assert conn.transport.written.count(b"HTTP/1.1") == 1
+
+    _run(_meter, script)
+
+
+@pytest.mark.parametrize("bad", [dict(head_s=0.0), dict(body_idle_s=-1.0),
+                                 dict(head_s=float("inf")), dict(body_idle_s=float("nan"))])
+def test_a_deadline_must_be_a_positive_number_of_seconds(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="seconds"):
+        Deadlines(**bad)
