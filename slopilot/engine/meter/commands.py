@@ -12,6 +12,7 @@ from slopilot.engine.request import Priority
 if TYPE_CHECKING:
     import uvicorn
 
+    from slopilot.engine.http_deadlines import Deadlines
     from slopilot.engine.meter.proxy import Meter
 
 
@@ -73,18 +74,24 @@ def run(args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
-def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str) -> uvicorn.Config:
-    """How ``slopilot meter`` serves ``app`` (tests serve it the same way)."""
+def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
+                   deadlines: Deadlines | None = None) -> uvicorn.Config:
+    """How ``slopilot meter`` serves ``app`` (tests serve it the same way);
+    ``deadlines``: how long a request's head, and a silence in its body, may take
+    (http_deadlines' defaults unless given)."""
     import uvicorn
 
     from slopilot.engine.http_arrival import httptools_protocol
+    from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, with_deadlines
     from slopilot.engine.http_head_limit import bounded_head
 
     # httptools: the meter's CPU a chunk is the ceiling of what one pod can stream
     # through it (a quarter less than with h11); its requests stamped on arrival on the
     # meter's clock. No date or server of uvicorn's: the engine's pass through, and
-    # would be there twice (the meter dates its own answers).
+    # would be there twice (the meter dates its own answers). A client that stalls is let
+    # go (http_deadlines): each connection holds a file descriptor of the pod's.
+    http = with_deadlines(bounded_head(httptools_protocol(app.clock)),
+                          deadlines or DEFAULT_DEADLINES)
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          lifespan="on",
-                          http=bounded_head(httptools_protocol(app.clock)),
+                          lifespan="on", http=http,
                           server_header=False, date_header=False)

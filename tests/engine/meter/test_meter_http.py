@@ -14,6 +14,7 @@ No speed in the assertions: the meter's clock is the test's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import socket
@@ -26,6 +27,7 @@ import httpx
 import pytest
 import uvicorn
 
+from slopilot.engine.http_deadlines import Deadlines
 from slopilot.engine.meter.commands import uvicorn_config
 from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.meter.slo_watch import SLOWatch
@@ -71,10 +73,11 @@ class _Served:
     port: int
     now: list[float]
     read: list[int]
+    server: uvicorn.Server
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[_Served]:
+@contextlib.contextmanager
+def _serve(tmp_path: Path, deadlines: Deadlines | None = None) -> Iterator[_Served]:
     slo_file = tmp_path / "slo.json"
     slo_file.write_text(json.dumps(SLO))
     upstream, now = _Upstream(), [100.0]
@@ -82,7 +85,8 @@ def served(tmp_path: Path) -> Iterator[_Served]:
     app = Meter("http://127.0.0.1:8001", SLOWatch(slo_file, Verdicts()), Priority.P0,
                 client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle)),
                 clock=lambda: now[0])
-    config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning")
+    config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
+                            deadlines=deadlines)
     config.load()
     config.http_protocol_class = counting(config.http_protocol_class, read)
     server = uvicorn.Server(config)
@@ -91,12 +95,19 @@ def served(tmp_path: Path) -> Iterator[_Served]:
     wait_for(lambda: server.started or not thread.is_alive(), what="the meter to listen")
     assert server.started, "the meter did not start"
     try:
-        yield _Served(app, upstream, server.servers[0].sockets[0].getsockname()[1], now, read)
+        yield _Served(app, upstream, server.servers[0].sockets[0].getsockname()[1], now, read,
+                      server)
     finally:
         for gate in upstream.release:
             gate.set()
         server.should_exit = True
         thread.join(HANG_GUARD_S)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[_Served]:
+    with _serve(tmp_path) as meter:
+        yield meter
 
 
 def _completion() -> bytes:
@@ -188,3 +199,27 @@ def test_a_head_past_the_bound_is_a_431_and_the_connection_ends(
             answer += got
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert served.upstream.requests == []
+
+
+@pytest.mark.parametrize(("sent", "answer"), [
+    (b"", b""),  # nothing sent: nothing to answer
+    (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n", b"HTTP/1.1 408 "),
+    (_completion()[:-5], b""),  # a body that stops short: nothing forwarded, unanswered
+], ids=["nothing", "half a head", "a short body"])
+def test_a_stalled_client_is_let_go(tmp_path: Path, sent: bytes, answer: bytes) -> None:
+    # Held for ever before: uvicorn's keep-alive timer starts only after an answer.
+    # Short deadlines, so the test waits little; long enough for the request below.
+    with _serve(tmp_path, Deadlines(head_s=1.0, body_idle_s=1.0)) as meter:
+        with socket.create_connection(("127.0.0.1", meter.port)) as sock:
+            sock.settimeout(HANG_GUARD_S)
+            sock.sendall(sent)
+            got = b""
+            while more := sock.recv(65536):
+                got += more
+        assert got.startswith(answer) and (answer or got == b""), got[:200]
+        wait_for(lambda: not meter.server.server_state.connections,
+                 what="the connection released")
+        assert meter.upstream.requests == []
+        assert counted(meter.app) == {}
+        ok = httpx.get(f"http://127.0.0.1:{meter.port}/metrics", timeout=HANG_GUARD_S)
+        assert ok.status_code == 200
