@@ -129,6 +129,19 @@ def test_only_sampling_rows_answer(make: Make) -> None:
     assert ex.decode_graphs is not None and ex.decode_graphs.captured == [(6, 32)]
 
 
+def test_a_replay_where_no_row_samples(make: Make) -> None:
+    """Single-token rows that all stop short of their request's end (prompt chunks of one
+    token, as a budget with one token left or a chunk_size of 1 cut them) still replay:
+    the empty list of sampling rows once indexed the logits as a float tensor and failed."""
+    ex = make("padded")
+    prefilled(ex)
+    rows = [row("f", [9], 0, [30], sample=False), row("g", [8], 0, [31], sample=False)]
+    assert ex.decode_graphs is not None and ex.decode_graphs.takes(SchedulerOutput(seqs=rows))
+    assert ex.execute(SchedulerOutput(seqs=rows)).sampled == {}
+    # The replay wrote both tokens' keys and values, as the eager pass does.
+    assert torch.isfinite(ex.kv_cache.gpu[:, :, [30, 31], 0]).all()
+
+
 def _counting(captures: list[int]) -> Callable[..., object]:
     def capture(run: Callable[[], torch.Tensor]) -> object:
         captures.append(1)

@@ -239,7 +239,10 @@ class DecodeGraphs:
         chosen = [seqs[i] for i in sampling]
         if len(sampling) == len(seqs):
             return chosen, logits[:len(seqs)]
-        return chosen, logits[torch.tensor(sampling, device=logits.device)]
+        # dtype given: an empty list (no row samples) would make a float tensor, which
+        # cannot index.
+        return chosen, logits[torch.tensor(sampling, dtype=torch.long,
+                                           device=logits.device)]
 
     def _rows(self, seqs: Sequence[ScheduledSeq], blocks: int) -> np.ndarray:
         """The rows' block tables as ``blocks`` columns padded with the scratch block,
