@@ -108,6 +108,11 @@ class BlockManager:
         """Live block tables by request id (read-only for callers)."""
         return self._tables
 
+    @property
+    def cpu_tables(self) -> dict[str, list[int]]:
+        """Swapped-out requests' host block tables by request id (read-only for callers)."""
+        return self._cpu_tables
+
     def block_table(self, request_id: str) -> list[int]:
         return self._tables[request_id]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from slopilot.engine.admission import Admission
 from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.engine.kv_integrity import check_block_manager
+from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
 from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import Priority, Request, RequestStatus
 
@@ -369,4 +369,12 @@ class Scheduler(Admission):
         swapped = sum(r.status is RequestStatus.PREEMPTED_SWAPPED for r in waiting)
         if swapped != self._num_swapped:
             raise AssertionError(f"{swapped} swapped requests wait, counted {self._num_swapped}")
+        # The block manager's own books balance with an orphan table in them: only the
+        # requests can tell that a finished (or never added) one still holds blocks.
+        holders = {r.request_id for r in self.running}
+        if orphans := sorted(set(self.kv.tables) - holders):
+            raise IntegrityError(f"block tables of no running request: {', '.join(orphans)}")
+        parked = {r.request_id for r in waiting if r.status is RequestStatus.PREEMPTED_SWAPPED}
+        if orphans := sorted(set(self.kv.cpu_tables) - parked):
+            raise IntegrityError(f"host blocks of no swapped request: {', '.join(orphans)}")
 

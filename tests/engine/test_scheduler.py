@@ -437,3 +437,19 @@ def test_logprobs_are_recorded_once_per_position_across_a_recompute() -> None:
     assert [e.token_id for e in slow.prompt_logprobs] == slow.prompt_token_ids[1:]
     assert [e.logprob for e in slow.prompt_logprobs] == [-(j + 1) / 1000 for j in range(149)]
     assert [e.token_id for e in slow.output_logprobs] == slow.output_token_ids
+
+
+def test_the_integrity_check_finds_a_block_table_no_live_request_holds() -> None:
+    """A table left behind by a request that finished (or was never added) keeps its
+    blocks from every other request for good, and the block manager's own bookkeeping
+    stays consistent with it: only the requests can tell it is an orphan."""
+    from slopilot.engine.kv_integrity import IntegrityError
+
+    sched = make_scheduler(num_blocks=16)
+    sched.add_request(make_request("a", prompt_len=20, max_tokens=2))
+    step(sched)
+    sched.check_integrity()
+    ghost = make_request("ghost", prompt_len=20, max_tokens=2)
+    assert sched.kv.allocate_slots(ghost, 20)
+    with pytest.raises(IntegrityError, match="ghost"):
+        sched.check_integrity()
