@@ -144,3 +144,21 @@ def test_a_write_that_fails_leaves_the_earlier_report_whole(
     monkeypatch.undo()
     write_report(study(ttft_of_budget=True, n=0), SLO, tmp_path, title="T")
     assert (tmp_path / "report.md").read_text().startswith("# T\n")
+
+
+def test_a_trial_without_samples_reads_no_worst_term_in_the_top_tables() -> None:
+    """A term no window had a request to measure is ``NO_SAMPLES`` (-1: no share of its
+    limit); the top tables printed ``max(...) + 1`` and read such a trial's worst term as
+    0 %, the best any trial could show, where the others' tables say "-"."""
+    from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult
+    from slopilot.tuner.study.report import _top
+    from slopilot.tuner.tune.output import top_row
+
+    names = ("p0.ttft_p99", "p0.tbt_p99")
+    empty = TrialResult({"token_budget": 512}, 0.0, (NO_SAMPLES, NO_SAMPLES), False,
+                        constraint_names=names)
+    measured = dataclasses.replace(empty, constraints=(0.5, NO_SAMPLES))
+    lines = _top([(0, empty), (1, measured)], 2)
+    assert "| 0 | no | - |" in lines[4], lines
+    assert "| 1 | no | 150% (P0 TTFT p99) |" in lines[5], lines
+    assert top_row(0, empty)[2] == "-" and top_row(1, measured)[2] == "150%"

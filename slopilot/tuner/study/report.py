@@ -21,7 +21,7 @@ from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.importance import importance
 from slopilot.tuner.study.objective import TrialResult, score
 from slopilot.tuner.study.tuner import Tuner, rank
-from slopilot.tuner.study.verdict import goodput_share, term_label
+from slopilot.tuner.study.verdict import goodput_share, term_label, worst_share
 
 pareto_front = plots.pareto_front
 
@@ -136,10 +136,8 @@ def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:
              "goodput (tok/s) | token_budget | chunk_size | max_num_seqs |",
              "|---|---|---|---|---|---|---|---|"]
     for n, r in ranked[:top]:
-        worst = max(range(len(r.constraints)), key=lambda i: r.constraints[i], default=None)
-        where = "-" if worst is None else (
-            f"{r.constraints[worst] + 1:.0%} ({term_label(r.constraint_names[worst])[0]})"
-            if r.constraint_names else f"{r.constraints[worst] + 1:.0%}")
+        share, term = worst_share(r)
+        where = share if term is None or share == "-" else f"{share} ({term_label(term)[0]})"
         lines.append(f"| {n} | {'yes' if r.feasible else 'no'} | {where} | "
                      f"{'-' if r.objective is None else f'{r.objective:.1%}'} | "
                      f"{r.goodput_tok_s:,.1f} | {r.config.get('token_budget', '-')} | "

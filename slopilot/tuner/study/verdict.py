@@ -117,6 +117,19 @@ def share_text(term: str, value: float) -> str:
     return f"{value + 1:.0%}"
 
 
+def worst_share(r: TrialResult) -> tuple[str, str | None]:
+    """A trial's worst term as the top tables show it: its share of its limit
+    (``share_text``: "-" for a class no window measured) and its name (None unnamed);
+    ("-", None) for a trial without terms."""
+    worst = max(range(len(r.constraints)), key=lambda i: r.constraints[i], default=None)
+    if worst is None:
+        return "-", None
+    if not r.constraint_names:
+        return f"{r.constraints[worst] + 1:.0%}", None
+    name = r.constraint_names[worst]
+    return share_text(name, r.constraints[worst]), name
+
+
 def _limit(slo: SLOSpec, term: str) -> float:
     if term == "preemptions_per_min":
         limit = slo.max_preemptions_per_min

@@ -23,7 +23,13 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.tuner import rank
-from slopilot.tuner.study.verdict import deciding_window, goodput_share, share_text, term_label
+from slopilot.tuner.study.verdict import (
+    deciding_window,
+    goodput_share,
+    share_text,
+    term_label,
+    worst_share,
+)
 from slopilot.tuner.tune.outcome import TuneOutcome
 
 
@@ -94,6 +100,16 @@ def _ms(v: float | None) -> str:
     return f"{v / 1000:.1f} s" if v >= 1000 else f"{v:.0f} ms"
 
 
+def top_row(n: int, r: TrialResult) -> list[str]:
+    """Trial ``n``'s row of the top-trials table; a worst term without samples is "-" (a
+    class no window had a request of has no share of its limit, not 0 %)."""
+    return [str(n), "yes" if r.feasible else "no", worst_share(r)[0],
+            "-" if r.objective is None else f"{r.objective:.1%}",
+            f"{r.goodput_tok_s:,.0f}", str(r.config.get("token_budget")),
+            str(r.config.get("chunk_size")), str(r.config.get("max_num_seqs")),
+            str(r.config.get("preemption_mode"))]
+
+
 def print_text(outcome: TuneOutcome, report: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -105,12 +121,7 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
         top.add_column(col, justify="right")
     order = ranked(outcome)
     for n, r in order[:10]:
-        top.add_row(str(n), "yes" if r.feasible else "no",
-                    f"{max(r.constraints, default=-1.0) + 1:.0%}",
-                    "-" if r.objective is None else f"{r.objective:.1%}",
-                    f"{r.goodput_tok_s:,.0f}", str(r.config.get("token_budget")),
-                    str(r.config.get("chunk_size")), str(r.config.get("max_num_seqs")),
-                    str(r.config.get("preemption_mode")))
+        top.add_row(*top_row(n, r))
     console.print(top)
     console.print("worst term: the SLO term closest to (or over) its limit in the worst "
                   f"window, as a share of the limit (holding needs at most "
