@@ -21,7 +21,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from slopilot.engine.config import ConfigError
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop import advice
@@ -34,6 +33,7 @@ from slopilot.tuner.loop.state import (
     TrialOutcome,
 )
 from slopilot.tuner.loop.transitions import Event, Go
+from slopilot.tuner.loop.trial import _end_trial, _next_trial
 from slopilot.tuner.prometheus.alerts import AlertAction
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import (
@@ -130,33 +130,6 @@ def _end_for_scale(ctx: LoopContext, alerts: str) -> Go:
     return Go(ControllerState.SCALING, Event.SCALE_ALERT,
               f"alert {alerts} during the episode (after {loop.episode_trials} trials): "
               "the episode ends, its rollback config restored", at_least=replicas + 1)
-
-
-def _next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
-    loop, s = ctx.loop, ctx.settings
-    if loop.episode_trials >= s.max_trials:
-        return Go(ControllerState.COMMIT, Event.TRIAL_LIMIT,
-                  f"trial_limit: {s.max_trials} trials")
-    if len(loop.trial_starts) >= s.max_trials_per_hour:
-        return Go(ControllerState.COMMIT, Event.TRIAL_RATE_LIMIT,
-                  f"trial_rate_limit: {s.max_trials_per_hour} per hour")
-    number, config = ctx.study.ask()
-    canary = s.canary and ctx.deployment.replicas() > 1
-    loop.trial_starts.append(now)
-    try:
-        replica = ctx.deployment.apply_config(config, canary=canary)
-    except ConfigError as exc:
-        ctx.study.tell_failed(number, f"config refused: {exc}")
-        ctx.metrics.trial(s.deployment, TrialOutcome.FAILED)
-        loop.episode_trials += 1
-        ctx.restore(canary)
-        return ctx.decide(Action.REVERT, f"config_refused trial {number}: {exc}",
-                          trial=number, config=config)
-    loop.trial = RunningTrial(number, dict(config), now, canary,
-                              canary_replica=replica if canary else None)
-    where = "canary" if canary else "all replicas"
-    return ctx.decide(Action.TRIAL, f"trial {number} on {where}; {reason}",
-                      trial=number, config=config)
 
 
 def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | Go:
@@ -311,15 +284,6 @@ def _breach(ctx: LoopContext, summary: WindowSummary) -> str | None:
             if bound is not None and value is not None and value > limit * bound:
                 return f"{p.label} {key}={value:.0f} > {limit:g} x {bound:g}"
     return None
-
-
-def _end_trial(ctx: LoopContext, t: RunningTrial, outcome: TrialOutcome, action: Action,
-               reason: str, summary: WindowSummary | None) -> Decision:
-    ctx.metrics.trial(ctx.settings.deployment, outcome)
-    ctx.loop.episode_trials += 1
-    ctx.loop.trial = None
-    ctx.restore(t.canary)
-    return ctx.decide(action, reason, trial=t.number, config=t.config, summary=summary)
 
 
 def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:

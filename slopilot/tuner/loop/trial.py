@@ -1,0 +1,53 @@
+"""A live trial's start and end: the next trial asked of the study and applied to the
+canary or every replica (or, at the episode's trial limits, COMMIT), and an ended trial
+counted, its replicas restored."""
+
+from __future__ import annotations
+
+from slopilot.engine.config import ConfigError
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.context import LoopContext
+from slopilot.tuner.loop.state import (
+    Action,
+    ControllerState,
+    Decision,
+    RunningTrial,
+    TrialOutcome,
+)
+from slopilot.tuner.loop.transitions import Event, Go
+
+
+def _next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
+    loop, s = ctx.loop, ctx.settings
+    if loop.episode_trials >= s.max_trials:
+        return Go(ControllerState.COMMIT, Event.TRIAL_LIMIT,
+                  f"trial_limit: {s.max_trials} trials")
+    if len(loop.trial_starts) >= s.max_trials_per_hour:
+        return Go(ControllerState.COMMIT, Event.TRIAL_RATE_LIMIT,
+                  f"trial_rate_limit: {s.max_trials_per_hour} per hour")
+    number, config = ctx.study.ask()
+    canary = s.canary and ctx.deployment.replicas() > 1
+    loop.trial_starts.append(now)
+    try:
+        replica = ctx.deployment.apply_config(config, canary=canary)
+    except ConfigError as exc:
+        ctx.study.tell_failed(number, f"config refused: {exc}")
+        ctx.metrics.trial(s.deployment, TrialOutcome.FAILED)
+        loop.episode_trials += 1
+        ctx.restore(canary)
+        return ctx.decide(Action.REVERT, f"config_refused trial {number}: {exc}",
+                          trial=number, config=config)
+    loop.trial = RunningTrial(number, dict(config), now, canary,
+                              canary_replica=replica if canary else None)
+    where = "canary" if canary else "all replicas"
+    return ctx.decide(Action.TRIAL, f"trial {number} on {where}; {reason}",
+                      trial=number, config=config)
+
+
+def _end_trial(ctx: LoopContext, t: RunningTrial, outcome: TrialOutcome, action: Action,
+               reason: str, summary: WindowSummary | None) -> Decision:
+    ctx.metrics.trial(ctx.settings.deployment, outcome)
+    ctx.loop.episode_trials += 1
+    ctx.loop.trial = None
+    ctx.restore(t.canary)
+    return ctx.decide(action, reason, trial=t.number, config=t.config, summary=summary)
