@@ -1,0 +1,184 @@
+"""A running trial's window and its verdict: measured past its first ``settle_s``, looked
+at early for a breach that cuts it short, repeated when the window says nothing of it
+(rejected, or without a sample of the class the alerts are about), confirmed on a second
+window when it holds within ``HEADROOM`` of a limit, and scored: a trial that holds sends
+the episode to COMMIT."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.context import LoopContext
+from slopilot.tuner.loop.state import (
+    Action,
+    ControllerState,
+    Decision,
+    RunningTrial,
+    TrialOutcome,
+)
+from slopilot.tuner.loop.transitions import Event, Go
+from slopilot.tuner.loop.trial import _end_trial, _next_trial
+from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.objective import (
+    HEADROOM,
+    TrialResult,
+    holds,
+    score,
+    unmeasured,
+)
+
+
+def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | Go:
+    s = ctx.settings
+    elapsed = now - t.started_at
+    if elapsed < s.window_s:
+        return _early_look(ctx, now, t, elapsed)
+    start = _measured_from(ctx, t)
+    if now - start > 2 * s.window_s:
+        # Looked at long after its window (an operator down for days, a late tick): the
+        # last window is the trial's, not days of loads and a config the pods may have
+        # lost in between, in one range query over all of it.
+        start = now - s.window_s
+    try:
+        summary = ctx.evaluator.measure(start, now, canary=t.canary)
+    except WindowRejected as exc:
+        return _repeat(ctx, now, t, exc.reason)
+    why = _no_verdict(ctx, summary)
+    if why is not None:
+        return _repeat(ctx, now, t, why)
+    return _scored(ctx, now, t, summary)
+
+
+def _repeat(ctx: LoopContext, now: float, t: RunningTrial, why: str) -> Decision:
+    """A window that does not count: measured again, up to ``max_window_repeats`` times
+    in a row, after which the trial counts as failed and is reverted."""
+    t.repeats += 1
+    if t.repeats >= ctx.settings.max_window_repeats:
+        ctx.study.tell_failed(t.number, f"window rejected {t.repeats} times: {why}")
+        return _end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
+                          f"window_rejected trial {t.number} {t.repeats} times: {why}",
+                          None)
+    t.started_at = now
+    return ctx.decide(Action.REPEAT, f"window_rejected trial {t.number} "
+                      f"(repeat {t.repeats}): {why}", trial=t.number)
+
+
+def _no_verdict(ctx: LoopContext, summary: WindowSummary) -> str | None:
+    """Why a measured window says nothing of the trial, or None when it does.
+
+    ``score`` reads a class without samples as meeting its SLO, which is right for a
+    class the workload does not send. It is not for the class an alert fired on: a
+    canary's window (a share of the traffic) can miss a small class entirely, and the
+    trial then "held" with nothing measured for what the episode is about. A class the
+    alerts are not about may be absent (a trace without P2); a window in which no class
+    with an SLO was measured at all is never a verdict."""
+    absent = unmeasured(summary, ctx.settings.slo)
+    about = [c for c in ctx.loop.episode_classes if c in absent]
+    if about:
+        return f"no sample of {', '.join(about)} (the class the alert fired on) in the window"
+    judged = [p for p, c in ctx.settings.slo.classes().items()
+              if c.ttft_p99_ms is not None or c.tbt_p99_ms is not None]
+    if judged and len(absent) == len(judged):
+        return "no sample of any class with an SLO in the window"
+    return None
+
+
+def _measured_from(ctx: LoopContext, t: RunningTrial) -> float:
+    """Where a trial's window is measured from: past its first seconds, in which the
+    requests that arrived under the config before it finish (``settle_s``); a repeat
+    follows a window of the same config, so it is measured whole, as is a confirming one."""
+    first = t.repeats == 0 and t.edge_constraints is None
+    return t.started_at + (ctx.settings.settle_s if first else 0.0)
+
+
+def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
+                elapsed: float) -> Decision:
+    """Mid-window, after ``revert_after_s``: cut a trial short that breaks a class's SLO
+    badly."""
+    partial, start = None, _measured_from(ctx, t)
+    if elapsed >= ctx.settings.revert_after_s and now > start:
+        try:
+            partial = ctx.evaluator.measure(start, now, canary=t.canary)
+        except WindowRejected:
+            partial = None  # too little to tell yet: the window goes on
+    breach = None if partial is None else _breach(ctx, partial)
+    if partial is None or breach is None:
+        return ctx.decide(Action.NONE, f"trial {t.number} running", trial=t.number)
+    ctx.study.tell(t.number, score(partial, ctx.settings.slo, t.config))
+    ctx.loop.episode_measured += 1
+    return _end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
+                      f"slo_breach trial {t.number} cut short: {breach}", partial)
+
+
+def _scored(ctx: LoopContext, now: float, t: RunningTrial,
+            summary: WindowSummary) -> Decision | Go:
+    loop, s = ctx.loop, ctx.settings
+    result = score(summary, s.slo, t.config)
+    if t.edge_constraints is not None:
+        result = _with_first_window(result, t.edge_constraints, t.edge_goodput)
+    elif result.feasible and not holds(result, HEADROOM):
+        return _confirm(ctx, now, t, result)
+    ctx.study.tell(t.number, result)
+    ctx.metrics.trial(s.deployment, TrialOutcome.COMPLETE)
+    loop.episode_trials += 1
+    loop.episode_measured += 1
+    loop.trial = None
+    if result.feasible:
+        loop.episode_feasible += 1
+        if loop.best_goodput is None or result.goodput_tok_s > loop.best_goodput:
+            loop.best_config, loop.best_goodput = dict(t.config), result.goodput_tok_s
+        return Go(ControllerState.COMMIT, Event.TRIAL_HOLDS, f"trial {t.number} holds the "
+                  f"SLO (goodput {result.goodput_tok_s:.0f} tok/s)", summary=summary)
+    worst = max(zip(result.constraint_names, result.constraints, strict=True),
+                key=lambda kv: kv[1], default=("?", 0.0))
+    reason = f"trial {t.number} infeasible: {worst[0]} {worst[1]:+.0%} over"
+    if loop.episode_trials >= s.max_trials or \
+            len(loop.trial_starts) >= s.max_trials_per_hour:
+        return _next_trial(ctx, now, reason)  # ends the episode now
+    return ctx.decide(Action.NONE, reason, trial=t.number, config=t.config, summary=summary)
+
+
+def _confirm(ctx: LoopContext, now: float, t: RunningTrial, result: TrialResult
+             ) -> Decision:
+    """A window that holds, but with a term within ``HEADROOM`` of its limit: one more
+    window of the same config before it counts. The simulator's verdicts need 10 % to
+    spare, and a live window's P99 rests on a few dozen requests of a class (nearly its
+    maximum): one window at 99.7 % of a limit used to commit everywhere. A config held
+    on two windows commits (a config truly at the limit passes one about half the
+    time, two about a quarter); one clear of the margin still commits on its first."""
+    t.edge_constraints, t.edge_goodput = list(result.constraints), result.goodput_tok_s
+    t.started_at = now
+    name, value = max(zip(result.constraint_names, result.constraints, strict=True),
+                      key=lambda kv: kv[1])
+    return ctx.decide(Action.REPEAT, f"confirming trial {t.number}: {name} at "
+                      f"{value + 1:.1%} of its limit, within the {HEADROOM:.0%} margin: "
+                      "one more window", trial=t.number, config=t.config,
+                      summary=result.summary)
+
+
+def _with_first_window(second: TrialResult, first: Sequence[float],
+                       goodput: float | None) -> TrialResult:
+    """The trial's result over its two windows: each term the worse window's, the lower
+    goodput, feasible only when both held."""
+    constraints = tuple(max(a, b) for a, b in zip(first, second.constraints, strict=True))
+    return dataclasses.replace(
+        second, constraints=constraints, feasible=all(c <= 0.0 for c in constraints),
+        goodput_tok_s=second.goodput_tok_s if goodput is None
+        else min(goodput, second.goodput_tok_s))
+
+
+def _breach(ctx: LoopContext, summary: WindowSummary) -> str | None:
+    """A class's P99 over ``1 + revert_margin`` times its SLO, for every class with an
+    SLO: the early look's rule for P0, applied to each (a P1 at 10 x its SLO, or any
+    breach on a workload without P0, ran its whole window). The margin stays wide: a
+    partial window's P99 rests on few requests, and a trial cut on noise is a trial lost."""
+    limit = 1.0 + ctx.settings.revert_margin
+    for p, slo in ctx.settings.slo.classes().items():
+        figures = summary.classes[p]
+        for key, value, bound in (("ttft_p99_ms", figures.ttft_p99_ms, slo.ttft_p99_ms),
+                                  ("tbt_p99_ms", figures.tbt_p99_ms, slo.tbt_p99_ms)):
+            if bound is not None and value is not None and value > limit * bound:
+                return f"{p.label} {key}={value:.0f} > {limit:g} x {bound:g}"
+    return None
