@@ -90,7 +90,7 @@ def test_a_live_trial_judged_on_two_windows_says_its_table_is_the_last_one(
     judged on both (the worse term, the lower goodput). The demo's report showed the
     second window alone as "the window": goodput 119 tok/s, P0 TTFT p99 730 ms, beside a
     top-trials row and plots that said 97.8 tok/s and 735 ms."""
-    from slopilot.tuner.loop.episode import _with_first_window
+    from slopilot.tuner.loop.trial_window import _with_first_window
     from slopilot.tuner.study.report import write_report
     from slopilot.tuner.study.space import SearchSpace
     from slopilot.tuner.study.tuner import Tuner, open_study

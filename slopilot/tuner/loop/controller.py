@@ -27,7 +27,8 @@ as it is (``LoopState.rollback_config``); while Prometheus is unreachable the cu
 config is held and the decision says so, except a trial's: one that cannot be watched is
 told failed and the episode's known config restored (``_hold``). The steps, by job:
 ``steady.py`` (STEADY, COOLDOWN), ``scaling.py`` (SCALING), ``episode.py`` (TUNING,
-COMMIT); ``advice.py`` asks the simulator.
+COMMIT; a trial's start and end in ``trial.py``, its window and verdict in
+``trial_window.py``); ``advice.py`` asks the simulator.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ first feasible trial, or the trial limits, end the episode in COMMIT, which appl
 best feasible config everywhere, or, when none held, asks SCALING for another replica. A scale
 alert that fires during the episode (not one it began under) ends it at once: the open
 trial failed, its rollback config restored, SCALING asked for another replica.
+
+This module holds the episode's start and end (and the TUNING step that runs it); a
+trial's start and end are ``trial.py``'s, its window and verdict ``trial_window.py``'s.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from slopilot.tuner.loop.state import (
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.loop.trial import _end_trial, _next_trial
 from slopilot.tuner.loop.trial_window import _running_trial
-from slopilot.tuner.loop.trial_window import _with_first_window as _with_first_window
 from slopilot.tuner.prometheus.alerts import AlertAction
 
 log = logging.getLogger(__name__)

@@ -214,7 +214,7 @@ class LoopState:
     """Starts of live trials in the last hour (the per-hour limit)."""
     episode_classes: list[str] = field(default_factory=list)
     """The classes (``p0``..``p2``) of the alerts that started this episode: a trial's
-    window that measured none of one of them is no verdict (``episode._no_verdict``)."""
+    window that measured none of one of them is no verdict (``trial_window._no_verdict``)."""
     episode_measured: int = 0
     """Trials of this episode judged on a measured window (scored, or cut by the early
     look): the others failed unseen (windows rejected, no data, refused, an outage), and

@@ -22,7 +22,7 @@ from slopilot.engine.window_summary import WindowSummary
 # SLO (its goodput is zero, which the objective already counts), so its term reads as
 # comfortably met. That is right for a class the workload does not send (a trace without
 # P0 traffic), not for one it sends and the window happened to miss: a live trial asks
-# ``unmeasured`` first (tuner/loop/episode.py), and a window that did not measure the
+# ``unmeasured`` first (tuner/loop/trial_window.py), and a window that did not measure the
 # class its episode is about is no verdict.
 NO_SAMPLES = -1.0
 

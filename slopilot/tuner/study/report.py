@@ -123,7 +123,7 @@ def _best_figures(best: TrialResult, slo: SLOSpec,
 def _beyond_its_window(result: TrialResult, summary: WindowSummary, slo: SLOSpec) -> bool:
     """Whether a one-window result says more than its summary: the loop's two-window
     trial keeps the last window's summary with the worse terms and lower goodput of
-    both (``loop/episode._with_first_window``), and only that summary is stored."""
+    both (``loop/trial_window._with_first_window``), and only that summary is stored."""
     own = score(summary, slo, result.config)
     return (own.goodput_tok_s != result.goodput_tok_s
             or (own.constraint_names == result.constraint_names
