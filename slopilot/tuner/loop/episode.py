@@ -34,8 +34,8 @@ from slopilot.tuner.loop.state import (
     TrialOutcome,
 )
 from slopilot.tuner.loop.transitions import Event, Go
-from slopilot.tuner.loop.trial import _end_trial, _next_trial
-from slopilot.tuner.loop.trial_window import _running_trial
+from slopilot.tuner.loop.trial import end_trial, next_trial
+from slopilot.tuner.loop.trial_window import running_trial
 from slopilot.tuner.prometheus.alerts import AlertAction
 
 log = logging.getLogger(__name__)
@@ -82,17 +82,17 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         ctx.loop.episode_alerts = sorted({a.describe() for a in acting})
         ctx.metrics.action(s.deployment, Action.RETUNE, entered.reason)
         log.info("%s: %s", s.key, ctx.decide(Action.RETUNE, entered.reason).line())
-        return _next_trial(ctx, tick.now, f"retune: {entered.reason}")
+        return next_trial(ctx, tick.now, f"retune: {entered.reason}")
     surge = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.SCALE}
                    - set(ctx.loop.episode_alerts))
     # At max replicas no replica can answer it: the episode is the only remedy left.
     if surge and ctx.deployment.replicas() < s.max_replicas:
         return _end_for_scale(ctx, ", ".join(surge))
     if ctx.loop.trial is None:
-        return _next_trial(ctx, tick.now, "next trial")
+        return next_trial(ctx, tick.now, "next trial")
     if (why := ctx.study.space.outside(ctx.loop.trial.config)) is not None:
         return _outside_space(ctx, ctx.loop.trial, why)
-    return _running_trial(ctx, tick.now, ctx.loop.trial)
+    return running_trial(ctx, tick.now, ctx.loop.trial)
 
 
 def _outside_space(ctx: LoopContext, t: RunningTrial, why: str) -> Decision:
@@ -101,7 +101,7 @@ def _outside_space(ctx: LoopContext, t: RunningTrial, why: str) -> Decision:
     now. Judged, it held and was committed to every replica over the new bounds."""
     reason = f"trial {t.number} is outside the search space now: {why}"
     ctx.study.tell_failed(t.number, reason)
-    return _end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT, reason, None)
+    return end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT, reason, None)
 
 
 def _end_for_scale(ctx: LoopContext, alerts: str) -> Go:

@@ -17,7 +17,7 @@ from slopilot.tuner.loop.state import (
 from slopilot.tuner.loop.transitions import Event, Go
 
 
-def _next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
+def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
     loop, s = ctx.loop, ctx.settings
     if loop.episode_trials >= s.max_trials:
         return Go(ControllerState.COMMIT, Event.TRIAL_LIMIT,
@@ -44,7 +44,7 @@ def _next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
                       trial=number, config=config)
 
 
-def _end_trial(ctx: LoopContext, t: RunningTrial, outcome: TrialOutcome, action: Action,
+def end_trial(ctx: LoopContext, t: RunningTrial, outcome: TrialOutcome, action: Action,
                reason: str, summary: WindowSummary | None) -> Decision:
     ctx.metrics.trial(ctx.settings.deployment, outcome)
     ctx.loop.episode_trials += 1

@@ -19,7 +19,7 @@ from slopilot.tuner.loop.state import (
     TrialOutcome,
 )
 from slopilot.tuner.loop.transitions import Event, Go
-from slopilot.tuner.loop.trial import _end_trial, _next_trial
+from slopilot.tuner.loop.trial import end_trial, next_trial
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import (
     HEADROOM,
@@ -30,7 +30,7 @@ from slopilot.tuner.study.objective import (
 )
 
 
-def _running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | Go:
+def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | Go:
     s = ctx.settings
     elapsed = now - t.started_at
     if elapsed < s.window_s:
@@ -57,7 +57,7 @@ def _repeat(ctx: LoopContext, now: float, t: RunningTrial, why: str) -> Decision
     t.repeats += 1
     if t.repeats >= ctx.settings.max_window_repeats:
         ctx.study.tell_failed(t.number, f"window rejected {t.repeats} times: {why}")
-        return _end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
+        return end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
                           f"window_rejected trial {t.number} {t.repeats} times: {why}",
                           None)
     t.started_at = now
@@ -108,7 +108,7 @@ def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
         return ctx.decide(Action.NONE, f"trial {t.number} running", trial=t.number)
     ctx.study.tell(t.number, score(partial, ctx.settings.slo, t.config))
     ctx.loop.episode_measured += 1
-    return _end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
+    return end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
                       f"slo_breach trial {t.number} cut short: {breach}", partial)
 
 
@@ -136,7 +136,7 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
     reason = f"trial {t.number} infeasible: {worst[0]} {worst[1]:+.0%} over"
     if loop.episode_trials >= s.max_trials or \
             len(loop.trial_starts) >= s.max_trials_per_hour:
-        return _next_trial(ctx, now, reason)  # ends the episode now
+        return next_trial(ctx, now, reason)  # ends the episode now
     return ctx.decide(Action.NONE, reason, trial=t.number, config=t.config, summary=summary)
 
 
