@@ -16,18 +16,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from slopilot.engine.config import ConfigError
-from slopilot.engine.window_summary import SummaryError, WindowSummary
 from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
-from slopilot.tuner.study.heartbeat import (
-    STALE_REASON,
-    TrialHeartbeat,
-    fail_stale,
-    heartbeat_of,
-)
-from slopilot.tuner.study.objective import TrialResult, WindowResult
+from slopilot.tuner.study.heartbeat import TrialHeartbeat, fail_stale, heartbeat_of
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.results import failure_reason as failure_reason
+from slopilot.tuner.study.results import rank, result_of
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import SEED_MAX as SEED_MAX
 from slopilot.tuner.study.storage import StudyStorageError, storage_of
@@ -39,70 +35,9 @@ QUEUED_CONFIG = "queued_config"
 """A queued trial's user attribute: the config it was queued as, in the space then."""
 
 
-def _constraints(trial: FrozenTrial) -> list[float]:
-    return [float(c) for c in trial.user_attrs.get("constraints", ())]
-
-
-def failure_reason(trial: FrozenTrial) -> str | None:
-    """Why a FAIL trial failed: as told, or stale (failed when its process stopped
-    beating: Optuna fails it first, so nothing can be stored on it); None otherwise."""
-    if trial.state != TrialState.FAIL:
-        return None
-    return str(trial.user_attrs.get("fail_reason", STALE_REASON))
-
-
-def result_of(trial: FrozenTrial) -> TrialResult | None:
-    """A completed trial's result as stored; None for any other state."""
-    if trial.state != TrialState.COMPLETE or "goodput_tok_s" not in trial.user_attrs:
-        return None
-    a = trial.user_attrs
-    return TrialResult(config=dict(a.get("config", {})), goodput_tok_s=float(a["goodput_tok_s"]),
-                       constraints=tuple(_constraints(trial)), feasible=bool(a["feasible"]),
-                       summary=_stored_summary(trial, a.get("summary")),
-                       constraint_names=tuple(a.get("constraint_names", ())),
-                       margin=float(a.get("margin", 0.0)),
-                       objective=None if a.get("objective") is None else float(a["objective"]),
-                       windows=_stored_windows(trial))
-
-
-def _stored_windows(trial: FrozenTrial) -> tuple[WindowResult, ...]:
-    """Each window's result as ``Tuner.tell`` stored it (a robust verdict's)."""
-    out = []
-    for w in trial.user_attrs.get("windows", ()):
-        out.append(WindowResult(str(w["name"]), str(w["span"]), TrialResult(
-            config=dict(trial.user_attrs.get("config", {})),
-            goodput_tok_s=float(w["goodput_tok_s"]),
-            constraints=tuple(float(c) for c in w["constraints"]),
-            feasible=bool(w["feasible"]), summary=_stored_summary(trial, w.get("summary")),
-            constraint_names=tuple(trial.user_attrs.get("constraint_names", ())))))
-    return tuple(out)
-
-
-def _stored_summary(trial: FrozenTrial, stored: Any) -> WindowSummary | None:
-    """A summary the trial stored, by this version or an earlier one (a dict form
-    ``WindowSummary.from_dict`` reads); None, and a warning, when it cannot be read."""
-    if stored is None:
-        return None
-    try:
-        return WindowSummary.from_dict(stored)
-    except SummaryError as exc:
-        log.warning("trial %d: its stored summary is unreadable (%s); kept without it",
-                    trial.number, exc)
-        return None
-
-
 def _knobs(config: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                     for k, v in sorted(config.items()) if k != "budget_align")
-
-
-def rank(result: TrialResult) -> tuple[int, float, float]:
-    """Sort key, larger is better: feasible before infeasible; then a higher objective
-    (goodput; ties go to the config with more headroom); among infeasible ones, less
-    violation."""
-    if result.feasible:
-        return (1, result.value, -max(result.constraints, default=0.0))
-    return (0, -result.violation, result.value)
 
 
 class Tuner:
