@@ -51,7 +51,8 @@ from slopilot.tuner.sim.adapters import (
 )
 from slopilot.tuner.study.objective import score
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import Tuner, open_study
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.tuner import Tuner
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 15.0

@@ -48,7 +48,8 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, plan_windows
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import Tuner, open_study
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.tuner import Tuner
 
 _DEPLOYMENT: dict[str, Any] = {
     "gpu": "A100", "num_gpus": 1, "tp": 1, "model": "llama-3-8b", "seed": 0,
@@ -107,7 +108,7 @@ NOTES = (
     "term in every seed, its objective (\"goodput\" in the table) the worst seed's goodput "
     "share (output tokens within SLO over output tokens asked for). The sampler is "
     "Optuna's multivariate TPE with 5 random start trials and the SLO terms as constraints "
-    "(slopilot.tuner.study.tuner.make_sampler).")
+    "(slopilot.tuner.study.storage.make_sampler).")
 
 
 def tier_slo(tier: str) -> SLOSpec:

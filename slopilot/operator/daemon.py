@@ -156,7 +156,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
     from slopilot.tuner.study.live import ResumableTuner
-    from slopilot.tuner.study.tuner import StudyStorageError, open_study
+    from slopilot.tuner.study.storage import StudyStorageError, open_study
 
     spec, name = ctx.spec, ctx.name
     scenario_name = os.environ.get(BASE_SCENARIO_ENV, DEFAULT_BASE_SCENARIO)

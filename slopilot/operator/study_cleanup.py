@@ -23,8 +23,8 @@ from typing import Any
 from slopilot.operator.daemon import study_name
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.study_storage import MAX_STUDY_STORAGES, StorageRefused, resolve_storage
+from slopilot.tuner.study.storage import StudyStorageError, delete_named_study
 from slopilot.tuner.study.storage_url import shown
-from slopilot.tuner.study.tuner import StudyStorageError, delete_named_study
 
 
 def recorded_storages(status: Mapping[str, Any] | None) -> list[str]:

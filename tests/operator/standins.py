@@ -277,7 +277,7 @@ def build_study_controller(ctx: DaemonContext) -> Controller:
     from slopilot.operator.daemon import study_name
     from slopilot.tuner.study.live import ResumableTuner
     from slopilot.tuner.study.space import SearchSpace
-    from slopilot.tuner.study.tuner import open_study
+    from slopilot.tuner.study.storage import open_study
 
     study = open_study(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid))
     settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)

@@ -218,7 +218,7 @@ def test_a_bad_storage_entry_does_not_print_its_password() -> None:
 
 
 def test_study_storage_errors_never_carry_the_password(tmp_path: Any) -> None:
-    from slopilot.tuner.study.tuner import StudyStorageError, open_study
+    from slopilot.tuner.study.storage import StudyStorageError, open_study
 
     url = f"sqlite:///{tmp_path}/missing/dir/study.db"
     with pytest.raises(StudyStorageError):

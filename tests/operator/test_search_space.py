@@ -17,7 +17,7 @@ from slopilot.operator.render import vllm_args
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import DEFAULT_BOUNDS, TUNABLE, IntRange, SearchSpace
-from slopilot.tuner.study.tuner import open_study
+from slopilot.tuner.study.storage import open_study
 from tests.support.spaces import sample_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -34,7 +34,7 @@ from slopilot.tuner.sim.adapters import SimOffline
 from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import open_study
+from slopilot.tuner.study.storage import open_study
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.waits import wait_for
 from tests.tuner.live_loop import HEAVY, NAME, RULES, SELECTOR, START, LiveLoop, live_loop

@@ -11,7 +11,8 @@ from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import Tuner, open_study, storage_of
+from slopilot.tuner.study.storage import open_study, storage_of
+from slopilot.tuner.study.tuner import Tuner
 from tests.tuner.controller_fakes import Rig
 
 
@@ -93,7 +94,7 @@ def test_a_resumed_study_seeded_at_the_limit_still_opens(tmp_path: Path) -> None
     # A resumed study's sampler seed is offset by its trials so that a seeded sampler
     # does not repeat its first configs; at the 32-bit limit the offset passed it, and
     # `slopilot tune --seed 4294967295` failed on its second run with Optuna's error.
-    from slopilot.tuner.study.tuner import SEED_MAX
+    from slopilot.tuner.study.storage import SEED_MAX
 
     url = f"sqlite:///{tmp_path / 'seeded.db'}"
     space = SearchSpace.from_bounds()

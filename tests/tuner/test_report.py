@@ -15,7 +15,8 @@ from slopilot.tuner.study.importance import importance, inert_knobs
 from slopilot.tuner.study.objective import HEADROOM, WindowResult, score
 from slopilot.tuner.study.report import ReportContext, write_report
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import Tuner, open_study
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import robust_verdict
 from tests.support.summaries import figures, window
 

@@ -61,7 +61,8 @@ def test_captions_name_only_what_the_plots_draw(tmp_path: Path) -> None:
     lacks the headroom" beside plots with neither."""
     from slopilot.tuner.study.report import write_report
     from slopilot.tuner.study.space import SearchSpace
-    from slopilot.tuner.study.tuner import Tuner, open_study
+    from slopilot.tuner.study.storage import open_study
+    from slopilot.tuner.study.tuner import Tuner
 
     tuner = Tuner(open_study(None, "live"), SearchSpace.from_bounds())
     number, config = tuner.ask()
@@ -93,7 +94,8 @@ def test_a_live_trial_judged_on_two_windows_says_its_table_is_the_last_one(
     from slopilot.tuner.loop.trial_window import _with_first_window
     from slopilot.tuner.study.report import write_report
     from slopilot.tuner.study.space import SearchSpace
-    from slopilot.tuner.study.tuner import Tuner, open_study
+    from slopilot.tuner.study.storage import open_study
+    from slopilot.tuner.study.tuner import Tuner
 
     tuner = Tuner(open_study(None, "live"), SearchSpace.from_bounds())
     number, config = tuner.ask()

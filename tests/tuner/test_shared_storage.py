@@ -14,7 +14,7 @@ from optuna.storages import RDBStorage
 
 from slopilot.tuner.study.heartbeat import rdb_storage
 from slopilot.tuner.study.shared_storage import SharedStorages
-from slopilot.tuner.study.tuner import StudyStorageError, open_study, storage_of
+from slopilot.tuner.study.storage import StudyStorageError, open_study, storage_of
 
 
 def _rdb(study_storage: object) -> RDBStorage:

@@ -23,7 +23,7 @@ from slopilot.engine.config import EngineConfig
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.objective import score
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import open_study
+from slopilot.tuner.study.storage import open_study
 from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import SLO
 

@@ -22,8 +22,10 @@ from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.results import failure_reason
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import StudyStorageError, Tuner, failure_reason, open_study
+from slopilot.tuner.study.storage import StudyStorageError, open_study
+from slopilot.tuner.study.tuner import Tuner
 from tests.support.summaries import OLD_CLUSTER, OLD_PROMETHEUS
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -128,7 +130,8 @@ BEAT = {"heartbeat_s": 1, "grace_s": 15}
 _CHILD = textwrap.dedent("""
     import sys, time
     from slopilot.tuner.study.space import SearchSpace
-    from slopilot.tuner.study.tuner import Tuner, open_study
+    from slopilot.tuner.study.storage import open_study
+    from slopilot.tuner.study.tuner import Tuner
     tuner = Tuner(open_study(sys.argv[1], "crash", heartbeat_s=1, grace_s=15),
                   SearchSpace.from_bounds())
     number, config = tuner.ask()

@@ -11,8 +11,10 @@ import pytest
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.window_summary import RequestAccounting, WindowSummary
 from slopilot.tuner.study.objective import HEADROOM, WindowResult, holds, score
+from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import Tuner, open_study, rank
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import (
     goodput_share,
     infeasible_sentence,

@@ -52,7 +52,7 @@ from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import SEED_MAX, open_study
+from slopilot.tuner.study.storage import SEED_MAX, open_study
 
 NAME = "demo"
 # Seconds where production has minutes (the sustained-breach window: 5 rate windows).

@@ -31,8 +31,10 @@ from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import HEADROOM, TrialResult, holds
+from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.tuner import Tuner, open_study, rank
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.tuner import Tuner
 
 log = logging.getLogger(__name__)
 

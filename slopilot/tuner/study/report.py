@@ -20,7 +20,8 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.importance import importance
 from slopilot.tuner.study.objective import TrialResult, score
-from slopilot.tuner.study.tuner import Tuner, rank
+from slopilot.tuner.study.results import rank
+from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import goodput_share, term_label, worst_share
 
 pareto_front = plots.pareto_front

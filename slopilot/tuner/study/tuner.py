@@ -1,11 +1,12 @@
-"""Optuna study storage and the ask/tell ``Tuner`` the controller and the CLI drive.
+"""The ask/tell ``Tuner`` the controller and the CLI drive, over a study ``storage.py`` opened.
 
 Trials store what they measured in user attributes (the config, goodput, constraints,
-the summary), so a study read back from storage needs neither the space's encoding nor
-the process that ran it. Every study on one database URL shares one storage and its
-connection pool (``shared_storage.py``). A study in a database has heartbeats
-(``heartbeat.py``): a trial a dead process left RUNNING is failed when the study is opened
-or a trial is asked; it stays in the history and the trial count continues past it.
+the summary; ``results.py`` reads them back), so a study read back from storage needs
+neither the space's encoding nor the process that ran it. A study in a database has
+heartbeats (``heartbeat.py``): a trial a dead process left RUNNING is failed when the
+study is opened or a trial is asked; it stays in the history and the trial count
+continues past it. The queue of warm starts, judged against the space, is
+``warm_starts.py``'s.
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ from optuna.trial import TrialState
 from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
 from slopilot.tuner.study.heartbeat import TrialHeartbeat, fail_stale, heartbeat_of
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.results import failure_reason as failure_reason
 from slopilot.tuner.study.results import rank, result_of
 from slopilot.tuner.study.space import SearchSpace
-from slopilot.tuner.study.storage import SEED_MAX as SEED_MAX
 from slopilot.tuner.study.storage import StudyStorageError, storage_of
-from slopilot.tuner.study.storage import delete_named_study as delete_named_study
-from slopilot.tuner.study.storage import open_study as open_study
 from slopilot.tuner.study.warm_starts import WarmStarts
 
 log = logging.getLogger(__name__)

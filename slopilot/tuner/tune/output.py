@@ -22,7 +22,7 @@ from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.tuner import rank
+from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.verdict import (
     deciding_window,
     goodput_share,

@@ -14,7 +14,9 @@ from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.tuner import Tuner, open_study, rank
+from slopilot.tuner.study.results import rank
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import Violation, infeasible_sentence, violations
 from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
 from slopilot.tuner.tune.outcome import Timing, TuneOutcome
@@ -36,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
     from slopilot.engine.sim.profiles import ProfileError
     from slopilot.engine.sim.scenario import ScenarioError
     from slopilot.tuner.loop.capacity import CapacityError
-    from slopilot.tuner.study.tuner import StudyStorageError
+    from slopilot.tuner.study.storage import StudyStorageError
 
     try:
         settings = settings_from(args)

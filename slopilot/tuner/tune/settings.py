@@ -153,7 +153,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
                              "e.g. 2") from None
         _count("--replicas", replicas, 1)
     max_replicas = _count("--max-replicas", args.max_replicas, 1)
-    from slopilot.tuner.study.tuner import SEED_MAX  # optuna: not at registration
+    from slopilot.tuner.study.storage import SEED_MAX  # optuna: not at registration
     if not 0 <= args.seed <= SEED_MAX:
         # Checked here: the sampler refuses it without naming the flag.
         raise ValueError(f"--seed {args.seed}: expected a whole number >= 0 and at most "
