@@ -103,3 +103,25 @@ def test_a_run_without_samples_leaves_no_earlier_runs_timeline_behind(tmp_path: 
     assert not (tmp_path / "timeline.png").exists()
     report = (tmp_path / "report.md").read_text()
     assert "timeline.png" not in report and "## Timeline" in report
+
+
+def test_the_timeline_tells_its_knobs_its_trials_and_the_shift_apart() -> None:
+    """Read as its reader reads it: with ``token_budget`` and ``chunk_size`` equal (the
+    demo's start, 2048 and 2048), the budget's line lay under the chunk's and only one
+    knob showed; the canary trial's shading was the chunk line's own orange, named only
+    in the axis label; the dashed line of the load's shift was in no legend."""
+    from slopilot.tuner.local.demo_report import timeline_figure
+
+    samples = [Sample(t_s=float(t), p99_ms={"p1_ttft_p99_ms": 100.0}, token_budget=2048,
+                      chunk_size=2048, replicas=1, trial={"number": 0} if t == 2 else None)
+               for t in range(4)]
+    fig = timeline_figure(samples, SLO, shift_at_s=1.0)
+    ax_lat, ax_knob, _ = fig.axes
+    budget, chunk = ax_knob.get_lines()[:2]
+    assert list(budget.get_ydata()) == list(chunk.get_ydata())  # the case in point
+    assert budget.get_linestyle() != chunk.get_linestyle()  # both still seen
+    labels = [t.get_text() for t in ax_knob.get_legend().get_texts()]
+    assert "canary trial" in labels
+    shading = next(p for p in ax_knob.patches)
+    assert shading.get_facecolor()[:3] not in (budget.get_color(), chunk.get_color())
+    assert "load shift" in [t.get_text() for t in ax_lat.get_legend().get_texts()]

@@ -33,11 +33,14 @@ class Sample:
     trial: dict[str, Any] | None
 
 
-def _plot(samples: list[Sample], slo: SLOSpec, shift_at_s: float, out: Path) -> None:
+def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float) -> Any:
+    """The demo's timeline: each class's P99s against its SLO, the stable knobs with the
+    canary trials shaded, and the replicas; the load's shift marked across all three."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     t = [s.t_s for s in samples]
     fig, (ax_lat, ax_knob, ax_rep) = plt.subplots(3, 1, figsize=(10, 9), sharex=True,
@@ -52,21 +55,34 @@ def _plot(samples: list[Sample], slo: SLOSpec, shift_at_s: float, out: Path) -> 
                 ax_lat.axhline(bound, ls=style, color=colors[c], alpha=0.35, lw=1)
     ax_lat.set_yscale("log")
     ax_lat.set_ylabel("ms (faint: SLO)")
-    ax_lat.legend(loc="upper left", fontsize=8, ncol=2)
-    ax_knob.step(t, [s.token_budget for s in samples], where="post", label="token_budget")
-    ax_knob.step(t, [s.chunk_size for s in samples], where="post", label="chunk_size")
+    # The chunk dashed over the budget's solid line: the demo starts them equal, where one
+    # line hid the other.
+    ax_knob.step(t, [s.token_budget for s in samples], where="post", label="token_budget",
+                 color="tab:purple", lw=2.5)
+    ax_knob.step(t, [s.chunk_size for s in samples], where="post", label="chunk_size",
+                 color="tab:olive", ls="--", lw=1.5)
     trial_t = [s.t_s for s in samples if s.trial is not None]
     for x in trial_t:
-        ax_knob.axvspan(x - 0.5, x + 0.5, color="tab:orange", alpha=0.15, lw=0)
-    ax_knob.set_ylabel("stable knobs (orange: canary trial)")
-    ax_knob.legend(loc="upper left", fontsize=8)
+        ax_knob.axvspan(x - 0.5, x + 0.5, color="tab:gray", alpha=0.2, lw=0)
+    ax_knob.set_ylabel("stable knobs")
+    handles, labels = ax_knob.get_legend_handles_labels()
+    if trial_t:
+        handles.append(Patch(color="tab:gray", alpha=0.2))
+        labels.append("canary trial")
+    ax_knob.legend(handles, labels, loc="upper left", fontsize=8)
     ax_rep.step(t, [s.replicas for s in samples], where="post", color="k")
     ax_rep.set_ylabel("replicas")
     ax_rep.set_xlabel("seconds since start")
     for ax in (ax_lat, ax_knob, ax_rep):
-        ax.axvline(shift_at_s, ls="--", color="gray")
+        ax.axvline(shift_at_s, ls="--", color="gray", label="load shift" if ax is ax_lat
+                   else None)
+    ax_lat.legend(loc="upper left", fontsize=8, ncol=3)
     fig.tight_layout()
-    plots.save(fig, out, dpi=90)
+    return fig
+
+
+def _plot(samples: list[Sample], slo: SLOSpec, shift_at_s: float, out: Path) -> None:
+    plots.save(timeline_figure(samples, slo, shift_at_s), out, dpi=90)
 
 
 def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Sample],
