@@ -18,7 +18,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,55 +61,99 @@ class TraceRecord:
 
 def parse_csv(text: str, label: str) -> list[TraceRecord]:
     """Either CSV form, told apart by the header row."""
-    _refuse_empty(text, label, f"{','.join(CSV_COLUMNS)}[,class] (or Azure's "
-                               f"{','.join(_AZURE_COLUMNS)})")
-    rows = _numbered_rows(text, label)
+    refuse_empty(text, label, f"{','.join(CSV_COLUMNS)}[,class] (or Azure's "
+                              f"{','.join(_AZURE_COLUMNS)})")
+    rows = numbered_rows(text, label)
     header = next(rows, (1, None))[1]
     if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
         return parse_azure(text, label)
-    names = [_canonical(h) for h in header or ()]
-    if not set(CSV_COLUMNS) <= set(names):
-        _refuse_other_separator(header, label)
-        raise TraceError(
-            f"{label}:1: the header {excerpt(','.join(header or ()))} lacks "
-            f"{', '.join(c for c in CSV_COLUMNS if c not in names)}; a CSV trace starts with "
-            f"{','.join(CSV_COLUMNS)}[,class] (or Azure's {','.join(_AZURE_COLUMNS)})")
-    for name in (*CSV_COLUMNS, "class"):
-        # Refused, not the first taken: which of two times (or classes) the user meant is
-        # theirs to say, as a JSONL row giving class and priority is refused.
-        at = [i for i, n in enumerate(names) if n == name]
-        if len(at) > 1:
-            assert header is not None
-            times = "twice" if len(at) == 2 else f"{len(at)} times"
-            raise TraceError(
-                f"{label}:1: the header gives {name} {times} (columns {at[0] + 1} and "
-                f"{at[1] + 1}: {excerpt(header[at[0]].strip())}, "
-                f"{excerpt(header[at[1]].strip())}); keep one")
-    column = {name: names.index(name) for name in (*CSV_COLUMNS, "class") if name in names}
-    # Errors name a column as its header spells it (ContextTokens, not prompt_tokens).
-    said = {name: header[i].strip() for name, i in column.items()} if header else {}
-    shown = ",".join(h.strip() for h in header or ())
+    table = CsvTable.of(rows, header, label, required=CSV_COLUMNS, optional=("class",),
+                        canonical=_canonical,
+                        form=f"a CSV trace starts with {','.join(CSV_COLUMNS)}[,class] (or "
+                             f"Azure's {','.join(_AZURE_COLUMNS)})")
     records = []
-    clock = _Clock(label)
-    for line, row in rows:
-        if not row or not "".join(row).strip():
-            continue
-        if len(row) <= max(column.values()):
-            raise TraceError(f"{label}:{line}: expected {len(names)} columns "
-                             f"({excerpt(shown)}), got {len(row)}: {excerpt(row)}")
-        _refuse_wide(row, len(names), label, line)
+    clock = Clock(label)
+    for line, row in table.rows():
         priority = None
-        if "class" in column and row[column["class"]].strip():
+        if table.has("class") and table.field(row, "class").strip():
             try:
-                priority = Priority.parse(row[column["class"]].strip())
+                priority = Priority.parse(table.field(row, "class").strip())
             except ValueError as e:
                 raise TraceError(f"{label}:{line}: class: {e}") from None
         records.append(TraceRecord(
-            clock.read(row[column["arrival_time"]], line, said["arrival_time"]),
-            _count(row[column["prompt_tokens"]], label, line, said["prompt_tokens"], lo=1),
-            _count(row[column["output_tokens"]], label, line, said["output_tokens"], lo=1),
+            clock.read(table.field(row, "arrival_time"), line, table.said("arrival_time")),
+            table.count(row, "prompt_tokens", line), table.count(row, "output_tokens", line),
             priority))
     return records
+
+
+@dataclass(frozen=True, slots=True)
+class CsvTable:
+    """A CSV trace's rows read by column name: in any order, beside other columns (a slice
+    saved by pandas, ``df.to_csv(path)``, has its index as an unnamed first column)."""
+
+    label: str
+    width: int
+    shown: str
+    """The header as written, for errors."""
+    column: dict[str, int]
+    """Each wanted column's index, by its canonical name."""
+    spelled: dict[str, str]
+    """Each wanted column as the header spells it: errors name ContextTokens, not
+    prompt_tokens."""
+    numbered: Iterator[tuple[int, list[str]]]
+
+    @classmethod
+    def of(cls, numbered: Iterator[tuple[int, list[str]]], header: list[str] | None,
+           label: str, *, required: tuple[str, ...], optional: tuple[str, ...] = (),
+           canonical: Callable[[str], str], form: str) -> CsvTable:
+        """The table under ``header``; ``form`` says what such a CSV starts with when the
+        header lacks a ``required`` column."""
+        names = [canonical(h) for h in header or ()]
+        missing = [c for c in required if canonical(c) not in names]
+        if missing:
+            refuse_other_separator(header, label)
+            raise TraceError(f"{label}:1: the header {excerpt(','.join(header or ()))} lacks "
+                             f"{', '.join(missing)}; {form}")
+        assert header is not None
+        for name in (*required, *optional):
+            # Refused, not the first taken: which of two times (or classes) the user meant
+            # is theirs to say, as a JSONL row giving class and priority is refused.
+            at = [i for i, n in enumerate(names) if n == canonical(name)]
+            if len(at) > 1:
+                times = "twice" if len(at) == 2 else f"{len(at)} times"
+                raise TraceError(
+                    f"{label}:1: the header gives {name} {times} (columns {at[0] + 1} and "
+                    f"{at[1] + 1}: {excerpt(header[at[0]].strip())}, "
+                    f"{excerpt(header[at[1]].strip())}); keep one")
+        column = {canonical(n): names.index(canonical(n))
+                  for n in (*required, *optional) if canonical(n) in names}
+        return cls(label, len(names), ",".join(h.strip() for h in header), column,
+                   {name: header[i].strip() for name, i in column.items()}, numbered)
+
+    def rows(self) -> Iterator[tuple[int, list[str]]]:
+        """Each row that is not blank, with its line, checked against the header's width."""
+        for line, row in self.numbered:
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) <= max(self.column.values()):
+                raise TraceError(f"{self.label}:{line}: expected {self.width} columns "
+                                 f"({excerpt(self.shown)}), got {len(row)}: {excerpt(row)}")
+            refuse_wide(row, self.width, self.label, line)
+            yield line, row
+
+    def has(self, name: str) -> bool:
+        return name in self.column
+
+    def field(self, row: list[str], name: str) -> str:
+        return row[self.column[name]]
+
+    def said(self, name: str) -> str:
+        return self.spelled[name]
+
+    def count(self, row: list[str], name: str, line: int, *, lo: int = 1) -> int:
+        """The column's token count, its errors naming the column as the header does."""
+        return token_count(self.field(row, name), self.label, line, self.said(name), lo=lo)
 
 
 def _canonical(column: str) -> str:
@@ -118,7 +162,7 @@ def _canonical(column: str) -> str:
     return _ALIASES.get(name, name)
 
 
-def _refuse_other_separator(header: list[str] | None, label: str) -> None:
+def refuse_other_separator(header: list[str] | None, label: str) -> None:
     # A locale's Excel saves "CSV" with semicolons, a spreadsheet export may use tabs:
     # told as missing columns, the user saw the very names the error asked for.
     if header is None or len(header) != 1:
@@ -138,14 +182,14 @@ def _rows(text: str) -> Any:
     return csv.reader(io.StringIO(text, newline=""))
 
 
-def _refuse_empty(text: str, label: str, header: str) -> None:
+def refuse_empty(text: str, label: str, header: str) -> None:
     # Said as such: judged as a header, an empty file read "the header '' lacks ...".
     if not text.strip():
         raise TraceError(f"{label}: the file is empty; a CSV trace starts with {header} "
                          "and has a row per request")
 
 
-def _numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
+def numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
     """``_rows`` with each row's line; the csv module's own refusals (a field past its
     131,072-character limit) become a ``TraceError`` naming the line."""
     reader = _rows(text)
@@ -177,7 +221,7 @@ def _open_quote_to_the_end(text: str, line: int) -> bool:
     return line >= lines and text.count('"') % 2 == 1
 
 
-def _refuse_wide(row: list[str], width: int, label: str, line: int) -> None:
+def refuse_wide(row: list[str], width: int, label: str, line: int) -> None:
     # A field past the header's is no column of the trace but a comma inside a value:
     # "1,500" read as prompt 1, output 500, and the real output dropped. Trailing empty
     # fields (a comma ending each row) say nothing and are read.
@@ -189,32 +233,30 @@ def _refuse_wide(row: list[str], width: int, label: str, line: int) -> None:
 
 
 def parse_azure(text: str, label: str) -> list[TraceRecord]:
-    _refuse_empty(text, label, ",".join(_AZURE_COLUMNS))
-    rows = _numbered_rows(text, label)
+    refuse_empty(text, label, ",".join(_AZURE_COLUMNS))
+    rows = numbered_rows(text, label)
     header = next(rows, (1, None))[1]
     if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
         raise TraceError(f"{label}:1: expected the header {','.join(_AZURE_COLUMNS)}, "
                          f"got {excerpt(header)}")
     records = []
-    clock = _Clock(label)
+    clock = Clock(label)
     for line, row in rows:
         if not row or not "".join(row).strip():
             continue
         if len(row) < 3:
             raise TraceError(f"{label}:{line}: expected 3 columns "
                              f"({','.join(_AZURE_COLUMNS)}), got {len(row)}: {excerpt(row)}")
-        _refuse_wide(row, len(header), label, line)
+        refuse_wide(row, len(header), label, line)
         t = clock.read(row[0], line, "TIMESTAMP")
-        prompt = _count(row[1], label, line, "ContextTokens", lo=1)
-        output = _count(row[2], label, line, "GeneratedTokens", lo=1)
+        prompt = token_count(row[1], label, line, "ContextTokens", lo=1)
+        output = token_count(row[2], label, line, "GeneratedTokens", lo=1)
         records.append(TraceRecord(t, prompt, output))
     return records
 
 
-def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
-    records = []
-    clock = _Clock(label)
-    sessions: dict[object, int] = {}
+def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each line's JSON object with its line; blank lines are skipped."""
     # Lines end at "\n" only: a JSON string may hold U+2028 or U+0085, where
     # str.splitlines() would cut it (a "\r" before the "\n" is JSON whitespace).
     for line, raw in enumerate(text.split("\n"), start=1):
@@ -230,6 +272,14 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
             raise TraceError(f"{label}:{line}: not valid JSON ({why}): {raw[:80]!r}") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
+        yield line, obj
+
+
+def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
+    records = []
+    clock = Clock(label)
+    sessions: dict[object, int] = {}
+    for line, obj in json_objects(text, label):
         times = [k for k in ("arrival_time", "timestamp") if obj.get(k) is not None]
         if len(times) > 1:
             # Which the user meant is theirs to say, as the CSV's two columns are.
@@ -243,8 +293,8 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
         for name in ("prompt_tokens", "output_tokens"):
             if name not in obj:
                 raise TraceError(f"{label}:{line}: missing {name}")
-        prompt = _count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
-        output = _count(obj["output_tokens"], label, line, "output_tokens", lo=1)
+        prompt = token_count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
+        output = token_count(obj["output_tokens"], label, line, "output_tokens", lo=1)
         priority = None
         # The CSV's names: ``class``, or ``priority`` (docs/traces.md).
         given = [k for k in ("class", "priority") if obj.get(k) is not None]
@@ -267,7 +317,7 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
     return records
 
 
-class _Clock:
+class Clock:
     """The timestamps of one file: all numbers (seconds) or all dates. Mixed, a date reads
     as seconds since 1970 next to a number's own origin, and the trace would span 54
     years; which kind was meant is the user's to say."""
@@ -278,7 +328,7 @@ class _Clock:
         self.since = 0
 
     def read(self, value: object, line: int, name: str) -> float:
-        seconds, kind = _timestamp(value, self.label, line, name)
+        seconds, kind = trace_time(value, self.label, line, name)
         if self.kind is None:
             self.kind, self.since = kind, line
         elif kind != self.kind:
@@ -302,7 +352,7 @@ _NOT_FINITE = ("nan", "inf", "infinity")
 """Read as numbers, so that the bounds below name them (trace times are finite)."""
 
 
-def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, str]:
+def trace_time(value: object, label: str, line: int, name: str) -> tuple[float, str]:
     """Seconds, and whether they came as a number or as a date."""
     seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -350,7 +400,7 @@ def _timestamp(value: object, label: str, line: int, name: str) -> tuple[float, 
 
 
 
-def _count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
+def token_count(value: object, label: str, line: int, name: str, *, lo: int) -> int:
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
