@@ -20,10 +20,10 @@ from slopilot.engine.sim.trace import BUILTIN_TRACES, TraceError, TraceRecord, r
 
 
 @functools.lru_cache(maxsize=4)
-def read_cached(trace: str, fmt: str | None) -> list[TraceRecord]:
+def read_cached(trace: str, fmt: str | None, model: str | None = None) -> list[TraceRecord]:
     # Parsing the shipped hour of Azure traffic takes a few tenths of a second; a tuner
     # builds the same scenario's workload for every trial.
-    return read_trace(trace, fmt=fmt)
+    return read_trace(trace, fmt=fmt, model=model)
 
 
 

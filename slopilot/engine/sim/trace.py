@@ -1,22 +1,26 @@
-"""Replay of recorded request traces: CSV (Azure's or a minimal one) or JSONL, windowed
-and time-scaled.
+"""Replay of recorded request traces: CSV (Azure's, BurstGPT's or a minimal one) or JSONL
+(Mooncake's or a minimal one), windowed and time-scaled.
 
-The formats (``trace_formats.py``, docs/traces.md): a CSV with ``arrival_time,
-prompt_tokens,output_tokens[,class]``; Azure's ``TIMESTAMP,ContextTokens,GeneratedTokens``;
-JSONL with the same names per line plus an optional ``session_id``.
+The formats (``trace_formats.py``, ``trace_public.py``, docs/traces.md): a CSV with
+``arrival_time,prompt_tokens,output_tokens[,class]``; Azure's ``TIMESTAMP,ContextTokens,
+GeneratedTokens``; BurstGPT's ``Timestamp,Model,Request tokens,Response tokens,...``; JSONL
+with the CSV's names per line plus an optional ``session_id``; Mooncake's ``timestamp``
+(ms), ``input_length``, ``output_length`` and ``hash_ids``.
 
 Times are taken relative to the first request, then cut to a window, then scaled:
 ``time_scale`` multiplies every offset (0.5 replays twice as fast), or ``target_rate``
 picks the scale that gives that many requests per second. Traces hold lengths, not text,
 so prompts are synthetic tokens; requests of one session share their session's token
-stream, so a later (longer) turn has an earlier turn's prompt as its prefix.
+stream, so a later (longer) turn has an earlier turn's prompt as its prefix; and prompts
+naming the same Mooncake blocks share those blocks' tokens.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -26,15 +30,20 @@ import numpy as np
 
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority
+from slopilot.engine.sim.quote import excerpt
 from slopilot.engine.sim.trace_formats import (
     FORMATS,
     MAX_SECONDS,
     TraceError,
     TraceRecord,
+    is_burstgpt_header,
+    is_mooncake_row,
+    numbered_rows,
     parse_azure,
     parse_csv,
     parse_jsonl,
 )
+from slopilot.engine.sim.trace_public import MOONCAKE_BLOCK_TOKENS, parse_burstgpt, parse_mooncake
 from slopilot.engine.sim.workload import (
     DEFAULT_VOCAB_SIZE,
     ClassMix,
@@ -55,7 +64,7 @@ MAX_TRACE_ROWS = 5_000_000
 
 # Traces shipped in slopilot/data/traces (see the README there for sources and licences).
 BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
-_TOKENS, _PRIORITY, _SESSION_TOKENS = 21, 22, 23
+_TOKENS, _PRIORITY, _SESSION_TOKENS, _BLOCK_TOKENS = 21, 22, 23, 24
 
 
 def trace_source(name_or_path: str | Path) -> Traversable | Path:
@@ -71,8 +80,10 @@ def trace_source(name_or_path: str | Path) -> Traversable | Path:
     return path
 
 
-def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[TraceRecord]:
-    """All records, sorted by arrival, times relative to the first request."""
+def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
+               model: str | None = None) -> list[TraceRecord]:
+    """All records, sorted by arrival, times relative to the first request; ``model``
+    keeps one model's rows of a trace that names them (BurstGPT's)."""
     source = trace_source(name_or_path)
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
@@ -100,7 +111,14 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
     except UnicodeDecodeError as e:
         raise TraceError(_not_utf8(label, data, e.start)) from None
     fmt = fmt or _format_of(source.name, text)
-    parse = {"csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl}[fmt]
+    if model is not None and fmt != "burstgpt":
+        raise TraceError(f"{label}: a model filter ({excerpt(model)}) needs a trace with a "
+                         f"Model column (BurstGPT's); this one is {fmt}: leave it out")
+    parsers: dict[str, Callable[[str, str], list[TraceRecord]]] = {
+        "csv": parse_csv, "azure-csv": parse_azure, "jsonl": parse_jsonl,
+        "burstgpt": functools.partial(parse_burstgpt, model=model),
+        "mooncake": parse_mooncake}
+    parse = parsers[fmt]
     records = parse(text, label)
     if not records:
         raise TraceError(f"{label}: the trace has no requests")
@@ -112,14 +130,23 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None) -> list[Trac
 def _format_of(name: str, text: str) -> str:
     """By the suffix, else by the first line (docs/traces.md): a JSONL row is an object,
     a CSV starts with its header. Read as JSONL, a CSV named .txt (or with no suffix)
-    was "not valid JSON"."""
+    was "not valid JSON". Then BurstGPT's CSV by its header, Mooncake's JSONL by its
+    first row's keys."""
     suffix = name.lower().rpartition(".")[2] if "." in name else ""
-    if suffix == "csv":
-        return "csv"
-    if suffix in ("jsonl", "ndjson", "json"):
-        return "jsonl"
     head = text[:4096]  # not the whole text: a trace may be a gigabyte
-    return "jsonl" if head.lstrip()[:1] == "{" else "csv"
+    if suffix == "csv" or (suffix not in ("jsonl", "ndjson", "json")
+                           and head.lstrip()[:1] != "{"):
+        try:
+            header = next(numbered_rows(head.partition("\n")[0], name), (1, None))[1]
+        except TraceError:  # said by the CSV parser, with its line
+            return "csv"
+        return "burstgpt" if is_burstgpt_header(header) else "csv"
+    first = text.lstrip().partition("\n")[0]
+    try:
+        row = json.loads(first)
+    except (ValueError, RecursionError):
+        return "jsonl"  # whose parser says what is wrong with the line, and where
+    return "mooncake" if isinstance(row, dict) and is_mooncake_row(row) else "jsonl"
 
 
 def _not_utf8(label: str, data: bytes, at: int) -> str:
@@ -218,7 +245,10 @@ class TraceWorkload:
             if self.duration_s is not None and r.arrival_time >= self.duration_s:
                 return
             priority = r.priority if r.priority is not None else self.classes.sample(class_rng)
-            if r.session_id is None:
+            if r.prefix_blocks is not None:
+                prompt = SyntheticPrompt(r.prompt_tokens, functools.partial(
+                    self._blocks, r.prefix_blocks, i))
+            elif r.session_id is None:
                 prompt = SyntheticPrompt(r.prompt_tokens, functools.partial(
                     self.tokens.sample, child_rng(self.seed, _TOKENS, i)))
             else:
@@ -234,6 +264,20 @@ class TraceWorkload:
     def on_finish(self, spec: RequestSpec, all_token_ids: list[int],
                   now: float) -> list[RequestSpec]:
         return []
+
+    def _blocks(self, blocks: tuple[int, ...], i: int, n: int) -> list[int]:
+        """Request ``i``'s ``n`` prompt tokens: each named block's own tokens (drawn from
+        its id alone, so every prompt naming it holds the same ones), then the request's
+        own past the last block."""
+        ids: list[int] = []
+        for block in blocks:
+            if len(ids) >= n:
+                break
+            ids += self.tokens.sample(child_rng(self.seed, _BLOCK_TOKENS, block),
+                                      MOONCAKE_BLOCK_TOKENS)
+        if len(ids) < n:
+            ids += self.tokens.sample(child_rng(self.seed, _TOKENS, i), n - len(ids))
+        return ids[:n]
 
 
 class _SessionStream:

@@ -20,10 +20,14 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("trace replay (docs/traces.md)")
     g.add_argument("--trace", metavar="FILE", default=None,
                    help="replay this trace (CSV: arrival_time,prompt_tokens,output_tokens"
-                        "[,class]; Azure's CSV; or JSONL) on the scenario's deployment "
+                        "[,class]; Azure's or BurstGPT's CSV; JSONL; or Mooncake's JSONL) "
+                        "on the scenario's deployment "
                         f"and SLO (default scenario with --trace: {TRACE_DEPLOYMENT})")
     g.add_argument("--trace-format", choices=FORMATS, default=None,
                    help="the trace's format (default: by its suffix and header)")
+    g.add_argument("--trace-model", metavar="NAME", default=None,
+                   help="replay only this model's requests, from a trace that names them "
+                        "(BurstGPT's Model column: ChatGPT or GPT-4)")
     g.add_argument("--trace-window", metavar="START:END", default=None,
                    help="replay only trace seconds [START, END) (from its first request, "
                         "before scaling); either end may be left out")
@@ -40,7 +44,8 @@ def trace_options(args: argparse.Namespace) -> TraceOptions:
     from slopilot.engine.sim.trace_scenario import TraceOptions, parse_classes, parse_window
 
     start, end = parse_window(args.trace_window)
-    return TraceOptions(path=args.trace, fmt=args.trace_format, start_s=start, end_s=end,
+    return TraceOptions(path=args.trace, fmt=args.trace_format, model=args.trace_model,
+                        start_s=start, end_s=end,
                         time_scale=args.time_scale, target_rate=args.target_rate,
                         classes=parse_classes(args.classes))
 

@@ -4,7 +4,9 @@
 - ``csv``: a header naming ``arrival_time`` (seconds, or an ISO date; ``timestamp`` also
   works), ``prompt_tokens``, ``output_tokens`` and optionally ``class`` (``p0``, ``p1``,
   ``p2``; ``priority`` also works); other columns are ignored;
-- ``jsonl``: one object per line with the same names, plus an optional ``session_id``.
+- ``jsonl``: one object per line with the same names, plus an optional ``session_id``;
+- ``burstgpt`` and ``mooncake``: two public traces' own forms (``trace_public.py``), told
+  by their header and keys with ``is_burstgpt_header`` and ``is_mooncake_row``.
 
 Errors name the file, the line and the field, and quote at most a short excerpt of the
 offending row: a trace is data a user (or an attacker) supplies, never echoed whole.
@@ -31,7 +33,9 @@ CSV_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
 # saved by pandas (``df.to_csv(path)``) has its index as an unnamed first column.
 _ALIASES = {"timestamp": "arrival_time", "priority": "class",
             "contexttokens": "prompt_tokens", "generatedtokens": "output_tokens"}
-FORMATS = ("csv", "azure-csv", "jsonl")
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens",
+                    "Log Type")
+FORMATS = ("csv", "azure-csv", "burstgpt", "jsonl", "mooncake")
 MAX_SECONDS = 1e11
 """The largest numeric timestamp, in seconds (the year 5138 as epoch seconds): epoch
 milliseconds (1.7e12 in 2024) would otherwise replay as seconds, a trace of centuries."""
@@ -57,6 +61,9 @@ class TraceRecord:
     output_tokens: int
     priority: Priority | None = None
     session_id: int | None = None
+    prefix_blocks: tuple[int, ...] | None = None
+    """The ids of the prompt's 512-token blocks (Mooncake's ``hash_ids``): prompts with
+    equal ids up to a block share their tokens up to its end, as their prefix."""
 
 
 def parse_csv(text: str, label: str) -> list[TraceRecord]:
@@ -67,10 +74,12 @@ def parse_csv(text: str, label: str) -> list[TraceRecord]:
     header = next(rows, (1, None))[1]
     if header is not None and tuple(h.strip() for h in header[:3]) == _AZURE_COLUMNS:
         return parse_azure(text, label)
+    other = ("; this is BurstGPT's header: give --trace-format burstgpt, or leave it out"
+             if is_burstgpt_header(header) else "")
     table = CsvTable.of(rows, header, label, required=CSV_COLUMNS, optional=("class",),
                         canonical=_canonical,
                         form=f"a CSV trace starts with {','.join(CSV_COLUMNS)}[,class] (or "
-                             f"Azure's {','.join(_AZURE_COLUMNS)})")
+                             f"Azure's {','.join(_AZURE_COLUMNS)}){other}")
     records = []
     clock = Clock(label)
     for line, row in table.rows():
@@ -154,6 +163,18 @@ class CsvTable:
     def count(self, row: list[str], name: str, line: int, *, lo: int = 1) -> int:
         """The column's token count, its errors naming the column as the header does."""
         return token_count(self.field(row, name), self.label, line, self.said(name), lo=lo)
+
+
+def is_burstgpt_header(header: list[str] | None) -> bool:
+    """Whether a CSV header names BurstGPT's token columns (its only names no other
+    format has)."""
+    names = {h.strip().lower() for h in header or ()}
+    return {"request tokens", "response tokens"} <= names
+
+
+def is_mooncake_row(obj: dict[str, Any]) -> bool:
+    """Whether a JSONL row gives Mooncake's lengths rather than the generic names."""
+    return "input_length" in obj or "output_length" in obj
 
 
 def _canonical(column: str) -> str:
@@ -276,7 +297,7 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
-    records = []
+    records: list[TraceRecord] = []
     clock = Clock(label)
     sessions: dict[object, int] = {}
     for line, obj in json_objects(text, label):
@@ -292,7 +313,12 @@ def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
         t = clock.read(obj[key], line, key)
         for name in ("prompt_tokens", "output_tokens"):
             if name not in obj:
-                raise TraceError(f"{label}:{line}: missing {name}")
+                other = ("" if not is_mooncake_row(obj) else
+                         "; this row is Mooncake's (input_length), the first a generic JSONL "
+                         "row: give every row in one format" if records else
+                         "; this row is Mooncake's (input_length): give --trace-format "
+                         "mooncake, or leave it out")
+                raise TraceError(f"{label}:{line}: missing {name}{other}")
         prompt = token_count(obj["prompt_tokens"], label, line, "prompt_tokens", lo=1)
         output = token_count(obj["output_tokens"], label, line, "output_tokens", lo=1)
         priority = None
@@ -339,7 +365,8 @@ class Clock:
         return seconds
 
 
-_SECONDS, _DATE = "a number of seconds", "a date"
+_SECONDS, DATE = "a number of seconds", "a date"
+_PER_SECOND = {"seconds": 1.0, "milliseconds": 1e3}
 _FINEST_EPOCH = 1e20
 """Above every epoch count in a unit down to nanoseconds (1.7e18 in 2024): a time past
 this is no time in any unit, not milliseconds to divide."""
@@ -352,14 +379,16 @@ _NOT_FINITE = ("nan", "inf", "infinity")
 """Read as numbers, so that the bounds below name them (trace times are finite)."""
 
 
-def trace_time(value: object, label: str, line: int, name: str) -> tuple[float, str]:
-    """Seconds, and whether they came as a number or as a date."""
-    seconds: float | None = None
+def trace_time(value: object, label: str, line: int, name: str, *,
+               unit: str = "seconds") -> tuple[float, str]:
+    """Seconds, and whether they came as a number (of ``unit``: seconds, or milliseconds as
+    Mooncake's) or as a date."""
+    number: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         try:
-            seconds = float(value)
+            number = float(value)
         except OverflowError:  # an int past any float: no time
-            seconds = None
+            number = None
     elif isinstance(value, str):
         text = value.strip()
         try:
@@ -368,7 +397,7 @@ def trace_time(value: object, label: str, line: int, name: str) -> tuple[float, 
             # read a malformed column rather than refuse it.
             if not (_PLAIN_NUMBER.fullmatch(text) or text.lower().lstrip("+-") in _NOT_FINITE):
                 raise ValueError(text)
-            seconds = float(text)
+            number = float(text)
         except ValueError:
             try:
                 stamp = datetime.datetime.fromisoformat(text)
@@ -377,25 +406,29 @@ def trace_time(value: object, label: str, line: int, name: str) -> tuple[float, 
             else:
                 if stamp.tzinfo is None:  # trace timestamps without a zone are UTC (Azure's)
                     stamp = stamp.replace(tzinfo=datetime.UTC)
-                return stamp.timestamp(), _DATE
-    if seconds is not None and math.isfinite(seconds) and seconds >= 0:
-        if seconds > _FINEST_EPOCH:
+                return stamp.timestamp(), DATE
+    if number is not None and math.isfinite(number) and number >= 0:
+        if number > _FINEST_EPOCH:
             # No unit makes this a time, and its year would print in hundreds of digits.
             raise TraceError(
-                f"{label}:{line}: {name}={excerpt(value)} as seconds is past any clock "
-                f"(above {MAX_SECONDS:g} s, the year 5138); trace times are seconds: check "
+                f"{label}:{line}: {name}={excerpt(value)} as {unit} is past any clock "
+                f"(above {MAX_SECONDS:g} s, the year 5138); trace times are {unit}: check "
                 "that the column holds times")
+        per_second = _PER_SECOND[unit]
+        seconds = number / per_second
         if seconds > MAX_SECONDS:
             # The unit that brings it under the bound: "divide by 1000" on nanoseconds
             # left a time still a million times too late.
-            unit, by = next((u, d) for u, d in _EPOCH_UNITS if seconds / d <= MAX_SECONDS)
+            finer, by = next((u, d) for u, d in _EPOCH_UNITS
+                             if d > per_second and number / d <= MAX_SECONDS)
             raise TraceError(
-                f"{label}:{line}: {name}={excerpt(value)} as seconds is the year "
-                f"{1970 + seconds / 31_556_952:,.0f}; it looks like epoch {unit}: divide "
-                f"the column by {by:,.0f} (trace times are seconds)")
+                f"{label}:{line}: {name}={excerpt(value)} as {unit} is the year "
+                f"{1970 + seconds / 31_556_952:,.0f}; it looks like epoch {finer}: divide "
+                f"the column by {by / per_second:,.0f} (trace times are {unit})")
         return seconds, _SECONDS
-    raise TraceError(f"{label}:{line}: {name}={excerpt(value)} is not a time; use seconds "
-                     "(>= 0) or an ISO date like 2023-11-16 18:15:46.680")
+    dates = " or an ISO date like 2023-11-16 18:15:46.680" if unit == "seconds" else ""
+    raise TraceError(f"{label}:{line}: {name}={excerpt(value)} is not a time; use {unit} "
+                     f"(>= 0){dates}")
 
 
 

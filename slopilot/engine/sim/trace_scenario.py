@@ -38,6 +38,8 @@ class TraceOptions:
 
     path: str | None = None
     fmt: str | None = None
+    model: str | None = None
+    """Replay only this model's rows (a trace with a Model column: BurstGPT's)."""
     start_s: float | None = None
     """Trace seconds (from its first request, before scaling) where the replay starts."""
     end_s: float | None = None
@@ -63,6 +65,8 @@ class TraceOptions:
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise ScenarioError(f"--trace-window {self.start_s:g}:{self.end_s:g}: the end "
                                 "must come after the start")
+        if self.model is not None and not self.model.strip():
+            raise ScenarioError("--trace-model '': give a model the trace names, e.g. GPT-4")
         if self.fmt is not None and self.fmt not in FORMATS:
             raise ScenarioError(f"--trace-format {self.fmt!r}: use one of {', '.join(FORMATS)}")
 
@@ -144,6 +148,7 @@ def with_trace(scenario: Scenario, options: TraceOptions) -> Scenario:
     scaled = options.time_scale is not None or options.target_rate is not None
     spec = dataclasses.replace(
         base, fmt=options.fmt or (None if options.path else base.fmt),
+        model=options.model or (None if options.path else base.model),
         start_s=base.start_s if options.start_s is None else options.start_s,
         end_s=base.end_s if options.end_s is None else options.end_s,
         time_scale=options.time_scale if scaled else base.time_scale,

@@ -64,6 +64,8 @@ class SessionSpec:
 class TraceSpec:
     trace: str  # a shipped trace's name or a resolved file path
     fmt: str | None = None
+    model: str | None = None
+    """Replay only this model's rows (``--trace-model``; BurstGPT's ``Model`` column)."""
     time_scale: float | None = None
     target_rate: float | None = None
     start_s: float = 0.0
@@ -74,7 +76,7 @@ class TraceSpec:
 
     def records(self) -> list[TraceRecord]:
         """The windowed, time-scaled records this spec replays."""
-        picked = window(read_cached(self.trace, self.fmt), start_s=self.start_s,
+        picked = window(read_cached(self.trace, self.fmt, self.model), start_s=self.start_s,
                         end_s=self.end_s, max_requests=self.max_requests)
         return rescale(picked, time_scale=self.time_scale, target_rate=self.target_rate)
 

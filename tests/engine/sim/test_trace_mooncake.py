@@ -1,0 +1,158 @@
+"""Mooncake's JSONL (kvcache-ai/Mooncake, FAST'25 traces): ``timestamp`` in milliseconds
+from the first request, ``input_length``, ``output_length``, and ``hash_ids``, one id per
+512-token block of the prompt, equal ids where prompts share a prefix."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slopilot.cli import main
+from slopilot.engine.sim.trace import TraceError, TraceRecord, TraceWorkload, read_trace
+from slopilot.engine.sim.workload import SyntheticPrompt
+
+# The first rows of FAST25-release/traces/conversation_trace.jsonl's shape: every prompt
+# opens with block 0 (a system prompt), and the third shares three more blocks with the
+# first.
+ROWS: list[dict[str, Any]] = [
+    {"timestamp": 0, "input_length": 1100, "output_length": 500, "hash_ids": [0, 1, 2]},
+    {"timestamp": 0, "input_length": 700, "output_length": 3, "hash_ids": [0, 3]},
+    {"timestamp": 3052, "input_length": 2000, "output_length": 26,
+     "hash_ids": [0, 1, 2, 4]},
+]
+
+
+def _write(tmp_path: Path, rows: list[Any], name: str = "conversation_trace.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_mooncake_reads_milliseconds_as_seconds_and_keeps_the_blocks(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="slopilot.trace"):
+        records = read_trace(_write(tmp_path, ROWS))
+    assert records == [TraceRecord(0.0, 1100, 500, prefix_blocks=(0, 1, 2)),
+                       TraceRecord(0.0, 700, 3, prefix_blocks=(0, 3)),
+                       TraceRecord(3.052, 2000, 26, prefix_blocks=(0, 1, 2, 4))]
+    # The unit is said with the span it gives, so a file in seconds shows as too long.
+    assert "timestamps read as milliseconds: 3 requests over 3.052 s" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["trace.jsonl", "trace", "trace.json"])
+def test_mooncake_is_told_by_its_keys(tmp_path: Path, name: str) -> None:
+    assert [r.arrival_time for r in read_trace(_write(tmp_path, ROWS, name))] == [
+        0.0, 0.0, 3.052]
+
+
+def test_the_format_can_be_named_and_rows_replay_in_time_order(tmp_path: Path) -> None:
+    records = read_trace(_write(tmp_path, ROWS[::-1], name="t.txt"), fmt="mooncake")
+    # Equal times keep the file's order (a stable sort), as in every format.
+    assert [r.prompt_tokens for r in records] == [700, 1100, 2000]
+    assert [r.arrival_time for r in records] == [0.0, 0.0, 3.052]
+
+
+def test_hash_ids_may_be_absent_and_epoch_milliseconds_read_relative(tmp_path: Path) -> None:
+    rows = [{"timestamp": 1_715_000_000_000, "input_length": 10, "output_length": 2},
+            {"timestamp": 1_715_000_000_250, "input_length": 20, "output_length": 1,
+             "hash_ids": None}]
+    assert read_trace(_write(tmp_path, rows)) == [TraceRecord(0.0, 10, 2),
+                                                  TraceRecord(0.25, 20, 1)]
+
+
+def _row(**change: Any) -> dict[str, Any]:
+    return {**ROWS[0], **change}
+
+
+@pytest.mark.parametrize("row, said", [
+    (_row(timestamp=-1), r":2: timestamp=-1 is not a time"),
+    (_row(timestamp="2024-05-01 12:00:00"), r":2: timestamp='2024-05-01 12:00:00' is a date;"
+                                            r" Mooncake's timestamps are milliseconds"),
+    (_row(timestamp=1.7e15), r":2: timestamp=1700000000000000.0 as milliseconds is the "
+                             r"year .* epoch microseconds: divide the column by 1,000 "),
+    (_row(input_length=0), r":2: input_length=0 must be a whole number >= 1"),
+    (_row(output_length=-3), r":2: output_length=-3 must be a whole number >= 1"),
+    (_row(output_length=float("nan")), r":2: output_length=nan must be a whole number"),
+    (_row(input_length=2**30), r":2: input_length=1073741824 exceeds"),
+    ({"timestamp": 5, "output_length": 5}, r":2: missing input_length"),
+    (_row(hash_ids="0,1,2"), r":2: hash_ids='0,1,2' must be a list of block ids"),
+    (_row(hash_ids=[0, -1, 2]), r":2: hash_ids\[1\]=-1 must be a whole number >= 0"),
+    (_row(hash_ids=[0, True]), r":2: hash_ids\[1\]=True must be a whole number >= 0"),
+    (_row(hash_ids=[0, 2**70]), r":2: hash_ids\[1\]=1180591620717411303424 must be"),
+    # 1,100 tokens are three 512-token blocks: a fourth id is no block of this prompt (a
+    # trace hashed with smaller blocks, or a hostile file's millions of ids).
+    (_row(hash_ids=[0, 1, 2, 3]), r":2: 4 hash_ids for input_length=1100, which fills "
+                                  r"3 blocks of 512 tokens"),
+    # A generic JSONL row among Mooncake's: one format to a file.
+    ({"arrival_time": 5, "prompt_tokens": 5, "output_tokens": 5},
+     r":2: missing input_length; this row is a generic JSONL row \(prompt_tokens\), the "
+     r"first Mooncake's: give every row in one format"),
+])
+def test_a_bad_row_names_the_file_line_and_field(tmp_path: Path, row: Any, said: str) -> None:
+    path = _write(tmp_path, [ROWS[0], row])
+    with pytest.raises(TraceError, match="conversation_trace.jsonl" + said):
+        read_trace(path)
+
+
+def test_a_mooncake_row_in_a_generic_jsonl_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, [{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5},
+                             ROWS[0]])
+    with pytest.raises(TraceError, match=r"t.jsonl:2: missing prompt_tokens; this row is "
+                       r"Mooncake's \(input_length\), the first a generic JSONL row: give "
+                       r"every row in one format"):
+        read_trace(path.rename(path.with_name("t.jsonl")))
+
+
+def _prompts(records: list[TraceRecord], seed: int = 0) -> list[list[int]]:
+    specs = list(TraceWorkload(records, seed=seed).initial())
+    out = []
+    for spec in specs:
+        assert isinstance(spec.prompt_token_ids, SyntheticPrompt)
+        out.append(list(spec.prompt_token_ids))
+    return out
+
+
+def test_shared_hash_ids_replay_as_shared_prefixes(tmp_path: Path) -> None:
+    a, b, c = _prompts(read_trace(_write(tmp_path, ROWS)))
+    assert (len(a), len(b), len(c)) == (1100, 700, 2000)
+    assert a[:512] == b[:512] == c[:512]  # block 0, in every prompt
+    assert a[512:1024] != b[512:1024]     # blocks 1 and 3 differ
+    assert a == c[:1100]                  # blocks 0, 1 and 2: all of the first prompt
+    # The same trace replays the same tokens; another seed draws others, shared alike.
+    assert _prompts(read_trace(_write(tmp_path, ROWS)))[2] == c
+    a2, _, c2 = _prompts(read_trace(_write(tmp_path, ROWS)), seed=1)
+    assert a2 != a and a2 == c2[:1100]
+
+
+def test_a_prompt_past_its_blocks_draws_its_own_tokens(tmp_path: Path) -> None:
+    # Fewer ids than blocks: the prompt's tail is its own (shared with no other prompt).
+    rows = [{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [7]},
+            {"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [7]}]
+    a, b = _prompts(read_trace(_write(tmp_path, rows)))
+    assert a[:512] == b[:512] and a[512:] != b[512:]
+
+
+def _prefix_hit_rate(tmp_path: Path, rows: list[dict[str, Any]], name: str,
+                     capsys: pytest.CaptureFixture[str]) -> float:
+    path = _write(tmp_path, rows, name)
+    assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path), "--json",
+                 "--quiet"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["requests_arrived"] == len(rows) == out["requests_finished"]
+    return float(out["prefix_hit_rate"])
+
+
+def test_simulate_replays_mooncakes_prefix_sharing_on_the_prefix_cache(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Six 2,048-token prompts a second apart, each opening with the same three blocks (a
+    # long system prompt): the replay's cache hits them; with no id in common, nothing.
+    shared = [{"timestamp": 1000 * i, "input_length": 2048, "output_length": 8,
+               "hash_ids": [0, 1, 2, 10 + i]} for i in range(6)]
+    alone = [{**row, "hash_ids": [4 * i + k + 100 for k in range(4)]}
+             for i, row in enumerate(shared)]
+    assert _prefix_hit_rate(tmp_path, shared, "shared.jsonl", capsys) > 0.5
+    assert _prefix_hit_rate(tmp_path, alone, "alone.jsonl", capsys) == 0.0
