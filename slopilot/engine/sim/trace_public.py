@@ -3,9 +3,9 @@ other formats (``trace_formats.py``), so that their errors read alike.
 
 - ``burstgpt`` (HPMLL/BurstGPT): a CSV with ``Timestamp,Model,Request tokens,Response
   tokens,Total tokens,Log Type``; ``Timestamp`` is seconds from the trace's start. A
-  failed request has 0 response tokens: it is skipped and counted (a note on the
-  ``slopilot.trace`` logger), as BurstGPT's own ``BurstGPT_without_fails_*.csv`` leave
-  them out; its output is unknown, and 0 cannot be replayed. ``Total tokens`` and
+  failed request has 0 response tokens: it is skipped and counted (a warning on this
+  module's logger), as BurstGPT's own ``BurstGPT_without_fails_*.csv`` leave them out; its
+  output is unknown, and 0 cannot be replayed. ``Total tokens`` and
   ``Log Type`` are not read; ``Model`` only to pick one model's rows.
 - ``mooncake`` (kvcache-ai/Mooncake, FAST'25): JSONL rows ``{"timestamp": ms,
   "input_length": N, "output_length": M, "hash_ids": [...]}``; ``timestamp`` is
@@ -35,7 +35,7 @@ from slopilot.engine.sim.trace_formats import (
     trace_time,
 )
 
-log = logging.getLogger("slopilot.trace")
+log = logging.getLogger(__name__)
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block: Mooncake's KV page (its FAST'25 traces: a 6,758-token

@@ -38,7 +38,7 @@ EXPECTED = [(0.0, 472, 18), (40.0, 1087, 230), (113.0, 417, 276), (125.5, 20, 3)
 
 def test_burstgpt_reads_seconds_and_lengths_and_skips_failed_requests(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="slopilot.trace"):
+    with caplog.at_level(logging.INFO, logger="slopilot.engine.sim.trace_public"):
         assert _read(_write(tmp_path, [HEADER, *ROWS])) == EXPECTED
     # The skip is said, with its count and the line of the first one.
     assert "skipped 1 failed request (Response tokens 0; the first on line 4)" in caplog.text

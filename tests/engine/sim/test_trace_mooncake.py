@@ -34,7 +34,7 @@ def _write(tmp_path: Path, rows: list[Any], name: str = "conversation_trace.json
 
 def test_mooncake_reads_milliseconds_as_seconds_and_keeps_the_blocks(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="slopilot.trace"):
+    with caplog.at_level(logging.INFO, logger="slopilot.engine.sim.trace_public"):
         records = read_trace(_write(tmp_path, ROWS))
     assert records == [TraceRecord(0.0, 1100, 500, prefix_blocks=(0, 1, 2)),
                        TraceRecord(0.0, 700, 3, prefix_blocks=(0, 3)),
