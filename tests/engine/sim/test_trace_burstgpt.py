@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from slopilot.cli import main
+from slopilot.engine.sim.scenario import ScenarioError
 from slopilot.engine.sim.trace import TraceError, read_trace
+from slopilot.engine.sim.trace_scenario import TraceOptions
 
 HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
 # The rows of BurstGPT's README and of BurstGPT_1.csv's shape: a failed request (0
@@ -136,3 +138,15 @@ def test_simulate_replays_a_burstgpt_file_and_one_model_of_it(
     assert main(["simulate", "--scenario", "tiny-cpu", "--trace", str(path), "--quiet",
                  "--trace-model", "Llama"]) == 2
     assert "no request of model 'Llama'" in capsys.readouterr().err
+
+
+def test_a_model_filter_names_a_model_and_a_trace_that_has_models(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, [HEADER, *ROWS])
+    with pytest.raises(ScenarioError, match=r"--trace-model '': give a model the trace names"):
+        TraceOptions(path=str(path), model=" ")
+    # On a scenario's own trace (Azure's CSV, no models) it is refused, not ignored.
+    assert main(["simulate", "--scenario", "azure-conv-2023", "--trace-model", "GPT-4",
+                 "--quiet"]) == 2
+    assert "needs a trace with a Model column (BurstGPT's); this one is csv" in \
+        capsys.readouterr().err
