@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,28 @@ from slopilot.engine.sim.spec_reader import Reader, ScenarioError
 from slopilot.engine.sim.trace import BUILTIN_TRACES, TraceError, TraceRecord, read_trace
 
 
-@functools.lru_cache(maxsize=4)
 def read_cached(trace: str, fmt: str | None, model: str | None = None) -> list[TraceRecord]:
-    # Parsing the shipped hour of Azure traffic takes a few tenths of a second; a tuner
-    # builds the same scenario's workload for every trial.
-    return read_trace(trace, fmt=fmt, model=model)
+    """``read_trace``, once per version of the file: parsing the shipped hour of Azure
+    traffic takes a few tenths of a second, and a tuner builds the same scenario's
+    workload for every trial. Keyed by the file's size, inode and modification time as
+    well as its name, so a file rewritten in place is read again, not replayed stale."""
+    return _read_version(trace, fmt, model, _version(trace))
 
+
+def _version(trace: str) -> tuple[int, int, int] | None:
+    if trace in BUILTIN_TRACES:
+        return None  # a package's file, unchanged while the process runs
+    try:
+        st = os.stat(trace)
+    except OSError:
+        return None  # read_trace says why, naming the file
+    return st.st_size, st.st_ino, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=4)
+def _read_version(trace: str, fmt: str | None, model: str | None,
+                  version: tuple[int, int, int] | None) -> list[TraceRecord]:
+    return read_trace(trace, fmt=fmt, model=model)
 
 
 _DISTS = ("fixed", "uniform", "lognormal", "empirical")

@@ -129,3 +129,15 @@ def test_window_and_classes_parse() -> None:
     for bad in ("p0", "p9=1", "p0=x", "p0=0"):
         with pytest.raises(ScenarioError, match="--classes"):
             parse_classes(bad)
+
+
+def test_a_trace_rewritten_in_place_is_read_again(tmp_path: Path) -> None:
+    """A long-lived process (a tune's worker, a notebook) that replays a file the user
+    has since rewritten replays the new rows, not the first read's."""
+    from slopilot.engine.sim.distribution_spec import read_cached
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n0,10,5\n1,20,5\n")
+    assert [r.prompt_tokens for r in read_cached(str(path), None)] == [10, 20]
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n0,30,5\n1,40,5\n2,50,5\n")
+    assert [r.prompt_tokens for r in read_cached(str(path), None)] == [30, 40, 50]
