@@ -192,7 +192,9 @@ class StreamJudge:
             carried = None
             if type(so_far) is int:
                 carried, choice.usage_tokens = so_far - choice.usage_tokens, so_far
-            if _output(raw):
+            # No token generated yet: the text is not the engine's (a chat ``echo`` of the
+            # last message), and the first token is still to come.
+            if _output(raw) and so_far != 0:
                 self._observe(choice, _tokens(raw, carried, first=choice.ttft_s is None), at)
             if raw.get("finish_reason") is not None:
                 choice.finished = True
@@ -263,13 +265,14 @@ def _output(choice: dict[str, Any]) -> bool:
 def _tokens(choice: dict[str, Any], carried: int | None, *, first: bool) -> int:
     """How many tokens a choice's chunk with output brings: vLLM merges the outputs its
     API server had not written yet into one chunk, so a busy server's chunks bring
-    several. Said by its ``token_ids`` (``return_token_ids``), its continuous usage's
-    growth (``carried``) or its logprobs (one entry a token; not on a completion's first
-    chunk, where ``echo`` puts the prompt's before them); one where none says."""
-    if isinstance(ids := choice.get("token_ids"), list) and ids:
-        return len(ids)
+    several. Said by its continuous usage's growth (``carried``: generated tokens only),
+    its ``token_ids`` (``return_token_ids``) or its logprobs (one entry a token; not on a
+    completion's first chunk, where ``echo`` puts the prompt's before them, as it puts
+    the prompt's ids before its ``token_ids``); one where none says."""
     if carried is not None and carried > 0:
         return carried
+    if isinstance(ids := choice.get("token_ids"), list) and ids:
+        return len(ids)
     logprobs = choice.get("logprobs")
     if isinstance(logprobs, dict):
         entries = logprobs.get("content")  # chat

@@ -174,3 +174,36 @@ def test_a_chunk_that_says_how_many_tokens_it_brings_shares_its_gap_among_them(
     0.083 s each. Where the chunk says how many (continuous usage, logprobs), they
     share it, as on the built-in engine."""
     assert judged(tmp_path, path, body, pieces) == {MET: (1, 5)}
+
+
+CONTINUE = {**CHAT, "messages": [{"role": "user", "content": "a story"},
+                                 {"role": "assistant", "content": "Once upon"}],
+            "echo": True, "add_generation_prompt": False}
+"""A chat request continuing an assistant message, with vLLM's ``echo``."""
+
+
+def test_a_chat_echo_is_not_the_first_token(tmp_path: Path) -> None:
+    """With ``"echo": true`` vLLM sends the last message's content back in the chunk after
+    the role's, before the engine generated anything (its continuous usage says 0
+    tokens). The meter took it for the first token: its TTFT read 0.1 s where the first
+    generated token came at 0.3 s, and the wait for that token read as a slow gap (0.2 s
+    over the 0.1 s target, 1 of 2), a miss where the stream met the SLO."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    body = {**CONTINUE, "stream_options": {"include_usage": True,
+                                           "continuous_usage_stats": True}}
+    pieces = [(wire.chat_role(usage=(5, 0)), 0.1),
+              (wire.chat_echo("Once upon", usage=(5, 0)), 0.1),
+              (wire.chat_delta(content=" a", usage=(5, 1)), 0.3),
+              (wire.chat_delta(content=" time", usage=(5, 2)), 0.35),
+              (wire.chat_delta(content=",", finish="length", usage=(5, 3)), 0.4),
+              (wire.chat_usage(5, 3), 0.4), (wire.DONE, 0.4)]
+    upstream.answer([p for p, _ in pieces], headers={"content-type": wire.CONTENT_TYPE})
+
+    async def go() -> None:
+        await Client(meter, now).request("POST", "/v1/chat/completions", body,
+                                         written_at=[t for _, t in pieces])
+
+    run(go)
+    assert counted(meter) == {MET: (1, 3)}
+    assert (meter.latency.ttft.count, meter.latency.ttft.total) == (1, 0.3)

@@ -8,7 +8,9 @@ Written from vLLM v0.11's source (github vllm-project/vllm), not copied from it:
   ``logprobs``, ``finish_reason`` and ``token_ids`` as null); the finish chunk carries
   ``stop_reason``; with ``stream_options.include_usage`` a last chunk with
   ``"choices": []`` and the usage (``exclude_none``); with ``continuous_usage_stats``
-  every chunk's ``usage`` counts its own choice's tokens so far; an exception anywhere
+  every chunk's ``usage`` counts its own choice's tokens so far; with ``echo`` (a vLLM
+  extension) and a last message of the answer's role, one chunk per choice after the
+  role chunks with that message's content, before any engine output; an exception anywhere
   is one ``data: {"error": {...}}`` event, then ``[DONE]`` all the same.
 - ``vllm/entrypoints/openai/serving_completion.py``, ``completion_stream_generator``:
   every field written (``exclude_unset=False``, ``"usage": null`` included); a choice's
@@ -72,6 +74,21 @@ def chat_delta(index: int = 0, *, finish: str | None = None, model: str = "llama
     choice["token_ids"] = None
     chunk: dict[str, Any] = {"id": "chatcmpl-7", "object": "chat.completion.chunk",
                              "created": CREATED, "model": model, "choices": [choice]}
+    if usage is not None:
+        chunk["usage"] = _usage(*usage)
+    return _sse(_compact(chunk))
+
+
+def chat_echo(content: str, index: int = 0, *, model: str = "llama",
+              usage: tuple[int, int] | None = None) -> bytes:
+    """With ``"echo": true`` where the last message is the answer's role's (an assistant
+    message to continue), the chunk after the role chunks: that message's content sent
+    back before any generated token (``DeltaMessage(content=last_msg_content)``, no
+    ``token_ids`` set, so none written); its continuous usage counts 0 tokens."""
+    chunk: dict[str, Any] = {
+        "id": "chatcmpl-7", "object": "chat.completion.chunk", "created": CREATED,
+        "model": model, "choices": [{"index": index, "delta": {"content": content},
+                                     "logprobs": None, "finish_reason": None}]}
     if usage is not None:
         chunk["usage"] = _usage(*usage)
     return _sse(_compact(chunk))
