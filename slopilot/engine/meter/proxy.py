@@ -12,6 +12,9 @@
   called: for a request pipelined behind another on one connection, a whole answer
   later.
   A non-streamed body shows its client no first token, and is not judged.
+- A chat or completions stream asks vLLM for each chunk's token count (continuous usage:
+  ``usage_stats``), and the client gets its answer without the usage it did not ask for,
+  the bytes vLLM would have written for its own request.
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
   and frees its cache rather than generating for nobody.
 - Each answer carries one ``date``: the engine's passes through (the server adds none,
@@ -42,6 +45,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from slopilot.engine.http_arrival import SCOPE_KEY
+from slopilot.engine.meter import usage_stats
 from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge, Wire
@@ -89,6 +93,16 @@ class _Exchange:
 
     judge: StreamJudge | None = None
     counted: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How a request is forwarded: its judge (None: not judged), the body the engine is
+    sent, and what of the answer's usage the client gets (None: all of it)."""
+
+    judge: StreamJudge | None
+    body: bytes
+    strip: usage_stats.UsageStrip | None = None
 
 
 class _ClientGone(Exception):
@@ -198,21 +212,38 @@ class Meter:
             if not message.get("more_body"):
                 return b"".join(parts)
 
-    async def _judge(self, method: str, path: str, body: bytes,
-                     arrival: float) -> StreamJudge | None:
-        """A judge for a streamed completion to ``path`` (as the engine is asked for it);
-        None for anything else."""
+    async def _plan(self, method: str, path: str, body: bytes, arrival: float) -> _Plan:
+        """How to forward a request to ``path`` (as the engine is asked for it): a
+        streamed completion is judged, and a chat or completions one asks the engine for
+        each chunk's token count (``usage_stats``); anything else goes as it came."""
         if method != "POST" or path not in JUDGED_PATHS:
-            return None
+            return _Plan(None, body)
         try:
             # A long prompt's body parsed on the loop would hold every stream's next chunk
             # (and stretch the gaps the meter judges) for as long as it takes.
             data = json.loads(body) if len(body) <= INLINE_PARSE_BYTES else \
                 await asyncio.to_thread(json.loads, body)
         except (ValueError, RecursionError):
-            return None  # vLLM answers it 400
+            return _Plan(None, body)  # vLLM answers it 400
         if not isinstance(data, dict) or _lax(_BOOL, data.get("stream")) is not True:
-            return None
+            return _Plan(None, body)
+        judge = self._judge(path, data, arrival)
+        usage = usage_stats.asked(data)
+        if path == RESPONSES_PATH or usage is None or usage is usage_stats.Asked.CONTINUOUS:
+            return _Plan(judge, body)
+        # ASCII-escaped: a string Python's reader took with a lone surrogate in it has
+        # no UTF-8, and reaches vLLM as the same string.
+        asking = usage_stats.ask(data)
+        try:
+            sent = json.dumps(asking).encode() if len(body) <= INLINE_PARSE_BYTES else \
+                (await asyncio.to_thread(json.dumps, asking)).encode()
+        except (ValueError, RecursionError):
+            return _Plan(judge, body)  # nested past what Python writes back: as it came
+        return _Plan(judge, sent, usage_stats.UsageStrip(
+            usage, null_usage=path == "/v1/completions"))
+
+    def _judge(self, path: str, data: dict[str, Any], arrival: float) -> StreamJudge:
+        """The judge of a streamed completion to ``path`` asked for with ``data``."""
         slo = self.slo.current().class_slo(self.priority)
         if path == RESPONSES_PATH:
             # vLLM's ResponsesRequest: null or left out, the context's limit, as chat's.
@@ -252,12 +283,14 @@ class Meter:
         if scope["method"] == "GET" and url.path == "/metrics":
             await self._metrics(send)
             return
-        judge = exchange.judge = await self._judge(scope["method"], url.path, body, arrival)
+        plan = await self._plan(scope["method"], url.path, body, arrival)
+        judge = exchange.judge = plan.judge
+        strip = plan.strip
         headers = _request_headers(scope)
         if judge is not None:
             headers["accept-encoding"] = "identity"  # SSE read as written, not compressed
         request = self.client.build_request(scope["method"], url, headers=headers,
-                                            content=body)
+                                            content=plan.body)
         try:
             response = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -273,17 +306,25 @@ class Meter:
             if response.status_code != 200 or response.headers.get("content-encoding") \
                     or not kind.lower().startswith("text/event-stream"):
                 # An error, bytes the meter cannot read as written, or no stream at all
-                # (an image that ignores ``stream``): not judged.
+                # (an image that ignores ``stream``): not judged, and passed on as is.
                 judge = exchange.judge = None
+                strip = None
+            # Without the usage taken out, the engine's length is not the answer's.
             await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": _response_headers(response.headers, keep_length=True)})
+                        "headers": _response_headers(response.headers,
+                                                     keep_length=strip is None)})
             async for piece in response.aiter_raw():
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
+                passed = piece if strip is None else strip.feed(piece)
+                if passed:
+                    await send({"type": "http.response.body", "body": passed,
+                                "more_body": True})
                 if judge is not None:
                     judge.written(piece, self.clock())
                     if judge.model is not None:
                         # From its first chunk on: the histograms it fed are labelled so.
                         self.model_name = judge.model
+            if strip is not None and (rest := strip.flush()):
+                await send({"type": "http.response.body", "body": rest, "more_body": True})
             # Counted before the end is sent: a response complete reads, to the server,
             # as a client gone (uvicorn), which cancels this task.
             self._count(exchange)

@@ -5,15 +5,18 @@ with the moment it was written. The events it completes are read: each choice's 
 text is its first token (TTFT from the request's arrival at the meter), and the tokens
 of each later event share the time since the choice's last one (``ClientGaps``). vLLM
 streams a chunk per step, one token each, but merges the steps its API server could not
-write yet into one chunk: a chunk's tokens are what it says (token ids, continuous
-usage, logprobs), else one, and the stream's last usage says how many there were in
-all. A choice that finished (its finish reason) is judged; one cut short (the client
-left, the engine's answer broke off, or the engine failed it: vLLM writes an exception
-inside a stream it answered 200 as one ``data: {"error": ...}`` event) only where it had
-missed already (``verdicts``), as the engine's server judges it. A stream the meter
-could not read (not SSE, not JSON, an event past ``MAX_EVENT_BYTES``) is not judged: it
-passes through all the same. The events are read as a client's SSE parser reads them
-(``written``).
+write yet into one chunk: a chunk's tokens are what it says (its continuous usage, which
+the meter asks vLLM for on every chat and completions stream: ``usage_stats``; its token
+ids; its logprobs), else one (a server that says nothing: its gaps are then the chunks'),
+and the stream's last usage says how many there were in all. A chunk whose continuous
+usage counts no token yet brings none, whatever its text: vLLM's chat ``echo`` sends the
+last message back so, before the first token. A choice that finished (its finish
+reason) is judged; one cut short (the client left, the engine's answer broke off, or
+the engine failed it: vLLM writes an exception inside a stream it answered 200 as one
+``data: {"error": ...}`` event) only where it had missed already (``verdicts``), as
+the engine's server judges it. A stream the meter could not read (not SSE, not JSON, an
+event past ``MAX_EVENT_BYTES``) is not judged: it passes through all the same. The
+events are read as a client's SSE parser reads them (``written``).
 
 A Responses API stream (``Wire.RESPONSES``) is one answer of named events with no
 ``[DONE]``: its output deltas are its one choice's chunks, its ``response.completed``

@@ -1,0 +1,161 @@
+"""The token counts the meter asks vLLM for, and takes out of what its client gets.
+
+vLLM merges the outputs its API server had not written yet into one chunk, so a busy
+server's chunks bring several tokens, and says how many only where asked: with
+``stream_options: {"include_usage": true, "continuous_usage_stats": true}`` each chunk's
+``usage.completion_tokens`` counts its choice's tokens so far (a chat ``echo``'s chunk
+0). Without them a chunk's tokens are unknown, and its gap, read as one token's, is
+several tokens' (``stream_judge``). vLLM's own ``vllm:inter_token_latency_seconds``
+observes a gap per engine step, one token a step, however its API server merged them:
+the meter's histogram and verdicts compare with it only where it knows the tokens.
+
+So the meter asks for continuous usage on every chat and completions stream it judges
+(``ask``), and takes out of the answer what the client did not ask for
+(``UsageStrip``): each chunk's usage, and the last chunk of usage alone where the client
+asked for none. The client gets the bytes vLLM would have written for its own request.
+The Responses API has no such option: its deltas are counted as their logprobs say, else
+one a delta (``responses_events``).
+
+vLLM reads ``stream_options`` as its ``StreamOptions``: once given, ``include_usage``
+is true unless it says otherwise, and continuous stats need it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any
+
+import pydantic
+
+from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES
+
+
+class Asked(enum.Enum):
+    """The usage a client asked for on its stream."""
+
+    NONE = "none"
+    FINAL = "final"
+    """The last chunk's usage (``include_usage``) only."""
+    CONTINUOUS = "continuous"
+    """Every chunk's too: what the meter asks for; nothing to take out."""
+
+
+def asked(body: dict[str, Any]) -> Asked | None:
+    """What ``body``'s ``stream_options`` ask for, as vLLM reads them; None where vLLM
+    would refuse them (400: nothing to change or judge)."""
+    options = body.get("stream_options")
+    if options is None:
+        return Asked.NONE
+    if not isinstance(options, dict):
+        return None
+    include = _lax_bool(options.get("include_usage", True))
+    continuous = _lax_bool(options.get("continuous_usage_stats", False))
+    if include is None or continuous is None:
+        return None
+    if not include:
+        return Asked.NONE
+    return Asked.CONTINUOUS if continuous else Asked.FINAL
+
+
+def ask(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` asking vLLM for every chunk's usage, the client's other options kept."""
+    options = body.get("stream_options")
+    return {**body, "stream_options": {**(options if isinstance(options, dict) else {}),
+                                       "include_usage": True,
+                                       "continuous_usage_stats": True}}
+
+
+class UsageStrip:
+    """An answer's bytes as the client would have had them without the meter's ask: each
+    event passed on whole once it ended (a client's SSE parser acts on nothing before),
+    byte for byte but for the usage taken out.
+
+    ``asked``: what the client asked for (not ``CONTINUOUS``: nothing would change).
+    ``null_usage``: vLLM writes a completions chunk's every field, so without continuous
+    stats its usage is ``null``; a chat chunk's usage is left out."""
+
+    def __init__(self, asked: Asked, *, null_usage: bool) -> None:
+        self.keep_final = asked is Asked.FINAL
+        self.null_usage = null_usage
+        self._held = b""
+        """The bytes of the event not ended yet."""
+        self._after_cr = False
+        """The last event ended on a CR: an LF starting the next piece is part of it."""
+        self._dropped = False
+        """The last event was taken out whole (its LF with it)."""
+        self._off = False
+        """An event past ``MAX_EVENT_BYTES``: the rest is passed on as it comes."""
+
+    def feed(self, data: bytes) -> bytes:
+        """What to pass on of ``data``: the events it ends, the held bytes before them."""
+        if self._off:
+            return data
+        out = []
+        if self._after_cr and not self._held and data.startswith(b"\n"):
+            if not self._dropped:
+                out.append(b"\n")
+            data = data[1:]
+        buf = self._held + data
+        start = line = 0
+        for end in _LINE_END.finditer(buf):
+            if end.start() == line:  # an empty line: the event before it ended
+                event = buf[start:end.end()]
+                passed = self._event(event) if line > start else event
+                out.append(passed)
+                self._dropped = not passed
+                start = end.end()
+            line = end.end()
+        self._held = buf[start:]
+        self._after_cr = not self._held and buf.endswith(b"\r")
+        if len(self._held) > MAX_EVENT_BYTES:
+            self._off = True
+            out.append(self._held)
+            self._held = b""
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """The bytes of an event the stream never ended, as they came."""
+        held, self._held = self._held, b""
+        return held
+
+    def _event(self, raw: bytes) -> bytes:
+        usage = _USAGE.search(raw)
+        if usage is None:
+            return raw
+        null = usage.group(1) == b"null"
+        if _NO_CHOICES.search(raw) and not null:  # the last chunk: the usage alone
+            return raw if self.keep_final else b""
+        if self.null_usage:
+            return raw if null else raw[:usage.start(1)] + b"null" + raw[usage.end(1):]
+        # A chat chunk's: vLLM writes none. A null one is a server's that writes it on
+        # every chunk once the usage is asked for (slopilot's): kept where it was.
+        if null and self.keep_final:
+            return raw
+        if comma := _COMMA_BEFORE.search(raw, 0, usage.start()):
+            return raw[:comma.start()] + raw[usage.end():]
+        if after := _COMMA_AFTER.match(raw, usage.end()):
+            return raw[:usage.start()] + raw[after.end():]
+        return raw  # the chunk's only field: nothing a client could read without it
+
+
+# A JSON string escapes each quote inside it, so ``"usage":`` is a key wherever it is
+# found; vLLM's chunks have no other key of that name than the top level's. Its value is
+# counts, one object deep at most (``prompt_tokens_details``), without a string, or null.
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}|null)')
+_COMMA_BEFORE = re.compile(rb",\s*\Z")
+_COMMA_AFTER = re.compile(rb"\s*,")
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_BOOL: pydantic.TypeAdapter[bool] = pydantic.TypeAdapter(bool)
+
+
+def _lax_bool(value: Any) -> bool | None:
+    """``value`` as vLLM's request model reads a flag (null: false); None where it refuses
+    it."""
+    if value is None:
+        return False
+    try:
+        return _BOOL.validate_python(value)
+    except pydantic.ValidationError:
+        return None

@@ -1,0 +1,95 @@
+"""The usage the meter asks vLLM for, and takes out of the bytes its client gets, read
+from vLLM v0.11's own stream bytes (``vllm_wire``) split anywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES
+from slopilot.engine.meter.usage_stats import Asked, UsageStrip, ask, asked
+from tests.engine.meter import vllm_wire as wire
+from tests.engine.meter.test_meter_token_counts import chat, completion, echoed
+
+
+def passed(strip: UsageStrip, pieces: list[bytes]) -> bytes:
+    return b"".join(strip.feed(p) for p in pieces) + strip.flush()
+
+
+def one_byte_at_a_time(data: bytes) -> list[bytes]:
+    return [data[i:i + 1] for i in range(len(data))]
+
+
+@pytest.mark.parametrize("client", [Asked.NONE, Asked.FINAL])
+@pytest.mark.parametrize(("render", "null_usage"), [
+    (chat, False), (completion, True), (echoed, False)], ids=["chat", "completions", "echo"])
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+@pytest.mark.parametrize("split", ["as-written", "byte-by-byte"])
+def test_the_client_gets_the_stream_vllm_writes_for_its_own_request(
+        client: Asked, render: Any, null_usage: bool, line_end: bytes, split: str) -> None:
+    """vLLM asked for continuous usage, its chunks read without it as it writes them for
+    the client's request, however the bytes were split and lines ended."""
+    def framed(pieces: list[bytes]) -> list[bytes]:
+        return [p.replace(b"\n", line_end) for p in pieces]
+
+    given = framed(render(True, True))
+    want = b"".join(framed(render(client is Asked.FINAL, False)))
+    pieces = given if split == "as-written" else one_byte_at_a_time(b"".join(given))
+    assert passed(UsageStrip(client, null_usage=null_usage), pieces) == want
+
+
+def test_an_event_is_passed_on_once_it_ended() -> None:
+    """A client's parser acts on an event at its empty line: nothing of it is held
+    past the piece that ends it, nor sent before."""
+    strip = UsageStrip(Asked.NONE, null_usage=False)
+    delta = wire.chat_delta(content="a", usage=(5, 1))
+    assert strip.feed(delta[:20]) == b""
+    assert strip.feed(delta[20:-1]) == b""
+    assert strip.feed(delta[-1:]) == wire.chat_delta(content="a")
+
+
+def test_an_endless_event_and_an_unended_one_pass_as_they_came() -> None:
+    strip = UsageStrip(Asked.NONE, null_usage=False)
+    endless = b"data: " + b"x" * MAX_EVENT_BYTES
+    assert strip.feed(endless) == endless
+    later = wire.chat_delta(content="a", usage=(5, 1))
+    assert strip.feed(later) == later  # no longer read
+    strip = UsageStrip(Asked.NONE, null_usage=False)
+    assert passed(strip, [b'data: {"usage":{"completion_tokens":1}']) == \
+        b'data: {"usage":{"completion_tokens":1}'
+
+
+def test_a_null_usage_is_a_servers_that_writes_it_once_asked() -> None:
+    """slopilot's server writes ``"usage":null`` on each chunk once usage is asked for:
+    a chat client that asked for none would have had none; one that asked for the
+    final usage has it where it was."""
+    chunk = b'data: {"id":"x","choices":[],"usage":null}\n\n'
+    assert UsageStrip(Asked.NONE, null_usage=False).feed(chunk) == \
+        b'data: {"id":"x","choices":[]}\n\n'
+    assert UsageStrip(Asked.FINAL, null_usage=False).feed(chunk) == chunk
+    assert UsageStrip(Asked.NONE, null_usage=True).feed(chunk) == chunk
+
+
+@pytest.mark.parametrize(("options", "want"), [
+    ({}, Asked.NONE), ({"stream_options": None}, Asked.NONE),
+    ({"stream_options": {}}, Asked.FINAL),  # vLLM's StreamOptions: include_usage=True
+    ({"stream_options": {"include_usage": None}}, Asked.NONE),
+    ({"stream_options": {"include_usage": "false", "continuous_usage_stats": True}},
+     Asked.NONE),
+    ({"stream_options": {"continuous_usage_stats": 1}}, Asked.CONTINUOUS),
+    ({"stream_options": {"include_usage": True, "continuous_usage_stats": "yes"}},
+     Asked.CONTINUOUS),
+    ({"stream_options": {"include_usage": "perhaps"}}, None),
+    ({"stream_options": "all"}, None),
+])
+def test_the_clients_stream_options_are_read_as_vllm_reads_them(
+        options: dict[str, Any], want: Asked | None) -> None:
+    assert asked(options) is want
+
+
+def test_the_ask_keeps_the_clients_other_options() -> None:
+    body = {"stream": True, "stream_options": {"include_usage": False, "extra": 1}}
+    assert ask(body) == {"stream": True, "stream_options": {
+        "include_usage": True, "extra": 1, "continuous_usage_stats": True}}
+    assert asked(ask({"stream": True})) is Asked.CONTINUOUS
