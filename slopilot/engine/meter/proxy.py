@@ -11,7 +11,8 @@
   came in, as the server's protocol stamped it (``http_arrival``), not when the app was
   called: for a request pipelined behind another on one connection, a whole answer
   later.
-  A non-streamed body shows its client no first token, and is not judged.
+  A non-streamed body shows its client no first token, and is not judged; nor is a
+  Responses answer streamed again by GET (``is_replay``), counted apart instead.
 - A chat or completions stream asks vLLM for each chunk's token count (continuous usage:
   ``usage_stats``), and the client gets its answer without the usage it did not ask for,
   the bytes vLLM would have written for its own request.
@@ -41,6 +42,7 @@ from typing import Any
 
 import httpx
 import pydantic
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -62,6 +64,8 @@ RESPONSES_PATH = "/v1/responses"
 """The Responses API's: vLLM v0.11 serves it (``api_server.create_responses``), one
 answer a request (no ``n``), limited by ``max_output_tokens``."""
 JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", RESPONSES_PATH})
+REPLAYED_STREAMS = "slopilot_meter_replayed_streams"
+"""Responses streamed again by GET (``is_replay``), counted, not judged (base name)."""
 MAX_BODY_BYTES = 64 << 20
 """A request body larger than this is refused (413): a prompt of 64 MiB is past any
 context, and the meter holds a body whole before it forwards it."""
@@ -125,6 +129,19 @@ class _LatencyCollector(Collector):
         return self.meter.latency.families(self.meter.model_name)
 
 
+class _ReplayCollector(Collector):
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        family = CounterMetricFamily(
+            REPLAYED_STREAMS, "Responses re-streamed by GET /v1/responses/{id}?stream=true "
+            "(a stored answer's events again): passed on, not judged.",
+            labels=["priority_class"])
+        family.add_metric([self.meter.priority.label], self.meter.replays)
+        yield family
+
+
 class Meter:
     """The ASGI app. ``clock``: when a piece was written, and when a request arrived where
     its server stamped none (monotonic seconds; the server's protocol stamps on this
@@ -154,7 +171,10 @@ class Meter:
                                 keepalive_expiry=UPSTREAM_IDLE_S))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_VerdictCollector(self))
-        self.registry.register(_LatencyCollector(self))  # scraped in this order
+        self.registry.register(_LatencyCollector(self))
+        self.registry.register(_ReplayCollector(self))  # scraped in this order
+        self.replays = 0
+        """Responses streamed again (``is_replay``), passed on unjudged."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -309,6 +329,8 @@ class Meter:
                 # (an image that ignores ``stream``): not judged, and passed on as is.
                 judge = exchange.judge = None
                 strip = None
+            elif is_replay(scope["method"], url.path):
+                self.replays += 1
             # Without the usage taken out, the engine's length is not the answer's.
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": _response_headers(response.headers,
@@ -369,6 +391,19 @@ class Meter:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()), _date()]})
         await send({"type": "http.response.body", "body": text + own})
+
+
+def is_replay(method: str, path: str) -> bool:
+    """Whether a request answered with an event stream streams a stored response again:
+    ``GET /v1/responses/{id}`` with ``stream`` (vLLM replays the events it had generated
+    for it, from ``starting_after`` on, then those it generates next).
+
+    Not judged: its arrival is not the request's that the answer was generated for, its
+    first events come from a buffer at once, and its tokens were the first stream's,
+    which was judged (or cut short) as its client saw it. Judged, it would count the
+    same answer twice, with a first token read in microseconds."""
+    return method == "GET" and path.startswith(RESPONSES_PATH + "/") and \
+        "/" not in path[len(RESPONSES_PATH) + 1:] and len(path) > len(RESPONSES_PATH) + 1
 
 
 def _request_headers(scope: Scope) -> dict[str, str]:

@@ -111,7 +111,7 @@ class Client:
 
     async def request(self, method: str, path: str, body: Any = None, *,
                       written_at: Sequence[float] = (), headers: dict[str, str] | None = None,
-                      raw: bytes | None = None,
+                      raw: bytes | None = None, query: bytes = b"",
                       arrival: float | None = None) -> tuple[int, dict[str, str], bytes]:
         """``arrival``: the server's stamp of the request (none: the meter stamps it)."""
         self.sent = []
@@ -138,7 +138,7 @@ class Client:
 
         scope: dict[str, Any] = {
             "type": "http", "method": method, "path": path, "raw_path": path.encode(),
-            "query_string": b"", "headers": [(k.encode(), v.encode()) for k, v in
+            "query_string": query, "headers": [(k.encode(), v.encode()) for k, v in
                                              (headers or {}).items()]}
         if arrival is not None:
             scope[SCOPE_KEY] = arrival

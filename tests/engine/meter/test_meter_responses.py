@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.engine.meter import vllm_wire as wire
+from tests.engine.meter.test_client_latency import exposition
 from tests.engine.meter.test_meter import (
     HOLD,
     Client,
@@ -193,3 +194,39 @@ def test_a_responses_request_not_streamed_is_not_judged(
     assert run(go)[2] == whole
     assert counted(meter) == {}
     assert meter.latency.ttft.count == 0
+
+
+REPLAYS = "slopilot_meter_replayed_streams"
+
+
+def test_a_response_streamed_again_is_passed_on_unjudged_and_counted_as_a_replay(
+        tmp_path: Path) -> None:
+    """``GET /v1/responses/{id}?stream=true`` streams a stored response's events again
+    (vLLM replays what it had generated, then what it generates next): its arrival is
+    not its request's, its first events come from a buffer, and its tokens were the
+    first stream's. The meter passed it on as any GET, unjudged and uncounted, so no
+    figure said how many streams it had left out; it is counted apart, once a replay."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    s = wire.ResponsesStream()
+    pieces = [s.created(), s.message_added(), s.text("a"), s.text("bc"), s.completed(3)]
+    upstream.answer(pieces, headers={"content-type": wire.CONTENT_TYPE})
+    upstream.answer([b'{"error":{"message":"not found"}}'], status=404,
+                    headers={"content-type": "application/json"})
+    upstream.answer([b'{"id":"resp_7","status":"completed"}'],
+                    headers={"content-type": "application/json"})
+
+    async def go() -> bytes:
+        client = Client(meter, now)
+        got = await client.request("GET", "/v1/responses/resp_7", query=b"stream=true",
+                                   written_at=[2.0, 2.0, 2.0, 2.1, 2.1])
+        assert got[:1] == (200,) and got[2] == b"".join(pieces)
+        await client.request("GET", "/v1/responses/resp_8", query=b"stream=true")
+        await client.request("GET", "/v1/responses/resp_7")
+        return (await client.request("GET", "/metrics"))[2]
+
+    families = exposition(run(go))
+    assert counted(meter) == {}
+    assert {(s.name, tuple(sorted(s.labels.items())), s.value)
+            for s in families[REPLAYS].samples if s.name.endswith("_total")} == {
+        (REPLAYS + "_total", (("priority_class", "p0"),), 1.0)}
