@@ -207,3 +207,40 @@ def test_a_chat_echo_is_not_the_first_token(tmp_path: Path) -> None:
     run(go)
     assert counted(meter) == {MET: (1, 3)}
     assert (meter.latency.ttft.count, meter.latency.ttft.total) == (1, 0.3)
+
+
+@pytest.mark.parametrize("retry_header", [{"x-stainless-retry-count": "1"}, {}],
+                         ids=["numbered", "unnumbered"])
+def test_a_retry_counts_as_any_request_with_or_without_its_number(
+        tmp_path: Path, retry_header: dict[str, str]) -> None:
+    """vLLM turns nothing away for load (it queues), so a client's retry follows a try
+    that failed: an error answer, passed on unjudged, or a wait it gave up on, judged
+    cut short (a miss: it waited past the TTFT target). The meter reads no retry
+    number: a retry is judged as any request, numbered by the openai SDKs or not, and
+    the call counts its failed wait once and its retry once either way."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([wire.error("EngineCore encountered an issue.")[6:-2]], status=500,
+                    headers={"content-type": "application/json"})
+    upstream.answer([HOLD], headers={"content-type": wire.CONTENT_TYPE})
+    upstream.answer([wire.chat_role(), wire.chat_delta(content="a"),
+                     wire.chat_delta(content="b", finish="stop"), wire.DONE],
+                    headers={"content-type": wire.CONTENT_TYPE})
+
+    async def go() -> None:
+        client = Client(meter, now)
+        assert (await client.request("POST", "/v1/chat/completions", CHAT))[0] == 500
+        client = Client(meter, now)
+        waiting = asyncio.ensure_future(client.request(
+            "POST", "/v1/chat/completions", CHAT, headers=retry_header))
+        await give_up(client, upstream, now, after=0)  # the SDK's timeout, at 0.8 s
+        await asyncio.wait_for(waiting, HANG_GUARD_S)
+        now[0] = 1.0
+        await Client(meter, now).request("POST", "/v1/chat/completions", CHAT,
+                                         headers=retry_header | {
+                                             "x-stainless-retry-count": "2"}
+                                         if retry_header else {},
+                                         written_at=[1.1, 1.1, 1.15, 1.15])
+
+    run(go)
+    assert counted(meter) == {MISSED: (1, 0), MET: (1, 2)}
