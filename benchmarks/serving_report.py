@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -45,6 +46,23 @@ def same_text(a: dict[str, list[int]], b: dict[str, list[int]]) -> float:
     return sum(a[k] == b.get(k) for k in a) / len(a)
 
 
+def median(values: Iterable[float]) -> float:
+    """The one median of the report, for its table and its RESULT line alike: with an even
+    number of rounds it is the mean of the middle two, not either round's figure."""
+    return statistics.median(values)
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    return median(r[key] for r in runs)
+
+
+def decode_steps_ms(runs: list[dict[str, Any]]) -> list[float]:
+    """Each round's decode step: slopilot's timed step (rounds that timed one), else
+    (the peer, which times none) its median TBT."""
+    steps = [r["decode_step_ms"] for r in runs if r.get("decode_step_ms")]
+    return steps or [r["tbt_p50_ms"] for r in runs if r.get("tbt_p50_ms")]
+
+
 @dataclass
 class Report:
     requests: int
@@ -69,14 +87,8 @@ class Report:
         self.rounds.setdefault(name, []).append(result)
 
     def _median_ratio(self, num: str, den: str) -> float:
-        return statistics.median(a["tokens_per_s"] / b["tokens_per_s"]
-                                 for a, b in zip(self.rounds[num], self.rounds[den],
-                                                 strict=True))
-
-    def _median_run(self, name: str) -> dict[str, Any]:
-        """The round with the median tokens/s (keeps its own latencies and tokens)."""
-        ordered = sorted(self.rounds[name], key=lambda r: r["tokens_per_s"])
-        return ordered[len(ordered) // 2]
+        return median(a["tokens_per_s"] / b["tokens_per_s"]
+                      for a, b in zip(self.rounds[num], self.rounds[den], strict=True))
 
     def roofline(self) -> Roofline | None:
         """The fastest the machine ran each shape over every measurement of the run."""
@@ -109,29 +121,26 @@ class Report:
     def fields(self) -> dict[str, float]:
         ours = self.rounds[OURS]
         ref = ours[0]["token_ids"]
-        out: dict[str, float] = {
-            "slopilot_tok_s": statistics.median(r["tokens_per_s"] for r in ours)}
+        out: dict[str, float] = {"slopilot_tok_s": median_of(ours, "tokens_per_s")}
         steps = [r["decode_step_ms"] for r in ours if r.get("decode_step_ms")]
         if PLAIN in self.rounds:
-            out["slopilot_no_preload_tok_s"] = statistics.median(
-                r["tokens_per_s"] for r in self.rounds[PLAIN])
+            out["slopilot_no_preload_tok_s"] = median_of(self.rounds[PLAIN], "tokens_per_s")
             out["preload_gain"] = self._median_ratio(OURS, PLAIN)
         if PINNED in self.rounds:
-            out["slopilot_pinned_tok_s"] = statistics.median(
-                r["tokens_per_s"] for r in self.rounds[PINNED])
+            out["slopilot_pinned_tok_s"] = median_of(self.rounds[PINNED], "tokens_per_s")
             out["pinning_gain"] = self._median_ratio(PINNED, OURS)
         if TORCH_OPS in self.rounds:
-            out["slopilot_torch_ops_tok_s"] = statistics.median(
-                r["tokens_per_s"] for r in self.rounds[TORCH_OPS])
+            out["slopilot_torch_ops_tok_s"] = median_of(self.rounds[TORCH_OPS],
+                                                        "tokens_per_s")
             out["native_kernel_gain"] = self._median_ratio(OURS, TORCH_OPS)
         if PEER in self.rounds:
-            out["vllm_tok_s"] = statistics.median(r["tokens_per_s"] for r in self.rounds[PEER])
+            out["vllm_tok_s"] = median_of(self.rounds[PEER], "tokens_per_s")
             out["vs_vllm_ratio"] = self._median_ratio(OURS, PEER)
             out["vllm_same_text_ratio"] = min(same_text(ref, r.get("token_ids", {}))
                                               for r in self.rounds[PEER])
         if BF16 in self.rounds:
             bf16 = self.rounds[BF16]
-            out["bf16_tok_s"] = statistics.median(r["tokens_per_s"] for r in bf16)
+            out["bf16_tok_s"] = median_of(bf16, "tokens_per_s")
             out["bf16_gain"] = self._median_ratio(BF16, OURS)
             if PEER in self.rounds:
                 out["bf16_vs_vllm_ratio"] = self._median_ratio(BF16, PEER)
@@ -140,23 +149,23 @@ class Report:
                                               for r in bf16)
             bf16_paired = self.paired_fractions(BF16, "decode_step_ms")
             if bf16_paired:
-                out["bf16_decode_roofline_frac"] = statistics.median(bf16_paired)
+                out["bf16_decode_roofline_frac"] = median(bf16_paired)
         roof = self.roofline()
         if steps:
-            out["decode_step_ms"] = statistics.median(steps)
+            out["decode_step_ms"] = median(steps)
         if roof is not None and steps:
             out["compute_floor_ms"] = roof.compute_floor_s * 1e3
             out["memory_floor_ms"] = roof.memory_floor_s * 1e3
             paired = self.paired_fractions(OURS, "decode_step_ms")
             if paired:
-                out["decode_roofline_frac"] = statistics.median(paired)
+                out["decode_roofline_frac"] = median(paired)
             # The stricter reading: the fastest floor of the whole run over the median
             # step, which mixes the machine's quietest moment with its typical one.
             out["decode_roofline_frac_best_floor"] = roof.fraction(
                 out["decode_step_ms"] / 1e3)
             peer_paired = self.paired_fractions(PEER, "tbt_p50_ms")
             if peer_paired:
-                out["vllm_decode_roofline_frac"] = statistics.median(peer_paired)
+                out["vllm_decode_roofline_frac"] = median(peer_paired)
         for name, key in (("slopilot one at a time", "speedup_vs_serial"),
                           ("transformers static", "speedup_vs_static")):
             if name in self.references:
@@ -176,15 +185,19 @@ class Report:
           f"{len(self.rounds[OURS])} interleaved rounds; load average {self.load_at_start:.2f} "
           f"at start, {', '.join(f'{x:.2f}' for x in self.load_during)} after each round, "
           f"{self.load_at_end:.2f} at end\n")
-        w("| engine | tok/s (median) | tok/s per round | TTFT p99 ms | TBT p99 ms | "
-          "decode step ms | same greedy text |\n|---|---|---|---|---|---|---|\n")
+        # Every figure of a row is the median over rounds, by the function RESULT uses;
+        # the text column is the worst round, as RESULT's *_same_text_ratio.
+        w("| engine | tok/s (median) | tok/s per round | TTFT p99 ms (median) | "
+          "TBT p99 ms (median) | decode step ms (median) | same greedy text (worst round) |"
+          "\n|---|---|---|---|---|---|---|\n")
         for name, runs in self.rounds.items():
-            med = self._median_run(name)
-            step = med.get("decode_step_ms") or med.get("tbt_p50_ms")
+            steps = decode_steps_ms(runs)
+            step = f"{median(steps):.1f}" if steps else "-"
             per_round = ", ".join(f"{r['tokens_per_s']:.1f}" for r in runs)
-            w(f"| {name} | {med['tokens_per_s']:.1f} | {per_round} | "
-              f"{med['ttft_p99_ms']:.0f} | {med['tbt_p99_ms']:.1f} | "
-              f"{step:.1f} | {same_text(ref, med.get('token_ids', {})):.0%} |\n")
+            text = min(same_text(ref, r.get("token_ids", {})) for r in runs)
+            w(f"| {name} | {median_of(runs, 'tokens_per_s'):.1f} | {per_round} | "
+              f"{median_of(runs, 'ttft_p99_ms'):.0f} | {median_of(runs, 'tbt_p99_ms'):.1f} | "
+              f"{step} | {text:.0%} |\n")
         for name, r in self.references.items():
             w(f"| {name} | {r['tokens_per_s']:.1f} | - | {r['ttft_p99_ms']:.0f} | "
               f"{r['tbt_p99_ms']:.1f} | - | {same_text(ref, r['token_ids']):.0%} |\n")

@@ -3,6 +3,7 @@ a roofline in its own dtype, and its text against float32's."""
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -47,3 +48,29 @@ def test_the_bf16_row_has_its_own_roofline_and_is_read_against_float32_text() ->
     assert fields["bf16_vs_vllm_ratio"] == pytest.approx(150 / 80)
     assert fields["bf16_same_text_ratio"] == 0.5
     assert fields["vllm_same_text_ratio"] == 1.0
+
+
+def _table_row(text: str, name: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(f"| {name} |"))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def _result(text: str) -> dict[str, float]:
+    line = next(line for line in text.splitlines() if line.startswith("RESULT "))
+    return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+
+
+def test_the_table_and_result_agree_on_the_median_of_an_even_number_of_rounds() -> None:
+    # Two rounds have no middle one: the median is the mean of both, in the table's row
+    # as on the RESULT line (the table once showed the upper round's figures).
+    report = sr.Report(requests=2, max_tokens=4, cpu="c", flags=(), load_at_start=0.0)
+    report.add_round(sr.OURS, 0, _run(100.0, 2.0, [5, 6]))
+    report.add_round(sr.OURS, 1, _run(120.0, 3.0, [5, 7]))
+    out = io.StringIO()
+    report.print(out)
+    row, result = _table_row(out.getvalue(), sr.OURS), _result(out.getvalue())
+    assert result["slopilot_tok_s"] == pytest.approx(110.0)
+    assert float(row[1]) == pytest.approx(result["slopilot_tok_s"])
+    assert result["decode_step_ms"] == pytest.approx(2.5)
+    assert float(row[5]) == pytest.approx(result["decode_step_ms"])
+    assert row[6] == "50%"  # the worst round's text, as RESULT's *_same_text_ratio
