@@ -12,13 +12,7 @@ from slopilot.tuner.tune.outcome import TuneOutcome
 
 def context(outcome: TuneOutcome) -> ReportContext:
     cap = outcome.capacity
-    capacity = []
-    if cap is not None:
-        capacity = [cap.sentence(), "", "| replicas | holds SLO | worst term (share of limit) |",
-                    "|---|---|---|"]
-        capacity += [f"| {n} | {'yes' if r.feasible else 'no'} | "
-                     f"{max(r.constraints, default=-1.0) + 1:.0%} |"
-                     for n, r in sorted(cap.tried.items())]
+    capacity = [] if cap is None else cap.table_lines()
     config = None
     if outcome.config is not None:
         config = {k: v for k, v in outcome.config.items() if k in outcome.tuner.space.bounds}
