@@ -80,6 +80,7 @@ from twin_fidelity_report import (
     print_sensitivity,
     reports_from_json,
     sensitive_count,
+    subject_from_json,
     within_interval,
 )
 
@@ -102,6 +103,7 @@ from slopilot.engine.sim.trace import TraceWorkload, read_trace
 from slopilot.engine.sim.trace_formats import FORMATS
 from slopilot.engine.sim.twin import with_profile
 from slopilot.engine.sim.workload import ClassMix, RequestSpec
+from slopilot.tuner.study.plot_subject import PlotSubject
 
 LOADS = (("light", 0.3), ("near saturation", 0.85), ("overloaded", 1.3))
 CLASSES = ClassMix.of({Priority.P0: 0.2, Priority.P1: 0.6, Priority.P2: 0.2})
@@ -186,6 +188,27 @@ def repeat_loads(text: str) -> list[int]:
         raise SystemExit(f"--repeat-real {text!r}: unknown load {bad[0]!r}; use light, "
                          "near, over (comma-separated) or all")
     return sorted({REPEAT_NAMES[n] for n in names})
+
+
+def run_subject(args: argparse.Namespace, profile: CostProfile, n: int, prompt_mean: float,
+                output_mean: float) -> PlotSubject:
+    """What the plot names: the trace's slice and how it was scaled, the profile, and the
+    run's options and start (file names only: a plot is shared beyond this machine)."""
+    import time
+
+    loads = ", ".join(f"{name} {f}" for (name, _), f in zip(LOADS, args.loads.split(","),
+                                                             strict=True))
+    workload = (f"trace {Path(args.trace).name}, requests {args.trace_offset}-"
+                f"{args.trace_offset + n - 1}, prompts scaled to mean {prompt_mean:.0f} "
+                f"tokens and outputs to {output_mean:.0f}; loads {loads} x saturation")
+    twin = (f"{profile.model.name} on calibrated profile {Path(args.profile).name} "
+            f"({profile.device.name})")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    run = (f"benchmarks/twin_fidelity.py --seed {args.seed} --token-budget "
+           f"{args.token_budget} --chunk-size {args.chunk_size} --order {args.order}"
+           + (f" --repeat-real {args.repeat_real}" if args.repeat_real else "")
+           + f", started {when}")
+    return PlotSubject(workload, twin, run)
 
 
 def workload(profile: CostProfile, n: int, prompt_mean: float, output_mean: float,
@@ -350,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
         reports, live, again = reports_from_json(doc)
         target = args.plot or Path("docs") / "twin_fidelity.png"
         plot(reports, profile, target, corrected=live or None, again=again,
-             order=doc.get("order"))
+             order=doc.get("order"), subject=subject_from_json(doc, args.replot))
         print(f"plot: {target}")
         return 0
     cost = CalibratedCostModel(profile)
@@ -368,6 +391,7 @@ def run(args: argparse.Namespace) -> int:
                           swap_space_gb=1.0)
     specs = workload(profile, n, prompt_mean, output_mean, args.trace_offset, args.seed,
                      args.trace, args.trace_format)
+    subject = run_subject(args, profile, n, prompt_mean, output_mean)
     repeats = repeat_loads(args.repeat_real)
     order = load_order(args.order)
     fractions = [float(f) for f in args.loads.split(",")]
@@ -421,12 +445,13 @@ def run(args: argparse.Namespace) -> int:
     target = args.plot or Path("docs") / ("twin_fidelity_quick.png" if args.quick
                                           else "twin_fidelity.png")
     plot(reports, profile, target, corrected=live, again=again,
-         order=[LOADS[i][0] for i in order])
+         order=[LOADS[i][0] for i in order], subject=subject)
     worst, iteration_mape, noise = summary(reports)
     live_worst, live_mape, _ = summary(live)
     if args.json:
         args.json.write_text(json.dumps({
             "order": [LOADS[i][0] for i in order],
+            "subject": dataclasses.asdict(subject),
             "worst": worst, "iteration_mape": iteration_mape, "iteration_noise_floor": noise,
             "corrected": {"worst": live_worst, "iteration_mape": live_mape,
                           "factors": corrections,

@@ -12,6 +12,7 @@ from slopilot.engine.calibrate.compare import (
     LoadReport,
 )
 from slopilot.engine.sim.profile_file import CostProfile
+from slopilot.tuner.study.plot_subject import PlotSubject, name_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -167,13 +168,35 @@ def within_caption(reports: list[LoadReport]) -> str:
             "(resampling each class's requests)")
 
 
-def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
-         corrected: list[LoadReport] | None = None,
+def subject_from_json(doc: dict[str, Any], replot: Path) -> PlotSubject:
+    """The subject a run's ``--json`` recorded, or (a file from before it did) one that
+    says so rather than guess which workload and run it was."""
+    if doc.get("subject"):
+        return PlotSubject(**doc["subject"])
+    unknown = "not recorded in this run's --json (written before plots named it)"
+    return PlotSubject(unknown, unknown, f"redrawn with --replot {replot.name}")
+
+
+def plot(reports: list[LoadReport], profile: CostProfile, target: Path, *,
+         subject: PlotSubject, corrected: list[LoadReport] | None = None,
          again: list[LoadReport] | None = None, order: list[str] | None = None) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(reports, profile, subject=subject, corrected=corrected, again=again,
+                 order=order)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
+def figure(reports: list[LoadReport], profile: CostProfile, *, subject: PlotSubject,
+           corrected: list[LoadReport] | None = None, again: list[LoadReport] | None = None,
+           order: list[str] | None = None) -> Any:
     """Per load, each real iteration against its prediction; then the latency figures of
     the calibrated twin, of the live-corrected one and of the real engine's second run
     (``--repeat-real``) against its first, when given. ``order``: the loads' names in
-    the order they were served, in the title when it is not the panels' own."""
+    the order they were served, in the title when it is not the panels' own; ``subject``
+    (the workload, the twin's profile, the run) under the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,11 +231,9 @@ def plot(reports: list[LoadReport], profile: CostProfile, target: Path,
         _latency_panel(ax, panel, title, colours, ylabel)
     served = "" if order is None or order == [r.name for r in reports] else \
         f"; served in the order {', '.join(order)}"
-    fig.suptitle(f"Twin fidelity: {profile.name} on {profile.device.name}{served}")
+    name_figure(fig, subject, f"Twin fidelity: {profile.name} on {profile.device.name}{served}")
     fig.tight_layout()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _latency_panel(ax: Axes, reports: list[LoadReport], twin: str,

@@ -76,8 +76,41 @@ def test_a_runs_json_gives_back_its_reports_for_a_replot(tmp_path: Path) -> None
         k: (c.measured, c.predicted) for k, c in report.classes.items()}
     assert back.worst_error() == report.worst_error()
     assert back.iterations.mape == report.iterations.mape
-    tf.plot(loads, _profile(), tmp_path / "p.png", corrected=live, again=loads)
+    subject = tf.subject_from_json(doc, tmp_path / "run.json")
+    tf.plot(loads, _profile(), tmp_path / "p.png", corrected=live, again=loads,
+            subject=subject)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_plot_names_the_workload_the_twin_and_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PNG read alone said which profile and device, but not which requests it served
+    nor which run it was: the subject goes under the title, and into --json, so that a
+    --replot draws it again."""
+    import dataclasses
+    import json
+
+    from tests.engine.calibrate.test_replay import _run
+
+    tf = _load()
+    report = _run(1.25)[0]
+    monkeypatch.setattr(sys, "argv", ["twin_fidelity.py", "--profile",
+                                      str(tmp_path / "smollm2-cpu.yaml"), "--seed", "3"])
+    args = tf.parse_args()
+    profile = _profile()
+    subject = tf.run_subject(args, profile, 150, 128.0, 32.0)
+    fig = sys.modules["twin_fidelity_report"].figure([report], profile, subject=subject)
+    title = fig._suptitle.get_text().replace("\n    ", " ")
+    assert title.startswith("Twin fidelity: tiny-random on a test cpu on Test Device 1")
+    assert ("workload: trace azure-llm-2023-conv, requests 0-149, prompts scaled to mean "
+            "128 tokens and outputs to 32") in title
+    assert "twin: tiny-random on calibrated profile smollm2-cpu.yaml (Test Device 1)" in title
+    assert "run: benchmarks/twin_fidelity.py --seed 3 " in title
+    assert str(tmp_path) not in title  # file names only: the PNG leaves this machine
+    doc = json.loads(json.dumps({"subject": dataclasses.asdict(subject)}))
+    assert tf.subject_from_json(doc, tmp_path / "run.json") == subject
+    older = tf.subject_from_json({}, tmp_path / "run.json")
+    assert "not recorded" in older.workload and "--replot run.json" in older.run
 
 
 def _profile() -> object:

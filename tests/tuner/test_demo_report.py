@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from slopilot.tuner.local.demo_report import Sample, write_demo_report
-from tests.tuner.test_report import SLO, study
+from tests.tuner.test_report import SLO, SUBJECT, study
 
 SAMPLES = [Sample(t_s=float(t), p99_ms={"p1_ttft_p99_ms": 100.0 + t}, token_budget=512,
                   chunk_size=256, replicas=1, trial=None) for t in range(4)]
@@ -59,7 +59,7 @@ def _failing_open(folder: Path, nth: int, real: Callable[..., Any]) -> Callable[
 def _write(folder: Path) -> None:
     write_demo_report(folder / "report.md", study(ttft_of_budget=True, n=6), SLO, SAMPLES,
                       ["[t+1s] ALERT  P1 TTFT", "[t+2s] COMMIT token_budget=512"],
-                      shift_at_s=2.0)
+                      shift_at_s=2.0, subject=SUBJECT)
 
 
 def test_a_write_that_fails_part_way_leaves_every_report_file_whole(
@@ -99,7 +99,7 @@ def test_a_run_without_samples_leaves_no_earlier_runs_timeline_behind(tmp_path: 
     _write(tmp_path)
     assert (tmp_path / "timeline.png").exists()
     write_demo_report(tmp_path / "report.md", study(ttft_of_budget=True, n=6), SLO, [],
-                      ["[t+1s] nothing happened"], shift_at_s=2.0)
+                      ["[t+1s] nothing happened"], shift_at_s=2.0, subject=SUBJECT)
     assert not (tmp_path / "timeline.png").exists()
     report = (tmp_path / "report.md").read_text()
     assert "timeline.png" not in report and "## Timeline" in report
@@ -115,7 +115,7 @@ def test_the_timeline_tells_its_knobs_its_trials_and_the_shift_apart() -> None:
     samples = [Sample(t_s=float(t), p99_ms={"p1_ttft_p99_ms": 100.0}, token_budget=2048,
                       chunk_size=2048, replicas=1, trial={"number": 0} if t == 2 else None)
                for t in range(4)]
-    fig = timeline_figure(samples, SLO, shift_at_s=1.0)
+    fig = timeline_figure(samples, SLO, shift_at_s=1.0, subject=SUBJECT)
     ax_lat, ax_knob, _ = fig.axes
     budget, chunk = ax_knob.get_lines()[:2]
     assert list(budget.get_ydata()) == list(chunk.get_ydata())  # the case in point
@@ -125,3 +125,4 @@ def test_the_timeline_tells_its_knobs_its_trials_and_the_shift_apart() -> None:
     shading = next(p for p in ax_knob.patches)
     assert shading.get_facecolor()[:3] not in (budget.get_color(), chunk.get_color())
     assert "load shift" in [t.get_text() for t in ax_lat.get_legend().get_texts()]
+

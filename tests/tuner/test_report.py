@@ -13,6 +13,7 @@ import pytest
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.study.importance import importance, inert_knobs
 from slopilot.tuner.study.objective import HEADROOM, WindowResult, score
+from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
@@ -21,6 +22,7 @@ from slopilot.tuner.study.verdict import robust_verdict
 from tests.support.summaries import figures, window
 
 SLO = load_scenario("tiny-cpu").slo
+SUBJECT = PlotSubject("scenario tiny-cpu", "a test's twin", "a test's run")
 
 
 def study(ttft_of_budget: bool, n: int = 12) -> Tuner:
@@ -92,7 +94,7 @@ def test_an_infeasible_tune_report_has_the_verdict_capacity_and_plots(tmp_path: 
         recommended_replicas=2, recommended_config={"token_budget": 512},
         capacity=["2 replicas hold the SLO ..."], command="slopilot tune --scenario x",
         check_command="slopilot simulate --scenario x --replicas 2", timing="4 evaluations")
-    path = write_report(tuner, SLO, tmp_path, context=ctx, title="T")
+    path = write_report(tuner, SLO, tmp_path, context=ctx, title="T", subject=SUBJECT)
     text = path.read_text()
     assert text.index("**No configuration tried holds") < text.index("## SLO")
     for part in ("## What each trial was judged on", "| seed 0 | 0-8 | 0 | 2 | - | - |",
@@ -112,7 +114,7 @@ def test_the_history_of_a_study_where_nothing_holds_says_so_and_draws_no_phantom
     missed = score(window({"p1": figures(60_000.0, 50.0, 100.0)}), SLO)  # TTFT a minute
     results = [(n, missed) for n in range(4)]
     assert not missed.feasible
-    fig = history_figure(results)
+    fig = history_figure(results, subject=SUBJECT)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["misses it"]
     assert ax.get_title() == "Trial history: no trial holds the SLO"
@@ -123,7 +125,7 @@ def test_a_report_written_over_an_earlier_one_leaves_none_of_its_plots(tmp_path:
     # report.md no longer links it. Left beside it, the old plot read as this study's.
     (tmp_path / "importance.png").write_bytes(b"an earlier study's plot")
     (tmp_path / "notes.txt").write_text("the user's own file")
-    write_report(study(ttft_of_budget=True, n=4), SLO, tmp_path, title="T")
+    write_report(study(ttft_of_budget=True, n=4), SLO, tmp_path, title="T", subject=SUBJECT)
     assert not (tmp_path / "importance.png").exists()
     assert (tmp_path / "notes.txt").read_text() == "the user's own file"
     assert (tmp_path / "history.png").is_file()
@@ -139,11 +141,11 @@ def test_a_write_that_fails_leaves_the_earlier_report_whole(
 
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        write_report(study(ttft_of_budget=True, n=0), SLO, tmp_path, title="T")
+        write_report(study(ttft_of_budget=True, n=0), SLO, tmp_path, title="T", subject=SUBJECT)
     assert (tmp_path / "report.md").read_text() == "an earlier study's whole report\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]  # no temporary left
     monkeypatch.undo()
-    write_report(study(ttft_of_budget=True, n=0), SLO, tmp_path, title="T")
+    write_report(study(ttft_of_budget=True, n=0), SLO, tmp_path, title="T", subject=SUBJECT)
     assert (tmp_path / "report.md").read_text().startswith("# T\n")
 
 

@@ -11,6 +11,7 @@ from slopilot.tuner.study.objective import HEADROOM, NO_SAMPLES, WindowResult, s
 from slopilot.tuner.study.report_plots import history_figure, terms_figure
 from slopilot.tuner.study.verdict import robust_verdict
 from tests.support.summaries import figures, window
+from tests.tuner.test_report import SUBJECT
 
 SLO = load_scenario("tiny-cpu").slo  # P0 300/60 ms, P1 1000/150 ms
 
@@ -32,7 +33,7 @@ def test_a_trial_without_samples_of_a_term_is_not_drawn_as_a_tiny_p99() -> None:
     measured = [judged((250.0, 40.0), (500.0, 50.0)), judged((260.0, 45.0), (520.0, 55.0))]
     silent = judged((280.0, None), (540.0, 60.0))
     assert silent.constraints[1] == NO_SAMPLES
-    fig = terms_figure([(0, measured[0]), (1, silent), (2, measured[1])], SLO)
+    fig = terms_figure([(0, measured[0]), (1, silent), (2, measured[1])], SLO, subject=SUBJECT)
     assert fig is not None
     panel = next(ax for ax in fig.axes if ax.get_title().startswith("P0 TBT"))
     assert drawn_y(panel) == [40.0, 45.0]
@@ -43,9 +44,9 @@ def test_a_trial_without_samples_of_a_term_is_not_drawn_as_a_tiny_p99() -> None:
 def test_the_trial_axis_has_whole_trial_numbers_for_a_one_trial_study() -> None:
     """One trial (the demo's live study, `tune --trials 1`): the axis read -0.04 ... 0.04."""
     results = [(0, judged((250.0, 40.0), (500.0, 50.0)))]
-    fig = terms_figure(results, SLO)
+    fig = terms_figure(results, SLO, subject=SUBJECT)
     assert fig is not None
-    for fig_ in (fig, history_figure(results)):
+    for fig_ in (fig, history_figure(results, subject=SUBJECT)):
         for ax in fig_.axes:
             if not ax.axison or ax.get_xlabel() != "trial":
                 continue
@@ -70,7 +71,7 @@ def test_captions_name_only_what_the_plots_draw(tmp_path: Path) -> None:
                  SLO, config)
     assert live.margin == 0.0 and live.feasible
     tuner.tell(number, live)
-    text = write_report(tuner, SLO, tmp_path, title="T").read_text()
+    text = write_report(tuner, SLO, tmp_path, title="T", subject=SUBJECT).read_text()
     assert "star" not in text
     assert "dashed" not in text and "headroom" not in text.split("## Plots")[1]
 
@@ -78,7 +79,7 @@ def test_captions_name_only_what_the_plots_draw(tmp_path: Path) -> None:
     number, config = tuner.ask()
     missed = dataclasses.replace(judged((900.0, 40.0), (500.0, 50.0)), config=config)
     tuner.tell(number, missed)
-    text = write_report(tuner, SLO, tmp_path, title="T", start=missed).read_text()
+    text = write_report(tuner, SLO, tmp_path, title="T", start=missed, subject=SUBJECT).read_text()
     plots = text.split("## Plots")[1]
     assert "the star is the scenario's start config" in plots
     assert "dashed" in plots
@@ -106,7 +107,7 @@ def test_a_live_trial_judged_on_two_windows_says_its_table_is_the_last_one(
     both = _with_first_window(second, first.constraints, first.goodput_tok_s)
     assert both.goodput_tok_s == 97.8 and both.summary == second.summary
     tuner.tell(number, both)
-    text = write_report(tuner, SLO, tmp_path, title="T").read_text()
+    text = write_report(tuner, SLO, tmp_path, title="T", subject=SUBJECT).read_text()
     best = text.split("## The best trial")[1].split("## Top")[0]
     assert "goodput 119 tok/s" in best  # the table's own window, as before
     assert "judged on more than this window" in best and "97.8 tok/s" in best

@@ -51,6 +51,7 @@ from slopilot.tuner.sim.adapters import SimOffline
 from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.live import ResumableTuner
+from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import SEED_MAX, open_study
 
@@ -141,6 +142,17 @@ class DemoOptions:
 TORCH_DEFAULTS = {"replicas": 1, "max_replicas": 1, "duration_s": 720.0, "window_s": 60.0}
 
 
+def run_label(opts: DemoOptions, started: float) -> str:
+    """Which demo run a plot is from: its options as flags and when it started (UTC); a
+    live run in real time is not reproduced by its command, so the time names it."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
+    served = f"--model {opts.served_model} " if opts.torch else ""
+    profile = f"--profile {opts.profile.name} " if opts.profile is not None else ""
+    return (f"slopilot demo --executor {opts.executor} {served}{profile}--replicas "
+            f"{opts.replicas} --duration {opts.duration_s:g} --seed {opts.seed}, "
+            f"started {when}")
+
+
 def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
     """The scenario the controller's twin simulates: on ``opts.profile`` when given.
 
@@ -229,6 +241,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
 
     # The demo prints its own story; Optuna's per-study INFO lines would interleave it.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    started = time.time()
     scenario = load_scenario(opts.scenario_name)
     twin = twin_scenario(scenario, opts)
     work = opts.report_dir / "run"
@@ -257,7 +270,8 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         say(f"load stopped: {load.sent} sent, {load.ok} ok, {load.failed} failed, "
             f"{load.dropped} dropped at the concurrency limit")
     write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
-                      shift_at_s=opts.shift_s, twin=result.twin)
+                      shift_at_s=opts.shift_s, twin=result.twin,
+                      subject=PlotSubject.of(twin, run=run_label(opts, started)))
     say(f"report written: {result.report} (timeline: {opts.report_dir / 'timeline.png'})")
     return result
 

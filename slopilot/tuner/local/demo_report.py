@@ -2,7 +2,8 @@
 
 ``timeline.png`` has three panels against wall time: P0/P1 TTFT and TBT P99 over the
 trailing rate window with the SLO lines, the stable replicas' token budget and chunk
-size (trial periods shaded), and the replica count; the shift is a dashed line.
+size (trial periods shaded), and the replica count; the shift is a dashed line. The
+suptitle names the scenario, the twin and the run.
 ``timeline.json`` keeps the samples and the printed decision lines.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study import report_plots as plots
+from slopilot.tuner.study.plot_subject import PlotSubject, name_figure
 from slopilot.tuner.study.report import write_report
 from slopilot.tuner.study.tuner import Tuner
 
@@ -33,7 +35,8 @@ class Sample:
     trial: dict[str, Any] | None
 
 
-def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float) -> Any:
+def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
+                    subject: PlotSubject) -> Any:
     """The demo's timeline: each class's P99s against its SLO, the stable knobs with the
     canary trials shaded, and the replicas; the load's shift marked across all three."""
     import matplotlib
@@ -77,16 +80,13 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float) -> A
         ax.axvline(shift_at_s, ls="--", color="gray", label="load shift" if ax is ax_lat
                    else None)
     ax_lat.legend(loc="upper left", fontsize=8, ncol=3)
+    name_figure(fig, subject, "slopilot demo: the live loop's timeline")
     fig.tight_layout()
     return fig
 
 
-def _plot(samples: list[Sample], slo: SLOSpec, shift_at_s: float, out: Path) -> None:
-    plots.save(timeline_figure(samples, slo, shift_at_s), out, dpi=90)
-
-
 def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Sample],
-                      lines: list[str], *, shift_at_s: float,
+                      lines: list[str], *, shift_at_s: float, subject: PlotSubject,
                       twin: Mapping[str, Any] | None = None) -> Path:
     out = path.parent
     # Every file is written beside itself and renamed over it, report.md last: a crash or
@@ -94,7 +94,7 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
     # plot still to come.
     plot = out / "timeline.png"
     if samples:
-        _plot(samples, slo, shift_at_s, plot)
+        plots.save(timeline_figure(samples, slo, shift_at_s, subject=subject), plot, dpi=90)
     else:  # an earlier run's plot would read as this run's
         plot.unlink(missing_ok=True)
     write_text_atomically(out / "timeline.json", json.dumps(
@@ -103,7 +103,7 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
     drawn = "![timeline](timeline.png)" if samples else "No samples: no timeline drawn."
     tail = twin_section(twin) + (f"\n## Timeline\n\n{drawn}\n\n```\n"
                                  + "\n".join(lines) + "\n```\n")
-    return write_report(tuner, slo, out, title="slopilot demo: live trials",
+    return write_report(tuner, slo, out, title="slopilot demo: live trials", subject=subject,
                         tail=tail.splitlines())
 
 

@@ -20,6 +20,7 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.importance import importance
 from slopilot.tuner.study.objective import TrialResult, score
+from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import goodput_share, term_label, worst_share
@@ -176,11 +177,12 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
             "trials: a rough guide, not a measurement).")
 
 
-def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
-                 start: TrialResult | None = None, title: str = "Tuning report",
-                 context: ReportContext | None = None, tail: Sequence[str] = ()) -> Path:
-    """Write the PNGs and ``report.md`` (ending in ``tail``'s lines) into ``out_dir``;
-    returns the report's path."""
+def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubject,
+                 top: int = 10, start: TrialResult | None = None,
+                 title: str = "Tuning report", context: ReportContext | None = None,
+                 tail: Sequence[str] = ()) -> Path:
+    """Write the PNGs (each naming ``subject``) and ``report.md`` (ending in ``tail``'s
+    lines) into ``out_dir``; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = tuner.results()
     lines = [f"# {title}", "", f"Study `{tuner.study.study_name}`: {len(results)} completed "
@@ -201,13 +203,14 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, top: int = 10,
     if context is not None:
         heading += f" (on {context.replicas} replica{'s' if context.replicas != 1 else ''})"
     lines += _best_figures(ranked[0][1], slo, heading) + _top(ranked, top)
-    images = [plots.history(results, out_dir)]
-    term_plot = plots.terms(results, slo, out_dir, start)
+    images = [plots.history(results, out_dir, subject=subject)]
+    term_plot = plots.terms(results, slo, out_dir, start, subject=subject)
     images += [term_plot] if term_plot else []
-    images.append(plots.pareto(results, out_dir))
+    images.append(plots.pareto(results, out_dir, subject=subject))
     imp = importance(tuner.study, [r for _, r in results])
     if imp.values:
-        images.append(plots.importance_plot(imp.values, imp.target, out_dir))
+        images.append(plots.importance_plot(imp.values, imp.target, out_dir,
+                                            subject=subject))
     lines += ["## Plots", ""]
     for img in images:
         lines += [f"![{img.removesuffix('.png')}]({img})", "", caption(img, results, start),

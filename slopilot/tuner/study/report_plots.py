@@ -7,6 +7,8 @@
   axes every trial moves on, where a trace replay fixes the throughput;
 - ``importance.png``: the knobs' share of the variation (``importance.py``), in their
   user names, only when it means something.
+
+Each names its ``PlotSubject`` (workload, twin, run) in its suptitle.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from slopilot.engine.sim.profile_file import write_bytes_atomically
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study.objective import NO_SAMPLES, TrialResult
+from slopilot.tuner.study.plot_subject import PlotSubject, name_figure
 from slopilot.tuner.study.verdict import term_label
 
 Results = Sequence[tuple[int, TrialResult]]
@@ -82,13 +85,13 @@ def _whole_trials(ax: Any) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def history(results: Results, out: Path) -> str:
-    fig = history_figure(results)
+def history(results: Results, out: Path, *, subject: PlotSubject) -> str:
+    fig = history_figure(results, subject=subject)
     save(fig, out / "history.png", dpi=100)
     return "history.png"
 
 
-def history_figure(results: Results) -> Any:
+def history_figure(results: Results, *, subject: PlotSubject) -> Any:
     """The objective per trial and the best that holds so far; where none holds, the
     plot says so, and its legend names only what it draws."""
     plt = _pyplot()
@@ -112,6 +115,7 @@ def history_figure(results: Results) -> Any:
     ax.set(xlabel="trial", ylabel=objective_label(results), title=title)
     _whole_trials(ax)
     ax.legend(loc="best")
+    name_figure(fig, subject)
     fig.tight_layout()
     return fig
 
@@ -126,17 +130,18 @@ def _limits(slo: SLOSpec) -> dict[str, float]:
     return out
 
 
-def terms(results: Results, slo: SLOSpec, out: Path,
-          start: TrialResult | None = None) -> str | None:
+def terms(results: Results, slo: SLOSpec, out: Path, start: TrialResult | None = None, *,
+          subject: PlotSubject) -> str | None:
     """Each latency term per trial against its SLO; None when no trial has terms."""
-    fig = terms_figure(results, slo, start)
+    fig = terms_figure(results, slo, start, subject=subject)
     if fig is None:
         return None
     save(fig, out / "terms.png", dpi=100)
     return "terms.png"
 
 
-def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = None) -> Any:
+def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = None, *,
+                 subject: PlotSubject) -> Any:
     """The figure ``terms`` draws, or None when no trial has a latency term."""
     plt = _pyplot()
     limits = _limits(slo)
@@ -196,12 +201,17 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
     handles, labels = axes[0][0].get_legend_handles_labels()
     labels = ["the SLO" if label.startswith("SLO ") else label for label in labels]
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-    fig.suptitle("The terms that decide feasibility, per trial")
+    name_figure(fig, subject, "The terms that decide feasibility, per trial")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 
-def pareto(results: Results, out: Path) -> str:
+def pareto(results: Results, out: Path, *, subject: PlotSubject) -> str:
+    save(pareto_figure(results, subject=subject), out / "pareto.png", dpi=100)
+    return "pareto.png"
+
+
+def pareto_figure(results: Results, *, subject: PlotSubject) -> Any:
     plt = _pyplot()
     pts = [(r.value, max(r.constraints, default=-1.0) + 1.0) for _, r in results]
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -226,17 +236,24 @@ def pareto(results: Results, out: Path) -> str:
     ax.set(xlabel="worst SLO term, as a share of its limit" + (" (log)" if log else ""),
            ylabel=objective_label(results), title="Goodput against the worst SLO term")
     ax.legend(fontsize=8)
+    name_figure(fig, subject)
     fig.tight_layout()
-    save(fig, out / "pareto.png", dpi=100)
-    return "pareto.png"
+    return fig
 
 
-def importance_plot(values: Mapping[str, float], target: str, out: Path) -> str:
+def importance_plot(values: Mapping[str, float], target: str, out: Path, *,
+                    subject: PlotSubject) -> str:
+    save(importance_figure(values, target, subject=subject), out / "importance.png", dpi=100)
+    return "importance.png"
+
+
+def importance_figure(values: Mapping[str, float], target: str, *,
+                      subject: PlotSubject) -> Any:
     plt = _pyplot()
     names = list(values)[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.6))
     ax.barh(names, [values[n] for n in names], color="tab:purple")
     ax.set(xlabel=f"share of the variation in {target}", title="Knob importance (fANOVA)")
+    name_figure(fig, subject)
     fig.tight_layout()
-    save(fig, out / "importance.png", dpi=100)
-    return "importance.png"
+    return fig

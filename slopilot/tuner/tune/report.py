@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
 from slopilot.tuner.tune.outcome import TuneOutcome
 
@@ -29,6 +30,7 @@ def context(outcome: TuneOutcome) -> ReportContext:
 
 
 def write(outcome: TuneOutcome, out_dir: Path) -> Path:
-    return write_report(outcome.tuner, outcome.settings.scenario.slo, out_dir, start=outcome.start,
-                        title=f"Tuning {outcome.settings.scenario.name}",
-                        context=context(outcome))
+    scenario = outcome.settings.scenario
+    return write_report(outcome.tuner, scenario.slo, out_dir, start=outcome.start,
+                        subject=PlotSubject.of(scenario, run=outcome.command),
+                        title=f"Tuning {scenario.name}", context=context(outcome))
