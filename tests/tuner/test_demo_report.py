@@ -126,3 +126,29 @@ def test_the_timeline_tells_its_knobs_its_trials_and_the_shift_apart() -> None:
     assert shading.get_facecolor()[:3] not in (budget.get_color(), chunk.get_color())
     assert "load shift" in [t.get_text() for t in ax_lat.get_legend().get_texts()]
 
+
+def _latency_legend(samples: list[Sample]) -> list[str]:
+    from slopilot.tuner.local.demo_report import timeline_figure
+
+    fig = timeline_figure(samples, SLO, shift_at_s=1.0, subject=SUBJECT)
+    return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_the_timeline_draws_every_class_sent_and_names_one_it_has_no_figures_for() -> None:
+    """The demo's load sends P2 (20 %, then 10 %), and the timeline drew only P0 and P1:
+    a reader could not tell a class left out from one never sent. P2 is drawn without an
+    SLO line (best effort), and a class with no figure in any window says so."""
+    from slopilot.tuner.local.demo_story import p99s
+    from tests.support.summaries import figures, window
+
+    assert "p2_ttft_p99_ms" in p99s(window({"p2": figures(900.0, 80.0, 10.0)}))
+    every = [Sample(t_s=float(t), p99_ms={f"{c}_{k}_p99_ms": 100.0 for c in ("p0", "p1", "p2")
+                                          for k in ("ttft", "tbt")},
+                    token_budget=512, chunk_size=256, replicas=1, trial=None)
+             for t in range(4)]
+    legend = _latency_legend(every)
+    assert "P2 TTFT P99 (best effort, no SLO)" in legend
+    assert not any("no figures" in label for label in legend)
+    legend = _latency_legend(SAMPLES)  # P1 only
+    assert "P0: no figures in any window" in legend
+    assert "P2: no figures in any window" in legend

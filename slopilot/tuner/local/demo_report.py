@@ -1,9 +1,10 @@
 """The demo's report: the tuner report of its live trials, plus the run's timeline.
 
-``timeline.png`` has three panels against wall time: P0/P1 TTFT and TBT P99 over the
-trailing rate window with the SLO lines, the stable replicas' token budget and chunk
-size (trial periods shaded), and the replica count; the shift is a dashed line. The
-suptitle names the scenario, the twin and the run.
+``timeline.png`` has three panels against wall time: each class's TTFT and TBT P99 over
+the trailing rate window with the SLO lines (P2, best effort, has none; a class with no
+figure in any window is named in the legend, not left out in silence), the stable
+replicas' token budget and chunk size (trial periods shaded), and the replica count; the
+shift is a dashed line. The suptitle names the scenario, the twin and the run.
 ``timeline.json`` keeps the samples and the printed decision lines.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.study import report_plots as plots
@@ -28,7 +30,8 @@ from slopilot.tuner.study.tuner import Tuner
 class Sample:
     t_s: float
     p99_ms: dict[str, float]
-    """p0_ttft_p99_ms, p0_tbt_p99_ms, p1_...: NaN where the window had no data."""
+    """p0_ttft_p99_ms, p0_tbt_p99_ms, p1_..., p2_...: NaN (or absent) where the window had
+    no data."""
     token_budget: int
     chunk_size: int
     replicas: int
@@ -48,14 +51,21 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
     t = [s.t_s for s in samples]
     fig, (ax_lat, ax_knob, ax_rep) = plt.subplots(3, 1, figsize=(10, 9), sharex=True,
                                                   gridspec_kw={"height_ratios": [3, 2, 1]})
-    colors = {"p0": "tab:red", "p1": "tab:blue"}
-    for c in ("p0", "p1"):
-        cls = slo.p0 if c == "p0" else slo.p1
+    colors = {Priority.P0: "tab:red", Priority.P1: "tab:blue", Priority.P2: "tab:gray"}
+    for p, cls in slo.classes().items():
+        c = p.label
+        series = {key: [s.p99_ms.get(f"{c}_{key}_p99_ms", math.nan) for s in samples]
+                  for key in ("ttft", "tbt")}
+        if all(math.isnan(v) for values in series.values() for v in values):
+            # Said, not left out: a reader cannot tell a class omitted from one not sent.
+            ax_lat.plot([], [], " ", label=f"{c.upper()}: no figures in any window")
+            continue
         for key, style, bound in (("ttft", "-", cls.ttft_p99_ms), ("tbt", ":", cls.tbt_p99_ms)):
-            ax_lat.plot(t, [s.p99_ms.get(f"{c}_{key}_p99_ms", math.nan) for s in samples],
-                        style, color=colors[c], label=f"{c.upper()} {key.upper()} P99")
+            note = " (best effort, no SLO)" if bound is None else ""
+            ax_lat.plot(t, series[key], style, color=colors[p],
+                        label=f"{c.upper()} {key.upper()} P99{note}")
             if bound is not None:
-                ax_lat.axhline(bound, ls=style, color=colors[c], alpha=0.35, lw=1)
+                ax_lat.axhline(bound, ls=style, color=colors[p], alpha=0.35, lw=1)
     ax_lat.set_yscale("log")
     ax_lat.set_ylabel("ms (faint: SLO)")
     # The chunk dashed over the budget's solid line: the demo starts them equal, where one
@@ -79,7 +89,9 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
     for ax in (ax_lat, ax_knob, ax_rep):
         ax.axvline(shift_at_s, ls="--", color="gray", label="load shift" if ax is ax_lat
                    else None)
-    ax_lat.legend(loc="upper left", fontsize=8, ncol=3)
+    # Above the panel, not on it: a P99 spike after the shift ran under an inside legend.
+    ax_lat.legend(loc="lower left", bbox_to_anchor=(0, 1.01), fontsize=8, ncol=4,
+                  borderaxespad=0)
     name_figure(fig, subject, "slopilot demo: the live loop's timeline")
     fig.tight_layout()
     return fig
