@@ -54,3 +54,11 @@ def test_a_long_subject_is_wrapped_to_the_figure_not_clipped() -> None:
     fig = plots.history_figure(study(ttft_of_budget=True, n=3).results(), subject=long)
     width_chars = fig.get_figwidth() * 15
     assert all(len(line) <= width_chars for line in fig._suptitle.get_text().splitlines())
+
+
+def test_the_demo_names_its_run_by_its_options_and_start() -> None:
+    from slopilot.tuner.local.demo import DemoOptions, run_label
+
+    assert run_label(DemoOptions(seed=3), started=0.0) == (
+        "slopilot demo --executor simulated --replicas 2 --duration 240 --seed 3, "
+        "started 1970-01-01 00:00 UTC")
