@@ -31,10 +31,9 @@ import numpy as np
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
+from slopilot.engine.sim.trace_fields import MAX_SECONDS, TraceError
 from slopilot.engine.sim.trace_formats import (
     FORMATS,
-    MAX_SECONDS,
-    TraceError,
     TraceRecord,
     is_burstgpt_header,
     is_mooncake_row,

@@ -21,18 +21,14 @@ from collections import Counter
 from typing import Any
 
 from slopilot.engine.sim.quote import excerpt
+from slopilot.engine.sim.trace_fields import DATE, Clock, TraceError, token_count, trace_time
 from slopilot.engine.sim.trace_formats import (
     BURSTGPT_COLUMNS,
-    DATE,
-    Clock,
     CsvTable,
-    TraceError,
     TraceRecord,
     json_objects,
     numbered_rows,
     refuse_empty,
-    token_count,
-    trace_time,
 )
 
 log = logging.getLogger(__name__)
