@@ -6,14 +6,13 @@ its Content-Length held its connection (and a file descriptor) for ever: uvicorn
 keep-alive timer starts only once a response is written.
 
 The protocol is driven as asyncio drives it, read by read, and its deadlines on timers
-the test fires (``_Timers``): nothing here waits on, or measures, wall-clock time.
+the test fires (``ManualTimers``): nothing here waits on, or measures, wall-clock time.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -23,42 +22,10 @@ from uvicorn.server import ServerState
 from slopilot.engine.http_arrival import h11_protocol, httptools_protocol
 from slopilot.engine.http_deadlines import Deadlines, with_deadlines
 from slopilot.engine.http_head_limit import LINGER_S, bounded_head
+from tests.support.manual_timers import ManualTimers
 
 HEAD_S, BODY_S = 10.0, 3.0
 DEADLINES = Deadlines(head_s=HEAD_S, body_idle_s=BODY_S)
-
-
-@dataclass
-class _Timer:
-    due: float
-    callback: Callable[[], None]
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-@dataclass
-class _Timers:
-    """A ``call_later`` whose time moves only when the test says."""
-
-    now: float = 0.0
-    pending: list[_Timer] = field(default_factory=list)
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> _Timer:
-        timer = _Timer(self.now + delay, callback)
-        self.pending.append(timer)
-        return timer
-
-    def advance(self, to: float) -> None:
-        """Time moves to ``to``: the timers due by then fire, in order."""
-        while due := sorted((t for t in self.pending if not t.cancelled and t.due <= to),
-                            key=lambda t: t.due):
-            timer = due[0]
-            self.pending.remove(timer)
-            self.now = timer.due
-            timer.callback()
-        self.now = to
 
 
 def _server(clock: Callable[[], float], call_later: Any) -> type[asyncio.Protocol]:
@@ -159,7 +126,7 @@ class _App:
 
 class _Connection:
     def __init__(self, factory: Factory) -> None:
-        self.timers = _Timers()
+        self.timers = ManualTimers()
         self.app = _App()
         config = uvicorn.Config(self.app, lifespan="off", log_config=None,
                                 proxy_headers=False)
