@@ -1,6 +1,7 @@
-"""Deadlines on what a client owes a connection: its request's head, and the next bytes
-of a body the app waits for. For uvicorn's h11 protocol (``slopilot serve``) and its
-httptools one (the meter), under the arrival stamp and the head-size bound.
+"""Deadlines on what a client owes a connection: its request's head, the next bytes of a
+body the app waits for, and taking the answer it asked for. For uvicorn's h11 protocol
+(``slopilot serve``) and its httptools one (the meter), under the arrival stamp and the
+head-size bound.
 
 uvicorn bounds only the wait between requests (``timeout_keep_alive``, armed when a
 response ends, disarmed by the next byte). A client that sent nothing, half a head, or a
@@ -20,6 +21,24 @@ ever: 300 of them under ``ulimit -n 128`` and no new request got an answer.
 
 Either deadline firing while uvicorn has paused reading is put off by another period:
 the client cannot send what the server does not read.
+
+- The answer: ``send_s`` without the client taking a byte while the transport holds more
+  than it will buffer (asyncio's ``pause_writing``: over 64 KiB besides the kernel's
+  buffers; uvicorn's next send then waits for ``resume_writing``). Past it the
+  connection is aborted, what it held unsent dropped (a close would wait for the client
+  to take it), and the app hears a disconnect: the server aborts the request in the
+  engine, as for any client that left. As nginx's ``send_timeout``, it bounds the time
+  between two bytes the client takes, not the answer: the timer is armed only when
+  writing pauses, and at its end looks whether the buffer shrank since (the client took
+  bytes: another period), so a client that reads, however slowly, is served, and a
+  stream that never fills the buffers costs nothing. 0 turns it off. Before it, a client
+  that never read its stream left the engine generating for nobody up to ``max_tokens``,
+  and then the connection, the answer's task and every token not sent, for ever.
+
+Each request's scope tells the app whether its connection is lost (``DISCONNECTED_KEY``):
+uvicorn's send (ASGI 2.3) then drops what it is given without a word, and a stream
+parked on a paused transport, woken by the loss, would count every token it still had as
+sent before it heard of the disconnect.
 """
 
 from __future__ import annotations
@@ -29,7 +48,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -45,6 +64,11 @@ BODY_IDLE_TIMEOUT_S = 30.0
 """The longest silence inside a request's body: a 16 MiB body on a slow link still sends
 a packet every few milliseconds (nginx's ``client_body_timeout`` is 60 s)."""
 
+SEND_TIMEOUT_S = 60.0
+"""The longest a client may take no byte of an answer the server holds for it: nginx's
+``send_timeout``. A client pausing its stream (a debugger, a UI thread busy) is well
+within it; one that stopped reading holds the answer's memory and task no longer."""
+
 log = logging.getLogger(__name__)
 
 
@@ -55,33 +79,57 @@ class Timer(Protocol):
 CallLater = Callable[[float, Callable[[], None]], Timer]
 """``loop.call_later``'s shape: how the deadlines are timed (a test drives its own)."""
 
+DISCONNECTED_KEY = "slopilot.disconnected"
+"""The scope key of a callable: whether the request's connection is lost (what uvicorn
+sends from then on reaches no one)."""
+
+OnSendTimeout = Callable[[], None]
+"""Told of each connection the send deadline dropped (``slopilot serve`` counts them)."""
+
 P = TypeVar("P", H11Protocol, HttpToolsProtocol)
+
+
+class DeadlineError(ValueError):
+    """A deadline out of its bounds: names the field and the value (a caller maps the
+    field to its own flag), and what would do."""
+
+    def __init__(self, field: str, value: float, expected: str) -> None:
+        super().__init__(f"{field}={value}: {expected}")
+        self.field, self.value, self.expected = field, value, expected
 
 
 @dataclass(frozen=True)
 class Deadlines:
-    """How long a client may keep a connection waiting, in seconds (finite, above 0)."""
+    """How long a client may keep a connection waiting, in seconds (finite; above 0, or
+    0 for none where a field says so). The one place their bounds are checked."""
 
     head_s: float = HEAD_TIMEOUT_S
     """How long a request's head may take (the module's rule)."""
     body_idle_s: float = BODY_IDLE_TIMEOUT_S
     """How long the app may wait for a body's next byte."""
+    send_s: float = SEND_TIMEOUT_S
+    """How long a client may take no byte of an answer waiting for it; 0: no deadline."""
 
     def __post_init__(self) -> None:
         for name in ("head_s", "body_idle_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}={value}: expected a positive number of seconds, "
-                                 f"e.g. {getattr(Deadlines, name)}")
+                raise DeadlineError(name, value, "expected a positive number of seconds, "
+                                    f"e.g. {getattr(Deadlines, name)}")
+        if not (math.isfinite(self.send_s) and self.send_s >= 0):
+            raise DeadlineError("send_s", self.send_s, "expected a number of seconds, e.g. "
+                                f"{SEND_TIMEOUT_S}, or 0 for no send deadline")
 
 
 DEFAULT_DEADLINES = Deadlines()
 
 
 def with_deadlines(base: type[P], deadlines: Deadlines = DEFAULT_DEADLINES,
-                   call_later: CallLater | None = None) -> type[P]:
+                   call_later: CallLater | None = None,
+                   on_send_timeout: OnSendTimeout | None = None) -> type[P]:
     """``base`` with ``deadlines`` (the module's rule), timed on ``call_later`` (the event
-    loop's unless given)."""
+    loop's unless given); ``on_send_timeout`` is told of each connection the send
+    deadline drops."""
     mixin: type = _H11Deadlines if issubclass(base, H11Protocol) else _HttpToolsDeadlines
 
     class WithDeadlines(mixin, base):  # type: ignore[misc, valid-type]
@@ -89,6 +137,8 @@ def with_deadlines(base: type[P], deadlines: Deadlines = DEFAULT_DEADLINES,
 
     WithDeadlines.deadlines = deadlines
     WithDeadlines.call_later = staticmethod(call_later) if call_later is not None else None
+    WithDeadlines.on_send_timeout = staticmethod(on_send_timeout) \
+        if on_send_timeout is not None else None
     return WithDeadlines
 
 
@@ -97,6 +147,7 @@ class _Deadlines:
 
     deadlines: Deadlines
     call_later: CallLater | None
+    on_send_timeout: OnSendTimeout | None
     refused = False
     """Whether a refusal was answered and the connection lingers until it closes (the
     head-size bound's 431 sets it too): nothing more is parsed or answered."""
@@ -104,6 +155,9 @@ class _Deadlines:
     _body_timer: Timer | None = None
     _head_begun = False
     """Whether a byte of the head the connection waits for has come."""
+    _send_timer: Timer | None = None
+    _send_left = 0
+    """The bytes the transport held unsent when the send timer was armed."""
 
     # The protocol's own, for mypy (uvicorn's classes give them).
     loop: asyncio.AbstractEventLoop
@@ -121,6 +175,7 @@ class _Deadlines:
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head()
         self._cancel_body()
+        self._cancel_send()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
@@ -159,8 +214,10 @@ class _Deadlines:
 
     # The body.
 
-    def _watch_body(self, cycle: Any) -> None:
-        """Time the waits of ``cycle``'s app for its body's next bytes."""
+    def _watch_cycle(self, cycle: Any) -> None:
+        """Time the waits of ``cycle``'s app for its body's next bytes; tell it, in its
+        scope, whether its connection is lost."""
+        cast(dict[str, object], cycle.scope)[DISCONNECTED_KEY] = lambda: cycle.disconnected
         receive = cycle.receive
 
         async def watched() -> Any:
@@ -196,6 +253,41 @@ class _Deadlines:
         # The app's receive then answers http.disconnect (connection_lost).
         self.transport.close()
 
+    # The answer. The transport calls these; nothing runs on a send that does not pause.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self.deadlines.send_s:
+            self._arm_send()
+
+    def resume_writing(self) -> None:
+        self._cancel_send()
+        super().resume_writing()  # type: ignore[misc]
+
+    def _arm_send(self) -> None:
+        self._cancel_send()
+        self._send_left = self.transport.get_write_buffer_size()
+        self._send_timer = self._later(self.deadlines.send_s, self._send_expired)
+
+    def _cancel_send(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_expired(self) -> None:
+        self._send_timer = None
+        if self.transport.get_write_buffer_size() < self._send_left:
+            self._arm_send()  # the client took bytes: progress, slow as it is
+            return
+        log.info("a client took no byte of its answer for %g s: connection dropped",
+                 self.deadlines.send_s)
+        if self.on_send_timeout is not None:
+            self.on_send_timeout()
+        # Not close(), which waits for the client to take what is buffered; even on a
+        # transport already closing (keep-alive's close of an answer sent whole). The
+        # app's send returns and its receive answers http.disconnect (connection_lost).
+        self.transport.abort()
+
 
 class _H11Deadlines(_Deadlines):
     """h11 parses a head only once whole: a head has begun when the connection awaits
@@ -211,7 +303,7 @@ class _H11Deadlines(_Deadlines):
         if self.transport.is_closing():
             return
         if self.cycle is not before and self.cycle is not None:
-            self._watch_body(self.cycle)
+            self._watch_cycle(self.cycle)
         if self.conn.their_state is not h11.IDLE:
             self._head_begun = False  # a request in progress, or h11 waiting on ours
             self._cancel_head()
@@ -239,7 +331,7 @@ class _HttpToolsDeadlines(_Deadlines):
         before = self.cycle
         super().on_headers_complete()  # type: ignore[misc]
         if self.cycle is not before:
-            self._watch_body(self.cycle)
+            self._watch_cycle(self.cycle)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]

@@ -3,7 +3,10 @@ run (h11: ``slopilot serve``; httptools, under the head-size bound: the meter).
 
 Without these deadlines a client that sent nothing, half a head, or a body shorter than
 its Content-Length held its connection (and a file descriptor) for ever: uvicorn's
-keep-alive timer starts only once a response is written.
+keep-alive timer starts only once a response is written. And one that never read its
+answer held the connection, the answer's task and whatever it had not yet been sent: the
+send deadline (asyncio pauses the protocol's writing; uvicorn's send then waits for it to
+resume) lets it go.
 
 The protocol is driven as asyncio drives it, read by read, and its deadlines on timers
 the test fires (``ManualTimers``): nothing here waits on, or measures, wall-clock time.
@@ -20,25 +23,33 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from slopilot.engine.http_arrival import h11_protocol, httptools_protocol
-from slopilot.engine.http_deadlines import Deadlines, with_deadlines
+from slopilot.engine.http_deadlines import (
+    DISCONNECTED_KEY,
+    DeadlineError,
+    Deadlines,
+    with_deadlines,
+)
 from slopilot.engine.http_head_limit import LINGER_S, bounded_head
 from tests.support.manual_timers import ManualTimers
 
-HEAD_S, BODY_S = 10.0, 3.0
-DEADLINES = Deadlines(head_s=HEAD_S, body_idle_s=BODY_S)
+HEAD_S, BODY_S, SEND_S = 10.0, 3.0, 60.0
+DEADLINES = Deadlines(head_s=HEAD_S, body_idle_s=BODY_S, send_s=SEND_S)
 
 
-def _server(clock: Callable[[], float], call_later: Any) -> type[asyncio.Protocol]:
-    return with_deadlines(h11_protocol(clock), DEADLINES, call_later=call_later)
+def _server(clock: Callable[[], float], call_later: Any, deadlines: Deadlines = DEADLINES,
+            on_send_timeout: Callable[[], None] | None = None) -> type[asyncio.Protocol]:
+    return with_deadlines(h11_protocol(clock), deadlines, call_later=call_later,
+                          on_send_timeout=on_send_timeout)
 
 
-def _meter(clock: Callable[[], float], call_later: Any) -> type[asyncio.Protocol]:
+def _meter(clock: Callable[[], float], call_later: Any, deadlines: Deadlines = DEADLINES,
+           on_send_timeout: Callable[[], None] | None = None) -> type[asyncio.Protocol]:
     return with_deadlines(bounded_head(httptools_protocol(clock), max_head_bytes=1000),
-                          DEADLINES, call_later=call_later)
+                          deadlines, call_later=call_later, on_send_timeout=on_send_timeout)
 
 
 PROTOCOLS = [pytest.param(_server, id="h11"), pytest.param(_meter, id="httptools")]
-Factory = Callable[[Callable[[], float], Any], type[asyncio.Protocol]]
+Factory = Callable[..., type[asyncio.Protocol]]
 
 
 def _request(path: str, body: bytes = b"hello", length: int | None = None) -> bytes:
@@ -58,9 +69,21 @@ class _Transport(asyncio.Transport):
         self.eof = False
         self.closing = False
         self.paused = False
+        self.aborted = False
+        self.buffered = 0
+        """Bytes written that the client has not taken (``get_write_buffer_size``)."""
 
     def write(self, data: Any) -> None:
         self.written += bytes(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def abort(self) -> None:
+        # Unlike close, it drops what the client has not taken, and the connection goes
+        # at once: a close waits for the buffer to drain, which a stalled client never does.
+        self.aborted = True
+        self.close()
 
     def write_eof(self) -> None:
         self.eof = True
@@ -95,6 +118,9 @@ class _App:
         self.received: dict[str, list[MutableMapping[str, Any]]] = {}
         self.read: dict[str, asyncio.Event] = {}
         self.answer: dict[str, asyncio.Event] = {}
+        self.finished: set[str] = set()
+        """The paths whose answer's last send returned."""
+        self.scopes: dict[str, MutableMapping[str, Any]] = {}
         self.eager = True
         """Whether each body is read as soon as the app is called."""
 
@@ -105,6 +131,7 @@ class _App:
         if scope["type"] != "http":
             return
         path = scope["path"]
+        self.scopes[path] = scope
         got = self.received.setdefault(path, [])
         if not self.eager:
             await self.gate(self.read, path).wait()
@@ -119,19 +146,22 @@ class _App:
                     "headers": [(b"content-length", b"2")]})
         await self.gate(self.answer, path).wait()
         await send({"type": "http.response.body", "body": b"ok"})
+        self.finished.add(path)
 
     def body(self, path: str) -> bytes:
         return b"".join(m.get("body", b"") for m in self.received.get(path, []))
 
 
 class _Connection:
-    def __init__(self, factory: Factory) -> None:
+    def __init__(self, factory: Factory, deadlines: Deadlines = DEADLINES) -> None:
         self.timers = ManualTimers()
         self.app = _App()
+        self.send_timeouts = 0
         config = uvicorn.Config(self.app, lifespan="off", log_config=None,
                                 proxy_headers=False)
         config.load()
-        cls: Any = factory(lambda: self.timers.now, self.timers.call_later)
+        cls: Any = factory(lambda: self.timers.now, self.timers.call_later, deadlines,
+                           self._count_send_timeout)
         self.protocol = cls(config, ServerState(), {}, _loop=asyncio.get_running_loop())
         self.transport = _Transport(self.protocol)
         self.protocol.connection_made(self.transport)
@@ -150,6 +180,29 @@ class _Connection:
         self.app.gate(self.app.answer, path).set()
         await _turns()
 
+    async def stall(self, at: float, buffered: int = 70_000) -> None:
+        """At ``at`` the client stops reading: the transport holds ``buffered`` bytes, past
+        its high-water mark, and pauses the protocol's writing (as asyncio's does)."""
+        await self.at(at)
+        self.transport.buffered = buffered
+        self.protocol.pause_writing()
+        await _turns()
+
+    async def take(self, at: float, size: int) -> None:
+        """At ``at`` the client takes ``size`` bytes, not enough to resume writing."""
+        await self.at(at)
+        self.transport.buffered -= size
+
+    async def resume(self, at: float) -> None:
+        """At ``at`` the client has taken enough: the transport resumes writing."""
+        await self.at(at)
+        self.transport.buffered = 0
+        self.protocol.resume_writing()
+        await _turns()
+
+    def _count_send_timeout(self) -> None:
+        self.send_timeouts += 1
+
     @property
     def closed(self) -> bool:
         return self.transport.closing
@@ -161,9 +214,10 @@ async def _turns() -> None:
         await asyncio.sleep(0)
 
 
-def _run(factory: Factory, script: Callable[[_Connection], Any]) -> None:
+def _run(factory: Factory, script: Callable[[_Connection], Any],
+         deadlines: Deadlines = DEADLINES) -> None:
     async def main() -> None:
-        conn = _Connection(factory)
+        conn = _Connection(factory, deadlines)
         try:
             await script(conn)
         finally:
@@ -319,7 +373,135 @@ def test_a_head_refused_for_its_size_is_not_answered_again_at_its_deadline() -> 
 
 
 @pytest.mark.parametrize("bad", [dict(head_s=0.0), dict(body_idle_s=-1.0),
-                                 dict(head_s=float("inf")), dict(body_idle_s=float("nan"))])
+                                 dict(head_s=float("inf")), dict(body_idle_s=float("nan")),
+                                 dict(send_s=-1.0), dict(send_s=float("inf")),
+                                 dict(send_s=float("nan"))])
 def test_a_deadline_must_be_a_positive_number_of_seconds(bad: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="seconds"):
+    ((name, value),) = bad.items()
+    with pytest.raises(DeadlineError, match="seconds") as caught:
         Deadlines(**bad)
+    # The field, the value and the fix, and what a caller maps to its own flag.
+    assert str(caught.value).startswith(f"{name}={value}: ")
+    assert "e.g." in str(caught.value)
+    assert (caught.value.field, str(caught.value.value)) == (name, str(value))
+
+
+def test_a_send_deadline_of_0_is_none() -> None:
+    assert Deadlines(send_s=0.0).send_s == 0.0
+
+
+# The send deadline.
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_uvicorn_holds_an_answer_while_the_transport_pauses_writing(factory: Factory) -> None:
+    """What the send deadline leans on, in the uvicorn pinned: the transport's
+    ``pause_writing`` stops the answer's next send until ``resume_writing``. A uvicorn that
+    no longer waits there (or waits elsewhere) fails here first."""
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.stall(2.0)
+        assert conn.protocol.flow.write_paused  # type: ignore[attr-defined]
+        await conn.answer("/one")
+        assert not conn.transport.written.endswith(b"ok")  # held in the send
+        await conn.resume(3.0)
+        assert conn.transport.written.endswith(b"ok")
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_an_answer_the_client_takes_nothing_of_is_cut_at_the_send_deadline(
+        factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.stall(2.0)
+        await conn.answer("/one")  # its send waits for the client
+        await conn.at(2.0 + SEND_S - 0.1)
+        assert not conn.closed and conn.send_timeouts == 0
+        disconnected = conn.app.scopes["/one"][DISCONNECTED_KEY]
+        assert not disconnected()
+        await conn.at(2.0 + SEND_S)
+        # Aborted, not closed: a close waits for the client to take what is buffered.
+        assert conn.transport.aborted and conn.send_timeouts == 1
+        assert not conn.transport.written.endswith(b"ok")
+        # The app's send returns, as for any client that left: its task ends, and its
+        # scope says the send went to no one (uvicorn's send does not).
+        assert "/one" in conn.app.finished and disconnected()
+        await conn.at(10_000.0)
+        assert conn.send_timeouts == 1
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_slow_reader_is_cut_only_a_whole_period_after_it_last_took_a_byte(
+        factory: Factory) -> None:
+    """As nginx's ``send_timeout``: the deadline bounds the time between two bytes the
+    client takes, not the whole answer; a client that keeps taking is served."""
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.stall(2.0)
+        await conn.answer("/one")
+        await conn.take(2.0 + SEND_S - 1, 1)  # a byte within the period
+        await conn.at(2.0 + SEND_S)
+        assert not conn.closed
+        await conn.take(2.0 + 2 * SEND_S - 1, 1)
+        await conn.at(2.0 + 2 * SEND_S)
+        assert not conn.closed
+        # Then nothing: the period after the last check that saw progress.
+        await conn.at(2.0 + 3 * SEND_S)
+        assert conn.transport.aborted and conn.send_timeouts == 1
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_writing_resumed_before_the_send_deadline_disarms_it(factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.stall(2.0)
+        await conn.answer("/one")
+        await conn.resume(2.0 + SEND_S - 1)
+        assert conn.transport.written.endswith(b"ok")
+        await conn.at(10_000.0)
+        assert not conn.closed and conn.send_timeouts == 0
+        # A later stall has a period of its own.
+        await conn.read(10_001.0, _request("/two"))
+        await conn.stall(10_002.0)
+        await conn.answer("/two")
+        await conn.at(10_002.0 + SEND_S - 0.1)
+        assert not conn.closed
+        await conn.at(10_002.0 + SEND_S)
+        assert conn.transport.aborted and conn.send_timeouts == 1
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_an_answer_written_whole_but_never_taken_is_cut_too(factory: Factory) -> None:
+    """The answer's task is done; the connection still holds what the client has not
+    taken, and uvicorn's keep-alive close would wait for it to drain for ever."""
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.answer("/one")
+        assert conn.transport.written.endswith(b"ok")
+        await conn.stall(2.0)
+        await conn.at(2.0 + SEND_S)
+        assert conn.transport.aborted and conn.send_timeouts == 1
+
+    _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_send_deadline_of_0_lets_a_client_stall_for_ever(factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.stall(2.0)
+        await conn.answer("/one")
+        await conn.at(1e9)
+        assert not conn.closed and conn.send_timeouts == 0
+        # Nothing was armed: a stall costs no timer.
+        assert [t for t in conn.timers.pending if not t.cancelled] == []
+
+    _run(factory, script, Deadlines(head_s=HEAD_S, body_idle_s=BODY_S, send_s=0.0))
