@@ -60,11 +60,15 @@ REFUSED = "slopilot_requests_refused_total"
 # or admitted): one call turned away is counted once in REFUSED however often its
 # client retries, and the size of a retry storm shows here.
 RETRIES = "slopilot_request_retries_total"
+# Connections dropped by the send deadline (``slopilot serve --send-timeout``): their
+# client took no byte of its answer for that long. Each one's requests are counted in
+# vllm:request_success_total as aborted too. vLLM has no such deadline, nor a series.
+SEND_TIMEOUTS = "slopilot_send_timeouts_total"
 SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS, REFUSED, RETRIES,
+    SLO_REQUESTS, SLO_TOKENS, REFUSED, RETRIES, SEND_TIMEOUTS,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
@@ -198,6 +202,7 @@ class EngineMetrics:
         self._verdicts = Verdicts()
         self._refused = [0 for _ in Priority]
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
+        self.send_timeouts = 0
         self.registry.register(self)
 
     # -- fed by the engine loop ------------------------------------------------------
@@ -248,6 +253,11 @@ class EngineMetrics:
         first try may have failed in a way nothing counted: a drain's 503, a lost
         connection), and counted here too. Event loop only."""
         self._retries[priority, False] += 1
+
+    def count_send_timeout(self) -> None:
+        """A connection dropped: its client took no byte of its answer for the send
+        deadline (``http_deadlines``). Event loop only."""
+        self.send_timeouts += 1
 
     def retries(self, *, refused: bool) -> dict[Priority, int]:
         """Retries so far, by class: those turned away (``refused``), or those let in."""
@@ -459,6 +469,12 @@ class EngineMetrics:
                                    self._retries[p, was_refused])
         yield refused
         yield retries
+        send_timeouts = CounterMetricFamily(
+            SEND_TIMEOUTS, "Connections dropped because their client took no byte of its "
+            "answer for the send deadline (--send-timeout); their requests count as "
+            "aborted.", labels=["model_name"])
+        send_timeouts.add_metric(model, self.send_timeouts)
+        yield send_timeouts
         yield from self._verdicts.families(self.model_name)
         yield from self._info_families()
 

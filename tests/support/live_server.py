@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from slopilot.engine.clients import ClientClasses
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
-from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, Deadlines
+from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, CallLater, Deadlines
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.async_engine import AsyncEngine
 from slopilot.engine.server.backends import Backend, build_simulated, build_torch
@@ -101,18 +101,21 @@ def start_server(backend: Backend | None = None, *,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  clients: WatchedFile[ClientClasses] | None = None,
                  deadlines: Deadlines = DEFAULT_DEADLINES,
+                 call_later: CallLater | None = None,
                  **backend_args: Any) -> LiveServer:
     """Start a server (``backend`` or one built by ``build_backend(**backend_args)``).
 
     ``admin_port=0`` puts the admin API on a free port of its own (``admin_url``); tests
     check the KV bookkeeping whenever the engine goes idle (``check_integrity``);
-    ``clients``: the grants file, as ``slopilot serve --clients`` watches it.
+    ``clients``: the grants file, as ``slopilot serve --clients`` watches it;
+    ``call_later``: what times the ``deadlines`` (a test's ``ManualTimers``, fired on
+    the server's loop), the loop's unless given.
     """
     backend = backend or build_backend(**backend_args)
     server = make_server(backend, port=0, admin_port=admin_port, admin_token=admin_token,
                          drain_timeout_s=drain_timeout_s, log_level=log_level,
                          check_integrity=check_integrity, max_body_bytes=max_body_bytes,
-                         clients=clients, deadlines=deadlines)
+                         clients=clients, deadlines=deadlines, call_later=call_later)
     thread = run_in_thread(server)
     admin = f"http://127.0.0.1:{server.admin_port}" if server.admin_port is not None else ""
     return LiveServer(f"http://127.0.0.1:{server.bound_port}", server, thread, backend, admin)

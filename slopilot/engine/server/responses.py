@@ -39,6 +39,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from slopilot.engine.client_gaps import ClientGaps
+from slopilot.engine.http_deadlines import DISCONNECTED_KEY
 from slopilot.engine.request import FinishReason, TokenLogprobs
 from slopilot.engine.server.async_engine import EngineDeadError, EngineDrainingError
 from slopilot.engine.server.backends import Backend
@@ -237,6 +238,10 @@ class Delivery:
         self.backend, self.prep, self.streams, self.clock = backend, prep, streams, clock
         self.states = [ChoiceState(backend, prep, c, s, slo)
                        for c, s in zip(prep.choices, streams, strict=True)]
+        self.sent = False  # a non-streamed body went out whole (``body_sent``)
+        # Whether the client's connection is lost, so what was "sent" reached no one:
+        # the server's protocol says so in the scope (``DeliveredStream``), else never.
+        self.gone: Callable[[], bool] = _connected
 
     def first_output(self, state: ChoiceState, at: float | None = None) -> None:
         """``state``'s first output reached the client (or, for a body, the handler) at
@@ -266,6 +271,7 @@ class Delivery:
 
     def body_sent(self) -> None:
         """A non-streamed body went out whole: every choice's tokens reached the client."""
+        self.sent = True
         for state in self.states:
             state.hand_out()
 
@@ -278,7 +284,24 @@ class Delivery:
     def close(self) -> None:
         self.abort()
         for state in self.states:
+            if not state.delivered and not self.sent:
+                # Its end never reached the client (it left, stopped reading, or the
+                # response failed): cut short, however the engine finished it. Counted
+                # as the engine's "length" before, a stream whose client never read its
+                # last chunk was a request served whole.
+                state.finish = FinishReason.ABORT.value
             self.last_output(state)
+
+
+def _connected() -> bool:
+    return False
+
+
+def _gone_of(scope: Scope) -> Callable[[], bool]:
+    """Whether the scope's connection is lost, as the protocol tells it (never, where
+    it does not: an app served some other way)."""
+    gone: Callable[[], bool] = scope.get(DISCONNECTED_KEY, _connected)
+    return gone
 
 
 class DeliveredJSON(JSONResponse):
@@ -293,7 +316,8 @@ class DeliveredJSON(JSONResponse):
 
     async def _send(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
-        self.delivery.body_sent()
+        if not _gone_of(scope)():  # else the body went to no one
+            self.delivery.body_sent()
 
 
 class DeliveredStream(StreamingResponse):
@@ -307,6 +331,7 @@ class DeliveredStream(StreamingResponse):
         self.delivery = delivery
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.delivery.gone = _gone_of(scope)
         await _then_close(super().__call__(scope, receive, send), self.delivery)
 
 
@@ -408,6 +433,10 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
                 yield chunk(state, None, state.finish)
                 wrote = True
             if wrote:
+                if delivery.gone():
+                    # Dropped: the connection was lost (the client left, or the send
+                    # deadline let it go) while this chunk waited to be written.
+                    return
                 # Resumed after the chunk was written: the moment the client has it.
                 written_at = delivery.clock()
                 state.hand_out(written_at)

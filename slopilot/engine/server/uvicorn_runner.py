@@ -15,7 +15,12 @@ import uvicorn
 
 from slopilot.engine.clients import ClientClasses
 from slopilot.engine.http_arrival import h11_protocol
-from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, Deadlines, with_deadlines
+from slopilot.engine.http_deadlines import (
+    DEFAULT_DEADLINES,
+    CallLater,
+    Deadlines,
+    with_deadlines,
+)
 from slopilot.engine.server.admin_credential import AdminCredential
 from slopilot.engine.server.app import ServerState, create_app
 from slopilot.engine.server.backends import Backend
@@ -104,10 +109,13 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                 check_integrity: bool = False,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                 clients: WatchedFile[ClientClasses] | None = None,
-                deadlines: Deadlines = DEFAULT_DEADLINES) -> DrainingServer:
+                deadlines: Deadlines = DEFAULT_DEADLINES,
+                call_later: CallLater | None = None) -> DrainingServer:
     """A server bound to ``port`` (and ``admin_port``: the admin API alone, when given;
     0 picks free ports). Binding happens here, so a taken port fails at once.
-    ``deadlines``: how long a request's head, and a silence in its body, may take."""
+    ``deadlines``: how long a request's head, a silence in its body, and a client taking
+    nothing of its answer may take (timed on ``call_later``, the loop's unless a test's);
+    each connection the send deadline drops is counted (``slopilot_send_timeouts_total``)."""
     if admin_port is not None and admin_port == port != 0:
         raise ValueError(f"--admin-port {admin_port} is --port too; give the admin API a "
                          "port of its own")
@@ -128,7 +136,8 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                      max_body_bytes=max_body_bytes, clients=clients)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             http=with_deadlines(h11_protocol(backend.engine.clock.now),
-                                                deadlines),
+                                                deadlines, call_later,
+                                                backend.metrics.count_send_timeout),
                             timeout_graceful_shutdown=int(drain_timeout_s) + 5, access_log=False)
     return DrainingServer(config, app.state, listen, bound_admin)
 

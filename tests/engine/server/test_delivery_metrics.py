@@ -534,3 +534,49 @@ def test_a_body_is_judged_by_the_gaps_the_engine_made() -> None:
     asyncio.run(deliver())
     assert itl.count == 2
     assert itl.total == pytest.approx(0.23)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_what_a_lost_connection_dropped_is_not_counted_and_ends_as_an_abort(
+        stream: bool) -> None:
+    """uvicorn's send drops, without a word, what it is given once the connection is lost
+    (ASGI 2.3); a stream parked on a transport whose client stopped reading is woken by
+    the loss and ran its whole backlog through it before it heard of the disconnect. The
+    send deadline's drop counted as a request served whole: finish reason "length", every
+    token delivered. What the protocol says in the scope (``Delivery.gone``) decides."""
+    backend = build_backend(realtime=False)
+    m = backend.metrics
+    body = CompletionRequest(prompt="one two three", max_tokens=6, ignore_eos=True,
+                             stream=stream)
+    prep = prepare(backend, body, {}, arrival_time=0.0)
+    lost = [False]
+
+    async def deliver() -> None:
+        stream_ = RequestStream(prep.choices[0].request, _Aborts())
+        delivery = Delivery(backend, prep, [stream_], lambda: 1.0, slo=m.slo)
+        delivery.gone = lambda: lost[0]
+        if not stream:
+            for i in range(6):
+                stream_._push(7, FinishReason.LENGTH if i == 5 else None, made_at=float(i))
+            await collect(delivery, TokenText(backend.tokenizer))
+            lost[0] = True  # the body's send went to no one: DeliveredJSON sends nothing
+            delivery.close()
+            return
+        events = sse_events(delivery, TokenText(backend.tokenizer))
+        for i in range(2):  # two chunks written, one token each
+            stream_._push(7, None, made_at=float(i))
+            await anext(events)
+        # The client stops reading; the rest is made while the next chunk waits to be
+        # written, then the connection is lost and the write returns.
+        for i in range(2, 6):
+            stream_._push(7, FinishReason.LENGTH if i == 5 else None, made_at=float(i))
+        await anext(events)
+        lost[0] = True
+        # At most the rest of that delta (dropped as well), and no [DONE].
+        rest = [e async for e in events]
+        assert len(rest) <= 1 and not any("[DONE]" in e for e in rest)
+
+    asyncio.run(deliver())
+    assert m._success == {"stop": 0, "length": 0, "abort": 1}
+    assert m.generation_tokens == (0 if not stream else 2)
+    assert m._e2e[Priority.P1].count == 1

@@ -1,0 +1,138 @@
+"""``slopilot serve`` on a real socket lets a streaming client that stops reading go.
+
+The client asks for a stream and never reads it; the kernel's buffers fill (small ones on
+both ends, so a few hundred tokens do it, where the defaults of a Linux loopback hold
+megabytes) and uvicorn's send waits for the client. Before the send deadline the engine
+ran the request on to ``max_tokens`` for nobody, its KV blocks and batch slot held all
+the while; then freed them, but the connection, the answer's task and every token not
+yet sent stayed until the client read or left, unseen by the metrics (no e2e latency, no
+finish reason), and a shutdown waited ``--drain-timeout`` + 5 s for it and cancelled it
+with a traceback.
+
+The deadline is timed on ``ManualTimers`` the test fires on the server's loop: the
+waits end on conditions (a paused transport, a released connection), never on a
+measured time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.http_deadlines import Deadlines
+from slopilot.engine.request import Priority, Request, RequestStatus
+from tests.support.live_server import LiveServer, start_server
+from tests.support.manual_timers import ManualTimers
+from tests.support.waits import HANG_GUARD_S, wait_for
+
+SEND_S = 60.0
+MAX_TOKENS = 8000  # the model's context is 8192: far more than the stall needs
+SMALL_BUFFER = 4096  # the kernel doubles it, then keeps a floor of its own
+
+
+@pytest.fixture(params=[True, False], ids=["generating", "generated"], scope="module")
+def srv(request: pytest.FixtureRequest) -> Iterator[tuple[LiveServer, ManualTimers, bool]]:
+    """Real time: the request is still generating when its client stalls; or as fast as
+    the engine goes: it finished long before."""
+    timers = ManualTimers()
+    with start_server(realtime=request.param, deadlines=Deadlines(send_s=SEND_S),
+                      call_later=timers.call_later) as server:
+        # Accepted connections take the listening socket's send buffer.
+        server.server.listen[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_BUFFER)
+        yield server, timers, request.param
+
+
+def _stalled_stream(srv: LiveServer) -> socket.socket:
+    """A client that asks for a long stream and never reads a byte of it."""
+    address = urlsplit(srv.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+    sock.connect((address.hostname, address.port))
+    # Top-5 logprobs: some 500 bytes a token, so the buffers fill within a few hundred.
+    body = json.dumps({"prompt": "hello", "max_tokens": MAX_TOKENS, "stream": True,
+                       "ignore_eos": True, "logprobs": 5}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+    return sock
+
+
+def _connections(srv: LiveServer) -> set[object]:
+    return set(srv.server.server_state.connections)
+
+
+def _paused(srv: LiveServer) -> bool:
+    return any(c.flow.write_paused for c in _connections(srv))  # type: ignore[attr-defined]
+
+
+def _on_loop(srv: LiveServer, timers: ManualTimers, to: float) -> None:
+    """Move the deadlines' time to ``to`` on the server's loop (where they are armed)."""
+    async def advance() -> None:
+        timers.advance(to)
+    asyncio.run_coroutine_threadsafe(advance(), srv.loop).result(HANG_GUARD_S)
+
+
+def _aborts(srv: LiveServer) -> int:
+    return srv.backend.metrics._success["abort"]
+
+
+def test_a_client_that_stops_reading_is_let_go_at_the_send_deadline(
+        srv: tuple[LiveServer, ManualTimers, bool]) -> None:
+    server, timers, generating = srv
+    metrics = server.backend.metrics
+    aborts, timeouts = _aborts(server), metrics.send_timeouts
+    e2e = metrics._e2e[Priority.P1].count
+    held: list[Request] = []
+    frozen, thaw = threading.Event(), threading.Event()
+
+    def freeze(engine: LLMEngine) -> None:
+        """Hold the engine between two iterations: what runs, runs on when thawed."""
+        held.extend(engine.scheduler.running)
+        frozen.set()
+        thaw.wait(HANG_GUARD_S)
+
+    with _stalled_stream(server) as sock:
+        wait_for(lambda: _paused(server), what="the server's writing to pause")
+        if generating:
+            asyncio.run_coroutine_threadsafe(server.engine.call(freeze), server.loop)
+            frozen.wait(HANG_GUARD_S)
+            # A few hundred of its 8000 tokens made: it runs, holding its KV blocks.
+            assert [r.num_output_tokens < MAX_TOKENS for r in held] == [True]
+        else:
+            # The engine is done with it: it freed its blocks and its slot...
+            wait_for(lambda: server.engine.num_active == 0, what="the request to finish")
+            assert server.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
+        # ... but the connection and the answer's task stay, the request unobserved.
+        assert len(_connections(server)) == 1 and len(server.server.server_state.tasks) == 1
+        assert (metrics._e2e[Priority.P1].count, _aborts(server)) == (e2e, aborts)
+
+        _on_loop(server, timers, timers.now + SEND_S - 0.1)
+        assert _paused(server) and metrics.send_timeouts == timeouts
+        _on_loop(server, timers, timers.now + 0.1)
+        wait_for(lambda: not _connections(server), what="the connection to be dropped")
+        # Observed as an abort, once: its client never got the end of it.
+        wait_for(lambda: metrics._e2e[Priority.P1].count == e2e + 1, what="the request observed")
+        thaw.set()
+        assert (_aborts(server), metrics.send_timeouts) == (aborts + 1, timeouts + 1)
+        wait_for(lambda: server.engine.num_active == 0, what="no request left running")
+        assert server.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
+        wait_for(lambda: not server.server.server_state.tasks, what="the answer's task to end")
+        if generating:
+            # Ended by the abort, not by running out its tokens for nobody.
+            assert held[0].status is RequestStatus.FINISHED_ABORTED
+            assert held[0].num_output_tokens < MAX_TOKENS
+        # The client reads what reached it, then the end: a stream cut short, no [DONE].
+        sock.settimeout(HANG_GUARD_S)
+        got = b""
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            pass
+        assert got.startswith(b"HTTP/1.1 200 ") and b"data: [DONE]" not in got
