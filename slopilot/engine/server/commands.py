@@ -28,6 +28,7 @@ from slopilot.engine.slo import SLO_FILE_ENV, SLOError, SLOSpec, read_slo_file
 
 if TYPE_CHECKING:
     from slopilot.engine.clients import ClientClasses
+    from slopilot.engine.http_deadlines import Deadlines
     from slopilot.engine.watched_file import WatchedFile
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -112,6 +113,10 @@ def register(subparsers: Any) -> None:
                    metavar="SECONDS", help="how long a request's body may send nothing while "
                    "the server waits for it (default 30); past it the connection closes and "
                    "the request ends as if its client left")
+    p.add_argument("--send-timeout", type=_number("--send-timeout"), default=None,
+                   metavar="SECONDS", help="how long a client may take no byte of the "
+                   "answer the server holds for it (default 60, 0: no limit); past it the "
+                   "connection is dropped and its request aborted, freeing its KV blocks")
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
     p.add_argument("--check-integrity", action="store_true",
                    help="debugging: check the KV bookkeeping each time the engine goes "
@@ -146,6 +151,38 @@ def _seconds(flag: str) -> Callable[[str], float]:
                                              "e.g. 30")
         return value
     return parse
+
+
+def _number(flag: str) -> Callable[[str], float]:
+    """argparse type: a number; its bounds are its dataclass's to check
+    (``deadlines_from_flags``)."""
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text}: expected a number of "
+                                             "seconds, e.g. 60") from None
+    return parse
+
+
+# Each deadline's flag, by its field in ``Deadlines``.
+_DEADLINE_FLAGS = {"head_s": "--head-timeout", "body_idle_s": "--body-idle-timeout",
+                   "send_s": "--send-timeout"}
+
+
+def deadlines_from_flags(args: argparse.Namespace) -> Deadlines:
+    """The flags given, each replacing its default (http_deadlines' constants); checked
+    by ``Deadlines`` alone, its error told with the flag."""
+    from slopilot.engine.http_deadlines import DeadlineError, Deadlines
+
+    given = {name: value for name, value in (
+        ("head_s", args.head_timeout), ("body_idle_s", args.body_idle_timeout),
+        ("send_s", args.send_timeout)) if value is not None}
+    try:
+        return Deadlines(**given)
+    except DeadlineError as exc:
+        raise ValueError(f"{_DEADLINE_FLAGS[exc.field]} {exc.value:g}: {exc.expected}") \
+            from None
 
 
 def _mib(text: str) -> int:
@@ -245,6 +282,7 @@ def _serve(args: argparse.Namespace) -> int:
                                 else None)
         slo = None if slo_file is None else load_slo_file(slo_file)
         clients = None if args.clients is None else load_clients_file(args.clients)
+        deadlines = deadlines_from_flags(args)
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
     if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):
@@ -283,13 +321,8 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     backend.metrics.set_slo(slo)
     binding.release_calling_thread()
-    from slopilot.engine.http_deadlines import Deadlines
     from slopilot.engine.server.uvicorn_runner import ListenError, serve_forever
 
-    # The flags given replace the defaults (http_deadlines' constants), one by one.
-    deadlines = Deadlines(**{name: value for name, value in (
-        ("head_s", args.head_timeout), ("body_idle_s", args.body_idle_timeout))
-        if value is not None})
     try:
         return serve_forever(backend, host=args.host, port=args.port,
                              admin_port=args.admin_port, admin_token=token,

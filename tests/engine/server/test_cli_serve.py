@@ -111,6 +111,10 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--max-body-mb", "lots"], "--max-body-mb lots: expected MiB above 0"),
     (["--head-timeout", "0"], "--head-timeout 0: expected seconds above 0"),
     (["--body-idle-timeout", "inf"], "--body-idle-timeout inf: expected seconds above 0"),
+    (["--send-timeout", "-1"], "--send-timeout -1: expected a number of seconds, e.g. 60.0, "
+                               "or 0 for no send deadline"),
+    (["--send-timeout", "inf"], "--send-timeout inf: expected a number of seconds"),
+    (["--send-timeout", "soon"], "--send-timeout soon: expected a number of seconds, e.g. 60"),
     (["--port", "-1"], "--port -1: expected a port number, 0 to 65535"),
     (["--admin-port", "70000"], "--admin-port 70000: expected a port number, 0 to 65535"),
     (["--admin-token-file", "/no/such/token"], "--admin-token-file /no/such/token: cannot "
@@ -252,3 +256,17 @@ def test_serve_freezes_its_start_up_heap_before_it_serves() -> None:
     # What collections cost while it serves (every thread waits them out).
     young = re.search(r'slopilot_gc_pause_seconds_count\{generation="0"\} (\S+)', scraped)
     assert young and float(young.group(1)) >= 1, scraped[-1500:]
+
+
+def test_the_deadlines_are_set_from_the_command_line_each_over_its_default() -> None:
+    import argparse
+
+    from slopilot.engine.http_deadlines import Deadlines
+    from slopilot.engine.server.commands import deadlines_from_flags, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--send-timeout", "0", "--head-timeout", "5"])
+    # 0: no send deadline, as the flag's help says; the one not given keeps its default.
+    assert deadlines_from_flags(args) == Deadlines(head_s=5.0, send_s=0.0)
+    assert deadlines_from_flags(parser.parse_args(["serve"])) == Deadlines()
