@@ -32,7 +32,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from slopilot.engine.metrics import REFUSED, RETRIES, SLO_REQUESTS
+from slopilot.engine.metrics import REFUSED, RETRIES, SEND_TIMEOUTS, SLO_REQUESTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.latency_sources import LatencySource
@@ -168,12 +168,16 @@ def _throughput_panels() -> list[Any]:
             _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
                    "turned away (429) {{priority_class}}"),
             _query(f"sum by (priority_class) (rate({RETRIES}{{{SEL},outcome=\"refused\"}}"
-                   f"[{RATE}]))", "retries turned away {{priority_class}}")],
+                   f"[{RATE}]))", "retries turned away {{priority_class}}"),
+            _query(f"sum(rate({SEND_TIMEOUTS}{{{SEL}}}[{RATE}]))",
+                   "cut at the send deadline")],
             unit="reqps",
             description="Turned away: requests the engine refused for load (its waiting "
             "queue full), never served; the TTFT panels count each as a first token "
             "never given. Retries turned away: a client's later tries of a call "
-            "(x-stainless-retry-count above 0) turned away, counted apart from the calls."),
+            "(x-stainless-retry-count above 0) turned away, counted apart from the calls. "
+            "Cut at the send deadline: streams whose client took no byte for "
+            "--send-timeout, aborted in the engine (also in the abort reason)."),
     ]
 
 

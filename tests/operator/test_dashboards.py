@@ -214,3 +214,14 @@ def test_the_replicas_panel_counts_the_engine_pods_scraped_on_either_backend(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_requests_cut_at_the_send_deadline_are_on_the_finished_panel() -> None:
+    """A stalled client's request ends unserved (aborted at ``--send-timeout``): where the
+    operator looks for requests that ended, not only in the exporter."""
+    from slopilot.engine.metrics import SEND_TIMEOUTS
+
+    panel = next(p for p in _panels(build_dashboard(example_spec()))
+                 if p.get("title") == "Finished requests per second")
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any(SEND_TIMEOUTS in e for e in exprs), exprs
