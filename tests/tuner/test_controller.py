@@ -38,6 +38,7 @@ from tests.tuner.controller_fakes import (
     Rig,
     alert,
     by_config,
+    summary,
 )
 
 
@@ -116,12 +117,16 @@ def test_cooldown_ignores_alerts_then_returns_to_steady() -> None:
 def test_a_sustained_breach_counts_only_once_its_window_follows_the_last_action() -> None:
     # Committed at 10 s, cooldown 30 s, breach window 60 s: until 70 s the long window
     # still holds the config before the commit, so its alert does not start a round;
-    # a short-window alert does at once, and the sustained one from 70 s on.
+    # a short-window alert does at once, and the sustained one from 70 s on. (Both have
+    # held since before the commit: they act because the windows measured after it
+    # breach, the load having grown past what the committed config holds.)
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
               settings={"breach_window_s": 60.0})
     ctl = rig.build()
     ctl.tick(0.0)
     assert ctl.tick(10.0).action is Action.COMMIT
+    assert rig.ev is not None
+    rig.ev.figures = lambda c: summary(p0_ttft=350.0)
     rig.alerts.alerts = [alert(AlertAction.RETUNE, "SlopilotTBTP99Sustained")]
     assert ctl.tick(41.0).reason == "cooldown over"
     for t in (45.0, 55.0, 69.0):
@@ -133,6 +138,8 @@ def test_a_sustained_breach_counts_only_once_its_window_follows_the_last_action(
     ctl = rig.build()
     ctl.tick(0.0)
     ctl.tick(10.0)
+    assert rig.ev is not None
+    rig.ev.figures = lambda c: summary(p0_ttft=350.0)
     rig.alerts.alerts = [alert(AlertAction.RETUNE, "SlopilotTTFTP99High")]
     ctl.tick(41.0)
     assert ctl.tick(45.0).action is Action.TRIAL

@@ -5,7 +5,8 @@ STEADY acts on the firing alerts by their ``action`` label: ``scale`` moves to S
 that acts and none that says an SLO is breached (the TTFT warning informs, but the SLO is
 breached all the same), replicas above the minimum are given back once the alerts have
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
-headroom).
+headroom). After a commit or a scale, an alert that has held since before it is
+re-confirmed on the loop's own window measured after it before it acts (``_unconfirmed``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from slopilot.tuner.loop.state import Action, ControllerState, Decision
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.prometheus.alert_table import LONG_WINDOW_ALERTS, SLO_BREACH_ALERTS
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
+from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.objective import score, unmeasured
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,13 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         if held.blocked is not None:
             return ctx.decide(Action.NONE, f"{held.blocked}; alert {names(scale + retune)}")
         lifted = f" ({held.lifted})" if held.lifted else ""
+        stale = _unconfirmed(ctx, tick.now, scale + retune)
+        if stale is not None:
+            old, why = stale
+            scale = [a for a in scale if a not in old]
+            retune = [a for a in retune if a not in old]
+            if not (scale or retune):
+                return ctx.decide(Action.NONE, f"{why}; alert {names(old)}{lifted}")
     if scale:
         return Go(ControllerState.SCALING, Event.SCALE_ALERT,
                   "alert " + names(scale) + lifted)
@@ -60,11 +70,59 @@ def _since_last_action(ctx: LoopContext, tick: Tick) -> list[Alert]:
     """The alerts that judge the running config: a sustained-breach alert reads a window
     of ``breach_window_s``, so until that long after the last commit or scale (the start
     of the last cooldown) it still counts the config before it, and is left out."""
-    loop, s = ctx.loop, ctx.settings
-    if loop.cooldown_until is None or \
-            tick.now - (loop.cooldown_until - s.cooldown_s) >= s.breach_window_s:
+    acted = _last_action(ctx)
+    if acted is None or tick.now - acted >= ctx.settings.breach_window_s:
         return list(tick.alerts)
     return [a for a in tick.alerts if a.name not in LONG_WINDOW_ALERTS]
+
+
+def _last_action(ctx: LoopContext) -> float | None:
+    """When the last cooldown began (a commit, a scale, a hold or a rollback); None
+    before the first."""
+    until = ctx.loop.cooldown_until
+    return None if until is None else until - ctx.settings.cooldown_s
+
+
+def _unconfirmed(ctx: LoopContext, now: float, acting: Sequence[Alert]
+                 ) -> tuple[list[Alert], str] | None:
+    """The acting SLO alerts that have held since before the last action and that the
+    loop's own window since then does not bear out, with why; None when none.
+
+    Such an alert has held across the commit or scale: its rule reads a window of
+    ``rate_window_s`` or ``breach_window_s``, evaluated every ``interval_s`` behind the
+    clock, so after the cooldown it can still be firing on requests served before the
+    action, under the config and at the load of then (a P99 over 5 minutes is over its
+    SLO while more than 1 % of them breached). Acted on, it started one more episode that
+    retuned for the load of now: a lighter one after the peak ended, and the config that
+    held the peak was replaced (churn). It acts only when a window measured entirely
+    after the action (past ``settle_s``, the last ``breach_window_s`` of it at most, the
+    whole deployment) breaches the SLO, as a trial's window is judged. A window that
+    says nothing (rejected, or without a sample of the alert's class) leaves it its
+    word, as before; so does any alert that became active after the action (its hold
+    ran on windows after it), and one that reads no SLO term (batching underused)."""
+    acted = _last_action(ctx)
+    if acted is None:
+        return None
+    old = [a for a in acting if a.since < acted and a.name in SLO_BREACH_ALERTS]
+    s = ctx.settings
+    start = max(acted + s.settle_s, now - s.breach_window_s)
+    if not old or now <= start:
+        return None
+    try:
+        summary = ctx.evaluator.measure(start, now, canary=False)
+    except WindowRejected:
+        return None
+    absent = unmeasured(summary, s.slo)
+    judged = [p for p, c in s.slo.classes().items()
+              if c.ttft_p99_ms is not None or c.tbt_p99_ms is not None]
+    if any(a.priority_class in absent for a in old) or (judged and len(absent) == len(judged)):
+        return None
+    result = score(summary, s.slo, {})
+    if not result.feasible:
+        return None
+    return old, (f"active since before the last commit or scale ({now - acted:.0f} s ago), "
+                 f"and the last {now - start:.0f} s measured since hold the SLO: not "
+                 "re-confirmed, the alert's window still counts the load before it")
 
 
 def _scale_down(ctx: LoopContext, now: float) -> Go | None:
