@@ -142,7 +142,7 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
             ctx.deployment.apply_config(loop.baseline_config, canary=False)
         if _rate_limited(ctx):
             return _hold_for_rate_limit(ctx)
-        if loop.episode_measured == 0:
+        if loop.episode_measured == 0:  # None, not known (an older version's), is no 0
             return _hold_unmeasured(ctx)
         return Go(ControllerState.SCALING, Event.NO_FEASIBLE_CONFIG,
                   f"no_feasible_config after {loop.episode_trials} trials",

@@ -217,12 +217,14 @@ class LoopState:
     episode_classes: list[str] = field(default_factory=list)
     """The classes (``p0``..``p2``) of the alerts that started this episode: a trial's
     window that measured none of one of them is no verdict (``trial_window._no_verdict``)."""
-    episode_measured: int = 0
+    episode_measured: int | None = 0
     """Trials of this episode judged on a measured window (scored, or cut by the early
     look): the others failed unseen (windows rejected, no data, refused, an outage), and
-    an episode of only those is no evidence that a replica is needed (``commit``). A
-    state written before this field reads 0: its episode, if open, ends without a
-    replica bought on its trials, one more round at worst."""
+    an episode of only those is no evidence that a replica is needed (``commit``). None:
+    not known, a state written before this field (``from_dict``). Read as 0, an episode
+    an older version left open ended without the replica its measured misses asked for,
+    its reason saying nothing was measured; unknown, it ends as that version ended it, and
+    its next measured trial makes the count 1 (at least one: all ``commit`` asks)."""
     episode_warm_starts: int = 0
     """Warm starts queued for this episode (tried first): how many a rate-limited end
     left untried, for the decision's reason."""
@@ -239,6 +241,10 @@ class LoopState:
     backoff: dict[str, Any] | None = None
     """The last "max replicas reached and the SLO is not held" verdict, its situation and
     until when no new episode starts in it (``backoff.Backoff.to_dict``)."""
+
+    def count_measured(self) -> None:
+        """One more trial of the episode judged on a measured window."""
+        self.episode_measured = (self.episode_measured or 0) + 1
 
     @property
     def episode_open(self) -> bool:
@@ -276,6 +282,8 @@ class LoopState:
             raise ControllerError(f"controller state: unknown field(s) {unknown}; "
                                   "was it written by a newer slopilot?")
         values = dict(data)
+        # Written before the count was kept: not known, which is not "none measured".
+        values.setdefault("episode_measured", None)
         try:
             values["state"] = ControllerState(values.get("state", "steady"))
         except (ValueError, TypeError):

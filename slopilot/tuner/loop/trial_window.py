@@ -107,7 +107,7 @@ def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
     if partial is None or breach is None:
         return ctx.decide(Action.NONE, f"trial {t.number} running", trial=t.number)
     ctx.study.tell(t.number, score(partial, ctx.settings.slo, t.config))
-    ctx.loop.episode_measured += 1
+    ctx.loop.count_measured()
     return end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
                       f"slo_breach trial {t.number} cut short: {breach}", partial)
 
@@ -123,7 +123,7 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
     ctx.study.tell(t.number, result)
     ctx.metrics.trial(s.deployment, TrialOutcome.COMPLETE)
     loop.episode_trials += 1
-    loop.episode_measured += 1
+    loop.count_measured()
     loop.trial = None
     if result.feasible:
         loop.episode_feasible += 1
