@@ -39,7 +39,8 @@ from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.twin import with_profile
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.state import Action, ControllerSettings, Decision, TwinCorrection
+from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.settings import ControllerSettings, TwinCorrection
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.adapters import (
     SimAlerts,

@@ -22,13 +22,10 @@ from slopilot.operator.settings import PROMETHEUS_CA_ENV
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, Phase
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.metrics import TunerMetrics
-from slopilot.tuner.loop.state import (
-    ControllerError,
-    ControllerSettings,
-    ControllerState,
-    LoopState,
-)
+from slopilot.tuner.loop.settings import ControllerSettings
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
 if TYPE_CHECKING:

@@ -87,14 +87,9 @@ from slopilot.operator.tokens import TokenMint
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.operator.twin_status import TwinTracker, check_patch
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerError,
-    ControllerState,
-    Decision,
-    LoopState,
-    RunningTrial,
-)
+from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, check
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slopilot.tuner.loop.state import TwinCorrection
+from slopilot.tuner.loop.settings import TwinCorrection
 
 DEFAULT_KEY = "profile.yaml"
 # Kubernetes' own rules: a ConfigMap name is a DNS-1123 subdomain, a data key is

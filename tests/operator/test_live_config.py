@@ -715,7 +715,7 @@ def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
 
 def _unbuildable(ctx: Any) -> Any:
     """A controller factory whose study storage is down (open_study's ControllerError)."""
-    from slopilot.tuner.loop.state import ControllerError
+    from slopilot.tuner.loop.errors import ControllerError
 
     raise ControllerError("spec.tuning.storage: cannot reach the study's database")
 

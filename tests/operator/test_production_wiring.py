@@ -28,7 +28,9 @@ from slopilot.operator.daemon import (
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.tokens import TokenMint
-from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner

@@ -27,7 +27,7 @@ from slopilot.operator.settings import (
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuning_daemon import build
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.state import ControllerError
+from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.tls import TRUST_FIX, TLSVerify
 from slopilot.tuner.study.evaluator import PrometheusUnavailable

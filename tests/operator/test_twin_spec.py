@@ -23,7 +23,7 @@ from slopilot.operator.handlers import post_events, status_of
 from slopilot.operator.reconcile import Outcome
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.twin_spec import ProfileRef, TwinSpec
-from slopilot.tuner.loop.state import TwinCorrection
+from slopilot.tuner.loop.settings import TwinCorrection
 from tests.operator.test_crd import errors_of, sample
 from tests.support.crd_schema import apply_defaults, prune
 from tests.support.kube_server import RunningEmulator

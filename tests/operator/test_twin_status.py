@@ -17,7 +17,7 @@ from slopilot.operator.status_writer import write_status
 from slopilot.operator.tuning_daemon import post_decision, status_after
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.operator.twin_status import TwinTracker
-from slopilot.tuner.loop.state import TwinCorrection
+from slopilot.tuner.loop.settings import TwinCorrection
 from tests.operator.operator_support import NS
 from tests.operator.test_crd import errors_of, sample
 from tests.support.kube_server import RunningEmulator

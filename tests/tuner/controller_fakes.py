@@ -14,7 +14,8 @@ from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.state import ControllerSettings, LoopState
+from slopilot.tuner.loop.settings import ControllerSettings
+from slopilot.tuner.loop.state import LoopState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.objective import TrialResult

@@ -17,7 +17,8 @@ import logging
 import pytest
 
 from slopilot.tuner.loop.backoff import Backoff
-from slopilot.tuner.loop.state import Action, ControllerState, LoopState, RunningTrial
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import GOOD, FakeDeployment, FakePlanner, Rig, alert
 

@@ -21,13 +21,9 @@ from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerSettings,
-    ControllerState,
-    Decision,
-    LoopState,
-)
+from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.settings import ControllerSettings
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.adapters import SimOffline

@@ -12,16 +12,11 @@ from prometheus_client import generate_latest
 
 from slopilot.engine.config import ConfigError
 from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
+from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.metrics import TunerMetrics
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerError,
-    ControllerSettings,
-    ControllerState,
-    Decision,
-    LoopState,
-    TrialOutcome,
-)
+from slopilot.tuner.loop.settings import ControllerSettings
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import (
     BAD,

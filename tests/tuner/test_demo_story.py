@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, Story
-from slopilot.tuner.loop.state import Action, ControllerState, Decision
+from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import GOOD, Rig, alert, summary
 

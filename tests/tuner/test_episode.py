@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.state import Action, ControllerState, LoopState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import (

@@ -15,7 +15,8 @@ from slopilot.engine.sim.arrivals import Poisson
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.state import Action, ControllerState, LoopState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import (
     BAD,

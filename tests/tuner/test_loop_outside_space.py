@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from slopilot.tuner.loop.state import Action, ControllerState, LoopState, RunningTrial
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.study.space import SearchSpace
 from tests.tuner.controller_fakes import GOOD, START, FakeStudy, Rig
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.state import Action, ControllerState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from tests.tuner.controller_fakes import GOOD, FakeAlerts, FakeEvaluator, Rig, alert, summary
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from slopilot.tuner.loop.state import ControllerError, ControllerState, LoopState, RunningTrial
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 
 TRIAL = {"number": 3, "config": {"token_budget": 512}, "started_at": 10.0, "canary": True}
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from slopilot.tuner.loop.state import Action, ControllerState, LoopState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import START, FakeAlerts, FakePlanner, Rig, alert
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop.capacity import CapacityAnswer
-from slopilot.tuner.loop.state import Action, ControllerState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import GOOD, START, FakeAlerts, FakeOffline, Rig, alert
 

@@ -14,7 +14,9 @@ import pytest
 from slopilot.tuner.loop import controller as controller_module
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.controller import STEPS, Controller
-from slopilot.tuner.loop.state import Action, ControllerError, ControllerState, LoopState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import (
     TRANSITIONS,
     Event,

@@ -23,14 +23,11 @@ from slopilot.engine.window_summary import Window
 from slopilot.tuner.local.scrape import quantile
 from slopilot.tuner.loop import advice
 from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.ports import SimulatorBusy
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerError,
-    ControllerSettings,
-    ControllerState,
-    TwinCorrection,
-)
+from slopilot.tuner.loop.settings import ControllerSettings, TwinCorrection
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.twin_check import check_twin
 from slopilot.tuner.prometheus.alerts import AlertAction
 from slopilot.tuner.prometheus.query import window_summary

@@ -42,7 +42,7 @@ from slopilot.tuner.loop.ports import (
     WindowEvaluator,
     WorkloadProbe,
 )
-from slopilot.tuner.loop.state import ControllerSettings
+from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.iterations import PrometheusIterations

@@ -20,8 +20,8 @@ from rich.console import Console
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.ports import AlertReader
-from slopilot.tuner.loop.state import Action, Decision
 from slopilot.tuner.prometheus.alerts import Alert
 from slopilot.tuner.study.objective import score
 

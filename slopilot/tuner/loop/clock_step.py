@@ -17,7 +17,8 @@ operator that was down that long.
 from __future__ import annotations
 
 from slopilot.tuner.loop.backoff import Backoff
-from slopilot.tuner.loop.state import ControllerSettings, LoopState
+from slopilot.tuner.loop.settings import ControllerSettings
+from slopilot.tuner.loop.state import LoopState
 
 
 def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> list[str]:

@@ -16,6 +16,8 @@ from typing import Any
 
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.metrics import TunerMetrics
 from slopilot.tuner.loop.ports import (
     AlertReader,
@@ -27,14 +29,8 @@ from slopilot.tuner.loop.ports import (
     WindowEvaluator,
     WorkloadProbe,
 )
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerError,
-    ControllerSettings,
-    ControllerState,
-    Decision,
-    LoopState,
-)
+from slopilot.tuner.loop.settings import ControllerSettings
+from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import Go
 from slopilot.tuner.loop.twin_check import TwinCheck
 from slopilot.tuner.prometheus.alerts import Alert

@@ -40,15 +40,11 @@ from typing import Any
 
 from slopilot.tuner.loop.clock_step import rebase_future
 from slopilot.tuner.loop.context import LoopContext, Step, Tick
+from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.episode import commit, tuning
+from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.scaling import scaling
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerError,
-    ControllerState,
-    Decision,
-    TrialOutcome,
-)
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.steady import cooldown, steady
 from slopilot.tuner.loop.transitions import Event, Go, check
 from slopilot.tuner.study.evaluator import PrometheusUnavailable

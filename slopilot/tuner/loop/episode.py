@@ -26,13 +26,8 @@ from typing import Any
 from slopilot.engine.request import Priority
 from slopilot.tuner.loop import advice
 from slopilot.tuner.loop.context import LoopContext, Tick
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerState,
-    Decision,
-    RunningTrial,
-    TrialOutcome,
-)
+from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
+from slopilot.tuner.loop.state import ControllerState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.loop.trial import end_trial, next_trial
 from slopilot.tuner.loop.trial_window import running_trial

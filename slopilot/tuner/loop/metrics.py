@@ -25,7 +25,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from slopilot.tuner.loop.state import Action, ControllerState, TrialOutcome
+from slopilot.tuner.loop.decision import Action, TrialOutcome
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.twin_check import TwinCheck
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
 

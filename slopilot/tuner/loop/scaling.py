@@ -16,8 +16,9 @@ from __future__ import annotations
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop import advice, backoff
 from slopilot.tuner.loop.context import LoopContext, Tick
+from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
-from slopilot.tuner.loop.state import Action, ControllerState, Decision
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.transitions import Event, Go
 
 

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 from slopilot.tuner.loop import advice, backoff
 from slopilot.tuner.loop.context import LoopContext, Tick
+from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
-from slopilot.tuner.loop.state import Action, ControllerState, Decision
+from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.prometheus.alert_table import LONG_WINDOW_ALERTS, SLO_BREACH_ALERTS
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.state import Action, ControllerError, ControllerState
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import ControllerState
 
 S = ControllerState
 

@@ -7,13 +7,8 @@ from __future__ import annotations
 from slopilot.engine.config import ConfigError
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.context import LoopContext
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerState,
-    Decision,
-    RunningTrial,
-    TrialOutcome,
-)
+from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
+from slopilot.tuner.loop.state import ControllerState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 
 

@@ -11,13 +11,8 @@ from collections.abc import Sequence
 
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.context import LoopContext
-from slopilot.tuner.loop.state import (
-    Action,
-    ControllerState,
-    Decision,
-    RunningTrial,
-    TrialOutcome,
-)
+from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
+from slopilot.tuner.loop.state import ControllerState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.loop.trial import end_trial, next_trial
 from slopilot.tuner.study.evaluator import WindowRejected

@@ -42,7 +42,7 @@ from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.sim.twin import with_profile
 from slopilot.engine.window_summary import WindowSummary, or_none
 from slopilot.tuner.loop.ports import WindowEvaluator
-from slopilot.tuner.loop.state import ControllerSettings, TwinCorrection
+from slopilot.tuner.loop.settings import ControllerSettings, TwinCorrection
 from slopilot.tuner.study.evaluator import WindowRejected
 
 

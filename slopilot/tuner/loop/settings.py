@@ -1,0 +1,129 @@
+"""How one deployment's loop behaves: ``ControllerSettings``, checked when built."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.loop.errors import ControllerError
+
+
+class TwinCorrection(enum.StrEnum):
+    """How the controller corrects its twin from the last window's iterations."""
+
+    NONE = "none"  # check only: a twin off by more than the bound is not trusted
+    RESCALE = "rescale"  # every coefficient times one factor
+    REFIT = "refit"  # one factor per feature (pulled towards the profile), then rescaled
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How one deployment's loop behaves. Times are in seconds of the caller's clock."""
+
+    deployment: str
+    """The deployment's name: its series' ``slopilot_deployment``, as the engines' are."""
+    slo: SLOSpec
+    namespace: str = ""
+    """Its namespace where it has one (Kubernetes): log lines say ``namespace/name``."""
+    min_replicas: int = 1
+    max_replicas: int = 8
+    window_s: float = 120.0
+    """How long a trial config runs before its window is measured."""
+    trial_settle_s: float | None = None
+    """The first seconds of a trial's window that are not measured (default: a tenth of
+    ``window_s``): requests that arrived under the config before it, the one an alert
+    fired on, are still finishing then, and would score the trial by their latencies."""
+    max_trials: int = 20
+    """Live trials in one tuning episode before the best is committed."""
+    max_trials_per_hour: int = 30
+    cooldown_s: float = 300.0
+    """No new tuning or scaling for this long after a commit or a scale."""
+    max_backoff_s: float = 3600.0
+    """At max replicas with nothing holding, no new episode for the same situation for
+    twice ``cooldown_s``, doubling after each such verdict up to this (``backoff.py``)."""
+    breach_window_s: float = 300.0
+    """The window of the sustained-breach alerts (``RuleOptions.breach_window_s``): they
+    count only once this long has passed since the last commit or scale, so a breach
+    measured partly under the config before it does not start another round. Also the
+    longest window that re-confirms an alert held since before that action
+    (``steady._unconfirmed``)."""
+    revert_margin: float = 1.0
+    """A trial with a P99 (TTFT or TBT) of any class over its SLO by more than this
+    fraction (1.0: twice the SLO) is cut short and reverted at once."""
+    revert_check_s: float | None = None
+    """Earliest time into a trial the revert check looks (default: a quarter window)."""
+    max_window_repeats: int = 3
+    """A trial whose window is rejected this many times in a row counts as failed."""
+    scale_down_after_s: float = 900.0
+    """Quiet alerts and spare simulated capacity for this long before scaling down."""
+    canary: bool = True
+    """Trials run on one canary replica when there are several."""
+    warm_start_k: int = 3
+    """Best offline configurations enqueued into the live study at each episode."""
+    twin_max_error: float = 0.15
+    """The twin is trusted (warm starts, capacity plans) while its corrected step-time
+    error on the last window, |predicted - measured| / measured, is at most this."""
+    twin_max_latency_error: float | None = None
+    """Also require the P0 TTFT and TBT p99 predicted for the last window within this
+    relative error of the measured ones (None: reported, not required)."""
+    twin_correction: TwinCorrection = TwinCorrection.REFIT
+
+    def __post_init__(self) -> None:
+        if not self.deployment:
+            raise ControllerError("deployment is empty; pass the deployment's name")
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ControllerError(
+                f"replicas min={self.min_replicas} max={self.max_replicas}: need "
+                "1 <= min <= max")
+        for name in ("window_s", "cooldown_s", "scale_down_after_s", "revert_margin",
+                     "breach_window_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ControllerError(f"{name}={value!r}: expected a positive number")
+        for name in ("max_trials", "max_trials_per_hour", "max_window_repeats",
+                     "warm_start_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ControllerError(f"{name}={value!r}: expected a whole number >= 1")
+        for name in ("twin_max_error", "twin_max_latency_error"):
+            bound = getattr(self, name)
+            if bound is None and name == "twin_max_latency_error":
+                continue
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) \
+                    or not 0 < bound < 10:
+                raise ControllerError(f"{name}={bound!r}: expected a relative error in "
+                                      "(0, 10), e.g. 0.15 for 15 %")
+        if not isinstance(self.twin_correction, TwinCorrection):
+            try:
+                object.__setattr__(self, "twin_correction",
+                                   TwinCorrection(self.twin_correction))
+            except ValueError:
+                raise ControllerError(
+                    f"twin_correction={self.twin_correction!r}: use one of "
+                    f"{', '.join(c.value for c in TwinCorrection)}") from None
+        settle = self.trial_settle_s
+        if settle is not None and (isinstance(settle, bool) or not isinstance(
+                settle, (int, float)) or not 0 <= settle <= self.window_s / 2):
+            raise ControllerError(f"trial_settle_s={settle!r}: expected seconds in "
+                                  f"[0, window_s / 2 = {self.window_s / 2:g}], so that "
+                                  "most of a trial's window is measured")
+        check = self.revert_check_s
+        if check is not None and not 0 < check <= self.window_s:
+            raise ControllerError(f"revert_check_s={check!r}: expected a time in "
+                                  f"(0, window_s={self.window_s}]")
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` (the name alone outside a namespace): what the logs say."""
+        return f"{self.namespace}/{self.deployment}" if self.namespace else self.deployment
+
+    @property
+    def settle_s(self) -> float:
+        """``trial_settle_s``, or its default."""
+        return self.trial_settle_s if self.trial_settle_s is not None else self.window_s / 10
+
+    @property
+    def revert_after_s(self) -> float:
+        return self.revert_check_s if self.revert_check_s is not None else self.window_s / 4
