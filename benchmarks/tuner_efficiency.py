@@ -46,6 +46,7 @@ import optuna
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, plan_windows
+from slopilot.tuner.study.grid_sweep import grid_sweep
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = {t: getattr(args, f"{t}_rate") for t in TIERS}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
-    grid = space().grid(GRID_POINTS)
+    grid = grid_sweep(space(), GRID_POINTS)
     ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
     with ctx.Pool(args.workers, initializer=_init,
                   initargs=(rates, args.duration, args.workload_seeds)) as pool:

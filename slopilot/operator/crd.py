@@ -51,7 +51,7 @@ from slopilot.operator.spec import (
 from slopilot.operator.validation import MAX_MODEL_REF
 from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, MAX_WAITING
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
-from slopilot.tuner.study.space import DEFAULT_BOUNDS, IntRange
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 
 __all__ = ["GROUP", "KIND", "PLURAL", "VERSION", "LLMDeploymentSpec", "SpecError",
            "crd_manifest", "crd_yaml", "openapi_schema", "parse_spec"]

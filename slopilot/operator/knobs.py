@@ -21,7 +21,8 @@ from typing import Any, cast
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
 from slopilot.operator.spec_reader import SpecReader, parse_duration
-from slopilot.tuner.study.space import DEFAULT_BOUNDS, IntRange, SearchSpace
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
+from slopilot.tuner.study.space import SearchSpace
 
 # spec.engine path (camelCase, as users write it) -> EngineConfig field name.
 KNOB_PATHS: dict[tuple[str, ...], str] = {

@@ -15,8 +15,9 @@ from slopilot.operator.daemon import study_name
 from slopilot.operator.knobs import VLLM_APPLIES
 from slopilot.operator.render import vllm_args
 from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, TUNABLE, IntRange
 from slopilot.tuner.study.live import ResumableTuner
-from slopilot.tuner.study.space import DEFAULT_BOUNDS, TUNABLE, IntRange, SearchSpace
+from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
 from tests.support.spaces import sample_configs
 

@@ -6,7 +6,9 @@ import optuna
 import pytest
 
 from slopilot.engine.config import ConfigError, EngineConfig
-from slopilot.tuner.study.space import CHUNK_PARAM, TUNABLE, IntRange, SearchSpace
+from slopilot.tuner.study.bounds import TUNABLE, IntRange
+from slopilot.tuner.study.grid_sweep import grid_sweep
+from slopilot.tuner.study.space import CHUNK_PARAM, SearchSpace
 from tests.support.spaces import sample_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -72,7 +74,8 @@ def test_params_round_trip_for_warm_start() -> None:
 def test_grid_covers_choices_and_holds_unswept_knobs_at_the_base() -> None:
     space = SearchSpace.from_bounds()
     base = EngineConfig(max_num_seqs=100, kv_watermark=0.1)
-    grid = space.grid({"token_budget": 4, "chunk_size": 3, "preemption_mode": 3}, base=base)
+    grid = grid_sweep(space, {"token_budget": 4, "chunk_size": 3, "preemption_mode": 3},
+                      base=base)
     assert {c["preemption_mode"] for c in grid} == {"recompute", "swap", "auto"}
     assert {c["max_num_seqs"] for c in grid} == {100}
     assert {c["kv_watermark"] for c in grid} == {0.1}
@@ -81,7 +84,7 @@ def test_grid_covers_choices_and_holds_unswept_knobs_at_the_base() -> None:
     assert len({tuple(sorted(c.items())) for c in grid}) == len(grid)
     for c in grid:
         EngineConfig().with_overrides(c)
-    full = space.grid(2)
+    full = grid_sweep(space, 2)
     assert len(full) > 100
 
 
@@ -123,7 +126,7 @@ def test_everything_fixed_is_refused_and_grid_points_checked() -> None:
     with pytest.raises(ConfigError, match="nothing to tune"):
         SearchSpace.from_bounds({name: EngineConfig().to_dict()[name] for name in TUNABLE})
     with pytest.raises(ConfigError, match="points_per_knob"):
-        SearchSpace.from_bounds().grid(0)
+        grid_sweep(SearchSpace.from_bounds(), 0)
     with pytest.raises(ConfigError, match="cannot be tuned"):
         SearchSpace({"block_size": IntRange(8, 16)})
 

@@ -24,8 +24,9 @@ import optuna
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, FloatRange
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.space import DEFAULT_BOUNDS, FloatRange, user_name
+from slopilot.tuner.study.space import user_name
 
 MIN_TRIALS = 8
 PREEMPTION_KNOBS = ("preemption_mode", "recompute_max_tokens", "max_preemptions_per_step",

@@ -1,10 +1,7 @@
 """The search space: which knobs the tuner moves, within which bounds, on which grid.
 
-Defaults come from the knobs' own ranges in ``EngineConfig`` metadata, narrowed to
-where a serving deployment plausibly wants them; a deployment fixes a knob or narrows
-its range with ``SearchSpace.from_bounds``: it writes ``[lo, hi]``, ``{lo, hi, log}``, a
-list of choices, or a single value (the knob is then fixed), which ``parse_bound`` turns
-into a checked bound. Two knobs are encoded, not sampled raw:
+A deployment's bounds (``bounds.py``: the default ranges, their parsing) become a space
+with ``SearchSpace.from_bounds``. Two knobs are encoded, not sampled raw:
 
 - ``token_budget`` is its multiple of ``budget_align``, a parameter named for the
   alignment (``token_budget/256``: 4 is 1024): the engine rounds the budget up to that
@@ -23,8 +20,6 @@ into a checked bound. Two knobs are encoded, not sampled raw:
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,124 +27,16 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from slopilot.engine.config import ConfigError, EngineConfig, PreemptionMode, coerce_knob
-
-__all__ = ["CHUNK_PARAM", "DEFAULT_BOUNDS", "LEGACY_BUDGET_PARAM", "TUNABLE", "Bound",
-           "Choice", "FloatRange", "IntRange", "SearchSpace", "TrialLike", "budget_param",
-           "parse_bound", "user_name"]
-
-
-@dataclass(frozen=True, slots=True)
-class IntRange:
-    lo: int
-    hi: int
-    log: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class FloatRange:
-    lo: float
-    hi: float
-    log: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    options: tuple[Any, ...]
-
-
-Bound = IntRange | FloatRange | Choice
-
-# The knobs the tuner moves, in the order they are suggested (budget before chunk).
-TUNABLE: tuple[str, ...] = (
-    "token_budget", "chunk_size", "max_num_seqs", "preemption_mode", "recompute_max_tokens",
-    "max_preemptions_per_step", "swap_timeout_ms", "p0_preempt_utilization", "kv_watermark")
-
-DEFAULT_BOUNDS: Mapping[str, Bound] = MappingProxyType({
-    "token_budget": IntRange(128, 8192),
-    "chunk_size": IntRange(64, 16384, log=True),  # capped by the budget per trial
-    "max_num_seqs": IntRange(8, 1024, log=True),
-    "preemption_mode": Choice(tuple(m.value for m in PreemptionMode)),
-    "recompute_max_tokens": IntRange(64, 8192, log=True),
-    "max_preemptions_per_step": IntRange(1, 16),
-    "swap_timeout_ms": FloatRange(1.0, 1000.0, log=True),
-    "p0_preempt_utilization": FloatRange(0.5, 1.0),
-    "kv_watermark": FloatRange(0.0, 0.2),
-})
-
-FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
-
-
-class BoundError(ConfigError):
-    """A malformed bound. ``problem`` is the message without its ``bounds.KNOB=...``
-    start, so a caller names the bound as its user wrote it (``tune --bound``)."""
-
-    def __init__(self, name: str, shown: str, problem: str) -> None:
-        super().__init__(f"bounds.{name}{shown}: {problem}", name)
-        self.problem = problem
-
-
-def parse_bound(name: str, spec: Any, default: Bound) -> Bound | None:
-    """A bound from user input; None means ``spec`` is a single value (the knob is fixed)."""
-    if isinstance(spec, (IntRange, FloatRange, Choice)):
-        bound: Bound = spec
-    elif isinstance(default, Choice):
-        if isinstance(spec, str | PreemptionMode):
-            return None
-        if not isinstance(spec, Sequence) or not spec:
-            raise BoundError(name, f"={spec!r}", "expected one value or a non-empty list of: "
-                             f"{', '.join(map(str, default.options))}")
-        bound = Choice(tuple(str(coerce_knob(name, s).value) for s in spec))
-    elif isinstance(spec, Mapping) or (isinstance(spec, Sequence) and not isinstance(spec, str)):
-        if isinstance(spec, Mapping):
-            unknown = set(spec) - {"lo", "hi", "min", "max", "log"}
-            if unknown:
-                raise BoundError(name, "", f"unknown field(s) {sorted(unknown)}; use lo and hi "
-                                 "(or min and max)")
-            lo, hi = spec.get("lo", spec.get("min")), spec.get("hi", spec.get("max"))
-            log = bool(spec.get("log", getattr(default, "log", False)))
-        else:
-            if len(spec) != 2:
-                raise BoundError(name, f"={list(spec)!r}", "expected two ends, lo and hi")
-            lo, hi = spec
-            log = getattr(default, "log", False)
-        lo = default.lo if lo is None else lo
-        hi = default.hi if hi is None else hi
-        if isinstance(default, IntRange):
-            lo, hi = coerce_knob(name, lo), coerce_knob(name, hi)
-            if isinstance(lo, bool) or isinstance(hi, bool) or not isinstance(lo, int) \
-                    or not isinstance(hi, int):
-                raise BoundError(name, f"=[{lo!r}, {hi!r}]", "expected whole numbers")
-            bound = IntRange(lo, hi, log)
-        else:
-            try:
-                bound = FloatRange(float(lo), float(hi), log)
-            except (TypeError, ValueError):
-                raise BoundError(name, f"=[{lo!r}, {hi!r}]", "expected numbers") from None
-    else:
-        return None
-    check_bound(name, bound)
-    return bound
-
-
-def check_bound(name: str, bound: Bound) -> None:
-    meta = FIELDS[name].metadata
-    if isinstance(bound, Choice):
-        for option in bound.options:
-            EngineConfig().with_overrides({name: option})  # names the allowed values
-        if len(set(bound.options)) != len(bound.options):
-            raise BoundError(name, f"={list(bound.options)!r}", "repeats a value")
-        return
-    lo, hi = meta["lo"], meta["hi"]
-    if not (math.isfinite(bound.lo) and math.isfinite(bound.hi)):
-        raise BoundError(name, f"=[{bound.lo}, {bound.hi}]", "expected finite numbers")
-    if bound.lo > bound.hi:
-        raise BoundError(name, f"=[{bound.lo}, {bound.hi}]", "lo is above hi; swap them")
-    if bound.lo < lo or bound.hi > hi:
-        raise BoundError(name, f"=[{bound.lo}, {bound.hi}]",
-                         f"leaves the knob's range; use values in [{lo}, {hi}]")
-    if bound.log and bound.lo <= 0:
-        raise BoundError(name, "", f"a log scale needs lo > 0, got {bound.lo}")
-
+from slopilot.tuner.study.bounds import (
+    DEFAULT_BOUNDS,
+    FIELDS,
+    TUNABLE,
+    Bound,
+    Choice,
+    FloatRange,
+    IntRange,
+    parse_bound,
+)
 
 CHUNK_PARAM = "chunk_fraction"
 LEGACY_BUDGET_PARAM = "token_budget_rank"
@@ -291,18 +178,20 @@ class SearchSpace:
                 f"smallest chunk {self._chunk_lo()}); widen the budget range or lower "
                 "chunk_size's lower bound")
 
-    def _chunk_cap(self, budget: int) -> tuple[int, int]:
+    def chunk_cap(self, budget: int) -> tuple[int, int]:
+        """The tuned chunk's range under ``budget`` (the chunk never exceeds the budget)."""
         b = self.bounds["chunk_size"]
         assert isinstance(b, IntRange)
         eff = -(-budget // self.budget_align) * self.budget_align
         return b.lo, max(b.lo, min(b.hi, eff))
 
-    def _chunk_from_fraction(self, budget: int, f: float) -> int:
-        lo, hi = self._chunk_cap(budget)
+    def chunk_from_fraction(self, budget: int, f: float) -> int:
+        """The chunk that the fraction ``f`` of its range under ``budget`` encodes."""
+        lo, hi = self.chunk_cap(budget)
         return min(hi, max(lo, round(math.exp(math.log(lo) + f * math.log(hi / lo)))))
 
     def _fraction_from_chunk(self, budget: int, chunk: int) -> float:
-        lo, hi = self._chunk_cap(budget)
+        lo, hi = self.chunk_cap(budget)
         if hi == lo:
             return 0.0
         return min(1.0, max(0.0, math.log(max(chunk, lo) / lo) / math.log(hi / lo)))
@@ -339,7 +228,7 @@ class SearchSpace:
         budget = int(config["token_budget"])
         for name in self.bounds:
             if name == "chunk_size":
-                config[name] = self._chunk_from_fraction(budget, float(params[CHUNK_PARAM]))
+                config[name] = self.chunk_from_fraction(budget, float(params[CHUNK_PARAM]))
             elif name != "token_budget":
                 config[name] = params[name]
         return config
@@ -405,66 +294,3 @@ class SearchSpace:
             if values[name] != getattr(v, "value", v):
                 raise ConfigError(f"{name}={values[name]!r} but this space fixes it at {v!r}")
         return {k: values[k] for k in full}
-
-    def grid(self, points_per_knob: int | Mapping[str, int] = 3, *,
-             base: EngineConfig | None = None) -> list[dict[str, Any]]:
-        """The cartesian grid for baselines: all choices, ``n`` points per numeric knob.
-
-        With a mapping, knobs it leaves out get one point: ``base``'s value (the engine
-        default if None) clamped into the bounds, as a grid sweep holds what it does not
-        sweep at the deployment's setting.
-        """
-        defaults = (base or EngineConfig()).to_dict()
-        def n_for(name: str) -> int:
-            n = points_per_knob.get(name, 1) if isinstance(points_per_knob, Mapping) \
-                else points_per_knob
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ConfigError(f"points_per_knob[{name}]={n!r}: expected a whole number >= 1")
-            return n
-
-        axes: list[list[tuple[str, Any]]] = []
-        for name, bound in self.bounds.items():
-            n = n_for(name)
-            if name == "token_budget":
-                grid = self.budget_grid()
-                idx = _spread(0, len(grid) - 1, n, log=False, integer=True)
-                axes.append([(name, grid[int(i)]) for i in idx])
-            elif name == "chunk_size":
-                fractions = _spread(0.0, 1.0, n, False, False) if n > 1 else [None]
-                axes.append([(CHUNK_PARAM, f) for f in fractions])
-            elif isinstance(bound, Choice):
-                options = bound.options if n > 1 or defaults[name] not in bound.options \
-                    else (defaults[name],)
-                axes.append([(name, o) for o in options])
-            elif n == 1:
-                v = min(bound.hi, max(bound.lo, defaults[name]))
-                axes.append([(name, v)])
-            else:
-                axes.append([(name, v) for v in _spread(
-                    bound.lo, bound.hi, n, bound.log, isinstance(bound, IntRange))])
-        out, seen = [], set()
-        for combo in itertools.product(*axes):
-            config: dict[str, Any] = {**self.fixed, "budget_align": self.budget_align}
-            config.update(combo)
-            if CHUNK_PARAM in config:
-                budget, f = int(config["token_budget"]), config.pop(CHUNK_PARAM)
-                lo, hi = self._chunk_cap(budget)
-                config["chunk_size"] = min(hi, max(lo, defaults["chunk_size"])) if f is None \
-                    else self._chunk_from_fraction(budget, f)
-            key = tuple(sorted(config.items()))
-            if key not in seen:  # chunk fractions can collapse onto one value
-                seen.add(key)
-                out.append(config)
-        return out
-
-
-def _spread(lo: float, hi: float, n: int, log: bool, integer: bool) -> list[Any]:
-    if n == 1 or lo == hi:
-        points = [lo if not log else math.sqrt(lo * hi)]
-    elif log:
-        points = [math.exp(math.log(lo) + i * math.log(hi / lo) / (n - 1)) for i in range(n)]
-    else:
-        points = [lo + i * (hi - lo) / (n - 1) for i in range(n)]
-    if integer:
-        return sorted({round(p) for p in points})
-    return points

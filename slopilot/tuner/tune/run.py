@@ -58,7 +58,8 @@ def main(args: argparse.Namespace) -> int:
 def run(s: TuneSettings) -> TuneOutcome:
     import optuna
 
-    from slopilot.tuner.study.space import BoundError, SearchSpace
+    from slopilot.tuner.study.bounds import BoundError
+    from slopilot.tuner.study.space import SearchSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
