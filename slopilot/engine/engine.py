@@ -71,8 +71,14 @@ class LLMEngine:
                  num_cpu_blocks: int = 0, swap_s_per_block: float = 0.0,
                  clock: Clock | None = None,
                  observers: list[StepObserver] | None = None,
-                 decode_knee: int | None = None, graph_batch: int | None = None) -> None:
-        self.scheduler = Scheduler(config, num_gpu_blocks, num_cpu_blocks, swap_s_per_block)
+                 decode_knee: int | None = None, graph_batch: int | None = None,
+                 max_model_len: int | None = None) -> None:
+        # The model's context bounds what the scheduler ever serves (given, or the
+        # executor's own): the server's limit, which the simulator judges requests by.
+        self.scheduler = Scheduler(
+            config, num_gpu_blocks, num_cpu_blocks, swap_s_per_block,
+            max_model_len=(max_model_len if max_model_len is not None
+                           else getattr(executor, "max_model_len", None)))
         self.executor = executor
         # The knee of the decode_spill shape feature (sim/shape.py), stamped on every
         # iteration for the cost model and the metrics: given, or the executor's own.

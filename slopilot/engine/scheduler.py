@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from slopilot.engine.admission import Admission
 from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.context_limit import fits_context, servable_tokens
 from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
 from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import Priority, Request, RequestStatus
@@ -93,12 +94,20 @@ class Scheduler(Admission):
         lengths by before it draws their tokens."""
         return num_tokens + 1 <= self.kv.num_gpu_blocks * self.kv.block_size
 
+    @property
+    def servable_len(self) -> int:
+        """The most prompt plus output tokens one request may reach: the model's context,
+        at most what the whole KV cache holds (``context_limit.servable_tokens``, the rule
+        the server advertises and enforces)."""
+        return servable_tokens(self.max_model_len,
+                               self.kv.num_gpu_blocks * self.kv.block_size)
+
     def can_ever_finish(self, num_prompt_tokens: int, max_tokens: int) -> bool:
-        """Whether a request of ``num_prompt_tokens`` and ``max_tokens`` of output can
-        end other than cut short: no request grows past the whole KV cache, so the server
-        refuses one that would (``backends.servable_len``), and the simulator rejects it
-        as the server does."""
-        return num_prompt_tokens + max_tokens <= self.kv.num_gpu_blocks * self.kv.block_size
+        """Whether the server takes a request of ``num_prompt_tokens`` and ``max_tokens``
+        of output: it refuses one past the model's context, or past the whole KV cache
+        (no request grows past it, even alone), with a 400 ``context_length_exceeded``
+        (``backends.servable_len``); the simulator rejects it as the server does."""
+        return fits_context(num_prompt_tokens, max_tokens, self.servable_len)
 
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:

@@ -27,8 +27,11 @@ def rank(req: Request) -> tuple[int, float, int]:
 
 class SchedulerBase:
     def __init__(self, config: EngineConfig, num_gpu_blocks: int, num_cpu_blocks: int = 0,
-                 swap_s_per_block: float = 0.0) -> None:
+                 swap_s_per_block: float = 0.0, max_model_len: int | None = None) -> None:
         self.config = config
+        # The model's context (the executor's); None: unknown, the KV cache alone bounds a
+        # request (``context_limit.servable_tokens``).
+        self.max_model_len = max_model_len
         self.kv = BlockManager(num_gpu_blocks, config.block_size, num_cpu_blocks,
                                config.enable_prefix_caching)
         self.swap_s_per_block = swap_s_per_block

@@ -66,6 +66,12 @@ class SimulatedExecutor:
 
     # -- sizing, for the engine and the scheduler -------------------------------------
 
+    @property
+    def max_model_len(self) -> int:
+        """The model's context: the server refuses a longer request, and so does the twin
+        (``context_limit``), whatever the KV cache holds."""
+        return self.cost_model.model.max_position_embeddings
+
     def num_gpu_blocks(self, gpu_memory_utilization: float = 0.9) -> int:
         return self.cost_model.num_kv_blocks(self.block_size, gpu_memory_utilization)
 

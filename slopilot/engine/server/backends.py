@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from slopilot.engine.config import EngineConfig
+from slopilot.engine.context_limit import servable_tokens
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
@@ -68,13 +69,14 @@ def servable_len(model_len: int, num_gpu_blocks: int, block_size: int) -> int:
     advertises it. vLLM refuses to start instead; here the cache is sized by flag
     (``--num-gpu-blocks``), and the log says what it costs."""
     held = num_gpu_blocks * block_size
-    if held < model_len:
+    limit = servable_tokens(model_len, held)  # the scheduler's rule, which the twin judges by
+    if limit < model_len:
         logging.getLogger("slopilot.serve").warning(
             "the KV cache holds %d tokens (%d blocks of %d), less than the model's context "
             "of %d: requests of up to %d tokens (prompt plus max_tokens) are served; give "
             "the cache more blocks to serve the whole context", held, num_gpu_blocks,
             block_size, model_len, held)
-    return min(model_len, held)
+    return limit
 
 
 def build_simulated(config: EngineConfig, *, scenario: str = "tiny-cpu",

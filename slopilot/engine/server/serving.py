@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slopilot.engine.clients import ClientClasses, ClientRefused, Served
+from slopilot.engine.context_limit import fits_context
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority, Request, SamplingError, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
@@ -191,7 +192,7 @@ def _max_tokens(backend: Backend, body: CompletionRequest | ChatCompletionReques
     limit = backend.max_model_len
     max_tokens = asked if asked is not None else (
         limit - num_prompt if chat else COMPLETIONS_DEFAULT_MAX_TOKENS)
-    if num_prompt + max_tokens > limit:
+    if not fits_context(num_prompt, max_tokens, limit):
         raise APIError(400, f"{context_of(backend)}; the prompt has "
                        f"{num_prompt} and {param} asks for {max_tokens}: lower {param} "
                        f"to at most {limit - num_prompt}", param=param,
