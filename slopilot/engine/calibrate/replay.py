@@ -119,6 +119,9 @@ class SpecWorkload:
                   now: float) -> list[RequestSpec]:
         return []
 
+    def on_rejected(self, spec: RequestSpec, now: float) -> list[RequestSpec]:
+        return []
+
 
 def replay_sim(scenario: Scenario, config: EngineConfig, specs: Sequence[RequestSpec],
                recorder: Recorder) -> WindowSummary:

@@ -84,6 +84,9 @@ class OpenLoopWorkload:
                   now: float) -> list[RequestSpec]:
         return []
 
+    def on_rejected(self, spec: RequestSpec, now: float) -> list[RequestSpec]:
+        return []
+
     @property
     def mean_rate(self) -> float:
         """Requests per second averaged over the run (the phases' rates, time-weighted)."""

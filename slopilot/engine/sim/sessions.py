@@ -133,11 +133,7 @@ class SessionWorkload:
                   now: float) -> list[RequestSpec]:
         if spec.session_id is None:
             return []
-        session = self._sessions.get(spec.session_id)
-        if session is None or session.turn != spec.turn:
-            raise ValueError(
-                f"on_finish for session {spec.session_id} turn {spec.turn}, which this "
-                "workload is not waiting on; report each finished request exactly once")
+        session = self._session_of(spec, "on_finish")
         if len(all_token_ids) < spec.num_prompt_tokens:
             raise ValueError(
                 f"all_token_ids has {len(all_token_ids)} tokens, fewer than the prompt's "
@@ -160,6 +156,30 @@ class SessionWorkload:
                                     session_id=spec.session_id, turn=session.turn)]
         # The conversation is over: a new user takes the slot if the phase still wants it.
         del self._sessions[spec.session_id]
+        return self._next_user(session, at)
+
+    def on_rejected(self, spec: RequestSpec, now: float) -> list[RequestSpec]:
+        """A refused turn ends its conversation: its user cannot go on (a history too
+        long for the deployment stays too long). A new user takes the slot after a think
+        time, as when a conversation ends by itself; without one the slot stayed empty
+        for the rest of the run, and the concurrency fell with every refusal."""
+        if spec.session_id is None:
+            return []
+        session = self._session_of(spec, "on_rejected")
+        del self._sessions[spec.session_id]
+        at = now + self.phases[self.phase_at(now)].think_time_s.float1(session.rng)
+        return [] if at >= self.duration_s else self._next_user(session, at)
+
+    def _session_of(self, spec: RequestSpec, report: str) -> _Session:
+        session = None if spec.session_id is None else self._sessions.get(spec.session_id)
+        if session is None or session.turn != spec.turn:
+            raise ValueError(
+                f"{report} for session {spec.session_id} turn {spec.turn}, which this "
+                "workload is not waiting on; report each request's end (finished or "
+                "rejected) exactly once")
+        return session
+
+    def _next_user(self, session: _Session, at: float) -> list[RequestSpec]:
         if session.slot >= self.phases[self.phase_at(at)].concurrency:
             return []
         nxt = self._start_session(session.slot, at)

@@ -202,7 +202,9 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         _, _, spec, from_source = heapq.heappop(pending)
         if from_source:
             pull()
-        _dispatch(reps, spec, next(counter), stats)
+        if not _dispatch(reps, spec, next(counter), stats):
+            for follow in workload.on_rejected(spec, spec.arrival_time):
+                heapq.heappush(pending, (follow.arrival_time, next(counter), follow, False))
     if progress is not None:
         # Where the run stopped: the horizon, or sooner when nothing was left to do (or
         # to judge).
@@ -210,18 +212,20 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
     # Anything still in flight at the end is cut off; SimStats.close censors it.
 
 
-def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) -> None:
+def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) -> bool:
+    """Admit ``spec`` to the least loaded replica; False: rejected, as the server would."""
     rep = min(reps, key=lambda r: len(r.engine.scheduler.requests))
     if rep.clock.t < spec.arrival_time:
         rep.clock.t = spec.arrival_time
     rid = f"s{n}"
     # Judged by length before the prompt is read: a trace's prompt is drawn only then,
     # and one no replica holds (a typo, a hostile file) would cost its size in memory.
-    # With its output too: the server refuses a request the cache cannot see finish.
+    # With its output too: the server refuses a request past the model's context or one
+    # the cache cannot see finish (``context_limit``).
     if not rep.engine.scheduler.can_ever_finish(spec.num_prompt_tokens, spec.max_tokens):
         rep.rejected += 1
         stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens)
-        return
+        return False
     req = Request(rid, list(spec.prompt_token_ids),
                   SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
                   priority=spec.priority, arrival_time=spec.arrival_time)
@@ -234,6 +238,7 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
                           for_load=for_load)
         if for_load and rep.metrics is not None:
             rep.metrics.count_refused(spec.priority, rep.metrics.slo)
-        return
+        return False
     stats.on_arrival(req)
     rep.specs[rid] = spec
+    return True

@@ -264,6 +264,9 @@ class TraceWorkload:
                   now: float) -> list[RequestSpec]:
         return []
 
+    def on_rejected(self, spec: RequestSpec, now: float) -> list[RequestSpec]:
+        return []
+
     def _blocks(self, blocks: tuple[int, ...], i: int, n: int) -> list[int]:
         """Request ``i``'s ``n`` prompt tokens: each named block's own tokens (drawn from
         its id alone, so every prompt naming it holds the same ones), then the request's

@@ -1,8 +1,9 @@
 """What the simulator is fed: request specs, the Workload protocol, synthetic tokens, class mix.
 
 The simulator pulls ``initial()`` (arrivals known up front, in time order, possibly lazy)
-and calls ``on_finish()`` for every finished request; closed-loop workloads answer with
-follow-ups (the next turn of a chat session after a think time), open-loop ones with [].
+and calls ``on_finish()`` for every finished request, ``on_rejected()`` for every refused
+one; closed-loop workloads answer with follow-ups (the next turn of a chat session after a
+think time, or a new session in its slot), open-loop ones with [].
 
 The concrete workloads live next door: ``open_loop.OpenLoopWorkload`` (Poisson, gamma and
 on/off arrivals, with phase shifts), ``sessions.SessionWorkload`` (fixed concurrency,
@@ -77,6 +78,11 @@ class Workload(Protocol):
         ``all_token_ids`` is the finished request's prompt plus its generated output; a
         chat session's next turn starts with it, so its history is a real shared prefix.
         """
+        ...
+
+    def on_rejected(self, spec: RequestSpec, now: float) -> list[RequestSpec]:
+        """Follow-ups of ``spec`` refused at ``now`` (too long for the deployment, or a full
+        queue): a chat user whose turn is refused starts a new conversation."""
         ...
 
 

@@ -20,7 +20,7 @@ from slopilot.engine.server.protocol import CompletionRequest
 from slopilot.engine.server.serving import prepare
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.profiles import get_model
-from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.scenario import Scenario, load_scenario, parse_scenario
 from slopilot.engine.sim.simulator import build_engine, simulate
 from slopilot.engine.sim.trace_scenario import TraceOptions, replay_measure, with_trace
 
@@ -85,3 +85,39 @@ def test_the_closed_loop_cluster_serves_none_of_them(tmp_path: Path) -> None:
     cluster.advance(120.0)
     assert cluster.summary(0.0, 120.0).overall.requests_finished == 2
 
+
+def _chat(question_tokens: int, *, turns: int = 1, seconds: float = 60.0) -> Scenario:
+    """Two chat users on the seed's deployment; each question ``question_tokens`` long."""
+    return parse_scenario({
+        "name": "chat", "gpu": "H800", "num_gpus": 8, "tp": 8, "model": "deepseek-67b",
+        "duration_s": seconds, "seed": 0,
+        "workload": {"type": "sessions", "concurrency": 2, "turns": turns,
+                     "question_tokens": {"dist": "fixed", "value": question_tokens},
+                     "output_tokens": {"dist": "fixed", "value": 100},
+                     "user_tokens": {"dist": "fixed", "value": 1000},
+                     "think_time_s": {"dist": "fixed", "value": 5}}})
+
+
+def test_a_refused_turn_ends_its_conversation_and_a_new_user_takes_the_slot() -> None:
+    # Each conversation's 4th turn outgrows the context (3 x (1000 + 100) + 1000 > 4096):
+    # the deployment refuses it, and a new user starts over in the slot, as when a
+    # conversation ends by itself. The slot stayed empty: concurrency fell to 0.
+    sc = _chat(1000, turns=8, seconds=120.0)
+    run = simulate(sc)
+    acc = run.summary.overall.accounting
+    assert acc is not None and acc.requests_rejected >= 4
+    # Every refused conversation had three turns served first.
+    assert run.summary.overall.requests_finished >= 3 * acc.requests_rejected
+
+
+def test_a_workload_of_requests_all_too_long_is_all_rejected_and_says_so() -> None:
+    run = simulate(_chat(CONTEXT))
+    summary = run.summary
+    acc = summary.overall.accounting
+    assert acc is not None and summary.run is not None
+    # Every user tried again after their think time: 2 slots, one try per 5 s.
+    assert acc.requests_arrived == acc.requests_rejected == summary.run.rejected > 2
+    assert summary.overall.requests_finished == 0
+    assert summary.overall.throughput_tok_s == summary.overall.goodput_tok_s == 0.0
+    assert summary.overall.slo_attainment is None
+    assert summary.overall.ttft_p99_ms is None
