@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,7 +81,9 @@ class ModelProfile:
     intermediate_size: int
     vocab_size: int
     tie_word_embeddings: bool = False
-    max_position_embeddings: int = 4096
+    # The model's context in tokens (config.json's): no default, since the server and the
+    # twin refuse a longer request (``context_limit``) and a guess would move that line.
+    max_position_embeddings: int = field(kw_only=True)
     dtype_bytes: int = 2       # bf16 weights and KV cache
 
     def __post_init__(self) -> None:
@@ -198,6 +200,13 @@ def get_model(name: str) -> ModelProfile:
     return _lookup("model", name, MODELS, _MODEL_ALIASES)
 
 
+_MISSING_HINTS = {
+    "max_position_embeddings": "the model's context in tokens, config.json's "
+                               "max_position_embeddings: requests longer than it are "
+                               "refused, by the server and the twin; give it",
+}
+
+
 def _from_mapping(cls: type[_P], data: Mapping[str, Any], source: str) -> _P:
     if not isinstance(data, Mapping):
         raise ProfileError(f"{source}: expected a mapping of {cls.__name__} fields")
@@ -210,7 +219,8 @@ def _from_mapping(cls: type[_P], data: Mapping[str, Any], source: str) -> _P:
         f.name for f in dataclasses.fields(cls)
         if f.name not in data and f.default is dataclasses.MISSING)
     if missing:
-        raise ProfileError(f"{source}: missing field(s) {', '.join(missing)}")
+        hints = "".join(f" ({_MISSING_HINTS[m]})" for m in missing if m in _MISSING_HINTS)
+        raise ProfileError(f"{source}: missing field(s) {', '.join(missing)}{hints}")
     kinds = {f.name: f.type for f in dataclasses.fields(cls)}
     values = {name: _coerce(value, str(kinds[name]), f"{source}: {name}")
               for name, value in data.items()}

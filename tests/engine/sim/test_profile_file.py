@@ -93,6 +93,9 @@ def _broken(tmp_path: Path, edit: dict[str, object], drop: str | None = None) ->
     ({"memory.block_size": 0}, None, r"memory.block_size=0: must be at least 1"),
     ({}, "cost_model.executor", r"cost_model.executor is required but missing"),
     ({"model.colour": "red"}, None, r"model.colour: unknown key"),
+    # No guess at the model's context: the twin refuses requests longer than it.
+    ({}, "model.shape.max_position_embeddings",
+     r"model.shape: missing field\(s\) max_position_embeddings \(the model's context"),
 ])
 def test_malformed_profiles_name_the_file_field_and_fix(
         tmp_path: Path, edit: dict[str, object], drop: str | None, message: str) -> None:

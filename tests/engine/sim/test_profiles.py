@@ -80,13 +80,13 @@ def test_gpu_profile_rejects_non_positive_figures(field: str) -> None:
 def test_model_profile_needs_heads_to_be_a_multiple_of_kv_heads() -> None:
     with pytest.raises(ProfileError, match="num_heads=6 is not a multiple of num_kv_heads=4"):
         ModelProfile("odd", num_layers=1, hidden_size=64, num_heads=6, num_kv_heads=4,
-                     head_dim=16, intermediate_size=64, vocab_size=10)
+                     head_dim=16, intermediate_size=64, vocab_size=10, max_position_embeddings=64)
 
 
 def test_model_profile_rejects_zero_layers() -> None:
     with pytest.raises(ProfileError, match="num_layers=0"):
         ModelProfile("empty", num_layers=0, hidden_size=64, num_heads=4, num_kv_heads=4,
-                     head_dim=16, intermediate_size=64, vocab_size=10)
+                     head_dim=16, intermediate_size=64, vocab_size=10, max_position_embeddings=64)
 
 
 def test_profiles_load_from_yaml(tmp_path: Path) -> None:
@@ -97,12 +97,28 @@ def test_profiles_load_from_yaml(tmp_path: Path) -> None:
         "     memory_bytes: 48000000000, nvlink_bandwidth: 0, pcie_bandwidth: 32e9}\n"
         "models:\n"
         "  - {name: Mini, num_layers: 4, hidden_size: 256, num_heads: 4, num_kv_heads: 2,\n"
-        "     head_dim: 64, intermediate_size: 512, vocab_size: 1000}\n")
+        "     head_dim: 64, intermediate_size: 512, vocab_size: 1000,\n"
+        "     max_position_embeddings: 32768}\n")
     gpus, models = load_profiles(path)
     assert gpus["l40s"].peak_flops == 362e12
     assert gpus["l40s"].memory_bytes == 48_000_000_000
     assert models["mini"].num_kv_heads == 2
     assert models["mini"].tie_word_embeddings is False
+    assert models["mini"].max_position_embeddings == 32768
+
+
+def test_a_model_without_its_context_is_refused_not_given_a_guess() -> None:
+    # A default (4,096) made the twin refuse a 32k-context model's long requests, or
+    # serve a 2k one's, by a number nobody wrote.
+    shape = {"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4,
+             "num_kv_heads": 2, "head_dim": 64, "intermediate_size": 512, "vocab_size": 1000}
+    with pytest.raises(ProfileError, match=r"missing field\(s\) max_position_embeddings "
+                       r"\(the model's context in tokens, config.json's"):
+        model_from_dict(shape)
+    with pytest.raises(TypeError, match="max_position_embeddings"):
+        ModelProfile(**shape)  # type: ignore[arg-type]
+    assert model_from_dict({**shape, "max_position_embeddings": 32768}) \
+        .max_position_embeddings == 32768
 
 
 def test_yaml_with_an_unknown_field_names_it_and_the_valid_ones(tmp_path: Path) -> None:
@@ -139,7 +155,8 @@ def test_numbers_written_as_text_are_parsed_or_refused_by_name() -> None:
     with pytest.raises(ProfileError, match=r"num_layers='2\.5': expected a whole number"):
         model_from_dict({"name": "m", "num_layers": "2.5", "hidden_size": 64,
                          "num_heads": 4, "num_kv_heads": 4, "head_dim": 16,
-                         "intermediate_size": 64, "vocab_size": 10})
+                         "intermediate_size": 64, "vocab_size": 10,
+                         "max_position_embeddings": 64})
 
 
 def test_whole_floats_become_ints_for_integer_fields() -> None:
