@@ -46,6 +46,18 @@ def test_every_shipped_scenario_loads_and_builds(name: str) -> None:
     assert all(0 <= s.arrival_time < scenario.duration_s for s in specs)
 
 
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_scenario_fits_its_models_context(name: str) -> None:
+    # The twin refuses what the model's context cannot hold, as the server does: a
+    # scenario whose requests are longer than its model's context measures refusals.
+    # long-context sent 8k-32k prompts to Llama-3-70B (8,192 tokens): every one refused.
+    scenario = load_scenario(name)
+    context = profiles.get_model(scenario.model).max_position_embeddings
+    specs = list(itertools.islice(scenario.build_workload().initial(), 2000))
+    too_long = [s for s in specs if s.num_prompt_tokens + s.max_tokens > context]
+    assert len(too_long) <= len(specs) // 100, (name, context, len(too_long), len(specs))
+
+
 def test_the_seed_scenario_is_what_its_name_says() -> None:
     s = load_scenario("seed-h800x8-deepseek67b")
     assert (s.gpu, s.num_gpus, s.tp, s.model, s.duration_s) == ("H800", 8, 8, "deepseek-67b",
