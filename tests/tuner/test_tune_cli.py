@@ -217,16 +217,43 @@ def test_seeds_on_a_trace_are_refused(workload: list[str], seeds: str, message: 
 def test_a_trace_no_request_of_which_fits_the_deployment_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Every request was rejected (prompts past the KV cache, whatever the knobs), no class
-    # had a P99 to miss, and the study said "holds the SLO", exit 0, goodput 0.
+    # had a P99 to miss, and the study said "holds the SLO", exit 0, goodput 0. Here a
+    # cache of 5,264 tokens holds less than Llama-3-8B's context: the cache decides.
+    scenario = tmp_path / "small.yaml"
+    scenario.write_text(
+        "name: small\ngpu: A100\nnum_gpus: 1\ntp: 1\nmodel: llama-3-8b\n"
+        "gpu_memory_utilization: 0.22\nduration_s: 60\nseed: 0\n"
+        "workload: {type: trace, trace: azure-llm-2023-conv}\n")
     trace = tmp_path / "long.csv"
     trace.write_text("arrival_time,prompt_tokens,output_tokens\n"
-                     + "".join(f"{t},{10_000_000 + t},10\n" for t in range(20)))
-    assert main(["tune", "--trace", str(trace), "--trials", "1", "--quiet"]) == 2
+                     + "".join(f"{t},{6_000 + t},10\n" for t in range(20)))
+    assert main(["tune", "--scenario", str(scenario), "--trace", str(trace), "--trials", "1",
+                 "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"--trace {trace}: none of its 20 requests fits" in err, err
-    assert "the shortest prompt is 10,000,000 tokens" in err, err
+    assert "its KV cache holds 5,264 tokens" in err, err
+    assert "the shortest is 6,010 tokens (prompt plus output)" in err, err
     assert "give a --scenario whose GPUs hold them" in err, err
+
+
+def test_a_trace_every_request_of_which_exceeds_the_models_context_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 x H800 hold every one of them, but DeepSeek-67B's context is 4,096 tokens: the
+    # server refuses each (400), and the study judged an empty run as holding the SLO.
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n"
+                     + "".join(f"{t},{4000 + t},100\n" for t in range(20)))
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", None)  # refused before the study
+    assert main(["tune", "--scenario", "seed-h800x8-deepseek67b", "--trace", str(trace),
+                 "--trials", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--trace {trace}: none of its 20 requests fits" in err, err
+    assert "deepseek-67b's context of 4,096 tokens" in err, err
+    assert "the shortest is 4,100 tokens (prompt plus output)" in err, err
+    assert "give a --scenario whose model's context holds them" in err, err
 
 
 def test_a_trace_whose_requests_partly_fit_is_tuned_on_them(

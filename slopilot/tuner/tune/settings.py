@@ -89,24 +89,33 @@ def _seconds(flag: str, value: float | None, *, zero_ok: bool) -> float | None:
 
 def _check_fits(scenario: Scenario, trace: TraceSpec, fixed: Mapping[str, str], *,
                 given: bool) -> None:
-    """Refuse a trace none of whose requests one replica can ever hold: each is rejected
-    whatever the knobs, no class has a P99 left to miss, and the study would call an
-    empty verdict holding the SLO."""
+    """Refuse a trace none of whose requests one replica ever serves (the model's context,
+    at most its KV cache: ``Scheduler.can_ever_finish``, the server's rule): each is
+    rejected whatever the knobs, no class has a P99 left to miss, and the study would call
+    an empty verdict holding the SLO."""
     from slopilot.engine.sim.simulator import build_engine  # heavy: not at registration
 
     engine, _ = build_engine(scenario, scenario.engine_config().with_overrides(fixed))
+    sched = engine.scheduler
     records = trace.records()
-    if any(engine.scheduler.can_ever_fit(r.prompt_tokens) for r in records):
+    if any(sched.can_ever_finish(r.prompt_tokens, r.output_tokens) for r in records):
         return
-    holds = engine.scheduler.kv.num_gpu_blocks * engine.scheduler.kv.block_size
+    holds = sched.kv.num_gpu_blocks * sched.kv.block_size
     named = f"--trace {trace.trace}" if given else f"{scenario.name}'s trace {trace.trace}"
+    shortest = min(r.prompt_tokens + r.output_tokens for r in records)
+    where = f"{scenario.name} ({scenario.tp} x {scenario.gpu}, {scenario.model})"
+    if sched.max_model_len is not None and sched.max_model_len < holds:
+        limit = (f"it serves at most {scenario.model}'s context of "
+                 f"{sched.max_model_len:,} tokens (its KV cache holds {holds:,})")
+        fix = "give a --scenario whose model's context holds them"
+    else:
+        limit = f"its KV cache holds {holds:,} tokens"
+        fix = "give a --scenario whose GPUs hold them"
     raise ValueError(
-        f"{named}: none of its {len(records):,} requests fits one replica of "
-        f"{scenario.name} ({scenario.tp} x {scenario.gpu}, {scenario.model}): its KV cache "
-        f"holds {holds:,} tokens, the shortest prompt is "
-        f"{min(r.prompt_tokens for r in records):,} tokens, so every request would be "
-        "rejected whatever the knobs; give a --scenario whose GPUs hold them, or check that "
-        "the prompt column holds lengths in tokens")
+        f"{named}: none of its {len(records):,} requests fits one replica of {where}: "
+        f"{limit}, the shortest is {shortest:,} tokens (prompt plus output), so every "
+        f"request would be rejected whatever the knobs; {fix}, or check that the "
+        "prompt and output columns hold lengths in tokens")
 
 
 def settings_from(args: argparse.Namespace) -> TuneSettings:
