@@ -12,7 +12,8 @@ an Azure-2024-shaped trace (the 2024 CSV's zone-suffixed dates; a 900 s diurnal 
 2,500-3,500 tokens within a second, 1.5 % of the requests: neither busiest minute holds
 it);
 the review's reasoning trace (0.25 req/s for 900 s, outputs of 8,000-16,000 tokens) on
-the default deployment; a longer one with shorter outputs (judged on windows, not
+the default deployment with a long-context model (Llama-3.1-8B: Llama-3-8B's 8,192-token
+context refuses them); a longer one with shorter outputs (judged on windows, not
 whole); and two traces on a slow-decode deployment (Llama-3-70B on 2 x A100, ~50 ms a
 step: requests of 1,500-3,000 tokens live ~2.5 minutes), one whose whole replay misses
 and one whose whole replay holds.
@@ -61,6 +62,33 @@ slo:
   profile: relaxed
 """
 
+# The default deployment for a bare --trace (azure-conv-2023) on Llama-3.1-8B: the same
+# cost model, with a context (128k) that holds a reasoning request's 8,000-16,000 tokens
+# of output; Llama-3-8B's 8,192 refuses them (the server's 400, and the twin's).
+LONG_CONTEXT = """\
+name: long-context-8b
+description: azure-conv-2023's deployment on Llama-3.1-8B (a 128k context)
+gpu: H100
+num_gpus: 1
+tp: 1
+model: llama-3.1-8b
+gpu_memory_utilization: 0.9
+duration_s: 1401
+seed: 0
+engine: {}
+workload:
+  type: trace
+  trace: azure-llm-2023-conv
+  time_scale: 0.4
+  classes: {p1: 1.0}
+slo:
+  profile: standard
+  classes:
+    p0: {ttft_p99_ms: 100, tbt_p99_ms: 20}
+    p1: {ttft_p99_ms: 500, tbt_p99_ms: 100}
+  max_preemptions_per_min: 10
+"""
+
 CLI = "import sys; from slopilot.cli import main; sys.argv[0] = 'slopilot'; sys.exit(main())"
 
 
@@ -68,7 +96,8 @@ CLI = "import sys; from slopilot.cli import main; sys.argv[0] = 'slopilot'; sys.
 class Case:
     name: str
     scenario: str | None
-    """``slow`` for the slow-decode deployment, a scenario name, or None (bare --trace)."""
+    """``slow`` for the slow-decode deployment, ``long`` for the default one on a long-context
+    model, a scenario name, or None (bare --trace)."""
     rate: float = 0.0
     span_s: float = 0.0
     outputs: tuple[int, int] = (0, 0)
@@ -80,8 +109,8 @@ class Case:
 CASES = (
     Case("azure-conv", "azure-conv-2023"),
     Case("azure24-burst", None, 6.0, 900.0, shape="burst"),
-    Case("reasoning-900s", None, 0.25, 900.0, (8000, 16000)),
-    Case("reasoning-1800s", None, 0.5, 1800.0, (4000, 8000)),
+    Case("reasoning-900s", "long", 0.25, 900.0, (8000, 16000)),
+    Case("reasoning-1800s", "long", 0.5, 1800.0, (4000, 8000)),
     Case("slow-miss", "slow", 0.2, 1200.0, (1500, 3000)),
     Case("slow-hold", "slow", 0.14, 1200.0, (1500, 3000)),
 )
@@ -121,9 +150,9 @@ def burst_trace(path: Path, peak: float, span_s: float) -> None:
 def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
     flags: list[str] = []
     scenario_arg = case.scenario
-    if case.scenario == "slow":
-        scenario_arg = str(work / "slow.yaml")
-        Path(scenario_arg).write_text(SLOW_DECODE)
+    if case.scenario in ("slow", "long"):
+        scenario_arg = str(work / f"{case.scenario}.yaml")
+        Path(scenario_arg).write_text(SLOW_DECODE if case.scenario == "slow" else LONG_CONTEXT)
     if scenario_arg is not None:
         flags += ["--scenario", scenario_arg]
     trace = None

@@ -147,6 +147,10 @@ MODELS: dict[str, ModelProfile] = {p.name.lower(): p for p in (
     ModelProfile("Llama-3-70B", num_layers=80, hidden_size=8192, num_heads=64,
                  num_kv_heads=8, head_dim=128, intermediate_size=28672,
                  vocab_size=128256, max_position_embeddings=8192),
+    # meta-llama/Llama-3.1-8B: Llama-3-8B's shape, with a 128k context
+    ModelProfile("Llama-3.1-8B", num_layers=32, hidden_size=4096, num_heads=32,
+                 num_kv_heads=8, head_dim=128, intermediate_size=14336,
+                 vocab_size=128256, max_position_embeddings=131072),
     # meta-llama/Llama-3.1-70B: Llama-3-70B's shape, with a 128k context
     ModelProfile("Llama-3.1-70B", num_layers=80, hidden_size=8192, num_heads=64,
                  num_kv_heads=8, head_dim=128, intermediate_size=28672,
@@ -166,8 +170,8 @@ MODELS: dict[str, ModelProfile] = {p.name.lower(): p for p in (
 )}
 _MODEL_ALIASES = {"deepseek-llm-67b": "deepseek-67b", "llama3-8b": "llama-3-8b",
                   "llama3-70b": "llama-3-70b", "meta-llama-3-8b": "llama-3-8b",
-                  "meta-llama-3-70b": "llama-3-70b", "llama3.1-70b": "llama-3.1-70b",
-                  "tiny": "tiny-random"}
+                  "meta-llama-3-70b": "llama-3-70b", "llama3.1-8b": "llama-3.1-8b",
+                  "llama3.1-70b": "llama-3.1-70b", "tiny": "tiny-random"}
 
 _P = TypeVar("_P", GPUProfile, ModelProfile)
 
