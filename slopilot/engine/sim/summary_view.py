@@ -157,6 +157,7 @@ def footer(summary: WindowSummary, *, definitions: bool = True) -> list[str]:
         lines.append(f"{a.ttft_censored:,} request(s) had no first token when the run ended: "
                      "their TTFT counts as the time they had waited (a lower bound)")
     if a is not None and a.requests_rejected:
-        lines.append(f"{a.requests_rejected:,} request(s) rejected: a prompt that can never "
-                     "fit this deployment's KV cache or context, or a full waiting queue")
+        lines.append(f"{a.requests_rejected:,} request(s) rejected: prompt plus output past "
+                     "the model's context or this deployment's KV cache (the server's 400), "
+                     "or a full waiting queue")
     return lines + list(DEFINITIONS) if definitions else lines
