@@ -68,8 +68,25 @@ class _NullIsDefault(BaseModel):
                 or fields[k].is_required()}
 
 
-class StreamOptions(_NullIsDefault):
-    include_usage: bool = False
+class StreamOptions(BaseModel):
+    """What a stream says of its token usage, as vLLM's ``StreamOptions`` reads it.
+
+    Once given, ``include_usage`` is true unless it says otherwise; null is false, not
+    the default (vLLM tests the value, and null is falsy there), so these fields are
+    not ``_NullIsDefault``'s. ``continuous_usage_stats`` (a vLLM extension) puts each
+    chunk's usage on it, and needs ``include_usage``."""
+
+    # Unknown keys are kept: options that say anything at all need stream=true.
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+    @property
+    def given(self) -> bool:
+        """Whether the options say anything (vLLM refuses only such options without a
+        stream: an empty object passes)."""
+        return bool(self.model_fields_set or self.model_extra)
 
 
 class _GenerationFields(_NullIsDefault):
@@ -148,8 +165,9 @@ class _GenerationFields(_NullIsDefault):
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _GenerationFields:
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream=true")
+        if self.stream_options is not None and self.stream_options.given and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true: send "
+                             "stream=true, or leave stream_options out")
         return self
 
     @property
@@ -158,7 +176,14 @@ class _GenerationFields(_NullIsDefault):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        """The stream ends with a chunk of the request's usage (and no choices)."""
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Each chunk carries its choice's usage so far (``continuous_usage_stats``)."""
+        return self.include_usage and bool(self.stream_options
+                                           and self.stream_options.continuous_usage_stats)
 
     @property
     def bias(self) -> tuple[tuple[int, float], ...]:

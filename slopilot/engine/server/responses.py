@@ -4,6 +4,13 @@ Each choice (an engine request) has its own stream and decoder; the choices of o
 HTTP request are read together, as their tokens arrive, so ``n`` choices or a batch of
 prompts stream interleaved, each chunk naming its choice ``index``.
 
+A stream's usage is written where and as vLLM writes it, so a client (or the meter,
+which asks every stream for it) reads the same bytes from either: with
+``stream_options.include_usage`` a last chunk of the request's usage and no choices;
+with ``continuous_usage_stats`` each chunk's usage too, its choice's tokens so far. A
+completions chunk writes every field (``"usage": null`` without them), a chat chunk
+only the ones set.
+
 TTFT and end-to-end latency are observed here, per choice, as the client sees them:
 from the request's arrival at the server (stamped before the body was parsed) to the
 moment the chunk carrying its first output was written (streaming), or the first token
@@ -198,10 +205,12 @@ class ChoiceState:
 
 
 def _usage(prep: Prepared, states: list[ChoiceState]) -> dict[str, int]:
+    """The request's usage: each prompt once (not once per choice), every choice's
+    tokens; in vLLM's field order (its ``UsageInfo``)."""
     prompt = sum(len(p.token_ids) for p in prep.prompts)
     completion = sum(len(s.token_ids) for s in states)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "completion_tokens": completion}
 
 
 async def _deltas(states: list[ChoiceState]) -> AsyncIterator[tuple[ChoiceState, StreamDelta]]:
@@ -388,6 +397,19 @@ async def collect(delivery: Delivery, text_of: TokenText) -> dict[str, object]:
     return body
 
 
+def _usage_so_far(state: ChoiceState, *, details: bool) -> dict[str, int | None]:
+    """A chunk's continuous usage, as vLLM writes it: its choice's prompt and the tokens
+    it got so far (``previous_num_tokens[i]``: per choice, not per request; 0 before the
+    first); ``details``: ``prompt_tokens_details`` as null, as a completions chunk
+    writes every field."""
+    prompt, so_far = len(state.choice.prompt.token_ids), len(state.token_ids)
+    usage: dict[str, int | None] = {"prompt_tokens": prompt, "total_tokens": prompt + so_far,
+                                    "completion_tokens": so_far}
+    if details:
+        usage["prompt_tokens_details"] = None
+    return usage
+
+
 def _sse(payload: object) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
@@ -398,8 +420,7 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
     obj = "chat.completion.chunk" if prep.chat else "text_completion"
     base: dict[str, object] = {"id": prep.request_id, "object": obj,
                                "created": prep.created, "model": backend.served_model_name}
-    if prep.include_usage:
-        base["usage"] = None
+    continuous = prep.continuous_usage
 
     def chunk(state: ChoiceState, text: str | None, finish: str | None,
               logprobs: Any = None, role: bool = False) -> str:
@@ -413,7 +434,14 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs,
                       "finish_reason": finish}
-        return _sse({**base, "choices": [choice]})
+        out = {**base, "choices": [choice]}
+        # Where vLLM writes it: a completions chunk has every field (null without
+        # continuous stats), a chat chunk only those set (none without them).
+        if continuous:
+            out["usage"] = _usage_so_far(state, details=not prep.chat)
+        elif not prep.chat:
+            out["usage"] = None
+        return _sse(out)
 
     try:
         if prep.chat:

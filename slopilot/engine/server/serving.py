@@ -80,6 +80,8 @@ class Prepared:
     retry: bool = False
     # Whom it is served for and in which class, where client grants decide (else None).
     served: Served | None = None
+    # Each chunk carries its choice's usage so far (stream_options.continuous_usage_stats).
+    continuous_usage: bool = False
 
 
 def _retry(headers: Mapping[str, str]) -> bool:
@@ -292,7 +294,8 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     return Prepared(base, prompts, choices, body.stop_strings,
                     frozenset(body.stop_token_ids or ()) | frozenset(eos), chat,
                     body.include_usage, body.stream, body.return_token_ids, echo,
-                    _logprobs(body), retry=_retry(headers), served=served)
+                    _logprobs(body), retry=_retry(headers), served=served,
+                    continuous_usage=body.continuous_usage)
 
 
 async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
