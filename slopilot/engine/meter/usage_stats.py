@@ -128,8 +128,9 @@ class UsageStrip:
             return raw if self.keep_final else b""
         if self.null_usage:
             return raw if null else raw[:usage.start(1)] + b"null" + raw[usage.end(1):]
-        # A chat chunk's: vLLM writes none. A null one is a server's that writes it on
-        # every chunk once the usage is asked for (slopilot's): kept where it was.
+        # A chat chunk's: vLLM (and the built-in engine's server) writes none. A null
+        # one is a server's that writes it on every chunk once the usage is asked for
+        # (OpenAI's): kept where it was.
         if null and self.keep_final:
             return raw
         if comma := _COMMA_BEFORE.search(raw, 0, usage.start()):

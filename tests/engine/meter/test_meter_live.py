@@ -87,3 +87,26 @@ def test_streams_through_the_meter_are_judged_as_the_engine_judges_them(
     assert "vllm:num_requests_running" in engine_part
     assert f'{{met="true",model_name="{name}",priority_class="p0",slo="{label}"}} 3.0' \
         in meter_part
+
+
+def test_a_chat_stream_through_the_meter_is_counted_by_its_usage_and_given_none(
+        engine: LiveServer, meter: tuple[str, Meter]) -> None:
+    """The meter asks the built-in server for each chunk's usage: its choices' tokens
+    are counted by it however the server merged them into chunks (a gap per token after
+    each choice's first), and the client, which asked for none, gets none."""
+    url, app = meter
+    body = {"model": engine.backend.served_model_name, "stream": True, "n": 2,
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "ignore_eos": True, "priority": "p0"}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                      timeout=HANG_GUARD_S) as res:
+        assert res.status_code == 200, res.read()
+        raw = res.read()
+    events = raw.split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""] and b'"usage"' not in raw
+    texts = {0: "", 1: ""}
+    for event in events[:-2]:
+        choice = json.loads(event.removeprefix(b"data: "))["choices"][0]
+        texts[choice["index"]] += choice["delta"].get("content", "")
+    assert [t.split() for t in texts.values()] == [["tok"] * 6] * 2
+    assert (app.latency.ttft.count, app.latency.gaps.count) == (2, 5 + 5)
