@@ -104,13 +104,15 @@ def chat_usage(prompt: int, completion: int, *, model: str = "llama") -> bytes:
 def completion(index: int = 0, text: str = "", *, finish: str | None = None,
                model: str = "llama", logprobs: Any = None,
                usage: tuple[int, int] | None = None) -> bytes:
-    """A completions chunk, every field written."""
+    """A completions chunk, every field written: its continuous usage's
+    ``prompt_tokens_details`` too, as null."""
     return _sse(_compact({
         "id": "cmpl-7", "object": "text_completion", "created": CREATED, "model": model,
         "choices": [{"index": index, "text": text, "logprobs": logprobs,
                      "finish_reason": finish, "stop_reason": None,
                      "prompt_token_ids": None, "token_ids": None}],
-        "usage": None if usage is None else _usage(*usage)}))
+        "usage": None if usage is None else {**_usage(*usage),
+                                             "prompt_tokens_details": None}}))
 
 
 def completion_usage(prompt: int, completion_tokens: int, *, model: str = "llama") -> bytes:
