@@ -66,9 +66,9 @@ def _body(api: str, options: dict[str, Any] | None, tokens: int
     common: dict[str, Any] = {"max_tokens": tokens, "stream": True, "ignore_eos": True,
                               "stream_options": options}
     if api == "chat":
-        return ChatCompletionRequest(messages=[{"role": "user", "content": "hello there"}],
-                                     **common)
-    return CompletionRequest(prompt="hello there", **common)
+        return ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "hello there"}], **common})
+    return CompletionRequest.model_validate({"prompt": "hello there", **common})
 
 
 def main() -> int:
