@@ -17,7 +17,7 @@ preempt, schedule a row) are ``scheduler_base.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slopilot.engine.admission import Admission
 from slopilot.engine.config import ConfigError, EngineConfig
@@ -90,8 +90,8 @@ class Scheduler(Admission):
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         """Whether a prompt of ``num_tokens`` (and its first output token) fits the whole
-        KV cache: ``add_request``'s rule, which the simulator also judges a trace's
-        lengths by before it draws their tokens."""
+        KV cache: ``add_request``'s rule for the cache, beside the model's context (the
+        simulator judges a trace's lengths by ``can_ever_finish``, the server's rule)."""
         return num_tokens + 1 <= self.kv.num_gpu_blocks * self.kv.block_size
 
     @property
@@ -125,6 +125,19 @@ class Scheduler(Admission):
             raise PromptTooLongError(
                 f"prompt of {req.num_tokens} tokens cannot fit in the KV cache "
                 f"({self.kv.num_gpu_blocks * self.kv.block_size} tokens); shorten the prompt")
+        limit = self.max_model_len
+        if limit is not None and req.num_tokens >= limit:
+            raise PromptTooLongError(
+                f"prompt of {req.num_tokens} tokens leaves no room for an output token in "
+                f"the model's context of {limit} tokens; shorten the prompt")
+        if limit is not None and req.num_tokens + req.sampling.max_tokens > limit:
+            # A caller past the server (which refuses this with a 400): capped as vLLM's
+            # engine caps a request at max_model_len, so the model never runs at a
+            # position it does not have. Here, once, not on every decode's hot path. (The
+            # KV cache's own bound is _grow's: it ends a request that outgrows it.)
+            room = limit - req.num_tokens
+            req.sampling = replace(
+                req.sampling, max_tokens=room, min_tokens=min(req.sampling.min_tokens, room))
         if len(self._waiting) >= self.config.max_waiting:
             raise QueueFullError(
                 f"{len(self._waiting)} requests are waiting (max_waiting="

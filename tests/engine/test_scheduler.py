@@ -453,3 +453,32 @@ def test_the_integrity_check_finds_a_block_table_no_live_request_holds() -> None
     assert sched.kv.allocate_slots(ghost, 20)
     with pytest.raises(IntegrityError, match="ghost"):
         sched.check_integrity()
+
+
+
+def test_a_prompt_past_the_models_context_is_refused_at_the_engine() -> None:
+    """A caller that adds requests to the engine itself (the calibration replay, a
+    program embedding it) gets the server's rule: a prompt that leaves no room for one
+    token under the model's context is refused, however much KV cache there is."""
+    from slopilot.engine.scheduler import Scheduler
+
+    cfg = EngineConfig().with_overrides({"budget_align": 1})
+    sched = Scheduler(cfg, 1000, 0, 0.0, max_model_len=32)  # KV: 16,000 tokens
+    with pytest.raises(PromptTooLongError, match="context of 32"):
+        sched.add_request(make_request("whole-context", 32))
+    sched.add_request(make_request("room-for-one", 31, max_tokens=1))
+
+
+def test_generation_stops_at_the_models_context() -> None:
+    """vLLM's engine caps a request at max_model_len (finished by length) whatever its
+    max_tokens: past it the model would run at positions it does not have."""
+    from tests.engine.helpers import make_engine
+
+    engine = make_engine(num_blocks=1000)
+    engine.scheduler.max_model_len = 32
+    req = make_request("long-ask", 28, max_tokens=100)
+    engine.add_request(req)
+    engine.run_until_idle()
+    assert len(req.output_token_ids) == 4  # 28 + 4: the context's 32 positions
+    assert req.status is RequestStatus.FINISHED_LENGTH
+    engine.scheduler.check_integrity()
