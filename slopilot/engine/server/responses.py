@@ -459,10 +459,13 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
             logprobs = state.logprobs(positions, text_of, echo=echo) if positions else None
             wrote = False
             if text or logprobs is not None:
-                yield chunk(state, text, None, logprobs)
+                # The last tokens' chunk says how the choice finished, as vLLM writes it:
+                # an empty chunk after it reads, to a client timing each chunk, as one
+                # more token come at once (vLLM's own benchmark client counts it a gap).
+                yield chunk(state, text, state.finish, logprobs)
                 wrote = True
-            if state.finish is not None:
-                yield chunk(state, None, state.finish)
+            elif state.finish is not None:
+                yield chunk(state, None, state.finish)  # nothing left to say but the end
                 wrote = True
             if wrote:
                 if delivery.gone():

@@ -100,8 +100,8 @@ def test_continuous_usage_counts_each_choices_tokens_so_far(
     seen = [(c["choices"][0]["index"], c["usage"]) for c in chunks[:-1]]
     counts = [(i, u["completion_tokens"]) for i, u in seen]
     role = [(0, 0), (1, 0)] if "messages" in body else []
-    # The finish chunk says what its text chunk said: it brings no token.
-    assert counts == [*role, (0, 1), (1, 3), (0, 3), (0, 4), (0, 4), (1, 4), (1, 4)]
+    # A choice's last tokens' chunk carries its finish reason: no chunk after it.
+    assert counts == [*role, (0, 1), (1, 3), (0, 3), (0, 4), (1, 4)]
     assert all(u == {"prompt_tokens": prompt, "total_tokens": prompt + u["completion_tokens"],
                      "completion_tokens": u["completion_tokens"],
                      **({} if "messages" in body else {"prompt_tokens_details": None})}
@@ -176,3 +176,22 @@ def test_a_live_stream_carries_its_choices_usage_on_every_chunk(
         so_far[index] = count
     assert so_far == {0: 6, 1: 6}
     assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+@pytest.mark.parametrize("body", [COMPLETION, CHAT])
+def test_the_last_tokens_chunk_carries_the_finish_reason(backend: Backend,
+                                                         body: dict[str, Any]) -> None:
+    """As vLLM writes it: the chunk of a choice's last tokens says how it finished, and
+    no empty chunk follows it. A client timing each chunk it reads (vLLM's own
+    ``vllm bench serve`` appends a gap for every chunk with choices) took that empty chunk
+    for one more token, a gap of about nothing, and read the server's TBT low."""
+    chunks = _chunks(written(backend, {**body, "max_tokens": 3},
+                             [[(0, 1)], [(0, 1)], [(0, 1, LENGTH)]]))
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    said = [c.get("text") or c.get("delta", {}).get("content") for c in choices]
+    if "messages" in body:
+        assert choices[0]["delta"] == {"role": "assistant", "content": ""}
+        choices, said = choices[1:], said[1:]
+    assert all(said), said  # every chunk brings text: no empty finish chunk
+    assert len(choices) == 3
+    assert [c["finish_reason"] for c in choices] == [None, None, "length"]
