@@ -182,9 +182,9 @@ def engine_checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def tuned_overlay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``status.tunedConfig``'s knobs while they belong to this spec (tuned from this
-    ``spec.engine`` and ``spec.slo``); None when there are none or an edit made them stale."""
+def _tuned(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.tunedConfig`` where it belongs to this spec (tuned from this
+    ``spec.engine`` and ``spec.slo``); None when there is none or an edit made it stale."""
     status = body.get("status")
     tuned = status.get("tunedConfig") if isinstance(status, Mapping) else None
     # The status subresource is the operator's, but whoever may write it (an older
@@ -192,6 +192,55 @@ def tuned_overlay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     if not isinstance(tuned, Mapping) or tuned.get("base") != engine_checksum(body) \
             or not isinstance(tuned.get("engine"), dict):
         return None
+    return tuned
+
+
+def trial_recorded(body: Mapping[str, Any]) -> bool:
+    """Whether ``status.tunedConfig`` is a trial's (vLLM, whose trials roll every replica
+    and so are rendered from the status), not a committed config."""
+    tuned = _tuned(body)
+    return tuned is not None and tuned.get("trial") is True
+
+
+def committed_overlay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The committed tuned knobs: ``status.tunedConfig``'s, or, where it records a trial,
+    the committed ones it keeps beside the trial's (None: none committed)."""
+    tuned = _tuned(body)
+    if tuned is None:
+        return None
+    if tuned.get("trial") is True:
+        committed = tuned.get("committed")
+        return cast(Mapping[str, Any], committed) if isinstance(committed, dict) else None
+    return cast(Mapping[str, Any], tuned["engine"])
+
+
+def tuned_record(body: Mapping[str, Any], engine: Mapping[str, Any] | None, *,
+                 trial: bool) -> dict[str, Any] | None:
+    """``status.tunedConfig`` for ``engine`` on every replica: committed, or a trial's,
+    kept beside the committed config it runs over, which a trial that loses (its daemon
+    overtaken by another's, its state reset) gives back. None: nothing committed."""
+    if engine is None:
+        return None
+    out: dict[str, Any] = {"engine": dict(engine), "base": engine_checksum(body)}
+    if trial:
+        out["trial"] = True
+        if (committed := committed_overlay(body)) is not None:
+            out["committed"] = dict(committed)
+    return out
+
+
+def tuned_overlay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``status.tunedConfig``'s knobs while they belong to this spec (tuned from this
+    ``spec.engine`` and ``spec.slo``); None when there are none or an edit made them stale.
+    A trial's, recorded while tuning was on, is no longer run once it is off: no daemon
+    runs a trial then (one turned off while the operator was down never restored it)."""
+    tuned = _tuned(body)
+    if tuned is None:
+        return None
+    tuning = (body.get("spec") or {}).get("tuning")
+    if tuned.get("trial") is True and isinstance(tuning, Mapping) \
+            and tuning.get("enabled", True) is False:
+        return committed_overlay(body)
     return cast(Mapping[str, Any], tuned["engine"])
 
 

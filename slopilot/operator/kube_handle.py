@@ -19,7 +19,10 @@
   what the syncs remember of it kept, until a sync finds it ready and right.
 - Every config applied to all replicas is recorded in ``status.tunedConfig`` (with a hash
   of the spec it was tuned from) and rendered into the owned objects, so a restarted pod
-  starts with it and a later reconcile keeps it instead of reverting to the spec.
+  starts with it and a later reconcile keeps it instead of reverting to the spec. A vLLM
+  trial's is recorded as a trial's (``knobs.tuned_record``), only while the daemon's own
+  loop state is on record (``holds``), and ``sync_config`` puts the committed config back
+  where no trial is on record, or the running trial's where another's is recorded.
 
 The token only goes to pods the operator made: a pod counts when its controlling owner is
 a ReplicaSet whose controlling owner is the Deployment this LLMDeployment controls (uids,
@@ -53,7 +56,12 @@ import httpx
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL
-from slopilot.operator.knobs import engine_checksum
+from slopilot.operator.knobs import (
+    committed_overlay,
+    trial_recorded,
+    tuned_overlay,
+    tuned_record,
+)
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.pod_holds import Hold, hold_for, holds_of
@@ -62,6 +70,7 @@ from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled, reconcile
 from slopilot.operator.render import ADMIN_PORT_NAME, selector, vllm_max_num_seqs
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
+from slopilot.operator.status_writer import ATTEMPTS, replacing
 from slopilot.operator.tokens import TokenMint
 from slopilot.tuner.prometheus.bounded import Deadline, bounded_client
 from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
@@ -92,6 +101,10 @@ own status writes move the resourceVersion a patch is conditional on."""
 
 class ApplyError(RuntimeError):
     """A replica did not take a config (unreachable, or an error other than a refusal)."""
+
+
+class NotHeld(ApplyError):
+    """Another writer's loop state is on record: the config was not recorded."""
 
 
 class _NotTaken(ApplyError):
@@ -184,6 +197,10 @@ def admin_port(pod: Mapping[str, Any]) -> int | None:
     return None
 
 
+Holds = Callable[[Mapping[str, Any]], bool]
+"""The CR as it is now in, whether the writer still holds the state on record there."""
+
+
 class KubeDeploymentHandle:
     """The replicas of LLMDeployment ``namespace/name`` (see the module docstring)."""
 
@@ -192,8 +209,13 @@ class KubeDeploymentHandle:
                  http: httpx.Client | None = None, uid: str | None = None,
                  guard: Callable[[], AbstractContextManager[Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 memory: PodMemory | None = None) -> None:
+                 memory: PodMemory | None = None,
+                 holds: Holds | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
+        self.holds = holds
+        """Whether the writer acting through this handle (a controller daemon) still
+        holds the loop state on record in the CR read (``status.controller``): a vLLM
+        config is recorded only then (None: always)."""
         self.guard = guard if guard is not None else contextlib.nullcontext
         """Held around each write to the Deployment and the rendered objects (the
         operator's per-deployment lock, which its reconciles hold too); never around a
@@ -357,8 +379,10 @@ class KubeDeploymentHandle:
                              "managed by this LLMDeployment")
         return live
 
-    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
-        """Apply to the canary (whose pod name is returned) or to every replica."""
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool,
+                     trial: bool = False) -> str | None:
+        """Apply to the canary (whose pod name is returned) or to every replica; a
+        ``trial``'s config, on vLLM, is recorded as a trial's (``tuned_record``)."""
         body = self.body()
         spec = self._accepted(body)
         # Judged whole before any replica sees it (raises ConfigError, named by field).
@@ -384,7 +408,10 @@ class KubeDeploymentHandle:
                          self.name)
             # Recorded as the pods run it: vLLM is given at most the budget's sequences.
             new = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new))
-        self._record(body, new)
+            self._record(body, tuned_record(body, new.to_dict(), trial=trial),
+                         holds=self.holds)
+            return None
+        self._record(body, tuned_record(body, new.to_dict(), trial=False))
         return None
 
     def _put_all(self, pods: list[dict[str, Any]], config: EngineConfig, token: str) -> None:
@@ -409,7 +436,7 @@ class KubeDeploymentHandle:
             raise ApplyError("; ".join(failed))
 
     def sync_config(self, *, trial: Mapping[str, Any] | None = None,
-                    trial_on: str | None = None) -> ConfigSync:
+                    trial_on: str | None = None, holds: Holds | None = None) -> ConfigSync:
         """Bring every ready pod to the config it should run, where its knobs differ: the
         spec's, or on the pod a running ``trial`` measures (``trial_on``; None: every
         pod) the trial's knobs over it, as ``apply_config`` sent them (a canary that
@@ -432,6 +459,7 @@ class KubeDeploymentHandle:
         body = self.body()
         spec = self._accepted(body)
         if spec.backend is not Backend.BUILTIN:
+            self._sync_recorded(body, trial, holds if holds is not None else self.holds)
             return ConfigSync()
         trial_config = None if trial is None else \
             spec.engine.with_overrides(trial, live_only=True)
@@ -701,24 +729,78 @@ class KubeDeploymentHandle:
         if deadline.passed:  # a shut socket ends a body without a length as if complete
             raise ApplyError(late)
 
-    def _record(self, body: Mapping[str, Any], config: EngineConfig) -> None:
-        """Persist the config every replica runs, then render it (ConfigMap, vLLM args)."""
-        tuned = {"engine": config.to_dict(), "base": engine_checksum(body)}
+    def _sync_recorded(self, body: Mapping[str, Any], trial: Mapping[str, Any] | None,
+                       holds: Holds | None) -> None:
+        """vLLM runs ``status.tunedConfig`` (its knobs are arguments, rendered from it):
+        where that is a trial's config and no trial is on record (its daemon was
+        overtaken by another's, or the state reset), the committed config goes back;
+        where another trial is on record than the one recorded, that trial's config goes
+        on. Written only while ``holds`` says the state judged is still on record."""
+        if trial is None:
+            if not trial_recorded(body):
+                return
+            log.warning("%s: a trial's config is recorded but no trial is on record: the "
+                        "committed config goes back", self.name)
+            self._record(body, tuned_record(body, committed_overlay(body), trial=False),
+                         holds=holds)
+            return
+        # The trial's knobs over the committed config, as apply_config rendered them.
+        committed = {**body, "status": {**(body.get("status") or {}), "tunedConfig":
+                                        tuned_record(body, committed_overlay(body),
+                                                     trial=False)}}
+        new = parse_spec(committed).engine.with_overrides(trial, live_only=False)
+        engine = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new)).to_dict()
+        if tuned_overlay(body) == engine:
+            return
+        log.warning("%s: the recorded config is not the running trial's: the trial's goes "
+                    "on", self.name)
+        self._record(body, tuned_record(body, engine, trial=True), holds=holds)
+
+    def _record(self, body: Mapping[str, Any], tuned: dict[str, Any] | None, *,
+                holds: Holds | None = None) -> None:
+        """Persist the config every replica runs (``tuned``: ``status.tunedConfig``, as
+        judged from ``body``; None: none), then render it (ConfigMap, vLLM args). With ``holds``,
+        only while the writer still holds the loop state on record, and conditional on
+        the version judged: a second daemon's trial (before the peering paused it) was
+        rendered over the first's, and measured as the first's."""
         uid = body["metadata"].get("uid")
         with self.guard():
+            updated = self._write_record(uid, tuned, holds)
+            outcome = reconcile(self.kube, updated, policy=self.policy, mint=self.mint)
+        if not outcome.valid:
+            raise ApplyError(f"{self.name}: the spec became invalid: {outcome.problems}")
+
+    def _write_record(self, uid: Any, tuned: dict[str, Any] | None,
+                      holds: Holds | None) -> dict[str, Any]:
+        """``status.tunedConfig`` replaced whole by ``tuned`` (a committed record drops a
+        trial's keys). The uid is a precondition: the
+        pods' PUTs take a while, and a CR deleted and re-created under the name meanwhile
+        took this one's tuned config (its ConfigMap rendered from it) when it was written
+        by name. With ``holds``, the resourceVersion read is one too."""
+        for _ in range(ATTEMPTS):
+            fresh = self.body()
+            if holds is not None and not holds(fresh):
+                raise NotHeld(
+                    f"LLMDeployment {self.namespace}/{self.name}: another writer's loop "
+                    "state is on record in status.controller (another operator replica's "
+                    "daemon): this config is not recorded, and the state on record is "
+                    "resumed")
+            old = (fresh.get("status") or {}).get("tunedConfig")
+            meta: dict[str, Any] = {"uid": uid}
+            if holds is not None:
+                meta["resourceVersion"] = fresh["metadata"]["resourceVersion"]
+            patch = {"metadata": meta, "status": {
+                "tunedConfig": None if tuned is None else replacing(tuned, old)}}
             try:
-                # The uid is a precondition: the pods' PUTs take a while, and a CR
-                # deleted and re-created under the name meanwhile took this one's tuned
-                # config (its ConfigMap rendered from it) when it was written by name.
-                updated = self.kube.patch(API_VERSION, PLURAL, self.namespace, self.name,
-                                          {"metadata": {"uid": uid},
-                                           "status": {"tunedConfig": tuned}},
-                                          subresource="status")
+                return self.kube.patch(API_VERSION, PLURAL, self.namespace, self.name,
+                                       patch, subresource="status")
             except ApiError as exc:
+                if exc.status == 409 and holds is not None and \
+                        str(self.body()["metadata"].get("uid")) == str(uid):
+                    continue  # a concurrent write moved the version: judged again
                 if exc.status not in (404, 409):
                     raise
                 raise ApplyError(f"LLMDeployment {self.namespace}/{self.name} (uid {uid}) "
                                  "is gone: its config was not recorded") from None
-            outcome = reconcile(self.kube, updated, policy=self.policy, mint=self.mint)
-        if not outcome.valid:
-            raise ApplyError(f"{self.name}: the spec became invalid: {outcome.problems}")
+        raise ApplyError(f"LLMDeployment {self.namespace}/{self.name}: {ATTEMPTS} writes of "
+                         "its config in a row met a concurrent write; not recorded")

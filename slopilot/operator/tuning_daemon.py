@@ -72,7 +72,7 @@ from slopilot.operator.daemon import (
 )
 from slopilot.operator.daemon_pause import pause
 from slopilot.operator.knobs import tuned_overlay
-from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
+from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle, NotHeld
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.pod_memory import PodMemory, memory_of
 from slopilot.operator.pods_status import record_pods_condition
@@ -258,9 +258,11 @@ class DeploymentLoop:
         self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
         # Locked per write, not per tick: a tick may take minutes, and every reconcile of
         # this CR would wait that long on one of kopf's few handler threads.
+        # A config is recorded only over the loop state this loop last saw (vLLM: every
+        # trial is rendered from the status, and another daemon's would run under its).
         self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy,
                                            uid=uid, guard=lambda: locks.hold(self.key),
-                                           memory=memory)
+                                           memory=memory, holds=self._holds)
         self.policy, self.factory, self.locks = policy, factory, locks
         self.logger, self.clock = logger, clock
         self.controller: Controller | None = None
@@ -284,6 +286,11 @@ class DeploymentLoop:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def _holds(self, body: Mapping[str, Any]) -> bool:
+        """Whether ``status.controller`` in ``body`` is still the state this loop last
+        built from or wrote."""
+        return on_record((body.get("status") or {}).get("controller")) == self.on_record
 
     def _ours(self, body: Mapping[str, Any] | None) -> bool:
         return (body is not None and not body["metadata"].get("deletionTimestamp")
@@ -338,7 +345,7 @@ class DeploymentLoop:
         if generation == self.synced_for and self.synced_at is not None \
                 and 0 <= now - self.synced_at < CONFIG_SYNC_S:
             return
-        known, trial = self._running_trial(body)
+        known, trial, basis = self._running_trial(body)
         if not known:
             return
         if trial is not None and trial.canary and trial.canary_replica is None:
@@ -347,7 +354,13 @@ class DeploymentLoop:
         try:
             done = self.handle.sync_config(
                 trial=None if trial is None else trial.config,
-                trial_on=None if trial is None else trial.canary_replica)
+                trial_on=None if trial is None else trial.canary_replica,
+                holds=lambda fresh: on_record(
+                    (fresh.get("status") or {}).get("controller")) == basis)
+        except NotHeld as exc:  # judged on a state since replaced: again at the next step
+            self.synced_at = None
+            log.warning("%s: the pods' configs were not checked: %s", self.key, exc)
+            return
         except Exception as exc:  # the API or the CR went away: tried again when due
             log.warning("%s: the pods' configs were not checked: %s: %s", self.key,
                         type(exc).__name__, exc)
@@ -357,22 +370,25 @@ class DeploymentLoop:
         record_pods_condition(self.kube, self.namespace, self.name, self.uid, done,
                               generation)
 
-    def _running_trial(self, body: Mapping[str, Any]) -> tuple[bool, RunningTrial | None]:
-        """Whether the pods may be synced now, and the trial they are to keep. Without a
-        controller (it could not be built: the study's database down, say) the pods
-        still follow a spec the reconcile accepts, around the trial on record; a spec it
-        refuses touches nothing, as in the reconcile."""
+    def _running_trial(self, body: Mapping[str, Any]
+                       ) -> tuple[bool, RunningTrial | None, Any]:
+        """Whether the pods may be synced now, the trial they are to keep, and the loop
+        state (``on_record``) that trial was judged from: a sync records a config only
+        while that state is still on record. Without a controller (it could not be
+        built: the study's database down, say, or another writer's state just found) the
+        pods still follow a spec the reconcile accepts, around the trial on record; a
+        spec it refuses touches nothing, as in the reconcile."""
         if self.controller is not None:
-            return True, self.controller.loop.trial
+            return True, self.controller.loop.trial, self.on_record
+        saved = (body.get("status") or {}).get("controller")
         try:
             spec = parse_spec(body)
             if policy_problems(spec, self.policy) or not_reconciled(self.kube, body, spec):
-                return False, None
-            saved = (body.get("status") or {}).get("controller")
+                return False, None, None
             state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
         except (SpecError, ControllerError):
-            return False, None
-        return True, None if state is None else state.trial
+            return False, None, None
+        return True, None if state is None else state.trial, on_record(saved)
 
     def _write(self, decision: Decision, action_time: str) -> bool:
         """Write the controller's state as of ``decision``; on failure keep it for later.
@@ -499,6 +515,7 @@ class DeploymentLoop:
             return None  # nothing to end: no reason to build
         try:
             self.controller = build(self.kube, self.handle, body, self.factory, self.policy)
+            self.on_record = on_record(saved)
             self.storage = parse_spec(body).tuning.storage
         except (SpecError, ControllerError) as exc:
             log.warning("%s: cannot reach the study to end it: %s", self.key, exc)

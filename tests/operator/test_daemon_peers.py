@@ -18,8 +18,10 @@ import pytest
 from optuna.trial import TrialState
 
 from slopilot.operator.crd import crd_manifest
+from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
+from slopilot.operator.spec import parse_spec
 from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
 from tests.operator.standins import PrometheusStandIn, build_study_controller
 from tests.support.kube_server import RunningEmulator
@@ -84,3 +86,128 @@ def test_a_daemon_whose_tick_raced_anothers_write_drops_its_trial(
     assert "another" in study.trials[1].user_attrs["fail_reason"]
     assert b.step() and b.controller.loop.trial is not None
     assert b.controller.loop.trial.number == 0 and on_record(cluster) == 0
+
+
+def engine_args(cluster: Cluster) -> list[str]:
+    """The vLLM container's arguments as the Deployment renders them now."""
+    dep = cluster.owned("apps/v1", "deployments", "chat")
+    assert dep is not None
+    return list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def trial_on_record(cluster: Cluster) -> dict[str, Any]:
+    """The running trial's knobs as ``status.controller`` names them."""
+    return dict(cluster.status()["controller"]["trial"]["config"])
+
+
+def other_draws(loop: Any) -> None:
+    """``loop``'s study asks with its own seed: both daemons' samplers are seeded alike,
+    and would draw the same first config, which hides whose config the pods run."""
+    loop.controller.study.study.sampler = optuna.samplers.RandomSampler(seed=7)
+
+
+def runs(cluster: Cluster, config: dict[str, Any]) -> bool:
+    """Whether ``status.tunedConfig`` (what the Deployment renders) holds ``config``'s
+    batch knobs (vLLM's sequence cap is derived from the budget, so not compared)."""
+    tuned = (cluster.status().get("tunedConfig") or {}).get("engine") or {}
+    return all(tuned.get(k) == v for k, v in config.items() if k != "max_num_seqs")
+
+
+def test_vllm_a_losing_daemons_trial_config_is_not_left_on_the_deployment(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """a's trial is on record when b's stale tick asks one of its own: vLLM has no
+    canary, so b's trial rolled every replica and was recorded as the deployment's
+    config, which then ran under a's trial (measured as a's) and stayed after it."""
+    a, b, _ = two_daemons(kube, cluster, prom, monkeypatch, tmp_path)
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    other_draws(b)
+    tick = b.controller.tick
+    seen: list[list[str]] = []
+
+    def raced(now: float) -> Any:  # a asks, applies and records its trial first
+        assert a.step()
+        seen.append(engine_args(cluster))
+        return tick(now)
+
+    monkeypatch.setattr(b.controller, "tick", raced)
+    assert b.step()
+    assert on_record(cluster) == 0
+    assert b.step() and a.step()
+    assert on_record(cluster) == 0
+    assert runs(cluster, trial_on_record(cluster)), cluster.status().get("tunedConfig")
+    assert engine_args(cluster) == seen[0]
+
+
+def test_vllm_a_trial_applied_before_anothers_state_was_written_is_put_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """b's trial rolled the replicas after a's did, but a's state reached the status
+    first: b's trial is dropped, and its config must not stay on the deployment that
+    measures a's trial."""
+    a, b, study = two_daemons(kube, cluster, prom, monkeypatch, tmp_path)
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    other_draws(b)
+    a_tick, b_tick = a.controller.tick, b.controller.tick
+    seen: list[list[str]] = []
+
+    def raced(now: float) -> Any:
+        mine = a_tick(now)  # a's trial applied, its state not yet written
+        seen.append(engine_args(cluster))
+        theirs = b_tick(now)  # b's applied over it
+        seen.append(engine_args(cluster))
+        monkeypatch.setattr(a.controller, "tick", lambda _now: mine)
+        assert a.step()  # a's state written first
+        return theirs
+
+    monkeypatch.setattr(b.controller, "tick", raced)
+    assert b.step()
+    assert on_record(cluster) == 0
+    assert states(study) == {0: TrialState.RUNNING, 1: TrialState.FAIL}
+    assert seen[0] != seen[1]  # b's trial rolled other arguments
+    for _ in range(2):
+        assert b.step() and a.step()
+    assert on_record(cluster) == 0
+    assert runs(cluster, trial_on_record(cluster)), cluster.status().get("tunedConfig")
+    assert engine_args(cluster) == seen[0]
+
+
+def test_vllm_a_trial_config_on_record_without_its_trial_is_reverted_at_the_next_sync(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A trial's config is recorded as a trial, not as the committed config: a daemon
+    that finds it with no trial on record (its trial's daemon lost, or the operator
+    restarted after a trial's state was reset) puts the committed config back."""
+    a, _, _ = two_daemons(kube, cluster, prom, monkeypatch, tmp_path)
+    before = engine_args(cluster)
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    assert a.step() and on_record(cluster) == 0
+    assert engine_args(cluster) != before
+    cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat",
+                       {"status": {"controller": None}}, subresource="status")
+    a.close()
+    fresh = daemon_loop(cluster, cluster.get(), monkeypatch, factory=build_study_controller,
+                        policy=a.policy)
+    prom.alerts = []  # no alert: the fresh daemon stays steady
+    assert fresh.step()
+    assert engine_args(cluster) == before
+    assert "tunedConfig" not in cluster.status()
+
+
+def test_vllm_a_trial_on_record_when_tuning_is_turned_off_is_not_rendered(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """Turned off while no operator ran (no daemon ended the trial, and the resume
+    handler only reconciles), a trial's recorded config stayed on the pods for good."""
+    kube.install(crd_manifest())
+    policy = OperatorPolicy()
+    body = cluster.create(llmd(backend="vllm", engine={"tokenBudget": 1024},
+                               tuning={"enabled": False}))
+    committed = parse_spec(body).engine.with_overrides({"token_budget": 2048}).to_dict()
+    trial = parse_spec(body).engine.with_overrides({"token_budget": 512}).to_dict()
+    cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {"status": {
+        "tunedConfig": {"engine": trial, "base": engine_checksum(body), "trial": True,
+                        "committed": committed}}}, subresource="status")
+    assert reconcile(cluster.kube, cluster.get(), policy=policy,
+                     mint=operator_mint(cluster)).valid
+    args = engine_args(cluster)
+    assert args[args.index("--max-num-batched-tokens") + 1] == "2048"

@@ -63,7 +63,8 @@ class FakeDeployment:
         self.reads += 1
         return dict(self.config)
 
-    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool,
+                     trial: bool = False) -> None:
         error = self.refuse(config)
         if error is not None:
             raise error

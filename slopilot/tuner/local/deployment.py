@@ -257,7 +257,8 @@ class LocalDeployment:
         r = self._active[1] if len(self._active) > 1 else self._active[0]
         return self._admin(r, "GET")
 
-    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool,
+                     trial: bool = False) -> None:
         """PUT the knobs to the canary or to every replica; ConfigError when refused."""
         targets = self._active[:1] if canary else list(self._active)
         if not targets:

@@ -43,8 +43,11 @@ class DeploymentHandle(Protocol):
         """The knobs every non-canary replica runs now (EngineConfig.to_dict form)."""
         ...
 
-    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> str | None:
-        """Apply ``config`` to the canary replica only, or to every replica.
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool,
+                     trial: bool = False) -> str | None:
+        """Apply ``config`` to the canary replica only, or to every replica; ``trial``:
+        a trial's config, not one the episode keeps (a commit, a restore), which a
+        handle that records what every replica runs records as such.
 
         Returns the canary replica's name when the handle knows it (recorded in the
         trial), else None. Raises on failure (a refused config, an unreachable replica):

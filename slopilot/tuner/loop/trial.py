@@ -4,6 +4,8 @@ counted, its replicas restored."""
 
 from __future__ import annotations
 
+import contextlib
+
 from slopilot.engine.config import ConfigError
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.context import LoopContext
@@ -24,7 +26,7 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
     canary = s.canary and ctx.deployment.replicas() > 1
     loop.trial_starts.append(now)
     try:
-        replica = ctx.deployment.apply_config(config, canary=canary)
+        replica = ctx.deployment.apply_config(config, canary=canary, trial=True)
     except ConfigError as exc:
         ctx.study.tell_failed(number, f"config refused: {exc}")
         ctx.metrics.trial(s.deployment, TrialOutcome.FAILED)
@@ -32,6 +34,10 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
         ctx.restore(canary)
         return ctx.decide(Action.REVERT, f"config_refused trial {number}: {exc}",
                           trial=number, config=config)
+    except Exception as exc:  # the controller rolls back; the trial asked must not stay
+        with contextlib.suppress(Exception):  # RUNNING, held by nothing until it is stale
+            ctx.study.tell_failed(number, f"not applied: {type(exc).__name__}: {exc}")
+        raise
     loop.trial = RunningTrial(number, dict(config), now, canary,
                               canary_replica=replica if canary else None)
     where = "canary" if canary else "all replicas"

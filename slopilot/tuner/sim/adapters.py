@@ -54,7 +54,8 @@ class SimDeployment:
     def current_config(self) -> dict[str, Any]:
         return self.cluster.config.to_dict()
 
-    def apply_config(self, config: Mapping[str, Any], *, canary: bool) -> None:
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool,
+                     trial: bool = False) -> None:
         self.cluster.set_config(config, canary=canary)
 
     def endpoints(self) -> list[str]:
