@@ -73,6 +73,16 @@ def register(subparsers: Any) -> None:
                    help="serve the controllers' series (trials, actions, replicas, the "
                         "twin's check) for Prometheus, e.g. --metrics 0.0.0.0:8081")
     p.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG")
+    p.add_argument("action", nargs="?", choices=("run", "uninstall"), default="run",
+                   help="run (the default): serve the LLMDeployments. uninstall: delete "
+                        "every LLMDeployment in the namespaces given, wait --timeout for a "
+                        "running operator to end each, then end the rest here (their "
+                        "studies deleted where this process's SLOPILOT_ALLOWED_STORAGE "
+                        "reaches them, the operator's finalizer released), so that none "
+                        "stays Terminating; then delete the operator and the CRD")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="uninstall: how long a running operator is given to end the "
+                        "CRs (default 120; 0 when no operator runs)")
     p.set_defaults(func=run)
 
 
@@ -93,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         print("slopilot operator: say where to work: --all-namespaces or --namespace NS "
               "(repeatable)", file=sys.stderr)
         raise SystemExit(2)
+    if args.action == "uninstall":
+        return run_uninstall(args)
     try:
         lifetime = peering_lifetime_s()  # fail here, not in kopf's startup handler
     except ValueError as exc:
@@ -121,12 +133,55 @@ def run(args: argparse.Namespace) -> int:
                              "(its CRDs) first") from None
         log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
                  args.peering, args.priority, lifetime)
+    threading.Thread(target=_reclaim, args=(None if args.all_namespaces else args.namespace,),
+                     name="study-reclaim", daemon=True).start()
     return _run_until_signalled(lambda stop: kopf.run(
         clusterwide=args.all_namespaces, namespaces=args.namespace,
         standalone=args.standalone or None,
         peering_name=None if args.standalone else args.peering,
         priority=None if args.standalone else args.priority,
         liveness_endpoint=args.liveness, stop_flag=stop))
+
+
+def _reclaim(namespaces: list[str] | None) -> None:
+    """The studies of CRs gone without the operator, deleted at its start
+    (study_reclaim.py); beside kopf, which does not wait for it."""
+    from slopilot.operator.kubeapi import Kube, load_client
+    from slopilot.operator.settings import operator_policy
+    from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
+
+    try:
+        reclaim_orphaned_studies(Kube(load_client()), operator_policy(), serving(namespaces))
+    except Exception:  # a leak kept until the next start, never a reason not to run
+        log.exception("slopilot operator: orphaned studies not reclaimed")
+
+
+def run_uninstall(args: argparse.Namespace) -> int:
+    """``slopilot operator uninstall``: 0 once no LLMDeployment in scope holds the
+    operator's finalizer, 1 where one could not be released."""
+    from slopilot.operator.kubeapi import Kube, load_client
+    from slopilot.operator.settings import operator_policy
+    from slopilot.operator.uninstall import uninstall
+
+    if args.timeout < 0:
+        raise SystemExit(f"slopilot operator uninstall: --timeout {args.timeout} is "
+                         "negative; give the seconds to wait, 0 for none")
+    try:
+        policy = operator_policy()
+    except ValueError as exc:
+        raise SystemExit(f"slopilot operator uninstall: {exc}") from None
+    done = uninstall(Kube(load_client()), policy,
+                     namespaces=None if args.all_namespaces else args.namespace,
+                     timeout_s=args.timeout)
+    for key in done.ended_by_operator:
+        print(f"{key}: ended by the operator")
+    for key in done.released:
+        print(f"{key}: ended here (no operator ended it in {args.timeout:g} s)")
+    for line in done.studies_left:
+        print(f"study left (the operator's next start reclaims it): {line}")
+    for key in done.stuck:
+        print(f"{key}: the operator's finalizer could not be released", file=sys.stderr)
+    return 1 if done.stuck else 0
 
 
 def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:

@@ -97,13 +97,34 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
     return study
 
 
+def _absent_sqlite(storage: str) -> bool:
+    """Whether ``storage`` is a SQLite file that does not exist (it holds no study, and is
+    not created for the question)."""
+    url = parse_storage_url(storage)
+    if url is None or url.drivername.split("+")[0] != "sqlite":
+        return False
+    db = url.database
+    return bool(db) and db != ":memory:" and not os.path.exists(str(db))
+
+
+def study_names(storage: str) -> list[str]:
+    """The names of every study in ``storage`` (a database URL). StudyStorageError where
+    the storage cannot be reached."""
+    if _absent_sqlite(storage):
+        return []
+    try:
+        return optuna.get_all_study_names(storage=_storage(storage, HEARTBEAT_S, GRACE_S))
+    except Exception as exc:  # SQLAlchemy's many kinds: the database went away
+        raise StudyStorageError(f"cannot list the studies in {shown(storage)}: "
+                                f"{type(exc).__name__}: {redacted(str(exc), storage)}"
+                                ) from None
+
+
 def delete_named_study(storage: str, name: str) -> bool:
     """Delete the study ``name``, with every trial, from ``storage`` (a database URL);
     False where it is not there. A SQLite file that does not exist holds no study: it is
     not created for the question. StudyStorageError where the storage cannot be reached."""
-    url = parse_storage_url(storage)
-    if url is not None and url.drivername.split("+")[0] == "sqlite" and url.database \
-            and url.database != ":memory:" and not os.path.exists(url.database):
+    if _absent_sqlite(storage):
         return False
     store = _storage(storage, HEARTBEAT_S, GRACE_S)
     try:
