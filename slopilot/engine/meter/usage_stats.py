@@ -12,7 +12,10 @@ the meter's histogram and verdicts compare with it only where it knows the token
 So the meter asks for continuous usage on every chat and completions stream it judges
 (``ask``), and takes out of the answer what the client did not ask for
 (``UsageStrip``): each chunk's usage, and the last chunk of usage alone where the client
-asked for none. The client gets the bytes vLLM would have written for its own request.
+asked for none. The client gets the bytes vLLM would have written for its own request,
+but in two events passed on as they came, usage and all: one past ``MAX_EVENT_BYTES``
+(not held; the strip goes on after it), and one whose usage is not vLLM's form (an
+upstream's with a string in it, or nested deeper).
 The Responses API has no such option: its deltas are counted as their logprobs say, else
 one a delta (``responses_events``).
 
@@ -23,6 +26,7 @@ is true unless it says otherwise, and continuous stats need it.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from typing import Any
 
@@ -84,14 +88,17 @@ class UsageStrip:
         """The last event ended on a CR: an LF starting the next piece is part of it."""
         self._dropped = False
         """The last event was taken out whole (its LF with it)."""
-        self._off = False
-        """An event past ``MAX_EVENT_BYTES``: the rest is passed on as it comes."""
+        self._long = False
+        """Inside an event past ``MAX_EVENT_BYTES``: passed on as it comes, not held."""
+        self._line_open = False
+        """(``_long``) The bytes since the last line end are not an empty line's."""
 
     def feed(self, data: bytes) -> bytes:
         """What to pass on of ``data``: the events it ends, the held bytes before them."""
-        if self._off:
-            return data
         out = []
+        if self._long:
+            passed, data = self._pass_long(data)
+            out.append(passed)
         if self._after_cr and not self._held and data.startswith(b"\n"):
             if not self._dropped:
                 out.append(b"\n")
@@ -109,10 +116,29 @@ class UsageStrip:
         self._held = buf[start:]
         self._after_cr = not self._held and buf.endswith(b"\r")
         if len(self._held) > MAX_EVENT_BYTES:
-            self._off = True
-            out.append(self._held)
-            self._held = b""
+            # Passed on as it came (its usage in it), not held: a completions echo with
+            # logprobs puts a long prompt's in one chunk, MBs. Only this event: once it
+            # ends the strip goes on, or the client that asked for no usage would get
+            # the last chunk of usage alone, whose empty ``choices`` breaks the usual
+            # ``chunk.choices[0]``.
+            held, self._held = self._held, b""
+            self._long, self._line_open, self._after_cr = True, False, False
+            out.append(self.feed(held))
         return b"".join(out)
+
+    def _pass_long(self, data: bytes) -> tuple[bytes, bytes]:
+        """``data`` split after the end of the long event: what is passed on as it came,
+        and the rest (empty while the event goes on)."""
+        pos = 1 if self._after_cr and data.startswith(b"\n") else 0  # the CR's LF
+        for end in _LINE_END.finditer(data, pos):
+            if end.start() == pos and not self._line_open:  # an empty line: its end
+                self._long, self._dropped = False, False
+                self._after_cr = end.end() == len(data) and data.endswith(b"\r")
+                return data[:end.end()], data[end.end():]
+            pos, self._line_open = end.end(), False
+        self._line_open = self._line_open or pos < len(data)
+        self._after_cr = data.endswith(b"\r")
+        return data, b""
 
     def flush(self) -> bytes:
         """The bytes of an event the stream never ended, as they came."""
@@ -121,7 +147,7 @@ class UsageStrip:
 
     def _event(self, raw: bytes) -> bytes:
         usage = _USAGE.search(raw)
-        if usage is None:
+        if usage is None or not _whole(usage.group(1)):
             return raw
         null = usage.group(1) == b"null"
         if _NO_CHOICES.search(raw) and not null:  # the last chunk: the usage alone
@@ -138,6 +164,18 @@ class UsageStrip:
         if after := _COMMA_AFTER.match(raw, usage.end()):
             return raw[:usage.start()] + raw[after.end():]
         return raw  # the chunk's only field: nothing a client could read without it
+
+
+def _whole(value: bytes) -> bool:
+    """Whether the pattern's usage is the whole value. It reads vLLM's (counts, without a
+    string); an upstream's with a brace in a string (``"}"``) stopped inside it, and cut
+    there the chunk was JSON no client could read. Read from the same start, a match that
+    is itself JSON ended where the value does."""
+    try:
+        json.loads(value)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 # A JSON string escapes each quote inside it, so ``"usage":`` is a key wherever it is

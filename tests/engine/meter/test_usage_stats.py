@@ -3,6 +3,7 @@ from vLLM v0.11's own stream bytes (``vllm_wire``) split anywhere."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -93,3 +94,50 @@ def test_the_ask_keeps_the_clients_other_options() -> None:
     assert ask(body) == {"stream": True, "stream_options": {
         "include_usage": True, "extra": 1, "continuous_usage_stats": True}}
     assert asked(ask({"stream": True})) is Asked.CONTINUOUS
+
+
+def pieces_of(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("size", [1 << 16, 4093], ids=["64k", "odd"])
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+def test_an_event_past_the_bound_passes_as_it_came_and_the_rest_is_still_stripped(
+        size: int, line_end: bytes) -> None:
+    """A completions echo with logprobs puts the whole prompt's in its first chunk (MBs
+    for a long prompt). Passed on as it came, it must not turn the strip off: the client
+    that asked for no usage would get every chunk's and the last chunk of usage alone,
+    whose empty ``choices`` breaks ``chunk.choices[0]`` in its loop."""
+    def framed(pieces: list[bytes]) -> bytes:
+        return b"".join(p.replace(b"\n", line_end) for p in pieces)
+
+    big = wire.completion(0, "x" * 2 * MAX_EVENT_BYTES, usage=(2, 1))
+    given = framed([big, wire.completion(0, "a", usage=(2, 2)),
+                    wire.completion(0, "b", finish="stop", usage=(2, 3)),
+                    wire.completion_usage(2, 3), wire.DONE])
+    want = framed([big, wire.completion(0, "a"), wire.completion(0, "b", finish="stop"),
+                   wire.DONE])
+    strip = UsageStrip(Asked.NONE, null_usage=True)
+    assert passed(strip, pieces_of(given, size)) == want
+
+
+def test_an_event_past_the_bound_ends_on_a_line_end_split_across_reads() -> None:
+    big = wire.chat_delta(content="x" * 2 * MAX_EVENT_BYTES, usage=(5, 1))
+    crlf = (big + wire.chat_usage(5, 1) + wire.DONE).replace(b"\n", b"\r\n")
+    end = len(big.replace(b"\n", b"\r\n"))
+    for cut in range(end - 5, end - 1):  # one ended in the first piece is read whole
+        strip = UsageStrip(Asked.NONE, null_usage=False)
+        got = passed(strip, [crlf[:cut], crlf[cut:]])
+        assert got == big.replace(b"\n", b"\r\n") + wire.DONE.replace(b"\n", b"\r\n"), cut
+
+
+@pytest.mark.parametrize("usage", [
+    b'{"prompt_tokens":1,"note":"}"}', b'{"prompt_tokens":1,"a":{"b":{"c":1}}}',
+    b'{"prompt_tokens":1,"note":"a\\"}"}'], ids=["brace-in-string", "deep", "escaped"])
+def test_a_usage_the_strip_cannot_take_out_whole_is_left_in_not_cut(usage: bytes) -> None:
+    """An upstream (the tenant's image) whose usage holds a string or nests deeper than
+    vLLM's: its chunk passes as it came, never cut into JSON no client can read."""
+    chunk = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"a"}}],"usage":' + \
+        usage + b'}\n\n'
+    got = UsageStrip(Asked.NONE, null_usage=False).feed(chunk)
+    assert json.loads(got.removeprefix(b"data: ")) is not None
