@@ -579,3 +579,22 @@ def test_a_trace_of_more_rows_than_memory_holds_is_refused_before_it_is_parsed(
     # The header and MAX_TRACE_ROWS rows are read, a last line without its newline too.
     path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "0,1,1\n" * 99 + "0,1,1")
     assert len(trace.read_trace(path)) == 100
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n"], ids=["cr", "crlf"])
+def test_rows_ended_by_a_carriage_return_count_against_the_row_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, end: str) -> None:
+    """The csv module ends a row at a bare CR too (an old Mac's, or a hostile file's), so
+    counted by their LFs such a file's rows were one line: 7M rows of 6 bytes, over the
+    5M limit, were read (1.76 GB resident), and 1 GB of them would be ~45 GB."""
+    from slopilot.engine.sim import trace
+
+    monkeypatch.setattr(trace, "MAX_TRACE_ROWS", 100)
+    path = tmp_path / "old-mac.csv"
+    path.write_bytes(f"arrival_time,prompt_tokens,output_tokens{end}".encode()
+                     + f"0,1,1{end}".encode() * 101)
+    with pytest.raises(TraceError, match=r"old-mac.csv: the trace has 102 lines; at most 100"):
+        trace.read_trace(path)
+    path.write_bytes(f"arrival_time,prompt_tokens,output_tokens{end}".encode()
+                     + f"0,1,1{end}".encode() * 99 + b"0,1,1")
+    assert len(trace.read_trace(path)) == 100
