@@ -21,6 +21,7 @@ from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
+from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import GOOD, FakeAlerts, FakeEvaluator, Rig, alert, summary
 
 COMMIT_AT, COOLDOWN_S = 10.0, 30.0
@@ -109,3 +110,41 @@ def test_a_scale_alert_from_before_the_commit_buys_no_replica_the_load_outlived(
     d = ctl.tick(45.0)
     assert (d.state, d.action) == (ControllerState.STEADY, Action.NONE), d.line()
     assert rig.dep.scaled == [] and rig.dep.n == 1
+
+
+def test_a_window_without_the_alerts_own_figure_leaves_it_its_word() -> None:
+    """A TTFT alert re-confirmed on a window with the class's gaps but none of its first
+    tokens (streams started before it run on; the requests after it all still queued)
+    read the missing P99 as held (``NO_SAMPLES``), and the alert was left out: a window
+    that said nothing of the alert's figure said the SLO held."""
+    load = Load()
+    rig, ctl = committed(alert(AlertAction.RETUNE), load)
+    no_first_tokens = window({"p0": figures(None, 20.0, 75.0), "p1": figures(200.0, 40.0, 75.0),
+                              "p2": figures(200.0, 40.0)})
+    rig.ev = ctl.evaluator = FakeEvaluator(rig.dep, lambda c: no_first_tokens)
+    ctl.tick(41.0)
+    d = ctl.tick(45.0)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
+
+
+def test_the_re_check_ends_once_the_alerts_window_holds_nothing_from_before_the_action(
+        ) -> None:
+    """An alert's rule reads at most ``breach_window_s``: past that since the action, an
+    alert still firing judges requests served after it alone, and its word stands, as
+    for an alert that became active after the action. Before, the loop measured a window
+    on every tick for as long as such an alert fired and the two read the SLO apart, and
+    never acted on it."""
+    load = Load()
+    fired = alert(AlertAction.RETUNE)
+    rig, ctl = committed(fired, load)
+    load.heavy = False
+    assert rig.ev is not None
+    ctl.tick(41.0)
+    t = 45.0
+    while t < COMMIT_AT + ctl.settings.breach_window_s:
+        assert ctl.tick(t).action is Action.NONE
+        t += 15.0
+    calls = len(rig.ev.calls)
+    d = ctl.tick(COMMIT_AT + ctl.settings.breach_window_s)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
+    assert len(rig.ev.calls) == calls  # no window measured to re-confirm it

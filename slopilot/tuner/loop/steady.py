@@ -14,13 +14,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from slopilot.engine.request import Priority
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop import advice, backoff
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.transitions import Event, Go
-from slopilot.tuner.prometheus.alert_table import LONG_WINDOW_ALERTS, SLO_BREACH_ALERTS
+from slopilot.tuner.prometheus.alert_table import (
+    LONG_WINDOW_ALERTS,
+    SLO_BREACH_ALERTS,
+    AlertName,
+)
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import score, unmeasured
@@ -98,14 +104,20 @@ def _unconfirmed(ctx: LoopContext, now: float, acting: Sequence[Alert]
     held the peak was replaced (churn). It acts only when a window measured entirely
     after the action (past ``settle_s``, the last ``breach_window_s`` of it at most, the
     whole deployment) breaches the SLO, as a trial's window is judged. A window that
-    says nothing (rejected, or without a sample of the alert's class) leaves it its
-    word, as before; so does any alert that became active after the action (its hold
-    ran on windows after it), and one that reads no SLO term (batching underused)."""
+    says nothing (rejected, or without a sample of the alert's class or of the P99 it
+    reads) leaves it its word, as before; so does any alert that became active after the
+    action (its hold ran on windows after it), one that reads no SLO term (batching
+    underused), and every alert once ``breach_window_s`` has passed since the action
+    (its rule then reads no request from before it)."""
     acted = _last_action(ctx)
-    if acted is None:
+    s = ctx.settings
+    # Past ``breach_window_s`` (the longest window a rule reads) the alert judges
+    # requests served after the action alone, and its word stands: without this bound
+    # an alert and the loop that read the SLO apart cost a window's queries every tick,
+    # and the alert never acted.
+    if acted is None or now - acted >= s.breach_window_s:
         return None
     old = [a for a in acting if a.since < acted and a.name in SLO_BREACH_ALERTS]
-    s = ctx.settings
     start = max(acted + s.settle_s, now - s.breach_window_s)
     if not old or now <= start:
         return None
@@ -116,7 +128,8 @@ def _unconfirmed(ctx: LoopContext, now: float, acting: Sequence[Alert]
     absent = unmeasured(summary, s.slo)
     judged = [p for p, c in s.slo.classes().items()
               if c.ttft_p99_ms is not None or c.tbt_p99_ms is not None]
-    if any(a.priority_class in absent for a in old) or (judged and len(absent) == len(judged)):
+    if any(a.priority_class in absent or not _figure_measured(summary, a) for a in old) \
+            or (judged and len(absent) == len(judged)):
         return None
     result = score(summary, s.slo, {})
     if not result.feasible:
@@ -124,6 +137,22 @@ def _unconfirmed(ctx: LoopContext, now: float, acting: Sequence[Alert]
     return old, (f"active since before the last commit or scale ({now - acted:.0f} s ago), "
                  f"and the last {now - start:.0f} s measured since hold the SLO: not "
                  "re-confirmed, the alert's window still counts the load before it")
+
+
+def _figure_measured(summary: WindowSummary, alert: Alert) -> bool:
+    """Whether ``summary`` has a sample of the P99 ``alert`` reads: ``score`` reads a
+    missing one as held, and a TTFT alert re-confirmed on a window of its class's gaps
+    alone (its requests since all still queued) was left out on a figure never measured.
+    An alert of no class's P99 (preemptions) reads a figure every window has."""
+    ttft = alert.name in (AlertName.TTFT_P99_HIGH, AlertName.TTFT_P99_SUSTAINED)
+    tbt = alert.name in (AlertName.TBT_P99_HIGH, AlertName.TBT_P99_SUSTAINED)
+    if not (ttft or tbt):
+        return True
+    try:
+        figures = summary.classes[Priority.parse(alert.priority_class)]
+    except ValueError:
+        return False
+    return (figures.ttft_p99_ms if ttft else figures.tbt_p99_ms) is not None
 
 
 def _scale_down(ctx: LoopContext, now: float) -> Go | None:
