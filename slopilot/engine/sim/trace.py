@@ -112,6 +112,7 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise TraceError(_not_utf8(label, data, e.start)) from None
+    del data  # up to a gigabyte, its text now held instead
     fmt = fmt or _format_of(source.name, text)
     if model is not None and fmt != "burstgpt":
         raise TraceError(f"{label}: a model filter ({excerpt(model)}) needs a trace with a "

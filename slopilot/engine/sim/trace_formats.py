@@ -256,7 +256,7 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """Each line's JSON object with its line; blank lines are skipped."""
     # Lines end at "\n" only: a JSON string may hold U+2028 or U+0085, where
     # str.splitlines() would cut it (a "\r" before the "\n" is JSON whitespace).
-    for line, raw in enumerate(text.split("\n"), start=1):
+    for line, raw in enumerate(_lines(text), start=1):
         if not raw.strip():
             continue
         try:
@@ -270,6 +270,16 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
         if not isinstance(obj, dict):
             raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
         yield line, obj
+
+
+def _lines(text: str) -> Iterator[str]:
+    """``text.split("\n")`` one line at a time: the list of a gigabyte's lines was a
+    second copy of it, held to the end of the parse."""
+    start = 0
+    while (end := text.find("\n", start)) >= 0:
+        yield text[start:end]
+        start = end + 1
+    yield text[start:]
 
 
 def parse_jsonl(text: str, label: str) -> list[TraceRecord]:
