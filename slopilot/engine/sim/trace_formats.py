@@ -190,6 +190,7 @@ def numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
     """``_rows`` with each row's line; the csv module's own refusals (a field past its
     131,072-character limit) become a ``TraceError`` naming the line."""
     reader = _rows(text)
+    last_line: int | None = None  # the text's, counted once: per row it was quadratic
     while True:
         start = reader.line_num + 1
         try:
@@ -200,22 +201,30 @@ def numbered_rows(text: str, label: str) -> Iterator[tuple[int, list[str]]]:
             raise TraceError(f"{label}:{reader.line_num}: {e}; a trace's fields are times, "
                              "token counts and classes: check that this is a CSV trace") \
                 from None
-        if reader.line_num > start and _open_quote_to_the_end(text, reader.line_num):
-            # The csv module reads a quote left open as a field running to the end of
-            # the file; told from the row's last line, the error named the wrong line
-            # and a row the user never wrote.
-            raise TraceError(f'{label}:{start}: a quote (") opened on this line is never '
-                             "closed, so the rest of the file reads as one field; close it "
-                             "or remove it")
+        if reader.line_num > start:
+            last_line = _last_line(text) if last_line is None else last_line
+            if _open_quote_to_the_end(text, reader.line_num, last_line):
+                # The csv module reads a quote left open as a field running to the end
+                # of the file; told from the row's last line, the error named the wrong
+                # line and a row the user never wrote.
+                    raise TraceError(
+                    f'{label}:{start}: a quote (") opened on this line is never closed, '
+                    "so the rest of the file reads as one field; close it or remove it")
         yield reader.line_num, row
 
 
-def _open_quote_to_the_end(text: str, line: int) -> bool:
-    """Whether a row that ended on ``line`` ran to the end of ``text`` inside a quote: it
-    ended there, and the file's quotes do not pair up (a closed field's, with "" inside,
-    always do)."""
-    lines = text.count("\n") + (0 if text.endswith("\n") else 1)
-    return line >= lines and text.count('"') % 2 == 1
+def _last_line(text: str) -> int:
+    """The number of ``text``'s last line as the csv reader numbers it (its source ends a
+    line at an LF, a CRLF or a bare CR)."""
+    ends = text.count("\n") + text.count("\r") - text.count("\r\n")
+    return ends + (0 if text.endswith(("\n", "\r")) else 1)
+
+
+def _open_quote_to_the_end(text: str, line: int, last_line: int) -> bool:
+    """Whether a row that ended on ``line`` ran to the end of ``text`` (its last line
+    ``last_line``) inside a quote: it ended there, and the file's quotes do not pair up
+    (a closed field's, with "" inside, always do)."""
+    return line >= last_line and text.count('"') % 2 == 1
 
 
 def refuse_wide(row: list[str], width: int, label: str, line: int) -> None:

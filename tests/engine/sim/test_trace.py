@@ -598,3 +598,25 @@ def test_rows_ended_by_a_carriage_return_count_against_the_row_limit(
     path.write_bytes(f"arrival_time,prompt_tokens,output_tokens{end}".encode()
                      + f"0,1,1{end}".encode() * 99 + b"0,1,1")
     assert len(trace.read_trace(path)) == 100
+
+
+class _CountedText(str):
+    """A trace's text that counts the scans of it whole."""
+
+    scans = 0
+
+    def count(self, *args: object) -> int:  # type: ignore[override]
+        type(self).scans += 1
+        return super().count(*args)  # type: ignore[arg-type]
+
+
+def test_rows_of_quoted_newlines_are_read_in_one_pass_of_the_text() -> None:
+    """Each row that ran over several lines counted the whole text's newlines and quotes
+    again (whether its quote ran to the end): 200,000 rows of a two-line note, 3.3 MB,
+    took 3 min 32 s to read, and a gigabyte within the limits would take days."""
+    from slopilot.engine.sim.trace_formats import parse_csv
+
+    rows = "".join(f'{i},1,1,"a\nb"\n' for i in range(1000))
+    text = _CountedText("arrival_time,prompt_tokens,output_tokens,note\n" + rows)
+    assert len(parse_csv(text, "notes.csv")) == 1000
+    assert _CountedText.scans <= 4  # its line ends, once, and its quotes
