@@ -74,8 +74,8 @@ def parse_burstgpt(text: str, label: str, *, model: str | None = None) -> list[T
     if model is not None and not records and not failed:
         shown = ", ".join(f"{excerpt(m)[1:-1]} ({n:,} rows)"
                           for m, n in models.most_common(_SHOWN_MODELS))
-        raise TraceError(f"{label}: no request of model {excerpt(model)}; the trace's models: "
-                         f"{shown or 'none'}")
+        raise TraceError(f"{label}: no request of model {excerpt(model)}{_not_ascii(model)}; "
+                         f"the trace's models: {shown or 'none'}")
     if failed and not records:
         raise TraceError(f"{label}: all {len(failed):,} requests failed (Response tokens 0); "
                          "nothing to replay")
@@ -85,6 +85,17 @@ def parse_burstgpt(text: str, label: str, *, model: str | None = None) -> list[T
                     "without_fails files leave them out too", label, f"{len(failed):,}",
                     "" if len(failed) == 1 else "s", failed[0])
     return records
+
+
+def _not_ascii(name: str) -> str:
+    """Names the characters of ``name`` that are not ASCII: a Cyrillic С pasted from a
+    chat prints as the C of the model it was meant to pick."""
+    others = sorted({f"U+{ord(c):04X}" for c in name if not c.isascii()})
+    if not others:
+        return ""
+    shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+    return f" (its {shown} {'is' if len(others) == 1 else 'are'} no ASCII letter" \
+           f"{'' if len(others) == 1 else 's'})"
 
 
 def _lower(column: str) -> str:

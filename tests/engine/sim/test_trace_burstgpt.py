@@ -150,3 +150,12 @@ def test_a_model_filter_names_a_model_and_a_trace_that_has_models(
                  "--quiet"]) == 2
     assert "needs a trace with a Model column (BurstGPT's); this one is csv" in \
         capsys.readouterr().err
+
+
+def test_a_model_filter_that_only_looks_like_a_models_name_says_so(tmp_path: Path) -> None:
+    """A Cyrillic С (U+0421) pasted from a chat reads as ChatGPT in the error, beside the
+    trace's ChatGPT: the characters that are not ASCII are named."""
+    path = _write(tmp_path, [HEADER, *ROWS])
+    with pytest.raises(TraceError, match=r"no request of model 'Сhatgpt' \(its U\+0421 is no "
+                       r"ASCII letter\); the trace's models: ChatGPT"):
+        read_trace(path, model="\u0421hatgpt")
