@@ -49,9 +49,10 @@ def status_schema() -> dict[str, Any]:
         "controller": _preserve(_obj({}, desc="The controller's persisted loop state: a "
                                      "restarted operator resumes it instead of acting twice.")),
         "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
-                                      "hash of the spec they were tuned from (base); on "
-                                      "vLLM, during a trial, the trial's knobs (trial: "
-                                      "true) beside the committed ones (committed).")),
+                                      "hash of the spec they were tuned from (base); "
+                                      "during a trial on every replica, the trial's "
+                                      "knobs (trial: true) beside the committed ones "
+                                      "(committed).")),
         "pods": _obj({
             "notConfigured": {
                 "type": "array", "items": {"type": "string"}, "maxItems": 64,

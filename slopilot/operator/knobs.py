@@ -196,8 +196,8 @@ def _tuned(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def trial_recorded(body: Mapping[str, Any]) -> bool:
-    """Whether ``status.tunedConfig`` is a trial's (vLLM, whose trials roll every replica
-    and so are rendered from the status), not a committed config."""
+    """Whether ``status.tunedConfig`` is a trial's (one on every replica: vLLM's, which
+    roll them, or a built-in one's without a canary), not a committed config."""
     tuned = _tuned(body)
     return tuned is not None and tuned.get("trial") is True
 

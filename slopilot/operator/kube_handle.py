@@ -19,10 +19,12 @@
   what the syncs remember of it kept, until a sync finds it ready and right.
 - Every config applied to all replicas is recorded in ``status.tunedConfig`` (with a hash
   of the spec it was tuned from) and rendered into the owned objects, so a restarted pod
-  starts with it and a later reconcile keeps it instead of reverting to the spec. A vLLM
-  trial's is recorded as a trial's (``knobs.tuned_record``), only while the daemon's own
-  loop state is on record (``holds``), and ``sync_config`` puts the committed config back
-  where no trial is on record, or the running trial's where another's is recorded.
+  starts with it and a later reconcile keeps it instead of reverting to the spec. A
+  trial's on every replica (vLLM's, or a built-in one's with one replica or canaries
+  off) is recorded as a trial's (``knobs.tuned_record``), only while the daemon's own
+  loop state is on record (``holds``), and ``sync_config`` (but during a canary trial)
+  puts the committed config back where no trial is on record, or the running trial's
+  where another's is recorded, before it sends the pods theirs.
 
 The token only goes to pods the operator made: a pod counts when its controlling owner is
 a ReplicaSet whose controlling owner is the Deployment this LLMDeployment controls (uids,
@@ -215,7 +217,8 @@ class KubeDeploymentHandle:
         self.holds = holds
         """Whether the writer acting through this handle (a controller daemon) still
         holds the loop state on record in the CR read (``status.controller``): a vLLM
-        config is recorded only then (None: always)."""
+        config, or a built-in trial's on every replica, is recorded only then (None:
+        always)."""
         self.guard = guard if guard is not None else contextlib.nullcontext
         """Held around each write to the Deployment and the rendered objects (the
         operator's per-deployment lock, which its reconciles hold too); never around a
@@ -381,8 +384,10 @@ class KubeDeploymentHandle:
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool,
                      trial: bool = False) -> str | None:
-        """Apply to the canary (whose pod name is returned) or to every replica; a
-        ``trial``'s config, on vLLM, is recorded as a trial's (``tuned_record``)."""
+        """Apply to the canary (whose pod name is returned) or to every replica. A
+        config every replica runs is recorded in ``status.tunedConfig``: a ``trial``'s
+        as a trial's (``tuned_record``) and only while ``holds``, as is every vLLM one;
+        a canary's is not recorded."""
         body = self.body()
         spec = self._accepted(body)
         # Judged whole before any replica sees it (raises ConfigError, named by field).
@@ -402,16 +407,18 @@ class KubeDeploymentHandle:
             if canary:
                 return str(targets[0]["metadata"]["name"])  # a trial: nothing recorded
             self._canary = None  # every replica runs the same config again
-        else:
-            if canary:
-                log.info("%s: vLLM cannot reconfigure one replica; rolling all of them",
-                         self.name)
-            # Recorded as the pods run it: vLLM is given at most the budget's sequences.
-            new = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new))
+            # A trial on every replica is recorded as vLLM's are: recorded as committed,
+            # another daemon's trial became the spec's config, which each sync sent the
+            # pods and the ConfigMap rendered for every restarted one.
             self._record(body, tuned_record(body, new.to_dict(), trial=trial),
-                         holds=self.holds)
+                         holds=self.holds if trial else None)
             return None
-        self._record(body, tuned_record(body, new.to_dict(), trial=False))
+        if canary:
+            log.info("%s: vLLM cannot reconfigure one replica; rolling all of them",
+                     self.name)
+        # Recorded as the pods run it: vLLM is given at most the budget's sequences.
+        new = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new))
+        self._record(body, tuned_record(body, new.to_dict(), trial=trial), holds=self.holds)
         return None
 
     def _put_all(self, pods: list[dict[str, Any]], config: EngineConfig, token: str) -> None:
@@ -440,8 +447,12 @@ class KubeDeploymentHandle:
         """Bring every ready pod to the config it should run, where its knobs differ: the
         spec's, or on the pod a running ``trial`` measures (``trial_on``; None: every
         pod) the trial's knobs over it, as ``apply_config`` sent them (a canary that
-        restarted mid-trial came back on the ConfigMap's). A no-op for vLLM, whose knobs
-        are arguments that a rollout sets.
+        restarted mid-trial came back on the ConfigMap's). First, unless a canary
+        trial runs, ``status.tunedConfig`` is put right (``_sync_recorded``: the
+        committed config where a trial's is recorded and no ``trial`` runs, the running
+        trial's where another's is), only while ``holds`` (NotHeld: nothing recorded,
+        no pod sent anything); the pods are then sent the config it renders. vLLM's
+        knobs are arguments that a rollout sets: no pod is asked.
 
         Each pod is read first (``GET /admin/config``), so a pod already right is not
         written; so is the SLO it judges requests by (``/admin/slo``: ``spec.slo``). A pod
@@ -458,8 +469,14 @@ class KubeDeploymentHandle:
         """
         body = self.body()
         spec = self._accepted(body)
+        # A canary trial is not recorded: its config is the canary's alone, and put in
+        # the record it would be rendered to every replica.
+        whole = spec.backend is not Backend.BUILTIN or trial is None or trial_on is None
+        if whole and self._sync_recorded(body, spec.backend, trial,
+                                         holds if holds is not None else self.holds):
+            body = self.body()  # the pods are sent the config now recorded
+            spec = self._accepted(body)
         if spec.backend is not Backend.BUILTIN:
-            self._sync_recorded(body, trial, holds if holds is not None else self.holds)
             return ConfigSync()
         trial_config = None if trial is None else \
             spec.engine.with_overrides(trial, live_only=True)
@@ -729,32 +746,39 @@ class KubeDeploymentHandle:
         if deadline.passed:  # a shut socket ends a body without a length as if complete
             raise ApplyError(late)
 
-    def _sync_recorded(self, body: Mapping[str, Any], trial: Mapping[str, Any] | None,
-                       holds: Holds | None) -> None:
-        """vLLM runs ``status.tunedConfig`` (its knobs are arguments, rendered from it):
-        where that is a trial's config and no trial is on record (its daemon was
-        overtaken by another's, or the state reset), the committed config goes back;
-        where another trial is on record than the one recorded, that trial's config goes
-        on. Written only while ``holds`` says the state judged is still on record."""
+    def _sync_recorded(self, body: Mapping[str, Any], backend: Backend,
+                       trial: Mapping[str, Any] | None, holds: Holds | None) -> bool:
+        """Put in ``status.tunedConfig`` the config every replica is to run; whether it
+        was written. vLLM runs it (its knobs are arguments, rendered from it), and so
+        does a built-in pod (the ConfigMap's at start, the spec's at each sync): where
+        it is a trial's config and no trial is on record (its daemon was overtaken by
+        another's, or the state reset), the committed config goes back; where another
+        trial is on record than the one recorded, that trial's config goes on. Never
+        called for a built-in canary trial, which is not recorded. Written only while
+        ``holds`` says the state judged is still on record."""
         if trial is None:
             if not trial_recorded(body):
-                return
+                return False
             log.warning("%s: a trial's config is recorded but no trial is on record: the "
                         "committed config goes back", self.name)
             self._record(body, tuned_record(body, committed_overlay(body), trial=False),
                          holds=holds)
-            return
-        # The trial's knobs over the committed config, as apply_config rendered them.
+            return True
+        # The trial's knobs over the committed config, as apply_config recorded them.
         committed = {**body, "status": {**(body.get("status") or {}), "tunedConfig":
                                         tuned_record(body, committed_overlay(body),
                                                      trial=False)}}
-        new = parse_spec(committed).engine.with_overrides(trial, live_only=False)
-        engine = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new)).to_dict()
+        builtin = backend is Backend.BUILTIN
+        new = parse_spec(committed).engine.with_overrides(trial, live_only=builtin)
+        if not builtin:
+            new = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new))
+        engine = new.to_dict()
         if tuned_overlay(body) == engine:
-            return
+            return False
         log.warning("%s: the recorded config is not the running trial's: the trial's goes "
                     "on", self.name)
         self._record(body, tuned_record(body, engine, trial=True), holds=holds)
+        return True
 
     def _record(self, body: Mapping[str, Any], tuned: dict[str, Any] | None, *,
                 holds: Holds | None = None) -> None:

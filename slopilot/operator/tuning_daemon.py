@@ -258,8 +258,9 @@ class DeploymentLoop:
         self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
         # Locked per write, not per tick: a tick may take minutes, and every reconcile of
         # this CR would wait that long on one of kopf's few handler threads.
-        # A config is recorded only over the loop state this loop last saw (vLLM: every
-        # trial is rendered from the status, and another daemon's would run under its).
+        # A config is recorded only over the loop state this loop last saw (a trial on
+        # every replica is rendered from the status, and another daemon's would run
+        # under its).
         self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy,
                                            uid=uid, guard=lambda: locks.hold(self.key),
                                            memory=memory, holds=self._holds)

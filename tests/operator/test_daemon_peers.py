@@ -10,6 +10,8 @@ another's state there drops its own (its trial told failed) and resumes the othe
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +24,48 @@ from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
-from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
-from tests.operator.standins import PrometheusStandIn, build_study_controller
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    add_pod,
+    daemon_loop,
+    llmd,
+    operator_mint,
+)
+from tests.operator.standins import (
+    PodStandIn,
+    PrometheusStandIn,
+    build_study_controller,
+    serving,
+)
+from tests.operator.test_live_config import running, spec_config
 from tests.support.kube_server import RunningEmulator
 
 
+@pytest.fixture
+def engine_pod() -> Iterator[PodStandIn]:
+    """A built-in engine pod's admin API, serving; ``two_daemons`` makes it the CR's."""
+    pod = PodStandIn()
+    with serving(pod):
+        yield pod
+
+
 def two_daemons(kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
-                monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-                ) -> tuple[Any, Any, optuna.Study]:
-    """A vLLM chat on a real study, with two daemons stepped once each (steady)."""
+                monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                pod: PodStandIn | None = None) -> tuple[Any, Any, optuna.Study]:
+    """A vLLM chat on a real study, with two daemons stepped once each (steady); with
+    ``pod``, a built-in one whose one replica (trials on every replica) that pod is."""
     kube.install(crd_manifest())
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     policy = OperatorPolicy(allowed_storage=(storage,))
-    body = cluster.create(llmd(backend="vllm", prometheus={"url": prom.url},
+    backend = {"backend": "vllm"} if pod is None else {}
+    body = cluster.create(llmd(**backend, prometheus={"url": prom.url},
                                tuning={"window": "1h", "storage": storage}))
     assert reconcile(cluster.kube, body, policy=policy, mint=operator_mint(cluster)).valid
+    if pod is not None:
+        pod.token = operator_mint(cluster).for_body(cluster.get())
+        pod.config = spec_config(cluster)
+        add_pod(cluster, "chat", 0, pod.port)
     a, b = (daemon_loop(cluster, cluster.get(), monkeypatch, factory=build_study_controller,
                         policy=policy) for _ in range(2))
     assert a.step() and b.step()
@@ -211,3 +240,95 @@ def test_vllm_a_trial_on_record_when_tuning_is_turned_off_is_not_rendered(
                      mint=operator_mint(cluster)).valid
     args = engine_args(cluster)
     assert args[args.index("--max-num-batched-tokens") + 1] == "2048"
+
+
+def config_map_engine(cluster: Cluster) -> dict[str, Any]:
+    """The built-in engine's config as the ConfigMap tells a pod that starts now."""
+    cm = cluster.owned("v1", "configmaps", "chat-engine")
+    assert cm is not None
+    return dict(json.loads(cm["data"]["engine.json"]))
+
+
+def holds(config: dict[str, Any], knobs: dict[str, Any]) -> bool:
+    """Whether ``config`` runs ``knobs`` (a trial's)."""
+    return all(config.get(k) == v for k, v in knobs.items())
+
+
+def test_builtin_a_losing_daemons_trial_config_is_not_left_on_the_pods(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, engine_pod: PodStandIn) -> None:
+    """With one replica a built-in trial goes to every pod and was recorded as the
+    deployment's config: a's trial on record, b's stale tick put its own on the pod and
+    in status.tunedConfig, which the sync then sent the pod as the spec's (measured as
+    a's trial) and the ConfigMap rendered, until the next commit."""
+    a, b, _ = two_daemons(kube, cluster, prom, monkeypatch, tmp_path, engine_pod)
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    other_draws(b)
+    tick = b.controller.tick
+
+    def raced(now: float) -> Any:  # a asks, applies and records its trial first
+        assert a.step()
+        return tick(now)
+
+    monkeypatch.setattr(b.controller, "tick", raced)
+    assert b.step()
+    assert on_record(cluster) == 0
+    assert b.step() and a.step()
+    assert on_record(cluster) == 0
+    trial = trial_on_record(cluster)
+    assert holds(running(engine_pod), trial), (running(engine_pod), trial)
+    assert holds(config_map_engine(cluster), trial), cluster.status().get("tunedConfig")
+
+
+def test_builtin_a_trial_applied_before_anothers_state_was_written_is_put_back(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, engine_pod: PodStandIn) -> None:
+    """b's trial went to the pod after a's did, but a's state reached the status first:
+    b's config must not stay on the pod, nor in the ConfigMap, under a's trial."""
+    a, b, study = two_daemons(kube, cluster, prom, monkeypatch, tmp_path, engine_pod)
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    other_draws(b)
+    a_tick, b_tick = a.controller.tick, b.controller.tick
+    seen: list[dict[str, Any]] = []
+
+    def raced(now: float) -> Any:
+        mine = a_tick(now)  # a's trial applied, its state not yet written
+        seen.append(running(engine_pod))
+        theirs = b_tick(now)  # b's applied over it
+        seen.append(running(engine_pod))
+        monkeypatch.setattr(a.controller, "tick", lambda _now: mine)
+        assert a.step()  # a's state written first
+        return theirs
+
+    monkeypatch.setattr(b.controller, "tick", raced)
+    assert b.step()
+    assert on_record(cluster) == 0
+    assert states(study) == {0: TrialState.RUNNING, 1: TrialState.FAIL}
+    assert seen[0] != seen[1]  # b's trial sent the pod other knobs
+    for _ in range(2):
+        assert b.step() and a.step()
+    assert on_record(cluster) == 0
+    trial = trial_on_record(cluster)
+    assert running(engine_pod) == seen[0]
+    assert holds(config_map_engine(cluster), trial), cluster.status().get("tunedConfig")
+
+
+def test_builtin_a_trial_config_on_record_without_its_trial_is_reverted_at_the_next_sync(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, engine_pod: PodStandIn) -> None:
+    """A one-replica trial's config is recorded as a trial's: a daemon that finds it with
+    no trial on record puts the committed config back, on the pod and in the ConfigMap."""
+    a, _, _ = two_daemons(kube, cluster, prom, monkeypatch, tmp_path, engine_pod)
+    before = running(engine_pod)
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    assert a.step() and on_record(cluster) == 0
+    assert running(engine_pod) != before and config_map_engine(cluster) != before
+    cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat",
+                       {"status": {"controller": None}}, subresource="status")
+    a.close()
+    fresh = daemon_loop(cluster, cluster.get(), monkeypatch, factory=build_study_controller,
+                        policy=a.policy)
+    prom.alerts = []  # no alert: the fresh daemon stays steady
+    assert fresh.step()
+    assert running(engine_pod) == before and config_map_engine(cluster) == before
+    assert "tunedConfig" not in cluster.status()

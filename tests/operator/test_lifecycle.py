@@ -7,6 +7,8 @@ off and on, an operator restart, a CR re-created, replicas scaled by someone els
 from __future__ import annotations
 
 import contextlib
+import logging
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,12 +17,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from slopilot.operator.handlers import status_of
+from slopilot.operator.handlers import status_of, sync_pods
 from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.status_writer import write_status
+from slopilot.operator.tuning_daemon import tuning_enabled
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -40,9 +43,14 @@ from tests.support.kube_server import RunningEmulator
 
 
 def handler_reconcile(cluster: Cluster, policy: Any, mint: Any) -> None:
-    """What ``reconcile_llmdeployment`` writes for the CR as it is now."""
-    outcome = reconcile(cluster.kube, cluster.get(), policy=policy, mint=mint)
+    """What ``reconcile_llmdeployment`` does for the CR as it is now: its status, and
+    with tuning off, the pods' sync."""
+    body = cluster.get()
+    outcome = reconcile(cluster.kube, body, policy=policy, mint=mint)
     write_status(cluster.kube, NS, "chat", lambda fresh: status_of(fresh, outcome))
+    if outcome.valid and outcome.admin_token and not tuning_enabled(body["spec"]):
+        memo = types.SimpleNamespace(kube=cluster.kube, tokens=mint, policy=policy)
+        sync_pods(body, memo, logging.getLogger("test"))  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

@@ -125,6 +125,9 @@ def test_the_sync_touches_only_pods_that_run_another_config_and_keeps_a_trials_o
             canary.config = dict(want)
         assert handle.sync_config(**on_canary).updated == ("chat-pod-0",)
         assert running(canary) == trial
+        # A canary trial's config is the canary's alone: never recorded, or the
+        # ConfigMap would render it to every replica.
+        assert "tunedConfig" not in cluster.status()
         # A trial on every replica (one replica, or canaries off) is every pod's config.
         assert handle.sync_config(trial={"token_budget": 2048}).updated == (
             "chat-pod-1", "chat-pod-2")
