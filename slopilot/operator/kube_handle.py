@@ -385,13 +385,21 @@ class KubeDeploymentHandle:
     def apply_config(self, config: Mapping[str, Any], *, canary: bool,
                      trial: bool = False) -> str | None:
         """Apply to the canary (whose pod name is returned) or to every replica. A
-        config every replica runs is recorded in ``status.tunedConfig``: a ``trial``'s
-        as a trial's (``tuned_record``) and only while ``holds``, as is every vLLM one;
-        a canary's is not recorded."""
+        config every replica runs is recorded in ``status.tunedConfig`` (a ``trial``'s
+        as a trial's: ``tuned_record``); a canary's is not recorded. With ``holds``, none
+        of it is done (``NotHeld``) unless this writer's loop state is on record: no pod
+        is sent a config, and nothing recorded, for a daemon another has overtaken."""
         body = self.body()
         spec = self._accepted(body)
         # Judged whole before any replica sees it (raises ConfigError, named by field).
         new = spec.engine.with_overrides(config, live_only=spec.backend is Backend.BUILTIN)
+        if self.holds is not None and not self.holds(body):
+            # Before any PUT: an overtaken daemon's trial, commit or rollback put its
+            # config on the pods under the other's trial, and its rollback, recorded as
+            # committed, wrote over the other's trial record.
+            raise NotHeld(f"LLMDeployment {self.namespace}/{self.name}: another writer's "
+                          "loop state is on record in status.controller (another operator "
+                          "replica's daemon): this config is not applied")
         if spec.backend is Backend.BUILTIN:
             pods = self.pods(body)
             if not pods:
@@ -407,11 +415,11 @@ class KubeDeploymentHandle:
             if canary:
                 return str(targets[0]["metadata"]["name"])  # a trial: nothing recorded
             self._canary = None  # every replica runs the same config again
-            # A trial on every replica is recorded as vLLM's are: recorded as committed,
-            # another daemon's trial became the spec's config, which each sync sent the
-            # pods and the ConfigMap rendered for every restarted one.
+            # A trial on every replica is recorded as a trial's, as vLLM's are: recorded
+            # as committed, another daemon's trial became the spec's config, which each
+            # sync sent the pods and the ConfigMap rendered for every restarted one.
             self._record(body, tuned_record(body, new.to_dict(), trial=trial),
-                         holds=self.holds if trial else None)
+                         holds=self.holds)
             return None
         if canary:
             log.info("%s: vLLM cannot reconfigure one replica; rolling all of them",

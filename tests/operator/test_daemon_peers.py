@@ -278,6 +278,9 @@ def test_builtin_a_losing_daemons_trial_config_is_not_left_on_the_pods(
     trial = trial_on_record(cluster)
     assert holds(running(engine_pod), trial), (running(engine_pod), trial)
     assert holds(config_map_engine(cluster), trial), cluster.status().get("tunedConfig")
+    # And still a trial's record: b's rollback, after its own record was refused, wrote
+    # its target over a's as the committed config, unconditionally.
+    assert cluster.status()["tunedConfig"].get("trial") is True, cluster.status()
 
 
 def test_builtin_a_trial_applied_before_anothers_state_was_written_is_put_back(
