@@ -74,7 +74,12 @@ from slopilot.operator.render import ADMIN_PORT_NAME, selector, vllm_max_num_seq
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.status_writer import ATTEMPTS, replacing
 from slopilot.operator.tokens import TokenMint
-from slopilot.tuner.prometheus.bounded import Deadline, bounded_client
+from slopilot.tuner.prometheus.bounded import (
+    Deadline,
+    StartTimer,
+    bounded_client,
+    thread_timer,
+)
 from slopilot.tuner.prometheus.safe_errors import http_failure, transport_failure
 
 log = logging.getLogger(__name__)
@@ -212,7 +217,8 @@ class KubeDeploymentHandle:
                  guard: Callable[[], AbstractContextManager[Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  memory: PodMemory | None = None,
-                 holds: Holds | None = None) -> None:
+                 holds: Holds | None = None,
+                 timer: StartTimer = thread_timer) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.holds = holds
         """Whether the writer acting through this handle (a controller daemon) still
@@ -228,6 +234,9 @@ class KubeDeploymentHandle:
         self.mint = mint
         self.clock = clock
         """What ``SYNC_DEADLINE_S`` is counted by."""
+        self.timer = timer
+        """What each request's deadline is timed by: ``POD_ANSWER_DEADLINE_S``, or what
+        ``clock`` says is left of the sync's."""
         self.memory = memory if memory is not None else PodMemory()
         """What the last sync sent each pod (pod_memory.py): the CR's, where the caller
         keeps one across handles (the timer makes a handle per sync)."""
@@ -740,7 +749,7 @@ class KubeDeploymentHandle:
             # PodsConfigured message, which quotes this, is written only when it changes.
             deadline_s = left_s
             bound = f"{SYNC_DEADLINE_S:g} s of this sync (SYNC_DEADLINE_S)"
-        deadline = Deadline(deadline_s)
+        deadline = Deadline(deadline_s, self.timer)
         late = (f"{name} at {url}: did not finish its answer within the {bound}; "
                 "an engine answers in milliseconds: is this image the engine?")
         try:

@@ -147,6 +147,7 @@ class PodStandIn(_Server):
         self.drip_s = 0.0
         self.drip_methods = frozenset({"GET", "PUT"})
         self.answer_cut, self.answer_sent = threading.Event(), threading.Event()
+        self.drip_begun = threading.Event()  # set once a dripping answer's first byte is out
         # Called with (method, path) as each request arrives, before it is answered: a
         # test's clock can take the time a slow image would.
         self.on_request: Callable[[str, str], None] | None = None
@@ -168,6 +169,7 @@ class _PodHandler(_Handler):
             while True:
                 self.wfile.write(b"X")
                 self.wfile.flush()
+                standin.drip_begun.set()
                 time.sleep(standin.drip_s)
         except OSError:
             standin.answer_cut.set()

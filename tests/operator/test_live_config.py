@@ -41,6 +41,7 @@ from tests.operator.operator_support import (
 )
 from tests.operator.standins import HoldingWindows, PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
+from tests.support.fired_timers import FiredTimer, FiredTimers
 from tests.support.waits import HANG_GUARD_S
 from tests.tuner.controller_fakes import FakeProbe, FakeStudy
 
@@ -69,9 +70,34 @@ def reconciled(kube: RunningEmulator, cluster: Cluster, body: dict[str, Any]
 
 
 def handle_of(cluster: Cluster, body: dict[str, Any], policy: OperatorPolicy,
-              mint: TokenMint) -> KubeDeploymentHandle:
+              mint: TokenMint, **kw: Any) -> KubeDeploymentHandle:
     return KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                uid=body["metadata"]["uid"])
+                                uid=body["metadata"]["uid"], **kw)
+
+
+def sync_until_the_drip_is_cut(handle: KubeDeploymentHandle, timers: FiredTimers,
+                               dripping: PodStandIn) -> Any:
+    """``handle.sync_config()``, with the deadline of the request that ``dripping``
+    drips its answer to run out once it drips: a pod that answers, however slowly a busy
+    machine lets it, is never cut, and the dripping one always is."""
+    done: list[Any] = []
+    sync = threading.Thread(target=lambda: done.append(handle.sync_config()), daemon=True)
+    sync.start()
+
+    def the_drips_deadline() -> FiredTimer | None:
+        # A pod's requests follow one another, each deadline cancelled as its answer
+        # ends: once the answer drips and the other pods' requests are over, the one
+        # deadline armed is the dripping request's.
+        armed = timers.armed()
+        return armed[0] if dripping.drip_begun.is_set() and len(armed) == 1 else None
+
+    try:
+        wait_for(the_drips_deadline, "a dripping answer, the only request under way").fire()
+    finally:
+        for timer in timers.armed():  # a failed wait must not leave the sync dripping
+            timer.fire()
+        sync.join(HANG_GUARD_S)
+    return done[0]
 
 
 @pytest.mark.parametrize("tuning", [True, False], ids=["tuning-on", "tuning-off"])
@@ -544,7 +570,6 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
     long as it liked (a few such CRs and every tenant's reconciles wait). Each request to
     a pod now has a deadline for its whole answer."""
     from slopilot.operator import kube_handle
-    monkeypatch.setattr(kube_handle, "POD_ANSWER_DEADLINE_S", 0.5)
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
@@ -557,11 +582,13 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
         # PUT's answer drips.
         dripping.drip_methods = frozenset({answer})
         dripping.drip_s = 0.05
-        handle = handle_of(cluster, body, policy, mint)
-        done = handle.sync_config()
+        timers = FiredTimers()
+        handle = handle_of(cluster, body, policy, mint, timer=timers)
+        done = sync_until_the_drip_is_cut(handle, timers, dripping)
         assert done.updated == ("chat-pod-1",) and running(stale) == want
         assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
-        assert "0.5 s" in done.left[0] and "deadline" in done.left[0]
+        assert (f"within the {kube_handle.POD_ANSWER_DEADLINE_S:g} s deadline per request"
+                in done.left[0])
         assert dripping.answer_cut.wait(timeout=HANG_GUARD_S)  # the socket was shut, not left open
 
 
@@ -854,8 +881,11 @@ def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
     with serving(*pods):
         for i, pod in enumerate(pods):
             add_pod(cluster, "chat", i, pod.port)
+        # The requests' deadlines are timed by ``clock`` alone: on the wall clock, what is
+        # left of the sync (2 s before the last request) would cut a busy machine's answer.
         handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
-                                      uid=body["metadata"]["uid"], clock=clock)
+                                      uid=body["metadata"]["uid"], clock=clock,
+                                      timer=FiredTimers())
         start = clock.now
         if how == "commit":  # a commit's PUTs to every replica, within the same bounds
             with pytest.raises(ApplyError, match=r"chat-pod-3.*SYNC_DEADLINE_S"):
@@ -875,7 +905,9 @@ def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
 def test_a_request_gets_only_what_is_left_of_the_syncs_deadline(
         kube: RunningEmulator, cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sync's deadline bounds the request under way too, not only the next pod's:
-    a pod that drips its answer is cut when the sync's time is up."""
+    a pod that drips its answer is cut when the sync's time is up. The sync's clock
+    stands still, so its whole deadline is left for the request, however long a busy
+    machine took to send it."""
     from slopilot.operator import kube_handle
     monkeypatch.setattr(kube_handle, "POD_ANSWER_DEADLINE_S", 3600.0)
     monkeypatch.setattr(kube_handle, "SYNC_DEADLINE_S", 0.5)
@@ -884,7 +916,9 @@ def test_a_request_gets_only_what_is_left_of_the_syncs_deadline(
     dripping.drip_s = 0.05
     with serving(dripping):
         add_pod(cluster, "chat", 0, dripping.port)
-        done = handle_of(cluster, body, policy, mint).sync_config()
+        timers = FiredTimers()
+        handle = handle_of(cluster, body, policy, mint, clock=Clock(), timer=timers)
+        done = sync_until_the_drip_is_cut(handle, timers, dripping)
         assert dripping.answer_cut.wait(timeout=HANG_GUARD_S)
     assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
     assert "0.5 s of this sync (SYNC_DEADLINE_S)" in done.left[0]

@@ -15,9 +15,9 @@ import contextlib
 import socket
 import ssl
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -161,8 +161,26 @@ def _too_large(base: str, max_bytes: int) -> str:
             "that spec.prometheus.url is a Prometheus")
 
 
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+StartTimer = Callable[[float, Callable[[], None]], Timer]
+"""Calls back once some seconds have passed, until cancelled: how a ``Deadline`` is
+timed (``thread_timer``; a test fires its own when its condition holds)."""
+
+
+def thread_timer(delay_s: float, callback: Callable[[], None]) -> Timer:
+    """``callback`` on a daemon thread ``delay_s`` seconds from now."""
+    timer = threading.Timer(delay_s, callback)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 class Deadline:
-    """Shuts the request's socket down once ``deadline_s`` has passed.
+    """Shuts the request's socket down once ``deadline_s`` has passed (timed by
+    ``start_timer``).
 
     A timer, not a check between reads: a server that sends a byte just inside each read
     timeout (headers included) never lets a read time out. Shutting the socket wakes the
@@ -171,14 +189,13 @@ class Deadline:
     and ``cancel`` once the request is over.
     """
 
-    def __init__(self, deadline_s: float) -> None:
+    def __init__(self, deadline_s: float, start_timer: StartTimer = thread_timer) -> None:
         self.deadline_s = deadline_s
         self.passed = False
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
-        self._timer = threading.Timer(deadline_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
+        # Last: the timer may fire at once, and its callback reads the fields above.
+        self._timer = start_timer(deadline_s, self._expire)
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
         if event not in _CONNECTED:
