@@ -37,7 +37,7 @@ from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS
 from slopilot.tuner.study.storage import storage_of
 from slopilot.tuner.study.tuner import Tuner
-from tests.support.prometheus import free_port
+from tests.support.ports import refused_port
 
 
 class OneDeployment:
@@ -59,7 +59,7 @@ def context(tmp_path: Path, backend: str = "builtin", namespace_label: str | Non
             "metadata": {"name": "chat", "namespace": "team", "uid": "u1"},
             "spec": {"model": {"name": "smollm2-135m"}, "backend": backend,
                      # Nothing listens there: a Prometheus that is down.
-                     "prometheus": {"url": f"http://127.0.0.1:{free_port()}"},
+                     "prometheus": {"url": f"http://127.0.0.1:{refused_port()}"},
                      "tuning": {"storage": f"sqlite:///{tmp_path / 'study.db'}", **tuning}}}
     spec = parse_spec(body)
     kube: Any = OneDeployment()

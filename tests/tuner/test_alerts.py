@@ -37,7 +37,8 @@ from tests.support.fixtures import (  # noqa: F401 - fixtures
     prometheus_factory,
     prometheus_server,
 )
-from tests.support.prometheus import PrometheusServer, free_port
+from tests.support.ports import refused_port
+from tests.support.prometheus import PrometheusServer
 from tests.support.summaries import partial_summary
 from tests.support.waits import wait_for
 
@@ -49,7 +50,7 @@ def test_a_bad_answer_is_prometheus_unavailable(bad: Any) -> None:
 
 
 def test_a_dead_prometheus_raises_a_clear_error() -> None:
-    port = free_port()  # nothing listens there
+    port = refused_port()  # nothing listens there
     source = AlertSource(f"http://127.0.0.1:{port}", "demo", timeout_s=2)
     with pytest.raises(PrometheusUnavailable,
                        match=f"cannot reach Prometheus at http://127.0.0.1:{port}"):

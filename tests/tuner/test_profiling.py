@@ -23,7 +23,8 @@ from slopilot.tuner.prometheus.profiling import (
 )
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
-from tests.support.prometheus import PrometheusBinaries, free_port
+from tests.support.ports import refused_port
+from tests.support.prometheus import PrometheusBinaries
 from tests.support.waits import wait_for
 from tests.tuner.live_stack import SELECTOR, live_stack
 
@@ -144,7 +145,7 @@ def test_live_engine_profile_through_real_prometheus(
 
 def test_unreachable_prometheus_is_named() -> None:
     with pytest.raises(PrometheusUnavailable, match="cannot reach Prometheus"):
-        WorkloadProfile.from_prometheus(f"http://127.0.0.1:{free_port()}", SELECTOR, 60,
+        WorkloadProfile.from_prometheus(f"http://127.0.0.1:{refused_port()}", SELECTOR, 60,
                                         timeout_s=2)
     with pytest.raises(ValueError, match="window_s=0"):
         WorkloadProfile.measure(prometheus_query("http://127.0.0.1:9"), SELECTOR, 0)

@@ -20,7 +20,8 @@ from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
-from tests.support.prometheus import PrometheusBinaries, free_port, promtool, serve_metrics
+from tests.support.ports import refused_port
+from tests.support.prometheus import PrometheusBinaries, promtool, serve_metrics
 
 DEMO = load_scenario("demo")
 
@@ -182,7 +183,7 @@ def test_bad_settings_and_short_windows_say_what_to_fix() -> None:
 
 
 def test_an_unreachable_prometheus_is_reported_as_unavailable() -> None:
-    dead = query_at(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+    dead = query_at(f"http://127.0.0.1:{refused_port()}", timeout_s=1)
     with pytest.raises(PrometheusUnavailable, match="cannot reach Prometheus"):
         PrometheusWindows(dead, {"a": "b"}, DEMO.slo).measure(90.0, 100.0, canary=False)
 
