@@ -1,47 +1,90 @@
 """``slopilot serve`` on a real socket ends a connection whose client stalls: half a head
 is a 408, a body that stops short is dropped as a client that left, and a connection
-that sends nothing is closed. Each within deadlines short enough to wait on; the waits
-end on the connection's end (or the suite's hang guard), never on a measured time.
+that sends nothing is closed.
 
-test_http_deadlines.py pins the rule itself, on timers the test fires.
+The deadlines run out on the test's word (``FiredTimers``, fired on the server's loop)
+once the server holds what the client sent. On the loop's own timers (1 s here until
+then) a machine busy enough to keep the loop off the CPU past a deadline had the timer
+run before the read of bytes sent in time (uvloop runs due timers before it polls): a
+well-behaved request was cut, and a half head was closed on as if nothing had come.
+test_http_deadlines.py pins the rule itself; nothing here waits on wall-clock time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from slopilot.engine.http_deadlines import Deadlines
 from tests.support.live_server import LiveServer, start_server
+from tests.support.fired_timers import FiredTimers
 from tests.support.waits import HANG_GUARD_S, wait_for
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[LiveServer]:
-    # Short, so the test waits little; long enough for the well-behaved request below to
-    # send its head and body however busy the machine.
-    with start_server(deadlines=Deadlines(head_s=1.0, body_idle_s=1.0)) as server:
-        yield server
+def served() -> Iterator[tuple[LiveServer, FiredTimers]]:
+    timers = FiredTimers()
+    with start_server(call_later=timers) as server:
+        yield server, timers
 
 
-def _until_closed(srv: LiveServer, sent: bytes) -> bytes:
-    """What the server answers ``sent`` before it ends the connection."""
+def _on_loop(srv: LiveServer, fn: Callable[[], T]) -> T:
+    """``fn()`` on the server's event loop, where its connections live."""
+    async def run() -> T:
+        return fn()
+    return asyncio.run_coroutine_threadsafe(run(), srv.loop).result(HANG_GUARD_S)
+
+
+def _connection(srv: LiveServer, port: int) -> Any:
+    """The server's protocol for the client connection from local ``port``, if open."""
+    for protocol in list(srv.server.server_state.connections):
+        if protocol.client is not None and protocol.client[1] == port:
+            return protocol
+    return None
+
+
+# When the server holds all that was sent (the deadline would otherwise run out on
+# bytes not yet read): h11 buffers a head until it is whole, and the app waits for
+# the rest of a body with the body's deadline armed.
+HOLDS: dict[str, Callable[[Any, bytes], bool]] = {
+    "nothing": lambda protocol, sent: True,
+    "half a head": lambda protocol, sent: protocol.conn.trailing_data[0] == sent,
+    "a short body": lambda protocol, sent: protocol._body_timer is not None,
+}
+
+
+def _until_closed(srv: LiveServer, timers: FiredTimers, case: str, sent: bytes) -> bytes:
+    """What the server answers ``sent`` before it ends the connection, once the
+    connection's deadlines run out with all of ``sent`` in the server's hands."""
     address = urlsplit(srv.url)
     with socket.create_connection((address.hostname, address.port)) as sock:
         sock.settimeout(HANG_GUARD_S)
         sock.sendall(sent)
+        port = sock.getsockname()[1]
+
+        def holds() -> Any:
+            protocol = _connection(srv, port)
+            return protocol if protocol is not None and HOLDS[case](protocol, sent) else None
+
+        protocol = wait_for(lambda: _on_loop(srv, holds), what=f"the server to hold {case}")
+
+        def run_out() -> None:
+            for timer in timers.armed():
+                if getattr(timer.callback, "__self__", None) is protocol:
+                    timer.fire()
+
+        _on_loop(srv, run_out)
         answer = b""
         while got := sock.recv(65536):
             answer += got
     return answer
-
-
-def _connections(srv: LiveServer) -> int:
-    return len(srv.server.server_state.connections)
 
 
 @pytest.mark.parametrize(("sent", "answer"), [
@@ -49,11 +92,16 @@ def _connections(srv: LiveServer) -> int:
     (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n", b"HTTP/1.1 408 "),
     (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
      b"content-length: 100\r\n\r\n{\"prompt\": ", b""),  # the request ends unanswered
-], ids=["nothing", "half a head", "a short body"])
-def test_a_stalled_client_is_let_go(srv: LiveServer, sent: bytes, answer: bytes) -> None:
-    got = _until_closed(srv, sent)
+], ids=list(HOLDS))
+def test_a_stalled_client_is_let_go(served: tuple[LiveServer, FiredTimers],
+                                    request: pytest.FixtureRequest, sent: bytes,
+                                    answer: bytes) -> None:
+    srv, timers = served
+    case = request.node.callspec.id
+    got = _until_closed(srv, timers, case, sent)
     assert got.startswith(answer) and (answer or got == b""), got[:200]
-    wait_for(lambda: _connections(srv) == 0, what="the connection released")
+    wait_for(lambda: _on_loop(srv, lambda: not srv.server.server_state.connections),
+             what="the connection released")
     # The server serves on, with nothing of the stalled request left in the engine.
     ok = httpx.post(srv.url + "/v1/completions", timeout=HANG_GUARD_S,
                     json={"prompt": "hi", "max_tokens": 1})
