@@ -138,5 +138,8 @@ def test_a_request_waiting_for_admission_is_judged_by_the_slo_of_its_arrival(
         assert sent.result(HANG_GUARD_S).status_code == 200
     wait_for(lambda: any(v != (0, 0) for v in srv.backend.metrics.verdicts().values()),
              what="the request to be judged")
-    counted = {k: v for k, v in srv.backend.metrics.verdicts().items() if v != (0, 0)}
-    assert counted == {(Priority.P1, old.p1.label, True): (1, 2)}
+    # Judged by the old objectives; whether it met them is the machine's speed (a 500 ms
+    # TTFT on the wall clock, through an engine thread held for an HTTP round trip).
+    counted = {(cls, label): v for (cls, label, _met), v in
+               srv.backend.metrics.verdicts().items() if v != (0, 0)}
+    assert counted == {(Priority.P1, old.p1.label): (1, 2)}
