@@ -81,7 +81,14 @@ def sync_until_the_drip_is_cut(handle: KubeDeploymentHandle, timers: FiredTimers
     drips its answer to run out once it drips: a pod that answers, however slowly a busy
     machine lets it, is never cut, and the dripping one always is."""
     done: list[Any] = []
-    sync = threading.Thread(target=lambda: done.append(handle.sync_config()), daemon=True)
+
+    def run() -> None:
+        try:
+            done.append(handle.sync_config())
+        except BaseException as exc:  # raised below, in the test's thread
+            done.append(exc)
+
+    sync = threading.Thread(target=run, daemon=True)
     sync.start()
 
     def the_drips_deadline() -> FiredTimer | None:
@@ -97,6 +104,9 @@ def sync_until_the_drip_is_cut(handle: KubeDeploymentHandle, timers: FiredTimers
         for timer in timers.armed():  # a failed wait must not leave the sync dripping
             timer.fire()
         sync.join(HANG_GUARD_S)
+    assert done, "the sync did not end"
+    if isinstance(done[0], BaseException):
+        raise done[0]
     return done[0]
 
 
