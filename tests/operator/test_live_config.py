@@ -40,8 +40,8 @@ from tests.operator.operator_support import (
     wait_for,
 )
 from tests.operator.standins import HoldingWindows, PodStandIn, PrometheusStandIn, serving
-from tests.support.kube_server import RunningEmulator
 from tests.support.fired_timers import FiredTimer, FiredTimers
+from tests.support.kube_server import RunningEmulator
 from tests.support.waits import HANG_GUARD_S
 from tests.tuner.controller_fakes import FakeProbe, FakeStudy
 

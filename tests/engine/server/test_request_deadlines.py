@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.support.live_server import LiveServer, start_server
 from tests.support.fired_timers import FiredTimers
+from tests.support.live_server import LiveServer, start_server
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 T = TypeVar("T")
