@@ -23,6 +23,7 @@ from slopilot.engine.sim.trace import (
 )
 from slopilot.engine.sim.trace_scenario import TraceOptions, replay_measure, with_trace
 from slopilot.engine.sim.workload import RESERVED_TOKEN_IDS, ClassMix, TokenSampler
+from tests.support.traced_peak import read_with_peak
 
 
 @pytest.fixture(scope="module")
@@ -628,8 +629,6 @@ def test_a_csv_trace_is_read_without_a_wide_copy_of_its_text(tmp_path: Path, nam
     character: within the limits (1 GB, 5M rows) a CSV was ~6x its size in memory while
     parsed (measured: 5M rows, 1.01 GB, 6.56 GB resident, where docs/traces.md says about
     1.3 GB). Its lines are now handed to the reader one at a time."""
-    import tracemalloc
-
     pad = "x" * 190
     header = ("arrival_time,prompt_tokens,output_tokens,note" if name == "csv" else
               "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type,note")
@@ -638,12 +637,7 @@ def test_a_csv_trace_is_read_without_a_wide_copy_of_its_text(tmp_path: Path, nam
     path.write_text(header + "\n" + "".join(row.format(i=i, pad=pad) + "\n"
                                             for i in range(20_000)))
     size = path.stat().st_size
-    tracemalloc.start()
-    try:
-        records = read_trace(path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    records, peak = read_with_peak(path)
     assert len(records) == 20_000
     # Its bytes and its text while decoded (2.00 x); 5.6 x before.
     assert peak < 2.3 * size, f"{peak / size:.2f} x the file's size"

@@ -14,6 +14,7 @@ import pytest
 from slopilot.cli import main
 from slopilot.engine.sim.trace import TraceError, TraceRecord, TraceWorkload, read_trace
 from slopilot.engine.sim.workload import SyntheticPrompt
+from tests.support.traced_peak import read_with_peak
 
 # The first rows of FAST25-release/traces/conversation_trace.jsonl's shape: every prompt
 # opens with block 0 (a system prompt), and the third shares three more blocks with the
@@ -164,8 +165,6 @@ def test_a_jsonl_trace_is_read_without_a_copy_of_it_per_line(tmp_path: Path, fmt
     parsed: its bytes, its text and the list of its lines (measured: 5M Mooncake rows,
     1.02 GB, 4.7 GB resident, where docs/traces.md says about 1.3 GB). Its lines are now
     read one at a time and its bytes let go once decoded."""
-    import tracemalloc
-
     pad = "x" * 400
     if fmt == "mooncake":
         rows = (json.dumps({"timestamp": i, "input_length": 600, "output_length": 5,
@@ -176,12 +175,7 @@ def test_a_jsonl_trace_is_read_without_a_copy_of_it_per_line(tmp_path: Path, fmt
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(rows) + "\n")
     size = path.stat().st_size
-    tracemalloc.start()
-    try:
-        records = read_trace(path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    records, peak = read_with_peak(path)
     assert len(records) == 20_000
     # Its bytes and its text while decoded (2.00 x), the text and the records after: not
     # a list of its lines besides (3.4 x before).
