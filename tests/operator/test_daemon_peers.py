@@ -11,9 +11,9 @@ another's state there drops its own (its trial told failed) and resumes the othe
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 import pytest
@@ -40,6 +40,8 @@ from tests.operator.standins import (
 )
 from tests.operator.test_live_config import running, spec_config
 from tests.support.kube_server import RunningEmulator
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -168,6 +170,30 @@ def test_vllm_a_losing_daemons_trial_config_is_not_left_on_the_deployment(
     assert engine_args(cluster) == seen[0]
 
 
+def both_apply_before_a_writes(a: Any, b: Any, study: optuna.Study,
+                               monkeypatch: pytest.MonkeyPatch,
+                               observe: Callable[[], T]) -> list[T]:
+    """a's trial applied, then b's over it, then a's state written first: what
+    ``observe`` saw after each apply. b's trial is dropped (its state not on record)."""
+    a_tick, b_tick = a.controller.tick, b.controller.tick
+    seen: list[T] = []
+
+    def raced(now: float) -> Any:
+        mine = a_tick(now)  # a's trial applied, its state not yet written
+        seen.append(observe())
+        theirs = b_tick(now)  # b's applied over it
+        seen.append(observe())
+        monkeypatch.setattr(a.controller, "tick", lambda _now: mine)
+        assert a.step()  # a's state written first
+        return theirs
+
+    monkeypatch.setattr(b.controller, "tick", raced)
+    assert b.step()
+    assert states(study) == {0: TrialState.RUNNING, 1: TrialState.FAIL}
+    assert seen[0] != seen[1]  # b's trial did reach the replicas
+    return seen
+
+
 def test_vllm_a_trial_applied_before_anothers_state_was_written_is_put_back(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -177,23 +203,8 @@ def test_vllm_a_trial_applied_before_anothers_state_was_written_is_put_back(
     a, b, study = two_daemons(kube, cluster, prom, monkeypatch, tmp_path)
     prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
     other_draws(b)
-    a_tick, b_tick = a.controller.tick, b.controller.tick
-    seen: list[list[str]] = []
-
-    def raced(now: float) -> Any:
-        mine = a_tick(now)  # a's trial applied, its state not yet written
-        seen.append(engine_args(cluster))
-        theirs = b_tick(now)  # b's applied over it
-        seen.append(engine_args(cluster))
-        monkeypatch.setattr(a.controller, "tick", lambda _now: mine)
-        assert a.step()  # a's state written first
-        return theirs
-
-    monkeypatch.setattr(b.controller, "tick", raced)
-    assert b.step()
+    seen = both_apply_before_a_writes(a, b, study, monkeypatch, lambda: engine_args(cluster))
     assert on_record(cluster) == 0
-    assert states(study) == {0: TrialState.RUNNING, 1: TrialState.FAIL}
-    assert seen[0] != seen[1]  # b's trial rolled other arguments
     for _ in range(2):
         assert b.step() and a.step()
     assert on_record(cluster) == 0
@@ -291,23 +302,8 @@ def test_builtin_a_trial_applied_before_anothers_state_was_written_is_put_back(
     a, b, study = two_daemons(kube, cluster, prom, monkeypatch, tmp_path, engine_pod)
     prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
     other_draws(b)
-    a_tick, b_tick = a.controller.tick, b.controller.tick
-    seen: list[dict[str, Any]] = []
-
-    def raced(now: float) -> Any:
-        mine = a_tick(now)  # a's trial applied, its state not yet written
-        seen.append(running(engine_pod))
-        theirs = b_tick(now)  # b's applied over it
-        seen.append(running(engine_pod))
-        monkeypatch.setattr(a.controller, "tick", lambda _now: mine)
-        assert a.step()  # a's state written first
-        return theirs
-
-    monkeypatch.setattr(b.controller, "tick", raced)
-    assert b.step()
+    seen = both_apply_before_a_writes(a, b, study, monkeypatch, lambda: running(engine_pod))
     assert on_record(cluster) == 0
-    assert states(study) == {0: TrialState.RUNNING, 1: TrialState.FAIL}
-    assert seen[0] != seen[1]  # b's trial sent the pod other knobs
     for _ in range(2):
         assert b.step() and a.step()
     assert on_record(cluster) == 0
