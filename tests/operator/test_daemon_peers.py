@@ -144,6 +144,23 @@ def runs(cluster: Cluster, config: dict[str, Any]) -> bool:
     return all(tuned.get(k) == v for k, v in config.items() if k != "max_num_seqs")
 
 
+def a_records_first(a: Any, b: Any, monkeypatch: pytest.MonkeyPatch,
+                    observe: Callable[[], T]) -> list[T]:
+    """b steps, but a asks, applies and records its trial while b's tick is under way:
+    what ``observe`` saw once a's trial was on record."""
+    tick = b.controller.tick
+    seen: list[T] = []
+
+    def raced(now: float) -> Any:
+        assert a.step()
+        seen.append(observe())
+        return tick(now)
+
+    monkeypatch.setattr(b.controller, "tick", raced)
+    assert b.step()
+    return seen
+
+
 def test_vllm_a_losing_daemons_trial_config_is_not_left_on_the_deployment(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -153,16 +170,7 @@ def test_vllm_a_losing_daemons_trial_config_is_not_left_on_the_deployment(
     a, b, _ = two_daemons(kube, cluster, prom, monkeypatch, tmp_path)
     prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
     other_draws(b)
-    tick = b.controller.tick
-    seen: list[list[str]] = []
-
-    def raced(now: float) -> Any:  # a asks, applies and records its trial first
-        assert a.step()
-        seen.append(engine_args(cluster))
-        return tick(now)
-
-    monkeypatch.setattr(b.controller, "tick", raced)
-    assert b.step()
+    seen = a_records_first(a, b, monkeypatch, lambda: engine_args(cluster))
     assert on_record(cluster) == 0
     assert b.step() and a.step()
     assert on_record(cluster) == 0
@@ -275,14 +283,7 @@ def test_builtin_a_losing_daemons_trial_config_is_not_left_on_the_pods(
     a, b, _ = two_daemons(kube, cluster, prom, monkeypatch, tmp_path, engine_pod)
     prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
     other_draws(b)
-    tick = b.controller.tick
-
-    def raced(now: float) -> Any:  # a asks, applies and records its trial first
-        assert a.step()
-        return tick(now)
-
-    monkeypatch.setattr(b.controller, "tick", raced)
-    assert b.step()
+    a_records_first(a, b, monkeypatch, lambda: running(engine_pod))
     assert on_record(cluster) == 0
     assert b.step() and a.step()
     assert on_record(cluster) == 0
