@@ -1,0 +1,384 @@
+"""The server's TTFT, gaps and verdicts against two clients nobody here wrote the timing of.
+
+``slopilot serve`` (simulated executor, real time) judges each request by ``--slo``
+and exports its histograms and verdicts. Two clients measure the same requests on
+their own side, each as its own users measure:
+
+- ``vllm``: as ``vllm bench serve`` does (``vllm/benchmarks/lib/endpoint_request_func``,
+  ``async_request_openai_completions`` / ``_chat_completions``): aiohttp, SSE messages
+  split on blank lines; TTFT at the first message with ``choices`` (its text may be
+  empty), one ITL for every later message with ``choices``, TPOT = (latency - TTFT) /
+  (output tokens - 1), the output tokens from the stream's usage;
+- ``openai``: the ``openai`` SDK's user: TTFT at the first chunk with non-empty content
+  (``text``, or ``delta.content``), gaps between the chunks with content.
+
+Each (client, endpoint) pair is one phase: an open-loop Poisson load (``--rate`` for
+``--seconds``, at most ``--max-requests``), 70 % short prompts and 30 % long, so that
+requests queue; the server is scraped before and after, so its figures cover the
+phase's requests only. Per phase it prints TTFT and gap p50/p90/p99 as the client
+measured them (exact, and on the server's bucket edges: the buckets' share of the
+error), as the server's histograms give them (``histogram_quantile`` on the bucket
+increase, a 429 in TTFT's +Inf: ``rules.bucket_rates``), and the requests the server
+judged met against the ones the client would (``ClassSLO.met`` on its own TTFT and
+gaps; a 429 missed). ``--runs`` repeats every phase; errors are medians over runs.
+
+    .venv/bin/python benchmarks/client_truth.py [--rate 12] [--seconds 15] [--runs 3]
+
+Ends with ``RESULT key=value ...``: per endpoint and client, the median relative
+errors (server - client) / client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+from slopilot.engine.metrics import REFUSED, histogram_quantile, latency_quantile
+from slopilot.engine.slo import ClassSLO, SLOSpec
+from slopilot.engine.verdicts import SLO_REQUESTS
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from loop_truth import percentile, relative_error  # noqa: E402
+from serving_latency import serve  # noqa: E402
+
+CLASS = "p1"  # what a request without a priority is served as
+SLO = {"classes": {CLASS: {"ttftP99Ms": 400, "tbtP99Ms": 40}}}
+QUANTILES = (0.5, 0.9, 0.99)
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+E2E = "vllm:e2e_request_latency_seconds"
+
+
+@dataclass
+class Measured:
+    """One request as its client measured it."""
+
+    status: str = "failed"  # ok, refused (429), failed
+    ttft: float = math.nan
+    itl: list[float] = field(default_factory=list)
+    latency: float = math.nan
+    output_tokens: int = 0
+
+    @property
+    def tpot(self) -> float:
+        """vLLM's TPOT: the time after the first token over the tokens after it."""
+        if self.output_tokens <= 1:
+            return math.nan
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+    def met(self, slo: ClassSLO) -> bool:
+        if self.status != "ok" or math.isnan(self.ttft):
+            return False
+        over = sum(1 for g in self.itl if slo.tbt_p99_ms is not None
+                   and g > slo.tbt_p99_ms / 1000.0)
+        return slo.met(self.ttft, len(self.itl), over)
+
+
+class SSEMessages:
+    """SSE messages out of a byte stream, as vLLM's benchmark splits them: on a blank
+    line, and a last message without one once it is a whole JSON object or [DONE]."""
+
+    def __init__(self) -> None:
+        self.buffer = ""
+
+    def add(self, data: bytes) -> list[str]:
+        self.buffer += data.decode()
+        out = []
+        while "\n\n" in self.buffer:
+            message, self.buffer = self.buffer.split("\n\n", 1)
+            if message.strip():
+                out.append(message.strip())
+        rest = self.buffer.strip()
+        if rest.startswith("data: "):
+            body = rest.removeprefix("data: ").strip()
+            try:
+                if body == "[DONE]" or json.loads(body) is not None:
+                    out.append(rest)
+                    self.buffer = ""
+            except json.JSONDecodeError:
+                pass  # not whole yet
+        return out
+
+
+def vllm_timings(messages: list[tuple[float, str]], sent: float) -> Measured:
+    """``vllm bench serve``'s figures from the SSE messages a stream brought and when:
+    TTFT at the first with choices, an ITL for every later one with choices, the latency
+    at the last with choices, the output tokens from the usage."""
+    m = Measured(status="ok")
+    last = sent
+    for at, message in messages:
+        if message.startswith(":"):
+            continue
+        body = message.removeprefix("data: ")
+        if body == "[DONE]":
+            continue
+        data = json.loads(body)
+        if data.get("choices"):
+            if math.isnan(m.ttft):
+                m.ttft = at - sent
+            else:
+                m.itl.append(at - last)
+            last = at
+        elif usage := data.get("usage"):
+            m.output_tokens = int(usage.get("completion_tokens") or 0)
+    m.latency = last - sent
+    if math.isnan(m.ttft):
+        m.status = "failed"
+    return m
+
+
+async def vllm_request(session: aiohttp.ClientSession, url: str, model: str, chat: bool,
+                       prompt: str, max_tokens: int) -> Measured:
+    payload: dict[str, object] = {"model": model, "stream": True, "ignore_eos": True,
+                                  "stream_options": {"include_usage": True}}
+    if chat:
+        payload |= {"messages": [{"role": "user", "content": prompt}],
+                    "max_completion_tokens": max_tokens}
+    else:
+        payload |= {"prompt": prompt, "max_tokens": max_tokens}
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    messages: list[tuple[float, str]] = []
+    sse = SSEMessages()
+    sent = time.perf_counter()
+    async with session.post(url + path, json=payload) as resp:
+        if resp.status == 429:
+            return Measured(status="refused")
+        if resp.status != 200:
+            return Measured()
+        async for data in resp.content.iter_any():
+            data = data.strip()
+            if data:
+                for message in sse.add(data):
+                    messages.append((time.perf_counter(), message))
+    return vllm_timings(messages, sent)
+
+
+async def openai_request(client: openai.AsyncOpenAI, model: str, chat: bool, prompt: str,
+                         max_tokens: int) -> Measured:
+    m = Measured(status="ok")
+    last = math.nan
+    sent = time.perf_counter()
+    try:
+        if chat:
+            stream: openai.AsyncStream = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt}],
+                max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True})
+        else:
+            stream = await client.completions.create(
+                model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
+                extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            text = choice.delta.content if chat else choice.text
+            if not text:
+                continue
+            now = time.perf_counter()
+            if math.isnan(m.ttft):
+                m.ttft = now - sent
+            else:
+                m.itl.append(now - last)
+            last = now
+            m.output_tokens += 1
+    except openai.RateLimitError:
+        return Measured(status="refused")
+    m.latency = last - sent
+    if math.isnan(m.ttft):
+        m.status = "failed"
+    return m
+
+
+Request = Callable[[str, int], Awaitable[Measured]]
+
+
+async def poisson(request: Request, rate: float, seconds: float, max_requests: int,
+                  seed: int) -> list[Measured]:
+    """Open-loop Poisson arrivals over ``seconds`` (at most ``max_requests``): 70 % of
+    prompts 30 words, 30 % 600, 48 tokens out, each prompt's words its own (a prompt
+    the prefix cache holds is prefilled free)."""
+    rng = random.Random(seed)
+    tasks = []
+    t0 = time.perf_counter()
+    due = 0.0
+    while due < seconds and len(tasks) < max_requests:
+        delay = t0 + due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        words = 600 if rng.random() < 0.3 else 30
+        prompt = " ".join(f"w{rng.randrange(10**6)}" for _ in range(words))
+        tasks.append(asyncio.create_task(request(prompt, 48)))
+        due += rng.expovariate(rate)
+    return list(await asyncio.gather(*tasks))
+
+
+async def phase(url: str, model: str, tool: str, chat: bool, args: argparse.Namespace,
+                seed: int) -> list[Measured]:
+    timeout = 120.0
+    if tool == "vllm":
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(
+                total=timeout)) as session:
+            return await poisson(lambda p, n: vllm_request(session, url, model, chat, p, n),
+                                 args.rate, args.seconds, args.max_requests, seed)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                timeout=timeout,
+                                http_client=openai.DefaultAsyncHttpxClient(
+                                    limits=httpx.Limits(max_connections=None)))
+    async with client:
+        return await poisson(lambda p, n: openai_request(client, model, chat, p, n),
+                             args.rate, args.seconds, args.max_requests, seed)
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if dict(s.labels).get("priority_class", CLASS) == CLASS}
+
+
+def total(d: Samples, name: str, **labels: str) -> float:
+    return sum(v for (n, lab), v in d.items()
+               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
+
+
+def buckets(d: Samples, name: str, never: float = 0.0) -> dict[float, float]:
+    """Cumulative ``{le: count}`` of ``name``; ``never`` more in +Inf (the rules count a
+    429 there for TTFT)."""
+    out: dict[float, float] = {}
+    for (n, lab), v in d.items():
+        if n == name + "_bucket":
+            le = float(dict(lab)["le"])
+            out[le] = out.get(le, 0.0) + v
+    out[math.inf] = out.get(math.inf, 0.0) + never
+    return out
+
+
+def compare(records: list[Measured], before: Samples, after: Samples,
+            slo: ClassSLO) -> dict[str, float]:
+    """The client's figures, the server's, and their errors, for one phase."""
+    d = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    ok = [r for r in records if r.status == "ok"]
+    refused = sum(1 for r in records if r.status == "refused")
+    server_refused = total(d, REFUSED)
+    out: dict[str, float] = {
+        "requests": len(records), "ok": len(ok), "refused": refused,
+        "failed": len(records) - len(ok) - refused,
+        "server_ttft_count": total(d, TTFT + "_count"),
+        "server_e2e_count": total(d, E2E + "_count"), "server_refused": server_refused,
+        "itl_count": sum(len(r.itl) for r in ok),
+        "server_itl_count": total(d, ITL + "_count"),
+        "tokens": sum(r.output_tokens for r in ok),
+        "tpot_ms": statistics.median(r.tpot for r in ok if not math.isnan(r.tpot)) * 1e3}
+    ttfts = [r.ttft for r in ok]
+    gaps = [g for r in ok for g in r.itl]
+    for short, client, hist, never in (("ttft", ttfts, buckets(d, TTFT, server_refused),
+                                        refused), ("itl", gaps, buckets(d, ITL), 0)):
+        exact = client + [math.inf] * never
+        for q in QUANTILES:
+            key = f"{short}_p{round(q * 100)}"
+            c = percentile(exact, q) * 1e3
+            cb = latency_quantile(q, client, never) * 1e3
+            s = histogram_quantile(q, hist) * 1e3
+            out |= {f"{key}_client_ms": c, f"{key}_bucketed_ms": cb, f"{key}_server_ms": s,
+                    f"{key}_err": relative_error(s, c),
+                    f"{key}_bucketed_err": relative_error(s, cb)}
+    server_met = total(d, SLO_REQUESTS, met="true")
+    server_judged = total(d, SLO_REQUESTS)
+    client_met = sum(1 for r in records if r.met(slo))
+    out |= {"server_met": server_met, "server_judged": server_judged,
+            "client_met": client_met,
+            "met_share_err": relative_error(server_met / server_judged if server_judged
+                                            else math.nan, client_met / len(records))}
+    return out
+
+
+def show(name: str, f: dict[str, float]) -> None:
+    print(f"\n{name}: {f['requests']:.0f} requests ({f['ok']:.0f} served, "
+          f"{f['refused']:.0f} refused, {f['failed']:.0f} failed); the server counted "
+          f"{f['server_ttft_count']:.0f} first tokens, {f['server_e2e_count']:.0f} ends, "
+          f"{f['server_refused']:.0f} refused; gaps client {f['itl_count']:.0f} / server "
+          f"{f['server_itl_count']:.0f}; {f['tokens']:.0f} tokens; TPOT "
+          f"{f['tpot_ms']:.1f} ms")
+    print(f"{'':10} {'client':>9} {'bucketed':>9} {'server':>9} {'err':>8} {'err/bucketed':>13}")
+    for short in ("ttft", "itl"):
+        for q in QUANTILES:
+            key = f"{short}_p{round(q * 100)}"
+            print(f"{key:10} {f[key + '_client_ms']:9.1f} {f[key + '_bucketed_ms']:9.1f} "
+                  f"{f[key + '_server_ms']:9.1f} {f[key + '_err']:+8.1%} "
+                  f"{f[key + '_bucketed_err']:+13.1%}")
+    print(f"met the SLO: server {f['server_met']:.0f} of {f['server_judged']:.0f} judged, "
+          f"client {f['client_met']:.0f} of {f['requests']:.0f} "
+          f"(share error {f['met_share_err']:+.1%})")
+
+
+PHASES = (("completions", False), ("chat", True))
+TOOLS = ("vllm", "openai")
+REPORTED = ("ttft_p50_err", "ttft_p90_err", "ttft_p99_err", "ttft_p99_bucketed_err",
+            "itl_p50_err", "itl_p90_err", "itl_p99_err", "itl_p99_bucketed_err",
+            "met_share_err")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=12.0, help="requests per second")
+    ap.add_argument("--seconds", type=float, default=15.0, help="a phase's arrivals")
+    ap.add_argument("--max-requests", type=int, default=400, help="a phase's at most")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--set", action="append", default=["max_num_seqs=16"],
+                    metavar="KNOB=VALUE", help="the server's knobs (queueing: few seqs)")
+    args = ap.parse_args()
+    slo = SLOSpec.from_dict(SLO).class_slo(CLASS)
+    figures: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        slo_file = Path(tmp) / "slo.json"
+        slo_file.write_text(json.dumps(SLO))
+        knobs = [a for k in args.set for a in ("--set", k)]
+        with serve("--executor", "simulated", "--slo", str(slo_file), *knobs) as url:
+            model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+            asyncio.run(phase(url, model, "vllm", False, argparse.Namespace(
+                rate=args.rate, seconds=2.0, max_requests=20), -1))  # warm up
+            for run in range(args.runs):
+                for i, (endpoint, chat, tool) in enumerate(
+                        (e, c, t) for e, c in PHASES for t in TOOLS):
+                    before = scrape(url)
+                    # A seed of its own: a prompt an earlier phase sent is in the prefix
+                    # cache, and its TTFT would be a hit's.
+                    seed = args.seed * 1000 + run * len(TOOLS) * len(PHASES) + i
+                    records = asyncio.run(phase(url, model, tool, chat, args, seed))
+                    f = compare(records, before, scrape(url), slo)
+                    show(f"run {run + 1}, {endpoint}, {tool}", f)
+                    figures.setdefault(f"{endpoint}_{tool}", []).append(f)
+    print(f"\nmedians over {args.runs} runs, (server - client) / client")
+    print(f"{'':20}" + "".join(f"{k.removesuffix('_err'):>20}" for k in REPORTED))
+    result: dict[str, float] = {}
+    for name, runs in figures.items():
+        row = {k: statistics.median(f[k] for f in runs) for k in REPORTED}
+        print(f"{name:20}" + "".join(f"{v:+20.1%}" for v in row.values()))
+        result |= {f"{name}_{k}": v for k, v in row.items()}
+    print("RESULT " + " ".join(f"{k}={v:+.4f}" for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
