@@ -8,6 +8,9 @@ tokens for a choice is one delta of three, whatever the machine.
 
     written(backend, {"prompt": "a b", "n": 2, "stream": True, ...},
             [[(0, 1), (1, 3)], [(0, 2)], [(0, 1, LENGTH), (1, 1, LENGTH)]])
+
+``stamped`` says, of each event, how many steps the engine had made when it was written:
+0 is before the first token, which a client timing its chunks reads as one more.
 """
 
 from __future__ import annotations
@@ -44,24 +47,41 @@ class _NoEngine:
 def written(backend: Backend, body: dict[str, Any], steps: list[list[Push]]) -> bytes:
     """The bytes the server writes for ``body`` (a chat request where it has
     ``messages``), its choices' tokens arriving as ``steps`` say."""
+    return "".join(event for _, event in stamped(backend, body, steps)).encode()
+
+
+def stamped(backend: Backend, body: dict[str, Any],
+            steps: list[list[Push]]) -> list[tuple[int, str]]:
+    """Each SSE event the server writes for ``body``, with the number of ``steps`` made
+    when it was written. The writer runs until it waits for the engine before the first
+    step, so what it writes before any token shows as step 0."""
     request = ChatCompletionRequest(**body) if "messages" in body else \
         CompletionRequest(**body)
     return asyncio.run(_written(backend, request, steps))
 
 
 async def _written(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
-                   steps: list[list[Push]]) -> bytes:
+                   steps: list[list[Push]]) -> list[tuple[int, str]]:
     prep = prepare(backend, body, {}, arrival_time=0.0)
     streams = [RequestStream(c.request, _NoEngine()) for c in prep.choices]
-    delivery = Delivery(backend, prep, streams, lambda: 0.0, slo=None)
-    events: list[str] = []
+    made = 0
+    delivery = Delivery(backend, prep, streams, lambda: float(made), slo=None)
+    events: list[tuple[int, str]] = []
 
     async def write() -> None:
         async for event in sse_events(delivery, TokenText(backend.tokenizer)):
-            events.append(event)
+            events.append((made, event))
 
     writer = asyncio.ensure_future(write())
+    # The writer waits for the engine once it watches every stream (``_deltas``).
+    for _ in range(_MAX_PASSES):
+        if writer.done() or all(s.wakeup is not None for s in streams):
+            break
+        await asyncio.sleep(0)
+    else:
+        raise AssertionError("the writer did not wait for the first token")
     for step in steps:
+        made += 1
         for push in step:
             index, count = push[0], push[1]
             finish = push[2] if len(push) == 3 else None
@@ -74,7 +94,7 @@ async def _written(backend: Backend, body: CompletionRequest | ChatCompletionReq
         else:
             raise AssertionError(f"the writer did not read step {step}")
     await writer
-    return "".join(events).encode()
+    return events
 
 
 def _pending(stream: RequestStream) -> bool:

@@ -447,11 +447,17 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
             out["usage"] = None
         return _sse(out)
 
+    # A chat stream's role chunks go out with its first output, as vLLM writes them
+    # (``serving_chat.py``, ``first_iteration``): a client timing chunks (``vllm bench
+    # serve`` takes TTFT at the first with choices) would read one written before any
+    # token as a first token come at once, and the wait for the real one as a gap.
+    roles = prep.chat
     try:
-        if prep.chat:
-            for state in states:
-                yield chunk(state, "", None, role=True)
         async for state, delta in _deltas(states):
+            if roles:
+                roles = False
+                for each in states:
+                    yield chunk(each, "", None, role=True)
             text, positions = state.feed(delta)
             echo = prep.echo and not state.first_written
             if echo:
