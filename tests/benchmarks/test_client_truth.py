@@ -1,0 +1,90 @@
+"""client_truth's measuring, on streams whose timing is made up: vllm bench serve's rules
+(TTFT at the first message with choices, an ITL for each later one, TPOT over the
+usage's tokens), its SSE splitting, and the comparison with a scrape."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from slopilot.engine.slo import SLOSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import client_truth as ct
+
+
+def _data(payload: object) -> str:
+    return "data: " + json.dumps(payload)
+
+
+ROLE = _data({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+USAGE = _data({"choices": [], "usage": {"completion_tokens": 3}})
+
+
+def _tok(text: str) -> str:
+    return _data({"choices": [{"index": 0, "delta": {"content": text}}]})
+
+
+def test_vllm_bench_takes_ttft_at_the_first_message_with_choices() -> None:
+    """A role chunk with no text is vLLM's client's first token; the usage chunk (no
+    choices) neither ends the latency nor adds a gap; TPOT spreads the time after the
+    first over the usage's other tokens."""
+    got = ct.vllm_timings([(1.0, ROLE), (1.5, _tok("a")), (1.75, _tok("bc")),
+                           (1.8, USAGE), (1.8, "data: [DONE]")], sent=0.5)
+    assert got.status == "ok"
+    assert got.ttft == pytest.approx(0.5)
+    assert got.itl == pytest.approx([0.5, 0.25])
+    assert got.latency == pytest.approx(1.25)
+    assert got.output_tokens == 3
+    assert got.tpot == pytest.approx(0.75 / 2)
+
+
+def test_a_stream_without_choices_failed() -> None:
+    assert ct.vllm_timings([(1.0, USAGE), (1.0, "data: [DONE]")], sent=0.0).status == "failed"
+
+
+def test_sse_messages_split_as_vllm_splits_them() -> None:
+    """On blank lines; a last message with none once it is whole JSON or [DONE]; a
+    message cut mid-JSON waits for its rest."""
+    sse = ct.SSEMessages()
+    assert sse.add(b'data: {"a": 1}\n\ndata: {"b"') == ['data: {"a": 1}']
+    assert sse.add(b': 2}') == ['data: {"b": 2}']
+    assert sse.add(b"data: [DONE]") == ["data: [DONE]"]
+
+
+def test_a_client_judges_a_request_on_its_own_ttft_and_gaps() -> None:
+    slo = SLOSpec.from_dict(ct.SLO).class_slo(ct.CLASS)
+    assert slo.ttft_p99_ms is not None and slo.tbt_p99_ms is not None
+    fast = ct.Measured(status="ok", ttft=0.1, itl=[0.01] * 99)
+    assert fast.met(slo)
+    one_slow = ct.Measured(status="ok", ttft=0.1, itl=[0.01] * 99 + [1.0])
+    assert one_slow.met(slo)  # 1 of 100: within 1 %
+    assert not ct.Measured(status="ok", ttft=0.1, itl=[0.01] * 98 + [1.0, 1.0]).met(slo)
+    assert not ct.Measured(status="ok", ttft=1.0, itl=[0.01]).met(slo)
+    assert not ct.Measured(status="refused").met(slo)
+
+
+def test_compare_reads_the_servers_increase_and_counts_a_429_never_served() -> None:
+    """The server's figures are the scrape's increase over the phase; a refused request
+    is a first token never given on both sides (+Inf)."""
+    slo = SLOSpec.from_dict(ct.SLO).class_slo(ct.CLASS)
+    cls = ("priority_class", ct.CLASS)
+
+    def bucket(name: str, le: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return (f"{name}_bucket", (("le", le), cls))
+
+    before = {bucket(ct.TTFT, "0.1"): 5.0, bucket(ct.TTFT, "+Inf"): 5.0}
+    after = {bucket(ct.TTFT, "0.05"): 0.0, bucket(ct.TTFT, "0.1"): 7.0,
+             bucket(ct.TTFT, "+Inf"): 7.0, (ct.REFUSED, (cls,)): 1.0,
+             bucket(ct.ITL, "0.01"): 4.0, bucket(ct.ITL, "+Inf"): 4.0}
+    records = [ct.Measured(status="ok", ttft=0.1, itl=[0.01, 0.01], latency=0.12,
+                           output_tokens=3)] * 2 + [ct.Measured(status="refused")]
+    f = ct.compare(records, before, after, slo)
+    assert (f["requests"], f["ok"], f["refused"], f["server_refused"]) == (3, 2, 1, 1)
+    assert f["ttft_p99_client_ms"] == math.inf
+    assert f["ttft_p50_server_ms"] == pytest.approx(50 + 50 * 0.75)  # rank 1.5 of 2
+    assert f["client_met"] == 2
