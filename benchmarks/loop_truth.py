@@ -17,7 +17,7 @@ own figures, counted as the engine counts them:
 - TTFT P99: over the requests whose first chunk arrived in the window (send to first
   chunk);
 - TBT P99: over the token gaps that arrived in the window (a chunk's gap since the one
-  before, shared by the tokens it brought);
+  before for its first token, 0 for the others it brought);
 - finished requests, throughput (their output tokens / s), goodput (the output tokens /
   s of those that met their class's SLO by ``ClassSLO.met`` on the client's timings,
   the SLO the server had when they were sent) over the requests whose last chunk
@@ -132,14 +132,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def token_gaps(rec: Record) -> list[tuple[float, float]]:
     """``(arrived, gap)`` for every output token after the first: a chunk's gap since the
-    chunk before, shared by the tokens it brought; the tokens that came with the first
-    chunk came with no gap."""
+    chunk before is its first token's, the others came with it (no gap), as did those
+    that came with the first chunk (``ClientGaps``)."""
     out: list[tuple[float, float]] = []
     for i, (t, n) in enumerate(zip(rec.arrivals, rec.tokens, strict=True)):
         if i == 0:
             out += [(t, 0.0)] * (n - 1)
         elif n > 0:
-            out += [(t, (t - rec.arrivals[i - 1]) / n)] * n
+            out += [(t, t - rec.arrivals[i - 1])] + [(t, 0.0)] * (n - 1)
     return out
 
 

@@ -7,8 +7,9 @@ prefill stalls the decodes batched with it and the slow gaps bunch on a few requ
 which is where the product of histogram shares reads goodput high. ``slopilot meter``
 runs in front of it, judging by ``--slo``'s P0 objectives. An open-loop client (Poisson)
 streams a mix of short and long prompts through the meter, every request P0, and judges
-each request itself: ``ClassSLO.met`` on its own chunk arrivals, a chunk's gap shared by
-its tokens. Over the same requests, the share of output tokens that met the SLO:
+each request itself: ``ClassSLO.met`` on its own chunk arrivals, a chunk's gap its first
+token's, 0 for the others it brings. Over the same requests, the share of output tokens
+that met the SLO:
 
 - ``client``: the client's own verdicts, the truth;
 - ``meter``: the meter's verdict counters, which the goodput rule reads per replica;
@@ -87,11 +88,12 @@ class Record:
     done: bool = False
 
     def gaps(self) -> list[float]:
-        """A chunk's gap since the one before, shared by its tokens (as the meter and the
-        engine's server count them)."""
+        """A chunk's gap since the one before for its first token, 0 for the others it
+        brings (as the meter and the engine's server count them)."""
         out: list[float] = []
         for i, (t, n) in enumerate(zip(self.arrivals, self.tokens, strict=True)):
-            out += [0.0] * (n - 1) if i == 0 else [(t - self.arrivals[i - 1]) / n] * n
+            out += [0.0] * (n - 1) if i == 0 else \
+                [t - self.arrivals[i - 1]] + [0.0] * (n - 1)
         return out
 
     def met(self, slo: ClassSLO) -> bool:

@@ -1,11 +1,17 @@
 """A stream's token gaps as its client counts them, from when each chunk was written.
 
-A client reading a stream sees chunks, not tokens: the time since the last chunk that
-brought tokens is shared by the ``n`` tokens a chunk brings, and those of the first chunk
-came with no gap (its wait is the TTFT). The server's delivery (``server/responses.py``)
-and the meter beside vLLM (``meter/``) both count a stream's gaps this way, the way
-``benchmarks/loop_truth.py``'s client does, so the TBT and the verdicts the loop reads are
-the ones a client measures on its own side.
+A client reading a stream sees chunks, not tokens: each token reaches it with its chunk.
+The first of the ``n`` tokens a chunk brings waited the whole time since the last chunk
+that brought tokens; the others came with it, no gap; those of the first chunk came with
+no gap either (its wait is the TTFT). So a chunk's wait is one gap, as ``vllm bench serve``
+(one ITL a chunk) and an ``openai`` SDK user (the time between content deltas) time it:
+a 60 ms stall that brings two tokens is a 60 ms gap and a 0, not two of 30 ms, which
+would hide it under a 40 ms target (``benchmarks/client_truth.py``). The gaps are still
+one a token, so their number and their mean are the tokens'.
+
+The server's delivery (``server/responses.py``) and the meter beside vLLM (``meter/``)
+both count a stream's gaps this way, so the TBT and the verdicts the loop reads are the
+ones a client measures on its own side.
 """
 
 from __future__ import annotations
@@ -25,4 +31,4 @@ class ClientGaps:
         previous, self.last_written_at = self.last_written_at, at
         if previous is None:
             return [0.0] * (tokens - 1)
-        return [(at - previous) / tokens] * tokens
+        return [at - previous] + [0.0] * (tokens - 1)

@@ -57,8 +57,9 @@ class ClientLatency:
                  "arrival at the meter to the write of a choice's first token (streamed "
                  "completions).", self.ttft),
                 (CLIENT_TBT, "Time between tokens as the client saw them: the time between "
-                 "the writes of a choice's chunks, shared by the tokens a chunk brings "
-                 "(as its engine counts them; one where it does not).",
+                 "the writes of a choice's chunks, the gap of a chunk's first token, "
+                 "0 for the others it brings (as its engine counts them; one where it "
+                 "does not).",
                  self.gaps)):
             family = HistogramMetricFamily(name, doc, labels=["model_name", "priority_class"])
             family.add_metric(labels, recorder.cumulative(), recorder.total)

@@ -2,8 +2,9 @@
 
 The proxy hands over each piece of the upstream's answer after writing it to the client,
 with the moment it was written. The events it completes are read: each choice's first
-text is its first token (TTFT from the request's arrival at the meter), and the tokens
-of each later event share the time since the choice's last one (``ClientGaps``). vLLM
+text is its first token (TTFT from the request's arrival at the meter), and the first
+token of each later event waited the time since the choice's last one, the others came
+with it (``ClientGaps``). vLLM
 streams a chunk per step, one token each, but merges the steps its API server could not
 write yet into one chunk: a chunk's tokens are what it says (its continuous usage, which
 the meter asks vLLM for on every chat and completions stream: ``usage_stats``; its token

@@ -21,8 +21,9 @@ both stamps and the cleanup; the route's response runs that cleanup after sendin
 whatever happened, so every engine request is observed once.
 Inter-token latency is observed here for the tokens handed out only, as vLLM's frontend
 does, and as the client sees it: in a stream, the time since the last chunk that
-brought tokens to the moment this one was written, shared by the tokens it brings (a
-busy event loop or a slow connection shows in it, as on the client's side); in a body,
+brought tokens to the moment this one was written, the first token's gap, the others
+it brings came with it (``ClientGaps``; a busy event loop or a slow connection shows in
+it, as on the client's side); in a body,
 which shows no gap, the engine's gap between a token and the one before. Generated
 tokens are counted with them (``ChoiceState.hand_out``): once their chunk was written,
 or the whole body sent, so a client that left before its body went out got, and counts,
@@ -131,7 +132,8 @@ class ChoiceState:
         (None).
 
         A stream's gaps are the ones its client measures (``ClientGaps``: the time since
-        the last chunk that brought tokens, shared by the tokens this one brings). A body
+        the last chunk that brought tokens is its first token's gap, the others came with
+        it). A body
         shows its client no gap at all, so its gaps are the engine's, as made (vLLM's
         frontend observes those for both)."""
         n = len(self.token_ids) - self.handed

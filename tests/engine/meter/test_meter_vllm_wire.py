@@ -163,17 +163,17 @@ def _completion_logprobs(tokens: str, offset: int) -> dict[str, Any]:
       (wire.completion(0, "e", finish="stop", logprobs=_completion_logprobs("e", 4)), 0.4),
       (wire.DONE, 0.4)]),
 ], ids=["continuous-usage", "chat-logprobs", "completions-logprobs"])
-def test_a_chunk_that_says_how_many_tokens_it_brings_shares_its_gap_among_them(
+def test_a_chunk_that_says_how_many_tokens_it_brings_counts_them(
         tmp_path: Path, path: str, body: dict[str, Any],
         pieces: list[tuple[bytes, float]]) -> None:
     """vLLM merges the outputs its API server had not yet written into one chunk (its
-    output collector), so a busy server streams chunks of several tokens. The built-in
-    engine shares a chunk's gap among the tokens it brings (``ClientGaps``); the meter
-    counted every chunk one token, and its gap whole: 0.25 s for three tokens read as
-    one gap over the 0.1 s target, 1 of 2 slow, a miss, where the tokens' gaps were
-    0.083 s each. Where the chunk says how many (continuous usage, logprobs), they
-    share it, as on the built-in engine."""
-    assert judged(tmp_path, path, body, pieces) == {MET: (1, 5)}
+    output collector), so a busy server streams chunks of several tokens. Where the
+    chunk says how many (continuous usage, logprobs), the meter counts them: 5 tokens,
+    4 gaps. The client waited 0.25 s for "bcd": one gap over the 0.1 s target, and
+    none for the two that came with it (``ClientGaps``, as on the built-in engine): 1 of
+    4, a miss, as a client timing chunks (one ITL a chunk) reads it. Shared, it read
+    as three 0.083 s gaps, a stream met that its client saw stall."""
+    assert judged(tmp_path, path, body, pieces) == {MISSED: (1, 5)}
 
 
 CONTINUE = {**CHAT, "messages": [{"role": "user", "content": "a story"},

@@ -490,11 +490,12 @@ def test_a_body_never_sent_hands_out_no_token(how: str) -> None:
 
 def test_streamed_gaps_are_those_the_client_sees() -> None:
     """A stream's token gaps are the gaps between the writes of the chunks that bring
-    them, shared by a chunk's tokens: what a client measures on its side. They were the
-    engine's gaps as made: tokens made 10 ms apart and written 300 ms apart (a busy
-    event loop, a congested connection) read as 10 ms gaps and a request met, where its
-    client saw two gaps of 150 ms against a 100 ms target and missed it (loop_truth: P0
-    goodput read 18-21 % high at a 40 ms target inside a 44-47 ms gap P99)."""
+    them, a chunk's wait its first token's, 0 for the others: what a client measures on
+    its side. They were the engine's gaps as made: tokens made 10 ms apart and written
+    300 ms apart (a busy event loop, a congested connection) read as 10 ms gaps and a
+    request met, where its client saw a 300 ms stall against a 100 ms target and missed
+    it (loop_truth: P0 goodput read 18-21 % high at a 40 ms target inside a 44-47 ms gap
+    P99)."""
     backend, prep = _judged_request(max_tokens=7, stream=True)
     m, slo = backend.metrics, SLOSpec.from_dict(_JUDGED_SLO)
     itl = m._itl[Priority.P1]
@@ -505,9 +506,9 @@ def test_streamed_gaps_are_those_the_client_sees() -> None:
         delivery = Delivery(backend, prep, [stream_], lambda: now[0], slo=m.slo)
         await _stream_chunks(delivery, stream_, [
             ([10.15], 10.2),                 # the first token, 200 ms after arrival
-            ([10.16, 10.17], 10.5),          # 300 ms later, two tokens: 150 ms each
+            ([10.16, 10.17], 10.5),          # 300 ms later, two tokens: 300 ms and 0
             ([10.18], 10.55),                # 50 ms
-            ([10.19, 10.20, 10.21], 10.6),   # 50 ms shared by three
+            ([10.19, 10.20, 10.21], 10.6),   # 50 ms, then two that came with it
         ], now)
 
     asyncio.run(deliver())
