@@ -23,6 +23,7 @@ judged met against the ones the client would (``ClassSLO.met`` on its own TTFT a
 gaps; a 429 missed). ``--runs`` repeats every phase; errors are medians over runs.
 
     .venv/bin/python benchmarks/client_truth.py [--rate 12] [--seconds 15] [--runs 3]
+        [--logprobs N] [--set KNOB=VALUE]
 
 Ends with ``RESULT key=value ...``: per endpoint and client, the median relative
 errors (server - client) / client.
@@ -143,10 +144,18 @@ def vllm_timings(messages: list[tuple[float, str]], sent: float) -> Measured:
     return m
 
 
+def logprobs_fields(chat: bool, logprobs: int | None) -> dict[str, object]:
+    """The request's fields for ``logprobs`` top logprobs a token (none for None)."""
+    if logprobs is None:
+        return {}
+    return {"logprobs": True, "top_logprobs": logprobs} if chat else {"logprobs": logprobs}
+
+
 async def vllm_request(session: aiohttp.ClientSession, url: str, model: str, chat: bool,
-                       prompt: str, max_tokens: int) -> Measured:
+                       prompt: str, max_tokens: int, logprobs: int | None) -> Measured:
     payload: dict[str, object] = {"model": model, "stream": True, "ignore_eos": True,
-                                  "stream_options": {"include_usage": True}}
+                                  "stream_options": {"include_usage": True},
+                                  **logprobs_fields(chat, logprobs)}
     if chat:
         payload |= {"messages": [{"role": "user", "content": prompt}],
                     "max_completion_tokens": max_tokens}
@@ -170,7 +179,7 @@ async def vllm_request(session: aiohttp.ClientSession, url: str, model: str, cha
 
 
 async def openai_request(client: openai.AsyncOpenAI, model: str, chat: bool, prompt: str,
-                         max_tokens: int) -> Measured:
+                         max_tokens: int, logprobs: int | None) -> Measured:
     m = Measured(status="ok")
     last = math.nan
     sent = time.perf_counter()
@@ -178,11 +187,12 @@ async def openai_request(client: openai.AsyncOpenAI, model: str, chat: bool, pro
         if chat:
             stream: openai.AsyncStream = await client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": prompt}],
-                max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True})
+                max_tokens=max_tokens, stream=True,
+                extra_body={"ignore_eos": True, **logprobs_fields(chat, logprobs)})
         else:
             stream = await client.completions.create(
                 model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
-                extra_body={"ignore_eos": True})
+                extra_body={"ignore_eos": True, **logprobs_fields(chat, logprobs)})
         async for chunk in stream:
             if not chunk.choices:
                 continue
@@ -235,15 +245,17 @@ async def phase(url: str, model: str, tool: str, chat: bool, args: argparse.Name
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(
                 total=timeout)) as session:
-            return await poisson(lambda p, n: vllm_request(session, url, model, chat, p, n),
-                                 args.rate, args.seconds, args.max_requests, seed)
+            return await poisson(
+                lambda p, n: vllm_request(session, url, model, chat, p, n, args.logprobs),
+                args.rate, args.seconds, args.max_requests, seed)
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                 timeout=timeout,
                                 http_client=openai.DefaultAsyncHttpxClient(
                                     limits=httpx.Limits(max_connections=None)))
     async with client:
-        return await poisson(lambda p, n: openai_request(client, model, chat, p, n),
-                             args.rate, args.seconds, args.max_requests, seed)
+        return await poisson(
+            lambda p, n: openai_request(client, model, chat, p, n, args.logprobs),
+            args.rate, args.seconds, args.max_requests, seed)
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -345,19 +357,23 @@ def main() -> int:
     ap.add_argument("--max-requests", type=int, default=400, help="a phase's at most")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--set", action="append", default=["max_num_seqs=16"],
-                    metavar="KNOB=VALUE", help="the server's knobs (queueing: few seqs)")
+    ap.add_argument("--logprobs", type=int, default=None, metavar="N",
+                    help="ask N top logprobs a token: the server's event loop formats them "
+                    "into every chunk, and a busy loop writes chunks of several tokens")
+    ap.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                    help="the server's knobs (default max_num_seqs=16: requests queue)")
     args = ap.parse_args()
     slo = SLOSpec.from_dict(SLO).class_slo(CLASS)
     figures: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         slo_file = Path(tmp) / "slo.json"
         slo_file.write_text(json.dumps(SLO))
-        knobs = [a for k in args.set for a in ("--set", k)]
+        knobs = [a for k in args.set or ["max_num_seqs=16"] for a in ("--set", k)]
         with serve("--executor", "simulated", "--slo", str(slo_file), *knobs) as url:
             model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
             asyncio.run(phase(url, model, "vllm", False, argparse.Namespace(
-                rate=args.rate, seconds=2.0, max_requests=20), -1))  # warm up
+                rate=args.rate, seconds=2.0, max_requests=20, logprobs=None),
+                -1))  # warm up
             for run in range(args.runs):
                 for i, (endpoint, chat, tool) in enumerate(
                         (e, c, t) for e, c in PHASES for t in TOOLS):
