@@ -23,7 +23,7 @@ judged met against the ones the client would (``ClassSLO.met`` on its own TTFT a
 gaps; a 429 missed). ``--runs`` repeats every phase; errors are medians over runs.
 
     .venv/bin/python benchmarks/client_truth.py [--rate 12] [--seconds 15] [--runs 3]
-        [--logprobs N] [--set KNOB=VALUE]
+        [--logprobs N] [--set KNOB=VALUE] [--ttft-ms 400] [--tbt-ms 40]
 
 Ends with ``RESULT key=value ...``: per endpoint and client, the median relative
 errors (server - client) / client.
@@ -59,7 +59,8 @@ from loop_truth import percentile, relative_error  # noqa: E402
 from serving_latency import serve  # noqa: E402
 
 CLASS = "p1"  # what a request without a priority is served as
-SLO = {"classes": {CLASS: {"ttftP99Ms": 400, "tbtP99Ms": 40}}}
+SLO: dict[str, dict[str, dict[str, float]]] = {
+    "classes": {CLASS: {"ttftP99Ms": 400, "tbtP99Ms": 40}}}
 QUANTILES = (0.5, 0.9, 0.99)
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
@@ -165,16 +166,19 @@ async def vllm_request(session: aiohttp.ClientSession, url: str, model: str, cha
     messages: list[tuple[float, str]] = []
     sse = SSEMessages()
     sent = time.perf_counter()
-    async with session.post(url + path, json=payload) as resp:
-        if resp.status == 429:
-            return Measured(status="refused")
-        if resp.status != 200:
-            return Measured()
-        async for data in resp.content.iter_any():
-            data = data.strip()
-            if data:
-                for message in sse.add(data):
-                    messages.append((time.perf_counter(), message))
+    try:
+        async with session.post(url + path, json=payload) as resp:
+            if resp.status == 429:
+                return Measured(status="refused")
+            if resp.status != 200:
+                return Measured()
+            async for data in resp.content.iter_any():
+                data = data.strip()
+                if data:
+                    for message in sse.add(data):
+                        messages.append((time.perf_counter(), message))
+    except (TimeoutError, aiohttp.ClientError):
+        return Measured()  # as vLLM's client counts it: failed
     return vllm_timings(messages, sent)
 
 
@@ -209,6 +213,11 @@ async def openai_request(client: openai.AsyncOpenAI, model: str, chat: bool, pro
             m.output_tokens += 1
     except openai.RateLimitError:
         return Measured(status="refused")
+    except openai.APIConnectionError:
+        # A keep-alive connection the server closed as it was reused (uvicorn's 5 s
+        # idle timeout, as vLLM's): the SDK retries it by default; with no retries, as
+        # here, its user has an error, and the server never had the request.
+        return Measured()
     m.latency = last - sent
     if math.isnan(m.ttft):
         m.status = "failed"
@@ -362,12 +371,17 @@ def main() -> int:
                     "into every chunk, and a busy loop writes chunks of several tokens")
     ap.add_argument("--set", action="append", metavar="KNOB=VALUE",
                     help="the server's knobs (default max_num_seqs=16: requests queue)")
+    ap.add_argument("--ttft-ms", type=float, default=SLO["classes"][CLASS]["ttftP99Ms"],
+                    help="the SLO's TTFT target, both sides judge by it")
+    ap.add_argument("--tbt-ms", type=float, default=SLO["classes"][CLASS]["tbtP99Ms"],
+                    help="the SLO's TBT target, both sides judge by it")
     args = ap.parse_args()
-    slo = SLOSpec.from_dict(SLO).class_slo(CLASS)
+    spec = {"classes": {CLASS: {"ttftP99Ms": args.ttft_ms, "tbtP99Ms": args.tbt_ms}}}
+    slo = SLOSpec.from_dict(spec).class_slo(CLASS)
     figures: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         slo_file = Path(tmp) / "slo.json"
-        slo_file.write_text(json.dumps(SLO))
+        slo_file.write_text(json.dumps(spec))
         knobs = [a for k in args.set or ["max_num_seqs=16"] for a in ("--set", k)]
         with serve("--executor", "simulated", "--slo", str(slo_file), *knobs) as url:
             model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
