@@ -40,12 +40,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
+import httpx2
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -224,7 +226,7 @@ async def openai_request(client: openai.AsyncOpenAI, model: str, chat: bool, pro
     return m
 
 
-Request = Callable[[str, int], Awaitable[Measured]]
+Request = Callable[[str, int], Coroutine[Any, Any, Measured]]
 
 
 async def poisson(request: Request, rate: float, seconds: float, max_requests: int,
@@ -233,7 +235,7 @@ async def poisson(request: Request, rate: float, seconds: float, max_requests: i
     prompts 30 words, 30 % 600, 48 tokens out, each prompt's words its own (a prompt
     the prefix cache holds is prefilled free)."""
     rng = random.Random(seed)
-    tasks = []
+    tasks: list[asyncio.Task[Measured]] = []
     t0 = time.perf_counter()
     due = 0.0
     while due < seconds and len(tasks) < max_requests:
@@ -260,7 +262,7 @@ async def phase(url: str, model: str, tool: str, chat: bool, args: argparse.Name
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                 timeout=timeout,
                                 http_client=openai.DefaultAsyncHttpxClient(
-                                    limits=httpx.Limits(max_connections=None)))
+                                    limits=httpx2.Limits(max_connections=None)))
     async with client:
         return await poisson(
             lambda p, n: openai_request(client, model, chat, p, n, args.logprobs),
