@@ -20,12 +20,14 @@ and so does a name not shaped as the operator's (``slopilot tune``'s own studies
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# kopf's matcher, not a copy: which namespaces it serves is its rule (pinned kopf).
+from kopf._cogs.structs.references import NamespaceName, match_namespace
 
 from slopilot.operator.crd import API_VERSION, PLURAL
 from slopilot.operator.kubeapi import Kube
@@ -69,10 +71,12 @@ def listable_storages(policy: OperatorPolicy) -> list[str]:
 
 def serving(patterns: Sequence[str] | None) -> Callable[[str], bool]:
     """Whether the operator serves a namespace: every one (None: ``--all-namespaces``), or
-    one ``--namespace`` names (globs as kopf reads them: ``team-*``)."""
+    one its ``--namespace`` patterns match, by kopf's own rule (globs, comma-separated
+    parts, ``!`` exclusions: ``team-*, !team-secret``), as its observer matches them."""
     if patterns is None:
         return lambda _namespace: True
-    return lambda namespace: any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
+    return lambda namespace: any(
+        match_namespace(NamespaceName(namespace), p) for p in patterns)
 
 
 def reclaim_orphaned_studies(kube: Kube, policy: OperatorPolicy,

@@ -190,3 +190,19 @@ def test_the_uninstall_command_ends_a_terminating_cr(
     assert main(["operator", "uninstall", "-n", NS, "--timeout", "0"]) == 0
     assert cluster.kube.get(API_VERSION, PLURAL, NS, "chat") is None
     assert names(storage) == []
+
+
+@pytest.mark.parametrize(("patterns", "namespace", "served"), [
+    (["team-*, !team-secret"], "team-a", True),
+    (["team-*, !team-secret"], "team-secret", False),  # kopf's exclusion: never served
+    (["!kube-*"], "default", True),  # a first exclusion implies a catch-all before it
+    (["!kube-*"], "kube-system", False),
+    (["team-a", "team-b"], "team-b", True),
+    (["team-a"], "team-b", False),
+])
+def test_the_namespaces_served_are_the_ones_kopf_serves(
+        patterns: list[str], namespace: str, served: bool) -> None:
+    """The reclaim deletes only in namespaces the operator serves: read with fnmatch,
+    kopf's '!' exclusions were literal names, and ``team-*, !team-secret`` read as
+    serving team-secret, whose studies another operator's CRs may own."""
+    assert serving(patterns)(namespace) is served
