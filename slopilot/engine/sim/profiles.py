@@ -138,23 +138,20 @@ GPUS: dict[str, GPUProfile] = {p.name.lower(): p for p in (
 _GPU_ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "h800-sxm": "h800",
                 "h200-sxm": "h200"}
 
+# meta-llama/Meta-Llama-3-8B and -70B
+_LLAMA3_8B = ModelProfile("Llama-3-8B", num_layers=32, hidden_size=4096, num_heads=32,
+                          num_kv_heads=8, head_dim=128, intermediate_size=14336,
+                          vocab_size=128256, max_position_embeddings=8192)
+_LLAMA3_70B = ModelProfile("Llama-3-70B", num_layers=80, hidden_size=8192, num_heads=64,
+                           num_kv_heads=8, head_dim=128, intermediate_size=28672,
+                           vocab_size=128256, max_position_embeddings=8192)
+
 MODELS: dict[str, ModelProfile] = {p.name.lower(): p for p in (
-    # meta-llama/Meta-Llama-3-8B
-    ModelProfile("Llama-3-8B", num_layers=32, hidden_size=4096, num_heads=32,
-                 num_kv_heads=8, head_dim=128, intermediate_size=14336,
-                 vocab_size=128256, max_position_embeddings=8192),
-    # meta-llama/Meta-Llama-3-70B
-    ModelProfile("Llama-3-70B", num_layers=80, hidden_size=8192, num_heads=64,
-                 num_kv_heads=8, head_dim=128, intermediate_size=28672,
-                 vocab_size=128256, max_position_embeddings=8192),
-    # meta-llama/Llama-3.1-8B: Llama-3-8B's shape, with a 128k context
-    ModelProfile("Llama-3.1-8B", num_layers=32, hidden_size=4096, num_heads=32,
-                 num_kv_heads=8, head_dim=128, intermediate_size=14336,
-                 vocab_size=128256, max_position_embeddings=131072),
-    # meta-llama/Llama-3.1-70B: Llama-3-70B's shape, with a 128k context
-    ModelProfile("Llama-3.1-70B", num_layers=80, hidden_size=8192, num_heads=64,
-                 num_kv_heads=8, head_dim=128, intermediate_size=28672,
-                 vocab_size=128256, max_position_embeddings=131072),
+    _LLAMA3_8B,
+    _LLAMA3_70B,
+    # meta-llama/Llama-3.1-8B and -70B: Llama 3's shapes, with a 128k context
+    dataclasses.replace(_LLAMA3_8B, name="Llama-3.1-8B", max_position_embeddings=131072),
+    dataclasses.replace(_LLAMA3_70B, name="Llama-3.1-70B", max_position_embeddings=131072),
     # deepseek-ai/deepseek-llm-67b-base (and -chat)
     ModelProfile("DeepSeek-67B", num_layers=95, hidden_size=8192, num_heads=64,
                  num_kv_heads=8, head_dim=128, intermediate_size=22016,
