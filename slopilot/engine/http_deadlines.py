@@ -69,6 +69,13 @@ SEND_TIMEOUT_S = 60.0
 ``send_timeout``. A client pausing its stream (a debugger, a UI thread busy) is well
 within it; one that stopped reading holds the answer's memory and task no longer."""
 
+KEEP_ALIVE_S = 5.0
+"""How long an idle connection is kept for its next request: uvicorn's and vLLM's
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) 5 s, which clients written for vLLM expect. Whoever
+keeps idle connections to the server longer (a proxy, a mesh's sidecar, a client pool)
+races its close: a request sent as the server closes is lost, so the server's must be
+the longer, and this is where it is set."""
+
 log = logging.getLogger(__name__)
 
 
@@ -109,9 +116,11 @@ class Deadlines:
     """How long the app may wait for a body's next byte."""
     send_s: float = SEND_TIMEOUT_S
     """How long a client may take no byte of an answer waiting for it; 0: no deadline."""
+    keep_alive_s: float = KEEP_ALIVE_S
+    """How long an idle connection is kept for its next request (uvicorn's rule)."""
 
     def __post_init__(self) -> None:
-        for name in ("head_s", "body_idle_s"):
+        for name in ("head_s", "body_idle_s", "keep_alive_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise DeadlineError(name, value, "expected a positive number of seconds, "
@@ -163,14 +172,30 @@ class _Deadlines:
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     flow: Any
+    timeout_keep_alive: float
+    timeout_keep_alive_task: asyncio.TimerHandle | None
+    timeout_keep_alive_handler: Callable[[], None]
     _unset_keepalive_if_required: Callable[[], None]
 
     def _later(self, delay: float, callback: Callable[[], None]) -> Timer:
         return (self.call_later or self.loop.call_later)(delay, callback)
 
     def connection_made(self, transport: asyncio.Transport) -> None:
+        # uvicorn's Config keeps whole seconds, and one value per server: read here, the
+        # deadlines are the one place a connection's waits are set.
+        self.timeout_keep_alive = self.deadlines.keep_alive_s
         super().connection_made(transport)  # type: ignore[misc]
         self._arm_head()  # a connection that sends nothing: from its start
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        # uvicorn arms keep-alive on the loop's own clock; on a test's, it runs out on the
+        # test's word as the other deadlines do. None: a pipelined request began, or the
+        # connection closes.
+        if self.call_later is not None and self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = self.call_later(  # type: ignore[assignment]
+                self.deadlines.keep_alive_s, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head()
@@ -334,7 +359,7 @@ class _HttpToolsDeadlines(_Deadlines):
             self._watch_cycle(self.cycle)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # type: ignore[misc]
+        super().on_response_complete()
         if self._head_begun and not self.transport.is_closing():
             self._unset_keepalive_if_required()  # the head's deadline now, not keep-alive's
             self._arm_head()

@@ -15,6 +15,7 @@ the test fires (``ManualTimers``): nothing here waits on, or measures, wall-cloc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -33,7 +34,11 @@ from slopilot.engine.http_head_limit import LINGER_S, bounded_head
 from tests.support.manual_timers import ManualTimers
 
 HEAD_S, BODY_S, SEND_S = 10.0, 3.0, 60.0
-DEADLINES = Deadlines(head_s=HEAD_S, body_idle_s=BODY_S, send_s=SEND_S)
+# Keep-alive runs on the test's clock as well: longer than any idle in the scripts but
+# its own test's, which give theirs.
+DEADLINES = Deadlines(head_s=HEAD_S, body_idle_s=BODY_S, send_s=SEND_S,
+                      keep_alive_s=1e6)
+KEEP_S = 5.0
 
 
 def _server(clock: Callable[[], float], call_later: Any, deadlines: Deadlines = DEADLINES,
@@ -278,6 +283,34 @@ def test_half_a_head_on_a_kept_alive_connection_has_the_deadline_from_its_first_
         assert conn.transport.written.count(b"HTTP/1.1 408 ") == 1
 
     _run(factory, script)
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_an_idle_connection_is_closed_at_its_keep_alive(factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.answer("/one")
+        await conn.at(1.0 + KEEP_S - 0.1)
+        assert not conn.closed
+        await conn.at(1.0 + KEEP_S)
+        assert conn.closed and conn.transport.written.count(b"HTTP/1.1 ") == 1
+
+    _run(factory, script, dataclasses.replace(DEADLINES, keep_alive_s=KEEP_S))
+
+
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_head_begun_within_the_keep_alive_is_given_the_head_deadline(
+        factory: Factory) -> None:
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        await conn.answer("/one")
+        await conn.read(1.0 + KEEP_S - 0.1, b"POST /two HTTP/1.1\r\n")
+        await conn.at(1.0 + KEEP_S - 0.1 + HEAD_S - 0.1)
+        assert not conn.closed
+        await conn.at(1.0 + KEEP_S - 0.1 + HEAD_S)
+        assert conn.transport.written.count(b"HTTP/1.1 408 ") == 1
+
+    _run(factory, script, dataclasses.replace(DEADLINES, keep_alive_s=KEEP_S))
 
 
 @pytest.mark.parametrize("factory", PROTOCOLS)

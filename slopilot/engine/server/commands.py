@@ -117,6 +117,11 @@ def register(subparsers: Any) -> None:
                    metavar="SECONDS", help="how long a client may take no byte of the "
                    "answer the server holds for it (default 60, 0: no limit); past it the "
                    "connection is dropped and its request aborted, freeing its KV blocks")
+    p.add_argument("--keep-alive-timeout", type=_seconds("--keep-alive-timeout"),
+                   default=None, metavar="SECONDS", help="how long an idle connection is "
+                   "kept for its next request (default 5, as vLLM's); behind a proxy or "
+                   "mesh that keeps idle connections to the server, set it above the "
+                   "proxy's idle timeout, or a request sent as the server closes is lost")
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
     p.add_argument("--check-integrity", action="store_true",
                    help="debugging: check the KV bookkeeping each time the engine goes "
@@ -167,7 +172,7 @@ def _number(flag: str) -> Callable[[str], float]:
 
 # Each deadline's flag, by its field in ``Deadlines``.
 _DEADLINE_FLAGS = {"head_s": "--head-timeout", "body_idle_s": "--body-idle-timeout",
-                   "send_s": "--send-timeout"}
+                   "send_s": "--send-timeout", "keep_alive_s": "--keep-alive-timeout"}
 
 
 def deadlines_from_flags(args: argparse.Namespace) -> Deadlines:
@@ -177,7 +182,8 @@ def deadlines_from_flags(args: argparse.Namespace) -> Deadlines:
 
     given = {name: value for name, value in (
         ("head_s", args.head_timeout), ("body_idle_s", args.body_idle_timeout),
-        ("send_s", args.send_timeout)) if value is not None}
+        ("send_s", args.send_timeout), ("keep_alive_s", args.keep_alive_timeout))
+        if value is not None}
     try:
         return Deadlines(**given)
     except DeadlineError as exc:

@@ -115,6 +115,8 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
                                "or 0 for no send deadline"),
     (["--send-timeout", "inf"], "--send-timeout inf: expected a number of seconds"),
     (["--send-timeout", "soon"], "--send-timeout soon: expected a number of seconds, e.g. 60"),
+    (["--keep-alive-timeout", "0"], "--keep-alive-timeout 0: expected seconds above 0"),
+    (["--keep-alive-timeout", "nan"], "--keep-alive-timeout nan: expected seconds above 0"),
     (["--port", "-1"], "--port -1: expected a port number, 0 to 65535"),
     (["--admin-port", "70000"], "--admin-port 70000: expected a port number, 0 to 65535"),
     (["--admin-token-file", "/no/such/token"], "--admin-token-file /no/such/token: cannot "
@@ -266,7 +268,8 @@ def test_the_deadlines_are_set_from_the_command_line_each_over_its_default() -> 
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["serve", "--send-timeout", "0", "--head-timeout", "5"])
+    args = parser.parse_args(["serve", "--send-timeout", "0", "--head-timeout", "5",
+                              "--keep-alive-timeout", "75"])
     # 0: no send deadline, as the flag's help says; the one not given keeps its default.
-    assert deadlines_from_flags(args) == Deadlines(head_s=5.0, send_s=0.0)
+    assert deadlines_from_flags(args) == Deadlines(head_s=5.0, send_s=0.0, keep_alive_s=75.0)
     assert deadlines_from_flags(parser.parse_args(["serve"])) == Deadlines()

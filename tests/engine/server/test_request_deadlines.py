@@ -107,3 +107,37 @@ def test_a_stalled_client_is_let_go(served: tuple[LiveServer, FiredTimers],
                     json={"prompt": "hi", "max_tokens": 1})
     assert ok.status_code == 200, ok.text
     wait_for(lambda: srv.engine.num_active == 0, what="no request left running")
+
+
+def test_an_idle_connection_is_kept_for_the_keep_alive_given() -> None:
+    """``--keep-alive-timeout``: behind a proxy that keeps idle upstream connections
+    longer than the server (Envoy's 1 h, an ALB's 60 s), the server closing first races
+    the proxy's next request on that connection, which the proxy answers 502/503; the
+    openai SDK (httpx's 5 s) raced uvicorn's fixed 5 s in benchmarks/client_truth.py."""
+    from slopilot.engine.http_deadlines import Deadlines
+
+    timers = FiredTimers()
+    with start_server(deadlines=Deadlines(keep_alive_s=75.0), call_later=timers) as srv:
+        address = urlsplit(srv.url)
+        body = b'{"prompt": "hi", "max_tokens": 1}'
+        with socket.create_connection((address.hostname, address.port)) as sock:
+            sock.settimeout(HANG_GUARD_S)
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                         b"content-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+            port = sock.getsockname()[1]
+
+            def keep_alive() -> Any:
+                protocol = _connection(srv, port)
+                return next((t for t in timers.armed()
+                             if getattr(t.callback, "__self__", None) is protocol
+                             and t.callback.__name__ == "timeout_keep_alive_handler"), None)
+
+            timer = wait_for(lambda: _on_loop(srv, keep_alive), what="keep-alive armed")
+            assert timer.delay_s == 75.0
+            _on_loop(srv, timer.fire)
+            assert sock.recv(65536) == b""  # closed by the server, nothing more said
