@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
 from slopilot.engine.executors.kernel_modes import (
     DECODE_GRAPH_CHOICES,
@@ -28,7 +29,6 @@ from slopilot.engine.slo import SLO_FILE_ENV, SLOError, SLOSpec, read_slo_file
 
 if TYPE_CHECKING:
     from slopilot.engine.clients import ClientClasses
-    from slopilot.engine.http_deadlines import Deadlines
     from slopilot.engine.watched_file import WatchedFile
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -106,22 +106,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-body-mb", type=_mib, default=None, metavar="MIB",
                    help="largest request body accepted, in MiB (default 16); a larger "
                         "one is answered 413 while it is read")
-    p.add_argument("--head-timeout", type=_seconds("--head-timeout"), default=None,
-                   metavar="SECONDS", help="how long a request's head may take (default 30); "
-                   "past it the answer is 408 and the connection closes")
-    p.add_argument("--body-idle-timeout", type=_seconds("--body-idle-timeout"), default=None,
-                   metavar="SECONDS", help="how long a request's body may send nothing while "
-                   "the server waits for it (default 30); past it the connection closes and "
-                   "the request ends as if its client left")
-    p.add_argument("--send-timeout", type=_number("--send-timeout"), default=None,
-                   metavar="SECONDS", help="how long a client may take no byte of the "
-                   "answer the server holds for it (default 60, 0: no limit); past it the "
-                   "connection is dropped and its request aborted, freeing its KV blocks")
-    p.add_argument("--keep-alive-timeout", type=_seconds("--keep-alive-timeout"),
-                   default=None, metavar="SECONDS", help="how long an idle connection is "
-                   "kept for its next request (default 5, as vLLM's); behind a proxy or "
-                   "mesh that keeps idle connections to the server, set it above the "
-                   "proxy's idle timeout, or a request sent as the server closes is lost")
+    add_deadline_flags(p)
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
     p.add_argument("--check-integrity", action="store_true",
                    help="debugging: check the KV bookkeeping each time the engine goes "
@@ -142,53 +127,6 @@ def _port(flag: str) -> Callable[[str], int]:
                                              "65535 (0 picks a free one)")
         return port
     return parse
-
-
-def _seconds(flag: str) -> Callable[[str], float]:
-    """argparse type: a number of seconds above 0."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"{flag} {text}: expected seconds above 0, "
-                                             "e.g. 30")
-        return value
-    return parse
-
-
-def _number(flag: str) -> Callable[[str], float]:
-    """argparse type: a number; its bounds are its dataclass's to check
-    (``deadlines_from_flags``)."""
-    def parse(text: str) -> float:
-        try:
-            return float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text}: expected a number of "
-                                             "seconds, e.g. 60") from None
-    return parse
-
-
-# Each deadline's flag, by its field in ``Deadlines``.
-_DEADLINE_FLAGS = {"head_s": "--head-timeout", "body_idle_s": "--body-idle-timeout",
-                   "send_s": "--send-timeout", "keep_alive_s": "--keep-alive-timeout"}
-
-
-def deadlines_from_flags(args: argparse.Namespace) -> Deadlines:
-    """The flags given, each replacing its default (http_deadlines' constants); checked
-    by ``Deadlines`` alone, its error told with the flag."""
-    from slopilot.engine.http_deadlines import DeadlineError, Deadlines
-
-    given = {name: value for name, value in (
-        ("head_s", args.head_timeout), ("body_idle_s", args.body_idle_timeout),
-        ("send_s", args.send_timeout), ("keep_alive_s", args.keep_alive_timeout))
-        if value is not None}
-    try:
-        return Deadlines(**given)
-    except DeadlineError as exc:
-        raise ValueError(f"{_DEADLINE_FLAGS[exc.field]} {exc.value:g}: {exc.expected}") \
-            from None
 
 
 def _mib(text: str) -> int:

@@ -263,8 +263,9 @@ def test_serve_freezes_its_start_up_heap_before_it_serves() -> None:
 def test_the_deadlines_are_set_from_the_command_line_each_over_its_default() -> None:
     import argparse
 
+    from slopilot.engine.deadline_flags import deadlines_from_flags
     from slopilot.engine.http_deadlines import Deadlines
-    from slopilot.engine.server.commands import deadlines_from_flags, register
+    from slopilot.engine.server.commands import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
