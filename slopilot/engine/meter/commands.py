@@ -7,6 +7,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags
 from slopilot.engine.request import Priority
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ def register(subparsers: Any) -> None:
                    help="the SLO (spec.slo's JSON), read again whenever it changes")
     p.add_argument("--priority-class", default="p0", choices=[q.label for q in Priority],
                    help="the class every request is judged in (spec.slo.vllmClass)")
+    add_deadline_flags(p)
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
@@ -59,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"slopilot meter: --upstream {args.upstream!r}: expected the engine's "
               "scheme, host and port, e.g. http://127.0.0.1:8001", file=sys.stderr)
         return 2
+    try:
+        deadlines = deadlines_from_flags(args)
+    except ValueError as exc:
+        print(f"slopilot meter: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(message)s")
     try:
         slo = SLOWatch(args.slo_file, Verdicts())
@@ -67,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     app = Meter(args.upstream, slo, Priority.parse(args.priority_class))
     server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
-                                           log_level=args.log_level))
+                                           log_level=args.log_level, deadlines=deadlines))
     # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run, used before, hid it.
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
@@ -77,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
 def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
                    deadlines: Deadlines | None = None) -> uvicorn.Config:
     """How ``slopilot meter`` serves ``app`` (tests serve it the same way);
-    ``deadlines``: how long a request's head, and a silence in its body, may take
-    (http_deadlines' defaults unless given)."""
+    ``deadlines``: what a client may make a connection wait for (http_deadlines'
+    defaults unless given; ``slopilot serve``'s flags)."""
     import uvicorn
 
     from slopilot.engine.http_arrival import httptools_protocol
