@@ -7,8 +7,17 @@ with the profile reader's checks: at most ``MAX_PROFILE_BYTES``, valid YAML, a
 cost-model form and executor code. Anything else is a ``problem`` naming the ConfigMap,
 the key and the fix, and the twin falls back to the datasheet roofline and says so: a
 controller that plans with a wrong profile scales the wrong way, one that plans with the
-datasheet at least says it is a prior. No ConfigMap content ever reaches status or
-events: a problem quotes the profile reader's message, bounded in length.
+datasheet at least says it is a prior.
+
+No ConfigMap content reaches status or events unless it declares itself a profile. The
+operator reads the ConfigMap with its own rights, and a tenant who may create
+LLMDeployments needs no grant on the namespace's ConfigMaps: a refusal that quoted the
+text (a properties file's line, a PEM body, the YAML parser's snippet of the line it
+stopped at) let them read any ConfigMap of the namespace through the CR's conditions. So
+a key that is not YAML, or not a mapping whose ``schema`` is a profile's, is refused by
+its line and column or its type alone (``_not_a_profile``); only a document that says
+``schema: slopilot.dev/cost-profile/v1``, written as a profile, gets the profile reader's
+own messages, which quote its fields, bounded in length.
 """
 
 from __future__ import annotations
@@ -18,15 +27,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from slopilot.engine.sim.profile_file import (
     MAX_PROFILE_BYTES,
     check_profile_for,
     executor_code_hash,
     parse_profile_text,
 )
-from slopilot.engine.sim.profile_types import CostProfile, ProfileFileError
+from slopilot.engine.sim.profile_types import SCHEMA, CostProfile, ProfileFileError
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.twin import with_profile
+from slopilot.engine.sim.yaml_load import YAMLShapeError, safe_load_bounded
 from slopilot.operator.conditions import ConditionType, condition
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
@@ -148,6 +160,8 @@ def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | N
     if spec.backend is not Backend.BUILTIN:
         return _refused(ref, source, f"{source}: a calibrated profile times slopilot's built-in "
                         f"engine, not {spec.backend.value}; remove spec.twin.profile", version)
+    if (why := _not_a_profile(text)) is not None:
+        return _refused(ref, source, f"{source}: {why}; {FIX}", version)
     try:
         profile = parse_profile_text(text, source)
         check_profile_for(profile, model=spec.model_name,
@@ -158,3 +172,27 @@ def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | N
         return _refused(ref, source, f"{'; '.join(stale)} (the ConfigMap's profile is older than "
                         "this engine: recalibrate and update the ConfigMap)", version)
     return TwinChoice(profile=profile, source=source, version=version, ref=ref)
+
+
+def _not_a_profile(text: str) -> str | None:
+    """Why ``text`` is no cost profile, in words that quote none of it (module docstring);
+    None where it is a mapping that declares the profile schema."""
+    try:
+        doc = safe_load_bounded(text)
+    except YAMLShapeError as exc:  # its own words, none of the text's
+        return f"not a slopilot cost profile: {exc}"
+    except yaml.MarkedYAMLError as exc:
+        # Only where: the parser's message quotes the line (and names aliases, tags).
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"not valid YAML{at}, so not a slopilot cost profile"
+    except yaml.YAMLError:
+        return "not valid YAML, so not a slopilot cost profile"
+    if not isinstance(doc, Mapping):
+        kind = {str: "text", list: "a list", type(None): "nothing", bool: "true or false",
+                int: "a number", float: "a number"}.get(type(doc), "a single value")
+        return f"it holds {kind}, not a YAML mapping: not a slopilot cost profile"
+    if doc.get("schema") != SCHEMA:
+        return (f"not a slopilot cost profile: a profile is a mapping with schema: {SCHEMA} "
+                "(the `slopilot calibrate --out` file), and this one has another or none")
+    return None

@@ -170,8 +170,8 @@ def test_a_configmap_of_another_namespace_is_never_read(
      ("calibrated on a cuda device", "not 'cpu'")),
     ({"profile.yaml": dump_profile(make_profile(**SMOL, executor_code="0123456789abcdef"))},
      None, ("calibrated on executor code 0123456789abcdef", "recalibrate")),
-    # Text, never a path: the operator reads no file a tenant names.
-    ({"profile.yaml": "/etc/passwd"}, None, ("must be a mapping", "'/etc/passwd'")),
+    # Text, never a path: the operator reads no file a tenant names (nor quotes it).
+    ({"profile.yaml": "/etc/passwd"}, None, ("holds text, not a YAML mapping",)),
 ])
 def test_a_bad_profile_falls_back_to_the_datasheet_naming_the_configmap_key_and_fix(
         kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
@@ -180,6 +180,34 @@ def test_a_bad_profile_falls_back_to_the_datasheet_naming_the_configmap_key_and_
     twin = resolve(kube_client, ref(key=key))
     _refused(twin, "smol-profile", *needles)
     assert len(twin.problem) <= 700  # bounded, whatever the ConfigMap holds
+
+
+SECRET = "hunter2-s3cr3t"
+
+
+@pytest.mark.parametrize("text", [
+    f"db.password={SECRET}\nuser=admin\n",  # a properties file: YAML reads one string
+    f"-----BEGIN PRIVATE KEY-----\n{SECRET}\n-----END PRIVATE KEY-----\n",
+    f"settings: [\n  password: {SECRET}: x\n",  # broken YAML: its error quotes the line
+    f"password: *{SECRET}\n",  # an unknown alias: its error names it
+    f"schema: {SECRET}\n",  # a mapping, but no profile's
+    f"- {SECRET}\n",
+])
+def test_a_configmap_that_is_no_profile_is_refused_without_a_word_of_what_it_holds(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
+        text: str) -> None:
+    """A tenant who may create LLMDeployments but not read the namespace's ConfigMaps
+    (docs/operations.md: they need no such grant) names one in spec.twin.profile: the
+    operator reads it with its own rights, and the refusal, which reaches the CR's status
+    and a Warning event, quoted what it held (a line of a properties file, a key's PEM
+    body, the YAML parser's snippet), so that any ConfigMap of the namespace could be
+    read through the CR's conditions."""
+    put(core, "app-config", {"settings": text})
+    twin = resolve(kube_client, ref("app-config", "settings"))
+    _refused(twin, "app-config", "key 'settings'", "not a slopilot cost profile")
+    message = twin.condition(1)["message"]
+    assert SECRET not in message and SECRET not in str(twin.status()), message
+    assert "password" not in message and "user=admin" not in message, message
 
 
 def test_a_missing_configmap_or_a_vllm_backend_falls_back(
