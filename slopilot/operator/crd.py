@@ -48,6 +48,7 @@ from slopilot.operator.spec import (
     SpecError,
     parse_spec,
 )
+from slopilot.operator.study_storage import SIDECAR_MESSAGE, SIDECAR_RULE
 from slopilot.operator.validation import MAX_MODEL_REF
 from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, MAX_WAITING
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
@@ -214,10 +215,12 @@ def _spec_schema() -> dict[str, Any]:
             "maxTrials": _int("Trials per tuning round.", 1, 1000, default=30),
             "canary": {"type": "boolean", "default": True,
                        "description": "Run trials on one replica when there are several."},
-            "storage": _str("Optuna storage URL (sqlite:/// or postgresql://, without a "
-                            "password): one the operator's SLOPILOT_ALLOWED_STORAGE lists.",
-                            pattern=r"^(sqlite|postgresql(\+\w+)?)://",
-                            maxLength=MAX_STORAGE_URL, default=DEFAULT_STUDY_STORAGE),
+            "storage": _cel(_str("Optuna storage URL (sqlite:/// or postgresql://, "
+                                 "without a password): one the operator's "
+                                 "SLOPILOT_ALLOWED_STORAGE lists.",
+                                 pattern=r"^(sqlite|postgresql(\+\w+)?)://",
+                                 maxLength=MAX_STORAGE_URL, default=DEFAULT_STUDY_STORAGE),
+                            SIDECAR_RULE, SIDECAR_MESSAGE),
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),
             "twin": _deprecated_twin_schema(),

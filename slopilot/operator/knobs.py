@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
 from slopilot.operator.spec_reader import SpecReader, parse_duration
+from slopilot.operator.study_storage import sqlite_sidecar_problem
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
 
@@ -330,6 +331,9 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
         r.problems.append(f"spec.tuning.storage: {len(storage)} characters, more than the "
                           f"{MAX_STORAGE_URL} of a database URL: name the database, e.g. "
                           f"{DEFAULT_STUDY_STORAGE}")
+        return None
+    if (problem := sqlite_sidecar_problem(storage)) is not None:
+        r.problems.append(problem)
         return None
     if storage == LEGACY_STUDY_STORAGE:
         storage = DEFAULT_STUDY_STORAGE

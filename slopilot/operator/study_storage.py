@@ -16,7 +16,13 @@ anywhere its pod can write. So the administrator lists the storages tenants may 
 
 A CR's URL may never hold a password: whoever can read the CR could read it. Nor may a
 SQLite path be relative (``sqlite:///x.db``, three slashes): it would resolve against the
-operator's working directory, which neither the CR's author nor the admin sees.
+operator's working directory, which neither the CR's author nor the admin sees. Nor may it
+name one of the files SQLite keeps beside a database (``<db>-journal``, ``-wal``,
+``-shm``, ``-mj...``; ``sqlite_sidecar_problem``): a directory entry allows any plain
+name, and a database created in another's journal (the operator's own ``study.db``,
+every tenant's default, where the directory is the operator's) is a hot journal to
+SQLite: every connection to that database must roll it back under an exclusive lock
+before it reads (a read-only one cannot, and fails), and the rollback deletes it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,17 @@ MAX_STUDY_STORAGES = 8
 """How many storages ``status.studyStorages`` keeps (the newest; study_cleanup.py): a
 study switched through more storages than this may stay in the oldest."""
 _SQLITE_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SQLITE_SIDECAR = r"-(journal|wal|shm|mj[0-9A-Fa-f]+)$"
+"""The suffixes of the files SQLite keeps beside a database file (rollback journal, WAL,
+its shared-memory index, a super-journal: sqlite.org/tempfiles.html)."""
+SIDECAR_RULE = ("!self.matches('^sqlite[^:]*://[^?]*" + SQLITE_SIDECAR[:-1]
+                + "([?].*)?$')")
+"""``sqlite_sidecar_problem``'s rule for the CRD's schema (on the whole URL: a query
+follows the path)."""
+SIDECAR_MESSAGE = ("names a file SQLite keeps beside a database (<db>-journal, -wal, -shm, "
+                   "-mj...), not a database: name a database file, e.g. "
+                   "sqlite:////var/lib/slopilot/team-a.db")
+_SIDECAR = re.compile(SQLITE_SIDECAR)
 
 
 class StorageRefused(ValueError):
@@ -93,6 +110,21 @@ def _relative_sqlite(url: URL) -> str | None:
             "absolute path)")
 
 
+def sqlite_sidecar_problem(url: str) -> str | None:
+    """Why ``url`` (``spec.tuning.storage``) names no database but one of the files SQLite
+    keeps beside one (module docstring), or None."""
+    parsed = parse_storage_url(url)
+    if parsed is None or parsed.drivername.split("+")[0] != "sqlite":
+        return None
+    head, _, name = (parsed.database or "").rpartition("/")
+    if (m := _SIDECAR.search(name)) is None:
+        return None
+    return (f"spec.tuning.storage={shown(url)!r} names SQLite's own {m.group(1)} file of "
+            f"the database {name[:m.start()]!r}, which SQLite writes and deletes with that "
+            "database's transactions, not a database: name a database file, e.g. "
+            f"{parsed.drivername}:///{head}/team-a.db")
+
+
 def resolve_storage(url: str, rules: tuple[StorageRule, ...]) -> str:
     """The storage URL the operator opens for a CR that asks for ``url``.
 
@@ -108,6 +140,8 @@ def resolve_storage(url: str, rules: tuple[StorageRule, ...]) -> str:
             "admin puts the credentials in the operator's SLOPILOT_ALLOWED_STORAGE")
     if (problem := _relative_sqlite(parsed)) is not None:
         raise StorageRefused(f"spec.tuning.storage={shown(url)!r}: {problem}")
+    if (problem := sqlite_sidecar_problem(url)) is not None:
+        raise StorageRefused(problem)
     for rule in rules:
         if (target := rule.resolve(parsed, url)) is not None:
             return target

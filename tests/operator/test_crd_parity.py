@@ -73,6 +73,12 @@ REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
      "clients.keys[0]"),
     # vLLM's block sizes.
     ({"backend": "vllm", "engine": {"blockSize": 24}}, ""),
+    # A SQLite database's own journal, WAL or shared memory file, as a database.
+    ({"tuning": {"storage": "sqlite:////var/lib/slopilot/study.db-journal"}},
+     "tuning.storage"),
+    ({"tuning": {"storage": "sqlite:////var/lib/slopilot/team.db-wal"}}, "tuning.storage"),
+    ({"tuning": {"storage": "sqlite+pysqlite:////d/team.db-shm?timeout=5"}},
+     "tuning.storage"),
 ]
 
 
@@ -106,6 +112,8 @@ ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
     {"backend": "builtin", "engine": {"blockSize": 24}},
     {"clients": {"keys": [{"name": "a", "sha256": hashlib.sha256(b"k").hexdigest().upper(),
                            "maxClass": "p1"}]}},
+    {"tuning": {"storage": "sqlite:////var/lib/slopilot/wal-journal.db"}},
+    {"tuning": {"storage": "postgresql://optuna@db-wal/studies-journal"}},
 ]
 
 

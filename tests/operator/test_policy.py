@@ -10,6 +10,7 @@ import pytest
 from slopilot.operator.policy import OperatorPolicy, PolicyError, policy_problems
 from slopilot.operator.settings import operator_policy
 from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.validation import parse_image, prometheus_url_problem
 
 
@@ -202,6 +203,33 @@ def test_a_directory_entry_allows_plain_files_inside_it_only(url: str, allowed: 
     policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "sqlite:////var/lib/slopilot/*"})
     problems = policy_problems(spec_of(tuning={"storage": url}), policy)
     assert (problems == []) is allowed, problems
+
+
+@pytest.mark.parametrize("name", ["study.db-journal", "team-b.db-wal", "team-b.db-shm",
+                                  "team-b.db-mj0A1B2C9F3"])
+def test_a_databases_journal_is_never_opened_as_a_database_of_its_own(name: str) -> None:
+    """``sqlite:////dir/*`` allows any plain file name in the directory, and SQLite keeps
+    each database's rollback journal (WAL, shared memory, super-journal) beside it as
+    ``<db>-journal`` and the like: a CR naming one had the operator create a database in
+    the file another database's transactions use as their journal (the default
+    ``study.db``, every tenant's, where the directory is the operator's own). To SQLite
+    that is a hot journal: every connection to that database must roll it back under an
+    exclusive lock before it reads, a read-only one fails ("attempt to write a readonly
+    database"), and the rollback deletes the file under the study. Refused by the spec's
+    parse, naming the field and the fix, and again where the URL comes back from
+    ``status.studyStorages``."""
+    url = f"sqlite:////var/lib/slopilot/{name}"
+    with pytest.raises(SpecError) as err:
+        spec_of(tuning={"storage": url})
+    (problem,) = err.value.problems
+    assert problem.startswith(f"spec.tuning.storage={url!r}"), problem
+    assert "SQLite's own" in problem and "e.g. sqlite:////var/lib/slopilot/" in problem
+    policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "sqlite:////var/lib/slopilot/*"})
+    with pytest.raises(StorageRefused, match=r"SQLite's own"):
+        resolve_storage(url, policy.storage_rules)
+    # A name that merely holds the words is a database file like any other.
+    ok = "sqlite:////var/lib/slopilot/wal-journal-shm.db"
+    assert policy_problems(spec_of(tuning={"storage": ok}), policy) == []
 
 
 @pytest.mark.parametrize("entry", ["sqlite:///relative/*", "sqlite:////a/../b/*",
