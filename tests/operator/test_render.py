@@ -263,3 +263,40 @@ def test_the_engine_is_given_the_deployments_slo_to_judge_requests_by() -> None:
     assert checksum(edited) == checksum(out)  # an SLO edit restarts nothing
     vllm = render_all(*render(backend="vllm", slo=slo))
     assert SLO_FILE_ENV not in {e["name"] for e in container(vllm.deployment)["env"]}
+
+
+# A tenant's CR written as if it were a pod template, to land on reserved GPU nodes, run
+# as another account, mount a node's files or give vLLM flags the operator never renders.
+POD_FIELDS = {
+    "nodeSelector": {"pool": "reserved-h100"}, "nodeName": "gpu-node-7",
+    "tolerations": [{"operator": "Exists"}], "affinity": {"nodeAffinity": {}},
+    "priorityClassName": "system-node-critical", "runtimeClassName": "unconfined",
+    "serviceAccountName": "cluster-admin", "hostNetwork": True, "hostPID": True,
+    "securityContext": {"privileged": True, "runAsUser": 0},
+    "env": [{"name": "VLLM_ALLOW_INSECURE", "value": "1"}],
+    "args": ["--host", "0.0.0.0", "--trust-remote-code"],
+    "extraArgs": ["--served-model-name=x", "--api-key=\n--trust-remote-code"],
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+}
+
+
+@pytest.mark.parametrize("backend", ["builtin", "vllm"])
+def test_pod_fields_a_tenant_writes_in_the_spec_reach_no_rendered_object(backend: str
+                                                                         ) -> None:
+    """The schema has no such field, so the API server prunes them; a CR that comes
+    another way (this parse takes any mapping) renders them nowhere either."""
+    from slopilot.operator.crd import openapi_schema
+    from tests.support.crd_schema import prune
+
+    b, spec = render(backend=backend, **POD_FIELDS)
+    stored = prune(openapi_schema(), b)
+    assert not set(POD_FIELDS) & set(stored["spec"]), stored["spec"]
+    text = json.dumps([o for o in render_all(b, spec).objects()])
+    for needle in ("reserved-h100", "gpu-node-7", "Exists", "system-node-critical",
+                   "unconfined", "cluster-admin", "hostNetwork", "hostPID", "privileged",
+                   "VLLM_ALLOW_INSECURE", "0.0.0.0", "trust-remote-code", "hostPath",
+                   "--api-key", "serviceAccountName", "nodeName"):
+        assert needle not in text, needle
+    pod = render_all(b, spec).deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
