@@ -8,7 +8,8 @@ administrator's word on top of it, set once on the operator (environment variabl
 - images: only repositories on the allow-list run (the default: the repositories of the
   two backends' default images, ``images``, which the administrator may name). An entry
   is a repository (``ghcr.io/acme/engine``: any tag or digest of it) or a prefix ending
-  in ``/*`` (``registry.acme.internal/llm/*``); ``*`` alone allows all.
+  in ``/*`` (``registry.acme.internal/llm/*``, or a whole registry: ``ghcr.io/*``); ``*``
+  alone allows all.
 - Prometheus: when an allow-list is set, only those hosts (``host`` or ``host:port``;
   ``*.suffix`` for any host under a domain) are fetched, and none when it is set empty.
   Unset: any host that passes the URL rules (``validation.prometheus_url_problem``).
@@ -37,7 +38,7 @@ from slopilot.operator.study_storage import (
     StorageRule,
     resolve_storage,
 )
-from slopilot.operator.validation import DNS_1123_LABEL, parse_image
+from slopilot.operator.validation import DNS_1123_LABEL, image_prefix, parse_image
 from slopilot.tuner.prometheus.rules import RuleError, check_namespace_label
 from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 
@@ -133,8 +134,12 @@ class OperatorPolicy:
         for entry in self.image_allow_list:
             if entry == "*":
                 continue
-            stem = entry[:-2] if entry.endswith("/*") else entry
-            ref = parse_image(stem, prefix=True)
+            if entry.endswith("/*"):
+                if image_prefix(entry[:-2]) is not None:
+                    continue
+                ref = None
+            else:
+                ref = parse_image(entry, prefix=True)
             if ref is None or ref.reference:  # a repository, not one tag of it
                 raise PolicyError(f"image allow-list entry {entry!r}: expected a repository "
                                   "such as ghcr.io/acme/engine, a prefix such as "
@@ -158,8 +163,8 @@ class OperatorPolicy:
             if entry == "*":
                 return True
             if entry.endswith("/*"):
-                stem = parse_image(entry[:-2], prefix=True)
-                if stem is not None and ref.repository.startswith(stem.repository + "/"):
+                stem = image_prefix(entry[:-2])
+                if stem is not None and ref.repository.startswith(stem + "/"):
                     return True
                 continue
             allowed = parse_image(entry)

@@ -138,6 +138,22 @@ def parse_image(image: str, *, prefix: bool = False) -> ImageRef | None:
                                                                           or ""))
 
 
+def image_prefix(stem: str) -> str | None:
+    """What the image allow-list entry ``stem/*`` covers: the normalized repository prefix
+    (the repositories that start with it and a '/'), or None where ``stem`` is no prefix.
+
+    A registry alone (``ghcr.io``, ``localhost:5000``) by docker's rule, a first component
+    with a dot, a port or ``localhost``: read as a path, ``ghcr.io/*`` allowed no image of
+    ghcr.io and ``docker.io/ghcr.io/...``, another registry than the one named.
+    """
+    if "/" not in stem and re.fullmatch(_DOMAIN, stem) and (
+            "." in stem or ":" in stem or stem == "localhost"):
+        domain = stem.lower()
+        return "docker.io" if domain in ("index.docker.io", "registry-1.docker.io") else domain
+    ref = parse_image(stem, prefix=True)
+    return None if ref is None or ref.reference else ref.repository
+
+
 MAX_MODEL_REF = 512
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
 MODEL_REF_PATTERN = r"^([^-\x00-\x20\x7f][^\x00-\x20\x7f]*)?$"

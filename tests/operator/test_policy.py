@@ -105,6 +105,29 @@ def test_an_admin_widens_or_narrows_the_image_list() -> None:
     assert operator_policy({"SLOPILOT_ALLOWED_IMAGES": "*"}).image_allowed("ubuntu")
 
 
+@pytest.mark.parametrize(("entry", "image", "allowed"), [
+    ("ghcr.io/*", "ghcr.io/acme/engine:1", True),
+    # Read as a Docker Hub path, the entry allowed docker.io/ghcr.io/... (another
+    # registry than the one named) and nothing of ghcr.io.
+    ("ghcr.io/*", "docker.io/ghcr.io/engine:1", False),
+    ("ghcr.io/*", "ghcr.io.evil.com/acme/engine:1", False),
+    ("GHCR.io/*", "ghcr.io/acme/engine@sha256:" + "a" * 64, True),
+    ("registry.acme.internal/*", "registry.acme.internal/llm/engine:3", True),
+    ("registry.acme.internal/*", "registry.acme.internal.evil.com/llm/engine:3", False),
+    ("localhost:5000/*", "localhost:5000/engine:1", True),
+    ("localhost:5000/*", "localhost:5001/engine:1", False),
+    ("docker.io/*", "ubuntu:22.04", True),
+    ("index.docker.io/*", "vllm/vllm-openai:v0.11.0", True),
+    ("docker.io/*", "ghcr.io/acme/engine:1", False),
+])
+def test_a_whole_registry_entry_allows_that_registry_and_no_other(
+        entry: str, image: str, allowed: bool) -> None:
+    """``registry/*``: every repository of that registry, by docker's rule that a first
+    component with a dot, a port or ``localhost`` names a registry."""
+    policy = operator_policy({"SLOPILOT_ALLOWED_IMAGES": entry})
+    assert policy.image_allowed(image) is allowed
+
+
 @pytest.mark.parametrize("entry", ["ghcr.io/acme/engine:1.0", "not an image", "a@b"])
 def test_a_bad_allow_list_entry_names_the_variable(entry: str) -> None:
     with pytest.raises(PolicyError, match=r"SLOPILOT_ALLOWED_IMAGES"):
