@@ -230,6 +230,16 @@ def tuned_record(body: Mapping[str, Any], engine: Mapping[str, Any] | None, *,
     return out
 
 
+def committed_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` with ``status.tunedConfig`` reduced to its committed record: the object
+    as it renders with no trial on every replica (a trial's record, whoever's, dropped;
+    none where nothing is committed)."""
+    status = body.get("status")
+    kept = dict(status) if isinstance(status, Mapping) else {}
+    kept["tunedConfig"] = tuned_record(body, committed_overlay(body), trial=False)
+    return {**body, "status": kept}
+
+
 def tuned_overlay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """``status.tunedConfig``'s knobs while they belong to this spec (tuned from this
     ``spec.engine`` and ``spec.slo``); None when there are none or an edit made them stale.

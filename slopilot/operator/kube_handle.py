@@ -24,7 +24,8 @@
   off) is recorded as a trial's (``knobs.tuned_record``), only while the daemon's own
   loop state is on record (``holds``), and ``sync_config`` (but during a canary trial)
   puts the committed config back where no trial is on record, or the running trial's
-  where another's is recorded, before it sends the pods theirs.
+  where another's is recorded, before it sends the pods theirs. ``committed_config``, what
+  the loop begins an episode on, reads the committed record alone, never a trial's.
 
 The token only goes to pods the operator made: a pod counts when its controlling owner is
 a ReplicaSet whose controlling owner is the Deployment this LLMDeployment controls (uids,
@@ -59,6 +60,7 @@ from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.knobs import (
+    committed_body,
     committed_overlay,
     trial_recorded,
     tuned_overlay,
@@ -300,7 +302,20 @@ class KubeDeploymentHandle:
         return 0 if dep is None else int((dep.get("spec") or {}).get("replicas", 1))
 
     def current_config(self) -> dict[str, Any]:
+        """The knobs every replica is to run now: the spec's, with ``status.tunedConfig``
+        over them, a trial's recorded there (one on every replica) included."""
         return self.spec().engine.to_dict()
+
+    def committed_config(self) -> dict[str, Any]:
+        """The spec's knobs with the committed ``status.tunedConfig`` over them. A
+        trial's recorded there is left out, whoever's it is (a daemon that lost its state
+        in a restart, another replica's): an episode begun on it rolled back to a config
+        never committed, and recorded that as committed."""
+        body = self.body()
+        if not trial_recorded(body):
+            return self._spec_of(body).engine.to_dict()
+        # Not the cached parse: this version's spec runs the trial's knobs.
+        return parse_spec(committed_body(body)).engine.to_dict()
 
     def pods(self, body: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Ready engine pods this deployment's own ReplicaSets made, by name."""
@@ -782,11 +797,9 @@ class KubeDeploymentHandle:
                          holds=holds)
             return True
         # The trial's knobs over the committed config, as apply_config recorded them.
-        committed = {**body, "status": {**(body.get("status") or {}), "tunedConfig":
-                                        tuned_record(body, committed_overlay(body),
-                                                     trial=False)}}
         builtin = backend is Backend.BUILTIN
-        new = parse_spec(committed).engine.with_overrides(trial, live_only=builtin)
+        new = parse_spec(committed_body(body)).engine.with_overrides(trial,
+                                                                     live_only=builtin)
         if not builtin:
             new = dataclasses.replace(new, max_num_seqs=vllm_max_num_seqs(new))
         engine = new.to_dict()

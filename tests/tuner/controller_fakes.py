@@ -50,7 +50,14 @@ class FakeDeployment:
     scaled: list[int] = field(default_factory=list)
     refuse: Callable[[Mapping[str, Any]], Exception | None] = lambda c: None
     reads: int = 0
-    """current_config() calls: each is an HTTP GET or a spec parse in production."""
+    """committed_config() calls: each is an HTTP GET or a spec parse in production."""
+    committed: dict[str, Any] | None = None
+    """The last config every replica took not as a trial's (None: ``config``, the one
+    they started with)."""
+
+    def __post_init__(self) -> None:
+        if self.committed is None:
+            self.committed = dict(self.config)
 
     def replicas(self) -> int:
         return self.n
@@ -59,9 +66,9 @@ class FakeDeployment:
         self.scaled.append(n)
         self.n = n
 
-    def current_config(self) -> dict[str, Any]:
+    def committed_config(self) -> dict[str, Any]:
         self.reads += 1
-        return dict(self.config)
+        return dict(self.committed or {})
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool,
                      trial: bool = False) -> None:
@@ -73,6 +80,8 @@ class FakeDeployment:
             self.canary_config = dict(config)
         else:
             self.config, self.canary_config = dict(config), None
+            if not trial:
+                self.committed = dict(config)
 
     def endpoints(self) -> list[str]:
         return [f"http://127.0.0.1:{9000 + i}" for i in range(self.n)]

@@ -86,7 +86,7 @@ def test_a_simulator_that_only_holds_the_running_config_means_scale() -> None:
     assert (d.action, d.replicas) == (Action.SCALE, 2) and "offline study" in d.reason
 
 
-def test_a_step_reads_the_running_config_once() -> None:
+def test_a_step_reads_the_committed_config_once() -> None:
     rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
     rig.build().tick(0.0)
     assert rig.dep.reads == 1  # the episode's baseline, also the config no warm start is

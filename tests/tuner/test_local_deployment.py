@@ -35,6 +35,7 @@ def test_replicas_targets_configs_scaling_and_a_clean_stop(tmp_path: Path) -> No
         dep.apply_config({"token_budget": 512, "chunk_size": 512}, canary=True)
         assert httpx.get(urls[0] + "/admin/config", headers=auth).json()["token_budget"] == 512
         assert dep.current_config()["token_budget"] == 2048  # the stable replica kept it
+        assert dep.committed_config()["token_budget"] == 2048
         with pytest.raises(ConfigError, match="token_budget"):
             dep.apply_config({"token_budget": -1}, canary=False)
         dep.apply_config({"token_budget": 1024, "chunk_size": 512}, canary=False)
@@ -42,6 +43,10 @@ def test_replicas_targets_configs_scaling_and_a_clean_stop(tmp_path: Path) -> No
         assert dep.replicas() == 3 and len(_targets(dep)["stable"]) == 2
         assert httpx.get(dep.endpoints()[2] + "/admin/config",
                          headers=auth).json()["token_budget"] == 1024
+        assert dep.committed_config()["token_budget"] == 1024
+        dep.apply_config({"token_budget": 768, "chunk_size": 256}, canary=False, trial=True)
+        assert dep.current_config()["token_budget"] == 768  # a trial on every replica,
+        assert dep.committed_config()["token_budget"] == 1024  # not committed
         dep.scale(1)  # stops the newest; the canary stays
         assert dep.endpoints() == urls[:1] and "stable" not in _targets(dep)
         with pytest.raises(ValueError, match="max_replicas=3"):

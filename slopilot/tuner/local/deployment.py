@@ -100,6 +100,9 @@ class LocalDeployment:
             raise ValueError("drain_timeout_s must be >= 0 and ready_timeout_s > 0 seconds")
         # Refuse a bad knob here, before any process starts.
         self._stable = EngineConfig().with_overrides(knobs or {}).to_dict()
+        self._committed = dict(self._stable)
+        """The last config every replica was given not as a trial's (``committed_config``);
+        ``_stable``, what a new replica starts with, follows trials on every replica too."""
         self.name, self.workdir = name, Path(workdir)
         self.max_replicas, self.scenario, self.executor, self.model = (
             max_replicas, scenario, executor, model)
@@ -251,11 +254,17 @@ class LocalDeployment:
         self._write_targets()
 
     def current_config(self) -> dict[str, Any]:
-        """The knobs the stable replicas run, read back from one of them."""
+        """The knobs the stable replicas run, read back from one of them (a trial's on
+        every replica included)."""
         if not self._active:
             raise DeploymentError("no replica is running")
         r = self._active[1] if len(self._active) > 1 else self._active[0]
         return self._admin(r, "GET")
+
+    def committed_config(self) -> dict[str, Any]:
+        """The last config every replica took not as a trial's, else the one they started
+        with: this handle's record, as ``status.tunedConfig`` is the operator's."""
+        return dict(self._committed)
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool,
                      trial: bool = False) -> None:
@@ -267,6 +276,8 @@ class LocalDeployment:
             answer = self._admin(r, "PUT", dict(config))
         if not canary:
             self._stable = answer  # what new replicas start with
+            if not trial:
+                self._committed = dict(answer)
         self.applied.append((dict(config), canary))
 
     def _admin(self, r: Replica, method: str, body: dict[str, Any] | None = None

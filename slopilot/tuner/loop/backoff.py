@@ -85,7 +85,7 @@ def situation(ctx: LoopContext, scenario: Scenario) -> dict[str, Any]:
         # probes measure the last ``window_s`` (the operator's and the benchmark's).
         load["requests"] = load["rate"] * s.window_s
     return {"replicas": ctx.deployment.replicas(),
-            "config": dict(ctx.deployment.current_config()),
+            "config": dict(ctx.deployment.committed_config()),
             # The spec, as far as the loop sees it: SLO, replica bounds, trial settings.
             "settings": hashlib.sha256(repr(s).encode()).hexdigest()[:16],
             # The verdict is "nothing in this space holds": a wider (or other) space may.

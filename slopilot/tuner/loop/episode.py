@@ -1,8 +1,9 @@
 """A tuning episode: start it, run live trials one window each (TUNING), commit the best.
 
 An episode starts from STEADY (a retune alert) or SCALING (a new config is cheaper than a
-replica) with the running config as its baseline and the offline study's best configs
-queued as warm starts. Each trial applies a config (to the canary when there are several
+replica) with the committed config as its baseline (``DeploymentHandle.committed_config``:
+never a trial's left on the replicas) and the offline study's best configs queued as warm
+starts. Each trial applies a config (to the canary when there are several
 replicas), waits ``window_s`` and is scored on its window past its first ``settle_s``
 (the requests that arrived under the config before it finish then); a trial that breaks
 any class's SLO by more than ``revert_margin`` is cut short, a window that does not count
@@ -47,7 +48,10 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
     if len(loop.trial_starts) >= s.max_trials_per_hour:
         return ctx.decide(Action.HOLD, f"trial_rate_limit: {s.max_trials_per_hour} "
                           f"trials in the last hour; {reason}")
-    loop.baseline_config = dict(ctx.deployment.current_config())
+    # The committed config, not what the replicas run: a trial's may be on every one (a
+    # controller that lost its state left it), and begun on, the episode rolled back to
+    # it and compared its trials with it as if it had been committed.
+    loop.baseline_config = dict(ctx.deployment.committed_config())
     loop.best_config, loop.best_goodput = None, None
     loop.episode_trials = loop.episode_feasible = loop.episode_warm_starts = 0
     loop.episode_measured = 0

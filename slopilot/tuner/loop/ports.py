@@ -39,15 +39,25 @@ class DeploymentHandle(Protocol):
         """Ask for ``n`` replicas (the controller keeps ``n`` within min and max)."""
         ...
 
-    def current_config(self) -> dict[str, Any]:
-        """The knobs every non-canary replica runs now (EngineConfig.to_dict form)."""
+    def committed_config(self) -> dict[str, Any]:
+        """The config the deployment keeps outside any trial (EngineConfig.to_dict form):
+        the last one applied to every replica not as a ``trial``'s (a commit, a restore),
+        as the handle records it, else the one it started with (the operator: the spec's,
+        with the committed ``status.tunedConfig``).
+
+        Never a trial's, even while one runs on every replica: a trial left there by a
+        controller that lost its state (a restart, another operator replica's daemon, a
+        rollback that failed) is no config an episode may begin on, roll back to, or plan
+        replicas for. What the loop reads the deployment's config by; the replicas may
+        run another meanwhile (a canary's trial, one on every replica)."""
         ...
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool,
                      trial: bool = False) -> str | None:
         """Apply ``config`` to the canary replica only, or to every replica; ``trial``:
-        a trial's config, not one the episode keeps (a commit, a restore), which a
-        handle that records what every replica runs records as such.
+        a trial's config, not one the episode keeps (a commit, a restore): applied to
+        every replica, it leaves ``committed_config`` as it was, and a handle that
+        records what every replica runs records it as a trial's.
 
         Returns the canary replica's name when the handle knows it (recorded in the
         trial), else None. Raises on failure (a refused config, an unreachable replica):

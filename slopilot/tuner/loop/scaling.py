@@ -32,8 +32,11 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     current = ctx.deployment.replicas()
     # Read once: a pod's spec or an HTTP GET. What the capacity is planned for: SCALING
     # is never inside an episode, so a best config kept is the last episode's commit,
-    # which the deployment runs unless an edit of its spec has replaced it since.
-    running = ctx.deployment.current_config()
+    # which the deployment runs unless an edit of its spec has replaced it since. The
+    # committed config, not a trial's that a controller which lost its state left on
+    # every replica: the operator's sync puts the committed one back, and the new
+    # count must carry that one.
+    running = ctx.deployment.committed_config()
     scenario = ctx.probe.measure(now)
     ranked: advice.Ranked = []
     if at_least is None and ctx.offline is not None:

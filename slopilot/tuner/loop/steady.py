@@ -166,7 +166,7 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | None:
     if now - loop.headroom_since < s.scale_down_after_s:
         return None
     loop.headroom_since = now  # look again after another quiet period
-    running = ctx.deployment.current_config()
+    running = ctx.deployment.committed_config()  # never a trial's left behind
     answer = advice.capacity(ctx, now, ctx.probe.measure(now), running, s.min_replicas,
                              current, margin=ctx.headroom_margin, running=running,
                              removing=True)

@@ -44,6 +44,7 @@ class SimDeployment:
 
     def __init__(self, cluster: SimCluster) -> None:
         self.cluster = cluster
+        self._committed = cluster.config.to_dict()
 
     def replicas(self) -> int:
         return len(self.cluster.active)
@@ -52,11 +53,17 @@ class SimDeployment:
         self.cluster.scale(n)
 
     def current_config(self) -> dict[str, Any]:
+        """What every non-canary replica runs now: a trial's on every replica included."""
         return self.cluster.config.to_dict()
+
+    def committed_config(self) -> dict[str, Any]:
+        return dict(self._committed)
 
     def apply_config(self, config: Mapping[str, Any], *, canary: bool,
                      trial: bool = False) -> None:
         self.cluster.set_config(config, canary=canary)
+        if not canary and not trial:
+            self._committed = self.cluster.config.to_dict()
 
     def endpoints(self) -> list[str]:
         return [f"sim://replica-{r.index}" for r in self.cluster.active]
