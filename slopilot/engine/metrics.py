@@ -29,7 +29,7 @@ from slopilot.engine.iteration_metrics import (
     ITERATION_SERIES,
     IterationMetrics,
 )
-from slopilot.engine.latency_buckets import LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.request import FinishReason, Priority
 from slopilot.engine.sim.shape import IterationShape
@@ -124,11 +124,12 @@ def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> 
 
 
 def latency_quantile(q: float, seconds: Sequence[float], never: int = 0) -> float:
-    """``q`` of these latencies as Prometheus reads it from the engine's histogram
-    (``LATENCY_BUCKETS``, then ``histogram_quantile``), with ``never`` more in +Inf (the
-    first tokens of requests turned away for load): NaN without samples."""
+    """``q`` of these TTFTs or token gaps as Prometheus reads it from the engine's
+    histogram (``TOKEN_LATENCY_BUCKETS``, then ``histogram_quantile``), with ``never``
+    more in +Inf (the first tokens of requests turned away for load): NaN without
+    samples."""
     ordered = sorted(seconds)
-    cumulative = {e: float(bisect.bisect_right(ordered, e)) for e in LATENCY_BUCKETS}
+    cumulative = {e: float(bisect.bisect_right(ordered, e)) for e in TOKEN_LATENCY_BUCKETS}
     return histogram_quantile(q, {**cumulative, math.inf: float(len(ordered) + never)})
 
 
@@ -170,8 +171,9 @@ class EngineMetrics:
             # Indexed by Priority (an IntEnum 0..2): a list index is the cheapest lookup.
             return [HistogramRecorder(edges) for _ in Priority]
 
-        self._ttft = per_class(LATENCY_BUCKETS)
-        self._itl = per_class(LATENCY_BUCKETS)
+        # The two whose quantiles are read: dense edges (latency_buckets).
+        self._ttft = per_class(TOKEN_LATENCY_BUCKETS)
+        self._itl = per_class(TOKEN_LATENCY_BUCKETS)
         self._e2e = per_class(LATENCY_BUCKETS)
         self._queue = per_class(LATENCY_BUCKETS)
         self._prefill = per_class(LATENCY_BUCKETS)

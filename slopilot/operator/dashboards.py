@@ -32,6 +32,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from slopilot.engine.latency_buckets import DENSE_FROM_S, DENSE_TO_S, QUANTILE_STEP
 from slopilot.engine.metrics import REFUSED, RETRIES, SEND_TIMEOUTS, SLO_REQUESTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
@@ -121,7 +122,10 @@ def _latency_panels(spec: SLOSpec, latency: LatencySources) -> list[timeseries.P
             # where it saw a stream, else vLLM's.
             queries = [_query(latency_quantile(q, source, sel, RATE, by="le"), tag)
                        for q, tag in ((0.99, "P99"), (0.5, "P50"))]
-            description = ""
+            description = (f"P99 and P50 from the histograms: within "
+                           f"{QUANTILE_STEP:.0%} of the exact figures from "
+                           f"{DENSE_FROM_S * 1000:g} ms to {DENSE_TO_S:g} s (a bucket's "
+                           "width); the SLO line is an edge, so over it or not is exact.")
             if source.client is not None:
                 # vLLM's own beside it: the gap is what its frontend adds (parsing,
                 # detokenizing, the write), which vLLM's histograms leave out.
@@ -131,8 +135,11 @@ def _latency_panels(spec: SLOSpec, latency: LatencySources) -> list[timeseries.P
                 description = (
                     "P99 and P50 as the loop reads them: the meter's, as the clients saw "
                     "each stream (from the request's arrival at the meter to each write), "
-                    "or vLLM's own where the meter saw no stream. vLLM measures from the "
-                    "start of tokenizing to its engine's output, and reads low.")
+                    f"within {QUANTILE_STEP:.0%} of the exact figures from "
+                    f"{DENSE_FROM_S * 1000:g} ms to {DENSE_TO_S:g} s; or vLLM's own where "
+                    "the meter saw no stream. vLLM measures from the start of tokenizing "
+                    "to its engine's output, and reads low, on its own coarser buckets: "
+                    "a gap between 10 and 25 ms, say, is only known to be there.")
             slo_text = f"SLO P99 < {slo_ms:g} ms" if slo_ms else "best effort"
             panels.append(_series(f"{short} {p.label.upper()} ({slo_text})", queries,
                                   unit="s", line_at=slo_ms / 1000 if slo_ms else None,

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.metrics import (
     HISTOGRAMS,
@@ -329,5 +330,6 @@ def test_the_bucketed_ttft_quantile_reads_first_tokens_never_given_in_inf() -> N
     # As the rules read it: 2 of 100 never served put the P99 in +Inf (the last finite
     # edge); none, and it is the served requests' own.
     served = [0.05] * 98
-    assert latency_quantile(0.99, served) == pytest.approx(0.0499)  # inside (0.04, 0.05]
-    assert latency_quantile(0.99, served, never=2) == LATENCY_BUCKETS[-1]
+    # inside (0.046, 0.05]
+    assert latency_quantile(0.99, served) == pytest.approx(0.046 + 0.004 * 0.99)
+    assert latency_quantile(0.99, served, never=2) == TOKEN_LATENCY_BUCKETS[-1]

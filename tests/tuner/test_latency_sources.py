@@ -161,11 +161,11 @@ def test_the_windows_p99_of_every_class_together_reads_the_same_source(
 def test_every_vllm_latency_edge_up_to_the_refused_ttft_is_a_builtin_edge() -> None:
     """A query written for vLLM on its edges (an attainment read as ``le="0.25"``, a TBT
     of ``le="0.025"``) read no series on the built-in engine, whose edges lacked them."""
-    from slopilot.engine.latency_buckets import LATENCY_BUCKETS
     from slopilot.engine.sim.stats import REFUSED_TTFT_S
-    from slopilot.tuner.prometheus.latency_sources import VLLM_LATENCY_BUCKETS
+    from slopilot.tuner.prometheus.latency_sources import BUILTIN_LATENCY, VLLM_LATENCY_BUCKETS
 
-    assert LATENCY_BUCKETS[-1] == REFUSED_TTFT_S == 300.0
     for metric, edges in VLLM_LATENCY_BUCKETS.items():
-        missing = [e for e in edges if e <= REFUSED_TTFT_S and e not in LATENCY_BUCKETS]
+        builtin = BUILTIN_LATENCY.edges(metric)
+        assert builtin[-1] == REFUSED_TTFT_S == 300.0
+        missing = [e for e in edges if e <= REFUSED_TTFT_S and e not in builtin]
         assert missing == [], metric

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.engine.metrics import LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.correction import twin_error
@@ -333,8 +333,8 @@ def test_a_twin_right_about_the_plant_reads_its_p99s_as_the_plants_are_read() ->
 
     def read(samples: Any) -> float:
         xs = sorted(samples)
-        return quantile(0.99, {**{e: float(bisect_right(xs, e)) for e in LATENCY_BUCKETS},
-                               inf: float(len(xs))})
+        cumulative = {e: float(bisect_right(xs, e)) for e in TOKEN_LATENCY_BUCKETS}
+        return quantile(0.99, {**cumulative, inf: float(len(xs))})
 
     measured = window_summary(
         requests={p.label: float(stats[p].finished) for p in Priority}, throughput={},

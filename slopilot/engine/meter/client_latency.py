@@ -8,7 +8,7 @@ known bottleneck), are left out: they read low against what a client measures. T
 meter observes each streamed completion's first token at its write (from the request's
 arrival at the meter) and each token gap at the write that brought it (``ClientGaps``),
 as the built-in engine's server does (``server/responses.py``), on its bucket edges
-(``LATENCY_BUCKETS``), so the recording rules read the same figure on both backends.
+(``TOKEN_LATENCY_BUCKETS``), so the recording rules read the same figure on both backends.
 
 Observed as the pieces are written, not at the stream's end: an hour-long stream's gaps
 land in the rate windows they were seen in, and a stream cut short keeps what its client
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-from slopilot.engine.latency_buckets import LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_window import HistogramRecorder
 from slopilot.engine.request import Priority
 
@@ -36,8 +36,8 @@ class ClientLatency:
 
     def __init__(self, priority: Priority) -> None:
         self.priority = priority
-        self.ttft = HistogramRecorder(LATENCY_BUCKETS)
-        self.gaps = HistogramRecorder(LATENCY_BUCKETS)
+        self.ttft = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
+        self.gaps = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
 
     def first_token(self, seconds: float) -> None:
         """A choice's first token reached its client ``seconds`` after the request came."""

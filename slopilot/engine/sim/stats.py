@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from slopilot.engine.metrics import LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Priority, Request
 from slopilot.engine.slo import SLOJudge
@@ -223,7 +223,7 @@ def _merge(parts: Any) -> _ClassStats:
     return merged
 
 
-REFUSED_TTFT_S = LATENCY_BUCKETS[-1]
+REFUSED_TTFT_S = TOKEN_LATENCY_BUCKETS[-1]
 """A TTFT percentile that falls among the requests turned away for load: the highest
 finite edge of the engine's TTFT histogram, which is what ``histogram_quantile`` reads for
 a quantile in the +Inf bucket, where the live rules count them (``rules.py``)."""

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from slopilot.engine.latency_buckets import LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -68,16 +68,17 @@ class LatencySources:
             for hist in (source.engine, source.client):
                 if hist is not None and hist.metric == metric:
                     return hist.edges
-        return LATENCY_BUCKETS
+        return TOKEN_LATENCY_BUCKETS
 
 
-BUILTIN_LATENCY = LatencySources(ttft=LatencySource(Histogram(TTFT, LATENCY_BUCKETS)),
-                                 tbt=LatencySource(Histogram(TBT, LATENCY_BUCKETS)))
+BUILTIN_LATENCY = LatencySources(
+    ttft=LatencySource(Histogram(TTFT, TOKEN_LATENCY_BUCKETS)),
+    tbt=LatencySource(Histogram(TBT, TOKEN_LATENCY_BUCKETS)))
 """The built-in engine: its histograms, observed at its writes, are the client's."""
 
 VLLM_LATENCY = LatencySources(
     ttft=LatencySource(Histogram(TTFT, tuple(VLLM_LATENCY_BUCKETS[TTFT])),
-                       client=Histogram(CLIENT_TTFT, LATENCY_BUCKETS)),
+                       client=Histogram(CLIENT_TTFT, TOKEN_LATENCY_BUCKETS)),
     tbt=LatencySource(Histogram(TBT, tuple(VLLM_LATENCY_BUCKETS[TBT])),
-                      client=Histogram(CLIENT_TBT, LATENCY_BUCKETS)))
+                      client=Histogram(CLIENT_TBT, TOKEN_LATENCY_BUCKETS)))
 """vLLM behind the meter: the meter's client-side histograms, else vLLM's own."""

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.latency_buckets import LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
 from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
@@ -51,7 +51,7 @@ def buckets(families: dict[str, Any], name: str) -> tuple[Buckets, float]:
     assert series == {(("model_name", "llama"), ("priority_class", "p0"))}, series
     out = {math.inf if s.labels["le"] == "+Inf" else float(s.labels["le"]): s.value
            for s in family.samples if s.name == name + "_bucket"}
-    assert sorted(e for e in out if e != math.inf) == list(LATENCY_BUCKETS)
+    assert sorted(e for e in out if e != math.inf) == list(TOKEN_LATENCY_BUCKETS)
     total = next(s.value for s in family.samples if s.name == name + "_sum")
     return out, total
 
