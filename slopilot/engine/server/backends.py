@@ -43,6 +43,23 @@ class Backend:
     # max_model_len is what the KV cache holds, less than the model's context
     # (``servable_len``): the refusals say so.
     kv_limited: bool = False
+    # The ids the model has an embedding row and a logit for, where the tokenizer may
+    # hold more (tokens added to it, the model never resized); None: the tokenizer's.
+    model_vocab_size: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        """The token ids a request may name or its prompt may encode to: an id past the
+        model's rows would fail the engine itself (the embedding lookup)."""
+        if self.model_vocab_size is None:
+            return self.tokenizer.vocab_size
+        return self.model_vocab_size
+
+    @property
+    def tokenizer_exceeds_model(self) -> bool:
+        """Whether encoding text can give ids past the model's rows (only then is each
+        encoded prompt checked)."""
+        return self.tokenizer.vocab_size > self.vocab_size
 
     def close(self) -> None:
         close = getattr(self.engine.executor, "close", None)
@@ -150,6 +167,13 @@ def build_torch(config: EngineConfig, model: str, *, device: str = "cpu",
     eos = executor.eos_token_ids
     per_token = max_token_bytes_of(getattr(executor.tokenizer, "tokenizer", None))
     limit = servable_len(executor.max_model_len, executor.num_gpu_blocks, config.block_size)
+    model_vocab = executor.config.vocab_size
+    extra = executor.tokenizer.vocab_size - model_vocab
+    if extra > 0:
+        logging.getLogger("slopilot.serve").warning(
+            "the tokenizer holds %d token ids past the model's vocabulary of %d (tokens "
+            "added to the tokenizer, the model not resized): a prompt that encodes to one "
+            "of them is refused (400)", extra, model_vocab)
     return Backend(engine, executor.tokenizer, name, limit, metrics,
                    observer, eos_token_ids=tuple(eos), info=info, max_token_bytes=per_token,
-                   kv_limited=limit < executor.max_model_len)
+                   kv_limited=limit < executor.max_model_len, model_vocab_size=model_vocab)

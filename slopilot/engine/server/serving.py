@@ -124,13 +124,17 @@ def _prompts(backend: Backend, body: CompletionRequest | ChatCompletionRequest
             raise APIError(400, str(exc), param="messages") from None
         # On the rendered text: a template may drop messages or add to them.
         _check_text_fits(backend, text, "messages")
-        return [Prompt(tok.encode(text, add_special_tokens=False), None)]
+        ids = tok.encode(text, add_special_tokens=False)
+        _check_encoded_ids(backend, ids, "messages")
+        return [Prompt(ids, None)]
     out = []
-    vocab = tok.vocab_size
+    vocab = backend.vocab_size
     for prompt in body.prompts:
         if isinstance(prompt, str):
             _check_text_fits(backend, prompt, "prompt")
-            out.append(Prompt(tok.encode(prompt), prompt))
+            ids = tok.encode(prompt)
+            _check_encoded_ids(backend, ids, "prompt")
+            out.append(Prompt(ids, prompt))
             continue
         bad = next((t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
@@ -138,6 +142,21 @@ def _prompts(backend: Backend, body: CompletionRequest | ChatCompletionRequest
                            param="prompt")
         out.append(Prompt(list(prompt), tok.decode(prompt) if body.echo else None))
     return out
+
+
+def _check_encoded_ids(backend: Backend, ids: list[int], param: str) -> None:
+    """Refuse a text whose tokens include one the model has no row for: a token added
+    to the tokenizer and not to the model (its text, typed into a prompt, encodes to
+    it). Fed to the engine, it failed the engine for every request."""
+    if not backend.tokenizer_exceeds_model:
+        return
+    vocab = backend.vocab_size
+    bad = next((t for t in ids if t >= vocab), None)
+    if bad is not None:
+        text = backend.tokenizer.decode([bad], skip_special_tokens=False)
+        raise APIError(400, f"the {param} encodes to token id {bad} ({text!r}), which "
+                       f"this model has no embedding for: its vocabulary is [0, {vocab}), "
+                       "the tokenizer's is larger; remove that text", param=param)
 
 
 def context_of(backend: Backend) -> str:
@@ -215,7 +234,7 @@ def _logprobs(body: CompletionRequest | ChatCompletionRequest) -> int | None:
 def _sampling(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
               max_tokens: int, seed: int | None) -> SamplingParams:
     eos = backend.eos_token_ids
-    vocab = backend.tokenizer.vocab_size
+    vocab = backend.vocab_size
     bias = body.bias
     bad = next((t for t, _ in bias if t >= vocab), None)
     if bad is not None:
