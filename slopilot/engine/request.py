@@ -32,8 +32,11 @@ class Priority(enum.IntEnum):
         text = str(aliases.get(text, text)).removeprefix("p")
         if text in ("0", "1", "2"):
             return cls(int(text))
+        # Cut short: a client's value of megabytes is not worth writing back whole.
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:40] + "..."
         raise ValueError(
-            f"priority {value!r} is not a class; use 0, 1, 2, p0, p1, p2, "
+            f"priority {shown} is not a class; use 0, 1, 2, p0, p1, p2, "
             "realtime, standard or batch")
 
 

@@ -139,6 +139,16 @@ class _GenerationFields(_NullIsDefault):
             raise UnencodableText(path or "the body")
         return data
 
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority_not_bool(cls, value: Any) -> Any:
+        # pydantic reads JSON's true and false as 1 and 0 for an int, and 0 is P0, the
+        # most urgent class: a client sending "priority": false meant anything but that.
+        if isinstance(value, bool):
+            raise ValueError(f"{str(value).lower()} is not a class; use 0, 1, 2, p0, p1, "
+                             "p2, realtime, standard or batch")
+        return value
+
     @field_validator("stop")
     @classmethod
     def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:

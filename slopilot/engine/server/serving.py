@@ -285,7 +285,8 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     None: the class is the client's to name."""
     chat = isinstance(body, ChatCompletionRequest)
     if body.model is not None and body.model != backend.served_model_name:
-        raise APIError(404, f"model {body.model!r} is not served here; this server serves "
+        shown = body.model if len(body.model) <= 80 else body.model[:80] + "..."
+        raise APIError(404, f"model {shown!r} is not served here; this server serves "
                        f"{backend.served_model_name!r}", param="model",
                        code="model_not_found")
     priority, served = _priority(body.priority, headers, clients)

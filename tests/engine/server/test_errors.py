@@ -43,6 +43,9 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     ({"prompt": "hi", "n": 17}, "n", "less than or equal to 16"),
     ({"prompt": ["a", "b", "c"], "n": 6}, None, "at most 16 choices"),
     ({"prompt": "hi", "priority": "urgent"}, "priority", "not a class"),
+    # JSON's booleans read as 1 and 0: false was served as P0, the most urgent class.
+    ({"prompt": "hi", "priority": False}, "priority", "false is not a class"),
+    ({"prompt": "hi", "priority": True}, "priority", "true is not a class"),
     ({"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal"),
     ({"prompt": "hi", "top_p": 0}, "top_p", "greater than"),
@@ -149,6 +152,22 @@ def test_a_field_of_several_types_is_named_as_sent(sim_server: LiveServer, path:
     err = _error(_post(sim_server, body, path), 400)
     assert err["param"] == param
     assert err["message"].startswith(f"{param}: ") and words in err["message"]
+
+
+@pytest.mark.parametrize(("body", "headers", "status"), [
+    ({"prompt": "hi", "priority": "x" * 100_000}, {}, 400),
+    ({"prompt": "hi", "priority": 10**5000 // 10**4000}, {}, 400),
+    ({"prompt": "hi"}, {"x-slopilot-priority": "x" * 8000}, 400),
+    ({"prompt": "hi", "model": "m" * 100_000}, {}, 404),
+])
+def test_an_error_shows_a_long_value_cut_short(sim_server: LiveServer, body: dict[str, Any],
+                                               headers: dict[str, str], status: int) -> None:
+    """An error names the value it refuses, but a value of megabytes was written back
+    whole (the body cap allows 16 MiB): bytes the client sent, echoed and encoded again
+    for nothing."""
+    err = _error(_post(sim_server, body, headers=headers), status)
+    assert len(err["message"]) < 400, len(err["message"])
+    assert "..." in err["message"]
 
 
 def test_unknown_model_and_route(sim_server: LiveServer) -> None:
