@@ -56,6 +56,11 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     ({"prompt": [1, 10**9]}, "prompt", "outside the vocabulary"),
     ({"prompt": [-1]}, "prompt", "outside the vocabulary"),
     ({"prompt": "hi", "stop": ["ok", ""]}, "stop", "empty"),
+    # Each stop string is searched for at every token of every choice, at a cost that
+    # grows with its length: 16 of 16,000 characters and n=16 (a 256 KiB body) held the
+    # event loop, every stream on the server, for seconds.
+    ({"prompt": "hi", "stop": "x" * 1025}, "stop", "at most 1024 characters"),
+    ({"prompt": "hi", "stop": ["ok", "x" * 16_000]}, "stop", "at most 1024 characters"),
     ({"prompt": "hi", "suffix": "x"}, None, "suffix"),
     ({"prompt": "hi", "logprobs": 21}, "logprobs", "less than or equal to 20"),
     ({"prompt": "hi", "presence_penalty": 3}, "presence_penalty", "less than or equal"),
