@@ -76,6 +76,22 @@ def _not_json(content_type: str | None) -> str:
             f"{shown}); with curl, add -H 'Content-Type: application/json'")
 
 
+def _unparsable(exc: BaseException | None) -> str | None:
+    """Why Python's JSON reader gave up on a body, where FastAPI says only "There was an
+    error parsing the body" (it keeps the reader's exception as the cause)."""
+    if isinstance(exc, RecursionError):
+        return ("the request body is not valid JSON here: it is nested too deeply to read "
+                "(no field of this API nests more than a few levels); send it flat")
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"the request body is not UTF-8 (an invalid byte at offset {exc.start}); "
+                "send the JSON encoded as UTF-8")
+    if isinstance(exc, ValueError) and "digits" in str(exc):
+        # Python reads no integer of over 4300 digits (its int_max_str_digits).
+        return ("a number in the request body has too many digits to read (at most "
+                "4300); no field of this API takes one near that long")
+    return None
+
+
 def validation_response(exc: RequestValidationError, content_type: str | None = None
                         ) -> JSONResponse:
     """The OpenAI-shaped 400 for a body that did not validate. ``content_type``: the
@@ -120,7 +136,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)),
+        why = _unparsable(exc.__cause__) if exc.status_code == 400 else None
+        return JSONResponse(error_body(exc.status_code, why or str(exc.detail)),
                             status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)

@@ -63,6 +63,23 @@ def test_invalid_utf8_bytes_are_a_400(sim_server: LiveServer) -> None:
     assert res.status_code == 400 and res.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"prompt": "hi", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+    (b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}", "digits"),
+    (b'{"prompt": "\xff\xfe"}', "UTF-8"),
+])
+def test_a_body_the_json_reader_gives_up_on_says_why(sim_server: LiveServer, body: bytes,
+                                                      words: str) -> None:
+    """Python's JSON reader raises on these before any field is read, and the answer
+    was FastAPI's "There was an error parsing the body": no word of what to change."""
+    res = httpx.post(sim_server.url + "/v1/completions", content=body, timeout=HANG_GUARD_S,
+                     headers={"content-type": "application/json"})
+    assert res.status_code == 400, res.text
+    err = res.json()["error"]
+    assert words in err["message"], err
+    assert err["type"] == "invalid_request_error"
+
+
 class _Tokenizer:
     """The real tokenizer, with hooks on prompts that carry a marker word."""
 
