@@ -101,6 +101,11 @@ def validation_response(exc: RequestValidationError, content_type: str | None = 
     if not (media == "application/json" or media.endswith("+json")) and any(
             tuple(e.get("loc", ())) == ("body",) for e in errors):
         return JSONResponse(error_body(400, _not_json(content_type)), status_code=400)
+    if any(tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing"
+           for e in errors):
+        return JSONResponse(error_body(400, "the request body is empty: send the request's "
+                                       "fields as a JSON object (with curl, -d '{...}')"),
+                            status_code=400)
     first: dict[str, Any] = {"loc": (), "msg": "invalid request"}
     path: tuple[Any, ...] = ()
     if errors:

@@ -80,6 +80,16 @@ def test_a_body_the_json_reader_gives_up_on_says_why(sim_server: LiveServer, bod
     assert err["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_an_empty_body_is_told_so(sim_server: LiveServer, path: str) -> None:
+    # `curl -X POST` without -d, or an HTTP/1.0 body without a length (none is read):
+    # the answer was "Field required" naming no field.
+    res = httpx.post(sim_server.url + path, content=b"", timeout=HANG_GUARD_S,
+                     headers={"content-type": "application/json"})
+    assert res.status_code == 400, res.text
+    assert "body is empty" in res.json()["error"]["message"]
+
+
 class _Tokenizer:
     """The real tokenizer, with hooks on prompts that carry a marker word."""
 
