@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from slopilot.engine.server.errors import APIError, error_body
-from slopilot.engine.server.protocol import UnencodableText
+from slopilot.engine.server.protocol import FieldError
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def validation_response(exc: RequestValidationError, content_type: str | None = 
         first, path = _closest(errors, exc.body)
     ctx = first.get("ctx")
     cause = ctx.get("error") if isinstance(ctx, dict) else None
-    if isinstance(cause, UnencodableText):
+    if isinstance(cause, FieldError):
         return JSONResponse(error_body(400, str(cause), param=cause.path or None),
                             status_code=400)
     if first.get("type") == "json_invalid":

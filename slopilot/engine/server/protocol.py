@@ -2,17 +2,22 @@
 
 Fields follow the OpenAI API; ``top_k``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``repetition_penalty``, ``cache_salt`` and ``priority`` are
-extensions vLLM users know. Fields the engine cannot honour (tools, suffix) are refused
-with a 400, so a client never silently gets something other than what it asked for.
+extensions vLLM users know. Fields the engine cannot honour (tools, suffix, and those
+of vLLM's and OpenAI's in ``unhonoured_fields.py``) are refused with a 400 when they ask
+for anything, so a client never silently gets something other than what it asked for.
 Every string must be valid UTF-8: a lone surrogate escape is a 400 naming its field.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from slopilot.engine.server import unhonoured_fields
 
 MAX_STOP_STRINGS = 16
 # Every stop string is searched for at each token of each choice, on the event loop, for
@@ -26,13 +31,33 @@ MAX_TOKEN_ID_DIGITS = 10
 _TOKEN_KEY = re.compile(f"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}")
 
 
-class UnencodableText(ValueError):
+class FieldError(ValueError):
+    """A refusal raised before the fields are parsed, naming the field at ``path``
+    (the error handler makes it the error's ``param``)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class UnencodableText(FieldError):
     """A string in the body that has no UTF-8 form (a lone surrogate such as \\ud800)."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(f"{path} holds a lone surrogate (an unpaired \\ud800-\\udfff "
-                         "escape), which is not text: send valid UTF-8")
-        self.path = path
+        super().__init__(path, f"{path} holds a lone surrogate (an unpaired "
+                         "\\ud800-\\udfff escape), which is not text: send valid UTF-8")
+
+
+class UnhonouredField(FieldError):
+    """A field other servers honour and this one cannot, set to ask for something."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:40] + "..."
+        super().__init__(name, f"{name}: this server cannot honour {name}={shown}, and "
+                         "serving the request without it would answer something other "
+                         "than what was asked: leave it out, or send it to a server that "
+                         "supports it")
 
 
 def _first_unencodable(value: Any, path: str) -> str | None:
@@ -134,6 +159,9 @@ class _GenerationFields(_NullIsDefault):
         None, min_length=1, max_length=256, description="Prefix-cache blocks are shared "
         "only between requests with the same salt (extension, as in vLLM)")
 
+    # Fields other servers honour and this one cannot (unhonoured_fields.py), per route.
+    _unhonoured: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
+
     @model_validator(mode="before")
     @classmethod
     def _utf8_only(cls, data: Any) -> Any:
@@ -141,6 +169,10 @@ class _GenerationFields(_NullIsDefault):
         path = _first_unencodable(data, "")
         if path is not None:
             raise UnencodableText(path or "the body")
+        if isinstance(data, dict):
+            found = unhonoured_fields.first_unhonoured(data, cls._unhonoured)
+            if found is not None:
+                raise UnhonouredField(*found)
         return data
 
     @field_validator("priority", mode="before")
@@ -210,6 +242,8 @@ class _GenerationFields(_NullIsDefault):
 
 
 class CompletionRequest(_GenerationFields):
+    _unhonoured = unhonoured_fields.COMPLETIONS
+
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
         ..., description="Text or token ids; a list of them is a batch, one choice set "
         "per prompt")
@@ -273,6 +307,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_GenerationFields):
+    _unhonoured = unhonoured_fields.CHAT
+
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
