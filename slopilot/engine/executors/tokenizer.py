@@ -91,19 +91,54 @@ class TextTokenizer:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
-                            add_generation_prompt: bool = True) -> str:
-        """Render a chat as the prompt text the model was trained on."""
+                            add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """Render a chat as the prompt text the model was trained on.
+
+        ``template_kwargs`` (a request's ``chat_template_kwargs``) are the template's own
+        variables, such as Qwen3's ``enable_thinking``; one it does not read changes
+        nothing. ``continue_final_message``: the text ends where the final message's does
+        (no end-of-turn after it), for the model to go on with it (transformers' rule)."""
         if self.chat_template is None:
             raise TokenizerError(
                 "this model has no chat template (neither chat_template.jinja nor a "
                 "chat_template entry in tokenizer_config.json); use plain completions")
+        given = dict(template_kwargs or {})
+        taken = sorted(RENDER_VARIABLES & given.keys())
+        if taken:
+            raise TokenizerError(f"chat_template_kwargs.{taken[0]}: the server gives the "
+                                 "template this variable itself; leave it out")
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
         env.globals["raise_exception"] = _raise
         try:
-            return env.from_string(self.chat_template).render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt,
+            text = env.from_string(self.chat_template).render(
+                **given, messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except TemplateError as exc:
             raise TokenizerError(f"the chat template refused the messages: {exc}") from exc
+        if continue_final_message:
+            return _continued(text, messages[-1].get("content") if messages else None)
+        return text
+
+
+RENDER_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token",
+                              "raise_exception", "continue_final_message", "tools",
+                              "documents", "chat_template", "tokenize"})
+"""What the server gives a chat template (or refuses, as ``tools``): a request's
+``chat_template_kwargs`` may not replace them (a kwarg named ``messages`` would render
+another conversation than the one judged for length and logged)."""
+
+
+def _continued(text: str, final: Any) -> str:
+    """``text`` cut where the final message's content ends in it, as transformers cuts it
+    (the last place the stripped content occurs)."""
+    content = final.strip() if isinstance(final, str) else ""
+    at = text.rfind(content) if content else -1
+    if at < 0:
+        raise TokenizerError("the final message cannot be continued: the chat template "
+                             "does not write its text as given (or it is empty)")
+    return text[:at + len(content)]

@@ -32,8 +32,11 @@ class PlaceholderTokenizer:
         return " ".join(self.word for _ in ids)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            template_kwargs: Mapping[str, Any] | None = None) -> str:
+        # No template, so no variables to read; the last line is the final message's end.
         lines = [f"{m.get('role', 'user')}: {m.get('content') or ''}" for m in messages]
-        if add_generation_prompt:
+        if add_generation_prompt and not continue_final_message:
             lines.append("assistant:")
         return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from slopilot.engine.executors.tokenizer import RENDER_VARIABLES
 from slopilot.engine.server import unhonoured_fields
 
 MAX_STOP_STRINGS = 16
@@ -315,11 +316,33 @@ class ChatCompletionRequest(_GenerationFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = Field(True, description="End the prompt with the "
+                                        "template's start of an assistant turn (vLLM's)")
+    continue_final_message: bool = Field(False, description="End the prompt where the "
+                                         "final message's text ends, for the model to go "
+                                         "on with it (vLLM's; needs add_generation_prompt "
+                                         "false)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Variables for the chat template, such as enable_thinking "
+        "(vLLM's); one the template does not read changes nothing")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_the_servers_own(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(RENDER_VARIABLES & (kwargs or {}).keys())
+        if taken:
+            raise FieldError("chat_template_kwargs", f"chat_template_kwargs.{taken[0]}: the "
+                             "server gives the template this variable itself; leave it out")
+        return kwargs
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:
         if self.tools:
             raise ValueError("tools are not supported")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError("continue_final_message", "continue_final_message: the final "
+                             "message cannot be continued after a generation prompt: set "
+                             "add_generation_prompt to false with it")
         if self.response_format not in (None, {"type": "text"}):
             raise ValueError("response_format: only {\"type\": \"text\"} is supported")
         if self.top_logprobs and not self.logprobs:

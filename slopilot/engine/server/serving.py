@@ -119,9 +119,14 @@ def _prompts(backend: Backend, body: CompletionRequest | ChatCompletionRequest
     if isinstance(body, ChatCompletionRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            text = tok.apply_chat_template(messages)
+            text = tok.apply_chat_template(
+                messages, add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                template_kwargs=body.chat_template_kwargs)
         except ValueError as exc:  # TokenizerError: no template, or it refused
-            raise APIError(400, str(exc), param="messages") from None
+            param = ("chat_template_kwargs" if str(exc).startswith("chat_template_kwargs.")
+                     else "messages")
+            raise APIError(400, str(exc), param=param) from None
         # On the rendered text: a template may drop messages or add to them.
         _check_text_fits(backend, text, "messages")
         ids = tok.encode(text, add_special_tokens=False)

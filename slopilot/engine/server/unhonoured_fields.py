@@ -51,11 +51,8 @@ CHAT: Mapping[str, tuple[Any, ...]] = {
     "function_call": (None, "none", "auto"),
     "tool_choice": (None, "none", "auto"),  # without tools, auto chooses none
     "echo": (None, False),  # vLLM's: the last message in front of the answer
-    "add_generation_prompt": (None, True),
-    "continue_final_message": (None, False),
     "add_special_tokens": (None, False),  # the template's text is encoded without them
     "chat_template": _UNSET,
-    "chat_template_kwargs": _UNSET,
     "documents": _UNSET,
     "modalities": (None, ["text"]),
     "audio": _UNSET,

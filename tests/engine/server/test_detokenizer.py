@@ -22,8 +22,8 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return bytes(ids).decode(errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
-                            add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            **how: Any) -> str:
         return ""
 
 

@@ -116,10 +116,9 @@ class _Tokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
-                            add_generation_prompt: bool = True) -> str:
-        return self.inner.apply_chat_template(messages,
-                                              add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            **how: Any) -> str:
+        return self.inner.apply_chat_template(messages, **how)
 
 
 @pytest.fixture

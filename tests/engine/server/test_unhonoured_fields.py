@@ -37,9 +37,6 @@ def _post(srv: LiveServer, chat: bool, extra: dict[str, Any]) -> httpx.Response:
     (False, {"prompt_logprobs": 1}),
     (True, {"functions": [{"name": "f", "parameters": {}}]}),
     (True, {"tool_choice": "required"}),
-    (True, {"add_generation_prompt": False}),
-    (True, {"continue_final_message": True}),
-    (True, {"chat_template_kwargs": {"enable_thinking": False}}),
     (True, {"guided_regex": "[ab]+"}),
     (True, {"skip_special_tokens": False}),
 ])
@@ -68,3 +65,33 @@ def test_a_default_value_of_such_a_field_asks_for_nothing_and_is_served(
         sim_server: LiveServer, chat: bool, extra: dict[str, Any]) -> None:
     res = _post(sim_server, chat, extra)
     assert res.status_code == 200, res.text
+
+
+@pytest.mark.parametrize("extra", [
+    {"add_generation_prompt": False},
+    {"add_generation_prompt": False, "continue_final_message": True},
+    {"chat_template_kwargs": {"enable_thinking": False}},
+])
+def test_what_the_chat_template_is_rendered_with_is_honoured(
+        sim_server: LiveServer, extra: dict[str, Any]) -> None:
+    """vLLM's rendering fields: the template's own switches (Qwen3's ``enable_thinking``),
+    no generation prompt, a final message continued (tests/engine/test_chat_template.py
+    has what each renders)."""
+    res = _post(sim_server, True, extra)
+    assert res.status_code == 200, res.text
+
+
+@pytest.mark.parametrize(("extra", "param", "words"), [
+    ({"continue_final_message": True}, "continue_final_message",
+     "set add_generation_prompt to false"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs",
+     "chat_template_kwargs.messages"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs",
+     "valid dictionary"),
+])
+def test_a_rendering_that_cannot_be_is_a_400_naming_its_field(
+        sim_server: LiveServer, extra: dict[str, Any], param: str, words: str) -> None:
+    res = _post(sim_server, True, extra)
+    assert res.status_code == 400, res.text
+    err = res.json()["error"]
+    assert err["param"] == param and words in err["message"], err
