@@ -79,7 +79,9 @@ def register(subparsers: Any) -> None:
                         "running operator to end each, then end the rest here (their "
                         "studies deleted where this process's SLOPILOT_ALLOWED_STORAGE "
                         "reaches them, the operator's finalizer released), so that none "
-                        "stays Terminating; then delete the operator and the CRD")
+                        "stays Terminating; then delete the operator and the CRD. It asks "
+                        "the API server first and changes nothing where you may not do "
+                        "all of it (bind the ClusterRole slopilot-uninstaller)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="uninstall: how long a running operator is given to end the "
                         "CRs (default 120; 0 when no operator runs)")
@@ -157,11 +159,13 @@ def _reclaim(namespaces: list[str] | None) -> None:
 
 
 def run_uninstall(args: argparse.Namespace) -> int:
-    """``slopilot operator uninstall``: 0 once no LLMDeployment in scope holds the
-    operator's finalizer, 1 where one could not be released."""
+    """``slopilot operator uninstall``: 0 once every LLMDeployment in scope is deleted and
+    holds no finalizer of the operator's; 1 where the caller may not do all of it
+    (nothing changed), or where a CR could not be deleted or released (each named, with
+    what was left: the command run again finishes the job)."""
     from slopilot.operator.kubeapi import Kube, load_client
     from slopilot.operator.settings import operator_policy
-    from slopilot.operator.uninstall import uninstall
+    from slopilot.operator.uninstall import UninstallRefused, uninstall
 
     if args.timeout < 0:
         raise SystemExit(f"slopilot operator uninstall: --timeout {args.timeout} is "
@@ -170,18 +174,22 @@ def run_uninstall(args: argparse.Namespace) -> int:
         policy = operator_policy()
     except ValueError as exc:
         raise SystemExit(f"slopilot operator uninstall: {exc}") from None
-    done = uninstall(Kube(load_client()), policy,
-                     namespaces=None if args.all_namespaces else args.namespace,
-                     timeout_s=args.timeout)
+    try:
+        done = uninstall(Kube(load_client()), policy,
+                         namespaces=None if args.all_namespaces else args.namespace,
+                         timeout_s=args.timeout)
+    except UninstallRefused as exc:
+        print(exc, file=sys.stderr)
+        return 1
     for key in done.ended_by_operator:
         print(f"{key}: ended by the operator")
     for key in done.released:
         print(f"{key}: ended here (no operator ended it in {args.timeout:g} s)")
     for line in done.studies_left:
         print(f"study left (the operator's next start reclaims it): {line}")
-    for key in done.stuck:
-        print(f"{key}: the operator's finalizer could not be released", file=sys.stderr)
-    return 1 if done.stuck else 0
+    for line in (*done.not_deleted, *done.stuck):
+        print(line, file=sys.stderr)
+    return 1 if done.stuck or done.not_deleted else 0
 
 
 def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:

@@ -21,6 +21,9 @@ and replaces the state changes with apiserver rules:
 - names, labels, replica counts and resource quantities are checked as the apiserver
   checks them (kube_validation.py), so an object a cluster would refuse is refused here,
   and resource quantities are stored in its canonical form ("1" for 1, "500m" for 0.5);
+- RBAC for callers restricted by token (``restrict``, kube_authz.py): a call no rule
+  allows is 403 ``Forbidden``, and a ``SelfSubjectAccessReview`` is answered from the
+  same rules (every other token is unrestricted, as the tests' admin client);
 - ``fail(...)``: the next matching writes fail with a given status before they apply
   (a lost connection, an overloaded apiserver), for tests of what a client does then;
 - what kubectl needs (kube_openapi.py): OpenAPI v2 and v3 discovery, server-side tables
@@ -55,6 +58,7 @@ from tests.support.crd_schema import (
     served_schema,
 )
 from tests.support.kmock_fixes import Fault, route
+from tests.support.kube_authz import Rule, allows, attributes, forbidden, is_access_review, review
 from tests.support.kube_validation import object_problems, store_quantities
 
 CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -81,6 +85,8 @@ class KubeEmulator(KubernetesEmulator):
     # Every watch opened: (plural, its labelSelector or None), for tests of what a client
     # asks the API server to stream.
     watches: list[tuple[str, str | None]] = attrs.field(factory=list, init=False)
+    # Callers limited by RBAC (kube_authz.py): bearer token -> (user name, rules).
+    _restricted: dict[str, tuple[str, list[Rule]]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -97,7 +103,25 @@ class KubeEmulator(KubernetesEmulator):
 
     # --- requests ------------------------------------------------------------------------
 
+    def restrict(self, token: str, user: str, rules: list[Rule]) -> None:
+        """Calls bearing ``token`` are ``user``'s, allowed only what ``rules`` grant."""
+        self._restricted[token] = (user, list(rules))
+
+    def _authorize(self, request: Request) -> aiohttp.web.StreamResponse | None:
+        """An access review's answer, or None; raises 403 for a call not granted."""
+        token = (request.headers.get("Authorization") or "").removeprefix("Bearer ")
+        caller = self._restricted.get(token)
+        if is_access_review(request):
+            return aiohttp.web.json_response(
+                review(None if caller is None else caller[1], request.data), status=201)
+        call = attributes(request)
+        if caller is not None and call is not None and not allows(caller[1], call):
+            raise forbidden(caller[0], call)
+        return None
+
     async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
+        if (answer := self._authorize(request)) is not None:
+            return answer
         try:
             if request.resource is not None and request.resource.plural:
                 async with self._changed:

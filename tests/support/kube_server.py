@@ -41,17 +41,22 @@ class RunningEmulator:
     def install(self, *bodies: Mapping[str, Any]) -> list[dict[str, Any]]:
         return self.call(self.emulator.install(*bodies))
 
+    def kubeconfig_as(self, token: str, path: Path) -> Path:
+        """A kubeconfig whose calls bear ``token`` (``emulator.restrict`` limits them)."""
+        return write_kubeconfig(path, self.url, token=token)
+
     def api_client(self) -> kubernetes.client.ApiClient:
         """A fresh official client configured from the kubeconfig file (close it after use)."""
         return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
-def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
+def write_kubeconfig(path: Path, url: str, namespace: str = "default", *,
+                     token: str = "emulator-token") -> Path:
     config = {
         "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
         "clusters": [{"name": "emulator", "cluster": {"server": url}}],
         # A token so that clients which insist on credentials (kopf's login) find some.
-        "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+        "users": [{"name": "emulator", "user": {"token": token}}],
         "contexts": [{"name": "emulator", "context": {
             "cluster": "emulator", "user": "emulator", "namespace": namespace}}],
     }
