@@ -153,9 +153,14 @@ def _reclaim(namespaces: list[str] | None) -> None:
     from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
 
     try:
-        reclaim_orphaned_studies(Kube(load_client()), operator_policy(), serving(namespaces))
+        done = reclaim_orphaned_studies(Kube(load_client()), operator_policy(),
+                                        serving(namespaces))
     except Exception:  # a leak kept until the next start, never a reason not to run
         log.exception("slopilot operator: orphaned studies not reclaimed")
+        return
+    log.info("slopilot operator: %d orphaned studies reclaimed, %d storages or record "
+             "entries skipped (each logged above), %d record entries dropped",
+             len(done.deleted), len(done.skipped), len(done.forgotten))
 
 
 def run_uninstall(args: argparse.Namespace) -> int:

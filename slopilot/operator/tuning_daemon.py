@@ -82,6 +82,7 @@ from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import replacing, write_status
 from slopilot.operator.study_cleanup import delete_studies, with_storage
+from slopilot.operator.study_ledger import LEDGER, record
 from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.twin_profile import TwinChoice
@@ -237,6 +238,14 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     if state is not None:
         rebase_episode(state, body)
     meta = body["metadata"]
+    try:  # before the study is opened: every study the operator makes is on record
+        record(kube, policy.operator_namespace, meta["namespace"], spec.tuning.storage)
+    except Exception as exc:  # an API error or a dropped connection: built at a next step
+        raise ControllerError(
+            f"spec.tuning.storage: not put on the operator's record of study storages "
+            f"(ConfigMap {policy.operator_namespace}/{LEDGER}, which the reclaim of "
+            f"studies left by deleted CRs reads): {type(exc).__name__}: {exc}; the study "
+            "is opened once it is") from None
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
                         controller_settings(spec, meta["namespace"], meta["name"]), state,
                         policy.study_storage(spec), uid=str(meta.get("uid", "")),

@@ -182,7 +182,8 @@ def monitoring_crds() -> list[dict[str, Any]]:
 
 
 def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
-                *, factory: Any = None, policy: OperatorPolicy | None = None) -> Any:
+                *, factory: Any = None, policy: OperatorPolicy | None = None,
+                namespace: str = NS) -> Any:
     """The CR's daemon, stepped here (its events, which need kopf's context, dropped);
     its controllers from ``factory`` (default: standins.build_controller)."""
     import logging
@@ -193,7 +194,7 @@ def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.Monk
     from tests.operator.standins import build_controller
 
     monkeypatch.setattr(tuning_daemon, "post_decision", lambda *a, **kw: None)
-    return DeploymentLoop(cluster.kube, NS, body["metadata"]["name"],
+    return DeploymentLoop(cluster.kube, namespace, body["metadata"]["name"],
                           str(body["metadata"]["uid"]), mint=operator_mint(cluster),
                           policy=policy or OperatorPolicy(),
                           factory=factory or build_controller,

@@ -117,16 +117,46 @@ def test_the_only_secrets_the_operator_may_touch_are_in_its_own_namespace() -> N
     from slopilot.operator.tokens import KEY_SECRET
 
     assert not [r for r in rules() if "secrets" in r["resources"]]
-    roles = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "Role"]
-    assert [(r["metadata"]["namespace"], r["rules"]) for r in roles] == [
-        (DEFAULT_OPERATOR_NAMESPACE, [
+    roles = {r["metadata"]["name"]: r for r in docs(MANIFESTS / "rbac.yaml")
+             if r["kind"] == "Role"}
+    role = roles["slopilot-operator-token-key"]
+    assert (role["metadata"]["namespace"], role["rules"]) == (
+        DEFAULT_OPERATOR_NAMESPACE, [
             {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [KEY_SECRET],
              "verbs": ["get"]},
             # The key, at first start (RBAC cannot narrow create by name).
-            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}])]
-    (binding,) = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "RoleBinding"]
-    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
-    assert binding["metadata"]["namespace"] == DEFAULT_OPERATOR_NAMESPACE
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}])
+    assert not [r for other in roles.values() if other is not role for r in other["rules"]
+                if "secrets" in r["resources"]]
+    bound_roles(roles)
+
+
+def bound_roles(roles: dict[str, dict[str, Any]]) -> None:
+    """Each Role is bound, in its own namespace, to the operator's account, and only it."""
+    from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+
+    bindings = {b["roleRef"]["name"]: b for b in docs(MANIFESTS / "rbac.yaml")
+                if b["kind"] == "RoleBinding"}
+    assert sorted(bindings) == sorted(roles)
+    for name, binding in bindings.items():
+        assert binding["metadata"]["namespace"] == roles[name]["metadata"]["namespace"] \
+            == DEFAULT_OPERATOR_NAMESPACE
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "slopilot-operator",
+                                        "namespace": DEFAULT_OPERATOR_NAMESPACE}]
+
+
+def test_the_record_of_study_storages_is_the_one_configmap_of_its_own_namespace() -> None:
+    """A namespaced install binds the ClusterRole in the served namespaces only: without
+    this Role the operator could not record where it opens studies, and opens none."""
+    from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+    from slopilot.operator.study_ledger import LEDGER
+
+    (role,) = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "Role"
+               and d["metadata"]["name"] == "slopilot-operator-study-ledger"]
+    assert (role["metadata"]["namespace"], role["rules"]) == (DEFAULT_OPERATOR_NAMESPACE, [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [LEDGER],
+         "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}])
 
 
 def test_rbac_binds_the_operator_service_account() -> None:

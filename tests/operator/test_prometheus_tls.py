@@ -105,10 +105,18 @@ def test_a_refused_certificate_names_the_variable_the_operator_reads() -> None:
 
 
 class NoDeploymentYet:
-    """The cluster before the reconcile made the CR's Deployment: nothing to refuse."""
+    """The cluster before the reconcile made the CR's Deployment: nothing to refuse, and
+    the build's one write (its record of the study's storage, study_ledger.py) taken."""
+
+    def __init__(self) -> None:
+        self.created: list[Any] = []
 
     def get(self, *args: Any) -> None:
         return None
+
+    def create(self, *args: Any) -> dict[str, Any]:
+        self.created.append(args[-1])
+        return dict(args[-1])
 
 
 def cr(url: str, tmp_path: Path, **prometheus: Any) -> dict[str, Any]:

@@ -123,7 +123,7 @@ def test_uninstall_names_a_study_it_could_not_delete(
     assert cluster.kube.get(API_VERSION, PLURAL, NS, "chat") is None
     left = names(storage)
     assert len(left) == 1  # left, for the operator's next start
-    assert reclaim_orphaned_studies(cluster.kube, policy, serving([NS])) == left
+    assert reclaim_orphaned_studies(cluster.kube, policy, serving([NS])).deleted == left
     assert names(storage) == []
 
 
@@ -147,7 +147,7 @@ def test_orphaned_studies_are_reclaimed_by_uid_never_a_live_crs(
     open_study(storage, "my-offline-tune")  # `slopilot tune`'s, named by its user
     assert len(names(storage)) == 5
 
-    deleted = reclaim_orphaned_studies(cluster.kube, policy, serving([NS, "team-*"]))
+    deleted = reclaim_orphaned_studies(cluster.kube, policy, serving([NS, "team-*"])).deleted
     # team-c matches team-* but holds no CR of that uid: it goes too, as served.
     assert sorted(deleted) == sorted([study_name(NS, "chat", gone["metadata"]["uid"]),
                                       unserved])
@@ -165,14 +165,14 @@ def test_a_namespace_not_served_or_not_listed_keeps_its_studies(
     mine = study_name(NS, "chat", "1b3c6d3e-1f2a-4b5c-8d9e-0f1a2b3c4d5e")
     open_study(storage, orphan)
     open_study(storage, mine)
-    assert reclaim_orphaned_studies(cluster.kube, policy, serving([NS])) == [mine]
+    assert reclaim_orphaned_studies(cluster.kube, policy, serving([NS])).deleted == [mine]
     assert names(storage) == [orphan]
 
     def refused(*_a: Any, **_kw: Any) -> Any:
         raise RuntimeError("403 Forbidden")
 
     monkeypatch.setattr(cluster.kube, "list", refused)
-    assert reclaim_orphaned_studies(cluster.kube, policy, serving(None)) == []
+    assert reclaim_orphaned_studies(cluster.kube, policy, serving(None)).deleted == []
     assert names(storage) == [orphan]
 
 
