@@ -15,9 +15,11 @@ last message back so, before the first token. A choice that finished (its finish
 reason) is judged; one cut short (the client left, the engine's answer broke off, or
 the engine failed it: vLLM writes an exception inside a stream it answered 200 as one
 ``data: {"error": ...}`` event) only where it had missed already (``verdicts``), as
-the engine's server judges it. A stream the meter could not read (not SSE, not JSON, an
-event past ``MAX_EVENT_BYTES``) is not judged: it passes through all the same. The
-events are read as a client's SSE parser reads them (``written``).
+the engine's server judges it. A stream the meter could not read (not SSE, not JSON) is
+not judged: it passes through all the same. The events are read as a client's SSE parser
+reads them (``written``); one past ``MAX_EVENT_BYTES`` as it passes, by the keys it
+holds, none of it kept (``long_event``: a completions ``echo`` with ``logprobs`` of a
+long prompt writes one, which left the stream unjudged, for any client to ask for).
 
 A Responses API stream (``Wire.RESPONSES``) is one answer of named events with no
 ``[DONE]``: its output deltas are its one choice's chunks, its ``response.completed``
@@ -27,7 +29,6 @@ finishes it with the usage, a failure cuts it short (``responses_events``).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import re
 import sys
@@ -36,21 +37,15 @@ from typing import Any
 from slopilot.engine.client_gaps import ClientGaps
 from slopilot.engine.meter import responses_events
 from slopilot.engine.meter.client_latency import ClientLatency
+from slopilot.engine.meter.long_event import OUTPUT_FIELDS, LongEvent, Wire
 from slopilot.engine.slo import ClassSLO
 
+__all__ = ["MAX_EVENT_BYTES", "StreamJudge", "Verdict", "Wire"]
+
 MAX_EVENT_BYTES = 1 << 20
-"""Bytes one SSE event may take before the meter stops reading the stream (it still
-passes it through): the upstream is the tenant's image, and an event that never ends
-would otherwise grow the buffer without bound."""
-
-
-class Wire(enum.StrEnum):
-    """How a stream lays out its events."""
-
-    CHOICES = "choices"
-    """Chat and completions chunks: ``data:`` events of ``choices``, then ``[DONE]``."""
-    RESPONSES = "responses"
-    """The Responses API's named events (``responses_events``)."""
+"""Bytes one SSE event may take before the meter reads it as it passes, by its keys,
+rather than whole (``long_event``): the upstream is the tenant's image, and an event that
+never ends would otherwise grow the buffer without bound."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,6 +90,8 @@ class StreamJudge:
         self._lines: list[bytes] = []
         """The event's lines so far, and their bytes."""
         self._event_bytes = 0
+        self._long: LongEvent | None = None
+        """The event under way where it is past ``MAX_EVENT_BYTES``."""
         self._after_cr = False
         """Whether the last piece ended on a CR: an LF starting the next ends no line."""
         self._choices: dict[int, _Choice] = {}
@@ -110,25 +107,60 @@ class StreamJudge:
         Lines as SSE ends them (CRLF, LF or a bare CR) and as a client's parser reads
         them: a CR ends its line at once, and an LF right after it, in this piece or the
         next, is part of that end, so an event whose CRLF a read split is seen when its
-        CR came, not with the next event."""
+        CR came, not with the next event. An event is read whole (its lines held) up to
+        ``MAX_EVENT_BYTES``, past them as it passes (``LongEvent``), however the reads
+        split it: seen at the piece that ends it either way."""
         if self._unreadable or self._done or self._failed or not data:
             return
         if self._after_cr and data.startswith(b"\n"):
             data = data[1:]
         self._after_cr = data.endswith(b"\r")
-        *lines, self._partial = _LINE_END.split(self._partial + data)
-        for line in lines:
-            if line:
+        *ended, rest = _LINE_END.split(data)
+        for piece in ended:
+            if self._long is not None:
+                if self._long.feed(piece, ended=True):
+                    self._long_event(at)
+            elif line := self._partial + piece:
+                self._partial = b""
                 self._lines.append(line)
                 self._event_bytes += len(line)
-                continue
-            lines_of_event, self._lines, self._event_bytes = self._lines, [], 0
-            self._event(lines_of_event, at)
+                self._bound()
+            else:
+                lines_of_event, self._lines, self._event_bytes = self._lines, [], 0
+                self._event(lines_of_event, at)
             if self._unreadable or self._done or self._failed:
                 return
-        if self._event_bytes + len(self._partial) > MAX_EVENT_BYTES:
+        if self._long is not None:
+            self._long.feed(rest, ended=False)
+        else:
+            self._partial += rest
+            self._bound()
+
+    def _bound(self) -> None:
+        """Past ``MAX_EVENT_BYTES`` the event under way is read as it passes: its lines
+        so far handed over, none held."""
+        if self._event_bytes + len(self._partial) <= MAX_EVENT_BYTES:
+            return
+        self._long = LongEvent(self.wire)
+        for line in self._lines:
+            self._long.feed(line, ended=True)
+        self._long.feed(self._partial, ended=False)
+        self._lines, self._partial, self._event_bytes = [], b"", 0
+
+    def _long_event(self, at: float) -> None:
+        """The event past ``MAX_EVENT_BYTES`` ended at ``at``: read as the chunk its keys
+        make (``long_event``)."""
+        event, self._long = self._long, None
+        if event is None or not event.data_lines:
+            return  # comments, a name: nothing to judge
+        chunk = event.chunk()
+        if chunk is None:
             self._unreadable = True
-            self._partial, self._lines = b"", []
+        elif self.wire is Wire.RESPONSES:
+            name = event.name.decode("utf-8", "replace") if event.name is not None else None
+            self._response_event(chunk, name, at)
+        elif not self._chunk(chunk, at):
+            self._unreadable = True
 
     def _event(self, lines: list[bytes], at: float) -> None:
         # An event's data is its data lines joined by newlines (SSE); comments, event
@@ -263,7 +295,7 @@ def _output(choice: dict[str, Any]) -> bool:
         return True
     delta = choice.get("delta")
     return isinstance(delta, dict) and any(
-        delta.get(field) for field in _OUTPUT_FIELDS)
+        delta.get(field) for field in OUTPUT_FIELDS)
 
 
 def _tokens(choice: dict[str, Any], carried: int | None, *, first: bool) -> int:
@@ -287,7 +319,4 @@ def _tokens(choice: dict[str, Any], carried: int | None, *, first: bool) -> int:
     return 1
 
 
-_OUTPUT_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls", "function_call")
-"""The delta fields vLLM streams generated tokens in (``reasoning``: its newer spelling of
-``reasoning_content``; ``function_call``: the deprecated form of ``tool_calls``)."""
 _LINE_END = re.compile(rb"\r\n|\r|\n")

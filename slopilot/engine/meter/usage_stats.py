@@ -12,10 +12,11 @@ the meter's histogram and verdicts compare with it only where it knows the token
 So the meter asks for continuous usage on every chat and completions stream it judges
 (``ask``), and takes out of the answer what the client did not ask for
 (``UsageStrip``): each chunk's usage, and the last chunk of usage alone where the client
-asked for none. The client gets the bytes vLLM would have written for its own request,
-but in two events passed on as they came, usage and all: one past ``MAX_EVENT_BYTES``
-(not held; the strip goes on after it), and one whose usage is not vLLM's form (an
-upstream's with a string in it, or nested deeper).
+asked for none. The client gets the bytes vLLM would have written for its own request.
+An event past ``MAX_EVENT_BYTES`` (a completions echo with logprobs of a long prompt) is
+not held: passed on as it comes but for a window of a few KiB (``REACH``), its usage
+taken out where it passes (``_LongCut``). One event is passed on as it came, usage and all: one
+whose usage is not vLLM's form (an upstream's with a string in it, or nested deeper).
 The Responses API has no such option: its deltas are counted as their logprobs say, else
 one a delta (``responses_events``).
 
@@ -32,6 +33,7 @@ from typing import Any
 
 import pydantic
 
+from slopilot.engine.meter.long_event import REACH, USAGE_VALUE
 from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES
 
 
@@ -88,7 +90,7 @@ class UsageStrip:
         """The last event ended on a CR: an LF starting the next piece is part of it."""
         self._dropped = False
         """The last event was taken out whole (its LF with it)."""
-        self._long = False
+        self._long: _LongCut | None = None
         """Inside an event past ``MAX_EVENT_BYTES``: passed on as it comes, not held."""
         self._line_open = False
         """(``_long``) The bytes since the last line end are not an empty line's."""
@@ -96,8 +98,8 @@ class UsageStrip:
     def feed(self, data: bytes) -> bytes:
         """What to pass on of ``data``: the events it ends, the held bytes before them."""
         out = []
-        if self._long:
-            passed, data = self._pass_long(data)
+        if self._long is not None:
+            passed, data = self._pass_long(self._long, data)
             out.append(passed)
         if self._after_cr and not self._held and data.startswith(b"\n"):
             if not self._dropped:
@@ -116,54 +118,106 @@ class UsageStrip:
         self._held = buf[start:]
         self._after_cr = not self._held and buf.endswith(b"\r")
         if len(self._held) > MAX_EVENT_BYTES:
-            # Passed on as it came (its usage in it), not held: a completions echo with
-            # logprobs puts a long prompt's in one chunk, MBs. Only this event: once it
-            # ends the strip goes on, or the client that asked for no usage would get
-            # the last chunk of usage alone, whose empty ``choices`` breaks the usual
-            # ``chunk.choices[0]``.
+            # Not held: a completions echo with logprobs puts a long prompt's in one
+            # chunk, MBs. Only this event: once it ends the strip goes on, or the client
+            # that asked for no usage would get the last chunk of usage alone, whose
+            # empty ``choices`` breaks the usual ``chunk.choices[0]``.
             held, self._held = self._held, b""
-            self._long, self._line_open, self._after_cr = True, False, False
+            self._long, self._line_open, self._after_cr = _LongCut(self), False, False
             out.append(self.feed(held))
         return b"".join(out)
 
-    def _pass_long(self, data: bytes) -> tuple[bytes, bytes]:
-        """``data`` split after the end of the long event: what is passed on as it came,
-        and the rest (empty while the event goes on)."""
+    def _pass_long(self, cut: _LongCut, data: bytes) -> tuple[bytes, bytes]:
+        """``data`` split after the end of the long event: what of it is passed on, and
+        the rest (empty while the event goes on)."""
         pos = 1 if self._after_cr and data.startswith(b"\n") else 0  # the CR's LF
         for end in _LINE_END.finditer(data, pos):
             if end.start() == pos and not self._line_open:  # an empty line: its end
-                self._long, self._dropped = False, False
+                self._long, self._dropped = None, False
                 self._after_cr = end.end() == len(data) and data.endswith(b"\r")
-                return data[:end.end()], data[end.end():]
+                return cut.feed(data[:end.end()], end=True), data[end.end():]
             pos, self._line_open = end.end(), False
         self._line_open = self._line_open or pos < len(data)
         self._after_cr = data.endswith(b"\r")
-        return data, b""
+        return cut.feed(data, end=False), b""
 
     def flush(self) -> bytes:
         """The bytes of an event the stream never ended, as they came."""
         held, self._held = self._held, b""
+        if self._long is not None:
+            held, self._long = self._long.flush() + held, None
         return held
 
     def _event(self, raw: bytes) -> bytes:
         usage = _USAGE.search(raw)
-        if usage is None or not _whole(usage.group(1)):
+        if usage is None:
             return raw
-        null = usage.group(1) == b"null"
-        if _NO_CHOICES.search(raw) and not null:  # the last chunk: the usage alone
+        return self.cut(raw, usage, whole=True)
+
+    def cut(self, raw: bytes, usage: re.Match[bytes], *, whole: bool) -> bytes:
+        """``raw`` without the ``usage`` found in it, as the client's request has it;
+        ``whole``: ``raw`` is an event, and may go whole (the last chunk, of the usage
+        alone), else the part of one that holds the usage."""
+        value = usage.group("value")
+        if not _whole(value):
+            return raw
+        null = value == b"null"
+        if whole and _NO_CHOICES.search(raw) and not null:  # the usage alone
             return raw if self.keep_final else b""
         if self.null_usage:
-            return raw if null else raw[:usage.start(1)] + b"null" + raw[usage.end(1):]
+            start, end = usage.span("value")
+            return raw if null else raw[:start] + b"null" + raw[end:]
         # A chat chunk's: vLLM (and the built-in engine's server) writes none. A null
         # one is a server's that writes it on every chunk once the usage is asked for
         # (OpenAI's): kept where it was.
         if null and self.keep_final:
             return raw
-        if comma := _COMMA_BEFORE.search(raw, 0, usage.start()):
+        if comma := _COMMA_BEFORE.search(raw, max(0, usage.start() - _MARGIN), usage.start()):
             return raw[:comma.start()] + raw[usage.end():]
         if after := _COMMA_AFTER.match(raw, usage.end()):
             return raw[:usage.start()] + raw[after.end():]
         return raw  # the chunk's only field: nothing a client could read without it
+
+
+class _LongCut:
+    """The usage taken out of an event past ``MAX_EVENT_BYTES`` as its bytes pass: each
+    piece passed on at once but for the last ``REACH`` bytes, the window a usage is found
+    whole in (with the ``_MARGIN`` before it, where its comma is), so the event is never
+    held. Its first usage is its chunk's: once it is out, or the chunk is the usage's
+    alone (``choices`` empty: never so long from vLLM), the rest passes as it comes."""
+
+    def __init__(self, strip: UsageStrip) -> None:
+        self.strip = strip
+        self._held = b""
+        self._from = 0
+        """Where in ``_held`` the usage is looked for (the bytes before: searched)."""
+        self._done = False
+
+    def feed(self, data: bytes, *, end: bool) -> bytes:
+        """What to pass on of the event's next ``data`` (``end``: its last)."""
+        if self._done:
+            return data
+        window = self._held + data
+        if not end and len(window) - self._from < 2 * REACH:
+            self._held = window  # many small reads cost one search
+            return b""
+        limit = len(window) if end else len(window) - REACH
+        found = _LONG_FIND.search(window, self._from)
+        if found is not None and found.start() < limit:
+            self._done, self._held = True, b""
+            if found.group("value") is None:  # choices empty: the usage's own chunk
+                return window
+            return self.strip.cut(window, found, whole=False)
+        if end:
+            self._held = b""
+            return window
+        keep = max(0, limit - _MARGIN)
+        self._held, self._from = window[keep:], limit - keep
+        return window[:keep]
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
 
 
 def _whole(value: bytes) -> bool:
@@ -181,10 +235,15 @@ def _whole(value: bytes) -> bool:
 # A JSON string escapes each quote inside it, so ``"usage":`` is a key wherever it is
 # found; vLLM's chunks have no other key of that name than the top level's. Its value is
 # counts, one object deep at most (``prompt_tokens_details``), without a string, or null.
-_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}|null)')
+_USAGE = re.compile(rb'"usage"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}(?P<value>' + USAGE_VALUE +
+                    rb")")
 _COMMA_BEFORE = re.compile(rb",\s*\Z")
 _COMMA_AFTER = re.compile(rb"\s*,")
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_LONG_FIND = re.compile(rb'"choices"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}\[[ \t\r\n]{0,64}\]|' +
+                        _USAGE.pattern)
+_MARGIN = 128
+"""The bytes before a usage its comma may be in (vLLM's: the one right before)."""
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _BOOL: pydantic.TypeAdapter[bool] = pydantic.TypeAdapter(bool)
 

@@ -235,15 +235,16 @@ def test_the_streams_usage_counts_its_tokens_and_chat_deltas_are_read(tmp_path: 
     ("/v1/completions", STREAM, 200, [b"data: {not json\n\n", DONE]),
     ("/v1/completions", STREAM, 200, [event(text="a"), b'data: {"error": {"message": '
                                       b'"engine died"}}\n\n', DONE]),
-    ("/v1/completions", STREAM, 200, [b"x" * (MAX_EVENT_BYTES + 1), DONE]),
+    ("/v1/completions", STREAM, 200, [b"data: " + b"x" * (MAX_EVENT_BYTES + 1), DONE]),
     ("/v1/completions", STREAM, 200, [event(text="a")]),  # ended without [DONE]
-], ids=["not-streamed", "refused", "other-path", "not-json", "error-event", "endless-event",
-        "cut-short"])
+], ids=["not-streamed", "refused", "other-path", "not-json", "error-event",
+        "long-not-json", "cut-short"])
 def test_what_the_meter_cannot_judge_passes_through_unjudged(
         tmp_path: Path, path: str, body: Any, status: int, pieces: list[bytes]) -> None:
     """A non-streamed body (no first token a client could see), an error, another path,
-    and a stream the meter cannot read whole (the upstream is the tenant's image) are
-    passed on byte for byte and judged neither met nor missed."""
+    and a stream the meter cannot read (not JSON, short or past ``MAX_EVENT_BYTES``: the
+    upstream is the tenant's image) are passed on byte for byte and judged neither met
+    nor missed. An event past the bound that vLLM writes is judged: test_long_events."""
     upstream, now = Upstream(), [0.0]
     meter = meter_for(tmp_path, upstream, now)
     upstream.answer(pieces, status=status, headers={"content-type": "application/json"})

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from slopilot.engine.meter.long_event import REACH
 from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES
 from slopilot.engine.meter.usage_stats import Asked, UsageStrip, ask, asked
 from tests.engine.meter import vllm_wire as wire
@@ -51,11 +52,13 @@ def test_an_event_is_passed_on_once_it_ended() -> None:
 
 
 def test_an_endless_event_and_an_unended_one_pass_as_they_came() -> None:
+    """An event that never ends is not held: all but the window a usage is found in
+    passes at once, the rest at the stream's end."""
     strip = UsageStrip(Asked.NONE, null_usage=False)
-    endless = b"data: " + b"x" * MAX_EVENT_BYTES
-    assert strip.feed(endless) == endless
-    later = wire.chat_delta(content="a", usage=(5, 1))
-    assert strip.feed(later) == later  # no longer read
+    endless = [b"data: " + b"x" * MAX_EVENT_BYTES, b"x" * MAX_EVENT_BYTES, b"y" * 100]
+    got = b"".join(strip.feed(p) for p in endless)
+    assert len(b"".join(endless)) - len(got) <= 3 * REACH
+    assert got + strip.flush() == b"".join(endless)
     strip = UsageStrip(Asked.NONE, null_usage=False)
     assert passed(strip, [b'data: {"usage":{"completion_tokens":1}']) == \
         b'data: {"usage":{"completion_tokens":1}'
@@ -105,9 +108,10 @@ def pieces_of(data: bytes, size: int) -> list[bytes]:
 def test_an_event_past_the_bound_passes_as_it_came_and_the_rest_is_still_stripped(
         size: int, line_end: bytes) -> None:
     """A completions echo with logprobs puts the whole prompt's in its first chunk (MBs
-    for a long prompt). Passed on as it came, it must not turn the strip off: the client
-    that asked for no usage would get every chunk's and the last chunk of usage alone,
-    whose empty ``choices`` breaks ``chunk.choices[0]`` in its loop."""
+    for a long prompt). Passed on as it comes, not held, it must not turn the strip off:
+    the client that asked for no usage would get every chunk's and the last chunk of
+    usage alone, whose empty ``choices`` breaks ``chunk.choices[0]`` in its loop. Its
+    own usage is taken out as it passes: the client gets the chunk vLLM writes for it."""
     def framed(pieces: list[bytes]) -> bytes:
         return b"".join(p.replace(b"\n", line_end) for p in pieces)
 
@@ -115,8 +119,8 @@ def test_an_event_past_the_bound_passes_as_it_came_and_the_rest_is_still_strippe
     given = framed([big, wire.completion(0, "a", usage=(2, 2)),
                     wire.completion(0, "b", finish="stop", usage=(2, 3)),
                     wire.completion_usage(2, 3), wire.DONE])
-    want = framed([big, wire.completion(0, "a"), wire.completion(0, "b", finish="stop"),
-                   wire.DONE])
+    want = framed([wire.completion(0, "x" * 2 * MAX_EVENT_BYTES), wire.completion(0, "a"),
+                   wire.completion(0, "b", finish="stop"), wire.DONE])
     strip = UsageStrip(Asked.NONE, null_usage=True)
     assert passed(strip, pieces_of(given, size)) == want
 
@@ -125,10 +129,11 @@ def test_an_event_past_the_bound_ends_on_a_line_end_split_across_reads() -> None
     big = wire.chat_delta(content="x" * 2 * MAX_EVENT_BYTES, usage=(5, 1))
     crlf = (big + wire.chat_usage(5, 1) + wire.DONE).replace(b"\n", b"\r\n")
     end = len(big.replace(b"\n", b"\r\n"))
+    want = wire.chat_delta(content="x" * 2 * MAX_EVENT_BYTES) + wire.DONE
     for cut in range(end - 5, end - 1):  # one ended in the first piece is read whole
         strip = UsageStrip(Asked.NONE, null_usage=False)
         got = passed(strip, [crlf[:cut], crlf[cut:]])
-        assert got == big.replace(b"\n", b"\r\n") + wire.DONE.replace(b"\n", b"\r\n"), cut
+        assert got == want.replace(b"\n", b"\r\n"), cut
 
 
 @pytest.mark.parametrize("usage", [
