@@ -18,7 +18,12 @@ import pytest
 
 from slopilot.tuner.loop.backoff import Backoff
 from slopilot.tuner.loop.decision import Action
-from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
+from slopilot.tuner.loop.state import (
+    ControllerState,
+    LoopState,
+    PendingRestore,
+    RunningTrial,
+)
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import GOOD, FakeDeployment, FakePlanner, Rig, alert
 
@@ -99,3 +104,19 @@ def test_the_step_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
         ctl.tick(T + 1)
     lines = [r.getMessage() for r in caplog.records if "in the future" in r.getMessage()]
     assert len(lines) == 1 and "cooldown_until" in lines[0]
+
+
+def test_an_owed_restore_due_in_the_far_future_is_tried_within_its_wait() -> None:
+    # Two failures: the next try waits 5 s. Kept a day ahead, the trial's config stayed.
+    owed = PendingRestore(since=T + DAY_S, attempts=2, retry_at=T + DAY_S + 5.0,
+                          error="RuntimeError: replica unreachable", trial=0)
+    rig = Rig()
+    ctl = rig.build(LoopState(state=ControllerState.COOLDOWN, since=T, cooldown_until=T,
+                              baseline_config={"token_budget": 2048, "chunk_size": 2048},
+                              pending_restore=owed))
+    rig.dep.config = dict(GOOD)
+    assert "restore" not in ctl.tick(T).reason  # its wait restarts from now
+    assert ctl.loop.pending_restore is not None
+    assert ctl.loop.pending_restore.since == T and ctl.loop.pending_restore.retry_at == T + 5
+    d = ctl.tick(T + 5)
+    assert d.reason.startswith("restored:") and rig.dep.config["token_budget"] == 2048

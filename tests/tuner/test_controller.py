@@ -413,6 +413,7 @@ def test_an_error_outside_an_episode_leaves_the_deployments_config_as_it_is() ->
     d = rig.build(after_a_commit()).tick(0.0)
     assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.REVERT)
     assert "capacity search timed out" in d.reason
+    assert "config left as it is" in d.reason and "rolled back" not in d.reason
     assert rig.dep.applied == [] and rig.dep.config == EDITED
 
 

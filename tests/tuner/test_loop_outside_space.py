@@ -14,7 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from slopilot.tuner.loop.decision import Action
-from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
+from slopilot.tuner.loop.state import (
+    ControllerState,
+    LoopState,
+    PendingRestore,
+    RunningTrial,
+)
 from slopilot.tuner.study.space import SearchSpace
 from tests.tuner.controller_fakes import GOOD, START, FakeStudy, Rig
 
@@ -61,3 +66,16 @@ def test_outside_names_the_knob_and_the_bounds() -> None:
     assert NARROWED.outside({"token_budget": "lots"}) is not None
     fixed = SearchSpace.from_bounds({"token_budget": [1024, 4096], "max_num_seqs": 64})
     assert fixed.outside({"max_num_seqs": 128}) is not None
+
+
+def test_an_owed_restore_to_a_best_outside_the_narrowed_space_restores_the_start() -> None:
+    # The episode ended on a rollback that failed: its best is still the target, and
+    # applied, it put every replica on a config the new bounds rule out.
+    owed = PendingRestore(since=0.0, attempts=1, retry_at=0.0, error="RuntimeError: down")
+    rig = Rig(study=FakeStudy(space=NARROWED))
+    ctl = rig.build(LoopState(state=ControllerState.COOLDOWN, baseline_config=dict(START),
+                              best_config=dict(GOOD), best_goodput=150.0,
+                              pending_restore=owed))
+    rig.dep.config = {"token_budget": 8192, "chunk_size": 8192}  # a trial's left behind
+    d = ctl.tick(1.0)
+    assert d.reason.startswith("restored:") and rig.dep.config == START

@@ -13,15 +13,30 @@ from typing import Any
 import pytest
 
 from slopilot.tuner.loop.errors import ControllerError
-from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
+from slopilot.tuner.loop.state import (
+    ControllerState,
+    LoopState,
+    PendingRestore,
+    RunningTrial,
+)
 
 TRIAL = {"number": 3, "config": {"token_budget": 512}, "started_at": 10.0, "canary": True}
+OWED = {"since": 5.0, "attempts": 2, "retry_at": 10.0, "error": "RuntimeError: down",
+        "trial": 3}
 
 
 def test_a_saved_state_round_trips() -> None:
     state = LoopState(state=ControllerState.TUNING, since=5.0, trial=RunningTrial(**TRIAL),
                       trial_starts=[1.0, 2], best_goodput=3, twin={"trusted": True})
     assert LoopState.from_dict(state.to_dict()) == state
+
+
+def test_an_owed_restore_round_trips_and_an_older_state_owes_none() -> None:
+    state = LoopState(state=ControllerState.COOLDOWN, pending_restore=PendingRestore(**OWED))
+    assert LoopState.from_dict(state.to_dict()) == state
+    older = state.to_dict()
+    del older["pending_restore"]  # written before the field
+    assert LoopState.from_dict(older).pending_restore is None
 
 
 @pytest.mark.parametrize(("saved", "field"), [
@@ -43,6 +58,11 @@ def test_a_saved_state_round_trips() -> None:
     ({"trial": {**TRIAL, "config": None}}, "trial.config"),
     ({"trial": {**TRIAL, "canary_replica": 5}}, "trial.canary_replica"),
     ({"trial": {"number": 3}}, "trial"),
+    ({"pending_restore": "owed"}, "pending_restore"),
+    ({"pending_restore": {**OWED, "attempts": "2"}}, "pending_restore.attempts"),
+    ({"pending_restore": {**OWED, "retry_at": None}}, "pending_restore.retry_at"),
+    ({"pending_restore": {**OWED, "error": 5}}, "pending_restore.error"),
+    ({"pending_restore": {"since": 5.0}}, "pending_restore"),
 ])
 def test_a_field_of_the_wrong_type_is_named(saved: dict[str, Any], field: str) -> None:
     with pytest.raises(ControllerError, match=rf"controller state: {field}="):
@@ -68,6 +88,18 @@ def test_only_an_open_episode_has_a_config_to_roll_back_to(state: ControllerStat
     assert loop.rollback_config() == (start if is_open else None)
 
 
+@pytest.mark.parametrize("state", list(ControllerState))
+def test_an_owed_restore_keeps_the_episodes_config_to_roll_back_to(
+        state: ControllerState) -> None:
+    # Its rollback failed: the episode ended, but its replicas are still owed its config.
+    start, best = {"token_budget": 2048}, {"token_budget": 512}
+    loop = LoopState(state=state, baseline_config=start, best_config=best,
+                     pending_restore=PendingRestore(**OWED))
+    assert loop.rollback_config() == best
+    loop.best_config = None
+    assert loop.rollback_config() == start
+
+
 @pytest.mark.parametrize(("saved", "field"), [
     # A count below zero let the episode run past max_trials (-1000: 1020 trials) and a
     # trial's window be rejected past max_window_repeats; a time below zero is no clock
@@ -82,6 +114,8 @@ def test_only_an_open_episode_has_a_config_to_roll_back_to(state: ControllerStat
     ({"cooldown_until": -1.0}, "cooldown_until"),
     ({"trial_starts": [1.0, -2.0]}, "trial_starts"),
     ({"best_goodput": -10.0}, "best_goodput"),
+    ({"pending_restore": {**OWED, "attempts": -1}}, "pending_restore.attempts"),
+    ({"pending_restore": {**OWED, "retry_at": -1.0}}, "pending_restore.retry_at"),
 ])
 def test_a_value_below_zero_is_named(saved: dict[str, Any], field: str) -> None:
     with pytest.raises(ControllerError, match=rf"controller state: {field}=.*>= 0"):

@@ -9,14 +9,15 @@ its own: a trial served its config for a day on a clock stepped back a day, and
 ``cooldown_until: 1e15`` cooled for ever. ``rebase_future`` moves each such time back so
 that its wait is at most its own length from now: a trial's window starts now (what the
 window measured before the step is on another clock), and so does a rate-limit entry, a
-quiet period or a state's ``since``; a cooldown or a backoff ends at most its length
-from now. A clock that jumps forward needs nothing: each wait just ends, as after an
-operator that was down that long.
+quiet period or a state's ``since``; a cooldown, a backoff or an owed restore's wait
+ends at most its length from now. A clock that jumps forward needs nothing: each wait
+just ends, as after an operator that was down that long.
 """
 
 from __future__ import annotations
 
 from slopilot.tuner.loop.backoff import Backoff
+from slopilot.tuner.loop.restore import wait_after
 from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import LoopState
 
@@ -52,4 +53,13 @@ def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> 
             note("backoff.until", kept.until - wait)
             loop.backoff = Backoff(kept.situation, min(kept.until, now + wait),
                                    wait).to_dict()
+    owed = loop.pending_restore
+    if owed is not None:
+        if owed.since > now:
+            note("pending_restore.since", owed.since)
+            owed.since = now
+        wait = wait_after(owed.attempts)
+        if owed.retry_at > now + wait:
+            note("pending_restore.retry_at", owed.retry_at - wait)
+            owed.retry_at = now + wait
     return moved

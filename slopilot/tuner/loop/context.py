@@ -87,12 +87,13 @@ class LoopContext:
         self.headroom_margin, self.scale_up_margin = headroom_margin, scale_up_margin
 
     def _forget_best_outside_space(self) -> None:
-        """An open episode's best that this study's space no longer holds (its bounds
-        narrowed since, or a status written by hand) is forgotten: committed or rolled
-        back to, it put every replica on a config the spec's bounds rule out. Its
-        baseline, the config it began on, is the rollback target again."""
+        """An open episode's best (or one whose rollback is still owed) that this
+        study's space no longer holds (its bounds narrowed since, or a status written by
+        hand) is forgotten: committed or rolled back to, it put every replica on a config
+        the spec's bounds rule out. Its baseline, the config it began on, is the rollback
+        target again."""
         loop = self.loop
-        if not loop.episode_open or loop.best_config is None:
+        if not loop.restore_owed or loop.best_config is None:
             return
         why = self.study.space.outside(loop.best_config)
         if why is not None:

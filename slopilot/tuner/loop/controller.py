@@ -23,9 +23,11 @@ the moves it returns (each checked against the table) until a step returns the t
 operator's kopf daemon all drive the same object; ``now`` is seconds on the evaluator's
 clock (Unix time for Prometheus). Guardrails: any error during an episode rolls back to
 its best known (or its starting) config, and outside one leaves the deployment's config
-as it is (``LoopState.rollback_config``); while Prometheus is unreachable the current
-config is held and the decision says so, except a trial's: one that cannot be watched is
-told failed and the episode's known config restored (``_hold``). The steps, by job:
+as it is (``LoopState.rollback_config``); a rollback whose apply fails is owed: tried
+again before anything else at later ticks, with a growing wait, and no episode starts
+until it lands (``restore.py``). While Prometheus is unreachable the current config is
+held and the decision says so, except a trial's: one that cannot be watched is told
+failed and the episode's known config restored (``_hold``). The steps, by job:
 ``steady.py`` (STEADY, COOLDOWN), ``scaling.py`` (SCALING), ``episode.py`` (TUNING,
 COMMIT; a trial's start and end in ``trial.py``, its window and verdict in
 ``trial_window.py``); ``advice.py`` asks the simulator.
@@ -38,6 +40,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.tuner.loop import restore
 from slopilot.tuner.loop.clock_step import rebase_future
 from slopilot.tuner.loop.context import LoopContext, Step, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
@@ -75,15 +78,9 @@ class Controller(LoopContext):
                         "now: %s", self.settings.key, ", ".join(moved))
         loop.trial_starts = [t for t in loop.trial_starts if now - t < HOUR_S]
         try:
-            alerts = self.alerts.firing()
-            if loop.prometheus_unavailable:
-                loop.prometheus_unavailable = False
-                if loop.trial is not None:  # its restore failed all through the outage
-                    loop.trial.started_at = now  # the outage's window does not count
-                log.info("%s: Prometheus is reachable again; resuming",
-                         self.settings.key)
-            tick = Tick(now, alerts)
-            decision = self._follow(STEPS[loop.state](self, tick, None), tick)
+            # An owed rollback first: nothing else this tick may apply a config over it.
+            retried = restore.retry(self, now)
+            decision = retried if retried is not None else self._step(now)
         except PrometheusUnavailable as exc:
             decision = self._hold(exc)
         except Exception as exc:  # guardrail: never leave a half-tried config behind
@@ -96,6 +93,17 @@ class Controller(LoopContext):
             log.log(level, "%s: %s", self.settings.key, check.line())
         self._emit(decision)
         return decision
+
+    def _step(self, now: float) -> Decision:
+        loop = self.loop
+        alerts = self.alerts.firing()
+        if loop.prometheus_unavailable:
+            loop.prometheus_unavailable = False
+            if loop.trial is not None:  # its restore failed all through the outage
+                loop.trial.started_at = now  # the outage's window does not count
+            log.info("%s: Prometheus is reachable again; resuming", self.settings.key)
+        tick = Tick(now, alerts)
+        return self._follow(STEPS[loop.state](self, tick, None), tick)
 
     def _follow(self, step: Decision | Go, tick: Tick) -> Decision:
         """Make the moves ``step`` asks for, running each new state's step, until one
@@ -124,8 +132,14 @@ class Controller(LoopContext):
         """Tuning ends here (turned off, or the deployment deleted), and the episode with
         it: the open trial is told failed and the loop goes to STEADY. Turned on again,
         the loop then waits for an alert; a TUNING, COMMIT or SCALING state kept would go
-        on with no alert asking. Restoring the pods' config is the caller's."""
+        on with no alert asking. Restoring the pods' config is the caller's, an owed
+        rollback's too (``restore.py``): kept, it was applied when tuning was turned on
+        again, over whatever the deployment runs by then."""
         loop = self.loop
+        if loop.pending_restore is not None:
+            log.warning("%s: the owed restore is left to the caller: %s", self.settings.key,
+                        restore.owed(loop.pending_restore, now))
+            loop.pending_restore = None
         if loop.trial is not None:
             number, loop.trial = loop.trial.number, None
             try:
@@ -174,23 +188,32 @@ class Controller(LoopContext):
 
     def _rollback(self, now: float, exc: Exception) -> Decision:
         loop = self.loop
+        number = None
         if loop.trial is not None:
+            number = loop.trial.number
             try:
-                self.study.tell_failed(loop.trial.number, f"error: {exc}")
+                self.study.tell_failed(number, f"error: {exc}")
             except Exception:  # the study may be what failed; the rollback matters more
                 log.exception("%s: could not record the failed trial",
                               self.settings.key)
             self.metrics.trial(self.settings.deployment, TrialOutcome.FAILED)
             loop.trial = None
+        cause = f"error: {type(exc).__name__}: {exc}"
         target = loop.rollback_config()
-        if target is not None:
+        if loop.pending_restore is not None:  # tried at its own pace, not at every error
+            reason = f"{cause}; a restore is owed: {restore.owed(loop.pending_restore, now)}"
+        elif target is None:
+            reason = f"{cause}; outside an episode: the config left as it is"
+        else:
             try:
                 self.deployment.apply_config(target, canary=False)
-            except Exception:  # keep the loop alive; the next tick retries from COOLDOWN
+                reason = f"{cause}; rolled back to the best known config"
+            except Exception as apply_exc:  # owed: retried from the next tick (restore.py)
                 log.exception("%s: rollback failed", self.settings.key)
-        return self._follow(Go(ControllerState.COOLDOWN, Event.ERROR,
-                               f"error: {type(exc).__name__}: {exc}; rolled back to the "
-                               "best known config", action=Action.REVERT), Tick(now, ()))
+                kept = restore.failed(loop, now, apply_exc, trial=number)
+                reason = f"rollback_failed: {cause}; {restore.owed(kept, now)}"
+        return self._follow(Go(ControllerState.COOLDOWN, Event.ERROR, reason,
+                               action=Action.REVERT), Tick(now, ()))
 
     def _emit(self, d: Decision) -> None:
         dep = self.settings.deployment

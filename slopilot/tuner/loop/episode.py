@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slopilot.engine.request import Priority
-from slopilot.tuner.loop import advice
+from slopilot.tuner.loop import advice, restore
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
@@ -43,8 +43,13 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
                   ranked: Sequence[tuple[dict[str, Any], bool]] | None = None
                   ) -> Decision | Go:
     """Reset the episode and move to TUNING; or to SCALING when ``allow_scale`` and the
-    offline study finds nothing that holds; or hold when the hour's trials are used up."""
+    offline study finds nothing that holds; or hold when the hour's trials are used up,
+    or while the last episode's rollback is still owed (``restore.py``): begun, the new
+    one took the committed config as its baseline while the replicas ran a trial's, and
+    its trials and commit applied configs over the restore owed."""
     loop, s = ctx.loop, ctx.settings
+    if (owed := restore.blocked(ctx, now)) is not None:
+        return ctx.decide(Action.NONE, f"{owed}; {reason}")
     if len(loop.trial_starts) >= s.max_trials_per_hour:
         return ctx.decide(Action.HOLD, f"trial_rate_limit: {s.max_trials_per_hour} "
                           f"trials in the last hour; {reason}")

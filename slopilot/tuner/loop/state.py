@@ -46,6 +46,24 @@ class RunningTrial:
 
 
 @dataclass
+class PendingRestore:
+    """A rollback whose apply failed: every replica is still owed the episode's config
+    (``LoopState.rollback_config``), tried again once ``retry_at`` has passed
+    (``restore.py``)."""
+
+    since: float
+    """When the first apply failed."""
+    attempts: int
+    """Applies that failed so far, the rollback's own included."""
+    retry_at: float
+    """No try before this (the controller's clock); the wait grows with ``attempts``."""
+    error: str
+    """Why the last apply failed, for the decisions."""
+    trial: int | None = None
+    """The trial whose config the replicas may still run (None: none was open)."""
+
+
+@dataclass
 class LoopState:
     """What the controller remembers; JSON-safe via to_dict/from_dict."""
 
@@ -91,6 +109,9 @@ class LoopState:
     backoff: dict[str, Any] | None = None
     """The last "max replicas reached and the SLO is not held" verdict, its situation and
     until when no new episode starts in it (``backoff.Backoff.to_dict``)."""
+    pending_restore: PendingRestore | None = None
+    """A rollback that could not be applied, retried until it lands; no episode starts
+    meanwhile (``restore.py``). None: nothing owed (and in a state written before it)."""
 
     def count_measured(self) -> None:
         """One more trial of the episode judged on a measured window."""
@@ -101,16 +122,25 @@ class LoopState:
         """Whether a tuning episode is under way (TUNING, COMMIT)."""
         return self.state in (ControllerState.TUNING, ControllerState.COMMIT)
 
-    def rollback_config(self) -> dict[str, Any] | None:
-        """What a rollback applies: the open episode's best, else the config it began on.
+    @property
+    def restore_owed(self) -> bool:
+        """Whether the episode's configs are what the replicas must be put back on: an
+        open episode, or one whose rollback failed and is still owed."""
+        return self.episode_open or self.pending_restore is not None
 
-        None outside an episode: nothing the loop applied is left to undo, and the last
-        episode's configs are a record, not the deployment's config. Its commit became
-        the deployment's own (in the operator, ``status.tunedConfig``, which belongs to
-        the spec it was committed under), and a later edit of the spec may have left it
-        behind: applied after the edit, it undid the edit.
+    def rollback_config(self) -> dict[str, Any] | None:
+        """What a rollback applies: the episode's best, else the config it began on.
+
+        None outside an episode (unless its rollback is still owed, ``pending_restore``):
+        nothing the loop applied is left to undo, and the last episode's configs are a
+        record, not the deployment's config. Its commit became the deployment's own (in
+        the operator, ``status.tunedConfig``, which belongs to the spec it was committed
+        under), and a later edit of the spec may have left it behind: applied after the
+        edit, it undid the edit. An owed rollback reads the record as it is when tried,
+        so an edit meanwhile is honoured as during an episode (the operator's
+        ``rebase_episode``).
         """
-        if not self.episode_open:
+        if not self.restore_owed:
             return None
         return self.best_config or self.baseline_config
 
@@ -140,17 +170,24 @@ class LoopState:
             raise ControllerError(
                 f"controller state: state={excerpt(data.get('state'))}; use one of: "
                 f"{', '.join(s.value for s in ControllerState)}") from None
-        check_fields(cls, values, "", skip=("state", "trial"))
-        trial = values.get("trial")
-        if trial is not None:
-            if not isinstance(trial, Mapping):
-                raise ControllerError(f"controller state: trial={excerpt(trial)}: expected "
-                                      "a mapping")
-            check_fields(RunningTrial, trial, "trial.")
-            try:
-                values["trial"] = RunningTrial(**trial)
-            except TypeError as exc:
-                raise ControllerError(f"controller state: trial={excerpt(trial)}: {exc}"
-                                      ) from None
+        check_fields(cls, values, "", skip=("state", "trial", "pending_restore"))
+        values["trial"] = _nested(RunningTrial, values, "trial")
+        values["pending_restore"] = _nested(PendingRestore, values, "pending_restore")
         values["trial_starts"] = [float(t) for t in values.get("trial_starts") or []]
         return cls(**values)
+
+
+def _nested(cls: type[Any], values: Mapping[str, Any], name: str) -> Any:
+    """``values[name]`` read back as ``cls`` (None when absent or null); ControllerError
+    naming the field for anything else."""
+    saved = values.get(name)
+    if saved is None:
+        return None
+    if not isinstance(saved, Mapping):
+        raise ControllerError(f"controller state: {name}={excerpt(saved)}: expected a "
+                              "mapping")
+    check_fields(cls, saved, f"{name}.")
+    try:
+        return cls(**saved)
+    except TypeError as exc:
+        raise ControllerError(f"controller state: {name}={excerpt(saved)}: {exc}") from None

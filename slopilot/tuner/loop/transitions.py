@@ -58,8 +58,9 @@ class Transition:
     when: str
 
 
-_ON_ERROR = ("any error: an episode rolled back to its best known config; outside one, "
-             "the config left as it is")
+_ON_ERROR = ("any error: an episode rolled back to its best known config (an apply that "
+             "fails is owed, retried at the start of later ticks, and no episode starts "
+             "until it lands); outside one, the config left as it is")
 _ON_TUNING_OFF = ("tuning turned off (or the deployment deleted): the episode ends, its "
                   "open trial told failed")
 TRANSITIONS: tuple[Transition, ...] = (

@@ -8,6 +8,7 @@ import contextlib
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop import restore
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
@@ -16,6 +17,9 @@ from slopilot.tuner.loop.transitions import Event, Go
 
 def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
     loop, s = ctx.loop, ctx.settings
+    # No episode starts while a rollback is owed; this is for a state written by hand.
+    if (owed := restore.blocked(ctx, now)) is not None:
+        return ctx.decide(Action.NONE, owed)
     if loop.episode_trials >= s.max_trials:
         return Go(ControllerState.COMMIT, Event.TRIAL_LIMIT,
                   f"trial_limit: {s.max_trials} trials")
