@@ -144,10 +144,12 @@ def ended_episode(status: Mapping[str, Any]) -> dict[str, Any] | None:
         state = ControllerState(saved.get("state", ControllerState.STEADY.value))
     except ValueError:
         return None  # not a state this operator wrote: the daemon's build says so
-    if saved.get("trial") is None and state is ControllerState.STEADY:
+    if saved.get("trial") is None and saved.get("pending_restore") is None \
+            and state is ControllerState.STEADY:
         return None
     check(state, ControllerState.STEADY, Event.TUNING_OFF)
-    return {"state": ControllerState.STEADY.value, "trial": None,
+    # An owed restore ends too, as ``Controller.stop`` ends it: the sync restores the pods.
+    return {"state": ControllerState.STEADY.value, "trial": None, "pending_restore": None,
             "reason": f"{Event.TUNING_OFF.value}: spec.tuning.enabled is false"}
 
 
@@ -513,15 +515,15 @@ class DeploymentLoop:
         one, or, when the daemon ended before a step built one (the CR was deleted before
         its first step), one built from the CR's body and kept for the next ending.
         None when the CR is gone or a successor's, or (``with_episode``) its status has
-        no episode under way (STEADY, no trial)."""
+        no episode under way (STEADY, no trial, no restore owed)."""
         if self.controller is not None:
             return self.controller
         body = self.kube.get(*_CR, self.namespace, self.name)
         if body is None or str(body["metadata"].get("uid")) != self.uid:
             return None  # gone, or already a new CR of the same name: not ours to touch
         saved = (body.get("status") or {}).get("controller") or {}
-        if with_episode and not saved.get("trial") and \
-                saved.get("state", ControllerState.STEADY.value) == ControllerState.STEADY:
+        if with_episode and not saved.get("trial") and not saved.get("pending_restore") \
+                and saved.get("state", ControllerState.STEADY.value) == ControllerState.STEADY:
             return None  # nothing to end: no reason to build
         try:
             self.controller = build(self.kube, self.handle, body, self.factory, self.policy)
@@ -565,13 +567,16 @@ class DeploymentLoop:
         episode with it (``Controller.stop``): the open trial is told failed, as a dead
         trial would otherwise stay RUNNING, and the loop goes to STEADY, so tuning turned
         on again waits for an alert. With ``restore``, a trial's end sends every replica
-        back to the episode's starting (or best) config."""
+        back to the episode's starting (or best) config. A restore still owed after a
+        rollback that failed ends as well (``Controller.stop``): the sync, which runs
+        while tuning is off, brings the pods to the committed config."""
         controller = self._controller_to_end(with_episode=True)
         if controller is None:
             return
         loop = controller.loop
         trial = loop.trial
-        if trial is None and loop.state is ControllerState.STEADY:
+        if trial is None and loop.state is ControllerState.STEADY \
+                and loop.pending_restore is None:
             return
         target = None
         if restore and trial is not None:

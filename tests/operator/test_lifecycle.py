@@ -99,7 +99,7 @@ def test_tuning_turned_off_mid_trial_says_the_deployment_no_longer_tunes(
 
 
 @pytest.mark.parametrize("ended_by", ["daemon", "reconcile"])
-@pytest.mark.parametrize("left", ["trial", "tuning", "commit", "scaling"])
+@pytest.mark.parametrize("left", ["trial", "tuning", "commit", "scaling", "owed"])
 def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
         kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         monkeypatch: pytest.MonkeyPatch, left: str, ended_by: str) -> None:
@@ -108,7 +108,10 @@ def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
     its next trial, COMMIT and SCALING scaled up) with no alert firing. ``left``: a
     trial the first daemon ran, or a state on record that it ended before stepping.
     ``ended_by``: the daemon's end, or, where no daemon saw tuning off (the operator was
-    down, and its resume handler reconciles the CR), the reconcile's status."""
+    down, and its resume handler reconciles the CR), the reconcile's status. ``owed``: an
+    episode whose rollback failed, its restore still owed in ``steady``: kept, it was
+    applied when tuning came back on, with no alert (the sync restores the pods while
+    tuning is off)."""
     body, _, mint = reconciled(kube, cluster, llmd(
         prometheus={"url": prom.url}, replicas={"min": 1, "max": 4},
         tuning={"window": "1h"}))
@@ -121,10 +124,15 @@ def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
             assert first.step()
             assert cluster.status()["controller"]["trial"] is not None
         else:
+            saved: dict[str, Any] = {"state": left, "since": 0.0,
+                                     "reason": "an episode under way"}
+            if left == "owed":
+                saved = {"state": "steady", "since": 0.0, "reason": "rollback_failed",
+                         "baseline_config": spec_config(cluster),
+                         "pending_restore": {"since": 0.0, "attempts": 1, "retry_at": 0.0,
+                                             "error": "RuntimeError: unreachable"}}
             cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {
-                "status": {"controller": {"state": left, "since": 0.0,
-                                          "reason": "an episode under way"}}},
-                subresource="status")
+                "status": {"controller": saved}}, subresource="status")
         cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
         if ended_by == "daemon":
             first.abandon("tuning was disabled during the trial", restore=True)  # its end
@@ -138,6 +146,8 @@ def test_tuning_turned_on_again_waits_in_steady_for_an_alert(
         assert again.step()
         saved = cluster.status()["controller"]
         assert (saved["state"], saved.get("trial")) == ("steady", None)
+        assert saved.get("pending_restore") is None
+        assert (cluster.status().get("lastAction") or {}).get("action") != "revert"
         assert cluster.kube.get("apps/v1", "deployments", NS, "chat")["spec"]["replicas"] == 1
         assert pod.config == spec_config(cluster)
 

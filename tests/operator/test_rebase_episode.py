@@ -15,7 +15,7 @@ from typing import Any
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.tuning_daemon import rebase_episode
-from slopilot.tuner.loop.state import ControllerState, LoopState
+from slopilot.tuner.loop.state import ControllerState, LoopState, PendingRestore
 from tests.operator.operator_support import llmd
 
 COMMITTED = {"token_budget": 512, "chunk_size": 256}
@@ -67,3 +67,16 @@ def test_a_loop_that_never_tuned_is_left_as_it_is() -> None:
     loop = LoopState()
     rebase_episode(loop, llmd(engine={"tokenBudget": 2048}))
     assert loop == LoopState()
+
+
+def test_an_edit_while_a_restore_is_owed_makes_the_spec_what_it_restores() -> None:
+    # The episode's rollback failed and is retried: retried after the edit with the old
+    # config, it undid the edit on every pod and recorded it as the edited spec's.
+    before = parse_spec(llmd(engine={"tokenBudget": 1024})).engine.to_dict()
+    body = committed_under({"tokenBudget": 1024}, {"tokenBudget": 2048})
+    loop = loop_in(ControllerState.COOLDOWN, before)
+    loop.pending_restore = PendingRestore(since=1.0, attempts=1, retry_at=1.0,
+                                          error="RuntimeError: down")
+    assert loop.rollback_config() == COMMITTED  # the episode's best, before the edit
+    rebase_episode(loop, body)
+    assert loop.rollback_config() == parse_spec(body).engine.to_dict()
