@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     import slopilot.operator.handlers  # noqa: F401  # registers the handlers
-    from slopilot.operator.settings import peering_lifetime_s
+    from slopilot.operator.settings import peering_lifetime_s, started_policy
 
     if not args.all_namespaces and not args.namespace:
         # A usage error: exit 2, as argparse's are (SystemExit(message) exits 1).
@@ -107,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(2)
     if args.action == "uninstall":
         return run_uninstall(args)
-    try:
-        lifetime = peering_lifetime_s()  # fail here, not in kopf's startup handler
+    try:  # fail here, not in kopf's startup handler (which retries)
+        lifetime = peering_lifetime_s()
+        started_policy()
     except ValueError as exc:
         raise SystemExit(f"slopilot operator: {exc}") from None
     kopf.configure(verbose=args.verbose)

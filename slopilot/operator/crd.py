@@ -217,7 +217,11 @@ def _spec_schema() -> dict[str, Any]:
                        "description": "Run trials on one replica when there are several."},
             "storage": _cel(_str("Optuna storage URL (sqlite:/// or postgresql://, "
                                  "without a password): one the operator's "
-                                 "SLOPILOT_ALLOWED_STORAGE lists.",
+                                 "SLOPILOT_ALLOWED_STORAGE allows for this namespace. An "
+                                 "entry with {namespace} there allows only this "
+                                 "namespace's own storage (e.g. "
+                                 "sqlite:////var/lib/slopilot/teams/<namespace>.db); a "
+                                 "refusal names the one to use.",
                                  pattern=r"^(sqlite|postgresql(\+\w+)?)://",
                                  maxLength=MAX_STORAGE_URL, default=DEFAULT_STUDY_STORAGE),
                             SIDECAR_RULE, SIDECAR_MESSAGE),

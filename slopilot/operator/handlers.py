@@ -256,7 +256,8 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
         spec = parse_spec(body)
     except SpecError:
         return
-    if policy_problems(spec, memo.policy) or not_reconciled(memo.kube, body, spec):
+    if policy_problems(spec, memo.policy, namespace=meta["namespace"]) \
+            or not_reconciled(memo.kube, body, spec):
         return
     # Closed here: a handle's own client is never closed, and one per call kept a socket
     # to each pod open until a garbage collection found it.

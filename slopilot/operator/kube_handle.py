@@ -282,7 +282,7 @@ class KubeDeploymentHandle:
         tick that may take minutes) is only seen here, and a refused spec touches
         nothing, its knobs and SLO included."""
         spec = self._spec_of(body)
-        if problems := policy_problems(spec, self.policy):
+        if problems := policy_problems(spec, self.policy, namespace=self.namespace):
             raise ApplyError(f"{self.name}: the spec is refused: {'; '.join(problems)}")
         if (why := not_reconciled(self.kube, body, spec)) is not None:
             raise ApplyError(f"{self.name}: {why}")

@@ -15,7 +15,7 @@ administrator's word on top of it, set once on the operator (environment variabl
   Unset: any host that passes the URL rules (``validation.prometheus_url_problem``).
 - study storage: only the databases on the storage allow-list are opened, with the
   administrator's credentials (``study_storage.py``; the default: the operator's own
-  SQLite file).
+  SQLite file); an entry with ``{namespace}`` allows a CR its own namespace's only.
 - Prometheus certificates (``prometheus_tls``): verified, against a CA bundle the
   administrator names or the default CAs; only the administrator may turn that off.
 - the images the operator picks (``images``): the meter's, and each backend's engine
@@ -172,10 +172,11 @@ class OperatorPolicy:
                 return True
         return False
 
-    def study_storage(self, spec: LLMDeploymentSpec) -> str:
-        """The storage URL to open for ``spec``'s study (the admin's, with credentials);
+    def study_storage(self, spec: LLMDeploymentSpec, *, namespace: str) -> str:
+        """The storage URL to open for the study of ``spec``, a CR of ``namespace`` (the
+        admin's, with credentials; ``{namespace}`` in an entry is that namespace);
         StorageRefused when the policy does not allow what the CR names."""
-        return resolve_storage(spec.tuning.storage, self.storage_rules)
+        return resolve_storage(spec.tuning.storage, self.storage_rules, namespace)
 
     def prometheus_allowed(self, url: str) -> bool:
         if self.allowed_prometheus is None:
@@ -196,8 +197,10 @@ class OperatorPolicy:
         return False
 
 
-def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> list[str]:
-    """The spec's fields this operator's policy refuses, each with the fix."""
+def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy, *,
+                    namespace: str) -> list[str]:
+    """The fields of ``spec``, a CR of ``namespace``, this operator's policy refuses, each
+    with the fix."""
     out = []
     image = spec.image or policy.images.engine(spec.backend)
     if parse_image(image) is None:
@@ -215,7 +218,7 @@ def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> list[str
                    "use an allowed Prometheus, or ask the cluster admin to add it to "
                    "SLOPILOT_ALLOWED_PROMETHEUS")
     try:
-        policy.study_storage(spec)
+        policy.study_storage(spec, namespace=namespace)
     except StorageRefused as exc:
         out.append(str(exc))
     return out

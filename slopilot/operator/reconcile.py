@@ -330,7 +330,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
         spec = parse_spec(body)
     except SpecError as exc:
         return Outcome(problems=tuple(exc.problems))
-    if problems := policy_problems(spec, policy):
+    if problems := policy_problems(spec, policy, namespace=body["metadata"]["namespace"]):
         return Outcome(problems=tuple(problems), refusal=Refusal.NOT_ALLOWED,
                        warnings=spec.warnings)
     if problems := object_problems(body, spec):

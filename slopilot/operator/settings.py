@@ -17,7 +17,8 @@
   resourceVersion rather than hanging.
 - The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
   ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
-  allow-lists, see policy.py and study_storage.py), ``$SLOPILOT_NAMESPACE_LABEL`` (the
+  allow-lists, see policy.py and study_storage.py; read first by ``started_policy``, so
+  a bad entry stops the start), ``$SLOPILOT_NAMESPACE_LABEL`` (the
   Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then
   match) and the operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the
   service account's, else slopilot-system).
@@ -54,6 +55,7 @@ from slopilot.operator.policy import (
     check_dcgm_namespace,
 )
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, SHIPPED_IMAGES, Images
+from slopilot.operator.study_storage import shared_with_namespaces
 from slopilot.operator.validation import parse_image
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
@@ -114,6 +116,17 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
     except PolicyError as exc:
         raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV}, ${STORAGE_ENV} or "
                           f"${NAMESPACE_LABEL_ENV})") from None
+
+
+def started_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
+    """``operator_policy`` as the operator's start reads it first, before kopf runs: an
+    entry it cannot read stops the start (PolicyError, naming it and the fix), where
+    kopf's startup handler would retry it for good; an entry that undoes a
+    ``{namespace}`` one (``*``, the same directory for all) is warned of once."""
+    policy = operator_policy(env)
+    for line in shared_with_namespaces(policy.storage_rules):
+        log.warning(line)
+    return policy
 
 
 def operator_images(env: Mapping[str, str]) -> Images:

@@ -9,8 +9,9 @@ CR's study is deleted from each (``delete_studies``): by the daemon's end while 
 on, by the deletion handler while it is off (no daemon runs then).
 
 The status is whoever may write it, not only the operator: each entry read back is judged
-by the administrator's storage policy again (``resolve_storage``) and skipped where it
-refuses, so no entry makes the operator open a storage it would not open for the spec.
+by the administrator's storage policy again (``resolve_storage``, for the CR's namespace:
+``{namespace}`` in an entry is its) and skipped where it refuses, so no entry makes the
+operator open a storage it would not open for the spec.
 Only this CR's study (its name holds the CR's uid) is deleted from any of them.
 """
 
@@ -46,11 +47,12 @@ def with_storage(status: Mapping[str, Any] | None, storage: str) -> list[str]:
 def storages_to_clean(body: Mapping[str, Any], policy: OperatorPolicy,
                       log: logging.Logger | logging.LoggerAdapter[Any]) -> list[str]:
     """The storages (the policy's URLs, with credentials) the deleted CR's study may be
-    in: each on record that the policy allows, once."""
+    in: each on record that the policy allows a CR of its namespace, once."""
     out: list[str] = []
+    namespace = body["metadata"]["namespace"]
     for entry in recorded_storages(body.get("status")):
         try:
-            url = resolve_storage(entry, policy.storage_rules)
+            url = resolve_storage(entry, policy.storage_rules, namespace)
         except StorageRefused as exc:
             log.warning("status.studyStorages: %s; its study, if any, is not deleted", exc)
             continue

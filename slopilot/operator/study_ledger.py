@@ -12,11 +12,13 @@ record fails opens no study (it is retried): every study the operator made is on
 
 Each entry is ``spec.tuning.storage`` as the CR named it (never a password: the policy
 refuses a URL with one), so the record is no secret; the reclaim judges each entry by
-the policy again, and reads only what it would open for a CR. A namespace keeps at most
-``MAX_PER_NAMESPACE`` entries (the oldest goes, with a warning): a tenant cycling through
-files of a directory storage grows only its own share. Entries whose storage holds no
-study of the namespace any more, and that no live CR names, are dropped by the reclaim
-(``forget``), conditional on the version it read, so an entry recorded meanwhile stays.
+the policy again, for the namespace that recorded it (an allow-list entry's
+``{namespace}`` is that one), and reads only what it would open for a CR of it. A
+namespace keeps at most ``MAX_PER_NAMESPACE`` entries (the oldest goes, with a
+warning): a tenant cycling through files of a directory storage grows only its own
+share. Entries whose storage holds no study of the namespace any more, and that no live
+CR names, are dropped by the reclaim (``forget``), conditional on the version it read,
+so an entry recorded meanwhile stays.
 """
 
 from __future__ import annotations

@@ -12,8 +12,11 @@ administrator's allow-list entries that name one database (every namespace it se
 and each storage on its own record of where it opened studies (study_ledger.py: the
 files of a ``sqlite:////dir/*`` directory, the databases a ``*`` let CRs name), for the
 namespace that recorded it only. Each recorded storage is judged by the policy again
-(``resolve_storage``): one it refuses now, or a record the operator did not write, is
-never opened. No other file is opened: not a directory's other files, nor one a record
+(``resolve_storage``), for the namespace that recorded it (``{namespace}`` in an entry is
+that one: an entry recorded under a list without it, naming another namespace's file, is
+refused now): one it refuses now, or a record the operator did not write, is never
+opened. An entry with ``{namespace}`` names no database by itself, and is reached only
+through the record. No other file is opened: not a directory's other files, nor one a record
 names that does not exist (it is not created). In each storage visited it deletes each
 study whose namespace it serves (and, for a recorded storage, is the recording one)
 and whose uid no LLMDeployment in that namespace has now. Keyed by uid, never by name: a
@@ -49,7 +52,7 @@ from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.study_cleanup import recorded_storages
 from slopilot.operator.study_ledger import LEDGER, Entry, Ledger, forget, read_ledger
-from slopilot.operator.study_storage import ALLOW_ALL, StorageRefused, resolve_storage
+from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.validation import DNS_1123_LABEL, DNS_1123_SUBDOMAIN
 from slopilot.tuner.study.storage import StudyStorageError, delete_named_study, study_names
 from slopilot.tuner.study.storage_url import shown
@@ -126,8 +129,10 @@ def owner_of(study: str) -> StudyOwner | None:
 
 
 def listable_storages(policy: OperatorPolicy) -> list[str]:
-    """The allow-list's entries that name one database (with their credentials)."""
-    return [e for e in policy.allowed_storage if e != ALLOW_ALL and not e.endswith("/*")]
+    """The allow-list's entries that name one database, the same for every namespace
+    (with their credentials). An entry with ``{namespace}`` names one per namespace:
+    those are visited as recorded, each for its namespace."""
+    return [r.entry for r in policy.storage_rules if r.one_database]
 
 
 def serving(patterns: Sequence[str] | None) -> Callable[[str], bool]:
@@ -213,7 +218,7 @@ def _visits(policy: OperatorPolicy, served: Callable[[str], bool], ledger: Ledge
         if not served(entry.namespace):
             continue  # another operator's, or one this one no longer serves
         try:
-            url = resolve_storage(entry.storage, policy.storage_rules)
+            url = resolve_storage(entry.storage, policy.storage_rules, entry.namespace)
         except StorageRefused as exc:
             _skip(done, f"{LEDGER} entry of namespace {entry.namespace}",
                   f"{exc}; not opened")

@@ -223,7 +223,9 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     if twin is not None:
         factory = functools.partial(_with_twin, factory, twin)
     spec = parse_spec(body)
-    if problems := policy_problems(spec, policy):  # never query a URL the policy refuses
+    meta = body["metadata"]
+    if problems := policy_problems(spec, policy, namespace=meta["namespace"]):
+        # never query a URL the policy refuses
         raise ControllerError("; ".join(problems))
     if (why := not_reconciled(kube, body, spec)) is not None:  # never act on another's
         raise ControllerError(why)
@@ -239,7 +241,6 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
             """-p '{"status":{"controller":null}}'""") from None
     if state is not None:
         rebase_episode(state, body)
-    meta = body["metadata"]
     try:  # before the study is opened: every study the operator makes is on record
         record(kube, policy.operator_namespace, meta["namespace"], spec.tuning.storage)
     except Exception as exc:  # an API error or a dropped connection: built at a next step
@@ -250,7 +251,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
             "is opened once it is") from None
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
                         controller_settings(spec, meta["namespace"], meta["name"]), state,
-                        policy.study_storage(spec), uid=str(meta.get("uid", "")),
+                        policy.study_storage(spec, namespace=meta["namespace"]),
+                        uid=str(meta.get("uid", "")),
                         namespace_label=policy.namespace_label,
                         prometheus_tls=policy.prometheus_tls)
     controller = factory(ctx)
@@ -395,7 +397,8 @@ class DeploymentLoop:
         saved = (body.get("status") or {}).get("controller")
         try:
             spec = parse_spec(body)
-            if policy_problems(spec, self.policy) or not_reconciled(self.kube, body, spec):
+            if policy_problems(spec, self.policy, namespace=self.namespace) \
+                    or not_reconciled(self.kube, body, spec):
                 return False, None, None
             state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
         except (SpecError, ControllerError):
@@ -558,7 +561,8 @@ class DeploymentLoop:
                 log.info("%s: the deleted LLMDeployment's study deleted", self.key)
                 if self.storage is not None:
                     with contextlib.suppress(StorageRefused):
-                        done = (resolve_storage(self.storage, self.policy.storage_rules),)
+                        done = (resolve_storage(self.storage, self.policy.storage_rules,
+                                                self.namespace),)
         if body is not None and str(body["metadata"].get("uid")) == self.uid:
             delete_studies(body, self.policy, log=self.logger, done=done)
 

@@ -205,7 +205,8 @@ def test_a_string_no_bound_held_is_refused_short_not_quoted_whole() -> None:
                 "sqlite:////var/lib/slopilot/" + "a" * 100_000 + ".db"):
         body = {"spec": {"model": {"name": "m"}, "tuning": {"storage": url}}}
         try:
-            problems = policy_problems(parse_spec(body), OperatorPolicy())
+            problems = policy_problems(parse_spec(body), OperatorPolicy(),
+                                       namespace="default")
         except SpecError as exc:
             problems = exc.problems
         assert problems and all(len(p) < 1000 for p in problems), [len(p) for p in problems]

@@ -96,7 +96,7 @@ def test_the_default_allow_list_is_the_administrators_default_images() -> None:
     policy = operator_policy(MIRRORED)
     for backend in Backend:
         spec = parse_spec({"spec": {"model": {"name": "m"}, "backend": backend.value}})
-        assert policy_problems(spec, policy) == []
+        assert policy_problems(spec, policy, namespace="default") == []
     assert policy.image_allowed(f"{MIRROR}/vllm-openai:v0.12.0")
     assert not policy.image_allowed("vllm/vllm-openai:v0.11.0")
 

@@ -13,6 +13,9 @@ from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.validation import parse_image, prometheus_url_problem
 
+NS = "team-a"
+"""The namespace of the CRs judged here."""
+
 
 def spec_of(**fields: Any) -> Any:
     return parse_spec({"spec": {"model": {"name": "m"}, **fields}})
@@ -55,7 +58,8 @@ def test_the_prometheus_allow_list_keeps_the_operator_to_known_hosts() -> None:
     assert not policy.prometheus_allowed("http://10.0.0.1:9090")
     assert not policy.prometheus_allowed("http://evilmonitoring.svc.cluster.local")
     assert OperatorPolicy().prometheus_allowed("http://10.0.0.1:9090")  # no list: any host
-    problems = policy_problems(spec_of(prometheus={"url": "http://10.0.0.1:9090"}), policy)
+    problems = policy_problems(spec_of(prometheus={"url": "http://10.0.0.1:9090"}), policy,
+                               namespace=NS)
     assert len(problems) == 1 and "SLOPILOT_ALLOWED_PROMETHEUS" in problems[0]
 
 
@@ -67,7 +71,7 @@ def test_an_empty_prometheus_allow_list_allows_no_host_not_every_host(value: str
     policy = operator_policy({"SLOPILOT_ALLOWED_PROMETHEUS": value})
     assert not policy.prometheus_allowed("http://10.0.0.1:9090")
     assert not policy.prometheus_allowed("http://prometheus-operated.monitoring:9090")
-    (problem,) = policy_problems(spec_of(), policy)
+    (problem,) = policy_problems(spec_of(), policy, namespace=NS)
     assert "Prometheus allow-list (empty)" in problem
     assert operator_policy({}).prometheus_allowed("http://10.0.0.1:9090")
 
@@ -86,7 +90,7 @@ def test_an_empty_prometheus_allow_list_allows_no_host_not_every_host(value: str
 ])
 def test_only_allow_listed_images_run(image: str, allowed: bool) -> None:
     spec = spec_of(image=image)
-    problems = policy_problems(spec, OperatorPolicy())
+    problems = policy_problems(spec, OperatorPolicy(), namespace=NS)
     assert (problems == []) is allowed, problems
     if not allowed:
         assert problems[0].startswith("spec.image=")
@@ -100,7 +104,7 @@ def test_an_admin_widens_or_narrows_the_image_list() -> None:
     assert not policy.image_allowed("registry.acme.internal/llmx/engine:3")
     assert not policy.image_allowed("ghcr.io/slopilot/slopilot:0.1.0")
     # The default image is judged too: a backend whose default is not allowed is refused.
-    problems = policy_problems(spec_of(), policy)
+    problems = policy_problems(spec_of(), policy, namespace=NS)
     assert problems and "the builtin default image" in problems[0]
     assert operator_policy({"SLOPILOT_ALLOWED_IMAGES": "*"}).image_allowed("ubuntu")
 
@@ -148,10 +152,10 @@ SHARED = "postgresql+psycopg2://optuna:Adm1n-s3cret@db.shared.svc:5432/studies"
 
 def test_by_default_only_the_operators_own_study_file_is_opened() -> None:
     policy = OperatorPolicy()
-    assert policy.study_storage(spec_of()) == DEFAULT_DB  # the CRD's default
+    assert policy.study_storage(spec_of(), namespace=NS) == DEFAULT_DB  # the CRD's default
     for url in ("postgresql://optuna@10.0.0.5:5432/x", "sqlite:////etc/slopilot/evil.db",
                 "sqlite:////var/lib/slopilot/other.db", "mysql://root@db/x"):
-        problems = policy_problems(spec_of(tuning={"storage": url}), policy)
+        problems = policy_problems(spec_of(tuning={"storage": url}), policy, namespace=NS)
         assert problems and "spec.tuning.storage" in problems[0], url
         assert "SLOPILOT_ALLOWED_STORAGE" in problems[0]
 
@@ -178,12 +182,13 @@ def test_the_old_relative_default_is_read_as_the_mounted_file_with_a_warning() -
     [warning] = spec.warnings
     assert "spec.tuning.storage" in warning and "relative" in warning
     assert DEFAULT_DB in warning
-    assert policy_problems(spec, OperatorPolicy()) == []
+    assert policy_problems(spec, OperatorPolicy(), namespace=NS) == []
 
 
 def test_another_relative_sqlite_path_is_refused_naming_the_fix() -> None:
     policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "*"})
-    [problem] = policy_problems(spec_of(tuning={"storage": "sqlite:///team.db"}), policy)
+    [problem] = policy_problems(spec_of(tuning={"storage": "sqlite:///team.db"}), policy,
+                                namespace=NS)
     assert "spec.tuning.storage" in problem and "relative" in problem
     assert "sqlite:////" in problem  # four slashes: an absolute path
     with pytest.raises(PolicyError, match="relative"):
@@ -193,23 +198,24 @@ def test_another_relative_sqlite_path_is_refused_naming_the_fix() -> None:
 def test_a_cr_names_a_shared_database_and_the_operator_brings_the_credentials() -> None:
     policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": f"{DEFAULT_DB},{SHARED}"})
     asked = "postgresql+psycopg2://optuna@db.shared.svc:5432/studies"
-    assert policy.study_storage(spec_of(tuning={"storage": asked})) == SHARED
+    assert policy.study_storage(spec_of(tuning={"storage": asked}), namespace=NS) == SHARED
     # Another database, user, port or query on the same server is another storage.
     for url in ("postgresql+psycopg2://optuna@db.shared.svc:5432/other",
                 "postgresql+psycopg2://root@db.shared.svc:5432/studies",
                 "postgresql+psycopg2://optuna@db.shared.svc:6543/studies",
                 "postgresql+psycopg2://optuna@db.shared.svc:5432/studies?host=/tmp"):
-        assert policy_problems(spec_of(tuning={"storage": url}), policy), url
+        assert policy_problems(spec_of(tuning={"storage": url}), policy, namespace=NS), url
 
 
 def test_a_password_in_the_cr_is_refused_and_never_echoed() -> None:
     policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": SHARED})
     spec = spec_of(tuning={"storage": SHARED})  # even the right one: the CR is readable
-    problems = policy_problems(spec, policy)
+    problems = policy_problems(spec, policy, namespace=NS)
     assert problems and "holds a password" in problems[0]
     assert "Adm1n-s3cret" not in " ".join(problems)
     # Nor does the allow-list's own password show when a CR is refused.
-    other = policy_problems(spec_of(tuning={"storage": "postgresql://x@h/db"}), policy)
+    other = policy_problems(spec_of(tuning={"storage": "postgresql://x@h/db"}), policy,
+                            namespace=NS)
     assert other and "Adm1n-s3cret" not in other[0] and "***" in other[0]
 
 
@@ -224,7 +230,7 @@ def test_a_password_in_the_cr_is_refused_and_never_echoed() -> None:
 ])
 def test_a_directory_entry_allows_plain_files_inside_it_only(url: str, allowed: bool) -> None:
     policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "sqlite:////var/lib/slopilot/*"})
-    problems = policy_problems(spec_of(tuning={"storage": url}), policy)
+    problems = policy_problems(spec_of(tuning={"storage": url}), policy, namespace=NS)
     assert (problems == []) is allowed, problems
 
 
@@ -249,10 +255,10 @@ def test_a_databases_journal_is_never_opened_as_a_database_of_its_own(name: str)
     assert "SQLite's own" in problem and "e.g. sqlite:////var/lib/slopilot/" in problem
     policy = operator_policy({"SLOPILOT_ALLOWED_STORAGE": "sqlite:////var/lib/slopilot/*"})
     with pytest.raises(StorageRefused, match=r"SQLite's own"):
-        resolve_storage(url, policy.storage_rules)
+        resolve_storage(url, policy.storage_rules, NS)
     # A name that merely holds the words is a database file like any other.
     ok = "sqlite:////var/lib/slopilot/wal-journal-shm.db"
-    assert policy_problems(spec_of(tuning={"storage": ok}), policy) == []
+    assert policy_problems(spec_of(tuning={"storage": ok}), policy, namespace=NS) == []
 
 
 @pytest.mark.parametrize("entry", ["sqlite:///relative/*", "sqlite:////a/../b/*",

@@ -88,7 +88,8 @@ def test_the_image_allow_list_judges_the_tenants_image_not_the_meters() -> None:
     # code, chosen by the operator: a list without the slopilot image refuses nothing here.
     only_vllm = OperatorPolicy(allowed_images=("docker.io/vllm/vllm-openai",))
     assert not only_vllm.image_allowed(DEFAULT_IMAGES[Backend.BUILTIN])
-    assert policy_problems(parse_spec(body(backend="vllm")), only_vllm) == []
+    assert policy_problems(parse_spec(body(backend="vllm")), only_vllm,
+                           namespace="default") == []
 
 
 def test_the_meter_reads_the_slo_from_the_configmap_mounted_whole() -> None:
