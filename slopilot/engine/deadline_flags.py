@@ -62,8 +62,8 @@ def _number(flag: str) -> Callable[[str], float]:
     return parse
 
 
-# Each deadline's flag, by its field in ``Deadlines``.
-_DEADLINE_FLAGS = {"head_s": "--head-timeout", "body_idle_s": "--body-idle-timeout",
+# Each deadline's flag, by its field in ``Deadlines`` (the operator renders them too).
+DEADLINE_FLAGS = {"head_s": "--head-timeout", "body_idle_s": "--body-idle-timeout",
                    "send_s": "--send-timeout", "keep_alive_s": "--keep-alive-timeout"}
 
 
@@ -79,5 +79,5 @@ def deadlines_from_flags(args: argparse.Namespace) -> Deadlines:
     try:
         return Deadlines(**given)
     except DeadlineError as exc:
-        raise ValueError(f"{_DEADLINE_FLAGS[exc.field]} {exc.value:g}: {exc.expected}") \
+        raise ValueError(f"{DEADLINE_FLAGS[exc.field]} {exc.value:g}: {exc.expected}") \
             from None

@@ -19,6 +19,7 @@ import yaml
 from slopilot.operator import twin_spec
 from slopilot.operator.alert_spec import ALERT_FIELDS
 from slopilot.operator.clients_spec import VLLM_REFUSAL, VLLM_RULE, clients_schema
+from slopilot.operator.connections_spec import FIELDS as CONNECTION_FIELDS
 from slopilot.operator.crd_status import status_schema as _status_schema
 from slopilot.operator.crd_types import cel as _cel
 from slopilot.operator.crd_types import integer as _int
@@ -208,6 +209,11 @@ def _spec_schema() -> dict[str, Any]:
                               enum=list(VLLM_CLASSES), default="p0"),
         }, default={}),
         "clients": clients_schema(),
+        "connections": _obj({camel: _duration(f.description, f.lo_s, f.hi_s)
+                             for camel, f in CONNECTION_FIELDS.items()},
+                            desc="How long the pods' server (the meter's, in front of "
+                            "vLLM) keeps a client's connection waiting; a field left out "
+                            "keeps the server's default. A change rolls the pods."),
         "tuning": _obj({
             "enabled": {"type": "boolean", "default": True},
             "window": _duration("How long one live trial observes traffic.",

@@ -33,6 +33,7 @@ import kopf
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.engine.slo import SLO_FILE_ENV
+from slopilot.operator.connections_spec import connection_flags
 from slopilot.operator.knobs import VLLM_LACKS
 from slopilot.operator.model_source import pod_volume, token_env, volume_mount
 from slopilot.operator.quantity import stored_form
@@ -208,7 +209,7 @@ def meter_command(spec: LLMDeploymentSpec) -> list[str]:
     the ServiceMonitor relabels vLLM's own series into."""
     return ["slopilot", "meter", "--upstream", f"http://127.0.0.1:{VLLM_PORT}",
             "--port", str(PORT), "--slo-file", f"{CONFIG_DIR}/{SLO_FILE}",
-            "--priority-class", spec.vllm_class]
+            "--priority-class", spec.vllm_class, *connection_flags(spec.connections)]
 
 
 def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
@@ -301,7 +302,8 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None,
         probe_port = "http"
         command = ["slopilot", "serve", "--executor", "torch", "--model", spec.model_ref,
                    "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
-                   "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"]
+                   "--config", f"{CONFIG_DIR}/{CONFIG_FILE}",
+                   *connection_flags(spec.connections)]
         if spec.clients is not None:
             # A flag, not an environment variable as the SLO's: an image too old to
             # enforce grants refuses to start rather than serving every client any class.

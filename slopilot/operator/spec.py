@@ -24,6 +24,7 @@ from slopilot.operator.alert_spec import (
     alert_options,
 )
 from slopilot.operator.clients_spec import parse_clients
+from slopilot.operator.connections_spec import parse_connections
 from slopilot.operator.knobs import (
     VLLM_APPLIES,
     VLLM_DEFAULT_BACKEND_BLOCK_MULTIPLE,
@@ -118,6 +119,9 @@ class LLMDeploymentSpec:
     """``spec.model.volume``: the claim mounted read-only at /models (model_source.py)."""
     token_secret: TokenSecret | None = None
     """``spec.model.tokenSecret``: vLLM's hub token, from a Secret of the namespace."""
+    connections: Mapping[str, float] = field(default_factory=dict)
+    """``spec.connections``: the server's deadlines given, in seconds by ``Deadlines``
+    field (connections_spec.py); the server's defaults for the rest."""
     warnings: tuple[str, ...] = ()
     """What the spec does that still works but should change (a deprecated field), each
     naming the field and the fix; the operator posts them as Warning events."""
@@ -252,6 +256,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         r.problems.append(problem)
     twin = parse_twin(spec, r.problems, warnings)
     clients = parse_clients(spec, backend is Backend.BUILTIN, r.problems)
+    connections = parse_connections(spec, r)
     cpu, memory = _quantity(spec, "cpu", r), _quantity(spec, "memory", r)
     model_path, image = r.get(spec, "spec.model.path", str), r.get(spec, "spec.image", str)
     raw_model = spec.get("model")
@@ -261,14 +266,15 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
-             "prometheus", "alerts", "twin", "clients"}
+             "prometheus", "alerts", "twin", "clients", "connections"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=model_path,
         image=image, min_replicas=lo, max_replicas=hi, gpu=gpu,
         cpu=cpu, memory=memory, engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
-        alerts=alerts, twin=twin, clients=clients, model_volume=volume,
+        alerts=alerts, twin=twin, clients=clients, connections=connections,
+        model_volume=volume,
         token_secret=token, warnings=tuple(warnings))
 
 
