@@ -1,0 +1,237 @@
+"""What a /metrics scrape costs the token streams of the server it scrapes.
+
+The built-in engine's server renders its Prometheus text on the event loop that writes
+every stream's chunks: while it renders, no stream gets its next token, and the gap a
+client measures, and the one the server's own inter-token histogram records, grows by
+the render. This script serves the simulated executor (``slopilot serve --executor
+simulated``, its 10 ms decode step in real time, a process of this tree), streams
+``--streams`` concurrent requests at it from this process (a bare socket each, every
+text event stamped as it arrives), and runs two arms side by side, alternating round
+by round (and which goes first) so a busy machine slows both alike:
+
+- ``none``: the streams alone;
+- ``scrape``: the same while a process of its own GETs /metrics every ``--cadence-s``
+  (at fixed times from its start, not after the last answer), as Prometheus does every
+  15 s and the operator's and tuner's own readers do, here far more often so that the
+  scrapes touch enough gaps to show in a P99 within a short run.
+
+Per arm, the medians over ``--rounds`` of each round's token-gap P50, P99 and max as the
+client measured them (an event's first token gets the gap from the event before it; any
+more it brings, 0: they came with no gap), and the server's own P99 of its
+``vllm:inter_token_latency_seconds`` over the round (its histogram's increase, read as
+``histogram_quantile`` reads it). Also: the render time of one engine's /metrics in this
+process (``EngineMetrics.render``, every class's histograms populated; the best of 5
+repeats of 20) and the scrapes' median round trip as the scraper measured it under the
+load. It measures whatever render the code it runs has: run it on two commits to
+compare them.
+
+    .venv/bin/python benchmarks/scrape_stall.py [--streams 16] [--seconds 8] [--rounds 5]
+        [--cadence-s 0.25] [--tokens 200]
+
+Ends with ``RESULT render_ms=... scrape_ms=... scrapes=... gaps=... gap_p50_ms_none=...
+gap_p50_ms_scrape=... gap_p99_ms_none=... gap_p99_ms_scrape=... gap_p99_excess_ms=...
+gap_max_ms_none=... gap_max_ms_scrape=... gap_max_excess_ms=...
+server_itl_p99_ms_none=... server_itl_p99_ms_scrape=... server_itl_p99_excess_ms=...``
+(an excess: the scrape arm's median less the other's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+import timeit
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from slopilot.engine.metrics import EngineMetrics, histogram_quantile
+from slopilot.engine.request import Priority
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from loop_truth import percentile  # noqa: E402
+from serving_latency import serve  # noqa: E402
+
+ITL = "vllm:inter_token_latency_seconds"
+ARMS = ("none", "scrape")
+
+# The scraper: its own process, so its HTTP client and parsing take nothing from the
+# streams' client. It says "ready" once imported and starts on the next line of stdin.
+SCRAPER = r"""
+import json, sys, time
+import httpx
+url, cadence, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()
+trips = []
+with httpx.Client(timeout=30) as client:
+    start = time.perf_counter()
+    k = 1
+    while k * cadence < seconds:
+        delay = start + k * cadence - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        sent = time.perf_counter()
+        client.get(url + "/metrics").raise_for_status()
+        trips.append(time.perf_counter() - sent)
+        k += 1
+print(json.dumps(trips), flush=True)
+"""
+
+
+async def _stream(host: str, port: int, body: bytes, gaps: list[float]) -> None:
+    """One streamed completion over a bare socket: each text event's gap after the one
+    before it, for its first token; 0 for each more token it brings."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                 + body)
+    last: float | None = None
+    while line := await reader.readline():
+        if not line.startswith(b"data: {"):
+            continue
+        stamp = time.perf_counter()
+        # The placeholder tokenizer's tokens are words.
+        tokens = sum(len(str(c.get("text") or "").split())
+                     for c in json.loads(line[6:]).get("choices") or ())
+        if not tokens:
+            continue
+        if last is not None:  # the first event's first token is its TTFT, not a gap
+            gaps.append(stamp - last)
+        gaps.extend([0.0] * (tokens - 1))
+        last = stamp
+    writer.close()
+
+
+async def _load(url: str, streams: int, seconds: float, tokens: int) -> list[float]:
+    """``streams`` clients, each sending its next request when its last one ended, until
+    ``seconds`` are up: every token gap they measured."""
+    host, port = url.removeprefix("http://").split(":")
+    end = time.perf_counter() + seconds
+    gaps: list[float] = []
+
+    async def client(i: int) -> None:
+        k = 0
+        while time.perf_counter() < end:
+            body = json.dumps({"prompt": f"client {i} request {k}", "max_tokens": tokens,
+                               "stream": True, "ignore_eos": True}).encode()
+            await _stream(host, int(port), body, gaps)
+            k += 1
+
+    await asyncio.gather(*(client(i) for i in range(streams)))
+    return gaps
+
+
+def _itl_buckets(url: str) -> dict[float, float]:
+    """The server's inter-token histogram, every class summed: cumulative le -> count."""
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name != ITL:
+            continue
+        for s in family.samples:
+            if s.name == ITL + "_bucket":
+                le = s.labels["le"]
+                edge = math.inf if le == "+Inf" else float(le)
+                out[edge] = out.get(edge, 0.0) + s.value
+    return out
+
+
+@dataclass
+class Round:
+    """One round of one arm: the client's gap figures, the server's P99, the scrapes."""
+
+    p50: float
+    p99: float
+    max: float
+    server_p99: float
+    gaps: int
+    trips: list[float]
+
+
+def run_arm(url: str, arm: str, args: argparse.Namespace) -> Round:
+    """One round of one arm, the scraper started with the streams when it has one."""
+    scraper = None
+    if arm == "scrape":
+        scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, url, str(args.cadence_s),
+                                    str(args.seconds)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        assert scraper.stdin is not None and scraper.stdout is not None
+        if scraper.stdout.readline().strip() != "ready":
+            raise RuntimeError("the scraper did not start")
+    before = _itl_buckets(url)
+    if scraper is not None:
+        assert scraper.stdin is not None
+        scraper.stdin.write("go\n")
+        scraper.stdin.flush()
+    gaps = asyncio.run(_load(url, args.streams, args.seconds, args.tokens))
+    trips: list[float] = []
+    if scraper is not None:
+        out, _ = scraper.communicate(timeout=60)
+        trips = json.loads(out)
+    after = _itl_buckets(url)
+    served = {e: after[e] - before.get(e, 0.0) for e in after}
+    return Round(percentile(gaps, 0.50), percentile(gaps, 0.99), max(gaps),
+                 histogram_quantile(0.99, served), len(gaps), trips)
+
+
+def render_ms() -> float:
+    """One engine's render, every class's histograms populated as a server's are."""
+    m = EngineMetrics("m")
+    for p in Priority:
+        for i in range(200):
+            m.observe_ttft(p, 0.001 * (i + 1))
+            m.observe_token_gap(p, 0.0001 * (i + 1))
+            m.observe_delivered(p, 0.01 * (i + 1), i, "length")
+    return min(timeit.repeat(m.render, number=20, repeat=5)) / 20 * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=16, help="concurrent streams")
+    ap.add_argument("--seconds", type=float, default=8.0, help="length of one arm's round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of both arms")
+    ap.add_argument("--cadence-s", type=float, default=0.25, help="seconds between scrapes")
+    ap.add_argument("--tokens", type=int, default=200, help="max_tokens of each request")
+    args = ap.parse_args()
+    results: dict[str, list[Round]] = {arm: [] for arm in ARMS}
+    with serve("--executor", "simulated") as url:
+        asyncio.run(_load(url, args.streams, 2.0, args.tokens))  # warm up
+        for r in range(args.rounds):
+            for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
+                res = run_arm(url, arm, args)
+                results[arm].append(res)
+                print(f"round {r} {arm:6}: {res.gaps} gaps, P50 {res.p50 * 1e3:.2f} ms, "
+                      f"P99 {res.p99 * 1e3:.2f} ms, max {res.max * 1e3:.1f} ms; server ITL "
+                      f"P99 {res.server_p99 * 1e3:.2f} ms", flush=True)
+
+    def median(arm: str, key: str) -> float:
+        return statistics.median(getattr(res, key) for res in results[arm]) * 1e3
+
+    trips = [t for res in results["scrape"] for t in res.trips]
+    fields: dict[str, float] = {"render_ms": render_ms(),
+                                "scrape_ms": statistics.median(trips) * 1e3,
+                                "scrapes": float(len(trips)),
+                                "gaps": float(sum(res.gaps for arm in ARMS
+                                                  for res in results[arm]))}
+    for key, name in (("p50", "gap_p50_ms"), ("p99", "gap_p99_ms"), ("max", "gap_max_ms"),
+                      ("server_p99", "server_itl_p99_ms")):
+        for arm in ARMS:
+            fields[f"{name}_{arm}"] = median(arm, key)
+        if key != "p50":
+            fields[name.replace("_ms", "_excess_ms")] = (
+                fields[f"{name}_scrape"] - fields[f"{name}_none"])
+    print("RESULT " + " ".join(f"{k}={v:.0f}" if k in ("scrapes", "gaps") else f"{k}={v:.3g}"
+                               for k, v in fields.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
