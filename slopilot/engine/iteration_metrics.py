@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily
 
 from slopilot.engine.metric_window import HistogramRecorder
+from slopilot.engine.metrics_text import HistogramText, Part
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
 
 ITERATION_BUCKETS: tuple[float, ...] = (
@@ -45,6 +46,9 @@ class IterationMetrics:
         self._executor = dict.fromkeys(KINDS, 0.0)
         # Summed in place (one list per kind), not a new IterationShape per iteration.
         self._shape = {k: [0.0] * len(FEATURES) for k in KINDS}
+        # Built on the first render, when the engine's model name is known.
+        self._seconds_text: HistogramText | None = None
+        self._seconds_text_model = ""
 
     def observe(self, shape: IterationShape, step_s: float, executor_s: float) -> None:
         kind = shape.kind
@@ -59,11 +63,16 @@ class IterationMetrics:
         rec = self._seconds[kind]
         return rec.count, rec.total, self._executor[kind], IterationShape(*self._shape[kind])
 
-    def families(self, model_name: str) -> Iterator[Metric]:
-        hist = HistogramMetricFamily(
-            "slopilot_iteration_seconds",
-            "Step time of an iteration (previous end to this end: the token gap), by kind.",
-            labels=["model_name", "kind"])
+    def parts(self, model_name: str) -> Iterator[Part]:
+        """The step-time histogram's text, then the executor and shape families."""
+        if self._seconds_text is None or self._seconds_text_model != model_name:
+            self._seconds_text_model = model_name
+            self._seconds_text = HistogramText(
+                "slopilot_iteration_seconds",
+                "Step time of an iteration (previous end to this end: the token gap), by "
+                "kind.", ["model_name", "kind"],
+                [([model_name, kind], self._seconds[kind]) for kind in KINDS])
+        yield self._seconds_text
         executor = CounterMetricFamily(
             "slopilot_iteration_executor_seconds",
             "Executor time (forward pass, sampling, swaps) of iterations, by kind.",
@@ -74,11 +83,8 @@ class IterationMetrics:
             "decode_seqs, prefill_seqs, context tokens read, attention pairs, ...",
             labels=["model_name", "kind", "feature"])
         for kind in KINDS:
-            rec = self._seconds[kind]
-            hist.add_metric([model_name, kind], rec.cumulative(), rec.total)
             executor.add_metric([model_name, kind], self._executor[kind])
             for name, value in zip(FEATURES, self._shape[kind], strict=True):
                 shape.add_metric([model_name, kind, name], value)
-        yield hist
         yield executor
         yield shape

@@ -14,13 +14,8 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slopilot import __version__
 from slopilot.engine.config import EngineConfig
@@ -31,6 +26,14 @@ from slopilot.engine.iteration_metrics import (
 )
 from slopilot.engine.latency_buckets import LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
+from slopilot.engine.metrics_text import (
+    HistogramText,
+    Part,
+    TextRegistry,
+    families,
+    parts_text,
+    render,
+)
 from slopilot.engine.request import FinishReason, Priority
 from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.slo import ClassSLO, SLOSpec
@@ -161,7 +164,7 @@ class EngineMetrics:
                 raise ValueError(f"info label {key!r}: use a Prometheus label name (letters, "
                                  "digits, _) other than model_name and version")
         self.model_name = model_name
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else TextRegistry()
         self._clock = clock
         self._info = {"version": __version__, **(info or {})}
         self._config: dict[str, str] = {}
@@ -186,6 +189,7 @@ class EngineMetrics:
         self._stall = [SlidingMax(stall_window_s) for _ in Priority]
         self._busy = SlidingSum(busy_window_s)
         self.iterations = IterationMetrics()
+        self._histograms = self._histogram_texts()
 
         self.num_running = 0
         self.num_waiting = 0
@@ -206,6 +210,37 @@ class EngineMetrics:
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
         self.send_timeouts = 0
         self.registry.register(self)
+
+    def _histogram_texts(self) -> list[HistogramText]:
+        """Every histogram family of this engine but the iterations', as its text."""
+        by_class = ["model_name", "priority_class"]
+        texts = [
+            HistogramText(name, doc, by_class,
+                          [([self.model_name, p.label], recorders[p]) for p in Priority])
+            for name, doc, recorders in (
+                ("vllm:time_to_first_token_seconds",
+                 "Time to first token: request arrival to its first output.", self._ttft),
+                ("vllm:inter_token_latency_seconds", "Time between tokens (TBT).", self._itl),
+                ("vllm:e2e_request_latency_seconds",
+                 "End-to-end: request arrival to its last output.", self._e2e),
+                ("vllm:request_queue_time_seconds",
+                 "Engine queue: taken by the engine to first scheduled.", self._queue),
+                ("vllm:request_prefill_time_seconds", "First scheduled to first token.",
+                 self._prefill),
+                ("vllm:request_decode_time_seconds", "First token to last token.",
+                 self._decode),
+                ("vllm:request_inference_time_seconds", "First scheduled to last token.",
+                 self._inference),
+                ("vllm:request_prompt_tokens", "Prompt length of finished requests.",
+                 self._req_prompt),
+                ("vllm:request_generation_tokens", "Output length of finished requests.",
+                 self._req_generation),
+                ("vllm:request_max_num_generation_tokens", "Longest output of the "
+                 "choices of one request (n of them), once all ended.",
+                 self._req_max_generation))]
+        texts.append(HistogramText("vllm:iteration_tokens_total", "Tokens per iteration.",
+                                   ["model_name"], [([self.model_name], self._iteration)]))
+        return texts
 
     # -- fed by the engine loop ------------------------------------------------------
 
@@ -394,18 +429,28 @@ class EngineMetrics:
     # -- read on scrape --------------------------------------------------------------
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The registry's exposition, as ``generate_latest`` writes it (``metrics_text``):
+        this engine's text, then its registry's other collectors' (the server's)."""
+        return render(self.registry)
+
+    def exposition(self) -> str:
+        """This engine's own exposition text (``metrics_text.TextCollector``)."""
+        return parts_text(self._parts())
 
     def describe(self) -> list[Metric]:
         # Lets the registry refuse a second engine with the same series at register time.
         return list(self.collect())
 
     def collect(self) -> Iterator[Metric]:
+        return families(self._parts())
+
+    def _parts(self) -> Iterator[Part]:
+        # The histograms as their text (``metrics_text``): most of the lines, formatted
+        # once each, not again while unchanged. The small families as families.
         model = [self.model_name]
         now = self._clock()
-        yield from self._latency_families()
-        yield from self._token_families()
-        yield from self.iterations.families(self.model_name)
+        yield from self._histograms
+        yield from self.iterations.parts(self.model_name)
 
         for name, doc, value in (
                 ("vllm:num_requests_running", "Requests in the running batch.", self.num_running),
@@ -479,40 +524,6 @@ class EngineMetrics:
         yield send_timeouts
         yield from self._verdicts.families(self.model_name)
         yield from self._info_families()
-
-    def _latency_families(self) -> Iterator[Metric]:
-        for name, doc, recorders in (
-                ("vllm:time_to_first_token_seconds",
-                 "Time to first token: request arrival to its first output.", self._ttft),
-                ("vllm:inter_token_latency_seconds", "Time between tokens (TBT).", self._itl),
-                ("vllm:e2e_request_latency_seconds",
-                 "End-to-end: request arrival to its last output.", self._e2e),
-                ("vllm:request_queue_time_seconds",
-                 "Engine queue: taken by the engine to first scheduled.", self._queue),
-                ("vllm:request_prefill_time_seconds", "First scheduled to first token.",
-                 self._prefill),
-                ("vllm:request_decode_time_seconds", "First token to last token.",
-                 self._decode),
-                ("vllm:request_inference_time_seconds", "First scheduled to last token.",
-                 self._inference),
-                ("vllm:request_prompt_tokens", "Prompt length of finished requests.",
-                 self._req_prompt),
-                ("vllm:request_generation_tokens", "Output length of finished requests.",
-                 self._req_generation),
-                ("vllm:request_max_num_generation_tokens", "Longest output of the "
-                 "choices of one request (n of them), once all ended.",
-                 self._req_max_generation)):
-            h = HistogramMetricFamily(name, doc, labels=["model_name", "priority_class"])
-            for p in Priority:
-                rec = recorders[p]
-                h.add_metric([self.model_name, p.label], rec.cumulative(), rec.total)
-            yield h
-
-    def _token_families(self) -> Iterator[Metric]:
-        h = HistogramMetricFamily("vllm:iteration_tokens_total", "Tokens per iteration.",
-                                  labels=["model_name"])
-        h.add_metric([self.model_name], self._iteration.cumulative(), self._iteration.total)
-        yield h
 
     def _info_families(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("slopilot_engine_info", "Engine build and model (always 1).",

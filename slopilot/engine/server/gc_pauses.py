@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from slopilot.engine.metric_window import HistogramRecorder
 from slopilot.engine.metrics import GC_PAUSE_SECONDS
+from slopilot.engine.metrics_text import HistogramText
 
 # From a young collection's fraction of a millisecond to the oldest generation's walk
 # of an unfrozen heap (166 ms on SmolLM2-135M's process), with the SLO thresholds.
@@ -34,6 +35,10 @@ class GCPauses:
     def __init__(self) -> None:
         self.recorders = {g: HistogramRecorder(EDGES) for g in GENERATIONS}
         self._started = 0.0
+        self._text = HistogramText(
+            GC_PAUSE_SECONDS, "Garbage-collector pauses of the server process "
+            "(every thread, the engine's included, waits them out).", ["generation"],
+            [([str(g)], recorder) for g, recorder in self.recorders.items()])
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -52,12 +57,11 @@ class GCPauses:
         registry.unregister(self)
 
     def collect(self) -> Iterator[Metric]:
-        h = HistogramMetricFamily(
-            GC_PAUSE_SECONDS, "Garbage-collector pauses of the server process "
-            "(every thread, the engine's included, waits them out).", labels=["generation"])
-        for generation, recorder in self.recorders.items():
-            h.add_metric([str(generation)], recorder.cumulative(), recorder.total)
-        yield h
+        yield self._text.family()
+
+    def exposition(self) -> str:
+        """Its text on a scrape (``metrics_text.TextCollector``)."""
+        return self._text.text()
 
     def describe(self) -> list[Metric]:
         return list(self.collect())
