@@ -4,35 +4,36 @@ The built-in engine's server renders its Prometheus text on the event loop that 
 every stream's chunks: while it renders, no stream gets its next token, and the gap a
 client measures, and the one the server's own inter-token histogram records, grows by
 the render. This script serves the simulated executor (``slopilot serve --executor
-simulated``, its 10 ms decode step in real time, a process of this tree), streams
-``--streams`` concurrent requests at it from this process (a bare socket each, every
-text event stamped as it arrives), and runs two arms side by side, alternating round
-by round (and which goes first) so a busy machine slows both alike:
+simulated``, its 10 ms decode step in real time) twice, each a process of this tree: one
+as it is (``tree``), one rendering /metrics with prometheus_client's ``generate_latest``
+over the same collectors (``generic``: what the server did before
+``engine/metrics_text.py``). It streams ``--streams`` concurrent requests at one of them
+from this process (a bare socket each, every text event stamped as it arrives) in four
+arms, side by side, the order turning round by round so a busy machine slows all alike:
 
-- ``none``: the streams alone;
-- ``scrape``: the same while a process of its own GETs /metrics every ``--cadence-s``
-  (at fixed times from its start, not after the last answer), as Prometheus does every
-  15 s and the operator's and tuner's own readers do, here far more often so that the
-  scrapes touch enough gaps to show in a P99 within a short run.
+- ``none_tree``, ``none_generic``: the streams alone;
+- ``scrape_tree``, ``scrape_generic``: the same while a process of its own GETs /metrics
+  every ``--cadence-s`` (at fixed times from its start, not after the last answer), as
+  Prometheus does every 15 s and the operator's and tuner's own readers do, here far
+  more often so that the scrapes touch enough gaps to show in a P99 within a short run.
 
 Per arm, the medians over ``--rounds`` of each round's token-gap P50, P99 and max as the
 client measured them (an event's first token gets the gap from the event before it; any
 more it brings, 0: they came with no gap), and the server's own P99 of its
 ``vllm:inter_token_latency_seconds`` over the round (its histogram's increase, read as
-``histogram_quantile`` reads it). Also: the render time of one engine's /metrics in this
-process (``EngineMetrics.render``, every class's histograms populated; the best of 5
-repeats of 20) and the scrapes' median round trip as the scraper measured it under the
-load. It measures whatever render the code it runs has: run it on two commits to
-compare them.
+``histogram_quantile`` reads it); per render, the scrape arm's excess over the other,
+and the scrapes' median round trip as the scraper measured it under the load. Also, in
+this process: one engine's render time both ways (every class's histograms populated,
+and every series changed since the render before, as under load: the median of 50).
 
-    .venv/bin/python benchmarks/scrape_stall.py [--streams 16] [--seconds 8] [--rounds 5]
+    .venv/bin/python benchmarks/scrape_stall.py [--streams 16] [--seconds 6] [--rounds 5]
         [--cadence-s 0.25] [--tokens 200]
 
-Ends with ``RESULT render_ms=... scrape_ms=... scrapes=... gaps=... gap_p50_ms_none=...
-gap_p50_ms_scrape=... gap_p99_ms_none=... gap_p99_ms_scrape=... gap_p99_excess_ms=...
-gap_max_ms_none=... gap_max_ms_scrape=... gap_max_excess_ms=...
-server_itl_p99_ms_none=... server_itl_p99_ms_scrape=... server_itl_p99_excess_ms=...``
-(an excess: the scrape arm's median less the other's).
+Ends with ``RESULT render_ms_tree=... render_ms_generic=... scrape_ms_tree=...
+scrape_ms_generic=... scrapes=... gaps=...``, then per arm ``gap_p50_ms_ARM=...
+gap_p99_ms_ARM=... gap_max_ms_ARM=... server_itl_p99_ms_ARM=...`` and per render
+``gap_p99_excess_ms_tree=... gap_max_excess_ms_tree=... server_itl_p99_excess_ms_tree=...``
+(the scrape arm's median less the other's) and the same for ``generic``.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ import statistics
 import subprocess
 import sys
 import time
-import timeit
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.metrics import EngineMetrics, histogram_quantile
@@ -61,7 +62,17 @@ from loop_truth import percentile  # noqa: E402
 from serving_latency import serve  # noqa: E402
 
 ITL = "vllm:inter_token_latency_seconds"
-ARMS = ("none", "scrape")
+RENDERS = ("tree", "generic")
+ARMS = tuple(f"{kind}_{render}" for render in RENDERS for kind in ("none", "scrape"))
+# ``slopilot serve`` with the render of before: prometheus_client's whole encoder.
+GENERIC_SERVE = r"""
+import sys
+from prometheus_client import generate_latest
+from slopilot.cli import main
+from slopilot.engine.metrics import EngineMetrics
+EngineMetrics.render = lambda self: generate_latest(self.registry)
+sys.exit(main(sys.argv[1:]))
+"""
 
 # The scraper: its own process, so its HTTP client and parsing take nothing from the
 # streams' client. It says "ready" once imported and starts on the next line of stdin.
@@ -156,10 +167,10 @@ class Round:
     trips: list[float]
 
 
-def run_arm(url: str, arm: str, args: argparse.Namespace) -> Round:
-    """One round of one arm, the scraper started with the streams when it has one."""
+def run_arm(url: str, scraped: bool, args: argparse.Namespace) -> Round:
+    """One round of one arm, the scraper started with the streams when ``scraped``."""
     scraper = None
-    if arm == "scrape":
+    if scraped:
         scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, url, str(args.cadence_s),
                                     str(args.seconds)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
@@ -182,52 +193,70 @@ def run_arm(url: str, arm: str, args: argparse.Namespace) -> Round:
                  histogram_quantile(0.99, served), len(gaps), trips)
 
 
-def render_ms() -> float:
-    """One engine's render, every class's histograms populated as a server's are."""
+def render_ms(render: str) -> float:
+    """One engine's render, every class's histograms populated as a server's are and
+    every series changed since the render before (nothing kept from it)."""
     m = EngineMetrics("m")
+    recorders = (m.observe_ttft, m.observe_token_gap)
     for p in Priority:
         for i in range(200):
-            m.observe_ttft(p, 0.001 * (i + 1))
-            m.observe_token_gap(p, 0.0001 * (i + 1))
+            for observe in recorders:
+                observe(p, 0.0001 * (i + 1))
             m.observe_delivered(p, 0.01 * (i + 1), i, "length")
-    return min(timeit.repeat(m.render, number=20, repeat=5)) / 20 * 1e3
+    fn = m.render if render == "tree" else lambda: generate_latest(m.registry)
+    times = []
+    for i in range(50):
+        for p in Priority:
+            for observe in recorders:
+                observe(p, 0.001 * i)
+            m.observe_delivered(p, 0.01 * i, i, "length")
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=16, help="concurrent streams")
-    ap.add_argument("--seconds", type=float, default=8.0, help="length of one arm's round")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of both arms")
+    ap.add_argument("--seconds", type=float, default=6.0, help="length of one arm's round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of every arm")
     ap.add_argument("--cadence-s", type=float, default=0.25, help="seconds between scrapes")
     ap.add_argument("--tokens", type=int, default=200, help="max_tokens of each request")
     args = ap.parse_args()
     results: dict[str, list[Round]] = {arm: [] for arm in ARMS}
-    with serve("--executor", "simulated") as url:
-        asyncio.run(_load(url, args.streams, 2.0, args.tokens))  # warm up
+    with serve("--executor", "simulated") as tree, \
+            serve("--executor", "simulated", launcher=("-c", GENERIC_SERVE)) as generic:
+        urls = {"tree": tree, "generic": generic}
+        for url in urls.values():
+            asyncio.run(_load(url, args.streams, 2.0, args.tokens))  # warm up
         for r in range(args.rounds):
-            for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
-                res = run_arm(url, arm, args)
+            for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
+                kind, render = arm.split("_")
+                res = run_arm(urls[render], kind == "scrape", args)
                 results[arm].append(res)
-                print(f"round {r} {arm:6}: {res.gaps} gaps, P50 {res.p50 * 1e3:.2f} ms, "
+                print(f"round {r} {arm:14}: {res.gaps} gaps, P50 {res.p50 * 1e3:.2f} ms, "
                       f"P99 {res.p99 * 1e3:.2f} ms, max {res.max * 1e3:.1f} ms; server ITL "
                       f"P99 {res.server_p99 * 1e3:.2f} ms", flush=True)
 
     def median(arm: str, key: str) -> float:
         return statistics.median(getattr(res, key) for res in results[arm]) * 1e3
 
-    trips = [t for res in results["scrape"] for t in res.trips]
-    fields: dict[str, float] = {"render_ms": render_ms(),
-                                "scrape_ms": statistics.median(trips) * 1e3,
-                                "scrapes": float(len(trips)),
-                                "gaps": float(sum(res.gaps for arm in ARMS
-                                                  for res in results[arm]))}
-    for key, name in (("p50", "gap_p50_ms"), ("p99", "gap_p99_ms"), ("max", "gap_max_ms"),
-                      ("server_p99", "server_itl_p99_ms")):
+    fields: dict[str, float] = {f"render_ms_{r}": render_ms(r) for r in RENDERS}
+    for render in RENDERS:
+        trips = [t for res in results[f"scrape_{render}"] for t in res.trips]
+        fields[f"scrape_ms_{render}"] = statistics.median(trips) * 1e3
+    fields["scrapes"] = float(sum(len(res.trips) for arm in ARMS for res in results[arm]))
+    fields["gaps"] = float(sum(res.gaps for arm in ARMS for res in results[arm]))
+    keys = (("p50", "gap_p50_ms"), ("p99", "gap_p99_ms"), ("max", "gap_max_ms"),
+            ("server_p99", "server_itl_p99_ms"))
+    for key, name in keys:
         for arm in ARMS:
             fields[f"{name}_{arm}"] = median(arm, key)
-        if key != "p50":
-            fields[name.replace("_ms", "_excess_ms")] = (
-                fields[f"{name}_scrape"] - fields[f"{name}_none"])
+    for _, name in keys[1:]:
+        for render in RENDERS:
+            fields[f"{name.replace('_ms', '_excess_ms')}_{render}"] = (
+                fields[f"{name}_scrape_{render}"] - fields[f"{name}_none_{render}"])
     print("RESULT " + " ".join(f"{k}={v:.0f}" if k in ("scrapes", "gaps") else f"{k}={v:.3g}"
                                for k, v in fields.items()))
     return 0
