@@ -2,7 +2,7 @@
 
 Two writers share ``status.conditions``: the reconcile handler (Valid, Reconciled,
 KnobsIgnored, AdminToken; its drift repairs Reconciled alone, drift.py) and the
-controller daemon (Tuning, SLOMet, TwinCalibrated);
+controller daemon (Tuning, TwinCalibrated);
 PodsConfigured is the pods' sync's, which the handler runs while tuning is off and the
 daemon while it is on (pods_status.py). Each
 merges its own types into the list it just read, so neither drops the other's;
@@ -24,7 +24,6 @@ class ConditionType(enum.StrEnum):
     KNOBS_IGNORED = "KnobsIgnored"
     ADMIN_TOKEN = "AdminToken"
     TUNING = "Tuning"
-    SLO_MET = "SLOMet"
     TWIN_CALIBRATED = "TwinCalibrated"
     PODS_CONFIGURED = "PodsConfigured"
 
