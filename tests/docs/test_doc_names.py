@@ -22,6 +22,7 @@ import yaml
 
 from slopilot.cli import build_parser
 from slopilot.operator.conditions import ConditionType
+from slopilot.tuner.prometheus.alert_table import AlertName
 from tests.docs.test_doc_references import DOCS, ROOT, _options, doc_lines
 
 # A Prometheus name of slopilot's or vLLM's: a series (``slopilot_slo_requests_total``,
@@ -62,6 +63,9 @@ FOREIGN_FIELDS = {"excludedFromEnforcement", "enforcedSampleLimit", "enforcedLab
 FORMER_FIELDS = {"status.twinProfile"}
 
 CONDITION_DOCS = [ROOT / "docs" / "operations.md", ROOT / "docs" / "twin.md"]
+
+ALERT = re.compile(r"\b(Slopilot[A-Z][A-Za-z0-9]*)")
+ALERT_TABLE_DOC = ROOT / "docs" / "operations.md"
 
 
 @cache
@@ -197,6 +201,23 @@ def condition_problems(docs: Iterable[Path] = CONDITION_DOCS) -> list[str]:
             if re.search(rf"`{c.value}\b", text) is None]
 
 
+def alert_problems(docs: Iterable[Path] = DOCS, table: Path = ALERT_TABLE_DOC) -> list[str]:
+    """Every alert a doc names is one the alert table defines, and every alert the table
+    defines has its row in operations.md's table (a ``| `Name` ...`` line)."""
+    known = {a.value for a in AlertName}
+    problems = [f"{doc}:{number}: no alert is named {name}"
+                for doc, number, line in doc_lines(list(docs))
+                for name in ALERT.findall(line) if name not in known]
+    rows = set(re.findall(r"^\| `(Slopilot\w+)`", table.read_text(), re.M))
+    problems += [f"{table.name}: the alerts' table has no row for {a}"
+                 for a in sorted(known - rows)]
+    return problems
+
+
+def test_every_alert_the_docs_name_is_defined_and_every_alert_documented() -> None:
+    assert alert_problems() == []
+
+
 def test_every_metric_the_docs_name_is_exported() -> None:
     assert metric_problems() == []
 
@@ -235,6 +256,12 @@ def test_the_name_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert cr_field_problems([doc]) == [
         "doc.md:5: the CRD has no spec.engine.noSuchKnob",
         "doc.md:5: no CRD field or code is named swapSpaceGB"]
+    (tmp_path / "alerts.md").write_text("| `SlopilotTBTP99High` (critical) | ... |\n"
+                                        "`SlopilotTBTP99Highh` fired\n")
+    problems = alert_problems([tmp_path / "alerts.md"], tmp_path / "alerts.md")
+    assert problems[0] == "alerts.md:2: no alert is named SlopilotTBTP99Highh"
+    assert "alerts.md: the alerts' table has no row for SlopilotPreemptionStorm" in problems
+    assert not any(p.endswith("no row for SlopilotTBTP99High") for p in problems)
     (tmp_path / "conditions.md").write_text("`Valid`, `Reconciled`\n")
     assert "the docs name no condition Tuning" in condition_problems([tmp_path / "conditions.md"])
     assert "the docs name no condition Valid" not in condition_problems(
