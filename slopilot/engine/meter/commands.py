@@ -35,7 +35,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--priority-class", default="p0", choices=[q.label for q in Priority],
                    help="the class every request is judged in (spec.slo.vllmClass)")
     add_deadline_flags(p)
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
+                   default="info")
     p.set_defaults(func=run)
 
 

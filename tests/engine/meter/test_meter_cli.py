@@ -70,3 +70,13 @@ def test_a_deadline_out_of_bounds_is_refused(tmp_path: Path,
     assert main([*base, "--send-timeout", "-1"]) == 2  # Deadlines' own bound
     assert "slopilot meter: --send-timeout -1: expected a number of seconds, e.g. 60.0" \
         in capsys.readouterr().err
+
+
+def test_a_log_level_that_is_not_one_is_refused_with_the_choices(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # It reached logging.basicConfig, whose ValueError was a traceback.
+    with pytest.raises(SystemExit) as exc:
+        main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", "x",
+              "--log-level", "loud"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'loud'" in capsys.readouterr().err
