@@ -121,11 +121,14 @@ class MeterProcess:
 
 
 @contextlib.contextmanager
-def meter(upstream: str, slo_file: Path) -> Iterator[MeterProcess]:
-    """A ``slopilot meter`` process of this tree in front of ``upstream``."""
+def meter(upstream: str, slo_file: Path,
+          launcher: Sequence[str] = ("-m", "slopilot.cli")) -> Iterator[MeterProcess]:
+    """A ``slopilot meter`` process of this tree in front of ``upstream``; ``launcher``:
+    what Python runs, given ``meter`` and its flags (``meter_scrape_stall.py``: with the
+    render of before)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "slopilot.cli", "meter", "--upstream",
+    proc = subprocess.Popen([sys.executable, *launcher, "meter", "--upstream",
                              upstream, "--host", "127.0.0.1", "--port", str(port),
                              "--slo-file", str(slo_file), "--log-level", "warning"],
                             env=env, cwd=ROOT)

@@ -141,14 +141,15 @@ async def _load(url: str, streams: int, seconds: float, tokens: int) -> list[flo
     return gaps
 
 
-def _itl_buckets(url: str) -> dict[float, float]:
-    """The server's inter-token histogram, every class summed: cumulative le -> count."""
+def _itl_buckets(url: str, histogram: str = ITL) -> dict[float, float]:
+    """The server's inter-token histogram (``histogram``), every class summed: cumulative
+    le -> count."""
     out: dict[float, float] = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        if family.name != ITL:
+        if family.name != histogram:
             continue
         for s in family.samples:
-            if s.name == ITL + "_bucket":
+            if s.name == histogram + "_bucket":
                 le = s.labels["le"]
                 edge = math.inf if le == "+Inf" else float(le)
                 out[edge] = out.get(edge, 0.0) + s.value
@@ -167,8 +168,11 @@ class Round:
     trips: list[float]
 
 
-def run_arm(url: str, scraped: bool, args: argparse.Namespace) -> Round:
-    """One round of one arm, the scraper started with the streams when ``scraped``."""
+def run_arm(url: str, scraped: bool, args: argparse.Namespace,
+            histogram: str = ITL) -> Round:
+    """One round of one arm, the scraper started with the streams when ``scraped``;
+    ``histogram``: the inter-token histogram the scraped server records, read before and
+    after."""
     scraper = None
     if scraped:
         scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, url, str(args.cadence_s),
@@ -177,7 +181,7 @@ def run_arm(url: str, scraped: bool, args: argparse.Namespace) -> Round:
         assert scraper.stdin is not None and scraper.stdout is not None
         if scraper.stdout.readline().strip() != "ready":
             raise RuntimeError("the scraper did not start")
-    before = _itl_buckets(url)
+    before = _itl_buckets(url, histogram)
     if scraper is not None:
         assert scraper.stdin is not None
         scraper.stdin.write("go\n")
@@ -187,7 +191,7 @@ def run_arm(url: str, scraped: bool, args: argparse.Namespace) -> Round:
     if scraper is not None:
         out, _ = scraper.communicate(timeout=60)
         trips = json.loads(out)
-    after = _itl_buckets(url)
+    after = _itl_buckets(url, histogram)
     served = {e: after[e] - before.get(e, 0.0) for e in after}
     return Round(percentile(gaps, 0.50), percentile(gaps, 0.99), max(gaps),
                  histogram_quantile(0.99, served), len(gaps), trips)
@@ -216,40 +220,49 @@ def render_ms(render: str) -> float:
     return statistics.median(times) * 1e3
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(description: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--streams", type=int, default=16, help="concurrent streams")
     ap.add_argument("--seconds", type=float, default=6.0, help="length of one arm's round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of every arm")
     ap.add_argument("--cadence-s", type=float, default=0.25, help="seconds between scrapes")
     ap.add_argument("--tokens", type=int, default=200, help="max_tokens of each request")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def side_by_side(urls: dict[str, str], args: argparse.Namespace,
+                 histogram: str = ITL) -> dict[str, list[Round]]:
+    """Every arm's rounds against the server of its render (``urls``: by render), the
+    arms' order turning round by round."""
     results: dict[str, list[Round]] = {arm: [] for arm in ARMS}
-    with serve("--executor", "simulated") as tree, \
-            serve("--executor", "simulated", launcher=("-c", GENERIC_SERVE)) as generic:
-        urls = {"tree": tree, "generic": generic}
-        for url in urls.values():
-            asyncio.run(_load(url, args.streams, 2.0, args.tokens))  # warm up
-        for r in range(args.rounds):
-            for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
-                kind, render = arm.split("_")
-                res = run_arm(urls[render], kind == "scrape", args)
-                results[arm].append(res)
-                print(f"round {r} {arm:14}: {res.gaps} gaps, P50 {res.p50 * 1e3:.2f} ms, "
-                      f"P99 {res.p99 * 1e3:.2f} ms, max {res.max * 1e3:.1f} ms; server ITL "
-                      f"P99 {res.server_p99 * 1e3:.2f} ms", flush=True)
+    for url in urls.values():
+        asyncio.run(_load(url, args.streams, 2.0, args.tokens))  # warm up
+    for r in range(args.rounds):
+        for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
+            kind, render = arm.split("_")
+            res = run_arm(urls[render], kind == "scrape", args, histogram)
+            results[arm].append(res)
+            print(f"round {r} {arm:14}: {res.gaps} gaps, P50 {res.p50 * 1e3:.2f} ms, "
+                  f"P99 {res.p99 * 1e3:.2f} ms, max {res.max * 1e3:.1f} ms; server ITL "
+                  f"P99 {res.server_p99 * 1e3:.2f} ms", flush=True)
+    return results
+
+
+def result_line(results: dict[str, list[Round]], renders_ms: dict[str, float],
+                server_key: str = "server_itl") -> str:
+    """The ``RESULT`` line: ``server_key``, what the scraped server's own P99 is called."""
 
     def median(arm: str, key: str) -> float:
         return statistics.median(getattr(res, key) for res in results[arm]) * 1e3
 
-    fields: dict[str, float] = {f"render_ms_{r}": render_ms(r) for r in RENDERS}
+    fields: dict[str, float] = {f"render_ms_{r}": renders_ms[r] for r in RENDERS}
     for render in RENDERS:
         trips = [t for res in results[f"scrape_{render}"] for t in res.trips]
         fields[f"scrape_ms_{render}"] = statistics.median(trips) * 1e3
     fields["scrapes"] = float(sum(len(res.trips) for arm in ARMS for res in results[arm]))
     fields["gaps"] = float(sum(res.gaps for arm in ARMS for res in results[arm]))
     keys = (("p50", "gap_p50_ms"), ("p99", "gap_p99_ms"), ("max", "gap_max_ms"),
-            ("server_p99", "server_itl_p99_ms"))
+            ("server_p99", f"{server_key}_p99_ms"))
     for key, name in keys:
         for arm in ARMS:
             fields[f"{name}_{arm}"] = median(arm, key)
@@ -257,8 +270,16 @@ def main() -> int:
         for render in RENDERS:
             fields[f"{name.replace('_ms', '_excess_ms')}_{render}"] = (
                 fields[f"{name}_scrape_{render}"] - fields[f"{name}_none_{render}"])
-    print("RESULT " + " ".join(f"{k}={v:.0f}" if k in ("scrapes", "gaps") else f"{k}={v:.3g}"
-                               for k, v in fields.items()))
+    return "RESULT " + " ".join(f"{k}={v:.0f}" if k in ("scrapes", "gaps") else f"{k}={v:.3g}"
+                                for k, v in fields.items())
+
+
+def main() -> int:
+    args = arguments(__doc__.split("\n\n")[0])
+    with serve("--executor", "simulated") as tree, \
+            serve("--executor", "simulated", launcher=("-c", GENERIC_SERVE)) as generic:
+        results = side_by_side({"tree": tree, "generic": generic}, args)
+    print(result_line(results, {r: render_ms(r) for r in RENDERS}))
     return 0
 
 

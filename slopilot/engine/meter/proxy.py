@@ -354,6 +354,11 @@ class Meter:
         finally:
             await response.aclose()
 
+    def render(self) -> bytes:
+        """The meter's own exposition: the verdicts, the client-side histograms and the
+        replays, in that order."""
+        return generate_latest(self.registry)
+
     def _count(self, exchange: _Exchange) -> None:
         """The stream's verdicts, once, as it ended now."""
         judge = exchange.judge
@@ -384,7 +389,7 @@ class Meter:
                         "headers": _response_headers(response.headers, keep_length=False)})
             await send({"type": "http.response.body", "body": response.content})
             return
-        own = generate_latest(self.registry)
+        own = self.render()
         text = response.content
         if text and not text.endswith(b"\n"):
             text += b"\n"
