@@ -4,11 +4,6 @@ its work."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from types import FrameType
-from typing import Any
-
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.utils import floatToGoString
@@ -23,6 +18,7 @@ from slopilot.engine.server.client_counts import ClientCounts
 from slopilot.engine.server.gc_pauses import GCPauses
 from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.slo import SLOSpec
+from tests.support.call_count import calls
 
 
 def _step(m: EngineMetrics, now: float) -> None:
@@ -111,24 +107,6 @@ def test_another_registry_is_rendered_by_prometheus_client_whole() -> None:
     assert m.render() == generate_latest(registry) == render(registry)
 
 
-def _calls(fn: Callable[[], object]) -> int:
-    """Python and C function calls made by ``fn()``: its CPU work on the event loop,
-    counted, where a time would read the machine's load."""
-    count = 0
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        nonlocal count
-        if event in ("call", "c_call"):
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
 def test_a_render_does_a_fraction_of_prometheus_client_s_work_on_the_same_state() -> None:
     """Each scrape's render holds every stream's next chunk. prometheus_client's encoder
     makes about 60 calls for each line of one engine's text (a Sample, a label dict,
@@ -140,8 +118,8 @@ def test_a_render_does_a_fraction_of_prometheus_client_s_work_on_the_same_state(
     m.render()
     m.observe_token_gap(Priority.P1, 0.0123)  # one series changed since the last render
     m.observe_ttft(Priority.P0, 0.0123)
-    generic = _calls(lambda: generate_latest(m.registry))
-    assert _calls(m.render) * 5 < generic
+    generic = calls(lambda: generate_latest(m.registry))
+    assert calls(m.render) * 5 < generic
 
 
 @pytest.mark.parametrize("count", [0, 1, 999_999, 1_000_000, 1_234_567, 2 ** 53 + 1])
