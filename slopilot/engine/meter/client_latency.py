@@ -19,16 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_window import HistogramRecorder
+from slopilot.engine.metrics_text import HistogramText, families
 from slopilot.engine.request import Priority
 
 CLIENT_TTFT = "slopilot_client_time_to_first_token_seconds"
 CLIENT_TBT = "slopilot_client_inter_token_latency_seconds"
 CLIENT_SERIES: frozenset[str] = frozenset({CLIENT_TTFT, CLIENT_TBT})
 """The meter's histograms, by the name Prometheus stores (base names)."""
+LABELS = ("model_name", "priority_class")
 
 
 class ClientLatency:
@@ -38,6 +40,7 @@ class ClientLatency:
         self.priority = priority
         self.ttft = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
         self.gaps = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
+        self._texts: tuple[str, list[HistogramText]] | None = None
 
     def first_token(self, seconds: float) -> None:
         """A choice's first token reached its client ``seconds`` after the request came."""
@@ -48,19 +51,32 @@ class ClientLatency:
         for gap in gaps:
             self.gaps.observe(gap)
 
+    def texts(self, model_name: str) -> list[HistogramText]:
+        """Both histograms as their exposition text (``metrics_text``), as the verdicts
+        are exported (``Verdicts.families``): from the start, under the model name the
+        streams named (none before the first).
+
+        Rendered on the event loop that relays every stream's chunks, each scrape: a
+        series' lines are formatted once, and its text kept until its counts change. The
+        lines are made again for a name other than the last one's (the first stream's,
+        or another name the engine serves the model under), at the cost of a render of
+        before, once a change."""
+        if self._texts is None or self._texts[0] != model_name:
+            values = [model_name, self.priority.label]
+            self._texts = (model_name, [HistogramText(name, doc, LABELS, [(values, recorder)])
+                                        for name, doc, recorder in self._histograms()])
+        return self._texts[1]
+
     def families(self, model_name: str) -> Iterator[Metric]:
-        """Both histograms, as the verdicts are exported (``Verdicts.families``): from
-        the start, under the model name the streams named (none before the first)."""
-        labels = [model_name, self.priority.label]
-        for name, doc, recorder in (
-                (CLIENT_TTFT, "Time to first token as the client saw it: the request's "
-                 "arrival at the meter to the write of a choice's first token (streamed "
-                 "completions).", self.ttft),
-                (CLIENT_TBT, "Time between tokens as the client saw them: the time between "
-                 "the writes of a choice's chunks, the gap of a chunk's first token, "
-                 "0 for the others it brings (as its engine counts them; one where it "
-                 "does not).",
-                 self.gaps)):
-            family = HistogramMetricFamily(name, doc, labels=["model_name", "priority_class"])
-            family.add_metric(labels, recorder.cumulative(), recorder.total)
-            yield family
+        """Both histograms as prometheus_client families of the same state."""
+        return families(self.texts(model_name))
+
+    def _histograms(self) -> tuple[tuple[str, str, HistogramRecorder], ...]:
+        return (
+            (CLIENT_TTFT, "Time to first token as the client saw it: the request's "
+             "arrival at the meter to the write of a choice's first token (streamed "
+             "completions).", self.ttft),
+            (CLIENT_TBT, "Time between tokens as the client saw them: the time between "
+             "the writes of a choice's chunks, the gap of a chunk's first token, 0 for "
+             "the others it brings (as its engine counts them; one where it does not).",
+             self.gaps))

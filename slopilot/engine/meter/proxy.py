@@ -43,14 +43,15 @@ from typing import Any
 import httpx
 import pydantic
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from slopilot.engine.http_arrival import SCOPE_KEY
 from slopilot.engine.meter import usage_stats
 from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge, Wire
+from slopilot.engine.metrics_text import TextRegistry, parts_text, render
 from slopilot.engine.request import Priority
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,10 @@ class _LatencyCollector(Collector):
     def collect(self) -> Any:
         return self.meter.latency.families(self.meter.model_name)
 
+    def exposition(self) -> str:
+        """Its text on a scrape (``metrics_text.TextCollector``)."""
+        return parts_text(self.meter.latency.texts(self.meter.model_name))
+
 
 class _ReplayCollector(Collector):
     def __init__(self, meter: Meter) -> None:
@@ -169,7 +174,7 @@ class Meter:
             timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None,
                                 keepalive_expiry=UPSTREAM_IDLE_S))
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = TextRegistry()
         self.registry.register(_VerdictCollector(self))
         self.registry.register(_LatencyCollector(self))
         self.registry.register(_ReplayCollector(self))  # scraped in this order
@@ -356,8 +361,10 @@ class Meter:
 
     def render(self) -> bytes:
         """The meter's own exposition: the verdicts, the client-side histograms and the
-        replays, in that order."""
-        return generate_latest(self.registry)
+        replays, in that order. Byte for byte ``generate_latest(self.registry)``, its
+        histograms written as their kept text (``metrics_text``): it runs on the loop
+        that relays every stream's chunks, and holds them all while it runs."""
+        return render(self.registry)
 
     def _count(self, exchange: _Exchange) -> None:
         """The stream's verdicts, once, as it ended now."""
