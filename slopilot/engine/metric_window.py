@@ -2,8 +2,10 @@
 
 The engine loop and the discrete-event simulator call these millions of times, so each
 call is a few list operations: no locks, no prometheus_client objects, no allocation.
-The scrape thread only reads them; a scrape that races a write sees a value at most one
-observation old, which is as good as a scrape a microsecond earlier.
+A /metrics render only reads them, on the server's event loop (there is no scrape
+thread: ``metrics_text``), while the engine's thread may be writing them; a render that
+races a write sees a value at most one observation old, which is as good as a scrape a
+microsecond earlier, and writes each histogram series from one snapshot of its counts.
 """
 
 from __future__ import annotations
