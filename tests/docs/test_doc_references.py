@@ -122,13 +122,24 @@ def script_problems(docs: list[Path] = DOCS) -> list[str]:
             if not script.is_file():
                 problems.append(f"{doc}:{number}: {match.group(1)} does not exist")
                 continue
-            source = script.read_text()
+            source = _with_sibling_imports(script)
             for flag in FLAG.findall(match.group(2)):
                 if not flag.startswith("--"):
                     continue
                 if f'"{flag}"' not in source and f"'{flag}'" not in source:
                     problems.append(f"{doc}:{number}: {match.group(1)} takes no {flag}")
     return problems
+
+
+def _with_sibling_imports(script: Path) -> str:
+    """The script's source and that of the scripts beside it it imports (a benchmark
+    that takes another's flags: ``from scrape_stall import arguments``)."""
+    source = script.read_text()
+    for name in re.findall(r"^from (\w+) import", source, re.M):
+        sibling = script.parent / f"{name}.py"
+        if sibling.is_file():
+            source += sibling.read_text()
+    return source
 
 
 def _written_by_a_benchmark(path: str) -> bool:
