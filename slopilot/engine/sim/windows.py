@@ -7,9 +7,14 @@ options give the same windows):
 
 - the busiest window by arrivals (requests per second),
 - the busiest by tokens (prompt + output tokens per second: the prefill and decode work),
-  not overlapping the first by more than half its length,
+  not overlapping the first by more than half its length. A prompt's tokens that an
+  earlier prompt sent as the same prefix (Mooncake's ``hash_ids``, a JSONL session's
+  earlier turns) are left out (``prefix_reuse.fresh_tokens``): the prefix cache serves
+  them, and a minute of follow-ups with long shared contexts is not the busiest because
+  its prompts are long (judged so, a minute of fresh documents with fewer tokens, all
+  prefilled, got no window, and a study said "holds" where the whole trace missed),
 - the sharpest burst, where one is outside those two: the window where the trace's
-  arrivals pile up the deepest queue of work (prompt + output tokens) on an engine
+  arrivals pile up the deepest queue of work (the same tokens) on an engine
   serving the busiest minute's token rate, when that queue is more than twice as deep
   as any the busiest windows build. A minute's averages hide a sub-minute burst: 15
   prompts of 6,000 tokens within a second at an off-peak hour are neither the busiest
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slopilot.engine.sim.prefix_reuse import fresh_tokens
 from slopilot.engine.sim.trace import TraceRecord
 
 
@@ -59,7 +65,10 @@ class WindowChoice:
     arrival_rate: float | None = None
     """Requests per second arriving in the window (trace windows)."""
     token_rate: float | None = None
-    """Prompt + output tokens per second arriving in the window (trace windows)."""
+    """Prompt + output tokens per second arriving in the window (trace windows), less the
+    prompt tokens an earlier prompt sent as the same prefix where the trace says so."""
+    shared_prefixes: bool = False
+    """The trace's prompts share prefixes, left out of ``token_rate``."""
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.start_s < self.end_s) or self.warmup_s < 0 or self.drain_s < 0 \
@@ -72,10 +81,12 @@ class WindowChoice:
         return self.end_s - self.start_s
 
     def describe(self) -> str:
-        """``busiest arrivals: 660-720 s (20.1 req/s, 29,472 tok/s)`` or ``seed 1: 0-60 s``."""
+        """``busiest arrivals: 660-720 s (20.1 req/s, 29,472 tok/s)`` or ``seed 1: 0-60 s``;
+        ``tok/s past shared prefixes`` where the prompts share them."""
         text = f"{self.name}: {self.start_s:,.0f}-{self.end_s:,.0f} s"
         if self.arrival_rate is not None and self.token_rate is not None:
-            text += f" ({self.arrival_rate:.1f} req/s, {self.token_rate:,.0f} tok/s)"
+            past = " past shared prefixes" if self.shared_prefixes else ""
+            text += f" ({self.arrival_rate:.1f} req/s, {self.token_rate:,.0f} tok/s{past})"
         return text
 
 
@@ -147,8 +158,8 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
     if not records:
         raise ValueError("records is empty: no window to choose")
     times = np.fromiter((r.arrival_time for r in records), dtype=np.float64)
-    tokens = np.fromiter((r.prompt_tokens + r.output_tokens for r in records),
-                         dtype=np.float64)
+    tokens = fresh_tokens(records)
+    shared = bool(tokens.sum() < sum(r.prompt_tokens + r.output_tokens for r in records))
     span = float(times[-1]) + 1e-9
     if span <= 2 * length_s:
         # At least a second, as the replay runs (``trace_scenario.with_trace``): a trace
@@ -158,12 +169,12 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
         count, tok = _rates(times, tokens, np.array([0.0]), whole)
         return [WindowChoice("whole trace", 0.0, whole, 0.0, drain_s,
                              arrival_rate=float(count[0]) / whole,
-                             token_rate=float(tok[0]) / whole)]
+                             token_rate=float(tok[0]) / whole, shared_prefixes=shared)]
 
     def make(name: str, start: float, count: float, tok: float) -> WindowChoice:
         return WindowChoice(name, start, start + length_s, min(warmup_s, start), drain_s,
                             arrival_rate=float(count) / length_s,
-                            token_rate=float(tok) / length_s)
+                            token_rate=float(tok) / length_s, shared_prefixes=shared)
 
     # Candidate starts: every arrival that leaves a whole window before the trace ends.
     starts = times[times + length_s <= span]
