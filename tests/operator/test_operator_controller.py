@@ -15,7 +15,7 @@ import yaml
 from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
-from slopilot.operator.render import selector
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, selector
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -28,6 +28,7 @@ from tests.operator.operator_support import (
     wait_for,
 )
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
+from tests.support.kube_authz import Attributes, allows, granted_to
 from tests.support.kube_server import RunningEmulator
 
 RBAC = Path(__file__).parents[2] / "manifests" / "rbac.yaml"
@@ -40,27 +41,12 @@ def scale_count(cluster: Cluster) -> int:
 Call = tuple[str | None, str, str, str, str | None]  # namespace, group, resource, verb, name
 
 
-def rbac_grants() -> list[tuple[str | None, set[str], set[str], set[str], set[str] | None]]:
-    """(namespace or None for cluster-wide, groups, resources, verbs, names or None)."""
-    out = []
-    for role in yaml.safe_load_all(RBAC.read_text()):
-        if role["kind"] not in ("ClusterRole", "Role"):
-            continue
-        namespace = role["metadata"]["namespace"] if role["kind"] == "Role" else None
-        for rule in role["rules"]:
-            names = set(rule["resourceNames"]) if "resourceNames" in rule else None
-            out.append((namespace, set(rule["apiGroups"]), set(rule["resources"]),
-                        set(rule["verbs"]), names))
-    return out
-
-
 def ungranted(calls: set[Call]) -> list[Call]:
-    """The calls no rule of rbac.yaml allows, as the API server's authorizer would judge."""
-    grants = rbac_grants()
-    return sorted((c for c in calls if not any(
-        (ns is None or ns == c[0]) and c[1] in groups and c[2] in resources
-        and c[3] in verbs and (names is None or c[4] in names)
-        for ns, groups, resources, verbs, names in grants)), key=str)
+    """The calls rbac.yaml's bindings do not grant the operator's account, as the API
+    server's authorizer would judge (kube_authz.py)."""
+    rules = granted_to(yaml.safe_load_all(RBAC.read_text()), DEFAULT_OPERATOR_NAMESPACE,
+                       "slopilot-operator")
+    return sorted((c for c in calls if not allows(rules, Attributes(*c))), key=str)
 
 
 def operator_calls(kube: RunningEmulator) -> set[Call]:

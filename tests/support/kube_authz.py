@@ -10,12 +10,18 @@ record is unrestricted (the tests' own admin client).
 The rules are read as RBAC reads them: a ClusterRole bound by a ClusterRoleBinding
 reaches every namespace and the cluster scope; a Role, or a ClusterRole bound by a
 RoleBinding, only its namespace; ``resourceNames`` narrows by object name (never a list
-or a create, which name no object).
+or a create, which name no object). ``granted_to`` reads a set of manifests' bindings
+for one ServiceAccount, as the API server resolves them.
+
+``owner_reference_checks`` is what the OwnerReferencesPermissionEnforcement admission
+plugin (on in OpenShift and other hardened clusters) asks the authorizer before a write:
+``delete`` on the object to change its ownerReferences at all (not on create), and
+``update`` on the owner's ``finalizers`` subresource for each new ``blockOwnerDeletion``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +64,69 @@ def bound(role: Mapping[str, Any], namespace: str | None = None) -> list[Rule]:
             for r in role["rules"]]
 
 
+def granted_to(manifests: Iterable[Mapping[str, Any]], namespace: str,
+               account: str) -> list[Rule]:
+    """The rules ``manifests``' ClusterRoleBindings and RoleBindings grant the
+    ServiceAccount ``namespace/account``. A binding whose role is not among the manifests
+    grants nothing (the API server cannot resolve it either)."""
+    docs = [d for d in manifests if d]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    out: list[Rule] = []
+    for binding in docs:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding") or not any(
+                s.get("kind") == "ServiceAccount" and s.get("name") == account
+                and s.get("namespace") == namespace for s in binding.get("subjects") or ()):
+            continue
+        ref = binding["roleRef"]
+        where = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" \
+            else None
+        role = roles.get((ref["kind"], where if ref["kind"] == "Role" else None, ref["name"]))
+        if role is not None:
+            out += bound(role, where)
+    return out
+
+
+def allowing(rules: Iterable[Rule], call: Attributes) -> list[Rule]:
+    """The rules that allow ``call`` (none: refused)."""
+    return [rule for rule in rules
+            if (rule.namespace is None or rule.namespace == call.namespace)
+            and (call.group in rule.groups or "*" in rule.groups)
+            and (call.resource in rule.resources or "*" in rule.resources)
+            and (call.verb in rule.verbs or "*" in rule.verbs)
+            and (rule.names is None or call.name in rule.names)]
+
+
 def allows(rules: Iterable[Rule], call: Attributes) -> bool:
-    return any(
-        (rule.namespace is None or rule.namespace == call.namespace)
-        and (call.group in rule.groups or "*" in rule.groups)
-        and (call.resource in rule.resources or "*" in rule.resources)
-        and (call.verb in rule.verbs or "*" in rule.verbs)
-        and (rule.names is None or call.name in rule.names)
-        for rule in rules)
+    return bool(allowing(rules, call))
+
+
+def owner_reference_checks(call: Attributes, old: Mapping[str, Any] | None,
+                           new: Mapping[str, Any],
+                           resource_of: Callable[[str, str], tuple[str, str] | None]
+                           ) -> list[Attributes]:
+    """What the OwnerReferencesPermissionEnforcement plugin authorizes before ``call``
+    writes ``new`` over ``old`` (None: a create), as its Validate does: nothing where the
+    ownerReferences do not change; ``delete`` on the object where an update changes them;
+    ``update`` on ``<owner>/finalizers`` for each reference newly ``blockOwnerDeletion``.
+    ``resource_of(apiVersion, kind)`` is (group, plural), None for a kind not served."""
+    refs = list((new.get("metadata") or {}).get("ownerReferences") or ())
+    before = list(((old or {}).get("metadata") or {}).get("ownerReferences") or ())
+    changing = bool(refs) if old is None else refs != before
+    if not changing:
+        return []
+    resource = call.resource.partition("/")[0]
+    checks = [] if old is None else [
+        Attributes(call.namespace, call.group, resource, "delete", call.name)]
+    blocking = {r.get("uid") for r in before if r.get("blockOwnerDeletion")}
+    for ref in refs:
+        if not ref.get("blockOwnerDeletion") or ref.get("uid") in blocking:
+            continue
+        found = resource_of(str(ref.get("apiVersion", "")), str(ref.get("kind", "")))
+        if found is not None:
+            checks.append(Attributes(call.namespace, found[0], f"{found[1]}/finalizers",
+                                     "update", ref.get("name")))
+    return checks
 
 
 def attributes(request: Request) -> Attributes | None:

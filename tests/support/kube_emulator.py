@@ -23,7 +23,10 @@ and replaces the state changes with apiserver rules:
   and resource quantities are stored in its canonical form ("1" for 1, "500m" for 0.5);
 - RBAC for callers restricted by token (``restrict``, kube_authz.py): a call no rule
   allows is 403 ``Forbidden``, and a ``SelfSubjectAccessReview`` is answered from the
-  same rules (every other token is unrestricted, as the tests' admin client);
+  same rules (every other token is unrestricted, as the tests' admin client); each
+  decision about a restricted caller is kept in ``decisions`` (``refused``: the 403s);
+  ``enforce_owner_references`` adds the admission plugin
+  OwnerReferencesPermissionEnforcement's checks for restricted callers;
 - ``fail(...)``: the next matching writes fail with a given status before they apply
   (a lost connection, an overloaded apiserver), for tests of what a client does then;
 - what kubectl needs (kube_openapi.py): OpenAPI v2 and v3 discovery, server-side tables
@@ -37,6 +40,7 @@ import asyncio
 import base64
 import bisect
 import copy
+import dataclasses
 import json
 import random
 import uuid
@@ -58,7 +62,16 @@ from tests.support.crd_schema import (
     served_schema,
 )
 from tests.support.kmock_fixes import Fault, route
-from tests.support.kube_authz import Rule, allows, attributes, forbidden, is_access_review, review
+from tests.support.kube_authz import (
+    Attributes,
+    Rule,
+    allows,
+    attributes,
+    forbidden,
+    is_access_review,
+    owner_reference_checks,
+    review,
+)
 from tests.support.kube_validation import object_problems, store_quantities
 
 CRDS = resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -87,6 +100,11 @@ class KubeEmulator(KubernetesEmulator):
     watches: list[tuple[str, str | None]] = attrs.field(factory=list, init=False)
     # Callers limited by RBAC (kube_authz.py): bearer token -> (user name, rules).
     _restricted: dict[str, tuple[str, list[Rule]]] = attrs.field(factory=dict, init=False)
+    # Every authorization of a restricted caller's call, admission checks included:
+    # (user, what it asked, whether allowed).
+    decisions: list[tuple[str, Attributes, bool]] = attrs.field(factory=list, init=False)
+    # The OwnerReferencesPermissionEnforcement admission plugin, for restricted callers.
+    enforce_owner_references: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -107,16 +125,56 @@ class KubeEmulator(KubernetesEmulator):
         """Calls bearing ``token`` are ``user``'s, allowed only what ``rules`` grant."""
         self._restricted[token] = (user, list(rules))
 
+    def _caller(self, request: Request) -> tuple[str, list[Rule]] | None:
+        token = (request.headers.get("Authorization") or "").removeprefix("Bearer ")
+        return self._restricted.get(token)
+
     def _authorize(self, request: Request) -> aiohttp.web.StreamResponse | None:
         """An access review's answer, or None; raises 403 for a call not granted."""
-        token = (request.headers.get("Authorization") or "").removeprefix("Bearer ")
-        caller = self._restricted.get(token)
+        caller = self._caller(request)
         if is_access_review(request):
             return aiohttp.web.json_response(
                 review(None if caller is None else caller[1], request.data), status=201)
         call = attributes(request)
-        if caller is not None and call is not None and not allows(caller[1], call):
+        if caller is not None and call is not None and not self._decide(caller, call):
             raise forbidden(caller[0], call)
+        return None
+
+    def _decide(self, caller: tuple[str, list[Rule]], call: Attributes) -> bool:
+        allowed = allows(caller[1], call)
+        self.decisions.append((caller[0], call, allowed))
+        return allowed
+
+    @property
+    def refused(self) -> list[tuple[str, Attributes]]:
+        """Every call refused a restricted caller: (user, what it asked)."""
+        return [(user, call) for user, call, allowed in self.decisions if not allowed]
+
+    def _admit_owner_references(self, request: Request, old: dict[str, Any] | None,
+                                new: Any) -> None:
+        """OwnerReferencesPermissionEnforcement (``enforce_owner_references``): 403 for a
+        restricted caller's write of ownerReferences it may not set."""
+        caller = self._caller(request)
+        call = attributes(request)
+        # A status write changes nothing but status (the API server drops the rest).
+        if not self.enforce_owner_references or caller is None or call is None \
+                or request.subresource or not isinstance(new, dict):
+            return
+        if call.name is None:  # a create: the object's name is in its body
+            call = dataclasses.replace(call, name=(new.get("metadata") or {}).get("name"))
+        for check in owner_reference_checks(call, old, new, self._resource_of):
+            if not self._decide(caller, check):
+                what = ("cannot set blockOwnerDeletion if an ownerReference refers to a "
+                        "resource you can't set finalizers on" if check.verb == "update"
+                        else "cannot set an ownerRef on a resource you can't delete")
+                raise ko.api_error(403, "Forbidden", f"{call.resource} \"{call.name}\" is "
+                                   f"forbidden: {what}: {forbidden(caller[0], check).message}")
+
+    def _resource_of(self, api_version: str, kind: str) -> tuple[str, str] | None:
+        group = api_version.rpartition("/")[0]
+        for res in self.resources:
+            if res.group == group and self.resources[res].kind == kind:
+                return group, str(res.plural)
         return None
 
     async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
@@ -159,6 +217,7 @@ class KubeEmulator(KubernetesEmulator):
         if request.method == method.POST and request.name is None:
             if strict and isinstance(request.data, dict):
                 self._strict(res, request.data)
+            self._admit_owner_references(request, None, request.data)
             return 201, self._create_object(res, request.namespace, request.data)
         if request.name is None:
             if request.method == method.DELETE:
@@ -180,11 +239,14 @@ class KubeEmulator(KubernetesEmulator):
                 raise ko.conflict(res, request.name)
             if strict:
                 self._strict(res, new)
+            self._admit_owner_references(request, current, new)
             return 200, self._update(key, current, new, to_status=sub == "status")
         if request.method == method.PUT:
             if not isinstance(request.data, dict):
                 raise ko.api_error(400, "BadRequest", "the body must be a JSON object")
-            return 200, self._update(key, self._get(key), copy.deepcopy(request.data),
+            current = self._get(key)
+            self._admit_owner_references(request, current, request.data)
+            return 200, self._update(key, current, copy.deepcopy(request.data),
                                      to_status=sub == "status")
         if request.method == method.DELETE:
             options = request.data if isinstance(request.data, dict) else {}
