@@ -58,25 +58,28 @@ def llmd(name: str = "chat", **spec: Any) -> dict[str, Any]:
 
 
 class Cluster:
-    """The official client's view of the emulator, with the calls the tests repeat."""
+    """The official client's view of the emulator, with the calls the tests repeat, in
+    ``namespace`` (``NS`` unless told)."""
 
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+    def __init__(self, client: kubernetes.client.ApiClient, namespace: str = NS) -> None:
+        self.namespace = namespace
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self.core = kubernetes.client.CoreV1Api(client)
         self.apps = kubernetes.client.AppsV1Api(client)
         self.kube = Kube(client)
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body))
+        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                PLURAL, body))
 
     def get(self, name: str = "chat") -> dict[str, Any]:
         # A bounded read: a stuck one fails this poll, not the whole wait.
-        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name,
-                                                             _request_timeout=(5, 10)))
+        return dict(self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=(5, 10)))
 
     def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return dict(self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, name, patch))
+            GROUP, VERSION, self.namespace, PLURAL, name, patch))
 
     def status(self, name: str = "chat") -> dict[str, Any]:
         return dict(self.get(name).get("status") or {})
@@ -89,10 +92,11 @@ class Cluster:
 
     def owned(self, api_version: str, plural: str, name: str) -> dict[str, Any] | None:
         """An owned object as a plain dict, None when absent."""
-        return self.kube.get(api_version, plural, NS, name)
+        return self.kube.get(api_version, plural, self.namespace, name)
 
     def events(self, reason: str) -> list[Any]:
-        return [e for e in self.core.list_namespaced_event(NS).items if e.reason == reason]
+        return [e for e in self.core.list_namespaced_event(self.namespace).items
+                if e.reason == reason]
 
 
 def operator_mint(cluster: Cluster) -> TokenMint:
@@ -111,13 +115,13 @@ def replica_set(cluster: Cluster, deployment: str, template_hash: str = "5d8f7c9
                 ) -> dict[str, Any]:
     """The ReplicaSet the Deployment controller would make (the emulator runs none)."""
     name = f"{deployment}-{template_hash}"
-    found = cluster.kube.get("apps/v1", "replicasets", NS, name)
+    found = cluster.kube.get("apps/v1", "replicasets", cluster.namespace, name)
     if found is not None:
         return found
     dep = wait_for(lambda: cluster.owned("apps/v1", "deployments", deployment),
                    what=f"the Deployment {deployment}")
     labels = {**selector(deployment), "pod-template-hash": template_hash}
-    return cluster.kube.create("apps/v1", "replicasets", NS, {
+    return cluster.kube.create("apps/v1", "replicasets", cluster.namespace, {
         "apiVersion": "apps/v1", "kind": "ReplicaSet",
         "metadata": {"name": name, "labels": labels, "ownerReferences": [{
             "apiVersion": "apps/v1", "kind": "Deployment", "name": deployment,
@@ -140,14 +144,14 @@ def add_pod(cluster: Cluster, deployment: str, index: int, port: int, *,
     ref = owner if owner is not None else {
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
         "uid": rs["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
-    cluster.core.create_namespaced_pod(NS, {
+    cluster.core.create_namespaced_pod(cluster.namespace, {
         "metadata": {"name": name, "labels": labels if labels is not None
                      else dict(rs["metadata"]["labels"]),
                      "ownerReferences": [ref] if ref else []},
         "spec": {"containers": [{"name": "engine", "image": "x", "ports": [
             {"name": "http", "containerPort": 8000},
             {"name": ADMIN_PORT_NAME, "containerPort": port}]}]}})
-    cluster.core.patch_namespaced_pod_status(name, NS, {"status": {
+    cluster.core.patch_namespaced_pod_status(name, cluster.namespace, {"status": {
         "phase": "Running", "podIP": pod_ip,
         "conditions": [{"type": "Ready", "status": "True"}]}})
     return name
