@@ -43,7 +43,7 @@ FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*[a-z0-9])")
 FOREIGN_FLAGS = {
     "vllm": {"--api-key", "--swap-space"},
     "kubectl": {"--from-literal", "--from-file", "--type", "--clusterrole", "--user",
-                "--subresource"},
+                "--subresource", "--serviceaccount"},
     "pip": {"--no-deps"},
     "pytest": {"--hypothesis-profile"},
 }

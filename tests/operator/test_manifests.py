@@ -37,8 +37,8 @@ EXPECTED_GRANTS = {
     ("apps", "replicasets"): {"list"},
     # kopf only posts events; patch would reach any namespace's, kube-system's too.
     ("", "events"): {"create"},
-    # A namespace glob (--namespace 'team-*') is expanded from the namespaces kopf lists.
-    ("", "namespaces"): {"list", "watch"},
+    # kopf notices CRDs come and go. No namespaces: kopf lists them only when run with
+    # --namespace, and namespaced-rbac.yaml grants them then.
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch", "create"},
     ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch", "create"},
@@ -157,6 +157,21 @@ def test_the_record_of_study_storages_is_the_one_configmap_of_its_own_namespace(
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [LEDGER],
          "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}])
+
+
+def test_the_namespaced_installs_cluster_role_lists_names_only_and_is_bound_to_nobody(
+        ) -> None:
+    """What kopf lists cluster-wide when it serves named namespaces (a RoleBinding of the
+    ClusterRole cannot grant a cluster-scoped kind); the namespaced install binds it."""
+    (role,) = docs(MANIFESTS / "namespaced-rbac.yaml")
+    assert (role["kind"], role["metadata"]["name"]) == ("ClusterRole",
+                                                        "slopilot-operator-namespaced")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "verbs": ["list", "watch"]}]
+    assert not [d for d in all_docs() if d["kind"].endswith("Binding")
+                and d["roleRef"]["name"] == role["metadata"]["name"]]
 
 
 def test_rbac_binds_the_operator_service_account() -> None:
