@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 from slopilot.engine.deadline_flags import DEADLINE_FLAGS
 from slopilot.engine.http_deadlines import DeadlineError, Deadlines
-from slopilot.operator.spec_reader import SpecReader, parse_duration
+from slopilot.operator.spec_reader import SpecReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +59,9 @@ def parse_connections(spec: Mapping[str, object], r: SpecReader) -> Mapping[str,
     given: dict[str, float] = {}
     for camel, f in FIELDS.items():
         where = f"spec.connections.{camel}"
-        text = r.get(spec, where, str)
-        if text is None:
+        if (got := r.duration(spec, where)) is None:
             continue
-        try:
-            seconds = parse_duration(text)
-        except ValueError as exc:
-            r.problems.append(f"{where}: {exc}")
-            continue
+        text, seconds = got
         if not f.lo_s <= seconds <= f.hi_s:
             r.problems.append(f"{where}={text!r}: use {f.lo_s:g}s to {f.hi_s:g}s")
             continue

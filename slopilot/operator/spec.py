@@ -41,7 +41,7 @@ from slopilot.operator.model_source import (
     parse_token_secret,
     parse_volume,
 )
-from slopilot.operator.spec_reader import SpecReader, parse_duration
+from slopilot.operator.spec_reader import SpecReader
 from slopilot.operator.twin_spec import TwinSpec, parse_twin
 from slopilot.operator.validation import model_ref_problem, prometheus_url_problem
 from slopilot.tuner.prometheus.rules import RuleOptions
@@ -173,14 +173,9 @@ def _alerts(spec: Mapping[str, Any], r: SpecReader) -> RuleOptions:
             if value is not None:
                 values[camel] = value
             continue
-        text = r.get(spec, where, str)
-        if text is None:
+        if (got := r.duration(spec, where)) is None:
             continue
-        try:
-            seconds = parse_duration(text)
-        except ValueError as exc:
-            r.problems.append(f"{where}: {exc}")
-            continue
+        text, seconds = got
         if not seconds.is_integer():
             r.problems.append(f"{where}={text!r}: use whole seconds (Prometheus evaluates "
                               "its rules at whole-second intervals)")

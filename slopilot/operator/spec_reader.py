@@ -53,6 +53,18 @@ class SpecReader:
             return default
         return node
 
+    def duration(self, data: Mapping[str, Any], path: str) -> tuple[str, float] | None:
+        """The duration at ``path`` as written and in seconds; None where it is absent,
+        or no duration (a problem then names it)."""
+        text = self.get(data, path, str)
+        if text is None:
+            return None
+        try:
+            return text, parse_duration(text)
+        except ValueError as exc:
+            self.problems.append(f"{path}: {exc}")
+            return None
+
     def choice(self, data: Mapping[str, Any], path: str, enum_type: type[enum.Enum],
                default: enum.Enum) -> Any:
         raw = self.get(data, path, str)
