@@ -255,6 +255,26 @@ def test_deleting_an_owner_collects_its_dependents(core: client.CoreV1Api) -> No
     assert names == {"kept"}
 
 
+def test_only_one_owner_reference_may_be_the_controller(core: client.CoreV1Api) -> None:
+    """As the API server's ValidateOwnerReferences: a second controller is refused, so a
+    test cannot make an object two controllers claim, which no cluster holds."""
+    refs = [{"apiVersion": "v1", "kind": "ConfigMap", "name": n, "uid": f"uid-{n}",
+             "controller": True} for n in ("a", "b")]
+    with pytest.raises(client.ApiException) as err:
+        core.create_namespaced_config_map("default", {"metadata": {
+            "name": "twice", "ownerReferences": refs}})
+    assert err.value.status == 422 and reason(err.value) == "Invalid"
+    assert ('Only one reference can have Controller set to true. Found "true" in '
+            "references for ConfigMap/a and ConfigMap/b") in json.loads(err.value.body)["message"]
+    made = core.create_namespaced_config_map("default", {"metadata": {
+        "name": "once", "ownerReferences": [refs[0], {**refs[1], "controller": False}]}})
+    with pytest.raises(client.ApiException) as err:
+        core.patch_namespaced_config_map("once", "default", {"metadata": {
+            "ownerReferences": refs}})
+    assert err.value.status == 422
+    assert made.metadata.owner_references[1].controller is False
+
+
 def test_orphan_propagation_keeps_dependents(core: client.CoreV1Api) -> None:
     owner = core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
     ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}

@@ -1,5 +1,6 @@
 """What the real API server refuses in the objects this project writes: names, labels,
-replica counts and resource quantities, with the apiserver's own wording.
+owner references, replica counts and resource quantities, with the apiserver's own
+wording.
 
 The emulator calls ``object_problems`` on every create and every non-status update, so
 a test sees the 422 a cluster would send (and the operator has to cope with it), not a
@@ -90,6 +91,17 @@ def label_problems(where: str, labels: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def owner_reference_problems(refs: Any) -> list[str]:
+    """ValidateOwnerReferences' rule that matters to controllers: one controller at most."""
+    controllers = [f"{r.get('kind')}/{r.get('name')}" for r in refs or ()
+                   if isinstance(r, Mapping) and r.get("controller") is True]
+    if len(controllers) < 2:
+        return []
+    return [f"metadata.ownerReferences: Invalid value: {len(refs)} references: Only one "
+            f'reference can have Controller set to true. Found "true" in references for '
+            f"{controllers[0]} and {controllers[1]}"]
+
+
 def _containers(pod: Mapping[str, Any]) -> list[tuple[str, int, Any]]:
     return [(field, i, c) for field in ("initContainers", "containers")
             for i, c in enumerate(pod.get(field) or ())]
@@ -137,6 +149,7 @@ def object_problems(plural: str, body: Mapping[str, Any]) -> list[str]:
     if isinstance(meta.get("name"), str) and (problem := name_problem(plural, meta["name"])):
         out.append(problem)
     out += label_problems("metadata.labels", meta.get("labels") or {})
+    out += owner_reference_problems(meta.get("ownerReferences"))
     spec = body.get("spec") or {}
     if plural in ("deployments", "replicasets", "statefulsets"):
         replicas = spec.get("replicas", 1)
