@@ -8,7 +8,8 @@ meaning changes, so the events of a busy deployment cost no status writes.
   PrometheusRule/slopilot-chat" (the time is in the message: the status stays True, so
   ``lastTransitionTime`` does not move);
 - something that could not be (the API server failed the write; an object of the name
-  is not the CR's): ``False``, ``DriftNotRepaired``, which object and why. Its
+  is not the CR's; it refused the CR's own owner reference put right, the rest of the
+  object repaired): ``False``, ``DriftNotRepaired``, which object and why. Its
   ``lastTransitionTime`` is when the repair first failed; the same failure found again
   is not written again. A timer looks again (``RETRY_S``) while it is so;
 - nothing to do: no write, unless the condition says ``False`` (then ``True``,
@@ -74,6 +75,9 @@ def drift_condition(current: Mapping[str, Any] | None, found: Outcome | ApiError
             return None  # the spec handler's refusal, reported (and retried) there
         new = condition(ConditionType.RECONCILED, False, DriftReason.NOT_REPAIRED,
                         not_repaired_message("; ".join(found.problems)), generation)
+    elif found.not_restored:
+        new = condition(ConditionType.RECONCILED, False, DriftReason.NOT_REPAIRED,
+                        not_repaired_message("; ".join(found.not_restored)), generation)
     elif done := [f"{change.value} {what}" for what, change in found.changes.items()
                   if change is not Change.UNCHANGED]:
         return condition(ConditionType.RECONCILED, True, DriftReason.REPAIRED,

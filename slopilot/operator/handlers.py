@@ -41,10 +41,15 @@ import kopf
 
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator import tuning_daemon  # also registers the controller daemon
-from slopilot.operator.conditions import ConditionType, condition, merge_conditions
+from slopilot.operator.conditions import (
+    ConditionType,
+    DriftReason,
+    condition,
+    merge_conditions,
+)
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
-from slopilot.operator.drift import record_repair, unrepaired
+from slopilot.operator.drift import not_repaired_message, record_repair, unrepaired
 from slopilot.operator.kube_handle import HTTP_TIMEOUT_S, KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
 from slopilot.operator.pod_memory import memory_of
@@ -159,6 +164,11 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
             if change is not Change.UNCHANGED]
     updates = [
         condition(ConditionType.VALID, True, "SpecAccepted", accepted(outcome), generation),
+        # An owner reference the API server would not let be put right: the drift timer
+        # looks again (the tuning controller runs on, as for any drift not repaired).
+        condition(ConditionType.RECONCILED, False, DriftReason.NOT_REPAIRED,
+                  not_repaired_message("; ".join(outcome.not_restored)), generation)
+        if outcome.not_restored else
         condition(ConditionType.RECONCILED, True, "OwnedObjectsInSync",
                   "; ".join(done) if done else "every owned object matches the spec",
                   generation)]
@@ -216,6 +226,9 @@ def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> Non
             if change is not Change.UNCHANGED]
     if done:
         kopf.info(body, reason=reason, message="; ".join(done))
+    if outcome.not_restored:
+        kopf.warn(body, reason=DriftReason.NOT_REPAIRED.value,
+                  message="; ".join(outcome.not_restored))
     if outcome.unsupported_knobs:
         kopf.warn(body, reason="KnobsIgnored", message="vLLM has no argument for "
                   f"{', '.join(outcome.unsupported_knobs)}; they are left out")
@@ -307,11 +320,14 @@ def sync_untuned_pods(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
 
 
 def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The LLMDeployment ``body`` names as its controller, if its name could be one: the
-    API server does not check an owner reference's name, and anyone who can create the
+    """The LLMDeployment ``body`` names as its controller, else one it names as an owner
+    (its controller mark taken off, which the reconcile puts back; or another controller
+    took the object, which the reconcile reports), if its name could be one: the API
+    server does not check an owner reference's name, and anyone who can create the
     object can write ``../../team-b/llmdeployments/chat`` there."""
-    for ref in body.get("metadata", {}).get("ownerReferences") or ():
-        if ref.get("controller") and ref.get("kind") == KIND \
+    refs = body.get("metadata", {}).get("ownerReferences") or ()
+    for ref in sorted(refs, key=lambda r: r.get("controller") is not True):
+        if ref.get("kind") == KIND \
                 and ref.get("apiVersion") == API_VERSION:
             name = ref.get("name")
             return dict(ref) if isinstance(name, str) and \

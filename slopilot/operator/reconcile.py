@@ -18,7 +18,14 @@ when an object of a name it would take exists and is not this CR's (NameTaken): 
 operator changes only what this CR controls, by the uid in the controller reference, so
 a tenant cannot name an LLMDeployment after another team's Deployment or the namespace's
 NetworkPolicy and have it rewritten (and garbage-collected with the CR). A taken name is
-looked at again every ``RETRY_NAME_TAKEN_S``.
+looked at again every ``RETRY_NAME_TAKEN_S``; so is an object another controller took
+(its controller reference another's, the CR's a plain owner), which is not fought over.
+
+Owner references other writers added to an owned object are kept (ownership.py): its
+``ownerReferences`` are written only to put the CR's own reference right, whole and on
+condition of the version read; where the API server refuses that (403: changing the
+list needs ``delete`` on the object under OwnerReferencesPermissionEnforcement), the
+rest of the object is still repaired and ``Outcome.not_restored`` says which and why.
 
 The engines' admin token is in no object at all: the Deployment's pod template carries
 only its digest (tokens.py), rendered like any other field.
@@ -37,7 +44,13 @@ from slopilot.operator.conditions import DriftReason
 from slopilot.operator.crd import KIND
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
-from slopilot.operator.ownership import controlled_by, controller_ref
+from slopilot.operator.ownership import (
+    claims,
+    controller_ref,
+    names_owner,
+    other_controller,
+    refs_to_write,
+)
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.quantity import same_quantity
 from slopilot.operator.render import (
@@ -106,6 +119,9 @@ class Outcome:
     """The parsed spec's warnings (a deprecated field): posted, never refused."""
     retry_s: float | None = None
     """Reconcile again after this long even without a change (a taken name may clear)."""
+    not_restored: tuple[str, ...] = ()
+    """Objects whose own owner reference the API server would not let the operator put
+    right (the rest of each was repaired), said why: ``Reconciled=False`` while so."""
 
     @property
     def valid(self) -> bool:
@@ -201,10 +217,22 @@ class WriteFailed(ApiError):
 
 
 def taken(kind: str, live: Mapping[str, Any], body: Mapping[str, Any]) -> str | None:
-    """Why ``live`` (a ``kind``) is not ``body``'s to change; None when the CR controls
-    it, by uid."""
-    if controlled_by(live, KIND, str(body["metadata"].get("uid") or "")):
+    """Why ``live`` (a ``kind``) is not ``body``'s to change; None when the CR claims it,
+    by uid (``ownership.claims``)."""
+    uid = str(body["metadata"].get("uid") or "")
+    if claims(live, KIND, uid):
         return None
+    name = (live.get("metadata") or {}).get("name")
+    if names_owner(live, KIND, uid) and (other := other_controller(live, uid)) is not None:
+        # It was this CR's, or is shared with it, and another controller has taken it:
+        # neither fought over (each rewriting the other's reference) nor rewritten.
+        return (f"{kind}/{name} names this LLMDeployment as an owner, but "
+                f"{other.get('kind')}/{other.get('name')} (uid {other.get('uid')}) is its "
+                "controller: the operator does not take an object from another "
+                "controller; remove that controller reference (or set its controller to "
+                "false) for the operator to manage the object again, or delete the object "
+                f"for the operator to make it again; it looks again every "
+                f"{RETRY_NAME_TAKEN_S:g} s")
     ref = controller_ref(live)
     if ref is None:
         owner = "it has no controller"
@@ -213,7 +241,6 @@ def taken(kind: str, live: Mapping[str, Any], body: Mapping[str, Any]) -> str | 
                  "controls it; the garbage collector removes it once that one is gone")
     else:
         owner = f"{ref.get('kind')}/{ref.get('name')} controls it"
-    name = (live.get("metadata") or {}).get("name")
     return (f"{kind}/{name} already exists and is not managed by this LLMDeployment "
             f"({owner}): use another name for the LLMDeployment, or remove that object; "
             f"the operator looks again every {RETRY_NAME_TAKEN_S:g} s")
@@ -236,11 +263,41 @@ def live_object(kube: Kube, desired: Mapping[str, Any]) -> dict[str, Any] | None
                     meta["name"])
 
 
+class RefsRefused(ApiError):
+    """The API server refused the operator's own owner reference put right (403: the
+    OwnerReferencesPermissionEnforcement plugin wants ``delete`` on the object to change
+    its ownerReferences); ``change`` is what the rest of the object's repair did."""
+
+    def __init__(self, exc: ApiError, change: Change) -> None:
+        super().__init__(exc.status, exc.reason, exc.message)
+        self.change = change
+
+
+def _patch(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
+           patch: Mapping[str, Any]) -> None:
+    """Send ``patch``; a 409 from an object that is no longer the CR's is NameTaken."""
+    api, plural, meta = desired["apiVersion"], plural_of(desired), desired["metadata"]
+    try:
+        kube.patch(api, plural, meta["namespace"], meta["name"], patch)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        now = kube.get(api, plural, meta["namespace"], meta["name"])
+        if now is not None and (why := taken(desired["kind"], now, body)) is not None:
+            raise NameTaken(why) from None
+        raise  # changed, and the CR's still (or gone): kopf runs the reconcile again
+
+
 def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
            live: Mapping[str, Any] | None) -> Change:
     """Create the object, or patch it where ``live`` (``live_object``'s answer) differs;
     nothing is sent when it matches. Raises NameTaken when an object of that name is
-    there and is not ``body``'s."""
+    there and is not ``body``'s, RefsRefused when the CR's own owner reference on it
+    could not be put right (the rest of it was).
+
+    Owner references other writers added are kept (ownership.py): the rendered list (the
+    CR's reference alone) is no part of the comparison or of the patch, and the whole
+    list goes only where the CR's own reference is missing or wrong."""
     api, plural = desired["apiVersion"], plural_of(desired)
     meta = desired["metadata"]
     if live is None:
@@ -254,25 +311,40 @@ def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
     if (why := taken(desired["kind"], live, body)) is not None:
         raise NameTaken(why)
     stale = stale_files(desired, live)
-    if not stale and covers(live, desired):
+    [ours] = meta["ownerReferences"]
+    refs = refs_to_write(live, ours)
+    rest = {**desired, "metadata": {k: v for k, v in meta.items() if k != "ownerReferences"}}
+    drifted = bool(stale) or not covers(live, rest)
+    if refs is None and not drifted:
         return Change.UNCHANGED
-    patch = copy.deepcopy({k: v for k, v in desired.items() if k not in ("apiVersion", "kind")})
+    patch = copy.deepcopy({k: v for k, v in rest.items() if k not in ("apiVersion", "kind")})
     if stale:
         patch["data"] = {**patch.get("data", {}), **dict.fromkeys(stale)}
     # The uid judged above is a precondition (409 for another object): by name alone, an
     # object deleted and made again under the name by another owner since the read was
     # patched into this CR's, its owner reference included.
-    if uid := (live.get("metadata") or {}).get("uid"):
+    live_meta = live.get("metadata") or {}
+    if uid := live_meta.get("uid"):
         patch["metadata"]["uid"] = uid
+    if refs is None:
+        _patch(kube, desired, body, patch)
+        return Change.PATCHED
+    # A merge patch replaces the list whole: sent on condition of the version read, so
+    # that a reference another writer added since is not dropped (409: looked at again).
+    with_refs = copy.deepcopy(patch)
+    with_refs["metadata"]["ownerReferences"] = refs
+    if version := live_meta.get("resourceVersion"):
+        with_refs["metadata"]["resourceVersion"] = version
     try:
-        kube.patch(api, plural, meta["namespace"], meta["name"], patch)
+        _patch(kube, desired, body, with_refs)
     except ApiError as exc:
-        if exc.status != 409:
+        if exc.status != 403:
             raise
-        now = kube.get(api, plural, meta["namespace"], meta["name"])
-        if now is not None and (why := taken(desired["kind"], now, body)) is not None:
-            raise NameTaken(why) from None
-        raise  # changed, and the CR's still (or gone): kopf runs the reconcile again
+        # Not let change the list: the rest is still repaired, and the list is reported,
+        # not tried again in the same patch at every event (which would repair nothing).
+        if drifted:
+            _patch(kube, desired, body, patch)
+        raise RefsRefused(exc, Change.PATCHED if drifted else Change.UNCHANGED) from None
     return Change.PATCHED
 
 
@@ -280,7 +352,7 @@ def current_replicas(kube: Kube, body: Mapping[str, Any], spec: LLMDeploymentSpe
     """The live replica count clamped into the spec's range; None before the first create."""
     live = kube.get("apps/v1", "deployments", body["metadata"]["namespace"],
                     body["metadata"]["name"])
-    if live is None or not controlled_by(live, KIND, str(body["metadata"].get("uid") or "")):
+    if live is None or not claims(live, KIND, str(body["metadata"].get("uid") or "")):
         return None  # none yet, or another's (which the reconcile refuses to touch)
     count = int((live.get("spec") or {}).get("replicas", 1))
     return min(max(count, spec.min_replicas), spec.max_replicas)
@@ -349,11 +421,16 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
     if problems := name_problems(objects, lives, body):
         return _name_taken(problems, spec.warnings)
     changes: dict[str, Change] = {}
+    not_restored: list[str] = []
     where = ""
     try:
         for obj, live in zip(objects, lives, strict=True):
             where = f"{obj['kind']}/{obj['metadata']['name']}"
-            changes[where] = ensure(kube, obj, body, live)
+            try:
+                changes[where] = ensure(kube, obj, body, live)
+            except RefsRefused as exc:  # the others are still put right
+                changes[where] = exc.change
+                not_restored.append(refs_refused_message(where, exc))
     except NameTaken as exc:  # made by someone else since the check above
         return _name_taken([str(exc)], spec.warnings, changes)
     except ApiError as exc:
@@ -370,7 +447,18 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                    admin_token=spec.backend is Backend.BUILTIN,
                    replicas=replicas if replicas is not None else
                    min(max(spec.min_replicas, 1), spec.max_replicas), config=spec.engine,
-                   warnings=spec.warnings)
+                   warnings=spec.warnings, not_restored=tuple(not_restored))
+
+
+def refs_refused_message(where: str, exc: ApiError) -> str:
+    return (f"{where}: its owner reference to this LLMDeployment is missing its controller "
+            "mark (controller and blockOwnerDeletion true) or names the CR wrongly, and "
+            f"the API server refused to put it right ({exc.status} {exc.reason}: "
+            f"{exc.message}): where the OwnerReferencesPermissionEnforcement admission "
+            "plugin runs, changing an object's ownerReferences needs delete on it, which "
+            "the operator is not granted; set that reference right by hand, or delete the "
+            "object for the operator to make it again (the rest of the object was "
+            "repaired)")
 
 
 def name_problems(objects: list[dict[str, Any]], lives: list[dict[str, Any] | None],

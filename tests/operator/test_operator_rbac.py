@@ -13,10 +13,11 @@ so the owned objects' ``blockOwnerDeletion`` is checked as there.
 The life: the start (token key, peering, the reclaim of a study whose CR went while no
 operator ran), a built-in deployment through a trial on the canary and a commit to its
 pods, prometheus-operator's CRDs appearing, a vLLM deployment with a ServiceMonitor and
-a PrometheusRule scaled by an alert, its edited objects patched back and a deleted
-Service put back, both CRs deleted (their studies with them), and a clean stop. Then
-every grant that no call used is named: each that a shape leaves unused is listed below
-with why it stays; any other fails the test (least privilege on a shared cluster).
+a PrometheusRule scaled by an alert, its edited objects patched back (another
+controller's owner reference on one kept) and a deleted Service put back, both CRs
+deleted (their studies with them), and a clean stop. Then every grant that no call
+used is named: each that a shape leaves unused is listed below with why it stays; any
+other fails the test (least privilege on a shared cluster).
 """
 
 # mypy: disable-error-code="index,union-attr"
@@ -71,6 +72,10 @@ EDITS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
          ("monitoring.coreos.com/v1", "servicemonitors", "vchat", {"spec": {"endpoints": []}}),
          ("monitoring.coreos.com/v1", "prometheusrules", "slopilot-vchat",
           {"spec": {"groups": []}}))
+
+# Another controller's owner reference on an owned object (not the controller).
+ARGO_REF = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "name": "team-b-apps",
+            "uid": "6f1c1e5a-0000-4000-8000-00000000a860"}
 
 
 def manifests() -> list[dict[str, Any]]:
@@ -309,12 +314,19 @@ def test_the_operator_lives_its_whole_life_on_exactly_the_shipped_rbac(
     waiting(kube, lambda: team_b.owned("apps/v1", "deployments", "vchat")["spec"]["replicas"]
             == 3, what="the scale 1 -> 3")
 
-    # Drift: each edited object is patched back, a deleted Service is put back.
+    # Drift: each edited object is patched back, a deleted Service is put back. Argo CD
+    # adds its own owner reference to the Service first: kept, and no write of the list
+    # (which needs delete on the Service under the admission plugin) is tried.
+    refs = team_b.owned("v1", "services", "vchat")["metadata"]["ownerReferences"]
+    team_b.kube.patch("v1", "services", TEAM_B, "vchat",
+                      {"metadata": {"ownerReferences": [*refs, ARGO_REF]}})
     for api, plural, name, edit in EDITS:
         team_b.kube.patch(api, plural, TEAM_B, name, edit)
     for api, plural, name, edit in EDITS:
         waiting(kube, functools.partial(reverted, team_b, api, plural, name, edit),
                 what=f"{plural}/{name} patched back")
+    assert team_b.owned("v1", "services", "vchat")["metadata"]["ownerReferences"] == [
+        *refs, ARGO_REF]
     uid = team_a.owned("v1", "services", "chat")["metadata"]["uid"]
     team_a.core.delete_namespaced_service("chat", TEAM_A)
     waiting(kube, lambda: (s := team_a.owned("v1", "services", "chat")) is not None
