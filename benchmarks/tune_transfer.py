@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 from code_trace import HEADER, code_trace
+from window_transfer import chosen_cases
 
 from slopilot.engine.request import Request
 from slopilot.engine.sim.scenario import Scenario
@@ -292,11 +293,7 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
     ap.add_argument("--out", type=Path, default=Path("tune_transfer"))
     args = ap.parse_args()
-    wanted = args.cases.split(",")
-    unknown = sorted(set(wanted) - {c.name for c in CASES})
-    if unknown:
-        ap.error(f"--cases {','.join(unknown)}: no such case; pick from "
-                 f"{', '.join(c.name for c in CASES)}")
+    wanted = chosen_cases(ap, args.cases, [c.name for c in CASES])
     if args.trials < 1:
         ap.error(f"--trials {args.trials}: give at least 1, e.g. 10")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -192,17 +192,22 @@ def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
             "agree": study["feasible"] == replay["p99_within_slo"]}
 
 
+def chosen_cases(ap: argparse.ArgumentParser, text: str, names: list[str]) -> list[str]:
+    """``--cases``' comma-separated names, each one of ``names`` (else argparse's error)."""
+    wanted = text.split(",")
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        ap.error(f"--cases {','.join(unknown)}: no such case; pick from {', '.join(names)}")
+    return wanted
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
     ap.add_argument("--out", type=Path, default=Path("window_transfer"))
     args = ap.parse_args()
-    wanted = args.cases.split(",")
-    unknown = sorted(set(wanted) - {c.name for c in CASES})
-    if unknown:
-        ap.error(f"--cases {','.join(unknown)}: no such case; pick from "
-                 f"{', '.join(c.name for c in CASES)}")
+    wanted = chosen_cases(ap, args.cases, [c.name for c in CASES])
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     print("| case | judged on | warm-up / drain (s) | tune: holds | windows: KV max, TTFT p99 "
