@@ -17,9 +17,10 @@ the engine failed it: vLLM writes an exception inside a stream it answered 200 a
 ``data: {"error": ...}`` event) only where it had missed already (``verdicts``), as
 the engine's server judges it. A stream the meter could not read (not SSE, not JSON) is
 not judged: it passes through all the same. The events are read as a client's SSE parser
-reads them (``written``); one past ``MAX_EVENT_BYTES`` as it passes, by the keys it
-holds, none of it kept (``long_event``: a completions ``echo`` with ``logprobs`` of a
-long prompt writes one, which left the stream unjudged, for any client to ask for).
+reads them (``written``); one past ``MAX_EVENT_BYTES`` as it passes, by the keys vLLM
+writes, where it writes them, none of it kept (``long_event``: a completions ``echo``
+with ``logprobs`` of a long prompt writes one, which left the stream unjudged, for any
+client to ask for).
 
 A Responses API stream (``Wire.RESPONSES``) is one answer of named events with no
 ``[DONE]``: its output deltas are its one choice's chunks, its ``response.completed``

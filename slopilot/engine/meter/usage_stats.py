@@ -33,7 +33,7 @@ from typing import Any
 
 import pydantic
 
-from slopilot.engine.meter.long_event import REACH, USAGE_VALUE
+from slopilot.engine.meter.long_event import REACH
 from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES
 
 
@@ -245,7 +245,8 @@ def _whole(value: bytes) -> bool:
 # A JSON string escapes each quote inside it, so ``"usage":`` is a key wherever it is
 # found; vLLM's chunks have no other key of that name than the top level's. Its value is
 # counts, one object deep at most (``prompt_tokens_details``), without a string, or null.
-_USAGE = re.compile(rb'"usage"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}(?P<value>' + USAGE_VALUE +
+_USAGE_VALUE = rb"\{[^{}]{0,512}(?:\{[^{}]{0,256}\}[^{}]{0,256}){0,2}\}|null"
+_USAGE = re.compile(rb'"usage"[ \t\r\n]{0,64}:[ \t\r\n]{0,64}(?P<value>' + _USAGE_VALUE +
                     rb")")
 _COMMA_BEFORE = re.compile(rb",\s*\Z")
 _COMMA_AFTER = re.compile(rb"\s*,")
