@@ -1,0 +1,202 @@
+"""What the meter spends reading an SSE event past ``MAX_EVENT_BYTES``, beside what the
+client spends parsing the same event.
+
+Such an event (a Responses ``response.completed`` with its logprobs, a completions
+``echo`` chunk with a long prompt's logprobs) is read as it passes (``meter/long_event``,
+by its JSON's structure: ``meter/json_paths``), on the event loop that relays every
+stream: each read's cost is a stall of the other streams' tokens. The peer is the
+client's own parser: ``json.loads`` of the event's data, which the client runs whole on
+the same bytes. Per case, the median over ``--runs`` of the meter's read (the whole
+stream through ``StreamJudge.written`` in ``--read-kib`` pieces, as the proxy hands it
+over) and of ``json.loads`` on the event's data; their ratio; the longest single read
+(the stall one read makes); and the meter's peak memory while reading (tracemalloc, one
+run apart, as it slows the read).
+
+Cases, in vLLM's field order (``tests/engine/meter/vllm_wire.py`` describes it; written
+out here, benchmarks import no test support):
+
+- ``responses``: ``response.completed`` of an answer with ``--mib`` MiB of output-text
+  logprobs (``include: ["message.output_text.logprobs"]``);
+- ``echo``: a completions chunk echoing a prompt with its ``top_logprobs`` (token ->
+  logprob maps: the client's text as keys);
+- ``schema``: a ``response.completed`` whose echoed tool schema nests 800 levels deep
+  (what a client may send; Python's own parser stops near 1,000), walked bracket by
+  bracket below the paths read.
+
+    .venv/bin/python benchmarks/long_event_cost.py [--mib 16] [--runs 5] [--read-kib 64]
+
+Ends with ``RESULT`` ``CASE_ms_per_mib``, ``CASE_json_loads_ms_per_mib``,
+``CASE_ratio``, ``CASE_max_read_ms`` and ``CASE_peak_kib`` for each case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES, StreamJudge, Verdict, Wire
+from slopilot.engine.slo import ClassSLO
+
+SLO = ClassSLO(ttft_p99_ms=60_000, tbt_p99_ms=60_000)
+MIB = 1 << 20
+
+
+def _compact(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _named(kind: str, seq: int, **fields: Any) -> bytes:
+    payload = {**fields, "sequence_number": seq, "type": kind}
+    return b"event: " + kind.encode() + b"\ndata: " + _compact(payload) + b"\n\n"
+
+
+def _response(status: str, output: list[Any], tools: list[Any], tokens: int) -> dict[str, Any]:
+    return {
+        "id": "resp_7", "created_at": 1, "incomplete_details": None, "instructions": None,
+        "metadata": None, "model": "llama", "object": "response", "output": output,
+        "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto",
+        "tools": tools, "top_p": 1.0, "background": False, "max_output_tokens": None,
+        "max_tool_calls": None, "previous_response_id": None, "prompt": None,
+        "reasoning": None, "service_tier": "auto", "status": status, "text": None,
+        "top_logprobs": None, "truncation": "disabled",
+        "usage": {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": 5 + tokens},
+        "user": None}
+
+
+def _logprob(i: int) -> dict[str, Any]:
+    return {"token": f" w{i}", "logprob": -1.25, "bytes": [32, 119],
+            "top_logprobs": [{"token": f" v{i}", "logprob": -2.5, "bytes": [32, 118]}]}
+
+
+def responses_stream(mib: float, *, depth: int = 0) -> tuple[list[bytes], bytes]:
+    """A Responses stream whose last event holds ``mib`` MiB of logprobs (and, with
+    ``depth``, a tool schema nested that deep); the stream's events and that event's
+    data."""
+    entries = max(1, int(mib * MIB / len(_compact(_logprob(10_000)))))
+    text = "ab" * 3
+    output = [{"type": "message", "id": "msg_7", "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": [],
+                            "logprobs": [_logprob(i) for i in range(entries)]}]}]
+    tools: list[Any] = []
+    if depth:
+        nested: Any = {"type": "string"}
+        for _ in range(depth):
+            nested = {"type": "object", "properties": {"x": nested}}
+        tools = [{"type": "function", "name": "f", "parameters": nested, "strict": False,
+                  "description": None}]
+    head = [
+        _named("response.created", 0, response=_response("in_progress", [], tools, 0)),
+        _named("response.output_item.added", 1, item=output[0] | {"content": []},
+               output_index=0),
+        _named("response.output_text.delta", 2, content_index=0, delta="ab", item_id="msg_7",
+               logprobs=[], output_index=0),
+        _named("response.output_text.delta", 3, content_index=0, delta="abab",
+               item_id="msg_7", logprobs=[], output_index=0),
+    ]
+    last = _named("response.completed", 4, response=_response("completed", output, tools, 3))
+    return [*head, last], last.split(b"data: ", 1)[1].rstrip(b"\n")
+
+
+def echo_stream(mib: float) -> tuple[list[bytes], bytes]:
+    """A completions stream whose first chunk echoes a prompt with ``mib`` MiB of its
+    ``top_logprobs`` (token text as keys); the stream's events and that chunk's data."""
+    per = len(_compact({"t": {" w10000": -1.25}})) + 20
+    entries = max(1, int(mib * MIB / per))
+    logprobs = {"text_offset": list(range(entries)),
+                "token_logprobs": [-1.25] * entries,
+                "tokens": [f" w{i}" for i in range(entries)],
+                "top_logprobs": [{f" w{i}": -1.25} for i in range(entries)]}
+
+    def chunk(text: str, lp: Any, finish: str | None, usage: Any) -> bytes:
+        return b"data: " + _compact({
+            "id": "cmpl-7", "object": "text_completion", "created": 1, "model": "llama",
+            "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish,
+                         "stop_reason": None, "prompt_token_ids": None, "token_ids": None}],
+            "usage": usage}) + b"\n\n"
+
+    first = chunk("prompt text", logprobs, None,
+                  {"prompt_tokens": entries, "completion_tokens": 1,
+                   "total_tokens": entries + 1, "prompt_tokens_details": None})
+    rest = [chunk("a", None, None, {"prompt_tokens": entries, "completion_tokens": 2,
+                                     "total_tokens": entries + 2,
+                                     "prompt_tokens_details": None}),
+            chunk("b", None, "length", {"prompt_tokens": entries, "completion_tokens": 3,
+                                        "total_tokens": entries + 3,
+                                        "prompt_tokens_details": None}),
+            b"data: [DONE]\n\n"]
+    return [first, *rest], first.split(b"data: ", 1)[1].rstrip(b"\n")
+
+
+def read(pieces: list[bytes], wire: Wire) -> tuple[list[Verdict], float]:
+    """The stream's reads through a judge: its verdicts, and the longest read in
+    seconds."""
+    judge = StreamJudge(SLO, 0.0, wire=wire)
+    longest = 0.0
+    for at, data in enumerate(pieces):
+        t0 = time.perf_counter()
+        judge.written(data, 0.01 * (at + 1))
+        longest = max(longest, time.perf_counter() - t0)
+    return judge.verdicts(1e6), longest
+
+
+def median_s(fn: Callable[[], object], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=float, default=16.0)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--read-kib", type=int, default=64)
+    args = parser.parse_args()
+    piece = args.read_kib * 1024
+    cases = {
+        "responses": (*responses_stream(args.mib), Wire.RESPONSES, 3),
+        "echo": (*echo_stream(args.mib), Wire.CHOICES, 3),
+        "schema": (*responses_stream(max(2.0, args.mib / 8), depth=400), Wire.RESPONSES, 3),
+    }
+    result: dict[str, str] = {}
+    print(f"{'case':10s} {'MiB':>6s} {'meter ms/MiB':>13s} {'json.loads ms/MiB':>18s} "
+          f"{'ratio':>6s} {'longest read ms':>16s} {'peak KiB':>9s}")
+    for name, (events, data, wire, tokens) in cases.items():
+        assert len(data) > MAX_EVENT_BYTES, name
+        stream = b"".join(events)
+        pieces = [stream[i:i + piece] for i in range(0, len(stream), piece)]
+        verdicts, _ = read(pieces, wire)
+        # The read must be right before its cost counts: one verdict, every token.
+        assert verdicts == [Verdict(True, tokens)], (name, verdicts)
+        mib = len(stream) / MIB
+        meter_s = median_s(functools.partial(read, pieces, wire), args.runs)
+        longest = statistics.median(read(pieces, wire)[1] for _ in range(args.runs))
+        loads_s = median_s(functools.partial(json.loads, data), args.runs)
+        # The reads are the caller's bytes: the peak is what the judge holds beside them.
+        tracemalloc.start()
+        read(pieces, wire)
+        peak_kib = tracemalloc.get_traced_memory()[1] / 1024
+        tracemalloc.stop()
+        print(f"{name:10s} {mib:6.2f} {meter_s * 1000 / mib:13.1f} "
+              f"{loads_s * 1000 / mib:18.1f} {meter_s / loads_s:6.2f} "
+              f"{longest * 1000:16.2f} {peak_kib:9.0f}")
+        result |= {f"{name}_ms_per_mib": f"{meter_s * 1000 / mib:.1f}",
+                   f"{name}_json_loads_ms_per_mib": f"{loads_s * 1000 / mib:.1f}",
+                   f"{name}_ratio": f"{meter_s / loads_s:.2f}",
+                   f"{name}_max_read_ms": f"{longest * 1000:.2f}",
+                   f"{name}_peak_kib": f"{peak_kib:.0f}"}
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()
