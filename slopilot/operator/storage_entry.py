@@ -58,23 +58,37 @@ class EntryShape:
     after the ``*`` (``{namespace}`` still in them); None for one database."""
 
 
-def shown_entry(entry: str) -> str:
-    """``entry`` as written, its password (if any) as ***. Not rendered again as a URL
-    (``shown``), which writes ``{namespace}`` and ``*`` as %7B...%7D and %2A."""
+def _with_password(entry: str, password: str | None) -> str | None:
+    """``entry`` as written with its password replaced (None: dropped), or None where
+    it holds none. Not rendered again as a URL (``shown``), which writes
+    ``{namespace}`` and ``*`` as %7B...%7D and %2A."""
     scheme, sep, rest = entry.partition("://")
-    if not sep:
-        return shown(entry)
     userinfo, at, tail = rest.partition("@")
     user, colon, _ = userinfo.partition(":")
-    if not at or not colon or "/" in user:  # no user:password@ before the host
-        return entry
-    return f"{scheme}{sep}{user}:***{at}{tail}"
+    if not sep or not at or not colon or "/" in user:  # no user:password@ before the host
+        return None
+    return f"{scheme}{sep}{user}{'' if password is None else ':' + password}{at}{tail}"
 
 
-def read_entry(entry: str) -> EntryShape:
-    """``entry``'s shape; EntryError, naming it and the fix, where it is not one."""
+def shown_entry(entry: str) -> str:
+    """``entry`` as written, its password (if any) as ***."""
+    if "://" not in entry:
+        return shown(entry)
+    return _with_password(entry, "***") or entry
+
+
+def entry_without_password(entry: str) -> str:
+    """``entry`` as written, without its password (if any): the URL as a CR names it."""
+    return _with_password(entry, None) or entry
+
+
+def read_entry(entry: str, *, label: str | None = None) -> EntryShape:
+    """``entry``'s shape; EntryError, naming it (``label``, else as an allow-list entry)
+    and the fix, where it is not one."""
+    named = label or f"storage allow-list entry {shown_entry(entry)!r}"
+
     def fail(why: str) -> EntryError:
-        return EntryError(f"storage allow-list entry {shown_entry(entry)!r}: {why}")
+        return EntryError(f"{named}: {why}")
 
     url = parse_storage_url(entry)
     if url is None:

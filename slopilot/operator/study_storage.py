@@ -192,8 +192,8 @@ def _relative_sqlite(url: URL) -> str | None:
             "absolute path)")
 
 
-def sqlite_sidecar_problem(url: str) -> str | None:
-    """Why ``url`` (``spec.tuning.storage``) names no database but one of the files SQLite
+def sqlite_sidecar_problem(url: str, field: str = "spec.tuning.storage") -> str | None:
+    """Why ``url`` (``field``'s value) names no database but one of the files SQLite
     keeps beside one (module docstring), or None."""
     parsed = parse_storage_url(url)
     if parsed is None or parsed.drivername.split("+")[0] != "sqlite":
@@ -201,7 +201,7 @@ def sqlite_sidecar_problem(url: str) -> str | None:
     head, _, name = (parsed.database or "").rpartition("/")
     if (m := _SIDECAR.search(name)) is None:
         return None
-    return (f"spec.tuning.storage={shown(url)!r} names SQLite's own {m.group(1)} file of "
+    return (f"{field}={shown(url)!r} names SQLite's own {m.group(1)} file of "
             f"the database {name[:m.start()]!r}, which SQLite writes and deletes with that "
             "database's transactions, not a database: name a database file, e.g. "
             f"{parsed.drivername}:///{head}/team-a.db")
@@ -239,11 +239,15 @@ def resolve_storage(url: str, rules: tuple[StorageRule, ...], namespace: str) ->
                 f"the allow-list entry {shown_entry(rule.entry)!r}: an entry with {NAMESPACE} "
                 "allows each namespace its own storage only; in namespace "
                 f"{namespace} it allows {shown_entry(rule.applied(namespace))!r}")
-    listing = ", ".join(shown_entry(r.applied(namespace)) for r in rules) or "empty"
     raise StorageRefused(
         f"spec.tuning.storage={shown(url)!r} is not on the operator's storage allow-list "
-        f"for namespace {namespace} ({listing}): use an allowed storage, or ask the "
-        "cluster admin to add it to SLOPILOT_ALLOWED_STORAGE")
+        f"for namespace {namespace} ({allowed_in(rules, namespace)}): use an allowed "
+        "storage, or ask the cluster admin to add it to SLOPILOT_ALLOWED_STORAGE")
+
+
+def allowed_in(rules: tuple[StorageRule, ...], namespace: str) -> str:
+    """The allow-list as it applies to a CR of ``namespace``, for a message."""
+    return ", ".join(shown_entry(r.applied(namespace)) for r in rules) or "empty"
 
 
 def shared_with_namespaces(rules: tuple[StorageRule, ...]) -> list[str]:
