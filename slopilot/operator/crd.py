@@ -227,9 +227,12 @@ def _spec_schema() -> dict[str, Any]:
                                  "entry with {namespace} there allows only this "
                                  "namespace's own storage (e.g. "
                                  "sqlite:////var/lib/slopilot/teams/<namespace>.db); a "
-                                 "refusal names the one to use.",
+                                 "refusal names the one to use. Absent: this namespace's "
+                                 "default storage, the operator's SLOPILOT_DEFAULT_STORAGE "
+                                 f"(unset: {DEFAULT_STUDY_STORAGE}), shown in "
+                                 "status.studyStorages.",
                                  pattern=r"^(sqlite|postgresql(\+\w+)?)://",
-                                 maxLength=MAX_STORAGE_URL, default=DEFAULT_STUDY_STORAGE),
+                                 maxLength=MAX_STORAGE_URL),
                             SIDECAR_RULE, SIDECAR_MESSAGE),
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),

@@ -266,9 +266,11 @@ def tuned_config(body: Mapping[str, Any], engine: EngineConfig) -> EngineConfig:
         return engine  # written by an older operator with other knobs: start over
 
 
-# Where a CR's study lives unless it says otherwise (and the one storage the operator's
-# policy allows by default: see study_storage.py). Four slashes: an absolute path, the
-# volume operator.yaml mounts, whatever the operator's working directory.
+# Where the study of a CR that names no storage lives unless the administrator names
+# another (``$SLOPILOT_DEFAULT_STORAGE``: default_storage.py), and what the policy allows
+# then by default (study_storage.py). Four slashes: an absolute path, the volume
+# operator.yaml mounts, whatever the operator's working directory. The CRD wrote it into
+# every CR created under it: such a CR keeps naming it.
 DEFAULT_STUDY_STORAGE = "sqlite:////var/lib/slopilot/study.db"
 MAX_STORAGE_URL = 2048
 """The longest ``spec.tuning.storage``: refusals quote the URL, and an unbounded one went
@@ -288,7 +290,9 @@ class TuningSpec:
     window_s: float
     max_trials: int
     canary: bool
-    storage: str
+    storage: str | None
+    """As written (the old relative default read as ``DEFAULT_STUDY_STORAGE``); None: not
+    written, the namespace's default storage (``OperatorPolicy.named_storage``)."""
     bounds: Mapping[str, Mapping[str, int]]
     """EngineConfig field -> the ends the user wrote (``lo``, ``hi``); an end left out is
     ``slopilot tune``'s (``tuner/study/space.DEFAULT_BOUNDS``), a knob left out too."""
@@ -336,13 +340,15 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
             r.problems.append(f"spec.tuning.bounds: {exc}")
     if space is None:
         return None
-    storage = r.get(spec, "spec.tuning.storage", str, DEFAULT_STUDY_STORAGE)
-    if len(storage) > MAX_STORAGE_URL:
+    # None: the namespace's default storage, the administrator's word (policy.py).
+    storage = r.get(spec, "spec.tuning.storage", str)
+    if storage is not None and len(storage) > MAX_STORAGE_URL:
         r.problems.append(f"spec.tuning.storage: {len(storage)} characters, more than the "
                           f"{MAX_STORAGE_URL} of a database URL: name the database, e.g. "
-                          f"{DEFAULT_STUDY_STORAGE}")
+                          f"{DEFAULT_STUDY_STORAGE}, or leave it out for the namespace's "
+                          "default storage")
         return None
-    if (problem := sqlite_sidecar_problem(storage)) is not None:
+    if storage is not None and (problem := sqlite_sidecar_problem(storage)) is not None:
         r.problems.append(problem)
         return None
     if storage == LEGACY_STUDY_STORAGE:

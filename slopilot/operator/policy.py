@@ -14,8 +14,11 @@ administrator's word on top of it, set once on the operator (environment variabl
   ``*.suffix`` for any host under a domain) are fetched, and none when it is set empty.
   Unset: any host that passes the URL rules (``validation.prometheus_url_problem``).
 - study storage: only the databases on the storage allow-list are opened, with the
-  administrator's credentials (``study_storage.py``; the default: the operator's own
-  SQLite file); an entry with ``{namespace}`` allows a CR its own namespace's only.
+  administrator's credentials (``study_storage.py``; the default: the default storage);
+  an entry with ``{namespace}`` allows a CR its own namespace's only. A CR that names
+  none gets the administrator's default storage for its namespace (default_storage.py;
+  the default: the operator's own SQLite file), resolved the same way
+  (``named_storage``: the one place a CR's storage is named).
 - Prometheus certificates (``prometheus_tls``): verified, against a CA bundle the
   administrator names or the default CAs; only the administrator may turn that off.
 - the images the operator picks (``images``): the meter's, and each backend's engine
@@ -30,6 +33,7 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from slopilot.operator.default_storage import DefaultStorage, instead, resolve_unwritten
 from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, SHIPPED_IMAGES, Images
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
@@ -96,8 +100,13 @@ class OperatorPolicy:
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     """Where the operator's pods run: the one source the NetworkPolicy admits to the
     engines' admin port."""
-    allowed_storage: tuple[str, ...] = (DEFAULT_STUDY_STORAGE,)
-    """Study storages a CR may name (``study_storage.StorageRule``); may hold passwords."""
+    default_storage: str = DEFAULT_STUDY_STORAGE
+    """The storage a CR that names none gets (``$SLOPILOT_DEFAULT_STORAGE``, with
+    ``{namespace}`` for one per namespace; default_storage.py). Read ``default``."""
+    default: DefaultStorage = field(init=False, repr=False)
+    allowed_storage: tuple[str, ...] | None = None
+    """Study storages a CR may name (``study_storage.StorageRule``); may hold passwords.
+    None (the variable unset): the default storage alone."""
     storage_rules: tuple[StorageRule, ...] = field(init=False, repr=False, default=())
     namespace_label: str | None = None
     """The label the cluster's prometheus-operator stamps with the namespace of every
@@ -120,7 +129,10 @@ class OperatorPolicy:
         object.__setattr__(self, "image_allow_list", _engine_repositories(self.images)
                            if self.allowed_images is None else self.allowed_images)
         try:
-            rules = tuple(StorageRule(e) for e in self.allowed_storage)
+            object.__setattr__(self, "default", DefaultStorage(self.default_storage))
+            rules = tuple(StorageRule(e) for e in (
+                (self.default_storage,) if self.allowed_storage is None
+                else self.allowed_storage))
         except StorageRefused as exc:
             raise PolicyError(str(exc)) from None
         object.__setattr__(self, "storage_rules", rules)
@@ -172,11 +184,25 @@ class OperatorPolicy:
                 return True
         return False
 
+    def named_storage(self, written: str | None, namespace: str) -> str:
+        """The storage a CR of ``namespace`` names: ``spec.tuning.storage`` as written,
+        else the default storage for ``namespace``. What the status and the operator's
+        record keep (never a password), and what ``study_storage`` opens."""
+        return self.default.named(namespace) if written is None else written
+
     def study_storage(self, spec: LLMDeploymentSpec, *, namespace: str) -> str:
         """The storage URL to open for the study of ``spec``, a CR of ``namespace`` (the
         admin's, with credentials; ``{namespace}`` in an entry is that namespace);
-        StorageRefused when the policy does not allow what the CR names."""
-        return resolve_storage(spec.tuning.storage, self.storage_rules, namespace)
+        StorageRefused when the policy does not allow what the CR names, saying where
+        removing the field would give the namespace's default storage."""
+        written = spec.tuning.storage
+        if written is None:
+            return resolve_unwritten(self.default, self.storage_rules, namespace)
+        try:
+            return resolve_storage(written, self.storage_rules, namespace)
+        except StorageRefused as exc:
+            hint = instead(self.default, self.storage_rules, namespace, written)
+            raise StorageRefused(f"{exc}{hint}") from None
 
     def prometheus_allowed(self, url: str) -> bool:
         if self.allowed_prometheus is None:

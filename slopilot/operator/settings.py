@@ -18,7 +18,10 @@
 - The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
   ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
   allow-lists, see policy.py and study_storage.py; read first by ``started_policy``, so
-  a bad entry stops the start), ``$SLOPILOT_NAMESPACE_LABEL`` (the
+  a bad entry stops the start), ``$SLOPILOT_DEFAULT_STORAGE`` (the study storage of a
+  CR that names none, default_storage.py; set, one the allow-list refuses stops the
+  start; unset, the shipped file, which an allow-list without it is warned of),
+  ``$SLOPILOT_NAMESPACE_LABEL`` (the
   Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then
   match) and the operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the
   service account's, else slopilot-system).
@@ -48,6 +51,7 @@ from pathlib import Path
 
 import kopf
 
+from slopilot.operator.default_storage import DEFAULT_STORAGE_ENV
 from slopilot.operator.policy import (
     DCGM_NAMESPACE_ENV,
     OperatorPolicy,
@@ -103,6 +107,8 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         kwargs["allowed_prometheus"] = _entries(hosts)
     if (storages := env.get(STORAGE_ENV)) is not None:
         kwargs["allowed_storage"] = _entries(storages)
+    if default := env.get(DEFAULT_STORAGE_ENV, "").strip():
+        kwargs["default_storage"] = default
     if label := env.get(NAMESPACE_LABEL_ENV, "").strip():
         kwargs["namespace_label"] = label
     kwargs["prometheus_tls"] = prometheus_tls(env)
@@ -112,10 +118,13 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         # say which of theirs).
         kwargs["dcgm_namespace"] = check_dcgm_namespace(dcgm)
     try:
-        return OperatorPolicy(**kwargs)  # type: ignore[arg-type]
+        policy = OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:
-        raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV}, ${STORAGE_ENV} or "
-                          f"${NAMESPACE_LABEL_ENV})") from None
+        raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV}, ${STORAGE_ENV}, "
+                          f"${DEFAULT_STORAGE_ENV} or ${NAMESPACE_LABEL_ENV})") from None
+    if default and (problem := policy.default.start_problem(policy.storage_rules)):
+        raise PolicyError(problem)
+    return policy
 
 
 def started_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
@@ -126,6 +135,8 @@ def started_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
     policy = operator_policy(env)
     for line in shared_with_namespaces(policy.storage_rules):
         log.warning(line)
+    if (warning := policy.default.unset_warning(policy.storage_rules)) is not None:
+        log.warning(warning)  # a set one the list refuses stopped the start above
     return policy
 
 

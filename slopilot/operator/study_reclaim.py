@@ -165,7 +165,7 @@ def reclaim_orphaned_studies(kube: Kube, policy: OperatorPolicy,
     def visit(target: Visit) -> None:
         with slots:
             try:
-                results[target.url] = _visit(kube, target, served)
+                results[target.url] = _visit(kube, policy, target, served)
             except Exception as exc:  # the storage or the API: this storage only
                 results[target.url] = exc
             finally:
@@ -230,7 +230,8 @@ def _visits(policy: OperatorPolicy, served: Callable[[str], bool], ledger: Ledge
     return list(visits.values())
 
 
-def _visit(kube: Kube, target: Visit, served: Callable[[str], bool]) -> Visited:
+def _visit(kube: Kube, policy: OperatorPolicy, target: Visit,
+           served: Callable[[str], bool]) -> Visited:
     """Delete the orphans of ``target``'s namespaces in its storage; which record entries
     are done with. StudyStorageError where the storage cannot be read."""
     out = Visited()
@@ -240,7 +241,7 @@ def _visit(kube: Kube, target: Visit, served: Callable[[str], bool]) -> Visited:
 
     def live_in(namespace: str) -> Live | None:
         if namespace not in live:
-            live[namespace] = _live(kube, namespace)
+            live[namespace] = _live(kube, policy, namespace)
         return live[namespace]
 
     kept: set[str] = set()  # namespaces with a study left in the storage
@@ -271,7 +272,7 @@ def _visit(kube: Kube, target: Visit, served: Callable[[str], bool]) -> Visited:
     return out
 
 
-def _live(kube: Kube, namespace: str) -> Live | None:
+def _live(kube: Kube, policy: OperatorPolicy, namespace: str) -> Live | None:
     """The LLMDeployments of ``namespace``; None where they cannot be read."""
     try:
         items: list[dict[str, Any]] = kube.list(API_VERSION, PLURAL, namespace)
@@ -282,10 +283,13 @@ def _live(kube: Kube, namespace: str) -> Live | None:
     uids, storages = set(), set()
     for item in items:
         uids.add(str((item.get("metadata") or {}).get("uid")))
-        named = ((item.get("spec") or {}).get("tuning") or {}).get("storage")
-        if not isinstance(named, str) or named == LEGACY_STUDY_STORAGE:
-            named = DEFAULT_STUDY_STORAGE  # as the spec's parse reads it
-        storages.update([named, *recorded_storages(item.get("status"))])
+        written = ((item.get("spec") or {}).get("tuning") or {}).get("storage")
+        if not isinstance(written, str):
+            written = None  # the namespace's default, as the spec's parse reads it
+        elif written == LEGACY_STUDY_STORAGE:
+            written = DEFAULT_STUDY_STORAGE  # as the spec's parse reads it
+        storages.update([policy.named_storage(written, namespace),
+                         *recorded_storages(item.get("status"))])
     return Live(frozenset(uids), frozenset(storages))
 
 

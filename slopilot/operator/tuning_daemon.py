@@ -92,6 +92,7 @@ from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, check
+from slopilot.tuner.study.storage_url import shown
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -155,8 +156,9 @@ def ended_episode(status: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,
                  action_time: str, storage: str | None = None) -> dict[str, Any]:
-    """The status after ``decision``; ``storage``: the ``spec.tuning.storage`` the
-    controller's study was opened in, put on record for the CR's deletion."""
+    """The status after ``decision``; ``storage``: the storage the CR names
+    (``OperatorPolicy.named_storage``) the controller's study was opened in, put on
+    record for the CR's deletion."""
     status = body.get("status") or {}
     loop = controller.loop
     phase = PHASES.get(decision.state, Phase.RUNNING)
@@ -241,11 +243,12 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
             """-p '{"status":{"controller":null}}'""") from None
     if state is not None:
         rebase_episode(state, body)
+    named = policy.named_storage(spec.tuning.storage, meta["namespace"])
     try:  # before the study is opened: every study the operator makes is on record
-        record(kube, policy.operator_namespace, meta["namespace"], spec.tuning.storage)
+        record(kube, policy.operator_namespace, meta["namespace"], named)
     except Exception as exc:  # an API error or a dropped connection: built at a next step
         raise ControllerError(
-            f"spec.tuning.storage: not put on the operator's record of study storages "
+            f"study storage {shown(named)}: not put on the operator's record of study storages "
             f"(ConfigMap {policy.operator_namespace}/{LEDGER}, which the reclaim of "
             f"studies left by deleted CRs reads): {type(exc).__name__}: {exc}; the study "
             "is opened once it is") from None
@@ -282,7 +285,8 @@ class DeploymentLoop:
         self.controller: Controller | None = None
         self.built_for: int | None = None
         self.storage: str | None = None
-        """``spec.tuning.storage`` as the controller's study was opened in it."""
+        """The storage the CR names (``OperatorPolicy.named_storage``) as the
+        controller's study was opened in it."""
         self.unwritten: Decision | None = None
         """A decision whose status write failed: written again before the next tick."""
         self.unwritten_time = ""
@@ -305,6 +309,9 @@ class DeploymentLoop:
         """Whether ``status.controller`` in ``body`` is still the state this loop last
         built from or wrote."""
         return on_record((body.get("status") or {}).get("controller")) == self.on_record
+
+    def _named_storage(self, body: Mapping[str, Any]) -> str:
+        return self.policy.named_storage(parse_spec(body).tuning.storage, self.namespace)
 
     def _ours(self, body: Mapping[str, Any] | None) -> bool:
         return (body is not None and not body["metadata"].get("deletionTimestamp")
@@ -331,7 +338,7 @@ class DeploymentLoop:
                 self.controller = build(self.kube, self.handle, body, self.factory,
                                         self.policy, twin)
                 self.on_record = on_record(saved)
-                self.storage = parse_spec(body).tuning.storage
+                self.storage = self._named_storage(body)
                 # After the build, which resumed the trial: the new study beats already
                 # (unless a factory hands both controllers one study: it is kept then).
                 if replaced is not None and replaced.study is not self.controller.study:
@@ -531,7 +538,7 @@ class DeploymentLoop:
         try:
             self.controller = build(self.kube, self.handle, body, self.factory, self.policy)
             self.on_record = on_record(saved)
-            self.storage = parse_spec(body).tuning.storage
+            self.storage = self._named_storage(body)
         except (SpecError, ControllerError) as exc:
             log.warning("%s: cannot reach the study to end it: %s", self.key, exc)
             return None

@@ -152,7 +152,7 @@ SHARED = "postgresql+psycopg2://optuna:Adm1n-s3cret@db.shared.svc:5432/studies"
 
 def test_by_default_only_the_operators_own_study_file_is_opened() -> None:
     policy = OperatorPolicy()
-    assert policy.study_storage(spec_of(), namespace=NS) == DEFAULT_DB  # the CRD's default
+    assert policy.study_storage(spec_of(), namespace=NS) == DEFAULT_DB  # the default storage
     for url in ("postgresql://optuna@10.0.0.5:5432/x", "sqlite:////etc/slopilot/evil.db",
                 "sqlite:////var/lib/slopilot/other.db", "mysql://root@db/x"):
         problems = policy_problems(spec_of(tuning={"storage": url}), policy, namespace=NS)
@@ -169,7 +169,7 @@ def test_the_default_study_file_is_the_mounted_one_whatever_the_working_director
     from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
 
     assert make_url(DEFAULT_STUDY_STORAGE).database == "/var/lib/slopilot/study.db"
-    assert spec_of().tuning.storage == DEFAULT_STUDY_STORAGE
+    assert OperatorPolicy().named_storage(spec_of().tuning.storage, NS) == DEFAULT_STUDY_STORAGE
     crd = (Path(__file__).parents[2] / "manifests" / "crd.yaml").read_text()
     operator = (Path(__file__).parents[2] / "manifests" / "operator.yaml").read_text()
     assert "sqlite:///var" not in crd + operator

@@ -64,12 +64,13 @@ def ready(kube: RunningEmulator, cluster: Cluster) -> Cluster:
     return cluster
 
 
-def tuned(cluster: Cluster, policy: OperatorPolicy, storage: str,
+def tuned(cluster: Cluster, policy: OperatorPolicy, storage: str | None,
           monkeypatch: pytest.MonkeyPatch, *, namespace: str = NS,
           name: str = "chat") -> dict[str, Any]:
     """A CR whose daemon stepped once: its controller built, its study opened (in
-    ``storage``) as the operator opens it."""
-    body = llmd(name, prometheus={"url": "http://127.0.0.1:9"}, tuning={"storage": storage})
+    ``storage``; None: the field not written) as the operator opens it."""
+    tuning = {} if storage is None else {"storage": storage}
+    body = llmd(name, prometheus={"url": "http://127.0.0.1:9"}, tuning=tuning)
     body["metadata"]["namespace"] = namespace
     body = cluster.kube.create(API_VERSION, PLURAL, namespace, body)
     assert reconcile(cluster.kube, body, policy=policy, mint=operator_mint(cluster)).valid
