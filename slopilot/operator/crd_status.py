@@ -75,9 +75,11 @@ def status_schema() -> dict[str, Any]:
         }, desc="What the last sync of the pods' live knobs found (built-in engine)."),
         "studyStorages": {
             "type": "array", "items": {"type": "string", "maxLength": MAX_STORAGE_URL},
-            "maxItems": MAX_STUDY_STORAGES, "description": "Every spec.tuning.storage the "
-            "tuning study was opened in (the newest last): a deleted LLMDeployment's "
-            "study is deleted from each that the operator's storage policy allows."},
+            "maxItems": MAX_STUDY_STORAGES, "description": "Every storage the tuning study "
+            "was opened in (the newest last; spec.tuning.storage, or this namespace's "
+            "default storage where it is absent; never a password): a deleted "
+            "LLMDeployment's study is deleted from each that the operator's storage "
+            "policy allows."},
         "conditions": {"type": "array", "items": condition,
                        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     })

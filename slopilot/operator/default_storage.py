@@ -124,8 +124,8 @@ class DefaultStorage:
         return (f"{DEFAULT_STORAGE_ENV} is unset: a CR that names no spec.tuning.storage "
                 f"gets {shown_entry(self.value)!r}: {why}, so every such CR is refused "
                 f"there: set {DEFAULT_STORAGE_ENV} to a storage SLOPILOT_ALLOWED_STORAGE "
-                f"allows for every namespace, e.g. its {NAMESPACE} entry without the "
-                "password")
+                f"allows for every namespace (with {NAMESPACE} for each its own; without "
+                "a password)")
 
 
 def resolve_unwritten(default: DefaultStorage, rules: tuple[StorageRule, ...],

@@ -38,8 +38,8 @@ def recorded_storages(status: Mapping[str, Any] | None) -> list[str]:
 
 
 def with_storage(status: Mapping[str, Any] | None, storage: str) -> list[str]:
-    """``status.studyStorages`` with ``storage`` (``spec.tuning.storage`` as the CR names
-    it: never a password) on it, the newest last."""
+    """``status.studyStorages`` with ``storage`` (the storage the CR names,
+    ``OperatorPolicy.named_storage``: never a password) on it, the newest last."""
     kept = [e for e in recorded_storages(status) if e != storage]
     return [*kept, storage][-MAX_STUDY_STORAGES:]
 

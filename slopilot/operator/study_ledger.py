@@ -10,8 +10,10 @@ controller's build), keyed by the CR's namespace, in a place it owns and tenants
 write: ``ConfigMap/slopilot-study-storages`` in the operator's namespace. A build whose
 record fails opens no study (it is retried): every study the operator made is on record.
 
-Each entry is ``spec.tuning.storage`` as the CR named it (never a password: the policy
-refuses a URL with one), so the record is no secret; the reclaim judges each entry by
+Each entry is the storage the CR named (``OperatorPolicy.named_storage``:
+``spec.tuning.storage`` as written, or its namespace's default storage where it names
+none; never a password: the policy refuses a URL with one, and a default with one), so
+the record is no secret; the reclaim judges each entry by
 the policy again, for the namespace that recorded it (an allow-list entry's
 ``{namespace}`` is that one), and reads only what it would open for a CR of it. A
 namespace keeps at most ``MAX_PER_NAMESPACE`` entries (the oldest goes, with a

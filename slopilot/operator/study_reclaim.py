@@ -16,8 +16,10 @@ namespace that recorded it only. Each recorded storage is judged by the policy a
 that one: an entry recorded under a list without it, naming another namespace's file, is
 refused now): one it refuses now, or a record the operator did not write, is never
 opened. An entry with ``{namespace}`` names no database by itself, and is reached only
-through the record. No other file is opened: not a directory's other files, nor one a record
-names that does not exist (it is not created). In each storage visited it deletes each
+through the record, as is a default storage with ``{namespace}`` (default_storage.py:
+the build records the namespace's own URL of it, as it records a written one). No
+other file is opened: not a directory's other files, nor one a record names that does
+not exist (it is not created). In each storage visited it deletes each
 study whose namespace it serves (and, for a recorded storage, is the recording one)
 and whose uid no LLMDeployment in that namespace has now. Keyed by uid, never by name: a
 CR made again under a deleted one's name, in its namespace or another, has a uid of its

@@ -4,8 +4,9 @@
 network reach and file system: left open, a CR could point the operator at any database
 it can reach (a port scan with error messages for answers) or create SQLite files
 anywhere its pod can write. So the administrator lists the storages tenants may use
-(``$SLOPILOT_ALLOWED_STORAGE``, comma-separated; the default: the operator's own
-``sqlite:////var/lib/slopilot/study.db``):
+(``$SLOPILOT_ALLOWED_STORAGE``, comma-separated; the default: the default storage of a
+CR that names none, default_storage.py, the operator's own
+``sqlite:////var/lib/slopilot/study.db`` unless the administrator names another):
 
 - a database URL, compared as a database (driver, user, host, port, database, query;
   never the password). The entry may carry the password, so a CR names a shared
