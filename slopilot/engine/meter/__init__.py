@@ -9,5 +9,6 @@ judges each streamed completion by ``ClassSLO.met`` on its TTFT and token gaps a
 written to the client (``stream_judge``), observes their TTFT and token gaps as written
 (``client_latency``: the P99s the rules read on a vLLM deployment, where vLLM's own
 leave out its frontend's work), and serves vLLM's ``/metrics`` with the verdict counters
-(the ones the goodput rule reads per replica) and those histograms after them (``proxy``).
+(the ones the goodput rule reads per replica) and those histograms after them
+(``exposition``).
 """

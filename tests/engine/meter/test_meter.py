@@ -389,7 +389,7 @@ def test_a_body_past_the_limit_is_413_and_an_engine_that_does_not_answer_502(
 def test_a_long_prompts_stream_is_judged_too(tmp_path: Path) -> None:
     """A body past the size parsed on the loop is parsed on a thread, and judged all the
     same."""
-    from slopilot.engine.meter.proxy import INLINE_PARSE_BYTES
+    from slopilot.engine.meter.request_plan import INLINE_PARSE_BYTES
 
     upstream, now = Upstream(), [10.0]
     meter = meter_for(tmp_path, upstream, now)

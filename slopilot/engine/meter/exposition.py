@@ -1,0 +1,110 @@
+"""The meter's ``GET /metrics``: vLLM's exposition, with the meter's own after it.
+
+vLLM's exposition (asked for in the text format, whose names keep their colons), then
+the verdict counters (``Verdicts.families``), then the client-side histograms, then the
+Responses streams replayed: one answer, one ``instance``, so the goodput rule joins
+vLLM's tokens and the verdicts per replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import httpx
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from slopilot.engine.meter.asgi_http import Send, answer, date_header, response_headers
+from slopilot.engine.meter.client_latency import ClientLatency
+from slopilot.engine.metrics_text import TextRegistry, parts_text
+from slopilot.engine.request import Priority
+from slopilot.engine.verdicts import Verdicts
+
+REPLAYED_STREAMS = "slopilot_meter_replayed_streams"
+"""Responses streamed again by GET (``is_replay``), counted, not judged (base name)."""
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Scraped(Protocol):
+    """What of a meter its own exposition reads, as it stands at the scrape."""
+
+    verdicts: Verdicts
+    latency: ClientLatency
+    model_name: str
+    priority: Priority
+    replays: int
+
+
+def own_registry(meter: Scraped) -> TextRegistry:
+    """The meter's own families: the verdicts, the client-side histograms and the
+    replays, scraped in this order."""
+    registry = TextRegistry()
+    registry.register(_VerdictCollector(meter))
+    registry.register(_LatencyCollector(meter))
+    registry.register(_ReplayCollector(meter))
+    return registry
+
+
+class _VerdictCollector(Collector):
+    def __init__(self, meter: Scraped) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        return self.meter.verdicts.families(self.meter.model_name)
+
+
+class _LatencyCollector(Collector):
+    def __init__(self, meter: Scraped) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        return self.meter.latency.families(self.meter.model_name)
+
+    def exposition(self) -> str:
+        """Its text on a scrape (``metrics_text.TextCollector``)."""
+        return parts_text(self.meter.latency.texts(self.meter.model_name))
+
+
+class _ReplayCollector(Collector):
+    def __init__(self, meter: Scraped) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        family = CounterMetricFamily(
+            REPLAYED_STREAMS, "Responses re-streamed by GET /v1/responses/{id}?stream=true "
+            "(a stored answer's events again): passed on, not judged.",
+            labels=["priority_class"])
+        family.add_metric([self.meter.priority.label], self.meter.replays)
+        yield family
+
+
+async def scrape(client: httpx.AsyncClient, upstream: str, send: Send,
+                 render: Callable[[], bytes]) -> None:
+    """vLLM's exposition in the text format, then the verdicts' and the client-side
+    histograms' (``render``, once vLLM answered). An upstream that does not answer
+    fails the scrape (502): Prometheus then marks the replica down rather than reading
+    verdicts without the tokens they are a share of."""
+    try:
+        response = await client.get(
+            upstream + "/metrics", headers={"accept": TEXT_FORMAT,
+                                            "accept-encoding": "identity"})
+    except httpx.HTTPError as exc:
+        await answer(send, 502, {"error": {"message": "the engine's /metrics did not "
+                                           f"answer: {type(exc).__name__}"}})
+        return
+    kind = response.headers.get("content-type", "")
+    if response.status_code != 200 or not kind.startswith("text/plain"):
+        # Passed on as it came: another format would not take the verdicts after it.
+        await send({"type": "http.response.start", "status": response.status_code,
+                    "headers": response_headers(response.headers, keep_length=False)})
+        await send({"type": "http.response.body", "body": response.content})
+        return
+    own = render()
+    text = response.content
+    if text and not text.endswith(b"\n"):
+        text += b"\n"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()), date_header()]})
+    await send({"type": "http.response.body", "body": text + own})

@@ -1,0 +1,150 @@
+"""A request read as vLLM reads it, to plan how the meter forwards and judges it.
+
+- A streamed completion (``POST /v1/completions``, ``/v1/chat/completions`` or
+  ``/v1/responses`` with ``"stream": true``) is judged against the objectives of its
+  class (``--priority-class``) as they stood at its arrival, for as many choices and
+  tokens as vLLM will write for it. A non-streamed body shows its client no first
+  token, and is not judged; nor is a Responses answer streamed again by GET
+  (``is_replay``), counted apart instead.
+- A chat or completions stream asks vLLM for each chunk's token count (continuous usage:
+  ``usage_stats``), and the client gets its answer without the usage it did not ask for,
+  the bytes vLLM would have written for its own request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import pydantic
+
+from slopilot.engine.meter import usage_stats
+from slopilot.engine.meter.client_latency import ClientLatency
+from slopilot.engine.meter.slo_watch import SLOWatch
+from slopilot.engine.meter.stream_judge import StreamJudge, Wire
+from slopilot.engine.request import Priority
+
+RESPONSES_PATH = "/v1/responses"
+"""The Responses API's: vLLM v0.11 serves it (``api_server.create_responses``), one
+answer a request (no ``n``), limited by ``max_output_tokens``."""
+JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", RESPONSES_PATH})
+MAX_CHOICES = 128
+"""The most choices (``n``) a cut-short stream is judged for: vLLM refuses more."""
+COMPLETIONS_MAX_TOKENS = 16
+"""vLLM's ``max_tokens`` for a completions request that leaves it out (v0.11,
+``protocol.CompletionRequest``; the chat API's is the context)."""
+INLINE_PARSE_BYTES = 64 << 10
+"""Request bodies up to this size are parsed on the event loop (well under a millisecond);
+larger ones on a thread."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a request is forwarded: its judge (None: not judged), the body the engine is
+    sent, and what of the answer's usage the client gets (None: all of it)."""
+
+    judge: StreamJudge | None
+    body: bytes
+    strip: usage_stats.UsageStrip | None = None
+
+
+class RequestPlanner:
+    """Plans the requests of one meter: judged by ``slo``'s objectives for ``priority``,
+    each judged stream's first tokens and gaps observed in ``latency``."""
+
+    def __init__(self, slo: SLOWatch, priority: Priority, latency: ClientLatency) -> None:
+        self.slo, self.priority, self.latency = slo, priority, latency
+
+    async def plan(self, method: str, path: str, body: bytes, arrival: float) -> Plan:
+        """How to forward a request to ``path`` (as the engine is asked for it): a
+        streamed completion is judged, and a chat or completions one asks the engine for
+        each chunk's token count (``usage_stats``); anything else goes as it came."""
+        if method != "POST" or path not in JUDGED_PATHS:
+            return Plan(None, body)
+        try:
+            # A long prompt's body parsed on the loop would hold every stream's next chunk
+            # (and stretch the gaps the meter judges) for as long as it takes.
+            data = json.loads(body) if len(body) <= INLINE_PARSE_BYTES else \
+                await asyncio.to_thread(json.loads, body)
+        except (ValueError, RecursionError):
+            return Plan(None, body)  # vLLM answers it 400
+        if not isinstance(data, dict) or _lax(_BOOL, data.get("stream")) is not True:
+            return Plan(None, body)
+        judge = self.judge(path, data, arrival)
+        usage = usage_stats.asked(data)
+        if path == RESPONSES_PATH or usage is None or usage is usage_stats.Asked.CONTINUOUS:
+            return Plan(judge, body)
+        # ASCII-escaped: a string Python's reader took with a lone surrogate in it has
+        # no UTF-8, and reaches vLLM as the same string.
+        asking = usage_stats.ask(data)
+        try:
+            sent = json.dumps(asking).encode() if len(body) <= INLINE_PARSE_BYTES else \
+                (await asyncio.to_thread(json.dumps, asking)).encode()
+        except (ValueError, RecursionError):
+            return Plan(judge, body)  # nested past what Python writes back: as it came
+        return Plan(judge, sent, usage_stats.UsageStrip(
+            usage, null_usage=path == "/v1/completions"))
+
+    def judge(self, path: str, data: dict[str, Any], arrival: float) -> StreamJudge:
+        """The judge of a streamed completion to ``path`` asked for with ``data``."""
+        slo = self.slo.current().class_slo(self.priority)
+        if path == RESPONSES_PATH:
+            # vLLM's ResponsesRequest: null or left out, the context's limit, as chat's.
+            limit = _lax(_INT, data.get("max_output_tokens"))
+            return StreamJudge(slo, arrival, max_tokens=limit if limit is not None and
+                               limit > 0 else None, latency=self.latency,
+                               wire=Wire.RESPONSES)
+        n = _lax(_INT, data.get("n", 1))
+        n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
+        completions = path == "/v1/completions"
+        # vLLM's rule: the chat API's newer spelling first, where it is given. Its
+        # completions API has a default of its own where the field is left out (null:
+        # the context, as for chat).
+        max_tokens = _lax(_INT, data.get("max_completion_tokens")) or \
+            _lax(_INT, data.get("max_tokens", COMPLETIONS_MAX_TOKENS if completions else None))
+        prompts = _prompts(data.get("prompt")) if completions else 1
+        return StreamJudge(slo, arrival, choices=n * prompts,
+                           max_tokens=max_tokens if max_tokens is not None and
+                           max_tokens > 0 else None, latency=self.latency)
+
+
+def is_replay(method: str, path: str) -> bool:
+    """Whether a request answered with an event stream streams a stored response again:
+    ``GET /v1/responses/{id}`` with ``stream`` (vLLM replays the events it had generated
+    for it, from ``starting_after`` on, then those it generates next).
+
+    Not judged: its arrival is not the request's that the answer was generated for, its
+    first events come from a buffer at once, and its tokens were the first stream's,
+    which was judged (or cut short) as its client saw it. Judged, it would count the
+    same answer twice, with a first token read in microseconds."""
+    return method == "GET" and path.startswith(RESPONSES_PATH + "/") and \
+        "/" not in path[len(RESPONSES_PATH) + 1:] and len(path) > len(RESPONSES_PATH) + 1
+
+
+def _prompts(prompt: Any) -> int:
+    """How many prompts a completions request's ``prompt`` holds: vLLM runs each of a
+    list of texts or of token lists as a request of its own, streamed as choices
+    ``prompt_idx * n + i``; a text or one list of token ids is one."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        return len(prompt)
+    return 1
+
+
+# vLLM reads a request's fields with pydantic, in its lax mode: "stream": 1 or "true" is
+# a stream, "n": "2" two choices. Read the same way, or a client could opt out of its
+# verdicts by spelling a field as vLLM accepts and the meter did not.
+_BOOL: pydantic.TypeAdapter[bool] = pydantic.TypeAdapter(bool)
+_INT: pydantic.TypeAdapter[int] = pydantic.TypeAdapter(int)
+
+
+def _lax(adapter: pydantic.TypeAdapter[Any], value: Any) -> Any:
+    """``value`` as vLLM's request model reads it; None where it refuses it (vLLM then
+    answers 400, and there is nothing to judge)."""
+    if value is None:
+        return None
+    try:
+        return adapter.validate_python(value)
+    except pydantic.ValidationError:
+        return None
