@@ -31,8 +31,8 @@ from slopilot.engine.server.admin_credential import (
 )
 from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError, EngineDrainingError
 from slopilot.engine.server.errors import APIError, error_body
-from slopilot.engine.server.protocol import ErrorResponse
 from slopilot.engine.server.request_limits import BodyLimit
+from slopilot.engine.server.response_models import ErrorResponse
 from slopilot.engine.server.responses import engine_error
 from slopilot.engine.slo import SLOError, SLOSpec
 

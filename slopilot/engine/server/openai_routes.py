@@ -16,10 +16,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from slopilot.engine.server.arrival import arrival_of
 from slopilot.engine.server.client_gate import GrantRefusal, grants_of
-from slopilot.engine.server.protocol import (
-    ChatCompletionRequest,
+from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from slopilot.engine.server.response_models import (
     ChatCompletionResponse,
-    CompletionRequest,
     CompletionResponse,
     ErrorResponse,
     ModelCard,
