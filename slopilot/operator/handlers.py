@@ -50,8 +50,9 @@ from slopilot.operator.conditions import (
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
 from slopilot.operator.drift import not_repaired_message, record_repair, unrepaired
-from slopilot.operator.kube_handle import HTTP_TIMEOUT_S, KubeDeploymentHandle
+from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
+from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
 from slopilot.operator.pod_memory import memory_of
 from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import policy_problems

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.operator.conditions import ConditionType, condition, merge_conditions
-from slopilot.operator.kube_handle import ConfigSync
+from slopilot.operator.config_sync import ConfigSync
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.pod_holds import MAX_HOLDS
 from slopilot.operator.status_writer import write_status

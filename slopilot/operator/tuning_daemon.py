@@ -72,8 +72,9 @@ from slopilot.operator.daemon import (
 )
 from slopilot.operator.daemon_pause import pause
 from slopilot.operator.knobs import tuned_overlay
-from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle, NotHeld
+from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.pod_memory import PodMemory, memory_of
 from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import OperatorPolicy, policy_problems
@@ -85,6 +86,7 @@ from slopilot.operator.study_cleanup import delete_studies, with_storage
 from slopilot.operator.study_ledger import LEDGER, record
 from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.tokens import TokenMint
+from slopilot.operator.tuned_status import NotHeld
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.operator.twin_status import TwinTracker, check_patch
 from slopilot.tuner.loop.controller import Controller

@@ -18,8 +18,9 @@ import pytest
 from optuna.trial import TrialState
 
 from slopilot.operator.handlers import status_of, sync_pods
-from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
+from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
+from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.status_writer import write_status
@@ -268,7 +269,7 @@ def test_a_commit_never_records_its_config_on_a_successor_of_the_same_name(
     handle = KubeDeploymentHandle(cluster.kube, NS, "chat", mint=mint, policy=policy,
                                   uid=body["metadata"]["uid"])
     pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
-    put = handle._put
+    put = handle.admin.put
 
     def recreated_during(*args: Any, **kwargs: Any) -> None:
         put(*args, **kwargs)
@@ -276,7 +277,7 @@ def test_a_commit_never_records_its_config_on_a_successor_of_the_same_name(
             "slopilot.dev", "v1alpha1", NS, "llmdeployments", "chat")
         cluster.create(llmd())
 
-    monkeypatch.setattr(handle, "_put", recreated_during)
+    monkeypatch.setattr(handle.admin, "put", recreated_during)
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
         with pytest.raises(ApplyError, match="gone"):

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from slopilot.operator.daemon import DaemonContext
-from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
+from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
@@ -523,7 +524,7 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
     import httpx
     import kopf
 
-    from slopilot.operator import kube_handle
+    from slopilot.operator import pod_admin
     from slopilot.operator.handlers import LockTable, sync_untuned_pods
 
     opened: list[httpx.Client] = []
@@ -533,7 +534,7 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
             super().__init__(*args, **kwargs)
             opened.append(self)
 
-    monkeypatch.setattr(kube_handle.httpx, "Client", Recorded)
+    monkeypatch.setattr(pod_admin.httpx, "Client", Recorded)
     _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
     memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
@@ -579,7 +580,7 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
     few seconds held the sync, a kopf handler thread and this CR's lock with it, for as
     long as it liked (a few such CRs and every tenant's reconciles wait). Each request to
     a pod now has a deadline for its whole answer."""
-    from slopilot.operator import kube_handle
+    from slopilot.operator import pod_admin
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
@@ -597,7 +598,7 @@ def test_a_pod_that_drips_its_answer_cannot_hold_the_sync(
         done = sync_until_the_drip_is_cut(handle, timers, dripping)
         assert done.updated == ("chat-pod-1",) and running(stale) == want
         assert len(done.left) == 1 and done.left[0].startswith("chat-pod-0")
-        assert (f"within the {kube_handle.POD_ANSWER_DEADLINE_S:g} s deadline per request"
+        assert (f"within the {pod_admin.POD_ANSWER_DEADLINE_S:g} s deadline per request"
                 in done.left[0])
         assert dripping.answer_cut.wait(timeout=HANG_GUARD_S)  # the socket was shut, not left open
 
@@ -871,14 +872,14 @@ def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
     hour at 64), begun again every minute; with it a kopf handler thread and the CR's
     lock, on which every reconcile and drift repair of that CR waits on a thread of its
     own. The pods a sync has no time left for are named, and the next sync goes on."""
-    from slopilot.operator import kube_handle
+    from slopilot.operator import pod_admin
     # One pod at a time, so that the clock each request moves is read in a known order.
-    monkeypatch.setattr(kube_handle, "SYNC_FANOUT", 1)
+    monkeypatch.setattr(pod_admin, "SYNC_FANOUT", 1)
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
     clock = Clock()
-    answer_s = kube_handle.POD_ANSWER_DEADLINE_S - 1  # inside each request's deadline
+    answer_s = pod_admin.POD_ANSWER_DEADLINE_S - 1  # inside each request's deadline
     pods = [PodStandIn(token, {**want, "token_budget": 512}, slo) for _ in range(4)]
     asked: list[tuple[str, str]] = []
 
@@ -907,8 +908,8 @@ def test_one_sync_takes_at_most_its_deadline_however_many_pods_answer_slowly(
             assert [why.split()[0].rstrip(":") for why in done.left][-1] == "chat-pod-3"
             assert "SYNC_DEADLINE_S" in done.left[-1]
     # Every request began inside the sync's deadline, and none was begun after it.
-    assert clock.now - start < kube_handle.SYNC_DEADLINE_S + answer_s
-    assert len(asked) * answer_s < kube_handle.SYNC_DEADLINE_S + answer_s
+    assert clock.now - start < pod_admin.SYNC_DEADLINE_S + answer_s
+    assert len(asked) * answer_s < pod_admin.SYNC_DEADLINE_S + answer_s
     assert pods[-1].gets == 0 and pods[-1].puts == []
 
 
@@ -918,9 +919,9 @@ def test_a_request_gets_only_what_is_left_of_the_syncs_deadline(
     a pod that drips its answer is cut when the sync's time is up. The sync's clock
     stands still, so its whole deadline is left for the request, however long a busy
     machine took to send it."""
-    from slopilot.operator import kube_handle
-    monkeypatch.setattr(kube_handle, "POD_ANSWER_DEADLINE_S", 3600.0)
-    monkeypatch.setattr(kube_handle, "SYNC_DEADLINE_S", 0.5)
+    from slopilot.operator import pod_admin
+    monkeypatch.setattr(pod_admin, "POD_ANSWER_DEADLINE_S", 3600.0)
+    monkeypatch.setattr(pod_admin, "SYNC_DEADLINE_S", 0.5)
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     dripping = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
     dripping.drip_s = 0.05
@@ -1013,9 +1014,9 @@ def test_a_pod_that_holds_its_answers_keeps_no_other_pod_from_its_config(
     whole sync, so an edit reached no other pod, sync after sync. Here the slow pod
     answers only once the others have their config; asked one after another, they never
     would."""
-    from slopilot.operator import kube_handle
+    from slopilot.operator import pod_admin
     for limit in ("HTTP_TIMEOUT_S", "POD_ANSWER_DEADLINE_S", "SYNC_DEADLINE_S"):
-        monkeypatch.setattr(kube_handle, limit, 3600.0)  # the hold outlasts none of them
+        monkeypatch.setattr(pod_admin, limit, 3600.0)  # the hold outlasts none of them
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     slo = parse_spec(cluster.get()).slo.to_dict()
@@ -1045,9 +1046,9 @@ def test_a_commit_reaches_every_other_pod_while_one_holds_its_answer(
     with no deadline but each request's: a wedged pod held the pods after it, and 64
     slow ones held the deployment's daemon thread for 16 minutes, a thread that outlives
     its cancelled daemon. It asks them as the sync does: side by side."""
-    from slopilot.operator import kube_handle
+    from slopilot.operator import pod_admin
     for limit in ("HTTP_TIMEOUT_S", "POD_ANSWER_DEADLINE_S", "SYNC_DEADLINE_S"):
-        monkeypatch.setattr(kube_handle, limit, 3600.0)  # the hold outlasts none of them
+        monkeypatch.setattr(pod_admin, limit, 3600.0)  # the hold outlasts none of them
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want, token = spec_config(cluster), mint.for_body(cluster.get())
     pods = [PodStandIn(token, dict(want)) for _ in range(3)]

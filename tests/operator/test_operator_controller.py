@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from slopilot.operator.kube_handle import ApplyError, KubeDeploymentHandle
+from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, selector
