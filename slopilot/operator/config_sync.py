@@ -148,30 +148,33 @@ class ConfigSyncer:
                 else spec.engine
             return self._sync_pod(pod, config, slo, round_)
 
-        # Pods are asked side by side: one whose answers are slow (a wedged engine thread
-        # holds a PUT until its deadline) holds its own worker, not every pod after it.
+        done = self._side_by_side(pods, sync)
+        return self._gathered(body, pods, resting, done, round_)
+
+    def _side_by_side(self, pods: list[dict[str, Any]],
+                      sync: Callable[[Mapping[str, Any]], _PodSync]) -> list[_PodSync]:
+        """``sync`` of each pod, in the pods' order, whatever finished first. Pods are
+        asked side by side: one whose answers are slow (a wedged engine thread holds a PUT
+        until its deadline) holds its own worker, not every pod after it."""
         with ThreadPoolExecutor(max_workers=max(1, min(pod_admin.SYNC_FANOUT, len(pods))),
                                 thread_name_prefix=f"sync-{self.name}") as pool:
-            done = list(pool.map(sync, pods))  # in the pods' order, whatever finished first
+            return list(pool.map(sync, pods))
+
+    def _gathered(self, body: Mapping[str, Any], pods: list[dict[str, Any]],
+                  resting: list[dict[str, Any]], done: list[_PodSync],
+                  round_: _Round) -> ConfigSync:
+        """What the sync did: ``done`` to the ready ``pods`` (in their order), and which
+        of them and of the ``resting`` ones stay named (pod_memory.py)."""
         updated = [d.name for d in done if d.updated]
         slo_updated = [d.name for d in done if d.slo_updated]
         if updated:
             log.info("%s: its config sent to %s", self.name, ", ".join(updated))
         if slo_updated:
             log.info("%s: its SLO sent to %s", self.name, ", ".join(slo_updated))
-        uids = [str(p["metadata"].get("uid")) for p in pods]
-        resting_ids = [(str(p["metadata"].get("uid")), str(p["metadata"]["name"]))
-                       for p in resting]
-        self.memory.remember([*uids, *(uid for uid, _ in resting_ids)],
-                             ((uid, path, taken) for uid, d in zip(uids, done, strict=True)
-                              for path, taken in d.seen))
-        stay = self.memory.confirm([(uid, d.name, not d.left)
-                                    for uid, d in zip(uids, done, strict=True)],
-                                   named_of(body), resting_ids)
+        stay, kept = self._remembered(body, pods, resting, done)
         confirming = tuple(f"{d.name}: runs what it should again; named until "
                            f"{stay[d.name]} syncs in a row find it so" for d in done
                            if d.name in stay)
-        kept = [(uid, name) for uid, name in resting_ids if name in stay]
         # A hold of a pod not checked stands, as one of a pod that did not answer does.
         kept_uids = {uid for uid, _ in kept}
         # Sorted by pod: the status keeps the lists as given, and two that differ in
@@ -181,12 +184,30 @@ class ConfigSyncer:
                       key=lambda h: (h.pod, h.path))
         named = sorted([*(d.name for d in done if d.left or d.name in stay),
                         *(name for _, name in kept)])
-        return ConfigSync(tuple(updated), tuple(why for d in done for why in d.left),
-                          tuple(slo_updated), len(pods), tuple(named), tuple(held),
-                          confirming,
-                          tuple(f"{name}: not ready; named until {stay[name]} syncs in "
-                                "a row find it ready and running what it should"
-                                for _, name in kept), len(resting))
+        return ConfigSync(
+            updated=tuple(updated), left=tuple(why for d in done for why in d.left),
+            slo_updated=tuple(slo_updated), pods=len(pods), not_configured=tuple(named),
+            held=tuple(held), confirming=confirming,
+            resting=tuple(f"{name}: not ready; named until {stay[name]} syncs in a row "
+                          "find it ready and running what it should" for _, name in kept),
+            not_ready=len(resting))
+
+    def _remembered(self, body: Mapping[str, Any], pods: list[dict[str, Any]],
+                    resting: list[dict[str, Any]], done: list[_PodSync]
+                    ) -> tuple[dict[str, int], list[tuple[str, str]]]:
+        """The memory told what each pod took (pod_memory.py); the pods that stay named,
+        each with the syncs in a row still to find it right, and the ``resting`` ones
+        among them (uid, name)."""
+        uids = [str(p["metadata"].get("uid")) for p in pods]
+        resting_ids = [(str(p["metadata"].get("uid")), str(p["metadata"]["name"]))
+                       for p in resting]
+        self.memory.remember([*uids, *(uid for uid, _ in resting_ids)],
+                             ((uid, path, taken) for uid, d in zip(uids, done, strict=True)
+                              for path, taken in d.seen))
+        stay = self.memory.confirm([(uid, d.name, not d.left)
+                                    for uid, d in zip(uids, done, strict=True)],
+                                   named_of(body), resting_ids)
+        return stay, [(uid, name) for uid, name in resting_ids if name in stay]
 
     def _sync_pod(self, pod: Mapping[str, Any], config: EngineConfig, slo: dict[str, Any],
                   round_: _Round) -> _PodSync:
