@@ -24,7 +24,19 @@ options give the same windows):
 - a typical one: the window of the trace's fixed grid whose arrival and token rates are
   closest to the medians over the grid's windows with arrivals, overlapping neither
   (none when every such window overlaps them). Empty windows are left out: a bursty
-  trace's median minute is silent, and a config judged on silence is judged on nothing.
+  trace's median minute is silent, and a config judged on silence is judged on nothing;
+- the heaviest prompts, where they lie outside those: the window whose prompt at its
+  P99's rank is the longest (fresh tokens, as above, of the requests the deployment
+  serves at all), when that is ``HEAVY_RATIO`` times longer than the chosen windows' own.
+  A P99 over n requests reads between the two that numpy's linear quantile (the
+  summary's) interpolates, the lower one the ``n - floor(0.99 (n - 1))``-th longest:
+  the 2nd of up to 101, the 3rd of up to 201. So a quiet minute's P99 is set by its two
+  or three heaviest requests, not by its load: a minute of ~66 requests holding six of
+  the trace's longest prompts (too few tokens at once for a burst) read 652 ms on one
+  replica where the busiest minutes read 78, and a study judged without it said
+  "holds" where that minute of the whole replay missed its 500 ms. Each of that many
+  requests needs at least that prompt's prefill, so the window's P99 TTFT is at least
+  it, whatever else the minute holds.
 
 Each window is simulated with ``warmup_s`` of the trace before it (so it does not start
 on an idle engine, which no minute of live traffic does) and ``drain_s`` after it
@@ -40,6 +52,7 @@ structure (shuffling spreads a burst out) and aims the repeats at the hardest pa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,6 +82,9 @@ class WindowChoice:
     prompt tokens an earlier prompt sent as the same prefix where the trace says so."""
     shared_prefixes: bool = False
     """The trace's prompts share prefixes, left out of ``token_rate``."""
+    p99_prompt_tokens: float | None = None
+    """The heaviest prompts' window: the fresh prompt tokens of its request at the P99's
+    rank (at least that many of its requests have at least as many)."""
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.start_s < self.end_s) or self.warmup_s < 0 or self.drain_s < 0 \
@@ -82,11 +98,15 @@ class WindowChoice:
 
     def describe(self) -> str:
         """``busiest arrivals: 660-720 s (20.1 req/s, 29,472 tok/s)`` or ``seed 1: 0-60 s``;
-        ``tok/s past shared prefixes`` where the prompts share them."""
+        ``tok/s past shared prefixes`` where the prompts share them; the heaviest
+        prompts' window says ``prompts of 7,000+ tokens at its P99``."""
         text = f"{self.name}: {self.start_s:,.0f}-{self.end_s:,.0f} s"
         if self.arrival_rate is not None and self.token_rate is not None:
             past = " past shared prefixes" if self.shared_prefixes else ""
-            text += f" ({self.arrival_rate:.1f} req/s, {self.token_rate:,.0f} tok/s{past})"
+            heavy = "" if self.p99_prompt_tokens is None else \
+                f"; prompts of {self.p99_prompt_tokens:,.0f}+ tokens at its P99"
+            text += (f" ({self.arrival_rate:.1f} req/s, {self.token_rate:,.0f} "
+                     f"tok/s{past}{heavy})")
         return text
 
 
@@ -148,11 +168,65 @@ def _sharpest_burst(times: np.ndarray, tokens: np.ndarray, rate: float,
     return min(start, span - length_s)
 
 
+P99 = 0.99
+"""The quantile a window is judged at (``stats.percentile_ms``: numpy's linear one)."""
+HEAVY_RATIO = 1.5
+"""How many times longer than the chosen windows' own P99-rank prompt the heaviest
+prompts' must be for a window of its own (a window costs a simulation per config; a
+prompt about as long is judged there already, on a busier engine)."""
+
+
+def _p99_prompt(work: np.ndarray) -> float:
+    """The prompt at a window's P99 rank: the lower of the two its P99 interpolates
+    between (0 without requests)."""
+    return float(np.percentile(work, 100 * P99, method="lower")) if len(work) else 0.0
+
+
+def _heaviest_prompts(times: np.ndarray, work: np.ndarray, starts: np.ndarray,
+                      free: np.ndarray, length_s: float) -> tuple[int, float] | None:
+    """The one of the ``free`` ``starts`` whose window's P99-rank prompt is the longest,
+    and that prompt's ``work``; None without a free window with requests. Of windows
+    with equal ones, the one with the most prompts as long past that rank (its P99 reads
+    deeper into them; the first of equals).
+
+    Exact without sorting each window (a trace may hold millions of requests, and every
+    arrival starts a window): a window's P99-rank prompt is at least ``v`` when at least
+    ``n - floor(0.99 (n - 1))`` of its ``n`` requests have at least ``v``, one cumulative
+    count per ``v``, and the longest such ``v`` is found by bisection over the trace's
+    prompt lengths."""
+    lo = np.searchsorted(times, starts, side="left")
+    hi = np.searchsorted(times, starts + length_s, side="left")
+    n = (hi - lo).astype(np.float64)
+    need = np.where(n > 0, n - np.floor(P99 * (n - 1)), np.inf)
+
+    def spare(v: float) -> np.ndarray:
+        """Per start, its prompts of ``v``+ tokens past the P99's rank (< 0: short of it)."""
+        cum = np.concatenate(([0], np.cumsum(work >= v)))
+        return np.where(free, cum[hi] - cum[lo] - need, -np.inf)
+
+    values = np.unique(work)
+    if not len(values) or not (spare(float(values[0])) >= 0).any():
+        return None
+    a, b = 0, len(values) - 1  # values[a] is reached by some window, values[b + 1:] by none
+    while a < b:
+        mid = (a + b + 1) // 2
+        if (spare(float(values[mid])) >= 0).any():
+            a = mid
+        else:
+            b = mid - 1
+    v = float(values[a])
+    return int(np.argmax(spare(v))), v
+
+
 def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: float = 30.0,
-                  drain_s: float = 20.0) -> list[WindowChoice]:
-    """The busiest-by-arrivals, busiest-by-tokens and typical windows of ``records``
-    (sorted by arrival, as ``TraceSpec.records`` gives them); one window over the whole
-    replay when it is not longer than two windows."""
+                  drain_s: float = 20.0,
+                  servable_tokens: int | None = None) -> list[WindowChoice]:
+    """The busiest-by-arrivals, busiest-by-tokens, sharpest-burst, typical and
+    heaviest-prompts windows of ``records`` (sorted by arrival, as ``TraceSpec.records``
+    gives them; see the module docstring for which of them there are); one window over
+    the whole replay when it is not longer than two windows. ``servable_tokens``: the
+    longest prompt plus output the deployment serves (``context_limit``); the heaviest
+    prompts are chosen among those (a longer one is refused, and no TTFT counts it)."""
     if not math.isfinite(length_s) or length_s <= 0:
         raise ValueError(f"length_s={length_s!r}: expected window seconds > 0")
     if not records:
@@ -200,16 +274,31 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
     # Typical of the traffic, not of the clock: the windows with arrivals only. A sparse
     # or bursty trace's median window is empty, and an empty window judges nothing.
     busy = g_counts > 0
-    if not busy.any():
-        return chosen
-    mc, mt = float(np.median(g_counts[busy])), float(np.median(g_toks[busy]))
-    distance = np.abs(g_counts / max(mc, 1e-9) - 1) + np.abs(g_toks / max(mt, 1e-9) - 1)
-    # A typical window has room for its whole warm-up where the trace allows one.
-    distance = distance + np.where(grid >= warmup_s, 0.0, 1e6)
-    for k in np.argsort(distance, kind="stable"):
-        if busy[k] and clear(float(grid[k])):
-            chosen.append(make("typical", float(grid[k]), g_counts[k], g_toks[k]))
-            break
+    if busy.any():
+        mc, mt = float(np.median(g_counts[busy])), float(np.median(g_toks[busy]))
+        distance = np.abs(g_counts / max(mc, 1e-9) - 1) + np.abs(g_toks / max(mt, 1e-9) - 1)
+        # A typical window has room for its whole warm-up where the trace allows one.
+        distance = distance + np.where(grid >= warmup_s, 0.0, 1e6)
+        for k in np.argsort(distance, kind="stable"):
+            if busy[k] and clear(float(grid[k])):
+                chosen.append(make("typical", float(grid[k]), g_counts[k], g_toks[k]))
+                break
+    # What a prompt asks of TTFT: its prefill, the tokens past a shared prefix; its own
+    # output comes after its first token.
+    prompt = tokens - np.fromiter((r.output_tokens for r in records), dtype=np.float64)
+    served = np.ones(len(records), dtype=bool) if servable_tokens is None else np.fromiter(
+        (r.prompt_tokens + r.output_tokens <= servable_tokens for r in records), dtype=bool)
+    own = max(_p99_prompt(prompt[served & (times >= w.start_s) & (times < w.end_s)])
+              for w in chosen)
+    taken = np.array([w.start_s for w in chosen])
+    free = (np.abs(starts[:, None] - taken[None, :]) >= length_s / 2).all(axis=1)
+    heavy = _heaviest_prompts(times[served], prompt[served], starts, free, length_s) \
+        if free.any() else None
+    if heavy is not None and heavy[1] > HEAVY_RATIO * own:
+        h = heavy[0]
+        chosen.append(dataclasses.replace(make("heaviest prompts", float(starts[h]),
+                                               counts[h], toks[h]),
+                                          p99_prompt_tokens=heavy[1]))
     return chosen
 
 

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from slopilot.engine.sim.prefix_reuse import fresh_tokens
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.trace import TraceRecord, read_trace
-from slopilot.engine.sim.windows import WindowChoice, seed_windows, trace_windows
+from slopilot.engine.sim.windows import (
+    WindowChoice,
+    _heaviest_prompts,
+    seed_windows,
+    trace_windows,
+)
 from slopilot.engine.sim.workload_spec import TraceSpec
+from tests.support.heavy_minute import heavy_minute
 from tests.support.mooncake_shift import DOCUMENTS, FOLLOW_UPS, mooncake_shift
 
 
@@ -213,3 +220,55 @@ def test_fresh_tokens_count_what_no_earlier_prompt_sent() -> None:
     # Without either, every prompt token is work, as before.
     plain = [TraceRecord(0.0, 100, 10), TraceRecord(0.0, 100, 10)]
     assert fresh_tokens(plain).tolist() == [110, 110]
+
+
+def _holds(w: WindowChoice, times: list[float]) -> int:
+    return sum(w.start_s <= t < w.end_s for t in times)
+
+
+def test_a_quiet_minute_of_the_longest_prompts_gets_a_window() -> None:
+    # Busiest by arrivals and by tokens are the clumps' minutes, the long prompts build
+    # no queue beside theirs, and the typical minute is a quiet one: no window judged
+    # them, and their minute's P99 is theirs (tune said "holds" where a minute of the
+    # whole replay missed: tests/tuner/test_tune_heavy_prompts.py).
+    records = heavy_minute()
+    windows = trace_windows(records, 60.0, warmup_s=30.0, drain_s=20.0)
+    names = [w.name for w in windows]
+    assert names[:2] == ["busiest arrivals", "busiest tokens"]
+    assert "sharpest burst" not in names and "typical" in names
+    heavy = [r.arrival_time for r in records if r.prompt_tokens == 7000]
+    # Past the P99's rank (the 2nd of ~66 requests): more than one long prompt.
+    assert any(_holds(w, heavy) >= 2 for w in windows), [w.describe() for w in windows]
+    heaviest = next(w for w in windows if w.name == "heaviest prompts")
+    assert _holds(heaviest, heavy) >= 2, heaviest.describe()
+    # Of the minutes as heavy at that rank, the one holding both threes.
+    assert _holds(heaviest, heavy) == 6 and heaviest.p99_prompt_tokens == 7000
+    assert "prompts of 7,000+ tokens at its P99" in heaviest.describe()
+    assert heaviest.warmup_s == 30.0 and heaviest.drain_s == 20.0
+    assert all(abs(heaviest.start_s - w.start_s) >= 30.0 for w in windows if w is not heaviest)
+    assert windows == trace_windows(records, 60.0, warmup_s=30.0, drain_s=20.0)
+
+
+def test_prompts_the_deployment_refuses_get_no_window() -> None:
+    # Past its context a prompt is refused on arrival and no TTFT counts it: 7,000-token
+    # prompts on a deployment serving 4,096 tokens leave that minute as quiet as any.
+    windows = trace_windows(heavy_minute(), 60.0, servable_tokens=4096)
+    assert "heaviest prompts" not in [w.name for w in windows]
+    assert "heaviest prompts" in [w.name for w in trace_windows(heavy_minute(), 60.0,
+                                                               servable_tokens=8192)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_heaviest_prompts_are_those_every_windows_p99_reads(seed: int) -> None:
+    # The bisection against each window's own P99-rank prompt, as numpy's quantile
+    # (the summary's) ranks it: the lower of the two its linear P99 interpolates.
+    rng = np.random.default_rng(seed)
+    times = np.sort(rng.uniform(0.0, 900.0, 3000) ** 1.3 / 900.0 ** 0.3)  # rising rate
+    work = np.round(rng.lognormal(np.log(1500), 1.0, 3000))
+    starts = times[times + 60.0 <= times[-1]]
+    free = rng.random(len(starts)) < 0.7
+    found = _heaviest_prompts(times, work, starts, free, 60.0)
+    assert found is not None
+    each = [float(np.percentile(work[(times >= s) & (times < s + 60.0)], 99, method="lower"))
+            if f else -1.0 for s, f in zip(starts, free, strict=True)]
+    assert found[1] == max(each) and free[found[0]] and each[found[0]] == found[1]
