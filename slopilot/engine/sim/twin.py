@@ -10,9 +10,11 @@ model of ``calibrated.py``). ``cost_model_for`` builds the one a scenario names;
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from slopilot.engine.context_limit import servable_tokens
 from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.sim.profile_file import (
     CostProfile,
@@ -51,6 +53,18 @@ def cost_model_for(scenario: Scenario) -> IterationCostModel:
         return CalibratedCostModel(scenario.profile)
     from slopilot.engine.sim.cost_model import CostModel
     return CostModel(scenario.gpu, scenario.model, scenario.tp)
+
+
+def servable_tokens_for(scenario: Scenario, config: Mapping[str, Any] | None = None) -> int:
+    """The most prompt plus output tokens one replica of ``scenario`` serves with knob
+    overrides ``config``: the model's context, at most its KV cache, as
+    ``simulator.build_engine`` sizes them (``context_limit``: the twin refuses a longer
+    request on arrival, as the server does, and no latency counts it)."""
+    engine = scenario.engine_config().with_overrides(config or {})
+    cost = cost_model_for(scenario)
+    util = scenario.gpu_memory_utilization or 0.9
+    return servable_tokens(cost.model.max_position_embeddings,
+                           cost.num_kv_blocks(engine.block_size, util) * engine.block_size)
 
 
 def twin_label(scenario: Scenario) -> str:

@@ -2,8 +2,9 @@
 
 The windows are chosen once per study from the workload itself (``engine/sim/windows``:
 for a trace its busiest windows by arrivals and by tokens, its sharpest burst's where
-that lies outside them, and a typical one, each with a
-warm-up; for a generated workload several seeds), then every config is simulated on
+that lies outside them, a typical one, and its heaviest prompts' where those lie outside
+them all (among the prompts the deployment serves), each with a warm-up; for a
+generated workload several seeds), then every config is simulated on
 each and judged by ``study/verdict.robust_verdict``: feasible only if every SLO term
 holds in every window with ``HEADROOM`` to spare, ranked by the worst window.
 
@@ -26,6 +27,7 @@ from slopilot.engine.sim.lifetimes import Lifetime, covering_s, request_lifetime
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import Measure, simulate
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
+from slopilot.engine.sim.twin import servable_tokens_for
 from slopilot.engine.sim.windows import WindowChoice, seed_windows, trace_windows
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.engine.slo import SLOSpec
@@ -48,7 +50,8 @@ SEEDS = 3
 
 _SAID = {"busiest arrivals": "busiest window by arrivals",
          "busiest tokens": "busiest window by tokens",
-         "sharpest burst": "sharpest burst's window", "typical": "typical window"}
+         "sharpest burst": "sharpest burst's window", "typical": "typical window",
+         "heaviest prompts": "heaviest prompts' window"}
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,12 @@ class WindowPlan:
         names = [w.name for w in self.windows]
         if names == ["busiest arrivals", "busiest tokens", "typical"]:
             return "the trace's busiest windows and a typical one"
+        if names == ["busiest arrivals", "busiest tokens", "typical", "heaviest prompts"]:
+            return "the trace's busiest windows, a typical one and its heaviest prompts'"
         said = [_SAID.get(n, n) for n in names]
         only = " (its only one)" if len(said) == 1 else ""
-        return "the trace's " + " and ".join(said) + only
+        listed = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+        return "the trace's " + listed + only
 
     def describe(self) -> str:
         """One line for the output and the report."""
@@ -142,7 +148,8 @@ def plan_windows(scenario: Scenario, *, duration_s: float | None = None, seeds: 
     if whole:
         return WindowPlan((WindowChoice("whole trace", 0.0, span, 0.0, drain),), "whole",
                           life, sized)
-    windows = trace_windows(records, length, warmup_s=warm, drain_s=drain)
+    windows = trace_windows(records, length, warmup_s=warm, drain_s=drain,
+                            servable_tokens=servable_tokens_for(scenario, config))
     if windows[0].name == "whole trace":
         return WindowPlan(tuple(windows), "whole", life, sized)
     if sized and sum(w.warmup_s + w.length_s + w.drain_s for w in windows) >= span + drain:
