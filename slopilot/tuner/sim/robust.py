@@ -11,7 +11,7 @@ holds in every window with ``HEADROOM`` to spare, ranked by the worst window.
 A trace window's warm-up and drain cover its requests' lifetime (``engine/sim/lifetimes``):
 ``WARMUP_S`` and ``DRAIN_S`` where the requests live no longer (most traces: the shipped
 one's live up to ~19 s), else the lifetime itself, so that a window starts on the engine
-the trace drives it to and its requests are judged whole. When that makes three windows
+the trace drives it to and its requests are judged whole. When that makes the windows
 dearer than the whole trace, the whole trace is judged instead: exact, and cheaper.
 """
 
