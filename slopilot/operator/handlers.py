@@ -13,7 +13,7 @@ importing it registers every handler, the controller daemon included.
   (status_writer.py), so the daemon's conditions and these never erase each other.
 - the built-in engine's running pods are brought to the spec's live knobs (which the
   engine reads from its ConfigMap only at start) after each reconcile and once a
-  ``tuning_daemon.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
+  ``deployment_loop.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
   daemon does it, around its trials.
 - deletion while tuning is off: the CR's study is deleted from every storage it lived in
   (study_cleanup.py; while tuning is on, the controller daemon's end does it).
@@ -40,7 +40,7 @@ from typing import Any, cast
 import kopf
 
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
-from slopilot.operator import tuning_daemon  # also registers the controller daemon
+from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
 from slopilot.operator.conditions import (
     ConditionType,
     DriftReason,
@@ -48,10 +48,12 @@ from slopilot.operator.conditions import (
     merge_conditions,
 )
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
 from slopilot.operator.drift import not_repaired_message, record_repair, unrepaired
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
+from slopilot.operator.loop_status import ended_episode, tuning_enabled
 from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
 from slopilot.operator.pod_memory import memory_of
 from slopilot.operator.pods_status import record_pods_condition
@@ -192,7 +194,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         # the built-in backend would name its pods for as long as the CR lived.
         removed += [ConditionType.ADMIN_TOKEN, ConditionType.PODS_CONFIGURED]
     phase = status.get("phase")
-    tuned = tuning_daemon.tuning_enabled(body.get("spec") or {})
+    tuned = tuning_enabled(body.get("spec") or {})
     if not tuned:
         # No daemon runs now to move the phase or the Tuning condition on: kept, a
         # deployment whose tuning was turned off mid-trial said "Tuning" (trial N
@@ -200,7 +202,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         updates.append(condition(ConditionType.TUNING, False, "Disabled",
                                  "spec.tuning.enabled is false: no trials, no scaling",
                                  generation))
-    ended = None if tuned else tuning_daemon.ended_episode(status)
+    ended = None if tuned else ended_episode(status)
     out: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": phase if tuned and phase in DAEMON_PHASES else Phase.RUNNING.value,
@@ -244,7 +246,7 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
     with memo.locks.hold(key_of(body)):
         outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)
         write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
-        if outcome.valid and outcome.admin_token and not tuning_daemon.tuning_enabled(
+        if outcome.valid and outcome.admin_token and not tuning_enabled(
                 body.get("spec") or {}):
             sync_pods(body, memo, logger)
     post_events(body, outcome, reason="Reconciled")
@@ -264,7 +266,7 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
     meta = body["metadata"]
     body = memo.kube.get(API_VERSION, PLURAL, meta["namespace"], meta["name"]) or {}
     if str((body.get("metadata") or {}).get("uid")) != str(meta["uid"]) or \
-            tuning_daemon.tuning_enabled(body.get("spec") or {}):
+            tuning_enabled(body.get("spec") or {}):
         return  # gone, a successor of the same name, or the daemon's to sync now
     try:
         spec = parse_spec(body)
@@ -294,7 +296,7 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
 
 
 def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:
-    return not tuning_daemon.tuning_enabled(spec)
+    return not tuning_enabled(spec)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="study-cleanup", optional=True,
@@ -308,8 +310,8 @@ def delete_untuned_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger
     delete_studies(body, memo.policy, log=logger)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, id="config-sync", interval=tuning_daemon.CONFIG_SYNC_S,
-            initial_delay=tuning_daemon.CONFIG_SYNC_S, when=tuning_disabled)
+@kopf.timer(GROUP, VERSION, PLURAL, id="config-sync", interval=CONFIG_SYNC_S,
+            initial_delay=CONFIG_SYNC_S, when=tuning_disabled)
 def sync_untuned_pods(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
                       **_: Any) -> None:
     """A pod that read an older ConfigMap (it started before an edit and became ready

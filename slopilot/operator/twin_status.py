@@ -8,7 +8,7 @@ ConfigMap was created, edited or deleted since (one GET every ``RECHECK_S``, onl
 the spec names a profile): a recalibrated profile reaches the twin without a spec edit.
 
 ``status.twin`` has two writers: this one (``profile``) and the daemon's twin check (the
-other fields, tuning_daemon.status_after). A status write is a JSON merge patch, which
+other fields, loop_status.status_after). A status write is a JSON merge patch, which
 merges maps key by key, so each writes only its own keys and neither erases the other's;
 a key of ours that went away is written as null, which the merge deletes.
 """

@@ -192,12 +192,12 @@ def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.Monk
     its controllers from ``factory`` (default: standins.build_controller)."""
     import logging
 
-    from slopilot.operator import tuning_daemon
+    from slopilot.operator import deployment_loop
+    from slopilot.operator.deployment_loop import DeploymentLoop
     from slopilot.operator.handlers import LockTable
-    from slopilot.operator.tuning_daemon import DeploymentLoop
     from tests.operator.standins import build_controller
 
-    monkeypatch.setattr(tuning_daemon, "post_decision", lambda *a, **kw: None)
+    monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
     return DeploymentLoop(cluster.kube, namespace, body["metadata"]["name"],
                           str(body["metadata"]["uid"]), mint=operator_mint(cluster),
                           policy=policy or OperatorPolicy(),

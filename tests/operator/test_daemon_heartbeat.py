@@ -100,7 +100,7 @@ def test_an_ended_daemon_leaves_no_heartbeat_behind(
         reason: kopf.DaemonStoppingReason) -> None:
     """However it ends (its trial told failed, or left for a restarted or the other
     operator to resume), the daemon's controller stops beating."""
-    from slopilot.operator import tuning_daemon
+    from slopilot.operator import deployment_loop, tuning_daemon
 
     body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
     built: list[Controller] = []
@@ -110,7 +110,7 @@ def test_an_ended_daemon_leaves_no_heartbeat_behind(
         return built[-1]
 
     monkeypatch.setattr(tuning_daemon, "load_factory", lambda: recorded)
-    monkeypatch.setattr(tuning_daemon, "post_decision", lambda *a, **kw: None)
+    monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
     monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.01")
     memo = types.SimpleNamespace(kube=cluster.kube, tokens=operator_mint(cluster),
                                  policy=policy, locks=LockTable())

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.operator import tuning_daemon
+from slopilot.operator import deployment_loop
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.spec import parse_spec
 from tests.operator.operator_support import NS, Cluster, daemon_loop
@@ -60,7 +60,7 @@ def test_an_episode_begun_while_a_trial_is_recorded_keeps_the_committed_baseline
 
     # a applies and records its trial, then stops before its state reaches the status.
     with monkeypatch.context() as m:
-        m.setattr(tuning_daemon, "write_status", lost)
+        m.setattr(deployment_loop, "write_status", lost)
         assert a.step()
     a.close()
     tuned = cluster.status()["tunedConfig"]

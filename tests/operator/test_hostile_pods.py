@@ -1,7 +1,7 @@
 """A tenant's image answers the operator's calls to its admin API: whatever it answers,
 what the operator writes and sends because of it stays bounded.
 
-The sync of a deployment's pods runs once a minute (tuning_daemon.CONFIG_SYNC_S), by the
+The sync of a deployment's pods runs once a minute (deployment_loop.CONFIG_SYNC_S), by the
 timer while tuning is off and by the daemon while it is on; both record what it found in
 the PodsConfigured condition (pods_status.py).
 """
@@ -19,10 +19,10 @@ from typing import Any
 import kopf
 import pytest
 
+from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.handlers import LockTable, sync_untuned_pods
 from slopilot.operator.pod_memory import MEMO_KEY, PodMemory
 from slopilot.operator.spec import parse_spec
-from slopilot.operator.tuning_daemon import CONFIG_SYNC_S
 from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.operator.test_live_config import (

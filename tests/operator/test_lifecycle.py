@@ -20,11 +20,11 @@ from optuna.trial import TrialState
 from slopilot.operator.handlers import status_of, sync_pods
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
+from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.status_writer import write_status
-from slopilot.operator.tuning_daemon import tuning_enabled
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -159,7 +159,7 @@ def test_the_state_an_ended_daemon_writes_replaces_the_one_on_record(
     """The daemon's end wrote ``status.controller`` as a merge patch: the maps of the
     state on record (a twin check's classes and learned factors) kept every key the
     ended state lacked, merged into it, and a restarted controller read that mix."""
-    from slopilot.operator import tuning_daemon
+    from slopilot.operator import deployment_loop
     from slopilot.tuner.loop.state import LoopState
 
     body, _, mint = reconciled(kube, cluster, llmd(prometheus={"url": prom.url},
@@ -185,7 +185,7 @@ def test_the_state_an_ended_daemon_writes_replaces_the_one_on_record(
 
         monkeypatch.setattr(controller, "tick", checked)
         with monkeypatch.context() as m:
-            m.setattr(tuning_daemon, "write_status", unwritten)
+            m.setattr(deployment_loop, "write_status", unwritten)
             assert loop.step()
         cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
         loop.abandon("tuning was disabled during the trial", restore=True)  # its end
@@ -201,7 +201,7 @@ def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
     operator restarted: the status still had the trial running, so the restarted
     controller measured it again and ``ResumableTuner.tell``, meant for a trial failed
     as stale, added a second completed trial of the same config to the study."""
-    from slopilot.operator import tuning_daemon
+    from slopilot.operator import deployment_loop
 
     body, policy, pod = tuning_cr(kube, cluster, prom, tmp_path)
     storage = policy.allowed_storage[0]
@@ -224,7 +224,7 @@ def test_a_trial_told_before_a_restart_is_not_counted_again_after_it(
             raise ApiError(500, "InternalError", "the API server went away")
 
         with monkeypatch.context() as m:
-            m.setattr(tuning_daemon, "write_status", unwritten)
+            m.setattr(deployment_loop, "write_status", unwritten)
             assert first.step()
         assert first.unwritten is not None  # the operator stops before writing it again
         assert cluster.status()["controller"]["trial"]["number"] == 0

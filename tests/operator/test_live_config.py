@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from slopilot.operator.daemon import DaemonContext
+from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.tokens import TokenMint
-from slopilot.operator.tuning_daemon import CONFIG_SYNC_S
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.worker import SimTimeout
@@ -250,7 +250,7 @@ def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The ConfigMap is read once, at start: a pod that read it before an edit and became
     ready after the edit's sync runs the old config until the daemon's next sync."""
-    from slopilot.operator import tuning_daemon
+    from slopilot.operator import deployment_loop
 
     loop, clock, want, first, late = _loop_and_two_pods(kube, cluster, prom, monkeypatch)
     with serving(first, late):
@@ -258,7 +258,7 @@ def test_a_pod_that_started_on_an_older_config_map_is_brought_over_by_the_daemon
         assert loop.step()
         assert first.gets == 1 and first.puts == []
         add_pod(cluster, "chat", 1, late.port)
-        clock.now += tuning_daemon.CONFIG_SYNC_S - 1
+        clock.now += deployment_loop.CONFIG_SYNC_S - 1
         assert loop.step()
         assert late.gets == 0  # not due yet
         clock.now += 1

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from slopilot.operator.controller_build import build
 from slopilot.operator.daemon import DaemonContext, prometheus_controller
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.policy import OperatorPolicy, PolicyError
@@ -25,7 +26,6 @@ from slopilot.operator.settings import (
     operator_policy,
 )
 from slopilot.operator.tokens import TokenMint
-from slopilot.operator.tuning_daemon import build
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.prometheus.alerts import AlertSource

@@ -1,4 +1,4 @@
-"""What an edit of ``spec.engine`` does to the loop's memory (``tuning_daemon.rebase_episode``).
+"""What an edit of ``spec.engine`` does to the loop's memory (``loop_status.rebase_episode``).
 
 A committed config belongs to the spec it was committed under: ``status.tunedConfig``
 carries that spec's hash, and an edit makes it stale (``knobs.tuned_overlay``). The
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from slopilot.operator.knobs import engine_checksum
+from slopilot.operator.loop_status import rebase_episode
 from slopilot.operator.spec import parse_spec
-from slopilot.operator.tuning_daemon import rebase_episode
 from slopilot.tuner.loop.state import ControllerState, LoopState, PendingRestore
 from tests.operator.operator_support import llmd
 

@@ -10,11 +10,12 @@ import kopf
 import kubernetes.client
 import pytest
 
-from slopilot.operator import tuning_daemon
+from slopilot.operator import decision_events
 from slopilot.operator.crd import crd_manifest, openapi_schema
+from slopilot.operator.decision_events import post_decision
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.loop_status import status_after
 from slopilot.operator.status_writer import write_status
-from slopilot.operator.tuning_daemon import post_decision, status_after
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.operator.twin_status import TwinTracker
 from slopilot.tuner.loop.settings import TwinCorrection
@@ -63,8 +64,8 @@ def test_a_tick_without_a_check_posts_no_twin_event(monkeypatch: pytest.MonkeyPa
     d = p.ctl.tick(WINDOW_S + 15)  # the trial runs: nothing asked of the twin
     assert d.twin is None
     posted: list[Any] = []
-    monkeypatch.setattr(tuning_daemon.kopf, "info", lambda *a, **k: posted.append(k))
-    monkeypatch.setattr(tuning_daemon.kopf, "warn", lambda *a, **k: posted.append(k))
+    monkeypatch.setattr(decision_events.kopf, "info", lambda *a, **k: posted.append(k))
+    monkeypatch.setattr(decision_events.kopf, "warn", lambda *a, **k: posted.append(k))
     post_decision({"metadata": {}}, d)
     assert posted == []
 

@@ -184,7 +184,7 @@ def test_scaling_resumed_at_max_does_not_tune_the_closest_while_backed_off() -> 
 
 
 def test_the_operators_status_shows_the_backoff() -> None:
-    from slopilot.operator.tuning_daemon import status_after
+    from slopilot.operator.loop_status import status_after
     from tests.operator.test_crd import errors_of, sample
 
     rig = beyond_four_replicas()

@@ -1,0 +1,84 @@
+"""A tuner controller for an LLMDeployment's current spec.
+
+Resumable: a restarted operator builds the controller from the persisted state, so a
+scale or a trial already done is resumed (cooling down, or measuring the running trial),
+not done again. Built only for a spec the administrator's policy allows and the
+reconcile has applied; the study's storage is put on record before the study is opened.
+The controller itself comes from daemon.py's factory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.operator.daemon import ControllerFactory, DaemonContext, controller_settings
+from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.loop_status import rebase_episode
+from slopilot.operator.policy import OperatorPolicy, policy_problems
+from slopilot.operator.reconcile import not_reconciled
+from slopilot.operator.spec import parse_spec
+from slopilot.operator.study_ledger import LEDGER, record
+from slopilot.operator.twin_profile import TwinChoice
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import LoopState
+from slopilot.tuner.study.storage_url import shown
+
+log = logging.getLogger(__name__)
+
+
+def _with_twin(factory: ControllerFactory, twin: TwinChoice, ctx: DaemonContext
+               ) -> Controller:
+    return factory(dataclasses.replace(ctx, twin=twin))
+
+
+def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
+          factory: ControllerFactory, policy: OperatorPolicy,
+          twin: TwinChoice | None = None) -> Controller:
+    """A controller for the current spec, resuming the persisted loop state if any; its
+    twin runs ``twin`` (``resolve_twin``'s answer; None: the datasheet)."""
+    if twin is not None:
+        factory = functools.partial(_with_twin, factory, twin)
+    spec = parse_spec(body)
+    meta = body["metadata"]
+    if problems := policy_problems(spec, policy, namespace=meta["namespace"]):
+        # never query a URL the policy refuses
+        raise ControllerError("; ".join(problems))
+    if (why := not_reconciled(kube, body, spec)) is not None:  # never act on another's
+        raise ControllerError(why)
+    saved = (body.get("status") or {}).get("controller")
+    try:
+        state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+    except ControllerError as exc:  # not resumed from: what it holds is not ours to act on
+        meta = body["metadata"]
+        raise ControllerError(
+            f"status.controller: {exc}; to start the loop afresh (in steady, its trial "
+            f"left to go stale in the study), remove it: kubectl -n {meta['namespace']} "
+            f"patch llmdeployment {meta['name']} --subresource=status --type=merge "
+            """-p '{"status":{"controller":null}}'""") from None
+    if state is not None:
+        rebase_episode(state, body)
+    named = policy.named_storage(spec.tuning.storage, meta["namespace"])
+    try:  # before the study is opened: every study the operator makes is on record
+        record(kube, policy.operator_namespace, meta["namespace"], named)
+    except Exception as exc:  # an API error or a dropped connection: built at a next step
+        raise ControllerError(
+            f"study storage {shown(named)}: not put on the operator's record of study storages "
+            f"(ConfigMap {policy.operator_namespace}/{LEDGER}, which the reclaim of "
+            f"studies left by deleted CRs reads): {type(exc).__name__}: {exc}; the study "
+            "is opened once it is") from None
+    ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
+                        controller_settings(spec, meta["namespace"], meta["name"]), state,
+                        policy.study_storage(spec, namespace=meta["namespace"]),
+                        uid=str(meta.get("uid", "")),
+                        namespace_label=policy.namespace_label,
+                        prometheus_tls=policy.prometheus_tls)
+    controller = factory(ctx)
+    log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
+             None if state is None else state.state.value)
+    return controller

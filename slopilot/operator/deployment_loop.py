@@ -1,0 +1,432 @@
+"""One LLMDeployment's tuning loop, which its daemon (tuning_daemon.py) steps.
+
+Each step (``DeploymentLoop.step``): read the object fresh, ``tick(now)`` the controller
+(at most one action), then write ``status`` (phase, replicas, config, bestTrial, trials,
+lastAction, the ``Tuning`` condition) and the controller's whole loop state in
+``status.controller``, and post an event for every action. Once a window, the
+deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.py).
+
+- Resumable: a restarted operator builds the controller from the persisted state, so a
+  scale or a trial already done is resumed (cooling down, or measuring the running
+  trial), not done again. Each controller's study beats for the trial it holds open; a
+  controller replaced (a new spec generation) or dropped, and the daemon's at its end,
+  stops beating (``close``), after its successor, if any, has taken the trial over.
+- Idempotent: a status write that fails leaves the controller as it is in memory, and
+  the next step writes that same state again before it ticks; a daemon never asks a
+  second trial because its first was not recorded.
+- One writer of the loop's state: each write of ``status.controller`` is made only over
+  the state this daemon built its controller from or last wrote there. Another found
+  there is another writer's (a second operator replica's daemon, before the peering
+  paused one, or an administrator's reset): this daemon's tick is dropped, its own trial
+  told failed, and its next step resumes the state on record. Each wrote over the other's
+  before: two trials RUNNING in the study, each daemon's config on the pods.
+- Deleted: the study's running trial is told FAIL, so that it does not stay RUNNING,
+  then the study is deleted from every storage it lived in (``status.studyStorages``,
+  which each step's status write keeps: study_cleanup.py): it is keyed by the CR's uid,
+  so a new CR of the same name starts its own and nothing would ever resume it. Tuning turned off
+  ends the episode (the running trial failed, the loop to STEADY: turned on again, it
+  waits for an alert) and keeps the study, for when it is turned on again.
+- Pods on the spec's config: at each new spec generation (whether or not a controller
+  could be built for it) and every ``CONFIG_SYNC_S`` after it, the pods are brought to
+  the spec's live knobs, and the pod a
+  running trial measures to the trial's (``KubeDeploymentHandle.sync_config``): the
+  engine reads its ConfigMap only at start, so an edit of a live knob, a pod that read an
+  older ConfigMap, or a canary restarted mid-trial would otherwise run a config that
+  neither the status nor the controller knows.
+
+The controller comes from controller_build.py, the status it writes from loop_status.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slopilot.operator.conditions import ConditionType, condition, merge_conditions, now_rfc3339
+from slopilot.operator.controller_build import build
+from slopilot.operator.crd import API_VERSION, PLURAL
+from slopilot.operator.daemon import ControllerFactory, operator_metrics
+from slopilot.operator.decision_events import post_decision
+from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.kubeapi import Kube
+from slopilot.operator.loop_status import on_record, rebase_episode, status_after
+from slopilot.operator.pod_admin import ApplyError
+from slopilot.operator.pod_memory import PodMemory
+from slopilot.operator.pods_status import record_pods_condition
+from slopilot.operator.policy import OperatorPolicy, policy_problems
+from slopilot.operator.reconcile import not_reconciled
+from slopilot.operator.slo_status import WindowFigures
+from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.operator.status_writer import replacing, write_status
+from slopilot.operator.study_cleanup import delete_studies
+from slopilot.operator.study_storage import StorageRefused, resolve_storage
+from slopilot.operator.tokens import TokenMint
+from slopilot.operator.tuned_status import NotHeld
+from slopilot.operator.twin_status import TwinTracker
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.decision import Decision
+from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+
+CONFIG_SYNC_S = 60.0
+"""How often the pods' configs are checked against the spec between builds: a pod that
+read an older ConfigMap (it started before an edit and became ready after its sync) runs
+the old config at most this long."""
+
+
+class DeploymentLoop:
+    """One LLMDeployment's controller, stepped by its daemon (see the module docstring)."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str, uid: str, *, mint: TokenMint,
+                 policy: OperatorPolicy, factory: ControllerFactory, locks: Any,
+                 logger: logging.Logger | logging.LoggerAdapter[Any], clock: Clock = time.time,
+                 memory: PodMemory | None = None) -> None:
+        self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
+        # Locked per write, not per tick: a tick may take minutes, and every reconcile of
+        # this CR would wait that long on one of kopf's few handler threads.
+        # A config is recorded only over the loop state this loop last saw (a trial on
+        # every replica is rendered from the status, and another daemon's would run
+        # under its).
+        self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy,
+                                           uid=uid, guard=lambda: locks.hold(self.key),
+                                           memory=memory, holds=self._holds)
+        self.policy, self.factory, self.locks = policy, factory, locks
+        self.logger, self.clock = logger, clock
+        self.controller: Controller | None = None
+        self.built_for: int | None = None
+        self.storage: str | None = None
+        """The storage the CR names (``OperatorPolicy.named_storage``) as the
+        controller's study was opened in it."""
+        self.unwritten: Decision | None = None
+        """A decision whose status write failed: written again before the next tick."""
+        self.unwritten_time = ""
+        self.figures: WindowFigures | None = None
+        self.twin = TwinTracker(kube, namespace, name, clock)
+        self.synced_at: float | None = None
+        """When the pods were last brought to the spec's config; None: at the next step."""
+        self.synced_for: int | None = None
+        """The spec generation they were brought to then."""
+        self.on_record: Any = None
+        """``status.controller`` as this loop's controller was built from it or last wrote
+        it (``on_record``): another state found there is another writer's (module
+        docstring), which this loop resumes rather than overwrites."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def _holds(self, body: Mapping[str, Any]) -> bool:
+        """Whether ``status.controller`` in ``body`` is still the state this loop last
+        built from or wrote."""
+        return on_record((body.get("status") or {}).get("controller")) == self.on_record
+
+    def _named_storage(self, body: Mapping[str, Any]) -> str:
+        return self.policy.named_storage(parse_spec(body).tuning.storage, self.namespace)
+
+    def _ours(self, body: Mapping[str, Any] | None) -> bool:
+        return (body is not None and not body["metadata"].get("deletionTimestamp")
+                and str(body["metadata"].get("uid")) == self.uid)
+
+    def step(self) -> bool:
+        """One tick and its status; False once the object is gone (the daemon ends)."""
+        body = self.handle.kube.get(*_CR, self.namespace, self.name)
+        if not self._ours(body):
+            return False
+        assert body is not None
+        if self.unwritten is not None:  # no new tick before the last one is on record
+            self._write(self.unwritten, self.unwritten_time)
+            return True
+        generation = body["metadata"].get("generation")
+        saved = (body.get("status") or {}).get("controller")
+        if self.controller is not None and on_record(saved) != self.on_record:
+            self._overtaken(saved, "its state in status.controller was replaced")
+        try:
+            if self.controller is None or self.built_for != generation or \
+                    self.twin.moved():
+                twin = self.twin.resolve(parse_spec(body), generation)
+                replaced = self.controller
+                self.controller = build(self.kube, self.handle, body, self.factory,
+                                        self.policy, twin)
+                self.on_record = on_record(saved)
+                self.storage = self._named_storage(body)
+                # After the build, which resumed the trial: the new study beats already
+                # (unless a factory hands both controllers one study: it is kept then).
+                if replaced is not None and replaced.study is not self.controller.study:
+                    replaced.study.close()
+                self.built_for = generation
+                self.twin.write(twin, generation, self._ours)
+                self.figures = WindowFigures(self.controller.evaluator,
+                                             self.controller.settings.window_s, self.clock())
+            decision = self.controller.tick(self.clock())
+            self._write(decision, now_rfc3339())
+        except (SpecError, ControllerError) as exc:
+            self.close()  # rebuilt once the spec or the environment is fixed
+            self.logger.warning("controller not running: %s", exc)
+            self._write_condition(str(exc), generation)
+        self._sync_pods(body, generation)
+        self._measure()
+        return True
+
+    def _sync_pods(self, body: Mapping[str, Any], generation: int | None) -> None:
+        """After the tick, so that a trial it started is kept on its pod (module
+        docstring); at a new generation, else once a ``CONFIG_SYNC_S``."""
+        now = self.clock()
+        # A clock stepped back (an NTP step) makes the time since negative: due now, or
+        # the pods went unchecked for the step's length.
+        if generation == self.synced_for and self.synced_at is not None \
+                and 0 <= now - self.synced_at < CONFIG_SYNC_S:
+            return
+        known, trial, basis = self._running_trial(body)
+        if not known:
+            return
+        if trial is not None and trial.canary and trial.canary_replica is None:
+            return  # a canary not on record: which pod runs the trial is not known
+        self.synced_at, self.synced_for = now, generation
+        try:
+            done = self.handle.sync_config(
+                trial=None if trial is None else trial.config,
+                trial_on=None if trial is None else trial.canary_replica,
+                holds=lambda fresh: on_record(
+                    (fresh.get("status") or {}).get("controller")) == basis)
+        except NotHeld as exc:  # judged on a state since replaced: again at the next step
+            self.synced_at = None
+            log.warning("%s: the pods' configs were not checked: %s", self.key, exc)
+            return
+        except Exception as exc:  # the API or the CR went away: tried again when due
+            log.warning("%s: the pods' configs were not checked: %s: %s", self.key,
+                        type(exc).__name__, exc)
+            return
+        for why in done.left:
+            log.warning("%s: a pod is not on the spec's config: %s", self.key, why)
+        record_pods_condition(self.kube, self.namespace, self.name, self.uid, done,
+                              generation)
+
+    def _running_trial(self, body: Mapping[str, Any]
+                       ) -> tuple[bool, RunningTrial | None, Any]:
+        """Whether the pods may be synced now, the trial they are to keep, and the loop
+        state (``on_record``) that trial was judged from: a sync records a config only
+        while that state is still on record. Without a controller (it could not be
+        built: the study's database down, say, or another writer's state just found) the
+        pods still follow a spec the reconcile accepts, around the trial on record; a
+        spec it refuses touches nothing, as in the reconcile."""
+        if self.controller is not None:
+            return True, self.controller.loop.trial, self.on_record
+        saved = (body.get("status") or {}).get("controller")
+        try:
+            spec = parse_spec(body)
+            if policy_problems(spec, self.policy, namespace=self.namespace) \
+                    or not_reconciled(self.kube, body, spec):
+                return False, None, None
+            state = LoopState.from_dict(saved) if isinstance(saved, Mapping) else None
+        except (SpecError, ControllerError):
+            return False, None, None
+        return True, None if state is None else state.trial, on_record(saved)
+
+    def _write(self, decision: Decision, action_time: str) -> bool:
+        """Write the controller's state as of ``decision``; on failure keep it for later.
+        Only over the state on record as this loop last saw it: another writer's state
+        found there (another operator replica's daemon) is resumed, not overwritten, and
+        this tick's decision dropped (``_overtaken``)."""
+        controller = self.controller
+        assert controller is not None
+        self.unwritten, self.unwritten_time = decision, action_time
+        mine = controller.to_dict()
+        found: list[Any] = []
+
+        def build_status(fresh: dict[str, Any]) -> dict[str, Any] | None:
+            if not self._ours(fresh):
+                return None
+            now = on_record((fresh.get("status") or {}).get("controller"))
+            if now != self.on_record:
+                found.append(now)
+                return None
+            return status_after(fresh, controller, decision, action_time, self.storage)
+
+        try:
+            written = write_status(self.kube, self.namespace, self.name, build_status)
+        except Exception as exc:  # an API error or a dropped connection: retried next step
+            log.warning("%s: status write failed (%s: %s); the controller keeps its state "
+                        "and writes it again before its next tick", self.key,
+                        type(exc).__name__, exc)
+            return False
+        self.unwritten = None
+        if found:
+            self._overtaken(found[0], "another writer replaced status.controller during "
+                            f"the tick ({decision.action.value}: {decision.reason})")
+            return True
+        self.on_record = on_record(mine)
+        if written is not None:
+            post_decision(written, decision)
+        return True
+
+    def _overtaken(self, theirs: Any, why: str) -> None:
+        """Another writer's state ``theirs`` is on record (another operator replica's
+        daemon acts on this CR, or an administrator reset it): this loop's controller is
+        dropped and the next step builds one from the status, resuming the trial on
+        record, if any. Its own trial, unless it is that one, is told failed: left
+        running, it was a second trial the study held open beside the other's, its config
+        on the pods until the sync put them back (at the next step)."""
+        controller = self.controller
+        if controller is None:
+            return
+        recorded = theirs.get("trial") if isinstance(theirs, Mapping) else None
+        number = recorded.get("number") if isinstance(recorded, Mapping) else None
+        trial = controller.loop.trial
+        if trial is not None and trial.number != number:
+            try:
+                controller.study.tell_failed(
+                    trial.number, "another operator replica's state for this "
+                    "LLMDeployment was on record: its trial, if any, goes on instead")
+            except Exception:  # left RUNNING, it goes stale once nothing beats for it
+                log.exception("%s: could not fail trial %d", self.key, trial.number)
+        log.warning("%s: %s; this replica's controller is dropped and the state on record "
+                    "resumed", self.key, why)
+        self.close()
+        self.synced_at = None  # the pods back to the config on record at the next step
+
+    def _write_condition(self, message: str, generation: int | None) -> None:
+        try:
+            write_status(self.kube, self.namespace, self.name, lambda fresh: {
+                "conditions": merge_conditions(
+                    (fresh.get("status") or {}).get("conditions"),
+                    [condition(ConditionType.TUNING, False, "ControllerUnavailable",
+                               message, generation)])} if self._ours(fresh) else None)
+        except Exception:
+            log.exception("%s: could not write the Tuning condition", self.key)
+
+    def _measure(self) -> None:
+        figures = self.figures
+        if figures is None or self.controller is None:
+            return
+        fields = figures.due(self.clock())
+        if not fields:
+            return
+        try:
+            write_status(self.kube, self.namespace, self.name,
+                         lambda fresh: dict(fields) if self._ours(fresh) else None)
+        except Exception:
+            log.exception("%s: could not write the measured figures", self.key)
+
+    def retire(self) -> None:
+        """This CR's controller series leave the operator's /metrics: the CR is gone, or
+        no longer tuned. Not when a successor of the same name is already there: the
+        series are labelled by namespace and name, so they are the successor's now."""
+        try:
+            body = self.kube.get(*_CR, self.namespace, self.name)
+        except Exception:  # unknown: forget, a deleted CR's series must not stay forever
+            body = None
+        if body is not None and str(body["metadata"].get("uid")) != self.uid:
+            return
+        metrics = self.controller.metrics if self.controller is not None \
+            else operator_metrics(self.namespace)
+        metrics.forget(self.name)
+
+    def close(self) -> None:
+        """Drop the controller, and the heartbeat its study holds for its open trials:
+        left beating, a dropped controller's thread kept a trial alive that nothing ran.
+        A trial still open goes stale unless a controller resumes it in time (the next
+        one built here, a restarted operator, the peering's next leader)."""
+        controller, self.controller = self.controller, None
+        if controller is not None:
+            controller.study.close()
+
+    def _controller_to_end(self, *, with_episode: bool) -> Controller | None:
+        """The controller whose episode or study the daemon's end closes: the running
+        one, or, when the daemon ended before a step built one (the CR was deleted before
+        its first step), one built from the CR's body and kept for the next ending.
+        None when the CR is gone or a successor's, or (``with_episode``) its status has
+        no episode under way (STEADY, no trial, no restore owed)."""
+        if self.controller is not None:
+            return self.controller
+        body = self.kube.get(*_CR, self.namespace, self.name)
+        if body is None or str(body["metadata"].get("uid")) != self.uid:
+            return None  # gone, or already a new CR of the same name: not ours to touch
+        saved = (body.get("status") or {}).get("controller") or {}
+        if with_episode and not saved.get("trial") and not saved.get("pending_restore") \
+                and saved.get("state", ControllerState.STEADY.value) == ControllerState.STEADY:
+            return None  # nothing to end: no reason to build
+        try:
+            self.controller = build(self.kube, self.handle, body, self.factory, self.policy)
+            self.on_record = on_record(saved)
+            self.storage = self._named_storage(body)
+        except (SpecError, ControllerError) as exc:
+            log.warning("%s: cannot reach the study to end it: %s", self.key, exc)
+            return None
+        return self.controller
+
+    def end_deleted(self) -> None:
+        """The CR is deleted: its running trial is failed, then its study deleted."""
+        self.abandon("the LLMDeployment was deleted during the trial")
+        self.delete_study()
+
+    def delete_study(self) -> None:
+        """The deleted CR's study leaves the storage, with all its trials, and every
+        other storage it lived in (``status.studyStorages``: spec.tuning.storage was
+        switched). Its name holds the CR's uid, so no later CR resumes it, and kept it
+        would grow a shared storage by every CR a tenant creates and deletes. Never on
+        tuning turned off: the CR may turn it on again and go on with its study."""
+        body = self.kube.get(*_CR, self.namespace, self.name)
+        controller = self._controller_to_end(with_episode=False)
+        done: tuple[str, ...] = ()
+        if controller is not None:
+            try:
+                controller.study.delete_study()
+            except Exception:  # the database may be down: the study stays (operations.md)
+                log.exception("%s: could not delete the deleted LLMDeployment's study",
+                              self.key)
+            else:
+                log.info("%s: the deleted LLMDeployment's study deleted", self.key)
+                if self.storage is not None:
+                    with contextlib.suppress(StorageRefused):
+                        done = (resolve_storage(self.storage, self.policy.storage_rules,
+                                                self.namespace),)
+        if body is not None and str(body["metadata"].get("uid")) == self.uid:
+            delete_studies(body, self.policy, log=self.logger, done=done)
+
+    def abandon(self, reason: str, *, restore: bool = False) -> None:
+        """Tuning ends (the CR is being deleted, or tuning was turned off), and the
+        episode with it (``Controller.stop``): the open trial is told failed, as a dead
+        trial would otherwise stay RUNNING, and the loop goes to STEADY, so tuning turned
+        on again waits for an alert. With ``restore``, a trial's end sends every replica
+        back to the episode's starting (or best) config. A restore still owed after a
+        rollback that failed ends as well (``Controller.stop``): the sync, which runs
+        while tuning is off, brings the pods to the committed config."""
+        controller = self._controller_to_end(with_episode=True)
+        if controller is None:
+            return
+        loop = controller.loop
+        trial = loop.trial
+        if trial is None and loop.state is ControllerState.STEADY \
+                and loop.pending_restore is None:
+            return
+        target = None
+        if restore and trial is not None:
+            # Before the stop, which ends the episode: its best or baseline is the target.
+            try:  # the controller may predate an edit that ended tuning (rebase_episode)
+                rebase_episode(loop, self.handle.body())
+                target = loop.rollback_config()
+            except (ApplyError, SpecError) as exc:
+                log.warning("%s: no config restored after the trial: %s", self.key, exc)
+        controller.stop(self.clock(), reason)
+        if target is not None:
+            try:
+                self.handle.apply_config(target, canary=False)
+            except Exception:
+                log.exception("%s: could not restore the config after the trial", self.key)
+        self.unwritten = None
+        try:  # replaced whole, as each step writes it: merged, a map kept the old keys
+            write_status(self.kube, self.namespace, self.name, lambda fresh: {
+                "controller": replacing(loop.to_dict(),
+                                        (fresh.get("status") or {}).get("controller"))}
+                if self._ours(fresh) else None)
+        except Exception:
+            log.exception("%s: could not record the ended episode in status", self.key)
+
+
+_CR = (API_VERSION, PLURAL)

@@ -1,0 +1,128 @@
+"""The tuning loop's state as the LLMDeployment's status holds it.
+
+Each step writes ``status`` (phase, replicas, config, bestTrial, trials, lastAction, the
+``Tuning`` condition) and the controller's whole loop state in ``status.controller``
+(``status_after``). Resumable: a restarted operator builds the controller from the
+persisted state, so a scale or a trial already done is resumed (cooling down, or
+measuring the running trial), not done again; an edit of the spec rebases what it
+resumes (``rebase_episode``). One writer of the loop's state: each write of
+``status.controller`` is made only over the state the daemon built its controller from
+or last wrote there, as a merge patch leaves it (``on_record``). Tuning turned off ends
+the episode (the running trial failed, the loop to STEADY: turned on again, it waits for
+an alert); where no daemon saw it turned off, the reconcile ends it (``ended_episode``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.operator.conditions import ConditionType, condition, merge_conditions
+from slopilot.operator.daemon import PHASES
+from slopilot.operator.knobs import tuned_overlay
+from slopilot.operator.reconcile import config_status
+from slopilot.operator.spec import Phase, SpecError, parse_spec
+from slopilot.operator.status_writer import replacing
+from slopilot.operator.study_cleanup import with_storage
+from slopilot.operator.twin_status import check_patch
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.state import ControllerState, LoopState
+from slopilot.tuner.loop.transitions import Event, check
+
+
+def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
+    """The loop's configs after an edit of ``spec.engine`` or ``spec.slo``.
+
+    The baseline is the whole config the episode began on, laid over the spec on a
+    rollback (a trial failed, no config held, tuning turned off); kept after an edit, it
+    undid the edit on every pod and recorded the old knobs as the new spec's tuned
+    config. The edit makes ``status.tunedConfig`` stale (it is keyed by those two
+    sections), and then the spec as it is now is what the deployment runs without the
+    episode's trials. A valid tuned config means no such edit: the baseline stays (with
+    one replica the trials themselves are recorded there, so the spec is not the
+    baseline then).
+
+    Outside an episode the best config kept is the last commit, which belonged to the
+    spec it was committed under as the tuned config did: it is forgotten with it. An open
+    episode's best is its own trials' and stays (laid over the spec as it is now).
+    """
+    if tuned_overlay(body) is not None:
+        return
+    if not loop.episode_open:
+        loop.best_config = loop.best_goodput = None
+    if loop.baseline_config is not None:
+        loop.baseline_config = parse_spec(body).engine.to_dict()
+
+
+def tuning_enabled(spec: Mapping[str, Any], **_: Any) -> bool:
+    return bool((spec.get("tuning") or {}).get("enabled", True))
+
+
+def ended_episode(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``status.controller``'s episode ended, as ``Controller.stop`` ends it (STEADY, no
+    trial), for the reconcile to write while tuning is off; None with none under way.
+    Where no daemon saw tuning turned off (the operator was down, and its resume handler
+    reconciles), nothing else would end it, and tuning turned on again resumed the old
+    episode with no alert asking. The trial's study entry goes stale (its process is
+    gone); a daemon still running ends the trial itself, from its own copy."""
+    saved = status.get("controller")
+    if not isinstance(saved, Mapping):
+        return None
+    try:
+        state = ControllerState(saved.get("state", ControllerState.STEADY.value))
+    except ValueError:
+        return None  # not a state this operator wrote: the daemon's build says so
+    if saved.get("trial") is None and saved.get("pending_restore") is None \
+            and state is ControllerState.STEADY:
+        return None
+    check(state, ControllerState.STEADY, Event.TUNING_OFF)
+    # An owed restore ends too, as ``Controller.stop`` ends it: the sync restores the pods.
+    return {"state": ControllerState.STEADY.value, "trial": None, "pending_restore": None,
+            "reason": f"{Event.TUNING_OFF.value}: spec.tuning.enabled is false"}
+
+
+def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,
+                 action_time: str, storage: str | None = None) -> dict[str, Any]:
+    """The status after ``decision``; ``storage``: the storage the CR names
+    (``OperatorPolicy.named_storage``) the controller's study was opened in, put on
+    record for the CR's deletion."""
+    status = body.get("status") or {}
+    loop = controller.loop
+    phase = PHASES.get(decision.state, Phase.RUNNING)
+    if decision.prometheus_unavailable:
+        phase = Phase.DEGRADED
+    tuning = decision.state in (ControllerState.TUNING, ControllerState.COMMIT)
+    out: dict[str, Any] = {
+        "phase": phase.value, "replicas": decision.replicas, "trials": loop.episode_trials,
+        # What a restarted operator resumes from: replaced whole, not merged into the last.
+        "controller": replacing(controller.to_dict(), status.get("controller")),
+        "conditions": merge_conditions(status.get("conditions"), [condition(
+            ConditionType.TUNING, tuning, decision.state.value.capitalize(), decision.reason,
+            body["metadata"].get("generation"))])}
+    if not tuning_enabled(body.get("spec") or {}):
+        # Turned off since the tick read the CR: the daemon is ending, and the phase and
+        # Tuning condition are the reconcile's now (handlers.status_of); written, a
+        # tick in flight left "Tuning" on a deployment that no longer tunes.
+        del out["phase"], out["conditions"]
+    with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
+        out["config"] = config_status(parse_spec(body).engine)
+    if loop.twin is not None:  # merged: status.twin.profile is the TwinTracker's to write
+        out["twin"] = check_patch(loop.twin, status.get("twin"))
+    if loop.best_config is not None:
+        out["bestTrial"] = {"config": loop.best_config, "goodputTokS": loop.best_goodput}
+    if decision.action is not Action.NONE:
+        out["lastAction"] = {"action": decision.action.value, "reason": decision.reason,
+                             "time": action_time}
+    if storage is not None:
+        out["studyStorages"] = with_storage(status, storage)
+    return out
+
+
+def on_record(saved: Any) -> Any:
+    """``status.controller`` as a JSON merge patch leaves what the daemon wrote: without
+    its null fields (the patch deletes them), at every level of its maps."""
+    if isinstance(saved, Mapping):
+        return {k: on_record(v) for k, v in saved.items() if v is not None}
+    return saved
