@@ -246,8 +246,7 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
     with memo.locks.hold(key_of(body)):
         outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)
         write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
-        if outcome.valid and outcome.admin_token and not tuning_enabled(
-                body.get("spec") or {}):
+        if outcome.valid and outcome.admin_token and not tuning_enabled(body.get("spec") or {}):
             sync_pods(body, memo, logger)
     post_events(body, outcome, reason="Reconciled")
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)

@@ -4,12 +4,14 @@ Each step writes ``status`` (phase, replicas, config, bestTrial, trials, lastAct
 ``Tuning`` condition) and the controller's whole loop state in ``status.controller``
 (``status_after``). Resumable: a restarted operator builds the controller from the
 persisted state, so a scale or a trial already done is resumed (cooling down, or
-measuring the running trial), not done again; an edit of the spec rebases what it
-resumes (``rebase_episode``). One writer of the loop's state: each write of
-``status.controller`` is made only over the state the daemon built its controller from
-or last wrote there, as a merge patch leaves it (``on_record``). Tuning turned off ends
-the episode (the running trial failed, the loop to STEADY: turned on again, it waits for
-an alert); where no daemon saw it turned off, the reconcile ends it (``ended_episode``).
+measuring the running trial), not done again; an edit of ``spec.engine`` or
+``spec.slo`` rebases what it resumes (``rebase_episode``). One writer of the loop's
+state: each write of ``status.controller`` is made only over the state the daemon built
+its controller from or last wrote there, as a merge patch leaves it (``on_record``).
+Tuning turned off ends the episode (the running trial failed, the loop to STEADY: turned
+on again, it waits for an alert); where no daemon saw it turned off, the reconcile ends
+it (``ended_episode``). While tuning is off (``tuning_enabled``), the phase and the
+``Tuning`` condition are the reconcile's to write.
 """
 
 from __future__ import annotations
