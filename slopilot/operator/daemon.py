@@ -1,4 +1,5 @@
-"""How the operator builds one LLMDeployment's tuner controller (tuning_daemon.py runs it).
+"""How the operator builds one LLMDeployment's tuner controller (controller_build.py calls it for
+each CR's loop, deployment_loop.py, which tuning_daemon.py runs).
 
 The controller's ports (Prometheus alerts and windows, the study, the capacity planner)
 come from a factory: ``$SLOPILOT_CONTROLLER_FACTORY`` (``module:function``) or
