@@ -149,7 +149,7 @@ MUTATIONS = (
       "if host.endswith(want_host[2:]):", OPERATOR),
     M("network_policy_types", "slopilot/operator/render.py", '"policyTypes": ["Ingress"]',
       '"policyTypes": []', OPERATOR),
-    M("read_only_root", "slopilot/operator/render.py", '"readOnlyRootFilesystem": True,',
+    M("read_only_root", "slopilot/operator/pod_layout.py", '"readOnlyRootFilesystem": True,',
       '"readOnlyRootFilesystem": False,', OPERATOR),
     M("gpu_max", "slopilot/operator/spec.py", "if not 0 <= gpu <= MAX_GPUS:",
       "if not 0 <= gpu < MAX_GPUS:", OPERATOR),

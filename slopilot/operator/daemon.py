@@ -145,7 +145,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     import dataclasses
 
     from slopilot.engine.sim.scenario import load_scenario
-    from slopilot.operator.render import latency_sources
+    from slopilot.operator.service_monitor import latency_sources
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
     from slopilot.tuner.prometheus.iterations import PrometheusIterations

@@ -295,7 +295,7 @@ _ANNOTATION_EXTRAS = {
 def build_dashboard(spec: SLOSpec | None = None, *,
                     latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
     """The overview dashboard as a JSON-ready dict; SLO lines from ``spec`` (standard),
-    TTFT and TBT from ``latency`` (the backend's, ``render.latency_sources``)."""
+    TTFT and TBT from ``latency`` (the backend's, ``service_monitor.latency_sources``)."""
     spec = spec if spec is not None else SLOSpec.from_profile("standard")
     vllm = latency != BUILTIN_LATENCY
     builder = (

@@ -54,6 +54,7 @@ from slopilot.operator.drift import not_repaired_message, record_repair, unrepai
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
 from slopilot.operator.loop_status import ended_episode, tuning_enabled
+from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
 from slopilot.operator.pod_memory import memory_of
 from slopilot.operator.pods_status import record_pods_condition
@@ -65,7 +66,6 @@ from slopilot.operator.reconcile import (
     not_reconciled,
     reconcile,
 )
-from slopilot.operator.render import MANAGED
 from slopilot.operator.settings import configure, operator_policy
 from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status

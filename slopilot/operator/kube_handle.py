@@ -46,14 +46,15 @@ import httpx
 
 from slopilot.operator.config_sync import ConfigSync, ConfigSyncer
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL
+from slopilot.operator.engine_deployment import vllm_max_num_seqs
 from slopilot.operator.knobs import committed_body, trial_recorded, tuned_record
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.owned_meta import selector
 from slopilot.operator.ownership import controlled_by, controller_ref
 from slopilot.operator.pod_admin import CONFIG_PATH, ApplyError, PodAdmin, admin_url, ready
 from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
-from slopilot.operator.render import selector, vllm_max_num_seqs
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuned_status import Holds, NotHeld, TunedStatus

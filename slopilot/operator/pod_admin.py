@@ -22,7 +22,7 @@ import httpx
 
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
-from slopilot.operator.render import ADMIN_PORT_NAME
+from slopilot.operator.pod_layout import ADMIN_PORT_NAME
 from slopilot.tuner.prometheus.bounded import (
     Deadline,
     StartTimer,

@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from slopilot.operator.default_storage import DefaultStorage, instead, resolve_unwritten
+from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
-from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, SHIPPED_IMAGES, Images
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.operator.study_storage import (
     StorageRefused,

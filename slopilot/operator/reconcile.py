@@ -42,8 +42,10 @@ from typing import Any
 from slopilot.engine.config import EngineConfig
 from slopilot.operator.conditions import DriftReason
 from slopilot.operator.crd import KIND
+from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.owned_meta import labels, owner_reference
 from slopilot.operator.ownership import (
     claims,
     controller_ref,
@@ -53,14 +55,8 @@ from slopilot.operator.ownership import (
 )
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.quantity import same_quantity
-from slopilot.operator.render import (
-    SHIPPED_IMAGES,
-    Images,
-    labels,
-    latency_sources,
-    owner_reference,
-    render_all,
-)
+from slopilot.operator.render import render_all
+from slopilot.operator.service_monitor import latency_sources
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.validation import deployment_name_problem, quantity_problem

@@ -52,13 +52,14 @@ from pathlib import Path
 import kopf
 
 from slopilot.operator.default_storage import DEFAULT_STORAGE_ENV
+from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.policy import (
     DCGM_NAMESPACE_ENV,
     OperatorPolicy,
     PolicyError,
     check_dcgm_namespace,
 )
-from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, SHIPPED_IMAGES, Images
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.study_storage import shared_with_namespaces
 from slopilot.operator.validation import parse_image
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
@@ -85,7 +86,7 @@ METER_IMAGE_ENV = "SLOPILOT_METER_IMAGE"
 BUILTIN_IMAGE_ENV = "SLOPILOT_BUILTIN_IMAGE"
 VLLM_IMAGE_ENV = "SLOPILOT_VLLM_IMAGE"
 IMAGE_ENVS = {METER_IMAGE_ENV: "meter", BUILTIN_IMAGE_ENV: "builtin", VLLM_IMAGE_ENV: "vllm"}
-"""Each variable and the ``render.Images`` field it sets."""
+"""Each variable and the ``images.Images`` field it sets."""
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 log = logging.getLogger(__name__)
 

@@ -228,7 +228,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
                             VLLM_APPLIES if backend is Backend.VLLM else None, r, warnings)
     if backend is Backend.VLLM and engine.max_num_seqs > engine.effective_budget:
         # vLLM refuses max_num_seqs above max_num_batched_tokens (v0.11.0,
-        # vllm/config/scheduler.py); the pods get the budget (render.vllm_max_num_seqs).
+        # vllm/config/scheduler.py); the pods get the budget (engine_deployment.vllm_max_num_seqs).
         warnings.append(
             f"{spec_path('max_num_seqs')}={engine.max_num_seqs} exceeds the token budget "
             f"{engine.effective_budget}, which vLLM refuses: its pods run --max-num-seqs "

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from slopilot.operator.crd import API_VERSION, PLURAL
+from slopilot.operator.engine_deployment import vllm_max_num_seqs
 from slopilot.operator.knobs import (
     committed_body,
     committed_overlay,
@@ -32,7 +33,6 @@ from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
-from slopilot.operator.render import vllm_max_num_seqs
 from slopilot.operator.spec import Backend, parse_spec
 from slopilot.operator.status_writer import ATTEMPTS, replacing
 from slopilot.operator.tokens import TokenMint

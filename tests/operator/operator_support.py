@@ -19,8 +19,10 @@ from kopf.testing import KopfRunner
 
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.kubeapi import Kube
+from slopilot.operator.owned_meta import selector
+from slopilot.operator.pod_layout import ADMIN_PORT_NAME
 from slopilot.operator.policy import OperatorPolicy
-from slopilot.operator.render import ADMIN_PORT_NAME, DEFAULT_OPERATOR_NAMESPACE, selector
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.tokens import KEY_SECRET, TokenMint, load_or_create
 from tests.support import waits
 from tests.support.kube_server import RunningEmulator

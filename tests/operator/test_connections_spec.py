@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from slopilot.operator.render import meter_command, render_all
+from slopilot.operator.meter_container import meter_command
+from slopilot.operator.render import render_all
 from slopilot.operator.spec import SpecError, parse_spec
 from tests.operator.test_crd_parity import admitted
 from tests.operator.test_render import body

@@ -24,10 +24,10 @@ import pytest
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL, crd_manifest
 from slopilot.operator.handlers import LockTable, repair_drift, status_of
 from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
-from slopilot.operator.render import MANAGED
 from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
 from tests.support.kube_server import RunningEmulator
 

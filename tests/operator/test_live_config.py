@@ -207,7 +207,7 @@ def test_a_vllm_deployment_is_never_synced_over_http(
 def test_a_vllm_trial_records_the_sequences_its_pods_run(
         kube: RunningEmulator, cluster: Cluster) -> None:
     """vLLM refuses more sequences than the token budget, so its pods are given the
-    budget (render.vllm_max_num_seqs); a trial of 1,024 sequences on a 256-token budget
+    budget (engine_deployment.vllm_max_num_seqs); a trial of 1,024 sequences on a 256-token budget
     was recorded in status.tunedConfig as 1,024, a figure no pod ran."""
     body, policy, mint = reconciled(kube, cluster, llmd(backend="vllm"))
     handle = handle_of(cluster, body, policy, mint)
@@ -940,7 +940,8 @@ def _engine_pod(cluster: Cluster, namespace: str, pod: str, port: int, template_
     """A ready pod of a ReplicaSet that the Deployment ``chat`` of ``namespace``
     controls (what the Deployment controller makes): the one there now, or the one whose
     uid is ``deployment_uid``."""
-    from slopilot.operator.render import ADMIN_PORT_NAME, selector
+    from slopilot.operator.owned_meta import selector
+    from slopilot.operator.pod_layout import ADMIN_PORT_NAME
 
     if deployment_uid is None:
         deployment_uid = cluster.kube.get("apps/v1", "deployments", namespace,

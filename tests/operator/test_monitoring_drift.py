@@ -24,9 +24,9 @@ import pytest
 from slopilot.operator import handlers
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.handlers import LockTable, repair_drift, retry_drift_repair
+from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, not_reconciled, reconcile
-from slopilot.operator.render import MANAGED
 from slopilot.operator.spec import parse_spec
 from tests.operator.operator_support import (
     NS,

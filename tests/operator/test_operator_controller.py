@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from slopilot.operator.kube_handle import KubeDeploymentHandle
+from slopilot.operator.owned_meta import selector
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
-from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE, selector
+from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from tests.operator.operator_support import (
     NS,
     Cluster,

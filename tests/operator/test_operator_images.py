@@ -17,9 +17,9 @@ import kubernetes.client
 import pytest
 
 from slopilot.operator.crd import crd_manifest
+from slopilot.operator.images import DEFAULT_IMAGES, METER_IMAGE
 from slopilot.operator.policy import PolicyError, policy_problems
 from slopilot.operator.reconcile import reconcile
-from slopilot.operator.render import DEFAULT_IMAGES, METER_IMAGE
 from slopilot.operator.settings import (
     BUILTIN_IMAGE_ENV,
     METER_IMAGE_ENV,

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from slopilot.operator.drift import drift_condition
+from slopilot.operator.engine_deployment import CHECKSUM_ANNOTATION
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, reconcile
-from slopilot.operator.render import CHECKSUM_ANNOTATION
 from slopilot.operator.settings import operator_policy
 from tests.operator.operator_support import (
     NS,

@@ -9,12 +9,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from slopilot.operator.render import (
-    CHECKSUM_ANNOTATION,
-    config_json,
-    render_all,
-    vllm_args,
-)
+from slopilot.operator.engine_deployment import CHECKSUM_ANNOTATION, vllm_args
+from slopilot.operator.render import config_json, render_all
 from slopilot.operator.spec import LLMDeploymentSpec, SpecError, parse_spec
 
 KUBE_VERSION = "1.33.0"

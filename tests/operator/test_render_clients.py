@@ -16,10 +16,10 @@ import pytest
 
 from slopilot.engine.clients import ClientClasses
 from slopilot.operator.crd import crd_manifest
+from slopilot.operator.engine_deployment import CHECKSUM_ANNOTATION
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, reconcile
-from slopilot.operator.render import CHECKSUM_ANNOTATION
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.operator.test_spec_clients import KEY_A, digest, engine, grants, rendered
 from tests.support.kube_server import RunningEmulator

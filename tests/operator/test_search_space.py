@@ -12,8 +12,8 @@ import pytest
 
 from slopilot.engine.config import EngineConfig
 from slopilot.operator.daemon import study_name
+from slopilot.operator.engine_deployment import vllm_args
 from slopilot.operator.knobs import VLLM_APPLIES
-from slopilot.operator.render import vllm_args
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, TUNABLE, IntRange
 from slopilot.tuner.study.live import ResumableTuner

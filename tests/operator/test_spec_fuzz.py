@@ -28,8 +28,8 @@ from slopilot.engine.config import EngineConfig
 from slopilot.engine.slo import SLOSpec
 from slopilot.operator.crd import openapi_schema
 from slopilot.operator.knobs import engine_checksum
+from slopilot.operator.pod_layout import CLIENTS_FILE, CONFIG_FILE, SLO_FILE
 from slopilot.operator.reconcile import desired_objects, object_problems
-from slopilot.operator.render import CLIENTS_FILE, CONFIG_FILE, SLO_FILE
 from slopilot.operator.spec import SpecError, parse_spec
 
 Leaf = tuple[tuple[str, ...], Mapping[str, Any]]

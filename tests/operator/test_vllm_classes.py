@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from slopilot.operator.render import (
-    render_all,
+from slopilot.operator.render import render_all
+from slopilot.operator.service_monitor import (
     vllm_class_metric_relabel_config,
     vllm_class_relabeling,
     vllm_metric_relabelings,

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from slopilot.operator.render import DEFAULT_IMAGES, render_all, vllm_args
+from slopilot.operator.engine_deployment import vllm_args
+from slopilot.operator.images import DEFAULT_IMAGES
+from slopilot.operator.render import render_all
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from tests.support.spaces import sample_configs
 

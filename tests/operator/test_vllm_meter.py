@@ -20,13 +20,10 @@ import kubernetes_validate
 import pytest
 from kubernetes.utils import parse_quantity
 
+from slopilot.operator.engine_deployment import CHECKSUM_ANNOTATION, vllm_args
+from slopilot.operator.images import DEFAULT_IMAGES
 from slopilot.operator.policy import OperatorPolicy, policy_problems
-from slopilot.operator.render import (
-    CHECKSUM_ANNOTATION,
-    DEFAULT_IMAGES,
-    render_all,
-    vllm_args,
-)
+from slopilot.operator.render import render_all
 from slopilot.operator.spec import Backend, parse_spec
 
 UID = "0b0e9a4e-4c1e-4d55-9b5e-1c9a3f6f0d11"

@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 from slopilot.operator.dashboards import render_dashboard
-from slopilot.operator.render import render_all, vllm_metric_relabel_configs
+from slopilot.operator.render import render_all
+from slopilot.operator.service_monitor import vllm_metric_relabel_configs
 from slopilot.operator.spec import parse_spec
 from slopilot.tuner.prometheus.rules import (
     VLLM_LATENCY,

@@ -10,7 +10,7 @@ The meter in each vLLM pod observes what its clients see (``engine/meter/client_
 the rules read it wherever it observed a stream in the window, and vLLM's where it
 observed none (a deployment whose clients ask for bodies, or a pod without a meter).
 
-The operator picks a backend's sources once (``operator.render.latency_sources``), and
+The operator picks a backend's sources once (``operator.service_monitor.latency_sources``), and
 passes them to the rules, the trial windows and the dashboard alike.
 """
 

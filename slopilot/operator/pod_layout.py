@@ -1,0 +1,30 @@
+"""The engine pod's ports and the files it mounts, and what each container runs as.
+
+The containers declare them, and the Service, the NetworkPolicy, the ConfigMap and the
+command lines name the same: a port or a path renamed in one place only is a pod that
+no Service reaches or an engine that reads no config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PORT = 8000
+# The built-in engine's /admin/* endpoints listen here, apart from inference, so that the
+# NetworkPolicy can let only the operator reach them (`slopilot serve --admin-port`).
+ADMIN_PORT = 8081
+ADMIN_PORT_NAME = "admin"
+# vLLM listens here behind its meter, which takes PORT. On every interface, not the
+# loopback alone: the kubelet probes vLLM on the pod's IP. The NetworkPolicy names no rule
+# for it, so other pods reach vLLM only through the meter.
+VLLM_PORT = 8001
+VLLM_PORT_NAME = "vllm"
+CONFIG_DIR = "/etc/slopilot"
+CONFIG_FILE = "engine.json"
+SLO_FILE = "slo.json"
+CLIENTS_FILE = "clients.json"
+
+
+def _security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}

@@ -1,0 +1,91 @@
+"""How Prometheus scrapes an LLMDeployment's pods, and where it reads their latency.
+
+The ServiceMonitor, with the relabelings that make vLLM's series read as the rules
+select them (also as a plain Prometheus job's ``metric_relabel_configs``), and each
+backend's latency sources. It scrapes the pods' ``http`` port, which on a vLLM pod is
+the meter's: vLLM's /metrics followed by the verdicts, so the rules' per-``instance``
+join of the two holds as on the built-in engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from slopilot.operator.owned_meta import _meta, selector
+from slopilot.operator.spec import Backend, LLMDeploymentSpec
+from slopilot.tuner.prometheus.rules import (
+    BUILTIN_LATENCY,
+    VLLM_LATENCY,
+    LatencySources,
+    identity_labels,
+)
+
+
+def latency_sources(backend: Backend) -> LatencySources:
+    """Where the backend's TTFT and TBT are read (the rules, the trial windows and the
+    dashboard alike): vLLM's pods run the meter, whose client-side histograms read what
+    vLLM's own leave out; the built-in engine's own are the client's already."""
+    return VLLM_LATENCY if backend is Backend.VLLM else BUILTIN_LATENCY
+
+
+def vllm_class_relabeling(cls: str) -> dict[str, Any]:
+    """ServiceMonitor form: a series without ``priority_class`` (every vLLM series) gets
+    the class ``cls``, so the per-class rules and panels see vLLM's traffic."""
+    return {"action": "replace", "sourceLabels": ["priority_class"], "regex": "^$",
+            "targetLabel": "priority_class", "replacement": cls}
+
+
+def vllm_class_metric_relabel_config(cls: str) -> dict[str, Any]:
+    """The same rule for a plain Prometheus job's ``metric_relabel_configs``."""
+    return _plain_relabel_config(vllm_class_relabeling(cls))
+
+
+# vLLM serves /metrics through prometheus_client's ASGI app (v0.11.0,
+# vllm/entrypoints/openai/api_server.py, mount_metrics), which answers in the format the
+# scraper asks for. From prometheus_client 0.23 (older than vLLM 0.11.0, which asks only
+# for >= 0.18) an OpenMetrics answer to a scraper that does not offer
+# escaping=allow-utf-8 (every Prometheus 2; a Prometheus 3 on legacy name validation)
+# names each sample with "_" for ":", so Prometheus stores vllm_num_requests_running and
+# every vllm:* selector reads nothing. This puts the colon back; a name already stored as
+# vllm:* does not match, and vLLM 0.11 names none of its own series vllm_*.
+VLLM_NAME_RELABELING: dict[str, Any] = {
+    "action": "replace", "sourceLabels": ["__name__"], "regex": "vllm_(.+)",
+    "targetLabel": "__name__", "replacement": "vllm:${1}"}
+
+
+def vllm_metric_relabelings(cls: str) -> list[dict[str, Any]]:
+    """ServiceMonitor ``metricRelabelings`` of a vLLM deployment: vLLM's names as the
+    rules select them, and every series in the class ``cls``."""
+    return [dict(VLLM_NAME_RELABELING), vllm_class_relabeling(cls)]
+
+
+def _plain_relabel_config(rule: Mapping[str, Any]) -> dict[str, Any]:
+    return {"action": rule["action"], "source_labels": list(rule["sourceLabels"]),
+            "regex": rule["regex"], "target_label": rule["targetLabel"],
+            "replacement": rule["replacement"]}
+
+
+def vllm_metric_relabel_configs(cls: str) -> list[dict[str, Any]]:
+    """The same rules for a plain Prometheus job's ``metric_relabel_configs``."""
+    return [_plain_relabel_config(rule) for rule in vllm_metric_relabelings(cls)]
+
+
+def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    endpoint: dict[str, Any] = {
+        "port": "http", "path": "/metrics", "interval": "15s",
+        # The rules select a deployment's series by namespace and name: two CRs named
+        # chat in two namespaces are two deployments.
+        "relabelings": [{"action": "replace", "targetLabel": label, "replacement": value}
+                        for label, value in identity_labels(name, namespace).items()]}
+    if spec.backend is Backend.VLLM:
+        # The rules select vLLM's names with their colon, and the per-class rules and
+        # panels need a class on every latency series.
+        endpoint["metricRelabelings"] = vllm_metric_relabelings(spec.vllm_class)
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": _meta(body, name),
+            "spec": {"selector": {"matchLabels": selector(name)},
+                     # Said, not assumed: only this namespace's Services of that name.
+                     "namespaceSelector": {"matchNames": [namespace]},
+                     "endpoints": [endpoint]}}
