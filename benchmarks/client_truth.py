@@ -51,7 +51,8 @@ import httpx2
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import REFUSED, histogram_quantile, latency_quantile
+from slopilot.engine.histogram_quantiles import histogram_quantile, latency_quantile
+from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.verdicts import SLO_REQUESTS
 

@@ -9,7 +9,7 @@ with its Prometheus exposition on, and per class reads, in one run:
 
 - ``truth``: the simulator's own per-request count (every token gap, exact);
 - ``product``: the histograms' product, computed from each replica's exposition as the
-  direct scrape and the rules' fallback compute it (``metrics.histogram_share_within``),
+  direct scrape and the rules' fallback compute it (``histogram_quantiles.histogram_share_within``),
   summed over the replicas;
 - ``verdicts``: the engine's exported per-request verdicts
   (``slopilot_slo_generation_tokens_total{met="true"}``), which the rules now read.
@@ -34,11 +34,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import SLO_TOKENS, histogram_share_within
+from slopilot.engine.histogram_quantiles import histogram_share_within
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.verdicts import SLO_TOKENS
 
 CASES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("azure", "azure-conv-2023", {}),

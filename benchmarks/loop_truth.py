@@ -60,7 +60,7 @@ from pathlib import Path
 
 import httpx
 
-from slopilot.engine.metrics import latency_quantile
+from slopilot.engine.histogram_quantiles import latency_quantile
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.slo import ClassSLO, SLOSpec
@@ -158,7 +158,7 @@ class Figures:
     ttft_p99_ms: float
     ttft_p99_bucketed: float
     """The client's: its samples read through the engine's buckets, as Prometheus reads
-    a histogram (``metrics.latency_quantile``); the loop's: its P99 again."""
+    a histogram (``histogram_quantiles.latency_quantile``); the loop's: its P99 again."""
     tbt_p99_ms: float
     tbt_p99_bucketed: float
     finished: float

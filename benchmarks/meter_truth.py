@@ -62,12 +62,12 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
-from slopilot.engine.metrics import (
+from slopilot.engine.histogram_quantiles import (
     histogram_quantile,
     histogram_share_within,
     latency_quantile,
 )
+from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.latency_sources import TBT, TTFT, VLLM_LATENCY_BUCKETS

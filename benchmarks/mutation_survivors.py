@@ -102,8 +102,8 @@ MUTATIONS = (
       "self.counts[bisect_left(self.edges, value)] += 1",
       # bisect_right: a value on an edge counted in the bucket above it.
       "self.counts[bisect_left(self.edges, value) + (value in self.edges)] += 1", METRICS),
-    M("quantile_rank", "slopilot/engine/metrics.py", "i = bisect.bisect_left(counts, rank)",
-      "i = bisect.bisect_right(counts, rank)", METRICS),
+    M("quantile_rank", "slopilot/engine/histogram_quantiles.py",
+      "i = bisect.bisect_left(counts, rank)", "i = bisect.bisect_right(counts, rank)", METRICS),
     M("classes_swapped", "slopilot/engine/metrics.py", "rec = recorders[p]",
       "rec = recorders[len(Priority) - 1 - p]", METRICS),
     M("verdict_label", "slopilot/engine/verdicts.py", '"true" if met else "false"]',

@@ -7,7 +7,7 @@ each scenario (``--seconds`` of its workload, its default knobs), feeds every cl
 first-token times and token gaps (a request turned away for load: a first token never
 given, the +Inf bucket) through the engine's real ``EngineMetrics`` as its server does,
 reads the P50, P90 and P99 back from the exposition as Prometheus does
-(``metrics.histogram_quantile``: the same interpolation, checked against promtool by
+(``histogram_quantiles.histogram_quantile``: the same interpolation, checked against promtool by
 ``tests/tuner/test_rule_quantiles.py``), and compares each with the exact quantile of the
 same latencies (linear between closest ranks, as ``vllm bench serve`` and numpy read
 them). The SLO verdict (at least 99 % within the class's target, which the alerts read
@@ -36,8 +36,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from slopilot.engine.histogram_quantiles import histogram_quantile
 from slopilot.engine.metric_window import HistogramRecorder
-from slopilot.engine.metrics import EngineMetrics, histogram_quantile
+from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import simulate

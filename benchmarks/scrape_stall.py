@@ -53,7 +53,8 @@ import httpx
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import EngineMetrics, histogram_quantile
+from slopilot.engine.histogram_quantiles import histogram_quantile
+from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,27 +4,25 @@ The engine loop (and the simulator, millions of times) feeds ``EngineMetrics`` t
 few ``on_*`` calls that only touch plain lists and numbers; the prometheus_client
 objects are built on scrape by ``collect``. ``render`` serves the classic text format:
 the OpenMetrics encoder would turn the ``:`` in ``vllm:...`` into ``_``.
+
+The names of every series exported are in ``metric_names.py``; the histograms read as
+Prometheus reads them, in ``histogram_quantiles.py``.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slopilot import __version__
 from slopilot.engine.config import EngineConfig
-from slopilot.engine.iteration_metrics import (
-    ITERATION_HISTOGRAMS,
-    ITERATION_SERIES,
-    IterationMetrics,
-)
+from slopilot.engine.iteration_metrics import IterationMetrics
 from slopilot.engine.latency_buckets import LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from slopilot.engine.metric_names import REFUSED, RETRIES, SEND_TIMEOUTS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.metrics_text import (
     HistogramText,
@@ -37,111 +35,12 @@ from slopilot.engine.metrics_text import (
 from slopilot.engine.request import FinishReason, Priority
 from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.slo import ClassSLO, SLOSpec
-from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
+from slopilot.engine.verdicts import Verdicts
 
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 CLASS_LABELS: tuple[str, ...] = tuple(p.label for p in Priority)
-
-# Every series this module exports, by the name Prometheus stores (histograms by base name).
-VLLM_METRICS: frozenset[str] = frozenset({
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-    "vllm:num_preemptions_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-    "vllm:request_success_total", "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total",
-    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
-    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    "vllm:request_inference_time_seconds", "vllm:request_max_num_generation_tokens",
-})
-# Requests turned away for load (429: the waiting queue held max_waiting): their clients
-# were never served. The TTFT percentiles read each as a first token never given.
-REFUSED = "slopilot_requests_refused_total"
-# Retries (the client numbers its tries) by what became of them (``outcome``: refused,
-# or admitted): one call turned away is counted once in REFUSED however often its
-# client retries, and the size of a retry storm shows here.
-RETRIES = "slopilot_request_retries_total"
-# Connections dropped by the send deadline (``slopilot serve --send-timeout``): their
-# client took no byte of its answer for that long. Each one's requests are counted in
-# vllm:request_success_total as aborted too. vLLM has no such deadline, nor a series.
-SEND_TIMEOUTS = "slopilot_send_timeouts_total"
-SLOPILOT_METRICS: frozenset[str] = frozenset({
-    "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
-    "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
-    "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS, REFUSED, RETRIES, SEND_TIMEOUTS,
-}) | ITERATION_SERIES
-HISTOGRAMS: frozenset[str] = frozenset({
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-    "vllm:iteration_tokens_total", "vllm:request_prompt_tokens",
-    "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
-    "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
-    "vllm:request_max_num_generation_tokens",
-}) | ITERATION_HISTOGRAMS
-# The serving process's own series, beside its engine's (engine/server/gc_pauses.py).
-GC_PAUSE_SECONDS = "slopilot_gc_pause_seconds"
-SERVER_HISTOGRAMS: frozenset[str] = frozenset({GC_PAUSE_SECONDS})
-# With client grants (``slopilot serve --clients``; engine/server/client_counts.py): the
-# requests each client's grant let in, by the class served, and those refused, by reason.
-CLIENT_REQUESTS = "slopilot_client_requests_total"
-CLIENT_REFUSALS = "slopilot_client_refusals_total"
-SERVER_COUNTERS: frozenset[str] = frozenset({CLIENT_REQUESTS, CLIENT_REFUSALS})
-
-
-def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
-    """Prometheus' ``histogram_quantile`` over cumulative ``{le: count}``: NaN when empty."""
-    edges = sorted(buckets)
-    if not edges or buckets[edges[-1]] <= 0:
-        return math.nan
-    rank = q * buckets[edges[-1]]
-    counts = [buckets[e] for e in edges]
-    i = bisect.bisect_left(counts, rank)
-    if i >= len(edges) - 1 and math.isinf(edges[-1]):
-        return edges[-2] if len(edges) > 1 else math.nan
-    lo_edge, lo_count = (0.0, 0.0) if i == 0 else (edges[i - 1], counts[i - 1])
-    width = counts[i] - lo_count
-    return lo_edge + (edges[i] - lo_edge) * ((rank - lo_count) / width if width else 1.0)
-
-
-def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> float:
-    """The share of observations at or under ``threshold`` from cumulative
-    ``{le: count}`` (with ``+Inf``), read as ``histogram_quantile`` reads a bucket, uniform
-    inside it; the recording rules compute the same (``rules.fraction_within``). NaN when
-    empty."""
-    total = buckets.get(math.inf, 0.0)
-    if total <= 0:
-        return math.nan
-    edges = sorted(e for e in buckets if not math.isinf(e))
-    lower = [e for e in edges if e <= threshold + 1e-12]
-    upper = [e for e in edges if e > threshold + 1e-12]
-    if lower and (abs(lower[-1] - threshold) <= 1e-12 or not upper):
-        return buckets[lower[-1]] / total
-    hi = upper[0]
-    if not lower:
-        return buckets[hi] * (threshold / hi) / total
-    lo = lower[-1]
-    return (buckets[lo] + (buckets[hi] - buckets[lo]) * (threshold - lo) / (hi - lo)) / total
-
-
-def latency_quantile(q: float, seconds: Sequence[float], never: int = 0) -> float:
-    """``q`` of these TTFTs or token gaps as Prometheus reads it from the engine's
-    histogram (``TOKEN_LATENCY_BUCKETS``, then ``histogram_quantile``), with ``never``
-    more in +Inf (the first tokens of requests turned away for load): NaN without
-    samples."""
-    ordered = sorted(seconds)
-    cumulative = {e: float(bisect.bisect_right(ordered, e)) for e in TOKEN_LATENCY_BUCKETS}
-    return histogram_quantile(q, {**cumulative, math.inf: float(len(ordered) + never)})
-
-
-def exported_series() -> frozenset[str]:
-    """Every series name a query may use, histograms expanded to _bucket/_sum/_count."""
-    names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS | SERVER_COUNTERS)
-    for h in HISTOGRAMS | SERVER_HISTOGRAMS:
-        names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
-    return frozenset(names)
 
 
 def _label_value(value: object) -> str:

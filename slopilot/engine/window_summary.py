@@ -151,7 +151,7 @@ class Window:
     bucketed: bool = False
     """Its P99s were read from the latency histograms (``histogram_quantile`` over the
     engine's buckets), not from every sample: a prediction compared with them is read
-    the same way (``metrics.latency_quantile``)."""
+    the same way (``histogram_quantiles.latency_quantile``)."""
 
     def __post_init__(self) -> None:
         _check("Window", _numbers(self))

@@ -33,9 +33,10 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from slopilot.engine.latency_buckets import DENSE_FROM_S, DENSE_TO_S, QUANTILE_STEP
-from slopilot.engine.metrics import REFUSED, RETRIES, SEND_TIMEOUTS, SLO_REQUESTS
+from slopilot.engine.metric_names import REFUSED, RETRIES, SEND_TIMEOUTS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.verdicts import SLO_REQUESTS
 from slopilot.tuner.prometheus.latency_sources import LatencySource
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,

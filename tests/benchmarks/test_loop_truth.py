@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slopilot.engine.metrics import latency_quantile
+from slopilot.engine.histogram_quantiles import latency_quantile
 from slopilot.engine.slo import ClassSLO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -91,7 +91,7 @@ def test_a_client_turned_away_is_a_first_token_never_given_and_a_miss() -> None:
     P99 as a first token never given (infinite; its bucketed form the last finite edge,
     as the loop's rules read it), and in both attainments as a miss, at the tokens it
     asked for."""
-    from slopilot.engine.metrics import LATENCY_BUCKETS
+    from slopilot.engine.latency_buckets import LATENCY_BUCKETS
 
     served = [lt.Record("p0", SLO, float(i), [i + 0.05, i + 0.06], [1, 1], True, asked=2)
               for i in range(9)]

@@ -10,17 +10,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.config import EngineConfig, PreemptionMode
-from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
+from slopilot.engine.histogram_quantiles import histogram_quantile, latency_quantile
+from slopilot.engine.latency_buckets import LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from slopilot.engine.metric_names import HISTOGRAMS, SLOPILOT_METRICS, VLLM_METRICS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
-from slopilot.engine.metrics import (
-    HISTOGRAMS,
-    LATENCY_BUCKETS,
-    SLOPILOT_METRICS,
-    VLLM_METRICS,
-    EngineMetrics,
-    histogram_quantile,
-    latency_quantile,
-)
+from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
 
 
@@ -244,7 +238,7 @@ def test_the_share_within_an_slo_is_read_as_the_recording_rules_read_it(
         threshold: float, share: float) -> None:
     # The demo's direct scrape and the Prometheus rules must give one goodput: the same
     # vLLM-shaped histogram as tests/tuner/test_rules.py's promtool test (0.8 at 20 ms).
-    from slopilot.engine.metrics import histogram_share_within
+    from slopilot.engine.histogram_quantiles import histogram_share_within
 
     buckets = {0.01: 60.0, 0.025: 90.0, 0.05: 100.0, math.inf: 100.0}
     assert histogram_share_within(threshold, buckets) == pytest.approx(share)

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, WallClock
-from slopilot.engine.metrics import EngineMetrics, exported_series
+from slopilot.engine.metric_names import exported_series
+from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from tests.engine.helpers import make_request
 from tests.engine.test_iteration_metrics import Clock, TickingExecutor

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from slopilot.engine.meter.client_latency import CLIENT_SERIES
-from slopilot.engine.metrics import exported_series
+from slopilot.engine.metric_names import exported_series
 from slopilot.engine.slo import SLOSpec
 from slopilot.operator.dashboards import (
     EXTERNAL_METRICS,
@@ -219,7 +219,7 @@ def test_the_replicas_panel_counts_the_engine_pods_scraped_on_either_backend(
 def test_requests_cut_at_the_send_deadline_are_on_the_finished_panel() -> None:
     """A stalled client's request ends unserved (aborted at ``--send-timeout``): where the
     operator looks for requests that ended, not only in the exporter."""
-    from slopilot.engine.metrics import SEND_TIMEOUTS
+    from slopilot.engine.metric_names import SEND_TIMEOUTS
 
     panel = next(p for p in _panels(build_dashboard(example_spec()))
                  if p.get("title") == "Finished requests per second")

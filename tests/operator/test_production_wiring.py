@@ -212,7 +212,7 @@ def test_a_vllm_deployments_windows_read_goodput_on_vllms_bucket_edges(
     but the windows (the trials' objective, status.sloAttainment) rendered the rules on
     the built-in engine's edges and selected le="0.02", which vLLM never exports: P0's
     goodput read nothing, and the deployment's attainment 0, however well it served."""
-    from slopilot.engine.metrics import SLO_TOKENS
+    from slopilot.engine.verdicts import SLO_TOKENS
 
     # Only the goodput rule reads something.
     asked = window_queries(tmp_path, "vllm", lambda expr: SLO_TOKENS in expr)

@@ -129,7 +129,7 @@ def test_the_goodput_rule_reads_the_replicas_own_per_request_verdicts(
     machine requests miss the SLO, and ``rate()`` extrapolates the met="false" series
     apart from the others (a counter near zero is extrapolated less), so the rule then
     differs from the met tokens' rate alone (25.0 against 23.8 tokens/s, once)."""
-    from slopilot.engine.metrics import SLO_TOKENS
+    from slopilot.engine.verdicts import SLO_TOKENS
     from slopilot.tuner.prometheus.rules import render_rule_groups
 
     rules = {r["labels"]["priority_class"]: r["expr"] for r in render_rule_groups(

@@ -88,7 +88,7 @@ def test_a_window_is_read_at_its_end_over_its_length() -> None:
 
 
 def test_a_window_reads_the_requests_each_class_turned_away() -> None:
-    from slopilot.engine.metrics import REFUSED
+    from slopilot.engine.metric_names import REFUSED
 
     q = Recorded({f"sum by (priority_class) (increase({REFUSED}": {"p1": 30.0}, **answers()})
     s = windows(q).measure(90.0, 100.0, canary=False)
@@ -310,7 +310,7 @@ def _judged_page(tokens: int, good: int, label: str, judged: int | None = None) 
     """P1's tokens, every gap and first token fast, and the engine's verdicts: ``good``
     of the ``judged`` tokens (all ``tokens`` by default) from requests that met their
     SLO as judged under ``label``."""
-    from slopilot.engine.metrics import SLO_TOKENS
+    from slopilot.engine.verdicts import SLO_TOKENS
 
     judged = tokens if judged is None else judged
     return "".join([
@@ -429,7 +429,7 @@ def test_direct_scrape_reads_a_request_turned_away_as_a_first_token_never_given(
         refused: int, p99_ms: float) -> None:
     """As the rules read them (``rules.bucket_rates``): each request the engine turned
     away for load (429) is in the +Inf bucket of its class's TTFT, and of every class's."""
-    from slopilot.engine.metrics import REFUSED
+    from slopilot.engine.metric_names import REFUSED
 
     page = "".join([
         'vllm:e2e_request_latency_seconds_count{priority_class="p1"} 100\n',
@@ -455,7 +455,7 @@ def test_the_arrival_rate_counts_the_requests_turned_away(
     cluster counts every arrival (``SimCluster.summary``). Left out, 2 served and 8
     turned away a second read as 2 arrivals against a config before it serving all 10:
     a load shift, and the window was thrown away instead of judged."""
-    from slopilot.engine.metrics import REFUSED
+    from slopilot.engine.metric_names import REFUSED
 
     expr = windows(Recorded({}))._exprs({"d": "x"}, 60)["request_rate"][None]
     labels = 'd="x",priority_class="p1"'

@@ -28,7 +28,8 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.meter.client_latency import ClientLatency
-from slopilot.engine.metrics import REFUSED, EngineMetrics
+from slopilot.engine.metric_names import REFUSED
+from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.prometheus.latency_sources import LatencySource

@@ -379,7 +379,7 @@ def test_goodput_counts_the_engines_per_request_verdicts_where_it_exports_them(
     over 1 % of their own), while 99 % of all gaps and every first token were fast: the
     histograms' product read 99 % good. The engine judges each request as the simulator
     does; its verdicts are the goodput where it exports them under this SLO."""
-    from slopilot.engine.metrics import SLO_TOKENS
+    from slopilot.engine.verdicts import SLO_TOKENS
 
     spec = SLOSpec.from_profile("standard")
     rules = tmp_path / "rules.yaml"
@@ -407,7 +407,7 @@ def test_goodput_counts_each_replica_by_its_verdicts_or_else_its_histograms(
     operator's sync): the verdicts counted the first replica alone, and the second's
     tokens vanished from goodput. Each replica counts by its verdicts where it exports
     them, else by its own histograms' product."""
-    from slopilot.engine.metrics import SLO_TOKENS
+    from slopilot.engine.verdicts import SLO_TOKENS
 
     spec = SLOSpec.from_profile("standard")
     (tmp_path / "rules.yaml").write_text(render_rules_yaml(spec, "d", namespace="n"))
@@ -459,7 +459,7 @@ def test_goodput_of_a_replica_told_its_slo_inside_the_window_is_its_share_of_the
     of them to requests within their SLO; goodput and sloAttainment read a quarter of
     the truth for a whole window after every edit of the SLO. What it judged is its
     share of good tokens; its tokens are all the window's."""
-    from slopilot.engine.metrics import SLO_TOKENS
+    from slopilot.engine.verdicts import SLO_TOKENS
 
     spec = SLOSpec.from_profile("standard")
     (tmp_path / "rules.yaml").write_text(render_rules_yaml(spec, "d", namespace="n"))
@@ -496,7 +496,7 @@ def test_a_request_turned_away_for_load_is_a_first_token_never_given(
     first token never given, so the TTFT percentiles the alerts, the trials and status
     read count it in the +Inf bucket; left out, they read the served requests alone, and
     a deployment turning away 5 % of its clients held its SLO (no alert fired)."""
-    from slopilot.engine.metrics import REFUSED
+    from slopilot.engine.metric_names import REFUSED
     from slopilot.engine.sim.stats import REFUSED_TTFT_S
 
     assert expected_s != 300.0 or REFUSED_TTFT_S == 300.0
@@ -521,7 +521,7 @@ def test_every_classs_ttft_p99_counts_those_turned_away_too(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
     """The windows' P99 of every class together (status.ttftP99Ms) reads the buckets
     summed by ``le`` alone: the refused counter joins them there as well."""
-    from slopilot.engine.metrics import REFUSED
+    from slopilot.engine.metric_names import REFUSED
     from slopilot.tuner.prometheus.rules import TTFT, bucket_rates
 
     (tmp_path / "rules.yaml").write_text(render_rules_yaml(SLOSpec.from_profile("standard"),

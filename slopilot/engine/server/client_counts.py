@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from slopilot.engine.clients import ANONYMOUS, ClientClasses, Grant, Refusal
-from slopilot.engine.metrics import CLIENT_REFUSALS, CLIENT_REQUESTS
+from slopilot.engine.metric_names import CLIENT_REFUSALS, CLIENT_REQUESTS
 from slopilot.engine.request import Priority
 
 

@@ -19,8 +19,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from slopilot.engine.metric_names import GC_PAUSE_SECONDS
 from slopilot.engine.metric_window import HistogramRecorder
-from slopilot.engine.metrics import GC_PAUSE_SECONDS
 from slopilot.engine.metrics_text import HistogramText
 
 # From a young collection's fraction of a millisecond to the oldest generation's walk

@@ -23,16 +23,13 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import (
-    REFUSED,
-    SLO_TOKENS,
-    histogram_quantile,
-    histogram_share_within,
-)
+from slopilot.engine.histogram_quantiles import histogram_quantile, histogram_share_within
+from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.query import window_summary

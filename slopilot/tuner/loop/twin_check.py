@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.engine.calibrate.datasheet import datasheet_profile
-from slopilot.engine.metrics import latency_quantile
+from slopilot.engine.histogram_quantiles import latency_quantile
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample, describe_factors, factors, twin_error
 from slopilot.engine.sim.correction import corrected as corrected_profile

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slopilot.engine.metrics import REFUSED
+from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slopilot.engine.metrics import REFUSED
+from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.spec_reader import ScenarioError
@@ -145,7 +145,7 @@ class WorkloadProfile:
                                f"series give: {CHECK_METRICS}")
         # Turned away for load (429): offered, if not let in. Planned for without them, a
         # saturated deployment's load was its own throughput, and no plan grew it. A
-        # retry turned away is not counted again (metrics.RETRIES); one let in counts
+        # retry turned away is not counted again (metric_names.RETRIES); one let in counts
         # as served: a call turned away once and then served is planned for twice.
         refused = {s["metric"].get("priority_class", ""): _count(
             f"{REFUSED}{{priority_class={s['metric'].get('priority_class', '')}}}",

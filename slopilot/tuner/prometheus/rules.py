@@ -23,8 +23,9 @@ from typing import Any
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.metrics import REFUSED, SLO_TOKENS
+from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.alert_table import (
     ALL_CLASSES,
     AlertRule,

@@ -273,7 +273,7 @@ def test_a_removed_client_leaves_no_series_behind() -> None:
 
 
 def test_the_client_series_are_exported_series() -> None:
-    from slopilot.engine.metrics import exported_series
+    from slopilot.engine.metric_names import exported_series
 
     assert {"slopilot_client_requests_total",
             "slopilot_client_refusals_total"} <= exported_series()

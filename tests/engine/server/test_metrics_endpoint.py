@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.metrics import VLLM_METRICS
+from slopilot.engine.metric_names import VLLM_METRICS
 from tests.support.live_server import start_server
 from tests.support.waits import HANG_GUARD_S
 

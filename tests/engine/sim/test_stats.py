@@ -112,10 +112,11 @@ def test_the_exported_verdicts_are_the_summarys_goodput_request_by_request(
     out while the exported verdicts counted it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from slopilot.engine.metrics import REFUSED, SLO_REQUESTS, SLO_TOKENS
+    from slopilot.engine.metric_names import REFUSED
     from slopilot.engine.request import Priority
     from slopilot.engine.sim.scenario import load_scenario
     from slopilot.engine.sim.simulator import simulate
+    from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
 
     scenario = load_scenario("mixed-priority")
     run = simulate(scenario, {"token_budget": 4096, "chunk_size": 4096, **knobs},

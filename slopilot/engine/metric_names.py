@@ -1,0 +1,65 @@
+"""Every series the engine and its server export, by the name Prometheus stores.
+
+Named like vLLM's wherever vLLM has the series, so one set of rules serves both; the
+rest are ``slopilot_*``. The rules, the dashboards and the tuner's queries name series
+from here, and the tests hold each name a query uses against ``exported_series``.
+"""
+
+from __future__ import annotations
+
+from slopilot.engine.iteration_metrics import ITERATION_HISTOGRAMS, ITERATION_SERIES
+from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
+
+# Every series this module exports, by the name Prometheus stores (histograms by base name).
+VLLM_METRICS: frozenset[str] = frozenset({
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+    "vllm:num_preemptions_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:request_success_total", "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total",
+    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds", "vllm:request_max_num_generation_tokens",
+})
+# Requests turned away for load (429: the waiting queue held max_waiting): their clients
+# were never served. The TTFT percentiles read each as a first token never given.
+REFUSED = "slopilot_requests_refused_total"
+# Retries (the client numbers its tries) by what became of them (``outcome``: refused,
+# or admitted): one call turned away is counted once in REFUSED however often its
+# client retries, and the size of a retry storm shows here.
+RETRIES = "slopilot_request_retries_total"
+# Connections dropped by the send deadline (``slopilot serve --send-timeout``): their
+# client took no byte of its answer for that long. Each one's requests are counted in
+# vllm:request_success_total as aborted too. vLLM has no such deadline, nor a series.
+SEND_TIMEOUTS = "slopilot_send_timeouts_total"
+SLOPILOT_METRICS: frozenset[str] = frozenset({
+    "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
+    "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
+    "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
+    SLO_REQUESTS, SLO_TOKENS, REFUSED, RETRIES, SEND_TIMEOUTS,
+}) | ITERATION_SERIES
+HISTOGRAMS: frozenset[str] = frozenset({
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+    "vllm:iteration_tokens_total", "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens", "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+    "vllm:request_max_num_generation_tokens",
+}) | ITERATION_HISTOGRAMS
+# The serving process's own series, beside its engine's (engine/server/gc_pauses.py).
+GC_PAUSE_SECONDS = "slopilot_gc_pause_seconds"
+SERVER_HISTOGRAMS: frozenset[str] = frozenset({GC_PAUSE_SECONDS})
+# With client grants (``slopilot serve --clients``; engine/server/client_counts.py): the
+# requests each client's grant let in, by the class served, and those refused, by reason.
+CLIENT_REQUESTS = "slopilot_client_requests_total"
+CLIENT_REFUSALS = "slopilot_client_refusals_total"
+SERVER_COUNTERS: frozenset[str] = frozenset({CLIENT_REQUESTS, CLIENT_REFUSALS})
+
+
+def exported_series() -> frozenset[str]:
+    """Every series name a query may use, histograms expanded to _bucket/_sum/_count."""
+    names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS | SERVER_COUNTERS)
+    for h in HISTOGRAMS | SERVER_HISTOGRAMS:
+        names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
+    return frozenset(names)
