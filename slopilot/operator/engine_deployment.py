@@ -20,9 +20,9 @@ from slopilot.engine.slo import SLO_FILE_ENV
 from slopilot.operator.connections_spec import connection_flags
 from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import VLLM_LACKS
-from slopilot.operator.meter_container import _guaranteed, _meter_container, meter_command
+from slopilot.operator.meter_container import guaranteed_qos, meter_command, meter_container
 from slopilot.operator.model_source import pod_volume, token_env, volume_mount
-from slopilot.operator.owned_meta import _meta, labels, selector
+from slopilot.operator.owned_meta import labels, object_meta, selector
 from slopilot.operator.pod_layout import (
     ADMIN_PORT,
     ADMIN_PORT_NAME,
@@ -33,7 +33,7 @@ from slopilot.operator.pod_layout import (
     SLO_FILE,
     VLLM_PORT,
     VLLM_PORT_NAME,
-    _security_context,
+    container_security_context,
 )
 from slopilot.operator.quantity import stored_form
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
@@ -156,7 +156,7 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None,
         "command": command, "ports": ports, "env": env, "volumeMounts": mounts,
         "startupProbe": _probe(10, 60, probe_port),  # model loading may take minutes
         "readinessProbe": _probe(5, 3, probe_port), "livenessProbe": _probe(10, 3, probe_port),
-        "securityContext": _security_context(),
+        "securityContext": container_security_context(),
     }
     if args:
         container["args"] = args
@@ -194,8 +194,8 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
     engine = _container(spec, admin_token_sha256, images.engine(spec.backend))
     containers = [engine]
     if spec.backend is Backend.VLLM:
-        containers.append(_meter_container(spec, images.meter,
-                                           _guaranteed(engine.get("resources") or {})))
+        containers.append(meter_container(spec, images.meter,
+                                          guaranteed_qos(engine.get("resources") or {})))
     template = {
         "metadata": {"labels": labels(name), "annotations": {CHECKSUM_ANNOTATION: checksum}},
         "spec": {
@@ -207,7 +207,7 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
             "volumes": volumes,
         },
     }
-    meta = _meta(body, name)
+    meta = object_meta(body, name)
     meta["annotations"] = {TEMPLATE_ANNOTATION: _checksum(template)}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,

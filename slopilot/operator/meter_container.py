@@ -22,7 +22,7 @@ from slopilot.operator.pod_layout import (
     PORT,
     SLO_FILE,
     VLLM_PORT,
-    _security_context,
+    container_security_context,
 )
 from slopilot.operator.spec import LLMDeploymentSpec
 
@@ -64,7 +64,7 @@ def _meter_probe(period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures, "timeoutSeconds": 5}
 
 
-def _guaranteed(resources: Mapping[str, Any]) -> bool:
+def guaranteed_qos(resources: Mapping[str, Any]) -> bool:
     """Whether a container's resources meet the Guaranteed QoS class's rule: CPU and
     memory limits, each request equal to its limit (an absent request defaults to it)."""
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
@@ -80,8 +80,8 @@ def _meter_resources(guaranteed_pod: bool) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def _meter_container(spec: LLMDeploymentSpec, image: str,
-                     guaranteed_pod: bool) -> dict[str, Any]:
+def meter_container(spec: LLMDeploymentSpec, image: str,
+                    guaranteed_pod: bool) -> dict[str, Any]:
     return {
         "name": "meter", "image": image, "command": meter_command(spec),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
@@ -93,5 +93,5 @@ def _meter_container(spec: LLMDeploymentSpec, image: str,
                          {"name": "engine-config", "mountPath": CONFIG_DIR, "readOnly": True}],
         "readinessProbe": _meter_probe(5, 3), "livenessProbe": _meter_probe(10, 3),
         "resources": _meter_resources(guaranteed_pod),
-        "securityContext": _security_context(),
+        "securityContext": container_security_context(),
     }

@@ -37,7 +37,7 @@ def selector(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/instance": name, "slopilot.dev/llmdeployment": name}
 
 
-def _meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
+def object_meta(body: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {"name": name, "namespace": body["metadata"]["namespace"],
             "labels": labels(body["metadata"]["name"]),
             "ownerReferences": [owner_reference(body)]}

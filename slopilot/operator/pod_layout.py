@@ -25,6 +25,6 @@ SLO_FILE = "slo.json"
 CLIENTS_FILE = "clients.json"
 
 
-def _security_context() -> dict[str, Any]:
+def container_security_context() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}

@@ -18,7 +18,7 @@ from typing import Any
 from slopilot.engine.config import EngineConfig
 from slopilot.operator.engine_deployment import render_deployment, vllm_args
 from slopilot.operator.images import SHIPPED_IMAGES, Images
-from slopilot.operator.owned_meta import _meta, selector
+from slopilot.operator.owned_meta import object_meta, selector
 from slopilot.operator.pod_layout import (
     ADMIN_PORT_NAME,
     CLIENTS_FILE,
@@ -66,12 +66,12 @@ def render_config_map(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[
     if spec.clients is not None:
         data[CLIENTS_FILE] = json.dumps(spec.clients.to_dict(), sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": _meta(body, f"{body['metadata']['name']}-engine"), "data": data}
+            "metadata": object_meta(body, f"{body['metadata']['name']}-engine"), "data": data}
 
 
 def render_service(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     name = body["metadata"]["name"]
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(body, name),
+    return {"apiVersion": "v1", "kind": "Service", "metadata": object_meta(body, name),
             "spec": {"type": "ClusterIP", "selector": selector(name), "ports": [
                 {"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]}}
 
@@ -92,7 +92,7 @@ def render_network_policy(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                       "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
             "ports": [{"port": ADMIN_PORT_NAME, "protocol": "TCP"}]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _meta(body, name),
+            "metadata": object_meta(body, name),
             "spec": {"podSelector": {"matchLabels": selector(name)},
                      "policyTypes": ["Ingress"], "ingress": ingress}}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slopilot.operator.owned_meta import _meta, selector
+from slopilot.operator.owned_meta import object_meta, selector
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
@@ -84,7 +84,7 @@ def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> 
         # panels need a class on every latency series.
         endpoint["metricRelabelings"] = vllm_metric_relabelings(spec.vllm_class)
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-            "metadata": _meta(body, name),
+            "metadata": object_meta(body, name),
             "spec": {"selector": {"matchLabels": selector(name)},
                      # Said, not assumed: only this namespace's Services of that name.
                      "namespaceSelector": {"matchNames": [namespace]},
