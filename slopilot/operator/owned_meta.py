@@ -12,8 +12,7 @@ from typing import Any, cast
 
 import kopf
 
-API_VERSION = "slopilot.dev/v1alpha1"
-KIND = "LLMDeployment"
+from slopilot.operator.crd import API_VERSION, KIND
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
