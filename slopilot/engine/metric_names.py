@@ -10,7 +10,7 @@ from __future__ import annotations
 from slopilot.engine.iteration_metrics import ITERATION_HISTOGRAMS, ITERATION_SERIES
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
 
-# Every series this module exports, by the name Prometheus stores (histograms by base name).
+# Every series EngineMetrics exports, by the name Prometheus stores (histograms by base name).
 VLLM_METRICS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
