@@ -280,6 +280,15 @@ LEGACY_STUDY_STORAGE = "sqlite:///var/lib/slopilot/study.db"
 to the working directory (the image's is /tmp), read as the default with a warning."""
 
 
+def written_storage(value: Any) -> str | None:
+    """The storage a CR's ``spec.tuning.storage`` names, as the parse reads it: None where
+    it writes none (the namespace's default storage), the old CRD's relative default as
+    the mounted file it meant."""
+    if not isinstance(value, str):
+        return None
+    return DEFAULT_STUDY_STORAGE if value == LEGACY_STUDY_STORAGE else value
+
+
 MIN_WINDOW_S, MAX_WINDOW_S = 1.0, 86_400.0
 """A trial's window: a zero one divides by zero, one of years never ends a trial."""
 
@@ -352,7 +361,7 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
         r.problems.append(problem)
         return None
     if storage == LEGACY_STUDY_STORAGE:
-        storage = DEFAULT_STUDY_STORAGE
+        storage = written_storage(storage)
         if warnings is not None:
             warnings.append(
                 f"spec.tuning.storage={LEGACY_STUDY_STORAGE!r} (the old CRD's default) is a "

@@ -49,7 +49,7 @@ from typing import Any
 from kopf._cogs.structs.references import NamespaceName, match_namespace
 
 from slopilot.operator.crd import API_VERSION, PLURAL
-from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE, LEGACY_STUDY_STORAGE
+from slopilot.operator.knobs import written_storage
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.study_cleanup import recorded_storages
@@ -285,11 +285,8 @@ def _live(kube: Kube, policy: OperatorPolicy, namespace: str) -> Live | None:
     uids, storages = set(), set()
     for item in items:
         uids.add(str((item.get("metadata") or {}).get("uid")))
-        written = ((item.get("spec") or {}).get("tuning") or {}).get("storage")
-        if not isinstance(written, str):
-            written = None  # the namespace's default, as the spec's parse reads it
-        elif written == LEGACY_STUDY_STORAGE:
-            written = DEFAULT_STUDY_STORAGE  # as the spec's parse reads it
+        written = written_storage(
+            ((item.get("spec") or {}).get("tuning") or {}).get("storage"))
         storages.update([policy.named_storage(written, namespace),
                          *recorded_storages(item.get("status"))])
     return Live(frozenset(uids), frozenset(storages))
