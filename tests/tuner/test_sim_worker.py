@@ -106,6 +106,27 @@ def test_a_dead_worker_fails_its_call_and_the_next_call_gets_a_new_one() -> None
         assert w.call(os.getpid) != os.getpid()
 
 
+def _reaped(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_worker_killed_while_idle_is_replaced_at_the_next_call() -> None:
+    # The kernel's OOM killer picks the largest process of a pod under memory pressure, an
+    # idle simulator worker too; the pool then breaks between calls, and every later
+    # call of every deployment failed at submit, the broken pool never replaced.
+    with SimWorker() as w:
+        pid = w.call(os.getpid)
+        os.kill(pid, signal.SIGKILL)
+        # Reaped by the pool's manager thread, which marks the pool broken first.
+        wait_for(lambda: _reaped(pid), f"worker {pid} reaped by its pool")
+        fresh = w.call(os.getpid)  # nothing ran on the dead one: a new process runs it
+        assert fresh != pid and fresh != os.getpid()
+
+
 def _forever() -> None:
     import time
     while True:

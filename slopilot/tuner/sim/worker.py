@@ -10,8 +10,9 @@ reads as a load shift and voids the trial windows that follow. Here the caller b
 Workers are spawned, not forked: the host has threads (kopf, uvicorn, the load
 generator) and a forked child can inherit a lock held by one of them. They start in the
 background at construction, so their imports are paid before the first alert; a worker
-that dies is replaced at the next call and the call's error reaches the controller,
-which rolls back as for any error.
+that dies during a call is replaced at the next call and the call's error reaches the
+controller, which rolls back as for any error; one that died while idle is replaced
+before the call runs.
 
 Shared by every deployment an operator runs, so bounded and kept apart:
 
@@ -101,7 +102,13 @@ class _Process:
              ) -> T:
         # Called by the one caller holding this worker: its process is idle (or warming
         # up), so the call runs at once and the limit is the call's own.
-        future = self._start().submit(fn, *args)
+        try:
+            future = self._start().submit(fn, *args)
+        except BrokenProcessPool:
+            # The process died between calls (an OOM kill picks an idle worker too):
+            # nothing of this call ran, so it runs on a fresh one.
+            self._discard(kill=False)
+            future = self._start().submit(fn, *args)
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
