@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slopilot.tuner.local.demo import DemoOptions
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.tuner.local.demo import DemoOptions, live_probe
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.waits import HANG_GUARD_S
 
@@ -175,3 +176,13 @@ def test_a_stale_profile_is_a_warning_line_of_the_demo_not_a_python_warning(
         twin_scenario(load_scenario(NAME), DemoOptions(profile=stale))
     err = capsys.readouterr().err
     assert "slopilot demo: warning: " in err and "form" in err
+
+
+@pytest.mark.parametrize("window_s", [10.0, 60.0, 12.6])
+def test_the_twin_is_checked_on_the_workload_of_the_window_it_is_held_against(
+        window_s: float) -> None:
+    # The twin check sets the probe's workload against the controller's window: a longer
+    # probe window right after the shift held mostly the old prompts (20 s against 10).
+    probe = live_probe("http://127.0.0.1:9", {"slopilot_deployment": "demo"},
+                       load_scenario("demo"), DemoOptions(window_s=window_s))
+    assert probe.window_s == round(window_s)
