@@ -152,7 +152,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.prometheus.query import query_at
     from slopilot.tuner.prometheus.rules import identity_labels
     from slopilot.tuner.sim.adapters import SimOffline
-    from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
+    from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner, WorkerTwin
     from slopilot.tuner.study.live import ResumableTuner
     from slopilot.tuner.study.storage import StudyStorageError, open_study
 
@@ -194,7 +194,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
         metrics=operator_metrics(ctx.namespace), state=ctx.state,
-        iterations=PrometheusIterations(query, selector))
+        iterations=PrometheusIterations(query, selector), twin=WorkerTwin(worker))
 
 
 def load_factory() -> ControllerFactory:

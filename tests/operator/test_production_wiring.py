@@ -33,7 +33,7 @@ from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
-from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner
+from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner, WorkerTwin
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS
 from slopilot.tuner.study.storage import storage_of
 from slopilot.tuner.study.tuner import Tuner
@@ -76,6 +76,8 @@ def test_the_default_wiring_holds_the_config_while_prometheus_is_down(tmp_path: 
     # Simulator work goes to the process's one worker, shared by every deployment.
     assert isinstance(ctl.offline, WorkerOffline) and isinstance(ctl.planner, WorkerPlanner)
     assert ctl.offline.worker is ctl.planner.worker is sim_worker()
+    # The twin check's window too: in kopf's process it slowed the loop for 1-14 s a check.
+    assert isinstance(ctl.twin, WorkerTwin) and ctl.twin.worker is sim_worker()
     d = ctl.tick(time.time())
     assert d.prometheus_unavailable and d.action is Action.HOLD, d.line()
     assert ctl.state is ControllerState.STEADY

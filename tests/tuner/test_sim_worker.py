@@ -14,11 +14,19 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.loop.capacity import CapacityError, CapacityPlanner
 from slopilot.tuner.loop.ports import SimulatorBusy
+from slopilot.tuner.loop.twin_predict import predicted_p99s
 from slopilot.tuner.sim.adapters import SimOffline, rank_for_warm_start
-from slopilot.tuner.sim.worker import SimTimeout, SimWorker, WorkerOffline, WorkerPlanner
+from slopilot.tuner.sim.worker import (
+    SimTimeout,
+    SimWorker,
+    WorkerOffline,
+    WorkerPlanner,
+    WorkerTwin,
+)
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from tests.support.waits import HANG_GUARD_S, wait_for
@@ -84,6 +92,16 @@ def test_the_worker_answers_as_the_in_process_search_does(worker: SimWorker) -> 
     assert remote.replicas == local.replicas
     assert {n: r.feasible for n, r in remote.results.items()} == \
         {n: r.feasible for n, r in local.results.items()}
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_the_twin_checks_window_is_simulated_in_the_worker_as_here(
+        worker: SimWorker, bucketed: bool) -> None:
+    config = TINY.engine_config().to_dict()
+    here = predicted_p99s(TINY, config, 2, 5.0, seed=3, bucketed=bucketed)
+    there = WorkerTwin(worker).p99s(TINY, config, 2, 5.0, seed=3, bucketed=bucketed)
+    assert there == here and [c.priority for c in there] == list(Priority)
+    assert any(c.tbt_ms is not None for c in there)
 
 
 def test_bad_planner_settings_fail_in_the_caller_not_in_the_worker(worker: SimWorker) -> None:
@@ -237,6 +255,17 @@ def test_a_call_that_finds_no_free_process_in_time_is_busy_and_harms_nothing(
         assert a.finish() == "done"
         with pytest.raises(ValueError, match="queue_timeout_s"):
             w.call(os.getpid, queue_timeout_s=-1)
+
+
+def test_a_twin_window_behind_another_deployments_call_is_busy_within_its_limit(
+        tmp_path: pathlib.Path) -> None:
+    with SimWorker() as w:
+        a = Held(w, tmp_path)
+        with pytest.raises(SimulatorBusy, match="1 simulator process"):
+            WorkerTwin(w, queue_timeout_s=0).p99s(TINY, {}, 1, 5.0, seed=0, bucketed=False)
+        assert a.finish() == "done"
+    with pytest.raises(ValueError, match="timeout_s"):
+        WorkerTwin(SimWorker.__new__(SimWorker), timeout_s=0)
 
 
 def test_processes_are_apart_a_timeout_kills_only_its_own_call(tmp_path: pathlib.Path

@@ -48,7 +48,7 @@ from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.iterations import PrometheusIterations
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
 from slopilot.tuner.sim.adapters import SimOffline
-from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner
+from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner, WorkerTwin
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.live import ResumableTuner
 from slopilot.tuner.study.plot_subject import PlotSubject
@@ -344,7 +344,7 @@ def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
                       WorkerPlanner(worker, duration_s=30.0, seed=opts.seed),
                       offline=WorkerOffline(worker, SimOffline(
                           tuner.space, n_trials=12, duration_s=20.0, seed=opts.seed)),
-                      iterations=sources.iterations)
+                      iterations=sources.iterations, twin=WorkerTwin(worker))
 
 
 def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,

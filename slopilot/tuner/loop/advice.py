@@ -50,7 +50,8 @@ def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[st
         measured = measured_window(ctx.evaluator, start, now) if now > start else None
         check = check_twin(ctx.settings, halves, scenario, config, replicas, measured,
                            at=now, window_s=now - start if now > start else w,
-                           history=[s for _, window in ctx.twin_history for s in window])
+                           history=[s for _, window in ctx.twin_history for s in window],
+                           simulator=ctx.twin)
         if not ctx.twin_history or ctx.twin_history[-1][0] <= start:  # no overlap
             ctx.twin_history = [*ctx.twin_history, (now, [*halves[0], *halves[1]])][-HISTORY:]
         ctx.twin_check = check

@@ -26,6 +26,7 @@ from slopilot.tuner.loop.ports import (
     LiveStudy,
     OfflineSearch,
     Planner,
+    TwinSimulator,
     WindowEvaluator,
     WorkloadProbe,
 )
@@ -33,6 +34,7 @@ from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import Go
 from slopilot.tuner.loop.twin_check import TwinCheck
+from slopilot.tuner.loop.twin_predict import InProcessTwin
 from slopilot.tuner.prometheus.alerts import Alert
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,8 @@ class LoopContext:
                  offline: OfflineSearch | None = None, metrics: TunerMetrics | None = None,
                  state: LoopState | None = None, headroom_margin: float = 0.2,
                  scale_up_margin: float = 0.1,
-                 iterations: IterationSource | None = None) -> None:
+                 iterations: IterationSource | None = None,
+                 twin: TwinSimulator | None = None) -> None:
         self.settings = settings
         self.deployment = deployment
         self.alerts = alerts
@@ -71,6 +74,9 @@ class LoopContext:
         self._forget_best_outside_space()
         self.iterations = iterations
         """Where the twin is checked (None: the twin is trusted unchecked, as before)."""
+        self.twin: TwinSimulator = twin if twin is not None else InProcessTwin()
+        """Where the check's window is simulated: the operator's simulator processes
+        (``sim/worker.WorkerTwin``); None, this process (a world without an event loop)."""
         self.twin_check: TwinCheck | None = None
         """The last check, with its corrected profile (in memory; the status has a copy)."""
         self.twin_history: list[tuple[float, list[WindowSample]]] = []

@@ -15,6 +15,7 @@ from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
+from slopilot.tuner.loop.twin_predict import ClassP99
 from slopilot.tuner.prometheus.alerts import Alert
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
@@ -121,6 +122,15 @@ class Planner(Protocol):
 
     def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
                *, margin: float = 0.0) -> CapacityAnswer: ...
+
+
+class TwinSimulator(Protocol):
+    """The twin's P99s over one window, for the twin check (``twin_predict.py``): run in
+    the operator's simulator processes (``sim/worker.WorkerTwin``), not the controller's.
+    May raise ``SimulatorBusy``, or ``TimeoutError`` past its time limit."""
+
+    def p99s(self, twin: Scenario, config: Mapping[str, Any], replicas: int,
+             window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]: ...
 
 
 class LiveStudy(Protocol):

@@ -10,8 +10,11 @@ compares the twin with the last measured window, through the ports:
   error that decides trust is measured on iterations the correction did not see; the
   profile the decisions then use is corrected on the whole window;
 - **latency**: the corrected twin simulates the measured workload at the running config
-  and replica count for one window; its TTFT and TBT p99 per class against the measured
-  ones (the evaluator's window).
+  and replica count for one window (through ``ports.TwinSimulator``: the operator's
+  simulator processes, ``twin_predict.py``); its TTFT and TBT p99 per class against the
+  measured ones (the evaluator's window). A window the simulator cannot take (busy with
+  other deployments, past its time limit) leaves the p99s unchecked, said in the reason;
+  the step times still decide.
 
 The twin is trusted while the corrected step-time error is within ``twin_max_error``
 (and, when set, the P0 p99 errors within ``twin_max_latency_error``). The p99s of one
@@ -31,18 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.engine.calibrate.datasheet import datasheet_profile
-from slopilot.engine.histogram_quantiles import latency_quantile
-from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample, describe_factors, factors, twin_error
 from slopilot.engine.sim.correction import corrected as corrected_profile
 from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.engine.sim.simulator import simulate
-from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.sim.twin import with_profile
-from slopilot.engine.window_summary import WindowSummary, or_none
-from slopilot.tuner.loop.ports import WindowEvaluator
+from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.ports import SimulatorBusy, TwinSimulator, WindowEvaluator
 from slopilot.tuner.loop.settings import ControllerSettings, TwinCorrection
+from slopilot.tuner.loop.twin_predict import ClassP99, InProcessTwin
 from slopilot.tuner.study.evaluator import WindowRejected
 
 
@@ -133,11 +133,13 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
                                                             Sequence[WindowSample]],
                scenario: Scenario, config: Mapping[str, Any], replicas: int,
                measured: WindowSummary | None, *, at: float, window_s: float,
-               history: Sequence[WindowSample] = (), seed: int = 0) -> TwinCheck:
+               history: Sequence[WindowSample] = (), seed: int = 0,
+               simulator: TwinSimulator | None = None) -> TwinCheck:
     """Check ``scenario``'s twin on a window given as its two halves' iteration samples
     and its measured summary (None when the window did not count). ``history``: earlier
     windows' samples, fitted on too (a quiet window says little about attention at the
-    load a scale-down would bring; the busy windows before it do)."""
+    load a scale-down would bring; the busy windows before it do). ``simulator``: where
+    the window is simulated (None: in this process)."""
     first, second = samples
     whole = [*first, *second]
     datasheet = scenario.profile is None
@@ -162,10 +164,11 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
         used = None  # the roofline is right here: it, not its fitted form, decides
     twin = with_profile(scenario, used) if used is not None else scenario
     classes: tuple[ClassError, ...] = ()
+    unsimulated = None
     if measured is not None:
-        run = simulate(twin, config, replicas=replicas, duration_s=window_s, seed=seed)
-        classes = tuple(_class_error(p, run.summary, run.stats, measured) for p in Priority)
-    trusted, reason = _verdict(settings, step, corrected, classes)
+        classes, unsimulated = _latency(simulator or InProcessTwin(), twin, config,
+                                        replicas, window_s, seed, measured)
+    trusted, reason = _verdict(settings, step, corrected, classes, unsimulated)
     if datasheet:
         reason = f"datasheet roofline, checked in its calibrated form: {reason}"
     if failed is not None:
@@ -176,6 +179,21 @@ def check_twin(settings: ControllerSettings, samples: tuple[Sequence[WindowSampl
                      learned)
 
 
+def _latency(simulator: TwinSimulator, twin: Scenario, config: Mapping[str, Any],
+             replicas: int, window_s: float, seed: int, measured: WindowSummary
+             ) -> tuple[tuple[ClassError, ...], str | None]:
+    """Each class's predicted p99s against the measured, or why there are none."""
+    bucketed = measured.window is not None and measured.window.bucketed
+    try:
+        predicted = simulator.p99s(twin, config, replicas, window_s, seed=seed,
+                                   bucketed=bucketed)
+    except (SimulatorBusy, TimeoutError, MemoryError) as exc:
+        # Busy with other deployments, past its time limit, or past its memory cap (a
+        # measured workload sets the window's size): the step times still decide.
+        return (), f"p99s not simulated: {exc or type(exc).__name__}"
+    return tuple(_class_error(p, measured) for p in predicted), None
+
+
 def _corrected(profile: CostProfile, samples: Sequence[WindowSample],
                mode: TwinCorrection) -> CostProfile:
     if mode is TwinCorrection.NONE:
@@ -184,7 +202,14 @@ def _corrected(profile: CostProfile, samples: Sequence[WindowSample],
 
 
 def _verdict(settings: ControllerSettings, step: float | None, corrected: float | None,
-             classes: Sequence[ClassError]) -> tuple[bool, str]:
+             classes: Sequence[ClassError], unsimulated: str | None) -> tuple[bool, str]:
+    trusted, reason = _step_verdict(settings, corrected, classes, unsimulated)
+    return trusted, reason if unsimulated is None else f"{reason}; {unsimulated}"
+
+
+def _step_verdict(settings: ControllerSettings, corrected: float | None,
+                  classes: Sequence[ClassError], unsimulated: str | None
+                  ) -> tuple[bool, str]:
     if corrected is None:
         return True, "no iterations in the window: nothing to check"
     bound = settings.twin_max_error
@@ -193,6 +218,10 @@ def _verdict(settings: ControllerSettings, step: float | None, corrected: float 
             else f"after {settings.twin_correction.value}"
         return False, f"step-time error {_pct(corrected)} {how} exceeds {bound:.0%}"
     latency_bound = settings.twin_max_latency_error
+    if latency_bound is not None and unsimulated is not None:
+        # Asked for, the p99s' agreement is no given: unchecked, they do not agree.
+        return False, "P0 p99s not checked against the bound " \
+            f"{latency_bound:.0%}"
     p0 = next((c for c in classes if c.priority == "p0"), None)
     if latency_bound is not None and p0 is not None:
         for name, err in (("TTFT", p0.ttft_error), ("TBT", p0.tbt_error)):
@@ -201,18 +230,10 @@ def _verdict(settings: ControllerSettings, step: float | None, corrected: float 
     return True, f"step-time error {_pct(corrected)} within {bound:.0%}"
 
 
-def _class_error(p: Priority, predicted: WindowSummary, stats: SimStats,
-                 measured: WindowSummary) -> ClassError:
-    a, b = predicted.classes[p], measured.classes[p]
-    ttft, tbt = a.ttft_p99_ms, a.tbt_p99_ms
-    if measured.window is not None and measured.window.bucketed:
-        # The measured P99s are the histogram's, which reads high inside a bucket (23-29 %
-        # for TBT in docs/benchmarks.md, TBT truth): the twin's exact ones against them
-        # read as optimism, and a scale-down took that much more headroom.
-        c = stats.classes[p]
-        ttft = or_none(latency_quantile(0.99, c.ttft, never=c.refused) * 1000.0)
-        tbt = or_none(latency_quantile(0.99, stats.classes[p].tbt) * 1000.0)
-    return ClassError(p.label, ttft, b.ttft_p99_ms, tbt, b.tbt_p99_ms)
+def _class_error(predicted: ClassP99, measured: WindowSummary) -> ClassError:
+    m = measured.classes[predicted.priority]
+    return ClassError(predicted.priority.label, predicted.ttft_ms, m.ttft_p99_ms,
+                      predicted.tbt_ms, m.tbt_p99_ms)
 
 
 def measured_window(evaluator: WindowEvaluator, start: float, end: float

@@ -1,11 +1,12 @@
 """The controller's simulator work in worker processes, so its host stays responsive.
 
-The warm-start study (``SimOffline``) and the capacity search (``CapacityPlanner``) run
-the simulator for seconds of pure-Python CPU. In the process that hosts the controller
-they hold the GIL that long: kopf's event loop (peering keep-alives, watch events) and
-the demo's load generator stall, and a stalled load generator sends less, which then
-reads as a load shift and voids the trial windows that follow. Here the caller blocks
-(GIL released) while a worker process simulates.
+The warm-start study (``SimOffline``), the capacity search (``CapacityPlanner``) and the
+twin check's window (``WorkerTwin``) run the simulator for seconds of pure-Python CPU. In
+the process that hosts the controller they share the GIL with kopf's event loop
+(peering keep-alives, watch events) and the demo's load generator, which then run at a
+sixth of their pace for as long (``benchmarks/twin_check_stall.py``); a slowed load
+generator sends less, which then reads as a load shift and voids the trial windows that
+follow. Here the caller blocks (GIL released) while a worker process simulates.
 
 Workers are spawned, not forked: the host has threads (kopf, uvicorn, the load
 generator) and a forked child can inherit a lock held by one of them. They start in the
@@ -45,6 +46,7 @@ from typing import Any, TypeVar
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
 from slopilot.tuner.loop.ports import SimulatorBusy
+from slopilot.tuner.loop.twin_predict import ClassP99, predicted_p99s
 from slopilot.tuner.sim.adapters import SimOffline
 
 T = TypeVar("T")
@@ -208,6 +210,11 @@ def _capacity(duration_s: float | None, seed: int | None, scenario: Scenario,
         scenario, config, lo, hi, margin=margin)
 
 
+def _p99s(twin: Scenario, config: Mapping[str, Any], replicas: int, window_s: float,
+          seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
+    return predicted_p99s(twin, config, replicas, window_s, seed=seed, bucketed=bucketed)
+
+
 def _positive(timeout_s: float) -> float:
     if not timeout_s > 0:
         raise ValueError(f"timeout_s={timeout_s!r}: expected seconds above 0")
@@ -257,4 +264,20 @@ class WorkerPlanner:
                *, margin: float = 0.0) -> CapacityAnswer:
         return self.worker.call(_capacity, self.duration_s, self.seed, scenario,
                                 dict(config), lo, hi, margin, timeout_s=self.timeout_s,
+                                queue_timeout_s=self.queue_timeout_s)
+
+
+class WorkerTwin:
+    """The controller's TwinSimulator: the twin check's window simulated in a worker,
+    within ``timeout_s`` once it runs and ``queue_timeout_s`` waiting for a free one."""
+
+    def __init__(self, worker: SimWorker, *, timeout_s: float = 300.0,
+                 queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
+        self.worker, self.timeout_s = worker, _positive(timeout_s)
+        self.queue_timeout_s = _queue_limit(queue_timeout_s)
+
+    def p99s(self, twin: Scenario, config: Mapping[str, Any], replicas: int,
+             window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
+        return self.worker.call(_p99s, twin, dict(config), replicas, window_s, seed,
+                                bucketed, timeout_s=self.timeout_s,
                                 queue_timeout_s=self.queue_timeout_s)
