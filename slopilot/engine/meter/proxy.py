@@ -5,8 +5,9 @@
   dropped: ``asgi_http``), and the answer streamed back piece by piece as it comes.
 - A streamed completion (``request_plan``: which are judged, and how) is read as it is
   written (``StreamJudge``), each piece stamped once the client's side took it (the send
-  returned), and judged at its end against the objectives of its class as they stood at
-  its arrival. Its arrival is when its bytes came in, as the server's protocol stamped
+  returned), read in steps that let the loop relay the other streams between them
+  (``_read``), and judged at its end against the objectives of its class as they stood
+  at its arrival. Its arrival is when its bytes came in, as the server's protocol stamped
   it (``http_arrival``), not when the app was called: for a request pipelined behind
   another on one connection, a whole answer later.
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
@@ -216,7 +217,7 @@ class Meter:
                     await send({"type": "http.response.body", "body": passed,
                                 "more_body": True})
                 if judge is not None:
-                    judge.written(piece, self.clock())
+                    await _read(judge, piece, self.clock())
                     if judge.model is not None:
                         # From its first chunk on: the histograms it fed are labelled so.
                         self.model_name = judge.model
@@ -245,6 +246,23 @@ class Meter:
         for verdict in judge.verdicts(self.clock()):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens)
+
+
+async def _read(judge: StreamJudge, piece: bytes, at: float) -> None:
+    """``piece``, written at ``at``, read by ``judge`` in its steps, the loop let run at
+    each: an event past 1 MiB read in one go stalled every other stream's relay.
+
+    Read to the piece's end even where the forwarding is cancelled meanwhile (its client
+    left): the piece reached the client, and its verdict is counted once the
+    cancellation is through (``Meter.__call__``), as of a piece read in one go."""
+    cancelled: asyncio.CancelledError | None = None
+    for _ in judge.read_steps(piece, at):
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError as e:
+            cancelled = e
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _watch_disconnect(receive: Receive) -> None:

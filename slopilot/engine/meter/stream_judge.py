@@ -20,7 +20,8 @@ not judged: it passes through all the same. The events are read as a client's SS
 reads them (``written``); one past ``MAX_EVENT_BYTES`` as it passes, by the keys vLLM
 writes, where it writes them, none of it kept (``long_event``: a completions ``echo``
 with ``logprobs`` of a long prompt writes one, which left the stream unjudged, for any
-client to ask for).
+client to ask for), in steps of ``STEP_BYTES`` that let the proxy's loop run between
+them (``read_steps``).
 
 A Responses API stream (``Wire.RESPONSES``) is one answer of named events with no
 ``[DONE]``: its output deltas are its one choice's chunks, its ``response.completed``
@@ -33,6 +34,7 @@ import dataclasses
 import json
 import re
 import sys
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from slopilot.engine.client_gaps import ClientGaps
@@ -41,12 +43,16 @@ from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.meter.long_event import OUTPUT_FIELDS, LongEvent, Wire
 from slopilot.engine.slo import ClassSLO
 
-__all__ = ["MAX_EVENT_BYTES", "StreamJudge", "Verdict", "Wire"]
+__all__ = ["MAX_EVENT_BYTES", "STEP_BYTES", "StreamJudge", "Verdict", "Wire"]
 
 MAX_EVENT_BYTES = 1 << 20
 """Bytes one SSE event may take before the meter reads it as it passes, by its keys,
 rather than whole (``long_event``): the upstream is the tenant's image, and an event that
 never ends would otherwise grow the buffer without bound."""
+STEP_BYTES = 1 << 16
+"""The most bytes of an event past ``MAX_EVENT_BYTES`` read in one step (``read_steps``):
+an upstream read's (httpx's, from h11). Its first MiB, held until the event is known to
+be long, was read in one go: 13-20 ms of every other stream's relay stalled."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,6 +101,8 @@ class StreamJudge:
         """The event under way where it is past ``MAX_EVENT_BYTES``."""
         self._after_cr = False
         """Whether the last piece ended on a CR: an LF starting the next ends no line."""
+        self._budget = STEP_BYTES
+        """The bytes a long event's reader may still be handed in the step under way."""
         self._choices: dict[int, _Choice] = {}
         self._usage_tokens: int | None = None
         self._done = False
@@ -111,42 +119,69 @@ class StreamJudge:
         CR came, not with the next event. An event is read whole (its lines held) up to
         ``MAX_EVENT_BYTES``, past them as it passes (``LongEvent``), however the reads
         split it: seen at the piece that ends it either way."""
+        for _ in self.read_steps(data, at):
+            pass
+
+    def read_steps(self, data: bytes, at: float) -> Iterator[None]:
+        """``written``, in steps: between two, the caller on the event loop lets it run
+        (``proxy``). Each hands a long event's reader ``STEP_BYTES`` at most; the judge is
+        the caller's alone until the last, and read to its end (``verdicts`` read it
+        whole)."""
         if self._unreadable or self._done or self._failed or not data:
             return
+        self._budget = STEP_BYTES
         if self._after_cr and data.startswith(b"\n"):
             data = data[1:]
         self._after_cr = data.endswith(b"\r")
         *ended, rest = _LINE_END.split(data)
         for piece in ended:
             if self._long is not None:
-                if self._long.feed(piece, ended=True):
+                if (yield from self._to_long(self._long, piece, ended=True)):
                     self._long_event(at)
             elif line := self._partial + piece:
                 self._partial = b""
                 self._lines.append(line)
                 self._event_bytes += len(line)
-                self._bound()
+                yield from self._bound()
             else:
                 lines_of_event, self._lines, self._event_bytes = self._lines, [], 0
                 self._event(lines_of_event, at)
             if self._unreadable or self._done or self._failed:
                 return
         if self._long is not None:
-            self._long.feed(rest, ended=False)
+            yield from self._to_long(self._long, rest, ended=False)
         else:
             self._partial += rest
-            self._bound()
+            yield from self._bound()
 
-    def _bound(self) -> None:
+    def _bound(self) -> Iterator[None]:
         """Past ``MAX_EVENT_BYTES`` the event under way is read as it passes: its lines
         so far handed over, none held."""
         if self._event_bytes + len(self._partial) <= MAX_EVENT_BYTES:
             return
-        self._long = LongEvent(self.wire)
-        for line in self._lines:
-            self._long.feed(line, ended=True)
-        self._long.feed(self._partial, ended=False)
+        event = self._long = LongEvent(self.wire)
+        lines, partial = self._lines, self._partial
         self._lines, self._partial, self._event_bytes = [], b"", 0
+        for line in lines:
+            yield from self._to_long(event, line, ended=True)  # a held line is no end
+        yield from self._to_long(event, partial, ended=False)
+
+    def _to_long(self, event: LongEvent, piece: bytes, *,
+                 ended: bool) -> Generator[None, None, bool]:
+        """``piece`` of the long ``event``'s line under way (``ended``: the line ends
+        after it) handed to its reader in slices, a step ending wherever ``STEP_BYTES``
+        were handed since the last; True where it was the event's end."""
+        start = 0
+        while True:
+            if not self._budget and start < len(piece):
+                yield
+                self._budget = STEP_BYTES
+            part = piece[start:start + self._budget]
+            start += len(part)
+            self._budget -= len(part)
+            if start >= len(piece):
+                return event.feed(part, ended=ended)
+            event.feed(part, ended=False)
 
     def _long_event(self, at: float) -> None:
         """The event past ``MAX_EVENT_BYTES`` ended at ``at``: read as the chunk its keys
