@@ -52,7 +52,7 @@ never ends would otherwise grow the buffer without bound."""
 STEP_BYTES = 1 << 16
 """The most bytes of an event past ``MAX_EVENT_BYTES`` read in one step (``read_steps``):
 an upstream read's (httpx's, from h11). Its first MiB, held until the event is known to
-be long, was read in one go: 13-20 ms of every other stream's relay stalled."""
+be long, was read in one go: up to 20 ms of every other stream's relay stalled."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@ meter's event loop let run between them: it relays every stream, and holds them 
 one step runs.
 
 The event's first MiB is held whole until the event is known to be long, then handed to
-its structural reader (``json_paths``): in one go, that was 13-20 ms of every other
+its structural reader (``json_paths``): in one go, that was up to 20 ms of every other
 stream's tokens stalled, once per long event (docs/benchmarks.md, "An event past 1 MiB").
 What a step costs is measured by its work, not its time: the bytes the reader was handed
 between two turns of the loop.
@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -61,7 +60,7 @@ class ReaderSpy:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.turn = 0
         self.fed: collections.Counter[int] = collections.Counter()
-        self.on_feed: list[Any] = []
+        self.on_feed: list[Callable[[], object]] = []
         feed = PathScan.feed
 
         def counted_feed(scan: PathScan, data: bytes) -> None:
@@ -73,8 +72,8 @@ class ReaderSpy:
         monkeypatch.setattr(PathScan, "feed", counted_feed)
 
     async def count_turns(self, until: asyncio.Event) -> None:
-        # One step a turn of the loop: between two of this task's, each other task ran
-        # at most one step.
+        # Each task steps once a turn of the loop at most, in the order it was woken: so
+        # between two steps of this one, the meter's forwarding took one step at most.
         while not until.is_set():
             self.turn += 1
             await asyncio.sleep(0)
