@@ -9,8 +9,10 @@ client's own parser: ``json.loads`` of the event's data, which the client runs w
 the same bytes. Per case, the median over ``--runs`` of the meter's read (the whole
 stream through ``StreamJudge.written`` in ``--read-kib`` pieces, as the proxy hands it
 over) and of ``json.loads`` on the event's data; their ratio; the longest single read
-(the stall one read makes); and the meter's peak memory while reading (tracemalloc, one
-run apart, as it slows the read).
+(all its steps: ``StreamJudge.read_steps``) and the longest step (the stall one step
+makes: the proxy lets the loop run between two); and the meter's peak memory while
+reading (tracemalloc, one run apart, as it slows the read). A tree before
+``read_steps`` reads each piece in one step.
 
 Cases, in vLLM's field order (``tests/engine/meter/vllm_wire.py`` describes it; written
 out here, benchmarks import no test support):
@@ -26,7 +28,8 @@ out here, benchmarks import no test support):
     .venv/bin/python benchmarks/long_event_cost.py [--mib 16] [--runs 5] [--read-kib 64]
 
 Ends with ``RESULT`` ``CASE_ms_per_mib``, ``CASE_json_loads_ms_per_mib``,
-``CASE_ratio``, ``CASE_max_read_ms`` and ``CASE_peak_kib`` for each case.
+``CASE_ratio``, ``CASE_max_read_ms``, ``CASE_max_step_ms`` and ``CASE_peak_kib`` for each
+case.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ import json
 import statistics
 import time
 import tracemalloc
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES, StreamJudge, Verdict, Wire
 from slopilot.engine.slo import ClassSLO
@@ -135,16 +138,28 @@ def echo_stream(mib: float) -> tuple[list[bytes], bytes]:
     return [first, *rest], first.split(b"data: ", 1)[1].rstrip(b"\n")
 
 
-def read(pieces: list[bytes], wire: Wire) -> tuple[list[Verdict], float]:
-    """The stream's reads through a judge: its verdicts, and the longest read in
-    seconds."""
+def read(pieces: list[bytes], wire: Wire) -> tuple[list[Verdict], float, float]:
+    """The stream's reads through a judge, each in the steps the proxy runs it in: its
+    verdicts, the longest read and the longest step in seconds."""
     judge = StreamJudge(SLO, 0.0, wire=wire)
-    longest = 0.0
+    longest_read = longest_step = 0.0
     for at, data in enumerate(pieces):
-        t0 = time.perf_counter()
-        judge.written(data, 0.01 * (at + 1))
-        longest = max(longest, time.perf_counter() - t0)
-    return judge.verdicts(1e6), longest
+        t0 = step = time.perf_counter()
+        for _ in _steps(judge, data, 0.01 * (at + 1)):
+            now = time.perf_counter()
+            longest_step, step = max(longest_step, now - step), now
+        now = time.perf_counter()
+        longest_step = max(longest_step, now - step)
+        longest_read = max(longest_read, now - t0)
+    return judge.verdicts(1e6), longest_read, longest_step
+
+
+def _steps(judge: StreamJudge, data: bytes, at: float) -> Iterator[None]:
+    steps = getattr(judge, "read_steps", None)
+    if steps is None:  # a tree before it: the piece read in one step
+        judge.written(data, at)
+        return iter(())
+    return cast(Iterator[None], steps(data, at))
 
 
 def median_s(fn: Callable[[], object], runs: int) -> float:
@@ -170,17 +185,20 @@ def main() -> None:
     }
     result: dict[str, str] = {}
     print(f"{'case':10s} {'MiB':>6s} {'meter ms/MiB':>13s} {'json.loads ms/MiB':>18s} "
-          f"{'ratio':>6s} {'longest read ms':>16s} {'peak KiB':>9s}")
+          f"{'ratio':>6s} {'longest read ms':>16s} {'longest step ms':>16s} "
+          f"{'peak KiB':>9s}")
     for name, (events, data, wire, tokens) in cases.items():
         assert len(data) > MAX_EVENT_BYTES, name
         stream = b"".join(events)
         pieces = [stream[i:i + piece] for i in range(0, len(stream), piece)]
-        verdicts, _ = read(pieces, wire)
+        verdicts, _, _ = read(pieces, wire)
         # The read must be right before its cost counts: one verdict, every token.
         assert verdicts == [Verdict(True, tokens)], (name, verdicts)
         mib = len(stream) / MIB
         meter_s = median_s(functools.partial(read, pieces, wire), args.runs)
-        longest = statistics.median(read(pieces, wire)[1] for _ in range(args.runs))
+        longests = [read(pieces, wire)[1:] for _ in range(args.runs)]
+        longest = statistics.median(r for r, _ in longests)
+        longest_step = statistics.median(s for _, s in longests)
         loads_s = median_s(functools.partial(json.loads, data), args.runs)
         # The reads are the caller's bytes: the peak is what the judge holds beside them.
         tracemalloc.start()
@@ -189,11 +207,12 @@ def main() -> None:
         tracemalloc.stop()
         print(f"{name:10s} {mib:6.2f} {meter_s * 1000 / mib:13.1f} "
               f"{loads_s * 1000 / mib:18.1f} {meter_s / loads_s:6.2f} "
-              f"{longest * 1000:16.2f} {peak_kib:9.0f}")
+              f"{longest * 1000:16.2f} {longest_step * 1000:16.2f} {peak_kib:9.0f}")
         result |= {f"{name}_ms_per_mib": f"{meter_s * 1000 / mib:.1f}",
                    f"{name}_json_loads_ms_per_mib": f"{loads_s * 1000 / mib:.1f}",
                    f"{name}_ratio": f"{meter_s / loads_s:.2f}",
                    f"{name}_max_read_ms": f"{longest * 1000:.2f}",
+                   f"{name}_max_step_ms": f"{longest_step * 1000:.2f}",
                    f"{name}_peak_kib": f"{peak_kib:.0f}"}
     print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
 
