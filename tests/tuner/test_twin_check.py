@@ -342,6 +342,43 @@ def test_a_busy_twin_means_live_trials_and_live_evidence_not_an_error() -> None:
     assert "twin_busy" in d.reason and "one replica on live evidence" in d.reason
 
 
+class FailingTwin(BusyTwin):
+    """An offline search and a planner whose simulator call ran past its time limit or
+    its memory cap: a measured workload the simulator cannot finish."""
+
+    def __init__(self, fail: Exception) -> None:
+        self.fail = fail
+
+    def best_configs(self, *args: Any) -> list[tuple[dict[str, Any], bool]]:
+        self.calls += 1
+        raise self.fail
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise self.fail
+
+
+@pytest.mark.parametrize("fail", [
+    TimeoutError("the simulator call ran past its 600 s limit; its worker was stopped"),
+    MemoryError()])
+def test_a_twin_that_cannot_finish_means_live_trials_and_live_evidence_not_a_rollback(
+        fail: Exception) -> None:
+    # A workload too heavy to simulate within the worker's limits rolled back each
+    # tick that asked the twin: every alert ended in REVERT, no trial ever ran.
+    failing = FailingTwin(fail)
+    p = plant()
+    p.ctl.offline = failing
+    d = p.ctl.tick(WINDOW_S)
+    assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
+    assert failing.calls == 1 and p.study.warm == []
+    assert "twin_failed: " in p.ctl.loop.reason
+    scale = plant(AlertAction.SCALE, planner=3)
+    scale.ctl.offline, scale.ctl.planner = failing, failing
+    d = scale.ctl.tick(WINDOW_S)
+    assert d.action is Action.SCALE and len(scale.cluster.active) == 2, d.line()
+    assert "twin_failed" in d.reason and "one replica on live evidence" in d.reason
+
+
 def test_a_twin_right_about_the_plant_reads_its_p99s_as_the_plants_are_read() -> None:
     # The plant is the twin itself, measured as Prometheus measures it: its p99s are
     # read from the latency histograms (histogram_quantile). A twin that is exactly

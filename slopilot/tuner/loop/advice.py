@@ -13,7 +13,9 @@ episode runs live trials from the study alone) and ``capacity`` gives None (the 
 scale on live evidence only, one replica at a time, and never down). A twin whose
 simulator processes are busy with other deployments' calls past the queue limit
 (``SimulatorBusy``) gives no answer the same way: one deployment's searches must not
-stop another's loop. ``unavailable`` says why there was no answer. A trusted twin whose
+stop another's loop; so does a call that ran past its time limit or its memory cap (a
+measured workload too heavy to simulate), which rolled back every tick that asked: no
+trial ever ran. ``unavailable`` says why there was no answer. A trusted twin whose
 P0 p99s came out below the measured ones plans a scale-down with that shortfall added to
 its margin: an optimistic twin must not size a scale-down.
 """
@@ -27,7 +29,7 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.twin import with_profile
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.context import LoopContext
-from slopilot.tuner.loop.ports import SimulatorBusy
+from slopilot.tuner.loop.ports import NO_ANSWER, SimulatorBusy
 from slopilot.tuner.loop.twin_check import TwinCheck, check_twin, measured_window
 
 Ranked = list[tuple[dict[str, Any], bool]]
@@ -63,18 +65,22 @@ def checked(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[st
 
 
 def unavailable(ctx: LoopContext, now: float) -> str | None:
-    """Why the twin gave no answer this tick (busy, or checked and not trusted); None
+    """Why the twin gave no answer this tick (busy, failed, or checked and not trusted); None
     when it answered (or was not asked)."""
-    if ctx.twin_busy is not None and ctx.twin_busy[0] == now:
-        return f"twin_busy: {ctx.twin_busy[1]}"
+    if ctx.twin_no_answer is not None and ctx.twin_no_answer[0] == now:
+        return ctx.twin_no_answer[1]
     check = ctx.twin_check
     if check is None or check.at != now or check.trusted:
         return None
     return f"twin_untrusted: {check.reason}"
 
 
-def _busy(ctx: LoopContext, now: float, exc: SimulatorBusy) -> None:
-    ctx.twin_busy = (now, str(exc))
+def _no_answer(ctx: LoopContext, now: float, exc: Exception) -> None:
+    if isinstance(exc, SimulatorBusy):
+        ctx.twin_no_answer = (now, f"twin_busy: {exc}")
+    else:
+        why = str(exc) or f"{type(exc).__name__} in the simulator"
+        ctx.twin_no_answer = (now, f"twin_failed: {why}")
 
 
 def warm_starts(ctx: LoopContext, now: float, replicas: int, current: Mapping[str, Any],
@@ -95,8 +101,8 @@ def warm_starts(ctx: LoopContext, now: float, replicas: int, current: Mapping[st
     k = ctx.settings.warm_start_k
     try:
         ranked = ctx.offline.best_configs(scenario, replicas, current, k + 1)
-    except SimulatorBusy as exc:
-        _busy(ctx, now, exc)
+    except NO_ANSWER as exc:
+        _no_answer(ctx, now, exc)
         return []
     return [(c, ok) for c, ok in ranked
             if any(current.get(key) != v for key, v in c.items())][:k]
@@ -119,6 +125,6 @@ def capacity(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[s
         margin = min(MAX_MARGIN, margin + optimism)
     try:
         return ctx.planner.search(scenario, config, lo, hi, margin=margin)
-    except SimulatorBusy as exc:
-        _busy(ctx, now, exc)
+    except NO_ANSWER as exc:
+        _no_answer(ctx, now, exc)
         return None

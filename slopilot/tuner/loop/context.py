@@ -82,8 +82,9 @@ class LoopContext:
         self.twin_history: list[tuple[float, list[WindowSample]]] = []
         """(end, iterations) of the last checked windows that do not overlap (in memory:
         a restarted controller corrects from the next window on)."""
-        self.twin_busy: tuple[float, str] | None = None
-        """(when, why) the simulator last could not take this loop's call."""
+        self.twin_no_answer: tuple[float, str] | None = None
+        """(when, why) the simulator last gave this loop no answer: busy with other
+        deployments' calls, or past a call's time limit or memory cap."""
         # Hysteresis: scale up to a count that holds with 10 % to spare in simulation,
         # scale down only to one that holds with 20 %, so the two never undo each other.
         if not 0.0 <= scale_up_margin <= headroom_margin < 1.0:

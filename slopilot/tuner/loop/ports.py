@@ -28,6 +28,12 @@ class SimulatorBusy(RuntimeError):
     twin's answer, as for a twin it does not trust (``advice.py``)."""
 
 
+NO_ANSWER: tuple[type[Exception], ...] = (SimulatorBusy, TimeoutError, MemoryError)
+"""What a simulator call raises where the twin has no answer and the loop goes on on live
+evidence: busy (``SimulatorBusy``), past its time limit (``sim/worker.SimTimeout``, a
+TimeoutError) or past its memory cap; a measured workload sets how heavy a call is."""
+
+
 @runtime_checkable
 class DeploymentHandle(Protocol):
     """The replicas of one deployment; the operator implements it over Kubernetes."""

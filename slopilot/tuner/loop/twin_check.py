@@ -40,7 +40,7 @@ from slopilot.engine.sim.profile_file import CostProfile
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.twin import with_profile
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.ports import SimulatorBusy, TwinSimulator, WindowEvaluator
+from slopilot.tuner.loop.ports import NO_ANSWER, TwinSimulator, WindowEvaluator
 from slopilot.tuner.loop.settings import ControllerSettings, TwinCorrection
 from slopilot.tuner.loop.twin_predict import ClassP99, InProcessTwin
 from slopilot.tuner.study.evaluator import WindowRejected
@@ -187,9 +187,7 @@ def _latency(simulator: TwinSimulator, twin: Scenario, config: Mapping[str, Any]
     try:
         predicted = simulator.p99s(twin, config, replicas, window_s, seed=seed,
                                    bucketed=bucketed)
-    except (SimulatorBusy, TimeoutError, MemoryError) as exc:
-        # Busy with other deployments, past its time limit, or past its memory cap (a
-        # measured workload sets the window's size): the step times still decide.
+    except NO_ANSWER as exc:  # the step times still decide
         return (), f"p99s not simulated: {exc or type(exc).__name__}"
     return tuple(_class_error(p, measured) for p in predicted), None
 

@@ -20,8 +20,10 @@ Shared by every deployment an operator runs, so bounded and kept apart:
 - Each worker is a pool of its own with one process, and a call has a worker to itself.
   A call waits (first come, first served) for a free worker, untimed; its time limit
   (``timeout_s``) counts from when it runs, and past it only its own process is killed
-  (``SimTimeout``). A single pool would mark a call running as soon as it joined the
-  worker's queue, so it timed out behind another deployment's call and killed that one.
+  (``SimTimeout``; the loop then goes on without the twin's answer, as past the memory
+  cap: ``ports.NO_ANSWER``). A single pool would mark a call running as soon as it
+  joined the worker's queue, so it timed out behind another deployment's call and killed
+  that one.
 - ``queue_timeout_s``: how long a call may wait for a worker; past it ``SimulatorBusy``,
   and the loop goes on without the twin's answer (``advice.py``).
 - Each worker's address space is capped (``memory_limit_mb``: an allocation past it is
