@@ -17,7 +17,7 @@ import pytest
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.loop.capacity import CapacityError, CapacityPlanner
-from slopilot.tuner.loop.ports import SimulatorBusy
+from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
 from slopilot.tuner.loop.twin_predict import predicted_p99s
 from slopilot.tuner.sim.adapters import SimOffline, rank_for_warm_start
 from slopilot.tuner.sim.worker import (
@@ -119,8 +119,10 @@ def _die() -> None:
 
 def test_a_dead_worker_fails_its_call_and_the_next_call_gets_a_new_one() -> None:
     with SimWorker() as w:
-        with pytest.raises(BrokenProcessPool):
+        # The loop's own error (ports.NO_ANSWER), not the pool's: no answer from the twin.
+        with pytest.raises(SimulatorFailed, match="died during the call") as info:
             w.call(_die)
+        assert isinstance(info.value.__cause__, BrokenProcessPool)
         assert w.call(os.getpid) != os.getpid()
 
 

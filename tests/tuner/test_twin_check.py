@@ -25,7 +25,7 @@ from slopilot.tuner.loop import advice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
-from slopilot.tuner.loop.ports import SimulatorBusy
+from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
 from slopilot.tuner.loop.settings import ControllerSettings, TwinCorrection
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.loop.twin_check import check_twin
@@ -360,7 +360,8 @@ class FailingTwin(BusyTwin):
 
 @pytest.mark.parametrize("fail", [
     TimeoutError("the simulator call ran past its 600 s limit; its worker was stopped"),
-    MemoryError()])
+    MemoryError(),
+    SimulatorFailed("the simulator process died during the call")])
 def test_a_twin_that_cannot_finish_means_live_trials_and_live_evidence_not_a_rollback(
         fail: Exception) -> None:
     # A workload too heavy to simulate within the worker's limits rolled back each

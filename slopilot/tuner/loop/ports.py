@@ -28,10 +28,17 @@ class SimulatorBusy(RuntimeError):
     twin's answer, as for a twin it does not trust (``advice.py``)."""
 
 
-NO_ANSWER: tuple[type[Exception], ...] = (SimulatorBusy, TimeoutError, MemoryError)
+class SimulatorFailed(RuntimeError):
+    """A simulator call's process died before it answered (the kernel's OOM killer, say:
+    a measured workload sets how heavy a call is); the next call gets a new process."""
+
+
+NO_ANSWER: tuple[type[Exception], ...] = (SimulatorBusy, SimulatorFailed, TimeoutError,
+                                          MemoryError)
 """What a simulator call raises where the twin has no answer and the loop goes on on live
-evidence: busy (``SimulatorBusy``), past its time limit (``sim/worker.SimTimeout``, a
-TimeoutError) or past its memory cap; a measured workload sets how heavy a call is."""
+evidence: busy (``SimulatorBusy``), its process dead (``SimulatorFailed``), past its time
+limit (``sim/worker.SimTimeout``, a TimeoutError) or past its memory cap. None says
+anything of the config that runs, so none rolls a trial back."""
 
 
 @runtime_checkable

@@ -11,9 +11,9 @@ follow. Here the caller blocks (GIL released) while a worker process simulates.
 Workers are spawned, not forked: the host has threads (kopf, uvicorn, the load
 generator) and a forked child can inherit a lock held by one of them. They start in the
 background at construction, so their imports are paid before the first alert; a worker
-that dies during a call is replaced at the next call and the call's error reaches the
-controller, which rolls back as for any error; one that died while idle is replaced
-before the call runs.
+that dies during a call is replaced at the next call, that call failing with
+``SimulatorFailed`` (the loop goes on without the twin's answer); one that died while
+idle is replaced before the call runs.
 
 Shared by every deployment an operator runs, so bounded and kept apart:
 
@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
-from slopilot.tuner.loop.ports import SimulatorBusy
+from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
 from slopilot.tuner.loop.twin_predict import ClassP99, predicted_p99s
 from slopilot.tuner.sim.adapters import SimOffline
 
@@ -119,9 +119,11 @@ class _Process:
             self._discard(kill=True)
             raise SimTimeout(f"the simulator call ran past its {timeout_s:g} s limit; "
                              "its worker was stopped") from None
-        except BrokenProcessPool:
+        except BrokenProcessPool as exc:
             self._discard(kill=False)  # the next call gets a fresh process
-            raise
+            raise SimulatorFailed(
+                "the simulator process died during the call (killed: out of memory?); "
+                "the next call gets a new one") from exc
 
     def _discard(self, *, kill: bool) -> None:
         pool, self._pool = self._pool, None
