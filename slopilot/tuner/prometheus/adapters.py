@@ -12,7 +12,6 @@ its series, or (the operator) a callable naming the canary pod's ``pod`` label n
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,11 +20,7 @@ from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
-from slopilot.tuner.prometheus.profiling import (
-    ImplausibleWorkload,
-    ProfileError,
-    WorkloadProfile,
-)
+from slopilot.tuner.prometheus.profiling import WorkloadProfile, check_probe, profiled_or_base
 from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
@@ -37,8 +32,6 @@ from slopilot.tuner.prometheus.rules import (
     render_selector,
 )
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
-
-log = logging.getLogger(__name__)
 
 ROLE_LABEL = "instance_role"
 REPLICA_LABEL = "instance"
@@ -235,10 +228,7 @@ class PrometheusProbe:
 
     def __init__(self, query: QueryAt | str, selector: Mapping[str, str], base: Scenario, *,
                  window_s: int = 60, duration_s: float = 60.0, min_requests: int = 10) -> None:
-        if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 2:
-            raise ValueError(f"window_s={window_s!r}: expected whole seconds >= 2")
-        if not duration_s > 0:
-            raise ValueError(f"duration_s={duration_s!r}: expected simulated seconds > 0")
+        check_probe(window_s, duration_s)
         self.query = query_at(query) if isinstance(query, str) else query
         self.selector = dict(selector)
         render_selector(self.selector)
@@ -259,13 +249,6 @@ class PrometheusProbe:
                 f"no series of the deployment's engines in the last {w} (Prometheus "
                 f"answers, but nothing matches {sel}): the scrape is failing or its "
                 "relabelling changed; no scale is planned on no evidence")
-        try:
-            profile = WorkloadProfile.measure(at_now, self.selector, self.window_s,
-                                              min_requests=self.min_requests)
-            return profile.to_scenario(self.base, duration_s=self.duration_s)
-        except ImplausibleWorkload as exc:
-            log.warning("the live workload is not profiled; the twin plans for the base "
-                        "scenario: %s", exc)
-            return self.base
-        except ProfileError:
-            return self.base
+        return profiled_or_base(lambda: WorkloadProfile.measure(
+            at_now, self.selector, self.window_s, min_requests=self.min_requests),
+            self.base, self.duration_s)

@@ -8,6 +8,10 @@ log space) and the class mix (finished and turned-away requests per ``priority_c
 ``to_scenario`` puts that workload, open loop, on a base scenario's hardware, model, knobs
 and SLO.
 
+One function (``WorkloadProfile.from_increases``) turns what the series grew by over the
+window (``WorkloadIncreases``) into the profile, and checks it for figures no engine
+exports; the increases come from PromQL (``WorkloadProfile.measure``) or, where the demo
+runs without Prometheus, from two scrapes of the replicas (``local/scrape.DirectScrape``).
 The queries go through ``PrometheusQuery`` (a callable: PromQL in, the API's result list
 out), so recorded answers can stand in for a live server in tests and replays.
 """
@@ -15,6 +19,7 @@ out), so recorded answers can stand in for a live server in tests and replays.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,8 +38,9 @@ MAX_TWIN_REQUESTS = 1_000_000
 """The most requests a measured workload may bring to one simulation. The simulator's
 processes are every deployment's: a pod that exports a queue grown by 1e12 (no engine
 holds one) would have them simulate 2e10 requests a second until their time limit."""
-_PROMPT = "vllm:request_prompt_tokens"
-_OUTPUT = "vllm:request_generation_tokens"
+PROMPT_TOKENS = "vllm:request_prompt_tokens"
+OUTPUT_TOKENS = "vllm:request_generation_tokens"
+log = logging.getLogger(__name__)
 # Within one power-of-two bucket, log-lengths spread uniformly over ln 2: Sheppard's
 # correction removes that from the variance measured on bucket midpoints.
 _SHEPPARD = math.log(2) ** 2 / 12
@@ -89,14 +95,84 @@ def length_profile(buckets: Mapping[float, float], total: float, count: float) -
     return LengthProfile(mean=mean, sigma=sigma, lo=lo, hi=max(hi, math.ceil(mean)))
 
 
-def _count(series: str, text: Any) -> float:
+def _count(series: str, value: float) -> float:
     """One sample of a counter or histogram's increase: finite and never negative, as no
     engine's series give otherwise."""
-    value = float(text)
     if not math.isfinite(value) or value < 0:
         raise ImplausibleWorkload(f"{series} read {value:g}, which no engine's series give: "
                            f"{CHECK_METRICS}")
     return value
+
+
+def _check_window(window_s: int) -> None:
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 1:
+        raise ValueError(f"window_s={window_s!r}: expected whole seconds >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class LengthIncreases:
+    """One token-length histogram's increases over the window, every replica's summed."""
+
+    buckets: Mapping[float, float]
+    """Cumulative ``{le: requests}``, ``inf`` included."""
+    total: float
+    """Of ``_sum``: the tokens."""
+    count: float
+    """Of ``_count``: the requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadIncreases:
+    """What the engines' series grew by over one window: all a profile is measured from.
+
+    As read, unchecked: ``WorkloadProfile.from_increases`` rejects what no engine exports.
+    """
+
+    finished: Mapping[str, float]
+    """Requests finished, by ``priority_class`` (the prompt histogram's ``_count``)."""
+    refused: Mapping[str, float]
+    """Requests turned away for load (``metric_names.REFUSED``), by ``priority_class``."""
+    prompt: LengthIncreases
+    output: LengthIncreases
+    queue_growth: float
+    """Running plus waiting requests at the window's end less at its start (a gauge's
+    change: negative where the queue drained)."""
+
+
+def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
+                         window_s: int) -> WorkloadIncreases:
+    """The increases over the last ``window_s`` seconds of the engines ``selector`` picks."""
+    _check_window(window_s)
+    sel, w = render_selector(selector), duration(window_s)
+
+    def inc(expr: str, by: str = "") -> list[dict[str, Any]]:
+        group = f" by ({by})" if by else ""
+        return query(f"sum{group} (increase({expr}{sel}[{w}]))")
+
+    def by_class(expr: str) -> dict[str, float]:
+        return {s["metric"].get("priority_class", ""): float(s["value"][1])
+                for s in inc(expr, "priority_class")}
+
+    def length(name: str) -> LengthIncreases:
+        # One series each (``sum`` without ``by``), or none: nothing finished.
+        return LengthIncreases(
+            buckets={float(s["metric"]["le"]): float(s["value"][1])
+                     for s in inc(f"{name}_bucket", "le")},
+            total=sum(float(s["value"][1]) for s in inc(f"{name}_sum")),
+            count=sum(float(s["value"][1]) for s in inc(f"{name}_count")))
+
+    running = query(f"sum(delta(vllm:num_requests_running{sel}[{w}])) + "
+                    f"sum(delta(vllm:num_requests_waiting{sel}[{w}]))")
+    return WorkloadIncreases(
+        finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
+        prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS),
+        queue_growth=float(running[0]["value"][1]) if running else 0.0)
+
+
+def _length(name: str, inc: LengthIncreases) -> LengthProfile:
+    buckets = {le: _count(f"{name}_bucket{{le={le:g}}}", n) for le, n in inc.buckets.items()}
+    return length_profile(buckets, _count(f"{name}_sum", inc.total),
+                          _count(f"{name}_count", inc.count))
 
 
 @dataclass(frozen=True)
@@ -114,32 +190,23 @@ class WorkloadProfile:
     def measure(cls, query: PrometheusQuery, selector: Mapping[str, str], window_s: int,
                 *, min_requests: int = 20) -> WorkloadProfile:
         """Profile the last ``window_s`` seconds of the engines ``selector`` picks."""
-        if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 1:
-            raise ValueError(f"window_s={window_s!r}: expected whole seconds >= 1")
-        sel, w = render_selector(selector), duration(window_s)
+        return cls.from_increases(prometheus_increases(query, selector, window_s), window_s,
+                                  min_requests=min_requests)
 
-        def inc(expr: str, by: str = "") -> list[dict[str, Any]]:
-            group = f" by ({by})" if by else ""
-            return query(f"sum{group} (increase({expr}{sel}[{w}]))")
-
-        per_class = {s["metric"].get("priority_class", ""): _count(
-            f"{_PROMPT}_count{{priority_class={s['metric'].get('priority_class', '')}}}",
-            s["value"][1]) for s in inc(f"{_PROMPT}_count", "priority_class")}
+    @classmethod
+    def from_increases(cls, inc: WorkloadIncreases, window_s: int, *,
+                       min_requests: int = 20) -> WorkloadProfile:
+        """Profile a window of ``window_s`` seconds from what its series grew by."""
+        _check_window(window_s)
+        per_class = {c: _count(f"{PROMPT_TOKENS}_count{{priority_class={c}}}", n)
+                     for c, n in inc.finished.items()}
         requests = sum(per_class.values())
         if requests < min_requests:
-            raise ProfileError(f"only {requests:g} requests finished in the last {w}; need "
-                               f"{min_requests} to profile (widen the window)")
-        lengths = {}
-        for name in (_PROMPT, _OUTPUT):
-            buckets = {float(s["metric"]["le"]): _count(
-                f"{name}_bucket{{le={float(s['metric']['le']):g}}}", s["value"][1])
-                for s in inc(f"{name}_bucket", "le")}
-            total = sum(_count(f"{name}_sum", s["value"][1]) for s in inc(f"{name}_sum"))
-            count = sum(_count(f"{name}_count", s["value"][1]) for s in inc(f"{name}_count"))
-            lengths[name] = length_profile(buckets, total, count)
-        running = query(f"sum(delta(vllm:num_requests_running{sel}[{w}])) + "
-                        f"sum(delta(vllm:num_requests_waiting{sel}[{w}]))")
-        growth = float(running[0]["value"][1]) if running else 0.0
+            raise ProfileError(f"only {requests:g} requests finished in the last "
+                               f"{duration(window_s)}; need {min_requests} to profile "
+                               "(widen the window)")
+        prompt, output = _length(PROMPT_TOKENS, inc.prompt), _length(OUTPUT_TOKENS, inc.output)
+        growth = inc.queue_growth
         if math.isinf(growth):
             raise ImplausibleWorkload(f"the queue's growth read {growth:g}, which no engine's "
                                f"series give: {CHECK_METRICS}")
@@ -147,14 +214,13 @@ class WorkloadProfile:
         # saturated deployment's load was its own throughput, and no plan grew it. A
         # retry turned away is not counted again (metric_names.RETRIES); one let in counts
         # as served: a call turned away once and then served is planned for twice.
-        refused = {s["metric"].get("priority_class", ""): _count(
-            f"{REFUSED}{{priority_class={s['metric'].get('priority_class', '')}}}",
-            s["value"][1]) for s in inc(REFUSED, "priority_class")}
+        refused = {c: _count(f"{REFUSED}{{priority_class={c}}}", n)
+                   for c, n in inc.refused.items()}
         offered = requests + sum(refused.values())
         rate = max(0.0, (offered + (growth if math.isfinite(growth) else 0.0)) / window_s)
         mix = {p.label: max(0.0, per_class.get(p.label, 0.0) + refused.get(p.label, 0.0))
                / offered for p in Priority}
-        return cls(arrival_rate=rate, prompt=lengths[_PROMPT], output=lengths[_OUTPUT],
+        return cls(arrival_rate=rate, prompt=prompt, output=output,
                    class_mix=mix, window_s=window_s, requests=requests)
 
     @classmethod
@@ -208,3 +274,27 @@ def prometheus_query(url: str, timeout_s: float = 10.0, *,
     """A ``PrometheusQuery`` (instant queries, now); unreachable -> PrometheusUnavailable."""
     run = query_at(url, timeout_s, verify=verify)
     return lambda expr: run(expr, None)
+
+
+def check_probe(window_s: int, duration_s: float) -> None:
+    """A probe's settings: a window of whole seconds, at least two (a rate over 1 s
+    scrapes), and a simulation of some length."""
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 2:
+        raise ValueError(f"window_s={window_s!r}: expected whole seconds >= 2")
+    if not duration_s > 0:
+        raise ValueError(f"duration_s={duration_s!r}: expected simulated seconds > 0")
+
+
+def profiled_or_base(profile: Callable[[], WorkloadProfile], base: Scenario,
+                     duration_s: float) -> Scenario:
+    """The probes' answer: ``profile()``'s workload on ``base``'s hardware, or ``base``
+    itself where the window holds too little to profile (a quiet deployment: the capacity
+    search then plans for the designed load) or what no engine exports (logged)."""
+    try:
+        return profile().to_scenario(base, duration_s=duration_s)
+    except ImplausibleWorkload as exc:
+        log.warning("the live workload is not profiled; the twin plans for the base "
+                    "scenario: %s", exc)
+        return base
+    except ProfileError:
+        return base
