@@ -186,3 +186,42 @@ def test_the_twin_is_checked_on_the_workload_of_the_window_it_is_held_against(
     probe = live_probe("http://127.0.0.1:9", {"slopilot_deployment": "demo"},
                        load_scenario("demo"), DemoOptions(window_s=window_s))
     assert probe.window_s == round(window_s)
+
+
+def test_the_demo_without_prometheus_probes_the_scraped_workload(tmp_path: Path) -> None:
+    """Without Prometheus the demo's probe was the base scenario, whose first seconds
+    are the pre-shift load: every twin check, warm start and capacity plan after the
+    shift simulated ~512-token prompts while the replicas served ~2048-token ones."""
+    import contextlib
+
+    from rich.console import Console
+
+    from slopilot.engine.metrics import EngineMetrics
+    from slopilot.tuner.local.demo import _start_metrics
+    from slopilot.tuner.local.demo_story import Narrator
+    from slopilot.tuner.local.scrape import DirectScrape
+    from tests.support.prometheus import serve_metrics
+    from tests.support.served_workload import Pages, prompt_mean, serve
+
+    metrics, pages = EngineMetrics("demo"), Pages()
+    serve(metrics, 300, 512)
+    scenario = load_scenario("demo")
+    with serve_metrics(lambda: pages.page) as address, contextlib.ExitStack() as stack:
+
+        class Replicas:  # what the sources read of LocalDeployment: its endpoints
+            def endpoints(self) -> list[str]:
+                return [f"http://{address}"]
+
+        opts = DemoOptions(prometheus=False, window_s=10.0, report_dir=tmp_path / "r")
+        sources = _start_metrics(opts, scenario, scenario, Replicas(),  # type: ignore[arg-type]
+                                 tmp_path, stack, Narrator(Console(quiet=True), []))
+        scrape = sources.windows
+        assert isinstance(scrape, DirectScrape)
+        pages.take(metrics)
+        scrape.poll(now=100.0)
+        serve(metrics, 40, 2048, seed=1)  # the shift
+        pages.take(metrics)
+        scrape.poll(now=110.0)
+        measured = sources.probe.measure(110.0)
+    assert prompt_mean(measured) == pytest.approx(2048, rel=0.25)
+    assert measured.duration_s == 30.0  # the probe the Prometheus wiring has (live_probe)

@@ -35,6 +35,7 @@ from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
 from slopilot.tuner.local.prometheus_server import LocalPrometheus, find_prometheus
 from slopilot.tuner.local.scrape import DirectScrape
+from slopilot.tuner.local.scrape_probe import ScrapeProbe
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.ports import (
     AlertReader,
@@ -215,14 +216,6 @@ def phases(torch: bool, replicas: int) -> tuple[Phase, Phase]:
             Phase(rate, 2048, 64, {"p0": 0.4, "p1": 0.5, "p2": 0.1}, 0.7, 4096))
 
 
-class _BaseProbe:
-    def __init__(self, base: Scenario) -> None:
-        self.base = base
-
-    def measure(self, now: float) -> Scenario:
-        return self.base
-
-
 @dataclass(frozen=True)
 class _Sources:
     """Where the loop reads alerts, trial windows and the workload, and the timeline its
@@ -301,8 +294,10 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
         scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
         stack.callback(scrape.stop)
         say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
-            "(same alert conditions and window figures)")
-        return _Sources(scrape, scrape, _BaseProbe(twin), scrape, scrape)
+            "(same alert conditions, window figures and workload profile)")
+        probe = ScrapeProbe(scrape, twin, window_s=probe_window_s(opts),
+                            duration_s=PROBE_DURATION_S)
+        return _Sources(scrape, scrape, probe, scrape, scrape)
     rules = work / "rules.yaml"
     rules.write_text(render_rules_yaml(scenario.slo, NAME, options=RULES))
     prom = LocalPrometheus(work / "prometheus", dep.targets_file, [rules])
@@ -319,17 +314,26 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
                           load_tolerance=1e9), PrometheusIterations(prom.url, selector))
 
 
-def live_probe(url: str, selector: Mapping[str, str], twin: Scenario, opts: DemoOptions
-               ) -> PrometheusProbe:
-    """The workload probe on the controller's own window, as the operator's (daemon.py).
+PROBE_DURATION_S = 30.0
+"""What the twin simulates of the probe's workload (the capacity plan's length)."""
+
+
+def probe_window_s(opts: DemoOptions) -> int:
+    """The workload probe's window: the controller's own, as the operator's (daemon.py).
 
     The twin check simulates the probe's workload and sets it against the measured
     window: on a longer probe window (20 s against 10), the alert's check right after
     the shift simulated mostly the old prompts, and the demo showed a twin 64-89 % low
     on every P99 while its step times were within 1 %.
     """
-    return PrometheusProbe(url, selector, twin, window_s=max(2, round(opts.window_s)),
-                           duration_s=30.0)
+    return max(2, round(opts.window_s))
+
+
+def live_probe(url: str, selector: Mapping[str, str], twin: Scenario, opts: DemoOptions
+               ) -> PrometheusProbe:
+    """The workload probe with Prometheus (without it: ``ScrapeProbe``, the same window)."""
+    return PrometheusProbe(url, selector, twin, window_s=probe_window_s(opts),
+                           duration_s=PROBE_DURATION_S)
 
 
 def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,

@@ -32,18 +32,28 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
+from slopilot.tuner.prometheus.profiling import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    LengthIncreases,
+    WorkloadIncreases,
+)
 from slopilot.tuner.prometheus.query import window_summary
 from slopilot.tuner.prometheus.rules import RuleOptions
-from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 
 _TTFT = "vllm:time_to_first_token_seconds_bucket"
 _TBT = "vllm:inter_token_latency_seconds_bucket"
 _HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 _BUSY, _WAITING = "slopilot_busy_ratio", "vllm:num_requests_waiting"
 _GAUGES = {_BUSY, _WAITING}
+_RUNNING = "vllm:num_requests_running"
+# The workload probe's (``scrape_probe``): the token-length histograms whole, and the
+# queue (running + waiting) whose growth is arrivals not yet finished.
+_LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
+            for part in ("bucket", "sum", "count")}
 _KEEP = {_TTFT, _TBT, REFUSED, "vllm:e2e_request_latency_seconds_count",
-         "vllm:request_generation_tokens_sum", "vllm:num_preemptions_total", _HITS,
-         _QUERIES, *_GAUGES}
+         "vllm:num_preemptions_total", _HITS, _QUERIES, _RUNNING, *_LENGTHS, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
 
@@ -176,6 +186,50 @@ class DirectScrape:
                                      for f in FEATURES))
             out.append(WindowSample(kind, n, d.get((_STEP_SUM, kind, _NO_LE), 0.0), shape))
         return out
+
+    def workload(self, start: float, end: float) -> WorkloadIncreases:
+        """WorkloadProbe's evidence: every replica's increases over the window of the
+        series ``WorkloadProfile.measure`` reads from PromQL (its queue's growth, a
+        gauge, the change between the two scrapes; a replica that appeared within the
+        window counts from zero). None at all where the scrapes do not reach back to
+        ``start`` yet: too little to profile, as a quiet window.
+
+        Raises PrometheusUnavailable where no replica answered the last scrape by
+        ``end``: no quiet deployment, but one whose metrics stopped reaching the scrape.
+        """
+        a, b = self._at(start), self._at(end)
+        if b is None or not b.series:
+            raise PrometheusUnavailable(
+                "no replica answered the scrape of its /metrics by the window's end: no "
+                "workload to measure, and no scale is planned on no evidence")
+        empty = LengthIncreases({}, 0.0, 0.0)
+        if a is None:
+            return WorkloadIncreases({}, {}, empty, empty, 0.0)
+        d = self._delta(start, end, canary=False)
+
+        def by_class(name: str) -> dict[str, float]:
+            out: dict[str, float] = {}
+            for (n, c, _), v in d.items():
+                if n == name:
+                    out[c] = out.get(c, 0.0) + v
+            return out
+
+        def length(name: str) -> LengthIncreases:
+            buckets: dict[float, float] = {}
+            for (n, _, le), v in d.items():
+                if n == f"{name}_bucket":
+                    buckets[le] = buckets.get(le, 0.0) + v
+            return LengthIncreases(buckets, sum(by_class(f"{name}_sum").values()),
+                                   sum(by_class(f"{name}_count").values()))
+
+        # A gauge's change, not an increase: the differences unclamped (a queue drains).
+        queue = (_RUNNING, _WAITING)
+        growth = sum(series.get((g, "", _NO_LE), 0.0)
+                     - a.series.get(url, {}).get((g, "", _NO_LE), 0.0)
+                     for url, series in b.series.items() for g in queue)
+        return WorkloadIncreases(
+            finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
+            prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS), queue_growth=growth)
 
     def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:
         """Busy ratio (mean over replicas) and waiting requests (sum) in the last scrape."""
