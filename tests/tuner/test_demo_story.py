@@ -55,6 +55,9 @@ def test_a_twin_check_is_told_and_reported() -> None:
     said = [line.split("] ", 1)[1] for line in result.lines]
     assert said[0].startswith("TWIN    trusted (step-time error")
     assert "after refit | P0 TTFT P99" in said[0] and "ms measured" in said[0]
+    # A trusted twin 40-90 % off on one window's P99s read as a contradiction: say why.
+    assert said[0].endswith("ms (one window's, not judged)")
     section = twin_section(result.twin)
     assert "| p0 |" in section and "trusted" in section and "after refit" in section
+    assert "The step times judge it." in section
     assert "Not checked" in twin_section(None)
