@@ -13,11 +13,12 @@ episode runs live trials from the study alone) and ``capacity`` gives None (the 
 scale on live evidence only, one replica at a time, and never down). A twin whose
 simulator processes are busy with other deployments' calls past the queue limit
 (``SimulatorBusy``) gives no answer the same way: one deployment's searches must not
-stop another's loop; so does a call that ran past its time limit or its memory cap (a
-measured workload too heavy to simulate), which rolled back every tick that asked: no
-trial ever ran. ``unavailable`` says why there was no answer. A trusted twin whose
-P0 p99s came out below the measured ones plans a scale-down with that shortfall added to
-its margin: an optimistic twin must not size a scale-down.
+stop another's loop; so does a call that ran past its time limit or its memory cap, or
+whose process was killed (a measured workload too heavy to simulate: ``ports.NO_ANSWER``),
+which rolled back every tick that asked, so no trial ever ran. ``unavailable`` says why
+there was no answer. A trusted twin whose P0 p99s came out below the measured ones plans a
+scale-down with that shortfall added to its margin: an optimistic twin must not size a
+scale-down.
 """
 
 from __future__ import annotations

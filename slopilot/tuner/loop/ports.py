@@ -140,7 +140,7 @@ class Planner(Protocol):
 class TwinSimulator(Protocol):
     """The twin's P99s over one window, for the twin check (``twin_predict.py``): run in
     the operator's simulator processes (``sim/worker.WorkerTwin``), not the controller's.
-    May raise ``SimulatorBusy``, or ``TimeoutError`` past its time limit."""
+    May raise any of ``NO_ANSWER``."""
 
     def p99s(self, twin: Scenario, config: Mapping[str, Any], replicas: int,
              window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]: ...

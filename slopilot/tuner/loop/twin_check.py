@@ -13,8 +13,9 @@ compares the twin with the last measured window, through the ports:
   and replica count for one window (through ``ports.TwinSimulator``: the operator's
   simulator processes, ``twin_predict.py``); its TTFT and TBT p99 per class against the
   measured ones (the evaluator's window). A window the simulator cannot take (busy with
-  other deployments, past its time limit) leaves the p99s unchecked, said in the reason;
-  the step times still decide.
+  other deployments, past its time limit or memory cap, its process killed:
+  ``ports.NO_ANSWER``) leaves the p99s unchecked, said in the reason; the step times
+  still decide.
 
 The twin is trusted while the corrected step-time error is within ``twin_max_error``
 (and, when set, the P0 p99 errors within ``twin_max_latency_error``). The p99s of one
@@ -218,8 +219,7 @@ def _step_verdict(settings: ControllerSettings, corrected: float | None,
     latency_bound = settings.twin_max_latency_error
     if latency_bound is not None and unsimulated is not None:
         # Asked for, the p99s' agreement is no given: unchecked, they do not agree.
-        return False, "P0 p99s not checked against the bound " \
-            f"{latency_bound:.0%}"
+        return False, f"P0 p99s not checked against the bound {latency_bound:.0%}"
     p0 = next((c for c in classes if c.priority == "p0"), None)
     if latency_bound is not None and p0 is not None:
         for name, err in (("TTFT", p0.ttft_error), ("TBT", p0.tbt_error)):
