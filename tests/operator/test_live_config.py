@@ -28,7 +28,6 @@ from slopilot.operator.spec import parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.prometheus.alerts import AlertSource
-from slopilot.tuner.sim.worker import SimTimeout
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -375,18 +374,19 @@ def test_an_edit_during_an_episode_is_what_its_rollback_restores(
     assert cluster.status()["tunedConfig"]["engine"]["max_num_seqs"] == 64
 
 
-class TimedOutPlanner:
-    """A capacity search past its time limit (the worker killed): the tick errors."""
+class BrokenPlanner:
+    """A capacity search that fails as no simulator call should (a bug, not a busy or
+    timed-out twin, which is no answer: ports.NO_ANSWER): the tick errors."""
 
     def search(self, *_: Any, **__: Any) -> Any:
-        raise SimTimeout("capacity search ran past its 300 s time limit; worker killed")
+        raise KeyError("token_budget")
 
 
-def timing_out(ctx: DaemonContext) -> Controller:
+def erring(ctx: DaemonContext) -> Controller:
     settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
     alerts = AlertSource(ctx.spec.prometheus_url, ctx.name, namespace=ctx.namespace)
     return Controller(settings, ctx.handle, alerts, HoldingWindows(), FakeStudy(),
-                      FakeProbe(), TimedOutPlanner(), state=ctx.state)
+                      FakeProbe(), BrokenPlanner(), state=ctx.state)
 
 
 def test_a_tick_error_after_a_commit_keeps_a_later_edit(
@@ -417,14 +417,14 @@ def test_a_tick_error_after_a_commit_keeps_a_later_edit(
         cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 2048}}})
         assert spec_config(cluster)["token_budget"] == 2048  # the commit is stale now
 
-        loop = daemon_loop(cluster, cluster.get(), monkeypatch, factory=timing_out)
+        loop = daemon_loop(cluster, cluster.get(), monkeypatch, factory=erring)
         assert loop.step()  # nothing firing: the pod is synced to the edit
         assert running(pod)["token_budget"] == 2048
         prom.fire("SlopilotTBTP99High", "scale", "chat", NS)
-        assert loop.step()  # SCALING: the capacity search times out, the tick errors
+        assert loop.step()  # SCALING: the capacity search fails, the tick errors
         status = cluster.status()
         assert status["lastAction"]["action"] == "revert"
-        assert "SimTimeout" in status["lastAction"]["reason"]
+        assert "KeyError" in status["lastAction"]["reason"]
         assert running(pod)["token_budget"] == 2048
         assert spec_config(cluster)["token_budget"] == 2048
         assert status["config"]["tokenBudget"] == 2048
