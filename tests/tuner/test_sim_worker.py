@@ -21,6 +21,8 @@ from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
 from slopilot.tuner.loop.twin_predict import predicted_p99s
 from slopilot.tuner.sim.adapters import SimOffline, rank_for_warm_start
 from slopilot.tuner.sim.worker import (
+    CHECK_QUEUE_TIMEOUT_S,
+    QUEUE_TIMEOUT_S,
     SimTimeout,
     SimWorker,
     WorkerOffline,
@@ -268,6 +270,10 @@ def test_a_twin_window_behind_another_deployments_call_is_busy_within_its_limit(
         assert a.finish() == "done"
     with pytest.raises(ValueError, match="timeout_s"):
         WorkerTwin(SimWorker.__new__(SimWorker), timeout_s=0)
+    # A report, unless a latency bound asks for it: it does not wait as long as the warm
+    # start after it in the same tick does (that doubled the tick's wait).
+    assert WorkerTwin(SimWorker.__new__(SimWorker)).queue_timeout_s == CHECK_QUEUE_TIMEOUT_S
+    assert CHECK_QUEUE_TIMEOUT_S < QUEUE_TIMEOUT_S / 10
 
 
 def test_processes_are_apart_a_timeout_kills_only_its_own_call(tmp_path: pathlib.Path

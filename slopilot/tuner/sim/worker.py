@@ -271,12 +271,19 @@ class WorkerPlanner:
                                 queue_timeout_s=self.queue_timeout_s)
 
 
+CHECK_QUEUE_TIMEOUT_S = 5.0
+"""How long the twin check's window waits for a free simulator process. Its P99s are a
+report unless ``twin_max_latency_error`` is set, and the warm start or capacity plan
+after it in the same tick waits ``QUEUE_TIMEOUT_S`` too: behind another deployment's
+study, the check waiting as long doubled the tick's wait before the loop acts."""
+
+
 class WorkerTwin:
     """The controller's TwinSimulator: the twin check's window simulated in a worker,
     within ``timeout_s`` once it runs and ``queue_timeout_s`` waiting for a free one."""
 
     def __init__(self, worker: SimWorker, *, timeout_s: float = 300.0,
-                 queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
+                 queue_timeout_s: float = CHECK_QUEUE_TIMEOUT_S) -> None:
         self.worker, self.timeout_s = worker, _positive(timeout_s)
         self.queue_timeout_s = _queue_limit(queue_timeout_s)
 
