@@ -16,6 +16,7 @@ import pytest
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
+from slopilot.engine.sim.twin import with_profile
 from slopilot.tuner.loop.capacity import CapacityError, CapacityPlanner
 from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
 from slopilot.tuner.loop.twin_predict import predicted_p99s
@@ -31,6 +32,7 @@ from slopilot.tuner.sim.worker import (
 )
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
+from tests.support.profiles import make_profile
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 TINY = load_scenario("tiny-cpu")
@@ -97,11 +99,14 @@ def test_the_worker_answers_as_the_in_process_search_does(worker: SimWorker) -> 
 
 
 @pytest.mark.parametrize("bucketed", [False, True])
+@pytest.mark.parametrize("profiled", [False, True])
 def test_the_twin_checks_window_is_simulated_in_the_worker_as_here(
-        worker: SimWorker, bucketed: bool) -> None:
+        worker: SimWorker, bucketed: bool, profiled: bool) -> None:
+    # The check sends the twin on its corrected profile (read-only maps inside).
+    twin = with_profile(TINY, make_profile()) if profiled else TINY
     config = TINY.engine_config().to_dict()
-    here = predicted_p99s(TINY, config, 2, 5.0, seed=3, bucketed=bucketed)
-    there = WorkerTwin(worker).p99s(TINY, config, 2, 5.0, seed=3, bucketed=bucketed)
+    here = predicted_p99s(twin, config, 2, 5.0, seed=3, bucketed=bucketed)
+    there = WorkerTwin(worker).p99s(twin, config, 2, 5.0, seed=3, bucketed=bucketed)
     assert there == here and [c.priority for c in there] == list(Priority)
     assert any(c.tbt_ms is not None for c in there)
 

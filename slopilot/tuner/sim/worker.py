@@ -122,8 +122,8 @@ class _Process:
         except BrokenProcessPool as exc:
             self._discard(kill=False)  # the next call gets a fresh process
             raise SimulatorFailed(
-                "the simulator process died during the call (killed: out of memory?); "
-                "the next call gets a new one") from exc
+                "the simulator process died during the call (killed, by the kernel for "
+                "memory say, or it could not start); the next call gets a new one") from exc
 
     def _discard(self, *, kill: bool) -> None:
         pool, self._pool = self._pool, None
