@@ -66,7 +66,7 @@ def ending(event: dict[str, Any], kind: str) -> Ending | None:
     if status == "incomplete":
         details = response.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
-        if reason in _LIMIT_REASONS:
+        if isinstance(reason, str) and reason in _LIMIT_REASONS:
             return Ending.FINISHED
     return Ending.FAILED
 

@@ -101,3 +101,17 @@ def test_a_responses_events_type_is_its_json_type_else_its_event_name() -> None:
     judge.written(b'event: response.completed\ndata: {"response": {"status": "completed"}}'
                   b'\n\n', 0.15)
     assert judge.verdicts(0.2) == [Verdict(True, 2)]  # no usage: its deltas counted
+
+
+@pytest.mark.parametrize("reason", [[], {"a": 1}, ["max_output_tokens"]],
+                         ids=["list", "object", "in-a-list"])
+def test_an_incomplete_reason_of_another_kind_is_no_limit(reason: Any) -> None:
+    """An upstream's ``incomplete_details.reason`` that is no string (vLLM writes one): the
+    answer cut short, as for any reason but a limit. Looked up in the set of limits, a
+    list or object raised, and the meter's relay of the stream with it."""
+    judge = StreamJudge(SLO, 0.0, wire=Wire.RESPONSES)
+    judge.written(b'data: {"type": "response.output_text.delta", "delta": "a"}\n\n', 0.9)
+    judge.written(b'data: {"type": "response.completed", "response": {"status": '
+                  b'"incomplete", "incomplete_details": {"reason": ' +
+                  json.dumps(reason).encode() + b"}}}\n\n", 1.0)
+    assert judge.verdicts(1.0) == [Verdict(False, 1)]  # cut short, its first token late
