@@ -25,7 +25,9 @@ out here, benchmarks import no test support):
   logprob maps: the client's text as keys);
 - ``schema``: a ``response.completed`` whose echoed tool schema nests 800 levels deep
   (what a client may send; Python's own parser stops near 1,000), walked bracket by
-  bracket below the paths read.
+  bracket below the paths read;
+- ``chunks``: a stream of ordinary completions chunks, one token each (``--mib``, 1 at
+  most): its longest step is what one read of them costs, the reference for the others'.
 
     .venv/bin/python benchmarks/long_event_cost.py [--mib 16] [--runs 5] [--read-kib 64]
 
@@ -140,6 +142,24 @@ def echo_stream(mib: float) -> tuple[list[bytes], bytes]:
     return [first, *rest], first.split(b"data: ", 1)[1].rstrip(b"\n")
 
 
+def chunks_stream(mib: float) -> tuple[list[bytes], list[bytes]]:
+    """``mib`` MiB of a completions stream's chunks, one token each with its continuous
+    usage; the stream's events and their data."""
+    events: list[bytes] = []
+    size = 0
+    while size < mib * MIB:
+        n = len(events) + 1
+        events.append(b"data: " + _compact({
+            "id": "cmpl-7", "object": "text_completion", "created": 1, "model": "llama",
+            "choices": [{"index": 0, "text": " word", "logprobs": None, "finish_reason": None,
+                         "stop_reason": None, "prompt_token_ids": None, "token_ids": None}],
+            "usage": {"prompt_tokens": 5, "total_tokens": 5 + n, "completion_tokens": n,
+                      "prompt_tokens_details": None}}) + b"\n\n")
+        size += len(events[-1])
+    events[-1] = events[-1].replace(b'"finish_reason":null', b'"finish_reason":"length"')
+    return [*events, b"data: [DONE]\n\n"], [e[6:].rstrip(b"\n") for e in events]
+
+
 def read(pieces: list[bytes], wire: Wire) -> tuple[list[Verdict], float, float]:
     """The stream's reads through a judge, each in the steps the proxy runs it in: its
     verdicts, the longest read and the longest step in seconds."""
@@ -164,6 +184,11 @@ def _steps(judge: StreamJudge, data: bytes, at: float) -> Iterator[None]:
     return cast(Iterator[None], steps(data, at))
 
 
+def _loads(payloads: list[bytes]) -> None:
+    for data in payloads:
+        json.loads(data)
+
+
 def median_s(fn: Callable[[], object], runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -181,16 +206,18 @@ def main() -> None:
     args = parser.parse_args()
     piece = args.read_kib * 1024
     cases = {
-        "responses": (*responses_stream(args.mib), Wire.RESPONSES, 3),
-        "echo": (*echo_stream(args.mib), Wire.CHOICES, 3),
-        "schema": (*responses_stream(max(2.0, args.mib / 8), depth=400), Wire.RESPONSES, 3),
-    }
+        name: (events, [data], wire, 3) for name, (events, data), wire in [
+            ("responses", responses_stream(args.mib), Wire.RESPONSES),
+            ("echo", echo_stream(args.mib), Wire.CHOICES),
+            ("schema", responses_stream(max(2.0, args.mib / 8), depth=400), Wire.RESPONSES)]}
+    events, payloads = chunks_stream(min(1.0, args.mib))
+    cases["chunks"] = (events, payloads, Wire.CHOICES, len(payloads))
     result: dict[str, str] = {}
     print(f"{'case':10s} {'MiB':>6s} {'held':>5s} {'meter ms/MiB':>13s} {'json.loads ms/MiB':>18s} "
           f"{'ratio':>6s} {'longest read ms':>16s} {'longest step ms':>16s} "
           f"{'peak KiB':>9s}")
-    for name, (events, data, wire, tokens) in cases.items():
-        held = len(data) <= MAX_EVENT_BYTES
+    for name, (events, payloads, wire, tokens) in cases.items():
+        held = max(map(len, payloads)) <= MAX_EVENT_BYTES
         stream = b"".join(events)
         pieces = [stream[i:i + piece] for i in range(0, len(stream), piece)]
         verdicts, _, _ = read(pieces, wire)
@@ -201,7 +228,7 @@ def main() -> None:
         longests = [read(pieces, wire)[1:] for _ in range(args.runs)]
         longest = statistics.median(r for r, _ in longests)
         longest_step = statistics.median(s for _, s in longests)
-        loads_s = median_s(functools.partial(json.loads, data), args.runs)
+        loads_s = median_s(functools.partial(_loads, payloads), args.runs)
         # The reads are the caller's bytes: the peak is what the judge holds beside them.
         tracemalloc.start()
         read(pieces, wire)
