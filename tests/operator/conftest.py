@@ -60,6 +60,14 @@ def controller_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def teams(tmp_path: Path) -> Path:
+    """A folder for one study database per namespace (``teams/{namespace}.db``)."""
+    out = tmp_path / "teams"
+    out.mkdir()
+    return out
+
+
+@pytest.fixture
 def prom() -> Iterator[PrometheusStandIn]:
     """A Prometheus stand-in answering the alerts a test sets (standins.py)."""
     p = PrometheusStandIn()

@@ -159,6 +159,16 @@ def add_pod(cluster: Cluster, deployment: str, index: int, port: int, *,
     return name
 
 
+def with_namespaces(kube: RunningEmulator, cluster: Cluster, *names: str) -> Cluster:
+    """``cluster`` with the CRD installed and ``names`` made, the operator's own namespace
+    too (where its record of study storages lives)."""
+    kube.install(crd_manifest())
+    for ns in (*names, DEFAULT_OPERATOR_NAMESPACE):
+        cluster.kube.create("v1", "namespaces", None, {
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    return cluster
+
+
 @contextlib.contextmanager
 def operator(kube: RunningEmulator, *extra: str) -> Iterator[KopfRunner]:
     """The operator (kopf with slopilot's handlers) on the emulator; checks a clean exit."""

@@ -28,20 +28,19 @@ from slopilot.operator.spec import parse_spec
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.study_ledger import read_ledger
 from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
-from tests.operator.operator_support import Cluster, daemon_loop, llmd, operator_mint
+from tests.operator.operator_support import (
+    Cluster,
+    daemon_loop,
+    llmd,
+    operator_mint,
+    with_namespaces,
+)
 from tests.operator.standins import build_study_controller
 from tests.operator.test_study_reclaim import gone_while_down, names, study_of, tuned
 from tests.support.kube_server import RunningEmulator
 
 A, B = "team-a", "team-b"
 ALLOWED, DEFAULT = "SLOPILOT_ALLOWED_STORAGE", "SLOPILOT_DEFAULT_STORAGE"
-
-
-@pytest.fixture
-def teams(tmp_path: Path) -> Path:
-    out = tmp_path / "teams"
-    out.mkdir()
-    return out
 
 
 @pytest.fixture
@@ -54,11 +53,7 @@ def per_namespace(teams: Path) -> OperatorPolicy:
 
 @pytest.fixture
 def ready(kube: RunningEmulator, cluster: Cluster) -> Cluster:
-    kube.install(crd_manifest())
-    for ns in (A, B, DEFAULT_OPERATOR_NAMESPACE):
-        cluster.kube.create("v1", "namespaces", None, {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    return cluster
+    return with_namespaces(kube, cluster, A, B)
 
 
 def own(teams: Path, namespace: str) -> str:

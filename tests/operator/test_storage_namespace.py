@@ -29,7 +29,7 @@ from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.study_ledger import record
 from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
 from slopilot.tuner.study.storage import open_study
-from tests.operator.operator_support import Cluster, llmd, operator_mint
+from tests.operator.operator_support import Cluster, llmd, operator_mint, with_namespaces
 from tests.operator.test_study_reclaim import gone_while_down, names, study_of, tuned
 from tests.support.kube_server import RunningEmulator
 
@@ -38,19 +38,8 @@ UID = "0b3c6d3e-1f2a-4b5c-8d9e-0f1a2b3c4d5e"
 
 
 @pytest.fixture
-def teams(tmp_path: Path) -> Path:
-    out = tmp_path / "teams"
-    out.mkdir()
-    return out
-
-
-@pytest.fixture
 def ready(kube: RunningEmulator, cluster: Cluster) -> Cluster:
-    kube.install(crd_manifest())
-    for ns in (A, B, DEFAULT_OPERATOR_NAMESPACE):
-        cluster.kube.create("v1", "namespaces", None, {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    return cluster
+    return with_namespaces(kube, cluster, A, B)
 
 
 def problems_in(namespace: str, storage: str, policy: OperatorPolicy) -> list[str]:

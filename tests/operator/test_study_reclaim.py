@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 import pytest
 
-from slopilot.operator.crd import API_VERSION, PLURAL, crd_manifest
+from slopilot.operator.crd import API_VERSION, PLURAL
 from slopilot.operator.daemon import study_name
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
@@ -30,7 +30,14 @@ from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.study_ledger import LEDGER, entry_key, forget, read_ledger, record
 from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
 from slopilot.tuner.study.storage import open_study
-from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    daemon_loop,
+    llmd,
+    operator_mint,
+    with_namespaces,
+)
 from tests.operator.standins import build_study_controller
 from tests.support import waits
 from tests.support.kube_server import RunningEmulator
@@ -57,11 +64,7 @@ def policy(studies: Path) -> OperatorPolicy:
 
 @pytest.fixture
 def ready(kube: RunningEmulator, cluster: Cluster) -> Cluster:
-    kube.install(crd_manifest())
-    for ns in (OTHER, DEFAULT_OPERATOR_NAMESPACE):
-        cluster.kube.create("v1", "namespaces", None, {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    return cluster
+    return with_namespaces(kube, cluster, OTHER)
 
 
 def tuned(cluster: Cluster, policy: OperatorPolicy, storage: str | None,
