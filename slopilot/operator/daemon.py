@@ -149,6 +149,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
     from slopilot.tuner.prometheus.iterations import PrometheusIterations
+    from slopilot.tuner.prometheus.profiling import probe_window_s
     from slopilot.tuner.prometheus.query import query_at
     from slopilot.tuner.prometheus.rules import identity_labels
     from slopilot.tuner.sim.adapters import SimOffline
@@ -183,7 +184,6 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     except StudyStorageError as exc:
         raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
                               "function to build the controller's ports another way") from None
-    window = max(2, int(ctx.settings.window_s))
     worker = sim_worker()
     return Controller(
         ctx.settings, ctx.handle, alerts,
@@ -191,7 +191,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         # P99s and goodput in the trials' objective and status as in Prometheus.
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels,
                           latency=latency_sources(spec.backend)),
-        ResumableTuner(study, space), PrometheusProbe(query, selector, base, window_s=window),
+        ResumableTuner(study, space),
+        PrometheusProbe(query, selector, base, window_s=probe_window_s(ctx.settings.window_s)),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
         metrics=operator_metrics(ctx.namespace), state=ctx.state,
         iterations=PrometheusIterations(query, selector), twin=WorkerTwin(worker))

@@ -31,7 +31,7 @@ from slopilot.operator.tokens import TokenMint
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.state import ControllerState
-from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows, range_s
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner, WorkerTwin
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS
@@ -235,3 +235,12 @@ def test_a_deployments_windows_read_the_p99s_its_rules_read(tmp_path: Path,
     assert len(p99s) == 4  # TTFT and TBT, per class and of every class together
     for metric in (CLIENT_TTFT, CLIENT_TBT):
         assert sum(metric in e for e in p99s) == (2 if backend == "vllm" else 0)
+
+
+def test_the_probe_reads_the_whole_seconds_each_window_is_read_over(tmp_path: Path) -> None:
+    # The twin check holds the probe's workload against a measured window: both are
+    # read over the same PromQL range, as the demo's (``probe_window_s``, one rule).
+    ctl = prometheus_controller(context(tmp_path, window="90500ms"))
+    assert isinstance(ctl.probe, PrometheusProbe)
+    assert ctl.settings.window_s == 90.5
+    assert ctl.probe.window_s == range_s(1000.0 - 90.5, 1000.0) == 90

@@ -183,9 +183,13 @@ def test_the_twin_is_checked_on_the_workload_of_the_window_it_is_held_against(
         window_s: float) -> None:
     # The twin check sets the probe's workload against the controller's window: a longer
     # probe window right after the shift held mostly the old prompts (20 s against 10).
+    # Whole seconds as the windows themselves are read, as the operator's (daemon.py):
+    # rounded, a 12.6 s window was probed over 13 s and judged over 12.
+    from slopilot.tuner.prometheus.adapters import range_s
+
     probe = live_probe("http://127.0.0.1:9", {"slopilot_deployment": "demo"},
                        load_scenario("demo"), DemoOptions(window_s=window_s))
-    assert probe.window_s == round(window_s)
+    assert probe.window_s == range_s(1000.0 - window_s, 1000.0)
 
 
 def test_the_demo_without_prometheus_probes_the_scraped_workload(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.iterations import PrometheusIterations
+from slopilot.tuner.prometheus.profiling import probe_window_s
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, RuleOptions, render_rules_yaml
 from slopilot.tuner.sim.adapters import SimOffline
 from slopilot.tuner.sim.worker import SimWorker, WorkerOffline, WorkerPlanner, WorkerTwin
@@ -295,7 +296,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
         stack.callback(scrape.stop)
         say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
             "(same alert conditions, window figures and workload profile)")
-        probe = ScrapeProbe(scrape, twin, window_s=probe_window_s(opts),
+        probe = ScrapeProbe(scrape, twin, window_s=probe_window_s(opts.window_s),
                             duration_s=PROBE_DURATION_S)
         return _Sources(scrape, scrape, probe, scrape, scrape)
     rules = work / "rules.yaml"
@@ -318,21 +319,10 @@ PROBE_DURATION_S = 30.0
 """What the twin simulates of the probe's workload (the capacity plan's length)."""
 
 
-def probe_window_s(opts: DemoOptions) -> int:
-    """The workload probe's window: the controller's own, as the operator's (daemon.py).
-
-    The twin check simulates the probe's workload and sets it against the measured
-    window: on a longer probe window (20 s against 10), the alert's check right after
-    the shift simulated mostly the old prompts, and the demo showed a twin 64-89 % low
-    on every P99 while its step times were within 1 %.
-    """
-    return max(2, round(opts.window_s))
-
-
 def live_probe(url: str, selector: Mapping[str, str], twin: Scenario, opts: DemoOptions
                ) -> PrometheusProbe:
     """The workload probe with Prometheus (without it: ``ScrapeProbe``, the same window)."""
-    return PrometheusProbe(url, selector, twin, window_s=probe_window_s(opts),
+    return PrometheusProbe(url, selector, twin, window_s=probe_window_s(opts.window_s),
                            duration_s=PROBE_DURATION_S)
 
 

@@ -47,7 +47,8 @@ _GOODPUT = "slopilot:goodput_tokens:per_second"
 _PREEMPT = "slopilot:preemptions:per_minute"
 
 
-def _window_s(start: float, end: float) -> int:
+def range_s(start: float, end: float) -> int:
+    """The whole seconds of PromQL's range over ``[start, end]`` (at least 2)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end - start < 2:
         raise WindowRejected(f"window [{start:.1f}, {end:.1f}] is shorter than 2 s: too "
                              "short for a rate over 1 s scrapes")
@@ -162,11 +163,11 @@ class PrometheusWindows:
 
     def request_rate(self, start: float, end: float, *, canary: bool) -> float:
         """Arriving requests per second in ``[start, end]`` (NaN with no data)."""
-        w = _window_s(start, end)
+        w = range_s(start, end)
         return self._scalar(self._exprs(self._selector(canary), w)["request_rate"][None], end)
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
-        w = _window_s(start, end)
+        w = range_s(start, end)
         q = self._exprs(self._selector(canary), w)
         if unreported := sorted(r["metric"].get(REPLICA_LABEL, "?")
                                 for r in self.query(q["unreported"][None], end)):

@@ -276,6 +276,14 @@ def prometheus_query(url: str, timeout_s: float = 10.0, *,
     return lambda expr: run(expr, None)
 
 
+def probe_window_s(window_s: float) -> int:
+    """The probe's window for a controller whose windows last ``window_s``: the same
+    whole seconds that PromQL's range reads of each of them (``adapters.range_s``), so
+    that the twin check simulates the workload of the window it is held against (on a
+    longer one, right after a shift, mostly the old prompts)."""
+    return max(2, int(window_s))
+
+
 def check_probe(window_s: int, duration_s: float) -> None:
     """A probe's settings: a window of whole seconds, at least two (a rate over 1 s
     scrapes), and a simulation of some length."""
