@@ -10,18 +10,15 @@ P99 held too, but a minute of its replay missed, the minute the live alerts woul
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from slopilot.cli import main
 from slopilot.engine.request import Request
-from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.summary_view import simulate_json
-from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace, replay_measure
 from tests.support.heavy_minute import HEAVY, write_heavy_minute
+from tests.support.tune_replay import tune_and_replay
 
 
 class FirstTokens:
@@ -53,15 +50,10 @@ class FirstTokens:
 
 def test_a_quiet_minute_of_long_prompts_is_judged_as_the_whole_replay_judges_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trace = write_heavy_minute(tmp_path / "heavy.csv")
-    assert main(["tune", "--trace", str(trace), "--trials", "1", "--max-replicas", "1",
-                 "--json", "--quiet"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    scenario = load_with_trace(None, TraceOptions(path=str(trace)), default="")
     # What check_command runs, the whole trace, read by the minute as the alerts read it.
     seen = FirstTokens()
-    whole = simulate(scenario, out["best"]["config"], measure=replay_measure(scenario),
-                     observers=[seen])
+    run = tune_and_replay(write_heavy_minute(tmp_path / "heavy.csv"), capsys, (seen,))
+    out, scenario, whole = run.out, run.scenario, run.whole
     # The whole trace's P99 dilutes the long prompts among ~1,000 requests; a minute does not.
     assert simulate_json(whole.summary, scenario.slo)["p99_within_slo"] is True
     limit = scenario.slo.p1.ttft_p99_ms

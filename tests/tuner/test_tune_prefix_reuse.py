@@ -10,27 +10,20 @@ spare; the whole replay of that config missed it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from slopilot.cli import main
-from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.summary_view import simulate_json
-from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace, replay_measure
 from tests.support.mooncake_shift import DOCUMENTS, mooncake_shift
+from tests.support.tune_replay import tune_and_replay
 
 
 def test_a_mooncake_trace_is_judged_as_its_whole_replay_judges_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trace = mooncake_shift(tmp_path / "shift.jsonl")
-    assert main(["tune", "--trace", str(trace), "--trials", "1", "--max-replicas", "1",
-                 "--json", "--quiet"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    scenario = load_with_trace(None, TraceOptions(path=str(trace)), default="")
     # What check_command runs: the whole trace, followed past its end, with the answer.
-    whole = simulate(scenario, out["best"]["config"], measure=replay_measure(scenario))
+    run = tune_and_replay(mooncake_shift(tmp_path / "shift.jsonl"), capsys)
+    out, scenario, whole = run.out, run.scenario, run.whole
     held = simulate_json(whole.summary, scenario.slo)["p99_within_slo"]
     assert held is False, "the case needs a trace whose whole replay misses the SLO"
     assert out["feasible"] is held, out["verdict"]
