@@ -225,10 +225,18 @@ class EngineMetrics:
         self.iterations.observe(shape, step_s, executor_s)
 
     def on_first_token(self, priority: Priority, ttft_s: float | None,
-                       prefill_s: float | None = None, tokens: int = 1) -> None:
+                       prefill_s: float | None = None, tokens: int = 1, *,
+                       prompt_tokens: int = 0) -> None:
         """A request's first token. ``ttft_s`` None: the caller observes TTFT itself
         (the server, when the first chunk is written; see ``observe_ttft``); ``tokens``
-        0: it counts delivered tokens itself (``count_delivered``)."""
+        0: it counts delivered tokens itself (``count_delivered``).
+
+        ``prompt_tokens``, the request's prompt, counts here, where its prefill is done,
+        as vLLM counts it (once: a prefill recomputed after a preemption is not counted
+        again). Counted at the finish, a window's prompts were those of the requests
+        that ended in it: right after a shift in prompt lengths, the old ones.
+        """
+        self.prompt_tokens += prompt_tokens
         if ttft_s is not None:
             self._ttft[priority].observe(ttft_s)
         if prefill_s is not None:
@@ -319,9 +327,6 @@ class EngineMetrics:
             # Where the engine's events are the client's (the simulator), a request is
             # one choice: its longest output is its output.
             self._req_max_generation[priority].observe(generation_tokens)
-        # vLLM counts prompt tokens as they are prefilled; at the finish is close enough
-        # for rates and never counts a recomputed prefill twice.
-        self.prompt_tokens += prompt_tokens
         if finish_reason is not None:
             self._success[finish_reason] = self._success.get(finish_reason, 0) + 1
 
@@ -389,7 +394,7 @@ class EngineMetrics:
                  self.prefix_queries),
                 ("vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens.",
                  self.prefix_hits),
-                ("vllm:prompt_tokens_total", "Prompt tokens of finished requests.",
+                ("vllm:prompt_tokens_total", "Prompt tokens of prefilled requests.",
                  self.prompt_tokens),
                 ("vllm:generation_tokens_total", "Generated tokens.", self.generation_tokens)):
             c = CounterMetricFamily(name, doc, labels=["model_name"])

@@ -85,7 +85,8 @@ class MetricsObserver:
         scheduled = req.first_scheduled_time
         self.metrics.on_first_token(req.priority, ttft_s if self.observe_delivery else None,
                                     None if scheduled is None else now - scheduled,
-                                    1 if self.observe_delivery else 0)
+                                    1 if self.observe_delivery else 0,
+                                    prompt_tokens=req.num_prompt_tokens)
 
     def _judged(self) -> SLOJudge | None:
         slo = self.metrics.slo

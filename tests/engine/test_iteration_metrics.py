@@ -127,3 +127,27 @@ def test_the_exported_eager_passes_follow_the_executors_graphs() -> None:
         assert shape[(kind, "eager_passes")] == shape[(kind, "iteration")] > 0
     assert LLMEngine(EngineConfig(), TickingExecutor(clock, 0.01), 10).graph_batch is None
     assert LLMEngine(EngineConfig(), executor, 10, graph_batch=8).graph_batch == 8
+
+
+def prompt_tokens_total(metrics: EngineMetrics) -> float:
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            if s.name == "vllm:prompt_tokens_total":
+                return s.value
+    raise AssertionError("no vllm:prompt_tokens_total")
+
+
+def test_prompt_tokens_count_when_the_prefill_is_done_as_vllm_counts_them() -> None:
+    # vLLM adds a request's prompt to prompt_tokens_total at its first token; counted at
+    # the finish, a window's prompts were those of requests that ended in it, and
+    # right after a shift in prompt lengths the probe read the old ones.
+    clock = Clock()
+    engine, metrics = _engine(clock)
+    req = make_request("a", 40, max_tokens=50)
+    engine.add_request(req)
+    while req.first_token_time is None:
+        engine.step()
+    assert prompt_tokens_total(metrics) == 40
+    while engine.has_work():
+        engine.step()
+    assert prompt_tokens_total(metrics) == 40  # once, not again at the finish
