@@ -200,3 +200,44 @@ def test_a_workload_no_engine_can_export_is_no_profile(over: dict[str, list],
     probe = PrometheusProbe(lambda expr, at: query(expr), SELECTOR, base,  # type: ignore
                             window_s=50)
     assert probe.measure(100.0) is base
+
+
+def test_the_prompts_are_the_started_requests_where_enough_started() -> None:
+    """Right after a shift to long prompts, the requests that finished in the window are
+    mostly the old, short ones (a histogram of prompt lengths is observed at the finish,
+    in vLLM as here), and the twin check, the warm start and the capacity plan simulated
+    them. The prompt counter is counted where each prefill is done: its mean over the
+    requests that got their first token in the window is the new load's."""
+    answers = _answers(prompt_tokens_total=[_sample(100 * 2_400)],
+                       time_to_first_token_seconds_count=[_sample(100)])
+    prof = WorkloadProfile.measure(_recorded(answers), SELECTOR, 50)  # type: ignore[arg-type]
+    finished = WorkloadProfile.measure(_recorded(_answers()), SELECTOR, 50)  # type: ignore[arg-type]
+    assert finished.prompt.mean == 600
+    assert prof.prompt.mean == 2_400
+    # The spread is the finished requests' (no histogram of started ones), scaled.
+    assert prof.prompt.sigma == finished.prompt.sigma
+    assert prof.prompt.lo == pytest.approx(finished.prompt.lo * 4)
+    assert prof.prompt.hi == pytest.approx(finished.prompt.hi * 4)
+    # The outputs, the rate and the mix are as before: no output is known at its start.
+    assert (prof.output, prof.arrival_rate, prof.class_mix) == \
+        (finished.output, finished.arrival_rate, finished.class_mix)
+
+
+@pytest.mark.parametrize("started", [0, 5])
+def test_too_few_started_requests_leave_the_finished_prompts(started: int) -> None:
+    answers = _answers(prompt_tokens_total=[_sample(started * 2_400)],
+                       time_to_first_token_seconds_count=[_sample(started)])
+    prof = WorkloadProfile.measure(_recorded(answers), SELECTOR, 50,  # type: ignore[arg-type]
+                                   min_requests=20)
+    assert prof.prompt.mean == 600
+
+
+@pytest.mark.parametrize(("tokens", "started"), [(-5.0, 100.0), (math.inf, 100.0),
+                                                 (1e6, -1.0), (math.nan, 100.0)])
+def test_a_started_count_no_engine_exports_is_refused(tokens: float, started: float) -> None:
+    from slopilot.tuner.prometheus.profiling import ImplausibleWorkload
+
+    answers = _answers(prompt_tokens_total=[_sample(tokens)],
+                       time_to_first_token_seconds_count=[_sample(started)])
+    with pytest.raises(ImplausibleWorkload, match="which no engine"):
+        WorkloadProfile.measure(_recorded(answers), SELECTOR, 50)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.study.evaluator import PrometheusUnavailable
 from tests.support.ports import refused_port
 from tests.support.prometheus import serve_metrics
-from tests.support.served_workload import Pages, phase, prompt_mean, serve
+from tests.support.served_workload import Pages, finish, phase, prompt_mean, serve, start
 
 DEMO = load_scenario("demo")
 
@@ -123,3 +123,21 @@ def test_bad_probe_settings_say_what_to_fix(kw: dict[str, float], message: str) 
     scrape = DirectScrape(lambda: [], DEMO.slo, RuleOptions())
     with pytest.raises(ValueError, match=message):
         ScrapeProbe(scrape, DEMO, **kw)  # type: ignore[arg-type]
+
+
+def test_right_after_a_shift_the_probe_measures_the_prompts_that_started() -> None:
+    """The requests that finished in the window right after a shift to long prompts are
+    the old ones; those that got their first token in it are the new ones, and they are
+    what the twin check holds against the window's P99s."""
+    metrics, pages = EngineMetrics("demo"), Pages()
+    old = start(metrics, 40, 512)
+    with scraping(pages) as scrape:
+        pages.take(metrics)
+        scrape.poll(now=100.0)
+        finish(metrics, old)  # the old prompts end in the window ...
+        start(metrics, 40, 2048, seed=1)  # ... while the new ones start, still running
+        metrics.num_running = 40
+        pages.take(metrics)
+        scrape.poll(now=110.0)
+        measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
+    assert prompt_mean(measured) == pytest.approx(2048, rel=0.25)

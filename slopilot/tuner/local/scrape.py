@@ -34,6 +34,7 @@ from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.profiling import (
     OUTPUT_TOKENS,
+    PREFILLED,
     PROMPT_TOKENS,
     LengthIncreases,
     WorkloadIncreases,
@@ -48,12 +49,15 @@ _HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_tot
 _BUSY, _WAITING = "slopilot_busy_ratio", "vllm:num_requests_waiting"
 _GAUGES = {_BUSY, _WAITING}
 _RUNNING = "vllm:num_requests_running"
-# The workload probe's (``scrape_probe``): the token-length histograms whole, and the
-# queue (running + waiting) whose growth is arrivals not yet finished.
+# The workload probe's (``scrape_probe``): the token-length histograms whole, the
+# prompts of the requests that started (``PREFILLED``, over the first tokens: the TTFT
+# histogram's +Inf bucket), and the queue (running + waiting) whose growth is arrivals
+# not yet finished.
 _LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
             for part in ("bucket", "sum", "count")}
 _KEEP = {_TTFT, _TBT, REFUSED, "vllm:e2e_request_latency_seconds_count",
-         "vllm:num_preemptions_total", _HITS, _QUERIES, _RUNNING, *_LENGTHS, *_GAUGES}
+         "vllm:num_preemptions_total", _HITS, _QUERIES, _RUNNING, PREFILLED, *_LENGTHS,
+         *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
 
@@ -229,7 +233,9 @@ class DirectScrape:
                      for url, series in b.series.items() for g in queue)
         return WorkloadIncreases(
             finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
-            prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS), queue_growth=growth)
+            prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS), queue_growth=growth,
+            started=sum(v for (n, _, le), v in d.items() if n == _TTFT and math.isinf(le)),
+            started_prompt=sum(by_class(PREFILLED).values()))
 
     def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:
         """Busy ratio (mean over replicas) and waiting requests (sum) in the last scrape."""

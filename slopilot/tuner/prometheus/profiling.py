@@ -4,7 +4,9 @@ From one window of the engines' metrics: the arrival rate (finished requests per
 plus the growth of the queue and those turned away for load), the prompt and output length
 distributions (the ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens``
 histograms: the mean from ``_sum / _count``, the lognormal spread from the bucket counts in
-log space) and the class mix (finished and turned-away requests per ``priority_class``).
+log space; the prompts' mean, where enough requests started in the window, theirs:
+``_started_prompts``) and the class mix (finished and turned-away requests per
+``priority_class``).
 ``to_scenario`` puts that workload, open loop, on a base scenario's hardware, model, knobs
 and SLO.
 
@@ -40,6 +42,9 @@ processes are every deployment's: a pod that exports a queue grown by 1e12 (no e
 holds one) would have them simulate 2e10 requests a second until their time limit."""
 PROMPT_TOKENS = "vllm:request_prompt_tokens"
 OUTPUT_TOKENS = "vllm:request_generation_tokens"
+PREFILLED = "vllm:prompt_tokens_total"
+"""Prompt tokens counted where each request's prefill is done (vLLM's, the engine's)."""
+FIRST_TOKENS = "vllm:time_to_first_token_seconds_count"
 log = logging.getLogger(__name__)
 # Within one power-of-two bucket, log-lengths spread uniformly over ln 2: Sheppard's
 # correction removes that from the variance measured on bucket midpoints.
@@ -137,6 +142,10 @@ class WorkloadIncreases:
     queue_growth: float
     """Running plus waiting requests at the window's end less at its start (a gauge's
     change: negative where the queue drained)."""
+    started: float = 0.0
+    """Requests whose first token came in the window (``FIRST_TOKENS``, every class)."""
+    started_prompt: float = 0.0
+    """Their prompts' tokens (``PREFILLED``'s increase)."""
 
 
 def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
@@ -161,18 +170,39 @@ def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
             total=sum(float(s["value"][1]) for s in inc(f"{name}_sum")),
             count=sum(float(s["value"][1]) for s in inc(f"{name}_count")))
 
+    def total(expr: str) -> float:
+        return sum(float(s["value"][1]) for s in inc(expr))
+
     running = query(f"sum(delta(vllm:num_requests_running{sel}[{w}])) + "
                     f"sum(delta(vllm:num_requests_waiting{sel}[{w}]))")
     return WorkloadIncreases(
         finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
         prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS),
-        queue_growth=float(running[0]["value"][1]) if running else 0.0)
+        queue_growth=float(running[0]["value"][1]) if running else 0.0,
+        started=total(FIRST_TOKENS), started_prompt=total(PREFILLED))
 
 
 def _length(name: str, inc: LengthIncreases) -> LengthProfile:
     buckets = {le: _count(f"{name}_bucket{{le={le:g}}}", n) for le, n in inc.buckets.items()}
     return length_profile(buckets, _count(f"{name}_sum", inc.total),
                           _count(f"{name}_count", inc.count))
+
+
+def _started_prompts(finished: LengthProfile, inc: WorkloadIncreases,
+                     min_requests: int) -> LengthProfile:
+    """The prompts of the requests that started in the window, where ``min_requests`` of
+    them did: their mean from the prompt counter, the spread the finished ones' (no
+    histogram is observed at the start), scaled to it. Both histograms of lengths are
+    observed at the finish, in vLLM as here: right after a shift to long prompts, the
+    requests that ended in the window were mostly the old, short ones."""
+    started = _count(FIRST_TOKENS, inc.started)
+    tokens = _count(PREFILLED, inc.started_prompt)
+    if started < max(1, min_requests) or not tokens > 0 or not finished.mean > 0:
+        return finished
+    mean = tokens / started
+    scale = mean / finished.mean
+    return LengthProfile(mean=mean, sigma=finished.sigma, lo=max(1.0, finished.lo * scale),
+                         hi=max(finished.hi * scale, math.ceil(mean)))
 
 
 @dataclass(frozen=True)
@@ -205,7 +235,8 @@ class WorkloadProfile:
             raise ProfileError(f"only {requests:g} requests finished in the last "
                                f"{duration(window_s)}; need {min_requests} to profile "
                                "(widen the window)")
-        prompt, output = _length(PROMPT_TOKENS, inc.prompt), _length(OUTPUT_TOKENS, inc.output)
+        prompt = _started_prompts(_length(PROMPT_TOKENS, inc.prompt), inc, min_requests)
+        output = _length(OUTPUT_TOKENS, inc.output)
         growth = inc.queue_growth
         if math.isinf(growth):
             raise ImplausibleWorkload(f"the queue's growth read {growth:g}, which no engine's "
