@@ -107,7 +107,7 @@ def quantile(q: float, buckets: Mapping[float, float]) -> float:
 class DirectScrape:
     def __init__(self, endpoints: Callable[[], list[str]], slo: SLOSpec,
                  options: RuleOptions, *, interval_s: float = 1.0, min_requests: int = 10,
-                 history_s: float = 600.0) -> None:
+                 history_s: float = 600.0, client: httpx.Client | None = None) -> None:
         self.endpoints, self.slo, self.opt = endpoints, slo, options
         self.interval_s, self.min_requests = interval_s, min_requests
         # Long enough for the sustained-breach rows' window too.
@@ -118,7 +118,7 @@ class DirectScrape:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scrape", daemon=True)
-        self._client = httpx.Client(timeout=max(0.5, interval_s))
+        self._client = client or httpx.Client(timeout=max(0.5, interval_s))
 
     def start(self) -> DirectScrape:
         self._thread.start()
