@@ -2,7 +2,9 @@
 
 ``DirectScrape`` polls every replica's ``/metrics`` once a ``interval_s`` on its own
 thread and keeps the cumulative series it needs. It is both the demo's AlertReader and
-its WindowEvaluator: windows are counter and bucket differences between two scrapes, the
+its WindowEvaluator: windows are each replica's counter and bucket increases across the
+scrapes from the window's start to its end (``_points`` and ``_increase``: missed
+scrapes, restarts, replicas come and gone), the
 P99s the same linear interpolation ``histogram_quantile`` does, goodput as the rules read
 it (each replica's per-request verdicts under this SLO where it exports them, else its
 tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), the
@@ -19,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,8 +50,8 @@ _TTFT = "vllm:time_to_first_token_seconds_bucket"
 _TBT = "vllm:inter_token_latency_seconds_bucket"
 _HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 _BUSY, _WAITING = "slopilot_busy_ratio", "vllm:num_requests_waiting"
-_GAUGES = {_BUSY, _WAITING}
 _RUNNING = "vllm:num_requests_running"
+_GAUGES = {_BUSY, _WAITING, _RUNNING}  # not counters: a fall is no restart
 # The workload probe's (``scrape_probe``): the token-length histograms whole, the
 # prompts of the requests that started (``PREFILLED``, over the first tokens: the TTFT
 # histogram's +Inf bucket), and the queue (running + waiting) whose growth is arrivals
@@ -56,8 +59,7 @@ _RUNNING = "vllm:num_requests_running"
 _LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
             for part in ("bucket", "sum", "count")}
 _KEEP = {_TTFT, _TBT, REFUSED, "vllm:e2e_request_latency_seconds_count",
-         "vllm:num_preemptions_total", _HITS, _QUERIES, _RUNNING, PREFILLED, *_LENGTHS,
-         *_GAUGES}
+         "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, *_LENGTHS, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
 
@@ -97,6 +99,59 @@ class _Snapshot:
     series: dict[str, Series]
     canary: str | None
     """The first replica while there are several, as ``LocalDeployment`` orders them."""
+    missed: frozenset[str] = frozenset()
+    """The replicas deployed whose scrape failed: absent, but not new."""
+
+
+def _increase(points: list[Series]) -> Series:
+    """One replica's increases across its readings in a window, as ``increase()`` reads
+    a counter: a fall is a restart, after which the new readings count from zero. The
+    restart is the replica's, not one series': a counter that passed its old value
+    since is read from zero too, and a histogram's buckets stay one process' counts. A
+    series first seen counts from zero; the gauges read their change from the first
+    reading to the last."""
+    out: Series = {}
+
+    def count(last: Series, base: Series) -> None:
+        for key, value in last.items():
+            if key[0] not in _GAUGES:
+                out[key] = out.get(key, 0.0) + value - base.get(key, 0.0)
+
+    base = points[0] if points else {}
+    for old, new in pairwise(points):
+        if any(v < old.get(k, -math.inf) and k[0] not in _GAUGES for k, v in new.items()):
+            count(old, base)
+            base = {}
+    if len(points) > 1:
+        count(points[-1], base)
+        out |= {k: v - points[0].get(k, 0.0) for k, v in points[-1].items() if k[0] in _GAUGES}
+    return out
+
+
+def _points(url: str, window: list[_Snapshot]) -> list[Series]:
+    """A replica's readings from the window's first scrape to its last.
+
+    Not deployed at the first (new within the window), it counts from zero there. Deployed
+    but its scrape failed (busy, timed out, still starting), it counts from its next
+    answer in the window, not from an earlier one: the error is what it served before
+    that answer, a part of the window's own traffic and at most the window, where an
+    earlier reading adds what it served before the window (a previous config's
+    stragglers), as long before as its scrapes failed. Its last answer in the window
+    ends it, whether it missed the last scrape or has gone.
+    """
+    points = [s.series[url] for s in window if url in s.series]
+    first = window[0]
+    if url not in first.series and url not in first.missed:
+        points.insert(0, {})
+    return points
+
+
+def _summed(deltas: Mapping[str, Series]) -> Series:
+    out: Series = {}
+    for series in deltas.values():
+        for key, value in series.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
 
 
 def quantile(q: float, buckets: Mapping[float, float]) -> float:
@@ -140,43 +195,43 @@ class DirectScrape:
         snap: dict[str, Series] = {}
         for url in urls:
             try:
-                snap[url] = _parse(self._client.get(url + "/metrics").text)
-            except httpx.HTTPError:
-                continue  # a replica starting or stopping: its series just pause
+                snap[url] = _parse(self._client.get(url + "/metrics").raise_for_status().text)
+            except (httpx.HTTPError, ValueError):
+                # A replica starting, stopping or too busy to answer in time, or an error
+                # page (not metrics, which ended this thread): its series just pause.
+                continue
         # Keyed by URL alone, the role beside it: a replica's role changes when the
         # deployment scales (the only one becomes the canary), and keyed by role its
         # whole history read as the window's.
         canary = urls[0] if len(urls) > 1 else None
         with self._lock:
-            self._snaps.append((time.time() if now is None else now, _Snapshot(snap, canary)))
+            self._snaps.append((time.time() if now is None else now,
+                                _Snapshot(snap, canary, frozenset(urls) - snap.keys())))
 
     def _at(self, t: float) -> _Snapshot | None:
         with self._lock:
             before = [s for ts, s in self._snaps if ts <= t]
         return before[-1] if before else None
 
+    def _window(self, start: float, end: float) -> list[_Snapshot]:
+        """The snapshots from the last at or before ``start`` to the last at or before
+        ``end``; none where the scrapes do not reach back to ``start``."""
+        with self._lock:
+            inside = [(t, s) for t, s in self._snaps if t <= end]
+        first = [i for i, (t, _) in enumerate(inside) if t <= start]
+        return [s for _, s in inside[first[-1]:]] if first else []
+
     def _deltas(self, start: float, end: float, canary: bool) -> dict[str, Series]:
-        """Each replica's series over the window, by its URL."""
-        a, b = self._at(start), self._at(end)
-        out: dict[str, Series] = {}
-        if a is None or b is None:
-            return out
-        for url, series in b.series.items():
-            if canary and url != b.canary:
-                continue
-            old = a.series.get(url, {})
-            # A replica that appeared within the window counts from zero.
-            out[url] = {key: max(0.0, value - old.get(key, 0.0))
-                        for key, value in series.items()}
-        return out
+        """Each replica's increases over the window (``_increase`` of ``_points``), by
+        its URL: every replica that answered a scrape of it, or the canary at its end."""
+        window = self._window(start, end)
+        urls = dict.fromkeys(url for s in window for url in s.series)
+        return {url: _increase(_points(url, window)) for url in urls
+                if not canary or url == window[-1].canary}
 
     def _delta(self, start: float, end: float, canary: bool) -> Series:
         """Every replica's series over the window, summed."""
-        out: Series = {}
-        for series in self._deltas(start, end, canary).values():
-            for key, value in series.items():
-                out[key] = out.get(key, 0.0) + value
-        return out
+        return _summed(self._deltas(start, end, canary))
 
     def iterations(self, start: float, end: float) -> list[WindowSample]:
         """IterationSource: every replica's iteration series between two snapshots."""
@@ -194,9 +249,9 @@ class DirectScrape:
     def workload(self, start: float, end: float) -> WorkloadIncreases:
         """WorkloadProbe's evidence: every replica's increases over the window of the
         series ``WorkloadProfile.measure`` reads from PromQL (its queue's growth, a
-        gauge, the change between the two scrapes; a replica that appeared within the
-        window counts from zero). None at all where the scrapes do not reach back to
-        ``start`` yet: too little to profile, as a quiet window.
+        gauge, the change across each replica's readings, as ``_increase`` reads them).
+        None at all where the scrapes do not reach back to ``start`` yet: too little to
+        profile, as a quiet window.
 
         Raises PrometheusUnavailable where no replica answered the last scrape by
         ``end``: no quiet deployment, but one whose metrics stopped reaching the scrape.
@@ -226,11 +281,7 @@ class DirectScrape:
             return LengthIncreases(buckets, sum(by_class(f"{name}_sum").values()),
                                    sum(by_class(f"{name}_count").values()))
 
-        # A gauge's change, not an increase: the differences unclamped (a queue drains).
-        queue = (_RUNNING, _WAITING)
-        growth = sum(series.get((g, "", _NO_LE), 0.0)
-                     - a.series.get(url, {}).get((g, "", _NO_LE), 0.0)
-                     for url, series in b.series.items() for g in queue)
+        growth = sum(v for (n, _, _), v in d.items() if n in (_RUNNING, _WAITING))
         return WorkloadIncreases(
             finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
             prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS), queue_growth=growth,
@@ -257,7 +308,8 @@ class DirectScrape:
 
     def _summary(self, start: float, end: float, canary: bool,
                  min_requests: int) -> WindowSummary:
-        d = self._delta(start, end, canary)
+        replicas = self._deltas(start, end, canary)
+        d = _summed(replicas)
         span = max(1e-9, end - start)
         labels = {p.label for p in Priority}
 
@@ -291,8 +343,7 @@ class DirectScrape:
         queries = sum(v for (n, _, _), v in d.items() if n == _QUERIES)
         hits = sum(v for (n, _, _), v in d.items() if n == _HITS)
         tokens = by_class("vllm:request_generation_tokens_sum")
-        goodput = {p.label: sum(self._good_tokens(r, p) for r in
-                                self._deltas(start, end, canary).values()) / span
+        goodput = {p.label: sum(self._good_tokens(r, p) for r in replicas.values()) / span
                    for p in Priority}
         return window_summary(
             requests=requests, refused=by_class(REFUSED),
