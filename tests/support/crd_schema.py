@@ -4,9 +4,10 @@ In the apiserver's order: unknown fields are pruned (except under
 ``x-kubernetes-preserve-unknown-fields``), defaults filled in, then the object is
 validated: jsonschema's Draft 4 validator understands the OpenAPI v3 subset that
 structural CRD schemas use (type, properties, required, enum, minimum, maximum, pattern,
-items, anyOf), and the ``x-kubernetes-validations`` CEL rules run on cel-python, each with
-``self`` bound to its node, as the apiserver binds it. A list of ``x-kubernetes-list-type:
-map`` holds no two items of the same ``x-kubernetes-list-map-keys`` (``list_map_errors``).
+items, anyOf; ``nullable`` read as a null admitted), and the ``x-kubernetes-validations``
+CEL rules run on cel-python, each with ``self`` bound to its node, as the apiserver binds
+it. A list of ``x-kubernetes-list-type: map`` holds no two items of the same
+``x-kubernetes-list-map-keys`` (``list_map_errors``).
 """
 
 from __future__ import annotations
@@ -64,11 +65,32 @@ def schema_errors(schema: Mapping[str, Any], body: Mapping[str, Any]) -> list[st
     top = {**schema, "properties": {
         k: v for k, v in schema.get("properties", {}).items()
         if k not in ("apiVersion", "kind", "metadata")}}
-    validator = jsonschema.Draft4Validator(top)
+    validator = jsonschema.Draft4Validator(_nullable(top))
     out = []
     for error in sorted(validator.iter_errors(checked), key=lambda e: list(e.absolute_path)):
         path = ".".join(str(p) for p in error.absolute_path) or "<root>"
         out.append(f"{path}: {error.message}")
+    return out
+
+
+def _nullable(schema: Any) -> Any:
+    """``schema`` with OpenAPI's ``nullable: true`` as Draft 4 says it (a null admitted),
+    which the apiserver honours and jsonschema's Draft 4 validator ignores."""
+    if isinstance(schema, list):
+        return [_nullable(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: _nullable(v) for k, v in schema.items()}
+    if out.get("nullable") is not True:
+        return out
+    del out["nullable"]
+    if not isinstance(out.get("type"), str):
+        return {"anyOf": [out, {"type": "null"}]}
+    # A type list, not anyOf: a wrong value inside is named by its own path, as the
+    # apiserver names it, not as "not valid under any of the given schemas" here.
+    out["type"] = [out["type"], "null"]
+    if "enum" in out:
+        out["enum"] = [*out["enum"], None]
     return out
 
 
