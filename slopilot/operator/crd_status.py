@@ -1,16 +1,34 @@
-"""The LLMDeployment's status schema: what the operator and its controller write."""
+"""The LLMDeployment's status schema: what the operator and its controller write.
+
+Every field is typed, down to its values: no ``x-kubernetes-preserve-unknown-fields``.
+The status is written by whoever holds the status subresource, and the API server
+serves the CR whole to every list and watch of the operator, which reads JSON to about
+1,000 levels of nesting (Python's recursion limit) where the API server stores 10,000.
+A free-form field let one tenant store a value 1,000 levels deep (a few kilobytes):
+kopf's list and watch of every namespace's LLMDeployments failed on it, its watcher
+died and no CR was served again, across restarts too. Typed, the API server prunes a
+field the schema does not declare and refuses a map where a value belongs, so no status
+nests deeper than the schema. The loop state (``status.controller``) is typed from
+``LoopState``'s fields, so a field added there is kept; a free-form one (a ``dict``)
+needs its schema here (``_DICT_FIELDS``), or building the CRD fails.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import types
+import typing
 from typing import Any
 
+from slopilot.engine.config import EngineConfig
 from slopilot.operator.crd_types import integer as _int
 from slopilot.operator.crd_types import obj as _obj
-from slopilot.operator.crd_types import preserve as _preserve
 from slopilot.operator.crd_types import string as _str
-from slopilot.operator.knobs import MAX_STORAGE_URL
+from slopilot.operator.knobs import KNOB_PATHS, MAX_STORAGE_URL, engine_field
 from slopilot.operator.spec import PHASES
 from slopilot.operator.study_storage import MAX_STUDY_STORAGES
+from slopilot.tuner.loop.state import LoopState
 
 
 def status_schema() -> dict[str, Any]:
@@ -24,9 +42,10 @@ def status_schema() -> dict[str, Any]:
         "phase": _str("Lifecycle phase.", enum=list(PHASES)),
         "observedGeneration": _int("Generation the status describes.", 0),
         "replicas": _int("Replicas running now.", 0),
-        "config": _preserve(_obj({"tokenBudget": {"type": "integer"},
-                                  "chunkSize": {"type": "integer"}}, desc="Live engine knobs.")),
-        "bestTrial": _preserve(_obj({}, desc="Best trial of the study so far.")),
+        "config": _config_schema(),
+        "bestTrial": _obj({"config": _knobs("The best trial's knobs."),
+                           "goodputTokS": {"type": "number"}},
+                          desc="Best trial of the study so far."),
         "trials": _int("Trials run so far.", 0),
         "sloAttainment": {"type": "number", "minimum": 0, "maximum": 1,
                           "description": "Share of the output tokens of the last window "
@@ -46,13 +65,17 @@ def status_schema() -> dict[str, Any]:
             "time": _str("When.", format="date-time"),
         }, desc="The controller's last action."),
         "twin": _twin_schema(),
-        "controller": _preserve(_obj({}, desc="The controller's persisted loop state: a "
-                                     "restarted operator resumes it instead of acting twice.")),
-        "tunedConfig": _preserve(_obj({}, desc="Knobs committed by the tuner (engine) and a "
-                                      "hash of the spec they were tuned from (base); "
-                                      "during a trial on every replica, the trial's "
-                                      "knobs (trial: true) beside the committed ones "
-                                      "(committed).")),
+        "controller": _fields_schema(
+            LoopState, "The controller's persisted loop state: a restarted operator "
+            "resumes it instead of acting twice."),
+        "tunedConfig": _obj({
+            "engine": _knobs("The knobs every replica runs."),
+            "base": _str("Hash of spec.engine and spec.slo they were tuned from."),
+            "trial": {"type": "boolean"},
+            "committed": _knobs("During a trial: the committed knobs it runs over."),
+        }, desc="Knobs committed by the tuner (engine) and a hash of the spec they were "
+                "tuned from (base); during a trial on every replica, the trial's knobs "
+                "(trial: true) beside the committed ones (committed)."),
         "pods": _obj({
             "notConfigured": {
                 "type": "array", "items": {"type": "string"}, "maxItems": 64,
@@ -120,3 +143,78 @@ def _twin_schema() -> dict[str, Any]:
         }, desc="What the twin runs: a calibrated profile or the uncalibrated datasheet."),
     }, desc="The controller's twin: what it runs (profile) and its check against the last "
             "measured window (the other fields; docs/twin.md).")
+
+
+def _value_type(default: Any) -> dict[str, Any]:
+    """A knob's JSON type, from its default (no range: the engine's config judges it)."""
+    if isinstance(default, enum.Enum | str):
+        return {"type": "string"}
+    if isinstance(default, bool):
+        return {"type": "boolean"}
+    return {"type": "integer" if isinstance(default, int) else "number"}
+
+
+def _knobs(desc: str) -> dict[str, Any]:
+    """A config as ``EngineConfig.to_dict`` writes it (or some of it): each knob by its
+    field name."""
+    return _obj({f.name: _value_type(f.default) for f in dataclasses.fields(EngineConfig)},
+                desc=desc)
+
+
+def _config_schema() -> dict[str, Any]:
+    """``status.config``: the live knobs as ``reconcile.config_status`` writes them."""
+    top: dict[str, Any] = {}
+    preemption: dict[str, Any] = {}
+    for path, name in KNOB_PATHS.items():
+        (preemption if path[0] == "preemption" else top)[path[-1]] = \
+            _value_type(engine_field(name).default)
+    return _obj({**top, "preemption": _obj(preemption)}, desc="Live engine knobs.")
+
+
+def _backoff_schema() -> dict[str, Any]:
+    """``backoff.Backoff.to_dict``: its verdict's situation (``backoff.situation``)."""
+    number = {"type": "number"}
+    load = _obj({"rate": number, "prompt": number, "output": number, "requests": number,
+                 "mix": {"type": "array", "items": number}, "digest": {"type": "string"}})
+    situation = _obj({"replicas": {"type": "integer"}, "config": _knobs(""),
+                      "settings": {"type": "string"}, "space": {"type": "string"},
+                      "load": load})
+    return _obj({"situation": situation, "until": number, "wait_s": number})
+
+
+# The free-form (dict) fields of the loop state and what the controller writes in each.
+_DICT_FIELDS = {"baseline_config": lambda: _knobs(""), "best_config": lambda: _knobs(""),
+                "config": lambda: _knobs(""), "twin": _twin_schema,
+                "backoff": _backoff_schema}
+
+
+def _fields_schema(cls: type, desc: str = "") -> dict[str, Any]:
+    """A dataclass as its ``asdict`` writes it, each field typed by its annotation."""
+    hints = typing.get_type_hints(cls)
+    return _obj({f.name: _hinted(hints[f.name], f.name) for f in dataclasses.fields(cls)},
+                desc=desc or None)
+
+
+def _hinted(hint: Any, name: str) -> dict[str, Any]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [h for h in typing.get_args(hint) if h is not type(None)]
+        return {**_hinted(hint, name), "nullable": True}
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return {"type": "array", "items": _hinted(item, name)}
+    if origin is dict:
+        if name not in _DICT_FIELDS:
+            raise TypeError(f"loop state field {name}: a free-form map; give its status "
+                            "schema in crd_status._DICT_FIELDS (what the controller writes "
+                            "there, typed down to its values)")
+        return _DICT_FIELDS[name]()
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _fields_schema(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum | str):
+        return {"type": "string"}
+    types_ = {bool: "boolean", int: "integer", float: "number"}
+    if hint not in types_:
+        raise TypeError(f"loop state field {name}: no status schema for {hint!r}; map "
+                        "its type in crd_status._hinted")
+    return {"type": types_[hint]}

@@ -27,11 +27,6 @@ def cel(schema: dict[str, Any], rule: str, message: str) -> dict[str, Any]:
     return {**schema, "x-kubernetes-validations": [{"rule": rule, "message": message}]}
 
 
-def preserve(schema: dict[str, Any]) -> dict[str, Any]:
-    """Let the controller store fields the schema does not list (free-form status)."""
-    return {**schema, "x-kubernetes-preserve-unknown-fields": True}
-
-
 def integer(desc: str, lo: int | None = None, hi: int | None = None,
             **extra: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "integer", "description": desc}
