@@ -105,19 +105,21 @@ _STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
 _RUN = rb'[^"{}\[\]]*+'
 
 
-def _balanced(depth: int) -> bytes:
+def balanced(depth: int) -> bytes:
+    """A pattern of a container's content, ``depth`` levels deep (``json_steps`` cuts its
+    parts by it too)."""
     # Bytes other than quotes and brackets, whole strings, and containers whose brackets
     # match, ``depth`` levels deep; unrolled (runs, then one of the others and a run),
     # and possessive, so a pattern that fails (a container deeper, or cut by the piece's
     # end) is not retried at each of its bytes.
     other = _STRING
     if depth:
-        inner = _balanced(depth - 1)
+        inner = balanced(depth - 1)
         other = rb"(?:" + _STRING + rb"|\{" + inner + rb"\}|\[" + inner + rb"\])"
     return _RUN + rb"(?:" + other + _RUN + rb")*+"
 
 
-_BALANCED = re.compile(_balanced(5), re.S)
+_BALANCED = re.compile(balanced(5), re.S)
 """A container's content up to its end, or to a bracket deeper than 5 levels or a piece's
 end: a log probability's entry (4 levels) skipped whole in one search, not a step in
 Python for each of its brackets."""

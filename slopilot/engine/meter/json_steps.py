@@ -1,0 +1,400 @@
+"""``json.loads`` of a text held whole, in steps of at most ``step`` bytes, for a caller on
+an event loop that lets it run between two.
+
+The meter holds an SSE event up to ``MAX_EVENT_BYTES`` whole and parses it when it ends
+(``stream_judge``). A Responses ``response.completed`` with logprobs, or a completions
+``echo`` chunk with a prompt's, is one of just under 1 MiB for any client that asks:
+parsed in one go, it held every other stream the meter relays for 8-35 ms.
+
+The value is ``json.loads``' own, made of the values of the text's parts, each parsed by
+``json.loads`` itself: a run of a container's items (an object's members) whole, in its
+brackets; a piece of a string too long for a step, in quotes. The containers too long
+for a step are walked, their brackets, commas, colons and keys taken one by one. Valid
+JSON splits so into parts valid alone whose values make the whole's: items and members
+in their order (a key written twice keeps its last value, as in ``json.loads``), a
+string cut between characters only, never inside an escape nor between the two escapes
+of a surrogate pair. A part is found by its quotes and brackets (compiled patterns, at C
+speed, ``json_paths.balanced``) and then parsed: a step scans at most ``step`` bytes and
+parses at most as many, in parts of ``PART_BYTES`` at most (a string's pieces excepted).
+
+Where a part is no JSON, or the text is one the steps do not split (not UTF-8 to
+``json.loads``, not an object or array, nested deeper than ``DEPTH``, a number longer
+than a step, anything after its value), the text is parsed whole, in one step:
+``json.loads``' own value or error, at its cost. So the value, or the error, is always
+``json.loads``': vLLM writes none of those, and a part that is no JSON makes a text that
+is none. Why not a parser of JSON in pieces (ijson, ``json_paths``): its value or its
+error is its own, not ``json.loads``' in every case (numbers, escapes, bytes that are not
+UTF-8, a key written twice, depth), and the judge reads a held event as its client does.
+
+A caller may keep only some of the value (``Keep``: an object's keys, an array's items or
+its count): the rest is parsed part by part and dropped as it goes. Kept whole to its end,
+the values of 1 MiB of JSON (a Responses answer's log probabilities, each an object) are
+tens of thousands of objects that outlive the garbage collector's young generations: its
+next full pass, over every object the process has, fell in one of the steps (6-9 ms in a
+bare interpreter, every other such event; as in one ``json.loads``), and their release
+in the last (1-2 ms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from slopilot.engine.meter.json_paths import balanced
+
+DEPTH = 64
+"""The containers the walk opens, one in another (vLLM's most: 7, down to a Responses
+answer's logprobs; their entries are parts). ``json.loads`` refuses a text nested past
+the interpreter's recursion limit, which the parts of one, each parsed apart, would not
+reach: one nested deeper is parsed whole."""
+PART_BYTES = 8 << 10
+"""The most bytes of a run of items parsed as one part (a step parses several): its
+objects, a few hundred, are dropped (where not kept) before the garbage collector's
+youngest generation fills (700 objects), so none outlives it to count towards a full
+pass. Parts of 64 KiB, thousands of objects, still made one every few events of 1 MiB."""
+ROOM = 16
+"""The fewest bytes a step must have left to start on a part (an escape, a key's quote
+and colon): with fewer, the loop takes its turn first."""
+
+_WS = re.compile(rb"[ \t\n\r]*+")
+_SCALAR = rb'[^ \t\n\r,:\[\]{}"]++'
+_CONTENT = re.compile(balanced(5), re.S)
+"""A container's content up to its end, or to a step's end, or a bracket 6 levels deeper
+(a log probability's entry is 4): its last bytes outside strings and brackets are the
+container's own, and a comma there ends an item."""
+_ONE = re.compile(_SCALAR)
+_PIECE = re.compile(rb'(?:[^"\\]++|\\[^u]|\\u[0-9a-fA-F]{4})*+')
+"""A string's bytes up to its end, or to an escape a step's end would cut (or one that is
+no JSON, which its part then says)."""
+_HIGH = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")
+"""A surrogate pair's first escape: ``json.loads`` joins it to a second right after it."""
+_QUOTE, _BACKSLASH, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
+_OPEN = {ord("{"): ord("}"), ord("["): ord("]")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    """What of a value is kept: an object's ``keys`` (each kept as it says, the others
+    left out), an array's ``items`` (each kept as it says) or its ``count`` (that many
+    ``None``), else the value whole. A value of another kind than its place says (an
+    array where an object's keys are kept, a string) is kept whole."""
+
+    keys: Mapping[str, Keep] | None = None
+    items: Keep | None = None
+    count: bool = False
+
+
+WHOLE = Keep()
+COUNT = Keep(count=True)
+
+
+def project(value: Any, keep: Keep) -> Any:
+    """What ``keep`` keeps of ``value`` (a ``json.loads`` one)."""
+    if keep.keys is not None and isinstance(value, dict):
+        return {k: project(v, keep.keys[k]) for k, v in value.items() if k in keep.keys}
+    if isinstance(value, list):
+        if keep.items is not None:
+            return [project(v, keep.items) for v in value]
+        if keep.count:
+            return [None] * len(value)
+    return value
+
+
+class NotStepped(Exception):
+    """The text is not one the steps split, or no JSON: parsed whole."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Open:
+    """A container the walk is in."""
+
+    close: int
+    keep: Keep | None
+    """What is kept of it (``keys`` or ``items`` of its kind, ``count``, ``WHOLE``); None:
+    it is left out, parsed only to know it is JSON."""
+    value: dict[str, Any] | list[Any]
+    key: str = ""
+    """(An object's) the key of the member whose value is under way."""
+    count: int = 0
+
+
+def loads(data: bytes, step: int, left: int,
+          keep: Keep = WHOLE) -> Generator[None, None, tuple[Any, int]]:
+    """``project(json.loads(data), keep)``: ``json.loads``' value as ``keep`` keeps it, or
+    its error raised. Parsed in steps of at most ``step`` bytes scanned and parsed, the
+    first of ``left``, yielding between two; the value comes with the bytes left of the
+    last step (0 or less: it is spent)."""
+    if step < 2 * ROOM:
+        raise ValueError(f"step={step}: a step must hold a part of at least {2 * ROOM} "
+                         f"bytes")
+    walk = _Walk(data, step, left, keep)
+    try:
+        return (yield from walk.run())
+    except NotStepped:
+        pass
+    if len(data) > walk.left:
+        yield  # a step of its own
+        walk.left = step
+    return project(json.loads(data), keep), walk.left - len(data)
+
+
+class _Walk:
+    def __init__(self, data: bytes, step: int, left: int, keep: Keep) -> None:
+        self.data, self.step, self.left, self.keep = data, step, left, keep
+
+    def run(self) -> Generator[None, None, tuple[Any, int]]:
+        data, n = self.data, len(self.data)
+        if n <= self.step or json.detect_encoding(data) != "utf-8":
+            raise NotStepped  # one part, or not UTF-8 (json.loads reads its BOMs, UTF-16)
+        pos = yield from self._space(0)
+        if pos == n or data[pos] not in _OPEN:
+            raise NotStepped
+        stack = [_opened(data[pos], self.keep)]
+        pos += 1
+        first, after = True, False  # the container under way just opened; an item just ended
+        while True:
+            top = stack[-1]
+            pos = yield from self._space(pos)
+            if pos == n:
+                raise NotStepped  # the text ended inside a container
+            byte = data[pos]
+            if byte == top.close and (first or after):
+                pos += 1
+                done = stack.pop()
+                counted = done.keep is not None and done.keep.count
+                value = [None] * done.count if counted else done.value
+                if not stack:
+                    if (yield from self._space(pos)) != n:
+                        raise NotStepped  # more after the value
+                    return value, self.left
+                self._put(stack[-1], value)
+                first, after = False, True
+                continue
+            if after:
+                if byte != _COMMA:
+                    raise NotStepped
+                pos, after = pos + 1, False
+                continue
+            first = False
+            end, comma = yield from self._run(top, pos)
+            if end > pos:
+                pos, after = end, not comma
+                continue
+            # The item alone: longer than a step, or nested deeper than a part.
+            if top.close == 0x7D:
+                pos = yield from self._key(top, pos)
+                pos = yield from self._space(pos)
+            byte = data[pos] if pos < n else 0
+            if byte in _OPEN:
+                if len(stack) == DEPTH:
+                    raise NotStepped
+                stack.append(_opened(byte, _child(top)))
+                pos, first = pos + 1, True
+                continue
+            item, pos = yield from (self._string(pos) if byte == _QUOTE else
+                                    self._scalar(pos))
+            self._put(top, item)
+            after = True
+
+    def _turn(self) -> Generator[None, None, None]:
+        yield
+        self.left = self.step
+
+    def _part(self, text: bytes) -> Any:
+        """One part's value, as ``json.loads`` has it (decoded as it decodes the whole)."""
+        try:
+            return json.loads(text.decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError) as e:
+            raise NotStepped from e
+
+    def _put(self, container: _Open, value: Any) -> None:
+        """One item of ``container`` (one of its kept containers: as kept already)."""
+        keep = container.keep
+        if keep is None:
+            return
+        if isinstance(container.value, dict):
+            if keep.keys is None or container.key in keep.keys:
+                container.value[container.key] = value
+        elif keep.count:
+            container.count += 1
+        else:
+            container.value.append(value)
+
+    def _merge(self, container: _Open, part: Any) -> None:
+        """A run of ``container``'s items, parsed whole (``part``: a list or dict)."""
+        keep = container.keep
+        if keep is None:
+            return
+        if isinstance(container.value, dict):
+            if keep.keys is None:
+                container.value.update(part)  # each key at its first place, its last value
+            else:
+                for key, value in part.items():
+                    if (kept := keep.keys.get(key)) is not None:
+                        container.value[key] = project(value, kept)
+        elif keep.count:
+            container.count += len(part)
+        elif keep.items is not None:
+            container.value.extend(project(value, keep.items) for value in part)
+        else:
+            container.value.extend(part)
+
+    def _space(self, pos: int) -> Generator[None, None, int]:
+        """Past the whitespace at ``pos``."""
+        data, n = self.data, len(self.data)
+        while True:
+            if self.left < ROOM:
+                yield from self._turn()
+            window = min(n, pos + self.left)
+            end = _end(_WS, data, pos, window)
+            self.left -= end - pos
+            if end < window or window == n:
+                return end
+            pos = end
+
+    def _run(self, top: _Open, pos: int) -> Generator[None, None, tuple[int, bool]]:
+        """A run of ``top``'s items from ``pos`` parsed whole, as one part: where it
+        ends (``pos``: no item fits a step), and whether a comma ended it (else the
+        container's end is next).
+
+        The run is the container's content up to the step's end (``_CONTENT``), cut after
+        its last item that ended there (``_cut``); or up to the container's end, where it
+        comes first."""
+        data, n = self.data, len(self.data)
+        while True:
+            if self.left < ROOM:
+                yield from self._turn()
+            window = min(n, pos + min(self.left - 2, PART_BYTES))
+            stop = _end(_CONTENT, data, pos, window)
+            closed = stop < n and data[stop] == top.close
+            end = stop if closed else _cut(data, pos, stop, top.close == 0x7D)
+            if end > pos:
+                break
+            if self.left == self.step:
+                return pos, False
+            yield from self._turn()
+        self.left -= (end if closed else window) - pos + 2
+        opening = b"[" if top.close == 0x5D else b"{"
+        self._merge(top, self._part(opening + data[pos:end - (not closed)] +
+                                    bytes((top.close,))))
+        return end, not closed
+
+    def _key(self, top: _Open, pos: int) -> Generator[None, None, int]:
+        """The key of ``top``'s member at ``pos`` (a string as any, in pieces where it is
+        long), and past its colon."""
+        if self.data[pos] != _QUOTE:
+            raise NotStepped
+        top.key, pos = yield from self._string(pos)
+        pos = yield from self._space(pos)
+        if pos == len(self.data) or self.data[pos] != _COLON:
+            raise NotStepped
+        return pos + 1
+
+    def _scalar(self, pos: int) -> Generator[None, None, tuple[Any, int]]:
+        """A number or literal at ``pos``, whole: its value, and where it ends."""
+        data, n = self.data, len(self.data)
+        while True:
+            if self.left < ROOM:
+                yield from self._turn()
+            window = min(n, pos + self.left)
+            end = _ONE.match(data, pos, window)
+            if end is not None and (end.end() < window or window == n):
+                self.left -= end.end() - pos
+                return self._part(data[pos:end.end()]), end.end()
+            if self.left == self.step:
+                raise NotStepped  # longer than a step, or no value
+            yield from self._turn()
+
+    def _string(self, pos: int) -> Generator[None, None, tuple[str, int]]:
+        """The string at ``pos``, in pieces of a step at most: its value, and where it
+        ends."""
+        data, n = self.data, len(self.data)
+        start, pieces = pos + 1, []
+        while True:
+            if self.left < ROOM:
+                yield from self._turn()
+            end = _end(_PIECE, data, start, min(n, start + self.left - 2))
+            if end == n:
+                raise NotStepped  # never closed
+            if data[end] == _QUOTE:
+                pieces.append(self._part(b'"' + data[start:end + 1]))
+                self.left -= end - start + 2
+                return "".join(pieces), end + 1
+            cut = end
+            while cut > max(start, end - 3) and 0x80 <= data[cut] < 0xC0:
+                cut -= 1  # not inside a character
+            if cut - 6 >= start and _HIGH.match(data, cut - 6, cut) and _unescaped(data, cut - 6):
+                cut -= 6  # not between the escapes of a surrogate pair
+            if cut > start:
+                pieces.append(self._part(b'"' + data[start:cut] + b'"'))
+                self.left -= cut - start + 2
+                start = cut
+            elif self.left == self.step:
+                raise NotStepped  # an escape that is no JSON
+            else:
+                yield from self._turn()
+
+
+def _opened(byte: int, keep: Keep | None) -> _Open:
+    """A container opened by ``byte``, kept as ``keep`` says of its kind."""
+    if byte == 0x7B:
+        return _Open(0x7D, keep if keep is None or keep.keys is not None else WHOLE, {})
+    kind = keep is None or keep.items is not None or keep.count
+    return _Open(0x5D, keep if kind else WHOLE, [])
+
+
+def _child(container: _Open) -> Keep | None:
+    """What is kept of the item under way of ``container``."""
+    keep = container.keep
+    if keep is None or keep.count:
+        return None
+    if isinstance(container.value, dict):
+        return WHOLE if keep.keys is None else keep.keys.get(container.key)
+    return WHOLE if keep.items is None else keep.items
+
+
+def _end(pattern: re.Pattern[bytes], data: bytes, pos: int, window: int) -> int:
+    """Where ``pattern`` (one that matches the empty text) ends from ``pos``, in the
+    bytes before ``window``."""
+    found = pattern.match(data, pos, window)
+    return pos if found is None else found.end()
+
+
+def _cut(data: bytes, pos: int, stop: int, members: bool) -> int:
+    """Where a run of items from ``pos`` ends, its content read to ``stop``: past the last
+    comma between two of its items (``pos``: none). Past its last string or bracket the
+    content is the container's own (numbers, literals, colons, commas); in an object, where
+    that holds no comma (a member's key, then its value cut), the comma is before the key;
+    where a string or container ends the content, its comma is past ``stop``, and the run
+    ends before it. A cut that is not between two items is one whose part is no JSON."""
+    for _ in range(2):
+        last = max(data.rfind(b'"', pos, stop), data.rfind(b"]", pos, stop),
+                   data.rfind(b"}", pos, stop))
+        comma = data.rfind(b",", max(pos, last + 1), stop)
+        if comma < 0 and members and last > pos and data[last] == _QUOTE:
+            opening = last  # the key's opening quote: the first not escaped before its end
+            while (opening := data.rfind(b'"', pos, opening)) >= 0 and \
+                    not _unescaped(data, opening):
+                pass
+            if opening > pos:
+                before = max(data.rfind(b'"', pos, opening), data.rfind(b"]", pos, opening),
+                             data.rfind(b"}", pos, opening))
+                comma = data.rfind(b",", max(pos, before + 1), opening)
+        if comma > pos:
+            return comma + 1  # an item before it, at least
+        if last <= pos:
+            return pos
+        stop = _end(_CONTENT, data, pos, last)  # the content without that last one
+    return pos
+
+
+def _unescaped(data: bytes, at: int) -> bool:
+    """Whether the byte at ``at`` is no escape's (an even run of backslashes before it): a
+    quote that ends its string, a backslash that starts an escape."""
+    first = at
+    while first > 0 and data[first - 1] == _BACKSLASH:
+        first -= 1
+    return (at - first) % 2 == 0
