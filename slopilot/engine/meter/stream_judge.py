@@ -75,7 +75,10 @@ READS: dict[Wire, Keep] = {
 """All the judge reads of an event's JSON (``_chunk``, ``_output``, ``_tokens``,
 ``responses_events``), by wire: what is kept of a held event parsed in steps
 (``json_steps``), the rest parsed to know it is JSON and dropped as it goes (a Responses
-answer's ``output``, each log probability but its count)."""
+answer's ``output``, each log probability but its count). A field read and not kept here
+is missing only from the events parsed in steps, so the judge's reads are recorded on
+vLLM's streams and held against this table both ways (``tests/engine/meter/
+test_judge_reads.py``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
