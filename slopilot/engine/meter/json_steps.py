@@ -15,7 +15,8 @@ in their order (a key written twice keeps its last value, as in ``json.loads``),
 string cut between characters only, never inside an escape nor between the two escapes
 of a surrogate pair. A part is found by its quotes and brackets (compiled patterns, at C
 speed, ``json_paths.balanced``) and then parsed: a step scans at most ``step`` bytes and
-parses at most as many, in parts of ``PART_BYTES`` at most (a string's pieces excepted).
+parses at most as many, in parts of ``PART_BYTES`` at most (a string's pieces excepted),
+and walks at most ``TOKENS`` tokens one by one.
 
 Where a part is no JSON, or the text is one the steps do not split (not UTF-8 to
 ``json.loads``, not an object or array, nested deeper than ``DEPTH``, a number longer
@@ -55,6 +56,13 @@ PART_BYTES = 8 << 10
 objects, a few hundred, are dropped (where not kept) before the garbage collector's
 youngest generation fills (700 objects), so none outlives it to count towards a full
 pass. Parts of 64 KiB, thousands of objects, still made one every few events of 1 MiB."""
+TOKENS = 256
+"""The most tokens a step walks one by one (a container's bracket, a comma, a member's key,
+an item alone): the loop takes its turn past them, as past ``step`` bytes. A token is a
+turn of the walk in Python, some microseconds, where a byte of a part is nanoseconds in
+``json.loads``: a step's bytes of items a few bytes long nested deeper than a part (a
+client's JSON, which vLLM echoes in a Responses event) are thousands of tokens, and
+walked in one step took 50-750 ms."""
 ROOM = 16
 """The fewest bytes a step must have left to start on a part (an escape, a key's quote
 and colon): with fewer, the loop takes its turn first."""
@@ -144,6 +152,8 @@ def loads(data: bytes, step: int, left: int,
 class _Walk:
     def __init__(self, data: bytes, step: int, left: int, keep: Keep) -> None:
         self.data, self.step, self.left, self.keep = data, step, left, keep
+        self.tokens = TOKENS
+        """The tokens the step under way may still walk."""
 
     def run(self) -> Generator[None, None, tuple[Any, int]]:
         data, n = self.data, len(self.data)
@@ -156,6 +166,9 @@ class _Walk:
         pos += 1
         first, after = True, False  # the container under way just opened; an item just ended
         while True:
+            if self.tokens <= 0:
+                yield from self._turn()
+            self.tokens -= 1
             top = stack[-1]
             pos = yield from self._space(pos)
             if pos == n:
@@ -201,7 +214,7 @@ class _Walk:
 
     def _turn(self) -> Generator[None, None, None]:
         yield
-        self.left = self.step
+        self.left, self.tokens = self.step, TOKENS
 
     def _part(self, text: bytes) -> Any:
         """One part's value, as ``json.loads`` has it (decoded as it decodes the whole)."""
@@ -257,7 +270,7 @@ class _Walk:
 
     def _run(self, top: _Open, pos: int) -> Generator[None, None, tuple[int, bool]]:
         """A run of ``top``'s items from ``pos`` parsed whole, as one part: where it
-        ends (``pos``: no item fits a step), and whether a comma ended it (else the
+        ends (``pos``: no item fits a part), and whether a comma ended it (else the
         container's end is next).
 
         The run is the container's content up to the step's end (``_CONTENT``), cut after
@@ -273,7 +286,10 @@ class _Walk:
             end = stop if closed else _cut(data, pos, stop, top.close == 0x7D)
             if end > pos:
                 break
-            if self.left == self.step:
+            if window == n or window - pos >= PART_BYTES or self.left == self.step:
+                # No step fuller than this one's rest would widen the window: the item is
+                # longer than a part, or nested deeper, and walked alone now (a turn
+                # here took one per such item, thousands an event).
                 return pos, False
             yield from self._turn()
         self.left -= (end if closed else window) - pos + 2

@@ -1,0 +1,94 @@
+"""``json_steps.loads`` of texts nested deeper than a part holds (5 levels in its
+brackets): a client's JSON, which vLLM writes back in a held event (a Responses tool's
+JSON Schema, in ``response.created``, ``response.in_progress`` and ``response.completed``),
+nested as deep as the client likes, its items as many as it likes.
+
+Walked container by container where a part cannot take them, such texts are still
+``json.loads``' value, or its error, and parsed in steps, at a cost per step bounded by
+the bytes parsed and the containers walked, not by the items.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from typing import Any
+
+import pytest
+
+from slopilot.engine.meter import json_steps
+from slopilot.engine.meter.json_steps import WHOLE, Keep, project
+from slopilot.engine.meter.stream_judge import READS, Wire
+from tests.engine.meter.test_json_steps import Parsed, whole
+
+
+def nested(value: Any, depth: int, key: str | None = None) -> Any:
+    """``value`` in ``depth`` arrays (objects of ``key``, where given)."""
+    for _ in range(depth):
+        value = [value] if key is None else {key: value}
+    return value
+
+
+def created(tools: Any, **more: Any) -> bytes:
+    """vLLM's ``response.created`` echoing a client's ``tools``."""
+    return json.dumps({"type": "response.created", "sequence_number": 0, "response": {
+        "id": "resp_7", "model": "llama", "status": "in_progress", "tools": tools,
+        "output": [], **more}}, separators=(",", ":")).encode()
+
+
+SMALL_DEEP = {"arrays": nested(0, 7), "objects": nested(0, 7, "a"),
+              "empty-arrays": nested([], 6), "schema": {"type": "object", "properties": {
+                  "a": {"type": "object", "properties": {"b": {"type": "array", "items": {
+                      "type": "object", "properties": {"c": {"type": "string"}}}}}}}}}
+"""Items of a few bytes each, nested deeper than a part holds."""
+
+
+@pytest.mark.parametrize("keep", [WHOLE, READS[Wire.RESPONSES]], ids=["whole", "reads"])
+@pytest.mark.parametrize("item", SMALL_DEEP)
+def test_small_items_nested_deeper_than_a_part_share_a_step(item: str, keep: Keep) -> None:
+    """Thousands of them, each walked alone, many a step: one took a step of its own
+    where the step under way had less than a whole step left (60,000 steps for an event
+    just under 1 MiB, each a turn of the loop that every stream's relay waits on)."""
+    text = created([SMALL_DEEP[item]] * 6_000)
+    parsed = Parsed(text, 1 << 16, 1 << 16, keep)
+    assert parsed.outcome == whole(text, keep)
+    assert not parsed.whole
+    assert parsed.steps <= 6_000 // 5
+
+
+
+def calls_a_step(data: bytes, step: int, keep: Keep) -> tuple[Any, collections.Counter[int]]:
+    """``loads``' value, and the calls (Python's and C's) made in each of its steps: a
+    step's work in the interpreter, which its bytes do not say where the walk takes
+    tokens one by one."""
+    calls: collections.Counter[int] = collections.Counter()
+    turn = 0
+
+    def profiled(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            calls[turn] += 1
+
+    steps = json_steps.loads(data, step, step, keep)
+    sys.setprofile(profiled)
+    try:
+        while True:
+            next(steps)
+            turn += 1
+    except StopIteration as done:
+        return done.value[0], calls
+    finally:
+        sys.setprofile(None)
+
+
+@pytest.mark.parametrize("item", SMALL_DEEP)
+def test_a_step_walks_a_bounded_number_of_tokens(item: str) -> None:
+    """Items a few bytes long nested deeper than a part, taken by the walk bracket by
+    bracket: a step's bytes held 5,000 of them, 300,000 calls (a step of 50-750 ms). At
+    most ``TOKENS`` a step, a few dozen calls each: a step as long as one of vLLM's
+    logprobs, parts of 8 KiB parsed by ``json.loads`` (hundreds of calls, ~1 ms)."""
+    keep = READS[Wire.RESPONSES]
+    text = created([SMALL_DEEP[item]] * 6_000)
+    value, calls = calls_a_step(text, 1 << 16, keep)
+    assert value == project(json.loads(text), keep)
+    assert max(calls.values()) <= 10_000
