@@ -19,12 +19,13 @@ parses at most as many, in parts of ``PART_BYTES`` at most (a string's pieces ex
 and walks at most ``TOKENS`` tokens one by one.
 
 Where a part is no JSON, or the text is one the steps do not split (not UTF-8 to
-``json.loads``, not an object or array, nested deeper than ``DEPTH``, a number longer
-than a step, anything after its value), the text is parsed whole, in one step:
-``json.loads``' own value or error, at its cost. So the value, or the error, is always
-``json.loads``': vLLM writes none of those, and a part that is no JSON makes a text that
-is none. Why not a parser of JSON in pieces (ijson, ``json_paths``): its value or its
-error is its own, not ``json.loads``' in every case (numbers, escapes, bytes that are not
+``json.loads``, not an object or array, nested deeper than ``json.loads`` takes here, a
+number longer than a step, anything after its value), the text is parsed whole, in one
+step: ``json.loads``' own value or error, at its cost. So the value, or the error, is
+always ``json.loads``': vLLM writes none of those but a client's JSON that it echoes
+nested near a thousand levels deep, and a part that is no JSON makes a text that is
+none. Why not a parser of JSON in pieces (ijson, ``json_paths``): its value or its error
+is its own, not ``json.loads``' in every case (numbers, escapes, bytes that are not
 UTF-8, a key written twice, depth), and the judge reads a held event as its client does.
 
 A caller may keep only some of the value (``Keep``: an object's keys, an array's items or
@@ -47,10 +48,15 @@ from typing import Any
 from slopilot.engine.meter.json_paths import balanced
 
 DEPTH = 64
-"""The containers the walk opens, one in another (vLLM's most: 7, down to a Responses
-answer's logprobs; their entries are parts). ``json.loads`` refuses a text nested past
-the interpreter's recursion limit, which the parts of one, each parsed apart, would not
-reach: one nested deeper is parsed whole."""
+"""The containers the walk opens, one in another, before it asks ``json.loads`` whether
+it takes a text so deep (vLLM's own JSON goes 7 deep, down to a Responses answer's
+logprobs, whose entries are parts; a client's, which vLLM echoes, as deep as it likes).
+``json.loads`` refuses a text nested past the interpreter's recursion limit, less the
+frames under way, which the parts of one, each parsed apart, would not reach: past
+``DEPTH``, and at each ``DEPTH`` more, the walk asks it (``_Walk._nestable``), and
+where it would refuse the text, parses it whole, for its error."""
+PART_DEPTH = 5
+"""The containers a part holds, one in another, inside its own brackets."""
 PART_BYTES = 8 << 10
 """The most bytes of a run of items parsed as one part (a step parses several): its
 objects, a few hundred, are dropped (where not kept) before the garbage collector's
@@ -69,7 +75,7 @@ and colon): with fewer, the loop takes its turn first."""
 
 _WS = re.compile(rb"[ \t\n\r]*+")
 _SCALAR = rb'[^ \t\n\r,:\[\]{}"]++'
-_CONTENT = re.compile(balanced(5), re.S)
+_CONTENT = re.compile(balanced(PART_DEPTH), re.S)
 """A container's content up to its end, or to a step's end, or a bracket 6 levels deeper
 (a log probability's entry is 4): its last bytes outside strings and brackets are the
 container's own, and a comma there ends an item."""
@@ -154,6 +160,8 @@ class _Walk:
         self.data, self.step, self.left, self.keep = data, step, left, keep
         self.tokens = TOKENS
         """The tokens the step under way may still walk."""
+        self.deepest = 0
+        """The most containers the walk was in, one in another."""
 
     def run(self) -> Generator[None, None, tuple[Any, int]]:
         data, n = self.data, len(self.data)
@@ -182,6 +190,8 @@ class _Walk:
                 if not stack:
                     if (yield from self._space(pos)) != n:
                         raise NotStepped  # more after the value
+                    if self.deepest > DEPTH and not (yield from self._nestable()):
+                        raise NotStepped  # json.loads' RecursionError, or its value
                     return value, self.left
                 self._put(stack[-1], value)
                 first, after = False, True
@@ -202,9 +212,11 @@ class _Walk:
                 pos = yield from self._space(pos)
             byte = data[pos] if pos < n else 0
             if byte in _OPEN:
-                if len(stack) == DEPTH:
-                    raise NotStepped
                 stack.append(_opened(byte, _child(top)))
+                if len(stack) > self.deepest:
+                    self.deepest = len(stack)
+                    if self.deepest % DEPTH == 0 and not (yield from self._nestable()):
+                        raise NotStepped  # json.loads' RecursionError, at once
                 pos, first = pos + 1, True
                 continue
             item, pos = yield from (self._string(pos) if byte == _QUOTE else
@@ -215,6 +227,20 @@ class _Walk:
     def _turn(self) -> Generator[None, None, None]:
         yield
         self.left, self.tokens = self.step, TOKENS
+
+    def _nestable(self) -> Generator[None, None, bool]:
+        """Whether ``json.loads``, called here, takes a text as deep as the walk went
+        (and a part inside): a text of its brackets, parsed as a part. Called deeper in
+        the stack than the whole text's parse, it is the stricter."""
+        depth = self.deepest + PART_DEPTH
+        if self.left < 2 * depth:
+            yield from self._turn()
+        self.left -= 2 * depth
+        try:
+            json.loads("[" * depth + "]" * depth)
+        except RecursionError:
+            return False
+        return True
 
     def _part(self, text: bytes) -> Any:
         """One part's value, as ``json.loads`` has it (decoded as it decodes the whole)."""

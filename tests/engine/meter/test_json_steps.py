@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slopilot.engine.meter import json_steps
-from slopilot.engine.meter.json_steps import COUNT, DEPTH, WHOLE, Keep, loads, project
+from slopilot.engine.meter.json_steps import COUNT, WHOLE, Keep, loads, project
 
 
 class Parsed:
@@ -210,7 +210,6 @@ def test_a_key_written_twice_keeps_its_last_value_at_its_first_place() -> None:
     (b"\xef\xbb\xbf" + json.dumps({"a": ["x" * 10] * 20}).encode(), "value"),
     (json.dumps({"a": ["x" * 10] * 20}).encode("utf-16"), "value"),
     (json.dumps({"a": ["x" * 10] * 20}).encode("utf-16-le"), "value"),
-    (b"[" * (DEPTH + 1) + b"1" + b"]" * (DEPTH + 1), "value"),
     (b"[" * 5000 + b"]" * 5000, "error"),
     (b'{"a": ' + b"1" * 5000 + b"}", "error"),
     (b'{"a": 1' + b"0" * 500 + b".5}", "value"),
@@ -218,7 +217,7 @@ def test_a_key_written_twice_keeps_its_last_value_at_its_first_place() -> None:
     (b"  \n" + json.dumps(["x" * 10] * 20).encode() + b"\r\n\t", "value"),
     (json.dumps(["x" * 10] * 20).encode() + b"\x0c", "error"),
     (json.dumps(["x" * 10] * 20).encode() + b"[]", "error"),
-], ids=["utf-8-bom", "utf-16", "utf-16-le", "past-depth", "past-recursion",
+], ids=["utf-8-bom", "utf-16", "utf-16-le", "past-recursion",
         "int-past-4300-digits", "number-past-a-step", "not-a-container", "json-spaces",
         "form-feed-after", "more-after"])
 def test_what_the_steps_do_not_split_is_parsed_whole(text: bytes, outcome: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from slopilot.engine.meter import json_steps
-from slopilot.engine.meter.json_steps import WHOLE, Keep, project
+from slopilot.engine.meter.json_steps import DEPTH, WHOLE, Keep, project
 from slopilot.engine.meter.stream_judge import READS, Wire
 from tests.engine.meter.test_json_steps import Parsed, whole
 
@@ -92,3 +92,24 @@ def test_a_step_walks_a_bounded_number_of_tokens(item: str) -> None:
     value, calls = calls_a_step(text, 1 << 16, keep)
     assert value == project(json.loads(text), keep)
     assert max(calls.values()) <= 10_000
+
+
+LOGPROBS = [{"token": f" w{i}", "logprob": -1.25, "bytes": [32, 119], "top_logprobs": []}
+            for i in range(400)]
+
+
+@pytest.mark.parametrize("depth", [DEPTH + 1, 200, 800])
+def test_a_text_nested_deeper_than_vllms_json_is_parsed_in_steps(depth: int) -> None:
+    """A tool's JSON Schema nested past ``DEPTH`` (vLLM's own JSON goes 7 deep), in an
+    event of a step's bytes and more: ``json.loads``' value, in steps. It was parsed
+    whole in one step, the stall of ``json.loads`` on the event (8-35 ms for 1 MiB),
+    for any client that sent one. (Whether ``json.loads`` takes its depth is asked of it
+    by a text of as many brackets, a part that a step of 4 KiB holds.)"""
+    step = 1 << 12
+    text = created([{"type": "function", "name": "f", "parameters": nested(
+        {"type": "string"}, depth, "items")}], output=[{"content": [{"logprobs": LOGPROBS}]}])
+    for keep in (WHOLE, READS[Wire.RESPONSES]):
+        parsed = Parsed(text, step, step, keep)
+        assert parsed.outcome == whole(text, keep)
+        assert not parsed.whole
+        assert max(parsed.fed.values()) <= step
