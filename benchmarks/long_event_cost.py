@@ -26,6 +26,9 @@ out here, benchmarks import no test support):
 - ``schema``: a ``response.completed`` whose echoed tool schema nests 800 levels deep
   (what a client may send; Python's own parser stops near 1,000), walked bracket by
   bracket below the paths read;
+- ``tools``: a ``response.completed`` echoing a client's tools, ``--mib`` MiB of them
+  (0.9 at most: held), each a JSON Schema of objects nested 8 deep, deeper than one part
+  of ``meter/json_steps`` holds (walked container by container), and one 100 deep;
 - ``chunks``: a stream of ordinary completions chunks, one token each (``--mib``, 1 at
   most): its longest step is what one read of them costs, the reference for the others'.
 
@@ -83,22 +86,37 @@ def _logprob(i: int) -> dict[str, Any]:
             "top_logprobs": [{"token": f" v{i}", "logprob": -2.5, "bytes": [32, 118]}]}
 
 
-def responses_stream(mib: float, *, depth: int = 0) -> tuple[list[bytes], bytes]:
+def _schema(depth: int) -> dict[str, Any]:
+    nested: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        nested = {"type": "object", "properties": {"x": nested}}
+    return nested
+
+
+def _tool(depth: int) -> dict[str, Any]:
+    return {"type": "function", "name": "f", "parameters": _schema(depth), "strict": False,
+            "description": None}
+
+
+def tools_stream(mib: float) -> tuple[list[bytes], bytes]:
+    """A Responses stream whose last event echoes ``mib`` MiB of tools, each nested 8
+    deep (their schemas: 4 objects, each in its ``properties``), and one 100 deep."""
+    count = max(1, int(mib * MIB / len(_compact(_tool(4)))))
+    return responses_stream(0.0, tools=[_tool(100), *[_tool(4)] * count])
+
+
+def responses_stream(mib: float, *, depth: int = 0,
+                     tools: list[Any] | None = None) -> tuple[list[bytes], bytes]:
     """A Responses stream whose last event holds ``mib`` MiB of logprobs (and, with
-    ``depth``, a tool schema nested that deep); the stream's events and that event's
-    data."""
+    ``depth``, a tool schema nested that deep; or ``tools``); the stream's events and
+    that event's data."""
     entries = max(1, int(mib * MIB / len(_compact(_logprob(10_000)))))
     text = "ab" * 3
     output = [{"type": "message", "id": "msg_7", "status": "completed", "role": "assistant",
                "content": [{"type": "output_text", "text": text, "annotations": [],
                             "logprobs": [_logprob(i) for i in range(entries)]}]}]
-    tools: list[Any] = []
-    if depth:
-        nested: Any = {"type": "string"}
-        for _ in range(depth):
-            nested = {"type": "object", "properties": {"x": nested}}
-        tools = [{"type": "function", "name": "f", "parameters": nested, "strict": False,
-                  "description": None}]
+    if tools is None:
+        tools = [_tool(depth)] if depth else []
     head = [
         _named("response.created", 0, response=_response("in_progress", [], tools, 0)),
         _named("response.output_item.added", 1, item=output[0] | {"content": []},
@@ -209,7 +227,8 @@ def main() -> None:
         name: (events, [data], wire, 3) for name, (events, data), wire in [
             ("responses", responses_stream(args.mib), Wire.RESPONSES),
             ("echo", echo_stream(args.mib), Wire.CHOICES),
-            ("schema", responses_stream(max(2.0, args.mib / 8), depth=400), Wire.RESPONSES)]}
+            ("schema", responses_stream(max(2.0, args.mib / 8), depth=400), Wire.RESPONSES),
+            ("tools", tools_stream(min(0.9, args.mib)), Wire.RESPONSES)]}
     events, payloads = chunks_stream(min(1.0, args.mib))
     cases["chunks"] = (events, payloads, Wire.CHOICES, len(payloads))
     result: dict[str, str] = {}
