@@ -153,13 +153,19 @@ class Admission(SchedulerBase):
             if kv.allocate_slots(req, n):
                 self._schedule_seq(req, n)
             return True
-        cached = kv.find_cached_prefix(req) if _may_read_cache(req) else []
+        looked = kv.enable_prefix_caching and _may_read_cache(req)
+        cached = kv.find_cached_prefix(req) if looked else []
         num_cached = len(cached) * kv.block_size
         n = min(req.num_tokens - num_cached, self.config.chunk_size, self._budget_left)
         if not kv.allocate_slots(req, n, cached, reserve):
             return False
-        self.prefix_queries += req.num_tokens
-        self.prefix_hits += num_cached
+        # As vLLM counts them (kv_cache_manager.record_prefix_cache_stats): at admission,
+        # a request that looked the cache up, and not once more after a preemption (vLLM
+        # keeps those apart, unexported): a victim re-hitting the blocks it computed
+        # itself is thrash, not a cache that works.
+        if looked and not req.num_preemptions:
+            self.prefix_queries += req.num_tokens
+            self.prefix_hits += num_cached
         req.num_computed_tokens = req.num_cached_tokens = num_cached
         self._start_running(req)
         self._schedule_seq(req, n)

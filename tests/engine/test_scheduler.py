@@ -308,7 +308,8 @@ def test_recomputed_victim_rehits_its_cached_prefix() -> None:
     # It had four full blocks cached; P0 needed three of the six blocks, and the free
     # list held two, so the victim's tail block (freed first, so least recent) went.
     assert victim.num_cached_tokens == 48
-    assert sched.prefix_hits - hits_before == 48
+    # Not a hit of the exported counters: vLLM keeps a preempted request's lookups apart.
+    assert sched.prefix_hits == hits_before
 
 
 def test_prefix_cache_shares_blocks_between_requests() -> None:

@@ -1,0 +1,80 @@
+"""The engine's vllm:* series counted where, and as, vLLM v1 counts them.
+
+Each test names the vLLM code it holds the engine to (vLLM 0.34: vllm/v1/metrics/
+loggers.py ``PrometheusStatLogger.record``, vllm/v1/metrics/stats.py ``IterationStats``,
+vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``). The table of every
+series is in docs/architecture.md, "The vllm:* series".
+"""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import LLMEngine, VirtualClock
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.metrics_observer import MetricsObserver
+from slopilot.engine.request import Priority, RequestStatus
+from tests.engine.helpers import make_request, make_scheduler, step
+from tests.support.fake_executor import FakeExecutor
+
+
+def _engine(num_blocks: int = 1000, **knobs: object) -> tuple[LLMEngine, EngineMetrics]:
+    clock = VirtualClock(100.0)
+    metrics = EngineMetrics("tiny", clock=clock.now)
+    cfg = EngineConfig().with_overrides({"budget_align": 1, **knobs})
+    engine = LLMEngine(cfg, FakeExecutor(), num_blocks, clock=clock,
+                       observers=[MetricsObserver(metrics)])
+    return engine, metrics
+
+
+def _samples(metrics: EngineMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _total(metrics: EngineMetrics, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for (n, ls), v in _samples(metrics).items()
+               if n == name and set(labels.items()) <= set(ls))
+
+
+# -- prefix cache: vllm/v1/core/kv_cache_manager.py record_prefix_cache_stats ------------
+
+def test_a_preempted_requests_second_cache_lookup_is_not_a_query() -> None:
+    # vLLM records a lookup at admission, and one of a request preempted before
+    # (num_preemptions > 0) in PrefixCacheStats.preempted_queries/preempted_hits, which
+    # no series exports: the victim re-hitting the blocks it computed itself is no hit
+    # of vllm:prefix_cache_hits_total. Counted, thrash read as a working cache.
+    sched = make_scheduler(num_blocks=6, kv_watermark=0.0, preemption_mode="recompute",
+                           p0_preempt_utilization=0.1)
+    victim = make_request("victim", 64, max_tokens=10)
+    sched.add_request(victim)
+    step(sched)
+    sched.add_request(make_request("p0", 40, priority=Priority.P0, first_token=5000))
+    step(sched)
+    assert victim.status is RequestStatus.PREEMPTED_RECOMPUTE
+    while "p0" in sched.requests:
+        step(sched)
+    step(sched)
+    assert victim.status is RequestStatus.RUNNING and victim.num_cached_tokens == 48
+    assert (sched.prefix_queries, sched.prefix_hits) == (64 + 40, 0)
+
+
+def test_no_lookup_no_query_with_caching_off_or_prompt_logprobs() -> None:
+    # vLLM counts only requests that looked the cache up (prefix_cache_lookup_enabled):
+    # none with caching off, none that asks for prompt logprobs (it skips reading the
+    # cache). Counted as misses, a deployment without caching read a 0 % hit ratio
+    # where vLLM's has none.
+    off = make_scheduler(enable_prefix_caching=False)
+    off.add_request(make_request("a", 40))
+    step(off)
+    assert (off.prefix_queries, off.prefix_hits) == (0, 0)
+    on = make_scheduler()
+    on.add_request(make_request("logprobs", 40, prompt_logprobs=1))
+    on.add_request(make_request("plain", 40, first_token=5000))
+    step(on)
+    assert (on.prefix_queries, on.prefix_hits) == (40, 0)
