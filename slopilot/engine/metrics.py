@@ -96,6 +96,7 @@ class EngineMetrics:
         self.kv_usage = 0.0
         self.preempted_recompute = 0
         self.preempted_swap = 0
+        self.preemptions_delivered = 0
         self.swap_seconds = 0.0
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -219,6 +220,11 @@ class EngineMetrics:
         if num_batched_tokens > 0:
             self._iteration.observe(num_batched_tokens)
         self._busy.add(elapsed_s, now)
+
+    def count_preemptions(self, n: int) -> None:
+        """``n`` preemptions of one request, counted as vLLM counts them: when that
+        request next makes a token (``MetricsObserver``; engine thread)."""
+        self.preemptions_delivered += n
 
     def on_iteration(self, shape: IterationShape, step_s: float, executor_s: float) -> None:
         """One iteration's shape with its step and executor times (the twin's check)."""
@@ -379,10 +385,13 @@ class EngineMetrics:
         yield stall
 
         preempt = CounterMetricFamily(
-            "vllm:num_preemptions_total", "Preempted requests.", labels=["model_name"])
-        preempt.add_metric(model, self.preempted_recompute + self.preempted_swap)
+            "vllm:num_preemptions_total", "Preemptions, each counted when its request next "
+            "makes a token, as vLLM counts them (none for one that ends first).",
+            labels=["model_name"])
+        preempt.add_metric(model, self.preemptions_delivered)
         yield preempt
-        by_mode = CounterMetricFamily("slopilot_preemptions_total", "Preemptions by mode.",
+        by_mode = CounterMetricFamily("slopilot_preemptions_total",
+                                      "Preemptions by mode, as they happen.",
                                       labels=["model_name", "mode"])
         by_mode.add_metric([self.model_name, "recompute"], self.preempted_recompute)
         by_mode.add_metric([self.model_name, "swap"], self.preempted_swap)

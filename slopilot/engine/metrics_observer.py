@@ -44,6 +44,9 @@ class MetricsObserver:
         self._swap = 0
         self._queries = 0
         self._hits = 0
+        # Preemptions counted in vllm:num_preemptions_total so far, of the live requests
+        # preempted at least once.
+        self._preemptions_counted: dict[str, int] = {}
 
     def on_step(self, engine: LLMEngine, out: SchedulerOutput, elapsed_s: float,
                 now: float) -> None:
@@ -81,7 +84,20 @@ class MetricsObserver:
         self._recompute, self._swap = recompute, swap
         self._queries, self._hits = queries, hits
 
+    def _count_preemptions(self, req: Request) -> None:
+        # vLLM's scheduler records each preemption on its request; the frontend counts
+        # them with that request's next output (IterationStats.update_from_events), and
+        # drops them with its state if it ends first (a client gone). Counted where they
+        # happen, a window's preemptions read up to a re-prefill earlier than vLLM's.
+        rid = req.request_id
+        counted = self._preemptions_counted.get(rid, 0)
+        if req.num_preemptions > counted:
+            self.metrics.count_preemptions(req.num_preemptions - counted)
+            self._preemptions_counted[rid] = req.num_preemptions
+
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
+        if req.num_preemptions:
+            self._count_preemptions(req)
         scheduled = req.first_scheduled_time
         self.metrics.on_first_token(req.priority, ttft_s if self.observe_delivery else None,
                                     None if scheduled is None else now - scheduled,
@@ -97,6 +113,8 @@ class MetricsObserver:
         return self._judge[1]
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
+        if req.num_preemptions:
+            self._count_preemptions(req)
         if self.observe_delivery:
             self.metrics.on_token_gap(req.priority, gap_s, now)
             if (judge := self._judged()) is not None:
@@ -105,6 +123,8 @@ class MetricsObserver:
             self.metrics.on_decode_gap(req.priority, gap_s, now)
 
     def on_finished(self, req: Request, now: float) -> None:
+        if req.num_preemptions:
+            self._preemptions_counted.pop(req.request_id, None)
         # A request aborted before it was ever scheduled spent all its life queued.
         scheduled = req.first_scheduled_time if req.first_scheduled_time is not None else now
         reason = req.finish_reason or FinishReason.ABORT

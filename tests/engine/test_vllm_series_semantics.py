@@ -78,3 +78,45 @@ def test_no_lookup_no_query_with_caching_off_or_prompt_logprobs() -> None:
     on.add_request(make_request("plain", 40, first_token=5000))
     step(on)
     assert (on.prefix_queries, on.prefix_hits) == (40, 0)
+
+
+# -- preemptions: vllm/v1/metrics/stats.py IterationStats.update_from_events -----------
+
+def _preempt_one(engine: LLMEngine) -> None:
+    """Run until the P0 newcomer preempts the P1 victim (recompute)."""
+    engine.add_request(make_request("victim", 64, max_tokens=10))
+    engine.step()
+    engine.add_request(make_request("p0", 40, max_tokens=30, priority=Priority.P0,
+                                    first_token=5000))
+    engine.step()
+    assert engine.scheduler.requests["victim"].status is RequestStatus.PREEMPTED_RECOMPUTE
+
+
+def test_a_preemption_counts_when_its_victim_next_makes_a_token() -> None:
+    # vLLM's scheduler records PREEMPTED on the request, and the event reaches the
+    # frontend (num_preempted_reqs) with that request's next output: a victim counts
+    # once it makes a token again, each of its preemptions then.
+    engine, metrics = _engine(num_blocks=6, kv_watermark=0.0, preemption_mode="recompute",
+                              p0_preempt_utilization=0.1)
+    _preempt_one(engine)
+    assert _total(metrics, "vllm:num_preemptions_total") == 0
+    # slopilot's own series counts it where it happened, by mode.
+    assert _total(metrics, "slopilot_preemptions_total", mode="recompute") == 1
+    victim = engine.scheduler.requests["victim"]
+    while victim.num_output_tokens < 2:
+        engine.step()
+    assert _total(metrics, "vllm:num_preemptions_total") == 1
+    engine.run_until_idle()
+    assert _total(metrics, "vllm:num_preemptions_total") == 1
+
+
+def test_a_victim_that_ends_without_another_token_never_counts() -> None:
+    # Its client left while it waited: vLLM's frontend drops the request's state at the
+    # abort, and the event with it.
+    engine, metrics = _engine(num_blocks=6, kv_watermark=0.0, preemption_mode="recompute",
+                              p0_preempt_utilization=0.1)
+    _preempt_one(engine)
+    engine.abort_request("victim")
+    engine.run_until_idle()
+    assert _total(metrics, "vllm:num_preemptions_total") == 0
+    assert _total(metrics, "slopilot_preemptions_total", mode="recompute") == 1
