@@ -230,8 +230,7 @@ class EngineMetrics:
         """One iteration's shape with its step and executor times (the twin's check)."""
         self.iterations.observe(shape, step_s, executor_s)
 
-    def on_first_token(self, priority: Priority, ttft_s: float | None,
-                       prefill_s: float | None = None, tokens: int = 1, *,
+    def on_first_token(self, priority: Priority, ttft_s: float | None, tokens: int = 1, *,
                        prompt_tokens: int = 0) -> None:
         """A request's first token. ``ttft_s`` None: the caller observes TTFT itself
         (the server, when the first chunk is written; see ``observe_ttft``); ``tokens``
@@ -245,8 +244,6 @@ class EngineMetrics:
         self.prompt_tokens += prompt_tokens
         if ttft_s is not None:
             self._ttft[priority].observe(ttft_s)
-        if prefill_s is not None:
-            self._prefill[priority].observe(prefill_s)
         if tokens:  # not even "+= 0": the server's loop thread owns the count then
             self.generation_tokens += tokens
 
@@ -313,17 +310,21 @@ class EngineMetrics:
     def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,
                     prompt_tokens: int, generation_tokens: int | None,
                     finish_reason: str | None, decode_s: float | None = None,
-                    inference_s: float | None = None) -> None:
+                    inference_s: float | None = None, prefill_s: float | None = None
+                    ) -> None:
         """A request the engine finished. ``e2e_s``, ``generation_tokens`` and
         ``finish_reason`` None: the caller observes them itself, as delivered
-        (``observe_delivered``, ``observe_request_outputs``). ``decode_s`` (first token
-        to last) and ``inference_s`` (first scheduled to last token), the engine's own
-        phases as vLLM splits a request: None for one that made no token (it had no
-        such phase; vLLM's prefill histogram, like ours, counts only those too)."""
+        (``observe_delivered``, ``observe_request_outputs``). ``prefill_s`` (first
+        scheduled to first token), ``decode_s`` (first token to last) and
+        ``inference_s`` (first scheduled to last token), the engine's own phases as vLLM
+        splits a request, observed here, at its finish, as vLLM observes all three:
+        None for one that made no token (it had no such phases)."""
         if e2e_s is not None:
             self._e2e[priority].observe(e2e_s)
         self._queue[priority].observe(queue_s)
         self._req_prompt[priority].observe(prompt_tokens)
+        if prefill_s is not None:
+            self._prefill[priority].observe(prefill_s)
         if decode_s is not None:
             self._decode[priority].observe(decode_s)
         if inference_s is not None:

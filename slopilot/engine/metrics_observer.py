@@ -98,9 +98,7 @@ class MetricsObserver:
     def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
         if req.num_preemptions:
             self._count_preemptions(req)
-        scheduled = req.first_scheduled_time
         self.metrics.on_first_token(req.priority, ttft_s if self.observe_delivery else None,
-                                    None if scheduled is None else now - scheduled,
                                     1 if self.observe_delivery else 0,
                                     prompt_tokens=req.num_prompt_tokens)
 
@@ -133,16 +131,16 @@ class MetricsObserver:
         queued = req.queued_time if req.queued_time is not None else req.arrival_time
         # The engine's phases as vLLM splits a request; none for one that made no token.
         first, last = req.first_token_time, req.last_token_time
-        decode_s = inference_s = None
+        prefill_s = decode_s = inference_s = None
         if first is not None and last is not None:
-            decode_s, inference_s = last - first, last - scheduled
+            prefill_s, decode_s, inference_s = first - scheduled, last - first, last - scheduled
         self.metrics.on_finished(
             req.priority, e2e_s=now - req.arrival_time if self.observe_delivery else None,
             queue_s=scheduled - queued,
             prompt_tokens=req.num_prompt_tokens,
             generation_tokens=req.num_output_tokens if self.observe_delivery else None,
             finish_reason=reason.value if self.observe_delivery else None,
-            decode_s=decode_s, inference_s=inference_s)
+            prefill_s=prefill_s, decode_s=decode_s, inference_s=inference_s)
         if (judge := self._judged()) is not None and (met := judge.finished(req)) is not None:
             self.metrics.observe_verdict(req.priority, judge.class_slo(req.priority),
                                          met=met, tokens=req.num_output_tokens)

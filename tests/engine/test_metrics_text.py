@@ -43,12 +43,12 @@ def populated(registry: CollectorRegistry | None = None) -> EngineMetrics:
         m.observe_ttft(p, 0.0007 * i)
         m.observe_token_gap(p, 0.00011 * i)
         m.on_decode_gap(p, 0.0001 * i, now[0] + i * 0.01)
-        m.on_first_token(p, None, prefill_s=0.002 * i, tokens=0)
+        m.on_first_token(p, None, tokens=0)
         m.observe_delivered(p, 0.03 * i, i, "length" if i % 2 else "stop")
         m.observe_request_outputs(p, i)
         m.on_finished(p, e2e_s=None, queue_s=0.001 * i, prompt_tokens=3 * i,
-                      generation_tokens=None, finish_reason=None, decode_s=0.02 * i,
-                      inference_s=0.025 * i)
+                      generation_tokens=None, finish_reason=None, prefill_s=0.002 * i,
+                      decode_s=0.02 * i, inference_s=0.025 * i)
         m.count_delivered(1)
         if i % 50 == 0:
             m.count_refused(p, slo)

@@ -120,3 +120,22 @@ def test_a_victim_that_ends_without_another_token_never_counts() -> None:
     engine.run_until_idle()
     assert _total(metrics, "vllm:num_preemptions_total") == 0
     assert _total(metrics, "slopilot_preemptions_total", mode="recompute") == 1
+
+
+# -- request phases: vllm/v1/metrics/loggers.py, the finished_requests loop -------------
+
+def test_the_prefill_phase_is_observed_when_the_request_finishes() -> None:
+    # vLLM observes request_prefill_time_seconds (first scheduled to first token) with
+    # the other phases, per finished request. At the first token, a window's prefill
+    # count was the requests that started in it, its decode count those that ended.
+    engine, metrics = _engine()
+    engine.add_request(make_request("a", 40, max_tokens=5))
+    engine.step()
+    req = engine.scheduler.requests["a"]
+    assert req.first_token_time is not None
+    assert _total(metrics, "vllm:request_prefill_time_seconds_count") == 0
+    engine.run_until_idle()
+    assert _total(metrics, "vllm:request_prefill_time_seconds_count") == 1
+    assert _total(metrics, "vllm:request_prefill_time_seconds_sum") == \
+        req.first_token_time - req.first_scheduled_time
+    assert _total(metrics, "vllm:request_decode_time_seconds_count") == 1
