@@ -138,7 +138,9 @@ class EngineMetrics:
                 ("vllm:request_max_num_generation_tokens", "Longest output of the "
                  "choices of one request (n of them), once all ended.",
                  self._req_max_generation))]
-        texts.append(HistogramText("vllm:iteration_tokens_total", "Tokens per iteration.",
+        texts.append(HistogramText("vllm:iteration_tokens_total", "Tokens per iteration "
+                                   "as vLLM counts them: those it made, and each prefill's "
+                                   "prompt less its cache hit in the iteration it ends.",
                                    ["model_name"], [([self.model_name], self._iteration)]))
         return texts
 
@@ -205,7 +207,7 @@ class EngineMetrics:
         return self._verdicts.counts()
 
     def on_step(self, *, now: float, elapsed_s: float, num_running: int, num_waiting: int,
-                num_swapped: int, kv_usage: float, num_batched_tokens: int,
+                num_swapped: int, kv_usage: float, iteration_tokens: int,
                 num_preempted_recompute: int, num_preempted_swap: int, swap_s: float,
                 prefix_queries: int, prefix_hits: int) -> None:
         self.num_running = num_running
@@ -217,8 +219,10 @@ class EngineMetrics:
         self.swap_seconds += swap_s
         self.prefix_queries += prefix_queries
         self.prefix_hits += prefix_hits
-        if num_batched_tokens > 0:
-            self._iteration.observe(num_batched_tokens)
+        # ``SchedulerOutput.vllm_iteration_tokens``; none where vLLM's engine core sends
+        # no output (every row a prefill chunk that samples nothing).
+        if iteration_tokens > 0:
+            self._iteration.observe(iteration_tokens)
         self._busy.add(elapsed_s, now)
 
     def count_preemptions(self, n: int) -> None:

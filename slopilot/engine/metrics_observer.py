@@ -76,7 +76,7 @@ class MetricsObserver:
             now=now, elapsed_s=elapsed_s, num_running=sched.num_running,
             num_waiting=sched.num_waiting, num_swapped=sched.num_swapped,
             kv_usage=sched.kv.usage,
-            num_batched_tokens=out.num_batched_tokens if out is not None else 0,
+            iteration_tokens=out.vllm_iteration_tokens if out is not None else 0,
             num_preempted_recompute=recompute - self._recompute,
             num_preempted_swap=swap - self._swap,
             swap_s=swap_blocks * sched.swap_s_per_block,

@@ -79,6 +79,11 @@ class SchedulerOutput:
     # The iteration's shape features (``sim.shape.features_of``), computed once for all
     # who ask on this iteration: a calibrated cost model, the metrics, a twin's check.
     shape_features: tuple[float, ...] | None = None
+    # Set by ``Scheduler.update_from_output``: what vLLM's iteration_tokens_total
+    # observes of this iteration, the tokens it made and, of each request whose first
+    # token it made, the prompt less its prefix-cache hit (a chunked prefill counts
+    # whole where it ends; its earlier chunks, nowhere).
+    vllm_iteration_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:

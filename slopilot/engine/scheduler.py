@@ -340,6 +340,7 @@ class Scheduler(Admission):
         if result.logprobs or result.prompt_logprobs:
             _record_logprobs(requests, out, result)
         get, add_got = requests.get, got.append
+        prefilled = 0
         for seq in out.seqs:
             rid = seq.request_id
             req = get(rid)
@@ -357,6 +358,8 @@ class Scheduler(Admission):
             outputs.append(token)
             req.num_tokens += 1
             add_got(req)
+            if not seq.num_output_tokens:
+                prefilled += req.num_prompt_tokens - req.num_cached_tokens
             params = req.sampling
             # Fast path: below max_tokens with nothing that could stop it.
             if len(outputs) < params.max_tokens and params.ignore_eos \
@@ -368,6 +371,7 @@ class Scheduler(Admission):
                 finished.append(req)
         if len(finished) > num_finished:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        out.vllm_iteration_tokens = len(got) + prefilled
         return step
 
     def check_integrity(self) -> None:

@@ -29,7 +29,7 @@ class Clock:
 def _step(m: EngineMetrics, now: float, **kw: Any) -> None:
     args: dict[str, Any] = {
         "now": now, "elapsed_s": 0.0, "num_running": 0, "num_waiting": 0, "num_swapped": 0,
-        "kv_usage": 0.0, "num_batched_tokens": 0, "num_preempted_recompute": 0,
+        "kv_usage": 0.0, "iteration_tokens": 0, "num_preempted_recompute": 0,
         "num_preempted_swap": 0, "swap_s": 0.0, "prefix_queries": 0, "prefix_hits": 0}
     args.update(kw)
     m.on_step(**args)
@@ -127,9 +127,9 @@ def test_finished_requests(m: EngineMetrics) -> None:
 
 def test_step_gauges_and_counters(m: EngineMetrics, clock: Clock) -> None:
     _step(m, 99.0, num_running=7, num_waiting=3, num_swapped=2, kv_usage=0.75,
-          num_batched_tokens=300, num_preempted_recompute=2, num_preempted_swap=1,
+          iteration_tokens=300, num_preempted_recompute=2, num_preempted_swap=1,
           swap_s=0.004, prefix_queries=64, prefix_hits=48)
-    _step(m, 99.5, num_running=5, num_batched_tokens=0, num_preempted_swap=1, swap_s=0.006,
+    _step(m, 99.5, num_running=5, iteration_tokens=0, num_preempted_swap=1, swap_s=0.006,
           prefix_queries=16, prefix_hits=16)
     assert value(m, "vllm:num_requests_running") == 5
     assert value(m, "vllm:num_requests_waiting") == 0
@@ -143,7 +143,7 @@ def test_step_gauges_and_counters(m: EngineMetrics, clock: Clock) -> None:
     assert value(m, "slopilot_swap_seconds_total") == pytest.approx(0.01)
     assert value(m, "vllm:prefix_cache_queries_total") == 80
     assert value(m, "vllm:prefix_cache_hits_total") == 64
-    # An idle step (no tokens) is not an iteration.
+    # A step that made no token is not observed (vLLM's engine core sends no output).
     assert value(m, "vllm:iteration_tokens_total_count") == 1
     assert value(m, "vllm:iteration_tokens_total_bucket", le="256.0") == 0
     assert value(m, "vllm:iteration_tokens_total_bucket", le="512.0") == 1

@@ -23,7 +23,7 @@ from tests.support.call_count import calls
 
 def _step(m: EngineMetrics, now: float) -> None:
     m.on_step(now=now, elapsed_s=0.004, num_running=3, num_waiting=2, num_swapped=1,
-              kv_usage=0.625, num_batched_tokens=96, num_preempted_recompute=1,
+              kv_usage=0.625, iteration_tokens=96, num_preempted_recompute=1,
               num_preempted_swap=0, swap_s=0.001, prefix_queries=64, prefix_hits=32)
 
 

@@ -139,3 +139,43 @@ def test_the_prefill_phase_is_observed_when_the_request_finishes() -> None:
     assert _total(metrics, "vllm:request_prefill_time_seconds_sum") == \
         req.first_token_time - req.first_scheduled_time
     assert _total(metrics, "vllm:request_decode_time_seconds_count") == 1
+
+
+# -- iteration tokens: loggers.py record(), histogram_iteration_tokens ------------------
+
+def _iterations(metrics: EngineMetrics) -> tuple[float, float]:
+    """(count, sum) of vllm:iteration_tokens_total."""
+    return (_total(metrics, "vllm:iteration_tokens_total_count"),
+            _total(metrics, "vllm:iteration_tokens_total_sum"))
+
+
+def test_an_iteration_counts_the_tokens_it_made_and_the_prefills_it_ended() -> None:
+    # vLLM observes, per engine step that has outputs, prompt_token_stats.computed (the
+    # prompt less its prefix-cache hit, of each request whose first token came in it)
+    # plus the tokens generated: a chunked prefill counts whole in the step it ends,
+    # its earlier chunks not at all.
+    engine, metrics = _engine(chunk_size=64, token_budget=128)
+    engine.add_request(make_request("long", 150, max_tokens=3))
+    engine.step()  # 64 of its prompt
+    engine.step()  # 64 more
+    assert _iterations(metrics) == (0, 0)
+    engine.step()  # the last 22, and its first token
+    assert _iterations(metrics) == (1, 150 + 1)
+    engine.step()  # a decode
+    assert _iterations(metrics) == (2, 152)
+    # The same prompt again: its cache holds 144 tokens (9 blocks of 16; the last token
+    # is always computed), so its prefill counts 6.
+    engine.add_request(make_request("again", 150, max_tokens=2))
+    engine.step()
+    assert _iterations(metrics) == (3, 152 + 1 + 6 + 1)  # with "long"'s last token
+
+
+def test_a_decode_beside_a_chunk_that_samples_nothing_counts_one() -> None:
+    engine, metrics = _engine(chunk_size=64, token_budget=128)
+    engine.add_request(make_request("short", 10, max_tokens=5))
+    engine.step()
+    before = _iterations(metrics)
+    engine.add_request(make_request("long", 150, max_tokens=2, first_token=5000))
+    engine.step()  # "short" decodes one token; "long" prefills 64 of 150
+    count, total = _iterations(metrics)
+    assert (count - before[0], total - before[1]) == (1, 1)
