@@ -32,12 +32,16 @@ from slopilot.engine.metrics_text import (
     parts_text,
     render,
 )
-from slopilot.engine.request import FinishReason, Priority
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.shape import IterationShape
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.verdicts import Verdicts
 
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536
+# vLLM's FinishReasons (vllm/v1/engine FinishReason), each exported from the start: the
+# engine ends a request with the first three only, and a rule on the others reads 0 as
+# on vLLM, not no data.
+VLLM_FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error", "repetition")
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 CLASS_LABELS: tuple[str, ...] = tuple(p.label for p in Priority)
@@ -104,7 +108,7 @@ class EngineMetrics:
         self.generation_tokens = 0
         # Every reason at 0 from the start, as vLLM exports them: a counter born at 1
         # never shows its first request to rate() or increase().
-        self._success: dict[str, int] = {r.value: 0 for r in FinishReason}
+        self._success: dict[str, int] = {r: 0 for r in VLLM_FINISH_REASONS}
         self._verdicts = Verdicts()
         self._refused = [0 for _ in Priority]
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}

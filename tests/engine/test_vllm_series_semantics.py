@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine, VirtualClock
-from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.metrics import VLLM_FINISH_REASONS, EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
-from slopilot.engine.request import Priority, RequestStatus
+from slopilot.engine.request import FinishReason, Priority, RequestStatus
 from tests.engine.helpers import make_request, make_scheduler, step
 from tests.support.fake_executor import FakeExecutor
 
@@ -179,3 +179,15 @@ def test_a_decode_beside_a_chunk_that_samples_nothing_counts_one() -> None:
     engine.step()  # "short" decodes one token; "long" prefills 64 of 150
     count, total = _iterations(metrics)
     assert (count - before[0], total - before[1]) == (1, 1)
+
+
+# -- finish reasons: loggers.py counter_request_success, one per FinishReason -----------
+
+def test_every_finish_reason_vllm_exports_is_there_from_the_start() -> None:
+    # vLLM makes vllm:request_success_total for each of its FinishReasons at start: a
+    # rule on finished_reason="error" reads 0 there, and nothing (no data) here.
+    _, metrics = _engine()
+    reasons = {dict(ls)["finished_reason"]: v for (n, ls), v in _samples(metrics).items()
+               if n == "vllm:request_success_total"}
+    assert reasons == {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
+    assert {r.value for r in FinishReason} <= set(VLLM_FINISH_REASONS)

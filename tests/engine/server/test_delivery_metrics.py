@@ -578,6 +578,6 @@ def test_what_a_lost_connection_dropped_is_not_counted_and_ends_as_an_abort(
         assert len(rest) <= 1 and not any("[DONE]" in e for e in rest)
 
     asyncio.run(deliver())
-    assert m._success == {"stop": 0, "length": 0, "abort": 1}
+    assert m._success == {"stop": 0, "length": 0, "abort": 1, "error": 0, "repetition": 0}
     assert m.generation_tokens == (0 if not stream else 2)
     assert m._e2e[Priority.P1].count == 1
