@@ -46,3 +46,14 @@ def _dense(from_s: float, to_s: float) -> set[float]:
 # and histogram (docs/benchmarks.md, "Quantiles read from the histograms").
 TOKEN_LATENCY_BUCKETS: tuple[float, ...] = tuple(sorted(
     set(LATENCY_BUCKETS) | _dense(DENSE_FROM_S, DENSE_TO_S)))
+
+# vLLM's edges of its request-phase histograms (e2e, queue, prefill, decode, inference:
+# vllm/v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS), every one: LATENCY_BUCKETS holds
+# its TTFT and gap edges only, so a vLLM query on le="0.8" or "15.0" found nothing here.
+# Up to 7,680 s, unlike TTFT's: no refused request reads these, and a long request's
+# e2e past 300 s stays in a finite bucket, as on vLLM.
+VLLM_REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0)
+REQUEST_LATENCY_BUCKETS: tuple[float, ...] = tuple(sorted(
+    set(LATENCY_BUCKETS) | set(VLLM_REQUEST_LATENCY_BUCKETS)))

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from slopilot import __version__
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.iteration_metrics import IterationMetrics
-from slopilot.engine.latency_buckets import LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_names import REFUSED, RETRIES, SEND_TIMEOUTS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.metrics_text import (
@@ -80,11 +80,11 @@ class EngineMetrics:
         # The two whose quantiles are read: dense edges (latency_buckets).
         self._ttft = per_class(TOKEN_LATENCY_BUCKETS)
         self._itl = per_class(TOKEN_LATENCY_BUCKETS)
-        self._e2e = per_class(LATENCY_BUCKETS)
-        self._queue = per_class(LATENCY_BUCKETS)
-        self._prefill = per_class(LATENCY_BUCKETS)
-        self._decode = per_class(LATENCY_BUCKETS)
-        self._inference = per_class(LATENCY_BUCKETS)
+        self._e2e = per_class(REQUEST_LATENCY_BUCKETS)
+        self._queue = per_class(REQUEST_LATENCY_BUCKETS)
+        self._prefill = per_class(REQUEST_LATENCY_BUCKETS)
+        self._decode = per_class(REQUEST_LATENCY_BUCKETS)
+        self._inference = per_class(REQUEST_LATENCY_BUCKETS)
         self._req_prompt = per_class(TOKEN_BUCKETS)
         self._req_generation = per_class(TOKEN_BUCKETS)
         self._req_max_generation = per_class(TOKEN_BUCKETS)

@@ -191,3 +191,21 @@ def test_every_finish_reason_vllm_exports_is_there_from_the_start() -> None:
                if n == "vllm:request_success_total"}
     assert reasons == {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
     assert {r.value for r in FinishReason} <= set(VLLM_FINISH_REASONS)
+
+
+# -- bucket edges: vllm/v1/metrics/buckets.py ------------------------------------------
+
+VLLM_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                                30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
+                                7680.0)
+
+
+def test_the_request_phase_histograms_have_every_edge_of_vllms() -> None:
+    # vLLM's REQUEST_LATENCY_BUCKETS, of e2e, queue and the three phases: a query on
+    # one of its edges (le="0.8") reads the built-in engine's series too.
+    _, metrics = _engine()
+    for name in ("e2e_request_latency", "request_queue_time", "request_prefill_time",
+                 "request_decode_time", "request_inference_time"):
+        edges = {float(dict(ls)["le"]) for (n, ls), _ in _samples(metrics).items()
+                 if n == f"vllm:{name}_seconds_bucket"}
+        assert set(VLLM_REQUEST_LATENCY_BUCKETS) <= edges, name
