@@ -140,7 +140,7 @@ class EngineMetrics:
                 ("vllm:request_generation_tokens", "Output length of finished requests.",
                  self._req_generation),
                 ("vllm:request_max_num_generation_tokens", "Longest output of the "
-                 "choices of one request (n of them), once all ended.",
+                 "n choices of one prompt, once all ended.",
                  self._req_max_generation))]
         texts.append(HistogramText("vllm:iteration_tokens_total", "Tokens per iteration "
                                    "as vLLM counts them: those it made, and each prefill's "
@@ -310,9 +310,10 @@ class EngineMetrics:
         self._itl[priority].observe(gap_s)
 
     def observe_request_outputs(self, priority: Priority, longest: int) -> None:
-        """One HTTP request's choices all ended: the most output tokens any of them got
-        (vLLM's ``request_max_num_generation_tokens``, one observation per request
-        whatever its ``n``). Event loop only, as ``observe_delivered``."""
+        """One prompt's choices all ended: the most output tokens any of them got (vLLM's
+        ``request_max_num_generation_tokens``, one observation per prompt whatever its
+        ``n``: vLLM serves each prompt of a batch as its own request). Event loop only,
+        as ``observe_delivered``."""
         self._req_max_generation[priority].observe(longest)
 
     def on_finished(self, priority: Priority, *, e2e_s: float | None, queue_s: float,

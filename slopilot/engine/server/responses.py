@@ -249,6 +249,9 @@ class Delivery:
         self.backend, self.prep, self.streams, self.clock = backend, prep, streams, clock
         self.states = [ChoiceState(backend, prep, c, s, slo)
                        for c, s in zip(prep.choices, streams, strict=True)]
+        # Each prompt's choices (prompt by prompt, ``n`` each): vLLM serves each prompt of
+        # a batch as its own request, so its longest output is observed per prompt.
+        self.per_prompt = max(1, len(self.states) // max(1, len(prep.prompts)))
         self.sent = False  # a non-streamed body went out whole (``body_sent``)
         # Whether the client's connection is lost, so what was "sent" reached no one:
         # the server's protocol says so in the scope (``DeliveredStream``), else never.
@@ -275,10 +278,12 @@ class Delivery:
                 self.backend.metrics.observe_verdict(req.priority, state.slo, met=met,
                                                      tokens=state.handed)
             # Each choice is delivered once, so this holds at exactly one call: the
-            # request's last choice to end.
-            if all(s.delivered for s in self.states):
+            # prompt's last choice to end.
+            first = state.choice.index // self.per_prompt * self.per_prompt
+            siblings = self.states[first:first + self.per_prompt]
+            if all(s.delivered for s in siblings):
                 self.backend.metrics.observe_request_outputs(
-                    req.priority, max(s.handed for s in self.states))
+                    req.priority, max(s.handed for s in siblings))
 
     def body_sent(self) -> None:
         """A non-streamed body went out whole: every choice's tokens reached the client."""

@@ -113,6 +113,25 @@ def test_a_request_of_n_choices_observes_its_longest_output_once(srv: LiveServer
     assert (longest.count - count, longest.total - total) == (1, 4)
 
 
+def test_a_batch_of_prompts_observes_each_prompts_longest_output() -> None:
+    """vLLM's completions endpoint runs each prompt of a batch as its own request (its
+    ``n`` choices as that request's children: parallel_sampling.ParentRequest), so
+    request_max_num_generation_tokens counts one per prompt, each its own choices'
+    longest. Observed once per HTTP request, a batch of prompts read as one request."""
+    backend = build_backend(realtime=False)
+    longest = backend.metrics._req_max_generation[Priority.P1]
+    body = CompletionRequest(prompt=["one two", "three four"], max_tokens=6, n=2)
+    prep = prepare(backend, body, {}, arrival_time=0.0)
+    engine = _Aborts()
+    streams = [RequestStream(c.request, engine) for c in prep.choices]
+    delivery = Delivery(backend, prep, streams, lambda: 1.0, slo=None)
+    for state, handed in zip(delivery.states, (3, 5, 6, 1), strict=True):
+        state.token_ids, state.handed = [7] * handed, handed
+        state.finish = FinishReason.LENGTH.value
+        delivery.last_output(state)
+    assert (longest.count, longest.total) == (2, 5 + 6)
+
+
 def _token_metrics(srv: LiveServer) -> tuple[float, float, int]:
     m = srv.backend.metrics
     gen = m._req_generation[Priority.P1]
