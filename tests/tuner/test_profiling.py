@@ -241,3 +241,34 @@ def test_a_started_count_no_engine_exports_is_refused(tokens: float, started: fl
                        time_to_first_token_seconds_count=[_sample(started)])
     with pytest.raises(ImplausibleWorkload, match="which no engine"):
         WorkloadProfile.measure(_recorded(answers), SELECTOR, 50)  # type: ignore[arg-type]
+
+
+def _vllm_token_buckets(max_model_len: int) -> list[float]:
+    """vLLM's edges for its token-count histograms (``build_1_2_5_buckets``): 1, 2, 5,
+    10, 20, 50, ... up to the model's context."""
+    out, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            edge = m * 10**exponent
+            if edge > max_model_len:
+                return [float(e) for e in out]
+            out.append(edge)
+        exponent += 1
+
+
+@pytest.mark.parametrize(("mean", "sigma"), [(512, 0.7), (64, 0.5), (2048, 1.2), (300, 0.3),
+                                             (40, 0.2), (1000, 0.15)])
+@pytest.mark.parametrize("vllm", [True, False], ids=["vllm-1-2-5", "engine-powers-of-2"])
+def test_lognormal_fit_from_either_backends_buckets(mean: float, sigma: float,
+                                                    vllm: bool) -> None:
+    """On vLLM the token histograms' edges are 1-2-5, not powers of two. Read off the
+    buckets' midpoints with a correction for ln 2 wide buckets, a spread of 0.3 read
+    0.25, 0.2 read 0.09 and 0.15 read 0.28 there: the fit is now the lognormal of the
+    measured mean most likely to have filled those buckets, whatever their edges."""
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(math.log(mean) - sigma**2 / 2, sigma, 20_000)
+    edges = [*(_vllm_token_buckets(32_768) if vllm else TOKEN_BUCKETS), math.inf]
+    buckets = {e: float(np.sum(values <= e)) for e in edges}
+    fit = length_profile(buckets, float(values.sum()), float(len(values)))
+    assert fit.mean == pytest.approx(values.mean())
+    assert fit.sigma == pytest.approx(sigma, abs=0.02)

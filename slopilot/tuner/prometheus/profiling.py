@@ -3,10 +3,10 @@
 From one window of the engines' metrics: the arrival rate (finished requests per second
 plus the growth of the queue and those turned away for load), the prompt and output length
 distributions (the ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens``
-histograms: the mean from ``_sum / _count``, the lognormal spread from the bucket counts in
-log space; the prompts' mean, where enough requests started in the window, theirs:
-``_started_prompts``) and the class mix (finished and turned-away requests per
-``priority_class``).
+histograms: the mean from ``_sum / _count``, the lognormal spread most likely to have
+filled the buckets, on the engine's power-of-two edges as on vLLM's 1-2-5; the prompts'
+mean, where enough requests started in the window, theirs: ``_started_prompts``) and
+the class mix (finished and turned-away requests per ``priority_class``).
 ``to_scenario`` puts that workload, open loop, on a base scenario's hardware, model, knobs
 and SLO.
 
@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
@@ -46,9 +48,6 @@ PREFILLED = "vllm:prompt_tokens_total"
 """Prompt tokens counted where each request's prefill is done (vLLM's, the engine's)."""
 FIRST_TOKENS = "vllm:time_to_first_token_seconds_count"
 log = logging.getLogger(__name__)
-# Within one power-of-two bucket, log-lengths spread uniformly over ln 2: Sheppard's
-# correction removes that from the variance measured on bucket midpoints.
-_SHEPPARD = math.log(2) ** 2 / 12
 
 
 class ProfileError(ValueError):
@@ -89,15 +88,34 @@ def length_profile(buckets: Mapping[float, float], total: float, count: float) -
     finite = [(lo, hi, n) for lo, hi, n in mass if math.isfinite(hi)]
     if not finite:
         return LengthProfile(mean, 0.0, mean, mean)
-    weight = sum(n for _, _, n in finite)
-    # Log-space midpoints of the buckets (the first, (0, 1], taken as (0.5, 1]).
-    logs = [(math.log(math.sqrt(max(lo, hi / 2) * hi)), n) for lo, hi, n in finite]
-    mu = sum(x * n for x, n in logs) / weight
-    var = sum(n * (x - mu) ** 2 for x, n in logs) / weight
-    sigma = math.sqrt(max(0.0, var - _SHEPPARD))
+    sigma = 0.0 if len(mass) == 1 or not mean > 0 else _binned_sigma(mass, mean)
     lo = max(1.0, finite[0][0])
     hi = finite[-1][1] if len(finite) == len(mass) else max(finite[-1][1], mean)
     return LengthProfile(mean=mean, sigma=sigma, lo=lo, hi=max(hi, math.ceil(mean)))
+
+
+def _binned_sigma(mass: list[tuple[float, float, float]], mean: float) -> float:
+    """The log-space sigma of the lognormal of arithmetic mean ``mean`` most likely to
+    have put ``mass`` (``(lower, upper, requests)`` per bucket, the last one open) in its
+    buckets. Read off bucket midpoints with Sheppard's correction instead, it held for
+    the engine's power-of-two edges only: on vLLM's 1-2-5 edges (buckets ln 2.5 wide)
+    a narrow spread read half or double what it was, and one of 0.2 read 0."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import ndtr
+
+    with np.errstate(divide="ignore"):
+        lo = np.log(np.array([m[0] for m in mass]))
+        hi = np.log(np.array([m[1] for m in mass]))
+    n = np.array([m[2] for m in mass])
+
+    def nll(sigma: float) -> float:
+        mu = math.log(mean) - sigma * sigma / 2
+        p = ndtr((hi - mu) / sigma) - ndtr((lo - mu) / sigma)
+        return -float(np.sum(n * np.log(np.maximum(p, 1e-300))))
+
+    fit = minimize_scalar(nll, bounds=(1e-3, 5.0), method="bounded",
+                          options={"xatol": 1e-4})
+    return float(fit.x)
 
 
 def _count(series: str, value: float) -> float:
