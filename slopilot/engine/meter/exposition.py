@@ -2,8 +2,9 @@
 
 vLLM's exposition (asked for in the text format, whose names keep their colons), then
 the verdict counters (``Verdicts.families``), then the client-side histograms, then the
-Responses streams replayed: one answer, one ``instance``, so the goodput rule joins
-vLLM's tokens and the verdicts per replica.
+Responses streams replayed, then the requests arrived: one answer, one ``instance``, so
+the goodput rule joins vLLM's tokens and the verdicts per replica, and the workload probe
+tells a replica that counts its arrivals from one that does not.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from slopilot.engine.verdicts import Verdicts
 
 REPLAYED_STREAMS = "slopilot_meter_replayed_streams"
 """Responses streamed again by GET (``is_replay``), counted, not judged (base name)."""
+ARRIVALS = "slopilot_meter_arrivals_total"
+"""The requests for generation the meter forwarded, counted as they came (``Meter.arrivals``),
+by the name Prometheus stores: the workload probe's arrivals on a replica that exports it
+(``tuner/prometheus/profiling``)."""
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -35,15 +40,17 @@ class Scraped(Protocol):
     model_name: str
     priority: Priority
     replays: int
+    arrivals: int
 
 
 def own_registry(meter: Scraped) -> TextRegistry:
-    """The meter's own families: the verdicts, the client-side histograms and the
-    replays, scraped in this order."""
+    """The meter's own families: the verdicts, the client-side histograms, the replays
+    and the arrivals, scraped in this order."""
     registry = TextRegistry()
     registry.register(_VerdictCollector(meter))
     registry.register(_LatencyCollector(meter))
     registry.register(_ReplayCollector(meter))
+    registry.register(_ArrivalCollector(meter))
     return registry
 
 
@@ -77,6 +84,23 @@ class _ReplayCollector(Collector):
             "(a stored answer's events again): passed on, not judged.",
             labels=["priority_class"])
         family.add_metric([self.meter.priority.label], self.meter.replays)
+        yield family
+
+
+class _ArrivalCollector(Collector):
+    def __init__(self, meter: Scraped) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        # At 0 from the start: increase() reads nothing of a series' first sample, and
+        # a replica that exports it is read by it even before its first request.
+        family = CounterMetricFamily(
+            ARRIVALS, "Requests for generation forwarded to the engine, counted as they "
+            "came: each prompt of a batch and each of its n choices, as the engine counts "
+            "its requests; those whose clients gave up too (the engine's series drop them).",
+            labels=["model_name", "priority_class"])
+        family.add_metric([self.meter.model_name, self.meter.priority.label],
+                          self.meter.arrivals)
         yield family
 
 

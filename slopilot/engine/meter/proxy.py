@@ -15,6 +15,10 @@
 - Each judged stream's first tokens and token gaps are observed as they are written
   (``ClientLatency``): the TTFT and TBT its client saw, which the rules read on a vLLM
   deployment where vLLM's own leave out its frontend's work.
+- Each request for generation is counted as it is forwarded (``arrivals``: as many as
+  vLLM serves it as, ``Plan.arrivals``), whatever becomes of it: vLLM drops a request
+  whose client gave up from every series it observes at the finish, and the workload
+  probe reads its arrivals from this count where a replica exports it.
 - ``GET /metrics`` is vLLM's exposition with the meter's own after it (``exposition``).
 """
 
@@ -103,6 +107,8 @@ class Meter:
         self.registry = exposition.own_registry(self)
         self.replays = 0
         """Responses streamed again (``is_replay``), passed on unjudged."""
+        self.arrivals = 0
+        """The requests for generation forwarded (``Plan.arrivals``), each as it came."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -180,6 +186,7 @@ class Meter:
             await exposition.scrape(self.client, self.upstream, send, self.render)
             return
         plan = await self.planner.plan(scope["method"], url.path, body, arrival)
+        self.arrivals += plan.arrivals
         judge = exchange.judge = plan.judge
         strip = plan.strip
         headers = request_headers(scope)
@@ -231,10 +238,11 @@ class Meter:
             await response.aclose()
 
     def render(self) -> bytes:
-        """The meter's own exposition: the verdicts, the client-side histograms and the
-        replays, in that order. Byte for byte ``generate_latest(self.registry)``, its
-        histograms written as their kept text (``metrics_text``): it runs on the loop
-        that relays every stream's chunks, and holds them all while it runs."""
+        """The meter's own exposition: the verdicts, the client-side histograms, the
+        replays and the arrivals, in that order. Byte for byte
+        ``generate_latest(self.registry)``, its histograms written as their kept text
+        (``metrics_text``): it runs on the loop that relays every stream's chunks, and
+        holds them all while it runs."""
         return render(self.registry)
 
     def _count(self, exchange: _Exchange) -> None:

@@ -9,6 +9,9 @@
 - A chat or completions stream asks vLLM for each chunk's token count (continuous usage:
   ``usage_stats``), and the client gets its answer without the usage it did not ask for,
   the bytes vLLM would have written for its own request.
+- Any request for generation to those paths, streamed or not, is counted as the requests
+  vLLM serves it as (``Plan.arrivals``): the workload probe's arrivals on vLLM, where a
+  request whose client gave up is in none of vLLM's series.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class Plan:
     judge: StreamJudge | None
     body: bytes
     strip: usage_stats.UsageStrip | None = None
+    arrivals: int = 0
+    """The requests vLLM serves it as, each in its series as one (each prompt of a
+    completions batch, each of its ``n`` choices: ``_requests``); 0 for what asks for
+    no generation."""
 
 
 class RequestPlanner:
@@ -70,12 +77,15 @@ class RequestPlanner:
                 await asyncio.to_thread(json.loads, body)
         except (ValueError, RecursionError):
             return Plan(None, body)  # vLLM answers it 400
-        if not isinstance(data, dict) or _lax(_BOOL, data.get("stream")) is not True:
-            return Plan(None, body)
+        if not isinstance(data, dict):
+            return Plan(None, body)  # vLLM answers it 400 too: no request of its model
+        requests = _requests(path, data)
+        if _lax(_BOOL, data.get("stream")) is not True:
+            return Plan(None, body, arrivals=requests)
         judge = self.judge(path, data, arrival)
         usage = usage_stats.asked(data)
         if path == RESPONSES_PATH or usage is None or usage is usage_stats.Asked.CONTINUOUS:
-            return Plan(judge, body)
+            return Plan(judge, body, arrivals=requests)
         # ASCII-escaped: a string Python's reader took with a lone surrogate in it has
         # no UTF-8, and reaches vLLM as the same string.
         asking = usage_stats.ask(data)
@@ -83,9 +93,10 @@ class RequestPlanner:
             sent = json.dumps(asking).encode() if len(body) <= INLINE_PARSE_BYTES else \
                 (await asyncio.to_thread(json.dumps, asking)).encode()
         except (ValueError, RecursionError):
-            return Plan(judge, body)  # nested past what Python writes back: as it came
+            # Nested past what Python writes back: as it came.
+            return Plan(judge, body, arrivals=requests)
         return Plan(judge, sent, usage_stats.UsageStrip(
-            usage, null_usage=path == "/v1/completions"))
+            usage, null_usage=path == "/v1/completions"), arrivals=requests)
 
     def judge(self, path: str, data: dict[str, Any], arrival: float) -> StreamJudge:
         """The judge of a streamed completion to ``path`` asked for with ``data``."""
@@ -96,16 +107,13 @@ class RequestPlanner:
             return StreamJudge(slo, arrival, max_tokens=limit if limit is not None and
                                limit > 0 else None, latency=self.latency,
                                wire=Wire.RESPONSES)
-        n = _lax(_INT, data.get("n", 1))
-        n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
         completions = path == "/v1/completions"
         # vLLM's rule: the chat API's newer spelling first, where it is given. Its
         # completions API has a default of its own where the field is left out (null:
         # the context, as for chat).
         max_tokens = _lax(_INT, data.get("max_completion_tokens")) or \
             _lax(_INT, data.get("max_tokens", COMPLETIONS_MAX_TOKENS if completions else None))
-        prompts = _prompts(data.get("prompt")) if completions else 1
-        return StreamJudge(slo, arrival, choices=n * prompts,
+        return StreamJudge(slo, arrival, choices=_requests(path, data),
                            max_tokens=max_tokens if max_tokens is not None and
                            max_tokens > 0 else None, latency=self.latency)
 
@@ -121,6 +129,17 @@ def is_replay(method: str, path: str) -> bool:
     same answer twice, with a first token read in microseconds."""
     return method == "GET" and path.startswith(RESPONSES_PATH + "/") and \
         "/" not in path[len(RESPONSES_PATH) + 1:] and len(path) > len(RESPONSES_PATH) + 1
+
+
+def _requests(path: str, data: dict[str, Any]) -> int:
+    """The requests vLLM serves a chat or completions request as, and its stream's
+    choices: ``n`` for each of its prompts (vLLM runs each choice as a child request of
+    its own, counted in its series as one). A Responses request is one answer."""
+    if path == RESPONSES_PATH:
+        return 1
+    n = _lax(_INT, data.get("n", 1))
+    n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
+    return n * (_prompts(data.get("prompt")) if path == "/v1/completions" else 1)
 
 
 def _prompts(prompt: Any) -> int:
