@@ -141,3 +141,44 @@ def test_right_after_a_shift_the_probe_measures_the_prompts_that_started() -> No
         scrape.poll(now=110.0)
         measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
     assert prompt_mean(measured) == pytest.approx(2048, rel=0.25)
+
+
+ARRIVALS = "slopilot_meter_arrivals_total"
+
+
+def _arrived(count: int) -> bytes:
+    return f'{ARRIVALS}{{model_name="m",priority_class="p0"}} {count}\n'.encode()
+
+
+def test_a_replica_whose_meter_counts_its_arrivals_is_read_by_them() -> None:
+    """vLLM counts a request whose client gave up in none of its series, and the meter in
+    front of it counts each as it arrives: replica a's meter saw 55 arrive where its
+    engine finished 40 (and turned 2 away, counted by the meter as they came: not
+    again); replica b has no meter's count, and is estimated as before (20 finished, 1
+    turned away, its queue 4 longer)."""
+    metered, plain = EngineMetrics("demo"), EngineMetrics("demo")
+    a, b = Pages(), Pages()
+    with serve_metrics(lambda: a.page) as at_a, serve_metrics(lambda: b.page) as at_b:
+        scrape = DirectScrape(lambda: [f"http://{at_a}", f"http://{at_b}"], DEMO.slo,
+                              RuleOptions(), min_requests=1)
+        try:
+            a.take(metered, _arrived(0))
+            b.take(plain)
+            scrape.poll(now=100.0)
+            serve(metered, 40, 2048, classes=(Priority.P0,))
+            metered.count_refused(Priority.P0, None)
+            metered.count_refused(Priority.P0, None)
+            metered.num_running = 3
+            serve(plain, 20, 2048, classes=(Priority.P1,), seed=1)
+            plain.count_refused(Priority.P1, None)
+            plain.num_running = 4
+            a.take(metered, _arrived(55))
+            b.take(plain)
+            scrape.poll(now=110.0)
+            measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
+        finally:
+            scrape.stop()
+    assert phase(measured).arrivals.mean_rate == pytest.approx((55 + 20 + 1 + 4) / 10)
+    mix = phase(measured).classes
+    assert mix.shares[Priority.P0] == pytest.approx(55 / 76, abs=1e-3)
+    assert mix.shares[Priority.P1] == pytest.approx(21 / 76, abs=1e-3)

@@ -27,6 +27,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.histogram_quantiles import histogram_quantile, histogram_share_within
+from slopilot.engine.meter.exposition import ARRIVALS
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
@@ -39,6 +40,7 @@ from slopilot.tuner.prometheus.profiling import (
     OUTPUT_TOKENS,
     PREFILLED,
     PROMPT_TOKENS,
+    CountedArrivals,
     LengthIncreases,
     WorkloadIncreases,
 )
@@ -54,12 +56,13 @@ _RUNNING = "vllm:num_requests_running"
 _GAUGES = {_BUSY, _WAITING, _RUNNING}  # not counters: a fall is no restart
 # The workload probe's (``scrape_probe``): the token-length histograms whole, the
 # prompts of the requests that started (``PREFILLED``, over the first tokens: the TTFT
-# histogram's +Inf bucket), and the queue (running + waiting) whose growth is arrivals
-# not yet finished.
+# histogram's +Inf bucket), the queue (running + waiting) whose growth is arrivals not
+# yet finished, and the arrivals a meter in front of a vLLM engine counts.
 _LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
             for part in ("bucket", "sum", "count")}
 _KEEP = {_TTFT, _TBT, REFUSED, "vllm:e2e_request_latency_seconds_count",
-         "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, *_LENGTHS, *_GAUGES}
+         "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, ARRIVALS, *_LENGTHS,
+         *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
 
@@ -249,7 +252,8 @@ class DirectScrape:
     def workload(self, start: float, end: float) -> WorkloadIncreases:
         """WorkloadProbe's evidence: every replica's increases over the window of the
         series ``WorkloadProfile.measure`` reads from PromQL (its queue's growth, a
-        gauge, the change across each replica's readings, as ``_increase`` reads them).
+        gauge, the change across each replica's readings, as ``_increase`` reads them;
+        the arrivals of a replica that exports the meter's count, ``CountedArrivals``).
         None at all where the scrapes do not reach back to ``start`` yet: too little to
         profile, as a quiet window.
 
@@ -264,14 +268,18 @@ class DirectScrape:
         empty = LengthIncreases({}, 0.0, 0.0)
         if a is None:
             return WorkloadIncreases({}, {}, empty, empty, 0.0)
-        d = self._delta(start, end, canary=False)
+        replicas = self._deltas(start, end, canary=False)
+        d = _summed(replicas)
 
-        def by_class(name: str) -> dict[str, float]:
+        def by_class(name: str, d: Series = d) -> dict[str, float]:
             out: dict[str, float] = {}
             for (n, c, _), v in d.items():
                 if n == name:
                     out[c] = out.get(c, 0.0) + v
             return out
+
+        def growth(d: Series) -> float:
+            return sum(v for (n, _, _), v in d.items() if n in (_RUNNING, _WAITING))
 
         def length(name: str) -> LengthIncreases:
             buckets: dict[float, float] = {}
@@ -281,12 +289,20 @@ class DirectScrape:
             return LengthIncreases(buckets, sum(by_class(f"{name}_sum").values()),
                                    sum(by_class(f"{name}_count").values()))
 
-        growth = sum(v for (n, _, _), v in d.items() if n in (_RUNNING, _WAITING))
+        counted = None
+        metered = {url for url, r in replicas.items() if any(k[0] == ARRIVALS for k in r)}
+        if metered:
+            others = _summed({url: r for url, r in replicas.items() if url not in metered})
+            counted = CountedArrivals(
+                arrived=by_class(ARRIVALS), others_finished=by_class(
+                    f"{PROMPT_TOKENS}_count", others), others_refused=by_class(REFUSED, others),
+                others_queue_growth=growth(others))
         return WorkloadIncreases(
             finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
-            prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS), queue_growth=growth,
+            prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS),
+            queue_growth=growth(d),
             started=sum(v for (n, _, le), v in d.items() if n == _TTFT and math.isinf(le)),
-            started_prompt=sum(by_class(PREFILLED).values()))
+            started_prompt=sum(by_class(PREFILLED).values()), counted=counted)
 
     def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:
         """Busy ratio (mean over replicas) and waiting requests (sum) in the last scrape."""

@@ -1,12 +1,13 @@
 """The live workload, measured from Prometheus, as a scenario the offline study can run.
 
-From one window of the engines' metrics: the arrival rate (finished requests per second
-plus the growth of the queue and those turned away for load), the prompt and output length
+From one window of the engines' metrics: the arrival rate (where the meter in front of a
+vLLM engine counts its arrivals, that count; elsewhere finished requests per second plus
+the growth of the queue and those turned away for load), the prompt and output length
 distributions (the ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens``
 histograms: the mean from ``_sum / _count``, the lognormal spread most likely to have
 filled the buckets, on the engine's power-of-two edges as on vLLM's 1-2-5; the prompts'
 mean, where enough requests started in the window, theirs: ``_started_prompts``) and
-the class mix (finished and turned-away requests per ``priority_class``).
+the class mix (the arrivals per ``priority_class``, counted or estimated as the rate).
 ``to_scenario`` puts that workload, open loop, on a base scenario's hardware, model, knobs
 and SLO.
 
@@ -29,12 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from slopilot.engine.meter.exposition import ARRIVALS
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.spec_reader import ScenarioError
 from slopilot.tuner.prometheus.query import CHECK_METRICS, query_at
-from slopilot.tuner.prometheus.rules import duration, render_selector
+from slopilot.tuner.prometheus.rules import REPLICA_LABEL, duration, render_selector
 from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
@@ -145,6 +147,26 @@ class LengthIncreases:
 
 
 @dataclass(frozen=True, slots=True)
+class CountedArrivals:
+    """Where the meter in front of a vLLM engine counts its arrivals (``ARRIVALS``): each
+    request its replica was asked for, counted as it came. vLLM drops a request whose
+    client gave up (a disconnect, a client's timeout) from every series it observes at
+    the finish, and from its running and waiting gauges once aborted, so finished +
+    refused + queue growth reads the load its clients gave up on as never offered: in
+    the overload the loop acts on, the twin planned for less than came.
+
+    The other fields are the replicas' that do not export the count (a pod of an image
+    from before it, mid-rollout): their arrivals are estimated as without it. A replica
+    that counts its arrivals counts those its engine turned away too: not again."""
+
+    arrived: Mapping[str, float]
+    """Requests counted at their arrival, by ``priority_class``."""
+    others_finished: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    others_refused: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    others_queue_growth: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadIncreases:
     """What the engines' series grew by over one window: all a profile is measured from.
 
@@ -164,6 +186,10 @@ class WorkloadIncreases:
     """Requests whose first token came in the window (``FIRST_TOKENS``, every class)."""
     started_prompt: float = 0.0
     """Their prompts' tokens (``PREFILLED``'s increase)."""
+    counted: CountedArrivals | None = None
+    """The arrivals the meters counted, where any replica exports their count; None
+    where none does (the built-in engine, a vLLM without the meter): the arrivals are
+    then finished + refused + queue growth, every replica's."""
 
 
 def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
@@ -172,13 +198,13 @@ def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
     _check_window(window_s)
     sel, w = render_selector(selector), duration(window_s)
 
-    def inc(expr: str, by: str = "") -> list[dict[str, Any]]:
+    def inc(expr: str, by: str = "", unless: str = "") -> list[dict[str, Any]]:
         group = f" by ({by})" if by else ""
-        return query(f"sum{group} (increase({expr}{sel}[{w}]))")
+        return query(f"sum{group} (increase({expr}{sel}[{w}]){unless})")
 
-    def by_class(expr: str) -> dict[str, float]:
+    def by_class(expr: str, unless: str = "") -> dict[str, float]:
         return {s["metric"].get("priority_class", ""): float(s["value"][1])
-                for s in inc(expr, "priority_class")}
+                for s in inc(expr, "priority_class", unless)}
 
     def length(name: str) -> LengthIncreases:
         # One series each (``sum`` without ``by``), or none: nothing finished.
@@ -191,13 +217,24 @@ def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
     def total(expr: str) -> float:
         return sum(float(s["value"][1]) for s in inc(expr))
 
-    running = query(f"sum(delta(vllm:num_requests_running{sel}[{w}])) + "
-                    f"sum(delta(vllm:num_requests_waiting{sel}[{w}]))")
+    def growth(unless: str = "") -> float:
+        running = query(f"sum(delta(vllm:num_requests_running{sel}[{w}]){unless}) + "
+                        f"sum(delta(vllm:num_requests_waiting{sel}[{w}]){unless})")
+        return float(running[0]["value"][1]) if running else 0.0
+
+    counted = None
+    if arrived := by_class(ARRIVALS):
+        # The replicas without the count, by the target Prometheus scraped: a meter of
+        # the window, whatever its traffic, exported it (at 0 from its start).
+        others = f" unless on ({REPLICA_LABEL}) last_over_time({ARRIVALS}{sel}[{w}])"
+        counted = CountedArrivals(
+            arrived=arrived, others_finished=by_class(f"{PROMPT_TOKENS}_count", others),
+            others_refused=by_class(REFUSED, others), others_queue_growth=growth(others))
     return WorkloadIncreases(
         finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
         prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS),
-        queue_growth=float(running[0]["value"][1]) if running else 0.0,
-        started=total(FIRST_TOKENS), started_prompt=total(PREFILLED))
+        queue_growth=growth(), started=total(FIRST_TOKENS),
+        started_prompt=total(PREFILLED), counted=counted)
 
 
 def _length(name: str, inc: LengthIncreases) -> LengthProfile:
@@ -221,6 +258,37 @@ def _started_prompts(finished: LengthProfile, inc: WorkloadIncreases,
     scale = mean / finished.mean
     return LengthProfile(mean=mean, sigma=finished.sigma, lo=max(1.0, finished.lo * scale),
                          hi=max(finished.hi * scale, math.ceil(mean)))
+
+
+def _offered(inc: WorkloadIncreases, finished: Mapping[str, float]
+             ) -> tuple[dict[str, float], float]:
+    """The requests offered in the window by ``priority_class``, and the queue's growth
+    that adds to them: counted where the meters count them (``CountedArrivals``), else
+    ``finished`` (checked) + turned away for load, plus the growth of the queue."""
+    def estimated(finished: Mapping[str, float], refused: Mapping[str, float],
+                  growth: float) -> tuple[dict[str, float], float]:
+        if math.isinf(growth):
+            raise ImplausibleWorkload(f"the queue's growth read {growth:g}, which no "
+                                      f"engine's series give: {CHECK_METRICS}")
+        # Turned away for load (429): offered, if not let in. Planned for without them,
+        # a saturated deployment's load was its own throughput, and no plan grew it. A
+        # retry turned away is not counted again (metric_names.RETRIES); one let in
+        # counts as served: a call turned away once and then served is planned for twice.
+        offered = dict(finished)
+        for c, n in refused.items():
+            offered[c] = offered.get(c, 0.0) + _count(f"{REFUSED}{{priority_class={c}}}", n)
+        return offered, growth if math.isfinite(growth) else 0.0
+
+    counted = inc.counted
+    if counted is None:
+        return estimated(finished, inc.refused, inc.queue_growth)
+    others, growth = estimated(
+        {c: _count(f"{PROMPT_TOKENS}_count{{priority_class={c}}}", n)
+         for c, n in counted.others_finished.items()},
+        counted.others_refused, counted.others_queue_growth)
+    for c, n in counted.arrived.items():
+        others[c] = others.get(c, 0.0) + _count(f"{ARRIVALS}{{priority_class={c}}}", n)
+    return others, growth
 
 
 @dataclass(frozen=True)
@@ -255,20 +323,14 @@ class WorkloadProfile:
                                "(widen the window)")
         prompt = _started_prompts(_length(PROMPT_TOKENS, inc.prompt), inc, min_requests)
         output = _length(OUTPUT_TOKENS, inc.output)
-        growth = inc.queue_growth
-        if math.isinf(growth):
-            raise ImplausibleWorkload(f"the queue's growth read {growth:g}, which no engine's "
-                               f"series give: {CHECK_METRICS}")
-        # Turned away for load (429): offered, if not let in. Planned for without them, a
-        # saturated deployment's load was its own throughput, and no plan grew it. A
-        # retry turned away is not counted again (metric_names.RETRIES); one let in counts
-        # as served: a call turned away once and then served is planned for twice.
-        refused = {c: _count(f"{REFUSED}{{priority_class={c}}}", n)
-                   for c, n in inc.refused.items()}
-        offered = requests + sum(refused.values())
-        rate = max(0.0, (offered + (growth if math.isfinite(growth) else 0.0)) / window_s)
-        mix = {p.label: max(0.0, per_class.get(p.label, 0.0) + refused.get(p.label, 0.0))
-               / offered for p in Priority}
+        by_class, growth = _offered(inc, per_class)
+        offered = sum(by_class.values())
+        rate = max(0.0, (offered + growth) / window_s)
+        # No arrival counted in the window (the load stopped): the rate reads 0, and the
+        # mix is the finished requests'.
+        shares = by_class if offered > 0 else per_class
+        total = sum(shares.values()) or 1.0
+        mix = {p.label: shares.get(p.label, 0.0) / total for p in Priority}
         return cls(arrival_rate=rate, prompt=prompt, output=output,
                    class_mix=mix, window_s=window_s, requests=requests)
 
