@@ -8,7 +8,8 @@ in each vLLM pod, in front of the engine (``slopilot meter``): it forwards every
 judges each streamed completion by ``ClassSLO.met`` on its TTFT and token gaps as
 written to the client (``stream_judge``), observes their TTFT and token gaps as written
 (``client_latency``: the P99s the rules read on a vLLM deployment, where vLLM's own
-leave out its frontend's work), and serves vLLM's ``/metrics`` with the verdict counters
-(the ones the goodput rule reads per replica) and those histograms after them
-(``exposition``).
+leave out its frontend's work), counts each request for generation as it arrives (the
+workload probe's arrivals on vLLM, whose own series drop a request whose client gave up),
+and serves vLLM's ``/metrics`` with the verdict counters (the ones the goodput rule reads
+per replica), those histograms and the arrivals after them (``exposition``).
 """

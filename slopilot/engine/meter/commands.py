@@ -23,9 +23,9 @@ def register(subparsers: Any) -> None:
         "against the SLO as its client sees it",
         description="Forward every request to --upstream and serve its answers back; "
         "judge each streamed completion (TTFT and token gaps as written to the client) "
-        "against --priority-class's objectives in --slo-file, and serve the upstream's "
-        "/metrics with the verdict counters and the client-side TTFT and TBT histograms "
-        "after them.")
+        "against --priority-class's objectives in --slo-file, count each request for "
+        "generation as it arrives, and serve the upstream's /metrics with the verdict "
+        "counters, the client-side TTFT and TBT histograms and the arrivals after them.")
     p.add_argument("--upstream", required=True, help="the engine's URL, e.g. "
                    "http://127.0.0.1:8001")
     p.add_argument("--host", default="0.0.0.0")
