@@ -14,7 +14,8 @@ importing it registers every handler, the controller daemon included.
 - the built-in engine's running pods are brought to the spec's live knobs (which the
   engine reads from its ConfigMap only at start) after each reconcile and once a
   ``deployment_loop.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
-  daemon does it, around its trials.
+  daemon does it, around its trials. The pods run the tenant's image: a sync runs on
+  one of its namespace's few slots of kopf's threads, or not at all (pod_sync_share.py).
 - deletion while tuning is off: the CR's study is deleted from every storage it lived in
   (study_cleanup.py; while tuning is on, the controller daemon's end does it).
 - events of owned Deployments, NetworkPolicies, Services, ConfigMaps and, where
@@ -24,13 +25,18 @@ importing it registers every handler, the controller daemon included.
   timer then tries again (drift.py). Their watches ask the API server for managed
   objects only (``watch_only_managed``).
 
-Handlers are synchronous (the official client is): kopf runs them in worker threads, and
-a per-deployment lock keeps a drift repair, a spec reconcile and the controller's writes
-(a scale, a committed config) from interleaving.
+Handlers are synchronous (the official client is): kopf runs them in worker threads
+(``pod_sync_share.HANDLER_THREADS``, shared by every tenant), and a per-deployment lock
+keeps a drift repair, a spec reconcile and the controller's writes (a scale, a committed
+config) from interleaving. A pod sync takes the lock around its writes only, as the
+daemon's does: held while it waited on the tenant's pods, the CR's reconcile and each
+drift repair of its owned objects waited for it, each on a thread of its own.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -57,7 +63,8 @@ from slopilot.operator.loop_status import ended_episode, tuning_enabled
 from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
 from slopilot.operator.pod_memory import memory_of
-from slopilot.operator.pods_status import record_pods_condition
+from slopilot.operator.pod_sync_share import Busy, PodSyncShare
+from slopilot.operator.pods_status import record_pods_condition, record_sync_deferred
 from slopilot.operator.policy import policy_problems
 from slopilot.operator.reconcile import (
     Change,
@@ -84,6 +91,14 @@ OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "netwo
 # The event reason of a spec's warnings: a deprecated field, a knob the backend caps.
 SPEC_WARNING = "SpecWarning"
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
+DEFERRED_SYNCS = 3
+"""Syncs of a CR refused a slot in a row (pod_sync_share.py) after which its
+PodsConfigured condition says its pods were not checked, and why. One alone may be a
+coincidence (a namespace's timers run together after an operator restart), and said at
+once the status would be written at each."""
+REFUSALS_KEY = "pod_syncs_refused"
+"""Where the CR's memo (kopf's, per object: gone with it) counts them."""
+log = logging.getLogger(__name__)
 
 
 class LockTable:
@@ -121,6 +136,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     watch_only_managed(settings)
     memo.kube = Kube(load_client())
     memo.locks = LockTable()
+    memo.pod_syncs = PodSyncShare()
     memo.policy = operator_policy()
     memo.tokens = load_or_create(memo.kube, memo.policy.operator_namespace)
 
@@ -246,12 +262,42 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
     with memo.locks.hold(key_of(body)):
         outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)
         write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
-        if outcome.valid and outcome.admin_token and not tuning_enabled(body.get("spec") or {}):
-            sync_pods(body, memo, logger)
+    if outcome.valid and outcome.admin_token and not tuning_enabled(body.get("spec") or {}):
+        # Asked again: a sync of the CR under way may have read the spec before this edit.
+        sync_on_share(body, memo, logger, again=True)
     post_events(body, outcome, reason="Reconciled")
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)
     if outcome.retry_s is not None:  # kopf runs the handler again, spec change or not
         raise kopf.TemporaryError("; ".join(outcome.problems), delay=outcome.retry_s)
+
+
+def sync_on_share(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger, *,
+                  again: bool) -> None:
+    """``sync_pods`` on a slot of the CR's namespace's share of kopf's threads
+    (``memo.pod_syncs``, pod_sync_share.py), never waiting for one: without a slot the
+    pods are not checked now, and the timer tries again at its next interval. ``again``:
+    a sync of the CR under way runs once more after it."""
+    meta = body["metadata"]
+    refused = memo.pod_syncs.run(meta["namespace"], meta["name"],
+                                 functools.partial(sync_pods, body, memo, logger),
+                                 again=again)
+    if refused is None:
+        setattr(memo, REFUSALS_KEY, 0)
+        return
+    if refused.busy is Busy.DEPLOYMENT:
+        return  # the sync under way checks the pods (again, where asked)
+    refusals = int(getattr(memo, REFUSALS_KEY, 0) or 0) + 1
+    setattr(memo, REFUSALS_KEY, refusals)
+    # The operator's log: kopf's logger posts an event on the CR at each line.
+    log.info("%s/%s: the pods' configs were not checked: %s", meta["namespace"],
+             meta["name"], refused.message)
+    if refusals >= DEFERRED_SYNCS:  # written when it changes only
+        why = (f"not checked at {refusals} syncs in a row: {refused.message}; tried "
+               f"again every {CONFIG_SYNC_S:g} s")
+        if refusals == DEFERRED_SYNCS:
+            logger.warning("the pods' configs were %s", why)
+        record_sync_deferred(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]),
+                             why, meta.get("generation"))
 
 
 def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
@@ -260,7 +306,8 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
     Only for a spec the reconcile accepts: one the policy or the API server refuses
     touches nothing, its knobs included (the pods run the last accepted spec's). Judged
     on the object as it is now: kopf hands a timer the copy it had when the timer was
-    due, and once tuning is on the daemon syncs, around its trials.
+    due, and once tuning is on the daemon syncs, around its trials. The CR's lock is
+    taken around the sync's writes only (``guard``), never while it waits on the pods.
     """
     meta = body["metadata"]
     body = memo.kube.get(API_VERSION, PLURAL, meta["namespace"], meta["name"]) or {}
@@ -280,7 +327,8 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
         with bounded_client(HTTP_TIMEOUT_S) as http:
             handle = KubeDeploymentHandle(memo.kube, meta["namespace"], meta["name"],
                                           mint=memo.tokens, policy=memo.policy, http=http,
-                                          uid=str(meta["uid"]), memory=memory_of(memo))
+                                          uid=str(meta["uid"]), memory=memory_of(memo),
+                                          guard=lambda: memo.locks.hold(key_of(body)))
             done = handle.sync_config()
     except Exception as exc:  # the CR went away, or the API: the timer tries again
         logger.warning("the pods' configs were not checked: %s: %s", type(exc).__name__,
@@ -317,8 +365,7 @@ def sync_untuned_pods(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
     after the reconcile's sync) is brought over within one interval."""
     if body["metadata"].get("deletionTimestamp"):
         return
-    with memo.locks.hold(key_of(body)):
-        sync_pods(body, memo, logger)
+    sync_on_share(body, memo, logger, again=False)
 
 
 def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -35,16 +35,17 @@ HTTP_TIMEOUT_S = 5.0
 POD_ANSWER_DEADLINE_S = 15.0
 """The longest one request to a pod's admin API may take, connect to last byte. The
 image is the tenant's: httpx's timeout restarts with every byte, so one that drips its
-answer held the sync (a kopf handler thread, and the CR's lock) for as long as it liked.
+answer held the sync (a kopf handler thread, and then the CR's lock) for as long as it
+liked.
 An engine answers in milliseconds, a PUT once the current iteration ends."""
 SYNC_FANOUT = 8
 """Pods one sync asks at once (each with its own connection, for its own deadline)."""
 SYNC_DEADLINE_S = 30.0
 """The longest one ``sync_config`` may take, every pod together; each request gets at
 most what is left of it. A deadline per request alone let a tenant's image that answered
-each just inside it hold the sync (a kopf handler thread and the CR's lock, which the
-CR's reconciles and drift repairs wait on, each on a thread) a minute per replica. Healthy
-engines answer all 64 replicas' reads in well under a second."""
+each just inside it hold the sync (a kopf handler thread, which its namespace has few
+of: pod_sync_share.py) a minute per replica. Healthy engines answer all 64 replicas'
+reads in well under a second."""
 MAX_CONFIG_BYTES = 64 * 1024
 """The most of a pod's ``GET /admin/config`` answer read (the admin API's own body cap)."""
 CONFIG_PATH, SLO_PATH = "/admin/config", "/admin/slo"

@@ -21,6 +21,10 @@ named ("not ready"), with its holds, until a sync finds it ready and right; one 
 gone (deleted, or another pod of the name) leaves the list at the next sync. A sync with
 no ready pod while pods are there leaves a condition already written as it is (a right
 pod ready and not by turns flipped it between Unknown and True at every sync).
+
+A CR whose syncs found no slot of its namespace's share of the operator's threads
+(pod_sync_share.py) a few times in a row has it Unknown (``SyncDeferred``), saying why:
+the pods were not checked, and what the status names of them is the last sync's.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from slopilot.operator.conditions import ConditionType, condition, merge_conditi
 from slopilot.operator.config_sync import ConfigSync
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.pod_holds import MAX_HOLDS
+from slopilot.operator.spec import Backend, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,7 @@ knobs it runs), and the image is the tenant's."""
 MAX_TRACKED = 64
 """Pods kept in ``status.pods.notConfigured`` at most (``spec.replicas.max``)."""
 _COMPARED = ("status", "reason", "observedGeneration")
+SYNC_DEFERRED = "SyncDeferred"
 
 
 def _clip(why: str) -> str:
@@ -103,5 +109,35 @@ def record_pods_condition(kube: Kube, namespace: str, name: str, uid: str,
     try:
         write_status(kube, namespace, name, build)
     except Exception as exc:  # an API error: the next sync writes it again
+        log.warning("%s/%s: the PodsConfigured condition was not written: %s: %s",
+                    namespace, name, type(exc).__name__, exc)
+
+
+def record_sync_deferred(kube: Kube, namespace: str, name: str, uid: str, why: str,
+                         generation: int | None) -> None:
+    """``PodsConfigured`` Unknown (``SyncDeferred``, ``why``): the pods were not checked.
+    Written once per generation, as any change of meaning; ``status.pods`` (the pods the
+    last sync named, its holds) stands until a sync runs. Not for a backend without a
+    live config (vLLM): no sync writes the condition there, so this one would stay."""
+    cond = condition(ConditionType.PODS_CONFIGURED, None, SYNC_DEFERRED, why, generation)
+
+    def build(fresh: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = fresh["metadata"]
+        if str(meta.get("uid")) != uid or meta.get("deletionTimestamp"):
+            return None
+        try:
+            if parse_spec(fresh).backend is not Backend.BUILTIN:
+                return None
+        except SpecError:
+            return None  # the reconcile says what is wrong with it
+        conditions = (fresh.get("status") or {}).get("conditions") or []
+        now = next((c for c in conditions if c.get("type") == cond["type"]), None)
+        if now is not None and all(now.get(k) == cond.get(k) for k in _COMPARED):
+            return None
+        return {"conditions": merge_conditions(conditions, [cond])}
+
+    try:
+        write_status(kube, namespace, name, build)
+    except Exception as exc:  # an API error: the next refusal in a row writes it again
         log.warning("%s/%s: the PodsConfigured condition was not written: %s: %s",
                     namespace, name, type(exc).__name__, exc)

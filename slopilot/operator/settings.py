@@ -15,6 +15,10 @@
 - Events at INFO and above reach ``kubectl describe``; DEBUG stays in the operator's log.
 - Bounded watches and requests: a silent connection is dropped and resumed from its
   resourceVersion rather than hanging.
+- kopf's pool of handler threads, which every tenant's handlers share, has
+  ``pod_sync_share.HANDLER_THREADS`` threads (unset: min(32, CPUs + 4), 6 on a 2-CPU
+  pod), of which one namespace's pod syncs hold at most ``PER_NAMESPACE`` and all
+  namespaces' ``TOTAL`` (pod_sync_share.py).
 - The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
   ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
   allow-lists, see policy.py and study_storage.py; read first by ``started_policy``, so
@@ -53,6 +57,7 @@ import kopf
 
 from slopilot.operator.default_storage import DEFAULT_STORAGE_ENV
 from slopilot.operator.images import SHIPPED_IMAGES, Images
+from slopilot.operator.pod_sync_share import HANDLER_THREADS
 from slopilot.operator.policy import (
     DCGM_NAMESPACE_ENV,
     OperatorPolicy,
@@ -238,3 +243,4 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
     settings.execution.default_backoff = RETRY_BACKOFF_S
+    settings.execution.max_workers = HANDLER_THREADS

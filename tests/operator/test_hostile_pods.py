@@ -20,7 +20,7 @@ import kopf
 import pytest
 
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
-from slopilot.operator.handlers import LockTable, sync_untuned_pods
+from slopilot.operator.handlers import sync_untuned_pods
 from slopilot.operator.pod_memory import MEMO_KEY, PodMemory
 from slopilot.operator.spec import parse_spec
 from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd
@@ -30,6 +30,7 @@ from tests.operator.test_live_config import (
     _pods_condition,
     _status_writes,
     handle_of,
+    handler_memo,
     reconciled,
     spec_config,
 )
@@ -46,8 +47,7 @@ class Pods:
         self.token = mint.for_body(cluster.get())
         self.slo = parse_spec(cluster.get()).slo.to_dict()
         self.standins = [PodStandIn(self.token, self.want, self.slo) for _ in range(count)]
-        self.memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy,
-                              locks=LockTable())
+        self.memo = handler_memo(cluster, policy, mint)
 
     def add(self) -> None:
         for i, pod in enumerate(self.standins):

@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from slopilot.operator.handlers import status_of, sync_pods
+from slopilot.operator.handlers import LockTable, status_of, sync_pods
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
 from slopilot.operator.loop_status import tuning_enabled
@@ -50,7 +50,9 @@ def handler_reconcile(cluster: Cluster, policy: Any, mint: Any) -> None:
     outcome = reconcile(cluster.kube, body, policy=policy, mint=mint)
     write_status(cluster.kube, NS, "chat", lambda fresh: status_of(fresh, outcome))
     if outcome.valid and outcome.admin_token and not tuning_enabled(body["spec"]):
-        memo = types.SimpleNamespace(kube=cluster.kube, tokens=mint, policy=policy)
+        # The locks: the sync takes the CR's around its writes (status.tunedConfig).
+        memo = types.SimpleNamespace(kube=cluster.kube, tokens=mint, policy=policy,
+                                     locks=LockTable())
         sync_pods(body, memo, logging.getLogger("test"))  # type: ignore[arg-type]
 
 

@@ -22,6 +22,7 @@ from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.pod_admin import ApplyError
+from slopilot.operator.pod_sync_share import PodSyncShare
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
@@ -67,6 +68,16 @@ def reconciled(kube: RunningEmulator, cluster: Cluster, body: dict[str, Any]
     policy, mint = OperatorPolicy(), operator_mint(cluster)
     assert reconcile(cluster.kube, created, policy=policy, mint=mint).valid
     return created, policy, mint
+
+
+def handler_memo(cluster: Cluster, policy: OperatorPolicy, mint: TokenMint) -> Any:
+    """kopf's memo as the operator's startup fills it, for calling handlers directly."""
+    import kopf
+
+    from slopilot.operator.handlers import LockTable
+
+    return kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable(),
+                     pod_syncs=PodSyncShare())
 
 
 def handle_of(cluster: Cluster, body: dict[str, Any], policy: OperatorPolicy,
@@ -287,16 +298,14 @@ def test_with_tuning_off_the_timer_brings_over_a_pod_that_read_an_older_config_m
         kube: RunningEmulator, cluster: Cluster) -> None:
     import logging
 
-    import kopf
-
-    from slopilot.operator.handlers import LockTable, sync_untuned_pods, tuning_disabled
+    from slopilot.operator.handlers import sync_untuned_pods, tuning_disabled
 
     _, policy, mint = reconciled(kube, cluster, llmd(
         engine={"tokenBudget": 1024}, tuning={"enabled": False}))
     assert tuning_disabled(cluster.get()["spec"])
     want = spec_config(cluster)
     late = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512})
-    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    memo = handler_memo(cluster, policy, mint)
     with serving(late):
         add_pod(cluster, "chat", 0, late.port)
         sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
@@ -522,10 +531,9 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
     import logging
 
     import httpx
-    import kopf
 
     from slopilot.operator import pod_admin
-    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+    from slopilot.operator.handlers import sync_untuned_pods
 
     opened: list[httpx.Client] = []
 
@@ -537,7 +545,7 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
     monkeypatch.setattr(pod_admin.httpx, "Client", Recorded)
     _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
-    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    memo = handler_memo(cluster, policy, mint)
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
         sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
@@ -610,9 +618,7 @@ def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
     the knob sent to the pods of the last accepted spec by the timer's sync."""
     import logging
 
-    import kopf
-
-    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+    from slopilot.operator.handlers import sync_untuned_pods
 
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     accepted = spec_config(cluster)
@@ -621,7 +627,7 @@ def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
     assert not reconcile(cluster.kube, cluster.get(), policy=policy, mint=mint).valid
     pod = PodStandIn(mint.for_body(cluster.get()), accepted,
                      parse_spec(body).slo.to_dict())
-    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    memo = handler_memo(cluster, policy, mint)
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
         sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
@@ -650,9 +656,7 @@ def test_the_status_says_which_pods_are_not_on_the_specs_config(
     changes only."""
     import logging
 
-    import kopf
-
-    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+    from slopilot.operator.handlers import sync_untuned_pods
 
     body, policy, mint = reconciled(kube, cluster, llmd(
         prometheus={"url": prom.url}, tuning={"window": "1h", "enabled": tuning}))
@@ -661,7 +665,7 @@ def test_the_status_says_which_pods_are_not_on_the_specs_config(
     good, older = PodStandIn(token, want, slo), PodStandIn(token, {**want, "block_size": 32})
     loop = daemon_loop(cluster, body, monkeypatch) if tuning else None
     clock = Clock()
-    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    memo = handler_memo(cluster, policy, mint)
 
     def sync() -> None:
         if loop is not None:
@@ -701,16 +705,13 @@ def test_the_pods_condition_goes_once_the_backend_is_vllm(
     "PodsNotConfigured" named a pod of the old backend for as long as the CR lived."""
     import logging
 
-    import kopf
-
     from slopilot.operator import handlers
 
     _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want = spec_config(cluster)
     older = PodStandIn(mint.for_body(cluster.get()), {**want, "block_size": 32})
     monkeypatch.setattr(handlers, "post_events", lambda *a, **kw: None)
-    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy,
-                     locks=handlers.LockTable())
+    memo = handler_memo(cluster, policy, mint)
     log = logging.getLogger("test")
     with serving(older):
         add_pod(cluster, "chat", 0, older.port)
@@ -731,15 +732,13 @@ def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
     CR's status, which every status write then carried."""
     import logging
 
-    import kopf
-
-    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+    from slopilot.operator.handlers import sync_untuned_pods
 
     _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want = spec_config(cluster)
     pods = [PodStandIn(mint.for_body(cluster.get()), {**want, "block_size": "9" * 60_000})
             for _ in range(2)]
-    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    memo = handler_memo(cluster, policy, mint)
     with serving(*pods):
         for i, pod in enumerate(pods):
             add_pod(cluster, "chat", i, pod.port)
@@ -787,9 +786,7 @@ def test_the_timer_leaves_the_pods_to_the_daemon_once_tuning_is_on(
     just started on the canary. The timer judges who syncs on the object as it is now."""
     import logging
 
-    import kopf
-
-    from slopilot.operator.handlers import LockTable, sync_untuned_pods
+    from slopilot.operator.handlers import sync_untuned_pods
 
     _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     stale = cluster.get()  # what kopf handed the timer
@@ -797,7 +794,7 @@ def test_the_timer_leaves_the_pods_to_the_daemon_once_tuning_is_on(
     want = spec_config(cluster)
     canary = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512},
                         parse_spec(cluster.get()).slo.to_dict())  # the daemon's trial
-    memo = kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable())
+    memo = handler_memo(cluster, policy, mint)
     with serving(canary):
         add_pod(cluster, "chat", 0, canary.port)
         sync_untuned_pods(body=stale, memo=memo, logger=logging.getLogger("t"))

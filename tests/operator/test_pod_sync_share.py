@@ -108,3 +108,16 @@ def test_a_share_that_lets_nothing_run_or_more_than_all_is_refused(
         per_namespace: int, total: int) -> None:
     with pytest.raises(ValueError, match="expected 1 <= per_namespace <= total"):
         PodSyncShare(per_namespace=per_namespace, total=total)
+
+
+def test_the_operator_runs_kopfs_handlers_on_that_many_threads() -> None:
+    """Unset, kopf's pool was asyncio's default, min(32, CPUs + 4): 6 on a 2-CPU pod, and
+    the shares above were sized against no known number."""
+    import kopf
+
+    from slopilot.operator.settings import configure
+
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    assert settings.execution.max_workers == HANDLER_THREADS
+
