@@ -121,3 +121,16 @@ def test_the_operator_runs_kopfs_handlers_on_that_many_threads() -> None:
     configure(settings)
     assert settings.execution.max_workers == HANDLER_THREADS
 
+
+def test_the_security_model_states_the_numbers_the_operator_runs_with() -> None:
+    from slopilot.operator.deployment_loop import CONFIG_SYNC_S
+    from slopilot.operator.handlers import DEFERRED_SYNCS
+    from tests.docs.test_doc_references import ROOT
+
+    text = " ".join((ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    for said in (f"one pool of {HANDLER_THREADS} threads (`HANDLER_THREADS`",
+                 f"at most {PER_NAMESPACE} of them at once (`PER_NAMESPACE`)",
+                 f"at most {TOTAL} (`TOTAL`), which leaves {HANDLER_THREADS - TOTAL} to",
+                 f"next interval ({CONFIG_SYNC_S:g} s)",
+                 f"once {DEFERRED_SYNCS} syncs of a CR in a row were not run"):
+        assert said in text, said
