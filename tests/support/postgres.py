@@ -1,0 +1,92 @@
+"""A throwaway PostgreSQL server for the study-storage tests: Debian's server binaries
+(``initdb``, ``pg_ctl``; ``make test`` installs the ``postgresql`` package), one data
+directory per session, a port of its own, no password (trust on 127.0.0.1 only).
+
+PostgreSQL refuses to run as root: as root it runs as the ``postgres`` user the package
+creates, in a directory that user owns (pytest's own temporary directory is root's alone).
+Where the binaries are missing the tests skip, unless ``SLOPILOT_REQUIRE_POSTGRES`` is set.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.prometheus import free_port
+
+REQUIRE_ENV = "SLOPILOT_REQUIRE_POSTGRES"
+USER = "optuna"
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    port: int
+
+    def url(self, database: str, driver: str = "postgresql") -> str:
+        return f"{driver}://{USER}@127.0.0.1:{self.port}/{database}"
+
+
+def _bin_dir() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+                      key=lambda p: int(Path(p).parts[-3]))
+    return Path(versions[-1]).parent if versions else None
+
+
+def _as_server_user() -> list[str]:
+    """The command prefix that runs the server's tools as a user PostgreSQL accepts."""
+    if os.geteuid() != 0:
+        return []
+    pwd.getpwnam("postgres")  # KeyError: no such user, no way to run it as root
+    return ["runuser", "-u", "postgres", "--"]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    bin_dir = _bin_dir()
+    try:
+        prefix = _as_server_user() if bin_dir else []
+    except KeyError:
+        bin_dir = None
+    if bin_dir is None:
+        reason = ("no PostgreSQL server binaries (pg_ctl, initdb) and a user to run them "
+                  "(install them: apt-get install -y postgresql)")
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{reason}; {REQUIRE_ENV} is set, so this is a failure")
+        pytest.skip(f"{reason}; set {REQUIRE_ENV}=1 to fail instead of skipping")
+    home = Path(tempfile.mkdtemp(prefix="slopilot-pg-"))
+    if prefix:
+        shutil.chown(home, "postgres")
+    data, port = home / "data", free_port()
+
+    def run(*cmd: str) -> None:
+        subprocess.run([*prefix, *cmd], check=True, capture_output=True, timeout=120)
+
+    run(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "--no-sync")
+    # -w: pg_ctl returns once the server accepts connections (a condition, not a wait).
+    run(str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(home / "log"), "-o",
+        f"-p {port} -h 127.0.0.1 -k {home} -c fsync=off", "start")
+    try:
+        yield PostgresServer(port)
+    finally:
+        run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop")
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def create_database(server: PostgresServer, name: str) -> None:
+    """A database of ``name`` on ``server`` (the storages' own: one per test)."""
+    import psycopg
+
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
