@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial
+from sqlalchemy.engine import make_url
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 30
@@ -28,6 +29,11 @@ GRACE_S = 300
 """A RUNNING trial with no heartbeat for this long is failed as stale (ten missed beats:
 a slow database or a busy host is not a dead process)."""
 STALE_REASON = "the process running it stopped sending heartbeats before it was told"
+CONNECT_TIMEOUT_S = 10
+"""How long a connection to a PostgreSQL storage may take to be made. libpq waits for a
+server that accepts and says nothing for as long as it stays so, and for an unreachable
+one the kernel's SYN retries (about 2 minutes): the caller's thread was held that long,
+one of kopf's handler threads for a study deleted with tuning off."""
 
 
 def check_heartbeat(heartbeat_s: int, grace_s: int) -> None:
@@ -42,13 +48,22 @@ def check_heartbeat(heartbeat_s: int, grace_s: int) -> None:
                          "(a few missed beats), e.g. 10 x heartbeat_s")
 
 
-def rdb_storage(url: str, heartbeat_s: int, grace_s: int) -> RDBStorage:
-    """An RDB storage with heartbeats every ``heartbeat_s``, stale after ``grace_s``."""
+def rdb_storage(url: str, heartbeat_s: int, grace_s: int, *,
+                connect_timeout_s: int = CONNECT_TIMEOUT_S) -> RDBStorage:
+    """An RDB storage with heartbeats every ``heartbeat_s``, stale after ``grace_s``; a
+    PostgreSQL one gives up a connection not made within ``connect_timeout_s``."""
     check_heartbeat(heartbeat_s, grace_s)
+    if isinstance(connect_timeout_s, bool) or not isinstance(connect_timeout_s, int) \
+            or connect_timeout_s < 2:
+        raise ValueError(f"connect_timeout_s={connect_timeout_s!r}: expected whole seconds "
+                         f">= 2 (libpq's least), e.g. {CONNECT_TIMEOUT_S}")
+    engine: dict[str, Any] = {}
+    if make_url(url).get_backend_name() == "postgresql":
+        engine["connect_args"] = {"connect_timeout": connect_timeout_s}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
-        return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=grace_s,
-                          heartbeat_stale_trial_callback=_log_stale)
+        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat_s,
+                          grace_period=grace_s, heartbeat_stale_trial_callback=_log_stale)
 
 
 def _log_stale(study: optuna.Study, trial: FrozenTrial) -> None:
