@@ -130,3 +130,73 @@ def test_prometheus_reads_each_replicas_arrivals_where_its_meter_counts_them(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _windows(answers: dict[str, float]) -> Any:
+    """PrometheusWindows over a QueryAt answering each rate by the key its expression
+    holds (an empty vector where it holds none)."""
+    from slopilot.engine.slo import SLOSpec
+    from slopilot.tuner.prometheus.adapters import PrometheusWindows
+
+    def query(expr: str, at: float | None) -> list:
+        for key, value in answers.items():
+            if expr.startswith(key):
+                return [_sample(value)]
+        return []
+    return PrometheusWindows(query, {"d": "x"}, SLOSpec.from_profile("standard"))
+
+
+@pytest.mark.parametrize(("answers", "want"), [
+    # Every replica metered: the count alone (the estimate's vector is empty).
+    ({"sum(rate(slopilot_meter_arrivals_total": 2.5}, 2.5),
+    # One metered, one not: the count plus the other's estimate.
+    ({"sum(rate(slopilot_meter_arrivals_total": 2.5,
+      "sum(rate(vllm:e2e_request_latency_seconds_count": 1.5}, 4.0),
+    # None metered: the estimate alone, as before.
+    ({"sum(rate(vllm:e2e_request_latency_seconds_count": 1.5}, 1.5),
+])
+def test_the_load_check_reads_the_arrivals_the_meters_counted(
+        answers: dict[str, float], want: float) -> None:
+    """The window's request rate (its load check against the window before, and the
+    summary's ``request_rate``) read finished + queue growth + turned away on vLLM too,
+    where the requests whose clients gave up are in none of them: a load that grew into
+    timeouts read as the same load."""
+    assert _windows(answers).request_rate(0.0, 300.0, canary=False) == pytest.approx(want)
+
+
+def test_no_data_at_all_is_no_rate() -> None:
+    import math
+
+    assert math.isnan(_windows({}).request_rate(0.0, 300.0, canary=False))
+
+
+@pytest.mark.prometheus
+def test_prometheus_reads_the_window_rate_from_the_meters_count_where_there_is_one(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """Replica a's meter counts 1 request a second, of which its vLLM finished 0.5 (the
+    rest gave up); replica b has no meter: 2 finished a second, 0.1 turned away, its
+    queue 20 longer over the 5 minutes."""
+    series: list[dict[str, str]] = []
+
+    def add(name: str, values: str, **labels: str) -> None:
+        text = ",".join(f'{k}="{v}"' for k, v in {"d": "x", **labels}.items())
+        series.append({"series": f"{name}{{{text}}}", "values": values})
+
+    add(ARRIVALS, "0+60x10", instance="a", priority_class="p0", model_name="m")
+    add("vllm:e2e_request_latency_seconds_count", "0+30x10", instance="a",
+        priority_class="p0")
+    add("vllm:e2e_request_latency_seconds_count", "0+120x10", instance="b",
+        priority_class="p1")
+    add(REFUSED, "0+6x10", instance="b", priority_class="p1")
+    add("vllm:num_requests_running", "0+1x10", instance="b")
+    add("vllm:num_requests_waiting", "0+3x10", instance="b")
+    q = _windows({})._exprs({"d": "x"}, 300)
+    want = {"arrival_rate": 1.0, "request_rate": 2.0 + 0.1 + 20 / 300}
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [
+            {"expr": f"round({q[key][None]}, 0.001)", "eval_time": "10m",
+             "exp_samples": [{"labels": "{}", "value": round(value, 3)}]}
+            for key, value in want.items()]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -16,11 +16,17 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from slopilot.engine.meter.exposition import ARRIVALS
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
-from slopilot.tuner.prometheus.profiling import WorkloadProfile, check_probe, profiled_or_base
+from slopilot.tuner.prometheus.profiling import (
+    WorkloadProfile,
+    check_probe,
+    profiled_or_base,
+    unmetered,
+)
 from slopilot.tuner.prometheus.query import QueryAt, query_at, window_summary
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
@@ -146,11 +152,17 @@ class PrometheusWindows:
         # ``up`` after it (not 0), so it is not counted here.
         out["partly_scraped"] = {None: (
             f"avg by ({REPLICA_LABEL}) (avg_over_time(up{s}[{w}])) < {MIN_SCRAPED_SHARE}")}
+        # Arrivals: counted by the meters in front of vLLM engines (vLLM's own series drop
+        # a request whose client gave up: the overload the loop acts on read calmer), and
+        # estimated for the replicas without the count as finished + queue growth +
+        # turned away. Each empty where no replica is of its kind (``_request_rate``).
+        others = unmetered(s, w)
+        out["arrival_rate"] = {None: f"sum(rate({ARRIVALS}{s}[{w}]))"}
         out["request_rate"] = {None: (
-            f"sum(rate(vllm:e2e_request_latency_seconds_count{s}[{w}])) + "
-            f"((sum(delta(vllm:num_requests_running{s}[{w}])) + "
-            f"sum(delta(vllm:num_requests_waiting{s}[{w}]))) / {window_s} or vector(0)) + "
-            f"(sum(rate({REFUSED}{s}[{w}])) or vector(0))")}
+            f"sum(rate(vllm:e2e_request_latency_seconds_count{s}[{w}]){others}) + "
+            f"((sum(delta(vllm:num_requests_running{s}[{w}]){others}) + "
+            f"sum(delta(vllm:num_requests_waiting{s}[{w}]){others})) / {window_s} "
+            f"or vector(0)) + (sum(rate({REFUSED}{s}[{w}]){others}) or vector(0))")}
         return out
 
     def _by_class(self, expr: str, at: float) -> dict[str, float]:
@@ -161,10 +173,17 @@ class PrometheusWindows:
         result = self.query(expr, at)
         return float(result[0]["value"][1]) if result else math.nan
 
+    def _request_rate(self, q: Mapping[str, Mapping[str | None, str]], at: float) -> float:
+        """Arrivals per second: the meters' count plus the others' estimate (NaN where
+        neither has data)."""
+        parts = [v for v in (self._scalar(q["arrival_rate"][None], at),
+                             self._scalar(q["request_rate"][None], at)) if math.isfinite(v)]
+        return sum(parts) if parts else math.nan
+
     def request_rate(self, start: float, end: float, *, canary: bool) -> float:
         """Arriving requests per second in ``[start, end]`` (NaN with no data)."""
         w = range_s(start, end)
-        return self._scalar(self._exprs(self._selector(canary), w)["request_rate"][None], end)
+        return self._request_rate(self._exprs(self._selector(canary), w), end)
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         w = range_s(start, end)
@@ -189,8 +208,8 @@ class PrometheusWindows:
             where = "on the canary " if canary else ""
             raise WindowRejected(f"only {finished:.0f} requests finished {where}in the {w} s "
                                  f"window; need {self.min_requests}")
-        rate = self._scalar(q["request_rate"][None], end)
-        before = self._scalar(q["request_rate"][None], end - w)
+        rate = self._request_rate(q, end)
+        before = self._request_rate(q, end - w)
         bound = 1.0 + self.load_tolerance
         if math.isfinite(before) and before >= self.min_rate_for_check and \
                 math.isfinite(rate) and not 1.0 / bound <= rate / before <= bound:

@@ -192,6 +192,14 @@ class WorkloadIncreases:
     then finished + refused + queue growth, every replica's."""
 
 
+def unmetered(sel: str, w: str) -> str:
+    """What a vector of the deployment's series (``sel``, over ``w``) keeps of its
+    replicas that do not export the meter's arrival count, put after it: their arrivals
+    are estimated, the others' counted (``ARRIVALS``). A meter of the window, whatever its
+    traffic, exported the count (at 0 from its start)."""
+    return f" unless on ({REPLICA_LABEL}) last_over_time({ARRIVALS}{sel}[{w}])"
+
+
 def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
                          window_s: int) -> WorkloadIncreases:
     """The increases over the last ``window_s`` seconds of the engines ``selector`` picks."""
@@ -226,7 +234,7 @@ def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
     if arrived := by_class(ARRIVALS):
         # The replicas without the count, by the target Prometheus scraped: a meter of
         # the window, whatever its traffic, exported it (at 0 from its start).
-        others = f" unless on ({REPLICA_LABEL}) last_over_time({ARRIVALS}{sel}[{w}])"
+        others = unmetered(sel, w)
         counted = CountedArrivals(
             arrived=arrived, others_finished=by_class(f"{PROMPT_TOKENS}_count", others),
             others_refused=by_class(REFUSED, others), others_queue_growth=growth(others))
