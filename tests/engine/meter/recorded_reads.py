@@ -107,50 +107,6 @@ class _Object(dict[str, Any]):
         self._key(key)
         return super().__contains__(key)
 
-    def __len__(self) -> int:
-        self._all()
-        return super().__len__()
-
-    def __iter__(self) -> Iterator[str]:
-        self._all()
-        return super().__iter__()
-
-    def keys(self) -> Any:
-        self._all()
-        return super().keys()
-
-    def values(self) -> Any:
-        self._all()
-        return super().values()
-
-    def items(self) -> Any:
-        self._all()
-        return super().items()
-
-    def __eq__(self, other: object) -> bool:
-        self._all()
-        return super().__eq__(other)
-
-    def __ne__(self, other: object) -> bool:
-        self._all()
-        return super().__ne__(other)
-
-    def copy(self) -> dict[str, Any]:
-        self._all()
-        return super().copy()
-
-    def __or__(self, other: Any) -> Any:
-        self._all()
-        return super().__or__(other)
-
-    def __ror__(self, other: Any) -> Any:
-        self._all()
-        return super().__ror__(other)
-
-    def __reversed__(self) -> Iterator[str]:
-        self._all()
-        return super().__reversed__()
-
 
 class _Array(list[Any]):
     __slots__ = ("_path", "_reads")
@@ -188,45 +144,24 @@ class _Array(list[Any]):
             raise IndexError(i)
         return self._item(i % n)
 
-    def __contains__(self, value: object) -> bool:
-        self._all()
-        return super().__contains__(value)
 
-    def __reversed__(self) -> Iterator[Any]:
-        self._all()
-        return super().__reversed__()
+def _reading_all(cls: type, base: type, names: tuple[str, ...]) -> None:
+    """``cls``'s ``names``: ``base``'s, each logged as a read of all of the container."""
+    def reading_all(method: Any) -> Any:
+        def reads_all(self: Any, *args: Any, **kwargs: Any) -> Any:
+            self._all()
+            return method(self, *args, **kwargs)
+        reads_all.__name__ = reads_all.__qualname__ = method.__name__
+        return reads_all
 
-    def __eq__(self, other: object) -> bool:
-        self._all()
-        return super().__eq__(other)
+    for name in names:
+        setattr(cls, name, reading_all(getattr(base, name)))
 
-    def __ne__(self, other: object) -> bool:
-        self._all()
-        return super().__ne__(other)
 
-    def __lt__(self, other: Any) -> bool:
-        self._all()
-        return super().__lt__(other)
-
-    def __add__(self, other: Any) -> Any:
-        self._all()
-        return super().__add__(other)
-
-    def __mul__(self, n: SupportsIndex) -> Any:
-        self._all()
-        return super().__mul__(n)
-
-    def copy(self) -> list[Any]:
-        self._all()
-        return super().copy()
-
-    def index(self, *args: Any) -> int:
-        self._all()
-        return super().index(*args)
-
-    def count(self, value: Any) -> int:
-        self._all()
-        return super().count(value)
+_reading_all(_Object, dict, ("__len__", "__iter__", "keys", "values", "items", "__eq__",
+                             "__ne__", "copy", "__or__", "__ror__", "__reversed__"))
+_reading_all(_Array, list, ("__contains__", "__reversed__", "__eq__", "__ne__", "__lt__",
+                            "__add__", "__mul__", "copy", "index", "count"))
 
 
 def kept(keep: Keep, read: Read) -> bool:
