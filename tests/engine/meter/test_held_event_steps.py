@@ -13,7 +13,6 @@ it is judged as parsed whole, though only what the judge reads is kept of it (``
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -32,8 +31,8 @@ from slopilot.engine.meter.stream_judge import Wire as WireKind
 from slopilot.engine.request import Priority
 from tests.engine.meter import vllm_wire as wire
 from tests.engine.meter.test_long_event_steps import ReaderSpy, TurningVLLM
-from tests.engine.meter.test_long_events import ECHO, READ, SLO, echo, prompt_logprobs, reads
-from tests.engine.meter.test_meter import Client, counted, meter_for, run
+from tests.engine.meter.test_long_events import READ, SLO, echo, prompt_logprobs, reads
+from tests.engine.meter.test_meter import counted, meter_for
 from tests.engine.meter.test_meter_vllm_wire import MET
 
 JUDGE_MODULES = frozenset({"slopilot.engine.meter.stream_judge",
@@ -99,18 +98,7 @@ def test_a_held_events_parse_holds_the_loop_for_a_read_at_most(
     spy = WorkSpy(monkeypatch)
     first = len(held_echo(False, True)[0])
 
-    async def go() -> bytes:
-        done = asyncio.Event()
-        turns = asyncio.ensure_future(spy.count_turns(done))
-        try:
-            _, _, got = await Client(meter, now).request(
-                "POST", "/v1/completions", ECHO, written_at=[0.2])
-        finally:
-            done.set()
-            await turns
-        return got
-
-    assert run(go) == b"".join(held_echo(False, False))
+    assert spy.echo_through(meter, now) == b"".join(held_echo(False, False))
     assert counted(meter) == {MET: (1, 3)}
     assert sum(spy.fed.values()) > first - 2 * READ  # the event's data, all of it parsed
     assert max(spy.fed.values()) <= READ

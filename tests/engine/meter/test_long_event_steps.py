@@ -16,6 +16,7 @@ import collections
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -78,6 +79,22 @@ class ReaderSpy:
             self.turn += 1
             await asyncio.sleep(0)
 
+    def echo_through(self, meter: Any, now: list[float]) -> bytes:
+        """The ``ECHO`` request through ``meter``, the turns of the loop counted meanwhile:
+        the bytes its client got."""
+        async def go() -> bytes:
+            done = asyncio.Event()
+            turns = asyncio.ensure_future(self.count_turns(done))
+            try:
+                _, _, got = await Client(meter, now).request(
+                    "POST", "/v1/completions", ECHO, written_at=[0.2])
+            finally:
+                done.set()
+                await turns
+            return got
+
+        return run(go)
+
 
 def test_a_long_events_reader_holds_the_loop_for_a_read_at_most(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,18 +107,7 @@ def test_a_long_events_reader_holds_the_loop_for_a_read_at_most(
     first = len(long_echo(False, True)[0])
     assert first > 3 * MAX_EVENT_BYTES
 
-    async def go() -> bytes:
-        done = asyncio.Event()
-        turns = asyncio.ensure_future(spy.count_turns(done))
-        try:
-            _, _, got = await Client(meter, now).request(
-                "POST", "/v1/completions", ECHO, written_at=[0.2])
-        finally:
-            done.set()
-            await turns
-        return got
-
-    assert run(go) == b"".join(long_echo(False, False))
+    assert spy.echo_through(meter, now) == b"".join(long_echo(False, False))
     assert counted(meter) == {MET: (1, 3)}
     assert sum(spy.fed.values()) > first - 2 * READ  # the event's data, all of it read
     assert max(spy.fed.values()) <= READ
