@@ -44,26 +44,6 @@ def _total(metrics: EngineMetrics, name: str, **labels: str) -> float:
 
 # -- prefix cache: vllm/v1/core/kv_cache_manager.py record_prefix_cache_stats ------------
 
-def test_a_preempted_requests_second_cache_lookup_is_not_a_query() -> None:
-    # vLLM records a lookup at admission, and one of a request preempted before
-    # (num_preemptions > 0) in PrefixCacheStats.preempted_queries/preempted_hits, which
-    # no series exports: the victim re-hitting the blocks it computed itself is no hit
-    # of vllm:prefix_cache_hits_total. Counted, thrash read as a working cache.
-    sched = make_scheduler(num_blocks=6, kv_watermark=0.0, preemption_mode="recompute",
-                           p0_preempt_utilization=0.1)
-    victim = make_request("victim", 64, max_tokens=10)
-    sched.add_request(victim)
-    step(sched)
-    sched.add_request(make_request("p0", 40, priority=Priority.P0, first_token=5000))
-    step(sched)
-    assert victim.status is RequestStatus.PREEMPTED_RECOMPUTE
-    while "p0" in sched.requests:
-        step(sched)
-    step(sched)
-    assert victim.status is RequestStatus.RUNNING and victim.num_cached_tokens == 48
-    assert (sched.prefix_queries, sched.prefix_hits) == (64 + 40, 0)
-
-
 def test_no_lookup_no_query_with_caching_off_or_prompt_logprobs() -> None:
     # vLLM counts only requests that looked the cache up (prefix_cache_lookup_enabled):
     # none with caching off, none that asks for prompt logprobs (it skips reading the
