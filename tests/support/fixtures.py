@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -24,15 +24,20 @@ from tests.support.prometheus import (
 REQUIRE_ENV = "SLOPILOT_REQUIRE_PROMETHEUS"
 
 
+def missing(reason: str, require_env: str) -> NoReturn:
+    """A tool the tests need is missing: skip, or fail where ``require_env`` is set (a
+    green run must not hide the tests that need it)."""
+    if os.environ.get(require_env):
+        pytest.fail(f"{reason}; {require_env} is set, so this is a failure")
+    pytest.skip(f"{reason}; set {require_env}=1 to fail instead of skipping")
+
+
 @pytest.fixture(scope="session")
 def prometheus_binaries() -> PrometheusBinaries:
     found = find_binaries()
     if found is None:
-        reason = ("the prometheus and promtool binaries are not on PATH "
-                  "(install them: apt-get install -y prometheus)")
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{reason}; {REQUIRE_ENV} is set, so this is a failure")
-        pytest.skip(f"{reason}; set {REQUIRE_ENV}=1 to fail instead of skipping")
+        missing("the prometheus and promtool binaries are not on PATH (install them: "
+                "apt-get install -y prometheus)", REQUIRE_ENV)
     return found
 
 

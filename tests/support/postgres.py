@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fixtures import missing
 from tests.support.prometheus import free_port
 
 REQUIRE_ENV = "SLOPILOT_REQUIRE_POSTGRES"
@@ -60,11 +61,8 @@ def postgres() -> Iterator[PostgresServer]:
     except KeyError:
         bin_dir = None
     if bin_dir is None:
-        reason = ("no PostgreSQL server binaries (pg_ctl, initdb) and a user to run them "
-                  "(install them: apt-get install -y postgresql)")
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{reason}; {REQUIRE_ENV} is set, so this is a failure")
-        pytest.skip(f"{reason}; set {REQUIRE_ENV}=1 to fail instead of skipping")
+        missing("no PostgreSQL server binaries (pg_ctl, initdb) and a user to run them "
+                "(install them: apt-get install -y postgresql)", REQUIRE_ENV)
     home = Path(tempfile.mkdtemp(prefix="slopilot-pg-"))
     if prefix:
         shutil.chown(home, "postgres")
