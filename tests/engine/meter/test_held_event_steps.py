@@ -117,10 +117,7 @@ def test_a_judge_parses_a_held_event_in_steps_of_a_read_at_most(
         whole.written(piece, at)
     spy = WorkSpy(monkeypatch)
     stepped = StreamJudge(SLO, 0.0, wire=WireKind.RESPONSES)
-    for piece, at in timed:
-        for _ in stepped.read_steps(piece, at):
-            spy.turn += 1
-        spy.turn += 1  # the caller's next read: a turn of the loop apart
+    spy.read_in_steps(stepped, timed)
     assert stepped.verdicts(1.0) == whole.verdicts(1.0) == [Verdict(True, 3)]
     assert sum(spy.fed.values()) > 8 * STEP_BYTES  # the event parsed, all of it
     assert max(spy.fed.values()) <= STEP_BYTES == READ
@@ -230,6 +227,23 @@ class Seen(ClientLatency):
         self.seen.append(("gaps", tuple(gaps)))
 
 
+Judged = tuple[list[Verdict], list[tuple[str, Any]], str | None]
+"""A stream's verdicts, each observation of its latencies in order, and its model."""
+
+
+def judged_in_steps(pieces: list[tuple[bytes, float]], step: int, *, choices: int,
+                    max_tokens: int, wire: WireKind) -> Judged:
+    """``pieces`` judged by ``StreamJudge.read_steps`` in steps of ``step`` bytes."""
+    with mock.patch.object(stream_judge, "STEP_BYTES", step):
+        latency = Seen()
+        judge = StreamJudge(SLO, 0.0, choices=choices, max_tokens=max_tokens,
+                            latency=latency, wire=wire)
+        for piece, at in pieces:
+            for _ in judge.read_steps(piece, at):
+                pass
+        return judge.verdicts(2.0), latency.seen, judge.model
+
+
 @pytest.mark.parametrize("case", HELD)
 def test_a_held_event_is_judged_as_parsed_whole(
         case: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,15 +257,8 @@ def test_a_held_event_is_judged_as_parsed_whole(
     timed = [(piece, 0.1 + 0.05 * i) for i, event in enumerate(events)
              for piece in reads(event, 4093)]
 
-    def judged(step: int) -> tuple[list[Verdict], list[tuple[str, Any]], str | None]:
-        monkeypatch.setattr(stream_judge, "STEP_BYTES", step)
-        latency = Seen()
-        judge = StreamJudge(SLO, 0.0, choices=choices, max_tokens=40_000, latency=latency,
-                            wire=kind)
-        for piece, at in timed:
-            for _ in judge.read_steps(piece, at):
-                pass
-        return judge.verdicts(2.0), latency.seen, judge.model
+    def judged(step: int) -> Judged:
+        return judged_in_steps(timed, step, choices=choices, max_tokens=40_000, wire=kind)
 
     whole = judged(1 << 30)
     assert whole == judged(STEP_BYTES) == judged(48)
@@ -328,14 +335,7 @@ def test_what_a_held_event_keeps_is_all_the_judge_reads(
     if done and kind is WireKind.CHOICES:
         pieces.append((wire.DONE, 2.0))
 
-    def judged(step: int) -> tuple[list[Verdict], list[tuple[str, Any]], str | None]:
-        with mock.patch.object(stream_judge, "STEP_BYTES", step):
-            latency = Seen()
-            judge = StreamJudge(SLO, 0.0, choices=choices, max_tokens=8, latency=latency,
-                                wire=kind)
-            for piece, at in pieces:
-                for _ in judge.read_steps(piece, at):
-                    pass
-            return judge.verdicts(2.0), latency.seen, judge.model
+    def judged(step: int) -> Judged:
+        return judged_in_steps(pieces, step, choices=choices, max_tokens=8, wire=kind)
 
     assert judged(1 << 30) == judged(48)

@@ -79,6 +79,14 @@ class ReaderSpy:
             self.turn += 1
             await asyncio.sleep(0)
 
+    def read_in_steps(self, judge: StreamJudge, timed: list[tuple[bytes, float]]) -> None:
+        """``timed``'s pieces to ``judge`` in its steps, a turn of the loop after each
+        step and between two pieces (the caller's next read)."""
+        for piece, at in timed:
+            for _ in judge.read_steps(piece, at):
+                self.turn += 1
+            self.turn += 1
+
     def echo_through(self, meter: Any, now: list[float]) -> bytes:
         """The ``ECHO`` request through ``meter``, the turns of the loop counted meanwhile:
         the bytes its client got."""
@@ -146,10 +154,7 @@ def test_a_judge_reads_a_long_event_in_steps_of_a_read_at_most(
         whole.written(piece, at)
     spy = ReaderSpy(monkeypatch)
     stepped = StreamJudge(SLO, 0.0)
-    for piece, at in timed:
-        for _ in stepped.read_steps(piece, at):
-            spy.turn += 1
-        spy.turn += 1  # the caller's next read: a turn of the loop apart
+    spy.read_in_steps(stepped, timed)
     assert stepped.verdicts(1.0) == whole.verdicts(1.0) == [Verdict(True, 3)]
     assert sum(spy.fed.values()) > 3 * MAX_EVENT_BYTES  # the event read, all of it
     assert max(spy.fed.values()) <= STEP_BYTES == READ
