@@ -60,7 +60,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args()
     layouts = {"engine": list(TOKEN_BUCKETS), "vllm": one_two_five(32_768)}
-    result = []
+    worst: dict[str, float] = {}
+    typical: dict[str, float] = {}
     for name, edges in layouts.items():
         print(f"{name} edges: fitted sigma (median of {args.seeds} seeds) per mean x sigma")
         print("mean   " + " ".join(f"{s:>6}" for s in SIGMAS))
@@ -73,9 +74,10 @@ def main() -> None:
                 row.append(fit)
                 errors.append(abs(fit - sigma))
             print(f"{mean:<6} " + " ".join(f"{f:6.3f}" for f in row))
-        result += [f"{name}_max_err={max(errors):.3f}",
-                   f"{name}_median_err={statistics.median(errors):.3f}"]
-    print("RESULT " + " ".join(result))
+        worst[name], typical[name] = max(errors), statistics.median(errors)
+    print(f"RESULT engine_max_err={worst['engine']:.3f} "
+          f"engine_median_err={typical['engine']:.3f} vllm_max_err={worst['vllm']:.3f} "
+          f"vllm_median_err={typical['vllm']:.3f}")
 
 
 if __name__ == "__main__":
