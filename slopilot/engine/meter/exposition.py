@@ -2,9 +2,10 @@
 
 vLLM's exposition (asked for in the text format, whose names keep their colons), then
 the verdict counters (``Verdicts.families``), then the client-side histograms, then the
-Responses streams replayed, then the requests arrived: one answer, one ``instance``, so
-the goodput rule joins vLLM's tokens and the verdicts per replica, and the workload probe
-tells a replica that counts its arrivals from one that does not.
+Responses streams replayed, then the requests arrived and those of them refused as
+invalid: one answer, one ``instance``, so the goodput rule joins vLLM's tokens and the
+verdicts per replica, and the workload probe tells a replica that counts its arrivals
+from one that does not, and takes each replica's invalid requests off its own arrivals.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ ARRIVALS = "slopilot_meter_arrivals_total"
 """The requests for generation the meter forwarded, counted as they came (``Meter.arrivals``),
 by the name Prometheus stores: the workload probe's arrivals on a replica that exports it
 (``tuner/prometheus/profiling``)."""
+INVALID = "slopilot_meter_invalid_total"
+"""Of ``ARRIVALS``, those the engine answered with a client's error (``Meter.invalid``):
+never served, so never load; the workload probe takes them off the replica's arrivals."""
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -41,11 +45,12 @@ class Scraped(Protocol):
     priority: Priority
     replays: int
     arrivals: int
+    invalid: int
 
 
 def own_registry(meter: Scraped) -> TextRegistry:
-    """The meter's own families: the verdicts, the client-side histograms, the replays
-    and the arrivals, scraped in this order."""
+    """The meter's own families: the verdicts, the client-side histograms, the replays,
+    the arrivals and the invalid ones, scraped in this order."""
     registry = TextRegistry()
     registry.register(_VerdictCollector(meter))
     registry.register(_LatencyCollector(meter))
@@ -93,15 +98,23 @@ class _ArrivalCollector(Collector):
 
     def collect(self) -> Any:
         # At 0 from the start: increase() reads nothing of a series' first sample, and
-        # a replica that exports it is read by it even before its first request.
-        family = CounterMetricFamily(
+        # a replica that exports it is read by it even before its first request. Both
+        # under one set of labels, so the probe subtracts one from the other by series.
+        labels = [self.meter.model_name, self.meter.priority.label]
+        arrived = CounterMetricFamily(
             ARRIVALS, "Requests for generation forwarded to the engine, counted as they "
             "came: each prompt of a batch and each of its n choices, as the engine counts "
             "its requests; those whose clients gave up too (the engine's series drop them).",
             labels=["model_name", "priority_class"])
-        family.add_metric([self.meter.model_name, self.meter.priority.label],
-                          self.meter.arrivals)
-        yield family
+        arrived.add_metric(labels, self.meter.arrivals)
+        yield arrived
+        invalid = CounterMetricFamily(
+            INVALID, "Of the requests counted as they came, those the engine answered with "
+            "a client's error (4xx but 429: a prompt past the context, a bad parameter, no "
+            "such model), counted as many times again: refused unserved, no load.",
+            labels=["model_name", "priority_class"])
+        invalid.add_metric(labels, self.meter.invalid)
+        yield invalid
 
 
 async def scrape(client: httpx.AsyncClient, upstream: str, send: Send,

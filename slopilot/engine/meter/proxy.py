@@ -18,7 +18,11 @@
 - Each request for generation is counted as it is forwarded (``arrivals``: as many as
   vLLM serves it as, ``Plan.arrivals``), whatever becomes of it: vLLM drops a request
   whose client gave up from every series it observes at the finish, and the workload
-  probe reads its arrivals from this count where a replica exports it.
+  probe reads its arrivals from this count where a replica exports it. One the engine
+  refuses as invalid (``is_invalid``: no load, however fast a client retries it) is
+  counted again as such (``invalid``) once its status comes, and the probe takes it off:
+  counted at the status instead, a body's arrival would wait for its end, and a client
+  gone before any status would not be counted at all.
 - ``GET /metrics`` is vLLM's exposition with the meter's own after it (``exposition``).
 """
 
@@ -109,6 +113,8 @@ class Meter:
         """Responses streamed again (``is_replay``), passed on unjudged."""
         self.arrivals = 0
         """The requests for generation forwarded (``Plan.arrivals``), each as it came."""
+        self.invalid = 0
+        """Of ``arrivals``, those the engine answered as invalid (``is_invalid``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -204,6 +210,8 @@ class Meter:
                            f"{type(exc).__name__}", "type": "server_error",
                 "code": "upstream_unavailable"}})
             return
+        if is_invalid(response.status_code):
+            self.invalid += plan.arrivals
         try:
             kind = response.headers.get("content-type", "")
             if response.status_code != 200 or response.headers.get("content-encoding") \
@@ -239,7 +247,7 @@ class Meter:
 
     def render(self) -> bytes:
         """The meter's own exposition: the verdicts, the client-side histograms, the
-        replays and the arrivals, in that order. Byte for byte
+        replays, the arrivals and the invalid ones, in that order. Byte for byte
         ``generate_latest(self.registry)``, its histograms written as their kept text
         (``metrics_text``): it runs on the loop that relays every stream's chunks, and
         holds them all while it runs."""
@@ -254,6 +262,14 @@ class Meter:
         for verdict in judge.verdicts(self.clock()):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens)
+
+
+def is_invalid(status: int) -> bool:
+    """Whether the engine refused a request as its client's error (400 or 422: a prompt
+    past the context, a bad parameter; 404: no such model; 413: too large), which it
+    never serves. Not 429: turned away for load, which was offered; nor a 5xx: the
+    engine failed it under its load."""
+    return 400 <= status < 500 and status != 429
 
 
 async def _read(judge: StreamJudge, piece: bytes, at: float) -> None:

@@ -4,12 +4,23 @@ vLLM drops a request whose client gave up (a disconnect, a client's timeout) fro
 series it observes at the finish, and from its running and waiting gauges once aborted
 (0.34, ``v1/engine/output_processor.py``): on vLLM, finished requests plus the queue's
 growth read the load its clients gave up on as never offered, in the overload the loop
-acts on. The meter sees every request go by; the workload probe reads its count."""
+acts on. The meter sees every request go by; the workload probe reads its count.
+
+A request vLLM refuses as invalid (400 or 422: a prompt past the model's context, a
+bad parameter; 404: no such model; 413) it never serves, and a client that retries one
+in a loop is answered in milliseconds: no load. The meter counts it at its arrival as
+any (its status comes only with a body's end), and once more when the engine's status
+says so (``INVALID``); the probe takes those off."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from tests.engine.meter.test_client_latency import exposition
 from tests.engine.meter.test_meter import (
@@ -27,13 +38,16 @@ from tests.support.waits import HANG_GUARD_S
 
 ARRIVALS = "slopilot_meter_arrivals_total"
 """As Prometheus stores it: the name the workload probe reads."""
-BASE = ARRIVALS.removesuffix("_total")
+INVALID = "slopilot_meter_invalid_total"
+"""Of those, the ones the engine refused as invalid: the probe takes them off."""
+P0 = (("model_name", "llama"), ("priority_class", "p0"))
 
 
-def arrivals(body: bytes) -> dict[tuple[tuple[str, str], ...], float]:
-    """The arrival counter's samples in a /metrics answer, by their labels."""
+def arrivals(body: bytes, name: str = ARRIVALS) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of counter ``name`` (the arrivals by default) in a /metrics answer, by
+    their labels."""
     return {tuple(sorted(s.labels.items())): s.value
-            for s in exposition(body)[BASE].samples if s.name == ARRIVALS}
+            for s in exposition(body)[name.removesuffix("_total")].samples if s.name == name}
 
 
 def test_each_request_for_generation_is_counted_as_it_arrives(tmp_path: Path) -> None:
@@ -74,12 +88,96 @@ def test_each_request_for_generation_is_counted_as_it_arrives(tmp_path: Path) ->
         await client.request("POST", "/v1/completions", raw=b"x" * (1 << 17))
         return (await client.request("GET", "/metrics"))[2]
 
-    assert arrivals(run(go)) == {
-        (("model_name", "llama"), ("priority_class", "p0")): 1 + 1 + 1 + 4 + 1 + 1}
+    assert arrivals(run(go)) == {P0: 1 + 1 + 1 + 4 + 1 + 1}
 
 
-def test_the_count_is_exported_from_the_start(tmp_path: Path) -> None:
-    """At 0 before any request, so a replica's first window reads its first arrivals
+def _json(status: int) -> tuple[list[bytes], int, dict[str, str]]:
+    return ([b'{"error": {"message": "x"}}'], status, {"content-type": "application/json"})
+
+
+def test_a_request_the_engine_refused_as_invalid_is_counted_again_as_invalid(
+        tmp_path: Path) -> None:
+    """Each answered with a client's error other than 429 is counted in ``INVALID`` as
+    many times as it arrived: a stream whose prompt is past the context (400, as vLLM
+    answers a stream it will not start), a batch of two prompts with two choices each
+    (400: four), a chat with a bad parameter (422), a Responses request for a model not
+    served (404), one the engine found too large (413). Turned away for load (429), failed
+    by the engine (500, 503), or served: load, arrivals only. A listing of models answered
+    404 was no request for generation: neither."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    for status in (400, 400, 422, 404, 413, 429, 500, 503):
+        pieces, status, headers = _json(status)
+        upstream.answer(pieces, status=status, headers=headers)
+    upstream.answer([event(text="a", finish="stop"), DONE])
+    upstream.answer(*_json(404)[:2], headers=_json(404)[2])
+
+    async def go() -> bytes:
+        client = Client(meter, now)
+        await client.request("POST", "/v1/completions", {**STREAM, "prompt": "x" * 64})
+        await client.request("POST", "/v1/completions",
+                             {"model": "llama", "prompt": ["a", "b"], "n": 2})
+        await client.request("POST", "/v1/chat/completions",
+                             {"model": "llama", "messages": [], "temperature": -1})
+        await client.request("POST", "/v1/responses", {"model": "other", "input": "hi"})
+        await client.request("POST", "/v1/completions", {"model": "llama", "prompt": "y"})
+        for _ in range(3):
+            await client.request("POST", "/v1/completions", STREAM)
+        await client.request("POST", "/v1/completions", STREAM, written_at=[0.9, 0.9])
+        await client.request("GET", "/v1/models")
+        return (await client.request("GET", "/metrics"))[2]
+
+    body = run(go)
+    assert arrivals(body) == {P0: 1 + 4 + 1 + 1 + 1 + 3 + 1}
+    assert arrivals(body, INVALID) == {P0: 1 + 4 + 1 + 1 + 1}
+
+
+def test_a_client_gone_before_the_engines_status_stays_an_arrival(tmp_path: Path) -> None:
+    """The case the count is for: a client that left before the engine answered (vLLM
+    answers a body only once generated) is an arrival, whatever the engine would have
+    answered; nothing is known of it to take it off."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+
+    async def generating(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return await upstream.handle(request)
+        upstream.requests.append(request)
+        await asyncio.Event().wait()  # no status until the body is generated
+        raise AssertionError("never answered")
+    meter.client = httpx.AsyncClient(transport=httpx.MockTransport(generating))
+
+    async def go() -> bytes:
+        gone, sent = asyncio.Event(), []
+        messages = [{"type": "http.request", "more_body": False,
+                     "body": json.dumps({"model": "llama", "prompt": "x"}).encode()}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+        task = asyncio.ensure_future(meter(
+            {"type": "http", "method": "POST", "path": "/v1/completions",
+             "raw_path": b"/v1/completions", "query_string": b"", "headers": []},
+            receive, send))
+        while not upstream.requests:
+            await asyncio.sleep(0)
+        gone.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+        assert sent == []  # it left before any status
+        return (await Client(meter, now).request("GET", "/metrics"))[2]
+
+    body = run(go)
+    assert arrivals(body) == {(("model_name", ""), ("priority_class", "p0")): 1.0}
+    assert arrivals(body, INVALID) == {(("model_name", ""), ("priority_class", "p0")): 0.0}
+
+
+def test_the_counts_are_exported_from_the_start(tmp_path: Path) -> None:
+    """Both at 0 before any request, so a replica's first window reads its first arrivals
     (``increase()`` counts nothing of a series' first sample), and the probe tells a
     metered replica that saw none from one without the meter."""
     upstream, now = Upstream(), [0.0]
@@ -88,4 +186,6 @@ def test_the_count_is_exported_from_the_start(tmp_path: Path) -> None:
     async def go() -> bytes:
         return (await Client(meter, now).request("GET", "/metrics"))[2]
 
-    assert arrivals(run(go)) == {(("model_name", ""), ("priority_class", "p0")): 0.0}
+    body = run(go)
+    for name in (ARRIVALS, INVALID):
+        assert arrivals(body, name) == {(("model_name", ""), ("priority_class", "p0")): 0.0}
