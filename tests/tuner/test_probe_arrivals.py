@@ -7,7 +7,12 @@ reads the load its clients gave up on as never offered: in the overload the loop
 (clients time out while the TTFT grows), the twin, the warm start and the capacity plan
 planned for less than came. The meter in front of each vLLM engine counts each request as
 it arrives (``slopilot_meter_arrivals_total``); where a replica exports it, the probe
-reads its arrivals from it."""
+reads its arrivals from it.
+
+A request vLLM refuses as invalid (a prompt past the context, a bad parameter, no such
+model) is counted there too as it came, and again as invalid once answered
+(``slopilot_meter_invalid_total``): the probe takes each replica's off its arrivals, so a
+client retrying one in a loop is no load to plan replicas for."""
 
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ from tests.tuner.live_stack import SELECTOR
 from tests.tuner.test_profiling import _answers, _recorded, _sample
 
 ARRIVALS = "slopilot_meter_arrivals_total"
+INVALID = "slopilot_meter_invalid_total"
+E2E = "vllm:e2e_request_latency_seconds_count"
 REFUSED = "slopilot_requests_refused_total"
 
 
@@ -95,6 +102,20 @@ def _queries(window_s: int) -> dict[str, str]:
             "growth": next(e for e in unmetered if "num_requests_running" in e)}
 
 
+def _promtool(binaries: PrometheusBinaries, tmp_path: Path, series: list[dict[str, str]],
+              exprs: dict[str, str], want: dict[str, list[tuple[str, float]]]) -> None:
+    """promtool's test of each expression at 10 minutes: its samples, rounded to 0.001."""
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [
+            {"expr": f"round({exprs[key]}, 0.001)", "eval_time": "10m",
+             "exp_samples": [{"labels": labels, "value": round(value, 3)}
+                             for labels, value in samples]}
+            for key, samples in want.items()]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.prometheus
 def test_prometheus_reads_each_replicas_arrivals_where_its_meter_counts_them(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
@@ -118,42 +139,70 @@ def test_prometheus_reads_each_replicas_arrivals_where_its_meter_counts_them(
     add(REFUSED, "0+6x10", instance="b", priority_class="p1")
     add("vllm:num_requests_running", "0+1x10", instance="b")
     add("vllm:num_requests_waiting", "0+3x10", instance="b")
-    want = {"arrived": ('{priority_class="p0"}', 300), "finished": ('{priority_class="p1"}',
-                                                                  600),
-            "refused": ('{priority_class="p1"}', 30), "growth": ("{}", 20)}
-    exprs = _queries(300)
-    test = {"evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": series, "promql_expr_test": [
-            {"expr": f"round({exprs[key]})", "eval_time": "10m",
-             "exp_samples": [{"labels": labels, "value": value}]}
-            for key, (labels, value) in want.items()]}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    _promtool(prometheus_binaries, tmp_path, series, _queries(300), {
+        "arrived": [('{priority_class="p0"}', 300)],
+        "finished": [('{priority_class="p1"}', 600)],
+        "refused": [('{priority_class="p1"}', 30)], "growth": [("{}", 20)]})
+
+
+def _flooded() -> list[dict[str, str]]:
+    """promtool's input series of a deployment whose clients retry invalid requests in a
+    loop, over 10 minutes a minute apart. Replica a's meter counts 1 p0 request a second,
+    of which vLLM refused 2/3 as invalid (a retry loop of 400s); replica e's counted 0.1
+    p0 a second, and 0.2 refused as invalid, within the window of requests that came
+    before it (as a window's edge can read it): none of a's arrivals, and not below 0;
+    replica f's meter is of an image that counts no invalid ones (0.5 p1 a second);
+    replica g of another deployment is not this one's."""
+    series: list[dict[str, str]] = []
+
+    def add(name: str, values: str, **labels: str) -> None:
+        text = ",".join(f'{k}="{v}"' for k, v in
+                        {"d": "x", "model_name": "m", **labels}.items())
+        series.append({"series": f"{name}{{{text}}}", "values": values})
+
+    add(ARRIVALS, "0+60x10", instance="a", priority_class="p0")
+    add(INVALID, "0+40x10", instance="a", priority_class="p0")
+    add(ARRIVALS, "0+6x10", instance="e", priority_class="p0")
+    add(INVALID, "0+12x10", instance="e", priority_class="p0")
+    add(ARRIVALS, "0+30x10", instance="f", priority_class="p1")
+    add(ARRIVALS, "0+600x10", d="y", instance="g", priority_class="p0")
+    add(INVALID, "0+0x10", d="y", instance="g", priority_class="p0")
+    return series
+
+
+@pytest.mark.prometheus
+def test_prometheus_takes_each_replicas_invalid_requests_off_its_arrivals(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The probe's arrivals over 5 minutes: a's 300 less its 200 invalid, e's 30 less its
+    60 read as none, f's 150 whole. Before the invalid were taken off, the flood of 400s
+    read as 330 p0 arrivals where the engines took on 100."""
+    _promtool(prometheus_binaries, tmp_path, _flooded(), {"arrived": _queries(300)["arrived"]},
+              {"arrived": [('{priority_class="p0"}', 100), ('{priority_class="p1"}', 150)]})
 
 
 def _windows(answers: dict[str, float]) -> Any:
-    """PrometheusWindows over a QueryAt answering each rate by the key its expression
-    holds (an empty vector where it holds none)."""
+    """PrometheusWindows over a QueryAt answering each rate by the series it reads first,
+    the meters' count or vLLM's finished requests, from ``answers`` (an empty vector where
+    that series has no answer)."""
+    import re
+
     from slopilot.engine.slo import SLOSpec
     from slopilot.tuner.prometheus.adapters import PrometheusWindows
 
     def query(expr: str, at: float | None) -> list:
-        for key, value in answers.items():
-            if expr.startswith(key):
-                return [_sample(value)]
-        return []
+        first = re.search(f"{re.escape(ARRIVALS)}|{re.escape(E2E)}", expr)
+        return [_sample(answers[first.group()])] if first and first.group() in answers \
+            else []
     return PrometheusWindows(query, {"d": "x"}, SLOSpec.from_profile("standard"))
 
 
 @pytest.mark.parametrize(("answers", "want"), [
     # Every replica metered: the count alone (the estimate's vector is empty).
-    ({"sum(rate(slopilot_meter_arrivals_total": 2.5}, 2.5),
+    ({ARRIVALS: 2.5}, 2.5),
     # One metered, one not: the count plus the other's estimate.
-    ({"sum(rate(slopilot_meter_arrivals_total": 2.5,
-      "sum(rate(vllm:e2e_request_latency_seconds_count": 1.5}, 4.0),
+    ({ARRIVALS: 2.5, E2E: 1.5}, 4.0),
     # None metered: the estimate alone, as before.
-    ({"sum(rate(vllm:e2e_request_latency_seconds_count": 1.5}, 1.5),
+    ({E2E: 1.5}, 1.5),
 ])
 def test_the_load_check_reads_the_arrivals_the_meters_counted(
         answers: dict[str, float], want: float) -> None:
@@ -190,13 +239,17 @@ def test_prometheus_reads_the_window_rate_from_the_meters_count_where_there_is_o
     add(REFUSED, "0+6x10", instance="b", priority_class="p1")
     add("vllm:num_requests_running", "0+1x10", instance="b")
     add("vllm:num_requests_waiting", "0+3x10", instance="b")
-    q = _windows({})._exprs({"d": "x"}, 300)
-    want = {"arrival_rate": 1.0, "request_rate": 2.0 + 0.1 + 20 / 300}
-    test = {"evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": series, "promql_expr_test": [
-            {"expr": f"round({q[key][None]}, 0.001)", "eval_time": "10m",
-             "exp_samples": [{"labels": "{}", "value": round(value, 3)}]}
-            for key, value in want.items()]}]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    q = {k: v[None] for k, v in _windows({})._exprs({"d": "x"}, 300).items()
+         if k in ("arrival_rate", "request_rate")}
+    _promtool(prometheus_binaries, tmp_path, series, q, {
+        "arrival_rate": [("{}", 1.0)], "request_rate": [("{}", 2.0 + 0.1 + 20 / 300)]})
+
+
+@pytest.mark.prometheus
+def test_prometheus_takes_each_replicas_invalid_requests_off_the_window_rate(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The window's rate of the metered replicas' arrivals: a's 1/3 a second, e's none
+    (not -0.1), f's 0.5."""
+    q = _windows({})._exprs({"d": "x"}, 300)["arrival_rate"][None]
+    _promtool(prometheus_binaries, tmp_path, _flooded(), {"arrival_rate": q},
+              {"arrival_rate": [("{}", 1 / 3 + 0.5)]})

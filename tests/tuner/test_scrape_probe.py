@@ -144,10 +144,15 @@ def test_right_after_a_shift_the_probe_measures_the_prompts_that_started() -> No
 
 
 ARRIVALS = "slopilot_meter_arrivals_total"
+INVALID = "slopilot_meter_invalid_total"
 
 
-def _arrived(count: int) -> bytes:
-    return f'{ARRIVALS}{{model_name="m",priority_class="p0"}} {count}\n'.encode()
+def _arrived(count: int, invalid: int | None = None) -> bytes:
+    """A meter's counts of p0 arrivals, and of those refused as invalid (None: a meter
+    of an image that counts no such thing)."""
+    labels = '{model_name="m",priority_class="p0"}'
+    return (f"{ARRIVALS}{labels} {count}\n" +
+            (f"{INVALID}{labels} {invalid}\n" if invalid is not None else "")).encode()
 
 
 def test_a_replica_whose_meter_counts_its_arrivals_is_read_by_them() -> None:
@@ -182,3 +187,33 @@ def test_a_replica_whose_meter_counts_its_arrivals_is_read_by_them() -> None:
     mix = phase(measured).classes
     assert mix.shares[Priority.P0] == pytest.approx(55 / 76, abs=1e-3)
     assert mix.shares[Priority.P1] == pytest.approx(21 / 76, abs=1e-3)
+
+
+def test_a_flood_of_requests_refused_as_invalid_is_no_load() -> None:
+    """A client retries a prompt past the context in a loop, each answered 400 at once:
+    replica a's meter counts 500 of them as they came (and as invalid once answered)
+    besides the 55 its engine took on (of which it finished 40, turned 2 away for load,
+    and holds 3 more than at the window's start: counted as they came). The load is the
+    55. Replica b's meter took on nothing in the
+    window, and a request that came before it was answered 400 inside it: its 3 invalid
+    are none of a's arrivals (each replica's own, not below 0)."""
+    engine, idle = EngineMetrics("demo"), EngineMetrics("demo")
+    a, b = Pages(), Pages()
+    with serve_metrics(lambda: a.page) as at_a, serve_metrics(lambda: b.page) as at_b:
+        scrape = DirectScrape(lambda: [f"http://{at_a}", f"http://{at_b}"], DEMO.slo,
+                              RuleOptions(), min_requests=1)
+        try:
+            a.take(engine, _arrived(0, 0))
+            b.take(idle, _arrived(7, 0))
+            scrape.poll(now=100.0)
+            serve(engine, 40, 2048, classes=(Priority.P0,))
+            engine.count_refused(Priority.P0, None)
+            engine.count_refused(Priority.P0, None)
+            engine.num_running = 3
+            a.take(engine, _arrived(555, 500))
+            b.take(idle, _arrived(7, 3))
+            scrape.poll(now=110.0)
+            measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
+        finally:
+            scrape.stop()
+    assert phase(measured).arrivals.mean_rate == pytest.approx(55 / 10)

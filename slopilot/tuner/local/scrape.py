@@ -27,7 +27,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.histogram_quantiles import histogram_quantile, histogram_share_within
-from slopilot.engine.meter.exposition import ARRIVALS
+from slopilot.engine.meter.exposition import ARRIVALS, INVALID
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
@@ -57,12 +57,13 @@ _GAUGES = {_BUSY, _WAITING, _RUNNING}  # not counters: a fall is no restart
 # The workload probe's (``scrape_probe``): the token-length histograms whole, the
 # prompts of the requests that started (``PREFILLED``, over the first tokens: the TTFT
 # histogram's +Inf bucket), the queue (running + waiting) whose growth is arrivals not
-# yet finished, and the arrivals a meter in front of a vLLM engine counts.
+# yet finished, and the arrivals a meter in front of a vLLM engine counts (and of them,
+# those its engine refused as invalid).
 _LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
             for part in ("bucket", "sum", "count")}
 _KEEP = {_TTFT, _TBT, REFUSED, "vllm:e2e_request_latency_seconds_count",
-         "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, ARRIVALS, *_LENGTHS,
-         *_GAUGES}
+         "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, ARRIVALS, INVALID,
+         *_LENGTHS, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
 
@@ -253,7 +254,8 @@ class DirectScrape:
         """WorkloadProbe's evidence: every replica's increases over the window of the
         series ``WorkloadProfile.measure`` reads from PromQL (its queue's growth, a
         gauge, the change across each replica's readings, as ``_increase`` reads them;
-        the arrivals of a replica that exports the meter's count, ``CountedArrivals``).
+        the arrivals of a replica that exports the meter's count, less those its engine
+        refused as invalid, ``CountedArrivals``, as ``counted_arrivals`` reads them).
         None at all where the scrapes do not reach back to ``start`` yet: too little to
         profile, as a quiet window.
 
@@ -293,8 +295,16 @@ class DirectScrape:
         metered = {url for url, r in replicas.items() if any(k[0] == ARRIVALS for k in r)}
         if metered:
             others = _summed({url: r for url, r in replicas.items() if url not in metered})
+            arrived: dict[str, float] = {}
+            for url in metered:
+                invalid = by_class(INVALID, replicas[url])
+                for c, n in by_class(ARRIVALS, replicas[url]).items():
+                    # Each replica's off its own, none below 0: a request that came
+                    # before the window and was refused in it. NaN kept, for the check.
+                    served = n - invalid.get(c, 0.0)
+                    arrived[c] = arrived.get(c, 0.0) + (0.0 if served < 0 else served)
             counted = CountedArrivals(
-                arrived=by_class(ARRIVALS), others_finished=by_class(
+                arrived=arrived, others_finished=by_class(
                     f"{PROMPT_TOKENS}_count", others), others_refused=by_class(REFUSED, others),
                 others_queue_growth=growth(others))
         return WorkloadIncreases(

@@ -16,7 +16,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slopilot.engine.meter.exposition import ARRIVALS
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
@@ -24,6 +23,7 @@ from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.profiling import (
     WorkloadProfile,
     check_probe,
+    counted_arrivals,
     profiled_or_base,
     unmetered,
 )
@@ -153,11 +153,12 @@ class PrometheusWindows:
         out["partly_scraped"] = {None: (
             f"avg by ({REPLICA_LABEL}) (avg_over_time(up{s}[{w}])) < {MIN_SCRAPED_SHARE}")}
         # Arrivals: counted by the meters in front of vLLM engines (vLLM's own series drop
-        # a request whose client gave up: the overload the loop acts on read calmer), and
-        # estimated for the replicas without the count as finished + queue growth +
-        # turned away. Each empty where no replica is of its kind (``_request_rate``).
+        # a request whose client gave up: the overload the loop acts on read calmer),
+        # less those each one's engine refused as invalid, and estimated for the replicas
+        # without the count as finished + queue growth + turned away. Each empty where no
+        # replica is of its kind (``_request_rate``).
         others = unmetered(s, w)
-        out["arrival_rate"] = {None: f"sum(rate({ARRIVALS}{s}[{w}]))"}
+        out["arrival_rate"] = {None: f"sum({counted_arrivals(s, w, 'rate')})"}
         out["request_rate"] = {None: (
             f"sum(rate(vllm:e2e_request_latency_seconds_count{s}[{w}]){others}) + "
             f"((sum(delta(vllm:num_requests_running{s}[{w}]){others}) + "

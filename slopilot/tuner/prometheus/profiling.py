@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from slopilot.engine.meter.exposition import ARRIVALS
+from slopilot.engine.meter.exposition import ARRIVALS, INVALID
 from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
@@ -160,7 +160,10 @@ class CountedArrivals:
     that counts its arrivals counts those its engine turned away too: not again."""
 
     arrived: Mapping[str, float]
-    """Requests counted at their arrival, by ``priority_class``."""
+    """Requests counted at their arrival, by ``priority_class``, less those the engine
+    refused as invalid (``INVALID``: a client's error, never served, however fast a
+    client retries it), each replica's off its own and none below 0
+    (``counted_arrivals``)."""
     others_finished: Mapping[str, float] = dataclasses.field(default_factory=dict)
     others_refused: Mapping[str, float] = dataclasses.field(default_factory=dict)
     others_queue_growth: float = 0.0
@@ -200,6 +203,16 @@ def unmetered(sel: str, w: str) -> str:
     return f" unless on ({REPLICA_LABEL}) last_over_time({ARRIVALS}{sel}[{w}])"
 
 
+def counted_arrivals(sel: str, w: str, fn: str = "increase") -> str:
+    """The metered replicas' arrivals over ``w`` (``fn``: ``increase`` or ``rate``), by
+    replica and ``priority_class``: each one's count (``ARRIVALS``) less the requests its
+    engine refused as invalid (``INVALID``), not below 0 (one that came before the window
+    and was refused inside it); whole where a meter counts none (an image from before)."""
+    by = f"sum by ({REPLICA_LABEL}, priority_class)"
+    arrived = f"{by} ({fn}({ARRIVALS}{sel}[{w}]))"
+    return f"(clamp_min({arrived} - {by} ({fn}({INVALID}{sel}[{w}])), 0) or {arrived})"
+
+
 def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
                          window_s: int) -> WorkloadIncreases:
     """The increases over the last ``window_s`` seconds of the engines ``selector`` picks."""
@@ -210,9 +223,11 @@ def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
         group = f" by ({by})" if by else ""
         return query(f"sum{group} (increase({expr}{sel}[{w}]){unless})")
 
+    def classes(result: list[dict[str, Any]]) -> dict[str, float]:
+        return {s["metric"].get("priority_class", ""): float(s["value"][1]) for s in result}
+
     def by_class(expr: str, unless: str = "") -> dict[str, float]:
-        return {s["metric"].get("priority_class", ""): float(s["value"][1])
-                for s in inc(expr, "priority_class", unless)}
+        return classes(inc(expr, "priority_class", unless))
 
     def length(name: str) -> LengthIncreases:
         # One series each (``sum`` without ``by``), or none: nothing finished.
@@ -231,7 +246,7 @@ def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
         return float(running[0]["value"][1]) if running else 0.0
 
     counted = None
-    if arrived := by_class(ARRIVALS):
+    if arrived := classes(query(f"sum by (priority_class) {counted_arrivals(sel, w)}")):
         # The replicas without the count, by the target Prometheus scraped: a meter of
         # the window, whatever its traffic, exported it (at 0 from its start).
         others = unmetered(sel, w)
