@@ -1,8 +1,9 @@
 """The live workload, measured from Prometheus, as a scenario the offline study can run.
 
 From one window of the engines' metrics: the arrival rate (where the meter in front of a
-vLLM engine counts its arrivals, that count; elsewhere finished requests per second plus
-the growth of the queue and those turned away for load), the prompt and output length
+vLLM engine counts its arrivals, that count less the requests its engine refused as
+invalid; elsewhere finished requests per second plus the growth of the queue and those
+turned away for load), the prompt and output length
 distributions (the ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens``
 histograms: the mean from ``_sum / _count``, the lognormal spread most likely to have
 filled the buckets, on the engine's power-of-two edges as on vLLM's 1-2-5; the prompts'
