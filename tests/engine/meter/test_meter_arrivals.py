@@ -91,8 +91,10 @@ def test_each_request_for_generation_is_counted_as_it_arrives(tmp_path: Path) ->
     assert arrivals(run(go)) == {P0: 1 + 1 + 1 + 4 + 1 + 1}
 
 
-def _json(status: int) -> tuple[list[bytes], int, dict[str, str]]:
-    return ([b'{"error": {"message": "x"}}'], status, {"content-type": "application/json"})
+def _error(upstream: Upstream, status: int) -> None:
+    """The next request is answered ``status`` with an error body, as vLLM answers one."""
+    upstream.answer([b'{"error": {"message": "x"}}'], status=status,
+                    headers={"content-type": "application/json"})
 
 
 def test_a_request_the_engine_refused_as_invalid_is_counted_again_as_invalid(
@@ -107,10 +109,9 @@ def test_a_request_the_engine_refused_as_invalid_is_counted_again_as_invalid(
     upstream, now = Upstream(), [0.0]
     meter = meter_for(tmp_path, upstream, now)
     for status in (400, 400, 422, 404, 413, 429, 500, 503):
-        pieces, status, headers = _json(status)
-        upstream.answer(pieces, status=status, headers=headers)
+        _error(upstream, status)
     upstream.answer([event(text="a", finish="stop"), DONE])
-    upstream.answer(*_json(404)[:2], headers=_json(404)[2])
+    _error(upstream, 404)
 
     async def go() -> bytes:
         client = Client(meter, now)
