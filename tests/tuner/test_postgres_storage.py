@@ -15,6 +15,10 @@ import pytest
 from slopilot.tuner.study.storage import delete_named_study, open_study, study_names
 from tests.support.postgres import PostgresServer, create_database, postgres  # noqa: F401
 
+# The study's own ask and tell, as the controller's: Optuna warns that heartbeats are
+# for its optimize loop (``heartbeat.TrialHeartbeat`` records them for ask and tell).
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
+
 
 @pytest.mark.parametrize("driver", ["postgresql", "postgresql+psycopg2",
                                     "postgresql+psycopg"])
