@@ -9,14 +9,15 @@ parsed in one go, it held every other stream the meter relays for 8-35 ms.
 The value is ``json.loads``' own, made of the values of the text's parts, each parsed by
 ``json.loads`` itself: a run of a container's items (an object's members) whole, in its
 brackets; a piece of a string too long for a step, in quotes. The containers too long
-for a step are walked, their brackets, commas, colons and keys taken one by one. Valid
+for a part are walked, their brackets, commas, colons and keys taken one by one. Valid
 JSON splits so into parts valid alone whose values make the whole's: items and members
 in their order (a key written twice keeps its last value, as in ``json.loads``), a
 string cut between characters only, never inside an escape nor between the two escapes
 of a surrogate pair. A part is found by its quotes and brackets (compiled patterns, at C
-speed, ``json_paths.balanced``) and then parsed: a step scans at most ``step`` bytes and
-parses at most as many, in parts of ``PART_BYTES`` at most (a string's pieces excepted),
-and walks at most ``TOKENS`` tokens one by one.
+speed, ``_CONTENT``; through items nested deeper than those take, by hops of a few such
+patterns, ``_Walk._through``) and then parsed: a step scans at most ``step`` bytes and
+parses at most as many, in parts of ``PART_BYTES`` and ``PART_CONTAINERS`` at most (a
+string's pieces excepted), and walks at most ``TOKENS`` tokens one by one.
 
 Where a part is no JSON, or the text is one the steps do not split (not UTF-8 to
 ``json.loads``, not an object or array, nested deeper than ``json.loads`` takes here, a
@@ -39,13 +40,13 @@ in the last (1-2 ms).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import re
+import sys
 from collections.abc import Generator, Mapping
 from typing import Any
-
-from slopilot.engine.meter.json_paths import balanced
 
 DEPTH = 64
 """The containers the walk opens, one in another, before it asks ``json.loads`` whether
@@ -54,14 +55,31 @@ logprobs, whose entries are parts; a client's, which vLLM echoes, as deep as it 
 ``json.loads`` refuses a text nested past the interpreter's recursion limit, less the
 frames under way, which the parts of one, each parsed apart, would not reach: past
 ``DEPTH``, and at each ``DEPTH`` more, the walk asks it (``_Walk._nestable``), and
-where it would refuse the text, parses it whole, for its error."""
-PART_DEPTH = 5
-"""The containers a part holds, one in another, inside its own brackets."""
+where it would refuse the text, parses it whole, for its error. The depth asked is the
+walk's and its parts' (each at most its containers, ``PART_DEPTH`` at most, below the
+levels its hops counted)."""
+PART_DEPTH = 32
+"""The containers ``_CONTENT`` takes, one in another, inside a container: an item nested
+deeper is hopped through (``_Walk._through``). vLLM's own JSON goes 4 deep inside a part
+(a log probability's entry); a client's tools, which vLLM echoes in a Responses event,
+as deep as their JSON Schemas (10-20 levels for most). At 5 levels, and no hops, each
+tool of a schema nested 8 deep was walked container by container, its keys and brackets
+token by token: 15-50 times ``json.loads``' CPU. (The pattern grows by a level's few
+dozen bytes each: a bracket closes either kind in it.)"""
 PART_BYTES = 8 << 10
 """The most bytes of a run of items parsed as one part (a step parses several): its
 objects, a few hundred, are dropped (where not kept) before the garbage collector's
 youngest generation fills (700 objects), so none outlives it to count towards a full
 pass. Parts of 64 KiB, thousands of objects, still made one every few events of 1 MiB."""
+PART_CONTAINERS = 512
+"""The most containers a part makes (brackets that open in its bytes; one in a string
+counted too). Of ``PART_BYTES`` alone, a part of brackets (arrays in arrays, a few bytes
+each) made thousands: they outlived the young generation (a part's objects under way when
+it filled), and brought its full passes into the steps (steps of 6-24 ms)."""
+CONTAINER_BYTES = 8
+"""The bytes a container of a part counts for in a step's: ``json.loads`` makes one in
+the time it parses some 8 bytes of strings and numbers (vLLM's logprobs, a client's
+tools: 8-15 ns a byte), so a step of brackets is as long as one of them."""
 TOKENS = 256
 """The most tokens a step walks one by one (a container's bracket, a comma, a member's key,
 an item alone): the loop takes its turn past them, as past ``step`` bytes. A token is a
@@ -69,16 +87,54 @@ turn of the walk in Python, some microseconds, where a byte of a part is nanosec
 ``json.loads``: a step's bytes of items a few bytes long nested deeper than a part (a
 client's JSON, which vLLM echoes in a Responses event) are thousands of tokens, and
 walked in one step took 50-750 ms."""
+HOPS = 512
+"""The most hops a step takes through items nested deeper than ``PART_DEPTH``
+(``_Walk._through``): a hop is a few compiled patterns, about a microsecond, and takes
+a chain of containers one in another whole, or a level of a JSON Schema (its
+``properties`` in, its ``required`` out)."""
 ROOM = 16
 """The fewest bytes a step must have left to start on a part (an escape, a key's quote
 and colon): with fewer, the loop takes its turn first."""
 
 _WS = re.compile(rb"[ \t\n\r]*+")
 _SCALAR = rb'[^ \t\n\r,:\[\]{}"]++'
-_CONTENT = re.compile(balanced(PART_DEPTH), re.S)
-"""A container's content up to its end, or to a step's end, or a bracket 6 levels deeper
-(a log probability's entry is 4): its last bytes outside strings and brackets are the
-container's own, and a comma there ends an item."""
+_STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_RUN = rb'[^"{}\[\]]*+'
+
+
+def _nested(depth: int) -> bytes:
+    """A pattern of a container's content, its containers ``depth`` levels deep at most."""
+    # Bytes other than quotes and brackets, whole strings, and containers, unrolled (runs,
+    # then one of the others and a run), possessive so that a pattern that fails (a
+    # container deeper, or cut by the window's end) is not retried at each of its bytes.
+    # A bracket closes any kind (``json_paths.balanced`` matches kinds, in a pattern twice
+    # as long for each level): a part whose kinds do not match is no JSON to ``json.loads``.
+    other = _STRING
+    if depth:
+        other = rb"(?:" + _STRING + rb"|[\[{]" + _nested(depth - 1) + rb"[\]}])"
+    return _RUN + rb"(?:" + other + _RUN + rb")*+"
+
+
+_CONTENT = re.compile(_nested(PART_DEPTH), re.S)
+"""A container's content up to its end, or to a step's end, or a bracket ``PART_DEPTH``
+levels deeper: its last bytes outside strings and brackets are the container's own, and a
+comma there ends an item."""
+_PLAIN = rb'[^"\[\]{}]++|"[^"\\\[\]{}]*+"'
+"""Bytes outside strings and brackets, or a string without a bracket or an escape."""
+_DOWN = re.compile(rb"(?:[\[{]|" + _PLAIN + rb")*+")
+"""Up to a bracket that closes (or a string with a bracket or an escape in it): each
+bracket that opens there is inside the one before, as many levels as they open in one hop
+(``_Walk._through``)."""
+_UP = re.compile(rb"(?:[\]}]|[\[{](?:" + _PLAIN + rb")*+[\]}]|" + _PLAIN + rb")*+")
+"""From a bracket that closes, up to a container in which one is (or a string with a
+bracket or an escape in it): brackets that close, and containers of none, as many levels
+as the first close in one hop (a JSON Schema's ``"required": [...]`` at each)."""
+_BRACKETS = re.compile(rb"[\]}]++|[\[{]")
+"""A run of brackets that close, or one that opens."""
+_OPENER = re.compile(rb"[\[{]")
+_CONTAINERS = re.compile(rb"(?:[^\[{]*+[\[{]){%d}" % PART_CONTAINERS)
+"""The bytes up to the ``PART_CONTAINERS``-th bracket that opens."""
+_KEY = re.compile(_STRING + rb"[ \t\n\r]*+:[ \t\n\r]*+", re.S)
 _ONE = re.compile(_SCALAR)
 _PIECE = re.compile(rb'(?:[^"\\]++|\\[^u]|\\u[0-9a-fA-F]{4})*+')
 """A string's bytes up to its end, or to an escape a step's end would cut (or one that is
@@ -86,7 +142,9 @@ no JSON, which its part then says)."""
 _HIGH = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")
 """A surrogate pair's first escape: ``json.loads`` joins it to a second right after it."""
 _QUOTE, _BACKSLASH, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
+_NEVER = sys.maxsize
 _OPEN = {ord("{"): ord("}"), ord("["): ord("]")}
+_SHUT = frozenset(_OPEN.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +219,18 @@ class _Walk:
         self.tokens = TOKENS
         """The tokens the step under way may still walk."""
         self.deepest = 0
-        """The most containers the walk was in, one in another."""
+        """The most containers the walk was in, one in another (or a part's hops)."""
+        self.hops = HOPS
+        """The hops the step under way may still take (``_through``)."""
+        self.failed: list[tuple[int, int]] = []
+        """The containers the last hops that failed left open, each its parent's first
+        item: the runs of ``_DOWN`` that opened them, in their order."""
+        self.unclosed = (-1, -1)
+        """The last container a run stopped at that does not end before the window's
+        end, and that end (its scan not done again by the run that starts at it)."""
+        self.unhopped: list[tuple[int, int]] = []
+        """The containers no run hops through (``failed``, where it was a run's first
+        item): they do not end within a part, and are walked, each at its level."""
 
     def run(self) -> Generator[None, None, tuple[Any, int]]:
         data, n = self.data, len(self.data)
@@ -202,7 +271,7 @@ class _Walk:
                 pos, after = pos + 1, False
                 continue
             first = False
-            end, comma = yield from self._run(top, pos)
+            end, comma = yield from self._run(top, pos, len(stack))
             if end > pos:
                 pos, after = end, not comma
                 continue
@@ -213,10 +282,7 @@ class _Walk:
             byte = data[pos] if pos < n else 0
             if byte in _OPEN:
                 stack.append(_opened(byte, _child(top)))
-                if len(stack) > self.deepest:
-                    self.deepest = len(stack)
-                    if self.deepest % DEPTH == 0 and not (yield from self._nestable()):
-                        raise NotStepped  # json.loads' RecursionError, at once
+                yield from self._reach(len(stack))
                 pos, first = pos + 1, True
                 continue
             item, pos = yield from (self._string(pos) if byte == _QUOTE else
@@ -226,13 +292,24 @@ class _Walk:
 
     def _turn(self) -> Generator[None, None, None]:
         yield
-        self.left, self.tokens = self.step, TOKENS
+        self.left, self.tokens, self.hops = self.step, TOKENS, HOPS
+
+    def _reach(self, depth: int) -> Generator[None, None, bool]:
+        """The walk, or a part's hops, ``depth`` containers deep: past each ``DEPTH`` more,
+        ``json.loads`` asked whether it takes the text so far (whether it was asked)."""
+        if depth <= self.deepest:
+            return False
+        crossed = depth // DEPTH > self.deepest // DEPTH
+        self.deepest = depth
+        if crossed and not (yield from self._nestable()):
+            raise NotStepped  # json.loads' RecursionError, at once
+        return crossed
 
     def _nestable(self) -> Generator[None, None, bool]:
-        """Whether ``json.loads``, called here, takes a text as deep as the walk went
-        (and a part inside): a text of its brackets, parsed as a part. Called deeper in
-        the stack than the whole text's parse, it is the stricter."""
-        depth = self.deepest + PART_DEPTH
+        """Whether ``json.loads``, called here, takes a text as deep as the walk and its
+        parts went: a text of its brackets, parsed as a part. Called deeper in the stack
+        than the whole text's parse, it is the stricter."""
+        depth = self.deepest
         if self.left < 2 * depth:
             yield from self._turn()
         self.left -= 2 * depth
@@ -294,35 +371,144 @@ class _Walk:
                 return end
             pos = end
 
-    def _run(self, top: _Open, pos: int) -> Generator[None, None, tuple[int, bool]]:
+    def _run(self, top: _Open, pos: int,
+             depth: int) -> Generator[None, None, tuple[int, bool]]:
         """A run of ``top``'s items from ``pos`` parsed whole, as one part: where it
         ends (``pos``: no item fits a part), and whether a comma ended it (else the
-        container's end is next).
+        container's end is next). ``top`` is ``depth`` containers deep.
 
-        The run is the container's content up to the step's end (``_CONTENT``), cut after
+        The run is the container's content up to the step's end (``_content``), cut after
         its last item that ended there (``_cut``); or up to the container's end, where it
         comes first."""
         data, n = self.data, len(self.data)
+        at, reach = self.unclosed
+        if pos <= at and reach - at >= PART_BYTES // 2 and \
+                (at == pos or _end(_KEY, data, pos, at) == at):
+            # The item at pos did not end within half a part or more, and a run from it
+            # would be no fuller: walked alone, its own items in runs of their own (a
+            # second window's scan of each long container, level by level, was a tenth
+            # of the parse of a Responses event).
+            return pos, False
         while True:
             if self.left < ROOM:
                 yield from self._turn()
-            window = min(n, pos + min(self.left - 2, PART_BYTES))
-            stop = _end(_CONTENT, data, pos, window)
-            closed = stop < n and data[stop] == top.close
-            end = stop if closed else _cut(data, pos, stop, top.close == 0x7D)
+            room = min(self.left - 2, PART_BYTES)
+            window, hops = min(n, pos + room), self.hops
+            while True:
+                stop, deeper, window = self._content(pos, window)
+                closed = stop < n and data[stop] == top.close
+                end = stop if closed else _cut(data, pos, stop, top.close == 0x7D)
+                made = _opens(data, pos, end)
+                if made <= PART_CONTAINERS:
+                    break
+                # Fewer items, as many containers as a part makes; their hops again.
+                window, self.hops = _end(_CONTAINERS, data, pos, end), hops
             if end > pos:
+                deeper = max(deeper, min(made, PART_DEPTH))  # a part's, at most
+                if depth + deeper <= self.deepest:
+                    break
+                if (yield from self._reach(depth + deeper)):
+                    continue  # json.loads was asked: the window again, of what is left
                 break
-            if window == n or window - pos >= PART_BYTES or self.left == self.step:
-                # No step fuller than this one's rest would widen the window: the item is
-                # longer than a part, or nested deeper, and walked alone now (a turn
-                # here took one per such item, thousands an event).
+            wider = pos + room < n and room < PART_BYTES
+            if (not wider and self.hops > 0) or (self.left == self.step and hops == HOPS):
+                # No step fuller than this one's rest would widen the window or take more
+                # hops: the item is longer than a part, or nested deeper than a step's
+                # hops reach, and walked alone now (a turn here took one per such item,
+                # thousands an event); the openers its hops went through are walked too,
+                # not hopped again at each of their levels.
+                if self.failed:
+                    self.unhopped = self.failed
                 return pos, False
             yield from self._turn()
-        self.left -= (end if closed else window) - pos + 2
+        self.left -= (end if closed else window) - pos + 2 + CONTAINER_BYTES * made
         opening = b"[" if top.close == 0x5D else b"{"
         self._merge(top, self._part(opening + data[pos:end - (not closed)] +
                                     bytes((top.close,))))
         return end, not closed
+
+    def _content(self, pos: int, window: int) -> tuple[int, int, int]:
+        """Where a container's content from ``pos`` stops, before ``window``, as
+        ``_CONTENT``'s, but past its items nested deeper than a part (``_through``): at its
+        end, at the window's, or at an item that does not end before it or past the step's
+        hops. And the containers its items open one in another by hops (a part's pattern
+        holds ``PART_DEPTH`` more below each), and the window, before hops, brought to the
+        part's ``PART_CONTAINERS`` (so as not to hop past them)."""
+        data = self.data
+        stop, deeper, counted = _end(_CONTENT, data, pos, window), 0, False
+        self.failed = []
+        while stop < window and data[stop] in _OPEN and not _within(self.unhopped, stop):
+            if _opens(data, stop, window) <= PART_DEPTH:
+                self.unclosed = (stop, window)
+                break  # not nested past a part, so not ended before the window
+            if not counted and _opens(data, pos, window) > PART_CONTAINERS:
+                window, counted = _end(_CONTAINERS, data, pos, window), True
+                stop = _end(_CONTENT, data, pos, window)
+                continue
+            counted = True
+            end, depth = self._through(stop, window)
+            if end < 0:
+                if self.hops > 0:
+                    self.unclosed = (stop, window)
+                break
+            deeper = max(deeper, depth)
+            stop = _end(_CONTENT, data, end, window)
+        return stop, deeper, window
+
+    def _through(self, at: int, window: int) -> tuple[int, int]:
+        """Past the container at ``at``, nested deeper than ``_CONTENT`` takes, before
+        ``window``: where it ends (-1: not before it, or past the step's hops), and the
+        containers it holds one in another, at most (as many as its hops counted, and
+        ``_CONTENT``'s containers below them).
+
+        A hop is a run of ``_DOWN`` (the brackets that open, down to one that closes) or
+        of ``_UP`` (those that close, and containers of no container), their count the
+        depth's change, then the content at that depth by ``_CONTENT``: a few compiled
+        patterns for a chain of containers, or for each level of a JSON Schema, where the
+        walk took tens of tokens of Python. Strings are whole to the patterns, so a
+        bracket counted is none of theirs; one that closes a container of the other kind
+        makes a part that is no JSON to ``json.loads``."""
+        data = self.data
+        depth, deepest, ended = 0, 0, 0
+        opened: list[list[int]] = []  # each run of brackets that open: where, how many
+        # of them are open, how many it opened, and the runs that closed before it
+        while at < window and self.hops > 0:
+            self.hops -= 1
+            byte = data[at]
+            if byte in _OPEN:
+                end = _end(_DOWN, data, at, window)
+                count = _opens(data, at, end)
+                opened.append([at, end, count, count, ended])
+                depth += count
+                deepest = max(deepest, depth)
+            elif byte in _SHUT:
+                end = _end(_UP, data, at, window)
+                shut = data.count(b"]", at, end) + data.count(b"}", at, end) - \
+                    _opens(data, at, end)
+                if shut >= depth:
+                    return _after(data, at, end, depth), deepest
+                depth -= shut
+                ended += 1
+                while shut:  # the runs whose containers all ended
+                    gone = min(shut, opened[-1][2])
+                    opened[-1][2] -= gone
+                    shut -= gone
+                    if not opened[-1][2]:
+                        opened.pop()
+            else:
+                break  # a string that does not end before the window, or no JSON
+            at = _end(_CONTENT, data, end, window)
+            deepest = max(deepest, depth + min(_opens(data, end, at), PART_DEPTH))
+        # The containers the walk comes to first, each its parent's first item: a run from
+        # one would fail as this one did. After one that holds items that ended, a run
+        # from the next starts past them, with a window of its own.
+        self.failed = []
+        for start, end, left, count, before in opened:
+            if self.failed and before != opened[0][4]:
+                break
+            self.failed.append((start, end if left == count else
+                                _nth_open(data, start, end, left)))
+        return -1, deepest
 
     def _key(self, top: _Open, pos: int) -> Generator[None, None, int]:
         """The key of ``top``'s member at ``pos`` (a string as any, in pieces where it is
@@ -431,6 +617,43 @@ def _cut(data: bytes, pos: int, stop: int, members: bool) -> int:
             return pos
         stop = _end(_CONTENT, data, pos, last)  # the content without that last one
     return pos
+
+
+def _within(spans: list[tuple[int, int]], at: int) -> bool:
+    """Whether ``at`` is inside one of ``spans`` (in their order, none over another)."""
+    found = bisect.bisect_right(spans, (at, _NEVER)) - 1
+    return found >= 0 and at < spans[found][1]
+
+
+def _nth_open(data: bytes, pos: int, end: int, count: int) -> int:
+    """Past the ``count``-th bracket that opens from ``pos`` (``_DOWN``'s, to ``end``)."""
+    for found in _OPENER.finditer(data, pos, end):
+        count -= 1
+        if count == 0:
+            return found.end()
+    raise AssertionError("fewer brackets than counted")
+
+
+def _opens(data: bytes, pos: int, end: int) -> int:
+    """The brackets that open from ``pos`` to ``end`` (in strings too)."""
+    return data.count(b"[", pos, end) + data.count(b"{", pos, end)
+
+
+def _after(data: bytes, at: int, end: int, count: int) -> int:
+    """Past the ``count``-th bracket from ``at`` that closes a container open there
+    (``_UP``'s, to ``end``)."""
+    inside = 0  # the containers of none opened since
+    for found in _BRACKETS.finditer(data, at, end):
+        start, stop = found.span()
+        if data[start] in _OPEN:
+            inside += 1
+            continue
+        closing = min(inside, stop - start)  # theirs first
+        inside -= closing
+        if stop - start - closing >= count:
+            return start + closing + count
+        count -= stop - start - closing
+    raise AssertionError("fewer brackets than counted")
 
 
 def _unescaped(data: bytes, at: int) -> bool:

@@ -10,7 +10,9 @@ strings and keys in pieces, cut wherever a step's end falls.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,17 +26,45 @@ from slopilot.engine.meter import json_steps
 from slopilot.engine.meter.json_steps import COUNT, WHOLE, Keep, loads, project
 
 
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """A part's other limits than its bytes, and a step's hops (``json_steps``' own by
+    default): a part of few levels and containers, and few hops, take the hops and the
+    walk through texts of a few hundred bytes as deep ones of 1 MiB take them."""
+
+    depth: int = json_steps.PART_DEPTH
+    containers: int = json_steps.PART_CONTAINERS
+    hops: int = json_steps.HOPS
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        with mock.patch.multiple(
+                json_steps, PART_DEPTH=self.depth, PART_CONTAINERS=self.containers,
+                HOPS=self.hops, _CONTENT=re.compile(json_steps._nested(self.depth), re.S),
+                _CONTAINERS=re.compile(rb"(?:[^\[{]*+[\[{]){%d}" % self.containers)):
+            yield
+
+
+limits = st.builds(Limits, depth=st.sampled_from([0, 1, 2, json_steps.PART_DEPTH]),
+                   containers=st.sampled_from([1, 3, json_steps.PART_CONTAINERS]),
+                   hops=st.sampled_from([1, 2, 5, json_steps.HOPS]))
+
+
 class Parsed:
-    """One ``loads`` driven to its end (its runs of items parsed ``part`` bytes at most):
-    its value (repr) or error (type), the bytes ``json.loads`` was given in each step,
-    whether the text was parsed whole, and the steps it took."""
+    """One ``loads`` driven to its end (its runs of items parsed ``part`` bytes at most,
+    and within ``limits``): its value (repr) or error (type), the bytes ``json.loads``
+    was given in each step and the brackets that open in them (the containers it made),
+    the most of those in one text, whether the text was parsed whole, and the steps it
+    took."""
 
     def __init__(self, data: bytes, step: int, left: int, keep: Keep = WHOLE,
-                 part: int = json_steps.PART_BYTES) -> None:
+                 part: int = json_steps.PART_BYTES, limits: Limits = Limits()) -> None:
         self.fed: collections.Counter[int] = collections.Counter()
+        self.made: collections.Counter[int] = collections.Counter()
+        self.most_made = 0
         self.whole = False
         turn = 0
-        with self._counting(data, lambda: turn), \
+        with self._counting(data, lambda: turn), limits.applied(), \
                 mock.patch.object(json_steps, "PART_BYTES", part):
             steps = loads(data, step, left, keep)
             try:
@@ -54,6 +84,10 @@ class Parsed:
         def counted(s: str | bytes, *args: Any, **kwargs: Any) -> Any:
             self.whole = self.whole or s is data
             self.fed[turn()] += len(s)
+            text = s if isinstance(s, str) else s.decode("latin-1")
+            made = text.count("[") + text.count("{")
+            self.made[turn()] += made
+            self.most_made = max(self.most_made, made)
             return real(s, *args, **kwargs)
 
         with mock.patch.object(json, "loads", counted):
@@ -106,7 +140,8 @@ def test_json_is_json_loads_value_in_steps_of_at_most_a_step(
     given ``json.loads`` more than ``step`` bytes."""
     text = encoded(doc, ascii_only, layout)
     parsed = Parsed(text, step, data.draw(st.integers(0, step), label="left"),
-                    part=data.draw(st.integers(8, 2 * step), label="part"))
+                    part=data.draw(st.integers(8, 2 * step), label="part"),
+                    limits=data.draw(limits, label="limits"))
     assert parsed.outcome == whole(text)
     assert not parsed.whole or len(text) <= step
     assert max(parsed.fed.values()) <= step
@@ -132,7 +167,8 @@ def test_what_is_kept_is_json_loads_value_kept_so(
     if twice:
         text = text.replace(b'"a": ', b'"a": [1, {"b": 2}], "a": ', 1)
     parsed = Parsed(text, step, data.draw(st.integers(0, step), label="left"), keep,
-                    part=data.draw(st.integers(8, 2 * step), label="part"))
+                    part=data.draw(st.integers(8, 2 * step), label="part"),
+                    limits=data.draw(limits, label="limits"))
     assert parsed.outcome == whole(text, keep)
     assert not parsed.whole or len(text) <= step
 
@@ -160,7 +196,8 @@ def test_any_text_has_json_loads_value_or_error(
             del text[at:at + len(new)]
         else:
             text[at:at + len(new)] = new
-    parsed = Parsed(bytes(text), step, step, part=data.draw(st.integers(8, 2 * step)))
+    parsed = Parsed(bytes(text), step, step, part=data.draw(st.integers(8, 2 * step)),
+                    limits=data.draw(limits, label="limits"))
     assert parsed.outcome == whole(bytes(text))
 
 
@@ -251,3 +288,19 @@ def test_json_loads_error_is_its_own(text: bytes) -> None:
     surrogate written in UTF-8 is one it reads)."""
     parsed = Parsed(text, 64, 64)
     assert parsed.outcome == whole(text)
+
+
+@pytest.mark.parametrize("item", [[[[[0]]]], [[], {}, [1]], {"a": [{}]}],
+                         ids=["nested", "empty", "mixed"])
+def test_a_part_of_brackets_makes_few_containers(item: Any) -> None:
+    """Containers a few bytes each: a part makes ``PART_CONTAINERS`` at most (and its
+    own), a step as many as its bytes at ``CONTAINER_BYTES`` each. By bytes alone, a part
+    of 8 KiB made 2,000-4,000, which outlived the garbage collector's young generation,
+    and a step of 64 KiB 30,000: steps of 4-24 ms."""
+    text = json.dumps([item] * 12_000, separators=(",", ":")).encode()
+    step = 1 << 16
+    parsed = Parsed(text, step, step)
+    assert parsed.outcome == whole(text)
+    assert parsed.most_made <= json_steps.PART_CONTAINERS + 1
+    assert max(parsed.made.values()) <= step // json_steps.CONTAINER_BYTES + \
+        json_steps.PART_CONTAINERS + 1

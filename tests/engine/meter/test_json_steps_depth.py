@@ -20,7 +20,7 @@ import pytest
 from slopilot.engine.meter import json_steps
 from slopilot.engine.meter.json_steps import DEPTH, WHOLE, Keep, project
 from slopilot.engine.meter.stream_judge import READS, Wire
-from tests.engine.meter.test_json_steps import Parsed, whole
+from tests.engine.meter.test_json_steps import Parsed, depth, whole
 
 
 def nested(value: Any, depth: int, key: str | None = None) -> Any:
@@ -113,3 +113,69 @@ def test_a_text_nested_deeper_than_vllms_json_is_parsed_in_steps(depth: int) -> 
         assert parsed.outcome == whole(text, keep)
         assert not parsed.whole
         assert max(parsed.fed.values()) <= step
+
+
+def schema(depth: int) -> dict[str, Any]:
+    """A JSON Schema of objects ``2 * depth + 1`` levels deep (each in its ``properties``)."""
+    value: dict[str, Any] = {"type": "string"}
+    for i in range(depth):
+        value = {"type": "object", "properties": {f"p{i}": value}, "required": [f"p{i}"]}
+    return value
+
+
+def tool(depth: int) -> dict[str, Any]:
+    return {"type": "function", "name": "lookup", "description": "Looks a thing up.",
+            "parameters": schema(depth), "strict": False}
+
+
+def calls(data: bytes, step: int, keep: Keep) -> tuple[Any, int]:
+    """``loads``' value, and the calls (Python's and C's) it made in all its steps."""
+    value, counted = calls_a_step(data, step, keep)
+    return value, sum(counted.values())
+
+
+@pytest.mark.parametrize("keep", [WHOLE, READS[Wire.RESPONSES]], ids=["whole", "reads"])
+@pytest.mark.parametrize("depth", [4, 8])
+def test_a_clients_tools_nested_deeper_than_vllms_json_are_parsed_in_parts(
+        depth: int, keep: Keep) -> None:
+    """A Responses event echoing a client's tools, JSON Schemas of objects 10 and 18 levels
+    deep in each tool: runs of whole tools parsed by ``json.loads`` as parts, as vLLM's
+    own logprobs are, a few dozen calls for each 8 KiB. They were walked container by
+    container, their keys and brackets token by token in Python: 15-50 times
+    ``json.loads``' CPU (450-480 ms of the meter's loop for an event of 0.9 MiB, each time
+    vLLM echoed it), 15,000-23,000 calls for each 8 KiB."""
+    text = created([tool(depth) for _ in range(1_000)])
+    value, made = calls(text, 1 << 16, keep)
+    assert value == project(json.loads(text), keep)
+    assert made <= 200 * (len(text) // json_steps.PART_BYTES + 1)
+
+
+def chain(depth: int) -> Any:
+    """An array of a number and the array one level deeper: each level a hop of its own
+    for a pattern that takes brackets and keys only."""
+    value: Any = 0
+    for _ in range(depth):
+        value = [0, value]
+    return value
+
+
+DEEPER = {"arrays": nested(0, 3 * json_steps.PART_DEPTH),
+          "objects": nested(0, 3 * json_steps.PART_DEPTH, "a"),
+          "chain": chain(3 * json_steps.PART_DEPTH),
+          "schema": schema(json_steps.PART_DEPTH + 16)}
+"""Items nested past ``PART_DEPTH``, three times over (a JSON Schema past it by 33)."""
+
+
+@pytest.mark.parametrize("keep", [WHOLE, READS[Wire.RESPONSES]], ids=["whole", "reads"])
+@pytest.mark.parametrize("item", DEEPER)
+def test_items_nested_past_a_part_are_hopped_through(item: str, keep: Keep) -> None:
+    """Items nested deeper than a part's pattern takes, short enough for a part: their
+    ends found by hops, a few compiled patterns for a chain of containers or a level of
+    a JSON Schema, and the items parsed in runs, 4 calls a level of each at most. Walked
+    level by level, they took 20 calls a level and more, for any client that sent a
+    tool's schema so deep."""
+    items = 300_000 // len(json.dumps(DEEPER[item]))
+    text = created([DEEPER[item]] * items)
+    value, made = calls(text, 1 << 16, keep)
+    assert value == project(json.loads(text), keep)
+    assert made <= 4 * depth(DEEPER[item]) * items
