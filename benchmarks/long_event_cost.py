@@ -28,7 +28,9 @@ out here, benchmarks import no test support):
   bracket below the paths read;
 - ``tools``: a ``response.completed`` echoing a client's tools, ``--mib`` MiB of them
   (0.9 at most: held), each a JSON Schema of objects nested 8 deep, deeper than one part
-  of ``meter/json_steps`` holds (walked container by container), and one 100 deep;
+  of ``meter/json_steps``' pattern takes at 5 levels (then walked container by
+  container; parsed in runs since it takes 32), and one 100 deep;
+- ``deep``: the same, each schema nested 80 deep (``json_steps`` hops through them);
 - ``chunks``: a stream of ordinary completions chunks, one token each (``--mib``, 1 at
   most): its longest step is what one read of them costs, the reference for the others'.
 
@@ -98,11 +100,12 @@ def _tool(depth: int) -> dict[str, Any]:
             "description": None}
 
 
-def tools_stream(mib: float) -> tuple[list[bytes], bytes]:
-    """A Responses stream whose last event echoes ``mib`` MiB of tools, each nested 8
-    deep (their schemas: 4 objects, each in its ``properties``), and one 100 deep."""
-    count = max(1, int(mib * MIB / len(_compact(_tool(4)))))
-    return responses_stream(0.0, tools=[_tool(100), *[_tool(4)] * count])
+def tools_stream(mib: float, depth: int = 4) -> tuple[list[bytes], bytes]:
+    """A Responses stream whose last event echoes ``mib`` MiB of tools, each nested
+    2 x ``depth`` deep (their schemas: ``depth`` objects, each in its ``properties``),
+    and one 100 deep."""
+    count = max(1, int(mib * MIB / len(_compact(_tool(depth)))))
+    return responses_stream(0.0, tools=[_tool(100), *[_tool(depth)] * count])
 
 
 def responses_stream(mib: float, *, depth: int = 0,
@@ -228,7 +231,8 @@ def main() -> None:
             ("responses", responses_stream(args.mib), Wire.RESPONSES),
             ("echo", echo_stream(args.mib), Wire.CHOICES),
             ("schema", responses_stream(max(2.0, args.mib / 8), depth=400), Wire.RESPONSES),
-            ("tools", tools_stream(min(0.9, args.mib)), Wire.RESPONSES)]}
+            ("tools", tools_stream(min(0.9, args.mib)), Wire.RESPONSES),
+            ("deep", tools_stream(min(0.9, args.mib), depth=40), Wire.RESPONSES)]}
     events, payloads = chunks_stream(min(1.0, args.mib))
     cases["chunks"] = (events, payloads, Wire.CHOICES, len(payloads))
     result: dict[str, str] = {}
