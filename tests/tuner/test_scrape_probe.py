@@ -3,6 +3,8 @@ profiled as ``PrometheusProbe`` profiles it from PromQL."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import re
 from collections.abc import Iterator
@@ -24,11 +26,17 @@ from tests.support.served_workload import Pages, finish, phase, prompt_mean, ser
 DEMO = load_scenario("demo")
 
 
+def _page(pages: Pages) -> bytes:
+    return pages.page
+
+
 @contextmanager
-def scraping(pages: Pages) -> Iterator[DirectScrape]:
-    with serve_metrics(lambda: pages.page) as address:
-        scrape = DirectScrape(lambda: [f"http://{address}"], DEMO.slo, RuleOptions(),
-                              min_requests=1)
+def scraping(*pages: Pages) -> Iterator[DirectScrape]:
+    """A direct scrape of one replica per ``pages``, each serving its page as taken."""
+    with contextlib.ExitStack() as stack:
+        urls = [f"http://{stack.enter_context(serve_metrics(functools.partial(_page, p)))}"
+                for p in pages]
+        scrape = DirectScrape(lambda: urls, DEMO.slo, RuleOptions(), min_requests=1)
         try:
             yield scrape
         finally:
@@ -163,26 +171,21 @@ def test_a_replica_whose_meter_counts_its_arrivals_is_read_by_them() -> None:
     turned away, its queue 4 longer)."""
     metered, plain = EngineMetrics("demo"), EngineMetrics("demo")
     a, b = Pages(), Pages()
-    with serve_metrics(lambda: a.page) as at_a, serve_metrics(lambda: b.page) as at_b:
-        scrape = DirectScrape(lambda: [f"http://{at_a}", f"http://{at_b}"], DEMO.slo,
-                              RuleOptions(), min_requests=1)
-        try:
-            a.take(metered, _arrived(0))
-            b.take(plain)
-            scrape.poll(now=100.0)
-            serve(metered, 40, 2048, classes=(Priority.P0,))
-            metered.count_refused(Priority.P0, None)
-            metered.count_refused(Priority.P0, None)
-            metered.num_running = 3
-            serve(plain, 20, 2048, classes=(Priority.P1,), seed=1)
-            plain.count_refused(Priority.P1, None)
-            plain.num_running = 4
-            a.take(metered, _arrived(55))
-            b.take(plain)
-            scrape.poll(now=110.0)
-            measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
-        finally:
-            scrape.stop()
+    with scraping(a, b) as scrape:
+        a.take(metered, _arrived(0))
+        b.take(plain)
+        scrape.poll(now=100.0)
+        serve(metered, 40, 2048, classes=(Priority.P0,))
+        metered.count_refused(Priority.P0, None)
+        metered.count_refused(Priority.P0, None)
+        metered.num_running = 3
+        serve(plain, 20, 2048, classes=(Priority.P1,), seed=1)
+        plain.count_refused(Priority.P1, None)
+        plain.num_running = 4
+        a.take(metered, _arrived(55))
+        b.take(plain)
+        scrape.poll(now=110.0)
+        measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
     assert phase(measured).arrivals.mean_rate == pytest.approx((55 + 20 + 1 + 4) / 10)
     mix = phase(measured).classes
     assert mix.shares[Priority.P0] == pytest.approx(55 / 76, abs=1e-3)
@@ -199,21 +202,16 @@ def test_a_flood_of_requests_refused_as_invalid_is_no_load() -> None:
     are none of a's arrivals (each replica's own, not below 0)."""
     engine, idle = EngineMetrics("demo"), EngineMetrics("demo")
     a, b = Pages(), Pages()
-    with serve_metrics(lambda: a.page) as at_a, serve_metrics(lambda: b.page) as at_b:
-        scrape = DirectScrape(lambda: [f"http://{at_a}", f"http://{at_b}"], DEMO.slo,
-                              RuleOptions(), min_requests=1)
-        try:
-            a.take(engine, _arrived(0, 0))
-            b.take(idle, _arrived(7, 0))
-            scrape.poll(now=100.0)
-            serve(engine, 40, 2048, classes=(Priority.P0,))
-            engine.count_refused(Priority.P0, None)
-            engine.count_refused(Priority.P0, None)
-            engine.num_running = 3
-            a.take(engine, _arrived(555, 500))
-            b.take(idle, _arrived(7, 3))
-            scrape.poll(now=110.0)
-            measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
-        finally:
-            scrape.stop()
+    with scraping(a, b) as scrape:
+        a.take(engine, _arrived(0, 0))
+        b.take(idle, _arrived(7, 0))
+        scrape.poll(now=100.0)
+        serve(engine, 40, 2048, classes=(Priority.P0,))
+        engine.count_refused(Priority.P0, None)
+        engine.count_refused(Priority.P0, None)
+        engine.num_running = 3
+        a.take(engine, _arrived(555, 500))
+        b.take(idle, _arrived(7, 3))
+        scrape.poll(now=110.0)
+        measured = ScrapeProbe(scrape, DEMO, window_s=10, duration_s=30.0).measure(110.0)
     assert phase(measured).arrivals.mean_rate == pytest.approx(55 / 10)
