@@ -101,20 +101,18 @@ class _ArrivalCollector(Collector):
         # a replica that exports it is read by it even before its first request. Both
         # under one set of labels, so the probe subtracts one from the other by series.
         labels = [self.meter.model_name, self.meter.priority.label]
-        arrived = CounterMetricFamily(
-            ARRIVALS, "Requests for generation forwarded to the engine, counted as they "
-            "came: each prompt of a batch and each of its n choices, as the engine counts "
-            "its requests; those whose clients gave up too (the engine's series drop them).",
-            labels=["model_name", "priority_class"])
-        arrived.add_metric(labels, self.meter.arrivals)
-        yield arrived
-        invalid = CounterMetricFamily(
-            INVALID, "Of the requests counted as they came, those the engine answered with "
-            "a client's error (4xx but 429: a prompt past the context, a bad parameter, no "
-            "such model), counted as many times again: refused unserved, no load.",
-            labels=["model_name", "priority_class"])
-        invalid.add_metric(labels, self.meter.invalid)
-        yield invalid
+        for name, doc, count in (
+                (ARRIVALS, "Requests for generation forwarded to the engine, counted as "
+                 "they came: each prompt of a batch and each of its n choices, as the "
+                 "engine counts its requests; those whose clients gave up too (the "
+                 "engine's series drop them).", self.meter.arrivals),
+                (INVALID, "Of the requests counted as they came, those the engine "
+                 "answered with a client's error (4xx but 429: a prompt past the context, "
+                 "a bad parameter, no such model), counted as many times again: refused "
+                 "unserved, no load.", self.meter.invalid)):
+            family = CounterMetricFamily(name, doc, labels=["model_name", "priority_class"])
+            family.add_metric(labels, count)
+            yield family
 
 
 async def scrape(client: httpx.AsyncClient, upstream: str, send: Send,
