@@ -24,6 +24,7 @@ from slopilot.operator.pod_layout import ADMIN_PORT_NAME
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.tokens import KEY_SECRET, TokenMint, load_or_create
+from tests.operator.standins import PodStandIn
 from tests.support import waits
 from tests.support.kube_server import RunningEmulator
 
@@ -111,6 +112,24 @@ def operator_token(cluster: Cluster, name: str = "chat") -> str:
     wait_for(lambda: cluster.kube.get("v1", "secrets", DEFAULT_OPERATOR_NAMESPACE, KEY_SECRET),
              what="the operator's token key")
     return operator_mint(cluster).for_body(cluster.get(name))
+
+
+def pods_up(cluster: Cluster, pods: list[PodStandIn],
+            config: Callable[[], dict[str, Any]] | None = None) -> None:
+    """``pods`` as the ready pods of the CR ``chat``'s Deployment, once the operator made
+    it, each accepting the admin token the operator minted (and running ``config()``)."""
+    wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
+    token = operator_token(cluster)
+    for i, pod in enumerate(pods):
+        pod.token = token
+        if config is not None:
+            pod.config = config()
+        add_pod(cluster, "chat", i, pod.port)
+
+
+def wait_steady(cluster: Cluster, what: str = "steady") -> None:
+    wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
+             what=what)
 
 
 def replica_set(cluster: Cluster, deployment: str, template_hash: str = "5d8f7c9b4"

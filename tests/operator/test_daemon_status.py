@@ -18,11 +18,11 @@ from optuna.trial import TrialState
 from tests.operator.operator_support import (
     NS,
     Cluster,
-    add_pod,
     llmd,
     operator,
-    operator_token,
+    pods_up,
     wait_for,
+    wait_steady,
 )
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator
@@ -79,13 +79,8 @@ def test_a_failed_status_write_does_not_make_the_daemon_ask_a_second_trial(
     with serving(*pods), operator(kube_login):
         cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
                             tuning={"window": "1h", "canary": True}))
-        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
-        token = operator_token(cluster)
-        for i, pod in enumerate(pods):
-            pod.token = token
-            add_pod(cluster, "chat", i, pod.port)
-        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
-                 what="steady")
+        pods_up(cluster, pods)
+        wait_steady(cluster)
         # The write that would record the first trial fails (and twice more after it).
         kube_login.emulator.fail("PATCH", "llmdeployments", subresource="status", times=3)
         prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
@@ -148,8 +143,7 @@ def test_a_cr_deleted_mid_trial_takes_its_study_along_and_its_successor_starts_a
         prom.alerts = []
         second = cluster.create(llmd(backend="vllm", prometheus={"url": prom.url},
                                      tuning={"window": "1h", "storage": storage}))
-        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
-                 what="the new CR's controller")
+        wait_steady(cluster, "the new CR's controller")
         assert cluster.status()["controller"].get("trial") is None
         prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
         wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),

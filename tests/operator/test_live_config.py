@@ -37,8 +37,9 @@ from tests.operator.operator_support import (
     llmd,
     operator,
     operator_mint,
-    operator_token,
+    pods_up,
     wait_for,
+    wait_steady,
 )
 from tests.operator.standins import HoldingWindows, PodStandIn, PrometheusStandIn, serving
 from tests.support.fired_timers import FiredTimer, FiredTimers
@@ -130,11 +131,7 @@ def test_a_live_knob_edited_in_the_spec_reaches_every_running_pod(
         cluster.create(llmd(replicas={"min": 2, "max": 2}, prometheus={"url": prom.url},
                             engine={"tokenBudget": 512},
                             tuning={"window": "1h", "enabled": tuning}))
-        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
-        token = operator_token(cluster)
-        for i, pod in enumerate(pods):
-            pod.token, pod.config = token, spec_config(cluster)
-            add_pod(cluster, "chat", i, pod.port)
+        pods_up(cluster, pods, lambda: spec_config(cluster))
         cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 1024, "maxNumSeqs": 64}}})
         wait_for(lambda: all(running(p)["token_budget"] == 1024 for p in pods),
                  what="the edited budget on every running pod")
@@ -319,13 +316,8 @@ def test_an_edit_during_a_canary_trial_reaches_the_canary_under_the_trials_knobs
     with serving(*pods), operator(kube_login):
         cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
                             tuning={"window": "1h", "canary": True}))
-        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
-        token = operator_token(cluster)
-        for i, pod in enumerate(pods):
-            pod.token, pod.config = token, spec_config(cluster)
-            add_pod(cluster, "chat", i, pod.port)
-        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
-                 what="steady")
+        pods_up(cluster, pods, lambda: spec_config(cluster))
+        wait_steady(cluster)
         prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
         trial = wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
                          what="the trial on record")

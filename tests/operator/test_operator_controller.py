@@ -26,8 +26,10 @@ from tests.operator.operator_support import (
     operator,
     operator_mint,
     operator_token,
+    pods_up,
     replica_set,
     wait_for,
+    wait_steady,
 )
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.support.kube_authz import Attributes, allows, granted_to
@@ -76,8 +78,7 @@ def test_scale_alert_scales_once_and_a_restart_does_not_scale_again(
     with operator(kube_login):
         cluster.create(llmd(**spec))
         wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
-        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
-                 what="the controller ticking in steady state")
+        wait_steady(cluster, "the controller ticking in steady state")
         prom.fire("SlopilotTBTP99High", "scale", "chat", NS)
         wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat")["spec"][
             "replicas"] == 3, what="scale 1 -> 3")
@@ -116,20 +117,15 @@ def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
     with serving(*pods), operator(kube_login):
         cluster.create(llmd(replicas={"min": 2, "max": 4}, prometheus={"url": prom.url},
                             tuning={"window": "1s", "canary": True}))
-        wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
-        token = operator_token(cluster)
-        for i, pod in enumerate(pods):
-            pod.token = token
-            add_pod(cluster, "chat", i, pod.port)
-        wait_for(lambda: (cluster.status().get("controller") or {}).get("state") == "steady",
-                 what="steady")
+        pods_up(cluster, pods)
+        wait_steady(cluster)
         prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
         wait_for(lambda: cluster.events("Commit"), what="the commit")
         canary, other = pods[0].put_bodies(), pods[1].put_bodies()
         # The trial went to the canary alone; the commit to both, each with the token.
         assert [b["token_budget"] for b in canary] == [512, 512]
         assert [b["token_budget"] for b in other] == [512]
-        assert {auth for p in pods for _, auth in p.puts} == {f"Bearer {token}"}
+        assert {auth for p in pods for _, auth in p.puts} == {f"Bearer {pods[0].token}"}
         cm = cluster.owned("v1", "configmaps", "chat-engine")
         assert json.loads(cm["data"]["engine.json"])["token_budget"] == 512
         status = cluster.status()
