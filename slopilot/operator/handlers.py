@@ -78,6 +78,7 @@ from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import load_or_create
+from slopilot.operator.tuning_pool import TuningPool
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
 from slopilot.tuner.prometheus.bounded import bounded_client
 
@@ -137,6 +138,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo.kube = Kube(load_client())
     memo.locks = LockTable()
     memo.pod_syncs = PodSyncShare()
+    memo.tuning_pool = TuningPool()  # every tuning daemon's steps, one pool (tuning_pool.py)
     memo.policy = operator_policy()
     memo.tokens = load_or_create(memo.kube, memo.policy.operator_namespace)
 

@@ -19,8 +19,9 @@ import kubernetes.config
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "slopilot-operator"  # audit logs (and the RBAC test) tell our calls apart
 REQUEST_TIMEOUT_S = 30.0
-# Every tuning daemon has a thread of its own (tuning_daemon.py) and calls the API from it;
-# urllib3 would otherwise open and discard a connection per call above its default 10.
+# The tuning daemons' steps (tuning_pool.STEP_THREADS threads) and kopf's handlers
+# (pod_sync_share.HANDLER_THREADS) call the API at once; urllib3 would otherwise open and
+# discard a connection per call above its default 10.
 CONNECTION_POOL = 64
 LIST_PAGE = 500
 """Objects asked for per page of a list (``limit``), as kubectl and client-go ask: a

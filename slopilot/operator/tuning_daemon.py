@@ -5,8 +5,11 @@ the controller, write its status, keep the pods on the spec's config.
 
 Threads: kopf runs a sync daemon on its handler pool for the daemon's whole life, and
 that pool (min(32, CPUs + 4)) then has no thread left for reconciles once there are a
-few tuning CRs. This daemon is async: each step runs on a thread of the daemon's own
-(one per CR, idle between steps), and kopf's pool stays free for the handlers.
+few tuning CRs. This daemon is async: each step runs on the operator's pool for tuning
+steps (``memo.tuning_pool``, tuning_pool.py), a namespace's on a share of it, and kopf's
+pool stays free for the handlers. A thread of its own per CR made the operator's
+threads as many as its tenants' tuning CRs. Waiting for a slot holds no thread, and a
+stop ends the wait.
 
 Only the peering leader runs daemons (settings.py). The controller itself comes from
 daemon.py's factory.
@@ -15,11 +18,8 @@ daemon.py's factory.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -30,6 +30,7 @@ from slopilot.operator.daemon_pause import pause
 from slopilot.operator.deployment_loop import DeploymentLoop
 from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.pod_memory import memory_of
+from slopilot.operator.tuning_pool import NotRun
 
 # Set by `slopilot operator` on SIGTERM/SIGINT before kopf begins to stop: a daemon that
 # kopf starts while shutting down is not told to stop, so each one also checks this.
@@ -46,18 +47,21 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
                           policy=memo.policy, factory=load_factory(), locks=memo.locks,
                           logger=logger, memory=memory_of(memo))
     interval = tick_interval()
-    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tuning-{namespace}-{name}")
-    aio = asyncio.get_running_loop()
+    # Its calls one at a time, in this task's context variables (kopf's event posting
+    # finds its queue through them).
+    lane = memo.tuning_pool.lane(namespace)
 
-    async def on_thread(fn: Callable[[], Any]) -> Any:
-        # kopf's event posting finds its queue through context variables: copy them over.
-        return await aio.run_in_executor(thread, contextvars.copy_context().run, fn)
+    def stopping() -> bool:
+        return bool(stopped) or OPERATOR_STOPPING.is_set()
 
     gone = False
     try:
-        while not stopped and not OPERATOR_STOPPING.is_set():
-            if not await on_thread(loop.step):
-                gone = True  # the object is gone or going
+        while not stopping():
+            try:
+                if not await lane.run(loop.step, until=stopping):
+                    gone = True  # the object is gone or going
+                    break
+            except NotRun:  # stopped while it waited for a slot
                 break
             await pause(stopped, interval)
     finally:
@@ -74,7 +78,6 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
         else:
             ending = None
         if ending is not None:
-            await asyncio.shield(on_thread(ending))
-            await asyncio.shield(on_thread(loop.retire))  # it reads the CR: not on the loop
-        await asyncio.shield(on_thread(loop.close))  # after a step that may still run there
-        thread.shutdown(wait=False)
+            await asyncio.shield(lane.run(ending))
+            await asyncio.shield(lane.run(loop.retire))  # it reads the CR: not on the loop
+        await asyncio.shield(lane.run(loop.close))  # after a step that may still run

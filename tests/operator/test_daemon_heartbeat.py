@@ -26,6 +26,7 @@ from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.handlers import LockTable
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
+from slopilot.operator.tuning_pool import TuningPool
 from slopilot.tuner.loop.controller import Controller
 from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd, operator_mint
 from tests.operator.standins import PodStandIn, PrometheusStandIn, build_study_controller, serving
@@ -113,7 +114,7 @@ def test_an_ended_daemon_leaves_no_heartbeat_behind(
     monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
     monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.01")
     memo = types.SimpleNamespace(kube=cluster.kube, tokens=operator_mint(cluster),
-                                 policy=policy, locks=LockTable())
+                                 policy=policy, locks=LockTable(), tuning_pool=TuningPool())
     stopped = Stopped(lambda: bool((cluster.status().get("controller") or {}).get("trial")),
                       reason)
     with serving(pod):
