@@ -280,3 +280,12 @@ def test_a_pool_that_runs_nothing_or_a_share_past_all_is_refused(
     with pytest.raises(ValueError, match="expected 1 <= per_namespace <= threads"):
         TuningPool(threads=threads, per_namespace=per_namespace)
 
+
+def test_the_security_model_states_the_numbers_the_operator_runs_with() -> None:
+    from tests.docs.test_doc_references import ROOT
+
+    text = " ".join((ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    for said in (f"one pool of {STEP_THREADS} threads (`STEP_THREADS`",
+                 f"at most {STEPS_PER_NAMESPACE} of one namespace at once "
+                 "(`STEPS_PER_NAMESPACE`)"):
+        assert said in text, said
