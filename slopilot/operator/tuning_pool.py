@@ -80,7 +80,8 @@ class TuningPool:
         return sum(len(queue) for queue in self._waiting.values())
 
     def shutdown(self) -> None:
-        """The threads end once their calls do; for tests, as the operator's live with it."""
+        """The threads end once their calls do. The operator's pool lives as long as the
+        operator; a test ends its own."""
         self._executor.shutdown(wait=False)
 
     async def _take(self, namespace: str, until: Callable[[], bool] | None) -> None:
