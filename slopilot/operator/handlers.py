@@ -350,13 +350,18 @@ def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="study-cleanup", optional=True,
                 when=tuning_disabled)
-def delete_untuned_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
-                           **_: Any) -> None:
+async def delete_untuned_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                                 **_: Any) -> None:
     """A CR deleted while tuning is off: no daemon runs to end with it, so its study is
     deleted here from every storage on record (study_cleanup.py). Optional: it adds no
     finalizer of its own (the config-sync timer's holds the CR while tuning is off), so
-    it never keeps a CR Terminating that nothing else would."""
-    delete_studies(body, memo.policy, log=logger)
+    it never keeps a CR Terminating that nothing else would.
+
+    On the tuning pool, in the namespace's share, as a daemon's own deletion at its end:
+    a silent database holds each call for its connect timeout, and on kopf's handler
+    threads a tenant deleting many CRs held every other tenant's reconciles."""
+    lane = memo.tuning_pool.lane(body["metadata"]["namespace"])
+    await lane.run(functools.partial(delete_studies, body, memo.policy, log=logger))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, id="config-sync", interval=CONFIG_SYNC_S,

@@ -174,6 +174,26 @@ def test_a_cr_that_turns_tuning_off_keeps_its_study_to_continue_it(
         assert study_trials(storage) == {name: [TrialState.FAIL, TrialState.RUNNING]}
 
 
+def test_a_cr_deleted_while_tuning_is_off_takes_its_study_along(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, study_storage: str) -> None:
+    """No daemon runs to end with it: the deletion handler deletes the study, on the
+    operator's tuning pool."""
+    storage = study_storage
+    with operator(kube_login):
+        body = running_trial(cluster, prom, storage)
+        name = f"{NS}/chat/{body['metadata']['uid']}"
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+        wait_for(lambda: study_trials(storage) == {name: [TrialState.FAIL]}
+                 and not (cluster.status().get("controller") or {}).get("trial"),
+                 what="the stopped daemon to fail its trial and record it")
+        cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
+                                                       "llmdeployments", "chat")
+        wait_for(lambda: not cluster.custom.list_namespaced_custom_object(
+            "slopilot.dev", "v1alpha1", NS, "llmdeployments")["items"], what="the CR gone")
+        wait_for(lambda: study_trials(storage) == {}, what="its study deleted")
+
+
 def test_two_namespaces_chat_are_two_deployments_to_the_operator(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         controller_env: None, study_storage: str) -> None:

@@ -27,6 +27,7 @@ from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 from slopilot.operator import tuning_daemon
 from slopilot.operator.tuning_pool import TuningPool
 from tests.operator.test_tuning_pool import YIELDS, Gate, ended, on_loop
+from tests.support.waits import HANG_GUARD_S
 
 Reason = kopf.DaemonStoppingReason
 
@@ -232,6 +233,54 @@ def test_a_cancelled_daemons_ending_waits_for_its_step_on_the_thread(
         ending = {Reason.RESOURCE_DELETED: ["end_deleted", "retire"],
                   Reason.FILTERS_MISMATCH: ["abandon", "retire"]}.get(reason, [])
         assert loop.calls == ["step", *ending, "close"] and not loop.overlapped
+        pool.shutdown()
+
+    run(main)
+
+
+def test_deletions_whose_storage_hangs_hold_their_namespaces_share_not_kopfs_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CR deleted while tuning is off has its study deleted by the deletion handler.
+    With the shared database silent, each call waited out its connect timeout on one of
+    kopf's handler threads: a tenant deleting many CRs held them all from every other
+    tenant's reconciles. The deletion is a tuning-pool call now, in its namespace's share."""
+    from slopilot.operator import handlers
+
+    handler: Any = handlers.delete_untuned_studies  # kopf's type: every kwarg it passes
+    # A sync handler is run on kopf's handler threads, whatever it waits on.
+    assert asyncio.iscoroutinefunction(handler), "the deletion runs on kopf's threads"
+
+    async def main() -> None:
+        pool = TuningPool(threads=4, per_namespace=2)
+        silent, answering = Gate(), Gate()
+        answering.opened.set()
+        deleted: list[str] = []
+
+        def delete_studies(body: dict[str, Any], policy: object, **_: object) -> None:
+            namespace = body["metadata"]["namespace"]
+            (silent if namespace == "team-a" else answering)()
+            deleted.append(f"{namespace}/{body['metadata']['name']}")
+
+        monkeypatch.setattr(handlers, "delete_studies", delete_studies)
+        memo = types.SimpleNamespace(policy=None, tuning_pool=pool)
+
+        def deletion(namespace: str, name: str) -> asyncio.Task[None]:
+            body = {"metadata": {"namespace": namespace, "name": name, "uid": name}}
+            return asyncio.create_task(handler(body=body, memo=memo,
+                                               logger=logging.getLogger("test")))
+
+        try:
+            team_a = [deletion("team-a", f"chat-{i}") for i in range(10)]
+            await silent.entry()
+            await silent.entry()
+            await on_loop(lambda: pool.waiting() == 8, "team-a's other deletions waiting")
+            assert pool.running() == 2 and silent.inside == 2
+            await asyncio.wait_for(deletion("team-b", "chat"), HANG_GUARD_S)
+            assert deleted == ["team-b/chat"]
+        finally:
+            silent.opened.set()
+        await asyncio.wait_for(asyncio.gather(*team_a), HANG_GUARD_S)
+        assert len(deleted) == 11 and silent.runs == 10
         pool.shutdown()
 
     run(main)
