@@ -68,11 +68,13 @@ MAX_DURATION_TEXT = 64
 """Characters of a duration field at most: "1h30m" needs five; the bound also prices the
 CEL rule that parses it."""
 _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-# http(s), a host (a name, or an IPv6 address in brackets), an optional port 1..65535 and
-# path; no user info, query or fragment (validation.prometheus_url_problem says which,
-# for objects that came another way, and refuses the same).
-PROMETHEUS_URL_PATTERN = (r"^https?://([^/?#@\s\[\]:]+|\[[0-9A-Fa-f:.]+\])(:(0*" + _PORT
-                          + r")?)?(/[^?#\s]*)?$")
+_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
+# http(s), a host (a DNS name, an IPv4 address, or an IPv6 address in brackets), an
+# optional port 1..65535 and path; no user info, query or fragment
+# (validation.prometheus_url_problem says which, for objects that came another way, and
+# refuses the same).
+PROMETHEUS_URL_PATTERN = (r"^https?://(" + _LABEL + r"(\." + _LABEL + r")*\.?"
+                          + r"|\[[0-9A-Fa-f:.]+\])(:(0*" + _PORT + r")?)?(/[^?#\s]*)?$")
 
 
 def _duration(desc: str, lo_s: float, hi_s: float, *, whole: bool = False,

@@ -11,11 +11,13 @@ Also the shape of the two things a tenant may point the operator at: the Prometh
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import urllib.parse
 from dataclasses import dataclass
 
 MAX_LABEL = 63
+MAX_HOST = 253  # a DNS name's characters, its dots included
 # Every rendered name is the CR's name plus at most this suffix ("-engine", "-rules").
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -90,6 +92,25 @@ def prometheus_url_problem(url: str) -> str | None:
         return f"{where}: port 0 is not a port"
     if any(c.isspace() for c in url):
         return f"{where}: white space is not allowed"
+    return _host_problem(where, parts.hostname, bracketed="[" in parts.netloc)
+
+
+def _host_problem(where: str, host: str, *, bracketed: bool) -> str | None:
+    """The URL parsers take any characters for a host, and so matched the allow-list's
+    ``*.monitoring`` by the end of ``evil.com\\.monitoring``, which a resolver reading
+    ``\\.`` as an escape splits into other labels than the list's. A host is a DNS name
+    or an IP address, nothing else."""
+    if bracketed:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"{where}: [{host}] is not an IPv6 address"
+        return None
+    name = host.lower().removesuffix(".")
+    if len(name) > MAX_HOST or not DNS_1123_SUBDOMAIN.match(name) or any(
+            len(label) > MAX_LABEL for label in name.split(".")):
+        return (f"{where}: {host!r} is not a host name (dot-separated labels of letters, "
+                "digits and '-', each at most 63) nor an IP address")
     return None
 
 

@@ -62,6 +62,13 @@ REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
     ({"prometheus": {"url": "http://prom:99999/"}}, "prometheus.url"),
     ({"prometheus": {"url": "http://:9090"}}, "prometheus.url"),
     ({"prometheus": {"url": "http://[::1:9090"}}, "prometheus.url"),
+    # A host that is no DNS name: matched ``*.monitoring`` by its end.
+    ({"prometheus": {"url": "http://evil.com\\.monitoring:9090"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://evil.com%2f.monitoring"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://prom_1.monitoring"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://prom..monitoring"}}, "prometheus.url"),
+    ({"prometheus": {"url": "http://-prom.monitoring"}}, "prometheus.url"),
+    ({"prometheus": {"url": f"http://{'a' * 64}.monitoring"}}, "prometheus.url"),
     # The digest of an empty key (KEY unset in `printf %s KEY | sha256sum`), in any case.
     ({"clients": {"keys": [{"name": "a", "sha256": EMPTY_KEY, "maxClass": "p1"}]}},
      "clients.keys[0]"),
@@ -108,6 +115,9 @@ ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
     {"prometheus": {"url": "https://[::1]:9090"}},
     {"prometheus": {"url": "http://prom:080/"}},
     {"prometheus": {"url": "http://prom:/"}},
+    {"prometheus": {"url": "http://Prom-1.Monitoring.svc.cluster.local.:9090"}},
+    {"prometheus": {"url": f"http://{'a' * 63}.monitoring"}},
+    {"prometheus": {"url": "http://10.0.0.7:9090"}},
     {"backend": "vllm", "engine": {"blockSize": 32}},
     {"backend": "builtin", "engine": {"blockSize": 24}},
     {"clients": {"keys": [{"name": "a", "sha256": hashlib.sha256(b"k").hexdigest().upper(),

@@ -33,6 +33,16 @@ def spec_of(**fields: Any) -> Any:
     ("http://prom:99999", "Port out of range"),
     ("http://prom:0", "port 0 is not a port"),
     ("http://prom :9090", "white space"),
+    # A host no resolver reads as written: the allow-list's ``*.monitoring`` matched
+    # ``evil.com\.monitoring`` by its end, and a resolver reading ``\.`` as an escape
+    # sees other labels than the list's.
+    ("http://evil.com\\.monitoring:9090", "not a host name"),
+    ("http://evil.com%2f.monitoring:9090", "not a host name"),
+    ("http://evil.com%00.monitoring", "not a host name"),
+    ("http://prom_1.monitoring:9090", "not a host name"),
+    ("http://-prom.monitoring:9090", "not a host name"),
+    ("http://prom..monitoring:9090", "not a host name"),
+    ("http://[fd00::zz]:9090", "IPv6 address"),  # urlsplit says so from 3.11.4
 ])
 def test_a_url_the_operator_must_not_fetch_is_refused_by_field(url: str, needle: str) -> None:
     with pytest.raises(SpecError) as err:
@@ -43,7 +53,8 @@ def test_a_url_the_operator_must_not_fetch_is_refused_by_field(url: str, needle:
 
 @pytest.mark.parametrize("url", ["http://prometheus-operated.monitoring:9090",
                                  "https://prom.example.com/prefix/", "http://10.0.0.7:9090",
-                                 "http://[fd00::1]:9090"])
+                                 "http://[fd00::1]:9090", "http://Prom.Monitoring.:9090",
+                                 "http://prom-1.monitoring.svc.cluster.local"])
 def test_ordinary_prometheus_urls_pass(url: str) -> None:
     assert prometheus_url_problem(url) is None
     assert spec_of(prometheus={"url": url}).prometheus_url == url
