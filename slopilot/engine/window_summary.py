@@ -65,15 +65,25 @@ class SampleStats:
     """What only exact per-token samples give (the simulator), beside the P99s."""
 
     ttft_mean_ms: float | None
+    """Of the TTFTs measured (censored ones included), not of the requests refused for
+    load: they have no first token to average, where the percentiles rank them."""
     ttft_p50_ms: float | None
     ttft_p90_ms: float | None
     tbt_p50_ms: float | None
     max_stall_ms: float
     """The longest token gap; 0 when there was none."""
+    ttft_measured_pct: float | None = None
+    """The percent of the requests the TTFT percentiles rank whose TTFT was measured (a
+    first token, or a censored wait); the rest were refused for load and ranked past
+    them. A TTFT percentile above it (``ttft_p99_ms`` with this under 99) falls among
+    the refused and reads ``sim.stats.REFUSED_TTFT_S`` (300,000 ms): a floor, not a time
+    measured. 100 with none refused; None with nothing ranked (and in summaries from
+    before it was written)."""
 
     def __post_init__(self) -> None:
         _check("SampleStats", _numbers(self),
-               ("ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "tbt_p50_ms"))
+               ("ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "tbt_p50_ms",
+                "ttft_measured_pct"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,13 +326,15 @@ def _statistic(data: Mapping[str, Any], where: str, key: str) -> float | None:
 
 def _class_from(data: Mapping[str, Any], where: str) -> ClassFigures:
     samples = None
-    if all(f.name in data for f in dataclasses.fields(SampleStats)):
+    if all(f.name in data for f in dataclasses.fields(SampleStats)
+           if f.default is dataclasses.MISSING):
         samples = SampleStats(
             ttft_mean_ms=_statistic(data, where, "ttft_mean_ms"),
             ttft_p50_ms=_statistic(data, where, "ttft_p50_ms"),
             ttft_p90_ms=_statistic(data, where, "ttft_p90_ms"),
             tbt_p50_ms=_statistic(data, where, "tbt_p50_ms"),
-            max_stall_ms=_number(data, where, "max_stall_ms"))
+            max_stall_ms=_number(data, where, "max_stall_ms"),
+            ttft_measured_pct=_statistic(data, where, "ttft_measured_pct"))
     accounting = None
     if all(f.name in data for f in dataclasses.fields(RequestAccounting)):
         values: dict[str, Any] = {f.name: _number(data, where, f.name)

@@ -96,3 +96,17 @@ def test_the_requests_turned_away_read_back_and_default_to_none_turned_away() ->
     assert WindowSummary.from_dict(old).overall.requests_refused == 0.0
     with pytest.raises(SummaryError, match="requests_refused"):
         ClassFigures(1.0, 1.0, 1.0, None, None, requests_refused=-1.0)
+
+
+def test_a_simulated_summary_stored_before_ttft_measured_pct_keeps_its_samples() -> None:
+    summary = simulate(load_scenario("tiny-cpu"), duration_s=4, seed=1).summary
+    assert summary.overall.samples is not None
+    assert summary.overall.samples.ttft_measured_pct == 100.0  # none refused
+    old = summary.to_dict()
+    del old["ttft_measured_pct"]
+    for c in old["classes"].values():
+        del c["ttft_measured_pct"]
+    back = WindowSummary.from_dict(old)
+    assert back.overall.samples is not None
+    assert back.overall.samples.ttft_mean_ms == summary.overall.samples.ttft_mean_ms
+    assert back.overall.samples.ttft_measured_pct is None

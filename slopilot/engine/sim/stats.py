@@ -246,6 +246,14 @@ def ttft_percentile_ms(seconds: Sequence[float] | array | np.ndarray, refused: i
     return percentile_ms(seconds, 100.0 * rank / (n - 1) if n > 1 else q)
 
 
+def measured_pct(measured: int, refused: int) -> float | None:
+    """The percent of the TTFT ranking that ``measured`` TTFTs make beside ``refused``
+    requests never served (``SampleStats.ttft_measured_pct``); None with neither. A
+    percentile above it is ``ttft_percentile_ms``'s ``REFUSED_TTFT_S``."""
+    ranked = measured + refused
+    return 100.0 * measured / ranked if ranked else None
+
+
 def percentile_ms(seconds: Sequence[float] | array | np.ndarray, q: float) -> float | None:
     """The exact ``q``-th percentile of samples in seconds, in ms; None without samples."""
     if not len(seconds):
@@ -276,7 +284,8 @@ def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
             ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
             ttft_p50_ms=ttft_percentile_ms(c.ttft, c.refused, 50),
             ttft_p90_ms=ttft_percentile_ms(c.ttft, c.refused, 90),
-            tbt_p50_ms=percentile_ms(c.tbt, 50), max_stall_ms=c.max_stall * 1000.0),
+            tbt_p50_ms=percentile_ms(c.tbt, 50), max_stall_ms=c.max_stall * 1000.0,
+            ttft_measured_pct=measured_pct(len(c.ttft), c.refused)),
         accounting=RequestAccounting(
             requests_arrived=c.arrived, requests_rejected=c.rejected,
             requests_unfinished=c.unfinished, ttft_censored=c.censored,

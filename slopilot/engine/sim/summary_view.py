@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import ClassSLO, SLOSpec
 from slopilot.engine.window_summary import ClassFigures, WindowSummary
@@ -48,11 +49,23 @@ def simulate_json(summary: WindowSummary, slo: SLOSpec) -> dict[str, Any]:
     return out
 
 
+TTFT_FLOOR_MS = TOKEN_LATENCY_BUCKETS[-1] * 1000.0
+"""What a TTFT percentile reads past the histogram's last finite edge: in the simulator,
+one that falls among the requests refused for load (``sim.stats.REFUSED_TTFT_S``); live,
+``histogram_quantile`` in the +Inf bucket. Either way at least this, not a time measured."""
+TTFT_FLOOR = f"≥{TTFT_FLOOR_MS / 1000:.0f} s"
+
+
 def _ms(value: float | None, digits: int) -> str:
     """A latency cell; "-" where the class had no samples (the summary's None)."""
     if value is None:
         return "-"
     return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.{digits}f} ms"
+
+
+def _ttft_percentile(value: float | None) -> str:
+    # "300.0 s" read as a time measured, under a title of 60 s simulated.
+    return TTFT_FLOOR if value == TTFT_FLOOR_MS else _ms(value, 0)
 
 
 def _verdict(figures: ClassFigures, target: ClassSLO | None) -> str:
@@ -83,7 +96,7 @@ def _row(name: str, c: ClassFigures, target: ClassSLO | None) -> list[str]:
         name, "-" if arrived is None else f"{arrived:,}", f"{c.requests_finished:,.0f}",
         "-" if a is None else f"{a.requests_unfinished:,}",
         "-" if a is None else f"{a.requests_rejected:,}",
-        _ms(s.ttft_mean_ms if s else None, 0), _ms(c.ttft_p99_ms, 0),
+        _ms(s.ttft_mean_ms if s else None, 0), _ttft_percentile(c.ttft_p99_ms),
         _ms(c.tbt_p99_ms, 1), _ms(s.max_stall_ms if s else None, 1),
         f"{c.throughput_tok_s:,.0f}", f"{c.goodput_tok_s:,.0f}",
         "-" if a is None else f"{a.goodput_all_tok_s:,.0f}",
@@ -156,8 +169,33 @@ def footer(summary: WindowSummary, *, definitions: bool = True) -> list[str]:
     if a is not None and a.ttft_censored:
         lines.append(f"{a.ttft_censored:,} request(s) had no first token when the run ended: "
                      "their TTFT counts as the time they had waited (a lower bound)")
-    if a is not None and a.requests_rejected:
-        lines.append(f"{a.requests_rejected:,} request(s) rejected: prompt plus output past "
-                     "the model's context or this deployment's KV cache (the server's 400), "
-                     "or a full waiting queue")
+    refused = summary.overall.requests_refused
+    too_long = a.requests_rejected - refused if a is not None else 0
+    if too_long > 0:
+        lines.append(f"{too_long:,.0f} request(s) rejected as too long: prompt plus output "
+                     "past the model's context or this deployment's KV cache (the server's "
+                     "400); no TTFT figure counts them")
+    if refused > 0:
+        lines.append(_refused_line(summary, refused))
     return lines + list(DEFINITIONS) if definitions else lines
+
+
+def _refused_line(summary: WindowSummary, refused: float) -> str:
+    """Requests turned away for load: their share, and what they do to the TTFT figures
+    (ranked past every measured TTFT, left out of the mean)."""
+    shares = [f"{p.label} {_share(c)}" for p, c in summary.classes.items()
+              if c.requests_refused > 0 and _share(c)]
+    overall = _share(summary.overall)
+    share = f", {overall} of those that arrived ({', '.join(shares)})" if overall else ""
+    return (f"{refused:,.0f} request(s) refused for load (a full waiting queue, the "
+            f"server's 429){share}: never given a first token, they rank past every "
+            f"measured TTFT, and a TTFT percentile that falls among them shows "
+            f"'{TTFT_FLOOR}' (the TTFT histogram's top edge, where the live P99 reads "
+            "them), not a time measured; the TTFT mean is of the measured requests alone")
+
+
+def _share(c: ClassFigures) -> str:
+    a = c.accounting
+    if a is None or not a.requests_arrived:
+        return ""
+    return f"{c.requests_refused / a.requests_arrived:.0%}"

@@ -46,9 +46,11 @@ CLASS_KEYS = {"goodput_tok_s", "max_stall_ms", "preemptions_per_min", "requests_
 ACCOUNTING_KEYS = {"requests_arrived", "requests_rejected", "requests_unfinished",
                    "ttft_censored", "offered_tok_s", "goodput_all_tok_s"}
 # requests_refused: of the rejected, those turned away for load (a full waiting queue).
-ADDED_TOP_KEYS = ACCOUNTING_KEYS | {"busy_ratio_max", "p99_within_slo", "requests_refused"}
+# ttft_measured_pct: the percent of the TTFT ranking measured (the rest refused for load).
+ADDED_TOP_KEYS = ACCOUNTING_KEYS | {"busy_ratio_max", "p99_within_slo", "requests_refused",
+                                    "ttft_measured_pct"}
 ADDED_CLASS_KEYS = ACCOUNTING_KEYS | {"p99_within_slo", "slo_ttft_p99_ms", "slo_tbt_p99_ms",
-                                      "requests_refused"}
+                                      "requests_refused", "ttft_measured_pct"}
 
 
 def test_json_keys_are_exactly_the_published_ones(capsys: pytest.CaptureFixture[str]) -> None:
