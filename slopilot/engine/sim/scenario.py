@@ -116,7 +116,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         raise ScenarioError(f"{label}: cannot read the scenario: {e}; save it as UTF-8 "
                             "text where this user can read it") from None
     try:
-        data = safe_load_bounded(text)
+        data = safe_load_bounded(text, exponents=True)
     except yaml.YAMLError as e:
         raise ScenarioError(f"{label}: not valid YAML: {e}") from None
     if data is None:

@@ -74,7 +74,7 @@ class Reader:
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
-                raise self.error(key, value, "expected a whole number")
+                raise self.error(key, value, "expected a whole number" + _unquote(value))
         self._check_bounds(key, value, lo, hi)
         return value
 
@@ -83,7 +83,7 @@ class Reader:
         value = self.raw(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value):
-            raise self.error(key, value, "expected a finite number")
+            raise self.error(key, value, "expected a finite number" + _unquote(value))
         if lo_open and lo is not None and value <= lo:
             raise self.error(key, value, f"must be greater than {lo}")
         self._check_bounds(key, value, lo, hi)
@@ -140,3 +140,15 @@ class Reader:
             raise self.error(key, value, f"must be at least {lo}")
         if hi is not None and value > hi:
             raise self.error(key, value, f"must be at most {hi}")
+
+
+def _unquote(value: object) -> str:
+    """The fix for a number written in quotes (YAML's text, not its number)."""
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return ""
+        if math.isfinite(number) and value.strip().isascii():
+            return "; write it without quotes"
+    return ""

@@ -8,10 +8,17 @@ and gigabytes before anything says why. Nesting a few thousand brackets deep ove
 the composer's recursion instead. Both are refused here, before any reader sees the
 document, as a ``yaml.YAMLError`` (so each caller's "not valid YAML" handler names its
 file).
+
+A scenario may write its numbers as YAML 1.2 does, ``1e7`` or ``6e1``: PyYAML reads YAML
+1.1, whose floats need a dot and a signed exponent (``1.0e+7``), and took those for the
+text '1e7', refused as "expected a finite number" where the user meant a number
+(``exponents=True``). Only there: a profile's hex hashes (``8e12``) are text, and PyYAML's
+dumper writes them unquoted, judging by YAML 1.1.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -27,10 +34,21 @@ class YAMLShapeError(yaml.YAMLError):
     """A document too large with its aliases expanded, or nested too deep."""
 
 
-def safe_load_bounded(text: str) -> Any:
+class _ExponentLoader(yaml.SafeLoader):
+    """``SafeLoader`` that also reads YAML 1.2's plain exponent floats as numbers."""
+
+
+# ASCII digits only, and only a plain scalar: a quoted '1e7' stays the text written.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+\Z")
+_ExponentLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT,
+                                      list("-+0123456789."))
+
+
+def safe_load_bounded(text: str, *, exponents: bool = False) -> Any:
     """``yaml.safe_load(text)``, refusing what expands past ``MAX_VALUES`` values or nests
-    past ``MAX_DEPTH`` levels with a ``YAMLShapeError``."""
-    loader = yaml.SafeLoader(text)
+    past ``MAX_DEPTH`` levels with a ``YAMLShapeError``; with ``exponents``, ``1e7`` is
+    a number (see the module's docstring)."""
+    loader = (_ExponentLoader if exponents else yaml.SafeLoader)(text)
     try:
         try:
             node = loader.get_single_node()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -349,3 +350,44 @@ def test_a_folder_named_as_a_scenario_is_called_a_folder(tmp_path: Path) -> None
     folder.mkdir()
     with pytest.raises(ScenarioError, match=r"is a folder, not a scenario file; name a \.yaml"):
         load_scenario(str(folder))
+
+
+@pytest.mark.parametrize(("edit", "read"), [
+    # PyYAML reads YAML 1.1, where a float needs a dot and a signed exponent: `1e7` was
+    # the string '1e7', refused as "expected a finite number" where a user meant 10**7.
+    (("rate: 2}", "rate: 1e7}"), lambda s: s.workload.phases[0].arrivals.rate == 1e7),
+    (("rate: 2}", "rate: 2.5E+1}"), lambda s: s.workload.phases[0].arrivals.rate == 25.0),
+    (("duration_s: 10", "duration_s: 6e1"), lambda s: s.duration_s == 60.0),
+    (("gpu: H100\n", "gpu: H100\nseed: 1e3\n"), lambda s: s.seed == 1000),
+    (("output_tokens: 16", "output_tokens: 16\n  classes: {p0: 1e-1, p1: 9e-1}"),
+     lambda s: s.workload.phases[0].classes.weights == (0.1, 0.9, 0.0)),
+])
+def test_a_number_in_scientific_notation_is_the_number_meant(
+        tmp_path: Path, edit: tuple[str, str], read: Any) -> None:
+    old, new = edit
+    assert old in BASE
+    assert read(load_text(tmp_path, BASE.replace(old, new, 1)))
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    # The same checks as any number: finite, within its bounds.
+    (("rate: 2}", "rate: 1e999}"), r"workload\.arrivals\.rate=inf: expected a finite number"),
+    (("rate: 2}", "rate: -1e3}"), r"workload\.arrivals\.rate=-1000\.0: must be greater than 0"),
+    (("gpu: H100\n", "gpu: H100\nseed: 1.5e0\n"), r"seed=1\.5: expected a whole number"),
+    # Quoted, it is the text the user wrote, as '0.5' is: refused, saying how to write it.
+    (("rate: 2}", "rate: '1e7'}"), r"rate='1e7': expected a finite number; write it "
+                                   r"without quotes"),
+])
+def test_scientific_notation_is_checked_as_any_number(tmp_path: Path, edit: tuple[str, str],
+                                                      match: str) -> None:
+    old, new = edit
+    with pytest.raises(ScenarioError, match=match):
+        load_text(tmp_path, BASE.replace(old, new, 1))
+
+
+def test_other_yaml_keeps_an_exponent_like_string_a_string() -> None:
+    # A cost profile's hashes are hex: one like 8e12345 is text, as PyYAML's dumper wrote it.
+    from slopilot.engine.sim.yaml_load import safe_load_bounded
+
+    assert safe_load_bounded("hash: 8e12") == {"hash": "8e12"}
+    assert safe_load_bounded("hash: 8e12", exponents=True) == {"hash": 8e12}
