@@ -151,6 +151,8 @@ class Empirical(_Clip):
         if self.weights is None:
             return None
         w = np.asarray(self.weights, dtype=np.float64)
+        if math.isinf(sum(self.weights)):  # each finite, their sum past a float's range
+            w = w / w.max()
         return w / w.sum()
 
     def _raw(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -105,6 +105,12 @@ def parse_classes(text: str | None) -> ClassMix | None:
             priority = Priority.parse(name.strip())
         except ValueError as e:  # say which name is not a class, not only the shape
             raise ScenarioError(f"--classes {text!r}: {e}") from None
+        if priority in weights:  # the last share won, silently
+            given = name.strip()
+            which = (f"{priority.label} is" if given.lower() == priority.label
+                     else f"{given!r} is {priority.label},")
+            raise ScenarioError(f"--classes {text!r}: {which} given twice; give each "
+                                "class once, e.g. p0=0.1,p1=0.6,p2=0.3")
         try:
             weights[priority] = float(value)
             if not sep:

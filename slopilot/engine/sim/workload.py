@@ -173,12 +173,23 @@ class ClassMix:
 
     @property
     def shares(self) -> dict[Priority, float]:
-        total = sum(self.weights)
-        return {p: w / total for p, w in zip(Priority, self.weights, strict=True)}
+        weights = fitted(self.weights)
+        total = sum(weights)
+        return {p: w / total for p, w in zip(Priority, weights, strict=True)}
 
     def sample(self, rng: np.random.Generator) -> Priority:
-        probs = np.asarray(self.weights, dtype=np.float64)
+        probs = np.asarray(fitted(self.weights), dtype=np.float64)
         return Priority(int(rng.choice(3, p=probs / probs.sum())))
+
+
+def fitted(weights: Sequence[float]) -> Sequence[float]:
+    """``weights`` whose sum a float holds: as given, or over their largest where it
+    would not (each finite, two of 1e308 sum to inf, and every share read 0 or NaN)."""
+    if math.isinf(sum(weights)):
+        top = max(weights)
+        return [w / top for w in weights]
+    # Unscaled: a seeded workload draws the classes it always drew.
+    return weights
 
 
 def child_rng(seed: int, *key: int) -> np.random.Generator:

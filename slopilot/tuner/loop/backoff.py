@@ -106,12 +106,10 @@ def load_figures(scenario: Scenario) -> dict[str, Any]:
     workload = scenario.workload
     if isinstance(workload, OpenLoopSpec) and workload.phases:
         phase: OpenLoopPhase = workload.phases[-1]
-        weights = phase.classes.weights
-        total = sum(weights)
         return {"rate": phase.arrivals.mean_rate,
                 "prompt": phase.prompt_tokens.nominal_mean,
                 "output": phase.output_tokens.nominal_mean,
-                "mix": [w / total for w in weights]}
+                "mix": list(phase.classes.shares.values())}
     return {"digest": hashlib.sha256(repr(workload).encode()).hexdigest()[:16]}
 
 

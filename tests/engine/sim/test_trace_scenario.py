@@ -117,6 +117,23 @@ def test_an_unknown_class_in_classes_is_named() -> None:
         parse_classes("p9=1")
 
 
+@pytest.mark.parametrize(("text", "named"), [
+    ("p0=1,p0=2", "p0 is given twice"),
+    # The same class by another of its names.
+    ("p0=1,realtime=2", "'realtime' is p0, given twice"),
+])
+def test_a_class_given_twice_in_classes_is_named(text: str, named: str) -> None:
+    """The last share won silently: p0=1,p0=2 ran as p0=2 alone."""
+    with pytest.raises(ScenarioError, match=f"--classes {text!r}: {named}; give each "
+                                            "class once"):
+        parse_classes(text)
+
+
+def test_classes_as_large_as_a_float_holds_are_shares() -> None:
+    mix = parse_classes("p0=1e308,p1=1e308")
+    assert mix is not None and mix.shares[Priority.P0] == 0.5
+
+
 def test_window_and_classes_parse() -> None:
     assert parse_window("600:900") == (600.0, 900.0)
     assert parse_window(":900") == (None, 900.0)

@@ -121,6 +121,25 @@ def test_class_mix_shares() -> None:
         ClassMix((0.0, 0.0, 0.0))
 
 
+@pytest.mark.filterwarnings("error")  # numpy's "overflow encountered in reduce" too
+def test_weights_as_large_as_a_float_holds_are_shares_as_any_others() -> None:
+    """Each weight was checked finite, not their sum: 1e308 twice summed to inf, and the
+    draw failed with numpy's "probabilities do not sum to 1", naming no field."""
+    mix = ClassMix((1e308, 1e308, 0.0))
+    assert mix.shares == {Priority.P0: 0.5, Priority.P1: 0.5, Priority.P2: 0.0}
+    r = rng()
+    draws = {mix.sample(r) for _ in range(50)}
+    assert draws == {Priority.P0, Priority.P1}
+    empirical = Empirical(values=(1.0, 2.0), weights=(1.7e308, 1.7e308))
+    assert set(empirical.floats(rng(), 50).tolist()) == {1.0, 2.0}
+    assert empirical.nominal_mean == 1.5
+
+
+def test_ordinary_weights_keep_their_exact_shares() -> None:
+    # Scaled only where the sum overflows: a seeded run draws what it drew before.
+    assert ClassMix((0.1, 0.7, 0.2)).shares[Priority.P1] == 0.7 / (0.1 + 0.7 + 0.2)
+
+
 def test_request_spec_refuses_empty_prompts_and_zero_outputs() -> None:
     with pytest.raises(ValueError, match="prompt_token_ids is empty"):
         RequestSpec(arrival_time=0.0, prompt_token_ids=[], max_tokens=4)
