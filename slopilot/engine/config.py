@@ -7,9 +7,12 @@ scheduler never sees a half-applied change.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,6 +164,10 @@ class EngineConfig:
 
 # What a knob's text must be, in the words of the error ("expected a whole number").
 _KINDS: dict[type, str] = {bool: "true or false", int: "a whole number", float: "a number"}
+# A knob's text is an ASCII decimal: Python's int() and float() also take underscores
+# ("5_12") and any script's digits ("١٠٢٤"), and float() "nan" and "inf".
+_INTEGER_TEXT = re.compile(r"[-+]?[0-9]+\Z")
+_NUMBER_TEXT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
 
 
 def coerce_knob(name: str, raw: Any) -> Any:
@@ -186,13 +193,59 @@ def coerce_knob(name: str, raw: Any) -> Any:
                 return False
             raise ValueError(text)
         if isinstance(default, int):
+            if not _INTEGER_TEXT.match(text):
+                raise ValueError(text)
             return int(text)
         if isinstance(default, float):
+            if not _NUMBER_TEXT.match(text):
+                raise ValueError(text)
             return float(text)
     except ValueError:
         kind = _KINDS.get(type(default), type(default).__name__)
         raise ConfigError(f"{name}={raw!r}: expected {kind}", name) from None
     return text
+
+
+def knobs_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Knobs as a JSON body gives them (the admin API), each checked to be a JSON value of
+    its knob's type: a number for a numeric knob (an integral one, 512.0, for a whole
+    number), ``true``/``false`` for a switch, a string for a mode. Text is for the command
+    line (``coerce_knob``); here a string such as "5_12" is refused, not read as 512.
+    Unknown names pass through, for ``with_overrides`` to refuse with the known ones."""
+    fields_by_name = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        f = fields_by_name.get(name)
+        out[name] = value if f is None else _json_knob(name, f.default, value)
+    return out
+
+
+def _json_knob(name: str, default: Any, value: Any) -> Any:
+    if isinstance(default, PreemptionMode):
+        if isinstance(value, str):
+            return value
+        want, example = "one of recompute, swap, auto as a JSON string", '"swap"'
+    elif isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        want, example = "true or false as a JSON boolean", "false"
+    else:
+        whole = isinstance(default, int)
+        if not isinstance(value, bool) and isinstance(value, (int, float)):
+            if not whole or isinstance(value, int):
+                return value  # the config's own checks bound it
+            if math.isfinite(value) and value.is_integer():
+                return int(value)
+        want = ("a whole number" if whole else "a number") + " as a JSON number"
+        example = str(default)
+    if isinstance(value, str) and not isinstance(default, PreemptionMode):
+        want += ", not a string"
+        with contextlib.suppress(ConfigError):  # text the command line takes: its value
+            meant = coerce_knob(name, value)
+            if not isinstance(meant, float) or math.isfinite(meant):
+                example = json.dumps(meant)
+    raise ConfigError(f"{name}={value!r}: expected {want}; e.g. {{\"{name}\": {example}}}",
+                      name)
 
 
 def parse_set_args(items: list[str]) -> dict[str, str]:

@@ -11,6 +11,7 @@ from slopilot.engine.config import (
     ConfigError,
     EngineConfig,
     PreemptionMode,
+    knobs_from_json,
     parse_set_args,
     preset,
 )
@@ -74,6 +75,58 @@ def test_strings_from_the_command_line_are_coerced() -> None:
         parse_set_args(["token_budget"])
     with pytest.raises(ConfigError, match="token_budget='lots': expected a whole number"):
         EngineConfig().with_overrides({"token_budget": "lots"})
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    # Python's int() and float() take underscores and any script's digits: "5_12" ran as
+    # 512 and "١٠٢٤" (Arabic-Indic) as 1024, neither what a knob's text is.
+    ("token_budget=5_12", "token_budget='5_12': expected a whole number"),
+    ("token_budget=١٠٢٤", "token_budget='١٠٢٤': expected a whole number"),
+    ("kv_watermark=0_1", "kv_watermark='0_1': expected a number"),
+    ("kv_watermark=٠.١", "kv_watermark='٠.١': expected a number"),
+    ("swap_timeout_ms=nan", "swap_timeout_ms='nan': expected a number"),
+])
+def test_command_line_numbers_are_ascii_decimals(item: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        EngineConfig().with_overrides(parse_set_args([item]))
+    assert info.value.field == item.partition("=")[0]
+
+
+def test_command_line_numbers_keep_their_ordinary_forms() -> None:
+    cfg = EngineConfig().with_overrides(parse_set_args(
+        ["token_budget= +512 ", "swap_timeout_ms=1e2", "kv_watermark=.25"]))
+    assert (cfg.token_budget, cfg.swap_timeout_ms, cfg.kv_watermark) == (512, 100.0, 0.25)
+
+
+@pytest.mark.parametrize(("knob", "value", "message"), [
+    ("token_budget", "512", r"token_budget='512': expected a whole number as a JSON "
+                            r'number, not a string; e.g. \{"token_budget": 512\}'),
+    ("token_budget", "5_12", r"token_budget='5_12': expected a whole number as a JSON"),
+    ("token_budget", 512.5, r"token_budget=512\.5: expected a whole number"),
+    ("token_budget", True, r"token_budget=True: expected a whole number"),
+    ("kv_watermark", "0.1", r"kv_watermark='0\.1': expected a number as a JSON number"),
+    ("enable_prefix_caching", "on", r"enable_prefix_caching='on': expected true or false "
+                                    r"as a JSON boolean"),
+    ("enable_prefix_caching", 1, r"enable_prefix_caching=1: expected true or false"),
+    ("preemption_mode", 1, r"preemption_mode=1: expected one of recompute, swap, auto as "
+                           r"a JSON string"),
+])
+def test_a_json_knob_is_a_json_value_of_its_type(knob: str, value: object,
+                                                  message: str) -> None:
+    """The admin API's edge: JSON has numbers and booleans, so a knob is one, not text
+    for Python's int() (which read "5_12" as 512)."""
+    with pytest.raises(ConfigError, match=message) as info:
+        knobs_from_json({knob: value})
+    assert info.value.field == knob
+
+
+def test_a_json_config_reads_back_as_it_was_written() -> None:
+    # What the operator PUTs (to_dict) is taken whole; an integral number is that integer.
+    cfg = EngineConfig(token_budget=2048, chunk_size=2048)
+    assert EngineConfig().with_overrides(knobs_from_json(cfg.to_dict())) == cfg
+    knobs = knobs_from_json({"token_budget": 512.0, "no_such_knob": "x"})
+    assert knobs == {"token_budget": 512, "no_such_knob": "x"}  # with_overrides names it
+    assert type(knobs["token_budget"]) is int
 
 
 def test_live_only_refuses_knobs_that_need_a_restart() -> None:

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slopilot import __version__
-from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.config import ConfigError, EngineConfig, knobs_from_json
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.server import error_handlers
 from slopilot.engine.server.admin_credential import (
@@ -108,7 +108,7 @@ def create_admin_app(engine: AsyncEngine, credential: AdminCredential | None,
     async def put_config(request: Request) -> dict[str, Any]:
         overrides = await _json_object(request, "knobs, e.g. {\"token_budget\": 512}")
         try:
-            new: EngineConfig = await engine.update_config(overrides)
+            new: EngineConfig = await engine.update_config(knobs_from_json(overrides))
         except ConfigError as exc:
             message = str(exc).encode("utf-8", "replace").decode("utf-8")
             raise APIError(400, message, param=exc.field, code="invalid_config") from None

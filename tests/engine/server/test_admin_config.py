@@ -95,6 +95,11 @@ def test_an_idle_engine_reports_a_new_config_before_any_request(srv: LiveServer)
     ({"token_budget": "many"}, "token_budget", "expected a whole number"),
     ({"preemption_mode": "pray"}, "preemption_mode", "recompute, swap, auto"),
     ({"token_budget": 256, "chunk_size": 512}, "chunk_size", "exceeds the token budget"),
+    # int() read "5_12" as 512 and Arabic-Indic digits as 1024: a knob is a JSON number.
+    ({"token_budget": "5_12"}, "token_budget", "as a JSON number, not a string"),
+    ({"token_budget": "١٠٢٤"}, "token_budget", "as a JSON number, not a string"),
+    ({"token_budget": 512.5}, "token_budget", "expected a whole number"),
+    ({"enable_prefix_caching": "off"}, "enable_prefix_caching", "as a JSON boolean"),
 ])
 def test_bad_put_changes_nothing(srv: LiveServer, body: dict[str, Any], param: str,
                                  words: str) -> None:
@@ -105,6 +110,14 @@ def test_bad_put_changes_nothing(srv: LiveServer, body: dict[str, Any], param: s
     assert err["param"] == param and words in err["message"]
     assert _get(srv) == before
     assert srv.call(lambda e: e.scheduler.config.to_dict()) == before
+
+
+def test_an_integral_json_number_is_the_integer(srv: LiveServer) -> None:
+    # 512.0 is how some JSON writers spell 512 (JSON Schema's integer counts it).
+    res = _put(srv, {"token_budget": 512.0, "chunk_size": 256})
+    assert res.status_code == 200, res.text
+    assert res.json()["token_budget"] == 512 and _get(srv)["token_budget"] == 512
+    assert isinstance(srv.call(lambda e: e.scheduler.config.token_budget), int)
 
 
 def test_unchanged_non_live_knob_is_accepted(srv: LiveServer) -> None:
