@@ -30,7 +30,7 @@ from slopilot.engine.server.admin_credential import (
     AdminCredential,
 )
 from slopilot.engine.server.async_engine import AsyncEngine, EngineDeadError, EngineDrainingError
-from slopilot.engine.server.errors import APIError, error_body
+from slopilot.engine.server.errors import APIError, error_body, json_error_where
 from slopilot.engine.server.request_limits import BodyLimit
 from slopilot.engine.server.response_models import ErrorResponse
 from slopilot.engine.server.responses import engine_error
@@ -147,7 +147,8 @@ async def _json_object(request: Request, what: str) -> dict[str, Any]:
     try:
         data = json.loads(await request.body() or b"null")
     except json.JSONDecodeError as exc:
-        raise APIError(400, f"the body is not valid JSON: {exc.msg} at {exc.pos}") from None
+        raise APIError(400, "the body is not valid JSON: "
+                       f"{json_error_where(exc.msg, exc.pos)}") from None
     except UnicodeDecodeError:
         raise APIError(400, "the body is not valid JSON: it is not UTF-8") from None
     except RecursionError:  # nested past the parser's depth: nothing here is that deep

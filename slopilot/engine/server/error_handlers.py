@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from slopilot.engine.server.errors import APIError, error_body
+from slopilot.engine.server.errors import APIError, error_body, json_error_where
 from slopilot.engine.server.protocol import FieldError
 
 log = logging.getLogger(__name__)
@@ -118,10 +118,11 @@ def validation_response(exc: RequestValidationError, content_type: str | None = 
     if first.get("type") == "json_invalid":
         # FastAPI puts the byte offset where a field would go: there is no field to name.
         loc = tuple(first.get("loc", ()))
-        where = f" at position {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
-        reason = cause if isinstance(cause, str) else "JSON decode error"
-        return JSONResponse(error_body(400, f"the request body is not valid JSON: {reason}"
-                                       f"{where}"), status_code=400)
+        where = loc[-1] if loc and isinstance(loc[-1], int) else None
+        reason = json_error_where(cause if isinstance(cause, str) else "JSON decode error",
+                                  where)
+        return JSONResponse(error_body(400, f"the request body is not valid JSON: {reason}"),
+                            status_code=400)
     param = _param(path)
     msg = str(first.get("msg", "invalid request"))
     message = f"{param}: {msg}" if param else msg

@@ -39,3 +39,12 @@ def error_body(status: int, message: str, *, param: str | None = None,
     kind = _TYPES.get(status) or HTTPStatus(status).phrase.lower().replace(" ", "_")
     return {"error": {"message": message, "type": kind, "param": param,
                       "code": code or HTTPStatus(status).phrase.lower().replace(" ", "_")}}
+
+
+def json_error_where(reason: str, position: int | None) -> str:
+    """A JSON decoder's reason and the offset it names: "Expecting value at position 3".
+    Two of ``json``'s reasons end in "at" ("Unterminated string starting at"), and
+    appending " at position" to them read "starting at at position 9"."""
+    if position is None:
+        return reason
+    return f"{reason.removesuffix(' at')} at position {position}"

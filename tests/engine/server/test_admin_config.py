@@ -132,6 +132,13 @@ def test_put_body_must_be_an_object(srv: LiveServer, body: bytes) -> None:
     assert "error" in res.json()
 
 
+def test_a_put_body_cut_short_says_where_without_a_doubled_word(srv: LiveServer) -> None:
+    res = _put(srv, b'{"token_budget": "5')
+    assert res.status_code == 400, res.text
+    assert res.json()["error"]["message"] == ("the body is not valid JSON: Unterminated "
+                                              "string starting at position 17")
+
+
 @pytest.mark.parametrize("body", [b"[" * 50_000, b'{"token_budget": ' + b"[" * 50_000],
                          ids=["body", "value"])
 def test_a_put_nested_too_deep_is_a_400(srv: LiveServer, body: bytes) -> None:

@@ -126,6 +126,14 @@ def test_malformed_json_and_bad_priority_header(sim_server: LiveServer) -> None:
     assert err["param"] == "x-slopilot-priority"
 
 
+def test_a_body_cut_short_says_where_without_a_doubled_word(sim_server: LiveServer) -> None:
+    # json's own words end in "at" ("Unterminated string starting at"): the message read
+    # "... starting at at position 10".
+    err = _error(_post(sim_server, b'{"prompt": "hi'), 400)
+    assert err["message"] == ("the request body is not valid JSON: Unterminated string "
+                              "starting at position 11")
+
+
 def test_a_bad_logit_bias_key_keeps_the_connection(sim_server: LiveServer) -> None:
     # A 500 closed the keep-alive connection; a 400 leaves it for the next request.
     with httpx.Client(base_url=sim_server.url, timeout=HANG_GUARD_S) as client:
