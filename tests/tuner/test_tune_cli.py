@@ -35,7 +35,8 @@ slo:
 TOP_KEYS = {"scenario", "twin", "study", "sampler", "trials", "replicas", "duration_s",
             "windows_kind", "windows", "judged_on", "margin", "feasible", "verdict",
             "violations", "recommended_replicas", "config", "capacity", "best_trial", "best",
-            "start", "top", "command", "check_command", "timing", "warnings", "report"}
+            "start", "start_fitted", "top", "command", "check_command", "timing", "warnings",
+            "report"}
 
 
 def test_tune_prints_the_verdict_and_writes_the_report(tmp_path: Path,

@@ -2,7 +2,8 @@
 
 The JSON keys: ``feasible``, ``violations`` (each in user units), ``recommended_replicas``
 and ``config`` (what to run), ``windows`` and ``duration_s`` (what each trial was judged
-on), ``capacity`` (the search, when one ran), ``best``/``start``/``top`` (trials), the
+on), ``capacity`` (the search, when one ran), ``best``/``start``/``top`` (trials),
+``start_fitted`` (the knobs the start config moved to fit --set and --bound), the
 ``command`` that reproduces the study and the ``check_command`` that replays the whole
 workload with the answer, ``timing``, ``warnings`` (each also on stderr when the study
 starts).
@@ -83,6 +84,7 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "capacity": None if outcome.capacity is None else outcome.capacity.to_dict(),
         "best_trial": best[0] if best else None,
         "best": brief(best[1], slo) if best else None, "start": brief(outcome.start, slo),
+        "start_fitted": s.start.fitted_dict(),
         "top": [{"trial": n, **brief(r, slo)} for n, r in ranked(outcome)[:10]],
         "command": outcome.command, "check_command": outcome.check_command,
         "timing": outcome.timing.to_dict(), "warnings": list(outcome.warnings),
@@ -131,6 +133,9 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
     if order:
         _comparison(console, outcome, order[0][1])
         table = _deciding_window(console, outcome, *order[0])
+    fitted = outcome.settings.start.note()
+    if fitted is not None:
+        console.print(fitted, highlight=False)
     console.print(f"windows: {outcome.plan.describe()}", highlight=False)
     # The window's table, when printed, has the goodput line and (from its run) the twin's.
     if table is None or table.run is None or not table.run.twin:

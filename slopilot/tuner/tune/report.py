@@ -26,7 +26,13 @@ def context(outcome: TuneOutcome) -> ReportContext:
         timing=outcome.timing.line(),
         recommended_result=None if cap is None or cap.replicas is None
         else cap.tried[cap.replicas],
-        extra=tuple(line for w in outcome.warnings for line in ("", f"Warning: {w}")))
+        extra=tuple(line for note in _notes(outcome) for line in ("", note)))
+
+
+def _notes(outcome: TuneOutcome) -> list[str]:
+    fitted = outcome.settings.start.note()
+    notes = [] if fitted is None else [fitted[:1].upper() + fitted[1:] + "."]
+    return notes + [f"Warning: {w}" for w in outcome.warnings]
 
 
 def write(outcome: TuneOutcome, out_dir: Path) -> Path:

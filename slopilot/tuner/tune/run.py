@@ -10,7 +10,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
@@ -58,23 +57,11 @@ def main(args: argparse.Namespace) -> int:
 def run(s: TuneSettings) -> TuneOutcome:
     import optuna
 
-    from slopilot.tuner.study.bounds import BoundError
-    from slopilot.tuner.study.space import SearchSpace
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
-    base = s.scenario.engine_config()
-    try:
-        space = SearchSpace.from_bounds(s.bounds, base=base)
-    except ConfigError as exc:  # name the flag that gave the bound, as the user wrote it
-        given = [b for b in s.raw_bounds if b.partition("=")[0].strip() == exc.field]
-        if not given:
-            raise
-        problem = exc.problem if isinstance(exc, BoundError) else str(exc)
-        raise ConfigError(f"--bound {given[-1]}: {problem}", exc.field) from None
-    start_config = base.with_overrides(s.fixed).to_dict()
+    space, start_config = s.space, dict(s.start.config)
     plan = plan_windows(s.scenario, duration_s=s.duration_s, seeds=s.seeds,
-                        warmup_s=s.warmup_s, whole=s.whole, config=s.fixed)
+                        warmup_s=s.warmup_s, whole=s.whole, config=start_config)
     warning = warmup_warning(s, plan)
     if warning is not None:
         # Before the study, and whatever --quiet says: it may be worth stopping for.

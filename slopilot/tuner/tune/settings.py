@@ -17,6 +17,8 @@ from slopilot.engine.sim.scenario import Scenario, ScenarioError
 from slopilot.engine.sim.trace_flags import trace_options
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
 from slopilot.engine.sim.workload_spec import TraceSpec
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.tune.start import StartConfig, fit_start, search_space
 
 if TYPE_CHECKING:  # the simulator is heavy to import, and this module is read at start
     from slopilot.tuner.sim.robust import WindowPlan
@@ -38,6 +40,9 @@ class TuneSettings:
     scenario_arg: str | None
     bounds: Mapping[str, Any]
     fixed: Mapping[str, str]
+    space: SearchSpace
+    start: StartConfig
+    """The scenario's knobs with ``fixed``, fitted to the bounds (``start.py``)."""
     trials: int
     sampler: str
     seed: int
@@ -87,7 +92,7 @@ def _seconds(flag: str, value: float | None, *, zero_ok: bool) -> float | None:
     return value
 
 
-def _check_fits(scenario: Scenario, trace: TraceSpec, fixed: Mapping[str, str], *,
+def _check_fits(scenario: Scenario, trace: TraceSpec, config: Mapping[str, Any], *,
                 given: bool) -> None:
     """Refuse a trace none of whose requests one replica ever serves (the model's context,
     at most its KV cache: ``Scheduler.can_ever_finish``, the server's rule): each is
@@ -95,7 +100,7 @@ def _check_fits(scenario: Scenario, trace: TraceSpec, fixed: Mapping[str, str], 
     an empty verdict holding the SLO."""
     from slopilot.engine.sim.simulator import build_engine  # heavy: not at registration
 
-    engine, _ = build_engine(scenario, scenario.engine_config().with_overrides(fixed))
+    engine, _ = build_engine(scenario, scenario.engine_config().with_overrides(config))
     sched = engine.scheduler
     records = trace.records()
     if any(sched.can_ever_finish(r.prompt_tokens, r.output_tokens) for r in records):
@@ -149,8 +154,12 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
             "not on seeds: leave --seeds out (--windows whole judges all of the trace)")
     seeds = _count("--seeds", DEFAULT_SEEDS if args.seeds is None else args.seeds, 1)
     fixed = parse_set_args(args.fixed)
+    stated = parse_bounds(args.bounds)
+    base = scenario.engine_config()
+    space = search_space({**stated, **fixed}, fixed, args.bounds, base)
+    start = fit_start(base, fixed, space, [k for k in stated if k not in fixed])
     if isinstance(scenario.workload, TraceSpec):
-        _check_fits(scenario, scenario.workload, fixed, given=trace.path is not None)
+        _check_fits(scenario, scenario.workload, start.config, given=trace.path is not None)
     replicas_text = str(args.replicas).strip().lower()
     if replicas_text == "auto":
         replicas, auto = scenario.replicas, True
@@ -172,7 +181,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         check_output_dir(args.report_dir, "--report-dir")
     return TuneSettings(
         scenario=scenario, trace=trace, scenario_arg=args.scenario,
-        bounds={**parse_bounds(args.bounds), **fixed}, fixed=fixed,
+        bounds={**stated, **fixed}, fixed=fixed, space=space, start=start,
         trials=_count("--trials", args.trials, 1), sampler=args.sampler, seed=args.seed,
         storage=args.storage, study_name=args.study_name or f"tune-{scenario.name}",
         duration_s=_seconds("--duration", args.duration, zero_ok=False),
