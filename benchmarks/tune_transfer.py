@@ -354,7 +354,7 @@ def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
                          f"({study['judged_on']})")
     evaluator = RobustEvaluator(scenario, plan)
     assert isinstance(scenario.workload, TraceSpec)
-    judged = [judge(scenario, evaluator, study["windows"], f"trial {study['best_trial']}",
+    judged = [judge(scenario, evaluator, study["windows"], study["best_candidate"],
                     study["best"]["config"], 1, study["feasible"])]
     cap = study["capacity"]
     if cap is not None:

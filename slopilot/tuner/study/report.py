@@ -47,7 +47,9 @@ class ReportContext:
     timing: str = ""
     recommended_result: TrialResult | None = None
     """The recommendation's own result when it differs from the best trial (the capacity
-    search's, at the recommended replica count)."""
+    search's, at the recommended replica count; the start config's when it is kept)."""
+    recommended_note: str | None = None
+    """A line above the recommended knobs (``tune``: keep the start config)."""
     extra: Sequence[str] = field(default_factory=tuple)
 
 
@@ -80,6 +82,8 @@ def _context_sections(ctx: ReportContext) -> list[str]:
         lines += ["", "Only requests arriving inside a window count; those unfinished when "
                   "its drain ends enter TTFT at the time they had waited.", ""]
     lines += ["## Recommendation", ""]
+    if ctx.recommended_note:
+        lines += [ctx.recommended_note, ""]
     if ctx.recommended_replicas is not None and ctx.recommended_config is not None:
         lines += [f"{ctx.recommended_replicas} replica(s) with:", "", "| knob | value |",
                   "|---|---|"]

@@ -1,14 +1,16 @@
-"""What one ``slopilot tune`` run found (``TuneOutcome``) and what it cost (``Timing``):
+"""What one ``slopilot tune`` run found (``TuneOutcome``), the configs it chose among
+(``Candidate``: the study's trials and the start config) and what it cost (``Timing``):
 the run builds it, the text and JSON output and the report read it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slopilot.tuner.sim.robust import WindowPlan
 from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import Violation
 from slopilot.tuner.tune.capacity import CapacityOutcome
@@ -45,12 +47,45 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A config the run may recommend: one of the study's trials, or the start config."""
+
+    result: TrialResult
+    trial: int | None = None
+    """The trial's number; None: the start config."""
+
+    @property
+    def is_start(self) -> bool:
+        return self.trial is None
+
+    @property
+    def label(self) -> str:
+        return "the start config" if self.trial is None else f"trial {self.trial}"
+
+
+def candidates(start: TrialResult, trials: Sequence[tuple[int, TrialResult]]
+               ) -> list[Candidate]:
+    """The start config and ``trials``, best first by the study's own order (``rank``).
+    The start config comes first among equals: a trial that only ties it would be knob
+    changes that buy nothing. It is compared, not queued as a trial: it is evaluated
+    anyway, may lie outside the space the trials are drawn from, and queued it would take
+    one of the ``--trials`` asked for (and one more at each resume of a stored study)."""
+    every = [Candidate(start), *(Candidate(r, n) for n, r in trials)]
+    return sorted(every, key=lambda c: rank(c.result), reverse=True)  # stable: start first
+
+
+@dataclass(frozen=True)
 class TuneOutcome:
     settings: TuneSettings
     plan: WindowPlan
     tuner: Tuner
     start: TrialResult
-    best: tuple[int, TrialResult] | None
+    best: Candidate
+    """The best config on the replicas tuned at: a trial, or the start config when no
+    trial ranks above it."""
+    best_trial: tuple[int, TrialResult] | None
+    """The best of the study's trials (None when none completed), which the start config
+    is compared with."""
     violations: tuple[Violation, ...]
     """What the best (least violating) config misses; empty when it holds."""
     sentence: str
@@ -58,6 +93,9 @@ class TuneOutcome:
     capacity: CapacityOutcome | None
     recommended_replicas: int | None
     config: Mapping[str, Any] | None
+    changes: Mapping[str, Any] | None
+    """The knobs ``config`` changes from the start config (empty: keep it as it is);
+    None when nothing is recommended."""
     command: str
     check_command: str | None
     timing: Timing
@@ -67,4 +105,4 @@ class TuneOutcome:
 
     @property
     def feasible(self) -> bool:
-        return self.best is not None and self.best[1].feasible
+        return self.best.result.feasible

@@ -1,8 +1,11 @@
 """What ``slopilot tune`` prints: tables and the verdict, or one JSON object.
 
 The JSON keys: ``feasible``, ``violations`` (each in user units), ``recommended_replicas``
-and ``config`` (what to run), ``windows`` and ``duration_s`` (what each trial was judged
-on), ``capacity`` (the search, when one ran), ``best``/``start``/``top`` (trials),
+and ``config`` (what to run), ``changes`` (the knobs ``config`` changes from the start
+config; ``{}``: keep it), ``windows`` and ``duration_s`` (what each trial was judged on),
+``capacity`` (the search, when one ran), ``best`` (the best config on the replicas tuned
+at: a trial or the start config, ``best_candidate`` names it and ``best_trial`` is its
+number or null), ``start``, ``top`` (the trials),
 ``start_fitted`` (the knobs the start config moved to fit --set and --bound), the
 ``command`` that reproduces the study and the ``check_command`` that replays the whole
 workload with the answer, ``timing``, ``warnings`` (each also on stderr when the study
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +86,9 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "recommended_replicas": outcome.recommended_replicas,
         "config": None if outcome.config is None else dict(outcome.config),
         "capacity": None if outcome.capacity is None else outcome.capacity.to_dict(),
-        "best_trial": best[0] if best else None,
-        "best": brief(best[1], slo) if best else None, "start": brief(outcome.start, slo),
+        "changes": None if outcome.changes is None else dict(outcome.changes),
+        "best_trial": best.trial, "best_candidate": best.label,
+        "best": brief(best.result, slo), "start": brief(outcome.start, slo),
         "start_fitted": s.start.fitted_dict(),
         "top": [{"trial": n, **brief(r, slo)} for n, r in ranked(outcome)[:10]],
         "command": outcome.command, "check_command": outcome.check_command,
@@ -129,10 +134,9 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
                   f"window, as a share of the limit (holding needs at most "
                   f"{1 - outcome.start.margin:.0%}); goodput share: the worst window's "
                   "output tokens within SLO over those asked for", highlight=False)
-    table = None
-    if order:
-        _comparison(console, outcome, order[0][1])
-        table = _deciding_window(console, outcome, *order[0])
+    if outcome.best_trial is not None:
+        _comparison(console, outcome, *outcome.best_trial)
+    table = _deciding_window(console, outcome)
     fitted = outcome.settings.start.note()
     if fitted is not None:
         console.print(fitted, highlight=False)
@@ -144,9 +148,8 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
         console.print(GOODPUT_DEFINITION, highlight=False)
     console.print(f"[bold]{outcome.sentence}[/]", highlight=False)
     if outcome.recommended_replicas is not None and outcome.config is not None:
-        console.print(f"recommended: {outcome.recommended_replicas} replica(s) with "
-                      + " ".join(f"{k}={_knob(v)}" for k, v in outcome.config.items()
-                                 if k in outcome.tuner.space.bounds), highlight=False)
+        console.print(_recommended(outcome, outcome.recommended_replicas, outcome.config),
+                      highlight=False)
     if outcome.check_command:
         console.print(f"check it on the whole workload: {outcome.check_command}",
                       highlight=False)
@@ -156,12 +159,26 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
         console.print(f"report: {report}")
 
 
-def _comparison(console: Any, outcome: TuneOutcome, best: TrialResult) -> None:
+def _recommended(outcome: TuneOutcome, replicas: int, config: Mapping[str, Any]) -> str:
+    if outcome.changes:
+        return (f"recommended: {replicas} replica(s) with "
+                + " ".join(f"{k}={_knob(v)}" for k, v in config.items()
+                           if k in outcome.tuner.space.bounds))
+    if replicas == outcome.settings.replicas:
+        return f"recommended: keep the start config on {replicas} replica(s): no knob changes"
+    return f"recommended: {replicas} replica(s) with the start config: no knob changes"
+
+
+def _comparison(console: Any, outcome: TuneOutcome, n: int, best: TrialResult) -> None:
+    """The start config beside the best trial; titled by which of them is recommended."""
     from rich.table import Table
 
     start = outcome.start
-    cmp = Table(title="Best config against the scenario's start config (worst window)")
-    for col in ("", "start", "best"):
+    kept = outcome.best.is_start
+    cmp = Table(title=f"The start config (kept) against trial {n}, the best trial (worst "
+                      "window)"
+                if kept else "Best config against the scenario's start config (worst window)")
+    for col in ("", "start", f"trial {n}" if kept else "best"):
         cmp.add_column(col, justify="right")
     cmp.add_row("holds SLO", "yes" if start.feasible else "no", "yes" if best.feasible else "no")
     cmp.add_row("goodput tok/s", f"{start.goodput_tok_s:,.0f}", f"{best.goodput_tok_s:,.0f}")
@@ -184,17 +201,18 @@ def _knob(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def _deciding_window(console: Any, outcome: TuneOutcome, n: int,
-                     best: TrialResult) -> WindowSummary | None:
-    """The best trial's deciding window as ``simulate`` shows a run: every class's
+def _deciding_window(console: Any, outcome: TuneOutcome) -> WindowSummary | None:
+    """The best config's deciding window as ``simulate`` shows a run: every class's
     requests, censored TTFTs, rejections, both goodputs, busy per replica; the summary
     printed, or None without one."""
+    best = outcome.best.result
+    name = "Start config" if outcome.best.is_start else f"Best trial ({outcome.best.trial})"
     summary, where = best.summary, "its window"
     if best.windows:
         w = deciding_window(best.windows)
         summary, where = w.result.summary, f"its worst window, {w.span}"
     if summary is not None:
         print_summary(summary, outcome.settings.scenario.slo, console=console,
-                      title=f"Best trial ({n}) on {where}, "
+                      title=f"{name} on {where}, "
                             f"{outcome.settings.replicas} replica(s)")
     return summary

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
 from slopilot.tuner.tune.outcome import TuneOutcome
@@ -24,9 +25,25 @@ def context(outcome: TuneOutcome) -> ReportContext:
         recommended_replicas=outcome.recommended_replicas, recommended_config=config,
         capacity=capacity, command=outcome.command, check_command=outcome.check_command,
         timing=outcome.timing.line(),
-        recommended_result=None if cap is None or cap.replicas is None
-        else cap.tried[cap.replicas],
+        recommended_result=_recommended_result(outcome),
+        recommended_note=_kept(outcome),
         extra=tuple(line for note in _notes(outcome) for line in ("", note)))
+
+
+def _recommended_result(outcome: TuneOutcome) -> TrialResult | None:
+    """The recommendation's figures where the best trial's are not them."""
+    cap = outcome.capacity
+    if cap is not None and cap.replicas is not None:
+        return cap.tried[cap.replicas]
+    return outcome.start if outcome.best.is_start and outcome.feasible else None
+
+
+def _kept(outcome: TuneOutcome) -> str | None:
+    if outcome.changes != {}:
+        return None
+    if outcome.recommended_replicas == outcome.settings.replicas:
+        return "Keep the start config: no knob changes."
+    return "The start config's knobs, on more replicas: no knob changes."
 
 
 def _notes(outcome: TuneOutcome) -> list[str]:

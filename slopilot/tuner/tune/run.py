@@ -13,12 +13,11 @@ from typing import Any
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
-from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import Violation, infeasible_sentence, violations
 from slopilot.tuner.tune.capacity import CapacityOutcome, capacity_answer
-from slopilot.tuner.tune.outcome import Timing, TuneOutcome
+from slopilot.tuner.tune.outcome import Candidate, Timing, TuneOutcome, candidates
 from slopilot.tuner.tune.output import print_json, print_text
 from slopilot.tuner.tune.progress import TuneProgress
 from slopilot.tuner.tune.report import write
@@ -80,15 +79,17 @@ def run(s: TuneSettings) -> TuneOutcome:
         tuner.run(evaluator, s.trials, callback=progress.trial_done)
         timing = Timing(evaluations=s.trials + 1, simulated_s=evaluator.simulated_s,
                         study_s=time.perf_counter() - t0)
-        best = tuner.best_trial()
+        ranked = candidates(start, tuner.results())
+        best = ranked[0]
         capacity = None
-        if best is not None and not best[1].feasible and s.max_replicas > s.replicas:
-            progress.note(infeasible_sentence(best[1], evaluator.slo, s.replicas))
-            closest = [(f"trial {n}", r.config) for n, r in
-                       sorted(tuner.results(), key=lambda nr: rank(nr[1]), reverse=True)[:2]]
-            capacity = capacity_answer(evaluator, [*closest, ("the start config",
-                                                              start_config)],
-                                       s.replicas + 1, s.max_replicas, note=progress.note)
+        if not best.result.feasible and s.max_replicas > s.replicas:
+            progress.note(infeasible_sentence(best.result, evaluator.slo, s.replicas))
+            # The two closest trials and the start config, closest first.
+            closest = [c.trial for c in ranked if not c.is_start][:2]
+            capacity = capacity_answer(
+                evaluator, [(c.label, c.result.config) for c in ranked
+                            if c.is_start or c.trial in closest],
+                s.replicas + 1, s.max_replicas, note=progress.note)
     finally:
         progress.close()
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
@@ -96,26 +97,46 @@ def run(s: TuneSettings) -> TuneOutcome:
     return dataclasses.replace(outcome, warnings=() if warning is None else (warning,))
 
 
+def _share(r: TrialResult) -> str:
+    return f"{max(r.constraints, default=-1.0) + 1:.0%}"
+
+
+def _kept(start: TrialResult, best_trial: tuple[int, TrialResult] | None) -> str:
+    """Why no trial replaces the start config, in the verdict's words."""
+    if best_trial is None:
+        return "no trial completed"
+    n, r = best_trial
+    if not r.feasible:
+        return "no trial holds it"
+    return (f"no trial beats it (the best, trial {n}: goodput {r.goodput_tok_s:,.1f} tok/s "
+            f"against its {start.goodput_tok_s:,.1f}, closest term at {_share(r)} of its "
+            "limit)")
+
+
 def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult,
-             best: tuple[int, TrialResult] | None, capacity: CapacityOutcome | None,
+             best: Candidate, capacity: CapacityOutcome | None,
              evaluator: RobustEvaluator, timing: Timing) -> TuneOutcome:
     slo = evaluator.slo
     missed: tuple[Violation, ...] = ()
     replicas: int | None = s.replicas
     config: Mapping[str, Any] | None = None
-    if best is None:
-        sentence = "No trial completed: nothing to recommend."
-        replicas = None
-    elif best[1].feasible:
-        config = best[1].config
-        worst = max(best[1].constraints, default=-1.0)
-        sentence = (f"Trial {best[0]} holds the SLO in every window with "
-                    f"{best[1].margin:.0%} headroom on {s.replicas} replica"
-                    f"{'s' if s.replicas != 1 else ''}; its closest term is at "
-                    f"{worst + 1:.0%} of its limit.")
+    best_trial = tuner.best_trial()
+    on = f"on {s.replicas} replica{'s' if s.replicas != 1 else ''}"
+    result = best.result
+    if result.feasible and best.is_start:
+        config = result.config
+        sentence = (f"The start config holds the SLO in every window with "
+                    f"{result.margin:.0%} headroom {on} (its closest term at "
+                    f"{_share(result)} of its limit) and {_kept(result, best_trial)}: keep "
+                    "the start config, no knob changes.")
+    elif result.feasible:
+        config = result.config
+        sentence = (f"Trial {best.trial} holds the SLO in every window with "
+                    f"{result.margin:.0%} headroom {on}; its closest term is at "
+                    f"{_share(result)} of its limit.")
     else:
-        missed = tuple(violations(best[1], slo))
-        sentence = infeasible_sentence(best[1], slo, s.replicas)
+        missed = tuple(violations(result, slo))
+        sentence = infeasible_sentence(result, slo, s.replicas)
         replicas = None if capacity is None else capacity.replicas
         config = capacity.config if capacity is not None and replicas is not None else None
         if capacity is not None:
@@ -123,8 +144,11 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
         elif s.max_replicas <= s.replicas:
             sentence += (f" No capacity search: --max-replicas {s.max_replicas} is not above "
                          f"{s.replicas}.")
+    changes = None if config is None else {
+        k: v for k, v in config.items() if start.config.get(k) != v}
     check = None if config is None or replicas is None else check_command(s, config, replicas)
     return TuneOutcome(
-        settings=s, plan=plan, tuner=tuner, start=start, best=best, violations=missed,
-        sentence=sentence, capacity=capacity, recommended_replicas=replicas, config=config,
+        settings=s, plan=plan, tuner=tuner, start=start, best=best, best_trial=best_trial,
+        violations=missed, sentence=sentence, capacity=capacity,
+        recommended_replicas=replicas, config=config, changes=changes,
         command=tune_command(s), check_command=check, timing=timing)
