@@ -302,3 +302,52 @@ def test_unknown_resources_are_not_found(kube_client: client.ApiClient) -> None:
         client.CustomObjectsApi(kube_client).list_namespaced_custom_object(
             "nothing.example", "v1", "default", "things")
     assert err.value.status == 404 and reason(err.value) == "NotFound"
+
+
+MIB = 1024 * 1024
+
+
+def test_a_configmap_holds_at_most_1_mib_of_data_as_the_api_server_allows(
+        core: client.CoreV1Api) -> None:
+    """ValidateConfigMap: the values of ``data`` (their UTF-8 bytes) and of ``binaryData``
+    (decoded) together at most 1 MiB (core.MaxSecretSize), on create and on update; the
+    keys are not counted. Lenient here, a record that grows past it passed the tests
+    and was refused by every cluster."""
+    made = core.create_namespaced_config_map("default", {"metadata": {"name": "full"},
+                                                         "data": {"a": "x" * MIB}})
+    assert len(made.data["a"]) == MIB
+    too_long = 'ConfigMap "full" is invalid: []: Too long: may not be more than 1048576 bytes'
+    with pytest.raises(client.ApiException) as err:
+        core.patch_namespaced_config_map("full", "default", {"data": {"b": "y"}})
+    assert err.value.status == 422 and reason(err.value) == "Invalid"
+    assert json.loads(err.value.body)["message"] == too_long
+    assert set(core.read_namespaced_config_map("full", "default").data) == {"a"}
+    for name, body in (("bytes", {"data": {"a": "€" * (MIB // 3 + 1)}}),  # 3 bytes each
+                       ("binary", {"data": {"a": "x" * (MIB - 2)},
+                                   "binaryData": {"b": "AAAA"}})):  # 3 bytes decoded
+        with pytest.raises(client.ApiException) as err:
+            core.create_namespaced_config_map("default", {"metadata": {"name": name},
+                                                          **body})
+        assert err.value.status == 422, name
+        assert "Too long: may not be more than 1048576 bytes" in json.loads(
+            err.value.body)["message"]
+
+
+def test_delete_preconditions_hold_as_the_api_server_holds_them(
+        core: client.CoreV1Api) -> None:
+    """A DELETE with ``preconditions`` deletes only the object still at that uid and
+    resourceVersion; otherwise 409 Conflict, nothing deleted (a conditional delete)."""
+    made = core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
+    core.patch_namespaced_config_map("a", "default", {"data": {"k": "v"}})
+    for stale in ({"resourceVersion": made.metadata.resource_version},
+                  {"uid": "0b3c6d3e-1f2a-4b5c-8d9e-0f1a2b3c4d5e"}):
+        with pytest.raises(client.ApiException) as err:
+            core.delete_namespaced_config_map("a", "default", body={"preconditions": stale})
+        assert err.value.status == 409 and reason(err.value) == "Conflict"
+        message = json.loads(err.value.body)["message"]
+        assert message.startswith('Operation cannot be fulfilled on configmaps "a": ')
+        assert "Precondition failed: " in message
+    now = core.read_namespaced_config_map("a", "default")
+    core.delete_namespaced_config_map("a", "default", body={"preconditions": {
+        "uid": now.metadata.uid, "resourceVersion": now.metadata.resource_version}})
+    assert core.list_namespaced_config_map("default").items == []

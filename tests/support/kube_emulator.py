@@ -14,13 +14,15 @@ and replaces the state changes with apiserver rules:
 - lists with ``kind``/``apiVersion``/``resourceVersion``, label and field selectors, and
   in pages where ``limit`` asks (``continue`` tokens, in namespace and name order);
 - watches from a resourceVersion (an event log, like etcd's), namespaced, with timeoutSeconds;
+- a DELETE's ``preconditions`` (uid, resourceVersion: 409 where not met);
 - finalizers and deletionTimestamp; background garbage collection through ownerReferences;
 - CRDs created through the API become discoverable resources; their schema prunes
   unknown fields, defaults and validates custom objects, CEL rules and list-map keys
   included;
-- names, labels, replica counts and resource quantities are checked as the apiserver
-  checks them (kube_validation.py), so an object a cluster would refuse is refused here,
-  and resource quantities are stored in its canonical form ("1" for 1, "500m" for 0.5);
+- names, labels, replica counts, resource quantities and a ConfigMap's 1 MiB of data
+  are checked as the apiserver checks them (kube_validation.py), so an object a cluster
+  would refuse is refused here (bodies are read up to its 3 MiB), and resource
+  quantities are stored in its canonical form ("1" for 1, "500m" for 0.5);
 - RBAC for callers restricted by token (``restrict``, kube_authz.py): a call no rule
   allows is 403 ``Forbidden``, and a ``SelfSubjectAccessReview`` is answered from the
   same rules (every other token is unrestricted, as the tests' admin client); each
@@ -250,9 +252,20 @@ class KubeEmulator(KubernetesEmulator):
                                      to_status=sub == "status")
         if request.method == method.DELETE:
             options = request.data if isinstance(request.data, dict) else {}
+            self._check_preconditions(key, options.get("preconditions") or {})
             policy = options.get("propagationPolicy") or request.params.get("propagationPolicy")
             return 200, self._delete_object(key, orphan=policy == "Orphan")
         return None
+
+    def _check_preconditions(self, key: Key, preconditions: Mapping[str, Any]) -> None:
+        """A DELETE's ``preconditions``: the uid first, then the resourceVersion, as the
+        API server checks them; 409 where the object no longer meets one."""
+        meta = self._get(key)["metadata"]
+        for field, what in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            wanted = preconditions.get(field)
+            if wanted is not None and wanted != meta.get(field):
+                raise ko.precondition_failed(key[0], key[1], key[2], what, wanted,
+                                             meta.get(field))
 
     # --- state changes (call under self._changed) ---------------------------------------
 

@@ -62,6 +62,20 @@ def conflict(res: resource, name: str) -> KubernetesError:
         res=res, name=name)
 
 
+def precondition_failed(res: resource, namespace: str | None, name: str, what: str,
+                        wanted: Any, found: Any) -> KubernetesError:
+    """409 Conflict for a DELETE whose ``preconditions`` (``what``: ``UID`` or
+    ``ResourceVersion``) the object no longer meets, worded as the API server's storage
+    error is (storage.Preconditions.Check, then InterpretDeleteError)."""
+    key = "/".join(p for p in ("/registry", res.group, str(res.plural), namespace, name) if p)
+    return api_error(
+        409, "Conflict",
+        f'Operation cannot be fulfilled on {qualified(res)} "{name}": StorageError: invalid '
+        f"object, Code: 4, Key: {key}, ResourceVersion: 0, AdditionalErrorMsg: Precondition "
+        f"failed: {what} in precondition: {wanted}, {what} in object meta: {found}",
+        res=res, name=name)
+
+
 def invalid(res: resource, name: str | None, *problems: str,
             kind: str | None = None) -> KubernetesError:
     """422 Invalid with one cause per problem (``field: message``), as kubectl prints them."""

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp.test_utils
+import aiohttp.web
+import aiohttp.web_server
 import kubernetes.client
 import kubernetes.config
 import yaml
@@ -25,6 +28,26 @@ from tests.support.kube_emulator import KubeEmulator
 
 T = TypeVar("T")
 START_TIMEOUT_S = 30.0
+MAX_REQUEST_BODY = 3 * 1024 * 1024
+"""The API server's MaxRequestBodyBytes: a body it reads (and may then refuse as Invalid)."""
+
+
+class _ApiServerBodies(aiohttp.web_server.Server):
+    """aiohttp reads at most 1 MiB of a body, then answers 413, which no API server sends
+    for a ConfigMap just over its 1 MiB of data: the 422 the cluster sends is what a
+    client must cope with."""
+
+    def _make_request(self, message: Any, payload: Any, protocol: Any, writer: Any,
+                      task: Any) -> aiohttp.web.BaseRequest:
+        return aiohttp.web.BaseRequest(message, payload, protocol, writer, task, self._loop,
+                                       client_max_size=MAX_REQUEST_BODY)
+
+
+class _ApiTestServer(aiohttp.test_utils.RawTestServer):
+    async def _make_runner(self, debug: bool = True,
+                           **kwargs: Any) -> aiohttp.web.ServerRunner:
+        srv = _ApiServerBodies(self._handler, loop=self._loop, debug=debug, **kwargs)
+        return aiohttp.web.ServerRunner(srv, debug=debug, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -73,7 +96,7 @@ def serve_emulator(workdir: Path, *, seed: int = 0) -> Iterator[RunningEmulator]
 
     async def main() -> None:
         emulator = KubeEmulator(seed=seed)
-        async with emulator, Server(emulator) as server:
+        async with emulator, Server(emulator, server_cls=_ApiTestServer) as server:
             url = str(server.url).rstrip("/")
             await emulator.install({"apiVersion": "v1", "kind": "Namespace",
                                     "metadata": {"name": "default"}})

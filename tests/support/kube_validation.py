@@ -1,6 +1,6 @@
 """What the real API server refuses in the objects this project writes: names, labels,
-owner references, replica counts and resource quantities, with the apiserver's own
-wording.
+owner references, replica counts, resource quantities and a ConfigMap's size, with the
+apiserver's own wording.
 
 The emulator calls ``object_problems`` on every create and every non-status update, so
 a test sees the 422 a cluster would send (and the operator has to cope with it), not a
@@ -12,6 +12,8 @@ wrote with what it reads back passed here and patched at every reconcile on a cl
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +28,8 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
 INT32_MAX = 2**31 - 1
+MAX_CONFIGMAP_BYTES = 1024 * 1024
+"""core.MaxSecretSize: what ValidateConfigMap allows a ConfigMap's values, all together."""
 
 # Resources whose names are DNS-1035 labels (a Service's name is a DNS name and an env
 # variable prefix) or DNS-1123 labels; everything else is a DNS-1123 subdomain.
@@ -142,6 +146,19 @@ def store_quantities(plural: str, body: dict[str, Any]) -> None:
                 amounts[resource] = canonical(amount)
 
 
+def configmap_size(body: Mapping[str, Any]) -> int:
+    """The bytes ValidateConfigMap counts: each ``data`` value's (UTF-8, as Go's len of a
+    string) and each ``binaryData`` value's decoded; not the keys."""
+    size = sum(len(v.encode()) for v in (body.get("data") or {}).values()
+               if isinstance(v, str))
+    for value in (body.get("binaryData") or {}).values():
+        try:
+            size += len(base64.b64decode(str(value), validate=True))
+        except (binascii.Error, ValueError):  # not this module's to word; counted as sent
+            size += len(str(value))
+    return size
+
+
 def object_problems(plural: str, body: Mapping[str, Any]) -> list[str]:
     """Everything the apiserver's validation of ``body`` would refuse (the subset here)."""
     meta = body.get("metadata") or {}
@@ -163,4 +180,7 @@ def object_problems(plural: str, body: Mapping[str, Any]) -> list[str]:
         out += _pod_spec_problems("spec.template.spec", template.get("spec") or {})
     if plural == "pods":
         out += _pod_spec_problems("spec", spec)
+    if plural == "configmaps" and configmap_size(body) > MAX_CONFIGMAP_BYTES:
+        # field.TooLong on the root path, which the API server prints as "[]"
+        out.append(f"[]: Too long: may not be more than {MAX_CONFIGMAP_BYTES} bytes")
     return out
