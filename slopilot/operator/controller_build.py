@@ -22,7 +22,7 @@ from slopilot.operator.loop_status import rebase_episode
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
 from slopilot.operator.spec import parse_spec
-from slopilot.operator.study_ledger import LEDGER, record
+from slopilot.operator.study_ledger import record, shard_name
 from slopilot.operator.twin_profile import TwinChoice
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.errors import ControllerError
@@ -69,9 +69,9 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
     except Exception as exc:  # an API error or a dropped connection: built at a next step
         raise ControllerError(
             f"study storage {shown(named)}: not put on the operator's record of study storages "
-            f"(ConfigMap {policy.operator_namespace}/{LEDGER}, which the reclaim of "
-            f"studies left by deleted CRs reads): {type(exc).__name__}: {exc}; the study "
-            "is opened once it is") from None
+            f"(ConfigMap {policy.operator_namespace}/{shard_name(meta['namespace'])}, which "
+            f"the reclaim of studies left by deleted CRs reads): {type(exc).__name__}: "
+            f"{exc}; the study is opened once it is") from None
     ctx = DaemonContext(kube, handle, spec, meta["namespace"], meta["name"],
                         controller_settings(spec, meta["namespace"], meta["name"]), state,
                         policy.study_storage(spec, namespace=meta["namespace"]),

@@ -92,7 +92,8 @@ def resource_path(api_version: str, plural: str, namespace: str | None = None,
 
 
 class Kube:
-    """``Kube(api_client)``: get, list, create, patch and discovery, returning dicts."""
+    """``Kube(api_client)``: get, list, create, patch, delete and discovery, returning
+    dicts."""
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self.client = client
@@ -178,6 +179,16 @@ class Kube:
         """A JSON merge patch (RFC 7386): maps merge, lists are replaced whole."""
         path = resource_path(api_version, plural, namespace, name, subresource)
         return dict(self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH))
+
+    def delete(self, api_version: str, plural: str, namespace: str | None, name: str, *,
+               resource_version: str | None = None) -> None:
+        """Delete the object; with ``resource_version``, only the object still at it
+        (a precondition: ApiError 409 where it changed, 404 where it is gone)."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if resource_version is not None:
+            options["preconditions"] = {"resourceVersion": resource_version}
+        self.request("DELETE", resource_path(api_version, plural, namespace, name),
+                     body=options)
 
     def serves(self, api_version: str, plural: str) -> bool:
         """Whether the cluster serves the resource (e.g. the prometheus-operator CRDs)."""

@@ -10,8 +10,9 @@ Each study's name holds its CR's namespace, name and uid (``daemon.study_name``)
 start the operator visits each storage it may open without being asked by a CR: the
 administrator's allow-list entries that name one database (every namespace it serves),
 and each storage on its own record of where it opened studies (study_ledger.py: the
-files of a ``sqlite:////dir/*`` directory, the databases a ``*`` let CRs name), for the
-namespace that recorded it only. Each recorded storage is judged by the policy again
+files of a ``sqlite:////dir/*`` directory, the databases a ``*`` let CRs name; each
+namespace's record, and the previous version's single one), for the namespace that
+recorded it only. Each recorded storage is judged by the policy again
 (``resolve_storage``), for the namespace that recorded it (``{namespace}`` in an entry is
 that one: an entry recorded under a list without it, naming another namespace's file, is
 refused now): one it refuses now, or a record the operator did not write, is never
@@ -105,8 +106,8 @@ class Visit:
 @dataclass
 class Visited:
     deleted: list[str] = field(default_factory=list)
-    done_with: list[str] = field(default_factory=list)
-    """The keys of the record's entries for this storage that may leave the record."""
+    done_with: list[Entry] = field(default_factory=list)
+    """The record's entries for this storage that may leave the record."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def reclaim_orphaned_studies(kube: Kube, policy: OperatorPolicy,
         threading.Thread(target=visit, args=(target,), name="study-reclaim-visit",
                          daemon=True).start()
     deadline = clock() + budget_s
-    finished: list[str] = []
+    finished: list[Entry] = []
     for target in visits:
         where = shown(target.url)
         if not wait(where, ends[target.url], max(0.0, deadline - clock())):
@@ -204,12 +205,16 @@ def _read(kube: Kube, policy: OperatorPolicy, done: Reclaimed) -> Ledger:
     try:
         ledger = read_ledger(kube, policy.operator_namespace)
     except Exception as exc:  # RBAC, the API: the allow-list's databases are still visited
-        _skip(done, f"the record ConfigMap {policy.operator_namespace}/{LEDGER}",
+        _skip(done, f"the record ConfigMaps {policy.operator_namespace}/{LEDGER}.*",
               f"not read ({type(exc).__name__}: {exc}); only the allow-list's databases "
               "were visited")
         return Ledger()
-    for key in ledger.ignored:
-        _skip(done, f"{LEDGER} entry {key}", "not one the operator wrote; not opened")
+    for name in ledger.untrusted:
+        _skip(done, f"the record ConfigMap {name}", "labelled as the record of a namespace "
+              "it is not named for; not one the operator wrote, nothing of it opened")
+    for shard in ledger.shards:
+        for key in shard.ignored:
+            _skip(done, f"{shard.name} entry {key}", "not one the operator wrote; not opened")
     return ledger
 
 
@@ -222,7 +227,7 @@ def _visits(policy: OperatorPolicy, served: Callable[[str], bool], ledger: Ledge
         try:
             url = resolve_storage(entry.storage, policy.storage_rules, entry.namespace)
         except StorageRefused as exc:
-            _skip(done, f"{LEDGER} entry of namespace {entry.namespace}",
+            _skip(done, f"{entry.shard} entry of namespace {entry.namespace}",
                   f"{exc}; not opened")
             continue
         target = visits.setdefault(url, Visit(url, set()))
@@ -270,7 +275,7 @@ def _visit(kube: Kube, policy: OperatorPolicy, target: Visit,
         found = live_in(entry.namespace)
         if entry.namespace not in kept and found is not None \
                 and entry.storage not in found.storages:
-            out.done_with.append(entry.key)
+            out.done_with.append(entry)
     return out
 
 
@@ -292,20 +297,22 @@ def _live(kube: Kube, policy: OperatorPolicy, namespace: str) -> Live | None:
     return Live(frozenset(uids), frozenset(storages))
 
 
-def _forget(kube: Kube, policy: OperatorPolicy, ledger: Ledger, keys: list[str],
+def _forget(kube: Kube, policy: OperatorPolicy, ledger: Ledger, entries: list[Entry],
             done: Reclaimed) -> None:
-    """Drop the entries done with, if the record is as read (study_ledger.forget)."""
-    if not keys or ledger.resource_version is None:
-        return
-    try:
-        dropped = forget(kube, policy.operator_namespace, keys, ledger.resource_version)
-    except Exception as exc:  # kept: visited again at the next start, no harm
-        log.warning("the record of study storages was not pruned: %s: %s",
-                    type(exc).__name__, exc)
-        return
-    if not dropped:
-        log.info("the record of study storages changed during the reclaim; its entries "
-                 "stay until the next start")
-        return
-    by_key = {e.key: e for e in ledger.entries}
-    done.forgotten += [f"{by_key[k].namespace} {shown(by_key[k].storage)}" for k in keys]
+    """Drop the entries done with, each ConfigMap's if it is as read
+    (study_ledger.forget)."""
+    for shard in ledger.shards:
+        mine = [e for e in entries if e.shard == shard.name]
+        if not mine:
+            continue
+        try:
+            dropped = forget(kube, policy.operator_namespace, shard, [e.key for e in mine])
+        except Exception as exc:  # kept: visited again at the next start, no harm
+            log.warning("the record of study storages %s was not pruned: %s: %s",
+                        shard.name, type(exc).__name__, exc)
+            continue
+        if not dropped:
+            log.info("the record of study storages %s changed during the reclaim; its "
+                     "entries stay until the next start", shard.name)
+            continue
+        done.forgotten += [f"{e.namespace} {shown(e.storage)}" for e in mine]

@@ -145,18 +145,20 @@ def bound_roles(roles: dict[str, dict[str, Any]]) -> None:
                                         "namespace": DEFAULT_OPERATOR_NAMESPACE}]
 
 
-def test_the_record_of_study_storages_is_the_one_configmap_of_its_own_namespace() -> None:
+def test_the_record_of_study_storages_is_the_configmaps_of_its_own_namespace() -> None:
     """A namespaced install binds the ClusterRole in the served namespaces only: without
-    this Role the operator could not record where it opens studies, and opens none."""
+    this Role the operator could not record where it opens studies, and opens none. A
+    ConfigMap per recording namespace, whose names cannot be listed ahead: the
+    ConfigMaps of the operator's namespace, and no other; no watch, no update."""
     from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
-    from slopilot.operator.study_ledger import LEDGER
 
     (role,) = [d for d in docs(MANIFESTS / "rbac.yaml") if d["kind"] == "Role"
                and d["metadata"]["name"] == "slopilot-operator-study-ledger"]
     assert (role["metadata"]["namespace"], role["rules"]) == (DEFAULT_OPERATOR_NAMESPACE, [
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [LEDGER],
-         "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}])
+        {"apiGroups": [""], "resources": ["configmaps"],
+         "verbs": ["get", "list", "create", "patch", "delete"]}])
+    assert not [d for d in all_docs() if d["kind"] == "ConfigMap"
+                and d["metadata"].get("namespace") == DEFAULT_OPERATOR_NAMESPACE]
 
 
 def test_the_namespaced_installs_cluster_role_lists_names_only_and_is_bound_to_nobody(

@@ -10,14 +10,15 @@ against a permissive API a missing verb would pass here and fail in a cluster. T
 admission plugin OwnerReferencesPermissionEnforcement is on (hardened clusters run it),
 so the owned objects' ``blockOwnerDeletion`` is checked as there.
 
-The life: the start (token key, peering, the reclaim of a study whose CR went while no
-operator ran), a built-in deployment through a trial on the canary and a commit to its
-pods, prometheus-operator's CRDs appearing, a vLLM deployment with a ServiceMonitor and
-a PrometheusRule scaled by an alert, its edited objects patched back (another
-controller's owner reference on one kept) and a deleted Service put back, both CRs
-deleted (their studies with them), and a clean stop. Then every grant that no call
-used is named: each that a shape leaves unused is listed below with why it stays; any
-other fails the test (least privilege on a shared cluster).
+The life: the start (token key, peering, the reclaim of the studies whose CRs went while
+no operator ran: one in a database of the allow-list, one on the previous version's
+record of study storages, which goes once emptied), a built-in deployment through a
+trial on the canary and a commit to its pods, prometheus-operator's CRDs appearing, a
+vLLM deployment with a ServiceMonitor and a PrometheusRule scaled by an alert, its
+edited objects patched back (another controller's owner reference on one kept) and a
+deleted Service put back, both CRs deleted (their studies with them), and a clean stop.
+Then every grant that no call used is named: each that a shape leaves unused is listed
+below with why it stays; any other fails the test (least privilege on a shared cluster).
 """
 
 # mypy: disable-error-code="index,union-attr"
@@ -25,6 +26,7 @@ other fails the test (least privilege on a shared cluster).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -43,6 +45,7 @@ from slopilot.operator.crd import crd_manifest
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.reconcile import covers
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+from slopilot.operator.study_ledger import LEDGER, entry_key
 from slopilot.tuner.study.storage import open_study, study_names
 from tests.operator.operator_support import (
     Cluster,
@@ -126,10 +129,16 @@ def _all(role: str, group: str, resource: str, verbs: str, why: str
 
 
 PEERING_VERBS = "get list watch patch create"
+LEDGER_ROLE = "slopilot-operator-study-ledger"
+# Each namespace here records one storage, once: its record is made, never written again.
+LEDGER_PATCH = _all(LEDGER_ROLE, "", "configmaps", "patch",
+                    "a namespace's record written again (a second storage, a rebuild): "
+                    "test_study_reclaim.py, test_study_ledger_tenants.py")
 CLUSTER_WIDE = Shape(
     "cluster-wide", ("--all-namespaces",), cluster_wide(), {
         **_all(ACCOUNT, "kopf.dev", "kopfpeerings", PEERING_VERBS,
                "the namespaced shape's peering: one KopfPeering per served namespace"),
+        **LEDGER_PATCH,
     })
 NAMESPACED = Shape(
     "namespaced", ("--namespace", TEAM_A, "--namespace", TEAM_B),
@@ -140,6 +149,7 @@ NAMESPACED = Shape(
         **_all(ACCOUNT, "apiextensions.k8s.io", "customresourcedefinitions", "list watch",
                "cluster-scoped: bound in a namespace it grants nothing (the cluster-wide "
                "shape's; slopilot-operator-namespaced grants it here)"),
+        **LEDGER_PATCH,
     })
 
 
@@ -167,11 +177,11 @@ def studies(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def running(kube: RunningEmulator, tmp_path: Path, studies: Path, request: pytest.FixtureRequest
-            ) -> Iterator[tuple[Shape, Operator, str]]:
+            ) -> Iterator[tuple[Shape, Operator, dict[str, str]]]:
     """The operator's process, as the ServiceAccount of the shape's RBAC, started on the
-    cluster ``prepare`` makes; and the orphaned study there."""
+    cluster ``prepare`` makes; and the orphaned studies there (storage: study)."""
     shape: Shape = request.param
-    orphan = prepare(kube, studies)
+    orphans = prepare(kube, studies)
     kube.emulator.restrict(TOKEN, USER, granted_to(shape.rbac, DEFAULT_OPERATOR_NAMESPACE,
                                                    ACCOUNT))
     kube.emulator.enforce_owner_references = True
@@ -190,7 +200,7 @@ def running(kube: RunningEmulator, tmp_path: Path, studies: Path, request: pytes
          "--priority=10"], env=env, stdout=log, stderr=subprocess.STDOUT)
     operator = Operator(proc, log)
     try:
-        yield shape, operator, orphan
+        yield shape, operator, orphans
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -199,16 +209,25 @@ def running(kube: RunningEmulator, tmp_path: Path, studies: Path, request: pytes
         log.close()
 
 
-def prepare(kube: RunningEmulator, studies: Path) -> str:
-    """What the administrator installed before the operator's start, and a study left
-    by a CR of team-a deleted while no operator ran (the reclaim's to delete)."""
+def prepare(kube: RunningEmulator, studies: Path) -> dict[str, str]:
+    """What the administrator installed before the operator's start, and the studies
+    left by CRs of team-a deleted while no operator ran (the reclaim's to delete): one
+    in the shared database, one in a file of the directory that the previous version
+    put on its single record (the upgrade)."""
     ns = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
           for n in (DEFAULT_OPERATOR_NAMESPACE, TEAM_A, TEAM_B)]
     kube.install(crd_manifest(), *yaml.safe_load_all(
         (MANIFESTS / "kopf-peering.yaml").read_text(encoding="utf-8")), *ns)
-    orphan = f"{TEAM_A}/gone/{uuid.uuid4()}"
-    open_study(f"sqlite:///{studies}/shared.db", orphan)
-    return orphan
+    orphans = {f"sqlite:///{studies}/shared.db": f"{TEAM_A}/gone/{uuid.uuid4()}",
+               f"sqlite:///{studies}/{TEAM_A}-old.db": f"{TEAM_A}/old/{uuid.uuid4()}"}
+    for storage, study in orphans.items():
+        open_study(storage, study)
+    old = f"sqlite:///{studies}/{TEAM_A}-old.db"
+    kube.install({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": LEDGER, "namespace": DEFAULT_OPERATOR_NAMESPACE}, "data": {
+        entry_key(TEAM_A, old): json.dumps({"namespace": TEAM_A, "storage": old,
+                                            "recorded": "2026-01-01T00:00:00Z"})}})
+    return orphans
 
 
 def calls_of(kube: RunningEmulator) -> list[Attributes]:
@@ -269,13 +288,15 @@ def refusals(kube: RunningEmulator) -> list[str]:
 def test_the_operator_lives_its_whole_life_on_exactly_the_shipped_rbac(
         kube: RunningEmulator, kube_client: kubernetes.client.ApiClient, studies: Path,
         prom: PrometheusStandIn, running: tuple[Shape, Operator, str]) -> None:
-    shape, operator, orphan = running
+    shape, operator, orphans = running
     admin = Kube(kube_client)
     team_a, team_b = Cluster(kube_client, TEAM_A), Cluster(kube_client, TEAM_B)
 
     # The start: the peering object, the token key, the reclaim (before any CR exists).
     waiting(kube, lambda: "orphaned studies reclaimed" in operator.output(), what="the reclaim")
-    assert orphan not in study_names(f"sqlite:///{studies}/shared.db"), operator.output()
+    for storage, orphan in orphans.items():
+        assert orphan not in study_names(storage), operator.output()
+    assert admin.get("v1", "configmaps", DEFAULT_OPERATOR_NAMESPACE, LEDGER) is None
 
     # A built-in deployment: a trial on the canary, then the commit to both pods.
     pods = [PodStandIn(), PodStandIn()]

@@ -26,7 +26,7 @@ from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.settings import operator_policy, started_policy
 from slopilot.operator.spec import parse_spec
 from slopilot.operator.study_cleanup import delete_studies
-from slopilot.operator.study_ledger import record
+from slopilot.operator.study_ledger import record, shard_name
 from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
 from slopilot.tuner.study.storage import open_study
 from tests.operator.operator_support import Cluster, llmd, operator_mint, with_namespaces
@@ -133,7 +133,7 @@ def test_the_reclaim_resolves_each_recorded_entry_for_its_namespace(
     done = reclaim_orphaned_studies(ready.kube, after, serving(None))
     assert done.deleted == [study_of(in_own)]
     assert names(theirs) == sorted([study_of(in_theirs), study_of(b_study)])
-    assert any(line.startswith(f"slopilot-study-storages entry of namespace {A}")
+    assert any(line.startswith(f"{shard_name(A)} entry of namespace {A}")
                and "another namespace" in line for line in done.skipped), done.skipped
     assert sorted(p.name for p in teams.iterdir()) == ["team-a.db", "team-b.db"]
 
