@@ -33,7 +33,7 @@ import numpy as np
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.trace import TraceRecord
-from slopilot.engine.sim.twin import cost_model_for
+from slopilot.engine.sim.twin import IterationCostModel, cost_model_for, kv_tokens_for
 
 LIFETIME_QUANTILE = 0.99
 """The share of the KV cache's token-seconds whose requests the lifetime covers."""
@@ -70,8 +70,7 @@ def request_lifetime(scenario: Scenario, records: Sequence[TraceRecord],
     hold are left out: the engine rejects them on arrival."""
     engine = scenario.engine_config().with_overrides(config or {})
     cost = cost_model_for(scenario)
-    util = scenario.gpu_memory_utilization or 0.9  # as build_engine sizes the cache
-    kv_tokens = cost.num_kv_blocks(engine.block_size, util) * engine.block_size
+    kv_tokens = kv_tokens_for(scenario, config)
     prompt = np.fromiter((r.prompt_tokens for r in records), dtype=np.float64)
     output = np.fromiter((r.output_tokens for r in records), dtype=np.float64)
     fits = prompt <= kv_tokens
@@ -87,9 +86,7 @@ def request_lifetime(scenario: Scenario, records: Sequence[TraceRecord],
     fill = max(1, int(kv_tokens // max(mean_context, 1.0)))
     batch = min(engine.max_num_seqs, fill)
     step_s = cost.iteration_time([(1, round(mean_context))] * batch)
-    lengths, where = np.unique(prompt.astype(np.int64), return_inverse=True)
-    prefill = np.array([cost.iteration_time([(int(n), 0)]) for n in lengths])[where]
-    life = prefill + output * step_s
+    life = _prefill_s(cost, prompt) + output * step_s
     order = np.argsort(life, kind="stable")
     held = np.cumsum((life * context)[order])
     k = int(min(np.searchsorted(held, LIFETIME_QUANTILE * held[-1]), len(order) - 1))
@@ -98,6 +95,30 @@ def request_lifetime(scenario: Scenario, records: Sequence[TraceRecord],
                     batch=batch,
                     batch_limit="the KV cache holds" if batch == fill
                     else "max_num_seqs allows")
+
+
+def residency_s(scenario: Scenario, records: Sequence[TraceRecord], lifetime: Lifetime,
+                config: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Each of ``records``' seconds in one replica's KV cache of ``scenario`` (knob
+    overrides ``config``), served without queueing: its prefill plus its output tokens
+    at ``lifetime``'s decode step, as ``request_lifetime`` counts them; 0 for a prompt the
+    cache cannot hold (rejected on arrival). What ``windows.trace_windows`` estimates the
+    cache's fullness from."""
+    prompt = np.fromiter((r.prompt_tokens for r in records), dtype=np.float64)
+    output = np.fromiter((r.output_tokens for r in records), dtype=np.float64)
+    fits = prompt <= kv_tokens_for(scenario, config)
+    life = np.zeros(len(records))
+    life[fits] = _prefill_s(cost_model_for(scenario), prompt[fits]) \
+        + output[fits] * lifetime.step_s
+    return life
+
+
+def _prefill_s(cost: IterationCostModel, prompt: np.ndarray) -> np.ndarray:
+    """Each prompt's prefill alone (one iteration per distinct length)."""
+    if not len(prompt):
+        return np.zeros(0)
+    lengths, where = np.unique(prompt.astype(np.int64), return_inverse=True)
+    return np.array([cost.iteration_time([(int(n), 0)]) for n in lengths])[where]
 
 
 def covering_s(lifetime: Lifetime) -> float:

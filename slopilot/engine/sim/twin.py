@@ -55,16 +55,31 @@ def cost_model_for(scenario: Scenario) -> IterationCostModel:
     return CostModel(scenario.gpu, scenario.model, scenario.tp)
 
 
+def kv_tokens_for(scenario: Scenario, config: Mapping[str, Any] | None = None) -> int:
+    """The tokens one replica's KV cache of ``scenario`` holds with knob overrides
+    ``config``, as ``simulator.build_engine`` sizes it."""
+    engine = scenario.engine_config().with_overrides(config or {})
+    util = scenario.gpu_memory_utilization or 0.9
+    return cost_model_for(scenario).num_kv_blocks(engine.block_size, util) \
+        * engine.block_size
+
+
+def kv_admits_tokens_for(scenario: Scenario, config: Mapping[str, Any] | None = None) -> int:
+    """The KV tokens one replica of ``scenario`` holds before it admits no new request
+    (knob overrides ``config``): its cache less the ``kv_watermark`` share of its blocks
+    that admission keeps free while any request runs (``engine/admission.py``)."""
+    engine = scenario.engine_config().with_overrides(config or {})
+    blocks = kv_tokens_for(scenario, config) // engine.block_size
+    return (blocks - int(engine.kv_watermark * blocks)) * engine.block_size
+
+
 def servable_tokens_for(scenario: Scenario, config: Mapping[str, Any] | None = None) -> int:
     """The most prompt plus output tokens one replica of ``scenario`` serves with knob
     overrides ``config``: the model's context, at most its KV cache, as
     ``simulator.build_engine`` sizes them (``context_limit``: the twin refuses a longer
     request on arrival, as the server does, and no latency counts it)."""
-    engine = scenario.engine_config().with_overrides(config or {})
-    cost = cost_model_for(scenario)
-    util = scenario.gpu_memory_utilization or 0.9
-    return servable_tokens(cost.model.max_position_embeddings,
-                           cost.num_kv_blocks(engine.block_size, util) * engine.block_size)
+    return servable_tokens(cost_model_for(scenario).model.max_position_embeddings,
+                           kv_tokens_for(scenario, config))
 
 
 def twin_label(scenario: Scenario) -> str:

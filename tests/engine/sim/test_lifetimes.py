@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from slopilot.engine.sim.lifetimes import LIFETIME_QUANTILE, covering_s, request_lifetime
+from slopilot.engine.sim.lifetimes import (
+    LIFETIME_QUANTILE,
+    covering_s,
+    request_lifetime,
+    residency_s,
+)
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.trace import TraceRecord
+from slopilot.engine.sim.twin import kv_admits_tokens_for, kv_tokens_for
 
 H100 = load_scenario("azure-conv-2023")  # 1 x H100, Llama-3-8B: a bare --trace's deployment
 
@@ -44,3 +50,17 @@ def test_prompts_the_cache_cannot_hold_are_left_out_or_refused() -> None:
     assert request_lifetime(H100, [*fits, never]) == request_lifetime(H100, fits)
     with pytest.raises(ValueError, match="none of the 1 prompts fits the KV cache"):
         request_lifetime(H100, [never])
+
+
+def test_each_requests_residency_is_its_life_at_the_lifetimes_step() -> None:
+    records = [TraceRecord(0.0, 400, 12_000), TraceRecord(1.0, 200, 100),
+               TraceRecord(2.0, 10_000_000, 50)]  # the last never fits: it holds nothing
+    life = request_lifetime(H100, records)
+    stay = residency_s(H100, records, life)
+    assert stay[0] == pytest.approx(life.seconds)  # the longest one sets the lifetime
+    assert stay[1] == pytest.approx(100 * life.step_s, rel=0.2) and stay[1] > 100 * life.step_s
+    assert stay[2] == 0.0
+    # What admission leaves for requests: the cache less its watermark's blocks.
+    kv = kv_tokens_for(H100)
+    assert kv_admits_tokens_for(H100) == pytest.approx(0.95 * kv, abs=16)
+    assert kv_admits_tokens_for(H100, {"kv_watermark": 0.2}) == pytest.approx(0.8 * kv, abs=16)
