@@ -36,7 +36,29 @@ options give the same windows):
   replica where the busiest minutes read 78, and a study judged without it said
   "holds" where that minute of the whole replay missed its 500 ms. Each of that many
   requests needs at least that prompt's prefill, so the window's P99 TTFT is at least
-  it, whatever else the minute holds.
+  it, whatever else the minute holds;
+- the fullest KV cache, where it lies outside those: the window where the requests in
+  the cache, its own and those still in flight from up to a lifetime before it, ask for
+  the most beyond what the cache admits. The windows above count what *arrives* in a
+  minute, but a request that lives minutes fills the cache for minutes after it came:
+  on a trace of requests living ~2.5 minutes (0.2 req/s on one slow replica) a minute
+  of few arrivals (300-360 s) found the cache full of the requests from before, three
+  of its requests waited 0.8-9.2 s (that minute's P99 8.7 s), and a study judged
+  without it said "holds" where the whole replay missed. Each request is taken to hold
+  its context from its arrival for as long as it lives served without queueing (its
+  prefill, then its output at a full cache's decode step: ``lifetimes.residency_s``),
+  growing from its prompt to its prompt plus output (``kv_demand``: no simulation). The
+  window holding the most token-seconds of that demand over what the deployment admits
+  (every replica's cache less its admission watermark: past it a new request waits for
+  room) gets a window of its own when that is ``KV_EXCESS_RATIO`` times what any chosen
+  window holds; of windows holding all of it, the middle one. Measured against what the
+  cache admits, not only against the other windows: the demand changes slowly (each
+  context stays a lifetime), so the fullest minute is a few percent above the busiest
+  ones on most traces, and only where it passes the cache's room does anything wait.
+  The room a study passes (``tuner/sim/robust.plan_windows``) is its start config's on
+  the replicas it starts from (the fewest it judges; the router spreads the requests
+  over them): a trial with less room queues there first, and the window is the trace's
+  fullest either way.
 
 Each window is simulated with ``warmup_s`` of the trace before it (so it does not start
 on an idle engine, which no minute of live traffic does) and ``drain_s`` after it
@@ -59,6 +81,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slopilot.engine.sim.kv_demand import KVDemand
 from slopilot.engine.sim.prefix_reuse import fresh_tokens
 from slopilot.engine.sim.trace import TraceRecord
 
@@ -85,6 +108,9 @@ class WindowChoice:
     p99_prompt_tokens: float | None = None
     """The heaviest prompts' window: the fresh prompt tokens of its request at the P99's
     rank (at least that many of its requests have at least as many)."""
+    kv_share: float | None = None
+    """The fullest KV cache's window: the most KV tokens its requests and those still in
+    flight hold at once, estimated (``kv_demand``), as a share of what the cache admits."""
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.start_s < self.end_s) or self.warmup_s < 0 or self.drain_s < 0 \
@@ -99,14 +125,17 @@ class WindowChoice:
     def describe(self) -> str:
         """``busiest arrivals: 660-720 s (20.1 req/s, 29,472 tok/s)`` or ``seed 1: 0-60 s``;
         ``tok/s past shared prefixes`` where the prompts share them; the heaviest
-        prompts' window says ``prompts of 7,000+ tokens at its P99``."""
+        prompts' window says ``prompts of 7,000+ tokens at its P99``, the fullest KV
+        cache's ``KV cache asked for ~105% of what it admits``."""
         text = f"{self.name}: {self.start_s:,.0f}-{self.end_s:,.0f} s"
         if self.arrival_rate is not None and self.token_rate is not None:
             past = " past shared prefixes" if self.shared_prefixes else ""
             heavy = "" if self.p99_prompt_tokens is None else \
                 f"; prompts of {self.p99_prompt_tokens:,.0f}+ tokens at its P99"
+            full = "" if self.kv_share is None else \
+                f"; KV cache asked for ~{self.kv_share:.0%} of what it admits"
             text += (f" ({self.arrival_rate:.1f} req/s, {self.token_rate:,.0f} "
-                     f"tok/s{past}{heavy})")
+                     f"tok/s{past}{heavy}{full})")
         return text
 
 
@@ -129,6 +158,13 @@ def _grid_with_arrivals(times: np.ndarray, span: float, length_s: float) -> np.n
     # The neighbours too, against rounding in t / length: an empty one is left out later.
     k = np.unique(np.concatenate((k - 1, k, k + 1)))
     return k[(k >= 0) & (k < n)] * length_s
+
+
+def _clear_of(starts: np.ndarray, chosen: Sequence[WindowChoice],
+              length_s: float) -> np.ndarray:
+    """Which ``starts`` overlap none of the ``chosen`` windows by more than half."""
+    taken = np.array([w.start_s for w in chosen])
+    return (np.abs(starts[:, None] - taken[None, :]) >= length_s / 2).all(axis=1)
 
 
 BURST_DEPTH = 2.0
@@ -218,19 +254,64 @@ def _heaviest_prompts(times: np.ndarray, work: np.ndarray, starts: np.ndarray,
     return int(np.argmax(spare(v))), v
 
 
+KV_EXCESS_RATIO = 2.0
+"""How many times more token-seconds over what the KV cache admits the fullest cache's
+window must hold than any chosen window for a window of its own. The excess is the
+work that waits for room, as a burst's queue is the work that waits for the engine, and
+it is held to ``BURST_DEPTH``'s ratio for the same reason: a window costs a simulation
+per config, and a cache about as full is judged there already."""
+
+
+def _fullest_cache(demand: KVDemand, room: float, starts: np.ndarray, free: np.ndarray,
+                   chosen: Sequence[WindowChoice], span: float,
+                   length_s: float) -> int | None:
+    """The index of the one of the ``free`` ``starts`` whose window holds the most
+    token-seconds of KV demand over ``room``, when that is ``KV_EXCESS_RATIO`` times what
+    any ``chosen`` window holds; else None. Of windows with as much (an excess shorter
+    than a window lies whole in many), the middle one: the excess centred, so that an
+    estimate a little early or late still has it, and the requests that wait past its
+    end (their queue drains after the excess does) are in it too."""
+    over = np.where(free, demand.excess(starts, starts + length_s, room), -np.inf)
+    own = demand.excess(np.array([w.start_s for w in chosen]),
+                        np.array([w.end_s for w in chosen]), room)
+    most = float(over.max())
+    if not (most > 0 and most > KV_EXCESS_RATIO * float(own.max())):
+        return None
+    # Windows holding the same excess differ by rounding in the running sums only.
+    dust = 1e-9 * (float(demand.excess(np.array([0.0]), np.array([span]), room)[0]) + 1.0)
+    ties = np.flatnonzero(over >= most - dust)
+    return int(ties[len(ties) // 2])
+
+
 def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: float = 30.0,
-                  drain_s: float = 20.0,
-                  servable_tokens: int | None = None) -> list[WindowChoice]:
-    """The busiest-by-arrivals, busiest-by-tokens, sharpest-burst, typical and
-    heaviest-prompts windows of ``records`` (sorted by arrival, as ``TraceSpec.records``
-    gives them; see the module docstring for which of them there are); one window over
-    the whole replay when it is not longer than two windows. ``servable_tokens``: the
-    longest prompt plus output the deployment serves (``context_limit``); the heaviest
-    prompts are chosen among those (a longer one is refused, and no TTFT counts it)."""
+                  drain_s: float = 20.0, servable_tokens: int | None = None,
+                  residency_s: Sequence[float] | np.ndarray | None = None,
+                  kv_admits_tokens: float | None = None) -> list[WindowChoice]:
+    """The busiest-by-arrivals, busiest-by-tokens, sharpest-burst, typical,
+    heaviest-prompts and fullest-KV-cache windows of ``records`` (sorted by arrival, as
+    ``TraceSpec.records`` gives them; see the module docstring for which of them there
+    are); one window over the whole replay when it is not longer than two windows.
+    ``servable_tokens``: the longest prompt plus output the deployment serves
+    (``context_limit``); the heaviest prompts are chosen among those (a longer one is
+    refused, and no TTFT counts it). ``residency_s``: each record's seconds in the KV
+    cache served without queueing (``lifetimes.residency_s``), and ``kv_admits_tokens``
+    the KV tokens the deployment holds before it stops admitting requests (all its
+    replicas' caches less their admission watermarks): the fullest cache is looked for
+    only given both."""
     if not math.isfinite(length_s) or length_s <= 0:
         raise ValueError(f"length_s={length_s!r}: expected window seconds > 0")
     if not records:
         raise ValueError("records is empty: no window to choose")
+    if (residency_s is None) != (kv_admits_tokens is None):
+        raise ValueError("residency_s and kv_admits_tokens: give both (the fullest KV "
+                         "cache's window needs how long requests stay and what the cache "
+                         "admits) or neither")
+    if residency_s is not None and len(residency_s) != len(records):
+        raise ValueError(f"residency_s: {len(residency_s):,} values for {len(records):,} "
+                         "records; expected one per record")
+    if kv_admits_tokens is not None and not (math.isfinite(kv_admits_tokens)
+                                             and kv_admits_tokens > 0):
+        raise ValueError(f"kv_admits_tokens={kv_admits_tokens!r}: expected tokens > 0")
     times = np.fromiter((r.arrival_time for r in records), dtype=np.float64)
     tokens = fresh_tokens(records)
     shared = bool(tokens.sum() < sum(r.prompt_tokens + r.output_tokens for r in records))
@@ -285,13 +366,13 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
                 break
     # What a prompt asks of TTFT: its prefill, the tokens past a shared prefix; its own
     # output comes after its first token.
-    prompt = tokens - np.fromiter((r.output_tokens for r in records), dtype=np.float64)
+    output = np.fromiter((r.output_tokens for r in records), dtype=np.float64)
+    prompt = tokens - output
     served = np.ones(len(records), dtype=bool) if servable_tokens is None else np.fromiter(
         (r.prompt_tokens + r.output_tokens <= servable_tokens for r in records), dtype=bool)
     own = max(_p99_prompt(prompt[served & (times >= w.start_s) & (times < w.end_s)])
               for w in chosen)
-    taken = np.array([w.start_s for w in chosen])
-    free = (np.abs(starts[:, None] - taken[None, :]) >= length_s / 2).all(axis=1)
+    free = _clear_of(starts, chosen, length_s)
     heavy = _heaviest_prompts(times[served], prompt[served], starts, free, length_s) \
         if free.any() else None
     if heavy is not None and heavy[1] > HEAVY_RATIO * own:
@@ -299,6 +380,19 @@ def trace_windows(records: Sequence[TraceRecord], length_s: float, *, warmup_s: 
         chosen.append(dataclasses.replace(make("heaviest prompts", float(starts[h]),
                                                counts[h], toks[h]),
                                           p99_prompt_tokens=heavy[1]))
+    if residency_s is not None and kv_admits_tokens is not None:
+        # A refused request holds nothing; a served one its whole prompt (a shared
+        # prefix too: kv_demand's bound) and its output as it grows.
+        prompts = np.fromiter((r.prompt_tokens for r in records), dtype=np.float64)
+        demand = KVDemand(times, prompts, output,
+                          np.where(served, np.asarray(residency_s, dtype=np.float64), 0.0))
+        f = _fullest_cache(demand, kv_admits_tokens, starts,
+                           _clear_of(starts, chosen, length_s), chosen, span, length_s)
+        if f is not None:
+            start = float(starts[f])
+            share = demand.peak(start, start + length_s) / kv_admits_tokens
+            chosen.append(dataclasses.replace(make("fullest KV cache", start, counts[f],
+                                                   toks[f]), kv_share=share))
     return chosen
 
 
