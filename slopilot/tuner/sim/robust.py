@@ -2,8 +2,10 @@
 
 The windows are chosen once per study from the workload itself (``engine/sim/windows``:
 for a trace its busiest windows by arrivals and by tokens, its sharpest burst's where
-that lies outside them, a typical one, and its heaviest prompts' where those lie outside
-them all (among the prompts the deployment serves), each with a warm-up; for a
+that lies outside them, a typical one, its heaviest prompts' where those lie outside
+them all (among the prompts the deployment serves), and its fullest KV cache's where
+the requests in flight ask the cache for more than it admits outside them all, each
+with a warm-up; for a
 generated workload several seeds), then every config is simulated on
 each and judged by ``study/verdict.robust_verdict``: feasible only if every SLO term
 holds in every window with ``HEADROOM`` to spare, ranked by the worst window.
@@ -23,11 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from slopilot.engine.sim.lifetimes import Lifetime, covering_s, request_lifetime
+from slopilot.engine.sim.lifetimes import Lifetime, covering_s, request_lifetime, residency_s
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import Measure, simulate
 from slopilot.engine.sim.trace import TraceRecord, TraceWorkload
-from slopilot.engine.sim.twin import servable_tokens_for
+from slopilot.engine.sim.twin import kv_admits_tokens_for, servable_tokens_for
 from slopilot.engine.sim.windows import WindowChoice, seed_windows, trace_windows
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.engine.slo import SLOSpec
@@ -51,7 +53,8 @@ SEEDS = 3
 _SAID = {"busiest arrivals": "busiest window by arrivals",
          "busiest tokens": "busiest window by tokens",
          "sharpest burst": "sharpest burst's window", "typical": "typical window",
-         "heaviest prompts": "heaviest prompts' window"}
+         "heaviest prompts": "heaviest prompts' window",
+         "fullest KV cache": "fullest KV cache's window"}
 
 
 @dataclass(frozen=True)
@@ -113,20 +116,26 @@ class WindowPlan:
 
 def plan_windows(scenario: Scenario, *, duration_s: float | None = None, seeds: int = SEEDS,
                  warmup_s: float | None = None, drain_s: float | None = None,
-                 whole: bool = False, config: Mapping[str, Any] | None = None) -> WindowPlan:
+                 whole: bool = False, config: Mapping[str, Any] | None = None,
+                 replicas: int | None = None) -> WindowPlan:
     """Choose the windows for ``scenario`` (deterministic: the same inputs, the same
     windows). ``duration_s`` is a window's length (default: 60 s of a trace, a generated
     scenario's own duration); ``whole`` judges a trace on all of it at once.
 
     ``warmup_s`` and ``drain_s`` left out are what a trace's requests need (the module
     docstring; ``config``, the start config's knob overrides, sizes the lifetime's decode
-    batch); given, they are used as given (a drain at most a third of the window)."""
+    batch); given, they are used as given (a drain at most a third of the window).
+    ``replicas`` (default the scenario's): the fewest a config is judged on, whose KV
+    caches together the fullest cache's window is measured against (the router spreads
+    the requests over them; more replicas only have more room)."""
     for name, value in (("duration_s", duration_s), ("warmup_s", warmup_s),
                         ("drain_s", drain_s)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}={value!r}: expected seconds >= 0")
     if duration_s is not None and duration_s <= 0:
         raise ValueError(f"duration_s={duration_s!r}: expected a window of seconds > 0")
+    if replicas is not None and (isinstance(replicas, bool) or replicas < 1):
+        raise ValueError(f"replicas={replicas!r}: expected at least one replica")
     spec = scenario.workload
     length = duration_s or (TRACE_WINDOW_S if isinstance(spec, TraceSpec)
                             else scenario.duration_s)
@@ -148,8 +157,11 @@ def plan_windows(scenario: Scenario, *, duration_s: float | None = None, seeds: 
     if whole:
         return WindowPlan((WindowChoice("whole trace", 0.0, span, 0.0, drain),), "whole",
                           life, sized)
+    count = scenario.replicas if replicas is None else replicas
     windows = trace_windows(records, length, warmup_s=warm, drain_s=drain,
-                            servable_tokens=servable_tokens_for(scenario, config))
+                            servable_tokens=servable_tokens_for(scenario, config),
+                            residency_s=residency_s(scenario, records, life, config),
+                            kv_admits_tokens=count * kv_admits_tokens_for(scenario, config))
     if windows[0].name == "whole trace":
         return WindowPlan(tuple(windows), "whole", life, sized)
     if sized and sum(w.warmup_s + w.length_s + w.drain_s for w in windows) >= span + drain:

@@ -60,7 +60,8 @@ def run(s: TuneSettings) -> TuneOutcome:
     t0 = time.perf_counter()
     space, start_config = s.space, dict(s.start.config)
     plan = plan_windows(s.scenario, duration_s=s.duration_s, seeds=s.seeds,
-                        warmup_s=s.warmup_s, whole=s.whole, config=start_config)
+                        warmup_s=s.warmup_s, whole=s.whole, config=start_config,
+                        replicas=s.replicas)
     warning = warmup_warning(s, plan)
     if warning is not None:
         # Before the study, and whatever --quiet says: it may be worth stopping for.
