@@ -342,7 +342,9 @@ def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
     flags = ["--trace", str(trace)] + ([] if case.scenario is None
                                         else ["--scenario", case.scenario])
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", CLI, "tune", *flags, "--trials", str(trials),
+    # -P: the tree on PYTHONPATH, not the working directory, which "-c" puts first: a
+    # "before" run from a newer tree's root ran the newer code.
+    out = subprocess.run([sys.executable, "-P", "-c", CLI, "tune", *flags, "--trials", str(trials),
                           "--seed", "0", "--json", "--quiet"],
                          capture_output=True, text=True, check=True)
     tune_s = time.perf_counter() - t0

@@ -164,7 +164,9 @@ def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
             reasoning_trace(trace, case.rate, case.span_s, case.outputs)
         flags += ["--trace", str(trace)]
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", CLI, "tune", *flags, "--trials", str(trials),
+    # -P: the tree on PYTHONPATH, not the working directory, which "-c" puts first: a
+    # "before" run from a newer tree's root ran the newer code.
+    out = subprocess.run([sys.executable, "-P", "-c", CLI, "tune", *flags, "--trials", str(trials),
                           "--max-replicas", "1", "--json", "--quiet"],
                          capture_output=True, text=True, check=True)
     tune_s = time.perf_counter() - t0
