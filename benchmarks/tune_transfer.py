@@ -53,6 +53,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -65,6 +66,7 @@ import numpy as np
 from code_trace import HEADER, code_trace
 from window_transfer import chosen_cases
 
+import slopilot
 from slopilot.engine.histogram_quantiles import latency_quantile
 from slopilot.engine.request import Priority, Request
 from slopilot.engine.sim.scenario import Scenario
@@ -80,6 +82,9 @@ from slopilot.tuner.prometheus.query import window_summary
 from slopilot.tuner.sim.robust import RobustEvaluator, plan_windows
 from slopilot.tuner.study.objective import HEADROOM, WindowResult, score
 from slopilot.tuner.study.verdict import robust_verdict
+
+TREE = Path(slopilot.__file__).resolve().parents[1]
+"""The slopilot tree this script runs: its studies run the same one."""
 
 CLI = "import sys; from slopilot.cli import main; sys.argv[0] = 'slopilot'; sys.exit(main())"
 MINUTE_S, GRID_S = 60.0, 10.0
@@ -342,11 +347,12 @@ def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
     flags = ["--trace", str(trace)] + ([] if case.scenario is None
                                         else ["--scenario", case.scenario])
     t0 = time.perf_counter()
-    # -P: the tree on PYTHONPATH, not the working directory, which "-c" puts first: a
-    # "before" run from a newer tree's root ran the newer code.
+    # The tree this script imported, not the working directory, which "-c" puts first
+    # on the path: a "before" run from a newer tree's root ran the newer code.
     out = subprocess.run([sys.executable, "-P", "-c", CLI, "tune", *flags, "--trials", str(trials),
                           "--seed", "0", "--json", "--quiet"],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(TREE)})
     tune_s = time.perf_counter() - t0
     study = json.loads(out.stdout)
     scenario = load_with_trace(case.scenario, TraceOptions(path=str(trace)), default="")

@@ -31,6 +31,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -39,9 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import slopilot
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.summary_view import simulate_json
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace, replay_measure
+
+TREE = Path(slopilot.__file__).resolve().parents[1]
+"""The slopilot tree this script runs: its studies run the same one."""
 
 SLOW_DECODE = """\
 name: slow-decode
@@ -164,11 +169,12 @@ def run_case(case: Case, trials: int, work: Path) -> dict[str, Any]:
             reasoning_trace(trace, case.rate, case.span_s, case.outputs)
         flags += ["--trace", str(trace)]
     t0 = time.perf_counter()
-    # -P: the tree on PYTHONPATH, not the working directory, which "-c" puts first: a
-    # "before" run from a newer tree's root ran the newer code.
+    # The tree this script imported, not the working directory, which "-c" puts first
+    # on the path: a "before" run from a newer tree's root ran the newer code.
     out = subprocess.run([sys.executable, "-P", "-c", CLI, "tune", *flags, "--trials", str(trials),
                           "--max-replicas", "1", "--json", "--quiet"],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(TREE)})
     tune_s = time.perf_counter() - t0
     study = json.loads(out.stdout)
     options = TraceOptions(path=None if trace is None else str(trace))
