@@ -152,18 +152,24 @@ def test_a_cr_deleted_mid_trial_takes_its_study_along_and_its_successor_starts_a
         assert again != name and study_trials(storage) == {again: [TrialState.RUNNING]}
 
 
+def trial_then_tuning_off(cluster: Cluster, prom: PrometheusStandIn, storage: str) -> str:
+    """A trial under way, then tuning turned off: the study's name, its one trial failed."""
+    body = running_trial(cluster, prom, storage)
+    name = f"{NS}/chat/{body['metadata']['uid']}"
+    cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+    # The daemon's end fails the trial, then clears it from status: it has ended then.
+    wait_for(lambda: study_trials(storage) == {name: [TrialState.FAIL]}
+             and not (cluster.status().get("controller") or {}).get("trial"),
+             what="the stopped daemon to fail its trial and record it")
+    return name
+
+
 def test_a_cr_that_turns_tuning_off_keeps_its_study_to_continue_it(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         controller_env: None, study_storage: str) -> None:
     storage = study_storage
     with operator(kube_login):
-        body = running_trial(cluster, prom, storage)
-        name = f"{NS}/chat/{body['metadata']['uid']}"
-        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
-        # The daemon's end fails the trial, then clears it from status: it has ended then.
-        wait_for(lambda: study_trials(storage) == {name: [TrialState.FAIL]}
-                 and not (cluster.status().get("controller") or {}).get("trial"),
-                 what="the stopped daemon to fail its trial and record it")
+        name = trial_then_tuning_off(cluster, prom, storage)
         assert study_trials(storage) == {name: [TrialState.FAIL]}
         failed = optuna.load_study(study_name=name, storage=storage).trials[0]
         assert "tuning was disabled" in failed.user_attrs["fail_reason"]
@@ -181,12 +187,7 @@ def test_a_cr_deleted_while_tuning_is_off_takes_its_study_along(
     operator's tuning pool."""
     storage = study_storage
     with operator(kube_login):
-        body = running_trial(cluster, prom, storage)
-        name = f"{NS}/chat/{body['metadata']['uid']}"
-        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
-        wait_for(lambda: study_trials(storage) == {name: [TrialState.FAIL]}
-                 and not (cluster.status().get("controller") or {}).get("trial"),
-                 what="the stopped daemon to fail its trial and record it")
+        trial_then_tuning_off(cluster, prom, storage)
         cluster.custom.delete_namespaced_custom_object("slopilot.dev", "v1alpha1", NS,
                                                        "llmdeployments", "chat")
         wait_for(lambda: not cluster.custom.list_namespaced_custom_object(
