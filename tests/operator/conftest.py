@@ -8,6 +8,7 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
+from slopilot.operator.policy import OperatorPolicy
 from tests.operator.operator_support import Cluster
 from tests.operator.standins import PrometheusStandIn, serving
 from tests.support.kube_server import RunningEmulator, serve_emulator
@@ -65,6 +66,20 @@ def teams(tmp_path: Path) -> Path:
     out = tmp_path / "teams"
     out.mkdir()
     return out
+
+
+@pytest.fixture
+def studies(tmp_path: Path) -> Path:
+    """The directory the administrator's ``sqlite:////dir/*`` entry allows."""
+    out = tmp_path / "studies"
+    out.mkdir()
+    return out
+
+
+@pytest.fixture
+def directory_policy(studies: Path) -> OperatorPolicy:
+    """Studies in any file of ``studies``."""
+    return OperatorPolicy(allowed_storage=(f"sqlite:///{studies}/*",))
 
 
 @pytest.fixture

@@ -169,13 +169,6 @@ class Operator:
 
 
 @pytest.fixture
-def studies(tmp_path: Path) -> Path:
-    out = tmp_path / "studies"
-    out.mkdir()
-    return out
-
-
-@pytest.fixture
 def running(kube: RunningEmulator, tmp_path: Path, studies: Path, request: pytest.FixtureRequest
             ) -> Iterator[tuple[Shape, Operator, dict[str, str]]]:
     """The operator's process, as the ServiceAccount of the shape's RBAC, started on the

@@ -60,15 +60,8 @@ def ready(kube: RunningEmulator, cluster: Cluster) -> Cluster:
 
 
 @pytest.fixture
-def studies(tmp_path: Path) -> Path:
-    out = tmp_path / "studies"
-    out.mkdir()
-    return out
-
-
-@pytest.fixture
-def policy(studies: Path) -> OperatorPolicy:
-    return OperatorPolicy(allowed_storage=(f"sqlite:///{studies}/*",))
+def policy(directory_policy: OperatorPolicy) -> OperatorPolicy:
+    return directory_policy
 
 
 def configmap(cluster: Cluster, name: str) -> dict[str, Any] | None:

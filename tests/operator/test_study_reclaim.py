@@ -50,16 +50,8 @@ def names(storage: str) -> list[str]:
 
 
 @pytest.fixture
-def studies(tmp_path: Path) -> Path:
-    """The directory the administrator's ``sqlite:////dir/*`` entry allows."""
-    out = tmp_path / "studies"
-    out.mkdir()
-    return out
-
-
-@pytest.fixture
-def policy(studies: Path) -> OperatorPolicy:
-    return OperatorPolicy(allowed_storage=(f"sqlite:///{studies}/*",))
+def policy(directory_policy: OperatorPolicy) -> OperatorPolicy:
+    return directory_policy
 
 
 @pytest.fixture
