@@ -155,36 +155,13 @@ def test_fifty_slow_crs_of_a_namespace_hold_its_share_and_another_namespace_step
     run(main)
 
 
+@pytest.mark.parametrize(("stop", "ending"), [
+    ("deleted", ["end_deleted", "retire", "close"]), ("operator stopping", ["close"])])
 def test_a_daemon_stopped_while_it_waits_for_a_slot_ends_without_its_step(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, stop: str, ending: list[str]) -> None:
     """Its CR deleted while it waited: the trial is still ended (as at any deletion),
-    after no step."""
-    async def main() -> None:
-        pool = TuningPool(threads=1, per_namespace=1)
-        daemons = Daemons(pool, monkeypatch)
-        slow = daemons.gates["team-a"] = Gate()
-        holder = daemons.start("team-a", "chat")
-        with daemons.ending():
-            await slow.entry()
-            waiting = daemons.start("team-b", "chat")
-            await on_loop(lambda: pool.waiting() == 1,
-                          "team-b's daemon waiting for a slot, on no thread")
-            daemons.stop("team-b/chat", Reason.RESOURCE_DELETED)
-            slow.opened.set()
-            await ended(waiting)
-            assert waiting.exception() is None
-            assert daemons.loops["team-b/chat"].calls == ["end_deleted", "retire", "close"]
-        await ended(holder)
-        assert daemons.loops["team-a/chat"].calls == ["step", "close"]
-        pool.shutdown()
-
-    run(main)
-
-
-def test_the_operator_stopping_ends_a_wait_for_a_slot(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A daemon kopf starts while it shuts down is never told to stop (commands.py):
-    ``OPERATOR_STOPPING`` ends its wait as well."""
+    after no step. A daemon kopf starts while it shuts down is never told to stop
+    (commands.py): ``OPERATOR_STOPPING`` ends its wait as well."""
     monkeypatch.setattr(tuning_daemon, "OPERATOR_STOPPING", threading.Event())
 
     async def main() -> None:
@@ -195,11 +172,16 @@ def test_the_operator_stopping_ends_a_wait_for_a_slot(
         with daemons.ending():
             await slow.entry()
             waiting = daemons.start("team-b", "chat")
-            await on_loop(lambda: pool.waiting() == 1, "team-b's daemon waiting for a slot")
-            tuning_daemon.OPERATOR_STOPPING.set()
+            await on_loop(lambda: pool.waiting() == 1,
+                          "team-b's daemon waiting for a slot, on no thread")
+            if stop == "deleted":
+                daemons.stop("team-b/chat", Reason.RESOURCE_DELETED)
+            else:
+                tuning_daemon.OPERATOR_STOPPING.set()
             slow.opened.set()
             await ended(waiting)
-            assert daemons.loops["team-b/chat"].calls == ["close"]
+            assert waiting.exception() is None
+            assert daemons.loops["team-b/chat"].calls == ending
         await ended(holder)
         assert daemons.loops["team-a/chat"].calls == ["step", "close"]
         pool.shutdown()
