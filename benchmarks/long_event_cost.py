@@ -31,6 +31,9 @@ out here, benchmarks import no test support):
   of ``meter/json_steps``' pattern takes at 5 levels (then walked container by
   container; parsed in runs since it takes 32), and one 100 deep;
 - ``deep``: the same, each schema nested 80 deep (``json_steps`` hops through them);
+- ``deeper``: the same, each schema nested 300 deep and described at each level, 12 KiB:
+  longer than a part and deeper than its pattern (``json_steps`` walked such a container
+  level by level);
 - ``chunks``: a stream of ordinary completions chunks, one token each (``--mib``, 1 at
   most): its longest step is what one read of them costs, the reference for the others'.
 
@@ -88,24 +91,29 @@ def _logprob(i: int) -> dict[str, Any]:
             "top_logprobs": [{"token": f" v{i}", "logprob": -2.5, "bytes": [32, 118]}]}
 
 
-def _schema(depth: int) -> dict[str, Any]:
+def _schema(depth: int, described: bool = False) -> dict[str, Any]:
     nested: dict[str, Any] = {"type": "string"}
-    for _ in range(depth):
+    for i in range(depth):
         nested = {"type": "object", "properties": {"x": nested}}
+        if described:
+            nested = {"type": "object", "description": f"Level {i}.", **nested,
+                      "required": ["x"]}
     return nested
 
 
-def _tool(depth: int) -> dict[str, Any]:
-    return {"type": "function", "name": "f", "parameters": _schema(depth), "strict": False,
-            "description": None}
+def _tool(depth: int, described: bool = False) -> dict[str, Any]:
+    return {"type": "function", "name": "f", "parameters": _schema(depth, described),
+            "strict": False, "description": None}
 
 
-def tools_stream(mib: float, depth: int = 4) -> tuple[list[bytes], bytes]:
+def tools_stream(mib: float, depth: int = 4,
+                 described: bool = False) -> tuple[list[bytes], bytes]:
     """A Responses stream whose last event echoes ``mib`` MiB of tools, each nested
-    2 x ``depth`` deep (their schemas: ``depth`` objects, each in its ``properties``),
-    and one 100 deep."""
-    count = max(1, int(mib * MIB / len(_compact(_tool(depth)))))
-    return responses_stream(0.0, tools=[_tool(100), *[_tool(depth)] * count])
+    2 x ``depth`` deep (their schemas: ``depth`` objects, each in its ``properties``,
+    with a description and ``required`` where ``described``), and one 100 deep."""
+    tool = _tool(depth, described)
+    count = max(1, int(mib * MIB / len(_compact(tool))))
+    return responses_stream(0.0, tools=[_tool(100), *[tool] * count])
 
 
 def responses_stream(mib: float, *, depth: int = 0,
@@ -232,7 +240,9 @@ def main() -> None:
             ("echo", echo_stream(args.mib), Wire.CHOICES),
             ("schema", responses_stream(max(2.0, args.mib / 8), depth=400), Wire.RESPONSES),
             ("tools", tools_stream(min(0.9, args.mib)), Wire.RESPONSES),
-            ("deep", tools_stream(min(0.9, args.mib), depth=40), Wire.RESPONSES)]}
+            ("deep", tools_stream(min(0.9, args.mib), depth=40), Wire.RESPONSES),
+            ("deeper", tools_stream(min(0.9, args.mib), depth=150, described=True),
+             Wire.RESPONSES)]}
     events, payloads = chunks_stream(min(1.0, args.mib))
     cases["chunks"] = (events, payloads, Wire.CHOICES, len(payloads))
     result: dict[str, str] = {}
