@@ -107,7 +107,7 @@ _RUN = rb'[^"{}\[\]]*+'
 
 def balanced(depth: int) -> bytes:
     """A pattern of a container's content, ``depth`` levels deep, its brackets matched
-    by kind (``json_steps._nested`` matches any, ``json.loads`` checking its parts)."""
+    by kind (``json_scan.nested`` matches any, ``json.loads`` checking its parts)."""
     # Bytes other than quotes and brackets, whole strings, and containers whose brackets
     # match, ``depth`` levels deep; unrolled (runs, then one of the others and a run),
     # and possessive, so a pattern that fails (a container deeper, or cut by the piece's

@@ -14,10 +14,10 @@ JSON splits so into parts valid alone whose values make the whole's: items and m
 in their order (a key written twice keeps its last value, as in ``json.loads``), a
 string cut between characters only, never inside an escape nor between the two escapes
 of a surrogate pair. A part is found by its quotes and brackets (compiled patterns, at C
-speed, ``_CONTENT``; through items nested deeper than those take, by hops of a few such
-patterns, ``_Walk._through``) and then parsed: a step scans at most ``step`` bytes and
-parses at most as many, in parts of ``PART_BYTES`` and ``PART_CONTAINERS`` at most (a
-string's pieces excepted), and walks at most ``TOKENS`` tokens one by one.
+speed, ``json_scan.CONTENT``; through items nested deeper than those take, by hops of a
+few such patterns, ``json_hops``) and then parsed: a step scans at most ``step`` bytes and
+parses at most as many, in parts of ``PART_BYTES`` and ``json_scan.PART_CONTAINERS`` at
+most (a string's pieces excepted), and walks at most ``TOKENS`` tokens one by one.
 
 Where a part is no JSON, or the text is one the steps do not split (not UTF-8 to
 ``json.loads``, not an object or array, nested deeper than ``json.loads`` takes here, a
@@ -40,13 +40,31 @@ in the last (1-2 ms).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import json
-import re
-import sys
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from typing import Any
+
+from slopilot.engine.meter import json_hops, json_scan
+from slopilot.engine.meter.json_hops import Hops
+from slopilot.engine.meter.json_keep import COUNT, WHOLE, Keep, project
+from slopilot.engine.meter.json_scan import (
+    COLON,
+    COMMA,
+    HIGH,
+    KEY,
+    ONE,
+    OPEN,
+    PIECE,
+    QUOTE,
+    WS,
+    cut,
+    end_of,
+    opens,
+    unescaped,
+)
+
+__all__ = ["COUNT", "WHOLE", "Keep", "NotStepped", "loads", "project"]
 
 DEPTH = 64
 """The containers the walk opens, one in another, before it asks ``json.loads`` whether
@@ -56,26 +74,13 @@ logprobs, whose entries are parts; a client's, which vLLM echoes, as deep as it 
 frames under way, which the parts of one, each parsed apart, would not reach: past
 ``DEPTH``, and at each ``DEPTH`` more, the walk asks it (``_Walk._nestable``), and
 where it would refuse the text, parses it whole, for its error. The depth asked is the
-walk's and its parts' (each at most its containers, ``PART_DEPTH`` at most, below the
-levels its hops counted)."""
-PART_DEPTH = 32
-"""The containers ``_CONTENT`` takes, one in another, inside a container: an item nested
-deeper is hopped through (``_Walk._through``). vLLM's own JSON goes 4 deep inside a part
-(a log probability's entry); a client's tools, which vLLM echoes in a Responses event,
-as deep as their JSON Schemas (10-20 levels for most). At 5 levels, and no hops, each
-tool of a schema nested 8 deep was walked container by container, its keys and brackets
-token by token: 15-50 times ``json.loads``' CPU. (The pattern grows by a level's few
-dozen bytes each: a bracket closes either kind in it.)"""
+walk's and its parts' (each at most its containers, ``json_scan.PART_DEPTH`` at most,
+below the levels its hops counted)."""
 PART_BYTES = 8 << 10
 """The most bytes of a run of items parsed as one part (a step parses several): its
 objects, a few hundred, are dropped (where not kept) before the garbage collector's
 youngest generation fills (700 objects), so none outlives it to count towards a full
 pass. Parts of 64 KiB, thousands of objects, still made one every few events of 1 MiB."""
-PART_CONTAINERS = 512
-"""The most containers a part makes (brackets that open in its bytes; one in a string
-counted too). Of ``PART_BYTES`` alone, a part of brackets (arrays in arrays, a few bytes
-each) made thousands: they outlived the young generation (a part's objects under way when
-it filled), and brought its full passes into the steps (steps of 6-24 ms)."""
 CONTAINER_BYTES = 8
 """The bytes a container of a part counts for in a step's: ``json.loads`` makes one in
 the time it parses some 8 bytes of strings and numbers (vLLM's logprobs, a client's
@@ -87,92 +92,9 @@ turn of the walk in Python, some microseconds, where a byte of a part is nanosec
 ``json.loads``: a step's bytes of items a few bytes long nested deeper than a part (a
 client's JSON, which vLLM echoes in a Responses event) are thousands of tokens, and
 walked in one step took 50-750 ms."""
-HOPS = 512
-"""The most hops a step takes through items nested deeper than ``PART_DEPTH``
-(``_Walk._through``): a hop is a few compiled patterns, about a microsecond, and takes
-a chain of containers one in another whole, or a level of a JSON Schema (its
-``properties`` in, its ``required`` out)."""
 ROOM = 16
 """The fewest bytes a step must have left to start on a part (an escape, a key's quote
 and colon): with fewer, the loop takes its turn first."""
-
-_WS = re.compile(rb"[ \t\n\r]*+")
-_SCALAR = rb'[^ \t\n\r,:\[\]{}"]++'
-_STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
-_RUN = rb'[^"{}\[\]]*+'
-
-
-def _nested(depth: int) -> bytes:
-    """A pattern of a container's content, its containers ``depth`` levels deep at most."""
-    # Bytes other than quotes and brackets, whole strings, and containers, unrolled (runs,
-    # then one of the others and a run), possessive so that a pattern that fails (a
-    # container deeper, or cut by the window's end) is not retried at each of its bytes.
-    # A bracket closes any kind (``json_paths.balanced`` matches kinds, in a pattern twice
-    # as long for each level): a part whose kinds do not match is no JSON to ``json.loads``.
-    other = _STRING
-    if depth:
-        other = rb"(?:" + _STRING + rb"|[\[{]" + _nested(depth - 1) + rb"[\]}])"
-    return _RUN + rb"(?:" + other + _RUN + rb")*+"
-
-
-_CONTENT = re.compile(_nested(PART_DEPTH), re.S)
-"""A container's content up to its end, or to a step's end, or a bracket ``PART_DEPTH``
-levels deeper: its last bytes outside strings and brackets are the container's own, and a
-comma there ends an item."""
-_PLAIN = rb'[^"\[\]{}]++|"[^"\\\[\]{}]*+"'
-"""Bytes outside strings and brackets, or a string without a bracket or an escape."""
-_DOWN = re.compile(rb"(?:[\[{]|" + _PLAIN + rb")*+")
-"""Up to a bracket that closes (or a string with a bracket or an escape in it): each
-bracket that opens there is inside the one before, as many levels as they open in one hop
-(``_Walk._through``)."""
-_UP = re.compile(rb"(?:[\]}]|[\[{](?:" + _PLAIN + rb")*+[\]}]|" + _PLAIN + rb")*+")
-"""From a bracket that closes, up to a container in which one is (or a string with a
-bracket or an escape in it): brackets that close, and containers of none, as many levels
-as the first close in one hop (a JSON Schema's ``"required": [...]`` at each)."""
-_BRACKETS = re.compile(rb"[\]}]++|[\[{]")
-"""A run of brackets that close, or one that opens."""
-_OPENER = re.compile(rb"[\[{]")
-_CONTAINERS = re.compile(rb"(?:[^\[{]*+[\[{]){%d}" % PART_CONTAINERS)
-"""The bytes up to the ``PART_CONTAINERS``-th bracket that opens."""
-_KEY = re.compile(_STRING + rb"[ \t\n\r]*+:[ \t\n\r]*+", re.S)
-_ONE = re.compile(_SCALAR)
-_PIECE = re.compile(rb'(?:[^"\\]++|\\[^u]|\\u[0-9a-fA-F]{4})*+')
-"""A string's bytes up to its end, or to an escape a step's end would cut (or one that is
-no JSON, which its part then says)."""
-_HIGH = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")
-"""A surrogate pair's first escape: ``json.loads`` joins it to a second right after it."""
-_QUOTE, _BACKSLASH, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
-_NEVER = sys.maxsize
-_OPEN = {ord("{"): ord("}"), ord("["): ord("]")}
-_SHUT = frozenset(_OPEN.values())
-
-
-@dataclasses.dataclass(frozen=True)
-class Keep:
-    """What of a value is kept: an object's ``keys`` (each kept as it says, the others
-    left out), an array's ``items`` (each kept as it says) or its ``count`` (that many
-    ``None``), else the value whole. A value of another kind than its place says (an
-    array where an object's keys are kept, a string) is kept whole."""
-
-    keys: Mapping[str, Keep] | None = None
-    items: Keep | None = None
-    count: bool = False
-
-
-WHOLE = Keep()
-COUNT = Keep(count=True)
-
-
-def project(value: Any, keep: Keep) -> Any:
-    """What ``keep`` keeps of ``value`` (a ``json.loads`` one)."""
-    if keep.keys is not None and isinstance(value, dict):
-        return {k: project(v, keep.keys[k]) for k, v in value.items() if k in keep.keys}
-    if isinstance(value, list):
-        if keep.items is not None:
-            return [project(v, keep.items) for v in value]
-        if keep.count:
-            return [None] * len(value)
-    return value
 
 
 class NotStepped(Exception):
@@ -220,24 +142,15 @@ class _Walk:
         """The tokens the step under way may still walk."""
         self.deepest = 0
         """The most containers the walk was in, one in another (or a part's hops)."""
-        self.hops = HOPS
-        """The hops the step under way may still take (``_through``)."""
-        self.failed: list[tuple[int, int]] = []
-        """The containers the last hops that failed left open, each its parent's first
-        item: the runs of ``_DOWN`` that opened them, in their order."""
-        self.unclosed = (-1, -1)
-        """The last container a run stopped at that does not end before the window's
-        end, and that end (its scan not done again by the run that starts at it)."""
-        self.unhopped: list[tuple[int, int]] = []
-        """The containers no run hops through (``failed``, where it was a run's first
-        item): they do not end within a part, and are walked, each at its level."""
+        self.hops = Hops(data)
+        """Through items nested deeper than a part, by hops (``json_hops``)."""
 
     def run(self) -> Generator[None, None, tuple[Any, int]]:
         data, n = self.data, len(self.data)
         if n <= self.step or json.detect_encoding(data) != "utf-8":
             raise NotStepped  # one part, or not UTF-8 (json.loads reads its BOMs, UTF-16)
         pos = yield from self._space(0)
-        if pos == n or data[pos] not in _OPEN:
+        if pos == n or data[pos] not in OPEN:
             raise NotStepped
         stack = [_opened(data[pos], self.keep)]
         pos += 1
@@ -266,7 +179,7 @@ class _Walk:
                 first, after = False, True
                 continue
             if after:
-                if byte != _COMMA:
+                if byte != COMMA:
                     raise NotStepped
                 pos, after = pos + 1, False
                 continue
@@ -280,19 +193,19 @@ class _Walk:
                 pos = yield from self._key(top, pos)
                 pos = yield from self._space(pos)
             byte = data[pos] if pos < n else 0
-            if byte in _OPEN:
+            if byte in OPEN:
                 stack.append(_opened(byte, _child(top)))
                 yield from self._reach(len(stack))
                 pos, first = pos + 1, True
                 continue
-            item, pos = yield from (self._string(pos) if byte == _QUOTE else
+            item, pos = yield from (self._string(pos) if byte == QUOTE else
                                     self._scalar(pos))
             self._put(top, item)
             after = True
 
     def _turn(self) -> Generator[None, None, None]:
         yield
-        self.left, self.tokens, self.hops = self.step, TOKENS, HOPS
+        self.left, self.tokens, self.hops.left = self.step, TOKENS, json_hops.HOPS
 
     def _reach(self, depth: int) -> Generator[None, None, bool]:
         """The walk, or a part's hops, ``depth`` containers deep: past each ``DEPTH`` more,
@@ -365,7 +278,7 @@ class _Walk:
             if self.left < ROOM:
                 yield from self._turn()
             window = min(n, pos + self.left)
-            end = _end(_WS, data, pos, window)
+            end = end_of(WS, data, pos, window)
             self.left -= end - pos
             if end < window or window == n:
                 return end
@@ -377,13 +290,13 @@ class _Walk:
         ends (``pos``: no item fits a part), and whether a comma ended it (else the
         container's end is next). ``top`` is ``depth`` containers deep.
 
-        The run is the container's content up to the step's end (``_content``), cut after
+        The run is the container's content up to the step's end (``Hops.content``), cut after
         its last item that ended there (``_cut``); or up to the container's end, where it
         comes first."""
         data, n = self.data, len(self.data)
-        at, reach = self.unclosed
+        at, reach = self.hops.unclosed
         if pos <= at and reach - at >= PART_BYTES // 2 and \
-                (at == pos or _end(_KEY, data, pos, at) == at):
+                (at == pos or end_of(KEY, data, pos, at) == at):
             # The item at pos did not end within half a part or more, and a run from it
             # would be no fuller: walked alone, its own items in runs of their own (a
             # second window's scan of each long container, level by level, was a tenth
@@ -393,32 +306,33 @@ class _Walk:
             if self.left < ROOM:
                 yield from self._turn()
             room = min(self.left - 2, PART_BYTES)
-            window, hops = min(n, pos + room), self.hops
+            window, hops = min(n, pos + room), self.hops.left
             while True:
-                stop, deeper, window = self._content(pos, window)
+                stop, deeper, window = self.hops.content(pos, window)
                 closed = stop < n and data[stop] == top.close
-                end = stop if closed else _cut(data, pos, stop, top.close == 0x7D)
-                made = _opens(data, pos, end)
-                if made <= PART_CONTAINERS:
+                end = stop if closed else cut(data, pos, stop, top.close == 0x7D)
+                made = opens(data, pos, end)
+                if made <= json_scan.PART_CONTAINERS:
                     break
                 # Fewer items, as many containers as a part makes; their hops again.
-                window, self.hops = _end(_CONTAINERS, data, pos, end), hops
+                window, self.hops.left = end_of(json_scan.CONTAINERS, data, pos, end), hops
             if end > pos:
-                deeper = max(deeper, min(made, PART_DEPTH))  # a part's, at most
+                deeper = max(deeper, min(made, json_scan.PART_DEPTH))  # a part's, at most
                 if depth + deeper <= self.deepest:
                     break
                 if (yield from self._reach(depth + deeper)):
                     continue  # json.loads was asked: the window again, of what is left
                 break
             wider = pos + room < n and room < PART_BYTES
-            if (not wider and self.hops > 0) or (self.left == self.step and hops == HOPS):
+            if (not wider and self.hops.left > 0) or \
+                    (self.left == self.step and hops == json_hops.HOPS):
                 # No step fuller than this one's rest would widen the window or take more
                 # hops: the item is longer than a part, or nested deeper than a step's
                 # hops reach, and walked alone now (a turn here took one per such item,
                 # thousands an event); the openers its hops went through are walked too,
                 # not hopped again at each of their levels.
-                if self.failed:
-                    self.unhopped = self.failed
+                if self.hops.failed:
+                    self.hops.unhopped = self.hops.failed
                 return pos, False
             yield from self._turn()
         self.left -= (end if closed else window) - pos + 2 + CONTAINER_BYTES * made
@@ -427,97 +341,14 @@ class _Walk:
                                     bytes((top.close,))))
         return end, not closed
 
-    def _content(self, pos: int, window: int) -> tuple[int, int, int]:
-        """Where a container's content from ``pos`` stops, before ``window``, as
-        ``_CONTENT``'s, but past its items nested deeper than a part (``_through``): at its
-        end, at the window's, or at an item that does not end before it or past the step's
-        hops. And the containers its items open one in another by hops (a part's pattern
-        holds ``PART_DEPTH`` more below each), and the window, before hops, brought to the
-        part's ``PART_CONTAINERS`` (so as not to hop past them)."""
-        data = self.data
-        stop, deeper, counted = _end(_CONTENT, data, pos, window), 0, False
-        self.failed = []
-        while stop < window and data[stop] in _OPEN and not _within(self.unhopped, stop):
-            if _opens(data, stop, window) <= PART_DEPTH:
-                self.unclosed = (stop, window)
-                break  # not nested past a part, so not ended before the window
-            if not counted and _opens(data, pos, window) > PART_CONTAINERS:
-                window, counted = _end(_CONTAINERS, data, pos, window), True
-                stop = _end(_CONTENT, data, pos, window)
-                continue
-            counted = True
-            end, depth = self._through(stop, window)
-            if end < 0:
-                if self.hops > 0:
-                    self.unclosed = (stop, window)
-                break
-            deeper = max(deeper, depth)
-            stop = _end(_CONTENT, data, end, window)
-        return stop, deeper, window
-
-    def _through(self, at: int, window: int) -> tuple[int, int]:
-        """Past the container at ``at``, nested deeper than ``_CONTENT`` takes, before
-        ``window``: where it ends (-1: not before it, or past the step's hops), and the
-        containers it holds one in another, at most (as many as its hops counted, and
-        ``_CONTENT``'s containers below them).
-
-        A hop is a run of ``_DOWN`` (the brackets that open, down to one that closes) or
-        of ``_UP`` (those that close, and containers of no container), their count the
-        depth's change, then the content at that depth by ``_CONTENT``: a few compiled
-        patterns for a chain of containers, or for each level of a JSON Schema, where the
-        walk took tens of tokens of Python. Strings are whole to the patterns, so a
-        bracket counted is none of theirs; one that closes a container of the other kind
-        makes a part that is no JSON to ``json.loads``."""
-        data = self.data
-        depth, deepest, ended = 0, 0, 0
-        opened: list[list[int]] = []  # each run of brackets that open: where, how many
-        # of them are open, how many it opened, and the runs that closed before it
-        while at < window and self.hops > 0:
-            self.hops -= 1
-            byte = data[at]
-            if byte in _OPEN:
-                end = _end(_DOWN, data, at, window)
-                count = _opens(data, at, end)
-                opened.append([at, end, count, count, ended])
-                depth += count
-                deepest = max(deepest, depth)
-            elif byte in _SHUT:
-                end = _end(_UP, data, at, window)
-                shut = data.count(b"]", at, end) + data.count(b"}", at, end) - \
-                    _opens(data, at, end)
-                if shut >= depth:
-                    return _after(data, at, end, depth), deepest
-                depth -= shut
-                ended += 1
-                while shut:  # the runs whose containers all ended
-                    gone = min(shut, opened[-1][2])
-                    opened[-1][2] -= gone
-                    shut -= gone
-                    if not opened[-1][2]:
-                        opened.pop()
-            else:
-                break  # a string that does not end before the window, or no JSON
-            at = _end(_CONTENT, data, end, window)
-            deepest = max(deepest, depth + min(_opens(data, end, at), PART_DEPTH))
-        # The containers the walk comes to first, each its parent's first item: a run from
-        # one would fail as this one did. After one that holds items that ended, a run
-        # from the next starts past them, with a window of its own.
-        self.failed = []
-        for start, end, left, count, before in opened:
-            if self.failed and before != opened[0][4]:
-                break
-            self.failed.append((start, end if left == count else
-                                _nth_open(data, start, end, left)))
-        return -1, deepest
-
     def _key(self, top: _Open, pos: int) -> Generator[None, None, int]:
         """The key of ``top``'s member at ``pos`` (a string as any, in pieces where it is
         long), and past its colon."""
-        if self.data[pos] != _QUOTE:
+        if self.data[pos] != QUOTE:
             raise NotStepped
         top.key, pos = yield from self._string(pos)
         pos = yield from self._space(pos)
-        if pos == len(self.data) or self.data[pos] != _COLON:
+        if pos == len(self.data) or self.data[pos] != COLON:
             raise NotStepped
         return pos + 1
 
@@ -528,7 +359,7 @@ class _Walk:
             if self.left < ROOM:
                 yield from self._turn()
             window = min(n, pos + self.left)
-            end = _ONE.match(data, pos, window)
+            end = ONE.match(data, pos, window)
             if end is not None and (end.end() < window or window == n):
                 self.left -= end.end() - pos
                 return self._part(data[pos:end.end()]), end.end()
@@ -544,17 +375,17 @@ class _Walk:
         while True:
             if self.left < ROOM:
                 yield from self._turn()
-            end = _end(_PIECE, data, start, min(n, start + self.left - 2))
+            end = end_of(PIECE, data, start, min(n, start + self.left - 2))
             if end == n:
                 raise NotStepped  # never closed
-            if data[end] == _QUOTE:
+            if data[end] == QUOTE:
                 pieces.append(self._part(b'"' + data[start:end + 1]))
                 self.left -= end - start + 2
                 return "".join(pieces), end + 1
             cut = end
             while cut > max(start, end - 3) and 0x80 <= data[cut] < 0xC0:
                 cut -= 1  # not inside a character
-            if cut - 6 >= start and _HIGH.match(data, cut - 6, cut) and _unescaped(data, cut - 6):
+            if cut - 6 >= start and HIGH.match(data, cut - 6, cut) and unescaped(data, cut - 6):
                 cut -= 6  # not between the escapes of a surrogate pair
             if cut > start:
                 pieces.append(self._part(b'"' + data[start:cut] + b'"'))
@@ -583,83 +414,3 @@ def _child(container: _Open) -> Keep | None:
         return WHOLE if keep.keys is None else keep.keys.get(container.key)
     return WHOLE if keep.items is None else keep.items
 
-
-def _end(pattern: re.Pattern[bytes], data: bytes, pos: int, window: int) -> int:
-    """Where ``pattern`` (one that matches the empty text) ends from ``pos``, in the
-    bytes before ``window``."""
-    found = pattern.match(data, pos, window)
-    return pos if found is None else found.end()
-
-
-def _cut(data: bytes, pos: int, stop: int, members: bool) -> int:
-    """Where a run of items from ``pos`` ends, its content read to ``stop``: past the last
-    comma between two of its items (``pos``: none). Past its last string or bracket the
-    content is the container's own (numbers, literals, colons, commas); in an object, where
-    that holds no comma (a member's key, then its value cut), the comma is before the key;
-    where a string or container ends the content, its comma is past ``stop``, and the run
-    ends before it. A cut that is not between two items is one whose part is no JSON."""
-    for _ in range(2):
-        last = max(data.rfind(b'"', pos, stop), data.rfind(b"]", pos, stop),
-                   data.rfind(b"}", pos, stop))
-        comma = data.rfind(b",", max(pos, last + 1), stop)
-        if comma < 0 and members and last > pos and data[last] == _QUOTE:
-            opening = last  # the key's opening quote: the first not escaped before its end
-            while (opening := data.rfind(b'"', pos, opening)) >= 0 and \
-                    not _unescaped(data, opening):
-                pass
-            if opening > pos:
-                before = max(data.rfind(b'"', pos, opening), data.rfind(b"]", pos, opening),
-                             data.rfind(b"}", pos, opening))
-                comma = data.rfind(b",", max(pos, before + 1), opening)
-        if comma > pos:
-            return comma + 1  # an item before it, at least
-        if last <= pos:
-            return pos
-        stop = _end(_CONTENT, data, pos, last)  # the content without that last one
-    return pos
-
-
-def _within(spans: list[tuple[int, int]], at: int) -> bool:
-    """Whether ``at`` is inside one of ``spans`` (in their order, none over another)."""
-    found = bisect.bisect_right(spans, (at, _NEVER)) - 1
-    return found >= 0 and at < spans[found][1]
-
-
-def _nth_open(data: bytes, pos: int, end: int, count: int) -> int:
-    """Past the ``count``-th bracket that opens from ``pos`` (``_DOWN``'s, to ``end``)."""
-    for found in _OPENER.finditer(data, pos, end):
-        count -= 1
-        if count == 0:
-            return found.end()
-    raise AssertionError("fewer brackets than counted")
-
-
-def _opens(data: bytes, pos: int, end: int) -> int:
-    """The brackets that open from ``pos`` to ``end`` (in strings too)."""
-    return data.count(b"[", pos, end) + data.count(b"{", pos, end)
-
-
-def _after(data: bytes, at: int, end: int, count: int) -> int:
-    """Past the ``count``-th bracket from ``at`` that closes a container open there
-    (``_UP``'s, to ``end``)."""
-    inside = 0  # the containers of none opened since
-    for found in _BRACKETS.finditer(data, at, end):
-        start, stop = found.span()
-        if data[start] in _OPEN:
-            inside += 1
-            continue
-        closing = min(inside, stop - start)  # theirs first
-        inside -= closing
-        if stop - start - closing >= count:
-            return start + closing + count
-        count -= stop - start - closing
-    raise AssertionError("fewer brackets than counted")
-
-
-def _unescaped(data: bytes, at: int) -> bool:
-    """Whether the byte at ``at`` is no escape's (an even run of backslashes before it): a
-    quote that ends its string, a backslash that starts an escape."""
-    first = at
-    while first > 0 and data[first - 1] == _BACKSLASH:
-        first -= 1
-    return (at - first) % 2 == 0

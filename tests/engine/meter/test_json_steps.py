@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slopilot.engine.meter import json_steps
+from slopilot.engine.meter import json_hops, json_scan, json_steps
 from slopilot.engine.meter.json_steps import COUNT, WHOLE, Keep, loads, project
 
 
@@ -32,22 +32,23 @@ class Limits:
     default): a part of few levels and containers, and few hops, take the hops and the
     walk through texts of a few hundred bytes as deep ones of 1 MiB take them."""
 
-    depth: int = json_steps.PART_DEPTH
-    containers: int = json_steps.PART_CONTAINERS
-    hops: int = json_steps.HOPS
+    depth: int = json_scan.PART_DEPTH
+    containers: int = json_scan.PART_CONTAINERS
+    hops: int = json_hops.HOPS
 
     @contextmanager
     def applied(self) -> Iterator[None]:
         with mock.patch.multiple(
-                json_steps, PART_DEPTH=self.depth, PART_CONTAINERS=self.containers,
-                HOPS=self.hops, _CONTENT=re.compile(json_steps._nested(self.depth), re.S),
-                _CONTAINERS=re.compile(rb"(?:[^\[{]*+[\[{]){%d}" % self.containers)):
+                json_scan, PART_DEPTH=self.depth, PART_CONTAINERS=self.containers,
+                CONTENT=re.compile(json_scan.nested(self.depth), re.S),
+                CONTAINERS=re.compile(rb"(?:[^\[{]*+[\[{]){%d}" % self.containers)), \
+                mock.patch.object(json_hops, "HOPS", self.hops):
             yield
 
 
-limits = st.builds(Limits, depth=st.sampled_from([0, 1, 2, json_steps.PART_DEPTH]),
-                   containers=st.sampled_from([1, 3, json_steps.PART_CONTAINERS]),
-                   hops=st.sampled_from([1, 2, 5, json_steps.HOPS]))
+limits = st.builds(Limits, depth=st.sampled_from([0, 1, 2, json_scan.PART_DEPTH]),
+                   containers=st.sampled_from([1, 3, json_scan.PART_CONTAINERS]),
+                   hops=st.sampled_from([1, 2, 5, json_hops.HOPS]))
 
 
 class Parsed:
@@ -301,6 +302,6 @@ def test_a_part_of_brackets_makes_few_containers(item: Any) -> None:
     step = 1 << 16
     parsed = Parsed(text, step, step)
     assert parsed.outcome == whole(text)
-    assert parsed.most_made <= json_steps.PART_CONTAINERS + 1
+    assert parsed.most_made <= json_scan.PART_CONTAINERS + 1
     assert max(parsed.made.values()) <= step // json_steps.CONTAINER_BYTES + \
-        json_steps.PART_CONTAINERS + 1
+        json_scan.PART_CONTAINERS + 1

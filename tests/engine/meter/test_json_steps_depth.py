@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.engine.meter import json_steps
+from slopilot.engine.meter import json_scan, json_steps
 from slopilot.engine.meter.json_steps import DEPTH, WHOLE, Keep, project
 from slopilot.engine.meter.stream_judge import READS, Wire
 from tests.engine.meter.test_json_steps import Parsed, depth, whole
@@ -159,10 +159,10 @@ def chain(depth: int) -> Any:
     return value
 
 
-DEEPER = {"arrays": nested(0, 3 * json_steps.PART_DEPTH),
-          "objects": nested(0, 3 * json_steps.PART_DEPTH, "a"),
-          "chain": chain(3 * json_steps.PART_DEPTH),
-          "schema": schema(json_steps.PART_DEPTH + 16)}
+DEEPER = {"arrays": nested(0, 3 * json_scan.PART_DEPTH),
+          "objects": nested(0, 3 * json_scan.PART_DEPTH, "a"),
+          "chain": chain(3 * json_scan.PART_DEPTH),
+          "schema": schema(json_scan.PART_DEPTH + 16)}
 """Items nested past ``PART_DEPTH``, three times over (a JSON Schema past it by 33)."""
 
 
