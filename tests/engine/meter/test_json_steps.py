@@ -145,7 +145,7 @@ def test_json_is_json_loads_value_in_steps_of_at_most_a_step(
                     limits=data.draw(limits, label="limits"))
     assert parsed.outcome == whole(text)
     assert not parsed.whole or len(text) <= step
-    assert max(parsed.fed.values()) <= step
+    assert max(parsed.fed.values(), default=0) <= step  # a text of brackets: none
 
 
 NAMES = ["a", "b", "\u00e9", 'q"']
