@@ -10,6 +10,7 @@ import re
 import sys
 
 from slopilot.engine.meter import json_scan
+from slopilot.engine.meter.json_brackets import Brackets, past_opens
 from slopilot.engine.meter.json_scan import OPEN, SHUT, end_of, opens
 
 HOPS = 512
@@ -18,19 +19,29 @@ HOPS = 512
 a chain of containers one in another whole, or a level of a JSON Schema (its
 ``properties`` in, its ``required`` out)."""
 
+ITEM_HOPS = 2
+"""The most hops through one item before its brackets are counted instead
+(``Brackets``, ``Hops.counted``): a chain of containers, or a JSON Schema, takes 2 (down
+its openers, up its closers and ``required``), but arrays and objects in turn, each
+holding a container beside the one deeper, took 2 a level (an item 300 deep, 600 hops:
+1,200 calls a KiB), as did a string holding a bracket or an escape at each level."""
+_FIRST_COUNT = 1 << 10
+"""The bytes of an item whose brackets are counted first (then all the window's: a byte
+counted twice at most)."""
 _PLAIN = rb'[^"\[\]{}]++|"[^"\\\[\]{}]*+"'
 """Bytes outside strings and brackets, or a string without a bracket or an escape."""
-_DOWN = re.compile(rb"(?:[\[{]|" + _PLAIN + rb")*+")
+_QUOTED = rb'"[^"\\\[\]{}]*+"'
+DOWN = re.compile(rb'(?:[^"\]}]++|' + _QUOTED + rb")*+")
 """Up to a bracket that closes (or a string with a bracket or an escape in it): each
 bracket that opens there is inside the one before, as many levels as they open in one hop
 (``Hops.through``)."""
-_UP = re.compile(rb"(?:[\]}]|[\[{](?:" + _PLAIN + rb")*+[\]}]|" + _PLAIN + rb")*+")
+UP = re.compile(rb'(?:[^"\[{]++|[\[{](?:' + _PLAIN + rb")*+[\]}]|" + _QUOTED + rb")*+")
 """From a bracket that closes, up to a container in which one is (or a string with a
 bracket or an escape in it): brackets that close, and containers of none, as many levels
 as the first close in one hop (a JSON Schema's ``"required": [...]`` at each)."""
 _BRACKETS = re.compile(rb"[\]}]++|[\[{]")
 """A run of brackets that close, or one that opens."""
-_OPENER = re.compile(rb"[\[{]")
+_RUNS = 8
 _NEVER = sys.maxsize
 
 
@@ -44,13 +55,16 @@ class Hops:
         """The hops the step under way may still take (``through``)."""
         self.failed: list[tuple[int, int]] = []
         """The containers the last hops that failed left open, each its parent's first
-        item: the runs of ``_DOWN`` that opened them, in their order."""
+        item: the runs of ``DOWN`` that opened them, in their order."""
         self.unclosed = (-1, -1)
         """The last container a run stopped at that does not end before the window's
         end, and that end (its scan not done again by the run that starts at it)."""
         self.unhopped: list[tuple[int, int]] = []
         """The containers no run hops through (``failed``, where it was a run's first
         item): they do not end within a part, and are walked, each at its level."""
+        self.unended: Brackets | None = None
+        """The brackets of the last container ``counted`` found not to end before its
+        window (``json_shells`` takes its levels from them)."""
 
     def content(self, pos: int, window: int) -> tuple[int, int, int]:
         """Where a container's content from ``pos`` stops, before ``window``, as
@@ -86,32 +100,35 @@ class Hops:
         containers it holds one in another, at most (as many as its hops counted, and
         ``CONTENT``'s containers below them).
 
-        A hop is a run of ``_DOWN`` (the brackets that open, down to one that closes) or
-        of ``_UP`` (those that close, and containers of no container), their count the
+        A hop is a run of ``DOWN`` (the brackets that open, down to one that closes) or
+        of ``UP`` (those that close, and containers of no container), their count the
         depth's change, then the content at that depth by ``CONTENT``: a few compiled
         patterns for a chain of containers, or for each level of a JSON Schema, where the
         walk took tens of tokens of Python. Strings are whole to the patterns, so a
         bracket counted is none of theirs; one that closes a container of the other kind
         makes a part that is no JSON to ``json.loads``."""
-        data = self.data
+        data, item, hops = self.data, at, 0
         depth, deepest, ended = 0, 0, 0
         opened: list[list[int]] = []  # each run of brackets that open: where, how many
         # of them are open, how many it opened, and the runs that closed before it
         while at < window and self.left > 0:
+            if hops == ITEM_HOPS:
+                return self.counted(item, window)
             self.left -= 1
+            hops += 1
             byte = data[at]
             if byte in OPEN:
-                end = end_of(_DOWN, data, at, window)
+                end = end_of(DOWN, data, at, window)
                 count = opens(data, at, end)
                 opened.append([at, end, count, count, ended])
                 depth += count
                 deepest = max(deepest, depth)
             elif byte in SHUT:
-                end = end_of(_UP, data, at, window)
+                end = end_of(UP, data, at, window)
                 shut = data.count(b"]", at, end) + data.count(b"}", at, end) - \
                     opens(data, at, end)
                 if shut >= depth:
-                    return _after(data, at, end, depth), deepest
+                    return after(data, at, end, depth), deepest
                 depth -= shut
                 ended += 1
                 while shut:  # the runs whose containers all ended
@@ -132,7 +149,26 @@ class Hops:
             if self.failed and before != opened[0][4]:
                 break
             self.failed.append((start, end if left == count else
-                                _nth_open(data, start, end, left)))
+                                past_opens(data, start, end, left)))
+        return -1, deepest
+
+    def counted(self, at: int, window: int) -> tuple[int, int]:
+        """``through``, by the brackets of the container at ``at`` counted (``Brackets``):
+        in its first ``_FIRST_COUNT`` bytes, else up to ``window`` (those of one that does
+        not end before it kept: ``unended``)."""
+        stop, deepest = at, 0
+        while stop < window:
+            stop = window if stop > at else min(window, at + _FIRST_COUNT)
+            brackets = Brackets(self.data, at, stop)
+            depth = brackets.depth
+            try:
+                end = depth.index(0)
+            except ValueError:
+                deepest = max(depth, default=0)
+                continue
+            return brackets.at(end) + 1, max(depth[:end])
+        self.failed = []
+        self.unended = brackets if stop > at else None
         return -1, deepest
 
 
@@ -142,21 +178,16 @@ def _within(spans: list[tuple[int, int]], at: int) -> bool:
     return found >= 0 and at < spans[found][1]
 
 
-def _nth_open(data: bytes, pos: int, end: int, count: int) -> int:
-    """Past the ``count``-th bracket that opens from ``pos`` (``_DOWN``'s, to ``end``)."""
-    for found in _OPENER.finditer(data, pos, end):
-        count -= 1
-        if count == 0:
-            return found.end()
-    raise AssertionError("fewer brackets than counted")
-
-
-def _after(data: bytes, at: int, end: int, count: int) -> int:
+def after(data: bytes, at: int, end: int, count: int) -> int:
     """Past the ``count``-th bracket from ``at`` that closes a container open there
-    (``_UP``'s, to ``end``)."""
+    (``UP``'s, to ``end``): a run of brackets at a time, then, past a few runs (a JSON
+    Schema's ``required`` at each level), by the brackets' depth (``Brackets``)."""
     inside = 0  # the containers of none opened since
-    for found in _BRACKETS.finditer(data, at, end):
+    for runs, found in enumerate(_BRACKETS.finditer(data, at, end)):
         start, stop = found.span()
+        if runs == _RUNS:
+            brackets = Brackets(data, start, end, plain=True)
+            return brackets.at(brackets.depth.index(-inside - count)) + 1
         if data[start] in OPEN:
             inside += 1
             continue

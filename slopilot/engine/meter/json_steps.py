@@ -9,7 +9,9 @@ parsed in one go, it held every other stream the meter relays for 8-35 ms.
 The value is ``json.loads``' own, made of the values of the text's parts, each parsed by
 ``json.loads`` itself: a run of a container's items (an object's members) whole, in its
 brackets; a piece of a string too long for a step, in quotes. The containers too long
-for a part are walked, their brackets, commas, colons and keys taken one by one. Valid
+for a part are walked, their brackets, commas, colons and keys taken one by one; where
+they open one in another (a client's JSON Schema nested hundreds deep), many levels are
+parsed as one part around the innermost, which the walk fills (``json_shells``). Valid
 JSON splits so into parts valid alone whose values make the whole's: items and members
 in their order (a key written twice keeps its last value, as in ``json.loads``), a
 string cut between characters only, never inside an escape nor between the two escapes
@@ -45,7 +47,7 @@ import json
 from collections.abc import Generator
 from typing import Any
 
-from slopilot.engine.meter import json_hops, json_scan
+from slopilot.engine.meter import json_hops, json_scan, json_shells
 from slopilot.engine.meter.json_hops import Hops
 from slopilot.engine.meter.json_keep import COUNT, WHOLE, Keep, project
 from slopilot.engine.meter.json_scan import (
@@ -63,6 +65,7 @@ from slopilot.engine.meter.json_scan import (
     opens,
     unescaped,
 )
+from slopilot.engine.meter.json_shells import Closing, Shell
 
 __all__ = ["COUNT", "WHOLE", "Keep", "NotStepped", "loads", "project"]
 
@@ -97,6 +100,9 @@ ROOM = 16
 and colon): with fewer, the loop takes its turn first."""
 
 
+_CLOSE = {0x7B: 0x7D, 0x5B: 0x5D}
+
+
 class NotStepped(Exception):
     """The text is not one the steps split, or no JSON: parsed whole."""
 
@@ -113,6 +119,8 @@ class _Open:
     key: str = ""
     """(An object's) the key of the member whose value is under way."""
     count: int = 0
+    shell: Shell | None = None
+    """The shell whose hole it is (its value goes there, not to the container below)."""
 
 
 def loads(data: bytes, step: int, left: int,
@@ -144,6 +152,9 @@ class _Walk:
         """The most containers the walk was in, one in another (or a part's hops)."""
         self.hops = Hops(data)
         """Through items nested deeper than a part, by hops (``json_hops``)."""
+        self.shelled = 0
+        """The containers the walk is in that its stack does not hold: its shells' levels
+        (``json_shells``)."""
 
     def run(self) -> Generator[None, None, tuple[Any, int]]:
         data, n = self.data, len(self.data)
@@ -175,7 +186,11 @@ class _Walk:
                     if self.deepest > DEPTH and not (yield from self._nestable()):
                         raise NotStepped  # json.loads' RecursionError, or its value
                     return value, self.left
-                self._put(stack[-1], value)
+                if done.shell is not None:
+                    done.shell.value = value
+                    pos = yield from self._out(done.shell, stack, pos)
+                else:
+                    self._put(stack[-1], value)
                 first, after = False, True
                 continue
             if after:
@@ -184,7 +199,7 @@ class _Walk:
                 pos, after = pos + 1, False
                 continue
             first = False
-            end, comma = yield from self._run(top, pos, len(stack))
+            end, comma = yield from self._run(top, pos, len(stack) + self.shelled)
             if end > pos:
                 pos, after = end, not comma
                 continue
@@ -194,8 +209,15 @@ class _Walk:
                 pos = yield from self._space(pos)
             byte = data[pos] if pos < n else 0
             if byte in OPEN:
-                stack.append(_opened(byte, _child(top)))
-                yield from self._reach(len(stack))
+                keep = _child(top)
+                shell = yield from self._into(pos, keep, len(stack) + self.shelled)
+                if shell is not None:  # many levels at once, then the innermost's
+                    self.shelled += shell.levels
+                    pos, keep = shell.hole, shell.keep
+                    byte = data[pos]
+                stack.append(_opened(byte, keep))
+                stack[-1].shell = shell
+                yield from self._reach(len(stack) + self.shelled)
                 pos, first = pos + 1, True
                 continue
             item, pos = yield from (self._string(pos) if byte == QUOTE else
@@ -231,6 +253,80 @@ class _Walk:
         except RecursionError:
             return False
         return True
+
+    def _into(self, at: int, keep: Keep | None,
+              depth: int) -> Generator[None, None, Shell | None]:
+        """The shell of the containers that open from the one at ``at`` (a container too
+        long for a part, ``depth`` containers deep), where it is kept whole or dropped and
+        half a part holds more than ``json_shells.LEVELS`` levels of them."""
+        data = self.data
+        keep = _uniform(data[at], keep)
+        if keep is not None and keep is not WHOLE:
+            return None
+        room = min(min(PART_BYTES, self.step) // 2, len(data) - at)
+        if self.left < room:
+            yield from self._turn()
+        self.left -= room  # its window scanned
+        shell = json_shells.opened(data, at, at + room, json_scan.PART_CONTAINERS // 2,
+                                   keep, depth, self.hops.unended)
+        if shell is not None:
+            yield from self._reach(depth + shell.deepest)
+        return shell
+
+    def _out(self, shell: Shell, stack: list[_Open],
+             pos: int) -> Generator[None, None, int]:
+        """Past ``shell`` (its hole's value in, its container ended at ``pos``): its
+        levels that end within a part from there parsed as one, and so on until all have
+        (its value put in the container on top of ``stack``), or until its innermost holds
+        more than a part past its hole: that level then walked, on top of ``stack``, its
+        items so far parsed as one part."""
+        data = self.data
+        while True:
+            if self.tokens <= 0:
+                yield from self._turn()
+            self.tokens -= 1
+            room = min(min(PART_BYTES, self.step) - (shell.hole - shell.outer) -
+                       len(json_shells.PLACEHOLDER), len(data) - pos)
+            if self.left < room:
+                yield from self._turn()
+            self.left -= room  # its window scanned
+            closing = json_shells.closing(shell, data, pos, pos + room,
+                                          json_scan.PART_CONTAINERS - shell.opens(data))
+            yield from self._reach(shell.base + shell.levels + closing.deepest)
+            if not closing.levels:
+                # Past a part at its innermost level: walked there, its items so far one part.
+                start, value = yield from self._filled(shell, shell.levels, None)
+                shell.levels -= 1
+                self.shelled -= 1
+                stack.append(_Open(_CLOSE[data[start]], shell.keep, value,
+                                   shell=shell if shell.levels else None))
+                shell.hole = start
+                return pos
+            level = shell.levels - closing.levels + 1
+            start, value = yield from self._filled(shell, level, closing)
+            pos = closing.end
+            self.shelled -= closing.levels
+            if level == 1:
+                self._put(stack[-1], value)
+                return pos
+            shell.levels, shell.hole, shell.value = level - 1, start, value
+
+    def _filled(self, shell: Shell, level: int,
+                closing: Closing | None) -> Generator[None, None, tuple[int, Any]]:
+        """Where ``level``'s opener is, and the value of ``shell``'s text from there, its
+        hole filled, to where ``closing`` ends (to that level's bracket that closes, where
+        None)."""
+        start, text, before, constants = json_shells.text(shell, self.data, level, closing)
+        made = shell.opens(self.data, level) + (0 if closing is None else json_scan.opens(
+            self.data, closing.start, closing.end))
+        if self.left < len(text) + CONTAINER_BYTES * made:
+            yield from self._turn()
+        self.left -= len(text) + CONTAINER_BYTES * made
+        try:
+            return start, json_shells.fill(text.decode("utf-8", "surrogatepass"),
+                                           shell.value, before, constants)
+        except (ValueError, RecursionError) as e:
+            raise NotStepped from e
 
     def _part(self, text: bytes) -> Any:
         """One part's value, as ``json.loads`` has it (decoded as it decodes the whole)."""
@@ -403,6 +499,17 @@ def _opened(byte: int, keep: Keep | None) -> _Open:
         return _Open(0x7D, keep if keep is None or keep.keys is not None else WHOLE, {})
     kind = keep is None or keep.items is not None or keep.count
     return _Open(0x5D, keep if kind else WHOLE, [])
+
+
+def _uniform(byte: int, keep: Keep | None) -> Keep | None:
+    """What is kept of the container ``byte`` opens, where it is dropped (None) or kept
+    whole (``WHOLE``, as ``_opened`` keeps it); ``keep`` for the others."""
+    if keep is None:
+        return None
+    if (byte == 0x7B and keep.keys is None) or (byte == 0x5B and keep.items is None and
+                                                  not keep.count):
+        return WHOLE
+    return keep
 
 
 def _child(container: _Open) -> Keep | None:
