@@ -42,43 +42,27 @@ in the last (1-2 ms).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Generator
 from typing import Any
 
 from slopilot.engine.meter import json_hops, json_scan, json_shells
-from slopilot.engine.meter.json_hops import Hops
 from slopilot.engine.meter.json_keep import COUNT, WHOLE, Keep, project
-from slopilot.engine.meter.json_scan import (
-    COLON,
-    COMMA,
-    HIGH,
-    KEY,
-    ONE,
-    OPEN,
-    PIECE,
-    QUOTE,
-    WS,
-    cut,
-    end_of,
-    opens,
-    unescaped,
-)
+from slopilot.engine.meter.json_scan import COMMA, KEY, OPEN, QUOTE, cut, end_of, opens
 from slopilot.engine.meter.json_shells import Closing, Shell
+from slopilot.engine.meter.json_tokens import (
+    DEPTH,
+    ROOM,
+    NotStepped,
+    Open,
+    Tokens,
+    child,
+    opened,
+    uniform,
+)
 
-__all__ = ["COUNT", "WHOLE", "Keep", "NotStepped", "loads", "project"]
+__all__ = ["COUNT", "DEPTH", "WHOLE", "Keep", "NotStepped", "loads", "project"]
 
-DEPTH = 64
-"""The containers the walk opens, one in another, before it asks ``json.loads`` whether
-it takes a text so deep (vLLM's own JSON goes 7 deep, down to a Responses answer's
-logprobs, whose entries are parts; a client's, which vLLM echoes, as deep as it likes).
-``json.loads`` refuses a text nested past the interpreter's recursion limit, less the
-frames under way, which the parts of one, each parsed apart, would not reach: past
-``DEPTH``, and at each ``DEPTH`` more, the walk asks it (``_Walk._nestable``), and
-where it would refuse the text, parses it whole, for its error. The depth asked is the
-walk's and its parts' (each at most its containers, ``json_scan.PART_DEPTH`` at most,
-below the levels its hops counted)."""
 PART_BYTES = 8 << 10
 """The most bytes of a run of items parsed as one part (a step parses several): its
 objects, a few hundred, are dropped (where not kept) before the garbage collector's
@@ -88,39 +72,8 @@ CONTAINER_BYTES = 8
 """The bytes a container of a part counts for in a step's: ``json.loads`` makes one in
 the time it parses some 8 bytes of strings and numbers (vLLM's logprobs, a client's
 tools: 8-15 ns a byte), so a step of brackets is as long as one of them."""
-TOKENS = 256
-"""The most tokens a step walks one by one (a container's bracket, a comma, a member's key,
-an item alone): the loop takes its turn past them, as past ``step`` bytes. A token is a
-turn of the walk in Python, some microseconds, where a byte of a part is nanoseconds in
-``json.loads``: a step's bytes of items a few bytes long nested deeper than a part (a
-client's JSON, which vLLM echoes in a Responses event) are thousands of tokens, and
-walked in one step took 50-750 ms."""
-ROOM = 16
-"""The fewest bytes a step must have left to start on a part (an escape, a key's quote
-and colon): with fewer, the loop takes its turn first."""
-
 
 _CLOSE = {0x7B: 0x7D, 0x5B: 0x5D}
-
-
-class NotStepped(Exception):
-    """The text is not one the steps split, or no JSON: parsed whole."""
-
-
-@dataclasses.dataclass(slots=True)
-class _Open:
-    """A container the walk is in."""
-
-    close: int
-    keep: Keep | None
-    """What is kept of it (``keys`` or ``items`` of its kind, ``count``, ``WHOLE``); None:
-    it is left out, parsed only to know it is JSON."""
-    value: dict[str, Any] | list[Any]
-    key: str = ""
-    """(An object's) the key of the member whose value is under way."""
-    count: int = 0
-    shell: Shell | None = None
-    """The shell whose hole it is (its value goes there, not to the container below)."""
 
 
 def loads(data: bytes, step: int, left: int,
@@ -143,15 +96,9 @@ def loads(data: bytes, step: int, left: int,
     return project(json.loads(data), keep), walk.left - len(data)
 
 
-class _Walk:
+class _Walk(Tokens):
     def __init__(self, data: bytes, step: int, left: int, keep: Keep) -> None:
-        self.data, self.step, self.left, self.keep = data, step, left, keep
-        self.tokens = TOKENS
-        """The tokens the step under way may still walk."""
-        self.deepest = 0
-        """The most containers the walk was in, one in another (or a part's hops)."""
-        self.hops = Hops(data)
-        """Through items nested deeper than a part, by hops (``json_hops``)."""
+        super().__init__(data, step, left, keep)
         self.shelled = 0
         """The containers the walk is in that its stack does not hold: its shells' levels
         (``json_shells``)."""
@@ -163,7 +110,7 @@ class _Walk:
         pos = yield from self._space(0)
         if pos == n or data[pos] not in OPEN:
             raise NotStepped
-        stack = [_opened(data[pos], self.keep)]
+        stack = [opened(data[pos], self.keep)]
         pos += 1
         first, after = True, False  # the container under way just opened; an item just ended
         while True:
@@ -209,13 +156,13 @@ class _Walk:
                 pos = yield from self._space(pos)
             byte = data[pos] if pos < n else 0
             if byte in OPEN:
-                keep = _child(top)
+                keep = child(top)
                 shell = yield from self._into(pos, keep, len(stack) + self.shelled)
                 if shell is not None:  # many levels at once, then the innermost's
                     self.shelled += shell.levels
                     pos, keep = shell.hole, shell.keep
                     byte = data[pos]
-                stack.append(_opened(byte, keep))
+                stack.append(opened(byte, keep))
                 stack[-1].shell = shell
                 yield from self._reach(len(stack) + self.shelled)
                 pos, first = pos + 1, True
@@ -225,42 +172,13 @@ class _Walk:
             self._put(top, item)
             after = True
 
-    def _turn(self) -> Generator[None, None, None]:
-        yield
-        self.left, self.tokens, self.hops.left = self.step, TOKENS, json_hops.HOPS
-
-    def _reach(self, depth: int) -> Generator[None, None, bool]:
-        """The walk, or a part's hops, ``depth`` containers deep: past each ``DEPTH`` more,
-        ``json.loads`` asked whether it takes the text so far (whether it was asked)."""
-        if depth <= self.deepest:
-            return False
-        crossed = depth // DEPTH > self.deepest // DEPTH
-        self.deepest = depth
-        if crossed and not (yield from self._nestable()):
-            raise NotStepped  # json.loads' RecursionError, at once
-        return crossed
-
-    def _nestable(self) -> Generator[None, None, bool]:
-        """Whether ``json.loads``, called here, takes a text as deep as the walk and its
-        parts went: a text of its brackets, parsed as a part. Called deeper in the stack
-        than the whole text's parse, it is the stricter."""
-        depth = self.deepest
-        if self.left < 2 * depth:
-            yield from self._turn()
-        self.left -= 2 * depth
-        try:
-            json.loads("[" * depth + "]" * depth)
-        except RecursionError:
-            return False
-        return True
-
     def _into(self, at: int, keep: Keep | None,
               depth: int) -> Generator[None, None, Shell | None]:
         """The shell of the containers that open from the one at ``at`` (a container too
         long for a part, ``depth`` containers deep), where it is kept whole or dropped and
         half a part holds more than ``json_shells.LEVELS`` levels of them."""
         data = self.data
-        keep = _uniform(data[at], keep)
+        keep = uniform(data[at], keep)
         if keep is not None and keep is not WHOLE:
             return None
         room = min(min(PART_BYTES, self.step) // 2, len(data) - at)
@@ -273,7 +191,7 @@ class _Walk:
             yield from self._reach(depth + shell.deepest)
         return shell
 
-    def _out(self, shell: Shell, stack: list[_Open],
+    def _out(self, shell: Shell, stack: list[Open],
              pos: int) -> Generator[None, None, int]:
         """Past ``shell`` (its hole's value in, its container ended at ``pos``): its
         levels that end within a part from there parsed as one, and so on until all have
@@ -298,7 +216,7 @@ class _Walk:
                 start, value = yield from self._filled(shell, shell.levels, None)
                 shell.levels -= 1
                 self.shelled -= 1
-                stack.append(_Open(_CLOSE[data[start]], shell.keep, value,
+                stack.append(Open(_CLOSE[data[start]], shell.keep, value,
                                    shell=shell if shell.levels else None))
                 shell.hole = start
                 return pos
@@ -328,59 +246,7 @@ class _Walk:
         except (ValueError, RecursionError) as e:
             raise NotStepped from e
 
-    def _part(self, text: bytes) -> Any:
-        """One part's value, as ``json.loads`` has it (decoded as it decodes the whole)."""
-        try:
-            return json.loads(text.decode("utf-8", "surrogatepass"))
-        except (ValueError, RecursionError) as e:
-            raise NotStepped from e
-
-    def _put(self, container: _Open, value: Any) -> None:
-        """One item of ``container`` (one of its kept containers: as kept already)."""
-        keep = container.keep
-        if keep is None:
-            return
-        if isinstance(container.value, dict):
-            if keep.keys is None or container.key in keep.keys:
-                container.value[container.key] = value
-        elif keep.count:
-            container.count += 1
-        else:
-            container.value.append(value)
-
-    def _merge(self, container: _Open, part: Any) -> None:
-        """A run of ``container``'s items, parsed whole (``part``: a list or dict)."""
-        keep = container.keep
-        if keep is None:
-            return
-        if isinstance(container.value, dict):
-            if keep.keys is None:
-                container.value.update(part)  # each key at its first place, its last value
-            else:
-                for key, value in part.items():
-                    if (kept := keep.keys.get(key)) is not None:
-                        container.value[key] = project(value, kept)
-        elif keep.count:
-            container.count += len(part)
-        elif keep.items is not None:
-            container.value.extend(project(value, keep.items) for value in part)
-        else:
-            container.value.extend(part)
-
-    def _space(self, pos: int) -> Generator[None, None, int]:
-        """Past the whitespace at ``pos``."""
-        data, n = self.data, len(self.data)
-        while True:
-            if self.left < ROOM:
-                yield from self._turn()
-            window = min(n, pos + self.left)
-            end = end_of(WS, data, pos, window)
-            self.left -= end - pos
-            if end < window or window == n:
-                return end
-            pos = end
-
-    def _run(self, top: _Open, pos: int,
+    def _run(self, top: Open, pos: int,
              depth: int) -> Generator[None, None, tuple[int, bool]]:
         """A run of ``top``'s items from ``pos`` parsed whole, as one part: where it
         ends (``pos``: no item fits a part), and whether a comma ended it (else the
@@ -436,88 +302,3 @@ class _Walk:
         self._merge(top, self._part(opening + data[pos:end - (not closed)] +
                                     bytes((top.close,))))
         return end, not closed
-
-    def _key(self, top: _Open, pos: int) -> Generator[None, None, int]:
-        """The key of ``top``'s member at ``pos`` (a string as any, in pieces where it is
-        long), and past its colon."""
-        if self.data[pos] != QUOTE:
-            raise NotStepped
-        top.key, pos = yield from self._string(pos)
-        pos = yield from self._space(pos)
-        if pos == len(self.data) or self.data[pos] != COLON:
-            raise NotStepped
-        return pos + 1
-
-    def _scalar(self, pos: int) -> Generator[None, None, tuple[Any, int]]:
-        """A number or literal at ``pos``, whole: its value, and where it ends."""
-        data, n = self.data, len(self.data)
-        while True:
-            if self.left < ROOM:
-                yield from self._turn()
-            window = min(n, pos + self.left)
-            end = ONE.match(data, pos, window)
-            if end is not None and (end.end() < window or window == n):
-                self.left -= end.end() - pos
-                return self._part(data[pos:end.end()]), end.end()
-            if self.left == self.step:
-                raise NotStepped  # longer than a step, or no value
-            yield from self._turn()
-
-    def _string(self, pos: int) -> Generator[None, None, tuple[str, int]]:
-        """The string at ``pos``, in pieces of a step at most: its value, and where it
-        ends."""
-        data, n = self.data, len(self.data)
-        start, pieces = pos + 1, []
-        while True:
-            if self.left < ROOM:
-                yield from self._turn()
-            end = end_of(PIECE, data, start, min(n, start + self.left - 2))
-            if end == n:
-                raise NotStepped  # never closed
-            if data[end] == QUOTE:
-                pieces.append(self._part(b'"' + data[start:end + 1]))
-                self.left -= end - start + 2
-                return "".join(pieces), end + 1
-            cut = end
-            while cut > max(start, end - 3) and 0x80 <= data[cut] < 0xC0:
-                cut -= 1  # not inside a character
-            if cut - 6 >= start and HIGH.match(data, cut - 6, cut) and unescaped(data, cut - 6):
-                cut -= 6  # not between the escapes of a surrogate pair
-            if cut > start:
-                pieces.append(self._part(b'"' + data[start:cut] + b'"'))
-                self.left -= cut - start + 2
-                start = cut
-            elif self.left == self.step:
-                raise NotStepped  # an escape that is no JSON
-            else:
-                yield from self._turn()
-
-
-def _opened(byte: int, keep: Keep | None) -> _Open:
-    """A container opened by ``byte``, kept as ``keep`` says of its kind."""
-    if byte == 0x7B:
-        return _Open(0x7D, keep if keep is None or keep.keys is not None else WHOLE, {})
-    kind = keep is None or keep.items is not None or keep.count
-    return _Open(0x5D, keep if kind else WHOLE, [])
-
-
-def _uniform(byte: int, keep: Keep | None) -> Keep | None:
-    """What is kept of the container ``byte`` opens, where it is dropped (None) or kept
-    whole (``WHOLE``, as ``_opened`` keeps it); ``keep`` for the others."""
-    if keep is None:
-        return None
-    if (byte == 0x7B and keep.keys is None) or (byte == 0x5B and keep.items is None and
-                                                  not keep.count):
-        return WHOLE
-    return keep
-
-
-def _child(container: _Open) -> Keep | None:
-    """What is kept of the item under way of ``container``."""
-    keep = container.keep
-    if keep is None or keep.count:
-        return None
-    if isinstance(container.value, dict):
-        return WHOLE if keep.keys is None else keep.keys.get(container.key)
-    return WHOLE if keep.items is None else keep.items
-

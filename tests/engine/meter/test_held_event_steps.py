@@ -37,7 +37,8 @@ from tests.engine.meter.test_meter_vllm_wire import MET
 
 JUDGE_MODULES = frozenset({"slopilot.engine.meter.stream_judge",
                            "slopilot.engine.meter.json_steps",
-                           "slopilot.engine.meter.json_shells"})
+                           "slopilot.engine.meter.json_shells",
+                           "slopilot.engine.meter.json_tokens"})
 """Where the judge parses an event's data (``json_paths`` parses only the few values it
 reads, inside the long reader's feed, counted as fed)."""
 TOKENS = 15_000
