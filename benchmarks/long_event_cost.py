@@ -32,8 +32,8 @@ out here, benchmarks import no test support):
   container; parsed in runs since it takes 32), and one 100 deep;
 - ``deep``: the same, each schema nested 80 deep (``json_steps`` hops through them);
 - ``deeper``: the same, each schema nested 300 deep and described at each level, 12 KiB:
-  longer than a part and deeper than its pattern (``json_steps`` walked such a container
-  level by level);
+  longer than a part and deeper than its pattern (``json_steps`` parses its levels in
+  shells, ``json_shells``; it walked them level by level before);
 - ``chunks``: a stream of ordinary completions chunks, one token each (``--mib``, 1 at
   most): its longest step is what one read of them costs, the reference for the others'.
 
