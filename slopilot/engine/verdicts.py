@@ -55,11 +55,12 @@ class Verdicts:
             for met in (True, False):
                 self._counts.setdefault((p, label, met), [0, 0])
 
-    def observe(self, priority: Priority, slo: ClassSLO, *, met: bool, tokens: int) -> None:
+    def observe(self, priority: Priority, slo: ClassSLO, *, met: bool, tokens: int,
+                requests: int = 1) -> None:
         """One finished request's verdict against ``slo``, with the output tokens its
-        client got."""
+        client got; or ``requests`` judged alike, their tokens together."""
         counts = self._counts.setdefault((priority, slo.label, met), [0, 0])
-        counts[0] += 1
+        counts[0] += requests
         counts[1] += tokens
 
     def counts(self) -> dict[Key, tuple[int, int]]:

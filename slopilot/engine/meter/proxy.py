@@ -18,7 +18,10 @@
 - Each request for generation is counted as it is forwarded (``arrivals``: as many as
   vLLM serves it as, ``Plan.arrivals``), whatever becomes of it: vLLM drops a request
   whose client gave up from every series it observes at the finish, and the workload
-  probe reads its arrivals from this count where a replica exports it. One the engine
+  probe reads its arrivals from this count where a replica exports it. A completions
+  batch counts its first prompt's choices so, its other prompts' once the engine
+  answered (``Plan.at_once``), and a stream cut short before is judged for those first
+  ones alone. One the engine
   refuses as invalid (``is_invalid``: no load, however fast a client retries it) is
   counted again as such (``invalid``) once its status comes, and the probe takes it off:
   counted at the status instead, a body's arrival would wait for its end, and a client
@@ -192,7 +195,7 @@ class Meter:
             await exposition.scrape(self.client, self.upstream, send, self.render)
             return
         plan = await self.planner.plan(scope["method"], url.path, body, arrival)
-        self.arrivals += plan.arrivals
+        self.arrivals += plan.at_once
         judge = exchange.judge = plan.judge
         strip = plan.strip
         headers = request_headers(scope)
@@ -210,6 +213,10 @@ class Meter:
                            f"{type(exc).__name__}", "type": "server_error",
                 "code": "upstream_unavailable"}})
             return
+        # The engine took the request whole: a batch's other prompts are its too.
+        self.arrivals += plan.arrivals - plan.at_once
+        if judge is not None:
+            judge.n = plan.arrivals
         if is_invalid(response.status_code):
             self.invalid += plan.arrivals
         try:
@@ -261,7 +268,7 @@ class Meter:
         exchange.counted = True
         for verdict in judge.verdicts(self.clock()):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
-                                  tokens=verdict.tokens)
+                                  tokens=verdict.tokens, requests=verdict.choices)
 
 
 def is_invalid(status: int) -> bool:

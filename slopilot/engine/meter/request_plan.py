@@ -11,7 +11,9 @@
   the bytes vLLM would have written for its own request.
 - Any request for generation to those paths, streamed or not, is counted as the requests
   vLLM serves it as (``Plan.arrivals``): the workload probe's arrivals on vLLM, where a
-  request whose client gave up is in none of vLLM's series.
+  request whose client gave up is in none of vLLM's series. Its first prompt's choices
+  are counted as it is forwarded, a batch's other prompts' once the engine answered
+  (``Plan.at_once``): only then is the batch known to have reached it.
 """
 
 from __future__ import annotations
@@ -53,8 +55,16 @@ class Plan:
     strip: usage_stats.UsageStrip | None = None
     arrivals: int = 0
     """The requests vLLM serves it as, each in its series as one (each prompt of a
-    completions batch, each of its ``n`` choices: ``_requests``); 0 for what asks for
+    completions batch, each of its ``n`` choices: ``_prompts``, ``_choices``); 0 for what asks for
     no generation."""
+    at_once: int = 0
+    """Of ``arrivals``, those counted as the request is forwarded, and judged where its
+    stream is cut short before the engine's status: its first prompt's choices (its
+    ``n``, at most ``MAX_CHOICES``). The rest, a batch's other prompts', once the engine
+    answered: vLLM counts a batch in its series once it took it, and a client that
+    left before any status (or an engine that broke off first) proved no such thing,
+    while a body of 80 KB (20,000 prompts, ``n`` 128) counted 2,560,001 arrivals at once
+    that nothing took back."""
 
 
 class RequestPlanner:
@@ -79,13 +89,14 @@ class RequestPlanner:
             return Plan(None, body)  # vLLM answers it 400
         if not isinstance(data, dict):
             return Plan(None, body)  # vLLM answers it 400 too: no request of its model
-        requests = _requests(path, data)
+        choices = _choices(path, data)
+        arrivals = choices * _prompts(path, data)
         if _lax(_BOOL, data.get("stream")) is not True:
-            return Plan(None, body, arrivals=requests)
+            return Plan(None, body, arrivals=arrivals, at_once=choices)
         judge = self.judge(path, data, arrival)
         usage = usage_stats.asked(data)
         if path == RESPONSES_PATH or usage is None or usage is usage_stats.Asked.CONTINUOUS:
-            return Plan(judge, body, arrivals=requests)
+            return Plan(judge, body, arrivals=arrivals, at_once=choices)
         # ASCII-escaped: a string Python's reader took with a lone surrogate in it has
         # no UTF-8, and reaches vLLM as the same string.
         asking = usage_stats.ask(data)
@@ -94,12 +105,14 @@ class RequestPlanner:
                 (await asyncio.to_thread(json.dumps, asking)).encode()
         except (ValueError, RecursionError):
             # Nested past what Python writes back: as it came.
-            return Plan(judge, body, arrivals=requests)
+            return Plan(judge, body, arrivals=arrivals, at_once=choices)
         return Plan(judge, sent, usage_stats.UsageStrip(
-            usage, null_usage=path == "/v1/completions"), arrivals=requests)
+            usage, null_usage=path == "/v1/completions"), arrivals=arrivals, at_once=choices)
 
     def judge(self, path: str, data: dict[str, Any], arrival: float) -> StreamJudge:
-        """The judge of a streamed completion to ``path`` asked for with ``data``."""
+        """The judge of a streamed completion to ``path`` asked for with ``data``, for
+        its first prompt's choices (``Plan.at_once``; the proxy raises them to all of a
+        batch's once the engine answered)."""
         slo = self.slo.current().class_slo(self.priority)
         if path == RESPONSES_PATH:
             # vLLM's ResponsesRequest: null or left out, the context's limit, as chat's.
@@ -113,7 +126,7 @@ class RequestPlanner:
         # the context, as for chat).
         max_tokens = _lax(_INT, data.get("max_completion_tokens")) or \
             _lax(_INT, data.get("max_tokens", COMPLETIONS_MAX_TOKENS if completions else None))
-        return StreamJudge(slo, arrival, choices=_requests(path, data),
+        return StreamJudge(slo, arrival, choices=_choices(path, data),
                            max_tokens=max_tokens if max_tokens is not None and
                            max_tokens > 0 else None, latency=self.latency)
 
@@ -131,21 +144,22 @@ def is_replay(method: str, path: str) -> bool:
         "/" not in path[len(RESPONSES_PATH) + 1:] and len(path) > len(RESPONSES_PATH) + 1
 
 
-def _requests(path: str, data: dict[str, Any]) -> int:
-    """The requests vLLM serves a chat or completions request as, and its stream's
-    choices: ``n`` for each of its prompts (vLLM runs each choice as a child request of
-    its own, counted in its series as one). A Responses request is one answer."""
+def _choices(path: str, data: dict[str, Any]) -> int:
+    """The choices vLLM streams for each prompt of a chat or completions request: its
+    ``n`` (vLLM runs each choice as a child request of its own, counted in its series as
+    one). A Responses request is one answer."""
     if path == RESPONSES_PATH:
         return 1
     n = _lax(_INT, data.get("n", 1))
-    n = n if n is not None and 1 <= n <= MAX_CHOICES else 1
-    return n * (_prompts(data.get("prompt")) if path == "/v1/completions" else 1)
+    return n if n is not None and 1 <= n <= MAX_CHOICES else 1
 
 
-def _prompts(prompt: Any) -> int:
+def _prompts(path: str, data: dict[str, Any]) -> int:
     """How many prompts a completions request's ``prompt`` holds: vLLM runs each of a
     list of texts or of token lists as a request of its own, streamed as choices
-    ``prompt_idx * n + i``; a text or one list of token ids is one."""
+    ``prompt_idx * n + i``; a text or one list of token ids is one, as is any other
+    request's."""
+    prompt = data.get("prompt") if path == "/v1/completions" else None
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         return len(prompt)
     return 1

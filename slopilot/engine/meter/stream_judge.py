@@ -83,10 +83,13 @@ test_judge_reads.py``)."""
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
-    """One choice's: whether it met the class's SLO, and the output tokens it brought."""
+    """One choice's: whether it met the class's SLO, and the output tokens it brought; or
+    ``choices`` judged alike, the tokens theirs together (the choices of a stream cut
+    short that never came: ``StreamJudge.verdicts``)."""
 
     met: bool
     tokens: int
+    choices: int = 1
 
 
 @dataclasses.dataclass(slots=True)
@@ -108,8 +111,9 @@ class StreamJudge:
                  max_tokens: int | None = None, latency: ClientLatency | None = None,
                  wire: Wire = Wire.CHOICES) -> None:
         """``choices`` and ``max_tokens``: the choices the request streams (its ``n``,
-        times its prompts for a list of them) and its ``max_tokens`` (None: not given,
-        the engine's limit), for a stream cut short (``verdicts``).
+        times its prompts for a list of them, once the engine took them: ``n``, the
+        proxy's to raise) and its ``max_tokens`` (None: not given, the engine's limit),
+        for a stream cut short (``verdicts``).
         ``latency``: where each first token and gap is observed as it is read.
         ``wire``: how the stream's events are laid out (the request's API)."""
         self.slo, self.arrival = slo, arrival
@@ -327,14 +331,17 @@ class StreamJudge:
         have followed: no first token within the TTFT target (by ``now`` if none came),
         or more slow gaps than 1 % of all its ``max_tokens`` allow; else its end could
         still have met the SLO, and it is not judged. Unjudged, the clients an overloaded
-        deployment drove away vanished from its goodput share. None for a stream the
+        deployment drove away vanished from its goodput share. The choices of which
+        nothing came are judged alike (no first token by ``now``): one verdict of their
+        count, last, however many a batch's ``n`` times its prompts makes (a million,
+        judged an object each, held the proxy's loop for 3 s). None for a stream the
         meter could not read."""
         if self._unreadable:
             return []
         choices = list(self._choices.values())
-        choices += [_Choice() for _ in range(self.n - len(choices))]  # none came yet
+        unseen = max(0, self.n - len(choices))
         # The usage counts every choice's tokens together: exact for one, streamed whole.
-        usage = self._usage_tokens if self._done and len(choices) == 1 else None
+        usage = self._usage_tokens if self._done and len(choices) + unseen == 1 else None
         # Without max_tokens the engine's limit is the context: no count of slow gaps
         # could have missed the SLO yet.
         most = sys.maxsize if self.max_tokens is None else max(0, self.max_tokens - 1)
@@ -347,6 +354,8 @@ class StreamJudge:
             elif not self.slo.met(now - self.arrival if c.ttft_s is None else c.ttft_s,
                                   most, c.over):
                 out.append(Verdict(False, c.tokens))
+        if unseen and not self.slo.met(now - self.arrival, most, 0):
+            out.append(Verdict(False, 0, unseen))
         return out
 
 

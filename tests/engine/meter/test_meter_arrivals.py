@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tracemalloc
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from slopilot.engine.meter.proxy import Meter
+from slopilot.engine.request import Priority
 from tests.engine.meter.test_client_latency import exposition
 from tests.engine.meter.test_meter import (
     DONE,
     HOLD,
+    LABEL,
     STREAM,
     Client,
     Upstream,
+    counted,
     event,
     give_up,
     meter_for,
@@ -190,3 +195,89 @@ def test_the_counts_are_exported_from_the_start(tmp_path: Path) -> None:
     body = run(go)
     for name in (ARRIVALS, INVALID):
         assert arrivals(body, name) == {(("model_name", ""), ("priority_class", "p0")): 0.0}
+
+
+def _never_answered(meter: Meter, upstream: Upstream) -> None:
+    """The engine takes each request for generation and answers none (no status)."""
+    async def generating(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return await upstream.handle(request)
+        upstream.requests.append(request)
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+    meter.client = httpx.AsyncClient(transport=httpx.MockTransport(generating))
+
+
+async def _leave_before_any_status(meter: Meter, upstream: Upstream, now: list[float],
+                                   body: dict[str, Any], at: float) -> None:
+    """``body`` sent to /v1/completions, its client gone at ``at`` with no status."""
+    gone, sent, asked = asyncio.Event(), [], len(upstream.requests)
+    messages = [{"type": "http.request", "more_body": False,
+                 "body": json.dumps(body).encode()}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+    task = asyncio.ensure_future(meter(
+        {"type": "http", "method": "POST", "path": "/v1/completions",
+         "raw_path": b"/v1/completions", "query_string": b"", "headers": []},
+        receive, send))
+    while len(upstream.requests) == asked:
+        await asyncio.sleep(0)
+    now[0] = at
+    gone.set()
+    await asyncio.wait_for(task, HANG_GUARD_S)
+    assert sent == []
+
+
+BATCH = {"model": "llama", "prompt": ["a"] * 4000, "n": 128, "stream": True}
+"""512,000 requests in vLLM's series once it takes them, from a body of 16 KB."""
+
+
+def test_a_batchs_other_prompts_arrive_once_the_engine_answered(tmp_path: Path) -> None:
+    """vLLM runs each prompt of a batch times its ``n`` as a request of its own, counted
+    so in its series, once it took the batch. A client that left before any status
+    proved no such thing: counted at once, a body of a few KB read as 512,000 arrivals
+    (2,560,001 from 80 KB; 20,000 prompts), which nothing took back, and as many verdicts
+    judged an object each (a 160 KB body held the loop 27 s and took 1.35 GB). Before
+    the engine's status a batch counts its first prompt's choices (what one prompt's
+    ``n`` can make), in arrivals and in the verdicts of a stream cut short; the rest come
+    with the status. Judged, the choices that never came are one verdict of their count."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    _never_answered(meter, upstream)
+    missed = (Priority.P0, LABEL, False)
+    tracemalloc.start()
+    try:
+        run(lambda: _leave_before_any_status(meter, upstream, now, BATCH, at=0.8))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (meter.arrivals, meter.invalid) == (128, 0)
+    assert counted(meter) == {missed: (128, 0)}
+    assert peak < 8 << 20
+
+    answered = meter_for(tmp_path, upstream, now)
+    upstream.answer([HOLD])
+
+    async def go() -> None:
+        client = Client(answered, now)
+        task = asyncio.ensure_future(client.request("POST", "/v1/completions", BATCH))
+        await give_up(client, upstream, now, after=0)
+        await asyncio.wait_for(task, HANG_GUARD_S)
+
+    now[0] = 0.0
+    tracemalloc.start()
+    try:
+        run(go)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (answered.arrivals, answered.invalid) == (512_000, 0)
+    assert counted(answered) == {missed: (512_000, 0)}
+    assert peak < 8 << 20
