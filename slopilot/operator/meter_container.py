@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, METER_MEMORY_MIB
 from slopilot.operator.connections_spec import connection_flags
 from slopilot.operator.pod_layout import (
     CONFIG_DIR,
@@ -36,9 +37,12 @@ from slopilot.operator.spec import LLMDeploymentSpec
 # added on the path the meter judges. Memory: about 65 MiB is the interpreter with the
 # server stack loaded (slopilot's CLI, fastapi, uvicorn, httpx); the rest holds the
 # streams in flight, running or queued in vLLM (a few tens of KiB of buffers each: a
-# thousand in some tens of MiB), and a copy of vLLM's exposition (hundreds of KiB) at
-# each scrape. A limit, equal to the request: a proxy that leaks is restarted rather than
-# taking the node's memory from vLLM.
+# thousand in some tens of MiB), a copy of vLLM's exposition (hundreds of KiB) at each
+# scrape, and the request bodies held until sent on, bounded on the meter's command line
+# by the figures derived from this one (``body_budget``: 16 MiB a body, 64 all at once;
+# bodies up to 64 MiB, held whole and parsed whole, took it past 580 MB). A limit, equal
+# to the request: a proxy that leaks is restarted rather than taking the node's memory
+# from vLLM.
 # Guaranteed pods: where the engine's CPU and memory requests equal its limits the user
 # sized the pod Guaranteed, and one container without a CPU limit makes it Burstable,
 # evicted before Guaranteed pods under node pressure: for a GPU pod, its loaded model
@@ -46,15 +50,17 @@ from slopilot.operator.spec import LLMDeploymentSpec
 # throttling above: past about 3,500 chunks a second at 500m a burst waits for the next
 # CFS period, added to the token gaps the meter judges (``_meter_resources``).
 METER_CPU_REQUEST = "500m"
-METER_MEMORY = "256Mi"
+METER_MEMORY = f"{METER_MEMORY_MIB}Mi"
 
 
 def meter_command(spec: LLMDeploymentSpec) -> list[str]:
     """The meter's command line: every request judged in ``spec.vllm_class``, the class
-    the ServiceMonitor relabels vLLM's own series into."""
+    the ServiceMonitor relabels vLLM's own series into; its bodies bounded within its
+    ``METER_MEMORY`` (written out, so a meter image of another version holds to them)."""
     return ["slopilot", "meter", "--upstream", f"http://127.0.0.1:{VLLM_PORT}",
             "--port", str(PORT), "--slo-file", f"{CONFIG_DIR}/{SLO_FILE}",
-            "--priority-class", spec.vllm_class, *connection_flags(spec.connections)]
+            "--priority-class", spec.vllm_class, "--max-body-mb", str(MAX_BODY_MIB),
+            "--body-budget-mb", str(BODY_BUDGET_MIB), *connection_flags(spec.connections)]
 
 
 def _meter_probe(period: int, failures: int) -> dict[str, Any]:

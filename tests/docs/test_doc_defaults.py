@@ -17,6 +17,7 @@ from pathlib import Path
 from slopilot.cli import build_parser
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.http_deadlines import Deadlines
+from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB
 from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES
 from slopilot.tuner.local.demo import DemoOptions
 from slopilot.tuner.sim.robust import TRACE_WINDOW_S
@@ -38,6 +39,8 @@ UNSET_DEFAULTS: dict[tuple[str, str], float] = {
     **{("serve", flag): value for flag, value in _DEADLINE_FLAGS.items()},
     **{("meter", flag): value for flag, value in _DEADLINE_FLAGS.items()},
     ("serve", "--max-body-mb"): DEFAULT_MAX_BODY_BYTES / 2**20,
+    ("meter", "--max-body-mb"): MAX_BODY_MIB,
+    ("meter", "--body-budget-mb"): BODY_BUDGET_MIB,
     ("tune", "--seeds"): DEFAULT_SEEDS,
     ("tune", "--warmup"): DEFAULT_WARMUP_S,
     ("tune", "--duration"): TRACE_WINDOW_S,  # a trace's window; a scenario's: its own

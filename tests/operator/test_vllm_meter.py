@@ -54,7 +54,8 @@ def test_the_meter_takes_the_pods_port_and_forwards_to_vllm_on_the_loopback() ->
     assert (engine["name"], meter["name"]) == ("engine", "meter")
     assert meter["command"] == [
         "slopilot", "meter", "--upstream", "http://127.0.0.1:8001", "--port", "8000",
-        "--slo-file", "/etc/slopilot/slo.json", "--priority-class", "p1"]
+        "--slo-file", "/etc/slopilot/slo.json", "--priority-class", "p1",
+        "--max-body-mb", "16", "--body-budget-mb", "64"]
     assert "args" not in meter
     assert meter["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert engine["ports"] == [{"name": "vllm", "containerPort": 8001, "protocol": "TCP"}]
@@ -248,3 +249,23 @@ def test_the_rendered_meter_command_is_one_the_image_s_cli_takes() -> None:
     assert args.func is run
     assert (args.upstream, args.port, str(args.slo_file), args.priority_class) == (
         "http://127.0.0.1:8001", 8000, "/etc/slopilot/slo.json", "p2")
+
+
+def test_the_meters_body_limits_are_sized_from_its_memory_limit() -> None:
+    """One source for the memory the meter is given and the bodies it may hold: raised
+    on one side alone, bodies within the cap could take the meter past its limit (an
+    OOM kill drops every stream of the pod) or the cap would refuse what fits."""
+    from slopilot.engine.meter.body_budget import (
+        BODY_BUDGET_MIB,
+        MAX_BODY_MIB,
+        METER_MEMORY_MIB,
+        limits_within,
+    )
+
+    meter = containers(vllm())["meter"]
+    memory = meter["resources"]["limits"]["memory"]
+    assert parse_quantity(memory) == METER_MEMORY_MIB << 20
+    assert limits_within(METER_MEMORY_MIB) == (MAX_BODY_MIB, BODY_BUDGET_MIB)
+    command = meter["command"]
+    assert command[command.index("--max-body-mb") + 1] == str(MAX_BODY_MIB)
+    assert command[command.index("--body-budget-mb") + 1] == str(BODY_BUDGET_MIB)

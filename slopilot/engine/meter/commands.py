@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags
+from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB
 from slopilot.engine.request import Priority
 
 if TYPE_CHECKING:
@@ -34,10 +37,33 @@ def register(subparsers: Any) -> None:
                    help="the SLO (spec.slo's JSON), read again whenever it changes")
     p.add_argument("--priority-class", default="p0", choices=[q.label for q in Priority],
                    help="the class every request is judged in (spec.slo.vllmClass)")
+    p.add_argument("--max-body-mb", type=_mib("--max-body-mb", MAX_BODY_MIB), default=None,
+                   metavar="MIB", help=f"largest request body accepted, in MiB (default "
+                   f"{MAX_BODY_MIB}); a larger one is answered 413, before it is read where "
+                   "its Content-Length says so")
+    p.add_argument("--body-budget-mb", type=_mib("--body-budget-mb", BODY_BUDGET_MIB),
+                   default=None, metavar="MIB", help="request bodies held at once, in MiB "
+                   f"(default {BODY_BUDGET_MIB}; at least --max-body-mb): a body waits, "
+                   "unread, for room, and is let go once sent on. With the interpreter's "
+                   "65 MiB and the streams', within the meter's memory limit")
     add_deadline_flags(p)
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default="info")
     p.set_defaults(func=run)
+
+
+def _mib(flag: str, example: int) -> Callable[[str], int]:
+    """argparse type: MiB as a number above 0, returned in bytes."""
+    def parse(text: str) -> int:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0 and value * 2**20 >= 1):
+            raise argparse.ArgumentTypeError(f"{flag} {text}: expected MiB above 0, "
+                                             f"e.g. {example}")
+        return int(value * 2**20)
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,13 +93,21 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"slopilot meter: {exc}", file=sys.stderr)
         return 2
+    max_body = MAX_BODY_MIB << 20 if args.max_body_mb is None else args.max_body_mb
+    budget = BODY_BUDGET_MIB << 20 if args.body_budget_mb is None else args.body_budget_mb
+    if budget < max_body:
+        print(f"slopilot meter: --body-budget-mb {budget / 2**20:g}: below --max-body-mb "
+              f"{max_body / 2**20:g}; set it to {max_body / 2**20:g} or more (a body of the "
+              "cap would wait for room for ever)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(message)s")
     try:
         slo = SLOWatch(args.slo_file, Verdicts())
     except SLOError as exc:
         print(f"slopilot meter: --slo-file {exc}", file=sys.stderr)
         return 2
-    app = Meter(args.upstream, slo, Priority.parse(args.priority_class))
+    app = Meter(args.upstream, slo, Priority.parse(args.priority_class),
+                max_body_bytes=max_body, body_budget_bytes=budget)
     server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
                                            log_level=args.log_level, deadlines=deadlines))
     # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run, used before, hid it.

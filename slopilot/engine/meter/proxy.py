@@ -1,8 +1,10 @@
 """The meter's ASGI app: every request forwarded to vLLM, streams judged as written.
 
-- Each request's body is read whole (at most ``max_body_bytes``: 413 past it), sent on
-  to the upstream with the client's method, path, query and headers (hop-by-hop ones
-  dropped: ``asgi_http``), and the answer streamed back piece by piece as it comes.
+- Each request's body is read whole (at most ``max_body_bytes``: 413 past it, before a
+  byte of it is read where its Content-Length says so), each piece once the bodies held
+  leave it room (``body_budget``), sent on to the upstream with the client's method,
+  path, query and headers (hop-by-hop ones dropped: ``asgi_http``), and let go once
+  sent; the answer is streamed back piece by piece as it comes.
 - A streamed completion (``request_plan``: which are judged, and how) is read as it is
   written (``StreamJudge``), each piece stamped once the client's side took it (the send
   returned), read in steps that let the loop relay the other streams between them
@@ -35,7 +37,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 
@@ -49,8 +51,9 @@ from slopilot.engine.meter.asgi_http import (
     request_headers,
     response_headers,
 )
+from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, BodyBudget, Hold
 from slopilot.engine.meter.client_latency import ClientLatency
-from slopilot.engine.meter.request_plan import RequestPlanner, is_replay
+from slopilot.engine.meter.request_plan import Buffer, RequestPlanner, is_replay
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge
 from slopilot.engine.metrics_text import render
@@ -58,9 +61,13 @@ from slopilot.engine.request import Priority
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 << 20
-"""A request body larger than this is refused (413): a prompt of 64 MiB is past any
-context, and the meter holds a body whole before it forwards it."""
+MAX_BODY_BYTES = MAX_BODY_MIB << 20
+"""A request body larger than this is refused (413), by default (``--max-body-mb``): the
+meter holds a body whole before it forwards it, within its memory (``body_budget``)."""
+BODY_BUDGET_BYTES = BODY_BUDGET_MIB << 20
+"""The bytes of the bodies held at once, by default (``--body-budget-mb``)."""
+SEND_BYTES = 64 << 10
+"""The most bytes of a body handed to the upstream's connection at once (each a copy)."""
 VLLM_KEEP_ALIVE_S = 5.0
 """How long vLLM's server keeps an idle connection (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, its
 uvicorn's ``timeout_keep_alive``; 5 s by default)."""
@@ -90,14 +97,21 @@ class Meter:
     def __init__(self, upstream: str, slo: SLOWatch, priority: Priority, *,
                  client: httpx.AsyncClient | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES,
+                 body_budget_bytes: int = BODY_BUDGET_BYTES) -> None:
         self.upstream = upstream.rstrip("/")
         self.upstream_url = httpx.URL(self.upstream)
         self.slo, self.priority, self.clock = slo, priority, clock
         self.verdicts = slo.verdicts
         self.latency = ClientLatency(priority)
         """Each judged stream's first tokens and gaps, observed as written."""
+        if not 1 <= max_body_bytes <= body_budget_bytes:
+            raise ValueError(f"max_body_bytes={max_body_bytes}: expected at least 1 and at "
+                             f"most body_budget_bytes ({body_budget_bytes}), or a body of "
+                             "the cap would wait for room for ever")
         self.max_body_bytes = max_body_bytes
+        self.budget = BodyBudget(body_budget_bytes)
+        """The bodies held at once: each from its first byte until it was sent on."""
         self.model_name = ""
         """The served model's name, as the judged streams name it."""
         # No read timeout: a long generation sends nothing for minutes, and the client
@@ -127,17 +141,29 @@ class Meter:
             return  # websockets: vLLM's OpenAI API has none
         stamp = scope.get(SCOPE_KEY)
         arrival = float(stamp) if stamp is not None else self.clock()
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            await self._too_large(send, str(declared))
+            return
+        hold = self.budget.hold()
         try:
-            body = await self._body(receive)
+            await self._exchange(scope, receive, send, arrival, hold)
+        finally:
+            hold.release()
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send, arrival: float,
+                        hold: Hold) -> None:
+        try:
+            body = await self._body(receive, hold)
         except _ClientGone:
             return  # gone before its request was whole: nothing to forward to anyone
         if body is None:
-            await answer(send, 413, {"error": {
-                "message": f"request body over the meter's {self.max_body_bytes} bytes",
-                "type": "invalid_request_error", "code": "request_too_large"}})
+            await self._too_large(send, f"over {self.max_body_bytes}")
             return
         exchange = _Exchange()
-        forward = asyncio.ensure_future(self._forward(scope, body, send, arrival, exchange))
+        forward = asyncio.ensure_future(self._forward(scope, body, send, arrival, exchange,
+                                                      hold))
+        del body  # the forwarding's alone, to let go of once sent
         watch = asyncio.ensure_future(_watch_disconnect(receive))
         try:
             await asyncio.wait({forward, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -150,6 +176,13 @@ class Meter:
         if forward.done() and not forward.cancelled() and (exc := forward.exception()):
             raise exc
 
+    async def _too_large(self, send: Send, size: str) -> None:
+        await answer(send, 413, {"error": {
+            "message": f"the request body is {size} bytes; the meter in front of this "
+                       f"engine accepts at most {self.max_body_bytes} bytes "
+                       "(--max-body-mb): send a shorter prompt or split the batch",
+            "type": "invalid_request_error", "code": "request_too_large"}})
+
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
@@ -160,23 +193,25 @@ class Meter:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _body(self, receive: Receive) -> bytes | None:
-        """The request's body; None past ``max_body_bytes``."""
-        parts, size = [], 0
+    async def _body(self, receive: Receive, hold: Hold) -> bytearray | None:
+        """The request's body, each piece once the bodies held leave it room (``hold``);
+        None past ``max_body_bytes``. One buffer as it comes: its pieces joined at the end
+        were the body twice over."""
+        body = bytearray()
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise _ClientGone
             chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
+            if len(body) + len(chunk) > self.max_body_bytes:
                 return None
-            parts.append(chunk)
+            await hold.grow(len(chunk))
+            body += chunk
             if not message.get("more_body"):
-                return b"".join(parts)
+                return body
 
-    async def _forward(self, scope: Scope, body: bytes, send: Send, arrival: float,
-                       exchange: _Exchange) -> None:
+    async def _forward(self, scope: Scope, body: bytearray, send: Send, arrival: float,
+                       exchange: _Exchange, hold: Hold) -> None:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         if not raw_path.startswith(b"/"):
             # The target is the client's to write: glued to the upstream's URL,
@@ -195,14 +230,20 @@ class Meter:
             await exposition.scrape(self.client, self.upstream, send, self.render)
             return
         plan = await self.planner.plan(scope["method"], url.path, body, arrival)
+        del body
         self.arrivals += plan.at_once
         judge = exchange.judge = plan.judge
-        strip = plan.strip
+        strip, arrivals, at_once = plan.strip, plan.arrivals, plan.at_once
         headers = request_headers(scope)
         if judge is not None:
             headers["accept-encoding"] = "identity"  # SSE read as written, not compressed
-        request = self.client.build_request(scope["method"], url, headers=headers,
-                                            content=plan.body)
+        size = sum(len(piece) for piece in plan.body)
+        if size:
+            headers["content-length"] = str(size)
+        request = self.client.build_request(
+            scope["method"], url, headers=headers,
+            content=_Outgoing(plan.body, hold) if size else b"")
+        del plan  # its body is the request's, let go of once sent
         try:
             response = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -214,11 +255,11 @@ class Meter:
                 "code": "upstream_unavailable"}})
             return
         # The engine took the request whole: a batch's other prompts are its too.
-        self.arrivals += plan.arrivals - plan.at_once
+        self.arrivals += arrivals - at_once
         if judge is not None:
-            judge.n = plan.arrivals
+            judge.n = arrivals
         if is_invalid(response.status_code):
-            self.invalid += plan.arrivals
+            self.invalid += arrivals
         try:
             kind = response.headers.get("content-type", "")
             if response.status_code != 200 or response.headers.get("content-encoding") \
@@ -269,6 +310,40 @@ class Meter:
         for verdict in judge.verdicts(self.clock()):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens, requests=verdict.choices)
+
+
+class _Outgoing:
+    """A body as the upstream's connection takes it, ``SEND_BYTES`` a piece; once sent,
+    its bytes let go and its room in the budget given back (a stream runs for minutes
+    after its body was sent)."""
+
+    def __init__(self, pieces: tuple[Buffer, ...], hold: Hold) -> None:
+        self._pieces, self._hold = pieces, hold
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            for piece in self._pieces:
+                view = memoryview(piece)
+                for start in range(0, len(view), SEND_BYTES):
+                    yield bytes(view[start:start + SEND_BYTES])
+        finally:
+            self._pieces = ()
+            self._hold.release()
+
+
+def _declared_length(scope: Scope) -> int | None:
+    """The body's length as its head declares it: its Content-Length, else none (0) but
+    where it comes in chunks, of a length unknown (None)."""
+    length = 0
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"transfer-encoding":
+            return None
+        if name.lower() == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                return None  # the HTTP parser refuses a malformed one itself
+    return length
 
 
 def is_invalid(status: int) -> bool:

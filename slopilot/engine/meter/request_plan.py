@@ -8,7 +8,14 @@
   (``is_replay``), counted apart instead.
 - A chat or completions stream asks vLLM for each chunk's token count (continuous usage:
   ``usage_stats``), and the client gets its answer without the usage it did not ask for,
-  the bytes vLLM would have written for its own request.
+  the bytes vLLM would have written for its own request. The engine gets the client's
+  bytes but for the ``stream_options`` member, written where it was (its last, the one
+  vLLM's ``json.loads`` keeps), else at the object's end.
+- A body is read for the few top-level fields the plan needs, and its prompts counted,
+  in steps of 64 KiB that let the loop run between two (``request_fields``): none of its
+  prompts is made into Python's values. Parsed whole (on a thread, holding the GIL all
+  the same), an 8 MiB body of one-token prompts took 300 MB, past the meter's memory
+  limit, and stalled every stream beside it 1.3 s.
 - Any request for generation to those paths, streamed or not, is counted as the requests
   vLLM serves it as (``Plan.arrivals``): the workload probe's arrivals on vLLM, where a
   request whose client gave up is in none of vLLM's series. Its first prompt's choices
@@ -21,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from typing import Any
+from collections.abc import Generator
+from typing import Any, TypeVar
 
 import pydantic
 
-from slopilot.engine.meter import usage_stats
+from slopilot.engine.meter import request_fields, usage_stats
 from slopilot.engine.meter.client_latency import ClientLatency
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge, Wire
@@ -40,23 +48,28 @@ MAX_CHOICES = 128
 COMPLETIONS_MAX_TOKENS = 16
 """vLLM's ``max_tokens`` for a completions request that leaves it out (v0.11,
 ``protocol.CompletionRequest``; the chat API's is the context)."""
-INLINE_PARSE_BYTES = 64 << 10
-"""Request bodies up to this size are parsed on the event loop (well under a millisecond);
-larger ones on a thread."""
+READS = frozenset({"stream", "n", "stream_options", "max_tokens", "max_completion_tokens",
+                   "max_output_tokens"})
+"""The top-level fields of a request the plan reads (``_choices``, ``judge``,
+``usage_stats.asked``), besides its prompts' count."""
+
+Buffer = bytes | bytearray | memoryview
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How a request is forwarded: its judge (None: not judged), the body the engine is
-    sent, and what of the answer's usage the client gets (None: all of it)."""
+    sent (its pieces, in order: the client's bytes, but for the stream options the
+    meter asks for), and what of the answer's usage the client gets (None: all of it)."""
 
     judge: StreamJudge | None
-    body: bytes
+    body: tuple[Buffer, ...]
     strip: usage_stats.UsageStrip | None = None
     arrivals: int = 0
     """The requests vLLM serves it as, each in its series as one (each prompt of a
-    completions batch, each of its ``n`` choices: ``_prompts``, ``_choices``); 0 for what asks for
-    no generation."""
+    completions batch: vLLM runs each of a list of texts or of token lists as a request of
+    its own, streamed as choices ``prompt_idx * n + i``; each of its ``n`` choices:
+    ``_choices``); 0 for what asks for no generation."""
     at_once: int = 0
     """Of ``arrivals``, those counted as the request is forwarded, and judged where its
     stream is cut short before the engine's status: its first prompt's choices (its
@@ -74,40 +87,41 @@ class RequestPlanner:
     def __init__(self, slo: SLOWatch, priority: Priority, latency: ClientLatency) -> None:
         self.slo, self.priority, self.latency = slo, priority, latency
 
-    async def plan(self, method: str, path: str, body: bytes, arrival: float) -> Plan:
+    async def plan(self, method: str, path: str, body: bytes | bytearray,
+                   arrival: float) -> Plan:
         """How to forward a request to ``path`` (as the engine is asked for it): a
         streamed completion is judged, and a chat or completions one asks the engine for
         each chunk's token count (``usage_stats``); anything else goes as it came."""
         if method != "POST" or path not in JUDGED_PATHS:
-            return Plan(None, body)
-        try:
-            # A long prompt's body parsed on the loop would hold every stream's next chunk
-            # (and stretch the gaps the meter judges) for as long as it takes.
-            data = json.loads(body) if len(body) <= INLINE_PARSE_BYTES else \
-                await asyncio.to_thread(json.loads, body)
-        except (ValueError, RecursionError):
-            return Plan(None, body)  # vLLM answers it 400
-        if not isinstance(data, dict):
-            return Plan(None, body)  # vLLM answers it 400 too: no request of its model
+            return Plan(None, (body,))
+        completions = path == "/v1/completions"
+        fields = await _stepped(request_fields.scan(
+            body, READS, count="prompt" if completions else None))
+        if fields is None:
+            return Plan(None, (body,))  # vLLM answers it 400: no request of its model
+        data = fields.values
         choices = _choices(path, data)
-        arrivals = choices * _prompts(path, data)
+        arrivals = choices * (fields.counted or 1)
         if _lax(_BOOL, data.get("stream")) is not True:
-            return Plan(None, body, arrivals=arrivals, at_once=choices)
+            return Plan(None, (body,), arrivals=arrivals, at_once=choices)
         judge = self.judge(path, data, arrival)
         usage = usage_stats.asked(data)
         if path == RESPONSES_PATH or usage is None or usage is usage_stats.Asked.CONTINUOUS:
-            return Plan(judge, body, arrivals=arrivals, at_once=choices)
+            return Plan(judge, (body,), arrivals=arrivals, at_once=choices)
         # ASCII-escaped: a string Python's reader took with a lone surrogate in it has
         # no UTF-8, and reaches vLLM as the same string.
-        asking = usage_stats.ask(data)
         try:
-            sent = json.dumps(asking).encode() if len(body) <= INLINE_PARSE_BYTES else \
-                (await asyncio.to_thread(json.dumps, asking)).encode()
+            member = b'"stream_options": ' + \
+                json.dumps(usage_stats.ask(data)["stream_options"]).encode()
         except (ValueError, RecursionError):
             # Nested past what Python writes back: as it came.
-            return Plan(judge, body, arrivals=arrivals, at_once=choices)
-        return Plan(judge, sent, usage_stats.UsageStrip(
-            usage, null_usage=path == "/v1/completions"), arrivals=arrivals, at_once=choices)
+            return Plan(judge, (body,), arrivals=arrivals, at_once=choices)
+        view = memoryview(body)
+        start, end = fields.spans.get("stream_options", (fields.end, fields.end))
+        if start == end:  # none given: the object's last member (it has ``stream``)
+            member = b"," + member
+        return Plan(judge, (view[:start], member, view[end:]), usage_stats.UsageStrip(
+            usage, null_usage=completions), arrivals=arrivals, at_once=choices)
 
     def judge(self, path: str, data: dict[str, Any], arrival: float) -> StreamJudge:
         """The judge of a streamed completion to ``path`` asked for with ``data``, for
@@ -154,15 +168,17 @@ def _choices(path: str, data: dict[str, Any]) -> int:
     return n if n is not None and 1 <= n <= MAX_CHOICES else 1
 
 
-def _prompts(path: str, data: dict[str, Any]) -> int:
-    """How many prompts a completions request's ``prompt`` holds: vLLM runs each of a
-    list of texts or of token lists as a request of its own, streamed as choices
-    ``prompt_idx * n + i``; a text or one list of token ids is one, as is any other
-    request's."""
-    prompt = data.get("prompt") if path == "/v1/completions" else None
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        return len(prompt)
-    return 1
+T = TypeVar("T")
+
+
+async def _stepped(steps: Generator[None, None, T]) -> T:
+    """``steps`` run to their value, the loop let run between two."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)
 
 
 # vLLM reads a request's fields with pydantic, in its lax mode: "stream": 1 or "true" is

@@ -387,14 +387,13 @@ def test_a_body_past_the_limit_is_413_and_an_engine_that_does_not_answer_502(
 
 
 def test_a_long_prompts_stream_is_judged_too(tmp_path: Path) -> None:
-    """A body past the size parsed on the loop is parsed on a thread, and judged all the
-    same."""
-    from slopilot.engine.meter.request_plan import INLINE_PARSE_BYTES
+    """A body read in several steps (``request_fields``) is judged all the same."""
+    from slopilot.engine.meter.request_fields import STEP_BYTES
 
     upstream, now = Upstream(), [10.0]
     meter = meter_for(tmp_path, upstream, now)
     upstream.answer([event(text="a", finish="stop"), DONE])
-    long = {**STREAM, "prompt": "w " * INLINE_PARSE_BYTES}
+    long = {**STREAM, "prompt": "w " * STEP_BYTES}
 
     async def go() -> None:
         await Client(meter, now).request("POST", "/v1/completions", long,

@@ -80,3 +80,58 @@ def test_a_log_level_that_is_not_one_is_refused_with_the_choices(
               "--log-level", "loud"])
     assert exc.value.code == 2
     assert "invalid choice: 'loud'" in capsys.readouterr().err
+
+
+def _served_meter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> object:
+    """The app ``slopilot meter`` would serve with ``flags``."""
+    import uvicorn
+
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn.Server, "run",
+                        lambda self, sockets=None: served.append(self.config.app))
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps({"profile": "standard"}))
+    main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo), *flags])
+    return served[0]
+
+
+def test_the_body_limits_are_flags_sized_within_the_meters_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One body at most ``--max-body-mb`` (16 MiB by default, as ``slopilot serve``'s), all
+    bodies held at once at most ``--body-budget-mb`` (64): within the 256 MiB the operator
+    gives the meter, with the interpreter's 65 and the streams'."""
+    from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB
+    from slopilot.engine.meter.proxy import Meter
+
+    meter = _served_meter(tmp_path, monkeypatch)
+    assert isinstance(meter, Meter)
+    assert (meter.max_body_bytes, meter.budget.limit) == (MAX_BODY_MIB << 20,
+                                                          BODY_BUDGET_MIB << 20)
+    meter = _served_meter(tmp_path, monkeypatch, "--max-body-mb", "0.5",
+                          "--body-budget-mb", "2")
+    assert isinstance(meter, Meter)
+    assert (meter.max_body_bytes, meter.budget.limit) == (1 << 19, 2 << 20)
+
+
+@pytest.mark.parametrize(("flags", "why"), [
+    (["--max-body-mb", "0"], "--max-body-mb 0: expected MiB above 0, e.g. 16"),
+    (["--body-budget-mb", "lots"], "--body-budget-mb lots: expected MiB above 0, e.g. 64"),
+])
+def test_a_body_limit_that_is_no_size_is_refused(
+        tmp_path: Path, flags: list[str], why: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", "x", *flags])
+    assert exc.value.code == 2
+    assert why in capsys.readouterr().err
+
+
+def test_a_budget_below_one_body_is_refused(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A body of the cap could never be held: it would wait for ever."""
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps({"profile": "standard"}))
+    assert main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo),
+                 "--max-body-mb", "32", "--body-budget-mb", "16"]) == 2
+    assert "--body-budget-mb 16: below --max-body-mb 32; set it to 32 or more" \
+        in capsys.readouterr().err
