@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags
-from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB
+from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, map_large_blocks
 from slopilot.engine.request import Priority
 
 if TYPE_CHECKING:
@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     app = Meter(args.upstream, slo, Priority.parse(args.priority_class),
                 max_body_bytes=max_body, body_budget_bytes=budget)
+    map_large_blocks()  # a body freed is memory given back (process-wide, so here)
     server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
                                            log_level=args.log_level, deadlines=deadlines))
     # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run, used before, hid it.

@@ -328,3 +328,40 @@ def test_an_upstream_that_breaks_off_before_any_status_counts_no_batch(
 
     assert run(go) == 502
     assert meter.arrivals == 8
+
+
+FREED = r"""
+import sys
+from slopilot.engine.meter.body_budget import map_large_blocks
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+mapped = sys.argv[1] == "mapped" and map_large_blocks()
+first = bytearray(b"x" * (16 << 20))
+del first  # mapped, and freed: glibc raises its threshold past the bodies below
+before = rss()
+bodies = [bytearray(b"y" * (12 << 20)) for _ in range(3)]
+del bodies[:2]  # the last, at the heap's top, kept
+print(mapped, rss() - before)
+"""
+
+
+def test_a_body_freed_is_memory_given_back() -> None:
+    """Bodies freed below one still held: kept in glibc's heap (its mapping threshold
+    raised by a body freed before), they made the meter's RSS creep past what it held;
+    mapped apart (``map_large_blocks``, as ``slopilot meter`` starts), each is given
+    back. Counted in the bytes a fresh process keeps of two 12 MiB bodies freed."""
+    import subprocess
+    import sys
+
+    from tests.docs.test_doc_references import ROOT
+
+    kept = {}
+    for how in ("mapped", "as glibc does"):
+        out = subprocess.run([sys.executable, "-c", FREED, how], capture_output=True,
+                             text=True, check=True, cwd=ROOT,
+                             env={"PYTHONPATH": str(ROOT), "PATH": ""}).stdout.split()
+        kept[how] = (out[0], int(out[1]))
+    assert kept["mapped"][0] == "True"
+    assert kept["mapped"][1] < 16 << 20 < kept["as glibc does"][1]
