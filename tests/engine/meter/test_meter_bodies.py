@@ -1,7 +1,7 @@
 """The request bodies the meter holds: one at most ``max_body_bytes``, refused before it is
-read where its length says so; all of them at once at most ``body_budget_bytes``; each
-read for the few fields the meter needs, in steps, none of its prompt kept; and let go
-once it is sent on.
+read where its length says so; all of them at once at most ``body_budget_bytes`` (the
+first of them always read on); each read for the few fields the meter needs, in steps,
+none of its prompts made; and let go once it is sent on.
 
 The meter runs in 256 MiB beside vLLM. Bodies up to 64 MiB were held whole for as long
 as their streams ran, and parsed whole by ``json.loads`` (on a thread, holding the GIL
