@@ -64,7 +64,6 @@ from typing import Any
 
 import numpy as np
 from code_trace import HEADER, code_trace
-from window_transfer import chosen_cases
 
 import slopilot
 from slopilot.engine.histogram_quantiles import latency_quantile
@@ -82,6 +81,7 @@ from slopilot.tuner.prometheus.query import window_summary
 from slopilot.tuner.sim.robust import RobustEvaluator, plan_windows
 from slopilot.tuner.study.objective import HEADROOM, WindowResult, score
 from slopilot.tuner.study.verdict import robust_verdict
+from window_transfer import chosen_cases
 
 TREE = Path(slopilot.__file__).resolve().parents[1]
 """The slopilot tree this script runs: its studies run the same one."""
