@@ -144,37 +144,11 @@ def test_a_client_gone_before_the_engines_status_stays_an_arrival(tmp_path: Path
     answered; nothing is known of it to take it off."""
     upstream, now = Upstream(), [0.0]
     meter = meter_for(tmp_path, upstream, now)
-
-    async def generating(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/metrics":
-            return await upstream.handle(request)
-        upstream.requests.append(request)
-        await asyncio.Event().wait()  # no status until the body is generated
-        raise AssertionError("never answered")
-    meter.client = httpx.AsyncClient(transport=httpx.MockTransport(generating))
+    _never_answered(meter, upstream)
 
     async def go() -> bytes:
-        gone, sent = asyncio.Event(), []
-        messages = [{"type": "http.request", "more_body": False,
-                     "body": json.dumps({"model": "llama", "prompt": "x"}).encode()}]
-
-        async def receive() -> dict[str, Any]:
-            if messages:
-                return messages.pop()
-            await gone.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: MutableMapping[str, Any]) -> None:
-            sent.append(message)
-        task = asyncio.ensure_future(meter(
-            {"type": "http", "method": "POST", "path": "/v1/completions",
-             "raw_path": b"/v1/completions", "query_string": b"", "headers": []},
-            receive, send))
-        while not upstream.requests:
-            await asyncio.sleep(0)
-        gone.set()
-        await asyncio.wait_for(task, HANG_GUARD_S)
-        assert sent == []  # it left before any status
+        await _leave_before_any_status(meter, upstream, now, {"model": "llama", "prompt": "x"},
+                                       at=0.0)
         return (await Client(meter, now).request("GET", "/metrics"))[2]
 
     body = run(go)
