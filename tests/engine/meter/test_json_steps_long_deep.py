@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -139,6 +140,21 @@ def too_deep(item: str, depth: int) -> bytes:
     return level * (depth // 2) + inner + b'}, "required": ["p"]}' * (depth // 2)
 
 
+@pytest.fixture
+def default_recursion_limit() -> Iterator[None]:
+    """``json.loads`` goes as deep as the interpreter's recursion limit, and Hypothesis
+    raises that limit while its tests run, leaving it raised where it was changed
+    meanwhile: a full suite's worker read 2,000 levels whole after one. These tests are of
+    CPython's default."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(1_000)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+@pytest.mark.usefixtures("default_recursion_limit")
 @pytest.mark.parametrize("depth", [1_000, 2_000])
 @pytest.mark.parametrize("item", ["arrays", "objects", "schema"])
 def test_a_long_container_deeper_than_json_loads_takes_is_its_recursion_error(
@@ -202,6 +218,7 @@ def judged_created(tools: bytes) -> list[Verdict]:
     return judge.verdicts(1.0)
 
 
+@pytest.mark.usefixtures("default_recursion_limit")
 def test_a_held_event_too_deep_for_json_loads_leaves_the_stream_unjudged() -> None:
     """The client's own parser refuses the event (``RecursionError``): the judge does
     too, and judges none of the stream, its loop not broken; 300 deep, it is judged."""
