@@ -1,5 +1,6 @@
 """The flags that set what a client may make a connection wait for
-(``http_deadlines.Deadlines``), shared by ``slopilot serve`` and ``slopilot meter``.
+(``http_deadlines.Deadlines``), shared by ``slopilot serve`` and ``slopilot meter``, and
+the parser of both commands' body sizes (``mib``).
 
 Registration imports nothing heavy: uvicorn loads with the deadlines, in the handler.
 """
@@ -81,3 +82,18 @@ def deadlines_from_flags(args: argparse.Namespace) -> Deadlines:
     except DeadlineError as exc:
         raise ValueError(f"{DEADLINE_FLAGS[exc.field]} {exc.value:g}: {exc.expected}") \
             from None
+
+
+def mib(flag: str, example: int) -> Callable[[str], int]:
+    """argparse type of a size flag (``--max-body-mb``): MiB as a number above 0,
+    returned in bytes."""
+    def parse(text: str) -> int:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0 and value * 2**20 >= 1):
+            raise argparse.ArgumentTypeError(f"{flag} {text}: expected MiB above 0, "
+                                             f"e.g. {example}")
+        return int(value * 2**20)
+    return parse

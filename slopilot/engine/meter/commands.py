@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags
+from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags, mib
 from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, map_large_blocks
 from slopilot.engine.request import Priority
 
@@ -37,11 +35,11 @@ def register(subparsers: Any) -> None:
                    help="the SLO (spec.slo's JSON), read again whenever it changes")
     p.add_argument("--priority-class", default="p0", choices=[q.label for q in Priority],
                    help="the class every request is judged in (spec.slo.vllmClass)")
-    p.add_argument("--max-body-mb", type=_mib("--max-body-mb", MAX_BODY_MIB), default=None,
+    p.add_argument("--max-body-mb", type=mib("--max-body-mb", MAX_BODY_MIB), default=None,
                    metavar="MIB", help=f"largest request body accepted, in MiB (default "
                    f"{MAX_BODY_MIB}); a larger one is answered 413, before it is read where "
                    "its Content-Length says so")
-    p.add_argument("--body-budget-mb", type=_mib("--body-budget-mb", BODY_BUDGET_MIB),
+    p.add_argument("--body-budget-mb", type=mib("--body-budget-mb", BODY_BUDGET_MIB),
                    default=None, metavar="MIB", help="request bodies held at once, in MiB "
                    f"(default {BODY_BUDGET_MIB}; at least --max-body-mb): a body waits, "
                    "unread, for room, and is let go once sent on. With the interpreter's "
@@ -50,20 +48,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default="info")
     p.set_defaults(func=run)
-
-
-def _mib(flag: str, example: int) -> Callable[[str], int]:
-    """argparse type: MiB as a number above 0, returned in bytes."""
-    def parse(text: str) -> int:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0 and value * 2**20 >= 1):
-            raise argparse.ArgumentTypeError(f"{flag} {text}: expected MiB above 0, "
-                                             f"e.g. {example}")
-        return int(value * 2**20)
-    return parse
 
 
 def run(args: argparse.Namespace) -> int:

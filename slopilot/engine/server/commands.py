@@ -8,14 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags
+from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags, mib
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
 from slopilot.engine.executors.kernel_modes import (
     DECODE_GRAPH_CHOICES,
@@ -103,7 +102,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-gpu-blocks", type=int, help="KV cache size in blocks")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on shutdown, how long running requests may take to finish")
-    p.add_argument("--max-body-mb", type=_mib, default=None, metavar="MIB",
+    p.add_argument("--max-body-mb", type=mib("--max-body-mb", 16), default=None, metavar="MIB",
                    help="largest request body accepted, in MiB (default 16); a larger "
                         "one is answered 413 while it is read")
     add_deadline_flags(p)
@@ -127,18 +126,6 @@ def _port(flag: str) -> Callable[[str], int]:
                                              "65535 (0 picks a free one)")
         return port
     return parse
-
-
-def _mib(text: str) -> int:
-    """argparse type: MiB as a number above 0, returned in bytes."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0 and value * 2**20 >= 1):
-        raise argparse.ArgumentTypeError(f"--max-body-mb {text}: expected MiB above 0, "
-                                         "e.g. 16")
-    return int(value * 2**20)
 
 
 def _fail(message: str) -> int:
