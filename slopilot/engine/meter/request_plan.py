@@ -43,8 +43,11 @@ RESPONSES_PATH = "/v1/responses"
 """The Responses API's: vLLM v0.11 serves it (``api_server.create_responses``), one
 answer a request (no ``n``), limited by ``max_output_tokens``."""
 JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", RESPONSES_PATH})
-MAX_CHOICES = 128
-"""The most choices (``n``) a cut-short stream is judged for: vLLM refuses more."""
+MAX_CHOICES = 16_384
+"""The most choices (``n``) vLLM serves a request: ``VLLM_MAX_N_SEQUENCES``'s default
+(``sampling_params._verify_num_sequences``; the operator sets no environment of vLLM's).
+It answers more with a 400: read as one choice, which the invalid count takes off. Cheap
+to judge however many: choices that never came are one verdict of their count."""
 COMPLETIONS_MAX_TOKENS = 16
 """vLLM's ``max_tokens`` for a completions request that leaves it out (v0.11,
 ``protocol.CompletionRequest``; the chat API's is the context)."""

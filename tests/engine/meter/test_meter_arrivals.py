@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from slopilot.engine.meter.proxy import Meter
+from slopilot.engine.meter.request_plan import RequestPlanner
 from slopilot.engine.request import Priority
 from tests.engine.meter.test_client_latency import exposition
 from tests.engine.meter.test_meter import (
@@ -255,3 +256,22 @@ def test_a_batchs_other_prompts_arrive_once_the_engine_answered(tmp_path: Path) 
     assert (answered.arrivals, answered.invalid) == (512_000, 0)
     assert counted(answered) == {missed: (512_000, 0)}
     assert peak < 8 << 20
+
+
+def test_n_is_read_up_to_what_vllm_allows(tmp_path: Path) -> None:
+    """vLLM serves up to ``VLLM_MAX_N_SEQUENCES`` choices (16,384 unless its image sets
+    another: ``sampling_params._verify_num_sequences``), each a request in its series. A
+    stream of ``n`` 1,000 was read as one choice: 999 arrivals and, cut short, 999 missed
+    verdicts gone. Past the limit vLLM answers 400: one arrival, taken off as invalid."""
+    upstream, now = Upstream(), [0.0]
+    planner: RequestPlanner = meter_for(tmp_path, upstream, now).planner
+
+    def planned(n: int) -> tuple[int, int, int]:
+        body = json.dumps({"model": "llama", "prompt": "a", "n": n, "stream": True}).encode()
+        plan = run(lambda: planner.plan("POST", "/v1/completions", body, 0.0))
+        assert plan.judge is not None
+        return plan.arrivals, plan.at_once, plan.judge.n
+
+    assert planned(1000) == (1000, 1000, 1000)
+    assert planned(16_384) == (16_384, 16_384, 16_384)
+    assert planned(16_385) == (1, 1, 1)
