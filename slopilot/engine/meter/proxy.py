@@ -274,16 +274,24 @@ class Meter:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": response_headers(response.headers,
                                                     keep_length=strip is None)})
-            async for piece in response.aiter_raw():
-                passed = piece if strip is None else strip.feed(piece)
-                if passed:
-                    await send({"type": "http.response.body", "body": passed,
-                                "more_body": True})
-                if judge is not None:
-                    await _read(judge, piece, self.clock())
-                    if judge.model is not None:
-                        # From its first chunk on: the histograms it fed are labelled so.
-                        self.model_name = judge.model
+            try:
+                async for piece in response.aiter_raw():
+                    passed = piece if strip is None else strip.feed(piece)
+                    if passed:
+                        await send({"type": "http.response.body", "body": passed,
+                                    "more_body": True})
+                    if judge is not None:
+                        await _read(judge, piece, self.clock())
+                        if judge.model is not None:
+                            # From its first chunk on: the histograms it fed are labelled so.
+                            self.model_name = judge.model
+            except httpx.HTTPError as exc:
+                # The engine broke off (a pod killed, OOM): its failure, a line each, not
+                # a traceback of the server's per stream. The answer is left unfinished,
+                # as the engine left it: the server closes the client's connection.
+                log.warning("%s %s: the engine broke off its answer: %s", scope["method"],
+                            scope["path"], type(exc).__name__)
+                return
             if strip is not None and (rest := strip.flush()):
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
             # Counted before the end is sent: a response complete reads, to the server,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -587,3 +588,39 @@ def test_every_answer_carries_one_date(tmp_path: Path) -> None:
     for status, dates in answers[1:]:
         assert len(dates) == 1, (status, dates)
         assert email.utils.parsedate_to_datetime(dates[0]).tzinfo is not None, dates
+
+
+def test_an_answer_the_engine_breaks_off_is_cut_short_with_one_line_of_log(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An engine that dies mid-answer (a pod killed, OOM) breaks every stream it was
+    writing: each was raised to the server, which logged a traceback of some forty lines a
+    stream. It is an engine's failure, not the meter's: one warning line each, the
+    client's connection closed unfinished (no end written, as the engine wrote none), the
+    stream judged as cut short (its first token 800 ms late: missed)."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+
+    async def broken_body() -> AsyncIterator[bytes]:
+        yield event(text="a")
+        raise httpx.ReadError("connection reset by peer")
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              content=broken_body())
+    meter.client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    client = Client(meter, now)
+
+    async def go() -> None:
+        task = asyncio.ensure_future(client.request("POST", "/v1/completions", STREAM,
+                                                    written_at=[0.8]))
+        await asyncio.wait_for(asyncio.shield(task), HANG_GUARD_S)
+
+    with caplog.at_level(logging.WARNING):
+        run(go)
+    bodies = [m for m in client.sent if m["type"] == "http.response.body"]
+    assert [m["body"] for m in bodies] == [event(text="a")]
+    assert all(m["more_body"] for m in bodies)
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.exc_info) for r in records] == [(logging.WARNING, None)]
+    assert "ReadError" in records[0].getMessage()
+    assert counted(meter) == {(Priority.P0, LABEL, False): (1, 1)}
