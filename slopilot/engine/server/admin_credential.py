@@ -18,6 +18,7 @@ from dataclasses import dataclass
 ADMIN_TOKEN_ENV = "SLOPILOT_ADMIN_TOKEN"
 ADMIN_TOKEN_SHA256_ENV = "SLOPILOT_ADMIN_TOKEN_SHA256"
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 
 
 def token_sha256(token: str) -> str:
@@ -42,6 +43,12 @@ class AdminCredential:
             raise ValueError(f"{ADMIN_TOKEN_SHA256_ENV}: expected the token's SHA-256 as 64 "
                              f"hex digits (got {len(text)} characters); compute it with "
                              "`printf %s TOKEN | sha256sum`")
+        if text == _EMPTY_DIGEST:
+            # What `printf %s "$TOKEN" | sha256sum` gives with TOKEN unset: it would
+            # admit a bearer token of nothing, anyone who reaches the admin port.
+            raise ValueError(f"{ADMIN_TOKEN_SHA256_ENV}: the SHA-256 of an empty token (was "
+                             "TOKEN unset in `printf %s TOKEN | sha256sum`?); digest the "
+                             "token itself")
         return cls(bytes.fromhex(text))
 
     def admits(self, given: str) -> bool:

@@ -220,6 +220,17 @@ def test_serve_reads_the_token_or_its_digest_from_the_environment(
         admin_token(None)
 
 
+def test_the_digest_of_an_empty_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``printf %s "$TOKEN" | sha256sum`` with TOKEN unset gives the empty string's digest:
+    taken, it admitted ``Authorization: Bearer`` with nothing after it, and anyone who
+    reached the admin port could set ``max_num_seqs`` to 1. Refused, as the client keys'
+    digests are (clients.py) and an empty ``--admin-token-file``."""
+    monkeypatch.delenv("SLOPILOT_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("SLOPILOT_ADMIN_TOKEN_SHA256", token_sha256("").upper())
+    with pytest.raises(ValueError, match=r"SLOPILOT_ADMIN_TOKEN_SHA256: .*empty token"):
+        admin_token(None)
+
+
 def test_admin_without_a_configured_token_is_403() -> None:
     with start_server(admin_port=0) as srv:
         for method in ("GET", "PUT"):
