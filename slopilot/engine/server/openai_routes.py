@@ -25,7 +25,14 @@ from slopilot.engine.server.response_models import (
     ModelList,
 )
 from slopilot.engine.server.responses import DeliveredJSON, DeliveredStream, Delivery, collect
-from slopilot.engine.server.serving import INLINE_PREPARE_CHARS, prepare, submit, text_size
+from slopilot.engine.server.serving import (
+    INLINE_PREPARE_CHARS,
+    PRIORITY_HEADER,
+    one_priority_header,
+    prepare,
+    submit,
+    text_size,
+)
 from slopilot.engine.server.state import ServerState
 
 T = TypeVar("T")
@@ -82,6 +89,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         # engine thread to admit it (a whole iteration) is for the requests after it.
         slo = backend.metrics.slo
         clients = grants_of(request.scope)
+        one_priority_header(request.headers.getlist(PRIORITY_HEADER))
         try:
             if text_size(body) < INLINE_PREPARE_CHARS:
                 prep = prepare(backend, body, request.headers, arrival, clients)

@@ -92,6 +92,16 @@ def _retry(headers: Mapping[str, str]) -> bool:
     return raw.isascii() and raw.isdigit() and raw.strip("0") != ""
 
 
+def one_priority_header(values: list[str]) -> None:
+    """Refuses a request that gives the priority header more than once: read first, a
+    gateway that appends its own class rather than replacing the client's was overridden
+    by it (the values joined in one, ``p0, p2``, are refused as no class already)."""
+    if len(values) > 1:
+        raise APIError(400, f"{PRIORITY_HEADER} is given {len(values)} times: give it "
+                       "once (a gateway setting the class should replace the client's)",
+                       param=PRIORITY_HEADER)
+
+
 def _priority(body_value: int | str | None, headers: Mapping[str, str],
               clients: ClientClasses | None) -> tuple[Priority, Served | None]:
     """The class a request is served in (the body's ``priority`` over the header, P1 if

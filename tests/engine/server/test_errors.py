@@ -397,3 +397,14 @@ def test_a_number_that_is_not_finite_is_named_as_such(field: str, literal: str) 
     with start_server() as srv:
         err = _error(_post(srv, f'{{"prompt": "hi", "{field}": {literal}}}'), 400)
         assert err["param"] == field and "finite number" in err["message"], err
+
+
+def test_a_repeated_priority_header_is_a_400(sim_server: LiveServer) -> None:
+    """``x-slopilot-priority: p0`` then ``p2`` was served as p0, the first: a gateway that
+    appends its own header rather than replacing the client's was overridden by it. The
+    two joined in one (``p0, p2``) are refused already; repeated, they are too."""
+    res = httpx.post(sim_server.url + "/v1/completions", timeout=HANG_GUARD_S,
+                     json={"prompt": "hi", "max_tokens": 1},
+                     headers=[("x-slopilot-priority", "p0"), ("x-slopilot-priority", "p2")])
+    err = _error(res, 400)
+    assert err["param"] == "x-slopilot-priority" and "once" in err["message"]
