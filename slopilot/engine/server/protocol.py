@@ -15,7 +15,14 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from slopilot.engine.executors.tokenizer import RENDER_VARIABLES
 from slopilot.engine.server import unhonoured_fields
@@ -268,12 +275,25 @@ class CompletionRequest(_GenerationFields):
             raise ValueError("the prompt is empty")
         return prompt
 
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise ValueError("suffix is not supported")
+        return suffix
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_n(cls, best_of: int | None, info: ValidationInfo) -> int | None:
+        # Each choice is its own sample: best_of = n is what is served. Fewer cannot make
+        # n choices (vLLM and OpenAI refuse best_of < n), more would rank candidates.
+        n = info.data.get("n", 1)
+        if best_of is not None and best_of != n:
+            raise ValueError(f"best_of={best_of} with n={n}: only best_of = n is supported")
+        return best_of
+
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.suffix:
-            raise ValueError("suffix is not supported")
-        if self.best_of not in (None, 1, self.n):
-            raise ValueError(f"best_of={self.best_of}: only best_of = n is supported")
         if self.n * len(self.prompts) > MAX_CHOICES:
             raise ValueError(f"{len(self.prompts)} prompts x n={self.n}: at most "
                              f"{MAX_CHOICES} choices per request; send several requests")

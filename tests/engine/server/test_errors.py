@@ -61,7 +61,10 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     # event loop, every stream on the server, for seconds.
     ({"prompt": "hi", "stop": "x" * 1025}, "stop", "at most 1024 characters"),
     ({"prompt": "hi", "stop": ["ok", "x" * 16_000]}, "stop", "at most 1024 characters"),
-    ({"prompt": "hi", "suffix": "x"}, None, "suffix"),
+    ({"prompt": "hi", "suffix": "x"}, "suffix", "suffix"),
+    # vLLM and OpenAI ask best_of >= n: one candidate cannot make two choices.
+    ({"prompt": "hi", "n": 2, "best_of": 1}, "best_of", "only best_of = n"),
+    ({"prompt": "hi", "best_of": 3}, "best_of", "only best_of = n"),
     ({"prompt": "hi", "logprobs": 21}, "logprobs", "less than or equal to 20"),
     ({"prompt": "hi", "presence_penalty": 3}, "presence_penalty", "less than or equal"),
     ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty", "greater than"),
