@@ -107,9 +107,12 @@ class EngineConfig:
                 raise ConfigError(
                     f"{f.name}={value!r} is out of range; use a value in [{lo}, {hi}]", f.name)
         if self.chunk_size > self.effective_budget:
+            rounded = "" if self.effective_budget == self.token_budget else \
+                f" (token_budget={self.token_budget} rounded up to " \
+                f"budget_align={self.budget_align})"
             raise ConfigError(
                 f"chunk_size={self.chunk_size} exceeds the token budget "
-                f"{self.effective_budget}; lower chunk_size or raise token_budget",
+                f"{self.effective_budget}{rounded}; lower chunk_size or raise token_budget",
                 "chunk_size", related=("token_budget",))
 
     @property

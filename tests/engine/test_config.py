@@ -58,6 +58,16 @@ def test_chunk_above_budget_is_refused_with_the_fix() -> None:
     assert EngineConfig(token_budget=300, chunk_size=500).effective_budget == 512
 
 
+def test_a_budget_rounded_up_is_named_as_given_and_as_rounded() -> None:
+    # PUT {"token_budget": 128} over a running chunk of 512 read "exceeds the token
+    # budget 256": neither number the client sent.
+    with pytest.raises(ConfigError) as info:
+        EngineConfig(token_budget=128, budget_align=256, chunk_size=512)
+    assert str(info.value) == ("chunk_size=512 exceeds the token budget 256 "
+                               "(token_budget=128 rounded up to budget_align=256); lower "
+                               "chunk_size or raise token_budget")
+
+
 def test_unknown_knob_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match=r"unknown knob .tokens.; known knobs: .*token_budget") \
             as info:
