@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from slopilot.operator.knobs import MAX_STORAGE_URL
 from slopilot.operator.storage_entry import (
     NAMESPACE,
     EntryError,
@@ -40,6 +41,7 @@ from slopilot.operator.study_storage import (
     resolve_storage,
     sqlite_sidecar_problem,
 )
+from slopilot.operator.validation import MAX_LABEL
 from slopilot.tuner.study.storage_url import parse_storage_url, shown
 
 DEFAULT_STORAGE_ENV = "SLOPILOT_DEFAULT_STORAGE"
@@ -87,6 +89,13 @@ class DefaultStorage:
         if (problem := sqlite_sidecar_problem(self.value, DEFAULT_STORAGE_ENV)) is not None:
             raise StorageRefused(problem)
         object.__setattr__(self, "rule", StorageRule(self.value))
+        longest = len(self.named("n" * MAX_LABEL))
+        if longest > MAX_STORAGE_URL:
+            # The record of study storages keeps none longer (study_ledger.py): a
+            # namespace's studies under it would never be reclaimed.
+            raise StorageRefused(f"{label} is {longest} characters for a namespace of "
+                                 f"{MAX_LABEL}, past the {MAX_STORAGE_URL} of a storage URL: "
+                                 f"write a shorter one, {_EXAMPLE}")
 
     def named(self, namespace: str) -> str:
         """The storage URL a CR of ``namespace`` names by leaving the field out, as if

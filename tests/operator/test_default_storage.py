@@ -174,6 +174,10 @@ def test_a_database_per_namespace_default_is_opened_with_the_admins_credentials(
     (None, "postgresql://optuna@{namespace}.db/studies", ["host", "e.g."]),
     (None, "sqlite:////data/teams/{ns}.db", ["unknown placeholder {ns}"]),
     ("sqlite:////data/teams/*", "sqlite:////data/teams/*", ["one database", "e.g."]),
+    # 2,020 characters, 2,072 for a namespace of 63: past what the record of study
+    # storages keeps (MAX_STORAGE_URL), so such a namespace's studies were never reclaimed.
+    (None, "sqlite:////data/" + "a" * 1990 + "{namespace}.db",
+     ["2072 characters", "63", "2048", "shorter"]),
     (None, "sqlite:////data/teams/study.db-journal", ["journal file", "name a database file"]),
 ])
 def test_a_default_that_is_no_storage_or_is_refused_stops_the_start(
