@@ -19,10 +19,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from slopilot.engine.meter.asgi_http import Send, answer, date_header, response_headers
-from slopilot.engine.meter.client_latency import ClientLatency
+from slopilot.engine.meter.client_latency import CLIENT_SERIES, ClientLatency
 from slopilot.engine.metrics_text import TextRegistry, parts_text
 from slopilot.engine.request import Priority
-from slopilot.engine.verdicts import Verdicts
+from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
 
 REPLAYED_STREAMS = "slopilot_meter_replayed_streams"
 """Responses streamed again by GET (``is_replay``), counted, not judged (base name)."""
@@ -34,6 +34,15 @@ INVALID = "slopilot_meter_invalid_total"
 """Of ``ARRIVALS``, those the engine answered with a client's error (``Meter.invalid``):
 never served, so never load; the workload probe takes them off the replica's arrivals."""
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def meter_series() -> frozenset[str]:
+    """Every series the meter adds to vLLM's, by the name Prometheus stores: with vLLM's
+    own, all a vLLM deployment's queries (its dashboard's, its rules') may read."""
+    names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID}
+    for histogram in CLIENT_SERIES:
+        names |= {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"}
+    return frozenset(names)
 
 
 class Scraped(Protocol):

@@ -90,3 +90,14 @@ def test_a_render_does_a_fraction_of_prometheus_client_s_work_on_the_same_state(
     meter.latency.token_gaps([0.0123])  # one of the two histograms changed since
     generic = calls(lambda: generate_latest(meter.registry))
     assert calls(meter.render) * 5 < generic
+
+
+def test_the_meter_exports_the_series_it_lists(tmp_path: Path) -> None:
+    """``meter_series`` is what the vLLM dashboard's panels are held to: every name of
+    the meter's part, none more."""
+    from slopilot.engine.meter.exposition import meter_series
+
+    meter, _ = streamed(tmp_path)
+    names = {line.split("{")[0].split(" ")[0] for line in meter.render().decode().splitlines()
+             if line and not line.startswith("#")}
+    assert names == meter_series()
