@@ -42,6 +42,7 @@ from slopilot.tuner.prometheus.latency_sources import (
     LatencySource,
     LatencySources,
 )
+from slopilot.tuner.prometheus.objectives import objectives
 
 __all__ = ["ALL_CLASSES", "BUILTIN_LATENCY", "DEPLOYMENT_LABEL", "NAMESPACE_LABEL", "TTFT",
            "VLLM_LATENCY", "VLLM_LATENCY_BUCKETS", "LatencySources", "RuleError",
@@ -330,6 +331,11 @@ class _Renderer:
             # The class label keeps promtool's duplicate-rule lint apart.
             rules.append(self.record("slopilot:goodput_tokens:per_second", expr,
                                      priority_class=p.label))
+        # The targets themselves, for the dashboard's lines: each deployment's own.
+        for target in objectives(self.spec, self.opt):
+            cls = {} if target.priority_class is None else \
+                {"priority_class": target.priority_class}
+            rules.append(self.record(target.series, f"vector({_num(target.value)})", **cls))
         return rules
 
     def alert(self, row: AlertRule) -> dict[str, Any]:
