@@ -10,6 +10,12 @@ rules of
 ``EXTERNAL_METRICS``. Every series is selected by ``slopilot_namespace`` and
 ``slopilot_deployment``, the labels the scrape configuration puts on each engine pod's
 series (a deployment is its namespace and name: ``chat`` in two namespaces is two).
+
+The SLO lines are the chosen deployment's own: each is a query of the target its rules
+record (``tuner/prometheus/objectives``), drawn dashed, so one dashboard serves a strict
+and a relaxed deployment alike, and an objective a deployment does not have draws no
+line. The vLLM dashboard leaves out what only the built-in engine exports (its decode
+stalls, garbage-collector pauses, live knobs, swapped requests, 429s and send deadlines).
 """
 
 from __future__ import annotations
@@ -26,8 +32,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DataSourceRef,
-    Threshold,
-    ThresholdsMode,
+    DynamicConfigValue,
     VariableRefresh,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
@@ -35,16 +40,21 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from slopilot.engine.latency_buckets import DENSE_FROM_S, DENSE_TO_S, QUANTILE_STEP
 from slopilot.engine.metric_names import REFUSED, RETRIES, SEND_TIMEOUTS
 from slopilot.engine.request import Priority
-from slopilot.engine.slo import SLOSpec
 from slopilot.engine.verdicts import SLO_REQUESTS
 from slopilot.tuner.prometheus.latency_sources import LatencySource
+from slopilot.tuner.prometheus.objectives import (
+    PREEMPTIONS_SLO,
+    PREFIX_HIT_SLO,
+    TBT_P99_SLO,
+    TTFT_P99_SLO,
+    UTILIZATION_FLOOR,
+)
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
     DEPLOYMENT_LABEL,
     NAMESPACE_LABEL,
     REPLICA_LABEL,
     LatencySources,
-    RuleOptions,
     latency_quantile,
 )
 
@@ -85,15 +95,26 @@ def _query(expr: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
     return prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
 
 
-def _thresholds(line_at: float | None) -> dash.ThresholdsConfig:
-    steps = [Threshold(value=None, color="green")]
-    if line_at is not None:
-        steps.append(Threshold(value=line_at, color="red"))
-    return dash.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps)
+def _line(series: str, what: str, priority_class: str | None = None) -> prometheus.Dataquery:
+    """The target the chosen deployment's rules record in ``series`` (``objectives``;
+    no sample, so no line, where it has no such objective): a line per deployment
+    chosen, named for it, as the variables take several."""
+    cls = "" if priority_class is None else f',priority_class="{priority_class}"'
+    return _query(f"max by ({NAMESPACE_LABEL}, {DEPLOYMENT_LABEL}) ({series}{{{SEL}{cls}}})",
+                  f"{what} {{{{{NAMESPACE_LABEL}}}}}/{{{{{DEPLOYMENT_LABEL}}}}}")
+
+
+# A line, not a series: dashed, red, unfilled (a threshold drawn from a query).
+_LINE_STYLE = [
+    DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+    DynamicConfigValue("color", {"mode": "fixed", "fixedColor": "red"}),
+    DynamicConfigValue("custom.fillOpacity", 0),
+    DynamicConfigValue("custom.lineWidth", 2),
+]
 
 
 def _series(title: str, queries: list[prometheus.Dataquery], *, unit: str,
-            line_at: float | None = None, width: int = 8, height: int = 8,
+            line: prometheus.Dataquery | None = None, width: int = 8, height: int = 8,
             description: str = "") -> timeseries.Panel:
     panel = (timeseries.Panel().title(title).datasource(DATASOURCE).unit(unit)
              .span(width).height(height).fill_opacity(10)
@@ -102,21 +123,20 @@ def _series(title: str, queries: list[prometheus.Dataquery], *, unit: str,
                      .placement(common.LegendPlacement.BOTTOM)))
     if description:
         panel = panel.description(description)
-    for i, q in enumerate(queries):
+    targets = queries if line is None else [*queries, line]
+    for i, q in enumerate(targets):
         panel = panel.with_target(q.ref_id(chr(ord("A") + i)))
-    if line_at is not None:
-        # The SLO as a dashed red line: the threshold, drawn.
-        panel = panel.thresholds(_thresholds(line_at)).thresholds_style(
-            common_b.GraphThresholdsStyleConfig().mode(common.GraphTresholdsStyleMode.DASHED))
+    if line is not None:
+        # Styled by its query, whatever its legend (a deployment's name) reads.
+        panel = panel.override_by_query(chr(ord("A") + len(queries)), _LINE_STYLE)
     return panel
 
 
-def _latency_panels(spec: SLOSpec, latency: LatencySources) -> list[timeseries.Panel]:
+def _latency_panels(latency: LatencySources) -> list[timeseries.Panel]:
     panels = []
-    for short, source, field in (("TTFT", latency.ttft, "ttft_p99_ms"),
-                                 ("TBT", latency.tbt, "tbt_p99_ms")):
+    for short, source, target in (("TTFT", latency.ttft, TTFT_P99_SLO),
+                                  ("TBT", latency.tbt, TBT_P99_SLO)):
         for p in Priority:
-            slo_ms = getattr(spec.class_slo(p), field)
             sel = f'{{{SEL},priority_class="{p.label}"}}'
             # As the loop reads them: a request turned away for load is a first token
             # never given (rules.bucket_rates); on vLLM, the meter's client-side figure
@@ -126,7 +146,8 @@ def _latency_panels(spec: SLOSpec, latency: LatencySources) -> list[timeseries.P
             description = (f"P99 and P50 from the histograms: within "
                            f"{QUANTILE_STEP:.0%} of the exact figures from "
                            f"{DENSE_FROM_S * 1000:g} ms to {DENSE_TO_S:g} s (a bucket's "
-                           "width); the SLO line is an edge, so over it or not is exact.")
+                           "width); where the SLO line is an edge (every profile's is), "
+                           "over it or not is exact.")
             if source.client is not None:
                 # vLLM's own beside it: the gap is what its frontend adds (parsing,
                 # detokenizing, the write), which vLLM's histograms leave out.
@@ -141,14 +162,37 @@ def _latency_panels(spec: SLOSpec, latency: LatencySources) -> list[timeseries.P
                     "the meter saw no stream. vLLM measures from the start of tokenizing "
                     "to its engine's output, and reads low, on its own coarser buckets: "
                     "a gap between 10 and 25 ms, say, is only known to be there.")
-            slo_text = f"SLO P99 < {slo_ms:g} ms" if slo_ms else "best effort"
-            panels.append(_series(f"{short} {p.label.upper()} ({slo_text})", queries,
-                                  unit="s", line_at=slo_ms / 1000 if slo_ms else None,
+            description += (f" Dashed: the deployment's own {short} P99 target for "
+                            f"{p.label.upper()} (its rules record it as {target}); no "
+                            "line, no target (best effort).")
+            panels.append(_series(f"{short} {p.label.upper()}", queries, unit="s",
+                                  line=_line(target, "P99 SLO", p.label),
                                   description=description))
     return panels
 
 
-def _throughput_panels() -> list[Any]:
+def _throughput_panels(vllm: bool) -> list[Any]:
+    requests = [_query(f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
+                _query(f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting")]
+    finished = [_query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
+                       f"[{RATE}]))", "{{finished_reason}}")]
+    finished_about = "By vLLM's finished_reason (stop, length, abort, ...)."
+    if not vllm:  # the built-in engine's own series: vLLM has none of them
+        requests.append(_query(f"sum(slopilot_num_requests_swapped{{{SEL}}})", "swapped"))
+        finished += [
+            _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
+                   "turned away (429) {{priority_class}}"),
+            _query(f"sum by (priority_class) (rate({RETRIES}{{{SEL},outcome=\"refused\"}}"
+                   f"[{RATE}]))", "retries turned away {{priority_class}}"),
+            _query(f"sum(rate({SEND_TIMEOUTS}{{{SEL}}}[{RATE}]))",
+                   "cut at the send deadline")]
+        finished_about = (
+            "Turned away: requests the engine refused for load (its waiting queue full), "
+            "never served; the TTFT panels count each as a first token never given. "
+            "Retries turned away: a client's later tries of a call "
+            "(x-stainless-retry-count above 0) turned away, counted apart from the calls. "
+            "Cut at the send deadline: streams whose client took no byte for "
+            "--send-timeout, aborted in the engine (also in the abort reason).")
     return [
         _series("Tokens per second and goodput", [
             _query(f"sum(rate(vllm:generation_tokens_total{{{SEL}}}[{RATE}]))", "generated"),
@@ -166,78 +210,98 @@ def _throughput_panels() -> list[Any]:
             "judged within their class's SLO: TTFT within target and at most 1 % of their "
             "token gaps over the TBT target (the built-in engine's verdicts; on vLLM, the "
             "meter's, of streamed requests)."),
-        _series("Requests", [
-            _query(f"sum(vllm:num_requests_running{{{SEL}}})", "running"),
-            _query(f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting"),
-            _query(f"sum(slopilot_num_requests_swapped{{{SEL}}})", "swapped")], unit="short"),
-        _series("Finished requests per second", [
-            _query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
-                   f"[{RATE}]))", "{{finished_reason}}"),
-            _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
-                   "turned away (429) {{priority_class}}"),
-            _query(f"sum by (priority_class) (rate({RETRIES}{{{SEL},outcome=\"refused\"}}"
-                   f"[{RATE}]))", "retries turned away {{priority_class}}"),
-            _query(f"sum(rate({SEND_TIMEOUTS}{{{SEL}}}[{RATE}]))",
-                   "cut at the send deadline")],
-            unit="reqps",
-            description="Turned away: requests the engine refused for load (its waiting "
-            "queue full), never served; the TTFT panels count each as a first token "
-            "never given. Retries turned away: a client's later tries of a call "
-            "(x-stainless-retry-count above 0) turned away, counted apart from the calls. "
-            "Cut at the send deadline: streams whose client took no byte for "
-            "--send-timeout, aborted in the engine (also in the abort reason)."),
+        _series("Requests", requests, unit="short"),
+        _series("Finished requests per second", finished, unit="reqps",
+                description=finished_about),
     ]
 
 
-def _scheduler_panels(spec: SLOSpec) -> list[Any]:
+def _scheduler_panels(vllm: bool) -> list[Any]:
     batch = (heatmap.Panel().title("Batch size (tokens per iteration)").datasource(DATASOURCE)
              .span(8).height(8).calculate(False)
              .with_target(_query(f"sum by (le) (increase(vllm:iteration_tokens_total_bucket"
                                  f"{{{SEL}}}[{RATE}]))", "{{le}}")
                           .format(PromQueryFormat.HEATMAP)))
+    every = _query(f"sum(rate(vllm:num_preemptions_total{{{SEL}}}[{RATE}])) * 60",
+                   "preemptions" if vllm else "all")
+    limit = _line(PREEMPTIONS_SLO, "limit")
+    limit_about = ("Dashed: the deployment's limit (its SLO's maxPreemptionsPerMinute); "
+                   "no line, no limit.")
+    alert_input = _query(f"slopilot:utilization:ratio{{{SEL}}}", "alert input")
+    gpu = _query(f"slopilot:gpu_utilization:avg{{{SEL}}}", "GPU (DCGM)")
+    floor = ("Dashed: the batching alert's floor (spec.alerts.utilizationMin): it fires "
+             "while the alert input stays under it and more requests wait than "
+             "spec.alerts.waitingMin.")
+    if vllm:
+        return [
+            _series("Preemptions per minute", [every], unit="short", line=limit,
+                    description=limit_about),
+            batch,
+            _kv_cache_panel(),
+            _prefix_panel(),
+            # The alert input is DCGM's figure here (vLLM exports no busy ratio): one
+            # line, not the same one twice.
+            _series("GPU utilization (the batching alert's input)",
+                    [alert_input.legend_format("GPU (DCGM), the alert input")],
+                    unit="percentunit", line=_line(UTILIZATION_FLOOR, "alert floor"),
+                    description="DCGM's GPU utilization of the deployment's pods, the "
+                    "alert input (vLLM exports no busy ratio to stand in for it: no DCGM "
+                    f"exporter, no figure). {floor}"),
+        ]
     return [
         _series("Preemptions per minute by mode", [
             _query(f"sum by (mode) (rate(slopilot_preemptions_total{{{SEL}}}[{RATE}])) * 60",
-                   "{{mode}}"),
-            _query(f"sum(rate(vllm:num_preemptions_total{{{SEL}}}[{RATE}])) * 60", "all")],
-            unit="short", line_at=spec.max_preemptions_per_min),
+                   "{{mode}}"), every],
+            unit="short", line=limit, description=limit_about),
         batch,
-        _series("Longest decode stall (60 s)", [
+        _series("Longest decode stall (last minute)", [
             _query(f"max by (priority_class) (slopilot_decode_stall_max_seconds{{{SEL}}})",
                    "{{priority_class}}")], unit="s"),
         _series("Garbage-collector pause p99 (every thread waits it out)", [
             _query(f"histogram_quantile(0.99, sum by (le, generation) (rate("
                    f"slopilot_gc_pause_seconds_bucket{{{SEL}}}[{RATE}])))",
                    "generation {{generation}}")], unit="s"),
-        _series("KV cache usage", [
-            _query(f"vllm:kv_cache_usage_perc{{{SEL}}}", "{{instance}}")],
-            unit="percentunit"),
-        _series("Prefix cache hit rate", [
-            _query(f"sum(rate(vllm:prefix_cache_hits_total{{{SEL}}}[{RATE}])) / "
-                   f"sum(rate(vllm:prefix_cache_queries_total{{{SEL}}}[{RATE}]))", "hit rate")],
-            unit="percentunit", line_at=spec.prefix_hit_min),
+        _kv_cache_panel(),
+        _prefix_panel(),
         _series("Busy ratio and GPU utilization (the batching alert's input)", [
-            _query(f"slopilot:utilization:ratio{{{SEL}}}", "alert input"),
-            _query(f"slopilot:gpu_utilization:avg{{{SEL}}}", "GPU (DCGM)"),
-            _query(f"slopilot_busy_ratio{{{SEL}}}", "busy {{instance}}")],
-            unit="percentunit", line_at=RuleOptions().busy_ratio_min),
+            alert_input, gpu, _query(f"slopilot_busy_ratio{{{SEL}}}", "busy {{instance}}")],
+            unit="percentunit", line=_line(UTILIZATION_FLOOR, "alert floor"),
+            description="The alert input: DCGM's GPU utilization of the deployment's pods "
+            f"where it reports them, else the engines' busy ratio. {floor}"),
     ]
 
 
-def _tuning_panels() -> list[Any]:
-    knobs = "|".join(KNOBS_GRAPHED)
-    config = (statetimeline.Panel().title("Live configuration").datasource(DATASOURCE)
-              .span(12).height(8)
-              .with_target(_query(
-                  f"count by (token_budget, chunk_size, max_num_seqs, preemption_mode) "
-                  f"(slopilot_config_info{{{SEL}}})",
-                  "budget {{token_budget}} chunk {{chunk_size}} seqs {{max_num_seqs}} "
-                  "{{preemption_mode}}")))
+def _kv_cache_panel() -> timeseries.Panel:
+    return _series("KV cache usage", [
+        _query(f"vllm:kv_cache_usage_perc{{{SEL}}}", "{{instance}}")], unit="percentunit")
+
+
+def _prefix_panel() -> timeseries.Panel:
+    return _series("Prefix cache hit rate", [
+        _query(f"sum(rate(vllm:prefix_cache_hits_total{{{SEL}}}[{RATE}])) / "
+               f"sum(rate(vllm:prefix_cache_queries_total{{{SEL}}}[{RATE}]))", "hit rate")],
+        unit="percentunit", line=_line(PREFIX_HIT_SLO, "expected minimum"),
+        description="Dashed: the least hit ratio the deployment expects (its SLO's "
+        "prefixHitMin); no line, none expected.")
+
+
+def _tuning_panels(vllm: bool) -> list[Any]:
+    panels: list[Any] = []
+    if not vllm:  # the built-in engine's live configuration: vLLM exports none
+        knobs = "|".join(KNOBS_GRAPHED)
+        panels += [
+            _series("Knobs over time", [
+                _query(f'max by (knob) (slopilot_config_knob{{{SEL},knob=~"{knobs}"}})',
+                       "{{knob}}")], unit="short", width=12),
+            statetimeline.Panel().title("Live configuration").datasource(DATASOURCE)
+            .span(12).height(8)
+            .with_target(_query(
+                f"count by (token_budget, chunk_size, max_num_seqs, preemption_mode) "
+                f"(slopilot_config_info{{{SEL}}})",
+                "budget {{token_budget}} chunk {{chunk_size}} seqs {{max_num_seqs}} "
+                "{{preemption_mode}}"))]
     return [
-        _series("Knobs over time", [
-            _query(f'max by (knob) (slopilot_config_knob{{{SEL},knob=~"{knobs}"}})',
-                   "{{knob}}")], unit="short", width=12),
-        config,
+        *panels,
         _series("Replicas", [
             _query(f"max(slopilot_replicas{{{SEL}}})", "desired"),
             _query('sum(kube_deployment_status_replicas{namespace=~"$namespace",'
@@ -293,11 +357,10 @@ _ANNOTATION_EXTRAS = {
 }
 
 
-def build_dashboard(spec: SLOSpec | None = None, *,
-                    latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
-    """The overview dashboard as a JSON-ready dict; SLO lines from ``spec`` (standard),
-    TTFT and TBT from ``latency`` (the backend's, ``service_monitor.latency_sources``)."""
-    spec = spec if spec is not None else SLOSpec.from_profile("standard")
+def build_dashboard(*, latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
+    """The overview dashboard as a JSON-ready dict: TTFT and TBT from ``latency`` (the
+    backend's, ``service_monitor.latency_sources``), the SLO lines from the chosen
+    deployment's recorded objectives."""
     vllm = latency != BUILTIN_LATENCY
     builder = (
         dash.Dashboard("slopilot overview (vLLM)" if vllm else "slopilot overview")
@@ -326,10 +389,10 @@ def build_dashboard(spec: SLOSpec | None = None, *,
         .annotation(_annotation(
             "Alerts", f'ALERTS{{alertstate="firing",{SEL}}}', "red")))
     sections: list[tuple[str, list[Any]]] = [
-        ("Latency per class", _latency_panels(spec, latency)),
-        ("Throughput", _throughput_panels()),
-        ("Scheduler", _scheduler_panels(spec)),
-        ("Tuning", _tuning_panels()),
+        ("Latency per class", _latency_panels(latency)),
+        ("Throughput", _throughput_panels(vllm)),
+        ("Scheduler", _scheduler_panels(vllm)),
+        ("Tuning", _tuning_panels(vllm)),
         ("Twin", _twin_panels()),
     ]
     for title, panels in sections:
@@ -342,9 +405,8 @@ def build_dashboard(spec: SLOSpec | None = None, *,
     return data
 
 
-def render_dashboard(spec: SLOSpec | None = None, *,
-                     latency: LatencySources = BUILTIN_LATENCY) -> str:
-    return json.dumps(build_dashboard(spec, latency=latency), indent=2, sort_keys=True) + "\n"
+def render_dashboard(*, latency: LatencySources = BUILTIN_LATENCY) -> str:
+    return json.dumps(build_dashboard(latency=latency), indent=2, sort_keys=True) + "\n"
 
 
 def dashboard_path() -> Path:
