@@ -9,7 +9,7 @@ series from the same code.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from slopilot.engine.config import EngineConfig
@@ -103,12 +103,22 @@ class LLMEngine:
         (``scheduler.update_config``), swapped in between iterations."""
         return self.scheduler.config
 
-    def add_request(self, req: Request) -> None:
+    def add_request(self, req: Request) -> list[Request]:
+        """Queue ``req``; the requests displaced to make room for it (``add_requests``)."""
+        return self.add_requests((req,))
+
+    def add_requests(self, reqs: Sequence[Request]) -> list[Request]:
+        """Queue ``reqs`` all or none (``Scheduler.add_requests``). Returns the requests a
+        full queue displaced for them: refusals for load, for the caller to answer and
+        count; no observer sees them finish, as none sees a request refused at the door."""
         now = self.clock.now()
-        if req.arrival_time == 0.0:
-            req.arrival_time = now
-        self.scheduler.add_request(req)
-        req.queued_time = now
+        for req in reqs:
+            if req.arrival_time == 0.0:
+                req.arrival_time = now
+        displaced = self.scheduler.add_requests(reqs)
+        for req in reqs:
+            req.queued_time = now
+        return displaced
 
     def abort_request(self, request_id: str,
                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:

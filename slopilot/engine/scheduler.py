@@ -17,6 +17,7 @@ preempt, schedule a row) are ``scheduler_base.py``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from slopilot.engine.admission import Admission
@@ -24,11 +25,11 @@ from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.context_limit import fits_context, servable_tokens
 from slopilot.engine.kv_integrity import IntegrityError, check_block_manager
 from slopilot.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from slopilot.engine.queue_room import DisplacedError, QueueFullError, room_for
 from slopilot.engine.request import Priority, Request, RequestStatus
 
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is at ``max_waiting``; the server answers 429."""
+__all__ = ["DisplacedError", "DuplicateRequestError", "PromptTooLongError", "QueueFullError",
+           "Scheduler", "StepOutput"]
 
 
 class PromptTooLongError(ValueError):
@@ -109,7 +110,44 @@ class Scheduler(Admission):
         (``backends.servable_len``); the simulator rejects it as the server does."""
         return fits_context(num_prompt_tokens, max_tokens, self.servable_len)
 
-    def add_request(self, req: Request) -> None:
+    def add_request(self, req: Request) -> list[Request]:
+        """Queue ``req``; the requests displaced to make room for it (``add_requests``)."""
+        return self.add_requests((req,))
+
+    def add_requests(self, reqs: Sequence[Request]) -> list[Request]:
+        """Queue ``reqs`` all or none, as one unit (one HTTP request's choices).
+
+        Returns the requests displaced from a full queue to make room for them, finished
+        here (``queue_room.py``): each is its client's refusal for load, for the caller
+        to answer and count as a refusal of its class; none finishes through the engine.
+        Raises PromptTooLongError, DuplicateRequestError, or QueueFullError where no less
+        urgent request could give way; then nothing changed.
+        """
+        ids = [r.request_id for r in reqs]
+        if len(set(ids)) != len(ids):
+            raise DuplicateRequestError(f"request ids {ids} repeat one; give each request "
+                                        "a unique id")
+        for req in reqs:
+            self._check_new(req)
+        displaced = room_for(reqs, self._waiting, self._units, self.config.max_waiting)
+        for victim in displaced:
+            self._waiting.remove(victim)
+            self._finish(victim, RequestStatus.FINISHED_ABORTED)
+        for req in reqs:
+            req.seq_no = next(self._seq)
+            self.requests[req.request_id] = req
+            if req.sampling.has_penalties:
+                self._with_penalties[req.request_id] = req
+            self._waiting.push(req)
+        if len(reqs) > 1:
+            unit = tuple(reqs)
+            for req in reqs:
+                self._units[req.request_id] = unit
+        return displaced
+
+    def _check_new(self, req: Request) -> None:
+        """Refuse a request the engine can never take (whatever the load), and cap its
+        output at the model's context."""
         if req.request_id in self.requests:
             raise DuplicateRequestError(
                 f"request id {req.request_id!r} is already in use; give each request a "
@@ -138,15 +176,6 @@ class Scheduler(Admission):
             room = limit - req.num_tokens
             req.sampling = replace(
                 req.sampling, max_tokens=room, min_tokens=min(req.sampling.min_tokens, room))
-        if len(self._waiting) >= self.config.max_waiting:
-            raise QueueFullError(
-                f"{len(self._waiting)} requests are waiting (max_waiting="
-                f"{self.config.max_waiting}); retry later")
-        req.seq_no = next(self._seq)
-        self.requests[req.request_id] = req
-        if req.sampling.has_penalties:
-            self._with_penalties[req.request_id] = req
-        self._waiting.push(req)
 
     def abort_request(self, request_id: str,
                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> Request | None:
@@ -392,6 +421,13 @@ class Scheduler(Admission):
         ids = [r.request_id for r in self.running] + [r.request_id for r in waiting]
         if len(ids) != len(set(ids)) or set(ids) != set(self.requests):
             raise AssertionError("running + waiting disagree with the live requests")
+        if waiting_len := len(waiting):
+            preempted = sum(r.status is not RequestStatus.WAITING for r in waiting)
+            if preempted != self._waiting.num_preempted:
+                raise AssertionError(f"{preempted} preempted requests wait, counted "
+                                     f"{self._waiting.num_preempted} of {waiting_len}")
+        if stray := sorted(set(self._units) - set(self.requests)):
+            raise AssertionError(f"units of no live request: {', '.join(stray)}")
         swapped = sum(r.status is RequestStatus.PREEMPTED_SWAPPED for r in waiting)
         if swapped != self._num_swapped:
             raise AssertionError(f"{swapped} swapped requests wait, counted {self._num_swapped}")

@@ -41,6 +41,9 @@ class SchedulerBase:
         # Sorted by (priority, arrival): the last element is always the next victim.
         self.running: list[Request] = []
         self._waiting = WaitingQueue()
+        # Request id to its unit, for requests admitted together (one HTTP request's
+        # choices): a full queue displaces a unit whole or not at all (``queue_room.py``).
+        self._units: dict[str, tuple[Request, ...]] = {}
         self._num_swapped = 0
         self._seq = itertools.count()
         self._pending_config: EngineConfig | None = None
@@ -68,6 +71,7 @@ class SchedulerBase:
         self.kv.free(req.request_id)
         del self.requests[req.request_id]
         self._with_penalties.pop(req.request_id, None)
+        self._units.pop(req.request_id, None)
         self._finished_ids.append(req.request_id)
 
     def _cap_reached(self, newcomer: bool) -> bool:

@@ -93,7 +93,9 @@ def replay_real(engine: LLMEngine, specs: Sequence[RequestSpec], recorder: Recor
         while i < len(order) and t0 + specs[order[i]].arrival_time <= now:
             k = order[i]
             try:
-                engine.add_request(request_for(specs[k], k, t0 + specs[k].arrival_time))
+                # Those a full queue displaced for it are refused as it would have been.
+                recorder.rejected += len(engine.add_request(
+                    request_for(specs[k], k, t0 + specs[k].arrival_time)))
             except (QueueFullError, PromptTooLongError):
                 recorder.rejected += 1
             i += 1

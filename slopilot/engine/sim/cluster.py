@@ -42,8 +42,9 @@ class _Events:
     steps: list[tuple[float, float, int]] = field(default_factory=list)
     iterations: list[tuple[float, float, IterationShape]] = field(default_factory=list)
     """(end time, step time, shape): what the engine's slopilot_iteration_* series sum."""
-    refused: list[tuple[float, int]] = field(default_factory=list)
-    """(arrival time, class) of the requests turned away for load (a full queue)."""
+    refused: list[tuple[float, int, float]] = field(default_factory=list)
+    """(time refused, class, arrival time) of the requests turned away for load: at the
+    door by a full queue, or displaced from it later by a more urgent request."""
     arrived: list[float] = field(default_factory=list)
     """Arrival times of the requests dispatched to this replica (admitted or not)."""
 
@@ -171,11 +172,16 @@ class SimCluster:
                       SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
                       priority=spec.priority, arrival_time=spec.arrival_time)
         try:
-            rep.engine.add_request(req)
+            displaced = rep.engine.add_request(req)
         except QueueFullError:  # its client was never served: a first token never given
-            rep.recorder.ev.refused.append((spec.arrival_time, spec.priority))
+            rep.recorder.ev.refused.append((spec.arrival_time, spec.priority,
+                                            spec.arrival_time))
+            return
         except PromptTooLongError:
             return  # counted by its absence from finished requests
+        for gone in displaced:  # as the server counts it: refused now, in its own class
+            rep.recorder.ev.refused.append((spec.arrival_time, gone.priority,
+                                            gone.arrival_time))
 
     # ------------------------------------------------------------------ figures
     def attainment_by_arrival(self, start: float, end: float, priority: Priority
@@ -190,7 +196,7 @@ class SimCluster:
         reps = self.reps + self.retired
         done = [ok for rep in reps for _, c, ok, _, arrived in rep.recorder.ev.finished
                 if c == int(priority) and start <= arrived < end]
-        done += [False for rep in reps for arrived, c in rep.recorder.ev.refused
+        done += [False for rep in reps for _, c, arrived in rep.recorder.ev.refused
                  if c == int(priority) and start <= arrived < end]
         return sum(done) / len(done) if done else None
 
@@ -223,7 +229,7 @@ class SimCluster:
         classes = {p: _figures([v for _, c, v in ev.ttft if c == p],
                                [v for _, c, v in ev.gaps if c == p],
                                [(ok, n) for _, c, ok, n, _ in ev.finished if c == p],
-                               sum(1 for _, c in ev.refused if c == p), dur)
+                               sum(1 for _, c, _ in ev.refused if c == p), dur)
                    for p in Priority}
         overall = _figures([v for _, _, v in ev.ttft], [v for _, _, v in ev.gaps],
                            [(ok, n) for _, _, ok, n, _ in ev.finished], len(ev.refused), dur)

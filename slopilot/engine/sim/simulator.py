@@ -202,8 +202,9 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         _, _, spec, from_source = heapq.heappop(pending)
         if from_source:
             pull()
-        if not _dispatch(reps, spec, next(counter), stats):
-            for follow in workload.on_rejected(spec, spec.arrival_time):
+        for refused in _dispatch(reps, spec, next(counter), stats):
+            # Refused now: the newcomer at the door, or one it displaced from a full queue.
+            for follow in workload.on_rejected(refused, spec.arrival_time):
                 heapq.heappush(pending, (follow.arrival_time, next(counter), follow, False))
     if progress is not None:
         # Where the run stopped: the horizon, or sooner when nothing was left to do (or
@@ -212,8 +213,11 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
     # Anything still in flight at the end is cut off; SimStats.close censors it.
 
 
-def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) -> bool:
-    """Admit ``spec`` to the least loaded replica; False: rejected, as the server would."""
+def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats
+              ) -> list[RequestSpec]:
+    """Admit ``spec`` to the least loaded replica, as the server would; the specs refused
+    for it: ``spec`` itself, or those a full queue displaced to make room for it
+    (``queue_room.py``), each a refusal of its own class, as the server counts one."""
     rep = min(reps, key=lambda r: len(r.engine.scheduler.requests))
     if rep.clock.t < spec.arrival_time:
         rep.clock.t = spec.arrival_time
@@ -225,12 +229,12 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
     if not rep.engine.scheduler.can_ever_finish(spec.num_prompt_tokens, spec.max_tokens):
         rep.rejected += 1
         stats.on_rejected(spec.arrival_time, spec.priority, spec.max_tokens)
-        return False
+        return [spec]
     req = Request(rid, list(spec.prompt_token_ids),
                   SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
                   priority=spec.priority, arrival_time=spec.arrival_time)
     try:
-        rep.engine.add_request(req)
+        displaced = rep.engine.add_request(req)
     except (QueueFullError, PromptTooLongError) as exc:
         rep.rejected += 1
         for_load = isinstance(exc, QueueFullError)
@@ -238,7 +242,12 @@ def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats) 
                           for_load=for_load)
         if for_load and rep.metrics is not None:
             rep.metrics.count_refused(spec.priority, rep.metrics.slo)
-        return False
+        return [spec]
     stats.on_arrival(req)
     rep.specs[rid] = spec
-    return True
+    for gone in displaced:
+        rep.rejected += 1
+        stats.on_displaced(gone)
+        if rep.metrics is not None:
+            rep.metrics.count_refused(gone.priority, rep.metrics.slo)
+    return [rep.specs.pop(gone.request_id) for gone in displaced]

@@ -61,8 +61,8 @@ class SimStats:
     earlier arrivals are warm-up, later ones load the engine but are not counted) and
     follows them until ``horizon`` (the run's end, ``end_time`` by default). Engine-wide
     figures (busy, preemptions, KV usage) count the iterations that end in the window.
-    ``on_arrival``/``on_rejected`` come from the simulator; ``close`` at the run's end
-    censors the counted requests still unfinished.
+    ``on_arrival``/``on_rejected``/``on_displaced`` come from the simulator; ``close`` at
+    the run's end censors the counted requests still unfinished.
     """
 
     def __init__(self, slo: SLOSpec, end_time: float, *, start_time: float = 0.0,
@@ -105,6 +105,15 @@ class SimStats:
             c.rejected += 1
             c.refused += for_load
             c.offered_tokens += max_tokens
+
+    def on_displaced(self, req: Request) -> None:
+        """An admitted request that a full queue displaced before it started, for a more
+        urgent one (``queue_room.py``): refused for load after all, its arrival and
+        offered tokens counted already (``on_arrival``)."""
+        if self._open.pop(req.request_id, None) is not None:
+            c = self.classes[req.priority]
+            c.rejected += 1
+            c.refused += 1
 
     def all_judged(self) -> bool:
         """Every counted request admitted so far has finished (or been rejected)."""

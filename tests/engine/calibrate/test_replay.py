@@ -4,6 +4,8 @@ time agrees with the twin, so every error is zero; a slower one shows up as erro
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,7 @@ from slopilot.engine.sim.scenario import parse_scenario
 from slopilot.engine.sim.shape import IterationShape, shape_of
 from slopilot.engine.sim.twin import with_profile
 from slopilot.engine.sim.workload import RequestSpec
+from slopilot.engine.window_summary import WindowSummary
 from tests.support.profiles import make_profile
 
 
@@ -59,11 +62,15 @@ def _specs() -> list[RequestSpec]:
                         max_tokens=4 + i % 6, priority=classes[i % 4]) for i in range(24)]
 
 
-def _run(slowdown: float) -> tuple[object, Recorder, Recorder]:
+def _run(slowdown: float, specs: list[RequestSpec] | None = None,
+         summaries: list[WindowSummary] | None = None, **knobs: Any
+         ) -> tuple[Any, Recorder, Recorder]:
+    """The report of ``specs`` (``_specs()`` by default) through both; the twin's
+    summary appended to ``summaries`` where given."""
     profile = make_profile("tiny-random", device="cpu", host={}, kv_gib=0.01)
     cost = CalibratedCostModel(profile)
     config = EngineConfig(token_budget=128, budget_align=1, chunk_size=64, max_num_seqs=8,
-                          swap_space_gb=0.01)
+                          swap_space_gb=0.01).with_overrides(knobs)
     scenario = with_profile(parse_scenario({
         "name": "t", "gpu": "x", "model": "tiny-random", "duration_s": 10,
         "workload": {"type": "open_loop", "prompt_tokens": 8, "output_tokens": 2,
@@ -73,9 +80,11 @@ def _run(slowdown: float) -> tuple[object, Recorder, Recorder]:
     engine = LLMEngine(config, ProfileExecutor(cost, clock, slowdown),
                        cost.num_kv_blocks(16), cost.num_cpu_blocks(16, config.swap_space_gb),
                        clock=WallClock(clock.now), observers=[real])
-    specs = _specs()
+    specs = specs or _specs()
     run = replay_real(engine, specs, real, clock=clock.now, sleep=clock.sleep)
-    replay_sim(scenario, config, specs, sim)
+    summary = replay_sim(scenario, config, specs, sim)
+    if summaries is not None:
+        summaries.append(summary)
     report = compare("test", 20.0, real, sim, cost, first_arrival_real=run.t0,
                      real_span_s=run.wall_s, sim_span_s=max(sim.finished.values()))
     return report, real, sim
@@ -94,6 +103,29 @@ def test_an_executor_that_is_the_profile_matches_the_twin_exactly() -> None:
     assert len(report.shapes) == len(report.points)
     assert [cost.shape_time(IterationShape(*v)) for v in report.shapes] == \
         pytest.approx([p for _, p, _ in report.points])
+
+
+def test_the_engine_and_the_twin_turn_away_the_same_requests_from_a_full_queue() -> None:
+    """A queue of 3 filled by a P2 burst, then P0s and more P2s: both sides displace the
+    newest P2 not yet started for each P0 (no P0 is refused) and refuse the late P2s
+    alike, counted in the same classes, and run the same iterations."""
+    specs = [RequestSpec(arrival_time=0.001 * i, prompt_token_ids=[11 + i] * 24,
+                         max_tokens=40, priority=Priority.P2) for i in range(8)]
+    specs += [RequestSpec(arrival_time=0.02 + 0.001 * i, prompt_token_ids=[61 + i] * 16,
+                          max_tokens=3, priority=p)
+              for i, p in enumerate([Priority.P0, Priority.P2, Priority.P0, Priority.P2])]
+    summaries: list[WindowSummary] = []
+    _, real, sim = _run(1.0, specs, summaries, max_num_seqs=2, max_waiting=3)
+    summary = summaries[0]
+    assert summary.run is not None
+    offered = Counter(int(s.priority) for s in specs)
+    served_real, served_sim = Counter(real.priority.values()), Counter(sim.priority.values())
+    assert served_real == served_sim
+    refused_real = {p: offered[p] - served_real[p] for p in offered}
+    assert refused_real == {p: summary.classes[Priority(p)].requests_refused for p in offered}
+    assert refused_real[Priority.P0] == 0 and refused_real[Priority.P2] > 2
+    assert real.rejected == summary.run.rejected == sum(refused_real.values())
+    assert [it.shape for it in real.iterations] == [it.shape for it in sim.iterations]
 
 
 def test_a_slower_executor_shows_as_error_in_iterations_and_latency() -> None:

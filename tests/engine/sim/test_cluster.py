@@ -90,7 +90,7 @@ def test_requests_turned_away_for_load_read_as_first_tokens_never_given() -> Non
     s = cluster.summary(0, 20)
     assert s.overall.ttft_p99_ms == REFUSED_TTFT_S * 1000.0
     # Misses in the attainment too, by finish time and by arrival.
-    refused = sum(1 for _, c in cluster.reps[0].recorder.ev.refused if c == Priority.P1)
+    refused = sum(1 for _, c, _ in cluster.reps[0].recorder.ev.refused if c == Priority.P1)
     met = sum(ok for _, c, ok, _, _ in cluster.reps[0].recorder.ev.finished
               if c == Priority.P1)
     assert refused and s.classes[Priority.P1].slo_attainment is not None

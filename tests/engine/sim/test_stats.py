@@ -170,6 +170,33 @@ def test_requests_turned_away_for_load_are_first_tokens_never_given() -> None:
     assert s.overall.ttft_p99_ms == REFUSED_TTFT_S * 1000.0
 
 
+def test_p0s_into_a_queue_full_of_p2_displace_p2s_counted_as_p2_refusals() -> None:
+    """The twin admits as the engine does (``queue_room.py``): each P0 arriving at a
+    queue full of P2 takes the place of the newest P2 not yet started, which counts as
+    a P2 turned away, in the summary and in the exported series alike. Before, all four
+    P0 were refused and counted P0 misses."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from slopilot.engine.metric_names import REFUSED
+
+    records = [TraceRecord(i * 1e-3, 64, 4000, Priority.P2) for i in range(12)]
+    records += [TraceRecord(0.05 + i * 1e-3, 64, 4, Priority.P0) for i in range(4)]
+    run = simulate(SCENARIO, {"max_num_seqs": 4, "max_waiting": 4}, duration_s=3.0,
+                   workload=replay(records), with_metrics=True, check_integrity=True)
+    s = run.summary
+    # 4 P2 run, 4 wait, 4 are refused at the door; then each P0 displaces one waiting P2.
+    assert s.classes[Priority.P0].requests_refused == 0
+    assert s.classes[Priority.P0].requests_finished == 4
+    assert s.classes[Priority.P2].requests_refused == 8
+    p2 = s.classes[Priority.P2].accounting
+    assert p2 is not None and (p2.requests_arrived, p2.requests_rejected) == (12, 8)
+    assert s.run is not None and s.run.rejected == 8
+    exported = {sample.labels["priority_class"]: sample.value
+                for family in text_string_to_metric_families(run.metrics[0].decode())
+                for sample in family.samples if sample.name == REFUSED}
+    assert exported == {"p0": 0, "p1": 0, "p2": 8}
+
+
 def test_a_prompt_that_can_never_fit_is_not_a_first_token_never_given() -> None:
     # A client error (400), not load: the P99 is the served requests'.
     records = [TraceRecord(0.0, 64, 4, Priority.P1), TraceRecord(0.1, 10**6, 4, Priority.P1)]
