@@ -12,6 +12,11 @@ through an inbox of commands, run between iterations, never mid-step::
                                                step()  (blocks: forward / sleep)
     RequestStream.__anext__  ◄── call_soon_threadsafe(deliver, token events)
 
+Admission runs there too, between iterations: a full queue may displace a request that
+has not started for a more urgent newcomer (``queue_room.py``) inside the newcomer's own
+command, so no iteration can start the victim meanwhile; its stream is told on the loop,
+as tokens are (``DisplacedError``).
+
 When there is no work the thread waits on the condition (no busy spin); on entering an
 idle period it refreshes the metric gauges (and, with ``check_integrity`` - tests and
 ``slopilot serve --check-integrity`` - runs the scheduler's O(blocks) self-check, which
@@ -31,8 +36,9 @@ from typing import Any, TypeVar
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics_observer import MetricsObserver
-from slopilot.engine.request import FinishReason, Request, RequestStatus
-from slopilot.engine.scheduler import DuplicateRequestError, StepOutput
+from slopilot.engine.queue_room import displaced_message
+from slopilot.engine.request import FinishReason, Priority, Request, RequestStatus
+from slopilot.engine.scheduler import DisplacedError, DuplicateRequestError, StepOutput
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 from slopilot.engine.server.retry_after import RetryAfter
 
@@ -166,7 +172,9 @@ class AsyncEngine:
         """Queue ``req``; returns its stream once the engine thread has admitted it.
 
         Raises what ``Scheduler.add_request`` raises (QueueFullError, PromptTooLongError,
-        DuplicateRequestError), EngineDrainingError, or EngineDeadError.
+        DuplicateRequestError), EngineDrainingError, or EngineDeadError. Admitted, it may
+        still give way to a more urgent request in a full queue while it has not started:
+        its stream then raises DisplacedError (a QueueFullError) before any token.
         """
         return (await self.add_requests([req]))[0]
 
@@ -189,7 +197,6 @@ class AsyncEngine:
         fut = self._future()
 
         def add() -> None:
-            added: list[str] = []
             try:
                 if self.draining:
                     raise EngineDrainingError("the server is draining; retry on another replica")
@@ -199,17 +206,15 @@ class AsyncEngine:
                     raise TooManyChoicesError(
                         f"{len(reqs)} choices can never be admitted together: the waiting "
                         f"queue holds at most max_waiting={limit}")
-                for req in reqs:
-                    self.engine.add_request(req)
-                    added.append(req.request_id)
+                displaced = self.engine.add_requests(reqs)  # all or none
             except Exception as exc:
-                for rid in added:  # taken back unseen: never ran, so not counted
-                    self.engine.scheduler.abort_request(rid)
                 self._post(_resolve, fut, None, exc)
                 return
             for req, stream in zip(reqs, streams, strict=True):
                 self._live[req.request_id] = (req, stream)
             self._post(_resolve, fut, None, None)
+            if displaced:
+                self._refuse_displaced(displaced, max(r.priority for r in reqs), limit)
 
         # Active before the engine sees them: tokens may arrive before ``fut`` wakes us.
         for rid, stream in zip(ids, streams, strict=True):
@@ -334,6 +339,28 @@ class AsyncEngine:
             if finish is not None:
                 active.pop(stream.request_id, None)
         if not active:
+            self._all_done.set()
+
+    def _refuse_displaced(self, displaced: list[Request], by: Priority,
+                          max_waiting: int) -> None:
+        """Engine thread: tell the streams of requests a full queue displaced for a more
+        urgent one (already finished by the scheduler) that they were refused. None of
+        them has started, so none has a token: its handler still owes its client the
+        status, and answers the 429 (``openai_routes``)."""
+        refused = []
+        for req in displaced:
+            entry = self._live.pop(req.request_id, None)
+            if entry is not None:
+                refused.append((entry[1], DisplacedError(
+                    displaced_message(req.priority, by, max_waiting))))
+        if refused:
+            self._post(self._deliver_refusals, refused)
+
+    def _deliver_refusals(self, refused: list[tuple[RequestStream, DisplacedError]]) -> None:
+        for stream, error in refused:
+            stream._push(None, None, error)
+            self._active.pop(stream.request_id, None)
+        if not self._active:
             self._all_done.set()
 
     def _fail_all(self, error: BaseException) -> None:

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from slopilot.engine.scheduler import DisplacedError
 from slopilot.engine.server.arrival import arrival_of
 from slopilot.engine.server.client_gate import GrantRefusal, grants_of
 from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -30,6 +31,7 @@ from slopilot.engine.server.serving import (
     PRIORITY_HEADER,
     one_priority_header,
     prepare,
+    refused_for_load,
     submit,
     text_size,
 )
@@ -47,7 +49,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "With client grants (--clients): no granted API key (code invalid_api_key)"),
         (403, "With client grants: a class above the key's grant (code "
          "priority_not_allowed)"), (404, "Unknown model"),
-        (429, "Waiting queue full (see Retry-After)"), (500, "The engine failed"),
+        (429, "Waiting queue full (see Retry-After), or a request not yet started gave "
+         "way in it to a more urgent class (code queue_full)"), (500, "The engine failed"),
         (503, "Draining"))}}
 
 
@@ -107,17 +110,28 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             state.clients.counts.count_served(prep.served.client, prep.served.priority)
         streams = await submit(engine, prep, backend.metrics, slo)
         delivery = Delivery(backend, prep, streams, clock, slo=slo)
-        if prep.stream:
-            return DeliveredStream(delivery, state.text_of)
+        result: dict[str, object] | bool | None
         try:
-            result = await _unless_disconnected(request, collect(delivery, state.text_of))
+            if prep.stream:
+                # The stream's status goes out with its first output, not at admission:
+                # until a choice starts, a full queue may displace them for a more urgent
+                # request (queue_room.py), and its client is then owed a 429, not a 200.
+                result = await _unless_disconnected(request, delivery.started())
+            else:
+                result = await _unless_disconnected(request,
+                                                    collect(delivery, state.text_of))
+        except DisplacedError as exc:
+            delivery.refused()
+            raise refused_for_load(engine, prep, backend.metrics, slo, exc) from None
         except BaseException:
             delivery.close()
             raise
         if result is None:  # nobody is listening; the request was aborted
             delivery.close()
             return Response(status_code=499)
-        return DeliveredJSON(result, delivery)
+        if isinstance(result, dict):
+            return DeliveredJSON(result, delivery)
+        return DeliveredStream(delivery, state.text_of)
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:

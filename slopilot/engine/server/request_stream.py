@@ -58,6 +58,17 @@ class RequestStream:
         if self.wakeup is not None:
             self.wakeup.set()
 
+    @property
+    def has_news(self) -> bool:
+        """Whether ``poll`` has something to give now: a token, the end, or an error."""
+        return not self.finished and (bool(self._tokens) or self._finish is not None
+                                      or self._error is not None)
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error ``poll`` raises once reached, if any (read without consuming it)."""
+        return self._error
+
     def __aiter__(self) -> RequestStream:
         return self
 

@@ -49,6 +49,7 @@ from starlette.types import Receive, Scope, Send
 from slopilot.engine.client_gaps import ClientGaps
 from slopilot.engine.http_deadlines import DISCONNECTED_KEY
 from slopilot.engine.request import FinishReason, TokenLogprobs
+from slopilot.engine.scheduler import DisplacedError
 from slopilot.engine.server.async_engine import EngineDeadError, EngineDrainingError
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.detokenizer import IncrementalDetokenizer
@@ -253,13 +254,53 @@ class Delivery:
         # a batch as its own request, so its longest output is observed per prompt.
         self.per_prompt = max(1, len(self.states) // max(1, len(prep.prompts)))
         self.sent = False  # a non-streamed body went out whole (``body_sent``)
+        # Its choices gave way in a full queue before any started (``refused``).
+        self.displaced = False
+        # A retry is counted let in once, when settled: served a first output, or ended.
+        self._retry_settled = not prep.retry
         # Whether the client's connection is lost, so what was "sent" reached no one:
         # the server's protocol says so in the scope (``DeliveredStream``), else never.
         self.gone: Callable[[], bool] = _connected
 
+    async def started(self) -> bool:
+        """Wait until some choice has news: a token, its end, or an error (True). Raises
+        DisplacedError where its choices gave way in a full queue before any started:
+        a stream's status goes out only after this, so that its client can still be
+        answered 429 (``openai_routes``)."""
+        wakeup = asyncio.Event()
+        for s in self.streams:
+            s.wakeup = wakeup
+        # Pushed on this loop only: one that came before the clear is seen by the check.
+        while True:
+            wakeup.clear()
+            if any(s.has_news for s in self.streams):
+                break
+            await wakeup.wait()
+        for s in self.streams:
+            if isinstance(s.error, DisplacedError):
+                raise s.error
+        return True
+
+    def refused(self) -> None:
+        """Its choices gave way in a full queue before any started (``DisplacedError``):
+        a refusal for load, counted as one with its 429 (``serving.refused_for_load``),
+        so nothing here observes them: no latency, no finish reason, no verdict, no retry
+        let in."""
+        self.displaced = True
+        self._retry_settled = True
+        for state in self.states:
+            state.delivered = True
+
+    def _settle_retry(self) -> None:
+        if not self._retry_settled:
+            self._retry_settled = True
+            for c in self.prep.choices:
+                self.backend.metrics.count_retry_admitted(c.request.priority)
+
     def first_output(self, state: ChoiceState, at: float | None = None) -> None:
         """``state``'s first output reached the client (or, for a body, the handler) at
         ``at``: now, unless given."""
+        self._settle_retry()
         if not state.first_written:
             state.first_written = True
             req = state.choice.request
@@ -299,6 +340,7 @@ class Delivery:
 
     def close(self) -> None:
         self.abort()
+        self._settle_retry()  # let in, and ended before any output (it was not refused)
         for state in self.states:
             if not state.delivered and not self.sent:
                 # Its end never reached the client (it left, stopped reading, or the

@@ -6,7 +6,9 @@ engine ``Request`` per choice: every prompt of a batch, ``n`` times. It tokenize
 renders the chat template, so the server runs it on a worker thread, not on the event
 loop (unless the prompt is so short that the thread hop would cost more).
 ``submit`` admits a request's choices all or none, mapping the scheduler's refusals to
-HTTP statuses. ``responses.py`` turns their token streams into OpenAI responses.
+HTTP statuses; ``refused_for_load`` is the 429 of choices turned away for load, at the
+door or displaced later by a more urgent request. ``responses.py`` turns their token
+streams into OpenAI responses.
 """
 
 from __future__ import annotations
@@ -336,7 +338,9 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
 async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
                  slo: SLOSpec | None) -> list[RequestStream]:
     """Admit every choice, or none (one step of the engine thread). Choices turned away
-    for load are counted, each a miss of its class's ``slo`` (taken at arrival)."""
+    for load are counted, each a miss of its class's ``slo`` (taken at arrival). A retry
+    let in is counted as one once it is settled (``Delivery``): until its first output
+    it may still be displaced, and then it is a retry turned away."""
     try:
         streams = await engine.add_requests([c.request for c in prep.choices])
     except TooManyChoicesError as exc:
@@ -345,10 +349,7 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
         raise APIError(400, f"n={n}{batch}: {exc}; lower n or send several requests",
                        param="n") from None
     except QueueFullError as exc:
-        for c in prep.choices:
-            metrics.count_refused(c.request.priority, slo, retry=prep.retry)
-        raise APIError(429, str(exc), code="queue_full",
-                       headers={"Retry-After": str(engine.retry_after_s())}) from None
+        raise refused_for_load(engine, prep, metrics, slo, exc) from None
     except PromptTooLongError as exc:
         raise APIError(400, str(exc), code="context_length_exceeded",
                        param="messages" if prep.chat else "prompt") from None
@@ -356,7 +357,16 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
         raise APIError(503, str(exc), code="draining") from None
     except EngineDeadError as exc:
         raise APIError(500, str(exc), code="engine_dead") from None
-    if prep.retry:
-        for c in prep.choices:
-            metrics.count_retry_admitted(c.request.priority)
     return streams
+
+
+def refused_for_load(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
+                     slo: SLOSpec | None, exc: QueueFullError) -> APIError:
+    """The 429 for choices turned away for load: at the door (a full queue), or later,
+    before any started, displaced by a more urgent request (``DisplacedError``). Each is
+    counted a refusal of its own class, a miss of its class's ``slo`` (taken at arrival),
+    or, for a retry, apart (``EngineMetrics.count_refused``)."""
+    for c in prep.choices:
+        metrics.count_refused(c.request.priority, slo, retry=prep.retry)
+    return APIError(429, str(exc), code="queue_full",
+                    headers={"Retry-After": str(engine.retry_after_s())})

@@ -15,8 +15,8 @@ from slopilot.engine.engine import LLMEngine
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
-from slopilot.engine.request import FinishReason
-from slopilot.engine.scheduler import DuplicateRequestError, QueueFullError
+from slopilot.engine.request import FinishReason, Priority
+from slopilot.engine.scheduler import DisplacedError, DuplicateRequestError, QueueFullError
 from slopilot.engine.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
@@ -215,6 +215,33 @@ async def test_choices_are_admitted_all_or_none() -> None:
         lambda e: sorted(e.scheduler.requests))) == ["a", "b"]
     ex.gate.release(1000)
     assert [d async for d in running][-1].finish_reason is FinishReason.LENGTH
+    await engine.shutdown()
+
+
+async def test_a_full_queue_displaces_an_unstarted_p2_for_a_p0_and_tells_its_stream(
+        ) -> None:
+    ex = GatedExecutor()
+    engine = AsyncEngine(_engine(ex, max_waiting=1, max_num_seqs=1))
+    engine.start()
+    running = await engine.add_request(make_request("a", 5, max_tokens=100,
+                                                    priority=Priority.P2))
+    batch = await _one_step_then(engine, ex, engine.add_request(
+        make_request("b", 5, max_tokens=2, first_token=50, priority=Priority.P2)))
+    # The queue (max_waiting=1) is full of a P2 that has not started: a P0 takes its place.
+    urgent = await _one_step_then(engine, ex, engine.add_request(
+        make_request("c", 5, max_tokens=2, first_token=90, priority=Priority.P0)))
+    with pytest.raises(DisplacedError, match="gave way to a more urgent p0"):
+        await batch.__anext__()
+    assert engine.num_active == 2
+    # A P2 newcomer displaces nobody: the queue holds a P0 only.
+    with pytest.raises(QueueFullError) as refused:
+        await _one_step_then(engine, ex, engine.add_request(
+            make_request("d", 5, first_token=130, priority=Priority.P2)))
+    assert not isinstance(refused.value, DisplacedError)
+    ex.gate.release(1000)
+    assert [d async for d in urgent][-1].finish_reason is FinishReason.LENGTH
+    assert [d async for d in running][-1].finish_reason is FinishReason.LENGTH
+    assert await engine.call(lambda e: len(e.scheduler.requests)) == 0
     await engine.shutdown()
 
 

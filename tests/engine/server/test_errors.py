@@ -238,13 +238,15 @@ async def _read_first_chunk(client: httpx.AsyncClient, url: str, body: dict[str,
 @contextlib.asynccontextmanager
 async def _full_queue() -> AsyncIterator[tuple[LiveServer, httpx.AsyncClient]]:
     """A server judging by ``SLO`` whose one running and one waiting request fill it: the
-    next request gets 429."""
+    next request gets 429. Both are P0: none gives way to another class's newcomer
+    (``queue_room.py``)."""
     backend = build_backend(knobs={"max_num_seqs": 1, "max_waiting": 1})
     backend.metrics.set_slo(SLO)
     srv = start_server(backend)
     try:
         url = srv.url + "/v1/completions"
-        long = {"prompt": "a b c", "max_tokens": 5000, "stream": True, "ignore_eos": True}
+        long = {"prompt": "a b c", "max_tokens": 5000, "stream": True, "ignore_eos": True,
+                "priority": 0}
         async with httpx.AsyncClient(timeout=HANG_GUARD_S) as client:
             started = asyncio.Event()
             running = asyncio.create_task(_read_first_chunk(client, url, long, started))
