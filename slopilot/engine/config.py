@@ -79,7 +79,8 @@ class EngineConfig:
     swap_space_gb: float = _knob(
         32.0, "Host memory for swapped-out KV blocks.", 0, 1024, live=False)
     max_waiting: int = _knob(
-        4096, "Max queued requests; beyond it the server answers 429.", 1, 1_000_000)
+        4096, "Max queued requests, preempted ones included; beyond it a newcomer gets "
+        "429 unless a less urgent request not yet started gives way to it.", 1, 1_000_000)
     enable_prefix_caching: bool = _knob(True, "Reuse full KV blocks across requests.")
 
     def __post_init__(self) -> None:
