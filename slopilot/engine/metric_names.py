@@ -22,8 +22,10 @@ VLLM_METRICS: frozenset[str] = frozenset({
     "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
     "vllm:request_inference_time_seconds", "vllm:request_max_num_generation_tokens",
 })
-# Requests turned away for load (429: the waiting queue held max_waiting): their clients
-# were never served. The TTFT percentiles read each as a first token never given.
+# Requests turned away for load (429: the waiting queue held max_waiting, at the door or
+# displaced from it before they started by a more urgent class): their clients were
+# never served, each counted in its own class. The TTFT percentiles read each as a first
+# token never given.
 REFUSED = "slopilot_requests_refused_total"
 # Retries (the client numbers its tries) by what became of them (``outcome``: refused,
 # or admitted): one call turned away is counted once in REFUSED however often its

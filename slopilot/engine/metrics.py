@@ -174,12 +174,13 @@ class EngineMetrics:
 
     def count_refused(self, priority: Priority, slo: SLOSpec | None, *,
                       retry: bool = False) -> None:
-        """One request turned away for load (the waiting queue was full), judged by its
+        """One request turned away for load (the waiting queue was full: at the door, or
+        displaced from it before it started by a more urgent class), judged by its
         class's objectives in ``slo`` (the SLO at its arrival; None: none known): it
         missed them, with no token to count. A ``retry`` (its client says it retries one
         turned away already) is counted apart and not judged again: its client's call
         was counted, and missed, at its first try. Called on the server's event loop
-        only."""
+        (the simulator's engine, in the twin) only."""
         if retry:
             self._retries[priority, True] += 1
             return
