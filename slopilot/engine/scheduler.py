@@ -421,11 +421,10 @@ class Scheduler(Admission):
         ids = [r.request_id for r in self.running] + [r.request_id for r in waiting]
         if len(ids) != len(set(ids)) or set(ids) != set(self.requests):
             raise AssertionError("running + waiting disagree with the live requests")
-        if waiting_len := len(waiting):
-            preempted = sum(r.status is not RequestStatus.WAITING for r in waiting)
-            if preempted != self._waiting.num_preempted:
-                raise AssertionError(f"{preempted} preempted requests wait, counted "
-                                     f"{self._waiting.num_preempted} of {waiting_len}")
+        preempted = sum(r.status is not RequestStatus.WAITING for r in waiting)
+        if preempted != self._waiting.num_preempted:
+            raise AssertionError(f"{preempted} preempted requests wait, counted "
+                                 f"{self._waiting.num_preempted}")
         if stray := sorted(set(self._units) - set(self.requests)):
             raise AssertionError(f"units of no live request: {', '.join(stray)}")
         swapped = sum(r.status is RequestStatus.PREEMPTED_SWAPPED for r in waiting)

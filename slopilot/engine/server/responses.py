@@ -254,8 +254,6 @@ class Delivery:
         # a batch as its own request, so its longest output is observed per prompt.
         self.per_prompt = max(1, len(self.states) // max(1, len(prep.prompts)))
         self.sent = False  # a non-streamed body went out whole (``body_sent``)
-        # Its choices gave way in a full queue before any started (``refused``).
-        self.displaced = False
         # A retry is counted let in once, when settled: served a first output, or ended.
         self._retry_settled = not prep.retry
         # Whether the client's connection is lost, so what was "sent" reached no one:
@@ -286,7 +284,6 @@ class Delivery:
         a refusal for load, counted as one with its 429 (``serving.refused_for_load``),
         so nothing here observes them: no latency, no finish reason, no verdict, no retry
         let in."""
-        self.displaced = True
         self._retry_settled = True
         for state in self.states:
             state.delivered = True
