@@ -27,6 +27,11 @@ VLLM_METRICS: frozenset[str] = frozenset({
 # never served, each counted in its own class. The TTFT percentiles read each as a first
 # token never given.
 REFUSED = "slopilot_requests_refused_total"
+# Requests whose client left (or whose answer failed) before a first token reached it,
+# counted per choice as the TTFT histogram observes them: a request queued behind a stall
+# until its client gave up is never observed there. The TTFT percentiles read each as a
+# first token never given, as a refusal.
+ABANDONED = "slopilot_requests_abandoned_total"
 # Retries (the client numbers its tries) by what became of them (``outcome``: refused,
 # or admitted): one call turned away is counted once in REFUSED however often its
 # client retries, and the size of a retry storm shows here.
@@ -39,7 +44,7 @@ SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS, REFUSED, RETRIES, SEND_TIMEOUTS,
+    SLO_REQUESTS, SLO_TOKENS, REFUSED, ABANDONED, RETRIES, SEND_TIMEOUTS,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",

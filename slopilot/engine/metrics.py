@@ -22,7 +22,7 @@ from slopilot import __version__
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.iteration_metrics import IterationMetrics
 from slopilot.engine.latency_buckets import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
-from slopilot.engine.metric_names import REFUSED, RETRIES, SEND_TIMEOUTS
+from slopilot.engine.metric_names import ABANDONED, REFUSED, RETRIES, SEND_TIMEOUTS
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.metrics_text import (
     HistogramText,
@@ -111,6 +111,7 @@ class EngineMetrics:
         self._success: dict[str, int] = {r: 0 for r in VLLM_FINISH_REASONS}
         self._verdicts = Verdicts()
         self._refused = [0 for _ in Priority]
+        self._abandoned = [0 for _ in Priority]
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
         self.send_timeouts = 0
         self.registry.register(self)
@@ -191,6 +192,18 @@ class EngineMetrics:
     def refused(self) -> dict[Priority, int]:
         """Requests turned away for load so far, by class (first tries)."""
         return {p: self._refused[p] for p in Priority}
+
+    def count_abandoned(self, priority: Priority) -> None:
+        """A choice that ended before a first token reached its client (the client
+        left, a drain aborted it, its answer failed): never observed in the TTFT
+        histogram, which the rules read it beside as a first token never given
+        (``metric_names.ABANDONED``). Called on one thread only, as ``observe_ttft``:
+        the server's event loop, or the simulator's engine."""
+        self._abandoned[priority] += 1
+
+    def abandoned(self) -> dict[Priority, int]:
+        """Choices ended before a first token reached their client so far, by class."""
+        return {p: self._abandoned[p] for p in Priority}
 
     def count_retry_admitted(self, priority: Priority) -> None:
         """A retry was let in: served, judged and counted as any request (its call's
@@ -433,12 +446,18 @@ class EngineMetrics:
             f"for load (not counted in {REFUSED.removesuffix('_total')}: their call was, "
             "at its first try) or admitted.",
             labels=["model_name", "priority_class", "outcome"])
+        abandoned = CounterMetricFamily(
+            ABANDONED, "Requests (each choice) that ended before a first token reached "
+            "the client: it left, a drain aborted it, or its answer failed. Never "
+            "observed in the TTFT histogram.", labels=["model_name", "priority_class"])
         for p in Priority:  # at 0 from the start: rate() misses a counter's first value
             refused.add_metric([self.model_name, p.label], self._refused[p])
+            abandoned.add_metric([self.model_name, p.label], self._abandoned[p])
             for outcome, was_refused in (("refused", True), ("admitted", False)):
                 retries.add_metric([self.model_name, p.label, outcome],
                                    self._retries[p, was_refused])
         yield refused
+        yield abandoned
         yield retries
         send_timeouts = CounterMetricFamily(
             SEND_TIMEOUTS, "Connections dropped because their client took no byte of its "

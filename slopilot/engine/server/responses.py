@@ -295,8 +295,10 @@ class Delivery:
                 self.backend.metrics.count_retry_admitted(c.request.priority)
 
     def first_output(self, state: ChoiceState, at: float | None = None) -> None:
-        """``state``'s first output reached the client (or, for a body, the handler) at
-        ``at``: now, unless given."""
+        """``state``'s first token reached the client (or, for a body, the handler) at
+        ``at``: now, unless given. Not for an end with no token (a drain's abort, a
+        failure): no first token was given, and its choice is counted so when it ends
+        (``last_output``), not observed as one at the moment of its end."""
         self._settle_retry()
         if not state.first_written:
             state.first_written = True
@@ -309,8 +311,12 @@ class Delivery:
             state.delivered = True
             req = state.choice.request
             e2e_s = self.clock() - req.arrival_time
-            self.backend.metrics.observe_delivered(
-                req.priority, e2e_s, state.handed, state.finish or FinishReason.ABORT.value)
+            finish = state.finish or FinishReason.ABORT.value
+            self.backend.metrics.observe_delivered(req.priority, e2e_s, state.handed, finish)
+            if not state.first_written and finish == FinishReason.ABORT.value:
+                # No first token reached its client (it left, a drain aborted it, the
+                # answer failed): in no TTFT observation, so counted as never given.
+                self.backend.metrics.count_abandoned(req.priority)
             met = state.verdict(e2e_s)
             if state.slo is not None and met is not None:
                 self.backend.metrics.observe_verdict(req.priority, state.slo, met=met,
@@ -413,7 +419,8 @@ async def collect(delivery: Delivery, text_of: TokenText) -> dict[str, object]:
     parts: list[list[str]] = [[] for _ in states]
     try:
         async for state, delta in _deltas(states):
-            delivery.first_output(state)
+            if delta.token_ids:
+                delivery.first_output(state)
             parts[state.choice.index].append(state.feed(delta)[0])
     except (EngineDeadError, EngineDrainingError) as exc:
         raise engine_error(exc) from None
@@ -527,7 +534,8 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
                 # Resumed after the chunk was written: the moment the client has it.
                 written_at = delivery.clock()
                 state.hand_out(written_at)
-                delivery.first_output(state, written_at)
+                if state.handed:
+                    delivery.first_output(state, written_at)
                 if state.finish is not None:
                     delivery.last_output(state)  # its finish_reason chunk: its last
         if prep.include_usage:
