@@ -12,7 +12,10 @@ as the built-in engine's server does (``server/responses.py``), on its bucket ed
 
 Observed as the pieces are written, not at the stream's end: an hour-long stream's gaps
 land in the rate windows they were seen in, and a stream cut short keeps what its client
-had seen. A stream the meter does not judge (not streamed, an error) observes nothing.
+had seen; its choices that had seen no first token are counted (``CLIENT_ABANDONED``): in
+no TTFT histogram, vLLM's nor this one, they are what a stall leaves behind (vLLM queues
+and answers no 429). A stream the meter does not judge (not streamed, an error) observes
+nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ CLIENT_TTFT = "slopilot_client_time_to_first_token_seconds"
 CLIENT_TBT = "slopilot_client_inter_token_latency_seconds"
 CLIENT_SERIES: frozenset[str] = frozenset({CLIENT_TTFT, CLIENT_TBT})
 """The meter's histograms, by the name Prometheus stores (base names)."""
+CLIENT_ABANDONED = "slopilot_client_requests_abandoned_total"
+"""The choices of the streams cut short (the client left, the engine broke off or failed
+it) before their first token reached the client: never observed in ``CLIENT_TTFT``, and
+read as first tokens never given (``rules.bucket_rates``)."""
 LABELS = ("model_name", "priority_class")
 
 
@@ -40,11 +47,18 @@ class ClientLatency:
         self.priority = priority
         self.ttft = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
         self.gaps = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
+        self.abandoned = 0
+        """Choices of the streams cut short before their first token (``CLIENT_ABANDONED``)."""
         self._texts: tuple[str, list[HistogramText]] | None = None
 
     def first_token(self, seconds: float) -> None:
         """A choice's first token reached its client ``seconds`` after the request came."""
         self.ttft.observe(seconds)
+
+    def never_first(self, choices: int) -> None:
+        """A stream ended, cut short, with ``choices`` of its choices given no first
+        token (``StreamJudge.first_tokens_missed``)."""
+        self.abandoned += choices
 
     def token_gaps(self, gaps: list[float]) -> None:
         """The gaps of the tokens a written chunk brought (``ClientGaps.written``)."""

@@ -1,11 +1,12 @@
 """The meter's ``GET /metrics``: vLLM's exposition, with the meter's own after it.
 
 vLLM's exposition (asked for in the text format, whose names keep their colons), then
-the verdict counters (``Verdicts.families``), then the client-side histograms, then the
-Responses streams replayed, then the requests arrived and those of them refused as
-invalid: one answer, one ``instance``, so the goodput rule joins vLLM's tokens and the
-verdicts per replica, and the workload probe tells a replica that counts its arrivals
-from one that does not, and takes each replica's invalid requests off its own arrivals.
+the verdict counters (``Verdicts.families``), then the client-side histograms and the
+choices cut short before a first token, then the Responses streams replayed, then the
+requests arrived and those of them refused as invalid: one answer, one ``instance``, so
+the goodput rule joins vLLM's tokens and the verdicts per replica, and the workload probe
+tells a replica that counts its arrivals from one that does not, and takes each replica's
+invalid requests off its own arrivals.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from slopilot.engine.meter.asgi_http import Send, answer, date_header, response_headers
-from slopilot.engine.meter.client_latency import CLIENT_SERIES, ClientLatency
+from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_SERIES, ClientLatency
 from slopilot.engine.metrics_text import TextRegistry, parts_text
 from slopilot.engine.request import Priority
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
@@ -39,7 +40,8 @@ TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 def meter_series() -> frozenset[str]:
     """Every series the meter adds to vLLM's, by the name Prometheus stores: with vLLM's
     own, all a vLLM deployment's queries (its dashboard's, its rules') may read."""
-    names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID}
+    names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID,
+             CLIENT_ABANDONED}
     for histogram in CLIENT_SERIES:
         names |= {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"}
     return frozenset(names)
@@ -58,11 +60,13 @@ class Scraped(Protocol):
 
 
 def own_registry(meter: Scraped) -> TextRegistry:
-    """The meter's own families: the verdicts, the client-side histograms, the replays,
-    the arrivals and the invalid ones, scraped in this order."""
+    """The meter's own families: the verdicts, the client-side histograms, the choices
+    cut short before a first token, the replays, the arrivals and the invalid ones,
+    scraped in this order."""
     registry = TextRegistry()
     registry.register(_VerdictCollector(meter))
     registry.register(_LatencyCollector(meter))
+    registry.register(_AbandonedCollector(meter))
     registry.register(_ReplayCollector(meter))
     registry.register(_ArrivalCollector(meter))
     return registry
@@ -86,6 +90,22 @@ class _LatencyCollector(Collector):
     def exposition(self) -> str:
         """Its text on a scrape (``metrics_text.TextCollector``)."""
         return parts_text(self.meter.latency.texts(self.meter.model_name))
+
+
+class _AbandonedCollector(Collector):
+    def __init__(self, meter: Scraped) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        # At 0 from the start, under the labels of the refusals' counter (the built-in
+        # engine's): increase() reads nothing of a series' first sample.
+        family = CounterMetricFamily(
+            CLIENT_ABANDONED, "Choices of the streams cut short (the client left, the "
+            "engine broke off or failed it) before their first token reached the client: "
+            "never observed as a TTFT.", labels=["model_name", "priority_class"])
+        family.add_metric([self.meter.model_name, self.meter.priority.label],
+                          self.meter.latency.abandoned)
+        yield family
 
 
 class _ReplayCollector(Collector):

@@ -310,7 +310,8 @@ class Meter:
         return render(self.registry)
 
     def _count(self, exchange: _Exchange) -> None:
-        """The stream's verdicts, once, as it ended now."""
+        """The stream's verdicts, and its choices given no first token, once, as it
+        ended now."""
         judge = exchange.judge
         if judge is None or exchange.counted:
             return
@@ -318,6 +319,7 @@ class Meter:
         for verdict in judge.verdicts(self.clock()):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens, requests=verdict.choices)
+        self.latency.never_first(judge.first_tokens_missed())
 
 
 class _Outgoing:

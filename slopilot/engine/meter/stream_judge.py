@@ -359,6 +359,17 @@ class StreamJudge:
         return out
 
 
+    def first_tokens_missed(self) -> int:
+        """The choices, the stream having ended, that got no first token and did not
+        finish (cut short: the client left, the engine broke off or failed it), those of
+        which nothing came included; 0 for a stream the meter could not read. In no TTFT
+        observation, each is a first token never given (``ClientLatency.never_first``)."""
+        if self._unreadable:
+            return 0
+        cut = sum(1 for c in self._choices.values() if c.ttft_s is None and not c.finished)
+        return cut + max(0, self.n - len(self._choices))
+
+
 def _event_name(lines: list[bytes]) -> str | None:
     """The SSE event's name (its last ``event:`` line), None where it has none."""
     names = [line[6:].removeprefix(b" ") for line in lines if line.startswith(b"event:")]

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
-from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
+from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_TBT, CLIENT_TTFT
 from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
 from tests.engine.meter.test_meter import (
@@ -189,3 +189,72 @@ def test_metrics_are_the_engines_then_the_verdicts_then_the_client_histograms(
               CLIENT_TBT)]
     assert order == sorted(order)
     assert buckets(families, CLIENT_TBT)[0][math.inf] == 1
+
+
+def abandoned(families: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """``CLIENT_ABANDONED`` by (model_name, priority_class)."""
+    family = families[CLIENT_ABANDONED.removesuffix("_total")]
+    return {(s.labels["model_name"], s.labels["priority_class"]): s.value
+            for s in family.samples if s.name == CLIENT_ABANDONED}
+
+
+def test_a_stream_cut_short_before_its_first_token_is_counted_as_never_given(
+        tmp_path: Path) -> None:
+    """vLLM queues what it cannot run and answers no 429: a client that gives up waiting
+    is in no TTFT histogram, vLLM's nor the meter's. Counted here, per choice, the rules
+    read it as a first token never given (``rules.bucket_rates``); uncounted, a stall in
+    which no client got a first token read a NaN P99 and its alerts cleared."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([HOLD])
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        before = await scrape(meter, now)  # exported at 0 from the start
+        client = Client(meter, now)
+        task = asyncio.ensure_future(client.request("POST", "/v1/completions",
+                                                    {**STREAM, "n": 3}))
+        while not client.sent:  # the engine took it: its answer's head is written
+            await asyncio.sleep(0)
+        now[0] = 30.0
+        client.leave.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+        return before, await scrape(meter, now)
+
+    before, after = run(go)
+    assert abandoned(before) == {("", "p0"): 0}
+    assert abandoned(after) == {("", "p0"): 3}  # each of its n choices
+    ttft, _ = buckets_of(after, CLIENT_TTFT)
+    assert ttft[math.inf] == 0
+
+
+def test_only_the_choices_without_a_first_token_are_counted(tmp_path: Path) -> None:
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([event(text="a", index=0), HOLD])
+
+    async def go() -> dict[str, Any]:
+        client = Client(meter, now)
+        task = asyncio.ensure_future(client.request(
+            "POST", "/v1/completions", {**STREAM, "n": 2}, written_at=[0.25]))
+        while sum(1 for m in client.sent if m.get("body")) < 1:
+            await asyncio.sleep(0)
+        client.leave.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+        # A stream served whole counts none.
+        upstream.answer([event(text="a"), event(text="b", finish="stop"), DONE])
+        await Client(meter, now).request("POST", "/v1/completions", STREAM,
+                                         written_at=WRITES[:3])
+        return await scrape(meter, now)
+
+    families = run(go)
+    assert abandoned(families) == {("llama", "p0"): 1}
+    ttft, _ = buckets(families, CLIENT_TTFT)
+    assert ttft[math.inf] == 2
+
+
+def buckets_of(families: dict[str, Any], name: str) -> tuple[Buckets, float]:
+    """``buckets`` of a meter whose streams named no model yet."""
+    family = families[name]
+    out = {math.inf if s.labels["le"] == "+Inf" else float(s.labels["le"]): s.value
+           for s in family.samples if s.name == name + "_bucket"}
+    return out, next(s.value for s in family.samples if s.name == name + "_sum")
