@@ -212,7 +212,7 @@ class RunInfo:
 
 _OPTIONAL = ("replicas", "busy_ratio", "busy_ratio_max", "request_rate", "gpu_utilization",
              "requests_waiting",
-             "prefix_cache_hit_ratio")
+             "prefix_cache_hit_ratio", "stalled_replicas", "targets_down")
 _GROUPS: dict[str, type] = {"window": Window, "engine": EngineStats, "run": RunInfo}
 
 
@@ -239,6 +239,13 @@ class WindowSummary:
     """Waiting requests at the window's end, summed over replicas (a gauge, not a rate)."""
     prefix_cache_hit_ratio: float | None = None
     """Prefix-cache hits over queries in the window; None where nothing was queried."""
+    stalled_replicas: float | None = None
+    """Replicas with requests waiting or running at the window's end that made no token
+    in it (the stall alert's figure); None where the source cannot tell (the simulator,
+    whose engines cannot stall)."""
+    targets_down: float | None = None
+    """Replicas deployed whose last scrape failed, or 1 where none is deployed (the
+    targets-down alert's figure); None where nothing is scraped (the simulator)."""
     window: Window | None = None
     engine: EngineStats | None = None
     run: RunInfo | None = None
@@ -306,6 +313,8 @@ class WindowSummary:
             gpu_utilization=_statistic(data, "", "gpu_utilization"),
             requests_waiting=_statistic(data, "", "requests_waiting"),
             prefix_cache_hit_ratio=_statistic(data, "", "prefix_cache_hit_ratio"),
+            stalled_replicas=_statistic(data, "", "stalled_replicas"),
+            targets_down=_statistic(data, "", "targets_down"),
             # Earlier versions stored NaN for "no traffic to tell".
             request_rate=_statistic(data, "", "request_rate"), **groups)
 

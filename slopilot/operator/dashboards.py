@@ -38,7 +38,8 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from slopilot.engine.latency_buckets import DENSE_FROM_S, DENSE_TO_S, QUANTILE_STEP
-from slopilot.engine.metric_names import REFUSED, RETRIES, SEND_TIMEOUTS
+from slopilot.engine.meter.client_latency import CLIENT_ABANDONED
+from slopilot.engine.metric_names import ABANDONED, REFUSED, RETRIES, SEND_TIMEOUTS
 from slopilot.engine.request import Priority
 from slopilot.engine.verdicts import SLO_REQUESTS
 from slopilot.tuner.prometheus.latency_sources import LatencySource
@@ -64,8 +65,9 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = f'{NAMESPACE_LABEL}=~"$namespace",{DEPLOYMENT_LABEL}=~"$deployment"'
 RATE = "$__rate_interval"
 
-# Series the dashboard reads that the engine does not export: the tuner and operator
-# export the slopilot_* ones (name, labels), kube-state-metrics and Prometheus the rest.
+# Series the dashboard or the rules read that the engine does not export: the tuner and
+# operator export the slopilot_* ones (name, labels), kube-state-metrics and Prometheus
+# the rest.
 EXTERNAL_METRICS: dict[str, str] = {
     "slopilot_tuner_trials_total":
         "counter{slopilot_namespace, slopilot_deployment, "
@@ -85,6 +87,8 @@ EXTERNAL_METRICS: dict[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "gauge{namespace, pod, gpu} in percent: NVIDIA's DCGM exporter "
                             "(the batching alert's GPU utilization)",
     "ALERTS": "Prometheus' own series of pending and firing alerts",
+    "up": "Prometheus' own series, one per scrape target: 1 where its last scrape "
+          "succeeded (the targets-down alert reads it)",
 }
 
 KNOBS_GRAPHED = ("token_budget", "chunk_size", "max_num_seqs", "recompute_max_tokens",
@@ -176,12 +180,22 @@ def _throughput_panels(vllm: bool) -> list[Any]:
                 _query(f"sum(vllm:num_requests_waiting{{{SEL}}})", "waiting")]
     finished = [_query(f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
                        f"[{RATE}]))", "{{finished_reason}}")]
-    finished_about = "By vLLM's finished_reason (stop, length, abort, ...)."
-    if not vllm:  # the built-in engine's own series: vLLM has none of them
+    finished_about = (
+        "By vLLM's finished_reason (stop, length, abort, ...). Streams cut before a first "
+        "token: the meter's count of streams whose client went away before one reached "
+        "it (a stall's queue: vLLM queues and answers no 429); the TTFT panels count each "
+        "as a first token never given.")
+    if vllm:
+        finished.append(_query(
+            f"sum by (priority_class) (rate({CLIENT_ABANDONED}{{{SEL}}}[{RATE}]))",
+            "streams cut before a first token {{priority_class}}"))
+    else:  # the built-in engine's own series: vLLM has none of them
         requests.append(_query(f"sum(slopilot_num_requests_swapped{{{SEL}}})", "swapped"))
         finished += [
             _query(f"sum by (priority_class) (rate({REFUSED}{{{SEL}}}[{RATE}]))",
                    "turned away (429) {{priority_class}}"),
+            _query(f"sum by (priority_class) (rate({ABANDONED}{{{SEL}}}[{RATE}]))",
+                   "left before a first token {{priority_class}}"),
             _query(f"sum by (priority_class) (rate({RETRIES}{{{SEL},outcome=\"refused\"}}"
                    f"[{RATE}]))", "retries turned away {{priority_class}}"),
             _query(f"sum(rate({SEND_TIMEOUTS}{{{SEL}}}[{RATE}]))",
@@ -189,7 +203,9 @@ def _throughput_panels(vllm: bool) -> list[Any]:
         finished_about = (
             "Turned away: requests the engine refused for load (its waiting queue full), "
             "never served; the TTFT panels count each as a first token never given. "
-            "Retries turned away: a client's later tries of a call "
+            "Left before a first token: requests whose client went away (or whose answer "
+            "failed) before one reached it, a stall's queue; counted as first tokens "
+            "never given too. Retries turned away: a client's later tries of a call "
             "(x-stainless-retry-count above 0) turned away, counted apart from the calls. "
             "Cut at the send deadline: streams whose client took no byte for "
             "--send-timeout, aborted in the engine (also in the abort reason).")

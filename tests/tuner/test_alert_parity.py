@@ -46,6 +46,8 @@ FIGURES: dict[str, tuple[Figure, dict[str, str], tuple[str, ...], float]] = {
     "utilization": (Figure.UTILIZATION, {}, ("gpu_utilization",), 1.0),
     "waiting": (Figure.REQUESTS_WAITING, {}, ("requests_waiting",), 1.0),
     "prefix": (Figure.PREFIX_HIT_RATIO, {}, ("prefix_cache_hit_ratio",), 1.0),
+    "stalled": (Figure.STALLED_REPLICAS, {}, ("stalled_replicas",), 1.0),
+    "down": (Figure.TARGETS_DOWN, {}, ("targets_down",), 1.0),
 }
 # The sustained-breach rows' P99s over the long window: in the long window's summary.
 LONG_FIGURES: dict[str, tuple[Figure, dict[str, str], tuple[str, ...], float]] = {
@@ -87,6 +89,11 @@ def boundary_timeline() -> Timeline:
     quiet["utilization"] = _run([(0.6, 6), (0.59, 12), (0.2, 6), (0.61, 6)])
     quiet["waiting"] = _run([(101.0, 6), (100.0, 6), (101.0, 12), (500.0, 6)])
     quiet["prefix"] = _run([(0.95, 6), (0.949, 7), (1.0, 2), (0.5, 6), (None, 2), (0.9, 7)])
+    # A replica stalled (1 or 2) for runs of each length; 0 and no data between.
+    quiet["stalled"] = _run([(0.0, 3), (1.0, 4), (0.0, 1), (2.0, 6), (None, 1), (1.0, 5),
+                             (0.0, 10)])
+    quiet["down"] = _run([(0.0, 5), (1.0, 5), (math.nan, 1), (1.0, 7), (0.0, 2), (3.0, 5),
+                          (0.0, 5)])
     # Over the long window: P1 TTFT over its 0.5 s SLO, P0 TBT over its 20 ms, runs of
     # each length.
     quiet["ttft_long_p1"] = _run([(0.5, 5), (0.5001, 4), (0.4, 1), (0.6, 6), (None, 2),
@@ -101,7 +108,8 @@ def random_timeline(seed: int, n: int = 60) -> Timeline:
     rng = random.Random(seed)
     around = {"ttft_p0": 0.1, "tbt_p0": 0.04, "ttft_p1": 1.0, "tbt_p1": 0.2,
               "ttft_p2": 1.0, "tbt_p2": 0.2, "preemptions": 10.0, "utilization": 0.6,
-              "waiting": 100.0, "prefix": 0.95, "ttft_long_p0": 0.1, "tbt_long_p0": 0.02,
+              "waiting": 100.0, "prefix": 0.95, "stalled": 0.0, "down": 0.0,
+              "ttft_long_p0": 0.1, "tbt_long_p0": 0.02,
               "ttft_long_p1": 0.5, "tbt_long_p1": 0.1, "ttft_long_p2": 1.0,
               "tbt_long_p2": 0.2}
     out: Timeline = {}
@@ -114,6 +122,14 @@ def random_timeline(seed: int, n: int = 60) -> Timeline:
             series.append(None if roll < 0.03 else math.nan if roll < 0.05 else mid * level)
         series[0] = mid
         out[key] = series
+    for key in ("stalled", "down"):  # counts: runs of 0 and of replicas stalled or down
+        level, counts = 0.0, []
+        for _ in range(n):
+            if rng.random() < 0.15:
+                level = rng.choice((0.0, 0.0, 1.0, 2.0))
+            roll = rng.random()
+            counts.append(None if roll < 0.03 else math.nan if roll < 0.05 else level)
+        out[key] = counts
     return out
 
 
@@ -216,7 +232,10 @@ EXPECTED_FIRST = {
                  ("SlopilotPrefixCacheHitLow", "info"): [10, 11, 12, 19, 20, 27, 28, 29],
                  # 5 min to hold: no run on the long window is that long here.
                  ("SlopilotTTFTP99Sustained", "warning"): [],
-                 ("SlopilotTBTP99Sustained", "warning"): []},
+                 ("SlopilotTBTP99Sustained", "warning"): [],
+                 # Held 2 min: the 5th evaluation of a run, none for the 4-long one.
+                 ("SlopilotEngineStalled", "critical"): [12, 13, 19],
+                 ("SlopilotTargetsDown", "critical"): [9, 15, 16, 17, 24]},
     # A 2 min breach window: held 2 min, the 5th evaluation.
     "breach2m": {("SlopilotTTFTP99Sustained", "warning"): [14, 15, 22, 23, 24, 25],
                  ("SlopilotTBTP99Sustained", "warning"): [7, 13, 14, 15],

@@ -218,12 +218,15 @@ def test_direct_scrape_quantile_interpolates_like_histogram_quantile() -> None:
 
 
 def test_direct_scrape_reads_the_figures_the_batching_and_prefix_alerts_need() -> None:
+    # Tokens made in the window: 150 waiting on an engine that still runs is no stall.
     pages = iter([
         "vllm:prefix_cache_hits_total 0\nvllm:prefix_cache_queries_total 0\n"
         "slopilot_busy_ratio 0.9\nvllm:num_requests_waiting 3\n"
+        "vllm:generation_tokens_total 0\n"
         "vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 0\n",
         "vllm:prefix_cache_hits_total 80\nvllm:prefix_cache_queries_total 100\n"
         "slopilot_busy_ratio 0.4\nvllm:num_requests_waiting 150\n"
+        "vllm:generation_tokens_total 600\n"
         "vllm:e2e_request_latency_seconds_count{priority_class=\"p1\"} 12\n",
     ])
     with serve_metrics(lambda: next(pages).encode()) as address:

@@ -55,7 +55,8 @@ def test_every_alert_carries_the_labels_the_controller_reads() -> None:
     assert names == {"SlopilotTBTP99High", "SlopilotTBTP99Sustained", "SlopilotTTFTP99High",
                      "SlopilotTTFTP99Sustained",
                      "SlopilotPreemptionStorm", "SlopilotBatchingUnderused",
-                     "SlopilotPrefixCacheHitLow"}
+                     "SlopilotPrefixCacheHitLow", "SlopilotEngineStalled",
+                     "SlopilotTargetsDown"}
     for a in alerts:
         assert set(a["labels"]) == {"severity", "action", "priority_class",
                                     "slopilot_namespace", "slopilot_deployment"}
@@ -71,7 +72,9 @@ def test_every_alert_carries_the_labels_the_controller_reads() -> None:
                        ("SlopilotTBTP99Sustained", "warning"): "retune",
                        ("SlopilotPreemptionStorm", "warning"): "retune",
                        ("SlopilotBatchingUnderused", "warning"): "retune",
-                       ("SlopilotPrefixCacheHitLow", "info"): "inform"}
+                       ("SlopilotPrefixCacheHitLow", "info"): "inform",
+                       ("SlopilotEngineStalled", "critical"): "hold",
+                       ("SlopilotTargetsDown", "critical"): "hold"}
 
 
 def test_thresholds_follow_the_slo() -> None:
@@ -517,12 +520,41 @@ def test_a_request_turned_away_for_load_is_a_first_token_never_given(
 
 
 @pytest.mark.prometheus
+@pytest.mark.parametrize(("refused_per_min", "abandoned_per_min", "expected_s"), [
+    (0, 0, 0.099),
+    (0, 1, 0.09999),  # 1 of 101: the P99 (rank 99.99) is still a served one
+    (0, 5, 300.0),   # 5 of 105 whose clients left before a first token
+    (3, 3, 300.0),   # neither counter alone, but 6 of 106 together
+])
+def test_a_client_gone_before_its_first_token_is_a_first_token_never_given(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        refused_per_min: int, abandoned_per_min: int, expected_s: float) -> None:
+    """A request queued behind a stall until its client gave up is never observed in the
+    TTFT histogram: counted beside the refusals in +Inf, or a stall in which no client
+    gets a first token reads a NaN P99 and every TTFT alert clears."""
+    from slopilot.engine.metric_names import ABANDONED, REFUSED
+
+    spec = SLOSpec.from_profile("standard")
+    (tmp_path / "rules.yaml").write_text(render_rules_yaml(spec, "d", namespace="n"))
+    labels = 'namespace="n",slopilot_namespace="n",slopilot_deployment="d",priority_class="p0"'
+    series = [{"series": f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}}',
+               "values": "0+100x10"} for le in ("0.1", "300.0", "+Inf")]
+    for counter, per_min in ((REFUSED, refused_per_min), (ABANDONED, abandoned_per_min)):
+        series.append({"series": f'{counter}{{{labels},model_name="m"}}',
+                       "values": f"0+{per_min}x10"})
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series}]}
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, expected_s, eval_time="6m",
+                       record="slopilot:ttft_seconds:p99")
+
+
+@pytest.mark.prometheus
 def test_every_classs_ttft_p99_counts_those_turned_away_too(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
     """The windows' P99 of every class together (status.ttftP99Ms) reads the buckets
     summed by ``le`` alone: the refused counter joins them there as well."""
     from slopilot.engine.metric_names import REFUSED
-    from slopilot.tuner.prometheus.rules import TTFT, bucket_rates
+    from slopilot.tuner.prometheus.rules import BUILTIN_LATENCY, TTFT, bucket_rates
 
     (tmp_path / "rules.yaml").write_text(render_rules_yaml(SLOSpec.from_profile("standard"),
                                                            "d", namespace="n"))
@@ -536,7 +568,8 @@ def test_every_classs_ttft_p99_counts_those_turned_away_too(
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series, "promql_expr_test": [{
             # 5 of 205 never served: the P99 (rank 202.95) falls among them.
-            "expr": f"histogram_quantile(0.99, {bucket_rates(TTFT, sel, '1m', by='le')})",
+            "expr": "histogram_quantile(0.99, "
+                    f"{bucket_rates(BUILTIN_LATENCY.ttft.engine, sel, '1m', by='le')})",
             "eval_time": "6m", "exp_samples": [{"labels": "{}", "value": 300}]}]}]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)

@@ -8,7 +8,10 @@ scrapes, restarts, replicas come and gone), the
 P99s the same linear interpolation ``histogram_quantile`` does, goodput as the rules read
 it (each replica's per-request verdicts under this SLO where it exports them, else its
 tokens/s x fraction of TTFTs within the SLO x fraction of gaps within it), the
-gauges (busy ratio, waiting requests) as at the window's end, the summary Prometheus' own
+gauges (busy ratio, waiting requests) as at the window's end, the replicas stalled (requests
+in flight at the end, no token made in the window) and down (the last scrape failed) as
+the rules count them (``rules.stalled_replicas``, ``rules.targets_down``), the summary
+Prometheus' own
 builder (``prometheus/query.window_summary``), and the alerts the alert table
 (``prometheus/alerts.SummaryAlerts``) evaluated once per rule interval on the trailing window.
 """
@@ -28,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.histogram_quantiles import histogram_quantile, histogram_share_within
 from slopilot.engine.meter.exposition import ARRIVALS, INVALID
-from slopilot.engine.metric_names import REFUSED
+from slopilot.engine.metric_names import ABANDONED, REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -36,6 +39,7 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
+from slopilot.tuner.prometheus.latency_sources import BUILTIN_LATENCY
 from slopilot.tuner.prometheus.profiling import (
     OUTPUT_TOKENS,
     PREFILLED,
@@ -54,6 +58,10 @@ _HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_tot
 _BUSY, _WAITING = "slopilot_busy_ratio", "vllm:num_requests_waiting"
 _RUNNING = "vllm:num_requests_running"
 _GAUGES = {_BUSY, _WAITING, _RUNNING}  # not counters: a fall is no restart
+_TOKENS = "vllm:generation_tokens_total"
+# The requests never given a first token, in the TTFT's +Inf bucket as the rules count
+# them (``rules.bucket_rates``): turned away for load, or their client gone before it.
+_NEVER = frozenset(BUILTIN_LATENCY.ttft.engine.never)
 # The workload probe's (``scrape_probe``): the token-length histograms whole, the
 # prompts of the requests that started (``PREFILLED``, over the first tokens: the TTFT
 # histogram's +Inf bucket), the queue (running + waiting) whose growth is arrivals not
@@ -61,7 +69,7 @@ _GAUGES = {_BUSY, _WAITING, _RUNNING}  # not counters: a fall is no restart
 # those its engine refused as invalid).
 _LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
             for part in ("bucket", "sum", "count")}
-_KEEP = {_TTFT, _TBT, REFUSED, "vllm:e2e_request_latency_seconds_count",
+_KEEP = {_TTFT, _TBT, REFUSED, ABANDONED, _TOKENS, "vllm:e2e_request_latency_seconds_count",
          "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, ARRIVALS, INVALID,
          *_LENGTHS, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
@@ -348,14 +356,15 @@ class DirectScrape:
 
         def buckets(name: str, cls: str | None) -> dict[float, float]:
             """Cumulative ``{le: count}`` of one class, or of every class (None); for
-            TTFT, each request turned away for load in +Inf (``rules.bucket_rates``)."""
+            TTFT, each request never given a first token (turned away for load, or its
+            client gone before it) in +Inf (``rules.bucket_rates``)."""
             out: dict[float, float] = {}
             never = 0.0
             for (n, c, le), v in d.items():
                 if c == cls or (cls is None and c in labels):
                     if n == name:
                         out[le] = out.get(le, 0.0) + v
-                    elif n == REFUSED:
+                    elif n in _NEVER:
                         never += v
             if name == _TTFT and math.inf in out:  # as PromQL's join: where +Inf is
                 out[math.inf] += never
@@ -382,7 +391,27 @@ class DirectScrape:
             overall_ttft_p99_s=quantile(0.99, buckets(_TTFT, None)),
             overall_tbt_p99_s=quantile(0.99, buckets(_TBT, None)),
             duration_s=span, window=Window(start, end, canary), **self._gauges(end, canary),
-            prefix_cache_hit_ratio=hits / queries if queries > 0 else None)
+            prefix_cache_hit_ratio=hits / queries if queries > 0 else None,
+            **self._unwell(replicas, end, canary))
+
+    def _unwell(self, replicas: Mapping[str, Series], end: float, canary: bool
+                ) -> dict[str, float | None]:
+        """The replicas stalled and down at ``end`` (None without a scrape by then): a
+        stalled one held requests waiting or running at its last scrape and made no token
+        in the window (``replicas``: each one's increases over it); one down is deployed
+        and its last scrape failed, and none deployed at all counts 1, as the rules'
+        ``absent(up)``."""
+        snap = self._at(end)
+        if snap is None:
+            return {"stalled_replicas": None, "targets_down": None}
+        series = {url: s for url, s in snap.series.items() if not canary or url == snap.canary}
+        missed = [url for url in snap.missed if not canary or url == snap.canary]
+        stalled = sum(
+            1 for url, s in series.items()
+            if sum(v for (n, _, _), v in s.items() if n in (_RUNNING, _WAITING)) > 0
+            and replicas.get(url, {}).get((_TOKENS, "", _NO_LE), 0.0) <= 0)
+        down = len(missed) if series or missed else 1
+        return {"stalled_replicas": float(stalled), "targets_down": float(down)}
 
     def _good_tokens(self, d: Series, p: Priority) -> float:
         """One replica's good tokens of class ``p`` in the window, as the rules count

@@ -28,7 +28,18 @@ SlopilotTTFTP99Sustained   TTFT P99 over ``breach_window_s``      retune    ``su
 SlopilotPreemptionStorm    preemptions per minute > 10            retune    ``alert_for_s``
 SlopilotBatchingUnderused  utilization < 0.6 and waiting > 100    retune    ``alert_for_s``
 SlopilotPrefixCacheHitLow  prefix hit ratio < 0.95 (if expected)  inform    ``alert_for_s``
+SlopilotEngineStalled      replicas with requests in flight and   hold      ``alert_for_s``
+                           no token made over the window > 0
+SlopilotTargetsDown        scrape targets down, or none left, > 0 hold      ``alert_for_s``
 =========================  =====================================  ========  ===========
+
+The last two are not in the seeds: they say the deployment serves nothing, or cannot be
+seen, where every figure the others read is missing (a P99 of no first token is NaN,
+and a series not scraped is no data: those alerts clear). Their action is ``hold``: no
+retune nor scale reaches a stuck executor or a target that is not scraped, so the loop
+does neither (nor gives replicas back) while one fires. A request whose client left
+before its first token is no such gap: the TTFT figures count it as a first token never
+given (``latency_sources``), so the TTFT alerts keep firing through a stall too.
 
 Utilization is the GPU's (DCGM's ``DCGM_FI_DEV_GPU_UTIL``) where the exporter reports the
 deployment's pods, else the built-in engine's busy ratio (vLLM exports none).
@@ -56,6 +67,9 @@ class AlertAction(enum.StrEnum):
     RETUNE = "retune"
     SCALE = "scale"
     INFORM = "inform"
+    HOLD = "hold"
+    """The deployment serves nothing or cannot be seen: neither retune nor scale (up or
+    down) while it fires; what it needs is a person, or the pods' restart."""
 
 
 class AlertName(enum.StrEnum):
@@ -68,6 +82,8 @@ class AlertName(enum.StrEnum):
     PREEMPTION_STORM = "SlopilotPreemptionStorm"
     BATCHING_UNDERUSED = "SlopilotBatchingUnderused"
     PREFIX_CACHE_HIT_LOW = "SlopilotPrefixCacheHitLow"
+    ENGINE_STALLED = "SlopilotEngineStalled"
+    TARGETS_DOWN = "SlopilotTargetsDown"
 
 
 # The alerts whose rows read the long window (``breach_window_s``).
@@ -101,6 +117,11 @@ class Figure(enum.StrEnum):
     UTILIZATION = "slopilot:utilization:ratio"
     REQUESTS_WAITING = "slopilot:num_requests_waiting:sum"
     PREFIX_HIT_RATIO = "slopilot:prefix_cache_hit_ratio"
+    STALLED_REPLICAS = "slopilot:stalled_replicas:count"
+    """Replicas with requests in flight (waiting or running) that made no token over
+    the window."""
+    TARGETS_DOWN = "slopilot:scrape_targets_down:count"
+    """Scrape targets whose last scrape failed; 1 where none is left at all."""
 
     @property
     def per_class(self) -> bool:
@@ -127,6 +148,8 @@ VALUE_FIGURE: dict[str, Figure] = {
     AlertName.PREEMPTION_STORM: Figure.PREEMPTIONS_PER_MIN,
     AlertName.BATCHING_UNDERUSED: Figure.UTILIZATION,
     AlertName.PREFIX_CACHE_HIT_LOW: Figure.PREFIX_HIT_RATIO,
+    AlertName.ENGINE_STALLED: Figure.STALLED_REPLICAS,
+    AlertName.TARGETS_DOWN: Figure.TARGETS_DOWN,
 }
 
 
@@ -350,4 +373,20 @@ def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
             "prefix cache hit ratio low",
             f"Prefix cache hit ratio is {{{{ $value | humanizePercentage }}}}, under the "
             f"expected {hit_min:g}: the traffic may no longer share prefixes."))
+    rows.append(AlertRule(
+        AlertName.ENGINE_STALLED.value, ALL_CLASSES, Severity.CRITICAL, AlertAction.HOLD,
+        (Condition(Figure.STALLED_REPLICAS, Op.ABOVE, 0),), o.alert_for_s,
+        "engine stalled: requests in flight, no token made",
+        f"{{{{ $value }}}} replica(s) held requests waiting or running and made no token "
+        f"over {_minutes(o.rate_window_s)}, for {_minutes(o.alert_for_s)}: the executor or "
+        "the engine is stuck. The controller neither retunes nor scales while it fires; "
+        "restart the stuck pods (docs/operations.md, Alerts)."))
+    rows.append(AlertRule(
+        AlertName.TARGETS_DOWN.value, ALL_CLASSES, Severity.CRITICAL, AlertAction.HOLD,
+        (Condition(Figure.TARGETS_DOWN, Op.ABOVE, 0),), o.alert_for_s,
+        "scrape targets down or gone",
+        f"{{{{ $value }}}} scrape target(s) of the deployment down (or none left) for "
+        f"{_minutes(o.alert_for_s)}: its figures are missing, and the alerts that read "
+        "them have cleared. The controller neither retunes nor scales while it fires; "
+        "check the pods and the ServiceMonitor (docs/operations.md, Alerts)."))
     return tuple(rows)

@@ -227,7 +227,9 @@ def summary_figure(summary: WindowSummary, figure: Figure, cls: str) -> float | 
         return gpu if gpu is not None else summary.busy_ratio
     return {Figure.PREEMPTIONS_PER_MIN: summary.preemptions_per_min,
             Figure.REQUESTS_WAITING: summary.requests_waiting,
-            Figure.PREFIX_HIT_RATIO: summary.prefix_cache_hit_ratio}[figure]
+            Figure.PREFIX_HIT_RATIO: summary.prefix_cache_hit_ratio,
+            Figure.STALLED_REPLICAS: summary.stalled_replicas,
+            Figure.TARGETS_DOWN: summary.targets_down}[figure]
 
 
 class SummaryAlerts:

@@ -10,6 +10,12 @@ The meter in each vLLM pod observes what its clients see (``engine/meter/client_
 the rules read it wherever it observed a stream in the window, and vLLM's where it
 observed none (a deployment whose clients ask for bodies, or a pod without a meter).
 
+A request that never got a first token is in no TTFT histogram: one turned away for load
+(429) and one whose client left before its first token (a stall's queue, vLLM's, which
+answers no 429). Each TTFT histogram names the counters of those (``Histogram.never``),
+which the rules read as observations in its +Inf bucket (``rules.bucket_rates``): the
+built-in engine counts both, the meter the streams cut short before a first token.
+
 The operator picks a backend's sources once (``operator.service_monitor.latency_sources``), and
 passes them to the rules, the trial windows and the dashboard alike.
 """
@@ -21,7 +27,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
-from slopilot.engine.meter.client_latency import CLIENT_TBT, CLIENT_TTFT
+from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_TBT, CLIENT_TTFT
+from slopilot.engine.metric_names import ABANDONED, REFUSED
 
 TTFT = "vllm:time_to_first_token_seconds"
 TBT = "vllm:inter_token_latency_seconds"
@@ -43,6 +50,9 @@ class Histogram:
 
     metric: str
     edges: tuple[float, ...]
+    never: tuple[str, ...] = ()
+    """Counters (by ``priority_class``) of the requests it never observed because no
+    first token reached their client: each one an observation in +Inf (TTFT only)."""
 
 
 @dataclass(frozen=True)
@@ -72,13 +82,16 @@ class LatencySources:
 
 
 BUILTIN_LATENCY = LatencySources(
-    ttft=LatencySource(Histogram(TTFT, TOKEN_LATENCY_BUCKETS)),
+    ttft=LatencySource(Histogram(TTFT, TOKEN_LATENCY_BUCKETS, never=(REFUSED, ABANDONED))),
     tbt=LatencySource(Histogram(TBT, TOKEN_LATENCY_BUCKETS)))
 """The built-in engine: its histograms, observed at its writes, are the client's."""
 
 VLLM_LATENCY = LatencySources(
+    # vLLM refuses nothing for load (it queues), and its own histogram drops a request
+    # whose client left: the meter counts those, beside its own histogram.
     ttft=LatencySource(Histogram(TTFT, tuple(VLLM_LATENCY_BUCKETS[TTFT])),
-                       client=Histogram(CLIENT_TTFT, TOKEN_LATENCY_BUCKETS)),
+                       client=Histogram(CLIENT_TTFT, TOKEN_LATENCY_BUCKETS,
+                                        never=(CLIENT_ABANDONED,))),
     tbt=LatencySource(Histogram(TBT, tuple(VLLM_LATENCY_BUCKETS[TBT])),
                       client=Histogram(CLIENT_TBT, TOKEN_LATENCY_BUCKETS)))
 """vLLM behind the meter: the meter's client-side histograms, else vLLM's own."""

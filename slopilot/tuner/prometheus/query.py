@@ -137,7 +137,9 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
                    busy_ratio: float | None = None, gpu_utilization: float | None = None,
                    requests_waiting: float | None = None,
                    prefix_cache_hit_ratio: float | None = None,
-                   refused: Mapping[str, float] | None = None) -> WindowSummary:
+                   refused: Mapping[str, float] | None = None,
+                   stalled_replicas: float | None = None,
+                   targets_down: float | None = None) -> WindowSummary:
     """Per-class figures read from histograms and counters (by ``priority_class``) as a
     ``WindowSummary``: the one builder of both live sources, Prometheus and the direct
     scrape. P99s are in seconds, NaN (or absent) where a class had no samples; ``refused``:
@@ -185,4 +187,5 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
         request_rate=or_none(request_rate), busy_ratio=or_none(busy_ratio),
         gpu_utilization=or_none(gpu_utilization), requests_waiting=or_none(requests_waiting),
         prefix_cache_hit_ratio=or_none(prefix_cache_hit_ratio),
+        stalled_replicas=or_none(stalled_replicas), targets_down=or_none(targets_down),
         window=dataclasses.replace(window, bucketed=True))

@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.alert_table import (
@@ -39,6 +38,7 @@ from slopilot.tuner.prometheus.latency_sources import (
     TTFT,
     VLLM_LATENCY,
     VLLM_LATENCY_BUCKETS,
+    Histogram,
     LatencySource,
     LatencySources,
 )
@@ -125,18 +125,34 @@ def render_selector(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def bucket_rates(metric: str, selector: str, window: str,
+def _summed_rates(metrics: tuple[str, ...], selector: str, window: str, others: str) -> str:
+    """The rates of ``metrics`` under ``selector``, each summed by ``others`` (every label
+    but ``le``), added where several have the group and one alone where the others do
+    not: one of them absent leaves the others read. (One selector of several names would
+    not do: ``rate`` drops the name, and two series left with one label set are an error.)
+    """
+    terms = [f"sum by ({others}) (rate({m}{selector}[{window}]))" if others
+             else f"sum(rate({m}{selector}[{window}]))" for m in metrics]
+    if len(terms) == 1:
+        return terms[0]
+    return "(" + " + ".join(terms) + " or " + " or ".join(terms) + ")"
+
+
+def _others(by: str) -> str:
+    return ", ".join(label for label in by.replace(" ", "").split(",") if label != "le")
+
+
+def bucket_rates(hist: Histogram, selector: str, window: str,
                  by: str = "le, priority_class") -> str:
-    """The rates of ``metric``'s buckets, summed ``by`` (``le`` among them), as
-    ``histogram_quantile`` takes them. For TTFT, a request turned away for load (429) is
-    a first token never given: counted in the +Inf bucket beside the served ones. No such
-    series (vLLM, an image from before it): the buckets as they are."""
-    buckets = f"sum by ({by}) (rate({metric}_bucket{selector}[{window}]))"
-    if metric != TTFT:
+    """The rates of ``hist``'s buckets, summed ``by`` (``le`` among them), as
+    ``histogram_quantile`` takes them. A request that never got a first token (turned
+    away for load, 429; or its client left before it: a stall's queue) is counted in the
+    +Inf bucket beside the served ones, from the counters ``hist.never`` names. None of
+    those series (an image from before them): the buckets as they are."""
+    buckets = f"sum by ({by}) (rate({hist.metric}_bucket{selector}[{window}]))"
+    if not hist.never:
         return buckets
-    others = ", ".join(label for label in by.replace(" ", "").split(",") if label != "le")
-    never = (f"sum by ({others}) (rate({REFUSED}{selector}[{window}]))" if others
-             else f"sum(rate({REFUSED}{selector}[{window}]))")
+    never = _summed_rates(hist.never, selector, window, _others(by))
     return (f'({buckets} + on ({by}) label_replace({never}, "le", "+Inf", "", "") '
             f"or {buckets})")
 
@@ -144,19 +160,20 @@ def bucket_rates(metric: str, selector: str, window: str,
 def latency_quantile(q: float, source: LatencySource, selector: str, window: str,
                      by: str = "le, priority_class") -> str:
     """``q`` of a TTFT or TBT over ``window``, summed ``by`` (``le`` among them): the
-    client-side histogram's wherever it observed any in the window, else the engine's
-    (``latency_sources``). Per group of ``by``: the guard keeps a group whose client
-    histogram counted nothing (its quantile NaN) from hiding the engine's, and ``or``
-    takes the engine's for a group only where the client's has none of the same labels.
+    client-side histogram's wherever it observed any in the window (a first token, or a
+    stream cut short before one), else the engine's (``latency_sources``). Per group of
+    ``by``: the guard keeps a group whose client histogram counted nothing (its quantile
+    NaN) from hiding the engine's, and ``or`` takes the engine's for a group only where
+    the client's has none of the same labels.
     """
-    own = f"histogram_quantile({q}, {bucket_rates(source.engine.metric, selector, window, by)})"
+    own = f"histogram_quantile({q}, {bucket_rates(source.engine, selector, window, by)})"
     if source.client is None:
         return own
-    metric = source.client.metric
-    others = ", ".join(label for label in by.replace(" ", "").split(",") if label != "le")
-    seen = f"sum by ({others}) " if others else "sum"
-    seen += f"(rate({metric}_count{selector}[{window}])) > 0"
-    client = f"histogram_quantile({q}, {bucket_rates(metric, selector, window, by)})"
+    hist = source.client
+    others = _others(by)
+    observed = _summed_rates((f"{hist.metric}_count", *hist.never), selector, window, others)
+    seen = f"{observed} > 0"
+    client = f"histogram_quantile({q}, {bucket_rates(hist, selector, window, by)})"
     return f"({client} and on ({others}) ({seen})) or {own}"
 
 
@@ -271,6 +288,29 @@ class _Renderer:
         pods = f"group by (namespace, pod) (vllm:num_requests_running{self.sel()})"
         return f"avg({either} * on (namespace, pod) group_left () {pods}) / 100"
 
+    def stalled_replicas(self) -> str:
+        """The replicas with requests waiting or running that made no token over the
+        window: per replica, so one stuck among busy ones counts (the deployment's sum of
+        tokens hid it, while its clients' first tokens never came). One that exports no
+        token counter counts too: it makes none that anyone can see. 0, not no data,
+        where none is stalled. The two gauges in one selector, summed, so either alone
+        (the other not exported) still counts."""
+        gauges = ('{__name__=~"vllm:num_requests_running|vllm:num_requests_waiting",'
+                  + self.sel()[1:])
+        by = f"sum by ({REPLICA_LABEL})"
+        busy = f"{by} ({gauges}) > 0"
+        making = f"{by} (rate(vllm:generation_tokens_total{self.sel()}[{self.window}])) > 0"
+        return f"count({busy} unless on ({REPLICA_LABEL}) {making}) or vector(0)"
+
+    def targets_down(self) -> str:
+        """The deployment's scrape targets down (``up`` 0: the last scrape failed), or 1
+        where it has none left (``absent``: its pods and their series are gone, or no
+        monitor selects them). Read from ``up`` under the deployment's own selector:
+        Prometheus writes it for each target with the target's labels, which the
+        ServiceMonitor's relabelings and the enforced namespace label set."""
+        up = f"up{self.sel()}"
+        return f"sum({up} == bool 0) or absent({up})"
+
     def recording_rules(self) -> list[dict[str, Any]]:
         w = self.window
         rules = []
@@ -300,6 +340,8 @@ class _Renderer:
                         f"sum(rate(vllm:prefix_cache_queries_total{self.sel()}[{w}]))"),
             self.record("slopilot:generation_tokens:per_second",
                         f"sum(rate(vllm:generation_tokens_total{self.sel()}[{w}]))"),
+            self.record(Figure.STALLED_REPLICAS.value, self.stalled_replicas()),
+            self.record(Figure.TARGETS_DOWN.value, self.targets_down()),
         ]
         by = f"priority_class, {REPLICA_LABEL}"
         for p, slo in self.spec.classes().items():

@@ -1,0 +1,255 @@
+"""A deployment that serves no first token, or that Prometheus cannot scrape, keeps alerting.
+
+The operator's own rules (``desired_objects``, as a cluster gets them) under promtool, on
+the series an engine exports while it happens:
+
+- a stall: first tokens stop, requests wait, their clients give up. A request whose
+  client left before its first token is one never given, as a refusal is: counted in the
+  TTFT P99's +Inf bucket (the built-in engine's count, the meter's on vLLM), so the P99
+  does not go NaN and its alerts do not clear; and a replica with requests in flight that
+  makes no token fires ``SlopilotEngineStalled``.
+- a scrape gap, or targets gone: ``SlopilotTargetsDown``, where every other alert reads
+  no data and clears.
+
+Each alert reads the deployment's own series only: another tenant's, or one without the
+enforced namespace label, fires nothing here.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_TTFT
+from slopilot.engine.metric_names import ABANDONED
+from slopilot.operator.reconcile import desired_objects
+from slopilot.operator.spec import parse_spec
+from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.prometheus import PrometheusBinaries, promtool
+
+SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def rules_file(workdir: Path, sample: str, namespace: str, slo: dict[str, Any], *,
+               annotations: bool = False) -> str:
+    """The PrometheusRule the operator renders for ``sample`` as ``namespace/chat``, as a
+    rules file in ``workdir``; its name. Without the alerts' annotations unless asked
+    (promtool then compares them too)."""
+    body = copy.deepcopy(yaml.safe_load((SAMPLES / sample).read_text()))
+    body["metadata"] = {"name": "chat", "namespace": namespace, "uid": f"{namespace}-uid"}
+    body["spec"]["slo"] = slo
+    objects = desired_objects(body, parse_spec(body), replicas=1, monitoring=True,
+                              operator_namespace="slopilot", namespace_label="namespace",
+                              dcgm_namespace="gpu-operator")
+    rule = next(o for o in objects if o["kind"] == "PrometheusRule")
+    if not annotations:
+        for r in rule["spec"]["groups"][0]["rules"]:
+            r.pop("annotations", None)
+    name = f"{namespace}-rules.yaml"
+    (workdir / name).write_text(yaml.safe_dump(rule["spec"], sort_keys=False, width=200))
+    return name
+
+
+def labels(namespace: str = "team-a", **extra: str) -> str:
+    own = {"slopilot_namespace": namespace, "namespace": namespace,
+           "slopilot_deployment": "chat", "instance": "a", **extra}
+    return "{" + ",".join(f'{k}="{v}"' for k, v in own.items()) + "}"
+
+
+def ident(namespace: str = "team-a", **extra: str) -> dict[str, str]:
+    return {"slopilot_namespace": namespace, "namespace": namespace,
+            "slopilot_deployment": "chat", **extra}
+
+
+def run(binaries: PrometheusBinaries, workdir: Path, files: list[str],
+        series: list[dict[str, str]], alerts: list[dict[str, Any]],
+        exprs: list[dict[str, Any]] | None = None) -> None:
+    test = {"rule_files": files, "evaluation_interval": "30s",
+            "tests": [{"interval": "15s", "input_series": series,
+                       "alert_rule_test": alerts, "promql_expr_test": exprs or []}]}
+    (workdir / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(binaries, "test", "rules", "test.yaml", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def ttft_alerts(namespace: str = "team-a") -> list[dict[str, Any]]:
+    return [{"exp_labels": {"severity": "warning", "action": "inform", "priority_class": "p0",
+                            **ident(namespace)}},
+            {"exp_labels": {"severity": "critical", "action": "retune",
+                            "priority_class": "p0", **ident(namespace)}}]
+
+
+STALLED = {"exp_labels": {"severity": "critical", "action": "hold", "priority_class": "all",
+                          **ident()}}
+DOWN = {"exp_labels": {"severity": "critical", "action": "hold", "priority_class": "all",
+                       **ident()}}
+
+
+def stall_series(namespace: str = "team-a") -> list[dict[str, str]]:
+    """The reviewer's stall, as the built-in engine exports it: P0's first tokens all in
+    (1, 2] s for 5 minutes (60 each 15 s), then none; 400 requests wait, and from 5m
+    their clients give up, 60 each 15 s, before a first token (no 429: the queue holds
+    them); no token is made after 5m."""
+    p0 = labels(namespace, priority_class="p0")
+    return [
+        {"series": f'{TTFT}_bucket{labels(namespace, priority_class="p0", le="1.0")}',
+         "values": "0x40"},
+        {"series": f'{TTFT}_bucket{labels(namespace, priority_class="p0", le="2.0")}',
+         "values": "0+60x20 1200x20"},
+        {"series": f'{TTFT}_bucket{labels(namespace, priority_class="p0", le="+Inf")}',
+         "values": "0+60x20 1200x20"},
+        {"series": f"slopilot_requests_refused_total{p0}", "values": "0x40"},
+        {"series": f"{ABANDONED}{p0}", "values": "0x20 0+60x20"},
+        {"series": f"vllm:generation_tokens_total{labels(namespace)}",
+         "values": "0+6000x20 120000x20"},
+        {"series": f"vllm:num_requests_waiting{labels(namespace)}", "values": "0x20 400x20"},
+        {"series": f"vllm:num_requests_running{labels(namespace)}", "values": "8x40"},
+        {"series": f"slopilot_busy_ratio{labels(namespace)}", "values": "0.9x40"},
+    ]
+
+
+@pytest.mark.prometheus
+def test_a_stalled_builtin_engine_keeps_its_ttft_alerts_and_fires_the_stall_alert(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard", "prefixHitMin": 0.9})]
+    checks = [{"eval_time": "4m", "alertname": "SlopilotTTFTP99High",
+               "exp_alerts": ttft_alerts()},
+              {"eval_time": "4m", "alertname": "SlopilotEngineStalled", "exp_alerts": []}]
+    for at in ("8m", "10m30s"):  # no client gets a first token: nothing clears
+        checks += [{"eval_time": at, "alertname": "SlopilotTTFTP99High",
+                    "exp_alerts": ttft_alerts()},
+                   {"eval_time": at, "alertname": "SlopilotEngineStalled",
+                    "exp_alerts": [STALLED]}]
+    # The P99 falls among the requests never given a first token: the highest finite
+    # edge, as for refusals.
+    p99 = [{"expr": 'slopilot:ttft_seconds:p99{priority_class="p0"}', "eval_time": "8m",
+            "exp_samples": [{"labels": 'slopilot:ttft_seconds:p99{'
+                                       + ",".join(f'{k}="{v}"' for k, v in
+                                                  ident(priority_class="p0").items()) + "}",
+                             "value": 2}]}]
+    run(prometheus_binaries, tmp_path, files, stall_series(), checks, p99)
+
+
+@pytest.mark.prometheus
+def test_a_vllm_deployment_counts_streams_cut_short_before_a_first_token(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # vLLM queues what it cannot run and answers no 429: its clients give up, and the
+    # meter counts each stream cut short before its first token. From 5m the meter saw
+    # no first token at all: the P99 is its, not vLLM's own (which saw none either).
+    files = [rules_file(tmp_path, "llmdeployment-vllm.yaml", "team-a",
+                        {"profile": "standard", "vllmClass": "p0"})]
+    p0 = labels(priority_class="p0")
+    series = [
+        {"series": f'{CLIENT_TTFT}_bucket{labels(priority_class="p0", le="1.0")}',
+         "values": "0x40"},
+        {"series": f'{CLIENT_TTFT}_bucket{labels(priority_class="p0", le="2.0")}',
+         "values": "0+60x20 1200x20"},
+        {"series": f'{CLIENT_TTFT}_bucket{labels(priority_class="p0", le="+Inf")}',
+         "values": "0+60x20 1200x20"},
+        {"series": f"{CLIENT_TTFT}_count{p0}", "values": "0+60x20 1200x20"},
+        {"series": f"{CLIENT_ABANDONED}{p0}", "values": "0x20 0+60x20"},
+        {"series": f'{TTFT}_bucket{labels(priority_class="p0", le="1.0")}',
+         "values": "0+60x20 1200x20"},
+        {"series": f'{TTFT}_bucket{labels(priority_class="p0", le="+Inf")}',
+         "values": "0+60x20 1200x20"},
+        {"series": f"{TTFT}_count{p0}", "values": "0+60x20 1200x20"},
+    ]
+    checks = [{"eval_time": at, "alertname": "SlopilotTTFTP99High",
+               "exp_alerts": ttft_alerts()} for at in ("4m", "8m", "10m30s")]
+    run(prometheus_binaries, tmp_path, files, series, checks)
+
+
+def tbt_gap(namespace: str = "team-a") -> list[dict[str, str]]:
+    """The reviewer's gap: P0's gaps all in (0.05, 0.1] s, its target unscrapeable 4m..7m."""
+    p0 = {"priority_class": "p0"}
+    return [
+        {"series": f'vllm:inter_token_latency_seconds_bucket{labels(namespace, **p0, le="0.05")}',
+         "values": "0x16 _x12 0x12"},
+        {"series": f'vllm:inter_token_latency_seconds_bucket{labels(namespace, **p0, le="0.1")}',
+         "values": "0+600x16 _x12 17400+600x12"},
+        {"series": f'vllm:inter_token_latency_seconds_bucket{labels(namespace, **p0, le="+Inf")}',
+         "values": "0+600x16 _x12 17400+600x12"},
+    ]
+
+
+@pytest.mark.prometheus
+def test_a_scrape_gap_fires_targets_down_where_the_tbt_alert_clears(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard", "prefixHitMin": 0.9})]
+    series = [*tbt_gap(), {"series": f"up{labels()}", "values": "1x15 0x12 1x12"}]
+    tbt = {"exp_labels": {"severity": "critical", "action": "scale", "priority_class": "p0",
+                          **ident()}}
+    checks = [{"eval_time": "3m", "alertname": "SlopilotTBTP99High", "exp_alerts": [tbt]},
+              {"eval_time": "3m", "alertname": "SlopilotTargetsDown", "exp_alerts": []},
+              {"eval_time": "6m", "alertname": "SlopilotTargetsDown", "exp_alerts": [DOWN]},
+              {"eval_time": "9m", "alertname": "SlopilotTargetsDown", "exp_alerts": []}]
+    run(prometheus_binaries, tmp_path, files, series, checks)
+
+
+@pytest.mark.prometheus
+def test_targets_gone_fire_targets_down(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # The pods went away: Prometheus marks their series stale, and no ``up`` is left.
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard", "prefixHitMin": 0.9}, annotations=True)]
+    series = [{"series": f"up{labels()}", "values": "1x15 stale"}]
+    gone = {**DOWN, "exp_annotations": {
+        "summary": "team-a/chat: scrape targets down or gone",
+        "description": "1 scrape target(s) of the deployment down (or none left) for 2 min: "
+                       "its figures are missing, and the alerts that read them have "
+                       "cleared. The controller neither retunes nor scales while it fires; "
+                       "check the pods and the ServiceMonitor (docs/operations.md, Alerts)."}}
+    checks = [{"eval_time": "3m", "alertname": "SlopilotTargetsDown", "exp_alerts": []},
+              {"eval_time": "6m", "alertname": "SlopilotTargetsDown", "exp_alerts": [gone]},
+              {"eval_time": "10m", "alertname": "SlopilotTargetsDown", "exp_alerts": [gone]}]
+    run(prometheus_binaries, tmp_path, files, series, checks)
+
+
+@pytest.mark.prometheus
+def test_one_replica_down_of_two_fires_and_both_up_does_not(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard", "prefixHitMin": 0.9})]
+    series = [{"series": f"up{labels(instance='a')}", "values": "1x40"},
+              {"series": f"up{labels(instance='b')}", "values": "1x15 0x25"}]
+    checks = [{"eval_time": "3m", "alertname": "SlopilotTargetsDown", "exp_alerts": []},
+              {"eval_time": "7m", "alertname": "SlopilotTargetsDown", "exp_alerts": [DOWN]}]
+    run(prometheus_binaries, tmp_path, files, series, checks)
+
+
+@pytest.mark.prometheus
+def test_another_tenants_stall_and_gap_fire_nothing_of_team_a(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", ns,
+                        {"profile": "standard", "prefixHitMin": 0.9})
+             for ns in ("team-a", "team-b")]
+    healthy = [{"series": f"up{labels()}", "values": "1x40"},
+               {"series": f"vllm:generation_tokens_total{labels()}", "values": "0+600x40"},
+               {"series": f"vllm:num_requests_waiting{labels()}", "values": "4x40"}]
+    # team-b stalls and goes down; series that claim team-a's identity without the
+    # namespace Prometheus enforces (another tenant's pod or rule wrote them) say so too.
+    forged = {"slopilot_namespace": "team-a", "slopilot_deployment": "chat", "instance": "x"}
+    forged_sel = "{" + ",".join(f'{k}="{v}"' for k, v in forged.items()) + "}"
+    others = [*stall_series("team-b"), {"series": f"up{labels('team-b')}", "values": "0x40"},
+              {"series": f"up{forged_sel}", "values": "0x40"},
+              {"series": f"vllm:num_requests_waiting{forged_sel}", "values": "400x40"},
+              {"series": f"{ABANDONED}{forged_sel[:-1]},priority_class=\"p0\"}}",
+               "values": "0+60x40"}]
+    b_stalled = {"exp_labels": {"severity": "critical", "action": "hold",
+                                "priority_class": "all", **ident("team-b")}}
+    checks = []
+    for at in ("8m", "10m"):
+        checks += [{"eval_time": at, "alertname": "SlopilotTargetsDown",
+                    "exp_alerts": [{"exp_labels": {**b_stalled["exp_labels"]}}]},
+                   {"eval_time": at, "alertname": "SlopilotEngineStalled",
+                    "exp_alerts": [b_stalled]},
+                   {"eval_time": at, "alertname": "SlopilotTTFTP99High",
+                    "exp_alerts": ttft_alerts("team-b")}]
+    run(prometheus_binaries, tmp_path, files, healthy + others, checks)
