@@ -82,6 +82,9 @@ class LoopContext:
         self.twin_history: list[tuple[float, list[WindowSample]]] = []
         """(end, iterations) of the last checked windows that do not overlap (in memory:
         a restarted controller corrects from the next window on)."""
+        self.held_by: frozenset[str] = frozenset()
+        """The hold alerts (``Alert.describe()``) the last tick in STEADY held for: a hold
+        is said once for each new set (in memory: a restarted controller says it again)."""
         self.twin_no_answer: tuple[float, str] | None = None
         """(when, why) the simulator last gave this loop no answer: busy with other
         deployments' calls, or past a call's time limit or memory cap."""

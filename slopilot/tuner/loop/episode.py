@@ -80,7 +80,8 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if entered is not None:
         # What the episode is about: a window that measured none of these classes is no
         # verdict. An alert on every class (preemptions, batching) names none.
-        acting = [a for a in tick.alerts if a.action is not AlertAction.INFORM]
+        acting = [a for a in tick.alerts
+                  if a.action in (AlertAction.RETUNE, AlertAction.SCALE)]
         ctx.loop.episode_classes = sorted({a.priority_class for a in acting
                                            if a.priority_class in _CLASSES})
         ctx.loop.episode_alerts = sorted({a.describe() for a in acting})

@@ -1,7 +1,9 @@
 """STEADY and COOLDOWN: watch the alerts, scale down after a quiet spell, wait out a cooldown.
 
-STEADY acts on the firing alerts by their ``action`` label: ``scale`` moves to SCALING,
-``retune`` starts a tuning episode, ``inform`` is reported and nothing more. With no alert
+STEADY acts on the firing alerts by their ``action`` label: ``hold`` (the deployment
+serves nothing, or cannot be seen) stops it acting at all, whatever else fires, until it
+clears; else ``scale`` moves to SCALING, ``retune`` starts a tuning episode, ``inform`` is
+reported and nothing more. With no alert
 that acts and none that says an SLO is breached (the TTFT warning informs, but the SLO is
 breached all the same), replicas above the minimum are given back once the alerts have
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
@@ -38,6 +40,9 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if entered is not None:  # the cooldown just ended: the alerts are read next tick
         return ctx.decide(Action.NONE, entered.reason)
     alerts = _since_last_action(ctx, tick)
+    stop = _held(ctx, alerts)
+    if stop is not None:
+        return stop
     scale = [a for a in alerts if a.action is AlertAction.SCALE]
     retune = [a for a in alerts if a.action is AlertAction.RETUNE]
     lifted = ""
@@ -71,6 +76,25 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if step is None and inform:
         return ctx.decide(Action.INFORM, "alert " + names(inform))
     return step or ctx.decide(Action.NONE, "steady")
+
+
+def _held(ctx: LoopContext, alerts: Sequence[Alert]) -> Decision | None:
+    """A hold while an alert whose action is ``hold`` fires; None when none does.
+
+    A stalled engine fires the TTFT alerts too (its clients' first tokens never come),
+    which ask for a retune: trials on a stuck executor, or replicas added beside it,
+    answer nothing, and replicas given back for headroom while nothing is served or seen
+    are capacity lost. Said once (``Action.HOLD``, a Warning event) for each new set of
+    such alerts, then kept quietly, as an outage of Prometheus is."""
+    hold = [a for a in alerts if a.action is AlertAction.HOLD]
+    which = frozenset(a.describe() for a in hold)
+    first, ctx.held_by = which != ctx.held_by, which
+    if not hold:
+        return None
+    ctx.loop.headroom_since = None
+    return ctx.decide(Action.HOLD if first else Action.NONE,
+                      f"alert {names(hold)}: the deployment serves nothing or cannot be "
+                      "seen; no retune nor scale while it fires")
 
 
 def _since_last_action(ctx: LoopContext, tick: Tick) -> list[Alert]:
