@@ -137,6 +137,27 @@ def test_a_stalled_builtin_engine_keeps_its_ttft_alerts_and_fires_the_stall_aler
 
 
 @pytest.mark.prometheus
+def test_the_reviewers_stall_as_he_wrote_it_keeps_the_stall_alert_firing(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # His series as given: no count of clients gone (an image from before it), aborts
+    # only in vllm:request_success_total, and no token counter at all. The TTFT P99 then
+    # has nothing to read; the stall alert still fires, and holds.
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard", "prefixHitMin": 0.9})]
+    kept = [s for s in stall_series()
+            if not s["series"].startswith((ABANDONED, "vllm:generation_tokens_total",
+                                           "vllm:num_requests_running"))]
+    series = [*kept, {"series": 'vllm:request_success_total'
+                                + labels(finished_reason="abort"), "values": "0x20 0+60x20"},
+              {"series": f"up{labels()}", "values": "1x40"}]
+    checks = [{"eval_time": at, "alertname": name, "exp_alerts": [STALLED] if stalled else []}
+              for at in ("8m", "10m30s")
+              for name, stalled in (("SlopilotEngineStalled", True),
+                                    ("SlopilotTargetsDown", False))]
+    run(prometheus_binaries, tmp_path, files, series, checks)
+
+
+@pytest.mark.prometheus
 def test_a_vllm_deployment_counts_streams_cut_short_before_a_first_token(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
     # vLLM queues what it cannot run and answers no 429: its clients give up, and the
