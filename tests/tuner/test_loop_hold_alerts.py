@@ -53,3 +53,21 @@ def test_the_hold_action_is_read_back_from_prometheus() -> None:
     got = parse_alert_series([{"metric": {"__name__": "ALERTS", "alertstate": "firing",
                                           **labels}, "value": [0, "1"]}], "chat", "team")
     assert [(a.name, a.action) for a in got] == [("SlopilotEngineStalled", AlertAction.HOLD)]
+
+
+def test_a_stall_during_an_episode_ends_it_with_its_config_restored_and_no_replica() -> None:
+    """A stall that begins while trials run: each trial's window judged a stuck executor,
+    none held, and the episode ended in "no config holds", which bought a replica for an
+    engine that served nothing. Now the hold ends the episode as a scale alert would,
+    its open trial told failed and its rollback config back on every replica, without
+    the replica; STEADY then holds until it clears."""
+    rig = Rig(dep=FakeDeployment(n=2), alerts=FakeAlerts([TTFT]), offline=None)
+    ctl = rig.build()
+    assert ctl.tick(0.0).action is Action.TRIAL and rig.dep.canary_config is not None
+    rig.alerts.alerts = [TTFT, STALLED]
+    d = ctl.tick(5.0)
+    assert (d.state, d.action) == (ControllerState.COOLDOWN, Action.HOLD), d.line()
+    assert "SlopilotEngineStalled[all,critical]" in d.reason, d.reason
+    assert list(rig.study.failed) == [0] and ctl.loop.trial is None
+    assert rig.dep.config == START and rig.dep.canary_config is None
+    assert rig.dep.scaled == []

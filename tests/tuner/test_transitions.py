@@ -140,6 +140,10 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         if t == 5.0:
             rig.alerts.alerts = [alert(AlertAction.SCALE, "SlopilotTBTP99High")]
 
+    def stall(rig: Rig, t: float) -> None:
+        if t == 5.0:
+            rig.alerts.alerts = [alert(AlertAction.HOLD, "SlopilotEngineStalled")]
+
     return [
         # retune alert -> tuning -> commit -> cooldown -> steady
         (Rig(alerts=retune), [0.0, 10.0, 41.0], None),
@@ -163,6 +167,8 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         # a scale alert fires mid-episode -> scaling -> scaled up
         (Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), planner=FakePlanner(needed=2)),
          [0.0, 5.0], surge),
+        # a hold alert fires mid-episode -> cooldown, nothing bought
+        (Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)])), [0.0, 5.0], stall),
         # the hour's trials used up mid-episode
         (Rig(alerts=retune, offline=None,
              settings={"max_trials_per_hour": 2, "max_trials": 10}),

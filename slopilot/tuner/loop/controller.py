@@ -11,6 +11,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
                 |---------------------------->|   scaled_up, max_replicas
                 |<--------|                       scale_alert
                           |-------->|             trial_holds, trial_limit, trial_rate_limit
+                          |------------------>|   hold_alert
                 |<------------------|             no_feasible_config
                                     |-------->|   committed, trial_rate_limit, nothing_measured
       |<--------------------------------------|   cooldown_over

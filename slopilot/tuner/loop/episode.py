@@ -12,7 +12,9 @@ alerts are about: a class's P99 that was not measured is no evidence that it hol
 first feasible trial, or the trial limits, end the episode in COMMIT, which applies the
 best feasible config everywhere, or, when none held, asks SCALING for another replica. A scale
 alert that fires during the episode (not one it began under) ends it at once: the open
-trial failed, its rollback config restored, SCALING asked for another replica.
+trial failed, its rollback config restored, SCALING asked for another replica. A hold
+alert (a stalled engine, targets down) ends it alike, but into COOLDOWN: no window of a
+deployment that serves nothing is a verdict on a config or on its capacity.
 
 This module holds the episode's start and end (and the TUNING step that runs it); a
 trial's start and end are ``trial.py``'s, its window and verdict ``trial_window.py``'s.
@@ -88,6 +90,9 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         ctx.metrics.action(s.deployment, Action.RETUNE, entered.reason)
         log.info("%s: %s", s.key, ctx.decide(Action.RETUNE, entered.reason).line())
         return next_trial(ctx, tick.now, f"retune: {entered.reason}")
+    held = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.HOLD})
+    if held:
+        return _end_for_hold(ctx, ", ".join(held))
     surge = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.SCALE}
                    - set(ctx.loop.episode_alerts))
     # At max replicas no replica can answer it: the episode is the only remedy left.
@@ -109,6 +114,30 @@ def _outside_space(ctx: LoopContext, t: RunningTrial, why: str) -> Decision:
     return end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT, reason, None)
 
 
+def _end_for_hold(ctx: LoopContext, alerts: str) -> Go:
+    """A hold alert during the episode (a stalled engine, targets down): its windows
+    judge a deployment that serves nothing or cannot be seen, so no trial can hold, and
+    the episode went on to "no config holds" and bought a replica. The open trial is told
+    failed, the rollback config goes back on every replica, and the loop cools down;
+    STEADY then holds while the alert fires (``steady.py``)."""
+    _fail_open_trial(ctx, f"episode ended: hold alert {alerts}")
+    target = ctx.loop.rollback_config()
+    if target is not None:
+        ctx.deployment.apply_config(target, canary=False)
+    return Go(ControllerState.COOLDOWN, Event.HOLD_ALERT,
+              f"alert {alerts} during the episode (after {ctx.loop.episode_trials} "
+              "trials): the episode ends, its rollback config restored; no retune nor "
+              "scale while it fires", action=Action.HOLD)
+
+
+def _fail_open_trial(ctx: LoopContext, why: str) -> None:
+    loop = ctx.loop
+    if loop.trial is not None:
+        ctx.study.tell_failed(loop.trial.number, why)
+        ctx.metrics.trial(ctx.settings.deployment, TrialOutcome.PRUNED)
+        loop.trial = None
+
+
 def _end_for_scale(ctx: LoopContext, alerts: str) -> Go:
     """A scale alert that fired after the episode began: the load changed under it, so
     its windows judge configs at a load it was not started for, and waiting out the
@@ -118,10 +147,7 @@ def _end_for_scale(ctx: LoopContext, alerts: str) -> Go:
     this count, so the offline study's word for this count is not asked again (it would
     start the same episode)."""
     loop = ctx.loop
-    if loop.trial is not None:
-        ctx.study.tell_failed(loop.trial.number, f"episode ended: scale alert {alerts}")
-        ctx.metrics.trial(ctx.settings.deployment, TrialOutcome.PRUNED)
-        loop.trial = None
+    _fail_open_trial(ctx, f"episode ended: scale alert {alerts}")
     target = loop.rollback_config()
     if target is not None:
         ctx.deployment.apply_config(target, canary=False)
@@ -138,10 +164,7 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         summary = None
     else:
         reason, summary = entered.reason, entered.summary
-    if loop.trial is not None:
-        ctx.study.tell_failed(loop.trial.number, "episode ended")
-        ctx.metrics.trial(ctx.settings.deployment, TrialOutcome.PRUNED)
-        loop.trial = None
+    _fail_open_trial(ctx, "episode ended")
     if loop.best_config is None:
         if loop.baseline_config is not None:
             ctx.deployment.apply_config(loop.baseline_config, canary=False)

@@ -31,6 +31,7 @@ class Event(enum.StrEnum):
     """Why the loop moves from one state to another."""
 
     SCALE_ALERT = "scale_alert"
+    HOLD_ALERT = "hold_alert"
     RETUNE_ALERT = "retune_alert"
     NOTHING_HOLDS_OFFLINE = "nothing_holds_offline"
     HEADROOM = "headroom"
@@ -64,11 +65,13 @@ _ON_ERROR = ("any error: an episode rolled back to its best known config (an app
 _ON_TUNING_OFF = ("tuning turned off (or the deployment deleted): the episode ends, its "
                   "open trial told failed")
 TRANSITIONS: tuple[Transition, ...] = (
-    Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT, "an alert with action scale fires"),
+    Transition(S.STEADY, S.SCALING, Event.SCALE_ALERT,
+               "an alert with action scale fires (and none with action hold)"),
     Transition(S.STEADY, S.SCALING, Event.NOTHING_HOLDS_OFFLINE,
                "a retune alert, and the offline study finds no config that holds at this "
                "replica count (below max)"),
-    Transition(S.STEADY, S.TUNING, Event.RETUNE_ALERT, "an alert with action retune fires"),
+    Transition(S.STEADY, S.TUNING, Event.RETUNE_ALERT,
+               "an alert with action retune fires (and none with action hold)"),
     Transition(S.STEADY, S.COOLDOWN, Event.HEADROOM,
                "quiet for scale_down_after_s and the simulator holds the SLO with fewer "
                "replicas: scaled down"),
@@ -85,6 +88,10 @@ TRANSITIONS: tuple[Transition, ...] = (
                "an alert with action scale fires during the episode (not one it began "
                "under), below max replicas: its open trial told failed, its rollback "
                "config restored"),
+    Transition(S.TUNING, S.COOLDOWN, Event.HOLD_ALERT,
+               "an alert with action hold fires during the episode (a stalled engine, "
+               "targets down): its open trial told failed, its rollback config restored, "
+               "no replica bought"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_HOLDS, "a trial's window holds the SLO"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_LIMIT, "max_trials trials in this episode"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_RATE_LIMIT,
