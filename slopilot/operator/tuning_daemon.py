@@ -28,9 +28,9 @@ from slopilot.operator.crd import GROUP, PLURAL, VERSION
 from slopilot.operator.daemon import load_factory, tick_interval
 from slopilot.operator.daemon_pause import pause
 from slopilot.operator.deployment_loop import DeploymentLoop
+from slopilot.operator.fair_slots import NotRun
 from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.pod_memory import memory_of
-from slopilot.operator.tuning_pool import NotRun
 
 # Set by `slopilot operator` on SIGTERM/SIGINT before kopf begins to stop: a daemon that
 # kopf starts while shutting down is not told to stop, so each one also checks this.

@@ -10,8 +10,9 @@ threads, and one whose pods or Prometheus answered slowly held a thread per CR.
 So every daemon's steps run on one pool of ``STEP_THREADS`` threads, at most
 ``STEPS_PER_NAMESPACE`` of one namespace's at once. A step waits for its slot in asyncio,
 holding no thread. A freed slot goes round the namespaces that wait, in turn (within a
-namespace, first come, first served): a namespace with a thousand CRs waiting delays
-another namespace's step by one of its steps per freed slot, not by a thousand.
+namespace, first come, first served: fair_slots.py): a namespace with a thousand CRs
+waiting delays another namespace's step by one of its steps per freed slot, not by a
+thousand.
 
 One daemon's calls run one at a time (``Lane``), as its own thread ran them: a step
 whose await kopf cancelled (a daemon not stopped in time) goes on on its thread, with
@@ -26,12 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from slopilot.operator.daemon_pause import STOP_CHECK_S
+from slopilot.operator.fair_slots import FairSlots
 
 T = TypeVar("T")
 
@@ -47,10 +47,6 @@ answer slowly holds 4 of ``STEP_THREADS``, and 8 such namespaces at once are nee
 fill the pool (whose freed slots still go round every namespace in turn)."""
 
 
-class NotRun(Exception):
-    """The caller's ``until`` held before a slot was free: nothing was run."""
-
-
 class TuningPool:
     """The tuning daemons' threads and their slots (module docstring)."""
 
@@ -62,10 +58,7 @@ class TuningPool:
         self.threads, self.per_namespace = threads, per_namespace
         self._executor = ThreadPoolExecutor(max_workers=threads,
                                             thread_name_prefix="tuning-step")
-        self._busy = 0
-        self._running: Counter[str] = Counter()
-        # Insertion order is the turn: a namespace served goes to the back.
-        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self._slots = FairSlots(threads, per_namespace)
 
     def lane(self, namespace: str) -> Lane:
         """One daemon's way onto the pool: its calls run one at a time."""
@@ -73,58 +66,16 @@ class TuningPool:
 
     def running(self) -> int:
         """Slots held now: calls on a thread, or about to be."""
-        return self._busy
+        return self._slots.running()
 
     def waiting(self) -> int:
         """Calls waiting for a slot."""
-        return sum(len(queue) for queue in self._waiting.values())
+        return self._slots.waiting()
 
     def shutdown(self) -> None:
         """The threads end once their calls do. The operator's pool lives as long as the
         operator; a test ends its own."""
         self._executor.shutdown(wait=False)
-
-    async def _take(self, namespace: str, until: Callable[[], bool] | None) -> None:
-        """A slot of ``namespace``'s held for the caller, or ``NotRun`` once ``until``."""
-        if until is not None and until():
-            raise NotRun
-        if namespace not in self._waiting and self._free(namespace):
-            self._hold(namespace)
-            return
-        grant: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(namespace, deque()).append(grant)
-        try:
-            while not grant.done():
-                # Polled as the daemon's pause polls its stop (daemon_pause.py): kopf's
-                # ``stopped.wait()`` runs a task of its own per call.
-                await asyncio.wait((grant,), timeout=None if until is None else STOP_CHECK_S)
-                if not grant.done() and until is not None and until():
-                    raise NotRun
-            if until is not None and until():  # stopped as the slot came: not taken
-                raise NotRun
-        except BaseException:
-            if grant.done() and not grant.cancelled():
-                self._release(namespace)  # given to this caller already: passed on
-            else:
-                grant.cancel()
-                self._forget(namespace, grant)
-            raise
-
-    def _free(self, namespace: str) -> bool:
-        return self._busy < self.threads and self._running[namespace] < self.per_namespace
-
-    def _hold(self, namespace: str) -> None:
-        self._busy += 1
-        self._running[namespace] += 1
-
-    def _forget(self, namespace: str, grant: asyncio.Future[None]) -> None:
-        queue = self._waiting.get(namespace)
-        if queue is None:
-            return
-        with contextlib.suppress(ValueError):
-            queue.remove(grant)
-        if not queue:
-            del self._waiting[namespace]
 
     def _start(self, namespace: str, call: Callable[[], T],
                ended: Callable[[], None]) -> Future[T]:
@@ -142,28 +93,8 @@ class TuningPool:
         return work
 
     def _ended(self, namespace: str, ended: Callable[[], None]) -> None:
-        self._release(namespace)
+        self._slots.release(namespace)
         ended()
-
-    def _release(self, namespace: str) -> None:
-        self._busy -= 1
-        self._running[namespace] -= 1
-        if self._running[namespace] <= 0:
-            del self._running[namespace]  # no count kept per namespace ever seen
-        self._hand_out()
-
-    def _hand_out(self) -> None:
-        """Free slots to the waiting namespaces, in turn, each its first waiter."""
-        while self._busy < self.threads:
-            turn = next((ns for ns in self._waiting if self._free(ns)), None)
-            if turn is None:
-                return  # nobody waits, or only namespaces at their share
-            queue = self._waiting.pop(turn)
-            grant = queue.popleft()
-            if queue:
-                self._waiting[turn] = queue  # to the back of the turn
-            grant.set_result(None)
-            self._hold(turn)
 
 
 class Lane:
@@ -186,7 +117,7 @@ class Lane:
                 # Not awaited itself: a cancelled caller would cancel it, and the next
                 # call would find the last one over while it still ran.
                 await asyncio.wait((self._idle,))
-            await self.pool._take(self.namespace, until)
+            await self.pool._slots.take(self.namespace, until)
             idle = self._idle = asyncio.get_running_loop().create_future()
             work = self.pool._start(self.namespace, lambda: context.run(fn),
                                     lambda: idle.set_result(None))

@@ -17,14 +17,10 @@ from typing import Any
 
 import pytest
 
+from slopilot.operator.fair_slots import NotRun
 from slopilot.operator.kubeapi import CONNECTION_POOL
 from slopilot.operator.pod_sync_share import HANDLER_THREADS
-from slopilot.operator.tuning_pool import (
-    STEP_THREADS,
-    STEPS_PER_NAMESPACE,
-    NotRun,
-    TuningPool,
-)
+from slopilot.operator.tuning_pool import STEP_THREADS, STEPS_PER_NAMESPACE, TuningPool
 from tests.support.waits import HANG_GUARD_S
 
 YIELDS = 1000
