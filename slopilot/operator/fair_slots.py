@@ -49,6 +49,14 @@ class FairSlots:
         """Callers waiting for a slot."""
         return sum(len(queue) for queue in self._waiting.values())
 
+    def held(self, namespace: str) -> int:
+        """Slots ``namespace`` holds now."""
+        return self._running.get(namespace, 0)
+
+    def namespaces_waiting(self) -> int:
+        """Namespaces with a caller waiting for a slot."""
+        return len(self._waiting)
+
     async def take(self, namespace: str, until: Callable[[], bool] | None) -> None:
         """A slot of ``namespace``'s held for the caller, or ``NotRun`` once ``until``."""
         if until is not None and until():

@@ -15,7 +15,8 @@ importing it registers every handler, the controller daemon included.
   engine reads from its ConfigMap only at start) after each reconcile and once a
   ``deployment_loop.CONFIG_SYNC_S``, while tuning is off; while it is on, the controller
   daemon does it, around its trials. The pods run the tenant's image: a sync runs on
-  one of its namespace's few slots of kopf's threads, or not at all (pod_sync_share.py).
+  the pod syncs' own pool, in its namespace's share, waiting for a slot on the event
+  loop where the others' hold them (pod_sync_pool.py), never on kopf's threads.
 - deletion while tuning is off: the CR's study is deleted from every storage it lived in
   (study_cleanup.py; while tuning is on, the controller daemon's end does it).
 - events of owned Deployments, NetworkPolicies, Services, ConfigMaps and, where
@@ -26,7 +27,7 @@ importing it registers every handler, the controller daemon included.
   objects only (``watch_only_managed``).
 
 Handlers are synchronous (the official client is): kopf runs them in worker threads
-(``pod_sync_share.HANDLER_THREADS``, shared by every tenant), and a per-deployment lock
+(``settings.HANDLER_THREADS``, shared by every tenant), and a per-deployment lock
 keeps a drift repair, a spec reconcile and the controller's writes (a scale, a committed
 config) from interleaving. A pod sync takes the lock around its writes only, as the
 daemon's does: held while it waited on the tenant's pods, the CR's reconcile and each
@@ -35,11 +36,12 @@ drift repair of its owned objects waited for it, each on a thread of its own.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -63,8 +65,12 @@ from slopilot.operator.loop_status import ended_episode, tuning_enabled
 from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
 from slopilot.operator.pod_memory import memory_of
-from slopilot.operator.pod_sync_share import Busy, PodSyncShare
-from slopilot.operator.pods_status import record_pods_condition, record_sync_deferred
+from slopilot.operator.pod_sync_pool import PodSyncPool, Ticket, Waited
+from slopilot.operator.pods_status import (
+    SYNC_DEFERRED,
+    record_pods_condition,
+    record_sync_deferred,
+)
 from slopilot.operator.policy import policy_problems
 from slopilot.operator.reconcile import (
     Change,
@@ -78,6 +84,7 @@ from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import load_or_create
+from slopilot.operator.tuning_daemon import OPERATOR_STOPPING
 from slopilot.operator.tuning_pool import TuningPool
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
 from slopilot.tuner.prometheus.bounded import bounded_client
@@ -92,13 +99,12 @@ OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "netwo
 # The event reason of a spec's warnings: a deprecated field, a knob the backend caps.
 SPEC_WARNING = "SpecWarning"
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
-DEFERRED_SYNCS = 3
-"""Syncs of a CR refused a slot in a row (pod_sync_share.py) after which its
-PodsConfigured condition says its pods were not checked, and why. One alone may be a
-coincidence (a namespace's timers run together after an operator restart), and said at
-once the status would be written at each."""
-REFUSALS_KEY = "pod_syncs_refused"
-"""Where the CR's memo (kopf's, per object: gone with it) counts them."""
+SYNC_WAIT_SAID_S = CONFIG_SYNC_S
+"""How long a CR's sync waits for a slot (pod_sync_pool.py) before its PodsConfigured
+condition says its pods were not checked, and why, with a Warning event: the timer's
+interval, by which the pods are checked less often than it promises. A shorter wait is
+the slots' turn going round; said at once, every sync of a busy minute (the timers after
+an operator restart) would write its status."""
 log = logging.getLogger(__name__)
 
 
@@ -137,10 +143,25 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     watch_only_managed(settings)
     memo.kube = Kube(load_client())
     memo.locks = LockTable()
-    memo.pod_syncs = PodSyncShare()
+    memo.handler_threads = settings.execution.executor  # kopf's (settings.HANDLER_THREADS)
     memo.tuning_pool = TuningPool()  # every tuning daemon's steps, one pool (tuning_pool.py)
     memo.policy = operator_policy()
     memo.tokens = load_or_create(memo.kube, memo.policy.operator_namespace)
+
+
+@kopf.on.startup()
+async def start_pod_syncs(memo: kopf.Memo, **_: Any) -> None:
+    """The pod syncs' pool (pod_sync_pool.py), on kopf's event loop, where a reconcile on
+    one of kopf's threads asks it for a sync."""
+    memo.pod_syncs = PodSyncPool(loop=asyncio.get_running_loop())
+
+
+@kopf.on.cleanup()
+async def stop_pod_syncs(memo: kopf.Memo, **_: Any) -> None:
+    """Every pod sync still waiting for a slot withdrawn: the operator is exiting."""
+    pool: PodSyncPool | None = getattr(memo, "pod_syncs", None)
+    if pool is not None:
+        pool.shutdown()
 
 
 def watch_only_managed(settings: kopf.OperatorSettings) -> None:
@@ -266,40 +287,64 @@ def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logge
         write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
     if outcome.valid and outcome.admin_token and not tuning_enabled(body.get("spec") or {}):
         # Asked again: a sync of the CR under way may have read the spec before this edit.
-        sync_on_share(body, memo, logger, again=True)
+        # Not waited for: the sync waits for its slot on the event loop, not on this thread.
+        memo.pod_syncs.ask_threadsafe(namespace, name, str(body["metadata"]["uid"]),
+                                      functools.partial(sync_pods, body, memo, logger),
+                                      again=True)
     post_events(body, outcome, reason="Reconciled")
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)
     if outcome.retry_s is not None:  # kopf runs the handler again, spec change or not
         raise kopf.TemporaryError("; ".join(outcome.problems), delay=outcome.retry_s)
 
 
-def sync_on_share(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger, *,
-                  again: bool) -> None:
-    """``sync_pods`` on a slot of the CR's namespace's share of kopf's threads
-    (``memo.pod_syncs``, pod_sync_share.py), never waiting for one: without a slot the
-    pods are not checked now, and the timer tries again at its next interval. ``again``:
-    a sync of the CR under way runs once more after it."""
+async def sync_when_free(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger,
+                         until: Callable[[], bool]) -> None:
+    """``sync_pods`` on the pod syncs' pool (``memo.pod_syncs``, pod_sync_pool.py),
+    joining the CR's sync that waits or runs, awaited until it ends or ``until()``: then,
+    where it still waits for a slot, it is withdrawn. One that waits past
+    ``SYNC_WAIT_SAID_S`` is said in the CR's status (``say_sync_waits``)."""
     meta = body["metadata"]
-    refused = memo.pod_syncs.run(meta["namespace"], meta["name"],
-                                 functools.partial(sync_pods, body, memo, logger),
-                                 again=again)
-    if refused is None:
-        setattr(memo, REFUSALS_KEY, 0)
-        return
-    if refused.busy is Busy.DEPLOYMENT:
-        return  # the sync under way checks the pods (again, where asked)
-    refusals = int(getattr(memo, REFUSALS_KEY, 0) or 0) + 1
-    setattr(memo, REFUSALS_KEY, refusals)
-    # The operator's log: kopf's logger posts an event on the CR at each line.
-    log.info("%s/%s: the pods' configs were not checked: %s", meta["namespace"],
-             meta["name"], refused.message)
-    if refusals >= DEFERRED_SYNCS:  # written when it changes only
-        why = (f"not checked at {refusals} syncs in a row: {refused.message}; tried "
-               f"again every {CONFIG_SYNC_S:g} s")
-        if refusals == DEFERRED_SYNCS:
-            logger.warning("the pods' configs were %s", why)
-        record_sync_deferred(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]),
-                             why, meta.get("generation"))
+    pool: PodSyncPool = memo.pod_syncs
+    ticket = pool.ask(meta["namespace"], meta["name"], str(meta["uid"]),
+                      functools.partial(sync_pods, body, memo, logger))
+    late_at: float | None = ticket.asked_at + SYNC_WAIT_SAID_S
+    while (waited := await pool.wait(ticket, until=until, late_at=late_at)) is Waited.LATE:
+        late_at = None  # said once a wait
+        await say_sync_waits(body, memo, logger, ticket)
+    if waited is Waited.STOPPED:
+        pool.withdraw(*ticket.key)
+
+
+async def say_sync_waits(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger,
+                         ticket: Ticket) -> None:
+    """The CR's sync waits for a slot still: said in its PodsConfigured condition
+    (``SyncDeferred``, written on one of kopf's threads: it is the API server's call
+    alone), a Warning event and the operator's log. Not written once the sync holds a
+    slot: its own condition is the last word."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    why = (f"not checked for {SYNC_WAIT_SAID_S:g} s: this deployment's sync waits for a "
+           f"slot: {memo.pod_syncs.why_waiting(namespace)}; it runs once one is free")
+    logger.warning("the pods' configs were %s", why)
+    post_sync_waits(body, why)
+
+    def record() -> None:
+        # Under the CR's lock, as the sync's own condition is written: a sync that took
+        # its slot meanwhile finds this condition and writes over it, or this finds it
+        # started and writes nothing.
+        with memo.locks.hold(key_of(body)):
+            if not ticket.started:
+                record_sync_deferred(memo.kube, namespace, name, str(meta["uid"]), why,
+                                     meta.get("generation"))
+
+    executor = getattr(memo, "handler_threads", None)  # kopf's; None: asyncio's own
+    await asyncio.get_running_loop().run_in_executor(executor, record)
+
+
+def post_sync_waits(raw: Mapping[str, Any], why: str) -> None:
+    """The Warning event of a sync that waits for a slot (kopf posts a logger's lines as
+    events only when told to, which the operator is not: settings.py)."""
+    kopf.warn(cast("kopf.Body", raw), reason=SYNC_DEFERRED, message=why)
 
 
 def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
@@ -340,8 +385,9 @@ def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> 
         logger.info("the spec's live knobs sent to %s", ", ".join(done.updated))
     for why in done.left:
         logger.warning("a pod is not on the spec's config: %s", why)
-    record_pods_condition(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]), done,
-                          body["metadata"].get("generation"))
+    with memo.locks.hold(key_of(body)):  # not between a deferral's look and its write
+        record_pods_condition(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]),
+                              done, body["metadata"].get("generation"))
 
 
 def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:
@@ -359,20 +405,34 @@ async def delete_untuned_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.
 
     On the tuning pool, in the namespace's share, as a daemon's own deletion at its end:
     a silent database holds each call for its connect timeout, and on kopf's handler
-    threads a tenant deleting many CRs held every other tenant's reconciles."""
+    threads a tenant deleting many CRs held every other tenant's reconciles.
+
+    A pod sync of the CR still waiting for a slot is withdrawn first (a reconcile asked
+    it, and no timer awaits it to withdraw it at its stop)."""
+    meta = body["metadata"]
+    memo.pod_syncs.withdraw(meta["namespace"], meta["name"], str(meta["uid"]))
     lane = memo.tuning_pool.lane(body["metadata"]["namespace"])
     await lane.run(functools.partial(delete_studies, body, memo.policy, log=logger))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, id="config-sync", interval=CONFIG_SYNC_S,
             initial_delay=CONFIG_SYNC_S, when=tuning_disabled)
-def sync_untuned_pods(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
-                      **_: Any) -> None:
+async def sync_untuned_pods(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                            **kwargs: Any) -> None:
     """A pod that read an older ConfigMap (it started before an edit and became ready
-    after the reconcile's sync) is brought over within one interval."""
+    after the reconcile's sync) is brought over within one interval. Async: the sync
+    waits for its slot holding no thread, and the next interval counts from its end.
+    Stopped (the CR deleted, tuning turned on: the daemon syncs, the operator stopping),
+    a sync still waiting is withdrawn."""
     if body["metadata"].get("deletionTimestamp"):
         return
-    sync_on_share(body, memo, logger, again=False)
+    # kopf passes a timer its stop flag as it does a daemon, but types it for daemons only.
+    stopped: kopf.DaemonStopped = kwargs["stopped"]
+
+    def stopping() -> bool:
+        return bool(stopped) or OPERATOR_STOPPING.is_set()
+
+    await sync_when_free(body, memo, logger, stopping)
 
 
 def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:

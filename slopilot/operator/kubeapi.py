@@ -19,9 +19,10 @@ import kubernetes.config
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "slopilot-operator"  # audit logs (and the RBAC test) tell our calls apart
 REQUEST_TIMEOUT_S = 30.0
-# The tuning daemons' steps (tuning_pool.STEP_THREADS threads) and kopf's handlers
-# (pod_sync_share.HANDLER_THREADS) call the API at once; urllib3 would otherwise open and
-# discard a connection per call above its default 10.
+# The tuning daemons' steps (tuning_pool.STEP_THREADS threads), the pod syncs
+# (pod_sync_pool.SYNC_THREADS) and kopf's handlers (settings.HANDLER_THREADS) call the API
+# at once; urllib3 would otherwise open and discard a connection per call above its
+# default 10.
 CONNECTION_POOL = 64
 LIST_PAGE = 500
 """Objects asked for per page of a list (``limit``), as kubectl and client-go ask: a

@@ -43,8 +43,8 @@ SYNC_FANOUT = 8
 SYNC_DEADLINE_S = 30.0
 """The longest one ``sync_config`` may take, every pod together; each request gets at
 most what is left of it. A deadline per request alone let a tenant's image that answered
-each just inside it hold the sync (a kopf handler thread, which its namespace has few
-of: pod_sync_share.py) a minute per replica. Healthy engines answer all 64 replicas'
+each just inside it hold the sync (a thread of the pod syncs' pool, which its namespace
+has few of: pod_sync_pool.py) a minute per replica. Healthy engines answer all 64 replicas'
 reads in well under a second."""
 MAX_CONFIG_BYTES = 64 * 1024
 """The most of a pod's ``GET /admin/config`` answer read (the admin API's own body cap)."""

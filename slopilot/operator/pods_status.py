@@ -22,9 +22,10 @@ gone (deleted, or another pod of the name) leaves the list at the next sync. A s
 no ready pod while pods are there leaves a condition already written as it is (a right
 pod ready and not by turns flipped it between Unknown and True at every sync).
 
-A CR whose syncs found no slot of its namespace's share of the operator's threads
-(pod_sync_share.py) a few times in a row has it Unknown (``SyncDeferred``), saying why:
-the pods were not checked, and what the status names of them is the last sync's.
+A CR whose sync has waited an interval for a slot of the pod syncs' pool
+(pod_sync_pool.py: the slots others' slow pods hold) has it Unknown (``SyncDeferred``),
+saying why: the pods were not checked, and what the status names of them is the last
+sync's. The sync's own condition replaces it once it runs.
 """
 
 from __future__ import annotations
@@ -138,6 +139,6 @@ def record_sync_deferred(kube: Kube, namespace: str, name: str, uid: str, why: s
 
     try:
         write_status(kube, namespace, name, build)
-    except Exception as exc:  # an API error: the next refusal in a row writes it again
+    except Exception as exc:  # an API error: the sync, once it runs, writes its own
         log.warning("%s/%s: the PodsConfigured condition was not written: %s: %s",
                     namespace, name, type(exc).__name__, exc)

@@ -16,9 +16,10 @@
 - Bounded watches and requests: a silent connection is dropped and resumed from its
   resourceVersion rather than hanging.
 - kopf's pool of handler threads, which every tenant's handlers share, has
-  ``pod_sync_share.HANDLER_THREADS`` threads (unset: min(32, CPUs + 4), 6 on a 2-CPU
-  pod), of which one namespace's pod syncs hold at most ``PER_NAMESPACE`` and all
-  namespaces' ``TOTAL`` (pod_sync_share.py).
+  ``HANDLER_THREADS`` threads (unset: min(32, CPUs + 4), 6 on a 2-CPU pod). The
+  handlers on it talk to the API server alone: what waits on a tenant's pods or its
+  Prometheus runs on a pool of its own, a namespace's on a share of it (the pod syncs,
+  pod_sync_pool.py; the tuning steps, tuning_pool.py).
 - The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
   ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
   allow-lists, see policy.py and study_storage.py; read first by ``started_policy``, so
@@ -57,7 +58,6 @@ import kopf
 
 from slopilot.operator.default_storage import DEFAULT_STORAGE_ENV
 from slopilot.operator.images import SHIPPED_IMAGES, Images
-from slopilot.operator.pod_sync_share import HANDLER_THREADS
 from slopilot.operator.policy import (
     DCGM_NAMESPACE_ENV,
     OperatorPolicy,
@@ -69,6 +69,12 @@ from slopilot.operator.study_storage import shared_with_namespaces
 from slopilot.operator.validation import parse_image
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
+HANDLER_THREADS = 16
+"""kopf's pool for sync handlers (``settings.execution.max_workers``); unset, it was
+asyncio's default, min(32, CPUs + 4): 6 on a 2-CPU operator pod. The handlers mostly wait
+on the API server, so the count is not tied to CPUs; no pod sync holds one of them
+(pod_sync_pool.py), so a tenant's slow pods leave them to every tenant's reconciles,
+drift repairs and deletions."""
 PREFIX = "slopilot.dev"
 FINALIZER = f"{PREFIX}/finalizer"
 WATCH_SERVER_TIMEOUT_S = 60

@@ -38,8 +38,9 @@ T = TypeVar("T")
 STEP_THREADS = 32
 """Steps of every namespace at once. A step mostly waits (the API server, Prometheus,
 the simulator's workers), so the count is not tied to CPUs; with kopf's
-``HANDLER_THREADS`` it stays within the API connections kubeapi.py keeps
-(``CONNECTION_POOL``), so no step opens and drops a connection of its own."""
+``HANDLER_THREADS`` and the pod syncs' ``SYNC_THREADS`` it stays within the API
+connections kubeapi.py keeps (``CONNECTION_POOL``), so no step opens and drops a
+connection of its own."""
 STEPS_PER_NAMESPACE = 4
 """Steps of one namespace at once. A healthy step takes a fraction of a second, so four
 step a namespace's hundreds of CRs every few ticks; a namespace whose Prometheus or pods

@@ -234,3 +234,77 @@ def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.Monk
                           policy=policy or OperatorPolicy(),
                           factory=factory or build_controller,
                           locks=LockTable(), logger=logging.getLogger("test"))
+
+
+def sync_timer(body: dict[str, Any], memo: Any) -> None:
+    """One run of the config-sync timer (``handlers.sync_untuned_pods``) for ``body``,
+    awaited to its sync's end as kopf awaits it, on an event loop of its own and never
+    told to stop. ``memo.pod_syncs`` is asked on that loop: a pool kept across runs holds
+    nothing between them."""
+    import asyncio
+    import logging
+
+    from kopf._cogs.aiokits.aioenums import FlagSetter
+
+    from slopilot.operator.handlers import sync_untuned_pods
+
+    timer: Any = sync_untuned_pods  # kopf's type: every kwarg it passes
+
+    async def run() -> None:
+        stopper: FlagSetter[Any] = FlagSetter()
+        await timer(body=body, memo=memo, logger=logging.getLogger("test"),
+                    stopped=stopper.async_waiter)
+
+    asyncio.run(run())
+
+
+class KopfLoop:
+    """kopf's event loop on a thread of its own, the pod syncs' pool on it as the
+    operator's startup makes it (``pool``): a handler run on another thread asks it as
+    one on kopf's threads does."""
+
+    def __init__(self, **pool: int) -> None:
+        """``pool``: PodSyncPool's ``threads`` and ``per_namespace`` (default: the
+        operator's)."""
+        import asyncio
+
+        from slopilot.operator.pod_sync_pool import PodSyncPool
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kopf-loop",
+                                       daemon=True)
+        self.thread.start()
+        self.pool = PodSyncPool(loop=self.loop, **pool)
+
+    def run(self, coroutine: Any) -> Any:
+        """``coroutine`` on the loop: a concurrent Future of its result."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def flushed(self) -> None:
+        """Until the loop has run every call handed to it so far (an ask from another
+        thread among them): its calls run in order."""
+        import asyncio
+
+        self.run(asyncio.sleep(0)).result(waits.HANG_GUARD_S)
+
+    def settled(self) -> None:
+        """Until every sync asked so far (from any thread) has ended."""
+        self.flushed()
+        wait_for(lambda: self.pool.syncs() == 0, what="every pod sync asked so far ended")
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.pool.shutdown)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(waits.HANG_GUARD_S)
+        self.loop.close()
+
+
+@contextlib.contextmanager
+def kopf_loop(**pool: int) -> Iterator[KopfLoop]:
+    out = KopfLoop(**pool)
+    try:
+        yield out
+    finally:
+        out.close()

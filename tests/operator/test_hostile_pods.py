@@ -12,7 +12,6 @@ the PodsConfigured condition (pods_status.py).
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from typing import Any
 
@@ -20,10 +19,9 @@ import kopf
 import pytest
 
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
-from slopilot.operator.handlers import sync_untuned_pods
 from slopilot.operator.pod_memory import MEMO_KEY, PodMemory
 from slopilot.operator.spec import parse_spec
-from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd
+from tests.operator.operator_support import NS, Cluster, add_pod, daemon_loop, llmd, sync_timer
 from tests.operator.standins import PodStandIn, PrometheusStandIn, serving
 from tests.operator.test_live_config import (
     Clock,
@@ -54,8 +52,7 @@ class Pods:
             add_pod(self.cluster, "chat", i, pod.port)
 
     def sync(self) -> None:
-        sync_untuned_pods(body=self.cluster.get(), memo=self.memo,
-                          logger=logging.getLogger("test"))
+        sync_timer(self.cluster.get(), self.memo)
 
 
 @pytest.mark.parametrize("varies", ["restart-knob", "error-content-type"])

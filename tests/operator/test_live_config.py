@@ -22,7 +22,7 @@ from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.pod_admin import ApplyError
-from slopilot.operator.pod_sync_share import PodSyncShare
+from slopilot.operator.pod_sync_pool import PodSyncPool
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
@@ -34,10 +34,12 @@ from tests.operator.operator_support import (
     Cluster,
     add_pod,
     daemon_loop,
+    kopf_loop,
     llmd,
     operator,
     operator_mint,
     pods_up,
+    sync_timer,
     wait_for,
     wait_steady,
 )
@@ -78,7 +80,7 @@ def handler_memo(cluster: Cluster, policy: OperatorPolicy, mint: TokenMint) -> A
     from slopilot.operator.handlers import LockTable
 
     return kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable(),
-                     pod_syncs=PodSyncShare())
+                     pod_syncs=PodSyncPool())
 
 
 def handle_of(cluster: Cluster, body: dict[str, Any], policy: OperatorPolicy,
@@ -293,9 +295,8 @@ def test_the_pods_are_synced_one_period_after_the_clock_stepped_back(
 
 def test_with_tuning_off_the_timer_brings_over_a_pod_that_read_an_older_config_map(
         kube: RunningEmulator, cluster: Cluster) -> None:
-    import logging
 
-    from slopilot.operator.handlers import sync_untuned_pods, tuning_disabled
+    from slopilot.operator.handlers import tuning_disabled
 
     _, policy, mint = reconciled(kube, cluster, llmd(
         engine={"tokenBudget": 1024}, tuning={"enabled": False}))
@@ -305,8 +306,28 @@ def test_with_tuning_off_the_timer_brings_over_a_pod_that_read_an_older_config_m
     memo = handler_memo(cluster, policy, mint)
     with serving(late):
         add_pod(cluster, "chat", 0, late.port)
-        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
+        sync_timer(cluster.get(), memo)
     assert running(late) == want and len(late.puts) == 1
+
+
+def test_with_tuning_off_the_running_operator_brings_an_edit_to_the_pods(
+        kube_login: RunningEmulator, cluster: Cluster) -> None:
+    """kopf itself: the reconcile, on one of kopf's threads, asks its sync of the pod
+    syncs' pool on kopf's event loop (made by the startup handler) without waiting for
+    it, and the sync runs on the pool's thread; at exit the cleanup handler ends the
+    pool and the operator exits cleanly."""
+    with operator(kube_login):
+        cluster.create(llmd(tuning={"enabled": False}))
+        pod = PodStandIn()
+        with serving(pod):
+            pods_up(cluster, [pod], lambda: spec_config(cluster))
+            with pod.lock:
+                pod.slo = parse_spec(cluster.get()).slo.to_dict()
+            cluster.patch("chat", {"spec": {"engine": {"tokenBudget": 4096}}})
+            wait_for(lambda: running(pod).get("token_budget") == 4096,
+                     what="the edit on the pod, through the reconcile's sync")
+            wait_for(lambda: (cluster.condition("PodsConfigured") or {}).get("status")
+                     == "True", what="the sync's condition")
 
 
 def test_an_edit_during_a_canary_trial_reaches_the_canary_under_the_trials_knobs(
@@ -520,13 +541,10 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
     with it an httpx client that nothing closed: its keep-alive socket to every pod it
     reached stayed open until a garbage collection found the client (a cycle), once a
     minute per LLMDeployment."""
-    import logging
 
     import httpx
 
     from slopilot.operator import pod_admin
-    from slopilot.operator.handlers import sync_untuned_pods
-
     opened: list[httpx.Client] = []
 
     class Recorded(httpx.Client):
@@ -540,7 +558,7 @@ def test_the_timers_sync_closes_the_http_client_it_opens(
     memo = handler_memo(cluster, policy, mint)
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
+        sync_timer(cluster.get(), memo)
     assert pod.gets == 1
     assert opened and all(c.is_closed for c in opened)
 
@@ -608,9 +626,6 @@ def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
     """A refused spec touches nothing (the reconcile's rule): an edit that the operator's
     policy refuses (here an image off the allow-list) together with a knob must not have
     the knob sent to the pods of the last accepted spec by the timer's sync."""
-    import logging
-
-    from slopilot.operator.handlers import sync_untuned_pods
 
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     accepted = spec_config(cluster)
@@ -622,7 +637,7 @@ def test_the_timer_never_acts_on_a_spec_the_policy_refuses(
     memo = handler_memo(cluster, policy, mint)
     with serving(pod):
         add_pod(cluster, "chat", 0, pod.port)
-        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("test"))
+        sync_timer(cluster.get(), memo)
     assert pod.puts == [] and pod.slo_puts == [] and running(pod) == accepted
 
 
@@ -646,9 +661,6 @@ def test_the_status_says_which_pods_are_not_on_the_specs_config(
     which pod and why, and turns True once two syncs in a row find they all do (a pod
     right and wrong by turns does not have it written at every sync); written when it
     changes only."""
-    import logging
-
-    from slopilot.operator.handlers import sync_untuned_pods
 
     body, policy, mint = reconciled(kube, cluster, llmd(
         prometheus={"url": prom.url}, tuning={"window": "1h", "enabled": tuning}))
@@ -665,7 +677,7 @@ def test_the_status_says_which_pods_are_not_on_the_specs_config(
             clock.now += CONFIG_SYNC_S
             assert loop.step()
         else:
-            sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("t"))
+            sync_timer(cluster.get(), memo)
 
     with serving(good, older):
         add_pod(cluster, "chat", 0, good.port)
@@ -705,9 +717,11 @@ def test_the_pods_condition_goes_once_the_backend_is_vllm(
     monkeypatch.setattr(handlers, "post_events", lambda *a, **kw: None)
     memo = handler_memo(cluster, policy, mint)
     log = logging.getLogger("test")
-    with serving(older):
+    with serving(older), kopf_loop() as kopf_:
+        memo.pod_syncs = kopf_.pool
         add_pod(cluster, "chat", 0, older.port)
         handlers.reconcile_llmdeployment(body=cluster.get(), memo=memo, logger=log)
+        kopf_.settled()  # the reconcile's sync, on the pool
         cond = _pods_condition(cluster)
         assert cond is not None and cond["status"] == "False", cond
         cluster.patch("chat", {"spec": {"backend": "vllm"}})
@@ -722,9 +736,6 @@ def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
     """The restart knobs a pod says it runs are quoted as it answered them: a tenant's
     image answering a 60 KB block size put 60 KB per pod (five pods listed) into the
     CR's status, which every status write then carried."""
-    import logging
-
-    from slopilot.operator.handlers import sync_untuned_pods
 
     _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want = spec_config(cluster)
@@ -734,7 +745,7 @@ def test_the_pods_condition_quotes_a_pods_answer_only_so_far(
     with serving(*pods):
         for i, pod in enumerate(pods):
             add_pod(cluster, "chat", i, pod.port)
-        sync_untuned_pods(body=cluster.get(), memo=memo, logger=logging.getLogger("t"))
+        sync_timer(cluster.get(), memo)
         # The operator's log (a warning per pod, once a minute) quoted it whole too.
         left = handle_of(cluster, cluster.get(), policy, mint).sync_config().left
     cond = _pods_condition(cluster)
@@ -776,9 +787,6 @@ def test_the_timer_leaves_the_pods_to_the_daemon_once_tuning_is_on(
     """kopf hands the timer the object as it was when it was due: a sync begun on that
     copy after tuning was turned on sent the spec's config over the trial the daemon had
     just started on the canary. The timer judges who syncs on the object as it is now."""
-    import logging
-
-    from slopilot.operator.handlers import sync_untuned_pods
 
     _, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     stale = cluster.get()  # what kopf handed the timer
@@ -789,7 +797,7 @@ def test_the_timer_leaves_the_pods_to_the_daemon_once_tuning_is_on(
     memo = handler_memo(cluster, policy, mint)
     with serving(canary):
         add_pod(cluster, "chat", 0, canary.port)
-        sync_untuned_pods(body=stale, memo=memo, logger=logging.getLogger("t"))
+        sync_timer(stale, memo)
     assert canary.puts == [] and running(canary)["token_budget"] == 512
 
 

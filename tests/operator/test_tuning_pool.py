@@ -19,7 +19,7 @@ import pytest
 
 from slopilot.operator.fair_slots import NotRun
 from slopilot.operator.kubeapi import CONNECTION_POOL
-from slopilot.operator.pod_sync_share import HANDLER_THREADS
+from slopilot.operator.settings import HANDLER_THREADS
 from slopilot.operator.tuning_pool import STEP_THREADS, STEPS_PER_NAMESPACE, TuningPool
 from tests.support.waits import HANG_GUARD_S
 
@@ -73,7 +73,8 @@ def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 def test_the_numbers_leave_room_to_other_namespaces_and_fit_the_api_connections() -> None:
     assert 1 <= STEPS_PER_NAMESPACE <= STEP_THREADS // 4  # one namespace: a quarter at most
     # Every step and every kopf handler talk to the API server at once, each on a
-    # connection of the pool kubeapi.py keeps: past it urllib3 opens and drops one a call.
+    # connection of the pool kubeapi.py keeps: past it urllib3 opens and drops one a call
+    # (the pod syncs' threads too: test_pod_sync_pool.py).
     assert STEP_THREADS + HANDLER_THREADS <= CONNECTION_POOL
 
 

@@ -25,6 +25,7 @@ import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
 from slopilot.operator import tuning_daemon
+from slopilot.operator.pod_sync_pool import PodSyncPool
 from slopilot.operator.tuning_pool import TuningPool
 from tests.operator.test_tuning_pool import YIELDS, Gate, ended, on_loop
 from tests.support.waits import HANG_GUARD_S
@@ -244,7 +245,7 @@ def test_deletions_whose_storage_hangs_hold_their_namespaces_share_not_kopfs_thr
             deleted.append(f"{namespace}/{body['metadata']['name']}")
 
         monkeypatch.setattr(handlers, "delete_studies", delete_studies)
-        memo = types.SimpleNamespace(policy=None, tuning_pool=pool)
+        memo = types.SimpleNamespace(policy=None, tuning_pool=pool, pod_syncs=PodSyncPool())
 
         def deletion(namespace: str, name: str) -> asyncio.Task[None]:
             body = {"metadata": {"namespace": namespace, "name": name, "uid": name}}
