@@ -331,3 +331,24 @@ def test_a_profile_nested_past_the_parsers_depth_is_refused() -> None:
         "slopilot: 0.1.0", "slopilot: " + "[" * 5000 + "]" * 5000)
     with pytest.raises(ProfileFileError, match=r"<profile text>: not valid YAML \(nested "):
         load_profile(text)
+
+
+@pytest.mark.parametrize(("line", "field", "words"), [
+    ("created: 2026-02-30", "created", "day is out of range for month"),
+    ("num_layers: " + "9" * 5000, "model.shape.num_layers", "4300 digits"),
+])
+def test_a_value_yaml_cannot_convert_names_the_file_the_field_and_the_fix(
+        tmp_path: Path, line: str, field: str, words: str) -> None:
+    # Python's words alone escaped every handler: "slopilot simulate: day is out of
+    # range for month", or int's limit with its sys.set_int_max_str_digits() fix.
+    key = line.split(":")[0] + ":"
+    text = "\n".join(old[:old.index(key)] + line if old.lstrip().startswith(key) else old
+                     for old in dump_profile(make_profile()).splitlines()) + "\n"
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ProfileFileError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: {field} (line "), message
+    assert words in message and "quote it" in message, message
+    assert "set_int_max_str_digits" not in message and len(message) < 500, message
