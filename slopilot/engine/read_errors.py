@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+from slopilot.engine.bounded_read import FileTooLarge, NotARegularFile
+
 
 def unreadable(exc: OSError) -> str:
     """Why ``exc`` stopped the read, to follow ``FLAG PATH: `` in a message."""
+    if isinstance(exc, (NotARegularFile, FileTooLarge)):  # our own words already
+        return str(exc.strerror)
     if isinstance(exc, FileNotFoundError):
         return "no such file"
     if isinstance(exc, IsADirectoryError):

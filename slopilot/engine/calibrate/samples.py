@@ -24,11 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.bounded_read import FileTooLarge, read_bounded
 from slopilot.engine.calibrate.design import DesignError, GridOptions, ShapeSpec
 from slopilot.engine.calibrate.harness import STATISTICS, Sample
 from slopilot.engine.calibrate.host import HostStep
 from slopilot.engine.calibrate.runner import Recording
 from slopilot.engine.executors.kernel_modes import PROFILE_KERNELS
+from slopilot.engine.read_errors import unreadable
 from slopilot.engine.sim.profile_file import DeviceInfo, write_text_atomically
 from slopilot.engine.sim.profile_types import (
     DEVICE_TYPES,
@@ -80,10 +82,15 @@ def read_samples(path: str | Path) -> Recording:
     """The recording in ``path``; a ``SamplesFileError`` names what is wrong."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_BYTES:
-            raise SamplesFileError(f"{p}: larger than {MAX_BYTES} bytes; not a samples file")
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_bounded(p, MAX_BYTES).decode("utf-8")
+    except FileTooLarge:
+        raise SamplesFileError(f"{p}: larger than {MAX_BYTES} bytes; not a samples file") \
+            from None
+    except OSError as exc:
+        raise SamplesFileError(f"{p}: cannot read calibration samples ({unreadable(exc)}); "
+                               "write one with `slopilot calibrate ... --samples-out FILE`"
+                               ) from None
+    except UnicodeDecodeError as exc:
         raise SamplesFileError(f"{p}: cannot read calibration samples ({exc}); write one "
                                "with `slopilot calibrate ... --samples-out FILE`") from None
     try:

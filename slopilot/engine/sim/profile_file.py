@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from slopilot.engine.bounded_read import FileTooLarge, read_bounded
 from slopilot.engine.models import REGISTRY
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.sim.profile_parse import parse_profile
@@ -223,11 +224,12 @@ def _read(path_or_text: str | Path) -> tuple[str, str]:
     if isinstance(path_or_text, Path) or "\n" not in str(path_or_text):
         path = Path(path_or_text)
         try:
-            if path.stat().st_size > MAX_PROFILE_BYTES:
-                raise ProfileFileError(
-                    f"{path}: {path.stat().st_size} bytes is no cost profile (they are a "
-                    f"few KiB, at most {MAX_PROFILE_BYTES}); check the path")
-            return path.read_text(encoding="utf-8"), str(path)
+            return read_bounded(path, MAX_PROFILE_BYTES).decode("utf-8"), str(path)
+        except FileTooLarge as exc:
+            size = f"more than {exc.limit}" if exc.size is None else f"{exc.size}"
+            raise ProfileFileError(
+                f"{path}: {size} bytes is no cost profile (they are a few KiB, at most "
+                f"{MAX_PROFILE_BYTES}); check the path") from None
         except FileNotFoundError as exc:
             raise ProfileFileError(f"{path}: {unreadable(exc)}; write one with "
                                    "`slopilot calibrate --model ... --out FILE`") from None

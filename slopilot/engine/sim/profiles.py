@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from slopilot.engine.bounded_read import read_bounded
+from slopilot.engine.read_errors import unreadable
 from slopilot.engine.sim.yaml_load import safe_load_bounded
 
 _MIB = 1024 * 1024
@@ -261,12 +263,18 @@ def model_from_dict(data: Mapping[str, Any], source: str = "model profile") -> M
     return _from_mapping(ModelProfile, data, source)
 
 
+MAX_PROFILES_BYTES = 1 << 20
+"""A file of a few GPU and model profiles is a few KiB."""
+
+
 def load_profiles(path: str | Path) -> tuple[dict[str, GPUProfile], dict[str, ModelProfile]]:
     """Read extra profiles from YAML: top-level ``gpus:`` and/or ``models:`` lists."""
     p = Path(path)
     try:
-        doc = safe_load_bounded(p.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        doc = safe_load_bounded(read_bounded(p, MAX_PROFILES_BYTES).decode("utf-8")) or {}
+    except OSError as exc:
+        raise ProfileError(f"cannot read profiles from {p}: {unreadable(exc)}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ProfileError(f"cannot read profiles from {p}: {exc}") from None
     if not isinstance(doc, Mapping) or not set(doc) <= {"gpus", "models"}:
         raise ProfileError(f"{p}: expected a mapping with 'gpus' and/or 'models' lists")

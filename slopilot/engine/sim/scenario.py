@@ -20,7 +20,9 @@ from typing import Any
 
 import yaml
 
+from slopilot.engine.bounded_read import FileTooLarge, read_bounded
 from slopilot.engine.config import ConfigError, EngineConfig
+from slopilot.engine.read_errors import unreadable
 from slopilot.engine.sim.profile_file import (
     CostProfile,
     ProfileFileError,
@@ -38,6 +40,8 @@ __all__ = ["SLOSpec", "Scenario", "ScenarioError", "list_scenarios",
            "load_scenario", "parse_scenario", "scenario_file"]
 
 _PACKAGED = ("data", "scenarios")
+MAX_SCENARIO_BYTES = 1 << 20
+"""A scenario is a few KiB of YAML; past a MiB it is the wrong file, read whole."""
 _TRACE_SUFFIXES = (".csv", ".jsonl")
 
 
@@ -96,7 +100,7 @@ def scenario_file(name_or_path: str | Path) -> Traversable | Path:
         if path.is_dir():
             raise ScenarioError(f"scenario file {text!r} is a folder, not a scenario file; "
                                 "name a .yaml file in it")
-        if not path.is_file():
+        if not path.exists():  # a device or a pipe is refused as one when read
             raise ScenarioError(f"scenario file {text!r} does not exist")
         return path
     names = list_scenarios()
@@ -111,10 +115,18 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     source = scenario_file(name_or_path)
     label = str(source) if isinstance(source, Path) else f"scenario {name_or_path}"
     try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        data = (read_bounded(source, MAX_SCENARIO_BYTES) if isinstance(source, Path)
+                else source.read_bytes())
+        text = data.decode("utf-8")
+    except FileTooLarge as e:
+        raise ScenarioError(f"{label}: {unreadable(e)}: no scenario is that large (they "
+                            "are a few KiB); check the path") from None
+    except OSError as e:
+        raise ScenarioError(f"{label}: cannot read the scenario: {unreadable(e)}; name a "
+                            "scenario file this user can read") from None
+    except UnicodeDecodeError as e:
         raise ScenarioError(f"{label}: cannot read the scenario: {e}; save it as UTF-8 "
-                            "text where this user can read it") from None
+                            "text") from None
     try:
         data = safe_load_bounded(text, exponents=True)
     except YAMLValueError as e:  # valid YAML, a value its type cannot hold

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slopilot.engine.bounded_read import FileTooLarge, read_bounded
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
@@ -88,13 +89,14 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
     if fmt is not None and fmt not in FORMATS:
         raise TraceError(f"trace format {fmt!r} is unknown; use one of: {', '.join(FORMATS)}")
     try:
-        size = source.stat().st_size if isinstance(source, Path) else 0
-        if size > MAX_TRACE_BYTES:
-            raise TraceError(
-                f"{name_or_path}: the trace is {_size(size)}; at most "
-                f"{_size(MAX_TRACE_BYTES)} is read (whole, into memory): cut it to the span "
-                "you replay, e.g. with head -n")
-        data = source.read_bytes()
+        data = (read_bounded(source, MAX_TRACE_BYTES) if isinstance(source, Path)
+                else source.read_bytes())
+    except FileTooLarge as e:
+        size = _size(e.size) if e.size is not None else f"over {_size(MAX_TRACE_BYTES)}"
+        raise TraceError(
+            f"{name_or_path}: the trace is {size}; at most "
+            f"{_size(MAX_TRACE_BYTES)} is read (whole, into memory): cut it to the span "
+            "you replay, e.g. with head -n") from None
     except OSError as e:
         raise TraceError(f"{name_or_path}: {unreadable(e)}") from None
     label = str(name_or_path)

@@ -187,3 +187,13 @@ def test_refit_of_a_file_whose_profile_would_not_read_back_exits_2(
     err = capsys.readouterr().err
     assert f"{path}: the profile fitted to it would not read back" in err
     assert "device.threads=0: must be at least 1" in err and not out.exists()
+
+
+@pytest.mark.timeout(30)  # its read waited for a writer for ever
+def test_a_pipe_named_as_samples_is_refused_unread(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "s.json")
+    with pytest.raises(SamplesFileError, match=r"s\.json: cannot read calibration samples "
+                                               r"\(is a named pipe \(FIFO\), not a regular"):
+        read_samples(tmp_path / "s.json")

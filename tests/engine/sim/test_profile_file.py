@@ -147,10 +147,11 @@ def test_a_file_that_cannot_be_read_is_said_in_words(tmp_path: Path,
     assert "Errno" not in str(info.value)
     path = write_test_profile(tmp_path)
 
-    def denied(self: Path, *args: object, **kwargs: object) -> str:
-        raise PermissionError(13, "Permission denied", str(self))
+    def denied(path: Path, limit: int) -> bytes:
+        raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(Path, "read_text", denied)  # root reads any file: a chmod can't
+    # root reads any file: a chmod can't refuse it
+    monkeypatch.setattr(profile_file, "read_bounded", denied)
     with pytest.raises(ProfileFileError) as info:
         load_profile(path)
     assert str(info.value) == f"{path}: this user may not read it (permission denied)"
@@ -352,3 +353,40 @@ def test_a_value_yaml_cannot_convert_names_the_file_the_field_and_the_fix(
     assert message.startswith(f"{path}: {field} (line "), message
     assert words in message and "quote it" in message, message
     assert "set_int_max_str_digits" not in message and len(message) < 500, message
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    """A FIFO, /dev/zero, or a link to either: each said its size was 0."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = fifo if "fifo" in kind else Path("/dev/zero")
+    if not kind.startswith("link"):
+        return target
+    link = tmp_path / "link.yaml"
+    link.symlink_to(target)
+    return link
+
+
+@pytest.mark.timeout(30)  # a FIFO's read waited for a writer for ever
+@pytest.mark.parametrize("kind", ["fifo", "link to fifo", "zero", "link to zero"])
+def test_a_device_or_a_pipe_named_as_a_profile_is_refused_unread(tmp_path: Path,
+                                                                 kind: str) -> None:
+    # `--profile /dev/zero` read until MemoryError: its size, 0, was the only bound.
+    path = _special(tmp_path, kind)
+    with pytest.raises(ProfileFileError) as err:
+        load_profile(path)
+    what = "a named pipe (FIFO)" if "fifo" in kind else "a character device"
+    assert str(err.value).startswith(f"{path}: is {what}, not a regular file"), err.value
+
+
+@pytest.mark.timeout(30)
+def test_a_scenarios_profile_that_is_a_pipe_is_refused_unread(tmp_path: Path) -> None:
+    from slopilot.engine.sim.scenario import ScenarioError, load_scenario
+
+    _special(tmp_path, "fifo")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\ngpu: H100\nmodel: llama-3-8b\nduration_s: 10\n"
+                        "profile: fifo\nworkload: {type: open_loop, arrivals: {process: "
+                        "poisson, rate: 1}, prompt_tokens: 10, output_tokens: 4}\n")
+    with pytest.raises((ProfileFileError, ScenarioError), match="named pipe"):
+        load_scenario(scenario)

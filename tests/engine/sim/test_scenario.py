@@ -345,6 +345,21 @@ def test_a_scenario_that_is_not_utf8_is_named(tmp_path: Path) -> None:
         load_scenario(path)
 
 
+@pytest.mark.timeout(30)
+def test_a_pipe_named_as_a_scenario_is_refused_unread(tmp_path: Path) -> None:
+    # It said "does not exist" of a FIFO; and a scenario was read with no bound at all.
+    import os
+
+    os.mkfifo(tmp_path / "s.yaml")
+    with pytest.raises(ScenarioError, match=r"s\.yaml: cannot read the scenario: is a named "
+                                            r"pipe \(FIFO\), not a regular file"):
+        load_scenario(tmp_path / "s.yaml")
+    (tmp_path / "big.yaml").write_text("# x\n" * 300_000)
+    with pytest.raises(ScenarioError, match=r"big\.yaml: 1,200,000 bytes, past the "
+                                            r"1,048,576 bytes read: no scenario is that"):
+        load_scenario(tmp_path / "big.yaml")
+
+
 def test_a_folder_named_as_a_scenario_is_called_a_folder(tmp_path: Path) -> None:
     folder = tmp_path / "scenarios.yaml"
     folder.mkdir()

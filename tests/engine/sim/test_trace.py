@@ -390,6 +390,18 @@ def test_a_trace_past_the_size_limit_is_refused_before_it_is_read(
         trace.read_trace(path)
 
 
+def test_the_size_limit_holds_for_a_file_whose_size_says_0(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bounded by stat().st_size alone, a /proc file (or /dev/zero, were it a file) was
+    # read whole whatever it held.
+    from slopilot.engine.sim import trace
+
+    monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 16)
+    with pytest.raises(TraceError, match=r"maps: the trace is over 16 bytes; at most 16 "
+                                         r"bytes is read .*cut it"):
+        trace.read_trace("/proc/self/maps")
+
+
 @pytest.mark.parametrize(("data", "where", "why"), [
     (b"arrival_time,prompt_tokens,output_tokens\n0,100,10,caf\xe9\n", ":2: ",
      "not UTF-8 text (byte 0xe9)"),
@@ -414,11 +426,12 @@ def test_a_trace_that_cannot_be_read_says_why_in_words(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path, "t.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,5\n")
 
-    def refused(self: Path, *args: object, **kwargs: object) -> bytes:
-        raise PermissionError(13, "Permission denied", str(self))
+    from slopilot.engine.sim import trace
 
-    monkeypatch.setattr(Path, "read_bytes", refused)
-    monkeypatch.setattr(Path, "read_text", refused)
+    def refused(path: Path, limit: int) -> bytes:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(trace, "read_bounded", refused)
     with pytest.raises(TraceError) as info:
         read_trace(path)
     assert str(info.value) == f"{path}: this user may not read it (permission denied)"
