@@ -11,6 +11,7 @@ from slopilot.engine.sim.profile_types import (
     DEVICE_TYPES,
     MAX_BLOCK_SIZE,
     MAX_KV_CACHE_BYTES,
+    MIN_STEP_S,
     PROFILE_DTYPES,
     SCHEMA,
     ClassFit,
@@ -20,7 +21,7 @@ from slopilot.engine.sim.profile_types import (
 )
 from slopilot.engine.sim.profiles import model_from_dict
 from slopilot.engine.sim.shape import FEATURES, FORM_NAME, FORM_VERSION
-from slopilot.engine.sim.spec_reader import Reader
+from slopilot.engine.sim.spec_reader import Reader, ScenarioError
 
 # No feature costs a minute per unit; a bigger figure is a corrupt or hostile file.
 MAX_COEFFICIENT_S = 60.0
@@ -75,7 +76,22 @@ def parse_profile(doc: object, source: str) -> CostProfile:
         versions=MappingProxyType({str(k): str(v) for k, v in versions.items()}),
         executor_code=str(code.get("executor", "")), fit=fit, source=source)
     r.finish()
+    _check_cheapest_step(profile, source)
     return profile
+
+
+def _check_cheapest_step(profile: CostProfile, source: str) -> None:
+    cheapest = profile.cheapest_step_s()
+    if cheapest >= MIN_STEP_S:
+        return
+    raise ScenarioError(
+        f"{source}: cost_model: the cheapest step it prices (one decode of a one-token "
+        f"prompt, or a two-token chunk) takes {cheapest * 1e6:.3g} us (executor.iteration="
+        f"{profile.executor.get('iteration', 0.0):g} s, host.iteration="
+        f"{profile.host.get('iteration', 0.0):g} s); no engine step takes under "
+        f"{MIN_STEP_S * 1e6:g} us (a GPU kernel launch alone takes ~5 us; the cheapest "
+        "calibrated here take 0.5 ms and more), and a twin on it would serve without "
+        "limit: the file is hand-edited or corrupt")
 
 
 def _coefficients(r: Reader, key: str) -> Mapping[str, float]:

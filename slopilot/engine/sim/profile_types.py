@@ -8,7 +8,14 @@ from types import MappingProxyType
 
 from slopilot.engine.executors.graph_shapes import GRAPH_MAX_BATCH
 from slopilot.engine.sim.profiles import ModelProfile, ProfileError
-from slopilot.engine.sim.shape import FORM_NAME, FORM_VERSION, decode_knee_tokens, form_hash
+from slopilot.engine.sim.shape import (
+    FEATURES,
+    FORM_NAME,
+    FORM_VERSION,
+    decode_knee_tokens,
+    feature_sums,
+    form_hash,
+)
 
 SCHEMA = "slopilot.dev/cost-profile/v1"
 DEVICE_TYPES = ("cpu", "cuda")
@@ -17,6 +24,16 @@ MAX_BLOCK_SIZE = 1024
 MAX_KV_CACHE_BYTES = 1 << 42
 """4 TiB: more KV memory than any single device has; the simulator tracks every block."""
 RECALIBRATE = "re-run `slopilot calibrate` for this model and device to write a new one"
+MIN_STEP_S = 10e-6
+"""The least one engine step can cost: its cheapest shape (``CostProfile.cheapest_step_s``)
+priced below it is no measurement. A GPU kernel launch alone takes ~5 us of host time
+and a forward pass launches several a layer (a replayed CUDA graph ~10 us to launch,
+before its kernels run); the engine loop around it measured 89 us a step on this
+project's 2-core EPYC and 112 us on an H200's host (``host.iteration``). The cheapest
+steps calibrated here: 0.5 ms (tiny-random, 2 layers, on that CPU) and 2.5 ms (an H200
+replaying graphs), 50 and 250 times the floor. A profile under it (zeros, 1e-12) was a
+twin of unlimited capacity: TTFT 0 ms, every SLO held on one replica, and a closed loop
+with no think time spinning on a clock that never moved."""
 
 
 class ProfileFileError(ProfileError):
@@ -102,6 +119,18 @@ class CostProfile:
         (the knee of ``decode_spill``); None for a profile that does not record it."""
         per_layer = self.model.kv_bytes_per_token // self.model.num_layers // self.tp
         return decode_knee_tokens(self.device.cache_bytes, per_layer)
+
+    def cheapest_step_s(self) -> float:
+        """Seconds of the cheapest step these coefficients price: one decode of a
+        one-token prompt, or a two-token prefill chunk that samples nothing, whichever is
+        less (every other step adds rows, tokens or context to one of them; with no
+        negative coefficient it costs at least as much). A step that only swaps is left
+        out: one runs only beside the steps that made it swap."""
+        total = [self.executor.get(f, 0.0) + self.host.get(f, 0.0) for f in FEATURES]
+        knee, graphs = self.decode_knee_tokens, self.device.graph_batch
+        return min(sum(c * v for c, v in zip(total, feature_sums(
+            rows, knee=knee, graph_batch=graphs), strict=True))
+            for rows in ([(1, 0, True)], [(2, 0, False)]))
 
     def coefficient(self, feature: str) -> float:
         """Executor plus host seconds per unit of ``feature`` (0 when not fitted)."""

@@ -22,6 +22,7 @@ from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.request import Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
+from slopilot.engine.sim.cost_model import CostModelError
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.sim.twin import cost_model_for, twin_label
@@ -57,6 +58,20 @@ class Measure:
         return cls(0.0, duration_s, duration_s)
 
 
+class StalledClockError(CostModelError):
+    """A replica ran iteration after iteration that its cost model priced as no time."""
+
+
+STALLED_STEP_S = 1e-6
+"""A step that moves its replica's clock less than this took no time: a tenth of the
+floor a profile's cheapest step must reach (``profile_types.MIN_STEP_S``)."""
+MAX_STALLED_STEPS = 10_000
+"""Such steps in a row before the run is stopped. A closed loop with no think time
+follows each answer at the instant it ends, so on steps that cost nothing its clock never
+moved and the run never ended (its requests piling up in memory); one at 1e-12 s a step
+moved it, by a year's worth of iterations an hour. No real twin runs even a few in a
+row: only a step that schedules nothing costs nothing."""
+
 ProgressFn = Callable[[float], None]
 """Called with the virtual time reached, every few hundred iterations."""
 _PROGRESS_EVERY = 500
@@ -82,6 +97,8 @@ class _Replica:
         """Its exporter (``with_metrics``): told the requests turned away, as a server's."""
         self.specs: dict[str, RequestSpec] = {}
         self.rejected = 0
+        self.stalled = 0
+        """Iterations in a row that moved its clock by less than ``STALLED_STEP_S``."""
 
 
 def build_engine(scenario: Scenario, config: EngineConfig,
@@ -143,7 +160,7 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
         reps.append(_Replica(engine, clock, exporters[-1] if with_metrics else None))
     wl = workload or scenario.build_workload(seed=seed, duration_s=duration)
     _run(reps, wl, duration, stats, check_integrity, progress,
-         judged_after=measure.end_s if until_judged else None)
+         judged_after=measure.end_s if until_judged else None, label=twin_label(scenario))
     stats.close()
 
     queries = sum(r.engine.scheduler.prefix_queries for r in reps)
@@ -158,7 +175,7 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
 
 def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimStats,
          check_integrity: bool, progress: ProgressFn | None,
-         judged_after: float | None = None) -> None:
+         judged_after: float | None = None, label: str = "cost model") -> None:
     counter = itertools.count()
     # (arrival, tie-break, spec, came from the up-front source)
     pending: list[tuple[float, int, RequestSpec, bool]] = []
@@ -185,8 +202,10 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         if rep is not None and rep.clock.t <= t_arrival:
             if rep.clock.t >= duration:
                 break
+            before = rep.clock.t
             update = rep.engine.step()
             steps += 1
+            _count_stall(reps, rep, before, label)
             if progress is not None and steps % _PROGRESS_EVERY == 0:
                 progress(min(rep.clock.t, duration))
             for req in update.finished:
@@ -211,6 +230,21 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         # to judge).
         progress(min(duration, max(r.clock.t for r in reps)))
     # Anything still in flight at the end is cut off; SimStats.close censors it.
+
+
+def _count_stall(reps: list[_Replica], rep: _Replica, before: float, label: str) -> None:
+    """Stop a run whose replica's clock stands still (``MAX_STALLED_STEPS``)."""
+    if rep.clock.t - before >= STALLED_STEP_S:
+        rep.stalled = 0
+        return
+    rep.stalled += 1
+    if rep.stalled >= MAX_STALLED_STEPS:
+        raise StalledClockError(
+            f"replica {reps.index(rep)}: its virtual clock stood at {rep.clock.t:.6g} s "
+            f"through {rep.stalled:,} iterations in a row, each under "
+            f"{STALLED_STEP_S * 1e6:g} us by the {label}: no engine step is that fast, and "
+            "the run would never end; check the cost model (a profile's coefficients: "
+            "`slopilot calibrate` writes measured ones)")
 
 
 def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats

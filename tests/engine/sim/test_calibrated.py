@@ -155,3 +155,28 @@ def test_every_shipped_scenarios_twin_is_named_as_its_cost_model_names_itself() 
     for name in list_scenarios():
         scenario = load_scenario(name)
         assert twin_label(scenario) == cost_model_for(scenario).label, name
+
+
+@pytest.mark.timeout(60)  # it spun for ever, its memory growing
+def test_a_twin_whose_steps_take_no_time_ends_with_an_error_not_a_spin(tmp_path: Path) -> None:
+    """A closed loop with no think time follows each answer at the instant it ends: on
+    steps that cost nothing the virtual clock never moved and the run never ended. The
+    parser refuses such a profile (``test_profile_file``); the simulator must not spin on
+    one built in memory either, nor on any cost model that prices steps as no time."""
+    from slopilot.engine.sim.cost_model import CostModelError
+
+    path = tmp_path / "sess.yaml"
+    path.write_text(
+        "name: sess\ngpu: A100\nmodel: tiny-random\nduration_s: 5\nseed: 0\n"
+        "workload:\n  type: sessions\n  concurrency: 4\n"
+        "  turns: {dist: fixed, value: 3}\n  question_tokens: {dist: fixed, value: 16}\n"
+        "  output_tokens: {dist: fixed, value: 4}\n")
+    for iteration in (0.0, 1e-300, 1e-12):
+        free = make_profile("tiny-random", device="cpu", executor={"iteration": iteration},
+                            host={}, kv_gib=0.01)
+        scenario = with_profile(load_scenario(path), free)
+        with pytest.raises(CostModelError) as err:
+            simulate(scenario)
+        message = str(err.value)
+        assert "virtual clock" in message and "iterations in a row" in message, message
+        assert f"calibrated profile {free.source}" in message, message

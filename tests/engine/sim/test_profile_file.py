@@ -390,3 +390,38 @@ def test_a_scenarios_profile_that_is_a_pipe_is_refused_unread(tmp_path: Path) ->
                         "poisson, rate: 1}, prompt_tokens: 10, output_tokens: 4}\n")
     with pytest.raises((ProfileFileError, ScenarioError), match="named pipe"):
         load_scenario(scenario)
+
+
+@pytest.mark.parametrize(("executor", "host", "cheapest"), [
+    ({f: 0.0 for f in FEATURES}, {}, "0 us"),  # TTFT 0 ms, 100% within SLO, busy 0 %
+    ({"iteration": 1e-12}, {}, "1e-06 us"),  # "ETA 116127 h"
+    ({"iteration": 1e-300}, {}, "1e-294 us"),
+    ({"iteration": 4e-6, "tokens": 1e-6}, {"iteration": 2e-6}, "7 us"),
+    # A decode samples, so it costs 1 ms; a 2-token chunk samples nothing and costs 0.
+    ({"sampled": 1e-3}, {}, "0 us"),
+])
+def test_a_profile_whose_cheapest_step_takes_no_real_time_is_refused(
+        tmp_path: Path, executor: dict[str, float], host: dict[str, float],
+        cheapest: str) -> None:
+    # Each coefficient was checked to lie in [0, 60] s and nothing floored their sum: a
+    # profile of zeros was a twin of unlimited capacity, and a closed loop on it hung.
+    path = _broken(tmp_path, {"cost_model.executor": executor, "cost_model.host": host})
+    with pytest.raises(ProfileFileError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: cost_model: the cheapest step "), message
+    assert f"takes {cheapest} (executor.iteration=" in message, message
+    assert "no engine step takes under 10 us" in message and "slopilot calibrate" in message
+
+
+def test_the_cheapest_real_profiles_are_above_the_floor(tmp_path: Path) -> None:
+    # The fastest steps calibrated here: tiny-random's 2 layers on a CPU (0.5 ms), an
+    # H200 replaying CUDA graphs (2.5 ms); and one just at the floor.
+    h200 = Path(__file__).parents[3] / "docs" / "data" / "h200-profile-2026-12-04-graphs.yaml"
+    assert load_profile(h200, warn=False).cheapest_step_s() > 2e-3
+    tiny = {"iteration": 4.5e-4, "sampled": 4.7e-6, "prefill_seqs": 8.4e-5}
+    assert load_profile(_broken(tmp_path, {"cost_model.executor": tiny}), warn=False) \
+        .cheapest_step_s() > 5e-4
+    at_floor = _broken(tmp_path, {"cost_model.executor": {"iteration": 1e-5},
+                                  "cost_model.host": {}})
+    assert load_profile(at_floor).cheapest_step_s() == 1e-5
