@@ -23,6 +23,7 @@ own messages, which quote its fields, bounded in length.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +39,13 @@ from slopilot.engine.sim.profile_file import (
 from slopilot.engine.sim.profile_types import SCHEMA, CostProfile, ProfileFileError
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.twin import with_profile
-from slopilot.engine.sim.yaml_load import YAMLShapeError, safe_load_bounded
+from slopilot.engine.sim.yaml_load import YAMLShapeError, YAMLValueError, safe_load_bounded
 from slopilot.operator.conditions import ConditionType, condition
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.operator.twin_spec import ProfileRef, key_problem, name_problem
 
+log = logging.getLogger(__name__)
 MAX_MESSAGE = 600
 FIX = ("fix the ConfigMap (write it with `slopilot calibrate --model MODEL --out FILE`, then "
        "`kubectl create configmap NAME --from-file=profile.yaml=FILE`) or remove "
@@ -78,7 +80,7 @@ class TwinChoice:
 
     def describe(self) -> str:
         if self.profile is not None:
-            return f"calibrated profile from {self.source} ({self.profile.name})"
+            return f"calibrated profile from {self.source} ({_short(self.profile.name)})"
         if self.problem is not None:
             return f"uncalibrated datasheet roofline: {self.source} refused"
         return "uncalibrated datasheet roofline (no spec.twin.profile)"
@@ -104,8 +106,16 @@ class TwinChoice:
 
 def _refused(ref: ProfileRef, source: str, message: str, version: str | None = None
              ) -> TwinChoice:
-    text = message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + " ..."
-    return TwinChoice(source=source, problem=text, version=version, ref=ref)
+    return TwinChoice(source=source, problem=_short(message, MAX_MESSAGE), version=version,
+                      ref=ref)
+
+
+MAX_NAME = 80
+"""Characters of the profile's name that status and the condition quote."""
+
+
+def _short(text: str, limit: int = MAX_NAME) -> str:
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def config_map_version(kube: Kube, namespace: str, ref: ProfileRef) -> str | None:
@@ -137,7 +147,16 @@ def resolve_twin(kube: Kube, namespace: str, spec: LLMDeploymentSpec) -> TwinCho
         return _refused(ref, source, f"{source}: no such ConfigMap in namespace {namespace} "
                         f"(the twin reads this namespace only); {FIX}")
     version = str((cm.get("metadata") or {}).get("resourceVersion", "")) or None
-    return _parse(cm, ref, source, version, spec)
+    try:
+        return _parse(cm, ref, source, version, spec)
+    # The tenant's text must never take the daemon down: an exception out of here ended
+    # DeploymentLoop.step(), kopf restarted the daemon every 10 s for ever (parsing the
+    # ConfigMap again each time) and the CR never said why it was not tuning. Refused,
+    # the answer is kept for this ConfigMap version like any other (TwinTracker).
+    except Exception as exc:
+        log.exception("%s: reading the twin's profile failed", source)
+        return _refused(ref, source, f"{source}: the operator could not read it "
+                        f"({type(exc).__name__}, in its log); {FIX}", version)
 
 
 def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | None,
@@ -181,6 +200,12 @@ def _not_a_profile(text: str) -> str | None:
         doc = safe_load_bounded(text)
     except YAMLShapeError as exc:  # its own words, none of the text's
         return f"not a slopilot cost profile: {exc}"
+    except YAMLValueError as exc:
+        if _declares_profile(exc.root):
+            return None  # the profile reader names the field, as it may
+        mark = exc.problem_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"a value{at} is no {exc.kind}, so not a slopilot cost profile"
     except yaml.MarkedYAMLError as exc:
         # Only where: the parser's message quotes the line (and names aliases, tags).
         mark = exc.problem_mark or exc.context_mark
@@ -193,6 +218,16 @@ def _not_a_profile(text: str) -> str | None:
                 int: "a number", float: "a number"}.get(type(doc), "a single value")
         return f"it holds {kind}, not a YAML mapping: not a slopilot cost profile"
     if doc.get("schema") != SCHEMA:
-        return (f"not a slopilot cost profile: a profile is a mapping with schema: {SCHEMA} "
-                "(the `slopilot calibrate --out` file), and this one has another or none")
+        return _NO_SCHEMA
     return None
+
+
+_NO_SCHEMA = (f"not a slopilot cost profile: a profile is a mapping with schema: {SCHEMA} "
+              "(the `slopilot calibrate --out` file), and this one has another or none")
+
+
+def _declares_profile(root: yaml.Node) -> bool:
+    """Whether the composed document is a mapping whose ``schema`` is a profile's."""
+    return isinstance(root, yaml.MappingNode) and any(
+        isinstance(k, yaml.ScalarNode) and k.value == "schema" and
+        isinstance(v, yaml.ScalarNode) and v.value == SCHEMA for k, v in root.value)

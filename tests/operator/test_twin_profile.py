@@ -304,3 +304,107 @@ def test_a_controller_that_cannot_be_built_reads_the_profile_once_per_version(
     cluster.patch("chat", {"spec": {"engine": {"maxNumSeqs": 64}}})
     assert loop.step() and len(parses) == 3
     assert loop.step() and len(parses) == 3
+
+
+# ------------------------------------------------------------------ hostile profiles
+
+def _edited(line: str) -> str:
+    """A profile for the model with its line of ``line``'s key replaced by ``line``."""
+    key = line.split(":")[0] + ":"
+    return "\n".join(old[:old.index(key)] + line if old.lstrip().startswith(key) else old
+                     for old in dump_profile(make_profile(**SMOL)).splitlines()) + "\n"
+
+
+@pytest.mark.parametrize(("text", "needles"), [
+    # datetime's ValueError escaped resolve_twin: the daemon crashed, restarted every
+    # 10 s for ever, and the CR never said why its twin was not tuning.
+    (_edited("created: 2026-02-30"), ("created (line", "day is out of range", "quote it")),
+    (_edited("num_layers: " + "9" * 5000), ("model.shape.num_layers", "4300 digits")),
+    # Coefficients of zero: "ProfileLoaded", a twin of unlimited capacity.
+    (dump_profile(make_profile(**SMOL, executor={}, host={})),
+     ("cheapest step", "no engine step takes under 10 us")),
+])
+def test_a_profile_the_reader_refuses_is_refused_on_the_cr_never_raised(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
+        text: str, needles: tuple[str, ...]) -> None:
+    put(core, "smol-profile", {"profile.yaml": text})
+    twin = resolve(kube_client)
+    _refused(twin, "smol-profile", *needles)
+    assert len(twin.problem) <= 700
+
+
+def test_a_value_no_profile_could_hold_is_refused_by_place_alone(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
+    # A ConfigMap that does not declare itself a profile is quoted nowhere (see above),
+    # nor is the value its YAML could not convert.
+    put(core, "app-config", {"settings": f"when: 2026-02-30\nwho: {SECRET}\n"})
+    twin = resolve(kube_client, ref("app-config", "settings"))
+    _refused(twin, "app-config", "line 1, column 7", "not a slopilot cost profile")
+    assert "2026" not in twin.problem and "when" not in twin.problem, twin.problem
+
+
+def test_every_field_the_status_quotes_is_bounded(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
+    # A name of 100,000 characters was copied whole into status.twin.profile.runs and
+    # into the TwinCalibrated condition's message.
+    for name, calibrated in (("A" * 1000, True), ("A" * 100_000, False)):
+        long = dataclasses.replace(make_profile(**SMOL), name=name)
+        put(core, f"long-{len(name)}", {"profile.yaml": dump_profile(long)})
+        twin = resolve(kube_client, ref(f"long-{len(name)}"))
+        assert twin.calibrated is calibrated, twin.problem
+        assert len(twin.status()["runs"]) < 400, len(twin.status()["runs"])
+        assert len(twin.condition(1)["message"]) < 800, len(twin.condition(1)["message"])
+        assert "AAAA" in (twin.status()["runs"] if calibrated else twin.problem)
+        if not calibrated:  # refused by the reader, by its length
+            assert "100,000 characters; at most 1,024" in twin.problem, twin.problem
+
+
+def test_a_refused_profile_is_reported_by_the_daemon_once_per_configmap_version(
+        kube: RunningEmulator, cluster: Any, prom: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resolve_twin`` raised out of ``DeploymentLoop.step()``: kopf restarted the daemon
+    every 10 s for ever, parsing the ConfigMap again each time, and the CR never got its
+    TwinCalibrated condition (tuning silently off)."""
+    from slopilot.operator import twin_profile, twin_status
+    from tests.operator.operator_support import NS as DEFAULT_NS
+    from tests.operator.operator_support import daemon_loop, llmd
+    from tests.operator.test_live_config import reconciled
+
+    reads: list[str] = []
+    parse = twin_profile.safe_load_bounded
+
+    def counted(text: str, **kw: Any) -> Any:
+        reads.append(text[:10])
+        return parse(text, **kw)
+
+    monkeypatch.setattr(twin_profile, "safe_load_bounded", counted)
+    warnings: list[str] = []  # kopf posts events only inside its own handlers
+    monkeypatch.setattr(twin_status.kopf, "warn",
+                        lambda body, *, reason, message: warnings.append(reason))
+    put(cluster.core, "smol-profile", {"profile.yaml": _edited("created: 2026-02-30")},
+        namespace=DEFAULT_NS)
+    body, _, _ = reconciled(kube, cluster, llmd(
+        prometheus={"url": prom.url}, tuning={"window": "1h"}, twin=ref()))
+    loop = daemon_loop(cluster, body, monkeypatch)
+    for _ in range(3):
+        assert loop.step() and loop.controller is not None  # on the datasheet
+    cond = cluster.condition("TwinCalibrated")
+    assert cond is not None and cond["reason"] == "ProfileRefused", cond
+    assert "created (line" in cond["message"] and "quote it" in cond["message"], cond
+    assert len(reads) == 1 and warnings == ["TwinProfileRefused"]
+
+
+def test_whatever_reading_a_profile_raises_is_a_refusal_not_a_crash(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from slopilot.operator import twin_profile
+
+    def broken(text: str, source: str) -> Any:
+        raise RecursionError("deep inside a reader")
+
+    monkeypatch.setattr(twin_profile, "parse_profile_text", broken)
+    put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))})
+    twin = resolve(kube_client)
+    _refused(twin, "smol-profile", "the operator could not read it (RecursionError, in its "
+             "log)", "kubectl create configmap")
+    assert "deep inside a reader" in caplog.text  # the traceback, for whoever runs it

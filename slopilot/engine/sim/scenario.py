@@ -30,7 +30,7 @@ from slopilot.engine.sim.profile_file import (
     load_profile,
 )
 from slopilot.engine.sim.profiles import ProfileError, get_gpu, get_model
-from slopilot.engine.sim.spec_reader import Reader, ScenarioError, did_you_mean
+from slopilot.engine.sim.spec_reader import MAX_TEXT, Reader, ScenarioError, did_you_mean
 from slopilot.engine.sim.workload import Workload
 from slopilot.engine.sim.workload_spec import WorkloadSpec, parse_workload
 from slopilot.engine.sim.yaml_load import YAMLValueError, safe_load_bounded
@@ -157,7 +157,8 @@ def parse_scenario(data: object, *, source: str = "<dict>",
     """Validate an already-parsed YAML document (relative trace paths start at base_dir)."""
     r = Reader(data, source=source)
     name = r.text("name")
-    description = r.text("description") if r.raw("description", None) is not None else ""
+    description = (r.text("description", max_chars=8 * MAX_TEXT)
+                   if r.raw("description", None) is not None else "")
     num_gpus = r.integer("num_gpus", 1, lo=1, hi=4096)
     tp = r.integer("tp", 1, lo=1, hi=64)
     if num_gpus % tp:

@@ -20,6 +20,9 @@ class ScenarioError(ValueError):
 
 
 _MISSING: Any = object()
+MAX_TEXT = 1024
+"""Characters of a text field (a name, a path): what reads it quotes it on (status, a
+summary), and a name of 100,000 characters went whole into an operator's CR status."""
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -102,10 +105,12 @@ class Reader:
         return self.integer(key, lo=lo, hi=hi)
 
     def text(self, key: str, default: Any = _MISSING, *,
-            choices: tuple[str, ...] | None = None) -> str:
+            choices: tuple[str, ...] | None = None, max_chars: int = MAX_TEXT) -> str:
         value = self.raw(key, default)
         if not isinstance(value, str) or not value.strip():
             raise self.error(key, value, "expected a non-empty string")
+        if len(value) > max_chars:
+            raise self.error(key, value, f"{len(value):,} characters; at most {max_chars:,}")
         if choices is not None and value not in choices:
             raise self.error(key, value, f"not allowed; {did_you_mean(value, choices)}"
                              f"use one of: {', '.join(choices)}")
