@@ -210,10 +210,15 @@ def _run(target: Any, opts: Any, *, quiet: bool, samples_out: Path | None = None
 
 
 def _brief(result: Any, path: Path) -> dict[str, Any]:
+    from slopilot.engine.calibrate.fit import exactly_determined
+
     p = result.profile
+    exact = exactly_determined(result.executor_fit)
     return {"profile": str(path), "model": p.model.name, "device": p.device.name,
             "kernels": p.device.kernels, "mape": p.fit.mape, "max_err": p.fit.max_err,
-            "classes": {k: {"shapes": v.shapes, "mape": v.mape, "max_err": v.max_err}
+            "in_sample": True,  # errors on the shapes fitted, not on shapes held out
+            "classes": {k: {"shapes": v.shapes, "mape": v.mape, "max_err": v.max_err,
+                            "exactly_determined": k in exact}
                         for k, v in p.fit.classes.items()},
             "host_mape": p.fit.host_mape, "executor": dict(p.executor), "host": dict(p.host)}
 
@@ -222,16 +227,25 @@ def _print_report(result: Any, path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from slopilot.engine.calibrate.fit import exactly_determined
+
     p = result.profile
     fit = p.fit
     console = Console(width=None if sys.stdout.isatty() else 120)
     kernels = "" if p.device.kernels is None else f", kernels {p.device.kernels}"
-    table = Table(title=f"Fit error per iteration: {p.name}, {p.device.name}, "
-                        f"{p.device.threads or '-'} thread(s){kernels}")
+    # In-sample: each error is of a shape the fit was made on. A class with as many
+    # shapes as the coefficients only it exercises is met exactly, so its 0 % says
+    # nothing of how well the form fits it.
+    table = Table(title=f"Fit error per iteration (in-sample: on the shapes fitted): "
+                        f"{p.name}, {p.device.name}, {p.device.threads or '-'} "
+                        f"thread(s){kernels}")
     for col in ("shapes", "n", "mean error", "max error", "worst shape"):
         table.add_column(col, justify="left" if col in ("shapes", "worst shape") else "right")
+    exact = exactly_determined(result.executor_fit)
     for name, c in fit.classes.items():
-        table.add_row(name, str(c.shapes), f"{c.mape:.1%}", f"{c.max_err:.1%}", c.worst)
+        worst = (f"exactly determined: {c.shapes} shapes for its own {', '.join(exact[name])}"
+                 " (0 % by construction)" if name in exact else c.worst)
+        table.add_row(name, str(c.shapes), f"{c.mape:.1%}", f"{c.max_err:.1%}", worst)
     table.add_row("all", str(fit.shapes), f"{fit.mape:.1%}", f"{fit.max_err:.1%}", "",
                   style="bold")
     if result.host_fit is not None:

@@ -102,6 +102,55 @@ def _check_measurements(obs: list[Observation]) -> None:
                        "returned a zero, negative or non-finite elapsed_s for them")
 
 
+def own_coefficients(observations: Sequence[Observation],
+                     features: Sequence[str] = FEATURES) -> dict[str, tuple[str, ...]]:
+    """Per class (``Observation.group``), the features only its shapes exercise: their
+    coefficients rest on that class's shapes alone (``swap``'s two, on the grid)."""
+    x = np.array([[o.shape.vector()[FEATURES.index(f)] for f in features]
+                  for o in observations], dtype=float).reshape(len(observations), -1)
+    groups = np.array([o.group for o in observations])
+    out: dict[str, tuple[str, ...]] = {}
+    for group in dict.fromkeys(o.group for o in observations):
+        inside = groups == group
+        out[group] = tuple(f for j, f in enumerate(features)
+                           if np.any(x[inside, j] != 0) and not np.any(x[~inside, j] != 0))
+    return out
+
+
+def check_determined(observations: Sequence[Observation],
+                     features: Sequence[str] = FEATURES) -> None:
+    """Refuse measurements too few to determine their coefficients: fewer shapes than
+    the coefficients they exercise, or a class with fewer shapes than the coefficients
+    only it exercises. Fitted anyway, such shapes are met exactly by any number of
+    coefficient sets, and their error reads 0 % whatever the times were."""
+    obs = list(observations)
+    used = [f for f in features
+            if any(o.shape.vector()[FEATURES.index(f)] != 0 for o in obs)]
+    counts = {g: sum(o.group == g for o in obs) for g in dict.fromkeys(o.group for o in obs)}
+    short = [f"'{g}': {counts[g]} shape(s) for its {len(own)} own coefficients "
+             f"({', '.join(own)})" for g, own in own_coefficients(obs, features).items()
+             if counts[g] < len(own)]
+    if len(obs) >= len(used) and not short:
+        return
+    overall = (f"the recording's {len(obs)} shape(s) cannot determine the {len(used)} "
+               "coefficients they exercise" if len(obs) < len(used) else
+               "a class's shapes cannot determine the coefficients only it exercises")
+    raise FitError(f"{overall} ({'; '.join(short) or 'no class alone'}): fitted, they "
+                   "would be met exactly, at 0 % error, whatever their times; time the "
+                   "whole grid (`slopilot calibrate` without editing its samples) and "
+                   "fit that")
+
+
+def exactly_determined(fit: FitResult, features: Sequence[str] = FEATURES
+                       ) -> dict[str, tuple[str, ...]]:
+    """The classes whose shapes are as many as the coefficients only they exercise:
+    their error is 0 by construction, whatever they measured (``swap`` on the quick
+    grid: 2 shapes, ``swap_batches`` and ``swap_blocks``)."""
+    counts = {g: c.shapes for g, c in fit.classes.items()}
+    return {g: own for g, own in own_coefficients(fit.observations, features).items()
+            if own and counts.get(g) == len(own)}
+
+
 ROBUST_SCALE = 0.05  # relative error beyond which a residual counts linearly
 
 

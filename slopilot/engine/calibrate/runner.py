@@ -21,7 +21,14 @@ from types import MappingProxyType
 
 from slopilot import __version__
 from slopilot.engine.calibrate.design import GridOptions, design
-from slopilot.engine.calibrate.fit import FitError, FitResult, Observation, fit_host, fit_shapes
+from slopilot.engine.calibrate.fit import (
+    FitError,
+    FitResult,
+    Observation,
+    check_determined,
+    fit_host,
+    fit_shapes,
+)
 from slopilot.engine.calibrate.harness import Harness, Sample, TimedExecutor
 from slopilot.engine.calibrate.host import HostStep, expected_steps, measure_host
 from slopilot.engine.config import EngineConfig
@@ -173,6 +180,7 @@ def fit_recording(rec: Recording, tolerance: float = 0.10, *,
     samples = rec.samples
     observations = [Observation(s.spec.shape_at(knee, graphs), s.seconds, s.spec.describe(),
                                 s.spec.group) for s in samples]
+    check_determined(observations)
     executor_fit = fit_shapes(observations)
     if executor_fit.mape > tolerance:
         raise FitError(_too_far(executor_fit, tolerance, samples))

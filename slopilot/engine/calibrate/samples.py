@@ -143,10 +143,15 @@ def _from_dict(doc: Any, src: str) -> Recording:
 def _sample(f: _Fields) -> Sample:
     spec = ShapeSpec(f.rows("rows"), f.text("group"), f.integer("swap_out") or 0,
                      f.integer("swap_in") or 0)
-    seconds = f.number("seconds")
+    # A time of 0 or less is the file's fault (an edit), said of the file: the fit's own
+    # check blamed "the executor".
+    seconds = f.positive("seconds")
+    times = f.numbers("times")
+    if any(not t > 0 for t in times):
+        raise f.error("times", "expected positive seconds, got "
+                      f"{next(t for t in times if not t > 0)!r}")
     return Sample(spec, seconds, f.number("spread"), f.number("cpu_share"),
-                  tuple(f.numbers("times")), f.number("cpu_seconds"),
-                  tuple(f.numbers("cpu_times")))
+                  tuple(times), f.number("cpu_seconds"), tuple(f.numbers("cpu_times")))
 
 
 def _host_step(f: _Fields) -> HostStep:
@@ -158,7 +163,7 @@ def _host_step(f: _Fields) -> HostStep:
     idle = f.raw("after_idle")
     if not isinstance(idle, bool):
         raise f.error("after_idle", "expected true or false")
-    return HostStep(shape_of_rows(rows, out, into, after_idle=idle), f.number("step_s"),
+    return HostStep(shape_of_rows(rows, out, into, after_idle=idle), f.positive("step_s"),
                     f.number("executor_s"), f.text("label"), rows, (out, into), idle)
 
 
@@ -222,6 +227,12 @@ class _Fields:
                 or value in (float("inf"), float("-inf")):
             raise self.error(key, f"expected a finite number, got {value!r:.40}")
         return value
+
+    def positive(self, key: str) -> float:
+        value = self.number(key)
+        if not value > 0:
+            raise self.error(key, f"expected positive seconds, got {value!r:.40}")
+        return float(value)
 
     def integer(self, key: str, optional: bool = False) -> int | None:
         value = self.doc.get(key) if optional else self.raw(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,3 +198,75 @@ def test_a_pipe_named_as_samples_is_refused_unread(tmp_path: Path) -> None:
     with pytest.raises(SamplesFileError, match=r"s\.json: cannot read calibration samples "
                                                r"\(is a named pipe \(FIFO\), not a regular"):
         read_samples(tmp_path / "s.json")
+
+
+def _refit(tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any = None,
+           *extra: str) -> tuple[int, str, str, Path]:
+    """``calibrate --refit`` of a quick synthetic recording, ``edit`` applied to its
+    JSON first: (exit status, stdout, stderr, --out)."""
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    path = write_samples(rec, tmp_path / "s.json")
+    if edit is not None:
+        doc = json.loads(path.read_text())
+        edit(doc)
+        path.write_text(json.dumps(doc))
+    out = tmp_path / "p.yaml"
+    status = main(["calibrate", "--refit", str(path), "--out", str(out), *extra])
+    printed = capsys.readouterr()
+    return status, printed.out, printed.err, out
+
+
+def test_a_refit_of_fewer_shapes_than_coefficients_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One shape was fitted exactly by 8 coefficients and reported as 0.0 % error.
+    def one(doc: dict[str, Any]) -> None:
+        doc["samples"] = doc["samples"][:1]
+
+    status, _, err, out = _refit(tmp_path, capsys, one)
+    assert status == 2 and not out.exists(), err
+    assert "the recording's 1 shape(s) cannot determine the 8 coefficients" in err, err
+    assert "'prefill': 1 shape(s) for its 8 own coefficients" in err, err
+
+
+def test_a_class_with_fewer_shapes_than_its_own_coefficients_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def one_swap(doc: dict[str, Any]) -> None:
+        swaps = [i for i, s in enumerate(doc["samples"]) if s["group"] == "swap"]
+        assert len(swaps) == 2
+        del doc["samples"][swaps[0]]
+
+    status, _, err, out = _refit(tmp_path, capsys, one_swap)
+    assert status == 2 and not out.exists(), err
+    assert "'swap': 1 shape(s) for its 2 own coefficients (swap_batches, swap_blocks)" \
+        in err, err
+
+
+def test_the_fit_table_says_its_errors_are_in_sample_and_which_rows_are_exact(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The swap row, 2 shapes for the 2 coefficients only swaps exercise, read 0.0 %: an
+    # error of 0 by construction, beside rows whose error tells how well the form fits.
+    status, printed, err, _ = _refit(tmp_path, capsys)
+    assert status == 0, err
+    assert "in-sample" in printed, printed
+    swap = next(line for line in printed.splitlines() if line.lstrip("│ ").startswith("swap"))
+    assert "exactly determined" in swap, printed
+    decode = next(line for line in printed.splitlines()
+                  if line.lstrip("│ ").startswith("decode"))
+    assert "exactly determined" not in decode
+    status, printed, err, _ = _refit(tmp_path / "j", capsys, None, "--json")
+    brief = json.loads(printed)
+    assert brief["in_sample"] is True and brief["classes"]["swap"]["exactly_determined"]
+    assert not brief["classes"]["decode"]["exactly_determined"]
+
+
+@pytest.mark.parametrize("field", ["seconds", "times"])
+def test_a_time_in_the_file_that_is_no_time_names_the_file_not_the_executor(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str) -> None:
+    def zero(doc: dict[str, Any]) -> None:
+        sample = doc["samples"][3]
+        sample[field] = 0.0 if field == "seconds" else [0.0] * len(sample["times"])
+
+    status, _, err, out = _refit(tmp_path, capsys, zero, "--statistic", "min")
+    assert status == 2 and not out.exists(), err
+    assert f"s.json: samples[3].{field}: expected " in err and "positive" in err, err
+    assert "the executor returned" not in err, err
