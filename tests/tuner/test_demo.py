@@ -229,3 +229,27 @@ def test_the_demo_without_prometheus_probes_the_scraped_workload(tmp_path: Path)
         measured = sources.probe.measure(110.0)
     assert prompt_mean(measured) == pytest.approx(2048, rel=0.25)
     assert measured.duration_s == 30.0  # the probe the Prometheus wiring has (live_probe)
+
+
+def test_a_demo_told_not_to_run_prometheus_says_so(tmp_path: Path) -> None:
+    # It said "no prometheus binary on PATH" of a Prometheus that --no-prometheus left off.
+    import contextlib
+
+    from rich.console import Console
+
+    from slopilot.tuner.local.demo import _start_metrics
+    from slopilot.tuner.local.demo_story import Narrator
+
+    class Replicas:  # what the direct scrape reads of LocalDeployment: its endpoints
+        def endpoints(self) -> list[str]:
+            return []
+
+    lines: list[str] = []
+    scenario = load_scenario("demo")
+    with contextlib.ExitStack() as stack:
+        _start_metrics(DemoOptions(prometheus=False, window_s=10.0,
+                                   report_dir=tmp_path / "r"), scenario, scenario,
+                       Replicas(), tmp_path, stack,  # type: ignore[arg-type]
+                       Narrator(Console(quiet=True), lines))
+    assert any("Prometheus turned off (--no-prometheus)" in line for line in lines), lines
+    assert not any("no prometheus binary" in line for line in lines), lines

@@ -104,8 +104,10 @@ class CalibratedCostModel:
         if blocks < 1:
             raise CostModelError(
                 f"{self.profile.source}: memory.kv_cache_bytes="
-                f"{self.profile.kv_cache_bytes} holds no block of {block_size} tokens; "
-                "re-run `slopilot calibrate` (it records the executor's KV cache)")
+                f"{self.profile.kv_cache_bytes} holds no block of {block_size} tokens "
+                f"of {self.kv_bytes_per_token():,} bytes each (model.shape: 2 x num_layers "
+                "x num_kv_heads x head_dim x dtype_bytes, over tp); re-run `slopilot "
+                "calibrate` (it records the model and the executor's KV cache)")
         return int(blocks)
 
     def num_cpu_blocks(self, block_size: int, swap_space_gb: float) -> int:

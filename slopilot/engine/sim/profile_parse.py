@@ -25,6 +25,14 @@ from slopilot.engine.sim.spec_reader import Reader, ScenarioError
 
 # No feature costs a minute per unit; a bigger figure is a corrupt or hostile file.
 MAX_COEFFICIENT_S = 60.0
+# The dimensions that size the KV cache, at several times any released model's: past
+# them one token's K and V outgrew the cache, and the error blamed memory.kv_cache_bytes.
+_SHAPE_LIMITS = (
+    ("num_layers", 1024, "the deepest released LLMs have under 200 layers"),
+    ("num_heads", 1024, "released LLMs have at most a few hundred attention heads"),
+    ("head_dim", 1024, "released LLMs' heads are 64 to 256 wide"),
+    ("dtype_bytes", 8, "the widest dtype, float64, takes 8"),
+)
 
 
 def parse_profile(doc: object, source: str) -> CostProfile:
@@ -47,6 +55,10 @@ def parse_profile(doc: object, source: str) -> CostProfile:
     if not isinstance(shape, Mapping):
         raise m.error("shape", shape, "expected a mapping of model dimensions")
     model = model_from_dict({**shape, "name": model_name}, f"{source}: model.shape")
+    for key, most, why in _SHAPE_LIMITS:
+        if getattr(model, key) > most:
+            raise m.error(f"shape.{key}", getattr(model, key), f"must be at most {most:,} "
+                          f"({why})")
     m.finish()
     mem = r.section("memory")
     block_size = mem.integer("block_size", lo=1, hi=MAX_BLOCK_SIZE)
@@ -67,8 +79,12 @@ def parse_profile(doc: object, source: str) -> CostProfile:
     fit = _fit(r.sub("fit", optional=True))
     versions = r.raw("versions", None) or {}
     code = r.raw("code", None) or {}
-    if not isinstance(versions, Mapping) or not isinstance(code, Mapping):
-        raise r.error("versions", versions, "versions and code must be mappings")
+    if not isinstance(versions, Mapping):
+        raise r.error("versions", versions, "expected a mapping (versions: {slopilot: "
+                      "0.1.0, torch: ...}, as `slopilot calibrate` writes it)")
+    if not isinstance(code, Mapping):
+        raise r.error("code", code, "expected a mapping (code: {executor: HASH}, as "
+                      "`slopilot calibrate` writes it)")
     profile = CostProfile(
         name=r.text("name"), device=device, model=model, dtype=dtype, executor=executor,
         host=host, block_size=block_size, kv_cache_bytes=kv_bytes, tp=tp, form=form,

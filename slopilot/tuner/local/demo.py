@@ -294,7 +294,9 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
     if not use_prom:
         scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
         stack.callback(scrape.stop)
-        say("no prometheus binary on PATH: using a direct scrape of the replicas' /metrics "
+        why = ("Prometheus turned off (--no-prometheus)" if opts.prometheus is False
+               else "no prometheus binary on PATH")
+        say(f"{why}: using a direct scrape of the replicas' /metrics "
             "(same alert conditions, window figures and workload profile)")
         probe = ScrapeProbe(scrape, twin, window_s=probe_window_s(opts.window_s),
                             duration_s=PROBE_DURATION_S)

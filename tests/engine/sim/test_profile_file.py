@@ -90,6 +90,12 @@ def _broken(tmp_path: Path, edit: dict[str, object], drop: str | None = None) ->
     ({"cost_model.version": FORM_VERSION + 1}, None, r"newer slopilot.*upgrade"),
     ({"cost_model.form": "roofline"}, None, r"cost_model.form='roofline'"),
     ({"model.shape.num_layers": 0}, None, r"model.shape.*num_layers=0"),
+    # Blamed on memory.kv_cache_bytes ("holds no block of 16 tokens").
+    ({"model.shape.num_layers": 10 ** 12}, None,
+     r"model.shape.num_layers=1000000000000: must be at most 1,024 \(the deepest"),
+    # Reported as "versions={...}: versions and code must be mappings".
+    ({"code": "x"}, None, r"broken.yaml: code='x': expected a mapping \(code: \{executor: "),
+    ({"versions": [1, 2]}, None, r"broken.yaml: versions=\[1, 2\]: expected a mapping \(ver"),
     ({"memory.block_size": 0}, None, r"memory.block_size=0: must be at least 1"),
     ({}, "cost_model.executor", r"cost_model.executor is required but missing"),
     ({"model.colour": "red"}, None, r"model.colour: unknown key"),
