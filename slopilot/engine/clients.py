@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.bounded_read import read_bounded
+from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
 
@@ -231,13 +233,18 @@ def _served(client: str, grant: Grant, named: Priority | None) -> Served:
     return Served(client, named)
 
 
+CLIENTS_FILE_BYTES = 1 << 20
+"""The most of a grants file read: the operator writes it from ``spec.clients`` into a
+ConfigMap (at most 1 MiB)."""
+
+
 def read_clients_file(path: Path) -> ClientClasses:
     """The grants in the JSON file ``path`` (``spec.clients``'s shape); ClientsError
     naming the file where it cannot be read, is not JSON, or is not grants."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, CLIENTS_FILE_BYTES).decode("utf-8"))
     except OSError as exc:
-        raise ClientsError(str(path), f"cannot read it: {exc.strerror or exc}") from None
+        raise ClientsError(str(path), unreadable(exc)) from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ClientsError(str(path), f"not valid JSON: {exc}") from None
     try:

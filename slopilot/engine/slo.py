@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.bounded_read import read_bounded
+from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority, Request
 
 SLO_FILE_ENV = "SLOPILOT_SLO_FILE"
@@ -248,13 +250,18 @@ class SLOJudge:
                                                req.num_output_tokens - 1, over)
 
 
+SLO_FILE_BYTES = 1 << 20
+"""The most of an SLO file read: the operator writes it from ``spec.slo`` into a
+ConfigMap (at most 1 MiB); a hand-written one is a few hundred bytes."""
+
+
 def read_slo_file(path: Path) -> SLOSpec:
     """The objectives in the JSON file ``path`` (``spec.slo``'s shape); SLOError naming
     the file where it cannot be read, is not JSON, or is not an SLO."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, SLO_FILE_BYTES).decode("utf-8"))
     except OSError as exc:
-        raise SLOError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        raise SLOError(f"{path}: {unreadable(exc)}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise SLOError(f"{path}: not valid JSON: {exc}") from None
     try:

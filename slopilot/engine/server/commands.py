@@ -133,14 +133,22 @@ def _fail(message: str) -> int:
     return 2
 
 
+CONFIG_FILE_BYTES = 64 * 1024
+"""The most of a ``--config`` file read: a JSON object of a dozen knobs (the admin API
+takes a PUT of as much)."""
+TOKEN_FILE_BYTES = 4096
+"""The most of an ``--admin-token-file`` read: a token, not a document."""
+
+
 def _knobs(args: argparse.Namespace) -> dict[str, Any]:
+    from slopilot.engine.bounded_read import read_bounded
     from slopilot.engine.config import ConfigError, parse_set_args
     from slopilot.engine.read_errors import unreadable
 
     knobs: dict[str, Any] = {}
     if args.config is not None:
         try:
-            data = json.loads(args.config.read_text(encoding="utf-8"))
+            data = json.loads(read_bounded(args.config, CONFIG_FILE_BYTES).decode("utf-8"))
         except OSError as exc:
             raise ConfigError(f"--config {args.config}: {unreadable(exc)}") from None
         except UnicodeDecodeError:
@@ -180,14 +188,18 @@ def load_clients_file(path: Path) -> WatchedFile[ClientClasses]:
 def admin_token(token_file: Path | None) -> str | AdminCredential | None:
     """The admin token from the file if given, else from $SLOPILOT_ADMIN_TOKEN, or only its
     digest from $SLOPILOT_ADMIN_TOKEN_SHA256 (what the operator's pods get: no Secret)."""
+    from slopilot.engine.bounded_read import read_bounded
+    from slopilot.engine.read_errors import unreadable
     from slopilot.engine.server.admin_credential import ADMIN_TOKEN_ENV, ADMIN_TOKEN_SHA256_ENV
 
     if token_file is not None:
         try:
-            token = token_file.read_text().strip()
+            token = read_bounded(token_file, TOKEN_FILE_BYTES).decode("utf-8").strip()
         except OSError as exc:  # named with its flag: a bare errno line named neither
-            raise ValueError(f"--admin-token-file {token_file}: cannot read it: "
-                             f"{exc.strerror or exc}") from None
+            raise ValueError(f"--admin-token-file {token_file}: {unreadable(exc)}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--admin-token-file {token_file}: not UTF-8 text; it holds "
+                             "the token alone") from None
         if not token:
             raise ValueError(f"--admin-token-file {token_file} is empty")
         return token

@@ -21,7 +21,7 @@ def test_an_upstream_that_is_not_an_engines_root_is_refused(
     assert repr(upstream) in err and "e.g. http://127.0.0.1:8001" in err
 
 
-@pytest.mark.parametrize(("text", "why"), [(None, "cannot read it"), ("{", "not valid JSON"),
+@pytest.mark.parametrize(("text", "why"), [(None, "no such file"), ("{", "not valid JSON"),
                                            ('{"profile": "nope"}', "profile")])
 def test_an_slo_file_that_cannot_be_judged_by_is_refused(
         tmp_path: Path, text: str | None, why: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,7 +83,7 @@ def test_serve_judges_by_the_slo_file_it_was_started_with(tmp_path: Any) -> None
     path.write_text('{"classes": {"p1": {"tbtP99Ms": 0}}}')
     with pytest.raises(ValueError, match=r"--slo .*slo.json: classes.p1.tbt_p99_ms=0"):
         load_slo_file(path)
-    with pytest.raises(ValueError, match=r"--slo .*missing.json: cannot read it"):
+    with pytest.raises(ValueError, match=r"--slo .*missing.json: no such file"):
         load_slo_file(tmp_path / "missing.json")
     path.write_text("[")
     with pytest.raises(ValueError, match=r"--slo .*slo.json: not valid JSON"):
