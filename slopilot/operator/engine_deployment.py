@@ -200,6 +200,9 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
         "metadata": {"labels": labels(name), "annotations": {CHECKSUM_ANNOTATION: checksum}},
         "spec": {
             "automountServiceAccountToken": False,
+            # No Service's address as variables: a Service of the namespace named
+            # "vllm" set VLLM_PORT=tcp://..., which vLLM refused to start on.
+            "enableServiceLinks": False,
             "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS,
                                 "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
                                 "seccompProfile": {"type": "RuntimeDefault"}},

@@ -28,6 +28,32 @@ QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|
 INT32_MAX = 2**31 - 1
 
 
+READ_FROM_SERVICE_LINKS = {
+    "KUBERNETES_SERVICE_HOST": "every in-cluster Kubernetes client, as the API server's "
+                               "address",
+    "KUBERNETES_SERVICE_PORT": "every in-cluster Kubernetes client, as the API server's "
+                               "port",
+    "VLLM_PORT": "vLLM, as its own internal port (a URI there stops it starting)",
+    "VLLM_DP_MASTER_PORT": "vLLM's data-parallel master port",
+    "VLLM_EC_SIDE_CHANNEL_PORT": "vLLM's encoder-cache side channel",
+    "VLLM_MOONCAKE_BOOTSTRAP_PORT": "vLLM's Mooncake bootstrap port",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "vLLM's NIXL side channel",
+    "VLLM_P2P_SIDE_CHANNEL_PORT": "vLLM's P2P side channel",
+    "MASTER_PORT": "torch.distributed, as its rendezvous port",
+}
+"""Variables a Service's links would set (``service_link_variables``) that servers read
+as settings of their own, and who reads them: vLLM's ports ending in ``_PORT``
+(``envs.py``), torch's rendezvous, the API server's address every client library uses."""
+
+
+def service_link_variables(name: str) -> set[str]:
+    """The variables the kubelet gives each pod of a namespace (service links on, its
+    default) for a Service named ``name`` with one TCP port, but for the ``_PORT_<n>_TCP``
+    family (no server reads those as a setting)."""
+    prefix = name.upper().replace("-", "_")
+    return {f"{prefix}_SERVICE_HOST", f"{prefix}_SERVICE_PORT", f"{prefix}_PORT"}
+
+
 def deployment_name_problem(name: str) -> str | None:
     """Why ``metadata.name`` cannot name the owned Service and label values, or None."""
     if len(name) > MAX_LABEL:
@@ -38,6 +64,13 @@ def deployment_name_problem(name: str) -> str | None:
                 "letters, digits and '-', starting with a letter and ending with a letter "
                 "or digit (no dots); rename the LLMDeployment, e.g. "
                 f"{_suggest(name)!r}")
+    if read := sorted(service_link_variables(name) & READ_FROM_SERVICE_LINKS.keys()):
+        # The operator's own pods take no links (enableServiceLinks: false), but every
+        # other pod of the namespace does, by default.
+        return (f"metadata.name={name!r} names a Service whose links give every pod of "
+                f"the namespace {read[0]}=<its address>, which "
+                f"{READ_FROM_SERVICE_LINKS[read[0]]} reads: rename the LLMDeployment, "
+                f"e.g. {name + '-llm'!r}")
     return None
 
 
