@@ -29,8 +29,7 @@ def test_the_controllers_series_are_served() -> None:
         text = httpx.get(f"http://127.0.0.1:{server.server_port}/metrics",
                          timeout=HANG_GUARD_S).text
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     assert 'slopilot_replicas{slopilot_deployment="served",slopilot_namespace="team-m"} 3.0' \
         in text
     operator_metrics("team-m").forget("served")
