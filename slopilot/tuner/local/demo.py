@@ -261,8 +261,9 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         samples = _control_loop(opts, ctl, dep, recorded, sources.timeline, load, after, say,
                                 result)
         load.stop()
-        say(f"load stopped: {load.sent} sent, {load.ok} ok, {load.failed} failed, "
-            f"{load.dropped} dropped at the concurrency limit")
+        say(f"load stopped: {load.sent} sent: {load.ok} ok, {load.failed} failed, "
+            f"{load.dropped} dropped at the concurrency limit, {load.cancelled} still "
+            "running when the load stopped (cancelled)")
     write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
                       shift_at_s=opts.shift_s, twin=result.twin,
                       subject=PlotSubject.of(twin, run=run_label(opts, started)))

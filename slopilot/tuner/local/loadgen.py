@@ -50,7 +50,9 @@ class LoadGenerator:
         self.phase = phase
         self.rng = random.Random(seed)
         self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
-        self.sent = self.ok = self.failed = self.dropped = 0
+        self.sent = self.ok = self.failed = self.dropped = self.cancelled = 0
+        """Every request sent is one of ok, failed, dropped (the client was full) or
+        cancelled (still running when the load stopped)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="loadgen", daemon=True)
         self._clock: Callable[[], float] = time.monotonic
@@ -108,9 +110,11 @@ class LoadGenerator:
                 task = asyncio.create_task(self._post(client, limit, url, body))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-            for task in list(tasks):
+            running = list(tasks)
+            for task in running:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*running, return_exceptions=True)
+            self.cancelled += sum(isinstance(e, asyncio.CancelledError) for e in ended)
 
     async def _post(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, url: str,
                     body: dict[str, object]) -> None:
