@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,13 @@ def test_demo_shows_the_alert_a_trial_and_writes_the_report(tmp_path: Path) -> N
     # Optuna's samplers take 32-bit seeds; a larger one failed after the replicas started.
     ({"seed": 2**32}, "--seed 4294967296: expected a whole number >= 0 and at most 4294967295"),
     ({"report_dir": Path(__file__)}, "--report-dir .*: is a file, not a folder"),
+    # Thousands of replica processes were accepted and started one by one.
+    ({"replicas": 500, "max_replicas": 100000},
+     r"--replicas 500 --max-replicas 100000: this machine has \d+ CPU.*give --replicas "
+     r"and --max-replicas \d+ or fewer"),
+    ({"max_replicas": 100000}, r"--max-replicas 100000: .* at most \d+ simulated replicas"
+                               r".*give --max-replicas \d+ or fewer"),
+    ({"executor": "torch", "max_replicas": 100000}, r"at most \d+ torch replicas"),
 ])
 def test_bad_demo_options_say_what_to_fix(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -54,6 +62,42 @@ def test_bad_demo_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["demo", "--replicas", "0"]) == 2
     assert "replicas" in capsys.readouterr().err
+
+
+def test_the_replica_bound_follows_the_machine_and_admits_the_defaults() -> None:
+    from slopilot.tuner.local.demo import local_replica_limit
+
+    assert local_replica_limit("simulated", cpus=1) == 4  # the defaults run anywhere
+    assert local_replica_limit("simulated", cpus=16) == 32
+    assert local_replica_limit("torch", cpus=1) == 4
+    assert local_replica_limit("torch", cpus=16) == 16
+
+
+@pytest.mark.parametrize(("report_dir", "message"), [
+    # '' was Path('.'): the demo wrote its report and run folder into the current one.
+    ("", "--report-dir '': empty"),
+    ("   ", "--report-dir '   ': empty"),
+    # /proc takes no folder: run_demo's mkdir raised FileNotFoundError with a traceback.
+    ("/proc/slopilot-demo-test", "--report-dir /proc/slopilot-demo-test: cannot create"),
+])
+def test_a_report_folder_that_cannot_be_made_is_refused_before_anything_starts(
+        report_dir: str, message: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from slopilot.cli import main
+    from slopilot.tuner.local import demo
+
+    if report_dir.startswith("/proc") and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
+
+    def must_not_run(*_: object) -> demo.DemoResult:
+        raise AssertionError("the demo started")
+
+    monkeypatch.setattr(demo, "run_demo", must_not_run)
+    with contextlib.suppress(SystemExit):  # argparse's refusal exits 2 itself
+        assert main(["demo", "--report-dir", report_dir]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "Traceback" not in err
 
 
 def test_the_demo_twin_runs_on_a_given_profile(tmp_path: Path) -> None:

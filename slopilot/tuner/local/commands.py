@@ -25,7 +25,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-replicas", type=int, default=None, help="default 4; torch 1")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="seconds of load, the shift half-way; default 240, torch 720")
-    p.add_argument("--report-dir", type=Path, default=Path("reports/demo"))
+    # A string, not a Path: Path('') is '.', and an empty flag would write into the
+    # current folder.
+    p.add_argument("--report-dir", default="reports/demo", metavar="FOLDER",
+                   help="where the report, the timeline and the run's files go "
+                   "(default reports/demo; created if missing)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=Path, default=None, metavar="FILE",
                    help="a calibrated cost profile (from `slopilot calibrate`) for the "
@@ -39,7 +43,13 @@ def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from slopilot.engine.sim.scenario import load_scenario
-    from slopilot.tuner.local.demo import TORCH_DEFAULTS, DemoOptions, run_demo, twin_scenario
+    from slopilot.tuner.local.demo import (
+        TORCH_DEFAULTS,
+        DemoOptions,
+        make_report_dir,
+        run_demo,
+        twin_scenario,
+    )
 
     executor = args.executor or ("torch" if args.model is not None else "simulated")
     given = {k: v for k, v in (("replicas", args.replicas), ("max_replicas", args.max_replicas),
@@ -49,12 +59,17 @@ def _demo(args: argparse.Namespace) -> int:
     if "replicas" in given and "max_replicas" in defaults:
         defaults["max_replicas"] = max(given["replicas"], defaults["max_replicas"])
     try:
+        if not args.report_dir.strip():
+            raise ValueError(f"--report-dir {args.report_dir!r}: empty; give a folder, "
+                             "e.g. reports/demo (it is created if missing)")
         opts = DemoOptions(**{**defaults, **given}, executor=executor, model=args.model,
-                           report_dir=args.report_dir, seed=args.seed,
+                           report_dir=Path(args.report_dir), seed=args.seed,
                            prometheus=False if args.no_prometheus else None,
                            profile=args.profile)
-        # A bad profile or model fails before anything starts.
+        # A bad profile or model, or a folder that cannot be made, fails before anything
+        # starts.
         twin_scenario(load_scenario(opts.scenario_name), opts)
+        make_report_dir(opts.report_dir)
     except ValueError as exc:
         print(f"slopilot demo: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ class DemoOptions:
         if not 1 <= self.replicas <= self.max_replicas:
             raise ValueError(f"--replicas {self.replicas} --max-replicas {self.max_replicas}: "
                              "need 1 <= replicas <= max-replicas")
+        if self.executor in EXECUTORS:
+            self._check_replica_limit()
         if not 20 <= self.duration_s <= 3600:
             raise ValueError(f"--duration {self.duration_s:g}: expected 20 to 3600 seconds "
                              "(the shift comes half-way; 60 s shows an alert and a trial)")
@@ -120,6 +123,19 @@ class DemoOptions:
                              f"{SEED_MAX}")
         check_output_dir(self.report_dir, "--report-dir")
 
+    def _check_replica_limit(self) -> None:
+        cpus = machine_cpus()
+        limit = local_replica_limit(self.executor, cpus=cpus)
+        over = [(flag, value) for flag, value in (("--replicas", self.replicas),
+                                                   ("--max-replicas", self.max_replicas))
+                if value > limit]
+        if over:
+            flags = " and ".join(flag for flag, _ in over)
+            raise ValueError(
+                f"{' '.join(f'{f} {v}' for f, v in over)}: this machine has {cpus} CPU(s), "
+                f"which run at most {limit} {self.executor} replicas "
+                f"({_PER_CPU_WHY[self.executor]}); give {flags} {limit} or fewer")
+
     @property
     def torch(self) -> bool:
         return self.executor == "torch"
@@ -135,6 +151,42 @@ class DemoOptions:
     @property
     def shift_s(self) -> float:
         return self.duration_s / 2 if self.shift_at_s is None else self.shift_at_s
+
+
+_PER_CPU = {"simulated": 2, "torch": 1}
+_PER_CPU_WHY = {
+    "simulated": "2 per CPU: each replica paces its simulated GPU in real time on the CPU, "
+                 "and a late step reads as a slow GPU",
+    "torch": "1 per CPU: each replica runs its model's forward passes on the CPU"}
+
+
+def machine_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS says, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def local_replica_limit(executor: str, *, cpus: int) -> int:
+    """How many replicas of ``executor`` one machine of ``cpus`` runs: a share of a CPU
+    each, and never fewer than the default ``max_replicas`` (4), which a one-CPU laptop
+    runs slowly but runs."""
+    return max(4, _PER_CPU[executor] * cpus)
+
+
+def make_report_dir(report_dir: Path) -> Path:
+    """The report folder and its ``run`` folder, made now: one that cannot be made (a
+    read-only or special file system such as /proc, which the writable check passes as
+    root) is a ValueError naming the flag, not a traceback from the run."""
+    work = report_dir / "run"
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--report-dir {report_dir}: cannot create {work}: "
+                         f"{exc.strerror or exc}; give a folder you can write on a disk, "
+                         "e.g. reports/demo") from None
+    return work
 
 
 # What a torch demo defaults to where the simulated one's defaults would not work on a
@@ -238,8 +290,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     started = time.time()
     scenario = load_scenario(opts.scenario_name)
     twin = twin_scenario(scenario, opts)
-    work = opts.report_dir / "run"
-    work.mkdir(parents=True, exist_ok=True)
+    work = make_report_dir(opts.report_dir)
     result = DemoResult(report=opts.report_dir / "report.md")
     say = Narrator(console, result.lines)
     with contextlib.ExitStack() as stack:
