@@ -9,7 +9,8 @@ replicas are listed in a Prometheus ``file_sd`` targets file with the labels
 ``slopilot_deployment`` and ``instance_role`` (canary/stable), so a Prometheus watching
 that file scrapes new replicas without a reload. ``close()`` (or leaving the ``with``
 block, also on an exception) stops every process; on Linux a replica also dies with
-the process that started it, so a killed parent leaves nothing behind.
+the process that started it (``die_with_parent.py``), so a killed parent leaves nothing
+behind.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import httpx
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.local.die_with_parent import die_with_parent
 from slopilot.tuner.prometheus.adapters import ROLE_LABEL
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
@@ -49,16 +51,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent dies (Linux prctl)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not glibc Linux: close() and the context manager still stop the replicas
 
 
 @dataclass
@@ -164,7 +156,7 @@ class LocalDeployment:
         with log_path.open("wb") as log:
             process = subprocess.Popen(self._command(port), stdout=log,
                                        stderr=subprocess.STDOUT, env=env,
-                                       preexec_fn=_die_with_parent)
+                                       preexec_fn=die_with_parent)
         return Replica(index, port, process, log_path)
 
     def _start_replicas(self, n: int) -> None:

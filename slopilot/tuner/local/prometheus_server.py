@@ -2,7 +2,8 @@
 
 For ``slopilot demo`` and the live-loop tests: the real binary (``prometheus`` on PATH or
 ``$SLOPILOT_PROMETHEUS_BIN``) on 127.0.0.1. ``stop()`` then ``start()`` brings it back on
-the same port and data directory, as a restarted Prometheus would be.
+the same port and data directory, as a restarted Prometheus would be. On Linux it also
+ends when the process that started it dies (``die_with_parent.py``), a SIGKILL too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+from slopilot.tuner.local.die_with_parent import die_with_parent
 
 BIN_ENV = "SLOPILOT_PROMETHEUS_BIN"
 
@@ -76,7 +79,9 @@ class LocalPrometheus:
                 [str(self.binary), f"--config.file={self.config}",
                  f"--storage.tsdb.path={self.workdir / 'data'}",
                  f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                # A SIGKILLed demo runs no stop(): Prometheus ends with it all the same.
+                preexec_fn=die_with_parent)
         deadline = time.monotonic() + self.ready_timeout_s
         while not self.ready():
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import copyreg
 import logging
 import multiprocessing
+import os
 import queue
 import resource
 import threading
@@ -75,6 +76,7 @@ class SimTimeout(TimeoutError):
 
 
 def _init_worker(level: int, memory_limit_mb: int | None) -> None:
+    _exit_with_parent()
     # A spawned process starts with logging unconfigured: the offline study's findings
     # would be lost and Optuna's per-study INFO lines would reach the user's terminal.
     logging.basicConfig(level=level, format="%(levelname)s:%(name)s:%(message)s")
@@ -82,6 +84,25 @@ def _init_worker(level: int, memory_limit_mb: int | None) -> None:
     if memory_limit_mb is not None:
         limit = memory_limit_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _exit_with_parent() -> None:
+    """End this worker when the process that spawned it dies, SIGKILL included.
+
+    A pool's worker blocks on its call queue, which a dead parent never closes: after a
+    ``kill -9`` of the demo (or the operator) it ran on under init, and kept
+    multiprocessing's resource tracker alive with it. The spawn's sentinel pipe ends when
+    the parent's process does (not one of its threads, as prctl's parent-death signal
+    would: the operator starts workers from threads that come and go)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # returns when the parent's end of the pipe closes: it died
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 class _Process:
