@@ -40,8 +40,11 @@ RETRIES = "slopilot_request_retries_total"
 # client took no byte of its answer for that long. Each one's requests are counted in
 # vllm:request_success_total as aborted too. vLLM has no such deadline, nor a series.
 SEND_TIMEOUTS = "slopilot_send_timeouts_total"
+# The share of wall time the built-in engine's executor ran, over its last 30 s: the
+# GPU-utilization stand-in. vLLM exports none.
+BUSY = "slopilot_busy_ratio"
 SLOPILOT_METRICS: frozenset[str] = frozenset({
-    "slopilot_preemptions_total", "slopilot_busy_ratio", "slopilot_swap_seconds_total",
+    "slopilot_preemptions_total", BUSY, "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
     SLO_REQUESTS, SLO_TOKENS, REFUSED, ABANDONED, RETRIES, SEND_TIMEOUTS,

@@ -87,6 +87,23 @@ def test_a_window_is_read_at_its_end_over_its_length() -> None:
     assert all('instance_role="canary"' not in e for e, _ in q.asked)
 
 
+def test_a_window_reads_the_replicas_busy_ratio_where_they_export_it() -> None:
+    """The demo's report said "busy per replica not measured" while Prometheus scraped
+    every replica's slopilot_busy_ratio; vLLM exports none, and its windows still say
+    not measured."""
+    from slopilot.engine.sim.summary_view import footer
+
+    q = Recorded({"avg(last_over_time(slopilot_busy_ratio": 0.55,
+                  "max(last_over_time(slopilot_busy_ratio": 0.7, **answers()})
+    s = windows(q).measure(90.0, 100.0, canary=False)
+    assert (s.busy_ratio, s.busy_ratio_max) == (0.55, 0.7)
+    assert "busy per replica 55% mean, 70% max" in footer(s)[0]
+    assert any("slopilot_busy_ratio{" in e and "[10s]" in e for e, _ in q.asked)
+    vllm = windows(Recorded(answers())).measure(90.0, 100.0, canary=False)
+    assert (vllm.busy_ratio, vllm.busy_ratio_max) == (None, None)
+    assert "busy per replica not measured" in footer(vllm)[0]
+
+
 def test_a_window_reads_the_requests_each_class_turned_away() -> None:
     from slopilot.engine.metric_names import REFUSED
 
@@ -236,7 +253,7 @@ def test_direct_scrape_reads_the_figures_the_batching_and_prefix_alerts_need() -
         scrape.poll(now=110.0)
         s = scrape.measure(100.0, 110.0, canary=False)
         assert s.prefix_cache_hit_ratio == pytest.approx(0.8)
-        assert (s.busy_ratio, s.requests_waiting) == (0.4, 150.0)
+        assert (s.busy_ratio, s.busy_ratio_max, s.requests_waiting) == (0.4, 0.4, 150.0)
         scrape.stop()
     fired = SummaryAlerts(DEMO.slo, RuleOptions(alert_for_s=0)).evaluate(s, 110.0)
     assert {a.name for a in fired} == {"SlopilotBatchingUnderused"}

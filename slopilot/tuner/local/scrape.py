@@ -38,6 +38,7 @@ from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
+from slopilot.tuner.prometheus.adapters import MIN_WINDOW_REQUESTS
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.latency_sources import BUILTIN_LATENCY
 from slopilot.tuner.prometheus.profiling import (
@@ -173,7 +174,8 @@ def quantile(q: float, buckets: Mapping[float, float]) -> float:
 
 class DirectScrape:
     def __init__(self, endpoints: Callable[[], list[str]], slo: SLOSpec,
-                 options: RuleOptions, *, interval_s: float = 1.0, min_requests: int = 10,
+                 options: RuleOptions, *, interval_s: float = 1.0,
+                 min_requests: int = MIN_WINDOW_REQUESTS,
                  history_s: float = 600.0, client: httpx.Client | None = None) -> None:
         self.endpoints, self.slo, self.opt = endpoints, slo, options
         self.interval_s, self.min_requests = interval_s, min_requests
@@ -323,7 +325,8 @@ class DirectScrape:
             started_prompt=sum(by_class(PREFILLED).values()), counted=counted)
 
     def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:
-        """Busy ratio (mean over replicas) and waiting requests (sum) in the last scrape."""
+        """Busy ratio (mean and max over replicas) and waiting requests (sum) in the last
+        scrape."""
         snap = self._at(end) or _Snapshot({}, None)
         busy, waiting = [], []
         for url, series in snap.series.items():
@@ -335,6 +338,7 @@ class DirectScrape:
                 elif name == _WAITING:
                     waiting.append(value)
         return {"busy_ratio": sum(busy) / len(busy) if busy else None,
+                "busy_ratio_max": max(busy) if busy else None,
                 "requests_waiting": sum(waiting) if waiting else None}
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slopilot.engine.metric_names import REFUSED
+from slopilot.engine.metric_names import BUSY, REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
@@ -61,6 +61,12 @@ def range_s(start: float, end: float) -> int:
     return int(end - start)
 
 
+MIN_WINDOW_REQUESTS = 10
+"""The finished requests a window needs to count (``PrometheusWindows``, as the operator
+runs it, and the demo's direct scrape): a P99 of fewer is hardly more than their
+maximum."""
+
+
 class PrometheusWindows:
     """WindowEvaluator: the ``WindowSummary`` of ``[start, end]`` read from Prometheus.
 
@@ -82,7 +88,7 @@ class PrometheusWindows:
 
     def __init__(self, query: QueryAt | str, selector: Mapping[str, str], slo: SLOSpec, *,
                  canary_labels: Mapping[str, str] | Callable[[], Mapping[str, str]] = CANARY,
-                 min_requests: int = 10,
+                 min_requests: int = MIN_WINDOW_REQUESTS,
                  load_tolerance: float = 0.5, min_rate_for_check: float = 0.2,
                  latency: LatencySources = BUILTIN_LATENCY) -> None:
         if not selector:
@@ -127,6 +133,10 @@ class PrometheusWindows:
         out["requests"] = {None: f"sum by (priority_class) (increase("
                                  f"vllm:e2e_request_latency_seconds_count{s}[{w}]))"}
         out["refused"] = {None: f"sum by (priority_class) (increase({REFUSED}{s}[{w}]))"}
+        # The built-in engine's busy ratio (its own sliding share of wall time) as at the
+        # window's end, as the direct scrape reads it; vLLM exports none (not measured).
+        for stat in ("avg", "max"):
+            out[f"busy_{stat}"] = {None: f"{stat}(last_over_time({BUSY}{s}[{w}]))"}
         out["throughput"] = {None: f"sum by (priority_class) (rate("
                                    f"vllm:request_generation_tokens_sum{s}[{w}]))"}
         # Every class together, as the simulator's overall P99 (no recording rule has it).
@@ -237,6 +247,8 @@ class PrometheusWindows:
             preemptions_per_min=self._scalar(q[_PREEMPT][None], end),
             overall_ttft_p99_s=self._scalar(q["ttft_p99_all"][None], end),
             overall_tbt_p99_s=self._scalar(q["tbt_p99_all"][None], end),
+            busy_ratio=self._scalar(q["busy_avg"][None], end),
+            busy_ratio_max=self._scalar(q["busy_max"][None], end),
             duration_s=w, window=Window(start, end, canary), request_rate=rate)
 
 
