@@ -152,3 +152,52 @@ def test_the_timeline_draws_every_class_sent_and_names_one_it_has_no_figures_for
     legend = _latency_legend(SAMPLES)  # P1 only
     assert "P0: no figures in any window" in legend
     assert "P2: no figures in any window" in legend
+
+
+def test_the_report_tells_each_episode_what_ended_committed_and_the_machine(
+        tmp_path: Path) -> None:
+    """The report showed trial 1 as "The best trial" where trial 2 had replaced it, had
+    no word of the machine's load, and its story was the printed lines alone."""
+    from slopilot.tuner.local.demo_episodes import Episode
+    from slopilot.tuner.local.demo_story import DemoResult
+    from slopilot.tuner.study.results import rank
+
+    tuner = study(ttft_of_budget=True, n=6)
+    ranked = sorted(tuner.results(), key=lambda nr: rank(nr[1]), reverse=True)
+    best, other = ranked[0][0], ranked[-1][0]
+    first = Episode(1, 130.0, 130.0, "SlopilotTBTP99High[p0,critical]", ("p0",))
+    first.trials, first.configs = [best], {best: dict(ranked[0][1].config)}
+    first.acted("commit", 149.0, ranked[0][1].config, 2)
+    first.close("episode 2 opened", 220.0)
+    second = Episode(2, 220.0, 220.0, "SlopilotTTFTP99Sustained[p0,warning]", ("p0",))
+    second.trials, second.configs = [other], {other: dict(ranked[-1][1].config)}
+    second.acted("commit", 233.0, ranked[-1][1].config, 2)
+    second.close("the end of the run", 240.0)
+    result = DemoResult(report=tmp_path / "report.md", episodes=[first, second],
+                        machine=["machine: 2 CPUs; ...: BUSY in 3 of them (t+200.0s to "
+                                 "t+215.0s; ...)"], machine_busy=True)
+    write_demo_report(tmp_path / "report.md", tuner, SLO, SAMPLES, ["[t+  1.0s] x"],
+                      shift_at_s=2.0, subject=SUBJECT, result=result,
+                      rule="a restore rule, in words", busy=[(1.0, 2.0)])
+    report = (tmp_path / "report.md").read_text()
+    happened = report.index("## What happened")
+    assert happened < report.index("## The best trial")  # read first
+    assert f"- {first.describe()}" in report and f"- {second.describe()}" in report
+    assert f"Ended committed: trial {other}'s config" in report
+    assert (f"The best trial below (trial {best}) is the study's best by goodput among the "
+            f"trials that held, not the config the replicas ended on (trial {other}'s, "
+            "above).") in report
+    assert "a restore rule, in words" in report
+    assert "## The machine" in report and "BUSY in 3 of them" in report
+    assert "busy" in (tmp_path / "timeline.json").read_text()
+
+
+def test_the_timeline_shades_the_spans_the_machine_was_busy() -> None:
+    from slopilot.tuner.local.demo_report import timeline_figure
+
+    fig = timeline_figure(SAMPLES, SLO, shift_at_s=1.0, subject=SUBJECT, busy=[(1.0, 2.5)])
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(label.startswith("machine busy") for label in legend), legend
+    quiet = timeline_figure(SAMPLES, SLO, shift_at_s=1.0, subject=SUBJECT)
+    assert not any(t.get_text().startswith("machine busy")
+                   for t in quiet.axes[0].get_legend().get_texts())

@@ -50,6 +50,7 @@ def _demo(args: argparse.Namespace) -> int:
         run_demo,
         twin_scenario,
     )
+    from slopilot.tuner.local.demo_story import summary_lines
 
     executor = args.executor or ("torch" if args.model is not None else "simulated")
     given = {k: v for k, v in (("replicas", args.replicas), ("max_replicas", args.max_replicas),
@@ -74,11 +75,5 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"slopilot demo: {exc}", file=sys.stderr)
         return 2
     result = run_demo(opts, Console())
-    print(f"summary: alert at {_t(result.alert_at_s)}, {result.trials} trial(s), "
-          f"commit/scale at {_t(result.commit_at_s)}, SLO restored at "
-          f"{_t(result.restored_at_s)}; report {result.report}")
+    print("\n".join(summary_lines(result)))
     return 0
-
-
-def _t(v: float | None) -> str:
-    return "-" if v is None else f"t+{v:.0f}s"

@@ -34,6 +34,7 @@ from slopilot.tuner.local.demo_report import Sample, write_demo_report
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
+from slopilot.tuner.local.machine_load import MachineLoad
 from slopilot.tuner.local.prometheus_server import LocalPrometheus, find_prometheus
 from slopilot.tuner.local.scrape import DirectScrape
 from slopilot.tuner.local.scrape_probe import ScrapeProbe
@@ -45,7 +46,11 @@ from slopilot.tuner.loop.ports import (
     WorkloadProbe,
 )
 from slopilot.tuner.loop.settings import ControllerSettings
-from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
+from slopilot.tuner.prometheus.adapters import (
+    MIN_WINDOW_REQUESTS,
+    PrometheusProbe,
+    PrometheusWindows,
+)
 from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.iterations import PrometheusIterations
 from slopilot.tuner.prometheus.profiling import probe_window_s
@@ -62,6 +67,23 @@ NAME = "demo"
 # Seconds where production has minutes (the sustained-breach window: 5 rate windows).
 RULES = RuleOptions(interval_s=1, rate_window_s=8, alert_for_s=3, tbt_periods=3,
                     breach_window_s=40)
+RESTORE_HOLD_S = 2.0 * RULES.rate_window_s
+"""How long the SLO must hold, in rate windows wholly after a commit, before the demo
+says it is restored (``demo_episodes.py``)."""
+
+
+def restore_rule() -> str:
+    """How the demo's verdicts are judged, in words, for the report."""
+    w, n = RULES.rate_window_s, MIN_WINDOW_REQUESTS
+    return (f"How these are judged. A commit rests on its trial's window; the finished "
+            f"requests in brackets say how many its P99s are of (a window needs {n} to "
+            "count; the P99 of fewer than 100 requests is one of their few largest, of "
+            "fewer than 50 about their maximum). \"SLO restored\" is said once every "
+            f"class is within its SLO and no alert fires in each {w:g} s window (one a "
+            f"tick) that starts after the commit took effect, for {RESTORE_HOLD_S:g} s of "
+            f"such windows in a row, each on at least {n} finished requests with a sample "
+            "of the classes the alert was about; a later such window that misses says "
+            "\"SLO missed again\" and withdraws it.")
 
 
 EXECUTORS = ("simulated", "torch")
@@ -293,6 +315,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     work = make_report_dir(opts.report_dir)
     result = DemoResult(report=opts.report_dir / "report.md")
     say = Narrator(console, result.lines)
+    machine = MachineLoad(os.getpid())
     with contextlib.ExitStack() as stack:
         worker = stack.enter_context(SimWorker())  # spawns while the replicas start
         dep = _start_replicas(opts, scenario, twin, work, stack, say)
@@ -310,14 +333,16 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         say(f"load: Poisson {before.rate:g} req/s, prompts ~{before.prompt_mean:g} tokens, "
             f"P0 {before.classes['p0']:.0%}; the shift comes at t+{opts.shift_s:g}s")
         samples = _control_loop(opts, ctl, dep, recorded, sources.timeline, load, after, say,
-                                result)
+                                result, machine)
         load.stop()
         say(f"load stopped: {load.sent} sent: {load.ok} ok, {load.failed} failed, "
             f"{load.dropped} dropped at the concurrency limit, {load.cancelled} still "
             "running when the load stopped (cancelled)")
+    result.machine, result.machine_busy = machine.lines(), bool(machine.busy_spans())
     write_demo_report(result.report, tuner, scenario.slo, samples, result.lines,
                       shift_at_s=opts.shift_s, twin=result.twin,
-                      subject=PlotSubject.of(twin, run=run_label(opts, started)))
+                      subject=PlotSubject.of(twin, run=run_label(opts, started)),
+                      result=result, rule=restore_rule(), busy=machine.busy_spans())
     say(f"report written: {result.report} (timeline: {opts.report_dir / 'timeline.png'})")
     return result
 
@@ -344,7 +369,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
     the probe simulates ``twin`` (the scenario on the calibrated profile, when given)."""
     use_prom = find_prometheus() is not None if opts.prometheus is None else opts.prometheus
     if not use_prom:
-        scrape = DirectScrape(dep.endpoints, scenario.slo, RULES, min_requests=8).start()
+        scrape = DirectScrape(dep.endpoints, scenario.slo, RULES).start()
         stack.callback(scrape.stop)
         why = ("Prometheus turned off (--no-prometheus)" if opts.prometheus is False
                else "no prometheus binary on PATH")
@@ -363,7 +388,7 @@ def _start_metrics(opts: DemoOptions, scenario: Scenario, twin: Scenario,
     selector = {DEPLOYMENT_LABEL: NAME}
     return _Sources(
         AlertSource(prom.url, NAME),
-        PrometheusWindows(prom.url, selector, scenario.slo, min_requests=8),
+        PrometheusWindows(prom.url, selector, scenario.slo),
         live_probe(prom.url, selector, twin, opts),
         PrometheusWindows(prom.url, selector, scenario.slo, min_requests=1,
                           load_tolerance=1e9), PrometheusIterations(prom.url, selector))
@@ -397,30 +422,45 @@ def _controller(opts: DemoOptions, scenario: Scenario, dep: LocalDeployment,
 
 def _control_loop(opts: DemoOptions, ctl: Controller, dep: LocalDeployment,
                   recorded: RecordingAlerts, timeline: WindowEvaluator, load: LoadGenerator,
-                  after: Phase, say: Narrator, result: DemoResult) -> list[Sample]:
-    """Tick every ``tick_s`` until the end, the load shifting half-way; one sample a tick."""
+                  after: Phase, say: Narrator, result: DemoResult,
+                  machine: MachineLoad) -> list[Sample]:
+    """Tick every ``tick_s`` until the end, the load shifting half-way; one sample a tick.
+
+    Each tick's events are timed after ``ctl.tick`` returns: what it applied is in effect
+    by then, and its lines print then. The trailing window is measured after that, up to
+    then: the restore rule judges a commit on windows that start after it."""
     samples: list[Sample] = []
-    story = Story(say, result, RULES.rate_window_s)
-    shifted, t0 = False, say.t0
-    next_tick = time.time()
-    while (now := time.time()) - t0 < opts.duration_s:
+    story = Story(say, result, ctl.settings.slo, RULES.rate_window_s, RESTORE_HOLD_S,
+                  MIN_WINDOW_REQUESTS)
+    shifted, t0, clock = False, say.t0, say.clock
+    busy = False
+    next_tick = clock()
+    while (now := clock()) - t0 < opts.duration_s:
         if not shifted and now - t0 >= opts.shift_s:
             shifted = True
             load.set_phase(after)
             say(f"SHIFT: prompts ~{after.prompt_mean:g} tokens, P0 {after.classes['p0']:.0%}")
         d = ctl.tick(now)
-        story.alerts_now(recorded.current, now - t0)
-        story.decided(d, ctl, now - t0)
+        at = say.elapsed()
+        story.alerts_now(recorded.current, at)
+        story.decided(d, ctl, at)
+        end = clock()
         summary = None
         with contextlib.suppress(WindowRejected, PrometheusUnavailable):
-            summary = timeline.measure(now - RULES.rate_window_s, now, canary=False)
-        story.window(summary, ctl, recorded.current, now - t0)
-        samples.append(_sample(now - t0, summary, dep, ctl))
+            summary = timeline.measure(end - RULES.rate_window_s, end, canary=False)
+        story.window(summary, recorded.current, end - RULES.rate_window_s - t0, end - t0)
+        interval = machine.sample(end - t0)
+        if interval is not None and interval.busy != busy:
+            busy = interval.busy
+            say(("MACHINE busy: " if busy else "MACHINE quiet again: ") + interval.describe(),
+                at=end - t0)
+        samples.append(_sample(end - t0, summary, dep, ctl))
         if opts.until is not None and opts.until(result, dep):
             say("stopping early: the caller's condition holds")
             break
         next_tick += opts.tick_s
-        time.sleep(max(0.0, next_tick - time.time()))
+        time.sleep(max(0.0, next_tick - clock()))
+    story.finish(say.elapsed(), machine.busy_spans())
     return samples
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,11 @@ from typing import Any
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.profile_file import write_text_atomically
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.local.demo_story import DemoResult, ended_on
 from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.plot_subject import PlotSubject, name_figure
 from slopilot.tuner.study.report import write_report
+from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.tuner import Tuner
 
 
@@ -39,9 +41,10 @@ class Sample:
 
 
 def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
-                    subject: PlotSubject) -> Any:
+                    subject: PlotSubject, busy: Sequence[tuple[float, float]] = ()) -> Any:
     """The demo's timeline: each class's P99s against its SLO, the stable knobs with the
-    canary trials shaded, and the replicas; the load's shift marked across all three."""
+    canary trials shaded, and the replicas; the load's shift marked across all three,
+    and the spans the machine was busy (``machine_load.py``) shaded on the P99s."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,6 +69,10 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
                         label=f"{c.upper()} {key.upper()} P99{note}")
             if bound is not None:
                 ax_lat.axhline(bound, ls=style, color=colors[p], alpha=0.35, lw=1)
+    for i, (a, b) in enumerate(busy):
+        # The P99s of these spans may be the machine's load: said where they are drawn.
+        ax_lat.axvspan(a, b, color="tab:orange", alpha=0.15, lw=0,
+                       label="machine busy (other processes' CPU)" if i == 0 else None)
     ax_lat.set_yscale("log")
     ax_lat.set_ylabel("ms (faint: SLO)")
     # The chunk dashed over the budget's solid line: the demo starts them equal, where one
@@ -99,24 +106,56 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
 
 def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Sample],
                       lines: list[str], *, shift_at_s: float, subject: PlotSubject,
-                      twin: Mapping[str, Any] | None = None) -> Path:
+                      twin: Mapping[str, Any] | None = None, result: DemoResult | None = None,
+                      rule: str = "", busy: Sequence[tuple[float, float]] = ()) -> Path:
+    """``result``: the episodes and the machine, told first; ``rule``: how a restore is
+    judged, in words; ``busy``: the spans the machine was busy in."""
     out = path.parent
     # Every file is written beside itself and renamed over it, report.md last: a crash or
     # a full disk part-way leaves each file whole, and the report that is there links no
     # plot still to come.
     plot = out / "timeline.png"
     if samples:
-        plots.save(timeline_figure(samples, slo, shift_at_s, subject=subject), plot, dpi=90)
+        plots.save(timeline_figure(samples, slo, shift_at_s, subject=subject, busy=busy),
+                   plot, dpi=90)
     else:  # an earlier run's plot would read as this run's
         plot.unlink(missing_ok=True)
     write_text_atomically(out / "timeline.json", json.dumps(
         {"shift_at_s": shift_at_s, "samples": [asdict(s) for s in samples],
-         "decisions": lines}, default=str, indent=1))
+         "decisions": lines, "machine_busy": [list(span) for span in busy],
+         "episodes": [] if result is None else [e.describe() for e in result.episodes]},
+        default=str, indent=1))
     drawn = "![timeline](timeline.png)" if samples else "No samples: no timeline drawn."
     tail = twin_section(twin) + (f"\n## Timeline\n\n{drawn}\n\n```\n"
                                  + "\n".join(lines) + "\n```\n")
+    lead = [] if result is None else happened(result, tuner, rule)
     return write_report(tuner, slo, out, title="slopilot demo: live trials", subject=subject,
-                        tail=tail.splitlines())
+                        lead=lead, tail=tail.splitlines())
+
+
+def happened(result: DemoResult, tuner: Tuner, rule: str) -> list[str]:
+    """The report's first sections: each episode, the config the run ended on (which the
+    study's best trial, shown next, need not be), how the verdicts were judged, and the
+    machine's load."""
+    lines = ["## What happened", ""]
+    if result.episodes:
+        lines += [f"- {e.describe()}" for e in result.episodes] + [""]
+        lines.append(ended_on(result)[:1].upper() + ended_on(result)[1:] + ".")
+        committed = result.committed()
+        ranked = sorted(tuner.results(), key=lambda nr: rank(nr[1]), reverse=True)
+        ended = None if committed is None else committed[0].committed_trial
+        if ranked and ranked[0][1].feasible and ended is not None and ranked[0][0] != ended:
+            lines.append(f"The best trial below (trial {ranked[0][0]}) is the study's best "
+                         "by goodput among the trials that held, not the config the "
+                         f"replicas ended on (trial {ended}'s, above).")
+        lines.append("")
+    else:
+        lines += ["No episode: no trial, commit nor scale during the run.", ""]
+    if rule:
+        lines += [rule, ""]
+    if result.machine:
+        lines += ["## The machine", "", *result.machine, ""]
+    return lines
 
 
 def twin_section(twin: Mapping[str, Any] | None) -> str:

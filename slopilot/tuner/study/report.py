@@ -184,13 +184,13 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
 def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubject,
                  top: int = 10, start: TrialResult | None = None,
                  title: str = "Tuning report", context: ReportContext | None = None,
-                 tail: Sequence[str] = ()) -> Path:
-    """Write the PNGs (each naming ``subject``) and ``report.md`` (ending in ``tail``'s
-    lines) into ``out_dir``; returns the report's path."""
+                 lead: Sequence[str] = (), tail: Sequence[str] = ()) -> Path:
+    """Write the PNGs (each naming ``subject``) and ``report.md`` (``lead``'s lines after
+    its first, ending in ``tail``'s) into ``out_dir``; returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = tuner.results()
     lines = [f"# {title}", "", f"Study `{tuner.study.study_name}`: {len(results)} completed "
-             f"trials of {len(tuner.study.trials)}.", ""]
+             f"trials of {len(tuner.study.trials)}.", "", *lead]
     if context is not None:
         lines += _context_sections(context)
     if not results:
