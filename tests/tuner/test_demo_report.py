@@ -201,3 +201,17 @@ def test_the_timeline_shades_the_spans_the_machine_was_busy() -> None:
     quiet = timeline_figure(SAMPLES, SLO, shift_at_s=1.0, subject=SUBJECT)
     assert not any(t.get_text().startswith("machine busy")
                    for t in quiet.axes[0].get_legend().get_texts())
+
+
+def test_the_timeline_marks_each_commit_and_each_restore_or_miss() -> None:
+    """The P99 panel showed no commit nor restore: a reader could not hold "SLO restored
+    at t+168.6s" against the lines, nor see a miss after it."""
+    from slopilot.tuner.local.demo_report import timeline_figure
+
+    fig = timeline_figure(SAMPLES, SLO, shift_at_s=1.0, subject=SUBJECT,
+                          events=[(1.5, "commit"), (2.5, "restored"), (3.0, "missed")])
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert {"commit", "SLO restored", "SLO missed again"} <= set(legend), legend
+    marks = {round(line.get_xdata()[0], 1) for line in fig.axes[0].get_lines()
+             if line.get_label() in ("commit", "SLO restored", "SLO missed again")}
+    assert marks == {1.5, 2.5, 3.0}

@@ -76,7 +76,7 @@ def test_the_story_records_alert_trial_commit_and_restore() -> None:
     assert lines[3] == "alerts resolved"
     assert lines[4] == (
         "SLO restored (episode 1): every class within its SLO and no alert firing in each "
-        "of the 17 8 s windows ending t+53.0s to t+69.0s (16 s), all after the commit at "
+        "of the 17 windows of 8 s ending t+53.0s to t+69.0s (16.0 s), all after the commit at "
         "t+45.0s; each window on at least 30 finished requests, P0 at least 10")
     assert at(result, "SLO restored") == 69.0
     assert out.getvalue().count("\n") == len(result.lines)

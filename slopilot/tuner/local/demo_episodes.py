@@ -108,8 +108,8 @@ class RestoreWatch:
                         for c, n in self._least_class.items())
         return Verdict("restored", end_s, (
             f"SLO restored (episode {self.episode}): every class within its SLO and no "
-            f"alert firing in each of the {self._windows} {self.window_s:g} s windows "
-            f"ending {t(self._first_end)} to {t(end_s)} ({end_s - self._first_end:g} s), "
+            f"alert firing in each of the {self._windows} windows of {self.window_s:g} s "
+            f"ending {t(self._first_end)} to {t(end_s)} ({end_s - self._first_end:.1f} s), "
             f"all after the {self.action} at {t(self.since_s)}; each window on at least "
             f"{self._least:.0f} finished requests{least}"))
 

@@ -40,11 +40,31 @@ class Sample:
     trial: dict[str, Any] | None
 
 
+_EVENTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "commit": ("commit", {"color": "tab:green", "ls": "-"}),
+    "scale": ("scale", {"color": "tab:green", "ls": "-."}),
+    "restored": ("SLO restored", {"color": "tab:green", "ls": ":"}),
+    "missed": ("SLO missed again", {"color": "tab:red", "ls": ":"}),
+}
+
+
+def events_of(result: DemoResult) -> list[tuple[float, str]]:
+    """Each episode's commit or scale and its verdicts, for the timeline."""
+    out: list[tuple[float, str]] = []
+    for e in result.episodes:
+        if e.action in ("commit", "scale") and e.action_at_s is not None:
+            out.append((e.action_at_s, e.action))
+        out += [(v.at_s, v.kind) for v in e.verdicts]
+    return out
+
+
 def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
-                    subject: PlotSubject, busy: Sequence[tuple[float, float]] = ()) -> Any:
+                    subject: PlotSubject, busy: Sequence[tuple[float, float]] = (),
+                    events: Sequence[tuple[float, str]] = ()) -> Any:
     """The demo's timeline: each class's P99s against its SLO, the stable knobs with the
     canary trials shaded, and the replicas; the load's shift marked across all three,
-    and the spans the machine was busy (``machine_load.py``) shaded on the P99s."""
+    the spans the machine was busy (``machine_load.py``) shaded on the P99s, and there
+    each of ``events`` (``commit``, ``scale``, ``restored``, ``missed``: ``events_of``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,6 +93,11 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
         # The P99s of these spans may be the machine's load: said where they are drawn.
         ax_lat.axvspan(a, b, color="tab:orange", alpha=0.15, lw=0,
                        label="machine busy (other processes' CPU)" if i == 0 else None)
+    named: set[str] = set()
+    for x, kind in events:
+        label, look = _EVENTS[kind]
+        ax_lat.axvline(x, lw=1.2, label=None if label in named else label, **look)
+        named.add(label)
     ax_lat.set_yscale("log")
     ax_lat.set_ylabel("ms (faint: SLO)")
     # The chunk dashed over the budget's solid line: the demo starts them equal, where one
@@ -116,8 +141,9 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
     # plot still to come.
     plot = out / "timeline.png"
     if samples:
-        plots.save(timeline_figure(samples, slo, shift_at_s, subject=subject, busy=busy),
-                   plot, dpi=90)
+        events = [] if result is None else events_of(result)
+        plots.save(timeline_figure(samples, slo, shift_at_s, subject=subject, busy=busy,
+                                   events=events), plot, dpi=90)
     else:  # an earlier run's plot would read as this run's
         plot.unlink(missing_ok=True)
     write_text_atomically(out / "timeline.json", json.dumps(
