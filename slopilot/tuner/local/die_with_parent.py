@@ -13,16 +13,27 @@ remain the only stop.
 
 from __future__ import annotations
 
+import ctypes
 import signal
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 
 
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up here, in the parent: between fork and exec the child may not import nor load
+# a library (another thread of the parent may have held the import lock at the fork,
+# and the child would wait on it for ever).
+_PRCTL = _libc_prctl()
+
+
 def die_with_parent() -> None:
     """In the child before exec: SIGTERM when the parent dies (Linux prctl)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not glibc Linux: close() and the context managers still stop the child
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
