@@ -9,7 +9,8 @@ by one of its own per freed slot, not by a thousand. A stop (``until``) ends a w
 no slot taken (``NotRun``), as does a cancelled wait.
 
 The operator's pools of threads hand their slots out this way: the tuning daemons'
-steps (tuning_pool.py) and the pod syncs (pod_sync_pool.py).
+steps (tuning_pool.py), the pod syncs (pod_sync_pool.py) and the drift repairs, on
+kopf's own threads (drift_repairs.py).
 
 Used from one event loop (kopf's): the slots are counted on it, without a lock.
 """

@@ -24,14 +24,19 @@ importing it registers every handler, the controller daemon included.
   edited one is re-created or patched back from its LLMDeployment (drift repair), and
   the ``Reconciled`` condition says what was put back, or what could not be, which a
   timer then tries again (drift.py). Their watches ask the API server for managed
-  objects only (``watch_only_managed``).
+  objects only (``watch_only_managed``), a label anyone may copy: an event of an object
+  whose kind and name are none the CR renders (``owned_names``) is dropped, and the
+  others ask for their CR's repair on the drift repairs' queue (drift_repairs.py), on
+  kopf's event loop: one per CR at once, coalesced, on a share of kopf's threads, a
+  namespace's on a share of that, so that one tenant's events cost the others a turn,
+  not its backlog.
 
-Handlers are synchronous (the official client is): kopf runs them in worker threads
-(``settings.HANDLER_THREADS``, shared by every tenant), and a per-deployment lock
-keeps a drift repair, a spec reconcile and the controller's writes (a scale, a committed
-config) from interleaving. A pod sync takes the lock around its writes only, as the
-daemon's does: held while it waited on the tenant's pods, the CR's reconcile and each
-drift repair of its owned objects waited for it, each on a thread of its own.
+Most handlers are synchronous (the official client is): kopf runs them in worker
+threads (``settings.HANDLER_THREADS``, shared by every tenant), and a per-deployment
+lock keeps a drift repair, a spec reconcile and the controller's writes (a scale, a
+committed config) from interleaving. A pod sync takes the lock around its writes only,
+as the daemon's does: held while it waited on the tenant's pods, the CR's reconcile and
+its drift repair waited for it, each on a thread of its own.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
 from slopilot.operator.drift import not_repaired_message, record_repair, unrepaired
+from slopilot.operator.drift_repairs import DriftRepairs
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
 from slopilot.operator.loop_status import ended_episode, tuning_enabled
@@ -77,6 +83,7 @@ from slopilot.operator.reconcile import (
     Outcome,
     config_status,
     not_reconciled,
+    owned_names,
     reconcile,
 )
 from slopilot.operator.settings import configure, operator_policy
@@ -154,6 +161,23 @@ async def start_pod_syncs(memo: kopf.Memo, **_: Any) -> None:
     """The pod syncs' pool (pod_sync_pool.py), on kopf's event loop, where a reconcile on
     one of kopf's threads asks it for a sync."""
     memo.pod_syncs = PodSyncPool(loop=asyncio.get_running_loop())
+
+
+@kopf.on.startup()
+async def start_drift_repairs(settings: kopf.OperatorSettings, memo: kopf.Memo,
+                              **_: Any) -> None:
+    """The drift repairs' queue (drift_repairs.py), on kopf's event loop, running them on
+    kopf's handler threads, a share of them."""
+    memo.drift_repairs = DriftRepairs(executor=settings.execution.executor)
+
+
+@kopf.on.cleanup()
+async def stop_drift_repairs(memo: kopf.Memo, **_: Any) -> None:
+    """Every drift repair still waiting for a slot withdrawn: the operator is exiting
+    (its next start's resume reconciles every CR)."""
+    repairs: DriftRepairs | None = getattr(memo, "drift_repairs", None)
+    if repairs is not None:
+        repairs.shutdown()
 
 
 @kopf.on.cleanup()
@@ -451,19 +475,33 @@ def controlling_owner(body: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
-                 logger: kopf.Logger, **_: Any) -> None:
-    """An owned object was deleted or edited: reconcile its owner (a no-op when in sync)."""
+async def repair_drift(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                       logger: kopf.Logger, **_: Any) -> None:
+    """An owned object was deleted or edited: its owner's repair asked (drift_repairs.py),
+    not awaited, on no thread. The watch selects a label anyone can put on their objects,
+    with a controller reference to their own CR: an object that is none of the names
+    the CR renders (``owned_names``) is no drift of it, and reaches no reconcile."""
     if event.get("type") not in ("MODIFIED", "DELETED"):
         return  # the initial listing and our own creations: resume/create handle those
     owner = controlling_owner(body)
     if owner is None:
         return
-    kube: Kube = memo.kube
-    namespace = body["metadata"]["namespace"]
-    cr = kube.get(API_VERSION, PLURAL, namespace, owner["name"])
-    if cr is None or cr["metadata"].get("deletionTimestamp") \
-            or cr["metadata"].get("uid") != owner.get("uid"):
+    meta = body.get("metadata") or {}
+    if (body.get("kind"), meta.get("name")) not in owned_names(owner["name"]):
+        return
+    namespace, name = meta["namespace"], owner["name"]
+    memo.drift_repairs.ask(namespace, name,
+                           functools.partial(repair_named, namespace, name, memo, logger))
+
+
+def repair_named(namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger) -> None:
+    """``repair`` of the CR ``namespace/name`` as it is now, whichever CR has the name:
+    a repair is asked by name (drift_repairs.py), since an event's owner reference names
+    whatever uid the object's writer chose. Repaired for an object that is not its own
+    (an earlier CR's, say), a CR is reconciled as at an event of its own objects: a
+    no-op where they are in sync."""
+    cr = memo.kube.get(API_VERSION, PLURAL, namespace, name)
+    if cr is None or cr["metadata"].get("deletionTimestamp"):
         return  # the owner is going away; the garbage collector takes the rest
     repair(cr, memo, logger)
 
@@ -494,18 +532,19 @@ def drift_unrepaired(status: Mapping[str, Any], **_: Any) -> bool:
 
 @kopf.timer(GROUP, VERSION, PLURAL, id="drift-retry", interval=DRIFT_RETRY_S,
             initial_delay=DRIFT_RETRY_S, when=drift_unrepaired)
-def retry_drift_repair(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
-                       **_: Any) -> None:
+async def retry_drift_repair(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                             **_: Any) -> None:
     """A repair left something it could not put back: look again (once it is put back,
-    or a spec reconcile says otherwise, the condition stops this timer)."""
+    or a spec reconcile says otherwise, the condition stops this timer). Asked as an
+    event's repair is, joining one that waits or runs, and awaited: the next interval
+    counts from its end. A stop ends the wait only: others may wait for that repair."""
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         return
-    cr = memo.kube.get(API_VERSION, PLURAL, meta["namespace"], meta["name"])
-    if cr is None or str(cr["metadata"].get("uid")) != str(meta["uid"]) \
-            or cr["metadata"].get("deletionTimestamp"):
-        return
-    repair(cr, memo, logger)
+    namespace, name = meta["namespace"], meta["name"]
+    asked = memo.drift_repairs.ask(namespace, name, functools.partial(
+        repair_named, namespace, name, memo, logger))
+    await asyncio.wait((asked.done,))
 
 
 for _kind in OWNED_KINDS:  # one handler for every owned kind

@@ -199,6 +199,16 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
     return objects
 
 
+def owned_names(name: str) -> frozenset[tuple[str, str]]:
+    """Every (kind, name) ``desired_objects`` renders for an LLMDeployment of ``name``,
+    with monitoring and without, whatever its spec: the objects whose events are its
+    drift. Any other object, whatever its labels and owner reference say, is none of
+    its objects, and its events reach no reconcile."""
+    return frozenset({("ConfigMap", f"{name}-engine"), ("Deployment", name),
+                      ("Service", name), ("NetworkPolicy", name), ("ServiceMonitor", name),
+                      ("PrometheusRule", f"slopilot-{name}"), ("ConfigMap", f"{name}-rules")})
+
+
 class NameTaken(Exception):
     """An object of a name the CR's objects take exists and is not the CR's."""
 

@@ -19,7 +19,8 @@
   ``HANDLER_THREADS`` threads (unset: min(32, CPUs + 4), 6 on a 2-CPU pod). The
   handlers on it talk to the API server alone: what waits on a tenant's pods or its
   Prometheus runs on a pool of its own, a namespace's on a share of it (the pod syncs,
-  pod_sync_pool.py; the tuning steps, tuning_pool.py).
+  pod_sync_pool.py; the tuning steps, tuning_pool.py). The drift repairs run on half of
+  these threads at most, a namespace's on a share of that (drift_repairs.py).
 - The administrator's policy (``operator_policy``): ``$SLOPILOT_ALLOWED_IMAGES``,
   ``$SLOPILOT_ALLOWED_PROMETHEUS`` and ``$SLOPILOT_ALLOWED_STORAGE`` (comma-separated
   allow-lists, see policy.py and study_storage.py; read first by ``started_policy``, so
@@ -74,7 +75,8 @@ HANDLER_THREADS = 16
 asyncio's default, min(32, CPUs + 4): 6 on a 2-CPU operator pod. The handlers mostly wait
 on the API server, so the count is not tied to CPUs; no pod sync holds one of them
 (pod_sync_pool.py), so a tenant's slow pods leave them to every tenant's reconciles,
-drift repairs and deletions."""
+drift repairs and deletions; the drift repairs take at most half of them
+(``drift_repairs.REPAIRS``), however many objects change."""
 PREFIX = "slopilot.dev"
 FINALIZER = f"{PREFIX}/finalizer"
 WATCH_SERVER_TIMEOUT_S = 60

@@ -258,6 +258,23 @@ def sync_timer(body: dict[str, Any], memo: Any) -> None:
     asyncio.run(run())
 
 
+def drift_handler(handler: Any, memo: Any, **kwargs: Any) -> None:
+    """A drift handler (``handlers.repair_drift`` at an event, ``retry_drift_repair`` at
+    the timer's look) run as kopf runs it, and on to the end of the repair it asks: on an
+    event loop of its own, with ``memo.drift_repairs`` made on it (a queue kept across
+    runs holds nothing between them)."""
+    import asyncio
+
+    from slopilot.operator.drift_repairs import DriftRepairs
+
+    async def run() -> None:
+        memo.drift_repairs = DriftRepairs()
+        await handler(memo=memo, **kwargs)
+        await memo.drift_repairs.settled()
+
+    asyncio.run(run())
+
+
 class KopfLoop:
     """kopf's event loop on a thread of its own, the pod syncs' pool on it as the
     operator's startup makes it (``pool``): a handler run on another thread asks it as

@@ -28,7 +28,14 @@ from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
-from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
+from tests.operator.operator_support import (
+    NS,
+    Cluster,
+    daemon_loop,
+    drift_handler,
+    llmd,
+    operator_mint,
+)
 from tests.support.kube_server import RunningEmulator
 
 DENY_ALL = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -234,8 +241,8 @@ def test_an_owner_reference_cannot_steer_the_operator_into_another_namespace(
     monkeypatch.setattr(kopf, "info", lambda body, **kw: posted.append((body, kw)))
     monkeypatch.setattr(kopf, "warn", lambda body, **kw: posted.append((body, kw)))
     seen = len(kube.emulator._requests)
-    repair_drift(event={"type": "MODIFIED"}, body=bait, memo=memo,
-                 logger=logging.getLogger(__name__))
+    drift_handler(repair_drift, memo, event={"type": "MODIFIED"}, body=bait,
+                  logger=logging.getLogger(__name__))
     assert [(r.method.value, r.namespace, r.name) for r in kube.emulator._requests[seen:]
             if r.namespace not in (NS, None)] == []
     assert posted == []

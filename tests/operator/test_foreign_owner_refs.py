@@ -32,7 +32,7 @@ from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
-from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
+from tests.operator.operator_support import NS, Cluster, drift_handler, llmd, operator_mint
 from tests.operator.test_operator_rbac import ACCOUNT, TOKEN, USER, cluster_wide
 from tests.support.kube_authz import granted_to
 from tests.support.kube_server import RunningEmulator
@@ -97,8 +97,8 @@ def made(admin: Cluster, memo: SimpleNamespace) -> dict[str, Any]:
 def drift_event(admin: Cluster, memo: SimpleNamespace, api: str, plural: str,
                 name: str) -> None:
     """What kopf does at an event of the object: the drift handler, as the operator."""
-    repair_drift(event={"type": "MODIFIED"}, body=admin.owned(api, plural, name), memo=memo,
-                 logger=logging.getLogger(__name__))
+    drift_handler(repair_drift, memo, event={"type": "MODIFIED"},
+                  body=admin.owned(api, plural, name), logger=logging.getLogger(__name__))
 
 
 def add_owner(admin: Cluster, api: str, plural: str, name: str, ref: dict[str, Any]) -> None:
@@ -227,7 +227,8 @@ def test_under_the_plugin_its_own_reference_is_reported_and_the_rest_repaired(
                   "the rest of the object was repaired", "tries again every 60 s"):
         assert words in reconciled["message"], reconciled["message"]
     # The timer's next look: one more refusal, the condition as it was (not rewritten).
-    retry_drift_repair(body=admin.get(), memo=memo, logger=logging.getLogger(__name__))
+    drift_handler(retry_drift_repair, memo, body=admin.get(),
+                  logger=logging.getLogger(__name__))
     assert refused(kube) == ["delete services"] * 2
     assert admin.condition("Reconciled") == reconciled
     # The spec's own reconcile says the same, and is not retried by kopf at 10 s.

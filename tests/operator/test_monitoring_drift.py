@@ -31,6 +31,7 @@ from slopilot.operator.spec import parse_spec
 from tests.operator.operator_support import (
     NS,
     Cluster,
+    drift_handler,
     llmd,
     monitoring_crds,
     operator,
@@ -194,7 +195,7 @@ def test_an_event_of_an_object_in_sync_writes_nothing(
     mon.custom.patch_namespaced_custom_object(GROUP, "v1", NS, "servicemonitors", MONITOR,
                                               {"metadata": {"annotations": {"a": "b"}}})
     before = writes(kube)
-    repair_drift(memo=memo, **event(mon, "ServiceMonitor", "servicemonitors", MONITOR))
+    drift_handler(repair_drift, memo, **event(mon, "ServiceMonitor", "servicemonitors", MONITOR))
     assert writes(kube) == before
     assert posted == []
 
@@ -205,7 +206,8 @@ def test_a_repair_the_api_server_fails_says_so_and_is_tried_again(
     args = event(mon, "PrometheusRule", "prometheusrules", RULE, "DELETED")
     mon.custom.delete_namespaced_custom_object(GROUP, "v1", NS, "prometheusrules", RULE)
     kube.emulator.fail("POST", "prometheusrules", status=500, times=2)
-    repair_drift(memo=memo, **args)  # a failed repair is no handler error: kopf drops those
+    # A failed repair is no handler error: kopf drops those.
+    drift_handler(repair_drift, memo, **args)
     cond = mon.condition("Reconciled")
     assert cond["status"] == "False" and cond["reason"] == "DriftNotRepaired", cond
     assert f"PrometheusRule/{RULE} not repaired: 500 InternalError" in cond["message"]
@@ -215,10 +217,10 @@ def test_a_repair_the_api_server_fails_says_so_and_is_tried_again(
     assert not_reconciled(mon.kube, mon.get(), parse_spec(mon.get())) is None
     # The same failure again: the condition says it already.
     count = status_writes(kube)
-    retry_drift_repair(body=mon.get(), memo=memo, logger=logging.getLogger("test"))
+    drift_handler(retry_drift_repair, memo, body=mon.get(), logger=logging.getLogger("test"))
     assert status_writes(kube) == count
     # The API server takes it now: the timer's look repairs it and says so.
-    retry_drift_repair(body=mon.get(), memo=memo, logger=logging.getLogger("test"))
+    drift_handler(retry_drift_repair, memo, body=mon.get(), logger=logging.getLogger("test"))
     assert mon.owned(MON, "prometheusrules", RULE) is not None
     cond = mon.condition("Reconciled")
     assert cond["status"] == "True" and cond["reason"] == "DriftRepaired", cond
@@ -240,8 +242,8 @@ def test_an_object_of_the_name_that_is_not_the_crs_is_left_alone(
     theirs["spec"] = {"groups": []}
     mon.custom.create_namespaced_custom_object(GROUP, "v1", NS, "prometheusrules", theirs)
     before = mon.owned(MON, "prometheusrules", RULE)
-    repair_drift(memo=memo, **args)
-    repair_drift(memo=memo, **event(mon, "PrometheusRule", "prometheusrules", RULE))
+    drift_handler(repair_drift, memo, **args)
+    drift_handler(repair_drift, memo, **event(mon, "PrometheusRule", "prometheusrules", RULE))
     assert mon.owned(MON, "prometheusrules", RULE) == before
     cond = mon.condition("Reconciled")
     assert cond["status"] == "False" and cond["reason"] == "DriftNotRepaired", cond
@@ -250,7 +252,7 @@ def test_an_object_of_the_name_that_is_not_the_crs_is_left_alone(
     assert posted == []
     # Once they remove it, the timer's next look makes the CR's own again.
     mon.custom.delete_namespaced_custom_object(GROUP, "v1", NS, "prometheusrules", RULE)
-    retry_drift_repair(body=mon.get(), memo=memo, logger=logging.getLogger("test"))
+    drift_handler(retry_drift_repair, memo, body=mon.get(), logger=logging.getLogger("test"))
     back = mon.owned(MON, "prometheusrules", RULE)
     assert back["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
     assert mon.condition("Reconciled")["reason"] == "DriftRepaired"

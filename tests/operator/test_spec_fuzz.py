@@ -29,7 +29,7 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.operator.crd import openapi_schema
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.pod_layout import CLIENTS_FILE, CONFIG_FILE, SLO_FILE
-from slopilot.operator.reconcile import desired_objects, object_problems
+from slopilot.operator.reconcile import desired_objects, object_problems, owned_names
 from slopilot.operator.spec import SpecError, parse_spec
 
 Leaf = tuple[tuple[str, ...], Mapping[str, Any]]
@@ -149,6 +149,10 @@ def _check_objects(body: dict[str, Any]) -> None:
     for monitoring in (True, False):
         objects = desired_objects(body, spec, replicas=spec.min_replicas,
                                   monitoring=monitoring, operator_namespace="slopilot")
+        # Only these names' events reach a drift repair: one rendered outside them would
+        # never be repaired.
+        assert {(o["kind"], o["metadata"]["name"]) for o in objects} <= owned_names(
+            body["metadata"]["name"])
         text = json.dumps(objects, allow_nan=False)  # plain JSON, as the API takes it
         assert json.loads(text) == objects
         for obj in objects:
