@@ -216,6 +216,16 @@ def test_the_numbers_leave_kopfs_threads_to_its_other_handlers() -> None:
     assert REPAIRS < HANDLER_THREADS  # spec reconciles, deletions, timers: the rest
 
 
+def test_the_operations_guide_says_the_numbers() -> None:
+    from tests.docs.test_doc_references import ROOT
+
+    text = " ".join((ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split())
+    for said in (f"at most {REPAIRS} of kopf's {HANDLER_THREADS} threads (`REPAIRS`",
+                 f"at most {REPAIRS_PER_NAMESPACE} of one namespace's "
+                 "(`REPAIRS_PER_NAMESPACE`)"):
+        assert said in text, said
+
+
 @pytest.mark.parametrize("spec", [{"clients": grants()}, {"backend": "vllm"}],
                          ids=["builtin-clients", "vllm"])
 def test_the_owned_names_are_every_name_the_render_gives(spec: dict[str, Any]) -> None:
