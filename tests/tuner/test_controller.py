@@ -588,3 +588,22 @@ def test_the_early_look_waits_for_the_settled_part_of_the_window() -> None:
     assert ctl.tick(1.0).action is Action.NONE and rig.ev.calls == []  # nothing settled yet
     ctl.tick(3.0)
     assert rig.ev.calls[-1][:2] == (2.0, 3.0)
+
+
+def test_an_inform_alert_is_said_once_for_each_new_set_then_kept_quietly() -> None:
+    """Said every tick, an inform alert firing for hours posted an ``Inform`` event on the
+    CR each tick (and a line of the demo's each second). Said once for each new set of
+    them, as a hold is; the reason still names them while they fire."""
+    rig = Rig(dep=FakeDeployment(n=2), planner=FakePlanner(needed=2))
+    ctl = rig.build()
+    low = alert(AlertAction.INFORM, "SlopilotPrefixCacheHitLow")
+    rig.alerts.alerts = [low]
+    assert ctl.tick(0.0).action is Action.INFORM
+    quiet = ctl.tick(15.0)
+    assert quiet.action is Action.NONE and "SlopilotPrefixCacheHitLow" in quiet.reason
+    rig.alerts.alerts = [low, alert(AlertAction.INFORM, "SlopilotPreemptionStorm")]
+    assert ctl.tick(30.0).action is Action.INFORM  # another joins: said again
+    rig.alerts.alerts = []
+    assert ctl.tick(45.0).action is Action.NONE
+    rig.alerts.alerts = [low]
+    assert ctl.tick(60.0).action is Action.INFORM  # it fires anew: said again

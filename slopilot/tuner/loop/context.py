@@ -85,6 +85,9 @@ class LoopContext:
         self.held_by: frozenset[str] = frozenset()
         """The hold alerts (``Alert.describe()``) the last tick in STEADY held for: a hold
         is said once for each new set (in memory: a restarted controller says it again)."""
+        self.informed_of: frozenset[str] = frozenset()
+        """The inform alerts the last tick in STEADY reported, likewise said once for each
+        new set: said every tick, one firing for hours posted an event on the CR a tick."""
         self.twin_no_answer: tuple[float, str] | None = None
         """(when, why) the simulator last gave this loop no answer: busy with other
         deployments' calls, or past a call's time limit or memory cap."""

@@ -3,7 +3,7 @@
 STEADY acts on the firing alerts by their ``action`` label: ``hold`` (the deployment
 serves nothing, or cannot be seen) stops it acting at all, whatever else fires, until it
 clears; else ``scale`` moves to SCALING, ``retune`` starts a tuning episode, ``inform`` is
-reported and nothing more. With no alert
+reported (once for each new set of them) and nothing more. With no alert
 that acts and none that says an SLO is breached (the TTFT warning informs, but the SLO is
 breached all the same), replicas above the minimum are given back once the alerts have
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
@@ -68,13 +68,16 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return start_episode(ctx, tick.now, "alert " + names(retune) + lifted,
                              Event.RETUNE_ALERT, allow_scale=True)
     inform = [a for a in alerts if a.action is AlertAction.INFORM]
+    which = frozenset(a.describe() for a in inform)
+    said, ctx.informed_of = which == ctx.informed_of, which
+    told = Action.NONE if said else Action.INFORM  # once for each new set of them
     if any(a.name in SLO_BREACH_ALERTS for a in inform):
         # An SLO breached is no spare capacity, whatever the alert asks the loop to do.
         ctx.loop.headroom_since = None
-        return ctx.decide(Action.INFORM, "alert " + names(inform))
+        return ctx.decide(told, "alert " + names(inform))
     step = _scale_down(ctx, tick.now)
     if step is None and inform:
-        return ctx.decide(Action.INFORM, "alert " + names(inform))
+        return ctx.decide(told, "alert " + names(inform))
     return step or ctx.decide(Action.NONE, "steady")
 
 
