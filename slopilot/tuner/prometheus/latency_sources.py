@@ -88,8 +88,11 @@ BUILTIN_LATENCY = LatencySources(
 
 VLLM_LATENCY = LatencySources(
     # vLLM refuses nothing for load (it queues), and its own histogram drops a request
-    # whose client left: the meter counts those, beside its own histogram.
-    ttft=LatencySource(Histogram(TTFT, tuple(VLLM_LATENCY_BUCKETS[TTFT])),
+    # whose client left: the meter counts those, beside either histogram. Beside vLLM's
+    # too: where the meter saw no first token (its clients ask for bodies, which it does
+    # not time), a stream cut short is one more never given among vLLM's, not the class.
+    ttft=LatencySource(Histogram(TTFT, tuple(VLLM_LATENCY_BUCKETS[TTFT]),
+                                 never=(CLIENT_ABANDONED,)),
                        client=Histogram(CLIENT_TTFT, TOKEN_LATENCY_BUCKETS,
                                         never=(CLIENT_ABANDONED,))),
     tbt=LatencySource(Histogram(TBT, tuple(VLLM_LATENCY_BUCKETS[TBT])),

@@ -160,8 +160,9 @@ def bucket_rates(hist: Histogram, selector: str, window: str,
 def latency_quantile(q: float, source: LatencySource, selector: str, window: str,
                      by: str = "le, priority_class") -> str:
     """``q`` of a TTFT or TBT over ``window``, summed ``by`` (``le`` among them): the
-    client-side histogram's wherever it observed any in the window (a first token, or a
-    stream cut short before one), else the engine's (``latency_sources``). Per group of
+    client-side histogram's wherever it observed a first token in the window, else the
+    engine's (``latency_sources``), each with the first tokens never given in its +Inf
+    (``bucket_rates``: a stall's streams cut short read 300 s on either). Per group of
     ``by``: the guard keeps a group whose client histogram counted nothing (its quantile
     NaN) from hiding the engine's, and ``or`` takes the engine's for a group only where
     the client's has none of the same labels.
@@ -171,8 +172,10 @@ def latency_quantile(q: float, source: LatencySource, selector: str, window: str
         return own
     hist = source.client
     others = _others(by)
-    observed = _summed_rates((f"{hist.metric}_count", *hist.never), selector, window, others)
-    seen = f"{observed} > 0"
+    # Its first tokens, not its streams cut short: a class whose clients ask for bodies
+    # (the meter times streams only) is vLLM's, one stream cut short beside them counted
+    # in vLLM's +Inf (``latency_sources``), not a class of that one stream alone.
+    seen = _summed_rates((f"{hist.metric}_count",), selector, window, others) + " > 0"
     client = f"histogram_quantile({q}, {bucket_rates(hist, selector, window, by)})"
     return f"({client} and on ({others}) ({seen})) or {own}"
 
