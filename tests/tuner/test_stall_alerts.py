@@ -267,6 +267,25 @@ def test_targets_gone_fire_targets_down(
 
 
 @pytest.mark.prometheus
+def test_a_deployment_scaled_to_zero_is_not_down(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """``spec.replicas.min: 0`` is allowed, and a Deployment at 0 has no ``up`` left: the
+    "none left" branch fired, critical and holding the loop, for as long as it stayed
+    there. Where kube-state-metrics says the Deployment asks for 0, nothing fires; where
+    it asks for 1, or says nothing, the pods gone fire it as before."""
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard"})]
+    ksm = '{namespace="team-a",deployment="chat"}'
+    up = {"series": f"up{labels()}", "values": "1x15 stale"}
+    for asked, fired in (("0", []), ("1", [DOWN])):
+        series = [up, {"series": f"kube_deployment_spec_replicas{ksm}",
+                       "values": f"1x15 {asked}x30"}]
+        checks = [{"eval_time": "10m", "alertname": "SlopilotTargetsDown",
+                   "exp_alerts": fired}]
+        run(prometheus_binaries, tmp_path, files, series, checks)
+
+
+@pytest.mark.prometheus
 def test_one_replica_down_of_two_fires_and_both_up_does_not(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
     files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",

@@ -30,7 +30,8 @@ SlopilotBatchingUnderused  utilization < 0.6 and waiting > 100    retune    ``al
 SlopilotPrefixCacheHitLow  prefix hit ratio < 0.95 (if expected)  inform    ``alert_for_s``
 SlopilotEngineStalled      replicas with requests in flight and   hold      ``alert_for_s``
                            no token made over the window > 0
-SlopilotTargetsDown        scrape targets down, or none left, > 0 hold      ``alert_for_s``
+SlopilotTargetsDown        scrape targets down, or none left, > 0 hold      2 rate windows
+                                                                           at least
 =========================  =====================================  ========  ===========
 
 The last two are not in the seeds: they say the deployment serves nothing, or cannot be
@@ -381,12 +382,16 @@ def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
         f"over {_minutes(o.rate_window_s)}, for {_minutes(o.alert_for_s)}: the executor or "
         "the engine is stuck. The controller neither retunes nor scales while it fires; "
         "restart the stuck pods (docs/operations.md, Alerts)."))
+    # Through two rate windows at least: with the short windows of the demo (a scrape a
+    # second, its timeout as long), a scrape or two a busy machine's Prometheus missed
+    # read as an outage and held the loop. The cluster's defaults: 2 min either way.
+    down_for = max(o.alert_for_s, 2 * o.rate_window_s)
     rows.append(AlertRule(
         AlertName.TARGETS_DOWN.value, ALL_CLASSES, Severity.CRITICAL, AlertAction.HOLD,
-        (Condition(Figure.TARGETS_DOWN, Op.ABOVE, 0),), o.alert_for_s,
+        (Condition(Figure.TARGETS_DOWN, Op.ABOVE, 0),), down_for,
         "scrape targets down or gone",
         f"{{{{ $value }}}} scrape target(s) of the deployment down (or none left) for "
-        f"{_minutes(o.alert_for_s)}: its figures are missing, and the alerts that read "
+        f"{_minutes(down_for)}: its figures are missing, and the alerts that read "
         "them have cleared. The controller neither retunes nor scales while it fires; "
         "check the pods and the ServiceMonitor (docs/operations.md, Alerts)."))
     return tuple(rows)

@@ -201,6 +201,7 @@ class _Renderer:
                             "series only where they are scraped with honorLabels")
         self.dcgm_namespace = dcgm_namespace
         self.subject = deployment if namespace is None else f"{namespace}/{deployment}"
+        self.deployment, self.namespace = deployment, namespace
         sel = dict(selector) if selector is not None else dict(self.ident)
         if not sel:
             raise RuleError("selector is empty: it would match every engine in Prometheus; "
@@ -308,11 +309,19 @@ class _Renderer:
     def targets_down(self) -> str:
         """The deployment's scrape targets down (``up`` 0: the last scrape failed), or 1
         where it has none left (``absent``: its pods and their series are gone, or no
-        monitor selects them). Read from ``up`` under the deployment's own selector:
-        Prometheus writes it for each target with the target's labels, which the
-        ServiceMonitor's relabelings and the enforced namespace label set."""
+        monitor selects them), but for a Deployment kube-state-metrics says is scaled to
+        0 (``spec.replicas.min: 0`` is allowed). Read from ``up`` under the deployment's
+        own selector: Prometheus writes it for each target with the target's labels,
+        which the ServiceMonitor's relabelings and the enforced namespace label set."""
         up = f"up{self.sel()}"
-        return f"sum({up} == bool 0) or absent({up})"
+        gone = f"absent({up})"
+        if self.namespace is not None:
+            # A Deployment scaled to 0 has no target to be down: where kube-state-metrics
+            # says so, no alert (without it, "none left" fires as for pods gone).
+            scaled = render_selector({"namespace": self.namespace,
+                                      "deployment": self.deployment})
+            gone += f" unless on () (kube_deployment_spec_replicas{scaled} == 0)"
+        return f"sum({up} == bool 0) or {gone}"
 
     def recording_rules(self) -> list[dict[str, Any]]:
         w = self.window
