@@ -42,8 +42,8 @@ from slopilot.engine.scheduler import DisplacedError, DuplicateRequestError, Ste
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 from slopilot.engine.server.retry_after import RetryAfter
 
-__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "RequestStream",
-           "StreamDelta", "TooManyChoicesError"]
+__all__ = ["AsyncEngine", "DrainedError", "EngineDeadError", "EngineDrainingError",
+           "RequestStream", "StreamDelta", "TooManyChoicesError"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,6 +57,15 @@ _STALL_WAIT_S = 0.005
 
 class EngineDrainingError(RuntimeError):
     """The engine is draining or stopped and admits no new request (HTTP 503)."""
+
+
+class DrainedError(EngineDrainingError):
+    """A drain past its timeout ended a request none of whose choices had a token: its
+    client is answered as one refused while draining (503), so it retries on another
+    replica; a 200 with no text reads to an OpenAI SDK as a success it does not retry."""
+
+
+_DRAINING = "the server is draining; retry on another replica"
 
 
 class EngineDeadError(RuntimeError):
@@ -96,8 +105,9 @@ class AsyncEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Engine-thread state: the streams of requests the scheduler still holds.
-        self._live: dict[str, tuple[Request, RequestStream]] = {}
+        # Engine-thread state: the streams of requests the scheduler still holds, each
+        # with the requests admitted with it (the choices of its HTTP request).
+        self._live: dict[str, tuple[Request, RequestStream, tuple[Request, ...]]] = {}
         # Loop-side state.
         self._active: dict[str, RequestStream] = {}
         self._all_done = asyncio.Event()
@@ -141,9 +151,11 @@ class AsyncEngine:
         return self._target_config
 
     async def drain(self, timeout_s: float) -> int:
-        """Stop admitting; let running requests finish up to ``timeout_s``; abort the rest.
+        """Stop admitting; let running requests finish up to ``timeout_s``; end the rest:
+        those of an HTTP request none of whose choices had a token are refused
+        (``DrainedError``), the others aborted, as cut short.
 
-        Returns how many requests were aborted.
+        Returns how many requests were ended.
         """
         self.draining = True
         try:
@@ -152,8 +164,9 @@ class AsyncEngine:
         except TimeoutError:
             pass
         left = list(self._active)
-        for rid in left:
-            self.abort(rid)
+        # One command: no iteration between two of them can start a queued choice whose
+        # sibling was already refused, and their ends reach the loop together.
+        self._submit(lambda: self._end_drained(left))
         await self._all_done.wait()
         return len(left)
 
@@ -199,7 +212,7 @@ class AsyncEngine:
         def add() -> None:
             try:
                 if self.draining:
-                    raise EngineDrainingError("the server is draining; retry on another replica")
+                    raise EngineDrainingError(_DRAINING)
                 # Checked here, against the live config (max_waiting is a live knob).
                 limit = self.engine.config.max_waiting
                 if len(reqs) > limit:
@@ -210,8 +223,9 @@ class AsyncEngine:
             except Exception as exc:
                 self._post(_resolve, fut, None, exc)
                 return
+            group = tuple(reqs)
             for req, stream in zip(reqs, streams, strict=True):
-                self._live[req.request_id] = (req, stream)
+                self._live[req.request_id] = (req, stream, group)
             self._post(_resolve, fut, None, None)
             if displaced:
                 self._refuse_displaced(displaced, max(r.priority for r in reqs), limit)
@@ -319,7 +333,7 @@ class AsyncEngine:
     def _check_accepting(self) -> None:
         self._check_alive()
         if self.draining:
-            raise EngineDrainingError("the server is draining; retry on another replica")
+            raise EngineDrainingError(_DRAINING)
 
     def _submit(self, cmd: Callable[[], None]) -> None:
         with self._cond:
@@ -347,7 +361,7 @@ class AsyncEngine:
         urgent one (already finished by the scheduler) that they were refused. None of
         them has started, so none has a token: its handler still owes its client the
         status, and answers the 429 (``openai_routes``)."""
-        refused = []
+        refused: list[tuple[RequestStream, BaseException]] = []
         for req in displaced:
             entry = self._live.pop(req.request_id, None)
             if entry is not None:
@@ -356,7 +370,34 @@ class AsyncEngine:
         if refused:
             self._post(self._deliver_refusals, refused)
 
-    def _deliver_refusals(self, refused: list[tuple[RequestStream, DisplacedError]]) -> None:
+    def _end_drained(self, ids: list[str]) -> None:
+        """Engine thread: end the requests a drain past its timeout left. Those of an HTTP
+        request none of whose choices made a token (all still held, none with output) are
+        refused, so their handler can still answer 503 (``openai_routes``): none had a
+        token to send, so none can have had its status sent either. The others are
+        aborted as ``abort`` would, their streams ended as cut short."""
+        live = self._live
+        unstarted = {rid for rid in ids if rid in live and all(
+            r.request_id in live and not r.output_token_ids for r in live[rid][2])}
+        events: list[_Event] = []
+        refused: list[tuple[RequestStream, BaseException]] = []
+        for rid in ids:
+            entry = live.pop(rid, None)
+            self.engine.abort_request(rid, RequestStatus.FINISHED_ABORTED)
+            if entry is None:
+                continue
+            if rid in unstarted:
+                refused.append((entry[1], DrainedError(_DRAINING)))
+            else:
+                events.append((entry[1], None, FinishReason.ABORT, 0.0))
+        self._post(self._deliver_drained, events, refused)
+
+    def _deliver_drained(self, events: list[_Event],
+                         refused: list[tuple[RequestStream, BaseException]]) -> None:
+        self._deliver(events)
+        self._deliver_refusals(refused)
+
+    def _deliver_refusals(self, refused: list[tuple[RequestStream, BaseException]]) -> None:
         for stream, error in refused:
             stream._push(None, None, error)
             self._active.pop(stream.request_id, None)
@@ -371,7 +412,7 @@ class AsyncEngine:
                 _resolve(fut, None, error)
             self._active.clear()
             self._all_done.set()
-        streams = [s for _, s in self._live.values()]
+        streams = [s for _, s, _ in self._live.values()]
         self._live.clear()
         self._post(fail, streams)
 

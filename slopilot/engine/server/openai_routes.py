@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from slopilot.engine.scheduler import DisplacedError
 from slopilot.engine.server.arrival import arrival_of
+from slopilot.engine.server.async_engine import DrainedError
 from slopilot.engine.server.client_gate import GrantRefusal, grants_of
 from slopilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from slopilot.engine.server.response_models import (
@@ -25,7 +26,13 @@ from slopilot.engine.server.response_models import (
     ModelCard,
     ModelList,
 )
-from slopilot.engine.server.responses import DeliveredJSON, DeliveredStream, Delivery, collect
+from slopilot.engine.server.responses import (
+    DeliveredJSON,
+    DeliveredStream,
+    Delivery,
+    collect,
+    engine_error,
+)
 from slopilot.engine.server.serving import (
     INLINE_PREPARE_CHARS,
     PRIORITY_HEADER,
@@ -51,7 +58,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
          "priority_not_allowed)"), (404, "Unknown model"),
         (429, "Waiting queue full (see Retry-After), or a request not yet started gave "
          "way in it to a more urgent class (code queue_full)"), (500, "The engine failed"),
-        (503, "Draining"))}}
+        (503, "Draining: refused, or ended by the drain's timeout before any choice "
+         "started (code draining)"))}}
 
 
 class PrometheusText(Response):
@@ -115,7 +123,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             if prep.stream:
                 # The stream's status goes out with its first output, not at admission:
                 # until a choice starts, a full queue may displace them for a more urgent
-                # request (queue_room.py), and its client is then owed a 429, not a 200.
+                # request (queue_room.py), or a drain end them, and its client is then
+                # owed a 429 or a 503, not a 200.
                 result = await _unless_disconnected(request, delivery.started())
             else:
                 result = await _unless_disconnected(request,
@@ -123,6 +132,11 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         except DisplacedError as exc:
             delivery.refused()
             raise refused_for_load(engine, prep, backend.metrics, slo, exc) from None
+        except DrainedError as exc:
+            # A drain ended it before any choice started: the 503 of the door, so its
+            # client retries on another replica (a 200 with no text it would not).
+            delivery.refused()
+            raise engine_error(exc) from None
         except BaseException:
             delivery.close()
             raise

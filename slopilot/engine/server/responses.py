@@ -50,7 +50,11 @@ from slopilot.engine.client_gaps import ClientGaps
 from slopilot.engine.http_deadlines import DISCONNECTED_KEY
 from slopilot.engine.request import FinishReason, TokenLogprobs
 from slopilot.engine.scheduler import DisplacedError
-from slopilot.engine.server.async_engine import EngineDeadError, EngineDrainingError
+from slopilot.engine.server.async_engine import (
+    DrainedError,
+    EngineDeadError,
+    EngineDrainingError,
+)
 from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.detokenizer import IncrementalDetokenizer
 from slopilot.engine.server.errors import APIError, error_body
@@ -262,9 +266,10 @@ class Delivery:
 
     async def started(self) -> bool:
         """Wait until some choice has news: a token, its end, or an error (True). Raises
-        DisplacedError where its choices gave way in a full queue before any started:
-        a stream's status goes out only after this, so that its client can still be
-        answered 429 (``openai_routes``)."""
+        DisplacedError where its choices gave way in a full queue before any started,
+        DrainedError where a drain ended them before any started: a stream's status
+        goes out only after this, so that its client can still be answered 429 or 503
+        (``openai_routes``)."""
         wakeup = asyncio.Event()
         for s in self.streams:
             s.wakeup = wakeup
@@ -275,15 +280,18 @@ class Delivery:
                 break
             await wakeup.wait()
         for s in self.streams:
-            if isinstance(s.error, DisplacedError):
+            # The engine ends all of a request's choices so together, none with a token.
+            if isinstance(s.error, (DisplacedError, DrainedError)):
                 raise s.error
         return True
 
     def refused(self) -> None:
-        """Its choices gave way in a full queue before any started (``DisplacedError``):
-        a refusal for load, counted as one with its 429 (``serving.refused_for_load``),
-        so nothing here observes them: no latency, no finish reason, no verdict, no retry
-        let in."""
+        """Its choices were refused before any started, so nothing here observes them:
+        no latency, no finish reason, no verdict, no abandoned choice, no retry let in.
+        Those that gave way in a full queue (``DisplacedError``) are a refusal for load,
+        counted as one with their 429 (``serving.refused_for_load``); those a drain ended
+        (``DrainedError``) are counted nowhere, as a 503 at the door while draining: the
+        client is told to retry on another replica, which serves and counts it."""
         self._retry_settled = True
         for state in self.states:
             state.delivered = True
@@ -422,6 +430,8 @@ async def collect(delivery: Delivery, text_of: TokenText) -> dict[str, object]:
             if delta.token_ids:
                 delivery.first_output(state)
             parts[state.choice.index].append(state.feed(delta)[0])
+    except DrainedError:
+        raise  # before any choice started: the route refuses it (``Delivery.refused``)
     except (EngineDeadError, EngineDrainingError) as exc:
         raise engine_error(exc) from None
     finally:

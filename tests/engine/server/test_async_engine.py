@@ -19,6 +19,7 @@ from slopilot.engine.request import FinishReason, Priority
 from slopilot.engine.scheduler import DisplacedError, DuplicateRequestError, QueueFullError
 from slopilot.engine.server.async_engine import (
     AsyncEngine,
+    DrainedError,
     EngineDeadError,
     TooManyChoicesError,
 )
@@ -133,6 +134,32 @@ async def test_drain_timeout_aborts_and_counts() -> None:
     assert aborted == 1
     deltas = [d async for d in stream]
     assert deltas[-1].finish_reason is FinishReason.ABORT
+    assert await engine.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
+    await engine.shutdown()
+
+
+async def test_drain_refuses_the_requests_none_of_whose_choices_started() -> None:
+    """Past the drain's timeout, the choices of one HTTP request (admitted together)
+    are ended alike: refused (``DrainedError``, a 503) where none had a token, so the
+    client retries elsewhere; aborted, as cut short, where one had."""
+    class Slow(FakeExecutor):
+        def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+            time.sleep(0.002)  # a pretend forward pass, so the request outlives the drain
+            return super().execute(out)
+
+    engine = AsyncEngine(_engine(Slow(), max_num_seqs=1, max_waiting=4))
+    engine.start()
+    started = await engine.add_requests([make_request(f"a{i}", 5, max_tokens=100_000)
+                                         for i in range(2)])
+    queued = await engine.add_requests([make_request(f"b{i}", 5) for i in range(2)])
+    assert (await anext(started[0])).token_ids  # a0 runs; a1, b0 and b1 wait
+    assert await asyncio.wait_for(engine.drain(0.05), HANG_GUARD_S) == 4
+    for stream in started:
+        deltas = [d async for d in stream]
+        assert deltas[-1].finish_reason is FinishReason.ABORT
+    for stream in queued:
+        with pytest.raises(DrainedError, match="draining"):
+            await anext(stream)
     assert await engine.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
     await engine.shutdown()
 
