@@ -56,13 +56,16 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class ScrapeTarget:
-    """One scrape job: ``host:port`` addresses and labels attached to every series."""
+    """One scrape job: ``host:port`` addresses and labels attached to every series; a
+    ``__meta_*`` label there is what service discovery would have said of the target,
+    for ``relabel_configs`` to read, and gone after them as a discovered one is."""
 
     job: str
     targets: Sequence[str]
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_path: str = "/metrics"
     metric_relabel_configs: Sequence[Mapping[str, Any]] = ()
+    relabel_configs: Sequence[Mapping[str, Any]] = ()
 
 
 def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Sequence[Path],
@@ -75,6 +78,8 @@ def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Seq
         "scrape_configs": [
             {"job_name": t.job, "metrics_path": t.metrics_path,
              "static_configs": [{"targets": list(t.targets), "labels": dict(t.labels)}],
+             **({"relabel_configs": [dict(r) for r in t.relabel_configs]}
+                if t.relabel_configs else {}),
              **({"metric_relabel_configs": [dict(r) for r in t.metric_relabel_configs]}
                 if t.metric_relabel_configs else {})}
             for t in targets],
