@@ -1,10 +1,10 @@
 """How Prometheus scrapes an LLMDeployment's pods, and where it reads their latency.
 
-The ServiceMonitor, with the relabelings that make vLLM's series read as the rules
-select them (also as a plain Prometheus job's ``metric_relabel_configs``), and each
-backend's latency sources. It scrapes the pods' ``http`` port, which on a vLLM pod is
-the meter's: vLLM's /metrics followed by the verdicts, so the rules' per-``instance``
-join of the two holds as on the built-in engine.
+The ServiceMonitor, which scrapes ready pods only, with the relabelings that make vLLM's
+series read as the rules select them (also as a plain Prometheus job's
+``metric_relabel_configs``), and each backend's latency sources. It scrapes the pods'
+``http`` port, which on a vLLM pod is the meter's: vLLM's /metrics followed by the
+verdicts, so the rules' per-``instance`` join of the two holds as on the built-in engine.
 """
 
 from __future__ import annotations
@@ -71,14 +71,31 @@ def vllm_metric_relabel_configs(cls: str) -> list[dict[str, Any]]:
     return [_plain_relabel_config(rule) for rule in vllm_metric_relabelings(cls)]
 
 
+# Prometheus scrapes a Service's not-ready addresses too, and a pod is not ready while it
+# starts, loads its model or rolls out (every vLLM trial rolls every pod): its meter then
+# answers 502, ``up`` reads 0 and SlopilotTargetsDown's hold ended each tuning episode.
+# Dropped here, such a pod is no target, and ``up`` 0 means a ready pod that cannot be
+# scraped. The endpoints role (the Prometheus Operator's default) and the EndpointSlice
+# one label readiness apart; a role that sets neither label leaves "" to match nothing.
+ENDPOINT_READY_LABELS = ("__meta_kubernetes_endpoint_ready",
+                         "__meta_kubernetes_endpointslice_endpoint_conditions_ready")
+
+
+def not_ready_relabelings() -> list[dict[str, Any]]:
+    """ServiceMonitor ``relabelings`` that drop a target whose endpoint is not ready."""
+    return [{"action": "drop", "sourceLabels": [label], "regex": "false"}
+            for label in ENDPOINT_READY_LABELS]
+
+
 def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     endpoint: dict[str, Any] = {
         "port": "http", "path": "/metrics", "interval": "15s",
         # The rules select a deployment's series by namespace and name: two CRs named
         # chat in two namespaces are two deployments.
-        "relabelings": [{"action": "replace", "targetLabel": label, "replacement": value}
-                        for label, value in identity_labels(name, namespace).items()]}
+        "relabelings": not_ready_relabelings() + [
+            {"action": "replace", "targetLabel": label, "replacement": value}
+            for label, value in identity_labels(name, namespace).items()]}
     if spec.backend is Backend.VLLM:
         # The rules select vLLM's names with their colon, and the per-class rules and
         # panels need a class on every latency series.

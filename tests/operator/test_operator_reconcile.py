@@ -161,7 +161,8 @@ def test_vllm_knobs_it_lacks_are_named_and_monitoring_objects_used_when_served(
         sm = wait_for(lambda: cluster.owned("monitoring.coreos.com/v1", "servicemonitors", "v"),
                       what="the ServiceMonitor")
         relabel = {r["targetLabel"]: r["replacement"]
-                   for r in sm["spec"]["endpoints"][0]["relabelings"]}
+                   for r in sm["spec"]["endpoints"][0]["relabelings"]
+                   if r["action"] == "replace"}
         assert relabel == {"slopilot_namespace": NS, "slopilot_deployment": "v"}
         rule = wait_for(lambda: cluster.owned("monitoring.coreos.com/v1", "prometheusrules",
                                               "slopilot-v"), what="the PrometheusRule")

@@ -11,6 +11,7 @@ import pytest
 
 from slopilot.operator.engine_deployment import CHECKSUM_ANNOTATION, vllm_args
 from slopilot.operator.render import config_json, render_all
+from slopilot.operator.service_monitor import not_ready_relabelings
 from slopilot.operator.spec import LLMDeploymentSpec, SpecError, parse_spec
 
 KUBE_VERSION = "1.33.0"
@@ -101,7 +102,9 @@ def test_service_and_monitor_select_the_engine_pods() -> None:
     assert monitor["spec"]["endpoints"][0] == {
         "port": "http", "path": "/metrics", "interval": "15s",
         # The rendered rules select series by namespace and name (tuner/rules.py).
-        "relabelings": [{"action": "replace", "targetLabel": "slopilot_namespace",
+        # Only ready pods are targets (tests/operator/test_ready_targets.py).
+        "relabelings": [*not_ready_relabelings(),
+                        {"action": "replace", "targetLabel": "slopilot_namespace",
                          "replacement": "team"},
                         {"action": "replace", "targetLabel": "slopilot_deployment",
                          "replacement": "chat"}]}
