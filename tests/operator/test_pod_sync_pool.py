@@ -21,6 +21,7 @@ from slopilot.operator.pod_sync_pool import (
     SYNC_THREADS,
     SYNCS_PER_NAMESPACE,
     PodSyncPool,
+    Ticket,
     Waited,
 )
 from slopilot.operator.settings import HANDLER_THREADS
@@ -34,6 +35,15 @@ async def over(*tickets: object) -> None:
     futures = [t.done for t in tickets]  # type: ignore[attr-defined]
     done, _ = await asyncio.wait(futures, timeout=HANG_GUARD_S)
     assert len(done) == len(futures), "a sync never ended"
+
+
+async def held_pool() -> tuple[PodSyncPool, Gate, Ticket]:
+    """A pool of one slot, held by team-a's slow sync (``holder``) until ``gate`` opens."""
+    pool = PodSyncPool(threads=1, per_namespace=1)
+    gate = Gate()
+    holder = pool.ask("team-a", "slow", "uid-slow", gate)
+    await gate.entry()
+    return pool, gate, holder
 
 
 def test_the_numbers_leave_room_to_other_namespaces_and_fit_the_api_connections() -> None:
@@ -91,10 +101,7 @@ def test_a_namespace_of_many_crs_delays_anothers_sync_by_one_of_its_own() -> Non
     refused at every interval while the slow namespaces took each slot back waited for
     good)."""
     async def main() -> None:
-        pool = PodSyncPool(threads=1, per_namespace=1)
-        gate = Gate()
-        holder = pool.ask("team-a", "slow", "uid-slow", gate)
-        await gate.entry()
+        pool, gate, holder = await held_pool()
         order: list[str] = []
         a_syncs = [pool.ask("team-a", f"chat-{i}", f"uid-{i}",
                             functools.partial(order.append, f"a{i}")) for i in range(50)]
@@ -144,10 +151,7 @@ def test_one_sync_per_cr_at_once_and_once_more_only_when_asked_again() -> None:
 def test_a_sync_asked_again_while_it_waits_runs_once() -> None:
     """It reads the CR only once it runs: the edit is in what it reads."""
     async def main() -> None:
-        pool = PodSyncPool(threads=1, per_namespace=1)
-        gate = Gate()
-        holder = pool.ask("team-a", "slow", "uid-slow", gate)
-        await gate.entry()
+        pool, gate, holder = await held_pool()
         ran: list[str] = []
         waiting = pool.ask("team-b", "chat", "uid-b", lambda: ran.append("b"))
         assert pool.ask("team-b", "chat", "uid-b", lambda: ran.append("b2"),
@@ -184,10 +188,7 @@ def test_a_withdrawn_sync_runs_nothing_and_gives_its_place_on() -> None:
     """Its CR deleted (or its timer stopped) while it waits: it ends, nothing run, and
     the next namespace in turn gets the slot. One under way is not withdrawn."""
     async def main() -> None:
-        pool = PodSyncPool(threads=1, per_namespace=1)
-        gate = Gate()
-        holder = pool.ask("team-a", "slow", "uid-slow", gate)
-        await gate.entry()
+        pool, gate, holder = await held_pool()
         ran: list[str] = []
         gone = pool.ask("team-b", "chat", "uid-b", lambda: ran.append("gone"))
         after = pool.ask("team-c", "chat", "uid-c", lambda: ran.append("after"))
@@ -225,10 +226,7 @@ def test_a_sync_withdrawn_before_its_task_first_ran_ends_all_the_same() -> None:
 
 def test_a_waiter_is_told_when_the_sync_is_late_and_stops_when_told() -> None:
     async def main() -> None:
-        pool = PodSyncPool(threads=1, per_namespace=1)
-        gate = Gate()
-        holder = pool.ask("team-a", "slow", "uid-slow", gate)
-        await gate.entry()
+        pool, gate, holder = await held_pool()
         waiting = pool.ask("team-b", "chat", "uid-b", lambda: None)
         await on_loop(lambda: pool.waiting() == 1, "team-b's sync waiting")
         loop = asyncio.get_running_loop()
@@ -250,10 +248,7 @@ def test_a_waiter_is_told_when_the_sync_is_late_and_stops_when_told() -> None:
 
 def test_shutdown_withdraws_the_waiting_syncs_and_runs_none_asked_after() -> None:
     async def main() -> None:
-        pool = PodSyncPool(threads=1, per_namespace=1)
-        gate = Gate()
-        holder = pool.ask("team-a", "slow", "uid-slow", gate)
-        await gate.entry()
+        pool, gate, holder = await held_pool()
         ran: list[str] = []
         waiting = [pool.ask(f"team-{i}", "chat", f"uid-{i}", lambda: ran.append("late"))
                    for i in range(3)]

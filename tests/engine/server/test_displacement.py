@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
@@ -19,21 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from tests.engine.server.test_errors import read_first_chunk
 from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 SLO = SLOSpec.from_profile("standard")
 P2_SLO = SLO.class_slo(Priority.P2)
 NONE = {Priority.P0: 0, Priority.P1: 0, Priority.P2: 0}
-
-
-async def _keep_reading(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                        started: asyncio.Event) -> None:
-    async with client.stream("POST", url, json=body) as res:
-        assert res.status_code == 200
-        async for _ in res.aiter_lines():
-            started.set()
-    raise AssertionError("the long request finished; the test meant to cancel it")
 
 
 @contextlib.asynccontextmanager
@@ -48,7 +39,7 @@ async def _one_running_p2() -> AsyncIterator[tuple[LiveServer, httpx.AsyncClient
         async with httpx.AsyncClient(timeout=HANG_GUARD_S) as client:
             started = asyncio.Event()
             running = asyncio.create_task(
-                _keep_reading(client, srv.url + "/v1/completions", long, started))
+                read_first_chunk(client, srv.url + "/v1/completions", long, started))
             await asyncio.wait_for(started.wait(), HANG_GUARD_S)
             try:
                 yield srv, client

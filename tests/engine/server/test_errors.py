@@ -226,8 +226,9 @@ def test_prompt_beyond_kv_capacity_is_400() -> None:
         assert "KV cache" in err["message"] and err["code"] == "context_length_exceeded"
 
 
-async def _read_first_chunk(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                            started: asyncio.Event) -> None:
+async def read_first_chunk(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                           started: asyncio.Event) -> None:
+    """Stream ``body`` until cancelled, ``started`` set at its first line."""
     async with client.stream("POST", url, json=body) as res:
         assert res.status_code == 200
         async for _ in res.aiter_lines():
@@ -249,9 +250,9 @@ async def _full_queue() -> AsyncIterator[tuple[LiveServer, httpx.AsyncClient]]:
                 "priority": 0}
         async with httpx.AsyncClient(timeout=HANG_GUARD_S) as client:
             started = asyncio.Event()
-            running = asyncio.create_task(_read_first_chunk(client, url, long, started))
+            running = asyncio.create_task(read_first_chunk(client, url, long, started))
             await asyncio.wait_for(started.wait(), HANG_GUARD_S)
-            queued = asyncio.create_task(_read_first_chunk(client, url, long, asyncio.Event()))
+            queued = asyncio.create_task(read_first_chunk(client, url, long, asyncio.Event()))
             await asyncio.to_thread(wait_for, lambda: srv.call(
                 lambda e: e.scheduler.num_waiting) == 1, what="a waiting request")
             try:
