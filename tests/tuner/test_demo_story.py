@@ -27,6 +27,17 @@ def story(width: int = 300) -> tuple[Story, DemoResult, io.StringIO]:
     return rules(Narrator(Console(file=out, width=width), result.lines), result), result, out
 
 
+def committed(*, alert_at: float, trial_at: float, commit_at: float
+              ) -> tuple[Story, DemoResult]:
+    """A story of one episode: the TBT alert, trial 0, and its commit."""
+    s, result, _ = story()
+    ctl = Rig().build()
+    s.alerts_now(TBT, alert_at)
+    s.decided(trial(0, GOOD), ctl, trial_at)
+    s.decided(commit(0, GOOD), ctl, commit_at)
+    return s, result
+
+
 def said(result: DemoResult) -> list[str]:
     return [line.split("] ", 1)[1] for line in result.lines]
 
@@ -121,11 +132,7 @@ def test_restored_is_judged_only_on_windows_after_the_commit_and_withdrawn_on_a_
 def test_a_window_on_too_few_requests_or_without_the_alerts_class_is_no_verdict() -> None:
     from tests.support.summaries import figures, window
 
-    s, result, _ = story()
-    ctl = Rig().build()
-    s.alerts_now(TBT, 10.0)
-    s.decided(trial(0, GOOD), ctl, 11.0)
-    s.decided(commit(0, GOOD), ctl, 20.0)
+    s, result = committed(alert_at=10.0, trial_at=11.0, commit_at=20.0)
     few = window({"p0": figures(100.0, 20.0, 50.0, finished=3),
                   "p1": figures(200.0, 40.0, 50.0, finished=3)})
     no_p0 = window({"p1": figures(200.0, 40.0, 50.0, finished=30)})
@@ -175,11 +182,7 @@ def test_each_episode_keeps_its_own_alert_trials_commit_and_verdicts() -> None:
 def test_the_summary_lists_every_episode_with_the_printed_times() -> None:
     from slopilot.tuner.local.demo_story import summary_lines
 
-    s, result, _ = story()
-    ctl = Rig().build()
-    s.alerts_now(TBT, 133.9)
-    s.decided(trial(0, GOOD), ctl, 133.9)
-    s.decided(commit(0, GOOD), ctl, 149.0)
+    s, result = committed(alert_at=133.9, trial_at=133.9, commit_at=149.0)
     s.finish(160.0)
     lines = summary_lines(result)
     assert lines[0] == "summary: 1 episode, 1 trial; report report.md"
