@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, Story
+from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
@@ -27,15 +28,20 @@ def story(width: int = 300) -> tuple[Story, DemoResult, io.StringIO]:
     return rules(Narrator(Console(file=out, width=width), result.lines), result), result, out
 
 
-def committed(*, alert_at: float, trial_at: float, commit_at: float
-              ) -> tuple[Story, DemoResult]:
-    """A story of one episode: the TBT alert, trial 0, and its commit."""
+def committed(*, alert_at: float, trials: list[tuple[float, dict[str, int]]],
+              commit_at: float, quiet: bool = False) -> tuple[Story, DemoResult, Controller]:
+    """A story of one episode: the TBT alert, ``trials`` (each at its time, numbered in
+    turn), the last one committed at ``commit_at`` (the alert resolved then: ``quiet``);
+    the story, its result and the controller it was told of."""
     s, result, _ = story()
     ctl = Rig().build()
     s.alerts_now(TBT, alert_at)
-    s.decided(trial(0, GOOD), ctl, trial_at)
-    s.decided(commit(0, GOOD), ctl, commit_at)
-    return s, result
+    for number, (at_s, config) in enumerate(trials):
+        s.decided(trial(number, config), ctl, at_s)
+    if quiet:
+        s.alerts_now([], commit_at)
+    s.decided(commit(len(trials) - 1, trials[-1][1]), ctl, commit_at)
+    return s, result, ctl
 
 
 def said(result: DemoResult) -> list[str]:
@@ -98,13 +104,8 @@ def test_restored_is_judged_only_on_windows_after_the_commit_and_withdrawn_on_a_
     """The reviewer's r2: COMMIT at t+149.0 and "SLO restored" at t+149.1 on the window
     [141.1, 149.1], which held nothing run under the committed config; the SLO broke at
     t+151 (P0 TBT P99 95 ms against 60) and the claim stood to the end."""
-    s, result, _ = story()
-    ctl = Rig().build()
-    s.alerts_now(TBT, 133.9)
-    s.decided(trial(0, OTHER), ctl, 133.9)
-    s.decided(trial(1, GOOD), ctl, 137.9)
-    s.alerts_now([], 149.0)
-    s.decided(commit(1, GOOD), ctl, 149.0)
+    s, result, _ = committed(alert_at=133.9, trials=[(133.9, OTHER), (137.9, GOOD)],
+                             commit_at=149.0, quiet=True)
     s.window(summary(), [], 141.1, 149.1)  # ends after the commit, starts before it
     hold_windows(s, range(157, 172))  # 14 s of windows after it: not yet the 16 s asked
     [episode] = result.episodes
@@ -132,7 +133,7 @@ def test_restored_is_judged_only_on_windows_after_the_commit_and_withdrawn_on_a_
 def test_a_window_on_too_few_requests_or_without_the_alerts_class_is_no_verdict() -> None:
     from tests.support.summaries import figures, window
 
-    s, result = committed(alert_at=10.0, trial_at=11.0, commit_at=20.0)
+    s, result, _ = committed(alert_at=10.0, trials=[(11.0, GOOD)], commit_at=20.0)
     few = window({"p0": figures(100.0, 20.0, 50.0, finished=3),
                   "p1": figures(200.0, 40.0, 50.0, finished=3)})
     no_p0 = window({"p1": figures(200.0, 40.0, 50.0, finished=30)})
@@ -149,13 +150,8 @@ def test_each_episode_keeps_its_own_alert_trials_commit_and_verdicts() -> None:
     """The summary said "alert at t+131s, 3 trial(s), commit/scale at t+233s, SLO
     restored at t+233s": the first episode's alert with the second's commit, and the
     tick's start (t+131) for an alert printed at t+133.9."""
-    s, result, _ = story()
-    ctl = Rig().build()
-    s.alerts_now(TBT, 133.9)
-    s.decided(trial(0, OTHER), ctl, 133.9)
-    s.decided(trial(1, GOOD), ctl, 137.9)
-    s.alerts_now([], 149.0)
-    s.decided(commit(1, GOOD), ctl, 149.0)
+    s, result, ctl = committed(alert_at=133.9, trials=[(133.9, OTHER), (137.9, GOOD)],
+                               commit_at=149.0, quiet=True)
     hold_windows(s, range(157, 174))
     sustained = [alert(AlertAction.RETUNE, "SlopilotTTFTP99Sustained")]
     s.alerts_now(sustained, 222.9)
@@ -182,7 +178,7 @@ def test_each_episode_keeps_its_own_alert_trials_commit_and_verdicts() -> None:
 def test_the_summary_lists_every_episode_with_the_printed_times() -> None:
     from slopilot.tuner.local.demo_story import summary_lines
 
-    s, result = committed(alert_at=133.9, trial_at=133.9, commit_at=149.0)
+    s, result, _ = committed(alert_at=133.9, trials=[(133.9, GOOD)], commit_at=149.0)
     s.finish(160.0)
     lines = summary_lines(result)
     assert lines[0] == "summary: 1 episode, 1 trial; report report.md"
