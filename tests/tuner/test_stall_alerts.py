@@ -90,6 +90,17 @@ DOWN = {"exp_labels": {"severity": "critical", "action": "hold", "priority_class
                        **ident()}}
 
 
+def first_tokens_then_none(histogram: str, namespace: str = "team-a"
+                           ) -> list[dict[str, str]]:
+    """P0's first tokens in ``histogram``, all in (1, 2] s for 5 minutes (60 each 15 s),
+    then none."""
+    def bucket(le: str, values: str) -> dict[str, str]:
+        return {"series": f'{histogram}_bucket{labels(namespace, priority_class="p0", le=le)}',
+                "values": values}
+    return [bucket("1.0", "0x40"), bucket("2.0", "0+60x20 1200x20"),
+            bucket("+Inf", "0+60x20 1200x20")]
+
+
 def stall_series(namespace: str = "team-a") -> list[dict[str, str]]:
     """The reviewer's stall, as the built-in engine exports it: P0's first tokens all in
     (1, 2] s for 5 minutes (60 each 15 s), then none; 400 requests wait, and from 5m
@@ -97,12 +108,7 @@ def stall_series(namespace: str = "team-a") -> list[dict[str, str]]:
     them); no token is made after 5m."""
     p0 = labels(namespace, priority_class="p0")
     return [
-        {"series": f'{TTFT}_bucket{labels(namespace, priority_class="p0", le="1.0")}',
-         "values": "0x40"},
-        {"series": f'{TTFT}_bucket{labels(namespace, priority_class="p0", le="2.0")}',
-         "values": "0+60x20 1200x20"},
-        {"series": f'{TTFT}_bucket{labels(namespace, priority_class="p0", le="+Inf")}',
-         "values": "0+60x20 1200x20"},
+        *first_tokens_then_none(TTFT, namespace),
         {"series": f"slopilot_requests_refused_total{p0}", "values": "0x40"},
         {"series": f"{ABANDONED}{p0}", "values": "0x20 0+60x20"},
         {"series": f"vllm:generation_tokens_total{labels(namespace)}",
@@ -167,12 +173,7 @@ def test_a_vllm_deployment_counts_streams_cut_short_before_a_first_token(
                         {"profile": "standard", "vllmClass": "p0"})]
     p0 = labels(priority_class="p0")
     series = [
-        {"series": f'{CLIENT_TTFT}_bucket{labels(priority_class="p0", le="1.0")}',
-         "values": "0x40"},
-        {"series": f'{CLIENT_TTFT}_bucket{labels(priority_class="p0", le="2.0")}',
-         "values": "0+60x20 1200x20"},
-        {"series": f'{CLIENT_TTFT}_bucket{labels(priority_class="p0", le="+Inf")}',
-         "values": "0+60x20 1200x20"},
+        *first_tokens_then_none(CLIENT_TTFT),
         {"series": f"{CLIENT_TTFT}_count{p0}", "values": "0+60x20 1200x20"},
         {"series": f"{CLIENT_ABANDONED}{p0}", "values": "0x20 0+60x20"},
         {"series": f'{TTFT}_bucket{labels(priority_class="p0", le="1.0")}',
