@@ -33,6 +33,9 @@ So a repair is asked here, on kopf's event loop, holding no thread:
 Not on the pod syncs' pool (pod_sync_pool.py): its slots are held for up to a sync's
 deadline by tenants whose pods answer slowly, and a repair needs no pod at all.
 
+The queue is the one the pod syncs' is too (coalesced_jobs.py), run on kopf's threads
+and with a repair's run once more at the back of its namespace's turn.
+
 Used from one event loop (kopf's): the slots and the repairs are kept on it, without a
 lock.
 """
@@ -40,12 +43,11 @@ lock.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+from slopilot.operator.coalesced_jobs import CoalescedJobs, Job
 from slopilot.operator.fair_slots import FairSlots
 from slopilot.operator.settings import HANDLER_THREADS
 
@@ -62,25 +64,8 @@ four namespaces at once are needed to fill ``REPAIRS``, whose freed slots still 
 round every namespace in turn."""
 
 
-class Repair:
+class Repair(Job):
     """One CR's repair, waiting for a slot or under way (``started``)."""
-
-    def __init__(self, namespace: str, name: str, run: Callable[[], object],
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.namespace, self.name = namespace, name
-        self.run = run
-        self.started = False
-        """Whether it holds a slot now."""
-        self.again = False
-        """Asked while under way: run once more when it ends."""
-        self.done: asyncio.Future[None] = loop.create_future()
-        """Done once it ran (and ran again as asked), or was withdrawn; never with an
-        exception."""
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.namespace, self.name)
 
 
 class DriftRepairs:
@@ -91,9 +76,11 @@ class DriftRepairs:
                  executor: Executor | None = None) -> None:
         self.total, self.per_namespace = total, per_namespace
         self._slots = FairSlots(total, per_namespace)
-        self._executor = executor
-        self._repairs: dict[tuple[str, str], Repair] = {}
-        self._closed = False
+        # A repair run once more waits for a slot again: a CR whose objects change
+        # without pause keeps none for good (module docstring).
+        self._repairs: CoalescedJobs[Repair] = CoalescedJobs(
+            self._slots, executor, again_at_back=True, what="drift repair",
+            not_done="drift not repaired", log=log)
 
     def running(self) -> int:
         """Repairs holding a slot now."""
@@ -113,64 +100,15 @@ class DriftRepairs:
         caller's context variables (kopf posts events through them). After
         ``shutdown``, a repair already over."""
         loop = asyncio.get_running_loop()
-        key = (namespace, name)
-        found = self._repairs.get(key)
-        if found is not None:
-            if found.started:
-                found.again = True
-            return found
-        context = contextvars.copy_context()
-        out = Repair(namespace, name, functools.partial(context.run, repair), loop)
-        if self._closed:
-            out.done.set_result(None)
-            return out
-        self._repairs[key] = out
-        out.task = loop.create_task(self._serve(out), name=f"drift repair of {namespace}/{name}")
-        # Not in the task's own ``finally``: a task cancelled before its first step never
-        # runs a line of its coroutine.
-        out.task.add_done_callback(functools.partial(self._over, out))
-        return out
+        return self._repairs.ask((namespace, name), repair,
+                                 lambda bound: Repair(namespace, name, bound, loop),
+                                 again=True)
 
     async def settled(self) -> None:
         """Until no repair waits or runs, those asked meanwhile included."""
-        while self._repairs:
-            await asyncio.wait([r.done for r in self._repairs.values()])
+        await self._repairs.settled()
 
     def shutdown(self) -> None:
         """Every repair that waits for a slot withdrawn, none asked after run; one under
         way runs to its end (kopf's executor is kopf's to close)."""
-        self._closed = True
-        for repair in list(self._repairs.values()):
-            if not repair.started and repair.task is not None:
-                repair.task.cancel()
-
-    async def _serve(self, repair: Repair) -> None:
-        """``repair`` on a slot, and again on one, at the back of its namespace's turn,
-        each time it was asked while it ran; what it raises is logged (kopf retries no
-        event handler: the next event, or the drift timer, looks again)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._slots.take(repair.namespace, None)
-            repair.started = True
-            try:
-                await loop.run_in_executor(self._executor, repair.run)
-            except Exception as exc:  # the API went away, or a bug: said
-                log.warning("%s/%s: drift not repaired: %s: %s", repair.namespace,
-                            repair.name, type(exc).__name__, exc)
-            finally:
-                # Only once the thread is done: never cancelled while it runs, but at the
-                # loop's own end (the operator exited), where no count matters.
-                self._slots.release(repair.namespace)
-            if not repair.again or self._closed:
-                return
-            repair.again, repair.started = False, False
-
-    def _over(self, repair: Repair, task: asyncio.Task[None]) -> None:
-        """The repair's task ended (run, or withdrawn): its CR may be asked anew."""
-        if self._repairs.get(repair.key) is repair:
-            del self._repairs[repair.key]
-        if not repair.done.done():
-            repair.done.set_result(None)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("%s/%s: the drift repair's task failed: %s: %s", repair.namespace,
-                      repair.name, type(exc).__name__, exc)
+        self._repairs.close()

@@ -25,6 +25,9 @@ A sync withdrawn while it waits (``withdraw``: its CR deleted, its timer stopped
 ``shutdown``: the operator exiting) runs nothing and gives its place on; one under way
 runs to its end on its thread, bounded by its deadline, holding its slot till then.
 
+The syncs are kept as the drift repairs are (coalesced_jobs.py), on threads of their
+own, a sync asked again run once more on the slot it holds.
+
 Used from one event loop (kopf's): the slots and the syncs are kept on it, without a
 lock; a handler on one of kopf's threads asks through ``ask_threadsafe``.
 """
@@ -33,13 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import enum
 import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from slopilot.operator.coalesced_jobs import CoalescedJobs, Job
 from slopilot.operator.daemon_pause import STOP_CHECK_S
 from slopilot.operator.fair_slots import FairSlots
 
@@ -66,22 +69,19 @@ class Waited(enum.Enum):
     LATE = "late"  # the sync still waits for a slot at the waiter's ``late_at``
 
 
-class Ticket:
+class Ticket(Job):
     """One CR's sync, waiting for a slot or under way (``started``)."""
 
     def __init__(self, namespace: str, name: str, uid: str, sync: Callable[[], object],
                  loop: asyncio.AbstractEventLoop) -> None:
-        self.namespace, self.name, self.uid = namespace, name, uid
-        self.sync = sync
+        super().__init__(namespace, name, sync, loop)
+        self.uid = uid
         self.asked_at = loop.time()
         """The event loop's clock when the sync was asked."""
-        self.started = False
-        """Whether it holds a slot (read from other threads too: a plain bool)."""
-        self.again = False
-        """Asked again while under way: run once more when it ends."""
-        self.done: asyncio.Future[None] = loop.create_future()
-        """Done once it ran, or was withdrawn (never with an exception: see ``_over``)."""
-        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def sync(self) -> Callable[[], object]:
+        return self.run
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -104,8 +104,11 @@ class PodSyncPool:
         self._executor = ThreadPoolExecutor(max_workers=threads,
                                             thread_name_prefix="pod-sync")
         self._slots = FairSlots(threads, per_namespace)
-        self._syncs: dict[tuple[str, str, str], Ticket] = {}
-        self._closed = False
+        # A sync asked again runs again on the slot it holds: the edit reaches the pods
+        # with no second wait, and the sync's deadline still bounds the slot's hold.
+        self._syncs: CoalescedJobs[Ticket] = CoalescedJobs(
+            self._slots, self._executor, again_at_back=False, what="pod sync",
+            not_done="the pods' configs were not checked", log=log)
 
     def running(self) -> int:
         """Syncs holding a slot now."""
@@ -126,24 +129,9 @@ class PodSyncPool:
         through them), once a slot is free. ``again``: a sync under way runs once more
         at its end (module docstring). After ``shutdown``, a ticket already over."""
         loop = asyncio.get_running_loop()
-        key = (namespace, name, uid)
-        ticket = self._syncs.get(key)
-        if ticket is not None:
-            if again and ticket.started:
-                ticket.again = True
-            return ticket
-        context = contextvars.copy_context()
-        ticket = Ticket(namespace, name, uid, functools.partial(context.run, sync), loop)
-        if self._closed:
-            ticket.done.set_result(None)
-            return ticket
-        self._syncs[key] = ticket
-        ticket.task = loop.create_task(self._serve(ticket),
-                                       name=f"pod sync of {namespace}/{name}")
-        # Not in the task's own ``finally``: a task cancelled before its first step never
-        # runs a line of its coroutine.
-        ticket.task.add_done_callback(functools.partial(self._over, ticket))
-        return ticket
+        return self._syncs.ask(
+            (namespace, name, uid), sync,
+            lambda bound: Ticket(namespace, name, uid, bound, loop), again=again)
 
     def ask_threadsafe(self, namespace: str, name: str, uid: str,
                        sync: Callable[[], object], *, again: bool = False) -> None:
@@ -182,11 +170,7 @@ class PodSyncPool:
     def withdraw(self, namespace: str, name: str, uid: str) -> bool:
         """The CR's sync, where it still waits for a slot, ended with nothing run (its
         place given on); whether one was. One under way runs to its end."""
-        ticket = self._syncs.get((namespace, name, uid))
-        if ticket is None or ticket.started or ticket.task is None:
-            return False
-        ticket.task.cancel()
-        return True
+        return self._syncs.withdraw((namespace, name, uid))
 
     def why_waiting(self, namespace: str) -> str:
         """Whose syncs hold the slots a sync of ``namespace`` waits for, for the user."""
@@ -202,37 +186,5 @@ class PodSyncPool:
     def shutdown(self) -> None:
         """Every sync that waits withdrawn, none asked after run; the threads end once
         the syncs under way do (their deadlines bound them)."""
-        self._closed = True
-        for ticket in list(self._syncs.values()):
-            self.withdraw(*ticket.key)
+        self._syncs.close()
         self._executor.shutdown(wait=False)
-
-    async def _serve(self, ticket: Ticket) -> None:
-        """The ticket's sync on a slot, once more each time it was asked ``again``; what
-        it raises is logged (kopf retried a failed timer at its next interval anyway)."""
-        await self._slots.take(ticket.namespace, None)
-        ticket.started = True
-        try:
-            while True:
-                try:
-                    await asyncio.wrap_future(self._executor.submit(ticket.sync))
-                except Exception as exc:  # the API went away, or a bug: said
-                    log.warning("%s/%s: the pods' configs were not checked: %s: %s",
-                                ticket.namespace, ticket.name, type(exc).__name__, exc)
-                if not ticket.again or self._closed:
-                    break
-                ticket.again = False
-        finally:
-            # Only once the thread is done: never cancelled while it runs, but at the
-            # loop's own end (the operator exited), where no count matters.
-            self._slots.release(ticket.namespace)
-
-    def _over(self, ticket: Ticket, task: asyncio.Task[None]) -> None:
-        """The ticket's task ended (run, or withdrawn): its CR may ask anew."""
-        if self._syncs.get(ticket.key) is ticket:
-            del self._syncs[ticket.key]
-        if not ticket.done.done():
-            ticket.done.set_result(None)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("%s/%s: the pod sync's task failed: %s: %s", ticket.namespace,
-                      ticket.name, type(exc).__name__, exc)
