@@ -52,6 +52,15 @@ def gated(gate: Gate, order: list[str], label: str) -> Callable[[], None]:
     return job
 
 
+async def held(queue: CoalescedJobs[Job]) -> tuple[Gate, list[str], Job]:
+    """``queue``'s one slot held by team-a's slow job (``holder``) until ``gate`` opens;
+    ``order`` lists the jobs as they run."""
+    gate, order = Gate(), list[str]()
+    holder = ask(queue, "team-a", "slow", gated(gate, order, "slow"))
+    await gate.entry()
+    return gate, order, holder
+
+
 @pytest.mark.parametrize(("again_at_back", "expected"), [
     (False, ["a", "a", "b"]),  # run again on the slot it holds
     (True, ["a", "b", "a"]),  # run again after its namespace's other waiting job
@@ -84,9 +93,7 @@ def test_asked_while_it_waits_it_is_joined_and_runs_once_in_its_first_askers_con
     async def main() -> None:
         with ThreadPoolExecutor(max_workers=2) as executor:
             queue = jobs(executor)
-            gate, order = Gate(), list[str]()
-            holder = ask(queue, "team-a", "slow", gated(gate, order, "slow"))
-            await gate.entry()
+            gate, order, holder = await held(queue)
             ASKER.set("first")
             waiting = ask(queue, "team-b", "b", lambda: order.append(ASKER.get()))
             ASKER.set("second")
@@ -104,9 +111,7 @@ def test_withdrawn_while_it_waits_it_runs_nothing_and_gives_its_place_on() -> No
     async def main() -> None:
         with ThreadPoolExecutor(max_workers=2) as executor:
             queue = jobs(executor)
-            gate, order = Gate(), list[str]()
-            holder = ask(queue, "team-a", "slow", gated(gate, order, "slow"))
-            await gate.entry()
+            gate, order, holder = await held(queue)
             withdrawn = ask(queue, "team-b", "b", lambda: order.append("b"))
             after = ask(queue, "team-c", "c", lambda: order.append("c"))
             await on_loop(lambda: queue.slots.waiting() == 2, "b and c waiting")
@@ -143,9 +148,7 @@ def test_closed_it_withdraws_the_waiting_runs_none_asked_after_and_none_again() 
     async def main() -> None:
         with ThreadPoolExecutor(max_workers=2) as executor:
             queue = jobs(executor)
-            gate, order = Gate(), list[str]()
-            holder = ask(queue, "team-a", "slow", gated(gate, order, "slow"))
-            await gate.entry()
+            gate, order, holder = await held(queue)
             assert ask(queue, "team-a", "slow", gated(gate, order, "x"), again=True) \
                 is holder
             waiting = ask(queue, "team-b", "b", lambda: order.append("b"))
