@@ -25,6 +25,7 @@ repair, never how long anything took.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -113,6 +114,24 @@ class Reconciles:
         with self.cond:
             return [k for k in (self.started if seen is None else seen)
                     if k.startswith(f"{namespace}/")]
+
+
+@contextlib.contextmanager
+def held_team_a(monkeypatch: pytest.MonkeyPatch, threads: ThreadPoolExecutor,
+                tenant: Cluster, repairs: DriftRepairs
+                ) -> Iterator[tuple[Reconciles, KopfLoop, DriftRepairs, Kopf]]:
+    """kopf standing in with ``repairs`` on ``threads`` for ``tenant``'s events, every
+    reconcile counted and team-a's held at the gate; on the way out the gate opened and
+    every repair let end."""
+    counted = Reconciles(handlers.reconcile, held=("team-a",))
+    monkeypatch.setattr(handlers, "reconcile", counted)
+    with kopf_loop() as loop:
+        stand_in = Kopf(loop, threads, tenant, repairs)
+        try:
+            yield counted, loop, repairs, stand_in
+        finally:
+            counted.open()
+            stand_in.settled()
 
 
 class Kopf:
@@ -279,32 +298,26 @@ def test_a_tenants_flood_delays_anothers_repair_by_one_turn_of_its_reconciles(
     teams = tenants(kube, kube_client, {"team-a": 3, "team-b": 1})
     a, b = teams["team-a"], teams["team-b"]
     engine = {name: a.owned(*ENGINE, f"{name}-engine") for name in names(3)}
-    counted = Reconciles(handlers.reconcile, held=("team-a",))
-    monkeypatch.setattr(handlers, "reconcile", counted)
-    with kopf_loop() as loop:
-        stand_in = Kopf(loop, threads, a, DriftRepairs(1, 1, executor=threads))
-        try:
-            for i in range(FLOOD // 2):
-                stand_in.event(engine[f"chat-{i % 3}"])
-            wait_for(lambda: counted.arrived >= 1, what="team-a's first repair at the gate")
-            for i in range(FLOOD // 2):  # chat-0's, while its repair is under way
-                stand_in.event(engine[f"chat-{i % 3}"])
-            stand_in.event(edited(b, SERVICE, "chat", DRIFT))
-            loop.flushed()  # every event handled that the loop was handed
-            lets = 0
-            while "team-b/chat" not in counted.ended and lets <= 2:
-                counted.let_one()
-                lets += 1
-                wait_for(functools.partial(b_or_next, counted, lets),
-                         what="team-b's repair, or team-a's next at the gate")
-            a_before_b = counted.of("team-a", counted.ended[:counted.ended.index(
-                "team-b/chat")] if "team-b/chat" in counted.ended else counted.ended)
-            assert "team-b/chat" in counted.ended, \
-                f"team-b's repair not run after {len(a_before_b)} of team-a's reconciles"
-            assert a_before_b == ["team-a/chat-0", "team-a/chat-1"]
-        finally:
-            counted.open()
-            stand_in.settled()
+    with held_team_a(monkeypatch, threads, a, DriftRepairs(1, 1, executor=threads)) as (
+            counted, loop, _, stand_in):
+        for i in range(FLOOD // 2):
+            stand_in.event(engine[f"chat-{i % 3}"])
+        wait_for(lambda: counted.arrived >= 1, what="team-a's first repair at the gate")
+        for i in range(FLOOD // 2):  # chat-0's, while its repair is under way
+            stand_in.event(engine[f"chat-{i % 3}"])
+        stand_in.event(edited(b, SERVICE, "chat", DRIFT))
+        loop.flushed()  # every event handled that the loop was handed
+        lets = 0
+        while "team-b/chat" not in counted.ended and lets <= 2:
+            counted.let_one()
+            lets += 1
+            wait_for(functools.partial(b_or_next, counted, lets),
+                     what="team-b's repair, or team-a's next at the gate")
+        a_before_b = counted.of("team-a", counted.ended[:counted.ended.index(
+            "team-b/chat")] if "team-b/chat" in counted.ended else counted.ended)
+        assert "team-b/chat" in counted.ended, \
+            f"team-b's repair not run after {len(a_before_b)} of team-a's reconciles"
+        assert a_before_b == ["team-a/chat-0", "team-a/chat-1"]
     assert counted.started == ["team-a/chat-0", "team-a/chat-1", "team-b/chat",
                                "team-a/chat-2", "team-a/chat-0"]
     assert b.owned(*SERVICE, "chat")["spec"]["selector"]["slopilot.dev/llmdeployment"] \
@@ -322,28 +335,21 @@ def test_a_tenants_flood_holds_its_namespaces_share_and_no_more(
     teams = tenants(kube, kube_client, {"team-a": count, "team-b": 1})
     a, b = teams["team-a"], teams["team-b"]
     engine = {name: a.owned(*ENGINE, f"{name}-engine") for name in names(count)}
-    counted = Reconciles(handlers.reconcile, held=("team-a",))
-    monkeypatch.setattr(handlers, "reconcile", counted)
-    with kopf_loop() as loop:
-        repairs = DriftRepairs(executor=threads)
-        stand_in = Kopf(loop, threads, a, repairs)
-        try:
-            for i in range(FLOOD // 2):
-                stand_in.event(engine[f"chat-{i % count}"])
-            wait_for(lambda: counted.arrived == REPAIRS_PER_NAMESPACE,
-                     what="team-a's share of repairs at the gate")
-            for i in range(FLOOD // 2):  # while its share's repairs are under way
-                stand_in.event(engine[f"chat-{i % count}"])
-            stand_in.event(edited(b, SERVICE, "chat", DRIFT))
-            wait_for(lambda: "team-b/chat" in counted.ended,
-                     what="team-b's repair, team-a's held")
-            assert counted.of("team-a", counted.ended) == []
-            assert counted.arrived == REPAIRS_PER_NAMESPACE
-            loop.flushed()
-            assert repairs.waiting() == 1  # team-a's third CR, on no thread
-        finally:
-            counted.open()
-            stand_in.settled()
+    with held_team_a(monkeypatch, threads, a, DriftRepairs(executor=threads)) as (
+            counted, loop, repairs, stand_in):
+        for i in range(FLOOD // 2):
+            stand_in.event(engine[f"chat-{i % count}"])
+        wait_for(lambda: counted.arrived == REPAIRS_PER_NAMESPACE,
+                 what="team-a's share of repairs at the gate")
+        for i in range(FLOOD // 2):  # while its share's repairs are under way
+            stand_in.event(engine[f"chat-{i % count}"])
+        stand_in.event(edited(b, SERVICE, "chat", DRIFT))
+        wait_for(lambda: "team-b/chat" in counted.ended,
+                 what="team-b's repair, team-a's held")
+        assert counted.of("team-a", counted.ended) == []
+        assert counted.arrived == REPAIRS_PER_NAMESPACE
+        loop.flushed()
+        assert repairs.waiting() == 1  # team-a's third CR, on no thread
     # Each of team-a's CRs: the repair under way when more events came, and once more.
     assert sorted(counted.of("team-a")) == sorted(
         [f"team-a/chat-{i}" for i in range(REPAIRS_PER_NAMESPACE)] * 2
@@ -356,23 +362,16 @@ def test_a_crs_events_coalesce_into_one_repair_running_and_one_to_come(
         posted: list[tuple[str, str]]) -> None:
     teams = tenants(kube, kube_client, {"team-a": 1})
     a = teams["team-a"]
-    counted = Reconciles(handlers.reconcile, held=("team-a",))
-    monkeypatch.setattr(handlers, "reconcile", counted)
-    with kopf_loop() as loop:
-        repairs = DriftRepairs(executor=threads)
-        stand_in = Kopf(loop, threads, a, repairs)
-        try:
+    with held_team_a(monkeypatch, threads, a, DriftRepairs(executor=threads)) as (
+            counted, loop, repairs, stand_in):
+        stand_in.event(a.owned(*ENGINE, "chat-engine"))
+        wait_for(lambda: counted.arrived == 1, what="the first repair at the gate")
+        # Edited while the repair runs (it may have read the Service already).
+        stand_in.event(edited(a, SERVICE, "chat", DRIFT))
+        for _ in range(FLOOD):
             stand_in.event(a.owned(*ENGINE, "chat-engine"))
-            wait_for(lambda: counted.arrived == 1, what="the first repair at the gate")
-            # Edited while the repair runs (it may have read the Service already).
-            stand_in.event(edited(a, SERVICE, "chat", DRIFT))
-            for _ in range(FLOOD):
-                stand_in.event(a.owned(*ENGINE, "chat-engine"))
-            loop.flushed()
-            assert (repairs.repairs(), repairs.running(), repairs.waiting()) == (1, 1, 0)
-        finally:
-            counted.open()
-            stand_in.settled()
+        loop.flushed()
+        assert (repairs.repairs(), repairs.running(), repairs.waiting()) == (1, 1, 0)
     assert counted.started == ["team-a/chat"] * 2
     assert a.owned(*SERVICE, "chat")["spec"]["selector"]["slopilot.dev/llmdeployment"] \
         == "chat"
