@@ -121,13 +121,17 @@ async def test_idle_loop_checks_integrity_and_does_not_spin() -> None:
     await engine.shutdown()
 
 
-async def test_drain_timeout_aborts_and_counts() -> None:
-    class Slow(FakeExecutor):
-        def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-            time.sleep(0.002)  # a pretend forward pass, so the request outlives the drain
-            return super().execute(out)
+class SlowExecutor(FakeExecutor):
+    """Each step a pretend forward pass of 2 ms: a request of 100,000 tokens outlives any
+    drain's timeout the tests give, on however fast a machine."""
 
-    engine = AsyncEngine(_engine(Slow()))
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        time.sleep(0.002)
+        return super().execute(out)
+
+
+async def test_drain_timeout_aborts_and_counts() -> None:
+    engine = AsyncEngine(_engine(SlowExecutor()))
     engine.start()
     stream = await engine.add_request(make_request("a", 5, max_tokens=100_000))
     aborted = await asyncio.wait_for(engine.drain(0.05), HANG_GUARD_S)
@@ -142,12 +146,7 @@ async def test_drain_refuses_the_requests_none_of_whose_choices_started() -> Non
     """Past the drain's timeout, the choices of one HTTP request (admitted together)
     are ended alike: refused (``DrainedError``, a 503) where none had a token, so the
     client retries elsewhere; aborted, as cut short, where one had."""
-    class Slow(FakeExecutor):
-        def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-            time.sleep(0.002)  # a pretend forward pass, so the request outlives the drain
-            return super().execute(out)
-
-    engine = AsyncEngine(_engine(Slow(), max_num_seqs=1, max_waiting=4))
+    engine = AsyncEngine(_engine(SlowExecutor(), max_num_seqs=1, max_waiting=4))
     engine.start()
     started = await engine.add_requests([make_request(f"a{i}", 5, max_tokens=100_000)
                                          for i in range(2)])
