@@ -190,6 +190,11 @@ def _spec_schema() -> dict[str, Any]:
             "gpu": _int("GPUs per pod (nvidia.com/gpu).", 0, MAX_GPUS, default=0),
             "cpu": _quantity("CPU request and limit per pod, e.g. 4 or '500m'."),
             "memory": _quantity("Memory request and limit per pod, e.g. '16Gi'."),
+            "ephemeralStorage": _quantity(
+                "Ephemeral-storage request and limit per pod, e.g. '200Gi': bounds what "
+                "the pod writes to its node (/cache, where vLLM downloads the model, /tmp "
+                "and logs); past it the kubelet evicts the pod. Absent: the namespace's "
+                "LimitRange default, else unbounded."),
         }, default={}),
         "engine": _engine_schema(),
         "slo": _obj({

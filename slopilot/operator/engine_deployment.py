@@ -93,6 +93,10 @@ def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
         amounts["memory"] = stored_form(spec.memory)
     if spec.gpu:
         amounts["nvidia.com/gpu"] = str(spec.gpu)
+    if spec.ephemeral_storage:
+        # The engine's alone is the pod's: the kubelet holds the pod's writes, its emptyDir
+        # volumes included, to the sum of its containers' limits (the meter sets none).
+        amounts["ephemeral-storage"] = stored_form(spec.ephemeral_storage)
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 

@@ -370,7 +370,8 @@ def object_problems(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> list[st
     if (problem := deployment_name_problem(str(body["metadata"]["name"]))) is not None:
         out.append(problem)
     for field, value in (("spec.resources.cpu", spec.cpu),
-                         ("spec.resources.memory", spec.memory)):
+                         ("spec.resources.memory", spec.memory),
+                         ("spec.resources.ephemeralStorage", spec.ephemeral_storage)):
         if value is not None and (problem := quantity_problem(field, value)) is not None:
             out.append(problem)
     return out

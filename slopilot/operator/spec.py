@@ -122,6 +122,10 @@ class LLMDeploymentSpec:
     connections: Mapping[str, float] = field(default_factory=dict)
     """``spec.connections``: the server's deadlines given, in seconds by ``Deadlines``
     field (connections_spec.py); the server's defaults for the rest."""
+    ephemeral_storage: str | None = None
+    """``spec.resources.ephemeralStorage``: the engine container's ephemeral-storage request
+    and limit, which bounds all the pod writes to its node (/cache, where vLLM downloads
+    the model, /tmp, logs); None: as the namespace's LimitRange says, else unbounded."""
     warnings: tuple[str, ...] = ()
     """What the spec does that still works but should change (a deprecated field), each
     naming the field and the fix; the operator posts them as Warning events."""
@@ -253,6 +257,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     clients = parse_clients(spec, backend is Backend.BUILTIN, r.problems)
     connections = parse_connections(spec, r)
     cpu, memory = _quantity(spec, "cpu", r), _quantity(spec, "memory", r)
+    ephemeral_storage = _quantity(spec, "ephemeralStorage", r)
     model_path, image = r.get(spec, "spec.model.path", str), r.get(spec, "spec.image", str)
     raw_model = spec.get("model")
     model: Mapping[str, Any] = raw_model if isinstance(raw_model, Mapping) else {}
@@ -265,7 +270,7 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=model_path,
         image=image, min_replicas=lo, max_replicas=hi, gpu=gpu,
-        cpu=cpu, memory=memory, engine=running,
+        cpu=cpu, memory=memory, ephemeral_storage=ephemeral_storage, engine=running,
         explicit_knobs=explicit, slo=slo, tuning=tuning, prometheus_url=url,
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
         alerts=alerts, twin=twin, clients=clients, connections=connections,

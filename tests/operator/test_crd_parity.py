@@ -136,7 +136,7 @@ def test_what_parse_spec_accepts_the_api_server_accepts(spec: dict[str, Any]) ->
 
 @pytest.mark.parametrize(("resource", "value"), [
     ("cpu", "-1"), ("cpu", -2), ("memory", "-1Gi"), ("memory", "-0.5"), ("cpu", "-1e-3"),
-    ("cpu", "-.5m")])
+    ("cpu", "-.5m"), ("ephemeralStorage", "-20Gi")])
 def test_a_negative_resource_is_refused_by_name_before_anything_is_written(
         resource: str, value: Any) -> None:
     """The API server refuses a negative request or limit in the Deployment, after the
@@ -151,7 +151,7 @@ def test_a_negative_resource_is_refused_by_name_before_anything_is_written(
 def test_zero_and_positive_resources_are_amounts() -> None:
     for resources in ({"cpu": 0, "memory": "0"}, {"cpu": "+1", "memory": "1.5Gi"},
                       {"cpu": "500m", "memory": 1024}, {"cpu": "-0", "memory": "-0Gi"},
-                      {"cpu": "-0.0e5"}):
+                      {"cpu": "-0.0e5"}, {"ephemeralStorage": "20Gi"}):
         stored, errors = admitted({"resources": resources})
         assert errors == []
         assert object_problems(stored, parse_spec(stored)) == []

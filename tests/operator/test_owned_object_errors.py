@@ -77,6 +77,7 @@ class Refusing:
 @pytest.mark.parametrize(("field", "value", "needle"), [
     ("memory", "16GB", "(16Gi for binary units, 16G for decimal)"),
     ("cpu", "4 cores", "is not a Kubernetes quantity"),
+    ("ephemeralStorage", "200GB", "(200Gi for binary units, 200G for decimal)"),
 ])
 def test_a_quantity_the_api_server_refuses_names_the_field(
         field: str, value: str, needle: str) -> None:

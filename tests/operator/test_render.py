@@ -212,6 +212,23 @@ def test_the_cpu_engine_starts_as_many_threads_as_its_cpu_limit() -> None:
         "containerName": "engine", "resource": "limits.cpu", "divisor": "1"}}}]
 
 
+@pytest.mark.parametrize("backend", ["builtin", "vllm"])
+def test_ephemeral_storage_bounds_what_a_pod_writes_to_its_node(backend: str) -> None:
+    """A vLLM pod downloads its model into the /cache emptyDir: unbounded, one tenant's
+    70B model filled the node's disk under every other tenant's pods. The engine's
+    ephemeral-storage limit is the pod's (the kubelet sums its containers' limits and
+    holds the pod's writes, emptyDir volumes included, to it)."""
+    spec = {"backend": backend, "resources": {"ephemeralStorage": "200Gi", "cpu": "2"}}
+    c = container(render_all(*render(**spec)).deployment)
+    assert c["resources"]["requests"]["ephemeral-storage"] == "200Gi"
+    assert c["resources"]["limits"]["ephemeral-storage"] == "200Gi"
+    # Stored as the API server stores quantities, so the object read back is no drift.
+    c = container(render_all(*render(resources={"ephemeralStorage": 1024})).deployment)
+    assert c["resources"]["limits"] == {"ephemeral-storage": "1024"}
+    unbounded = container(render_all(*render(backend=backend)).deployment)
+    assert "ephemeral-storage" not in json.dumps(unbounded)
+
+
 def test_no_cpu_limit_and_the_vllm_backend_leave_the_thread_count_alone() -> None:
     unlimited = container(render_all(*render()).deployment)
     vllm = container(render_all(*render(backend="vllm", resources={"cpu": "2"})).deployment)
