@@ -125,6 +125,9 @@ def validation_response(exc: RequestValidationError, content_type: str | None = 
                             status_code=400)
     param = _param(path)
     msg = str(first.get("msg", "invalid request"))
+    if first.get("type") == "value_error" and isinstance(cause, ValueError):
+        # A validator's own words: pydantic's msg puts "Value error, " in front of them.
+        msg = str(cause)
     message = f"{param}: {msg}" if param else msg
     # The message is pydantic's text (never the input); make sure it is JSON-safe too.
     message = message.encode("utf-8", "replace").decode("utf-8")

@@ -225,8 +225,8 @@ class _GenerationFields(_NullIsDefault):
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _GenerationFields:
         if self.stream_options is not None and self.stream_options.given and not self.stream:
-            raise ValueError("stream_options is only allowed with stream=true: send "
-                             "stream=true, or leave stream_options out")
+            raise FieldError("stream_options", "stream_options: only allowed with "
+                             "stream=true: send stream=true, or leave stream_options out")
         return self
 
     @property
@@ -295,7 +295,7 @@ class CompletionRequest(_GenerationFields):
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
         if self.n * len(self.prompts) > MAX_CHOICES:
-            raise ValueError(f"{len(self.prompts)} prompts x n={self.n}: at most "
+            raise FieldError("n", f"n: {len(self.prompts)} prompts x n={self.n}: at most "
                              f"{MAX_CHOICES} choices per request; send several requests")
         return self
 
@@ -357,16 +357,19 @@ class ChatCompletionRequest(_GenerationFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:
+        # Each refusal names its field (the error's ``param``): a plain ValueError here,
+        # after the fields are parsed, belongs to no field.
         if self.tools:
-            raise ValueError("tools are not supported")
+            raise UnhonouredField("tools", self.tools)
         if self.continue_final_message and self.add_generation_prompt:
             raise FieldError("continue_final_message", "continue_final_message: the final "
                              "message cannot be continued after a generation prompt: set "
                              "add_generation_prompt to false with it")
         if self.response_format not in (None, {"type": "text"}):
-            raise ValueError("response_format: only {\"type\": \"text\"} is supported")
+            raise UnhonouredField("response_format", self.response_format)
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs=true")
+            raise FieldError("top_logprobs", "top_logprobs: needs logprobs=true: send "
+                             "logprobs=true with it, or leave top_logprobs out")
         return self
 
     @property
