@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from slopilot.engine.openai_errors import error_body
 
 MAX_HEAD_BYTES = 64 << 10
 """The most bytes of one request's head: 4x h11's default, far above any OpenAI client's
@@ -82,8 +85,8 @@ def refuse_and_linger(transport: asyncio.Transport,
     """Answer ``status`` (``b"431 Request Header Fields Too Large"``) with an
     OpenAI-shaped error, then close lingering: for a connection whose head is refused,
     with nothing else being answered on it."""
-    body = (b'{"error": {"message": "%s", "type": "invalid_request_error", "code": "%s"}}'
-            % (message, code))
+    body = json.dumps(error_body(int(status.split()[0]), message.decode(),
+                                 code=code.decode())).encode()
     transport.write(
         b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
         b"date: %s\r\nconnection: close\r\n\r\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -246,6 +247,17 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_head_deadline(
     _run(factory, script)
 
 
+def _error(written: bytes) -> dict[str, Any]:
+    """The error a refused head was answered with, in the shape of every other (it wrote
+    no ``param``)."""
+    head, _, body = written.partition(b"\r\n\r\n")
+    assert b"content-length: %d" % len(body) in head.lower(), written
+    err: dict[str, Any] = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] is None
+    assert err["type"] == "invalid_request_error"
+    return err
+
+
 @pytest.mark.parametrize("factory", PROTOCOLS)
 def test_half_a_head_is_answered_408_and_the_connection_ends(factory: Factory) -> None:
     async def script(conn: _Connection) -> None:
@@ -255,6 +267,7 @@ def test_half_a_head_is_answered_408_and_the_connection_ends(factory: Factory) -
         await conn.at(HEAD_S)
         assert conn.transport.written.startswith(b"HTTP/1.1 408 "), conn.transport.written
         assert b"connection: close" in conn.transport.written.lower()
+        assert _error(conn.transport.written)["code"] == "request_timeout"
         # The write side ends; what the client still sends is dropped unparsed, and the
         # connection closes after the lingering time (so the client reads the 408).
         assert conn.transport.eof and not conn.closed
@@ -399,6 +412,7 @@ def test_a_head_refused_for_its_size_is_not_answered_again_at_its_deadline() -> 
     async def script(conn: _Connection) -> None:
         await conn.read(1.0, b"GET / HTTP/1.1\r\nx-big: " + b"a" * 2000)
         assert conn.transport.written.startswith(b"HTTP/1.1 431 ")
+        assert _error(conn.transport.written)["code"] == "request_header_too_large"
         await conn.at(HEAD_S)
         assert conn.transport.written.count(b"HTTP/1.1") == 1
 

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from slopilot.engine.meter.asgi_http import Send, answer, date_header, response_headers
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_SERIES, ClientLatency
 from slopilot.engine.metrics_text import TextRegistry, parts_text
+from slopilot.engine.openai_errors import error_body
 from slopilot.engine.request import Priority
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
 
@@ -155,8 +156,9 @@ async def scrape(client: httpx.AsyncClient, upstream: str, send: Send,
             upstream + "/metrics", headers={"accept": TEXT_FORMAT,
                                             "accept-encoding": "identity"})
     except httpx.HTTPError as exc:
-        await answer(send, 502, {"error": {"message": "the engine's /metrics did not "
-                                           f"answer: {type(exc).__name__}"}})
+        await answer(send, 502, error_body(
+            502, f"the engine's /metrics did not answer: {type(exc).__name__}",
+            code="upstream_unavailable"))
         return
     kind = response.headers.get("content-type", "")
     if response.status_code != 200 or not kind.startswith("text/plain"):

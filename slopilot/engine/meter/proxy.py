@@ -57,6 +57,7 @@ from slopilot.engine.meter.request_plan import Buffer, RequestPlanner, is_replay
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import StreamJudge
 from slopilot.engine.metrics_text import render
+from slopilot.engine.openai_errors import error_body
 from slopilot.engine.request import Priority
 
 log = logging.getLogger(__name__)
@@ -177,11 +178,10 @@ class Meter:
             raise exc
 
     async def _too_large(self, send: Send, size: str) -> None:
-        await answer(send, 413, {"error": {
-            "message": f"the request body is {size} bytes; the meter in front of this "
-                       f"engine accepts at most {self.max_body_bytes} bytes "
-                       "(--max-body-mb): send a shorter prompt or split the batch",
-            "type": "invalid_request_error", "code": "request_too_large"}})
+        await answer(send, 413, error_body(
+            413, f"the request body is {size} bytes; the meter in front of this engine "
+            f"accepts at most {self.max_body_bytes} bytes (--max-body-mb): send a shorter "
+            "prompt or split the batch"))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -217,9 +217,9 @@ class Meter:
             # The target is the client's to write: glued to the upstream's URL,
             # "@host/..." named another host, reached from the pod with the client's
             # request. Only a path goes on, and into the path alone.
-            await answer(send, 400, {"error": {
-                "message": "the request target must be a path, e.g. /v1/completions",
-                "type": "invalid_request_error", "code": "invalid_request_target"}})
+            await answer(send, 400, error_body(
+                400, "the request target must be a path, e.g. /v1/completions",
+                code="invalid_request_target"))
             return
         query: bytes = scope.get("query_string", b"")
         url = self.upstream_url.copy_with(raw_path=raw_path + (b"?" + query if query else b""))
@@ -249,10 +249,9 @@ class Meter:
         except httpx.HTTPError as exc:
             log.warning("%s %s: the engine did not answer: %s", scope["method"],
                         scope["path"], type(exc).__name__)
-            await answer(send, 502, {"error": {
-                "message": f"the engine beside the meter did not answer: "
-                           f"{type(exc).__name__}", "type": "server_error",
-                "code": "upstream_unavailable"}})
+            await answer(send, 502, error_body(
+                502, f"the engine beside the meter did not answer: {type(exc).__name__}",
+                code="upstream_unavailable"))
             return
         # The engine took the request whole: a batch's other prompts are its too.
         self.arrivals += arrivals - at_once

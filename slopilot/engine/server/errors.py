@@ -1,18 +1,15 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``, each
+status's type and default code from ``openai_errors`` (the meter's too)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from http import HTTPStatus
 
 from fastapi.responses import JSONResponse
 
-# OpenAI's error types by status, as its SDK maps them to exception classes.
-_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
-    500: "internal_server_error", 503: "service_unavailable",
-}
+from slopilot.engine.openai_errors import ErrorBody, error_body
+
+__all__ = ["APIError", "error_body", "json_error_where"]
 
 
 class APIError(Exception):
@@ -27,18 +24,11 @@ class APIError(Exception):
         self.code = code
         self.headers = dict(headers or {})
 
-    def body(self) -> dict[str, dict[str, str | None]]:
+    def body(self) -> ErrorBody:
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def error_body(status: int, message: str, *, param: str | None = None,
-               code: str | None = None) -> dict[str, dict[str, str | None]]:
-    kind = _TYPES.get(status) or HTTPStatus(status).phrase.lower().replace(" ", "_")
-    return {"error": {"message": message, "type": kind, "param": param,
-                      "code": code or HTTPStatus(status).phrase.lower().replace(" ", "_")}}
 
 
 def json_error_where(reason: str, position: int | None) -> str:

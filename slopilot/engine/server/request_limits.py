@@ -26,7 +26,8 @@ from slopilot.engine.server.errors import APIError
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 
 
-PROMPT_HINT = "(max_body_bytes): send a shorter prompt or split the batch"
+# Names the flag that sets the limit (``slopilot serve --max-body-mb``), as the meter's does.
+PROMPT_HINT = "(--max-body-mb): send a shorter prompt or split the batch"
 
 
 def _too_large(size: str, limit: int, hint: str) -> str:

@@ -25,6 +25,7 @@ from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.meter.slo_watch import SLOWatch
 from slopilot.engine.meter.stream_judge import MAX_EVENT_BYTES
 from slopilot.engine.request import Priority
+from slopilot.engine.server.errors import error_body
 from slopilot.engine.slo import SLOError, SLOSpec
 from slopilot.engine.verdicts import Verdicts
 from tests.support.waits import HANG_GUARD_S
@@ -371,7 +372,8 @@ def test_a_body_past_the_limit_is_413_and_an_engine_that_does_not_answer_502(
         return await Client(meter, now).request("POST", "/v1/completions", raw=b"x" * 11)
 
     status, _, body = run(go)
-    assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+    served = error_body(413, "")["error"]
+    assert status == 413 and _error(body, 413)["code"] == served["code"] == "request_too_large"
     assert upstream.requests == []
 
     def refuse(request: httpx.Request) -> httpx.Response:
@@ -384,7 +386,17 @@ def test_a_body_past_the_limit_is_413_and_an_engine_that_does_not_answer_502(
         return await Client(down, now).request("POST", "/v1/completions", STREAM)
 
     status, _, body = run(go_down)
-    assert status == 502 and json.loads(body)["error"]["code"] == "upstream_unavailable"
+    assert status == 502 and _error(body, 502)["code"] == "upstream_unavailable"
+
+
+def _error(body: bytes, status: int) -> dict[str, Any]:
+    """The meter's own error, in the shape and of the type ``slopilot serve`` gives for
+    the same status (its 413 was ``request_too_large`` here and ``request_entity_too_large``
+    there, and the meter wrote no ``param``)."""
+    err: dict[str, Any] = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] is None
+    assert err["type"] == error_body(status, "")["error"]["type"]
+    return err
 
 
 def test_a_long_prompts_stream_is_judged_too(tmp_path: Path) -> None:
@@ -420,7 +432,7 @@ def test_a_request_target_that_is_no_path_goes_nowhere(tmp_path: Path, target: b
         return await client.request("GET", target.decode(), None)
 
     status, _, body = run(go)
-    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_request_target"
+    assert status == 400 and _error(body, 400)["code"] == "invalid_request_target"
     assert upstream.requests == []
 
 

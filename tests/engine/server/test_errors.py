@@ -41,6 +41,29 @@ def _error(res: httpx.Response, status: int) -> dict[str, Any]:
     return err
 
 
+# Every status the server or the meter answers with a code of its own choosing.
+_STATUSES = (400, 401, 403, 404, 405, 408, 413, 429, 431, 500, 502, 503)
+
+
+def test_error_codes_do_not_follow_pythons_status_phrases(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A code left to the status was its phrase in Python's ``http.HTTPStatus``, which
+    Python renames: 413 read ``request_entity_too_large`` on 3.11 and 3.12 and
+    ``content_too_large`` on 3.13 (the meter says ``request_too_large``)."""
+    from http import HTTPStatus
+
+    from slopilot.engine.server.errors import error_body
+
+    def codes() -> dict[int, object]:
+        return {s: error_body(s, "m")["error"]["code"] for s in _STATUSES}
+
+    before = codes()
+    assert before[413] == "request_too_large"
+    for status in _STATUSES:
+        monkeypatch.setattr(HTTPStatus(status), "phrase", "Renamed In Another Python")
+    assert codes() == before
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"prompt": "hi", "n": 17}, "n", "less than or equal to 16"),
     ({"prompt": ["a", "b", "c"], "n": 6}, "n", "at most 16 choices"),
