@@ -1,10 +1,10 @@
 """The HTTP server of one engine replica: the inference app, the admin app, one engine.
 
 Inference routes (``openai_routes.py``): ``/v1/completions``, ``/v1/chat/completions``
-(SSE when ``stream``), ``/v1/models``, ``/health``, ``/metrics``. Admin routes
-(``admin.py``): ``/admin/config``, every method behind the bearer token, on their own
-port when ``admin_port`` is given (else at /admin on the inference port). Errors are
-OpenAI-shaped JSON (``error_handlers.py``). The engine thread starts with the inference
+(SSE when ``stream``), ``/v1/models`` and ``/v1/models/{id}``, ``/health``, ``/metrics``.
+Admin routes (``admin.py``): ``/admin/config``, every method behind the bearer token, on
+their own port when ``admin_port`` is given (else at /admin on the inference port).
+Errors are OpenAI-shaped JSON (``error_handlers.py``). The engine thread starts with the inference
 app's lifespan and drains when it ends.
 
 Requests travel::
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -95,7 +96,8 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
                admin_port: int | None = None,
                tokenizer_threads: int | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               clients: WatchedFile[ClientClasses] | None = None) -> EngineApp:
+               clients: WatchedFile[ClientClasses] | None = None,
+               wall_clock: Callable[[], float] = time.time) -> EngineApp:
     """The server for ``backend``; ``admin_port`` is the bound admin port, if separate.
 
     ``clients``: the classes each API key may name (``slopilot serve --clients``), looked
@@ -104,6 +106,7 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     client's to name and Authorization is ignored.
 
     A request body over ``max_body_bytes`` is answered 413 while it is being read.
+    ``wall_clock`` (Unix seconds) stamps the server's start: /v1/models' ``created``.
 
     ``check_integrity`` runs the scheduler's O(blocks) self-check whenever the engine
     goes idle: for tests and debugging (``slopilot serve --check-integrity``) only.
@@ -115,7 +118,7 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     engine = AsyncEngine(backend.engine, backend.observer, check_integrity=check_integrity)
     state = ServerState(engine, backend, credential, drain_timeout_s,
                         tokenizer_threads or default_tokenizer_threads(),
-                        TokenText(backend.tokenizer))
+                        TokenText(backend.tokenizer), started_at=int(wall_clock()))
     if clients is not None:
         counts = ClientCounts(backend.served_model_name)
         state.clients = ClientGrants(clients, counts)

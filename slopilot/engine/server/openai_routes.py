@@ -36,6 +36,7 @@ from slopilot.engine.server.responses import (
 from slopilot.engine.server.serving import (
     INLINE_PREPARE_CHARS,
     PRIORITY_HEADER,
+    model_not_found,
     one_priority_header,
     prepare,
     refused_for_load,
@@ -60,6 +61,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
          "way in it to a more urgent class (code queue_full)"), (500, "The engine failed"),
         (503, "Draining: refused, or ended by the drain's timeout before any choice "
          "started (code draining)"))}}
+
+
+_NO_KEY: dict[str, Any] = {"model": ErrorResponse, "description": "With client grants "
+                           "(--clients): no granted API key (code invalid_api_key)"}
 
 
 class PrometheusText(Response):
@@ -156,13 +161,23 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await generate(body, request)
 
-    @app.get("/v1/models", response_model=ModelList, responses={
-        401: {"model": ErrorResponse, "description": "With client grants (--clients): no "
-              "granted API key (code invalid_api_key)"}})
-    async def models() -> ModelList:
-        card = ModelCard(id=backend.served_model_name, created=0,
+    def card() -> ModelCard:
+        return ModelCard(id=backend.served_model_name, created=state.started_at,
                          max_model_len=backend.max_model_len)
-        return ModelList(data=[card])
+
+    @app.get("/v1/models", response_model=ModelList, responses={401: _NO_KEY})
+    async def models() -> ModelList:
+        return ModelList(data=[card()])
+
+    # ``:path``: a served name may hold a slash (a Hub name, as vLLM serves by default),
+    # and the openai SDK's models.retrieve puts it in the path as it is.
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses={
+        401: _NO_KEY, 404: {"model": ErrorResponse, "description": "Not the model served "
+                            "here (code model_not_found)"}})
+    async def model_card(model: str) -> ModelCard:
+        if model != backend.served_model_name:
+            raise model_not_found(backend, model)
+        return card()
 
     @app.get("/health", responses={
         500: {"description": "The engine loop failed"}, 503: {"description": "Draining"}})

@@ -293,6 +293,14 @@ def text_size(body: CompletionRequest | ChatCompletionRequest) -> int:
     return sum(len(p) for p in body.prompts)
 
 
+def model_not_found(backend: Backend, model: str) -> APIError:
+    """The 404 for a model this server does not serve (a request's ``model``, or the id
+    of GET /v1/models/{id})."""
+    shown = model if len(model) <= 80 else model[:80] + "..."
+    return APIError(404, f"model {shown!r} is not served here; this server serves "
+                    f"{backend.served_model_name!r}", param="model", code="model_not_found")
+
+
 def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
             headers: Mapping[str, str], arrival_time: float,
             clients: ClientClasses | None = None) -> Prepared:
@@ -302,10 +310,7 @@ def prepare(backend: Backend, body: CompletionRequest | ChatCompletionRequest,
     None: the class is the client's to name."""
     chat = isinstance(body, ChatCompletionRequest)
     if body.model is not None and body.model != backend.served_model_name:
-        shown = body.model if len(body.model) <= 80 else body.model[:80] + "..."
-        raise APIError(404, f"model {shown!r} is not served here; this server serves "
-                       f"{backend.served_model_name!r}", param="model",
-                       code="model_not_found")
+        raise model_not_found(backend, body.model)
     priority, served = _priority(body.priority, headers, clients)
     param = "messages" if chat else "prompt"
     prompts = _prompts(backend, body)

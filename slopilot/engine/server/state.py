@@ -21,6 +21,8 @@ class ServerState:
     drain_timeout_s: float
     tokenizer_threads: int
     text_of: TokenText
+    # When the server started, in Unix seconds: its model card's ``created``.
+    started_at: int = 0
     # Tokenizing and chat templates run here, never on the event loop; started and
     # stopped with the app.
     tokenize: ThreadPoolExecutor | None = field(default=None)

@@ -8,7 +8,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.live_server import LiveServer
+from slopilot.engine.server.app import create_app
+from tests.support.live_server import LiveServer, build_backend
 from tests.support.waits import HANG_GUARD_S
 
 
@@ -105,6 +106,35 @@ def test_token_id_prompt_and_priority_header(any_server: LiveServer) -> None:
 def test_models(any_server: LiveServer) -> None:
     models = _client(any_server).models.list()
     assert [m.id for m in models.data] == [any_server.backend.served_model_name]
+
+
+# Any fixed instant: the server's start, as its clock tells it.
+STARTED_AT = 1_767_225_600.75
+
+
+@pytest.mark.parametrize("name", ["tiny", "org/tiny-model"])
+async def test_models_retrieve_the_served_card_stamped_with_the_start(name: str) -> None:
+    """``client.models.retrieve`` asks GET /v1/models/{id}, which was a 404 for every
+    id; and every card said ``created: 0`` (read as 1970). A name with a slash (a Hub
+    name, as vLLM serves it by default) is one id."""
+    app = create_app(build_backend(realtime=False, served_model_name=name),
+                     wall_clock=lambda: STARTED_AT)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://engine") as http:
+        client = openai.AsyncOpenAI(base_url="http://engine/v1", api_key="unused",
+                                    max_retries=0, http_client=http)
+        listed = (await client.models.list()).data
+        card = await client.models.retrieve(name)
+        assert [m.model_dump() for m in listed] == [card.model_dump()]
+        assert card.id == name and card.object == "model"
+        assert card.created == int(STARTED_AT)
+        with pytest.raises(openai.NotFoundError) as refused:
+            await client.models.retrieve("no-such-model")
+    # The completions route's answer for a model not served here.
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["code"] == "model_not_found"
+    assert refused.value.body["param"] == "model"
+    assert "is not served here" in refused.value.body["message"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
