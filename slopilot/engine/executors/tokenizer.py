@@ -17,6 +17,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from slopilot.engine.executors.token_bytes import TokenBytes
+
 # From this length on, encode() takes long enough that holding the GIL would be felt.
 _GIL_FREE_CHARS = 4096
 
@@ -45,6 +47,7 @@ class TextTokenizer:
         self.eos_token = eos_token
         self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        self._token_bytes = TokenBytes(tokenizer)
 
     @classmethod
     def from_dir(cls, path: Path) -> TextTokenizer:
@@ -89,6 +92,11 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes the token stands for (``token_bytes.py``): of a piece of a
+        character too, which ``decode`` reads as U+FFFD."""
+        return self._token_bytes(token_id)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
                             add_generation_prompt: bool = True,

@@ -3,16 +3,23 @@
 Completions: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs`` (a dict of
 the top alternatives plus the token itself, so k or k + 1 entries, as OpenAI and vLLM
 give; fewer when two ids read alike, since the dict is keyed by text) and
-``text_offset`` (where each token's text starts in the choice's text). A prompt token
-without context (the first one, under ``echo``) has None for both logprob fields.
+``text_offset`` (where each token starts in the choice's text: ``TextOffsets``). A prompt
+token without context (the first one, under ``echo``) has None for both logprob fields.
 
 Chat: ``content``, one object per token with ``token``, ``logprob``, ``bytes`` and the
 ``top_logprobs`` list of the k most likely. -inf becomes -9999.0, as in vLLM, since JSON
 has no infinities.
+
+``token`` (and a completions' top_logprobs key) is the token decoded alone, as vLLM
+writes it: U+FFFD for a token that holds only part of a character, and without the
+leading space a SentencePiece token drops alone. ``bytes`` are the token's raw bytes
+(the tokenizer's ``token_bytes``), so a choice's joined, as OpenAI's do, rebuild its text
+(a special token's are its text, which the choice's text leaves out).
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -28,28 +35,65 @@ def _lp(value: float) -> float:
 
 
 class TokenText:
-    """Each token id's own text (decoded alone, special tokens kept), memoized."""
+    """Each token id's own text (decoded alone, special tokens kept), its raw bytes, and
+    the bytes it adds to an output's text; memoized."""
 
     def __init__(self, tokenizer: ServerTokenizer) -> None:
         self._tok = tokenizer
         self.text = lru_cache(maxsize=65536)(self._decode)
+        self.bytes = lru_cache(maxsize=65536)(tokenizer.token_bytes)
+        self.shown = lru_cache(maxsize=65536)(self._shown)
 
     def _decode(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
+    def _shown(self, token_id: int) -> bytes:
+        """Its bytes, or none for a token the output's text leaves out: one decoding
+        drops where it skips special tokens, as the detokenizer decodes."""
+        if self._tok.decode([token_id]) == "" and self.text(token_id) != "":
+            return b""
+        return self.bytes(token_id)
+
+
+class TextOffsets:
+    """Where each token of a text starts in it, the tokens fed in order (``next``).
+
+    A token's offset is the index of the character its first byte is part of, in the
+    text its bytes decode to (U+FFFD standing for each stretch that is no UTF-8, as the
+    detokenizer writes it): where its text starts, or, for a token that starts inside a
+    character (the second of an emoji's four byte tokens), that character's, so the
+    tokens of one character share its offset. A token that adds nothing to the text (a
+    special token, the stop token) has the offset where the text then ends. The tokens
+    of a stop string keep the offsets they had before the text was cut in front of it:
+    past its end.
+    """
+
+    def __init__(self, start: int = 0) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._chars = start  # characters the bytes fed so far make, the last unfinished
+
+    def next(self, raw: bytes) -> int:
+        if not raw:
+            return self._chars
+        self._chars += len(self._decoder.decode(raw[:1]))
+        # The first byte waits for more (a character's lead byte or one inside it): it
+        # is part of the character still to come, else of the last one made.
+        pending = bool(self._decoder.getstate()[0])
+        at = self._chars if pending else self._chars - 1
+        self._chars += len(self._decoder.decode(raw[1:]))
+        return at
+
 
 def completion_logprobs(text_of: TokenText, token_ids: Sequence[int],
                         entries: Sequence[TokenLogprobs | None], num_top: int,
-                        text_offset: int) -> dict[str, Any]:
+                        offsets: Sequence[int]) -> dict[str, Any]:
+    """``offsets``: each token's ``text_offset`` (``TextOffsets``)."""
     tokens: list[str] = []
     token_lps: list[float | None] = []
     tops: list[dict[str, float] | None] = []
-    offsets: list[int] = []
     for token_id, entry in zip(token_ids, entries, strict=True):
         text = text_of.text(token_id)
         tokens.append(text)
-        offsets.append(text_offset)
-        text_offset += len(text)
         if entry is None:
             token_lps.append(None)
             tops.append(None)
@@ -62,15 +106,14 @@ def completion_logprobs(text_of: TokenText, token_ids: Sequence[int],
         top.setdefault(text, _lp(entry.logprob))
         tops.append(top)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
-            "text_offset": offsets}
+            "text_offset": list(offsets)}
 
 
 def chat_logprobs(text_of: TokenText, entries: Sequence[TokenLogprobs],
                   num_top: int) -> dict[str, Any]:
     def item(token_id: int, logprob: float) -> dict[str, Any]:
-        text = text_of.text(token_id)
-        return {"token": text, "logprob": _lp(logprob),
-                "bytes": list(text.encode("utf-8", errors="replace"))}
+        return {"token": text_of.text(token_id), "logprob": _lp(logprob),
+                "bytes": list(text_of.bytes(token_id))}
 
     return {"content": [
         {**item(e.token_id, e.logprob),

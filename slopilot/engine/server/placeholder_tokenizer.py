@@ -31,6 +31,11 @@ class PlaceholderTokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return " ".join(self.word for _ in ids)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        # What each token adds to an output, its word after a space (" tok tok ..."), as
+        # the detokenizer, which decodes it after others, reads it.
+        return f" {self.word}".encode()
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
                             add_generation_prompt: bool = True,
                             continue_final_message: bool = False,

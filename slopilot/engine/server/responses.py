@@ -59,6 +59,7 @@ from slopilot.engine.server.backends import Backend
 from slopilot.engine.server.detokenizer import IncrementalDetokenizer
 from slopilot.engine.server.errors import APIError, error_body
 from slopilot.engine.server.logprobs_format import (
+    TextOffsets,
     TokenText,
     chat_logprobs,
     completion_logprobs,
@@ -83,10 +84,11 @@ class ChoiceState:
                                             min_tokens=choice.request.sampling.min_tokens)
         self.token_ids: list[int] = []
         self.finish: str | None = None
-        # text_offset of the next token given logprobs: what the tokens before it read
-        # (each decoded alone, as in ``tokens``), not the text sent so far, which a stop
-        # string holds back while streaming; so a stream's offsets are the body's.
-        self.logprob_offset = 0
+        # The text_offset of each output token given logprobs, from the tokens' own bytes
+        # (``TextOffsets``), not from the text sent so far, which a stop string holds
+        # back while streaming: so a stream's offsets are the body's. Under echo the
+        # outputs' text follows the prompt's.
+        self.offsets = TextOffsets(len(self.echo_text()) if prep.echo else 0)
         self.first_written = False  # a chunk with output went out (TTFT is observed)
         self.last_made_at: float | None = None  # when the engine made the last token fed
         self.written = ClientGaps()  # a stream's gaps, as its chunks went out
@@ -199,13 +201,20 @@ class ChoiceState:
         if prep.chat:
             return chat_logprobs(text_of, entries, k)
         all_entries: list[TokenLogprobs | None] = list(entries)
+        offsets = [self.offsets.next(text_of.shown(t)) for t in ids]
         if echo:
             prompt_ids = self.choice.prompt.token_ids
             all_entries = [None, *req.prompt_logprobs[:len(prompt_ids) - 1], *entries]
             ids = [*prompt_ids, *ids]
-        out = completion_logprobs(text_of, ids, all_entries, k, self.logprob_offset)
-        self.logprob_offset += sum(len(t) for t in out["tokens"])
-        return out
+            offsets = [*self._prompt_offsets(text_of), *offsets]
+        return completion_logprobs(text_of, ids, all_entries, k, offsets)
+
+    def _prompt_offsets(self, text_of: TokenText) -> list[int]:
+        """Each prompt token's text_offset in the echoed prompt: within its text, which
+        is the client's own string where the tokens may read otherwise (a BOS token, or
+        a tokenizer that normalizes)."""
+        at, end = TextOffsets(), len(self.echo_text())
+        return [min(at.next(text_of.shown(t)), end) for t in self.choice.prompt.token_ids]
 
     def echo_text(self) -> str:
         return self.choice.prompt.text or ""

@@ -22,6 +22,9 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return bytes(ids).decode(errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id])
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             **how: Any) -> str:
         return ""

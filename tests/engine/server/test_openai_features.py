@@ -99,13 +99,16 @@ def test_streamed_text_offsets_match_the_whole_response(any_server: LiveServer,
     client = _client(any_server)
     args = _args(any_server, prompt="Count: one two", max_tokens=6, logprobs=1,
                  temperature=0, stop=stop)
-    whole = client.completions.create(**args).choices[0].logprobs
+    choice = client.completions.create(**args).choices[0]
+    whole = choice.logprobs
     assert whole is not None
     streamed = [o for c in client.completions.create(**args, stream=True)
                 for ch in c.choices if ch.logprobs for o in ch.logprobs.text_offset]
     assert streamed == whole.text_offset
-    assert whole.text_offset == [sum(map(len, whole.tokens[:i]))
-                                 for i in range(len(whole.tokens))]
+    # Within the text, in order (test_logprob_bytes.py: exactly where, for pieces of a
+    # character too).
+    assert whole.text_offset == sorted(whole.text_offset)
+    assert whole.text_offset[0] == 0 and whole.text_offset[-1] < len(choice.text)
 
 
 def test_echo_with_logprobs(any_server: LiveServer) -> None:
@@ -135,8 +138,11 @@ def test_echo_with_logprobs(any_server: LiveServer) -> None:
 def test_chat_logprobs(any_server: LiveServer) -> None:
     client = _client(any_server)
     messages: list[Any] = [{"role": "user", "content": "Say something."}]
+    # No special token, whose bytes (its text) the choice's text leaves out.
     res = client.chat.completions.create(**_args(any_server, messages=messages, max_tokens=4,
-                                                 logprobs=True, top_logprobs=2, n=2))
+                                                 logprobs=True, top_logprobs=2, n=2,
+                                                 logit_bias={"0": -100, "1": -100,
+                                                             "2": -100}))
     assert [c.index for c in res.choices] == [0, 1]
     for choice in res.choices:
         assert choice.logprobs is not None and choice.logprobs.content is not None
@@ -144,8 +150,10 @@ def test_chat_logprobs(any_server: LiveServer) -> None:
         assert len(content) == 4
         for item in content:
             assert item.logprob <= 0 and len(item.top_logprobs) == 2
-            assert item.bytes == list(item.token.encode("utf-8", errors="replace"))
             assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        # The tokens' raw bytes rebuild the text, as OpenAI's do.
+        joined = b"".join(bytes(item.bytes or ()) for item in content)
+        assert joined.decode("utf-8", "replace") == choice.message.content
     stream = list(client.chat.completions.create(**_args(
         any_server, messages=messages, max_tokens=4, logprobs=True, stream=True)))
     items = [i for c in stream for ch in c.choices if ch.logprobs and ch.logprobs.content

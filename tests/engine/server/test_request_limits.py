@@ -130,6 +130,9 @@ class _Counting:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.inner.token_bytes(token_id)
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             **how: Any) -> str:
         return self.inner.apply_chat_template(messages, **how)

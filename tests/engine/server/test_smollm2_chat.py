@@ -51,3 +51,33 @@ def test_streamed_chat_equals_the_whole_answer(smol: LiveServer) -> None:
     parts = client.chat.completions.create(**args, stream=True)  # type: ignore[call-overload]
     streamed = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
     assert streamed == whole.choices[0].message.content
+
+
+def test_logprob_bytes_and_offsets_hold_for_emoji(smol: LiveServer) -> None:
+    """A real byte-level BPE spells an emoji in pieces that decode alone to U+FFFD: their
+    ``bytes`` are the raw ones, which rebuild the answer, and each ``text_offset`` is
+    where its character lies in the text."""
+    client = openai.OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=HANG_GUARD_S)
+    name = smol.backend.served_model_name
+    res = client.chat.completions.create(
+        model=name, temperature=0, max_completion_tokens=30, logprobs=True,
+        messages=[{"role": "user", "content": "Repeat exactly: 🎉🎉🎉 日本語 🎉🎉🎉"}])
+    choice = res.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    # A stop token's bytes are its text, which the answer leaves out.
+    items = choice.logprobs.content[:-1] if choice.finish_reason == "stop" \
+        else choice.logprobs.content
+    joined = b"".join(bytes(i.bytes or ()) for i in items)
+    assert joined.decode("utf-8", "replace") == choice.message.content
+    echoed = client.completions.create(model=name, prompt="Emoji party: 🎉🎉 日本",
+                                       max_tokens=12, temperature=0, echo=True,
+                                       logprobs=1).choices[0]
+    lp = echoed.logprobs
+    assert lp is not None and lp.tokens is not None and lp.text_offset is not None
+    text = echoed.text
+    assert any(t == "\ufffd" for t in lp.tokens)  # pieces of a character were there
+    for token, at in zip(lp.tokens, lp.text_offset, strict=True):
+        assert at < len(text) or token == "<|im_end|>"
+        if "\ufffd" not in token:  # a whole token's text lies where it says
+            assert text[at:at + len(token)] == token, (token, at, text)
