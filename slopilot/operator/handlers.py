@@ -17,8 +17,10 @@ importing it registers every handler, the controller daemon included.
   daemon does it, around its trials. The pods run the tenant's image: a sync runs on
   the pod syncs' own pool, in its namespace's share, waiting for a slot on the event
   loop where the others' hold them (pod_sync_pool.py), never on kopf's threads.
-- deletion while tuning is off: the CR's study is deleted from every storage it lived in
-  (study_cleanup.py; while tuning is on, the controller daemon's end does it).
+- deletion: the CR's study is deleted from every storage it lived in (study_cleanup.py),
+  after its tuning daemon's end, if one runs (which does it first: daemon_ends.py);
+  this is the only deletion for a CR whose daemon never ran here (tuning off, or the CR
+  deleted while no operator ran).
 - events of owned Deployments, NetworkPolicies, Services, ConfigMaps and, where
   prometheus-operator's CRDs exist, ServiceMonitors and PrometheusRules: a deleted or
   edited one is re-created or patched back from its LLMDeployment (drift repair), and
@@ -61,6 +63,7 @@ from slopilot.operator.conditions import (
     merge_conditions,
 )
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from slopilot.operator.daemon_ends import DaemonEnds
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
 from slopilot.operator.drift import not_repaired_message, record_repair, unrepaired
@@ -152,6 +155,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo.locks = LockTable()
     memo.handler_threads = settings.execution.executor  # kopf's (settings.HANDLER_THREADS)
     memo.tuning_pool = TuningPool()  # every tuning daemon's steps, one pool (tuning_pool.py)
+    memo.tuning_daemons = DaemonEnds()  # whose daemon runs, for deletions (daemon_ends.py)
     memo.policy = operator_policy()
     memo.tokens = load_or_create(memo.kube, memo.policy.operator_namespace)
 
@@ -418,14 +422,25 @@ def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:
     return not tuning_enabled(spec)
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, id="study-cleanup", optional=True,
-                when=tuning_disabled)
-async def delete_untuned_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+DAEMON_END_WAIT_S = 5.0
+"""How long the deletion handler waits on kopf's loop for the CR's daemon to end before
+it asks kopf to call it again (``kopf.TemporaryError``): a daemon stops within a tick,
+and the handler's cycle holds kopf's escalation (its cancel of a daemon that does not
+stop) until it returns."""
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, id="study-cleanup", optional=True)
+async def delete_deleted_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
                                  **_: Any) -> None:
-    """A CR deleted while tuning is off: no daemon runs to end with it, so its study is
-    deleted here from every storage on record (study_cleanup.py). Optional: it adds no
-    finalizer of its own (the config-sync timer's holds the CR while tuning is off), so
-    it never keeps a CR Terminating that nothing else would.
+    """A deleted CR's study is deleted from every storage on record (study_cleanup.py),
+    once no tuning daemon of this process runs for it (daemon_ends.py). Its daemon's end
+    fails the running trial and deletes the study; where none ends with the CR (tuning
+    off; or deleted while no operator ran: kopf starts no daemon for a CR already
+    Terminating, so a tuning CR's study stayed, its trial RUNNING), this is the
+    deletion, and after a daemon's end a no-op. Before the finalizer goes: the
+    daemon's finalizer, or the config-sync timer's while tuning is off, holds the CR
+    until it returns. Optional: it adds no finalizer of its own, so it never keeps a CR
+    Terminating that nothing else would.
 
     On the tuning pool, in the namespace's share, as a daemon's own deletion at its end:
     a silent database holds each call for its connect timeout, and on kopf's handler
@@ -435,7 +450,10 @@ async def delete_untuned_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.
     it, and no timer awaits it to withdraw it at its stop)."""
     meta = body["metadata"]
     memo.pod_syncs.withdraw(meta["namespace"], meta["name"], str(meta["uid"]))
-    lane = memo.tuning_pool.lane(body["metadata"]["namespace"])
+    if not await memo.tuning_daemons.wait(str(meta["uid"]), DAEMON_END_WAIT_S):
+        raise kopf.TemporaryError("the tuning daemon is still ending; the study is "
+                                  "deleted once it has", delay=DAEMON_END_WAIT_S)
+    lane = memo.tuning_pool.lane(meta["namespace"])
     await lane.run(functools.partial(delete_studies, body, memo.policy, log=logger))
 
 

@@ -6,7 +6,8 @@ only from the storage the spec names at deletion left the old one behind, trials
 in a storage other tenants share. So the daemon records each storage in
 ``status.studyStorages`` as it opens the study there (``with_storage``), and a deleted
 CR's study is deleted from each (``delete_studies``): by the daemon's end while tuning is
-on, by the deletion handler while it is off (no daemon runs then).
+on, and by the deletion handler after it (a no-op then), or where no daemon ran (tuning
+off, or the CR deleted while no operator ran).
 
 The status is whoever may write it, not only the operator: each entry read back is judged
 by the administrator's storage policy again (``resolve_storage``, for the CR's namespace:
@@ -73,8 +74,9 @@ def delete_studies(body: Mapping[str, Any], policy: OperatorPolicy, *,
         if url in done:
             continue
         try:
-            delete_named_study(url, name)
+            there = delete_named_study(url, name)
         except StudyStorageError as exc:
             log.warning("study %s stays in %s: %s", name, shown(url), exc)
             continue
-        log.info("study %s deleted from %s", name, shown(url))
+        if there:  # else the daemon's end deleted it already, or none was made there
+            log.info("study %s deleted from %s", name, shown(url))

@@ -5,6 +5,8 @@ finalizer lets it go. A CR whose finalizer was released without the operator
 (``slopilot operator uninstall`` with no operator running and the storage out of its
 reach, or a hand-made patch), or whose storage was down as it went, leaves its study
 behind: a leak in a storage other tenants share, not lost data (no later CR resumes it).
+A CR still Terminating counts as live: deleted while no operator ran, it is held by the
+operator's finalizer until the deletion handler has deleted its study (handlers.py).
 
 Each study's name holds its CR's namespace, name and uid (``daemon.study_name``). At
 start the operator visits each storage it may open without being asked by a CR: the

@@ -11,7 +11,9 @@ pool stays free for the handlers. A thread of its own per CR made the operator's
 threads as many as its tenants' tuning CRs. Waiting for a slot holds no thread, and a
 stop ends the wait.
 
-Only the peering leader runs daemons (settings.py). The controller itself comes from
+From its start to its end's end the daemon is in ``memo.tuning_daemons``
+(daemon_ends.py), which the deletion handler waits on. Only the peering leader runs
+daemons (settings.py). The controller itself comes from
 daemon.py's factory.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -31,6 +34,7 @@ from slopilot.operator.deployment_loop import DeploymentLoop
 from slopilot.operator.fair_slots import NotRun
 from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.pod_memory import memory_of
+from slopilot.operator.tuning_pool import Lane
 
 # Set by `slopilot operator` on SIGTERM/SIGINT before kopf begins to stop: a daemon that
 # kopf starts while shutting down is not told to stop, so each one also checks this.
@@ -55,6 +59,8 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
         return bool(stopped) or OPERATOR_STOPPING.is_set()
 
     gone = False
+    ends = memo.tuning_daemons
+    end = ends.started(str(uid))  # before the first await: the deletion handler waits
     try:
         while not stopping():
             try:
@@ -77,7 +83,20 @@ async def run_controller(stopped: kopf.DaemonStopped, name: str, namespace: str 
                                        restore=True)
         else:
             ending = None
+        # One shielded whole: a second cancel leaves it running, and the deletion handler
+        # waits for it (daemon_ends.py), not for this task.
+        finishing = asyncio.ensure_future(_finish(lane, loop, ending))
+        finishing.add_done_callback(lambda _: ends.ended(str(uid), end))
+        await asyncio.shield(finishing)
+
+
+async def _finish(lane: Lane, loop: DeploymentLoop, ending: Callable[[], None] | None
+                  ) -> None:
+    """The daemon's end: ``ending`` (the trial and the study ended), the metrics, then
+    the heartbeat, each after a step that may still run on the lane."""
+    try:
         if ending is not None:
-            await asyncio.shield(lane.run(ending))
-            await asyncio.shield(lane.run(loop.retire))  # it reads the CR: not on the loop
-        await asyncio.shield(lane.run(loop.close))  # after a step that may still run
+            await lane.run(ending)
+            await lane.run(loop.retire)  # it reads the CR: not on the loop
+    finally:
+        await lane.run(loop.close)

@@ -23,6 +23,7 @@ import pytest
 
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.daemon import DaemonContext
+from slopilot.operator.daemon_ends import DaemonEnds
 from slopilot.operator.handlers import LockTable
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
@@ -114,7 +115,8 @@ def test_an_ended_daemon_leaves_no_heartbeat_behind(
     monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)
     monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.01")
     memo = types.SimpleNamespace(kube=cluster.kube, tokens=operator_mint(cluster),
-                                 policy=policy, locks=LockTable(), tuning_pool=TuningPool())
+                                 policy=policy, locks=LockTable(), tuning_pool=TuningPool(),
+                                 tuning_daemons=DaemonEnds())
     stopped = Stopped(lambda: bool((cluster.status().get("controller") or {}).get("trial")),
                       reason)
     with serving(pod):

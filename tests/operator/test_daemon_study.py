@@ -15,13 +15,32 @@ from typing import Any
 import kubernetes.client
 import optuna
 import pytest
+from optuna.trial import TrialState
 
-from slopilot.operator.crd import crd_manifest
+from slopilot.operator.crd import API_VERSION, crd_manifest
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.study_cleanup import delete_studies
-from tests.operator.operator_support import NS, Cluster, daemon_loop, llmd, operator_mint
-from tests.operator.standins import build_study_controller
+from tests.operator.operator_support import (
+    GROUP,
+    NS,
+    PLURAL,
+    VERSION,
+    Cluster,
+    daemon_loop,
+    llmd,
+    operator,
+    operator_mint,
+    pods_up,
+    wait_for,
+)
+from tests.operator.standins import (
+    PodStandIn,
+    PrometheusStandIn,
+    build_study_controller,
+    serving,
+)
+from tests.operator.test_live_config import spec_config
 from tests.support.kube_server import RunningEmulator
 
 
@@ -113,3 +132,36 @@ def test_a_storage_on_record_that_the_policy_refuses_is_never_opened(
     assert study_names(other) == [name]
     assert study_names(a) == [] and study_names(b) == []
     assert not (Path.cwd() / "rel.db").exists()
+
+
+def test_a_cr_deleted_while_no_operator_runs_has_its_study_deleted_at_the_next_start(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The daemon's end deletes a deleted CR's study, but kopf starts no daemon for a CR
+    already Terminating: deleted while the operator was down, mid-trial, the CR was let
+    go at the next start and its study, the trial still RUNNING, stayed in the shared
+    storage (the reclaim at that start counted the Terminating CR as live). The deletion
+    handler deletes it, before the finalizer goes."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_study_controller")
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_TICK_S", "0.2")
+    monkeypatch.setenv("SLOPILOT_ALLOWED_STORAGE", storage)
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    pod = PodStandIn()
+    with serving(pod), operator(kube_login):
+        body = cluster.create(llmd(prometheus={"url": prom.url},
+                                   tuning={"window": "1h", "storage": storage}))
+        pods_up(cluster, [pod], config=lambda: spec_config(cluster))
+        wait_for(lambda: (cluster.status().get("controller") or {}).get("trial"),
+                 what="a trial running")
+    name = f"{NS}/chat/{body['metadata']['uid']}"
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.RUNNING]
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "chat")
+    assert cluster.get()["metadata"].get("deletionTimestamp")  # held by the finalizer
+
+    with operator(kube_login):
+        wait_for(lambda: cluster.kube.get(API_VERSION, PLURAL, NS, "chat") is None,
+                 what="the CR gone")
+        assert study_names(storage) == []

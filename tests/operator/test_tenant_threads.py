@@ -30,6 +30,7 @@ import pytest
 from kopf._cogs.aiokits.aioenums import FlagSetter
 
 from slopilot.operator import handlers, pod_admin
+from slopilot.operator.daemon_ends import DaemonEnds
 from slopilot.operator.handlers import LockTable, repair
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
@@ -54,7 +55,7 @@ log = logging.getLogger("test")
 # The handlers, called as kopf calls them (kopf's types ask for every kwarg it passes).
 sync_untuned_pods: Any = handlers.sync_untuned_pods
 reconcile_llmdeployment: Any = handlers.reconcile_llmdeployment
-delete_untuned_studies: Any = handlers.delete_untuned_studies
+delete_deleted_studies: Any = handlers.delete_deleted_studies
 stop_pod_syncs: Any = handlers.stop_pod_syncs
 
 
@@ -94,7 +95,8 @@ class Tenants:
         # kopf's memo: what the startup sets, shared by every CR through its own copy.
         self.memo = kopf.Memo(kube=first.kube, tokens=self.mint, policy=self.policy,
                               locks=LockTable(), pod_syncs=kopf_.pool,
-                              handler_threads=threads, tuning_pool=TuningPool(2, 2))
+                              handler_threads=threads, tuning_pool=TuningPool(2, 2),
+                              tuning_daemons=DaemonEnds())
         self._memos: dict[str, kopf.Memo] = {}
         self._stoppers: dict[tuple[str, str], FlagSetter[Any]] = {}
 
@@ -357,7 +359,7 @@ def test_a_crs_sync_waiting_when_it_is_deleted_runs_nothing(
             tenants.stop("team-b", "chat", kopf.DaemonStoppingReason.RESOURCE_DELETED)
             wait_for(gone.done, what="team-b's timer, stopped")
             gone.result()
-            kopf_.run(delete_untuned_studies(body=team_d.get("chat"),
+            kopf_.run(delete_deleted_studies(body=team_d.get("chat"),
                                              memo=tenants.memo_of("team-d", "chat"),
                                              logger=log)).result(timeout=HANG_GUARD_S)
             assert deleted == ["chat"] and kopf_.pool.waiting() == 1

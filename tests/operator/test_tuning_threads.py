@@ -25,6 +25,7 @@ import pytest
 from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
 
 from slopilot.operator import tuning_daemon
+from slopilot.operator.daemon_ends import DaemonEnds
 from slopilot.operator.pod_sync_pool import PodSyncPool
 from slopilot.operator.tuning_pool import TuningPool
 from tests.operator.test_tuning_pool import YIELDS, Gate, ended, on_loop
@@ -78,7 +79,7 @@ class Daemons:
 
     def __init__(self, pool: TuningPool, monkeypatch: pytest.MonkeyPatch) -> None:
         self.memo = types.SimpleNamespace(kube=None, tokens=None, policy=None, locks=None,
-                                          tuning_pool=pool)
+                                          tuning_pool=pool, tuning_daemons=DaemonEnds())
         self.loops: dict[str, StandInLoop] = {}
         self.stops: dict[str, FlagSetter[Reason]] = {}
         self.gates: dict[str, Gate] = {}
@@ -229,7 +230,7 @@ def test_deletions_whose_storage_hangs_hold_their_namespaces_share_not_kopfs_thr
     tenant's reconciles. The deletion is a tuning-pool call now, in its namespace's share."""
     from slopilot.operator import handlers
 
-    handler: Any = handlers.delete_untuned_studies  # kopf's type: every kwarg it passes
+    handler: Any = handlers.delete_deleted_studies  # kopf's type: every kwarg it passes
     # A sync handler is run on kopf's handler threads, whatever it waits on.
     assert asyncio.iscoroutinefunction(handler), "the deletion runs on kopf's threads"
 
@@ -245,7 +246,8 @@ def test_deletions_whose_storage_hangs_hold_their_namespaces_share_not_kopfs_thr
             deleted.append(f"{namespace}/{body['metadata']['name']}")
 
         monkeypatch.setattr(handlers, "delete_studies", delete_studies)
-        memo = types.SimpleNamespace(policy=None, tuning_pool=pool, pod_syncs=PodSyncPool())
+        memo = types.SimpleNamespace(policy=None, tuning_pool=pool, pod_syncs=PodSyncPool(),
+                                     tuning_daemons=DaemonEnds())
 
         def deletion(namespace: str, name: str) -> asyncio.Task[None]:
             body = {"metadata": {"namespace": namespace, "name": name, "uid": name}}
@@ -264,6 +266,62 @@ def test_deletions_whose_storage_hangs_hold_their_namespaces_share_not_kopfs_thr
             silent.opened.set()
         await asyncio.wait_for(asyncio.gather(*team_a), HANG_GUARD_S)
         assert len(deleted) == 11 and silent.runs == 10
+        pool.shutdown()
+
+    run(main)
+
+
+@pytest.mark.parametrize(("reason", "ending"), [
+    (Reason.RESOURCE_DELETED, ["end_deleted", "retire", "close"]),
+    (Reason.OPERATOR_PAUSING, ["close"])], ids=["deleted", "paused"])
+def test_the_deletion_handler_deletes_the_study_only_once_the_crs_daemon_has_ended(
+        monkeypatch: pytest.MonkeyPatch, reason: Reason, ending: list[str]) -> None:
+    """The handler deletes a tuning CR's study too: deleted while no operator ran, the CR
+    has no daemon whose end would. Where one runs, the handler waits for its end (the
+    trial failed, the study deleted): beside it, it deleted the study under the trial
+    being failed, or under the step measuring it. A daemon that ended without the
+    deletion (this replica paused: kopf stops daemons before the deletion handler runs)
+    leaves it to the handler. Waited for too long, the handler asks kopf to call it
+    again, whose cycle cancels a daemon that does not stop."""
+    from slopilot.operator import handlers
+
+    handler: Any = handlers.delete_deleted_studies  # kopf's type: every kwarg it passes
+
+    async def main() -> None:
+        pool = TuningPool(threads=4, per_namespace=4)
+        daemons = Daemons(pool, monkeypatch)
+        slow = daemons.gates["team-a"] = Gate()
+        deletions: list[list[str]] = []
+
+        def delete_studies(*_: object, **__: object) -> None:
+            deletions.append(list(daemons.loops["team-a/chat"].calls))
+
+        monkeypatch.setattr(handlers, "delete_studies", delete_studies)
+        memo = types.SimpleNamespace(policy=None, tuning_pool=pool, pod_syncs=PodSyncPool(),
+                                     tuning_daemons=daemons.memo.tuning_daemons)
+        body = {"metadata": {"namespace": "team-a", "name": "chat", "uid": "uid-chat"}}
+
+        def deletion() -> asyncio.Task[None]:
+            return asyncio.create_task(handler(body=body, memo=memo,
+                                               logger=logging.getLogger("test")))
+
+        task = daemons.start("team-a", "chat")
+        with daemons.ending():
+            await slow.entry()  # a step on its thread
+            daemons.stop("team-a/chat", reason)
+            monkeypatch.setattr(handlers, "DAEMON_END_WAIT_S", 0.0)
+            with pytest.raises(kopf.TemporaryError):
+                await deletion()
+            monkeypatch.setattr(handlers, "DAEMON_END_WAIT_S", HANG_GUARD_S)
+            waiting = deletion()
+            for _ in range(YIELDS):
+                await asyncio.sleep(0)
+            assert deletions == [] and not waiting.done()
+            slow.opened.set()
+            await ended(task, waiting)
+        assert waiting.exception() is None
+        assert deletions == [["step", *ending]]
+        assert len(daemons.memo.tuning_daemons) == 0
         pool.shutdown()
 
     run(main)
