@@ -8,7 +8,10 @@ deployment's measured P99s and SLO attainment go to ``status`` too (slo_status.p
 
 - Resumable: a restarted operator builds the controller from the persisted state, so a
   scale or a trial already done is resumed (cooling down, or measuring the running
-  trial), not done again. Each controller's study beats for the trial it holds open; a
+  trial), not done again. A scale whose status write failed before the operator
+  stopped is not on record: the Deployment's stamp (scale_stamp.py) has the restarted
+  loop read the count from before it, so that its scale to the same count is a no-op.
+  Each controller's study beats for the trial it holds open; a
   controller replaced (a new spec generation) or dropped, and the daemon's at its end,
   stops beating (``close``), after its successor, if any, has taken the trial over.
 - Idempotent: a status write that fails leaves the controller as it is in memory, and
@@ -95,7 +98,8 @@ class DeploymentLoop:
         # under its).
         self.handle = KubeDeploymentHandle(kube, namespace, name, mint=mint, policy=policy,
                                            uid=uid, guard=lambda: locks.hold(self.key),
-                                           memory=memory, holds=self._holds)
+                                           memory=memory, holds=self._holds,
+                                           record=lambda: self.on_record)
         self.policy, self.factory, self.locks = policy, factory, locks
         self.logger, self.clock = logger, clock
         self.controller: Controller | None = None

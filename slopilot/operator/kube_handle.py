@@ -4,7 +4,9 @@
   and only a Deployment whose controller reference names this CR's uid: one of the
   same name that another team made is neither scaled nor counted (``replicas`` is 0).
   The patch names the uid and resourceVersion it judged, so one made again under the
-  name, or orphaned, after that look is not scaled either.
+  name, or orphaned, after that look is not scaled either. It stamps the scale on the
+  Deployment over the loop state on record (scale_stamp.py): a scale whose tick was
+  never recorded is made again from the count that state knew, not one more.
 - ``apply_config`` for the built-in engine is a live ``PUT /admin/config`` on each ready
   pod (the canary alone, or all of them), on the pod's ``admin`` port, with the token the
   operator minted for this deployment (tokens.py). For vLLM, which has no live
@@ -55,6 +57,7 @@ from slopilot.operator.pod_admin import CONFIG_PATH, ApplyError, PodAdmin, admin
 from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
+from slopilot.operator.scale_stamp import ScaleStamp, read_stamp, record_digest
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuned_status import Holds, NotHeld, TunedStatus
@@ -77,9 +80,16 @@ class KubeDeploymentHandle:
                  clock: Callable[[], float] = time.monotonic,
                  memory: PodMemory | None = None,
                  holds: Holds | None = None,
-                 timer: StartTimer = thread_timer) -> None:
+                 timer: StartTimer = thread_timer,
+                 record: Callable[[], Any] | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.holds = holds
+        self.record = record
+        """The loop state on record that the running tick began from (``status.controller``
+        as ``loop_status.on_record`` reads it), which each scale is stamped over
+        (scale_stamp.py); None: no stamp (the caller runs no loop)."""
+        self._stamped: str | None = None
+        """The state on record this handle's last scale was stamped over."""
         """Whether the writer acting through this handle (a controller daemon) still
         holds the loop state on record in the CR read (``status.controller``): a vLLM
         config, or a built-in trial's on every replica, is recorded only then (None:
@@ -152,8 +162,26 @@ class KubeDeploymentHandle:
         return dep if controlled_by(dep, KIND, self._uid()) else None
 
     def replicas(self) -> int:
+        """The replicas the Deployment asks; the count from before a scale the state on
+        record does not know, while it is the lost tick's to make again (scale_stamp.py)."""
         dep = self.deployment()
-        return 0 if dep is None else int((dep.get("spec") or {}).get("replicas", 1))
+        if dep is None:
+            return 0
+        unrecorded = self._unrecorded(dep)
+        if unrecorded is not None and unrecorded.over != self._stamped:
+            return unrecorded.before
+        return _asked(dep)
+
+    def _unrecorded(self, dep: Mapping[str, Any]) -> ScaleStamp | None:
+        """The Deployment's stamp of a scale made over the state on record now, which it
+        still asks; None where there is none (scale_stamp.py)."""
+        if self.record is None:
+            return None
+        stamp = read_stamp(dep)
+        if stamp is None or stamp.to != _asked(dep) \
+                or stamp.over != record_digest(self.record()):
+            return None
+        return stamp
 
     def current_config(self) -> dict[str, Any]:
         """The knobs every replica is to run now: the spec's, with ``status.tunedConfig``
@@ -220,24 +248,40 @@ class KubeDeploymentHandle:
                      spec.min_replicas, spec.max_replicas, target)
         with self.guard():
             for _ in range(SCALE_ATTEMPTS):
-                meta = self._own_deployment()["metadata"]
+                dep = self._own_deployment()
+                meta = dep["metadata"]
                 # By name alone, a Deployment deleted and made again under the name (by
                 # another owner) since the look above was scaled, and so was one orphaned
                 # meanwhile (same uid, its owner reference stripped): the API server
                 # refuses the patch for any other object or version (409).
+                patch: dict[str, Any] = {
+                    "metadata": {"uid": meta.get("uid"),
+                                 "resourceVersion": meta.get("resourceVersion")},
+                    "spec": {"replicas": target}}
+                stamp = self._stamp(dep, target)
+                if stamp is not None:  # in the same patch: no scale without its stamp
+                    patch["metadata"]["annotations"] = stamp.annotation()
                 try:
                     self.kube.patch("apps/v1", "deployments", self.namespace, self.name,
-                                    {"metadata": {"uid": meta.get("uid"),
-                                                  "resourceVersion": meta.get(
-                                                      "resourceVersion")},
-                                     "spec": {"replicas": target}})
-                    return
+                                    patch)
                 except ApiError as exc:
                     if exc.status not in (404, 409):
                         raise
+                    continue
+                self._stamped = None if stamp is None else stamp.over
+                return
         raise ApplyError(f"{self.name}: not scaled: Deployment/{self.name} changed between "
                          f"each of {SCALE_ATTEMPTS} reads and its conditional patch; the "
                          "next tick tries again")
+
+    def _stamp(self, dep: Mapping[str, Any], target: int) -> ScaleStamp | None:
+        """The stamp of a scale of ``dep`` to ``target``, from the count the state on
+        record knew (the lost scale's before, where this is that scale made again)."""
+        if self.record is None:
+            return None
+        unrecorded = self._unrecorded(dep)
+        before = unrecorded.before if unrecorded is not None else _asked(dep)
+        return ScaleStamp(record_digest(self.record()), before, target)
 
     def _own_deployment(self) -> dict[str, Any]:
         """The Deployment as it is now, where this CR controls it; else ApplyError."""
@@ -335,3 +379,8 @@ class KubeDeploymentHandle:
                         pods[0]["metadata"]["name"])
         self._canary = str(pods[0]["metadata"]["name"])
         return pods[0]
+
+
+def _asked(dep: Mapping[str, Any]) -> int:
+    """The replicas ``dep`` asks for."""
+    return int((dep.get("spec") or {}).get("replicas", 1))

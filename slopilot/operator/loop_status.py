@@ -4,7 +4,8 @@ Each step writes ``status`` (phase, replicas, config, bestTrial, trials, lastAct
 ``Tuning`` condition) and the controller's whole loop state in ``status.controller``
 (``status_after``). Resumable: a restarted operator builds the controller from the
 persisted state, so a scale or a trial already done is resumed (cooling down, or
-measuring the running trial), not done again; an edit of ``spec.engine`` or
+measuring the running trial), not done again (a scale whose record was lost: its stamp
+on the Deployment, scale_stamp.py); an edit of ``spec.engine`` or
 ``spec.slo`` rebases what it resumes (``rebase_episode``). One writer of the loop's
 state: each write of ``status.controller`` is made only over the state the daemon built
 its controller from or last wrote there, as a merge patch leaves it (``on_record``).

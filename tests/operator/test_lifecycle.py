@@ -7,6 +7,7 @@ off and on, an operator restart, a CR re-created, replicas scaled by someone els
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import types
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.handlers import LockTable, status_of, sync_pods
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
@@ -25,6 +27,9 @@ from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.status_writer import write_status
+from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.ports import SimulatorBusy
+from slopilot.tuner.prometheus.alerts import AlertSource
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -33,6 +38,7 @@ from tests.operator.operator_support import (
     llmd,
 )
 from tests.operator.standins import (
+    HoldingWindows,
     PodStandIn,
     PrometheusStandIn,
     build_study_controller,
@@ -41,6 +47,7 @@ from tests.operator.standins import (
 from tests.operator.test_daemon_heartbeat import tuning_cr
 from tests.operator.test_live_config import reconciled, spec_config
 from tests.support.kube_server import RunningEmulator
+from tests.tuner.controller_fakes import GOOD, FakeProbe, FakeStudy
 
 
 def handler_reconcile(cluster: Cluster, policy: Any, mint: Any) -> None:
@@ -285,3 +292,81 @@ def test_a_commit_never_records_its_config_on_a_successor_of_the_same_name(
         with pytest.raises(ApplyError, match="gone"):
             handle.apply_config({"token_budget": 512}, canary=False)
     assert "tunedConfig" not in cluster.status()
+
+
+class BusySimulator:
+    """A planner whose simulator workers all serve other deployments."""
+
+    def search(self, *_: Any, **__: Any) -> Any:
+        raise SimulatorBusy("all simulator workers busy")
+
+
+def busy_planner_controller(ctx: DaemonContext) -> Controller:
+    """``build_controller`` whose capacity plan never answers: a scale alert adds one
+    replica on live evidence, to the count it reads plus one."""
+    settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
+    return Controller(settings, ctx.handle,
+                      AlertSource(ctx.spec.prometheus_url, ctx.name, namespace=ctx.namespace),
+                      HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
+                      BusySimulator(), state=ctx.state)
+
+
+def _scaled_unrecorded(kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+                       monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A scale alert's tick scaled 1 -> 2, then its status write failed, and the
+    operator stopped before it wrote it again: the status still says steady."""
+    from slopilot.operator import deployment_loop
+
+    body, _, _ = reconciled(kube, cluster, llmd(prometheus={"url": prom.url},
+                                                replicas={"min": 1, "max": 8}))
+    first = daemon_loop(cluster, body, monkeypatch, factory=busy_planner_controller)
+    assert first.step()
+    prom.fire("SlopilotTBTP99High", "scale", "chat", NS)
+
+    def unwritten(*_: Any, **__: Any) -> Any:
+        raise ApiError(500, "InternalError", "the API server went away")
+
+    with monkeypatch.context() as m:
+        m.setattr(deployment_loop, "write_status", unwritten)
+        assert first.step()
+    assert first.unwritten is not None and replicas(cluster) == 2
+    assert cluster.status()["controller"]["state"] == "steady"
+    return cluster.get()
+
+
+def replicas(cluster: Cluster) -> int:
+    return int(cluster.owned("apps/v1", "deployments", "chat")["spec"]["replicas"])
+
+
+def test_a_scale_whose_status_write_failed_is_not_made_again_after_a_restart(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target was the count read plus one: the restarted loop, resuming the state
+    from before the scale with the alert still firing, read 2 and scaled to 3. The
+    scale is stamped on the Deployment over the state it was decided from, so the
+    restarted loop decides from the count that state knew, and its scale to 2 is the
+    same scale: it cools down."""
+    body = _scaled_unrecorded(kube, cluster, prom, monkeypatch)
+    restarted = daemon_loop(cluster, body, monkeypatch, factory=busy_planner_controller)
+    assert restarted.step()
+    status = cluster.status()
+    assert replicas(cluster) == 2
+    assert status["controller"]["state"] == "cooldown"
+    assert status["lastAction"]["reason"].startswith("scale_up 1->2:")
+    assert status["replicas"] == 2
+    assert restarted.step()  # cooling down: nothing more
+    assert replicas(cluster) == 2 and cluster.status()["controller"]["state"] == "cooldown"
+
+
+def test_a_deployment_scaled_by_another_after_an_unrecorded_scale_is_scaled_from_there(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stamp is the loop's own scale only while the Deployment still asks its count:
+    scaled since by someone else, the restarted loop reads the count it finds."""
+    body = _scaled_unrecorded(kube, cluster, prom, monkeypatch)
+    cluster.kube.patch("apps/v1", "deployments", NS, "chat", {"spec": {"replicas": 5}})
+    restarted = daemon_loop(cluster, body, monkeypatch, factory=busy_planner_controller)
+    assert restarted.step()
+    assert replicas(cluster) == 6
+    assert cluster.status()["lastAction"]["reason"].startswith("scale_up 5->6:")
+
