@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.handlers import LockTable, status_of, sync_pods
+from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
 from slopilot.operator.loop_status import tuning_enabled
@@ -45,7 +46,7 @@ from tests.operator.standins import (
     serving,
 )
 from tests.operator.test_daemon_heartbeat import tuning_cr
-from tests.operator.test_live_config import reconciled, spec_config
+from tests.operator.test_live_config import reconciled, running, spec_config
 from tests.support.kube_server import RunningEmulator
 from tests.tuner.controller_fakes import GOOD, FakeProbe, FakeStudy
 
@@ -370,3 +371,39 @@ def test_a_deployment_scaled_by_another_after_an_unrecorded_scale_is_scaled_from
     assert replicas(cluster) == 6
     assert cluster.status()["lastAction"]["reason"].startswith("scale_up 5->6:")
 
+
+def test_an_owed_restore_the_engine_refuses_gives_way_to_the_committed_config(
+        kube: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An owed restore whose config this engine refuses (recorded by an older release,
+    whose token_budget range was wider) was retried after each wait for ever, and no
+    episode started again. Refused, it is dropped: the committed config goes to the pod,
+    the decision says why, and the retune alert starts an episode at the next tick."""
+    body, _, mint = reconciled(kube, cluster, llmd(prometheus={"url": prom.url},
+                                                   tuning={"window": "1h"}))
+    pod = PodStandIn(mint.for_body(cluster.get()), spec_config(cluster))
+    older = dict(spec_config(cluster), token_budget=32768)
+    cluster.kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS, "chat", {"status": {
+        "controller": {"state": "steady", "since": 0.0, "reason": "rollback_failed",
+                       "baseline_config": older,
+                       "pending_restore": {"since": 0.0, "attempts": 1, "retry_at": 0.0,
+                                           "error": "RuntimeError: unreachable"}},
+        "tunedConfig": {"engine": {"token_budget": 2048},
+                        "base": engine_checksum(cluster.get())}}}, subresource="status")
+    prom.fire("SlopilotTTFTP99High", "retune", "chat", NS)
+    now = [1000.0]
+    loop = daemon_loop(cluster, body, monkeypatch)
+    loop.clock = lambda: now[0]
+    with serving(pod):
+        add_pod(cluster, "chat", 0, pod.port)
+        assert loop.step()
+        status = cluster.status()
+        reason = status["lastAction"]["reason"]
+        assert reason.startswith("restore_refused:"), reason
+        assert "token_budget=32768" in reason and "committed config back" in reason
+        assert "pending_restore" not in status["controller"]
+        assert running(pod)["token_budget"] == 2048  # the committed config
+        now[0] += 60.0
+        assert loop.step()
+        assert cluster.status()["controller"]["state"] == "tuning"
+        assert cluster.status()["controller"]["trial"] is not None

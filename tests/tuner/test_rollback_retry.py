@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
+from slopilot.engine.config import ConfigError
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop import restore
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.settings import ControllerSettings
@@ -257,3 +259,77 @@ def test_a_simulated_cluster_gets_its_config_back() -> None:
     d = ctl.tick(6.0)
     assert d.reason.startswith("restored:"), d.line()
     assert dep.current_config() == started == dep.committed_config()
+
+
+OLD = {"token_budget": 32768, "chunk_size": 2048}
+"""A config an older release allowed (its wider token_budget range), which today's engine
+refuses: the episode's starting config, as that release recorded it."""
+
+
+class EngineRefuses:
+    """``FakeDeployment.refuse``: ``refused`` is refused by the engine's rules
+    (ConfigError, as the handle judges a config before any replica sees it); every other
+    config fails to arrive ``unreachable`` times (a replica that does not answer)."""
+
+    def __init__(self, refused: Mapping[str, Any], unreachable: int = 0) -> None:
+        self.refused, self.unreachable = [dict(refused)], unreachable
+        self.applied: list[dict[str, Any]] = []
+
+    def __call__(self, config: Mapping[str, Any]) -> Exception | None:
+        if dict(config) in self.refused:
+            return ConfigError(f"token_budget={config['token_budget']} is out of range; "
+                               "use a value in [128, 16384]", "token_budget")
+        self.applied.append(dict(config))
+        if self.unreachable <= 0:
+            return None
+        self.unreachable -= 1
+        return RuntimeError("replica unreachable")
+
+
+def owed_refused(refuses: EngineRefuses) -> tuple[Rig, Controller]:
+    """An owed restore whose target, the episode's starting config, is ``OLD``."""
+    rig, ctl, _ = failed_rollback(failing=1)
+    ctl.loop.baseline_config = dict(OLD)
+    rig.dep.refuse = refuses
+    return rig, ctl
+
+
+def test_a_restore_the_engine_refuses_falls_back_to_the_committed_config() -> None:
+    """Every exception counted as a transport failure: the refused config was tried again
+    after each wait, for ever, and no episode ever started. A refusal is no failure to
+    wait out: the config is dropped, the committed one put back, and the restore ends."""
+    refuses = EngineRefuses(OLD)
+    rig, ctl = owed_refused(refuses)
+    d = ctl.tick(6.0)
+    assert (d.action, d.config) == (Action.REVERT, START), d.line()
+    assert d.reason.startswith("restore_refused: the episode's starting config"), d.reason
+    assert "token_budget=32768 is out of range" in d.reason and "committed" in d.reason
+    assert ctl.loop.pending_restore is None and rig.dep.config == START
+    assert restore.blocked(ctl, 7.0) is None  # the retune alert may start an episode
+    for t in range(7, 200):
+        ctl.tick(float(t))
+    assert rig.study.asked > 1 and OLD not in refuses.applied
+
+
+def test_a_committed_config_that_does_not_arrive_keeps_the_backoff() -> None:
+    refuses = EngineRefuses(OLD, unreachable=3)
+    rig, ctl = owed_refused(refuses)
+    decisions = {t: ctl.tick(float(t)) for t in range(6, 42)}
+    tried = {t: d for t, d in decisions.items() if d.action is Action.REVERT}
+    # The next tick, then 5 s doubling: a replica that does not answer is waited for.
+    assert list(tried) == [6, 11, 21, 41]
+    assert [d.reason.split(":")[0] for d in tried.values()] == [
+        "restore_failed"] * 3 + ["restore_refused"]
+    assert all("token_budget=32768" in d.reason for d in tried.values())
+    assert refuses.applied == [START] * 4 and rig.dep.config == START
+    assert ctl.loop.pending_restore is None
+
+
+def test_a_restore_refused_whole_ends_with_nothing_applied() -> None:
+    refuses = EngineRefuses(OLD)
+    rig, ctl = owed_refused(refuses)
+    rig.dep.committed = dict(OLD)  # the committed config is refused too
+    d = ctl.tick(6.0)
+    assert d.action is Action.REVERT and d.reason.startswith("restore_refused:"), d.line()
+    assert "nothing applied" in d.reason and d.config is None
+    assert ctl.loop.pending_restore is None and rig.dep.config == BAD

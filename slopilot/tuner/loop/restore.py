@@ -19,12 +19,23 @@ would apply configs over the one owed, and begin on a committed config the repli
 not run. A scale applies no config and still goes ahead. What is applied is the episode's
 record as ``LoopState.rollback_config`` reads it when tried (its best, else its start), so
 an edit of the spec meanwhile is honoured as during an episode.
+
+A config the engine refuses (``ConfigError``: a value in an older release's wider range,
+a knob no longer live) is no failure to wait out: tried again it is refused again, and
+the restore was owed for ever, no episode ever starting. So it is dropped for the
+committed config (``DeploymentHandle.committed_config``, the deployment's own), applied
+in the same try (``restore_refused``, naming the refusal); that one failing to arrive
+keeps the owed restore and its wait (``restore_failed``), and refused too, the owed
+restore ends with nothing applied.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
+from slopilot.engine.config import ConfigError
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.state import LoopState, PendingRestore
@@ -77,6 +88,8 @@ def retry(ctx: LoopContext, now: float) -> Decision | None:
         return None
     try:
         ctx.deployment.apply_config(target, canary=False)
+    except ConfigError as exc:  # refused, not lost on the way: waiting changes nothing
+        return _refused(ctx, now, kept, target, exc)
     except Exception as exc:  # still owed: the next try waits longer
         kept = failed(loop, now, exc)
         log.warning("%s: restore failed again (%d attempts): %s", ctx.settings.key,
@@ -89,6 +102,41 @@ def retry(ctx: LoopContext, now: float) -> Decision | None:
                       f"on every replica after {kept.attempts} failed attempt(s) over "
                       f"{now - kept.since:.0f} s (last: {kept.error})", trial=kept.trial,
                       config=target)
+
+
+def _refused(ctx: LoopContext, now: float, kept: PendingRestore,
+             target: Mapping[str, Any], refusal: ConfigError) -> Decision:
+    """The engine refuses ``target``: the committed config goes back instead (module
+    docstring)."""
+    loop, key = ctx.loop, ctx.settings.key
+    why = (f"the episode's {_which(loop)} config is refused by the engine "
+           f"({type(refusal).__name__}: {refusal})")
+    log.warning("%s: %s; the committed config goes back instead: %s", key, why,
+                dict(target))
+    committed: dict[str, Any] | None = None
+    try:
+        committed = ctx.deployment.committed_config()
+        ctx.deployment.apply_config(committed, canary=False)
+    except ConfigError as again:
+        loop.pending_restore = None
+        log.warning("%s: the committed config is refused too; the owed restore ends: %s",
+                    key, again)
+        left = f"trial {kept.trial}'s config" if kept.trial is not None else \
+            "a trial's config"
+        return ctx.decide(Action.REVERT, f"restore_refused: {why}, and the committed "
+                          f"config too ({type(again).__name__}: {again}): the owed restore "
+                          f"ends with nothing applied; {left} may still run there",
+                          trial=kept.trial)
+    except Exception as exc:  # the committed config did not arrive: owed, with its wait
+        kept = failed(loop, now, exc)
+        log.warning("%s: restore failed again (%d attempts): %s", key, kept.attempts,
+                    kept.error)
+        return ctx.decide(Action.REVERT, f"restore_failed: {why}; the committed config "
+                          f"instead: {owed(kept, now)}", trial=kept.trial, config=committed)
+    loop.pending_restore = None
+    return ctx.decide(Action.REVERT, f"restore_refused: {why}; the committed config back "
+                      f"on every replica instead, after {kept.attempts} failed attempt(s) "
+                      f"over {now - kept.since:.0f} s", trial=kept.trial, config=committed)
 
 
 def blocked(ctx: LoopContext, now: float) -> str | None:
