@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.simulator import Measure, simulate
 from slopilot.engine.sim.trace_scenario import TraceOptions, with_trace
 from slopilot.engine.sim.windows import WindowChoice
+from slopilot.engine.sim.workload import ClassMix
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import HEADROOM, holds
 
@@ -126,3 +128,50 @@ def test_a_trace_plan_of_fewer_windows_says_which_it_has() -> None:
     text = WindowPlan((one,), "trace").describe()
     assert text.startswith("judged on the trace's busiest window by arrivals (its only "
                            "one), 60 s (+30 s warm-up"), text
+
+
+def classed(tmp_path: Path) -> Scenario:
+    """A classless trace with a busy stretch mid-way (its busiest windows start well
+    after its first request), given classes half and half by --classes."""
+    times = [i * 0.5 for i in range(600)] + [150 + i * 0.05 for i in range(400)]
+    rows = [f"{t:.2f},{40 + i % 50},{1 + i % 4}" for i, t in enumerate(sorted(times))]
+    path = tmp_path / "classed.csv"
+    path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    return with_trace(TINY, TraceOptions(path=str(path),
+                                         classes=ClassMix((0.5, 0.5, 0.0))))
+
+
+def test_a_window_replays_the_whole_replays_requests_class_and_prompt_included(
+        tmp_path: Path) -> None:
+    # A request's drawn class and prompt were drawn afresh from the window's first
+    # request: only about half of a window's requests kept the class the check command's
+    # whole replay gives them, and a window's misses were not the whole replay's there.
+    scenario = classed(tmp_path)
+    plan = plan_windows(scenario, duration_s=20.0, warmup_s=10.0, drain_s=5.0)
+    assert any(w.start_s - w.warmup_s > 0 for w in plan.windows)
+    whole = list(scenario.build_workload().initial())
+    evaluator = RobustEvaluator(scenario, plan)
+    for w in plan.windows:
+        t0, t1 = w.start_s - w.warmup_s, w.end_s + w.drain_s
+        same = [s for s in whole if t0 <= s.arrival_time < t1]
+        sliced = list(evaluator._trace_slice(w).initial())
+        assert [s.arrival_time for s in sliced] == pytest.approx(
+            [s.arrival_time - t0 for s in same])
+        assert [(s.priority, s.max_tokens, list(s.prompt_token_ids)) for s in sliced] == [
+            (s.priority, s.max_tokens, list(s.prompt_token_ids)) for s in same], w.name
+
+
+def test_a_windows_class_counts_are_the_whole_replays_in_that_interval(
+        tmp_path: Path) -> None:
+    scenario = classed(tmp_path)
+    plan = plan_windows(scenario, duration_s=20.0, warmup_s=10.0, drain_s=5.0)
+    whole = list(scenario.build_workload().initial())
+    result = RobustEvaluator(scenario, plan).evaluate({})
+    for w, judged in zip(plan.windows, result.windows, strict=True):
+        summary = judged.result.summary
+        assert summary is not None
+        for p in (Priority.P0, Priority.P1):
+            accounting = summary.classes[p].accounting
+            assert accounting is not None
+            assert accounting.requests_arrived == sum(
+                w.start_s <= s.arrival_time < w.end_s and s.priority == p for s in whole)

@@ -12,7 +12,9 @@ Times are taken relative to the first request, then cut to a window, then scaled
 picks the scale that gives that many requests per second. Traces hold lengths, not text,
 so prompts are synthetic tokens; requests of one session share their session's token
 stream, so a later (longer) turn has an earlier turn's prompt as its prefix; and prompts
-naming the same Mooncake blocks share those blocks' tokens.
+naming the same Mooncake blocks share those blocks' tokens. What is drawn for a request
+(its prompt, its class where the trace gives none) comes from its place in the trace as
+read, so a cut of it (a ``--trace-window``, a tuner's window) replays the same requests.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ MAX_TRACE_ROWS = 5_000_000
 # Traces shipped in slopilot/data/traces (see the README there for sources and licences).
 BUILTIN_TRACES = {"azure-llm-2023-conv": "azure-llm-2023-conv.csv"}
 _TOKENS, _PRIORITY, _SESSION_TOKENS, _BLOCK_TOKENS = 21, 22, 23, 24
+# Classes are drawn for this many consecutive requests at once (one generator each, not
+# one per request: 5M requests' generators would take minutes).
+_CLASS_BLOCK = 4096
 
 
 def trace_source(name_or_path: str | Path) -> Traversable | Path:
@@ -128,9 +133,14 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
     records = parse(text, label)
     if not records:
         raise TraceError(f"{label}: the trace has no requests")
-    records.sort(key=lambda r: r.arrival_time)
+    del text
+    records.sort(key=lambda r: r.arrival_time)  # stable: rows at one time keep their order
     t0 = records[0].arrival_time
-    return [replace(r, arrival_time=r.arrival_time - t0) for r in records]
+    # In place, each parsed record freed as its replacement is made: two lists of them
+    # were the read's peak.
+    for i, r in enumerate(records):
+        records[i] = replace(r, arrival_time=r.arrival_time - t0, index=i)
+    return records
 
 
 def _format_of(name: str, text: str) -> str:
@@ -245,18 +255,22 @@ class TraceWorkload:
         # Prompts are drawn only when read (``SyntheticPrompt``): the simulator rejects
         # one no deployment holds by its length alone. So each prompt has its own stream
         # (per request, or per session), and drawing one never shifts another's tokens.
-        class_rng = child_rng(self.seed, _PRIORITY)
+        # A request's draws (its class, its prompt) come from its place in the whole
+        # trace (``TraceRecord.index``), not in this replay: a tuner's window, cut from
+        # the trace, then replays the very requests the whole replay has there.
+        classes = _ClassDraws(self.seed, self.classes)
         streams: dict[int, _SessionStream] = {}
         for i, r in enumerate(self.records):
             if self.duration_s is not None and r.arrival_time >= self.duration_s:
                 return
-            priority = r.priority if r.priority is not None else self.classes.sample(class_rng)
+            key = i if r.index is None else r.index
+            priority = r.priority if r.priority is not None else classes.of(key)
             if r.prefix_blocks is not None:
                 prompt = SyntheticPrompt(r.prompt_tokens, functools.partial(
-                    self._blocks, r.prefix_blocks, i))
+                    self._blocks, r.prefix_blocks, key))
             elif r.session_id is None:
                 prompt = SyntheticPrompt(r.prompt_tokens, functools.partial(
-                    self.tokens.sample, child_rng(self.seed, _TOKENS, i)))
+                    self.tokens.sample, child_rng(self.seed, _TOKENS, key)))
             else:
                 stream = streams.get(r.session_id)
                 if stream is None:
@@ -287,6 +301,26 @@ class TraceWorkload:
         if len(ids) < n:
             ids += self.tokens.sample(child_rng(self.seed, _TOKENS, i), n - len(ids))
         return ids[:n]
+
+
+class _ClassDraws:
+    """The class of the request at each place in the trace: drawn for a block of
+    ``_CLASS_BLOCK`` places at once from the block's own stream, so that it depends on
+    the place alone, not on where a replay starts."""
+
+    def __init__(self, seed: int, classes: ClassMix) -> None:
+        self.seed = seed
+        self.classes = classes
+        self._block = -1
+        self._drawn = np.empty(0, dtype=np.int64)
+
+    def of(self, index: int) -> Priority:
+        block, at = divmod(index, _CLASS_BLOCK)
+        if block != self._block:  # a replay reads its places in order: one block held
+            self._drawn = self.classes.sample_many(child_rng(self.seed, _PRIORITY, block),
+                                                   _CLASS_BLOCK)
+            self._block = block
+        return Priority(int(self._drawn[at]))
 
 
 class _SessionStream:

@@ -46,6 +46,10 @@ class TraceRecord:
     prefix_blocks: tuple[int, ...] | None = None
     """The ids of the prompt's 512-token blocks (Mooncake's ``hash_ids``): prompts with
     equal ids up to a block share their tokens up to its end, as their prefix."""
+    index: int | None = None
+    """Its place in the whole trace as read (sorted by arrival): the request's identity,
+    from which its drawn class and prompt tokens come, so that a window cut from the
+    trace replays the requests the whole replay has there (``TraceWorkload``)."""
 
 
 def parse_csv(text: str, label: str) -> list[TraceRecord]:

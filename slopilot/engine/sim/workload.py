@@ -181,6 +181,11 @@ class ClassMix:
         probs = np.asarray(fitted(self.weights), dtype=np.float64)
         return Priority(int(rng.choice(3, p=probs / probs.sum())))
 
+    def sample_many(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` classes at once, as ``Priority`` values (0 = P0)."""
+        probs = np.asarray(fitted(self.weights), dtype=np.float64)
+        return rng.choice(3, size=n, p=probs / probs.sum())
+
 
 def fitted(weights: Sequence[float]) -> Sequence[float]:
     """``weights`` whose sum a float holds: as given, or over their largest where it

@@ -88,6 +88,27 @@ def test_class_mix_fills_in_missing_priorities(azure: list[TraceRecord]) -> None
     assert share == pytest.approx(0.2, abs=0.02)
 
 
+def test_a_cut_of_the_trace_replays_its_requests_as_the_whole_replay_does(
+        tmp_path: Path) -> None:
+    # --trace-window 600:900 on a classless trace with --classes: each request keeps the
+    # class and the prompt the whole replay gives it (they were drawn afresh from the
+    # cut's first request), so a minute of the cut reads as that minute of the whole.
+    rows = "".join(f"{i * 0.7:.1f},{20 + i % 30},{1 + i % 3}\n" for i in range(2000))
+    path = write(tmp_path, "t.csv", "arrival_time,prompt_tokens,output_tokens\n" + rows)
+    scenario = load_scenario("azure-conv-2023")
+    mix = ClassMix((0.5, 0.5, 0.0))
+    whole = with_trace(scenario, TraceOptions(path=str(path), classes=mix))
+    cut = with_trace(scenario, TraceOptions(path=str(path), classes=mix, start_s=600.0,
+                                            end_s=900.0))
+    every = list(whole.build_workload().initial())
+    part = list(cut.build_workload().initial())
+    same = [s for s in every if 600.0 <= s.arrival_time < 900.0]
+    assert len(part) == len(same) > 400
+    assert [(s.priority, list(s.prompt_token_ids)) for s in part] == [
+        (s.priority, list(s.prompt_token_ids)) for s in same]
+    assert {s.priority for s in part} == {Priority.P0, Priority.P1}
+
+
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(text)

@@ -37,9 +37,9 @@ def test_mooncake_reads_milliseconds_as_seconds_and_keeps_the_blocks(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="slopilot.engine.sim.trace_public"):
         records = read_trace(_write(tmp_path, ROWS))
-    assert records == [TraceRecord(0.0, 1100, 500, prefix_blocks=(0, 1, 2)),
-                       TraceRecord(0.0, 700, 3, prefix_blocks=(0, 3)),
-                       TraceRecord(3.052, 2000, 26, prefix_blocks=(0, 1, 2, 4))]
+    assert records == [TraceRecord(0.0, 1100, 500, prefix_blocks=(0, 1, 2), index=0),
+                       TraceRecord(0.0, 700, 3, prefix_blocks=(0, 3), index=1),
+                       TraceRecord(3.052, 2000, 26, prefix_blocks=(0, 1, 2, 4), index=2)]
     # The unit is said with the span it gives, so a file in seconds shows as too long.
     assert "timestamps read as milliseconds: 3 requests over 3.052 s" in caplog.text
 
@@ -61,8 +61,8 @@ def test_hash_ids_may_be_absent_and_epoch_milliseconds_read_relative(tmp_path: P
     rows = [{"timestamp": 1_715_000_000_000, "input_length": 10, "output_length": 2},
             {"timestamp": 1_715_000_000_250, "input_length": 20, "output_length": 1,
              "hash_ids": None}]
-    assert read_trace(_write(tmp_path, rows)) == [TraceRecord(0.0, 10, 2),
-                                                  TraceRecord(0.25, 20, 1)]
+    assert read_trace(_write(tmp_path, rows)) == [TraceRecord(0.0, 10, 2, index=0),
+                                                  TraceRecord(0.25, 20, 1, index=1)]
 
 
 def _row(**change: Any) -> dict[str, Any]:
