@@ -288,7 +288,12 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
         if not raw.strip():
             continue
         try:
-            obj: Any = json.loads(raw)
+            obj: Any = json.loads(raw, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as e:
+            # JSON keeps the last silently: a prompt of 5,000 tokens read as 100, where a
+            # CSV giving a column twice is refused.
+            raise TraceError(f"{label}:{line}: {excerpt(e.key)} given twice in one object; "
+                             "JSON keeps only the last: keep the one you mean") from None
         except (ValueError, RecursionError) as e:
             # JSONDecodeError; an integer past 4,300 digits; or brackets nested past the
             # decoder's recursion limit (a few kB of "[").
@@ -298,6 +303,25 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
         if not isinstance(obj, dict):
             raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
         yield line, obj
+
+
+class _DuplicateKey(Exception):
+    """Not a ValueError: json.loads would have it said as "not valid JSON"."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
 
 
 def _lines(text: str) -> Iterator[str]:

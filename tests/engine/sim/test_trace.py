@@ -147,6 +147,13 @@ def test_jsonl_with_priorities_and_sessions(tmp_path: Path) -> None:
     ('{"arrival_time": "soon", "prompt_tokens": 5, "output_tokens": 5}', r"'soon' is not"),
     ('{"arrival_time": 1, "prompt_tokens": 5, "output_tokens": 5, "priority": "urgent"}',
      r"t\.jsonl:2: priority 'urgent' is not a class"),
+    # JSON keeps the last of a key given twice: a 5,000-token prompt replayed as 100,
+    # or the other way, where a CSV giving a column twice is refused.
+    ('{"arrival_time": 0, "prompt_tokens": 100, "prompt_tokens": 5000, "output_tokens": 10}',
+     r"t\.jsonl:2: 'prompt_tokens' given twice in one object; JSON keeps only the last: "
+     r"keep the one you mean"),
+    ('{"arrival_time": 0, "prompt_tokens": 1, "output_tokens": 1, "x": {"a": 1, "a": 2}}',
+     r"t\.jsonl:2: 'a' given twice"),
 ])
 def test_malformed_jsonl_rows_name_file_and_line(tmp_path: Path, line: str, match: str) -> None:
     good = '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 5}'

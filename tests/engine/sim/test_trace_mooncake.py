@@ -88,6 +88,8 @@ def _row(**change: Any) -> dict[str, Any]:
     # trace hashed with smaller blocks, or a hostile file's millions of ids).
     (_row(hash_ids=[0, 1, 2, 3]), r":2: 4 hash_ids for input_length=1100, which fills "
                                   r"3 blocks of 512 tokens"),
+    ('{"timestamp": 5, "input_length": 100, "input_length": 9000, "output_length": 5}',
+     r":2: 'input_length' given twice in one object"),
     # A generic JSONL row among Mooncake's: one format to a file.
     ({"arrival_time": 5, "prompt_tokens": 5, "output_tokens": 5},
      r":2: missing input_length; this row is a generic JSONL row \(prompt_tokens\), the "
