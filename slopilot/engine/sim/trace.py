@@ -58,7 +58,7 @@ from slopilot.engine.sim.workload import (
 # A trace is read whole and held as records: past these a file is refused, from its size
 # unread, then from its lines before any is parsed, rather than by the kernel's OOM
 # killer. A line costs ~260 bytes at the parse's peak however short it is (1M lines of a
-# compact CSV, 11.9 MB: 258 MB), so the size alone let 1 GB of file be ~22 GB of memory;
+# compact CSV, 11.9 MB: 258 MB), so the size alone let 1 GiB of file be ~22 GB of memory;
 # 5M lines is ~1.3 GB (measured: 1.36 GB resident; ``tune`` reads it again in its
 # worker). At both limits, 5M rows of 200 bytes, the bytes and the text are held
 # together while decoded: 2.2 GB resident for a CSV, 3.0 GB for Mooncake's JSONL.
@@ -106,7 +106,7 @@ def read_trace(name_or_path: str | Path, *, fmt: str | None = None,
         raise TraceError(f"{name_or_path}: {unreadable(e)}") from None
     label = str(name_or_path)
     # Ended as the csv module ends a row: at an LF, a CRLF or a bare CR (a file of
-    # CR-ended rows counted by its LFs was one line, and 1 GB of it ~45 GB in memory).
+    # CR-ended rows counted by its LFs was one line, and 1 GiB of it ~45 GB in memory).
     ends = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
     lines = ends + (not data.endswith((b"\n", b"\r")))
     if lines > MAX_TRACE_ROWS + 1:  # the rows and a header
@@ -177,10 +177,12 @@ def _not_utf8(label: str, data: bytes, at: int) -> str:
 
 
 def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
+    """``n`` bytes in the binary units the limit is set in (1 GiB), and exactly: a file a
+    byte over the limit rounds to the limit itself."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.2f}".rstrip("0").rstrip(".") + f" {unit} ({n:,} bytes)"
+    return f"{n:,} bytes"
 
 
 def window(records: list[TraceRecord], *, start_s: float = 0.0, end_s: float | None = None,

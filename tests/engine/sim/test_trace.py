@@ -413,9 +413,24 @@ def test_a_trace_past_the_size_limit_is_refused_before_it_is_read(
     path = tmp_path / "big.csv"
     path.write_text("arrival_time,prompt_tokens,output_tokens\n" + "0,10,5\n" * 200)
     monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 1000)
-    with pytest.raises(TraceError, match=r"big.csv: the trace is 1\.\d+ kB; at most 1\.0 kB "
-                                         r"is read .*cut it to the span you replay"):
+    with pytest.raises(TraceError, match=r"big.csv: the trace is 1\.41 KiB \(1,441 bytes\); "
+                                         r"at most 1,000 bytes is read .*cut it to the span "
+                                         r"you replay"):
         trace.read_trace(path)
+
+
+def test_the_size_limit_is_said_in_the_units_it_is_set_in(tmp_path: Path) -> None:
+    # 1,100 MiB read "the trace is 1.2 GB; at most 1.1 GB is read": the limit is 1 GiB,
+    # which docs/traces.md called "1 GB". A sparse file: its size, not its bytes, counts.
+    path = tmp_path / "big.csv"
+    with path.open("wb") as f:
+        f.truncate(1100 << 20)
+    with pytest.raises(TraceError, match=r"big.csv: the trace is 1\.07 GiB \(1,153,433,600 "
+                                         r"bytes\); at most 1 GiB \(1,073,741,824 bytes\) "
+                                         r"is read \(whole"):
+        read_trace(path)
+    docs = (Path(__file__).parents[3] / "docs" / "traces.md").read_text()
+    assert "files over 1 GiB (1,073,741,824 bytes)" in " ".join(docs.split())
 
 
 def test_the_size_limit_holds_for_a_file_whose_size_says_0(
