@@ -44,6 +44,7 @@ its drift repair waited for it, each on a thread of its own.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import logging
 import threading
@@ -53,6 +54,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import kopf
+from kopf._core.actions.execution import HandlerChildrenRetry
 
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
@@ -424,13 +426,27 @@ def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:
 
 DAEMON_END_WAIT_S = 5.0
 """How long the deletion handler waits on kopf's loop for the CR's daemon to end before
-it asks kopf to call it again (``kopf.TemporaryError``): a daemon stops within a tick,
-and the handler's cycle holds kopf's escalation (its cancel of a daemon that does not
-stop) until it returns."""
+it asks kopf to call it again: a daemon stops within a tick, and the handler's cycle
+holds kopf's escalation (its cancel of a daemon that does not stop) until it returns."""
+
+DAEMON_END_GIVE_UP_S = 120.0
+"""How long since the deletion handler first ran (kopf's ``runtime``, kept on the CR
+across restarts) a daemon's end may take before the study is deleted beside it. kopf
+cancels a daemon that has not stopped after 15 s and lets it go 10 s later, but its
+end is shielded and goes on after a step stuck on its thread (a storage query waiting
+on a lock: the heartbeat sets only a connect timeout); waited for without a bound, the
+CR stayed Terminating for ever."""
+
+
+class DaemonStillEnding(HandlerChildrenRetry):
+    """kopf's retry, at DEBUG: a ``kopf.TemporaryError`` is logged, and posted as an
+    event, as an ERROR on every cycle, and a daemon's end is no error. The class is
+    kopf's retry of unfinished sub-handlers (private; kopf is pinned in pyproject.toml)."""
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="study-cleanup", optional=True)
 async def delete_deleted_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                                 retry: int, runtime: datetime.timedelta,
                                  **_: Any) -> None:
     """A deleted CR's study is deleted from every storage on record (study_cleanup.py),
     once no tuning daemon of this process runs for it (daemon_ends.py). Its daemon's end
@@ -440,7 +456,8 @@ async def delete_deleted_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.
     deletion, and after a daemon's end a no-op. Before the finalizer goes: the
     daemon's finalizer, or the config-sync timer's while tuning is off, holds the CR
     until it returns. Optional: it adds no finalizer of its own, so it never keeps a CR
-    Terminating that nothing else would.
+    Terminating that nothing else would. A daemon's end still going after
+    ``DAEMON_END_GIVE_UP_S`` is left behind with a warning, and the study deleted.
 
     On the tuning pool, in the namespace's share, as a daemon's own deletion at its end:
     a silent database holds each call for its connect timeout, and on kopf's handler
@@ -451,8 +468,16 @@ async def delete_deleted_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.
     meta = body["metadata"]
     memo.pod_syncs.withdraw(meta["namespace"], meta["name"], str(meta["uid"]))
     if not await memo.tuning_daemons.wait(str(meta["uid"]), DAEMON_END_WAIT_S):
-        raise kopf.TemporaryError("the tuning daemon is still ending; the study is "
-                                  "deleted once it has", delay=DAEMON_END_WAIT_S)
+        if runtime.total_seconds() < DAEMON_END_GIVE_UP_S:
+            if retry == 0:
+                logger.info("the study is deleted once the tuning daemon has ended (at "
+                            "most %.0f s from now)", DAEMON_END_GIVE_UP_S)
+            raise DaemonStillEnding("the tuning daemon is still ending",
+                                    delay=DAEMON_END_WAIT_S)
+        logger.warning("the tuning daemon of %s/%s has not ended in %.0f s (a step stuck "
+                       "on its thread, such as a storage query waiting on a lock): the "
+                       "study is deleted beside its end", meta["namespace"], meta["name"],
+                       DAEMON_END_GIVE_UP_S)
     lane = memo.tuning_pool.lane(meta["namespace"])
     await lane.run(functools.partial(delete_studies, body, memo.policy, log=logger))
 

@@ -17,6 +17,7 @@ threads for its sync handlers.
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 import logging
 import threading
@@ -361,7 +362,9 @@ def test_a_crs_sync_waiting_when_it_is_deleted_runs_nothing(
             gone.result()
             kopf_.run(delete_deleted_studies(body=team_d.get("chat"),
                                              memo=tenants.memo_of("team-d", "chat"),
-                                             logger=log)).result(timeout=HANG_GUARD_S)
+                                             logger=log, retry=0,
+                                             runtime=datetime.timedelta(0))
+                     ).result(timeout=HANG_GUARD_S)
             assert deleted == ["chat"] and kopf_.pool.waiting() == 1
             slow.answer.set()
             wait_for(after.done, what="team-c's sync, on the slot")
