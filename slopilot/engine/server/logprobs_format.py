@@ -84,6 +84,20 @@ class TextOffsets:
         return at
 
 
+def prompt_offsets(text_of: TokenText, token_ids: Sequence[int], text: str) -> list[int]:
+    """Each prompt token's text_offset in the echoed prompt: ``text``, the client's own
+    string, where the tokens may read otherwise (a BOS token, or a tokenizer that
+    normalizes). A SentencePiece decoder (Llama 2's Strip, Metaspace's prepend scheme)
+    drops the first token's leading "▁", a space the client never wrote: where the
+    tokens' bytes begin with more spaces than ``text``, those are left out of the count,
+    as outputs' offsets count the text as the client sees it."""
+    shown = [text_of.shown(t) for t in token_ids]
+    joined = b"".join(shown)
+    dropped = (len(joined) - len(joined.lstrip(b" "))) - (len(text) - len(text.lstrip(" ")))
+    at = TextOffsets(-max(dropped, 0))
+    return [min(max(at.next(raw), 0), len(text)) for raw in shown]
+
+
 def completion_logprobs(text_of: TokenText, token_ids: Sequence[int],
                         entries: Sequence[TokenLogprobs | None], num_top: int,
                         offsets: Sequence[int]) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from slopilot.engine.server.logprobs_format import (
     TokenText,
     chat_logprobs,
     completion_logprobs,
+    prompt_offsets,
 )
 from slopilot.engine.server.request_stream import RequestStream, StreamDelta
 from slopilot.engine.server.serving import Choice, Prepared
@@ -206,15 +207,8 @@ class ChoiceState:
             prompt_ids = self.choice.prompt.token_ids
             all_entries = [None, *req.prompt_logprobs[:len(prompt_ids) - 1], *entries]
             ids = [*prompt_ids, *ids]
-            offsets = [*self._prompt_offsets(text_of), *offsets]
+            offsets = [*prompt_offsets(text_of, prompt_ids, self.echo_text()), *offsets]
         return completion_logprobs(text_of, ids, all_entries, k, offsets)
-
-    def _prompt_offsets(self, text_of: TokenText) -> list[int]:
-        """Each prompt token's text_offset in the echoed prompt: within its text, which
-        is the client's own string where the tokens may read otherwise (a BOS token, or
-        a tokenizer that normalizes)."""
-        at, end = TextOffsets(), len(self.echo_text())
-        return [min(at.next(text_of.shown(t)), end) for t in self.choice.prompt.token_ids]
 
     def echo_text(self) -> str:
         return self.choice.prompt.text or ""

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from slopilot.engine.executors.tokenizer import TextTokenizer
 from slopilot.engine.request import TokenLogprobs
-from slopilot.engine.server.logprobs_format import TokenText, chat_logprobs
+from slopilot.engine.server.logprobs_format import TokenText, chat_logprobs, prompt_offsets
 from slopilot.engine.server.placeholder_tokenizer import PlaceholderTokenizer
 from tests.support.live_server import LiveServer
 from tests.support.waits import HANG_GUARD_S
@@ -172,3 +172,43 @@ def test_simulated_offsets_count_each_words_space(sim_server: LiveServer) -> Non
         logprobs=0, extra_body={"ignore_eos": True}).choices[0]
     assert choice.text == " tok" * 4
     assert choice.logprobs is not None and choice.logprobs.text_offset == [0, 4, 8, 12]
+
+
+def _sentencepiece(metaspace: bool) -> TextTokenizer:
+    """Llama 2's kind (Replace, ByteFallback, Fuse, Strip), or a Metaspace decoder: the
+    first token's "▁" is a space the decoded text, and the client's prompt, leave out."""
+    pieces = ["<unk>", "<s>", "</s>", "▁the", "▁Hello", "▁world", "Hello", "▁", "日"]
+    raw = Tokenizer(models.Unigram([(p, -1.0) for p in pieces], unk_id=0,
+                                   byte_fallback=False))
+    if metaspace:
+        raw.pre_tokenizer = pre_tokenizers.Metaspace()
+        raw.decoder = decoders.Metaspace()
+    else:
+        raw.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                               normalizers.Replace(" ", "▁")])
+        raw.decoder = decoders.Sequence([decoders.Replace("▁", " "),
+                                         decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    raw.add_special_tokens(["<s>"])
+    return TextTokenizer(raw, chat_template=None, bos_token="<s>", eos_token=None)
+
+
+@pytest.mark.parametrize(("metaspace", "prompt", "expected"), [
+    (False, "Hello world the", [0, 0, 5, 11]),
+    (True, "Hello world the", [0, 0, 5, 11]),
+    # "▁" then "▁Hello": the decoder drops the first of the two spaces.
+    (False, " Hello world the", [0, 0, 0, 6, 12]),
+    # Metaspace splits on the space: the tokens keep none before "Hello".
+    (True, " Hello world the", [0, 0, 6, 12])],
+    ids=["llama2", "metaspace", "llama2-leading-space", "metaspace-leading-space"])
+def test_echoed_prompt_offsets_leave_out_the_space_the_decoder_drops(
+        metaspace: bool, prompt: str, expected: list[int]) -> None:
+    """Each prompt token's offset is that of its first byte's character in the client's
+    own string. The first token's "▁" is a space the decoder drops and the client never
+    wrote; counted, every offset after it was one too high: [0, 0, 6, 12] for "<s>",
+    "▁Hello", "▁world", "▁the"."""
+    tok = _sentencepiece(metaspace)
+    bos = tok.tokenizer.token_to_id("<s>")
+    assert bos is not None
+    ids = [bos, *tok.encode(prompt, add_special_tokens=False)]
+    assert prompt_offsets(TokenText(tok), ids, prompt) == expected
