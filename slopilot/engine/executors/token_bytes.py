@@ -10,8 +10,11 @@ vocabulary has them, spelled the way its decoder reads:
 - SentencePiece's kind (Llama 2, Mistral): "▁" for a space, "<0xE6>" for a byte of byte
   fallback, the rest as UTF-8.
 
-An added token (``<|im_end|>``) is its text. Any other decoder (WordPiece's "##",
-CTC) has no such reading: those tokens are their text decoded alone, as before.
+An added token (``<|im_end|>``) is its text, but for one that is not special under a
+byte-level decoder, which reads it like the vocabulary where it can ("Ġhi" is " hi").
+Any other decoder (WordPiece's "##", CTC) has no such reading: those tokens are their
+text decoded alone, as before; WordPiece's drop the spaces between words, so their
+bytes joined do not rebuild the text.
 """
 
 from __future__ import annotations
@@ -102,8 +105,18 @@ class TokenBytes:
     # tokenizers built (tests, tools) are never asked for logprobs.
     @cached_property
     def _added(self) -> dict[int, bytes]:
-        return {i: str(t.content).encode()
+        return {i: self._added_bytes(str(t.content), bool(t.special))
                 for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    def _added_bytes(self, content: str, special: bool) -> bytes:
+        """A byte-level decoder reads an added token that is not special as it reads
+        the vocabulary ("Ġhi" decodes to " hi"), where every character of it is of the
+        alphabet; else, or special, the token is its text."""
+        if not special and self._read is _byte_level:
+            read = _byte_level(content)
+            if read is not None:
+                return read
+        return content.encode()
 
     @cached_property
     def _read(self) -> Callable[[str], bytes | None] | None:

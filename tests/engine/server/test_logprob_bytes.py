@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from slopilot.engine.executors.tokenizer import TextTokenizer
 from slopilot.engine.request import TokenLogprobs
@@ -212,3 +212,24 @@ def test_echoed_prompt_offsets_leave_out_the_space_the_decoder_drops(
     assert bos is not None
     ids = [bos, *tok.encode(prompt, add_special_tokens=False)]
     assert prompt_offsets(TokenText(tok), ids, prompt) == expected
+
+
+def test_an_added_tokens_bytes_are_what_the_decoder_makes_of_it() -> None:
+    """An added token that is not special goes through a byte-level decoder like any
+    other: "Ġhi" decodes to " hi", and its bytes were its spelling, b"\\xc4\\xa0hi", so
+    a choice's joined bytes read "Ġhi" where its text reads " hi". One the alphabet
+    cannot read (a space in it, CJK) is its text, as is a special one."""
+    raw = Tokenizer(models.BPE({"a": 0, "Ġ": 1, "h": 2, "i": 3}, []))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.add_tokens([AddedToken("Ġhi", special=False), AddedToken(" <sep> ", special=False),
+                    AddedToken("日本語", special=False)])
+    raw.add_special_tokens([AddedToken("<|end|>", special=True)])
+    text_of = TokenText(TextTokenizer(raw, chat_template=None, bos_token=None,
+                                      eos_token=None))
+    for content, expected in [("Ġhi", b" hi"), (" <sep> ", b" <sep> "),
+                              ("日本語", "日本語".encode()), ("<|end|>", b"<|end|>")]:
+        token_id = raw.token_to_id(content)
+        assert token_id is not None
+        assert text_of.bytes(token_id) == expected, content
+        assert raw.decode([token_id], skip_special_tokens=False).encode() == expected
