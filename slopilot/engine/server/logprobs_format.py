@@ -14,7 +14,9 @@ has no infinities.
 writes it: U+FFFD for a token that holds only part of a character, and without the
 leading space a SentencePiece token drops alone. ``bytes`` are the token's raw bytes
 (the tokenizer's ``token_bytes``), so a choice's joined, as OpenAI's do, rebuild its text
-(a special token's are its text, which the choice's text leaves out).
+(a special token's are its text, which the choice's text leaves out), for byte-level BPE
+and SentencePiece tokenizers (not WordPiece; nor a byte fallback run that is no UTF-8:
+``TextOffsets``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ class TextOffsets:
     special token, the stop token) has the offset where the text then ends. The tokens
     of a stop string keep the offsets they had before the text was cut in front of it:
     past its end.
+
+    Scope: U+FFFD is counted once per invalid stretch, as Python's decoder and a
+    byte-level BPE decoder (Rust's ``from_utf8_lossy``) write it. A SentencePiece byte
+    fallback decoder writes one per byte of a run of byte tokens that is no UTF-8 (an
+    ASCII byte inside it too): after such a run the offsets here fall short of that text
+    by the difference ("<0xE6><0x97>▁the" reads "�� the": offsets 0, 0, 1 where the
+    text has its tokens at 0, 1, 2).
+    Following it would take each token's kind (byte piece or not) and, while streaming,
+    offsets already sent that a later byte of the run turns wrong, so it is left as is.
     """
 
     def __init__(self, start: int = 0) -> None:
