@@ -54,7 +54,6 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import kopf
-from kopf._core.actions.execution import HandlerChildrenRetry
 
 from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
@@ -438,15 +437,15 @@ on a lock: the heartbeat sets only a connect timeout); waited for without a boun
 CR stayed Terminating for ever."""
 
 
-class DaemonStillEnding(HandlerChildrenRetry):
-    """kopf's retry, at DEBUG: a ``kopf.TemporaryError`` is logged, and posted as an
-    event, as an ERROR on every cycle, and a daemon's end is no error. The class is
-    kopf's retry of unfinished sub-handlers (private; kopf is pinned in pyproject.toml)."""
+DAEMON_END_RETRY_S = 20.0
+"""How long kopf waits before calling the deletion handler again while a daemon ends:
+kopf logs (and posts as an event) each ``kopf.TemporaryError`` as an ERROR, so a few in
+the ``DAEMON_END_GIVE_UP_S`` bound, not one every cycle of a few seconds."""
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, id="study-cleanup", optional=True)
 async def delete_deleted_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
-                                 retry: int, runtime: datetime.timedelta,
+                                 runtime: datetime.timedelta,
                                  **_: Any) -> None:
     """A deleted CR's study is deleted from every storage on record (study_cleanup.py),
     once no tuning daemon of this process runs for it (daemon_ends.py). Its daemon's end
@@ -469,11 +468,10 @@ async def delete_deleted_studies(body: kopf.Body, memo: kopf.Memo, logger: kopf.
     memo.pod_syncs.withdraw(meta["namespace"], meta["name"], str(meta["uid"]))
     if not await memo.tuning_daemons.wait(str(meta["uid"]), DAEMON_END_WAIT_S):
         if runtime.total_seconds() < DAEMON_END_GIVE_UP_S:
-            if retry == 0:
-                logger.info("the study is deleted once the tuning daemon has ended (at "
-                            "most %.0f s from now)", DAEMON_END_GIVE_UP_S)
-            raise DaemonStillEnding("the tuning daemon is still ending",
-                                    delay=DAEMON_END_WAIT_S)
+            raise kopf.TemporaryError(
+                "the tuning daemon is still ending; the study is deleted once it has (at "
+                f"most {DAEMON_END_GIVE_UP_S:.0f} s after the deletion)",
+                delay=DAEMON_END_RETRY_S)
         logger.warning("the tuning daemon of %s/%s has not ended in %.0f s (a step stuck "
                        "on its thread, such as a storage query waiting on a lock): the "
                        "study is deleted beside its end", meta["namespace"], meta["name"],

@@ -362,7 +362,7 @@ def test_a_crs_sync_waiting_when_it_is_deleted_runs_nothing(
             gone.result()
             kopf_.run(delete_deleted_studies(body=team_d.get("chat"),
                                              memo=tenants.memo_of("team-d", "chat"),
-                                             logger=log, retry=0,
+                                             logger=log,
                                              runtime=datetime.timedelta(0))
                      ).result(timeout=HANG_GUARD_S)
             assert deleted == ["chat"] and kopf_.pool.waiting() == 1

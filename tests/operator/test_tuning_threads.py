@@ -253,7 +253,7 @@ def test_deletions_whose_storage_hangs_hold_their_namespaces_share_not_kopfs_thr
         def deletion(namespace: str, name: str) -> asyncio.Task[None]:
             body = {"metadata": {"namespace": namespace, "name": name, "uid": name}}
             return asyncio.create_task(handler(body=body, memo=memo,
-                                               logger=logging.getLogger("test"), retry=0,
+                                               logger=logging.getLogger("test"),
                                                runtime=datetime.timedelta(0)))
 
         try:
@@ -305,7 +305,7 @@ def test_the_deletion_handler_deletes_the_study_only_once_the_crs_daemon_has_end
 
         def deletion() -> asyncio.Task[None]:
             return asyncio.create_task(handler(body=body, memo=memo,
-                                               logger=logging.getLogger("test"), retry=0,
+                                               logger=logging.getLogger("test"),
                                                runtime=datetime.timedelta(0)))
 
         task = daemons.start("team-a", "chat")
@@ -334,12 +334,9 @@ def test_a_daemon_end_that_never_finishes_holds_the_deletion_for_a_bounded_time(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A step stuck on its thread (a storage query waiting on a lock: the heartbeat sets
     only a connect timeout) keeps its daemon's end from finishing, after kopf cancelled
-    the daemon and let it go. The handler asked kopf to call it again every cycle, an
-    ERROR each time, and the CR stayed Terminating for ever. It waits quietly now (one
-    INFO line, kopf's quiet retry), and past ``DAEMON_END_GIVE_UP_S`` since it first ran
-    (kopf's ``runtime``) deletes the study anyway with one warning naming the daemon."""
-    from kopf._core.actions.execution import HandlerChildrenRetry
-
+    the daemon and let it go. The handler asked kopf to call it again every cycle, and
+    the CR stayed Terminating for ever. Past ``DAEMON_END_GIVE_UP_S`` since it first ran
+    (kopf's ``runtime``) it deletes the study anyway, with one warning naming the daemon."""
     from slopilot.operator import handlers
 
     handler: Any = handlers.delete_deleted_studies  # kopf's type: every kwarg it passes
@@ -357,9 +354,9 @@ def test_a_daemon_end_that_never_finishes_holds_the_deletion_for_a_bounded_time(
                                      tuning_daemons=daemons.memo.tuning_daemons)
         body = {"metadata": {"namespace": "team-a", "name": "chat", "uid": "uid-chat"}}
 
-        async def deletion(retry: int, runtime_s: float) -> None:
+        async def deletion(runtime_s: float) -> None:
             await handler(body=body, memo=memo, logger=logging.getLogger("test"),
-                          retry=retry, runtime=datetime.timedelta(seconds=runtime_s))
+                          runtime=datetime.timedelta(seconds=runtime_s))
 
         task = daemons.start("team-a", "chat")
         with daemons.ending():
@@ -367,17 +364,17 @@ def test_a_daemon_end_that_never_finishes_holds_the_deletion_for_a_bounded_time(
             daemons.stop("team-a/chat", Reason.RESOURCE_DELETED)
             task.cancel()  # kopf's escalation; the step goes on on its thread
             with caplog.at_level(logging.DEBUG, logger="test"):
-                for retry, runtime_s in enumerate([0.0, 10.0, give_up - 1]):
-                    # kopf logs this one at DEBUG and posts no event; a TemporaryError
-                    # it logs, and posts, as an ERROR.
-                    with pytest.raises(HandlerChildrenRetry):
-                        await deletion(retry, runtime_s)
+                for runtime_s in (0.0, 10.0, give_up - 1):
+                    with pytest.raises(kopf.TemporaryError) as again:
+                        await deletion(runtime_s)
+                    # kopf logs and posts each as an ERROR: a few in the bound, no more.
+                    assert again.value.delay == handlers.DAEMON_END_RETRY_S >= 15
                 assert deletions == []
-                await deletion(3, give_up)
+                await deletion(give_up)
             assert deletions == ["uid-chat"]
             lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "test"]
-            assert [level for level, _ in lines] == [logging.INFO, logging.WARNING], lines
-            assert "tuning daemon" in lines[1][1] and "120" in lines[1][1]
+            assert [level for level, _ in lines] == [logging.WARNING], lines
+            assert "tuning daemon" in lines[0][1] and "120" in lines[0][1]
             assert len(daemons.memo.tuning_daemons) == 1  # its end still stuck
             assert getattr(handlers, "DAEMON_END_GIVE_UP_S", None) == give_up
         await ended(task)
