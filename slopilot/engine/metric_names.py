@@ -30,7 +30,9 @@ REFUSED = "slopilot_requests_refused_total"
 # Requests whose client left (or whose answer failed) before a first token reached it,
 # counted per choice as the TTFT histogram observes them: a request queued behind a stall
 # until its client gave up is never observed there. The TTFT percentiles read each as a
-# first token never given, as a refusal.
+# first token never given, as a refusal, where its client had waited past its class's
+# TTFT target (label ``slo.WITHIN_TTFT_TARGET`` "false"); one that left within it missed
+# nothing.
 ABANDONED = "slopilot_requests_abandoned_total"
 # Retries (the client numbers its tries) by what became of them (``outcome``: refused,
 # or admitted): one call turned away is counted once in REFUSED however often its

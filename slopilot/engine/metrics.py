@@ -22,7 +22,12 @@ from slopilot import __version__
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.iteration_metrics import IterationMetrics
 from slopilot.engine.latency_buckets import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
-from slopilot.engine.metric_names import ABANDONED, REFUSED, RETRIES, SEND_TIMEOUTS
+from slopilot.engine.metric_names import (
+    ABANDONED,
+    REFUSED,
+    RETRIES,
+    SEND_TIMEOUTS,
+)
 from slopilot.engine.metric_window import HistogramRecorder, SlidingMax, SlidingSum
 from slopilot.engine.metrics_text import (
     HistogramText,
@@ -34,7 +39,7 @@ from slopilot.engine.metrics_text import (
 )
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.shape import IterationShape
-from slopilot.engine.slo import ClassSLO, SLOSpec
+from slopilot.engine.slo import WITHIN_TTFT_TARGET, ClassSLO, SLOSpec
 from slopilot.engine.verdicts import Verdicts
 
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2 ** i) for i in range(17))  # 1 .. 65536
@@ -111,7 +116,7 @@ class EngineMetrics:
         self._success: dict[str, int] = {r: 0 for r in VLLM_FINISH_REASONS}
         self._verdicts = Verdicts()
         self._refused = [0 for _ in Priority]
-        self._abandoned = [0 for _ in Priority]
+        self._abandoned = {(p, within): 0 for p in Priority for within in (False, True)}
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
         self.send_timeouts = 0
         self.registry.register(self)
@@ -193,17 +198,21 @@ class EngineMetrics:
         """Requests turned away for load so far, by class (first tries)."""
         return {p: self._refused[p] for p in Priority}
 
-    def count_abandoned(self, priority: Priority) -> None:
+    def count_abandoned(self, priority: Priority, *, within_target: bool = False) -> None:
         """A choice that ended before a first token reached its client (the client
         left, a drain aborted it, its answer failed): never observed in the TTFT
-        histogram, which the rules read it beside as a first token never given
-        (``metric_names.ABANDONED``). Called on one thread only, as ``observe_ttft``:
-        the server's event loop, or the simulator's engine."""
-        self._abandoned[priority] += 1
+        histogram. ``within_target``: it ended within its class's TTFT target
+        (``ClassSLO.left_within_ttft``), so it missed nothing; else the rules read it
+        beside the histogram as a first token never given (``metric_names.ABANDONED``).
+        Called on one thread only, as ``observe_ttft``: the server's event loop, or the
+        simulator's engine."""
+        self._abandoned[priority, within_target] += 1
 
-    def abandoned(self) -> dict[Priority, int]:
-        """Choices ended before a first token reached their client so far, by class."""
-        return {p: self._abandoned[p] for p in Priority}
+    def abandoned(self, *, within_target: bool | None = None) -> dict[Priority, int]:
+        """Choices ended before a first token reached their client so far, by class:
+        those ended within the TTFT target, those not, or (None) all."""
+        return {p: sum(n for (q, within), n in self._abandoned.items()
+                       if q is p and within_target in (None, within)) for p in Priority}
 
     def count_retry_admitted(self, priority: Priority) -> None:
         """A retry was let in: served, judged and counted as any request (its call's
@@ -449,10 +458,14 @@ class EngineMetrics:
         abandoned = CounterMetricFamily(
             ABANDONED, "Requests (each choice) that ended before a first token reached "
             "the client: it left, a drain aborted it, or its answer failed. Never "
-            "observed in the TTFT histogram.", labels=["model_name", "priority_class"])
+            f"observed in the TTFT histogram; {WITHIN_TTFT_TARGET}: whether it ended "
+            "within its class's TTFT target (false: past it, or no target).",
+            labels=["model_name", "priority_class", WITHIN_TTFT_TARGET])
         for p in Priority:  # at 0 from the start: rate() misses a counter's first value
             refused.add_metric([self.model_name, p.label], self._refused[p])
-            abandoned.add_metric([self.model_name, p.label], self._abandoned[p])
+            for within in (False, True):
+                abandoned.add_metric([self.model_name, p.label, str(within).lower()],
+                                     self._abandoned[p, within])
             for outcome, was_refused in (("refused", True), ("admitted", False)):
                 retries.add_metric([self.model_name, p.label, outcome],
                                    self._retries[p, was_refused])

@@ -142,8 +142,12 @@ class MetricsObserver:
             finish_reason=reason.value if self.observe_delivery else None,
             prefill_s=prefill_s, decode_s=decode_s, inference_s=inference_s)
         if self.observe_delivery and first is None and reason is FinishReason.ABORT:
-            # Its client got no first token (the server counts what it delivers itself).
-            self.metrics.count_abandoned(req.priority)
+            # Its client got no first token (the server counts what it delivers itself);
+            # one that left within its TTFT target missed nothing.
+            slo = self.metrics.slo
+            within = slo is not None and slo.class_slo(req.priority).left_within_ttft(
+                now - req.arrival_time)
+            self.metrics.count_abandoned(req.priority, within_target=within)
         if (judge := self._judged()) is not None and (met := judge.finished(req)) is not None:
             self.metrics.observe_verdict(req.priority, judge.class_slo(req.priority),
                                          met=met, tokens=req.num_output_tokens)

@@ -28,6 +28,15 @@ SLO_FILE_ENV = "SLOPILOT_SLO_FILE"
 given: what the operator's pods get (an image too old to know it ignores it)."""
 
 
+WITHIN_TTFT_TARGET = "within_ttft_target"
+"""The label of the counts of clients gone before a first token (the built-in engine's
+``metric_names.ABANDONED``, the meter's ``CLIENT_ABANDONED``): "true" where the client
+left within its class's TTFT target (``ClassSLO.left_within_ttft``), so it missed
+nothing; "false" where it had waited past it, or there was no target to wait for (no SLO
+known, no TTFT objective). The rules read the ones not "true" (an image from before the
+label: all) as first tokens never given (``rules.bucket_rates``)."""
+
+
 class SLOError(ValueError):
     """An SLO spec field is missing, unknown or out of range; the message names the fix."""
 
@@ -87,6 +96,12 @@ class ClassSLO:
         """
         ttft_ok = self.ttft_p99_ms is None or ttft_s <= self.ttft_p99_ms / 1000.0
         return ttft_ok and gaps_over_tbt <= 0.01 * gaps
+
+    def left_within_ttft(self, waited_s: float) -> bool:
+        """Whether a client that left after ``waited_s`` with no first token left within
+        the TTFT target, so that it missed nothing (``met`` reads it so): False where it
+        had waited past it, or where there is no TTFT target to have waited for."""
+        return self.ttft_p99_ms is not None and waited_s <= self.ttft_p99_ms / 1000.0
 
     def to_dict(self) -> dict[str, float | None]:
         return dataclasses.asdict(self)

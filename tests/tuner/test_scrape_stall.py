@@ -100,3 +100,19 @@ def test_no_replica_left_is_a_target_down() -> None:
     for t in (100.0, 160.0):
         scrape.poll(now=t)
     assert scrape.measure(100.0, 160.0, canary=False).targets_down == 1
+
+
+def test_clients_gone_within_their_target_are_no_first_tokens_never_given() -> None:
+    # As the rules read them: 60 P1 clients left within their TTFT target (their count
+    # under within_ttft_target="true"), 1 of 61 past it; 600 served within 5 s.
+    def within(served: int, early: int, late: int) -> bytes:
+        return page(served, late, 60_000 + served * 10, 0).replace(
+            f'{ABANDONED}{{priority_class="p1"}}'.encode(),
+            f'{ABANDONED}{{priority_class="p1",within_ttft_target="true"}} {early}\n'
+            f'{ABANDONED}{{priority_class="p1",within_ttft_target="false"}}'.encode())
+    scrape = scraped([100.0, 160.0], {"one": [within(0, 0, 0), within(600, 60, 1)]},
+                     RuleOptions(alert_for_s=0))
+    s = scrape.measure(100.0, 160.0, canary=False)
+    # Rank 0.99 x 601 of 600 within (0.1, 5] s, not among the one never given.
+    p99 = s.classes[Priority.P1].ttft_p99_ms
+    assert p99 is not None and p99 < 5000.0

@@ -14,8 +14,9 @@ Observed as the pieces are written, not at the stream's end: an hour-long stream
 land in the rate windows they were seen in, and a stream cut short keeps what its client
 had seen; its choices that had seen no first token are counted (``CLIENT_ABANDONED``): in
 no TTFT histogram, vLLM's nor this one, they are what a stall leaves behind (vLLM queues
-and answers no 429). A stream the meter does not judge (not streamed, an error) observes
-nothing.
+and answers no 429), apart by whether their client left within its TTFT target (which
+missed nothing) or past it (``slo.WITHIN_TTFT_TARGET``). A stream the meter does
+not judge (not streamed, an error) observes nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ CLIENT_SERIES: frozenset[str] = frozenset({CLIENT_TTFT, CLIENT_TBT})
 CLIENT_ABANDONED = "slopilot_client_requests_abandoned_total"
 """The choices of the streams cut short (the client left, the engine broke off or failed
 it) before their first token reached the client: never observed in ``CLIENT_TTFT``, and
-read as first tokens never given (``rules.bucket_rates``)."""
+read as first tokens never given (``rules.bucket_rates``) where the client had waited past
+its TTFT target (``slo.WITHIN_TTFT_TARGET``)."""
 LABELS = ("model_name", "priority_class")
 
 
@@ -47,18 +49,20 @@ class ClientLatency:
         self.priority = priority
         self.ttft = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
         self.gaps = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
-        self.abandoned = 0
-        """Choices of the streams cut short before their first token (``CLIENT_ABANDONED``)."""
+        self.abandoned = {False: 0, True: 0}
+        """Choices of the streams cut short before their first token (``CLIENT_ABANDONED``),
+        by whether their client left within its TTFT target."""
         self._texts: tuple[str, list[HistogramText]] | None = None
 
     def first_token(self, seconds: float) -> None:
         """A choice's first token reached its client ``seconds`` after the request came."""
         self.ttft.observe(seconds)
 
-    def never_first(self, choices: int) -> None:
+    def never_first(self, choices: int, *, within_target: bool) -> None:
         """A stream ended, cut short, with ``choices`` of its choices given no first
-        token (``StreamJudge.first_tokens_missed``)."""
-        self.abandoned += choices
+        token (``StreamJudge.first_tokens_missed``), ``within_target`` or past it
+        (``StreamJudge.left_within_ttft``)."""
+        self.abandoned[within_target] += choices
 
     def token_gaps(self, gaps: list[float]) -> None:
         """The gaps of the tokens a written chunk brought (``ClientGaps.written``)."""

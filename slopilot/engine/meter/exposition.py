@@ -24,6 +24,7 @@ from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_SERIES
 from slopilot.engine.metrics_text import TextRegistry, parts_text
 from slopilot.engine.openai_errors import error_body
 from slopilot.engine.request import Priority
+from slopilot.engine.slo import WITHIN_TTFT_TARGET
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS, Verdicts
 
 REPLAYED_STREAMS = "slopilot_meter_replayed_streams"
@@ -103,9 +104,12 @@ class _AbandonedCollector(Collector):
         family = CounterMetricFamily(
             CLIENT_ABANDONED, "Choices of the streams cut short (the client left, the "
             "engine broke off or failed it) before their first token reached the client: "
-            "never observed as a TTFT.", labels=["model_name", "priority_class"])
-        family.add_metric([self.meter.model_name, self.meter.priority.label],
-                          self.meter.latency.abandoned)
+            f"never observed as a TTFT; {WITHIN_TTFT_TARGET}: whether the client left "
+            "within its class's TTFT target.",
+            labels=["model_name", "priority_class", WITHIN_TTFT_TARGET])
+        for within, count in sorted(self.meter.latency.abandoned.items()):
+            family.add_metric([self.meter.model_name, self.meter.priority.label,
+                               str(within).lower()], count)
         yield family
 
 

@@ -315,10 +315,12 @@ class Meter:
         if judge is None or exchange.counted:
             return
         exchange.counted = True
-        for verdict in judge.verdicts(self.clock()):
+        now = self.clock()
+        for verdict in judge.verdicts(now):
             self.verdicts.observe(self.priority, judge.slo, met=verdict.met,
                                   tokens=verdict.tokens, requests=verdict.choices)
-        self.latency.never_first(judge.first_tokens_missed())
+        self.latency.never_first(judge.first_tokens_missed(),
+                                 within_target=judge.left_within_ttft(now))
 
 
 class _Outgoing:

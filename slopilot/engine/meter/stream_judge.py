@@ -369,6 +369,12 @@ class StreamJudge:
         cut = sum(1 for c in self._choices.values() if c.ttft_s is None and not c.finished)
         return cut + max(0, self.n - len(self._choices))
 
+    def left_within_ttft(self, now: float) -> bool:
+        """Whether a choice of it given no first token by ``now`` ended within the TTFT
+        target (``ClassSLO.left_within_ttft``), missing nothing, as ``verdicts`` judges
+        it: they all waited since the request came."""
+        return self.slo.left_within_ttft(now - self.arrival)
+
 
 def _event_name(lines: list[bytes]) -> str | None:
     """The SSE event's name (its last ``event:`` line), None where it has none."""

@@ -326,8 +326,10 @@ class Delivery:
             self.backend.metrics.observe_delivered(req.priority, e2e_s, state.handed, finish)
             if not state.first_written and finish == FinishReason.ABORT.value:
                 # No first token reached its client (it left, a drain aborted it, the
-                # answer failed): in no TTFT observation, so counted as never given.
-                self.backend.metrics.count_abandoned(req.priority)
+                # answer failed): in no TTFT observation, so counted as never given,
+                # unless it ended within its target (it missed nothing, as ``verdict``).
+                within = state.slo is not None and state.slo.left_within_ttft(e2e_s)
+                self.backend.metrics.count_abandoned(req.priority, within_target=within)
             met = state.verdict(e2e_s)
             if state.slo is not None and met is not None:
                 self.backend.metrics.observe_verdict(req.priority, state.slo, met=met,

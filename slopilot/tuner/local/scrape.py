@@ -35,7 +35,7 @@ from slopilot.engine.metric_names import ABANDONED, REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
-from slopilot.engine.slo import SLOSpec
+from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.adapters import MIN_WINDOW_REQUESTS
@@ -61,7 +61,8 @@ _RUNNING = "vllm:num_requests_running"
 _GAUGES = {_BUSY, _WAITING, _RUNNING}  # not counters: a fall is no restart
 _TOKENS = "vllm:generation_tokens_total"
 # The requests never given a first token, in the TTFT's +Inf bucket as the rules count
-# them (``rules.bucket_rates``): turned away for load, or their client gone before it.
+# them (``rules.bucket_rates``): turned away for load, or their client gone before it
+# after waiting past its TTFT target.
 _NEVER = frozenset(BUILTIN_LATENCY.ttft.engine.never)
 # The workload probe's (``scrape_probe``): the token-length histograms whole, the
 # prompts of the requests that started (``PREFILLED``, over the first tokens: the TTFT
@@ -96,6 +97,10 @@ def _parse(text: str) -> Series:
                 key = (s.name, f"{s.labels.get('priority_class', '')}/"
                        f"{s.labels.get('slo', '')}/{s.labels.get('met', '')}", _NO_LE)
                 out[key] = out.get(key, 0.0) + float(s.value)
+            elif s.labels.get(WITHIN_TTFT_TARGET) == "true":
+                # A client gone within its TTFT target missed nothing: the rules read it
+                # as no first token never given (``rules.bucket_rates``).
+                continue
             elif s.name in _KEEP:
                 # Not NaN for "no le": NaN != NaN, so such a key never matched the
                 # window's first snapshot and every counter read as its lifetime.

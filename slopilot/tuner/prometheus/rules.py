@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.slo import SLOSpec
+from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.alert_table import (
     ALL_CLASSES,
@@ -142,17 +142,28 @@ def _others(by: str) -> str:
     return ", ".join(label for label in by.replace(" ", "").split(",") if label != "le")
 
 
+def _missed_only(selector: str) -> str:
+    """``selector`` narrowed to the first tokens never given that missed the target: a
+    client gone within its TTFT target missed nothing (``WITHIN_TTFT_TARGET``). A series
+    without the label (refusals; an image from before it) matches, as it always did."""
+    matcher = f'{WITHIN_TTFT_TARGET}!="true"'
+    inner = selector.strip().removeprefix("{").removesuffix("}").strip()
+    return "{" + (f"{inner},{matcher}" if inner else matcher) + "}"
+
+
 def bucket_rates(hist: Histogram, selector: str, window: str,
                  by: str = "le, priority_class") -> str:
     """The rates of ``hist``'s buckets, summed ``by`` (``le`` among them), as
     ``histogram_quantile`` takes them. A request that never got a first token (turned
-    away for load, 429; or its client left before it: a stall's queue) is counted in the
-    +Inf bucket beside the served ones, from the counters ``hist.never`` names. None of
-    those series (an image from before them): the buckets as they are."""
+    away for load, 429; or its client left before it after waiting past its TTFT target:
+    a stall's queue) is counted in the +Inf bucket beside the served ones, from the
+    counters ``hist.never`` names; a client that left within its target missed nothing,
+    and is not. None of those series (an image from before them): the buckets as they
+    are."""
     buckets = f"sum by ({by}) (rate({hist.metric}_bucket{selector}[{window}]))"
     if not hist.never:
         return buckets
-    never = _summed_rates(hist.never, selector, window, _others(by))
+    never = _summed_rates(hist.never, _missed_only(selector), window, _others(by))
     return (f'({buckets} + on ({by}) label_replace({never}, "le", "+Inf", "", "") '
             f"or {buckets})")
 

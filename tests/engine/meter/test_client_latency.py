@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_TBT, CLIENT_TTFT
 from slopilot.engine.meter.proxy import Meter
+from slopilot.engine.slo import WITHIN_TTFT_TARGET
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
 from tests.engine.meter.test_meter import (
     DONE,
@@ -191,10 +192,11 @@ def test_metrics_are_the_engines_then_the_verdicts_then_the_client_histograms(
     assert buckets(families, CLIENT_TBT)[0][math.inf] == 1
 
 
-def abandoned(families: dict[str, Any]) -> dict[tuple[str, str], float]:
-    """``CLIENT_ABANDONED`` by (model_name, priority_class)."""
+def abandoned(families: dict[str, Any]) -> dict[tuple[str, str, str], float]:
+    """``CLIENT_ABANDONED`` by (model_name, priority_class, within_ttft_target)."""
     family = families[CLIENT_ABANDONED.removesuffix("_total")]
-    return {(s.labels["model_name"], s.labels["priority_class"]): s.value
+    return {(s.labels["model_name"], s.labels["priority_class"],
+             s.labels[WITHIN_TTFT_TARGET]): s.value
             for s in family.samples if s.name == CLIENT_ABANDONED}
 
 
@@ -221,10 +223,32 @@ def test_a_stream_cut_short_before_its_first_token_is_counted_as_never_given(
         return before, await scrape(meter, now)
 
     before, after = run(go)
-    assert abandoned(before) == {("", "p0"): 0}
-    assert abandoned(after) == {("", "p0"): 3}  # each of its n choices
+    assert abandoned(before) == {("", "p0", "false"): 0, ("", "p0", "true"): 0}
+    # Each of its n choices, its client gone after 30 s: past P0's 500 ms target.
+    assert abandoned(after) == {("", "p0", "false"): 3, ("", "p0", "true"): 0}
     ttft, _ = buckets_of(after, CLIENT_TTFT)
     assert ttft[math.inf] == 0
+
+
+def test_a_client_gone_within_its_ttft_target_is_counted_apart(tmp_path: Path) -> None:
+    """A client whose own timeout (15 ms) ended its stream before P0's target (500 ms)
+    missed nothing: counted under within_ttft_target="true", which the rules do not read
+    as a first token never given (a 300 s P99 and a retune for a client's timeout)."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    upstream.answer([HOLD])
+
+    async def go() -> dict[str, Any]:
+        client = Client(meter, now)
+        task = asyncio.ensure_future(client.request("POST", "/v1/completions", STREAM))
+        while not client.sent:
+            await asyncio.sleep(0)
+        now[0] = 0.015
+        client.leave.set()
+        await asyncio.wait_for(task, HANG_GUARD_S)
+        return await scrape(meter, now)
+
+    assert abandoned(run(go)) == {("", "p0", "false"): 0, ("", "p0", "true"): 1}
 
 
 def test_only_the_choices_without_a_first_token_are_counted(tmp_path: Path) -> None:
@@ -247,7 +271,8 @@ def test_only_the_choices_without_a_first_token_are_counted(tmp_path: Path) -> N
         return await scrape(meter, now)
 
     families = run(go)
-    assert abandoned(families) == {("llama", "p0"): 1}
+    # Its client left at once: within its target.
+    assert abandoned(families) == {("llama", "p0", "false"): 0, ("llama", "p0", "true"): 1}
     ttft, _ = buckets(families, CLIENT_TTFT)
     assert ttft[math.inf] == 2
 

@@ -120,9 +120,18 @@ def test_the_counter_is_exported_per_class_from_the_start() -> None:
     m = EngineMetrics("m")
     text = m.render().decode()
     for p in Priority:
-        assert f'{ABANDONED}{{model_name="m",priority_class="{p.label}"}} 0.0' in text
+        for within in ("false", "true"):
+            assert (f'{ABANDONED}{{model_name="m",priority_class="{p.label}",'
+                    f'within_ttft_target="{within}"}} 0.0') in text
     m.count_abandoned(Priority.P2)
-    assert f'{ABANDONED}{{model_name="m",priority_class="p2"}} 1.0' in m.render().decode()
+    m.count_abandoned(Priority.P2, within_target=True)
+    m.count_abandoned(Priority.P2, within_target=True)
+    text = m.render().decode()
+    assert (f'{ABANDONED}{{model_name="m",priority_class="p2",'
+            'within_ttft_target="false"} 1.0') in text
+    assert (f'{ABANDONED}{{model_name="m",priority_class="p2",'
+            'within_ttft_target="true"} 2.0') in text
+    assert m.abandoned(within_target=True)[Priority.P2] == 2
 
 
 def test_where_the_engines_events_are_the_clients_an_abort_before_a_token_counts() -> None:
@@ -137,3 +146,23 @@ def test_where_the_engines_events_are_the_clients_an_abort_before_a_token_counts
     for rid in ("r0", "late"):
         engine.abort_request(rid)
     assert metrics.abandoned() == {Priority.P0: 0, Priority.P1: 0, Priority.P2: 1}
+
+
+def test_where_the_engines_events_are_the_clients_one_gone_within_target_is_apart() -> None:
+    """With an SLO known, an abort before a first token within the class's TTFT target
+    is counted apart: it missed nothing (``ClassSLO.left_within_ttft``)."""
+    from slopilot.engine.engine import VirtualClock
+    from slopilot.engine.slo import SLOSpec
+
+    engine = make_engine()
+    metrics = EngineMetrics("m")
+    metrics.set_slo(SLOSpec.from_profile("strict"))
+    engine.observers.append(MetricsObserver(metrics))
+    engine.add_request(make_request("soon", 3, priority=Priority.P1))
+    engine.add_request(make_request("late", 3, priority=Priority.P1))
+    engine.abort_request("soon")
+    assert isinstance(engine.clock, VirtualClock)
+    engine.clock.advance(0.6)  # past P1's 500 ms
+    engine.abort_request("late")
+    assert metrics.abandoned(within_target=True)[Priority.P1] == 1
+    assert metrics.abandoned(within_target=False)[Priority.P1] == 1
