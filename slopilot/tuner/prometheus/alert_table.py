@@ -39,8 +39,9 @@ seen, where every figure the others read is missing (a P99 of no first token is 
 and a series not scraped is no data: those alerts clear). Their action is ``hold``: no
 retune nor scale reaches a stuck executor or a target that is not scraped, so the loop
 does neither (nor gives replicas back) while one fires. A request whose client left
-before its first token is no such gap: the TTFT figures count it as a first token never
-given (``latency_sources``), so the TTFT alerts keep firing through a stall too.
+before its first token, having waited past its TTFT target, is no such gap: the TTFT
+figures count it as a first token never given (``latency_sources``), so the TTFT alerts
+keep firing through a stall too.
 
 Utilization is the GPU's (DCGM's ``DCGM_FI_DEV_GPU_UTIL``) where the exporter reports the
 deployment's pods, else the built-in engine's busy ratio (vLLM exports none).

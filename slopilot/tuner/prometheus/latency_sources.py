@@ -14,7 +14,9 @@ A request that never got a first token is in no TTFT histogram: one turned away 
 (429) and one whose client left before its first token (a stall's queue, vLLM's, which
 answers no 429). Each TTFT histogram names the counters of those (``Histogram.never``),
 which the rules read as observations in its +Inf bucket (``rules.bucket_rates``): the
-built-in engine counts both, the meter the streams cut short before a first token.
+built-in engine counts both, the meter the streams cut short before a first token; of
+those cut short, only the ones whose client had waited past its TTFT target (a client
+gone within it missed nothing: ``slo.WITHIN_TTFT_TARGET``).
 
 The operator picks a backend's sources once (``operator.service_monitor.latency_sources``), and
 passes them to the rules, the trial windows and the dashboard alike.
