@@ -64,6 +64,8 @@ VLLM_UID = "slopilot-overview-vllm"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = f'{NAMESPACE_LABEL}=~"$namespace",{DEPLOYMENT_LABEL}=~"$deployment"'
 RATE = "$__rate_interval"
+WHOSE = f"{{{{{NAMESPACE_LABEL}}}}}/{{{{{DEPLOYMENT_LABEL}}}}}"
+"""A legend's deployment: several may be chosen at once."""
 
 # Series the dashboard or the rules read that the engine does not export: the tuner and
 # operator export the slopilot_* ones (name, labels), kube-state-metrics and Prometheus
@@ -166,6 +168,15 @@ def _latency_panels(latency: LatencySources) -> list[timeseries.Panel]:
                     "the meter saw no stream. vLLM measures from the start of tokenizing "
                     "to its engine's output, and reads low, on its own coarser buckets: "
                     "a gap between 10 and 25 ms, say, is only known to be there.")
+            if short == "TTFT":
+                description += (
+                    " A request turned away for load (429, the built-in engine) or whose "
+                    "client left before a first token after waiting past the target counts "
+                    "as a first token never given: read as 300 s, the histograms' last "
+                    "finite edge. So a P99 of 300 s says at least 1 % (a P50 of 300 s, at "
+                    "least 50 %) of the class's requests were refused or left past the "
+                    "target, not a five-minute wait; a client that left within the target "
+                    "missed nothing and is not counted.")
             description += (f" Dashed: the deployment's own {short} P99 target for "
                             f"{p.label.upper()} (its rules record it as {target}); no "
                             "line, no target (best effort).")
@@ -184,7 +195,7 @@ def _throughput_panels(vllm: bool) -> list[Any]:
         "By vLLM's finished_reason (stop, length, abort, ...). Streams cut before a first "
         "token: the meter's count of streams whose client went away before one reached "
         "it (a stall's queue: vLLM queues and answers no 429); the TTFT panels count each "
-        "as a first token never given.")
+        "whose client had waited past its TTFT target as a first token never given.")
     if vllm:
         finished.append(_query(
             f"sum by (priority_class) (rate({CLIENT_ABANDONED}{{{SEL}}}[{RATE}]))",
@@ -204,8 +215,9 @@ def _throughput_panels(vllm: bool) -> list[Any]:
             "Turned away: requests the engine refused for load (its waiting queue full), "
             "never served; the TTFT panels count each as a first token never given. "
             "Left before a first token: requests whose client went away (or whose answer "
-            "failed) before one reached it, a stall's queue; counted as first tokens "
-            "never given too. Retries turned away: a client's later tries of a call "
+            "failed) before one reached it, a stall's queue; those that had waited past "
+            "the TTFT target are counted as first tokens never given too. Retries "
+            "turned away: a client's later tries of a call "
             "(x-stainless-retry-count above 0) turned away, counted apart from the calls. "
             "Cut at the send deadline: streams whose client took no byte for "
             "--send-timeout, aborted in the engine (also in the abort reason).")
@@ -219,13 +231,20 @@ def _throughput_panels(vllm: bool) -> list[Any]:
             unit="short", description="Goodput: output tokens of requests inside their "
             "class's SLO (recording rule slopilot:goodput_tokens:per_second)."),
         _series("Requests within their SLO", [
-            _query(f"sum by (priority_class) (rate({SLO_REQUESTS}{{{SEL},met=\"true\"}}"
+            _query(f"(sum by (priority_class) (rate({SLO_REQUESTS}{{{SEL},met=\"true\"}}"
                    f"[{RATE}])) / sum by (priority_class) (rate({SLO_REQUESTS}{{{SEL}}}"
-                   f"[{RATE}]))", "{{priority_class}}")],
-            unit="percentunit", description="The share of finished requests the engine "
-            "judged within their class's SLO: TTFT within target and at most 1 % of their "
-            "token gaps over the TBT target (the built-in engine's verdicts; on vLLM, the "
-            "meter's, of streamed requests)."),
+                   f"[{RATE}]))) and on (priority_class) count by (priority_class) "
+                   f"({TTFT_P99_SLO}{{{SEL}}} or {TBT_P99_SLO}{{{SEL}}})",
+                   "{{priority_class}}")],
+            unit="percentunit", description="The share of the requests the engine judged "
+            "that were within their class's SLO: TTFT within target and at most 1 % of "
+            "their token gaps over the TBT target. Judged: those that finished, those "
+            "turned away for load (429, a miss with no token) and those cut short after "
+            "they had missed already (no first token within the target); one cut short "
+            "that could still have met it is not judged. The built-in engine's verdicts; "
+            "on vLLM, the meter's, of streamed requests. Only the classes with a latency "
+            "objective are drawn: a best-effort class (no TTFT or TBT target) has none "
+            "to meet."),
         _series("Requests", requests, unit="short"),
         _series("Finished requests per second", finished, unit="reqps",
                 description=finished_about),
@@ -243,8 +262,8 @@ def _scheduler_panels(vllm: bool) -> list[Any]:
     limit = _line(PREEMPTIONS_SLO, "limit")
     limit_about = ("Dashed: the deployment's limit (its SLO's maxPreemptionsPerMinute); "
                    "no line, no limit.")
-    alert_input = _query(f"slopilot:utilization:ratio{{{SEL}}}", "alert input")
-    gpu = _query(f"slopilot:gpu_utilization:avg{{{SEL}}}", "GPU (DCGM)")
+    alert_input = _query(f"slopilot:utilization:ratio{{{SEL}}}", f"alert input {WHOSE}")
+    gpu = _query(f"slopilot:gpu_utilization:avg{{{SEL}}}", f"GPU (DCGM) {WHOSE}")
     floor = ("Dashed: the batching alert's floor (spec.alerts.utilizationMin): it fires "
              "while the alert input stays under it and more requests wait than "
              "spec.alerts.waitingMin.")
@@ -258,7 +277,7 @@ def _scheduler_panels(vllm: bool) -> list[Any]:
             # The alert input is DCGM's figure here (vLLM exports no busy ratio): one
             # line, not the same one twice.
             _series("GPU utilization (the batching alert's input)",
-                    [alert_input.legend_format("GPU (DCGM), the alert input")],
+                    [alert_input.legend_format(f"GPU (DCGM), the alert input {WHOSE}")],
                     unit="percentunit", line=_line(UTILIZATION_FLOOR, "alert floor"),
                     description="DCGM's GPU utilization of the deployment's pods, the "
                     "alert input (vLLM exports no busy ratio to stand in for it: no DCGM "
@@ -280,7 +299,8 @@ def _scheduler_panels(vllm: bool) -> list[Any]:
         _kv_cache_panel(),
         _prefix_panel(),
         _series("Busy ratio and GPU utilization (the batching alert's input)", [
-            alert_input, gpu, _query(f"slopilot_busy_ratio{{{SEL}}}", "busy {{instance}}")],
+            alert_input, gpu, _query(f"slopilot_busy_ratio{{{SEL}}}",
+                                     f"busy {WHOSE} {{{{{REPLICA_LABEL}}}}}")],
             unit="percentunit", line=_line(UTILIZATION_FLOOR, "alert floor"),
             description="The alert input: DCGM's GPU utilization of the deployment's pods "
             f"where it reports them, else the engines' busy ratio. {floor}"),
@@ -289,7 +309,8 @@ def _scheduler_panels(vllm: bool) -> list[Any]:
 
 def _kv_cache_panel() -> timeseries.Panel:
     return _series("KV cache usage", [
-        _query(f"vllm:kv_cache_usage_perc{{{SEL}}}", "{{instance}}")], unit="percentunit")
+        _query(f"vllm:kv_cache_usage_perc{{{SEL}}}", f"{WHOSE} {{{{{REPLICA_LABEL}}}}}")],
+        unit="percentunit")
 
 
 def _prefix_panel() -> timeseries.Panel:

@@ -1,0 +1,55 @@
+"""What the dashboard's panels say a reading means, and whose each line is.
+
+A TTFT P99 of 300 s is the histogram's last finite edge: the requests refused (429) or
+whose client left after waiting past the target, not a five-minute wait. The share within
+the SLO counts refusals as misses, and a class without an objective has none to meet. With
+several deployments chosen, a line per replica or deployment names which one it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slopilot.operator.dashboards import build_dashboard
+from slopilot.tuner.prometheus.rules import BUILTIN_LATENCY, VLLM_LATENCY, LatencySources
+
+WHOSE = "{{slopilot_namespace}}/{{slopilot_deployment}}"
+BACKENDS = pytest.mark.parametrize("latency", [BUILTIN_LATENCY, VLLM_LATENCY],
+                                   ids=["builtin", "vllm"])
+
+
+def _panel(latency: LatencySources, title: str) -> dict[str, Any]:
+    return next(p for p in build_dashboard(latency=latency)["panels"]
+                if p.get("title") == title)
+
+
+@BACKENDS
+def test_a_ttft_panel_says_what_300_s_means(latency: LatencySources) -> None:
+    for cls in ("P0", "P1", "P2"):
+        about = _panel(latency, f"TTFT {cls}")["description"]
+        assert "300 s" in about and "1 %" in about and "50 %" in about
+        assert "refused" in about and "past the target" in about
+
+
+@BACKENDS
+def test_the_share_within_the_slo_counts_refusals_and_draws_classes_with_objectives(
+        latency: LatencySources) -> None:
+    panel = _panel(latency, "Requests within their SLO")
+    assert "finished requests" not in panel["description"]
+    assert "429" in panel["description"] and "objective" in panel["description"]
+    expr = panel["targets"][0]["expr"]
+    assert "slopilot:slo_ttft_p99:seconds" in expr and "slopilot:slo_tbt_p99:seconds" in expr
+
+
+@BACKENDS
+def test_per_replica_and_per_deployment_lines_name_their_deployment(
+        latency: LatencySources) -> None:
+    titles = ["KV cache usage"] + (
+        ["GPU utilization (the batching alert's input)"] if latency is VLLM_LATENCY
+        else ["Busy ratio and GPU utilization (the batching alert's input)"])
+    for title in titles:
+        panel = _panel(latency, title)
+        for target in panel["targets"]:
+            assert WHOSE in target["legendFormat"], (title, target["legendFormat"])
