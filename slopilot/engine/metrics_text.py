@@ -22,7 +22,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.metric_window import HistogramRecorder
+from slopilot.engine.metric_window import HistogramRecorder, cumulative_pairs
 
 # Below this a count's text is its digits and ".0" (Python's repr of the float); from a
 # million on floatToGoString writes Go's exponent form ("1e+06"), so it is asked.
@@ -64,7 +64,7 @@ class _SeriesText:
         # One snapshot of the counts (another thread may observe meanwhile: the engine's),
         # so the lines agree with each other; a histogram unchanged since the last render
         # (a class with no traffic, most of them) is not formatted again.
-        key = (tuple(self.recorder.counts), self.recorder.total)
+        key = self.recorder.snapshot()
         if key != self._key:
             cumulative = list(accumulate(key[0]))
             lines = [prefix + _count_text(n) + "\n"
@@ -112,7 +112,8 @@ class HistogramText:
         """prometheus_client's family of the same state (what ``collect`` yields)."""
         h = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labelnames))
         for values, series in zip(self._values, self._series, strict=True):
-            h.add_metric(list(values), series.recorder.cumulative(), series.recorder.total)
+            counts, total = series.recorder.snapshot()
+            h.add_metric(list(values), cumulative_pairs(series.recorder.edges, counts), total)
         return h
 
     def text(self) -> str:

@@ -4,8 +4,11 @@ its work."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from slopilot.engine.clients import ClientClasses, Refusal
@@ -135,3 +138,44 @@ def test_a_histogram_refuses_labels_it_cannot_name_and_negative_edges() -> None:
         HistogramText("h", "d", ["a", "b"], [(["x"], HistogramRecorder((1.0,)))])
     with pytest.raises(ValueError, match=r"first edge -1\.0 is negative"):
         HistogramText("h", "d", [], [([], HistogramRecorder((-1.0, 1.0)))])
+
+
+class _ObservedDuringRead(list[int]):
+    """Bucket counts whose reading lets the engine's thread observe once, midway: a
+    render on the event loop read the counts and then the sum while the engine thread
+    observed between the two (the GIL switches threads at any bytecode)."""
+
+    def __init__(self, counts: list[int], at: int) -> None:
+        super().__init__(counts)
+        self.at = at % len(counts)
+        self.observe: Callable[[], None] | None = None
+
+    def __iter__(self) -> Iterator[int]:
+        for i, n in enumerate(super().__iter__()):
+            if i == self.at and self.observe is not None:
+                observe, self.observe = self.observe, None
+                observe()
+            yield n
+
+
+@pytest.mark.parametrize("at", [0, -1])  # before or after the bucket it counts in
+@pytest.mark.parametrize("render", ["text", "family"])
+def test_a_histogram_read_while_observed_renders_one_snapshot(render: str, at: int) -> None:
+    """A profile's mean output length read 12.63 where every request asked for 12
+    (tests/tuner/test_profiling.py, on a busy machine): one scrape's _sum held an
+    observation its _count did not. Its buckets, _count and _sum are one snapshot."""
+    recorder = HistogramRecorder([1.0, 10.0, 100.0])
+    for _ in range(19):
+        recorder.observe(12.0)
+    counts = _ObservedDuringRead(recorder.counts, at)
+    recorder.counts = counts
+    hist = HistogramText("tokens", "Tokens.", ["model_name"], [(["m"], recorder)])
+    for _ in range(3):  # each render, the engine observes once while it reads
+        counts.observe = lambda: recorder.observe(12.0)
+        if render == "text":
+            samples = {s.name: s.value for f in text_string_to_metric_families(hist.text())
+                       for s in f.samples}
+        else:
+            samples = {s.name: s.value for s in hist.family().samples}
+        assert samples["tokens_sum"] == 12.0 * samples["tokens_count"]
+        assert samples["tokens_bucket"] == samples["tokens_count"]  # the last: +Inf
