@@ -8,6 +8,13 @@ replica count (512 replicas took 39 s and 1.1 GB), so simulating ``hi`` first, w
 handful suffice, would make every search as dear as the largest. ``margin`` asks for headroom: every
 SLO term at most ``1 - margin`` of its limit, so a scale-down decision is not taken at the
 edge and undone by the next burst.
+
+Each simulated run is made long enough to hold ``SIM_MIN_CLASS_REQUESTS`` of its least
+served judged class (``study/sample_floor.py``), up to ``SIM_MAX_DURATION_S``: at a low
+rate 120 s held a dozen P0 requests, whose "P99" is their maximum, and a count that
+truly misses by 8 % "held" in a quarter of the probes. A count whose run reached the cap
+short of the floor is in ``CapacityAnswer.short``: its "holds" says little, and a
+scale-down is not taken on it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,12 @@ from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult, holds, score
+from slopilot.tuner.study.sample_floor import (
+    SIM_MAX_DURATION_S,
+    SIM_MIN_CLASS_REQUESTS,
+    Shortfall,
+    long_enough,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +46,17 @@ class CapacityError(ValueError):
     """Bad bounds or margin for a capacity search; the message names the fix."""
 
 
-def _default_simulate(duration_s: float | None, seed: int | None) -> SimulateFn:
-    def run(scenario: Scenario, config: Mapping[str, Any], replicas: int) -> WindowSummary:
-        return simulate(scenario, config, replicas=replicas, duration_s=duration_s,
-                        seed=seed).summary
+def _long_enough(duration_s: float | None, seed: int | None, floor: int,
+                 max_duration_s: float) -> Callable[[Scenario, Mapping[str, Any], int],
+                                                    tuple[WindowSummary, Shortfall | None]]:
+    def run(scenario: Scenario, config: Mapping[str, Any], replicas: int
+            ) -> tuple[WindowSummary, Shortfall | None]:
+        def at(d: float) -> WindowSummary:
+            return simulate(scenario, config, replicas=replicas, duration_s=d,
+                            seed=seed).summary
+        base = scenario.duration_s if duration_s is None else duration_s
+        return long_enough(at, scenario.slo, base, floor=floor,
+                           max_duration_s=max(base, max_duration_s))
     return run
 
 
@@ -46,22 +66,49 @@ class CapacityAnswer:
     """Smallest feasible count in [lo, hi]; None when even hi is not enough."""
     results: dict[int, TrialResult] = field(default_factory=dict)
     """Every count simulated, with its scored result."""
+    short: dict[int, Shortfall] = field(default_factory=dict)
+    """The counts whose run reached its time cap short of the requests of a judged class
+    its P99 needs: their verdict is one of a few requests' largest."""
+
+    def fewer_hold(self, current: int) -> bool:
+        """Whether fewer than ``current`` replicas hold, on runs long enough to say so."""
+        return self.replicas is not None and self.replicas < current \
+            and not any(n < current for n in self.short)
+
+    def why_short(self, current: int) -> str | None:
+        """Why fewer than ``current`` cannot be said to hold; None when they can, or
+        when no run fell short."""
+        below = sorted(n for n in self.short if n < current)
+        if not below:
+            return None
+        return (f"too little traffic to judge fewer replicas: the simulated run of {below[0]} "
+                f"held {self.short[below[0]].describe()} (the cap)")
 
 
 class CapacityPlanner:
     """Smallest replica count whose simulated summary meets the SLO at a given load."""
 
     def __init__(self, *, duration_s: float | None = 120.0, seed: int | None = 0,
-                 simulate_fn: SimulateFn | None = None, score_fn: ScoreFn | None = None
-                 ) -> None:
+                 simulate_fn: SimulateFn | None = None, score_fn: ScoreFn | None = None,
+                 min_class_requests: int = SIM_MIN_CLASS_REQUESTS,
+                 max_duration_s: float = SIM_MAX_DURATION_S) -> None:
         if duration_s is not None and duration_s <= 0:
             raise CapacityError(f"duration_s={duration_s}: expected a positive time")
         if simulate_fn is not None and score_fn is not None:
             raise CapacityError("give simulate_fn or score_fn, not both")
-        simulate_one = simulate_fn or _default_simulate(duration_s, seed)
+        if isinstance(min_class_requests, bool) or min_class_requests < 0:
+            raise CapacityError(f"min_class_requests={min_class_requests!r}: expected a "
+                                f"count >= 0, e.g. {SIM_MIN_CLASS_REQUESTS}")
+        self._short: dict[int, Shortfall] = {}
+        run = _long_enough(duration_s, seed, min_class_requests, max_duration_s)
 
         def one_window(scenario: Scenario, config: Mapping[str, Any], n: int) -> TrialResult:
-            return score(simulate_one(scenario, config, n), scenario.slo, config)
+            if simulate_fn is not None:  # its own length: the caller's to size
+                return score(simulate_fn(scenario, config, n), scenario.slo, config)
+            summary, short = run(scenario, config, n)
+            if short is not None:
+                self._short[n] = short
+            return score(summary, scenario.slo, config)
 
         self._score = score_fn or one_window
 
@@ -75,7 +122,10 @@ class CapacityPlanner:
                 answer: CapacityAnswer) -> Callable[[int], bool]:
         def ok(n: int) -> bool:
             if n not in answer.results:
+                self._short.pop(n, None)
                 answer.results[n] = self._score(scenario, config, n)
+                if n in self._short:
+                    answer.short[n] = self._short.pop(n)
             return holds(answer.results[n], margin)
         return ok
 

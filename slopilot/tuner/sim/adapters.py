@@ -23,6 +23,7 @@ from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.distributions import Empirical
 from slopilot.engine.sim.open_loop import OpenLoopPhase
 from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
@@ -32,6 +33,7 @@ from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import HEADROOM, TrialResult, holds
 from slopilot.tuner.study.results import rank
+from slopilot.tuner.study.sample_floor import duration_for
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.tuner import Tuner
@@ -145,7 +147,8 @@ class SimOffline:
     of its limit) rank before those that merely hold: the best goodput sits on the SLO's
     edge in simulation, and the live replicas (scheduling jitter, a cost model a little
     off) push an edge config over it, so the warm start would spend its first trials on
-    configs that just miss.
+    configs that just miss. Its runs are as long as the capacity oracle's need to be
+    (``study/sample_floor.py``): long enough for a floor of each judged class.
     """
 
     def __init__(self, space: SearchSpace, *, n_trials: int = 12, duration_s: float = 180.0,
@@ -167,13 +170,28 @@ class SimOffline:
             # The running config may lie outside the space (knobs set beyond the default
             # ranges): the study runs without it as a start; it is no candidate anyway.
             log.info("offline: the running config is outside the search space (%s)", exc)
-        tuner.run(SimulatorEvaluator(scenario, duration_s=self.duration_s, seed=self.seed,
-                                     replicas=replicas), self.n_trials)
+        tuner.run(SimulatorEvaluator(scenario, duration_s=self._duration(scenario, replicas,
+                                                                         start),
+                                     seed=self.seed, replicas=replicas), self.n_trials)
         ranked = rank_for_warm_start([r for _, r in tuner.results()], self.margin)
         for r in ranked[:k]:
             log.info("offline: %s goodput=%.0f feasible=%s worst=%+.0f%%", _knobs(r.config),
                      r.goodput_tok_s, r.feasible, 100 * max(r.constraints, default=0.0))
         return [(dict(r.config), holds(r, self.margin)) for r in ranked[:k]]
+
+
+    def _duration(self, scenario: Scenario, replicas: int, start: Mapping[str, Any]) -> float:
+        """``duration_s``, longer where the running config's run of it holds fewer than
+        ``SIM_MIN_CLASS_REQUESTS`` of a judged class: the study's P99s, on a dozen
+        requests, ranked configs on their luck (``study/sample_floor.py``)."""
+        try:
+            probe = simulate(scenario, {n: v for n, v in start.items()
+                                        if n in scenario.engine_config().to_dict()},
+                             replicas=replicas, duration_s=self.duration_s,
+                             seed=self.seed).summary
+        except ConfigError:
+            return self.duration_s
+        return duration_for(probe, scenario.slo, self.duration_s)
 
 
 def _knobs(config: Mapping[str, Any]) -> str:

@@ -1,0 +1,100 @@
+"""Enough requests of each judged class for its P99 to mean something.
+
+A P99 of n requests is their ``ceil(0.99 n)``-th smallest: under 100 that is their
+maximum, and of a dozen their largest of a dozen, which is as often low as high of the
+true P99 of the config (the class's tail sits above most draws of 12). A verdict on such
+a window says little; the simulated ones (the capacity oracle, the warm-start study) are
+made longer until they hold a floor of each judged class, and the live trial windows
+are extended until they do (``ControllerSettings.min_class_requests``).
+
+A judged class is one with a P99 term in the SLO that the summary has requests of: a
+class the traffic does not send is no verdict's subject.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
+
+SIM_MIN_CLASS_REQUESTS = 200
+"""Requests of the least served judged class a simulated run the loop acts on holds."""
+
+SIM_MAX_DURATION_S = 3600.0
+"""The longest a simulated run is made to reach ``SIM_MIN_CLASS_REQUESTS``: a trickle of
+a class would otherwise be simulated for hours of virtual time on every probe."""
+
+STRETCH = 1.25
+"""A longer run aims this far past the floor: its count is a Poisson draw around the
+rate's estimate, and one a little short would be read as the cap's shortfall."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """The least served judged class of a run, with fewer requests than the floor."""
+
+    label: str
+    requests: float
+    floor: int
+    duration_s: float
+
+    def describe(self) -> str:
+        return (f"{self.label} {self.requests:.0f} of {self.floor} requests in "
+                f"{_span(self.duration_s)}")
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def judged_counts(summary: WindowSummary, slo: SLOSpec) -> dict[str, float]:
+    """Requests finished of each class with a P99 term that ``summary`` served."""
+    out: dict[str, float] = {}
+    for p, c in slo.classes().items():
+        n = summary.classes[p].requests_finished
+        if (c.ttft_p99_ms is not None or c.tbt_p99_ms is not None) and n > 0:
+            out[p.label] = n
+    return out
+
+
+def shortfall(summary: WindowSummary, slo: SLOSpec, floor: int,
+              duration_s: float) -> Shortfall | None:
+    """The least served judged class when it has fewer than ``floor`` requests."""
+    counts = judged_counts(summary, slo)
+    if not counts or floor <= 0:
+        return None
+    label = min(counts, key=lambda k: counts[k])
+    if counts[label] >= floor:
+        return None
+    return Shortfall(label, counts[label], floor, duration_s)
+
+
+def long_enough(run: Callable[[float], WindowSummary], slo: SLOSpec, duration_s: float,
+                *, floor: int = SIM_MIN_CLASS_REQUESTS,
+                max_duration_s: float = SIM_MAX_DURATION_S
+                ) -> tuple[WindowSummary, Shortfall | None]:
+    """``run(duration_s)``, run again longer when its least served judged class falls
+    short of ``floor`` (at the rate it came at, up to ``max_duration_s``); the summary
+    and, where even the longest run falls short, by how much."""
+    summary = run(duration_s)
+    short = shortfall(summary, slo, floor, duration_s)
+    if short is None:
+        return summary, None
+    longer = min(max_duration_s, STRETCH * floor * duration_s / short.requests)
+    if longer <= duration_s:
+        return summary, short
+    summary = run(longer)
+    return summary, shortfall(summary, slo, floor, longer)
+
+
+def duration_for(summary: WindowSummary, slo: SLOSpec, duration_s: float, *,
+                 floor: int = SIM_MIN_CLASS_REQUESTS,
+                 max_duration_s: float = SIM_MAX_DURATION_S) -> float:
+    """How long a run like the one ``summary`` measured over ``duration_s`` must be for
+    its least served judged class to reach ``floor`` (capped)."""
+    short = shortfall(summary, slo, floor, duration_s)
+    if short is None:
+        return duration_s
+    return max(duration_s, min(max_duration_s, STRETCH * floor * duration_s / short.requests))
