@@ -43,6 +43,10 @@ class RunningTrial:
     (None otherwise): the trial is then on its confirming window, judged on both."""
     edge_goodput: float | None = None
     """That first window's goodput (tokens/s)."""
+    edge_from: float | None = None
+    """Where that first window was measured from (it ended where the confirming one
+    began, ``started_at``): measured again at the commit, whose evidence is both
+    windows' figures, the worse P99s over all their requests."""
 
 
 @dataclass

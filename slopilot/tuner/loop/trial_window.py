@@ -7,15 +7,15 @@ the episode to COMMIT."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from slopilot.engine.window_summary import WindowSummary
+from slopilot.engine.window_summary import ClassFigures, WindowSummary
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.loop.trial import end_trial, next_trial
-from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from slopilot.tuner.study.objective import (
     HEADROOM,
     TrialResult,
@@ -43,7 +43,7 @@ def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | G
     why = _no_verdict(ctx, summary)
     if why is not None:
         return _repeat(ctx, now, t, why)
-    return _scored(ctx, now, t, summary)
+    return _scored(ctx, now, t, summary, start)
 
 
 def _repeat(ctx: LoopContext, now: float, t: RunningTrial, why: str) -> Decision:
@@ -108,13 +108,15 @@ def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
 
 
 def _scored(ctx: LoopContext, now: float, t: RunningTrial,
-            summary: WindowSummary) -> Decision | Go:
+            summary: WindowSummary, start: float) -> Decision | Go:
     loop, s = ctx.loop, ctx.settings
     result = score(summary, s.slo, t.config)
+    evidence = summary
     if t.edge_constraints is not None:
         result = _with_first_window(result, t.edge_constraints, t.edge_goodput)
+        evidence = _both_windows(ctx, t, summary)
     elif result.feasible and not holds(result, HEADROOM):
-        return _confirm(ctx, now, t, result)
+        return _confirm(ctx, now, t, result, start)
     ctx.study.tell(t.number, result)
     ctx.metrics.trial(s.deployment, TrialOutcome.COMPLETE)
     loop.episode_trials += 1
@@ -125,7 +127,7 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
         if loop.best_goodput is None or result.goodput_tok_s > loop.best_goodput:
             loop.best_config, loop.best_goodput = dict(t.config), result.goodput_tok_s
         return Go(ControllerState.COMMIT, Event.TRIAL_HOLDS, f"trial {t.number} holds the "
-                  f"SLO (goodput {result.goodput_tok_s:.0f} tok/s)", summary=summary)
+                  f"SLO (goodput {result.goodput_tok_s:.0f} tok/s)", summary=evidence)
     worst = max(zip(result.constraint_names, result.constraints, strict=True),
                 key=lambda kv: kv[1], default=("?", 0.0))
     reason = f"trial {t.number} infeasible: {worst[0]} {worst[1]:+.0%} over"
@@ -135,8 +137,8 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
     return ctx.decide(Action.NONE, reason, trial=t.number, config=t.config, summary=summary)
 
 
-def _confirm(ctx: LoopContext, now: float, t: RunningTrial, result: TrialResult
-             ) -> Decision:
+def _confirm(ctx: LoopContext, now: float, t: RunningTrial, result: TrialResult,
+             start: float) -> Decision:
     """A window that holds, but with a term within ``HEADROOM`` of its limit: one more
     window of the same config before it counts. The simulator's verdicts need 10 % to
     spare, and a live window's P99 rests on a few dozen requests of a class (nearly its
@@ -144,7 +146,7 @@ def _confirm(ctx: LoopContext, now: float, t: RunningTrial, result: TrialResult
     on two windows commits (a config truly at the limit passes one about half the
     time, two about a quarter); one clear of the margin still commits on its first."""
     t.edge_constraints, t.edge_goodput = list(result.constraints), result.goodput_tok_s
-    t.started_at = now
+    t.edge_from, t.started_at = start, now
     name, value = max(zip(result.constraint_names, result.constraints, strict=True),
                       key=lambda kv: kv[1])
     return ctx.decide(Action.REPEAT, f"confirming trial {t.number}: {name} at "
@@ -162,6 +164,47 @@ def _with_first_window(second: TrialResult, first: Sequence[float],
         second, constraints=constraints, feasible=all(c <= 0.0 for c in constraints),
         goodput_tok_s=second.goodput_tok_s if goodput is None
         else min(goodput, second.goodput_tok_s))
+
+
+def _both_windows(ctx: LoopContext, t: RunningTrial, second: WindowSummary
+                  ) -> WindowSummary:
+    """The figures a trial judged on two windows was judged on: the first window,
+    measured again, and ``second``, as ``both_windows`` joins them; ``second`` alone
+    where the first can no longer be measured (a state from before ``edge_from``, or a
+    window Prometheus no longer answers for)."""
+    if t.edge_from is None or not t.edge_from < t.started_at:
+        return second
+    try:
+        first = ctx.evaluator.measure(t.edge_from, t.started_at, canary=t.canary)
+    except (WindowRejected, PrometheusUnavailable):
+        return second
+    return both_windows(first, second)
+
+
+def both_windows(first: WindowSummary, second: WindowSummary) -> WindowSummary:
+    """Two windows of one config as the verdict on both reads them: each class's worse
+    P99s, SLO attainment and goodput (the lower), its requests over both; the engine's
+    other figures the second window's."""
+    def worse(a: float | None, b: float | None, pick: Callable[[float, float], float]
+              ) -> float | None:
+        return b if a is None else a if b is None else pick(a, b)
+
+    def joined(a: ClassFigures, b: ClassFigures) -> ClassFigures:
+        return ClassFigures(
+            requests_finished=a.requests_finished + b.requests_finished,
+            throughput_tok_s=min(a.throughput_tok_s, b.throughput_tok_s),
+            goodput_tok_s=min(a.goodput_tok_s, b.goodput_tok_s),
+            ttft_p99_ms=worse(a.ttft_p99_ms, b.ttft_p99_ms, max),
+            tbt_p99_ms=worse(a.tbt_p99_ms, b.tbt_p99_ms, max),
+            slo_attainment=worse(a.slo_attainment, b.slo_attainment, min),
+            requests_refused=a.requests_refused + b.requests_refused)
+
+    return dataclasses.replace(
+        second, duration_s=first.duration_s + second.duration_s,
+        preemptions_per_min=max(first.preemptions_per_min, second.preemptions_per_min),
+        overall=joined(first.overall, second.overall),
+        classes={p: joined(first.classes[p], second.classes[p]) for p in second.classes},
+        window=None)
 
 
 def _breach(ctx: LoopContext, summary: WindowSummary) -> str | None:
