@@ -219,8 +219,11 @@ class Rig:
 
     def build(self, state: LoopState | None = None) -> Controller:
         self.ev = self.ev or FakeEvaluator(self.dep, by_config)
+        # The fakes' windows hold 10 requests a class: their verdicts are the point,
+        # not the floor a P99 needs (tests/tuner/test_low_traffic_trials.py judges it).
         defaults = {"window_s": 10, "cooldown_s": 30, "scale_down_after_s": 60,
-                    "max_replicas": 4}  # each overridden by ``settings``
+                    "max_replicas": 4, "min_class_requests": 1}  # each overridden by
+        # ``settings``
         settings = ControllerSettings(deployment="demo", slo=SLO,
                                       **(defaults | self.settings))
         self.ctl = Controller(settings, self.dep, self.alerts, self.ev, self.study,

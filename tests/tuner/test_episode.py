@@ -158,7 +158,7 @@ def test_a_window_within_the_margin_is_confirmed_by_a_second() -> None:
     """One window at 99.7 % of the limit committed the config to every replica: the
     simulator must show 10 % to spare before the loop trusts a config, a live trial
     needed none, on ~35 P0 requests a window. Within the margin, one more window."""
-    rig = _edge_rig(299.0, 290.0)
+    rig = _edge_rig(299.0, 290.0, 299.0)  # the first window measured again at the commit
     ctl = rig.build()
     ctl.tick(0.0)
     d = ctl.tick(10.0)
@@ -168,7 +168,7 @@ def test_a_window_within_the_margin_is_confirmed_by_a_second() -> None:
     assert ctl.loop.episode_trials == 0
     d = ctl.tick(20.0)
     assert d.action is Action.COMMIT and rig.dep.config == EDGE
-    assert rig.ev is not None and rig.ev.calls[-1][:2] == (10.0, 20.0)  # measured whole
+    assert rig.ev is not None and (10.0, 20.0) in [c[:2] for c in rig.ev.calls]  # whole
     told = rig.study.told[0]
     assert told.feasible and told.constraints[0] == pytest.approx(299.0 / 300.0 - 1.0)
 

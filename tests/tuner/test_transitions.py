@@ -169,6 +169,10 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
          [0.0, 5.0], surge),
         # a hold alert fires mid-episode -> cooldown, nothing bought
         (Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)])), [0.0, 5.0], stall),
+        # a trickle: the trial's window never holds the floor of requests, and the
+        # episode ends unjudged
+        (Rig(alerts=retune, settings={"min_class_requests": 100, "max_trial_s": 20}),
+         [0.0, 10.0, 20.0], None),
         # the hour's trials used up mid-episode
         (Rig(alerts=retune, offline=None,
              settings={"max_trials_per_hour": 2, "max_trials": 10}),

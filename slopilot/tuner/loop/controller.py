@@ -10,10 +10,12 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
                 |-------->|                       retune_suffices, capacity_suffices, tune_closest
                 |---------------------------->|   scaled_up, max_replicas
                 |<--------|                       scale_alert
-                          |-------->|             trial_holds, trial_limit, trial_rate_limit
+                          |-------->|             trial_holds, trial_limit, trial_rate_limit,
+                                                  too_little_traffic
                           |------------------>|   hold_alert
                 |<------------------|             no_feasible_config
-                                    |-------->|   committed, trial_rate_limit, nothing_measured
+                                    |-------->|   committed, trial_rate_limit, nothing_measured,
+                                                  too_little_traffic
       |<--------------------------------------|   cooldown_over
       |<----------------------------- any state   tuning_off
       any state ----------------------------->|   error

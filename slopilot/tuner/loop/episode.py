@@ -168,6 +168,13 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if loop.best_config is None:
         if loop.baseline_config is not None:
             ctx.deployment.apply_config(loop.baseline_config, canary=False)
+        if entered is not None and entered.event is Event.TOO_LITTLE_TRAFFIC:
+            # No verdict on any config: more replicas would serve the same trickle and
+            # be judged on it no better.
+            return Go(ControllerState.COOLDOWN, Event.TOO_LITTLE_TRAFFIC,
+                      f"too_little_traffic: {reason}; holding the starting config "
+                      "rather than scaling on no verdict", action=Action.HOLD,
+                      summary=summary)
         if _rate_limited(ctx):
             return _hold_for_rate_limit(ctx)
         if loop.episode_measured == 0:  # None, not known (an older version's), is no 0

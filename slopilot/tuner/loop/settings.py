@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.loop.errors import ControllerError
 
+MAX_CLASS_REQUESTS = 100_000
+"""Past this a trial's window would run for days at any load a replica serves."""
+
 
 class TwinCorrection(enum.StrEnum):
     """How the controller corrects its twin from the last window's iterations."""
@@ -69,6 +72,16 @@ class ControllerSettings:
     """Also require the P0 TTFT and TBT p99 predicted for the last window within this
     relative error of the measured ones (None: reported, not required)."""
     twin_correction: TwinCorrection = TwinCorrection.REFIT
+    min_class_requests: int = 100
+    """A trial's window is judged only once it holds this many finished requests of each
+    class with a P99 in the SLO that it served: the P99 of fewer than 100 is their
+    maximum, one of a few largest, and a config 1.25 x over the SLO passed on 12
+    requests a third of the time. Until then the window is extended (its figures pooled
+    since the trial settled), up to ``max_trial_s``."""
+    max_trial_s: float = 1200.0
+    """The longest one trial runs, confirming window included: a trial that reaches it
+    short of ``min_class_requests`` ends without a verdict (too little traffic to judge),
+    rolled back, and the episode with it."""
 
     def __post_init__(self) -> None:
         if not self.deployment:
@@ -109,6 +122,19 @@ class ControllerSettings:
             raise ControllerError(f"trial_settle_s={settle!r}: expected seconds in "
                                   f"[0, window_s / 2 = {self.window_s / 2:g}], so that "
                                   "most of a trial's window is measured")
+        floor = self.min_class_requests
+        if isinstance(floor, bool) or not isinstance(floor, int) \
+                or not 1 <= floor <= MAX_CLASS_REQUESTS:
+            raise ControllerError(
+                f"min_class_requests={floor!r}: expected a whole number of requests in "
+                f"[1, {MAX_CLASS_REQUESTS}] (default 100: the P99 of fewer is one of "
+                "their few largest; set it lower only to judge trials on less)")
+        cap = self.max_trial_s
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) \
+                or not math.isfinite(cap) or not cap >= self.window_s:
+            raise ControllerError(
+                f"max_trial_s={cap!r}: expected seconds >= window_s={self.window_s:g} "
+                "(a trial runs one window at least), e.g. 1200")
         check = self.revert_check_s
         if check is not None and not 0 < check <= self.window_s:
             raise ControllerError(f"revert_check_s={check!r}: expected a time in "

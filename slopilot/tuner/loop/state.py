@@ -43,6 +43,10 @@ class RunningTrial:
     (None otherwise): the trial is then on its confirming window, judged on both."""
     edge_goodput: float | None = None
     """That first window's goodput (tokens/s)."""
+    began_at: float | None = None
+    """When the trial was applied (``started_at`` moves on a repeat or a confirming
+    window): ``max_trial_s`` counts from here. None in a state from before it: from
+    ``started_at``."""
     edge_from: float | None = None
     """Where that first window was measured from (it ended where the confirming one
     began, ``started_at``): measured again at the commit, whose evidence is both

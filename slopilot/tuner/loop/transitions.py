@@ -43,6 +43,7 @@ class Event(enum.StrEnum):
     TRIAL_HOLDS = "trial_holds"
     TRIAL_LIMIT = "trial_limit"
     TRIAL_RATE_LIMIT = "trial_rate_limit"
+    TOO_LITTLE_TRAFFIC = "too_little_traffic"
     COMMITTED = "committed"
     NOTHING_MEASURED = "nothing_measured"
     NO_FEASIBLE_CONFIG = "no_feasible_config"
@@ -96,6 +97,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_LIMIT, "max_trials trials in this episode"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_RATE_LIMIT,
                "max_trials_per_hour trials in the last hour"),
+    Transition(S.TUNING, S.COMMIT, Event.TOO_LITTLE_TRAFFIC,
+               "a trial ran max_trial_s short of min_class_requests of a class: too "
+               "little traffic to judge one, the episode ends"),
     Transition(S.COMMIT, S.COOLDOWN, Event.COMMITTED,
                "the episode's best feasible config applied to every replica"),
     Transition(S.COMMIT, S.COOLDOWN, Event.TRIAL_RATE_LIMIT,
@@ -105,6 +109,9 @@ TRANSITIONS: tuple[Transition, ...] = (
                "no trial of the episode was judged on a measured window (no data, too "
                "few requests, refused): the starting config kept, no replica bought on "
                "no evidence"),
+    Transition(S.COMMIT, S.COOLDOWN, Event.TOO_LITTLE_TRAFFIC,
+               "the episode ended on too little traffic to judge a trial and none held: "
+               "the starting config kept, no replica bought on no verdict"),
     Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
                "no live trial held the SLO in max_trials (not cut by the hour's "
                "budget, at least one measured): at least one more replica"),
@@ -181,7 +188,7 @@ def render_diagram() -> str:
         row = [" "] * width
         row[lo:hi + 1] = "|" + "-" * (hi - lo - 1) + "|"
         row[b - 1 if b > a else b + 1] = ">" if b > a else "<"
-        lines.append("".join(row) + "   " + ", ".join(events))
+        lines += _events_beside("".join(row), events, width)
     label = "  any state -"
     for target, event in everywhere:
         if x[target] - 1 >= len(label):
@@ -190,6 +197,24 @@ def render_diagram() -> str:
             arrow = " " * x[target] + "|<" + " any state".rjust(width - x[target] - 2, "-")
         lines.append(arrow.ljust(width) + "   " + event.value)
     return "\n".join(line.rstrip() for line in lines)
+
+
+EVENTS_WIDTH = 48
+"""Characters of events beside an arrow before they go on the next line: the picture
+sits indented in docstrings and docs within 100 columns."""
+
+
+def _events_beside(arrow: str, events: list[str], width: int) -> list[str]:
+    """``arrow`` with its events, the ones that do not fit on further lines under them."""
+    out, line = [], ""
+    for event in events:
+        if line and len(line) + 2 + len(event) > EVENTS_WIDTH:
+            out.append(line + ",")
+            line = event
+        else:
+            line = f"{line}, {event}" if line else event
+    out.append(line)
+    return [(arrow if i == 0 else " " * width) + "   " + text for i, text in enumerate(out)]
 
 
 def render_table() -> str:

@@ -43,7 +43,7 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
             ctx.study.tell_failed(number, f"not applied: {type(exc).__name__}: {exc}")
         raise
     loop.trial = RunningTrial(number, dict(config), now, canary,
-                              canary_replica=replica if canary else None)
+                              canary_replica=replica if canary else None, began_at=now)
     where = "canary" if canary else "all replicas"
     return ctx.decide(Action.TRIAL, f"trial {number} on {where}; {reason}",
                       trial=number, config=config)

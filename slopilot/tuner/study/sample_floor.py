@@ -41,7 +41,7 @@ class Shortfall:
     duration_s: float
 
     def describe(self) -> str:
-        return (f"{self.label} {self.requests:.0f} of {self.floor} requests in "
+        return (f"{self.label.upper()} {self.requests:.0f} of {self.floor} requests in "
                 f"{_span(self.duration_s)}")
 
 
