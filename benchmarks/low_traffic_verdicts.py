@@ -113,6 +113,7 @@ def main() -> None:
     assert true is not None
     print(f"rate {a.rate}/s, floor {a.floor}: true P0 TTFT P99 {true:.0f} ms over "
           f"{a.minutes:g} min")
+    result = [f"rate={a.rate:g}", f"floor={a.floor}", f"true_p0_ttft_p99_ms={true:.0f}"]
     for f in FACTORS:
         slo = scenario(a.rate, 1, p0_ttft_ms=true / f).slo
         trials = commits = unjudged = 0
@@ -136,6 +137,9 @@ def main() -> None:
             began = t
         print(f"  true P99 = {f:4.2f} x SLO: {trials:3d} trials, committed "
               f"{commits / trials:5.1%}, unjudged {unjudged}", flush=True)
+        result += [f"committed_at_{f:g}x={commits / trials:.3f}",
+                   f"unjudged_at_{f:g}x={unjudged}"]
+    print("RESULT " + " ".join(result))
 
 
 if __name__ == "__main__":
