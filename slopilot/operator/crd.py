@@ -2,7 +2,8 @@
 
 ``python -m slopilot.operator.crd > manifests/crd.yaml`` regenerates the checked-in
 manifest; a test keeps the two equal. Cross-field rules the apiserver can check
-(replicas.min <= replicas.max, chunkSize <= tokenBudget) are CEL rules here too, and
+(replicas.min <= replicas.max, chunkSize <= tokenBudget, tuning.window <=
+tuning.maxTrial) are CEL rules here too, and
 ``parse_spec`` (slopilot.operator.spec) repeats them with messages that name the fix.
 
 There is no scale subresource: ``spec.replicas`` is a range the controller scales within,
@@ -32,6 +33,7 @@ from slopilot.operator.knobs import (
     DEFAULT_STUDY_STORAGE,
     KNOB_PATHS,
     MAX_STORAGE_URL,
+    MAX_TRIAL_S,
     MAX_WINDOW_S,
     MIN_WINDOW_S,
     VLLM_BLOCK_SIZES,
@@ -51,6 +53,11 @@ from slopilot.operator.spec import (
 )
 from slopilot.operator.study_storage import SIDECAR_MESSAGE, SIDECAR_RULE
 from slopilot.operator.validation import MAX_MODEL_REF
+from slopilot.tuner.loop.settings import (
+    DEFAULT_CLASS_REQUESTS,
+    DEFAULT_MAX_TRIAL_S,
+    MAX_CLASS_REQUESTS,
+)
 from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, MAX_WAITING
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
@@ -221,10 +228,25 @@ def _spec_schema() -> dict[str, Any]:
                             desc="How long the pods' server (the meter's, in front of "
                             "vLLM) keeps a client's connection waiting; a field left out "
                             "keeps the server's default. A change rolls the pods."),
-        "tuning": _obj({
+        "tuning": _cel(_obj({
             "enabled": {"type": "boolean", "default": True},
             "window": _duration("How long one live trial observes traffic.",
                                 MIN_WINDOW_S, MAX_WINDOW_S, default="2m"),
+            # No defaults in the schema for these two: the parser applies the loop's own,
+            # and the longest trial's depends on the window.
+            "minClassRequests": _int(
+                "A trial is judged only once its window holds this many finished requests "
+                "of each class with a P99 target that it served (the P99 of fewer is one "
+                "of their few largest); until then the trial runs on, up to maxTrial. "
+                f"Default {DEFAULT_CLASS_REQUESTS}: lower it only to judge trials on less, "
+                "knowingly.", 1, MAX_CLASS_REQUESTS),
+            "maxTrial": _duration(
+                "The longest one trial runs, its confirming window included: a trial "
+                "short of minClassRequests by then ends unjudged (too little traffic to "
+                "judge), rolled back, and its tuning round with it. At least window. "
+                f"Default {duration(int(DEFAULT_MAX_TRIAL_S))}, or window where that is "
+                "longer; thin traffic that must still be retuned needs a longer one.",
+                MIN_WINDOW_S, MAX_TRIAL_S),
             "maxTrials": _int("Trials per tuning round.", 1, 1000, default=30),
             "canary": {"type": "boolean", "default": True,
                        "description": "Run trials on one replica when there are several."},
@@ -244,7 +266,9 @@ def _spec_schema() -> dict[str, Any]:
             "bounds": _obj({camel: _bounds(field) for camel, field in BOUNDED_KNOBS.items()},
                            desc=_bounds_doc()),
             "twin": _deprecated_twin_schema(),
-        }, default={}),
+        }, default={}), "!has(self.maxTrial) || !has(self.window) || "
+           "duration(self.maxTrial) >= duration(self.window)",
+           "maxTrial must not be shorter than window: a trial runs one window at least"),
         "prometheus": _obj({
             "url": _str("Prometheus the controller queries: http(s)://host[:port][/path], no "
                         "user info, query or fragment; the operator may restrict the hosts.",

@@ -122,6 +122,8 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
         max_trials=spec.tuning.max_trials, breach_window_s=spec.alerts.breach_window_s,
+        min_class_requests=spec.tuning.min_class_requests,
+        max_trial_s=spec.tuning.max_trial_s,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,
         twin_max_error=spec.twin.max_error, twin_correction=spec.twin.correction)
 

@@ -22,6 +22,11 @@ from typing import Any, cast
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.study_storage import sqlite_sidecar_problem
+from slopilot.tuner.loop.settings import (
+    DEFAULT_CLASS_REQUESTS,
+    DEFAULT_MAX_TRIAL_S,
+    MAX_CLASS_REQUESTS,
+)
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
 
@@ -291,6 +296,9 @@ def written_storage(value: Any) -> str | None:
 
 MIN_WINDOW_S, MAX_WINDOW_S = 1.0, 86_400.0
 """A trial's window: a zero one divides by zero, one of years never ends a trial."""
+MAX_TRIAL_S = MAX_WINDOW_S
+"""A trial's longest run (``spec.tuning.maxTrial``): a day, as its window's longest, which
+it is at least; one of years would hold an episode on a trickle for good."""
 
 
 @dataclass(frozen=True)
@@ -299,6 +307,10 @@ class TuningSpec:
     window_s: float
     max_trials: int
     canary: bool
+    min_class_requests: int
+    """Finished requests of each judged class a trial's window holds before it is judged."""
+    max_trial_s: float
+    """The longest one trial runs; absent, the loop's default or the window, the longer."""
     storage: str | None
     """As written (the old relative default read as ``DEFAULT_STUDY_STORAGE``); None: not
     written, the namespace's default storage (``OperatorPolicy.named_storage``)."""
@@ -328,6 +340,7 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
                           f"between {MIN_WINDOW_S:g} s and {MAX_WINDOW_S:g} s (a day); "
                           "e.g. 2m")
         window_s = 120.0
+    floor, max_trial_s = trial_floor(spec, window_s, r)
     trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
     if not 1 <= trials <= 1000:
         r.problems.append(f"spec.tuning.maxTrials={trials}: use a value in [1, 1000]")
@@ -369,4 +382,31 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
                 f"{DEFAULT_STUDY_STORAGE!r}, the mounted volume: write that (four slashes)")
     return TuningSpec(enabled=r.get(spec, "spec.tuning.enabled", bool, True), window_s=window_s,
                       max_trials=trials, canary=r.get(spec, "spec.tuning.canary", bool, True),
+                      min_class_requests=floor, max_trial_s=max_trial_s,
                       storage=storage, bounds=bounds, space=space)
+
+
+def trial_floor(spec: Mapping[str, Any], window_s: float, r: SpecReader) -> tuple[int, float]:
+    """``spec.tuning.minClassRequests`` and ``spec.tuning.maxTrial`` in seconds. An absent
+    maxTrial is the loop's default, or the window where that is longer: a trial runs one
+    window at least, and a CR with a 30-minute window and no maxTrial is not refused."""
+    floor = r.get(spec, "spec.tuning.minClassRequests", int, DEFAULT_CLASS_REQUESTS)
+    if not 1 <= floor <= MAX_CLASS_REQUESTS:
+        r.problems.append(
+            f"spec.tuning.minClassRequests={floor}: use a whole number of requests in "
+            f"[1, {MAX_CLASS_REQUESTS}] (default {DEFAULT_CLASS_REQUESTS}: the P99 of fewer "
+            "is one of their few largest; lower it only to judge trials on less, "
+            "knowingly)")
+        floor = DEFAULT_CLASS_REQUESTS
+    written = r.duration(spec, "spec.tuning.maxTrial")
+    if written is None:
+        return floor, max(DEFAULT_MAX_TRIAL_S, window_s)
+    text, cap_s = written
+    if not window_s <= cap_s <= MAX_TRIAL_S:
+        r.problems.append(
+            f"spec.tuning.maxTrial={text!r}: a trial's longest run must be between "
+            f"tuning.window ({window_s:g} s: a trial runs one window at least) and "
+            f"{MAX_TRIAL_S:g} s (a day); e.g. 1h for traffic too thin to reach "
+            "minClassRequests in the default 20m")
+        return floor, max(DEFAULT_MAX_TRIAL_S, window_s)
+    return floor, cap_s

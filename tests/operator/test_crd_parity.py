@@ -45,6 +45,14 @@ REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
     ({"tuning": {"window": "500ms"}}, "tuning.window"),
     ({"tuning": {"window": "25h"}}, "tuning.window"),
     ({"tuning": {"window": "99999999999h"}}, "tuning.window"),
+    # A trial's floor of requests per judged class, and its longest run: at least one
+    # window, at most a day.
+    ({"tuning": {"minClassRequests": 0}}, "tuning.minClassRequests"),
+    ({"tuning": {"minClassRequests": 100_001}}, "tuning.minClassRequests"),
+    ({"tuning": {"maxTrial": "25h"}}, "tuning.maxTrial"),
+    ({"tuning": {"maxTrial": "0s"}}, "tuning.maxTrial"),
+    ({"tuning": {"maxTrial": "90s"}}, "tuning"),  # under the default window, 2m
+    ({"tuning": {"window": "30m", "maxTrial": "20m"}}, "tuning"),
     # The alert holds: whole seconds, at most a day; the breach window at least 60 s.
     ({"alerts": {"holdFor": "1500ms"}}, "alerts.holdFor"),
     ({"alerts": {"holdFor": "1.5s"}}, "alerts.holdFor"),
@@ -107,6 +115,11 @@ ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
     {"tuning": {"window": "24h"}},
     {"tuning": {"window": "1m30s"}},
     {"tuning": {"window": "1500ms"}},
+    {"tuning": {"minClassRequests": 1, "maxTrial": "2m"}},
+    {"tuning": {"minClassRequests": 100_000, "maxTrial": "24h"}},
+    {"tuning": {"window": "30m", "maxTrial": "30m"}},
+    {"tuning": {"window": "24h"}},  # no maxTrial: the default is at least the window
+    {"tuning": {"window": "90500ms", "maxTrial": "1h30m"}},
     {"alerts": {"holdFor": "0s", "sustainedBreachWindow": "60s"}},
     {"alerts": {"holdFor": "2000ms", "sustainedBreachWindow": "24h"}},
     {"alerts": {"holdFor": "1h30m", "waitingMin": 1_000_000_000}},

@@ -11,6 +11,8 @@ from slopilot.tuner.loop.errors import ControllerError
 
 MAX_CLASS_REQUESTS = 100_000
 """Past this a trial's window would run for days at any load a replica serves."""
+DEFAULT_CLASS_REQUESTS = 100
+DEFAULT_MAX_TRIAL_S = 1200.0
 
 
 class TwinCorrection(enum.StrEnum):
@@ -72,13 +74,13 @@ class ControllerSettings:
     """Also require the P0 TTFT and TBT p99 predicted for the last window within this
     relative error of the measured ones (None: reported, not required)."""
     twin_correction: TwinCorrection = TwinCorrection.REFIT
-    min_class_requests: int = 100
+    min_class_requests: int = DEFAULT_CLASS_REQUESTS
     """A trial's window is judged only once it holds this many finished requests of each
     class with a P99 in the SLO that it served: the P99 of fewer than 100 is their
     maximum, one of a few largest, and a config 1.25 x over the SLO passed on 12
     requests a third of the time. Until then the window is extended (its figures pooled
     since the trial settled), up to ``max_trial_s``."""
-    max_trial_s: float = 1200.0
+    max_trial_s: float = DEFAULT_MAX_TRIAL_S
     """The longest one trial runs, confirming window included: a trial that reaches it
     short of ``min_class_requests`` ends without a verdict (too little traffic to judge),
     rolled back, and the episode with it."""
