@@ -13,7 +13,7 @@ class the traffic does not send is no verdict's subject.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from slopilot.engine.slo import SLOSpec
@@ -59,10 +59,12 @@ def judged_counts(summary: WindowSummary, slo: SLOSpec) -> dict[str, float]:
     return out
 
 
-def shortfall(summary: WindowSummary, slo: SLOSpec, floor: int,
-              duration_s: float) -> Shortfall | None:
-    """The least served judged class when it has fewer than ``floor`` requests."""
-    counts = judged_counts(summary, slo)
+def shortfall(summary: WindowSummary, slo: SLOSpec, floor: int, duration_s: float,
+              classes: Collection[str] | None = None) -> Shortfall | None:
+    """The least served judged class when it has fewer than ``floor`` requests; of
+    ``classes`` (labels) alone where given, the ones a verdict needs."""
+    counts = {label: n for label, n in judged_counts(summary, slo).items()
+              if classes is None or label in classes}
     if not counts or floor <= 0:
         return None
     label = min(counts, key=lambda k: counts[k])
