@@ -45,10 +45,41 @@ def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | G
     why = _no_verdict(ctx, summary)
     if why is not None:
         return _repeat(ctx, now, t, why)
-    short = shortfall(summary, s.slo, s.min_class_requests, now - start)
-    if short is not None:
+    bound = _bound(ctx)
+    short = shortfall(summary, s.slo, s.min_class_requests, now - start, bound)
+    if short is not None and not _decisive_miss(ctx, summary, bound, now - start):
+        if (breach := _breach(ctx, summary)) is not None:
+            return _cut(ctx, t, summary, breach)
         return _extended(ctx, now, t, short, now - began, summary)
     return _scored(ctx, now, t, summary, start)
+
+
+def _bound(ctx: LoopContext) -> frozenset[str] | None:
+    """The classes the floor binds: those the episode's alerts are about (every judged
+    class where they name none). Another class's figures decide no commit on fewer than
+    the floor: within its SLO, its sparse P99 is no evidence either way and holds the
+    trial back from nothing; over it, it is a miss (``_decisive_miss``)."""
+    about = ctx.loop.episode_classes
+    return frozenset(about) if about else None
+
+
+def _decisive_miss(ctx: LoopContext, summary: WindowSummary,
+                   bound: frozenset[str] | None, duration_s: float) -> bool:
+    """Whether a class misses its SLO on evidence enough for a verdict now, without
+    waiting for the floor of the others: one that holds the floor, or one the floor does
+    not bind (a sparse class over its SLO counts as a miss, as before the floor). A
+    class the floor binds that is short of it and reads over is no verdict yet (the
+    breach rule still cuts it when it reads far over)."""
+    s = ctx.settings
+    result = score(summary, s.slo)
+    missed = {name.split(".")[0] for name, value
+              in zip(result.constraint_names, result.constraints, strict=True)
+              if "." in name and value > 0.0}
+    return any(
+        (bound is not None and label not in bound)
+        or shortfall(summary, s.slo, s.min_class_requests, duration_s,
+                     frozenset({label})) is None
+        for label in missed)
 
 
 def _extended(ctx: LoopContext, now: float, t: RunningTrial, short: Shortfall,
@@ -115,7 +146,7 @@ def _measured_from(ctx: LoopContext, t: RunningTrial) -> float:
 def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
                 elapsed: float) -> Decision:
     """Mid-window, after ``revert_after_s``: cut a trial short that breaks a class's SLO
-    badly."""
+    badly (past the window, an extended one is looked at alike on every tick)."""
     partial, start = None, _measured_from(ctx, t)
     if elapsed >= ctx.settings.revert_after_s and now > start:
         try:
@@ -125,10 +156,17 @@ def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
     breach = None if partial is None else _breach(ctx, partial)
     if partial is None or breach is None:
         return ctx.decide(Action.NONE, f"trial {t.number} running", trial=t.number)
-    ctx.study.tell(t.number, score(partial, ctx.settings.slo, t.config))
+    return _cut(ctx, t, partial, breach)
+
+
+def _cut(ctx: LoopContext, t: RunningTrial, summary: WindowSummary,
+         breach: str) -> Decision:
+    """A trial that breaks a class's SLO badly, cut short (the early look, and every
+    tick of a window extended for the floor): told its score, reverted."""
+    ctx.study.tell(t.number, score(summary, ctx.settings.slo, t.config))
     ctx.loop.count_measured()
     return end_trial(ctx, t, TrialOutcome.REVERTED, Action.REVERT,
-                      f"slo_breach trial {t.number} cut short: {breach}", partial)
+                      f"slo_breach trial {t.number} cut short: {breach}", summary)
 
 
 def _scored(ctx: LoopContext, now: float, t: RunningTrial,
