@@ -6,8 +6,9 @@ SLO is then set so that it reads 1.0, 1.1, 1.25, 1.5 x the SLO. Trials are cut f
 same run back to back and judged by the loop's rule (``trial_window.py``): a window of
 ``window_s`` past the first ``settle_s``, measured again over all of the trial since then
 until each judged class it served holds ``--floor`` requests (0: the rule before the
-floor), at most ``max_trial_s`` a trial; it commits when it holds with ``HEADROOM`` to
-spare, or holds and a confirming window (under the same floor) holds too.
+floor), at most ``max_trial_s`` a window (each from its own start); it commits when it
+holds with ``HEADROOM`` to spare, or holds and a confirming window (under the same floor)
+holds too.
 
     .venv/bin/python benchmarks/low_traffic_verdicts.py --rate 0.3 --minutes 1200 --floor 100
 
@@ -128,7 +129,8 @@ def main() -> None:
             else:
                 r = score(first, slo)
                 if r.feasible and not holds(r, HEADROOM):
-                    second, t = _window(w, slo, t, t, began, a.floor, a.max_trial_s, end)
+                    # The confirming window gets max_trial_s from its own start.
+                    second, t = _window(w, slo, t, t, t, a.floor, a.max_trial_s, end)
                     unjudged += second is None
                     ok = second is not None and score(second, slo).feasible
                 else:

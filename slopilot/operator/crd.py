@@ -241,7 +241,8 @@ def _spec_schema() -> dict[str, Any]:
                 f"Default {DEFAULT_CLASS_REQUESTS}: lower it only to judge trials on less, "
                 "knowingly.", 1, MAX_CLASS_REQUESTS),
             "maxTrial": _duration(
-                "The longest one trial runs, its confirming window included: a trial "
+                "The longest one window of a trial runs (its first, and a confirming "
+                "one from its own start): a trial "
                 "short of minClassRequests by then ends unjudged (too little traffic to "
                 "judge), rolled back, and its tuning round with it. At least window. "
                 f"Default {duration(int(DEFAULT_MAX_TRIAL_S))}, or window where that is "

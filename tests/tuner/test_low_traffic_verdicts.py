@@ -121,3 +121,15 @@ def test_the_breach_rule_cuts_an_extended_trial() -> None:
     assert (t, d.action) == (120.0, Action.REVERT)
     assert "slo_breach trial 0 cut short: p0 ttft_p99_ms=750 > 2 x 300" in d.reason
     assert not rig.study.told[0].feasible
+
+
+def test_a_confirming_window_gets_max_trial_s_from_its_own_start() -> None:
+    # P0 at 0.15/s reading 95 % of its SLO: the first window needs ~680 s for the floor,
+    # and its confirming one as long again, past 1200 s from the trial's start.
+    rig, ctl = _controller(traffic(0.15, 0.0, p0_ttft=lambda end: 285.0))
+    acted = _until_acted(ctl, end=2400.0)
+    assert [d.action for _, d in acted] == [Action.TRIAL, Action.REPEAT, Action.COMMIT]
+    confirm, committed = acted[1][0], acted[2][0]
+    assert "confirming trial 0" in acted[1][1].reason
+    assert 1200.0 < committed < confirm + 1200.0
+    assert rig.study.told[0].feasible and rig.study.failed == {}

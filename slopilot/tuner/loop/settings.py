@@ -81,7 +81,9 @@ class ControllerSettings:
     requests a third of the time. Until then the window is extended (its figures pooled
     since the trial settled), up to ``max_trial_s``."""
     max_trial_s: float = DEFAULT_MAX_TRIAL_S
-    """The longest one trial runs, confirming window included: a trial that reaches it
+    """The longest one window of a trial runs, each from its own start (the first, and a
+    confirming one: counted from the trial's start, a first window that needed most of it
+    left its confirming one too little): a trial that reaches it
     short of ``min_class_requests`` ends without a verdict (too little traffic to judge),
     rolled back, and the episode with it."""
 

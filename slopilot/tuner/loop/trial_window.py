@@ -32,7 +32,7 @@ def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | G
     if elapsed < s.window_s:
         return _early_look(ctx, now, t, elapsed)
     start = _measured_from(ctx, t)
-    began = t.began_at if t.began_at is not None else t.started_at
+    began = _window_began(t)
     if now - began > s.max_trial_s + s.window_s:
         # Looked at long after it could have ended (an operator down for days, a late
         # tick): the last window is the trial's, not days of loads and a config the pods
@@ -82,14 +82,24 @@ def _decisive_miss(ctx: LoopContext, summary: WindowSummary,
         for label in missed)
 
 
+def _window_began(t: RunningTrial) -> float:
+    """Where ``max_trial_s`` counts from: the trial's start for its first window, and
+    its confirming window's own start for that one. Counted from the trial's start, a
+    first window that needed 690 s for the floor left its confirming one too little time
+    to reach it, and no confirmation at the docs' own headline rate ever completed."""
+    if t.edge_constraints is not None:
+        return t.started_at
+    return t.began_at if t.began_at is not None else t.started_at
+
+
 def _extended(ctx: LoopContext, now: float, t: RunningTrial, short: Shortfall,
               ran_s: float, summary: WindowSummary) -> Decision | Go:
     """A window with fewer than ``min_class_requests`` of a judged class is no verdict:
     its P99 is one of a few requests' largest, and at 12 requests a config 1.25 x over
     the SLO passed a third of the time (``docs/closed_loop.md``). The trial runs on and
     its window is measured again, over all of it since it settled, until it holds
-    enough; past ``max_trial_s`` the trial ends unjudged, and the episode with it (the
-    next trial would see the same trickle)."""
+    enough; past ``max_trial_s`` from the window's start (``_window_began``) the trial
+    ends unjudged, and the episode with it (the next trial would see the same trickle)."""
     s = ctx.settings
     if ran_s < s.max_trial_s:
         return ctx.decide(Action.NONE, f"trial {t.number} extended: {short.describe()}, "
