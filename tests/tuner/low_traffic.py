@@ -4,15 +4,12 @@ the production Controller over a SimCluster, ticked on an injected clock as
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
+from benchmarks.low_traffic_verdicts import scenario
 from slopilot.engine.sim.cluster import SimCluster
-from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Decision
@@ -22,26 +19,11 @@ from slopilot.tuner.sim.adapters import SimAlerts, SimDeployment, SimOffline, Si
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.tuner import Tuner
-from tests.docs.test_doc_references import ROOT
 
 TICK_S = 15.0
 ONE_REPLICA_P99_MS = 289.0
 """P0 TTFT P99 of one replica of the start config at 0.3 req/s (two 400-min runs, seeds
 4242 and 5: 289 and 290 ms); two replicas read ~252 ms."""
-
-
-def scenario(rate: float, minutes: float, p0_ttft_ms: float) -> Scenario:
-    data = copy.deepcopy(yaml.safe_load(
-        (ROOT / "slopilot/data/scenarios/tiny-cpu.yaml").read_text()))
-    data["name"], data["duration_s"] = "lowtraffic", minutes * 60
-    workload = data["workload"]
-    workload["arrivals"]["rate"] = rate
-    workload.pop("shift")
-    workload["prompt_tokens"] = {"dist": "lognormal", "mean": 1536, "sigma": 0.5,
-                                 "min": 256, "max": 3072}
-    workload["classes"] = {"p0": 0.4, "p1": 0.5, "p2": 0.1}
-    data["slo"]["classes"]["p0"]["ttft_p99_ms"] = p0_ttft_ms
-    return parse_scenario(data, source="lowtraffic")
 
 
 @dataclass
