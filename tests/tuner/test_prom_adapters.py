@@ -17,7 +17,7 @@ from slopilot.tuner.local.scrape import DirectScrape, quantile
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import SummaryAlerts
 from slopilot.tuner.prometheus.query import query_at
-from slopilot.tuner.prometheus.rules import RuleOptions
+from slopilot.tuner.prometheus.rules import RuleOptions, duration
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.ports import refused_port
@@ -558,3 +558,13 @@ def test_prometheus_names_the_replicas_that_answered_part_of_the_window(
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("span", [120, 301, 1200, 2400])
+def test_a_window_longer_than_the_breach_window_is_read_over_its_length(span: int) -> None:
+    # A thin class's trial is extended up to max_trial_s (1200 s by default) and read in
+    # one range: past the alerts' 300 s breach window, which a window's figures never use.
+    q = Recorded(answers())
+    s = windows(q).measure(1000.0, 1000.0 + span, canary=False)
+    assert s.duration_s == span and s.classes[Priority.P0].ttft_p99_ms == pytest.approx(300.0)
+    assert all(f"[{duration(span)}]" in e for e, _ in q.asked if "[" in e)

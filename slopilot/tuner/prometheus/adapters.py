@@ -121,8 +121,12 @@ class PrometheusWindows:
         return {**self.selector, **labels}
 
     def _exprs(self, sel: Mapping[str, str], window_s: int) -> dict[str, dict[str | None, str]]:
-        groups = render_rule_groups(self.slo, "window", selector=sel,
-                                    options=RuleOptions(rate_window_s=window_s),
+        # The rules rendered with the window as their rate range; the alerts' breach window
+        # is no figure of a window, and kept at least as long so a trial extended past it
+        # (``max_trial_s``, 20 min) renders at all.
+        options = RuleOptions(rate_window_s=window_s,
+                              breach_window_s=max(window_s, RuleOptions().breach_window_s))
+        groups = render_rule_groups(self.slo, "window", selector=sel, options=options,
                                     latency=self.latency)
         out: dict[str, dict[str | None, str]] = {}
         for rule in groups["groups"][0]["rules"]:
