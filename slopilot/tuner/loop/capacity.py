@@ -81,8 +81,9 @@ class CapacityAnswer:
         below = sorted(n for n in self.short if n < current)
         if not below:
             return None
+        short = self.short[below[0]]
         return (f"too little traffic to judge fewer replicas: the simulated run of {below[0]} "
-                f"held {self.short[below[0]].describe()} (the cap)")
+                f"held {short.describe()}{' (the cap)' if short.capped else ''}")
 
 
 class CapacityPlanner:

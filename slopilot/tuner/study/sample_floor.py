@@ -13,6 +13,7 @@ class the traffic does not send is no verdict's subject.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ class Shortfall:
     requests: float
     floor: int
     duration_s: float
+    capped: bool = False
+    """The run was as long as it may be (``long_enough``'s cap): no longer one follows."""
 
     def describe(self) -> str:
         return (f"{self.label.upper()} {self.requests:.0f} of {self.floor} requests in "
@@ -77,18 +80,23 @@ def long_enough(run: Callable[[float], WindowSummary], slo: SLOSpec, duration_s:
                 *, floor: int = SIM_MIN_CLASS_REQUESTS,
                 max_duration_s: float = SIM_MAX_DURATION_S
                 ) -> tuple[WindowSummary, Shortfall | None]:
-    """``run(duration_s)``, run again longer when its least served judged class falls
+    """``run(duration_s)``, run again longer while its least served judged class falls
     short of ``floor`` (at the rate it came at, up to ``max_duration_s``); the summary
-    and, where even the longest run falls short, by how much."""
+    and, where even the longest run falls short, by how much.
+
+    A short run's count is a draw around its rate: a first run that flattered it aims
+    its rerun short, so each rerun is at least twice the last (a handful from 120 s to
+    the hour), and only a run that reached the cap is given up on."""
     summary = run(duration_s)
     short = shortfall(summary, slo, floor, duration_s)
-    if short is None:
-        return summary, None
-    longer = min(max_duration_s, STRETCH * floor * duration_s / short.requests)
-    if longer <= duration_s:
-        return summary, short
-    summary = run(longer)
-    return summary, shortfall(summary, slo, floor, longer)
+    while short is not None:
+        if duration_s >= max_duration_s:
+            return summary, dataclasses.replace(short, capped=True)
+        duration_s = min(max_duration_s, max(2.0 * duration_s,
+                                             STRETCH * floor * duration_s / short.requests))
+        summary = run(duration_s)
+        short = shortfall(summary, slo, floor, duration_s)
+    return summary, None
 
 
 def duration_for(summary: WindowSummary, slo: SLOSpec, duration_s: float, *,
