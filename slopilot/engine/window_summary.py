@@ -127,6 +127,12 @@ class ClassFigures:
     never served: a count, fractional from Prometheus as ``requests_finished``."""
     samples: SampleStats | None = None
     accounting: RequestAccounting | None = None
+    ttft_samples: float | None = None
+    """The observations ``ttft_p99_ms`` ranks (first tokens, and those never given): the
+    count a P99 rests on, which a floor of requests must read (``sample_floor``). Not
+    ``requests_finished`` where the P99 is read from another histogram: on vLLM the
+    meter's, of streamed requests only. None where a source does not say (and in
+    summaries from before it was counted): then ``requests_finished``."""
 
     def __post_init__(self) -> None:
         if self.samples is not None and not isinstance(self.samples, SampleStats):
@@ -134,10 +140,12 @@ class ClassFigures:
         if self.accounting is not None and not isinstance(self.accounting, RequestAccounting):
             raise SummaryError(f"ClassFigures.accounting={self.accounting!r}: expected "
                                "RequestAccounting")
-        _check("ClassFigures", _numbers(self), ("ttft_p99_ms", "tbt_p99_ms", "slo_attainment"))
-        if self.requests_refused < 0:
-            raise SummaryError(f"ClassFigures.requests_refused={self.requests_refused!r}: "
-                               "expected a count >= 0")
+        _check("ClassFigures", _numbers(self),
+               ("ttft_p99_ms", "tbt_p99_ms", "slo_attainment", "ttft_samples"))
+        for name in ("requests_refused", "ttft_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise SummaryError(f"ClassFigures.{name}={value!r}: expected a count >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -145,6 +153,8 @@ class ClassFigures:
             "requests_refused": self.requests_refused,
             "ttft_p99_ms": self.ttft_p99_ms, "tbt_p99_ms": self.tbt_p99_ms,
             "throughput_tok_s": self.throughput_tok_s, "goodput_tok_s": self.goodput_tok_s}
+        if self.ttft_samples is not None:
+            out["ttft_samples"] = self.ttft_samples
         for group in (self.samples, self.accounting):
             if group is not None:
                 out.update(dataclasses.asdict(group))
@@ -359,4 +369,5 @@ def _class_from(data: Mapping[str, Any], where: str) -> ClassFigures:
         # Absent before it was counted: none turned away, as those versions read it.
         requests_refused=(_number(data, where, "requests_refused")
                           if "requests_refused" in data else 0.0),
-        samples=samples, accounting=accounting)
+        samples=samples, accounting=accounting,
+        ttft_samples=_statistic(data, where, "ttft_samples"))

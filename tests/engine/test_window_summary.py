@@ -110,3 +110,26 @@ def test_a_simulated_summary_stored_before_ttft_measured_pct_keeps_its_samples()
     assert back.overall.samples is not None
     assert back.overall.samples.ttft_mean_ms == summary.overall.samples.ttft_mean_ms
     assert back.overall.samples.ttft_measured_pct is None
+
+
+def test_the_ttft_samples_read_back_and_older_dicts_read_none() -> None:
+    figures = ClassFigures(100.0, 5.0, 4.0, 100.0, 20.0, ttft_samples=3.0)
+    s = WindowSummary(60.0, 0.0, figures, dict.fromkeys(Priority, figures))
+    back = WindowSummary.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert back == s and back.classes[Priority.P0].ttft_samples == 3.0
+    old = s.to_dict()  # stored before the field existed
+    del old["ttft_samples"]
+    for c in old["classes"].values():
+        del c["ttft_samples"]
+    assert WindowSummary.from_dict(old).classes[Priority.P0].ttft_samples is None
+    with pytest.raises(SummaryError, match="ttft_samples"):
+        ClassFigures(1.0, 1.0, 1.0, None, None, ttft_samples=-1.0)
+
+
+def test_a_simulated_class_counts_the_ttfts_its_p99_ranks() -> None:
+    summary = simulate(load_scenario("tiny-cpu"), duration_s=8, seed=1).summary
+    for c in summary.classes.values():
+        # Every finished request had a first token; censored waits and refusals rank too.
+        assert c.ttft_samples is not None and c.ttft_samples >= c.requests_finished
+    assert summary.overall.ttft_samples == sum(
+        c.ttft_samples or 0.0 for c in summary.classes.values())

@@ -169,3 +169,23 @@ def test_every_vllm_latency_edge_up_to_the_refused_ttft_is_a_builtin_edge() -> N
         assert builtin[-1] == REFUSED_TTFT_S == 300.0
         missing = [e for e in edges if e <= REFUSED_TTFT_S and e not in builtin]
         assert missing == [], metric
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize(("meter", "count"), [("observing", 3), ("idle", 10)])
+def test_a_windows_ttft_samples_count_the_histogram_its_p99_reads(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        meter: str, count: int) -> None:
+    """10 requests a minute finish, 3 of them streamed: the P99 is the meter's, of 3."""
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    windows = PrometheusWindows(lambda expr, at: [], {"slopilot_deployment": "d"},
+                                SLOSpec.from_profile("standard"), latency=VLLM_LATENCY)
+    expr = windows._exprs({"slopilot_deployment": "d"}, 120)["ttft_samples"][None]
+    series = [s for metric, edges in VLLM_SERIES.items()
+              for s in _series(metric, edges, "0+10x10")]
+    series += [s for metric, edges in METER_SERIES.items()
+               for s in _series(metric, edges, "0+3x10" if meter == "observing"
+                                else "7+0x10")]
+    tests = [{"expr": f"round(({expr}) / 2)", "eval_time": "5m",
+              "exp_samples": [{"labels": '{priority_class="p0"}', "value": count}]}]
+    assert_rules_test(prometheus_binaries, tmp_path, series, tests)

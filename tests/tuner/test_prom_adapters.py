@@ -16,9 +16,11 @@ from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.local.scrape import DirectScrape, quantile
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
 from slopilot.tuner.prometheus.alerts import SummaryAlerts
+from slopilot.tuner.prometheus.latency_sources import VLLM_LATENCY
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
 from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.sample_floor import shortfall
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.ports import refused_port
 from tests.support.prometheus import PrometheusBinaries, promtool, serve_metrics
@@ -568,3 +570,16 @@ def test_a_window_longer_than_the_breach_window_is_read_over_its_length(span: in
     s = windows(q).measure(1000.0, 1000.0 + span, canary=False)
     assert s.duration_s == span and s.classes[Priority.P0].ttft_p99_ms == pytest.approx(300.0)
     assert all(f"[{duration(span)}]" in e for e, _ in q.asked if "[" in e)
+
+
+def test_on_vllm_the_floor_counts_the_streams_the_p99_is_read_from() -> None:
+    # 100 P0 requests finished, 3 of them streamed: the meter's TTFT P99, of those 3, is
+    # what the trial is judged on, and 3 are no P99 (the floor is 100).
+    q = Recorded({"increase(slopilot_client_time_to_first_token_seconds_count":
+                  {"p0": 3.0, "p1": 100.0},
+                  **answers(finished=200.0)})
+    s = windows(q, latency=VLLM_LATENCY).measure(90.0, 100.0, canary=False)
+    p0 = s.classes[Priority.P0]
+    assert p0.requests_finished == 100 and p0.ttft_samples == 3
+    short = shortfall(s, DEMO.slo, 100, 10.0)
+    assert short is not None and short.label == "p0" and short.requests == 3

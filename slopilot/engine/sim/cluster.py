@@ -252,4 +252,5 @@ def _figures(ttft: list[float], gaps: list[float], done: list[tuple[bool, int]],
         goodput_tok_s=sum(n for ok, n in done if ok) / dur,
         ttft_p99_ms=ttft_percentile_ms(ttft, refused, 99), tbt_p99_ms=percentile_ms(gaps, 99),
         slo_attainment=(sum(1 for ok, _ in done if ok) / (len(done) + refused)
-                        if done or refused else None), requests_refused=refused)
+                        if done or refused else None), requests_refused=refused,
+        ttft_samples=len(ttft) + refused)

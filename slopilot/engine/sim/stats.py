@@ -288,7 +288,7 @@ def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
         # for load missed (it was never served).
         slo_attainment=(c.met_slo / (c.finished + c.refused)
                         if c.finished + c.refused else None),
-        requests_refused=c.refused,
+        requests_refused=c.refused, ttft_samples=len(c.ttft) + c.refused,
         samples=SampleStats(
             ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
             ttft_p50_ms=ttft_percentile_ms(c.ttft, c.refused, 50),

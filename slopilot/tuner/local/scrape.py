@@ -393,6 +393,9 @@ class DirectScrape:
             requests=requests, refused=by_class(REFUSED),
             throughput={c: v / span for c, v in tokens.items()},
             ttft_p99_s={p.label: quantile(0.99, buckets(_TTFT, p.label)) for p in Priority},
+            # Its +Inf: every observation the P99 ranks, those never given a first token too.
+            ttft_samples={p.label: buckets(_TTFT, p.label).get(math.inf, 0.0)
+                          for p in Priority},
             tbt_p99_s={p.label: quantile(0.99, buckets(_TBT, p.label)) for p in Priority},
             goodput=goodput,
             preemptions_per_min=sum(v for (n, _, _), v in d.items()

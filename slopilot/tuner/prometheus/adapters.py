@@ -33,6 +33,7 @@ from slopilot.tuner.prometheus.rules import (
     LatencySources,
     RuleOptions,
     duration,
+    latency_count,
     latency_quantile,
     render_rule_groups,
     render_selector,
@@ -137,6 +138,9 @@ class PrometheusWindows:
         out["requests"] = {None: f"sum by (priority_class) (increase("
                                  f"vllm:e2e_request_latency_seconds_count{s}[{w}]))"}
         out["refused"] = {None: f"sum by (priority_class) (increase({REFUSED}{s}[{w}]))"}
+        # What each class's TTFT P99 rests on, for the floor of requests a verdict needs:
+        # on vLLM the meter's streams where it saw any, which may be few of the finished.
+        out["ttft_samples"] = {None: latency_count(self.latency.ttft, s, w)}
         # The built-in engine's busy ratio (its own sliding share of wall time) as at the
         # window's end, as the direct scrape reads it; vLLM exports none (not measured).
         for stat in ("avg", "max"):
@@ -246,6 +250,7 @@ class PrometheusWindows:
                 "0.11 exports its token gaps under another name: use vLLM 0.11 or newer")
         return window_summary(
             requests=requests, refused=self._by_class(q["refused"][None], end),
+            ttft_samples=self._by_class(q["ttft_samples"][None], end),
             throughput=self._by_class(q["throughput"][None], end),
             ttft_p99_s=p99["ttft"], tbt_p99_s=p99["tbt"], goodput=goodput,
             preemptions_per_min=self._scalar(q[_PREEMPT][None], end),

@@ -125,14 +125,15 @@ def render_selector(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def _summed_rates(metrics: tuple[str, ...], selector: str, window: str, others: str) -> str:
+def _summed_rates(metrics: tuple[str, ...], selector: str, window: str, others: str,
+                  fn: str = "rate") -> str:
     """The rates of ``metrics`` under ``selector``, each summed by ``others`` (every label
     but ``le``), added where several have the group and one alone where the others do
     not: one of them absent leaves the others read. (One selector of several names would
     not do: ``rate`` drops the name, and two series left with one label set are an error.)
     """
-    terms = [f"sum by ({others}) (rate({m}{selector}[{window}]))" if others
-             else f"sum(rate({m}{selector}[{window}]))" for m in metrics]
+    terms = [f"sum by ({others}) ({fn}({m}{selector}[{window}]))" if others
+             else f"sum({fn}({m}{selector}[{window}]))" for m in metrics]
     if len(terms) == 1:
         return terms[0]
     return "(" + " + ".join(terms) + " or " + " or ".join(terms) + ")"
@@ -189,6 +190,27 @@ def latency_quantile(q: float, source: LatencySource, selector: str, window: str
     seen = _summed_rates((f"{hist.metric}_count",), selector, window, others) + " > 0"
     client = f"histogram_quantile({q}, {bucket_rates(hist, selector, window, by)})"
     return f"({client} and on ({others}) ({seen})) or {own}"
+
+
+def latency_count(source: LatencySource, selector: str, window: str,
+                  by: str = "priority_class") -> str:
+    """The observations ``latency_quantile`` ranks over ``window``, summed ``by`` (no
+    ``le``): the same histogram's count (the client-side one wherever it observed a
+    first token, else the engine's), with the first tokens never given that its +Inf
+    holds. On vLLM a class whose clients mostly ask for bodies has its P99 from the
+    meter's few streams, and that P99 rests on those, not on every request finished."""
+    def counted(hist: Histogram) -> str:
+        seen = f"sum by ({by}) (increase({hist.metric}_count{selector}[{window}]))"
+        if not hist.never:
+            return seen
+        never = _summed_rates(hist.never, _missed_only(selector), window, by, "increase")
+        return f"({seen} + on ({by}) {never} or {seen})"
+
+    own = counted(source.engine)
+    if source.client is None:
+        return own
+    seen = _summed_rates((f"{source.client.metric}_count",), selector, window, by) + " > 0"
+    return f"({counted(source.client)} and on ({by}) ({seen})) or {own}"
 
 
 def _le(edge: float) -> str:

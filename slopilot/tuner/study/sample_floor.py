@@ -53,12 +53,16 @@ def _span(seconds: float) -> str:
 
 
 def judged_counts(summary: WindowSummary, slo: SLOSpec) -> dict[str, float]:
-    """Requests finished of each class with a P99 term that ``summary`` served."""
+    """Requests of each class with a P99 term that ``summary`` served: the observations
+    its TTFT P99 ranks where the source counts them (``ClassFigures.ttft_samples``: on
+    vLLM the meter's streams, which may be few of the requests finished), else the
+    requests finished."""
     out: dict[str, float] = {}
     for p, c in slo.classes().items():
-        n = summary.classes[p].requests_finished
+        figures = summary.classes[p]
+        n = figures.requests_finished
         if (c.ttft_p99_ms is not None or c.tbt_p99_ms is not None) and n > 0:
-            out[p.label] = n
+            out[p.label] = n if figures.ttft_samples is None else figures.ttft_samples
     return out
 
 
@@ -92,8 +96,7 @@ def long_enough(run: Callable[[float], WindowSummary], slo: SLOSpec, duration_s:
     while short is not None:
         if duration_s >= max_duration_s:
             return summary, dataclasses.replace(short, capped=True)
-        duration_s = min(max_duration_s, max(2.0 * duration_s,
-                                             STRETCH * floor * duration_s / short.requests))
+        duration_s = min(max_duration_s, max(2.0 * duration_s, _aimed(short, duration_s)))
         summary = run(duration_s)
         short = shortfall(summary, slo, floor, duration_s)
     return summary, None
@@ -107,4 +110,10 @@ def duration_for(summary: WindowSummary, slo: SLOSpec, duration_s: float, *,
     short = shortfall(summary, slo, floor, duration_s)
     if short is None:
         return duration_s
-    return max(duration_s, min(max_duration_s, STRETCH * floor * duration_s / short.requests))
+    return max(duration_s, min(max_duration_s, _aimed(short, duration_s)))
+
+
+def _aimed(short: Shortfall, duration_s: float) -> float:
+    """The length that holds ``STRETCH`` x the floor at the rate ``short`` came at (a
+    class whose P99 ranked none yet is counted as one: not a division by zero)."""
+    return STRETCH * short.floor * duration_s / max(short.requests, 1.0)
