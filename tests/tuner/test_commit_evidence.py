@@ -4,12 +4,14 @@ figures it was judged on, not the last window's alone."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.demo_story import describe
 from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.trial_window import both_windows
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.support.summaries import figures, window
 from tests.tuner.controller_fakes import FakeAlerts, FakeEvaluator, Rig, alert
@@ -46,3 +48,17 @@ def test_a_confirmed_commit_shows_the_worse_p99_and_both_windows_requests() -> N
     assert d.summary.overall.requests_finished == 500
     line = describe(d, ctl)
     assert "P0 TTFT/TBT P99 285/30 ms" in line and "500 requests finished" in line
+
+
+def test_both_windows_count_the_ttft_samples_of_both() -> None:
+    """The sample floor counts the observations a TTFT P99 ranks (on vLLM the meter's
+    streams, fewer than the requests finished): joined, they are both windows' too, not
+    dropped for the finished requests."""
+    first = window({"p0": dataclasses.replace(figures(285.0, 20.0, 50.0, finished=110),
+                                              ttft_samples=30.0)})
+    second = window({"p0": dataclasses.replace(figures(240.0, 30.0, 40.0, finished=120),
+                                               ttft_samples=45.0)})
+    joined = both_windows(first, second).classes[Priority.P0]
+    assert joined.ttft_samples == 75.0 and joined.requests_finished == 230
+    unknown = window({"p0": figures(240.0, 30.0, 40.0, finished=120)})
+    assert both_windows(first, unknown).classes[Priority.P0].ttft_samples is None

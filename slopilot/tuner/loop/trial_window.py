@@ -272,7 +272,9 @@ def both_windows(first: WindowSummary, second: WindowSummary) -> WindowSummary:
             ttft_p99_ms=worse(a.ttft_p99_ms, b.ttft_p99_ms, max),
             tbt_p99_ms=worse(a.tbt_p99_ms, b.tbt_p99_ms, max),
             slo_attainment=worse(a.slo_attainment, b.slo_attainment, min),
-            requests_refused=a.requests_refused + b.requests_refused)
+            requests_refused=a.requests_refused + b.requests_refused,
+            ttft_samples=None if a.ttft_samples is None or b.ttft_samples is None
+            else a.ttft_samples + b.ttft_samples)
 
     return dataclasses.replace(
         second, duration_s=first.duration_s + second.duration_s,
