@@ -216,6 +216,8 @@ class Rig:
     settings: dict[str, Any] = field(default_factory=dict)
     ev: FakeEvaluator | None = None
     ctl: Controller | None = None
+    probe: FakeProbe = field(default_factory=FakeProbe)
+    """The load the probe measures (tiny-cpu's designed load unless a test sets it)."""
 
     def build(self, state: LoopState | None = None) -> Controller:
         self.ev = self.ev or FakeEvaluator(self.dep, by_config)
@@ -227,5 +229,5 @@ class Rig:
         settings = ControllerSettings(deployment="demo", slo=SLO,
                                       **(defaults | self.settings))
         self.ctl = Controller(settings, self.dep, self.alerts, self.ev, self.study,
-                              FakeProbe(), self.planner, offline=self.offline, state=state)
+                              self.probe, self.planner, offline=self.offline, state=state)
         return self.ctl

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slopilot.engine.request import Priority
-from slopilot.tuner.loop import advice, restore
+from slopilot.tuner.loop import advice, restore, thin_traffic
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
@@ -87,6 +87,10 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         ctx.loop.episode_classes = sorted({a.priority_class for a in acting
                                            if a.priority_class in _CLASSES})
         ctx.loop.episode_alerts = sorted({a.describe() for a in acting})
+        thin = thin_traffic.too_thin(ctx, tick.now, ctx.loop.episode_classes)
+        if thin is not None:  # no trial goes live: none could be judged
+            return Go(ControllerState.COMMIT, Event.TOO_LITTLE_TRAFFIC,
+                      f"{thin}; {entered.reason}")
         ctx.metrics.action(s.deployment, Action.RETUNE, entered.reason)
         log.info("%s: %s", s.key, ctx.decide(Action.RETUNE, entered.reason).line())
         return next_trial(ctx, tick.now, f"retune: {entered.reason}")
@@ -166,9 +170,12 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         reason, summary = entered.reason, entered.summary
     _fail_open_trial(ctx, "episode ended")
     if loop.best_config is None:
-        if loop.baseline_config is not None:
+        thin = entered is not None and entered.event is Event.TOO_LITTLE_TRAFFIC
+        # An episode held before its first trial (``thin_traffic.py``) put nothing on the
+        # replicas: it has nothing to restore, and it ends every cooldown.
+        if loop.baseline_config is not None and not (thin and loop.episode_trials == 0):
             ctx.deployment.apply_config(loop.baseline_config, canary=False)
-        if entered is not None and entered.event is Event.TOO_LITTLE_TRAFFIC:
+        if thin:
             # No verdict on any config: more replicas would serve the same trickle and
             # be judged on it no better.
             return Go(ControllerState.COOLDOWN, Event.TOO_LITTLE_TRAFFIC,
