@@ -7,32 +7,19 @@ sends that chunk with the first token, so the script waited for ever.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+import benchmarks.stream_usage_cost as suc
+
 APIS = ("completions", "chat")
 OPTIONS = ("none", "include_usage", "continuous")
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("stream_usage_cost",
-                                                  BENCHMARKS / "stream_usage_cost.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_variant_ends_and_reports_on_one_result_line(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    suc = _load()
     monkeypatch.setattr(sys, "argv", ["stream_usage_cost.py", "--rounds", "1",
                                       "--tokens", "20"])
     assert suc.main() == 0
@@ -53,7 +40,6 @@ async def _waits_for_ever() -> AsyncIterator[str]:
 
 
 def test_a_writer_that_waits_for_what_is_never_pushed_is_refused() -> None:
-    suc = _load()
 
     async def drive() -> None:
         events = _waits_for_ever()
