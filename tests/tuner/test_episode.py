@@ -220,11 +220,11 @@ def test_at_max_replicas_a_scale_alert_leaves_the_episode_running() -> None:
     assert rig.study.failed == {} and rig.dep.scaled == []
 
 
-def test_a_trial_looked_at_long_after_its_window_is_judged_on_its_last_window() -> None:
+def test_a_trial_looked_at_long_after_its_window_is_judged_on_its_last_max_trial_s() -> None:
     """An operator down for a week (or a tick that came late) found the trial running and
     measured it from its start: one window of a week, over loads and a config the pods
-    may have lost in between, and a range query over all of it. Past twice its length,
-    the window measured is the last one."""
+    may have lost in between, and a range query over all of it. Past its longest
+    (``max_trial_s``, and a window), what is measured is its last ``max_trial_s``."""
     rig = _edge_rig(260.0)
     ctl = rig.build()
     assert ctl.tick(0.0).action is Action.TRIAL
@@ -232,7 +232,7 @@ def test_a_trial_looked_at_long_after_its_window_is_judged_on_its_last_window() 
     assert ctl.tick(week).action is Action.COMMIT
     assert rig.ev is not None
     start, end, _ = rig.ev.calls[-1]
-    assert (start, end) == (week - ctl.settings.window_s, week)
+    assert (start, end) == (week - ctl.settings.max_trial_s, week)
     # On time, the window is the trial's own, from its start past the settling.
     rig = _edge_rig(260.0)
     ctl = rig.build()

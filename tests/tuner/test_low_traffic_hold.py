@@ -19,7 +19,7 @@ from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.state import ControllerState
-from slopilot.tuner.prometheus.alerts import AlertAction
+from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from tests.support.summaries import window
 from tests.tuner.controller_fakes import START, FakeAlerts, FakeProbe, Rig, alert
 from tests.tuner.test_low_traffic_verdicts import Ranged, traffic
@@ -37,8 +37,9 @@ def _probe_at(p0_per_s: float, p1_per_s: float) -> FakeProbe:
     return probe
 
 
-def _controller(p0_per_s: float, p1_per_s: float) -> tuple[Rig, Controller]:
-    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+def _controller(p0_per_s: float, p1_per_s: float, fired: Alert | None = None
+                ) -> tuple[Rig, Controller]:
+    rig = Rig(alerts=FakeAlerts([fired or alert(AlertAction.RETUNE)]),
               settings={"min_class_requests": 100, "window_s": 120, "max_trial_s": 1200,
                         "cooldown_s": 300},
               probe=_probe_at(p0_per_s, p1_per_s))
@@ -71,3 +72,17 @@ def test_an_alert_class_that_can_reach_the_floor_is_tuned() -> None:
     rig, ctl = _controller(0.1, 5.0)
     assert ctl.tick(0.0).action is Action.TRIAL
     assert rig.study.asked == 1
+
+
+def test_an_alert_of_no_class_holds_on_the_thin_classes_the_floor_binds() -> None:
+    """A preemption storm names no class (``all``): the floor then binds every judged
+    class, and a thin P0 ended each trial unjudged after 20 minutes, one after another,
+    while the same load alerting on P0 held."""
+    storm = Alert(name="SlopilotPreemptionStorm", action=AlertAction.RETUNE,
+                  severity="warning", priority_class="all", since=0.0)
+    rig, ctl = _controller(0.02, 5.0, storm)
+    decisions = _ticks(ctl, 90)
+    assert [d for d in decisions if d.action is Action.TRIAL] == []
+    assert rig.dep.applied == []
+    holds = [d for d in decisions if d.action is Action.HOLD]
+    assert holds and "too little traffic to tune: P0 0.02 req/s" in holds[0].reason

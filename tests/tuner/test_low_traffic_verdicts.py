@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Action, Decision
@@ -133,3 +135,19 @@ def test_a_confirming_window_gets_max_trial_s_from_its_own_start() -> None:
     assert "confirming trial 0" in acted[1][1].reason
     assert 1200.0 < committed < confirm + 1200.0
     assert rig.study.told[0].feasible and rig.study.failed == {}
+
+
+@pytest.mark.parametrize(("max_trial_s", "gap_s"), [(1200.0, 2400.0), (86400.0, 5000.0)])
+def test_a_trial_looked_at_late_is_measured_over_its_last_max_trial_s(
+        max_trial_s: float, gap_s: float) -> None:
+    """An operator back after a gap measured a trial's last window alone: at 0.12 P0/s,
+    14 of 100 requests in 2 min, unjudged, where the config had served ~330 P0 requests
+    since. And a range past a day (maxTrial's most, a tick late) is more than the rules
+    read (``RuleOptions``: a day at most): the trial ended in an error."""
+    rig, ctl = _controller(traffic(0.12, 5.0, p0_ttft=lambda end: 290.0),
+                           max_trial_s=max_trial_s)
+    assert ctl.tick(0.0).action is Action.TRIAL
+    now = max_trial_s + 120.0 + gap_s
+    ctl.tick(now)
+    start, end, _ = rig.ev.calls[-1]
+    assert end == now and end - start == max_trial_s

@@ -572,6 +572,15 @@ def test_a_window_longer_than_the_breach_window_is_read_over_its_length(span: in
     assert all(f"[{duration(span)}]" in e for e, _ in q.asked if "[" in e)
 
 
+def test_a_range_past_a_day_is_read_over_its_last_day() -> None:
+    # maxTrial is at most a day, and a confirming window's tick a few seconds late asked
+    # for 86,403 s, more than the rules read (a day): the trial ended in a RuleError.
+    q = Recorded(answers())
+    s = windows(q).measure(0.0, 86_403.0, canary=False)
+    assert s.duration_s == 86_400
+    assert all(f"[{duration(86_400)}]" in e for e, _ in q.asked if "[" in e)
+
+
 def test_on_vllm_the_floor_counts_the_streams_the_p99_is_read_from() -> None:
     # 100 P0 requests finished, 3 of them streamed: the meter's TTFT P99, of those 3, is
     # what the trial is judged on, and 3 are no P99 (the floor is 100).

@@ -34,12 +34,17 @@ Z = 1.645
 
 def too_thin(ctx: LoopContext, now: float, classes: Sequence[str]) -> str | None:
     """Why no trial of this episode can reach ``min_class_requests`` of one of
-    ``classes`` in ``max_trial_s`` (on a canary, its one replica's share), in words; None
+    ``classes`` (none: of each class with a P99 objective the load sends) in
+    ``max_trial_s`` (on a canary, its one replica's share), in words; None
     when each can, or when the probe says nothing of it (Prometheus down, a load that is
     no open-loop mix): then the trials tell, as before."""
-    if not classes:
-        return None
     s = ctx.settings
+    # An alert of no class (a preemption storm): the floor binds every judged class, a
+    # class with a P99 objective that the traffic sends (``trial_window._bound``).
+    sent_only = not classes
+    if sent_only:
+        classes = [p.label for p, c in s.slo.classes().items()
+                   if c.ttft_p99_ms is not None or c.tbt_p99_ms is not None]
     try:
         rates = class_rates(ctx.probe.measure(now))
     except PrometheusUnavailable:
@@ -50,7 +55,7 @@ def too_thin(ctx: LoopContext, now: float, classes: Sequence[str]) -> str | None
     share = 1.0 / replicas if s.canary and replicas > 1 else 1.0
     for label in classes:
         rate = rates.get(label)
-        if rate is None:
+        if rate is None or (sent_only and rate <= 0):
             continue
         seen = rate * s.window_s
         bound = upper_count(seen) / s.window_s * share * s.max_trial_s

@@ -35,9 +35,11 @@ def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | G
     began = _window_began(t)
     if now - began > s.max_trial_s + s.window_s:
         # Looked at long after it could have ended (an operator down for days, a late
-        # tick): the last window is the trial's, not days of loads and a config the pods
-        # may have lost in between, in one range query over all of it.
-        start = now - s.window_s
+        # tick): its last max_trial_s are the trial's, not days of loads and a config the
+        # pods may have lost in between, in one range query over all of it. Not its last
+        # window alone: at a thin class's rate that was unjudged by construction (14 of
+        # 100 P0 requests in 2 min, where the config had served 330 since).
+        start = now - s.max_trial_s
     try:
         summary = ctx.evaluator.measure(start, now, canary=t.canary)
     except WindowRejected as exc:

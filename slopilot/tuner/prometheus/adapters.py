@@ -20,6 +20,7 @@ from slopilot.engine.metric_names import BUSY, REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
+from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S
 from slopilot.tuner.prometheus.profiling import (
     WorkloadProfile,
     check_probe,
@@ -205,7 +206,9 @@ class PrometheusWindows:
         return self._request_rate(self._exprs(self._selector(canary), w), end)
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
-        w = range_s(start, end)
+        # A day at most, as the rules read: a trial's window may run to maxTrial (a day
+        # at most) and its tick come a few seconds past it.
+        w = range_s(max(start, end - MAX_DURATION_S), end)
         q = self._exprs(self._selector(canary), w)
         if unreported := sorted(r["metric"].get(REPLICA_LABEL, "?")
                                 for r in self.query(q["unreported"][None], end)):
