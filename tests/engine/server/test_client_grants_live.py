@@ -88,7 +88,9 @@ def test_the_openai_client_is_served_refused_and_told_why(
     # request served.
     assert all(v == 0 for v in series(srv, *LOAD).values())
     judged = series(srv, "slopilot_slo_requests_total", "priority_class", "met")
-    assert sum(judged.values()) == 1 and judged["p0", "true"] == 1
+    # Judged once, as P0; whether it met the SLO is the machine's speed (a busy CI
+    # runner's served it past P0's TTFT target), which this test is not about.
+    assert sum(judged.values()) == 1 and judged["p0", "true"] + judged["p0", "false"] == 1
 
 
 def test_an_edit_of_the_file_applies_to_the_next_request(

@@ -47,10 +47,12 @@ ACCOUNTING_KEYS = {"requests_arrived", "requests_rejected", "requests_unfinished
                    "ttft_censored", "offered_tok_s", "goodput_all_tok_s"}
 # requests_refused: of the rejected, those turned away for load (a full waiting queue).
 # ttft_measured_pct: the percent of the TTFT ranking measured (the rest refused for load).
+# ttft_samples: how many requests the TTFT ranking holds (measured, censored and refused),
+# what the loop's sample floor counts (sample_floor.py).
 ADDED_TOP_KEYS = ACCOUNTING_KEYS | {"busy_ratio_max", "p99_within_slo", "requests_refused",
-                                    "ttft_measured_pct"}
+                                    "ttft_measured_pct", "ttft_samples"}
 ADDED_CLASS_KEYS = ACCOUNTING_KEYS | {"p99_within_slo", "slo_ttft_p99_ms", "slo_tbt_p99_ms",
-                                      "requests_refused", "ttft_measured_pct"}
+                                      "requests_refused", "ttft_measured_pct", "ttft_samples"}
 
 
 def test_json_keys_are_exactly_the_published_ones(capsys: pytest.CaptureFixture[str]) -> None:
