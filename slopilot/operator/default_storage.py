@@ -145,6 +145,16 @@ def resolve_unwritten(default: DefaultStorage, rules: tuple[StorageRule, ...],
     try:
         return resolve_storage(named, rules, namespace)
     except StorageRefused:
+        # An entry with no extension names, for a namespace ending in -journal (-wal, ...),
+        # the side file of another namespace's database: saying the list refuses it, then
+        # printing the list's entry, the same URL, would leave the reader nothing to fix.
+        if (side := sqlite_sidecar_problem(named, DEFAULT_STORAGE_ENV)) is not None:
+            raise StorageRefused(
+                f"spec.tuning.storage is not written, and for namespace {namespace} {side} "
+                "(an entry ending in {namespace}, with no extension, does so for every "
+                "namespace ending in -journal, -wal, -shm or -mj...): name an allowed "
+                "storage in spec.tuning.storage, or ask the cluster admin for a default "
+                "with an extension, e.g. .../{namespace}.db") from None
         raise StorageRefused(
             f"spec.tuning.storage is not written, and this namespace's default storage, "
             f"{shown(named)!r} (the operator's {DEFAULT_STORAGE_ENV}), is not one its "

@@ -28,6 +28,7 @@ from slopilot.operator.spec import parse_spec
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.study_ledger import read_ledger
 from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
+from slopilot.operator.study_storage import StorageRefused
 from tests.operator.operator_support import (
     Cluster,
     daemon_loop,
@@ -262,3 +263,18 @@ def test_a_refused_study_in_a_namespace_default_is_not_made(
     (problem,) = outcome.problems
     assert "SLOPILOT_DEFAULT_STORAGE" in problem
     assert list(teams.iterdir()) == []
+
+
+def test_a_default_refused_for_its_own_reason_says_that_reason() -> None:
+    """An entry with no extension names, for namespace ``team-a-journal``, the file SQLite
+    keeps team-a's journal in. The refusal said the list does not allow the URL and then
+    printed the list's entry: the very same URL. It names the side file now."""
+    entry = "sqlite:////var/lib/slopilot/teams/{namespace}"
+    policy = OperatorPolicy(allowed_storage=(entry,), default_storage=entry)
+    body = {"metadata": {"name": "chat", "namespace": "team-a-journal"},
+            "spec": {"model": {"name": "smollm2-135m"}}}
+    with pytest.raises(StorageRefused) as refused:
+        policy.study_storage(parse_spec(body), namespace="team-a-journal")
+    message = str(refused.value)
+    assert "SQLite's own journal file of the database 'team-a'" in message, message
+    assert "{namespace}.db" in message and "allow-list allows" not in message, message
