@@ -187,14 +187,17 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
                               "function to build the controller's ports another way") from None
     worker = sim_worker()
+    latency = latency_sources(spec.backend)
     return Controller(
         ctx.settings, ctx.handle, alerts,
         # From the sources the deployment's recording rules read (reconcile.py): the same
         # P99s and goodput in the trials' objective and status as in Prometheus.
         PrometheusWindows(query, selector, spec.slo, canary_labels=canary_labels,
-                          latency=latency_sources(spec.backend)),
+                          latency=latency),
         ResumableTuner(study, space),
-        PrometheusProbe(query, selector, base, window_s=probe_window_s(ctx.settings.window_s)),
+        # The same TTFT source: the thin-traffic hold counts what the trials' floor does.
+        PrometheusProbe(query, selector, base, window_s=probe_window_s(ctx.settings.window_s),
+                        latency=latency),
         WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
         metrics=operator_metrics(ctx.namespace), state=ctx.state,
         iterations=PrometheusIterations(query, selector), twin=WorkerTwin(worker))

@@ -244,3 +244,67 @@ def test_the_probe_reads_the_whole_seconds_each_window_is_read_over(tmp_path: Pa
     assert isinstance(ctl.probe, PrometheusProbe)
     assert ctl.settings.window_s == 90.5
     assert ctl.probe.window_s == range_s(1000.0 - 90.5, 1000.0) == 90
+
+
+def bodies_mostly(expr: str, at: float | None) -> list[dict[str, Any]]:
+    """A vLLM deployment's Prometheus over the probe's 120 s: P0 came at 0.5 req/s, its
+    clients asking for whole bodies but for 2 streams (the only P0 requests the meter
+    times); P1 at 1 req/s, every one a stream. vLLM's own TTFT histogram saw them all."""
+    def by_class(p0: float, p1: float) -> list[dict[str, Any]]:
+        return [{"metric": {"priority_class": c}, "value": [at, str(v)]}
+                for c, v in (("p0", p0), ("p1", p1))]
+
+    def one(value: float, **labels: str) -> list[dict[str, Any]]:
+        return [{"metric": labels, "value": [at, str(value)]}]
+
+    if "count(last_over_time(vllm:num_requests_running" in expr:
+        return one(2)
+    if "unless" in expr:  # every replica runs the meter: none is estimated
+        return []
+    if "slopilot_client_time_to_first_token_seconds_count" in expr:
+        return by_class(2, 120)
+    if "vllm:time_to_first_token_seconds_count" in expr:
+        return one(180)
+    if "slopilot_meter_arrivals_total" in expr or "request_prompt_tokens_count" in expr:
+        return by_class(60, 120)
+    if "request_prompt_tokens_bucket" in expr or "request_generation_tokens_bucket" in expr:
+        return one(180, le="+Inf") + one(180, le="4096.0")
+    if "request_prompt_tokens_sum" in expr or "prompt_tokens_total" in expr:
+        return one(180 * 500)
+    if "request_generation_tokens_sum" in expr:
+        return one(180 * 100)
+    if "request_generation_tokens_count" in expr:
+        return one(180)
+    return []
+
+
+def test_on_vllm_the_hold_reads_the_streams_the_floor_counts_not_the_arrivals(
+        tmp_path: Path) -> None:
+    """A trial's floor counts the first tokens its TTFT P99 ranks: on vLLM the meter's
+    streams (``ClassFigures.ttft_samples``). P0's 0.5 req/s of whole bodies brings 600
+    requests in max_trial_s but 20 streams: every trial ended ``too_little_traffic``
+    after 20 minutes, while the hold, reading the arrivals, let each go live."""
+    from slopilot.tuner.loop.thin_traffic import class_rates, too_thin
+
+    ctl = prometheus_controller(context(tmp_path, backend="vllm"))
+    assert isinstance(ctl.probe, PrometheusProbe) and ctl.probe.window_s == 120
+    assert (ctl.settings.min_class_requests, ctl.settings.max_trial_s) == (100, 1200)
+    ctl.probe.query = bodies_mostly
+    arriving = class_rates(ctl.probe.measure(1000.0))
+    assert arriving is not None and arriving["p0"] == pytest.approx(0.5, rel=1e-3)
+    held = too_thin(ctl, 1000.0, ["p0"])
+    assert held == ("too little traffic to tune: P0 0.017 req/s timed reaches 20 of 100 "
+                    "requests in max_trial_s 20 min (at most 60 on the 2 timed requests "
+                    "of the probe's 120 s)")
+    assert too_thin(ctl, 1000.0, ["p1"]) is None  # every P1 request a stream: 1200
+
+
+def test_on_the_builtin_engine_the_hold_reads_the_arrivals(tmp_path: Path) -> None:
+    """Its own histograms are the client's: each request is timed, the arrivals are
+    what the floor counts."""
+    from slopilot.tuner.loop.thin_traffic import too_thin
+
+    ctl = prometheus_controller(context(tmp_path))
+    assert isinstance(ctl.probe, PrometheusProbe)
+    ctl.probe.query = bodies_mostly
+    assert too_thin(ctl, 1000.0, ["p0"]) is None

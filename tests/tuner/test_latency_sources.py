@@ -171,16 +171,52 @@ def test_every_vllm_latency_edge_up_to_the_refused_ttft_is_a_builtin_edge() -> N
         assert missing == [], metric
 
 
+def _probes_count(window_s: int) -> str:
+    """What the workload probe of a vLLM deployment asks for its ``timed_rates``."""
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.tuner.prometheus.adapters import PrometheusProbe
+
+    asked: list[str] = []
+
+    def query(expr: str, at: float | None) -> list[dict[str, Any]]:
+        asked.append(expr)
+        return [{"metric": {"priority_class": "p0"}, "value": [at, "6"]}]
+
+    probe = PrometheusProbe(query, {"slopilot_deployment": "d"}, load_scenario("tiny-cpu"),
+                            window_s=window_s, latency=VLLM_LATENCY)
+    assert probe.timed_rates(300.0) == {"p0": 6 / window_s}
+    (expr,) = asked
+    return expr
+
+
+def test_the_probe_times_nothing_apart_on_the_builtin_engine() -> None:
+    """Its own histograms time every request: the hold reads the probe's arrivals."""
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.tuner.prometheus.adapters import PrometheusProbe
+
+    def query(expr: str, at: float | None) -> list[dict[str, Any]]:
+        raise AssertionError(f"no query expected: {expr}")
+
+    probe = PrometheusProbe(query, {"slopilot_deployment": "d"}, load_scenario("tiny-cpu"),
+                            window_s=120, latency=BUILTIN_LATENCY)
+    assert probe.timed_rates(300.0) is None
+
+
 @pytest.mark.prometheus
+@pytest.mark.parametrize("reader", ["window", "probe"])
 @pytest.mark.parametrize(("meter", "count"), [("observing", 3), ("idle", 10)])
 def test_a_windows_ttft_samples_count_the_histogram_its_p99_reads(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
-        meter: str, count: int) -> None:
-    """10 requests a minute finish, 3 of them streamed: the P99 is the meter's, of 3."""
+        meter: str, count: int, reader: str) -> None:
+    """10 requests a minute finish, 3 of them streamed: the P99 is the meter's, of 3. The
+    probe's count, that the thin-traffic hold reads before a first trial, is the same:
+    read off the arrivals (10), it let through a class whose trials could not reach the
+    floor."""
     (tmp_path / "rules.yaml").write_text("groups: []\n")
     windows = PrometheusWindows(lambda expr, at: [], {"slopilot_deployment": "d"},
                                 SLOSpec.from_profile("standard"), latency=VLLM_LATENCY)
-    expr = windows._exprs({"slopilot_deployment": "d"}, 120)["ttft_samples"][None]
+    expr = windows._exprs({"slopilot_deployment": "d"}, 120)["ttft_samples"][None] \
+        if reader == "window" else _probes_count(120)
     series = [s for metric, edges in VLLM_SERIES.items()
               for s in _series(metric, edges, "0+10x10")]
     series += [s for metric, edges in METER_SERIES.items()

@@ -110,6 +110,21 @@ class WorkloadProbe(Protocol):
     def measure(self, now: float) -> Scenario: ...
 
 
+@runtime_checkable
+class TimedRates(Protocol):
+    """A ``WorkloadProbe`` that also reads, over its window, what a trial's floor of
+    requests counts (``ClassFigures.ttft_samples``) where that is not the arrivals its
+    scenario carries: on vLLM, the first tokens the meter timed (streams only). A probe
+    without it (the simulator's, the direct scrape's, one a factory built) is read by
+    its arrivals."""
+
+    def timed_rates(self, now: float) -> Mapping[str, float] | None:
+        """Per ``priority_class``, the observations a TTFT P99 of the probe's window
+        ranks, a second; None where they are the arrivals (the built-in engine). Raises
+        PrometheusUnavailable where the source is down."""
+        ...
+
+
 class IterationSource(Protocol):
     """The deployment's iterations over a window: what the twin is checked against.
 

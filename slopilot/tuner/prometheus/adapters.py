@@ -269,16 +269,35 @@ class PrometheusProbe:
 
     Too little traffic to profile (a quiet deployment) gives ``base`` itself, as the
     simulated twin does: the capacity search then plans for the designed load.
+    ``latency``: the backend's TTFT source, as the trial windows read it
+    (``PrometheusWindows``), for ``timed_rates``.
     """
 
     def __init__(self, query: QueryAt | str, selector: Mapping[str, str], base: Scenario, *,
-                 window_s: int = 60, duration_s: float = 60.0, min_requests: int = 10) -> None:
+                 window_s: int = 60, duration_s: float = 60.0, min_requests: int = 10,
+                 latency: LatencySources = BUILTIN_LATENCY) -> None:
         check_probe(window_s, duration_s)
         self.query = query_at(query) if isinstance(query, str) else query
         self.selector = dict(selector)
         render_selector(self.selector)
         self.base, self.window_s, self.duration_s = base, window_s, duration_s
         self.min_requests = min_requests
+        self.latency = latency
+
+    def timed_rates(self, now: float) -> dict[str, float] | None:
+        """``TimedRates``: the first tokens each class's TTFT P99 ranks over the window, a
+        second, counted as a trial's window counts them (``latency_count``, its
+        ``ttft_samples``): on vLLM the meter's streams wherever it timed one, which may be
+        few of the requests that came. None on the built-in engine, whose own histograms
+        time every request: there they are the arrivals. A class whose count reads what
+        no counter gives (negative, not finite) is left out: its arrivals stand."""
+        if self.latency.ttft.client is None:
+            return None
+        w, sel = duration(self.window_s), render_selector(self.selector)
+        counted = {s["metric"].get("priority_class", ""): float(s["value"][1])
+                   for s in self.query(latency_count(self.latency.ttft, sel, w), now)}
+        return {c: n / self.window_s for c, n in counted.items()
+                if math.isfinite(n) and n >= 0}
 
     def measure(self, now: float) -> Scenario:
         """Raises PrometheusUnavailable where the deployment's engines left no series in
