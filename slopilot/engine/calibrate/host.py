@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from slopilot.engine.calibrate.fit import Observation
 from slopilot.engine.calibrate.harness import TimedExecutor
 from slopilot.engine.config import EngineConfig
-from slopilot.engine.engine import LLMEngine
+from slopilot.engine.engine import Clock, LLMEngine
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.outputs import SchedulerOutput
@@ -98,12 +98,14 @@ def measure_host(executor: TimedExecutor, config: EngineConfig, *, max_context: 
                  progress: Callable[[str], None] | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  decode_knee: int | None = None,
-                 graph_batch: int | None = None) -> list[HostStep]:
-    """Serve bursts of requests, then single ones after idle gaps; every step's times."""
+                 graph_batch: int | None = None,
+                 clock: Clock | None = None) -> list[HostStep]:
+    """Serve bursts of requests, then single ones after idle gaps; every step's times
+    (on ``clock``, the engine's wall clock unless given)."""
     recorder = _Recorder()
     metrics = EngineMetrics(model_name)
     engine = LLMEngine(config, executor, executor.num_gpu_blocks, executor.num_cpu_blocks,
-                       observers=[MetricsObserver(metrics), recorder],
+                       clock=clock, observers=[MetricsObserver(metrics), recorder],
                        decode_knee=decode_knee, graph_batch=graph_batch)
     rng = random.Random(seed)
     longest = max(16, min(config.token_budget, max_context // 2))

@@ -32,6 +32,7 @@ from slopilot.engine.calibrate.fit import (
 from slopilot.engine.calibrate.harness import Harness, Sample, TimedExecutor
 from slopilot.engine.calibrate.host import HostStep, expected_steps, measure_host
 from slopilot.engine.config import EngineConfig
+from slopilot.engine.engine import Clock
 from slopilot.engine.sim.profile_file import (
     CostProfile,
     DeviceInfo,
@@ -79,6 +80,10 @@ class Target:
     dtype: str
     kv_cache_bytes: int
     versions: dict[str, str] = field(default_factory=dict)
+    # What the engine loop's steps are timed on. None: the wall clock, on which a real
+    # executor times itself, so each step holds its executor's time. An executor that
+    # reports made-up times (a test's) needs a clock that counts them.
+    clock: Clock | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ def measure(target: Target, opts: CalibrationOptions,
                              progress=progress,
                              decode_knee=decode_knee_tokens(target.device.cache_bytes,
                                                             per_layer),
-                             graph_batch=target.device.graph_batch)
+                             graph_batch=target.device.graph_batch, clock=target.clock)
     seconds = time.perf_counter() - started
     share = (time.process_time() - cpu0) / seconds if seconds > 0 else None
     return Recording(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from slopilot.engine.engine import VirtualClock
 from slopilot.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from slopilot.engine.sim.shape import FEATURES, IterationShape, feature_sums, output_rows
 
@@ -18,6 +19,8 @@ SPILL = 4e-7
 # On a device replaying decode graphs an eager pass costs ~800 launches more than a
 # replay (the H200 VM: 3 ms a replayed decode, ~20 ms an eager pass).
 EAGER = 1.7e-2
+# The engine loop around each pass (scheduler, bookkeeping, metrics): 0.1 ms a step.
+LOOP_S = 1e-4
 
 
 class SyntheticExecutor:
@@ -57,3 +60,13 @@ class SyntheticExecutor:
 
     def close(self) -> None:
         return None
+
+
+class SyntheticLoopClock(VirtualClock):
+    """The engine loop's clock for a synthetic executor: each step lasts the executor's
+    reported time plus ``LOOP_S``, the loop's own cost, so a step holds its executor as a
+    real one's holds its pass (on the wall clock a step lasted microseconds around a
+    reported 2 ms) and the host fit has a known answer, the same on any machine."""
+
+    def advance(self, dt: float) -> None:
+        super().advance(dt + LOOP_S)

@@ -15,7 +15,14 @@ from slopilot.engine.calibrate.runner import CalibrationOptions, Target, calibra
 from slopilot.engine.sim.profile_file import DeviceInfo, load_profile, write_profile
 from slopilot.engine.sim.profiles import get_model
 from slopilot.engine.sim.shape import FEATURES, shape_of_rows
-from tests.engine.calibrate.synthetic import EAGER, SPILL, TRUE, SyntheticExecutor
+from tests.engine.calibrate.synthetic import (
+    EAGER,
+    LOOP_S,
+    SPILL,
+    TRUE,
+    SyntheticExecutor,
+    SyntheticLoopClock,
+)
 
 
 def _measure(executor: SyntheticExecutor, grid: GridOptions, repeats: int = 5
@@ -149,7 +156,7 @@ def test_the_host_fit_minimises_the_whole_steps_error() -> None:
 
 def _target(executor: SyntheticExecutor) -> Target:
     return Target(executor, get_model("tiny-random"), DeviceInfo("cpu", "synthetic", 1),
-                  "float32", 64 * 1024 ** 2, {"torch": "test"})
+                  "float32", 64 * 1024 ** 2, {"torch": "test"}, SyntheticLoopClock())
 
 
 def test_calibrate_end_to_end_on_the_synthetic_executor(tmp_path: Path) -> None:
@@ -160,9 +167,9 @@ def test_calibrate_end_to_end_on_the_synthetic_executor(tmp_path: Path) -> None:
     assert p.fit is not None and p.fit.mape < 0.05
     assert p.fit.max_context == 512 and p.fit.host_steps == len(result.host_steps) > 0
     assert p.executor["decode_batches"] == pytest.approx(TRUE["decode_batches"], rel=0.3)
-    # The synthetic executor spends no time outside its own reported elapsed_s, so the
-    # loop's coefficients are whatever this process's scheduler costs: present, small.
+    # Every step on the synthetic loop clock costs LOOP_S beyond the executor's time.
     assert all(v >= 0 for v in p.host.values())
+    assert p.host["iteration"] == pytest.approx(LOOP_S, rel=0.1)
     loaded = load_profile(write_profile(p, tmp_path / "p.yaml"))
     assert loaded.executor == p.executor and loaded.fit == p.fit
 

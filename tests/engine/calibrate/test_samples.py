@@ -14,7 +14,7 @@ from slopilot.engine.calibrate.runner import CalibrationOptions, Target, fit_rec
 from slopilot.engine.calibrate.samples import SamplesFileError, read_samples, write_samples
 from slopilot.engine.sim.profile_file import DeviceInfo, load_profile
 from slopilot.engine.sim.profiles import get_model
-from tests.engine.calibrate.synthetic import SPILL, TRUE, SyntheticExecutor
+from tests.engine.calibrate.synthetic import SPILL, TRUE, SyntheticExecutor, SyntheticLoopClock
 
 QUICK = GridOptions(token_budget=256, max_num_seqs=16, max_context=512, quick=True)
 
@@ -22,8 +22,7 @@ QUICK = GridOptions(token_budget=256, max_num_seqs=16, max_context=512, quick=Tr
 def _target(executor: SyntheticExecutor, cache_bytes: int | None = None) -> Target:
     return Target(executor, get_model("tiny-random"),
                   DeviceInfo("cpu", "synthetic", 1, cache_bytes, "torch"), "float32",
-                  64 * 1024 ** 2,
-                  {"torch": "test"})
+                  64 * 1024 ** 2, {"torch": "test"}, SyntheticLoopClock())
 
 
 def test_a_refit_from_the_file_gives_the_fit_of_the_run(tmp_path: Path) -> None:
