@@ -163,8 +163,18 @@ def _host_step(f: _Fields) -> HostStep:
     idle = f.raw("after_idle")
     if not isinstance(idle, bool):
         raise f.error("after_idle", "expected true or false")
-    return HostStep(shape_of_rows(rows, out, into, after_idle=idle), f.positive("step_s"),
-                    f.number("executor_s"), f.text("label"), rows, (out, into), idle)
+    step, executor = f.positive("step_s"), f.number("executor_s")
+    if executor < 0:
+        raise f.error("executor_s", f"expected seconds >= 0, got {executor!r:.40}")
+    # The executor runs inside the step (the engine times the step around it): a longer
+    # executor left the loop a negative time, which the host fit took as a free loop.
+    if executor > step:
+        raise SamplesFileError(f"{f.src}: {f.where}.executor_s={executor!r} exceeds "
+                               f"step_s={step!r}: the executor runs inside the step; "
+                               "re-record the samples with `slopilot calibrate ... "
+                               "--samples-out FILE`")
+    return HostStep(shape_of_rows(rows, out, into, after_idle=idle), step, float(executor),
+                    f.text("label"), rows, (out, into), idle)
 
 
 class _Fields:

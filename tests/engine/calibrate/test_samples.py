@@ -107,6 +107,13 @@ def test_samples_are_kept_when_the_fit_is_refused(
      r"samples\[1\]\.seconds: expected a finite number"),
     (lambda d: d["grid"].update(token_budget=1), r"--token-budget 1: expected 128"),
     (lambda d: d["host_steps"][0].update(swaps=[1]), r"host_steps\[0\]\.swaps"),
+    # A step's time holds its executor's: a longer executor made a negative loop time,
+    # fitted as a loop that costs nothing, at 84 % error, and written with exit 0.
+    (lambda d: d["host_steps"][2].update(executor_s=d["host_steps"][2]["step_s"] * 2),
+     r"host_steps\[2\]\.executor_s=[0-9.e-]+ exceeds step_s=[0-9.e-]+: the executor runs "
+     r"inside the step; re-record the samples"),
+    (lambda d: d["host_steps"][2].update(executor_s=-0.001),
+     r"host_steps\[2\]\.executor_s: expected seconds >= 0, got -0\.001"),
     (lambda d: d.update(samples=[]), r"samples: is empty"),
     # Copied into the profile as they are: one the profile refuses failed only when
     # the refitted profile was read back, as a traceback naming "<profile text>".
@@ -269,3 +276,31 @@ def test_a_time_in_the_file_that_is_no_time_names_the_file_not_the_executor(
     assert status == 2 and not out.exists(), err
     assert f"s.json: samples[3].{field}: expected " in err and "positive" in err, err
     assert "the executor returned" not in err, err
+
+
+def _every_step(change: Any) -> Any:
+    def edit(doc: dict[str, Any]) -> None:
+        for i, step in enumerate(doc["host_steps"]):
+            change(i, step)
+    return edit
+
+
+def test_a_refit_of_steps_that_hold_less_than_their_executor_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def doubled(i: int, step: dict[str, Any]) -> None:
+        step["executor_s"] = 2 * step["step_s"]
+
+    status, _, err, out = _refit(tmp_path, capsys, _every_step(doubled))
+    assert status == 2 and not out.exists(), err
+    assert "s.json: host_steps[0].executor_s=" in err and "exceeds step_s=" in err, err
+
+
+KEPT = sorted((Path(__file__).parents[3] / "docs" / "data").glob("*samples*.json"))
+
+
+@pytest.mark.parametrize("path", KEPT, ids=[p.name for p in KEPT])
+def test_the_kept_real_recordings_refit_within_the_default_tolerance(path: Path) -> None:
+    # Real calibrations (an H200, this project's 2-core EPYC): judging the engine loop's
+    # fit as well must not refuse them (their loops fit to 0.6-2 % a step).
+    fit = fit_recording(read_samples(path))
+    assert fit.host_fit is not None and fit.host_fit.mape < 0.05
