@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=None,
                    help="KV cache size to record (default: what the executor would take)")
     p.add_argument("--tolerance", type=float, default=0.10,
-                   help="largest accepted mean error per iteration (default: 0.10)")
+                   help="largest accepted mean error per iteration, of the executor's "
+                   "fit and of the engine loop's (default: 0.10)")
     p.add_argument("--no-host", action="store_true",
                    help="skip timing the engine loop around the executor")
     p.add_argument("--samples-out", type=Path, default=None, metavar="FILE",

@@ -10,6 +10,7 @@ import pytest
 
 from slopilot.cli import main
 from slopilot.engine.calibrate.design import GridOptions
+from slopilot.engine.calibrate.fit import FitError
 from slopilot.engine.calibrate.runner import CalibrationOptions, Target, fit_recording, measure
 from slopilot.engine.calibrate.samples import SamplesFileError, read_samples, write_samples
 from slopilot.engine.sim.profile_file import DeviceInfo, load_profile
@@ -293,6 +294,39 @@ def test_a_refit_of_steps_that_hold_less_than_their_executor_writes_nothing(
     status, _, err, out = _refit(tmp_path, capsys, _every_step(doubled))
     assert status == 2 and not out.exists(), err
     assert "s.json: host_steps[0].executor_s=" in err and "exceeds step_s=" in err, err
+
+
+def _erratic_loop(i: int, step: dict[str, Any]) -> None:
+    # Every row possible (the executor inside its step), but the loop's time swings
+    # between 80 % of a step and none on alike steps: no form of the loop fits that.
+    step["executor_s"] = step["step_s"] * (0.2 if i % 2 else 1.0)
+
+
+def test_an_engine_loop_fit_outside_the_tolerance_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err, out = _refit(tmp_path, capsys, _every_step(_erratic_loop))
+    assert status == 2 and not out.exists(), err
+    assert "the engine loop's fit: mean error per step" in err, err
+    assert "above --tolerance 0.1" in err and "worst steps: step " in err, err
+    assert "--no-host" in err and "Nothing was written." in err, err
+    # The same recording, accepted as the message says it can be.
+    status, _, err, out = _refit(tmp_path / "t", capsys, _every_step(_erratic_loop),
+                                 "--tolerance", "10")
+    assert status == 0 and out.exists(), err
+    assert load_profile(out).fit.host_mape > 0.1  # type: ignore[union-attr]
+    status, _, err, out = _refit(tmp_path / "n", capsys, _every_step(_erratic_loop),
+                                 "--no-host")
+    assert status == 0 and out.exists(), err
+
+
+def test_the_host_fit_is_judged_by_the_runner_too(tmp_path: Path) -> None:
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    path = write_samples(rec, tmp_path / "s.json")
+    doc = json.loads(path.read_text())
+    _every_step(_erratic_loop)(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(FitError, match=r"engine loop's fit: mean error per step \d+\.\d%"):
+        fit_recording(read_samples(path))
 
 
 KEPT = sorted((Path(__file__).parents[3] / "docs" / "data").glob("*samples*.json"))
