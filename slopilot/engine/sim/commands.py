@@ -49,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _simulate(args: argparse.Namespace) -> int:
     from slopilot.engine.config import ConfigError, parse_set_args
+    from slopilot.engine.sim.calibrated_domain import DomainWatch, beyond
     from slopilot.engine.sim.cost_model import CostModelError
     from slopilot.engine.sim.output_paths import check_output_file
     from slopilot.engine.sim.profiles import ProfileError
@@ -66,7 +67,8 @@ def _simulate(args: argparse.Namespace) -> int:
         if args.replicas is not None and args.replicas < 1:
             raise ValueError(f"--replicas {args.replicas}: replicas={args.replicas} is not "
                              "a count; give at least 1")
-        run = _run(args, scenario, overrides)
+        watch = DomainWatch() if scenario.profile is not None else None
+        run = _run(args, scenario, overrides, [] if watch is None else [watch])
     except (ConfigError, ScenarioError, ProfileError, CostModelError, ValueError) as e:
         print(f"slopilot simulate: {e}", file=sys.stderr)
         return 2
@@ -75,6 +77,11 @@ def _simulate(args: argparse.Namespace) -> int:
                          sort_keys=True))
     else:
         print_summary(run.summary, scenario.slo)
+    if watch is not None and scenario.profile is not None:
+        # After the figures, which they qualify: said once a run, not once a step.
+        config = scenario.engine_config().with_overrides(overrides)
+        for line in beyond(scenario.profile, watch, config):
+            print(f"slopilot simulate: warning: {line}", file=sys.stderr)
     if args.metrics_out:
         # After the figures: a path that went bad during the run (checked before it)
         # loses the metrics file, not the run's result.
@@ -109,7 +116,8 @@ def attach_profile(scenario: Any, path: str, command: str) -> Any:
     return with_profile(scenario, load_profile_noting(path, command))
 
 
-def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> Any:
+def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str],
+         observers: list[Any]) -> Any:
     from slopilot.engine.sim.progress import ProgressReport
     from slopilot.engine.sim.simulator import Measure, simulate
     from slopilot.engine.sim.trace_scenario import replay_measure
@@ -122,12 +130,13 @@ def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str]) -> 
     scenario.engine_config().with_overrides(overrides)  # a bad knob fails before the bar
     if args.quiet:
         return simulate(scenario, overrides, measure=measure, replicas=args.replicas,
-                        seed=args.seed, with_metrics=args.metrics_out is not None)
+                        seed=args.seed, with_metrics=args.metrics_out is not None,
+                        observers=observers)
     with ProgressReport("simulate", measure.horizon_s, "s simulated",
                         rate_unit="sim-s/s") as bar:
         run = simulate(scenario, overrides, measure=measure, replicas=args.replicas,
                        seed=args.seed, with_metrics=args.metrics_out is not None,
-                       progress=bar.update)
+                       progress=bar.update, observers=observers)
         bar.finish()  # a replay's drain ends once its last request has finished
         return run
 

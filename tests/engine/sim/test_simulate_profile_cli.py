@@ -59,3 +59,41 @@ def test_a_stale_profile_warns_and_still_runs(tmp_path: Path,
     captured = capsys.readouterr()
     assert "slopilot simulate: warning:" in captured.err and "re-run" in captured.err
     assert json.loads(captured.out)["calibrated"] is True
+
+
+def test_a_run_past_the_calibrated_domain_says_where_the_twin_extrapolates(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The profile timed steps of up to 512 tokens, 32 sequences and contexts of 1024;
+    # tiny-cpu runs a 2048-token budget and prompts of up to 4096 tokens.
+    path = profile_file(tmp_path)
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "8", "--json",
+                 "--set", "max_num_seqs=64", "--profile", str(path)]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # the figures stay one JSON object; the warnings go to stderr
+    lines = [line for line in captured.err.splitlines() if "calibrated domain" in line]
+    assert len(lines) == 2, captured.err
+    tokens, context = lines
+    assert tokens.startswith("slopilot simulate: warning: iterations of up to ")
+    assert "new tokens (token_budget 2048) ran past the profile's calibrated domain " \
+           "(fit.token_budget: 512)" in tokens
+    assert "the twin extrapolates its fit there" in tokens
+    assert "--token-budget 2048" in tokens
+    assert "contexts of up to " in context and "(fit.max_context: 1024)" in context
+    assert "--max-context" in context
+    # 64 sequences allowed, but never more than 32 at once in this run: no warning.
+    assert "max_num_seqs" not in captured.err
+
+
+def test_a_run_inside_the_calibrated_domain_warns_of_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from tests.support.profiles import make_profile
+
+    wide = make_profile()
+    assert wide.fit is not None
+    fit = dataclasses.replace(wide.fit, token_budget=2048, max_context=8192)
+    path = profile_file(tmp_path, fit=fit)
+    assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "8", "--json",
+                 "--profile", str(path)]) == 0
+    assert "calibrated domain" not in capsys.readouterr().err
