@@ -1,7 +1,8 @@
 """Paged KV cache in preallocated tensors, plus a host-memory pool for swapped blocks.
 
-One tensor holds every layer's keys and values so that a swap moves a block of all
-layers in one indexed copy::
+One tensor holds every layer's keys and values so that a block of all layers is one
+slice (``[:, :, block]``): on CPU a swap copies each block's slice straight into place,
+on CUDA it moves all its blocks in one indexed copy::
 
     device  [2 (k, v), layers, num_gpu_blocks, block_size, kv_heads, head_dim]
     host    [2 (k, v), layers, num_cpu_blocks, block_size, kv_heads, head_dim]
@@ -99,6 +100,19 @@ class PagedKVCache:
                 f"{where} block ids {bad} are outside [0, {limit}); the block manager "
                 "and the executor disagree on the cache size")
 
+    @staticmethod
+    def _copy_blocks(src: torch.Tensor, src_ids: Sequence[int], dst: torch.Tensor,
+                     dst_ids: Sequence[int]) -> None:
+        """Host to host, block by block, straight into place: a block is 2 x layers
+        runs of block_size x kv_heads x head_dim values, copied at memcpy speed. The
+        indexed copy (index_select, then index_copy_) gathered the blocks into a fresh
+        tensor first, which past glibc's 32 MiB mmap ceiling is mapped anew and faulted
+        in page by page on every swap (SmolLM2-135M: 64 blocks and up; 46,081 faults
+        at 256), and took about 6x as long (benchmarks/swap_copy.py). The same bytes
+        land either way: the block manager never gives a block twice in one swap."""
+        for s, d in zip(src_ids, dst_ids, strict=True):
+            dst[:, :, d].copy_(src[:, :, s])
+
     def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy device blocks to host blocks: pairs of (gpu_block, cpu_block)."""
         if not pairs:
@@ -106,6 +120,9 @@ class PagedKVCache:
         gpu_ids, cpu_ids = zip(*pairs, strict=True)
         self._check(gpu_ids, self.num_gpu_blocks, "swap-out device")
         self._check(cpu_ids, self.num_cpu_blocks, "swap-out host")
+        if self.device.type == "cpu":
+            self._copy_blocks(self.gpu, gpu_ids, self.cpu, cpu_ids)
+            return
         src = torch.tensor(gpu_ids, device=self.device)
         dst = torch.tensor(cpu_ids)
         self.cpu.index_copy_(2, dst, self.gpu.index_select(2, src).cpu())
@@ -117,6 +134,9 @@ class PagedKVCache:
         cpu_ids, gpu_ids = zip(*pairs, strict=True)
         self._check(cpu_ids, self.num_cpu_blocks, "swap-in host")
         self._check(gpu_ids, self.num_gpu_blocks, "swap-in device")
+        if self.device.type == "cpu":
+            self._copy_blocks(self.cpu, cpu_ids, self.gpu, gpu_ids)
+            return
         src = torch.tensor(cpu_ids)
         dst = torch.tensor(gpu_ids, device=self.device)
         blocks = self.cpu.index_select(2, src).to(self.device, non_blocking=True)
