@@ -430,8 +430,9 @@ class EngineMetrics:
         by_mode.add_metric([self.model_name, "swap"], self.preempted_swap)
         yield by_mode
         for name, doc, count in (
-                ("slopilot_swap_seconds_total", "Time spent swapping KV blocks.",
-                 self.swap_seconds),
+                ("slopilot_swap_seconds_total", "Time spent copying KV blocks to and "
+                 "from host memory, timed around the copies (a CUDA stream synchronized); "
+                 "on the simulated executor, its cost model's time.", self.swap_seconds),
                 ("vllm:prefix_cache_queries_total", "Prefix cache lookups, in tokens.",
                  self.prefix_queries),
                 ("vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens.",

@@ -44,6 +44,7 @@ class MetricsObserver:
         self._swap = 0
         self._queries = 0
         self._hits = 0
+        self._swap_s = 0.0
         # Preemptions counted in vllm:num_preemptions_total so far, of the live requests
         # preempted at least once.
         self._preemptions_counted: dict[str, int] = {}
@@ -71,7 +72,6 @@ class MetricsObserver:
         recompute = sched.num_preemptions[PreemptionMode.RECOMPUTE]
         swap = sched.num_preemptions[PreemptionMode.SWAP]
         queries, hits = sched.prefix_queries, sched.prefix_hits
-        swap_blocks = len(out.swap_out) + len(out.swap_in) if out is not None else 0
         self.metrics.on_step(
             now=now, elapsed_s=elapsed_s, num_running=sched.num_running,
             num_waiting=sched.num_waiting, num_swapped=sched.num_swapped,
@@ -79,10 +79,11 @@ class MetricsObserver:
             iteration_tokens=out.vllm_iteration_tokens if out is not None else 0,
             num_preempted_recompute=recompute - self._recompute,
             num_preempted_swap=swap - self._swap,
-            swap_s=swap_blocks * sched.swap_s_per_block,
+            swap_s=sched.swap_seconds - self._swap_s,
             prefix_queries=queries - self._queries, prefix_hits=hits - self._hits)
         self._recompute, self._swap = recompute, swap
         self._queries, self._hits = queries, hits
+        self._swap_s = sched.swap_seconds
 
     def _count_preemptions(self, req: Request) -> None:
         # vLLM's scheduler records each preemption on its request; the frontend counts

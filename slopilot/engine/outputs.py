@@ -96,6 +96,12 @@ class ModelRunnerOutput:
     sampled: dict[str, int]
     # Wall time the iteration took (measured) or would take (cost model), seconds.
     elapsed_s: float = 0.0
+    # Of that, the seconds its swap-out and swap-in copies took (timed around the copies,
+    # a CUDA stream synchronized; the simulated executor's: its cost model's), or None
+    # where there were none or the executor does not time them. The scheduler exports
+    # them and judges the next victim's swap by them (``swap_cost.py``).
+    swap_out_s: float | None = None
+    swap_in_s: float | None = None
     # request_id -> the sampled token's logprobs, for rows whose sampling asks for them.
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     # request_id -> one entry per token of its ``prompt_logprob_targets``, in order.

@@ -17,7 +17,9 @@ def choose_mode(config: EngineConfig, kv: BlockManager, victim: Request,
     """The mode to preempt ``victim`` with, or None when it must not be preempted.
 
     A swap estimated above ``swap_timeout_ms`` never happens: every running request
-    would stall behind the copy. For a newcomer (a waiting P0) that means no
+    would stall behind the copy. ``swap_s_per_block`` is the scheduler's estimate
+    (``swap_cost.py``): the executor's guess until a swap-out has been timed, then what
+    its recent swap-outs took a block. For a newcomer (a waiting P0) that means no
     preemption, and the newcomer waits (None). A running request that needs room to
     grow cannot wait on nobody, or the batch could deadlock, so it gets a recompute.
     """

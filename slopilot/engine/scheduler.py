@@ -368,6 +368,8 @@ class Scheduler(Admission):
         num_finished = len(finished)
         if result.logprobs or result.prompt_logprobs:
             _record_logprobs(requests, out, result)
+        if out.swap_out or out.swap_in:
+            self._record_swaps(out, result)
         get, add_got = requests.get, got.append
         prefilled = 0
         for seq in out.seqs:
@@ -402,6 +404,15 @@ class Scheduler(Admission):
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         out.vllm_iteration_tokens = len(got) + prefilled
         return step
+
+    def _record_swaps(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """The executor's timing of this iteration's copies: exported, and the next
+        victim's swap judged by the swap-outs' (``swap_cost.py``)."""
+        if result.swap_out_s is not None:
+            self.swap_seconds += result.swap_out_s
+            self.swap_cost.observe_swap_out(len(out.swap_out), result.swap_out_s)
+        if result.swap_in_s is not None:
+            self.swap_seconds += result.swap_in_s
 
     def check_integrity(self) -> None:
         """The block manager's invariants, and every live request in exactly one place.

@@ -17,6 +17,7 @@ from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 from slopilot.engine.preemption import choose_mode
 from slopilot.engine.request import Request, RequestStatus
+from slopilot.engine.swap_cost import SwapCost
 from slopilot.engine.waiting_queue import WaitingQueue
 
 
@@ -34,7 +35,8 @@ class SchedulerBase:
         self.max_model_len = max_model_len
         self.kv = BlockManager(num_gpu_blocks, config.block_size, num_cpu_blocks,
                                config.enable_prefix_caching)
-        self.swap_s_per_block = swap_s_per_block
+        # ``swap_s_per_block`` is the executor's guess; its timed swap-outs replace it.
+        self.swap_cost = SwapCost(swap_s_per_block)
         self.requests: dict[str, Request] = {}
         # Live requests whose sampling has penalties (the executor needs their tokens).
         self._with_penalties: dict[str, Request] = {}
@@ -65,6 +67,13 @@ class SchedulerBase:
         self.num_preemptions = {PreemptionMode.RECOMPUTE: 0, PreemptionMode.SWAP: 0}
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # Seconds the executor reported its swap copies (out and in) took.
+        self.swap_seconds = 0.0
+
+    @property
+    def swap_s_per_block(self) -> float:
+        """The swap-out cost of one block that ``swap_timeout_ms`` is judged by."""
+        return self.swap_cost.per_block_s
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status

@@ -52,9 +52,14 @@ def test_swaps_add_pcie_time_before_the_pass(cost_model: CostModel) -> None:
     base = ex.execute(out).elapsed_s
     out.swap_out = [(i, i) for i in range(100)]
     out.swap_in = [(i, 200 + i) for i in range(40)]
-    with_swaps = ex.execute(out).elapsed_s
-    assert with_swaps - base == pytest.approx(
+    result = ex.execute(out)
+    assert result.elapsed_s - base == pytest.approx(
         cost_model.swap_time(100, 16) + cost_model.swap_time(40, 16), rel=1e-9)
+    # The modelled copies are what it reports it spent on them.
+    assert result.swap_out_s == cost_model.swap_time(100, 16)
+    assert result.swap_in_s == cost_model.swap_time(40, 16)
+    assert (ex.execute(mixed_batch()).swap_out_s, ex.execute(mixed_batch()).swap_in_s) \
+        == (None, None)
 
 
 def test_a_swap_only_iteration_costs_just_the_copies(cost_model: CostModel) -> None:

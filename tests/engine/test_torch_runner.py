@@ -7,12 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from slopilot.engine.config import EngineConfig, PreemptionMode
+from slopilot.engine.engine import LLMEngine, VirtualClock
 from slopilot.engine.executors.batch import BatchError
 from slopilot.engine.executors.kv_cache import CacheError, PagedKVCache
 from slopilot.engine.executors.loader import LoadedModel, load_checkpoint
 from slopilot.engine.executors.torch_runner import ExecutorError, TorchExecutor
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
 from slopilot.engine.request import SamplingParams
+from tests.engine.helpers import make_request
+from tests.engine.test_metrics import value
 from tests.engine.torch_driver import Plan, generate, greedy
 
 # Both fixtures live in tests/engine/conftest.py.
@@ -61,6 +67,75 @@ def test_swap_out_happens_before_swap_in_of_the_same_block(loaded: LoadedModel) 
     ex.execute(SchedulerOutput(swap_out=[(1, 0)], swap_in=[(2, 1)]))
     assert ex.kv_cache.cpu[:, :, 0].eq(1.0).all()
     assert ex.kv_cache.gpu[:, :, 1].eq(2.0).all()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_swap_copies_are_timed_on_the_executors_clock(loaded: LoadedModel) -> None:
+    clock = FakeClock()
+    ex = TorchExecutor(loaded, num_gpu_blocks=32, num_cpu_blocks=8, block_size=4,
+                       clock=clock)
+    cache = ex.kv_cache
+    copy_out, copy_in = cache.swap_out, cache.swap_in
+
+    def slow_out(pairs: list[tuple[int, int]]) -> None:
+        clock.t += 0.25 * len(pairs)
+        copy_out(pairs)
+
+    def slow_in(pairs: list[tuple[int, int]]) -> None:
+        clock.t += 0.125 * len(pairs)
+        copy_in(pairs)
+
+    cache.swap_out, cache.swap_in = slow_out, slow_in  # type: ignore[method-assign]
+    cache.gpu[:, :, 1] = 1.0
+    cache.cpu[:, :, 2] = 2.0
+    result = ex.execute(SchedulerOutput(swap_out=[(1, 0), (3, 5)], swap_in=[(2, 1)]))
+    assert (result.swap_out_s, result.swap_in_s) == (0.5, 0.125)
+    assert result.elapsed_s == 0.625
+    assert cache.cpu[:, :, 0].eq(1.0).all() and cache.gpu[:, :, 1].eq(2.0).all()
+    # An iteration without swaps times none: nothing for the scheduler to learn from.
+    result = ex.execute(SchedulerOutput(seqs=[_row("a", [3, 4, 5], 0, [7])]))
+    assert (result.swap_out_s, result.swap_in_s) == (None, None)
+
+
+def test_slow_swap_copies_are_exported_and_turn_victims_to_recompute(
+        loaded: LoadedModel) -> None:
+    clock = FakeClock()
+    ex = TorchExecutor(loaded, num_gpu_blocks=8, num_cpu_blocks=32, block_size=16,
+                       clock=clock)
+    copy_out = ex.kv_cache.swap_out
+    copied: list[int] = []
+
+    def slow_out(pairs: list[tuple[int, int]]) -> None:
+        clock.t += 0.05 * len(pairs)  # 50 ms a block; the guess is microseconds
+        copied.append(len(pairs))
+        copy_out(pairs)
+
+    ex.kv_cache.swap_out = slow_out  # type: ignore[method-assign]
+    cfg = EngineConfig().with_overrides({"budget_align": 1, "kv_watermark": 0.0,
+                                         "preemption_mode": "swap", "swap_timeout_ms": 50})
+    metrics = EngineMetrics("tiny", clock=lambda: 0.0)
+    engine = LLMEngine(cfg, ex, ex.num_gpu_blocks, ex.num_cpu_blocks,
+                       ex.swap_time_per_block_s, clock=VirtualClock(),
+                       observers=[MetricsObserver(metrics)])
+    for i in range(3):
+        engine.add_request(make_request(f"r{i}", 20, max_tokens=60, first_token=10 + 30 * i))
+    engine.run_until_idle()
+    sched = engine.scheduler
+    sched.check_integrity()
+    # The guess let the first victim swap; what its copy took turned the others away.
+    assert sched.num_preemptions[PreemptionMode.SWAP] == 1
+    assert sched.num_preemptions[PreemptionMode.RECOMPUTE] >= 1
+    assert sched.swap_s_per_block == pytest.approx(0.05)
+    # The swap-out's 50 ms a block; its swap-in, on this clock, took none.
+    assert len(copied) == 1
+    assert value(metrics, "slopilot_swap_seconds_total") == pytest.approx(0.05 * copied[0])
 
 
 def test_only_sampling_rows_answer(loaded: LoadedModel) -> None:

@@ -88,6 +88,12 @@ class SimulatedExecutor:
         start = self._clock() if self.realtime else 0.0
         elapsed = self.modelled_time(out)
         result = ModelRunnerOutput(sampled={}, elapsed_s=elapsed)
+        # What the modelled copies took, as a real executor reports what it timed: the
+        # twin's scheduler exports them and learns the swap cost from them too.
+        if out.swap_out:
+            result.swap_out_s = self.cost_model.swap_time(len(out.swap_out), self.block_size)
+        if out.swap_in:
+            result.swap_in_s = self.cost_model.swap_time(len(out.swap_in), self.block_size)
         sampled, logprobs = result.sampled, result.logprobs
         targets = out.prompt_logprob_targets
         for s in out.seqs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -85,8 +86,11 @@ class TorchExecutor:
                  seed: int = 0, num_threads: int | None = None,
                  cpu_kernels: str = "auto", decode_graphs: str = "auto",
                  max_graph_batch: int = GRAPH_MAX_BATCH, piecewise_graphs: str = "off",
-                 max_graph_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+                 max_graph_tokens: int = DEFAULT_MAX_TOKENS,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.device = torch.device(device)
+        # Times each iteration and its swap copies (a test drives it by hand).
+        self._clock = clock
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ExecutorError("device='cuda' but torch sees no CUDA device; use device='cpu'")
         if block_size < 1:
@@ -241,8 +245,11 @@ class TorchExecutor:
 
     @property
     def swap_time_per_block_s(self) -> float:
-        """Estimated copy time of one block, for ``swap_timeout_ms`` (decided before the
-        copy runs): PCIe 4.0 x16 at ~25 GB/s effective on CUDA, a ~10 GB/s memcpy on CPU."""
+        """A guess of one block's copy time, which ``swap_timeout_ms`` is judged by until
+        the first swap-out is timed (``swap_cost.py``; each iteration's copies are timed in
+        ``execute``): PCIe 4.0 x16 at ~25 GB/s effective on CUDA, a ~10 GB/s memcpy on
+        CPU. A guess only: SmolLM2-135M's 256-block swap-out, 18.9 ms by it, took 16 to
+        72 ms on this project's 2-core machine as it was quiet or busy."""
         bandwidth = 25e9 if self.device.type == "cuda" else 10e9
         return self.block_bytes / bandwidth
 
@@ -266,12 +273,32 @@ class TorchExecutor:
     def num_cpu_blocks(self) -> int:
         return self.kv_cache.num_cpu_blocks
 
+    def _swap(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """Run the iteration's copies, out before in (a block freed by a swap-out may be
+        the target of a swap-in), each timed for the scheduler and the metrics."""
+        cuda = self.device.type == "cuda"
+        clock, cache = self._clock, self.kv_cache
+        if cuda:
+            # Work queued before is not the copies' time.
+            torch.cuda.synchronize(self.device)
+        if out.swap_out:
+            start = clock()
+            cache.swap_out(out.swap_out)  # ends on the host: nothing left queued
+            result.swap_out_s = clock() - start
+        if out.swap_in:
+            start = clock()
+            cache.swap_in(out.swap_in)
+            if cuda:
+                # Only queued: wait to time it. The pass would wait for it on the stream
+                # anyway; all this costs is the launch overlap, on an iteration that swaps in.
+                torch.cuda.synchronize(self.device)
+            result.swap_in_s = clock() - start
+
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        start = time.perf_counter()
-        # Out before in: a block freed by a swap-out may be the target of a swap-in.
-        self.kv_cache.swap_out(out.swap_out)
-        self.kv_cache.swap_in(out.swap_in)
+        start = self._clock()
         result = ModelRunnerOutput(sampled={})
+        if out.swap_out or out.swap_in:
+            self._swap(out, result)
         if out.seqs:
             with torch.inference_mode(), sdpa_kernel(ATTENTION_BACKENDS):
                 graphs = self.decode_graphs
@@ -305,7 +332,7 @@ class TorchExecutor:
             torch.cuda.synchronize(self.device)
         # out.finished_ids needs nothing here: the sampler derives each seeded draw from
         # (seed, output index), so the executor holds no per-request state to drop.
-        result.elapsed_s = time.perf_counter() - start
+        result.elapsed_s = self._clock() - start
         return result
 
 

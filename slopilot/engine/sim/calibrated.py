@@ -32,6 +32,7 @@ from slopilot.engine.sim.shape import FEATURES, IterationShape, feature_sums, fe
 _GIB = 1024 ** 3
 MAX_BLOCKS = 50_000_000
 _SWAP = FEATURES.index("swap_blocks")
+_SWAP_CALL = FEATURES.index("swap_batches")
 
 
 class CalibratedCostModel:
@@ -122,9 +123,13 @@ class CalibratedCostModel:
         return self._total[_SWAP] * block_size / self.profile.block_size
 
     def swap_time(self, num_blocks: int, block_size: int) -> float:
+        """One direction's copies of ``num_blocks`` blocks: the fitted per-call cost
+        (``swap_batches``) and per-block cost, as ``output_time`` charges them."""
         if num_blocks < 0:
             raise CostModelError(f"num_blocks={num_blocks!r} must be >= 0")
-        return num_blocks * self.swap_time_per_block(block_size)
+        if num_blocks == 0:
+            return 0.0
+        return self._total[_SWAP_CALL] + num_blocks * self.swap_time_per_block(block_size)
 
     def __repr__(self) -> str:
         return f"CalibratedCostModel({self.profile.source!r}, model={self.model.name!r})"

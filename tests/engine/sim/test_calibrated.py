@@ -45,6 +45,10 @@ def test_output_time_charges_swaps_scaled_by_block_size() -> None:
     assert cm.output_time(out, 16) == pytest.approx(base + per_call + 2 * per_block)
     assert cm.output_time(out, 32) == pytest.approx(base + per_call + 4 * per_block)
     assert cm.swap_time_per_block(32) == pytest.approx(2 * per_block)
+    # One direction's copies, as the simulated executor reports them: the call and blocks.
+    assert cm.swap_time(2, 16) == pytest.approx(per_call + 2 * per_block)
+    assert cm.swap_time(2, 32) == pytest.approx(per_call + 4 * per_block)
+    assert cm.swap_time(0, 16) == 0.0
 
 
 def test_kv_sizing_comes_from_the_calibrated_cache() -> None:
