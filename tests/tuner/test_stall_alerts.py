@@ -68,9 +68,9 @@ def ident(namespace: str = "team-a", **extra: str) -> dict[str, str]:
 
 def run(binaries: PrometheusBinaries, workdir: Path, files: list[str],
         series: list[dict[str, str]], alerts: list[dict[str, Any]],
-        exprs: list[dict[str, Any]] | None = None) -> None:
+        exprs: list[dict[str, Any]] | None = None, interval: str = "15s") -> None:
     test = {"rule_files": files, "evaluation_interval": "30s",
-            "tests": [{"interval": "15s", "input_series": series,
+            "tests": [{"interval": interval, "input_series": series,
                        "alert_rule_test": alerts, "promql_expr_test": exprs or []}]}
     (workdir / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     result = promtool(binaries, "test", "rules", "test.yaml", cwd=workdir)
@@ -327,3 +327,106 @@ def test_another_tenants_stall_and_gap_fire_nothing_of_team_a(
                    {"eval_time": at, "alertname": "SlopilotTTFTP99High",
                     "exp_alerts": ttft_alerts("team-b")}]
     run(prometheus_binaries, tmp_path, files, healthy + others, checks)
+
+
+def stalled_count(at: str, value: float) -> dict[str, Any]:
+    sel = ",".join(f'{k}="{v}"' for k, v in ident().items())
+    return {"expr": "slopilot:stalled_replicas:count", "eval_time": at,
+            "exp_samples": [{"labels": f"slopilot:stalled_replicas:count{{{sel}}}",
+                             "value": value}]}
+
+
+def busy_replica(tokens: str, minutes: int = 30) -> list[dict[str, str]]:
+    """One replica with 4 requests running, its token counter ``tokens``, scraped fine."""
+    return [{"series": f"vllm:num_requests_running{labels()}", "values": f"4x{minutes}"},
+            {"series": f"vllm:generation_tokens_total{labels()}", "values": tokens},
+            {"series": f"up{labels()}", "values": f"1x{minutes}"}]
+
+
+@pytest.mark.prometheus
+def test_a_busy_replica_scraped_every_minute_is_not_stalled(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """Prometheus's default scrape interval, 60 s, leaves one sample in the 60 s rate
+    window, and no rate: read as no token made, every busy replica counted stalled and
+    ``SlopilotEngineStalled`` (hold) fired for good on a healthy deployment (a
+    reviewer's real Prometheus). Too few samples to tell is no stall. (promtool's
+    windows are closed, so on the minute they hold two samples: the counts between
+    are the ones that read 1.)"""
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard"})]
+    times = ("0s", "30s", "1m", "2m30s", "5m", "12m30s", "29m")
+    checks = [{"eval_time": at, "alertname": "SlopilotEngineStalled", "exp_alerts": []}
+              for at in times]
+    run(prometheus_binaries, tmp_path, files, busy_replica("0+6000x30"), checks,
+        [stalled_count(at, 0) for at in times], interval="1m")
+
+
+@pytest.mark.prometheus
+def test_a_stall_scraped_every_minute_still_fires(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """At a 60 s scrape the stall is read over 5 minutes where the minute holds one
+    sample: tokens stop after 10m, it reads stalled from 14m (promtool's windows are
+    closed: on the minute, the minute holds two samples and judges), and the alert
+    fires 2 minutes on."""
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard"})]
+    checks = [{"eval_time": at, "alertname": "SlopilotEngineStalled",
+               "exp_alerts": [STALLED] if stalled else []}
+              for at, stalled in (("12m", False), ("13m30s", False), ("16m", True),
+                                  ("25m", True))]
+    exprs = [stalled_count("13m30s", 0), stalled_count("14m", 1), stalled_count("25m", 1)]
+    run(prometheus_binaries, tmp_path, files, busy_replica("0+6000x10 60000x20"), checks,
+        exprs, interval="1m")
+
+
+@pytest.mark.prometheus
+def test_a_stall_at_a_15s_scrape_is_read_over_the_minute_as_before(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The short window still judges wherever it holds two samples: tokens stop at 5m,
+    the minute is flat from 6m, the alert fires at 8m (not 5 minutes later)."""
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard"})]
+    checks = [{"eval_time": at, "alertname": "SlopilotEngineStalled",
+               "exp_alerts": [STALLED] if stalled else []}
+              for at, stalled in (("5m30s", False), ("7m30s", False), ("8m", True))]
+    run(prometheus_binaries, tmp_path, files, busy_replica("0+1500x20 30000x40", 60),
+        checks, [stalled_count("5m30s", 0), stalled_count("6m", 1)])
+
+
+def target_labelled_by_metric_relabel() -> list[dict[str, str]]:
+    """A plain Prometheus whose job puts the deployment's labels on with
+    ``metric_relabel_configs``: every scraped series has them, ``up`` (target labels
+    only) has not."""
+    bare = '{namespace="team-a",instance="a",job="engine"}'
+    return [{"series": f"vllm:num_requests_running{labels()}", "values": "4x30"},
+            {"series": f"vllm:generation_tokens_total{labels()}", "values": "0+1500x30"},
+            {"series": f"up{bare}", "values": "1x30"}]
+
+
+@pytest.mark.prometheus
+def test_labels_put_on_by_metric_relabeling_do_not_hold_the_loop_for_good(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """``up`` without the deployment's labels read as "no target left" while its
+    engine's series were scraped every 15 s: ``SlopilotTargetsDown`` (hold) fired for
+    good on a healthy deployment (a reviewer's real Prometheus)."""
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard"})]
+    checks: list[dict[str, Any]] = [
+        {"eval_time": at, "alertname": "SlopilotTargetsDown", "exp_alerts": []}
+        for at in ("3m", "7m")]
+    run(prometheus_binaries, tmp_path, files, target_labelled_by_metric_relabel(), checks)
+
+
+@pytest.mark.prometheus
+def test_labels_put_on_by_metric_relabeling_still_fire_once_every_target_is_gone(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # Every target's scrapes fail from 2m: its series go stale, and none is left.
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a",
+                        {"profile": "standard"})]
+    series = [{**s, "values": s["values"].replace("x30", "x8 stale")}
+              for s in target_labelled_by_metric_relabel()]
+    series[-1]["values"] = "1x8 0x22"
+    checks: list[dict[str, Any]] = [
+        {"eval_time": "1m30s", "alertname": "SlopilotTargetsDown", "exp_alerts": []},
+        {"eval_time": "6m", "alertname": "SlopilotTargetsDown", "exp_alerts": [DOWN]}]
+    run(prometheus_binaries, tmp_path, files, series, checks)

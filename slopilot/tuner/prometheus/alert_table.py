@@ -29,7 +29,9 @@ SlopilotPreemptionStorm    preemptions per minute > 10            retune    ``al
 SlopilotBatchingUnderused  utilization < 0.6 and waiting > 100    retune    ``alert_for_s``
 SlopilotPrefixCacheHitLow  prefix hit ratio < 0.95 (if expected)  inform    ``alert_for_s``
 SlopilotEngineStalled      replicas with requests in flight and   hold      ``alert_for_s``
-                           no token made over the window > 0
+                           no token made over the window (over
+                           ``stall_lookback_s`` where it holds
+                           too few samples) > 0
 SlopilotTargetsDown        scrape targets down, or none left, > 0 hold      2 rate windows
                                                                            at least
 =========================  =====================================  ========  ===========
@@ -121,9 +123,10 @@ class Figure(enum.StrEnum):
     PREFIX_HIT_RATIO = "slopilot:prefix_cache_hit_ratio"
     STALLED_REPLICAS = "slopilot:stalled_replicas:count"
     """Replicas with requests in flight (waiting or running) that made no token over
-    the window."""
+    the window (over ``RuleOptions.stall_lookback_s`` where it holds too few samples)."""
     TARGETS_DOWN = "slopilot:scrape_targets_down:count"
-    """Scrape targets whose last scrape failed; 1 where none is left at all."""
+    """Scrape targets whose last scrape failed; 1 where none is left at all (nor any of
+    the deployment's engine gauges)."""
 
     @property
     def per_class(self) -> bool:
@@ -165,6 +168,10 @@ MAX_DURATION_S = 86_400
 (about 2.5 million hours), and a Prometheus that loads every tenant's rules file then
 refuses to start at all; a range over days is also what one tenant's rule should not ask
 of a shared Prometheus. A day is beyond any sensible hold."""
+STALL_LOOKBACK_S = 300
+"""The window a replica's tokens are judged over where the rate window holds fewer than
+two of its samples (``rules._Renderer.stalled_replicas``): two at any scrape interval up
+to 2.5 minutes, Prometheus's default 60 s among them."""
 MAX_WAITING = 1_000_000_000
 """The largest ``waiting_min``: above any queue, and a number PromQL reads exactly."""
 
@@ -253,6 +260,12 @@ class RuleOptions:
         """``for:`` of the sustained-breach rows: the breach window, or the others' hold if
         that is longer."""
         return max(self.alert_for_s, self.breach_window_s)
+
+    @property
+    def stall_lookback_s(self) -> int:
+        """Where the rate window holds too few samples of a replica's token counter (a
+        scrape interval past half of it), its stall is judged over this window."""
+        return max(self.rate_window_s, STALL_LOOKBACK_S)
 
     @property
     def tbt_for_s(self) -> int:
@@ -380,7 +393,9 @@ def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
         (Condition(Figure.STALLED_REPLICAS, Op.ABOVE, 0),), o.alert_for_s,
         "engine stalled: requests in flight, no token made",
         f"{{{{ $value }}}} replica(s) held requests waiting or running and made no token "
-        f"over {_minutes(o.rate_window_s)}, for {_minutes(o.alert_for_s)}: the executor or "
+        f"over {_minutes(o.rate_window_s)} (over {_minutes(o.stall_lookback_s)} where "
+        "scrapes too far apart leave fewer than two in that window), "
+        f"for {_minutes(o.alert_for_s)}: the executor or "
         "the engine is stuck. The controller neither retunes nor scales while it fires; "
         "restart the stuck pods (docs/operations.md, Alerts)."))
     # Through two rate windows at least: with the short windows of the demo (a scrape a

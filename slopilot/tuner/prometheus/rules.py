@@ -325,18 +325,35 @@ class _Renderer:
         pods = f"group by (namespace, pod) (vllm:num_requests_running{self.sel()})"
         return f"avg({either} * on (namespace, pod) group_left () {pods}) / 100"
 
+    def busy_gauges(self) -> str:
+        """The engine's requests running and waiting under the selector: one selector,
+        so either alone (the other not exported) is read. Both backends export both."""
+        return ('{__name__=~"vllm:num_requests_running|vllm:num_requests_waiting",'
+                + self.sel()[1:])
+
     def stalled_replicas(self) -> str:
         """The replicas with requests waiting or running that made no token over the
         window: per replica, so one stuck among busy ones counts (the deployment's sum of
         tokens hid it, while its clients' first tokens never came). One that exports no
-        token counter counts too: it makes none that anyone can see. 0, not no data,
-        where none is stalled. The two gauges in one selector, summed, so either alone
-        (the other not exported) still counts."""
-        gauges = ('{__name__=~"vllm:num_requests_running|vllm:num_requests_waiting",'
-                  + self.sel()[1:])
+        token counter counts too: it makes none that anyone can see (both backends
+        export it, at 0, from their start). 0, not no data, where none is stalled.
+
+        A rate needs two samples in its window, and a scrape interval past half the
+        window leaves one (Prometheus's default, 60 s, against the 60 s window): no rate
+        is no verdict, not no token, or every busy replica read as stalled and the alert
+        held the loop for good. Where the window holds too few, the replica is judged
+        over ``RuleOptions.stall_lookback_s`` instead (a stall then reads later: its
+        tokens flat that long), and where even that holds too few, it is not counted."""
         by = f"sum by ({REPLICA_LABEL})"
-        busy = f"{by} ({gauges}) > 0"
-        making = f"{by} (rate(vllm:generation_tokens_total{self.sel()}[{self.window}])) > 0"
+        busy = f"{by} ({self.busy_gauges()}) > 0"
+        tokens = f"vllm:generation_tokens_total{self.sel()}"
+        short = f"{by} (rate({tokens}[{self.window}]))"
+        long = f"{by} (rate({tokens}[{duration(self.opt.stall_lookback_s)}]))"
+        counted = f"group by ({REPLICA_LABEL}) ({tokens})"
+        # Not stalled: tokens made over the window; or a counter with too few samples
+        # there whose rate over the lookback is not 0 (tokens made, or too few again).
+        not_flat = f"({counted} unless on ({REPLICA_LABEL}) ({short} or {long} == 0))"
+        making = f"({short} > 0 or {not_flat})"
         return f"count({busy} unless on ({REPLICA_LABEL}) {making}) or vector(0)"
 
     def targets_down(self) -> str:
@@ -345,7 +362,16 @@ class _Renderer:
         monitor selects them), but for a Deployment kube-state-metrics says is scaled to
         0 (``spec.replicas.min: 0`` is allowed). Read from ``up`` under the deployment's
         own selector: Prometheus writes it for each target with the target's labels,
-        which the ServiceMonitor's relabelings and the enforced namespace label set."""
+        which the ServiceMonitor's relabelings and the enforced namespace label set.
+
+        ``up`` carries target labels only: a plain Prometheus job that puts the
+        selector's labels on with ``metric_relabel_configs`` (each scraped series, after
+        the scrape) leaves them off ``up``, and "none left" fired for good beside a
+        healthy deployment. So none is left only where the engine's own gauges are gone
+        too. Where ``up`` has the labels that hides nothing: a target removed, or one
+        whose scrape fails, has its series marked stale at once, so with no ``up`` left
+        no gauge is left either. Such a job still shows every target gone (their
+        gauges go stale too), never one down of several (docs/operations.md)."""
         up = f"up{self.sel()}"
         gone = f"absent({up})"
         if self.namespace is not None:
@@ -354,6 +380,7 @@ class _Renderer:
             scaled = render_selector({"namespace": self.namespace,
                                       "deployment": self.deployment})
             gone += f" unless on () (kube_deployment_spec_replicas{scaled} == 0)"
+        gone += f" unless on () group({self.busy_gauges()})"
         return f"sum({up} == bool 0) or {gone}"
 
     def recording_rules(self) -> list[dict[str, Any]]:
