@@ -169,14 +169,24 @@ def _latency_panels(latency: LatencySources) -> list[timeseries.Panel]:
                     "to its engine's output, and reads low, on its own coarser buckets: "
                     "a gap between 10 and 25 ms, say, is only known to be there.")
             if short == "TTFT":
+                # vLLM's own histogram, read where the meter saw no first token, ends at
+                # 2,560 s: a stall there reads that edge, not the meter's 300 s.
+                if source.client is None:
+                    edge, top = "300 s, the histograms' last finite edge", "300 s"
+                    wait = "a five-minute wait"
+                else:
+                    edge = ("the last finite edge of the histogram read: 300 s on the "
+                            "meter's, 2,560 s on vLLM's own (where the meter saw no first "
+                            "token in the window)")
+                    top, wait = "either edge", "a wait that long"
                 description += (
                     " A request turned away for load (429, the built-in engine) or whose "
                     "client left before a first token after waiting past the target counts "
-                    "as a first token never given: read as 300 s, the histograms' last "
-                    "finite edge. So a P99 of 300 s says at least 1 % (a P50 of 300 s, at "
-                    "least 50 %) of the class's requests were refused or left past the "
-                    "target, not a five-minute wait; a client that left within the target "
-                    "missed nothing and is not counted.")
+                    f"as a first token never given: read as {edge}. So a P99 of {top} "
+                    f"says at least 1 % (a P50 of {top}, at least 50 %) of the class's "
+                    f"requests were refused or left past the target, not {wait}; "
+                    "a client that left within the target missed nothing and is not "
+                    "counted.")
             description += (f" Dashed: the deployment's own {short} P99 target for "
                             f"{p.label.upper()} (its rules record it as {target}); no "
                             "line, no target (best effort).")

@@ -33,6 +33,15 @@ def test_a_ttft_panel_says_what_300_s_means(latency: LatencySources) -> None:
         assert "refused" in about and "past the target" in about
 
 
+def test_a_vllm_ttft_panel_names_vllms_own_last_edge_too() -> None:
+    # Where the meter saw no first token in the window, the panel reads vLLM's own
+    # histogram, whose last finite edge is 2,560 s: a stall there reads 2,560 s, not 300.
+    for cls in ("P0", "P1", "P2"):
+        about = _panel(VLLM_LATENCY, f"TTFT {cls}")["description"]
+        assert "2,560 s" in about and "300 s" in about
+    assert "2,560" not in _panel(BUILTIN_LATENCY, "TTFT P0")["description"]
+
+
 @BACKENDS
 def test_the_share_within_the_slo_counts_refusals_and_draws_classes_with_objectives(
         latency: LatencySources) -> None:

@@ -188,6 +188,31 @@ def test_a_vllm_deployment_counts_streams_cut_short_before_a_first_token(
 
 
 @pytest.mark.prometheus
+def test_a_vllm_stall_the_meter_saw_no_first_token_of_reads_vllms_last_edge(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """From 5m no first token, and streams cut short past the target: the meter saw no
+    first token in the window, so the P99 is vLLM's own histogram's with them in its
+    +Inf, at its last finite edge, 2,560 s (the meter's and the built-in engine's: 300 s;
+    docs/operations.md says both)."""
+    files = [rules_file(tmp_path, "llmdeployment-vllm.yaml", "team-a",
+                        {"profile": "standard", "vllmClass": "p0"})]
+    p0 = labels(priority_class="p0")
+    series = [
+        {"series": f"{CLIENT_TTFT}_count{p0}", "values": "0+60x20 1200x20"},
+        {"series": f"{CLIENT_ABANDONED}{labels(priority_class='p0', within_ttft_target='false')}",
+         "values": "0x20 0+60x20"},
+        *({"series": f'{TTFT}_bucket{labels(priority_class="p0", le=le)}',
+           "values": "0+60x20 1200x20"} for le in ("1.0", "2560.0", "+Inf")),
+        {"series": f"{TTFT}_count{p0}", "values": "0+60x20 1200x20"},
+    ]
+    p99 = {"expr": 'slopilot:ttft_seconds:p99{priority_class="p0"}', "eval_time": "8m",
+           "exp_samples": [{"labels": "slopilot:ttft_seconds:p99{" + ",".join(
+               f'{k}="{v}"' for k, v in ident(priority_class="p0").items()) + "}",
+                            "value": 2560}]}
+    run(prometheus_binaries, tmp_path, files, series, [], [p99])
+
+
+@pytest.mark.prometheus
 def test_one_stream_cut_short_beside_bodies_leaves_vllms_p99_to_vllm(
         prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
     """600 non-streamed requests a minute, all first tokens within 0.1 s (vLLM's own

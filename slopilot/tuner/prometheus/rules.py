@@ -174,7 +174,10 @@ def latency_quantile(q: float, source: LatencySource, selector: str, window: str
     """``q`` of a TTFT or TBT over ``window``, summed ``by`` (``le`` among them): the
     client-side histogram's wherever it observed a first token in the window, else the
     engine's (``latency_sources``), each with the first tokens never given in its +Inf
-    (``bucket_rates``: a stall's streams cut short read 300 s on either). Per group of
+    (``bucket_rates``): a stall reads the last finite edge of the histogram read, 300 s
+    on the built-in engine's and the meter's, 2,560 s on vLLM's own (read for a class
+    whose meter saw no first token in the window, as in a stall that gives none). Per
+    group of
     ``by``: the guard keeps a group whose client histogram counted nothing (its quantile
     NaN) from hiding the engine's, and ``or`` takes the engine's for a group only where
     the client's has none of the same labels.
