@@ -99,8 +99,9 @@ TRANSITIONS: tuple[Transition, ...] = (
                "max_trials_per_hour trials in the last hour"),
     Transition(S.TUNING, S.COMMIT, Event.TOO_LITTLE_TRAFFIC,
                "a trial ran max_trial_s short of min_class_requests of a class, or, "
-               "before the first, the probe's rate of an alert class reaches short of "
-               "it in max_trial_s: too little traffic to judge one, the episode ends"),
+               "before the first, the probe's rate of an alert class (of what the floor "
+               "counts: on vLLM the meter's streams) reaches short of it in max_trial_s: "
+               "too little traffic to judge one, the episode ends"),
     Transition(S.COMMIT, S.COOLDOWN, Event.COMMITTED,
                "the episode's best feasible config applied to every replica"),
     Transition(S.COMMIT, S.COOLDOWN, Event.TRIAL_RATE_LIMIT,
