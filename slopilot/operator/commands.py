@@ -6,13 +6,17 @@ Light at import (argparse only): kopf, the client and the tuner load when the co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import random
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slopilot.operator.kubeapi import Kube
 
 # The peering object of manifests/kopf-peering.yaml (kept here so --help needs no kopf).
 PEERING_NAME = "slopilot"
@@ -112,6 +116,12 @@ def run(args: argparse.Namespace) -> int:
         started_policy()
     except ValueError as exc:
         raise SystemExit(f"slopilot operator: {exc}") from None
+    from slopilot.operator.kubeapi import Kube, KubeConfigError, load_client
+
+    try:  # permanent: kopf's login would retry it every minute, a traceback each time
+        kube = Kube(load_client())
+    except KubeConfigError as exc:
+        raise SystemExit(f"slopilot operator: {exc}") from None
     kopf.configure(verbose=args.verbose)
     if args.metrics is not None:
         from slopilot.operator.metrics_endpoint import serve_metrics
@@ -122,33 +132,61 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"slopilot operator: --metrics {args.metrics[0]}:"
                              f"{args.metrics[1]}: cannot listen there ({exc})") from None
         log.info("slopilot operator: controller series at %s:%d/metrics", *args.metrics)
-    if args.standalone:
-        log.info("slopilot operator: standalone (no peering)")
-    else:
-        from slopilot.operator.kubeapi import ApiError, Kube, load_client
-        from slopilot.operator.peering import ensure_peering
+    stop = _stop_event()
+    with _signals_stop(stop):
+        if not _reach_api(kube, args, stop):
+            return 0  # stopped while it waited
+        if args.standalone:
+            log.info("slopilot operator: standalone (no peering)")
+        else:
+            log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
+                     args.peering, args.priority, lifetime)
+        threading.Thread(target=_reclaim,
+                         args=(None if args.all_namespaces else args.namespace,),
+                         name="study-reclaim", daemon=True).start()
+        return _run_until_signalled(lambda stop: kopf.run(
+            clusterwide=args.all_namespaces, namespaces=args.namespace,
+            standalone=args.standalone or None,
+            peering_name=None if args.standalone else args.peering,
+            priority=None if args.standalone else args.priority,
+            liveness_endpoint=args.liveness, stop_flag=stop), stop)
 
-        try:
-            ensure_peering(Kube(load_client()), args.peering, namespaces=args.namespace)
-        except ApiError as exc:
-            raise SystemExit(f"slopilot operator: cannot create the peering object "
-                             f"{args.peering!r}: {exc}; apply manifests/kopf-peering.yaml "
-                             "(its CRDs) first") from None
-        log.info("slopilot operator: peering %r at priority %d (lifetime %d s)",
-                 args.peering, args.priority, lifetime)
-    threading.Thread(target=_reclaim, args=(None if args.all_namespaces else args.namespace,),
-                     name="study-reclaim", daemon=True).start()
-    return _run_until_signalled(lambda stop: kopf.run(
-        clusterwide=args.all_namespaces, namespaces=args.namespace,
-        standalone=args.standalone or None,
-        peering_name=None if args.standalone else args.peering,
-        priority=None if args.standalone else args.priority,
-        liveness_endpoint=args.liveness, stop_flag=stop))
+
+def _stop_event() -> threading.Event:
+    """What SIGTERM / SIGINT set (a test hands in one already set)."""
+    return threading.Event()
+
+
+def _reach_api(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> bool:
+    """Wait for the API server to answer, then make the peering object (unless
+    standalone); False where a stop came first. An API server that does not answer may
+    be starting: waited for, one line a try. A refused peering is permanent: the
+    command stops."""
+    from slopilot.operator.api_reach import server_of, until_reachable
+    from slopilot.operator.kubeapi import ApiError
+    from slopilot.operator.peering import ensure_peering
+
+    def step() -> bool:
+        with contextlib.suppress(ApiError):  # any answer, a refusal too, is a server there
+            kube.request("GET", "/version")
+        if not args.standalone:
+            try:
+                ensure_peering(kube, args.peering, namespaces=args.namespace)
+            except ApiError as exc:
+                raise SystemExit(f"slopilot operator: cannot create the peering object "
+                                 f"{args.peering!r}: {exc}; apply "
+                                 "manifests/kopf-peering.yaml (its CRDs) first") from None
+        return True
+
+    reached = until_reachable(step, server=server_of(kube), wait=stop.wait,
+                              warn=lambda line: log.warning("slopilot operator: %s", line))
+    return bool(reached)
 
 
 def _reclaim(namespaces: list[str] | None) -> None:
     """The studies of CRs gone without the operator, deleted at its start
     (study_reclaim.py); beside kopf, which does not wait for it."""
+    from slopilot.operator.api_reach import Unreachable, why_unreachable
     from slopilot.operator.kubeapi import Kube, load_client
     from slopilot.operator.settings import operator_policy
     from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
@@ -156,6 +194,10 @@ def _reclaim(namespaces: list[str] | None) -> None:
     try:
         done = reclaim_orphaned_studies(Kube(load_client()), operator_policy(),
                                         serving(namespaces))
+    except Unreachable as exc:  # gone again since the start: kopf waits for it
+        log.warning("slopilot operator: orphaned studies not reclaimed: the API server did "
+                    "not answer (%s); the next start tries again", why_unreachable(exc))
+        return
     except Exception:  # a leak kept until the next start, never a reason not to run
         log.exception("slopilot operator: orphaned studies not reclaimed")
         return
@@ -169,7 +211,8 @@ def run_uninstall(args: argparse.Namespace) -> int:
     holds no finalizer of the operator's; 1 where the caller may not do all of it
     (nothing changed), or where a CR could not be deleted or released (each named, with
     what was left: the command run again finishes the job)."""
-    from slopilot.operator.kubeapi import Kube, load_client
+    from slopilot.operator.api_reach import Unreachable, server_of, unreachable_message
+    from slopilot.operator.kubeapi import Kube, KubeConfigError, load_client
     from slopilot.operator.settings import operator_policy
     from slopilot.operator.uninstall import UninstallRefused, uninstall
 
@@ -181,12 +224,21 @@ def run_uninstall(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"slopilot operator uninstall: {exc}") from None
     try:
-        done = uninstall(Kube(load_client()), policy,
+        kube = Kube(load_client())
+    except KubeConfigError as exc:
+        raise SystemExit(f"slopilot operator uninstall: {exc}") from None
+    try:
+        done = uninstall(kube, policy,
                          namespaces=None if args.all_namespaces else args.namespace,
                          timeout_s=args.timeout)
     except UninstallRefused as exc:
         print(exc, file=sys.stderr)
         return 1
+    except Unreachable as exc:  # a person runs this: say so, rather than wait for it
+        raise SystemExit(f"slopilot operator uninstall: "
+                         f"{unreachable_message(server_of(kube), exc)}; check that the "
+                         "cluster is up and the kubeconfig's server is right, then run "
+                         "the command again (it goes on from where it stopped)") from None
     for key in done.ended_by_operator:
         print(f"{key}: ended by the operator")
     for key in done.released:
@@ -198,8 +250,29 @@ def run_uninstall(args: argparse.Namespace) -> int:
     return 1 if done.stuck or done.not_deleted else 0
 
 
-def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:
-    """Run kopf on a worker thread; SIGTERM / SIGINT here stop it.
+@contextlib.contextmanager
+def _signals_stop(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM / SIGINT set ``stop`` (and ``OPERATOR_STOPPING``) while in the block, from
+    the wait for the API server to kopf's end; the handlers before it are put back."""
+    from slopilot.operator.tuning_daemon import OPERATOR_STOPPING
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("slopilot operator: %s received, stopping", signal.Signals(signum).name)
+        OPERATOR_STOPPING.set()
+        stop.set()
+
+    before = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _run_until_signalled(run_kopf: Callable[[threading.Event], None],
+                         stop: threading.Event) -> int:
+    """Run kopf on a worker thread; ``stop`` (set by SIGTERM / SIGINT, ``_signals_stop``)
+    stops it.
 
     kopf handles signals itself only on the main thread, and then tells running daemons
     to stop; but a daemon it (re)starts while shutting down (an event from the last
@@ -207,15 +280,7 @@ def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:
     the signal here first raises ``OPERATOR_STOPPING``, which every controller daemon
     checks, then kopf's stop flag.
     """
-    from slopilot.operator.tuning_daemon import OPERATOR_STOPPING
-
-    stop = threading.Event()
     failure: list[BaseException] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("slopilot operator: %s received, stopping", signal.Signals(signum).name)
-        OPERATOR_STOPPING.set()
-        stop.set()
 
     def work() -> None:
         try:
@@ -223,8 +288,6 @@ def _run_until_signalled(run_kopf: Callable[[threading.Event], None]) -> int:
         except BaseException as exc:  # reported by the main thread, which exits non-zero
             failure.append(exc)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
     worker = threading.Thread(target=work, name="kopf")
     worker.start()
     while worker.is_alive():

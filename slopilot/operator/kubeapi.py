@@ -15,6 +15,7 @@ from typing import Any
 
 import kubernetes.client
 import kubernetes.config
+import yaml
 
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "slopilot-operator"  # audit logs (and the RBAC test) tell our calls apart
@@ -50,18 +51,58 @@ class ListError(RuntimeError):
     ``MAX_LIST_ITEMS``."""
 
 
-def load_client() -> kubernetes.client.ApiClient:
-    """In a pod, the service account; elsewhere the kubeconfig (``KUBECONFIG`` or ~/.kube)."""
-    config = kubernetes.client.Configuration()
+class KubeConfigError(Exception):
+    """No login to be had: the kubeconfig is missing or broken, or the pod's service
+    account is not mounted. Permanent (unlike an API server that does not answer): the
+    message names the file and the fix."""
+
+
+def kubeconfig_source() -> str:
+    """Where the login is read from, as a user would name it."""
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config(client_configuration=config)
-    else:
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
-                                           client_configuration=config)
+        return "the pod's service account (KUBERNETES_SERVICE_HOST is set)"
+    path = os.environ.get("KUBECONFIG")
+    return f"KUBECONFIG={path}" if path else "~/.kube/config (KUBECONFIG is unset)"
+
+
+def load_client() -> kubernetes.client.ApiClient:
+    """In a pod, the service account; elsewhere the kubeconfig (``KUBECONFIG`` or ~/.kube).
+    KubeConfigError where neither gives a login."""
+    config = kubernetes.client.Configuration()
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        else:
+            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
+                                               client_configuration=config)
+    except yaml.YAMLError as exc:
+        raise KubeConfigError(f"{kubeconfig_source()}: not valid YAML ({_one_line(exc)}); "
+                              "fix the file, or point KUBECONFIG at a cluster's kubeconfig"
+                              ) from None
+    # The loader's own refusals, and what a file of the wrong shape (a list, a number)
+    # or no file (a folder, unreadable) raises on the way.
+    except (kubernetes.config.ConfigException, OSError, TypeError, ValueError, KeyError,
+            AttributeError) as exc:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise KubeConfigError(
+                f"{kubeconfig_source()}: no login ({_one_line(exc)}); mount the pod's "
+                "service-account token (automountServiceAccountToken)") from None
+        fix = ("point KUBECONFIG at a cluster's kubeconfig (the file kubectl uses), or run "
+               "in a pod with a service account")
+        paths = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        if not any(os.path.exists(os.path.expanduser(p)) for p in paths.split(os.pathsep)):
+            raise KubeConfigError(f"{kubeconfig_source()}: no such file; {fix}") from None
+        raise KubeConfigError(f"{kubeconfig_source()}: not a kubeconfig to log in with "
+                              f"({_one_line(exc)}); {fix}") from None
     config.connection_pool_maxsize = CONNECTION_POOL
     client = kubernetes.client.ApiClient(configuration=config)
     client.user_agent = USER_AGENT
     return client
+
+
+def _one_line(exc: BaseException) -> str:
+    # yaml's errors span lines (the mark, the context): the refusal is one.
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def path_segment_problem(what: str, value: str) -> str | None:

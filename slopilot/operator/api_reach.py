@@ -1,0 +1,63 @@
+"""An API server that does not answer: said in one line, and waited for where it may yet.
+
+A kubeconfig missing or broken is permanent (``kubeapi.KubeConfigError``: the command
+stops, naming the file). An API server that does not answer may be starting, or behind a
+network blip: client-go's informers and kopf's watches retry it, and so does the
+operator's start, with back-off and one line a try. ``operator uninstall``, which a
+person runs and watches, stops at it instead, naming the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import urllib3
+
+from slopilot.operator.kubeapi import Kube
+
+T = TypeVar("T")
+
+FIRST_RETRY_S = 1.0
+MAX_RETRY_S = 30.0
+"""The longest wait between two tries: an API server back is noticed within it."""
+
+Unreachable = urllib3.exceptions.HTTPError
+"""What the client raises when no HTTP answer came (refused, timed out, TLS failed)."""
+
+
+def server_of(kube: Kube) -> str:
+    return str(kube.client.configuration.host)
+
+
+def why_unreachable(exc: urllib3.exceptions.HTTPError) -> str:
+    """The cause, in one line: "Failed to establish a new connection: [Errno 111]
+    Connection refused", not urllib3's pool, URL and retry count around it."""
+    reason: BaseException = exc
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        reason = exc.reason
+    text = " ".join(str(reason).split()) or type(reason).__name__
+    # urllib3 puts the connection's repr first, which names the server a second time.
+    head, sep, tail = text.partition("): ")
+    return tail if sep and head.startswith(("HTTPConnection(", "HTTPSConnection(")) else text
+
+
+def unreachable_message(server: str, exc: urllib3.exceptions.HTTPError) -> str:
+    return f"cannot reach the API server at {server} ({why_unreachable(exc)})"
+
+
+def until_reachable(step: Callable[[], T], *, server: str, wait: Callable[[float], bool],
+                    warn: Callable[[str], None]) -> T | None:
+    """``step()``'s result once the API server answers it; None where ``wait(seconds)``
+    says a stop was asked for meanwhile (returns True). Each try that got no answer is
+    one line to ``warn``, without a traceback."""
+    delay = FIRST_RETRY_S
+    while True:
+        try:
+            return step()
+        except Unreachable as exc:
+            warn(f"{unreachable_message(server, exc)}; retrying in {delay:g} s (is the "
+                 "cluster up, and the kubeconfig's server right?)")
+        if wait(delay):
+            return None
+        delay = min(delay * 2, MAX_RETRY_S)

@@ -1,0 +1,128 @@
+"""``slopilot operator`` with no cluster to talk to: a kubeconfig missing or broken is
+said in one line, naming the file and the fix (it will not fix itself); an API server
+that does not answer is waited for, one line a try (it may be starting)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import urllib3
+
+from slopilot.cli import main
+from slopilot.operator import commands
+
+UNREACHABLE = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: abc}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+@pytest.fixture
+def kopf_runs(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[threading.Event], None]]:
+    """kopf itself never started: what the command would have run, recorded."""
+    ran: list[Callable[[threading.Event], None]] = []
+
+    def record(run_kopf: Callable[[threading.Event], None], *_: object) -> int:
+        ran.append(run_kopf)
+        return 0
+    monkeypatch.setattr(commands, "_run_until_signalled", record)
+    monkeypatch.setattr(commands, "_reclaim", lambda namespaces: None)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return ran
+
+
+def _exit_message(argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    message = exited.value.code
+    assert isinstance(message, str), message  # a message, which exits 1
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+@pytest.mark.parametrize("argv", [["operator", "-A"],
+                                  ["operator", "-n", "default", "--standalone"],
+                                  ["operator", "uninstall", "-n", "default"]])
+def test_no_kubeconfig_is_one_line_naming_it(
+        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
+    missing = tmp_path / "no-such-kubeconfig"
+    monkeypatch.setenv("KUBECONFIG", str(missing))
+    message = _exit_message(argv)
+    assert f"KUBECONFIG={missing}" in message
+    assert "point KUBECONFIG at" in message
+    assert kopf_runs == []  # standalone too: kopf's login would retry it for ever
+
+
+@pytest.mark.parametrize(("text", "why"), [("garbage: [\n", "not valid YAML"),
+                                           ("- a\n- b\n", "not a kubeconfig")])
+def test_a_broken_kubeconfig_is_one_line_naming_it(
+        text: str, why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
+    broken = tmp_path / "kubeconfig"
+    broken.write_text(text)
+    monkeypatch.setenv("KUBECONFIG", str(broken))
+    message = _exit_message(["operator", "-n", "default", "--standalone"])
+    assert f"KUBECONFIG={broken}" in message and why in message
+    assert kopf_runs == []
+
+
+def test_uninstall_with_no_api_server_answering_says_so_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(UNREACHABLE)
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    message = _exit_message(["operator", "uninstall", "-n", "default", "--timeout", "0"])
+    assert "cannot reach the API server at https://127.0.0.1:1" in message
+    assert "Connection refused" in message and "run the command again" in message
+
+
+def test_the_operator_waits_for_an_api_server_that_does_not_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
+    """A stop asked for while it waits (SIGTERM) ends it cleanly, kopf never started."""
+    config = tmp_path / "kubeconfig"
+    config.write_text(UNREACHABLE)
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    stopped = threading.Event()
+    stopped.set()
+    monkeypatch.setattr(commands, "_stop_event", lambda: stopped, raising=False)
+    with caplog.at_level(logging.WARNING, logger="slopilot.operator"):
+        assert main(["operator", "-A"]) == 0
+    mine = [r for r in caplog.records if r.name.startswith("slopilot.operator")]
+    assert len(mine) == 1 and mine[0].exc_info is None, caplog.text
+    assert "cannot reach the API server at https://127.0.0.1:1" in mine[0].getMessage()
+    assert "retrying in" in mine[0].getMessage()
+    assert kopf_runs == []
+
+
+def test_waiting_for_the_api_server_backs_off_then_goes_on() -> None:
+    from slopilot.operator.api_reach import MAX_RETRY_S, until_reachable
+
+    tries: list[int] = []
+    waits: list[float] = []
+    lines: list[str] = []
+
+    def step() -> str:
+        tries.append(1)
+        if len(tries) < 8:
+            raise urllib3.exceptions.MaxRetryError(
+                None, "/version",  # type: ignore[arg-type]
+                urllib3.exceptions.NewConnectionError(
+                    None, "Failed to establish a new connection: [Errno 111] refused"))  # type: ignore[arg-type]
+        return "reached"
+
+    assert until_reachable(step, server="https://k:6443", wait=lambda s: waits.append(s)
+                           or False, warn=lines.append) == "reached"
+    assert waits == sorted(waits) and waits[-1] == MAX_RETRY_S and len(waits) == 7
+    assert all("https://k:6443" in line and "[Errno 111] refused" in line for line in lines)
+    assert len(lines) == 7
