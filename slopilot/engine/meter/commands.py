@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags, mib
 from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, map_large_blocks
+from slopilot.engine.port_flag import port
 from slopilot.engine.request import Priority
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--upstream", required=True, help="the engine's URL, e.g. "
                    "http://127.0.0.1:8001")
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port("--port"), default=8000)
     p.add_argument("--slo-file", type=Path, required=True,
                    help="the SLO (spec.slo's JSON), read again whenever it changes")
     p.add_argument("--priority-class", default="p0", choices=[q.label for q in Priority],

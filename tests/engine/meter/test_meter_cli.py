@@ -135,3 +135,24 @@ def test_a_budget_below_one_body_is_refused(tmp_path: Path,
                  "--max-body-mb", "32", "--body-budget-mb", "16"]) == 2
     assert "--body-budget-mb 16: below --max-body-mb 32; set it to 32 or more" \
         in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_port_that_is_none_is_refused_before_anything_listens(
+        tmp_path: Path, port: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """99999 was taken modulo 65536 (the log said :99999, the socket was :34463); -1 was
+    the resolver's "Servname not supported", naming no flag."""
+    import uvicorn
+
+    served: list[int] = []
+    monkeypatch.setattr(uvicorn.Server, "run",
+                        lambda self, sockets=None: served.append(self.config.port))
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps({"profile": "standard"}))
+    with pytest.raises(SystemExit) as exc:
+        main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo),
+              "--port", port])
+    assert exc.value.code == 2
+    assert f"--port {port}: expected a port number, 0 to 65535" in capsys.readouterr().err
+    assert served == []
