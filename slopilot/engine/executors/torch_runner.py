@@ -27,6 +27,7 @@ from slopilot.engine.executors.decode_graphs import (
     eager_capture,
     parse_mode,
 )
+from slopilot.engine.executors.device_room import device_room
 from slopilot.engine.executors.graph_shapes import GRAPH_MAX_BATCH
 from slopilot.engine.executors.host_memory import keep_freed_memory
 from slopilot.engine.executors.kernels import ATTENTION_BACKENDS
@@ -153,6 +154,9 @@ class TorchExecutor:
             str(self.device), self.block_bytes, block_size, cfg.num_hidden_layers)
         gpu_blocks = (num_gpu_blocks if num_gpu_blocks is not None
                       else self._blocks_from_memory(kv_cache_gb, gpu_memory_utilization))
+        scratch = 0 if graph_mode is piece_mode is DecodeGraphMode.OFF else 1
+        if num_gpu_blocks is not None or kv_cache_gb is not None:
+            self._check_room(gpu_blocks, scratch, num_gpu_blocks, kv_cache_gb)
         if num_cpu_blocks is None:
             host_cap = _available_host_bytes() // 2
             num_cpu_blocks = int(min(swap_space_gb * GIB, host_cap)) // self.block_bytes
@@ -161,7 +165,7 @@ class TorchExecutor:
             num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, num_gpu_blocks=gpu_blocks, num_cpu_blocks=num_cpu_blocks,
             block_size=block_size, dtype=self.dtype, device=self.device,
-            scratch_blocks=0 if graph_mode is piece_mode is DecodeGraphMode.OFF else 1)
+            scratch_blocks=scratch)
         if self.device.type == "cpu":  # the pool is touched at start: say what it cost
             log.info("KV cache: %d blocks, %.2f GiB of host memory made resident in %.1f s",
                      gpu_blocks, gpu_blocks * self.block_bytes / GIB,
@@ -191,6 +195,25 @@ class TorchExecutor:
                     max_tokens=max_tokens)
             except PiecewiseGraphError as exc:
                 raise ExecutorError(str(exc)) from None
+
+    def _check_room(self, blocks: int, scratch: int, num_gpu_blocks: int | None,
+                    kv_cache_gb: float | None) -> None:
+        """A cache sized by hand refused where the device has not the memory for it,
+        before torch's allocator fails (a traceback naming no flag)."""
+        room = device_room(self.device)
+        need = (blocks + scratch) * self.block_bytes
+        if need <= room.bytes:
+            return
+        if num_gpu_blocks is not None:
+            fits = max(room.bytes // self.block_bytes - scratch, 0)
+            asked, fix = f"--num-gpu-blocks {num_gpu_blocks}", f"give at most {fits} blocks"
+        else:
+            asked = f"--kv-cache-gb {kv_cache_gb}"
+            fix = f"give at most {room.bytes / GIB:.2f}"
+        raise ExecutorError(
+            f"{asked}: {blocks + scratch} KV blocks of {self.block_bytes} bytes take "
+            f"{need / GIB:.2f} GiB, more than the {room.what} ({room.bytes / GIB:.2f} GiB); "
+            f"{fix}, or leave it out to size the cache from memory")
 
     def _blocks_from_memory(self, kv_cache_gb: float | None, utilization: float) -> int:
         if kv_cache_gb is not None:

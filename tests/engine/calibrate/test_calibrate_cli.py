@@ -88,6 +88,9 @@ def test_cuda_graphs_without_a_cuda_device(tiny: Path, tmp_path: Path, flag: str
     (["--kv-cache-gb", "nan"], "--kv-cache-gb nan: expected gigabytes > 0"),
     (["--kv-cache-gb", "inf"], "--kv-cache-gb inf: expected gigabytes > 0"),
     (["--kv-cache-gb", "-1"], "--kv-cache-gb -1.0: expected gigabytes > 0"),
+    # Refused before the allocation, which failed as a torch RuntimeError traceback.
+    (["--kv-cache-gb", "1000000"], "--kv-cache-gb 1000000.0:"),
+    (["--kv-cache-gb", "1000000"], "host memory available"),
 ])
 def test_bad_options(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                      args: list[str], message: str) -> None:
