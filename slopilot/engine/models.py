@@ -87,6 +87,21 @@ def fetch_model(name: str, cache_dir: Path | None = None, force: bool = False) -
     return dest
 
 
+def rebuild_hint(path: Path) -> str | None:
+    """How to build the model in ``path`` again, where it is a registered model's cached
+    build (its completion marker names it); None for any other directory."""
+    try:
+        name = (path / COMPLETE_MARKER).read_text().strip()
+    except OSError:
+        return None
+    if name not in REGISTRY:
+        return None
+    cache = "" if path.parent.resolve() == default_cache_dir().resolve() \
+        else f" --cache-dir {path.parent}"
+    return (f"it is the cached build of {name}: build it again with "
+            f"`slopilot models fetch {name} --force{cache}`")
+
+
 def resolve_model(name_or_path: str | Path, cache_dir: Path | None = None) -> Path:
     """A checkpoint directory for a path or a registered name (built on first use)."""
     path = Path(name_or_path).expanduser()

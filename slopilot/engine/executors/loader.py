@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from slopilot.engine.executors.llama import LlamaConfig, LlamaForCausalLM
 from slopilot.engine.executors.tokenizer import TextTokenizer
+from slopilot.engine.models import rebuild_hint
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 # Tensors some checkpoints carry that the model recomputes or does not use.
@@ -117,8 +118,11 @@ def _read_tensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], dict[str,
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     tensors[name] = f.get_tensor(name)
                     origin[name] = file
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise CheckpointError(f"{file} is not a readable safetensors file: {exc}") from exc
+        # SafetensorError is none of the others: a file cut short ("invalid header
+        # length") escaped as a traceback.
+        except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+            raise CheckpointError(f"{file} is not a readable safetensors file ({exc}): it "
+                                  "is damaged or cut short") from exc
     return tensors, origin
 
 
@@ -175,7 +179,13 @@ def load_checkpoint(path: Path | str, *, device: torch.device | str = "cpu",
     tokenizer = TextTokenizer.from_dir(path)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    load_weights(model, path)
+    try:
+        load_weights(model, path)
+    except CheckpointError as exc:
+        hint = rebuild_hint(path)
+        if hint is None:
+            raise
+        raise CheckpointError(f"{exc}; {hint}") from exc
     model.to_runtime(torch.device(device), dtype)
     bos = raw.get("bos_token_id")
     return LoadedModel(

@@ -100,6 +100,24 @@ def test_bad_options(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert not out.exists()
 
 
+def test_a_cached_model_cut_short_is_named_with_how_to_rebuild_it(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    cached = tmp_path / "models" / "tiny-random"
+    shutil.copytree(tiny, cached)
+    weights = cached / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5])
+    monkeypatch.setenv("SLOPILOT_CACHE_DIR", str(tmp_path))
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "--model", "tiny-random", "--out", str(out), *TINY_GRID]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{weights} is not a readable safetensors file" in err
+    assert "`slopilot models fetch tiny-random --force`" in err
+    assert not out.exists()
+
+
 def test_out_must_be_a_writable_file(tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--model", "tiny-random", "--out", str(tmp_path)]) == 2
