@@ -103,7 +103,7 @@ def build_simulated(config: EngineConfig, *, scenario: str = "tiny-cpu",
                     gpu_memory_utilization: float | None = None) -> Backend:
     """A cost-model engine; gpu/model/tp default to the scenario's."""
     from slopilot.engine.executors.simulated import SimulatedExecutor
-    from slopilot.engine.sim.cost_model import CostModel, CostModelError
+    from slopilot.engine.sim.cost_model import ALLOWED_TP, CostModel, CostModelError
     from slopilot.engine.sim.profiles import ProfileError, get_gpu, get_model
     from slopilot.engine.sim.scenario import ScenarioError, load_scenario
 
@@ -114,12 +114,21 @@ def build_simulated(config: EngineConfig, *, scenario: str = "tiny-cpu",
                 lookup(value)
             except ProfileError as exc:
                 raise BackendError(f"{flag} {value}: {exc}") from None
+    # ``is None``, not ``or``: 0 is a value, refused as -1 is, never "not given".
+    if tp is not None and tp not in ALLOWED_TP:
+        raise BackendError(f"--tp {tp}: tensor parallelism must be one of "
+                           f"{', '.join(map(str, ALLOWED_TP))} (GPUs in one node)")
+    if num_gpu_blocks is not None and num_gpu_blocks < 1:
+        raise BackendError(f"--num-gpu-blocks {num_gpu_blocks}: expected at least 1 KV "
+                           "block; leave it out to size the cache from the GPU's memory")
     try:
         scen = load_scenario(scenario)
-        cost = CostModel(gpu or scen.gpu, sim_model or scen.model, tp or scen.tp)
+        cost = CostModel(gpu or scen.gpu, sim_model or scen.model,
+                         scen.tp if tp is None else tp)
         executor = SimulatedExecutor(cost, block_size=config.block_size, realtime=realtime)
         util = gpu_memory_utilization or scen.gpu_memory_utilization or 0.9
-        gpu_blocks = num_gpu_blocks or executor.num_gpu_blocks(util)
+        gpu_blocks = (executor.num_gpu_blocks(util) if num_gpu_blocks is None
+                      else num_gpu_blocks)
         cpu_blocks = executor.num_cpu_blocks(config.swap_space_gb)
     except (ScenarioError, CostModelError, ProfileError, KeyError) as exc:
         raise BackendError(str(exc)) from exc

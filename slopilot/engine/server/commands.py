@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from slopilot.engine.executors.kernel_modes import (
     DTYPE_CHOICES,
     KERNEL_CHOICES,
 )
+from slopilot.engine.port_flag import port
 
 # No torch: this module reads the environment only (and must run before torch loads).
 from slopilot.engine.server.admin_credential import AdminCredential
@@ -41,16 +42,20 @@ def register(subparsers: Any) -> None:
         "(every method behind the admin token; on --admin-port when given). "
         "SIGTERM or Ctrl-C drains: new requests get 503, running ones finish (up to "
         "--drain-timeout), then the server exits; a second signal stops at once.")
-    p.add_argument("--model", default="tiny-random",
-                   help="tiny-random, smollm2-135m or a checkpoint directory (torch executor)")
+    # None, not "tiny-random": a --model given to the simulated executor is refused,
+    # not served as the scenario's cost model without a word.
+    p.add_argument("--model", default=None,
+                   help="tiny-random (default), smollm2-135m or a checkpoint directory "
+                   "(torch executor)")
     p.add_argument("--executor", choices=("torch", "simulated"), default="torch")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port("--port"), default=8000, help="0 picks a free port")
-    p.add_argument("--admin-port", type=_port("--admin-port"), metavar="PORT",
+    p.add_argument("--port", type=port("--port"), default=8000, help="0 picks a free port")
+    p.add_argument("--admin-port", type=port("--admin-port"), metavar="PORT",
                    help="serve the admin API (/admin/config) on this port alone, so a "
                    "NetworkPolicy can keep clients off it; the inference port then has no "
                    "/admin (0 picks a free port; default: /admin on --port)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (torch executor)")
+    p.add_argument("--device", default=None,
+                   help="cpu (default), cuda or cuda:N (torch executor)")
     p.add_argument("--cpu-bind", choices=BIND_CHOICES, default="off",
                    help="torch executor on CPU: pin one OpenMP thread to each CPU this "
                    "process may run on, when there is one thread per CPU and the "
@@ -97,11 +102,15 @@ def register(subparsers: Any) -> None:
                    help="simulated executor: take gpu, model and tp from this scenario")
     p.add_argument("--gpu", help="simulated executor: GPU profile (overrides the scenario)")
     p.add_argument("--sim-model", help="simulated executor: model profile")
-    p.add_argument("--tp", type=int, help="simulated executor: tensor-parallel degree")
+    p.add_argument("--tp", type=int, help="simulated executor: tensor-parallel degree "
+                   "(1, 2, 4 or 8)")
     p.add_argument("--served-model-name", help="the model name clients send and see")
-    p.add_argument("--num-gpu-blocks", type=int, help="KV cache size in blocks")
-    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="on shutdown, how long running requests may take to finish")
+    p.add_argument("--num-gpu-blocks", type=_blocks, metavar="N",
+                   help="KV cache size in blocks (default: sized from the device's memory; "
+                   "torch executor: at most what the device has free)")
+    p.add_argument("--drain-timeout", type=_drain_seconds, default=30.0, metavar="SECONDS",
+                   help="on shutdown, how long running requests may take to finish "
+                   "(default 30; 0: end them at once)")
     p.add_argument("--max-body-mb", type=mib("--max-body-mb", 16), default=None, metavar="MIB",
                    help="largest request body accepted, in MiB (default 16); a larger "
                         "one is answered 413 while it is read")
@@ -113,19 +122,32 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_serve)
 
 
-def _port(flag: str) -> Callable[[str], int]:
-    """argparse type: a TCP port, 0 (a free one) to 65535. Checked here, before the model
-    loads: socket.bind raised an OverflowError traceback for -1 or 70000."""
-    def parse(text: str) -> int:
-        try:
-            port = int(text)
-        except ValueError:
-            port = -1
-        if not 0 <= port <= 65535:
-            raise argparse.ArgumentTypeError(f"{flag} {text}: expected a port number, 0 to "
-                                             "65535 (0 picks a free one)")
-        return port
-    return parse
+def _blocks(text: str) -> int:
+    """argparse type: a KV cache of at least one block. 0 was taken for "not given" (the
+    cache sized from memory, without a word)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--num-gpu-blocks {text}: expected at least 1 KV block, e.g. 1024; leave it "
+            "out to size the cache from the device's memory")
+    return value
+
+
+def _drain_seconds(text: str) -> float:
+    """argparse type: seconds, 0 or more. nan, inf and 1e400 failed uvicorn's int() of
+    the shutdown timeout as a traceback; -1 drained as 0 without a word."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"--drain-timeout {text}: expected seconds, 0 or more, e.g. 30 (0 ends the "
+            "running requests at once)")
+    return value
 
 
 def _fail(message: str) -> int:
@@ -213,6 +235,22 @@ def admin_token(token_file: Path | None) -> str | AdminCredential | None:
     return token or None
 
 
+def _torch_only(args: argparse.Namespace) -> str | None:
+    """Why a flag of the torch executor's cannot go with the simulated one, or None: each
+    given was dropped without a word (and --model served the scenario's model instead)."""
+    if args.model is not None:
+        return (f"--model {args.model}: the simulated executor serves the scenario's cost "
+                "model (--scenario, --sim-model); add --executor torch to serve a model")
+    given = {"--device": args.device is not None, "--cpu-bind": args.cpu_bind != "off",
+             "--cpu-kernels": args.cpu_kernels != "auto", "--dtype": args.dtype != "auto",
+             "--decode-graphs": args.decode_graphs != "auto",
+             "--piecewise-graphs": args.piecewise_graphs != "off"}
+    for flag, is_given in given.items():
+        if is_given:
+            return f"{flag} applies to --executor torch only"
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from slopilot.engine.config import ConfigError, EngineConfig
 
@@ -228,19 +266,16 @@ def _serve(args: argparse.Namespace) -> int:
         deadlines = deadlines_from_flags(args)
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
-    if args.executor == "torch" and (args.gpu or args.sim_model or args.tp):
+    if args.executor == "torch" and (args.gpu or args.sim_model or args.tp is not None):
         return _fail("--gpu, --sim-model and --tp apply to --executor simulated only")
-    if args.executor == "simulated" and args.dtype != "auto":
-        return _fail("--dtype applies to --executor torch only")
-    if args.executor == "simulated" and args.decode_graphs != "auto":
-        return _fail("--decode-graphs applies to --executor torch only")
-    if args.executor == "simulated" and args.piecewise_graphs != "off":
-        return _fail("--piecewise-graphs applies to --executor torch only")
+    if args.executor == "simulated" and (problem := _torch_only(args)) is not None:
+        return _fail(problem)
     if args.admin_port is not None and args.admin_port == args.port != 0:
         return _fail(f"--admin-port {args.admin_port} is --port too; give the admin API a "
                      "port of its own")
     binding = Binding()
-    if args.executor == "torch" and args.device == "cpu":
+    device = args.device or "cpu"
+    if args.executor == "torch" and device == "cpu":
         # Before the backends' imports: OpenMP reads its placement when torch loads it.
         binding = apply_openmp_binding(args.cpu_bind)
         logging.getLogger("slopilot.serve").info("CPU threads: %s", binding.reason)
@@ -253,7 +288,7 @@ def _serve(args: argparse.Namespace) -> int:
                 tp=args.tp, num_gpu_blocks=args.num_gpu_blocks,
                 served_model_name=args.served_model_name)
         else:
-            backend = build_torch(config, args.model, device=args.device,
+            backend = build_torch(config, args.model or "tiny-random", device=device,
                                   num_gpu_blocks=args.num_gpu_blocks,
                                   served_model_name=args.served_model_name,
                                   cpu_kernels=args.cpu_kernels,

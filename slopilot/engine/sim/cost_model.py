@@ -30,7 +30,7 @@ from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.sim.profiles import GPUProfile, ModelProfile, resolve_gpu, resolve_model
 
 _GIB = 1024 ** 3
-_ALLOWED_TP = (1, 2, 4, 8)
+ALLOWED_TP = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +134,9 @@ class CostModel:
 
     def _check_tp(self) -> None:
         m, tp = self.model, self.tp
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp not in _ALLOWED_TP:
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp not in ALLOWED_TP:
             raise CostModelError(f"tp={tp!r}: tensor parallelism must be one of "
-                                 f"{', '.join(map(str, _ALLOWED_TP))} (GPUs in one node)")
+                                 f"{', '.join(map(str, ALLOWED_TP))} (GPUs in one node)")
         if m.num_heads % tp:
             raise CostModelError(f"tp={tp} does not divide {m.name}'s num_heads="
                                  f"{m.num_heads}; use a TP size that divides it")
