@@ -121,8 +121,12 @@ def test_waiting_for_the_api_server_backs_off_then_goes_on() -> None:
                     None, "Failed to establish a new connection: [Errno 111] refused"))  # type: ignore[arg-type]
         return "reached"
 
-    assert until_reachable(step, server="https://k:6443", wait=lambda s: waits.append(s)
-                           or False, warn=lines.append) == "reached"
+    def wait(seconds: float) -> bool:
+        waits.append(seconds)
+        return False  # no stop asked for
+
+    assert until_reachable(step, server="https://k:6443", wait=wait,
+                           warn=lines.append) == "reached"
     assert waits == sorted(waits) and waits[-1] == MAX_RETRY_S and len(waits) == 7
     assert all("https://k:6443" in line and "[Errno 111] refused" in line for line in lines)
     assert len(lines) == 7
