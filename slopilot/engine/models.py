@@ -112,3 +112,27 @@ def resolve_model(name_or_path: str | Path, cache_dir: Path | None = None) -> Pa
     raise ModelNotFoundError(
         f"{name_or_path!r} is neither a checkpoint directory nor a registered model; "
         f"give a directory with config.json or one of: {', '.join(sorted(REGISTRY))}")
+
+
+CHECKPOINT_FILES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", COMPLETE_MARKER})
+"""What the loader and the tokenizer read in a checkpoint directory, besides its
+``*.safetensors`` weights."""
+
+
+def checkpoint_files(name_or_path: str | Path, cache_dir: Path | None = None) -> list[Path]:
+    """The files of the checkpoint ``name_or_path`` names (a directory, or a registered
+    model already built into the cache) that its loaders read: what no output of a
+    command given that model may overwrite. Empty where there is no such directory."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        if str(name_or_path) not in REGISTRY:
+            return []
+        path = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / str(
+            name_or_path)
+    try:
+        return sorted(p for p in path.iterdir()
+                      if p.name in CHECKPOINT_FILES or p.suffix == ".safetensors")
+    except OSError:  # not built, or unreadable: the loader says so when it runs
+        return []

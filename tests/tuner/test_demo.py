@@ -297,3 +297,27 @@ def test_a_demo_told_not_to_run_prometheus_says_so(tmp_path: Path) -> None:
                        Narrator(Console(quiet=True), lines))
     assert any("Prometheus turned off (--no-prometheus)" in line for line in lines), lines
     assert not any("no prometheus binary" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("where", ["report.md", "run/p.yaml"])
+def test_a_profile_the_report_would_overwrite_is_refused_before_anything_starts(
+        tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from slopilot.cli import main
+    from slopilot.tuner.local import demo
+    from tests.support.profiles import profile_file
+
+    def must_not_run(*_: object) -> demo.DemoResult:
+        raise AssertionError("the demo started")
+
+    monkeypatch.setattr(demo, "run_demo", must_not_run)
+    profile = tmp_path / where
+    profile.parent.mkdir(exist_ok=True)
+    profile_file(profile.parent, profile.name)
+    before = profile.read_bytes()
+    assert main(["demo", "--report-dir", str(tmp_path), "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err
+    assert f"--report-dir {tmp_path}" in err and f"--profile {profile}" in err, err
+    assert "give --report-dir another folder" in err
+    assert profile.read_bytes() == before
+

@@ -409,3 +409,33 @@ def test_the_reproduce_and_check_lines_replay_the_very_window_tuned(tmp_path: Pa
             assert float(argv[argv.index(rate[0]) + 1]) == float(rate[1])
         again = settings_from(parser.parse_args(shlex.split(tune_command(first))[1:]))
         assert (again.trace, again.duration_s) == (first.trace, first.duration_s)
+
+
+@pytest.mark.parametrize("written", ["report.md", "pareto.png"])
+def test_a_report_over_an_input_is_refused_before_the_study(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, written: str) -> None:
+    # The report folder's files are written (or, an undrawn plot, removed) after the
+    # study: a scenario kept there under one of their names was lost.
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the study ran before its report files were checked")
+
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", never)
+    scenario = tmp_path / written
+    scenario.write_text(OVERLOAD)
+    assert main(["tune", "--scenario", str(scenario), "--report-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (f"--report-dir {tmp_path} (writes {scenario}) is the same file as "
+            f"--scenario {scenario}") in err, err
+    assert scenario.read_text() == OVERLOAD
+
+
+def test_a_study_stored_in_an_input_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(OVERLOAD)
+    assert main(["tune", "--scenario", str(scenario), "--trials", "1",
+                 "--storage", f"sqlite:///{scenario}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--storage sqlite:///{scenario}" in err and "same file as --scenario" in err, err
+    assert scenario.read_text() == OVERLOAD

@@ -84,9 +84,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         if args.model is None:
             raise CalibrationError("--model is required (tiny-random, smollm2-135m or a "
                                    "checkpoint directory), unless --refit SAMPLES")
-        _check_out(args.out)
-        if args.samples_out is not None:
-            _check_out(args.samples_out, "--samples-out")
+        _check_outputs(args)
         if args.threads is not None and args.threads < 1:
             raise CalibrationError(f"--threads {args.threads}: expected at least 1")
         # Before the model loads: NaN or inf would fail deep in the executor's int().
@@ -127,7 +125,7 @@ def _refit(args: argparse.Namespace) -> int:
         if args.model is not None or args.samples_out is not None:
             raise CalibrationError("--refit fits timings already taken: it takes no "
                                    "--model or --samples-out (the file names its model)")
-        _check_out(args.out)
+        _check_outputs(args)
         rec = read_samples(args.refit)
         if args.statistic is not None:
             rec = with_statistic(rec, args.statistic)
@@ -166,6 +164,28 @@ def _written(result: Any, args: argparse.Namespace) -> int:
     else:
         _print_report(result, path)
     return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Before minutes of timing: each output can be written, and none is an input (the
+    samples a refit reads, the checkpoint's files) or the other output."""
+    from slopilot.engine.calibrate.torch_target import CalibrationError
+    from slopilot.engine.models import checkpoint_files
+    from slopilot.engine.sim.output_paths import NamedFile, check_distinct
+
+    outputs = [NamedFile("--out", str(args.out))]
+    if args.samples_out is not None:
+        outputs.append(NamedFile("--samples-out", str(args.samples_out)))
+    for out in outputs:
+        _check_out(Path(out.value), out.flag)
+    inputs = [] if args.refit is None else [NamedFile("--refit", str(args.refit))]
+    if args.model is not None:
+        inputs += [NamedFile("--model", str(args.model), f)
+                   for f in checkpoint_files(args.model)]
+    try:
+        check_distinct(outputs, inputs)
+    except ValueError as exc:
+        raise CalibrationError(str(exc)) from None
 
 
 def _check_out(out: Path, flag: str = "--out") -> None:

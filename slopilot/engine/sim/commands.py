@@ -63,6 +63,8 @@ def _simulate(args: argparse.Namespace) -> int:
         scenario = load_with_trace(args.scenario, trace_options(args), DEFAULT_SCENARIO)
         if args.profile:
             scenario = attach_profile(scenario, args.profile, "simulate")
+        if args.metrics_out:
+            _check_metrics_clash(args, scenario)
         overrides = parse_set_args(args.overrides)
         if args.replicas is not None and args.replicas < 1:
             raise ValueError(f"--replicas {args.replicas}: replicas={args.replicas} is not "
@@ -141,19 +143,27 @@ def _run(args: argparse.Namespace, scenario: Any, overrides: dict[str, str],
         return run
 
 
-def _write_metrics(path: str, renders: list[bytes]) -> None:
-    from pathlib import Path
+def _check_metrics_clash(args: argparse.Namespace, scenario: Any) -> None:
+    """No metrics file may be one the run reads (the trace, the scenario, the profile)."""
+    from slopilot.engine.sim.output_paths import NamedFile, check_distinct
+    from slopilot.engine.sim.run_inputs import metrics_files, run_inputs
 
+    files = metrics_files(args.metrics_out,
+                          scenario.replicas if args.replicas is None else args.replicas)
+    outputs = [NamedFile("--metrics-out", args.metrics_out,
+                         None if str(f) == str(Path(args.metrics_out)) else f)
+               for f in files]
+    check_distinct(outputs, run_inputs(scenario, scenario_arg=args.scenario,
+                                       trace_arg=args.trace, profile_arg=args.profile))
+
+
+def _write_metrics(path: str, renders: list[bytes]) -> None:
     from slopilot.engine.sim.profile_file import write_bytes_atomically
+    from slopilot.engine.sim.run_inputs import metrics_files
 
     # Atomically: a write cut short (a full disk) keeps the previous run's file whole.
-    target = Path(path)
-    if len(renders) == 1:
-        write_bytes_atomically(target, renders[0])
-        return
-    for i, text in enumerate(renders):
-        write_bytes_atomically(
-            target.with_name(f"{target.stem}-r{i}{target.suffix or '.prom'}"), text)
+    for target, text in zip(metrics_files(path, len(renders)), renders, strict=True):
+        write_bytes_atomically(target, text)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -4,12 +4,106 @@ A simulation, a study or a demo runs for seconds to minutes and writes its file 
 report last: a path that cannot take it would throw the finished work away with a
 traceback. So the commands check their output paths up front, and a bad one is a
 one-line error naming the flag, the path and what to give instead.
+
+An output that is one of the command's inputs, or another of its outputs, is refused
+too (``check_distinct``): ``simulate --trace t.csv --metrics-out t.csv`` wrote its
+metrics over the trace it had read, and ``calibrate --refit s.json --out s.json`` its
+profile over the only copy of the timings. Whatever the spelling: a symlink, a hard
+link or ``./`` leads to the same file.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NamedFile:
+    """A file a command reads or writes, and how its user named it: ``flag value``.
+
+    ``path`` is the file itself where it is not ``value``: one a folder flag's command
+    writes there (``--report-dir r``'s ``r/report.md``), or one a named thing reads (a
+    checkpoint's ``config.json``, a scenario's trace). ``folder``: ``value`` names a
+    folder (the fix asks for another folder). ``tree``: ``path`` is a folder the command
+    writes any file into, so every input inside it is at risk."""
+
+    flag: str
+    value: str
+    path: Path | None = None
+    folder: bool = False
+    tree: bool = False
+
+    @property
+    def file(self) -> Path:
+        return Path(self.value) if self.path is None else self.path
+
+    def said(self, verb: str) -> str:
+        own = f"{self.flag} {self.value}"
+        return own if self.path is None else f"{own} ({verb} {self.path})"
+
+
+def check_distinct(outputs: Iterable[NamedFile], inputs: Iterable[NamedFile] = ()) -> None:
+    """Refuse an output that is the same file as an input, or as an earlier output (or,
+    for a ``tree`` output, holds an input). ValueError names both flags and the fix.
+
+    An input that does not exist is no clash (a scenario given by name, a trace the
+    command will refuse as missing): nothing of it can be lost."""
+    written: list[NamedFile] = []
+    read = [i for i in inputs if _exists(i.file)]
+    for out in outputs:
+        for inp in read:
+            if out.tree and _inside(inp.file, out.file):
+                raise ValueError(
+                    f"{inp.said('reads')} lies in {out.said('writes under')}, which the "
+                    f"command writes its files into; give {out.flag} another "
+                    f"{_what(out)} (or move the file out)")
+            if not out.tree and same_file(out.file, inp.file):
+                raise ValueError(
+                    f"{out.said('writes')} is the same file as {inp.said('reads')}: "
+                    f"writing it would destroy that input; give {out.flag} another "
+                    f"{_what(out)}")
+        for earlier in written:
+            if same_file(out.file, earlier.file):
+                raise ValueError(
+                    f"{out.said('writes')} is the same file as {earlier.said('writes')}: "
+                    "one would overwrite the other; give each its own path")
+        written.append(out)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file: ``os.path.samefile`` where both exist (a
+    hard link is one), else their resolved paths (symlinks followed) are equal."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet: an output
+        return _resolved(a) == _resolved(b)
+    except ValueError:  # a NUL in a path: no file, refused where it is opened
+        return False
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return Path(_resolved(path)).is_relative_to(_resolved(folder))
+
+
+def _resolved(path: Path) -> str:
+    try:
+        return os.path.normcase(os.path.realpath(path))
+    except ValueError:
+        return str(path)
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _what(out: NamedFile) -> str:
+    return "folder" if out.folder or out.tree else "path"
 
 
 def check_output_file(path: str | Path, flag: str) -> None:

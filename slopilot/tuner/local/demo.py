@@ -30,6 +30,7 @@ from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.local.demo_files import RUN_FOLDER, check_demo_files
 from slopilot.tuner.local.demo_report import Sample, write_demo_report
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
 from slopilot.tuner.local.deployment import LocalDeployment
@@ -153,6 +154,8 @@ class DemoOptions:
             raise ValueError(f"--seed {self.seed}: expected a whole number >= 0 and at most "
                              f"{SEED_MAX}")
         check_output_dir(self.report_dir, "--report-dir")
+        check_demo_files(self.report_dir, profile=self.profile, model=self.model,
+                         scenario=self.scenario)
 
     def _check_replica_limit(self) -> None:
         cpus = machine_cpus()
@@ -210,7 +213,7 @@ def make_report_dir(report_dir: Path) -> Path:
     """The report folder and its ``run`` folder, made now: one that cannot be made (a
     read-only or special file system such as /proc, which the writable check passes as
     root) is a ValueError naming the flag, not a traceback from the run."""
-    work = report_dir / "run"
+    work = report_dir / RUN_FOLDER
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -23,7 +23,7 @@ from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.local.demo_story import DemoResult, ended_on
 from slopilot.tuner.study import report_plots as plots
 from slopilot.tuner.study.plot_subject import PlotSubject, name_figure
-from slopilot.tuner.study.report import write_report
+from slopilot.tuner.study.report import report_files, write_report
 from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.tuner import Tuner
 
@@ -129,6 +129,15 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
     return fig
 
 
+TIMELINE = ("timeline.png", "timeline.json")
+
+
+def demo_report_files(out_dir: Path) -> list[Path]:
+    """What ``write_demo_report`` writes (or, a timeline it does not draw, removes) in
+    ``out_dir``."""
+    return [*report_files(out_dir), *(out_dir / name for name in TIMELINE)]
+
+
 def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Sample],
                       lines: list[str], *, shift_at_s: float, subject: PlotSubject,
                       twin: Mapping[str, Any] | None = None, result: DemoResult | None = None,
@@ -139,14 +148,14 @@ def write_demo_report(path: Path, tuner: Tuner, slo: SLOSpec, samples: list[Samp
     # Every file is written beside itself and renamed over it, report.md last: a crash or
     # a full disk part-way leaves each file whole, and the report that is there links no
     # plot still to come.
-    plot = out / "timeline.png"
+    plot = out / TIMELINE[0]
     if samples:
         events = [] if result is None else events_of(result)
         plots.save(timeline_figure(samples, slo, shift_at_s, subject=subject, busy=busy,
                                    events=events), plot, dpi=90)
     else:  # an earlier run's plot would read as this run's
         plot.unlink(missing_ok=True)
-    write_text_atomically(out / "timeline.json", json.dumps(
+    write_text_atomically(out / TIMELINE[1], json.dumps(
         {"shift_at_s": shift_at_s, "samples": [asdict(s) for s in samples],
          "decisions": lines, "machine_busy": [list(span) for span in busy],
          "episodes": [] if result is None else [e.describe() for e in result.episodes]},

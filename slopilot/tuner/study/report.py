@@ -154,6 +154,12 @@ def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:
 PLOTS = ("history.png", "terms.png", "pareto.png", "importance.png")
 
 
+def report_files(out_dir: Path) -> list[Path]:
+    """What ``write_report`` writes, or (a plot it does not draw) removes, in ``out_dir``:
+    no input of the run may be one of them."""
+    return [out_dir / name for name in ("report.md", *PLOTS)]
+
+
 def caption(img: str, results: Sequence[tuple[int, TrialResult]],
             start: TrialResult | None) -> str:
     """What ``img`` shows, naming only what it draws: the demo's live study has no start

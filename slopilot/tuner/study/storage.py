@@ -20,7 +20,7 @@ from slopilot.tuner.study.heartbeat import (
     fail_stale,
 )
 from slopilot.tuner.study.shared_storage import SHARED_STORAGES
-from slopilot.tuner.study.storage_url import parse_storage_url, redacted, shown
+from slopilot.tuner.study.storage_url import redacted, shown, sqlite_file
 
 SAMPLERS = ("tpe", "random")
 SEED_MAX = 2**32 - 1
@@ -100,11 +100,8 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
 def _absent_sqlite(storage: str) -> bool:
     """Whether ``storage`` is a SQLite file that does not exist (it holds no study, and is
     not created for the question)."""
-    url = parse_storage_url(storage)
-    if url is None or url.drivername.split("+")[0] != "sqlite":
-        return False
-    db = url.database
-    return bool(db) and db != ":memory:" and not os.path.exists(str(db))
+    db = sqlite_file(storage)
+    return db is not None and not os.path.exists(db)
 
 
 def study_names(storage: str) -> list[str]:

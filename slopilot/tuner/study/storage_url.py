@@ -21,6 +21,16 @@ def parse_storage_url(url: str) -> URL | None:
         return None
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file a ``sqlite:///PATH`` URL names; None for any other storage (in memory,
+    PostgreSQL, no URL)."""
+    parsed = parse_storage_url(url)
+    if parsed is None or parsed.drivername.split("+")[0] != "sqlite":
+        return None
+    db = parsed.database
+    return None if not db or db == ":memory:" else str(db)
+
+
 def shown(url: str) -> str:
     """``url`` fit for a message, a log or a status: the password replaced by ***."""
     parsed = parse_storage_url(url)

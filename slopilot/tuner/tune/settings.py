@@ -179,6 +179,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
     if args.report_dir is not None:
         # The report is written after the whole study: a bad folder is refused first.
         check_output_dir(args.report_dir, "--report-dir")
+    _check_clashes(args, scenario, profile)
     return TuneSettings(
         scenario=scenario, trace=trace, scenario_arg=args.scenario,
         bounds={**stated, **fixed}, fixed=fixed, space=space, start=start,
@@ -190,6 +191,25 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
         raw_bounds=tuple(args.bounds), profile=profile or None)
+
+
+def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | None) -> None:
+    """No file the study writes (its report after the last trial, its SQLite storage
+    from the first) is one the run reads."""
+    from slopilot.engine.sim.output_paths import NamedFile, check_distinct
+    from slopilot.engine.sim.run_inputs import run_inputs
+    from slopilot.tuner.study.report import report_files
+    from slopilot.tuner.study.storage_url import shown, sqlite_file
+
+    outputs = []
+    db = sqlite_file(args.storage) if isinstance(args.storage, str) else None
+    if db is not None:
+        outputs.append(NamedFile("--storage", shown(args.storage), Path(db)))
+    if args.report_dir is not None:
+        outputs += [NamedFile("--report-dir", str(args.report_dir), f, folder=True)
+                    for f in report_files(args.report_dir)]
+    check_distinct(outputs, run_inputs(scenario, scenario_arg=args.scenario,
+                                       trace_arg=args.trace, profile_arg=profile))
 
 
 def warmup_warning(s: TuneSettings, plan: WindowPlan) -> str | None:

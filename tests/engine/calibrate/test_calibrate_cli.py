@@ -139,3 +139,36 @@ def test_a_fit_outside_the_tolerance_writes_nothing(
     assert "above --tolerance 1e-06" in err and "worst shapes:" in err
     assert "Nothing was written" in err and not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def _never_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("timing started before the output paths were checked")
+
+    monkeypatch.setattr("slopilot.engine.calibrate.torch_target.torch_target", never)
+
+
+def test_the_samples_and_the_profile_in_one_file_are_refused_before_timing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # It printed "raw timings: same.yaml (refit with --refit same.yaml)" and then wrote
+    # the profile over them.
+    _never_time(monkeypatch)
+    same = tmp_path / "same.yaml"
+    assert main(["calibrate", "--model", "tiny-random", "--out", str(same),
+                 "--samples-out", str(tmp_path / "." / "same.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "--samples-out" in err and f"--out {same}" in err and "same file" in err, err
+    assert "own path" in err and not same.exists()
+
+
+def test_a_profile_over_the_checkpoints_own_files_is_refused(
+        tiny: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _never_time(monkeypatch)
+    config = tiny / "config.json"
+    before = config.read_bytes()
+    assert main(["calibrate", "--model", str(tiny), "--out", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {config} is the same file as --model {tiny} (reads {config})" in err, err
+    assert config.read_bytes() == before

@@ -338,3 +338,21 @@ def test_the_kept_real_recordings_refit_within_the_default_tolerance(path: Path)
     # fit as well must not refuse them (their loops fit to 0.6-2 % a step).
     fit = fit_recording(read_samples(path))
     assert fit.host_fit is not None and fit.host_fit.mape < 0.05
+
+
+@pytest.mark.parametrize("spelling", ["same", "symlink"])
+def test_a_refit_refuses_to_write_its_profile_over_its_samples(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], spelling: str) -> None:
+    # The samples were the only copy of minutes of timing; the profile replaced them.
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    samples = write_samples(rec, tmp_path / "s1.json")
+    before = samples.read_bytes()
+    out = samples
+    if spelling == "symlink":
+        out = tmp_path / "p.yaml"
+        out.symlink_to(samples)
+    assert main(["calibrate", "--refit", str(samples), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} is the same file as --refit {samples}" in err, err
+    assert "give --out another path" in err
+    assert samples.read_bytes() == before

@@ -270,3 +270,44 @@ def test_metrics_files_get_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
     plain.chmod(0o640)
     _write_metrics(str(plain), [b"z"])
     assert plain.stat().st_mode & 0o777 == 0o640 and plain.read_bytes() == b"z"
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--scenario", "--profile"])
+def test_metrics_out_over_an_input_is_refused_and_the_input_kept(
+        tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # It wrote its Prometheus text over the trace (or the scenario) it had just read.
+    from slopilot.engine.sim.scenario import scenario_file
+    from tests.support.profiles import profile_file
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started before its output path was checked")
+
+    monkeypatch.setattr("slopilot.engine.sim.simulator.simulate", never)
+    if flag == "--trace":
+        victim = tmp_path / "t.csv"
+        victim.write_text("arrival_time,prompt_tokens,output_tokens\n0,100,10\n1,100,10\n")
+        argv = ["--trace", str(victim)]
+    elif flag == "--scenario":
+        victim = tmp_path / "s.yaml"
+        victim.write_bytes(Path(str(scenario_file("tiny-cpu"))).read_bytes())
+        argv = ["--scenario", str(victim)]
+    else:
+        victim = profile_file(tmp_path, "p.yaml")
+        argv = ["--scenario", "tiny-cpu", "--profile", str(victim)]
+    before = victim.read_bytes()
+    assert main(["simulate", *argv, "--quiet", "--metrics-out", str(victim)]) == 2
+    err = capsys.readouterr().err
+    assert f"--metrics-out {victim} is the same file as {flag} {victim}" in err, err
+    assert "give --metrics-out another path" in err
+    assert victim.read_bytes() == before
+
+
+def test_a_replicas_metrics_file_over_an_input_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # With two replicas --metrics-out m.prom writes m-r0.prom and m-r1.prom.
+    victim = tmp_path / "m-r1.prom"
+    victim.write_text("arrival_time,prompt_tokens,output_tokens\n0,100,10\n")
+    assert main(["simulate", "--scenario", "tiny-cpu", "--replicas", "2", "--trace",
+                 str(victim), "--quiet", "--metrics-out", str(tmp_path / "m.prom")]) == 2
+    assert f"(writes {victim}) is the same file as --trace" in capsys.readouterr().err
