@@ -109,9 +109,23 @@ def resolve_model(name_or_path: str | Path, cache_dir: Path | None = None) -> Pa
         return path
     if str(name_or_path) in REGISTRY:
         return fetch_model(str(name_or_path), cache_dir)
-    raise ModelNotFoundError(
-        f"{name_or_path!r} is neither a checkpoint directory nor a registered model; "
-        f"give a directory with config.json or one of: {', '.join(sorted(REGISTRY))}")
+    raise ModelNotFoundError(_no_such_model(name_or_path, path))
+
+
+def check_model(name_or_path: str | Path) -> None:
+    """Refuse, without building anything, what ``resolve_model`` could never resolve: a
+    path that is no directory and a name that is not registered. Said before anything
+    that would take it for a model's name (a missing shape, a profile's model)."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir() and str(name_or_path) not in REGISTRY:
+        raise ModelNotFoundError(_no_such_model(name_or_path, path))
+
+
+def _no_such_model(name_or_path: str | Path, path: Path) -> str:
+    what = ("a file, not a checkpoint directory" if path.exists()
+            else "neither a checkpoint directory nor a registered model")
+    return (f"no such model directory or name: {str(name_or_path)!r} ({what}); give a "
+            f"directory with config.json or one of: {', '.join(sorted(REGISTRY))}")
 
 
 CHECKPOINT_FILES = frozenset({

@@ -147,7 +147,7 @@ def test_torch_replicas_serve_with_the_kernels_their_profile_was_timed_with(
     assert replica_kernels(scenario, DemoOptions(**torch)) == "auto"  # type: ignore[arg-type]
 
 
-def test_a_torch_demo_without_a_profile_says_its_twin_is_a_gpu_prior() -> None:
+def test_a_torch_demo_without_a_profile_says_its_twin_is_a_gpu_prior(tmp_path: Path) -> None:
     from slopilot.engine.sim.scenario import load_scenario
     from slopilot.engine.sim.twin import twin_label
     from slopilot.tuner.local.demo import twin_caveat, twin_scenario
@@ -160,9 +160,11 @@ def test_a_torch_demo_without_a_profile_says_its_twin_is_a_gpu_prior() -> None:
     assert "not this CPU" in twin_caveat(twin, opts)
     assert "slopilot calibrate --model tiny-random" in twin_caveat(twin, opts)
     assert twin_caveat(twin, DemoOptions()) == ""
+    unknown = tmp_path / "unknown-llm"  # a checkpoint there, of no shape the twin knows
+    unknown.mkdir()
     with pytest.raises(ValueError, match="no shape for this checkpoint"):
         twin_scenario(load_scenario("demo-torch"),
-                      DemoOptions(executor="torch", model="/models/unknown-llm"))
+                      DemoOptions(executor="torch", model=str(unknown)))
 
 
 def test_demo_flags_pick_the_executor_and_its_defaults(
@@ -321,3 +323,27 @@ def test_a_profile_the_report_would_overwrite_is_refused_before_anything_starts(
     assert "give --report-dir another folder" in err
     assert profile.read_bytes() == before
 
+
+@pytest.mark.parametrize("with_profile", [False, True])
+def test_a_model_that_is_not_there_is_said_to_be_missing_first(
+        tmp_path: Path, with_profile: bool, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # It said "the twin has no shape for this checkpoint; calibrate it (`slopilot
+    # calibrate --model /nonexistent ...`)", a command that fails on the same path; with
+    # --profile, that the profile was not calibrated for model '/nonexistent'.
+    from slopilot.cli import main
+    from slopilot.tuner.local import demo
+    from tests.support.profiles import profile_file
+
+    def must_not_run(*_: object) -> demo.DemoResult:
+        raise AssertionError("the demo started")
+
+    monkeypatch.setattr(demo, "run_demo", must_not_run)
+    missing = str(tmp_path / "nonexistent")
+    extra = (["--profile", str(profile_file(tmp_path, "p.yaml", model="smollm2-135m",
+                                           device="cpu"))] if with_profile else [])
+    assert main(["demo", "--model", missing, "--report-dir", str(tmp_path / "r"),
+                 *extra]) == 2
+    err = capsys.readouterr().err
+    assert f"--model {missing}: no such model directory or name" in err, err
+    assert "calibrate" not in err and "tiny-random" in err  # the names it takes

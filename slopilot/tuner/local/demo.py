@@ -26,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 
 from slopilot.engine.executors.kernel_modes import executor_modes
+from slopilot.engine.models import ModelNotFoundError, check_model
 from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.twin import twin_label
@@ -154,6 +155,11 @@ class DemoOptions:
             raise ValueError(f"--seed {self.seed}: expected a whole number >= 0 and at most "
                              f"{SEED_MAX}")
         check_output_dir(self.report_dir, "--report-dir")
+        if self.model is not None:
+            try:
+                check_model(self.model)  # before the twin takes it for a model's name
+            except ModelNotFoundError as exc:
+                raise ValueError(f"--model {self.model}: {exc}") from None
         check_demo_files(self.report_dir, profile=self.profile, model=self.model,
                          scenario=self.scenario)
 
