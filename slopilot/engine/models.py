@@ -24,10 +24,45 @@ class ModelNotFoundError(ValueError):
     """Neither a checkpoint directory nor a registered model name."""
 
 
+class ModelCacheError(ModelNotFoundError):
+    """A registered model that its cache folder cannot hold: the folder is a file, or
+    cannot be made (a read-only or special file system). Said naming where the folder
+    came from (``--cache-dir``, ``SLOPILOT_CACHE_DIR`` or the default) and the fix."""
+
+
+CACHE_ENV = "SLOPILOT_CACHE_DIR"
+
+
 def default_cache_dir() -> Path:
-    root = os.environ.get("SLOPILOT_CACHE_DIR")
+    root = os.environ.get(CACHE_ENV)
     base = Path(root) if root else Path.home() / ".cache" / "slopilot"
     return base / "models"
+
+
+def cache_root(cache_dir: Path | None) -> tuple[Path, str]:
+    """The models' cache folder and how its user chose it, as messages name it."""
+    if cache_dir is not None:
+        return Path(cache_dir), "--cache-dir"
+    env = os.environ.get(CACHE_ENV)
+    return default_cache_dir(), (f"{CACHE_ENV}={env}: its models folder" if env
+                                 else "the model cache")
+
+
+def _make_cache_root(cache_dir: Path | None) -> Path:
+    """The cache folder, made now; ModelCacheError where it cannot be (it was a
+    FileExistsError or FileNotFoundError traceback from mkdir)."""
+    from slopilot.engine.sim.output_paths import check_output_dir
+
+    root, label = cache_root(cache_dir)
+    try:
+        check_output_dir(root, label)
+        root.mkdir(parents=True, exist_ok=True)
+    except ValueError as exc:
+        raise ModelCacheError(str(exc)) from None
+    except OSError as exc:
+        raise ModelCacheError(f"{label} {root}: cannot create it: {exc.strerror or exc}; "
+                              "give a folder you can write on a disk") from None
+    return root
 
 
 def _build_tiny_random(dest: Path) -> None:
@@ -67,11 +102,11 @@ def fetch_model(name: str, cache_dir: Path | None = None, force: bool = False) -
     if name not in REGISTRY:
         raise ModelNotFoundError(
             f"model {name!r} is not registered; known: {', '.join(sorted(REGISTRY))}")
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root, _ = cache_root(cache_dir)
     dest = root / name
     if (dest / COMPLETE_MARKER).is_file() and not force:
         return dest
-    root.mkdir(parents=True, exist_ok=True)
+    root = _make_cache_root(cache_dir)
     # Build beside the target and rename, so a crash or a concurrent fetch never leaves
     # a half-written directory that looks complete.
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))

