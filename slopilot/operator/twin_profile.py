@@ -39,7 +39,12 @@ from slopilot.engine.sim.profile_file import (
 from slopilot.engine.sim.profile_types import SCHEMA, CostProfile, ProfileFileError
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.twin import with_profile
-from slopilot.engine.sim.yaml_load import YAMLShapeError, YAMLValueError, safe_load_bounded
+from slopilot.engine.sim.yaml_load import (
+    YAMLDuplicateKeyError,
+    YAMLShapeError,
+    YAMLValueError,
+    safe_load_bounded,
+)
 from slopilot.operator.conditions import ConditionType, condition
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
@@ -206,6 +211,12 @@ def _not_a_profile(text: str) -> str | None:
         mark = exc.problem_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         return f"a value{at} is no {exc.kind}, so not a slopilot cost profile"
+    except YAMLDuplicateKeyError as exc:
+        if _declares_profile(exc.root):
+            return None  # the profile reader names the key, as it may
+        mark = exc.problem_mark
+        at = f" at line {mark.line + 1}" if mark else ""
+        return f"a key{at} is given twice, so not a slopilot cost profile"
     except yaml.MarkedYAMLError as exc:
         # Only where: the parser's message quotes the line (and names aliases, tags).
         mark = exc.problem_mark or exc.context_mark

@@ -192,6 +192,7 @@ SECRET = "hunter2-s3cr3t"
     f"password: *{SECRET}\n",  # an unknown alias: its error names it
     f"schema: {SECRET}\n",  # a mapping, but no profile's
     f"- {SECRET}\n",
+    f"password: x\npassword: {SECRET}\n",  # a key given twice: not named either
 ])
 def test_a_configmap_that_is_no_profile_is_refused_without_a_word_of_what_it_holds(
         kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
@@ -323,6 +324,9 @@ def _edited(line: str) -> str:
     # Coefficients of zero: "ProfileLoaded", a twin of unlimited capacity.
     (dump_profile(make_profile(**SMOL, executor={}, host={})),
      ("cheapest step", "no engine step takes under 10 us")),
+    # YAML kept the last silently: a tenant's edit appended was taken over the first.
+    (dump_profile(make_profile(**SMOL)) + "name: edited\n",
+     ("name given twice (line", "keep the one you mean")),
 ])
 def test_a_profile_the_reader_refuses_is_refused_on_the_cr_never_raised(
         kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,

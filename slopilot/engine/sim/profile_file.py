@@ -57,7 +57,11 @@ from slopilot.engine.sim.profile_types import (
 )
 from slopilot.engine.sim.profiles import ProfileError, canonical_model_name
 from slopilot.engine.sim.spec_reader import ScenarioError
-from slopilot.engine.sim.yaml_load import YAMLValueError, safe_load_bounded
+from slopilot.engine.sim.yaml_load import (
+    YAMLDuplicateKeyError,
+    YAMLValueError,
+    safe_load_bounded,
+)
 
 __all__ = ["DEVICE_TYPES", "RECALIBRATE", "SCHEMA", "ClassFit", "CostProfile", "DeviceInfo",
            "FitReport", "ProfileFileError", "StaleProfileWarning", "check_profile_for",
@@ -205,6 +209,8 @@ def parse_profile_text(text: str, source: str) -> CostProfile:
         doc = safe_load_bounded(text)
     except YAMLValueError as exc:  # valid YAML, a value its type cannot hold
         raise ProfileFileError(f"{source}: {exc}; {RECALIBRATE}") from None
+    except YAMLDuplicateKeyError as exc:  # an edit by hand: the fix is in the message
+        raise ProfileFileError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ProfileFileError(f"{source}: not valid YAML ({exc}); {RECALIBRATE}") from None
     try:

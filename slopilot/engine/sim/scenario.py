@@ -33,7 +33,11 @@ from slopilot.engine.sim.profiles import ProfileError, get_gpu, get_model
 from slopilot.engine.sim.spec_reader import MAX_TEXT, Reader, ScenarioError, did_you_mean
 from slopilot.engine.sim.workload import Workload
 from slopilot.engine.sim.workload_spec import WorkloadSpec, parse_workload
-from slopilot.engine.sim.yaml_load import YAMLValueError, safe_load_bounded
+from slopilot.engine.sim.yaml_load import (
+    YAMLDuplicateKeyError,
+    YAMLValueError,
+    safe_load_bounded,
+)
 from slopilot.engine.slo import SLOError, SLOSpec
 
 __all__ = ["SLOSpec", "Scenario", "ScenarioError", "list_scenarios",
@@ -129,7 +133,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
                             "text") from None
     try:
         data = safe_load_bounded(text, exponents=True)
-    except YAMLValueError as e:  # valid YAML, a value its type cannot hold
+    except (YAMLValueError, YAMLDuplicateKeyError) as e:  # valid YAML the reader refuses
         raise ScenarioError(f"{label}: {e}") from None
     except yaml.YAMLError as e:
         raise ScenarioError(f"{label}: not valid YAML: {e}") from None

@@ -20,6 +20,12 @@ A scenario may write its numbers as YAML 1.2 does, ``1e7`` or ``6e1``: PyYAML re
 text '1e7', refused as "expected a finite number" where the user meant a number
 (``exponents=True``). Only there: a profile's hex hashes (``8e12``) are text, and PyYAML's
 dumper writes them unquoted, judging by YAML 1.1.
+
+A key given twice in one mapping is refused (``YAMLDuplicateKeyError``): PyYAML keeps
+the last silently, so ``duration_s: 5`` appended to a scenario that said
+``duration_s: 60`` ran 5 s, as a JSONL trace's object with a key twice is refused
+(docs/traces.md). A key a merge (``<<: *base``) brings in and the mapping then sets is
+no duplicate: that is how YAML says "this one, not the base's".
 """
 
 from __future__ import annotations
@@ -59,6 +65,26 @@ class YAMLValueError(yaml.MarkedYAMLError):
                         f"{excerpt(text)} is no {kind} ({reason}); quote it to keep it "
                         f"text, or write a valid {kind}")
         super().__init__(problem=self.message, problem_mark=mark)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class YAMLDuplicateKeyError(yaml.MarkedYAMLError):
+    """A key given twice in one mapping (see the module docstring).
+
+    Its message names the key by its path (``workload.arrivals.rate``), the line of
+    each and the fix; ``field``, the marks (the second's is ``problem_mark``) and
+    ``root`` are there for a caller that must not quote the document."""
+
+    def __init__(self, field: str, first: yaml.Node, second: yaml.Node,
+                 root: yaml.Node) -> None:
+        self.field, self.root = field, root
+        self.message = (f"{field} given twice (line {first.start_mark.line + 1}, then line "
+                        f"{second.start_mark.line + 1}); YAML would keep only the last, "
+                        "silently: keep the one you mean")
+        super().__init__(context="the key first given", context_mark=first.start_mark,
+                         problem=self.message, problem_mark=second.start_mark)
 
     def __str__(self) -> str:
         return self.message
@@ -110,6 +136,7 @@ def safe_load_bounded(text: str, *, exponents: bool = False) -> Any:
         if node is None:
             return None
         _values(node, 0, {}, [False])
+        _unique_keys(node)
         try:
             return loader.construct_document(node)
         except _Unconstructable as exc:
@@ -153,6 +180,35 @@ def _field_of(root: yaml.Node, target: yaml.Node) -> str | None:
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node.value))
     return None
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _unique_keys(root: yaml.Node) -> None:
+    """Refuse a mapping that gives one key twice. Keys are told apart as YAML types them
+    (``1`` and ``'1'`` are two); a key that is itself a mapping or a list is left alone.
+    Each node is walked once: ``_values`` has bounded the document, aliases included."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], yaml.Node] = {}
+            for key, value in node.value:
+                name = excerpt(key.value).strip("'") if isinstance(key, yaml.ScalarNode) \
+                    else "?"
+                field = f"{path}.{name}" if path else name
+                if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE:
+                    earlier = first.setdefault((str(key.tag), key.value), key)
+                    if earlier is not key:
+                        raise YAMLDuplicateKeyError(field, earlier, key, root)
+                stack.append((value, field))
 
 
 _FIX = "write the document out plainly (a scenario or a profile nests a few levels)"

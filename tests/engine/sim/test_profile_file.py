@@ -431,3 +431,15 @@ def test_the_cheapest_real_profiles_are_above_the_floor(tmp_path: Path) -> None:
     at_floor = _broken(tmp_path, {"cost_model.executor": {"iteration": 1e-5},
                                   "cost_model.host": {}})
     assert load_profile(at_floor).cheapest_step_s() == 1e-5
+
+
+def test_a_key_given_twice_names_the_file_and_lines(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    text = dump_profile(make_profile())
+    path.write_text(text + "name: another\n")
+    with pytest.raises(ProfileFileError) as err:
+        load_profile(path)
+    first = next(i for i, line in enumerate(text.splitlines(), 1)
+                 if line.startswith("name:"))
+    assert str(err.value).startswith(
+        f"{path}: name given twice (line {first}, then line {len(text.splitlines()) + 1})")

@@ -406,3 +406,13 @@ def test_other_yaml_keeps_an_exponent_like_string_a_string() -> None:
 
     assert safe_load_bounded("hash: 8e12") == {"hash": "8e12"}
     assert safe_load_bounded("hash: 8e12", exponents=True) == {"hash": 8e12}
+
+
+def test_a_key_given_twice_is_refused_with_the_file_and_lines(tmp_path: Path) -> None:
+    # duration_s: 10 with `duration_s: 5` appended ran 5 s, silently.
+    with pytest.raises(ScenarioError) as err:
+        load_text(tmp_path, BASE + "duration_s: 5\n")
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'mine.yaml'}: duration_s given twice (line 4, "
+                              "then line 10)"), message
+    assert "not valid YAML" not in message

@@ -12,6 +12,7 @@ import pytest
 
 from slopilot.engine.sim.yaml_load import (
     MAX_VALUES,
+    YAMLDuplicateKeyError,
     YAMLShapeError,
     YAMLValueError,
     safe_load_bounded,
@@ -52,3 +53,34 @@ def test_a_large_document_without_aliases_is_said_to_be_values_not_aliases() -> 
         for i, prev in enumerate(["a", "b0", "b1", "b2", "b3"]))
     with pytest.raises(YAMLShapeError, match=r"its aliases \(\*name\) expand it"):
         safe_load_bounded(bomb)
+
+
+@pytest.mark.parametrize(("text", "field", "lines"), [
+    ("name: x\nduration_s: 60\nseed: 0\nduration_s: 5\n", "duration_s", (2, 4)),
+    ("workload:\n  arrivals: {process: poisson, rate: 2, rate: 20}\n",
+     "workload.arrivals.rate", (2, 2)),
+    ("classes:\n  - {p0: 1}\n  - p1: 1\n    p1: 2\n", "classes[1].p1", (3, 4)),
+])
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(
+        text: str, field: str, lines: tuple[int, int]) -> None:
+    # YAML kept the last silently: a scenario's duration_s: 60 ran 5 s.
+    with pytest.raises(YAMLDuplicateKeyError) as err:
+        safe_load_bounded(text)
+    message = str(err.value)
+    assert message.startswith(f"{field} given twice (line {lines[0]}, then line "
+                              f"{lines[1]})"), message
+    assert "keep the one you mean" in message
+    assert err.value.field == field and err.value.problem_mark.line + 1 == lines[1]
+
+
+def test_a_merge_key_overridden_is_no_duplicate() -> None:
+    # ``<<: *base`` then a key of the base's is how YAML says "this one, not the base's".
+    text = "base: &b {rate: 2, mean: 100}\nshift:\n  <<: *b\n  rate: 20\n"
+    assert safe_load_bounded(text)["shift"] == {"rate": 20, "mean": 100}
+    with pytest.raises(YAMLDuplicateKeyError, match=r"shift\.rate given twice"):
+        safe_load_bounded(text + "  rate: 30\n")
+
+
+def test_keys_that_differ_in_type_or_spelling_are_distinct() -> None:
+    assert safe_load_bounded("1: a\n'1': b\nx: c\nX: d\n") == {1: "a", "1": "b", "x": "c",
+                                                                 "X": "d"}
