@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.bounded_read import read_bounded
+from slopilot.engine.json_keys import DuplicateKey, loads_unique
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
@@ -242,7 +243,9 @@ def read_clients_file(path: Path) -> ClientClasses:
     """The grants in the JSON file ``path`` (``spec.clients``'s shape); ClientsError
     naming the file where it cannot be read, is not JSON, or is not grants."""
     try:
-        data = json.loads(read_bounded(path, CLIENTS_FILE_BYTES).decode("utf-8"))
+        data = loads_unique(read_bounded(path, CLIENTS_FILE_BYTES).decode("utf-8"))
+    except DuplicateKey as exc:
+        raise ClientsError(str(path), str(exc)) from None
     except OSError as exc:
         raise ClientsError(str(path), unreadable(exc)) from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:

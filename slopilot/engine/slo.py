@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slopilot.engine.bounded_read import read_bounded
+from slopilot.engine.json_keys import DuplicateKey, loads_unique
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.request import Priority, Request
 
@@ -274,7 +275,9 @@ def read_slo_file(path: Path) -> SLOSpec:
     """The objectives in the JSON file ``path`` (``spec.slo``'s shape); SLOError naming
     the file where it cannot be read, is not JSON, or is not an SLO."""
     try:
-        data = json.loads(read_bounded(path, SLO_FILE_BYTES).decode("utf-8"))
+        data = loads_unique(read_bounded(path, SLO_FILE_BYTES).decode("utf-8"))
+    except DuplicateKey as exc:
+        raise SLOError(f"{path}: {exc}") from None
     except OSError as exc:
         raise SLOError(f"{path}: {unreadable(exc)}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:

@@ -30,6 +30,7 @@ from slopilot.engine.calibrate.harness import STATISTICS, Sample
 from slopilot.engine.calibrate.host import HostStep
 from slopilot.engine.calibrate.runner import Recording
 from slopilot.engine.executors.kernel_modes import PROFILE_KERNELS
+from slopilot.engine.json_keys import DuplicateKey, loads_unique
 from slopilot.engine.read_errors import unreadable
 from slopilot.engine.sim.profile_file import DeviceInfo, write_text_atomically
 from slopilot.engine.sim.profile_types import (
@@ -94,7 +95,9 @@ def read_samples(path: str | Path) -> Recording:
         raise SamplesFileError(f"{p}: cannot read calibration samples ({exc}); write one "
                                "with `slopilot calibrate ... --samples-out FILE`") from None
     try:
-        doc = json.loads(text)
+        doc = loads_unique(text)
+    except DuplicateKey as exc:  # an edit by hand; the fix is in the message
+        raise SamplesFileError(f"{p}: cannot read calibration samples ({exc})") from None
     except (ValueError, RecursionError) as exc:
         # JSONDecodeError; an integer past 4,300 digits; brackets past the recursion limit.
         why = (str(exc) if isinstance(exc, json.JSONDecodeError) else

@@ -165,12 +165,15 @@ TOKEN_FILE_BYTES = 4096
 def _knobs(args: argparse.Namespace) -> dict[str, Any]:
     from slopilot.engine.bounded_read import read_bounded
     from slopilot.engine.config import ConfigError, parse_set_args
+    from slopilot.engine.json_keys import DuplicateKey, loads_unique
     from slopilot.engine.read_errors import unreadable
 
     knobs: dict[str, Any] = {}
     if args.config is not None:
         try:
-            data = json.loads(read_bounded(args.config, CONFIG_FILE_BYTES).decode("utf-8"))
+            data = loads_unique(read_bounded(args.config, CONFIG_FILE_BYTES).decode("utf-8"))
+        except DuplicateKey as exc:
+            raise ConfigError(f"--config {args.config}: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"--config {args.config}: {unreadable(exc)}") from None
         except UnicodeDecodeError:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.json_keys import DuplicateKey, loads_unique
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.quote import excerpt
 from slopilot.engine.sim.trace_fields import Clock, TraceError, canonical, token_count
@@ -288,8 +289,8 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
         if not raw.strip():
             continue
         try:
-            obj: Any = json.loads(raw, object_pairs_hook=_unique_keys)
-        except _DuplicateKey as e:
+            obj: Any = loads_unique(raw)
+        except DuplicateKey as e:
             # JSON keeps the last silently: a prompt of 5,000 tokens read as 100, where a
             # CSV giving a column twice is refused.
             raise TraceError(f"{label}:{line}: {excerpt(e.key)} given twice in one object; "
@@ -303,25 +304,6 @@ def json_objects(text: str, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
         if not isinstance(obj, dict):
             raise TraceError(f"{label}:{line}: expected a JSON object, got {raw[:80]!r}")
         yield line, obj
-
-
-class _DuplicateKey(Exception):
-    """Not a ValueError: json.loads would have it said as "not valid JSON"."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) < len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(key)
-            seen.add(key)
-    return obj
 
 
 def _lines(text: str) -> Iterator[str]:

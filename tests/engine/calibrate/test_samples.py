@@ -356,3 +356,13 @@ def test_a_refit_refuses_to_write_its_profile_over_its_samples(
     assert f"--out {out} is the same file as --refit {samples}" in err, err
     assert "give --out another path" in err
     assert samples.read_bytes() == before
+
+
+def test_a_key_given_twice_in_a_samples_file_is_refused(tmp_path: Path) -> None:
+    rec = measure(_target(SyntheticExecutor()), CalibrationOptions(grid=QUICK, repeats=1))
+    path = write_samples(rec, tmp_path / "s.json")
+    text = path.read_text()
+    path.write_text(text[:text.index("{") + 1] + '"schema": "x",' + text[text.index("{") + 1:])
+    with pytest.raises(SamplesFileError, match=r"s\.json: cannot read calibration samples "
+                                               r"\('schema' given twice"):
+        read_samples(path)

@@ -62,3 +62,26 @@ def test_a_file_past_its_bound_is_refused_unread(
         fh.truncate(64 << 20)  # sparse: 64 MiB said, nothing written
     with pytest.raises(error, match="past the"):
         read(big)
+
+
+_TWICE = {
+    "slo": '{"profile": "strict", "classes": {"p0": {"ttft_p99_ms": 900, '
+           '"ttft_p99_ms": 9000}}}',
+    "clients": '{"anonymous": {"maxClass": "p2"}, "anonymous": {"maxClass": "p0"}}',
+    "config": '{"token_budget": 512, "max_num_seqs": 8, "token_budget": 4096}',
+}
+
+
+@pytest.mark.parametrize(("what", "read", "error"), READERS[:3],
+                         ids=[r[0] for r in READERS[:3]])
+def test_a_key_given_twice_in_an_object_is_refused_naming_the_file_and_key(
+        what: str, read: Callable[[Path], object], error: type[Exception],
+        tmp_path: Path) -> None:
+    # JSON kept the last silently: an SLO of 9 s read where 900 ms was written first.
+    path = tmp_path / f"{what}.json"
+    path.write_text(_TWICE[what])
+    with pytest.raises(error) as err:
+        read(path)
+    message = str(err.value)
+    assert str(path) in message and "given twice" in message, message
+    assert "keep the one you mean" in message and "not valid JSON" not in message
