@@ -46,6 +46,12 @@ HEADROOM = 0.1
 cost model a little off push a config tuned to the SLO's edge over it. The offline study
 (``slopilot tune``), the loop's warm start (``SimOffline``) and its scale-up plan use it."""
 
+OBJECTIVE_VERSION = 1
+"""How a trial's value and constraint terms are computed from a window (``score``, the
+worst-window rule): raise it when that changes, so that a stored ``slopilot tune`` study
+made under the old rule is not resumed and ranked with trials scored by the new one
+(``tune/study_record.py``)."""
+
 
 @dataclass(frozen=True)
 class WindowResult:

@@ -28,6 +28,7 @@ from slopilot.tuner.tune.settings import (
     tune_command,
     warmup_warning,
 )
+from slopilot.tuner.tune.study_record import check_or_record
 
 
 def main(args: argparse.Namespace) -> int:
@@ -62,11 +63,14 @@ def run(s: TuneSettings) -> TuneOutcome:
     plan = plan_windows(s.scenario, duration_s=s.duration_s, seeds=s.seeds,
                         warmup_s=s.warmup_s, whole=s.whole, config=start_config,
                         replicas=s.replicas)
-    warning = warmup_warning(s, plan)
-    if warning is not None:
+    study = open_study(s.storage, s.study_name, sampler=s.sampler, seed=s.seed)
+    # Before any trial: a resumed study's trials must have been run under these settings.
+    warnings = tuple(w for w in (warmup_warning(s, plan), check_or_record(study, s, plan))
+                     if w is not None)
+    for warning in warnings:
         # Before the study, and whatever --quiet says: it may be worth stopping for.
         print(f"slopilot tune: warning: {warning}", file=sys.stderr)
-    tuner = Tuner(open_study(s.storage, s.study_name, sampler=s.sampler, seed=s.seed), space)
+    tuner = Tuner(study, space)
     generated = not isinstance(s.scenario.workload, TraceSpec)
     progress = TuneProgress(s.trials + 1, plan.simulated_s, trials=s.trials,
                             generated=generated, enabled=not s.quiet)
@@ -95,7 +99,7 @@ def run(s: TuneSettings) -> TuneOutcome:
         progress.close()
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
     outcome = _outcome(s, plan, tuner, start, best, capacity, evaluator, timing)
-    return dataclasses.replace(outcome, warnings=() if warning is None else (warning,))
+    return dataclasses.replace(outcome, warnings=warnings)
 
 
 def _share(r: TrialResult) -> str:
