@@ -20,6 +20,7 @@ from slopilot.tuner.study.heartbeat import (
     fail_stale,
 )
 from slopilot.tuner.study.shared_storage import SHARED_STORAGES
+from slopilot.tuner.study.sqlite_check import foreign_sqlite
 from slopilot.tuner.study.storage_url import redacted, shown, sqlite_file
 
 SAMPLERS = ("tpe", "random")
@@ -54,6 +55,9 @@ def _storage(url: str | None, heartbeat_s: int, grace_s: int) -> optuna.storages
             f"storage={shown(url) if isinstance(url, str) else url!r} is not a database "
             "URL; use sqlite:///path/to/study.db (a local file) or "
             "postgresql://user:pass@host/db (shared)")
+    foreign = foreign_sqlite(url)
+    if foreign is not None:  # Optuna would add its tables to another application's file
+        raise StudyStorageError(f"cannot open study storage {shown(url)!r}: {foreign}")
     try:
         return SHARED_STORAGES.get(url, heartbeat_s, grace_s)
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean the same to a user
