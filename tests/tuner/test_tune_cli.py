@@ -4,6 +4,7 @@ keys, the report and bad input."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -439,3 +440,33 @@ def test_a_study_stored_in_an_input_is_refused(
     err = capsys.readouterr().err
     assert f"--storage sqlite:///{scenario}" in err and "same file as --scenario" in err, err
     assert scenario.read_text() == OVERLOAD
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root passes /proc's writable check")
+def test_a_report_dir_that_cannot_be_made_is_refused_before_the_study(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """/proc is writable to root by its mode, but no folder can be made there: before,
+    the whole study ran and then the report's mkdir raised, losing the verdict."""
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the study ran before its report folder was made")
+
+    monkeypatch.setattr("slopilot.tuner.tune.run.run", never)
+    assert main(["tune", "--scenario", "tiny-cpu", "--report-dir",
+                 "/proc/slopilot-report"]) == 2
+    err = capsys.readouterr().err
+    assert "--report-dir /proc/slopilot-report: cannot create it" in err, err
+
+
+def test_a_report_that_cannot_be_written_keeps_the_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The verdict is printed whatever happens to the report, which fails the command."""
+    report = tmp_path / "report"
+    (report / "report.md").mkdir(parents=True)  # the report's own name taken by a folder
+    code = main(["tune", "--scenario", "tiny-cpu", "--trials", "1", "--duration", "4",
+                 "--seeds", "1", "--quiet", "--report-dir", str(report)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "windows: judged on 1 workload seed" in captured.out, captured.out
+    assert "reproduce: slopilot tune" in captured.out
+    assert f"slopilot tune: cannot write the report in {report}:" in captured.err, \
+        captured.err

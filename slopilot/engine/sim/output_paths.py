@@ -139,3 +139,17 @@ def check_output_dir(path: str | Path, flag: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {existing} is not writable; give a folder you "
                          "can write")
+
+
+def make_output_dir(path: str | Path, flag: str) -> Path:
+    """``check_output_dir``, then the folder made now, before the work: a special or
+    read-only file system (/proc, whose mode the access check passes as root) refuses
+    only the mkdir itself. ValueError names ``flag``."""
+    check_output_dir(path, flag)
+    target = Path(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot create it: {exc.strerror or exc}; give "
+                         "a folder you can write on a disk") from None
+    return target

@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from slopilot.engine.sim.output_paths import make_output_dir
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
@@ -41,17 +42,35 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         settings = settings_from(args)
+        if settings.report_dir is not None:
+            make_output_dir(settings.report_dir, "--report-dir")
         outcome = run(settings)
     except (ConfigError, ScenarioError, StudyStorageError, CapacityError, ProfileError,
             CostModelError, ValueError) as e:
         print(f"slopilot tune: {e}", file=sys.stderr)
         return 2
-    report = None if settings.report_dir is None else write(outcome, settings.report_dir)
+    report, failed = None, None
+    if settings.report_dir is not None:
+        try:
+            report = write(outcome, settings.report_dir)
+        except Exception as exc:  # the verdict is the study's result: never lost to it
+            failed = (f"cannot write the report in {settings.report_dir}: {_why(exc)}; "
+                      "the verdict is printed without it")
     if settings.json:
         print_json(outcome, report)
     else:
         print_text(outcome, report)
+    if failed is not None:
+        print(f"slopilot tune: {failed}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        path = exc.filename2 or exc.filename
+        return exc.strerror + ("" if path is None else f" ({path})")
+    return f"{type(exc).__name__}: {exc}"
 
 
 def run(s: TuneSettings) -> TuneOutcome:
