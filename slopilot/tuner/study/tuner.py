@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from slopilot.tuner.study.evaluator import Evaluator, WindowRejected
 from slopilot.tuner.study.heartbeat import TrialHeartbeat, fail_stale, heartbeat_of
+from slopilot.tuner.study.held_stops import whole
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.results import rank, result_of
 from slopilot.tuner.study.space import SearchSpace
@@ -50,6 +51,10 @@ class Tuner(WarmStarts):
         (it only warns of a value outside a distribution) and the bounds are the user's;
         inside them, but written in another encoding, it is queued again in this one.
         """
+        with whole():  # a stop waits until the trial is made, held and its config set
+            return self._ask()
+
+    def _ask(self) -> tuple[int, dict[str, Any]]:
         fail_stale(self.study)  # as Study.optimize does before each trial
         while True:  # each pass takes one queued trial off the queue, or samples one
             with warnings.catch_warnings():
@@ -125,6 +130,10 @@ class Tuner(WarmStarts):
         return trial
 
     def tell(self, number: int, result: TrialResult) -> None:
+        with whole():  # a stop waits until the trial is recorded whole
+            self._tell(number, result)
+
+    def _tell(self, number: int, result: TrialResult) -> None:
         trial = self._pop(number)
         trial.set_user_attr("config", dict(result.config) or trial.user_attrs.get("config"))
         trial.set_user_attr("goodput_tok_s", result.goodput_tok_s)
@@ -151,9 +160,10 @@ class Tuner(WarmStarts):
         self.study.tell(trial, result.value)
 
     def tell_failed(self, number: int, reason: str) -> None:
-        trial = self._pop(number)
-        trial.set_user_attr("fail_reason", str(reason))
-        self.study.tell(trial, state=TrialState.FAIL)
+        with whole():
+            trial = self._pop(number)
+            trial.set_user_attr("fail_reason", str(reason))
+            self.study.tell(trial, state=TrialState.FAIL)
 
     def fail_running(self, reason: str) -> list[int]:
         """Tell FAIL, with ``reason``, for every trial this tuner asked and has not told
@@ -215,25 +225,30 @@ class Tuner(WarmStarts):
         """
         if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 0:
             raise ValueError(f"n_trials={n_trials!r}: expected a count >= 0")
+        held_before = set(self._asked)
         for _ in range(n_trials):
-            number, config = self.ask()
             result: TrialResult | None = None
-            reason = ""
-            for _attempt in range(max_rejections + 1):
-                try:
-                    result = evaluator.evaluate(config)
-                    break
-                except WindowRejected as exc:
-                    reason = exc.reason
-                    continue
-                except BaseException as exc:
-                    self.tell_failed(number, f"{type(exc).__name__}: {exc}")
-                    raise
-            if result is None:
-                self.tell_failed(number, f"window rejected {max_rejections + 1} times: "
-                                 f"{reason}")
-            else:
-                self.tell(number, result)
+            try:
+                number, config = self.ask()
+                reason = ""
+                for _attempt in range(max_rejections + 1):
+                    try:
+                        result = evaluator.evaluate(config)
+                        break
+                    except WindowRejected as exc:
+                        reason = exc.reason
+                if result is None:
+                    self.tell_failed(number, f"window rejected {max_rejections + 1} times: "
+                                     f"{reason}")
+                else:
+                    self.tell(number, result)
+            except BaseException as exc:
+                # Asked here and not told (an evaluator error; a stop, Ctrl-C or SIGTERM,
+                # which held_stops may raise as ask or tell returns): failed, not left
+                # running.
+                for asked in sorted(set(self._asked) - held_before):
+                    self.tell_failed(asked, f"{type(exc).__name__}: {exc}")
+                raise
             if callback is not None:
                 callback(number, result)
         return self.best()

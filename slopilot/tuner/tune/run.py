@@ -29,10 +29,27 @@ from slopilot.tuner.tune.settings import (
     tune_command,
     warmup_warning,
 )
+from slopilot.tuner.tune.stop import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    stopped_note,
+    stops_raise,
+)
 from slopilot.tuner.tune.study_record import check_or_record
 
 
 def main(args: argparse.Namespace) -> int:
+    with stops_raise():
+        try:
+            return _main(args)
+        except KeyboardInterrupt:  # said by run(), with the best trial so far
+            return EXIT_INTERRUPTED
+        except Terminated:
+            return EXIT_TERMINATED
+
+
+def _main(args: argparse.Namespace) -> int:
     from slopilot.engine.config import ConfigError
     from slopilot.engine.sim.cost_model import CostModelError
     from slopilot.engine.sim.profiles import ProfileError
@@ -90,6 +107,7 @@ def run(s: TuneSettings) -> TuneOutcome:
         # Before the study, and whatever --quiet says: it may be worth stopping for.
         print(f"slopilot tune: warning: {warning}", file=sys.stderr)
     tuner = Tuner(study, space)
+    first = len(study.get_trials(deepcopy=False))
     generated = not isinstance(s.scenario.workload, TraceSpec)
     progress = TuneProgress(s.trials + 1, plan.simulated_s, trials=s.trials,
                             generated=generated, enabled=not s.quiet)
@@ -97,8 +115,11 @@ def run(s: TuneSettings) -> TuneOutcome:
                                 progress=progress.simulated)
     progress.note(f"tuning {s.scenario.name} on {s.replicas} replica(s), {s.trials} trials, "
                   f"each {plan.describe()}")
+    stopped: BaseException | None = None
+    start_done = False
     try:
         start = evaluator.evaluate(start_config)
+        start_done = True
         progress.started()
         tuner.run(evaluator, s.trials, callback=progress.trial_done)
         timing = Timing(evaluations=s.trials + 1, simulated_s=evaluator.simulated_s,
@@ -114,8 +135,14 @@ def run(s: TuneSettings) -> TuneOutcome:
                 evaluator, [(c.label, c.result.config) for c in ranked
                             if c.is_start or c.trial in closest],
                 s.replicas + 1, s.max_replicas, note=progress.note)
+    except (KeyboardInterrupt, Terminated) as exc:
+        stopped = exc  # the open trial was told failed (Tuner.run)
+        raise
     finally:
         progress.close()
+        if stopped is not None:
+            print(stopped_note(stopped, s, tuner, first=first, start_done=start_done),
+                  file=sys.stderr)
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
     outcome = _outcome(s, plan, tuner, start, best, capacity, evaluator, timing)
     return dataclasses.replace(outcome, warnings=warnings)
