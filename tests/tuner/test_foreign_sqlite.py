@@ -73,3 +73,19 @@ def test_an_empty_file_and_a_study_database_are_opened(tmp_path: Path) -> None:
     assert {"studies", "trials", "version_info"} <= _tables(empty)
     again = open_study(f"sqlite:///{empty}", "t")  # now a study database: opened again
     assert again.study_name == "t"
+
+
+def test_a_database_an_older_slopilot_already_added_optunas_tables_to_is_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Optuna's tables beside the application's own ``trials`` (what the old open left in
+    the user's file): the open fails on that table, said in one line, not a traceback."""
+    import optuna
+
+    db = _other_app(tmp_path / "other.db")
+    url = f"sqlite:///{db}"
+    optuna.storages.RDBStorage(url)  # the old open: Optuna's tables made beside the user's
+    assert main(["tune", "--scenario", "tiny-cpu", "--trials", "1", "--duration", "4",
+                 "--seeds", "1", "--quiet", "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"slopilot tune: cannot open study 'tune-tiny-cpu' in {url}: "), err
+    assert "Traceback" not in err

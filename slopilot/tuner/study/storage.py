@@ -86,16 +86,20 @@ def open_study(storage: str | None, name: str, *, sampler: str = "tpe",
     try:
         study = optuna.create_study(storage=store, study_name=name, direction="maximize",
                                     load_if_exists=True, sampler=first_sampler)
-    except Exception as exc:  # e.g. a database that went away after the engine opened
+        _STORAGE_OF[study] = store
+        if isinstance(store, optuna.storages.RDBStorage):
+            _beat_legacy_trials(store, study)
+        fail_stale(study)
+        trials = study.get_trials(deepcopy=False)
+    except Exception as exc:  # e.g. a database that went away after the engine opened,
+        # or tables of the same names as Optuna's that another application made
         where = shown(storage) if isinstance(storage, str) else repr(storage)
-        detail = redacted(str(exc), storage) if isinstance(storage, str) else str(exc)
+        text = str(exc).strip()
+        if exc.__cause__ is not None:  # Optuna's StorageInternalError hides the driver's
+            text += f" ({str(exc.__cause__).splitlines()[0]})"
+        detail = redacted(text, storage) if isinstance(storage, str) else text
         raise StudyStorageError(
             f"cannot open study {name!r} in {where}: {type(exc).__name__}: {detail}") from None
-    _STORAGE_OF[study] = store
-    if isinstance(store, optuna.storages.RDBStorage):
-        _beat_legacy_trials(store, study)
-    fail_stale(study)
-    trials = study.get_trials(deepcopy=False)
     if trials and seed is not None:  # wrapped: the offset may pass the 32-bit seed limit
         study.sampler = make_sampler(sampler, (seed + len(trials)) % (SEED_MAX + 1))
     return study
