@@ -158,3 +158,18 @@ def test_every_shipped_scenario_records_the_same_settings_in_every_process() -> 
         first = record(name)
         assert " at 0x" not in first, (name, first)
         assert record(name) == first, name
+
+
+def test_a_resume_on_another_cost_profile_is_refused(
+        made: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.profiles import profile_file
+
+    url = _copy(made, tmp_path)
+    scenario = _scenario(tmp_path)
+    profile = profile_file(tmp_path)
+    capsys.readouterr()
+    assert main(["tune", "--scenario", str(scenario), *FIRST, "--profile", str(profile),
+                 "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert "cost profile: datasheet then, calibrated " in err, err
+    assert _trials(url) == 2
