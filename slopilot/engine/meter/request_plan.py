@@ -10,7 +10,9 @@
   ``usage_stats``), and the client gets its answer without the usage it did not ask for,
   the bytes vLLM would have written for its own request. The engine gets the client's
   bytes but for the ``stream_options`` member, written where it was (its last, the one
-  vLLM's ``json.loads`` keeps), else at the object's end.
+  vLLM's ``json.loads`` keeps), else at the object's end. Not a completions request
+  vLLM does not stream (beam search, a ``best_of`` other than ``n``: one event of the
+  whole response, its usage always filled), which goes as it came, and so comes back.
 - A body is read for the few top-level fields the plan needs, and its prompts counted,
   in steps of 64 KiB that let the loop run between two (``request_fields``): none of its
   prompts is made into Python's values. Parsed whole (on a thread, holding the GIL all
@@ -52,7 +54,7 @@ COMPLETIONS_MAX_TOKENS = 16
 """vLLM's ``max_tokens`` for a completions request that leaves it out (v0.11,
 ``protocol.CompletionRequest``; the chat API's is the context)."""
 READS = frozenset({"stream", "n", "stream_options", "max_tokens", "max_completion_tokens",
-                   "max_output_tokens"})
+                   "max_output_tokens", "use_beam_search", "best_of"})
 """The top-level fields of a request the plan reads (``_choices``, ``judge``,
 ``usage_stats.asked``), besides its prompts' count."""
 
@@ -109,7 +111,8 @@ class RequestPlanner:
             return Plan(None, (body,), arrivals=arrivals, at_once=choices)
         judge = self.judge(path, data, arrival)
         usage = usage_stats.asked(data)
-        if path == RESPONSES_PATH or usage is None or usage is usage_stats.Asked.CONTINUOUS:
+        if path == RESPONSES_PATH or usage is None or usage is usage_stats.Asked.CONTINUOUS \
+                or (completions and _answered_whole(data)):
             return Plan(judge, (body,), arrivals=arrivals, at_once=choices)
         # ASCII-escaped: a string Python's reader took with a lone surrogate in it has
         # no UTF-8, and reaches vLLM as the same string.
@@ -169,6 +172,17 @@ def _choices(path: str, data: dict[str, Any]) -> int:
         return 1
     n = _lax(_INT, data.get("n", 1))
     return n if n is not None and 1 <= n <= MAX_CHOICES else 1
+
+
+def _answered_whole(data: dict[str, Any]) -> bool:
+    """Whether vLLM answers a completions request asking for a stream with the whole
+    response as one event instead (v0.11, ``serving_completion.py:242-247``: with
+    ``use_beam_search``, or a ``best_of`` given other than ``n``), its usage filled
+    whatever ``stream_options`` say (300-308): nothing of it to ask for or take out."""
+    if _lax(_BOOL, data.get("use_beam_search")) is True:
+        return True
+    best_of = _lax(_INT, data.get("best_of"))
+    return best_of is not None and best_of != _lax(_INT, data.get("n", 1))
 
 
 T = TypeVar("T")

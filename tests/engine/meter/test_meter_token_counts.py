@@ -161,3 +161,38 @@ def test_an_answer_with_usage_taken_out_has_no_length_of_the_engines(tmp_path: P
 
     _, headers, got = run(go)
     assert got == b"".join(chat(False, False)) and "content-length" not in headers
+
+
+@pytest.mark.parametrize("options", [
+    None, {"include_usage": True}, {"include_usage": False},
+    {"include_usage": True, "continuous_usage_stats": True}],
+    ids=["none", "final-usage", "no-usage", "continuous"])
+@pytest.mark.parametrize("unstreamed", [
+    {"use_beam_search": True}, {"use_beam_search": "true"}, {"best_of": 0}],
+    ids=["beam", "beam-lax", "best-of-0"])
+def test_a_completion_vllm_answers_whole_keeps_the_usage_vllm_gave(
+        tmp_path: Path, options: dict[str, Any] | None, unstreamed: dict[str, Any]) -> None:
+    """vLLM does not stream a completions request with ``use_beam_search``, or with a
+    ``best_of`` other than its ``n`` (here 0: vLLM's V1 engine refuses one above 1, and
+    one below ``n``): ``"stream": true`` gets the whole response as one event, its usage
+    filled whatever ``stream_options`` said. The meter took it for a stream of chunks
+    and wrote that usage ``null`` for a client that asked for none: the client got less
+    than vLLM gives. It goes now as vLLM wrote it, and the engine gets the client's
+    bytes."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    pieces = [wire.completion_whole(" a b", 3, 2), wire.DONE]
+    upstream.answer(pieces, headers={"content-type": wire.CONTENT_TYPE})
+    sent = {**COMPLETION, **unstreamed}
+    if options is not None:
+        sent["stream_options"] = options
+    raw = json.dumps(sent).encode()
+
+    async def go() -> bytes:
+        status, _, got = await Client(meter, now).request("POST", "/v1/completions",
+                                                          raw=raw, written_at=[0.2, 0.2])
+        assert status == 200
+        return got
+
+    assert run(go) == b"".join(pieces)
+    assert upstream.requests[0].content == raw

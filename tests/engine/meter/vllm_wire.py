@@ -12,6 +12,9 @@ Written from vLLM v0.11's source (github vllm-project/vllm), not copied from it:
   extension) and a last message of the answer's role, one chunk per choice after the
   role chunks with that message's content, before any engine output; an exception anywhere
   is one ``data: {"error": {...}}`` event, then ``[DONE]`` all the same.
+- ``vllm/entrypoints/openai/serving_completion.py``, ``create_completion``: a request
+  with ``use_beam_search``, or a ``best_of`` given other than ``n``, is not streamed
+  (lines 242-247) but answered whole, as one event, its usage filled (300-308).
 - ``vllm/entrypoints/openai/serving_completion.py``, ``completion_stream_generator``:
   every field written (``exclude_unset=False``, ``"usage": null`` included); a choice's
   index is ``output.index + prompt_idx * n`` for a list of prompts; a request aborted
@@ -119,6 +122,22 @@ def completion_usage(prompt: int, completion_tokens: int, *, model: str = "llama
     return _sse(_compact({"id": "cmpl-7", "object": "text_completion", "created": CREATED,
                           "model": model, "choices": [],
                           "usage": _usage(prompt, completion_tokens)}))
+
+
+def completion_whole(text: str, prompt: int, completion_tokens: int, *,
+                     finish: str = "length", model: str = "llama") -> bytes:
+    """The one event of a completions stream vLLM does not stream
+    (``serving_completion.py``: ``stream`` with ``use_beam_search``, or a ``best_of``
+    other than ``n``): the whole ``CompletionResponse.model_dump_json()``, every field
+    and the usage, whatever ``stream_options`` said; then ``[DONE]``."""
+    return _sse(_compact({
+        "id": "cmpl-7", "object": "text_completion", "created": CREATED, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                     "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+                     "prompt_token_ids": None}],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {**_usage(prompt, completion_tokens), "prompt_tokens_details": None},
+        "kv_transfer_params": None}))
 
 
 def error(message: str) -> bytes:
