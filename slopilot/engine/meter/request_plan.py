@@ -45,11 +45,6 @@ RESPONSES_PATH = "/v1/responses"
 """The Responses API's: vLLM v0.11 serves it (``api_server.create_responses``), one
 answer a request (no ``n``), limited by ``max_output_tokens``."""
 JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", RESPONSES_PATH})
-MAX_CHOICES = 16_384
-"""The most choices (``n``) vLLM serves a request: ``VLLM_MAX_N_SEQUENCES``'s default
-(``sampling_params._verify_num_sequences``; the operator sets no environment of vLLM's).
-It answers more with a 400: read as one choice, which the invalid count takes off. Cheap
-to judge however many: choices that never came are one verdict of their count."""
 COMPLETIONS_MAX_TOKENS = 16
 """vLLM's ``max_tokens`` for a completions request that leaves it out (v0.11,
 ``protocol.CompletionRequest``; the chat API's is the context)."""
@@ -78,7 +73,7 @@ class Plan:
     at_once: int = 0
     """Of ``arrivals``, those counted as the request is forwarded, and judged where its
     stream is cut short before the engine's status: its first prompt's choices (its
-    ``n``, at most ``MAX_CHOICES``). The rest, a batch's other prompts', once the engine
+    ``n``). The rest, a batch's other prompts', once the engine
     answered: vLLM counts a batch in its series once it took it, and a client that
     left before any status (or an engine that broke off first) proved no such thing,
     while a body of 80 KB (20,000 prompts, ``n`` 128) counted 2,560,001 arrivals at once
@@ -166,12 +161,15 @@ def is_replay(method: str, path: str) -> bool:
 
 def _choices(path: str, data: dict[str, Any]) -> int:
     """The choices vLLM streams for each prompt of a chat or completions request: its
-    ``n`` (vLLM runs each choice as a child request of its own, counted in its series as
-    one). A Responses request is one answer."""
+    ``n``, however many (v0.11: ``sampling_params.py:377-378`` refuses only one below 1,
+    a 400 read here as one choice, which the invalid count takes off;
+    ``v1/engine/async_llm.py:292-300`` runs each choice as a child request of its own,
+    counted in its series as one). Cheap to judge however many: the choices that never
+    came are one verdict of their count. A Responses request is one answer."""
     if path == RESPONSES_PATH:
         return 1
     n = _lax(_INT, data.get("n", 1))
-    return n if n is not None and 1 <= n <= MAX_CHOICES else 1
+    return n if n is not None and n >= 1 else 1
 
 
 def _answered_whole(data: dict[str, Any]) -> bool:

@@ -2,9 +2,10 @@
 
 vLLM drops a request whose client gave up (a disconnect, a client's timeout) from every
 series it observes at the finish, and from its running and waiting gauges once aborted
-(0.34, ``v1/engine/output_processor.py``): on vLLM, finished requests plus the queue's
-growth read the load its clients gave up on as never offered, in the overload the loop
-acts on. The meter sees every request go by; the workload probe reads its count.
+(v0.11, ``v1/engine/output_processor.py:325-334``: ``OutputProcessor.abort_requests``
+drops the request's state before any finish is recorded): on vLLM, finished requests
+plus the queue's growth read the load its clients gave up on as never offered, in the
+overload the loop acts on. The meter sees every request go by; the workload probe reads its count.
 
 A request vLLM refuses as invalid (400 or 422: a prompt past the model's context, a
 bad parameter; 404: no such model; 413) it never serves, and a client that retries one
@@ -258,20 +259,23 @@ def test_a_batchs_other_prompts_arrive_once_the_engine_answered(tmp_path: Path) 
     assert peak < 8 << 20
 
 
-def test_n_is_read_up_to_what_vllm_allows(tmp_path: Path) -> None:
-    """vLLM serves up to ``VLLM_MAX_N_SEQUENCES`` choices (16,384 unless its image sets
-    another: ``sampling_params._verify_num_sequences``), each a request in its series. A
-    stream of ``n`` 1,000 was read as one choice: 999 arrivals and, cut short, 999 missed
-    verdicts gone. Past the limit vLLM answers 400: one arrival, taken off as invalid."""
+def test_n_is_read_as_vllm_reads_it(tmp_path: Path) -> None:
+    """vLLM v0.11 serves any ``n`` of at least 1 (``SamplingParams._verify_args``
+    refuses only one below; ``AsyncLLM.add_request`` fans it out into that many child
+    requests, each one in its series). The meter read one above 16,384 (a bound of later
+    vLLMs, ``VLLM_MAX_N_SEQUENCES``) as a single choice: 16,384 arrivals and, cut short,
+    as many missed verdicts gone. Below 1 vLLM answers 400: one arrival, taken off as
+    invalid."""
     upstream, now = Upstream(), [0.0]
     planner: RequestPlanner = meter_for(tmp_path, upstream, now).planner
 
-    def planned(n: int) -> tuple[int, int, int]:
+    def planned(n: Any) -> tuple[int, int, int]:
         body = json.dumps({"model": "llama", "prompt": "a", "n": n, "stream": True}).encode()
         plan = run(lambda: planner.plan("POST", "/v1/completions", body, 0.0))
         assert plan.judge is not None
         return plan.arrivals, plan.at_once, plan.judge.n
 
     assert planned(1000) == (1000, 1000, 1000)
-    assert planned(16_384) == (16_384, 16_384, 16_384)
-    assert planned(16_385) == (1, 1, 1)
+    assert planned(16_385) == (16_385, 16_385, 16_385)
+    assert planned("100000") == (100_000, 100_000, 100_000)
+    assert planned(0) == planned(-3) == (1, 1, 1)
