@@ -2,10 +2,13 @@
 
 The built-in engine observes both at its own writes to the client (TTFT at a choice's
 first chunk written, gaps between chunk writes): its histograms are the client's figures.
-vLLM's are its engine's: TTFT from when its frontend began to tokenize to when it took
-the first engine output, and gaps between the engine core's steps, without parsing before
-nor detokenizing, serializing and the write after (nor a busy API server's event loop,
-vLLM's known bottleneck under load), so they read low against what clients measure.
+vLLM's are its engine's: TTFT from when its engine client took the request to when it
+took the first engine output, and gaps between the engine core's steps. The arrival is
+stamped once the API server has parsed the request, rendered its chat template and
+tokenized its prompt (v0.11: ``v1/engine/processor.py:349-350``, after
+``serving_chat.py:239`` or ``serving_completion.py:136-141``), so neither holds that
+work, nor detokenizing, serializing and the write after (nor a busy API server's event
+loop, vLLM's known bottleneck under load): they read low against what clients measure.
 The meter in each vLLM pod observes what its clients see (``engine/meter/client_latency``);
 the rules read it wherever it observed a stream in the window, and vLLM's where it
 observed none (a deployment whose clients ask for bodies, or a pod without a meter).
