@@ -48,7 +48,7 @@ TOKEN_LATENCY_BUCKETS: tuple[float, ...] = tuple(sorted(
     set(LATENCY_BUCKETS) | _dense(DENSE_FROM_S, DENSE_TO_S)))
 
 # vLLM's edges of its request-phase histograms (e2e, queue, prefill, decode, inference:
-# vllm/v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS), every one: LATENCY_BUCKETS holds
+# v0.11's vllm/v1/metrics/loggers.py request_latency_buckets), every one: LATENCY_BUCKETS holds
 # its TTFT and gap edges only, so a vLLM query on le="0.8" or "15.0" found nothing here.
 # Up to 7,680 s, unlike TTFT's: no refused request reads these, and a long request's
 # e2e past 300 s stays in a finite bucket, as on vLLM.

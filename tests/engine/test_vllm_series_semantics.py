@@ -1,9 +1,11 @@
 """The engine's vllm:* series counted where, and as, vLLM v1 counts them.
 
-Each test names the vLLM code it holds the engine to (vLLM 0.34: vllm/v1/metrics/
-loggers.py ``PrometheusStatLogger.record``, vllm/v1/metrics/stats.py ``IterationStats``,
-vllm/v1/core/kv_cache_manager.py ``record_prefix_cache_stats``). The table of every
-series is in docs/architecture.md, "The vllm:* series".
+Each test names the vLLM code it holds the engine to: vLLM 0.11.0's, the image the
+operator pins (vllm/v1/metrics/loggers.py ``PrometheusStatLogger.record``,
+vllm/v1/metrics/stats.py ``IterationStats``), but for the prefix cache's lookups, an
+iteration's prompt tokens and the finish reasons, which the engine counts as vLLM 0.34
+does, on purpose (each section says so). The table of every series, and why, is in
+docs/architecture.md, "The vllm:* series".
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def _total(metrics: EngineMetrics, name: str, **labels: str) -> float:
                if n == name and set(labels.items()) <= set(ls))
 
 
-# -- prefix cache: vllm/v1/core/kv_cache_manager.py record_prefix_cache_stats ------------
+# -- prefix cache: vLLM 0.34's vllm/v1/core/kv_cache_manager.py record_prefix_cache_stats,
+# at admission (0.11 counts every lookup of a waiting request: get_computed_blocks) -----
 
 def test_no_lookup_no_query_with_caching_off_or_prompt_logprobs() -> None:
     # vLLM counts only requests that looked the cache up (prefix_cache_lookup_enabled):
@@ -130,10 +133,10 @@ def _iterations(metrics: EngineMetrics) -> tuple[float, float]:
 
 
 def test_an_iteration_counts_the_tokens_it_made_and_the_prefills_it_ended() -> None:
-    # vLLM observes, per engine step that has outputs, prompt_token_stats.computed (the
-    # prompt less its prefix-cache hit, of each request whose first token came in it)
-    # plus the tokens generated: a chunked prefill counts whole in the step it ends,
-    # its earlier chunks not at all.
+    # vLLM 0.34 observes, per engine step that has outputs, prompt_token_stats.computed
+    # (the prompt less its prefix-cache hit, of each request whose first token came in
+    # it) plus the tokens generated (0.11: the whole prompt): a chunked prefill counts
+    # whole in the step it ends, its earlier chunks not at all.
     engine, metrics = _engine(chunk_size=64, token_budget=128)
     engine.add_request(make_request("long", 150, max_tokens=3))
     engine.step()  # 64 of its prompt
@@ -161,7 +164,8 @@ def test_a_decode_beside_a_chunk_that_samples_nothing_counts_one() -> None:
     assert (count - before[0], total - before[1]) == (1, 1)
 
 
-# -- finish reasons: loggers.py counter_request_success, one per FinishReason -----------
+# -- finish reasons: loggers.py counter_request_success, one per FinishReason (0.11's
+# stop, length and abort; error and repetition are vLLM 0.34's, always 0 here) ---------
 
 def test_every_finish_reason_vllm_exports_is_there_from_the_start() -> None:
     # vLLM makes vllm:request_success_total for each of its FinishReasons at start: a
@@ -173,7 +177,7 @@ def test_every_finish_reason_vllm_exports_is_there_from_the_start() -> None:
     assert {r.value for r in FinishReason} <= set(VLLM_FINISH_REASONS)
 
 
-# -- bucket edges: vllm/v1/metrics/buckets.py ------------------------------------------
+# -- bucket edges: vllm/v1/metrics/loggers.py request_latency_buckets (0.11) ------------
 
 VLLM_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
                                 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
@@ -181,7 +185,7 @@ VLLM_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15
 
 
 def test_the_request_phase_histograms_have_every_edge_of_vllms() -> None:
-    # vLLM's REQUEST_LATENCY_BUCKETS, of e2e, queue and the three phases: a query on
+    # vLLM's request_latency_buckets, of e2e, queue and the three phases: a query on
     # one of its edges (le="0.8") reads the built-in engine's series too.
     _, metrics = _engine()
     for name in ("e2e_request_latency", "request_queue_time", "request_prefill_time",
