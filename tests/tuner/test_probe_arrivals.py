@@ -1,8 +1,8 @@
 """The workload probe on vLLM behind the meter: the offered load is what arrived.
 
-vLLM 0.34 drops a request whose client gave up (a disconnect, a client's timeout) from
-every series it observes at the finish, and from its running and waiting gauges once
-aborted (``v1/engine/output_processor.py``). Finished + refused + the queue's growth then
+vLLM (0.11.0, the pinned image) drops a request whose client gave up (a disconnect, a
+client's timeout) from every series it observes at the finish, and from its running and
+waiting gauges once aborted (``v1/engine/output_processor.py:325-334``). Finished + refused + the queue's growth then
 reads the load its clients gave up on as never offered: in the overload the loop acts on
 (clients time out while the TTFT grows), the twin, the warm start and the capacity plan
 planned for less than came. The meter in front of each vLLM engine counts each request as
