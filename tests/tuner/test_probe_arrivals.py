@@ -2,12 +2,12 @@
 
 vLLM (0.11.0, the pinned image) drops a request whose client gave up (a disconnect, a
 client's timeout) from every series it observes at the finish, and from its running and
-waiting gauges once aborted (``v1/engine/output_processor.py:325-334``). Finished + refused + the queue's growth then
-reads the load its clients gave up on as never offered: in the overload the loop acts on
-(clients time out while the TTFT grows), the twin, the warm start and the capacity plan
-planned for less than came. The meter in front of each vLLM engine counts each request as
-it arrives (``slopilot_meter_arrivals_total``); where a replica exports it, the probe
-reads its arrivals from it.
+waiting gauges once aborted (``v1/engine/output_processor.py:325-334``). Finished +
+refused + the queue's growth then reads the load its clients gave up on as never offered:
+in the overload the loop acts on (clients time out while the TTFT grows), the twin, the
+warm start and the capacity plan planned for less than came. The meter in front of each
+vLLM engine counts each request as it arrives (``slopilot_meter_arrivals_total``); where
+a replica exports it, the probe reads its arrivals from it.
 
 A request vLLM refuses as invalid (a prompt past the context, a bad parameter, no such
 model) is counted there too as it came, and again as invalid once answered
