@@ -3,18 +3,22 @@
 A kubeconfig missing or broken is permanent (``kubeapi.KubeConfigError``: the command
 stops, naming the file). An API server that does not answer may be starting, or behind a
 network blip: client-go's informers and kopf's watches retry it, and so does the
-operator's start, with back-off and one line a try. ``operator uninstall``, which a
-person runs and watches, stops at it instead, naming the server.
+operator's start, with back-off and one line a try. So may one that answers 5xx (a
+load balancer's 503 page before it, an API server still starting): ``NotReady``.
+``operator uninstall``, which a person runs and watches, stops at it instead, naming the
+server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import urllib3
 
-from slopilot.operator.kubeapi import Kube
+from slopilot.operator.kubeapi import ApiError, Kube
 
 T = TypeVar("T")
 
@@ -24,6 +28,20 @@ MAX_RETRY_S = 30.0
 
 Unreachable = urllib3.exceptions.HTTPError
 """What the client raises when no HTTP answer came (refused, timed out, TLS failed)."""
+
+
+class NotReady(Exception):
+    """An answer that says the server is not ready yet (5xx): waited for as no answer."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(f"is not ready ({error.status} {error.reason}".rstrip()
+                         + f": {error.message})")
+        self.error = error
+
+
+def not_ready(error: ApiError) -> bool:
+    """Whether a refusal is the server's not being ready (5xx) rather than its word."""
+    return error.status >= 500
 
 
 def server_of(kube: Kube) -> str:
@@ -54,10 +72,26 @@ def until_reachable(step: Callable[[], T], *, server: str, wait: Callable[[float
     delay = FIRST_RETRY_S
     while True:
         try:
-            return step()
+            with _quiet_pool_retries():
+                return step()
         except Unreachable as exc:
             warn(f"{unreachable_message(server, exc)}; retrying in {delay:g} s (is the "
                  "cluster up, and the kubeconfig's server right?)")
+        except NotReady as exc:
+            warn(f"the API server at {server} {exc}; retrying in {delay:g} s")
         if wait(delay):
             return None
         delay = min(delay * 2, MAX_RETRY_S)
+
+
+@contextmanager
+def _quiet_pool_retries() -> Iterator[None]:
+    """urllib3 logs each of its own retries of a connection (three a try, "Retrying
+    (Retry(total=2...") above the one line a try says: kept to errors while it waits."""
+    pool = logging.getLogger("urllib3.connectionpool")
+    level = pool.level
+    pool.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        pool.setLevel(level)

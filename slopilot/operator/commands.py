@@ -162,17 +162,22 @@ def _reach_api(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> b
     standalone); False where a stop came first. An API server that does not answer may
     be starting: waited for, one line a try. A refused peering is permanent: the
     command stops."""
-    from slopilot.operator.api_reach import server_of, until_reachable
+    from slopilot.operator.api_reach import NotReady, not_ready, server_of, until_reachable
     from slopilot.operator.kubeapi import ApiError
     from slopilot.operator.peering import ensure_peering
 
     def step() -> bool:
-        with contextlib.suppress(ApiError):  # any answer, a refusal too, is a server there
+        try:
             kube.request("GET", "/version")
+        except ApiError as exc:  # an answer, a refusal too, is a server there; but a 5xx
+            if not_ready(exc):  # (a load balancer's 503 page) is one not ready yet
+                raise NotReady(exc) from None
         if not args.standalone:
             try:
                 ensure_peering(kube, args.peering, namespaces=args.namespace)
             except ApiError as exc:
+                if not_ready(exc):
+                    raise NotReady(exc) from None
                 raise SystemExit(f"slopilot operator: cannot create the peering object "
                                  f"{args.peering!r}: {exc}; apply "
                                  "manifests/kopf-peering.yaml (its CRDs) first") from None

@@ -150,7 +150,14 @@ class Kube:
         response = self.client.call_api(m, url, headers, data,
                                         _request_timeout=REQUEST_TIMEOUT_S)
         raw = response.read()
-        payload = json.loads(raw) if raw else {}
+        try:
+            payload = json.loads(raw) if raw else {}
+        except ValueError:
+            # Not the API server's JSON: a proxy or load balancer in front of it (an HTML
+            # 503 while it starts). Said as its status, not a JSONDecodeError traceback.
+            text = raw[:200].decode("utf-8", "replace")
+            raise ApiError(response.status, "NotJSON" if response.status < 400 else "",
+                           f"an answer that is not JSON: {text!r}") from None
         if response.status >= 400:
             if isinstance(payload, dict):
                 raise ApiError(response.status, str(payload.get("reason", "")),

@@ -4,6 +4,7 @@ that does not answer is waited for, one line a try (it may be starting)."""
 
 from __future__ import annotations
 
+import http.server
 import logging
 import threading
 from collections.abc import Callable
@@ -130,3 +131,63 @@ def test_waiting_for_the_api_server_backs_off_then_goes_on() -> None:
     assert waits == sorted(waits) and waits[-1] == MAX_RETRY_S and len(waits) == 7
     assert all("https://k:6443" in line and "[Errno 111] refused" in line for line in lines)
     assert len(lines) == 7
+
+
+class _Html503(http.server.BaseHTTPRequestHandler):
+    """What a load balancer in front of a starting API server answers: 503, in HTML."""
+
+    def do_GET(self) -> None:
+        body = b"<html><body>503 Service Unavailable</body></html>"
+        self.send_response(503)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("standalone", [True, False])
+def test_an_api_server_answering_html_503_is_waited_for_not_a_traceback(
+        standalone: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
+    """The probe took any answer for a server there, and its body for JSON: an HTML 503
+    was a JSONDecodeError traceback. A 5xx is a server not ready yet: waited for."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Html503)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = tmp_path / "kubeconfig"
+        config.write_text(UNREACHABLE.replace("https://127.0.0.1:1",
+                                              f"http://127.0.0.1:{server.server_port}"))
+        monkeypatch.setenv("KUBECONFIG", str(config))
+        stopped = threading.Event()
+        stopped.set()
+        monkeypatch.setattr(commands, "_stop_event", lambda: stopped, raising=False)
+        argv = ["operator", "-n", "default"] + (["--standalone"] if standalone else [])
+        with caplog.at_level(logging.WARNING):
+            assert main(argv) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and caplog.records[0].exc_info is None, caplog.text
+    assert "is not ready (503" in lines[0] and "retrying in" in lines[0], lines
+    assert kopf_runs == []
+
+
+def test_a_try_that_gets_no_answer_is_one_line_not_urllib3s_three_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
+    """urllib3 logged each of its own retries ("Retrying (Retry(total=2...") before the
+    operator's line: four lines a try where the docs say one."""
+    config = tmp_path / "kubeconfig"
+    config.write_text(UNREACHABLE)
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    stopped = threading.Event()
+    stopped.set()
+    monkeypatch.setattr(commands, "_stop_event", lambda: stopped, raising=False)
+    with caplog.at_level(logging.WARNING):
+        assert main(["operator", "-n", "default", "--standalone"]) == 0
+    assert [r.name for r in caplog.records] == ["slopilot.operator.commands"], caplog.text
