@@ -14,6 +14,7 @@ from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.controller import Controller
+from slopilot.tuner.loop.ports import Rollout, Settled
 from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import LoopState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
@@ -88,6 +89,9 @@ class FakeDeployment:
 
     def serving(self, canary: bool) -> dict[str, Any]:
         return self.canary_config if canary and self.canary_config else self.config
+
+    def settled(self, now: float) -> Rollout:
+        return Settled()  # a live apply, as the built-in engine's
 
 
 @dataclass

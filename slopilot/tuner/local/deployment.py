@@ -35,6 +35,7 @@ from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.local.die_with_parent import die_with_parent
+from slopilot.tuner.loop.ports import Rollout, Settled
 from slopilot.tuner.prometheus.adapters import ROLE_LABEL
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
@@ -271,6 +272,10 @@ class LocalDeployment:
             if not trial:
                 self._committed = dict(answer)
         self.applied.append((dict(config), canary))
+
+    def settled(self, now: float) -> Rollout:
+        """Settled at once: a config is a live PUT, taken when ``apply_config`` returns."""
+        return Settled()
 
     def _admin(self, r: Replica, method: str, body: dict[str, Any] | None = None
                ) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slopilot.engine.request import Priority
-from slopilot.tuner.loop import advice, restore, thin_traffic
+from slopilot.tuner.loop import advice, restore, rollout_wait, thin_traffic
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
@@ -106,6 +106,8 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return next_trial(ctx, tick.now, "next trial")
     if (why := ctx.study.space.outside(ctx.loop.trial.config)) is not None:
         return _outside_space(ctx, ctx.loop.trial, why)
+    if ctx.loop.trial.rolling:
+        return rollout_wait.trial(ctx, tick.now, ctx.loop.trial)
     return running_trial(ctx, tick.now, ctx.loop.trial)
 
 

@@ -9,6 +9,7 @@ each through these interfaces. Every figure crosses as a ``WindowSummary``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from slopilot.engine.sim.correction import WindowSample
@@ -39,6 +40,33 @@ NO_ANSWER: tuple[type[Exception], ...] = (SimulatorBusy, SimulatorFailed, Timeou
 evidence: busy (``SimulatorBusy``), its process dead (``SimulatorFailed``), past its time
 limit (``sim/worker.SimTimeout``, a TimeoutError) or past its memory cap. None says
 anything of the config that runs, so none rolls a trial back."""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Every replica runs the config last applied: a live apply (the built-in engine's
+    ``PUT``), or a rollout completed (every replica updated and available, none of the
+    old template left)."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A rollout under way: some replicas still run the template before the last apply
+    (or serve nothing yet). A window now measures old pods, not the config."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A rollout that will not complete (past the Deployment's progress deadline): the
+    config cannot be judged, and is rolled back."""
+
+    why: str
+
+
+Rollout = Settled | Pending | Stuck
+"""Where the last apply stands on the replicas (``DeploymentHandle.settled``)."""
 
 
 @runtime_checkable
@@ -81,6 +109,15 @@ class DeploymentHandle(Protocol):
 
     def endpoints(self) -> list[str]:
         """Base URLs of the replicas (the canary first), for scraping and load."""
+        ...
+
+    def settled(self, now: float) -> Rollout:
+        """Whether the last ``apply_config`` runs on the replicas yet (``now``: the
+        loop's clock). A handle that applies live answers ``Settled`` at once; one that
+        rolls new pods out (vLLM's arguments) answers ``Pending`` until every replica
+        runs the new template, and ``Stuck`` once the rollout is past its deadline. The
+        loop measures no window of a config before it is settled (``rollout_wait.py``).
+        """
         ...
 
 

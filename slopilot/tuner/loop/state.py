@@ -51,6 +51,11 @@ class RunningTrial:
     """Where that first window was measured from (it ended where the confirming one
     began, ``started_at``): measured again at the commit, whose evidence is both
     windows' figures, the worse P99s over all their requests."""
+    rolling: bool = False
+    """The trial's config is being rolled out (``DeploymentHandle.settled`` said
+    ``Pending`` after its apply): no window is measured until the rollout completes, and
+    ``started_at`` and ``began_at`` are then moved to that moment (``rollout_wait.py``).
+    False in a state from before it: a trial judged as before."""
 
 
 @dataclass

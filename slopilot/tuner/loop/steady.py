@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop import advice, backoff
+from slopilot.tuner.loop import advice, backoff, rollout_wait
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
@@ -229,7 +229,11 @@ def cooldown(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                           summary=entered.summary)
     if loop.cooldown_until is not None and tick.now < loop.cooldown_until:
         return ctx.decide(Action.NONE, "cooling down")
-    return Go(ControllerState.STEADY, Event.COOLDOWN_OVER, "cooldown over")
+    wait, stuck = rollout_wait.cooling(ctx, tick.now)
+    if wait:  # STEADY would judge alerts on the old pods' figures
+        return ctx.decide(Action.NONE, stuck or "cooling down: rolling out")
+    return Go(ControllerState.STEADY, Event.COOLDOWN_OVER,
+              "cooldown over" if stuck is None else f"cooldown over; {stuck}")
 
 
 def names(alerts: Sequence[Alert]) -> str:

@@ -11,6 +11,7 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop import restore
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
+from slopilot.tuner.loop.ports import Settled
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 
@@ -42,10 +43,15 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
         with contextlib.suppress(Exception):  # RUNNING, held by nothing until it is stale
             ctx.study.tell_failed(number, f"not applied: {type(exc).__name__}: {exc}")
         raise
+    # A rollout's config runs nowhere yet: its window waits (``rollout_wait.py``); one
+    # found stuck already is ended there, at the next look.
+    rolling = ctx.deployment.settled(now)
     loop.trial = RunningTrial(number, dict(config), now, canary,
-                              canary_replica=replica if canary else None, began_at=now)
+                              canary_replica=replica if canary else None, began_at=now,
+                              rolling=not isinstance(rolling, Settled))
     where = "canary" if canary else "all replicas"
-    return ctx.decide(Action.TRIAL, f"trial {number} on {where}; {reason}",
+    how = "" if isinstance(rolling, Settled) else f" (rolling out: {rolling.why})"
+    return ctx.decide(Action.TRIAL, f"trial {number} on {where}{how}; {reason}",
                       trial=number, config=config)
 
 

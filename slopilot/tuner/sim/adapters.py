@@ -27,6 +27,7 @@ from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
+from slopilot.tuner.loop.ports import Rollout, Settled
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
@@ -69,6 +70,10 @@ class SimDeployment:
 
     def endpoints(self) -> list[str]:
         return [f"sim://replica-{r.index}" for r in self.cluster.active]
+
+    def settled(self, now: float) -> Rollout:
+        """Settled at once: the cluster takes a config as the engine's live apply does."""
+        return Settled()
 
 
 class SimAlerts:

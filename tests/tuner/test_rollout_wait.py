@@ -1,0 +1,140 @@
+"""A config that reaches the replicas by a rollout (vLLM: new pods with new arguments) is
+judged once the rollout has completed, on the new pods' figures; one that never
+completes ends its trial ``rollout_stuck`` and is rolled back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.ports import Pending, Rollout, Settled, Stuck
+from slopilot.tuner.loop.state import ControllerState as S
+from slopilot.tuner.loop.state import LoopState
+from slopilot.tuner.prometheus.alerts import AlertAction
+from tests.tuner.controller_fakes import (
+    GOOD,
+    START,
+    FakeAlerts,
+    FakeDeployment,
+    FakeOffline,
+    Rig,
+    alert,
+)
+
+ROLL_S = 300.0
+"""A new pod serves 5 min after the template changed (the model's download and load)."""
+
+
+@dataclass
+class RollingDeployment(FakeDeployment):
+    """A vLLM-like deployment: an apply changes the template at once, and the old pods
+    serve the old config until the new ones are ready ``roll_s`` later; a rollout past
+    ``deadline_s`` is stuck (the Deployment's ProgressDeadlineExceeded)."""
+
+    now: float = 0.0
+    roll_s: float | None = ROLL_S
+    """None: the new pods never become ready (no node has the GPUs)."""
+    deadline_s: float = 900.0
+    rolling: tuple[dict[str, Any], float] | None = None
+    asked: list[tuple[float, str]] = field(default_factory=list)
+
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool,
+                     trial: bool = False) -> None:
+        self.applied.append((dict(config), False))  # no canary: every pod is rolled
+        if not trial:
+            self.committed = dict(config)
+        self.rolling = (dict(config), self.now)
+
+    def settled(self, now: float) -> Rollout:
+        if self.rolling is None:
+            state: Rollout = Settled()
+        elif self.roll_s is not None and now >= self.rolling[1] + self.roll_s:
+            self.config, self.rolling = self.rolling[0], None
+            state = Settled()
+        elif now >= self.rolling[1] + self.deadline_s:
+            state = Stuck("ProgressDeadlineExceeded: ReplicaSet chat-2 has timed out "
+                          "progressing")
+        else:
+            state = Pending("0 of 1 replicas updated")
+        self.asked.append((now, type(state).__name__))
+        return state
+
+    def serving(self, canary: bool) -> dict[str, Any]:
+        return self.config
+
+
+def _rig(dep: RollingDeployment) -> Rig:
+    return Rig(dep=dep, alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+               offline=FakeOffline(), settings={"window_s": 120, "canary": False})
+
+
+def _run(rig: Rig, until: float, step: float = 30.0) -> list[tuple[float, Any]]:
+    ctl = rig.ctl or rig.build()
+    assert isinstance(rig.dep, RollingDeployment)
+    out, t = [], 0.0
+    while t <= until:
+        rig.dep.now = t
+        out.append((t, ctl.tick(t)))
+        t += step
+    return out
+
+
+def test_the_warm_start_is_judged_on_its_own_pods_once_rolled_out() -> None:
+    dep = RollingDeployment()
+    rig = _rig(dep)
+    ticks = _run(rig, 600.0)
+    # The GOOD warm start (trial 0) holds on its own figures: the old pods' START
+    # misses P0, and judged on them the good config was told infeasible.
+    assert 0 in rig.study.told and rig.study.told[0].feasible, rig.study.told
+    assert rig.study.failed == {}
+    assert dep.committed == GOOD
+    # Nothing measured while the old pods served; the window starts once rolled out.
+    assert rig.ev is not None and rig.ev.calls
+    assert min(start for start, _, _ in rig.ev.calls) >= ROLL_S
+    # While rolling out, the trial is pending: no other template was asked for.
+    first_trials = [d for t, d in ticks if t < ROLL_S and d.action is Action.TRIAL]
+    assert len(first_trials) == 1
+    assert [c for c, _ in dep.applied[:1]] == [GOOD]
+    waiting = [d for t, d in ticks if 0 < t < ROLL_S]
+    assert waiting and all(d.state is S.TUNING and "rolling out" in d.reason
+                           for d in waiting), [d.line() for d in waiting]
+
+
+def test_a_rollout_that_never_completes_ends_the_trial_stuck_and_rolls_back() -> None:
+    dep = RollingDeployment(roll_s=None)
+    rig = _rig(dep)
+    ticks = _run(rig, 900.0)
+    stuck = [d for _, d in ticks if "rollout_stuck" in d.reason]
+    assert len(stuck) == 1, [d.line() for _, d in ticks]
+    assert stuck[0].action is Action.REVERT and stuck[0].trial == 0
+    assert "ProgressDeadlineExceeded" in stuck[0].reason
+    assert "rollout_stuck" in rig.study.failed[0]
+    assert 0 not in rig.study.told
+    # Rolled back: the episode's starting config asked of every replica after it.
+    assert (START, False) in dep.applied[1:]
+    assert rig.ev is not None and rig.ev.calls == []  # nothing judged on the old pods
+
+
+def test_a_rolling_trial_survives_a_restart() -> None:
+    dep = RollingDeployment()
+    rig = _rig(dep)
+    _run(rig, 60.0)
+    assert rig.ctl is not None
+    saved = LoopState.from_dict(rig.ctl.to_dict())
+    assert saved.trial is not None and saved.trial.rolling
+    rig.ctl = None
+    rig.build(state=saved)
+    _run(rig, 600.0)
+    assert rig.study.told[0].feasible and dep.committed == GOOD
+
+
+def test_a_commit_is_not_cooled_down_before_its_rollout_completes() -> None:
+    dep = RollingDeployment()
+    rig = _rig(dep)
+    rig.settings["cooldown_s"] = 30
+    ticks = _run(rig, 1500.0)
+    commit_at = next(t for t, d in ticks if d.action is Action.COMMIT)
+    steady_at = next(t for t, d in ticks if t > commit_at and d.state is S.STEADY)
+    assert steady_at >= commit_at + ROLL_S, [(t, d.line()) for t, d in ticks]
