@@ -48,6 +48,22 @@ stayed. A changed digest sends the template again, whose lists replace the live 
 RUN_AS = 10001
 
 
+STARTUP_BUDGET_S = 10 * 60
+"""The engine container's startupProbe: 60 failures, 10 s apart (a model's load)."""
+PROGRESS_DEADLINE_S = STARTUP_BUDGET_S + 300
+"""How long a rollout may go without a new pod becoming available before the Deployment
+controller marks it ``ProgressDeadlineExceeded`` (the loop then ends the trial
+``rollout_stuck`` and rolls it back): the pod's startup budget, and five minutes for
+scheduling and the image pull. apps/v1's default (600 s) is the startup budget alone."""
+ROLLING: dict[str, Any] = {"type": "RollingUpdate",
+                           "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+"""One new pod at a time, started beside the old ones, an old one stopped only once a new
+one is available: every replica serves throughout (apps/v1's default, 25 % unavailable
+rounded down and 25 % surge rounded up, is the same at 1-3 replicas and stops up to a
+quarter of the fleet above). A rollout needs one pod's spare resources (its GPUs) in
+the namespace's quota: max replicas + 1 pods (docs/operations.md)."""
+
+
 def _checksum(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -158,7 +174,8 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None,
     container: dict[str, Any] = {
         "name": "engine", "image": spec.image or default_image,
         "command": command, "ports": ports, "env": env, "volumeMounts": mounts,
-        "startupProbe": _probe(10, 60, probe_port),  # model loading may take minutes
+        # Model loading may take minutes (STARTUP_BUDGET_S).
+        "startupProbe": _probe(10, STARTUP_BUDGET_S // 10, probe_port),
         "readinessProbe": _probe(5, 3, probe_port), "livenessProbe": _probe(10, 3, probe_port),
         "securityContext": container_security_context(),
     }
@@ -219,5 +236,6 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
         "spec": {"replicas": count, "selector": {"matchLabels": selector(name)},
-                 "template": template},
+                 "template": template, "strategy": ROLLING,
+                 "progressDeadlineSeconds": PROGRESS_DEADLINE_S},
     }

@@ -57,10 +57,12 @@ from slopilot.operator.pod_admin import CONFIG_PATH, ApplyError, PodAdmin, admin
 from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
+from slopilot.operator.rollout_status import rollout_of
 from slopilot.operator.scale_stamp import ScaleStamp, read_stamp, record_digest
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuned_status import Holds, NotHeld, TunedStatus
+from slopilot.tuner.loop.ports import Pending, Rollout, Settled
 from slopilot.tuner.prometheus.bounded import StartTimer, thread_timer
 
 log = logging.getLogger(__name__)
@@ -228,6 +230,17 @@ class KubeDeploymentHandle:
 
     def endpoints(self) -> list[str]:
         return [admin_url(p) for p in self.pods()]
+
+    def settled(self, now: float) -> Rollout:
+        """The built-in engine's configs are live PUTs: settled once applied. vLLM's
+        are a rollout, read from the Deployment's status (rollout_status.py); none of
+        this CR's yet is pending."""
+        if self.spec().backend is Backend.BUILTIN:
+            return Settled()
+        dep = self.deployment()
+        if dep is None:
+            return Pending(f"no Deployment/{self.name} of this LLMDeployment yet")
+        return rollout_of(dep)
 
     def canary_pod(self) -> str | None:
         """The pod trials run on now: this handle's choice, else the running trial's."""
