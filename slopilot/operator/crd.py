@@ -41,11 +41,15 @@ from slopilot.operator.knobs import (
     knob_schema,
 )
 from slopilot.operator.model_source import TOKEN_REFUSAL, TOKEN_RULE, model_schema
+from slopilot.operator.scheduling import scheduling_schema
 from slopilot.operator.spec import (
     BACKENDS,
     MAX_GPUS,
     MAX_REPLICAS,
+    MAX_STARTUP_TIMEOUT_S,
+    MIN_STARTUP_TIMEOUT_S,
     PROFILES,
+    STARTUP_TIMEOUT_S,
     VLLM_CLASSES,
     LLMDeploymentSpec,
     SpecError,
@@ -97,6 +101,16 @@ def _duration(desc: str, lo_s: float, hi_s: float, *, whole: bool = False,
         message += ", in whole seconds"
     return _cel(_str(desc, pattern=DURATION_PATTERN, maxLength=MAX_DURATION_TEXT, **extra),
                 rule, message)
+
+
+def _model_schema() -> dict[str, Any]:
+    model = model_schema(MAX_MODEL_REF)
+    model["properties"]["startupTimeout"] = _duration(
+        "How long a pod may take to start, its model downloaded and loaded, before the "
+        "kubelet restarts it (the engine's startup probe); default "
+        f"{duration(int(STARTUP_TIMEOUT_S))}. A large checkpoint needs longer (e.g. 45m "
+        "for 70B on a slow link).", MIN_STARTUP_TIMEOUT_S, MAX_STARTUP_TIMEOUT_S)
+    return model
 
 
 def _engine_schema() -> dict[str, Any]:
@@ -185,7 +199,7 @@ def _spec_schema() -> dict[str, Any]:
     spec = _cel(_obj({
         "backend": _str("Which engine runs in the pods.", enum=list(BACKENDS),
                         default="builtin"),
-        "model": model_schema(MAX_MODEL_REF),
+        "model": _model_schema(),
         "image": _str("Container image; the backend's default when absent. The operator "
                       "runs only images on its allow-list.", maxLength=4096),
         "replicas": _cel(_obj({
@@ -223,6 +237,7 @@ def _spec_schema() -> dict[str, Any]:
                               enum=list(VLLM_CLASSES), default="p0"),
         }, default={}),
         "clients": clients_schema(),
+        "scheduling": scheduling_schema(),
         "connections": _obj({camel: _duration(f.description, f.lo_s, f.hi_s)
                              for camel, f in CONNECTION_FIELDS.items()},
                             desc="How long the pods' server (the meter's, in front of "

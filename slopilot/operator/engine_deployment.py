@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,7 @@ from slopilot.operator.pod_layout import (
     container_security_context,
 )
 from slopilot.operator.quantity import stored_form
+from slopilot.operator.scheduling import pod_placement
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 
 CHECKSUM_ANNOTATION = "slopilot.dev/config-checksum"
@@ -116,6 +118,15 @@ def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
+STARTUP_PERIOD_S = 10
+
+
+def startup_failures(spec: LLMDeploymentSpec) -> int:
+    """The startup probe's failureThreshold: ``spec.model.startupTimeout`` in probe
+    periods, rounded up so that a pod is never given less than asked."""
+    return max(1, math.ceil(spec.startup_timeout_s / STARTUP_PERIOD_S))
+
+
 def _probe(period: int, failures: int, port: str) -> dict[str, Any]:
     return {"httpGet": {"path": "/health", "port": port}, "periodSeconds": period,
             "failureThreshold": failures, "timeoutSeconds": 5}
@@ -174,8 +185,8 @@ def _container(spec: LLMDeploymentSpec, admin_token_sha256: str | None,
     container: dict[str, Any] = {
         "name": "engine", "image": spec.image or default_image,
         "command": command, "ports": ports, "env": env, "volumeMounts": mounts,
-        # Model loading may take minutes (STARTUP_BUDGET_S).
-        "startupProbe": _probe(10, STARTUP_BUDGET_S // 10, probe_port),
+        # Model download and loading may take minutes: spec.model.startupTimeout.
+        "startupProbe": _probe(STARTUP_PERIOD_S, startup_failures(spec), probe_port),
         "readinessProbe": _probe(5, 3, probe_port), "livenessProbe": _probe(10, 3, probe_port),
         "securityContext": container_security_context(),
     }
@@ -229,6 +240,7 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": containers,
             "volumes": volumes,
+            **pod_placement(selector(name), spec.scheduling),
         },
     }
     meta = object_meta(body, name)

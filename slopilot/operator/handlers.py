@@ -105,6 +105,7 @@ from slopilot.tuner.prometheus.bounded import bounded_client
 # prometheus-operator the last two are left unwatched, with one warning in the log.
 OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "networkpolicies"),
                ("v1", "services"), ("v1", "configmaps"),
+               ("policy", "v1", "poddisruptionbudgets"),
                ("monitoring.coreos.com", "v1", "servicemonitors"),
                ("monitoring.coreos.com", "v1", "prometheusrules"))
 # The event reason of a spec's warnings: a deprecated field, a knob the backend caps.

@@ -25,6 +25,12 @@ administrator's word on top of it, set once on the operator (environment variabl
   where a CR names none. No CR field changes the meter's: it judges that CR's goodput.
 - the DCGM exporter's namespace (``dcgm_namespace``): where its series scraped without
   honorLabels may name a tenant's GPUs (``rules._Renderer.gpu_utilization``).
+- where the pods may land (``spec.scheduling``, scheduling.py): a PriorityClass only
+  from ``allowed_priority_classes`` (none by default; ``*``: any but ``system-*``, which
+  no entry allows: a tenant's pods would preempt the cluster's own), and a toleration
+  only of a taint key on ``allowed_tolerations`` (by default ``nvidia.com/gpu``, the GPU
+  nodes' usual taint; ``*``: any, a keyless one that tolerates every taint included),
+  as a taint is how an administrator keeps nodes for one team.
 """
 
 from __future__ import annotations
@@ -37,13 +43,19 @@ from slopilot.operator.default_storage import DefaultStorage, instead, resolve_u
 from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+from slopilot.operator.scheduling import label_key_problem
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.operator.study_storage import (
     StorageRefused,
     StorageRule,
     resolve_storage,
 )
-from slopilot.operator.validation import DNS_1123_LABEL, image_prefix, parse_image
+from slopilot.operator.validation import (
+    DNS_1123_LABEL,
+    DNS_1123_SUBDOMAIN,
+    image_prefix,
+    parse_image,
+)
 from slopilot.tuner.prometheus.rules import RuleError, check_namespace_label
 from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
 
@@ -54,6 +66,15 @@ class PolicyError(ValueError):
 
 
 DCGM_NAMESPACE_ENV = "SLOPILOT_DCGM_NAMESPACE"
+PRIORITY_CLASSES_ENV = "SLOPILOT_ALLOWED_PRIORITY_CLASSES"
+TOLERATIONS_ENV = "SLOPILOT_ALLOWED_TOLERATIONS"
+SYSTEM_PRIORITY = "system-"
+"""The prefix of the cluster's own PriorityClasses (system-cluster-critical,
+system-node-critical): Kubernetes reserves it, and no tenant's pod may take one."""
+DEFAULT_TOLERATIONS = ("nvidia.com/gpu",)
+"""The taint GPU nodes commonly carry (GKE's, the NVIDIA GPU operator's guidance), which
+a GPU deployment must tolerate to run at all; it keeps CPU pods off GPUs, no team's
+nodes from another."""
 
 
 def check_dcgm_namespace(value: str) -> str:
@@ -125,6 +146,12 @@ class OperatorPolicy:
     scraped with honorLabels count, where ``namespace`` is the deployment's own. No CR
     field changes it: a tenant who named it could have their own pods pose as the
     exporter for another namespace's GPUs."""
+    allowed_priority_classes: tuple[str, ...] = ()
+    """PriorityClasses a CR may name (``$SLOPILOT_ALLOWED_PRIORITY_CLASSES``); ``*``: any
+    but ``system-*``. Empty (the default): none, the pods get the cluster's default."""
+    allowed_tolerations: tuple[str, ...] = DEFAULT_TOLERATIONS
+    """Taint keys a CR's tolerations may name (``$SLOPILOT_ALLOWED_TOLERATIONS``; set
+    empty: none); ``*``: any, a keyless toleration of every taint included."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_allow_list", _engine_repositories(self.images)
@@ -144,6 +171,22 @@ class OperatorPolicy:
                 check_namespace_label(self.namespace_label)
             except RuleError as exc:
                 raise PolicyError(str(exc)) from None
+        for entry in self.allowed_priority_classes:
+            if entry == "*":
+                continue
+            if entry.startswith(SYSTEM_PRIORITY):
+                raise PolicyError(f"{PRIORITY_CLASSES_ENV} entry {entry!r}: a system-* "
+                                  "class is the cluster's own, and a tenant's pods holding "
+                                  "it could preempt cluster-critical ones; the operator "
+                                  "never allows it: remove it")
+            if len(entry) > 253 or not DNS_1123_SUBDOMAIN.match(entry):
+                raise PolicyError(f"{PRIORITY_CLASSES_ENV} entry {entry[:80]!r}: expected a "
+                                  "PriorityClass name (lowercase letters, digits, '-' and "
+                                  "'.'), or *")
+        for entry in self.allowed_tolerations:
+            if entry != "*" and label_key_problem(TOLERATIONS_ENV, entry) is not None:
+                raise PolicyError(f"{TOLERATIONS_ENV} entry {entry[:80]!r}: expected a taint "
+                                  "key such as nvidia.com/gpu, or *")
         for entry in self.image_allow_list:
             if entry == "*":
                 continue
@@ -184,6 +227,16 @@ class OperatorPolicy:
             if allowed is not None and allowed.repository == ref.repository:
                 return True
         return False
+
+    def priority_class_allowed(self, name: str) -> bool:
+        if name.startswith(SYSTEM_PRIORITY):
+            return False
+        return "*" in self.allowed_priority_classes or name in self.allowed_priority_classes
+
+    def toleration_allowed(self, key: str) -> bool:
+        """Whether a toleration of taint ``key`` may be asked ("": every taint)."""
+        return "*" in self.allowed_tolerations or (
+            bool(key) and key in self.allowed_tolerations)
 
     def named_storage(self, written: str | None, namespace: str) -> str:
         """The storage a CR of ``namespace`` names: ``spec.tuning.storage`` as written,
@@ -248,6 +301,33 @@ def policy_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy, *,
         policy.study_storage(spec, namespace=namespace)
     except StorageRefused as exc:
         out.append(str(exc))
+    return out + scheduling_problems(spec, policy)
+
+
+def scheduling_problems(spec: LLMDeploymentSpec, policy: OperatorPolicy) -> list[str]:
+    """The priority class and tolerations of ``spec.scheduling`` the policy refuses."""
+    out = []
+    if (name := spec.scheduling.priority_class_name) and not policy.priority_class_allowed(
+            name):
+        if name.startswith(SYSTEM_PRIORITY):
+            why = ("a system-* class is the cluster's own: pods holding it preempt "
+                   "other teams' pods and the cluster's own, and the operator never "
+                   "allows it")
+        else:
+            why = (f"not on the operator's allow-list "
+                   f"({_listing(policy.allowed_priority_classes)}): a class above "
+                   "others' lets these pods preempt other teams' pods")
+        out.append(f"spec.scheduling.priorityClassName={name!r}: {why}; remove it, or "
+                   f"ask the cluster admin to add a class to {PRIORITY_CLASSES_ENV}")
+    for i, toleration in enumerate(spec.scheduling.tolerations):
+        key = str(toleration.get("key") or "")
+        if not policy.toleration_allowed(key):
+            what = repr(key) if key else "without a key (every taint)"
+            out.append(f"spec.scheduling.tolerations[{i}]: a toleration of {what} is not "
+                       f"on the operator's allow-list "
+                       f"({_listing(policy.allowed_tolerations)}): a taint may keep nodes "
+                       "for another team; remove it, or ask the cluster admin to add the "
+                       f"key to {TOLERATIONS_ENV}")
     return out
 
 

@@ -67,6 +67,7 @@ RULES_FILE = "slopilot-rules.yaml"
 PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services",
            ("apps/v1", "Deployment"): "deployments",
            ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+           ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
            (MONITORING, "ServiceMonitor"): "servicemonitors",
            (MONITORING, "PrometheusRule"): "prometheusrules"}
 
@@ -180,7 +181,7 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
     rendered = render_all(body, spec, replicas, operator_namespace=operator_namespace,
                           admin_token_sha256=admin_token_sha256, images=images)
     objects = [rendered.config_map, rendered.deployment, rendered.service,
-               rendered.network_policy]
+               rendered.network_policy, rendered.pod_disruption_budget]
     latency = latency_sources(spec.backend)
     if monitoring:
         rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts,
@@ -205,7 +206,8 @@ def owned_names(name: str) -> frozenset[tuple[str, str]]:
     drift. Any other object, whatever its labels and owner reference say, is none of
     its objects, and its events reach no reconcile."""
     return frozenset({("ConfigMap", f"{name}-engine"), ("Deployment", name),
-                      ("Service", name), ("NetworkPolicy", name), ("ServiceMonitor", name),
+                      ("Service", name), ("NetworkPolicy", name),
+                      ("PodDisruptionBudget", name), ("ServiceMonitor", name),
                       ("PrometheusRule", f"slopilot-{name}"), ("ConfigMap", f"{name}-rules")})
 
 

@@ -4,7 +4,8 @@ Same body and spec in, identical dicts out (no clocks, no randomness), so the ha
 compare what it renders with what is in the cluster and patch only on a difference.
 
 Each object has its renderer by job: the Deployment (``engine_deployment.py``, a vLLM
-pod's meter in ``meter_container.py``), the ServiceMonitor (``service_monitor.py``); the
+pod's meter in ``meter_container.py``, where its pods may land in ``scheduling.py``), the
+PodDisruptionBudget (``disruption_budget.py``), the ServiceMonitor (``service_monitor.py``); the
 small ConfigMap, Service and NetworkPolicy are here, where ``render_all`` assembles them.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
+from slopilot.operator.disruption_budget import render_pod_disruption_budget
 from slopilot.operator.engine_deployment import render_deployment, vllm_args
 from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.owned_meta import object_meta, selector
@@ -44,11 +46,12 @@ class Rendered:
     service: dict[str, Any]
     service_monitor: dict[str, Any]
     network_policy: dict[str, Any]
+    pod_disruption_budget: dict[str, Any]
     unsupported_knobs: tuple[str, ...]
 
     def objects(self) -> list[dict[str, Any]]:
         return [self.config_map, self.deployment, self.service, self.network_policy,
-                self.service_monitor]
+                self.pod_disruption_budget, self.service_monitor]
 
 
 def config_json(config: EngineConfig) -> str:
@@ -110,4 +113,5 @@ def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                     service=render_service(body, spec),
                     service_monitor=render_service_monitor(body, spec),
                     network_policy=render_network_policy(body, spec, operator_namespace),
+                    pod_disruption_budget=render_pod_disruption_budget(body),
                     unsupported_knobs=unsupported)

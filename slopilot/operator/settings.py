@@ -27,7 +27,8 @@
   a bad entry stops the start), ``$SLOPILOT_DEFAULT_STORAGE`` (the study storage of a
   CR that names none, default_storage.py; set, one the allow-list refuses stops the
   start; unset, the shipped file, which an allow-list without it is warned of),
-  ``$SLOPILOT_NAMESPACE_LABEL`` (the
+  ``$SLOPILOT_ALLOWED_PRIORITY_CLASSES`` and ``$SLOPILOT_ALLOWED_TOLERATIONS`` (what
+  ``spec.scheduling`` may name, policy.py), ``$SLOPILOT_NAMESPACE_LABEL`` (the
   Prometheus's ``enforcedNamespaceLabel``, which the rules and the controller then
   match) and the operator's own namespace (``$SLOPILOT_OPERATOR_NAMESPACE``, else the
   service account's, else slopilot-system).
@@ -61,6 +62,8 @@ from slopilot.operator.default_storage import DEFAULT_STORAGE_ENV
 from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.policy import (
     DCGM_NAMESPACE_ENV,
+    PRIORITY_CLASSES_ENV,
+    TOLERATIONS_ENV,
     OperatorPolicy,
     PolicyError,
     check_dcgm_namespace,
@@ -121,6 +124,10 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         kwargs["allowed_prometheus"] = _entries(hosts)
     if (storages := env.get(STORAGE_ENV)) is not None:
         kwargs["allowed_storage"] = _entries(storages)
+    if (classes := env.get(PRIORITY_CLASSES_ENV)) is not None:
+        kwargs["allowed_priority_classes"] = _entries(classes)
+    if (keys := env.get(TOLERATIONS_ENV)) is not None:
+        kwargs["allowed_tolerations"] = _entries(keys)
     if default := env.get(DEFAULT_STORAGE_ENV, "").strip():
         kwargs["default_storage"] = default
     if label := env.get(NAMESPACE_LABEL_ENV, "").strip():
@@ -135,7 +142,8 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         policy = OperatorPolicy(**kwargs)  # type: ignore[arg-type]
     except PolicyError as exc:
         raise PolicyError(f"{exc} (in ${IMAGES_ENV}, ${PROMETHEUS_ENV}, ${STORAGE_ENV}, "
-                          f"${DEFAULT_STORAGE_ENV} or ${NAMESPACE_LABEL_ENV})") from None
+                          f"${DEFAULT_STORAGE_ENV}, ${NAMESPACE_LABEL_ENV}, "
+                          f"${PRIORITY_CLASSES_ENV} or ${TOLERATIONS_ENV})") from None
     if default and (problem := policy.default.start_problem(policy.storage_rules)):
         raise PolicyError(problem)
     return policy

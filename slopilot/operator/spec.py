@@ -41,6 +41,7 @@ from slopilot.operator.model_source import (
     parse_token_secret,
     parse_volume,
 )
+from slopilot.operator.scheduling import Scheduling, parse_scheduling
 from slopilot.operator.spec_reader import SpecReader
 from slopilot.operator.twin_spec import TwinSpec, parse_twin
 from slopilot.operator.validation import model_ref_problem, prometheus_url_problem
@@ -76,6 +77,13 @@ PHASES = tuple(p.value for p in Phase)
 # within seconds and a few hundred MB (512 replicas took 39 s and 1.1 GB).
 MAX_REPLICAS = 64
 MAX_GPUS = 64
+STARTUP_TIMEOUT_S = 600.0
+"""How long a pod may take to start (its startup probe's budget) where
+``spec.model.startupTimeout`` says nothing: a small model's download and load."""
+MIN_STARTUP_TIMEOUT_S = 60.0
+MAX_STARTUP_TIMEOUT_S = 7200.0
+"""Long enough for a 70B checkpoint's download and load on a slow link; past it a pod
+that hangs at start is restarted only after hours."""
 
 
 class SpecError(ValueError):
@@ -126,6 +134,12 @@ class LLMDeploymentSpec:
     """``spec.resources.ephemeralStorage``: the engine container's ephemeral-storage request
     and limit, which bounds all the pod writes to its node (/cache, where vLLM downloads
     the model, /tmp, logs); None: as the namespace's LimitRange says, else unbounded."""
+    scheduling: Scheduling = field(default_factory=Scheduling)
+    """``spec.scheduling``: the pods' node selector, tolerations and priority class
+    (scheduling.py; the operator's policy judges the last two)."""
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
+    """``spec.model.startupTimeout``: how long a pod may take to start (download and load
+    its model) before the kubelet restarts it: the engine's startup probe's budget."""
     warnings: tuple[str, ...] = ()
     """What the spec does that still works but should change (a deprecated field), each
     naming the field and the fix; the operator posts them as Warning events."""
@@ -263,10 +277,12 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     model: Mapping[str, Any] = raw_model if isinstance(raw_model, Mapping) else {}
     volume = parse_volume(model, model_path, r.problems, warnings)
     token = parse_token_secret(model, backend is Backend.VLLM, r.problems)
+    scheduling = parse_scheduling(spec, r.problems)
+    startup_timeout_s = _startup_timeout(spec, r)
     if r.problems or tuning is None:  # no tuning without a problem that says why
         raise SpecError(r.problems)
     known = {"backend", "model", "image", "replicas", "resources", "engine", "slo", "tuning",
-             "prometheus", "alerts", "twin", "clients", "connections"}
+             "prometheus", "alerts", "twin", "clients", "connections", "scheduling"}
     return LLMDeploymentSpec(
         backend=backend, model_name=name, model_path=model_path,
         image=image, min_replicas=lo, max_replicas=hi, gpu=gpu,
@@ -275,10 +291,24 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
         extra={k: v for k, v in spec.items() if k not in known}, vllm_class=vllm_class,
         alerts=alerts, twin=twin, clients=clients, connections=connections,
         model_volume=volume,
-        token_secret=token, warnings=tuple(warnings))
+        token_secret=token, scheduling=scheduling, startup_timeout_s=startup_timeout_s,
+        warnings=tuple(warnings))
 
 
 def _quantity(spec: Mapping[str, Any], name: str, r: SpecReader) -> str | None:
     value = r.get(spec, f"spec.resources.{name}", (str, int, float))
     return None if value is None else str(value)
 
+
+
+def _startup_timeout(spec: Mapping[str, Any], r: SpecReader) -> float:
+    where = "spec.model.startupTimeout"
+    if (got := r.duration(spec, where)) is None:
+        return STARTUP_TIMEOUT_S
+    text, seconds = got
+    if not MIN_STARTUP_TIMEOUT_S <= seconds <= MAX_STARTUP_TIMEOUT_S:
+        r.problems.append(f"{where}={text!r}: use {MIN_STARTUP_TIMEOUT_S / 60:g}m to "
+                          f"{MAX_STARTUP_TIMEOUT_S / 3600:g}h, long enough to download and "
+                          "load the model (e.g. 45m for a 70B checkpoint)")
+        return STARTUP_TIMEOUT_S
+    return seconds

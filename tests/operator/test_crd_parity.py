@@ -94,6 +94,26 @@ REFUSED_BY_BOTH: list[tuple[dict[str, Any], str]] = [
     ({"tuning": {"storage": "sqlite:////var/lib/slopilot/team.db-wal"}}, "tuning.storage"),
     ({"tuning": {"storage": "sqlite+pysqlite:////d/team.db-shm?timeout=5"}},
      "tuning.storage"),
+    # Where the pods may land: label values as the API server takes them (a key only
+    # parse_spec judges: no CEL rule can bound a map key's length for its cost), a
+    # toleration's operator and effect, a priority class's name, the startup budget.
+    ({"scheduling": {"nodeSelector": {"gpu": "h100 80g"}}}, "scheduling.nodeSelector"),
+    ({"scheduling": {"tolerations": [{"key": "a", "operator": "Sometimes"}]}},
+     "scheduling.tolerations.0.operator"),
+    ({"scheduling": {"tolerations": [{"key": "a", "operator": "Exists", "value": "x"}]}},
+     "scheduling.tolerations[0]"),
+    ({"scheduling": {"tolerations": [{"key": "a", "effect": "NoRun"}]}},
+     "scheduling.tolerations.0.effect"),
+    ({"scheduling": {"tolerations": [{"key": "a", "effect": "NoSchedule",
+                                      "tolerationSeconds": 5}]}},
+     "scheduling.tolerations[0]"),
+    ({"scheduling": {"tolerations": [{"operator": "Equal", "value": "x"}]}},
+     "scheduling.tolerations[0]"),
+    ({"scheduling": {"tolerations": [{"key": "bad key!"}]}},
+     "scheduling.tolerations.0.key"),
+    ({"scheduling": {"priorityClassName": "High_Priority"}}, "scheduling.priorityClassName"),
+    ({"model": {"name": "m", "startupTimeout": "10s"}}, "model.startupTimeout"),
+    ({"model": {"name": "m", "startupTimeout": "3h"}}, "model.startupTimeout"),
 ]
 
 
@@ -137,6 +157,17 @@ ACCEPTED_BY_BOTH: list[dict[str, Any]] = [
                            "maxClass": "p1"}]}},
     {"tuning": {"storage": "sqlite:////var/lib/slopilot/wal-journal.db"}},
     {"tuning": {"storage": "postgresql://optuna@db-wal/studies-journal"}},
+    {"scheduling": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                                     "pool": ""},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                     "effect": "NoSchedule"},
+                                    {"key": "team", "value": "ml", "effect": "NoExecute",
+                                     "tolerationSeconds": 0},
+                                    {"operator": "Exists"}],
+                    "priorityClassName": "inference-high"}},
+    {"model": {"name": "m", "startupTimeout": "1m"}},
+    {"model": {"name": "m", "startupTimeout": "2h"}},
+    {"model": {"name": "m", "startupTimeout": "95s"}},
 ]
 
 

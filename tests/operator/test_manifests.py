@@ -30,6 +30,7 @@ EXPECTED_GRANTS = {
     ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "list", "watch", "create", "patch"},
     ("monitoring.coreos.com", "prometheusrules"): {"get", "list", "watch", "create", "patch"},
     # Listed by label, then judged by owner uid (kube_handle.pods); never fetched by name.

@@ -72,6 +72,7 @@ EDITS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
     ("v1", "services", "vchat", {"spec": {"type": "NodePort"}}),
          ("networking.k8s.io/v1", "networkpolicies", "vchat",
           {"spec": {"policyTypes": ["Ingress", "Egress"]}}),
+         ("policy/v1", "poddisruptionbudgets", "vchat", {"spec": {"maxUnavailable": 0}}),
          ("monitoring.coreos.com/v1", "servicemonitors", "vchat", {"spec": {"endpoints": []}}),
          ("monitoring.coreos.com/v1", "prometheusrules", "slopilot-vchat",
           {"spec": {"groups": []}}))
