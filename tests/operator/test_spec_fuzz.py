@@ -30,6 +30,7 @@ from slopilot.operator.crd import openapi_schema
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.pod_layout import CLIENTS_FILE, CONFIG_FILE, SLO_FILE
 from slopilot.operator.reconcile import desired_objects, object_problems, owned_names
+from slopilot.operator.scheduling import LABEL_KEY_PATTERN
 from slopilot.operator.spec import SpecError, parse_spec
 
 Leaf = tuple[tuple[str, ...], Mapping[str, Any]]
@@ -47,6 +48,9 @@ SPEC_LEAVES = [(p, n) for p, n in _leaves(openapi_schema()) if p[:1] == ("spec",
 
 _WINDOW = st.builds(lambda n, u: f"{n}{u}", st.integers(0, 100_000),
                     st.sampled_from(["ms", "s", "m", "h"]))
+# A map's keys: label keys (a node selector's), and a few parse_spec refuses.
+_LABEL_KEYS = st.from_regex(LABEL_KEY_PATTERN, fullmatch=True).filter(
+    lambda k: len(k) <= 317) | st.sampled_from(["bad key!", "a/b/c", "", "-x"])
 _QUANTITY = st.one_of(st.integers(-10**6, 10**20).map(str),
                       st.builds(lambda n, u: f"{n}{u}", st.integers(0, 10**6),
                                 st.sampled_from(["", "m", "Mi", "Gi", "Ti", "k", "E"])),
@@ -70,6 +74,9 @@ def _in_schema(path: tuple[str, ...], node: Mapping[str, Any]) -> st.SearchStrat
         return st.booleans()
     if kind == "array":  # spec.clients.keys: items drawn as the fields are
         return st.lists(_in_schema(path, node["items"]), max_size=min(node["maxItems"], 3))
+    if kind == "object" and "properties" not in node:  # a map: spec.scheduling.nodeSelector
+        return st.dictionaries(_LABEL_KEYS, _in_schema(path, node["additionalProperties"]),
+                               max_size=min(node["maxProperties"], 3))
     if kind == "object":
         fields = {k: _in_schema((*path, k), v) for k, v in node["properties"].items()}
         required = set(node.get("required", ()))
@@ -78,7 +85,7 @@ def _in_schema(path: tuple[str, ...], node: Mapping[str, Any]) -> st.SearchStrat
                                                if k not in required})
     if path[-1] in ("cpu", "memory"):
         return _QUANTITY
-    if path[-1] in ("window", "holdFor", "sustainedBreachWindow"):
+    if path[-1] in ("window", "holdFor", "sustainedBreachWindow", "startupTimeout"):
         return _WINDOW
     pattern = node.get("pattern")
     strings = st.from_regex(pattern, fullmatch=True) if pattern else st.text(max_size=64)
