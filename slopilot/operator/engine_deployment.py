@@ -50,13 +50,12 @@ stayed. A changed digest sends the template again, whose lists replace the live 
 RUN_AS = 10001
 
 
-STARTUP_BUDGET_S = 10 * 60
-"""The engine container's startupProbe: 60 failures, 10 s apart (a model's load)."""
-PROGRESS_DEADLINE_S = STARTUP_BUDGET_S + 300
-"""How long a rollout may go without a new pod becoming available before the Deployment
-controller marks it ``ProgressDeadlineExceeded`` (the loop then ends the trial
-``rollout_stuck`` and rolls it back): the pod's startup budget, and five minutes for
-scheduling and the image pull. apps/v1's default (600 s) is the startup budget alone."""
+SCHEDULING_MARGIN_S = 300
+"""What a rollout may take beyond a pod's own startup budget (``spec.model.startupTimeout``)
+before the Deployment controller marks it ``ProgressDeadlineExceeded`` (the loop then
+ends the trial ``rollout_stuck`` and rolls it back): scheduling and the image pull.
+apps/v1's default deadline (600 s) is the default startup budget alone, and a deadline
+shorter than the startup budget called a model still loading within its own time stuck."""
 ROLLING: dict[str, Any] = {"type": "RollingUpdate",
                            "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
 """One new pod at a time, started beside the old ones, an old one stopped only once a new
@@ -125,6 +124,12 @@ def startup_failures(spec: LLMDeploymentSpec) -> int:
     """The startup probe's failureThreshold: ``spec.model.startupTimeout`` in probe
     periods, rounded up so that a pod is never given less than asked."""
     return max(1, math.ceil(spec.startup_timeout_s / STARTUP_PERIOD_S))
+
+
+def progress_deadline_s(spec: LLMDeploymentSpec) -> int:
+    """The Deployment's ``progressDeadlineSeconds``: the pods' startup budget as probed
+    (``startup_failures`` periods), then ``SCHEDULING_MARGIN_S``."""
+    return startup_failures(spec) * STARTUP_PERIOD_S + SCHEDULING_MARGIN_S
 
 
 def _probe(period: int, failures: int, port: str) -> dict[str, Any]:
@@ -249,5 +254,5 @@ def render_deployment(body: Mapping[str, Any], spec: LLMDeploymentSpec,
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
         "spec": {"replicas": count, "selector": {"matchLabels": selector(name)},
                  "template": template, "strategy": ROLLING,
-                 "progressDeadlineSeconds": PROGRESS_DEADLINE_S},
+                 "progressDeadlineSeconds": progress_deadline_s(spec)},
     }

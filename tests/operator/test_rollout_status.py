@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from slopilot.operator.engine_deployment import PROGRESS_DEADLINE_S
+from slopilot.operator.engine_deployment import SCHEDULING_MARGIN_S
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
@@ -70,8 +70,22 @@ def test_the_rendered_deployment_surges_one_pod_and_keeps_every_one_serving() ->
                                 "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     # Past the pods' own startup budget (startupProbe: 60 x 10 s), not within it.
     probe = out.deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
-    assert spec["progressDeadlineSeconds"] == PROGRESS_DEADLINE_S
-    assert probe["periodSeconds"] * probe["failureThreshold"] < PROGRESS_DEADLINE_S
+    assert spec["progressDeadlineSeconds"] == 600 + SCHEDULING_MARGIN_S
+    assert probe["periodSeconds"] * probe["failureThreshold"] < spec["progressDeadlineSeconds"]
+
+
+def test_the_progress_deadline_follows_a_longer_startup_timeout() -> None:
+    """A 70B checkpoint given spec.model.startupTimeout 2h still loading at 15 minutes was
+    marked ProgressDeadlineExceeded, and its trial ended rollout_stuck, while its pods
+    had their own 2 hours to start."""
+    body = _vllm_body()
+    body["metadata"] |= {"namespace": "team", "uid": "0b0e9a4e-4c1e-4d55-9b5e-1c9a3f6f0d11"}
+    body["spec"]["model"]["startupTimeout"] = "2h"
+    out = render_all(body, parse_spec(body))
+    spec = out.deployment["spec"]
+    probe = spec["template"]["spec"]["containers"][0]["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] == 7200
+    assert spec["progressDeadlineSeconds"] == 7200 + SCHEDULING_MARGIN_S
 
 
 def test_a_vllm_apply_is_pending_until_the_deployment_has_rolled_out(

@@ -230,12 +230,13 @@ def test_the_builtin_engines_objects_are_as_they_were_before_the_meter() -> None
         out = render_all(b, parse_spec(b), **kw)
         outs.append({"objects": out.objects(), "unsupported": list(out.unsupported_knobs)})
     text = json.dumps(outs, sort_keys=True)
-    # Last changed by the PodDisruptionBudget and the pod template's soft spread over
-    # nodes (disruption_budget.py, scheduling.py): the template changed, so every
-    # built-in pod rolls once at the upgrade. Before them, 42fc0472... (the
-    # ServiceMonitor's drops of not-ready endpoints, which rolled no pod).
+    # Last changed by the PodDisruptionBudget, the pod template's soft spread over
+    # nodes (disruption_budget.py, scheduling.py), and the Deployment's rolling strategy
+    # and progress deadline: the template changed, so every built-in pod rolls once at
+    # the upgrade. Before them, 42fc0472... (the ServiceMonitor's drops of not-ready
+    # endpoints, which rolled no pod).
     assert hashlib.sha256(text.encode()).hexdigest() == (
-        "cbb5b6e7e57000b1178ff1b6bd6e2bfd656e2e7b50f70126717389f1f1843865")
+        "e6ade53a3ef45416596d98cc57bc5c593e5d256c4c881241a493fc147700805b")
 
 
 def test_the_rendered_meter_command_is_one_the_image_s_cli_takes() -> None:
