@@ -15,7 +15,7 @@ from bisect import insort
 from slopilot.engine.block_manager import BlockManager
 from slopilot.engine.config import EngineConfig, PreemptionMode
 from slopilot.engine.outputs import ScheduledSeq, SchedulerOutput
-from slopilot.engine.preemption import choose_mode
+from slopilot.engine.preemption import choose_mode, swap_refused
 from slopilot.engine.request import Request, RequestStatus
 from slopilot.engine.swap_cost import SwapCost
 from slopilot.engine.waiting_queue import WaitingQueue
@@ -35,7 +35,7 @@ class SchedulerBase:
         self.max_model_len = max_model_len
         self.kv = BlockManager(num_gpu_blocks, config.block_size, num_cpu_blocks,
                                config.enable_prefix_caching)
-        # ``swap_s_per_block`` is the executor's guess; its timed swap-outs replace it.
+        # ``swap_s_per_block`` is the executor's guess; its timed swap-outs take over.
         self.swap_cost = SwapCost(swap_s_per_block)
         self.requests: dict[str, Request] = {}
         # Live requests whose sampling has penalties (the executor needs their tokens).
@@ -99,6 +99,11 @@ class SchedulerBase:
         if capped and self._cap_reached(newcomer):
             return False
         mode = choose_mode(cfg, self.kv, victim, self.swap_s_per_block, newcomer=newcomer)
+        if mode is not PreemptionMode.SWAP \
+                and swap_refused(cfg, self.kv, victim, self.swap_s_per_block):
+            # Not the hypothetical checks (admission's ``_p0_can_make_room``): only a
+            # victim really turned away, lest one waiting P0 count as a refusal a step.
+            self.swap_cost.observe_refusal(self.kv.num_blocks(victim.request_id))
         if mode is None:
             return False
         self.running.remove(victim)

@@ -129,13 +129,15 @@ def test_slow_swap_copies_are_exported_and_turn_victims_to_recompute(
     engine.run_until_idle()
     sched = engine.scheduler
     sched.check_integrity()
-    # The guess let the first victim swap; what its copy took turned the others away.
-    assert sched.num_preemptions[PreemptionMode.SWAP] == 1
+    # The guess let the first victim swap, and one slow copy may be a spike; the next
+    # slow ones were believed, and within a few swaps the others were turned away.
+    swaps = sched.num_preemptions[PreemptionMode.SWAP]
+    assert 2 <= swaps <= 4, swaps
     assert sched.num_preemptions[PreemptionMode.RECOMPUTE] >= 1
-    assert sched.swap_s_per_block == pytest.approx(0.05)
-    # The swap-out's 50 ms a block; its swap-in, on this clock, took none.
-    assert len(copied) == 1
-    assert value(metrics, "slopilot_swap_seconds_total") == pytest.approx(0.05 * copied[0])
+    assert sched.swap_s_per_block > 0.025  # toward the copies' 50 ms, from microseconds
+    # The swap-outs' 50 ms a block; their swap-ins, on this clock, took none.
+    assert 2 <= len(copied) <= swaps
+    assert value(metrics, "slopilot_swap_seconds_total") == pytest.approx(0.05 * sum(copied))
 
 
 def test_only_sampling_rows_answer(loaded: LoadedModel) -> None:
