@@ -256,3 +256,32 @@ def test_attention_never_runs_on_cudnn(loaded: LoadedModel,
                                      _row("b", list(range(3, 9)), 0, [1, 3])]))
     assert seen and not any(seen)
     assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the iteration
+
+
+GIB = 1 << 30
+
+
+def _room(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
+    """The host memory available, as the executor's sizing reads it."""
+    from slopilot.engine.executors import torch_runner
+    from slopilot.engine.executors.device_room import Room
+
+    monkeypatch.setattr(torch_runner, "device_room",
+                        lambda device: Room(nbytes, "host memory available"))
+
+
+def test_the_host_blocks_swaps_land_in_first_are_resident_from_the_start(
+        loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The block manager hands out the lowest fresh host blocks first: one device
+    # cacheful of them is written at start, so a swap-out never faults its pages in
+    # until more than a cacheful is parked in host memory at once.
+    ex = TorchExecutor(loaded, num_gpu_blocks=8, num_cpu_blocks=32, block_size=16)
+    assert ex.kv_cache.resident_cpu_blocks == 8
+    small = TorchExecutor(loaded, num_gpu_blocks=8, num_cpu_blocks=5, block_size=16)
+    assert small.kv_cache.resident_cpu_blocks == 5
+    # No more than half the host memory the device cache leaves (on CPU the device
+    # cache is host memory too): the rest of the pool faults in as it is first used.
+    block = ex.block_bytes
+    _room(monkeypatch, (8 + 1 + 6) * block)  # the cache and its scratch block, and 6
+    tight = TorchExecutor(loaded, num_gpu_blocks=8, num_cpu_blocks=32, block_size=16)
+    assert tight.kv_cache.resident_cpu_blocks == 3

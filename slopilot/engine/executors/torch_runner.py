@@ -165,10 +165,13 @@ class TorchExecutor:
             num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, num_gpu_blocks=gpu_blocks, num_cpu_blocks=num_cpu_blocks,
             block_size=block_size, dtype=self.dtype, device=self.device,
-            scratch_blocks=scratch)
-        if self.device.type == "cpu":  # the pool is touched at start: say what it cost
-            log.info("KV cache: %d blocks, %.2f GiB of host memory made resident in %.1f s",
-                     gpu_blocks, gpu_blocks * self.block_bytes / GIB,
+            scratch_blocks=scratch,
+            touch_cpu_blocks=self._host_blocks_to_touch(gpu_blocks, scratch))
+        resident = self.kv_cache.resident_cpu_blocks
+        if self.device.type == "cpu":  # the pools are touched at start: say what it cost
+            log.info("KV cache: %d blocks and the first %d of %d host swap blocks, %.2f GiB "
+                     "of host memory made resident in %.1f s", gpu_blocks, resident,
+                     num_cpu_blocks, (gpu_blocks + resident) * self.block_bytes / GIB,
                      time.perf_counter() - started)
         self.decode_graphs: DecodeGraphs | None = None
         self.piecewise_graphs: PiecewiseGraphs | None = None
@@ -214,6 +217,17 @@ class TorchExecutor:
             f"{asked}: {blocks + scratch} KV blocks of {self.block_bytes} bytes take "
             f"{need / GIB:.2f} GiB, more than the {room.what} ({room.bytes / GIB:.2f} GiB); "
             f"{fix}, or leave it out to size the cache from memory")
+
+    def _host_blocks_to_touch(self, gpu_blocks: int, scratch: int) -> int | None:
+        """How many host swap blocks ``PagedKVCache`` writes at start (None: all; the
+        pinned pool on CUDA is resident anyway). One device cacheful, as the most one
+        swap-out moves, within half of the host memory the device cache leaves: all of a
+        pool sized for the worst case would hold up to 32 GiB resident from the start,
+        where most of it may never take a swap."""
+        if self.device.type != "cpu":
+            return None
+        left = device_room(self.device).bytes - (gpu_blocks + scratch) * self.block_bytes
+        return min(gpu_blocks, max(left, 0) // 2 // self.block_bytes)
 
     def _blocks_from_memory(self, kv_cache_gb: float | None, utilization: float) -> int:
         if kv_cache_gb is not None:
