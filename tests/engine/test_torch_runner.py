@@ -270,6 +270,54 @@ def _room(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
                         lambda device: Room(nbytes, "host memory available"))
 
 
+def _suggested(message: str) -> str:
+    return message.split("give at most ")[1].split(",")[0].split()[0]
+
+
+@pytest.mark.parametrize("graphs", ["off", "padded"])  # padded: one scratch block
+def test_the_kv_cache_gb_a_refusal_suggests_is_accepted(
+        loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch, graphs: str) -> None:
+    # 0.0176 GiB of room: "give at most 0.02" rounded up past it (and the scratch block
+    # was not counted), so the value the refusal gave was refused in turn.
+    _room(monkeypatch, int(0.0176 * GIB))
+    with pytest.raises(ExecutorError, match=r"--kv-cache-gb 1\.0: ") as refused:
+        TorchExecutor(loaded, kv_cache_gb=1.0, num_cpu_blocks=0, decode_graphs=graphs)
+    gb = float(_suggested(str(refused.value)))
+    ex = TorchExecutor(loaded, kv_cache_gb=gb, num_cpu_blocks=0, decode_graphs=graphs)
+    assert (ex.num_gpu_blocks + ex.kv_cache.scratch_blocks) * ex.block_bytes \
+        <= int(0.0176 * GIB)
+    # Rounded down by no more than its last digit: not a needlessly small cache.
+    assert ex.num_gpu_blocks * ex.block_bytes > 0.017 * GIB
+
+
+def test_a_room_under_a_hundredth_of_a_gib_suggests_what_fits_not_zero(
+        loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 4 MiB: "give at most 0.00", which --kv-cache-gb refuses as "must be > 0".
+    _room(monkeypatch, 4 << 20)
+    with pytest.raises(ExecutorError) as refused:
+        TorchExecutor(loaded, kv_cache_gb=1.0, num_cpu_blocks=0, decode_graphs="off")
+    gb = float(_suggested(str(refused.value)))
+    assert gb > 0
+    ex = TorchExecutor(loaded, kv_cache_gb=gb, num_cpu_blocks=0, decode_graphs="off")
+    assert ex.num_gpu_blocks * ex.block_bytes <= 4 << 20
+
+
+@pytest.mark.parametrize("flag", ["kv_cache_gb", "num_gpu_blocks"])
+def test_a_room_that_holds_no_block_says_so(
+        loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
+    block = PagedKVCache.block_bytes(
+        num_layers=loaded.config.num_hidden_layers,
+        num_kv_heads=loaded.config.num_key_value_heads, head_dim=loaded.config.head_dim,
+        block_size=16, dtype=torch.float32)
+    _room(monkeypatch, block + block // 2)  # one block, but not it and the scratch one
+    kwargs = {"kv_cache_gb": 1.0} if flag == "kv_cache_gb" else {"num_gpu_blocks": 4}
+    with pytest.raises(ExecutorError) as refused:
+        TorchExecutor(loaded, num_cpu_blocks=0, decode_graphs="padded", **kwargs)
+    message = str(refused.value)
+    assert "give at most" not in message
+    assert "not even one" in message and "free some memory" in message, message
+
+
 def test_the_host_blocks_swaps_land_in_first_are_resident_from_the_start(
         loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     # The block manager hands out the lowest fresh host blocks first: one device

@@ -8,6 +8,7 @@ model, and sample the rows that end at their request's last known token.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -54,6 +55,25 @@ _CPU_KV_SHARE = 0.25
 _CPU_KV_DEFAULT_GB = 2.0
 # Room left on a CUDA device for activations of one iteration and the allocator's slack.
 _CUDA_ACTIVATION_RESERVE = 1 * GIB
+
+
+def _decimals(gib: float) -> int:
+    """Two decimals from 1 GiB up, else three significant figures (0.0176, not 0.02)."""
+    return 2 if gib >= 1 or gib <= 0 else 2 - math.floor(math.log10(gib))
+
+
+def _gib(nbytes: int) -> str:
+    gib = nbytes / GIB
+    return f"{gib:.{_decimals(gib)}f}"
+
+
+def _gib_floor(nbytes: int) -> str:
+    """``_gib`` rounded down: a size suggested as the most that fits must not round up
+    past it."""
+    gib = nbytes / GIB
+    decimals = _decimals(gib)
+    scale = 10 ** decimals
+    return f"{math.floor(gib * scale) / scale:.{decimals}f}"
 
 
 class ExecutorError(ValueError):
@@ -202,21 +222,26 @@ class TorchExecutor:
     def _check_room(self, blocks: int, scratch: int, num_gpu_blocks: int | None,
                     kv_cache_gb: float | None) -> None:
         """A cache sized by hand refused where the device has not the memory for it,
-        before torch's allocator fails (a traceback naming no flag)."""
+        before torch's allocator fails (a traceback naming no flag). The most it may be
+        is what fits beside the scratch block, rounded down: the value suggested must
+        itself be accepted."""
         room = device_room(self.device)
         need = (blocks + scratch) * self.block_bytes
         if need <= room.bytes:
             return
-        if num_gpu_blocks is not None:
-            fits = max(room.bytes // self.block_bytes - scratch, 0)
-            asked, fix = f"--num-gpu-blocks {num_gpu_blocks}", f"give at most {fits} blocks"
-        else:
-            asked = f"--kv-cache-gb {kv_cache_gb}"
-            fix = f"give at most {room.bytes / GIB:.2f}"
-        raise ExecutorError(
-            f"{asked}: {blocks + scratch} KV blocks of {self.block_bytes} bytes take "
-            f"{need / GIB:.2f} GiB, more than the {room.what} ({room.bytes / GIB:.2f} GiB); "
-            f"{fix}, or leave it out to size the cache from memory")
+        fits = room.bytes // self.block_bytes - scratch
+        asked = (f"--num-gpu-blocks {num_gpu_blocks}" if num_gpu_blocks is not None
+                 else f"--kv-cache-gb {kv_cache_gb}")
+        taken = (f"{asked}: {blocks + scratch} KV blocks of {self.block_bytes} bytes take "
+                 f"{_gib(need)} GiB, more than the {room.what} ({_gib(room.bytes)} GiB)")
+        if fits < 1:
+            beside = " beside the decode graphs' scratch block" if scratch else ""
+            raise ExecutorError(
+                f"{taken}, where not even one block fits{beside}; free some memory (or "
+                "use a smaller block_size or model)")
+        fix = (f"give at most {fits} blocks" if num_gpu_blocks is not None
+               else f"give at most {_gib_floor(fits * self.block_bytes)}")
+        raise ExecutorError(f"{taken}; {fix}, or leave it out to size the cache from memory")
 
     def _host_blocks_to_touch(self, gpu_blocks: int, scratch: int) -> int | None:
         """How many host swap blocks ``PagedKVCache`` writes at start (None: all; the
