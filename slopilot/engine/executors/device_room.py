@@ -38,7 +38,7 @@ def device_room(device: torch.device) -> Room:
 def host_available_bytes(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
     """What the host can give without swapping (``MemAvailable``: free memory and the page
     cache it may drop), and within this container's cgroup limit where one is set: a pod
-    past it is killed, whatever the host has."""
+    past it is killed, whatever the host has (``_cgroup_room``)."""
     available = _meminfo_available(meminfo)
     if available is None:
         try:
@@ -60,11 +60,51 @@ def _meminfo_available(meminfo: Path) -> int | None:
 
 
 def _cgroup_room(cgroup: Path) -> int | None:
-    """cgroup v2's ``memory.max`` less ``memory.current``; None without a limit."""
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return max(0, int(limit) - int((cgroup / "memory.current").read_text().strip()))
-    except (OSError, ValueError):
+    """What the container's memory limit leaves: the limit less what the cgroup uses
+    beyond the page cache it may drop; None without a limit (or without a cgroup).
+
+    The usage counts the page cache of every file the cgroup read (the weights just
+    loaded among them), which the kernel reclaims before it kills anything, and which
+    ``MemAvailable`` counts as available: limit less usage refused a cache that fitted.
+    Only the inactive file pages are taken as reclaimable, as the kubelet's working set
+    (what it evicts pods by) takes them: the active ones were used again lately and go
+    last, so counting them too would be optimistic. cgroup v2 (``memory.max``, ``memory.current``, ``inactive_file``) or v1
+    (the ``memory`` controller's ``memory.limit_in_bytes``, ``memory.usage_in_bytes``,
+    and ``total_inactive_file``, the hierarchy's)."""
+    for folder, files in ((cgroup, _V2), (cgroup / "memory", _V1)):
+        try:
+            return _room_under(folder, *files)
+        except (OSError, ValueError):  # not this version's files (or unreadable)
+            continue
+    return None
+
+
+# The limit, the usage and the reclaimable counter in memory.stat, by cgroup version.
+_V2 = ("memory.max", "memory.current", "inactive_file")
+_V1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+
+
+def _room_under(folder: Path, limit_file: str, usage_file: str,
+                reclaimable: str) -> int | None:
+    """The room under one version's files, None without a limit; OSError or ValueError
+    where they are not there. v1 writes no limit as its largest page count, in bytes:
+    so large a room that the host's bounds it anyway."""
+    limit = (folder / limit_file).read_text().strip()
+    if limit == "max":
         return None
+    limit_bytes = int(limit)
+    usage = int((folder / usage_file).read_text().strip())
+    cache = min(_stat(folder / "memory.stat", reclaimable), usage)
+    return max(0, limit_bytes - (usage - cache))
+
+
+def _stat(path: Path, key: str) -> int:
+    """One counter of a cgroup's ``memory.stat`` (bytes); 0 where it is not there."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return max(0, int(value))
+    except (OSError, ValueError):
+        pass
+    return 0
