@@ -106,6 +106,7 @@ def trace_name(r: Reader, key: str, base_dir: Path) -> str:
     if not path.is_file():
         raise r.error(key, name, f"no such file (relative paths start at {base_dir}); "
                       f"or name a shipped trace: {', '.join(BUILTIN_TRACES)}")
+    r.files.append(path)
     return str(path)
 
 

@@ -2,7 +2,8 @@
 for ``output_paths.check_distinct``: what none of the run's outputs may overwrite.
 
 The flags name some (``--scenario FILE``, ``--trace``, ``--profile``); a scenario file
-names others itself (its workload's trace, its ``profile:``), said as the scenario's.
+names others itself (its workload's trace, an empirical length distribution's trace in
+any field and phase, its ``profile:``: ``Scenario.reads``), said as the scenario's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def run_inputs(scenario: Scenario, *, scenario_arg: str | None, trace_arg: str |
         ("--scenario", scenario_arg), ("--trace", trace_arg), ("--profile", profile_arg))
         if value]
     owner = scenario_arg or scenario.name
+    # Every file its parse read (an empirical length's trace too, in any phase), and
+    # the trace and profile of a scenario built otherwise (a workload swapped in).
+    named += [NamedFile("--scenario", owner, path) for path in scenario.reads]
     if isinstance(scenario.workload, TraceSpec):
         named.append(NamedFile("--scenario", owner, Path(scenario.workload.trace)))
     if scenario.profile is not None:

@@ -10,6 +10,7 @@ scenario's file): it is read here, as plain data, and must be for the scenario's
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -66,6 +67,9 @@ class Scenario:
     source: str = "<dict>"
     profile: CostProfile | None = None
     """A calibrated cost profile; None runs the datasheet roofline of ``gpu``."""
+    reads: tuple[Path, ...] = ()
+    """The files the scenario file names that its parse read: traces (a trace workload's,
+    an empirical length's, in any phase) and the profile; what no output may overwrite."""
 
     @property
     def replicas(self) -> int:
@@ -190,7 +194,7 @@ def parse_scenario(data: object, *, source: str = "<dict>",
                                                 lo_open=True),
         source=source)
     r.finish()
-    return scenario
+    return dataclasses.replace(scenario, reads=tuple(r.files))
 
 
 def _profile(r: Reader, base_dir: Path, model: str, tp: int) -> CostProfile | None:
@@ -207,6 +211,7 @@ def _profile(r: Reader, base_dir: Path, model: str, tp: int) -> CostProfile | No
         check_profile_for(profile, model=model, tp=tp)
     except ProfileFileError as e:
         raise ScenarioError(f"{r.source}: profile: {e}") from None
+    r.files.append(path)
     return profile
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from slopilot.engine.sim.quote import excerpt
@@ -35,9 +36,14 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
 class Reader:
     """Typed, bounded access to one mapping of a YAML document."""
 
-    def __init__(self, data: object, *, source: str, path: str = "") -> None:
+    def __init__(self, data: object, *, source: str, path: str = "",
+                 files: list[Path] | None = None) -> None:
         self.source = source
         self.path = path
+        # The files the document names that its parse read (a trace, a profile): one
+        # list for all the readers of a document, so that a command refuses to write
+        # over any of them (``run_inputs``), wherever in the document it was named.
+        self.files: list[Path] = [] if files is None else files
         if not isinstance(data, Mapping):
             where = path or "the document"
             got = "nothing" if data is None else f"{type(data).__name__} {excerpt(data)}"
@@ -121,15 +127,16 @@ class Reader:
         value = self.raw(key, None if optional else _MISSING)
         if value is None and optional:
             return None
-        return Reader(value, source=self.source, path=self.qualify(key))
+        return Reader(value, source=self.source, path=self.qualify(key), files=self.files)
 
     def section(self, key: str) -> Reader:
         """The required nested mapping under ``key``."""
-        return Reader(self.raw(key), source=self.source, path=self.qualify(key))
+        return Reader(self.raw(key), source=self.source, path=self.qualify(key),
+                      files=self.files)
 
     def child(self, key: str, value: object) -> Reader:
         """A reader for a value already taken out with ``raw``."""
-        return Reader(value, source=self.source, path=self.qualify(key))
+        return Reader(value, source=self.source, path=self.qualify(key), files=self.files)
 
     def finish(self, *, extra_known: tuple[str, ...] = ()) -> None:
         """Refuse keys nobody read: they are typos or fields from another version."""

@@ -114,7 +114,7 @@ def _phases(r: Reader, parse: _PhaseParser, base_dir: Path) -> tuple[Any, ...]:
     shifts = [] if raw is None else raw if isinstance(raw, list) else [raw]
     for i, item in enumerate(shifts):
         path = f"{r.qualify('shift')}[{i}]" if isinstance(raw, list) else r.qualify("shift")
-        sr = Reader(item, source=r.source, path=path)
+        sr = Reader(item, source=r.source, path=path, files=r.files)
         at = sr.number("at_s", lo=0.0, lo_open=True)
         if at <= phases[-1].start_s:
             raise sr.error("at_s", at, f"must be later than the previous phase's start "

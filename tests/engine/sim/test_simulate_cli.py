@@ -311,3 +311,46 @@ def test_a_replicas_metrics_file_over_an_input_is_refused(
     assert main(["simulate", "--scenario", "tiny-cpu", "--replicas", "2", "--trace",
                  str(victim), "--quiet", "--metrics-out", str(tmp_path / "m.prom")]) == 2
     assert f"(writes {victim}) is the same file as --trace" in capsys.readouterr().err
+
+
+_OPEN_LOOP = """  type: open_loop
+  arrivals: {{process: poisson, rate: 3}}
+  prompt_tokens: {prompt}
+  output_tokens: {{dist: fixed, value: 8}}
+  shift: {{at_s: 2, output_tokens: {shifted}}}
+"""
+_SESSIONS = """  type: sessions
+  concurrency: 2
+  question_tokens: {{dist: fixed, value: 64}}
+  output_tokens: {{dist: fixed, value: 8}}
+  long_context: {{fraction: 0.5, tokens: {long}}}
+"""
+_FROM_TRACE = "{dist: empirical, trace: t.csv, field: prompt_tokens}"
+_FIXED = "{dist: fixed, value: 100}"
+
+
+@pytest.mark.parametrize("workload", [
+    _OPEN_LOOP.format(prompt=_FROM_TRACE, shifted=_FIXED),  # the review's
+    _OPEN_LOOP.format(prompt=_FIXED, shifted=_FROM_TRACE),  # in a later phase
+    _SESSIONS.format(long=_FROM_TRACE),                     # any length field
+], ids=["prompt_tokens", "shift", "sessions-long-context"])
+def test_metrics_out_over_a_trace_an_empirical_length_reads_is_refused(
+        tmp_path: Path, workload: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The scenario reads t.csv for its lengths alone (not a trace workload): only a trace
+    # workload's file and the profile were inputs, and --metrics-out t.csv overwrote it.
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the run started before its output path was checked")
+
+    monkeypatch.setattr("slopilot.engine.sim.simulator.simulate", never)
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_tokens,output_tokens\n0,100,10\n1,300,20\n")
+    scenario = tmp_path / "emp.yaml"
+    scenario.write_text("name: emp\ngpu: A100\nmodel: llama-3-8b\nduration_s: 5\n"
+                        f"workload:\n{workload}")
+    before = trace.read_bytes()
+    assert main(["simulate", "--scenario", str(scenario), "--quiet",
+                 "--metrics-out", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert f"is the same file as --scenario {scenario} (reads {trace})" in err, err
+    assert trace.read_bytes() == before
