@@ -68,9 +68,10 @@ def _cgroup_room(cgroup: Path) -> int | None:
     ``MemAvailable`` counts as available: limit less usage refused a cache that fitted.
     Only the inactive file pages are taken as reclaimable, as the kubelet's working set
     (what it evicts pods by) takes them: the active ones were used again lately and go
-    last, so counting them too would be optimistic. cgroup v2 (``memory.max``, ``memory.current``, ``inactive_file``) or v1
-    (the ``memory`` controller's ``memory.limit_in_bytes``, ``memory.usage_in_bytes``,
-    and ``total_inactive_file``, the hierarchy's)."""
+    last, so counting them too would be optimistic. cgroup v2 (``memory.max``,
+    ``memory.current``, ``inactive_file``) or v1 (the ``memory`` controller's
+    ``memory.limit_in_bytes``, ``memory.usage_in_bytes``, and ``total_inactive_file``,
+    the hierarchy's)."""
     for folder, files in ((cgroup, _V2), (cgroup / "memory", _V1)):
         try:
             return _room_under(folder, *files)
