@@ -2,7 +2,7 @@
 (``index_select`` into a fresh tensor, then ``index_copy_``) against its copy now
 (``PagedKVCache.swap_out``/``swap_in``: block by block, straight into place), and the
 torch executor's guess (``swap_time_per_block_s``, 10 GB/s) that ``swap_timeout_ms`` is
-judged by until a swap has been timed.
+judged by until timed swaps outweigh it.
 
 At SmolLM2-135M's KV shape (30 layers, 3 KV heads, head_dim 64, float32, blocks of 16
 tokens: 737,280 bytes a block), with the executor's allocator settings
@@ -69,7 +69,8 @@ def main() -> None:
                       **SHAPE)  # type: ignore[arg-type]
     kv.gpu.normal_()
     kv.gpu[0, 0, :, -1].fill_(float("nan"))  # NaN copied as NaN, bit for bit
-    kv.cpu.zero_()  # faulted in once, as a serving engine's pool is after its first swaps
+    # The host pool is written whole at construction (touch_cpu_blocks=None), as the
+    # blocks a serving engine's swaps land in are: every copy timed here is warm.
     block_bytes = PagedKVCache.block_bytes(**SHAPE)  # type: ignore[arg-type]
     identical = True
     result: dict[str, float] = {}

@@ -308,8 +308,8 @@ class TorchExecutor:
     @property
     def swap_time_per_block_s(self) -> float:
         """A guess of one block's copy time, which ``swap_timeout_ms`` is judged by until
-        the first swap-out is timed (``swap_cost.py``; each iteration's copies are timed in
-        ``execute``): PCIe 4.0 x16 at ~25 GB/s effective on CUDA, a ~10 GB/s memcpy on
+        the timed swap-outs outweigh it (``swap_cost.py``; each iteration's copies are
+        timed in ``execute``): PCIe 4.0 x16 at ~25 GB/s effective on CUDA, a ~10 GB/s memcpy on
         CPU. A guess only: SmolLM2-135M's 256-block swap-out, 18.9 ms by it, took 16 to
         72 ms on this project's 2-core machine as it was quiet or busy."""
         bandwidth = 25e9 if self.device.type == "cuda" else 10e9
