@@ -54,6 +54,28 @@ def test_a_rollout_past_its_progress_deadline_is_stuck() -> None:
     assert "ProgressDeadlineExceeded" in stuck.why and "chat-7d" in stuck.why
 
 
+def test_a_paused_deployment_is_stuck_not_pending_for_ever() -> None:
+    """``kubectl rollout pause``: the controller makes no new pods and checks no deadline,
+    so the rollout read Pending at every tick, and the trial (or cooldown) waited for
+    ever on "0 of 1 replicas updated"."""
+    paused = dep(observedGeneration=2, replicas=2, updatedReplicas=0, availableReplicas=2,
+                 conditions=[{"type": "Progressing", "status": "Unknown",
+                              "reason": "DeploymentPaused", "message": "Deployment is paused"}])
+    paused["spec"]["paused"] = True
+    state = rollout_of(paused)
+    assert isinstance(state, Stuck) and "paused" in state.why, state
+    assert "kubectl rollout resume" in state.why
+
+
+def test_a_condition_of_an_older_generation_is_not_read_as_this_ones() -> None:
+    """kubectl trusts the conditions only once the controller saw the template: a
+    deadline passed by the previous rollout read the new one as stuck."""
+    old = rollout_of(dep(generation=5, observedGeneration=4, conditions=[
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+         "message": "timed out"}]))
+    assert isinstance(old, Pending) and "generation 5" in old.why, old
+
+
 def _vllm_body() -> dict[str, Any]:
     body = yaml.safe_load((ROOT / "manifests/samples/llmdeployment-vllm.yaml").read_text())
     body["metadata"]["name"] = "chat"
