@@ -57,12 +57,13 @@ from slopilot.operator.pod_admin import CONFIG_PATH, ApplyError, PodAdmin, admin
 from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
+from slopilot.operator.replica_readiness import why_not_ready
 from slopilot.operator.rollout_status import rollout_of
 from slopilot.operator.scale_stamp import ScaleStamp, read_stamp, record_digest
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuned_status import Holds, NotHeld, TunedStatus
-from slopilot.tuner.loop.ports import Pending, Rollout, Settled
+from slopilot.tuner.loop.ports import Pending, Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.bounded import StartTimer, thread_timer
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,22 @@ class KubeDeploymentHandle:
             return unrecorded.before
         return _asked(dep)
 
+    def replica_counts(self) -> Replicas:
+        """The replicas asked for (``replicas``) and the ready pods of this deployment's
+        own ReplicaSets: those a canary, a config and a scrape reach. Counted from the
+        pods, not the Deployment's ``status.readyReplicas``, which its controller writes
+        behind them and which counts any pod its selector matches. With fewer ready than
+        asked, why, where a condition or the pods say (replica_readiness.py)."""
+        asked = self.replicas()
+        dep, sets, pods = self._owned()
+        if dep is None:
+            return Replicas(asked, 0)
+        ready_now = sum(1 for p in pods if ready(p))
+        if ready_now >= asked:
+            return Replicas(asked, ready_now)
+        return Replicas(asked, ready_now, why_not_ready(
+            dep, sets, [p for p in pods if not ready(p)]))
+
     def _unrecorded(self, dep: Mapping[str, Any]) -> ScaleStamp | None:
         """The Deployment's stamp of a scale made over the state on record now, which it
         still asks; None where there is none (scale_stamp.py)."""
@@ -207,10 +224,16 @@ class KubeDeploymentHandle:
 
     def _own_pods(self, body: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Engine pods this deployment's own ReplicaSets made, ready or not, by name."""
+        return self._owned(body)[2]
+
+    def _owned(self, body: Mapping[str, Any] | None = None) -> tuple[
+            dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
+        """This CR's Deployment (None: none, or another's), its own ReplicaSets, and the
+        engine pods they made, ready or not, by name."""
         body = body if body is not None else self.body()
         dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
         if dep is None or not controlled_by(dep, KIND, body["metadata"].get("uid")):
-            return []
+            return None, [], []
         sel = ",".join(f"{k}={v}" for k, v in selector(self.name).items())
         sets = {rs["metadata"]["uid"]: rs for rs in self.kube.list(
             "apps/v1", "replicasets", self.namespace, label_selector=sel)
@@ -226,7 +249,7 @@ class KubeDeploymentHandle:
             if want is None or (pod["metadata"].get("labels") or {}).get(TEMPLATE_HASH) != want:
                 continue
             out.append(pod)
-        return sorted(out, key=lambda p: p["metadata"]["name"])
+        return dep, list(sets.values()), sorted(out, key=lambda p: p["metadata"]["name"])
 
     def endpoints(self) -> list[str]:
         return [admin_url(p) for p in self.pods()]
@@ -330,6 +353,11 @@ class KubeDeploymentHandle:
             if not pods:
                 raise ApplyError(f"{self.name}: no ready pod of this deployment to "
                                  "reconfigure")
+            if canary and len(pods) < 2:
+                # The canary's config is judged against the others'; on the one pod
+                # that serves, a trial took all of the traffic with none to compare.
+                raise ApplyError(f"{self.name}: a canary needs 2 ready pods, "
+                                 f"{len(pods)} ready: no trial on a canary")
             token = self.mint.for_body(body)
             targets = [self._pick_canary(pods)] if canary else pods
             try:

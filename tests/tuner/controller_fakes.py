@@ -14,7 +14,7 @@ from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.ports import Rollout, Settled
+from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import LoopState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
@@ -60,8 +60,21 @@ class FakeDeployment:
         if self.committed is None:
             self.committed = dict(self.config)
 
+    ready_cap: int | None = None
+    """Replicas that can become ready at most (a namespace quota, the GPU nodes there
+    are); None: every replica asked is ready."""
+    why_not_ready: str | None = None
+    """What keeps the others from serving, as the platform says."""
+
     def replicas(self) -> int:
         return self.n
+
+    def running(self) -> int:
+        return self.n if self.ready_cap is None else min(self.n, self.ready_cap)
+
+    def replica_counts(self) -> Replicas:
+        ready = self.running()
+        return Replicas(self.n, ready, self.why_not_ready if ready < self.n else None)
 
     def scale(self, n: int) -> None:
         self.scaled.append(n)

@@ -35,7 +35,7 @@ from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.executors.kernel_modes import KERNEL_CHOICES
 from slopilot.engine.slo import SLOSpec
 from slopilot.tuner.local.die_with_parent import die_with_parent
-from slopilot.tuner.loop.ports import Rollout, Settled
+from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.adapters import ROLE_LABEL
 from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL
 
@@ -231,6 +231,10 @@ class LocalDeployment:
     # ------------------------------------------------------------------ DeploymentHandle
     def replicas(self) -> int:
         return len(self._active)
+
+    def replica_counts(self) -> Replicas:
+        # A local replica joins ``_active`` once it answers: asked is ready.
+        return Replicas(len(self._active), len(self._active))
 
     def endpoints(self) -> list[str]:
         return [r.url for r in self._active]

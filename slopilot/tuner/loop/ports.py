@@ -69,12 +69,37 @@ Rollout = Settled | Pending | Stuck
 """Where the last apply stands on the replicas (``DeploymentHandle.settled``)."""
 
 
+@dataclass(frozen=True)
+class Replicas:
+    """The replicas a deployment asks for and those that serve now. They differ after a
+    scale whose pods are still starting, or will never start: no node has the GPU
+    (Pending, Unschedulable) or the namespace's quota refuses the pod (FailedCreate). The
+    loop judges capacity, and runs a canary, only on replicas that serve."""
+
+    asked: int
+    """Replicas asked for (a Kubernetes Deployment's ``spec.replicas``)."""
+    ready: int
+    """Replicas ready to serve now, which a canary, a scrape and a config reach."""
+    why_not_ready: str | None = None
+    """What keeps the missing ones from serving, where the platform says (a quota
+    refused, no node fits); None where it says nothing, or none is missing."""
+
+    @property
+    def short(self) -> int:
+        """Replicas asked for and not ready."""
+        return max(self.asked - self.ready, 0)
+
+
 @runtime_checkable
 class DeploymentHandle(Protocol):
     """The replicas of one deployment; the operator implements it over Kubernetes."""
 
     def replicas(self) -> int:
         """Replicas asked for (not necessarily ready yet)."""
+        ...
+
+    def replica_counts(self) -> Replicas:
+        """Replicas asked for and ready now (``Replicas``), read together."""
         ...
 
     def scale(self, n: int) -> None:

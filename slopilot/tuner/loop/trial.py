@@ -28,7 +28,10 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
         return Go(ControllerState.COMMIT, Event.TRIAL_RATE_LIMIT,
                   f"trial_rate_limit: {s.max_trials_per_hour} per hour")
     number, config = ctx.study.ask()
-    canary = s.canary and ctx.deployment.replicas() > 1
+    # A canary is judged against the replicas beside it: it needs another that serves.
+    # Asked-for replicas still starting (or refused a node or a quota) serve nothing,
+    # and a "canary" on the one ready replica took all of the traffic.
+    canary = s.canary and ctx.deployment.replica_counts().ready >= 2
     loop.trial_starts.append(now)
     try:
         replica = ctx.deployment.apply_config(config, canary=canary, trial=True)

@@ -27,7 +27,7 @@ from slopilot.engine.sim.simulator import simulate
 from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.ports import Rollout, Settled
+from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
@@ -51,6 +51,10 @@ class SimDeployment:
 
     def replicas(self) -> int:
         return len(self.cluster.active)
+
+    def replica_counts(self) -> Replicas:
+        # A simulated replica serves from the moment it is added.
+        return Replicas(len(self.cluster.active), len(self.cluster.active))
 
     def scale(self, n: int) -> None:
         self.cluster.scale(n)
