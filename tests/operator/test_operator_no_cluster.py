@@ -87,16 +87,22 @@ def test_uninstall_with_no_api_server_answering_says_so_in_one_line(
     assert "Connection refused" in message and "run the command again" in message
 
 
-def test_the_operator_waits_for_an_api_server_that_does_not_answer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
-    """A stop asked for while it waits (SIGTERM) ends it cleanly, kopf never started."""
+def _stopped_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kubeconfig: str) -> None:
+    """The command logs in with ``kubeconfig``, and a stop (SIGTERM) is already asked for,
+    so a wait for the API server ends after its first try."""
     config = tmp_path / "kubeconfig"
-    config.write_text(UNREACHABLE)
+    config.write_text(kubeconfig)
     monkeypatch.setenv("KUBECONFIG", str(config))
     stopped = threading.Event()
     stopped.set()
     monkeypatch.setattr(commands, "_stop_event", lambda: stopped, raising=False)
+
+
+def test_the_operator_waits_for_an_api_server_that_does_not_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        kopf_runs: list[Callable[[threading.Event], None]]) -> None:
+    """A stop asked for while it waits (SIGTERM) ends it cleanly, kopf never started."""
+    _stopped_at_once(tmp_path, monkeypatch, UNREACHABLE)
     with caplog.at_level(logging.WARNING, logger="slopilot.operator"):
         assert main(["operator", "-A"]) == 0
     mine = [r for r in caplog.records if r.name.startswith("slopilot.operator")]
@@ -158,13 +164,8 @@ def test_an_api_server_answering_html_503_is_waited_for_not_a_traceback(
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Html503)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        config = tmp_path / "kubeconfig"
-        config.write_text(UNREACHABLE.replace("https://127.0.0.1:1",
-                                              f"http://127.0.0.1:{server.server_port}"))
-        monkeypatch.setenv("KUBECONFIG", str(config))
-        stopped = threading.Event()
-        stopped.set()
-        monkeypatch.setattr(commands, "_stop_event", lambda: stopped, raising=False)
+        _stopped_at_once(tmp_path, monkeypatch, UNREACHABLE.replace(
+            "https://127.0.0.1:1", f"http://127.0.0.1:{server.server_port}"))
         argv = ["operator", "-n", "default"] + (["--standalone"] if standalone else [])
         with caplog.at_level(logging.WARNING):
             assert main(argv) == 0
@@ -182,12 +183,7 @@ def test_a_try_that_gets_no_answer_is_one_line_not_urllib3s_three_more(
         kopf_runs: list[Callable[[threading.Event], None]]) -> None:
     """urllib3 logged each of its own retries ("Retrying (Retry(total=2...") before the
     operator's line: four lines a try where the docs say one."""
-    config = tmp_path / "kubeconfig"
-    config.write_text(UNREACHABLE)
-    monkeypatch.setenv("KUBECONFIG", str(config))
-    stopped = threading.Event()
-    stopped.set()
-    monkeypatch.setattr(commands, "_stop_event", lambda: stopped, raising=False)
+    _stopped_at_once(tmp_path, monkeypatch, UNREACHABLE)
     with caplog.at_level(logging.WARNING):
         assert main(["operator", "-n", "default", "--standalone"]) == 0
     assert [r.name for r in caplog.records] == ["slopilot.operator.commands"], caplog.text
