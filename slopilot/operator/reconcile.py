@@ -2,8 +2,9 @@
 
 Idempotent by construction: each desired object is compared with the live one and patched
 only where the live object does not already carry every desired field (the apiserver adds
-defaults, so "covers" is a subset test, not equality). A second reconcile of an unchanged
-spec therefore sends no writes at all.
+defaults, so "covers" is a subset test, not equality), or carries a field the operator
+owns and no longer renders (owned_fields.py: sent as a null). A second reconcile of an
+unchanged spec therefore sends no writes at all.
 
 Two things the controller owns survive a reconcile: the Deployment's replica count (kept
 within the spec's range) and a committed tuned configuration (``status.tunedConfig``),
@@ -45,6 +46,7 @@ from slopilot.operator.crd import KIND
 from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.owned_fields import removals, with_removals
 from slopilot.operator.owned_meta import labels, owner_reference
 from slopilot.operator.ownership import (
     claims,
@@ -254,16 +256,6 @@ def taken(kind: str, live: Mapping[str, Any], body: Mapping[str, Any]) -> str | 
             f"the operator looks again every {RETRY_NAME_TAKEN_S:g} s")
 
 
-def stale_files(desired: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
-    """The files of an owned ConfigMap the render no longer writes (a grants file after
-    ``spec.clients`` was removed): a merge patch keeps every key it does not name, so each
-    is sent as a null. The operator alone writes these maps, so a key it did not render is
-    its own stale one, never another writer's default."""
-    if desired.get("kind") != "ConfigMap":
-        return []
-    return sorted(set(live.get("data") or {}) - set(desired.get("data") or {}))
-
-
 def live_object(kube: Kube, desired: Mapping[str, Any]) -> dict[str, Any] | None:
     """The object of ``desired``'s kind and name as it is now (None: there is none)."""
     meta = desired["metadata"]
@@ -318,16 +310,17 @@ def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
             live = kube.get(api, plural, meta["namespace"], meta["name"]) or {}
     if (why := taken(desired["kind"], live, body)) is not None:
         raise NameTaken(why)
-    stale = stale_files(desired, live)
+    # A field the operator owns but no longer renders is drift too, sent as a null: a
+    # merge patch keeps what it does not name (owned_fields.py).
+    nulls = removals(desired, live)
     [ours] = meta["ownerReferences"]
     refs = refs_to_write(live, ours)
     rest = {**desired, "metadata": {k: v for k, v in meta.items() if k != "ownerReferences"}}
-    drifted = bool(stale) or not covers(live, rest)
+    drifted = bool(nulls) or not covers(live, rest)
     if refs is None and not drifted:
         return Change.UNCHANGED
-    patch = copy.deepcopy({k: v for k, v in rest.items() if k not in ("apiVersion", "kind")})
-    if stale:
-        patch["data"] = {**patch.get("data", {}), **dict.fromkeys(stale)}
+    patch = with_removals(copy.deepcopy(
+        {k: v for k, v in rest.items() if k not in ("apiVersion", "kind")}), nulls)
     # The uid judged above is a precondition (409 for another object): by name alone, an
     # object deleted and made again under the name by another owner since the read was
     # patched into this CR's, its owner reference included.

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from slopilot.operator.crd import crd_manifest
-from slopilot.operator.kubeapi import Kube
+from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.owned_meta import selector
 from slopilot.operator.policy import OperatorPolicy, PolicyError, policy_problems
 from slopilot.operator.reconcile import (
@@ -26,6 +26,7 @@ from slopilot.operator.reconcile import (
     reconcile,
 )
 from slopilot.operator.render import render_all
+from slopilot.operator.scheduling import spread_constraint
 from slopilot.operator.settings import operator_policy
 from slopilot.operator.spec import SpecError, parse_spec
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
@@ -267,3 +268,105 @@ def test_the_api_server_refuses_a_system_priority_class_at_apply() -> None:
     _, errors = admitted({"scheduling": {"priorityClassName": "system-cluster-critical"}})
     assert any(e.startswith("spec.scheduling.priorityClassName") and "preempt" in e
                for e in errors), errors
+
+
+# --- what the render drops is taken off the live objects --------------------------------
+
+def _template(k: Kube) -> dict[str, Any]:
+    return dict(k.get("apps/v1", "deployments", NS, "chat")["spec"]["template"]["spec"])
+
+
+def test_a_revoked_priority_class_and_a_node_label_taken_out_leave_the_pods(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    created = cluster.create(llmd(scheduling={"nodeSelector": {"team": "a", "gpu": "h100"},
+                                              "priorityClassName": "inference-high"}))
+    k, mint = Kube(kube_client), operator_mint(cluster)
+    allowing = OperatorPolicy(allowed_priority_classes=("inference-high",))
+    assert reconcile(k, created, policy=allowing, mint=mint).valid
+    assert _template(k)["priorityClassName"] == "inference-high"
+    # The administrator revokes the class; the tenant takes it (and a label) out.
+    edited = k.patch(created["apiVersion"], "llmdeployments", NS, "chat", {"spec": {
+        "scheduling": {"priorityClassName": None, "nodeSelector": {"team": None}}}})
+    out = reconcile(k, edited, policy=OperatorPolicy(), mint=mint)
+    assert out.valid and out.changes["Deployment/chat"] is Change.PATCHED
+    pod = _template(k)
+    assert "priorityClassName" not in pod
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert reconcile(k, edited, policy=OperatorPolicy(), mint=mint).changes[
+        "Deployment/chat"] is Change.UNCHANGED
+
+
+def test_removing_spec_scheduling_takes_every_placement_field_off_the_pods(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    created = cluster.create(llmd(scheduling={"nodeSelector": {"team": "a"},
+                                              "priorityClassName": "inference-high",
+                                              "tolerations": [GPU_TOLERATION]}))
+    k, mint = Kube(kube_client), operator_mint(cluster)
+    policy = OperatorPolicy(allowed_priority_classes=("inference-high",))
+    assert reconcile(k, created, policy=policy, mint=mint).valid
+    edited = k.patch(created["apiVersion"], "llmdeployments", NS, "chat",
+                     {"spec": {"scheduling": None}})
+    assert reconcile(k, edited, policy=policy, mint=mint).valid
+    pod = _template(k)
+    assert not {"nodeSelector", "priorityClassName", "tolerations"} & set(pod), pod
+    assert pod["topologySpreadConstraints"] == [spread_constraint(selector("chat"))]
+
+
+def test_placement_added_by_hand_is_drift_and_taken_off(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    created = cluster.create(llmd(scheduling={"nodeSelector": {"gpu": "h100"}}))
+    k, policy, mint = Kube(kube_client), OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(k, created, policy=policy, mint=mint).valid
+    # Fields the API server fills are another writer's, and are left as they are.
+    defaults = {"schedulerName": "default-scheduler", "dnsPolicy": "ClusterFirst",
+                "terminationGracePeriodSeconds": 30}
+    k.patch("apps/v1", "deployments", NS, "chat", {"spec": {"template": {"spec": defaults}}})
+    assert reconcile(k, created, policy=policy, mint=mint).changes["Deployment/chat"] \
+        is Change.UNCHANGED
+    k.patch("apps/v1", "deployments", NS, "chat", {"spec": {"template": {"spec": {
+        "priorityClassName": "system-cluster-critical", "nodeSelector": {"team": "b"},
+        "tolerations": [{"operator": "Exists"}], "topologySpreadConstraints": None}}}})
+    assert reconcile(k, created, policy=policy, mint=mint).changes["Deployment/chat"] \
+        is Change.PATCHED
+    pod = _template(k)
+    assert not {"priorityClassName", "tolerations"} & set(pod), pod
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["topologySpreadConstraints"] == [spread_constraint(selector("chat"))]
+    assert {key: pod[key] for key in defaults} == defaults
+
+
+def test_a_budget_edited_to_min_available_is_put_back(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    created = cluster.create(llmd())
+    k, policy, mint = Kube(kube_client), OperatorPolicy(), operator_mint(cluster)
+    assert reconcile(k, created, policy=policy, mint=mint).valid
+    # An edit that blocks every drain; policy/v1 refuses both fields set (422), so the
+    # repair must take minAvailable off as it puts maxUnavailable back.
+    k.patch("policy/v1", "poddisruptionbudgets", NS, "chat",
+            {"spec": {"maxUnavailable": None, "minAvailable": "100%"}})
+    out = reconcile(k, created, policy=policy, mint=mint)
+    assert out.valid, out.problems
+    assert out.changes["PodDisruptionBudget/chat"] is Change.PATCHED
+    spec = k.get("policy/v1", "poddisruptionbudgets", NS, "chat")["spec"]
+    assert spec["maxUnavailable"] == 1 and "minAvailable" not in spec
+
+
+def test_the_emulator_refuses_a_budget_with_both_fields_as_the_api_server_does(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient) -> None:
+    k = Kube(kube_client)
+    with pytest.raises(ApiError) as refused:
+        k.create("policy/v1", "poddisruptionbudgets", NS, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "both", "namespace": NS},
+            "spec": {"minAvailable": 1, "maxUnavailable": 1,
+                     "selector": {"matchLabels": {"app": "x"}}}})
+    assert refused.value.status == 422
+    assert "minAvailable and maxUnavailable cannot be both set" in refused.value.message

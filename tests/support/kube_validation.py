@@ -1,6 +1,6 @@
 """What the real API server refuses in the objects this project writes: names, labels,
-owner references, replica counts, resource quantities and a ConfigMap's size, with the
-apiserver's own wording.
+owner references, replica counts, resource quantities, a ConfigMap's size and a
+PodDisruptionBudget's one bound, with the apiserver's own wording.
 
 The emulator calls ``object_problems`` on every create and every non-status update, so
 a test sees the 422 a cluster would send (and the operator has to cope with it), not a
@@ -180,6 +180,10 @@ def object_problems(plural: str, body: Mapping[str, Any]) -> list[str]:
         out += _pod_spec_problems("spec.template.spec", template.get("spec") or {})
     if plural == "pods":
         out += _pod_spec_problems("spec", spec)
+    if plural == "poddisruptionbudgets" and spec.get("minAvailable") is not None \
+            and spec.get("maxUnavailable") is not None:
+        # ValidatePodDisruptionBudgetSpec: field.Invalid on the spec itself
+        out.append("spec: Invalid value: minAvailable and maxUnavailable cannot be both set")
     if plural == "configmaps" and configmap_size(body) > MAX_CONFIGMAP_BYTES:
         # field.TooLong on the root path, which the API server prints as "[]"
         out.append(f"[]: Too long: may not be more than {MAX_CONFIGMAP_BYTES} bytes")

@@ -1,0 +1,90 @@
+"""The fields of an owned object the operator owns whole, though its render may leave
+them out: a live value the render does not hold is drift, and the patch removes it.
+
+The drift check (``reconcile.covers``) asks only that the live object carry every
+rendered field, since the API server and admission add their own (a pod spec's
+``schedulerName``, ``dnsPolicy``, ``terminationGracePeriodSeconds``); and a JSON merge
+patch keeps every key it does not name. So a field the render stopped writing (a
+priority class the administrator revoked and the tenant took out of
+``spec.scheduling``) was neither seen nor sent, and stayed on the pods for good. The
+paths below are the operator's alone: no API server default or other controller
+writes them on these objects, so a value the render lacks is the operator's own stale
+one, or a hand edit, and is sent as a null. Anything not listed is left to whoever
+wrote it.
+
+An entry is a field (present in the render, or removed whole) or, ``keyed``, a map whose
+keys are owned one by one too (each live key the render lacks is sent as a null). A list
+needs nothing more: a merge patch replaces a list whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+
+class Owned(NamedTuple):
+    path: tuple[str, ...]
+    keyed: bool = False
+
+
+_POD = ("spec", "template", "spec")
+
+OWNED_OPTIONAL: Mapping[str, tuple[Owned, ...]] = {
+    # An owned ConfigMap's files: a grants file after spec.clients was removed. The
+    # operator alone writes these maps, so a key it did not render is its own stale one.
+    "ConfigMap": (Owned(("data",), keyed=True),),
+    # spec.scheduling and the default spread (scheduling.pod_placement): what the
+    # operator's policy judged must be all the pods get, a revoked class or toleration
+    # included. Not affinity, which the operator never renders nor claims.
+    "Deployment": (Owned(_POD + ("nodeSelector",), keyed=True),
+                   Owned(_POD + ("tolerations",)),
+                   Owned(_POD + ("priorityClassName",)),
+                   Owned(_POD + ("topologySpreadConstraints",))),
+    # policy/v1 refuses both set (422): the budget's one field is the render's.
+    "PodDisruptionBudget": (Owned(("spec", "minAvailable")),
+                            Owned(("spec", "maxUnavailable"))),
+}
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> tuple[bool, Any]:
+    for part in path:
+        if not isinstance(obj, Mapping) or part not in obj:
+            return False, None
+        obj = obj[part]
+    return True, obj
+
+
+def removals(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """The nulls a merge patch of ``desired`` needs to take off ``live`` what the render
+    no longer holds, nested as the object is (empty: nothing to take off)."""
+    out: dict[str, Any] = {}
+    for path, keyed in OWNED_OPTIONAL.get(str(desired.get("kind")), ()):
+        has_live, live_value = _at(live, path)
+        if not has_live or live_value is None:
+            continue
+        has_desired, desired_value = _at(desired, path)
+        if not has_desired:
+            nulls: Any = None
+        elif keyed and isinstance(live_value, Mapping) and isinstance(desired_value, Mapping):
+            nulls = dict.fromkeys(sorted(set(live_value) - set(desired_value)))
+            if not nulls:
+                continue
+        else:
+            continue  # rendered: the covers() check and the patch's own value see to it
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = nulls
+    return out
+
+
+def with_removals(patch: Mapping[str, Any], nulls: Mapping[str, Any]) -> dict[str, Any]:
+    """``patch`` with ``nulls`` (``removals``) laid in; a key of the patch's own wins."""
+    out = dict(patch)
+    for key, value in nulls.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = with_removals(out[key], value)
+        elif key not in out:
+            out[key] = value
+    return out
