@@ -110,6 +110,9 @@ OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "netwo
                ("monitoring.coreos.com", "v1", "prometheusrules"))
 # The event reason of a spec's warnings: a deprecated field, a knob the backend caps.
 SPEC_WARNING = "SpecWarning"
+FOREIGN_BUDGET = "ForeignBudget"
+"""The DisruptionBudget condition's reason and the event's: a budget of the CR's name
+is another's, and was left as it is (reconcile.LEFT_ALONE_KINDS)."""
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
 SYNC_WAIT_SAID_S = CONFIG_SYNC_S
 """How long a CR's sync waits for a slot (pod_sync_pool.py) before its PodsConfigured
@@ -252,6 +255,11 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
             "use backend: builtin to tune them", generation))
     else:
         removed.append(ConditionType.KNOBS_IGNORED)
+    if outcome.left_alone:
+        updates.append(condition(ConditionType.DISRUPTION_BUDGET, False, FOREIGN_BUDGET,
+                                 "; ".join(outcome.left_alone), generation))
+    else:
+        removed.append(ConditionType.DISRUPTION_BUDGET)
     if outcome.admin_token:
         updates.append(condition(
             ConditionType.ADMIN_TOKEN, True, "OperatorMinted",
@@ -301,6 +309,8 @@ def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> Non
     if outcome.not_restored:
         kopf.warn(body, reason=DriftReason.NOT_REPAIRED.value,
                   message="; ".join(outcome.not_restored))
+    if outcome.left_alone:
+        kopf.warn(body, reason=FOREIGN_BUDGET, message="; ".join(outcome.left_alone))
     if outcome.unsupported_knobs:
         kopf.warn(body, reason="KnobsIgnored", message="vLLM has no argument for "
                   f"{', '.join(outcome.unsupported_knobs)}; they are left out")

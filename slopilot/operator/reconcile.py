@@ -28,6 +28,14 @@ condition of the version read; where the API server refuses that (403: changing 
 list needs ``delete`` on the object under OwnerReferencesPermissionEnforcement), the
 rest of the object is still repaired and ``Outcome.not_restored`` says which and why.
 
+A PodDisruptionBudget of the CR's name that is not its own is no reason to refuse the
+CR (``LEFT_ALONE_KINDS``): a tenant may well have made one for its pods before the
+operator rendered budgets, and a refusal left a new CR without its Deployment and failed
+every trial of an existing one. It is left as it is, no budget of the operator's is
+made, and ``Outcome.left_alone`` says so (the ``DisruptionBudget`` condition): two
+budgets over the same pods make the eviction API refuse their evictions, so the tenant
+is told to delete theirs.
+
 The engines' admin token is in no object at all: the Deployment's pod template carries
 only its digest (tokens.py), rendered like any other field.
 """
@@ -121,6 +129,9 @@ class Outcome:
     not_restored: tuple[str, ...] = ()
     """Objects whose own owner reference the API server would not let the operator put
     right (the rest of each was repaired), said why: ``Reconciled=False`` while so."""
+    left_alone: tuple[str, ...] = ()
+    """Objects of an owned name that are another's and were left as they are rather than
+    refused for (``LEFT_ALONE_KINDS``), each said with its fix."""
 
     @property
     def valid(self) -> bool:
@@ -211,6 +222,20 @@ def owned_names(name: str) -> frozenset[tuple[str, str]]:
                       ("Service", name), ("NetworkPolicy", name),
                       ("PodDisruptionBudget", name), ("ServiceMonitor", name),
                       ("PrometheusRule", f"slopilot-{name}"), ("ConfigMap", f"{name}-rules")})
+
+
+LEFT_ALONE_KINDS = frozenset({"PodDisruptionBudget"})
+"""Kinds whose object of the CR's name, when another's, the CR does without rather than
+being refused for: its pods run and are tuned as well without the operator's budget."""
+
+
+def left_alone_message(kind: str, name: str) -> str:
+    return (f"{kind}/{name} already exists and is not managed by this LLMDeployment: the "
+            "operator leaves it as it is and makes no budget of its own. A second budget "
+            "selecting the same pods makes the eviction API refuse their evictions (a "
+            "node drain stops), so add none; delete this one for the operator to make "
+            "its own (maxUnavailable 1) at its next reconcile, or let it be this "
+            "deployment's budget")
 
 
 class NameTaken(Exception):
@@ -419,6 +444,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                               admin_token_sha256=mint.sha256_for_body(body),
                               images=policy.images, dcgm_namespace=policy.dcgm_namespace)
     lives = [live_object(kube, obj) for obj in objects]
+    objects, lives, left_alone = _without_left_alone(objects, lives, body)
     # Every name is judged before anything is written, so that a refusal touches nothing.
     if problems := name_problems(objects, lives, body):
         return _name_taken(problems, spec.warnings)
@@ -433,6 +459,11 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
             except RefsRefused as exc:  # the others are still put right
                 changes[where] = exc.change
                 not_restored.append(refs_refused_message(where, exc))
+            except NameTaken:
+                if obj["kind"] not in LEFT_ALONE_KINDS:
+                    raise
+                # Made by another since the look above: left as it is too.
+                left_alone.append(left_alone_message(obj["kind"], obj["metadata"]["name"]))
     except NameTaken as exc:  # made by someone else since the check above
         return _name_taken([str(exc)], spec.warnings, changes)
     except ApiError as exc:
@@ -449,7 +480,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                    admin_token=spec.backend is Backend.BUILTIN,
                    replicas=replicas if replicas is not None else
                    min(max(spec.min_replicas, 1), spec.max_replicas), config=spec.engine,
-                   warnings=spec.warnings, not_restored=tuple(not_restored))
+                   warnings=spec.warnings, not_restored=tuple(not_restored),
+                   left_alone=tuple(left_alone))
 
 
 def refs_refused_message(where: str, exc: ApiError) -> str:
@@ -469,6 +501,22 @@ def name_problems(objects: list[dict[str, Any]], lives: list[dict[str, Any] | No
     ``body``'s, said why."""
     return [why for obj, live in zip(objects, lives, strict=True)
             if live is not None and (why := taken(obj["kind"], live, body)) is not None]
+
+
+def _without_left_alone(objects: list[dict[str, Any]], lives: list[dict[str, Any] | None],
+                        body: Mapping[str, Any]
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None], list[str]]:
+    """``objects`` and ``lives`` less those of ``LEFT_ALONE_KINDS`` that are another's,
+    and what is said of each of those."""
+    kept: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    said: list[str] = []
+    for obj, live in zip(objects, lives, strict=True):
+        if obj["kind"] in LEFT_ALONE_KINDS and live is not None \
+                and taken(obj["kind"], live, body) is not None:
+            said.append(left_alone_message(obj["kind"], obj["metadata"]["name"]))
+        else:
+            kept.append((obj, live))
+    return [o for o, _ in kept], [li for _, li in kept], said
 
 
 def _name_taken(problems: list[str], warnings: tuple[str, ...],

@@ -355,3 +355,58 @@ def test_a_reconcile_never_patches_an_object_made_again_under_its_name(
     service = k.get("v1", "services", NS, "chat")
     assert not service["metadata"].get("ownerReferences")
     assert service["spec"]["selector"] == {"app": "web"}
+
+
+# --- a tenant's own PodDisruptionBudget of the CR's name --------------------------------
+
+def _their_budget() -> dict[str, Any]:
+    """A tenant's budget of its pods, made before the operator rendered one of its own."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "chat", "namespace": NS},
+            "spec": {"minAvailable": 1,
+                     "selector": {"matchLabels": {"app.kubernetes.io/instance": "chat"}}}}
+
+
+def test_a_tenants_own_budget_of_the_name_is_left_alone_and_said_not_refused(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    k = cluster.kube
+    k.create("policy/v1", "poddisruptionbudgets", NS, _their_budget())
+    before = k.get("policy/v1", "poddisruptionbudgets", NS, "chat")
+    body = cluster.create(llmd())
+    out = reconcile(k, body, policy=OperatorPolicy(), mint=operator_mint(cluster))
+    assert out.valid, out.problems
+    assert out.changes["Deployment/chat"] is Change.CREATED
+    assert "PodDisruptionBudget/chat" not in out.changes
+    assert k.get("policy/v1", "poddisruptionbudgets", NS, "chat") == before
+    [said] = out.left_alone
+    assert "PodDisruptionBudget/chat" in said and "delete this one" in said
+    conditions = {c["type"]: c for c in status_of(body, out)["conditions"]}
+    assert conditions["Valid"]["status"] == "True"
+    assert conditions["Reconciled"]["status"] == "True"
+    assert conditions["DisruptionBudget"]["status"] == "False"
+    assert conditions["DisruptionBudget"]["reason"] == "ForeignBudget"
+    assert conditions["DisruptionBudget"]["message"] == said
+    # Once the tenant deletes theirs, the operator makes its own, and says nothing more.
+    k.delete("policy/v1", "poddisruptionbudgets", NS, "chat")
+    again = reconcile(k, body, policy=OperatorPolicy(), mint=operator_mint(cluster))
+    assert again.changes["PodDisruptionBudget/chat"] is Change.CREATED
+    assert not again.left_alone
+    fresh = {**body, "status": status_of(body, out)}
+    assert "DisruptionBudget" not in {c["type"] for c in status_of(fresh, again)["conditions"]}
+
+
+def test_a_tenants_budget_made_before_the_upgrade_blocks_no_trial(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    k = cluster.kube
+    body = cluster.create(llmd(backend="vllm"))
+    mint, policy = operator_mint(cluster), OperatorPolicy()
+    assert reconcile(k, body, policy=policy, mint=mint).valid
+    # As before this version rendered budgets: none of the operator's, the tenant's own.
+    k.delete("policy/v1", "poddisruptionbudgets", NS, "chat")
+    k.create("policy/v1", "poddisruptionbudgets", NS, _their_budget())
+    handle = KubeDeploymentHandle(k, NS, "chat", mint=mint, policy=policy)
+    handle.apply_config({"token_budget": 512, "chunk_size": 256}, canary=False, trial=True)
+    args = k.get("apps/v1", "deployments", NS, "chat")["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[args.index("--max-num-batched-tokens") + 1] == "512"
+    assert k.get("policy/v1", "poddisruptionbudgets", NS, "chat")["spec"]["minAvailable"] == 1
