@@ -467,10 +467,13 @@ def test_the_operators_own_put_between_two_syncs_is_no_contradiction(
     the pod reverting what the first sync sent it."""
     body, policy, mint = reconciled(kube, cluster, llmd(tuning={"enabled": False}))
     want = spec_config(cluster)
-    pod = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512},
-                     parse_spec(cluster.get()).slo.to_dict())
-    with serving(pod):
+    slo = parse_spec(cluster.get()).slo.to_dict()
+    pod = PodStandIn(mint.for_body(cluster.get()), {**want, "token_budget": 512}, slo)
+    # A canary needs another ready pod beside it, which runs the spec's config already.
+    other = PodStandIn(mint.for_body(cluster.get()), dict(want), slo)
+    with serving(pod, other):
         add_pod(cluster, "chat", 0, pod.port)
+        add_pod(cluster, "chat", 1, other.port)
         handle = handle_of(cluster, body, policy, mint)
         assert handle.sync_config().updated == ("chat-pod-0",)
         assert handle.apply_config({"token_budget": 2048}, canary=True) == "chat-pod-0"
