@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -272,3 +273,22 @@ def test_lognormal_fit_from_either_backends_buckets(mean: float, sigma: float,
     fit = length_profile(buckets, float(values.sum()), float(len(values)))
     assert fit.mean == pytest.approx(values.mean())
     assert fit.sigma == pytest.approx(sigma, abs=0.02)
+
+
+def test_one_measurement_reads_every_series_at_one_instant(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each query ran at Prometheus' "now": a scrape landing between the output lengths'
+    ``_sum`` and ``_count`` queries read a mean of 10.8 tokens where every request asked
+    for 12 (a loaded CI machine, the live profile test). One instant for them all."""
+    times: list[float | None] = []
+
+    def fake_query_at(url: str, timeout_s: float = 5.0, **_: Any) -> Any:
+        def run(expr: str, at: float | None = None) -> list[dict[str, Any]]:
+            times.append(at)
+            return []
+        return run
+
+    monkeypatch.setattr("slopilot.tuner.prometheus.profiling.query_at", fake_query_at)
+    with pytest.raises(ProfileError):
+        WorkloadProfile.from_prometheus("http://prometheus:9090", SELECTOR, 60)
+    assert len(times) > 3 and times[0] is not None and len(set(times)) == 1, times
