@@ -198,6 +198,13 @@ def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | N
     return TwinChoice(profile=profile, source=source, version=version, ref=ref)
 
 
+def _at(mark: yaml.Mark | None, *, column: bool = True) -> str:
+    """Where in the text, for a message that quotes none of it."""
+    if mark is None:
+        return ""
+    return f" at line {mark.line + 1}" + (f", column {mark.column + 1}" if column else "")
+
+
 def _not_a_profile(text: str) -> str | None:
     """Why ``text`` is no cost profile, in words that quote none of it (module docstring);
     None where it is a mapping that declares the profile schema."""
@@ -208,19 +215,15 @@ def _not_a_profile(text: str) -> str | None:
     except YAMLValueError as exc:
         if _declares_profile(exc.root):
             return None  # the profile reader names the field, as it may
-        mark = exc.problem_mark
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return f"a value{at} is no {exc.kind}, so not a slopilot cost profile"
+        return f"a value{_at(exc.problem_mark)} is no {exc.kind}, so not a slopilot cost profile"
     except YAMLDuplicateKeyError as exc:
         if _declares_profile(exc.root):
             return None  # the profile reader names the key, as it may
-        mark = exc.problem_mark
-        at = f" at line {mark.line + 1}" if mark else ""
+        at = _at(exc.problem_mark, column=False)
         return f"a key{at} is given twice, so not a slopilot cost profile"
     except yaml.MarkedYAMLError as exc:
         # Only where: the parser's message quotes the line (and names aliases, tags).
-        mark = exc.problem_mark or exc.context_mark
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        at = _at(exc.problem_mark or exc.context_mark)
         return f"not valid YAML{at}, so not a slopilot cost profile"
     except yaml.YAMLError:
         return "not valid YAML, so not a slopilot cost profile"
