@@ -184,7 +184,8 @@ def _backoff_schema() -> dict[str, Any]:
 
 # The free-form (dict) fields of the loop state and what the controller writes in each.
 _DICT_FIELDS = {"baseline_config": lambda: _knobs(""), "best_config": lambda: _knobs(""),
-                "config": lambda: _knobs(""), "twin": _twin_schema,
+                "config": lambda: _knobs(""), "revert_to": lambda: _knobs(""),
+                "twin": _twin_schema,
                 "backoff": _backoff_schema}
 
 

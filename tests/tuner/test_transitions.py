@@ -16,6 +16,7 @@ from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.controller import STEPS, Controller
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.ports import Stuck
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import (
     TRANSITIONS,
@@ -144,9 +145,16 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         if t == 5.0:
             rig.alerts.alerts = [alert(AlertAction.HOLD, "SlopilotEngineStalled")]
 
+    def commit_sticks(rig: Rig, t: float) -> None:
+        if t == 41.0:  # the commit's rollout: past the Deployment's progress deadline
+            rig.dep.settled = lambda now: Stuck(  # type: ignore[method-assign]
+                "ProgressDeadlineExceeded: ReplicaSet demo-2 has timed out progressing")
+
     return [
         # retune alert -> tuning -> commit -> cooldown -> steady
         (Rig(alerts=retune), [0.0, 10.0, 41.0], None),
+        # the commit's rollout sticks -> reverted, a new cooldown
+        (Rig(alerts=retune), [0.0, 10.0, 41.0], commit_sticks),
         # scale alert, nothing holds offline -> scaled up
         (Rig(alerts=scale, planner=FakePlanner(needed=3),
              offline=FakeOffline([(dict(GOOD), False)])), [0.0], None),

@@ -17,6 +17,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
                                     |-------->|   committed, trial_rate_limit, nothing_measured,
                                                   too_little_traffic
       |<--------------------------------------|   cooldown_over
+                                       again->|   commit_stuck
       |<----------------------------- any state   tuning_off
       any state ----------------------------->|   error
 

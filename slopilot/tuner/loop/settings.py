@@ -13,6 +13,10 @@ MAX_CLASS_REQUESTS = 100_000
 """Past this a trial's window would run for days at any load a replica serves."""
 DEFAULT_CLASS_REQUESTS = 100
 DEFAULT_MAX_TRIAL_S = 1200.0
+DEFAULT_ROLLOUT_TIMEOUT_S = 1200.0
+"""The default Deployment's progress deadline (900 s: a 10 min startup budget and 5 min
+to schedule and pull) and 5 minutes more."""
+ROLLOUT_TIMEOUT_BOUNDS = (60.0, 86_400.0)
 
 
 class TwinCorrection(enum.StrEnum):
@@ -86,6 +90,13 @@ class ControllerSettings:
     left its confirming one too little): a trial that reaches it
     short of ``min_class_requests`` ends without a verdict (too little traffic to judge),
     rolled back, and the episode with it."""
+    rollout_timeout_s: float = DEFAULT_ROLLOUT_TIMEOUT_S
+    """The loop's own bound on a rollout (vLLM's configs are new pods): one whose
+    progress (``Pending.progress``) has not moved for this long is stuck, as if the
+    Deployment controller had said ``ProgressDeadlineExceeded``, which it never does
+    when it is down, lags, or the Deployment lost its ``progressDeadlineSeconds``.
+    Longer than that deadline, so the controller's word comes first where it comes
+    (the operator: the deadline and ``ROLLOUT_MARGIN_S``)."""
 
     def __post_init__(self) -> None:
         if not self.deployment:
@@ -139,6 +150,14 @@ class ControllerSettings:
             raise ControllerError(
                 f"max_trial_s={cap!r}: expected seconds >= window_s={self.window_s:g} "
                 "(a trial runs one window at least), e.g. 1200")
+        bound = self.rollout_timeout_s
+        lo, hi = ROLLOUT_TIMEOUT_BOUNDS
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) \
+                or not lo <= bound <= hi:
+            raise ControllerError(
+                f"rollout_timeout_s={bound!r}: expected seconds in [{lo:g}, {hi:g}], past "
+                "the Deployment's progressDeadlineSeconds (the controller's own verdict "
+                f"comes first), e.g. {DEFAULT_ROLLOUT_TIMEOUT_S:g} for the default 900")
         check = self.revert_check_s
         if check is not None and not 0 < check <= self.window_s:
             raise ControllerError(f"revert_check_s={check!r}: expected a time in "

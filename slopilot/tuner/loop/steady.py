@@ -229,11 +229,12 @@ def cooldown(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                           summary=entered.summary)
     if loop.cooldown_until is not None and tick.now < loop.cooldown_until:
         return ctx.decide(Action.NONE, "cooling down")
-    wait, stuck = rollout_wait.cooling(ctx, tick.now)
-    if wait:  # STEADY would judge alerts on the old pods' figures
-        return ctx.decide(Action.NONE, stuck or "cooling down: rolling out")
-    return Go(ControllerState.STEADY, Event.COOLDOWN_OVER,
-              "cooldown over" if stuck is None else f"cooldown over; {stuck}")
+    # A rollout under way holds it (STEADY would judge alerts on the old pods' figures);
+    # a commit's that is stuck is reverted.
+    held = rollout_wait.cooling(ctx, tick.now)
+    if held is not None:
+        return held
+    return Go(ControllerState.STEADY, Event.COOLDOWN_OVER, "cooldown over")
 
 
 def names(alerts: Sequence[Alert]) -> str:
