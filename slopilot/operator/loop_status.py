@@ -48,13 +48,18 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
     baseline then).
 
     Outside an episode the best config kept is the last commit, which belonged to the
-    spec it was committed under as the tuned config did: it is forgotten with it. An open
+    spec it was committed under as the tuned config did: it is forgotten with it, and so
+    is what its rollout would be reverted to. An open
     episode's best is its own trials' and stays (laid over the spec as it is now).
     """
     if tuned_overlay(body) is not None:
         return
     if not loop.episode_open:
         loop.best_config = loop.best_goodput = None
+    if loop.rollout is not None:
+        # The edit's template replaced the commit's: reverted where that one stuck, the
+        # config committed before it undid the edit (rollout_wait.cooling).
+        loop.rollout.revert_to = None
     if loop.baseline_config is not None:
         loop.baseline_config = parse_spec(body).engine.to_dict()
 

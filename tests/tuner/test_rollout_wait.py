@@ -247,16 +247,16 @@ def test_a_stuck_commits_revert_survives_a_restart_in_its_cooldown() -> None:
     saved = LoopState.from_dict(rig.ctl.to_dict())
     assert saved.rollout is not None and saved.rollout.revert_to == START
     rig.ctl = None
-    rig.build(state=saved)
+    ctl = rig.build(state=saved)
     later = []
     t = 630.0
     while t <= 2000.0:
         dep.now = t
-        later.append(rig.ctl.tick(t))  # type: ignore[union-attr]
+        later.append(ctl.tick(t))
         t += 30.0
     assert [d for d in later if "commit_reverted" in d.reason]
     assert dep.committed == START
-    kept = LoopState.from_dict(rig.ctl.to_dict())  # type: ignore[union-attr]
+    kept = LoopState.from_dict(ctl.to_dict())
     assert [c.config for c in kept.stuck_configs] == [GOOD]
 
 
