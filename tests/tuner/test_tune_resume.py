@@ -62,6 +62,7 @@ def _flags(flags: list[str], **changed: str) -> list[str]:
                                   "drain) then, seed 0: 0-3 s (+0 s warm-up, +1 s drain) now"),
     (_flags(FIRST, seeds="2"), "seed 1: 0-4 s"),
     ([*FIRST, "--set", "max_num_seqs=64"], "fixed knobs (--set): max_num_seqs unset then, 64 now"),
+    ([*FIRST, "--dispatch", "least_requests"], "dispatch: random then, least_requests now"),
     ([*FIRST, "--bound", "max_num_seqs=16:128"],
      "search space (--bound, --set): max_num_seqs 8..1024 log then, 16..128 log now"),
 ])

@@ -54,6 +54,7 @@ def trial_settings(s: TuneSettings, plan: WindowPlan) -> dict[str, Any]:
     return {
         "hardware": f"{sc.num_gpus} x {sc.gpu} (tp {sc.tp}), {sc.model}{memory}",
         "cost profile": profile,
+        "dispatch": sc.dispatch.value,
         "engine knobs": {k: _plain(v) for k, v in sorted(sc.engine.items())},
         "workload": _digest(_workload(sc.workload)),
         "SLO": _flat(sc.slo.to_dict()),
