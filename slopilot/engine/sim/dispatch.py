@@ -33,8 +33,8 @@ DEFAULT_DISPATCH = Dispatch.RANDOM
 """kube-proxy's default modes (iptables, nftables): what the operator's Service does."""
 DISPATCH_CHOICES: tuple[str, ...] = tuple(d.value for d in Dispatch)
 _DISPATCH_STREAM = 101
-"""``child_rng``'s purpose key for the dispatcher: no workload uses it (theirs are 1-3,
-11-13 and the trace's), so its draws never shift a request's."""
+"""``child_rng``'s purpose key for the dispatcher: no workload uses it (open_loop's are 1-3,
+sessions' 11-13, trace's 21-24), so its draws never shift a request's."""
 
 
 def parse_dispatch(value: object) -> Dispatch:
