@@ -62,6 +62,11 @@ def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> 
         note("stuck_configs.until", max(c.until for c in late) - settings.max_backoff_s)
         for c in late:
             c.until = now + settings.max_backoff_s
+    for name in ("replica_wait", "replicas_short"):
+        kept = getattr(loop, name)
+        if kept is not None and kept.since > now:  # its wait restarts from now
+            note(f"{name}.since", kept.since)
+            kept.since = now
     owed = loop.pending_restore
     if owed is not None:
         if owed.since > now:

@@ -8,7 +8,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
       |------------------>|                       retune_alert
       |-------------------------------------->|   headroom
                 |-------->|                       retune_suffices, capacity_suffices, tune_closest
-                |---------------------------->|   scaled_up, max_replicas
+                |---------------------------->|   scaled_up, max_replicas, replicas_short
                 |<--------|                       scale_alert
                           |-------->|             trial_holds, trial_limit, trial_rate_limit,
                                                   too_little_traffic

@@ -27,7 +27,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from slopilot.engine.request import Priority
-from slopilot.tuner.loop import advice, restore, rollout_wait, rollout_watch, thin_traffic
+from slopilot.tuner.loop import (
+    advice,
+    restore,
+    rollout_wait,
+    rollout_watch,
+    scale_wait,
+    thin_traffic,
+)
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
@@ -104,8 +111,10 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return _end_for_hold(ctx, ", ".join(held))
     surge = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.SCALE}
                    - set(ctx.loop.episode_alerts))
-    # At max replicas no replica can answer it: the episode is the only remedy left.
-    if surge and ctx.deployment.replicas() < s.max_replicas:
+    # At max replicas no replica can answer it: the episode is the only remedy left; so
+    # it is while the last replicas bought still do not serve (scale_wait.py).
+    if surge and ctx.deployment.replicas() < s.max_replicas \
+            and scale_wait.held(ctx) is None:
         return _end_for_scale(ctx, ", ".join(surge))
     if ctx.loop.trial is None:
         return next_trial(ctx, tick.now, "next trial")

@@ -17,6 +17,10 @@ DEFAULT_ROLLOUT_TIMEOUT_S = 1200.0
 """The default Deployment's progress deadline (900 s: a 10 min startup budget and 5 min
 to schedule and pull) and 5 minutes more."""
 ROLLOUT_TIMEOUT_BOUNDS = (60.0, 86_400.0)
+DEFAULT_REPLICA_READY_S = 900.0
+"""A model's default startup budget (10 minutes, the operator's ``startupTimeout``) and
+5 minutes to pull and schedule: the Deployment's progress deadline."""
+MAX_REPLICA_READY_S = 86400.0
 
 
 class TwinCorrection(enum.StrEnum):
@@ -52,6 +56,12 @@ class ControllerSettings:
     max_backoff_s: float = 3600.0
     """At max replicas with nothing holding, no new episode for the same situation for
     twice ``cooldown_s``, doubling after each such verdict up to this (``backoff.py``)."""
+    replica_ready_s: float = DEFAULT_REPLICA_READY_S
+    """After a scale-up, how long the loop waits for the replicas it bought to serve
+    before it judges capacity again (``scale_wait.py``): a GPU pod's start, its image
+    pulled, scheduled and its model loaded. Past it, the replicas still not ready are
+    said (an inform naming why: a quota, no node with a free GPU) and the loop judges on
+    the ones that serve."""
     breach_window_s: float = 300.0
     """The window of the sustained-breach alerts (``RuleOptions.breach_window_s``): they
     count only once this long has passed since the last commit or scale, so a breach
@@ -131,6 +141,13 @@ class ControllerSettings:
                 raise ControllerError(
                     f"twin_correction={self.twin_correction!r}: use one of "
                     f"{', '.join(c.value for c in TwinCorrection)}") from None
+        ready = self.replica_ready_s
+        if isinstance(ready, bool) or not isinstance(ready, (int, float)) \
+                or not 0 < ready <= MAX_REPLICA_READY_S:
+            raise ControllerError(
+                f"replica_ready_s={ready!r}: expected seconds in (0, {MAX_REPLICA_READY_S:g}]"
+                f" that a new replica takes to serve (default {DEFAULT_REPLICA_READY_S:g}: "
+                "a model's startup budget and the scheduling), e.g. 900")
         settle = self.trial_settle_s
         if settle is not None and (isinstance(settle, bool) or not isinstance(
                 settle, (int, float)) or not 0 <= settle <= self.window_s / 2):

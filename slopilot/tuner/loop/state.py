@@ -103,6 +103,32 @@ class StuckConfig:
 
 
 @dataclass
+class ReplicaWait:
+    """A scale-up whose replicas the loop waits for (``scale_wait.py``)."""
+
+    asked: int
+    """The count the scale asked for: the wait ends once that many serve."""
+    since: float
+    """When the scale was made (the controller's clock): ``replica_ready_s`` counts
+    from here."""
+
+
+@dataclass
+class ReplicasShort:
+    """Replicas a scale-up asked for that did not serve within ``replica_ready_s``: while
+    the deployment still asks ``asked`` and fewer serve, the loop judges capacity on
+    those that do and asks for no more (``scale_wait.py``)."""
+
+    asked: int
+    ready: int
+    """How many served when the wait ended."""
+    since: float
+    """When the wait ended."""
+    why: str | None = None
+    """What kept them, as the platform said (a quota refused, no node fits)."""
+
+
+@dataclass
 class LoopState:
     """What the controller remembers; JSON-safe via to_dict/from_dict."""
 
@@ -159,6 +185,13 @@ class LoopState:
     """Configs whose rollouts stuck lately, held from trials and warm starts for
     ``max_backoff_s``: asked again at once, a commit that could not roll out was the
     study's best again and rolled the same stuck template."""
+    replica_wait: ReplicaWait | None = None
+    """A scale-up's replicas still awaited: COOLDOWN does not end before they serve or
+    ``replica_ready_s`` passes (``scale_wait.py``). None: none (and in a state written
+    before it)."""
+    replicas_short: ReplicasShort | None = None
+    """Replicas bought that never served, while the deployment still asks them and they
+    still do not: no scale-up is made while it holds (``scale_wait.py``)."""
 
     def count_measured(self) -> None:
         """One more trial of the episode judged on a measured window."""
@@ -217,11 +250,12 @@ class LoopState:
             raise ControllerError(
                 f"controller state: state={excerpt(data.get('state'))}; use one of: "
                 f"{', '.join(s.value for s in ControllerState)}") from None
-        check_fields(cls, values, "", skip=("state", "trial", "pending_restore", "rollout",
-                                            "stuck_configs"))
-        values["trial"] = _nested(RunningTrial, values, "trial")
-        values["pending_restore"] = _nested(PendingRestore, values, "pending_restore")
-        values["rollout"] = _nested(RolloutWatch, values, "rollout")
+        nested = {"trial": RunningTrial, "pending_restore": PendingRestore,
+                  "rollout": RolloutWatch, "replica_wait": ReplicaWait,
+                  "replicas_short": ReplicasShort}
+        check_fields(cls, values, "", skip=("state", "stuck_configs", *nested))
+        for name, kind in nested.items():
+            values[name] = _nested(kind, values, name)
         stuck = values.get("stuck_configs") or []
         if not isinstance(stuck, list):
             raise ControllerError(f"controller state: stuck_configs={excerpt(stuck)}: "

@@ -40,6 +40,7 @@ class Event(enum.StrEnum):
     TUNE_CLOSEST = "tune_closest"
     SCALED_UP = "scaled_up"
     MAX_REPLICAS = "max_replicas"
+    REPLICAS_SHORT = "replicas_short"
     TRIAL_HOLDS = "trial_holds"
     TRIAL_LIMIT = "trial_limit"
     TRIAL_RATE_LIMIT = "trial_rate_limit"
@@ -86,6 +87,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.SCALING, S.COOLDOWN, Event.SCALED_UP, "scaled up to the planned count"),
     Transition(S.SCALING, S.COOLDOWN, Event.MAX_REPLICAS,
                "at max replicas after live evidence that nothing holds: say so"),
+    Transition(S.SCALING, S.COOLDOWN, Event.REPLICAS_SHORT,
+               "more replicas needed, but those the last scale-up bought still do not "
+               "serve past replica_ready_s (a quota, no node fits): say so, buy none"),
     Transition(S.TUNING, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires during the episode (not one it began "
                "under), below max replicas: its open trial told failed, its rollback "
@@ -118,7 +122,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
                "no live trial held the SLO in max_trials (not cut by the hour's "
                "budget, at least one measured): at least one more replica"),
-    Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER, "cooldown_s has passed"),
+    Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER,
+               "cooldown_s has passed, and after a scale-up its replicas serve (the "
+               "cooldown counts from then) or replica_ready_s has passed (said: inform)"),
     Transition(S.COOLDOWN, S.COOLDOWN, Event.COMMIT_STUCK,
                "the commit's rollout is stuck (past the Deployment's progress deadline, "
                "paused, or unmoved for rollout_timeout_s): the committed config before it "
