@@ -41,7 +41,9 @@ def status_schema() -> dict[str, Any]:
     return _obj({
         "phase": _str("Lifecycle phase.", enum=list(PHASES)),
         "observedGeneration": _int("Generation the status describes.", 0),
-        "replicas": _int("Replicas running now.", 0),
+        "replicas": _int("Replicas asked for (the Deployment's spec.replicas).", 0),
+        "readyReplicas": _int("Replicas ready to serve now (fewer than asked while new "
+                              "pods start, or while a quota or the nodes refuse them).", 0),
         "config": _config_schema(),
         "bestTrial": _obj({"config": _knobs("The best trial's knobs."),
                            "goodputTokS": {"type": "number"}},

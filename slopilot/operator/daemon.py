@@ -124,7 +124,9 @@ never ends."""
 
 def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
                         ) -> ControllerSettings:
-    # vLLM cannot reconfigure one replica: its trials roll every replica.
+    # vLLM cannot reconfigure one replica: its trials roll every replica. A replica a
+    # scale bought is waited for as long as the Deployment waits for a rollout's: the
+    # model's startupTimeout, then the time to schedule and pull.
     return ControllerSettings(
         rollout_timeout_s=progress_deadline_s(spec) + ROLLOUT_MARGIN_S,
         deployment=name, namespace=namespace, slo=spec.slo,
@@ -134,7 +136,8 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         min_class_requests=spec.tuning.min_class_requests,
         max_trial_s=spec.tuning.max_trial_s,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,
-        twin_max_error=spec.twin.max_error, twin_correction=spec.twin.correction)
+        twin_max_error=spec.twin.max_error, twin_correction=spec.twin.correction,
+        replica_ready_s=float(progress_deadline_s(spec)))
 
 
 def prometheus_controller(ctx: DaemonContext) -> Controller:

@@ -92,10 +92,13 @@ def ended_episode(status: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,
-                 action_time: str, storage: str | None = None) -> dict[str, Any]:
+                 action_time: str, storage: str | None = None,
+                 ready: int | None = None) -> dict[str, Any]:
     """The status after ``decision``; ``storage``: the storage the CR names
     (``OperatorPolicy.named_storage``) the controller's study was opened in, put on
-    record for the CR's deletion."""
+    record for the CR's deletion; ``ready``: the replicas that serve now
+    (``status.readyReplicas`` beside the ``replicas`` asked; None: not read, left as
+    it is)."""
     status = body.get("status") or {}
     loop = controller.loop
     phase = PHASES.get(decision.state, Phase.RUNNING)
@@ -116,6 +119,8 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
         del out["phase"], out["conditions"]
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
         out["config"] = config_status(parse_spec(body).engine)
+    if ready is not None:
+        out["readyReplicas"] = ready
     if loop.twin is not None:  # merged: status.twin.profile is the TwinTracker's to write
         out["twin"] = check_patch(loop.twin, status.get("twin"))
     if loop.best_config is not None:
