@@ -117,6 +117,14 @@ def test_the_wait_survives_a_restart() -> None:
     assert d.action is Action.INFORM and "exceeded quota" in d.reason
 
 
+def test_tuning_turned_off_forgets_the_wait() -> None:
+    rig = quota_rig(FakePlanner(needed=4))
+    ctl = rig.build()
+    ctl.tick(0.0)
+    ctl.stop(10.0, "tuning turned off")
+    assert ctl.loop.replica_wait is None and ctl.state is ControllerState.STEADY
+
+
 @pytest.mark.parametrize("value", [0, -5.0, float("inf"), float("nan"), True, "10m"])
 def test_a_bad_replica_ready_s_is_refused_naming_it(value: object) -> None:
     with pytest.raises(ControllerError, match=r"replica_ready_s=.*seconds"):

@@ -144,6 +144,9 @@ class Controller(LoopContext):
             log.warning("%s: the owed restore is left to the caller: %s", self.settings.key,
                         restore.owed(loop.pending_restore, now))
             loop.pending_restore = None
+        # A scale's replicas awaited are no longer the loop's to wait for: turned on
+        # again, an old wait ended in an inform about a scale long past.
+        loop.replica_wait = None
         if loop.trial is not None:
             number, loop.trial = loop.trial.number, None
             try:
