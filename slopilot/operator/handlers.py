@@ -293,6 +293,10 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         out["pods"] = None  # what the sync found goes with its condition
     if ended is not None:
         out["controller"] = ended
+    if not tuned:
+        # The tuning daemon writes it at each tick; none runs now to keep it true, and a
+        # count kept from before said pods served that may have gone since.
+        out["readyReplicas"] = None
     return out
 
 

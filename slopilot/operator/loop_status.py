@@ -117,6 +117,7 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
         # Tuning condition are the reconcile's now (handlers.status_of); written, a
         # tick in flight left "Tuning" on a deployment that no longer tunes.
         del out["phase"], out["conditions"]
+        ready = None  # the reconcile clears it: no daemon keeps it true from now on
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
         out["config"] = config_status(parse_spec(body).engine)
     if ready is not None:

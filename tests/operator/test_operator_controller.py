@@ -141,6 +141,9 @@ def test_a_scale_the_quota_refuses_is_waited_for_said_and_not_bought_again(
         assert cluster.owned("apps/v1", "deployments", "chat")["spec"]["replicas"] == 3
         assert scale_count(cluster) == 1
         assert len(pods.pods) == 1
+        # Tuning off: no daemon keeps the ready count true, and none is left to go stale.
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+        wait_for(lambda: "readyReplicas" not in cluster.status(), what="no ready count kept")
 
 
 def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
