@@ -9,6 +9,8 @@ breached all the same), replicas above the minimum are given back once the alert
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
 headroom). After a commit or a scale, an alert that has held since before it is
 re-confirmed on the loop's own window measured after it before it acts (``_unconfirmed``).
+COOLDOWN after a scale-up also waits for the replicas it bought, and a scale alert is held
+while replicas bought before still do not serve (``scale_wait.py``).
 """
 
 from __future__ import annotations
