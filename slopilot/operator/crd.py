@@ -339,7 +339,13 @@ def _twin_profile_schema() -> dict[str, Any]:
                     pattern=twin_spec.KEY_PATTERN, maxLength=twin_spec.MAX_NAME,
                     default=twin_spec.DEFAULT_KEY),
     }, required=["configMapName"], desc="A calibrated cost profile for the controller's twin; "
-        "without it the twin is the uncalibrated datasheet roofline."), **_twin_settings()},
+        "without it the twin is the uncalibrated datasheet roofline."), **_twin_settings(),
+        "dispatch": _str("How the replicas' traffic is spread, as the twin plans capacity: "
+                         "random (the operator's Service, kube-proxy's iptables or nftables "
+                         "mode), round_robin (kube-proxy's IPVS mode), least_requests (a "
+                         "load-aware router in front); default "
+                         f"{twin_spec.DEFAULT_DISPATCH.value}.",
+                         enum=list(twin_spec.DISPATCH_CHOICES))},
         desc="The controller's twin (the simulator behind warm starts and capacity plans): "
              "its cost model, and how it is checked and corrected against measurements.")
 

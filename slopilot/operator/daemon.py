@@ -177,8 +177,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         base = load_scenario(scenario_name)
     except (OSError, ValueError) as exc:
         raise ControllerError(f"{BASE_SCENARIO_ENV}={scenario_name!r}: {exc}") from None
-    base = ctx.twin.apply(dataclasses.replace(base, slo=spec.slo,
-                                              engine=spec.engine.to_dict()))
+    base = ctx.twin.apply(dataclasses.replace(base, slo=spec.slo, engine=spec.engine.to_dict(),
+                                              dispatch=spec.twin.dispatch))
     selector = identity_labels(name, ctx.namespace, ctx.namespace_label)
     try:
         query = query_at(spec.prometheus_url, verify=ctx.prometheus_tls)

@@ -4,6 +4,14 @@
       profile: {configMapName: smollm2-h100-profile, key: profile.yaml}
       maxError: 0.15      # corrected step-time error above which the twin is not trusted
       correction: refit   # none | rescale | refit (docs/twin.md)
+      dispatch: random    # random | round_robin | least_requests: what spreads the load
+
+``dispatch`` is how the replicas' traffic is spread, which the twin plays when it plans
+capacity: the operator's ClusterIP Service (kube-proxy's iptables and nftables modes)
+picks a replica at random per connection, the default; IPVS mode's default is round
+robin; a gateway with a least-request policy in front of the Service sends each request
+to the least loaded. Planned least-loaded behind a plain Service, the twin sized the fleet
+one or two replicas short on bursts (docs/benchmarks.md, "Dispatch").
 
 The profile is a ``slopilot calibrate`` file stored in a ConfigMap of the LLMDeployment's
 own namespace. A reference names the ConfigMap only: there is no namespace field, and a
@@ -25,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slopilot.engine.sim.dispatch import DEFAULT_DISPATCH, DISPATCH_CHOICES, Dispatch
 from slopilot.tuner.loop.settings import TwinCorrection
 
 DEFAULT_KEY = "profile.yaml"
@@ -35,7 +44,7 @@ KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 MAX_NAME = 253
 _NAME, _KEY = re.compile(NAME_PATTERN), re.compile(KEY_PATTERN)
 FIELDS = ("configMapName", "key")
-TWIN_FIELDS = ("profile", "maxError", "correction")
+TWIN_FIELDS = ("profile", "maxError", "correction", "dispatch")
 DEFAULT_MAX_ERROR = 0.15
 DEFAULT_CORRECTION = TwinCorrection.REFIT
 CORRECTIONS = tuple(c.value for c in TwinCorrection)
@@ -70,6 +79,8 @@ class TwinSpec:
     """ControllerSettings.twin_max_error: the corrected step-time error bound."""
     correction: TwinCorrection = DEFAULT_CORRECTION
     """ControllerSettings.twin_correction."""
+    dispatch: Dispatch = DEFAULT_DISPATCH
+    """How the load reaches the replicas, as the twin plans it (module docstring)."""
 
 
 def name_problem(path: str, value: object) -> str | None:
@@ -110,6 +121,24 @@ def correction_problem(path: str, value: object) -> str | None:
     return f"{path}={value!r}: use one of {', '.join(CORRECTIONS)}"
 
 
+def dispatch_problem(path: str, value: object) -> str | None:
+    if isinstance(value, str) and value in DISPATCH_CHOICES:
+        return None
+    return (f"{path}={value!r}: use one of {', '.join(DISPATCH_CHOICES)} (random: a plain "
+            "Service; round_robin: kube-proxy in IPVS mode; least_requests: a load-aware "
+            "router in front)")
+
+
+def _dispatch(twin: Mapping[str, Any], problems: list[str]) -> Dispatch:
+    if "dispatch" not in twin:
+        return DEFAULT_DISPATCH
+    value = twin["dispatch"]
+    if (problem := dispatch_problem("spec.twin.dispatch", value)) is not None:
+        problems.append(problem)
+        return DEFAULT_DISPATCH
+    return Dispatch(value)
+
+
 def twin_settings(path: str, twin: Mapping[str, Any], problems: list[str]
                   ) -> dict[str, Any]:
     """The ``maxError`` and ``correction`` that ``twin`` (at ``path``) sets and that are
@@ -143,7 +172,8 @@ def parse_twin(spec: Mapping[str, Any], problems: list[str], warnings: list[str]
                         f"the fields are {', '.join(TWIN_FIELDS)}")
     settings = _with_legacy(spec, twin, twin_settings("spec.twin", twin, problems),
                             problems, warnings)
-    return TwinSpec(profile=_profile(twin.get("profile"), problems), **settings)
+    return TwinSpec(profile=_profile(twin.get("profile"), problems),
+                    dispatch=_dispatch(twin, problems), **settings)
 
 
 def _with_legacy(spec: Mapping[str, Any], twin: Mapping[str, Any], settings: dict[str, Any],

@@ -412,3 +412,17 @@ def test_whatever_reading_a_profile_raises_is_a_refusal_not_a_crash(
     _refused(twin, "smol-profile", "the operator could not read it (RecursionError, in its "
              "log)", "kubectl create configmap")
     assert "deep inside a reader" in caplog.text  # the traceback, for whoever runs it
+
+
+def test_the_default_wiring_plans_on_the_dispatch_the_cr_names(tmp_path: Path) -> None:
+    from slopilot.engine.sim.dispatch import Dispatch
+    ctx = context(tmp_path)
+    ctl = prometheus_controller(ctx)
+    assert isinstance(ctl.probe, PrometheusProbe)
+    assert ctl.probe.base.dispatch is Dispatch.RANDOM  # the Service's kube-proxy
+    routed = dataclasses.replace(ctx, spec=dataclasses.replace(
+        ctx.spec, twin=dataclasses.replace(ctx.spec.twin,
+                                           dispatch=Dispatch.LEAST_REQUESTS)))
+    ctl = prometheus_controller(routed)
+    assert isinstance(ctl.probe, PrometheusProbe)
+    assert ctl.probe.base.dispatch is Dispatch.LEAST_REQUESTS

@@ -168,8 +168,8 @@ def test_the_crd_keeps_the_old_place_and_marks_it_deprecated() -> None:
         assert "Deprecated: moved to spec.twin" in schema["description"]
         assert "default" not in schema
     new = spec["twin"]["properties"]
-    assert set(new) == {"profile", "maxError", "correction"}
-    assert "default" not in new["maxError"] and "default" not in new["correction"]
+    assert set(new) == {"profile", "maxError", "correction", "dispatch"}
+    assert all("default" not in new[k] for k in ("maxError", "correction", "dispatch"))
     assert new["correction"]["enum"] == [c.value for c in TwinCorrection]
 
 
@@ -210,3 +210,25 @@ def test_the_operator_posts_the_deprecation_as_a_kubernetes_warning_event(
         assert "spec.twin.correction" in event.message
         valid = wait_for(lambda: cluster.condition("Valid"), what="the Valid condition")
         assert valid["status"] == "True" and "spec.tuning.twin.correction" in valid["message"]
+
+
+# ------------------------------------------------------------------ dispatch
+
+def test_the_twin_dispatches_at_random_unless_told_a_router_spreads_the_load() -> None:
+    """The operator's Service spreads connections at random (kube-proxy's iptables and
+    nftables modes): the twin sizes the fleet so unless the CR says a load-aware router
+    (a gateway's least-request policy) or IPVS's round robin is in front."""
+    from slopilot.engine.sim.dispatch import Dispatch
+    assert parse_spec(admitted(body())).twin.dispatch is Dispatch.RANDOM
+    for value in ("least_requests", "round_robin", "random"):
+        assert parse_spec(admitted(body({"dispatch": value}))).twin.dispatch == value
+
+
+@pytest.mark.parametrize("value", ["least-loaded", "LEAST_REQUESTS", 3, None, ["random"]])
+def test_a_dispatch_the_twin_cannot_model_is_refused_naming_the_choices(value: Any) -> None:
+    raw = body({"dispatch": value})
+    if value is not None:
+        assert errors_of(raw), "the CRD's enum refuses it at the API server too"
+    problems = problems_of(raw)
+    assert any("spec.twin.dispatch" in p and "random, round_robin, least_requests" in p
+               for p in problems), problems
