@@ -98,7 +98,9 @@ def check_or_record(study: optuna.Study, s: TuneSettings, plan: WindowPlan) -> s
         return None
     then = dict(stored.get("settings") or {}) \
         if isinstance(stored.get("settings"), Mapping) else {}
-    command = str(stored.get("command"))
+    made_with = stored.get("command")
+    command = made_with if isinstance(made_with, str) and made_with else \
+        "the command it was made with"
     if "dispatch" not in then:
         # Recorded before the twin had a policy, when every arrival went to the
         # least-loaded replica: what its trials were run under, and its command cannot
