@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slopilot.tuner.loop.ports import Pending, Rollout, Settled, Stuck
+from slopilot.tuner.loop.ports import Pending, Rollout, RolloutProgress, Settled, Stuck
 
 DEADLINE_REASON = "ProgressDeadlineExceeded"
 
@@ -39,12 +39,11 @@ def rollout_of(dep: Mapping[str, Any]) -> Rollout:
     updated = int(status.get("updatedReplicas") or 0)
     total = int(status.get("replicas") or 0)
     available = int(status.get("availableReplicas") or 0)
-    # Any move of the controller's: the loop's own bound counts from the last one.
-    progress = f"generation {generation}/{observed}: {updated} updated, {total} in all, " \
-        f"{available} available"
+    # The loop's own bound counts from the last step past the furthest of these.
+    progress = RolloutProgress(generation, updated, max(total - updated, 0), available)
     if observed is None or int(observed) < generation:
         return Pending(f"the Deployment controller has not seen generation {generation} "
-                       f"yet (observed {observed})", progress)
+                       f"yet (observed {observed})")
     for c in status.get("conditions") or []:
         if isinstance(c, Mapping) and c.get("type") == "Progressing" \
                 and c.get("reason") == DEADLINE_REASON:

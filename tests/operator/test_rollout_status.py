@@ -16,7 +16,7 @@ from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import render_all
 from slopilot.operator.rollout_status import rollout_of
 from slopilot.operator.spec import parse_spec
-from slopilot.tuner.loop.ports import Pending, Settled, Stuck
+from slopilot.tuner.loop.ports import Pending, RolloutProgress, Settled, Stuck
 from tests.operator.operator_support import Cluster, operator_mint, with_namespaces
 from tests.support.kube_server import serve_emulator
 
@@ -158,13 +158,22 @@ def test_the_loops_own_bound_lies_past_the_deployments_deadline() -> None:
 
 
 def test_each_move_of_the_rollout_is_progress_the_loop_can_see() -> None:
-    """The loop's bound counts from the last move (``Pending.progress``): a new template,
-    one more pod updated or available is one; the same status read again is none."""
+    """The loop's bound counts from the last step past the furthest seen
+    (``Pending.progress``): a new template, one more pod updated or available, one old
+    pod fewer is one; the same status read again, or counts back where they were, none."""
     base = {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 1,
             "availableReplicas": 2}
-    seen = {rollout_of(dep(**base)).marker,  # type: ignore[union-attr]
-            rollout_of(dep(**(base | {"updatedReplicas": 2}))).marker,  # type: ignore[union-attr]
-            rollout_of(dep(**(base | {"availableReplicas": 3}))).marker,  # type: ignore[union-attr]
-            rollout_of(dep(generation=3, **base)).marker}  # type: ignore[union-attr]
-    assert len(seen) == 4
+
+    def progress(**status: Any) -> RolloutProgress:
+        state = rollout_of(dep(**status))
+        assert isinstance(state, Pending) and state.progress is not None
+        return state.progress
+
+    at = progress(**base)
+    assert at == RolloutProgress(generation=2, updated=1, old=2, available=2)
+    for step in ({"updatedReplicas": 2}, {"availableReplicas": 3}, {"replicas": 2}):
+        assert progress(**(base | step)).beyond(at), step
+    assert progress(generation=3, **(base | {"observedGeneration": 3})).beyond(at)
+    assert not progress(**base).beyond(at)
+    assert not progress(**(base | {"availableReplicas": 1})).beyond(at)  # a pod crashed
     assert rollout_of(dep(**base)) == rollout_of(dep(**base))

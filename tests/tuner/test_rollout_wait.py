@@ -12,7 +12,7 @@ import pytest
 
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
-from slopilot.tuner.loop.ports import Pending, Rollout, Settled, Stuck
+from slopilot.tuner.loop.ports import Pending, Rollout, RolloutProgress, Settled, Stuck
 from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import ControllerState as S
 from slopilot.tuner.loop.state import LoopState
@@ -264,3 +264,65 @@ def test_a_stuck_commits_revert_survives_a_restart_in_its_cooldown() -> None:
 def test_a_bad_stuck_config_record_is_refused_naming_the_field(bad: Any) -> None:
     with pytest.raises(ControllerError, match="stuck_configs"):
         LoopState.from_dict({"stuck_configs": bad})
+
+
+@dataclass
+class CrashLoop(RollingDeployment):
+    """A new pod that is ready a while, crashes, and is ready again: the counts go back
+    and forth (as Kubernetes' own deadline counts "became available" as progress, it
+    never says ProgressDeadlineExceeded either)."""
+
+    period_s: float = 600.0
+
+    def settled(self, now: float) -> Rollout:
+        if self.rolling is None:
+            return Settled()
+        available = int(now // self.period_s) % 2 + 1
+        return Pending(f"{available - 1} of 1 updated replicas available",
+                       RolloutProgress(generation=2, updated=1, old=1,
+                                       available=available))
+
+
+def test_a_rollout_whose_counts_go_back_and_forth_is_bounded_all_the_same() -> None:
+    """Reviewer's repro: a crash-looping new pod flipped the marker between 1 and 2
+    available, each change restarted the bound, and after 6 hours the trial was still
+    rolling out. Only a step past the best seen is progress."""
+    dep = CrashLoop(roll_s=None, deadline_s=float("inf"))
+    rig = _rig(dep)
+    rig.settings["rollout_timeout_s"] = 1200.0
+    ticks = _run(rig, 3 * 3600.0, step=60.0)
+    stuck = [(t, d) for t, d in ticks if "rollout_stuck" in d.reason]
+    assert stuck, [d.line() for _, d in ticks[-3:]]
+    # The best it reached (2 available, at 600 s) is its last progress: stuck 1200 s on.
+    assert stuck[0][0] == pytest.approx(600.0 + 1200.0, abs=60.0), stuck[0][0]
+    assert "controller never reported" in stuck[0][1].reason
+
+
+def test_tuning_turned_off_forgets_a_commits_revert() -> None:
+    """Reviewer's repro: a stuck commit's watch kept across tuning off and on reverted a
+    later cooldown's deployment to the config before that commit, though it had rolled
+    out fine since, and held the good config from trials."""
+    dep = StuckCommit()
+    rig = _rig(dep)
+    ticks = _run(rig, 600.0)
+    assert any(d.action is Action.COMMIT for _, d in ticks)
+    assert rig.ctl is not None and rig.ctl.loop.rollout is not None
+    rig.ctl.stop(630.0, "tuning turned off")
+    assert rig.ctl.loop.rollout is None
+    assert LoopState.from_dict(rig.ctl.to_dict()).rollout is None
+
+
+def test_a_held_config_is_matched_as_it_would_run() -> None:
+    """Reviewer's repro: knobs compared where both name them held every config sharing
+    one value with a stuck one. Both are laid over the config the episode began on."""
+    from slopilot.tuner.loop.rollout_watch import held
+    from slopilot.tuner.loop.state import StuckConfig
+    loop = LoopState(baseline_config={"max_num_seqs": 128, "gpu_memory_utilization": 0.9})
+    loop.stuck_configs = [StuckConfig({"max_num_seqs": 256, "gpu_memory_utilization": 0.97},
+                                      until=100.0, why="stuck")]
+    assert held(loop, 0.0, {"max_num_seqs": 256}) is None  # runs at 0.9: another config
+    assert held(loop, 0.0, {"max_num_seqs": 256, "gpu_memory_utilization": 0.9}) is None
+    assert held(loop, 0.0, {"max_num_seqs": 256, "gpu_memory_utilization": 0.97}) is not None
+    assert held(loop, 100.0, {"max_num_seqs": 256, "gpu_memory_utilization": 0.97}) is None
+    loop.baseline_config = {"max_num_seqs": 128, "gpu_memory_utilization": 0.97}
+    assert held(loop, 0.0, {"max_num_seqs": 256}) is not None  # it would run as the stuck one

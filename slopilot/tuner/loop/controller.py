@@ -147,6 +147,9 @@ class Controller(LoopContext):
         # A scale's replicas awaited are no longer the loop's to wait for: turned on
         # again, an old wait ended in an inform about a scale long past.
         loop.replica_wait = None
+        # Nor is a rollout: kept, a commit's revert_to reverted a later cooldown's
+        # deployment to the config before that commit, rolled out fine since.
+        loop.rollout = None
         if loop.trial is not None:
             number, loop.trial = loop.trial.number, None
             try:

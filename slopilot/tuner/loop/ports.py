@@ -50,20 +50,46 @@ class Settled:
 
 
 @dataclass(frozen=True)
+class RolloutProgress:
+    """Where a rollout stands, in the Deployment's counts: what moves when it moves."""
+
+    generation: int
+    """The Deployment's ``metadata.generation``: a new template is a new rollout."""
+    updated: int
+    """Replicas of the new template (``status.updatedReplicas``)."""
+    old: int
+    """Replicas of earlier templates still running (``status.replicas - updated``)."""
+    available: int
+    """Replicas available (``status.availableReplicas``)."""
+
+    def beyond(self, best: RolloutProgress | None) -> bool:
+        """Whether this is a step past ``best``, the furthest seen: another template, more
+        updated or available, fewer old. Counts that only come back to where they were (a
+        new pod that crashes and is ready again) are no progress."""
+        if best is None or self.generation != best.generation:
+            return True
+        return self.updated > best.updated or self.available > best.available \
+            or self.old < best.old
+
+    def furthest(self, best: RolloutProgress | None) -> RolloutProgress:
+        """The furthest of this and ``best`` in each count (of this one's template)."""
+        if best is None or self.generation != best.generation:
+            return self
+        return RolloutProgress(self.generation, max(self.updated, best.updated),
+                               min(self.old, best.old), max(self.available, best.available))
+
+
+@dataclass(frozen=True)
 class Pending:
     """A rollout under way: some replicas still run the template before the last apply
     (or serve nothing yet). A window now measures old pods, not the config."""
 
     why: str
-    progress: str | None = None
-    """What changes whenever the rollout moves (the Deployment's generation and its
-    counts of updated, old and available replicas); None: ``why`` says it. The loop
-    calls a rollout stuck itself once this has not changed for
+    progress: RolloutProgress | None = None
+    """The Deployment's counts; None where there are none to read (no Deployment yet,
+    its controller behind): then a change of ``why`` is the move. The loop calls a
+    rollout stuck itself once it has not gone past its furthest for
     ``ControllerSettings.rollout_timeout_s`` (``rollout_watch.py``)."""
-
-    @property
-    def marker(self) -> str:
-        return self.progress if self.progress is not None else self.why
 
 
 @dataclass(frozen=True)

@@ -82,9 +82,17 @@ class RolloutWatch:
     moved, and, for a commit's, the committed config it replaced."""
 
     since: float
-    """When ``progress`` was first seen as it is (or the watch began)."""
-    progress: str | None = None
-    """The rollout's progress at the last look (``Pending.marker``); None: none yet."""
+    """When the rollout last went past its furthest (or the watch began)."""
+    generation: int | None = None
+    """The template whose counts the next three are; None: none read yet."""
+    updated: int = 0
+    """The most of its replicas seen updated (``RolloutProgress.furthest``)."""
+    old: int = 0
+    """The fewest old replicas seen running."""
+    available: int = 0
+    """The most replicas seen available."""
+    why: str | None = None
+    """``Pending.why`` at the last look where the rollout had no counts to read."""
     config: dict[str, Any] | None = None
     """A commit's: the config committed (None: a trial's, a rollback's or a scale's)."""
     revert_to: dict[str, Any] | None = None
