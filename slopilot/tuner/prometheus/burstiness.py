@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from slopilot.engine.sim.arrivals import ArrivalProcess, Gamma, Poisson
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.workload_spec import OpenLoopSpec
 
 BIN_S = 15.0
 """The bins' width where the samples allow it: at a few requests a second, 15 s hold tens
@@ -172,3 +174,10 @@ def arrivals_spec(process: ArrivalProcess) -> dict[str, object]:
         return {"process": "gamma", "rate": round(process.rate, 4),
                 "cv": round(process.cv, 3)}
     return {"process": "poisson", "rate": round(process.mean_rate, 4)}
+
+
+def base_arrivals(scenario: Scenario) -> ArrivalProcess | None:
+    """The arrival process ``scenario`` was designed with (its first open-loop phase's);
+    None for sessions and traces, whose arrivals are no such process."""
+    workload = scenario.workload
+    return workload.phases[0].arrivals if isinstance(workload, OpenLoopSpec) else None
