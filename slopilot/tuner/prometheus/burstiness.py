@@ -39,6 +39,11 @@ from slopilot.engine.sim.workload_spec import OpenLoopSpec
 BIN_S = 15.0
 """The bins' width where the samples allow it: at a few requests a second, 15 s hold tens
 of gaps, as the estimate needs; the probes' 120 s window holds the ``MIN_BINS``."""
+BURST_WINDOW_S = 600.0
+"""How far back the probes read the arrivals' burstiness (at least their own window): 8
+bins of 15 s fit in 120 s only where a sample falls on its first second, and scrapes of
+60 s need 9 minutes for 8. Read as differences, a load that moved over the 10 minutes
+does not read as bursts (module docstring)."""
 MIN_BINS = 8
 """Fewer complete bins: the sample variance of a heavy-tailed count swings too far."""
 CV_FLOOR = 1.0
@@ -75,7 +80,7 @@ class Burstiness:
 
     def describe(self) -> str:
         if self.cv is None:
-            return f"burstiness not measured ({self.why_none})"
+            return f"burstiness not measured ({self.why_none}): the base's arrivals kept"
         return f"arrival cv {self.cv:.2f} over {self.bins} bins of {self.bin_s:g} s"
 
 

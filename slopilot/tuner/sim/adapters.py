@@ -28,7 +28,12 @@ from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
-from slopilot.tuner.prometheus.burstiness import arrival_process, base_arrivals, from_times
+from slopilot.tuner.prometheus.burstiness import (
+    BURST_WINDOW_S,
+    arrival_process,
+    base_arrivals,
+    from_times,
+)
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
@@ -122,9 +127,9 @@ class SimIterations:
 
 class SimProbe:
     """The traffic of the last ``window_s``, as a scenario: resampled lengths and mix,
-    and arrivals as bursty as the window's (``burstiness.from_times``: gamma at the cv its
-    15 s bins read, Poisson where they read calm, ``base``'s process where the window
-    holds too few bins). ``poisson_only`` plans every load as Poisson, as before the
+    and arrivals as bursty as the last ``BURST_WINDOW_S`` read (``burstiness.from_times``:
+    gamma at the cv its 15 s bins read, Poisson where they read calm, ``base``'s process
+    where the run is too young for 8 bins). ``poisson_only`` plans every load as Poisson, as before the
     burstiness was measured (the benchmark's "before").
 
     ``twin`` is the scenario the controller's simulator runs on (its hardware and cost
@@ -146,8 +151,10 @@ class SimProbe:
             return base
         counts = Counter(a.priority for a in seen)
         rate = len(seen) / max(1e-9, now - start)
-        burst = None if self.poisson_only else \
-            from_times([a.arrival_time for a in seen], start, now)
+        since = max(0.0, now - max(self.window_s, BURST_WINDOW_S))
+        burst = None if self.poisson_only else from_times(
+            [a.arrival_time for a in self.cluster.arrivals if since <= a.arrival_time < now],
+            since, now)
         phase = OpenLoopPhase(
             arrivals=arrival_process(rate, burst, None if self.poisson_only
                                      else base_arrivals(base)),
