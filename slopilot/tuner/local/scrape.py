@@ -39,13 +39,13 @@ from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.adapters import MIN_WINDOW_REQUESTS
+from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.burstiness import (
     BURST_WINDOW_S,
     Burstiness,
     counter_bins,
     unmeasured,
 )
-from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.latency_sources import BUILTIN_LATENCY
 from slopilot.tuner.prometheus.profiling import (
     OUTPUT_TOKENS,

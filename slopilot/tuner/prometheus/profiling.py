@@ -257,7 +257,7 @@ def raw_arrivals(query: PrometheusQuery, selector: Mapping[str, str], window_s: 
 def _raw(result: list[dict[str, Any]]) -> list[tuple[str, Samples]]:
     """A range vector's series as ``(replica, [(time, value), ...])``, the finite ones;
     an answer without samples (an instant vector) is none."""
-    out = []
+    out: list[tuple[str, Samples]] = []
     for r in result:
         values = r.get("values")
         if not isinstance(values, list):

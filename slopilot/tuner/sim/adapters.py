@@ -129,8 +129,8 @@ class SimProbe:
     """The traffic of the last ``window_s``, as a scenario: resampled lengths and mix,
     and arrivals as bursty as the last ``BURST_WINDOW_S`` read (``burstiness.from_times``:
     gamma at the cv its 15 s bins read, Poisson where they read calm, ``base``'s process
-    where the run is too young for 8 bins). ``poisson_only`` plans every load as Poisson, as before the
-    burstiness was measured (the benchmark's "before").
+    where the run is too young for 8 bins). ``poisson_only`` plans every load as Poisson,
+    as before the burstiness was measured (the benchmark's "before").
 
     ``twin`` is the scenario the controller's simulator runs on (its hardware and cost
     profile); by default the cluster's own, so the twin is right by construction. A
