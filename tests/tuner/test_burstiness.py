@@ -117,3 +117,18 @@ def test_the_twins_arrivals() -> None:
     unmeasured = Burstiness(None, 3, why_none="only 3 bins")
     assert arrival_process(2.0, unmeasured, Gamma(rate=9, cv=3)) == Gamma(rate=2.0, cv=3)
     assert arrival_process(2.0, None, Poisson(rate=9)) == Poisson(rate=2.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_a_poisson_load_that_halved_mid_window_reads_no_bursts_of_cv_2(seed: int) -> None:
+    """Read as var / mean, the two levels' bins read cv ~2.5 every time, and the scale-down
+    that follows a fall in load would have been planned for bursts; as differences of
+    successive bins, the step is one difference among nineteen."""
+    rng = np.random.default_rng(seed)
+    times = np.array(_window(_times(Poisson(rate=8.0), seed), 300))
+    early = times < END - 150
+    kept = times[~early | (rng.random(len(times)) < 0.5)]
+    b = from_times([float(t) for t in kept], END - 300, END)
+    assert b.cv is not None and b.cv < 2.0
+    counts = np.histogram(kept, bins=np.arange(END - 300, END + 1e-9, 15.0))[0]
+    assert np.sqrt(counts.var(ddof=1) / counts.mean()) > 2.0  # the spread's reading
