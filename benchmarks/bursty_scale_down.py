@@ -2,11 +2,11 @@
 
 tiny-cpu's shape (1 x A100 a replica, Llama-3-8B, lognormal lengths, no shift) at
 ``--rate`` requests a second with gamma gaps of cv ``--cv`` (bursts, as production traces
-show), served by ``--replicas`` replicas under the production ``Controller`` at operator
-defaults over a ``SimCluster``, in virtual time. With ``--poisson-plan`` the workload probe
-plans every load as Poisson at its rate, as before the burstiness was measured ("before");
-without, the probe reads the arrivals' cv from 15 s bins (``burstiness.py``), the twin
-plans gamma arrivals and the capacity runs hold cv^2 times the floor ("after"). A smooth
+show), served by ``REPLICAS`` (6) replicas under the production ``Controller`` at operator
+defaults over a ``SimCluster``, in virtual time. "Before": the workload probe plans every
+load as Poisson at its rate (``SimProbe(poisson_only=True)``), as before the burstiness was
+measured; "after": the probe reads the arrivals' cv from 15 s bins (``burstiness.py``),
+the twin plans gamma arrivals and the capacity runs hold cv^2 times the floor. A smooth
 control (Poisson arrivals, same rate) shows the decisions it left alone.
 
 Reported per run: the replica path (time: count at each change), the windows
