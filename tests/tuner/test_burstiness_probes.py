@@ -182,3 +182,21 @@ def test_the_demos_scrape_probe_reads_the_burstiness_of_its_direct_scrapes(
     assert isinstance(planned, Gamma) is gamma
     if gamma:
         assert 2.5 <= planned.cv <= 5.5
+
+
+def test_raw_samples_past_the_answers_bound_leave_the_rest_of_the_profile() -> None:
+    """Hundreds of replicas scraped every second: 10 minutes of raw samples pass the 8 MiB
+    an answer may hold. The profile stands, the arrivals planned as designed."""
+    from slopilot.tuner.study.evaluator import PrometheusUnavailable
+
+    probe = _probe({})
+    inner = probe.query
+
+    def query(expr: str, at: float | None) -> list:
+        if expr.endswith("[10m]"):
+            raise PrometheusUnavailable("the answer is past 8 MiB")
+        return inner(expr, at)  # type: ignore[no-any-return]
+    probe.query = query
+    scenario = probe.measure(10_000.0)
+    assert isinstance(_arrivals(scenario), Poisson) and "past 8 MiB" in scenario.description
+    assert _arrivals(scenario).rate == pytest.approx(110 / 120, abs=1e-4)

@@ -54,6 +54,7 @@ from slopilot.tuner.prometheus.burstiness import (
 from slopilot.tuner.prometheus.query import CHECK_METRICS, query_at
 from slopilot.tuner.prometheus.rules import REPLICA_LABEL, duration, render_selector
 from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
+from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
 MAX_TWIN_REQUESTS = 1_000_000
@@ -243,10 +244,15 @@ def raw_arrivals(query: PrometheusQuery, selector: Mapping[str, str], window_s: 
     load's scrape jitter as bursts."""
     sel = render_selector(selector)
     w = duration(max(window_s, int(BURST_WINDOW_S)))
-    metered = _raw(query(f"{ARRIVALS}{sel}[{w}]"))
+    try:
+        metered = _raw(query(f"{ARRIVALS}{sel}[{w}]"))
+        engines = _raw(query(f"{ARRIVED}{sel}[{w}]"))
+    except PrometheusUnavailable as exc:
+        # Past the answer's bound (hundreds of replicas scraped every second): the rest
+        # of the profile stands, read already; the arrivals are planned as designed.
+        return unmeasured(f"the arrivals counter's raw samples were not read: {exc}")
     have = {r for r, _ in metered}
-    series = [s for _, s in metered] + [s for r, s in _raw(query(f"{ARRIVED}{sel}[{w}]"))
-                                        if r not in have]
+    series = [s for _, s in metered] + [s for r, s in engines if r not in have]
     if not series:
         return unmeasured(f"no replica exports an arrivals counter ({ARRIVALS} or "
                           f"{ARRIVED})")
