@@ -352,6 +352,7 @@ def openapi_schema() -> dict[str, Any]:
 
 def crd_manifest() -> dict[str, Any]:
     columns = [("Phase", "string", ".status.phase"), ("Replicas", "integer", ".status.replicas"),
+               ("Ready", "integer", ".status.readyReplicas"),
                ("Budget", "integer", ".status.config.tokenBudget"),
                ("Chunk", "integer", ".status.config.chunkSize"),
                ("TTFT P99", "number", ".status.ttftP99Ms"),

@@ -41,7 +41,9 @@ def status_schema() -> dict[str, Any]:
     return _obj({
         "phase": _str("Lifecycle phase.", enum=list(PHASES)),
         "observedGeneration": _int("Generation the status describes.", 0),
-        "replicas": _int("Replicas running now.", 0),
+        "replicas": _int("Replicas asked for (the Deployment's spec.replicas).", 0),
+        "readyReplicas": _int("Replicas ready to serve now (fewer than asked while new "
+                              "pods start, or while a quota or the nodes refuse them).", 0),
         "config": _config_schema(),
         "bestTrial": _obj({"config": _knobs("The best trial's knobs."),
                            "goodputTokS": {"type": "number"}},
@@ -184,7 +186,8 @@ def _backoff_schema() -> dict[str, Any]:
 
 # The free-form (dict) fields of the loop state and what the controller writes in each.
 _DICT_FIELDS = {"baseline_config": lambda: _knobs(""), "best_config": lambda: _knobs(""),
-                "config": lambda: _knobs(""), "twin": _twin_schema,
+                "config": lambda: _knobs(""), "revert_to": lambda: _knobs(""),
+                "twin": _twin_schema,
                 "backoff": _backoff_schema}
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from slopilot.operator.engine_deployment import progress_deadline_s
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import Kube
 from slopilot.operator.settings import PROMETHEUS_CA_ENV
@@ -114,10 +115,20 @@ def operator_metrics(namespace: str) -> TunerMetrics:
     return _METRICS.in_namespace(namespace)
 
 
+ROLLOUT_MARGIN_S = 300
+"""The loop's own bound on a rollout that does not move (``rollout_timeout_s``) is the
+Deployment's ``progressDeadlineSeconds`` and this: the controller's verdict, where it
+comes, comes first (a tick or two late at most), and the bound ends only the waits it
+never ends."""
+
+
 def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
                         ) -> ControllerSettings:
-    # vLLM cannot reconfigure one replica: its trials roll every replica.
+    # vLLM cannot reconfigure one replica: its trials roll every replica. A replica a
+    # scale bought is waited for as long as the Deployment waits for a rollout's: the
+    # model's startupTimeout, then the time to schedule and pull.
     return ControllerSettings(
+        rollout_timeout_s=progress_deadline_s(spec) + ROLLOUT_MARGIN_S,
         deployment=name, namespace=namespace, slo=spec.slo,
         min_replicas=max(spec.min_replicas, 1),
         max_replicas=spec.max_replicas, window_s=spec.tuning.window_s,
@@ -125,7 +136,8 @@ def controller_settings(spec: LLMDeploymentSpec, namespace: str, name: str
         min_class_requests=spec.tuning.min_class_requests,
         max_trial_s=spec.tuning.max_trial_s,
         canary=spec.tuning.canary and spec.backend is Backend.BUILTIN,
-        twin_max_error=spec.twin.max_error, twin_correction=spec.twin.correction)
+        twin_max_error=spec.twin.max_error, twin_correction=spec.twin.correction,
+        replica_ready_s=float(progress_deadline_s(spec)))
 
 
 def prometheus_controller(ctx: DaemonContext) -> Controller:

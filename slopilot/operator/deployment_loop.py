@@ -232,6 +232,17 @@ class DeploymentLoop:
             return False, None, None
         return True, None if state is None else state.trial, on_record(saved)
 
+    def _ready(self, controller: Controller) -> int | None:
+        """The replicas ready now, for ``status.readyReplicas`` (``replicas`` is the
+        count asked: after a scale a quota refused, 6 beside the 3 that serve); None
+        where they cannot be read now (the status keeps the last count)."""
+        try:
+            return controller.deployment.replica_counts().ready
+        except Exception as exc:  # an API error: the tick's own write still goes out
+            log.warning("%s: ready replicas not read (%s: %s)", self.key,
+                        type(exc).__name__, exc)
+            return None
+
     def _write(self, decision: Decision, action_time: str) -> bool:
         """Write the controller's state as of ``decision``; on failure keep it for later.
         Only over the state on record as this loop last saw it: another writer's state
@@ -242,6 +253,7 @@ class DeploymentLoop:
         self.unwritten, self.unwritten_time = decision, action_time
         mine = controller.to_dict()
         found: list[Any] = []
+        ready = self._ready(controller)
 
         def build_status(fresh: dict[str, Any]) -> dict[str, Any] | None:
             if not self._ours(fresh):
@@ -250,7 +262,8 @@ class DeploymentLoop:
             if now != self.on_record:
                 found.append(now)
                 return None
-            return status_after(fresh, controller, decision, action_time, self.storage)
+            return status_after(fresh, controller, decision, action_time, self.storage,
+                                ready)
 
         try:
             written = write_status(self.kube, self.namespace, self.name, build_status)

@@ -32,6 +32,7 @@ from slopilot.operator.conditions import (
     merge_conditions,
     now_rfc3339,
 )
+from slopilot.operator.disruption_budget import budget_conditions
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Outcome, WriteFailed
 from slopilot.operator.status_writer import write_status
@@ -101,10 +102,28 @@ def record_repair(kube: Kube, namespace: str, name: str, uid: str,
         if str(body["metadata"].get("uid")) != uid:
             return None
         status = body.get("status") or {}
-        new = drift_condition(reconciled_condition(status), found,
-                              body["metadata"].get("generation"))
-        if new is None:
+        generation = body["metadata"].get("generation")
+        new = drift_condition(reconciled_condition(status), found, generation)
+        updates, removed = [new] if new is not None else [], []
+        if isinstance(found, Outcome) and found.valid:
+            # A repair makes the operator's budget where another's is gone: said there,
+            # the condition named a budget no longer left alone until a spec edit.
+            said, gone = budget_conditions(found.left_alone, generation)
+            if said != _current(status, said) or any(
+                    _current(status, [{"type": t.value}]) for t in gone):
+                updates += said
+                removed += gone
+        if not updates and not removed:
             return None
-        return {"conditions": merge_conditions(status.get("conditions"), [new])}
+        return {"conditions": merge_conditions(status.get("conditions"), updates,
+                                               remove=removed)}
 
     write_status(kube, namespace, name, build)
+
+
+def _current(status: Mapping[str, Any], like: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conditions of ``status`` of the types in ``like``, as ``like`` writes them
+    (without their times): what a write of ``like`` would change."""
+    types = {c["type"] for c in like}
+    return [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+            for c in status.get("conditions") or () if c.get("type") in types]

@@ -66,6 +66,12 @@ from slopilot.operator.conditions import (
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.daemon_ends import DaemonEnds
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
+from slopilot.operator.disruption_budget import (
+    FOREIGN_BUDGET,
+    FOREIGN_BUDGET_S,
+    budget_conditions,
+    budget_is_anothers,
+)
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
 from slopilot.operator.drift import not_repaired_message, record_repair, unrepaired
 from slopilot.operator.drift_repairs import DriftRepairs
@@ -73,6 +79,7 @@ from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
 from slopilot.operator.loop_status import ended_episode, tuning_enabled
 from slopilot.operator.owned_meta import MANAGED
+from slopilot.operator.ownership import controlled_by
 from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
 from slopilot.operator.pod_memory import memory_of
 from slopilot.operator.pod_sync_pool import PodSyncPool, Ticket, Waited
@@ -110,9 +117,6 @@ OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "netwo
                ("monitoring.coreos.com", "v1", "prometheusrules"))
 # The event reason of a spec's warnings: a deprecated field, a knob the backend caps.
 SPEC_WARNING = "SpecWarning"
-FOREIGN_BUDGET = "ForeignBudget"
-"""The DisruptionBudget condition's reason and the event's: a budget of the CR's name
-is another's, and was left as it is (reconcile.LEFT_ALONE_KINDS)."""
 DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
 SYNC_WAIT_SAID_S = CONFIG_SYNC_S
 """How long a CR's sync waits for a slot (pod_sync_pool.py) before its PodsConfigured
@@ -255,11 +259,9 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
             "use backend: builtin to tune them", generation))
     else:
         removed.append(ConditionType.KNOBS_IGNORED)
-    if outcome.left_alone:
-        updates.append(condition(ConditionType.DISRUPTION_BUDGET, False, FOREIGN_BUDGET,
-                                 "; ".join(outcome.left_alone), generation))
-    else:
-        removed.append(ConditionType.DISRUPTION_BUDGET)
+    said, gone = budget_conditions(outcome.left_alone, generation)
+    updates += said
+    removed += gone
     if outcome.admin_token:
         updates.append(condition(
             ConditionType.ADMIN_TOKEN, True, "OperatorMinted",
@@ -291,6 +293,10 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         out["pods"] = None  # what the sync found goes with its condition
     if ended is not None:
         out["controller"] = ended
+    if not tuned:
+        # The tuning daemon writes it at each tick; none runs now to keep it true, and a
+        # count kept from before said pods served that may have gone since.
+        out["readyReplicas"] = None
     return out
 
 
@@ -597,6 +603,41 @@ async def retry_drift_repair(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logg
     asked = memo.drift_repairs.ask(namespace, name, functools.partial(
         repair_named, namespace, name, memo, logger))
     await asyncio.wait((asked.done,))
+
+
+def foreign_budget(status: Mapping[str, Any], **_: Any) -> bool:
+    return budget_is_anothers(status)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, id="foreign-budget", interval=FOREIGN_BUDGET_S,
+            initial_delay=FOREIGN_BUDGET_S, when=foreign_budget)
+async def replace_deleted_budget(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                                 **_: Any) -> None:
+    """The CR's budget is another's (disruption_budget.py): once that one is gone, the
+    CR is repaired, which makes the operator's own and clears the condition. Asked as a
+    drift repair is, and awaited: the next interval counts from its end."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    namespace, name = meta["namespace"], meta["name"]
+    asked = memo.drift_repairs.ask(namespace, name, functools.partial(
+        _repair_if_budget_gone, namespace, name, memo, logger))
+    await asyncio.wait((asked.done,))
+
+
+def _repair_if_budget_gone(namespace: str, name: str, memo: kopf.Memo,
+                           logger: kopf.Logger) -> None:
+    """``repair_named``, where no budget of the name is left, or one this CR controls (a
+    look that finds the other's still there changes nothing and writes nothing)."""
+    live = memo.kube.get("policy/v1", "poddisruptionbudgets", namespace, name)
+    cr = memo.kube.get(API_VERSION, PLURAL, namespace, name)
+    if cr is None:
+        return
+    if live is not None and not controlled_by(live, KIND, str(cr["metadata"].get("uid"))):
+        return
+    logger.info("the PodDisruptionBudget %s/%s that was another's is gone: the "
+                "operator's own is made", namespace, name)
+    repair_named(namespace, name, memo, logger)
 
 
 for _kind in OWNED_KINDS:  # one handler for every owned kind

@@ -48,13 +48,18 @@ def rebase_episode(loop: LoopState, body: Mapping[str, Any]) -> None:
     baseline then).
 
     Outside an episode the best config kept is the last commit, which belonged to the
-    spec it was committed under as the tuned config did: it is forgotten with it. An open
+    spec it was committed under as the tuned config did: it is forgotten with it, and so
+    is what its rollout would be reverted to. An open
     episode's best is its own trials' and stays (laid over the spec as it is now).
     """
     if tuned_overlay(body) is not None:
         return
     if not loop.episode_open:
         loop.best_config = loop.best_goodput = None
+    if loop.rollout is not None:
+        # The edit's template replaced the commit's: reverted where that one stuck, the
+        # config committed before it undid the edit (rollout_wait.cooling).
+        loop.rollout.revert_to = None
     if loop.baseline_config is not None:
         loop.baseline_config = parse_spec(body).engine.to_dict()
 
@@ -87,10 +92,13 @@ def ended_episode(status: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def status_after(body: Mapping[str, Any], controller: Controller, decision: Decision,
-                 action_time: str, storage: str | None = None) -> dict[str, Any]:
+                 action_time: str, storage: str | None = None,
+                 ready: int | None = None) -> dict[str, Any]:
     """The status after ``decision``; ``storage``: the storage the CR names
     (``OperatorPolicy.named_storage``) the controller's study was opened in, put on
-    record for the CR's deletion."""
+    record for the CR's deletion; ``ready``: the replicas that serve now
+    (``status.readyReplicas`` beside the ``replicas`` asked; None: not read, left as
+    it is)."""
     status = body.get("status") or {}
     loop = controller.loop
     phase = PHASES.get(decision.state, Phase.RUNNING)
@@ -109,8 +117,11 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
         # Tuning condition are the reconcile's now (handlers.status_of); written, a
         # tick in flight left "Tuning" on a deployment that no longer tunes.
         del out["phase"], out["conditions"]
+        ready = None  # the reconcile clears it: no daemon keeps it true from now on
     with contextlib.suppress(SpecError):  # an invalid spec: the reconcile handler says so
         out["config"] = config_status(parse_spec(body).engine)
+    if ready is not None:
+        out["readyReplicas"] = ready
     if loop.twin is not None:  # merged: status.twin.profile is the TwinTracker's to write
         out["twin"] = check_patch(loop.twin, status.get("twin"))
     if loop.best_config is not None:

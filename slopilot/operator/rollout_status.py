@@ -35,21 +35,24 @@ def rollout_of(dep: Mapping[str, Any]) -> Rollout:
                      f"template until `kubectl rollout resume deployment/{name}`")
     generation = int((dep.get("metadata") or {}).get("generation") or 0)
     observed = status.get("observedGeneration")
-    if observed is None or int(observed) < generation:
-        return Pending(f"the Deployment controller has not seen generation {generation} "
-                       f"yet (observed {observed})")
-    for c in status.get("conditions") or []:
-        if isinstance(c, Mapping) and c.get("type") == "Progressing" \
-                and c.get("reason") == DEADLINE_REASON:
-            return Stuck(f"{DEADLINE_REASON}: {c.get('message') or 'no message'}")
     want = int(spec.get("replicas", 1))
     updated = int(status.get("updatedReplicas") or 0)
     total = int(status.get("replicas") or 0)
     available = int(status.get("availableReplicas") or 0)
+    # Any move of the controller's: the loop's own bound counts from the last one.
+    progress = f"generation {generation}/{observed}: {updated} updated, {total} in all, " \
+        f"{available} available"
+    if observed is None or int(observed) < generation:
+        return Pending(f"the Deployment controller has not seen generation {generation} "
+                       f"yet (observed {observed})", progress)
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "Progressing" \
+                and c.get("reason") == DEADLINE_REASON:
+            return Stuck(f"{DEADLINE_REASON}: {c.get('message') or 'no message'}")
     if updated < want:
-        return Pending(f"{updated} of {want} replicas updated")
+        return Pending(f"{updated} of {want} replicas updated", progress)
     if total > updated:
-        return Pending(f"{total - updated} old replica(s) still running")
+        return Pending(f"{total - updated} old replica(s) still running", progress)
     if available < updated:
-        return Pending(f"{available} of {updated} updated replicas available")
+        return Pending(f"{available} of {updated} updated replicas available", progress)
     return Settled()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from slopilot.engine.sim.dispatch import add_dispatch_argument
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments
 from slopilot.tuner.tune.settings import DEFAULT_MAX_REPLICAS, DEFAULT_SEEDS, DEFAULT_WARMUP_S
 
@@ -53,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "above it that does")
     w.add_argument("--max-replicas", type=int, default=DEFAULT_MAX_REPLICAS,
                    help=f"the capacity search's upper bound (default: {DEFAULT_MAX_REPLICAS})")
+    add_dispatch_argument(w, "each trial and the capacity search")
     p.add_argument("--set", dest="fixed", action="append", default=[], metavar="KNOB=VALUE",
                    help="fix a knob (not tuned; also applied to the start config)")
     p.add_argument("--bound", dest="bounds", action="append", default=[],

@@ -320,3 +320,14 @@ def build_stalled_controller(ctx: DaemonContext) -> Controller:
     return Controller(settings, ctx.handle, StalledAlerts(),  # type: ignore[arg-type]
                       HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
                       MoreReplicas(ctx), state=ctx.state)
+
+
+def build_quick_controller(ctx: DaemonContext) -> Controller:
+    """``build_controller`` with a 1 s cooldown and 2 s for a scale's replicas to serve
+    (``replica_ready_s``): a scale's wait and its end within a test."""
+    settings = dataclasses.replace(ctx.settings, cooldown_s=1.0, replica_ready_s=2.0)
+    alerts = AlertSource(ctx.spec.prometheus_url, ctx.name, namespace=ctx.namespace,
+                         verify=ctx.prometheus_tls)
+    return Controller(settings, ctx.handle, alerts,
+                      HoldingWindows(), FakeStudy(queue=[dict(GOOD)]), FakeProbe(),
+                      MoreReplicas(ctx), state=ctx.state)

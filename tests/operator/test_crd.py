@@ -96,8 +96,8 @@ def test_crd_shape_cel_rules_columns_and_subresources() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Replicas", "Budget", "Chunk", "TTFT P99", "TBT P99", "SLO",
-                       "Age"]
+    assert columns == ["Phase", "Replicas", "Ready", "Budget", "Chunk", "TTFT P99", "TBT P99",
+                       "SLO", "Age"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     rules = [r["rule"] for key in ("replicas", "engine")
              for r in spec[key]["x-kubernetes-validations"]]

@@ -80,14 +80,15 @@ def test_kubectl_installs_applies_the_samples_and_prints_the_columns(
         Cluster(client).kube.patch("slopilot.dev/v1alpha1", "llmdeployments", NS,
                                    "smollm2-chat", {"status": {
                                        "phase": "Running", "replicas": 2,
+                                       "readyReplicas": 1,
                                        "config": {"tokenBudget": 1024, "chunkSize": 512},
                                        "ttftP99Ms": 88.5, "tbtP99Ms": 17.25,
                                        "sloAttainment": 0.97}}, subresource="status")
     table = kubectl("get", "llmd", "-n", NS).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "REPLICAS", "BUDGET", "CHUNK", "TTFT",
-                                "P99", "TBT", "P99", "SLO", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "REPLICAS", "READY", "BUDGET", "CHUNK",
+                                "TTFT", "P99", "TBT", "P99", "SLO", "AGE"]
     row = next(line.split() for line in table if line.startswith("smollm2-chat"))
-    assert row[1:8] == ["Running", "2", "1024", "512", "88.5", "17.25", "0.97"], table
+    assert row[1:9] == ["Running", "2", "1", "1024", "512", "88.5", "17.25", "0.97"], table
     wide = kubectl("get", "llmdeployments", "-A", "-o", "json").stdout
     assert json.loads(wide)["items"][0]["kind"] == "LLMDeployment"
 

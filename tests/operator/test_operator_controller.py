@@ -18,6 +18,7 @@ from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
+from tests.operator.deployment_standin import DeploymentStandIn
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -75,7 +76,7 @@ def test_scale_alert_scales_once_and_a_restart_does_not_scale_again(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         controller_env: None) -> None:
     spec: dict[str, Any] = {"replicas": {"min": 1, "max": 8}, "prometheus": {"url": prom.url}}
-    with operator(kube_login):
+    with DeploymentStandIn(cluster), operator(kube_login):
         cluster.create(llmd(**spec))
         wait_for(lambda: cluster.owned("apps/v1", "deployments", "chat"), what="Deployment")
         wait_steady(cluster, "the controller ticking in steady state")
@@ -89,10 +90,14 @@ def test_scale_alert_scales_once_and_a_restart_does_not_scale_again(
         wait_for(lambda: cluster.status()["controller"]["state"] == "cooldown",
                  what="cooldown persisted")
         wait_for(lambda: scale_count(cluster) == 1, what="one Scale event")
+        # The three pods serve (the stand-in made them): the wait for them ended.
+        wait_for(lambda: cluster.status().get("readyReplicas") == 3, what="3 ready")
+        wait_for(lambda: cluster.condition("Tuning")["message"] == "cooling down",
+                 what="the wait for the replicas over")
     calls = operator_calls(kube_login)
 
     # A new operator process, the alert still firing: it resumes the cooldown.
-    with operator(kube_login):
+    with DeploymentStandIn(cluster), operator(kube_login):
         before = cluster.status()["controller"]["since"]
         wait_for(lambda: cluster.condition("Tuning")["message"] == "cooling down"
                  and cluster.status()["controller"]["since"] == before,
@@ -108,6 +113,37 @@ def test_scale_alert_scales_once_and_a_restart_does_not_scale_again(
     secrets = {c for c in calls if c[2] == "secrets"}
     assert secrets <= {("slopilot-system", "", "secrets", "get", "slopilot-operator-token-key"),
                        ("slopilot-system", "", "secrets", "create", None)}
+
+
+def test_a_scale_the_quota_refuses_is_waited_for_said_and_not_bought_again(
+        kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
+        controller_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quota admits one pod; the scale alert asks for three. The status tells the
+    three asked from the one ready, the wait ends in an inform naming the quota, and the
+    alert still firing buys nothing more."""
+    monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
+                       "tests.operator.standins:build_quick_controller")
+    with DeploymentStandIn(cluster, quota=1) as pods, operator(kube_login):
+        cluster.create(llmd(replicas={"min": 1, "max": 8}, prometheus={"url": prom.url}))
+        wait_for(lambda: cluster.status().get("readyReplicas") == 1, what="one pod ready")
+        wait_steady(cluster)
+        prom.fire("SlopilotTBTP99High", "scale", "chat", NS)
+        wait_for(lambda: pods.refused, what="the quota refusing the scale's pods")
+        said = wait_for(lambda: (a := cluster.status().get("lastAction")) and a["action"]
+                        == "inform" and a, what="the inform past replica_ready_s")
+        assert "replicas_not_ready: 1 of 3 replicas ready" in said["reason"]
+        assert "exceeded quota: gpu-quota" in said["reason"]
+        held = wait_for(lambda: "no scale_up" in (m := cluster.condition("Tuning")[
+            "message"]) and m, what="the scale alert held")
+        assert "exceeded quota" in held and "SlopilotTBTP99High" in held
+        status = cluster.status()
+        assert (status["replicas"], status["readyReplicas"]) == (3, 1)
+        assert cluster.owned("apps/v1", "deployments", "chat")["spec"]["replicas"] == 3
+        assert scale_count(cluster) == 1
+        assert len(pods.pods) == 1
+        # Tuning off: no daemon keeps the ready count true, and none is left to go stale.
+        cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
+        wait_for(lambda: "readyReplicas" not in cluster.status(), what="no ready count kept")
 
 
 def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(

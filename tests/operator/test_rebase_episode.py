@@ -15,7 +15,7 @@ from typing import Any
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.loop_status import rebase_episode
 from slopilot.operator.spec import parse_spec
-from slopilot.tuner.loop.state import ControllerState, LoopState, PendingRestore
+from slopilot.tuner.loop.state import ControllerState, LoopState, PendingRestore, RolloutWatch
 from tests.operator.operator_support import llmd
 
 COMMITTED = {"token_budget": 512, "chunk_size": 256}
@@ -80,3 +80,19 @@ def test_an_edit_while_a_restore_is_owed_makes_the_spec_what_it_restores() -> No
     assert loop.rollback_config() == COMMITTED  # the episode's best, before the edit
     rebase_episode(loop, body)
     assert loop.rollback_config() == parse_spec(body).engine.to_dict()
+
+
+def test_an_edit_during_a_commits_rollout_drops_its_revert() -> None:
+    """The edit renders a new template over the commit's: reverted later to the config
+    committed before it, the old knobs undid the edit as a rollback's did."""
+    before = parse_spec(llmd(engine={"tokenBudget": 1024})).engine.to_dict()
+    body = committed_under({"tokenBudget": 1024}, {"tokenBudget": 2048})
+    loop = loop_in(ControllerState.COOLDOWN, before)
+    loop.rollout = RolloutWatch(since=10.0, config=dict(COMMITTED), revert_to=dict(before))
+    rebase_episode(loop, body)
+    assert loop.rollout is not None and loop.rollout.revert_to is None
+    unedited = committed_under({"tokenBudget": 1024}, {"tokenBudget": 1024})
+    kept = loop_in(ControllerState.COOLDOWN, before)
+    kept.rollout = RolloutWatch(since=10.0, config=dict(COMMITTED), revert_to=dict(before))
+    rebase_episode(kept, unedited)
+    assert kept.rollout is not None and kept.rollout.revert_to == before

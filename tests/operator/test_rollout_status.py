@@ -139,3 +139,32 @@ def test_a_vllm_apply_is_pending_until_the_deployment_has_rolled_out(
         assert isinstance(h.settled(2.0), Pending)
         status(observedGeneration=new, replicas=n, updatedReplicas=n, availableReplicas=n)
         assert h.settled(3.0) == Settled()
+
+
+def test_the_loops_own_bound_lies_past_the_deployments_deadline() -> None:
+    """Where the controller never says ProgressDeadlineExceeded (down, behind, or the
+    deadline taken off the Deployment), the loop ends the wait itself: after the
+    Deployment's deadline and ROLLOUT_MARGIN_S, so that the controller's word comes first."""
+    from slopilot.operator.daemon import ROLLOUT_MARGIN_S, controller_settings
+    for timeout, deadline in (("10m", 600), ("2h", 7200)):
+        body = _vllm_body()
+        body["metadata"] |= {"namespace": "team"}
+        body["spec"]["model"]["startupTimeout"] = timeout
+        spec = parse_spec(body)
+        rendered = render_all(body, spec).deployment["spec"]["progressDeadlineSeconds"]
+        settings = controller_settings(spec, "team", "chat")
+        assert rendered == deadline + SCHEDULING_MARGIN_S
+        assert settings.rollout_timeout_s == rendered + ROLLOUT_MARGIN_S
+
+
+def test_each_move_of_the_rollout_is_progress_the_loop_can_see() -> None:
+    """The loop's bound counts from the last move (``Pending.progress``): a new template,
+    one more pod updated or available is one; the same status read again is none."""
+    base = {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 1,
+            "availableReplicas": 2}
+    seen = {rollout_of(dep(**base)).marker,  # type: ignore[union-attr]
+            rollout_of(dep(**(base | {"updatedReplicas": 2}))).marker,  # type: ignore[union-attr]
+            rollout_of(dep(**(base | {"availableReplicas": 3}))).marker,  # type: ignore[union-attr]
+            rollout_of(dep(generation=3, **base)).marker}  # type: ignore[union-attr]
+    assert len(seen) == 4
+    assert rollout_of(dep(**base)) == rollout_of(dep(**base))

@@ -125,6 +125,23 @@ def test_the_demo_twin_runs_on_a_given_profile(tmp_path: Path) -> None:
         twin_scenario(scenario, DemoOptions(**torch, profile=gpu))
 
 
+def test_the_demo_twin_spreads_arrivals_in_turn_as_its_load_generator_does() -> None:
+    """The load generator posts to the replicas round robin (``loadgen.py``): the twin
+    that plans the demo's trials and scale-ups must not assume the Service's random
+    spread, nor a load-aware one, even for a --scenario that says otherwise."""
+    import dataclasses
+
+    from slopilot.engine.sim.dispatch import Dispatch
+    from slopilot.engine.sim.scenario import load_scenario
+    from slopilot.tuner.local.demo import twin_scenario
+
+    for name in ("demo", "tiny-cpu"):
+        scenario = load_scenario(name)
+        for policy in Dispatch:
+            given = dataclasses.replace(scenario, dispatch=policy)
+            assert twin_scenario(given, DemoOptions()).dispatch is Dispatch.ROUND_ROBIN
+
+
 def test_torch_replicas_serve_with_the_kernels_their_profile_was_timed_with(
         tmp_path: Path) -> None:
     import dataclasses

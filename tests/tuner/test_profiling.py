@@ -166,6 +166,20 @@ def test_a_measured_workload_keeps_the_twins_calibrated_profile() -> None:
     assert run is not None and run.calibrated
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "least_requests"])
+def test_a_measured_workload_keeps_the_twins_dispatch(policy: str) -> None:
+    """The live twin is the base's deployment under the measured load: behind the same
+    load balancer too (the demo's twin sends in turn, as its load generator does)."""
+    import dataclasses
+
+    from slopilot.engine.sim.dispatch import Dispatch
+
+    flat = LengthProfile(100, 0, 100, 100)
+    prof = WorkloadProfile(2.0, flat, flat, {"p1": 1.0}, 60, 120)
+    base = dataclasses.replace(load_scenario("tiny-cpu"), dispatch=Dispatch(policy))
+    assert prof.to_scenario(base, duration_s=10).dispatch is Dispatch(policy)
+
+
 
 @pytest.mark.parametrize(("over", "message"), [
     ({"request_prompt_tokens_count": [_sample(math.inf, priority_class="p0"),

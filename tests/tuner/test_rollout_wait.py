@@ -8,13 +8,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.ports import Pending, Rollout, Settled, Stuck
+from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import ControllerState as S
 from slopilot.tuner.loop.state import LoopState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from tests.tuner.controller_fakes import (
     GOOD,
+    SLO,
     START,
     FakeAlerts,
     FakeDeployment,
@@ -138,3 +143,124 @@ def test_a_commit_is_not_cooled_down_before_its_rollout_completes() -> None:
     commit_at = next(t for t, d in ticks if d.action is Action.COMMIT)
     steady_at = next(t for t, d in ticks if t > commit_at and d.state is S.STEADY)
     assert steady_at >= commit_at + ROLL_S, [(t, d.line()) for t, d in ticks]
+
+
+@dataclass
+class StuckCommit(RollingDeployment):
+    """A rollout of ``stuck`` taken as committed (``trial=False``: the restore after the
+    trial that held, and the commit) never completes, as when the namespace's quota lost
+    its spare pod between the trial and the commit; every other rollout completes (a
+    rollback to the old ReplicaSet, whose pods still serve, is quick)."""
+
+    stuck: dict[str, Any] = field(default_factory=lambda: dict(GOOD))
+    jammed: bool = False
+
+    def apply_config(self, config: Mapping[str, Any], *, canary: bool,
+                     trial: bool = False) -> None:
+        super().apply_config(config, canary=canary, trial=trial)
+        self.jammed = not trial and dict(config) == self.stuck
+
+    def settled(self, now: float) -> Rollout:
+        self.roll_s = None if self.jammed else ROLL_S
+        return super().settled(now)
+
+
+def test_a_commit_whose_rollout_sticks_is_reverted_to_the_previous_commit() -> None:
+    dep = StuckCommit()
+    rig = _rig(dep)
+    ticks = _run(rig, 4000.0)
+    commit_at = next(t for t, d in ticks if d.action is Action.COMMIT)
+    reverted = [(t, d) for t, d in ticks if "commit_reverted" in d.reason]
+    assert len(reverted) == 1, [(t, d.line()) for t, d in ticks if t >= commit_at]
+    at, d = reverted[0]
+    assert d.action is Action.REVERT and d.state is S.COOLDOWN
+    assert "rollout_stuck" in d.reason and "ProgressDeadlineExceeded" in d.reason
+    assert d.config == START
+    # The previous commit (the episode's start, which the old pods run) is what every
+    # replica is asked for, and recorded as committed (status.tunedConfig).
+    assert dep.committed == START
+    # The stuck config is not proposed again at once: no later episode applies it.
+    later = [c for c, _ in dep.applied[dep.applied.index((START, False)):]]
+    assert GOOD not in later, later
+    assert any(d.action is Action.TRIAL for t, d in ticks if t > at)
+    assert not [d for t, d in ticks if t > at and "commit_reverted" in d.reason]
+
+
+def test_a_rollout_the_controller_never_reports_ends_at_the_loops_bound() -> None:
+    # No ProgressDeadlineExceeded ever comes (controller-manager down, the deadline
+    # removed by another actor): Pending at every look, until the loop's own bound.
+    dep = RollingDeployment(roll_s=None, deadline_s=float("inf"))
+    rig = _rig(dep)
+    rig.settings["rollout_timeout_s"] = 1200.0
+    ticks = _run(rig, 1500.0)
+    stuck = [(t, d) for t, d in ticks if "rollout_stuck" in d.reason]
+    assert len(stuck) == 1, [d.line() for _, d in ticks]
+    at, d = stuck[0]
+    assert 1200.0 <= at < 1200.0 + 30.0
+    assert d.action is Action.REVERT and "controller never reported" in d.reason
+    assert "rollout_timeout_s=1200" in d.reason
+    assert "rollout_stuck" in rig.study.failed[0]
+    assert (START, False) in dep.applied[1:]
+
+
+@dataclass
+class SlowRollout(RollingDeployment):
+    """Three replicas, one more updated every ``step_s``: a rollout that takes longer
+    than the loop's bound as a whole, but moves well within it."""
+
+    step_s: float = 600.0
+
+    def settled(self, now: float) -> Rollout:
+        if self.rolling is None:
+            return Settled()
+        done = int((now - self.rolling[1]) // self.step_s)
+        if done >= 3:
+            self.config, self.rolling = self.rolling[0], None
+            return Settled()
+        return Pending(f"{done} of 3 replicas updated")
+
+
+def test_a_rollout_that_moves_is_not_cut_by_the_loops_bound() -> None:
+    dep = SlowRollout()
+    rig = _rig(dep)
+    rig.settings["rollout_timeout_s"] = 1200.0
+    ticks = _run(rig, 2400.0)
+    assert not [d for _, d in ticks if "rollout_stuck" in d.reason], \
+        [d.line() for _, d in ticks]
+    assert rig.study.told[0].feasible
+
+
+@pytest.mark.parametrize("bad", [0, -5.0, float("nan"), float("inf"), 30.0, True])
+def test_a_bad_rollout_bound_is_refused_naming_field_value_and_fix(bad: Any) -> None:
+    with pytest.raises(ControllerError) as err:
+        ControllerSettings(deployment="demo", slo=SLO, rollout_timeout_s=bad)
+    said = str(err.value)
+    assert f"rollout_timeout_s={bad!r}" in said and "progressDeadlineSeconds" in said
+
+
+def test_a_stuck_commits_revert_survives_a_restart_in_its_cooldown() -> None:
+    dep = StuckCommit()
+    rig = _rig(dep)
+    ticks = _run(rig, 600.0)
+    assert any(d.action is Action.COMMIT for _, d in ticks)
+    assert rig.ctl is not None
+    saved = LoopState.from_dict(rig.ctl.to_dict())
+    assert saved.rollout is not None and saved.rollout.revert_to == START
+    rig.ctl = None
+    ctl = rig.build(state=saved)
+    later = []
+    t = 630.0
+    while t <= 2000.0:
+        dep.now = t
+        later.append(ctl.tick(t))
+        t += 30.0
+    assert [d for d in later if "commit_reverted" in d.reason]
+    assert dep.committed == START
+    kept = LoopState.from_dict(ctl.to_dict())
+    assert [c.config for c in kept.stuck_configs] == [GOOD]
+
+
+@pytest.mark.parametrize("bad", ["GOOD", [None], [{"config": {}, "until": "x", "why": ""}]])
+def test_a_bad_stuck_config_record_is_refused_naming_the_field(bad: Any) -> None:
+    with pytest.raises(ControllerError, match="stuck_configs"):
+        LoopState.from_dict({"stuck_configs": bad})

@@ -16,6 +16,7 @@ from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.controller import STEPS, Controller
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.ports import Stuck
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import (
     TRANSITIONS,
@@ -144,9 +145,20 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         if t == 5.0:
             rig.alerts.alerts = [alert(AlertAction.HOLD, "SlopilotEngineStalled")]
 
+    def commit_sticks(rig: Rig, t: float) -> None:
+        if t == 41.0:  # the commit's rollout: past the Deployment's progress deadline
+            rig.dep.settled = lambda now: Stuck(  # type: ignore[method-assign]
+                "ProgressDeadlineExceeded: ReplicaSet demo-2 has timed out progressing")
+
+    def to_retune(rig: Rig, t: float) -> None:
+        if t == 31.0:
+            rig.alerts.alerts = [alert(AlertAction.RETUNE)]
+
     return [
         # retune alert -> tuning -> commit -> cooldown -> steady
         (Rig(alerts=retune), [0.0, 10.0, 41.0], None),
+        # the commit's rollout sticks -> reverted, a new cooldown
+        (Rig(alerts=retune), [0.0, 10.0, 41.0], commit_sticks),
         # scale alert, nothing holds offline -> scaled up
         (Rig(alerts=scale, planner=FakePlanner(needed=3),
              offline=FakeOffline([(dict(GOOD), False)])), [0.0], None),
@@ -181,6 +193,11 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         (Rig(alerts=retune, offline=None,
              settings={"max_trials": 1, "max_window_repeats": 1}),
          [0.0, 10.0, 11.0], no_data),
+        # a scale-up the quota refuses: waited for, said, and no replica bought again
+        (Rig(dep=FakeDeployment(n=1, ready_cap=1, why_not_ready="exceeded quota"),
+             alerts=FakeAlerts([alert(AlertAction.SCALE)]), planner=FakePlanner(needed=3),
+             offline=FakeOffline([(dict(GOOD), False)]), settings={"replica_ready_s": 5}),
+         [0.0, 6.0, 31.0, 32.0], to_retune),
         # errors in each state
         (Rig(alerts=retune), [0.0, 10.0], evaluator_breaks),
         (Rig(dep=FakeDeployment(n=3), alerts=retune, offline=None,

@@ -470,3 +470,26 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict(
     assert "reproduce: slopilot tune" in captured.out
     assert f"slopilot tune: cannot write the report in {report}:" in captured.err, \
         captured.err
+
+
+def test_the_reproduce_and_check_lines_carry_a_given_dispatch() -> None:
+    """A study judged under --dispatch is reproduced and checked under it; without the
+    flag the lines leave it to the scenario, which they read again."""
+    import shlex
+
+    from slopilot.cli import build_parser
+    from slopilot.engine.sim.dispatch import Dispatch
+    from slopilot.tuner.tune.settings import check_command, settings_from, tune_command
+
+    parser = build_parser()
+    plain = settings_from(parser.parse_args(["tune", "--scenario", "tiny-cpu"]))
+    assert plain.scenario.dispatch is Dispatch.RANDOM
+    assert "--dispatch" not in tune_command(plain) + check_command(plain, {}, 2)
+    given = settings_from(parser.parse_args(["tune", "--scenario", "tiny-cpu", "--dispatch",
+                                             "least_requests"]))
+    assert given.scenario.dispatch is Dispatch.LEAST_REQUESTS
+    for line in (tune_command(given), check_command(given, {}, 2)):
+        argv = shlex.split(line)
+        assert argv[argv.index("--dispatch") + 1] == "least_requests"
+    again = settings_from(parser.parse_args(shlex.split(tune_command(given))[1:]))
+    assert again.scenario.dispatch is Dispatch.LEAST_REQUESTS

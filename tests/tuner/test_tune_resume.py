@@ -62,6 +62,7 @@ def _flags(flags: list[str], **changed: str) -> list[str]:
                                   "drain) then, seed 0: 0-3 s (+0 s warm-up, +1 s drain) now"),
     (_flags(FIRST, seeds="2"), "seed 1: 0-4 s"),
     ([*FIRST, "--set", "max_num_seqs=64"], "fixed knobs (--set): max_num_seqs unset then, 64 now"),
+    ([*FIRST, "--dispatch", "least_requests"], "dispatch: random then, least_requests now"),
     ([*FIRST, "--bound", "max_num_seqs=16:128"],
      "search space (--bound, --set): max_num_seqs 8..1024 log then, 16..128 log now"),
 ])
@@ -173,3 +174,26 @@ def test_a_resume_on_another_cost_profile_is_refused(
     err = capsys.readouterr().err
     assert "cost profile: datasheet then, calibrated " in err, err
     assert _trials(url) == 2
+
+
+def test_a_record_from_before_the_dispatch_policy_resumes_under_least_requests(
+        made: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A study recorded before the twin had a dispatch policy ran its trials with every
+    arrival sent to the least-loaded replica: that is what its record means, so it
+    resumes under ``--dispatch least_requests`` and is refused under the new default,
+    with the flag named as the fix."""
+    url = _copy(made, tmp_path)
+    study = optuna.load_study(study_name="s", storage=url)
+    record = dict(study.user_attrs["slopilot_tune_record"])
+    record["settings"] = {k: v for k, v in record["settings"].items() if k != "dispatch"}
+    study.set_user_attr("slopilot_tune_record", record)
+    scenario = _scenario(tmp_path)
+    capsys.readouterr()
+    assert main(["tune", "--scenario", str(scenario), *FIRST, "--storage", url]) == 2
+    err = capsys.readouterr().err
+    assert "dispatch: least_requests then, random now" in err, err
+    assert "--dispatch least_requests" in err, err
+    assert _trials(url) == 2
+    assert main(["tune", "--scenario", str(scenario), *_flags(FIRST, trials="1"),
+                 "--dispatch", "least_requests", "--storage", url]) == 0
+    assert _trials(url) == 3

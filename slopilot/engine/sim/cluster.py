@@ -4,8 +4,9 @@
 needs the opposite: one continuous run whose knobs and replica count change whenever
 the controller says so, and figures for any window of it. Each replica is the real
 engine on its own virtual clock (as in ``simulator.py``); ``advance(t)`` processes
-arrivals and iterations up to ``t``. Replica 0 is the canary. A replica scaled away
-drains: it takes no new requests and leaves once empty.
+arrivals and iterations up to ``t``; each arrival goes where the scenario's dispatch
+policy says (``dispatch.py``). Replica 0 is the canary. A replica scaled away drains: it
+takes no new requests, under any policy, and leaves once empty.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from slopilot.engine.outputs import SchedulerOutput
 from slopilot.engine.request import Priority, Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from slopilot.engine.sim.correction import WindowSample
+from slopilot.engine.sim.dispatch import Dispatcher
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.shape import KINDS, IterationShape, shape_of
 from slopilot.engine.sim.simulator import build_engine
@@ -100,6 +102,8 @@ class SimCluster:
         self.arrivals: list[RequestSpec] = []
         self.now = 0.0
         self._counter = itertools.count()
+        self._dispatcher = Dispatcher(scenario.dispatch,
+                                      scenario.seed if seed is None else seed)
         self._source: Iterator[RequestSpec] = scenario.build_workload(
             seed=seed, duration_s=duration_s).initial()
         self._next: RequestSpec | None = next(self._source, None)
@@ -162,12 +166,13 @@ class SimCluster:
 
     def _dispatch(self, spec: RequestSpec) -> None:
         self.arrivals.append(spec)
-        rep = min(self.active, key=lambda r: len(r.engine.scheduler.requests))
+        active = self.active  # a draining replica is never offered a new request
+        rep = active[self._dispatcher.pick([len(r.engine.scheduler.requests) for r in active])]
         rep.recorder.ev.arrived.append(spec.arrival_time)
         if rep.clock.t < spec.arrival_time:
             rep.clock.t = spec.arrival_time
         if not rep.engine.scheduler.can_ever_finish(spec.num_prompt_tokens, spec.max_tokens):
-            return  # as the engine would, unread (``simulator._dispatch``)
+            return  # as the engine would, unread (``simulator._admit``)
         req = Request(f"c{next(self._counter)}", list(spec.prompt_token_ids),
                       SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
                       priority=spec.priority, arrival_time=spec.arrival_time)

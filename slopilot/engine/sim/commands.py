@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from slopilot.engine.sim.dispatch import add_dispatch_argument
 from slopilot.engine.sim.trace_flags import TRACE_DEPLOYMENT, add_trace_arguments, trace_options
 
 DEFAULT_SCENARIO = "seed-h800x8-deepseek67b"
@@ -31,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=None,
                    help="engine replicas (default: the scenario's GPUs / TP)")
     p.add_argument("--seed", type=int, default=None, help="workload seed")
+    add_dispatch_argument(p, "the run")
     p.add_argument("--profile", metavar="FILE", default=None,
                    help="run the twin on a calibrated cost profile (from `slopilot "
                         "calibrate`) instead of the scenario's datasheet GPU")
@@ -63,6 +66,8 @@ def _simulate(args: argparse.Namespace) -> int:
         scenario = load_with_trace(args.scenario, trace_options(args), DEFAULT_SCENARIO)
         if args.profile:
             scenario = attach_profile(scenario, args.profile, "simulate")
+        if args.dispatch is not None:
+            scenario = dataclasses.replace(scenario, dispatch=args.dispatch)
         if args.metrics_out:
             _check_metrics_clash(args, scenario)
         overrides = parse_set_args(args.overrides)

@@ -24,6 +24,7 @@ import yaml
 from slopilot.engine.bounded_read import FileTooLarge, read_bounded
 from slopilot.engine.config import ConfigError, EngineConfig
 from slopilot.engine.read_errors import unreadable
+from slopilot.engine.sim.dispatch import DEFAULT_DISPATCH, Dispatch, parse_dispatch
 from slopilot.engine.sim.profile_file import (
     CostProfile,
     ProfileFileError,
@@ -67,6 +68,9 @@ class Scenario:
     source: str = "<dict>"
     profile: CostProfile | None = None
     """A calibrated cost profile; None runs the datasheet roofline of ``gpu``."""
+    dispatch: Dispatch = DEFAULT_DISPATCH
+    """How arrivals are spread over the replicas (``dispatch.py``): random by default, as
+    the operator's Service does."""
     reads: tuple[Path, ...] = ()
     """The files the scenario file names that its parse read: traces (a trace workload's,
     an empirical length's, in any phase) and the profile; what no output may overwrite."""
@@ -192,6 +196,7 @@ def parse_scenario(data: object, *, source: str = "<dict>",
         engine=MappingProxyType(engine), slo=_slo(r),
         gpu_memory_utilization=r.optional_float("gpu_memory_utilization", lo=0.0, hi=1.0,
                                                 lo_open=True),
+        dispatch=_dispatch(r),
         source=source)
     r.finish()
     return dataclasses.replace(scenario, reads=tuple(r.files))
@@ -213,6 +218,14 @@ def _profile(r: Reader, base_dir: Path, model: str, tp: int) -> CostProfile | No
         raise ScenarioError(f"{r.source}: profile: {e}") from None
     r.files.append(path)
     return profile
+
+
+def _dispatch(r: Reader) -> Dispatch:
+    raw = r.raw("dispatch", DEFAULT_DISPATCH.value)
+    try:
+        return parse_dispatch(raw)
+    except ValueError as e:
+        raise r.error("dispatch", raw, str(e)) from None
 
 
 def _slo(r: Reader) -> SLOSpec:

@@ -3,7 +3,8 @@
 Each replica is the real engine (scheduler, block manager, engine loop) on a
 ``SimulatedExecutor`` and its own virtual clock. Events are processed in time order:
 the replica whose clock is earliest runs its next iteration unless an arrival comes
-first; an arrival joins the replica with the fewest unfinished requests.
+first; an arrival joins the replica the scenario's dispatch policy picks (``dispatch.py``:
+at random by default, as the Service in front of the replicas does).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from slopilot.engine.metrics_observer import MetricsObserver
 from slopilot.engine.request import Request, SamplingParams
 from slopilot.engine.scheduler import PromptTooLongError, QueueFullError
 from slopilot.engine.sim.cost_model import CostModelError
+from slopilot.engine.sim.dispatch import Dispatcher
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.stats import SimStats
 from slopilot.engine.sim.twin import cost_model_for, twin_label
@@ -159,7 +161,8 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
             exporters.append(metrics)
         reps.append(_Replica(engine, clock, exporters[-1] if with_metrics else None))
     wl = workload or scenario.build_workload(seed=seed, duration_s=duration)
-    _run(reps, wl, duration, stats, check_integrity, progress,
+    dispatcher = Dispatcher(scenario.dispatch, scenario.seed if seed is None else seed)
+    _run(reps, wl, duration, stats, dispatcher, check_integrity, progress,
          judged_after=measure.end_s if until_judged else None, label=twin_label(scenario))
     stats.close()
 
@@ -174,7 +177,7 @@ def simulate(scenario: Scenario, overrides: Mapping[str, Any] | None = None, *,
 
 
 def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimStats,
-         check_integrity: bool, progress: ProgressFn | None,
+         dispatcher: Dispatcher, check_integrity: bool, progress: ProgressFn | None,
          judged_after: float | None = None, label: str = "cost model") -> None:
     counter = itertools.count()
     # (arrival, tie-break, spec, came from the up-front source)
@@ -221,7 +224,8 @@ def _run(reps: list[_Replica], workload: Workload, duration: float, stats: SimSt
         _, _, spec, from_source = heapq.heappop(pending)
         if from_source:
             pull()
-        for refused in _dispatch(reps, spec, next(counter), stats):
+        rep = reps[dispatcher.pick([len(r.engine.scheduler.requests) for r in reps])]
+        for refused in _admit(rep, spec, next(counter), stats):
             # Refused now: the newcomer at the door, or one it displaced from a full queue.
             for follow in workload.on_rejected(refused, spec.arrival_time):
                 heapq.heappush(pending, (follow.arrival_time, next(counter), follow, False))
@@ -247,12 +251,10 @@ def _count_stall(reps: list[_Replica], rep: _Replica, before: float, label: str)
             "`slopilot calibrate` writes measured ones)")
 
 
-def _dispatch(reps: list[_Replica], spec: RequestSpec, n: int, stats: SimStats
-              ) -> list[RequestSpec]:
-    """Admit ``spec`` to the least loaded replica, as the server would; the specs refused
+def _admit(rep: _Replica, spec: RequestSpec, n: int, stats: SimStats) -> list[RequestSpec]:
+    """Admit ``spec`` to the replica dispatched to, as its server would; the specs refused
     for it: ``spec`` itself, or those a full queue displaced to make room for it
     (``queue_room.py``), each a refusal of its own class, as the server counts one."""
-    rep = min(reps, key=lambda r: len(r.engine.scheduler.requests))
     if rep.clock.t < spec.arrival_time:
         rep.clock.t = spec.arrival_time
     rid = f"s{n}"

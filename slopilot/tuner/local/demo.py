@@ -27,6 +27,7 @@ from rich.console import Console
 
 from slopilot.engine.executors.kernel_modes import executor_modes
 from slopilot.engine.models import ModelNotFoundError, check_model
+from slopilot.engine.sim.dispatch import Dispatch
 from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.twin import twin_label
@@ -253,8 +254,11 @@ def twin_scenario(scenario: Scenario, opts: DemoOptions) -> Scenario:
     With torch replicas the twin models the served model, so the profile must be for
     it; with simulated replicas, for the scenario's model. A torch twin without a
     profile is the scenario's datasheet GPU running the served model: a prior, not
-    this CPU (``twin_caveat`` says so).
+    this CPU (``twin_caveat`` says so). Whatever the scenario says, the twin spreads
+    arrivals in turn, as the demo's load generator sends them (``loadgen.py``).
     """
+    if scenario.dispatch is not Dispatch.ROUND_ROBIN:
+        scenario = dataclasses.replace(scenario, dispatch=Dispatch.ROUND_ROBIN)
     if opts.profile is None:
         if not opts.torch:
             return scenario

@@ -28,6 +28,7 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.twin import with_profile
+from slopilot.tuner.loop import scale_wait
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.ports import NO_ANSWER, SimulatorBusy
@@ -115,7 +116,7 @@ def capacity(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[s
     """The fewest replicas in [lo, hi] that hold ``config`` with ``margin`` to spare;
     None when the twin, checked on the window ``running`` served, is not trusted, or busy.
     ``removing``: the answer may take replicas away (a scale-down)."""
-    scenario, check = checked(ctx, now, scenario, running, ctx.deployment.replicas())
+    scenario, check = checked(ctx, now, scenario, running, scale_wait.serving(ctx))
     if check is not None and not check.trusted:
         return None
     if removing and check is not None and (optimism := check.latency_optimism()) > 0:

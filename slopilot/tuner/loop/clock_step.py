@@ -9,9 +9,10 @@ its own: a trial served its config for a day on a clock stepped back a day, and
 ``cooldown_until: 1e15`` cooled for ever. ``rebase_future`` moves each such time back so
 that its wait is at most its own length from now: a trial's window starts now (what the
 window measured before the step is on another clock), and so does a rate-limit entry, a
-quiet period or a state's ``since``; a cooldown, a backoff or an owed restore's wait
-ends at most its length from now. A clock that jumps forward needs nothing: each wait
-just ends, as after an operator that was down that long.
+quiet period, a rollout's last move or a state's ``since``; a cooldown, a backoff, a
+stuck config's hold or an owed restore's wait ends at most its length from now. A clock
+that jumps forward needs nothing: each wait just ends, as after an operator that was down
+that long.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> 
             note("backoff.until", kept.until - wait)
             loop.backoff = Backoff(kept.situation, min(kept.until, now + wait),
                                    wait).to_dict()
+    watch = loop.rollout
+    if watch is not None and watch.since > now:
+        note("rollout.since", watch.since)
+        watch.since = now
+    if late := [c for c in loop.stuck_configs if c.until > now + settings.max_backoff_s]:
+        note("stuck_configs.until", max(c.until for c in late) - settings.max_backoff_s)
+        for c in late:
+            c.until = now + settings.max_backoff_s
+    for name in ("replica_wait", "replicas_short"):
+        kept = getattr(loop, name)
+        if kept is not None and kept.since > now:  # its wait restarts from now
+            note(f"{name}.since", kept.since)
+            kept.since = now
     owed = loop.pending_restore
     if owed is not None:
         if owed.since > now:

@@ -8,7 +8,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
       |------------------>|                       retune_alert
       |-------------------------------------->|   headroom
                 |-------->|                       retune_suffices, capacity_suffices, tune_closest
-                |---------------------------->|   scaled_up, max_replicas
+                |---------------------------->|   scaled_up, max_replicas, replicas_short
                 |<--------|                       scale_alert
                           |-------->|             trial_holds, trial_limit, trial_rate_limit,
                                                   too_little_traffic
@@ -17,6 +17,7 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
                                     |-------->|   committed, trial_rate_limit, nothing_measured,
                                                   too_little_traffic
       |<--------------------------------------|   cooldown_over
+                                       again->|   commit_stuck
       |<----------------------------- any state   tuning_off
       any state ----------------------------->|   error
 
@@ -143,6 +144,9 @@ class Controller(LoopContext):
             log.warning("%s: the owed restore is left to the caller: %s", self.settings.key,
                         restore.owed(loop.pending_restore, now))
             loop.pending_restore = None
+        # A scale's replicas awaited are no longer the loop's to wait for: turned on
+        # again, an old wait ended in an inform about a scale long past.
+        loop.replica_wait = None
         if loop.trial is not None:
             number, loop.trial = loop.trial.number, None
             try:

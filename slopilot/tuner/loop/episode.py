@@ -27,7 +27,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from slopilot.engine.request import Priority
-from slopilot.tuner.loop import advice, restore, rollout_wait, thin_traffic
+from slopilot.tuner.loop import (
+    advice,
+    restore,
+    rollout_wait,
+    rollout_watch,
+    scale_wait,
+    thin_traffic,
+)
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
@@ -67,6 +74,11 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
         ranked = advice.warm_starts(ctx, now, replicas, loop.baseline_config)
     if (why := advice.unavailable(ctx, now)) is not None:
         reason = f"{reason}; {why}: live trials without warm start"
+    if ranked and (stuck := [c for c, _ in ranked
+                             if rollout_watch.held(loop, now, c) is not None]):
+        # A config whose rollout stuck lately is no warm start: it would stick again.
+        ranked = [(c, ok) for c, ok in ranked if c not in stuck]
+        reason = f"{reason}; {len(stuck)} warm start(s) held: their rollouts stuck"
     if ranked:
         if not any(ok for _, ok in ranked) and allow_scale and replicas < s.max_replicas:
             return Go(ControllerState.SCALING, Event.NOTHING_HOLDS_OFFLINE,
@@ -99,8 +111,10 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return _end_for_hold(ctx, ", ".join(held))
     surge = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.SCALE}
                    - set(ctx.loop.episode_alerts))
-    # At max replicas no replica can answer it: the episode is the only remedy left.
-    if surge and ctx.deployment.replicas() < s.max_replicas:
+    # At max replicas no replica can answer it: the episode is the only remedy left; so
+    # it is while the last replicas bought still do not serve (scale_wait.py).
+    if surge and ctx.deployment.replicas() < s.max_replicas \
+            and scale_wait.held(ctx) is None:
         return _end_for_scale(ctx, ", ".join(surge))
     if ctx.loop.trial is None:
         return next_trial(ctx, tick.now, "next trial")
@@ -192,6 +206,11 @@ def commit(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                   f"no_feasible_config after {loop.episode_trials} trials",
                   at_least=ctx.deployment.replicas() + 1)
     ctx.deployment.apply_config(loop.best_config, canary=False)
+    # Its rollout, watched through the cooldown, is reverted to the committed config the
+    # episode began on where it sticks (``rollout_wait.cooling``).
+    previous = loop.baseline_config
+    rollout_watch.began(loop, tick.now, config=loop.best_config,
+                        revert_to=previous if previous != loop.best_config else None)
     return Go(ControllerState.COOLDOWN, Event.COMMITTED, f"commit: {reason}",
               action=Action.COMMIT, config=loop.best_config, summary=summary)
 

@@ -55,12 +55,22 @@ class Pending:
     (or serve nothing yet). A window now measures old pods, not the config."""
 
     why: str
+    progress: str | None = None
+    """What changes whenever the rollout moves (the Deployment's generation and its
+    counts of updated, old and available replicas); None: ``why`` says it. The loop
+    calls a rollout stuck itself once this has not changed for
+    ``ControllerSettings.rollout_timeout_s`` (``rollout_watch.py``)."""
+
+    @property
+    def marker(self) -> str:
+        return self.progress if self.progress is not None else self.why
 
 
 @dataclass(frozen=True)
 class Stuck:
-    """A rollout that will not complete (past the Deployment's progress deadline): the
-    config cannot be judged, and is rolled back."""
+    """A rollout that will not complete (past the Deployment's progress deadline, paused,
+    or, as the loop finds, unreported past its own bound): the config cannot be judged,
+    and is rolled back."""
 
     why: str
 

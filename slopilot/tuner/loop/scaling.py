@@ -14,7 +14,7 @@ next such episode in the same situation (``backoff.py``).
 from __future__ import annotations
 
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.tuner.loop import advice, backoff
+from slopilot.tuner.loop import advice, backoff, scale_wait
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
@@ -29,7 +29,8 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     else:
         reason, at_least = entered.reason, entered.at_least
     loop.reason = loop.scale_reason = reason
-    current = ctx.deployment.replicas()
+    # The replicas that serve where the last ones bought never did (scale_wait.py).
+    current = scale_wait.serving(ctx)
     # Read once: a pod's spec or an HTTP GET. What the capacity is planned for: SCALING
     # is never inside an episode, so a best config kept is the last episode's commit,
     # which the deployment runs unless an edit of its spec has replaced it since. The
@@ -67,9 +68,7 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         needed = max(needed, at_least)
     needed = min(max(needed, s.min_replicas), s.max_replicas)
     if needed > current:
-        ctx.deployment.scale(needed)
-        return Go(ControllerState.COOLDOWN, Event.SCALED_UP,
-                  f"scale_up {current}->{needed}: {reason}", action=Action.SCALE)
+        return _scale_up(ctx, now, current, needed, reason)
     if at_least is not None:
         return _max_replicas(ctx, now, scenario, reason)
     if answer.replicas is not None:
@@ -94,10 +93,8 @@ def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current:
     s, why = ctx.settings, advice.unavailable(ctx, now)
     needed = min(max(at_least or 0, current + 1), s.max_replicas)
     if needed > current:
-        ctx.deployment.scale(needed)
-        return Go(ControllerState.COOLDOWN, Event.SCALED_UP,
-                  f"scale_up {current}->{needed}: {why}; one replica on live evidence; "
-                  f"{reason}", action=Action.SCALE)
+        return _scale_up(ctx, now, current, needed,
+                         f"{why}; one replica on live evidence; {reason}")
     if at_least is not None:
         return _max_replicas(ctx, now, scenario, f"{why}; {reason}")
     if (held := _backed_off(ctx, now, reason)) is not None:
@@ -105,6 +102,20 @@ def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current:
     return start_episode(ctx, now, f"max_replicas {s.max_replicas} reached; {why}: live "
                          f"trials without warm start; {reason}", Event.TUNE_CLOSEST,
                          allow_scale=False, ranked=[])
+
+
+def _scale_up(ctx: LoopContext, now: float, current: int, needed: int, reason: str) -> Go:
+    """Ask for ``needed`` replicas and wait for them; none while the last ones bought
+    still do not serve (a quota refused them: it refuses these too)."""
+    short = scale_wait.held(ctx)
+    if short is not None:
+        return Go(ControllerState.COOLDOWN, Event.REPLICAS_SHORT,
+                  f"{short}; scale_up {current}->{needed} not made; {reason}",
+                  action=Action.INFORM)
+    ctx.deployment.scale(needed)
+    scale_wait.bought(ctx, now, needed)
+    return Go(ControllerState.COOLDOWN, Event.SCALED_UP,
+              f"scale_up {current}->{needed}: {reason}", action=Action.SCALE)
 
 
 def _max_replicas(ctx: LoopContext, now: float, scenario: Scenario,

@@ -13,6 +13,14 @@ MAX_CLASS_REQUESTS = 100_000
 """Past this a trial's window would run for days at any load a replica serves."""
 DEFAULT_CLASS_REQUESTS = 100
 DEFAULT_MAX_TRIAL_S = 1200.0
+DEFAULT_ROLLOUT_TIMEOUT_S = 1200.0
+"""The default Deployment's progress deadline (900 s: a 10 min startup budget and 5 min
+to schedule and pull) and 5 minutes more."""
+ROLLOUT_TIMEOUT_BOUNDS = (60.0, 86_400.0)
+DEFAULT_REPLICA_READY_S = 900.0
+"""A model's default startup budget (10 minutes, the operator's ``startupTimeout``) and
+5 minutes to pull and schedule: the Deployment's progress deadline."""
+MAX_REPLICA_READY_S = 86400.0
 
 
 class TwinCorrection(enum.StrEnum):
@@ -48,6 +56,12 @@ class ControllerSettings:
     max_backoff_s: float = 3600.0
     """At max replicas with nothing holding, no new episode for the same situation for
     twice ``cooldown_s``, doubling after each such verdict up to this (``backoff.py``)."""
+    replica_ready_s: float = DEFAULT_REPLICA_READY_S
+    """After a scale-up, how long the loop waits for the replicas it bought to serve
+    before it judges capacity again (``scale_wait.py``): a GPU pod's start, its image
+    pulled, scheduled and its model loaded. Past it, the replicas still not ready are
+    said (an inform naming why: a quota, no node with a free GPU) and the loop judges on
+    the ones that serve."""
     breach_window_s: float = 300.0
     """The window of the sustained-breach alerts (``RuleOptions.breach_window_s``): they
     count only once this long has passed since the last commit or scale, so a breach
@@ -86,6 +100,13 @@ class ControllerSettings:
     left its confirming one too little): a trial that reaches it
     short of ``min_class_requests`` ends without a verdict (too little traffic to judge),
     rolled back, and the episode with it."""
+    rollout_timeout_s: float = DEFAULT_ROLLOUT_TIMEOUT_S
+    """The loop's own bound on a rollout (vLLM's configs are new pods): one whose
+    progress (``Pending.progress``) has not moved for this long is stuck, as if the
+    Deployment controller had said ``ProgressDeadlineExceeded``, which it never does
+    when it is down, lags, or the Deployment lost its ``progressDeadlineSeconds``.
+    Longer than that deadline, so the controller's word comes first where it comes
+    (the operator: the deadline and ``ROLLOUT_MARGIN_S``)."""
 
     def __post_init__(self) -> None:
         if not self.deployment:
@@ -120,6 +141,13 @@ class ControllerSettings:
                 raise ControllerError(
                     f"twin_correction={self.twin_correction!r}: use one of "
                     f"{', '.join(c.value for c in TwinCorrection)}") from None
+        ready = self.replica_ready_s
+        if isinstance(ready, bool) or not isinstance(ready, (int, float)) \
+                or not 0 < ready <= MAX_REPLICA_READY_S:
+            raise ControllerError(
+                f"replica_ready_s={ready!r}: expected seconds in (0, {MAX_REPLICA_READY_S:g}]"
+                f" that a new replica takes to serve (default {DEFAULT_REPLICA_READY_S:g}: "
+                "a model's startup budget and the scheduling), e.g. 900")
         settle = self.trial_settle_s
         if settle is not None and (isinstance(settle, bool) or not isinstance(
                 settle, (int, float)) or not 0 <= settle <= self.window_s / 2):
@@ -139,6 +167,14 @@ class ControllerSettings:
             raise ControllerError(
                 f"max_trial_s={cap!r}: expected seconds >= window_s={self.window_s:g} "
                 "(a trial runs one window at least), e.g. 1200")
+        bound = self.rollout_timeout_s
+        lo, hi = ROLLOUT_TIMEOUT_BOUNDS
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) \
+                or not lo <= bound <= hi:
+            raise ControllerError(
+                f"rollout_timeout_s={bound!r}: expected seconds in [{lo:g}, {hi:g}], past "
+                "the Deployment's progressDeadlineSeconds (the controller's own verdict "
+                f"comes first), e.g. {DEFAULT_ROLLOUT_TIMEOUT_S:g} for the default 900")
         check = self.revert_check_s
         if check is not None and not 0 < check <= self.window_s:
             raise ControllerError(f"revert_check_s={check!r}: expected a time in "

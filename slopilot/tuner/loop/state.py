@@ -77,6 +77,58 @@ class PendingRestore:
 
 
 @dataclass
+class RolloutWatch:
+    """The loop's own look at the rollout under way (``rollout_watch.py``): when it last
+    moved, and, for a commit's, the committed config it replaced."""
+
+    since: float
+    """When ``progress`` was first seen as it is (or the watch began)."""
+    progress: str | None = None
+    """The rollout's progress at the last look (``Pending.marker``); None: none yet."""
+    config: dict[str, Any] | None = None
+    """A commit's: the config committed (None: a trial's, a rollback's or a scale's)."""
+    revert_to: dict[str, Any] | None = None
+    """A commit's: the committed config before it, which the old pods still run; applied
+    back when the commit's rollout is stuck (None: nothing to revert)."""
+
+
+@dataclass
+class StuckConfig:
+    """A config whose rollout stuck: no trial runs it, nor warm start queues it, before
+    ``until`` (``rollout_watch.py``)."""
+
+    config: dict[str, Any]
+    until: float
+    why: str
+
+
+@dataclass
+class ReplicaWait:
+    """A scale-up whose replicas the loop waits for (``scale_wait.py``)."""
+
+    asked: int
+    """The count the scale asked for: the wait ends once that many serve."""
+    since: float
+    """When the scale was made (the controller's clock): ``replica_ready_s`` counts
+    from here."""
+
+
+@dataclass
+class ReplicasShort:
+    """Replicas a scale-up asked for that did not serve within ``replica_ready_s``: while
+    the deployment still asks ``asked`` and fewer serve, the loop judges capacity on
+    those that do and asks for no more (``scale_wait.py``)."""
+
+    asked: int
+    ready: int
+    """How many served when the wait ended."""
+    since: float
+    """When the wait ended."""
+    why: str | None = None
+    """What kept them, as the platform said (a quota refused, no node fits)."""
+
+
+@dataclass
 class LoopState:
     """What the controller remembers; JSON-safe via to_dict/from_dict."""
 
@@ -125,6 +177,21 @@ class LoopState:
     pending_restore: PendingRestore | None = None
     """A rollback that could not be applied, retried until it lands; no episode starts
     meanwhile (``restore.py``). None: nothing owed (and in a state written before it)."""
+
+    rollout: RolloutWatch | None = None
+    """The rollout the loop waits for, as it last saw it (``rollout_watch.py``); None:
+    none watched (and in a state written before it)."""
+    stuck_configs: list[StuckConfig] = field(default_factory=list)
+    """Configs whose rollouts stuck lately, held from trials and warm starts for
+    ``max_backoff_s``: asked again at once, a commit that could not roll out was the
+    study's best again and rolled the same stuck template."""
+    replica_wait: ReplicaWait | None = None
+    """A scale-up's replicas still awaited: COOLDOWN does not end before they serve or
+    ``replica_ready_s`` passes (``scale_wait.py``). None: none (and in a state written
+    before it)."""
+    replicas_short: ReplicasShort | None = None
+    """Replicas bought that never served, while the deployment still asks them and they
+    still do not: no scale-up is made while it holds (``scale_wait.py``)."""
 
     def count_measured(self) -> None:
         """One more trial of the episode judged on a measured window."""
@@ -183,9 +250,21 @@ class LoopState:
             raise ControllerError(
                 f"controller state: state={excerpt(data.get('state'))}; use one of: "
                 f"{', '.join(s.value for s in ControllerState)}") from None
-        check_fields(cls, values, "", skip=("state", "trial", "pending_restore"))
-        values["trial"] = _nested(RunningTrial, values, "trial")
-        values["pending_restore"] = _nested(PendingRestore, values, "pending_restore")
+        nested = {"trial": RunningTrial, "pending_restore": PendingRestore,
+                  "rollout": RolloutWatch, "replica_wait": ReplicaWait,
+                  "replicas_short": ReplicasShort}
+        check_fields(cls, values, "", skip=("state", "stuck_configs", *nested))
+        for name, kind in nested.items():
+            values[name] = _nested(kind, values, name)
+        stuck = values.get("stuck_configs") or []
+        if not isinstance(stuck, list):
+            raise ControllerError(f"controller state: stuck_configs={excerpt(stuck)}: "
+                                  "expected a list")
+        held = [_nested(StuckConfig, {"stuck_configs": c}, "stuck_configs") for c in stuck]
+        if None in held:
+            raise ControllerError("controller state: stuck_configs holds a null; expected "
+                                  "mappings of config, until and why")
+        values["stuck_configs"] = held
         values["trial_starts"] = [float(t) for t in values.get("trial_starts") or []]
         return cls(**values)
 

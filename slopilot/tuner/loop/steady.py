@@ -9,6 +9,8 @@ breached all the same), replicas above the minimum are given back once the alert
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
 headroom). After a commit or a scale, an alert that has held since before it is
 re-confirmed on the loop's own window measured after it before it acts (``_unconfirmed``).
+COOLDOWN after a scale-up also waits for the replicas it bought, and a scale alert is held
+while replicas bought before still do not serve (``scale_wait.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop import advice, backoff, rollout_wait
+from slopilot.tuner.loop import advice, backoff, rollout_wait, scale_wait
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
@@ -45,6 +47,12 @@ def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return stop
     scale = [a for a in alerts if a.action is AlertAction.SCALE]
     retune = [a for a in alerts if a.action is AlertAction.RETUNE]
+    short = scale_wait.held(ctx) if scale else None
+    if short is not None:  # the replicas bought last never served: more would not
+        ctx.loop.headroom_since = None
+        if not retune:
+            return ctx.decide(Action.NONE, f"{short}; alert {names(scale)} held")
+        scale = []
     lifted = ""
     if scale or retune:
         ctx.loop.headroom_since = None
@@ -188,7 +196,7 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
     """Fewer replicas when the alerts have been quiet and the simulator holds the SLO
     with fewer; else why not where it is worth saying, or None."""
     loop, s = ctx.loop, ctx.settings
-    current = ctx.deployment.replicas()
+    current = scale_wait.serving(ctx)
     if current <= s.min_replicas:
         loop.headroom_since = None
         return None
@@ -225,15 +233,25 @@ def cooldown(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     loop = ctx.loop
     if entered is not None:
         loop.cooldown_until = tick.now + ctx.settings.cooldown_s
+        scale_wait.look(ctx, tick.now)  # replicas ready at once end their wait here
         return ctx.decide(entered.action, entered.reason, config=entered.config,
                           summary=entered.summary)
+    # A scale-up's replicas are waited for (scale_wait.py): STEADY would judge the
+    # capacity asked on the figures of the replicas that serve.
+    seen = scale_wait.look(ctx, tick.now)
+    if seen.gave_up is not None:
+        return ctx.decide(Action.INFORM, seen.gave_up)
     if loop.cooldown_until is not None and tick.now < loop.cooldown_until:
-        return ctx.decide(Action.NONE, "cooling down")
-    wait, stuck = rollout_wait.cooling(ctx, tick.now)
-    if wait:  # STEADY would judge alerts on the old pods' figures
-        return ctx.decide(Action.NONE, stuck or "cooling down: rolling out")
-    return Go(ControllerState.STEADY, Event.COOLDOWN_OVER,
-              "cooldown over" if stuck is None else f"cooldown over; {stuck}")
+        return ctx.decide(Action.NONE, "cooling down" if seen.waiting is None
+                          else f"cooling down; {seen.waiting}")
+    if seen.waiting is not None:
+        return ctx.decide(Action.NONE, f"cooling down: {seen.waiting}")
+    # A rollout under way holds it (STEADY would judge alerts on the old pods' figures);
+    # a commit's that is stuck is reverted.
+    held = rollout_wait.cooling(ctx, tick.now)
+    if held is not None:
+        return held
+    return Go(ControllerState.STEADY, Event.COOLDOWN_OVER, "cooldown over")
 
 
 def names(alerts: Sequence[Alert]) -> str:

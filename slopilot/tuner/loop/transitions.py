@@ -40,6 +40,7 @@ class Event(enum.StrEnum):
     TUNE_CLOSEST = "tune_closest"
     SCALED_UP = "scaled_up"
     MAX_REPLICAS = "max_replicas"
+    REPLICAS_SHORT = "replicas_short"
     TRIAL_HOLDS = "trial_holds"
     TRIAL_LIMIT = "trial_limit"
     TRIAL_RATE_LIMIT = "trial_rate_limit"
@@ -48,6 +49,7 @@ class Event(enum.StrEnum):
     NOTHING_MEASURED = "nothing_measured"
     NO_FEASIBLE_CONFIG = "no_feasible_config"
     COOLDOWN_OVER = "cooldown_over"
+    COMMIT_STUCK = "commit_stuck"
     ERROR = "error"
     TUNING_OFF = "tuning_off"
 
@@ -85,6 +87,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.SCALING, S.COOLDOWN, Event.SCALED_UP, "scaled up to the planned count"),
     Transition(S.SCALING, S.COOLDOWN, Event.MAX_REPLICAS,
                "at max replicas after live evidence that nothing holds: say so"),
+    Transition(S.SCALING, S.COOLDOWN, Event.REPLICAS_SHORT,
+               "more replicas needed, but those the last scale-up bought still do not "
+               "serve past replica_ready_s (a quota, no node fits): say so, buy none"),
     Transition(S.TUNING, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires during the episode (not one it began "
                "under), below max replicas: its open trial told failed, its rollback "
@@ -117,7 +122,14 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.COMMIT, S.SCALING, Event.NO_FEASIBLE_CONFIG,
                "no live trial held the SLO in max_trials (not cut by the hour's "
                "budget, at least one measured): at least one more replica"),
-    Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER, "cooldown_s has passed"),
+    Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER,
+               "cooldown_s has passed, and after a scale-up its replicas serve (the "
+               "cooldown counts from then) or replica_ready_s has passed (said: inform)"),
+    Transition(S.COOLDOWN, S.COOLDOWN, Event.COMMIT_STUCK,
+               "the commit's rollout is stuck (past the Deployment's progress deadline, "
+               "paused, or unmoved for rollout_timeout_s): the committed config before it "
+               "back on every replica and on record, the stuck one held from trials for "
+               "max_backoff_s, a new cooldown"),
     *(Transition(s, S.COOLDOWN, Event.ERROR, _ON_ERROR) for s in S),
     # Not a step's move: the operator's, when its daemon for the deployment ends. Kept, a
     # TUNING, COMMIT or SCALING state went on when tuning was turned on again, with no
@@ -161,6 +173,8 @@ class Go:
 # Left to right as an episode runs; every state is a column.
 LAYOUT = (S.STEADY, S.SCALING, S.TUNING, S.COMMIT, S.COOLDOWN)
 _COLUMN = 10
+_SELF = "again->|"
+"""A move from a state back into it, drawn ending at its column."""
 
 
 def _everywhere() -> list[tuple[ControllerState, Event]]:
@@ -188,8 +202,11 @@ def render_diagram() -> str:
         a, b = x[source], x[target]
         lo, hi = min(a, b), max(a, b)
         row = [" "] * width
-        row[lo:hi + 1] = "|" + "-" * (hi - lo - 1) + "|"
-        row[b - 1 if b > a else b + 1] = ">" if b > a else "<"
+        if a == b:  # a move that stays: back into the state (its wait begins again)
+            row[b - len(_SELF) + 1:b + 1] = _SELF
+        else:
+            row[lo:hi + 1] = "|" + "-" * (hi - lo - 1) + "|"
+            row[b - 1 if b > a else b + 1] = ">" if b > a else "<"
         lines += _events_beside("".join(row), events, width)
     label = "  any state -"
     for target, event in everywhere:

@@ -8,7 +8,7 @@ import contextlib
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop import restore
+from slopilot.tuner.loop import restore, rollout_watch
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.ports import Settled
@@ -28,6 +28,15 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
         return Go(ControllerState.COMMIT, Event.TRIAL_RATE_LIMIT,
                   f"trial_rate_limit: {s.max_trials_per_hour} per hour")
     number, config = ctx.study.ask()
+    if (stuck := rollout_watch.held(loop, now, config)) is not None:
+        # Not applied: its rollout would stick as before. Counted, so that a study that
+        # keeps asking it ends the episode at max_trials.
+        why = f"not tried: {rollout_watch.said(stuck, now)}"
+        ctx.study.tell_failed(number, why)
+        ctx.metrics.trial(s.deployment, TrialOutcome.FAILED)
+        loop.episode_trials += 1
+        return ctx.decide(Action.NONE, f"trial {number} {why}", trial=number,
+                          config=config)
     # A canary is judged against the replicas beside it: it needs another that serves.
     # Asked-for replicas still starting (or refused a node or a quota) serve nothing,
     # and a "canary" on the one ready replica took all of the traffic.
@@ -48,7 +57,9 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
         raise
     # A rollout's config runs nowhere yet: its window waits (``rollout_wait.py``); one
     # found stuck already is ended there, at the next look.
-    rolling = ctx.deployment.settled(now)
+    if not canary:
+        rollout_watch.began(loop, now)
+    rolling = rollout_watch.look(ctx, now)
     loop.trial = RunningTrial(number, dict(config), now, canary,
                               canary_replica=replica if canary else None, began_at=now,
                               rolling=not isinstance(rolling, Settled))

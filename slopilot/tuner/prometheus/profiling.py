@@ -447,7 +447,7 @@ class WorkloadProfile:
 
     def to_scenario(self, base: Scenario, *, duration_s: float | None = None,
                     shared_prefix_tokens: int = 0, name: str | None = None) -> Scenario:
-        """``base``'s hardware, model, knobs and SLO under this measured workload."""
+        """``base``'s hardware, model, knobs, SLO and dispatch under this measured workload."""
         if not self.arrival_rate > 0:
             raise ProfileError("the measured arrival rate is zero: no workload to simulate")
         data: dict[str, Any] = {
@@ -460,6 +460,7 @@ class WorkloadProfile:
             "gpu": base.gpu, "num_gpus": base.num_gpus, "tp": base.tp, "model": base.model,
             "duration_s": duration_s if duration_s is not None else base.duration_s,
             "seed": base.seed, "engine": dict(base.engine), "slo": base.slo.to_dict(),
+            "dispatch": base.dispatch.value,  # behind the same load balancer
             "workload": self.workload_spec(shared_prefix_tokens=shared_prefix_tokens,
                                            base=base),
         }

@@ -4,6 +4,7 @@ reproduce a run (the tune itself, and the simulation that checks its answer)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import shlex
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slopilot.engine.config import ConfigError, parse_set_args
+from slopilot.engine.sim.dispatch import Dispatch
 from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
 from slopilot.engine.sim.trace_flags import trace_options
@@ -62,6 +64,8 @@ class TuneSettings:
     raw_bounds: tuple[str, ...] = field(default=())
     profile: str | None = None
     """The calibrated cost profile the twin runs on (``--profile``); None: the datasheet."""
+    dispatch: Dispatch | None = None
+    """``--dispatch`` as given (``scenario`` carries it); None: the scenario's own."""
 
 
 def parse_bounds(items: list[str]) -> dict[str, Any]:
@@ -134,6 +138,9 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
     if profile:
         from slopilot.engine.sim.commands import attach_profile
         scenario = attach_profile(scenario, profile, "tune")
+    dispatch = getattr(args, "dispatch", None)
+    if dispatch is not None:
+        scenario = dataclasses.replace(scenario, dispatch=dispatch)
     warmup = _seconds("--warmup", args.warmup, zero_ok=True)
     if not isinstance(scenario.workload, TraceSpec):
         # Refused, not ignored: a user who asks for them expects them to act, and a
@@ -190,7 +197,7 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         warmup_s=warmup,
         replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
-        raw_bounds=tuple(args.bounds), profile=profile or None)
+        raw_bounds=tuple(args.bounds), profile=profile or None, dispatch=dispatch)
 
 
 def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | None) -> None:
@@ -249,6 +256,8 @@ def _workload_flags(s: TuneSettings) -> list[str]:
                                       if w)]
     if s.profile is not None:
         out += ["--profile", s.profile]
+    if s.dispatch is not None:  # else the scenario's own, which the command reads again
+        out += ["--dispatch", s.dispatch.value]
     return out
 
 

@@ -54,6 +54,7 @@ def trial_settings(s: TuneSettings, plan: WindowPlan) -> dict[str, Any]:
     return {
         "hardware": f"{sc.num_gpus} x {sc.gpu} (tp {sc.tp}), {sc.model}{memory}",
         "cost profile": profile,
+        "dispatch": sc.dispatch.value,
         "engine knobs": {k: _plain(v) for k, v in sorted(sc.engine.items())},
         "workload": _digest(_workload(sc.workload)),
         "SLO": _flat(sc.slo.to_dict()),
@@ -95,13 +96,21 @@ def check_or_record(study: optuna.Study, s: TuneSettings, plan: WindowPlan) -> s
         study.set_user_attr(RECORD_ATTR, {"form": RECORD_FORM, "settings": now,
                                           "made_by": __version__, "command": command})
         return None
-    then = stored.get("settings")
-    differ = _differences(then if isinstance(then, Mapping) else {}, now)
+    then = dict(stored.get("settings") or {}) \
+        if isinstance(stored.get("settings"), Mapping) else {}
+    command = str(stored.get("command"))
+    if "dispatch" not in then:
+        # Recorded before the twin had a policy, when every arrival went to the
+        # least-loaded replica: what its trials were run under, and its command cannot
+        # say so.
+        then["dispatch"] = "least_requests"
+        command += " --dispatch least_requests"
+    differ = _differences(then, now)
     if differ:
         raise StudyMismatch(
             f"study {study.study_name!r} {where} was run under other settings, and its "
             f"trials would be ranked as if run under these: {'; '.join(differ)}. Resume it "
-            f"with the settings it was made with ({stored.get('command')}), or {fix}")
+            f"with the settings it was made with ({command}), or {fix}")
     made_by = stored.get("made_by")
     if made_by != __version__:
         return (f"study {study.study_name!r} was made by slopilot {made_by}, this is "

@@ -354,3 +354,32 @@ def test_metrics_out_over_a_trace_an_empirical_length_reads_is_refused(
     err = capsys.readouterr().err
     assert f"is the same file as --scenario {scenario} (reads {trace})" in err, err
     assert trace.read_bytes() == before
+
+
+def test_dispatch_overrides_the_scenarios_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from slopilot.engine.sim.dispatch import Dispatch
+
+    scenario = load_scenario("tiny-cpu")
+    figures = {}
+    for policy in (None, *Dispatch):
+        flag = [] if policy is None else ["--dispatch", policy.value]
+        assert main(["simulate", "--scenario", "tiny-cpu", "--duration", "20", "--replicas",
+                     "3", "--quiet", "--json", *flag]) == 0
+        figures[policy] = json.loads(capsys.readouterr().out)["ttft_mean_ms"]
+    for policy in Dispatch:
+        run = simulate(dataclasses.replace(scenario, dispatch=policy), duration_s=20,
+                       replicas=3)
+        assert figures[policy] == pytest.approx(run.summary.to_dict()["ttft_mean_ms"])
+    assert figures[None] == figures[Dispatch.RANDOM]  # the default, as tiny-cpu says none
+    assert len({figures[p] for p in Dispatch}) == 3
+
+
+def test_an_unknown_dispatch_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--scenario", "tiny-cpu", "--dispatch", "least_loaded"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --dispatch: least_loaded: unknown dispatch policy; use one of: random, " \
+           "round_robin, least_requests" in err
