@@ -27,6 +27,11 @@ VLLM_METRICS: frozenset[str] = frozenset({
 # never served, each counted in its own class. The TTFT percentiles read each as a first
 # token never given.
 REFUSED = "slopilot_requests_refused_total"
+# Requests (each choice) offered to the engine, first tries, counted as the server hands
+# them to it: those it let in and those it turned away at the door for load. The workload
+# probe bins its raw samples to read how bursty the arrivals are
+# (``tuner/prometheus/burstiness.py``): a bursty load planned as Poisson read as calm.
+ARRIVED = "slopilot_requests_arrived_total"
 # Requests whose client left (or whose answer failed) before a first token reached it,
 # counted per choice as the TTFT histogram observes them: a request queued behind a stall
 # until its client gave up is never observed there. The TTFT percentiles read each as a
@@ -49,7 +54,7 @@ SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", BUSY, "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS, REFUSED, ABANDONED, RETRIES, SEND_TIMEOUTS,
+    SLO_REQUESTS, SLO_TOKENS, REFUSED, ARRIVED, ABANDONED, RETRIES, SEND_TIMEOUTS,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",

@@ -24,6 +24,7 @@ from slopilot.engine.iteration_metrics import IterationMetrics
 from slopilot.engine.latency_buckets import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_names import (
     ABANDONED,
+    ARRIVED,
     REFUSED,
     RETRIES,
     SEND_TIMEOUTS,
@@ -116,6 +117,7 @@ class EngineMetrics:
         self._success: dict[str, int] = {r: 0 for r in VLLM_FINISH_REASONS}
         self._verdicts = Verdicts()
         self._refused = [0 for _ in Priority]
+        self._arrived = [0 for _ in Priority]
         self._abandoned = {(p, within): 0 for p in Priority for within in (False, True)}
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
         self.send_timeouts = 0
@@ -193,6 +195,15 @@ class EngineMetrics:
         self._refused[priority] += 1
         if slo is not None:
             self.observe_verdict(priority, slo.class_slo(priority), met=False, tokens=0)
+
+    def count_arrived(self, priority: Priority) -> None:
+        """One request (a choice) offered to the engine, a first try: let in, or turned
+        away at the door for load (``metric_names.ARRIVED``). Event loop only."""
+        self._arrived[priority] += 1
+
+    def arrived(self) -> dict[Priority, int]:
+        """Requests offered to the engine so far, by class (first tries)."""
+        return {p: self._arrived[p] for p in Priority}
 
     def refused(self) -> dict[Priority, int]:
         """Requests turned away for load so far, by class (first tries)."""
@@ -462,8 +473,12 @@ class EngineMetrics:
             f"observed in the TTFT histogram; {WITHIN_TTFT_TARGET}: whether it ended "
             "within its class's TTFT target (false: past it, or no target).",
             labels=["model_name", "priority_class", WITHIN_TTFT_TARGET])
+        arrived = CounterMetricFamily(
+            ARRIVED, "Requests (each choice) offered to the engine, first tries: let in, "
+            "or turned away at the door for load.", labels=["model_name", "priority_class"])
         for p in Priority:  # at 0 from the start: rate() misses a counter's first value
             refused.add_metric([self.model_name, p.label], self._refused[p])
+            arrived.add_metric([self.model_name, p.label], self._arrived[p])
             for within in (False, True):
                 abandoned.add_metric([self.model_name, p.label, str(within).lower()],
                                      self._abandoned[p, within])
@@ -471,6 +486,7 @@ class EngineMetrics:
                 retries.add_metric([self.model_name, p.label, outcome],
                                    self._retries[p, was_refused])
         yield refused
+        yield arrived
         yield abandoned
         yield retries
         send_timeouts = CounterMetricFamily(

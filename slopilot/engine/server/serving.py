@@ -354,6 +354,7 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
         raise APIError(400, f"n={n}{batch}: {exc}; lower n or send several requests",
                        param="n") from None
     except QueueFullError as exc:
+        _arrived(prep, metrics)  # offered, if turned away: the load's bursts are in it
         raise refused_for_load(engine, prep, metrics, slo, exc) from None
     except PromptTooLongError as exc:
         raise APIError(400, str(exc), code="context_length_exceeded",
@@ -362,7 +363,18 @@ async def submit(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,
         raise APIError(503, str(exc), code="draining") from None
     except EngineDeadError as exc:
         raise APIError(500, str(exc), code="engine_dead") from None
+    _arrived(prep, metrics)
     return streams
+
+
+def _arrived(prep: Prepared, metrics: EngineMetrics) -> None:
+    """Each choice counted as offered (``metric_names.ARRIVED``): here, once the engine
+    let it in or turned it away for load, so a prompt that never fits (a client's 400)
+    is no arrival, and one displaced later is not counted again. A retry is its call's,
+    counted at its first try."""
+    if not prep.retry:
+        for c in prep.choices:
+            metrics.count_arrived(c.request.priority)
 
 
 def refused_for_load(engine: AsyncEngine, prep: Prepared, metrics: EngineMetrics,

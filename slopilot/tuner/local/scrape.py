@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.histogram_quantiles import histogram_quantile, histogram_share_within
 from slopilot.engine.meter.exposition import ARRIVALS, INVALID
-from slopilot.engine.metric_names import ABANDONED, REFUSED
+from slopilot.engine.metric_names import ABANDONED, ARRIVED, REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -40,6 +40,12 @@ from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.adapters import MIN_WINDOW_REQUESTS
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
+from slopilot.tuner.prometheus.burstiness import (
+    BURST_WINDOW_S,
+    Burstiness,
+    counter_bins,
+    unmeasured,
+)
 from slopilot.tuner.prometheus.latency_sources import BUILTIN_LATENCY
 from slopilot.tuner.prometheus.profiling import (
     OUTPUT_TOKENS,
@@ -68,11 +74,12 @@ _NEVER = frozenset(BUILTIN_LATENCY.ttft.engine.never)
 # prompts of the requests that started (``PREFILLED``, over the first tokens: the TTFT
 # histogram's +Inf bucket), the queue (running + waiting) whose growth is arrivals not
 # yet finished, and the arrivals a meter in front of a vLLM engine counts (and of them,
-# those its engine refused as invalid).
+# those its engine refused as invalid), or that the built-in engine counts (``ARRIVED``),
+# whose raw readings the probe bins for the arrivals' burstiness.
 _LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
             for part in ("bucket", "sum", "count")}
 _KEEP = {_TTFT, _TBT, REFUSED, ABANDONED, _TOKENS, "vllm:e2e_request_latency_seconds_count",
-         "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, ARRIVALS, INVALID,
+         "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, ARRIVALS, INVALID, ARRIVED,
          *_LENGTHS, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
@@ -327,7 +334,26 @@ class DirectScrape:
             prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS),
             queue_growth=growth(d),
             started=sum(v for (n, _, le), v in d.items() if n == _TTFT and math.isinf(le)),
-            started_prompt=sum(by_class(PREFILLED).values()), counted=counted)
+            started_prompt=sum(by_class(PREFILLED).values()), counted=counted,
+            burstiness=self.burstiness(end - max(end - start, BURST_WINDOW_S), end))
+
+    def burstiness(self, start: float, end: float) -> Burstiness:
+        """The arrivals' burstiness over ``(start, end]`` from each replica's readings of
+        its arrivals counter (the meter's, else the built-in engine's; every class's
+        summed), binned as Prometheus' raw samples are (``burstiness.counter_bins``)."""
+        with self._lock:
+            snaps = [(t, s) for t, s in self._snaps if start < t <= end]
+        series: dict[str, list[tuple[float, float]]] = {}
+        for t, snap in snaps:
+            for url, got in snap.series.items():
+                name = ARRIVALS if any(k[0] == ARRIVALS for k in got) else ARRIVED
+                count = [v for k, v in got.items() if k[0] == name]
+                if count:
+                    series.setdefault(url, []).append((t, sum(count)))
+        if not series:
+            return unmeasured(f"no replica exports an arrivals counter ({ARRIVALS} or "
+                              f"{ARRIVED})")
+        return counter_bins(list(series.values()), start, end)
 
     def _gauges(self, end: float, canary: bool) -> dict[str, float | None]:
         """Busy ratio (mean and max over replicas) and waiting requests (sum) in the last

@@ -10,7 +10,8 @@ SLO term at most ``1 - margin`` of its limit, so a scale-down decision is not ta
 edge and undone by the next burst.
 
 Each simulated run is made long enough to hold ``SIM_MIN_CLASS_REQUESTS`` of its least
-served judged class (``study/sample_floor.py``), up to ``SIM_MAX_DURATION_S``: at a low
+served judged class (``study/sample_floor.py``; cv^2 times that on a bursty load, whose
+clumped requests say less each), up to ``SIM_MAX_DURATION_S``: at a low
 rate 120 s held a dozen P0 requests, whose "P99" is their maximum, and a count that
 truly misses by 8 % "held" in a quarter of the probes. A count whose run reached the cap
 short of the floor is in ``CapacityAnswer.short``: its "holds" says little, and a
@@ -32,6 +33,7 @@ from slopilot.tuner.study.sample_floor import (
     SIM_MAX_DURATION_S,
     SIM_MIN_CLASS_REQUESTS,
     Shortfall,
+    burst_floor,
     long_enough,
 )
 
@@ -55,7 +57,7 @@ def _long_enough(duration_s: float | None, seed: int | None, floor: int,
             return simulate(scenario, config, replicas=replicas, duration_s=d,
                             seed=seed).summary
         base = scenario.duration_s if duration_s is None else duration_s
-        return long_enough(at, scenario.slo, base, floor=floor,
+        return long_enough(at, scenario.slo, base, floor=burst_floor(scenario, floor),
                            max_duration_s=max(base, max_duration_s))
     return run
 

@@ -314,5 +314,5 @@ class PrometheusProbe:
                 f"answers, but nothing matches {sel}): the scrape is failing or its "
                 "relabelling changed; no scale is planned on no evidence")
         return profiled_or_base(lambda: WorkloadProfile.measure(
-            at_now, self.selector, self.window_s, min_requests=self.min_requests),
+            at_now, self.selector, self.window_s, min_requests=self.min_requests, now=now),
             self.base, self.duration_s)

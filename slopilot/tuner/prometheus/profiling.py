@@ -8,7 +8,11 @@ distributions (the ``vllm:request_prompt_tokens`` / ``vllm:request_generation_to
 histograms: the mean from ``_sum / _count``, the lognormal spread most likely to have
 filled the buckets, on the engine's power-of-two edges as on vLLM's 1-2-5; the prompts'
 mean, where enough requests started in the window, theirs: ``_started_prompts``) and
-the class mix (the arrivals per ``priority_class``, counted or estimated as the rate).
+the class mix (the arrivals per ``priority_class``, counted or estimated as the rate)
+and how bursty the arrivals came (``burstiness.py``: the raw samples of an arrivals
+counter, the meter's ``slopilot_meter_arrivals_total`` or the built-in engine's
+``slopilot_requests_arrived_total``, binned: gamma arrivals at the cv they read; where no
+replica exports one, or too few bins, the base scenario's process, said in the profile).
 ``to_scenario`` puts that workload, open loop, on a base scenario's hardware, model, knobs
 and SLO.
 
@@ -33,13 +37,24 @@ from typing import Any
 import numpy as np
 
 from slopilot.engine.meter.exposition import ARRIVALS, INVALID
-from slopilot.engine.metric_names import REFUSED
+from slopilot.engine.metric_names import ARRIVED, REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario, parse_scenario
 from slopilot.engine.sim.spec_reader import ScenarioError
+from slopilot.tuner.prometheus.burstiness import (
+    BURST_WINDOW_S,
+    Burstiness,
+    Samples,
+    arrival_process,
+    arrivals_spec,
+    base_arrivals,
+    counter_bins,
+    unmeasured,
+)
 from slopilot.tuner.prometheus.query import CHECK_METRICS, query_at
 from slopilot.tuner.prometheus.rules import REPLICA_LABEL, duration, render_selector
 from slopilot.tuner.prometheus.tls import VERIFIED, TLSVerify
+from slopilot.tuner.study.evaluator import PrometheusUnavailable
 
 PrometheusQuery = Callable[[str], list[dict[str, Any]]]
 MAX_TWIN_REQUESTS = 1_000_000
@@ -195,6 +210,9 @@ class WorkloadIncreases:
     """The arrivals the meters counted, where any replica exports their count; None
     where none does (the built-in engine, a vLLM without the meter): the arrivals are
     then finished + refused + queue growth, every replica's."""
+    burstiness: Burstiness | None = None
+    """How bursty the arrivals came (``burstiness.counter_bins`` of an arrivals
+    counter's raw samples); None where nothing was read."""
 
 
 def unmetered(sel: str, w: str) -> str:
@@ -215,9 +233,51 @@ def counted_arrivals(sel: str, w: str, fn: str = "increase") -> str:
     return f"(clamp_min({arrived} - {by} ({fn}({INVALID}{sel}[{w}])), 0) or {arrived})"
 
 
+def raw_arrivals(query: PrometheusQuery, selector: Mapping[str, str], window_s: int,
+                 now: float | None = None) -> Burstiness:
+    """The burstiness of the arrivals over the last ``window_s`` (at least
+    ``BURST_WINDOW_S``) before ``now`` (else the newest sample), from the raw samples of
+    each replica's arrivals counter: an instant query of a range vector returns them as
+    scraped. The meter's count in front of vLLM, else the built-in engine's own; a
+    replica with neither (vLLM without the meter) is in no bin, and none with either is
+    no verdict. Never a subquery: it resamples on Prometheus' grid, and read a steady
+    load's scrape jitter as bursts."""
+    sel = render_selector(selector)
+    w = duration(max(window_s, int(BURST_WINDOW_S)))
+    try:
+        metered = _raw(query(f"{ARRIVALS}{sel}[{w}]"))
+        engines = _raw(query(f"{ARRIVED}{sel}[{w}]"))
+    except PrometheusUnavailable as exc:
+        # Past the answer's bound (hundreds of replicas scraped every second): the rest
+        # of the profile stands, read already; the arrivals are planned as designed.
+        return unmeasured(f"the arrivals counter's raw samples were not read: {exc}")
+    have = {r for r, _ in metered}
+    series = [s for _, s in metered] + [s for r, s in engines if r not in have]
+    if not series:
+        return unmeasured(f"no replica exports an arrivals counter ({ARRIVALS} or "
+                          f"{ARRIVED})")
+    end = now if now is not None else max(s[-1][0] for s in series if s)
+    return counter_bins(series, end - max(window_s, BURST_WINDOW_S), end)
+
+
+def _raw(result: list[dict[str, Any]]) -> list[tuple[str, Samples]]:
+    """A range vector's series as ``(replica, [(time, value), ...])``, the finite ones;
+    an answer without samples (an instant vector) is none."""
+    out: list[tuple[str, Samples]] = []
+    for r in result:
+        values = r.get("values")
+        if not isinstance(values, list):
+            continue
+        samples = [(float(t), float(v)) for t, v in values]
+        if all(math.isfinite(t) and math.isfinite(v) for t, v in samples):
+            out.append((str(r.get("metric", {}).get(REPLICA_LABEL, "")), samples))
+    return out
+
+
 def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
-                         window_s: int) -> WorkloadIncreases:
-    """The increases over the last ``window_s`` seconds of the engines ``selector`` picks."""
+                         window_s: int, *, now: float | None = None) -> WorkloadIncreases:
+    """The increases over the last ``window_s`` seconds of the engines ``selector`` picks
+    (``now``: the instant the query reads at, for the arrivals' bins)."""
     _check_window(window_s)
     sel, w = render_selector(selector), duration(window_s)
 
@@ -259,7 +319,8 @@ def prometheus_increases(query: PrometheusQuery, selector: Mapping[str, str],
         finished=by_class(f"{PROMPT_TOKENS}_count"), refused=by_class(REFUSED),
         prompt=length(PROMPT_TOKENS), output=length(OUTPUT_TOKENS),
         queue_growth=growth(), started=total(FIRST_TOKENS),
-        started_prompt=total(PREFILLED), counted=counted)
+        started_prompt=total(PREFILLED), counted=counted,
+        burstiness=raw_arrivals(query, selector, window_s, now))
 
 
 def _length(name: str, inc: LengthIncreases) -> LengthProfile:
@@ -326,13 +387,15 @@ class WorkloadProfile:
     """Fractions of requests per class (p0, p1, p2), summing to 1."""
     window_s: int
     requests: float
+    burstiness: Burstiness | None = None
+    """How bursty the arrivals came; None or no cv: not measured (the base's process)."""
 
     @classmethod
     def measure(cls, query: PrometheusQuery, selector: Mapping[str, str], window_s: int,
-                *, min_requests: int = 20) -> WorkloadProfile:
+                *, min_requests: int = 20, now: float | None = None) -> WorkloadProfile:
         """Profile the last ``window_s`` seconds of the engines ``selector`` picks."""
-        return cls.from_increases(prometheus_increases(query, selector, window_s), window_s,
-                                  min_requests=min_requests)
+        return cls.from_increases(prometheus_increases(query, selector, window_s, now=now),
+                                  window_s, min_requests=min_requests)
 
     @classmethod
     def from_increases(cls, inc: WorkloadIncreases, window_s: int, *,
@@ -357,7 +420,8 @@ class WorkloadProfile:
         total = sum(shares.values()) or 1.0
         mix = {p.label: shares.get(p.label, 0.0) / total for p in Priority}
         return cls(arrival_rate=rate, prompt=prompt, output=output,
-                   class_mix=mix, window_s=window_s, requests=requests)
+                   class_mix=mix, window_s=window_s, requests=requests,
+                   burstiness=inc.burstiness)
 
     @classmethod
     def from_prometheus(cls, url: str, selector: Mapping[str, str], window_s: int, *,
@@ -365,14 +429,19 @@ class WorkloadProfile:
                         verify: TLSVerify = VERIFIED) -> WorkloadProfile:
         # One instant for every series: each query at Prometheus' "now" let a scrape land
         # between the lengths' _sum and _count (a mean output of 10.8 for 12 asked).
-        query = prometheus_query(url, timeout_s, verify=verify, at=time.time())
-        return cls.measure(query, selector, window_s, min_requests=min_requests)
+        at = time.time()
+        query = prometheus_query(url, timeout_s, verify=verify, at=at)
+        return cls.measure(query, selector, window_s, min_requests=min_requests, now=at)
 
-    def workload_spec(self, *, shared_prefix_tokens: int = 0) -> dict[str, Any]:
-        """The open-loop workload section of a scenario file."""
+    def workload_spec(self, *, shared_prefix_tokens: int = 0,
+                      base: Scenario | None = None) -> dict[str, Any]:
+        """The open-loop workload section of a scenario file: arrivals at the measured
+        rate, gamma where they came bursty (``burstiness.arrival_process``), ``base``'s
+        process where that was not measured."""
         mix = {k: round(v, 4) for k, v in self.class_mix.items() if v > 0}
-        return {"type": "open_loop",
-                "arrivals": {"process": "poisson", "rate": round(self.arrival_rate, 4)},
+        process = arrival_process(self.arrival_rate, self.burstiness,
+                                  base_arrivals(base) if base is not None else None)
+        return {"type": "open_loop", "arrivals": arrivals_spec(process),
                 "prompt_tokens": self.prompt.to_spec(), "output_tokens": self.output.to_spec(),
                 "shared_prefix_tokens": shared_prefix_tokens, "classes": mix}
 
@@ -384,13 +453,16 @@ class WorkloadProfile:
         data: dict[str, Any] = {
             "name": name or f"{base.name}-live",
             "description": (f"{base.name} hardware under the workload measured over "
-                            f"{self.window_s} s: {self.arrival_rate:.3g} req/s, prompts "
-                            f"~{self.prompt.mean:.0f} tok, outputs ~{self.output.mean:.0f} tok"),
+                            f"{self.window_s} s: {self.arrival_rate:.3g} req/s ("
+                            f"{(self.burstiness or unmeasured('not read')).describe()}), "
+                            f"prompts ~{self.prompt.mean:.0f} tok, outputs "
+                            f"~{self.output.mean:.0f} tok"),
             "gpu": base.gpu, "num_gpus": base.num_gpus, "tp": base.tp, "model": base.model,
             "duration_s": duration_s if duration_s is not None else base.duration_s,
             "seed": base.seed, "engine": dict(base.engine), "slo": base.slo.to_dict(),
             "dispatch": base.dispatch.value,  # behind the same load balancer
-            "workload": self.workload_spec(shared_prefix_tokens=shared_prefix_tokens),
+            "workload": self.workload_spec(shared_prefix_tokens=shared_prefix_tokens,
+                                           base=base),
         }
         if base.gpu_memory_utilization is not None:
             data["gpu_memory_utilization"] = base.gpu_memory_utilization

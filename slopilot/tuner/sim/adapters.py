@@ -17,7 +17,6 @@ from typing import Any
 
 from slopilot.engine.config import ConfigError
 from slopilot.engine.request import Priority
-from slopilot.engine.sim.arrivals import Poisson
 from slopilot.engine.sim.cluster import SimCluster
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.distributions import Empirical
@@ -29,12 +28,18 @@ from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
+from slopilot.tuner.prometheus.burstiness import (
+    BURST_WINDOW_S,
+    arrival_process,
+    base_arrivals,
+    from_times,
+)
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
 from slopilot.tuner.study.evaluator import WindowRejected
 from slopilot.tuner.study.objective import HEADROOM, TrialResult, holds
 from slopilot.tuner.study.results import rank
-from slopilot.tuner.study.sample_floor import duration_for
+from slopilot.tuner.study.sample_floor import burst_floor, duration_for
 from slopilot.tuner.study.space import SearchSpace
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.tuner import Tuner
@@ -121,7 +126,11 @@ class SimIterations:
 
 
 class SimProbe:
-    """The traffic of the last ``window_s``, as a scenario: resampled lengths and mix.
+    """The traffic of the last ``window_s``, as a scenario: resampled lengths and mix,
+    and arrivals as bursty as the last ``BURST_WINDOW_S`` read (``burstiness.from_times``:
+    gamma at the cv its 15 s bins read, Poisson where they read calm, ``base``'s process
+    where the run is too young for 8 bins). ``poisson_only`` plans every load as Poisson,
+    as before the burstiness was measured (the benchmark's "before").
 
     ``twin`` is the scenario the controller's simulator runs on (its hardware and cost
     profile); by default the cluster's own, so the twin is right by construction. A
@@ -129,9 +138,10 @@ class SimProbe:
     """
 
     def __init__(self, cluster: SimCluster, *, window_s: float = 120.0,
-                 duration_s: float = 120.0, twin: Scenario | None = None) -> None:
+                 duration_s: float = 120.0, twin: Scenario | None = None,
+                 poisson_only: bool = False) -> None:
         self.cluster, self.window_s, self.duration_s = cluster, window_s, duration_s
-        self.twin = twin
+        self.twin, self.poisson_only = twin, poisson_only
 
     def measure(self, now: float) -> Scenario:
         start = max(0.0, now - self.window_s)
@@ -140,8 +150,14 @@ class SimProbe:
         if len(seen) < 2:
             return base
         counts = Counter(a.priority for a in seen)
+        rate = len(seen) / max(1e-9, now - start)
+        since = max(0.0, now - max(self.window_s, BURST_WINDOW_S))
+        burst = None if self.poisson_only else from_times(
+            [a.arrival_time for a in self.cluster.arrivals if since <= a.arrival_time < now],
+            since, now)
         phase = OpenLoopPhase(
-            arrivals=Poisson(rate=len(seen) / max(1e-9, now - start)),
+            arrivals=arrival_process(rate, burst, None if self.poisson_only
+                                     else base_arrivals(base)),
             prompt_tokens=Empirical(values=tuple(float(a.num_prompt_tokens) for a in seen)),
             output_tokens=Empirical(values=tuple(float(a.max_tokens) for a in seen)),
             classes=ClassMix.of({p: float(counts.get(p, 0)) for p in Priority}))
@@ -200,7 +216,8 @@ class SimOffline:
                              seed=self.seed).summary
         except ConfigError:
             return self.duration_s
-        return duration_for(probe, scenario.slo, self.duration_s)
+        return duration_for(probe, scenario.slo, self.duration_s,
+                            floor=burst_floor(scenario))
 
 
 def _knobs(config: Mapping[str, Any]) -> str:

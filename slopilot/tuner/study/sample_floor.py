@@ -9,6 +9,13 @@ are extended until they do (``ControllerSettings.min_class_requests``).
 
 A judged class is one with a P99 term in the SLO that the summary has requests of: a
 class the traffic does not send is no verdict's subject.
+
+A bursty load (gamma gaps of cv > 1, as the probes measure it: ``burstiness.py``) needs
+more: its requests come in clumps, and a P99 over n of them rests on about n / cv^2
+independent ones (the variance of a count of them grows as cv^2). The floor of a run on
+such a scenario is scaled by cv^2 (``burst_floor``), still capped by the longest run; a
+run that reaches the cap short of it is a ``Shortfall`` like any other, and the capacity
+oracle takes no scale-down on it.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from slopilot.engine.sim.arrivals import Gamma
+from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import WindowSummary
 
@@ -30,6 +40,15 @@ a class would otherwise be simulated for hours of virtual time on every probe.""
 STRETCH = 1.25
 """A longer run aims this far past the floor: its count is a Poisson draw around the
 rate's estimate, and one a little short would be read as the cap's shortfall."""
+
+
+def burst_floor(scenario: Scenario, floor: int = SIM_MIN_CLASS_REQUESTS) -> int:
+    """``floor`` for a run on ``scenario``: scaled by cv^2 where its arrivals are gamma of
+    cv > 1 (the burstiest phase's), as is where they are Poisson or smoother."""
+    workload = scenario.workload
+    cvs = [p.arrivals.cv for p in workload.phases if isinstance(p.arrivals, Gamma)] \
+        if isinstance(workload, OpenLoopSpec) else []
+    return round(floor * max([1.0, *cvs]) ** 2)
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,9 @@ async def test_a_p0_takes_the_place_of_a_queued_p2_whose_client_gets_429(
         # (a retry apart, as any retry turned away), and never a finished request.
         refused_p2 = 0 if retry else 1
         assert metrics.refused() == {**NONE, Priority.P2: refused_p2}
+        # Offered once each, displaced or not (a retry is its call's, counted before).
+        assert metrics.arrived() == {Priority.P0: 1, Priority.P1: 0,
+                                     Priority.P2: 1 + (0 if retry else 1)}
         assert _series(text, "slopilot_requests_refused_total")[("p2",)] == refused_p2
         assert metrics.retries(refused=True) == {**NONE, Priority.P2: int(retry)}
         assert metrics.retries(refused=False) == NONE
@@ -105,6 +108,12 @@ async def test_a_p2_newcomer_displaces_no_p2_and_is_refused_itself() -> None:
         assert late.status_code == 429
         assert "the waiting queue is full: 1 request waits" in late.json()["error"]["message"]
         assert srv.backend.metrics.refused() == {**NONE, Priority.P2: 1}
+        # Offered, each: the running and the queued P2, and the one turned away at the
+        # door (the workload probe bins this counter to read the load's bursts).
+        assert srv.backend.metrics.arrived() == {**NONE, Priority.P2: 3}
+        text = (await client.get(srv.url + "/metrics")).text
+        assert _series(text, "slopilot_requests_arrived_total") == {
+            ("p0",): 0, ("p1",): 0, ("p2",): 3}
         # First come, first served within a class: the queued one is still there.
         assert srv.call(lambda e: e.scheduler.num_waiting) == 1
         queued.cancel()
