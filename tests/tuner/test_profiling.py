@@ -142,6 +142,12 @@ def test_live_engine_profile_through_real_prometheus(
     assert prof.class_mix["p1"] == pytest.approx(0.5, abs=0.2)  # p0, p1, p1, p2 in turn
     scenario = prof.to_scenario(load_scenario("tiny-cpu"), duration_s=10)
     assert simulate(scenario).summary.overall.requests_finished > 10
+    # The arrivals counter's raw samples were read (a matrix answer; it was refused as
+    # "not a Prometheus result"): a few seconds of load hold too few 15 s bins for a
+    # verdict, and say so.
+    burst = prof.burstiness
+    assert burst is not None and burst.why_none is not None, burst
+    assert "complete bins" in burst.why_none, burst.why_none
 
 
 def test_unreachable_prometheus_is_named() -> None:

@@ -82,7 +82,9 @@ def _vector(answer: Any) -> list[dict[str, Any]] | None:
     """The result list of a success answer, each sample checked; None for anything else.
 
     Checked here so that no reader downstream fails on a value with an error that quotes
-    it (``float('...')``): every value and every ``le`` bound is a number.
+    it (``float('...')``): every value and every ``le`` bound is a number. A range
+    vector's answer (a matrix: each series' raw samples under ``values``, what the probe
+    reads an arrivals counter's bins from) is checked sample by sample the same way.
     """
     if not isinstance(answer, dict) or answer.get("status") != "success":
         return None
@@ -93,10 +95,13 @@ def _vector(answer: Any) -> list[dict[str, Any]] | None:
     for sample in result:
         if not isinstance(sample, dict) or not isinstance(sample.get("metric"), dict):
             return None
-        labels, value = sample["metric"], sample.get("value")
+        labels = sample["metric"]
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
             return None
-        if not (isinstance(value, list) and len(value) == 2 and _number(value[1])):
+        points = sample.get("values") if "values" in sample else [sample.get("value")]
+        if not isinstance(points, list) or not all(
+                isinstance(p, list) and len(p) == 2 and _time(p[0]) and _number(p[1])
+                for p in points):
             return None
         if "le" in labels and not _number(labels["le"]):
             return None
@@ -109,6 +114,11 @@ def _number(text: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return isinstance(text, str)
+
+
+def _time(t: Any) -> bool:
+    """A sample's timestamp: Prometheus writes it as a JSON number (seconds)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
 CHECK_METRICS = "check what the deployment's pods export on /metrics"
