@@ -119,8 +119,9 @@ def test_a_scale_the_quota_refuses_is_waited_for_said_and_not_bought_again(
         kube_login: RunningEmulator, cluster: Cluster, prom: PrometheusStandIn,
         controller_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The quota admits one pod; the scale alert asks for three. The status tells the
-    three asked from the one ready, the wait ends in an inform naming the quota, and the
-    alert still firing buys nothing more."""
+    three asked from the one ready, the wait ends in an inform naming the quota that
+    gives the two that never served back (the Deployment asks the one that serves), and
+    the alert still firing buys nothing more."""
     monkeypatch.setenv("SLOPILOT_CONTROLLER_FACTORY",
                        "tests.operator.standins:build_quick_controller")
     with DeploymentStandIn(cluster, quota=1) as pods, operator(kube_login):
@@ -133,12 +134,14 @@ def test_a_scale_the_quota_refuses_is_waited_for_said_and_not_bought_again(
                         == "inform" and a, what="the inform past replica_ready_s")
         assert "replicas_not_ready: 1 of 3 replicas ready" in said["reason"]
         assert "exceeded quota: gpu-quota" in said["reason"]
+        assert "2 that never served given back (scaled 3->1)" in said["reason"]
         held = wait_for(lambda: "no scale_up" in (m := cluster.condition("Tuning")[
             "message"]) and m, what="the scale alert held")
         assert "exceeded quota" in held and "SlopilotTBTP99High" in held
         status = cluster.status()
-        assert (status["replicas"], status["readyReplicas"]) == (3, 1)
-        assert cluster.owned("apps/v1", "deployments", "chat")["spec"]["replicas"] == 3
+        assert (status["replicas"], status["readyReplicas"]) == (1, 1)
+        assert cluster.owned("apps/v1", "deployments", "chat")["spec"]["replicas"] == 1
+        wait_for(lambda: not pods.refused, what="no pod refused once given back")
         assert scale_count(cluster) == 1
         assert len(pods.pods) == 1
         # Tuning off: no daemon keeps the ready count true, and none is left to go stale.

@@ -116,7 +116,7 @@ def capacity(ctx: LoopContext, now: float, scenario: Scenario, config: Mapping[s
     """The fewest replicas in [lo, hi] that hold ``config`` with ``margin`` to spare;
     None when the twin, checked on the window ``running`` served, is not trusted, or busy.
     ``removing``: the answer may take replicas away (a scale-down)."""
-    scenario, check = checked(ctx, now, scenario, running, scale_wait.serving(ctx))
+    scenario, check = checked(ctx, now, scenario, running, scale_wait.serving(ctx, now))
     if check is not None and not check.trusted:
         return None
     if removing and check is not None and (optimism := check.latency_optimism()) > 0:

@@ -10,9 +10,9 @@ its own: a trial served its config for a day on a clock stepped back a day, and
 that its wait is at most its own length from now: a trial's window starts now (what the
 window measured before the step is on another clock), and so does a rate-limit entry, a
 quiet period, a rollout's last move or a state's ``since``; a cooldown, a backoff, a
-stuck config's hold or an owed restore's wait ends at most its length from now. A clock
-that jumps forward needs nothing: each wait just ends, as after an operator that was down
-that long.
+stuck config's hold, a refused scale's hold or an owed restore's wait ends at most its
+length from now. A clock that jumps forward needs nothing: each wait just ends, as after
+an operator that was down that long.
 """
 
 from __future__ import annotations
@@ -67,6 +67,11 @@ def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> 
         if kept is not None and kept.since > now:  # its wait restarts from now
             note(f"{name}.since", kept.since)
             kept.since = now
+    short = loop.replicas_short
+    if short is not None and short.until is not None \
+            and short.until > now + settings.max_backoff_s:
+        note("replicas_short.until", short.until - settings.max_backoff_s)
+        short.until = now + settings.max_backoff_s
     owed = loop.pending_restore
     if owed is not None:
         if owed.since > now:

@@ -112,9 +112,9 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     surge = sorted({a.describe() for a in tick.alerts if a.action is AlertAction.SCALE}
                    - set(ctx.loop.episode_alerts))
     # At max replicas no replica can answer it: the episode is the only remedy left; so
-    # it is while the last replicas bought still do not serve (scale_wait.py).
+    # it is while the refusal of the last replicas bought is kept (scale_wait.py).
     if surge and ctx.deployment.replicas() < s.max_replicas \
-            and scale_wait.held(ctx) is None:
+            and scale_wait.held(ctx, tick.now) is None:
         return _end_for_scale(ctx, ", ".join(surge))
     if ctx.loop.trial is None:
         return next_trial(ctx, tick.now, "next trial")

@@ -11,12 +11,20 @@ So a scale-up is recorded (``LoopState.replica_wait``) and COOLDOWN does not end
 the replicas it asked for are ready (``DeploymentHandle.replica_counts``) or
 ``replica_ready_s`` has passed. Ready late, the cooldown counts from then: the alerts'
 windows until then measured the replicas that served. Still short at the bound, the loop
-says so once (an inform naming what the platform says keeps them) and judges on the
-replicas that serve (``serving``); while the deployment still asks that count and fewer
-serve (``LoopState.replicas_short``), an alert that asks for replicas is held and
-SCALING buys none (``held``): a quota that refused the last ones refuses the next. It
-ends once they serve (the quota raised) or the count asked changes (a scale-down, a
-user's scale).
+gives back the replicas that never came (scales to those that serve, never below
+``min_replicas``) and says so in one inform naming what the platform says keeps them.
+Kept asking for them, the Deployment was never complete: every rollout of a config read
+Pending, then ProgressDeadlineExceeded (each vLLM trial waited out the deadline, ended
+``rollout_stuck`` and held a good config from trials), Pending pods kept a
+cluster-autoscaler adding GPU nodes, and a quota raised later started replicas nobody
+needed. The refusal is remembered (``LoopState.replicas_short``) for ``max_backoff_s``,
+the bound the loop already holds a repeated verdict and a stuck config by: meanwhile an
+alert that asks for replicas above those that served is held and SCALING buys none
+(``held``); without it every alert bought, waited ``replica_ready_s`` and gave back. Past it a
+scale-up is tried again (the quota may have been raised since); before it, the memory
+ends once more replicas serve than did (the quota raised and the deployment scaled by
+hand). A refusal an older version kept (no ``until``, its Deployment still asking the
+refused count) is given back at STEADY's first look (``owed``).
 """
 
 from __future__ import annotations
@@ -44,9 +52,11 @@ def bought(ctx: LoopContext, now: float, asked: int) -> None:
     ctx.loop.replicas_short = None
 
 
-def look(ctx: LoopContext, now: float) -> Look:
+def look(ctx: LoopContext, now: float, *, give_up: bool = True) -> Look:
     """Where the awaited replicas stand: ready (the wait ends, the cooldown counting from
-    now), still coming, or past ``replica_ready_s`` (the shortfall is kept)."""
+    now), still coming, or past ``replica_ready_s`` (those that never came are given
+    back and the refusal is kept). ``give_up=False`` (COOLDOWN entered, its decision
+    already made) leaves the giving up to the next look, which says it."""
     loop, s = ctx.loop, ctx.settings
     wait = loop.replica_wait
     if wait is None:
@@ -61,45 +71,91 @@ def look(ctx: LoopContext, now: float) -> Look:
             loop.cooldown_until = max(loop.cooldown_until, now + s.cooldown_s)
         return Look()
     waited = now - wait.since
-    if waited < s.replica_ready_s:
+    if waited < s.replica_ready_s or not give_up:
         return Look(waiting=f"waiting for the replicas bought: {_said(counts)}; up to "
                     f"replica_ready_s={s.replica_ready_s:g} s ({waited:.0f} s so far)")
+    kept = max(counts.ready, s.min_replicas)
+    if kept < counts.asked:
+        # Raising, the wait is kept: the next tick looks, gives up and scales again.
+        ctx.deployment.scale(kept)
+        back = (f"the {counts.asked - kept} that never served given back "
+                f"(scaled {counts.asked}->{kept})")
+    else:
+        back = f"none given back (min_replicas={s.min_replicas})"
     loop.replica_wait = None
+    until = now + s.max_backoff_s
     loop.replicas_short = ReplicasShort(counts.asked, counts.ready, now,
-                                        counts.why_not_ready)
+                                        counts.why_not_ready, until)
     return Look(gave_up=f"replicas_not_ready: {_said(counts)} {waited:.0f} s after the "
-                f"scale-up (replica_ready_s={s.replica_ready_s:g} s); judging on the "
-                f"{counts.ready} that serve, and no scale-up while they stay short")
+                f"scale-up (replica_ready_s={s.replica_ready_s:g} s): {counts.asked} "
+                f"asked, {counts.ready} serve; {back}; no scale-up above {kept} for "
+                f"max_backoff_s={s.max_backoff_s:g} s unless more serve")
 
 
-def held(ctx: LoopContext) -> str | None:
-    """Why no replica is bought now: the last ones bought still do not serve; None when
-    no such shortfall is kept, or it has ended (then it is forgotten)."""
-    counts = _short_counts(ctx)
-    if counts is None:
+def held(ctx: LoopContext, now: float, wanted: int | None = None) -> str | None:
+    """Why no scale-up to ``wanted`` replicas (None: one more than asked now) is made:
+    the last one's replicas above those that served never came, and ``max_backoff_s``
+    has not passed since; None when no refusal is kept, it has ended (then it is
+    forgotten), or ``wanted`` does not go above what served."""
+    kept = _kept(ctx, now)
+    if kept is None:
         return None
-    return (f"no scale_up: {_said(counts)} since a scale-up past replica_ready_s: "
-            "more asked would not serve either")
+    short, until, counts = kept
+    cap = max(short.ready, ctx.settings.min_replicas)
+    if (counts.asked + 1 if wanted is None else wanted) <= cap:
+        return None
+    why = short.why or "the platform said not why"
+    return (f"no scale_up above {cap}: a scale-up to {short.asked} had {short.ready} "
+            f"serving past replica_ready_s ({why}); more would not serve either; tried "
+            f"again in {until - now:.0f} s unless more serve")
 
 
-def serving(ctx: LoopContext) -> int:
+def owed(ctx: LoopContext, now: float) -> str | None:
+    """A refusal an older version kept (no ``until``) with the deployment still asking the
+    refused replicas: they are given back now (STEADY's first look), as the wait's end
+    gives them back today; the inform's reason, or None when none is owed."""
+    short = ctx.loop.replicas_short
+    if short is None or short.until is not None or _kept(ctx, now) is None:
+        return None
+    counts = ctx.deployment.replica_counts()
+    kept = max(short.ready, ctx.settings.min_replicas)
+    short.until = short.since + ctx.settings.max_backoff_s
+    if counts.asked <= kept or counts.ready > short.ready:
+        return None
+    ctx.deployment.scale(kept)
+    return (f"replicas_not_ready: a scale-up to {short.asked} had {short.ready} serving "
+            f"past replica_ready_s ({short.why or 'the platform said not why'}); the "
+            f"{counts.asked - kept} asked that never served given back (scaled "
+            f"{counts.asked}->{kept}); no scale-up above {kept} for another "
+            f"{short.until - now:.0f} s unless more serve")
+
+
+def serving(ctx: LoopContext, now: float) -> int:
     """The replicas the loop judges capacity on: those asked, but the ones that serve
-    while a kept shortfall holds."""
-    counts = _short_counts(ctx)
-    return ctx.deployment.replicas() if counts is None else counts.ready
+    while a kept refusal holds and the deployment asks more than served then (a state
+    from an older version, which kept asking them; a scale by hand not yet ready)."""
+    kept = _kept(ctx, now)
+    if kept is None:
+        return ctx.deployment.replicas()
+    short, _, counts = kept
+    if counts.asked > max(short.ready, ctx.settings.min_replicas):
+        return min(counts.asked, counts.ready)
+    return counts.asked
 
 
-def _short_counts(ctx: LoopContext) -> Replicas | None:
-    """The replica counts while the kept shortfall holds; None (forgetting it) once the
-    deployment asks another count or every asked replica serves."""
+def _kept(ctx: LoopContext, now: float) -> tuple[ReplicasShort, float, Replicas] | None:
+    """The kept refusal, when it ends and the replica counts, while it holds; None
+    (forgetting it) once its ``until`` has passed or more replicas serve than did."""
     short = ctx.loop.replicas_short
     if short is None:
         return None
+    until = short.until if short.until is not None else \
+        short.since + ctx.settings.max_backoff_s  # an older version's: no until kept
     counts = ctx.deployment.replica_counts()
-    if counts.asked != short.asked or counts.ready >= counts.asked:
+    if now >= until or counts.ready > short.ready:
         ctx.loop.replicas_short = None
         return None
-    return counts
+    return short, until, counts
 
 
 def _said(counts: Replicas) -> str:

@@ -30,7 +30,7 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         reason, at_least = entered.reason, entered.at_least
     loop.reason = loop.scale_reason = reason
     # The replicas that serve where the last ones bought never did (scale_wait.py).
-    current = scale_wait.serving(ctx)
+    current = scale_wait.serving(ctx, now)
     # Read once: a pod's spec or an HTTP GET. What the capacity is planned for: SCALING
     # is never inside an episode, so a best config kept is the last episode's commit,
     # which the deployment runs unless an edit of its spec has replaced it since. The
@@ -105,9 +105,10 @@ def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current:
 
 
 def _scale_up(ctx: LoopContext, now: float, current: int, needed: int, reason: str) -> Go:
-    """Ask for ``needed`` replicas and wait for them; none while the last ones bought
-    still do not serve (a quota refused them: it refuses these too)."""
-    short = scale_wait.held(ctx)
+    """Ask for ``needed`` replicas and wait for them; none above those that served while
+    the refusal of the last ones bought is kept (a quota refused them: it refuses these
+    too)."""
+    short = scale_wait.held(ctx, now, needed)
     if short is not None:
         return Go(ControllerState.COOLDOWN, Event.REPLICAS_SHORT,
                   f"{short}; scale_up {current}->{needed} not made; {reason}",

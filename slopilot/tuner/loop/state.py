@@ -123,17 +123,23 @@ class ReplicaWait:
 
 @dataclass
 class ReplicasShort:
-    """Replicas a scale-up asked for that did not serve within ``replica_ready_s``: while
-    the deployment still asks ``asked`` and fewer serve, the loop judges capacity on
-    those that do and asks for no more (``scale_wait.py``)."""
+    """A scale-up to ``asked`` of which only ``ready`` served within ``replica_ready_s``:
+    the others were given back, and before ``until`` no scale-up goes above what served
+    (``scale_wait.py``)."""
 
     asked: int
+    """The count the scale-up asked for (``asked - ready`` were refused)."""
     ready: int
-    """How many served when the wait ended."""
+    """How many served when the wait ended: the deployment was scaled back to this (or
+    to ``min_replicas``), and no scale-up goes above it before ``until``."""
     since: float
     """When the wait ended."""
     why: str | None = None
     """What kept them, as the platform said (a quota refused, no node fits)."""
+    until: float | None = None
+    """When a scale-up is tried again (``since + max_backoff_s``; the quota may have been
+    raised). None in a state from before it, whose deployment still asks ``asked``: read
+    as ``since + max_backoff_s``."""
 
 
 @dataclass
@@ -198,8 +204,8 @@ class LoopState:
     ``replica_ready_s`` passes (``scale_wait.py``). None: none (and in a state written
     before it)."""
     replicas_short: ReplicasShort | None = None
-    """Replicas bought that never served, while the deployment still asks them and they
-    still do not: no scale-up is made while it holds (``scale_wait.py``)."""
+    """A scale-up's replicas that never served, given back: no scale-up above those that
+    did before its ``until``, unless more serve meanwhile (``scale_wait.py``)."""
 
     def count_measured(self) -> None:
         """One more trial of the episode judged on a measured window."""

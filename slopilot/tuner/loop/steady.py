@@ -9,8 +9,9 @@ breached all the same), replicas above the minimum are given back once the alert
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
 headroom). After a commit or a scale, an alert that has held since before it is
 re-confirmed on the loop's own window measured after it before it acts (``_unconfirmed``).
-COOLDOWN after a scale-up also waits for the replicas it bought, and a scale alert is held
-while replicas bought before still do not serve (``scale_wait.py``).
+COOLDOWN after a scale-up also waits for the replicas it bought (those that never come
+are given back), and a scale alert is held for ``max_backoff_s`` after replicas bought
+never served (``scale_wait.py``).
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ log = logging.getLogger(__name__)
 def steady(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if entered is not None:  # the cooldown just ended: the alerts are read next tick
         return ctx.decide(Action.NONE, entered.reason)
+    if (back := scale_wait.owed(ctx, tick.now)) is not None:
+        return ctx.decide(Action.INFORM, back)
     alerts = _since_last_action(ctx, tick)
     stop = _held(ctx, alerts)
     if stop is not None:
         return stop
     scale = [a for a in alerts if a.action is AlertAction.SCALE]
     retune = [a for a in alerts if a.action is AlertAction.RETUNE]
-    short = scale_wait.held(ctx) if scale else None
+    short = scale_wait.held(ctx, tick.now) if scale else None
     if short is not None:  # the replicas bought last never served: more would not
         ctx.loop.headroom_since = None
         if not retune:
@@ -196,7 +199,7 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
     """Fewer replicas when the alerts have been quiet and the simulator holds the SLO
     with fewer; else why not where it is worth saying, or None."""
     loop, s = ctx.loop, ctx.settings
-    current = scale_wait.serving(ctx)
+    current = scale_wait.serving(ctx, now)
     if current <= s.min_replicas:
         loop.headroom_since = None
         return None
@@ -233,7 +236,7 @@ def cooldown(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     loop = ctx.loop
     if entered is not None:
         loop.cooldown_until = tick.now + ctx.settings.cooldown_s
-        scale_wait.look(ctx, tick.now)  # replicas ready at once end their wait here
+        scale_wait.look(ctx, tick.now, give_up=False)  # ready at once: the wait ends
         return ctx.decide(entered.action, entered.reason, config=entered.config,
                           summary=entered.summary)
     # A scale-up's replicas are waited for (scale_wait.py): STEADY would judge the

@@ -88,8 +88,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.SCALING, S.COOLDOWN, Event.MAX_REPLICAS,
                "at max replicas after live evidence that nothing holds: say so"),
     Transition(S.SCALING, S.COOLDOWN, Event.REPLICAS_SHORT,
-               "more replicas needed, but those the last scale-up bought still do not "
-               "serve past replica_ready_s (a quota, no node fits): say so, buy none"),
+               "more replicas needed than served when the last scale-up's wait gave up "
+               "(a quota, no node fits; those that never came given back), before "
+               "max_backoff_s has passed and unless more serve since: say so, buy none"),
     Transition(S.TUNING, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires during the episode (not one it began "
                "under), below max replicas: its open trial told failed, its rollback "
@@ -124,7 +125,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "budget, at least one measured): at least one more replica"),
     Transition(S.COOLDOWN, S.STEADY, Event.COOLDOWN_OVER,
                "cooldown_s has passed, and after a scale-up its replicas serve (the "
-               "cooldown counts from then) or replica_ready_s has passed (said: inform)"),
+               "cooldown counts from then) or replica_ready_s has passed (said: inform, "
+               "those that never came given back)"),
     Transition(S.COOLDOWN, S.COOLDOWN, Event.COMMIT_STUCK,
                "the commit's rollout is stuck (past the Deployment's progress deadline, "
                "paused, or unmoved for rollout_timeout_s): the committed config before it "
