@@ -20,10 +20,10 @@ cluster-autoscaler adding GPU nodes, and a quota raised later started replicas n
 needed. The refusal is remembered (``LoopState.replicas_short``) for ``max_backoff_s``,
 the bound the loop already holds a repeated verdict and a stuck config by: meanwhile an
 alert that asks for replicas above those that served is held and SCALING buys none
-(``held``); without it every alert bought, waited ``replica_ready_s`` and gave back. Past it a
-scale-up is tried again (the quota may have been raised since); before it, the memory
-ends once more replicas serve than did (the quota raised and the deployment scaled by
-hand). A refusal an older version kept (no ``until``, its Deployment still asking the
+(``held``); without it every alert bought, waited ``replica_ready_s`` and gave back.
+Past it a scale-up is tried again (the quota may have been raised since); before it, the
+memory ends once more replicas serve than did (the quota raised and the deployment
+scaled by hand). A refusal an older version kept (no ``until``, its Deployment still asking the
 refused count) is given back at STEADY's first look (``owed``).
 """
 
