@@ -257,3 +257,20 @@ def test_after_the_refusal_a_vllm_trial_rolls_out_and_is_judged() -> None:
     assert any(d.action is Action.TRIAL for d in out)
     # Each trial rolls out and is judged on a window of its own.
     assert sum("rolled out: its window starts" in d.reason for d in out) >= 2
+
+
+def test_a_scale_up_to_what_served_is_made_and_keeps_the_refusal() -> None:
+    """Scaled down by hand below what served: buying back up to it is no replica the
+    quota refused, and the refusal of more still holds."""
+    rig = quota_rig(FakePlanner(needed=4))
+    ctl = rig.build()
+    run(ctl, 0.0, READY_S + 10.0)
+    assert rig.dep.scaled == [4, 2]
+    rig.dep.n = 1  # a user's scale
+    rig.planner.needed = 2
+    run(ctl, READY_S + 10.0, READY_S + 60.0)
+    assert rig.dep.scaled == [4, 2, 2]
+    assert ctl.loop.replicas_short is not None
+    rig.planner.needed = 4
+    later = run(ctl, READY_S + 60.0, READY_S + 300.0)
+    assert rig.dep.scaled == [4, 2, 2], [d.line() for d in later]

@@ -47,9 +47,9 @@ class Look:
 
 
 def bought(ctx: LoopContext, now: float, asked: int) -> None:
-    """A scale-up to ``asked`` made now: its replicas are waited for."""
+    """A scale-up to ``asked`` made now: its replicas are waited for. A kept refusal
+    stays: ``held`` let this one through only once it ended or up to what served."""
     ctx.loop.replica_wait = ReplicaWait(asked, now)
-    ctx.loop.replicas_short = None
 
 
 def look(ctx: LoopContext, now: float, *, give_up: bool = True) -> Look:
