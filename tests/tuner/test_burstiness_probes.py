@@ -57,13 +57,19 @@ def test_the_simulated_probe_plans_a_poisson_load_as_poisson() -> None:
     assert isinstance(_arrivals(SimProbe(cluster, window_s=300).measure(300.0)), Poisson)
 
 
-def test_a_bursty_loads_runs_hold_cv_squared_times_the_floor() -> None:
+def test_a_bursty_loads_runs_hold_cv_squared_times_the_floor_up_to_nine() -> None:
+    """cv^2 times, at most 9 (cv 3): at cv 6 one capacity search ran past the simulator
+    worker's 300 s limit and answered nothing (30 req/s, 1-8 replicas: 272 s)."""
     from slopilot.tuner.study.sample_floor import SIM_MIN_CLASS_REQUESTS, burst_floor
 
     assert burst_floor(bursty_scenario({"process": "poisson", "rate": 2.0})) == \
         SIM_MIN_CLASS_REQUESTS
+    assert burst_floor(bursty_scenario({"process": "gamma", "rate": 2.0, "cv": 2.0})) == \
+        4 * SIM_MIN_CLASS_REQUESTS
     assert burst_floor(bursty_scenario({"process": "gamma", "rate": 2.0, "cv": 4.0})) == \
-        16 * SIM_MIN_CLASS_REQUESTS
+        9 * SIM_MIN_CLASS_REQUESTS
+    assert burst_floor(bursty_scenario({"process": "gamma", "rate": 2.0, "cv": 6.0})) == \
+        9 * SIM_MIN_CLASS_REQUESTS
     assert burst_floor(bursty_scenario({"process": "gamma", "rate": 2.0, "cv": 0.5})) == \
         SIM_MIN_CLASS_REQUESTS  # smoother than Poisson: no fewer
 
@@ -200,3 +206,31 @@ def test_raw_samples_past_the_answers_bound_leave_the_rest_of_the_profile() -> N
     scenario = probe.measure(10_000.0)
     assert isinstance(_arrivals(scenario), Poisson) and "past 8 MiB" in scenario.description
     assert _arrivals(scenario).rate == pytest.approx(110 / 120, abs=1e-4)
+
+
+def test_a_clients_invalid_requests_are_no_burst_of_load() -> None:
+    """Reviewer's repro: the meter counts a request its engine refuses as invalid (a
+    client's 400s) among its arrivals; binned raw, 600 of them in two bursts read a
+    smooth 4 req/s as cv 6, the cap. The rate took them off; so do the bins now."""
+    from slopilot.tuner.prometheus.profiling import raw_arrivals
+
+    end = 10_000.0
+    steady = [(end - 600 + 15 * k, 60.0 * k) for k in range(1, 41)]
+
+    def spammed(t: float) -> float:
+        return (300.0 if t > end - 400 else 0.0) + (300.0 if t > end - 100 else 0.0)
+
+    def query(series: dict[str, list[tuple[float, float]]]) -> Any:
+        def run(expr: str) -> list[dict[str, Any]]:
+            rows = series.get(expr.split("{")[0].split("[")[0])
+            return [] if rows is None else [{
+                "metric": {"instance": "a:8000", "priority_class": "p1"},
+                "values": [[t, str(v)] for t, v in rows]}]
+        return run
+
+    calm = raw_arrivals(query({"slopilot_meter_arrivals_total": steady}), {}, 120, end)
+    spam = raw_arrivals(query({
+        "slopilot_meter_arrivals_total": [(t, v + spammed(t)) for t, v in steady],
+        "slopilot_meter_invalid_total": [(t, spammed(t)) for t, _ in steady]}), {}, 120, end)
+    assert calm.cv is not None and not calm.bursty
+    assert spam.cv == pytest.approx(calm.cv, abs=0.05) and not spam.bursty, spam

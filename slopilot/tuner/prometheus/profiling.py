@@ -247,6 +247,7 @@ def raw_arrivals(query: PrometheusQuery, selector: Mapping[str, str], window_s: 
     try:
         metered = _raw(query(f"{ARRIVALS}{sel}[{w}]"))
         engines = _raw(query(f"{ARRIVED}{sel}[{w}]"))
+        invalid = _raw(query(f"{INVALID}{sel}[{w}]")) if metered else []
     except PrometheusUnavailable as exc:
         # Past the answer's bound (hundreds of replicas scraped every second): the rest
         # of the profile stands, read already; the arrivals are planned as designed.
@@ -257,7 +258,10 @@ def raw_arrivals(query: PrometheusQuery, selector: Mapping[str, str], window_s: 
         return unmeasured(f"no replica exports an arrivals counter ({ARRIVALS} or "
                           f"{ARRIVED})")
     end = now if now is not None else max(s[-1][0] for s in series if s)
-    return counter_bins(series, end - max(window_s, BURST_WINDOW_S), end)
+    # The meter's count takes in the requests its engine refused as invalid (a client's
+    # 400s, sent in a burst by one client): no load, as counted_arrivals takes them off.
+    return counter_bins(series, end - max(window_s, BURST_WINDOW_S), end,
+                        minus=[s for r, s in invalid if r in have])
 
 
 def _raw(result: list[dict[str, Any]]) -> list[tuple[str, Samples]]:

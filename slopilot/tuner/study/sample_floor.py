@@ -42,13 +42,21 @@ STRETCH = 1.25
 rate's estimate, and one a little short would be read as the cap's shortfall."""
 
 
+BURST_FLOOR_MAX = 9.0
+"""The most a bursty load multiplies the floor by (cv 3's cv^2): at cv 6 the runs of one
+capacity search simulated 36 times the requests, past the simulator worker's 300 s limit
+(30 req/s on 1-8 replicas: 272 s on a shared 2-core machine), and a search that ends there
+answers nothing at all, while it holds the operator's one simulator process."""
+
+
 def burst_floor(scenario: Scenario, floor: int = SIM_MIN_CLASS_REQUESTS) -> int:
     """``floor`` for a run on ``scenario``: scaled by cv^2 where its arrivals are gamma of
-    cv > 1 (the burstiest phase's), as is where they are Poisson or smoother."""
+    cv > 1 (the burstiest phase's), at most ``BURST_FLOOR_MAX`` times; as is where they
+    are Poisson or smoother."""
     workload = scenario.workload
     cvs = [p.arrivals.cv for p in workload.phases if isinstance(p.arrivals, Gamma)] \
         if isinstance(workload, OpenLoopSpec) else []
-    return round(floor * max([1.0, *cvs]) ** 2)
+    return round(floor * min(BURST_FLOOR_MAX, max([1.0, *cvs]) ** 2))
 
 
 @dataclass(frozen=True, slots=True)
