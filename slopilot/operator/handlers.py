@@ -596,12 +596,21 @@ async def retry_drift_repair(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logg
     or a spec reconcile says otherwise, the condition stops this timer). Asked as an
     event's repair is, joining one that waits or runs, and awaited: the next interval
     counts from its end. A stop ends the wait only: others may wait for that repair."""
+    await _repair_in_turn(body, memo, logger, repair_named)
+
+
+async def _repair_in_turn(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                          repair: Callable[[str, str, kopf.Memo, kopf.Logger], None]
+                          ) -> None:
+    """A timer's ``repair`` of the CR, asked as an event's repair is (joining one that
+    waits or runs) and awaited, so the timer's next interval counts from its end; none
+    for a CR being deleted."""
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         return
     namespace, name = meta["namespace"], meta["name"]
     asked = memo.drift_repairs.ask(namespace, name, functools.partial(
-        repair_named, namespace, name, memo, logger))
+        repair, namespace, name, memo, logger))
     await asyncio.wait((asked.done,))
 
 
@@ -614,15 +623,8 @@ def foreign_budget(status: Mapping[str, Any], **_: Any) -> bool:
 async def replace_deleted_budget(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
                                  **_: Any) -> None:
     """The CR's budget is another's (disruption_budget.py): once that one is gone, the
-    CR is repaired, which makes the operator's own and clears the condition. Asked as a
-    drift repair is, and awaited: the next interval counts from its end."""
-    meta = body["metadata"]
-    if meta.get("deletionTimestamp"):
-        return
-    namespace, name = meta["namespace"], meta["name"]
-    asked = memo.drift_repairs.ask(namespace, name, functools.partial(
-        _repair_if_budget_gone, namespace, name, memo, logger))
-    await asyncio.wait((asked.done,))
+    CR is repaired, which makes the operator's own and clears the condition."""
+    await _repair_in_turn(body, memo, logger, _repair_if_budget_gone)
 
 
 def _repair_if_budget_gone(namespace: str, name: str, memo: kopf.Memo,
