@@ -234,3 +234,23 @@ def test_a_clients_invalid_requests_are_no_burst_of_load() -> None:
         "slopilot_meter_invalid_total": [(t, spammed(t)) for t, _ in steady]}), {}, 120, end)
     assert calm.cv is not None and not calm.bursty
     assert spam.cv == pytest.approx(calm.cv, abs=0.05) and not spam.bursty, spam
+
+
+def test_the_demos_scrape_takes_the_meters_invalid_requests_off_as_prometheus_does() -> None:
+    """A meter in front of an engine counts a client's 400s among its arrivals; the
+    Prometheus probe takes them off (``minus``), and the demo's own scrapes did not: a
+    burst of 600 invalid requests read a smooth 4 req/s as cv 6."""
+    from slopilot.engine.meter.exposition import ARRIVALS, INVALID
+    from slopilot.engine.slo import SLOSpec
+    from slopilot.tuner.local.scrape import DirectScrape, _Snapshot
+    from slopilot.tuner.prometheus.rules import RuleOptions
+
+    scrape = DirectScrape(lambda: [], SLOSpec.from_profile("standard"), RuleOptions(),
+                          interval_s=15.0)
+    for k in range(41):
+        t = 600.0 + 15 * k
+        spam = (300.0 if t > 800 else 0.0) + (300.0 if t > 1100 else 0.0)
+        series = {(ARRIVALS, "p1", -1.0): 60.0 * k + spam, (INVALID, "p1", -1.0): spam}
+        scrape._snaps.append((t, _Snapshot({"http://a": series}, None)))
+    b = scrape.burstiness(600.0, 1200.0)
+    assert b.cv is not None and b.cv < 1.2 and not b.bursty, b

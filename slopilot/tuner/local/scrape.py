@@ -349,7 +349,12 @@ class DirectScrape:
                 name = ARRIVALS if any(k[0] == ARRIVALS for k in got) else ARRIVED
                 count = [v for k, v in got.items() if k[0] == name]
                 if count:
-                    series.setdefault(url, []).append((t, sum(count)))
+                    # The meter's invalid ones (a client's 400s) are no load, as the
+                    # Prometheus probe takes them off; each was an arrival first, so
+                    # the difference never falls.
+                    invalid = sum(v for k, v in got.items() if k[0] == INVALID) \
+                        if name == ARRIVALS else 0.0
+                    series.setdefault(url, []).append((t, sum(count) - invalid))
         if not series:
             return unmeasured(f"no replica exports an arrivals counter ({ARRIVALS} or "
                               f"{ARRIVED})")
