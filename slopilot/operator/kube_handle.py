@@ -51,8 +51,8 @@ from slopilot.operator.crd import API_VERSION, KIND, PLURAL
 from slopilot.operator.engine_deployment import vllm_max_num_seqs
 from slopilot.operator.knobs import committed_body, trial_recorded, tuned_record
 from slopilot.operator.kubeapi import ApiError, Kube
-from slopilot.operator.owned_meta import selector
-from slopilot.operator.ownership import controlled_by, controller_ref
+from slopilot.operator.owned_pods import owned_pods
+from slopilot.operator.ownership import controlled_by
 from slopilot.operator.pod_admin import CONFIG_PATH, ApplyError, PodAdmin, admin_url, ready
 from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.policy import OperatorPolicy, policy_problems
@@ -67,7 +67,6 @@ from slopilot.tuner.loop.ports import Pending, Replicas, Rollout, Settled
 from slopilot.tuner.prometheus.bounded import StartTimer, thread_timer
 
 log = logging.getLogger(__name__)
-TEMPLATE_HASH = "pod-template-hash"
 SCALE_ATTEMPTS = 4
 """Reads and conditional patches one scale makes at most: the Deployment controller's
 own status writes move the resourceVersion a patch is conditional on."""
@@ -229,27 +228,10 @@ class KubeDeploymentHandle:
     def _owned(self, body: Mapping[str, Any] | None = None) -> tuple[
             dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
         """This CR's Deployment (None: none, or another's), its own ReplicaSets, and the
-        engine pods they made, ready or not, by name."""
+        engine pods they made, ready or not, by name (owned_pods.py)."""
         body = body if body is not None else self.body()
-        dep = self.kube.get("apps/v1", "deployments", self.namespace, self.name)
-        if dep is None or not controlled_by(dep, KIND, body["metadata"].get("uid")):
-            return None, [], []
-        sel = ",".join(f"{k}={v}" for k, v in selector(self.name).items())
-        sets = {rs["metadata"]["uid"]: rs for rs in self.kube.list(
-            "apps/v1", "replicasets", self.namespace, label_selector=sel)
-            if controlled_by(rs, "Deployment", dep["metadata"].get("uid"))}
-        out = []
-        for pod in self.kube.list("v1", "pods", self.namespace, label_selector=sel):
-            ref = controller_ref(pod)
-            rs = sets.get(str(ref.get("uid"))) if ref and ref.get("kind") == "ReplicaSet" \
-                else None
-            if rs is None:
-                continue
-            want = (rs["metadata"].get("labels") or {}).get(TEMPLATE_HASH)
-            if want is None or (pod["metadata"].get("labels") or {}).get(TEMPLATE_HASH) != want:
-                continue
-            out.append(pod)
-        return dep, list(sets.values()), sorted(out, key=lambda p: p["metadata"]["name"])
+        found = owned_pods(self.kube, self.namespace, self.name, body["metadata"].get("uid"))
+        return found.deployment, found.replica_sets, found.pods
 
     def endpoints(self) -> list[str]:
         return [admin_url(p) for p in self.pods()]
