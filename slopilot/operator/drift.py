@@ -34,6 +34,7 @@ from slopilot.operator.conditions import (
 )
 from slopilot.operator.disruption_budget import budget_conditions
 from slopilot.operator.kubeapi import ApiError, Kube
+from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Outcome, WriteFailed
 from slopilot.operator.status_writer import write_status
 
@@ -113,10 +114,17 @@ def record_repair(kube: Kube, namespace: str, name: str, uid: str,
                     _current(status, [{"type": t.value}]) for t in gone):
                 updates += said
                 removed += gone
-        if not updates and not removed:
-            return None
-        return {"conditions": merge_conditions(status.get("conditions"), updates,
-                                               remove=removed)}
+        out: dict[str, Any] = {}
+        if isinstance(found, Outcome) and found.ready is not None \
+                and tuning_enabled(body.get("spec") or {}) is False \
+                and status.get("readyReplicas") != found.ready:
+            # No daemon counts them while tuning is off: a pod that became ready (or
+            # went) is a status write of the Deployment, whose event brought this repair.
+            out["readyReplicas"] = found.ready
+        if updates or removed:
+            out["conditions"] = merge_conditions(status.get("conditions"), updates,
+                                                 remove=removed)
+        return out or None
 
     write_status(kube, namespace, name, build)
 

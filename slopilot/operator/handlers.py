@@ -294,9 +294,9 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
     if ended is not None:
         out["controller"] = ended
     if not tuned:
-        # The tuning daemon writes it at each tick; none runs now to keep it true, and a
-        # count kept from before said pods served that may have gone since.
-        out["readyReplicas"] = None
+        # The tuning daemon counts them at each tick; none runs now, so the reconcile
+        # does, and the repair at each of the Deployment's status writes (drift.py).
+        out["readyReplicas"] = outcome.ready
     return out
 
 

@@ -39,6 +39,7 @@ class DeploymentStandIn:
         self.cluster, self.name, self.quota = cluster, name, quota
         self.pods: list[PodStandIn] = []
         self.refused = False
+        self._said_ready: int | None = None
         self._token: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -79,6 +80,15 @@ class DeploymentStandIn:
             self.cluster.core.delete_namespaced_pod(f"{self.name}-pod-{len(self.pods)}",
                                                     self.cluster.namespace)
             pod.close()
+        if self._said_ready != len(self.pods):
+            # As the Deployment controller does: its status follows the pods, and the
+            # write is an event on the Deployment for whoever watches it.
+            self.cluster.kube.patch("apps/v1", "deployments", self.cluster.namespace,
+                                    self.name, {"status": {
+                                        "replicas": len(self.pods),
+                                        "readyReplicas": len(self.pods)}},
+                                    subresource="status")
+            self._said_ready = len(self.pods)
         refused = admitted < want
         if refused != self.refused:
             self._condition(refused, admitted)

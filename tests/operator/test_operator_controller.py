@@ -144,9 +144,23 @@ def test_a_scale_the_quota_refuses_is_waited_for_said_and_not_bought_again(
         wait_for(lambda: not pods.refused, what="no pod refused once given back")
         assert scale_count(cluster) == 1
         assert len(pods.pods) == 1
-        # Tuning off: no daemon keeps the ready count true, and none is left to go stale.
+        # Tuning off: the reconcile keeps the count the daemon kept (the one that serves).
         cluster.patch("chat", {"spec": {"tuning": {"enabled": False}}})
-        wait_for(lambda: "readyReplicas" not in cluster.status(), what="no ready count kept")
+        wait_for(lambda: cluster.condition("Tuning")["reason"] == "Disabled",
+                 what="tuning off")
+        assert cluster.status().get("readyReplicas") == 1
+
+
+def test_the_ready_count_follows_the_pods_while_tuning_is_off(
+        kube_login: RunningEmulator, cluster: Cluster, controller_env: None) -> None:
+    """No daemon runs, and ``kubectl get`` still shows the pods that serve: the quota
+    admits one of the two asked, then is raised."""
+    with DeploymentStandIn(cluster, quota=1) as pods, operator(kube_login):
+        cluster.create(llmd(replicas={"min": 2, "max": 2}, tuning={"enabled": False}))
+        wait_for(lambda: (s := cluster.status()).get("replicas") == 2
+                 and s.get("readyReplicas") == 1, what="2 asked, 1 ready")
+        pods.quota = None
+        wait_for(lambda: cluster.status().get("readyReplicas") == 2, what="both ready")
 
 
 def test_retune_alert_puts_the_trial_on_the_canary_then_commits_to_all(
