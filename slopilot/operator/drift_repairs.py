@@ -55,8 +55,8 @@ log = logging.getLogger(__name__)
 
 REPAIRS = HANDLER_THREADS // 2
 """Drift repairs of every namespace at once, on kopf's ``HANDLER_THREADS``: the other
-half is left to the spec reconciles, deletions and timers, however many objects
-change."""
+half is left to the spec reconciles (a quarter, spec_reconciles.py), deletions and
+timers, however many objects change."""
 REPAIRS_PER_NAMESPACE = 2
 """Drift repairs of one namespace at once. A repair is one reconcile (a few API calls):
 two keep up with a namespace's objects changing many times a second, coalesced per CR;

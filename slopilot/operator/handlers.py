@@ -99,6 +99,7 @@ from slopilot.operator.reconcile import (
 )
 from slopilot.operator.settings import configure, operator_policy
 from slopilot.operator.spec import Phase, SpecError, parse_spec
+from slopilot.operator.spec_reconciles import SpecReconciles
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import load_or_create
@@ -174,6 +175,14 @@ async def start_pod_syncs(memo: kopf.Memo, **_: Any) -> None:
     """The pod syncs' pool (pod_sync_pool.py), on kopf's event loop, where a reconcile on
     one of kopf's threads asks it for a sync."""
     memo.pod_syncs = PodSyncPool(loop=asyncio.get_running_loop())
+
+
+@kopf.on.startup()
+async def start_spec_reconciles(settings: kopf.OperatorSettings, memo: kopf.Memo,
+                                **_: Any) -> None:
+    """The spec reconciles' slots (spec_reconciles.py), on kopf's handler threads, a
+    namespace's on a share of them."""
+    memo.spec_reconciles = SpecReconciles(executor=settings.execution.executor)
 
 
 @kopf.on.startup()
@@ -325,8 +334,18 @@ def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> Non
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
-                            **_: Any) -> None:
+async def reconcile_llmdeployment(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                                  **_: Any) -> None:
+    """``reconcile_spec`` on a slot of the CR's namespace (spec_reconciles.py): one
+    tenant's edits wait for their turn, holding none of kopf's threads meanwhile."""
+    reconciles: SpecReconciles = memo.spec_reconciles
+    await reconciles.run(body["metadata"]["namespace"],
+                         functools.partial(reconcile_spec, body, memo, logger))
+
+
+def reconcile_spec(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
+    """Reconcile the CR's objects to its spec and write what the reconcile owns of its
+    status; kopf calls it again after ``retry_s`` where a name is taken."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     with memo.locks.hold(key_of(body)):
         outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)

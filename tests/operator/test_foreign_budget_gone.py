@@ -59,7 +59,7 @@ def test_a_deleted_foreign_budget_is_replaced_by_the_timer_and_the_condition_cle
     body = a.create(body)
     with kopf_loop() as loop:
         stand_in = Kopf(loop, threads, a, DriftRepairs(executor=threads))
-        stand_in.handle(handlers.reconcile_llmdeployment, body=body, memo=stand_in.memo,
+        stand_in.handle(handlers.reconcile_spec, body=body, memo=stand_in.memo,
                         logger=log)
         stand_in.settled()
         said = a.condition("DisruptionBudget")

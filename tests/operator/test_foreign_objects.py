@@ -157,13 +157,12 @@ def test_the_handler_looks_again_while_the_name_is_taken(
                      tokens=operator_mint(cluster))
     log = logging.getLogger("test")
     with pytest.raises(kopf.TemporaryError) as retry:
-        handlers.reconcile_llmdeployment(body=body, memo=memo, reason="create", logger=log)
+        handlers.reconcile_spec(body=body, memo=memo, logger=log)
     assert retry.value.delay == RETRY_NAME_TAKEN_S
     assert cluster.condition("Reconciled", "default-deny")["reason"] == "NameTaken"
     kubernetes.client.NetworkingV1Api(cluster.kube.client).delete_namespaced_network_policy(
         "default-deny", NS)
-    handlers.reconcile_llmdeployment(body=cluster.get("default-deny"), memo=memo,
-                                     reason="create", logger=log)
+    handlers.reconcile_spec(body=cluster.get("default-deny"), memo=memo, logger=log)
     assert cluster.condition("Reconciled", "default-deny")["status"] == "True"
     policy = k.get("networking.k8s.io/v1", "networkpolicies", NS, "default-deny")
     assert policy["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]

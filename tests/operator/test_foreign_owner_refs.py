@@ -232,8 +232,7 @@ def test_under_the_plugin_its_own_reference_is_reported_and_the_rest_repaired(
     assert refused(kube) == ["delete services"] * 2
     assert admin.condition("Reconciled") == reconciled
     # The spec's own reconcile says the same, and is not retried by kopf at 10 s.
-    handlers.reconcile_llmdeployment(body=admin.get(), memo=memo, reason="resume",
-                                     logger=logging.getLogger(__name__))
+    handlers.reconcile_spec(body=admin.get(), memo=memo, logger=logging.getLogger(__name__))
     assert admin.condition("Reconciled")["reason"] == "DriftNotRepaired"
     assert any(reason == "DriftNotRepaired" and "Service/chat" in message
                for reason, message in events), events
@@ -265,8 +264,8 @@ def test_another_controller_is_reported_not_fought(
                   "remove that controller reference"):
         assert words in reconciled["message"], reconciled["message"]
     with pytest.raises(kopf.TemporaryError) as retry:
-        handlers.reconcile_llmdeployment(body=admin.get(), memo=memo, reason="resume",
-                                         logger=logging.getLogger(__name__))
+        handlers.reconcile_spec(body=admin.get(), memo=memo,
+                                logger=logging.getLogger(__name__))
     assert retry.value.delay == RETRY_NAME_TAKEN_S
     assert admin.condition("Reconciled")["reason"] == Refusal.NAME_TAKEN.value
     assert any(reason == "NameTaken" and "Application/team-apps" in message

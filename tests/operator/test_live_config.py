@@ -720,12 +720,12 @@ def test_the_pods_condition_goes_once_the_backend_is_vllm(
     with serving(older), kopf_loop() as kopf_:
         memo.pod_syncs = kopf_.pool
         add_pod(cluster, "chat", 0, older.port)
-        handlers.reconcile_llmdeployment(body=cluster.get(), memo=memo, logger=log)
+        handlers.reconcile_spec(body=cluster.get(), memo=memo, logger=log)
         kopf_.settled()  # the reconcile's sync, on the pool
         cond = _pods_condition(cluster)
         assert cond is not None and cond["status"] == "False", cond
         cluster.patch("chat", {"spec": {"backend": "vllm"}})
-        handlers.reconcile_llmdeployment(body=cluster.get(), memo=memo, logger=log)
+        handlers.reconcile_spec(body=cluster.get(), memo=memo, logger=log)
     assert cluster.condition("Reconciled")["status"] == "True"
     assert _pods_condition(cluster) is None
     assert "pods" not in cluster.status()

@@ -55,7 +55,7 @@ KOPF_THREADS = 4
 log = logging.getLogger("test")
 # The handlers, called as kopf calls them (kopf's types ask for every kwarg it passes).
 sync_untuned_pods: Any = handlers.sync_untuned_pods
-reconcile_llmdeployment: Any = handlers.reconcile_llmdeployment
+reconcile_spec: Any = handlers.reconcile_spec
 delete_deleted_studies: Any = handlers.delete_deleted_studies
 stop_pod_syncs: Any = handlers.stop_pod_syncs
 
@@ -310,7 +310,7 @@ def test_a_crs_slow_sync_holds_no_lock_its_repairs_and_reconciles_wait_for(
             wait_for(fixed.done, what="the drift repair, while the sync waits on the pod")
             fixed.result()
             edited = team_a.patch("chat", {"spec": {"engine": {"tokenBudget": 4096}}})
-            reconciled = threads.submit(reconcile_llmdeployment, body=edited, memo=memo,
+            reconciled = threads.submit(reconcile_spec, body=edited, memo=memo,
                                         logger=log)
             wait_for(reconciled.done, what="the reconcile, while the sync waits on the pod")
             reconciled.result()
@@ -351,7 +351,7 @@ def test_a_crs_sync_waiting_when_it_is_deleted_runs_nothing(
             gone = tenants.timer("team-b", "chat")
             wait_for(lambda: kopf_.pool.waiting() == 1, what="team-b's sync waiting")
             team_d = tenants.cluster("team-d")
-            threads.submit(reconcile_llmdeployment, body=team_d.get("chat"),
+            threads.submit(reconcile_spec, body=team_d.get("chat"),
                            memo=tenants.memo_of("team-d", "chat"),
                            logger=log).result(timeout=HANG_GUARD_S)
             wait_for(lambda: kopf_.pool.waiting() == 2, what="team-d's asked sync waiting")
