@@ -9,15 +9,29 @@ the key and the fix, and the twin falls back to the datasheet roofline and says 
 controller that plans with a wrong profile scales the wrong way, one that plans with the
 datasheet at least says it is a prior.
 
-No ConfigMap content reaches status or events unless it declares itself a profile. The
+No ConfigMap content reaches status or events unless its writer said it may. The
 operator reads the ConfigMap with its own rights, and a tenant who may create
 LLMDeployments needs no grant on the namespace's ConfigMaps: a refusal that quoted the
 text (a properties file's line, a PEM body, the YAML parser's snippet of the line it
-stopped at) let them read any ConfigMap of the namespace through the CR's conditions. So
-a key that is not YAML, or not a mapping whose ``schema`` is a profile's, is refused by
-its line and column or its type alone (``_not_a_profile``); only a document that says
-``schema: slopilot.dev/cost-profile/v1``, written as a profile, gets the profile reader's
-own messages, which quote its fields, bounded in length.
+stopped at) let them read any ConfigMap of the namespace through the CR's conditions, and
+one that named the ConfigMap's keys, a value's type (a number, true or false), a YAML
+error's line and column or an oversized value's size let them probe it a key at a time.
+So the detail is told to the CR only where the ConfigMap's writer marked it, which the
+CR's author (who controls the CR, not the ConfigMap) cannot forge:
+
+- a ConfigMap labelled ``slopilot.dev/profile: "true"`` (``PROFILE_LABEL``) gets every
+  refusal in full (its key names, where its YAML broke, a value's size), never quoting a
+  value;
+- a key whose YAML declares ``schema: slopilot.dev/cost-profile/v1`` gets the profile
+  reader's own messages (another model, stale, a bad field), which quote its fields,
+  bounded in length: the text says it is a profile;
+- anything else (no such ConfigMap, no such key, binaryData, over ``MAX_PROFILE_BYTES``,
+  not YAML, not a profile, whatever raised before the text declared itself) is one
+  refusal, the same words for each (``unseen_message``), with the fix for whoever meant
+  a profile there; the detail goes to the operator's log only.
+
+A vLLM deployment's profile is refused before any read, so that refusal says nothing of
+the ConfigMap either.
 """
 
 from __future__ import annotations
@@ -52,9 +66,11 @@ from slopilot.operator.twin_spec import ProfileRef, key_problem, name_problem
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE = 600
+PROFILE_LABEL = "slopilot.dev/profile"
+"""Set to ``"true"`` on a profile's ConfigMap (docs/operations.md): refusals tell the CR why."""
 FIX = ("fix the ConfigMap (write it with `slopilot calibrate --model MODEL --out FILE`, then "
-       "`kubectl create configmap NAME --from-file=profile.yaml=FILE`) or remove "
-       "spec.twin.profile")
+       "`kubectl create configmap NAME --from-file=profile.yaml=FILE` and `kubectl label "
+       "configmap NAME slopilot.dev/profile=true`) or remove spec.twin.profile")
 
 
 @dataclass(frozen=True)
@@ -142,30 +158,65 @@ def resolve_twin(kube: Kube, namespace: str, spec: LLMDeploymentSpec) -> TwinCho
     if bad := name_problem("spec.twin.profile.configMapName", ref.config_map) or \
             key_problem("spec.twin.profile.key", ref.key):
         return _refused(ref, source, bad)
+    if spec.backend is not Backend.BUILTIN:  # before the read: this says nothing of it
+        return _refused(ref, source, f"{source}: a calibrated profile times slopilot's built-in "
+                        f"engine, not {spec.backend.value}; remove spec.twin.profile")
     try:
         cm = kube.get("v1", "configmaps", namespace, ref.config_map)
-    except ApiError as exc:
+    except ApiError as exc:  # the operator's grants, the same for every ConfigMap name
         return _refused(ref, source, f"{source}: the operator cannot read it ({exc.status} "
                         f"{exc.reason}); grant it get on configmaps in {namespace}, or "
                         "remove spec.twin.profile")
     if cm is None:
-        return _refused(ref, source, f"{source}: no such ConfigMap in namespace {namespace} "
-                        f"(the twin reads this namespace only); {FIX}")
+        return _unseen(ref, namespace, source, "no such ConfigMap in this namespace", None)
     version = str((cm.get("metadata") or {}).get("resourceVersion", "")) or None
+    labelled = is_labelled_profile(cm)
     try:
-        return _parse(cm, ref, source, version, spec)
+        return _parse(cm, ref, source, version, spec, labelled, namespace)
     # The tenant's text must never take the daemon down: an exception out of here ended
     # DeploymentLoop.step(), kopf restarted the daemon every 10 s for ever (parsing the
     # ConfigMap again each time) and the CR never said why it was not tuning. Refused,
     # the answer is kept for this ConfigMap version like any other (TwinTracker).
     except Exception as exc:
         log.exception("%s: reading the twin's profile failed", source)
-        return _refused(ref, source, f"{source}: the operator could not read it "
-                        f"({type(exc).__name__}, in its log); {FIX}", version)
+        why = f"the operator could not read it ({type(exc).__name__}, in its log)"
+        if not labelled:  # raised before the text declared itself: its type could tell
+            return _unseen(ref, namespace, source, why, version)
+        return _refused(ref, source, f"{source}: {why}; {FIX}", version)
+
+
+def is_labelled_profile(cm: Mapping[str, Any]) -> bool:
+    """Whether the ConfigMap's writer labelled it a profile (``PROFILE_LABEL``)."""
+    labels = (cm.get("metadata") or {}).get("labels")
+    return isinstance(labels, Mapping) and labels.get(PROFILE_LABEL) == "true"
+
+
+def unseen_message(namespace: str, ref: ProfileRef) -> str:
+    """The one refusal of a ConfigMap not labelled a profile, whatever is wrong with it
+    (module docstring): it depends on the CR's own reference alone."""
+    return (f"{ref.where(namespace)}: no cost profile there that the operator may describe "
+            "(the ConfigMap or the key is missing, or holds no profile, and the ConfigMap "
+            f"is not labelled {PROFILE_LABEL}=true; the operator's log says which); write one "
+            "with `slopilot calibrate --model MODEL --out FILE`, then `kubectl -n "
+            f"{namespace} create configmap {ref.config_map} --from-file={ref.key}=FILE` and "
+            f"`kubectl -n {namespace} label configmap {ref.config_map} "
+            f"{PROFILE_LABEL}=true`, or remove spec.twin.profile")
+
+
+def _unseen(ref: ProfileRef, namespace: str, source: str, detail: str,
+            version: str | None) -> TwinChoice:
+    log.warning("%s: twin profile refused: %s (the CR is told only unseen_message: the "
+                "ConfigMap is not labelled %s=true)", source, detail, PROFILE_LABEL)
+    return _refused(ref, source, unseen_message(namespace, ref), version)
 
 
 def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | None,
-           spec: LLMDeploymentSpec) -> TwinChoice:
+           spec: LLMDeploymentSpec, labelled: bool, namespace: str) -> TwinChoice:
+    def refuse(detail: str, fix: str = FIX) -> TwinChoice:
+        if not labelled:
+            return _unseen(ref, namespace, source, detail, version)
+        return _refused(ref, source, f"{source}: {detail}; {fix}", version)
+
     data = cm.get("data") or {}
     text = data.get(ref.key) if isinstance(data, Mapping) else None
     if text is None:
@@ -173,25 +224,26 @@ def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | N
         keys = sorted(map(str, data))[:10] if isinstance(data, Mapping) else []
         hint = ("it is under binaryData: store the profile as text (--from-file does)"
                 if where else f"its keys are {', '.join(keys) or 'none'}")
-        return _refused(ref, source, f"{source}: no such key ({hint}); set spec.twin.profile.key "
-                        f"or {FIX}", version)
+        return refuse(f"no such key ({hint})", f"set spec.twin.profile.key or {FIX}")
     if not isinstance(text, str):
-        return _refused(ref, source, f"{source}: not text; {FIX}", version)
+        return refuse("not text")
     size = len(text.encode())
     if size > MAX_PROFILE_BYTES:
-        return _refused(ref, source, f"{source}: {size} bytes is no cost profile (they are a few "
-                        f"KiB, at most {MAX_PROFILE_BYTES}); {FIX}", version)
-    if spec.backend is not Backend.BUILTIN:
-        return _refused(ref, source, f"{source}: a calibrated profile times slopilot's built-in "
-                        f"engine, not {spec.backend.value}; remove spec.twin.profile", version)
+        return refuse(f"{size} bytes is no cost profile (they are a few KiB, at most "
+                      f"{MAX_PROFILE_BYTES})")
     if (why := _not_a_profile(text)) is not None:
-        return _refused(ref, source, f"{source}: {why}; {FIX}", version)
+        return refuse(why)
+    # From here the text declares itself a profile: the reader's words may be told.
     try:
         profile = parse_profile_text(text, source)
         check_profile_for(profile, model=spec.model_name,
                           device="cuda" if spec.gpu > 0 else "cpu")
     except ProfileFileError as exc:
         return _refused(ref, source, f"{exc}; {FIX}", version)
+    except Exception as exc:
+        log.exception("%s: reading the twin's profile failed", source)
+        return _refused(ref, source, f"{source}: the operator could not read it "
+                        f"({type(exc).__name__}, in its log); {FIX}", version)
     if stale := profile.staleness(executor_code_hash()):
         return _refused(ref, source, f"{'; '.join(stale)} (the ConfigMap's profile is older than "
                         "this engine: recalibrate and update the ConfigMap)", version)

@@ -99,10 +99,14 @@ def core(kube_client: kubernetes.client.ApiClient) -> kubernetes.client.CoreV1Ap
 
 
 def put(core: kubernetes.client.CoreV1Api, name: str, data: dict[str, str],
-        namespace: str = NS, **extra: Any) -> None:
+        namespace: str = NS, labelled: bool = False, **extra: Any) -> None:
+    """``labelled``: the ``slopilot.dev/profile=true`` label, its writer's word that the
+    CR may be told what is wrong with it."""
+    meta: dict[str, Any] = {"name": name}
+    if labelled:
+        meta["labels"] = {"slopilot.dev/profile": "true"}
     core.create_namespaced_config_map(namespace, {"apiVersion": "v1", "kind": "ConfigMap",
-                                                  "metadata": {"name": name},
-                                                  "data": data, **extra})
+                                                  "metadata": meta, "data": data, **extra})
 
 
 def resolve(kube_client: kubernetes.client.ApiClient, twin: Any = None, **spec: Any
@@ -152,7 +156,7 @@ def test_a_configmap_of_another_namespace_is_never_read(
     put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))},
         namespace="other-team")
     twin = resolve(kube_client)
-    _refused(twin, "no such ConfigMap in namespace team", "reads this namespace only")
+    _refused(twin, "no cost profile there", "not labelled slopilot.dev/profile=true")
     reads = [r for r in list(kube.emulator._requests) if r.method.value == "GET"]
     assert reads and not [r for r in reads if "other-team" in str(r.url)], reads
 
@@ -176,7 +180,7 @@ def test_a_configmap_of_another_namespace_is_never_read(
 def test_a_bad_profile_falls_back_to_the_datasheet_naming_the_configmap_key_and_fix(
         kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
         data: dict[str, str], key: str | None, needles: tuple[str, ...]) -> None:
-    put(core, "smol-profile", data)
+    put(core, "smol-profile", data, labelled=True)
     twin = resolve(kube_client, ref(key=key))
     _refused(twin, "smol-profile", *needles)
     assert len(twin.problem) <= 700  # bounded, whatever the ConfigMap holds
@@ -194,18 +198,20 @@ SECRET = "hunter2-s3cr3t"
     f"- {SECRET}\n",
     f"password: x\npassword: {SECRET}\n",  # a key given twice: not named either
 ])
+@pytest.mark.parametrize("labelled", [False, True])
 def test_a_configmap_that_is_no_profile_is_refused_without_a_word_of_what_it_holds(
         kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
-        text: str) -> None:
+        text: str, labelled: bool) -> None:
     """A tenant who may create LLMDeployments but not read the namespace's ConfigMaps
     (docs/operations.md: they need no such grant) names one in spec.twin.profile: the
     operator reads it with its own rights, and the refusal, which reaches the CR's status
     and a Warning event, quoted what it held (a line of a properties file, a key's PEM
     body, the YAML parser's snippet), so that any ConfigMap of the namespace could be
     read through the CR's conditions."""
-    put(core, "app-config", {"settings": text})
+    put(core, "app-config", {"settings": text}, labelled=labelled)
     twin = resolve(kube_client, ref("app-config", "settings"))
-    _refused(twin, "app-config", "key 'settings'", "not a slopilot cost profile")
+    _refused(twin, "app-config", "key 'settings'",
+             "not a slopilot cost profile" if labelled else "no cost profile there")
     message = twin.condition(1)["message"]
     assert SECRET not in message and SECRET not in str(twin.status()), message
     assert "password" not in message and "user=admin" not in message, message
@@ -213,7 +219,7 @@ def test_a_configmap_that_is_no_profile_is_refused_without_a_word_of_what_it_hol
 
 def test_a_missing_configmap_or_a_vllm_backend_falls_back(
         kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
-    _refused(resolve(kube_client), "no such ConfigMap", "kubectl create configmap")
+    _refused(resolve(kube_client), "no cost profile there", "kubectl -n team create configmap")
     put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))})
     _refused(resolve(kube_client, backend="vllm"), "times slopilot's built-in engine")
     # A GPU deployment needs a GPU-calibrated profile.
@@ -341,7 +347,7 @@ def test_a_value_no_profile_could_hold_is_refused_by_place_alone(
         kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
     # A ConfigMap that does not declare itself a profile is quoted nowhere (see above),
     # nor is the value its YAML could not convert.
-    put(core, "app-config", {"settings": f"when: 2026-02-30\nwho: {SECRET}\n"})
+    put(core, "app-config", {"settings": f"when: 2026-02-30\nwho: {SECRET}\n"}, labelled=True)
     twin = resolve(kube_client, ref("app-config", "settings"))
     _refused(twin, "app-config", "line 1, column 7", "not a slopilot cost profile")
     assert "2026" not in twin.problem and "when" not in twin.problem, twin.problem
@@ -426,3 +432,85 @@ def test_the_default_wiring_plans_on_the_dispatch_the_cr_names(tmp_path: Path) -
     ctl = prometheus_controller(routed)
     assert isinstance(ctl.probe, PrometheusProbe)
     assert ctl.probe.base.dispatch is Dispatch.LEAST_REQUESTS
+
+
+# ------------------------------------------------------------------ what a tenant may learn
+
+LABELLED = {"labels": {"slopilot.dev/profile": "true"}}
+SECRETISH = {"stripe_live_key": "sk_live_abc", "db_password": "hunter2",
+             "max_spend_usd": "25000", "fraud_enabled": "true", "notes.yaml": "a: 1\nb: [\n",
+             "big": "#" * (MAX_PROFILE_BYTES + 1), "app.properties": "user=admin\n",
+             "settings": "when: 2026-02-30\n", "dup": "a: 1\na: 2\n",
+             "other": "schema: nope\n"}
+
+
+def _labelled(core: kubernetes.client.CoreV1Api, name: str, data: dict[str, str],
+              binary: dict[str, str] | None = None) -> None:
+    core.create_namespaced_config_map(NS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                           "metadata": {"name": name, **LABELLED},
+                                           "data": data, "binaryData": binary or {}})
+
+
+@pytest.mark.parametrize("key", ["nope", "stripe_live_key", "max_spend_usd", "fraud_enabled",
+                                 "notes.yaml", "big", "app.properties", "settings", "dup",
+                                 "other", "bin"])
+def test_an_unlabelled_configmap_is_refused_in_the_same_words_whatever_it_holds(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
+        key: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A tenant who may create LLMDeployments but not read ConfigMaps named one (a key at a
+    time) and read back its key names, whether it existed, each value's type (a number,
+    true or false), a YAML error's line and column and an oversized value's exact size.
+    Unless the ConfigMap is labelled a profile (its writer's word, which the CR's author
+    cannot forge), missing ConfigMap, missing key and no profile read the same: the CR is
+    told the fix, the operator's log the detail."""
+    caplog.set_level("INFO")
+    missing = resolve(kube_client, ref("billing", key))  # before the ConfigMap exists
+    core.create_namespaced_config_map(NS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                           "metadata": {"name": "billing"}, "data": SECRETISH,
+                                           "binaryData": {"bin": "AAEC"}})
+    twin = resolve(kube_client, ref("billing", key))
+    assert not twin.calibrated
+    assert twin.condition(1) == missing.condition(1)  # the event posts this message too
+    assert twin.status() == missing.status() and twin.describe() == missing.describe()
+    message = twin.condition(1)["message"].replace(f"'{key}'", "'KEY'").replace(
+        f"={key}=", "=KEY=")  # the key the CR itself names
+    for leak in ("stripe", "db_password", "its keys", "a number", "true or false",
+                 "holds text", "at line", "column", "bytes", "binaryData", "valid YAML",
+                 "twice", "no such"):
+        assert leak not in message, (leak, message)
+    for fix in ("ConfigMap team/billing key", "slopilot calibrate",
+                "slopilot.dev/profile=true", "falls back to the uncalibrated datasheet"):
+        assert fix in message, (fix, message)
+    assert "ConfigMap team/billing" in caplog.text  # the detail, for the administrator
+
+
+def test_a_vllm_deployment_is_refused_before_the_configmap_is_read(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
+    # Refused after the read, it said that a ConfigMap of that name and key existed.
+    missing = resolve(kube_client, ref("billing", "db_password"), backend="vllm")
+    core.create_namespaced_config_map(NS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                           "metadata": {"name": "billing"}, "data": SECRETISH})
+    twin = resolve(kube_client, ref("billing", "db_password"), backend="vllm")
+    assert twin.condition(1) == missing.condition(1)
+    assert "times slopilot's built-in engine" in twin.condition(1)["message"]
+
+
+@pytest.mark.parametrize(("key", "needles"), [
+    ("nope", ("no such key", "its keys are")),
+    ("max_spend_usd", ("holds a number",)),
+    ("notes.yaml", ("not valid YAML at line 3",)),
+    ("big", (f"{MAX_PROFILE_BYTES + 1} bytes is no cost profile",)),
+    ("bin", ("it is under binaryData",)),
+])
+def test_a_labelled_configmap_gets_the_detailed_refusal(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
+        key: str, needles: tuple[str, ...]) -> None:
+    _labelled(core, "billing", SECRETISH, {"bin": "AAEC"})
+    _refused(resolve(kube_client, ref("billing", key)), f"key '{key}'", *needles)
+
+
+def test_an_unlabelled_profile_still_loads(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api) -> None:
+    # Installs from before the label keep their twin; only refusals say less.
+    put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))})
+    assert resolve(kube_client).calibrated

@@ -77,7 +77,8 @@ def profiles(draw: st.DrawFn) -> dict[str, Any]:
           suppress_health_check=list(HealthCheck))
 def test_a_tenants_profile_runs_finite_or_is_refused(doc: dict[str, Any]) -> None:
     text = yaml.safe_dump(doc)
-    choice = _parse({"data": {_REF.key: text}}, _REF, _SOURCE, "1", _SPEC)
+    choice = _parse({"data": {_REF.key: text}}, _REF, _SOURCE, "1", _SPEC, labelled=True,
+                    namespace="team")
     assert isinstance(choice, TwinChoice)
     if choice.profile is None:
         assert choice.problem and _SOURCE in choice.problem
