@@ -54,8 +54,8 @@ class TwinTracker:
         self.kube, self.namespace, self.name, self.clock = kube, namespace, name, clock
         self.current: TwinChoice | None = None
         self.checked = 0.0
-        self.resolved: tuple[int | None, TwinChoice] | None = None
-        """The last ``resolve`` answer, with the spec generation it was for."""
+        self.resolved: tuple[int | None, LLMDeploymentSpec, TwinChoice] | None = None
+        """The last ``resolve`` answer, with the spec generation and spec it was for."""
 
     def resolve(self, spec: LLMDeploymentSpec, generation: int | None) -> TwinChoice:
         """``resolve_twin``'s answer for ``spec`` (of ``generation``), read again only
@@ -65,22 +65,37 @@ class TwinTracker:
         second of the operator's CPU (under the GIL its handlers share), parsed every
         few seconds for as long as the build failed."""
         last = self.resolved
-        if last is not None and last[0] == generation and last[1].ref == spec.twin.profile \
-                and (last[1].ref is None or config_map_version(
-                    self.kube, self.namespace, last[1].ref) == last[1].version):
-            return last[1]
+        if last is not None and last[0] == generation and last[2].ref == spec.twin.profile \
+                and (last[2].ref is None or config_map_version(
+                    self.kube, self.namespace, last[2].ref) == last[2].version):
+            return last[2]
         twin = resolve_twin(self.kube, self.namespace, spec)
-        self.resolved = (generation, twin)
+        self.resolved = (generation, spec, twin)
         return twin
 
     def moved(self) -> bool:
-        """Whether the profile's ConfigMap changed since it was read (see the docstring)."""
+        """Whether the profile's ConfigMap changed since it was read (see the docstring)
+        so that the twin is another: read again, the same answer (a refusal in the same
+        words, the same profile) is kept, with the new version, and rebuilds nothing.
+        A rebuild at every edit told the CR's author, who may not read the ConfigMap, when
+        one that is no profile of theirs came into being and each time it was edited."""
         twin = self.current
         # Negative after the clock stepped back: looked at now, not after the step's length.
         if twin is None or twin.ref is None or 0 <= self.clock() - self.checked < RECHECK_S:
             return False
         self.checked = self.clock()
-        return config_map_version(self.kube, self.namespace, twin.ref) != twin.version
+        if config_map_version(self.kube, self.namespace, twin.ref) == twin.version:
+            return False
+        last = self.resolved
+        if last is None or last[2].ref != twin.ref:
+            return True
+        fresh = resolve_twin(self.kube, self.namespace, last[1])
+        self.resolved = (last[0], last[1], fresh)  # what resolve() answers next
+        if (fresh.profile, fresh.problem, fresh.source) == \
+                (twin.profile, twin.problem, twin.source):
+            self.current = fresh
+            return False
+        return True
 
     def write(self, twin: TwinChoice, generation: int | None,
               ours: Callable[[Mapping[str, Any]], bool]) -> None:

@@ -236,3 +236,57 @@ def test_the_profile_is_looked_at_again_right_after_the_clock_stepped_back() -> 
     tracker.checked = now[0]
     now[0] -= 86_400.0
     assert tracker.moved() and maps.reads == 1
+
+
+class _Maps:
+    """A namespace's ConfigMaps by name, for ``Kube.get``; each edit a new resourceVersion."""
+
+    def __init__(self) -> None:
+        self.maps: dict[str, dict[str, Any]] = {}
+        self.edits = 0
+
+    def put(self, name: str, data: dict[str, str], labels: dict[str, str] | None = None
+            ) -> None:
+        self.edits += 1
+        self.maps[name] = {"metadata": {"name": name, "resourceVersion": str(self.edits),
+                                        "labels": labels or {}}, "data": data}
+
+    def get(self, api_version: str, plural: str, namespace: str, name: str
+            ) -> dict[str, Any] | None:
+        return self.maps.get(name)
+
+
+def test_an_unlabelled_configmaps_edits_rebuild_nothing_until_the_answer_changes() -> None:
+    """Each edit of a ConfigMap the spec named moved its resourceVersion, and the daemon
+    rebuilt the controller (a new study handle, a new figures window) though the refusal
+    read the same: the CR's author, who may not read the ConfigMap, saw it come into being
+    and each edit of it by the rebuilds. A move is now one whose answer differs."""
+    from slopilot.engine.sim.profile_file import dump_profile
+    from slopilot.operator.spec import parse_spec
+
+    now = [0.0]
+    maps = _Maps()
+    spec = parse_spec({"metadata": {"name": "chat", "namespace": NS},
+                       "spec": {"model": {"name": "smollm2-135m"},
+                                "twin": {"profile": {"configMapName": "billing"}}}})
+    tracker = TwinTracker(maps, NS, "chat", lambda: now[0])  # type: ignore[arg-type]
+
+    def step() -> bool:
+        now[0] += 60.0
+        moved = tracker.moved()
+        if moved or tracker.current is None:  # what DeploymentLoop.step does
+            tracker.current = tracker.resolve(spec, 1)
+        return moved
+
+    step()
+    assert tracker.current is not None and tracker.current.problem is not None
+    maps.put("billing", {"db_password": "hunter2"})  # created: no profile, unlabelled
+    assert not step()
+    maps.put("billing", {"db_password": "hunter3", "profile.yaml": "42"})  # edited
+    assert not step()
+    maps.put("billing", {"profile.yaml": "42"}, {"slopilot.dev/profile": "true"})
+    assert step() and "holds a number" in str(tracker.current.problem)  # its writer's word
+    maps.put("billing", {"profile.yaml": dump_profile(make_profile(
+        model="smollm2-135m", device="cpu"))})  # unlabelled, but a profile
+    assert step() and tracker.current.calibrated
+    assert not step()  # nothing moved
