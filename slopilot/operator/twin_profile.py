@@ -28,7 +28,9 @@ CR's author (who controls the CR, not the ConfigMap) cannot forge:
 - anything else (no such ConfigMap, no such key, binaryData, over ``MAX_PROFILE_BYTES``,
   not YAML, not a profile, whatever raised before the text declared itself) is one
   refusal, the same words for each (``unseen_message``), with the fix for whoever meant
-  a profile there; the detail goes to the operator's log only.
+  a profile there; the detail goes to the operator's log only. Such a value that does
+  not even contain the schema's name is refused unparsed, in the time a missing key
+  takes.
 
 A vLLM deployment's profile is refused before any read, so that refusal says nothing of
 the ConfigMap either.
@@ -231,6 +233,11 @@ def _parse(cm: Mapping[str, Any], ref: ProfileRef, source: str, version: str | N
     if size > MAX_PROFILE_BYTES:
         return refuse(f"{size} bytes is no cost profile (they are a few KiB, at most "
                       f"{MAX_PROFILE_BYTES})")
+    # Unlabelled and without the schema's name, it cannot declare itself a profile:
+    # refused unparsed, as fast as a missing key (parsing 256 KiB takes most of a
+    # second, and how long the condition took to come told a large value apart).
+    if not labelled and SCHEMA not in text:
+        return refuse(f"no `schema: {SCHEMA}` in it, so not a slopilot cost profile")
     if (why := _not_a_profile(text)) is not None:
         return refuse(why)
     # From here the text declares itself a profile: the reader's words may be told.

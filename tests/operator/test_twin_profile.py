@@ -514,3 +514,30 @@ def test_an_unlabelled_profile_still_loads(
     # Installs from before the label keep their twin; only refusals say less.
     put(core, "smol-profile", {"profile.yaml": dump_profile(make_profile(**SMOL))})
     assert resolve(kube_client).calibrated
+
+
+def test_an_unlabelled_value_that_names_no_profile_schema_is_not_parsed(
+        kube_client: kubernetes.client.ApiClient, core: kubernetes.client.CoreV1Api,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parsing up to 256 KiB of YAML takes most of a second, a missing key none: how long
+    the condition took to come told a large value from a missing one. An unlabelled
+    value without the profile's schema string is refused unparsed, as cheaply as a
+    missing key; a labelled one, or one that names the schema, is parsed."""
+    from slopilot.operator import twin_profile
+
+    parsed: list[int] = []
+    parse = twin_profile.safe_load_bounded
+
+    def counted(text: str, **kw: Any) -> Any:
+        parsed.append(len(text))
+        return parse(text, **kw)
+
+    monkeypatch.setattr(twin_profile, "safe_load_bounded", counted)
+    big = "x: " + "a" * (MAX_PROFILE_BYTES - 10) + "\n"
+    put(core, "billing", {"big": big, "p": dump_profile(make_profile(**SMOL))})
+    put(core, "marked", {"big": big}, labelled=True)
+    assert resolve(kube_client, ref("billing", "big")).problem is not None
+    assert parsed == []
+    assert resolve(kube_client, ref("billing", "p")).calibrated and len(parsed) == 1
+    assert resolve(kube_client, ref("marked", "big")).problem is not None
+    assert len(parsed) == 2
