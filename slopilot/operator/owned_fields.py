@@ -15,6 +15,9 @@ wrote it.
 An entry is a field (present in the render, or removed whole) or, ``keyed``, a map whose
 keys are owned one by one too (each live key the render lacks is sent as a null). A list
 needs nothing more: a merge patch replaces a list whole.
+
+``OWNED_WHOLE``: fields where a live value that merely carries the render's is drift too
+(a NetworkPolicy's, where a field more admits more), compared whole.
 """
 
 from __future__ import annotations
@@ -44,6 +47,20 @@ OWNED_OPTIONAL: Mapping[str, tuple[Owned, ...]] = {
     # policy/v1 refuses both set (422): the budget's one field is the render's.
     "PodDisruptionBudget": (Owned(("spec", "minAvailable")),
                             Owned(("spec", "maxUnavailable"))),
+    # Which pods the policy guards: a label added or an expression narrows it to fewer,
+    # and the rest are open to the cluster (OWNED_WHOLE judges it; these send the nulls).
+    "NetworkPolicy": (Owned(("spec", "podSelector", "matchLabels"), keyed=True),
+                      Owned(("spec", "podSelector", "matchExpressions")),
+                      Owned(("spec", "egress"))),
+}
+
+OWNED_WHOLE: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    # A NetworkPolicy's sources: ``covers`` asks only that the live object carry each
+    # rendered field, and a peer with a field more (a namespaceSelector beside the
+    # namespace's own podSelector: every namespace's pods) or a rule without ``from``
+    # admits more, not less. The API server adds nothing there (the protocol, its one
+    # default, is rendered), so anything but the render is drift.
+    "NetworkPolicy": (("spec",),),
 }
 
 
@@ -77,6 +94,12 @@ def removals(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, A
             node = node.setdefault(part, {})
         node[path[-1]] = nulls
     return out
+
+
+def whole_differs(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """Whether a field of ``OWNED_WHOLE`` is not in ``live`` exactly as rendered."""
+    return any(_at(live, path) != _at(desired, path)
+               for path in OWNED_WHOLE.get(str(desired.get("kind")), ()))
 
 
 def with_removals(patch: Mapping[str, Any], nulls: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,12 @@ administrator's word on top of it, set once on the operator (environment variabl
   only of a taint key on ``allowed_tolerations`` (by default ``nvidia.com/gpu``, the GPU
   nodes' usual taint; ``*``: any, a keyless one that tolerates every taint included),
   as a taint is how an administrator keeps nodes for one team.
+- who reaches each engine's ``http`` port (inference and ``/metrics``; network_peers.py):
+  the pods of the CR's own namespace, the cluster's Prometheus (``prometheus_peers``) and
+  the peers the administrator opens to every deployment (``engine_ingress_peers``, e.g.
+  an ingress gateway's namespace). No CR field widens it: a tenant admits another
+  namespace to its own engines with a NetworkPolicy of its own in its namespace, which
+  no other team's policy (nor this operator) can write there.
 """
 
 from __future__ import annotations
@@ -42,6 +48,13 @@ from dataclasses import dataclass, field
 from slopilot.operator.default_storage import DefaultStorage, instead, resolve_unwritten
 from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import DEFAULT_STUDY_STORAGE
+from slopilot.operator.network_peers import (
+    DEFAULT_PROMETHEUS_PEERS,
+    INGRESS_PEERS_ENV,
+    NO_PROMETHEUS_PEER,
+    PROMETHEUS_PEERS_ENV,
+    Peer,
+)
 from slopilot.operator.render import DEFAULT_OPERATOR_NAMESPACE
 from slopilot.operator.scheduling import label_key_problem
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
@@ -152,6 +165,14 @@ class OperatorPolicy:
     allowed_tolerations: tuple[str, ...] = DEFAULT_TOLERATIONS
     """Taint keys a CR's tolerations may name (``$SLOPILOT_ALLOWED_TOLERATIONS``; set
     empty: none); ``*``: any, a keyless toleration of every taint included."""
+    prometheus_peers: tuple[Peer, ...] = DEFAULT_PROMETHEUS_PEERS
+    """The cluster's Prometheus pods (``$SLOPILOT_PROMETHEUS_PEERS``), admitted to every
+    engine's ``http`` port to scrape ``/metrics``: the same peer
+    manifests/operator-network-policy.yaml admits to the operator's own ``metrics``."""
+    engine_ingress_peers: tuple[Peer, ...] = ()
+    """Further peers admitted to every engine's ``http`` port, whatever its namespace
+    (``$SLOPILOT_ENGINE_INGRESS_PEERS``; an ingress gateway's namespace). Empty (the
+    default): its own namespace's pods and Prometheus alone."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "image_allow_list", _engine_repositories(self.images)
@@ -166,6 +187,14 @@ class OperatorPolicy:
         object.__setattr__(self, "storage_rules", rules)
         if self.dcgm_namespace is not None:
             check_dcgm_namespace(self.dcgm_namespace)
+        if not self.prometheus_peers:
+            raise PolicyError(NO_PROMETHEUS_PEER)
+        for setting, peers in ((PROMETHEUS_PEERS_ENV, self.prometheus_peers),
+                               (INGRESS_PEERS_ENV, self.engine_ingress_peers)):
+            for peer in peers:
+                if not isinstance(peer, Peer):
+                    raise PolicyError(f"{setting}: {peer!r} is not a peer; parse it with "
+                                      "network_peers.parse_peers")
         if self.namespace_label is not None:
             try:
                 check_namespace_label(self.namespace_label)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
@@ -54,7 +54,8 @@ from slopilot.operator.crd import KIND
 from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
-from slopilot.operator.owned_fields import removals, with_removals
+from slopilot.operator.network_peers import DEFAULT_PROMETHEUS_PEERS, Peer
+from slopilot.operator.owned_fields import removals, whole_differs, with_removals
 from slopilot.operator.owned_meta import labels, owner_reference
 from slopilot.operator.owned_pods import owned_pods
 from slopilot.operator.ownership import (
@@ -191,13 +192,17 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                     operator_namespace: str, namespace_label: str | None = None,
                     admin_token_sha256: str | None = None,
                     images: Images = SHIPPED_IMAGES,
-                    dcgm_namespace: str | None = None) -> list[dict[str, Any]]:
+                    dcgm_namespace: str | None = None,
+                    http_peers: Sequence[Peer] = DEFAULT_PROMETHEUS_PEERS
+                    ) -> list[dict[str, Any]]:
     """Every object the deployment owns; the rules as a PrometheusRule or a plain ConfigMap.
     ``admin_token_sha256``, ``images``: what the pods admit and run (``render_deployment``).
-    ``dcgm_namespace``: where the DCGM exporter runs (``OperatorPolicy.dcgm_namespace``)."""
+    ``dcgm_namespace``: where the DCGM exporter runs (``OperatorPolicy.dcgm_namespace``).
+    ``http_peers``: who outside the namespace reaches the engines (``render_network_policy``)."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     rendered = render_all(body, spec, replicas, operator_namespace=operator_namespace,
-                          admin_token_sha256=admin_token_sha256, images=images)
+                          admin_token_sha256=admin_token_sha256, images=images,
+                          http_peers=http_peers)
     objects = [rendered.config_map, rendered.deployment, rendered.service,
                rendered.network_policy, rendered.pod_disruption_budget]
     latency = latency_sources(spec.backend)
@@ -346,7 +351,7 @@ def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
     [ours] = meta["ownerReferences"]
     refs = refs_to_write(live, ours)
     rest = {**desired, "metadata": {k: v for k, v in meta.items() if k != "ownerReferences"}}
-    drifted = bool(nulls) or not covers(live, rest)
+    drifted = bool(nulls) or not covers(live, rest) or whole_differs(desired, live)
     if refs is None and not drifted:
         return Change.UNCHANGED
     patch = with_removals(copy.deepcopy(
@@ -447,7 +452,9 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                               operator_namespace=policy.operator_namespace,
                               namespace_label=policy.namespace_label,
                               admin_token_sha256=mint.sha256_for_body(body),
-                              images=policy.images, dcgm_namespace=policy.dcgm_namespace)
+                              images=policy.images, dcgm_namespace=policy.dcgm_namespace,
+                              http_peers=(*policy.prometheus_peers,
+                                          *policy.engine_ingress_peers))
     lives = [live_object(kube, obj) for obj in objects]
     objects, lives, left_alone = _without_left_alone(objects, lives, body)
     # Every name is judged before anything is written, so that a refusal touches nothing.

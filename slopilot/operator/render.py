@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slopilot.engine.config import EngineConfig
 from slopilot.operator.disruption_budget import render_pod_disruption_budget
 from slopilot.operator.engine_deployment import render_deployment, vllm_args
 from slopilot.operator.images import SHIPPED_IMAGES, Images
+from slopilot.operator.network_peers import DEFAULT_PROMETHEUS_PEERS, Peer
 from slopilot.operator.owned_meta import object_meta, selector
 from slopilot.operator.pod_layout import (
     ADMIN_PORT_NAME,
@@ -80,14 +81,23 @@ def render_service(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str
 
 
 def render_network_policy(body: Mapping[str, Any], spec: LLMDeploymentSpec,
-                          operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+                          operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
+                          http_peers: Sequence[Peer] = DEFAULT_PROMETHEUS_PEERS
                           ) -> dict[str, Any]:
-    """Ingress to the engine pods: inference and /metrics from anywhere the cluster's
-    own policies allow, the admin port from the operator's pods only (and nothing else).
-    ``http`` is a vLLM pod's meter: vLLM's own port is in no rule, so a request that
-    goes around the meter, unjudged, is refused."""
+    """Ingress to the engine pods: inference and /metrics from the pods of the CR's own
+    namespace and ``http_peers`` (Prometheus, the administrator's extras;
+    network_peers.py), the admin port from the operator's pods only, nothing else.
+
+    Every rule names its sources: one without ``from`` admits every pod of the cluster,
+    and NetworkPolicies only add, so no policy of the tenant's could take that back. A
+    tenant admits more (its gateway's namespace) with a NetworkPolicy of its own beside
+    this one. ``http`` is a vLLM pod's meter: vLLM's own port is in no rule, so a request
+    that goes around the meter, unjudged, is refused."""
     name = body["metadata"]["name"]
-    ingress: list[dict[str, Any]] = [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    # podSelector alone: every pod of the policy's own namespace, the CR's.
+    sources = [{"podSelector": {}}, *(peer.to_api() for peer in dict.fromkeys(http_peers))]
+    ingress: list[dict[str, Any]] = [
+        {"from": sources, "ports": [{"port": "http", "protocol": "TCP"}]}]
     if spec.backend is Backend.BUILTIN:
         ingress.append({
             "from": [{"namespaceSelector": {"matchLabels": {
@@ -104,7 +114,8 @@ def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                replicas: int | None = None, *,
                operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
                admin_token_sha256: str | None = None,
-               images: Images = SHIPPED_IMAGES) -> Rendered:
+               images: Images = SHIPPED_IMAGES,
+               http_peers: Sequence[Peer] = DEFAULT_PROMETHEUS_PEERS) -> Rendered:
     unsupported = vllm_args(spec)[1] if spec.backend is Backend.VLLM else ()
     return Rendered(config_map=render_config_map(body, spec),
                     deployment=render_deployment(body, spec, replicas,
@@ -112,6 +123,7 @@ def render_all(body: Mapping[str, Any], spec: LLMDeploymentSpec,
                                                  images=images),
                     service=render_service(body, spec),
                     service_monitor=render_service_monitor(body, spec),
-                    network_policy=render_network_policy(body, spec, operator_namespace),
+                    network_policy=render_network_policy(body, spec, operator_namespace,
+                                                         http_peers),
                     pod_disruption_budget=render_pod_disruption_budget(body),
                     unsupported_knobs=unsupported)

@@ -140,7 +140,7 @@ def label_key_problem(where: str, key: str) -> str | None:
     return None
 
 
-def _label_value_problem(where: str, value: Any) -> str | None:
+def label_value_problem(where: str, value: Any) -> str | None:
     if not isinstance(value, str):
         return f"{where}={value!r}: expected a string (quote it: '{value}')"
     if len(value) > MAX_LABEL_VALUE or not _LABEL_VALUE.match(value):
@@ -171,7 +171,7 @@ def _node_selector(raw: Any, problems: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in raw.items():
         found = [p for p in (label_key_problem(where, str(key)),
-                             _label_value_problem(f"{where}.{key}", value)) if p]
+                             label_value_problem(f"{where}.{key}", value)) if p]
         problems += found
         if not found:
             out[str(key)] = value
@@ -201,7 +201,7 @@ def _toleration(raw: Any, where: str, problems: list[str]) -> dict[str, Any] | N
     if operator == "Exists" and value:
         problems.append(f"{where}.value={value!r}: operator Exists takes no value: remove "
                         "it, or use operator Equal")
-    elif value and (problem := _label_value_problem(f"{where}.value", value)):
+    elif value and (problem := label_value_problem(f"{where}.value", value)):
         problems.append(problem)
     if effect not in EFFECTS:
         problems.append(f"{where}.effect={effect!r} is not allowed; use one of: "

@@ -38,6 +38,9 @@
   (the meter, the built-in engine's image where only that is named: both are slopilot).
   An air-gapped cluster names its mirrors here. A value that is no image reference stops
   the start; the allow-list, unset, is these engine images' repositories.
+- ``$SLOPILOT_PROMETHEUS_PEERS`` and ``$SLOPILOT_ENGINE_INGRESS_PEERS``: the pods outside
+  a deployment's namespace its NetworkPolicy admits to ``http`` (Prometheus; the
+  administrator's extras, network_peers.py); a bad entry stops the start.
 - ``$SLOPILOT_DCGM_NAMESPACE``: the namespace the DCGM exporter runs in, so the rules
   read its series scraped without honorLabels too (policy.py); a value that is no
   namespace name stops the start.
@@ -60,6 +63,13 @@ import kopf
 
 from slopilot.operator.default_storage import DEFAULT_STORAGE_ENV
 from slopilot.operator.images import SHIPPED_IMAGES, Images
+from slopilot.operator.network_peers import (
+    INGRESS_PEERS_ENV,
+    NO_PROMETHEUS_PEER,
+    PROMETHEUS_PEERS_ENV,
+    PeerError,
+    parse_peers,
+)
 from slopilot.operator.policy import (
     DCGM_NAMESPACE_ENV,
     PRIORITY_CLASSES_ENV,
@@ -134,6 +144,16 @@ def operator_policy(env: Mapping[str, str] | None = None) -> OperatorPolicy:
         kwargs["namespace_label"] = label
     kwargs["prometheus_tls"] = prometheus_tls(env)
     kwargs["images"] = operator_images(env)
+    try:
+        if (peers := env.get(PROMETHEUS_PEERS_ENV)) is not None:
+            kwargs["prometheus_peers"] = parse_peers(peers, PROMETHEUS_PEERS_ENV)
+            if not kwargs["prometheus_peers"]:
+                raise PolicyError(NO_PROMETHEUS_PEER)
+        if (peers := env.get(INGRESS_PEERS_ENV)) is not None:
+            kwargs["engine_ingress_peers"] = parse_peers(peers, INGRESS_PEERS_ENV)
+    except PeerError as exc:
+        # Its own variable and entry already named: not the allow-lists' suffix below.
+        raise PolicyError(str(exc)) from None
     if dcgm := env.get(DCGM_NAMESPACE_ENV, "").strip():
         # Checked here, so the message is this variable's alone (the allow-lists' below
         # say which of theirs).

@@ -188,9 +188,13 @@ def test_only_the_operators_pods_may_reach_the_admin_port() -> None:
         "app.kubernetes.io/instance": "chat", "slopilot.dev/llmdeployment": "chat"}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     inference, admin = policy["spec"]["ingress"]
-    # Inference and /metrics: no source restriction in this policy (the cluster's own
-    # policies may narrow it); the admin port: the operator's pods in its namespace only.
-    assert inference == {"ports": [{"port": "http", "protocol": "TCP"}]}
+    # Inference and /metrics: the CR's own namespace and Prometheus (every source named:
+    # a rule without ``from`` admits the whole cluster, test_engine_network_policy.py);
+    # the admin port: the operator's pods in its namespace only.
+    assert inference == {"from": [{"podSelector": {}}, {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+        "ports": [{"port": "http", "protocol": "TCP"}]}
     assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}]
     assert admin["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},

@@ -193,8 +193,8 @@ def test_only_the_meter_is_reachable_from_other_pods() -> None:
     assert out.service_monitor["spec"]["endpoints"][0]["port"] == "http"
     # vLLM's port is in no rule: other pods cannot reach it past the meter (the kubelet's
     # probes come from the node, which a NetworkPolicy always admits).
-    assert out.network_policy["spec"]["ingress"] == [
-        {"ports": [{"port": "http", "protocol": "TCP"}]}]
+    [rule] = out.network_policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}] and rule["from"]
 
 
 def checksum(out: Any) -> str:
@@ -230,13 +230,14 @@ def test_the_builtin_engines_objects_are_as_they_were_before_the_meter() -> None
         out = render_all(b, parse_spec(b), **kw)
         outs.append({"objects": out.objects(), "unsupported": list(out.unsupported_knobs)})
     text = json.dumps(outs, sort_keys=True)
-    # Last changed by the PodDisruptionBudget, the pod template's soft spread over
-    # nodes (disruption_budget.py, scheduling.py), and the Deployment's rolling strategy
-    # and progress deadline: the template changed, so every built-in pod rolls once at
-    # the upgrade. Before them, 42fc0472... (the ServiceMonitor's drops of not-ready
+    # Last changed by the NetworkPolicy's http rule naming its sources (the namespace,
+    # Prometheus), which rolls no pod. Before it, e6ade53a... (the PodDisruptionBudget,
+    # the pod template's soft spread over nodes, and the Deployment's rolling strategy
+    # and progress deadline: the template changed, so every built-in pod rolled once at
+    # that upgrade); before them, 42fc0472... (the ServiceMonitor's drops of not-ready
     # endpoints, which rolled no pod).
     assert hashlib.sha256(text.encode()).hexdigest() == (
-        "e6ade53a3ef45416596d98cc57bc5c593e5d256c4c881241a493fc147700805b")
+        "519354e3c5e65d36ecca0d030df0c552ddc7f51b9437f9717cd6d715321cbdb9")
 
 
 def test_the_rendered_meter_command_is_one_the_image_s_cli_takes() -> None:
