@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from slopilot.operator.crd import crd_manifest
 from slopilot.operator.network_peers import (
     DEFAULT_PROMETHEUS_PEERS,
     INGRESS_PEERS_ENV,
@@ -69,7 +70,6 @@ def ns(name: str) -> dict[str, str]:
 
 def reconciled(cluster: Cluster, kube: RunningEmulator, policy: OperatorPolicy,
                **spec: Any) -> dict[str, Any]:
-    from slopilot.operator.crd import crd_manifest
     kube.install(crd_manifest())
     body = cluster.create(llmd(**spec))
     assert reconcile(cluster.kube, body, policy=policy, mint=operator_mint(cluster)).valid
