@@ -66,9 +66,14 @@ class Peer:
         return f"{self.namespace}:{labels}" if labels else self.namespace
 
     def to_api(self) -> dict[str, Any]:
-        """The NetworkPolicy peer: this namespace AND these pods (one peer, not two)."""
-        return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}},
-                "podSelector": {"matchLabels": dict(self.pods)}}
+        """The NetworkPolicy peer: this namespace AND these pods (one peer, not two); a
+        namespace alone as one selector, the form the API server hands back (it drops
+        an empty ``matchLabels``, and a policy compared whole would read as drifted)."""
+        peer: dict[str, Any] = {"namespaceSelector": {"matchLabels": {
+            NAMESPACE_NAME_LABEL: self.namespace}}}
+        if self.pods:
+            peer["podSelector"] = {"matchLabels": dict(self.pods)}
+        return peer
 
 
 def parse_peer(entry: str, setting: str) -> Peer:

@@ -97,9 +97,24 @@ def removals(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, A
 
 
 def whole_differs(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
-    """Whether a field of ``OWNED_WHOLE`` is not in ``live`` exactly as rendered."""
-    return any(_at(live, path) != _at(desired, path)
+    """Whether a field of ``OWNED_WHOLE`` is not in ``live`` as rendered (a selector's
+    empty ``matchLabels`` or ``matchExpressions``, which the API server drops as it
+    stores it, read as absent on both sides)."""
+    return any(_without_empty_selectors(_at(live, path)) !=
+               _without_empty_selectors(_at(desired, path))
                for path in OWNED_WHOLE.get(str(desired.get("kind")), ()))
+
+
+def _without_empty_selectors(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_empty_selectors(v) for k, v in value.items()
+                if not (k in _SELECTOR_PARTS and not v)}
+    if isinstance(value, (list, tuple)):
+        return [_without_empty_selectors(v) for v in value]
+    return value
+
+
+_SELECTOR_PARTS = frozenset({"matchLabels", "matchExpressions"})
 
 
 def with_removals(patch: Mapping[str, Any], nulls: Mapping[str, Any]) -> dict[str, Any]:

@@ -201,3 +201,33 @@ def test_the_shipped_prometheus_peer_is_the_operator_policys_own() -> None:
     (rule,) = own["spec"]["ingress"]
     assert [p.to_api() for p in shipped] == rule["from"]
     assert shipped == DEFAULT_PROMETHEUS_PEERS
+
+
+def _as_stored(value: Any) -> Any:
+    """As a real API server hands a NetworkPolicy back: a LabelSelector's empty
+    ``matchLabels`` and ``matchExpressions`` are ``omitempty``, dropped as it stores."""
+    if isinstance(value, dict):
+        return {k: _as_stored(v) for k, v in value.items()
+                if not (k in ("matchLabels", "matchExpressions") and not v)}
+    if isinstance(value, list):
+        return [_as_stored(v) for v in value]
+    return value
+
+
+def test_a_namespace_only_peer_reads_in_sync_as_the_api_server_stores_it(
+        kube: RunningEmulator, cluster: Cluster) -> None:
+    """A peer naming a namespace alone (the gateway's, ``monitoring`` for Prometheus):
+    a selector rendered ``{"matchLabels": {}}`` came back ``{}`` from a real API server,
+    and the policy, compared whole, was patched at every reconcile, each one said as a
+    repair. The emulator keeps bodies as given, so the server's storing is played."""
+    policy = OperatorPolicy(prometheus_peers=(Peer("monitoring", setting=PROMETHEUS_PEERS_ENV),),
+                            engine_ingress_peers=(Peer("gateway", setting=INGRESS_PEERS_ENV),))
+    rendered = reconciled(cluster, kube, policy)
+    mint = operator_mint(cluster)
+    for _ in range(2):
+        cluster.kube.request("PUT", f"/apis/{NP[0]}/namespaces/{NS}/{NP[1]}/chat",
+                             body=_as_stored(cluster.owned(*NP, "chat")))
+        outcome = reconcile(cluster.kube, cluster.get(), policy=policy, mint=mint)
+        assert outcome.changes["NetworkPolicy/chat"] is Change.UNCHANGED
+    assert admits(cluster.owned(*NP, "chat"), ns("gateway"), {"app": "envoy"}, "http")
+    assert rendered["spec"] == _as_stored(rendered["spec"])
