@@ -95,9 +95,10 @@ def drift_condition(current: Mapping[str, Any] | None, found: Outcome | ApiError
 
 
 def record_repair(kube: Kube, namespace: str, name: str, uid: str,
-                  found: Outcome | ApiError) -> None:
+                  found: Outcome | ApiError, *, ready: int | None = None) -> None:
     """Write the repair's Reconciled condition where it changes, on the CR of ``uid``
-    only (a successor of the name is not this repair's)."""
+    only (a successor of the name is not this repair's); and ``ready`` (the replicas
+    that serve, read where tuning is off) as ``status.readyReplicas`` where it changed."""
 
     def build(body: dict[str, Any]) -> dict[str, Any] | None:
         if str(body["metadata"].get("uid")) != uid:
@@ -115,12 +116,11 @@ def record_repair(kube: Kube, namespace: str, name: str, uid: str,
                 updates += said
                 removed += gone
         out: dict[str, Any] = {}
-        if isinstance(found, Outcome) and found.ready is not None \
-                and tuning_enabled(body.get("spec") or {}) is False \
-                and status.get("readyReplicas") != found.ready:
+        if ready is not None and not tuning_enabled(body.get("spec") or {}) \
+                and status.get("readyReplicas") != ready:
             # No daemon counts them while tuning is off: a pod that became ready (or
             # went) is a status write of the Deployment, whose event brought this repair.
-            out["readyReplicas"] = found.ready
+            out["readyReplicas"] = ready
         if updates or removed:
             out["conditions"] = merge_conditions(status.get("conditions"), updates,
                                                  remove=removed)

@@ -79,6 +79,7 @@ from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
 from slopilot.operator.loop_status import ended_episode, tuning_enabled
 from slopilot.operator.owned_meta import MANAGED
+from slopilot.operator.owned_pods import ready_replicas
 from slopilot.operator.ownership import controlled_by
 from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
 from slopilot.operator.pod_memory import memory_of
@@ -230,11 +231,18 @@ def accepted(outcome: Outcome) -> str:
     return "the spec passed every check, with warnings: " + "; ".join(outcome.warnings)
 
 
-def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
-    """The status fields one reconcile owns (the daemon owns the others)."""
+def status_of(body: Mapping[str, Any], outcome: Outcome,
+              ready: int | None = None) -> dict[str, Any]:
+    """The status fields one reconcile owns (the daemon owns the others); ``ready``: the
+    replicas that serve (``untuned_ready``), written while tuning is off."""
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
     current = status.get("conditions")
+    tuned = tuning_enabled(body.get("spec") or {})
+    # The tuning daemon counts them at each tick; none runs now, so the reconcile does,
+    # and the repair at each status write of the Deployment (drift.py), a refused spec's
+    # too: its pods serve on.
+    untuned: dict[str, Any] = {} if tuned else {"readyReplicas": ready}
     if not outcome.valid:
         message = "; ".join(outcome.problems)
         if outcome.refusal.of_objects:
@@ -247,7 +255,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
             updates = [condition(ConditionType.VALID, False, outcome.refusal.value, message,
                                  generation)]
         return {"phase": Phase.INVALID.value, "observedGeneration": generation,
-                "conditions": merge_conditions(current, updates)}
+                "conditions": merge_conditions(current, updates), **untuned}
     done = [f"{change.value} {what}" for what, change in outcome.changes.items()
             if change is not Change.UNCHANGED]
     updates = [
@@ -282,7 +290,6 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         # the built-in backend would name its pods for as long as the CR lived.
         removed += [ConditionType.ADMIN_TOKEN, ConditionType.PODS_CONFIGURED]
     phase = status.get("phase")
-    tuned = tuning_enabled(body.get("spec") or {})
     if not tuned:
         # No daemon runs now to move the phase or the Tuning condition on: kept, a
         # deployment whose tuning was turned off mid-trial said "Tuning" (trial N
@@ -302,11 +309,21 @@ def status_of(body: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         out["pods"] = None  # what the sync found goes with its condition
     if ended is not None:
         out["controller"] = ended
-    if not tuned:
-        # The tuning daemon counts them at each tick; none runs now, so the reconcile
-        # does, and the repair at each of the Deployment's status writes (drift.py).
-        out["readyReplicas"] = outcome.ready
-    return out
+    return out | untuned
+
+
+def untuned_ready(kube: Kube, body: Mapping[str, Any]) -> int | None:
+    """The replicas that serve, for ``status.readyReplicas``, where tuning is off (None
+    where it is on: the daemon's to count). An API error leaves the count as it is
+    (None) and fails nothing."""
+    if tuning_enabled(body.get("spec") or {}):
+        return None
+    meta = body["metadata"]
+    try:
+        return ready_replicas(kube, meta["namespace"], meta["name"], meta.get("uid"))
+    except ApiError as exc:
+        log.warning("%s: ready replicas not read (%s)", key_of(body), exc)
+        return None
 
 
 def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> None:
@@ -349,7 +366,9 @@ def reconcile_spec(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     with memo.locks.hold(key_of(body)):
         outcome = reconcile(memo.kube, body, policy=memo.policy, mint=memo.tokens)
-        write_status(memo.kube, namespace, name, lambda fresh: status_of(fresh, outcome))
+        ready = untuned_ready(memo.kube, body)
+        write_status(memo.kube, namespace, name,
+                     lambda fresh: status_of(fresh, outcome, ready))
     if outcome.valid and outcome.admin_token and not tuning_enabled(body.get("spec") or {}):
         # Asked again: a sync of the CR under way may have read the spec before this edit.
         # Not waited for: the sync waits for its slot on the event loop, not on this thread.
@@ -596,7 +615,8 @@ def repair(cr: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
             found = exc
             logger.warning("drift of %s not repaired: %s", meta["name"], exc)
         # Under the lock: a spec reconcile's condition, written after, is the last word.
-        record_repair(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]), found)
+        record_repair(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]), found,
+                      ready=untuned_ready(memo.kube, cr))
     if isinstance(found, Outcome) and any(
             c is not Change.UNCHANGED for c in found.changes.values()):
         logger.info("repaired drift of %s: %s", meta["name"], dict(found.changes))

@@ -50,3 +50,15 @@ def owned_pods(kube: Kube, namespace: str, name: str, uid: Any) -> OwnedPods:
             continue
         out.append(pod)
     return OwnedPods(dep, list(sets.values()), sorted(out, key=lambda p: p["metadata"]["name"]))
+
+
+def ready_replicas(kube: Kube, namespace: str, name: str, uid: Any) -> int:
+    """The ready replicas of the CR's own Deployment, as its controller counts them
+    (``status.readyReplicas``): what ``kubectl get`` shows while no tuning daemon counts
+    the pods (``status.readyReplicas`` of the CR), for one GET. 0 where the Deployment is
+    none or another's: none of this CR's pods serve."""
+    dep = kube.get("apps/v1", "deployments", namespace, name)
+    if dep is None or not controlled_by(dep, KIND, uid):
+        return 0
+    count = (dep.get("status") or {}).get("readyReplicas")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0

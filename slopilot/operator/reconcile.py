@@ -57,7 +57,6 @@ from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.network_peers import DEFAULT_PROMETHEUS_PEERS, Peer
 from slopilot.operator.owned_fields import removals, whole_differs, with_removals
 from slopilot.operator.owned_meta import labels, owner_reference
-from slopilot.operator.owned_pods import owned_pods
 from slopilot.operator.ownership import (
     claims,
     controller_ref,
@@ -65,7 +64,6 @@ from slopilot.operator.ownership import (
     other_controller,
     refs_to_write,
 )
-from slopilot.operator.pod_admin import ready as ready_pod
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.quantity import same_quantity
 from slopilot.operator.render import render_all
@@ -135,9 +133,6 @@ class Outcome:
     left_alone: tuple[str, ...] = ()
     """Objects of an owned name that are another's and were left as they are rather than
     refused for (``LEFT_ALONE_KINDS``), each said with its fix."""
-    ready: int | None = None
-    """The engine pods ready now, for ``status.readyReplicas`` while tuning is off (None
-    while it is on: the tuning daemon counts them at each tick)."""
 
     @property
     def valid(self) -> bool:
@@ -488,15 +483,12 @@ def reconcile(kube: Kube, body: Mapping[str, Any], *, policy: OperatorPolicy,
                        refusal=Refusal.OWNED_OBJECT_INVALID, changes=changes,
                        warnings=spec.warnings)
     unsupported = render_all(body, spec, replicas).unsupported_knobs
-    meta = body["metadata"]
-    ready = None if spec.tuning.enabled else sum(1 for pod in owned_pods(
-        kube, meta["namespace"], meta["name"], meta.get("uid")).pods if ready_pod(pod))
     return Outcome(changes=changes, unsupported_knobs=unsupported, monitoring=monitoring,
                    admin_token=spec.backend is Backend.BUILTIN,
                    replicas=replicas if replicas is not None else
                    min(max(spec.min_replicas, 1), spec.max_replicas), config=spec.engine,
                    warnings=spec.warnings, not_restored=tuple(not_restored),
-                   left_alone=tuple(left_alone), ready=ready)
+                   left_alone=tuple(left_alone))
 
 
 def refs_refused_message(where: str, exc: ApiError) -> str:

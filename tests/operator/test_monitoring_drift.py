@@ -28,6 +28,7 @@ from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, not_reconciled, reconcile
 from slopilot.operator.spec import parse_spec
+from slopilot.operator.status_writer import write_status
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -169,6 +170,9 @@ def reconciled_chat(cluster: Cluster) -> tuple[dict[str, Any], SimpleNamespace]:
                            tokens=operator_mint(cluster))
     out = reconcile(cluster.kube, body, policy=memo.policy, mint=memo.tokens)
     assert out.changes[f"PrometheusRule/{RULE}"] is Change.CREATED
+    # The status the spec handler writes with it (its ready count among it).
+    ready = handlers.untuned_ready(cluster.kube, body)
+    write_status(cluster.kube, NS, "chat", lambda fresh: handlers.status_of(fresh, out, ready))
     return body, memo
 
 
