@@ -84,9 +84,14 @@ def _simulate(args: argparse.Namespace) -> int:
                          sort_keys=True))
     else:
         print_summary(run.summary, scenario.slo)
+    config = scenario.engine_config().with_overrides(overrides)
+    too_long = _too_long(scenario, config, run.summary)
+    if too_long is not None:
+        # After the figures, as the profile's warnings: the table counts them as rejected,
+        # and this says what that does to its verdict.
+        print(f"slopilot simulate: warning: {too_long}", file=sys.stderr)
     if watch is not None and scenario.profile is not None:
         # After the figures, which they qualify: said once a run, not once a step.
-        config = scenario.engine_config().with_overrides(overrides)
         for line in beyond(scenario.profile, watch, config):
             print(f"slopilot simulate: warning: {line}", file=sys.stderr)
     if args.metrics_out:
@@ -99,6 +104,16 @@ def _simulate(args: argparse.Namespace) -> int:
                   f"{e.strerror or e}", file=sys.stderr)
             return 1
     return 0
+
+
+def _too_long(scenario: Any, config: Any, summary: Any) -> str | None:
+    """The warning for a run that rejected more than ``too_long.WARN_SHARE`` of its
+    requests as too long for one replica; None below it."""
+    from slopilot.engine.sim.too_long import of_summary, servable_limit
+
+    limit, _ = servable_limit(scenario, config)
+    counted = of_summary(summary, limit)
+    return counted.text() if counted is not None and counted.warns else None
 
 
 def load_profile_noting(path: str | Path, command: str) -> Any:

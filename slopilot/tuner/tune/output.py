@@ -9,7 +9,9 @@ number or null), ``start``, ``top`` (the trials),
 ``start_fitted`` (the knobs the start config moved to fit --set and --bound), the
 ``command`` that reproduces the study and the ``check_command`` that replays the whole
 workload with the answer, ``timing``, ``warnings`` (each also on stderr when the study
-starts).
+starts), ``too_long`` (a trace's requests too long for one replica, rejected unjudged:
+``requests``, ``of``, ``share``, ``limit_tokens``, ``limit``; null for a generated
+workload).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "top": [{"trial": n, **brief(r, slo)} for n, r in ranked(outcome)[:10]],
         "command": outcome.command, "check_command": outcome.check_command,
         "timing": outcome.timing.to_dict(), "warnings": list(outcome.warnings),
+        "too_long": None if s.too_long is None else s.too_long.to_dict(),
         "report": str(report) if report else None,
     }
 

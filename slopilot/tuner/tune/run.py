@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.engine.sim.output_paths import make_output_dir
+from slopilot.engine.sim.too_long import TooLong
 from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
@@ -101,8 +102,9 @@ def run(s: TuneSettings) -> TuneOutcome:
                         replicas=s.replicas)
     study = open_study(s.storage, s.study_name, sampler=s.sampler, seed=s.seed)
     # Before any trial: a resumed study's trials must have been run under these settings.
-    warnings = tuple(w for w in (warmup_warning(s, plan), check_or_record(study, s, plan))
-                     if w is not None)
+    too_long = s.too_long.text() if s.too_long is not None and s.too_long.warns else None
+    warnings = tuple(w for w in (too_long, warmup_warning(s, plan),
+                                 check_or_record(study, s, plan)) if w is not None)
     for warning in warnings:
         # Before the study, and whatever --quiet says: it may be worth stopping for.
         print(f"slopilot tune: warning: {warning}", file=sys.stderr)
@@ -164,6 +166,14 @@ def _kept(start: TrialResult, best_trial: tuple[int, TrialResult] | None) -> str
             "limit)")
 
 
+def _unjudged(sentence: str, too_long: TooLong) -> str:
+    """The verdict led by the requests it does not judge: "holds" said of the rest only,
+    never bare (a user would not call turning most of the load away holding the SLO)."""
+    served = too_long.of - too_long.requests
+    held = f"holds the SLO on the {served:,} requests that fit, in every window"
+    return f"{too_long.clause()} {sentence.replace('holds the SLO in every window', held)}"
+
+
 def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult,
              best: Candidate, capacity: CapacityOutcome | None,
              evaluator: RobustEvaluator, timing: Timing) -> TuneOutcome:
@@ -195,6 +205,8 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
         elif s.max_replicas <= s.replicas:
             sentence += (f" No capacity search: --max-replicas {s.max_replicas} is not above "
                          f"{s.replicas}.")
+    if s.too_long is not None and s.too_long.warns:
+        sentence = _unjudged(sentence, s.too_long)
     changes = None if config is None else {
         k: v for k, v in config.items() if start.config.get(k) != v}
     check = None if config is None or replicas is None else check_command(s, config, replicas)

@@ -16,6 +16,7 @@ from slopilot.engine.config import ConfigError, parse_set_args
 from slopilot.engine.sim.dispatch import Dispatch
 from slopilot.engine.sim.output_paths import check_output_dir
 from slopilot.engine.sim.scenario import Scenario, ScenarioError
+from slopilot.engine.sim.too_long import TooLong
 from slopilot.engine.sim.trace_flags import trace_options
 from slopilot.engine.sim.trace_scenario import TraceOptions, load_with_trace
 from slopilot.engine.sim.workload_spec import TraceSpec
@@ -66,6 +67,9 @@ class TuneSettings:
     """The calibrated cost profile the twin runs on (``--profile``); None: the datasheet."""
     dispatch: Dispatch | None = None
     """``--dispatch`` as given (``scenario`` carries it); None: the scenario's own."""
+    too_long: TooLong | None = None
+    """A trace's requests one replica of the start config never serves (too long for it,
+    rejected unjudged: ``engine/sim/too_long.py``); None for a generated workload."""
 
 
 def parse_bounds(items: list[str]) -> dict[str, Any]:
@@ -97,33 +101,31 @@ def _seconds(flag: str, value: float | None, *, zero_ok: bool) -> float | None:
 
 
 def _check_fits(scenario: Scenario, trace: TraceSpec, config: Mapping[str, Any], *,
-                given: bool) -> None:
-    """Refuse a trace none of whose requests one replica ever serves (the model's context,
-    at most its KV cache: ``Scheduler.can_ever_finish``, the server's rule): each is
-    rejected whatever the knobs, no class has a P99 left to miss, and the study would call
-    an empty verdict holding the SLO."""
-    from slopilot.engine.sim.simulator import build_engine  # heavy: not at registration
+                given: bool) -> TooLong:
+    """How many of the trace's requests one replica never serves (the model's context, at
+    most its KV cache: ``Scheduler.can_ever_finish``, the server's rule); a trace none of
+    whose requests fits is refused: each is rejected whatever the knobs, no class has a
+    P99 left to miss, and the study would call an empty verdict holding the SLO."""
+    from slopilot.engine.sim import too_long  # heavy (the simulator): not at registration
 
-    engine, _ = build_engine(scenario, scenario.engine_config().with_overrides(config))
-    sched = engine.scheduler
     records = trace.records()
-    if any(sched.can_ever_finish(r.prompt_tokens, r.output_tokens) for r in records):
-        return
-    holds = sched.kv.num_gpu_blocks * sched.kv.block_size
+    counted = too_long.count(scenario, scenario.engine_config().with_overrides(config),
+                             records)
+    if counted.requests < counted.of:
+        return counted
+    limit = counted.limit
     named = f"--trace {trace.trace}" if given else f"{scenario.name}'s trace {trace.trace}"
     shortest = min(r.prompt_tokens + r.output_tokens for r in records)
     where = f"{scenario.name} ({scenario.tp} x {scenario.gpu}, {scenario.model})"
-    if sched.max_model_len is not None and sched.max_model_len < holds:
-        limit = (f"it serves at most {scenario.model}'s context of "
-                 f"{sched.max_model_len:,} tokens (its KV cache holds {holds:,})")
-        fix = "give a --scenario whose model's context holds them"
+    if limit.bound == "context":
+        said = (f"it serves at most {scenario.model}'s context of {limit.tokens:,} tokens "
+                f"(its KV cache holds {limit.kv_tokens:,})")
     else:
-        limit = f"its KV cache holds {holds:,} tokens"
-        fix = "give a --scenario whose GPUs hold them"
+        said = f"its KV cache holds {limit.tokens:,} tokens"
     raise ValueError(
         f"{named}: none of its {len(records):,} requests fits one replica of {where}: "
-        f"{limit}, the shortest is {shortest:,} tokens (prompt plus output), so every "
-        f"request would be rejected whatever the knobs; {fix}, or check that the "
+        f"{said}, the shortest is {shortest:,} tokens (prompt plus output), so every "
+        f"request would be rejected whatever the knobs; {limit.fix()}, or check that the "
         "prompt and output columns hold lengths in tokens")
 
 
@@ -165,8 +167,10 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
     base = scenario.engine_config()
     space = search_space({**stated, **fixed}, fixed, args.bounds, base)
     start = fit_start(base, fixed, space, [k for k in stated if k not in fixed])
+    too_long = None
     if isinstance(scenario.workload, TraceSpec):
-        _check_fits(scenario, scenario.workload, start.config, given=trace.path is not None)
+        too_long = _check_fits(scenario, scenario.workload, start.config,
+                               given=trace.path is not None)
     replicas_text = str(args.replicas).strip().lower()
     if replicas_text == "auto":
         replicas, auto = scenario.replicas, True
@@ -197,7 +201,8 @@ def settings_from(args: argparse.Namespace) -> TuneSettings:
         warmup_s=warmup,
         replicas=replicas, replicas_auto=auto, max_replicas=max_replicas,
         report_dir=args.report_dir, json=args.json, quiet=args.quiet,
-        raw_bounds=tuple(args.bounds), profile=profile or None, dispatch=dispatch)
+        raw_bounds=tuple(args.bounds), profile=profile or None, dispatch=dispatch,
+        too_long=too_long)
 
 
 def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | None) -> None:
