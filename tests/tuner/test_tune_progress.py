@@ -45,7 +45,7 @@ def test_a_short_study_gets_no_warning_and_the_status_shows_the_best() -> None:
     assert progress.report is not None and "none holds the SLO yet" in progress.report.status
     progress.trial_done(1, result(True, 42.0))
     progress.trial_done(2, None)  # a failed trial counts
-    assert progress.report.status == "trial 3/3, best holds it: goodput 42 tok/s"
+    assert progress.report.status == "trial 3/3, best holds it: mean goodput 42 tok/s"
     progress.close()
     assert out.getvalue().splitlines()[-1].startswith("tune: 10/40 s simulated (25%)")
 

@@ -23,7 +23,12 @@ from slopilot.tuner.study.objective import TrialResult, score
 from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.tuner import Tuner
-from slopilot.tuner.study.verdict import goodput_share, term_label, worst_share
+from slopilot.tuner.study.verdict import (
+    deciding_goodput,
+    goodput_share,
+    term_label,
+    worst_share,
+)
 
 pareto_front = plots.pareto_front
 
@@ -139,14 +144,16 @@ def _beyond_its_window(result: TrialResult, summary: WindowSummary, slo: SLOSpec
 def _top(ranked: list[tuple[int, TrialResult]], top: int) -> list[str]:
     lines = [f"## Top {min(top, len(ranked))} trials", "",
              "| trial | holds SLO | worst term (share of limit) | goodput share | "
-             "goodput (tok/s) | token_budget | chunk_size | max_num_seqs |",
-             "|---|---|---|---|---|---|---|---|"]
+             "goodput (tok/s, deciding window) | goodput (tok/s, mean of windows) | "
+             "token_budget | chunk_size | max_num_seqs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for n, r in ranked[:top]:
         share, term = worst_share(r)
         where = share if term is None or share == "-" else f"{share} ({term_label(term)[0]})"
         lines.append(f"| {n} | {'yes' if r.feasible else 'no'} | {where} | "
                      f"{'-' if r.objective is None else f'{r.objective:.1%}'} | "
-                     f"{r.goodput_tok_s:,.1f} | {r.config.get('token_budget', '-')} | "
+                     f"{deciding_goodput(r):,.1f} | {r.goodput_tok_s:,.1f} | "
+                     f"{r.config.get('token_budget', '-')} | "
                      f"{r.config.get('chunk_size', '-')} | {r.config.get('max_num_seqs', '-')} |")
     return lines + [""]
 

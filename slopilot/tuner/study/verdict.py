@@ -6,7 +6,10 @@ window. The study then ranks by the worst window too: its objective is the small
 goodput share over the windows (output tokens of requests within their SLO over the
 output tokens the window's requests asked for), so that a config cannot buy goodput in
 a quiet window with the busy one's headroom; shares, not tokens per second, because the
-windows carry different loads. ``goodput_tok_s`` stays the windows' mean, for people.
+windows carry different loads. ``goodput_tok_s`` stays the windows' mean (a figure the
+study stores and ``Tuner`` reports to Optuna when there is no share, comparable across
+trials because each runs the same windows); what is printed beside a window's figures
+is that window's own (``deciding_goodput``), and the mean is labelled as the mean.
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ def goodput_share(summary: WindowSummary | None) -> float | None:
 def deciding_window(windows: Sequence[WindowResult]) -> WindowResult:
     """The window whose worst term is the highest: the one a robust verdict reports."""
     return max(windows, key=lambda w: max(w.result.constraints, default=0.0))
+
+
+def deciding_goodput(result: TrialResult) -> float:
+    """The goodput (tok/s) of ``result``'s deciding window, the one its summary, P99s
+    and worst term come from; its own where it has no windows (one run)."""
+    if not result.windows:
+        return result.goodput_tok_s
+    return deciding_window(result.windows).result.goodput_tok_s
 
 
 def robust_verdict(config: Mapping[str, Any], windows: Sequence[WindowResult],

@@ -31,6 +31,7 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.verdict import (
+    deciding_goodput,
     deciding_window,
     goodput_share,
     share_text,
@@ -49,12 +50,16 @@ def _summary(r: TrialResult, slo: SLOSpec) -> dict[str, Any] | None:
 
 
 def brief(r: TrialResult, slo: SLOSpec) -> dict[str, Any]:
-    """A trial's result for the JSON: knobs, verdict, worst-window figures per class, and
-    each window's figures as ``simulate --json`` gives them (``summary``: the deciding
-    window's)."""
+    """A trial's result for the JSON: knobs, verdict, the deciding window's figures
+    (``deciding_window``: its span; ``goodput_tok_s``, ``throughput_tok_s``, the P99s and
+    ``summary``, all of that one window), the windows' mean goodput
+    (``goodput_tok_s_mean``), the lowest window's goodput share (the study's objective),
+    and each window's figures as ``simulate --json`` gives them."""
     summary = _summary(r, slo)
     s = summary or {}
-    return {"config": dict(r.config), "goodput_tok_s": r.goodput_tok_s,
+    return {"config": dict(r.config), "goodput_tok_s": deciding_goodput(r),
+            "goodput_tok_s_mean": r.goodput_tok_s,
+            "deciding_window": deciding_window(r.windows).span if r.windows else None,
             "goodput_share_worst_window": r.objective, "feasible": r.feasible,
             "margin": r.margin,
             "constraints": dict(zip(r.constraint_names, r.constraints, strict=True)),
@@ -115,7 +120,8 @@ def top_row(n: int, r: TrialResult) -> list[str]:
     class no window had a request of has no share of its limit, not 0 %)."""
     return [str(n), "yes" if r.feasible else "no", worst_share(r)[0],
             "-" if r.objective is None else f"{r.objective:.1%}",
-            f"{r.goodput_tok_s:,.0f}", str(r.config.get("token_budget")),
+            f"{deciding_goodput(r):,.0f}", f"{r.goodput_tok_s:,.0f}",
+            str(r.config.get("token_budget")),
             str(r.config.get("chunk_size")), str(r.config.get("max_num_seqs")),
             str(r.config.get("preemption_mode"))]
 
@@ -126,7 +132,8 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 180)
     top = Table(title="Top trials (each judged on its worst window)")
-    for col in ("trial", "holds SLO", "worst term", "goodput share", "goodput tok/s",
+    for col in ("trial", "holds SLO", "worst term", "goodput share",
+                "goodput tok/s, deciding window", "goodput tok/s, mean of windows",
                 "budget", "chunk", "max seqs", "mode"):
         top.add_column(col, justify="right")
     order = ranked(outcome)
@@ -134,9 +141,12 @@ def print_text(outcome: TuneOutcome, report: Path | None) -> None:
         top.add_row(*top_row(n, r))
     console.print(top)
     console.print("worst term: the SLO term closest to (or over) its limit in the worst "
-                  f"window, as a share of the limit (holding needs at most "
-                  f"{1 - outcome.start.margin:.0%}); goodput share: the worst window's "
-                  "output tokens within SLO over those asked for", highlight=False)
+                  "window (the deciding window: the one whose worst term is highest), as a "
+                  f"share of the limit (holding needs at most "
+                  f"{1 - outcome.start.margin:.0%}); goodput share: the lowest over the "
+                  "windows of output tokens within SLO over those asked for (what the study "
+                  "maximizes); goodput tok/s: the deciding window's, and the mean over the "
+                  "windows", highlight=False)
     if outcome.best_trial is not None:
         _comparison(console, outcome, *outcome.best_trial)
     table = _deciding_window(console, outcome)
@@ -178,13 +188,17 @@ def _comparison(console: Any, outcome: TuneOutcome, n: int, best: TrialResult) -
 
     start = outcome.start
     kept = outcome.best.is_start
-    cmp = Table(title=f"The start config (kept) against trial {n}, the best trial (worst "
-                      "window)"
-                if kept else "Best config against the scenario's start config (worst window)")
+    cmp = Table(title=f"The start config (kept) against trial {n}, the best trial (each "
+                      "term in its worst window)"
+                if kept else "Best config against the scenario's start config (each term in "
+                             "its worst window)")
     for col in ("", "start", f"trial {n}" if kept else "best"):
         cmp.add_column(col, justify="right")
     cmp.add_row("holds SLO", "yes" if start.feasible else "no", "yes" if best.feasible else "no")
-    cmp.add_row("goodput tok/s", f"{start.goodput_tok_s:,.0f}", f"{best.goodput_tok_s:,.0f}")
+    cmp.add_row("goodput tok/s, deciding window", f"{deciding_goodput(start):,.0f}",
+                f"{deciding_goodput(best):,.0f}")
+    cmp.add_row("goodput tok/s, mean of windows", f"{start.goodput_tok_s:,.0f}",
+                f"{best.goodput_tok_s:,.0f}")
     for i, name in enumerate(best.constraint_names):
         cmp.add_row(f"{term_label(name)[0]} (of limit)", share_text(name, start.constraints[i]),
                     share_text(name, best.constraints[i]))

@@ -48,7 +48,7 @@ class TuneProgress:
                 self.best is None or result.value > self.best.value):
             self.best = result
         best = ("none holds the SLO yet" if self.best is None else
-                f"best holds it: goodput {self.best.goodput_tok_s:,.0f} tok/s")
+                f"best holds it: mean goodput {self.best.goodput_tok_s:,.0f} tok/s")
         self._status(f"trial {self.trials_done}/{self.trials}, {best}")
 
     def _status(self, text: str) -> None:

@@ -161,7 +161,8 @@ def _kept(start: TrialResult, best_trial: tuple[int, TrialResult] | None) -> str
     n, r = best_trial
     if not r.feasible:
         return "no trial holds it"
-    return (f"no trial beats it (the best, trial {n}: goodput {r.goodput_tok_s:,.1f} tok/s "
+    return (f"no trial beats it (the best, trial {n}: mean goodput over the windows "
+            f"{r.goodput_tok_s:,.1f} tok/s "
             f"against its {start.goodput_tok_s:,.1f}, closest term at {_share(r)} of its "
             "limit)")
 

@@ -76,7 +76,7 @@ def stopped_note(stop: BaseException, s: TuneSettings, tuner: Tuner, *, first: i
         on = f"on {s.replicas} replica{'s' if s.replicas != 1 else ''}"
         holds = ("holds the SLO in every window with " f"{r.margin:.0%} headroom {on}"
                  if r.feasible else f"misses the SLO {on}")
-        lines += [f"best so far: trial {n} (goodput {r.goodput_tok_s:,.1f} tok/s; {holds}), "
+        lines += [f"best so far: trial {n} (mean goodput {r.goodput_tok_s:,.1f} tok/s; {holds}), "
                   "not a verdict: neither compared with the start config nor a replica "
                   "count searched",
                   f"check it on the whole workload: {check_command(s, r.config, s.replicas)}"]
