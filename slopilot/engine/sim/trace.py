@@ -165,9 +165,20 @@ def _format_of(name: str, text: str) -> str:
     return "mooncake" if isinstance(row, dict) and is_mooncake_row(row) else "jsonl"
 
 
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"PK\x03\x04", "zip", "unzip"),
+               (b"(\xb5/\xfd", "zstd", "unzstd"), (b"BZh", "bzip2", "bunzip2"),
+               (b"\xfd7zXZ\x00", "xz", "unxz"))
+"""Magic numbers of the compressions a downloaded trace comes in (the public ones as
+.csv.gz or .zip), each with the command that gives back its text."""
+
+
 def _not_utf8(label: str, data: bytes, at: int) -> str:
     # Said with its line and the fix: Python's codec text gives an offset in bytes and
     # reads as a crash, and "invalid continuation byte" tells a user nothing to do.
+    for magic, kind, command in _COMPRESSED:
+        if data.startswith(magic):
+            return (f"{label}: {kind}-compressed (its first bytes say so); a trace is "
+                    f"UTF-8 text (CSV or JSONL): {command} it and give the file it writes")
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
         return (f"{label}: UTF-16 text (its byte-order mark says so); a trace is UTF-8: "
                 "save it as UTF-8 (Excel: CSV UTF-8)")

@@ -697,3 +697,35 @@ def test_a_csv_trace_is_read_without_a_wide_copy_of_its_text(tmp_path: Path, nam
     assert len(records) == 20_000
     # Its bytes and its text while decoded (2.00 x); 5.6 x before.
     assert peak < 2.3 * size, f"{peak / size:.2f} x the file's size"
+
+
+@pytest.mark.parametrize("magic, kind, fix", [
+    (b"\x1f\x8b", "gzip", "gunzip it"),
+    (b"PK\x03\x04", "zip", "unzip it"),
+    (b"(\xb5/\xfd", "zstd", "unzstd it"),
+    (b"BZh9", "bzip2", "bunzip2 it"),
+    (b"\xfd7zXZ\x00", "xz", "unxz it"),
+], ids=["gzip", "zip", "zstd", "bzip2", "xz"])
+def test_a_compressed_trace_is_refused_naming_its_compression_and_the_fix(
+        tmp_path: Path, magic: bytes, kind: str, fix: str) -> None:
+    # A gzip trace read "not UTF-8 text (byte 0x8b)": true, and no help.
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(magic + bytes(range(128, 256)))
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {kind}-compressed"), message
+    assert fix in message and "byte 0x" not in message, message
+
+
+@pytest.mark.parametrize("value, written", [("true", "true"), ("false", "false"),
+                                            ("null", "null")])
+def test_a_json_literal_in_a_token_field_is_quoted_as_json_writes_it(
+        tmp_path: Path, value: str, written: str) -> None:
+    path = write(tmp_path, "t.jsonl",
+                 f'{{"timestamp": 0, "prompt_tokens": {value}, "output_tokens": 5}}\n')
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    message = str(info.value)
+    assert f"prompt_tokens={written} " in message, message
+    assert "True" not in message and "False" not in message and "None" not in message

@@ -82,7 +82,7 @@ def _row(**change: Any) -> dict[str, Any]:
     ({"timestamp": 5, "output_length": 5}, r":2: missing input_length"),
     (_row(hash_ids="0,1,2"), r":2: hash_ids='0,1,2' must be a list of block ids"),
     (_row(hash_ids=[0, -1, 2]), r":2: hash_ids\[1\]=-1 must be a whole number >= 0"),
-    (_row(hash_ids=[0, True]), r":2: hash_ids\[1\]=True must be a whole number >= 0"),
+    (_row(hash_ids=[0, True]), r":2: hash_ids\[1\]=true must be a whole number >= 0"),
     (_row(hash_ids=[0, 2**70]), r":2: hash_ids\[1\]=1180591620717411303424 must be"),
     # 1,100 tokens are three 512-token blocks: a fourth id is no block of this prompt (a
     # trace hashed with smaller blocks, or a hostile file's millions of ids).
