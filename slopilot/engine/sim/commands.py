@@ -85,11 +85,10 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         print_summary(run.summary, scenario.slo)
     config = scenario.engine_config().with_overrides(overrides)
-    too_long = _too_long(scenario, config, run.summary)
-    if too_long is not None:
-        # After the figures, as the profile's warnings: the table counts them as rejected,
-        # and this says what that does to its verdict.
-        print(f"slopilot simulate: warning: {too_long}", file=sys.stderr)
+    # After the figures, as the profile's warnings: they qualify what the table says.
+    for warning in (_too_long(scenario, config, run.summary), _cut(args, scenario)):
+        if warning is not None:
+            print(f"slopilot simulate: warning: {warning}", file=sys.stderr)
     if watch is not None and scenario.profile is not None:
         # After the figures, which they qualify: said once a run, not once a step.
         for line in beyond(scenario.profile, watch, config):
@@ -114,6 +113,19 @@ def _too_long(scenario: Any, config: Any, summary: Any) -> str | None:
     limit, _ = servable_limit(scenario, config)
     counted = of_summary(summary, limit)
     return counted.text() if counted is not None and counted.warns else None
+
+
+def _cut(args: argparse.Namespace, scenario: Any) -> str | None:
+    """What a cut of the trace leaves out where that is busier than what it keeps."""
+    from slopilot.engine.sim.trace_cut import cut_label, left_out
+    from slopilot.engine.sim.workload_spec import TraceSpec
+
+    spec = scenario.workload
+    if not isinstance(spec, TraceSpec):
+        return None
+    given = trace_options(args)
+    out = left_out(spec, cut_label(spec, given.start_s, given.end_s))
+    return None if out is None else out.text()
 
 
 def load_profile_noting(path: str | Path, command: str) -> Any:

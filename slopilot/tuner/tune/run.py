@@ -26,6 +26,7 @@ from slopilot.tuner.tune.report import write
 from slopilot.tuner.tune.settings import (
     TuneSettings,
     check_command,
+    cut_warning,
     settings_from,
     tune_command,
     warmup_warning,
@@ -103,7 +104,7 @@ def run(s: TuneSettings) -> TuneOutcome:
     study = open_study(s.storage, s.study_name, sampler=s.sampler, seed=s.seed)
     # Before any trial: a resumed study's trials must have been run under these settings.
     too_long = s.too_long.text() if s.too_long is not None and s.too_long.warns else None
-    warnings = tuple(w for w in (too_long, warmup_warning(s, plan),
+    warnings = tuple(w for w in (too_long, cut_warning(s), warmup_warning(s, plan),
                                  check_or_record(study, s, plan)) if w is not None)
     for warning in warnings:
         # Before the study, and whatever --quiet says: it may be worth stopping for.

@@ -224,6 +224,19 @@ def _check_clashes(args: argparse.Namespace, scenario: Scenario, profile: str | 
                                        trace_arg=args.trace, profile_arg=profile))
 
 
+def cut_warning(s: TuneSettings) -> str | None:
+    """What a cut of the trace leaves out where that is busier than what it keeps
+    (``engine/sim/trace_cut.py``); None for a generated workload, no cut or a cut that
+    keeps the trace's busiest minute."""
+    if not isinstance(s.scenario.workload, TraceSpec):
+        return None
+    from slopilot.engine.sim.trace_cut import cut_label, left_out
+
+    spec = s.scenario.workload
+    out = left_out(spec, cut_label(spec, s.trace.start_s, s.trace.end_s))
+    return None if out is None else out.text()
+
+
 def warmup_warning(s: TuneSettings, plan: WindowPlan) -> str | None:
     """What to tell a user whose ``--warmup`` is shorter than the trace's requests live:
     it is used as given (the user's to choose), but its windows start on an engine
