@@ -25,7 +25,7 @@ def parse(**spec: Any) -> Any:
     ({"resources": 1}, "spec.resources=1: expected a mapping"),
     ({"tuning": ["enabled"]}, "spec.tuning=['enabled']: expected a mapping"),
     ({"tuning": {"bounds": 5}}, "spec.tuning.bounds=5: expected a mapping"),
-    ({"slo": True}, "spec.slo=True: expected a mapping"),
+    ({"slo": True}, "spec.slo=true: expected a mapping"),
     ({"model": "m"}, "spec.model='m': expected a mapping"),
     ({"resources": {"cpu": ["2"]}}, "spec.resources.cpu=['2']: expected"),
 ])
