@@ -242,7 +242,7 @@ def status_of(body: Mapping[str, Any], outcome: Outcome,
     # The tuning daemon counts them at each tick; none runs now, so the reconcile does,
     # and the repair at each status write of the Deployment (drift.py), a refused spec's
     # too: its pods serve on.
-    untuned: dict[str, Any] = {} if tuned else {"readyReplicas": ready}
+    untuned: dict[str, Any] = {} if tuned or ready is None else {"readyReplicas": ready}
     if not outcome.valid:
         message = "; ".join(outcome.problems)
         if outcome.refusal.of_objects:

@@ -3,7 +3,8 @@
 A pod counts when its controlling owner is a ReplicaSet whose controlling owner is the
 Deployment this CR controls, with that ReplicaSet's pod-template hash. Labels and
 annotations, which anyone who can create a pod in the namespace can copy, decide
-nothing: the operator's admin token and its ready count go by these pods only.
+nothing: the operator's admin token and the tuning loop's ready count go by these pods
+only.
 """
 
 from __future__ import annotations
