@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from slopilot.tuner.loop.backoff import Backoff
 from slopilot.tuner.loop.restore import wait_after
+from slopilot.tuner.loop.scale_wait import hold_s
 from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import LoopState
 
@@ -69,9 +70,9 @@ def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> 
             kept.since = now
     short = loop.replicas_short
     if short is not None and short.until is not None \
-            and short.until > now + settings.max_backoff_s:
-        note("replicas_short.until", short.until - settings.max_backoff_s)
-        short.until = now + settings.max_backoff_s
+            and short.until > now + (hold := hold_s(settings, short)):
+        note("replicas_short.until", short.until - hold)
+        short.until = now + hold
     owed = loop.pending_restore
     if owed is not None:
         if owed.since > now:

@@ -25,6 +25,15 @@ Past it a scale-up is tried again (the quota may have been raised since); before
 memory ends once more replicas serve than did (the quota raised and the deployment
 scaled by hand). A refusal an older version kept (no ``until``, its Deployment still asking the
 refused count) is given back at STEADY's first look (``owed``).
+
+A quota that never rises refused every try: each left pods Pending for ``replica_ready_s``
+(a cluster-autoscaler adding a GPU node each time), gave them back and informed, every
+``max_backoff_s`` for ever. So the refusal is kept past its hold, and a try that again has
+no more replicas serving than it did is one more strike (``ReplicasShort.strikes``): each
+doubles the hold, up to ``MAX_HOLD_DOUBLINGS`` doublings, as kubelet backs off a
+container that keeps crashing. More replicas serving than the refusal's ``ready`` (a
+scale-up's that all serve, a quota raised and scaled by hand, a try that got some of
+them) forgets it and its strikes.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from dataclasses import dataclass
 
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.ports import Replicas
+from slopilot.tuner.loop.settings import MAX_HOLD_DOUBLINGS, ControllerSettings
 from slopilot.tuner.loop.state import ReplicasShort, ReplicaWait
 
 
@@ -67,6 +77,9 @@ def look(ctx: LoopContext, now: float, *, give_up: bool = True) -> Look:
         return Look()
     if counts.ready >= wait.asked:
         loop.replica_wait = None
+        short = loop.replicas_short
+        if short is not None and counts.ready > short.ready:  # more than were refused
+            loop.replicas_short = None
         if loop.cooldown_until is not None:
             loop.cooldown_until = max(loop.cooldown_until, now + s.cooldown_s)
         return Look()
@@ -83,13 +96,19 @@ def look(ctx: LoopContext, now: float, *, give_up: bool = True) -> Look:
     else:
         back = f"none given back (min_replicas={s.min_replicas})"
     loop.replica_wait = None
-    until = now + s.max_backoff_s
-    loop.replicas_short = ReplicasShort(counts.asked, counts.ready, now,
-                                        counts.why_not_ready, until)
+    last = loop.replicas_short
+    # Tried again with no more serving than the last refusal: the quota has not moved.
+    strikes = last.strikes + 1 if last is not None and counts.ready <= last.ready else 1
+    short = ReplicasShort(counts.asked, counts.ready, now, counts.why_not_ready,
+                          strikes=strikes)
+    hold = hold_s(s, short)
+    short.until = now + hold
+    loop.replicas_short = short
     return Look(gave_up=f"replicas_not_ready: {_said(counts)} {waited:.0f} s after the "
                 f"scale-up (replica_ready_s={s.replica_ready_s:g} s): {counts.asked} "
-                f"asked, {counts.ready} serve; {back}; no scale-up above {kept} for "
-                f"max_backoff_s={s.max_backoff_s:g} s unless more serve")
+                f"asked, {counts.ready} serve; {back}; {_times(short)}: no scale-up "
+                f"above {kept} for {_hold(s, short)}; tried again in {hold:.0f} s "
+                "unless more serve")
 
 
 def held(ctx: LoopContext, now: float, wanted: int | None = None) -> str | None:
@@ -106,8 +125,8 @@ def held(ctx: LoopContext, now: float, wanted: int | None = None) -> str | None:
         return None
     why = short.why or "the platform said not why"
     return (f"no scale_up above {cap}: a scale-up to {short.asked} had {short.ready} "
-            f"serving past replica_ready_s ({why}); more would not serve either; tried "
-            f"again in {until - now:.0f} s unless more serve")
+            f"serving past replica_ready_s ({why}); more would not serve either; "
+            f"{_times(short)}; tried again in {until - now:.0f} s unless more serve")
 
 
 def owed(ctx: LoopContext, now: float) -> str | None:
@@ -119,7 +138,7 @@ def owed(ctx: LoopContext, now: float) -> str | None:
         return None
     counts = ctx.deployment.replica_counts()
     kept = max(short.ready, ctx.settings.min_replicas)
-    short.until = short.since + ctx.settings.max_backoff_s
+    short.until = short.since + hold_s(ctx.settings, short)
     if counts.asked <= kept or counts.ready > short.ready:
         return None
     ctx.deployment.scale(kept)
@@ -143,19 +162,41 @@ def serving(ctx: LoopContext, now: float) -> int:
     return counts.asked
 
 
+def hold_s(settings: ControllerSettings, short: ReplicasShort) -> float:
+    """How long ``short`` holds scale-ups above what served: ``max_backoff_s``, doubled
+    for each strike after the first, at most ``MAX_HOLD_DOUBLINGS`` times (a count
+    written by hand into the status is never raised to its power)."""
+    return settings.max_backoff_s * 2.0 ** min(max(short.strikes - 1, 0),
+                                               MAX_HOLD_DOUBLINGS)
+
+
 def _kept(ctx: LoopContext, now: float) -> tuple[ReplicasShort, float, Replicas] | None:
-    """The kept refusal, when it ends and the replica counts, while it holds; None
-    (forgetting it) once its ``until`` has passed or more replicas serve than did."""
+    """The kept refusal, when it ends and the replica counts, while it holds; None once
+    its ``until`` has passed (kept for its strikes) or more replicas serve than did (then
+    forgotten, strikes and all: the quota was raised)."""
     short = ctx.loop.replicas_short
     if short is None:
         return None
-    until = short.until if short.until is not None else \
-        short.since + ctx.settings.max_backoff_s  # an older version's: no until kept
     counts = ctx.deployment.replica_counts()
-    if now >= until or counts.ready > short.ready:
+    if counts.ready > short.ready:
         ctx.loop.replicas_short = None
         return None
+    until = short.until if short.until is not None else \
+        short.since + hold_s(ctx.settings, short)  # an older version's: no until kept
+    if now >= until:
+        return None
     return short, until, counts
+
+
+def _times(short: ReplicasShort) -> str:
+    n = short.strikes
+    return "refused once at this count" if n <= 1 else f"refused {n} times in a row"
+
+
+def _hold(settings: ControllerSettings, short: ReplicasShort) -> str:
+    factor = hold_s(settings, short) / settings.max_backoff_s
+    return (f"max_backoff_s={settings.max_backoff_s:g} s x{factor:g} (doubled for each "
+            f"refusal in a row, at most x{2 ** MAX_HOLD_DOUBLINGS})")
 
 
 def _said(counts: Replicas) -> str:

@@ -21,7 +21,14 @@ DEFAULT_REPLICA_READY_S = 900.0
 """A model's default startup budget (10 minutes, the operator's ``startupTimeout``) and
 5 minutes to pull and schedule: the Deployment's progress deadline."""
 MAX_REPLICA_READY_S = 86400.0
-
+MAX_HOLD_DOUBLINGS = 3
+"""A refusal of replicas repeated at the same cap (``scale_wait.py``) holds the next
+scale-ups for at most 2**3 = 8 times ``max_backoff_s`` (8 h by default: strikes hold 1,
+2, 4, then 8 h). A quota is raised by a person, on a working day's scale: each try costs
+``replica_ready_s`` of Pending pods and may cost a cluster-autoscaler's GPU node, so an
+hourly try was 24 a day and this is at most 3, while a quota raised without a hand scale
+is still used within a working day (one raised and scaled by hand ends the hold at once).
+A day (24 x) would leave a quota raised on Monday morning unused until Tuesday."""
 
 class TwinCorrection(enum.StrEnum):
     """How the controller corrects its twin from the last window's iterations."""

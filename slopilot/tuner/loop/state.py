@@ -137,9 +137,12 @@ class ReplicasShort:
     why: str | None = None
     """What kept them, as the platform said (a quota refused, no node fits)."""
     until: float | None = None
-    """When a scale-up is tried again (``since + max_backoff_s``; the quota may have been
+    """When a scale-up is tried again (``since + hold_s``; the quota may have been
     raised). None in a state from before it, whose deployment still asks ``asked``: read
-    as ``since + max_backoff_s``."""
+    as ``since + hold_s``. Kept past it, for ``strikes``, until more replicas serve."""
+    strikes: int = 1
+    """Refusals in a row with no more replicas serving than the one before: each doubles
+    the hold (``scale_wait.hold_s``). 1 in a state from before it: the first strike."""
 
 
 @dataclass
@@ -205,7 +208,8 @@ class LoopState:
     before it)."""
     replicas_short: ReplicasShort | None = None
     """A scale-up's replicas that never served, given back: no scale-up above those that
-    did before its ``until``, unless more serve meanwhile (``scale_wait.py``)."""
+    did before its ``until``, unless more serve meanwhile; kept past it for its strikes,
+    which double the next hold (``scale_wait.py``)."""
 
     def count_measured(self) -> None:
         """One more trial of the episode judged on a measured window."""

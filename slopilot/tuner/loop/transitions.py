@@ -22,6 +22,7 @@ from typing import Any
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
+from slopilot.tuner.loop.settings import MAX_HOLD_DOUBLINGS
 from slopilot.tuner.loop.state import ControllerState
 
 S = ControllerState
@@ -90,7 +91,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.SCALING, S.COOLDOWN, Event.REPLICAS_SHORT,
                "more replicas needed than served when the last scale-up's wait gave up "
                "(a quota, no node fits; those that never came given back), before "
-               "max_backoff_s has passed and unless more serve since: say so, buy none"),
+               "its hold has passed (max_backoff_s, doubled for each refusal in a row, "
+               f"at most x{2 ** MAX_HOLD_DOUBLINGS}) and unless more serve since: say "
+               "so, buy none"),
     Transition(S.TUNING, S.SCALING, Event.SCALE_ALERT,
                "an alert with action scale fires during the episode (not one it began "
                "under), below max replicas: its open trial told failed, its rollback "
