@@ -22,9 +22,12 @@ ever: 300 of them under ``ulimit -n 128`` and no new request got an answer.
 Either deadline firing while uvicorn has paused reading is put off by another period:
 the client cannot send what the server does not read.
 
-- The answer: ``send_s`` without the client taking a byte while the transport holds more
-  than it will buffer (asyncio's ``pause_writing``: over 64 KiB besides the kernel's
-  buffers; uvicorn's next send then waits for ``resume_writing``). Past it the
+- The answer: ``send_s`` without the client taking a byte while the transport holds what
+  the kernel refused (asyncio's ``pause_writing``: the kernel takes no more while
+  ``SEND_AHEAD_BYTES`` wait unsent for the wire, and the transport keeps none before it
+  pauses, ``send_ahead``; uvicorn's next send then waits for ``resume_writing``). Before
+  that bound the kernel took megabytes (``tcp_wmem``) before the transport paused: a
+  client that stopped reading never armed the deadline. Past it the
   connection is aborted, what it held unsent dropped (a close would wait for the client
   to take it), and the app hears a disconnect: the server aborts the request in the
   engine, as for any client that left. As nginx's ``send_timeout``, it bounds the time
@@ -55,6 +58,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from slopilot.engine.http_head_limit import refuse_and_linger
+from slopilot.engine.send_ahead import bound_send_ahead
 
 HEAD_TIMEOUT_S = 30.0
 """The most a request's head may take: nginx's ``client_header_timeout`` is 60 s, but an
@@ -184,6 +188,8 @@ class _Deadlines:
         # uvicorn's Config keeps whole seconds, and one value per server: read here, the
         # deadlines are the one place a connection's waits are set.
         self.timeout_keep_alive = self.deadlines.keep_alive_s
+        # Before uvicorn's own: its first write may be this connection's 408.
+        bound_send_ahead(transport)
         super().connection_made(transport)  # type: ignore[misc]
         self._arm_head()  # a connection that sends nothing: from its start
 

@@ -1,0 +1,81 @@
+"""How far ahead of its client a connection's answer may be written: what uvicorn's send
+returning means.
+
+An app's ``await send(chunk)`` returns once the chunk is in the transport; asyncio hands
+it straight to the kernel, which takes whatever fits its send buffer (``tcp_wmem``'s
+maximum, 4 MiB on a stock Linux, most of it on loopback), and pauses the app only past
+64 KiB more of its own. So a stream's chunks were "written", stamped and counted as
+delivered, megabytes before its client took them: a client that stopped reading had its
+3000 tokens counted delivered, its gaps the engine's, its request met, while it waited
+40 s for the next byte; the transport never paused, so the send deadline was never armed
+and the engine generated for nobody.
+
+Two bounds on every accepted connection, the server's and the meter's:
+
+- ``TCP_NOTSENT_LOWAT``: the kernel takes a write only while it holds less than
+  ``SEND_AHEAD_BYTES`` not yet sent on the wire (bytes in flight, sent and not acked,
+  are not counted: a long fat link keeps its whole window busy).
+- The transport's own buffer holds nothing before it pauses the app (high-water mark 0):
+  a chunk the kernel refused waits there alone, and the app's next send waits for it to
+  reach the kernel. Its chunks were the stamps' largest error: anything held in user
+  space has not even reached the kernel, and a 64 KiB (or 16 KiB) mark let the app
+  write on while it drained, then merged the tokens made meanwhile into one write whose
+  gap read as one long wait, where the client saw them come steadily.
+
+So a chunk's write returns at most ``SEND_AHEAD_BYTES`` (plus one chunk) before its
+bytes leave on the wire, and the send deadline (``http_deadlines``) is armed as soon as
+a client stops taking them. What the client's own receive buffer holds, and when its
+application reads it, the server cannot see (``docs/operations.md``).
+
+Where the platform has no ``TCP_NOTSENT_LOWAT`` (macOS names it differently, Windows has
+none) only the transport's bound applies, said once in the log: the kernel's send buffer
+then still counts as delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+SEND_AHEAD_BYTES = 16 * 1024
+"""What the kernel may hold unsent for a connection: nginx's and h2o's guidance for
+HTTP/2 (``tcp_notsent_lowat`` 16 KiB, Cloudflare's too). About 70 streamed tokens of
+~220 bytes, or 30 with top-5 logprobs: a token stream (tens of KB/s) never waits on it
+on a fast link, and a bulk body still fills a fast link's window (bytes in flight are
+not counted), refilled each time 8 KiB of it leaves (the kernel wakes a writer at half
+the mark). Smaller would tighten the stamps at the cost of a wake-up every few packets;
+larger lets a slow link's client fall seconds behind what counts as delivered."""
+
+TRANSPORT_HIGH_WATER = 0
+"""The transport's own buffer before it pauses the app (the module's rule)."""
+
+log = logging.getLogger(__name__)
+
+_fallback_said = False
+
+
+def bound_send_ahead(transport: asyncio.BaseTransport) -> None:
+    """Bound what ``transport``'s writes may run ahead of its client (the module's rule)."""
+    global _fallback_said
+    # uvloop's transports (uvicorn's default loop) are not asyncio's classes: by their method.
+    set_limits = getattr(transport, "set_write_buffer_limits", None)
+    if set_limits is not None:
+        with contextlib.suppress(NotImplementedError):  # asyncio.Transport's own stub
+            set_limits(high=TRANSPORT_HIGH_WATER)
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return  # a Unix socket's buffers are the peer's own: nothing on a wire to wait
+    option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    try:
+        if option is None:
+            raise OSError("socket.TCP_NOTSENT_LOWAT is not defined on this platform")
+        sock.setsockopt(socket.IPPROTO_TCP, option, SEND_AHEAD_BYTES)
+    except OSError as exc:
+        if not _fallback_said:
+            _fallback_said = True
+            log.warning("TCP_NOTSENT_LOWAT cannot be set (%s): a streamed chunk counts as "
+                        "delivered once the kernel's send buffer takes it, up to its size "
+                        "ahead of the client; the send deadline fires only once it is full",
+                        exc)

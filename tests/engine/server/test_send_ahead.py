@@ -1,0 +1,109 @@
+"""``slopilot serve`` counts a streamed token delivered only within a bounded distance of
+its client: a client that stops reading is cut by the send deadline, as the kernel's
+default buffers would otherwise hide it.
+
+Unlike ``test_send_deadline``, the server's send buffer is left as Linux sizes it (on
+loopback it takes megabytes); only the client's receive buffer is small, as a slow or
+stalled reader's window is. Before, uvicorn's send returned once the kernel took a chunk,
+so a whole answer of a few hundred KB counted as delivered, its gaps as the engine made
+them, and the request as met with finish reason ``length``, while its client had none of
+it; the transport never paused, so the send deadline was never armed and the engine
+generated for nobody.
+
+The deadline is timed on ``ManualTimers``; the waits end on conditions (a paused
+transport, a request observed), never on a measured time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.http_deadlines import Deadlines
+from slopilot.engine.request import Priority, Request, RequestStatus
+from slopilot.engine.slo import SLOSpec
+from tests.support.live_server import LiveServer, start_server
+from tests.support.manual_timers import ManualTimers
+from tests.support.waits import HANG_GUARD_S, wait_for
+
+SEND_S = 60.0
+MAX_TOKENS = 3000  # some 300 KB with top-5 logprobs: within what the kernel took before
+SMALL_BUFFER = 4096  # the client's receive buffer (the kernel doubles it)
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[tuple[LiveServer, ManualTimers]]:
+    timers = ManualTimers()
+    with start_server(deadlines=Deadlines(send_s=SEND_S), call_later=timers.call_later) as server:
+        server.backend.metrics.set_slo(SLOSpec.from_dict({"profile": "relaxed"}))
+        yield server, timers
+
+
+def _stalled_stream(srv: LiveServer) -> socket.socket:
+    """A client that asks for a long stream and never reads a byte of it."""
+    address = urlsplit(srv.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
+    sock.connect((address.hostname, address.port))
+    body = json.dumps({"prompt": "hello", "max_tokens": MAX_TOKENS, "stream": True,
+                       "ignore_eos": True, "logprobs": 5}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+    return sock
+
+
+def _paused(srv: LiveServer) -> bool:
+    return any(c.flow.write_paused  # type: ignore[union-attr]
+               for c in srv.server.server_state.connections)
+
+
+def _on_loop(srv: LiveServer, timers: ManualTimers, to: float) -> None:
+    async def advance() -> None:
+        timers.advance(to)
+    asyncio.run_coroutine_threadsafe(advance(), srv.loop).result(HANG_GUARD_S)
+
+
+def test_a_stalled_reader_is_cut_by_the_send_deadline_not_counted_served(
+        srv: tuple[LiveServer, ManualTimers]) -> None:
+    server, timers = srv
+    metrics = server.backend.metrics
+    e2e = metrics._e2e[Priority.P1].count
+    aborts, timeouts = metrics._success["abort"], metrics.send_timeouts
+    with _stalled_stream(server):
+        # The answer's writing pauses (what the kernel holds unsent is bounded), or,
+        # before, the whole answer went into the kernel and the request was observed.
+        wait_for(lambda: _paused(server) or metrics._e2e[Priority.P1].count > e2e,
+                 what="the server's writing to pause, or the request to be observed")
+        assert _paused(server), "the whole answer counted as delivered to a stalled reader"
+        assert metrics._e2e[Priority.P1].count == e2e
+        held: list[Request] = []
+        frozen, thaw = threading.Event(), threading.Event()
+
+        def freeze(engine: LLMEngine) -> None:
+            """Hold the engine between two iterations: what runs, runs on when thawed."""
+            held.extend(engine.scheduler.running)
+            frozen.set()
+            thaw.wait(HANG_GUARD_S)
+
+        asyncio.run_coroutine_threadsafe(server.engine.call(freeze), server.loop)
+        frozen.wait(HANG_GUARD_S)
+        assert [r.num_output_tokens < MAX_TOKENS for r in held] == [True]
+        _on_loop(server, timers, timers.now + SEND_S)
+        wait_for(lambda: metrics._e2e[Priority.P1].count == e2e + 1, what="the request observed")
+        thaw.set()
+        assert (metrics._success["abort"], metrics.send_timeouts) == (aborts + 1, timeouts + 1)
+        # Cut by the abort, its KV blocks freed, long before its tokens ran out.
+        wait_for(lambda: server.engine.num_active == 0, what="no request left running")
+        assert server.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
+        assert held[0].status is RequestStatus.FINISHED_ABORTED
+        assert held[0].num_output_tokens < MAX_TOKENS
+        # Counted delivered: what went out before the pause, a bounded few dozen.
+        # Not judged met: a stream cut short is judged only where it had missed already.
+        assert [k for k, (n, _) in metrics._verdicts.counts().items() if n and k[2]] == []
