@@ -15,7 +15,7 @@ from slopilot.engine.request import Priority
 if TYPE_CHECKING:
     import uvicorn
 
-    from slopilot.engine.http_deadlines import Deadlines
+    from slopilot.engine.http_deadlines import CallLater, Deadlines
     from slopilot.engine.meter.proxy import Meter
 
 
@@ -103,10 +103,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
-                   deadlines: Deadlines | None = None) -> uvicorn.Config:
+                   deadlines: Deadlines | None = None,
+                   call_later: CallLater | None = None) -> uvicorn.Config:
     """How ``slopilot meter`` serves ``app`` (tests serve it the same way);
     ``deadlines``: what a client may make a connection wait for (http_deadlines'
-    defaults unless given; ``slopilot serve``'s flags)."""
+    defaults unless given; ``slopilot serve``'s flags), timed on ``call_later`` (the
+    loop's unless given: a test's own clock)."""
     import uvicorn
 
     from slopilot.engine.http_arrival import httptools_protocol
@@ -119,7 +121,7 @@ def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
     # would be there twice (the meter dates its own answers). A client that stalls is let
     # go (http_deadlines): each connection holds a file descriptor of the pod's.
     http = with_deadlines(bounded_head(httptools_protocol(app.clock)),
-                          deadlines or DEFAULT_DEADLINES)
+                          deadlines or DEFAULT_DEADLINES, call_later)
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                           lifespan="on", http=http,
                           server_header=False, date_header=False)

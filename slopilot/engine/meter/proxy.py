@@ -6,12 +6,13 @@
   path, query and headers (hop-by-hop ones dropped: ``asgi_http``), and let go once
   sent; the answer is streamed back piece by piece as it comes.
 - A streamed completion (``request_plan``: which are judged, and how) is read as it is
-  written (``StreamJudge``), each piece stamped once the client's side took it (the send
-  returned), read in steps that let the loop relay the other streams between them
-  (``_read``), and judged at its end against the objectives of its class as they stood
-  at its arrival. Its arrival is when its bytes came in, as the server's protocol stamped
-  it (``http_arrival``), not when the app was called: for a request pipelined behind
-  another on one connection, a whole answer later.
+  written (``StreamJudge``), each piece stamped once its send returned: the kernel took
+  it with at most ``SEND_AHEAD_BYTES`` unsent ahead of it (``send_ahead``), the closest
+  the meter sees to its client having it, read in steps that let the loop relay the
+  other streams between them (``_read``), and judged at its end against the objectives
+  of its class as they stood at its arrival. Its arrival is when its bytes came in, as
+  the server's protocol stamped it (``http_arrival``), not when the app was called: for
+  a request pipelined behind another on one connection, a whole answer later.
 - A client that goes away has the upstream request closed at once, so vLLM aborts it
   and frees its cache rather than generating for nobody.
 - Each judged stream's first tokens and token gaps are observed as they are written
@@ -42,6 +43,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from slopilot.engine.http_arrival import SCOPE_KEY
+from slopilot.engine.http_deadlines import DISCONNECTED_KEY
 from slopilot.engine.meter import exposition
 from slopilot.engine.meter.asgi_http import (
     Receive,
@@ -273,12 +275,20 @@ class Meter:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": response_headers(response.headers,
                                                     keep_length=strip is None)})
+            gone: Callable[[], bool] = scope.get(DISCONNECTED_KEY, _connected)
             try:
                 async for piece in response.aiter_raw():
                     passed = piece if strip is None else strip.feed(piece)
                     if passed:
                         await send({"type": "http.response.body", "body": passed,
                                     "more_body": True})
+                    if gone():
+                        # The connection was lost while the piece waited to be written
+                        # (the client left, or the send deadline let it go): it reached
+                        # no one, and uvicorn's send drops the rest without a pause, so
+                        # an engine faster than the loop was read to its end for nobody
+                        # before the disconnect's cancellation came round.
+                        return
                     if judge is not None:
                         await _read(judge, piece, self.clock())
                         if judge.model is not None:
@@ -380,6 +390,10 @@ async def _read(judge: StreamJudge, piece: bytes, at: float) -> None:
             cancelled = e
     if cancelled is not None:
         raise cancelled
+
+
+def _connected() -> bool:
+    return False
 
 
 async def _watch_disconnect(receive: Receive) -> None:
