@@ -22,8 +22,10 @@ whatever happened, so every engine request is observed once.
 Inter-token latency is observed here for the tokens handed out only, as vLLM's frontend
 does, and as the client sees it: in a stream, the time since the last chunk that
 brought tokens to the moment this one was written, the first token's gap, the others
-it brings came with it (``ClientGaps``; a busy event loop or a slow connection shows in
-it, as on the client's side); in a body,
+it brings came with it (``ClientGaps``; a busy event loop shows in it, as on the client's
+side, and a slow connection within ``send_ahead``'s bound: a chunk is "written" once the
+kernel took it with at most 16 KiB unsent ahead of it, not once the client read it); in a
+body,
 which shows no gap, the engine's gap between a token and the one before. Generated
 tokens are counted with them (``ChoiceState.hand_out``): once their chunk was written,
 or the whole body sent, so a client that left before its body went out got, and counts,
@@ -546,7 +548,10 @@ async def sse_events(delivery: Delivery, text_of: TokenText) -> AsyncIterator[st
                     # Dropped: the connection was lost (the client left, or the send
                     # deadline let it go) while this chunk waited to be written.
                     return
-                # Resumed after the chunk was written: the moment the client has it.
+                # Resumed once uvicorn's send returned: the chunk is in the kernel, at
+                # most ``SEND_AHEAD_BYTES`` unsent ahead of it (``send_ahead``), the
+                # closest the server sees to its client having it (the client's own
+                # receive buffer and reads it cannot see).
                 written_at = delivery.clock()
                 state.hand_out(written_at)
                 if state.handed:
