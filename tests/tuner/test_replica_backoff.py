@@ -171,3 +171,47 @@ def test_a_clock_stepped_back_keeps_the_doubled_hold() -> None:
     again.tick(t)
     kept = again.loop.replicas_short
     assert kept is not None and kept.until == t + 4 * BACKOFF_S and kept.strikes == 3
+
+
+def test_a_refusal_after_a_quiet_spell_is_a_first_again() -> None:
+    """The count is of refusals in a row: once the alert has been quiet past the longest
+    hold after the last one ended, a refusal is the first again (a month-old count held
+    a new one twice as long), as kubelet's backoff forgets after a while."""
+    r = rig()
+    ctl = r.build()
+    seen, t = refusals(ctl, 0.0, 2 * READY_S + BACKOFF_S + 20.0)
+    assert [x.strikes for x in seen] == [1, 2]
+    ended = seen[-1].at + seen[-1].hold_s
+    fired, r.alerts.alerts = r.alerts.alerts, []
+    quiet_until = ended + 2 ** MAX_HOLD_DOUBLINGS * BACKOFF_S + STEP
+    _, t = refusals(ctl, t, quiet_until)
+    r.alerts.alerts = fired
+    later, _ = refusals(ctl, t, t + READY_S + 100.0)
+    assert [(x.strikes, x.hold_s) for x in later] == [(1, BACKOFF_S)], later
+
+
+def test_a_refusal_soon_after_the_hold_is_still_in_a_row() -> None:
+    r = rig()
+    ctl = r.build()
+    seen, t = refusals(ctl, 0.0, READY_S + 20.0)
+    ended = seen[-1].at + seen[-1].hold_s
+    fired, r.alerts.alerts = r.alerts.alerts, []
+    _, t = refusals(ctl, t, ended + BACKOFF_S)  # quiet, but for less than the cap
+    r.alerts.alerts = fired
+    later, _ = refusals(ctl, t, t + READY_S + 100.0)
+    assert [x.strikes for x in later] == [2], later
+
+
+def test_a_count_written_into_the_status_is_kept_small() -> None:
+    """A tenant may write ``status.controller``: a count of 4,000 digits held no longer
+    (the hold is capped), but every message said it and every write kept it."""
+    saved = LoopState.from_dict({"state": "steady", "replicas_short": {
+        "asked": 4, "ready": 2, "since": 100.0, "why": QUOTA, "until": 700.0,
+        "strikes": int("9" * 4000)}})
+    short = saved.replicas_short
+    assert short is not None and short.strikes <= 1000
+    r = rig()
+    ctl = r.build(state=saved)
+    d = ctl.tick(200.0)
+    assert len(d.reason) < 600, d.reason
+    assert len(json.dumps(ctl.to_dict())) < 4000

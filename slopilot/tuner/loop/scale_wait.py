@@ -97,8 +97,8 @@ def look(ctx: LoopContext, now: float, *, give_up: bool = True) -> Look:
         back = f"none given back (min_replicas={s.min_replicas})"
     loop.replica_wait = None
     last = loop.replicas_short
-    # Tried again with no more serving than the last refusal: the quota has not moved.
-    strikes = last.strikes + 1 if last is not None and counts.ready <= last.ready else 1
+    strikes = last.strikes + 1 if last is not None and _in_a_row(s, last, counts, now) \
+        else 1
     short = ReplicasShort(counts.asked, counts.ready, now, counts.why_not_ready,
                           strikes=strikes)
     hold = hold_s(s, short)
@@ -168,6 +168,18 @@ def hold_s(settings: ControllerSettings, short: ReplicasShort) -> float:
     written by hand into the status is never raised to its power)."""
     return settings.max_backoff_s * 2.0 ** min(max(short.strikes - 1, 0),
                                                MAX_HOLD_DOUBLINGS)
+
+
+def _in_a_row(settings: ControllerSettings, last: ReplicasShort, counts: Replicas,
+              now: float) -> bool:
+    """Whether a refusal now repeats ``last``: no more serve than did (the quota has not
+    moved), and tried again within the longest hold after ``last``'s ended. Past that the
+    alert was quiet a while, and a refusal is the first again (counted from a month
+    before, a new one was held twice as long), as kubelet's backoff forgets."""
+    if counts.ready > last.ready:
+        return False
+    ended = last.until if last.until is not None else last.since + hold_s(settings, last)
+    return now - ended <= settings.max_backoff_s * 2.0 ** MAX_HOLD_DOUBLINGS
 
 
 def _kept(ctx: LoopContext, now: float) -> tuple[ReplicasShort, float, Replicas] | None:

@@ -121,6 +121,11 @@ class ReplicaWait:
     from here."""
 
 
+STRIKES_KEPT = 999
+"""The most refusals in a row ``ReplicasShort.strikes`` counts (its hold stopped growing
+at the fourth)."""
+
+
 @dataclass
 class ReplicasShort:
     """A scale-up to ``asked`` of which only ``ready`` served within ``replica_ready_s``:
@@ -143,6 +148,11 @@ class ReplicasShort:
     strikes: int = 1
     """Refusals in a row with no more replicas serving than the one before: each doubles
     the hold (``scale_wait.hold_s``). 1 in a state from before it: the first strike."""
+
+    def __post_init__(self) -> None:
+        # Read from a status a tenant may write: a count past the hold's cap says only how
+        # often, and one of thousands of digits was said in every message and write.
+        self.strikes = min(self.strikes, STRIKES_KEPT)
 
 
 @dataclass
