@@ -64,9 +64,14 @@ class TooLong:
     def warns(self) -> bool:
         return self.requests > 0 and self.share > WARN_SHARE
 
+    def percent(self) -> str:
+        """The share as the warning says it: a decimal below 10 %, where whole percents
+        read the warning's own threshold (2 of 199, above 1 %, read "1%")."""
+        return f"{self.share:.1%}" if self.share < 0.0995 else f"{self.share:.0%}"
+
     def text(self) -> str:
         """``90 of 100 requests (90%) exceed llama-3-8b's 8,192-token context ...``."""
-        return (f"{self.requests:,} of {self.of:,} requests ({self.share:.0%}) exceed "
+        return (f"{self.requests:,} of {self.of:,} requests ({self.percent()}) exceed "
                 f"{self.limit.words()} (prompt plus output): each is rejected (the "
                 "server's 400) whatever the knobs, and no SLO figure judges it; "
                 f"{self.limit.fix()}, or check that the prompt and output columns hold "
@@ -74,7 +79,7 @@ class TooLong:
 
     def clause(self) -> str:
         """The verdict's sentence on them, shorter than ``text``'s warning."""
-        return (f"{self.requests:,} of {self.of:,} requests ({self.share:.0%}) exceed "
+        return (f"{self.requests:,} of {self.of:,} requests ({self.percent()}) exceed "
                 f"{self.limit.words()} and are rejected unjudged; {self.limit.fix()}.")
 
     def to_dict(self) -> dict[str, Any]:
