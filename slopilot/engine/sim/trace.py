@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from importlib import resources
@@ -165,11 +166,24 @@ def _format_of(name: str, text: str) -> str:
     return "mooncake" if isinstance(row, dict) and is_mooncake_row(row) else "jsonl"
 
 
-_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"PK\x03\x04", "zip", "unzip"),
-               (b"(\xb5/\xfd", "zstd", "unzstd"), (b"BZh", "bzip2", "bunzip2"),
-               (b"\xfd7zXZ\x00", "xz", "unxz"))
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -c"), (b"PK\x03\x04", "zip", "unzip -p"),
+               (b"(\xb5/\xfd", "zstd", "zstd -dc"), (b"BZh", "bzip2", "bzip2 -dc"),
+               (b"\xfd7zXZ\x00", "xz", "xz -dc"))
 """Magic numbers of the compressions a downloaded trace comes in (the public ones as
-.csv.gz or .zip), each with the command that gives back its text."""
+.csv.gz or .zip), each with the command that writes its text to stdout: to stdout
+because ``gunzip FILE``, ``unxz`` and ``bunzip2`` refuse a file without their suffix
+("unknown suffix -- ignored"), and a gzip file saved as .csv has none."""
+
+_COMPRESSED_SUFFIXES = (".gz", ".zip", ".zst", ".zstd", ".bz2", ".xz")
+
+
+def _unpacked_name(label: str) -> str:
+    """Where the unpacking command writes: the file less its compression's suffix, or,
+    where it has none, beside it as ``NAME.unpacked.csv`` (never the file itself)."""
+    path = Path(label)
+    if path.suffix.lower() in _COMPRESSED_SUFFIXES:
+        return str(path.with_suffix(""))
+    return str(path.with_name(f"{path.stem}.unpacked{path.suffix}"))
 
 
 def _not_utf8(label: str, data: bytes, at: int) -> str:
@@ -177,8 +191,11 @@ def _not_utf8(label: str, data: bytes, at: int) -> str:
     # reads as a crash, and "invalid continuation byte" tells a user nothing to do.
     for magic, kind, command in _COMPRESSED:
         if data.startswith(magic):
+            unpack = (f"{command} {shlex.quote(label)} > "
+                      f"{shlex.quote(_unpacked_name(label))}")
             return (f"{label}: {kind}-compressed (its first bytes say so); a trace is "
-                    f"UTF-8 text (CSV or JSONL): {command} it and give the file it writes")
+                    f"UTF-8 text (CSV or JSONL): unpack it ({unpack}) and give the file "
+                    "it writes")
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
         return (f"{label}: UTF-16 text (its byte-order mark says so); a trace is UTF-8: "
                 "save it as UTF-8 (Excel: CSV UTF-8)")

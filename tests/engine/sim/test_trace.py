@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -699,22 +700,28 @@ def test_a_csv_trace_is_read_without_a_wide_copy_of_its_text(tmp_path: Path, nam
     assert peak < 2.3 * size, f"{peak / size:.2f} x the file's size"
 
 
-@pytest.mark.parametrize("magic, kind, fix", [
-    (b"\x1f\x8b", "gzip", "gunzip it"),
-    (b"PK\x03\x04", "zip", "unzip it"),
-    (b"(\xb5/\xfd", "zstd", "unzstd it"),
-    (b"BZh9", "bzip2", "bunzip2 it"),
-    (b"\xfd7zXZ\x00", "xz", "unxz it"),
+@pytest.mark.parametrize("magic, kind, command", [
+    (b"\x1f\x8b", "gzip", "gunzip -c"),
+    (b"PK\x03\x04", "zip", "unzip -p"),
+    (b"(\xb5/\xfd", "zstd", "zstd -dc"),
+    (b"BZh9", "bzip2", "bzip2 -dc"),
+    (b"\xfd7zXZ\x00", "xz", "xz -dc"),
 ], ids=["gzip", "zip", "zstd", "bzip2", "xz"])
+@pytest.mark.parametrize("name, unpacked", [("t.csv.gz", "t.csv"), ("t.csv", "t.unpacked.csv"),
+                                            ("my trace.jsonl.xz", "my trace.jsonl")])
 def test_a_compressed_trace_is_refused_naming_its_compression_and_the_fix(
-        tmp_path: Path, magic: bytes, kind: str, fix: str) -> None:
-    # A gzip trace read "not UTF-8 text (byte 0x8b)": true, and no help.
-    path = tmp_path / "t.csv.gz"
+        tmp_path: Path, magic: bytes, kind: str, command: str, name: str,
+        unpacked: str) -> None:
+    # A gzip trace read "not UTF-8 text (byte 0x8b)": true, and no help. The command
+    # said writes to stdout: "gunzip it" of a gzip file named .csv is refused by gunzip
+    # ("unknown suffix -- ignored"), as unxz and bunzip2 refuse theirs.
+    path = tmp_path / name
     path.write_bytes(magic + bytes(range(128, 256)))
     with pytest.raises(TraceError) as info:
         read_trace(path)
     message = str(info.value)
     assert message.startswith(f"{path}: {kind}-compressed"), message
+    fix = f"{command} {shlex.quote(str(path))} > {shlex.quote(str(tmp_path / unpacked))}"
     assert fix in message and "byte 0x" not in message, message
 
 
