@@ -58,7 +58,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from slopilot.engine.http_head_limit import refuse_and_linger
-from slopilot.engine.send_ahead import bound_send_ahead
+from slopilot.engine.send_ahead import bound_send_ahead, unacked_bytes
 
 HEAD_TIMEOUT_S = 30.0
 """The most a request's head may take: nginx's ``client_header_timeout`` is 60 s, but an
@@ -170,7 +170,7 @@ class _Deadlines:
     """Whether a byte of the head the connection waits for has come."""
     _send_timer: Timer | None = None
     _send_left = 0
-    """The bytes the transport held unsent when the send timer was armed."""
+    """The bytes the client had not taken when the send timer was armed (``_not_taken``)."""
 
     # The protocol's own, for mypy (uvicorn's classes give them).
     loop: asyncio.AbstractEventLoop
@@ -295,9 +295,14 @@ class _Deadlines:
         self._cancel_send()
         super().resume_writing()  # type: ignore[misc]
 
+    def _not_taken(self) -> int:
+        """The bytes written that the client's kernel has not acknowledged: the
+        transport's buffer and what the kernel holds unacknowledged (where it can say)."""
+        return self.transport.get_write_buffer_size() + (unacked_bytes(self.transport) or 0)
+
     def _arm_send(self) -> None:
         self._cancel_send()
-        self._send_left = self.transport.get_write_buffer_size()
+        self._send_left = self._not_taken()
         self._send_timer = self._later(self.deadlines.send_s, self._send_expired)
 
     def _cancel_send(self) -> None:
@@ -307,8 +312,9 @@ class _Deadlines:
 
     def _send_expired(self) -> None:
         self._send_timer = None
-        if self.transport.get_write_buffer_size() < self._send_left:
-            self._arm_send()  # the client took bytes: progress, slow as it is
+        # Paused, the app wrote nothing since: fewer bytes not taken is the client taking.
+        if self._not_taken() < self._send_left:
+            self._arm_send()  # progress, slow as it is
             return
         log.info("a client took no byte of its answer for %g s: connection dropped",
                  self.deadlines.send_s)

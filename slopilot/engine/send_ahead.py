@@ -39,6 +39,12 @@ import contextlib
 import logging
 import socket
 
+try:  # Unix's
+    import fcntl
+    import termios
+except ImportError:  # Windows: no ioctl; unacked_bytes says None
+    fcntl = termios = None  # type: ignore[assignment]
+
 SEND_AHEAD_BYTES = 16 * 1024
 """What the kernel may hold unsent for a connection: nginx's and h2o's guidance for
 HTTP/2 (``tcp_notsent_lowat`` 16 KiB, Cloudflare's too). About 70 streamed tokens of
@@ -54,6 +60,7 @@ TRANSPORT_HIGH_WATER = 0
 log = logging.getLogger(__name__)
 
 _fallback_said = False
+_unacked_said = False
 
 
 def bound_send_ahead(transport: asyncio.BaseTransport) -> None:
@@ -79,3 +86,31 @@ def bound_send_ahead(transport: asyncio.BaseTransport) -> None:
                         "delivered once the kernel's send buffer takes it, up to its size "
                         "ahead of the client; the send deadline fires only once it is full",
                         exc)
+
+
+def unacked_bytes(transport: asyncio.BaseTransport) -> int | None:
+    """The bytes ``transport``'s kernel holds that the client's kernel has not yet
+    acknowledged, sent or not (Linux's ``SIOCOUTQ``, spelled ``TIOCOUTQ``); None where the
+    transport has no socket or the platform cannot say (said once in the log).
+
+    While writing is paused the app adds nothing, so this count plus the transport's
+    buffer falls only as the client's kernel takes bytes, one at a time if the client
+    reads so: the send deadline's progress, seen long before the transport drains (which
+    waits for ``SEND_AHEAD_BYTES / 2`` to leave the kernel)."""
+    global _unacked_said
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    request = getattr(termios, "TIOCOUTQ", None)
+    try:
+        if fcntl is None or request is None:
+            raise OSError("no TIOCOUTQ ioctl on this platform")
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), request, bytes(4)), "little",
+                              signed=True)
+    except OSError as exc:
+        if not _unacked_said:
+            _unacked_said = True
+            log.warning("what the client's kernel acknowledged cannot be read (%s): the send "
+                        "deadline sees a client take bytes only once the transport's buffer "
+                        "drains, so a slow reader may be cut", exc)
+        return None

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
+import socket
+import termios
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
@@ -33,6 +36,7 @@ from slopilot.engine.http_deadlines import (
 )
 from slopilot.engine.http_head_limit import LINGER_S, bounded_head
 from tests.support.manual_timers import ManualTimers
+from tests.support.waits import wait_for
 
 HEAD_S, BODY_S, SEND_S = 10.0, 3.0, 60.0
 # Keep-alive runs on the test's clock as well: longer than any idle in the scripts but
@@ -78,6 +82,8 @@ class _Transport(asyncio.Transport):
         self.aborted = False
         self.buffered = 0
         """Bytes written that the client has not taken (``get_write_buffer_size``)."""
+        self.socket: socket.socket | None = None
+        """The kernel's side, where a test gives one (``get_extra_info("socket")``)."""
 
     def write(self, data: Any) -> None:
         self.written += bytes(data)
@@ -112,8 +118,8 @@ class _Transport(asyncio.Transport):
         self.paused = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000),
-                "sockname": ("127.0.0.1", 8000)}.get(name, default)
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000),
+                "socket": self.socket}.get(name, default)
 
 
 class _App:
@@ -159,7 +165,8 @@ class _App:
 
 
 class _Connection:
-    def __init__(self, factory: Factory, deadlines: Deadlines = DEADLINES) -> None:
+    def __init__(self, factory: Factory, deadlines: Deadlines = DEADLINES,
+                 sock: socket.socket | None = None) -> None:
         self.timers = ManualTimers()
         self.app = _App()
         self.send_timeouts = 0
@@ -170,6 +177,7 @@ class _Connection:
                            self._count_send_timeout)
         self.protocol = cls(config, ServerState(), {}, _loop=asyncio.get_running_loop())
         self.transport = _Transport(self.protocol)
+        self.transport.socket = sock
         self.protocol.connection_made(self.transport)
 
     async def read(self, at: float, data: bytes) -> None:
@@ -501,6 +509,73 @@ def test_a_slow_reader_is_cut_only_a_whole_period_after_it_last_took_a_byte(
         assert conn.transport.aborted and conn.send_timeouts == 1
 
     _run(factory, script)
+
+
+def _unacked(sock: socket.socket) -> int:
+    """What the kernel holds that the client's has not acknowledged (Linux's SIOCOUTQ)."""
+    return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)), "little")
+
+
+def _read_all(sock: socket.socket) -> None:
+    """The client's application reads whatever its kernel holds."""
+    try:
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        pass
+
+
+@pytest.mark.skipif(not hasattr(termios, "TIOCOUTQ"), reason="Linux's ioctl")
+@pytest.mark.parametrize("factory", PROTOCOLS)
+def test_a_reader_the_kernel_sees_take_bytes_is_not_cut(factory: Factory) -> None:
+    """The transport's buffer drains only once the kernel's unsent bytes fall to half the
+    send-ahead bound: a client reading a little at a time takes bytes from the kernel for
+    many periods before it does. What the client's kernel acknowledged is progress too."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+
+    async def script(conn: _Connection) -> None:
+        await conn.read(1.0, _request("/one"))
+        # The kernel takes what fits (bounded by send_ahead) before the transport holds any.
+        server.setblocking(False)
+        try:
+            while True:
+                server.send(b"x" * 4096)
+        except BlockingIOError:
+            pass
+        assert _unacked(server) > 0
+        await conn.stall(2.0)
+        await conn.answer("/one")
+        client.setblocking(False)
+        # The client reads: its kernel acknowledges what the server's held, none of which
+        # leaves the transport's buffer (the test's transport never flushes).
+        wait_for(lambda: _read_all(client) or _unacked(server) == 0,
+                 what="the client's kernel to acknowledge all the server's held")
+        await conn.at(2.0 + SEND_S)
+        assert not conn.closed and conn.send_timeouts == 0
+        # Then it reads no more: cut a period after the check that saw it take bytes.
+        await conn.at(2.0 + 2 * SEND_S - 0.1)
+        assert not conn.closed
+        await conn.at(2.0 + 2 * SEND_S)
+        assert conn.transport.aborted and conn.send_timeouts == 1
+
+    async def main() -> None:
+        conn = _Connection(factory, sock=server)
+        try:
+            await script(conn)
+        finally:
+            conn.transport.close()
+            await _turns()
+
+    try:
+        asyncio.run(main())
+    finally:
+        client.close()
+        server.close()
 
 
 @pytest.mark.parametrize("factory", PROTOCOLS)

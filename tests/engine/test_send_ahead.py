@@ -1,18 +1,20 @@
 """``bound_send_ahead`` on a real connection: the kernel's unsent bound and the
-transport's own, and the one log line where the platform has no ``TCP_NOTSENT_LOWAT``."""
+transport's own, and the one log line where the platform has no ``TCP_NOTSENT_LOWAT``;
+``unacked_bytes``, and its one log line where the platform cannot say."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
+import termios
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from slopilot.engine import send_ahead
-from slopilot.engine.send_ahead import SEND_AHEAD_BYTES, bound_send_ahead
+from slopilot.engine.send_ahead import SEND_AHEAD_BYTES, bound_send_ahead, unacked_bytes
 
 
 async def _accepted(check: Callable[[Any], None]) -> None:
@@ -62,4 +64,29 @@ def test_a_platform_without_the_option_is_said_once(
 
     asyncio.run(_accepted(check))
     said = [r.getMessage() for r in caplog.records if "TCP_NOTSENT_LOWAT" in r.getMessage()]
+    assert len(said) == 1 and "send deadline" in said[0], said
+
+
+@pytest.mark.skipif(not hasattr(termios, "TIOCOUTQ"), reason="Linux's ioctl")
+def test_unacked_bytes_is_what_the_client_has_not_acknowledged() -> None:
+    def check(transport: asyncio.WriteTransport) -> None:
+        assert unacked_bytes(transport) == 0  # nothing written yet
+        # Not on a wire: a transport with no socket cannot say (the tests' own).
+        assert unacked_bytes(asyncio.Transport()) is None
+
+    asyncio.run(_accepted(check))
+
+
+def test_a_platform_without_tiocoutq_is_said_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delattr(termios, "TIOCOUTQ", raising=False)
+    monkeypatch.setattr(send_ahead, "_unacked_said", False)
+    caplog.set_level(logging.WARNING, logger=send_ahead.__name__)
+
+    def check(transport: asyncio.WriteTransport) -> None:
+        assert unacked_bytes(transport) is None
+        assert unacked_bytes(transport) is None
+
+    asyncio.run(_accepted(check))
+    said = [r.getMessage() for r in caplog.records if "acknowledged" in r.getMessage()]
     assert len(said) == 1 and "send deadline" in said[0], said
