@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import fcntl
 import json
 import socket
 import termios
@@ -36,6 +35,7 @@ from slopilot.engine.http_deadlines import (
 )
 from slopilot.engine.http_head_limit import LINGER_S, bounded_head
 from tests.support.manual_timers import ManualTimers
+from tests.support.tcp_queues import unacked
 from tests.support.waits import wait_for
 
 HEAD_S, BODY_S, SEND_S = 10.0, 3.0, 60.0
@@ -511,11 +511,6 @@ def test_a_slow_reader_is_cut_only_a_whole_period_after_it_last_took_a_byte(
     _run(factory, script)
 
 
-def _unacked(sock: socket.socket) -> int:
-    """What the kernel holds that the client's has not acknowledged (Linux's SIOCOUTQ)."""
-    return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)), "little")
-
-
 def _read_all(sock: socket.socket) -> None:
     """The client's application reads whatever its kernel holds."""
     try:
@@ -547,13 +542,13 @@ def test_a_reader_the_kernel_sees_take_bytes_is_not_cut(factory: Factory) -> Non
                 server.send(b"x" * 4096)
         except BlockingIOError:
             pass
-        assert _unacked(server) > 0
+        assert unacked(server.fileno()) > 0
         await conn.stall(2.0)
         await conn.answer("/one")
         client.setblocking(False)
         # The client reads: its kernel acknowledges what the server's held, none of which
         # leaves the transport's buffer (the test's transport never flushes).
-        wait_for(lambda: _read_all(client) or _unacked(server) == 0,
+        wait_for(lambda: _read_all(client) or unacked(server.fileno()) == 0,
                  what="the client's kernel to acknowledge all the server's held")
         await conn.at(2.0 + SEND_S)
         assert not conn.closed and conn.send_timeouts == 0

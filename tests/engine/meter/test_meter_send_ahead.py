@@ -8,7 +8,8 @@ stamped "written", the stream judged met, the upstream read to its end (vLLM gen
 all of it for nobody), and the send deadline never armed (the transport never paused).
 
 The deadline is timed on ``ManualTimers``, moved on the server's loop; the waits end on
-conditions (a paused transport, a closed upstream), never on a measured time.
+conditions (a paused transport, the client's buffer full, a closed upstream), never on a
+measured time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -33,6 +35,7 @@ from slopilot.engine.request import Priority
 from slopilot.engine.verdicts import Verdicts
 from tests.engine.meter.test_meter import DONE, SLO, event
 from tests.support.manual_timers import ManualTimers
+from tests.support.tcp_queues import settle_send_deadline
 from tests.support.waits import HANG_GUARD_S, wait_for
 
 SEND_S = 60.0
@@ -116,11 +119,13 @@ def test_a_stalled_reader_is_let_go_and_its_upstream_closed(tmp_path: Path) -> N
         assert _paused(meter), "the whole stream counted as written to a stalled reader"
         assert meter.upstream.given < EVENTS
 
-        loop = next(iter(meter.server.server_state.connections)).loop
+        conn: Any = next(iter(meter.server.server_state.connections))
+        # The client's kernel may take what its buffer holds after the pause: progress.
+        settle_send_deadline(conn, timers, SEND_S)
 
         async def advance() -> None:
             timers.advance(timers.now + SEND_S)
-        asyncio.run_coroutine_threadsafe(advance(), loop).result(HANG_GUARD_S)
+        asyncio.run_coroutine_threadsafe(advance(), conn.loop).result(HANG_GUARD_S)
         # The upstream request closed mid-stream: vLLM aborts it and frees its cache.
         assert meter.upstream.closed.wait(HANG_GUARD_S)
         assert not meter.upstream.finished
