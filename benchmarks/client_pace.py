@@ -9,8 +9,9 @@ cases, one after the other, each read as the deltas of the exported series over 
   wait its first token's gap, 0 for the others it brings: ``ClientGaps``' rule), the
   stream's end; exported: the TTFT and gap P99 of the histograms (``histogram_quantile``),
   the e2e latency (engine only).
-- ``stall``: one stream whose client reads its head, then nothing for ``--stall`` seconds
-  (past the send deadline), then the rest. Client: the bytes it got, its longest gap;
+- ``stall``: one stream whose client, with a 1 KiB receive buffer (``--stall-rcvbuf``; 0
+  for the kernel's own), reads its head, then nothing for ``--stall`` seconds (past the
+  send deadline), then the rest. Client: the bytes it got, its longest gap;
   exported: tokens counted delivered, send timeouts, aborts and requests judged met
   (engine), requests judged met (meter).
 - ``fast``: ``--streams`` streams at once from one selector loop reading all it is given
@@ -199,10 +200,11 @@ def slow(url: str, engine: bool, max_tokens: int) -> dict[str, float]:
     return out
 
 
-def stall(url: str, engine: bool, max_tokens: int, stall_s: float) -> dict[str, float]:
+def stall(url: str, engine: bool, max_tokens: int, stall_s: float,
+          rcvbuf: int) -> dict[str, float]:
     before = scrape(url)
     client = _Client()
-    with _connect(url, rcvbuf=1024) as sock:
+    with _connect(url, rcvbuf=rcvbuf or None) as sock:
         sock.sendall(_request("x", max_tokens, "p1"))
         client.feed(sock.recv(600), time.perf_counter())
         time.sleep(stall_s)
@@ -275,6 +277,9 @@ def main() -> None:
     ap.add_argument("--stall-tokens", type=int, default=3000)
     ap.add_argument("--send-timeout", type=float, default=3.0)
     ap.add_argument("--stall", type=float, default=8.0)
+    ap.add_argument("--stall-rcvbuf", type=int, default=1024,
+                    help="the stalled client's SO_RCVBUF; 0: the kernel's own, which it "
+                         "grows to tcp_rmem's maximum")
     ap.add_argument("--targets", default="engine,meter")
     ap.add_argument("--cases", default="fast,slow,stall")
     args = ap.parse_args()
@@ -296,7 +301,8 @@ def main() -> None:
                             fast(u, e, args.streams, args.fast_tokens)),
                         ("slow", lambda u=url, e=target == "engine": slow(u, e, args.slow_tokens)),
                         ("stall", lambda u=url, e=target == "engine":
-                            stall(u, e, args.stall_tokens, args.stall))):
+                            stall(u, e, args.stall_tokens, args.stall,
+                                  args.stall_rcvbuf))):
                     if case not in args.cases.split(","):
                         continue
                     got = figures()
