@@ -32,9 +32,16 @@ the client cannot send what the server does not read.
   to take it), and the app hears a disconnect: the server aborts the request in the
   engine, as for any client that left. As nginx's ``send_timeout``, it bounds the time
   between two bytes the client takes, not the answer: the timer is armed only when
-  writing pauses, and at its end looks whether the buffer shrank since (the client took
-  bytes: another period), so a client that reads, however slowly, is served, and a
-  stream that never fills the buffers costs nothing. 0 turns it off. Before it, a client
+  writing pauses, and at its end looks whether the client's kernel acknowledged bytes
+  since (the transport's buffer plus what the kernel holds unacknowledged, Linux's
+  ``SIOCOUTQ``, fell: another period), so a client whose kernel keeps taking bytes,
+  however slowly, is served, and a stream that never fills the buffers costs nothing.
+  Where the kernel cannot say, only the transport's draining counts, which waits for
+  half of ``SEND_AHEAD_BYTES`` to leave: a slow reader may be cut. The client's kernel
+  takes bytes into its receive buffer, not its application's hands: a client that
+  stopped reading is cut only once that buffer is full (``send_ahead``), and one whose
+  reads do not open its TCP window (less than half its buffer, or a segment) within a
+  period is cut though it reads. 0 turns it off. Before it, a client
   that never read its stream left the engine generating for nobody up to ``max_tokens``,
   and then the connection, the answer's task and every token not sent, for ever.
 

@@ -23,13 +23,20 @@ Two bounds on every accepted connection, the server's and the meter's:
   gap read as one long wait, where the client saw them come steadily.
 
 So a chunk's write returns at most ``SEND_AHEAD_BYTES`` (plus one chunk) before its
-bytes leave on the wire, and the send deadline (``http_deadlines``) is armed as soon as
-a client stops taking them. What the client's own receive buffer holds, and when its
-application reads it, the server cannot see (``docs/operations.md``).
+bytes leave on the wire, and the send deadline (``http_deadlines``) cuts a client whose
+kernel takes none of them for its period: one whose receive buffer is full. What that
+buffer holds, and when the client's application reads it, the server cannot see: a
+client that never reads counts as taking bytes until its buffer fills, which, where it
+left its receive buffer to Linux's kernel (grown towards ``tcp_rmem``'s maximum, 6 MiB
+on a stock one), is a whole answer of hundreds of KB, or a megabyte and more
+(``docs/operations.md``).
 
-Where the platform has no ``TCP_NOTSENT_LOWAT`` (macOS names it differently, Windows has
-none) only the transport's bound applies, said once in the log: the kernel's send buffer
-then still counts as delivered.
+Where the platform has no ``TCP_NOTSENT_LOWAT`` (Windows; Linux and macOS have it, and
+CPython exposes it on both, defining macOS's value where its SDK does not) only the
+transport's bound applies, said once in the log: the kernel's send buffer then still
+counts as delivered. Where the kernel cannot say what the client has not acknowledged
+(``unacked_bytes`` asks Linux's ``SIOCOUTQ``; other kernels may refuse it), the send deadline sees
+progress only as the transport drains, said once in the log too.
 """
 
 from __future__ import annotations
