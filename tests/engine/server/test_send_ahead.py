@@ -17,11 +17,8 @@ transport, a request observed), never on a measured time.
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import threading
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -31,6 +28,7 @@ from slopilot.engine.request import Priority, Request, RequestStatus
 from slopilot.engine.slo import SLOSpec
 from tests.support.live_server import LiveServer, start_server
 from tests.support.manual_timers import ManualTimers
+from tests.support.stalled_client import on_loop, paused, stalled_stream
 from tests.support.tcp_queues import settle_send_deadline
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -47,28 +45,10 @@ def srv() -> Iterator[tuple[LiveServer, ManualTimers]]:
         yield server, timers
 
 
-def _stalled_stream(srv: LiveServer) -> socket.socket:
-    """A client that asks for a long stream and never reads a byte of it."""
-    address = urlsplit(srv.url)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
-    sock.connect((address.hostname, address.port))
-    body = json.dumps({"prompt": "hello", "max_tokens": MAX_TOKENS, "stream": True,
-                       "ignore_eos": True, "logprobs": 5}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-    return sock
 
 
-def _paused(srv: LiveServer) -> bool:
-    return any(c.flow.write_paused  # type: ignore[union-attr]
-               for c in srv.server.server_state.connections)
 
 
-def _on_loop(srv: LiveServer, timers: ManualTimers, to: float) -> None:
-    async def advance() -> None:
-        timers.advance(to)
-    asyncio.run_coroutine_threadsafe(advance(), srv.loop).result(HANG_GUARD_S)
 
 
 def test_a_stalled_reader_is_cut_by_the_send_deadline_not_counted_served(
@@ -77,12 +57,12 @@ def test_a_stalled_reader_is_cut_by_the_send_deadline_not_counted_served(
     metrics = server.backend.metrics
     e2e = metrics._e2e[Priority.P1].count
     aborts, timeouts = metrics._success["abort"], metrics.send_timeouts
-    with _stalled_stream(server):
+    with stalled_stream(server, MAX_TOKENS, SMALL_BUFFER):
         # The answer's writing pauses (what the kernel holds unsent is bounded), or,
         # before, the whole answer went into the kernel and the request was observed.
-        wait_for(lambda: _paused(server) or metrics._e2e[Priority.P1].count > e2e,
+        wait_for(lambda: paused(server) or metrics._e2e[Priority.P1].count > e2e,
                  what="the server's writing to pause, or the request to be observed")
-        assert _paused(server), "the whole answer counted as delivered to a stalled reader"
+        assert paused(server), "the whole answer counted as delivered to a stalled reader"
         assert metrics._e2e[Priority.P1].count == e2e
         held: list[Request] = []
         frozen, thaw = threading.Event(), threading.Event()
@@ -99,7 +79,7 @@ def test_a_stalled_reader_is_cut_by_the_send_deadline_not_counted_served(
         # The client's kernel may take what its buffer holds after the pause: progress.
         settle_send_deadline(next(iter(server.server.server_state.connections)), timers,
                              SEND_S)
-        _on_loop(server, timers, timers.now + SEND_S)
+        on_loop(server, timers, timers.now + SEND_S)
         wait_for(lambda: metrics._e2e[Priority.P1].count == e2e + 1, what="the request observed")
         thaw.set()
         assert (metrics._success["abort"], metrics.send_timeouts) == (aborts + 1, timeouts + 1)

@@ -17,11 +17,9 @@ measured time.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import threading
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -30,6 +28,7 @@ from slopilot.engine.http_deadlines import Deadlines
 from slopilot.engine.request import Priority, Request, RequestStatus
 from tests.support.live_server import LiveServer, start_server
 from tests.support.manual_timers import ManualTimers
+from tests.support.stalled_client import on_loop, paused, stalled_stream
 from tests.support.tcp_queues import settle_send_deadline
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -50,33 +49,14 @@ def srv(request: pytest.FixtureRequest) -> Iterator[tuple[LiveServer, ManualTime
         yield server, timers, request.param
 
 
-def _stalled_stream(srv: LiveServer) -> socket.socket:
-    """A client that asks for a long stream and never reads a byte of it."""
-    address = urlsplit(srv.url)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
-    sock.connect((address.hostname, address.port))
-    # Top-5 logprobs: some 500 bytes a token, so the buffers fill within a few hundred.
-    body = json.dumps({"prompt": "hello", "max_tokens": MAX_TOKENS, "stream": True,
-                       "ignore_eos": True, "logprobs": 5}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-    return sock
 
 
 def _connections(srv: LiveServer) -> set[object]:
     return set(srv.server.server_state.connections)
 
 
-def _paused(srv: LiveServer) -> bool:
-    return any(c.flow.write_paused for c in _connections(srv))  # type: ignore[attr-defined]
 
 
-def _on_loop(srv: LiveServer, timers: ManualTimers, to: float) -> None:
-    """Move the deadlines' time to ``to`` on the server's loop (where they are armed)."""
-    async def advance() -> None:
-        timers.advance(to)
-    asyncio.run_coroutine_threadsafe(advance(), srv.loop).result(HANG_GUARD_S)
 
 
 def _aborts(srv: LiveServer) -> int:
@@ -98,8 +78,8 @@ def test_a_client_that_stops_reading_is_let_go_at_the_send_deadline(
         frozen.set()
         thaw.wait(HANG_GUARD_S)
 
-    with _stalled_stream(server) as sock:
-        wait_for(lambda: _paused(server), what="the server's writing to pause")
+    with stalled_stream(server, MAX_TOKENS, SMALL_BUFFER) as sock:
+        wait_for(lambda: paused(server), what="the server's writing to pause")
         # The client's kernel may take what its buffer holds after the pause: progress.
         settle_send_deadline(next(iter(_connections(server))), timers, SEND_S)
         if generating:
@@ -115,9 +95,9 @@ def test_a_client_that_stops_reading_is_let_go_at_the_send_deadline(
         assert len(_connections(server)) == 1 and len(server.server.server_state.tasks) == 1
         assert (metrics._e2e[Priority.P1].count, _aborts(server)) == (e2e, aborts)
 
-        _on_loop(server, timers, timers.now + SEND_S - 0.1)
-        assert _paused(server) and metrics.send_timeouts == timeouts
-        _on_loop(server, timers, timers.now + 0.1)
+        on_loop(server, timers, timers.now + SEND_S - 0.1)
+        assert paused(server) and metrics.send_timeouts == timeouts
+        on_loop(server, timers, timers.now + 0.1)
         wait_for(lambda: not _connections(server), what="the connection to be dropped")
         # Observed as an abort, once: its client never got the end of it.
         wait_for(lambda: metrics._e2e[Priority.P1].count == e2e + 1, what="the request observed")
