@@ -106,8 +106,8 @@ def unacked_bytes(transport: asyncio.BaseTransport) -> int | None:
     waits for ``SEND_AHEAD_BYTES / 2`` to leave the kernel)."""
     global _unacked_said
     sock = transport.get_extra_info("socket")
-    if sock is None:
-        return None
+    if sock is None or sock.fileno() < 0:
+        return None  # none, or closed already: nothing left to be acknowledged
     request = getattr(termios, "TIOCOUTQ", None)
     try:
         if fcntl is None or request is None:

@@ -90,3 +90,20 @@ def test_a_platform_without_tiocoutq_is_said_once(
     asyncio.run(_accepted(check))
     said = [r.getMessage() for r in caplog.records if "acknowledged" in r.getMessage()]
     assert len(said) == 1 and "send deadline" in said[0], said
+
+
+def test_a_closed_socket_says_nothing_is_left_and_spends_no_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A transport whose socket is closed (fileno -1): the ioctl raised ValueError, which
+    nothing caught; and a closed socket is no platform that cannot say."""
+    monkeypatch.setattr(send_ahead, "_unacked_said", False)
+    caplog.set_level(logging.WARNING, logger=send_ahead.__name__)
+    closed = socket.socket()
+    closed.close()
+
+    class Closed(asyncio.Transport):
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return closed if name == "socket" else default
+
+    assert unacked_bytes(Closed()) is None
+    assert not send_ahead._unacked_said and not caplog.records

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from slopilot.tuner.loop.clock_step import rebase_future
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.decision import Decision
 from slopilot.tuner.loop.settings import MAX_HOLD_DOUBLINGS
@@ -215,3 +216,14 @@ def test_a_count_written_into_the_status_is_kept_small() -> None:
     d = ctl.tick(200.0)
     assert len(d.reason) < 600, d.reason
     assert len(json.dumps(ctl.to_dict())) < 4000
+
+
+def test_a_time_written_far_ahead_is_said_briefly_as_it_is_brought_back() -> None:
+    """An ``until`` of 1e308 written into the status is brought back to its hold from
+    now; the log line named it in 309 digits."""
+    saved = LoopState.from_dict({"state": "steady", "replicas_short": {
+        "asked": 4, "ready": 2, "since": 100.0, "why": QUOTA, "until": 1e308}})
+    r = rig()
+    moved = rebase_future(saved, r.build().settings, 200.0)
+    assert moved and all(len(m) < 80 for m in moved), moved
+    assert saved.replicas_short is not None and saved.replicas_short.until == 200.0 + BACKOFF_S

@@ -65,9 +65,15 @@ class TooLong:
         return self.requests > 0 and self.share > WARN_SHARE
 
     def percent(self) -> str:
-        """The share as the warning says it: a decimal below 10 %, where whole percents
-        read the warning's own threshold (2 of 199, above 1 %, read "1%")."""
-        return f"{self.share:.1%}" if self.share < 0.0995 else f"{self.share:.0%}"
+        """The share as the warning says it: a decimal below 10 %, never rounded onto the
+        warning's own threshold (2 of 199, above 1 %, read "1%", then "1.0%") nor onto
+        all of them (9,996 of 10,000 read "100%")."""
+        said = f"{self.share:.1%}" if self.share < 0.0995 else f"{self.share:.0%}"
+        if self.share > WARN_SHARE and said in (f"{WARN_SHARE:.0%}", f"{WARN_SHARE:.1%}"):
+            return f"just over {WARN_SHARE:.0%}"
+        if self.requests < self.of and said == "100%":
+            return "over 99.9%"
+        return said
 
     def text(self) -> str:
         """``90 of 100 requests (90%) exceed llama-3-8b's 8,192-token context ...``."""

@@ -179,11 +179,20 @@ _COMPRESSED_SUFFIXES = (".gz", ".zip", ".zst", ".zstd", ".bz2", ".xz")
 
 def _unpacked_name(label: str) -> str:
     """Where the unpacking command writes: the file less its compression's suffix, or,
-    where it has none, beside it as ``NAME.unpacked.csv`` (never the file itself)."""
+    where it has none or a file of that name is there, beside it as
+    ``NAME.unpacked.csv`` (never the file itself, nor another over which it writes)."""
     path = Path(label)
     if path.suffix.lower() in _COMPRESSED_SUFFIXES:
-        return str(path.with_suffix(""))
+        path = path.with_suffix("")
+        if not path.exists():  # one already there is not written over by a pasted command
+            return str(path)
     return str(path.with_name(f"{path.stem}.unpacked{path.suffix}"))
+
+
+def _shell_path(name: str) -> str:
+    """``name`` quoted to paste into a shell, never read as an option (``-x.csv.gz``:
+    gunzip's ``-x``; unzip takes no ``--``)."""
+    return shlex.quote(f"./{name}" if name.startswith("-") else name)
 
 
 def _not_utf8(label: str, data: bytes, at: int) -> str:
@@ -191,8 +200,8 @@ def _not_utf8(label: str, data: bytes, at: int) -> str:
     # reads as a crash, and "invalid continuation byte" tells a user nothing to do.
     for magic, kind, command in _COMPRESSED:
         if data.startswith(magic):
-            unpack = (f"{command} {shlex.quote(label)} > "
-                      f"{shlex.quote(_unpacked_name(label))}")
+            unpack = (f"{command} {_shell_path(label)} > "
+                      f"{_shell_path(_unpacked_name(label))}")
             return (f"{label}: {kind}-compressed (its first bytes say so); a trace is "
                     f"UTF-8 text (CSV or JSONL): unpack it ({unpack}) and give the file "
                     "it writes")

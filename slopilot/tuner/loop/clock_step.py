@@ -30,7 +30,8 @@ def rebase_future(loop: LoopState, settings: ControllerSettings, now: float) -> 
     moved: list[str] = []
 
     def note(name: str, value: float) -> None:
-        moved.append(f"{name} ({value - now:.0f} s ahead)")
+        # ``.4g``: a time written into the status may be 1e308, not 309 digits in the log.
+        moved.append(f"{name} ({value - now:.4g} s ahead)")
 
     if loop.since > now:
         note("since", loop.since)

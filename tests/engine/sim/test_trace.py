@@ -725,6 +725,22 @@ def test_a_compressed_trace_is_refused_naming_its_compression_and_the_fix(
     assert fix in message and "byte 0x" not in message, message
 
 
+def test_the_unpack_command_is_safe_to_paste(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name with a leading dash was read as an option (gunzip's ``-x``), the ``>``
+    having made an empty trace already; a file of the unpacked name was written over."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-x.csv.gz").write_bytes(b"\x1f\x8b" + bytes(range(128, 256)))
+    with pytest.raises(TraceError) as info:
+        read_trace(Path("-x.csv.gz"))
+    assert "gunzip -c ./-x.csv.gz > ./-x.csv" in str(info.value), str(info.value)
+    (tmp_path / "t.csv.gz").write_bytes(b"\x1f\x8b" + bytes(range(128, 256)))
+    (tmp_path / "t.csv").write_text("the user's own file\n")
+    with pytest.raises(TraceError) as info:
+        read_trace(Path("t.csv.gz"))
+    assert "gunzip -c t.csv.gz > t.unpacked.csv" in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize("value, written", [("true", "true"), ("false", "false"),
                                             ("null", "null")])
 def test_a_json_literal_in_a_token_field_is_quoted_as_json_writes_it(
