@@ -275,7 +275,7 @@ class Meter:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": response_headers(response.headers,
                                                     keep_length=strip is None)})
-            gone: Callable[[], bool] = scope.get(DISCONNECTED_KEY, _connected)
+            gone: Callable[[], bool] = scope.get(DISCONNECTED_KEY, _never_gone)
             try:
                 async for piece in response.aiter_raw():
                     passed = piece if strip is None else strip.feed(piece)
@@ -392,7 +392,9 @@ async def _read(judge: StreamJudge, piece: bytes, at: float) -> None:
         raise cancelled
 
 
-def _connected() -> bool:
+def _never_gone() -> bool:
+    """A server that does not say when a connection is lost (no ``DISCONNECTED_KEY``):
+    the disconnect's watch alone ends the forwarding."""
     return False
 
 
