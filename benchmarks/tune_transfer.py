@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 from code_trace import HEADER, code_trace
+from window_transfer import chosen_cases
 
 import slopilot
 from slopilot.engine.histogram_quantiles import latency_quantile
@@ -81,7 +82,6 @@ from slopilot.tuner.prometheus.query import window_summary
 from slopilot.tuner.sim.robust import RobustEvaluator, plan_windows
 from slopilot.tuner.study.objective import HEADROOM, WindowResult, score
 from slopilot.tuner.study.verdict import robust_verdict
-from window_transfer import chosen_cases
 
 TREE = Path(slopilot.__file__).resolve().parents[1]
 """The slopilot tree this script runs: its studies run the same one."""
@@ -387,7 +387,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
-    ap.add_argument("--out", type=Path, default=Path("tune_transfer"))
+    ap.add_argument("--out", type=Path, default=Path("out/tune_transfer"))
     args = ap.parse_args()
     wanted = chosen_cases(ap, args.cases, [c.name for c in CASES])
     if args.trials < 1:

@@ -213,7 +213,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
-    ap.add_argument("--out", type=Path, default=Path("window_transfer"))
+    ap.add_argument("--out", type=Path, default=Path("out/window_transfer"))
     args = ap.parse_args()
     wanted = chosen_cases(ap, args.cases, [c.name for c in CASES])
     args.out.mkdir(parents=True, exist_ok=True)
