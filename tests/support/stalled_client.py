@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from urllib.parse import urlsplit
 
+from slopilot.engine.engine import LLMEngine
+from slopilot.engine.request import Request
 from tests.support.live_server import LiveServer
 from tests.support.manual_timers import ManualTimers
 from tests.support.waits import HANG_GUARD_S
@@ -39,3 +42,26 @@ def on_loop(srv: LiveServer, timers: ManualTimers, to: float) -> None:
     async def advance() -> None:
         timers.advance(to)
     asyncio.run_coroutine_threadsafe(advance(), srv.loop).result(HANG_GUARD_S)
+
+
+class EngineFreeze:
+    """Holds a live server's engine between two iterations (``hold``: the requests it was
+    running), so what runs, runs on only once ``thaw``ed."""
+
+    def __init__(self, srv: LiveServer) -> None:
+        self.srv = srv
+        self.held: list[Request] = []
+        self._frozen, self._thaw = threading.Event(), threading.Event()
+
+    def _freeze(self, engine: LLMEngine) -> None:
+        self.held.extend(engine.scheduler.running)
+        self._frozen.set()
+        self._thaw.wait(HANG_GUARD_S)
+
+    def hold(self) -> list[Request]:
+        asyncio.run_coroutine_threadsafe(self.srv.engine.call(self._freeze), self.srv.loop)
+        self._frozen.wait(HANG_GUARD_S)
+        return self.held
+
+    def thaw(self) -> None:
+        self._thaw.set()

@@ -16,21 +16,18 @@ transport, a request observed), never on a measured time.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 
 import pytest
 
-from slopilot.engine.engine import LLMEngine
 from slopilot.engine.http_deadlines import Deadlines
-from slopilot.engine.request import Priority, Request, RequestStatus
+from slopilot.engine.request import Priority, RequestStatus
 from slopilot.engine.slo import SLOSpec
 from tests.support.live_server import LiveServer, start_server
 from tests.support.manual_timers import ManualTimers
-from tests.support.stalled_client import on_loop, paused, stalled_stream
+from tests.support.stalled_client import EngineFreeze, on_loop, paused, stalled_stream
 from tests.support.tcp_queues import settle_send_deadline
-from tests.support.waits import HANG_GUARD_S, wait_for
+from tests.support.waits import wait_for
 
 SEND_S = 60.0
 MAX_TOKENS = 3000  # some 300 KB with top-5 logprobs: within what the kernel took before
@@ -64,24 +61,15 @@ def test_a_stalled_reader_is_cut_by_the_send_deadline_not_counted_served(
                  what="the server's writing to pause, or the request to be observed")
         assert paused(server), "the whole answer counted as delivered to a stalled reader"
         assert metrics._e2e[Priority.P1].count == e2e
-        held: list[Request] = []
-        frozen, thaw = threading.Event(), threading.Event()
-
-        def freeze(engine: LLMEngine) -> None:
-            """Hold the engine between two iterations: what runs, runs on when thawed."""
-            held.extend(engine.scheduler.running)
-            frozen.set()
-            thaw.wait(HANG_GUARD_S)
-
-        asyncio.run_coroutine_threadsafe(server.engine.call(freeze), server.loop)
-        frozen.wait(HANG_GUARD_S)
+        freeze = EngineFreeze(server)
+        held = freeze.hold()
         assert [r.num_output_tokens < MAX_TOKENS for r in held] == [True]
         # The client's kernel may take what its buffer holds after the pause: progress.
         settle_send_deadline(next(iter(server.server.server_state.connections)), timers,
                              SEND_S)
         on_loop(server, timers, timers.now + SEND_S)
         wait_for(lambda: metrics._e2e[Priority.P1].count == e2e + 1, what="the request observed")
-        thaw.set()
+        freeze.thaw()
         assert (metrics._success["abort"], metrics.send_timeouts) == (aborts + 1, timeouts + 1)
         # Cut by the abort, its KV blocks freed, long before its tokens ran out.
         wait_for(lambda: server.engine.num_active == 0, what="no request left running")

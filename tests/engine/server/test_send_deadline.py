@@ -16,19 +16,16 @@ measured time.
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 
-from slopilot.engine.engine import LLMEngine
 from slopilot.engine.http_deadlines import Deadlines
-from slopilot.engine.request import Priority, Request, RequestStatus
+from slopilot.engine.request import Priority, RequestStatus
 from tests.support.live_server import LiveServer, start_server
 from tests.support.manual_timers import ManualTimers
-from tests.support.stalled_client import on_loop, paused, stalled_stream
+from tests.support.stalled_client import EngineFreeze, on_loop, paused, stalled_stream
 from tests.support.tcp_queues import settle_send_deadline
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -69,22 +66,14 @@ def test_a_client_that_stops_reading_is_let_go_at_the_send_deadline(
     metrics = server.backend.metrics
     aborts, timeouts = _aborts(server), metrics.send_timeouts
     e2e = metrics._e2e[Priority.P1].count
-    held: list[Request] = []
-    frozen, thaw = threading.Event(), threading.Event()
-
-    def freeze(engine: LLMEngine) -> None:
-        """Hold the engine between two iterations: what runs, runs on when thawed."""
-        held.extend(engine.scheduler.running)
-        frozen.set()
-        thaw.wait(HANG_GUARD_S)
-
+    freeze = EngineFreeze(server)
+    held = freeze.held
     with stalled_stream(server, MAX_TOKENS, SMALL_BUFFER) as sock:
         wait_for(lambda: paused(server), what="the server's writing to pause")
         # The client's kernel may take what its buffer holds after the pause: progress.
         settle_send_deadline(next(iter(_connections(server))), timers, SEND_S)
         if generating:
-            asyncio.run_coroutine_threadsafe(server.engine.call(freeze), server.loop)
-            frozen.wait(HANG_GUARD_S)
+            freeze.hold()
             # A few hundred of its 8000 tokens made: it runs, holding its KV blocks.
             assert [r.num_output_tokens < MAX_TOKENS for r in held] == [True]
         else:
@@ -101,7 +90,7 @@ def test_a_client_that_stops_reading_is_let_go_at_the_send_deadline(
         wait_for(lambda: not _connections(server), what="the connection to be dropped")
         # Observed as an abort, once: its client never got the end of it.
         wait_for(lambda: metrics._e2e[Priority.P1].count == e2e + 1, what="the request observed")
-        thaw.set()
+        freeze.thaw()
         assert (_aborts(server), metrics.send_timeouts) == (aborts + 1, timeouts + 1)
         wait_for(lambda: server.engine.num_active == 0, what="no request left running")
         assert server.call(lambda e: e.scheduler.kv.num_used_blocks) == 0
