@@ -36,7 +36,7 @@ import kopf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' emulator
 
 from slopilot.operator import handlers
-from slopilot.operator.handlers import LockTable
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.settings import HANDLER_THREADS
 from slopilot.operator.spec_reconciles import SpecReconciles

@@ -46,68 +46,41 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
-import logging
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kopf
 
-from slopilot.engine.server.admin_credential import ADMIN_TOKEN_SHA256_ENV
 from slopilot.operator import tuning_daemon  # noqa: F401  # registers the controller daemon
-from slopilot.operator.conditions import (
-    ConditionType,
-    DriftReason,
-    condition,
-    merge_conditions,
-)
+from slopilot.operator.conditions import DriftReason
+from slopilot.operator.cr_locks import LockTable, key_of
 from slopilot.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from slopilot.operator.daemon_ends import DaemonEnds
 from slopilot.operator.deployment_loop import CONFIG_SYNC_S
 from slopilot.operator.disruption_budget import (
     FOREIGN_BUDGET,
     FOREIGN_BUDGET_S,
-    budget_conditions,
     budget_is_anothers,
 )
 from slopilot.operator.drift import RETRY_S as DRIFT_RETRY_S
-from slopilot.operator.drift import not_repaired_message, record_repair, unrepaired
+from slopilot.operator.drift import record_repair, unrepaired
 from slopilot.operator.drift_repairs import DriftRepairs
-from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError, Kube, load_client
-from slopilot.operator.loop_status import ended_episode, tuning_enabled
+from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.owned_meta import MANAGED
-from slopilot.operator.owned_pods import ready_replicas
 from slopilot.operator.ownership import controlled_by
-from slopilot.operator.pod_admin import HTTP_TIMEOUT_S
-from slopilot.operator.pod_memory import memory_of
-from slopilot.operator.pod_sync_pool import PodSyncPool, Ticket, Waited
-from slopilot.operator.pods_status import (
-    SYNC_DEFERRED,
-    record_pods_condition,
-    record_sync_deferred,
-)
-from slopilot.operator.policy import policy_problems
-from slopilot.operator.reconcile import (
-    Change,
-    Outcome,
-    config_status,
-    not_reconciled,
-    owned_names,
-    reconcile,
-)
+from slopilot.operator.pod_sync_pool import PodSyncPool
+from slopilot.operator.pod_syncs import sync_pods, sync_when_free
+from slopilot.operator.reconcile import Change, Outcome, owned_names, reconcile
 from slopilot.operator.settings import configure, operator_policy
-from slopilot.operator.spec import Phase, SpecError, parse_spec
 from slopilot.operator.spec_reconciles import SpecReconciles
+from slopilot.operator.spec_status import status_of, untuned_ready
 from slopilot.operator.status_writer import write_status
 from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.tokens import load_or_create
 from slopilot.operator.tuning_daemon import OPERATOR_STOPPING
 from slopilot.operator.tuning_pool import TuningPool
 from slopilot.operator.validation import DNS_1123_SUBDOMAIN
-from slopilot.tuner.prometheus.bounded import bounded_client
 
 # The owned kinds whose events repair drift, as kopf's decorators name them. kopf serves
 # a kind only where the cluster does (its discovery, watched as CRDs come and go): without
@@ -119,43 +92,6 @@ OWNED_KINDS = (("apps", "v1", "deployments"), ("networking.k8s.io", "v1", "netwo
                ("monitoring.coreos.com", "v1", "prometheusrules"))
 # The event reason of a spec's warnings: a deprecated field, a knob the backend caps.
 SPEC_WARNING = "SpecWarning"
-DAEMON_PHASES = {Phase.TUNING.value, Phase.SCALING.value, Phase.DEGRADED.value}
-SYNC_WAIT_SAID_S = CONFIG_SYNC_S
-"""How long a CR's sync waits for a slot (pod_sync_pool.py) before its PodsConfigured
-condition says its pods were not checked, and why, with a Warning event: the timer's
-interval, by which the pods are checked less often than it promises. A shorter wait is
-the slots' turn going round; said at once, every sync of a busy minute (the timers after
-an operator restart) would write its status."""
-log = logging.getLogger(__name__)
-
-
-class LockTable:
-    """One lock per deployment (namespace/name), created on first use and gone once no
-    one holds or waits for it: kept for good, one per CR name ever seen, the table grew
-    with every CR a tenant created and deleted."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        # Each holder and waiter keeps its lock alive; the table only finds it.
-        self._locks: weakref.WeakValueDictionary[str, threading.Lock] = \
-            weakref.WeakValueDictionary()
-
-    def __len__(self) -> int:
-        """How many deployments' locks are held or waited for now."""
-        return len(self._locks)
-
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        with self._guard:
-            lock = self._locks.get(key)
-            if lock is None:
-                lock = self._locks[key] = threading.Lock()
-        with lock:
-            yield
-
-
-def key_of(body: Mapping[str, Any]) -> str:
-    return f"{body['metadata']['namespace']}/{body['metadata']['name']}"
 
 
 @kopf.on.startup()
@@ -224,108 +160,6 @@ def watch_only_managed(settings: kopf.OperatorSettings) -> None:
         settings.watching.label_selectors[kind] = selector
 
 
-def accepted(outcome: Outcome) -> str:
-    """The Valid=True condition's message: the spec's warnings, where it has any."""
-    if not outcome.warnings:
-        return "the spec passed every check"
-    return "the spec passed every check, with warnings: " + "; ".join(outcome.warnings)
-
-
-def status_of(body: Mapping[str, Any], outcome: Outcome,
-              ready: int | None = None) -> dict[str, Any]:
-    """The status fields one reconcile owns (the daemon owns the others); ``ready``: the
-    replicas that serve (``untuned_ready``), written while tuning is off."""
-    status = body.get("status") or {}
-    generation = body["metadata"].get("generation")
-    current = status.get("conditions")
-    tuned = tuning_enabled(body.get("spec") or {})
-    # The tuning daemon counts them at each tick; none runs now, so the reconcile does,
-    # and the repair at each status write of the Deployment (drift.py), a refused spec's
-    # too: its pods serve on.
-    untuned: dict[str, Any] = {} if tuned or ready is None else {"readyReplicas": ready}
-    if not outcome.valid:
-        message = "; ".join(outcome.problems)
-        if outcome.refusal.of_objects:
-            updates = [
-                condition(ConditionType.VALID, True, "SpecAccepted", accepted(outcome),
-                          generation),
-                condition(ConditionType.RECONCILED, False, outcome.refusal.value, message,
-                          generation)]
-        else:
-            updates = [condition(ConditionType.VALID, False, outcome.refusal.value, message,
-                                 generation)]
-        return {"phase": Phase.INVALID.value, "observedGeneration": generation,
-                "conditions": merge_conditions(current, updates), **untuned}
-    done = [f"{change.value} {what}" for what, change in outcome.changes.items()
-            if change is not Change.UNCHANGED]
-    updates = [
-        condition(ConditionType.VALID, True, "SpecAccepted", accepted(outcome), generation),
-        # An owner reference the API server would not let be put right: the drift timer
-        # looks again (the tuning controller runs on, as for any drift not repaired).
-        condition(ConditionType.RECONCILED, False, DriftReason.NOT_REPAIRED,
-                  not_repaired_message("; ".join(outcome.not_restored)), generation)
-        if outcome.not_restored else
-        condition(ConditionType.RECONCILED, True, "OwnedObjectsInSync",
-                  "; ".join(done) if done else "every owned object matches the spec",
-                  generation)]
-    removed = []
-    if outcome.unsupported_knobs:
-        updates.append(condition(
-            ConditionType.KNOBS_IGNORED, True, "BackendLacksKnobs",
-            f"vLLM has no argument for {', '.join(outcome.unsupported_knobs)}: left out; "
-            "use backend: builtin to tune them", generation))
-    else:
-        removed.append(ConditionType.KNOBS_IGNORED)
-    said, gone = budget_conditions(outcome.left_alone, generation)
-    updates += said
-    removed += gone
-    if outcome.admin_token:
-        updates.append(condition(
-            ConditionType.ADMIN_TOKEN, True, "OperatorMinted",
-            "the engines admit the operator's admin token by its SHA-256, which the pod "
-            f"template carries ({ADMIN_TOKEN_SHA256_ENV}); no Secret holds the token",
-            generation))
-    else:
-        # No admin API (vLLM): no sync runs to write PodsConfigured again, and one from
-        # the built-in backend would name its pods for as long as the CR lived.
-        removed += [ConditionType.ADMIN_TOKEN, ConditionType.PODS_CONFIGURED]
-    phase = status.get("phase")
-    if not tuned:
-        # No daemon runs now to move the phase or the Tuning condition on: kept, a
-        # deployment whose tuning was turned off mid-trial said "Tuning" (trial N
-        # running) for good, while its pods ran the restored config.
-        updates.append(condition(ConditionType.TUNING, False, "Disabled",
-                                 "spec.tuning.enabled is false: no trials, no scaling",
-                                 generation))
-    ended = None if tuned else ended_episode(status)
-    out: dict[str, Any] = {
-        "observedGeneration": generation,
-        "phase": phase if tuned and phase in DAEMON_PHASES else Phase.RUNNING.value,
-        "replicas": outcome.replicas,
-        "conditions": merge_conditions(current, updates, remove=removed)}
-    if outcome.config is not None:
-        out["config"] = config_status(outcome.config)
-    if not outcome.admin_token:
-        out["pods"] = None  # what the sync found goes with its condition
-    if ended is not None:
-        out["controller"] = ended
-    return out | untuned
-
-
-def untuned_ready(kube: Kube, body: Mapping[str, Any]) -> int | None:
-    """The replicas that serve, for ``status.readyReplicas``, where tuning is off (None
-    where it is on: the daemon's to count). An API error leaves the count as it is
-    (None) and fails nothing."""
-    if tuning_enabled(body.get("spec") or {}):
-        return None
-    meta = body["metadata"]
-    try:
-        return ready_replicas(kube, meta["namespace"], meta["name"], meta.get("uid"))
-    except ApiError as exc:
-        log.warning("%s: ready replicas not read (%s)", key_of(body), exc)
-        return None
-
-
 def post_events(raw: Mapping[str, Any], outcome: Outcome, *, reason: str) -> None:
     """Warning events for refusals and gaps, a Normal one when something was written."""
     body = cast("kopf.Body", raw)  # kopf reads only metadata: any mapping will do
@@ -379,99 +213,6 @@ def reconcile_spec(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger
     logger.info("reconciled: %s", dict(outcome.changes) or outcome.problems)
     if outcome.retry_s is not None:  # kopf runs the handler again, spec change or not
         raise kopf.TemporaryError("; ".join(outcome.problems), delay=outcome.retry_s)
-
-
-async def sync_when_free(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger,
-                         until: Callable[[], bool]) -> None:
-    """``sync_pods`` on the pod syncs' pool (``memo.pod_syncs``, pod_sync_pool.py),
-    joining the CR's sync that waits or runs, awaited until it ends or ``until()``: then,
-    where it still waits for a slot, it is withdrawn. One that waits past
-    ``SYNC_WAIT_SAID_S`` is said in the CR's status (``say_sync_waits``)."""
-    meta = body["metadata"]
-    pool: PodSyncPool = memo.pod_syncs
-    ticket = pool.ask(meta["namespace"], meta["name"], str(meta["uid"]),
-                      functools.partial(sync_pods, body, memo, logger))
-    late_at: float | None = ticket.asked_at + SYNC_WAIT_SAID_S
-    while (waited := await pool.wait(ticket, until=until, late_at=late_at)) is Waited.LATE:
-        late_at = None  # said once a wait
-        await say_sync_waits(body, memo, logger, ticket)
-    if waited is Waited.STOPPED:
-        pool.withdraw(*ticket.key)
-
-
-async def say_sync_waits(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger,
-                         ticket: Ticket) -> None:
-    """The CR's sync waits for a slot still: said in its PodsConfigured condition
-    (``SyncDeferred``, written on one of kopf's threads: it is the API server's call
-    alone), a Warning event and the operator's log. Not written once the sync holds a
-    slot: its own condition is the last word."""
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    why = (f"not checked for {SYNC_WAIT_SAID_S:g} s: this deployment's sync waits for a "
-           f"slot: {memo.pod_syncs.why_waiting(namespace)}; it runs once one is free")
-    logger.warning("the pods' configs were %s", why)
-    post_sync_waits(body, why)
-
-    def record() -> None:
-        # Under the CR's lock, as the sync's own condition is written: a sync that took
-        # its slot meanwhile finds this condition and writes over it, or this finds it
-        # started and writes nothing.
-        with memo.locks.hold(key_of(body)):
-            if not ticket.started:
-                record_sync_deferred(memo.kube, namespace, name, str(meta["uid"]), why,
-                                     meta.get("generation"))
-
-    executor = getattr(memo, "handler_threads", None)  # kopf's; None: asyncio's own
-    await asyncio.get_running_loop().run_in_executor(executor, record)
-
-
-def post_sync_waits(raw: Mapping[str, Any], why: str) -> None:
-    """The Warning event of a sync that waits for a slot (kopf posts a logger's lines as
-    events only when told to, which the operator is not: settings.py)."""
-    kopf.warn(cast("kopf.Body", raw), reason=SYNC_DEFERRED, message=why)
-
-
-def sync_pods(body: Mapping[str, Any], memo: kopf.Memo, logger: kopf.Logger) -> None:
-    """Bring the running pods to the spec's live knobs and SLO (tuning is off: no trials).
-
-    Only for a spec the reconcile accepts: one the policy or the API server refuses
-    touches nothing, its knobs included (the pods run the last accepted spec's). Judged
-    on the object as it is now: kopf hands a timer the copy it had when the timer was
-    due, and once tuning is on the daemon syncs, around its trials. The CR's lock is
-    taken around the sync's writes only (``guard``), never while it waits on the pods.
-    """
-    meta = body["metadata"]
-    body = memo.kube.get(API_VERSION, PLURAL, meta["namespace"], meta["name"]) or {}
-    if str((body.get("metadata") or {}).get("uid")) != str(meta["uid"]) or \
-            tuning_enabled(body.get("spec") or {}):
-        return  # gone, a successor of the same name, or the daemon's to sync now
-    try:
-        spec = parse_spec(body)
-    except SpecError:
-        return
-    if policy_problems(spec, memo.policy, namespace=meta["namespace"]) \
-            or not_reconciled(memo.kube, body, spec):
-        return
-    # Closed here: a handle's own client is never closed, and one per call kept a socket
-    # to each pod open until a garbage collection found it.
-    try:
-        with bounded_client(HTTP_TIMEOUT_S) as http:
-            handle = KubeDeploymentHandle(memo.kube, meta["namespace"], meta["name"],
-                                          mint=memo.tokens, policy=memo.policy, http=http,
-                                          uid=str(meta["uid"]), memory=memory_of(memo),
-                                          guard=lambda: memo.locks.hold(key_of(body)))
-            done = handle.sync_config()
-    except Exception as exc:  # the CR went away, or the API: the timer tries again
-        logger.warning("the pods' configs were not checked: %s: %s", type(exc).__name__,
-                       exc)
-        return
-    if done.updated:
-        logger.info("the spec's live knobs sent to %s", ", ".join(done.updated))
-    for why in done.left:
-        logger.warning("a pod is not on the spec's config: %s", why)
-    with memo.locks.hold(key_of(body)):  # not between a deferral's look and its write
-        record_pods_condition(memo.kube, meta["namespace"], meta["name"], str(meta["uid"]),
-                              done, body["metadata"].get("generation"))
 
 
 def tuning_disabled(spec: Mapping[str, Any], **_: Any) -> bool:

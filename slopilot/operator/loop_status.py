@@ -114,7 +114,7 @@ def status_after(body: Mapping[str, Any], controller: Controller, decision: Deci
             body["metadata"].get("generation"))])}
     if not tuning_enabled(body.get("spec") or {}):
         # Turned off since the tick read the CR: the daemon is ending, and the phase and
-        # Tuning condition are the reconcile's now (handlers.status_of); written, a
+        # Tuning condition are the reconcile's now (spec_status.status_of); written, a
         # tick in flight left "Tuning" on a deployment that no longer tunes.
         del out["phase"], out["conditions"]
         ready = None  # the reconcile clears it: no daemon keeps it true from now on

@@ -224,8 +224,8 @@ def daemon_loop(cluster: Cluster, body: dict[str, Any], monkeypatch: pytest.Monk
     import logging
 
     from slopilot.operator import deployment_loop
+    from slopilot.operator.cr_locks import LockTable
     from slopilot.operator.deployment_loop import DeploymentLoop
-    from slopilot.operator.handlers import LockTable
     from tests.operator.standins import build_controller
 
     monkeypatch.setattr(deployment_loop, "post_decision", lambda *a, **kw: None)

@@ -21,10 +21,10 @@ from typing import Any
 import kopf
 import pytest
 
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.crd import crd_manifest
 from slopilot.operator.daemon import DaemonContext
 from slopilot.operator.daemon_ends import DaemonEnds
-from slopilot.operator.handlers import LockTable
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.tuning_pool import TuningPool

@@ -39,8 +39,8 @@ import kubernetes.client
 import pytest
 
 from slopilot.operator import handlers
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.drift_repairs import REPAIRS, REPAIRS_PER_NAMESPACE, DriftRepairs
-from slopilot.operator.handlers import LockTable
 from slopilot.operator.owned_meta import MANAGED, owner_reference
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import desired_objects, owned_names, reconcile

@@ -21,13 +21,15 @@ import kopf
 import kubernetes.client
 import pytest
 
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.crd import API_VERSION, KIND, PLURAL, crd_manifest
-from slopilot.operator.handlers import LockTable, repair_drift, status_of
+from slopilot.operator.handlers import repair_drift
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.pod_admin import ApplyError
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile
+from slopilot.operator.spec_status import status_of
 from tests.operator.operator_support import (
     NS,
     Cluster,
@@ -153,7 +155,7 @@ def test_the_handler_looks_again_while_the_name_is_taken(
     k.create("networking.k8s.io/v1", "networkpolicies", NS, copy.deepcopy(DENY_ALL))
     body = cluster.create(llmd("default-deny"))
     monkeypatch.setattr(handlers, "post_events", lambda *a, **kw: None)
-    memo = kopf.Memo(kube=k, locks=handlers.LockTable(), policy=OperatorPolicy(),
+    memo = kopf.Memo(kube=k, locks=LockTable(), policy=OperatorPolicy(),
                      tokens=operator_mint(cluster))
     log = logging.getLogger("test")
     with pytest.raises(kopf.TemporaryError) as retry:

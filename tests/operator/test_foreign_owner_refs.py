@@ -26,8 +26,9 @@ import kubernetes.client
 import pytest
 
 from slopilot.operator import handlers
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.crd import crd_manifest
-from slopilot.operator.handlers import LockTable, repair_drift, retry_drift_repair
+from slopilot.operator.handlers import repair_drift, retry_drift_repair
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import RETRY_NAME_TAKEN_S, Change, Refusal, reconcile

@@ -18,15 +18,17 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.daemon import DaemonContext
-from slopilot.operator.handlers import LockTable, status_of, sync_pods
 from slopilot.operator.knobs import engine_checksum
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.kubeapi import ApiError
 from slopilot.operator.loop_status import tuning_enabled
 from slopilot.operator.pod_admin import ApplyError
+from slopilot.operator.pod_syncs import sync_pods
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
+from slopilot.operator.spec_status import status_of
 from slopilot.operator.status_writer import write_status
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.ports import SimulatorBusy

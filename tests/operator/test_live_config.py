@@ -77,7 +77,7 @@ def handler_memo(cluster: Cluster, policy: OperatorPolicy, mint: TokenMint) -> A
     """kopf's memo as the operator's startup fills it, for calling handlers directly."""
     import kopf
 
-    from slopilot.operator.handlers import LockTable
+    from slopilot.operator.cr_locks import LockTable
 
     return kopf.Memo(kube=cluster.kube, tokens=mint, policy=policy, locks=LockTable(),
                      pod_syncs=PodSyncPool())

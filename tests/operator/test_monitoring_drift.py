@@ -22,12 +22,14 @@ import kubernetes.client
 import pytest
 
 from slopilot.operator import handlers
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.crd import crd_manifest
-from slopilot.operator.handlers import LockTable, repair_drift, retry_drift_repair
+from slopilot.operator.handlers import repair_drift, retry_drift_repair
 from slopilot.operator.owned_meta import MANAGED
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Change, not_reconciled, reconcile
 from slopilot.operator.spec import parse_spec
+from slopilot.operator.spec_status import status_of, untuned_ready
 from slopilot.operator.status_writer import write_status
 from tests.operator.operator_support import (
     NS,
@@ -171,8 +173,8 @@ def reconciled_chat(cluster: Cluster) -> tuple[dict[str, Any], SimpleNamespace]:
     out = reconcile(cluster.kube, body, policy=memo.policy, mint=memo.tokens)
     assert out.changes[f"PrometheusRule/{RULE}"] is Change.CREATED
     # The status the spec handler writes with it (its ready count among it).
-    ready = handlers.untuned_ready(cluster.kube, body)
-    write_status(cluster.kube, NS, "chat", lambda fresh: handlers.status_of(fresh, out, ready))
+    ready = untuned_ready(cluster.kube, body)
+    write_status(cluster.kube, NS, "chat", lambda fresh: status_of(fresh, out, ready))
     return body, memo
 
 

@@ -256,7 +256,7 @@ def test_the_lock_table_keeps_no_lock_of_a_deployment_no_one_holds() -> None:
     with every CR a tenant created and deleted under a new name."""
     import threading
 
-    from slopilot.operator.handlers import LockTable
+    from slopilot.operator.cr_locks import LockTable
 
     locks = LockTable()
     for i in range(1000):

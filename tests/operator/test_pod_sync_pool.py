@@ -326,7 +326,7 @@ def test_the_operator_runs_kopfs_handlers_on_that_many_threads() -> None:
 
 
 def test_the_security_model_states_the_numbers_the_operator_runs_with() -> None:
-    from slopilot.operator.handlers import SYNC_WAIT_SAID_S
+    from slopilot.operator.pod_syncs import SYNC_WAIT_SAID_S
     from tests.docs.test_doc_references import ROOT
 
     text = " ".join((ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split())

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from slopilot.operator import handlers
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.crd import crd_manifest
-from slopilot.operator.handlers import LockTable, status_of, untuned_ready
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import Outcome, reconcile
+from slopilot.operator.spec_status import status_of, untuned_ready
 from slopilot.operator.status_writer import write_status
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.support.kube_server import RunningEmulator

@@ -30,9 +30,10 @@ import kubernetes.client
 import pytest
 from kopf._cogs.aiokits.aioenums import FlagSetter
 
-from slopilot.operator import handlers, pod_admin
+from slopilot.operator import handlers, pod_admin, pod_syncs
+from slopilot.operator.cr_locks import LockTable
 from slopilot.operator.daemon_ends import DaemonEnds
-from slopilot.operator.handlers import LockTable, repair
+from slopilot.operator.handlers import repair
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.spec import parse_spec
@@ -159,7 +160,7 @@ def lifted_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
     """The operator's wall-clock bounds on a pod's answers out of the way: the slow image
     holds each request until the test lets it answer."""
     far = 4 * HANG_GUARD_S
-    monkeypatch.setattr(handlers, "HTTP_TIMEOUT_S", far)
+    monkeypatch.setattr(pod_syncs, "HTTP_TIMEOUT_S", far)
     monkeypatch.setattr(pod_admin, "POD_ANSWER_DEADLINE_S", far)
     monkeypatch.setattr(pod_admin, "SYNC_DEADLINE_S", far)
     monkeypatch.setattr(handlers, "post_events", lambda *a, **kw: None)  # kopf's context
@@ -170,7 +171,7 @@ def warned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """The Warning events of syncs that wait (kopf's posting needs its running context):
     (CR name, message)."""
     out: list[tuple[str, str]] = []
-    monkeypatch.setattr(handlers, "post_sync_waits", lambda body, why: out.append(
+    monkeypatch.setattr(pod_syncs, "post_sync_waits", lambda body, why: out.append(
         (body["metadata"]["name"], why)))
     return out
 
@@ -239,7 +240,7 @@ def test_a_namespaces_slow_pods_hold_its_share_and_its_waits_are_said(
     sync holds a kopf thread. A sync that waits past ``SYNC_WAIT_SAID_S`` (0 here: at
     once) says so in its PodsConfigured condition, until it runs and says what it
     found."""
-    monkeypatch.setattr(handlers, "SYNC_WAIT_SAID_S", 0.0)
+    monkeypatch.setattr(pod_syncs, "SYNC_WAIT_SAID_S", 0.0)
     names = [f"chat-{i}" for i in range(KOPF_THREADS)]
     slow = {name: SlowImage() for name in names}
     with kopf_loop(threads=3, per_namespace=1) as kopf_:

@@ -19,9 +19,10 @@ import pytest
 
 from slopilot.operator.crd import openapi_schema
 from slopilot.operator.daemon import controller_settings
-from slopilot.operator.handlers import post_events, status_of
+from slopilot.operator.handlers import post_events
 from slopilot.operator.reconcile import Outcome
 from slopilot.operator.spec import SpecError, parse_spec
+from slopilot.operator.spec_status import status_of
 from slopilot.operator.twin_spec import ProfileRef, TwinSpec
 from slopilot.tuner.loop.settings import TwinCorrection
 from tests.operator.test_crd import errors_of, sample
