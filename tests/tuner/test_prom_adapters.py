@@ -562,6 +562,46 @@ def test_prometheus_names_the_replicas_that_answered_part_of_the_window(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def thinly_scraped(samples: dict[str, int]) -> dict[str, Any]:
+    """Prometheus's answer naming the targets whose engine series hold this few samples
+    in the window."""
+    return {"count_over_time(vllm:num_requests_running{": [
+        {"metric": {"instance": i}, "value": [100.0, str(n)]} for i, n in samples.items()]}
+
+
+def test_a_window_holding_one_scrape_of_a_replica_is_not_the_deployments() -> None:
+    # A 27 s range over 15 s scrapes: a replica may leave one sample in it, and rate()
+    # and increase() of one sample are nothing, so its requests (a slow replica's P99)
+    # were in no figure while it passed every other check (its one `up` was 1).
+    q = Recorded({**thinly_scraped({"10.0.0.4:8000": 1}), **answers()})
+    with pytest.raises(WindowRejected, match=r"10\.0\.0\.4:8000 left 1 sample in the 10 s "
+                                             r"window.*at least 2.*scrape interval"):
+        windows(q).measure(90.0, 100.0, canary=False)
+    q = Recorded({**thinly_scraped({"127.0.0.1:9000": 1}), **answers()})
+    with pytest.raises(WindowRejected, match=r"the canary replica 127\.0\.0\.1:9000 left 1"):
+        windows(q).measure(90.0, 100.0, canary=True)
+
+
+@pytest.mark.prometheus
+def test_prometheus_names_the_replicas_with_one_sample_in_the_window(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The query behind the one-sample rejection, on Prometheus' own engine: a replica
+    whose engine series holds one sample in the range is named; one with two or more, or
+    scaled away after two (no samples after it), is not, nor another deployment's."""
+    expr = windows(Recorded({}))._exprs({"d": "x"}, 90)["thinly_scraped"][None]
+    series = [{"series": f'vllm:num_requests_running{{d="x",instance="{i}"}}', "values": v}
+              for i, v in (("a", "3x10"), ("one", "_x8 3"), ("gone", "2x8 _x2"))]
+    series.append({"series": 'vllm:num_requests_running{d="y",instance="other"}',
+                   "values": "_x8 3"})
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": f"count by (instance) ({expr})", "eval_time": "8m",
+            "exp_samples": [{"labels": '{instance="one"}', "value": 1}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("span", [120, 301, 1200, 2400])
 def test_a_window_longer_than_the_breach_window_is_read_over_its_length(span: int) -> None:
     # A thin class's trial is extended up to max_trial_s (1200 s by default) and read in

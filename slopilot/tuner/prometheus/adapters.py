@@ -49,6 +49,9 @@ MIN_SCRAPED_SHARE = 0.75
 """A replica measured must have answered at least this share of the window's scrapes: one
 failed scrape in four is noise (a counter loses nothing to a gap in the middle), fewer
 may leave a quarter of its window in no figure."""
+MIN_REPLICA_SAMPLES = 2
+"""The samples each replica's engine series must hold in a window: rate() and increase()
+read nothing of fewer."""
 CANARY = {ROLE_LABEL: "canary"}
 _QUANTILES = {"ttft": "slopilot:ttft_seconds:p99", "tbt": "slopilot:tbt_seconds:p99"}
 _GOODPUT = "slopilot:goodput_tokens:per_second"
@@ -59,7 +62,7 @@ def range_s(start: float, end: float) -> int:
     """The whole seconds of PromQL's range over ``[start, end]`` (at least 2)."""
     if not (math.isfinite(start) and math.isfinite(end)) or end - start < 2:
         raise WindowRejected(f"window [{start:.1f}, {end:.1f}] is shorter than 2 s: too "
-                             "short for a rate over 1 s scrapes")
+                             "short for a rate over even 1 s scrapes")
     return int(end - start)
 
 
@@ -171,6 +174,13 @@ class PrometheusWindows:
         # ``up`` after it (not 0), so it is not counted here.
         out["partly_scraped"] = {None: (
             f"avg by ({REPLICA_LABEL}) (avg_over_time(up{s}[{w}])) < {MIN_SCRAPED_SHARE}")}
+        # The replicas whose engine series hold fewer than two samples in the window: a
+        # rate or increase of one sample is nothing, so their requests are in no figure,
+        # though their one ``up`` reads 1 and their one sample counts as reported (a
+        # window of under two scrape intervals, or a replica that came up at its end).
+        out["thinly_scraped"] = {None: (
+            f"min by ({REPLICA_LABEL}) (count_over_time("
+            f"vllm:num_requests_running{s}[{w}])) < {MIN_REPLICA_SAMPLES}")}
         # Arrivals: counted by the meters in front of vLLM engines (vLLM's own series drop
         # a request whose client gave up: the overload the loop acts on read calmer),
         # less those each one's engine refused as invalid, and estimated for the replicas
@@ -224,6 +234,16 @@ class PrometheusWindows:
             raise WindowRejected(
                 f"{which} {shown} of its scrapes in the {w} s window (at least "
                 f"{MIN_SCRAPED_SHARE * 100:g} % needed): part of its window is in no figure")
+        if thin := sorted((r["metric"].get(REPLICA_LABEL, "?"), float(r["value"][1]))
+                          for r in self.query(q["thinly_scraped"][None], end)):
+            which = "the canary replica" if canary else "replica(s)"
+            shown = ", ".join(f"{i} left {n:.0f} sample{'s' if n != 1 else ''}"
+                              for i, n in thin)
+            raise WindowRejected(
+                f"{which} {shown} in the {w} s window (at least {MIN_REPLICA_SAMPLES} "
+                "needed: a rate of one is nothing, so its requests are in no figure); a "
+                "window must span at least two of Prometheus's scrape intervals, four to "
+                "be safe")
         requests = self._by_class(q["requests"][None], end)
         finished = sum(v for v in requests.values() if math.isfinite(v))
         if finished < self.min_requests:
