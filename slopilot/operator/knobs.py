@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from slopilot.engine.config import PRESETS, ConfigError, EngineConfig, coerce_knob
+from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
 from slopilot.operator.spec_reader import SpecReader, parse_duration
 from slopilot.operator.study_storage import sqlite_sidecar_problem
 from slopilot.tuner.loop.settings import (
@@ -27,6 +28,7 @@ from slopilot.tuner.loop.settings import (
     DEFAULT_MAX_TRIAL_S,
     MAX_CLASS_REQUESTS,
 )
+from slopilot.tuner.prometheus.rules import duration
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS, IntRange
 from slopilot.tuner.study.space import SearchSpace
 
@@ -294,6 +296,10 @@ def written_storage(value: Any) -> str | None:
     return DEFAULT_STUDY_STORAGE if value == LEGACY_STUDY_STORAGE else value
 
 
+WINDOW_SCRAPES = 4
+"""The scrapes a trial's window should span: a rate needs two samples of each replica, and
+four leave room for a missed scrape and the window's settling start (Prometheus's own
+advice for a rate's range)."""
 MIN_WINDOW_S, MAX_WINDOW_S = 1.0, 86_400.0
 """A trial's window: a zero one divides by zero, one of years never ends a trial."""
 MAX_TRIAL_S = MAX_WINDOW_S
@@ -340,6 +346,12 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
                           f"between {MIN_WINDOW_S:g} s and {MAX_WINDOW_S:g} s (a day); "
                           "e.g. 2m")
         window_s = 120.0
+    elif window_s < WINDOW_SCRAPES * SCRAPE_INTERVAL_S and warnings is not None:
+        warnings.append(
+            f"spec.tuning.window={window!r} spans under {WINDOW_SCRAPES} of the "
+            f"ServiceMonitor's {SCRAPE_INTERVAL_S} s scrapes: a replica may leave one "
+            "sample in a window, a rate of which reads none of its requests, and the loop "
+            f"rejects such a window; use at least {duration(WINDOW_SCRAPES * SCRAPE_INTERVAL_S)}")
     floor, max_trial_s = trial_floor(spec, window_s, r)
     trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
     if not 1 <= trials <= 1000:

@@ -19,6 +19,9 @@ ADMIN_PORT_NAME = "admin"
 # for it, so other pods reach vLLM only through the meter.
 VLLM_PORT = 8001
 VLLM_PORT_NAME = "vllm"
+SCRAPE_INTERVAL_S = 15
+"""How often the ServiceMonitor has Prometheus scrape each pod's /metrics: a trial's window
+must span a few of these for every replica's rates to read its requests."""
 CONFIG_DIR = "/etc/slopilot"
 CONFIG_FILE = "engine.json"
 SLO_FILE = "slo.json"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slopilot.operator.owned_meta import object_meta, selector
+from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
@@ -90,7 +91,7 @@ def not_ready_relabelings() -> list[dict[str, Any]]:
 def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     endpoint: dict[str, Any] = {
-        "port": "http", "path": "/metrics", "interval": "15s",
+        "port": "http", "path": "/metrics", "interval": f"{SCRAPE_INTERVAL_S}s",
         # The rules select a deployment's series by namespace and name: two CRs named
         # chat in two namespaces are two deployments.
         "relabelings": not_ready_relabelings() + [

@@ -55,3 +55,21 @@ def test_a_huge_value_is_cut_in_the_message() -> None:
 def test_well_shaped_sections_still_parse() -> None:
     spec = parse(resources={"cpu": 2, "memory": "4Gi"}, tuning={"window": "90s"})
     assert (spec.cpu, spec.memory, spec.tuning.window_s) == ("2", "4Gi", 90.0)
+
+
+@pytest.mark.parametrize("window", ["1s", "30s", "59s"])
+def test_a_window_of_under_four_scrapes_is_warned_of(window: str) -> None:
+    """A window's range holds the ServiceMonitor's 15 s scrapes: under four of them a
+    replica may leave one sample in it, and a rate of one sample is nothing, so its
+    requests are in none of the window's figures (the loop rejects such a window)."""
+    spec = parse(tuning={"window": window})
+    said = [w for w in spec.warnings if "spec.tuning.window" in w]
+    assert len(said) == 1, spec.warnings
+    assert f"spec.tuning.window={window!r}" in said[0] and "15 s" in said[0] \
+        and "1m" in said[0], said
+
+
+@pytest.mark.parametrize("window", ["1m", "2m", "90s"])
+def test_a_window_of_four_scrapes_or_more_is_not_warned_of(window: str) -> None:
+    spec = parse(tuning={"window": window})
+    assert not [w for w in spec.warnings if "spec.tuning.window" in w], spec.warnings
