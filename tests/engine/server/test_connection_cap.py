@@ -1,0 +1,139 @@
+"""``slopilot serve --max-connections``: past the cap a request is refused at once (503,
+OpenAI-shaped, Retry-After) and its connection closed, while /health and /metrics still
+answer (the kubelet's probes, Prometheus' scrapes); a slot is freed when its client goes.
+
+Connections are held open deterministically (a keep-alive far longer than the test, on
+timers only the test fires; a stream whose client reads nothing) and every wait is on a
+condition the server's own state shows, never on the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import pytest
+
+from slopilot.engine.http_deadlines import Deadlines
+from tests.support.fired_timers import FiredTimers
+from tests.support.live_server import LiveServer, start_server
+from tests.support.waits import HANG_GUARD_S, wait_for
+
+T = TypeVar("T")
+CAP = 3
+# No deadline of the server's runs out under the test: its timers fire on the test's
+# word alone, and it never gives that word.
+HELD = Deadlines(keep_alive_s=3600.0)
+
+
+@pytest.fixture
+def served() -> Iterator[LiveServer]:
+    with start_server(deadlines=HELD, call_later=FiredTimers(),
+                      max_connections=CAP) as srv:
+        yield srv
+
+
+def _on_loop(srv: LiveServer, fn: Callable[[], T]) -> T:
+    async def run() -> T:
+        return fn()
+    return asyncio.run_coroutine_threadsafe(run(), srv.loop).result(HANG_GUARD_S)
+
+
+def _connect(srv: LiveServer) -> socket.socket:
+    address = urlsplit(srv.url)
+    sock = socket.create_connection((address.hostname, address.port))
+    sock.settimeout(HANG_GUARD_S)
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[bytes, dict[str, str], bytes]:
+    """One whole answer with a Content-Length: its status line, headers and body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = sock.recv(65536)
+        assert got, f"closed before an answer: {data!r}"
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines)}
+    while len(body) < int(headers["content-length"]):
+        got = sock.recv(65536)
+        assert got, f"closed mid-body: {body!r}"
+        body += got
+    return status.encode(), headers, body
+
+
+def _get(sock: socket.socket, path: str) -> tuple[bytes, dict[str, str], bytes]:
+    sock.sendall(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path.encode())
+    return _answer(sock)
+
+
+def _held(srv: LiveServer) -> int:
+    return _on_loop(srv, lambda: srv.server.connection_cap.admitted)
+
+
+def test_past_the_cap_a_request_is_refused_and_probes_still_answer(
+        served: LiveServer) -> None:
+    with ExitStack() as stack:
+        for _ in range(CAP):  # CAP clients, each keeping its connection
+            sock = stack.enter_context(_connect(served))
+            status, _, _ = _get(sock, "/v1/models")
+            assert status.startswith(b"HTTP/1.1 200 "), status
+        wait_for(lambda: _held(served) == CAP, what="the cap's slots all held")
+
+        one_more = stack.enter_context(_connect(served))
+        status, headers, body = _get(one_more, "/v1/models")
+        assert status.startswith(b"HTTP/1.1 503 "), status
+        assert int(headers["retry-after"]) >= 1
+        assert headers["connection"] == "close"
+        error = json.loads(body)["error"]
+        assert error["type"] == "service_unavailable"
+        assert error["code"] == "too_many_connections"
+        assert "--max-connections 3" in error["message"]
+        assert one_more.recv(1) == b""  # closed: its descriptor is the server's again
+
+        for path in ("/health", "/metrics"):  # the kubelet's and Prometheus' way in
+            with _connect(served) as probe:
+                status, headers, body = _get(probe, path)
+                assert status.startswith(b"HTTP/1.1 200 "), (path, status, body[:200])
+                assert headers["connection"] == "close"  # a connection over the cap
+                assert probe.recv(1) == b""
+        with _connect(served) as probe:
+            _, _, exposition = _get(probe, "/metrics")
+        assert b"slopilot_connections_refused_total" in exposition
+        assert b"slopilot_connections_refused_total 1.0" in exposition
+
+
+def test_a_slot_freed_by_a_client_going_lets_the_next_in(served: LiveServer) -> None:
+    """Slow readers: streams whose clients read nothing hold every slot; one leaves."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 4096, "stream": True,
+                       "ignore_eos": True}).encode()
+    post = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    slow = [_connect(served) for _ in range(CAP)]
+    try:
+        for sock in slow:
+            sock.sendall(post)  # and never read
+        wait_for(lambda: _held(served) == CAP, what="the slow readers holding the cap")
+        with _connect(served) as fresh:
+            status, _, _ = _get(fresh, "/v1/models")
+            assert status.startswith(b"HTTP/1.1 503 "), status
+        with _connect(served) as probe:
+            status, _, _ = _get(probe, "/health")
+            assert status.startswith(b"HTTP/1.1 200 "), status
+
+        slow.pop().close()  # a client goes away
+        wait_for(lambda: _held(served) == CAP - 1, what="its slot freed")
+        with _connect(served) as fresh:
+            status, _, _ = _get(fresh, "/v1/models")
+            assert status.startswith(b"HTTP/1.1 200 "), status
+    finally:
+        for sock in slow:
+            sock.close()
+    wait_for(lambda: _held(served) == 0, what="every slot freed")
+    wait_for(lambda: served.engine.num_active == 0, what="the streams aborted")
