@@ -1,6 +1,7 @@
 """The flags that set what a client may make a connection wait for
 (``http_deadlines.Deadlines``), shared by ``slopilot serve`` and ``slopilot meter``, and
-the parser of both commands' body sizes (``mib``).
+the parser of both commands' body sizes (``mib``), and their connection cap's
+(``--max-connections``, ``connection_cap.py``).
 
 Registration imports nothing heavy: uvicorn loads with the deadlines, in the handler.
 """
@@ -97,3 +98,47 @@ def mib(flag: str, example: int) -> Callable[[str], int]:
                                              f"e.g. {example}")
         return int(value * 2**20)
     return parse
+
+
+def add_max_connections_flag(p: Any, default_text: str) -> None:
+    """``--max-connections`` on ``p``, unset by default (``max_connections_from_flag``
+    derives the default from ``ulimit -n``); ``default_text`` says what it is."""
+    p.add_argument("--max-connections", type=_count("--max-connections"), default=None,
+                   metavar="N", help="connections held for clients at once (default "
+                   f"{default_text}); past it a request is answered 503 with Retry-After "
+                   "and its connection closed, while /health, /ping and /metrics still "
+                   "answer")
+
+
+def _count(flag: str) -> Callable[[str], int]:
+    """argparse type: a whole number from 1 to ``connection_cap.MAX_CONNECTIONS``."""
+    most = 1_000_000  # connection_cap.MAX_CONNECTIONS, not imported: uvicorn loads there
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r}: expected a whole number of connections, e.g. 512"
+            ) from None
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {value}: expected 1 to {most} connections, e.g. 512 (0 would "
+                "refuse every client; leave the flag out for the default)")
+        return value
+    return parse
+
+
+def max_connections_from_flag(given: int | None, fds_per_connection: int) -> int:
+    """The cap: ``given`` where the process can hold it, else ``ConnectionCapError``
+    (naming the flag, the value and the fix); the default from ``ulimit -n`` unless given."""
+    from slopilot.engine.connection_cap import (
+        check_max_connections,
+        default_max_connections,
+        open_files_limit,
+    )
+
+    open_files = open_files_limit()
+    if given is None:
+        return default_max_connections(fds_per_connection, open_files)
+    return check_max_connections(given, fds_per_connection, open_files)

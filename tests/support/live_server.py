@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from slopilot.engine.clients import ClientClasses
 from slopilot.engine.config import EngineConfig
+from slopilot.engine.connection_cap import DEFAULT_CEILING
 from slopilot.engine.engine import LLMEngine
 from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, CallLater, Deadlines
 from slopilot.engine.server.admin_credential import AdminCredential
@@ -102,6 +103,7 @@ def start_server(backend: Backend | None = None, *,
                  clients: WatchedFile[ClientClasses] | None = None,
                  deadlines: Deadlines = DEFAULT_DEADLINES,
                  call_later: CallLater | None = None,
+                 max_connections: int = DEFAULT_CEILING,
                  **backend_args: Any) -> LiveServer:
     """Start a server (``backend`` or one built by ``build_backend(**backend_args)``).
 
@@ -115,7 +117,8 @@ def start_server(backend: Backend | None = None, *,
     server = make_server(backend, port=0, admin_port=admin_port, admin_token=admin_token,
                          drain_timeout_s=drain_timeout_s, log_level=log_level,
                          check_integrity=check_integrity, max_body_bytes=max_body_bytes,
-                         clients=clients, deadlines=deadlines, call_later=call_later)
+                         clients=clients, deadlines=deadlines, call_later=call_later,
+                         max_connections=max_connections)
     thread = run_in_thread(server)
     admin = f"http://127.0.0.1:{server.admin_port}" if server.admin_port is not None else ""
     return LiveServer(f"http://127.0.0.1:{server.bound_port}", server, thread, backend, admin)

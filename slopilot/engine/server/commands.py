@@ -14,7 +14,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags, mib
+from slopilot.engine.deadline_flags import (
+    add_deadline_flags,
+    add_max_connections_flag,
+    deadlines_from_flags,
+    max_connections_from_flag,
+    mib,
+)
 from slopilot.engine.executors.cpu_threads import BIND_CHOICES, Binding, apply_openmp_binding
 from slopilot.engine.executors.kernel_modes import (
     DECODE_GRAPH_CHOICES,
@@ -115,6 +121,7 @@ def register(subparsers: Any) -> None:
                    help="largest request body accepted, in MiB (default 16); a larger "
                         "one is answered 413 while it is read")
     add_deadline_flags(p)
+    add_max_connections_flag(p, "half of ulimit -n, at most 1024")
     p.add_argument("--log-level", choices=_LOG_LEVELS, default="info")
     p.add_argument("--check-integrity", action="store_true",
                    help="debugging: check the KV bookkeeping each time the engine goes "
@@ -267,6 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
         slo = None if slo_file is None else load_slo_file(slo_file)
         clients = None if args.clients is None else load_clients_file(args.clients)
         deadlines = deadlines_from_flags(args)
+        max_connections = max_connections_from_flag(args.max_connections, 1)
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
     if args.executor == "torch" and (args.gpu or args.sim_model or args.tp is not None):
@@ -309,7 +317,8 @@ def _serve(args: argparse.Namespace) -> int:
                              admin_port=args.admin_port, admin_token=token,
                              drain_timeout_s=args.drain_timeout, log_level=args.log_level,
                              check_integrity=args.check_integrity, clients=clients,
-                             deadlines=deadlines, **({} if args.max_body_mb is None
+                             deadlines=deadlines, max_connections=max_connections,
+                             **({} if args.max_body_mb is None
                                 else {"max_body_bytes": args.max_body_mb}))
     except ListenError as exc:  # a port already taken: the message names flag and port
         backend.close()

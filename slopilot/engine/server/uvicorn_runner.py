@@ -14,6 +14,12 @@ from types import FrameType
 import uvicorn
 
 from slopilot.engine.clients import ClientClasses
+from slopilot.engine.connection_cap import (
+    DEFAULT_CEILING,
+    CapGate,
+    ConnectionCap,
+    with_connection_cap,
+)
 from slopilot.engine.http_arrival import h11_protocol
 from slopilot.engine.http_deadlines import (
     DEFAULT_DEADLINES,
@@ -68,9 +74,12 @@ class DrainingServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, state: ServerState,
-                 listen: list[socket.socket], admin_port: int | None = None) -> None:
+                 listen: list[socket.socket], admin_port: int | None = None,
+                 connection_cap: ConnectionCap | None = None) -> None:
         super().__init__(config)
         self.state = state
+        self.connection_cap = connection_cap or ConnectionCap(DEFAULT_CEILING)
+        """The slots of ``--max-connections`` (the listening port's and the admin's)."""
         self.listen = listen
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -110,12 +119,15 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                 clients: WatchedFile[ClientClasses] | None = None,
                 deadlines: Deadlines = DEFAULT_DEADLINES,
-                call_later: CallLater | None = None) -> DrainingServer:
+                call_later: CallLater | None = None,
+                max_connections: int = DEFAULT_CEILING) -> DrainingServer:
     """A server bound to ``port`` (and ``admin_port``: the admin API alone, when given;
     0 picks free ports). Binding happens here, so a taken port fails at once.
     ``deadlines``: how long a request's head, a silence in its body, and a client taking
     nothing of its answer may take (timed on ``call_later``, the loop's unless a test's);
-    each connection the send deadline drops is counted (``slopilot_send_timeouts_total``)."""
+    each connection the send deadline drops is counted (``slopilot_send_timeouts_total``);
+    past ``max_connections`` a request is refused 503, a probe's or a scrape's answered
+    (connection_cap.py)."""
     if admin_port is not None and admin_port == port != 0:
         raise ValueError(f"--admin-port {admin_port} is --port too; give the admin API a "
                          "port of its own")
@@ -134,12 +146,15 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
     app = create_app(backend, admin_token=admin_token, drain_timeout_s=drain_timeout_s,
                      check_integrity=check_integrity, admin_port=bound_admin,
                      max_body_bytes=max_body_bytes, clients=clients)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            http=with_deadlines(h11_protocol(backend.engine.clock.now),
-                                                deadlines, call_later,
-                                                backend.metrics.count_send_timeout),
-                            timeout_graceful_shutdown=int(drain_timeout_s) + 5, access_log=False)
-    return DrainingServer(config, app.state, listen, bound_admin)
+    cap = ConnectionCap(max_connections)
+    backend.metrics.registry.register(cap)
+    http = with_connection_cap(with_deadlines(h11_protocol(backend.engine.clock.now), deadlines,
+                                              call_later, backend.metrics.count_send_timeout),
+                               cap)
+    config = uvicorn.Config(CapGate(app, cap), host=host, port=port, log_level=log_level,
+                            http=http, timeout_graceful_shutdown=int(drain_timeout_s) + 5,
+                            access_log=False)
+    return DrainingServer(config, app.state, listen, bound_admin, cap)
 
 
 def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | None,
@@ -148,13 +163,14 @@ def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | N
                   check_integrity: bool = False,
                   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                   clients: WatchedFile[ClientClasses] | None = None,
-                  deadlines: Deadlines = DEFAULT_DEADLINES) -> int:
+                  deadlines: Deadlines = DEFAULT_DEADLINES,
+                  max_connections: int = DEFAULT_CEILING) -> int:
     """Foreground ``slopilot serve``: prints one line with the URLs once it listens."""
     server = make_server(backend, host=host, port=port, admin_port=admin_port,
                          admin_token=admin_token, drain_timeout_s=drain_timeout_s,
                          log_level=log_level, check_integrity=check_integrity,
                          max_body_bytes=max_body_bytes, clients=clients,
-                         deadlines=deadlines)
+                         deadlines=deadlines, max_connections=max_connections)
 
     def announce() -> None:
         if server.ready.wait():
@@ -168,6 +184,9 @@ def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | N
         "froze the start-up heap: %d objects out of the garbage collector's reach (a full "
         "collection took %.0f ms)", heap.objects, heap.collect_ms)
     GCPauses().install(backend.metrics.registry)  # what collections cost from here on
+    logging.getLogger("slopilot.serve").info(
+        "at most %d connections held for clients (--max-connections); past it a request is "
+        "answered 503", max_connections)
     threading.Thread(target=announce, daemon=True).start()
     server.run()
     return 0 if server.started else 1

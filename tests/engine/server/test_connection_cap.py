@@ -74,7 +74,7 @@ def _get(sock: socket.socket, path: str) -> tuple[bytes, dict[str, str], bytes]:
 
 
 def _held(srv: LiveServer) -> int:
-    return _on_loop(srv, lambda: srv.server.connection_cap.admitted)
+    return _on_loop(srv, lambda: srv.server.connection_cap.held)
 
 
 def test_past_the_cap_a_request_is_refused_and_probes_still_answer(
