@@ -42,6 +42,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from slopilot.engine.metric_names import (
+    CONNECTIONS_HELD,
+    CONNECTIONS_MAX,
+    CONNECTIONS_REFUSED,
+)
 from slopilot.engine.openai_errors import error_body
 
 DEFAULT_CEILING = 1024
@@ -67,11 +72,6 @@ EXEMPT_PATHS = frozenset({"/health", "/ping", "/metrics"})
 
 SCOPE_KEY = "slopilot.connection_slot"
 """Whether the request's connection holds a slot of the cap (absent: no cap)."""
-
-CONNECTIONS_REFUSED = "slopilot_connections_refused_total"
-CONNECTIONS_HELD = "slopilot_connections_held"
-CONNECTIONS_MAX = "slopilot_connections_max"
-SERIES = frozenset({CONNECTIONS_REFUSED, CONNECTIONS_HELD, CONNECTIONS_MAX})
 
 log = logging.getLogger(__name__)
 

@@ -72,11 +72,19 @@ SERVER_HISTOGRAMS: frozenset[str] = frozenset({GC_PAUSE_SECONDS})
 CLIENT_REQUESTS = "slopilot_client_requests_total"
 CLIENT_REFUSALS = "slopilot_client_refusals_total"
 SERVER_COUNTERS: frozenset[str] = frozenset({CLIENT_REQUESTS, CLIENT_REFUSALS})
+# The connection cap's (``--max-connections``; engine/connection_cap.py): requests refused
+# for want of a slot, the slots held, and the cap. The meter exports them too.
+CONNECTIONS_REFUSED = "slopilot_connections_refused_total"
+CONNECTIONS_HELD = "slopilot_connections_held"
+CONNECTIONS_MAX = "slopilot_connections_max"
+CONNECTION_SERIES: frozenset[str] = frozenset({CONNECTIONS_REFUSED, CONNECTIONS_HELD,
+                                               CONNECTIONS_MAX})
 
 
 def exported_series() -> frozenset[str]:
     """Every series name a query may use, histograms expanded to _bucket/_sum/_count."""
-    names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS | SERVER_COUNTERS)
+    names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS | SERVER_COUNTERS
+                | CONNECTION_SERIES)
     for h in HISTOGRAMS | SERVER_HISTOGRAMS:
         names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
     return frozenset(names)

@@ -7,7 +7,13 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slopilot.engine.deadline_flags import add_deadline_flags, deadlines_from_flags, mib
+from slopilot.engine.deadline_flags import (
+    add_deadline_flags,
+    add_max_connections_flag,
+    deadlines_from_flags,
+    max_connections_from_flag,
+    mib,
+)
 from slopilot.engine.meter.body_budget import BODY_BUDGET_MIB, MAX_BODY_MIB, map_large_blocks
 from slopilot.engine.port_flag import port
 from slopilot.engine.request import Priority
@@ -46,6 +52,8 @@ def register(subparsers: Any) -> None:
                    "unread, for room, and is let go once sent on. With the interpreter's "
                    "65 MiB and the streams', within the meter's memory limit")
     add_deadline_flags(p)
+    add_max_connections_flag(p, "a quarter of ulimit -n, at most 1024: each connection "
+                             "takes two descriptors, its client's and vLLM's")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
                    default="info")
     p.set_defaults(func=run)
@@ -75,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         deadlines = deadlines_from_flags(args)
+        max_connections = max_connections_from_flag(args.max_connections, 2)
     except ValueError as exc:
         print(f"slopilot meter: {exc}", file=sys.stderr)
         return 2
@@ -95,7 +104,11 @@ def run(args: argparse.Namespace) -> int:
                 max_body_bytes=max_body, body_budget_bytes=budget)
     map_large_blocks()  # a body freed is memory given back (process-wide, so here)
     server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
-                                           log_level=args.log_level, deadlines=deadlines))
+                                           log_level=args.log_level, deadlines=deadlines,
+                                           max_connections=max_connections))
+    logging.getLogger("slopilot.meter").info(
+        "at most %d connections held for clients (--max-connections); past it a request is "
+        "answered 503", max_connections)
     # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run, used before, hid it.
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
@@ -104,13 +117,22 @@ def run(args: argparse.Namespace) -> int:
 
 def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
                    deadlines: Deadlines | None = None,
-                   call_later: CallLater | None = None) -> uvicorn.Config:
+                   call_later: CallLater | None = None,
+                   max_connections: int | None = None) -> uvicorn.Config:
     """How ``slopilot meter`` serves ``app`` (tests serve it the same way);
     ``deadlines``: what a client may make a connection wait for (http_deadlines'
     defaults unless given; ``slopilot serve``'s flags), timed on ``call_later`` (the
-    loop's unless given: a test's own clock)."""
+    loop's unless given: a test's own clock); past ``max_connections`` (the default
+    ceiling unless given) a request is refused 503 and a probe's or scrape's answered,
+    counted in ``app.connection_cap`` (connection_cap.py)."""
     import uvicorn
 
+    from slopilot.engine.connection_cap import (
+        DEFAULT_CEILING,
+        CapGate,
+        ConnectionCap,
+        with_connection_cap,
+    )
     from slopilot.engine.http_arrival import httptools_protocol
     from slopilot.engine.http_deadlines import DEFAULT_DEADLINES, with_deadlines
     from slopilot.engine.http_head_limit import bounded_head
@@ -120,8 +142,10 @@ def uvicorn_config(app: Meter, *, host: str, port: int, log_level: str,
     # meter's clock. No date or server of uvicorn's: the engine's pass through, and
     # would be there twice (the meter dates its own answers). A client that stalls is let
     # go (http_deadlines): each connection holds a file descriptor of the pod's.
-    http = with_deadlines(bounded_head(httptools_protocol(app.clock)),
-                          deadlines or DEFAULT_DEADLINES, call_later)
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          lifespan="on", http=http,
+    cap = ConnectionCap(max_connections or DEFAULT_CEILING)
+    app.count_connections(cap)
+    http = with_connection_cap(with_deadlines(bounded_head(httptools_protocol(app.clock)),
+                                              deadlines or DEFAULT_DEADLINES, call_later), cap)
+    return uvicorn.Config(CapGate(app, cap), host=host, port=port, log_level=log_level,
+                          access_log=False, lifespan="on", http=http,
                           server_header=False, date_header=False)

@@ -3,7 +3,8 @@
 vLLM's exposition (asked for in the text format, whose names keep their colons), then
 the verdict counters (``Verdicts.families``), then the client-side histograms and the
 choices cut short before a first token, then the Responses streams replayed, then the
-requests arrived and those of them refused as invalid: one answer, one ``instance``, so
+requests arrived and those of them refused as invalid, then the connection cap's
+counts (``connection_cap.py``): one answer, one ``instance``, so
 the goodput rule joins vLLM's tokens and the verdicts per replica, and the workload probe
 tells a replica that counts its arrivals from one that does not, and takes each replica's
 invalid requests off its own arrivals.
@@ -21,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from slopilot.engine.meter.asgi_http import Send, answer, date_header, response_headers
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_SERIES, ClientLatency
+from slopilot.engine.metric_names import CONNECTION_SERIES
 from slopilot.engine.metrics_text import TextRegistry, parts_text
 from slopilot.engine.openai_errors import error_body
 from slopilot.engine.request import Priority
@@ -43,7 +45,7 @@ def meter_series() -> frozenset[str]:
     """Every series the meter adds to vLLM's, by the name Prometheus stores: with vLLM's
     own, all a vLLM deployment's queries (its dashboard's, its rules') may read."""
     names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID,
-             CLIENT_ABANDONED}
+             CLIENT_ABANDONED, *CONNECTION_SERIES}
     for histogram in CLIENT_SERIES:
         names |= {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"}
     return frozenset(names)

@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
+from slopilot.engine.connection_cap import ConnectionCap
 from slopilot.engine.http_arrival import SCOPE_KEY
 from slopilot.engine.http_deadlines import DISCONNECTED_KEY
 from slopilot.engine.meter import exposition
@@ -135,6 +136,13 @@ class Meter:
         """The requests for generation forwarded (``Plan.arrivals``), each as it came."""
         self.invalid = 0
         """Of ``arrivals``, those the engine answered as invalid (``is_invalid``)."""
+        self.connection_cap: ConnectionCap | None = None
+        """The slots of ``--max-connections`` (``count_connections``)."""
+
+    def count_connections(self, cap: ConnectionCap) -> None:
+        """Serve ``cap``'s counts after the meter's own series (its server's cap)."""
+        self.connection_cap = cap
+        self.registry.register(cap)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

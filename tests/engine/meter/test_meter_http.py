@@ -77,7 +77,8 @@ class _Served:
 
 
 @contextlib.contextmanager
-def _serve(tmp_path: Path, deadlines: Deadlines | None = None) -> Iterator[_Served]:
+def _serve(tmp_path: Path, deadlines: Deadlines | None = None,
+           max_connections: int | None = None) -> Iterator[_Served]:
     slo_file = tmp_path / "slo.json"
     slo_file.write_text(json.dumps(SLO))
     upstream, now = _Upstream(), [100.0]
@@ -86,7 +87,7 @@ def _serve(tmp_path: Path, deadlines: Deadlines | None = None) -> Iterator[_Serv
                 client=httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle)),
                 clock=lambda: now[0])
     config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
-                            deadlines=deadlines)
+                            deadlines=deadlines, max_connections=max_connections)
     config.load()
     config.http_protocol_class = counting(config.http_protocol_class, read)
     server = uvicorn.Server(config)
@@ -223,3 +224,38 @@ def test_a_stalled_client_is_let_go(tmp_path: Path, sent: bytes, answer: bytes) 
         assert counted(meter.app) == {}
         ok = httpx.get(f"http://127.0.0.1:{meter.port}/metrics", timeout=HANG_GUARD_S)
         assert ok.status_code == 200
+
+
+def test_past_the_cap_a_request_is_refused_and_the_scrape_still_answers(
+        tmp_path: Path) -> None:
+    """``--max-connections 2``: two streams held open by vLLM take both slots; a third
+    client's request is a 503 the meter answers itself, never forwarded, and Prometheus'
+    scrape is answered on a connection then closed, with the refusal counted."""
+    with _serve(tmp_path, max_connections=2) as meter, contextlib.ExitStack() as stack:
+        for _ in range(2):
+            sock = stack.enter_context(socket.create_connection(("127.0.0.1", meter.port)))
+            sock.sendall(_completion())
+        wait_for(lambda: len(meter.upstream.requests) == 2, what="both streams forwarded")
+        assert meter.app.connection_cap is not None
+        assert meter.app.connection_cap.held == 2
+        with socket.create_connection(("127.0.0.1", meter.port)) as sock:
+            sock.settimeout(HANG_GUARD_S)
+            sock.sendall(_completion())
+            answer = b""
+            while got := sock.recv(65536):  # answered, then closed
+                answer += got
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 "), answer[:300]
+        assert b"retry-after: 1" in head.lower()
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        assert len(meter.upstream.requests) == 2  # never reached vLLM
+        with socket.create_connection(("127.0.0.1", meter.port)) as sock:
+            sock.settimeout(HANG_GUARD_S)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = b""
+            while got := sock.recv(65536):
+                answer += got
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+        assert b"vllm:num_requests_running 0" in answer
+        assert b"slopilot_connections_refused_total 1.0" in answer
+        assert b"slopilot_connections_held 2.0" in answer
