@@ -156,3 +156,43 @@ def test_a_port_that_is_none_is_refused_before_anything_listens(
     assert exc.value.code == 2
     assert f"--port {port}: expected a port number, 0 to 65535" in capsys.readouterr().err
     assert served == []
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    ("0", "--max-connections 0: expected 1 to 1000000 connections"),
+    ("-1", "--max-connections -1: expected 1 to 1000000"),
+    ("many", "--max-connections 'many': expected a whole number of connections"),
+])
+def test_a_connection_cap_that_is_not_one_is_refused(
+        value: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", "x",
+              "--max-connections", value])
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_the_connection_cap_counts_two_descriptors_a_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Each client connection of the meter holds one to vLLM too: under ``ulimit -n``
+    1024 its default is 256, and a cap above (1024 - 64) / 2 is refused, named."""
+    import uvicorn
+
+    from slopilot.engine import connection_cap
+
+    monkeypatch.setattr(connection_cap, "open_files_limit", lambda: 1024)
+    served: list[int] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(
+        self.config.app.cap.limit))
+    slo = tmp_path / "slo.json"
+    slo.write_text(json.dumps({"profile": "standard"}))
+    base = ["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo)]
+    main(base)
+    main([*base, "--max-connections", "480"])
+    assert served == [256, 480]
+    assert main([*base, "--max-connections", "481"]) == 2
+    err = capsys.readouterr().err
+    assert "slopilot meter: --max-connections 481: this process may open 1024 descriptors " \
+        "(ulimit -n), 2 descriptors a connection" in err
+    assert "give at most 480" in err

@@ -117,6 +117,12 @@ def test_serve_drains_on_sigterm(proc: subprocess.Popen[str]) -> None:
     (["--send-timeout", "soon"], "--send-timeout soon: expected a number of seconds, e.g. 60"),
     (["--keep-alive-timeout", "0"], "--keep-alive-timeout 0: expected seconds above 0"),
     (["--keep-alive-timeout", "nan"], "--keep-alive-timeout nan: expected seconds above 0"),
+    (["--max-connections", "0"], "--max-connections 0: expected 1 to 1000000 connections"),
+    (["--max-connections", "-3"], "--max-connections -3: expected 1 to 1000000"),
+    (["--max-connections", "5000000"], "--max-connections 5000000: expected 1 to 1000000"),
+    (["--max-connections", "lots"], "--max-connections 'lots': expected a whole number of "
+                                    "connections, e.g. 512"),
+    (["--max-connections", "2.5"], "--max-connections '2.5': expected a whole number"),
     (["--port", "-1"], "--port -1: expected a port number, 0 to 65535"),
     (["--admin-port", "70000"], "--admin-port 70000: expected a port number, 0 to 65535"),
     (["--admin-token-file", "/no/such/token"], "--admin-token-file /no/such/token: no such "
@@ -274,3 +280,43 @@ def test_the_deadlines_are_set_from_the_command_line_each_over_its_default() -> 
     # 0: no send deadline, as the flag's help says; the one not given keeps its default.
     assert deadlines_from_flags(args) == Deadlines(head_s=5.0, send_s=0.0, keep_alive_s=75.0)
     assert deadlines_from_flags(parser.parse_args(["serve"])) == Deadlines()
+
+
+def test_a_connection_cap_past_the_descriptors_is_refused_with_the_most_it_can_hold(
+        ) -> None:
+    """Under ``ulimit -n 256`` a cap of 1000 would run out of descriptors long before
+    it refused anyone: named, with what the process can hold and how to get more."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    p = subprocess.run([sys.executable, "-m", "slopilot.cli", "serve", "--executor",
+                        "simulated", "--port", "0", "--max-connections", "1000"],
+                       capture_output=True, text=True, timeout=HANG_GUARD_S,
+                       preexec_fn=low_limit)
+    assert p.returncode == 2, p.stderr
+    assert "--max-connections 1000: this process may open 256 descriptors (ulimit -n)" \
+        in p.stderr, p.stderr
+    assert "give at most 192, or raise ulimit -n" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_the_connection_cap_is_set_from_the_command_line() -> None:
+    """``--max-connections 1``: one client keeping its connection holds the only slot; a
+    second is refused 503 at once while the probe's /health still answers."""
+    p = _serve("--max-connections", "1", "--keep-alive-timeout", "3600")
+    try:
+        url, _ = _ready_urls(p)
+        with httpx.Client(base_url=url, timeout=HANG_GUARD_S) as keeper:
+            assert keeper.get("/v1/models").status_code == 200  # and keeps its connection
+            refused = httpx.get(f"{url}/v1/models", timeout=HANG_GUARD_S)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"] == "1"
+            assert refused.json()["error"]["code"] == "too_many_connections"
+            assert httpx.get(f"{url}/health", timeout=HANG_GUARD_S).status_code == 200
+            assert keeper.get("/v1/models").status_code == 200  # its slot is its own
+    finally:
+        p.kill()
+        p.wait(HANG_GUARD_S)
