@@ -100,10 +100,13 @@ def mib(flag: str, example: int) -> Callable[[str], int]:
     return parse
 
 
+MAX_CONNECTIONS_FLAG = "--max-connections"
+
+
 def add_max_connections_flag(p: Any, default_text: str) -> None:
     """``--max-connections`` on ``p``, unset by default (``max_connections_from_flag``
     derives the default from ``ulimit -n``); ``default_text`` says what it is."""
-    p.add_argument("--max-connections", type=_count("--max-connections"), default=None,
+    p.add_argument(MAX_CONNECTIONS_FLAG, type=_count(MAX_CONNECTIONS_FLAG), default=None,
                    metavar="N", help="connections held for clients at once (default "
                    f"{default_text}); past it a request is answered 503 with Retry-After "
                    "and its connection closed, while /health, /ping and /metrics still "

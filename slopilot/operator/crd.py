@@ -21,6 +21,11 @@ from slopilot.operator import twin_spec
 from slopilot.operator.alert_spec import ALERT_FIELDS
 from slopilot.operator.clients_spec import VLLM_REFUSAL, VLLM_RULE, clients_schema
 from slopilot.operator.connections_spec import FIELDS as CONNECTION_FIELDS
+from slopilot.operator.connections_spec import (
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_DESCRIPTION,
+    MAX_CONNECTIONS_RANGE,
+)
 from slopilot.operator.crd_status import status_schema as _status_schema
 from slopilot.operator.crd_types import cel as _cel
 from slopilot.operator.crd_types import integer as _int
@@ -238,11 +243,14 @@ def _spec_schema() -> dict[str, Any]:
         }, default={}),
         "clients": clients_schema(),
         "scheduling": scheduling_schema(),
-        "connections": _obj({camel: _duration(f.description, f.lo_s, f.hi_s)
-                             for camel, f in CONNECTION_FIELDS.items()},
+        "connections": _obj({**{camel: _duration(f.description, f.lo_s, f.hi_s)
+                                for camel, f in CONNECTION_FIELDS.items()},
+                             MAX_CONNECTIONS: _int(MAX_CONNECTIONS_DESCRIPTION,
+                                                   *MAX_CONNECTIONS_RANGE)},
                             desc="How long the pods' server (the meter's, in front of "
-                            "vLLM) keeps a client's connection waiting; a field left out "
-                            "keeps the server's default. A change rolls the pods."),
+                            "vLLM) keeps a client's connection waiting, and how many it "
+                            "holds; a field left out keeps the server's default. A change "
+                            "rolls the pods."),
         "tuning": _cel(_obj({
             "enabled": {"type": "boolean", "default": True},
             "window": _duration("How long one live trial observes traffic.",

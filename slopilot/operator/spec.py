@@ -129,7 +129,8 @@ class LLMDeploymentSpec:
     """``spec.model.tokenSecret``: vLLM's hub token, from a Secret of the namespace."""
     connections: Mapping[str, float] = field(default_factory=dict)
     """``spec.connections``: the server's deadlines given, in seconds by ``Deadlines``
-    field (connections_spec.py); the server's defaults for the rest."""
+    field, and its connection cap (``max_connections``) if given (connections_spec.py);
+    the server's defaults for the rest."""
     ephemeral_storage: str | None = None
     """``spec.resources.ephemeralStorage``: the engine container's ephemeral-storage request
     and limit, which bounds all the pod writes to its node (/cache, where vLLM downloads

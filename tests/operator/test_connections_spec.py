@@ -49,6 +49,11 @@ def test_the_meter_command_alone_carries_them_on_vllm() -> None:
     ({"head": "500ms"}, "spec.connections.head='500ms'"),
     ({"send": "soon"}, "spec.connections.send: 'soon' is not a duration"),
     ({"bodyIdle": "11m"}, "spec.connections.bodyIdle='11m'"),
+    ({"maxConnections": 0}, "spec.connections.maxConnections=0: use 1 to 65536"),
+    ({"maxConnections": -5}, "spec.connections.maxConnections=-5: use 1 to 65536"),
+    ({"maxConnections": 10**7}, "spec.connections.maxConnections=10000000: use 1 to 65536"),
+    ({"maxConnections": "lots"}, "spec.connections.maxConnections='lots': expected int"),
+    ({"maxConnections": 2.5}, "spec.connections.maxConnections=2.5: expected int"),
 ])
 def test_a_deadline_out_of_bounds_is_refused_by_both(connections: dict[str, str],
                                                      words: str) -> None:
@@ -57,3 +62,12 @@ def test_a_deadline_out_of_bounds_is_refused_by_both(connections: dict[str, str]
     assert any(words in p for p in exc.value.problems), exc.value.problems
     _, refused = admitted({"connections": connections})
     assert any("connections" in r for r in refused), refused
+
+
+@pytest.mark.parametrize(("backend", "server"), [("builtin", "serve"), ("vllm", "meter")])
+def test_the_connection_cap_given_reaches_the_server_the_clients_connect_to(
+        backend: str, server: str) -> None:
+    given = _commands(backend=backend, connections={"maxConnections": 2000})
+    at = given.index("--max-connections")
+    assert given[at + 1] == "2000" and at > given.index(server)
+    assert "--max-connections" not in _commands(backend=backend)  # the server's default
