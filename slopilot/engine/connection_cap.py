@@ -34,20 +34,18 @@ import json
 import logging
 import resource
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from slopilot.engine.metric_names import (
-    CONNECTIONS_HELD,
-    CONNECTIONS_MAX,
-    CONNECTIONS_REFUSED,
-)
 from slopilot.engine.openai_errors import error_body
+
+if TYPE_CHECKING:
+    # uvicorn loads with the server, not with the names below (metric_names reads them).
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 DEFAULT_CEILING = 1024
 """The most connections a default cap allows, however many descriptors the pod has:
@@ -73,9 +71,15 @@ EXEMPT_PATHS = frozenset({"/health", "/ping", "/metrics"})
 SCOPE_KEY = "slopilot.connection_slot"
 """Whether the request's connection holds a slot of the cap (absent: no cap)."""
 
+CONNECTIONS_REFUSED = "slopilot_connections_refused_total"
+CONNECTIONS_HELD = "slopilot_connections_held"
+CONNECTIONS_MAX = "slopilot_connections_max"
+SERIES = frozenset({CONNECTIONS_REFUSED, CONNECTIONS_HELD, CONNECTIONS_MAX})
+"""The cap's series, by the name Prometheus stores (metric_names' catalog reads them)."""
+
 log = logging.getLogger(__name__)
 
-P = TypeVar("P", H11Protocol, HttpToolsProtocol)
+P = TypeVar("P", "H11Protocol", "HttpToolsProtocol")
 
 
 class ConnectionCapError(ValueError):
@@ -156,6 +160,8 @@ def with_connection_cap(base: type[P], cap: ConnectionCap) -> type[P]:
     """``base``, each connection taking a slot of ``cap`` with its first request's
     head and giving it back when it closes; each request's scope says whether its
     connection holds one (``CapGate`` answers those that do not)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
     mixin: type = _H11Capped if issubclass(base, H11Protocol) else _HttpToolsCapped
 
     class Capped(mixin, base):  # type: ignore[misc, valid-type]

@@ -7,6 +7,7 @@ from here, and the tests hold each name a query uses against ``exported_series``
 
 from __future__ import annotations
 
+from slopilot.engine.connection_cap import SERIES as CONNECTION_CAP_SERIES
 from slopilot.engine.iteration_metrics import ITERATION_HISTOGRAMS, ITERATION_SERIES
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
 
@@ -74,11 +75,7 @@ CLIENT_REFUSALS = "slopilot_client_refusals_total"
 SERVER_COUNTERS: frozenset[str] = frozenset({CLIENT_REQUESTS, CLIENT_REFUSALS})
 # The connection cap's (``--max-connections``; engine/connection_cap.py): requests refused
 # for want of a slot, the slots held, and the cap. The meter exports them too.
-CONNECTIONS_REFUSED = "slopilot_connections_refused_total"
-CONNECTIONS_HELD = "slopilot_connections_held"
-CONNECTIONS_MAX = "slopilot_connections_max"
-CONNECTION_SERIES: frozenset[str] = frozenset({CONNECTIONS_REFUSED, CONNECTIONS_HELD,
-                                               CONNECTIONS_MAX})
+CONNECTION_SERIES: frozenset[str] = CONNECTION_CAP_SERIES
 
 
 def exported_series() -> frozenset[str]:

@@ -20,9 +20,9 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from slopilot.engine.connection_cap import SERIES as CONNECTION_SERIES
 from slopilot.engine.meter.asgi_http import Send, answer, date_header, response_headers
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_SERIES, ClientLatency
-from slopilot.engine.metric_names import CONNECTION_SERIES
 from slopilot.engine.metrics_text import TextRegistry, parts_text
 from slopilot.engine.openai_errors import error_body
 from slopilot.engine.request import Priority

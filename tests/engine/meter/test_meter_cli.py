@@ -83,12 +83,18 @@ def test_a_log_level_that_is_not_one_is_refused_with_the_choices(
 
 
 def _served_meter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> object:
-    """The app ``slopilot meter`` would serve with ``flags``."""
+    """The app ``slopilot meter`` would serve with ``flags``, behind its connection cap."""
     import uvicorn
 
+    from slopilot.engine.connection_cap import CapGate
+
     served: list[object] = []
-    monkeypatch.setattr(uvicorn.Server, "run",
-                        lambda self, sockets=None: served.append(self.config.app))
+
+    def run(self: uvicorn.Server, sockets: object = None) -> None:
+        assert isinstance(self.config.app, CapGate)
+        served.append(self.config.app.app)
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     slo = tmp_path / "slo.json"
     slo.write_text(json.dumps({"profile": "standard"}))
     main(["meter", "--upstream", "http://127.0.0.1:8001", "--slo-file", str(slo), *flags])

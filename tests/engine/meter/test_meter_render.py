@@ -95,9 +95,11 @@ def test_a_render_does_a_fraction_of_prometheus_client_s_work_on_the_same_state(
 def test_the_meter_exports_the_series_it_lists(tmp_path: Path) -> None:
     """``meter_series`` is what the vLLM dashboard's panels are held to: every name of
     the meter's part, none more."""
+    from slopilot.engine.connection_cap import ConnectionCap
     from slopilot.engine.meter.exposition import meter_series
 
     meter, _ = streamed(tmp_path)
+    meter.count_connections(ConnectionCap(8))  # as served: its server's cap counted
     names = {line.split("{")[0].split(" ")[0] for line in meter.render().decode().splitlines()
              if line and not line.startswith("#")}
     assert names == meter_series()
