@@ -24,7 +24,8 @@ answers a plain-text 503 to every path, the probes' too, and counts connections 
 their accept; nginx's ``limit_conn`` answers 503 too (its default status). The probes'
 and the scrape's paths (``EXEMPT_PATHS``) are answered past the cap, on a connection
 closed after the answer, so the kubelet does not kill a pod that is full, and
-Prometheus sees it full. A request body unread past the cap may make the close a reset
+Prometheus sees it full; so are connections to ``slopilot serve``'s admin port, where the
+operator applies a trial's knobs. A request body unread past the cap may make the close a reset
 the client sees instead of the 503, as with any server refusing before the body.
 """
 
@@ -119,10 +120,13 @@ def check_max_connections(value: int, fds_per_connection: int, open_files: int) 
 class ConnectionCap(Collector):
     """The slots and their counts, a Prometheus collector. Event loop only."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, exempt_ports: frozenset[int] = frozenset()) -> None:
         if limit < 1:
             raise ConnectionCapError(f"--max-connections {limit}: expected at least 1")
         self.limit = limit
+        self.exempt_ports = exempt_ports
+        """Local ports whose connections the cap leaves alone: ``slopilot serve``'s admin
+        port, through which the operator applies a trial's knobs to a full pod."""
         self.held = 0
         """Connections holding a slot now."""
         self.refused = 0
@@ -176,7 +180,11 @@ class _Capped:
     _holds = False
     cycle: Any
 
+    server: tuple[str, int] | None
+
     def _on_request(self) -> None:
+        if self.server is not None and self.server[1] in self.cap.exempt_ports:
+            return  # no slot, and no refusal: the gate lets it through
         if not self._holds:
             self._holds = self.cap.take()
         # Read by the cycle's task, which is created with the cycle but starts later.

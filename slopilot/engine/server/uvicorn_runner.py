@@ -146,7 +146,8 @@ def make_server(backend: Backend, *, host: str = "127.0.0.1", port: int = 0,
     app = create_app(backend, admin_token=admin_token, drain_timeout_s=drain_timeout_s,
                      check_integrity=check_integrity, admin_port=bound_admin,
                      max_body_bytes=max_body_bytes, clients=clients)
-    cap = ConnectionCap(max_connections)
+    cap = ConnectionCap(max_connections, frozenset(
+        {bound_admin} if bound_admin is not None else set()))
     backend.metrics.registry.register(cap)
     http = with_connection_cap(with_deadlines(h11_protocol(backend.engine.clock.now), deadlines,
                                               call_later, backend.metrics.count_send_timeout),

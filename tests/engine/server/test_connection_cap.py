@@ -137,3 +137,23 @@ def test_a_slot_freed_by_a_client_going_lets_the_next_in(served: LiveServer) -> 
             sock.close()
     wait_for(lambda: _held(served) == 0, what="every slot freed")
     wait_for(lambda: served.engine.num_active == 0, what="the streams aborted")
+
+
+def test_the_admin_port_is_not_behind_the_cap() -> None:
+    """The operator applies a trial's knobs through the admin port: a pod whose slots
+    are all held still takes them (the admin's own token guards that port)."""
+    with start_server(deadlines=HELD, call_later=FiredTimers(), max_connections=1,
+                      admin_port=0, admin_token="t") as srv, ExitStack() as stack:
+        keeper = stack.enter_context(_connect(srv))
+        assert _get(keeper, "/v1/models")[0].startswith(b"HTTP/1.1 200 ")
+        wait_for(lambda: _held(srv) == 1, what="the only slot held")
+        address = urlsplit(srv.admin_url)
+        for _ in range(2):  # more admin connections than the cap, each answered
+            admin = stack.enter_context(socket.create_connection(
+                (address.hostname, address.port)))
+            admin.settimeout(HANG_GUARD_S)
+            admin.sendall(b"GET /admin/config HTTP/1.1\r\nhost: x\r\n"
+                          b"authorization: Bearer t\r\n\r\n")
+            status, _, body = _answer(admin)
+            assert status.startswith(b"HTTP/1.1 200 "), (status, body[:200])
+        assert _held(srv) == 1
