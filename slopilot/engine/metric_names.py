@@ -7,6 +7,7 @@ from here, and the tests hold each name a query uses against ``exported_series``
 
 from __future__ import annotations
 
+from slopilot.engine.connection_cap import CONNECTIONS_REFUSED as CONNECTIONS_REFUSED
 from slopilot.engine.connection_cap import SERIES as CONNECTION_CAP_SERIES
 from slopilot.engine.iteration_metrics import ITERATION_HISTOGRAMS, ITERATION_SERIES
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS

@@ -39,7 +39,13 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from slopilot.engine.latency_buckets import DENSE_FROM_S, DENSE_TO_S, QUANTILE_STEP
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED
-from slopilot.engine.metric_names import ABANDONED, REFUSED, RETRIES, SEND_TIMEOUTS
+from slopilot.engine.metric_names import (
+    ABANDONED,
+    CONNECTIONS_REFUSED,
+    REFUSED,
+    RETRIES,
+    SEND_TIMEOUTS,
+)
 from slopilot.engine.request import Priority
 from slopilot.engine.verdicts import SLO_REQUESTS
 from slopilot.tuner.prometheus.latency_sources import LatencySource
@@ -231,6 +237,12 @@ def _throughput_panels(vllm: bool) -> list[Any]:
             "(x-stainless-retry-count above 0) turned away, counted apart from the calls. "
             "Cut at the send deadline: streams whose client took no byte for "
             "--send-timeout, aborted in the engine (also in the abort reason).")
+    # Both servers cap their connections (the meter in front of vLLM): 503s, never load.
+    finished.append(_query(f"sum(rate({CONNECTIONS_REFUSED}{{{SEL}}}[{RATE}]))",
+                           "refused at the connection cap (503)"))
+    finished_about += (" Refused at the connection cap: requests answered 503 because "
+                       "--max-connections connections held every slot (slow readers, "
+                       "or more clients than the pod holds).")
     return [
         _series("Tokens per second and goodput", [
             _query(f"sum(rate(vllm:generation_tokens_total{{{SEL}}}[{RATE}]))", "generated"),
