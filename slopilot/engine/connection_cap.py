@@ -88,9 +88,31 @@ class ConnectionCapError(ValueError):
 
 
 def open_files_limit() -> int:
-    """The process's soft ``ulimit -n`` (a large number where it is unlimited)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    """The process's soft ``ulimit -n`` (a large number where it is unlimited), raised
+    first to its hard limit (``raise_open_files_limit``)."""
+    soft = raise_open_files_limit()
     return MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else soft
+
+
+def raise_open_files_limit() -> int:
+    """The soft ``ulimit -n`` raised to the hard one (at most ``MAX_CONNECTIONS``), as Go's
+    runtime does at every start; the soft limit in force after it.
+
+    containerd 2 starts a container at soft 1024 and hard 524288: read from the soft
+    limit, the meter's default cap was 256 connections, fewer than the sequences a vLLM
+    replica runs, where the higher limit was the process's own to take. A raise the
+    kernel refuses (a hard limit past ``fs.nr_open``) leaves the soft limit as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MAX_CONNECTIONS if hard == resource.RLIM_INFINITY else min(hard, MAX_CONNECTIONS)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as exc:
+            log.info("ulimit -n stays at %d (the hard limit %s not taken: %s)", soft,
+                     hard, exc)
+            return soft
+        return want
+    return soft
 
 
 def default_max_connections(fds_per_connection: int, open_files: int) -> int:

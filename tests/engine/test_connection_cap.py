@@ -38,3 +38,41 @@ def test_slots_are_taken_up_to_the_cap_and_given_back() -> None:
     assert cap.take() and cap.held == 2
     with pytest.raises(ConnectionCapError, match="--max-connections 0"):
         ConnectionCap(0)
+
+
+def _cap_under(soft: int, hard: int, fds_each: int, given: str = "None") -> str:
+    """``max_connections_from_flag`` in a process started with ``ulimit -n`` soft/hard,
+    and that process's soft limit after it: ``"<cap> <soft>"`` or the error's text."""
+    import subprocess
+    import sys
+    code = ("import resource\n"
+            "from slopilot.engine.deadline_flags import max_connections_from_flag\n"
+            "from slopilot.engine.connection_cap import ConnectionCapError\n"
+            "try:\n"
+            f"    cap = max_connections_from_flag({given}, {fds_each})\n"
+            "except ConnectionCapError as exc:\n"
+            "    print(exc)\n"
+            "else:\n"
+            "    print(cap, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    import os
+    from pathlib import Path
+    # The soft limit first: a hard limit below the soft one in force is refused.
+    shell = f"ulimit -Sn {soft} && ulimit -Hn {hard} && exec {sys.executable} -c \"$0\""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run(["bash", "-c", shell, code], capture_output=True, text=True,
+                          timeout=60, check=True, env=env)
+    return done.stdout.strip()
+
+
+def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_before_the_default() -> None:
+    """A container's soft ``ulimit -n`` is 1024 under containerd 2 while its hard one is
+    far higher: the meter's default cap read 256 from the soft limit, fewer streams than
+    a vLLM replica runs (up to 1024 sequences), where raising the soft limit to the hard
+    one, as Go's runtime does at every start, is the process's own to do."""
+    assert _cap_under(256, 4096, 2) == "1024 4096"
+    assert _cap_under(256, 4096, 1) == "1024 4096"
+    # A hard limit as low as the soft one stays what the process can hold.
+    assert _cap_under(256, 256, 2) == "64 256"
+    assert "give at most 96" in _cap_under(256, 256, 2, given="500")
