@@ -66,6 +66,14 @@ HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
     "vllm:request_max_num_generation_tokens",
 }) | ITERATION_HISTOGRAMS
+# When the serving process started (prometheus_client's process collector, which vLLM's
+# default registry holds too): a window whose replica's start moved read counters that
+# began again, which Prometheus cannot tell once they pass their old values (a vLLM
+# pod's meter says its own: meter/exposition.METER_START).
+PROCESS_START = "process_start_time_seconds"
+PROCESS_SERIES: frozenset[str] = frozenset({
+    "process_cpu_seconds_total", "process_open_fds", "process_max_fds",
+    "process_virtual_memory_bytes", "process_resident_memory_bytes", PROCESS_START})
 # The serving process's own series, beside its engine's (engine/server/gc_pauses.py).
 GC_PAUSE_SECONDS = "slopilot_gc_pause_seconds"
 SERVER_HISTOGRAMS: frozenset[str] = frozenset({GC_PAUSE_SECONDS})
@@ -82,7 +90,7 @@ CONNECTION_SERIES: frozenset[str] = CONNECTION_CAP_SERIES
 def exported_series() -> frozenset[str]:
     """Every series name a query may use, histograms expanded to _bucket/_sum/_count."""
     names = set(VLLM_METRICS | SLOPILOT_METRICS | SERVER_HISTOGRAMS | SERVER_COUNTERS
-                | CONNECTION_SERIES)
+                | CONNECTION_SERIES | PROCESS_SERIES)
     for h in HISTOGRAMS | SERVER_HISTOGRAMS:
         names |= {f"{h}_bucket", f"{h}_sum", f"{h}_count"}
     return frozenset(names)

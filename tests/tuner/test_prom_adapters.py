@@ -602,6 +602,50 @@ def test_prometheus_names_the_replicas_with_one_sample_in_the_window(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def restarted(replicas: list[str]) -> dict[str, Any]:
+    """Prometheus's answer naming the targets whose process started again in the window."""
+    return {"changes(process_start_time_seconds{": [
+        {"metric": {"instance": i}, "value": [100.0, "1"]} for i in replicas]}
+
+
+def test_a_window_a_replica_restarted_in_is_not_the_deployments() -> None:
+    # The engine restarted in place (same pod, same target): its counters began again at
+    # 0, and by the next scrape they were past their old values, so Prometheus saw no
+    # reset and increase() read the difference: 3 s first tokens read as 0.5 s ones.
+    q = Recorded({**restarted(["10.0.0.5:8000"]), **answers()})
+    with pytest.raises(WindowRejected, match=r"10\.0\.0\.5:8000 restarted in the 10 s "
+                                             r"window.*counters"):
+        windows(q).measure(90.0, 100.0, canary=False)
+    q = Recorded({**restarted(["127.0.0.1:9000"]), **answers()})
+    with pytest.raises(WindowRejected, match=r"the canary replica 127\.0\.0\.1:9000 restarted"):
+        windows(q).measure(90.0, 100.0, canary=True)
+
+
+@pytest.mark.prometheus
+def test_prometheus_names_the_replicas_whose_engine_or_meter_restarted_in_the_window(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """The query behind the restart rejection, on Prometheus' own engine: a replica whose
+    process (the engine's, or a vLLM pod's meter) started again in the range is named
+    once; one that kept its start time, restarted before the range, or is another
+    deployment's, is not."""
+    expr = windows(Recorded({}))._exprs({"d": "x"}, 150)["restarted"][None]
+    series = [{"series": f'process_start_time_seconds{{d="x",instance="{i}"}}', "values": v}
+              for i, v in (("steady", "100x10"), ("again", "100x8 520x2"),
+                           ("before", "100x2 250x8"))]
+    series += [{"series": f'slopilot_meter_start_time_seconds{{d="x",instance="{i}"}}',
+                "values": v} for i, v in (("again", "100x8 520x2"), ("meter", "100x8 580x2"))]
+    series.append({"series": 'process_start_time_seconds{d="y",instance="other"}',
+                   "values": "100x8 520x2"})
+    test = {"evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series, "promql_expr_test": [{
+            "expr": f"count by (instance) ({expr})", "eval_time": "10m",
+            "exp_samples": [{"labels": '{instance="again"}', "value": 1},
+                            {"labels": '{instance="meter"}', "value": 1}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("span", [120, 301, 1200, 2400])
 def test_a_window_longer_than_the_breach_window_is_read_over_its_length(span: int) -> None:
     # A thin class's trial is extended up to max_trial_s (1200 s by default) and read in

@@ -3,8 +3,8 @@
 vLLM's exposition (asked for in the text format, whose names keep their colons), then
 the verdict counters (``Verdicts.families``), then the client-side histograms and the
 choices cut short before a first token, then the Responses streams replayed, then the
-requests arrived and those of them refused as invalid, then the connection cap's
-counts (``connection_cap.py``): one answer, one ``instance``, so
+requests arrived and those of them refused as invalid, then when the meter started,
+then the connection cap's counts (``connection_cap.py``): one answer, one ``instance``, so
 the goodput rule joins vLLM's tokens and the verdicts per replica, and the workload probe
 tells a replica that counts its arrivals from one that does not, and takes each replica's
 invalid requests off its own arrivals.
@@ -12,11 +12,12 @@ invalid requests off its own arrivals.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -38,6 +39,12 @@ by the name Prometheus stores: the workload probe's arrivals on a replica that e
 INVALID = "slopilot_meter_invalid_total"
 """Of ``ARRIVALS``, those the engine answered with a client's error (``Meter.invalid``):
 never served, so never load; the workload probe takes them off the replica's arrivals."""
+METER_START = "slopilot_meter_start_time_seconds"
+"""When this meter started (Unix time): its client-side histograms, the P99s a vLLM
+deployment is judged on, began again at 0 then, which Prometheus cannot tell once they
+pass their old values; a trial window in which it moved is rejected
+(``tuner/prometheus/adapters``). vLLM's own ``process_start_time_seconds`` is in its
+exposition already, and the meter's process is another."""
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -45,7 +52,7 @@ def meter_series() -> frozenset[str]:
     """Every series the meter adds to vLLM's, by the name Prometheus stores: with vLLM's
     own, all a vLLM deployment's queries (its dashboard's, its rules') may read."""
     names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID,
-             CLIENT_ABANDONED, *CONNECTION_SERIES}
+             CLIENT_ABANDONED, METER_START, *CONNECTION_SERIES}
     for histogram in CLIENT_SERIES:
         names |= {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"}
     return frozenset(names)
@@ -73,7 +80,17 @@ def own_registry(meter: Scraped) -> TextRegistry:
     registry.register(_AbandonedCollector(meter))
     registry.register(_ReplayCollector(meter))
     registry.register(_ArrivalCollector(meter))
+    registry.register(_StartCollector(time.time()))
     return registry
+
+
+class _StartCollector(Collector):
+    def __init__(self, started: float) -> None:
+        self.started = started
+
+    def collect(self) -> Any:
+        yield GaugeMetricFamily(METER_START, "When this meter started, in Unix time: its "
+                                "own series began again from 0 then.", value=self.started)
 
 
 class _VerdictCollector(Collector):

@@ -12,6 +12,7 @@ import time
 from types import FrameType
 
 import uvicorn
+from prometheus_client import ProcessCollector
 
 from slopilot.engine.clients import ClientClasses
 from slopilot.engine.connection_cap import (
@@ -185,6 +186,9 @@ def serve_forever(backend: Backend, *, host: str, port: int, admin_port: int | N
         "froze the start-up heap: %d objects out of the garbage collector's reach (a full "
         "collection took %.0f ms)", heap.objects, heap.collect_ms)
     GCPauses().install(backend.metrics.registry)  # what collections cost from here on
+    # process_start_time_seconds and the rest, as vLLM's default registry exports them:
+    # the trial windows tell a restart in place by its start (prometheus/adapters.py).
+    ProcessCollector(registry=backend.metrics.registry)
     logging.getLogger("slopilot.serve").info(
         "at most %d connections held for clients (--max-connections); past it a request is "
         "answered 503", max_connections)

@@ -16,7 +16,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from slopilot.engine.metric_names import BUSY, REFUSED
+from slopilot.engine.meter.exposition import METER_START
+from slopilot.engine.metric_names import BUSY, PROCESS_START, REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
@@ -174,6 +175,16 @@ class PrometheusWindows:
         # ``up`` after it (not 0), so it is not counted here.
         out["partly_scraped"] = {None: (
             f"avg by ({REPLICA_LABEL}) (avg_over_time(up{s}[{w}])) < {MIN_SCRAPED_SHARE}")}
+        # The replicas whose process started again in the window, in place (the same
+        # pod, the same target): their counters began again at 0 and, once past their
+        # old values by the next scrape, read to Prometheus as no reset, so increase()
+        # took the difference and the requests of the restart's side went missing. The
+        # engine's start (prometheus_client's process collector, as vLLM's default
+        # registry exports it too), or a vLLM pod's meter's, whose histograms are the
+        # P99s there.
+        out["restarted"] = {None: " or ".join(
+            f"max by ({REPLICA_LABEL}) (changes({series}{s}[{w}])) > 0"
+            for series in (PROCESS_START, METER_START))}
         # The replicas whose engine series hold fewer than two samples in the window: a
         # rate or increase of one sample is nothing, so their requests are in no figure,
         # though their one ``up`` reads 1 and their one sample counts as reported (a
@@ -234,6 +245,13 @@ class PrometheusWindows:
             raise WindowRejected(
                 f"{which} {shown} of its scrapes in the {w} s window (at least "
                 f"{MIN_SCRAPED_SHARE * 100:g} % needed): part of its window is in no figure")
+        if again := sorted(r["metric"].get(REPLICA_LABEL, "?")
+                           for r in self.query(q["restarted"][None], end)):
+            which = "the canary replica" if canary else "replica(s)"
+            raise WindowRejected(
+                f"{which} {', '.join(again)} restarted in the {w} s window: its counters "
+                "began again from 0, and what it served before (or after) the restart is "
+                "in no figure once they passed their old values")
         if thin := sorted((r["metric"].get(REPLICA_LABEL, "?"), float(r["value"][1]))
                           for r in self.query(q["thinly_scraped"][None], end)):
             which = "the canary replica" if canary else "replica(s)"

@@ -103,3 +103,15 @@ def test_the_meter_exports_the_series_it_lists(tmp_path: Path) -> None:
     names = {line.split("{")[0].split(" ")[0] for line in meter.render().decode().splitlines()
              if line and not line.startswith("#")}
     assert names == meter_series()
+
+
+def test_the_meter_says_when_it_started(tmp_path: Path) -> None:
+    """A meter restarted in place (its container, the pod kept) began its client-side
+    histograms again at 0: its start moved is how a trial window tells it."""
+    import re
+    import time
+
+    before = time.time()
+    meter, _ = streamed(tmp_path)
+    said = re.search(rb"^slopilot_meter_start_time_seconds (\S+)$", meter.render(), re.M)
+    assert said is not None and before <= float(said.group(1)) <= time.time()

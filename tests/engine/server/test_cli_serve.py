@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -264,6 +265,10 @@ def test_serve_freezes_its_start_up_heap_before_it_serves() -> None:
     # What collections cost while it serves (every thread waits them out).
     young = re.search(r'slopilot_gc_pause_seconds_count\{generation="0"\} (\S+)', scraped)
     assert young and float(young.group(1)) >= 1, scraped[-1500:]
+    # When the process started, as vLLM's default registry says it too: a window whose
+    # replica restarted in place reads it moved, where its counters showed no reset.
+    started = re.search(r"^process_start_time_seconds (\S+)$", scraped, re.MULTILINE)
+    assert started and abs(float(started.group(1)) - time.time()) < 3600, scraped[-1500:]
 
 
 def test_the_deadlines_are_set_from_the_command_line_each_over_its_default() -> None:
