@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import pathlib
 import pickle
@@ -32,6 +31,7 @@ from slopilot.tuner.sim.worker import (
 )
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
+from tests.support.held_calls import Held
 from tests.support.profiles import make_profile
 from tests.support.waits import HANG_GUARD_S, wait_for
 
@@ -186,50 +186,6 @@ def test_the_planner_and_the_study_calls_carry_their_time_limits() -> None:
         WorkerPlanner(SimWorker.__new__(SimWorker), timeout_s=0)
     with pytest.raises(ValueError, match="memory_limit_mb"):
         SimWorker(memory_limit_mb=10)
-
-
-def _until(started: str, release: str) -> str:
-    """A call that holds its process until the test lets it go (a FIFO: the read
-    blocks until the test opens it for writing)."""
-    import pathlib
-    pathlib.Path(started).touch()
-    with open(release) as fifo:
-        fifo.read()
-    return "done"
-
-
-class Held:
-    """A call running in ``w`` (in a thread of this process) until ``finish``."""
-
-    def __init__(self, w: SimWorker, tmp: pathlib.Path, name: str = "a") -> None:
-        self.started, self.release = tmp / f"{name}.started", tmp / f"{name}.release"
-        os.mkfifo(self.release)
-        self.outcome: list[object] = []
-
-        def run() -> None:
-            try:
-                self.outcome.append(w.call(_until, str(self.started), str(self.release)))
-            except BaseException as exc:  # the test reads it
-                self.outcome.append(exc)
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        wait_for(self.started.exists, what=f"call {name} to run in the worker")
-
-    def finish(self) -> object:
-        """Let the call end; what it returned or raised (raised at once if killed)."""
-        def released() -> bool:
-            try:  # non-blocking: ENXIO until the call has the FIFO open for reading
-                os.close(os.open(self.release, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:
-                    raise
-                return False
-            return True
-
-        wait_for(lambda: bool(self.outcome) or released(), what="the held call to end")
-        self.thread.join(HANG_GUARD_S)
-        return self.outcome[0]
 
 
 def test_a_call_behind_another_deployments_is_not_timed_while_it_waits(
