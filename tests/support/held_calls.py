@@ -27,23 +27,37 @@ def until_released(started: str, release: str) -> str:
 
 
 class Held:
-    """A call running in ``w`` (in a thread of this process) until ``finish``."""
+    """A call running in ``w`` (in a thread of this process) until ``finish``.
 
-    def __init__(self, w: SimWorker, tmp: pathlib.Path, name: str = "a") -> None:
+    ``tenant``: whose call it is (``SimWorker.call``'s; None: the default). ``queued``:
+    the call is to wait for a process, the ``queued``-th caller waiting; the constructor
+    returns once ``w`` counts that many (or raises what the call raised first)."""
+
+    def __init__(self, w: SimWorker, tmp: pathlib.Path, name: str = "a", *,
+                 tenant: str | None = None, queued: int | None = None) -> None:
+        self.name = name
         self.started, self.release = tmp / f"{name}.started", tmp / f"{name}.release"
         os.mkfifo(self.release)
         self.outcome: list[object] = []
+        by = {} if tenant is None else {"tenant": tenant}
 
         def run() -> None:
             try:
                 self.outcome.append(w.call(until_released, str(self.started),
-                                           str(self.release)))
+                                           str(self.release), **by))
             except BaseException as exc:  # the test reads it
                 self.outcome.append(exc)
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
-        wait_for(self.started.exists, what=f"call {name} to run in the worker")
+        if queued is None:
+            wait_for(lambda: self.started.exists() or self.outcome,
+                     what=f"call {name} to run in the worker")
+        else:
+            wait_for(lambda: w.waiting == queued or self.outcome,
+                     what=f"call {name} to wait as the {queued}th caller")
+        if self.outcome and isinstance(self.outcome[0], BaseException):
+            raise self.outcome[0]
 
     def finish(self) -> object:
         """Let the call end; what it returned or raised (raised at once if killed)."""
@@ -59,3 +73,22 @@ class Held:
         wait_for(lambda: bool(self.outcome) or released(), what="the held call to end")
         self.thread.join(HANG_GUARD_S)
         return self.outcome[0]
+
+
+def served_order(first: Held, queued: list[Held]) -> list[str]:
+    """The names of ``queued`` in the order a one-process worker ran them, ``first``
+    (running) let go first and each call let go once the next one runs."""
+    order, running, left = [], first, list(queued)
+    while left:
+        assert running.finish() == "done"
+        wait_for(lambda: any(h.started.exists() or h.outcome for h in left),
+                 what=f"one of {[h.name for h in left]} to run")
+        ran = [h for h in left if h.started.exists() or h.outcome]
+        assert len(ran) == 1, f"{[h.name for h in ran]} ran at once in one process"
+        running = ran[0]
+        if running.outcome and isinstance(running.outcome[0], BaseException):
+            raise running.outcome[0]
+        order.append(running.name)
+        left.remove(running)
+    assert running.finish() == "done"
+    return order

@@ -18,12 +18,17 @@ idle is replaced before the call runs.
 Shared by every deployment an operator runs, so bounded and kept apart:
 
 - Each worker is a pool of its own with one process, and a call has a worker to itself.
-  A call waits (first come, first served) for a free worker, untimed; its time limit
+  A call waits for a free worker, untimed; its time limit
   (``timeout_s``) counts from when it runs, and past it only its own process is killed
   (``SimTimeout``; the loop then goes on without the twin's answer, as past the memory
   cap: ``ports.NO_ANSWER``). A single pool would mark a call running as soon as it
   joined the worker's queue, so it timed out behind another deployment's call and killed
   that one.
+- Waiting calls are served in turn by tenant (``tenant``: the operator passes the CR's
+  namespace; the demo and ``slopilot tune`` one ``DEFAULT_TENANT``), first come, first
+  served within one (``fair_turns.FairTurns``): a namespace's thousand waiting calls
+  delay another namespace's call by at most one of its own per freed worker, not by a
+  thousand. ``per_tenant`` caps the workers one tenant holds at once (None: no cap).
 - ``queue_timeout_s``: how long a call may wait for a worker; past it ``SimulatorBusy``,
   and the loop goes on without the twin's answer (``advice.py``).
 - Each worker's address space is capped (``memory_limit_mb``: an allocation past it is
@@ -36,7 +41,6 @@ import copyreg
 import logging
 import multiprocessing
 import os
-import queue
 import resource
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +55,7 @@ from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
 from slopilot.tuner.loop.ports import SimulatorBusy, SimulatorFailed
 from slopilot.tuner.loop.twin_predict import ClassP99, predicted_p99s
 from slopilot.tuner.sim.adapters import SimOffline
+from slopilot.tuner.sim.fair_turns import FairTurns
 
 T = TypeVar("T")
 
@@ -67,6 +72,9 @@ def _ready() -> bool:
     return True
 
 
+DEFAULT_TENANT = "default"
+"""Whose calls they are where one tenant makes them all (the demo, ``slopilot tune``):
+first come, first served, as among one tenant's calls anywhere."""
 DEFAULT_MEMORY_LIMIT_MB = 1536
 MIN_MEMORY_LIMIT_MB = 256  # the interpreter and the simulator's imports take ~170 MB
 
@@ -138,6 +146,7 @@ class _Process:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
             self._discard(kill=True)
+            self._start()  # its replacement spawns and imports before the next call
             raise SimTimeout(f"the simulator call ran past its {timeout_s:g} s limit; "
                              "its worker was stopped") from None
         except BrokenProcessPool as exc:
@@ -168,50 +177,52 @@ class SimWorker:
     per process at a time; see the module docstring."""
 
     def __init__(self, workers: int = 1, *,
-                 memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB) -> None:
+                 memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
+                 per_tenant: int | None = None) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers={workers!r}: expected a process count >= 1")
         if memory_limit_mb is not None and memory_limit_mb < MIN_MEMORY_LIMIT_MB:
             raise ValueError(f"memory_limit_mb={memory_limit_mb!r}: expected at least "
                              f"{MIN_MEMORY_LIMIT_MB} (or None for no limit)")
+        if per_tenant is not None and (isinstance(per_tenant, bool) or per_tenant < 1):
+            raise ValueError(f"per_tenant={per_tenant!r}: expected processes one tenant "
+                             "may hold at once >= 1 (or None for no cap)")
         self.workers = workers
         self.memory_limit_mb = memory_limit_mb
-        self._lock = threading.Lock()
-        self._waiting = 0
-        # Free workers; Queue.get serves waiting callers in the order they came.
+        self.per_tenant = per_tenant
         self._all = [_Process(memory_limit_mb) for _ in range(workers)]
-        self._free: queue.Queue[_Process] = queue.Queue()
-        for worker in self._all:
-            self._free.put(worker)
+        # A worker whose process was killed goes back too: it starts a new one.
+        self._turns = FairTurns(self._all, per_tenant=per_tenant)
 
     @property
     def waiting(self) -> int:
         """Calls waiting for a free worker now."""
-        return self._waiting
+        return self._turns.waiting
 
-    def call(self, fn: Callable[..., T], *args: Any, timeout_s: float | None = None,
-             queue_timeout_s: float | None = None) -> T:
-        """``fn(*args)`` in a free worker: SimulatorBusy when none is free within
-        ``queue_timeout_s`` (None: wait as long as it takes); SimTimeout past
-        ``timeout_s`` of running."""
+    def held(self, tenant: str) -> int:
+        """Workers running ``tenant``'s calls now."""
+        return self._turns.held(tenant)
+
+    def call(self, fn: Callable[..., T], *args: Any, tenant: str = DEFAULT_TENANT,
+             timeout_s: float | None = None, queue_timeout_s: float | None = None) -> T:
+        """``fn(*args)`` in a free worker, waiting in ``tenant``'s turn: SimulatorBusy
+        when none is free within ``queue_timeout_s`` (None: wait as long as it takes);
+        SimTimeout past ``timeout_s`` of running."""
         if queue_timeout_s is not None and not queue_timeout_s >= 0:
             raise ValueError(f"queue_timeout_s={queue_timeout_s!r}: expected seconds >= 0 "
                              "(or None to wait as long as it takes)")
-        with self._lock:
-            self._waiting += 1
-        try:
-            worker = self._free.get(timeout=queue_timeout_s)
-        except queue.Empty:
+        worker = self._turns.acquire(tenant, queue_timeout_s)
+        if worker is None:
+            assert queue_timeout_s is not None  # an untimed wait ends with a worker
+            cap = "" if self.per_tenant is None else f" (at most {self.per_tenant} at once)"
             raise SimulatorBusy(
                 f"no free simulator process within {queue_timeout_s:g} s: all "
-                f"{self.workers} simulator process(es) serve other calls") from None
-        finally:
-            with self._lock:
-                self._waiting -= 1
+                f"{self.workers} simulator process(es) serve other calls, {tenant!r} "
+                f"holds {self.held(tenant)}{cap}")
         try:
             return worker.call(fn, args, timeout_s)
         finally:
-            self._free.put(worker)
+            self._turns.release(tenant, worker)
 
     def close(self) -> None:
         for worker in self._all:
@@ -262,14 +273,16 @@ class WorkerOffline:
     and ``queue_timeout_s`` waiting for a free one."""
 
     def __init__(self, worker: SimWorker, search: SimOffline, *,
-                 timeout_s: float = 600.0, queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
+                 timeout_s: float = 600.0, queue_timeout_s: float = QUEUE_TIMEOUT_S,
+                 tenant: str = DEFAULT_TENANT) -> None:
         self.worker, self.search, self.timeout_s = worker, search, _positive(timeout_s)
         self.queue_timeout_s = _queue_limit(queue_timeout_s)
+        self.tenant = tenant
 
     def best_configs(self, scenario: Scenario, replicas: int, start: Mapping[str, Any],
                      k: int) -> Sequence[tuple[dict[str, Any], bool]]:
         return self.worker.call(_best_configs, self.search, scenario, replicas, dict(start), k,
-                                timeout_s=self.timeout_s,
+                                tenant=self.tenant, timeout_s=self.timeout_s,
                                 queue_timeout_s=self.queue_timeout_s)
 
 
@@ -279,16 +292,19 @@ class WorkerPlanner:
 
     def __init__(self, worker: SimWorker, *, duration_s: float | None = 120.0,
                  seed: int | None = 0, timeout_s: float = 300.0,
-                 queue_timeout_s: float = QUEUE_TIMEOUT_S) -> None:
+                 queue_timeout_s: float = QUEUE_TIMEOUT_S,
+                 tenant: str = DEFAULT_TENANT) -> None:
         CapacityPlanner(duration_s=duration_s, seed=seed)  # the same checks, here and now
         self.worker, self.duration_s, self.seed = worker, duration_s, seed
         self.timeout_s = _positive(timeout_s)
         self.queue_timeout_s = _queue_limit(queue_timeout_s)
+        self.tenant = tenant
 
     def search(self, scenario: Scenario, config: Mapping[str, Any], lo: int, hi: int,
                *, margin: float = 0.0) -> CapacityAnswer:
         return self.worker.call(_capacity, self.duration_s, self.seed, scenario,
-                                dict(config), lo, hi, margin, timeout_s=self.timeout_s,
+                                dict(config), lo, hi, margin, tenant=self.tenant,
+                                timeout_s=self.timeout_s,
                                 queue_timeout_s=self.queue_timeout_s)
 
 
@@ -304,12 +320,14 @@ class WorkerTwin:
     within ``timeout_s`` once it runs and ``queue_timeout_s`` waiting for a free one."""
 
     def __init__(self, worker: SimWorker, *, timeout_s: float = 300.0,
-                 queue_timeout_s: float = CHECK_QUEUE_TIMEOUT_S) -> None:
+                 queue_timeout_s: float = CHECK_QUEUE_TIMEOUT_S,
+                 tenant: str = DEFAULT_TENANT) -> None:
         self.worker, self.timeout_s = worker, _positive(timeout_s)
         self.queue_timeout_s = _queue_limit(queue_timeout_s)
+        self.tenant = tenant
 
     def p99s(self, twin: Scenario, config: Mapping[str, Any], replicas: int,
              window_s: float, *, seed: int, bucketed: bool) -> tuple[ClassP99, ...]:
         return self.worker.call(_p99s, twin, dict(config), replicas, window_s, seed,
-                                bucketed, timeout_s=self.timeout_s,
+                                bucketed, tenant=self.tenant, timeout_s=self.timeout_s,
                                 queue_timeout_s=self.queue_timeout_s)
