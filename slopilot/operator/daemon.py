@@ -39,6 +39,7 @@ TICK_ENV = "SLOPILOT_CONTROLLER_TICK_S"
 DEFAULT_TICK_S = 5.0
 BASE_SCENARIO_ENV = "SLOPILOT_BASE_SCENARIO"
 SIM_WORKERS_ENV = "SLOPILOT_SIM_WORKERS"
+SIM_WORKERS_PER_NAMESPACE_ENV = "SLOPILOT_SIM_WORKERS_PER_NAMESPACE"
 MAX_SIM_WORKERS = 64
 DEFAULT_BASE_SCENARIO = "azure-conv-2023"
 PHASES = {ControllerState.TUNING: Phase.TUNING, ControllerState.COMMIT: Phase.TUNING,
@@ -85,19 +86,36 @@ def sim_workers() -> int:
     return int(raw)
 
 
+def sim_workers_per_namespace(workers: int) -> int | None:
+    """``$SLOPILOT_SIM_WORKERS_PER_NAMESPACE``: of ``workers``, how many one namespace's
+    deployments may hold at once (unset: all of them). Below ``workers`` it keeps a
+    process for the other namespaces while one namespace's calls run long, at the cost of
+    leaving it idle while that namespace alone has calls waiting."""
+    raw = os.environ.get(SIM_WORKERS_PER_NAMESPACE_ENV, "")
+    if raw == "":
+        return None
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= workers:
+        raise ControllerError(f"{SIM_WORKERS_PER_NAMESPACE_ENV}={raw[:40]!r}: expected a "
+                              f"whole number of processes from 1 to {SIM_WORKERS_ENV} "
+                              f"({workers}), or unset for no cap")
+    return int(raw)
+
+
 def sim_worker() -> SimWorker:
     """The process's simulator workers, shared by every deployment's controller.
 
     Their studies wait for a free worker (each waits at most ``QUEUE_TIMEOUT_S``, then
     its loop goes on without the twin) rather than each holding the operator's GIL for
-    seconds (kopf's keep-alives and watches run on that same interpreter).
+    seconds (kopf's keep-alives and watches run on that same interpreter). The waiting
+    calls are served in turn by namespace (``prometheus_controller`` passes it).
     """
     global _WORKER
     from slopilot.tuner.sim.worker import SimWorker
 
     with _WORKER_LOCK:
         if _WORKER is None:
-            _WORKER = SimWorker(sim_workers())
+            workers = sim_workers()
+            _WORKER = SimWorker(workers, per_tenant=sim_workers_per_namespace(workers))
             # Shut it down while the interpreter is whole: a pool collected during
             # finalization prints an ignored AttributeError on the way out.
             atexit.register(_WORKER.close)
@@ -210,9 +228,13 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         # The same TTFT source: the thin-traffic hold counts what the trials' floor does.
         PrometheusProbe(query, selector, base, window_s=probe_window_s(ctx.settings.window_s),
                         latency=latency),
-        WorkerPlanner(worker), offline=WorkerOffline(worker, SimOffline(space)),
+        # Each namespace waits for the shared workers in its own turn: another tenant's
+        # many CRs delay its calls by one of theirs per freed worker, not by all of them.
+        WorkerPlanner(worker, tenant=ctx.namespace),
+        offline=WorkerOffline(worker, SimOffline(space), tenant=ctx.namespace),
         metrics=operator_metrics(ctx.namespace), state=ctx.state,
-        iterations=PrometheusIterations(query, selector), twin=WorkerTwin(worker))
+        iterations=PrometheusIterations(query, selector),
+        twin=WorkerTwin(worker, tenant=ctx.namespace))
 
 
 def load_factory() -> ControllerFactory:

@@ -19,11 +19,13 @@ from sqlalchemy.pool import Pool
 from slopilot.operator.daemon import (
     BASE_SCENARIO_ENV,
     SIM_WORKERS_ENV,
+    SIM_WORKERS_PER_NAMESPACE_ENV,
     DaemonContext,
     controller_settings,
     prometheus_controller,
     sim_worker,
     sim_workers,
+    sim_workers_per_namespace,
 )
 from slopilot.operator.kube_handle import KubeDeploymentHandle
 from slopilot.operator.spec import parse_spec
@@ -78,6 +80,8 @@ def test_the_default_wiring_holds_the_config_while_prometheus_is_down(tmp_path: 
     assert ctl.offline.worker is ctl.planner.worker is sim_worker()
     # The twin check's window too: in kopf's process it slowed the loop for 1-14 s a check.
     assert isinstance(ctl.twin, WorkerTwin) and ctl.twin.worker is sim_worker()
+    # Waiting for it in the namespace's turn, not first come, first served.
+    assert ctl.offline.tenant == ctl.planner.tenant == ctl.twin.tenant == "team"
     d = ctl.tick(time.time())
     assert d.prometheus_unavailable and d.action is Action.HOLD, d.line()
     assert ctl.state is ControllerState.STEADY
@@ -162,6 +166,18 @@ def test_the_simulator_process_count_is_the_operators_to_set(
     assert sim_workers() == 1
     monkeypatch.setenv(SIM_WORKERS_ENV, "3")
     assert sim_workers() == 3
+    assert sim_workers_per_namespace(3) is None  # unset: no cap
+    monkeypatch.setenv(SIM_WORKERS_PER_NAMESPACE_ENV, "2")
+    assert sim_workers_per_namespace(3) == 2
+
+
+@pytest.mark.parametrize("raw", ["0", "4", "two", "-1", "\u0663"])
+def test_a_bad_per_namespace_cap_names_the_variable_and_the_process_count(
+        monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(SIM_WORKERS_PER_NAMESPACE_ENV, raw)
+    with pytest.raises(ControllerError,
+                       match=f"{SIM_WORKERS_PER_NAMESPACE_ENV}=.*1 to {SIM_WORKERS_ENV} \\(3\\)"):
+        sim_workers_per_namespace(3)
 
 
 def test_an_unreachable_study_database_names_the_field(tmp_path: Path) -> None:
