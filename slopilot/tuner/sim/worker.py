@@ -10,10 +10,12 @@ follow. Here the caller blocks (GIL released) while a worker process simulates.
 
 Workers are spawned, not forked: the host has threads (kopf, uvicorn, the load
 generator) and a forked child can inherit a lock held by one of them. They start in the
-background at construction, so their imports are paid before the first alert; a worker
-that dies during a call is replaced at the next call, that call failing with
-``SimulatorFailed`` (the loop goes on without the twin's answer); one that died while
-idle is replaced before the call runs.
+background at construction, so their imports are paid before the first alert. A worker
+whose process dies during a call, or is killed past the call's time limit, starts a new
+one in the background at once (that call failing with ``SimulatorFailed`` or
+``SimTimeout``: the loop goes on without the twin's answer), so the next caller's time
+limit is not spent on the spawn and imports; one that died while idle is replaced
+before the call runs.
 
 Shared by every deployment an operator runs, so bounded and kept apart:
 
@@ -150,7 +152,8 @@ class _Process:
             raise SimTimeout(f"the simulator call ran past its {timeout_s:g} s limit; "
                              "its worker was stopped") from None
         except BrokenProcessPool as exc:
-            self._discard(kill=False)  # the next call gets a fresh process
+            self._discard(kill=False)
+            self._start()  # as past the time limit: the next call finds it started
             raise SimulatorFailed(
                 "the simulator process died during the call (killed, by the kernel for "
                 "memory say, or it could not start); the next call gets a new one") from exc
