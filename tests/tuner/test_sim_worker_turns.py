@@ -65,6 +65,8 @@ def test_a_call_past_its_time_frees_its_turn_for_another_namespace(
         waiter = threading.Thread(target=lambda: quiet.append(
             w.call(os.getpid, tenant="quiet")), daemon=True)
         waiter.start()
+        # Queued behind the noisy call (unless a slow machine let its 1 s run out first).
+        wait_for(lambda: w.waiting == 1 or bool(outcome), what="the quiet call to wait")
         thread.join(HANG_GUARD_S)
         waiter.join(HANG_GUARD_S)
         assert isinstance(outcome[0], SimTimeout)
