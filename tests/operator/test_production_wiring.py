@@ -212,8 +212,9 @@ def window_queries(tmp_path: Path, backend: str,
 
     def query(expr: str, at: float) -> list[dict[str, Any]]:
         asked.append(expr)
-        if "_over_time(up{" in expr or "count_over_time(vllm:num_requests_running" in expr:
-            return []  # every replica reported, all window long, each scrape of it kept
+        if "_over_time(up{" in expr or "count_over_time(vllm:num_requests_running" in expr \
+                or "changes(process_start_time_seconds" in expr:
+            return []  # every replica reported, all window long, none restarted
         if "increase(vllm:e2e_request_latency_seconds_count" in expr:
             return [{"metric": {"priority_class": "p0"}, "value": [at, "100"]}]
         return [{"metric": {}, "value": [at, "1"]}] if answers(expr) else []
