@@ -18,12 +18,18 @@ needs nothing more: a merge patch replaces a list whole.
 
 ``OWNED_WHOLE``: fields where a live value that merely carries the render's is drift too
 (a NetworkPolicy's, where a field more admits more), compared whole.
+
+``SCHEMA_MAY_LACK``: rendered fields an older CRD of the kind does not know, which the API
+server prunes as it stores the object: absent from the live object, they are not drift
+(a different value is), or every compare patched the object again for nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, NamedTuple
+
+from slopilot.operator.scrape_limits import LIMIT_FIELDS
 
 
 class Owned(NamedTuple):
@@ -52,6 +58,9 @@ OWNED_OPTIONAL: Mapping[str, tuple[Owned, ...]] = {
     "NetworkPolicy": (Owned(("spec", "podSelector", "matchLabels"), keyed=True),
                       Owned(("spec", "podSelector", "matchExpressions")),
                       Owned(("spec", "egress"))),
+    # The scrape limits (scrape_limits.py): a limit a later render leaves out goes, so a
+    # stale one cannot fail the scrapes of a deployment that now exports more.
+    "ServiceMonitor": tuple(Owned(("spec", field)) for field in LIMIT_FIELDS),
 }
 
 OWNED_WHOLE: Mapping[str, tuple[tuple[str, ...], ...]] = {
@@ -61,6 +70,13 @@ OWNED_WHOLE: Mapping[str, tuple[tuple[str, ...], ...]] = {
     # admits more, not less. The API server adds nothing there (the protocol, its one
     # default, is rendered), so anything but the render is drift.
     "NetworkPolicy": (("spec",),),
+}
+
+
+SCHEMA_MAY_LACK: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    # prometheus-operator's ServiceMonitor CRD took bodySizeLimit in v0.73.0; an older one
+    # prunes it, and the other limits hold (docs/operations.md, "Scrape limits").
+    "ServiceMonitor": (("spec", "bodySizeLimit"),),
 }
 
 
@@ -93,6 +109,21 @@ def removals(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, A
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = nulls
+    return out
+
+
+def without_unknown(desired: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """``desired`` less the fields of ``SCHEMA_MAY_LACK`` that ``live`` does not carry:
+    what the live object can be expected to cover."""
+    out = dict(desired)
+    for path in SCHEMA_MAY_LACK.get(str(desired.get("kind")), ()):
+        if _at(live, path)[0] or not _at(desired, path)[0]:
+            continue
+        node = out
+        for part in path[:-1]:
+            node[part] = dict(node[part])
+            node = node[part]
+        del node[path[-1]]
     return out
 
 

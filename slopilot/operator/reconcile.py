@@ -55,7 +55,12 @@ from slopilot.operator.images import SHIPPED_IMAGES, Images
 from slopilot.operator.knobs import KNOB_PATHS
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.network_peers import DEFAULT_PROMETHEUS_PEERS, Peer
-from slopilot.operator.owned_fields import removals, whole_differs, with_removals
+from slopilot.operator.owned_fields import (
+    removals,
+    whole_differs,
+    with_removals,
+    without_unknown,
+)
 from slopilot.operator.owned_meta import labels, owner_reference
 from slopilot.operator.ownership import (
     claims,
@@ -346,7 +351,8 @@ def ensure(kube: Kube, desired: Mapping[str, Any], body: Mapping[str, Any],
     [ours] = meta["ownerReferences"]
     refs = refs_to_write(live, ours)
     rest = {**desired, "metadata": {k: v for k, v in meta.items() if k != "ownerReferences"}}
-    drifted = bool(nulls) or not covers(live, rest) or whole_differs(desired, live)
+    drifted = (bool(nulls) or not covers(live, without_unknown(rest, live))
+               or whole_differs(desired, live))
     if refs is None and not drifted:
         return Change.UNCHANGED
     patch = with_removals(copy.deepcopy(

@@ -14,6 +14,7 @@ from typing import Any
 
 from slopilot.operator.owned_meta import object_meta, selector
 from slopilot.operator.pod_layout import SCRAPE_INTERVAL_S
+from slopilot.operator.scrape_limits import scrape_limits
 from slopilot.operator.spec import Backend, LLMDeploymentSpec
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
@@ -106,4 +107,7 @@ def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> 
             "spec": {"selector": {"matchLabels": selector(name)},
                      # Said, not assumed: only this namespace's Services of that name.
                      "namespaceSelector": {"matchNames": [namespace]},
-                     "endpoints": [endpoint]}}
+                     "endpoints": [endpoint],
+                     # Any pod of the namespace with the deployment's labels is scraped,
+                     # a tenant's own among them: bounded by what a replica exports.
+                     **scrape_limits(spec).to_service_monitor()}}
