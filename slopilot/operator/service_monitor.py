@@ -89,13 +89,44 @@ def not_ready_relabelings() -> list[dict[str, Any]]:
             for label in ENDPOINT_READY_LABELS]
 
 
+# The Service's endpoints are whatever its Endpoints (or EndpointSlices) say, and a
+# tenant can write those by hand: a Service of their own with the deployment's labels,
+# and an address of another namespace's pod, which admits Prometheus on ``http``. Scraped,
+# that pod's series would carry the tenant's namespace and deployment (the identity
+# labels below): its load and latency read in the tenant's status and dashboards. An
+# address may name a pod (``targetRef``) and discovery then labels the target with that
+# pod as the API server has it, ``__meta_kubernetes_pod_ip`` from its status, which no
+# tenant writes, and only for a pod of the monitor's namespace (Prometheus resolves the
+# reference in the namespaces it watches). A target is kept only where its address is
+# its pod's own IP: a hand-written address that names no pod, or names a pod of the
+# namespace that has another IP, is dropped. Prometheus's regexes cannot compare two
+# labels (RE2: no backreferences), so the address's host is copied into a label of its
+# own and ``keepequal`` (Prometheus 2.41, prometheus-operator 0.64) compares the two.
+POD_IP_LABEL = "__meta_kubernetes_pod_ip"
+ADDRESS_IP_LABEL = "__tmp_slopilot_address_ip"
+# host:port, an IPv6 host in brackets, as discovery writes __address__.
+ADDRESS_HOST = r"\[?([^\]]+?)\]?:[0-9]+"
+
+
+def pod_backed_relabelings() -> list[dict[str, Any]]:
+    """ServiceMonitor ``relabelings`` that keep only a target whose address is the IP of
+    the namespace's pod its endpoint names: none else is a replica."""
+    return [
+        # No pod: also what keepequal would keep if the address's host were not found.
+        {"action": "drop", "sourceLabels": [POD_IP_LABEL], "regex": "^$"},
+        {"action": "replace", "sourceLabels": ["__address__"], "regex": ADDRESS_HOST,
+         "targetLabel": ADDRESS_IP_LABEL, "replacement": "${1}"},
+        {"action": "keepequal", "sourceLabels": [POD_IP_LABEL],
+         "targetLabel": ADDRESS_IP_LABEL}]
+
+
 def render_service_monitor(body: Mapping[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     endpoint: dict[str, Any] = {
         "port": "http", "path": "/metrics", "interval": f"{SCRAPE_INTERVAL_S}s",
         # The rules select a deployment's series by namespace and name: two CRs named
         # chat in two namespaces are two deployments.
-        "relabelings": not_ready_relabelings() + [
+        "relabelings": not_ready_relabelings() + pod_backed_relabelings() + [
             {"action": "replace", "targetLabel": label, "replacement": value}
             for label, value in identity_labels(name, namespace).items()]}
     if spec.backend is Backend.VLLM:

@@ -66,6 +66,8 @@ class ScrapeTarget:
     metrics_path: str = "/metrics"
     metric_relabel_configs: Sequence[Mapping[str, Any]] = ()
     relabel_configs: Sequence[Mapping[str, Any]] = ()
+    sample_limit: int = 0
+    """The job's ``sample_limit`` (0: none), as a ServiceMonitor's ``sampleLimit``."""
 
 
 def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Sequence[Path],
@@ -81,7 +83,8 @@ def write_config(path: Path, *, targets: Sequence[ScrapeTarget], rule_files: Seq
              **({"relabel_configs": [dict(r) for r in t.relabel_configs]}
                 if t.relabel_configs else {}),
              **({"metric_relabel_configs": [dict(r) for r in t.metric_relabel_configs]}
-                if t.metric_relabel_configs else {})}
+                if t.metric_relabel_configs else {}),
+             **({"sample_limit": t.sample_limit} if t.sample_limit else {})}
             for t in targets],
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
