@@ -153,7 +153,7 @@ def test_two_chats_in_two_namespaces_are_two_deployments() -> None:
         monitor = render_all(cr, parse_spec(cr)).service_monitor["spec"]
         assert monitor["namespaceSelector"] == {"matchNames": [ns]}
         relabel = {r["targetLabel"]: r["replacement"] for r in monitor["endpoints"][0][
-            "relabelings"] if r["action"] == "replace"}
+            "relabelings"] if r["action"] == "replace" and "sourceLabels" not in r}
         assert relabel == {"slopilot_namespace": ns, "slopilot_deployment": "chat"}
         for monitoring in (True, False):
             groups = rule_of(cr, monitoring=monitoring)

@@ -11,7 +11,7 @@ import pytest
 
 from slopilot.operator.engine_deployment import CHECKSUM_ANNOTATION, vllm_args
 from slopilot.operator.render import config_json, render_all
-from slopilot.operator.service_monitor import not_ready_relabelings
+from slopilot.operator.service_monitor import not_ready_relabelings, pod_backed_relabelings
 from slopilot.operator.spec import LLMDeploymentSpec, SpecError, parse_spec
 
 KUBE_VERSION = "1.33.0"
@@ -103,7 +103,8 @@ def test_service_and_monitor_select_the_engine_pods() -> None:
         "port": "http", "path": "/metrics", "interval": "15s",
         # The rendered rules select series by namespace and name (tuner/rules.py).
         # Only ready pods are targets (tests/operator/test_ready_targets.py).
-        "relabelings": [*not_ready_relabelings(),
+        # Only a pod's own address (tests/operator/test_forged_endpoints.py).
+        "relabelings": [*not_ready_relabelings(), *pod_backed_relabelings(),
                         {"action": "replace", "targetLabel": "slopilot_namespace",
                          "replacement": "team"},
                         {"action": "replace", "targetLabel": "slopilot_deployment",
