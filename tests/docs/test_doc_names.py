@@ -58,7 +58,8 @@ CAMEL = re.compile(r"`([a-z][a-z0-9]*[A-Z][A-Za-z0-9]*)[`:.\[=]")
 # set: no CRD of slopilot's, and nothing in its code, has them.
 FOREIGN_FIELDS = {"excludedFromEnforcement", "enforcedSampleLimit", "enforcedLabelLimit",
                   "enforcedBodySizeLimit", "ignoreNamespaceSelectors", "resourceNames",
-                  "hostNetwork", "serviceAccountName"}
+                  "hostNetwork", "serviceAccountName", "enforcedTargetLimit",
+                  "enforcedLabelNameLengthLimit", "enforcedLabelValueLengthLimit"}
 # Fields the docs name as gone, to say where they went.
 FORMER_FIELDS = {"status.twinProfile"}
 
