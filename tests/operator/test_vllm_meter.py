@@ -230,14 +230,16 @@ def test_the_builtin_engines_objects_are_as_they_were_before_the_meter() -> None
         out = render_all(b, parse_spec(b), **kw)
         outs.append({"objects": out.objects(), "unsupported": list(out.unsupported_knobs)})
     text = json.dumps(outs, sort_keys=True)
-    # Last changed by the NetworkPolicy's http rule naming its sources (the namespace,
-    # Prometheus), which rolls no pod. Before it, e6ade53a... (the PodDisruptionBudget,
+    # Last changed by the ServiceMonitor's scrape limits and its pod-backed relabelings
+    # (scrape_limits.py, service_monitor.pod_backed_relabelings), which roll no pod.
+    # Before them, 519354e3... (the NetworkPolicy's http rule naming its sources (the
+    # namespace, Prometheus), which rolls no pod). Before it, e6ade53a... (the PodDisruptionBudget,
     # the pod template's soft spread over nodes, and the Deployment's rolling strategy
     # and progress deadline: the template changed, so every built-in pod rolled once at
     # that upgrade); before them, 42fc0472... (the ServiceMonitor's drops of not-ready
     # endpoints, which rolled no pod).
     assert hashlib.sha256(text.encode()).hexdigest() == (
-        "519354e3c5e65d36ecca0d030df0c552ddc7f51b9437f9717cd6d715321cbdb9")
+        "6366c0888ac51f314fa6711484ca81099a297e0086193e46ae2bd490408fa3b6")
 
 
 def test_the_rendered_meter_command_is_one_the_image_s_cli_takes() -> None:
