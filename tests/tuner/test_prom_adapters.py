@@ -676,3 +676,16 @@ def test_on_vllm_the_floor_counts_the_streams_the_p99_is_read_from() -> None:
     assert p0.requests_finished == 100 and p0.ttft_samples == 3
     short = shortfall(s, DEMO.slo, 100, 10.0)
     assert short is not None and short.label == "p0" and short.requests == 3
+
+
+def test_the_queue_is_the_waiting_gauge_now_and_the_last_minutes_arrivals() -> None:
+    """What a trial's backlog wait reads (``loop/backlog_wait.py``): vLLM's waiting
+    requests summed over the replicas measured, at the tick, and their arrival rate over
+    the minute before it; nothing where no replica exports the gauge."""
+    q = Recorded({"sum(vllm:num_requests_waiting{": 37.0, **answers(rate_now=4.0)})
+    reading = windows(q).queue(100.0, canary=True)
+    assert reading is not None and (reading.waiting, reading.arrivals_per_s) == (37.0, 4.0)
+    assert {t for _, t in q.asked} == {100.0}
+    assert all('instance_role="canary"' in e for e, _ in q.asked if "{" in e)
+    assert any("[1m]" in e for e, _ in q.asked)
+    assert windows(Recorded(answers())).queue(100.0, canary=False) is None

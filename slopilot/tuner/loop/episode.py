@@ -29,6 +29,7 @@ from typing import Any
 from slopilot.engine.request import Priority
 from slopilot.tuner.loop import (
     advice,
+    backlog_wait,
     restore,
     rollout_wait,
     rollout_watch,
@@ -122,6 +123,9 @@ def tuning(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
         return _outside_space(ctx, ctx.loop.trial, why)
     if ctx.loop.trial.rolling:
         return rollout_wait.trial(ctx, tick.now, ctx.loop.trial)
+    if ctx.loop.trial.draining and \
+            (waiting := backlog_wait.trial(ctx, tick.now, ctx.loop.trial)) is not None:
+        return waiting
     return running_trial(ctx, tick.now, ctx.loop.trial)
 
 

@@ -18,6 +18,7 @@ from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.twin_predict import ClassP99
 from slopilot.tuner.prometheus.alerts import Alert
+from slopilot.tuner.study.evaluator import QueueReading
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 
@@ -197,6 +198,19 @@ class WindowEvaluator(Protocol):
     """
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary: ...
+
+
+@runtime_checkable
+class QueueGauge(Protocol):
+    """A ``WindowEvaluator`` that also reads the queue of the replicas it measures. One
+    without it (a factory's, a test's) has its trials' windows measured from their
+    ``settle_s``, backlog or not."""
+
+    def queue(self, at: float, *, canary: bool) -> QueueReading | None:
+        """The queue at ``at`` on every replica, or the canary's; None where the
+        replicas export no queue to read. Raises PrometheusUnavailable where the source
+        is down, WindowRejected where the canary cannot be told."""
+        ...
 
 
 class WorkloadProbe(Protocol):

@@ -56,6 +56,17 @@ class RunningTrial:
     ``Pending`` after its apply): no window is measured until the rollout completes, and
     ``started_at`` and ``began_at`` are then moved to that moment (``rollout_wait.py``).
     False in a state from before it: a trial judged as before."""
+    draining: bool = False
+    """The replicas the trial is measured on still work off the queue the config before
+    it left (the overload an alert fired on): no window is measured until it has
+    drained, and ``started_at`` and ``began_at`` are then moved to that moment
+    (``backlog_wait.py``). False in a state from before it: measured from
+    ``settle_s``."""
+    backlog_first: float | None = None
+    """The requests waiting at the wait's first reading (None: none read yet): how fast
+    the queue falls is measured from it."""
+    backlog_first_at: float | None = None
+    """When that reading was made (the controller's clock)."""
 
 
 @dataclass

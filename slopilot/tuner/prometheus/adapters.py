@@ -40,7 +40,11 @@ from slopilot.tuner.prometheus.rules import (
     render_rule_groups,
     render_selector,
 )
-from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.evaluator import (
+    PrometheusUnavailable,
+    QueueReading,
+    WindowRejected,
+)
 
 ROLE_LABEL = "instance_role"
 REPLICA_LABEL = "instance"
@@ -67,6 +71,9 @@ def range_s(start: float, end: float) -> int:
     return int(end - start)
 
 
+QUEUE_RATE_S = 60
+"""The arrivals a trial's backlog wait scales its steady queue by: the last minute's, as
+the workload probe reads them."""
 MIN_WINDOW_REQUESTS = 10
 """The finished requests a window needs to count (``PrometheusWindows``, as the operator
 runs it, and the demo's direct scrape): a P99 of fewer is hardly more than their
@@ -225,6 +232,17 @@ class PrometheusWindows:
         """Arriving requests per second in ``[start, end]`` (NaN with no data)."""
         w = range_s(start, end)
         return self._request_rate(self._exprs(self._selector(canary), w), end)
+
+    def queue(self, at: float, *, canary: bool) -> QueueReading | None:
+        """``QueueGauge``: the requests waiting at ``at`` (vLLM's gauge, summed over the
+        replicas measured) and the arrivals a second over the ``QUEUE_RATE_S`` before;
+        None where no replica exports the gauge or no arrival rate reads."""
+        sel = self._selector(canary)
+        waiting = self._scalar(f"sum(vllm:num_requests_waiting{render_selector(sel)})", at)
+        rate = self._request_rate(self._exprs(sel, QUEUE_RATE_S), at)
+        if not (math.isfinite(waiting) and math.isfinite(rate)):
+            return None
+        return QueueReading(waiting=waiting, arrivals_per_s=rate)
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         # A day at most, as the rules read: a trial's window may run to maxTrial (a day

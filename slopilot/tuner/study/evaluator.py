@@ -8,6 +8,7 @@ the controller share them without importing each other.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from slopilot.engine.slo import SLOSpec
@@ -29,6 +30,19 @@ class WindowRejected(Exception):
 
 class PrometheusUnavailable(RuntimeError):
     """Prometheus cannot be reached or answered with an error; the message says which."""
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    """The measured replicas' queue now: what a trial's backlog wait reads
+    (``loop/backlog_wait.py``)."""
+
+    waiting: float
+    """Requests waiting for their first step, summed over the replicas measured (vLLM's
+    ``num_requests_waiting``)."""
+    arrivals_per_s: float
+    """Requests arriving on them a second, over the last minute: with the SLO's TTFT
+    target, the queue a config that keeps up holds steady (Little's law)."""
 
 
 @runtime_checkable
