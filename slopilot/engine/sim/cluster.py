@@ -220,11 +220,27 @@ class SimCluster:
         return [WindowSample(k, float(sums[k][0]), sums[k][1], sums[k][2])
                 for k in KINDS if k in sums]
 
+    def _measured(self, canary: bool) -> list[_Replica]:
+        """The replicas a window reads: the canary alone, or every one (retired too)."""
+        return [self.reps[0]] if canary and self.reps else self.reps + self.retired
+
+    def waiting(self, *, canary: bool = False) -> int:
+        """Requests waiting for their first step now, as vLLM's ``num_requests_waiting``
+        summed over the replicas measured."""
+        return sum(rep.engine.scheduler.num_waiting for rep in self._measured(canary))
+
+    def arrival_rate(self, start: float, end: float, *, canary: bool = False) -> float:
+        """Requests that arrived on the replicas measured a second in ``[start, end)``."""
+        if end <= start:
+            raise ValueError(f"window [{start}, {end}) is empty")
+        return sum(1 for rep in self._measured(canary) for t in rep.recorder.ev.arrived
+                   if start <= t < end) / (end - start)
+
     def summary(self, start: float, end: float, *, canary: bool = False) -> WindowSummary:
         """The figures of ``[start, end)``: every replica, or the canary alone."""
         if end <= start:
             raise ValueError(f"window [{start}, {end}) is empty")
-        reps = [self.reps[0]] if canary and self.reps else self.reps + self.retired
+        reps = self._measured(canary)
         dur = end - start
         ev = _Events()
         for rep in reps:
@@ -244,8 +260,7 @@ class SimCluster:
             classes=classes, replicas=len(reps),
             busy_ratio=sum(e for _, e, _ in ev.steps) / dur / max(1, len(reps)),
             # The canary's own arrivals in a canary window, as its selected series read.
-            request_rate=sum(1 for rep in reps for t in rep.recorder.ev.arrived
-                             if start <= t < end) / dur,
+            request_rate=self.arrival_rate(start, end, canary=canary),
             window=Window(start, end, canary))
 
 

@@ -27,6 +27,7 @@ from slopilot.engine.sim.workload import ClassMix
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
+from slopilot.tuner.prometheus.adapters import QUEUE_RATE_S
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.burstiness import (
     BURST_WINDOW_S,
@@ -36,7 +37,7 @@ from slopilot.tuner.prometheus.burstiness import (
 )
 from slopilot.tuner.prometheus.rules import RuleOptions
 from slopilot.tuner.sim.evaluator import SimulatorEvaluator
-from slopilot.tuner.study.evaluator import WindowRejected
+from slopilot.tuner.study.evaluator import QueueReading, WindowRejected
 from slopilot.tuner.study.objective import HEADROOM, TrialResult, holds
 from slopilot.tuner.study.results import rank
 from slopilot.tuner.study.sample_floor import burst_floor, duration_for
@@ -113,6 +114,17 @@ class SimWindows:
             raise WindowRejected(f"only {s.overall.requests_finished:.0f} requests finished "
                                  f"in [{start:.0f}, {end:.0f}); need {self.min_requests}")
         return s
+
+
+    def queue(self, at: float, *, canary: bool) -> QueueReading | None:
+        """``QueueGauge``: the cluster's queue now (``at`` is its clock, as the loop
+        ticks it) and its arrivals over the last minute, as ``PrometheusWindows`` reads
+        them: a trial on the cluster waits out its inherited backlog as a live one."""
+        start = max(0.0, at - QUEUE_RATE_S)
+        if at <= start:
+            return None
+        return QueueReading(waiting=float(self.cluster.waiting(canary=canary)),
+                            arrivals_per_s=self.cluster.arrival_rate(start, at, canary=canary))
 
 
 class SimIterations:
