@@ -54,7 +54,10 @@ class ControllerSettings:
     trial_settle_s: float | None = None
     """The first seconds of a trial's window that are not measured (default: a tenth of
     ``window_s``): requests that arrived under the config before it, the one an alert
-    fired on, are still finishing then, and would score the trial by their latencies."""
+    fired on, are still finishing then, and would score the trial by their latencies. A
+    trial that inherited a queue longer than that waits it out first (``backlog_wait.py``)
+    and settles from the drain: the few requests still waiting then are served within the
+    SLO's TTFT target, which a settle of 0 would count."""
     max_trials: int = 20
     """Live trials in one tuning episode before the best is committed."""
     max_trials_per_hour: int = 30

@@ -149,7 +149,8 @@ def _no_verdict(ctx: LoopContext, summary: WindowSummary) -> str | None:
 
 def _measured_from(ctx: LoopContext, t: RunningTrial) -> float:
     """Where a trial's window is measured from: past its first seconds, in which the
-    requests that arrived under the config before it finish (``settle_s``); a repeat
+    requests that arrived under the config before it finish (``settle_s``; its start is
+    the drain of a backlog it inherited, ``backlog_wait.py``, where it had one); a repeat
     follows a window of the same config, so it is measured whole, as is a confirming one."""
     first = t.repeats == 0 and t.edge_constraints is None
     return t.started_at + (ctx.settings.settle_s if first else 0.0)
