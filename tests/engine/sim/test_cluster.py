@@ -97,3 +97,21 @@ def test_requests_turned_away_for_load_read_as_first_tokens_never_given() -> Non
     assert s.classes[Priority.P1].slo_attainment <= met / (met + refused)
     by_arrival = cluster.attainment_by_arrival(0, 20, Priority.P1)
     assert by_arrival is not None and by_arrival <= met / (met + refused)
+
+
+def test_the_windows_read_the_queue_a_trial_inherits_and_its_drain() -> None:
+    """What a trial's backlog wait reads on the cluster (``loop/backlog_wait.py``): two
+    sequences at a time leave requests waiting; the scenario's own config, applied as a
+    trial, works them off, and the arrivals read are the scenario's ~3/s either way."""
+    cluster = SimCluster(SCENARIO, {"token_budget": 512, "chunk_size": 256,
+                                    "max_num_seqs": 2}, replicas=1, seed=0, duration_s=80)
+    windows = SimWindows(cluster)
+    cluster.advance(60.0)
+    queued = windows.queue(60.0, canary=False)
+    assert queued is not None and queued.waiting >= 10
+    assert queued.arrivals_per_s == pytest.approx(3.0, rel=0.3)
+    SimDeployment(cluster).apply_config(dict(SCENARIO.engine), canary=False, trial=True)
+    cluster.advance(70.0)
+    drained = windows.queue(70.0, canary=False)
+    assert drained is not None and drained.waiting <= 1
+    assert drained.arrivals_per_s == pytest.approx(3.0, rel=0.3)
