@@ -1,7 +1,8 @@
 """A trial begun on a queue the config before it left (the overload an alert fired on)
 is judged on its own traffic once it has worked that backlog off, and on the backlog
 where it cannot: a config that drains it is not cut for its predecessor's latencies,
-and one that does not is still cut as early as before (``backlog_wait.py``)."""
+and one that does not is still cut at the early look, a tick later than before
+(``backlog_wait.py``)."""
 
 from __future__ import annotations
 
@@ -127,13 +128,14 @@ def test_a_config_that_drains_the_backlog_is_judged_on_its_own_traffic() -> None
     assert waiting and all("backlog" in d.reason for d in waiting), lines
 
 
-def test_a_config_that_cannot_drain_it_is_cut_on_it_as_early_as_before() -> None:
+def test_a_config_that_cannot_drain_it_is_cut_on_it_at_the_early_look() -> None:
     rig, plant, _ = _rig(BAD)
     ticks = _run(rig, plant, 0.0, 200.0)
     cut = [(t, d) for t, d in ticks if "slo_breach" in d.reason]
     assert cut and cut[0][1].action is Action.REVERT and cut[0][1].trial == 0, \
         [d.line() for _, d in ticks]
-    # The early look's own moment (a quarter window) and a tick: not max_trial_s later.
+    # A quarter window after the first queue reading (a tick after the apply), where
+    # the early look cut it at 30 s before: not max_trial_s later.
     assert cut[0][0] <= 40.0
     assert not rig.study.told[0].feasible
 
