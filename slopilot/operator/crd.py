@@ -267,7 +267,10 @@ def _spec_schema() -> dict[str, Any]:
                 "The longest one window of a trial runs (its first, and a confirming "
                 "one from its own start): a trial "
                 "short of minClassRequests by then ends unjudged (too little traffic to "
-                "judge), rolled back, and its tuning round with it. At least window. "
+                "judge), rolled back, and its tuning round with it. The queue a trial "
+                "inherits from the overloaded config is waited out before its window "
+                "starts, not counted in it, for up to maxTrial from its apply (past that it "
+                "is judged on it). At least window. "
                 f"Default {duration(int(DEFAULT_MAX_TRIAL_S))}, or window where that is "
                 "longer; thin traffic that must still be retuned needs a longer one.",
                 MIN_WINDOW_S, MAX_TRIAL_S),

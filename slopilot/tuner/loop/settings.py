@@ -109,7 +109,9 @@ class ControllerSettings:
     confirming one: counted from the trial's start, a first window that needed most of it
     left its confirming one too little): a trial that reaches it
     short of ``min_class_requests`` ends without a verdict (too little traffic to judge),
-    rolled back, and the episode with it."""
+    rolled back, and the episode with it. The wait for a backlog the trial inherited
+    (``backlog_wait.py``) comes before its first window and is not counted in it; it is
+    bounded by this too, from the apply: a trial runs at most about twice this."""
     rollout_timeout_s: float = DEFAULT_ROLLOUT_TIMEOUT_S
     """The loop's own bound on a rollout (vLLM's configs are new pods): one whose
     progress (``Pending.progress``) has not moved for this long is stuck, as if the
