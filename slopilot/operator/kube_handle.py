@@ -230,7 +230,8 @@ class KubeDeploymentHandle:
         """This CR's Deployment (None: none, or another's), its own ReplicaSets, and the
         engine pods they made, ready or not, by name (owned_pods.py)."""
         body = body if body is not None else self.body()
-        found = owned_pods(self.kube, self.namespace, self.name, body["metadata"].get("uid"))
+        found = owned_pods(self.kube, self.namespace, self.name, body["metadata"].get("uid"),
+                           max_replicas=self._spec_of(body).max_replicas)
         return found.deployment, found.replica_sets, found.pods
 
     def endpoints(self) -> list[str]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import kubernetes.client
@@ -33,8 +34,21 @@ MAX_LIST_PAGES = 200
 list by handing no ``continue`` token; one that never stops (a bug, a hostile proxy in
 front of it) would otherwise have the list read for ever, empty pages included."""
 MAX_LIST_ITEMS = 100_000
-"""Objects one list gathers at most, for an API server whose pages are larger than the
+"""Objects one list reads at most, for an API server whose pages are larger than the
 ``limit`` asked."""
+SELECT_PAGE = 50
+"""Objects asked for per page of a ``select``: a tenant-writable kind, whose objects may
+be as large as etcd takes (about 1.5 MiB each), so a page holds 75 MiB at the worst, not
+``LIST_PAGE``'s 750; a namespace's honest objects of one CR (its pods, its ReplicaSets)
+are a page."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Selected:
+    """What a ``Kube.select`` kept, and how many more it would have kept past its bound."""
+
+    items: list[dict[str, Any]]
+    unkept: int
 
 
 class ApiError(Exception):
@@ -176,47 +190,93 @@ class Kube:
             raise
         return dict(obj)
 
-    def _list_pages(self, api_version: str, plural: str, namespace: str | None,
-                    label_selector: str | None, what: str) -> list[dict[str, Any]]:
-        """One list, page by page; ApiError as a page is refused (410 included)."""
+    def _pages(self, api_version: str, plural: str, namespace: str | None,
+               label_selector: str | None, what: str, page: int
+               ) -> Iterator[list[dict[str, Any]]]:
+        """One list, a page of ``page`` objects per request, yielded as it comes; ApiError
+        as a page is refused (410 included)."""
         path = resource_path(api_version, plural, namespace)
         query = {"labelSelector": label_selector} if label_selector else {}
-        query["limit"] = str(LIST_PAGE)
-        items: list[dict[str, Any]] = []
+        query["limit"] = str(page)
+        read = 0
         for _ in range(MAX_LIST_PAGES):
-            page = self.request("GET", path, query=query)
-            items += page.get("items") or []
-            if len(items) > MAX_LIST_ITEMS:
+            answer = self.request("GET", path, query=query)
+            items: list[dict[str, Any]] = answer.get("items") or []
+            read += len(items)
+            if read > MAX_LIST_ITEMS:
                 raise ListError(f"{what}: more than {MAX_LIST_ITEMS} objects "
                                 "(MAX_LIST_ITEMS); not read further")
-            token = (page.get("metadata") or {}).get("continue")
+            token = (answer.get("metadata") or {}).get("continue")
+            del answer  # the page is the caller's now: it drops what it does not keep
+            yield items
+            del items  # not held while the next page is read
             if not token:
-                return items
+                return
             query["continue"] = str(token)
         raise ListError(f"{what}: the API server still had more after {MAX_LIST_PAGES} "
-                        f"pages (MAX_LIST_PAGES) of {LIST_PAGE}; not read further")
+                        f"pages (MAX_LIST_PAGES) of {page}; not read further")
+
+    def _select_once(self, api_version: str, plural: str, namespace: str | None,
+                     label_selector: str | None, what: str, page: int,
+                     keep: Callable[[dict[str, Any]], bool] | None, most: int) -> Selected:
+        kept: list[dict[str, Any]] = []
+        unkept = 0
+        for items in self._pages(api_version, plural, namespace, label_selector, what,
+                                 page):
+            for obj in items:
+                if keep is not None and not keep(obj):
+                    continue
+                if len(kept) < most:
+                    kept.append(obj)
+                else:
+                    unkept += 1
+            del items  # before the next page is read: one page alive, not the list
+        return Selected(kept, unkept)
+
+    def _select(self, api_version: str, plural: str, namespace: str | None,
+                label_selector: str | None, page: int,
+                keep: Callable[[dict[str, Any]], bool] | None, most: int) -> Selected:
+        what = f"{plural} in namespace {namespace}" if namespace else plural
+        if label_selector:
+            what += f" (labelSelector {label_selector})"
+        try:
+            return self._select_once(api_version, plural, namespace, label_selector, what,
+                                     page, keep, most)
+        except ApiError as exc:
+            if exc.status != 410:
+                raise
+        try:
+            return self._select_once(api_version, plural, namespace, label_selector, what,
+                                     page, keep, most)
+        except ApiError as exc:
+            if exc.status != 410:
+                raise
+            raise ListError(f"{what}: the list's continue token expired (410 Gone) again "
+                            f"on the list restarted for it: {exc.message}") from None
 
     def list(self, api_version: str, plural: str, namespace: str | None, *,
              label_selector: str | None = None) -> list[dict[str, Any]]:
         """Every object of the resource (matching ``label_selector``), read ``LIST_PAGE``
         at a time. A continue token that expires (410 Gone: etcd compacted the version
         the list began at) restarts the list once; ListError where the restarted one
-        expires too, or the pages do not end (``MAX_LIST_PAGES``, ``MAX_LIST_ITEMS``)."""
-        what = f"{plural} in namespace {namespace}" if namespace else plural
-        if label_selector:
-            what += f" (labelSelector {label_selector})"
-        try:
-            return self._list_pages(api_version, plural, namespace, label_selector, what)
-        except ApiError as exc:
-            if exc.status != 410:
-                raise
-        try:
-            return self._list_pages(api_version, plural, namespace, label_selector, what)
-        except ApiError as exc:
-            if exc.status != 410:
-                raise
-            raise ListError(f"{what}: the list's continue token expired (410 Gone) again "
-                            f"on the list restarted for it: {exc.message}") from None
+        expires too, or the pages do not end (``MAX_LIST_PAGES``, ``MAX_LIST_ITEMS``).
+
+        Every object is kept: for lists of what only the operator writes (the ledger's
+        shards, in its own namespace) or of LLMDeployments. A tenant-writable kind
+        selected by labels a tenant can copy is read with ``select``."""
+        return self._select(api_version, plural, namespace, label_selector, LIST_PAGE,
+                            None, MAX_LIST_ITEMS).items
+
+    def select(self, api_version: str, plural: str, namespace: str | None, *,
+               keep: Callable[[dict[str, Any]], bool], most: int,
+               label_selector: str | None = None, page: int = SELECT_PAGE) -> Selected:
+        """The objects ``keep`` accepts, at most ``most``, judged as each page of ``page``
+        arrives: what a page carries and ``keep`` refuses is dropped before the next is
+        read, so a namespace of a tenant's big objects with copied labels costs one page
+        of memory, not the list. Past ``most``, the rest is counted (``unkept``), not kept.
+        Paged, restarted and bounded as ``list`` is."""
+        return self._select(api_version, plural, namespace, label_selector, page, keep,
+                            most)
 
     def create(self, api_version: str, plural: str, namespace: str | None,
                body: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ only.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from slopilot.operator.crd import KIND
@@ -19,38 +20,78 @@ from slopilot.operator.ownership import controlled_by, controller_ref
 
 TEMPLATE_HASH = "pod-template-hash"
 
+log = logging.getLogger(__name__)
+
+
+REPLICA_SETS_KEPT = 12
+"""The Deployment's ReplicaSets kept at most: apps/v1's ``revisionHistoryLimit`` (10, which
+the operator leaves as it is), the new one and the one a rollout scales down."""
+
+
+def kept_replica_sets() -> int:
+    return REPLICA_SETS_KEPT
+
+
+def kept_pods(max_replicas: int) -> int:
+    """The engine pods kept at most: a rollout runs ``max + 1`` (maxSurge 1,
+    engine_deployment.ROLLING), and pods being deleted stay listed until they are gone, as
+    many again at most."""
+    return 2 * max(max_replicas, 1) + 1
+
 
 @dataclasses.dataclass(frozen=True)
 class OwnedPods:
     """The CR's Deployment (None: none, or another's), its own ReplicaSets, and the
-    engine pods they made, ready or not, by name."""
+    engine pods they made, ready or not, by name; ``unkept``: how many more passed the
+    checks past the bounds (``kept_replica_sets``, ``kept_pods``), none of them kept."""
 
     deployment: dict[str, Any] | None
     replica_sets: list[dict[str, Any]]
     pods: list[dict[str, Any]]
+    unkept: int = 0
 
 
-def owned_pods(kube: Kube, namespace: str, name: str, uid: Any) -> OwnedPods:
-    """The objects of LLMDeployment ``namespace/name`` of ``uid`` (module docstring)."""
+def owned_pods(kube: Kube, namespace: str, name: str, uid: Any, *,
+               max_replicas: int) -> OwnedPods:
+    """The objects of LLMDeployment ``namespace/name`` of ``uid`` (module docstring).
+
+    Both lists select labels anyone may copy onto a ReplicaSet or a pod in the namespace:
+    each is judged a page at a time (``Kube.select``), so junk costs one page of memory,
+    and what passes the checks is kept up to a bound from ``spec.replicas.max``
+    (``max_replicas``), the rest counted and said in the log."""
     dep = kube.get("apps/v1", "deployments", namespace, name)
     if dep is None or not controlled_by(dep, KIND, uid):
         return OwnedPods(None, [], [])
     sel = ",".join(f"{k}={v}" for k, v in selector(name).items())
-    sets = {rs["metadata"]["uid"]: rs for rs in kube.list(
-        "apps/v1", "replicasets", namespace, label_selector=sel)
-        if controlled_by(rs, "Deployment", dep["metadata"].get("uid"))}
-    out = []
-    for pod in kube.list("v1", "pods", namespace, label_selector=sel):
+    dep_uid = dep["metadata"].get("uid")
+    found_sets = kube.select("apps/v1", "replicasets", namespace, label_selector=sel,
+                             keep=lambda rs: controlled_by(rs, "Deployment", dep_uid),
+                             most=kept_replica_sets())
+    sets = {rs["metadata"]["uid"]: rs for rs in found_sets.items}
+
+    def made_by_one(pod: dict[str, Any]) -> bool:
         ref = controller_ref(pod)
         rs = sets.get(str(ref.get("uid"))) if ref and ref.get("kind") == "ReplicaSet" \
             else None
         if rs is None:
-            continue
+            return False
         want = (rs["metadata"].get("labels") or {}).get(TEMPLATE_HASH)
-        if want is None or (pod["metadata"].get("labels") or {}).get(TEMPLATE_HASH) != want:
-            continue
-        out.append(pod)
-    return OwnedPods(dep, list(sets.values()), sorted(out, key=lambda p: p["metadata"]["name"]))
+        return want is not None and \
+            (pod["metadata"].get("labels") or {}).get(TEMPLATE_HASH) == want
+
+    found_pods = kube.select("v1", "pods", namespace, label_selector=sel, keep=made_by_one,
+                             most=kept_pods(max_replicas))
+    unkept = found_sets.unkept + found_pods.unkept
+    if unkept:
+        log.warning("LLMDeployment %s/%s: %d ReplicaSets and %d pods past the bound not "
+                    "kept (%d ReplicaSets, %d pods at spec.replicas.max=%d): objects "
+                    "made to look like its Deployment's (a controller reference to it, "
+                    "its labels); delete them, or the ready count and the config syncs "
+                    "go by the first ones listed", namespace, name, found_sets.unkept,
+                    found_pods.unkept, kept_replica_sets(), kept_pods(max_replicas),
+                    max_replicas)
+    return OwnedPods(dep, found_sets.items,
+                     sorted(found_pods.items, key=lambda p: p["metadata"]["name"]), unkept)
 
 
 def ready_replicas(kube: Kube, namespace: str, name: str, uid: Any) -> int:
