@@ -95,6 +95,21 @@ FINALIZER = f"{PREFIX}/finalizer"
 WATCH_SERVER_TIMEOUT_S = 60
 WATCH_CLIENT_TIMEOUT_S = 90
 REQUEST_TIMEOUT_S = 30
+WATCH_PAGE = 20
+"""Objects per page of kopf's lists (``settings.watching.chunk_size``): the first list of
+each watched kind, and each list again after a watch's 410. The owned kinds' watches
+select the managed-by label, which anyone may copy onto their own ConfigMaps, Services
+and Deployments: unpaged, a tenant's 800 ConfigMaps of 0.9 MB were one response of
+720 MB, and the operator (2 GiB limit) was killed at every start. A page of the largest
+objects etcd takes (about 1.5 MiB) is 30 MiB; an honest cluster's owned objects cost one
+request per 20 (docs/benchmarks.md)."""
+WORKER_IDLE_S = 0.2
+"""How long kopf keeps an object's worker, and with it the last event's body, after the
+event was handled (``settings.queueing.idle_timeout``, kopf's default 5 s). At 5 s every
+object listed in the last 5 s was held whole: paged, 800 labelled ConfigMaps of 0.9 MB
+still peaked at 659 MiB; at 0.2 s, 187 MiB (docs/benchmarks.md). A worker gone is made
+again at the object's next event; a handler's own wait (kopf's consistency timeout) keeps
+its worker as long as it needs."""
 PEERING_LIFETIME_S = 60
 PEERING_LIFETIME_ENV = "SLOPILOT_PEERING_LIFETIME_S"
 # kopf sends keep-alives every max(1, lifetime - 5..10) s; below 2 s a keep-alive in
@@ -277,6 +292,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.peering.lifetime = peering_lifetime_s()
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
+    settings.watching.chunk_size = WATCH_PAGE
+    settings.queueing.idle_timeout = WORKER_IDLE_S
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
     settings.execution.default_backoff = RETRY_BACKOFF_S
     settings.execution.max_workers = HANDLER_THREADS

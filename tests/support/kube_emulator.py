@@ -100,6 +100,10 @@ class KubeEmulator(KubernetesEmulator):
     # Every watch opened: (plural, its labelSelector or None), for tests of what a client
     # asks the API server to stream.
     watches: list[tuple[str, str | None]] = attrs.field(factory=list, init=False)
+    # Every list answered: (plural, its labelSelector, the limit asked, the objects the
+    # answer carried), for tests of how much of a list a client asks for at once.
+    lists: list[tuple[str, str | None, str | None, int]] = attrs.field(factory=list,
+                                                                       init=False)
     # Callers limited by RBAC (kube_authz.py): bearer token -> (user name, rules).
     _restricted: dict[str, tuple[str, list[Rule]]] = attrs.field(factory=dict, init=False)
     # Every authorization of a restricted caller's call, admission checks included:
@@ -395,9 +399,11 @@ class KubeEmulator(KubernetesEmulator):
             bodies = [body for _, body in self._select(res, request)]
             if oa.wants_table(request.headers.get("Accept")):
                 return oa.table(bodies, self._columns.get(res), str(self._rv))
-            if "limit" not in request.params:
-                return self._list_body(res, bodies)
-            return self._list_page(res, bodies, request)
+            page = self._list_body(res, bodies) if "limit" not in request.params \
+                else self._list_page(res, bodies, request)
+            self.lists.append((res.plural or "", request.params.get("labelSelector"),
+                               request.params.get("limit"), len(page["items"])))
+            return page
 
     def _list_page(self, res: resource, bodies: list[dict[str, Any]],
                    request: Request) -> dict[str, Any]:
