@@ -32,11 +32,17 @@ def kept_replica_sets() -> int:
     return REPLICA_SETS_KEPT
 
 
+PODS_KEPT_FLOOR = 16
+"""The engine pods kept at the least, whatever ``replicas.max``: a few pods cost the
+operator nothing to hold, and a small CR's pods are not cut short (a hand scale past the
+spec's max, say, until the loop scales it back)."""
+
+
 def kept_pods(max_replicas: int) -> int:
     """The engine pods kept at most: a rollout runs ``max + 1`` (maxSurge 1,
     engine_deployment.ROLLING), and pods being deleted stay listed until they are gone, as
-    many again at most."""
-    return 2 * max(max_replicas, 1) + 1
+    many again at most; ``PODS_KEPT_FLOOR`` at the least."""
+    return max(2 * max_replicas + 1, PODS_KEPT_FLOOR)
 
 
 @dataclasses.dataclass(frozen=True)
