@@ -8,9 +8,9 @@ and reads JSON. It is synchronous: kopf runs sync handlers and daemons in thread
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 

@@ -15,9 +15,8 @@ import pytest
 
 from slopilot.operator import kubeapi
 from slopilot.operator.crd import KIND
-from slopilot.operator.kubeapi import Kube
+from slopilot.operator.kubeapi import SELECT_PAGE, Kube
 from slopilot.operator.owned_meta import selector
-from slopilot.operator.kubeapi import SELECT_PAGE
 from slopilot.operator.owned_pods import kept_pods, kept_replica_sets, owned_pods
 
 NS, CR_UID, DEP_UID = "team-a", "cr-uid", "dep-uid"
