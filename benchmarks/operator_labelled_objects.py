@@ -15,11 +15,11 @@ with its selector labels that the Deployment does not control, and one ``owned_p
 call in this process, its peak traced by ``tracemalloc`` (the emulator's, in this
 process too, included) and its time.
 
-The operator is whatever ``slopilot`` the interpreter imports: run it with
-``PYTHONPATH`` at another checkout to measure that one.
+The operator is the ``slopilot`` on ``PYTHONPATH`` (the process runs outside any
+checkout): set it to the checkout to measure.
 
-    .venv/bin/python benchmarks/operator_labelled_objects.py --kind configmaps \\
-        --count 800 --size 900000
+    PYTHONPATH=. .venv/bin/python benchmarks/operator_labelled_objects.py \\
+        --kind configmaps --count 800 --size 900000
 
 Ends with ``RESULT kind=... count=... size=... crs=... peak_mib=... exit=...`` (with
 ``--one-call``: ``RESULT kind=... count=... size=... traced_peak_mib=... call_s=...``).
@@ -160,7 +160,9 @@ def main() -> None:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "slopilot.cli", "operator", "--all-namespaces",
                  "--peering=slopilot", "--liveness=http://127.0.0.1:0/healthz"],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
+                # Not run from a checkout: ``-m`` puts the working directory first on
+                # the path, ahead of PYTHONPATH's.
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
             peak = 0
             try:
                 end = time.monotonic() + args.watch_s
