@@ -106,10 +106,10 @@ request per 20 (docs/benchmarks.md)."""
 WORKER_IDLE_S = 0.2
 """How long kopf keeps an object's worker, and with it the last event's body, after the
 event was handled (``settings.queueing.idle_timeout``, kopf's default 5 s). At 5 s every
-object listed in the last 5 s was held whole: paged, 800 labelled ConfigMaps of 0.9 MB
-still peaked at 659 MiB; at 0.2 s, 187 MiB (docs/benchmarks.md). A worker gone is made
-again at the object's next event; a handler's own wait (kopf's consistency timeout) keeps
-its worker as long as it needs."""
+object listed in the last 5 s was held whole: paged (10 a page), 800 labelled ConfigMaps
+of 0.9 MB still peaked at 659 MiB; at 0.2 s, 187-211 MiB (docs/benchmarks.md). A worker
+gone is made again at the object's next event; a handler's own wait (kopf's consistency
+timeout) keeps its worker as long as it needs."""
 PEERING_LIFETIME_S = 60
 PEERING_LIFETIME_ENV = "SLOPILOT_PEERING_LIFETIME_S"
 # kopf sends keep-alives every max(1, lifetime - 5..10) s; below 2 s a keep-alive in

@@ -3,7 +3,7 @@ ConfigMaps, Services and Deployments (``watch_only_managed``). A tenant's big ob
 with that label must not make the shared operator hold them all at once: kopf's first
 list (and each list again after a watch's 410) is read in pages of ``WATCH_PAGE``, and
 a kopf worker done with an object's event lets its body go within ``WORKER_IDLE_S``
-rather than kopf's 5 s (docs/benchmarks.md: 800 ConfigMaps of 0.9 MB, 2170 -> ~190 MiB).
+rather than kopf's 5 s (docs/benchmarks.md: 800 ConfigMaps of 0.9 MB, 2170 -> 211 MiB).
 """
 
 from __future__ import annotations
