@@ -41,6 +41,12 @@ ARRIVED = "slopilot_requests_arrived_total"
 # TTFT target (label ``slo.WITHIN_TTFT_TARGET`` "false"); one that left within it missed
 # nothing.
 ABANDONED = "slopilot_requests_abandoned_total"
+# Requests (each choice) given no first token yet at the scrape, by class and by whether
+# each has waited past its class's TTFT target (label ``slo.WITHIN_TTFT_TARGET``; by
+# ``awaiting.past_target``): a gauge. The rules read those past it at a window's end as
+# first tokens never given, as the simulator's censored TTFTs (``engine/awaiting.py``):
+# a class the config starves is in no TTFT histogram until its clients give up.
+AWAITING = "slopilot_requests_awaiting_first_token"
 # Retries (the client numbers its tries) by what became of them (``outcome``: refused,
 # or admitted): one call turned away is counted once in REFUSED however often its
 # client retries, and the size of a retry storm shows here.
@@ -56,7 +62,8 @@ SLOPILOT_METRICS: frozenset[str] = frozenset({
     "slopilot_preemptions_total", BUSY, "slopilot_swap_seconds_total",
     "slopilot_decode_stall_max_seconds", "slopilot_num_requests_swapped",
     "slopilot_config_info", "slopilot_config_knob", "slopilot_engine_info",
-    SLO_REQUESTS, SLO_TOKENS, REFUSED, ARRIVED, ABANDONED, RETRIES, SEND_TIMEOUTS,
+    SLO_REQUESTS, SLO_TOKENS, REFUSED, ARRIVED, ABANDONED, AWAITING, RETRIES,
+    SEND_TIMEOUTS,
 }) | ITERATION_SERIES
 HISTOGRAMS: frozenset[str] = frozenset({
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",

@@ -19,12 +19,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slopilot import __version__
+from slopilot.engine.awaiting import AwaitingFirstToken
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.iteration_metrics import IterationMetrics
 from slopilot.engine.latency_buckets import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from slopilot.engine.metric_names import (
     ABANDONED,
     ARRIVED,
+    AWAITING,
     REFUSED,
     RETRIES,
     SEND_TIMEOUTS,
@@ -119,6 +121,9 @@ class EngineMetrics:
         self._refused = [0 for _ in Priority]
         self._arrived = [0 for _ in Priority]
         self._abandoned = {(p, within): 0 for p in Priority for within in (False, True)}
+        self.awaiting = AwaitingFirstToken()
+        """The choices let in and given no first token yet (``metric_names.AWAITING``):
+        the server's event loop enters and settles them (``server/responses.py``)."""
         self._retries = {(p, refused): 0 for p in Priority for refused in (True, False)}
         self.send_timeouts = 0
         self.registry.register(self)
@@ -485,9 +490,16 @@ class EngineMetrics:
             for outcome, was_refused in (("refused", True), ("admitted", False)):
                 retries.add_metric([self.model_name, p.label, outcome],
                                    self._retries[p, was_refused])
+        awaiting = GaugeMetricFamily(
+            AWAITING, "Requests (each choice) let in and given no first token yet; "
+            f"{WITHIN_TTFT_TARGET}: whether each has waited within its class's TTFT target "
+            "(false: past it).", labels=["model_name", "priority_class", WITHIN_TTFT_TARGET])
+        for (p, within), n in sorted(self.awaiting.counts().items()):
+            awaiting.add_metric([self.model_name, p.label, str(within).lower()], n)
         yield refused
         yield arrived
         yield abandoned
+        yield awaiting
         yield retries
         send_timeouts = CounterMetricFamily(
             SEND_TIMEOUTS, "Connections dropped because their client took no byte of its "

@@ -133,6 +133,14 @@ class ClassFigures:
     ``requests_finished`` where the P99 is read from another histogram: on vLLM the
     meter's, of streamed requests only. None where a source does not say (and in
     summaries from before it was counted): then ``requests_finished``."""
+    requests_awaiting: float | None = None
+    """Requests given no first token yet at the window's end, within their TTFT target or
+    past it: the simulator's censored TTFTs (``RequestAccounting.ttft_censored``), a live
+    engine's or meter's gauge as last scraped (``engine/awaiting.py``). Those past the
+    target are in ``ttft_samples`` and ranked by ``ttft_p99_ms`` as misses; any at all
+    say the class was sent traffic, so that a class short of samples with clients
+    waiting is never read as unmeasured or sparse (``sample_floor.starved``). None where
+    a source does not say (a meter's bodies, an image from before the gauge)."""
 
     def __post_init__(self) -> None:
         if self.samples is not None and not isinstance(self.samples, SampleStats):
@@ -141,8 +149,9 @@ class ClassFigures:
             raise SummaryError(f"ClassFigures.accounting={self.accounting!r}: expected "
                                "RequestAccounting")
         _check("ClassFigures", _numbers(self),
-               ("ttft_p99_ms", "tbt_p99_ms", "slo_attainment", "ttft_samples"))
-        for name in ("requests_refused", "ttft_samples"):
+               ("ttft_p99_ms", "tbt_p99_ms", "slo_attainment", "ttft_samples",
+                "requests_awaiting"))
+        for name in ("requests_refused", "ttft_samples", "requests_awaiting"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise SummaryError(f"ClassFigures.{name}={value!r}: expected a count >= 0")
@@ -155,6 +164,8 @@ class ClassFigures:
             "throughput_tok_s": self.throughput_tok_s, "goodput_tok_s": self.goodput_tok_s}
         if self.ttft_samples is not None:
             out["ttft_samples"] = self.ttft_samples
+        if self.requests_awaiting is not None:
+            out["requests_awaiting"] = self.requests_awaiting
         for group in (self.samples, self.accounting):
             if group is not None:
                 out.update(dataclasses.asdict(group))
@@ -370,4 +381,5 @@ def _class_from(data: Mapping[str, Any], where: str) -> ClassFigures:
         requests_refused=(_number(data, where, "requests_refused")
                           if "requests_refused" in data else 0.0),
         samples=samples, accounting=accounting,
-        ttft_samples=_statistic(data, where, "ttft_samples"))
+        ttft_samples=_statistic(data, where, "ttft_samples"),
+        requests_awaiting=_statistic(data, where, "requests_awaiting"))

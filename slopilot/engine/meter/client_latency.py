@@ -39,6 +39,12 @@ CLIENT_ABANDONED = "slopilot_client_requests_abandoned_total"
 it) before their first token reached the client: never observed in ``CLIENT_TTFT``, and
 read as first tokens never given (``rules.bucket_rates``) where the client had waited past
 its TTFT target (``slo.WITHIN_TTFT_TARGET``)."""
+CLIENT_AWAITING = "slopilot_client_requests_awaiting_first_token"
+"""The choices of the streams running that have had no first token yet, at the scrape, by
+whether their client has waited within its TTFT target (``slo.WITHIN_TTFT_TARGET``, by
+``awaiting.past_target``): a gauge, read at a window's end as first tokens never given
+where past it (``engine/awaiting.py``). Streams only: a body's first token is not seen
+apart from its last."""
 LABELS = ("model_name", "priority_class")
 
 

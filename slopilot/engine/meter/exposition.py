@@ -13,7 +13,7 @@ invalid requests off its own arrivals.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import httpx
@@ -23,7 +23,12 @@ from prometheus_client.registry import Collector
 
 from slopilot.engine.connection_cap import SERIES as CONNECTION_SERIES
 from slopilot.engine.meter.asgi_http import Send, answer, date_header, response_headers
-from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_SERIES, ClientLatency
+from slopilot.engine.meter.client_latency import (
+    CLIENT_ABANDONED,
+    CLIENT_AWAITING,
+    CLIENT_SERIES,
+    ClientLatency,
+)
 from slopilot.engine.metrics_text import TextRegistry, parts_text
 from slopilot.engine.openai_errors import error_body
 from slopilot.engine.request import Priority
@@ -52,7 +57,7 @@ def meter_series() -> frozenset[str]:
     """Every series the meter adds to vLLM's, by the name Prometheus stores: with vLLM's
     own, all a vLLM deployment's queries (its dashboard's, its rules') may read."""
     names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID,
-             CLIENT_ABANDONED, METER_START, *CONNECTION_SERIES}
+             CLIENT_ABANDONED, CLIENT_AWAITING, METER_START, *CONNECTION_SERIES}
     for histogram in CLIENT_SERIES:
         names |= {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"}
     return frozenset(names)
@@ -69,6 +74,11 @@ class Scraped(Protocol):
     arrivals: int
     invalid: int
 
+    def awaiting(self) -> Mapping[bool, int]:
+        """Choices of the streams running given no first token yet, by whether their
+        client has waited within its TTFT target."""
+        ...
+
 
 def own_registry(meter: Scraped) -> TextRegistry:
     """The meter's own families: the verdicts, the client-side histograms, the choices
@@ -78,6 +88,7 @@ def own_registry(meter: Scraped) -> TextRegistry:
     registry.register(_VerdictCollector(meter))
     registry.register(_LatencyCollector(meter))
     registry.register(_AbandonedCollector(meter))
+    registry.register(_AwaitingCollector(meter))
     registry.register(_ReplayCollector(meter))
     registry.register(_ArrivalCollector(meter))
     registry.register(_StartCollector(time.time()))
@@ -127,6 +138,22 @@ class _AbandonedCollector(Collector):
             "within its class's TTFT target.",
             labels=["model_name", "priority_class", WITHIN_TTFT_TARGET])
         for within, count in sorted(self.meter.latency.abandoned.items()):
+            family.add_metric([self.meter.model_name, self.meter.priority.label,
+                               str(within).lower()], count)
+        yield family
+
+
+class _AwaitingCollector(Collector):
+    def __init__(self, meter: Scraped) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily(
+            CLIENT_AWAITING, "Choices of the streams running given no first token yet; "
+            f"{WITHIN_TTFT_TARGET}: whether their client has waited within its class's "
+            "TTFT target (false: past it).",
+            labels=["model_name", "priority_class", WITHIN_TTFT_TARGET])
+        for within, count in sorted(self.meter.awaiting().items()):
             family.add_metric([self.meter.model_name, self.meter.priority.label,
                                str(within).lower()], count)
         yield family

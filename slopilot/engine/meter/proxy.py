@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
+from slopilot.engine.awaiting import past_target
 from slopilot.engine.connection_cap import ConnectionCap
 from slopilot.engine.http_arrival import SCOPE_KEY
 from slopilot.engine.http_deadlines import DISCONNECTED_KEY
@@ -81,9 +82,10 @@ httpx's default is 5 s, vLLM's too, so a request sent on a connection vLLM was c
 that instant failed (a 502 to a client vLLM would have served)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Exchange:
-    """One request's judge (None: not a stream the meter judges), counted once."""
+    """One request's judge (None: not a stream the meter judges), counted once. Hashed
+    by identity: the meter keeps those running in a set (``Meter.awaiting``)."""
 
     judge: StreamJudge | None = None
     counted: bool = False
@@ -136,6 +138,9 @@ class Meter:
         """The requests for generation forwarded (``Plan.arrivals``), each as it came."""
         self.invalid = 0
         """Of ``arrivals``, those the engine answered as invalid (``is_invalid``)."""
+        self.running: set[_Exchange] = set()
+        """The exchanges under way, whose judged streams' choices may still wait for a
+        first token (``awaiting``)."""
         self.connection_cap: ConnectionCap | None = None
         """The slots of ``--max-connections`` (``count_connections``)."""
 
@@ -172,6 +177,7 @@ class Meter:
             await self._too_large(send, f"over {self.max_body_bytes}")
             return
         exchange = _Exchange()
+        self.running.add(exchange)
         forward = asyncio.ensure_future(self._forward(scope, body, send, arrival, exchange,
                                                       hold))
         del body  # the forwarding's alone, to let go of once sent
@@ -184,6 +190,7 @@ class Meter:
             await asyncio.gather(forward, watch, return_exceptions=True)
             # The client left, or the engine's answer broke off: judged as cut short.
             self._count(exchange)
+            self.running.discard(exchange)
         if forward.done() and not forward.cancelled() and (exc := forward.exception()):
             raise exc
 
@@ -325,6 +332,21 @@ class Meter:
         (``metrics_text``): it runs on the loop that relays every stream's chunks, and
         holds them all while it runs."""
         return render(self.registry)
+
+    def awaiting(self) -> dict[bool, int]:
+        """The choices of the judged streams under way given no first token yet, by
+        whether their client has waited within its TTFT target (``past_target``, the
+        engine's rule): exported at each scrape (``CLIENT_AWAITING``), so a class starved
+        of first tokens reads as missing them before its clients give up."""
+        out = {False: 0, True: 0}
+        now = self.clock()
+        for exchange in self.running:
+            judge = exchange.judge
+            if judge is None or exchange.counted:
+                continue
+            if missed := judge.first_tokens_missed():
+                out[not past_target(judge.slo, now - judge.arrival)] += missed
+        return out
 
     def _count(self, exchange: _Exchange) -> None:
         """The stream's verdicts, and its choices given no first token, once, as it

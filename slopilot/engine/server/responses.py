@@ -259,6 +259,11 @@ class Delivery:
         self.backend, self.prep, self.streams, self.clock = backend, prep, streams, clock
         self.states = [ChoiceState(backend, prep, c, s, slo)
                        for c, s in zip(prep.choices, streams, strict=True)]
+        # Each waits for its first token from its arrival (``metric_names.AWAITING``)
+        # until one reaches its client or it ends: a class starved of them is read so.
+        for state in self.states:
+            backend.metrics.awaiting.arrived(state, state.choice.request.priority, state.slo,
+                                             state.choice.request.arrival_time, clock)
         # Each prompt's choices (prompt by prompt, ``n`` each): vLLM serves each prompt of
         # a batch as its own request, so its longest output is observed per prompt.
         self.per_prompt = max(1, len(self.states) // max(1, len(prep.prompts)))
@@ -300,6 +305,7 @@ class Delivery:
         self._retry_settled = True
         for state in self.states:
             state.delivered = True
+            self.backend.metrics.awaiting.settled(state)
 
     def _settle_retry(self) -> None:
         if not self._retry_settled:
@@ -315,6 +321,7 @@ class Delivery:
         self._settle_retry()
         if not state.first_written:
             state.first_written = True
+            self.backend.metrics.awaiting.settled(state)
             req = state.choice.request
             state.ttft_s = (self.clock() if at is None else at) - req.arrival_time
             self.backend.metrics.observe_ttft(req.priority, state.ttft_s)
@@ -322,6 +329,7 @@ class Delivery:
     def last_output(self, state: ChoiceState) -> None:
         if not state.delivered:
             state.delivered = True
+            self.backend.metrics.awaiting.settled(state)
             req = state.choice.request
             e2e_s = self.clock() - req.arrival_time
             finish = state.finish or FinishReason.ABORT.value

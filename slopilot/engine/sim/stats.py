@@ -169,7 +169,10 @@ class SimStats:
             c.good_all_tokens += req.num_prompt_tokens + req.num_output_tokens
 
     def close(self) -> None:
-        """The run ended at ``horizon``: censor what the counted requests still wait for."""
+        """The run ended at ``horizon``: censor what the counted requests still wait for.
+        A censored TTFT is the wait so far, a lower bound: one past its class's TTFT
+        target ranks as a miss, as the live rules read a request still waiting past it
+        at a window's end (``engine/awaiting.py``)."""
         for req in self._open.values():
             c = self.classes[req.priority]
             c.unfinished += 1
@@ -289,6 +292,7 @@ def _figures(c: _ClassStats, duration_s: float) -> ClassFigures:
         slo_attainment=(c.met_slo / (c.finished + c.refused)
                         if c.finished + c.refused else None),
         requests_refused=c.refused, ttft_samples=len(c.ttft) + c.refused,
+        requests_awaiting=c.censored,
         samples=SampleStats(
             ttft_mean_ms=float(ttft.mean()) * 1000.0 if ttft is not None else None,
             ttft_p50_ms=ttft_percentile_ms(c.ttft, c.refused, 50),

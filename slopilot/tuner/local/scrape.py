@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slopilot.engine.histogram_quantiles import histogram_quantile, histogram_share_within
 from slopilot.engine.meter.exposition import ARRIVALS, INVALID
-from slopilot.engine.metric_names import ABANDONED, ARRIVED, REFUSED
+from slopilot.engine.metric_names import ABANDONED, ARRIVED, AWAITING, REFUSED
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.correction import WindowSample
 from slopilot.engine.sim.shape import FEATURES, KINDS, IterationShape
@@ -64,7 +64,12 @@ _TBT = "vllm:inter_token_latency_seconds_bucket"
 _HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 _BUSY, _WAITING = "slopilot_busy_ratio", "vllm:num_requests_waiting"
 _RUNNING = "vllm:num_requests_running"
-_GAUGES = {_BUSY, _WAITING, _RUNNING}  # not counters: a fall is no restart
+# The requests still waiting for a first token (a gauge, read in the window's last
+# scrape): past their TTFT target, in the TTFT's +Inf as the rules read them
+# (``rules.bucket_rates``); within it (kept under its own key), only counted as waiting
+# (``ClassFigures.requests_awaiting``).
+_AWAITING_WITHIN = AWAITING + ":within"
+_GAUGES = {_BUSY, _WAITING, _RUNNING, AWAITING, _AWAITING_WITHIN}  # a fall is no restart
 _TOKENS = "vllm:generation_tokens_total"
 # The requests never given a first token, in the TTFT's +Inf bucket as the rules count
 # them (``rules.bucket_rates``): turned away for load, or their client gone before it
@@ -80,7 +85,7 @@ _LENGTHS = {f"{name}_{part}" for name in (PROMPT_TOKENS, OUTPUT_TOKENS)
             for part in ("bucket", "sum", "count")}
 _KEEP = {_TTFT, _TBT, REFUSED, ABANDONED, _TOKENS, "vllm:e2e_request_latency_seconds_count",
          "vllm:num_preemptions_total", _HITS, _QUERIES, PREFILLED, ARRIVALS, INVALID, ARRIVED,
-         *_LENGTHS, *_GAUGES}
+         AWAITING, *_LENGTHS, *_GAUGES}
 Series = dict[tuple[str, str, float], float]  # (name, priority_class, le or -1) -> value
 
 
@@ -103,6 +108,9 @@ def _parse(text: str) -> Series:
             elif s.name == SLO_TOKENS:  # keyed by class, objectives judged and verdict
                 key = (s.name, f"{s.labels.get('priority_class', '')}/"
                        f"{s.labels.get('slo', '')}/{s.labels.get('met', '')}", _NO_LE)
+                out[key] = out.get(key, 0.0) + float(s.value)
+            elif s.name == AWAITING and s.labels.get(WITHIN_TTFT_TARGET) == "true":
+                key = (_AWAITING_WITHIN, s.labels.get("priority_class", ""), _NO_LE)
                 out[key] = out.get(key, 0.0) + float(s.value)
             elif s.labels.get(WITHIN_TTFT_TARGET) == "true":
                 # A client gone within its TTFT target missed nothing: the rules read it
@@ -377,6 +385,25 @@ class DirectScrape:
                 "busy_ratio_max": max(busy) if busy else None,
                 "requests_waiting": sum(waiting) if waiting else None}
 
+    def _awaiting(self, end: float, canary: bool
+                  ) -> tuple[dict[str, float], dict[str, float]]:
+        """Each class's requests given no first token yet in the last scrape by ``end``
+        (``ClassFigures.requests_awaiting``), and of them those past their TTFT target,
+        as the rules read the gauge (``last_over_time``); empty where no replica
+        exports it."""
+        snap = self._at(end) or _Snapshot({}, None)
+        waiting: dict[str, float] = {}
+        past: dict[str, float] = {}
+        for url, series in snap.series.items():
+            if canary and url != snap.canary:
+                continue
+            for (name, cls, _), value in series.items():
+                if name in (AWAITING, _AWAITING_WITHIN):
+                    waiting[cls] = waiting.get(cls, 0.0) + value
+                if name == AWAITING:
+                    past[cls] = past.get(cls, 0.0) + value
+        return waiting, past
+
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         return self._summary(start, end, canary, self.min_requests)
 
@@ -394,12 +421,15 @@ class DirectScrape:
                     out[c] = out.get(c, 0.0) + v
             return out
 
+        waiting, past = self._awaiting(end, canary)
+
         def buckets(name: str, cls: str | None) -> dict[float, float]:
             """Cumulative ``{le: count}`` of one class, or of every class (None); for
             TTFT, each request never given a first token (turned away for load, or its
-            client gone before it) in +Inf (``rules.bucket_rates``)."""
+            client gone before it, or still waiting for it past its target at the end)
+            in +Inf (``rules.bucket_rates``)."""
             out: dict[float, float] = {}
-            never = 0.0
+            never = sum(v for c, v in past.items() if c == cls or cls is None)
             for (n, c, le), v in d.items():
                 if c == cls or (cls is None and c in labels):
                     if n == name:
@@ -433,6 +463,7 @@ class DirectScrape:
                                     if n == "vllm:num_preemptions_total") * 60 / span,
             overall_ttft_p99_s=quantile(0.99, buckets(_TTFT, None)),
             overall_tbt_p99_s=quantile(0.99, buckets(_TBT, None)),
+            awaiting=waiting or None,
             duration_s=span, window=Window(start, end, canary), **self._gauges(end, canary),
             prefix_cache_hit_ratio=hits / queries if queries > 0 else None,
             **self._unwell(replicas, end, canary))

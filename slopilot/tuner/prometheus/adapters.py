@@ -34,6 +34,7 @@ from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
     LatencySources,
     RuleOptions,
+    awaiting_count,
     duration,
     latency_count,
     latency_quantile,
@@ -153,6 +154,10 @@ class PrometheusWindows:
         # What each class's TTFT P99 rests on, for the floor of requests a verdict needs:
         # on vLLM the meter's streams where it saw any, which may be few of the finished.
         out["ttft_samples"] = {None: latency_count(self.latency.ttft, s, w)}
+        # The requests still waiting for a first token at the window's end: a class sent
+        # traffic that its config starves (``ClassFigures.requests_awaiting``).
+        if (waiting := awaiting_count(self.latency.ttft, s, w)) is not None:
+            out["awaiting"] = {None: waiting}
         # The built-in engine's busy ratio (its own sliding share of wall time) as at the
         # window's end, as the direct scrape reads it; vLLM exports none (not measured).
         for stat in ("avg", "max"):
@@ -310,6 +315,8 @@ class PrometheusWindows:
         return window_summary(
             requests=requests, refused=self._by_class(q["refused"][None], end),
             ttft_samples=self._by_class(q["ttft_samples"][None], end),
+            awaiting=(self._by_class(q["awaiting"][None], end) if "awaiting" in q
+                      else None),
             throughput=self._by_class(q["throughput"][None], end),
             ttft_p99_s=p99["ttft"], tbt_p99_s=p99["tbt"], goodput=goodput,
             preemptions_per_min=self._scalar(q[_PREEMPT][None], end),

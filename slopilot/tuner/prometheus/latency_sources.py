@@ -19,7 +19,10 @@ answers no 429). Each TTFT histogram names the counters of those (``Histogram.ne
 which the rules read as observations in its +Inf bucket (``rules.bucket_rates``): the
 built-in engine counts both, the meter the streams cut short before a first token; of
 those cut short, only the ones whose client had waited past its TTFT target (a client
-gone within it missed nothing: ``slo.WITHIN_TTFT_TARGET``).
+gone within it missed nothing: ``slo.WITHIN_TTFT_TARGET``). So are the requests still
+waiting for one at the window's end past their target (``Histogram.waiting``, gauges: a
+class the config starves, whose clients have not given up yet), as the simulator ranks
+its censored TTFTs (``engine/awaiting.py``).
 
 The operator picks a backend's sources once (``operator.service_monitor.latency_sources``), and
 passes them to the rules, the trial windows and the dashboard alike.
@@ -32,8 +35,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
-from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_TBT, CLIENT_TTFT
-from slopilot.engine.metric_names import ABANDONED, REFUSED
+from slopilot.engine.meter.client_latency import (
+    CLIENT_ABANDONED,
+    CLIENT_AWAITING,
+    CLIENT_TBT,
+    CLIENT_TTFT,
+)
+from slopilot.engine.metric_names import ABANDONED, AWAITING, REFUSED
 
 TTFT = "vllm:time_to_first_token_seconds"
 TBT = "vllm:inter_token_latency_seconds"
@@ -58,6 +66,9 @@ class Histogram:
     never: tuple[str, ...] = ()
     """Counters (by ``priority_class``) of the requests it never observed because no
     first token reached their client: each one an observation in +Inf (TTFT only)."""
+    waiting: tuple[str, ...] = ()
+    """Gauges (by ``priority_class``) of the requests given no first token yet: those
+    past their TTFT target at the window's end, each an observation in +Inf (TTFT only)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,8 @@ class LatencySources:
 
 
 BUILTIN_LATENCY = LatencySources(
-    ttft=LatencySource(Histogram(TTFT, TOKEN_LATENCY_BUCKETS, never=(REFUSED, ABANDONED))),
+    ttft=LatencySource(Histogram(TTFT, TOKEN_LATENCY_BUCKETS, never=(REFUSED, ABANDONED),
+                                 waiting=(AWAITING,))),
     tbt=LatencySource(Histogram(TBT, TOKEN_LATENCY_BUCKETS)))
 """The built-in engine: its histograms, observed at its writes, are the client's."""
 
@@ -97,9 +109,10 @@ VLLM_LATENCY = LatencySources(
     # too: where the meter saw no first token (its clients ask for bodies, which it does
     # not time), a stream cut short is one more never given among vLLM's, not the class.
     ttft=LatencySource(Histogram(TTFT, tuple(VLLM_LATENCY_BUCKETS[TTFT]),
-                                 never=(CLIENT_ABANDONED,)),
+                                 never=(CLIENT_ABANDONED,), waiting=(CLIENT_AWAITING,)),
                        client=Histogram(CLIENT_TTFT, TOKEN_LATENCY_BUCKETS,
-                                        never=(CLIENT_ABANDONED,))),
+                                        never=(CLIENT_ABANDONED,),
+                                        waiting=(CLIENT_AWAITING,))),
     tbt=LatencySource(Histogram(TBT, tuple(VLLM_LATENCY_BUCKETS[TBT])),
                       client=Histogram(CLIENT_TBT, TOKEN_LATENCY_BUCKETS)))
 """vLLM behind the meter: the meter's client-side histograms, else vLLM's own."""

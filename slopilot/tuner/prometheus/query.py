@@ -151,13 +151,16 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
                    refused: Mapping[str, float] | None = None,
                    stalled_replicas: float | None = None,
                    targets_down: float | None = None,
-                   ttft_samples: Mapping[str, float] | None = None) -> WindowSummary:
+                   ttft_samples: Mapping[str, float] | None = None,
+                   awaiting: Mapping[str, float] | None = None) -> WindowSummary:
     """Per-class figures read from histograms and counters (by ``priority_class``) as a
     ``WindowSummary``: the one builder of both live sources, Prometheus and the direct
     scrape. P99s are in seconds, NaN (or absent) where a class had no samples; ``refused``:
     the requests each class turned away for load (none where absent); ``ttft_samples``:
     the observations each class's TTFT P99 ranks (``ClassFigures.ttft_samples``; None,
-    or a class absent, where not read).
+    or a class absent, where not read); ``awaiting``: the requests each class had given
+    no first token yet at the window's end (``ClassFigures.requests_awaiting``; None
+    where not read, a class absent where no replica exports it: None for it too).
 
     A class with no goodput series has no SLO (best effort): all its tokens count, as in
     the simulator. A NaN preemption rate or request rate (no series yet) reads as none.
@@ -166,6 +169,7 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
     refused = refused or {}
     _unexportable(requests=requests, refused=refused, throughput=throughput, goodput=goodput,
                   ttft_p99=ttft_p99_s, tbt_p99=tbt_p99_s, ttft_samples=ttft_samples or {},
+                  awaiting=awaiting or {},
                   preemptions={"": preemptions_per_min},
                   overall_ttft_p99={"": overall_ttft_p99_s},
                   overall_tbt_p99={"": overall_tbt_p99_s})
@@ -190,15 +194,19 @@ def window_summary(*, requests: Mapping[str, float], throughput: Mapping[str, fl
             tbt_p99_ms=ms(tbt_p99_s.get(c, math.nan)),
             requests_refused=number(refused.get(c, 0.0)),
             ttft_samples=None if ttft_samples is None else or_none(
-                ttft_samples.get(c, math.nan)))
+                ttft_samples.get(c, math.nan)),
+            requests_awaiting=None if awaiting is None else or_none(
+                awaiting.get(c, math.nan)))
     counted = [x.ttft_samples for x in classes.values()]
+    waiting = [x.requests_awaiting for x in classes.values() if x.requests_awaiting is not None]
     overall = ClassFigures(
         requests_finished=sum(x.requests_finished for x in classes.values()),
         requests_refused=sum(x.requests_refused for x in classes.values()),
         throughput_tok_s=sum(x.throughput_tok_s for x in classes.values()),
         goodput_tok_s=sum(x.goodput_tok_s for x in classes.values()),
         ttft_p99_ms=ms(overall_ttft_p99_s), tbt_p99_ms=ms(overall_tbt_p99_s),
-        ttft_samples=None if None in counted else sum(x or 0.0 for x in counted))
+        ttft_samples=None if None in counted else sum(x or 0.0 for x in counted),
+        requests_awaiting=sum(waiting) if waiting else None)
     return WindowSummary(
         duration_s=float(duration_s),
         preemptions_per_min=number(preemptions_per_min), overall=overall, classes=classes,

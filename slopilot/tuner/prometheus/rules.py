@@ -159,14 +159,46 @@ def bucket_rates(hist: Histogram, selector: str, window: str,
     away for load, 429; or its client left before it after waiting past its TTFT target:
     a stall's queue) is counted in the +Inf bucket beside the served ones, from the
     counters ``hist.never`` names; a client that left within its target missed nothing,
-    and is not. None of those series (an image from before them): the buckets as they
-    are."""
+    and is not. So is one still waiting for it at the window's end past its target
+    (``hist.waiting``'s gauges, as last scraped, over the window's seconds: a class
+    starved of first tokens). None of those series (an image from before them): the
+    buckets as they are."""
     buckets = f"sum by ({by}) (rate({hist.metric}_bucket{selector}[{window}]))"
-    if not hist.never:
+    never = _never(hist, selector, window, _others(by), "rate")
+    if never is None:
         return buckets
-    never = _summed_rates(hist.never, _missed_only(selector), window, _others(by))
     return (f'({buckets} + on ({by}) label_replace({never}, "le", "+Inf", "", "") '
             f"or {buckets})")
+
+
+def _never(hist: Histogram, selector: str, window: str, others: str, fn: str
+           ) -> str | None:
+    """The first tokens never given that ``hist``'s +Inf holds, summed by ``others``: the
+    ``never`` counters' ``fn`` (rate or increase) and, where they miss their target,
+    the ``waiting`` gauges as last scraped (over the window's seconds for a rate)."""
+    missed = _missed_only(selector)
+    terms = []
+    if hist.never:
+        terms.append(_summed_rates(hist.never, missed, window, others, fn))
+    # A dashboard's range is Grafana's to choose (``$__rate_interval``), in no seconds
+    # PromQL can divide by: its panels rank the first tokens never given alone, as before.
+    waiting = () if window.startswith("$") else hist.waiting
+    for gauge in waiting:
+        per = "" if fn == "increase" else f" / {_seconds(window)}"
+        last = f"last_over_time({gauge}{missed}[{window}])"
+        terms.append((f"sum by ({others}) ({last})" if others else f"sum({last})") + per)
+    if not terms:
+        return None
+    out = terms[0]
+    for term in terms[1:]:
+        # One absent leaves the other read (``_summed_rates``), pair by pair.
+        out = f"({out} + {term} or {out} or {term})"
+    return out
+
+
+def _seconds(window: str) -> int:
+    """The seconds of a ``duration`` text ('2m', '90s')."""
+    return int(window[:-1]) * (60 if window.endswith("m") else 1)
 
 
 def latency_quantile(q: float, source: LatencySource, selector: str, window: str,
@@ -204,9 +236,9 @@ def latency_count(source: LatencySource, selector: str, window: str,
     meter's few streams, and that P99 rests on those, not on every request finished."""
     def counted(hist: Histogram) -> str:
         seen = f"sum by ({by}) (increase({hist.metric}_count{selector}[{window}]))"
-        if not hist.never:
+        never = _never(hist, selector, window, by, "increase")
+        if never is None:
             return seen
-        never = _summed_rates(hist.never, _missed_only(selector), window, by, "increase")
         return f"({seen} + on ({by}) {never} or {seen})"
 
     own = counted(source.engine)
@@ -214,6 +246,22 @@ def latency_count(source: LatencySource, selector: str, window: str,
         return own
     seen = _summed_rates((f"{source.client.metric}_count",), selector, window, by) + " > 0"
     return f"({counted(source.client)} and on ({by}) ({seen})) or {own}"
+
+
+def awaiting_count(source: LatencySource, selector: str, window: str,
+                   by: str = "priority_class") -> str | None:
+    """The requests given no first token yet at the end of ``window``, within their TTFT
+    target or past it, summed ``by``: the ``waiting`` gauges of the TTFT histograms,
+    as last scraped (``ClassFigures.requests_awaiting``); None where they name none."""
+    names = dict.fromkeys(g for hist in (source.engine, source.client) if hist is not None
+                          for g in hist.waiting)
+    if not names:
+        return None
+    terms = [f"sum by ({by}) (last_over_time({g}{selector}[{window}]))" for g in names]
+    out = terms[0]
+    for term in terms[1:]:
+        out = f"({out} + {term} or {out} or {term})"
+    return out
 
 
 def _le(edge: float) -> str:
