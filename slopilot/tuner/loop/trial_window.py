@@ -23,7 +23,7 @@ from slopilot.tuner.study.objective import (
     score,
     unmeasured,
 )
-from slopilot.tuner.study.sample_floor import Shortfall, shortfall
+from slopilot.tuner.study.sample_floor import Shortfall, shortfall, starved
 
 
 def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | Go:
@@ -47,7 +47,7 @@ def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | G
     why = _no_verdict(ctx, summary)
     if why is not None:
         return _repeat(ctx, now, t, why)
-    bound = _bound(ctx)
+    bound = _bound(ctx, summary)
     short = shortfall(summary, s.slo, s.min_class_requests, now - start, bound)
     if short is not None and not _decisive_miss(ctx, summary, bound, now - start):
         if (breach := _breach(ctx, summary)) is not None:
@@ -56,13 +56,20 @@ def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | G
     return _scored(ctx, now, t, summary, start)
 
 
-def _bound(ctx: LoopContext) -> frozenset[str] | None:
+def _bound(ctx: LoopContext, summary: WindowSummary) -> frozenset[str] | None:
     """The classes the floor binds: those the episode's alerts are about (every judged
-    class where they name none). Another class's figures decide no commit on fewer than
-    the floor: within its SLO, its sparse P99 is no evidence either way and holds the
-    trial back from nothing; over it, it is a miss (``_decisive_miss``)."""
+    class where they name none), and any class ``starved`` in the window (clients left
+    waiting for a first token, fewer samples than the floor). Another class's figures
+    decide no commit on fewer than the floor: within its SLO, its sparse P99 is no
+    evidence either way and holds the trial back from nothing; over it, it is a miss
+    (``_decisive_miss``). A starved class within it is no evidence of an SLO met: its
+    few first tokens are the lucky ones while the rest wait (its waiters past their
+    target are in its P99 already, and a breach cuts the trial: ``_breach``)."""
     about = ctx.loop.episode_classes
-    return frozenset(about) if about else None
+    if not about:
+        return None
+    s = ctx.settings
+    return frozenset(about) | starved(summary, s.slo, s.min_class_requests)
 
 
 def _decisive_miss(ctx: LoopContext, summary: WindowSummary,
@@ -277,7 +284,9 @@ def both_windows(first: WindowSummary, second: WindowSummary) -> WindowSummary:
             slo_attainment=worse(a.slo_attainment, b.slo_attainment, min),
             requests_refused=a.requests_refused + b.requests_refused,
             ttft_samples=None if a.ttft_samples is None or b.ttft_samples is None
-            else a.ttft_samples + b.ttft_samples)
+            else a.ttft_samples + b.ttft_samples,
+            # Waiting at the end of both: the second window's (the first's were in it).
+            requests_awaiting=b.requests_awaiting)
 
     return dataclasses.replace(
         second, duration_s=first.duration_s + second.duration_s,

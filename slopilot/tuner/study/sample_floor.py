@@ -7,8 +7,13 @@ a window says little; the simulated ones (the capacity oracle, the warm-start st
 made longer until they hold a floor of each judged class, and the live trial windows
 are extended until they do (``ControllerSettings.min_class_requests``).
 
-A judged class is one with a P99 term in the SLO that the summary has requests of: a
-class the traffic does not send is no verdict's subject.
+A judged class is one with a P99 term in the SLO that the summary has requests of
+(finished, ranked by its TTFT, or waiting for a first token at the window's end): a
+class the traffic does not send is no verdict's subject. One with clients still waiting
+at the end and fewer samples than the floor is ``starved``: no commit is decided on its
+few lucky first tokens (or on none) while its other clients wait; the loop holds it to
+the floor as the classes the alerts are about (``trial_window._bound``), unless its
+waiters past their target already read it over its SLO (they are in its P99).
 
 A bursty load (gamma gaps of cv > 1, as the probes measure it: ``burstiness.py``) needs
 more: its requests come in clumps, and a P99 over n of them rests on about n / cv^2
@@ -24,6 +29,7 @@ import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from slopilot.engine.request import Priority
 from slopilot.engine.sim.arrivals import Gamma
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.workload_spec import OpenLoopSpec
@@ -88,9 +94,26 @@ def judged_counts(summary: WindowSummary, slo: SLOSpec) -> dict[str, float]:
     for p, c in slo.classes().items():
         figures = summary.classes[p]
         n = figures.requests_finished
-        if (c.ttft_p99_ms is not None or c.tbt_p99_ms is not None) and n > 0:
+        sent = n > 0 or (figures.ttft_samples or 0.0) > 0 \
+            or (figures.requests_awaiting or 0.0) > 0
+        if (c.ttft_p99_ms is not None or c.tbt_p99_ms is not None) and sent:
             out[p.label] = n if figures.ttft_samples is None else figures.ttft_samples
     return out
+
+
+def starved(summary: WindowSummary, slo: SLOSpec, floor: int) -> frozenset[str]:
+    """The judged classes with requests still waiting for a first token at the window's
+    end (``ClassFigures.requests_awaiting``) and fewer than ``floor`` samples: a class
+    its config serves few first tokens, or none, while its clients wait. Its P99 rests
+    on the lucky few (a starved P1 read 200 ms on 2 of 113 requests), and no sample at
+    all reads as an SLO met (``objective.NO_SAMPLES``)."""
+    return frozenset(
+        label for label, n in judged_counts(summary, slo).items()
+        if n < floor and (summary.classes[_priority(label)].requests_awaiting or 0.0) > 0)
+
+
+def _priority(label: str) -> Priority:
+    return next(p for p in Priority if p.label == label)
 
 
 def shortfall(summary: WindowSummary, slo: SLOSpec, floor: int, duration_s: float,
