@@ -118,6 +118,21 @@ def test_a_window_reads_the_requests_each_class_turned_away() -> None:
                                                ).overall.requests_refused == 0.0  # vLLM
 
 
+def test_a_window_reads_the_requests_each_class_left_waiting_for_a_first_token() -> None:
+    """At the window's end, from the engine's gauge (within their target or past it): a
+    class the config starves has clients waiting however few first tokens it served."""
+    from slopilot.engine.metric_names import AWAITING
+
+    q = Recorded({f'{AWAITING}{{slopilot_deployment="d"}}[': {"p1": 111.0, "p0": 2.0},
+                  **answers()})
+    s = windows(q).measure(90.0, 100.0, canary=False)
+    assert [s.classes[p].requests_awaiting for p in Priority] == [2.0, 111.0, None]
+    assert s.overall.requests_awaiting == 113.0
+    # An image from before the gauge: not read, not zero.
+    old = windows(Recorded(answers())).measure(90.0, 100.0, canary=False)
+    assert old.classes[Priority.P1].requests_awaiting is None
+
+
 def test_the_canary_window_selects_the_canary_series() -> None:
     q = Recorded(answers())
     windows(q).measure(90.0, 100.0, canary=True)

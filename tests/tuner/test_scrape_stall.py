@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import httpx
 
-from slopilot.engine.metric_names import ABANDONED
+from slopilot.engine.metric_names import ABANDONED, AWAITING
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.tuner.local.scrape import DirectScrape
@@ -116,3 +116,31 @@ def test_clients_gone_within_their_target_are_no_first_tokens_never_given() -> N
     # Rank 0.99 x 601 of 600 within (0.1, 5] s, not among the one never given.
     p99 = s.classes[Priority.P1].ttft_p99_ms
     assert p99 is not None and p99 < 5000.0
+
+
+def _starving(served: int, past: int, within: int) -> bytes:
+    """A replica serving P0 (``served`` first tokens and requests finished, all under
+    100 ms), with P1 given none: ``past`` P1 streams waiting past their TTFT target,
+    ``within`` within it (``AWAITING``)."""
+    return "".join([
+        f'vllm:e2e_request_latency_seconds_count{{priority_class="p0"}} {served}\n',
+        f'{TTFT}{{priority_class="p0",le="0.1"}} {served}\n',
+        f'{TTFT}{{priority_class="p0",le="+Inf"}} {served}\n',
+        f'{TTFT}{{priority_class="p1",le="0.1"}} 0\n',
+        f'{TTFT}{{priority_class="p1",le="5.0"}} 0\n',
+        f'{TTFT}{{priority_class="p1",le="+Inf"}} 0\n',
+        f'{AWAITING}{{priority_class="p1",within_ttft_target="false"}} {past}\n',
+        f'{AWAITING}{{priority_class="p1",within_ttft_target="true"}} {within}\n',
+        "vllm:generation_tokens_total 0\n",
+        "vllm:num_requests_running 8\nvllm:num_requests_waiting 0\n",
+    ]).encode()
+
+
+def test_a_class_starved_of_first_tokens_reads_its_waiters_past_target_as_misses() -> None:
+    # P1 had no first token in the window; at its end 40 of its clients have waited past
+    # its target and 5 within it: as the rules read the gauge's last scrape, the 40 are
+    # first tokens never given (its P99 the top edge), and all 45 are waiting.
+    scrape = scraped([100.0, 160.0], {"a": [_starving(100, 0, 3), _starving(400, 40, 5)]},
+                     RuleOptions())
+    p1 = scrape.measure(100.0, 160.0, canary=False).classes[Priority.P1]
+    assert (p1.ttft_p99_ms, p1.ttft_samples, p1.requests_awaiting) == (5000.0, 40.0, 45.0)
