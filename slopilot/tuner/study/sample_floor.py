@@ -102,14 +102,21 @@ def judged_counts(summary: WindowSummary, slo: SLOSpec) -> dict[str, float]:
 
 
 def starved(summary: WindowSummary, slo: SLOSpec, floor: int) -> frozenset[str]:
-    """The judged classes with requests still waiting for a first token at the window's
-    end (``ClassFigures.requests_awaiting``) and fewer than ``floor`` samples: a class
-    its config serves few first tokens, or none, while its clients wait. Its P99 rests
-    on the lucky few (a starved P1 read 200 ms on 2 of 113 requests), and no sample at
-    all reads as an SLO met (``objective.NO_SAMPLES``)."""
-    return frozenset(
-        label for label, n in judged_counts(summary, slo).items()
-        if n < floor and (summary.classes[_priority(label)].requests_awaiting or 0.0) > 0)
+    """The judged classes with fewer than ``floor`` samples and at least as many requests
+    still waiting for a first token at the window's end (``ClassFigures.requests_awaiting``)
+    as first tokens served: a class its config serves few, or none, while its clients
+    wait. Its P99 rests on the lucky few (a starved P1 read 200 ms on 2 of 113 requests),
+    and no sample at all reads as an SLO met (``objective.NO_SAMPLES``). The first tokens
+    served are its samples less those of the waiters ranked among them (past their
+    target), at most all of them: so at least ``samples - awaiting``, and a class is
+    starved where ``2 x awaiting >= samples``. A trickle with one request in flight at
+    the end (5 served, 1 waiting) is not: its sparse P99 holds nothing back, as before."""
+    out = set()
+    for label, n in judged_counts(summary, slo).items():
+        waiting = summary.classes[_priority(label)].requests_awaiting or 0.0
+        if n < floor and waiting > 0 and 2.0 * waiting >= n:
+            out.add(label)
+    return frozenset(out)
 
 
 def _priority(label: str) -> Priority:
