@@ -49,10 +49,13 @@ ACCOUNTING_KEYS = {"requests_arrived", "requests_rejected", "requests_unfinished
 # ttft_measured_pct: the percent of the TTFT ranking measured (the rest refused for load).
 # ttft_samples: how many requests the TTFT ranking holds (measured, censored and refused),
 # what the loop's sample floor counts (sample_floor.py).
+# requests_awaiting: those still waiting for a first token at the end (the censored ones),
+# as a live window reads its engines' gauge of them (engine/awaiting.py).
 ADDED_TOP_KEYS = ACCOUNTING_KEYS | {"busy_ratio_max", "p99_within_slo", "requests_refused",
-                                    "ttft_measured_pct", "ttft_samples"}
+                                    "ttft_measured_pct", "ttft_samples", "requests_awaiting"}
 ADDED_CLASS_KEYS = ACCOUNTING_KEYS | {"p99_within_slo", "slo_ttft_p99_ms", "slo_tbt_p99_ms",
-                                      "requests_refused", "ttft_measured_pct", "ttft_samples"}
+                                      "requests_refused", "ttft_measured_pct", "ttft_samples",
+                                      "requests_awaiting"}
 
 
 def test_json_keys_are_exactly_the_published_ones(capsys: pytest.CaptureFixture[str]) -> None:
