@@ -4,10 +4,11 @@ vLLM's exposition (asked for in the text format, whose names keep their colons),
 the verdict counters (``Verdicts.families``), then the client-side histograms and the
 choices cut short before a first token, then the Responses streams replayed, then the
 requests arrived and those of them refused as invalid, then when the meter started,
-then the connection cap's counts (``connection_cap.py``): one answer, one ``instance``, so
-the goodput rule joins vLLM's tokens and the verdicts per replica, and the workload probe
-tells a replica that counts its arrivals from one that does not, and takes each replica's
-invalid requests off its own arrivals.
+then those in flight, then the connection cap's counts (``connection_cap.py``): one
+answer, one ``instance``, so the goodput rule joins vLLM's tokens and the verdicts per
+replica, the workload probe tells a replica that counts its arrivals from one that does
+not, and takes each replica's invalid requests off its own arrivals, and the stall rule
+reads a replica's vLLM gauges beside its meter's requests in flight.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ deployment is judged on, began again at 0 then, which Prometheus cannot tell onc
 pass their old values; a trial window in which it moved is rejected
 (``tuner/prometheus/adapters``). vLLM's own ``process_start_time_seconds`` is in its
 exposition already, and the meter's process is another."""
+IN_FLIGHT = "slopilot_meter_requests_in_flight"
+"""The requests for generation the meter forwarded whose exchange has not ended (answered
+in full, the client gone, the engine failed or broke off): a gauge, which the stall rule
+reads beside vLLM's own, whose running and waiting gauges may hold their last step's
+values once every request was aborted (``rules._Renderer.stalled_replicas``)."""
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -57,7 +63,8 @@ def meter_series() -> frozenset[str]:
     """Every series the meter adds to vLLM's, by the name Prometheus stores: with vLLM's
     own, all a vLLM deployment's queries (its dashboard's, its rules') may read."""
     names = {SLO_REQUESTS, SLO_TOKENS, f"{REPLAYED_STREAMS}_total", ARRIVALS, INVALID,
-             CLIENT_ABANDONED, CLIENT_AWAITING, METER_START, *CONNECTION_SERIES}
+             CLIENT_ABANDONED, CLIENT_AWAITING, METER_START, IN_FLIGHT,
+             *CONNECTION_SERIES}
     for histogram in CLIENT_SERIES:
         names |= {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"}
     return frozenset(names)
@@ -73,6 +80,7 @@ class Scraped(Protocol):
     replays: int
     arrivals: int
     invalid: int
+    in_flight: int
 
     def awaiting(self) -> Mapping[bool, int]:
         """Choices of the streams running given no first token yet, by whether their
@@ -92,6 +100,7 @@ def own_registry(meter: Scraped) -> TextRegistry:
     registry.register(_ReplayCollector(meter))
     registry.register(_ArrivalCollector(meter))
     registry.register(_StartCollector(time.time()))
+    registry.register(_InFlightCollector(meter))
     return registry
 
 
@@ -193,6 +202,20 @@ class _ArrivalCollector(Collector):
             family = CounterMetricFamily(name, doc, labels=["model_name", "priority_class"])
             family.add_metric(labels, count)
             yield family
+
+
+class _InFlightCollector(Collector):
+    def __init__(self, meter: Scraped) -> None:
+        self.meter = meter
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily(
+            IN_FLIGHT, "Requests for generation forwarded to the engine whose exchange "
+            "has not ended (answered in full, the client gone, the engine failed or broke "
+            "off).", labels=["model_name", "priority_class"])
+        family.add_metric([self.meter.model_name, self.meter.priority.label],
+                          self.meter.in_flight)
+        yield family
 
 
 async def scrape(client: httpx.AsyncClient, upstream: str, send: Send,

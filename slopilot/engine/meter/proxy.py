@@ -29,6 +29,10 @@
   counted again as such (``invalid``) once its status comes, and the probe takes it off:
   counted at the status instead, a body's arrival would wait for its end, and a client
   gone before any status would not be counted at all.
+- Each request for generation is in ``in_flight`` from when it is forwarded until its
+  exchange ends, however it ends (answered, the client gone, the engine failed or broke
+  off, cancelled): the stall rule's word on whether a vLLM replica has work, where
+  vLLM's own running and waiting gauges may hold their last step's values.
 - ``GET /metrics`` is vLLM's exposition with the meter's own after it (``exposition``).
 """
 
@@ -89,6 +93,8 @@ class _Exchange:
 
     judge: StreamJudge | None = None
     counted: bool = False
+    in_flight: bool = False
+    """A request for generation forwarded, in ``Meter.in_flight`` until its exchange ends."""
 
 
 class _ClientGone(Exception):
@@ -141,6 +147,9 @@ class Meter:
         self.running: set[_Exchange] = set()
         """The exchanges under way, whose judged streams' choices may still wait for a
         first token (``awaiting``)."""
+        self.in_flight = 0
+        """The requests for generation forwarded whose exchange has not ended: vLLM's own
+        gauges may hold their last step's values once every request was aborted."""
         self.connection_cap: ConnectionCap | None = None
         """The slots of ``--max-connections`` (``count_connections``)."""
 
@@ -191,6 +200,11 @@ class Meter:
             # The client left, or the engine's answer broke off: judged as cut short.
             self._count(exchange)
             self.running.discard(exchange)
+            # Here, where every end passes: answered, the client gone, the engine
+            # failed or broke off, the forwarding cancelled.
+            if exchange.in_flight:
+                exchange.in_flight = False
+                self.in_flight -= 1
         if forward.done() and not forward.cancelled() and (exc := forward.exception()):
             raise exc
 
@@ -249,6 +263,9 @@ class Meter:
         plan = await self.planner.plan(scope["method"], url.path, body, arrival)
         del body
         self.arrivals += plan.at_once
+        if plan.arrivals:
+            exchange.in_flight = True
+            self.in_flight += 1
         judge = exchange.judge = plan.judge
         strip, arrivals, at_once = plan.strip, plan.arrivals, plan.at_once
         headers = request_headers(scope)
