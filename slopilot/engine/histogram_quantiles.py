@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 
@@ -29,24 +29,54 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
     return lo_edge + (edges[i] - lo_edge) * ((rank - lo_count) / width if width else 1.0)
 
 
+EDGE_TOLERANCE = 1e-12
+"""A threshold this close to an edge is on it (thresholds are ms / 1000, edges text)."""
+
+
+def straddled(edges: Iterable[float], thresholds: Iterable[float]
+              ) -> tuple[tuple[float, float], ...]:
+    """``(upper edge, threshold)`` for each bucket of ``edges`` that holds a threshold
+    strictly inside (the lowest, where it holds several), in order. A threshold on an
+    edge is in none; one past the last finite edge neither (``histogram_quantile`` reads
+    that edge there, under it)."""
+    finite = sorted(e for e in edges if math.isfinite(e))
+    out: dict[float, float] = {}
+    for t in sorted(thresholds):
+        if any(abs(e - t) <= EDGE_TOLERANCE for e in finite):
+            continue
+        hi = next((e for e in finite if e > t), None)
+        if hi is not None:
+            out.setdefault(hi, t)
+    return tuple(sorted(out.items()))
+
+
+def judged_quantile(q: float, buckets: Mapping[float, float],
+                    thresholds: Iterable[float] = ()) -> float:
+    """``histogram_quantile`` read so that it claims none of ``thresholds`` breached
+    where the buckets cannot prove it, as the recording rules read a P99
+    (``rules.judged_buckets``): each bucket that holds a threshold strictly inside is
+    read as if its observations lay at or under the lowest such one; every other bucket
+    as it is. So it reads above a threshold exactly where more than ``1 - q`` of the
+    observations are above the first edge at or above it."""
+    copies = {t: buckets[hi] for hi, t in straddled(buckets, thresholds)}
+    return histogram_quantile(q, {**buckets, **copies})
+
+
 def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> float:
     """The share of observations at or under ``threshold`` from cumulative
-    ``{le: count}`` (with ``+Inf``), read as ``histogram_quantile`` reads a bucket, uniform
-    inside it; the recording rules compute the same (``rules.fraction_within``). NaN when
-    empty."""
+    ``{le: count}`` (with ``+Inf``): off the edges, the share at or under the first edge
+    above it, the bucket that holds it counted within (none can tell which of its
+    observations are over, and a P99 read there claims no breach either,
+    ``judged_quantile``); past the last finite edge, that edge's. The recording rules
+    compute the same (``rules.fraction_within``). NaN when empty."""
     total = buckets.get(math.inf, 0.0)
     if total <= 0:
         return math.nan
     edges = sorted(e for e in buckets if not math.isinf(e))
-    lower = [e for e in edges if e <= threshold + 1e-12]
-    upper = [e for e in edges if e > threshold + 1e-12]
-    if lower and (abs(lower[-1] - threshold) <= 1e-12 or not upper):
-        return buckets[lower[-1]] / total
-    hi = upper[0]
-    if not lower:
-        return buckets[hi] * (threshold / hi) / total
-    lo = lower[-1]
-    return (buckets[lo] + (buckets[hi] - buckets[lo]) * (threshold - lo) / (hi - lo)) / total
+    if not edges:
+        return 1.0
+    edge = next((e for e in edges if e >= threshold - EDGE_TOLERANCE), edges[-1])
+    return buckets[edge] / total
 
 
 def latency_quantile(q: float, seconds: Sequence[float], never: int = 0) -> float:

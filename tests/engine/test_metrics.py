@@ -233,15 +233,18 @@ def test_recorders_directly() -> None:
 
 
 @pytest.mark.parametrize(("threshold", "share"), [
-    (0.02, 0.8),     # between 0.01 and 0.025: 60 + 30 * 10 / 15 of 100, as the rules read it
+    # Between 0.01 and 0.025: the bucket that holds it counted within (which of its
+    # observations are over 20 ms no one can tell; read uniform it was 0.8, a third of a
+    # bucket of 12 ms gaps counted as missed), as the rules read it.
+    (0.02, 0.9),
     (0.025, 0.9),    # on an edge: that bucket's count
-    (0.005, 0.3),    # below the first edge: from 0 at 0
+    (0.005, 0.6),    # below the first edge: the first bucket's count
     (0.5, 1.0),      # past the last finite edge: its count
 ])
 def test_the_share_within_an_slo_is_read_as_the_recording_rules_read_it(
         threshold: float, share: float) -> None:
     # The demo's direct scrape and the Prometheus rules must give one goodput: the same
-    # vLLM-shaped histogram as tests/tuner/test_rules.py's promtool test (0.8 at 20 ms).
+    # vLLM-shaped histogram as tests/tuner/test_rules.py's promtool test (0.9 at 20 ms).
     from slopilot.engine.histogram_quantiles import histogram_share_within
 
     buckets = {0.01: 60.0, 0.025: 90.0, 0.05: 100.0, math.inf: 100.0}
@@ -331,3 +334,25 @@ def test_the_bucketed_ttft_quantile_reads_first_tokens_never_given_in_inf() -> N
     # inside (0.046, 0.05]
     assert latency_quantile(0.99, served) == pytest.approx(0.046 + 0.004 * 0.99)
     assert latency_quantile(0.99, served, never=2) == TOKEN_LATENCY_BUCKETS[-1]
+
+
+@pytest.mark.parametrize(("thresholds", "p99"), [
+    ((), 0.02485),           # read as it is: 10 + 15 x 0.99 ms, over a 20 ms SLO
+    ((0.02, 0.04), 0.0199),  # 20 ms inside (10, 25]: spread over (10, 20] ms instead
+    ((0.01, 0.025), 0.02485),  # on edges: as it is
+    ((0.005,), 0.02485),     # in another bucket than the P99's
+])
+def test_a_p99_is_read_as_the_recording_rules_judge_it(
+        thresholds: tuple[float, ...], p99: float) -> None:
+    # Every gap 12 ms, in vLLM's (10, 25] ms: the rules' judged P99 (rules.judged_buckets)
+    # claims no breach of 20 ms that the buckets cannot prove; the direct scrape reads
+    # the same.
+    from slopilot.engine.histogram_quantiles import judged_quantile
+
+    buckets = {0.01: 0.0, 0.025: 100.0, 0.05: 100.0, math.inf: 100.0}
+    assert judged_quantile(0.99, buckets, thresholds) == pytest.approx(p99)
+    # 10 % past 25 ms, in (25, 50]: over 20 ms for sure, over 40 ms not (25 + 15 x 0.9
+    # ms, not 25 + 25 x 0.9).
+    slow = {0.01: 0.0, 0.025: 90.0, 0.05: 100.0, math.inf: 100.0}
+    assert judged_quantile(0.99, slow, (0.02, 0.04)) == pytest.approx(0.0385)
+    assert judged_quantile(0.99, slow, ()) == pytest.approx(0.0475)

@@ -359,14 +359,15 @@ def test_goodput_reads_a_vllm_histogram_whose_edges_miss_the_slo(
     rules = tmp_path / "rules.yaml"
     rules.write_text(render_rules_yaml(spec, "d", namespace="n",
                                        latency=VLLM_LATENCY))
-    # Per minute: 100 gaps, 60 within 10 ms and 90 within 25 ms, read as Prometheus'
-    # histogram_quantile reads a bucket (uniform inside it): 60 + 30 * (20 - 10) /
-    # (25 - 10) = 80 within 20 ms; 10 first tokens, 8 within 100 ms.
+    # Per minute: 100 gaps, 60 within 10 ms and 90 within 25 ms: the 30 in (10, 25] ms
+    # may each be within 20 ms or not, and are counted within (``fraction_within``: a
+    # share read uniform inside the bucket put 80 within, a third of a bucket of 12 ms
+    # gaps over the SLO); 10 first tokens, 8 within 100 ms.
     tbt = {"0.01": 60, "0.025": 90, "0.05": 100, "+Inf": 100}
     ttft = {"0.1": 8, "0.25": 10, "+Inf": 10}
     test = _vllm_goodput_test("rules.yaml", {"vllm:inter_token_latency_seconds": tbt,
                                              "vllm:time_to_first_token_seconds": ttft})
-    _assert_p0_goodput(prometheus_binaries, tmp_path, test, 10 * (80 / 100) * (8 / 10))
+    _assert_p0_goodput(prometheus_binaries, tmp_path, test, 10 * (90 / 100) * (8 / 10))
 
 
 @pytest.mark.prometheus

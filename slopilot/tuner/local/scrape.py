@@ -29,7 +29,11 @@ from itertools import pairwise
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from slopilot.engine.histogram_quantiles import histogram_quantile, histogram_share_within
+from slopilot.engine.histogram_quantiles import (
+    histogram_quantile,
+    histogram_share_within,
+    judged_quantile,
+)
 from slopilot.engine.meter.exposition import ARRIVALS, INVALID
 from slopilot.engine.metric_names import ABANDONED, ARRIVED, AWAITING, REFUSED
 from slopilot.engine.request import Priority
@@ -39,6 +43,7 @@ from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.engine.window_summary import Window, WindowSummary
 from slopilot.tuner.prometheus.adapters import MIN_WINDOW_REQUESTS
+from slopilot.tuner.prometheus.alert_table import latency_thresholds
 from slopilot.tuner.prometheus.alerts import Alert, SummaryAlerts
 from slopilot.tuner.prometheus.burstiness import (
     BURST_WINDOW_S,
@@ -204,6 +209,9 @@ class DirectScrape:
         self._snaps: deque[tuple[float, _Snapshot]] = deque(
             maxlen=max(2, int(history_s / interval_s)))
         self._alerts = SummaryAlerts(slo, options)
+        self._thresholds = {ttft: latency_thresholds(slo, options, ttft=ttft)
+                            for ttft in (True, False)}
+        """Per class, what its TTFT (True) and TBT P99s are judged against."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scrape", daemon=True)
@@ -453,11 +461,17 @@ class DirectScrape:
         return window_summary(
             requests=requests, refused=by_class(REFUSED),
             throughput={c: v / span for c, v in tokens.items()},
-            ttft_p99_s={p.label: quantile(0.99, buckets(_TTFT, p.label)) for p in Priority},
+            # Judged as the rules judge them (``judged_quantile``): no threshold of the
+            # alert table claimed breached that the buckets cannot prove.
+            ttft_p99_s={p.label: judged_quantile(0.99, buckets(_TTFT, p.label),
+                                                 self._thresholds[True].get(p.label, ()))
+                        for p in Priority},
             # Its +Inf: every observation the P99 ranks, those never given a first token too.
             ttft_samples={p.label: buckets(_TTFT, p.label).get(math.inf, 0.0)
                           for p in Priority},
-            tbt_p99_s={p.label: quantile(0.99, buckets(_TBT, p.label)) for p in Priority},
+            tbt_p99_s={p.label: judged_quantile(0.99, buckets(_TBT, p.label),
+                                                self._thresholds[False].get(p.label, ()))
+                       for p in Priority},
             goodput=goodput,
             preemptions_per_min=sum(v for (n, _, _), v in d.items()
                                     if n == "vllm:num_preemptions_total") * 60 / span,

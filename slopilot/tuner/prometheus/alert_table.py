@@ -411,3 +411,21 @@ def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
         "them have cleared. The controller neither retunes nor scales while it fires; "
         "check the pods and the ServiceMonitor (docs/operations.md, Alerts)."))
     return tuple(rows)
+
+
+def latency_thresholds(slo: SLOSpec, options: RuleOptions, *, ttft: bool
+                       ) -> dict[str, tuple[float, ...]]:
+    """Per class, every threshold (seconds) its TTFT (``ttft``) or TBT P99 is judged
+    against: the table's rows and the SLO itself (a trial's verdict, the goodput). The
+    rules read a P99 so that none of them is claimed breached where the histogram's
+    buckets cannot prove it (``rules.judged_buckets``); a class without one: left out."""
+    out: dict[str, set[float]] = {}
+    for p, target in slo.classes().items():
+        ms = target.ttft_p99_ms if ttft else target.tbt_p99_ms
+        if ms is not None:
+            out.setdefault(p.label, set()).add(ms / 1000)
+    for row in alert_table(slo, options):
+        for cond in row.conditions:
+            if cond.figure.per_class and cond.figure.is_ttft == ttft:
+                out.setdefault(row.priority_class, set()).add(cond.threshold)
+    return {cls: tuple(sorted(values)) for cls, values in out.items()}

@@ -41,6 +41,7 @@ from slopilot.engine.meter.client_latency import (
     CLIENT_TBT,
     CLIENT_TTFT,
 )
+from slopilot.engine.meter.exposition import IN_FLIGHT
 from slopilot.engine.metric_names import ABANDONED, AWAITING, REFUSED
 
 TTFT = "vllm:time_to_first_token_seconds"
@@ -87,6 +88,10 @@ class LatencySources:
 
     ttft: LatencySource
     tbt: LatencySource
+    in_flight: str | None = None
+    """A gauge of the requests in flight at each replica, by the client's side (the
+    meter's), where the engine's own running and waiting gauges may be stale; None where
+    they are not (the built-in engine's). The stall rule reads it beside them."""
 
     def edges(self, metric: str) -> tuple[float, ...]:
         """``metric``'s bucket edges (an unknown one's: the built-in engine's)."""
@@ -114,5 +119,8 @@ VLLM_LATENCY = LatencySources(
                                         never=(CLIENT_ABANDONED,),
                                         waiting=(CLIENT_AWAITING,))),
     tbt=LatencySource(Histogram(TBT, tuple(VLLM_LATENCY_BUCKETS[TBT])),
-                      client=Histogram(CLIENT_TBT, TOKEN_LATENCY_BUCKETS)))
+                      client=Histogram(CLIENT_TBT, TOKEN_LATENCY_BUCKETS)),
+    # vLLM may hold its running and waiting gauges from its last step once every
+    # request was aborted: the meter counts its own.
+    in_flight=IN_FLIGHT)
 """vLLM behind the meter: the meter's client-side histograms, else vLLM's own."""

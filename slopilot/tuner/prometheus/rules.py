@@ -16,13 +16,14 @@ labels, which the operator's ServiceMonitor puts on every series it scrapes).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from prometheus_client.utils import floatToGoString
 
+from slopilot.engine.histogram_quantiles import EDGE_TOLERANCE, straddled
 from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.alert_table import (
@@ -32,6 +33,7 @@ from slopilot.tuner.prometheus.alert_table import (
     RuleError,
     RuleOptions,
     alert_table,
+    latency_thresholds,
 )
 from slopilot.tuner.prometheus.latency_sources import (
     BUILTIN_LATENCY,
@@ -143,13 +145,17 @@ def _others(by: str) -> str:
     return ", ".join(label for label in by.replace(" ", "").split(",") if label != "le")
 
 
+def _narrowed(selector: str, matcher: str) -> str:
+    """``selector`` (``{...}`` text) with ``matcher`` added."""
+    inner = selector.strip().removeprefix("{").removesuffix("}").strip()
+    return "{" + (f"{inner},{matcher}" if inner else matcher) + "}"
+
+
 def _missed_only(selector: str) -> str:
     """``selector`` narrowed to the first tokens never given that missed the target: a
     client gone within its TTFT target missed nothing (``WITHIN_TTFT_TARGET``). A series
     without the label (refusals; an image from before it) matches, as it always did."""
-    matcher = f'{WITHIN_TTFT_TARGET}!="true"'
-    inner = selector.strip().removeprefix("{").removesuffix("}").strip()
-    return "{" + (f"{inner},{matcher}" if inner else matcher) + "}"
+    return _narrowed(selector, f'{WITHIN_TTFT_TARGET}!="true"')
 
 
 def bucket_rates(hist: Histogram, selector: str, window: str,
@@ -201,20 +207,58 @@ def _seconds(window: str) -> int:
     return int(window[:-1]) * (60 if window.endswith("m") else 1)
 
 
+def judged_buckets(hist: Histogram, selector: str, window: str, by: str,
+                   thresholds: Mapping[str, Sequence[float]]) -> str:
+    """``bucket_rates``, read so that a quantile claims no threshold breached that the
+    buckets cannot prove: for each class (``thresholds``: its thresholds, in seconds),
+    each bucket ``(lo, hi]`` that holds one of its thresholds ``T`` strictly inside gets
+    a copy of its cumulative count at ``le = T``. ``histogram_quantile`` then spreads
+    that bucket's observations over ``(lo, T]`` (as if none were above ``T``, which no
+    one can tell) and reads every other bucket as before; so the quantile reads above
+    ``T`` exactly where more than ``1 - q`` of the observations are above ``hi``, the
+    first edge at or above ``T``: a breach proven. A histogram whose edges hold every
+    threshold (the built-in engine's and the meter's, under the profiles) is read as
+    it is. Needs ``priority_class`` in ``by``."""
+    buckets = bucket_rates(hist, selector, window, by)
+    copies = []
+    for cls, values in sorted(thresholds.items()):
+        zones = straddled(hist.edges, values)
+        if not zones:
+            continue
+        if "priority_class" not in _others(by).replace(" ", "").split(","):
+            raise RuleError(f"thresholds of class {cls!r} on a quantile summed by ({by}): "
+                            "sum by priority_class too, or pass no thresholds")
+        copy = bucket_rates(hist, _narrowed(selector, f'priority_class="{_escape(cls)}"'),
+                            window, by)
+        for hi, t in zones:
+            edge = _escape(re.escape(_le(hi)))
+            copy = f'label_replace({copy}, "le", "{_le(t)}", "le", "{edge}")'
+        copies.append(copy)
+    # ``or`` keeps every bucket as it is and adds the copies alone: label_replace leaves
+    # the other buckets' labels as they were, the same as the left side's.
+    return buckets if not copies else "(" + " or ".join([buckets, *copies]) + ")"
+
+
 def latency_quantile(q: float, source: LatencySource, selector: str, window: str,
-                     by: str = "le, priority_class") -> str:
+                     by: str = "le, priority_class",
+                     thresholds: Mapping[str, Sequence[float]] | None = None) -> str:
     """``q`` of a TTFT or TBT over ``window``, summed ``by`` (``le`` among them): the
     client-side histogram's wherever it observed a first token in the window, else the
     engine's (``latency_sources``), each with the first tokens never given in its +Inf
     (``bucket_rates``): a stall reads the last finite edge of the histogram read, 300 s
     on the built-in engine's and the meter's, 2,560 s on vLLM's own (read for a class
-    whose meter saw no first token in the window, as in a stall that gives none). Per
-    group of
+    whose meter saw no first token in the window, as in a stall that gives none).
+    ``thresholds``: per class, what the quantile is judged against; each histogram's
+    buckets are read so that none is claimed breached where its edges cannot prove it
+    (``judged_buckets``: on vLLM's own, the standard profile's P0 TBT SLO falls inside
+    (10, 25] ms). Per group of
     ``by``: the guard keeps a group whose client histogram counted nothing (its quantile
     NaN) from hiding the engine's, and ``or`` takes the engine's for a group only where
     the client's has none of the same labels.
     """
-    own = f"histogram_quantile({q}, {bucket_rates(source.engine, selector, window, by)})"
+    limits = thresholds or {}
+    own = (f"histogram_quantile({q}, "
+           f"{judged_buckets(source.engine, selector, window, by, limits)})")
     if source.client is None:
         return own
     hist = source.client
@@ -223,7 +267,7 @@ def latency_quantile(q: float, source: LatencySource, selector: str, window: str
     # (the meter times streams only) is vLLM's, one stream cut short beside them counted
     # in vLLM's +Inf (``latency_sources``), not a class of that one stream alone.
     seen = _summed_rates((f"{hist.metric}_count",), selector, window, others) + " > 0"
-    client = f"histogram_quantile({q}, {bucket_rates(hist, selector, window, by)})"
+    client = f"histogram_quantile({q}, {judged_buckets(hist, selector, window, by, limits)})"
     return f"({client} and on ({others}) ({seen})) or {own}"
 
 
@@ -293,6 +337,9 @@ class _Renderer:
         self.sel_labels = sel
         render_selector(sel)  # validates names
         self.window = duration(options.rate_window_s)
+        # What each class's P99s are judged against, from the alert table itself.
+        self.thresholds = {source: latency_thresholds(spec, options, ttft=ttft)
+                           for source, ttft in ((latency.ttft, True), (latency.tbt, False))}
 
     def sel(self, **extra: str) -> str:
         return render_selector({**self.sel_labels, **extra})
@@ -304,15 +351,25 @@ class _Renderer:
         return {"record": name, "expr": expr, "labels": {**self.ident, **labels}}
 
     def quantile(self, q: float, source: LatencySource, window: str | None = None) -> str:
-        return latency_quantile(q, source, self.sel(), window or self.window)
+        """``q`` of ``source`` per class; a P99 is read so that it claims no breach of
+        a threshold it is judged against that its buckets cannot prove
+        (``judged_buckets``). Other quantiles are judged against nothing: read as they
+        are."""
+        limits = self.thresholds[source] if q == 0.99 else None
+        return latency_quantile(q, source, self.sel(), window or self.window,
+                                thresholds=limits)
 
     def fraction_within(self, metric: str, cls: str, threshold_s: float,
                         by: str = "priority_class") -> str:
         """The share of ``metric``'s observations of class ``cls`` at or under the
         threshold, per ``by``; 1 where there are none in the window (one-token requests
         have no gaps; a long one's first token fell before it), not 0/0. Off the
-        backend's grid it is read as ``histogram_quantile`` reads a bucket, uniform
-        inside it: an edge a backend does not export selects nothing."""
+        backend's grid, the share at or under the first edge above the threshold: the
+        bucket that holds it counted as within, as a P99 read there claims no breach
+        (``judged_buckets``). Spread evenly over (10, 25] ms, vLLM's gaps all at 12 ms
+        read a third over a 20 ms SLO, and the goodput a third low; counted so, gaps
+        at 22 ms read as met, which vLLM's buckets cannot tell from 12. An edge a
+        backend does not export selects nothing, so only its own are read."""
         edges = sorted(self.latency.edges(metric))
 
         def rate(le: float) -> str:
@@ -323,16 +380,9 @@ class _Renderer:
                     f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}]))")
         count = f"({observed} > 0)"
         none = f" or ({observed} == 0) + 1"
-        lower = [e for e in edges if e <= threshold_s + 1e-12]
-        upper = [e for e in edges if e > threshold_s + 1e-12]
-        if lower and (abs(lower[-1] - threshold_s) <= 1e-12 or not upper):
-            return f"{rate(lower[-1])} / {count}{none}"  # on an edge (or past the last one)
-        hi = upper[0]
-        if not lower:
-            return f"{rate(hi)} * {_num(threshold_s / hi)} / {count}{none}"
-        lo = lower[-1]
-        share = _num((threshold_s - lo) / (hi - lo))
-        return f"({rate(lo)} + ({rate(hi)} - {rate(lo)}) * {share}) / {count}{none}"
+        # On an edge, or the first above it; past the last one, the last.
+        edge = next((e for e in edges if e >= threshold_s - EDGE_TOLERANCE), edges[-1])
+        return f"{rate(edge)} / {count}{none}"
 
     def gpu_utilization(self) -> str:
         """DCGM's GPU utilization (percent) of the deployment's pods, as a ratio.
@@ -384,7 +434,8 @@ class _Renderer:
 
     def stalled_replicas(self) -> str:
         """The replicas with requests waiting or running that made no token over the
-        window: per replica, so one stuck among busy ones counts (the deployment's sum of
+        window (on vLLM: and with requests in flight at its meter, ``in_flight``): per
+        replica, so one stuck among busy ones counts (the deployment's sum of
         tokens hid it, while its clients' first tokens never came). One that exports no
         token counter counts too: it makes none that anyone can see (both backends
         export it, at 0, from their start). 0, not no data, where none is stalled.
@@ -397,6 +448,15 @@ class _Renderer:
         tokens flat that long), and where even that holds too few, it is not counted."""
         by = f"sum by ({REPLICA_LABEL})"
         busy = f"{by} ({self.busy_gauges()}) > 0"
+        if self.latency.in_flight is not None:
+            # vLLM may keep its gauges from its last step once every request was
+            # aborted (vllm-project/vllm#22545, #29928): an idle pod read as busy. Its
+            # meter's own count of the requests it forwarded and that have not ended
+            # says whether any is in flight; a replica without that count (no meter,
+            # or one from before it) is not judged at all, rather than paged on stale
+            # gauges.
+            meter = f"{by} ({self.latency.in_flight}{self.sel()}) > 0"
+            busy = f"({busy} and on ({REPLICA_LABEL}) {meter})"
         tokens = f"vllm:generation_tokens_total{self.sel()}"
         short = f"{by} (rate({tokens}[{self.window}]))"
         long = f"{by} (rate({tokens}[{duration(self.opt.stall_lookback_s)}]))"
