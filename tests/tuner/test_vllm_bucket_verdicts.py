@@ -193,6 +193,46 @@ def test_a_vllm_replica_with_requests_in_flight_at_the_meter_and_no_token_is_sta
         [check("SlopilotEngineStalled", STALLED)])
 
 
+def stuck_vllm(in_flight: str, tokens: str) -> list[dict[str, str]]:
+    """vLLM's gauges stuck at 8 running, 400 waiting; its token counter ``tokens`` and the
+    meter's requests in flight ``in_flight`` (promtool's value text, 15 s a sample)."""
+    return [*meter_saw_no_stream(),
+            {"series": f"vllm:num_requests_running{labels()}", "values": f"8x{2 * N}"},
+            {"series": f"vllm:num_requests_waiting{labels()}", "values": f"400x{2 * N}"},
+            {"series": f"vllm:generation_tokens_total{labels()}", "values": tokens},
+            {"series": f"{IN_FLIGHT}{labels(**P0)}", "values": in_flight},
+            {"series": f"up{labels()}", "values": f"1x{2 * N}"}]
+
+
+@pytest.mark.prometheus
+@pytest.mark.parametrize("pattern", ["0 1 1 1", "1 1 0 0 0 0 0 0"])
+def test_a_vllm_stall_at_sparse_traffic_fires_though_no_client_waits_at_some_scrapes(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path,  # noqa: F811
+        pattern: str) -> None:
+    """A stuck vLLM whose clients come every 2 minutes and give up after 30 s: at most
+    scrapes the meter has none in flight, and the alert read only the instant's count, so
+    its ``for`` began again at each and never held (a review: at none of 10, 12.5, 15,
+    19 minutes). Requests in flight within the stall lookback, with no token made over
+    it, count; the alert fires once the tokens have been flat that long."""
+    flap = " ".join((pattern.split() * 200)[:2 * N + 1])
+    series = stuck_vllm(flap, f"0+6000x10 60000x{2 * N - 10}")
+    checks = [{"eval_time": at, "alertname": "SlopilotEngineStalled", "exp_alerts": [STALLED]}
+              for at in ("12m30s", "15m", "19m")]
+    run(prometheus_binaries, tmp_path, vllm_rules(tmp_path), series, checks)
+
+
+@pytest.mark.prometheus
+def test_vllm_idle_after_a_mass_abort_never_reads_as_stalled(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """Every request aborted at 2.5 minutes: the meter's count falls to 0 then, vLLM's
+    gauges stay at their last step's and its tokens stop. Requests were in flight within
+    the lookback, but tokens were made within it too, until the lookback holds neither."""
+    series = stuck_vllm(f"3x10 0x{2 * N - 10}", f"0+6000x10 60000x{2 * N - 10}")
+    checks = [{"eval_time": at, "alertname": "SlopilotEngineStalled", "exp_alerts": []}
+              for at in ("4m", "6m", "7m30s", "9m", "12m", "19m")]
+    run(prometheus_binaries, tmp_path, vllm_rules(tmp_path), series, checks)
+
+
 def spread(edges: tuple[float, ...], seed: int, near: range) -> list[int]:
     """Observations per 15 s in each bucket of ``edges`` (and +Inf): a few of the
     buckets ``near`` (P0's thresholds), at random."""

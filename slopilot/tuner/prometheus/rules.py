@@ -448,6 +448,10 @@ class _Renderer:
         tokens flat that long), and where even that holds too few, it is not counted."""
         by = f"sum by ({REPLICA_LABEL})"
         busy = f"{by} ({self.busy_gauges()}) > 0"
+        tokens = f"vllm:generation_tokens_total{self.sel()}"
+        lookback = duration(self.opt.stall_lookback_s)
+        short = f"{by} (rate({tokens}[{self.window}]))"
+        long = f"{by} (rate({tokens}[{lookback}]))"
         if self.latency.in_flight is not None:
             # vLLM may keep its gauges from its last step once every request was
             # aborted (vllm-project/vllm#22545, #29928): an idle pod read as busy. Its
@@ -455,11 +459,15 @@ class _Renderer:
             # says whether any is in flight; a replica without that count (no meter,
             # or one from before it) is not judged at all, rather than paged on stale
             # gauges.
-            meter = f"{by} ({self.latency.in_flight}{self.sel()}) > 0"
+            # At sparse traffic no client may wait at a given scrape (they come minutes
+            # apart and give up), and an instant's count alone restarted the alert's
+            # hold at each: one in flight within the lookback counts too, where no token
+            # was made over it (after a mass abort, tokens were, until the lookback
+            # holds no request in flight either).
+            flight = f"{self.latency.in_flight}{self.sel()}"
+            meter = (f"({by} ({flight}) > 0 or ({by} (max_over_time({flight}[{lookback}])) "
+                     f"> 0 and on ({REPLICA_LABEL}) {long} == 0))")
             busy = f"({busy} and on ({REPLICA_LABEL}) {meter})"
-        tokens = f"vllm:generation_tokens_total{self.sel()}"
-        short = f"{by} (rate({tokens}[{self.window}]))"
-        long = f"{by} (rate({tokens}[{duration(self.opt.stall_lookback_s)}]))"
         counted = f"group by ({REPLICA_LABEL}) ({tokens})"
         # Not stalled: tokens made over the window; or a counter with too few samples
         # there whose rate over the lookback is not 0 (tokens made, or too few again).
