@@ -136,7 +136,7 @@ class ClassFigures:
     requests_awaiting: float | None = None
     """Requests given no first token yet at the window's end, within their TTFT target or
     past it: the simulator's censored TTFTs (``RequestAccounting.ttft_censored``), a live
-    engine's or meter's gauge as last scraped (``engine/awaiting.py``). Those past the
+    engine's or meter's gauge as it stands then (``engine/awaiting.py``). Those past the
     target are in ``ttft_samples`` and ranked by ``ttft_p99_ms`` as misses; any at all
     say the class was sent traffic, so that a class short of samples with clients
     waiting is never read as unmeasured or sparse (``sample_floor.starved``). None where

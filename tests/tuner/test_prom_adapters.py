@@ -125,7 +125,7 @@ def test_a_window_reads_the_requests_each_class_left_waiting_for_a_first_token()
     class the config starves has clients waiting however few first tokens it served."""
     from slopilot.engine.metric_names import AWAITING
 
-    q = Recorded({f'{AWAITING}{{slopilot_deployment="d"}}[': {"p1": 111.0, "p0": 2.0},
+    q = Recorded({f'({AWAITING}{{slopilot_deployment="d"}})': {"p1": 111.0, "p0": 2.0},
                   **answers()})
     s = windows(q).measure(90.0, 100.0, canary=False)
     assert [s.classes[p].requests_awaiting for p in Priority] == [2.0, 111.0, None]
@@ -133,6 +133,46 @@ def test_a_window_reads_the_requests_each_class_left_waiting_for_a_first_token()
     # An image from before the gauge: not read, not zero.
     old = windows(Recorded(answers())).measure(90.0, 100.0, canary=False)
     assert old.classes[Priority.P1].requests_awaiting is None
+
+
+@pytest.mark.prometheus
+def test_waiters_of_a_replica_gone_before_the_windows_end_are_not_read_as_misses(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """Replica b (scaled down, evicted) had 30 P1 clients waiting past their target at
+    its last scrape, then left (Prometheus marks its series stale): its clients retried
+    on a, which served every first token within 50 ms. The window's end read b's last
+    gauge over the whole window, and the P99 ranked its 30 as first tokens never given
+    (a review: 300 s where every served one took 50 ms); as it is now at the end, b holds
+    none."""
+    from slopilot.engine.metric_names import AWAITING
+
+    q = windows(Recorded({}))._exprs({"d": "x"}, 300)
+    ttft = "vllm:time_to_first_token_seconds"
+
+    def at(instance: str, **more: str) -> str:
+        labels = {"d": "x", "instance": instance, "priority_class": "p1", **more}
+        return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+    series = [{"series": f"{ttft}_bucket{at('a', le=le)}", "values": "0+40x30"}
+              for le in ("0.05", "0.5", "300.0", "+Inf")]
+    series += [{"series": f"{ttft}_bucket{at('b', le=le)}", "values": "0+10x15 stale"}
+               for le in ("0.05", "0.5", "300.0", "+Inf")]
+    series += [{"series": f"{AWAITING}{at('a', within_ttft_target=w)}", "values": "0x30"}
+               for w in ("true", "false")]
+    series += [{"series": f"{AWAITING}{at('b', within_ttft_target='false')}",
+                "values": "0x10 30x5 stale"},
+               {"series": f"{AWAITING}{at('b', within_ttft_target='true')}",
+                "values": "0x15 stale"}]
+    p99 = q["slopilot:ttft_seconds:p99"][None]
+    test = {"evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": series, "promql_expr_test": [
+            {"expr": f"round({p99}, 0.0001)", "eval_time": "7m30s",
+             "exp_samples": [{"labels": '{priority_class="p1"}', "value": 0.0495}]},
+            {"expr": q["awaiting"][None], "eval_time": "7m30s",
+             "exp_samples": [{"labels": '{priority_class="p1"}', "value": 0}]}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_canary_window_selects_the_canary_series() -> None:

@@ -166,7 +166,7 @@ def bucket_rates(hist: Histogram, selector: str, window: str,
     a stall's queue) is counted in the +Inf bucket beside the served ones, from the
     counters ``hist.never`` names; a client that left within its target missed nothing,
     and is not. So is one still waiting for it at the window's end past its target
-    (``hist.waiting``'s gauges, as last scraped, over the window's seconds: a class
+    (``hist.waiting``'s gauges as they stand then, over the window's seconds: a class
     starved of first tokens). None of those series (an image from before them): the
     buckets as they are."""
     buckets = f"sum by ({by}) (rate({hist.metric}_bucket{selector}[{window}]))"
@@ -181,7 +181,8 @@ def _never(hist: Histogram, selector: str, window: str, others: str, fn: str
            ) -> str | None:
     """The first tokens never given that ``hist``'s +Inf holds, summed by ``others``: the
     ``never`` counters' ``fn`` (rate or increase) and, where they miss their target,
-    the ``waiting`` gauges as last scraped (over the window's seconds for a rate)."""
+    the ``waiting`` gauges as they stand at the window's end (over its seconds for a
+    rate)."""
     missed = _missed_only(selector)
     terms = []
     if hist.never:
@@ -191,7 +192,11 @@ def _never(hist: Histogram, selector: str, window: str, others: str, fn: str
     waiting = () if window.startswith("$") else hist.waiting
     for gauge in waiting:
         per = "" if fn == "increase" else f" / {_seconds(window)}"
-        last = f"last_over_time({gauge}{missed}[{window}])"
+        # As it stands at the window's end (an instant selector): a replica gone before
+        # it (scaled down, evicted) has its series marked stale, and its clients, who
+        # retried elsewhere, are not read as waiting on; its last gauge over the window
+        # ranked them as first tokens never given.
+        last = f"{gauge}{missed}"
         terms.append((f"sum by ({others}) ({last})" if others else f"sum({last})") + per)
     if not terms:
         return None
@@ -296,12 +301,14 @@ def awaiting_count(source: LatencySource, selector: str, window: str,
                    by: str = "priority_class") -> str | None:
     """The requests given no first token yet at the end of ``window``, within their TTFT
     target or past it, summed ``by``: the ``waiting`` gauges of the TTFT histograms,
-    as last scraped (``ClassFigures.requests_awaiting``); None where they name none."""
+    as they stand then (``ClassFigures.requests_awaiting``); None where they name none."""
     names = dict.fromkeys(g for hist in (source.engine, source.client) if hist is not None
                           for g in hist.waiting)
     if not names:
         return None
-    terms = [f"sum by ({by}) (last_over_time({g}{selector}[{window}]))" for g in names]
+    # As the gauges stand at the window's end, as ``_never`` reads them: a replica gone
+    # before it holds none.
+    terms = [f"sum by ({by}) ({g}{selector})" for g in names]
     out = terms[0]
     for term in terms[1:]:
         out = f"({out} + {term} or {out} or {term})"
