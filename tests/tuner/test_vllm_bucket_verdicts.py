@@ -233,6 +233,24 @@ def test_vllm_idle_after_a_mass_abort_never_reads_as_stalled(
     run(prometheus_binaries, tmp_path, vllm_rules(tmp_path), series, checks)
 
 
+@pytest.mark.prometheus
+def test_an_exported_edge_at_a_threshold_is_read_as_it_is(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    """Another vLLM release (or a meter image) exporting an edge at P0's 2 x TTFT, 0.2 s:
+    the judged copy of the bucket holding the threshold was made of every bucket of the
+    class, and renamed onto le="0.2" beside the exported one, two series of one label
+    set: Prometheus refused the rule, and P0 read no P99 at all. Each copy now holds
+    the one bucket it renames, and an exported edge is kept as it is."""
+    series = [*meter_saw_no_stream(),
+              {"series": f"{TTFT}_count{labels(**P0)}", "values": f"0+60x{N}"}]
+    for le in ("0.1", "0.2", "0.25", "0.5", "2560.0", "+Inf"):
+        series.append({"series": f"{TTFT}_bucket{labels(le=le, **P0)}",
+                       "values": f"0x{N}" if le == "0.1" else f"0+60x{N}"})
+    # Every first token in (0.1, 0.2]: 0.1 + 0.99 x 0.1 from the exported edges.
+    exprs = [figure('round(slopilot:ttft_seconds:p99{priority_class="p0"}, 0.0001)', 0.199)]
+    run(prometheus_binaries, tmp_path, vllm_rules(tmp_path), series, [], exprs)
+
+
 def spread(edges: tuple[float, ...], seed: int, near: range) -> list[int]:
     """Observations per 15 s in each bucket of ``edges`` (and +Inf): a few of the
     buckets ``near`` (P0's thresholds), at random."""

@@ -233,14 +233,17 @@ def judged_buckets(hist: Histogram, selector: str, window: str, by: str,
         if "priority_class" not in _others(by).replace(" ", "").split(","):
             raise RuleError(f"thresholds of class {cls!r} on a quantile summed by ({by}): "
                             "sum by priority_class too, or pass no thresholds")
-        copy = bucket_rates(hist, _narrowed(selector, f'priority_class="{_escape(cls)}"'),
-                            window, by)
+        own = _narrowed(selector, f'priority_class="{_escape(cls)}"')
         for hi, t in zones:
+            # The one bucket renamed, nothing else of the class: a copy of every bucket
+            # put a second series on le=T where the histogram exports that edge too
+            # (another release's edges), and Prometheus refused the whole rule.
+            bucket = _narrowed(own, 'le="' + _le(hi) + '"')
+            one = f"sum by ({by}) (rate({hist.metric}_bucket{bucket}[{window}]))"
             edge = _escape(re.escape(_le(hi)))
-            copy = f'label_replace({copy}, "le", "{_le(t)}", "le", "{edge}")'
-        copies.append(copy)
-    # ``or`` keeps every bucket as it is and adds the copies alone: label_replace leaves
-    # the other buckets' labels as they were, the same as the left side's.
+            copies.append(f'label_replace({one}, "le", "{_le(t)}", "le", "{edge}")')
+    # ``or`` keeps every bucket as it is and adds a copy only where no bucket of its
+    # labels is there: an edge the histogram exports at T is read as it is.
     return buckets if not copies else "(" + " or ".join([buckets, *copies]) + ")"
 
 
