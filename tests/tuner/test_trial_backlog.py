@@ -32,7 +32,7 @@ ARRIVALS = 4.0
 """Requests a second, whatever the config."""
 BACKLOG = 120.0
 """Requests waiting when the trial is applied: 120 s of an overload at 1/s too many."""
-SERVES = {"GOOD": 8.0, "BAD": 3.0, "SLOW": 4.05, "START": 3.0}
+SERVES = {"GOOD": 8.0, "BAD": 3.0, "SLOW": 4.05, "START": 3.0, "PLATEAU": 7.0}
 """Requests each config serves a second: GOOD drains the backlog in 30 s, BAD never
 (its queue grows), SLOW in 40 min."""
 SLOW = {"token_budget": 4096, "chunk_size": 512}
@@ -44,7 +44,7 @@ BACKLOG_TTFT_MS = 20_000.0
 
 def _name(config: Mapping[str, Any]) -> str:
     return next(n for n, c in (("GOOD", GOOD), ("BAD", BAD), ("SLOW", SLOW),
-                               ("START", START)) if dict(config) == c)
+                               ("START", START), ("PLATEAU", PLATEAU)) if dict(config) == c)
 
 
 @dataclass
@@ -145,6 +145,40 @@ def test_one_too_slow_to_drain_it_within_max_trial_is_judged_on_it() -> None:
     ticks = _run(rig, plant, 0.0, 200.0)
     cut = [(t, d) for t, d in ticks if "slo_breach" in d.reason]
     assert cut and cut[0][0] <= 40.0, [d.line() for _, d in ticks]
+    assert not rig.study.told[0].feasible
+
+
+PLATEAU = {"token_budget": 1024, "chunk_size": 512}
+"""Serves the backlog fast at first, then no faster than clients give up: its queue
+falls from 120 to 60 in 20 s and stays there (a review's queue of 1,000 settled at 200
+where abandons balanced the shortfall)."""
+
+
+@dataclass
+class PlateauPlant(Plant):
+    def waiting(self, at: float) -> float:
+        if self.applied_at is None or at < self.applied_at or dict(self.config) != PLATEAU:
+            return super().waiting(at)
+        return max(60.0, BACKLOG - 3.0 * (at - self.applied_at))
+
+    def drained_at(self) -> float:
+        return float("inf") if dict(self.config) == PLATEAU else super().drained_at()
+
+
+def test_a_queue_that_levels_off_above_steady_is_judged_on_it() -> None:
+    """Its fall since the first reading stayed steep on average (a fast first minute),
+    so the wait went on for about a max_trial_s with no window and no early look (975 s
+    in the review's run). The fall is read over the last stretch of revert_after_s: a
+    queue that stopped falling ends the wait, and the early look judges the trial."""
+    plant = PlateauPlant()
+    windows = BacklogWindows(plant)
+    rig = Rig(dep=plant, alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              offline=FakeOffline([(dict(PLATEAU), True)]),
+              settings={"window_s": 120, "canary": False})
+    rig.ev = windows  # type: ignore[assignment]
+    ticks = _run(rig, plant, 0.0, 300.0)
+    cut = [(t, d) for t, d in ticks if "slo_breach" in d.reason]
+    assert cut and cut[0][0] <= 100.0, [d.line() for _, d in ticks]
     assert not rig.study.told[0].feasible
 
 

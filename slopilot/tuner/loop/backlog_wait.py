@@ -18,11 +18,11 @@ the floor of requests a verdict needs is no nearer for a backlog served.
 
 A config that does not drain the backlog is judged on it, from its start as before, and
 fails (its users get those latencies, and it is no config for this load): once
-``revert_after_s`` has passed since the first reading, a queue that has not fallen, or
-one falling too slowly to reach the steady level within ``max_trial_s`` of the trial's
-start, ends the wait, and the early look cuts it at that same tick. A deployment whose
-replicas export no queue (``QueueReading`` None, or an evaluator without the gauge) is
-measured from ``settle_s``, as before.
+``revert_after_s`` has passed since the first reading, a queue that has not fallen over
+the last such stretch, or one falling too slowly over it to reach the steady level within
+``max_trial_s`` of the trial's start, ends the wait, and the early look cuts it at that
+same tick. A deployment whose replicas export no queue (``QueueReading`` None, or an
+evaluator without the gauge) is measured from ``settle_s``, as before.
 """
 
 from __future__ import annotations
@@ -101,18 +101,25 @@ def _not_draining(ctx: LoopContext, now: float, t: RunningTrial, reading: QueueR
     began = t.began_at if t.began_at is not None else t.started_at
     if now - began >= s.max_trial_s:
         return f"{reading.waiting:.0f} still waiting after max_trial_s={s.max_trial_s:g} s"
-    looked = now - t.backlog_first_at
+    # The fall over the last stretch, not since the first reading: a queue whose
+    # clients give up levels off where they balance the shortfall, and its average fall
+    # since a fast first minute promised a drain it never made.
+    mark, mark_at = ((t.backlog_mark, t.backlog_mark_at) if t.backlog_mark is not None
+                     and t.backlog_mark_at is not None
+                     else (t.backlog_first, t.backlog_first_at))
+    looked = now - mark_at
     if looked < s.revert_after_s:  # the early look's own moment: no sooner
         return None
-    fall = (t.backlog_first - reading.waiting) / looked
+    fall = (mark - reading.waiting) / looked
     if fall <= 0.0:
-        return (f"its queue has not fallen in {looked:.0f} s ({t.backlog_first:.0f} "
-                f"waiting, now {reading.waiting:.0f})")
+        return (f"its queue has not fallen in {looked:.0f} s ({mark:.0f} waiting, now "
+                f"{reading.waiting:.0f})")
     eta = (reading.waiting - bound) / fall
     if now + eta > began + s.max_trial_s:
         return (f"its queue falls {fall:.2g} a second: {reading.waiting:.0f} waiting "
                 f"reach {bound:.1f} in {eta:.0f} s, past max_trial_s={s.max_trial_s:g} s "
                 "from its start")
+    t.backlog_mark, t.backlog_mark_at = reading.waiting, now
     return None
 
 

@@ -67,6 +67,12 @@ class RunningTrial:
     the queue falls is measured from it."""
     backlog_first_at: float | None = None
     """When that reading was made (the controller's clock)."""
+    backlog_mark: float | None = None
+    """The requests waiting at the start of the stretch the queue's fall is now read over
+    (None: the first reading's): moved on every ``revert_after_s``, so a queue that fell
+    fast and then levelled off far above steady is read as no longer falling."""
+    backlog_mark_at: float | None = None
+    """When that reading was made."""
 
 
 @dataclass
