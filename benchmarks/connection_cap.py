@@ -37,8 +37,8 @@ UNCAPPED = 1_000_000
 
 def _worker(nofile: int, cap: int) -> None:
     """The server, in this process: prints its port, serves until stdin closes."""
-    resource.setrlimit(resource.RLIMIT_NOFILE,
-                       (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    # Soft and hard: the server raises a soft limit to the hard one at its start.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     from slopilot.engine.config import EngineConfig
     from slopilot.engine.server.backends import build_simulated
     from slopilot.engine.server.uvicorn_runner import make_server, run_in_thread
