@@ -94,8 +94,9 @@ class BacklogWindows:
         return QueueReading(waiting=self.plant.waiting(at), arrivals_per_s=ARRIVALS)
 
 
-def _rig(first: Mapping[str, Any]) -> tuple[Rig, Plant, BacklogWindows]:
-    plant = Plant()
+def _rig(first: Mapping[str, Any], plant: Plant | None = None
+         ) -> tuple[Rig, Plant, BacklogWindows]:
+    plant = Plant() if plant is None else plant
     windows = BacklogWindows(plant)
     rig = Rig(dep=plant, alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
               offline=FakeOffline([(dict(first), True)]),
@@ -170,12 +171,7 @@ def test_a_queue_that_levels_off_above_steady_is_judged_on_it() -> None:
     so the wait went on for about a max_trial_s with no window and no early look (975 s
     in the review's run). The fall is read over the last stretch of revert_after_s: a
     queue that stopped falling ends the wait, and the early look judges the trial."""
-    plant = PlateauPlant()
-    windows = BacklogWindows(plant)
-    rig = Rig(dep=plant, alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
-              offline=FakeOffline([(dict(PLATEAU), True)]),
-              settings={"window_s": 120, "canary": False})
-    rig.ev = windows  # type: ignore[assignment]
+    rig, plant, _ = _rig(PLATEAU, PlateauPlant())
     ticks = _run(rig, plant, 0.0, 300.0)
     cut = [(t, d) for t, d in ticks if "slo_breach" in d.reason]
     assert cut and cut[0][0] <= 100.0, [d.line() for _, d in ticks]
