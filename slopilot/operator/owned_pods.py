@@ -28,10 +28,6 @@ REPLICA_SETS_KEPT = 12
 the operator leaves as it is), the new one and the one a rollout scales down."""
 
 
-def kept_replica_sets() -> int:
-    return REPLICA_SETS_KEPT
-
-
 PODS_KEPT_FLOOR = 16
 """The engine pods kept at the least, whatever ``replicas.max``: a few pods cost the
 operator nothing to hold, and a small CR's pods are not cut short (a hand scale past the
@@ -49,7 +45,7 @@ def kept_pods(max_replicas: int) -> int:
 class OwnedPods:
     """The CR's Deployment (None: none, or another's), its own ReplicaSets, and the
     engine pods they made, ready or not, by name; ``unkept``: how many more passed the
-    checks past the bounds (``kept_replica_sets``, ``kept_pods``), none of them kept."""
+    checks past the bounds (``REPLICA_SETS_KEPT``, ``kept_pods``), none of them kept."""
 
     deployment: dict[str, Any] | None
     replica_sets: list[dict[str, Any]]
@@ -72,7 +68,7 @@ def owned_pods(kube: Kube, namespace: str, name: str, uid: Any, *,
     dep_uid = dep["metadata"].get("uid")
     found_sets = kube.select("apps/v1", "replicasets", namespace, label_selector=sel,
                              keep=lambda rs: controlled_by(rs, "Deployment", dep_uid),
-                             most=kept_replica_sets())
+                             most=REPLICA_SETS_KEPT)
     sets = {rs["metadata"]["uid"]: rs for rs in found_sets.items}
 
     def made_by_one(pod: dict[str, Any]) -> bool:
@@ -94,7 +90,7 @@ def owned_pods(kube: Kube, namespace: str, name: str, uid: Any, *,
                     "made to look like its Deployment's (a controller reference to it, "
                     "its labels); delete them, or the ready count and the config syncs "
                     "go by the first ones listed", namespace, name, found_sets.unkept,
-                    found_pods.unkept, kept_replica_sets(), kept_pods(max_replicas),
+                    found_pods.unkept, REPLICA_SETS_KEPT, kept_pods(max_replicas),
                     max_replicas)
     return OwnedPods(dep, found_sets.items,
                      sorted(found_pods.items, key=lambda p: p["metadata"]["name"]), unkept)

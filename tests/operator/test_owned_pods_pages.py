@@ -17,7 +17,7 @@ from slopilot.operator import kubeapi
 from slopilot.operator.crd import KIND
 from slopilot.operator.kubeapi import SELECT_PAGE, Kube
 from slopilot.operator.owned_meta import selector
-from slopilot.operator.owned_pods import kept_pods, kept_replica_sets, owned_pods
+from slopilot.operator.owned_pods import REPLICA_SETS_KEPT, kept_pods, owned_pods
 
 NS, CR_UID, DEP_UID = "team-a", "cr-uid", "dep-uid"
 HASH = "5d8f7c9b4"
@@ -99,9 +99,9 @@ def test_past_the_bound_the_rest_is_dropped_and_said(
     kube = Paged(sets, pods)
     with caplog.at_level(logging.WARNING):
         found = owned_pods(kube, NS, "chat", CR_UID, max_replicas=3)
-    assert len(found.replica_sets) == kept_replica_sets()
+    assert len(found.replica_sets) == REPLICA_SETS_KEPT
     assert len(found.pods) == kept_pods(3)
-    assert found.unkept == (40 - kept_replica_sets()) + (40 - kept_pods(3))
+    assert found.unkept == (40 - REPLICA_SETS_KEPT) + (40 - kept_pods(3))
     said = " ".join(r.getMessage() for r in caplog.records)
     assert f"{NS}/chat" in said and "spec.replicas.max=3" in said
     assert str(40 - kept_pods(3)) in said
