@@ -11,7 +11,10 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import EDGE_TOLERANCE, TOKEN_LATENCY_BUCKETS
+
+__all__ = ["EDGE_TOLERANCE", "histogram_quantile", "histogram_share_within",
+           "judged_quantile", "latency_quantile", "straddled"]
 
 
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
@@ -27,10 +30,6 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
     lo_edge, lo_count = (0.0, 0.0) if i == 0 else (edges[i - 1], counts[i - 1])
     width = counts[i] - lo_count
     return lo_edge + (edges[i] - lo_edge) * ((rank - lo_count) / width if width else 1.0)
-
-
-EDGE_TOLERANCE = 1e-12
-"""A threshold this close to an edge is on it (thresholds are ms / 1000, edges text)."""
 
 
 def straddled(edges: Iterable[float], thresholds: Iterable[float]

@@ -7,6 +7,10 @@ share these edges, so the recording rules read an SLO on both the same way.
 
 from __future__ import annotations
 
+import math
+
+from slopilot.engine.slo import SLOSpec
+
 # Edges sit on every SLO threshold of the profiles (and on twice each), so that
 # "fraction under the SLO" is one bucket and a P99 above a threshold is exact; and on
 # every edge of vLLM's own TTFT and inter-token histograms up to 300 s
@@ -17,6 +21,9 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.08, 0.1, 0.15,
     0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0, 40.0, 60.0,
     80.0, 120.0, 160.0, 300.0)
+
+EDGE_TOLERANCE = 1e-12
+"""A threshold this close to an edge is on it (thresholds are ms / 1000, edges text)."""
 
 QUANTILE_STEP = 0.10
 """The widest a TTFT or token-gap bucket from ``DENSE_FROM_S`` to ``DENSE_TO_S`` is,
@@ -57,3 +64,59 @@ VLLM_REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     240.0, 480.0, 960.0, 1920.0, 7680.0)
 REQUEST_LATENCY_BUCKETS: tuple[float, ...] = tuple(sorted(
     set(LATENCY_BUCKETS) | set(VLLM_REQUEST_LATENCY_BUCKETS)))
+
+
+SLO_EDGE_FACTORS: tuple[float, ...] = (1.0, 2.0)
+"""The multiples of each class's TTFT and TBT targets a deployment's histograms carry as
+edges: the SLO itself (a trial's verdict, the goodput, the TTFT warning and the
+sustained rows) and twice it (the TTFT retune, the TBT scale), as the alert table's
+default factors judge them (``alert_table.RuleOptions``), computed as it computes them
+(``factor * ms / 1000``), so an edge and its threshold are the same double."""
+MAX_SLO_EDGES = len(SLO_EDGE_FACTORS) * 3
+"""The most edges a deployment's SLO adds to one histogram: two per class, three classes
+(``Priority``), whatever the SLO holds: at most 6 series more per class and histogram."""
+
+
+def slo_edges(slo: SLOSpec | None, *, ttft: bool) -> tuple[float, ...]:
+    """The thresholds of ``slo`` its TTFT (``ttft``) or token-gap histograms carry as
+    edges beside ``TOKEN_LATENCY_BUCKETS``: each class's target and twice it, every
+    class's on every class's histogram (a sum over classes, the overall P99, then reads
+    one set of edges). Those the grid holds already add none; so do those under its
+    first edge (1 ms) or at or past its last finite one (300 s, what a first token never
+    given reads: ``sim.stats.REFUSED_TTFT_S``), which the rules read judged as before.
+    ValueError naming the class and field of a target that is no positive finite number
+    (``SLOSpec`` refuses those already; this guards a hand-built one)."""
+    if slo is None:
+        return ()
+    field = "ttft_p99_ms" if ttft else "tbt_p99_ms"
+    grid = TOKEN_LATENCY_BUCKETS
+    out: set[float] = set()
+    for p, target in slo.classes().items():
+        ms = getattr(target, field)
+        if ms is None:
+            continue
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) \
+                or not math.isfinite(ms) or ms <= 0:
+            raise ValueError(f"classes.{p.label}.{field}={ms!r}: expected a positive "
+                             "number of milliseconds; fix the SLO")
+        for factor in SLO_EDGE_FACTORS:
+            edge = factor * ms / 1000
+            if not grid[0] <= edge < grid[-1]:
+                continue
+            if any(abs(edge - e) <= EDGE_TOLERANCE for e in grid):
+                continue
+            out.add(edge)
+    if len(out) > MAX_SLO_EDGES:  # two per class by construction; a bound, not a hope
+        raise ValueError(f"{len(out)} SLO edges: at most {MAX_SLO_EDGES}")
+    return tuple(sorted(out))
+
+
+def token_latency_buckets(slo: SLOSpec | None, *, ttft: bool) -> tuple[float, ...]:
+    """``TOKEN_LATENCY_BUCKETS`` with ``slo``'s thresholds as edges (``slo_edges``): what
+    a TTFT (``ttft``) or token-gap histogram of a process started with ``slo`` exports.
+    Fixed for the process' life: a histogram's buckets cannot be split afterwards (the
+    observations already in one are not known to either side of a new edge)."""
+    extra = slo_edges(slo, ttft=ttft)
+    if not extra:
+        return TOKEN_LATENCY_BUCKETS
+    return tuple(sorted({*TOKEN_LATENCY_BUCKETS, *extra}))

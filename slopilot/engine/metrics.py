@@ -22,7 +22,11 @@ from slopilot import __version__
 from slopilot.engine.awaiting import AwaitingFirstToken
 from slopilot.engine.config import EngineConfig
 from slopilot.engine.iteration_metrics import IterationMetrics
-from slopilot.engine.latency_buckets import REQUEST_LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import (
+    REQUEST_LATENCY_BUCKETS,
+    TOKEN_LATENCY_BUCKETS,
+    token_latency_buckets,
+)
 from slopilot.engine.metric_names import (
     ABANDONED,
     ARRIVED,
@@ -173,6 +177,22 @@ class EngineMetrics:
     def set_slo(self, slo: SLOSpec | None) -> None:
         """The objectives requests are judged by from now on (``Verdicts.set_slo``)."""
         self._verdicts.set_slo(slo)
+
+    def export_slo_edges(self, slo: SLOSpec | None) -> None:
+        """Give the TTFT and token-gap histograms ``slo``'s thresholds as edges
+        (``latency_buckets.slo_edges``), so a P99 just over a deployment's own target
+        reads over it. Before the first observation only (``slopilot serve`` at its
+        start): a bucket already counted cannot be split, and an SLO that arrives later
+        (``PUT /admin/slo``) judges requests without moving the edges; the rules read
+        its thresholds judged on this process (docs/operations.md). RuntimeError after."""
+        if any(r.done for r in (*self._ttft, *self._itl)):
+            raise RuntimeError("export_slo_edges after the first TTFT or token gap was "
+                               "observed: give the SLO's edges before serving")
+        self._ttft = [HistogramRecorder(token_latency_buckets(slo, ttft=True))
+                      for _ in Priority]
+        self._itl = [HistogramRecorder(token_latency_buckets(slo, ttft=False))
+                     for _ in Priority]
+        self._histograms = self._histogram_texts()
 
     @property
     def slo(self) -> SLOSpec | None:

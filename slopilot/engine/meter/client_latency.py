@@ -8,7 +8,9 @@ known bottleneck), are left out: they read low against what a client measures. T
 meter observes each streamed completion's first token at its write (from the request's
 arrival at the meter) and each token gap at the write that brought it (``ClientGaps``),
 as the built-in engine's server does (``server/responses.py``), on its bucket edges
-(``TOKEN_LATENCY_BUCKETS``), so the recording rules read the same figure on both backends.
+(``TOKEN_LATENCY_BUCKETS``, with the thresholds of the SLO the meter started with:
+``latency_buckets.token_latency_buckets``), so the recording rules read the same figure
+on both backends.
 
 Observed as the pieces are written, not at the stream's end: an hour-long stream's gaps
 land in the rate windows they were seen in, and a stream cut short keeps what its client
@@ -25,10 +27,11 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
+from slopilot.engine.latency_buckets import token_latency_buckets
 from slopilot.engine.metric_window import HistogramRecorder
 from slopilot.engine.metrics_text import HistogramText, families
 from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
 
 CLIENT_TTFT = "slopilot_client_time_to_first_token_seconds"
 CLIENT_TBT = "slopilot_client_inter_token_latency_seconds"
@@ -49,12 +52,14 @@ LABELS = ("model_name", "priority_class")
 
 
 class ClientLatency:
-    """One meter's histograms: its one class, every stream it judges."""
+    """One meter's histograms: its one class, every stream it judges. ``slo``: the SLO
+    it started with, whose thresholds are edges of both for its life (an edit read
+    live judges streams by the new one; the edges stay: docs/operations.md)."""
 
-    def __init__(self, priority: Priority) -> None:
+    def __init__(self, priority: Priority, slo: SLOSpec | None = None) -> None:
         self.priority = priority
-        self.ttft = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
-        self.gaps = HistogramRecorder(TOKEN_LATENCY_BUCKETS)
+        self.ttft = HistogramRecorder(token_latency_buckets(slo, ttft=True))
+        self.gaps = HistogramRecorder(token_latency_buckets(slo, ttft=False))
         self.abandoned = {False: 0, True: 0}
         """Choices of the streams cut short before their first token (``CLIENT_ABANDONED``),
         by whether their client left within its TTFT target."""

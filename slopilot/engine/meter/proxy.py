@@ -115,8 +115,9 @@ class Meter:
         self.upstream_url = httpx.URL(self.upstream)
         self.slo, self.priority, self.clock = slo, priority, clock
         self.verdicts = slo.verdicts
-        self.latency = ClientLatency(priority)
-        """Each judged stream's first tokens and gaps, observed as written."""
+        self.latency = ClientLatency(priority, slo.current())
+        """Each judged stream's first tokens and gaps, observed as written; the SLO at
+        the start gives their histograms its thresholds as edges."""
         if not 1 <= max_body_bytes <= body_budget_bytes:
             raise ValueError(f"max_body_bytes={max_body_bytes}: expected at least 1 and at "
                              f"most body_budget_bytes ({body_budget_bytes}), or a body of "

@@ -309,6 +309,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (BackendError, ValueError, OSError) as exc:
         return _fail(str(exc))
     backend.metrics.set_slo(slo)
+    # Before the first request: the SLO's thresholds become edges of the TTFT and gap
+    # histograms for this process' life (one edited later is read judged on it).
+    backend.metrics.export_slo_edges(slo)
     binding.release_calling_thread()
     from slopilot.engine.server.uvicorn_runner import ListenError, serve_forever
 
