@@ -159,7 +159,7 @@ def _missed_only(selector: str) -> str:
 
 
 def bucket_rates(hist: Histogram, selector: str, window: str,
-                 by: str = "le, priority_class") -> str:
+                 by: str = "le, priority_class", copies: Sequence[str] = ()) -> str:
     """The rates of ``hist``'s buckets, summed ``by`` (``le`` among them), as
     ``histogram_quantile`` takes them. A request that never got a first token (turned
     away for load, 429; or its client left before it after waiting past its TTFT target:
@@ -168,8 +168,10 @@ def bucket_rates(hist: Histogram, selector: str, window: str,
     and is not. So is one still waiting for it at the window's end past its target
     (``hist.waiting``'s gauges as they stand then, over the window's seconds: a class
     starved of first tokens). None of those series (an image from before them): the
-    buckets as they are."""
-    buckets = f"sum by ({by}) (rate({hist.metric}_bucket{selector}[{window}]))"
+    buckets as they are. ``copies``: bucket series (per replica, not summed) added
+    where a replica has none of their labels (``judged_buckets``)."""
+    rates = " or ".join([f"rate({hist.metric}_bucket{selector}[{window}])", *copies])
+    buckets = f"sum by ({by}) ({rates})"
     never = _never(hist, selector, window, _others(by), "rate")
     if never is None:
         return buckets
@@ -216,15 +218,18 @@ def judged_buckets(hist: Histogram, selector: str, window: str, by: str,
                    thresholds: Mapping[str, Sequence[float]]) -> str:
     """``bucket_rates``, read so that a quantile claims no threshold breached that the
     buckets cannot prove: for each class (``thresholds``: its thresholds, in seconds),
-    each bucket ``(lo, hi]`` that holds one of its thresholds ``T`` strictly inside gets
-    a copy of its cumulative count at ``le = T``. ``histogram_quantile`` then spreads
-    that bucket's observations over ``(lo, T]`` (as if none were above ``T``, which no
-    one can tell) and reads every other bucket as before; so the quantile reads above
-    ``T`` exactly where more than ``1 - q`` of the observations are above ``hi``, the
-    first edge at or above ``T``: a breach proven. A histogram whose edges hold every
+    each bucket ``(lo, hi]`` of ``hist.edges`` that holds one of its thresholds ``T``
+    strictly inside gets a copy of its cumulative count at ``le = T``, on each replica
+    that exports no edge at ``T`` itself. ``histogram_quantile`` then spreads that
+    bucket's observations over ``(lo, T]`` (as if none were above ``T``, which no one
+    can tell) and reads every other bucket as before; so the quantile reads above ``T``
+    exactly where more than ``1 - q`` of the observations are above ``hi``, the first
+    edge at or above ``T``: a breach proven. A histogram whose edges hold every
     threshold (the built-in engine's and the meter's, under the profiles) is read as
-    it is. Needs ``priority_class`` in ``by``."""
-    buckets = bucket_rates(hist, selector, window, by)
+    it is; so is a replica's series at ``T`` where it exports one (the built-in engine
+    and the meter started with a deployment's own SLO: ``latency_buckets.slo_edges``),
+    and a replica started before the SLO was edited, without it, is read judged beside
+    it. Needs ``priority_class`` in ``by``."""
     copies = []
     for cls, values in sorted(thresholds.items()):
         zones = straddled(hist.edges, values)
@@ -237,14 +242,17 @@ def judged_buckets(hist: Histogram, selector: str, window: str, by: str,
         for hi, t in zones:
             # The one bucket renamed, nothing else of the class: a copy of every bucket
             # put a second series on le=T where the histogram exports that edge too
-            # (another release's edges), and Prometheus refused the whole rule.
+            # (another release's edges), and Prometheus refused the whole rule. Per
+            # replica, before the sum: summed first, one replica's own series at T (its
+            # process started with the SLO) hid the copy of every other's, the sum at T
+            # stood below the one at the edge under it, and the quantile read past T.
             bucket = _narrowed(own, 'le="' + _le(hi) + '"')
-            one = f"sum by ({by}) (rate({hist.metric}_bucket{bucket}[{window}]))"
+            one = f"rate({hist.metric}_bucket{bucket}[{window}])"
             edge = _escape(re.escape(_le(hi)))
             copies.append(f'label_replace({one}, "le", "{_le(t)}", "le", "{edge}")')
-    # ``or`` keeps every bucket as it is and adds a copy only where no bucket of its
-    # labels is there: an edge the histogram exports at T is read as it is.
-    return buckets if not copies else "(" + " or ".join([buckets, *copies]) + ")"
+    # ``or`` keeps every series as it is and adds a copy only where no series of its
+    # labels is there: an edge a replica exports at T is read as it is.
+    return bucket_rates(hist, selector, window, by, copies)
 
 
 def latency_quantile(q: float, source: LatencySource, selector: str, window: str,
@@ -379,12 +387,14 @@ class _Renderer:
         (``judged_buckets``). Spread evenly over (10, 25] ms, vLLM's gaps all at 12 ms
         read a third over a 20 ms SLO, and the goodput a third low; counted so, gaps
         at 22 ms read as met, which vLLM's buckets cannot tell from 12. An edge a
-        backend does not export selects nothing, so only its own are read."""
+        backend does not export selects nothing, so only its own are read; a replica
+        that exports the threshold itself (started with this SLO:
+        ``latency_buckets.slo_edges``) is read on it, exactly."""
         edges = sorted(self.latency.edges(metric))
 
         def rate(le: float) -> str:
-            return (f"sum by ({by}) (rate({metric}_bucket"
-                    f"{self.sel(priority_class=cls, le=_le(le))}[{self.window}]))")
+            return (f"rate({metric}_bucket"
+                    f"{self.sel(priority_class=cls, le=_le(le))}[{self.window}])")
 
         observed = (f"sum by ({by}) "
                     f"(rate({metric}_count{self.sel(priority_class=cls)}[{self.window}]))")
@@ -392,7 +402,14 @@ class _Renderer:
         none = f" or ({observed} == 0) + 1"
         # On an edge, or the first above it; past the last one, the last.
         edge = next((e for e in edges if e >= threshold_s - EDGE_TOLERANCE), edges[-1])
-        return f"{rate(edge)} / {count}{none}"
+        within = rate(edge)
+        if straddled(edges, (threshold_s,)):
+            # Replica by replica: its own series at the threshold where it has one, else
+            # the edge above it renamed (``judged_buckets``' fallback).
+            escaped = _escape(re.escape(_le(edge)))
+            within = (f'{rate(threshold_s)} or label_replace({within}, "le", '
+                      f'"{_le(threshold_s)}", "le", "{escaped}")')
+        return f"sum by ({by}) ({within}) / {count}{none}"
 
     def gpu_utilization(self) -> str:
         """DCGM's GPU utilization (percent) of the deployment's pods, as a ratio.

@@ -1,0 +1,193 @@
+"""A custom SLO between two of the fixed edges: a P99 just over it reads over it.
+
+The built-in engine's and the meter's TTFT and token-gap histograms have an edge every
+~10 % (``latency_buckets.TOKEN_LATENCY_BUCKETS``), on every threshold of the profiles and
+twice each. A deployment's own SLO, P0's TTFT at 800 ms, fell inside (790, 860] ms, and
+the rules read that bucket judged (``rules.judged_buckets``): as if none of its
+observations lay above 800 ms. With 2 % of the first tokens at 850 ms (the true P99 850
+ms) the recorded P99 read 795 ms: met, where the user measures a miss. The histograms
+now carry the deployment's thresholds as edges (``latency_buckets.slo_edges``), so the
+same first tokens read over 800 ms; a replica started before the SLO was edited, whose
+histograms lack the new edge, is still read judged (no breach its buckets cannot prove),
+replica by replica.
+
+Real histograms (``EngineMetrics``, the meter's ``ClientLatency``), their exposition the
+input of promtool's unit test of the rules the operator renders; and the direct scrape
+(``tuner/local/scrape``) over the same exposition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from slopilot.engine.meter.client_latency import ClientLatency
+from slopilot.engine.metric_names import REFUSED
+from slopilot.engine.metrics import EngineMetrics
+from slopilot.engine.request import Priority
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.local.scrape import DirectScrape
+from slopilot.tuner.prometheus.rules import (
+    BUILTIN_LATENCY,
+    VLLM_LATENCY,
+    RuleOptions,
+    render_rules_yaml,
+    render_selector,
+)
+from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.prometheus import PrometheusBinaries, promtool
+from tests.tuner.test_rule_quantiles import (
+    DEPLOYMENT,
+    IDENTITY,
+    NAMESPACE,
+    _Families,
+    input_series,
+)
+
+CUSTOM = SLOSpec.from_dict({"profile": "standard", "classes": {"p0": {"ttftP99Ms": 800}}})
+"""P0's first tokens within 800 ms: inside the fixed edges' (790, 860] ms bucket."""
+STANDARD = SLOSpec.from_profile("standard")
+"""The SLO before the edit: P0's first tokens within 100 ms, an edge of the grid."""
+OVER = [0.5] * 980 + [0.85] * 20
+"""2 % of the first tokens at 850 ms: the true P99 is 850 ms, over the SLO."""
+UNDER = [0.5] * 980 + [0.795] * 20
+"""2 % at 795 ms: the true P99 is 795 ms, within the SLO."""
+P99 = "slopilot:ttft_seconds:p99" + render_selector({**IDENTITY, "priority_class": "p0"})
+
+
+def engine_exposition(started_with: SLOSpec, ttfts: list[float]) -> str:
+    """The built-in engine's /metrics: started with ``started_with`` (``slopilot serve``
+    reads it before its first request), then ``ttfts`` observed for P0."""
+    m = EngineMetrics("m")
+    m.set_slo(started_with)
+    m.export_slo_edges(started_with)
+    for t in ttfts:
+        m.observe_ttft(Priority.P0, t)
+        m.observe_delivered(Priority.P0, t + 1.0, 10, "stop")
+        m.observe_token_gap(Priority.P0, 0.01)
+    return m.render().decode()
+
+
+def meter_exposition(started_with: SLOSpec, ttfts: list[float]) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    latency = ClientLatency(Priority.P0, started_with)
+    for t in ttfts:
+        latency.first_token(t)
+    registry = CollectorRegistry()
+    registry.register(_Families(latency.families("m")))
+    return generate_latest(registry).decode()
+
+
+def series_of(exposition: str, names: set[str], instance: str) -> list[dict[str, str]]:
+    out = []
+    for s in input_series(exposition, names):
+        name, labels = s["series"].split("{", 1)
+        out.append({**s, "series": f'{name}{{instance="{instance}",{labels}'})
+    return out
+
+
+def p99_reads(binaries: PrometheusBinaries, tmp_path: Path, slo: SLOSpec,
+              latency: Any, series: list[dict[str, str]], over: bool) -> None:
+    """The recorded P0 TTFT P99 at 5 m reads over 800 ms (``over``) or at most it."""
+    rules = render_rules_yaml(slo, DEPLOYMENT, namespace=NAMESPACE, latency=latency)
+    (tmp_path / "rules.yaml").write_text(rules)
+    # A sample only where the P99 is on the wrong side of 800 ms: promtool prints it.
+    wrong = f"{P99} <= 0.8" if over else f"{P99} > 0.8"
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+                {"expr": wrong, "eval_time": "5m", "exp_samples": []},
+                {"expr": f"absent({P99})", "eval_time": "5m", "exp_samples": []}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False, width=200))
+    result = promtool(binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+ENGINE_NAMES = {BUILTIN_LATENCY.ttft.engine.metric, REFUSED}
+METER_NAMES = {h.metric for h in (VLLM_LATENCY.ttft.client,) if h is not None}
+
+
+@pytest.mark.prometheus
+def test_a_p99_just_over_a_custom_slo_reads_over_it_on_the_builtin_engine(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    series = series_of(engine_exposition(CUSTOM, OVER), ENGINE_NAMES, "a")
+    p99_reads(prometheus_binaries, tmp_path, CUSTOM, BUILTIN_LATENCY, series, over=True)
+
+
+@pytest.mark.prometheus
+def test_a_p99_just_over_a_custom_slo_reads_over_it_on_the_meter(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    series = series_of(meter_exposition(CUSTOM, OVER), METER_NAMES, "a")
+    p99_reads(prometheus_binaries, tmp_path, CUSTOM, VLLM_LATENCY, series, over=True)
+
+
+@pytest.mark.prometheus
+def test_a_p99_just_under_a_custom_slo_reads_under_it(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    series = series_of(engine_exposition(CUSTOM, UNDER), ENGINE_NAMES, "a")
+    p99_reads(prometheus_binaries, tmp_path, CUSTOM, BUILTIN_LATENCY, series, over=False)
+
+
+@pytest.mark.prometheus
+def test_a_replica_started_before_the_slo_edit_is_read_judged(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # Replica "a" restarted since the edit (its histograms have the 800 ms edge), "b"
+    # did not (the SLO reached it live: no edge there). Both saw first tokens at 795 ms,
+    # within the SLO. Read as one sum, "a"'s 800 ms bucket alone stood below both
+    # replicas' 790 ms one and the P99 read over 800 ms: a breach nobody measured. "b"
+    # is read judged, replica by replica, and "a" exactly.
+    series = [*series_of(engine_exposition(CUSTOM, UNDER), ENGINE_NAMES, "a"),
+              *series_of(engine_exposition(STANDARD, UNDER), ENGINE_NAMES, "b")]
+    p99_reads(prometheus_binaries, tmp_path, CUSTOM, BUILTIN_LATENCY, series, over=False)
+
+
+@pytest.mark.prometheus
+def test_a_replica_without_the_edge_claims_no_breach_it_cannot_prove(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # Started before the edit: its first tokens at 850 ms sit in (790, 860] ms with the
+    # threshold, and nothing on it can tell them over 800 ms: met, as before.
+    series = series_of(engine_exposition(STANDARD, OVER), ENGINE_NAMES, "b")
+    p99_reads(prometheus_binaries, tmp_path, CUSTOM, BUILTIN_LATENCY, series, over=False)
+
+
+def test_the_direct_scrape_reads_a_p99_just_over_a_custom_slo_over_it() -> None:
+    pages = [engine_exposition(CUSTOM, []).encode(), engine_exposition(CUSTOM, OVER).encode()]
+    answers = iter(pages)
+    client = httpx.Client(transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, content=next(answers))))
+    scrape = DirectScrape(lambda: ["http://a"], CUSTOM, RuleOptions(), min_requests=1,
+                          client=client)
+    for t in (100.0, 160.0):
+        scrape.poll(now=t)
+    got = scrape.measure(100.0, 160.0, canary=False).classes[Priority.P0].ttft_p99_ms
+    scrape.stop()
+    assert got is not None and got > 800, got
+
+
+@pytest.mark.prometheus
+def test_the_goodput_of_a_replica_that_judges_none_reads_the_share_within_the_slo(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # No verdict series (an image before them): the goodput is the tokens times the
+    # share of first tokens within 800 ms. On the edge the replica exports, 98 % (10
+    # tokens each of 1,000 requests a minute: 163.3 tokens/s); counted to the next edge
+    # (860 ms), every one within: 166.7.
+    names = {*ENGINE_NAMES, BUILTIN_LATENCY.tbt.engine.metric,
+             "vllm:request_generation_tokens"}
+    series = series_of(engine_exposition(CUSTOM, OVER), names, "a")
+    rules = render_rules_yaml(CUSTOM, DEPLOYMENT, namespace=NAMESPACE,
+                              latency=BUILTIN_LATENCY)
+    (tmp_path / "rules.yaml").write_text(rules)
+    goodput = "slopilot:goodput_tokens:per_second" + render_selector(
+        {**IDENTITY, "priority_class": "p0"})
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+                {"expr": f"abs({goodput} - {10 * 980 / 60!r}) > 0.01", "eval_time": "5m",
+                 "exp_samples": []},
+                {"expr": f"absent({goodput})", "eval_time": "5m", "exp_samples": []}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False, width=200))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
