@@ -91,17 +91,31 @@ def series_of(exposition: str, names: set[str], instance: str) -> list[dict[str,
     return out
 
 
+def ttft_alerts(over: bool) -> list[dict[str, Any]]:
+    """``SlopilotTTFTP99High`` at 5 m: P0's warning (over 1 x its SLO) where ``over``,
+    never the retune (over 2 x: 1.6 s); none otherwise."""
+    warning = {"exp_labels": {"severity": "warning", "action": "inform",
+                              "priority_class": "p0", **IDENTITY}}
+    return [{"eval_time": "5m", "alertname": "SlopilotTTFTP99High",
+             "exp_alerts": [warning] if over else []}]
+
+
 def p99_reads(binaries: PrometheusBinaries, tmp_path: Path, slo: SLOSpec,
               latency: Any, series: list[dict[str, str]], over: bool) -> None:
-    """The recorded P0 TTFT P99 at 5 m reads over 800 ms (``over``) or at most it."""
-    rules = render_rules_yaml(slo, DEPLOYMENT, namespace=NAMESPACE, latency=latency)
-    (tmp_path / "rules.yaml").write_text(rules)
+    """The recorded P0 TTFT P99 at 5 m reads over 800 ms (``over``) or at most it, and
+    the TTFT warning fires accordingly."""
+    rules = yaml.safe_load(render_rules_yaml(slo, DEPLOYMENT, namespace=NAMESPACE,
+                                             latency=latency))
+    for rule in rules["groups"][0]["rules"]:
+        rule.pop("annotations", None)  # else promtool compares them too
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False, width=200))
     # A sample only where the P99 is on the wrong side of 800 ms: promtool prints it.
     wrong = f"{P99} <= 0.8" if over else f"{P99} > 0.8"
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
             "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
                 {"expr": wrong, "eval_time": "5m", "exp_samples": []},
-                {"expr": f"absent({P99})", "eval_time": "5m", "exp_samples": []}]}]}
+                {"expr": f"absent({P99})", "eval_time": "5m", "exp_samples": []}],
+                "alert_rule_test": ttft_alerts(over)}]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False, width=200))
     result = promtool(binaries, "test", "rules", "test.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
