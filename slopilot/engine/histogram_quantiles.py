@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from slopilot.engine.latency_buckets import EDGE_TOLERANCE, TOKEN_LATENCY_BUCKETS
 
 __all__ = ["EDGE_TOLERANCE", "histogram_quantile", "histogram_share_within",
-           "judged_quantile", "latency_quantile", "straddled"]
+           "judged_copies", "judged_quantile", "latency_quantile", "straddled"]
 
 
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
@@ -57,8 +57,17 @@ def judged_quantile(q: float, buckets: Mapping[float, float],
     read as if its observations lay at or under the lowest such one; every other bucket
     as it is. So it reads above a threshold exactly where more than ``1 - q`` of the
     observations are above the first edge at or above it."""
-    copies = {t: buckets[hi] for hi, t in straddled(buckets, thresholds)}
-    return histogram_quantile(q, {**buckets, **copies})
+    return histogram_quantile(q, {**buckets, **judged_copies(buckets, thresholds)})
+
+
+def judged_copies(buckets: Mapping[float, float], thresholds: Iterable[float]
+                  ) -> dict[float, float]:
+    """``{T: count}`` for each threshold ``T`` strictly inside a bucket of cumulative
+    ``buckets``: that bucket's count, as if none of it lay above ``T`` (the lowest such
+    threshold of a bucket). Added to one replica's buckets before they are summed with
+    another's that has an edge at ``T`` (its process started with that SLO), each is read
+    as its own edges allow, as the rules read them (``rules.judged_buckets``)."""
+    return {t: buckets[hi] for hi, t in straddled(buckets, thresholds)}
 
 
 def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> float:

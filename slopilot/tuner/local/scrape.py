@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slopilot.engine.histogram_quantiles import (
     histogram_quantile,
     histogram_share_within,
+    judged_copies,
     judged_quantile,
 )
 from slopilot.engine.meter.exposition import ARRIVALS, INVALID
@@ -412,13 +413,28 @@ class DirectScrape:
                     past[cls] = past.get(cls, 0.0) + value
         return waiting, past
 
+    def _judged(self, series: Series) -> Series:
+        """One replica's increases, with a copy of its TTFT and gap buckets at each
+        threshold of a class that its edges hold strictly inside (``judged_copies``):
+        summed as they are, a replica started with the SLO (its edge at the threshold)
+        beside one started before an edit of it (none there) read a P99 of 859 ms for
+        first tokens all within 800 ms. Each is read as its own edges allow, as the rules
+        read them, replica by replica."""
+        out = dict(series)
+        for name, ttft in ((_TTFT, True), (_TBT, False)):
+            for cls, values in self._thresholds[ttft].items():
+                buckets = {le: v for (n, c, le), v in series.items() if n == name and c == cls}
+                for t, count in judged_copies(buckets, values).items():
+                    out[(name, cls, t)] = count
+        return out
+
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         return self._summary(start, end, canary, self.min_requests)
 
     def _summary(self, start: float, end: float, canary: bool,
                  min_requests: int) -> WindowSummary:
         replicas = self._deltas(start, end, canary)
-        d = _summed(replicas)
+        d = _summed({url: self._judged(series) for url, series in replicas.items()})
         span = max(1e-9, end - start)
         labels = {p.label for p in Priority}
 
