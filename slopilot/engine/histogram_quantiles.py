@@ -87,11 +87,13 @@ def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> 
     return buckets[edge] / total
 
 
-def latency_quantile(q: float, seconds: Sequence[float], never: int = 0) -> float:
+def latency_quantile(q: float, seconds: Sequence[float], never: int = 0,
+                     edges: Sequence[float] = TOKEN_LATENCY_BUCKETS) -> float:
     """``q`` of these TTFTs or token gaps as Prometheus reads it from the engine's
-    histogram (``TOKEN_LATENCY_BUCKETS``, then ``histogram_quantile``), with ``never``
-    more in +Inf (the first tokens of requests turned away for load): NaN without
-    samples."""
+    histogram (``edges``: ``TOKEN_LATENCY_BUCKETS``, with the SLO's where the engine
+    started with one, ``latency_buckets.token_latency_buckets``; then
+    ``histogram_quantile``), with ``never`` more in +Inf (the first tokens of requests
+    turned away for load): NaN without samples."""
     ordered = sorted(seconds)
-    cumulative = {e: float(bisect.bisect_right(ordered, e)) for e in TOKEN_LATENCY_BUCKETS}
+    cumulative = {e: float(bisect.bisect_right(ordered, e)) for e in edges}
     return histogram_quantile(q, {**cumulative, math.inf: float(len(ordered) + never)})

@@ -175,3 +175,14 @@ def test_the_meter_command_exports_the_edges_of_its_slo_file(
     while not hasattr(meter, "latency"):  # under the server's wrappers
         meter = meter.app
     assert 0.8 in meter.latency.ttft.edges and 0.023 in meter.latency.gaps.edges
+
+
+def test_a_quantile_read_as_the_engine_exports_it_reads_the_slos_edge() -> None:
+    # The twin reads its P99s through the plant's buckets (``twin_predict``): the fixed
+    # ones spread 850 ms over (790, 860], the engine started with the SLO over (800, 860].
+    from slopilot.engine.histogram_quantiles import latency_quantile
+
+    ttfts = [0.5] * 980 + [0.85] * 20
+    assert latency_quantile(0.99, ttfts) == pytest.approx(0.825)
+    assert latency_quantile(0.99, ttfts, edges=token_latency_buckets(CUSTOM, ttft=True)) \
+        == pytest.approx(0.83)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slopilot.engine.histogram_quantiles import latency_quantile
+from slopilot.engine.latency_buckets import token_latency_buckets
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.sim.simulator import simulate
@@ -41,14 +42,17 @@ def predicted_p99s(twin: Scenario, config: Mapping[str, Any], replicas: int,
     that much more headroom.
     """
     run = simulate(twin, config, replicas=replicas, duration_s=window_s, seed=seed)
+    # The plant's engines export the SLO's thresholds as edges too (started with it).
+    ttft_edges, tbt_edges = (token_latency_buckets(twin.slo, ttft=t) for t in (True, False))
     out = []
     for p in Priority:
         c = run.summary.classes[p]
         ttft, tbt = c.ttft_p99_ms, c.tbt_p99_ms
         if bucketed:
             s = run.stats.classes[p]
-            ttft = or_none(latency_quantile(0.99, s.ttft, never=s.refused) * 1000.0)
-            tbt = or_none(latency_quantile(0.99, s.tbt) * 1000.0)
+            ttft = or_none(latency_quantile(0.99, s.ttft, never=s.refused,
+                                            edges=ttft_edges) * 1000.0)
+            tbt = or_none(latency_quantile(0.99, s.tbt, edges=tbt_edges) * 1000.0)
         out.append(ClassP99(p, ttft, tbt))
     return tuple(out)
 
