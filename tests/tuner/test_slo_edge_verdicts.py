@@ -48,8 +48,11 @@ from tests.tuner.test_rule_quantiles import (
     input_series,
 )
 
-CUSTOM = SLOSpec.from_dict({"profile": "standard", "classes": {"p0": {"ttftP99Ms": 800}}})
-"""P0's first tokens within 800 ms: inside the fixed edges' (790, 860] ms bucket."""
+CUSTOM_SLO = {"profile": "standard",
+              "classes": {"p0": {"ttftP99Ms": 800}, "p1": {"ttftP99Ms": 1500}}}
+CUSTOM = SLOSpec.from_dict(CUSTOM_SLO)
+"""P0's first tokens within 800 ms: inside the fixed edges' (790, 860] ms bucket (P1's
+looser, as the operator asks: 1.5 s, on an edge)."""
 STANDARD = SLOSpec.from_profile("standard")
 """The SLO before the edit: P0's first tokens within 100 ms, an edge of the grid."""
 OVER = [0.5] * 980 + [0.85] * 20
@@ -219,3 +222,30 @@ def test_the_direct_scrape_reads_a_replica_started_before_the_edit_judged() -> N
                       "b": [engine_exposition(STANDARD, []),
                             engine_exposition(STANDARD, UNDER)]})
     assert got <= 800
+
+
+@pytest.mark.prometheus
+def test_the_rules_the_operator_renders_read_the_edge_of_the_deployments_own_slo(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # The builtin sample as team-a/chat with P0's TTFT SLO at 800 ms: its PrometheusRule
+    # (``desired_objects``), on the exposition of an engine started with that SLO.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.tuner.test_stall_alerts import ident, labels, rules_file, run
+
+    files = [rules_file(tmp_path, "llmdeployment-builtin.yaml", "team-a", CUSTOM_SLO)]
+    series = []
+    for family in text_string_to_metric_families(engine_exposition(CUSTOM, OVER)):
+        if family.name not in ENGINE_NAMES:
+            continue
+        for s in family.samples:
+            own = {k: v for k, v in s.labels.items() if k != "instance"}
+            series.append({"series": s.name + labels(**own), "values": f"0+{s.value!r}x40"})
+    p0 = ident(priority_class="p0")
+    sel = ",".join(f'{k}="{v}"' for k, v in p0.items())
+    recorded = f"slopilot:ttft_seconds:p99{{{sel}}}"
+    warning = {"exp_labels": {"severity": "warning", "action": "inform", **p0}}
+    run(prometheus_binaries, tmp_path, files, series,
+        [{"eval_time": "9m", "alertname": "SlopilotTTFTP99High", "exp_alerts": [warning]}],
+        [{"expr": f"{recorded} <= 0.8", "eval_time": "9m", "exp_samples": []},
+         {"expr": f"absent({recorded})", "eval_time": "9m", "exp_samples": []}])
