@@ -172,7 +172,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     spec's SLO and knobs, or on the calibrated profile of ``spec.twin.profile``
     (``ctx.twin``: the spec's model on the profile's device). Every read (alerts,
     windows, workload, iterations) checks an https Prometheus as ``ctx.prometheus_tls``
-    says.
+    says; windows, workload and iterations are read on Prometheus's clock
+    (``clock_offset.PrometheusClock``: the operator's node's clock may be off it).
     """
     import dataclasses
 
@@ -180,6 +181,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.operator.service_monitor import latency_sources
     from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows
     from slopilot.tuner.prometheus.alerts import AlertSource
+    from slopilot.tuner.prometheus.clock_offset import PrometheusClock
     from slopilot.tuner.prometheus.iterations import PrometheusIterations
     from slopilot.tuner.prometheus.profiling import probe_window_s
     from slopilot.tuner.prometheus.query import query_at
@@ -199,7 +201,10 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
                                               dispatch=spec.twin.dispatch))
     selector = identity_labels(name, ctx.namespace, ctx.namespace_label)
     try:
-        query = query_at(spec.prometheus_url, verify=ctx.prometheus_tls)
+        # Every window, probe and twin check on Prometheus's clock: the loop's times are
+        # this process's clock, which may be off the one that stamps the samples.
+        query = PrometheusClock(query_at(spec.prometheus_url, verify=ctx.prometheus_tls),
+                                label=f"{ctx.namespace}/{name}")
         alerts = AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
                              namespace_label=ctx.namespace_label, verify=ctx.prometheus_tls)
     except CAFileError as exc:  # a bundle never read: a policy not made by settings.py

@@ -35,6 +35,8 @@ from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.adapters import PrometheusProbe, PrometheusWindows, range_s
 from slopilot.tuner.prometheus.alerts import AlertSource
+from slopilot.tuner.prometheus.clock_offset import PrometheusClock
+from slopilot.tuner.prometheus.iterations import PrometheusIterations
 from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner, WorkerTwin
 from slopilot.tuner.study.bounds import DEFAULT_BOUNDS
 from slopilot.tuner.study.storage import storage_of
@@ -95,6 +97,19 @@ def test_alerts_and_windows_are_the_deployments_by_namespace_and_name(tmp_path: 
     assert ctl.evaluator.selector == {"slopilot_namespace": "team", "slopilot_deployment": "chat"}
     assert isinstance(ctl.probe, PrometheusProbe)
     assert ctl.probe.selector == ctl.evaluator.selector
+
+
+def test_windows_workload_and_iterations_are_read_on_prometheuss_clock(
+        tmp_path: Path) -> None:
+    """The loop's times are the operator's clock; the samples, Prometheus's: an operator
+    45 s ahead rejected every window (tests/tuner/test_prometheus_clock.py)."""
+    ctl = prometheus_controller(context(tmp_path))
+    assert isinstance(ctl.evaluator, PrometheusWindows)
+    assert isinstance(ctl.probe, PrometheusProbe)
+    assert isinstance(ctl.iterations, PrometheusIterations)
+    query = ctl.evaluator.query
+    assert isinstance(query, PrometheusClock) and query.label == "team/chat"
+    assert ctl.probe.query is query and ctl.iterations.query is query
 
 
 def test_with_an_enforced_namespace_label_every_read_matches_it(tmp_path: Path) -> None:
