@@ -122,7 +122,7 @@ class PrometheusClock:
         except PrometheusUnavailable as exc:
             # The queries that follow say so if Prometheus is down; a server that will
             # not evaluate time() (a proxy) leaves the times as they are, as before.
-            log.debug("%s: Prometheus's clock not read: %s", self.label, exc)
+            log.debug("%s: Prometheus's clock not read: %s", self.label or "-", exc)
             return
         after = self.clock()
         theirs = _now_of(answer)
@@ -136,13 +136,14 @@ class PrometheusClock:
 
     def _say(self, reading: ClockOffset) -> None:
         large = abs(reading.offset_s) >= WARN_S
+        who = f"{self.label}: " if self.label else ""
         if large and not self.warned:
-            log.warning("%s: %s: every window is read on Prometheus's clock (shifted by "
+            log.warning("%s%s: every window is read on Prometheus's clock (shifted by "
                         "%+.1f s), but times the operator writes are off by as much; sync "
                         "both hosts' clocks (NTP: chrony or systemd-timesyncd)",
-                        self.label, reading.describe(), -reading.offset_s)
+                        who, reading.describe(), -reading.offset_s)
         elif not large and self.warned:
-            log.info("%s: %s: the clocks agree again", self.label, reading.describe())
+            log.info("%s%s: the clocks agree again", who, reading.describe())
         self.warned = large
 
 
