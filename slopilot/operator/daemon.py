@@ -172,8 +172,9 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     spec's SLO and knobs, or on the calibrated profile of ``spec.twin.profile``
     (``ctx.twin``: the spec's model on the profile's device). Every read (alerts,
     windows, workload, iterations) checks an https Prometheus as ``ctx.prometheus_tls``
-    says; windows, workload and iterations are read on Prometheus's clock
-    (``clock_offset.PrometheusClock``: the operator's node's clock may be off it).
+    says; windows, workload and iterations are read on Prometheus's clock, and the
+    alerts' activeAt moved onto the operator's (``clock_offset.PrometheusClock``: the
+    operator's node's clock may be off Prometheus's).
     """
     import dataclasses
 
@@ -206,7 +207,8 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
         query = PrometheusClock(query_at(spec.prometheus_url, verify=ctx.prometheus_tls),
                                 label=f"{ctx.namespace}/{name}")
         alerts = AlertSource(spec.prometheus_url, name, namespace=ctx.namespace,
-                             namespace_label=ctx.namespace_label, verify=ctx.prometheus_tls)
+                             namespace_label=ctx.namespace_label, verify=ctx.prometheus_tls,
+                             offset_s=query.offset_s)
     except CAFileError as exc:  # a bundle never read: a policy not made by settings.py
         raise ControllerError(f"{PROMETHEUS_CA_ENV}: the CA bundle {exc}; mount the "
                               "Prometheus CA's PEM certificate there again") from None

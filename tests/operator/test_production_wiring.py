@@ -110,6 +110,8 @@ def test_windows_workload_and_iterations_are_read_on_prometheuss_clock(
     query = ctl.evaluator.query
     assert isinstance(query, PrometheusClock) and query.label == "team/chat"
     assert ctl.probe.query is query and ctl.iterations.query is query
+    # The alerts' activeAt, compared with the loop's last action, moved by the same.
+    assert isinstance(ctl.alerts, AlertSource) and ctl.alerts.offset_s == query.offset_s
 
 
 def test_with_an_enforced_namespace_label_every_read_matches_it(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import ControllerState, LoopState, RunningTrial
 from slopilot.tuner.prometheus.adapters import PrometheusWindows
+from slopilot.tuner.prometheus.alerts import AlertSource
 from slopilot.tuner.prometheus.clock_offset import (
     APPLY_S,
     NOW_EXPR,
@@ -52,6 +53,7 @@ DEMO = load_scenario("demo")
 SLO = DEMO.slo
 SELECTOR = {"slopilot_deployment": "d"}
 APPLY, ELAPSED, SETTLE = 300, 120, 12
+ACTIVE_AT = APPLY - 60  # the alert's activeAt, from the history's start
 RATE = 4.0  # requests a second, both classes
 FINISHED = RATE * (ELAPSED - SETTLE)  # in the trial's window: 432
 
@@ -83,6 +85,13 @@ def history(prometheus_binaries: PrometheusBinaries,  # noqa: F811 - the fixture
                            ttft_s=lambda second: 1.5 if second <= APPLY else 0.3,
                            labels='instance="10.0.0.1:8000",slopilot_deployment="d",'
                                   'job="slopilot"')
+    # The TTFT alert the trial answers, active since a minute before the apply, as
+    # Prometheus's rule evaluations would have written it.
+    alert = ('alertname="SlopilotTTFTP99High",severity="warning",priority_class="p0",'
+             'action="retune",slopilot_deployment="d"')
+    for second in range(APPLY - 60, APPLY + ELAPSED + 1, 15):
+        lines.append(f'ALERTS{{{alert},alertstate="firing"}} 1 {t0 + second:.3f}')
+        lines.append(f"ALERTS_FOR_STATE{{{alert}}} {t0 + ACTIVE_AT} {t0 + second:.3f}")
     backfill(prometheus_binaries, lines, workdir / "data")
     server = start_prometheus(prometheus_binaries, workdir)
     yield History(server.url, t0)
@@ -227,3 +236,15 @@ def test_sample_times_come_back_on_the_operators_clock(history: History) -> None
     answer = history.operator_clock(45.0)('up{slopilot_deployment="d"}[60s]', now)
     times = [t for t, _ in answer[0]["values"]]
     assert times == pytest.approx([now - 7 - 15 * i for i in (3, 2, 1, 0)], abs=0.5)
+
+
+def test_an_alerts_since_comes_back_on_the_operators_clock(history: History) -> None:
+    """The loop compares an alert's activeAt with its last action's time (an alert from
+    before a commit is re-confirmed on a window after it, ``steady.py``): both on the
+    operator's clock, 45 s ahead."""
+    before = AlertSource(history.url, "d").firing()
+    assert [a.since for a in before] == [history.t0 + ACTIVE_AT]  # Prometheus's clock
+    clock = history.operator_clock(45.0)
+    after = AlertSource(history.url, "d", offset_s=clock.offset_s).firing()
+    assert [a.name for a in after] == ["SlopilotTTFTP99High"]
+    assert after[0].since == pytest.approx(history.t0 + ACTIVE_AT + 45.0, abs=0.5)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -184,7 +184,8 @@ class AlertSource:
                  namespace_label: str | None = None, verify: TLSVerify = VERIFIED,
                  timeout_s: float = 5.0, client: httpx.Client | None = None,
                  deadline_s: float = ANSWER_DEADLINE_S,
-                 max_bytes: int = MAX_ANSWER_BYTES) -> None:
+                 max_bytes: int = MAX_ANSWER_BYTES,
+                 offset_s: Callable[[], float] | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Prometheus url {url!r}: expected http://host:port")
         if not deployment:
@@ -200,10 +201,20 @@ class AlertSource:
         # query_at reads within the bounds, and its errors never quote the body.
         self._query = query_at(self.url, timeout_s, client=self._client,
                                deadline_s=deadline_s, max_bytes=max_bytes)
+        self.offset_s = offset_s
+        """The reader's clock less Prometheus's (``clock_offset.PrometheusClock``), or
+        None: each alert's ``since`` (activeAt, Prometheus's clock) is moved by it onto
+        the clock the loop compares it with (its last action's time)."""
 
     def firing(self) -> list[Alert]:
-        return parse_alert_series(self._query(self.expr, None), self.deployment,
-                                  self.namespace, self.namespace_label)
+        alerts = parse_alert_series(self._query(self.expr, None), self.deployment,
+                                    self.namespace, self.namespace_label)
+        shift = self.offset_s() if self.offset_s is not None else 0.0
+        if not shift:
+            return alerts
+        # A missing activeAt (0) only orders the alerts: kept first.
+        return [replace(a, since=a.since + shift) if a.since else a
+                for a in alerts]
 
     def close(self) -> None:
         self._client.close()
