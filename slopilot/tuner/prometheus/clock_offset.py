@@ -10,8 +10,9 @@ that met an 800 ms P99 read 1364 ms, the config before it). ``PrometheusClock`` 
 a ``QueryAt``: it reads Prometheus's now (``vector(time())`` with no ``time``, which
 Prometheus evaluates at its own now), takes the offset to the operator's clock, and
 evaluates every query at ``at - offset``; the sample times it answers with are moved
-back by it, so that a reader's arithmetic stays on one clock. A reading that fails
-leaves the last offset (none: every time as it is, as before).
+back by it, so that a reader's arithmetic stays on one clock (and ``AlertSource`` moves
+the alerts' activeAt by ``offset_s``). A reading that fails leaves the last offset (none,
+or the operator's clock stepped since: every time as it is, as before).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ one read over HTTP is only as good as its round trip; a second moves a window's 
 less than one 1 s scrape, where 30 s moved a fifth of a 108 s window's requests out."""
 WARN_S = 5.0
 """Offsets from this on are said (once until they fall back under): the windows are
-read right either way, but the operator's other times are not Prometheus's (its
-status's, its events', the alerts' ``activeAt``), and five seconds is past any
-reading's error (``MAX_ROUND_TRIP_S``) and a third of a default 15 s scrape."""
+read right either way, but the times the operator writes are not Prometheus's (its
+status's, its events': what a person sets beside a dashboard), and five seconds is past
+any reading's error (``MAX_ROUND_TRIP_S``) and a third of a default 15 s scrape."""
 MAX_ROUND_TRIP_S = 2.0
 """A reading whose query took longer is not taken: the offset is read at the round
 trip's middle, so its error is up to half of it."""
