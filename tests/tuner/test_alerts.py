@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 import urllib.parse
 import urllib.request
@@ -108,7 +110,36 @@ def test_alert_series_give_the_fields_of_the_alerts_api() -> None:
 def test_an_alert_without_its_active_at_or_figure_still_fires() -> None:
     firing = alert_series("SlopilotTBTP99High", "scale")[0]
     (a,) = parse_alert_series([firing], "demo")
-    assert (a.name, a.since, a.value) == ("SlopilotTBTP99High", 0.0, None)
+    assert (a.name, a.since, a.value, a.evaluated_ago_s) == ("SlopilotTBTP99High", 0.0,
+                                                             None, 0.0)
+
+
+def evaluated(name: str, at: str, dep: str = "demo", **labels: str) -> dict[str, Any]:
+    """The query's ``timestamp(ALERTS)`` term for one firing alert: its last evaluation's
+    time, the metric's name dropped, ``alertstate`` set apart from ``ALERTS``'."""
+    own = {"alertname": name, "action": "retune", "severity": "warning",
+           "priority_class": "p0", "slopilot_deployment": dep, **labels}
+    return {"metric": {"alertstate": "evaluated", **own}, "value": [1767323050.0, at]}
+
+
+def test_each_alert_says_how_long_before_the_query_its_rule_was_evaluated() -> None:
+    got = parse_alert_series(vector(
+        *alert_series("SlopilotTTFTP99Sustained", "retune"),
+        evaluated("SlopilotTTFTP99Sustained", "1767323025.5"),
+        *alert_series("SlopilotTTFTP99High", "retune"),
+        evaluated("SlopilotTTFTP99High", "1767323050"),
+        # Another class's, and another deployment's: neither is these alerts' time.
+        evaluated("SlopilotTTFTP99High", "1767322000", priority_class="p1"),
+        evaluated("SlopilotTTFTP99Sustained", "1767322000", dep="other"),
+    )["data"]["result"], "demo")
+    assert sorted((a.name, a.evaluated_ago_s) for a in got) == [
+        ("SlopilotTTFTP99High", 0.0), ("SlopilotTTFTP99Sustained", 24.5)]
+
+
+def test_the_alerts_query_asks_when_each_firing_alert_was_evaluated() -> None:
+    assert ('label_replace(timestamp(ALERTS{alertstate="firing",'
+            'slopilot_deployment="demo"}), "alertstate", "evaluated", "", "")'
+            in alerts_query("demo"))
 
 
 @pytest.mark.parametrize("bad", [None, {"result": []}, "not a list"])
@@ -234,6 +265,11 @@ def test_a_controller_reads_its_own_alerts_and_no_other_deployments(
                   for a in got) == want
     assert [a.value for a in got if a.name == "SlopilotTBTP99High"] == [0.42]
     ((path, body),) = proxy.seen
+    # Each verdict's age, from its ALERTS sample's time in the same answer (the group
+    # is evaluated every second): the term survives ``or`` in a real Prometheus.
+    answer = json.loads(body)["data"]["result"]
+    assert sum(s["metric"].get("alertstate") == "evaluated" for s in answer) == 2, answer
+    assert all(0.0 <= a.evaluated_ago_s <= 2.0 for a in got), got
     url = urllib.parse.urlsplit(path)
     assert url.path == "/api/v1/query"
     assert urllib.parse.parse_qs(url.query)["query"] == [alerts_query("chat", "team-a")]
@@ -276,7 +312,7 @@ def _tbt(value: str, **labels: str) -> dict[str, Any]:
 
 def test_the_enforced_namespace_label_is_asked_for_and_checked_again() -> None:
     query = alerts_query("chat", "team-b", "namespace")
-    assert query.count('namespace="team-b"') == 6  # 3 selectors x (slopilot_ and enforced)
+    assert query.count('namespace="team-b"') == 8  # 4 selectors x (slopilot_ and enforced)
     # Any server may answer (the URL is the tenant's): a forged alert and a forged figure
     # in the answer are dropped by the parse as well.
     b, forged = ({"slopilot_namespace": "team-b", "namespace": ns} for ns in ("team-b", "team-a"))
@@ -411,8 +447,12 @@ def test_firing_evaluates_once_per_interval_and_catches_up_missed_evaluations() 
     assert alerts.firing(29.0, slow_p1) == [] and asked == [0.0]
     fired = alerts.firing(75.0, slow_p1)  # missed 30 and 60: both run, 60 is the 3rd
     assert asked == [0.0, 30.0, 60.0]
-    assert [(a.name, a.since) for a in fired] == [("SlopilotTBTP99High", 0.0)]
-    assert alerts.firing(89.0, lambda t, w: None) == fired, "no evaluation due: same verdict"
+    assert [(a.name, a.since, a.evaluated_ago_s) for a in fired] == [
+        ("SlopilotTBTP99High", 0.0, 15.0)]  # the verdict of the evaluation at 60 s
+    later = alerts.firing(89.0, lambda t, w: None)
+    assert [dataclasses.replace(a, evaluated_ago_s=15.0) for a in later] == fired, \
+        "no evaluation due: same verdict"
+    assert [a.evaluated_ago_s for a in later] == [29.0]
     assert alerts.firing(90.0, lambda t, w: None) == [], "no data at 90 s: resolved"
 
 

@@ -12,6 +12,7 @@ namespace and name: any server may answer the tenant's URL). Where no Prometheus
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -55,6 +56,11 @@ class Alert:
     since: float
     """Unix time the condition became active (Prometheus' activeAt)."""
     value: float | None = None
+    evaluated_ago_s: float = 0.0
+    """How long before it was read the rule was last evaluated, on the evaluator's own
+    clock (Prometheus': the query's time less the ``ALERTS`` sample's): the alert is that
+    evaluation's verdict, over the window that ended then. 0 where the answer does not
+    say (read as evaluated when asked, as before this was known)."""
 
     def describe(self) -> str:
         return f"{self.name}[{self.priority_class},{self.severity}]"
@@ -73,7 +79,7 @@ _CLASSES = frozenset({ALL_CLASSES, *(p.label for p in Priority)})
 
 
 def _alert(labels: Mapping[str, Any], ident: Mapping[str, str], since: float,
-           value: float | None) -> Alert | None:
+           value: float | None, evaluated_ago_s: float = 0.0) -> Alert | None:
     """The alert these labels describe, if it is this deployment's and one of the rules'.
 
     An alert whose ``action`` the controller does not know is read as ``inform``: a rule
@@ -91,7 +97,8 @@ def _alert(labels: Mapping[str, Any], ident: Mapping[str, str], since: float,
     except ValueError:
         action = AlertAction.INFORM
     return Alert(name=labels["alertname"], action=action, severity=labels["severity"],
-                 priority_class=labels["priority_class"], since=since, value=value)
+                 priority_class=labels["priority_class"], since=since, value=value,
+                 evaluated_ago_s=evaluated_ago_s)
 
 
 def _in_order(alerts: list[Alert]) -> list[Alert]:
@@ -99,6 +106,8 @@ def _in_order(alerts: list[Alert]) -> list[Alert]:
 
 
 _FIRING, _ACTIVE_AT = "ALERTS", "ALERTS_FOR_STATE"
+_EVALUATED = "evaluated"
+"""The ``alertstate`` the query gives the evaluation times of the firing alerts."""
 _FIGURES = "|".join(sorted(set(VALUE_FIGURE.values())))
 
 
@@ -112,12 +121,19 @@ def alerts_query(deployment: str, namespace: str | None = None,
     ``ALERTS`` (name, action, severity, class), ``ALERTS_FOR_STATE`` (activeAt, in whole
     seconds) and the recorded figures the alerts' values are (``VALUE_FIGURE``): the
     fields ``/api/v1/alerts`` gave. ``or`` keeps all three: their label sets differ.
+    And when each firing alert was last evaluated: ``timestamp()`` of its ``ALERTS``
+    sample (written at each evaluation), with ``alertstate="evaluated"``: ``or`` matches
+    label sets without the metric's name, and under ``ALERTS``' own labels the time was
+    dropped as a duplicate. The answer's own time is the query's, so the two give the
+    verdict's age on Prometheus' clock alone (``Alert.evaluated_ago_s``).
     ``namespace_label``: the enforced namespace label, matched too (``identity_labels``).
     """
     ident = identity_labels(deployment, namespace, namespace_label)
     firing = render_selector({"alertstate": "firing", **ident})
     own = render_selector(ident)
-    return (f"{_FIRING}{firing} or {_ACTIVE_AT}{own} "
+    evaluated = (f'label_replace(timestamp({_FIRING}{firing}), "alertstate", '
+                 f'"{_EVALUATED}", "", "")')
+    return (f"{_FIRING}{firing} or {_ACTIVE_AT}{own} or {evaluated} "
             f'or {{__name__=~"{_FIGURES}",{own[1:-1]}}}')
 
 
@@ -133,7 +149,9 @@ def parse_alert_series(result: Any, deployment: str, namespace: str | None = Non
     The alerts ``/api/v1/alerts`` lists as firing, matched again here by identity (the
     URL is the tenant's: any server may answer). ``since`` is activeAt in
     whole seconds (0 where Prometheus wrote no ``ALERTS_FOR_STATE``), ``value`` the
-    alert's figure as last recorded (None where there is none). With ``namespace_label``
+    alert's figure as last recorded (None where there is none), ``evaluated_ago_s`` the
+    query's time less the alert's last evaluation (0 where the answer has none: an
+    older query's shape). With ``namespace_label``
     an alert must carry the namespace there too, as must the figures its value is read
     from.
     """
@@ -145,16 +163,29 @@ def parse_alert_series(result: Any, deployment: str, namespace: str | None = Non
     samples = [(s["metric"], _value(s["value"][1])) for s in result if _is_sample(s)
                and all(s["metric"].get(k) == v for k, v in ident.items())]
     active_at = {_alert_key(m): v for m, v in samples if m.get("__name__") == _ACTIVE_AT}
+    evaluated = {_alert_key(s["metric"]): _age(s["value"]) for s in result
+                 if _is_sample(s) and "__name__" not in s["metric"]
+                 and s["metric"].get("alertstate") == _EVALUATED}
     figures = {(m.get("__name__"), m.get("priority_class")): v for m, v in samples}
     out = []
     for labels, _ in samples:
         if labels.get("__name__") != _FIRING or labels.get("alertstate") != "firing":
             continue
         since = active_at.get(_alert_key(labels))
-        alert = _alert(labels, ident, _seconds_or_zero(since), _figure_value(labels, figures))
+        alert = _alert(labels, ident, _seconds_or_zero(since), _figure_value(labels, figures),
+                       evaluated.get(_alert_key(labels), 0.0))
         if alert is not None:
             out.append(alert)
     return _in_order(out)
+
+
+def _age(value: list[Any]) -> float:
+    """The query's time less the sample's timestamp (``[query time, "evaluated at"]``),
+    never below 0; 0 where either is not a time."""
+    at, then = _value(value[0]), _value(value[1])
+    if at is None or then is None or not math.isfinite(at - then):
+        return 0.0
+    return max(at - then, 0.0)
 
 
 def _seconds_or_zero(value: float | None) -> float:
@@ -253,7 +284,7 @@ class SummaryAlerts:
     every condition on it is false). ``firing(now, summary_at)`` is what
     ``/api/v1/alerts`` would list at ``now``: it runs every evaluation due since the last,
     one per ``interval_s``, on ``summary_at(t, window_s)``, and between evaluations
-    repeats the last verdict.
+    repeats the last verdict, ``evaluated_ago_s`` saying how old it is.
     """
 
     def __init__(self, slo: SLOSpec, options: RuleOptions) -> None:
@@ -308,4 +339,7 @@ class SummaryAlerts:
         for t in due:
             long = summary_at(t, self.opt.breach_window_s) if self._long else None
             self.evaluate(summary_at(t, self.opt.rate_window_s), t, long)
-        return list(self._firing)
+        # Between evaluations the verdict is the last one's, as Prometheus answers: its
+        # age says so, and which window it read (``Alert.evaluated_ago_s``).
+        ago = now - self._last if self._last is not None else 0.0
+        return [dataclasses.replace(a, evaluated_ago_s=max(ago, 0.0)) for a in self._firing]
