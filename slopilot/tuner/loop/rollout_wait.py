@@ -12,7 +12,9 @@ Deployment's progress deadline, paused, or not moved for the loop's own bound:
 config from trials for a while.
 
 A cooldown (after a commit, a rollback or a scale) does not end while the rollout it
-began runs: STEADY would read alerts and start an episode on the old pods' figures. A
+began runs: STEADY would read alerts and start an episode on the old pods' figures; and
+it counts from the rollout's end (``ended``): the alerts' windows until then measured
+the old pods too. A
 commit whose rollout is stuck is reverted: left, the Deployment kept a new ReplicaSet that
 never became ready, ``status.tunedConfig`` said committed what no pod ran, and every
 later reconcile rendered the stuck template. The committed config before it (the old
@@ -28,7 +30,7 @@ import logging
 from slopilot.tuner.loop import restore, rollout_watch
 from slopilot.tuner.loop.context import LoopContext
 from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
-from slopilot.tuner.loop.ports import Pending, Stuck
+from slopilot.tuner.loop.ports import Pending, Settled, Stuck
 from slopilot.tuner.loop.state import ControllerState, RolloutWatch, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.loop.trial import end_trial
@@ -73,6 +75,23 @@ def cooling(ctx: LoopContext, now: float) -> Decision | Go | None:
     log.warning("%s: rollout_stuck: %s", ctx.settings.key, state.why)
     return Go(ControllerState.STEADY, Event.COOLDOWN_OVER,
               f"cooldown over; rollout_stuck: {state.why}")
+
+
+def ended(ctx: LoopContext, now: float) -> None:
+    """A cooldown's look at its rollout, at every tick of it: once every replica runs the
+    config, the cooldown counts from now, as it counts from a scale-up's replicas' being
+    ready (``scale_wait.look``). The alerts' windows until then measured the old pods:
+    counted from the apply, a rollout longer than the cooldown left STEADY reading a
+    sustained-breach alert whose whole window was the old config's, and one of half the
+    cooldown left half of it. Still pending, or stuck, it is left to ``cooling`` once the
+    cooldown's time is over, as before."""
+    loop = ctx.loop
+    if loop.rollout is None or loop.cooldown_until is None:
+        return
+    if not isinstance(ctx.deployment.settled(now), Settled):
+        return
+    loop.rollout = None  # ended: ``cooling``'s look finds it settled
+    loop.cooldown_until = max(loop.cooldown_until, now + ctx.settings.cooldown_s)
 
 
 def _revert_commit(ctx: LoopContext, now: float, watch: RolloutWatch, why: str) -> Go:

@@ -115,17 +115,40 @@ def _held(ctx: LoopContext, alerts: Sequence[Alert]) -> Decision | None:
 
 def _since_last_action(ctx: LoopContext, tick: Tick) -> list[Alert]:
     """The alerts that judge the running config: a sustained-breach alert reads a window
-    of ``breach_window_s``, so until that long after the last commit or scale (the start
-    of the last cooldown) it still counts the config before it, and is left out."""
+    of ``breach_window_s`` that ends at its rule's last evaluation, so until that window
+    starts after the last action took effect it still counts the config before it, and
+    is left out (``_read_after``)."""
     acted = _last_action(ctx)
-    if acted is None or tick.now - acted >= ctx.settings.breach_window_s:
+    if acted is None:
         return list(tick.alerts)
-    return [a for a in tick.alerts if a.name not in LONG_WINDOW_ALERTS]
+    return [a for a in tick.alerts
+            if a.name not in LONG_WINDOW_ALERTS or _read_after(ctx, tick.now, a, acted)]
+
+
+def _read_after(ctx: LoopContext, now: float, alert: Alert, acted: float) -> bool:
+    """Whether ``alert``'s last evaluation read requests served after ``acted`` alone.
+
+    Its rule reads ``breach_window_s`` at most (the longest window of any), up to the
+    evaluation that gave this verdict, ``alert.evaluated_ago_s`` before the read: a range
+    ``(t - window, t]`` counts the requests that finished after the first scrape in it,
+    so with ``t - window >= acted`` none served before the action is counted. Counted
+    from ``now`` alone, the first read after a 300 s cooldown (305 s after the action)
+    was the verdict of the evaluation 25 s before, whose window still held 20 s of the
+    requests before it: with 15 s scrapes and 30 s evaluations a P0 TTFT P99 of 2.14 s
+    for a config at 0.33 s (docs/closed_loop.md, "Cooldown"). The evaluation's age is a
+    difference of two of Prometheus' own times, so no skew between its clock and the
+    operator's enters; a fixed margin (an interval and a scrape) would have been too
+    short where Prometheus skips evaluations under load, and too long where it keeps up.
+    """
+    evaluated = now - alert.evaluated_ago_s
+    return evaluated - ctx.settings.breach_window_s >= acted
 
 
 def _last_action(ctx: LoopContext) -> float | None:
-    """When the last cooldown began (a commit, a scale, a hold or a rollback); None
-    before the first."""
+    """When the last action took effect (a commit, a scale, a hold or a rollback: its
+    rollout's end or its replicas' readiness, ``rollout_wait.ended`` and
+    ``scale_wait.look``, else its apply), the cooldown counting from then; None before
+    the first."""
     until = ctx.loop.cooldown_until
     return None if until is None else until - ctx.settings.cooldown_s
 
@@ -147,17 +170,17 @@ def _unconfirmed(ctx: LoopContext, now: float, acting: Sequence[Alert]
     says nothing (rejected, or without a sample of the alert's class or of the P99 it
     reads) leaves it its word, as before; so does any alert that became active after the
     action (its hold ran on windows after it), one that reads no SLO term (batching
-    underused), and every alert once ``breach_window_s`` has passed since the action
-    (its rule then reads no request from before it)."""
+    underused), and every alert whose last evaluation read no request from before the
+    action (``_read_after``)."""
     acted = _last_action(ctx)
     s = ctx.settings
-    # Past ``breach_window_s`` (the longest window a rule reads) the alert judges
-    # requests served after the action alone, and its word stands: without this bound
-    # an alert and the loop that read the SLO apart cost a window's queries every tick,
-    # and the alert never acted.
-    if acted is None or now - acted >= s.breach_window_s:
+    if acted is None:
         return None
-    old = [a for a in acting if a.since < acted and a.name in SLO_BREACH_ALERTS]
+    # An evaluation whose window starts after the action judged requests served after
+    # it alone, and its word stands: without this bound an alert and the loop that read
+    # the SLO apart cost a window's queries every tick, and the alert never acted.
+    old = [a for a in acting if a.since < acted and a.name in SLO_BREACH_ALERTS
+           and not _read_after(ctx, now, a, acted)]
     start = max(acted + s.settle_s, now - s.breach_window_s)
     if not old or now <= start:
         return None
@@ -174,8 +197,9 @@ def _unconfirmed(ctx: LoopContext, now: float, acting: Sequence[Alert]
     result = score(summary, s.slo, {})
     if not result.feasible:
         return None
-    return old, (f"active since before the last commit or scale ({now - acted:.0f} s ago), "
-                 f"and the last {now - start:.0f} s measured since hold the SLO: not "
+    return old, (f"active since before the last commit or scale took effect "
+                 f"({now - acted:.0f} s ago), and the last {now - start:.0f} s measured "
+                 "since hold the SLO: not "
                  "re-confirmed, the alert's window still counts the load before it")
 
 
@@ -237,11 +261,15 @@ def cooldown(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
     if entered is not None:
         loop.cooldown_until = tick.now + ctx.settings.cooldown_s
         scale_wait.look(ctx, tick.now, give_up=False)  # ready at once: the wait ends
+        rollout_wait.ended(ctx, tick.now)  # a live apply: in effect now
         return ctx.decide(entered.action, entered.reason, config=entered.config,
                           summary=entered.summary)
     # A scale-up's replicas are waited for (scale_wait.py): STEADY would judge the
     # capacity asked on the figures of the replicas that serve.
     seen = scale_wait.look(ctx, tick.now)
+    # Its rollout's end, seen at the tick it comes, restarts it (``rollout_wait.ended``):
+    # looked at only once the time was over, a rollout done within it went unseen.
+    rollout_wait.ended(ctx, tick.now)
     if seen.gave_up is not None:
         return ctx.decide(Action.INFORM, seen.gave_up)
     if loop.cooldown_until is not None and tick.now < loop.cooldown_until:
