@@ -74,10 +74,10 @@ class ControllerSettings:
     the ones that serve."""
     breach_window_s: float = 300.0
     """The window of the sustained-breach alerts (``RuleOptions.breach_window_s``): they
-    count only once this long has passed since the last commit or scale, so a breach
-    measured partly under the config before it does not start another round. Also the
-    longest window that re-confirms an alert held since before that action
-    (``steady._unconfirmed``)."""
+    count only once their rule's last evaluation read this long entirely after the last
+    commit or scale took effect, so a breach measured partly under the config before it
+    does not start another round (``steady._read_after``). Also the longest window that
+    re-confirms an alert held since before that action (``steady._unconfirmed``)."""
     revert_margin: float = 1.0
     """A trial with a P99 (TTFT or TBT) of any class over its SLO by more than this
     fraction (1.0: twice the SLO) is cut short and reverted at once."""
