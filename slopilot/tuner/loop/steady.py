@@ -8,7 +8,10 @@ that acts and none that says an SLO is breached (the TTFT warning informs, but t
 breached all the same), replicas above the minimum are given back once the alerts have
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
 headroom). After a commit or a scale, an alert that has held since before it is
-re-confirmed on the loop's own window measured after it before it acts (``_unconfirmed``).
+re-confirmed on the loop's own window measured after it before it acts (``_unconfirmed``),
+and a sustained-breach alert counts only once its rule's last evaluation read a window
+that starts after the action took effect (``_read_after``; the cooldown counts from then:
+a rollout's end, a scale-up's replicas ready).
 COOLDOWN after a scale-up also waits for the replicas it bought (those that never come
 are given back), and a scale alert is held for ``max_backoff_s`` after replicas bought
 never served (``scale_wait.py``).
@@ -135,7 +138,8 @@ def _read_after(ctx: LoopContext, now: float, alert: Alert, acted: float) -> boo
     from ``now`` alone, the first read after a 300 s cooldown (305 s after the action)
     was the verdict of the evaluation 25 s before, whose window still held 20 s of the
     requests before it: with 15 s scrapes and 30 s evaluations a P0 TTFT P99 of 2.14 s
-    for a config at 0.33 s (docs/closed_loop.md, "Cooldown"). The evaluation's age is a
+    for a config at 0.33 s (docs/closed_loop.md, "Counted from the rules' last
+    evaluation, and from the action's effect"). The evaluation's age is a
     difference of two of Prometheus' own times, so no skew between its clock and the
     operator's enters; a fixed margin (an interval and a scrape) would have been too
     short where Prometheus skips evaluations under load, and too long where it keeps up.
