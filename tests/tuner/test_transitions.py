@@ -16,7 +16,7 @@ from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.controller import STEPS, Controller
 from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.errors import ControllerError
-from slopilot.tuner.loop.ports import Stuck
+from slopilot.tuner.loop.ports import Pending, Stuck
 from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.loop.transitions import (
     TRANSITIONS,
@@ -146,7 +146,13 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
             rig.alerts.alerts = [alert(AlertAction.HOLD, "SlopilotEngineStalled")]
 
     def commit_sticks(rig: Rig, t: float) -> None:
-        if t == 41.0:  # the commit's rollout: past the Deployment's progress deadline
+        # The commit's rollout: pending from the apply (a rollout seen settled has
+        # ended, and the cooldown counts from then), past the Deployment's progress
+        # deadline by the cooldown's end.
+        if t == 10.0:
+            rig.dep.settled = lambda now: Pending(  # type: ignore[method-assign]
+                "0 of 1 replicas updated")
+        if t == 41.0:
             rig.dep.settled = lambda now: Stuck(  # type: ignore[method-assign]
                 "ProgressDeadlineExceeded: ReplicaSet demo-2 has timed out progressing")
 
