@@ -13,7 +13,9 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from slopilot.operator.daemon import ControllerFactory, DaemonContext, controller_settings
 from slopilot.operator.kube_handle import KubeDeploymentHandle
@@ -30,6 +32,11 @@ from slopilot.tuner.loop.state import LoopState
 from slopilot.tuner.study.storage_url import shown
 
 log = logging.getLogger(__name__)
+
+
+def _warn_on(body: Mapping[str, Any], reason: str, message: str) -> None:
+    """A warning event on the CR (``kubectl describe`` shows it)."""
+    kopf.warn(cast("kopf.Body", body), reason=reason, message=message)
 
 
 def _with_twin(factory: ControllerFactory, twin: TwinChoice, ctx: DaemonContext
@@ -77,7 +84,8 @@ def build(kube: Kube, handle: KubeDeploymentHandle, body: Mapping[str, Any],
                         policy.study_storage(spec, namespace=meta["namespace"]),
                         uid=str(meta.get("uid", "")),
                         namespace_label=policy.namespace_label,
-                        prometheus_tls=policy.prometheus_tls)
+                        prometheus_tls=policy.prometheus_tls,
+                        warn=functools.partial(_warn_on, body))
     controller = factory(ctx)
     log.info("%s/%s: controller built (resumed state: %s)", meta["namespace"], meta["name"],
              None if state is None else state.state.value)

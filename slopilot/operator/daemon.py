@@ -31,7 +31,10 @@ from slopilot.tuner.loop.state import ControllerState, LoopState
 from slopilot.tuner.prometheus.tls import VERIFIED, CAFileError, TLSVerify
 
 if TYPE_CHECKING:
+    import optuna
+
     from slopilot.tuner.sim.worker import SimWorker
+    from slopilot.tuner.study.space import SearchSpace
 
 log = logging.getLogger(__name__)
 FACTORY_ENV = "SLOPILOT_CONTROLLER_FACTORY"
@@ -42,6 +45,8 @@ SIM_WORKERS_ENV = "SLOPILOT_SIM_WORKERS"
 SIM_WORKERS_PER_NAMESPACE_ENV = "SLOPILOT_SIM_WORKERS_PER_NAMESPACE"
 MAX_SIM_WORKERS = 64
 DEFAULT_BASE_SCENARIO = "azure-conv-2023"
+SPACE_CHANGED = "StudySpaceChanged"
+"""The event's reason when the deployment's tuning moves to a successor study."""
 PHASES = {ControllerState.TUNING: Phase.TUNING, ControllerState.COMMIT: Phase.TUNING,
           ControllerState.SCALING: Phase.SCALING}
 
@@ -68,6 +73,9 @@ class DaemonContext:
     """``OperatorPolicy.namespace_label``: the enforced label the reads match as well."""
     prometheus_tls: TLSVerify = VERIFIED
     """``OperatorPolicy.prometheus_tls``: how every read checks an https Prometheus."""
+    warn: Callable[[str, str], None] = field(default=lambda _reason, _message: None)
+    """Posts a warning (reason, message) on the CR, as a Kubernetes Event
+    (``controller_build.build`` passes kopf's); news the log alone would hide."""
 
 
 ControllerFactory = Callable[[DaemonContext], Controller]
@@ -126,6 +134,24 @@ def study_name(namespace: str, name: str, uid: str) -> str:
     """Keyed by namespace, name and uid: two namespaces' ``chat`` never share a study, and
     a new CR of a deleted one's name starts its own (never the old one's running trial)."""
     return f"{namespace}/{name}/{uid}" if uid else f"{namespace}/{name}"
+
+
+def open_deployment_study(ctx: DaemonContext, space: SearchSpace) -> optuna.Study:
+    """The deployment's study that ``space`` can be asked in (``study_family.py``): its
+    own, or, where its trials were run under a space Optuna cannot go on in (an upgrade
+    that changed a knob's choices, kind or ``log``), the space's successor, which is
+    said once, as it is made: in the log and as an event on the CR."""
+    from slopilot.tuner.study.study_family import open_for_space
+
+    found = open_for_space(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid), space)
+    move = found.move
+    if move is not None and move.made:
+        log.warning("%s/%s: %s", ctx.namespace, ctx.name, move.message())
+        ctx.warn(SPACE_CHANGED, move.message())
+    elif move is not None:
+        log.info("%s/%s: tuning goes on in study %s (the search space changed since %s)",
+                 ctx.namespace, ctx.name, move.successor, move.base)
+    return found.study
 
 
 def operator_metrics(namespace: str) -> TunerMetrics:
@@ -190,7 +216,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
     from slopilot.tuner.sim.adapters import SimOffline
     from slopilot.tuner.sim.worker import WorkerOffline, WorkerPlanner, WorkerTwin
     from slopilot.tuner.study.live import ResumableTuner
-    from slopilot.tuner.study.storage import StudyStorageError, open_study
+    from slopilot.tuner.study.storage import StudyStorageError
 
     spec, name = ctx.spec, ctx.name
     scenario_name = os.environ.get(BASE_SCENARIO_ENV, DEFAULT_BASE_SCENARIO)
@@ -219,7 +245,7 @@ def prometheus_controller(ctx: DaemonContext) -> Controller:
 
     space = spec.tuning.space  # what the parse judged: tune's space, the backend's knobs
     try:
-        study = open_study(ctx.storage, study_name(ctx.namespace, name, ctx.uid))
+        study = open_deployment_study(ctx, space)
     except StudyStorageError as exc:
         raise ControllerError(f"spec.tuning.storage: {exc}; or set {FACTORY_ENV}=module:"
                               "function to build the controller's ports another way") from None
