@@ -42,7 +42,6 @@ The controller comes from controller_build.py, the status it writes from loop_st
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -65,7 +64,6 @@ from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.status_writer import replacing, write_status
 from slopilot.operator.study_cleanup import delete_studies
-from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.tuned_status import NotHeld
 from slopilot.operator.twin_status import TwinTracker
@@ -390,7 +388,6 @@ class DeploymentLoop:
         tuning turned off: the CR may turn it on again and go on with its study."""
         body = self.kube.get(*_CR, self.namespace, self.name)
         controller = self._controller_to_end(with_episode=False)
-        done: tuple[str, ...] = ()
         if controller is not None:
             try:
                 controller.study.delete_study()
@@ -399,12 +396,10 @@ class DeploymentLoop:
                               self.key)
             else:
                 log.info("%s: the deleted LLMDeployment's study deleted", self.key)
-                if self.storage is not None:
-                    with contextlib.suppress(StorageRefused):
-                        done = (resolve_storage(self.storage, self.policy.storage_rules,
-                                                self.namespace),)
+        # Every storage on record, the controller's too: it deleted the one study it
+        # tuned in, and the family (a base its space moved on from) may hold more there.
         if body is not None and str(body["metadata"].get("uid")) == self.uid:
-            delete_studies(body, self.policy, log=self.logger, done=done)
+            delete_studies(body, self.policy, log=self.logger)
 
     def abandon(self, reason: str, *, restore: bool = False) -> None:
         """Tuning ends (the CR is being deleted, or tuning was turned off), and the

@@ -13,7 +13,8 @@ The status is whoever may write it, not only the operator: each entry read back 
 by the administrator's storage policy again (``resolve_storage``, for the CR's namespace:
 ``{namespace}`` in an entry is its) and skipped where it refuses, so no entry makes the
 operator open a storage it would not open for the spec.
-Only this CR's study (its name holds the CR's uid) is deleted from any of them.
+Only this CR's studies (their names hold the CR's uid: its base study and the successors
+a changed search space moved it to, ``study_family.py``) are deleted from any of them.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import Any
 from slopilot.operator.daemon import study_name
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.study_storage import MAX_STUDY_STORAGES, StorageRefused, resolve_storage
-from slopilot.tuner.study.storage import StudyStorageError, delete_named_study
+from slopilot.tuner.study.storage import StudyStorageError
 from slopilot.tuner.study.storage_url import shown
+from slopilot.tuner.study.study_family import delete_family
 
 
 def recorded_storages(status: Mapping[str, Any] | None) -> list[str]:
@@ -63,20 +65,17 @@ def storages_to_clean(body: Mapping[str, Any], policy: OperatorPolicy,
 
 
 def delete_studies(body: Mapping[str, Any], policy: OperatorPolicy, *,
-                   log: logging.Logger | logging.LoggerAdapter[Any],
-                   done: tuple[str, ...] = ()) -> None:
-    """Delete the CR's study from every storage on record but ``done`` (the storage the
-    daemon's controller already deleted it from). A storage that fails keeps the study
-    (a log line says so, as operations.md tells how to remove it by hand)."""
+                   log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    """Delete the CR's studies (its base study and the successors a changed search space
+    moved it to: ``study_family.py``) from every storage on record. A storage that fails
+    keeps them (a log line says so, as operations.md tells how to remove them by hand)."""
     meta = body["metadata"]
     name = study_name(meta["namespace"], meta["name"], str(meta.get("uid") or ""))
     for url in storages_to_clean(body, policy, log):
-        if url in done:
-            continue
         try:
-            there = delete_named_study(url, name)
+            gone = delete_family(url, name)
         except StudyStorageError as exc:
             log.warning("study %s stays in %s: %s", name, shown(url), exc)
             continue
-        if there:  # else the daemon's end deleted it already, or none was made there
-            log.info("study %s deleted from %s", name, shown(url))
+        for study in gone:  # none: the daemon's end deleted them, or none was made there
+            log.info("study %s deleted from %s", study, shown(url))

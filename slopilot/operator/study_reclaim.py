@@ -61,6 +61,7 @@ from slopilot.operator.study_storage import StorageRefused, resolve_storage
 from slopilot.operator.validation import DNS_1123_LABEL, DNS_1123_SUBDOMAIN
 from slopilot.tuner.study.storage import StudyStorageError, delete_named_study, study_names
 from slopilot.tuner.study.storage_url import shown
+from slopilot.tuner.study.study_family import base_of
 
 log = logging.getLogger(__name__)
 UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -121,9 +122,10 @@ class Live:
 
 
 def owner_of(study: str) -> StudyOwner | None:
-    """The CR ``study`` (``namespace/name/uid``) was made for; None for a name the
+    """The CR ``study`` (``namespace/name/uid``, or a successor of it that a changed
+    search space moved the CR to: ``study_family.py``) was made for; None for a name the
     operator does not make."""
-    parts = study.split("/")
+    parts = base_of(study).split("/")
     if len(parts) != 3:
         return None
     namespace, name, uid = parts

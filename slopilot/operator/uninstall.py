@@ -41,8 +41,9 @@ from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.settings import FINALIZER
 from slopilot.operator.study_cleanup import storages_to_clean
 from slopilot.operator.uninstall_access import UninstallRefused, missing, needed
-from slopilot.tuner.study.storage import StudyStorageError, delete_named_study
+from slopilot.tuner.study.storage import StudyStorageError
 from slopilot.tuner.study.storage_url import shown
+from slopilot.tuner.study.study_family import delete_family
 
 __all__ = ["UninstallRefused", "Uninstalled", "uninstall"]
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def _end_here(kube: Kube, policy: OperatorPolicy, body: dict[str, Any],
         name = _study(body)
         for url in storages_to_clean(body, policy, log):
             try:
-                delete_named_study(url, name)
+                delete_family(url, name)  # its base study and any successor
             except StudyStorageError as exc:
                 done.studies_left.append(f"{name} in {shown(url)}: {exc}")
     why = _release(kube, body)

@@ -278,16 +278,15 @@ class HoldingWindows:
 
 def build_study_controller(ctx: DaemonContext) -> Controller:
     """``build_controller`` with the real study: Optuna in ``spec.tuning.storage``."""
-    from slopilot.operator.daemon import study_name
+    from slopilot.operator.daemon import open_deployment_study
     from slopilot.tuner.study.live import ResumableTuner
     from slopilot.tuner.study.space import SearchSpace
-    from slopilot.tuner.study.storage import open_study
 
-    study = open_study(ctx.storage, study_name(ctx.namespace, ctx.name, ctx.uid))
+    space = SearchSpace.from_bounds(base=ctx.spec.engine)
+    study = open_deployment_study(ctx, space)  # the daemon's own: a successor where due
     settings = dataclasses.replace(ctx.settings, cooldown_s=3600.0)
     return Controller(settings, ctx.handle, AlertSource(ctx.spec.prometheus_url, ctx.name),
-                      HoldingWindows(),
-                      ResumableTuner(study, SearchSpace.from_bounds(base=ctx.spec.engine)),
+                      HoldingWindows(), ResumableTuner(study, space),
                       FakeProbe(), MoreReplicas(ctx), state=ctx.state)
 
 

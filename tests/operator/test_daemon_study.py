@@ -21,6 +21,10 @@ from slopilot.operator.crd import API_VERSION, crd_manifest
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.study_cleanup import delete_studies
+from slopilot.tuner.study.live import ResumableTuner
+from slopilot.tuner.study.space import SearchSpace
+from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.study_family import successor_name
 from tests.operator.operator_support import (
     GROUP,
     NS,
@@ -69,6 +73,38 @@ def test_a_daemon_that_built_no_controller_still_deletes_its_crs_study(
     assert restarted.controller is None
     restarted.end_deleted()
     assert study_names(storage) == []
+
+
+def test_a_deleted_crs_daemon_deletes_its_base_study_and_its_successor_only(
+        kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The controller tunes in the successor a changed search space moved it to; the
+    daemon's end deletes that and the base it moved on from, and no neighbour's study
+    (the same name in another namespace, a name it is a prefix of)."""
+    kube.install(crd_manifest())
+    cluster = Cluster(kube_client)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    body = cluster.create(llmd(prometheus={"url": "http://127.0.0.1:9"},
+                               tuning={"storage": storage}))
+    assert reconcile(cluster.kube, body, policy=policy, mint=operator_mint(cluster)).valid
+    base = f"{NS}/chat/{body['metadata']['uid']}"
+    older = ResumableTuner(open_study(storage, base),
+                           SearchSpace.from_bounds({"preemption_mode": ["recompute"]}))
+    older.tell_failed(older.ask()[0], "an older release's trial")
+    older.close()
+    neighbours = [f"team-b/chat/{body['metadata']['uid']}", f"{NS}/chat2/u2",
+                  successor_name(f"{NS}/chat2/u2", "0123456789ab")]
+    for name in neighbours:
+        open_study(storage, name)
+    loop = daemon_loop(cluster, cluster.get(), monkeypatch,
+                       factory=build_study_controller, policy=policy)
+    assert loop.step() is True and loop.controller is not None
+    tuning_in = loop.controller.study.study.study_name  # type: ignore[attr-defined]
+    assert tuning_in.startswith(base + "/space-")
+    assert sorted(study_names(storage)) == sorted([base, tuning_in, *neighbours])
+    loop.end_deleted()
+    assert sorted(study_names(storage)) == sorted(neighbours)
 
 
 def _switched(kube: RunningEmulator, kube_client: kubernetes.client.ApiClient,

@@ -11,6 +11,7 @@ and an operator's start reclaims the studies of CRs gone without it, by uid.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ from slopilot.operator.daemon import study_name
 from slopilot.operator.policy import OperatorPolicy
 from slopilot.operator.reconcile import reconcile
 from slopilot.operator.settings import FINALIZER
+from slopilot.operator.study_cleanup import delete_studies
 from slopilot.operator.study_reclaim import reclaim_orphaned_studies, serving
 from slopilot.operator.uninstall import uninstall
 from slopilot.tuner.study.storage import open_study
+from slopilot.tuner.study.study_family import successor_name
 from tests.operator.operator_support import NS, Cluster, llmd, operator_mint
 from tests.support.kube_server import RunningEmulator
 
@@ -206,3 +209,59 @@ def test_the_namespaces_served_are_the_ones_kopf_serves(
     kopf's '!' exclusions were literal names, and ``team-*, !team-secret`` read as
     serving team-secret, whose studies another operator's CRs may own."""
     assert serving(patterns)(namespace) is served
+
+
+def families(cluster: Cluster, storage: str, policy: OperatorPolicy
+             ) -> tuple[dict[str, Any], list[str], list[str]]:
+    """``chat`` in NS with a successor study (a changed search space moved it: study_family),
+    beside ``chat`` in OTHER and ``chat2`` in NS, each with a successor of the same space:
+    the deleted CR's studies, and its neighbours'."""
+    cluster.kube.create("v1", "namespaces", None,
+                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OTHER}})
+    mine = tuned_cr(cluster, storage, policy)
+    neighbours = [tuned_cr(cluster, storage, policy, namespace=OTHER),
+                  tuned_cr(cluster, storage, policy, name="chat2")]
+
+    def family(body: dict[str, Any]) -> list[str]:
+        meta = body["metadata"]
+        base = study_name(meta["namespace"], meta["name"], meta["uid"])
+        open_study(storage, successor_name(base, "0123456789ab"))
+        return [base, successor_name(base, "0123456789ab")]
+
+    kept = [n for b in neighbours for n in family(b)]
+    return mine, family(mine), kept
+
+
+def test_uninstall_deletes_every_study_of_its_crs_and_none_of_another_namespaces(
+        kube: RunningEmulator, cluster: Cluster, storage: str) -> None:
+    kube.install(crd_manifest())
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    _mine, gone, kept = families(cluster, storage, policy)
+    assert names(storage) == sorted(gone + kept)
+    # Uninstalled from NS: chat and chat2 end, each with its own family; OTHER's chat,
+    # of the same name and a successor of the same space, keeps both of its studies.
+    done = uninstall(cluster.kube, policy, namespaces=[NS], timeout_s=0)
+    assert sorted(done.released) == [f"{NS}/chat", f"{NS}/chat2"]
+    assert not done.studies_left
+    assert names(storage) == sorted(n for n in kept if n.startswith(f"{OTHER}/"))
+
+
+def test_the_deleted_crs_cleanup_deletes_its_base_and_successor_only(
+        kube: RunningEmulator, cluster: Cluster, storage: str) -> None:
+    kube.install(crd_manifest())
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    mine, _gone, kept = families(cluster, storage, policy)
+    delete_studies(mine, policy, log=logging.getLogger("test"))
+    assert names(storage) == sorted(kept)
+
+
+def test_an_orphans_successor_is_reclaimed_and_a_live_crs_kept(
+        kube: RunningEmulator, cluster: Cluster, storage: str) -> None:
+    kube.install(crd_manifest())
+    policy = OperatorPolicy(allowed_storage=(storage,))
+    _mine, gone, kept = families(cluster, storage, policy)
+    cluster.kube.patch(API_VERSION, PLURAL, NS, "chat", {"metadata": {"finalizers": []}})
+    cluster.kube.request("DELETE", f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}/chat")
+    deleted = reclaim_orphaned_studies(cluster.kube, policy, serving([NS, OTHER])).deleted
+    assert sorted(deleted) == sorted(gone)
+    assert names(storage) == sorted(kept)
