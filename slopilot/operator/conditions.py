@@ -2,7 +2,7 @@
 
 Two writers share ``status.conditions``: the reconcile handler (Valid, Reconciled,
 KnobsIgnored, AdminToken, DisruptionBudget; its drift repairs Reconciled alone,
-drift.py) and the controller daemon (Tuning, TwinCalibrated);
+drift.py) and the controller daemon (Tuning, TwinCalibrated, ScrapeInterval: scrape_status.py);
 PodsConfigured is the pods' sync's, which the handler runs while tuning is off and the
 daemon while it is on (pods_status.py). Each
 merges its own types into the list it just read, so neither drops the other's;
@@ -26,6 +26,7 @@ class ConditionType(enum.StrEnum):
     TUNING = "Tuning"
     TWIN_CALIBRATED = "TwinCalibrated"
     PODS_CONFIGURED = "PodsConfigured"
+    SCRAPE_INTERVAL = "ScrapeInterval"
     DISRUPTION_BUDGET = "DisruptionBudget"  # False only: another's budget of the name
 
 

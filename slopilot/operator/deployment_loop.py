@@ -60,6 +60,7 @@ from slopilot.operator.pod_memory import PodMemory
 from slopilot.operator.pods_status import record_pods_condition
 from slopilot.operator.policy import OperatorPolicy, policy_problems
 from slopilot.operator.reconcile import not_reconciled
+from slopilot.operator.scrape_status import ScrapeCheck, scrape_event
 from slopilot.operator.slo_status import WindowFigures
 from slopilot.operator.spec import SpecError, parse_spec
 from slopilot.operator.status_writer import replacing, write_status
@@ -109,6 +110,7 @@ class DeploymentLoop:
         """A decision whose status write failed: written again before the next tick."""
         self.unwritten_time = ""
         self.figures: WindowFigures | None = None
+        self.scrapes: ScrapeCheck | None = None
         self.twin = TwinTracker(kube, namespace, name, clock)
         self.synced_at: float | None = None
         """When the pods were last brought to the spec's config; None: at the next step."""
@@ -165,6 +167,8 @@ class DeploymentLoop:
                 self.twin.write(twin, generation, self._ours)
                 self.figures = WindowFigures(self.controller.evaluator,
                                              self.controller.settings.window_s, self.clock())
+                self.scrapes = ScrapeCheck(self.controller.evaluator,
+                                           self.controller.settings.window_s, self.clock())
             decision = self.controller.tick(self.clock())
             self._write(decision, now_rfc3339())
         except (SpecError, ControllerError) as exc:
@@ -173,6 +177,7 @@ class DeploymentLoop:
             self._write_condition(str(exc), generation)
         self._sync_pods(body, generation)
         self._measure()
+        self._check_scrapes(generation)
         return True
 
     def _sync_pods(self, body: Mapping[str, Any], generation: int | None) -> None:
@@ -327,6 +332,36 @@ class DeploymentLoop:
                          lambda fresh: dict(fields) if self._ours(fresh) else None)
         except Exception:
             log.exception("%s: could not write the measured figures", self.key)
+
+    def _check_scrapes(self, generation: int | None) -> None:
+        """The ``ScrapeInterval`` condition, once a window (scrape_status.py); an event
+        when it turns False."""
+        if self.scrapes is None or self.controller is None:
+            return
+        said = self.scrapes.due(self.clock())
+        if said is None:
+            return
+        said["observedGeneration"] = generation
+        was: list[Any] = []  # the status it had, once the write is judged ours
+
+        def build(fresh: dict[str, Any]) -> dict[str, Any] | None:
+            was.clear()
+            if not self._ours(fresh):
+                return None
+            conditions = (fresh.get("status") or {}).get("conditions")
+            was.append(next((c.get("status") for c in conditions or ()
+                             if c.get("type") == said["type"]), None))
+            return {"conditions": merge_conditions(conditions, [said])}
+
+        try:
+            written = write_status(self.kube, self.namespace, self.name, build)
+        except Exception:
+            log.exception("%s: could not write the ScrapeInterval condition", self.key)
+            return
+        if said["status"] == "False":
+            log.warning("%s: %s", self.key, said["message"])
+            if written is not None and was and was[0] != "False":
+                scrape_event(written, said)
 
     def retire(self) -> None:
         """This CR's controller series leave the operator's /metrics: the CR is gone, or

@@ -41,6 +41,7 @@ from slopilot.tuner.prometheus.rules import (
     render_rule_groups,
     render_selector,
 )
+from slopilot.tuner.prometheus.scrape_interval import ScrapeInterval, scrape_interval
 from slopilot.tuner.study.evaluator import (
     PrometheusUnavailable,
     QueueReading,
@@ -249,6 +250,20 @@ class PrometheusWindows:
             return None
         return QueueReading(waiting=waiting, arrivals_per_s=rate)
 
+    def scrape_interval(self, at: float | None) -> ScrapeInterval | None:
+        """The slowest scrape interval of the deployment's targets before ``at`` (None:
+        Prometheus's now), as ``scrape_interval.scrape_interval`` reads it."""
+        return scrape_interval(self.query, self.selector, at)
+
+    def _slow_scrapes(self, end: float) -> str:
+        """What a window thin or partly scraped owes to a scrape interval the rules
+        cannot read (``; ...``), or nothing."""
+        try:
+            found = self.scrape_interval(end)
+        except PrometheusUnavailable:
+            return ""
+        return f"; {found.problem()}" if found is not None and found.too_long else ""
+
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         # A day at most, as the rules read: a trial's window may run to maxTrial (a day
         # at most) and its tick come a few seconds past it.
@@ -267,7 +282,8 @@ class PrometheusWindows:
             shown = ", ".join(f"{i} answered {share * 100:.0f} %" for i, share in partly)
             raise WindowRejected(
                 f"{which} {shown} of its scrapes in the {w} s window (at least "
-                f"{MIN_SCRAPED_SHARE * 100:g} % needed): part of its window is in no figure")
+                f"{MIN_SCRAPED_SHARE * 100:g} % needed): part of its window is in no figure"
+                f"{self._slow_scrapes(end)}")
         if again := sorted(r["metric"].get(REPLICA_LABEL, "?")
                            for r in self.query(q["restarted"][None], end)):
             which = "the canary replica" if canary else "replica(s)"
@@ -284,7 +300,7 @@ class PrometheusWindows:
                 f"{which} {shown} in the {w} s window (at least {MIN_REPLICA_SAMPLES} "
                 "needed: a rate of one is nothing, so its requests are in no figure); a "
                 "window must span at least two of Prometheus's scrape intervals, four to "
-                "be safe")
+                f"be safe{self._slow_scrapes(end)}")
         requests = self._by_class(q["requests"][None], end)
         finished = sum(v for v in requests.values() if math.isfinite(v))
         if finished < self.min_requests:

@@ -1,0 +1,105 @@
+"""The interval Prometheus really scrapes a deployment at, read from a real Prometheus
+(``prometheus/scrape_interval``): a real engine's scrapes backfilled at 60 s (a plain
+job at Prometheus's default), at 15 s (the operator's ServiceMonitor), and a replica
+that just started (two 60 s samples). At 60 s the rules' 60 s rates read nothing
+(promtool: ``SlopilotTTFTP99High`` never fired), and nothing told the user why."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from slopilot.engine.sim.scenario import load_scenario
+from slopilot.operator.conditions import ConditionType
+from slopilot.operator.scrape_status import ScrapeCheck
+from slopilot.tuner.prometheus.adapters import PrometheusWindows
+from slopilot.tuner.prometheus.clock_offset import PrometheusClock
+from slopilot.tuner.prometheus.query import query_at
+from slopilot.tuner.prometheus.scrape_interval import (
+    MAX_SCRAPE_INTERVAL_S,
+    scrape_interval,
+)
+from slopilot.tuner.study.evaluator import WindowRejected
+from tests.support.backfill import backfill, steady_scrapes
+from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.prometheus import PrometheusBinaries, start_prometheus
+
+SLO = load_scenario("demo").slo
+SPAN = 600
+
+
+@dataclass(frozen=True)
+class History:
+    url: str
+    now: float
+    """The history's last scrape (Prometheus's now, to within the test's start)."""
+
+
+def labels(deployment: str) -> str:
+    return f'instance="10.0.0.1:8000",slopilot_deployment="{deployment}",job="j"'
+
+
+@pytest.fixture(scope="module")
+def history(prometheus_binaries: PrometheusBinaries,  # noqa: F811 - the fixture
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
+    workdir = tmp_path_factory.mktemp("prom-scrape")
+    t0 = float(int(time.time()) - SPAN)
+    lines: list[str] = []
+    for deployment, scrape_s in (("d60", 60), ("d15", 15)):
+        lines += steady_scrapes(SLO, t0=t0, end_s=SPAN, scrape_s=scrape_s,
+                                per_class_rate=1, ttft_s=lambda _: 2.0,
+                                labels=labels(deployment))
+    # A replica that came up a minute ago: two scrapes, 60 s apart.
+    lines += [f"up{{{labels('dnew')}}} 1 {t0 + s:.3f}" for s in (SPAN - 60, SPAN)]
+    backfill(prometheus_binaries, lines, workdir / "data")
+    server = start_prometheus(prometheus_binaries, workdir)
+    yield History(server.url, t0 + SPAN)
+    server.stop()
+
+
+def windows(history: History, deployment: str) -> PrometheusWindows:
+    query = PrometheusClock(query_at(history.url), label=f"ns/{deployment}")
+    return PrometheusWindows(query, {"slopilot_deployment": deployment}, SLO)
+
+
+def test_targets_scraped_every_60s_are_measured_as_such(history: History) -> None:
+    found = scrape_interval(query_at(history.url), {"slopilot_deployment": "d60"},
+                            history.now)
+    assert found is not None and found.too_long
+    assert found.interval_s == pytest.approx(60.0)
+    assert found.instance == "10.0.0.1:8000"
+    assert MAX_SCRAPE_INTERVAL_S == 30.0
+
+
+def test_60s_scrapes_are_said_on_the_cr(history: History) -> None:
+    check = ScrapeCheck(windows(history, "d60"), every_s=120.0, start=0.0)
+    said = check.due(120.0)
+    assert said is not None
+    assert said["type"] == ConditionType.SCRAPE_INTERVAL.value
+    assert said["status"] == "False" and said["reason"] == "TooLong"
+    message = said["message"]
+    assert "every 60 s" in message and "10.0.0.1:8000" in message
+    assert "alerts never fire" in message and "scrape_interval: 15s" in message
+    assert check.due(180.0) is None  # read once a window, not every tick
+
+
+def test_15s_scrapes_say_nothing_wrong(history: History) -> None:
+    check = ScrapeCheck(windows(history, "d15"), every_s=120.0, start=0.0)
+    said = check.due(120.0)
+    assert said is not None and said["status"] == "True", said
+    assert "every 15 s" in said["message"]
+
+
+def test_a_replica_just_started_is_not_judged(history: History) -> None:
+    assert scrape_interval(query_at(history.url), {"slopilot_deployment": "dnew"},
+                           history.now) is None
+    check = ScrapeCheck(windows(history, "dnew"), every_s=120.0, start=0.0)
+    assert check.due(120.0) is None
+
+
+def test_a_thin_window_names_the_measured_interval(history: History) -> None:
+    with pytest.raises(WindowRejected, match=r"every 60 s.*scrape_interval: 15s"):
+        windows(history, "d60").measure(history.now - 50, history.now, canary=False)
