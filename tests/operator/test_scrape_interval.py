@@ -23,8 +23,10 @@ from slopilot.tuner.prometheus.scrape_interval import (
     scrape_interval,
 )
 from slopilot.tuner.study.evaluator import WindowRejected
+from tests.operator.operator_support import Cluster
 from tests.support.backfill import backfill, steady_scrapes
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.kube_server import RunningEmulator
 from tests.support.prometheus import PrometheusBinaries, start_prometheus
 
 SLO = load_scenario("demo").slo
@@ -103,3 +105,45 @@ def test_a_replica_just_started_is_not_judged(history: History) -> None:
 def test_a_thin_window_names_the_measured_interval(history: History) -> None:
     with pytest.raises(WindowRejected, match=r"every 60 s.*scrape_interval: 15s"):
         windows(history, "d60").measure(history.now - 50, history.now, canary=False)
+
+
+def test_the_daemon_writes_the_condition_and_an_event_once_a_window(
+        history: History, kube: RunningEmulator, cluster: Cluster,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CR's own daemon, its windows over the 60 s history: the first step (the
+    controller built) says nothing, the step a window later writes the condition and
+    posts the event; the next one, still False, posts none."""
+    from slopilot.operator import deployment_loop
+    from slopilot.operator.crd import crd_manifest
+    from slopilot.operator.daemon import DaemonContext
+    from slopilot.tuner.loop.controller import Controller
+    from slopilot.tuner.prometheus.alerts import AlertSource
+    from tests.operator.operator_support import daemon_loop, llmd
+    from tests.operator.standins import MoreReplicas
+    from tests.tuner.controller_fakes import GOOD, FakeProbe, FakeStudy
+
+    def factory(ctx: DaemonContext) -> Controller:
+        alerts = AlertSource(history.url, ctx.name, namespace=ctx.namespace)
+        return Controller(ctx.settings, ctx.handle, alerts, windows(history, "d60"),
+                          FakeStudy(queue=[dict(GOOD)]), FakeProbe(), MoreReplicas(ctx),
+                          state=ctx.state)
+
+    events: list[str] = []
+    monkeypatch.setattr(deployment_loop, "scrape_event",
+                        lambda body, said: events.append(said["message"]))
+    kube.install(crd_manifest())
+    body = cluster.create(llmd(prometheus={"url": history.url}))
+    loop = daemon_loop(cluster, body, monkeypatch, factory=factory)
+    now = [time.time()]
+    loop.clock = lambda: now[0]
+    assert loop.step() is True and loop.controller is not None
+    assert cluster.condition("ScrapeInterval") is None  # not a window yet
+    now[0] += loop.controller.settings.window_s
+    loop.step()
+    said = cluster.condition("ScrapeInterval")
+    assert said is not None and said["status"] == "False", said
+    assert "every 60 s" in said["message"] and "scrape_interval: 15s" in said["message"]
+    assert len(events) == 1
+    now[0] += loop.controller.settings.window_s
+    loop.step()
+    assert len(events) == 1  # said once, while it stays so
