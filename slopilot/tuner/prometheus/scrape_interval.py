@@ -7,9 +7,10 @@ half of it, the P99s read no data, so no alert ever fires and the loop never act
 where 15 s and 30 s did). The operator's ServiceMonitor scrapes every 15 s, but a
 Prometheus that does not honour ServiceMonitors (a plain job, 1 m by default) or an
 edited interval does not. ``up`` has one sample per scrape of each target, a failed
-one too (0), so the spacing of its raw samples (``up{...}[5m]``) is the interval itself,
-exact to Prometheus's millisecond timestamps; ``prometheus_target_interval_length_seconds``
-carries no target labels, so it cannot tell this deployment's job from another's.
+one too (0), so the spacing of its raw samples (``up{...}[15m]``) is the interval
+itself, exact to Prometheus's millisecond timestamps;
+``prometheus_target_interval_length_seconds`` carries no target labels, so it cannot tell
+this deployment's job from another's.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from slopilot.tuner.prometheus.rules import render_selector
 
 MAX_SCRAPE_INTERVAL_S = RuleOptions().rate_window_s / 2
 """The longest scrape interval the rules read (30 s): two samples in every 60 s rate."""
-LOOKBACK_S = 300
-"""The raw samples a reading spans: five of 60 s scrapes, twenty of 15 s ones."""
+LOOKBACK_S = 900
+"""The raw samples a reading spans: fifteen of 60 s scrapes, sixty of 15 s ones (a few
+kB per target, once a window), and enough gaps to judge any interval up to 5 minutes
+(past it Prometheus's own 5 m lookback loses every series between scrapes anyway)."""
 MIN_INTERVALS = 3
 """The gaps a target's samples must give before its interval is judged: a replica that
 just started (two samples) has one gap, which may be its first scrape's offset rather
