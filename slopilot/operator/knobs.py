@@ -351,7 +351,8 @@ def tuning_section(spec: Mapping[str, Any], engine: EngineConfig, running: Engin
             f"spec.tuning.window={window!r} spans under {WINDOW_SCRAPES} of the "
             f"ServiceMonitor's {SCRAPE_INTERVAL_S} s scrapes: a replica may leave one "
             "sample in a window, a rate of which reads none of its requests, and the loop "
-            f"rejects such a window; use at least {duration(WINDOW_SCRAPES * SCRAPE_INTERVAL_S)}")
+            f"rejects such a window; use at least {duration(WINDOW_SCRAPES * SCRAPE_INTERVAL_S)}"
+            " (the ScrapeInterval condition names the interval Prometheus really scrapes at)")
     floor, max_trial_s = trial_floor(spec, window_s, r)
     trials = r.get(spec, "spec.tuning.maxTrials", int, 30)
     if not 1 <= trials <= 1000:
