@@ -102,6 +102,9 @@ def status_of(body: Mapping[str, Any], outcome: Outcome,
         updates.append(condition(ConditionType.TUNING, False, "Disabled",
                                  "spec.tuning.enabled is false: no trials, no scaling",
                                  generation))
+        # The daemon's reading (scrape_status.py): none is taken now, and a False one
+        # kept would say for good that a loop not running never acts.
+        removed.append(ConditionType.SCRAPE_INTERVAL)
     ended = None if tuned else ended_episode(status)
     out: dict[str, Any] = {
         "observedGeneration": generation,

@@ -147,3 +147,20 @@ def test_the_daemon_writes_the_condition_and_an_event_once_a_window(
     now[0] += loop.controller.settings.window_s
     loop.step()
     assert len(events) == 1  # said once, while it stays so
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_tuning_turned_off_drops_the_condition(enabled: bool) -> None:
+    """No daemon reads the interval while tuning is off: a False condition kept from
+    before would say for good that the loop never acts, of a loop that is not running."""
+    from slopilot.operator.conditions import condition
+    from slopilot.operator.reconcile import Outcome
+    from slopilot.operator.spec_status import status_of
+    from tests.operator.operator_support import llmd
+
+    body = llmd(tuning={"enabled": enabled})
+    body["metadata"]["generation"] = 2
+    body["status"] = {"conditions": [condition(
+        ConditionType.SCRAPE_INTERVAL, False, "TooLong", "every 60 s", 1)]}
+    kept = [c["type"] for c in status_of(body, Outcome())["conditions"]]
+    assert (ConditionType.SCRAPE_INTERVAL.value in kept) is enabled
