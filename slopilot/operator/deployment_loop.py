@@ -338,7 +338,11 @@ class DeploymentLoop:
         when it turns False."""
         if self.scrapes is None or self.controller is None:
             return
-        said = self.scrapes.due(self.clock())
+        try:
+            said = self.scrapes.due(self.clock())
+        except Exception:  # a check's fault never stops the loop: read again a window on
+            log.exception("%s: the scrape interval was not read", self.key)
+            return
         if said is None:
             return
         said["observedGeneration"] = generation
