@@ -32,6 +32,8 @@ from slopilot.tuner.prometheus.clock_offset import (
     APPLY_S,
     NOW_EXPR,
     REFRESH_S,
+    RETRY_S,
+    UNREAD_SAID_AFTER,
     PrometheusClock,
 )
 from slopilot.tuner.prometheus.profiling import WorkloadProfile, probe_window_s
@@ -248,3 +250,38 @@ def test_an_alerts_since_comes_back_on_the_operators_clock(history: History) -> 
     after = AlertSource(history.url, "d", offset_s=clock.offset_s).firing()
     assert [a.name for a in after] == ["SlopilotTTFTP99High"]
     assert after[0].since == pytest.approx(history.t0 + ACTIVE_AT + 45.0, abs=0.5)
+
+
+def test_a_clock_that_cannot_be_read_is_said_and_asked_again_soon(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A Prometheus too slow to answer ``time()`` within ``MAX_ROUND_TRIP_S`` (saturated)
+    or one that refuses it left the windows on the operator's clock with a debug line
+    only, and asked again a minute on: the correction silently off. Now it is asked again
+    sooner, and said once (a warning naming why) after a few tries; a reading taken
+    later says so too."""
+    mono = ManualMonotonic()
+    refusing = [True]
+    asked: list[str] = []
+
+    def query(expr: str, at: float | None = None) -> list[dict[str, object]]:
+        asked.append(expr)
+        if expr == NOW_EXPR and refusing[0]:
+            raise PrometheusUnavailable("Prometheus at http://prom answered 503")
+        if expr == NOW_EXPR:
+            return [{"metric": {}, "value": [1000.0, "1000"]}]
+        return []
+
+    clock = PrometheusClock(query, label="ns/d", clock=lambda: 1045.0, monotonic=mono)
+    caplog.set_level(logging.INFO, logger="slopilot.tuner.prometheus.clock_offset")
+    for _ in range(UNREAD_SAID_AFTER + 2):
+        assert clock.offset_s() == 0.0
+        mono.t += RETRY_S
+    tries = asked.count(NOW_EXPR)
+    assert tries == UNREAD_SAID_AFTER + 2 and RETRY_S < REFRESH_S
+    said = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1, said
+    assert "ns/d" in said[0] and "503" in said[0] and "operator's own clock" in said[0]
+    refusing[0] = False
+    assert clock.offset_s() == pytest.approx(45.0)
+    said = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 2 and "45.0 s ahead" in said[1]

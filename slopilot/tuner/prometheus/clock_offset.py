@@ -47,6 +47,13 @@ trip's middle, so its error is up to half of it."""
 REFRESH_S = 60.0
 """How long a reading stands (on the monotonic clock): clocks drift by parts per
 million, and a step of the operator's wall clock is seen at once (``_stepped``)."""
+RETRY_S = 10.0
+"""How soon a try that took no reading is made again: a minute of windows on the
+operator's clock for one slow answer was a minute of figures read off by the offset."""
+UNREAD_SAID_AFTER = 3
+"""Tries in a row that took no reading before it is said (once, until one is taken):
+one slow answer is a busy moment, three in a row (half a minute) a Prometheus that
+will not tell its time, whose windows are then read on the operator's clock alone."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,8 @@ class PrometheusClock:
         """When (monotonic) the clock was last read, taken or not: a server that will
         not answer ``time()`` is asked again a ``REFRESH_S`` later, not at every query."""
         self.warned = False
+        self.misses = 0
+        """Tries in a row that took no reading (``UNREAD_SAID_AFTER``)."""
 
     def offset_s(self) -> float:
         """The offset applied now: the last reading's, 0 under ``APPLY_S`` or with none."""
@@ -104,7 +113,8 @@ class PrometheusClock:
         return [_shifted(sample, offset) for sample in self.query(expr, at - offset)]
 
     def _due(self) -> bool:
-        if self.tried_at is None or self.monotonic() - self.tried_at >= REFRESH_S:
+        wait = RETRY_S if self.misses else REFRESH_S
+        if self.tried_at is None or self.monotonic() - self.tried_at >= wait:
             return True
         return self.reading is not None and self._stepped(self.reading)
 
@@ -123,17 +133,35 @@ class PrometheusClock:
         except PrometheusUnavailable as exc:
             # The queries that follow say so if Prometheus is down; a server that will
             # not evaluate time() (a proxy) leaves the times as they are, as before.
-            log.debug("%s: Prometheus's clock not read: %s", self.label or "-", exc)
+            self._missed(str(exc))
             return
         after = self.clock()
         theirs = _now_of(answer)
         trip = after - before
-        if theirs is None or not 0.0 <= trip <= MAX_ROUND_TRIP_S:
+        if theirs is None:
+            self._missed(f"time() answered {answer!r:.120}, not a time")
             return
+        if not 0.0 <= trip <= MAX_ROUND_TRIP_S:
+            self._missed(f"time() took {trip:.1f} s to answer (a reading is taken within "
+                         f"{MAX_ROUND_TRIP_S:g} s)")
+            return
+        self.misses = 0
         middle = before + trip / 2.0
         self.reading = ClockOffset(middle - theirs, trip, middle,
                                    mono + (self.monotonic() - mono) / 2.0)
         self._say(self.reading)
+
+    def _missed(self, why: str) -> None:
+        self.misses += 1
+        who = f"{self.label}: " if self.label else ""
+        log.debug("%sPrometheus's clock not read: %s", who, why)
+        if self.misses == UNREAD_SAID_AFTER:
+            kept = "" if self.reading is None else \
+                f"; the last reading's offset ({self.reading.offset_s:+.1f} s) stands"
+            log.warning("%sPrometheus's clock not read %d times in a row (last: %s): "
+                        "windows are read on the operator's own clock%s, off by however "
+                        "far the two clocks are apart; tried again every %g s",
+                        who, self.misses, why, kept, RETRY_S)
 
     def _say(self, reading: ClockOffset) -> None:
         large = abs(reading.offset_s) >= WARN_S
