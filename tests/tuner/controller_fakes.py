@@ -18,7 +18,11 @@ from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.loop.settings import ControllerSettings
 from slopilot.tuner.loop.state import LoopState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
-from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.evaluator import (
+    PrometheusUnavailable,
+    ReplicaRestarted,
+    WindowRejected,
+)
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.space import SearchSpace
 from tests.support.summaries import figures, window
@@ -125,10 +129,15 @@ class FakeEvaluator:
     deployment: FakeDeployment
     figures: Callable[[Mapping[str, Any]], WindowSummary]
     reject: int = 0  # reject this many windows first
+    restarted: int = 0  # then reject this many as a replica's process restarted in them
     calls: list[tuple[float, float, bool]] = field(default_factory=list)
 
     def measure(self, start: float, end: float, *, canary: bool) -> WindowSummary:
         self.calls.append((start, end, canary))
+        if self.restarted:
+            self.restarted -= 1
+            raise ReplicaRestarted("replica(s) demo-0 restarted in the window",
+                                   replicas=("demo-0",))
         if self.reject:
             self.reject -= 1
             raise WindowRejected("too few samples")

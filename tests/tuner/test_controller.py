@@ -607,3 +607,37 @@ def test_an_inform_alert_is_said_once_for_each_new_set_then_kept_quietly() -> No
     assert ctl.tick(45.0).action is Action.NONE
     rig.alerts.alerts = [low]
     assert ctl.tick(60.0).action is Action.INFORM  # it fires anew: said again
+
+
+def test_a_canary_restarted_under_a_trial_fails_it_at_the_early_look() -> None:
+    """The canary's process started again mid-trial (OOM-killed under the trial's larger
+    batches, say): its new process reads the committed config from its ConfigMap, so the
+    window is no longer the trial's, and a crash under a config is the loudest verdict on
+    it. The early look read the rejection as 'too little to tell yet' and each full window
+    was rejected and repeated up to ``max_window_repeats`` times, the canary crash-looping
+    under the trial meanwhile; now the trial is failed and reverted at once."""
+    rig = Rig(dep=FakeDeployment(n=3), alerts=FakeAlerts([alert(AlertAction.RETUNE)]),
+              offline=None, study=FakeStudy(queue=[dict(GOOD)]),
+              settings={"revert_check_s": 2.0})
+    ctl = rig.build()
+    assert rig.ev is not None
+    ctl.tick(0.0)
+    assert rig.dep.applied == [(GOOD, True)]
+    rig.ev.restarted = 1
+    d = ctl.tick(3.0)
+    assert d.action is Action.REVERT and "replica_restarted" in d.reason, d.line()
+    assert "demo-0" in d.reason and 0 in rig.study.failed
+    assert "restarted" in rig.study.failed[0]
+    assert rig.dep.applied[-1] == (START, True) and rig.dep.canary_config == START
+    assert metric(ctl, "slopilot_tuner_trials_total", state="failed") == 1
+
+
+def test_a_replica_restarted_in_a_full_window_fails_the_trial_not_repeats_it() -> None:
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]))
+    ctl = rig.build()
+    assert rig.ev is not None
+    ctl.tick(0.0)
+    rig.ev.restarted = 1
+    d = ctl.tick(10.0)
+    assert d.action is Action.REVERT and "replica_restarted" in d.reason, d.line()
+    assert 0 in rig.study.failed and rig.dep.config == START

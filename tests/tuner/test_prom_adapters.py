@@ -19,7 +19,11 @@ from slopilot.tuner.prometheus.alerts import SummaryAlerts
 from slopilot.tuner.prometheus.latency_sources import VLLM_LATENCY
 from slopilot.tuner.prometheus.query import query_at
 from slopilot.tuner.prometheus.rules import RuleOptions, duration
-from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.evaluator import (
+    PrometheusUnavailable,
+    ReplicaRestarted,
+    WindowRejected,
+)
 from slopilot.tuner.study.sample_floor import shortfall
 from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
 from tests.support.ports import refused_port
@@ -675,9 +679,11 @@ def test_a_window_a_replica_restarted_in_is_not_the_deployments() -> None:
     # 0, and by the next scrape they were past their old values, so Prometheus saw no
     # reset and increase() read the difference: 3 s first tokens read as 0.5 s ones.
     q = Recorded({**restarted(["10.0.0.5:8000"]), **answers()})
-    with pytest.raises(WindowRejected, match=r"10\.0\.0\.5:8000 restarted in the 10 s "
-                                             r"window.*counters"):
+    # Typed, so the loop fails the trial rather than measuring it again (trial_window).
+    with pytest.raises(ReplicaRestarted, match=r"10\.0\.0\.5:8000 restarted in the 10 s "
+                                               r"window.*counters") as raised:
         windows(q).measure(90.0, 100.0, canary=False)
+    assert raised.value.replicas == ("10.0.0.5:8000",)
     q = Recorded({**restarted(["127.0.0.1:9000"]), **answers()})
     with pytest.raises(WindowRejected, match=r"the canary replica 127\.0\.0\.1:9000 restarted"):
         windows(q).measure(90.0, 100.0, canary=True)

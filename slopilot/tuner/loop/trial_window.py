@@ -15,7 +15,11 @@ from slopilot.tuner.loop.decision import Action, Decision, TrialOutcome
 from slopilot.tuner.loop.state import ControllerState, RunningTrial
 from slopilot.tuner.loop.transitions import Event, Go
 from slopilot.tuner.loop.trial import end_trial, next_trial
-from slopilot.tuner.study.evaluator import PrometheusUnavailable, WindowRejected
+from slopilot.tuner.study.evaluator import (
+    PrometheusUnavailable,
+    ReplicaRestarted,
+    WindowRejected,
+)
 from slopilot.tuner.study.objective import (
     HEADROOM,
     TrialResult,
@@ -42,6 +46,8 @@ def running_trial(ctx: LoopContext, now: float, t: RunningTrial) -> Decision | G
         start = now - s.max_trial_s
     try:
         summary = ctx.evaluator.measure(start, now, canary=t.canary)
+    except ReplicaRestarted as exc:
+        return _restarted(ctx, t, exc)
     except WindowRejected as exc:
         return _repeat(ctx, now, t, exc.reason)
     why = _no_verdict(ctx, summary)
@@ -134,6 +140,22 @@ def _repeat(ctx: LoopContext, now: float, t: RunningTrial, why: str) -> Decision
                       f"(repeat {t.repeats}): {why}", trial=t.number)
 
 
+def _restarted(ctx: LoopContext, t: RunningTrial, exc: ReplicaRestarted) -> Decision:
+    """A replica the trial measures restarted its process in place during the window (a
+    container OOM-killed under the trial's larger batches, a failed liveness probe): the
+    new process started from its ConfigMap, the committed config, so what follows is not
+    the trial's config, and a crash under a config is the loudest verdict on it. The
+    trial is failed and reverted at once. Before, the early look read the rejection as
+    "too little to tell yet", and each full window was rejected and measured again, up
+    to ``max_window_repeats`` windows of a canary crash-looping under the trial. A
+    restart that was not the config's costs one trial; the study is told it failed, not
+    a figure."""
+    why = f"{exc.reason} (under trial {t.number}'s config)"
+    ctx.study.tell_failed(t.number, why)
+    return end_trial(ctx, t, TrialOutcome.FAILED, Action.REVERT,
+                     f"replica_restarted trial {t.number}: {why}", None)
+
+
 def _no_verdict(ctx: LoopContext, summary: WindowSummary) -> str | None:
     """Why a measured window says nothing of the trial, or None when it does.
 
@@ -171,6 +193,8 @@ def _early_look(ctx: LoopContext, now: float, t: RunningTrial,
     if elapsed >= ctx.settings.revert_after_s and now > start:
         try:
             partial = ctx.evaluator.measure(start, now, canary=t.canary)
+        except ReplicaRestarted as exc:
+            return _restarted(ctx, t, exc)
         except WindowRejected:
             partial = None  # too little to tell yet: the window goes on
     breach = None if partial is None else _breach(ctx, partial)

@@ -45,6 +45,7 @@ from slopilot.tuner.prometheus.scrape_interval import ScrapeInterval, scrape_int
 from slopilot.tuner.study.evaluator import (
     PrometheusUnavailable,
     QueueReading,
+    ReplicaRestarted,
     WindowRejected,
 )
 
@@ -287,10 +288,10 @@ class PrometheusWindows:
         if again := sorted(r["metric"].get(REPLICA_LABEL, "?")
                            for r in self.query(q["restarted"][None], end)):
             which = "the canary replica" if canary else "replica(s)"
-            raise WindowRejected(
+            raise ReplicaRestarted(
                 f"{which} {', '.join(again)} restarted in the {w} s window: its counters "
                 "began again from 0, and what it served before (or after) the restart is "
-                "in no figure once they passed their old values")
+                "in no figure once they passed their old values", replicas=again)
         if thin := sorted((r["metric"].get(REPLICA_LABEL, "?"), float(r["value"][1]))
                           for r in self.query(q["thinly_scraped"][None], end)):
             which = "the canary replica" if canary else "replica(s)"

@@ -7,7 +7,7 @@ the controller share them without importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,6 +26,17 @@ class WindowRejected(Exception):
         super().__init__(reason)
         self.reason = reason
         self.config = dict(config or {})
+
+
+class ReplicaRestarted(WindowRejected):
+    """A replica measured restarted its process within the window, in place (the same
+    pod): what it served on either side of the restart is in no figure, and a trial's
+    config is gone from it (the new process starts from the committed config). The loop
+    fails the trial it measures rather than measuring it again (``trial_window``)."""
+
+    def __init__(self, reason: str, *, replicas: Sequence[str]) -> None:
+        super().__init__(reason)
+        self.replicas = tuple(replicas)
 
 
 class PrometheusUnavailable(RuntimeError):
