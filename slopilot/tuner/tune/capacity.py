@@ -9,11 +9,12 @@ below the best count found so far, and the smallest count wins (ties: the earlie
 candidate).
 
 When none holds, the search may show that replicas are not the cure: a term that stays
-where it is as the count doubles (``Flat``) is bound by what each request costs alone
-(a long prompt's prefill on an idle replica, one decode step), which more replicas do
-not shorten. ``tiny-cpu`` is the case: its P0 prompts reach 7,000 tokens after the
-shift, and their prefill alone takes longer than P0's 300 ms TTFT limit on one A100, so
-its P0 TTFT p99 reads the same share of its limit on 2 replicas as on 16."""
+where it is as the count doubles (``Flat``, in ``loop/replica_plateau.py``: one test for
+this and the live loop) is bound by what each request costs alone (a long prompt's
+prefill on an idle replica, one decode step), which more replicas do not shorten.
+``tiny-cpu`` is the case: its P0 prompts reach 7,000 tokens after the shift, and their
+prefill alone takes longer than P0's 300 ms TTFT limit on one A100, so its P0 TTFT p99
+reads the same share of its limit on 2 replicas as on 16."""
 
 from __future__ import annotations
 
@@ -24,34 +25,10 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop.capacity import CapacityPlanner
+from slopilot.tuner.loop.replica_plateau import Flat, flat
 from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.verdict import term_label, worst_share
-
-# How little a doubling of replicas may move the worst term (in shares of its limit) for
-# the search to call it flat: well under what a doubling does to a load-bound term.
-FLAT_SHARE = 0.05
-
-
-@dataclass(frozen=True)
-class Flat:
-    """The worst term barely moved from ``below`` to ``top`` replicas, both missing."""
-
-    term: str
-    below: int
-    top: int
-    share_below: float
-    share_top: float
-
-    def text(self) -> str:
-        label = term_label(self.term)[0]
-        shares = (f"{self.share_top:.0%}" if f"{self.share_below:.0%}" == f"{self.share_top:.0%}"
-                  else f"{self.share_below:.0%}-{self.share_top:.0%}")
-        return (f"More replicas do not move it: {label} stays at {shares} of its limit "
-                f"from {self.below} to {self.top} replicas, the time each request takes "
-                "alone (such as the prefill of the longest prompts), which replicas do not "
-                "shorten; a faster GPU, tensor parallelism, shorter prompts in that class or "
-                "a looser limit can.")
 
 
 @dataclass(frozen=True)
@@ -71,18 +48,9 @@ class CapacityOutcome:
 
     def flat(self) -> Flat | None:
         """The worst term of the two largest counts tried, when it is the same term and
-        moved less than ``FLAT_SHARE`` of its limit; None when some count holds."""
-        counts = sorted(self.tried)
-        if self.replicas is not None or len(counts) < 2:
-            return None
-        below, top = (self.tried[n] for n in counts[-2:])
-        if not below.constraint_names or worst_share(below)[1] != worst_share(top)[1]:
-            return None
-        term = worst_share(top)[1]
-        share_below, share_top = max(below.constraints) + 1, max(top.constraints) + 1
-        if term is None or share_below - share_top >= FLAT_SHARE:
-            return None
-        return Flat(term, counts[-2], counts[-1], share_below, share_top)
+        moved less than ``FLAT_SHARE`` of its limit (``loop/replica_plateau.flat``, the
+        live loop's test too); None when some count holds."""
+        return None if self.replicas is not None else flat(self.tried)
 
     def table_lines(self) -> list[str]:
         """The report's table: per count the winning candidate tried, whether it holds and

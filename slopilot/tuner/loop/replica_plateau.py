@@ -1,0 +1,120 @@
+"""Where more replicas stop helping: read from a capacity search's own per-count results.
+
+When no count in [lo, hi] holds the SLO, the search may show that replicas are not the
+cure: the worst term stays where it is as the count grows (``Flat``), bound by what each
+request costs alone (a long prompt's prefill on an idle replica, one decode step), which
+more replicas do not shorten. ``slopilot tune`` says so in its capacity answer
+(``tune/capacity.py``); the live loop sizes its fleet by it (``scaling.py``,
+``steady.py``): buying ``max_replicas`` for an SLO no count holds kept 8 replicas for 30
+breached minutes that one or two served as badly (the review's impossible-SLO case).
+
+``plateau`` is the smallest count tried past which no larger count tried lowers the
+worst term by ``FLAT_SHARE`` of its limit or more. When that is the largest count tried
+(each doubling still helps), the overload is capacity-bound and the loop still buys the
+cap; below it, the counts above the plateau are spend without effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.verdict import term_label, worst_share
+
+FLAT_SHARE = 0.05
+"""How little a doubling of replicas may move the worst term (in shares of its limit) for
+the search to call it flat: well under what a doubling does to a load-bound term."""
+
+
+def _share(r: TrialResult) -> float:
+    return max(r.constraints, default=-1.0) + 1.0
+
+
+@dataclass(frozen=True)
+class Flat:
+    """The worst term barely moved from ``below`` to ``top`` replicas, both missing."""
+
+    term: str
+    below: int
+    top: int
+    share_below: float
+    share_top: float
+
+    def text(self) -> str:
+        label = term_label(self.term)[0]
+        shares = (f"{self.share_top:.0%}" if f"{self.share_below:.0%}" == f"{self.share_top:.0%}"
+                  else f"{self.share_below:.0%}-{self.share_top:.0%}")
+        return (f"More replicas do not move it: {label} stays at {shares} of its limit "
+                f"from {self.below} to {self.top} replicas, the time each request takes "
+                "alone (such as the prefill of the longest prompts), which replicas do not "
+                "shorten; a faster GPU, tensor parallelism, shorter prompts in that class or "
+                "a looser limit can.")
+
+
+def flat(tried: Mapping[int, TrialResult]) -> Flat | None:
+    """The worst term of the two largest counts tried, when it is the same term and moved
+    less than ``FLAT_SHARE`` of its limit; None otherwise (or with fewer than two)."""
+    counts = sorted(tried)
+    if len(counts) < 2:
+        return None
+    below, top = (tried[n] for n in counts[-2:])
+    if not below.constraint_names or worst_share(below)[1] != worst_share(top)[1]:
+        return None
+    term = worst_share(top)[1]
+    share_below, share_top = _share(below), _share(top)
+    if term is None or share_below - share_top >= FLAT_SHARE:
+        return None
+    return Flat(term, counts[-2], counts[-1], share_below, share_top)
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """A search in which no count held, and the smallest count past which more do not
+    move its worst term (``FLAT_SHARE``)."""
+
+    replicas: int
+    """The smallest count tried no worse (within ``FLAT_SHARE``) than any larger one."""
+    flat: Flat
+    """The worst term from ``replicas`` to the largest count tried."""
+    shares: tuple[tuple[int, float, str | None], ...]
+    """(count, worst share, worst term) for every count tried, in order."""
+
+    def table(self) -> str:
+        """Each count's worst term as a share of its limit: ``1: 279% P0 TTFT p99``."""
+        return ", ".join(f"{n}: {share:.0%}" + ("" if term is None
+                                                 else f" {term_label(term)[0]}")
+                         for n, share, term in self.shares)
+
+    def text(self) -> str:
+        label = term_label(self.flat.term)[0]
+        return (f"no replica count holds the SLO: {label} (worst share of its limit per "
+                f"count tried: {self.table()}); more replicas do not move it past "
+                f"{self.replicas}: the SLO is below what one request can take (such as "
+                "the prefill of the longest prompts alone); loosen the SLO or change the "
+                "model or GPU (a faster GPU, tensor parallelism)")
+
+
+def plateau(tried: Mapping[int, TrialResult]) -> Plateau | None:
+    """Where more replicas stop helping, for a search in which no count held (the
+    caller's to know: it holds with its own margin): the smallest count whose worst share
+    no larger count tried lowers by ``FLAT_SHARE`` or more, with the same worst term at it
+    and at the top. None when that count is the largest tried (every step up still
+    helped: capacity-bound), or with fewer than two counts. Being no worse than every
+    larger count tried, it is no worse than the current one either, when that is larger
+    (feasibility and shares are taken as monotone in the count, as the search does)."""
+    counts = sorted(tried)
+    if len(counts) < 2:
+        return None
+    shares = {n: _share(tried[n]) for n in counts}
+    top_term = worst_share(tried[counts[-1]])[1]
+    for i, n in enumerate(counts[:-1]):
+        best_above = min(shares[m] for m in counts[i + 1:])
+        if shares[n] - best_above >= FLAT_SHARE or worst_share(tried[n])[1] != top_term:
+            continue
+        if top_term is None:
+            return None
+        found = Flat(top_term, n, counts[-1], shares[n], shares[counts[-1]])
+        return Plateau(n, found, tuple((m, shares[m], worst_share(tried[m])[1])
+                                       for m in counts))
+    return None
