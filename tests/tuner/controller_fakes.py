@@ -12,7 +12,7 @@ from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop.capacity import CapacityAnswer
+from slopilot.tuner.loop.capacity import CapacityAnswer, CapacityPlanner
 from slopilot.tuner.loop.controller import Controller
 from slopilot.tuner.loop.ports import Replicas, Rollout, Settled
 from slopilot.tuner.loop.settings import ControllerSettings
@@ -220,6 +220,19 @@ class FakePlanner:
         return CapacityAnswer(replicas=None if n is None or n > hi else max(n, lo))
 
 
+TERMS = ("p0.ttft_p99", "p0.tbt_p99", "p1.ttft_p99", "p1.tbt_p99", "preemptions_per_min")
+
+
+def by_share(shares: Mapping[int, float]) -> CapacityPlanner:
+    """The capacity search itself (its gallop and bisection) on a table of P0 TTFT p99
+    shares of its limit per replica count, the other terms well inside theirs."""
+    def score_fn(scenario: Scenario, config: Mapping[str, Any], n: int) -> TrialResult:
+        share = shares[n]
+        return TrialResult(dict(config), 100.0, (share - 1, -0.5, -0.5, -0.5, -0.9),
+                           share <= 1, constraint_names=TERMS)
+    return CapacityPlanner(score_fn=score_fn)
+
+
 @dataclass
 class FakeOffline:
     ranked: list[tuple[dict[str, Any], bool]] = field(
@@ -249,11 +262,10 @@ class Rig:
         self.ev = self.ev or FakeEvaluator(self.dep, by_config)
         # The fakes' windows hold 10 requests a class: their verdicts are the point,
         # not the floor a P99 needs (tests/tuner/test_low_traffic_trials.py judges it).
-        defaults = {"window_s": 10, "cooldown_s": 30, "scale_down_after_s": 60,
+        defaults = {"slo": SLO, "window_s": 10, "cooldown_s": 30, "scale_down_after_s": 60,
                     "max_replicas": 4, "min_class_requests": 1}  # each overridden by
         # ``settings``
-        settings = ControllerSettings(deployment="demo", slo=SLO,
-                                      **(defaults | self.settings))
+        settings = ControllerSettings(deployment="demo", **(defaults | self.settings))
         self.ctl = Controller(settings, self.dep, self.alerts, self.ev, self.study,
                               self.probe, self.planner, offline=self.offline, state=state)
         return self.ctl

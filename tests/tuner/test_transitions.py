@@ -38,6 +38,7 @@ from tests.tuner.controller_fakes import (
     FakeStudy,
     Rig,
     alert,
+    by_share,
 )
 
 S = ControllerState
@@ -182,6 +183,14 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
         (Rig(dep=FakeDeployment(n=4), alerts=scale, planner=FakePlanner(needed=None),
              offline=FakeOffline([(dict(BAD), False)]), settings={"max_trials": 1}),
          [0.0, 6.0, 7.0], None),
+        # no count holds and more than 2 do not move it: 4 -> 2, then said and kept
+        (Rig(dep=FakeDeployment(n=4), alerts=scale, offline=None,
+             planner=by_share({1: 3.7, 2: 3.0, 4: 2.98})),  # type: ignore[arg-type]
+         [0.0, 31.0, 32.0], None),
+        # the same, quiet: the headroom path gives the 2 that do not help back
+        (Rig(dep=FakeDeployment(n=4), offline=None,
+             planner=by_share({1: 3.7, 2: 3.0, 4: 2.98})),  # type: ignore[arg-type]
+         [0.0, 60.0], None),
         # a scale alert fires mid-episode -> scaling -> scaled up
         (Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), planner=FakePlanner(needed=2)),
          [0.0, 5.0], surge),

@@ -150,14 +150,17 @@ def changed(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     return None
 
 
-def record(ctx: LoopContext, now: float, scenario: Scenario) -> Backoff:
+def record(ctx: LoopContext, now: float, scenario: Scenario, *,
+           settled: bool = False) -> Backoff:
     """Keep a max-replicas verdict reached now: the wait doubles when the last one was in
     the same situation, and starts at twice the cooldown (one cooldown more than the
-    cooldown the verdict enters) otherwise."""
+    cooldown the verdict enters) otherwise. ``settled``: a verdict waiting does not
+    change (no replica count holds, and more do not move it: ``replica_plateau.py``),
+    kept for ``max_backoff_s`` at once; a change of the situation still ends it."""
     s, loop = ctx.settings, ctx.loop
     here = situation(ctx, scenario)
     last = Backoff.from_dict(loop.backoff) if loop.backoff is not None else None
-    wait = 2 * s.cooldown_s
+    wait = s.max_backoff_s if settled else 2 * s.cooldown_s
     if last is not None and changed(last.situation, here) is None:
         wait = 2 * last.wait_s
     wait = min(wait, max(s.max_backoff_s, s.cooldown_s))

@@ -6,9 +6,10 @@ The states and every move between them (``transitions.TRANSITIONS``, drawn by
     STEADY    SCALING   TUNING    COMMIT    COOLDOWN
       |-------->|                                 scale_alert, nothing_holds_offline
       |------------------>|                       retune_alert
-      |-------------------------------------->|   headroom
+      |-------------------------------------->|   headroom, replicas_flat
                 |-------->|                       retune_suffices, capacity_suffices, tune_closest
-                |---------------------------->|   scaled_up, max_replicas, replicas_short
+                |---------------------------->|   scaled_up, max_replicas, replicas_flat,
+                                                  replicas_short
                 |<--------|                       scale_alert
                           |-------->|             trial_holds, trial_limit, trial_rate_limit,
                                                   too_little_traffic

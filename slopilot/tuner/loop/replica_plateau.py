@@ -81,15 +81,16 @@ class Plateau:
     """(count, worst share, worst term) for every count tried, in order."""
 
     def table(self) -> str:
-        """Each count's worst term as a share of its limit: ``1: 279% P0 TTFT p99``."""
-        return ", ".join(f"{n}: {share:.0%}" + ("" if term is None
-                                                 else f" {term_label(term)[0]}")
+        """Each count's worst share of its limit, ``1: 279%, 2: 212%``; a count whose worst
+        term is another than the plateau's names it."""
+        return ", ".join(f"{n}: {share:.0%}" + ("" if term in (None, self.flat.term)
+                                                 else f" ({term_label(term)[0]})")
                          for n, share, term in self.shares)
 
     def text(self) -> str:
         label = term_label(self.flat.term)[0]
-        return (f"no replica count holds the SLO: {label} (worst share of its limit per "
-                f"count tried: {self.table()}); more replicas do not move it past "
+        return (f"no replica count holds the SLO: {label} per replica count tried, as a "
+                f"share of its limit: {self.table()}; more replicas do not move it past "
                 f"{self.replicas}: the SLO is below what one request can take (such as "
                 "the prefill of the longest prompts alone); loosen the SLO or change the "
                 "model or GPU (a faster GPU, tensor parallelism)")

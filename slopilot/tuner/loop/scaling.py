@@ -9,12 +9,20 @@ spare) says how many replicas the measured load needs, within min and max; at ma
 replicas with nothing holding, the closest configs still get one live episode, and an
 episode that then finds nothing ends here with an inform, whose verdict holds off the
 next such episode in the same situation (``backoff.py``).
+
+When no count up to max holds and the search's own per-count results show the worst term
+stops moving past some count (``replica_plateau.py``: an SLO below what one request
+takes alone, such as a P0 TTFT limit under one prefill), replicas are not the cure: the
+fleet goes to that count, up or down, and at it the loop says what the search found and
+backs off as at max replicas. A capacity-bound overload (each step up still helps) still
+buys max replicas.
 """
 
 from __future__ import annotations
 
 from slopilot.engine.sim.scenario import Scenario
-from slopilot.tuner.loop import advice, backoff, scale_wait
+from slopilot.tuner.loop import advice, backoff, replica_plateau, scale_wait
+from slopilot.tuner.loop.capacity import CapacityAnswer
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
@@ -63,6 +71,12 @@ def scaling(ctx: LoopContext, tick: Tick, entered: Go | None) -> Decision | Go:
                              margin=ctx.scale_up_margin, running=running)
     if answer is None:
         return _on_live_evidence(ctx, now, scenario, current, at_least, reason)
+    if answer.replicas is None and \
+            (flat := replica_plateau.plateau(answer.results)) is not None:
+        # The offline study's "one more than now" (at_least) is not taken here: the
+        # running config's term does not move past the plateau, and the study found no
+        # config that holds at this count either.
+        return _plateau(ctx, now, scenario, current, flat, answer, reason)
     needed = answer.replicas if answer.replicas is not None else s.max_replicas
     if at_least is not None:
         needed = max(needed, at_least)
@@ -102,6 +116,32 @@ def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current:
     return start_episode(ctx, now, f"max_replicas {s.max_replicas} reached; {why}: live "
                          f"trials without warm start; {reason}", Event.TUNE_CLOSEST,
                          allow_scale=False, ranked=[])
+
+
+def _plateau(ctx: LoopContext, now: float, scenario: Scenario, current: int,
+             flat: replica_plateau.Plateau, answer: CapacityAnswer, reason: str) -> Go:
+    """No count holds, and more than ``flat.replicas`` do not move the worst term: go
+    there, or, there already, say what the search found and keep the verdict, so that
+    the alerts still firing after the cooldown do not ask again (``backoff.py``)."""
+    s, target = ctx.settings, min(max(flat.replicas, ctx.settings.min_replicas),
+                                  ctx.settings.max_replicas)
+    if target < current and (short := answer.why_short(current)) is not None:
+        # A run capped short of the requests a P99 needs says little of fewer replicas.
+        target, reason = current, f"{short}; {reason}"
+    if target > current:
+        return _scale_up(ctx, now, current, target, f"{flat.text()}; {reason}")
+    if target < current:
+        ctx.deployment.scale(target)
+        return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
+                  f"scale_down {current}->{target}: {flat.text()}; {reason}",
+                  action=Action.SCALE)
+    # Waiting does not move an SLO below what one request takes: only another load,
+    # spec or config can, and any of those ends the backoff at once.
+    kept = backoff.record(ctx, now, scenario, settled=True)
+    return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
+              f"{flat.text()}; staying at {current} of max {s.max_replicas}; no new "
+              f"episode for {kept.wait_s:g} s{backoff.UNLESS}; {reason}",
+              action=Action.INFORM)
 
 
 def _scale_up(ctx: LoopContext, now: float, current: int, needed: int, reason: str) -> Go:

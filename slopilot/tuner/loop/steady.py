@@ -7,11 +7,12 @@ reported (once for each new set of them) and nothing more. With no alert
 that acts and none that says an SLO is breached (the TTFT warning informs, but the SLO is
 breached all the same), replicas above the minimum are given back once the alerts have
 been quiet for ``scale_down_after_s`` and the simulator holds the SLO with fewer (with
-headroom). After a commit or a scale, an alert that has held since before it is
-re-confirmed on the loop's own window measured after it before it acts (``_unconfirmed``),
-and a sustained-breach alert counts only once its rule's last evaluation read a window
-that starts after the action took effect (``_read_after``; the cooldown counts from then:
-a rollout's end, a scale-up's replicas ready).
+headroom), or holds it with no count and more than fewer do not move it
+(``replica_plateau.py``). After a commit or a scale, an alert that has held since before
+it is re-confirmed on the loop's own window measured after it before it acts
+(``_unconfirmed``), and a sustained-breach alert counts only once its rule's last
+evaluation read a window that starts after the action took effect (``_read_after``; the
+cooldown counts from then: a rollout's end, a scale-up's replicas ready).
 COOLDOWN after a scale-up also waits for the replicas it bought (those that never come
 are given back), and a scale alert is held for ``max_backoff_s`` after replicas bought
 never served (``scale_wait.py``).
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 from slopilot.engine.request import Priority
 from slopilot.engine.window_summary import WindowSummary
-from slopilot.tuner.loop import advice, backoff, rollout_wait, scale_wait
+from slopilot.tuner.loop import advice, backoff, replica_plateau, rollout_wait, scale_wait
 from slopilot.tuner.loop.context import LoopContext, Tick
 from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.episode import start_episode
@@ -243,6 +244,16 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
     if answer is None:  # no live evidence says fewer replicas would do: keep them
         log.info("%s: no scale-down: %s", s.key, advice.unavailable(ctx, now))
         return None
+    flat = replica_plateau.plateau(answer.results) if answer.replicas is None else None
+    if flat is not None and flat.replicas < current and answer.why_short(current) is None:
+        # No count holds, and those past the plateau serve no better: they are spend
+        # without effect, kept for good by a scale-down that waited for a count that holds.
+        target = max(flat.replicas, s.min_replicas)
+        ctx.deployment.scale(target)
+        return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
+                  f"scale_down {current}->{target}: no alert that acts or says an SLO is "
+                  f"breached for {s.scale_down_after_s:g} s, and {flat.text()}",
+                  action=Action.SCALE)
     if answer.replicas is None or not answer.fewer_hold(current):
         # A run capped short of the requests a P99 needs holds on a few requests'
         # largest, low as often as not: the scale-downs taken on it breached and

@@ -41,6 +41,7 @@ class Event(enum.StrEnum):
     TUNE_CLOSEST = "tune_closest"
     SCALED_UP = "scaled_up"
     MAX_REPLICAS = "max_replicas"
+    REPLICAS_FLAT = "replicas_flat"
     REPLICAS_SHORT = "replicas_short"
     TRIAL_HOLDS = "trial_holds"
     TRIAL_LIMIT = "trial_limit"
@@ -79,6 +80,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.STEADY, S.COOLDOWN, Event.HEADROOM,
                "quiet for scale_down_after_s and the simulator holds the SLO with fewer "
                "replicas: scaled down"),
+    Transition(S.STEADY, S.COOLDOWN, Event.REPLICAS_FLAT,
+               "quiet for scale_down_after_s, no count holds in simulation and more "
+               "replicas stop moving the worst term past fewer than now: scaled down"),
     Transition(S.SCALING, S.TUNING, Event.RETUNE_SUFFICES,
                "the offline study finds a config that holds at this replica count"),
     Transition(S.SCALING, S.TUNING, Event.CAPACITY_SUFFICES,
@@ -88,6 +92,11 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.SCALING, S.COOLDOWN, Event.SCALED_UP, "scaled up to the planned count"),
     Transition(S.SCALING, S.COOLDOWN, Event.MAX_REPLICAS,
                "at max replicas after live evidence that nothing holds: say so"),
+    Transition(S.SCALING, S.COOLDOWN, Event.REPLICAS_FLAT,
+               "no count up to max holds in simulation and more replicas stop moving the "
+               "worst term past fewer than now (an SLO below what one request takes "
+               "alone): scaled down to that count; or already at it: say so, and no new "
+               "round in the same situation until its backoff ends"),
     Transition(S.SCALING, S.COOLDOWN, Event.REPLICAS_SHORT,
                "more replicas needed than served when the last scale-up's wait gave up "
                "(a quota, no node fits; those that never came given back), before "
