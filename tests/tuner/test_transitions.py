@@ -185,11 +185,11 @@ def _runs() -> list[tuple[Rig, list[float], Callable[[Rig, float], None] | None]
          [0.0, 6.0, 7.0], None),
         # no count holds and more than 2 do not move it: 4 -> 2, then said and kept
         (Rig(dep=FakeDeployment(n=4), alerts=scale, offline=None,
-             planner=by_share({1: 3.7, 2: 3.0, 4: 2.98})),  # type: ignore[arg-type]
+             planner=by_share({1: 4.0, 2: 3.0, 4: 2.98})),  # type: ignore[arg-type]
          [0.0, 31.0, 32.0], None),
         # the same, quiet: the headroom path gives the 2 that do not help back
         (Rig(dep=FakeDeployment(n=4), offline=None,
-             planner=by_share({1: 3.7, 2: 3.0, 4: 2.98})),  # type: ignore[arg-type]
+             planner=by_share({1: 4.0, 2: 3.0, 4: 2.98})),  # type: ignore[arg-type]
          [0.0, 60.0], None),
         # a scale alert fires mid-episode -> scaling -> scaled up
         (Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), planner=FakePlanner(needed=2)),

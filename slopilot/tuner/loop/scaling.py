@@ -20,6 +20,8 @@ buys max replicas.
 
 from __future__ import annotations
 
+import dataclasses
+
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.tuner.loop import advice, backoff, replica_plateau, scale_wait
 from slopilot.tuner.loop.capacity import CapacityAnswer
@@ -121,22 +123,30 @@ def _on_live_evidence(ctx: LoopContext, now: float, scenario: Scenario, current:
 def _plateau(ctx: LoopContext, now: float, scenario: Scenario, current: int,
              flat: replica_plateau.Plateau, answer: CapacityAnswer, reason: str) -> Go:
     """No count holds, and more than ``flat.replicas`` do not move the worst term: go
-    there, or, there already, say what the search found and keep the verdict, so that
-    the alerts still firing after the cooldown do not ask again (``backoff.py``)."""
+    there (the move's reason says what the search found), or, there already, say so. The
+    verdict is kept at the count it leaves (``backoff.py``), so that neither the alerts
+    still firing after the cooldown nor the next search's noise (its runs are short, its
+    P99s a few requests' largest) move the fleet again until the situation changes."""
     s, target = ctx.settings, min(max(flat.replicas, ctx.settings.min_replicas),
                                   ctx.settings.max_replicas)
     if target < current and (short := answer.why_short(current)) is not None:
         # A run capped short of the requests a P99 needs says little of fewer replicas.
         target, reason = current, f"{short}; {reason}"
     if target > current:
-        return _scale_up(ctx, now, current, target, f"{flat.text()}; {reason}")
-    if target < current:
-        ctx.deployment.scale(target)
-        return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
-                  f"scale_down {current}->{target}: {flat.text()}; {reason}",
-                  action=Action.SCALE)
+        go = _scale_up(ctx, now, current, target, f"{flat.text()}; {reason}")
+        if go.event is not Event.SCALED_UP:
+            return go
+        kept = backoff.record(ctx, now, scenario, settled=True)
+        return dataclasses.replace(go, reason=f"{go.reason}; no new episode for "
+                                   f"{kept.wait_s:g} s{backoff.UNLESS}")
     # Waiting does not move an SLO below what one request takes: only another load,
     # spec or config can, and any of those ends the backoff at once.
+    if target < current:
+        ctx.deployment.scale(target)
+        kept = backoff.record(ctx, now, scenario, settled=True)
+        return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
+                  f"scale_down {current}->{target}: {flat.text()}; no new episode for "
+                  f"{kept.wait_s:g} s{backoff.UNLESS}; {reason}", action=Action.SCALE)
     kept = backoff.record(ctx, now, scenario, settled=True)
     return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
               f"{flat.text()}; staying at {current} of max {s.max_replicas}; no new "

@@ -238,7 +238,8 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
         return None
     loop.headroom_since = now  # look again after another quiet period
     running = ctx.deployment.committed_config()  # never a trial's left behind
-    answer = advice.capacity(ctx, now, ctx.probe.measure(now), running, s.min_replicas,
+    scenario = ctx.probe.measure(now)
+    answer = advice.capacity(ctx, now, scenario, running, s.min_replicas,
                              current, margin=ctx.headroom_margin, running=running,
                              removing=True)
     if answer is None:  # no live evidence says fewer replicas would do: keep them
@@ -250,10 +251,11 @@ def _scale_down(ctx: LoopContext, now: float) -> Go | str | None:
         # without effect, kept for good by a scale-down that waited for a count that holds.
         target = max(flat.replicas, s.min_replicas)
         ctx.deployment.scale(target)
+        kept = backoff.record(ctx, now, scenario, settled=True)  # as SCALING keeps it
         return Go(ControllerState.COOLDOWN, Event.REPLICAS_FLAT,
                   f"scale_down {current}->{target}: no alert that acts or says an SLO is "
-                  f"breached for {s.scale_down_after_s:g} s, and {flat.text()}",
-                  action=Action.SCALE)
+                  f"breached for {s.scale_down_after_s:g} s, and {flat.text()}; no new "
+                  f"episode for {kept.wait_s:g} s{backoff.UNLESS}", action=Action.SCALE)
     if answer.replicas is None or not answer.fewer_hold(current):
         # A run capped short of the requests a P99 needs holds on a few requests'
         # largest, low as often as not: the scale-downs taken on it breached and
