@@ -24,9 +24,11 @@ from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.alerts import AlertAction
 from slopilot.tuner.study.objective import TrialResult
 from tests.tuner.controller_fakes import (
+    GOOD,
     TERMS,
     FakeAlerts,
     FakeDeployment,
+    FakeOffline,
     FakeProbe,
     Rig,
     alert,
@@ -130,3 +132,15 @@ def test_a_quiet_fleet_that_no_count_makes_hold_gives_back_what_does_not_help() 
     assert rig.dep.scaled == [2], lines
     assert any(d.reason.startswith("scale_down 8->2: no alert that acts or says an SLO is "
                                    "breached for 60 s") for d in decisions), lines
+
+
+def test_a_retune_alert_at_the_cap_under_such_an_slo_scales_down() -> None:
+    # The review's fleet started at 8 saw the P0 TTFT retune alert, not the scale one:
+    # each episode at 8 ended in too_little_traffic (a canary's share of 8 replicas).
+    rig = rig_for(impossible(), by_share({1: 4.0, 2: 3.0, 4: 2.98, 8: 2.98}), replicas=8)
+    rig.alerts.alerts = [alert(AlertAction.RETUNE)]
+    rig.offline = FakeOffline([(dict(GOOD), False)])
+    decisions = run(rig, 120)
+    lines = [d.line() for d in decisions]
+    assert rig.dep.scaled == [2], lines
+    assert not any(d.state is ControllerState.TUNING for d in decisions), lines

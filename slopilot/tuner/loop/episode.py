@@ -85,6 +85,14 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
             return Go(ControllerState.SCALING, Event.NOTHING_HOLDS_OFFLINE,
                       f"offline study: no config holds the SLO at {replicas} replica(s); "
                       f"{reason}", at_least=replicas + 1)
+        if not any(ok for _, ok in ranked) and allow_scale:
+            # At max, SCALING's capacity search says whether fewer replicas do as well
+            # (replica_plateau.py: an SLO no count holds kept 8 replicas on a retune
+            # alert, each episode ending in too_little_traffic for a canary's share of
+            # 8); when not, it tunes the closest configs as this episode would have.
+            return Go(ControllerState.SCALING, Event.NOTHING_HOLDS_OFFLINE,
+                      f"offline study: no config holds the SLO at max {replicas} "
+                      f"replica(s); {reason}")
         ctx.study.warm_start([c for c, _ in ranked])
         loop.episode_warm_starts = len(ranked)
     return Go(ControllerState.TUNING, event, reason)

@@ -74,7 +74,8 @@ TRANSITIONS: tuple[Transition, ...] = (
                "an alert with action scale fires (and none with action hold)"),
     Transition(S.STEADY, S.SCALING, Event.NOTHING_HOLDS_OFFLINE,
                "a retune alert, and the offline study finds no config that holds at this "
-               "replica count (below max)"),
+               "replica count (below max: one more replica at least; at max: whether "
+               "fewer do as well)"),
     Transition(S.STEADY, S.TUNING, Event.RETUNE_ALERT,
                "an alert with action retune fires (and none with action hold)"),
     Transition(S.STEADY, S.COOLDOWN, Event.HEADROOM,
