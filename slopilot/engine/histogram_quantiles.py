@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from slopilot.engine.latency_buckets import EDGE_TOLERANCE, TOKEN_LATENCY_BUCKETS
 
 __all__ = ["EDGE_TOLERANCE", "histogram_quantile", "histogram_share_within",
-           "judged_copies", "judged_quantile", "latency_quantile", "straddled"]
+           "inside", "judged_copies", "judged_quantile", "latency_quantile", "straddled"]
 
 
 def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
@@ -49,6 +49,24 @@ def straddled(edges: Iterable[float], thresholds: Iterable[float]
     return tuple(sorted(out.items()))
 
 
+def inside(edges: Iterable[float], thresholds: Iterable[float]
+           ) -> tuple[tuple[float, float], ...]:
+    """``(upper edge, threshold)`` for every threshold strictly inside a bucket of
+    ``edges``, several per bucket where it holds several, in order of threshold. A
+    replica's copies go on each, not on the lowest alone: beside a replica that exports
+    every one of them (started with the SLO), a sum at the higher one without the copy
+    stood below the sum at the lower one."""
+    finite = sorted(e for e in edges if math.isfinite(e))
+    out = []
+    for t in sorted(set(thresholds)):
+        if any(abs(e - t) <= EDGE_TOLERANCE for e in finite):
+            continue
+        hi = next((e for e in finite if e > t), None)
+        if hi is not None:
+            out.append((hi, t))
+    return tuple(out)
+
+
 def judged_quantile(q: float, buckets: Mapping[float, float],
                     thresholds: Iterable[float] = ()) -> float:
     """``histogram_quantile`` read so that it claims none of ``thresholds`` breached
@@ -63,11 +81,10 @@ def judged_quantile(q: float, buckets: Mapping[float, float],
 def judged_copies(buckets: Mapping[float, float], thresholds: Iterable[float]
                   ) -> dict[float, float]:
     """``{T: count}`` for each threshold ``T`` strictly inside a bucket of cumulative
-    ``buckets``: that bucket's count, as if none of it lay above ``T`` (the lowest such
-    threshold of a bucket). Added to one replica's buckets before they are summed with
+    ``buckets``: that bucket's count, as if none of it lay above ``T`` (``inside``). Added to one replica's buckets before they are summed with
     another's that has an edge at ``T`` (its process started with that SLO), each is read
     as its own edges allow, as the rules read them (``rules.judged_buckets``)."""
-    return {t: buckets[hi] for hi, t in straddled(buckets, thresholds)}
+    return {t: buckets[hi] for hi, t in inside(buckets, thresholds)}
 
 
 def histogram_share_within(threshold: float, buckets: Mapping[float, float]) -> float:

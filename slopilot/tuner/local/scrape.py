@@ -142,19 +142,23 @@ class _Snapshot:
     """The replicas deployed whose scrape failed: absent, but not new."""
 
 
-def _increase(points: list[Series]) -> Series:
+def _increase(points: list[Series], judge: Callable[[Series], Series] | None = None
+              ) -> Series:
     """One replica's increases across its readings in a window, as ``increase()`` reads
     a counter: a fall is a restart, after which the new readings count from zero. The
     restart is the replica's, not one series': a counter that passed its old value
     since is read from zero too, and a histogram's buckets stay one process' counts. A
     series first seen counts from zero; the gauges read their change from the first
-    reading to the last."""
+    reading to the last. ``judge``: applied to each process' increases before they are
+    added (``DirectScrape._judged``): a process restarted in place with an edge its
+    predecessor lacked has that edge's counts for part of the window only."""
     out: Series = {}
 
     def count(last: Series, base: Series) -> None:
-        for key, value in last.items():
-            if key[0] not in _GAUGES:
-                out[key] = out.get(key, 0.0) + value - base.get(key, 0.0)
+        segment = {key: value - base.get(key, 0.0) for key, value in last.items()
+                   if key[0] not in _GAUGES}
+        for key, value in (judge(segment) if judge else segment).items():
+            out[key] = out.get(key, 0.0) + value
 
     base = points[0] if points else {}
     for old, new in pairwise(points):
@@ -264,12 +268,15 @@ class DirectScrape:
         first = [i for i, (t, _) in enumerate(inside) if t <= start]
         return [s for _, s in inside[first[-1]:]] if first else []
 
-    def _deltas(self, start: float, end: float, canary: bool) -> dict[str, Series]:
+    def _deltas(self, start: float, end: float, canary: bool, judged: bool = False
+                ) -> dict[str, Series]:
         """Each replica's increases over the window (``_increase`` of ``_points``), by
-        its URL: every replica that answered a scrape of it, or the canary at its end."""
+        its URL: every replica that answered a scrape of it, or the canary at its end;
+        ``judged``, each of its processes read at every threshold (``_judged``)."""
         window = self._window(start, end)
         urls = dict.fromkeys(url for s in window for url in s.series)
-        return {url: _increase(_points(url, window)) for url in urls
+        judge = self._judged if judged else None
+        return {url: _increase(_points(url, window), judge) for url in urls
                 if not canary or url == window[-1].canary}
 
     def _delta(self, start: float, end: float, canary: bool) -> Series:
@@ -414,15 +421,17 @@ class DirectScrape:
         return waiting, past
 
     def _judged(self, series: Series) -> Series:
-        """One replica's increases, with a copy of its TTFT and gap buckets at each
-        threshold of a class that its edges hold strictly inside (``judged_copies``):
-        summed as they are, a replica started with the SLO (its edge at the threshold)
-        beside one started before an edit of it (none there) read a P99 of 859 ms for
-        first tokens all within 800 ms. Each is read as its own edges allow, as the rules
-        read them, replica by replica."""
+        """One process' increases, with a copy of its TTFT and gap buckets at each
+        threshold of any class that its edges hold strictly inside (``judged_copies``),
+        in every class: summed as they are, a replica started with the SLO (its edge at
+        the threshold) beside one started before an edit of it (none there) read a P99
+        of 859 ms for first tokens all within 800 ms, and so did a replica restarted in
+        place since the edit, read as one process. Each is read as its own edges allow,
+        as the rules read them (``rules.judged_rates``)."""
         out = dict(series)
         for name, ttft in ((_TTFT, True), (_TBT, False)):
-            for cls, values in self._thresholds[ttft].items():
+            values = {t for ts in self._thresholds[ttft].values() for t in ts}
+            for cls in {c for (n, c, _) in series if n == name}:
                 buckets = {le: v for (n, c, le), v in series.items() if n == name and c == cls}
                 for t, count in judged_copies(buckets, values).items():
                     out[(name, cls, t)] = count
@@ -434,7 +443,7 @@ class DirectScrape:
     def _summary(self, start: float, end: float, canary: bool,
                  min_requests: int) -> WindowSummary:
         replicas = self._deltas(start, end, canary)
-        d = _summed({url: self._judged(series) for url, series in replicas.items()})
+        d = _summed(self._deltas(start, end, canary, judged=True))
         span = max(1e-9, end - start)
         labels = {p.label for p in Priority}
 

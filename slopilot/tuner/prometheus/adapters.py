@@ -21,7 +21,7 @@ from slopilot.engine.metric_names import BUSY, PROCESS_START, REFUSED
 from slopilot.engine.sim.scenario import Scenario
 from slopilot.engine.slo import SLOSpec
 from slopilot.engine.window_summary import Window, WindowSummary
-from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S
+from slopilot.tuner.prometheus.alert_table import MAX_DURATION_S, latency_thresholds
 from slopilot.tuner.prometheus.profiling import (
     WorkloadProfile,
     check_probe,
@@ -167,8 +167,14 @@ class PrometheusWindows:
         out["throughput"] = {None: f"sum by (priority_class) (rate("
                                    f"vllm:request_generation_tokens_sum{s}[{w}]))"}
         # Every class together, as the simulator's overall P99 (no recording rule has it).
-        for key, source in (("ttft", self.latency.ttft), ("tbt", self.latency.tbt)):
-            out[f"{key}_p99_all"] = {None: latency_quantile(0.99, source, s, w, by="le")}
+        # Read at every class's thresholds, as the classes' own (``judged_buckets``):
+        # without, a fleet of replicas started with and before an SLO edit summed one's
+        # edge at 800 ms with nothing, and first tokens all at 795 ms read 859 ms.
+        for key, source, ttft in (("ttft", self.latency.ttft, True),
+                                  ("tbt", self.latency.tbt, False)):
+            out[f"{key}_p99_all"] = {None: latency_quantile(
+                0.99, source, s, w, by="le",
+                thresholds=latency_thresholds(self.slo, options, ttft=ttft))}
         # Arrivals, not completions: a bad config slows completions, and that must read as
         # a bad trial, not as a load shift. Arrivals = finished + growth of the queue +
         # turned away for load: a config that refuses its clients took less, it was not

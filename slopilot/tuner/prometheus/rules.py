@@ -16,14 +16,14 @@ labels, which the operator's ServiceMonitor puts on every series it scrapes).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from slopilot.engine.histogram_quantiles import EDGE_TOLERANCE, straddled
+from slopilot.engine.histogram_quantiles import EDGE_TOLERANCE, inside, straddled
 from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.alert_table import (
@@ -159,7 +159,7 @@ def _missed_only(selector: str) -> str:
 
 
 def bucket_rates(hist: Histogram, selector: str, window: str,
-                 by: str = "le, priority_class", copies: Sequence[str] = ()) -> str:
+                 by: str = "le, priority_class", rates: str | None = None) -> str:
     """The rates of ``hist``'s buckets, summed ``by`` (``le`` among them), as
     ``histogram_quantile`` takes them. A request that never got a first token (turned
     away for load, 429; or its client left before it after waiting past its TTFT target:
@@ -168,9 +168,9 @@ def bucket_rates(hist: Histogram, selector: str, window: str,
     and is not. So is one still waiting for it at the window's end past its target
     (``hist.waiting``'s gauges as they stand then, over the window's seconds: a class
     starved of first tokens). None of those series (an image from before them): the
-    buckets as they are. ``copies``: bucket series (per replica, not summed) added
-    where a replica has none of their labels (``judged_buckets``)."""
-    rates = " or ".join([f"rate({hist.metric}_bucket{selector}[{window}])", *copies])
+    buckets as they are. ``rates``: the buckets' rates per replica, not summed
+    (``judged_rates``); None, as each replica exports them."""
+    rates = rates or f"rate({hist.metric}_bucket{selector}[{window}])"
     buckets = f"sum by ({by}) ({rates})"
     never = _never(hist, selector, window, _others(by), "rate")
     if never is None:
@@ -217,42 +217,66 @@ def _seconds(window: str) -> int:
 def judged_buckets(hist: Histogram, selector: str, window: str, by: str,
                    thresholds: Mapping[str, Sequence[float]]) -> str:
     """``bucket_rates``, read so that a quantile claims no threshold breached that the
-    buckets cannot prove: for each class (``thresholds``: its thresholds, in seconds),
-    each bucket ``(lo, hi]`` of ``hist.edges`` that holds one of its thresholds ``T``
-    strictly inside gets a copy of its cumulative count at ``le = T``, on each replica
-    that exports no edge at ``T`` itself. ``histogram_quantile`` then spreads that
-    bucket's observations over ``(lo, T]`` (as if none were above ``T``, which no one
-    can tell) and reads every other bucket as before; so the quantile reads above ``T``
-    exactly where more than ``1 - q`` of the observations are above ``hi``, the first
-    edge at or above ``T``: a breach proven. A histogram whose edges hold every
-    threshold (the built-in engine's and the meter's, under the profiles) is read as
-    it is; so is a replica's series at ``T`` where it exports one (the built-in engine
-    and the meter started with a deployment's own SLO: ``latency_buckets.slo_edges``),
-    and a replica started before the SLO was edited, without it, is read judged beside
-    it. Needs ``priority_class`` in ``by``."""
+    buckets cannot prove, and a sum over replicas with different edges stays one
+    histogram: ``judged_rates`` at every threshold of every class (``thresholds``, in
+    seconds), whatever the quantile's class or ``by``. A histogram whose edges hold
+    every threshold (the built-in engine's and the meter's, under the profiles) is read
+    as it is."""
+    values = [t for ts in thresholds.values() for t in ts]
+    return bucket_rates(hist, selector, window, by,
+                        judged_rates(hist.metric, hist.edges, selector, window, values))
+
+
+def judged_rates(metric: str, edges: Sequence[float], selector: str, window: str,
+                 thresholds: Iterable[float]) -> str:
+    """The rates of ``metric``'s buckets over ``window``, replica by replica (not
+    summed), each read as its own edges allow at every one of ``thresholds``: the one
+    construction every quantile or share summed over replicas reads.
+
+    For each threshold ``T`` strictly inside a bucket ``(lo, hi]`` of the fixed
+    ``edges`` (``histogram_quantiles.inside``), a replica's own series at ``le = T``
+    (its process started with the SLO: ``latency_buckets.slo_edges``) is read as it is
+    where it covers the same samples as its series at ``hi`` over the window; else
+    (none: the process started before the SLO was edited; or only part of the window:
+    restarted in place, same labels, since the edit) its series at ``hi`` is copied to
+    ``le = T``. ``histogram_quantile`` then spreads that replica's bucket over
+    ``(lo, T]``, as if none were above ``T``, which its counts cannot tell; so a
+    quantile reads above ``T`` where more than ``1 - q`` of that replica's
+    observations are above ``hi`` (a breach proven), or, on its own edge, above ``T``.
+    Summed, every replica has a series at every ``T``, so the sum is a histogram: one
+    replica's own series at ``T`` beside another's copy, never beside nothing."""
+    every = f"rate({metric}_bucket{selector}[{window}])"
     copies = []
-    for cls, values in sorted(thresholds.items()):
-        zones = straddled(hist.edges, values)
-        if not zones:
-            continue
-        if "priority_class" not in _others(by).replace(" ", "").split(","):
-            raise RuleError(f"thresholds of class {cls!r} on a quantile summed by ({by}): "
-                            "sum by priority_class too, or pass no thresholds")
-        own = _narrowed(selector, f'priority_class="{_escape(cls)}"')
-        for hi, t in zones:
-            # The one bucket renamed, nothing else of the class: a copy of every bucket
-            # put a second series on le=T where the histogram exports that edge too
-            # (another release's edges), and Prometheus refused the whole rule. Per
-            # replica, before the sum: summed first, one replica's own series at T (its
-            # process started with the SLO) hid the copy of every other's, the sum at T
-            # stood below the one at the edge under it, and the quantile read past T.
-            bucket = _narrowed(own, 'le="' + _le(hi) + '"')
-            one = f"rate({hist.metric}_bucket{bucket}[{window}])"
-            edge = _escape(re.escape(_le(hi)))
-            copies.append(f'label_replace({one}, "le", "{_le(t)}", "le", "{edge}")')
+    for hi, t in inside(edges, thresholds):
+        every = f"{every} unless ({_partial_edge(metric, selector, window, hi, t)})"
+        copies.append(_edge_copy(metric, selector, window, hi, t))
     # ``or`` keeps every series as it is and adds a copy only where no series of its
-    # labels is there: an edge a replica exports at T is read as it is.
-    return bucket_rates(hist, selector, window, by, copies)
+    # labels is left: one copy per replica and threshold, never a second series at T.
+    return " or ".join([f"({every})" if copies else every, *copies])
+
+
+def _partial_edge(metric: str, selector: str, window: str, hi: float, t: float) -> str:
+    """A replica's series at ``le = t`` where it holds other samples over ``window``
+    than its series at ``hi``: it began or ended inside it (a restart in place, same
+    labels, since an edit of the SLO). Read as it is, its count at ``t`` stood below the
+    one at the edge under it, Prometheus raised it, and a P99 of first tokens all at
+    795 ms read 830 ms over an 800 ms SLO. A replica whose series all began together
+    (new in the window) has none here."""
+    at_t, at_hi = (_narrowed(selector, f'le="{_le(e)}"') for e in (t, hi))
+    # A comparison ``ignoring (le)`` drops ``le``: put it back, so that ``unless`` drops
+    # that replica's series at ``t`` alone, not its every bucket.
+    return (f"label_replace(count_over_time({metric}_bucket{at_t}[{window}]) "
+            f"!= ignoring (le) count_over_time({metric}_bucket{at_hi}[{window}]), "
+            f'"le", "{_le(t)}", "", "")')
+
+
+def _edge_copy(metric: str, selector: str, window: str, hi: float, t: float) -> str:
+    """Each replica's rate at ``hi`` renamed ``le = t``: its bucket read as if none of it
+    lay above ``t`` (``judged_rates``)."""
+    at_hi = _narrowed(selector, f'le="{_le(hi)}"')
+    edge = _escape(re.escape(_le(hi)))
+    return (f'label_replace(rate({metric}_bucket{at_hi}[{window}]), "le", "{_le(t)}", '
+            f'"le", "{edge}")')
 
 
 def latency_quantile(q: float, source: LatencySource, selector: str, window: str,
@@ -369,13 +393,12 @@ class _Renderer:
         return {"record": name, "expr": expr, "labels": {**self.ident, **labels}}
 
     def quantile(self, q: float, source: LatencySource, window: str | None = None) -> str:
-        """``q`` of ``source`` per class; a P99 is read so that it claims no breach of
-        a threshold it is judged against that its buckets cannot prove
-        (``judged_buckets``). Other quantiles are judged against nothing: read as they
-        are."""
-        limits = self.thresholds[source] if q == 0.99 else None
+        """``q`` of ``source`` per class, read at every class's thresholds
+        (``judged_buckets``): a P99 claims no breach its buckets cannot prove, and
+        every quantile reads a fleet of replicas started with and before an SLO edit
+        as one histogram."""
         return latency_quantile(q, source, self.sel(), window or self.window,
-                                thresholds=limits)
+                                thresholds=self.thresholds[source])
 
     def fraction_within(self, metric: str, cls: str, threshold_s: float,
                         by: str = "priority_class") -> str:
@@ -404,11 +427,12 @@ class _Renderer:
         edge = next((e for e in edges if e >= threshold_s - EDGE_TOLERANCE), edges[-1])
         within = rate(edge)
         if straddled(edges, (threshold_s,)):
-            # Replica by replica: its own series at the threshold where it has one, else
-            # the edge above it renamed (``judged_buckets``' fallback).
-            escaped = _escape(re.escape(_le(edge)))
-            within = (f'{rate(threshold_s)} or label_replace({within}, "le", '
-                      f'"{_le(threshold_s)}", "le", "{escaped}")')
+            # Replica by replica, as ``judged_rates``: its own series at the threshold
+            # where it covers the window, else the edge above it renamed.
+            own = self.sel(priority_class=cls)
+            within = (f"({rate(threshold_s)} unless "
+                      f"({_partial_edge(metric, own, self.window, edge, threshold_s)})) or "
+                      f"{_edge_copy(metric, own, self.window, edge, threshold_s)}")
         return f"sum by ({by}) ({within}) / {count}{none}"
 
     def gpu_utilization(self) -> str:
