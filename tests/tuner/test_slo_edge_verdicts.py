@@ -30,7 +30,10 @@ from slopilot.engine.metric_names import REFUSED
 from slopilot.engine.metrics import EngineMetrics
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
+from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.scrape import DirectScrape
+from slopilot.tuner.prometheus.adapters import PrometheusWindows
+from slopilot.tuner.prometheus.alert_table import Figure
 from slopilot.tuner.prometheus.rules import (
     BUILTIN_LATENCY,
     VLLM_LATENCY,
@@ -196,17 +199,26 @@ def test_the_goodput_of_a_replica_that_judges_none_reads_the_share_within_the_sl
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def direct_p99(pages: dict[str, list[str]]) -> float:
-    """P0's TTFT P99 (ms) the direct scrape reads over two scrapes of ``pages``' hosts."""
+def direct_window(pages: dict[str, list[str]]) -> WindowSummary:
+    """What the direct scrape reads over one scrape a minute of each of ``pages``'
+    hosts, from the first to the last."""
     answers = {host: iter(p) for host, p in pages.items()}
     client = httpx.Client(transport=httpx.MockTransport(
         lambda request: httpx.Response(200, content=next(answers[request.url.host]))))
     scrape = DirectScrape(lambda: [f"http://{h}" for h in pages], CUSTOM, RuleOptions(),
                           min_requests=1, client=client)
-    for t in (100.0, 160.0):
+    times = [100.0 + 60.0 * i for i in range(max(len(p) for p in pages.values()))]
+    for t in times:
         scrape.poll(now=t)
-    got = scrape.measure(100.0, 160.0, canary=False).classes[Priority.P0].ttft_p99_ms
-    scrape.stop()
+    try:
+        return scrape.measure(times[0], times[-1], canary=False)
+    finally:
+        scrape.stop()
+
+
+def direct_p99(pages: dict[str, list[str]]) -> float:
+    """P0's TTFT P99 (ms) the direct scrape reads over the scrapes of ``pages``' hosts."""
+    got = direct_window(pages).classes[Priority.P0].ttft_p99_ms
     assert got is not None
     return got
 
@@ -249,3 +261,123 @@ def test_the_rules_the_operator_renders_read_the_edge_of_the_deployments_own_slo
         [{"eval_time": "9m", "alertname": "SlopilotTTFTP99High", "exp_alerts": [warning]}],
         [{"expr": f"{recorded} <= 0.8", "eval_time": "9m", "exp_samples": []},
          {"expr": f"absent({recorded})", "eval_time": "9m", "exp_samples": []}])
+
+
+AT_795 = [0.795] * 1000
+"""Every first token at 795 ms: within the 800 ms SLO, by 5 ms."""
+P99_LONG = Figure.TTFT_P99_LONG.value + render_selector({**IDENTITY, "priority_class": "p0"})
+P50 = "slopilot:ttft_seconds:p50" + render_selector({**IDENTITY, "priority_class": "p0"})
+
+
+def samples(exposition: str, instance: str) -> dict[str, float]:
+    """The engine's series in ``exposition`` as promtool names them, scraped from
+    ``instance``: each name with its labels -> its value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(exposition):
+        if family.name in ENGINE_NAMES:
+            for s in family.samples:
+                out[s.name + render_selector({**s.labels, **IDENTITY,
+                                              "instance": instance})] = s.value
+    return out
+
+
+def restarted_in_place(before: str, after: str, at: int) -> list[dict[str, str]]:
+    """One replica scraped every 15 s: ``before``'s process for ``at`` scrapes, then
+    ``after``'s, same pod, same labels, its counters from zero: each series grows by its
+    value in the exposition each scrape, and a series one process lacks has no sample
+    while it runs."""
+    old, new = samples(before, "a"), samples(after, "a")
+    series = []
+    for name in sorted(set(old) | set(new)):
+        pre = f"0+{old[name]!r}x{at - 1}" if name in old else f"_x{at}"
+        post = f"0+{new[name]!r}x40" if name in new else "_x41"
+        series.append({"series": name, "values": f"{pre} {post}"})
+    return series
+
+
+def none_over(binaries: PrometheusBinaries, tmp_path: Path, series: list[dict[str, str]],
+              exprs: list[str], times: list[str], rules: str = "groups: []\n",
+              interval: str = "15s") -> None:
+    """Each of ``exprs`` reads at most 800 ms at each of ``times``, and reads."""
+    (tmp_path / "rules.yaml").write_text(rules)
+    checks = [{"expr": check, "eval_time": t, "exp_samples": []}
+              for e in exprs for t in times for check in (f"({e}) > 0.8", f"absent({e})")]
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": interval,
+            "tests": [{"interval": interval, "input_series": series,
+                       "promql_expr_test": checks}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False, width=200))
+    result = promtool(binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def rules_without_annotations(slo: SLOSpec) -> str:
+    rules = yaml.safe_load(render_rules_yaml(slo, DEPLOYMENT, namespace=NAMESPACE,
+                                             latency=BUILTIN_LATENCY))
+    for rule in rules["groups"][0]["rules"]:
+        rule.pop("annotations", None)
+    return yaml.safe_dump(rules, sort_keys=False, width=200)
+
+
+@pytest.mark.prometheus
+def test_a_replica_restarted_in_place_after_the_edit_reads_no_breach(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # Started before the SLO went to 800 ms (no edge there), restarted at 5 m in the
+    # same pod: the new process exports the edge from then on only. Read as it is, its
+    # series at 800 ms counted a part of the window that its 790 ms one counted all of:
+    # the recorded P99 read 830 ms at 5m15-5m30, the sustained rows' 5 m one for five
+    # minutes, every first token at 795 ms.
+    series = restarted_in_place(engine_exposition(STANDARD, AT_795),
+                                engine_exposition(CUSTOM, AT_795), at=20)
+    none_over(prometheus_binaries, tmp_path, series, [P99, P99_LONG, P50],
+              ["5m15s", "5m30s", "7m", "9m45s"], rules=rules_without_annotations(CUSTOM))
+
+
+@pytest.mark.prometheus
+def test_a_replica_new_in_the_window_is_read_on_its_own_edge(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # Its series all began together at 3 m, inside the sustained rows' 5 m window: its
+    # edge at 800 ms covers what its others do, and 2 % at 850 ms read over it.
+    series = [{**s, "values": "_x12 " + s["values"]}
+              for s in series_of(engine_exposition(CUSTOM, OVER), ENGINE_NAMES, "a")]
+    (tmp_path / "rules.yaml").write_text(rules_without_annotations(CUSTOM))
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s",
+            "tests": [{"interval": "15s", "input_series": series, "promql_expr_test": [
+                {"expr": f"{P99_LONG} <= 0.8 or absent({P99_LONG})", "eval_time": "5m",
+                 "exp_samples": []}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False, width=200))
+    result = promtool(prometheus_binaries, "test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_direct_scrape_judges_a_replica_restarted_in_place_process_by_process() -> None:
+    # As the rules: the edge the new process exports counts its part of the window only.
+    # Read as one process, the P99 read 859 ms, every first token at 795 ms.
+    got = direct_p99({"a": [engine_exposition(STANDARD, []),
+                            engine_exposition(STANDARD, AT_795),
+                            engine_exposition(CUSTOM, AT_795[:500])]})
+    assert got <= 800
+
+
+@pytest.mark.prometheus
+def test_every_quantile_of_a_mixed_fleet_reads_no_breach(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # "a" started with the 800 ms SLO, "b" before it was edited; every first token at
+    # 795 ms. The overall P99 of a window (status ttftP99Ms) and the classes' P50s were
+    # read with no threshold, "a"'s 800 ms bucket summed with nothing of "b"'s: 858.8 ms.
+    series = [*series_of(engine_exposition(CUSTOM, AT_795), ENGINE_NAMES, "a"),
+              *series_of(engine_exposition(STANDARD, AT_795), ENGINE_NAMES, "b")]
+    windows = PrometheusWindows(lambda expr, at: [], IDENTITY, CUSTOM)
+    overall = windows._exprs(IDENTITY, 300)["ttft_p99_all"][None]
+    none_over(prometheus_binaries, tmp_path, series, [overall, P99, P50], ["5m"],
+              rules=rules_without_annotations(CUSTOM), interval="1m")
+
+
+def test_the_direct_scrape_reads_the_overall_p99_of_a_mixed_fleet_as_the_rules_do() -> None:
+    got = direct_window({"a": [engine_exposition(CUSTOM, []),
+                               engine_exposition(CUSTOM, AT_795)],
+                         "b": [engine_exposition(STANDARD, []),
+                               engine_exposition(STANDARD, AT_795)]})
+    overall = got.overall.ttft_p99_ms
+    assert overall is not None and overall <= 800

@@ -252,7 +252,8 @@ def judged_rates(metric: str, edges: Sequence[float], selector: str, window: str
         copies.append(_edge_copy(metric, selector, window, hi, t))
     # ``or`` keeps every series as it is and adds a copy only where no series of its
     # labels is left: one copy per replica and threshold, never a second series at T.
-    return " or ".join([f"({every})" if copies else every, *copies])
+    # (``unless`` binds tighter than ``or``.)
+    return " or ".join([every, *copies])
 
 
 def _partial_edge(metric: str, selector: str, window: str, hi: float, t: float) -> str:
