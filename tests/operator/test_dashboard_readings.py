@@ -8,12 +8,15 @@ several deployments chosen, a line per replica or deployment names which one it 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from slopilot.operator.dashboards import build_dashboard
 from slopilot.tuner.prometheus.rules import BUILTIN_LATENCY, VLLM_LATENCY, LatencySources
+from tests.support.fixtures import prometheus_binaries  # noqa: F401 - a fixture
+from tests.support.prometheus import PrometheusBinaries
 
 WHOSE = "{{slopilot_namespace}}/{{slopilot_deployment}}"
 BACKENDS = pytest.mark.parametrize("latency", [BUILTIN_LATENCY, VLLM_LATENCY],
@@ -62,3 +65,31 @@ def test_per_replica_and_per_deployment_lines_name_their_deployment(
         panel = _panel(latency, title)
         for target in panel["targets"]:
             assert WHOSE in target["legendFormat"], (title, target["legendFormat"])
+
+
+@pytest.mark.prometheus
+def test_a_latency_panel_reads_a_mixed_fleet_as_the_rules_do(
+        prometheus_binaries: PrometheusBinaries, tmp_path: Path) -> None:  # noqa: F811
+    # "a" started with P0's TTFT SLO at 800 ms, "b" before it was edited; every first
+    # token at 795 ms. Over the raw buckets, "a"'s 800 ms edge summed with nothing of
+    # "b"'s, and the panel's P99 read 858.8 ms over the SLO line.
+    from tests.tuner.test_slo_edge_verdicts import (
+        AT_795,
+        CUSTOM,
+        ENGINE_NAMES,
+        STANDARD,
+        engine_exposition,
+        none_over,
+        rules_without_annotations,
+        series_of,
+    )
+
+    series = [*series_of(engine_exposition(CUSTOM, AT_795), ENGINE_NAMES, "a"),
+              *series_of(engine_exposition(STANDARD, AT_795), ENGINE_NAMES, "b")]
+    exprs = [t["expr"].replace("$namespace", "n").replace("$deployment", "d")
+                      .replace("$__rate_interval", "1m")
+             for t in _panel(BUILTIN_LATENCY, "TTFT P0")["targets"]
+             if t["legendFormat"].split(" {{")[0] in ("P99", "P50")]
+    assert len(exprs) == 2
+    none_over(prometheus_binaries, tmp_path, series, exprs, ["5m"],
+              rules=rules_without_annotations(CUSTOM), interval="1m")
