@@ -81,9 +81,10 @@ def judged_quantile(q: float, buckets: Mapping[float, float],
 def judged_copies(buckets: Mapping[float, float], thresholds: Iterable[float]
                   ) -> dict[float, float]:
     """``{T: count}`` for each threshold ``T`` strictly inside a bucket of cumulative
-    ``buckets``: that bucket's count, as if none of it lay above ``T`` (``inside``). Added to one replica's buckets before they are summed with
-    another's that has an edge at ``T`` (its process started with that SLO), each is read
-    as its own edges allow, as the rules read them (``rules.judged_buckets``)."""
+    ``buckets``: that bucket's count, as if none of it lay above ``T`` (``inside``).
+    Added to one process' buckets before they are summed with another's that has an edge
+    at ``T`` (its process started with that SLO), each is read as its own edges allow, as
+    the rules read them (``rules.judged_rates``)."""
     return {t: buckets[hi] for hi, t in inside(buckets, thresholds)}
 
 
