@@ -255,12 +255,13 @@ def test_a_vllm_deployments_windows_read_goodput_on_vllms_bucket_edges(
     asked = window_queries(tmp_path, "vllm", lambda expr: SLO_TOKENS in expr)
     (goodput,) = [e for e in asked if SLO_TOKENS in e and 'priority_class="p0"' in e]
     assert 'le="0.025"' in goodput
-    # le="0.02" is read only where a replica exports it, its 0.025 bucket renamed in its
-    # place where not (vLLM's own): ``or`` per replica, before the sum.
+    # le="0.02" is read only where a replica exports it over the whole window, its 0.025
+    # bucket renamed in its place where not (vLLM's own; a restart in place since an
+    # edit): ``unless`` and ``or`` per replica, before the sum (``rules.judged_rates``).
     reads = re.findall(r'rate\([^()]*le="0\.02"\}\[1m\]\)', goodput)
     assert reads
     for read in reads:
-        assert f'{read} or label_replace(rate(' in goodput
+        assert f'({read} unless (label_replace(count_over_time(' in goodput
         assert '"le", "0.02", "le", "0\\\\.025")' in goodput
 
 
