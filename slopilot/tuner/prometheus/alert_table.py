@@ -55,6 +55,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.request import Priority
 from slopilot.engine.slo import SLOSpec
 
@@ -274,6 +275,25 @@ class RuleOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class AlertContext:
+    """What the alerts' texts say beyond the SLO and the timing: how a TTFT P99 of no
+    first token reads. Nothing here moves a threshold or a hold."""
+
+    ttft_last_edges: tuple[float, ...] = (TOKEN_LATENCY_BUCKETS[-1],)
+    """The last finite edge of each histogram a TTFT P99 may be read from. A quantile in
+    the +Inf bucket (more than 1 % of requests observed past the last edge, the first
+    tokens never given among them: ``rules.bucket_rates``) reads that edge, which is no
+    wait anyone measured; the descriptions say so instead of a duration."""
+
+    def __post_init__(self) -> None:
+        edges = self.ttft_last_edges
+        if not edges or any(isinstance(e, bool) or not isinstance(e, (int, float))
+                            or not math.isfinite(e) or e <= 0 for e in edges):
+            raise RuleError(f"ttft_last_edges={edges!r}: expected the last finite bucket "
+                            "edge (seconds > 0) of each TTFT histogram the rules read")
+
+
+@dataclass(frozen=True, slots=True)
 class Condition:
     """``figure op threshold``; no value (or NaN) never holds, as in PromQL."""
 
@@ -312,7 +332,8 @@ def _minutes(seconds: int) -> str:
     return f"{seconds // 60:g} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
-def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions) -> list[AlertRule]:
+def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions, context: AlertContext
+                ) -> list[AlertRule]:
     c, C, target = p.label, p.label.upper(), slo.class_slo(p)
     rows = []
     if target.tbt_p99_ms is not None:
@@ -355,15 +376,42 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions) -> list[AlertRule]:
                 o.sustained_for_s if lasting else o.alert_for_s,
                 f"{C} TTFT P99 {over}" + (f" across {span}" if lasting else ""),
                 f"{C} time to first token P99" + (f" over the last {span}" if lasting else "")
-                + f" is {{{{ $value | humanizeDuration }}}}, {over} of "
-                f"{_ms(target.ttft_p99_ms)}: {then}."))
+                + f" {{{{ if {_no_first_token(context)} }}}}is at the histogram's last "
+                f"edge, {over} of {_ms(target.ttft_p99_ms)}: at least 1 % of requests got "
+                f"no first token (refused, abandoned or still waiting). {NO_FIRST_TOKEN}"
+                f"{{{{ else }}}}is {{{{ $value | humanizeDuration }}}}, {over} of "
+                f"{_ms(target.ttft_p99_ms)}: {then}.{{{{ end }}}}"))
     return rows
 
 
-def alert_table(slo: SLOSpec, options: RuleOptions) -> tuple[AlertRule, ...]:
-    """Every alert of a deployment with this SLO, in the order the rules file lists them."""
+NO_FIRST_TOKEN = ("A stall, an outage or an overload, not a chunk size: SlopilotEngineStalled "
+                  "or SlopilotTargetsDown says which where it fires, and the controller "
+                  "holds while it does (docs/operations.md, Alerts).")
+"""What a TTFT row says where its P99 reads no wait but the first tokens never given."""
+
+
+def _go_float(x: float) -> str:
+    """A float literal a Go template compares with ``$value`` (a float64: an int literal
+    would be an incompatible type)."""
+    return repr(float(x))
+
+
+def _no_first_token(context: AlertContext) -> str:
+    """The Go template condition: ``$value`` is a TTFT histogram's last finite edge (the
+    quantile in its +Inf bucket) or past the largest. A smaller histogram's edge is
+    matched exactly: a larger histogram's quantile may read a real wait past it."""
+    edges = sorted(set(context.ttft_last_edges))
+    terms = [f"ge $value {_go_float(edges[-1])}"]
+    terms += [f"eq $value {_go_float(e)}" for e in edges[:-1]]
+    return terms[0] if len(terms) == 1 else "or " + " ".join(f"({t})" for t in terms)
+
+
+def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = AlertContext()
+                ) -> tuple[AlertRule, ...]:
+    """Every alert of a deployment with this SLO, in the order the rules file lists them.
+    ``context``: what the texts say (``AlertContext``); no condition depends on it."""
     o = options
-    rows = [row for p in Priority for row in _class_rows(p, slo, o)]
+    rows = [row for p in Priority for row in _class_rows(p, slo, o, context)]
     limit = slo.max_preemptions_per_min
     if limit is not None:
         rows.append(AlertRule(

@@ -28,6 +28,7 @@ from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.alert_table import (
     ALL_CLASSES,
+    AlertContext,
     AlertRule,
     Figure,
     RuleError,
@@ -636,8 +637,15 @@ class _Renderer:
                 "annotations": {"summary": f"{self.subject}: {row.summary}",
                                 "description": row.description}}
 
+    def alert_context(self) -> AlertContext:
+        """The texts' context: the last finite edge of each TTFT histogram read."""
+        ttft = self.latency.ttft
+        hists = [h for h in (ttft.engine, ttft.client) if h is not None and h.edges]
+        return AlertContext(ttft_last_edges=tuple(h.edges[-1] for h in hists))
+
     def alert_rules(self) -> list[dict[str, Any]]:
-        return [self.alert(row) for row in alert_table(self.spec, self.opt)]
+        return [self.alert(row) for row in alert_table(self.spec, self.opt,
+                                                       self.alert_context())]
 
 
 def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None = None,
