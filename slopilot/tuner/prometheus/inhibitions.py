@@ -1,0 +1,148 @@
+"""Alertmanager inhibit rules for the alert table: one page per fault, not four.
+
+A stalled engine or a deployment Prometheus cannot scrape pages its own critical, and
+its queue then drives every TTFT row of each class (a first token never given is a
+breach: ``latency_sources``), whose advice (retune) is moot while the controller holds.
+And a TTFT P99 over 2 x its SLO fires the warning row of the same alert and class too.
+These rules, rendered from the table's names, tell Alertmanager to keep the lesser pages
+quiet while the greater one fires, per deployment (its namespace and name labels):
+
+- ``SlopilotEngineStalled`` or ``SlopilotTargetsDown`` silences every latency alert
+  (``VALUE_FIGURE``: the rows that read a class's TTFT or TBT P99);
+- a critical silences the warning of the same alert name and class.
+
+Inhibition is Alertmanager's alone: Prometheus still fires every row, and the controller,
+which reads Prometheus's ``ALERTS``, sees them all. ``python -m
+slopilot.tuner.prometheus.inhibitions`` writes the AlertmanagerConfig manifest
+(``manifests/prometheus/slopilot-inhibit-rules.yaml``); ``alertmanager_yaml()`` is the
+plain ``alertmanager.yml`` snippet docs/operations.md shows.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slopilot.tuner.prometheus.alert_table import VALUE_FIGURE, AlertName, Severity
+from slopilot.tuner.prometheus.rules import DEPLOYMENT_LABEL, NAMESPACE_LABEL
+
+BLINDING_ALERTS = (AlertName.ENGINE_STALLED, AlertName.TARGETS_DOWN)
+"""Alerts under which the latency figures say nothing a person can act on: no token is
+made, or none is read."""
+LATENCY_ALERTS = tuple(AlertName(name) for name, figure in VALUE_FIGURE.items()
+                       if figure.per_class)
+"""The alerts that read a class's TTFT or TBT P99."""
+DEPLOYMENT = (NAMESPACE_LABEL, DEPLOYMENT_LABEL)
+
+
+class MatchType(enum.StrEnum):
+    EQUAL = "="
+    REGEX = "=~"
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """``label op value``, as Alertmanager matches an alert's labels (a regex anchored)."""
+
+    label: str
+    op: MatchType
+    value: str
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        got = labels.get(self.label, "")
+        if self.op is MatchType.EQUAL:
+            return got == self.value
+        return re.fullmatch(self.value, got) is not None
+
+    def text(self) -> str:
+        """Alertmanager's ``source_matchers`` form: ``label="value"``."""
+        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{self.label}{self.op.value}"{escaped}"'
+
+
+@dataclass(frozen=True, slots=True)
+class Inhibition:
+    """Alerts matching ``target`` are silenced while one matching ``source`` fires with
+    the same values of ``equal`` (a label absent from both is equal: the demo's rules
+    carry no namespace)."""
+
+    source: tuple[Matcher, ...]
+    target: tuple[Matcher, ...]
+    equal: tuple[str, ...]
+
+    def inhibits(self, source: dict[str, str], target: dict[str, str]) -> bool:
+        return (all(m.matches(source) for m in self.source)
+                and all(m.matches(target) for m in self.target)
+                and all(source.get(k, "") == target.get(k, "") for k in self.equal))
+
+
+def _one_of(names: tuple[AlertName, ...]) -> Matcher:
+    return Matcher("alertname", MatchType.REGEX, "|".join(n.value for n in names))
+
+
+def inhibitions() -> tuple[Inhibition, ...]:
+    """The inhibit rules, from the table's names."""
+    every = tuple(AlertName)
+    return (
+        Inhibition((_one_of(BLINDING_ALERTS),), (_one_of(LATENCY_ALERTS),), DEPLOYMENT),
+        Inhibition((_one_of(every), Matcher("severity", MatchType.EQUAL,
+                                            Severity.CRITICAL.value)),
+                   (_one_of(every), Matcher("severity", MatchType.EQUAL,
+                                            Severity.WARNING.value)),
+                   ("alertname", "priority_class", *DEPLOYMENT)),
+    )
+
+
+def alertmanager_rules() -> list[dict[str, Any]]:
+    """``inhibit_rules`` entries of a plain ``alertmanager.yml``."""
+    return [{"source_matchers": [m.text() for m in rule.source],
+             "target_matchers": [m.text() for m in rule.target],
+             "equal": list(rule.equal)} for rule in inhibitions()]
+
+
+def alertmanager_yaml() -> str:
+    return yaml.safe_dump({"inhibit_rules": alertmanager_rules()}, sort_keys=False,
+                          width=100)
+
+
+def _crd_matchers(matchers: tuple[Matcher, ...]) -> list[dict[str, str]]:
+    return [{"name": m.label, "value": m.value, "matchType": m.op.value} for m in matchers]
+
+
+def alertmanager_config() -> dict[str, Any]:
+    """The prometheus-operator AlertmanagerConfig holding the same rules (no route: it
+    only inhibits). No namespace: it is applied where the Alertmanager selects it."""
+    return {"apiVersion": "monitoring.coreos.com/v1alpha1", "kind": "AlertmanagerConfig",
+            "metadata": {"name": "slopilot-inhibit-rules",
+                         "labels": {"app.kubernetes.io/name": "slopilot"}},
+            "spec": {"inhibitRules": [{"sourceMatch": _crd_matchers(rule.source),
+                                       "targetMatch": _crd_matchers(rule.target),
+                                       "equal": list(rule.equal)}
+                                      for rule in inhibitions()]}}
+
+
+MANIFEST_HEADER = (
+    "# Generated by `python -m slopilot.tuner.prometheus.inhibitions` from the alert table.\n"
+    "# Do not edit: tests/tuner/test_inhibitions.py checks it equals the rendering.\n"
+    "# Apply where your Alertmanager selects AlertmanagerConfigs (docs/operations.md,\n"
+    "# Alerts: one page per fault).\n")
+
+
+def render_manifest() -> str:
+    return MANIFEST_HEADER + yaml.safe_dump(alertmanager_config(), sort_keys=False, width=100)
+
+
+def manifest_path() -> Path:
+    return (Path(__file__).resolve().parents[3] / "manifests" / "prometheus"
+            / "slopilot-inhibit-rules.yaml")
+
+
+if __name__ == "__main__":
+    path = manifest_path()
+    path.write_text(render_manifest())
+    print(f"wrote {path}")
