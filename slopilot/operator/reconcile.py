@@ -76,6 +76,7 @@ from slopilot.operator.service_monitor import latency_sources
 from slopilot.operator.spec import Backend, LLMDeploymentSpec, SpecError, parse_spec
 from slopilot.operator.tokens import TokenMint
 from slopilot.operator.validation import deployment_name_problem, quantity_problem
+from slopilot.tuner.prometheus.alert_table import AlertAdvice
 from slopilot.tuner.prometheus.rules import render_prometheus_rule, render_rules_yaml
 
 MONITORING = "monitoring.coreos.com/v1"
@@ -206,10 +207,14 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
     objects = [rendered.config_map, rendered.deployment, rendered.service,
                rendered.network_policy, rendered.pod_disruption_budget]
     latency = latency_sources(spec.backend)
+    # Tuning off: no controller reads the alerts, so none may say it acts (a spec edit
+    # turning it on reconciles, and renders the acting rows again).
+    advice = AlertAdvice(tuning=spec.tuning.enabled)
     if monitoring:
         rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts,
                                       dcgm_namespace=dcgm_namespace,
-                                      namespace_label=namespace_label, latency=latency)
+                                      namespace_label=namespace_label, latency=latency,
+                                      advice=advice)
         rule["metadata"] = {**_owned_meta(body, rule["metadata"]["name"]),
                             "labels": {**rule["metadata"]["labels"], **labels(name)}}
         objects += [rendered.service_monitor, rule]
@@ -219,7 +224,8 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
                         "data": {RULES_FILE: render_rules_yaml(
                             spec.slo, name, namespace=namespace, options=spec.alerts,
                             dcgm_namespace=dcgm_namespace,
-                            namespace_label=namespace_label, latency=latency)}})
+                            namespace_label=namespace_label, latency=latency,
+                            advice=advice)}})
     return objects
 
 

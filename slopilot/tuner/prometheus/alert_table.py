@@ -51,6 +51,7 @@ deployment's pods, else the built-in engine's busy ratio (vLLM exports none).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -274,16 +275,40 @@ class RuleOptions:
         return (self.tbt_periods - 1) * self.interval_s
 
 
+TUNING_OFF = ("tuning is off: the operator will not act; scale with spec.replicas / change "
+              "spec.engine")
+"""The advice of every row of a deployment whose ``spec.tuning.enabled`` is false."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlertAdvice:
+    """What the operator will do about a firing alert, which its texts and its ``action``
+    label say: nothing where tuning is off."""
+
+    tuning: bool = True
+    """False: no controller runs (``spec.tuning.enabled`` false), so every row's action is
+    ``inform`` (severity kept) and its advice ``TUNING_OFF``."""
+
+    def says(self, advice: str) -> str:
+        """``advice`` where the controller acts on it, else what the person must do."""
+        return advice if self.tuning else TUNING_OFF
+
+
+ACTING = AlertAdvice()
+"""The controller acts on the alerts (tuning on): every row's own action and advice."""
+
+
 @dataclass(frozen=True, slots=True)
 class AlertContext:
     """What the alerts' texts say beyond the SLO and the timing: how a TTFT P99 of no
-    first token reads. Nothing here moves a threshold or a hold."""
+    first token reads, and who acts. Nothing here moves a threshold or a hold."""
 
     ttft_last_edges: tuple[float, ...] = (TOKEN_LATENCY_BUCKETS[-1],)
     """The last finite edge of each histogram a TTFT P99 may be read from. A quantile in
     the +Inf bucket (more than 1 % of requests observed past the last edge, the first
     tokens never given among them: ``rules.bucket_rates``) reads that edge, which is no
     wait anyone measured; the descriptions say so instead of a duration."""
+    advice: AlertAdvice = ACTING
 
     def __post_init__(self) -> None:
         edges = self.ttft_last_edges
@@ -335,6 +360,7 @@ def _minutes(seconds: int) -> str:
 def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions, context: AlertContext
                 ) -> list[AlertRule]:
     c, C, target = p.label, p.label.upper(), slo.class_slo(p)
+    says = context.advice.says
     rows = []
     if target.tbt_p99_ms is not None:
         rows.append(AlertRule(
@@ -343,7 +369,7 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions, context: AlertContext
             o.tbt_for_s, f"{C} TBT P99 over {o.tbt_factor:g} x its SLO",
             f"{C} time between tokens P99 is {{{{ $value | humanizeDuration }}}}, over "
             f"{o.tbt_factor:g} x the {_ms(target.tbt_p99_ms)} SLO for {o.tbt_periods} "
-            "evaluations: add replicas."))
+            f"evaluations: {says('add replicas')}."))
         if o.tbt_factor > 1:  # at 1 x the scale alert already acts on every breach
             span = _minutes(o.breach_window_s)
             rows.append(AlertRule(
@@ -351,8 +377,8 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions, context: AlertContext
                 (Condition(Figure.TBT_P99_LONG, Op.ABOVE, target.tbt_p99_ms / 1000),),
                 o.sustained_for_s, f"{C} TBT P99 over its SLO across {span}",
                 f"{C} time between tokens P99 over the last {span} is {{{{ $value | "
-                f"humanizeDuration }}}}, over its SLO of {_ms(target.tbt_p99_ms)}: retune the "
-                "token budget and chunk size."))
+                f"humanizeDuration }}}}, over its SLO of {_ms(target.tbt_p99_ms)}: "
+                f"{says('retune the token budget and chunk size')}."))
     if target.ttft_p99_ms is not None:
         span = _minutes(o.breach_window_s)
         for name, figure, factor, severity, action, then in (
@@ -378,16 +404,20 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions, context: AlertContext
                 f"{C} time to first token P99" + (f" over the last {span}" if lasting else "")
                 + f" {{{{ if {_no_first_token(context)} }}}}is at the histogram's last "
                 f"edge, {over} of {_ms(target.ttft_p99_ms)}: at least 1 % of requests got "
-                f"no first token (refused, abandoned or still waiting). {NO_FIRST_TOKEN}"
+                f"no first token (refused, abandoned or still waiting). "
+                f"{_no_first_token_advice(context.advice)}"
                 f"{{{{ else }}}}is {{{{ $value | humanizeDuration }}}}, {over} of "
-                f"{_ms(target.ttft_p99_ms)}: {then}.{{{{ end }}}}"))
+                f"{_ms(target.ttft_p99_ms)}: {says(then)}.{{{{ end }}}}"))
     return rows
 
 
-NO_FIRST_TOKEN = ("A stall, an outage or an overload, not a chunk size: SlopilotEngineStalled "
-                  "or SlopilotTargetsDown says which where it fires, and the controller "
-                  "holds while it does (docs/operations.md, Alerts).")
-"""What a TTFT row says where its P99 reads no wait but the first tokens never given."""
+def _no_first_token_advice(advice: AlertAdvice) -> str:
+    """What a TTFT row says where its P99 reads no wait but the first tokens never given."""
+    which = ("A stall, an outage or an overload, not a chunk size: SlopilotEngineStalled or "
+             "SlopilotTargetsDown says which where it fires")
+    if advice.tuning:
+        return f"{which}, and the controller holds while it does (docs/operations.md, Alerts)."
+    return f"{which} (docs/operations.md, Alerts); {TUNING_OFF}."
 
 
 def _go_float(x: float) -> str:
@@ -410,7 +440,7 @@ def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = Aler
                 ) -> tuple[AlertRule, ...]:
     """Every alert of a deployment with this SLO, in the order the rules file lists them.
     ``context``: what the texts say (``AlertContext``); no condition depends on it."""
-    o = options
+    o, says = options, context.advice.says
     rows = [row for p in Priority for row in _class_rows(p, slo, o, context)]
     limit = slo.max_preemptions_per_min
     if limit is not None:
@@ -419,15 +449,15 @@ def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = Aler
             (Condition(Figure.PREEMPTIONS_PER_MIN, Op.ABOVE, limit),), o.alert_for_s,
             "preemption storm",
             f"{{{{ $value | printf \"%.1f\" }}}} preemptions per minute, over the limit of "
-            f"{limit:g}: retune the preemption thresholds or the KV watermark."))
+            f"{limit:g}: {says('retune the preemption thresholds or the KV watermark')}."))
     rows.append(AlertRule(
         AlertName.BATCHING_UNDERUSED.value, ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
         (Condition(Figure.UTILIZATION, Op.BELOW, o.busy_ratio_min),
          Condition(Figure.REQUESTS_WAITING, Op.ABOVE, o.waiting_min)), o.alert_for_s,
         "batching underused while requests wait",
         f"The GPU (or the executor) is busy {{{{ $value | humanizePercentage }}}} of the "
-        f"time while more than {o.waiting_min} requests wait: raise the token budget or "
-        "max_num_seqs."))
+        f"time while more than {o.waiting_min} requests wait: "
+        f"{says('raise the token budget or max_num_seqs')}."))
     hit_min = slo.prefix_hit_min
     if hit_min is not None:
         rows.append(AlertRule(
@@ -443,9 +473,8 @@ def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = Aler
         f"{{{{ $value }}}} replica(s) held requests waiting or running and made no token "
         f"over {_minutes(o.rate_window_s)} (over {_minutes(o.stall_lookback_s)} where "
         "scrapes too far apart leave fewer than two in that window), "
-        f"for {_minutes(o.alert_for_s)}: the executor or "
-        "the engine is stuck. The controller neither retunes nor scales while it fires; "
-        "restart the stuck pods (docs/operations.md, Alerts)."))
+        f"for {_minutes(o.alert_for_s)}: the executor or the engine is stuck. "
+        f"{_held(context.advice)}; restart the stuck pods (docs/operations.md, Alerts)."))
     # Through two rate windows at least: with the short windows of the demo (a scrape a
     # second, its timeout as long), a scrape or two a busy machine's Prometheus missed
     # read as an outage and held the loop. The cluster's defaults: 2 min either way.
@@ -456,9 +485,18 @@ def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = Aler
         "scrape targets down or gone",
         f"{{{{ $value }}}} scrape target(s) of the deployment down (or none left) for "
         f"{_minutes(down_for)}: its figures are missing, and the alerts that read "
-        "them have cleared. The controller neither retunes nor scales while it fires; "
-        "check the pods and the ServiceMonitor (docs/operations.md, Alerts)."))
+        f"them have cleared. {_held(context.advice)}; check the pods and the "
+        "ServiceMonitor (docs/operations.md, Alerts)."))
+    if not context.advice.tuning:  # nobody acts: no row may say the controller will
+        rows = [dataclasses.replace(row, action=AlertAction.INFORM) for row in rows]
     return tuple(rows)
+
+
+def _held(advice: AlertAdvice) -> str:
+    """The hold rows' word on the controller."""
+    if advice.tuning:
+        return "The controller neither retunes nor scales while it fires"
+    return "Tuning is off: the operator will not act"
 
 
 def latency_thresholds(slo: SLOSpec, options: RuleOptions, *, ttft: bool

@@ -27,7 +27,9 @@ from slopilot.engine.histogram_quantiles import EDGE_TOLERANCE, inside, straddle
 from slopilot.engine.slo import WITHIN_TTFT_TARGET, SLOSpec
 from slopilot.engine.verdicts import SLO_TOKENS
 from slopilot.tuner.prometheus.alert_table import (
+    ACTING,
     ALL_CLASSES,
+    AlertAdvice,
     AlertContext,
     AlertRule,
     Figure,
@@ -362,9 +364,10 @@ class _Renderer:
                  selector: Mapping[str, str] | None, options: RuleOptions,
                  namespace_label: str | None = None,
                  latency: LatencySources = BUILTIN_LATENCY, *,
-                 dcgm_namespace: str | None = None) -> None:
+                 dcgm_namespace: str | None = None,
+                 advice: AlertAdvice = ACTING) -> None:
         self.spec, self.opt = spec, options
-        self.latency = latency
+        self.latency, self.advice = latency, advice
         self.ident = identity_labels(deployment, namespace, namespace_label)
         if dcgm_namespace is not None and (not isinstance(dcgm_namespace, str)
                                            or not dcgm_namespace.strip()):
@@ -641,7 +644,8 @@ class _Renderer:
         """The texts' context: the last finite edge of each TTFT histogram read."""
         ttft = self.latency.ttft
         hists = [h for h in (ttft.engine, ttft.client) if h is not None and h.edges]
-        return AlertContext(ttft_last_edges=tuple(h.edges[-1] for h in hists))
+        return AlertContext(ttft_last_edges=tuple(h.edges[-1] for h in hists),
+                            advice=self.advice)
 
     def alert_rules(self) -> list[dict[str, Any]]:
         return [self.alert(row) for row in alert_table(self.spec, self.opt,
@@ -653,7 +657,8 @@ def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None 
                        options: RuleOptions | None = None,
                        dcgm_namespace: str | None = None,
                        namespace_label: str | None = None,
-                       latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
+                       latency: LatencySources = BUILTIN_LATENCY,
+                       advice: AlertAdvice = ACTING) -> dict[str, Any]:
     """The plain rules file content: ``{"groups": [...]}``.
 
     ``namespace``: the deployment's Kubernetes namespace; None only outside a cluster.
@@ -664,10 +669,12 @@ def render_rule_groups(spec: SLOSpec, deployment: str, *, namespace: str | None 
     an SLO may fall between).
     ``dcgm_namespace``: where the DCGM exporter runs, so that its series scraped without
     honorLabels are read too (``_Renderer.gpu_utilization``); None, they are not.
+    ``advice``: who acts on the alerts (``AlertAdvice``: nobody where tuning is off, and
+    every row then says so, with action ``inform``).
     """
     opts = options if options is not None else RuleOptions()
     r = _Renderer(spec, deployment, namespace, selector, opts, namespace_label, latency,
-                  dcgm_namespace=dcgm_namespace)
+                  dcgm_namespace=dcgm_namespace, advice=advice)
     # Kubernetes names hold no '/', so "slopilot/<namespace>/<name>" names one deployment.
     name = f"slopilot-{deployment}" if namespace is None else f"slopilot/{r.subject}"
     group = {"name": name, "interval": duration(opts.interval_s),
@@ -680,11 +687,12 @@ def render_rules_yaml(spec: SLOSpec, deployment: str, *, namespace: str | None =
                       options: RuleOptions | None = None,
                       dcgm_namespace: str | None = None,
                       namespace_label: str | None = None,
-                      latency: LatencySources = BUILTIN_LATENCY) -> str:
+                      latency: LatencySources = BUILTIN_LATENCY,
+                      advice: AlertAdvice = ACTING) -> str:
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
                                 dcgm_namespace=dcgm_namespace,
                                 options=options, namespace_label=namespace_label,
-                                latency=latency)
+                                latency=latency, advice=advice)
     return yaml.safe_dump(groups, sort_keys=False, width=100)
 
 
@@ -694,14 +702,15 @@ def render_prometheus_rule(spec: SLOSpec, deployment: str, namespace: str, *,
                            labels: Mapping[str, str] | None = None,
                            dcgm_namespace: str | None = None,
                            namespace_label: str | None = None,
-                           latency: LatencySources = BUILTIN_LATENCY) -> dict[str, Any]:
+                           latency: LatencySources = BUILTIN_LATENCY,
+                           advice: AlertAdvice = ACTING) -> dict[str, Any]:
     """The same groups as a prometheus-operator PrometheusRule in the deployment's namespace."""
     if not namespace:
         raise RuleError("namespace is empty; pass the deployment's namespace")
     groups = render_rule_groups(spec, deployment, namespace=namespace, selector=selector,
                                 dcgm_namespace=dcgm_namespace,
                                 options=options, namespace_label=namespace_label,
-                                latency=latency)
+                                latency=latency, advice=advice)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
