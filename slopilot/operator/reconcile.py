@@ -52,7 +52,7 @@ from slopilot.engine.config import EngineConfig
 from slopilot.operator.conditions import DriftReason
 from slopilot.operator.crd import KIND
 from slopilot.operator.images import SHIPPED_IMAGES, Images
-from slopilot.operator.knobs import KNOB_PATHS
+from slopilot.operator.knobs import KNOB_PATHS, VLLM_APPLIES
 from slopilot.operator.kubeapi import ApiError, Kube
 from slopilot.operator.network_peers import DEFAULT_PROMETHEUS_PEERS, Peer
 from slopilot.operator.owned_fields import (
@@ -209,7 +209,8 @@ def desired_objects(body: Mapping[str, Any], spec: LLMDeploymentSpec, *,
     latency = latency_sources(spec.backend)
     # Tuning off: no controller reads the alerts, so none may say it acts (a spec edit
     # turning it on reconciles, and renders the acting rows again).
-    advice = AlertAdvice(tuning=spec.tuning.enabled)
+    advice = AlertAdvice(tuning=spec.tuning.enabled,
+                         applied_knobs=VLLM_APPLIES if spec.backend is Backend.VLLM else None)
     if monitoring:
         rule = render_prometheus_rule(spec.slo, name, namespace, options=spec.alerts,
                                       dcgm_namespace=dcgm_namespace,

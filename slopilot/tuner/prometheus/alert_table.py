@@ -275,6 +275,9 @@ class RuleOptions:
         return (self.tbt_periods - 1) * self.interval_s
 
 
+PREEMPTION_KNOBS = ("kv_watermark", "p0_preempt_utilization", "max_preemptions_per_step",
+                    "preemption_mode")
+"""The engine knobs that decide when and how the engine preempts."""
 TUNING_OFF = ("tuning is off: the operator will not act; scale with spec.replicas / change "
               "spec.engine")
 """The advice of every row of a deployment whose ``spec.tuning.enabled`` is false."""
@@ -288,6 +291,24 @@ class AlertAdvice:
     tuning: bool = True
     """False: no controller runs (``spec.tuning.enabled`` false), so every row's action is
     ``inform`` (severity kept) and its advice ``TUNING_OFF``."""
+    applied_knobs: frozenset[str] | None = None
+    """The engine knobs the backend applies (``operator.knobs.VLLM_APPLIES`` on vLLM);
+    None: every one (the built-in engine). Advice names no knob the backend ignores."""
+
+    def applies(self, knob: str) -> bool:
+        return self.applied_knobs is None or knob in self.applied_knobs
+
+    def preemption(self) -> str:
+        """What a preemption storm asks for, in the knobs the backend applies."""
+        if any(self.applies(k) for k in PREEMPTION_KNOBS):
+            return "retune the preemption thresholds or the KV watermark"
+        # vLLM preempts when its KV cache runs out, and takes no threshold nor watermark:
+        # fewer sequences, or fewer tokens, in a step hold less of it.
+        fewer = [k for k in ("max_num_seqs", "token_budget") if self.applies(k)]
+        retune = f"retune {' or '.join(fewer)} (fewer in flight hold less KV cache), or " \
+            if fewer else ""
+        return (f"the backend applies no preemption threshold nor KV watermark (it preempts "
+                f"when its KV cache runs out): {retune}give the KV cache more GPU memory")
 
     def says(self, advice: str) -> str:
         """``advice`` where the controller acts on it, else what the person must do."""
@@ -449,7 +470,7 @@ def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = Aler
             (Condition(Figure.PREEMPTIONS_PER_MIN, Op.ABOVE, limit),), o.alert_for_s,
             "preemption storm",
             f"{{{{ $value | printf \"%.1f\" }}}} preemptions per minute, over the limit of "
-            f"{limit:g}: {says('retune the preemption thresholds or the KV watermark')}."))
+            f"{limit:g}: {says(context.advice.preemption())}."))
     rows.append(AlertRule(
         AlertName.BATCHING_UNDERUSED.value, ALL_CLASSES, Severity.WARNING, AlertAction.RETUNE,
         (Condition(Figure.UTILIZATION, Op.BELOW, o.busy_ratio_min),
