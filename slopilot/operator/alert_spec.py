@@ -11,7 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from slopilot.tuner.prometheus.rules import RuleError, RuleOptions
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.prometheus.rules import LatencySources, RuleError, RuleOptions
 
 # spec.alerts field -> RuleOptions field. The holds are durations, the two counts integers.
 ALERT_FIELDS = {"tbtScaleFactor": "tbt_factor", "tbtPeriods": "tbt_periods",
@@ -41,3 +42,39 @@ def alert_options(values: Mapping[str, Any]) -> tuple[RuleOptions, list[str]]:
         for camel, name in ALERT_FIELDS.items():
             message = re.sub(rf"\b{name}=", f"spec.alerts.{camel}=", message)
         return defaults, [message]
+
+
+def unreachable_rows(slo: SLOSpec, options: RuleOptions, latency: LatencySources
+                     ) -> list[str]:
+    """A warning for each latency row whose threshold is at or past the last finite edge
+    of every histogram its P99 is read from: a quantile reads at most that edge (the +Inf
+    bucket has no width to spread over), so ``P99 > threshold`` never holds and the row
+    never fires, however slow the class gets. Not a problem: the SLO itself stands, and
+    the trials judge it; only these alerts are mute."""
+    out = []
+    for p, target in slo.classes().items():
+        cls = p.label
+        for figure, ms, camel, source, rows in (
+                ("TTFT", target.ttft_p99_ms, "ttftP99Ms", latency.ttft,
+                 (("spec.alerts.ttftWarningFactor", options.ttft_warning_factor,
+                   "SlopilotTTFTP99High (warning) and SlopilotTTFTP99Sustained"),
+                  ("spec.alerts.ttftRetuneFactor", options.ttft_retune_factor,
+                   "SlopilotTTFTP99High (critical)"))),
+                ("TBT", target.tbt_p99_ms, "tbtP99Ms", latency.tbt,
+                 (("spec.alerts.tbtScaleFactor", options.tbt_factor, "SlopilotTBTP99High"),
+                  (None, 1.0, "SlopilotTBTP99Sustained")))):
+            if ms is None:
+                continue
+            edge = max(h.edges[-1] for h in (source.engine, source.client) if h is not None)
+            for field, factor, alerts in rows:
+                threshold = factor * ms / 1000
+                if threshold < edge:
+                    continue
+                times = "" if field is None else f"{field}={factor:g} x "
+                fix = (f"lower {field} or the SLO" if field is not None else "lower the SLO")
+                out.append(
+                    f"{times}spec.slo.classes.{cls}.{camel}={ms:g} is {threshold:g} s, at or past "
+                    f"{edge:g} s, the last finite edge of the {figure} histograms the rules "
+                    f"read: a P99 reads at most {edge:g} s, so {alerts} of {cls} can never "
+                    f"fire; {fix} so that the product stays under {edge:g} s")
+    return out

@@ -22,6 +22,7 @@ from slopilot.operator.alert_spec import (
     DURATION_FIELDS,
     INTEGER_FIELDS,
     alert_options,
+    unreachable_rows,
 )
 from slopilot.operator.clients_spec import parse_clients
 from slopilot.operator.connections_spec import parse_connections
@@ -45,7 +46,7 @@ from slopilot.operator.scheduling import Scheduling, parse_scheduling
 from slopilot.operator.spec_reader import SpecReader
 from slopilot.operator.twin_spec import TwinSpec, parse_twin
 from slopilot.operator.validation import model_ref_problem, prometheus_url_problem
-from slopilot.tuner.prometheus.rules import RuleOptions
+from slopilot.tuner.prometheus.rules import BUILTIN_LATENCY, VLLM_LATENCY, RuleOptions
 
 
 class Backend(enum.StrEnum):
@@ -245,6 +246,8 @@ def parse_spec(body: Mapping[str, Any]) -> LLMDeploymentSpec:
     warnings: list[str] = []
     tuning = tuning_section(spec, engine, running,
                             VLLM_APPLIES if backend is Backend.VLLM else None, r, warnings)
+    warnings += unreachable_rows(slo, alerts, VLLM_LATENCY if backend is Backend.VLLM
+                                 else BUILTIN_LATENCY)
     if backend is Backend.VLLM and engine.max_num_seqs > engine.effective_budget:
         # vLLM refuses max_num_seqs above max_num_batched_tokens (v0.11.0,
         # vllm/config/scheduler.py); the pods get the budget (engine_deployment.vllm_max_num_seqs).
