@@ -282,7 +282,7 @@ def test_targets_gone_fire_targets_down(
     series = [{"series": f"up{labels()}", "values": "1x15 stale"}]
     gone = {**DOWN, "exp_annotations": {
         "summary": "team-a/chat: scrape targets down or gone",
-        "description": "1 scrape target(s) of the deployment down (or none left) for 2 min: "
+        "description": "no scrape target of the deployment left for 2 min: "
                        "its figures are missing, and the alerts that read them have "
                        "cleared. The controller neither retunes nor scales while it fires; "
                        "check the pods and the ServiceMonitor (docs/operations.md, Alerts)."}}

@@ -330,6 +330,10 @@ class AlertContext:
     tokens never given among them: ``rules.bucket_rates``) reads that edge, which is no
     wait anyone measured; the descriptions say so instead of a duration."""
     advice: AlertAdvice = ACTING
+    up_selector: str | None = None
+    """The selector (``{...}`` text) of the deployment's ``up`` series, which the
+    targets-down row's text queries to tell "none left" from a count down (both read 1);
+    None (the Python evaluator's rows, no Prometheus to ask): it says "(or none left)"."""
 
     def __post_init__(self) -> None:
         edges = self.ttft_last_edges
@@ -504,13 +508,24 @@ def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = Aler
         AlertName.TARGETS_DOWN.value, ALL_CLASSES, Severity.CRITICAL, AlertAction.HOLD,
         (Condition(Figure.TARGETS_DOWN, Op.ABOVE, 0),), down_for,
         "scrape targets down or gone",
-        f"{{{{ $value }}}} scrape target(s) of the deployment down (or none left) for "
-        f"{_minutes(down_for)}: its figures are missing, and the alerts that read "
-        f"them have cleared. {_held(context.advice)}; check the pods and the "
+        f"{_targets_down(context)} for {_minutes(down_for)}: its figures are missing, and "
+        f"the alerts that read them have cleared. {_held(context.advice)}; check the pods and the "
         "ServiceMonitor (docs/operations.md, Alerts)."))
     if not context.advice.tuning:  # nobody acts: no row may say the controller will
         rows = [dataclasses.replace(row, action=AlertAction.INFORM) for row in rows]
     return tuple(rows)
+
+
+def _targets_down(context: AlertContext) -> str:
+    """How many targets are down, or that none is left: the figure reads 1 either way
+    (``rules._Renderer.targets_down``), so the text asks Prometheus whether any ``up`` of
+    the deployment is left, as the rule's ``absent`` did."""
+    count = "{{ $value }} scrape target(s) of the deployment down"
+    sel = context.up_selector
+    if sel is None or "`" in sel:  # a Go raw string cannot hold a backquote
+        return f"{count} (or none left)"
+    return (f"{{{{ with query `absent(up{sel})` }}}}no scrape target of the deployment "
+            f"left{{{{ else }}}}{count}{{{{ end }}}}")
 
 
 def _held(advice: AlertAdvice) -> str:

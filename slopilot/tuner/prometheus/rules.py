@@ -645,7 +645,7 @@ class _Renderer:
         ttft = self.latency.ttft
         hists = [h for h in (ttft.engine, ttft.client) if h is not None and h.edges]
         return AlertContext(ttft_last_edges=tuple(h.edges[-1] for h in hists),
-                            advice=self.advice)
+                            advice=self.advice, up_selector=self.sel())
 
     def alert_rules(self) -> list[dict[str, Any]]:
         return [self.alert(row) for row in alert_table(self.spec, self.opt,
