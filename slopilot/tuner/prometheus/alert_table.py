@@ -490,7 +490,8 @@ def alert_table(slo: SLOSpec, options: RuleOptions, context: AlertContext = Aler
             (Condition(Figure.PREFIX_HIT_RATIO, Op.BELOW, hit_min),), o.alert_for_s,
             "prefix cache hit ratio low",
             f"Prefix cache hit ratio is {{{{ $value | humanizePercentage }}}}, under the "
-            f"expected {hit_min:g}: the traffic may no longer share prefixes."))
+            # A percentage, as humanizePercentage writes the value beside it.
+            f"expected {hit_min * 100:g}%: the traffic may no longer share prefixes."))
     rows.append(AlertRule(
         AlertName.ENGINE_STALLED.value, ALL_CLASSES, Severity.CRITICAL, AlertAction.HOLD,
         (Condition(Figure.STALLED_REPLICAS, Op.ABOVE, 0),), o.alert_for_s,
