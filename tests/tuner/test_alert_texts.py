@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.prometheus.alert_table import AlertName, RuleOptions, alert_table
 from slopilot.tuner.prometheus.rules import VLLM_LATENCY, render_rules_yaml
 from tests.support.fixtures import prometheus_binaries  # noqa: F401
 from tests.support.prometheus import PrometheusBinaries, promtool
@@ -91,3 +92,15 @@ def test_on_vllm_its_own_last_edge_is_no_first_token_and_a_wait_past_300_s_is_on
                                "2 x, or when it holds across 5 min"),
         "critical": wait.format(over="over 2 x its SLO",
                                 then="retune the token budget and chunk size")}))
+
+
+def test_equal_ttft_factors_render_the_critical_row_alone() -> None:
+    # Both rows would fire on the same condition with the same hold, and the warning
+    # cited a sustained row that is not rendered at equal factors.
+    rows = alert_table(SLOSpec.from_profile("standard"),
+                       RuleOptions(ttft_warning_factor=2, ttft_retune_factor=2))
+    ttft = [r for r in rows if r.name in (AlertName.TTFT_P99_HIGH, AlertName.TTFT_P99_SUSTAINED)]
+    assert ttft and all(r.name == AlertName.TTFT_P99_HIGH and r.severity == "critical"
+                        for r in ttft)
+    assert len({r.priority_class for r in ttft}) == len(ttft)
+    assert not any("across" in r.description for r in ttft)

@@ -416,9 +416,11 @@ def _class_rows(p: Priority, slo: SLOSpec, o: RuleOptions, context: AlertContext
                 (AlertName.TTFT_P99_SUSTAINED, Figure.TTFT_P99_LONG, o.ttft_warning_factor,
                  Severity.WARNING, AlertAction.RETUNE,
                  "retune the token budget and chunk size")):
-            if name is AlertName.TTFT_P99_SUSTAINED and \
-                    o.ttft_warning_factor == o.ttft_retune_factor:
-                continue  # the critical row retunes on this very condition already
+            if severity is Severity.WARNING and o.ttft_warning_factor == o.ttft_retune_factor:
+                # The critical row retunes on this very condition, with the same hold: a
+                # warning beside it would page twice for one breach (and cite a sustained
+                # row that is not there). Equal factors are allowed (the CRD admits them).
+                continue
             over = "over its SLO" if factor == 1 else f"over {factor:g} x its SLO"
             lasting = name is AlertName.TTFT_P99_SUSTAINED
             rows.append(AlertRule(
