@@ -5,6 +5,10 @@ each row as a Prometheus alerting rule over the deployment's recorded series, an
 ``alerts.SummaryAlerts`` evaluates the same rows on a window summary where no Prometheus
 runs (the simulator, the demo's direct scrape); ``tests/tuner/test_alert_parity.py`` runs
 one synthetic timeline through promtool and through Python and demands the same verdicts.
+The texts (and, where tuning is off, the ``action`` label) also depend on an
+``AlertContext``: how a TTFT P99 of no first token reads (the histograms' last finite
+edges) and who acts (``AlertAdvice``); no condition or hold does. ``inhibitions.py``
+renders the Alertmanager inhibit rules from the table's names.
 
 Semantics, as Prometheus has them: a rule group is evaluated every ``interval_s``. An
 alert whose condition holds at an evaluation becomes *pending* there (``activeAt``); it
