@@ -16,10 +16,15 @@ True figures: 432 finished, 4.00/s, P0 TTFT P99 ~330 ms, goodput 40 tok/s.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+# The backfill helpers live with the tests (tests/support), run from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slopilot.engine.request import Priority
 from slopilot.engine.sim.scenario import load_scenario
@@ -41,7 +46,15 @@ def operator_clock(skew: float) -> Callable[[], float]:
     return lambda: time.time() + skew
 
 
-def row(query: QueryAt, t0: float, skew: float) -> str:
+@dataclass(frozen=True)
+class Read:
+    text: str
+    finished: float | None = None
+    """None: the window was rejected."""
+    p0_ttft_ms: float | None = None
+
+
+def row(query: QueryAt, t0: float, skew: float) -> Read:
     start, now = t0 + APPLY + skew + SETTLE, t0 + APPLY + ELAPSED + skew
     probe = WorkloadProfile.measure(lambda expr: query(expr, now), SELECTOR,
                                     probe_window_s(120), now=now).arrival_rate
@@ -52,10 +65,25 @@ def row(query: QueryAt, t0: float, skew: float) -> str:
     try:
         s = windows.measure(start, now, canary=False)
     except WindowRejected as exc:
-        return f"REJECTED ({exc.reason[:60]}); {side}"
+        return Read(f"REJECTED ({exc.reason[:60]}); {side}")
     p0 = s.classes[Priority.P0].ttft_p99_ms
-    return (f"finished {s.overall.requests_finished:5.1f} rate {s.request_rate or 0:.2f}/s "
-            f"P0 TTFT P99 {p0 or 0:5.0f} ms goodput {s.overall.goodput_tok_s:4.1f}; {side}")
+    return Read(f"finished {s.overall.requests_finished:5.1f} rate "
+                f"{s.request_rate or 0:.2f}/s P0 TTFT P99 {p0 or 0:5.0f} ms goodput "
+                f"{s.overall.goodput_tok_s:4.1f}; {side}", s.overall.requests_finished, p0)
+
+
+def worst_error(reads: list[Read], truth: Read) -> tuple[float, int]:
+    """The largest relative error of the finished count and the P0 TTFT P99 against
+    ``truth`` over ``reads``, and how many were rejected (no figure at all)."""
+    worst, rejected = 0.0, 0
+    for r in reads:
+        if r.finished is None or r.p0_ttft_ms is None:
+            rejected += 1
+            continue
+        for got, true in ((r.finished, truth.finished), (r.p0_ttft_ms, truth.p0_ttft_ms)):
+            if true:
+                worst = max(worst, abs(got - true) / true)
+    return worst, rejected
 
 
 def main() -> None:
@@ -76,13 +104,22 @@ def main() -> None:
         backfill(binaries, lines, workdir / "data")
         server = start_prometheus(binaries, workdir)
         try:
+            truth = row(query_at(server.url), t0, 0.0)  # one clock: the true figures
+            before, after = [], []
             for skew in (float(s) for s in args.skews.split(",")):
                 aligned = PrometheusClock(query_at(server.url), label="benchmark",
                                           clock=operator_clock(skew))
-                print(f"skew {skew:+4.0f} s before: {row(query_at(server.url), t0, skew)}")
-                print(f"skew {skew:+4.0f} s after:  {row(aligned, t0, skew)}")
+                before.append(row(query_at(server.url), t0, skew))
+                after.append(row(aligned, t0, skew))
+                print(f"skew {skew:+4.0f} s before: {before[-1].text}")
+                print(f"skew {skew:+4.0f} s after:  {after[-1].text}")
         finally:
             server.stop()
+    (err_before, rej_before), (err_after, rej_after) = (worst_error(r, truth)
+                                                        for r in (before, after))
+    print(f"RESULT skews={len(before)} rejected_before={rej_before} "
+          f"rejected_after={rej_after} worst_rel_err_before={err_before:.3f} "
+          f"worst_rel_err_after={err_after:.3f}")
 
 
 if __name__ == "__main__":
