@@ -265,11 +265,13 @@ def test_a_controller_reads_its_own_alerts_and_no_other_deployments(
                   for a in got) == want
     assert [a.value for a in got if a.name == "SlopilotTBTP99High"] == [0.42]
     ((path, body),) = proxy.seen
-    # Each verdict's age, from its ALERTS sample's time in the same answer (the group
-    # is evaluated every second): the term survives ``or`` in a real Prometheus.
+    # Each verdict's age, from its ALERTS sample's time in the same answer: the term
+    # survives ``or`` in a real Prometheus. The group is evaluated every second, but how
+    # far behind a busy machine's Prometheus runs is no bound for a test: an age read
+    # from the wrong sample (the activeAt epoch, or none) is off by years, not seconds.
     answer = json.loads(body)["data"]["result"]
     assert sum(s["metric"].get("alertstate") == "evaluated" for s in answer) == 2, answer
-    assert all(0.0 <= a.evaluated_ago_s <= 2.0 for a in got), got
+    assert all(0.0 <= a.evaluated_ago_s <= 60.0 for a in got), got
     url = urllib.parse.urlsplit(path)
     assert url.path == "/api/v1/query"
     assert urllib.parse.parse_qs(url.query)["query"] == [alerts_query("chat", "team-a")]
