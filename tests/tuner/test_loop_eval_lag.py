@@ -21,11 +21,11 @@ import pytest
 
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.loop.controller import Controller
-from slopilot.tuner.loop.decision import Action, Decision
+from slopilot.tuner.loop.decision import Action
 from slopilot.tuner.loop.state import ControllerState
 from slopilot.tuner.prometheus.alerts import Alert, AlertAction
 from tests.tuner.controller_fakes import GOOD, FakeAlerts, FakeEvaluator, Rig, summary
-from tests.tuner.test_rollout_wait import RollingDeployment
+from tests.tuner.test_rollout_wait import RollingDeployment, run_rolling
 
 COMMIT_AT, COOLDOWN_S, BREACH_S = 10.0, 300.0, 300.0
 
@@ -88,19 +88,6 @@ def test_a_breach_that_persists_is_acted_on_at_the_next_evaluation() -> None:
     assert (d.state, d.action) == (ControllerState.TUNING, Action.TRIAL), d.line()
 
 
-
-
-def _run(rig: Rig, until: float, step: float = 10.0) -> list[tuple[float, Decision]]:
-    ctl = rig.ctl or rig.build()
-    assert isinstance(rig.dep, RollingDeployment)
-    out, t = [], 0.0
-    while t <= until:
-        rig.dep.now = t
-        out.append((t, ctl.tick(t)))
-        t += step
-    return out
-
-
 @pytest.mark.parametrize("roll_s", [400.0, 120.0])
 def test_after_a_commits_rollout_the_alert_waits_for_a_window_on_the_new_pods(
         roll_s: float) -> None:
@@ -114,7 +101,7 @@ def test_after_a_commits_rollout_the_alert_waits_for_a_window_on_the_new_pods(
     rig = Rig(dep=dep, alerts=FakeAlerts([sustained(0.0)]),
               settings={"window_s": 120, "canary": False, "cooldown_s": COOLDOWN_S,
                         "breach_window_s": BREACH_S})
-    ticks = _run(rig, 3000.0)
+    ticks = run_rolling(rig, 3000.0, step=10.0)
     commit_at = next(t for t, d in ticks if d.action is Action.COMMIT)
     rolled = commit_at + roll_s  # every new pod serves from then (ticks 10 s apart)
     again = next((t, d) for t, d in ticks if t > commit_at and d.action is Action.TRIAL)

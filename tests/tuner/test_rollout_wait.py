@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.tuner.loop.decision import Action
+from slopilot.tuner.loop.decision import Action, Decision
 from slopilot.tuner.loop.errors import ControllerError
 from slopilot.tuner.loop.ports import Pending, Rollout, RolloutProgress, Settled, Stuck
 from slopilot.tuner.loop.settings import ControllerSettings
@@ -75,7 +75,9 @@ def _rig(dep: RollingDeployment) -> Rig:
                offline=FakeOffline(), settings={"window_s": 120, "canary": False})
 
 
-def _run(rig: Rig, until: float, step: float = 30.0) -> list[tuple[float, Any]]:
+def run_rolling(rig: Rig, until: float, step: float = 30.0) -> list[tuple[float, Decision]]:
+    """Tick ``rig``'s controller every ``step`` s to ``until``, its rolling deployment's
+    clock moved with it: each tick's time and decision."""
     ctl = rig.ctl or rig.build()
     assert isinstance(rig.dep, RollingDeployment)
     out, t = [], 0.0
@@ -89,7 +91,7 @@ def _run(rig: Rig, until: float, step: float = 30.0) -> list[tuple[float, Any]]:
 def test_the_warm_start_is_judged_on_its_own_pods_once_rolled_out() -> None:
     dep = RollingDeployment()
     rig = _rig(dep)
-    ticks = _run(rig, 600.0)
+    ticks = run_rolling(rig, 600.0)
     # The GOOD warm start (trial 0) holds on its own figures: the old pods' START
     # misses P0, and judged on them the good config was told infeasible.
     assert 0 in rig.study.told and rig.study.told[0].feasible, rig.study.told
@@ -110,7 +112,7 @@ def test_the_warm_start_is_judged_on_its_own_pods_once_rolled_out() -> None:
 def test_a_rollout_that_never_completes_ends_the_trial_stuck_and_rolls_back() -> None:
     dep = RollingDeployment(roll_s=None)
     rig = _rig(dep)
-    ticks = _run(rig, 900.0)
+    ticks = run_rolling(rig, 900.0)
     stuck = [d for _, d in ticks if "rollout_stuck" in d.reason]
     assert len(stuck) == 1, [d.line() for _, d in ticks]
     assert stuck[0].action is Action.REVERT and stuck[0].trial == 0
@@ -125,13 +127,13 @@ def test_a_rollout_that_never_completes_ends_the_trial_stuck_and_rolls_back() ->
 def test_a_rolling_trial_survives_a_restart() -> None:
     dep = RollingDeployment()
     rig = _rig(dep)
-    _run(rig, 60.0)
+    run_rolling(rig, 60.0)
     assert rig.ctl is not None
     saved = LoopState.from_dict(rig.ctl.to_dict())
     assert saved.trial is not None and saved.trial.rolling
     rig.ctl = None
     rig.build(state=saved)
-    _run(rig, 600.0)
+    run_rolling(rig, 600.0)
     assert rig.study.told[0].feasible and dep.committed == GOOD
 
 
@@ -139,7 +141,7 @@ def test_a_commit_is_not_cooled_down_before_its_rollout_completes() -> None:
     dep = RollingDeployment()
     rig = _rig(dep)
     rig.settings["cooldown_s"] = 30
-    ticks = _run(rig, 1500.0)
+    ticks = run_rolling(rig, 1500.0)
     commit_at = next(t for t, d in ticks if d.action is Action.COMMIT)
     steady_at = next(t for t, d in ticks if t > commit_at and d.state is S.STEADY)
     assert steady_at >= commit_at + ROLL_S, [(t, d.line()) for t, d in ticks]
@@ -168,7 +170,7 @@ class StuckCommit(RollingDeployment):
 def test_a_commit_whose_rollout_sticks_is_reverted_to_the_previous_commit() -> None:
     dep = StuckCommit()
     rig = _rig(dep)
-    ticks = _run(rig, 4000.0)
+    ticks = run_rolling(rig, 4000.0)
     commit_at = next(t for t, d in ticks if d.action is Action.COMMIT)
     reverted = [(t, d) for t, d in ticks if "commit_reverted" in d.reason]
     assert len(reverted) == 1, [(t, d.line()) for t, d in ticks if t >= commit_at]
@@ -192,7 +194,7 @@ def test_a_rollout_the_controller_never_reports_ends_at_the_loops_bound() -> Non
     dep = RollingDeployment(roll_s=None, deadline_s=float("inf"))
     rig = _rig(dep)
     rig.settings["rollout_timeout_s"] = 1200.0
-    ticks = _run(rig, 1500.0)
+    ticks = run_rolling(rig, 1500.0)
     stuck = [(t, d) for t, d in ticks if "rollout_stuck" in d.reason]
     assert len(stuck) == 1, [d.line() for _, d in ticks]
     at, d = stuck[0]
@@ -224,7 +226,7 @@ def test_a_rollout_that_moves_is_not_cut_by_the_loops_bound() -> None:
     dep = SlowRollout()
     rig = _rig(dep)
     rig.settings["rollout_timeout_s"] = 1200.0
-    ticks = _run(rig, 2400.0)
+    ticks = run_rolling(rig, 2400.0)
     assert not [d for _, d in ticks if "rollout_stuck" in d.reason], \
         [d.line() for _, d in ticks]
     assert rig.study.told[0].feasible
@@ -241,7 +243,7 @@ def test_a_bad_rollout_bound_is_refused_naming_field_value_and_fix(bad: Any) -> 
 def test_a_stuck_commits_revert_survives_a_restart_in_its_cooldown() -> None:
     dep = StuckCommit()
     rig = _rig(dep)
-    ticks = _run(rig, 600.0)
+    ticks = run_rolling(rig, 600.0)
     assert any(d.action is Action.COMMIT for _, d in ticks)
     assert rig.ctl is not None
     saved = LoopState.from_dict(rig.ctl.to_dict())
@@ -290,7 +292,7 @@ def test_a_rollout_whose_counts_go_back_and_forth_is_bounded_all_the_same() -> N
     dep = CrashLoop(roll_s=None, deadline_s=float("inf"))
     rig = _rig(dep)
     rig.settings["rollout_timeout_s"] = 1200.0
-    ticks = _run(rig, 3 * 3600.0, step=60.0)
+    ticks = run_rolling(rig, 3 * 3600.0, step=60.0)
     stuck = [(t, d) for t, d in ticks if "rollout_stuck" in d.reason]
     assert stuck, [d.line() for _, d in ticks[-3:]]
     # The best it reached (2 available, at 600 s) is its last progress: stuck 1200 s on.
@@ -304,7 +306,7 @@ def test_tuning_turned_off_forgets_a_commits_revert() -> None:
     out fine since, and held the good config from trials."""
     dep = StuckCommit()
     rig = _rig(dep)
-    ticks = _run(rig, 600.0)
+    ticks = run_rolling(rig, 600.0)
     assert any(d.action is Action.COMMIT for _, d in ticks)
     assert rig.ctl is not None and rig.ctl.loop.rollout is not None
     rig.ctl.stop(630.0, "tuning turned off")
