@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from slopilot.tuner.local.demo_report import Sample, write_demo_report
+from slopilot.tuner.local.demo_report import Sample, TrialMark, write_demo_report
 from tests.tuner.test_report import SLO, SUBJECT, study
 
 SAMPLES = [Sample(t_s=float(t), p99_ms={"p1_ttft_p99_ms": 100.0 + t}, token_budget=512,
@@ -113,7 +113,8 @@ def test_the_timeline_tells_its_knobs_its_trials_and_the_shift_apart() -> None:
     from slopilot.tuner.local.demo_report import timeline_figure
 
     samples = [Sample(t_s=float(t), p99_ms={"p1_ttft_p99_ms": 100.0}, token_budget=2048,
-                      chunk_size=2048, replicas=1, trial={"number": 0} if t == 2 else None)
+                      chunk_size=2048, replicas=1,
+                      trial=TrialMark(0, canary=True, config={}) if t == 2 else None)
                for t in range(4)]
     fig = timeline_figure(samples, SLO, shift_at_s=1.0, subject=SUBJECT)
     ax_lat, ax_knob, _ = fig.axes
@@ -125,6 +126,35 @@ def test_the_timeline_tells_its_knobs_its_trials_and_the_shift_apart() -> None:
     shading = next(p for p in ax_knob.patches)
     assert shading.get_facecolor()[:3] not in (budget.get_color(), chunk.get_color())
     assert "load shift" in [t.get_text() for t in ax_lat.get_legend().get_texts()]
+
+
+def test_each_trial_is_one_span_named_by_its_number() -> None:
+    """The demo's timeline shaded a second around each sample taken during a trial: where
+    the demo sampled every 0.2 s (a trial's first seconds) the shades piled up dark, where
+    a busy machine sampled every 1.3 s they left white gaps, and trial 0 (cut after 0.4 s)
+    ran into trial 1 with nothing between them. A reader saw stripes, not two trials.
+    Now each trial is one span, from its first sample to the sample after its last, named
+    by its number, and said canary or all replicas as it ran."""
+    from slopilot.tuner.local.demo_report import timeline_figure
+
+    def at(t: float, trial: TrialMark | None) -> Sample:
+        return Sample(t_s=t, p99_ms={"p1_ttft_p99_ms": 100.0}, token_budget=2048,
+                      chunk_size=2048, replicas=2, trial=trial)
+
+    first, second = TrialMark(0, canary=True, config={}), TrialMark(1, canary=True, config={})
+    third = TrialMark(2, canary=False, config={})
+    samples = [at(9.0, None), at(10.0, first), at(10.2, first), at(10.4, second),
+               at(10.6, second), at(11.9, second), at(13.3, second), at(14.5, None),
+               at(20.0, third), at(21.0, third), at(22.0, None)]
+    fig = timeline_figure(samples, SLO, shift_at_s=5.0, subject=SUBJECT)
+    _, ax_knob, _ = fig.axes
+    spans = sorted((round(p.get_x(), 6), round(p.get_x() + p.get_width(), 6))
+                   for p in ax_knob.patches)
+    assert spans == [(10.0, 10.4), (10.4, 14.5), (20.0, 22.0)]
+    # Trials 0 and 1 start 0.4 s apart on a 13 s axis: one label names both.
+    assert [t.get_text() for t in ax_knob.texts] == ["trials 0, 1", "trial 2"]
+    labels = [t.get_text() for t in ax_knob.get_legend().get_texts()]
+    assert "canary trial" in labels and "trial on all replicas" in labels
 
 
 def _latency_legend(samples: list[Sample]) -> list[str]:

@@ -33,7 +33,7 @@ from slopilot.engine.sim.scenario import Scenario, load_scenario
 from slopilot.engine.sim.twin import twin_label
 from slopilot.engine.window_summary import WindowSummary
 from slopilot.tuner.local.demo_files import RUN_FOLDER, check_demo_files
-from slopilot.tuner.local.demo_report import Sample, write_demo_report
+from slopilot.tuner.local.demo_report import Sample, TrialMark, write_demo_report
 from slopilot.tuner.local.demo_story import DemoResult, Narrator, RecordingAlerts, Story, p99s
 from slopilot.tuner.local.deployment import LocalDeployment
 from slopilot.tuner.local.loadgen import LoadGenerator, Phase
@@ -492,4 +492,5 @@ def _sample(elapsed: float, summary: WindowSummary | None, dep: LocalDeployment,
     stable, trial = dep.current_config(), ctl.loop.trial
     return Sample(elapsed, p99s(summary), int(stable["token_budget"]),
                   int(stable["chunk_size"]), dep.replicas(),
-                  None if trial is None else dict(trial.config))
+                  None if trial is None
+                  else TrialMark(trial.number, trial.canary, dict(trial.config)))

@@ -3,7 +3,7 @@
 ``timeline.png`` has three panels against wall time: each class's TTFT and TBT P99 over
 the trailing rate window with the SLO lines (P2, best effort, has none; a class with no
 figure in any window is named in the legend, not left out in silence), the stable
-replicas' token budget and chunk size (trial periods shaded), and the replica count; the
+replicas' token budget and chunk size (each trial shaded and named), and the replica count; the
 shift is a dashed line. The suptitle names the scenario, the twin and the run.
 ``timeline.json`` keeps the samples and the printed decision lines.
 """
@@ -29,6 +29,16 @@ from slopilot.tuner.study.tuner import Tuner
 
 
 @dataclass(frozen=True)
+class TrialMark:
+    """The trial running when a sample was taken: its number (consecutive samples of
+    one number are one span on the timeline), where it ran and its config."""
+
+    number: int
+    canary: bool
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Sample:
     t_s: float
     p99_ms: dict[str, float]
@@ -37,7 +47,7 @@ class Sample:
     token_budget: int
     chunk_size: int
     replicas: int
-    trial: dict[str, Any] | None
+    trial: TrialMark | None
 
 
 _EVENTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -58,13 +68,53 @@ def events_of(result: DemoResult) -> list[tuple[float, str]]:
     return out
 
 
+_TRIAL_LOOK: dict[bool, dict[str, Any]] = {
+    True: {"color": "tab:gray", "alpha": 0.2},
+    False: {"color": "tab:brown", "alpha": 0.2},
+}
+
+
+def trial_spans(samples: Sequence[Sample]) -> list[tuple[float, float, TrialMark]]:
+    """Each trial as one span: from its first sample to the next sample after its last
+    (the next trial's first, or none's), or its last where the run ended in it. Shading
+    each sample instead piled up where the demo sampled often and left gaps where a busy
+    machine sampled late, and ran one trial into the next."""
+    out: list[tuple[float, float, TrialMark]] = []
+    start: Sample | None = None
+    for i, s in enumerate(samples):
+        if s.trial is not None and (start is None or start.trial is None
+                                    or start.trial.number != s.trial.number):
+            start = s
+        if start is None or start.trial is None:
+            continue
+        after = samples[i + 1] if i + 1 < len(samples) else None
+        if after is None or after.trial is None or after.trial.number != start.trial.number:
+            out.append((start.t_s, s.t_s if after is None else after.t_s, start.trial))
+            start = None
+    return out
+
+
+def _trial_labels(spans: Sequence[tuple[float, float, TrialMark]], *,
+                  min_gap: float) -> list[tuple[float, list[int]]]:
+    """Where each trial's number is written: at its span's start, joined to the label
+    before it where that starts less than ``min_gap`` earlier."""
+    out: list[tuple[float, list[int]]] = []
+    for a, _, mark in spans:
+        if out and a - out[-1][0] < min_gap:
+            out[-1][1].append(mark.number)
+        else:
+            out.append((a, [mark.number]))
+    return out
+
+
 def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
                     subject: PlotSubject, busy: Sequence[tuple[float, float]] = (),
                     events: Sequence[tuple[float, str]] = ()) -> Any:
-    """The demo's timeline: each class's P99s against its SLO, the stable knobs with the
-    canary trials shaded, and the replicas; the load's shift marked across all three,
-    the spans the machine was busy (``machine_load.py``) shaded on the P99s, and there
-    each of ``events`` (``commit``, ``scale``, ``restored``, ``missed``: ``events_of``)."""
+    """The demo's timeline: each class's P99s against its SLO, the stable knobs with each
+    trial shaded and named (``trial_spans``), and the replicas; the load's shift marked
+    across all three, the spans the machine was busy (``machine_load.py``) shaded on the
+    P99s, and there each of ``events`` (``commit``, ``scale``, ``restored``, ``missed``:
+    ``events_of``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,14 +156,22 @@ def timeline_figure(samples: list[Sample], slo: SLOSpec, shift_at_s: float, *,
                  color="tab:purple", lw=2.5)
     ax_knob.step(t, [s.chunk_size for s in samples], where="post", label="chunk_size",
                  color="tab:olive", ls="--", lw=1.5)
-    trial_t = [s.t_s for s in samples if s.trial is not None]
-    for x in trial_t:
-        ax_knob.axvspan(x - 0.5, x + 0.5, color="tab:gray", alpha=0.2, lw=0)
+    spans = trial_spans(samples)
+    for a, b, mark in spans:
+        ax_knob.axvspan(a, b, lw=0, **_TRIAL_LOOK[mark.canary])
+        # Where one trial follows another at once, a line tells them apart.
+        ax_knob.axvline(a, lw=0.6, color=_TRIAL_LOOK[mark.canary]["color"])
+    # Names too close to be read apart (a trial cut within a second) share one label.
+    span_x = (t[-1] - t[0]) or 1.0
+    for x, numbers in _trial_labels(spans, min_gap=0.06 * span_x):
+        ax_knob.text(x, 0.03, ("trial " if len(numbers) == 1 else "trials ")
+                     + ", ".join(map(str, numbers)), ha="left", va="bottom", fontsize=7,
+                     transform=ax_knob.get_xaxis_transform())
     ax_knob.set_ylabel("stable knobs")
     handles, labels = ax_knob.get_legend_handles_labels()
-    if trial_t:
-        handles.append(Patch(color="tab:gray", alpha=0.2))
-        labels.append("canary trial")
+    for canary in sorted({mark.canary for *_, mark in spans}, reverse=True):
+        handles.append(Patch(**_TRIAL_LOOK[canary]))
+        labels.append("canary trial" if canary else "trial on all replicas")
     ax_knob.legend(handles, labels, loc="upper left", fontsize=8)
     ax_rep.step(t, [s.replicas for s in samples], where="post", color="k")
     ax_rep.set_ylabel("replicas")
