@@ -210,3 +210,17 @@ def test_a_twin_check_is_told_and_reported() -> None:
     assert "| p0 |" in section and "trusted" in section and "after refit" in section
     assert "The step times judge it." in section
     assert "Not checked" in twin_section(None)
+
+
+def test_the_time_a_run_gave_a_restore_is_told_in_tenths_not_to_the_ten_thousandth() -> None:
+    """A demo's summary read "the run gave it 12.7546 s": a float's ``:g``, a precision
+    the run's own clock (a tick a second) does not have."""
+    from slopilot.tuner.local.demo_episodes import Episode, RestoreWatch
+
+    watch = RestoreWatch(SLO, 228.1, "commit", 1, window_s=8.0, hold_s=16.0,
+                         min_requests=1, classes=("p0",))
+    episode = Episode(1, 150.0, 154.0, "SlopilotTBTP99High[p0,critical]", ("p0",),
+                      action="commit", action_at_s=228.1, closed="the end of the run",
+                      closed_at_s=240.8546, needs_s=24.0, watch=watch)
+    assert episode.describe().endswith(
+        "(a restore needs 24 s of windows after the commit; the run gave it 12.8 s)")

@@ -207,7 +207,7 @@ class Episode:
             since, end = self.action_at_s or 0.0, self.closed_at_s
             if end is not None and end - since < self.needs_s:
                 text += (f" (a restore needs {self.needs_s:g} s of windows after the "
-                         f"{self.action}; the run gave it {end - since:g} s)")
+                         f"{self.action}; the run gave it {round(end - since, 1):g} s)")
             return text
         told = []
         for v in self.verdicts:
