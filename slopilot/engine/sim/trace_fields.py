@@ -39,9 +39,10 @@ def canonical(column: str) -> str:
 
 
 class Clock:
-    """The timestamps of one file: all numbers (seconds) or all dates. Mixed, a date reads
-    as seconds since 1970 next to a number's own origin, and the trace would span 54
-    years; which kind was meant is the user's to say."""
+    """The timestamps of one file: all numbers (seconds), all dates with a zone or all
+    dates without one. Mixed, a date reads as seconds since 1970 next to a number's own
+    origin, and the trace would span 54 years; a date without a zone reads as UTC next
+    to one with its own; which kind was meant is the user's to say."""
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -53,14 +54,21 @@ class Clock:
         if self.kind is None:
             self.kind, self.since = kind, line
         elif kind != self.kind:
+            # Dates with and without a zone: the naive ones read as UTC, and two rows
+            # written a second apart replayed two hours apart beside a +02:00 one.
+            mix = ("dates with and without a zone; give every date its zone, or none"
+                   if kind in DATES and self.kind in DATES
+                   else "seconds and dates; give every row the same kind")
             raise TraceError(
                 f"{self.label}:{line}: {name}={excerpt(value)} is {kind}, but line "
                 f"{self.since} (and each row since) gives {self.kind}: the trace mixes "
-                "seconds and dates; give every row the same kind")
+                + mix)
         return seconds
 
 
-_SECONDS, DATE = "a number of seconds", "a date"
+_SECONDS = "a number of seconds"
+DATE, NAIVE_DATE = "a date with a zone", "a date without a zone (read as UTC)"
+DATES = (DATE, NAIVE_DATE)
 _PER_SECOND = {"seconds": 1.0, "milliseconds": 1e3}
 _FINEST_EPOCH = 1e20
 """Above every epoch count in a unit down to nanoseconds (1.7e18 in 2024): a time past
@@ -100,7 +108,7 @@ def trace_time(value: object, label: str, line: int, name: str, *,
                 pass
             else:
                 if stamp.tzinfo is None:  # trace timestamps without a zone are UTC (Azure's)
-                    stamp = stamp.replace(tzinfo=datetime.UTC)
+                    return stamp.replace(tzinfo=datetime.UTC).timestamp(), NAIVE_DATE
                 return stamp.timestamp(), DATE
     if number is not None and math.isfinite(number) and number >= 0:
         if number > _FINEST_EPOCH:

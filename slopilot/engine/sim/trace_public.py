@@ -21,7 +21,7 @@ from collections import Counter
 from typing import Any
 
 from slopilot.engine.sim.quote import excerpt
-from slopilot.engine.sim.trace_fields import DATE, Clock, TraceError, token_count, trace_time
+from slopilot.engine.sim.trace_fields import DATES, Clock, TraceError, token_count, trace_time
 from slopilot.engine.sim.trace_formats import (
     BURSTGPT_COLUMNS,
     CsvTable,
@@ -110,7 +110,7 @@ def parse_mooncake(text: str, label: str) -> list[TraceRecord]:
             if key not in obj:
                 raise TraceError(f"{label}:{line}: missing {key}{_other_form(obj, records)}")
         t, kind = trace_time(obj["timestamp"], label, line, "timestamp", unit="milliseconds")
-        if kind == DATE:
+        if kind in DATES:
             raise TraceError(f"{label}:{line}: timestamp={excerpt(obj['timestamp'])} is a "
                              "date; Mooncake's timestamps are milliseconds from the first "
                              "request (0, 3052): convert them, or give a CSV of dates")

@@ -364,6 +364,27 @@ def test_a_trace_mixing_seconds_and_dates_is_refused(tmp_path: Path, text: str,
         read_trace(path)
 
 
+@pytest.mark.parametrize(("text", "line"), [
+    ("2024-05-01 12:00:00,100,10\n2024-05-01 12:00:01+02:00,100,10\n", 3),
+    ("2024-05-01 12:00:00+00:00,100,10\n2024-05-01 12:00:01,100,10\n", 3),
+])
+def test_a_trace_mixing_dates_with_and_without_a_zone_is_refused(
+        tmp_path: Path, text: str, line: int) -> None:
+    """Written 1 s apart, the two rows replayed 7,201 s apart: the date without a zone
+    read as UTC beside one two hours east of it. Which clock the naive dates were on is
+    the user's to say."""
+    path = write(tmp_path, "z.csv", "arrival_time,prompt_tokens,output_tokens\n" + text)
+    with pytest.raises(TraceError, match=rf"z\.csv:{line}: arrival_time=.* dates with and "
+                                         "without a zone"):
+        read_trace(path)
+
+
+def test_dates_all_in_other_zones_are_one_kind(tmp_path: Path) -> None:
+    path = write(tmp_path, "z.csv", "arrival_time,prompt_tokens,output_tokens\n"
+                 "2024-05-01 12:00:00+02:00,100,10\n2024-05-01 10:00:01Z,100,10\n")
+    assert [r.arrival_time for r in read_trace(path)] == [0.0, 1.0]
+
+
 def test_a_time_scale_past_any_clock_is_refused(azure: list[TraceRecord]) -> None:
     with pytest.raises(TraceError, match="time_scale=1e\\+308"):
         rescale(azure, time_scale=1e308)
