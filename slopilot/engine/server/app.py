@@ -38,7 +38,11 @@ from slopilot.engine.server.client_counts import ClientCounts
 from slopilot.engine.server.client_gate import ClientGate, ClientGrants
 from slopilot.engine.server.logprobs_format import TokenText
 from slopilot.engine.server.openai_routes import add_routes
-from slopilot.engine.server.request_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from slopilot.engine.server.request_limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    BodyLimit,
+    ItemLimit,
+)
 from slopilot.engine.server.state import ServerState
 from slopilot.engine.watched_file import WatchedFile
 
@@ -105,7 +109,9 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     (``client_gate.py``) and the per-client counters are exported. None: a class is the
     client's to name and Authorization is ignored.
 
-    A request body over ``max_body_bytes`` is answered 413 while it is being read.
+    A request body over ``max_body_bytes``, or of more JSON items than a request to this
+    model can need (``request_limits.body_items_bound``), is answered 413 while it is
+    being read.
     ``wall_clock`` (Unix seconds) stamps the server's start: /v1/models' ``created``.
 
     ``check_integrity`` runs the scheduler's O(blocks) self-check whenever the engine
@@ -130,7 +136,8 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
     error_handlers.install(public)
     # Inside the arrival stamp (the middleware added later runs first): a refused body's
     # request is still stamped on arrival, and nothing of it is parsed.
-    public.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    public.add_middleware(BodyLimit, max_bytes=max_body_bytes,
+                          items=ItemLimit(backend.max_model_len, backend.vocab_size))
     if state.clients is not None:
         # Outside the body limit: a client without a key is refused before any is read.
         public.add_middleware(ClientGate, grants=state.clients)

@@ -26,6 +26,7 @@ from pydantic import (
 
 from slopilot.engine.executors.tokenizer import RENDER_VARIABLES
 from slopilot.engine.server import unhonoured_fields
+from slopilot.engine.server.json_items import surrogate_free
 
 MAX_STOP_STRINGS = 16
 # Every stop string is searched for at each token of each choice, on the event loop, for
@@ -174,7 +175,9 @@ class _GenerationFields(_NullIsDefault):
     @classmethod
     def _utf8_only(cls, data: Any) -> Any:
         # Before field parsing, so the path names the field whatever its type turns out.
-        path = _first_unencodable(data, "")
+        # A walk of every value in Python (3.4 s for 5.5 million of them, on the event
+        # loop): skipped where the raw bytes were scanned whole and show no surrogate.
+        path = None if surrogate_free() else _first_unencodable(data, "")
         if path is not None:
             raise UnencodableText(path or "the body")
         if isinstance(data, dict):
