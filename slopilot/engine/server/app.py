@@ -44,6 +44,7 @@ from slopilot.engine.server.request_limits import (
     ItemLimit,
 )
 from slopilot.engine.server.state import ServerState
+from slopilot.engine.server.stepped_json import SteppedJSONRoute
 from slopilot.engine.watched_file import WatchedFile
 
 __all__ = ["ADMIN_TOKEN_ENV", "EngineApp", "ServerState", "create_app"]
@@ -142,6 +143,8 @@ def create_app(backend: Backend, *, admin_token: str | AdminCredential | None = 
         # Outside the body limit: a client without a key is refused before any is read.
         public.add_middleware(ClientGate, grants=state.clients)
     public.add_middleware(ArrivalStamp, clock=backend.engine.clock.now)
+    # Every body parsed in steps that let the other streams' chunks out (stepped_json.py).
+    public.router.route_class = SteppedJSONRoute
     add_routes(public, state)
     admin = create_admin_app(engine, state.admin_token, backend.metrics)
     return EngineApp(public, admin, state, admin_port)

@@ -6,6 +6,7 @@ by one in Python where its bytes show no surrogate escape."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Iterator
@@ -15,11 +16,11 @@ import httpx
 import pytest
 import starlette.requests
 
-from slopilot.engine.server import protocol
+from slopilot.engine.server import protocol, serving, stepped_json
 from slopilot.engine.server.json_items import JsonItems
 from slopilot.engine.server.protocol import MAX_CHOICES
 from slopilot.engine.server.request_limits import body_items_bound
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer, build_backend, start_server
 from tests.support.waits import HANG_GUARD_S
 
 
@@ -140,7 +141,7 @@ def test_requests_at_the_deployments_limits_are_served(server: LiveServer,
     res = _post(server, raw)
     assert res.status_code == 200, res.text[:300]
     assert len(res.json()["choices"]) == MAX_CHOICES
-    assert len(raw) in loads.sizes
+    assert len(raw) not in loads.sizes  # parsed in steps, never by one json.loads
     # A chat history of one-word messages filling the context.
     chat = {"messages": [{"role": "user", "content": "w"}] * (context // 8),
             "max_tokens": 1}
@@ -168,3 +169,57 @@ def test_strings_are_not_walked_where_the_bytes_hold_no_surrogate(
     assert res.status_code == 400, res.text
     assert res.json()["error"]["param"] == "stop.0"
     assert walked
+
+
+def test_a_large_logit_bias_is_prepared_off_the_loop_and_read_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # prepare() checks each choice's bias in Python: a full vocabulary's for 16 choices
+    # held the loop 1.26 s when a short prompt sent it inline.
+    body = protocol.CompletionRequest(prompt="hi", max_tokens=1, n=MAX_CHOICES,
+                                      logit_bias={str(t): 1.0 for t in range(4096)})
+    assert serving.text_size(body) >= serving.INLINE_PREPARE_CHARS
+    assert serving.text_size(protocol.CompletionRequest(
+        prompt="hi", logit_bias={"1": 1.0}, stop_token_ids=[2])) < serving.INLINE_PREPARE_CHARS
+    reads: list[int] = []
+    bias = protocol.CompletionRequest.bias
+
+    def counted(self: protocol.CompletionRequest) -> tuple[tuple[int, float], ...]:
+        reads.append(1)
+        return bias.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    monkeypatch.setattr(protocol.CompletionRequest, "bias", property(counted))
+    prep = serving.prepare(build_backend(), body, {}, 0.0)
+    assert len(prep.choices) == MAX_CHOICES and len(reads) == 1
+    assert all(len(c.request.sampling.logit_bias) == 4096 for c in prep.choices)
+
+
+def test_a_body_is_parsed_in_steps_the_loop_runs_between() -> None:
+    value = {"prompt": [[1, 22, 333] * 5000] * 16, "logit_bias": {str(t): -1.5 for t in
+                                                                 range(20_000)}}
+    body = json.dumps(value).encode()
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    async def parse() -> Any:
+        ticker = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        start = turns
+        try:
+            parsed = await stepped_json.loads(body)
+        finally:
+            ticker.cancel()
+        assert turns - start >= len(body) // stepped_json.STEP_BYTES
+        return parsed
+
+    assert asyncio.run(parse()) == value
+    # Its errors are json.loads' own, where it says them.
+    with pytest.raises(json.JSONDecodeError) as caught:
+        asyncio.run(stepped_json.loads(body[:-1]))
+    with pytest.raises(json.JSONDecodeError) as whole:
+        json.loads(body[:-1])
+    assert (caught.value.msg, caught.value.pos) == (whole.value.msg, whole.value.pos)
