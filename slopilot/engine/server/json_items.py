@@ -17,9 +17,10 @@ an escape). ``json.loads``' own checks come later, on what passes: a body that i
 is counted as well as it can be and then refused by the parser.
 
 It also notes whether the body may hold a lone surrogate at all (an ``\\ud800``-
-``\\udfff`` escape or such bytes, which Python's JSON reader passes through): where it
-cannot, the per-string UTF-8 check (``protocol._utf8_only``, a Python walk of every
-value: 3.4 s of the body above) has nothing to find.
+``\\udfff`` escape or such bytes, which Python's JSON reader passes through, or a text
+that is not UTF-8): where it cannot, the per-string UTF-8 check
+(``protocol._utf8_only``, a Python walk of every value: 3.4 s of the body above) has
+nothing to find.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from contextvars import ContextVar
 _STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)
 # A surrogate's escape (any case; \ud800-\udfff) or its UTF-8-like bytes (ED A0-BF),
 # found by plain substring search: a first pass by literal is far cheaper than a pattern
-# with alternatives at every byte (0.44 s for 22 MB).
-_SURROGATE_MARKS = (b"\\ud", b"\\uD", b"\xed")
+# with alternatives at every byte (0.44 s for 22 MB). And a NUL: Python's JSON reader
+# takes UTF-16 and UTF-32 too (their ASCII has NULs, which UTF-8 JSON never holds), and
+# reads their surrogate code units as they are.
+_SURROGATE_MARKS = (b"\\ud", b"\\uD", b"\xed", b"\x00")
 _MARK_SPAN = 5  # a mark a chunk's end cuts: its bytes on both sides, checked together
 
 

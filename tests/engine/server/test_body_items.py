@@ -223,3 +223,13 @@ def test_a_body_is_parsed_in_steps_the_loop_runs_between() -> None:
     with pytest.raises(json.JSONDecodeError) as whole:
         json.loads(body[:-1])
     assert (caught.value.msg, caught.value.pos) == (whole.value.msg, whole.value.pos)
+
+
+def test_a_lone_surrogate_in_a_utf16_body_is_still_named(server: LiveServer) -> None:
+    # Python's JSON reader takes UTF-16 and reads a lone surrogate's code unit as it is:
+    # no escape, no ED byte, and the walk must still run.
+    body = '{"prompt": "ok", "max_tokens": 1, "stop": ["a\ud800"]}'.encode(
+        "utf-16-le", "surrogatepass")
+    res = _post(server, body)
+    assert res.status_code == 400, res.text
+    assert res.json()["error"]["param"] == "stop.0"
