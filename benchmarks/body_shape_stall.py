@@ -13,7 +13,8 @@ shape at once, under the 16 MiB body cap:
   items, 16.5 MB);
 - ``keys``: a short prompt and 800,000 unknown keys (13 MB);
 - ``logit_bias``: a short prompt and a bias for every token id (a request the server
-  serves).
+  serves);
+- ``batch``: 16 prompts of token ids, each the whole context but one token (served).
 
 Per round, the longest gap between two text events of any stream from the bodies' send
 until every answer came back, and the longest /health round trip probed every 50 ms
@@ -44,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 128_256  # the simulated Llama-3-8B's
+CONTEXT = 8192
 
 
 def body_of(shape: str) -> bytes:
@@ -55,7 +57,9 @@ def body_of(shape: str) -> bytes:
     if shape == "logit_bias":
         return json.dumps({**head, "logit_bias": {str(t): 1.0 for t in range(VOCAB)}}
                           ).encode()
-    raise ValueError(f"shape={shape!r}: values, keys or logit_bias")
+    if shape == "batch":
+        return json.dumps({**head, "prompt": [[1] * (CONTEXT - 1)] * 16}).encode()
+    raise ValueError(f"shape={shape!r}: values, keys, logit_bias or batch")
 
 
 @contextmanager
@@ -187,7 +191,7 @@ def measure(tree: Path, body: bytes, args: argparse.Namespace
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--before", type=Path, help="a checkout of the code to compare with")
-    p.add_argument("--shape", choices=("values", "keys", "logit_bias"), default="values")
+    p.add_argument("--shape", choices=("values", "keys", "logit_bias", "batch"), default="values")
     p.add_argument("--bodies", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--streams", type=int, default=4)
