@@ -146,7 +146,7 @@ def test_requests_at_the_deployments_limits_are_served(server: LiveServer,
     chat = {"messages": [{"role": "user", "content": "w"}] * (context // 8),
             "max_tokens": 1}
     res = _post(server, json.dumps(chat).encode(), "/v1/chat/completions")
-    assert res.status_code != 413, res.text[:300]
+    assert res.status_code == 200, res.text[:300]
 
 
 def test_strings_are_not_walked_where_the_bytes_hold_no_surrogate(
