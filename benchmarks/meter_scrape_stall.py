@@ -76,13 +76,14 @@ def render_ms(render: str, slo_file: Path) -> float:
     slo = m.slo.current().class_slo(Priority.P0)
     for i in range(200):
         m.latency.first_token(0.001 * (i + 1))
-        m.latency.token_gaps([0.0001 * (i + 1)] * 10)
+        for _ in range(10):
+            m.latency.token_gap(0.0001 * (i + 1))
         m.verdicts.observe(Priority.P0, slo, met=i % 4 != 0, tokens=i)
     fn = m.render if render == "tree" else lambda: generate_latest(m.registry)
     times = []
     for i in range(50):
         m.latency.first_token(0.002 * (i + 1))
-        m.latency.token_gaps([0.0003 * (i + 1)])
+        m.latency.token_gap(0.0003 * (i + 1))
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)

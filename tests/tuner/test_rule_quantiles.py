@@ -113,7 +113,8 @@ def meter_exposition(figures: Figures, priority: Priority) -> str:
     latency = ClientLatency(priority)
     for t in figures.ttft:
         latency.first_token(t)
-    latency.token_gaps(figures.tbt)
+    for g in figures.tbt:
+        latency.token_gap(g)
     registry = CollectorRegistry()
     registry.register(_Families(latency.families("m")))
     return generate_latest(registry).decode()

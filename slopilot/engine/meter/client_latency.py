@@ -6,7 +6,7 @@ engine core's steps. Parsing and validating the request before, and detokenizing
 serializing and writing after (with an API server's event loop busy under load, vLLM's
 known bottleneck), are left out: they read low against what a client measures. The
 meter observes each streamed completion's first token at its write (from the request's
-arrival at the meter) and each token gap at the write that brought it (``ClientGaps``),
+arrival at the meter) and one gap at each later write that brought tokens (``ClientGaps``),
 as the built-in engine's server does (``server/responses.py``), on its bucket edges
 (``TOKEN_LATENCY_BUCKETS``, with the thresholds of the SLO the meter started with:
 ``latency_buckets.token_latency_buckets``), so the recording rules read the same figure
@@ -75,10 +75,9 @@ class ClientLatency:
         (``StreamJudge.left_within_ttft``)."""
         self.abandoned[within_target] += choices
 
-    def token_gaps(self, gaps: list[float]) -> None:
-        """The gaps of the tokens a written chunk brought (``ClientGaps.written``)."""
-        for gap in gaps:
-            self.gaps.observe(gap)
+    def token_gap(self, gap: float) -> None:
+        """The gap of a written chunk that brought tokens (``ClientGaps.written``)."""
+        self.gaps.observe(gap)
 
     def texts(self, model_name: str) -> list[HistogramText]:
         """Both histograms as their exposition text (``metrics_text``), as the verdicts
@@ -106,6 +105,7 @@ class ClientLatency:
              "arrival at the meter to the write of a choice's first token (streamed "
              "completions).", self.ttft),
             (CLIENT_TBT, "Time between tokens as the client saw them: the time between "
-             "the writes of a choice's chunks, the gap of a chunk's first token, 0 for "
-             "the others it brings (as its engine counts them; one where it does not).",
+             "the writes of a choice's chunks that bring tokens, one a chunk after the "
+             "first however many it brings, as vllm bench serve times them (a count of "
+             "chunks, not of tokens).",
              self.gaps))

@@ -23,11 +23,10 @@ ended, as a client's parser sees it; one that is not JSON is unreadable, as it i
 
 What is not kept is not counted: a chunk's ``token_ids`` and ``logprobs`` entries. Its
 tokens are its continuous usage's growth (the meter asks vLLM for it on every chat and
-completions stream, ``usage_stats``), else one. One is the conservative count: a chunk's
-wait is its first token's gap and the others it brings came with it, gap 0
-(``ClientGaps``), so counting fewer drops only zero gaps. Every slow wait its client saw
-is still observed, and the share of slow gaps reads no lower; the verdict's tokens are
-the stream's final usage where vLLM writes it.
+completions stream, ``usage_stats``), else one. The gaps do not hang on that count: a
+chunk that brings tokens is one gap whatever it brings (``ClientGaps``), so every wait its
+client saw is observed as it saw it; the count is only the verdict's tokens, and those
+are the stream's final usage where vLLM writes it.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The proxy hands over each piece of the upstream's answer after writing it to the client,
 with the moment it was written. The events it completes are read: each choice's first
-text is its first token (TTFT from the request's arrival at the meter), and the first
-token of each later event waited the time since the choice's last one, the others came
-with it (``ClientGaps``). vLLM
+text is its first token (TTFT from the request's arrival at the meter), and each later
+event that brings tokens is one gap, the time since the choice's last one, however many
+it brings (``ClientGaps``, as ``vllm bench serve`` times them). vLLM
 streams a chunk per step, one token each, but merges the steps its API server could not
 write yet into one chunk: a chunk's tokens are what it says (its continuous usage, which
 the meter asks vLLM for on every chat and completions stream: ``usage_stats``; its token
@@ -315,12 +315,15 @@ class StreamJudge:
             choice.ttft_s = at - self.arrival
             if self.latency is not None:
                 self.latency.first_token(choice.ttft_s)
-        gaps = choice.gaps.written(tokens, at)
-        if self.latency is not None:
-            self.latency.token_gaps(gaps)
         choice.tokens += tokens
-        choice.gap_count += len(gaps)
-        choice.over += sum(1 for g in gaps if self.tbt_s is not None and g > self.tbt_s)
+        gap = choice.gaps.written(tokens, at)
+        if gap is None:
+            return
+        if self.latency is not None:
+            self.latency.token_gap(gap)
+        choice.gap_count += 1
+        if self.tbt_s is not None and gap > self.tbt_s:
+            choice.over += 1
 
     def verdicts(self, now: float) -> list[Verdict]:
         """Each choice's verdict, the stream having ended at ``now``, as the engine's

@@ -4,10 +4,13 @@ vLLM merges the outputs its API server had not written yet into one chunk, so a 
 server's chunks bring several tokens, and says how many only where asked: with
 ``stream_options: {"include_usage": true, "continuous_usage_stats": true}`` each chunk's
 ``usage.completion_tokens`` counts its choice's tokens so far (a chat ``echo``'s chunk
-0). Without them a chunk's tokens are unknown, and its gap, read as one token's, is
-several tokens' (``stream_judge``). vLLM's own ``vllm:inter_token_latency_seconds``
-observes a gap per engine step, one token a step, however its API server merged them:
-the meter's histogram and verdicts compare with it only where it knows the tokens.
+0). Without them a chunk's tokens are unknown: its gap is one gap a chunk all the same
+(``ClientGaps``, as a client times it), but the tokens a verdict counts (the goodput's)
+would be the chunks', and a chat ``echo``'s chunk, which brings none, would read as the
+first token (``stream_judge``). vLLM's own ``vllm:inter_token_latency_seconds`` observes
+a gap per engine output of a request (one an iteration), however its API server merged
+them: where that server falls behind, the meter's gaps are fewer and longer, as its
+clients see them.
 
 So the meter asks for continuous usage on every chat and completions stream it judges
 (``ask``), and takes out of the answer what the client did not ask for

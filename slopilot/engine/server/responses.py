@@ -20,16 +20,17 @@ sent; the finish reason is counted then too, as the client got it. ``Delivery`` 
 both stamps and the cleanup; the route's response runs that cleanup after sending,
 whatever happened, so every engine request is observed once.
 Inter-token latency is observed here for the tokens handed out only, as vLLM's frontend
-does, and as the client sees it: in a stream, the time since the last chunk that
-brought tokens to the moment this one was written, the first token's gap, the others
-it brings came with it (``ClientGaps``; a busy event loop shows in it, as on the client's
-side, and a slow connection within ``send_ahead``'s bound: a chunk is "written" once the
-kernel took it with at most 16 KiB unsent ahead of it, not once the client read it); in a
-body,
-which shows no gap, the engine's gap between a token and the one before. Generated
-tokens are counted with them (``ChoiceState.hand_out``): once their chunk was written,
-or the whole body sent, so a client that left before its body went out got, and counts,
-none.
+does, and as the client sees it: in a stream, one gap a chunk that brings tokens after
+the first, the time since the last such chunk to the moment this one was written,
+however many tokens it brings (``ClientGaps``, as ``vllm bench serve`` times them; a
+busy event loop shows in it, as on the client's side, and a slow connection within
+``send_ahead``'s bound: a chunk is "written" once the kernel took it with at most 16 KiB
+unsent ahead of it, not once the client read it); in a body, which shows no gap, the
+engine's gap between a token and the one before (one an iteration: vLLM's, one an engine
+output). A stream's gaps are therefore no count of its tokens: those are counted apart
+(``ChoiceState.hand_out``: ``vllm:generation_tokens_total``), once their chunk was
+written, or the whole body sent, so a client that left before its body went out got,
+and counts, none.
 Where the server knows the deployment's SLO, each choice is judged once delivered
 against its class's objectives as they stood when it arrived (``ClassSLO.met`` on that
 TTFT and those gaps, the simulator's rule), and counted with the tokens the client got:
@@ -141,15 +142,18 @@ class ChoiceState:
         client, in a chunk written at ``written_at`` (streaming), or in the whole body
         (None).
 
-        A stream's gaps are the ones its client measures (``ClientGaps``: the time since
-        the last chunk that brought tokens is its first token's gap, the others came with
-        it). A body
-        shows its client no gap at all, so its gaps are the engine's, as made (vLLM's
+        A stream's gaps are the ones its client measures (``ClientGaps``: one a chunk,
+        the time since the last chunk that brought tokens, whatever this one brings). A
+        body shows its client no gap at all, so its gaps are the engine's, as made (vLLM's
         frontend observes those for both)."""
         n = len(self.token_ids) - self.handed
         self.metrics.count_delivered(n)
         self.handed = len(self.token_ids)
-        gaps = self.unhanded_gaps if written_at is None else self.written.written(n, written_at)
+        if written_at is None:
+            gaps = self.unhanded_gaps
+        else:
+            gap = self.written.written(n, written_at)
+            gaps = [] if gap is None else [gap]
         priority = self.choice.request.priority
         for gap in gaps:
             self.metrics.observe_token_gap(priority, gap)

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slopilot.engine.histogram_quantiles import histogram_quantile
 from slopilot.engine.latency_buckets import TOKEN_LATENCY_BUCKETS
 from slopilot.engine.meter.client_latency import CLIENT_ABANDONED, CLIENT_TBT, CLIENT_TTFT
 from slopilot.engine.meter.proxy import Meter
 from slopilot.engine.slo import WITHIN_TTFT_TARGET
 from slopilot.engine.verdicts import SLO_REQUESTS, SLO_TOKENS
+from tests.engine.meter import vllm_wire as wire
 from tests.engine.meter.test_meter import (
     DONE,
     HOLD,
@@ -152,6 +154,43 @@ def test_each_choice_of_n_has_its_first_token_and_its_own_gaps(tmp_path: Path) -
     # Choice 1's gap is its own 0.1875 s, not the 0.0625 s since choice 0's token.
     assert counts_at(gaps, 0.075, 0.2, 0.3, math.inf) == [0, 1, 3, 3]
     assert gap_sum == 0.6875
+
+
+def test_a_stall_whose_tokens_come_in_one_chunk_is_one_gap_in_the_exported_p99(
+        tmp_path: Path) -> None:
+    """vLLM's API server, its loop stalled 3 s, writes the 150 tokens it backed up in one
+    chunk (its continuous usage says so). The client, as ``vllm bench serve``, times one
+    gap a chunk: 81 here, one of them 3 s, and its P99 past 1 s. The meter observed the
+    stall and 149 gaps of 0 (230, one a token): its P99 read 7.9 ms, under the SLO's
+    100 ms target, and the stream met it."""
+    upstream, now = Upstream(), [0.0]
+    meter = meter_for(tmp_path, upstream, now)
+    pieces, writes, at, tokens = [], [], 0.25, 0
+    # 1/128 s apart, exact in binary: a first token, 60 more, the stall, 20 more.
+    for n, wait in [(1, 0.0)] + [(1, 1 / 128)] * 60 + [(150, 3.0)] + [(1, 1 / 128)] * 20:
+        at += wait
+        tokens += n
+        pieces.append(wire.completion(0, "a" * n, usage=(2, tokens)))
+        writes.append(at)
+    pieces += [wire.completion(0, "", finish="length", usage=(2, tokens)), wire.DONE]
+    writes += [at, at]
+    upstream.answer(pieces, headers={"content-type": wire.CONTENT_TYPE})
+
+    async def go() -> dict[str, Any]:
+        await Client(meter, now).request("POST", "/v1/completions",
+                                         {**STREAM, "max_tokens": tokens},
+                                         written_at=writes)
+        return await scrape(meter, now)
+
+    families = run(go)
+    gaps, gap_sum = buckets(families, CLIENT_TBT)
+    assert gaps[math.inf] == 81  # the chunks after the first, not the tokens
+    assert gap_sum == 3.0 + 80 / 128
+    assert histogram_quantile(0.99, gaps) > 1.0
+    verdicts = {s.labels["met"]: s.value
+                for s in families[SLO_TOKENS.removesuffix("_total")].samples
+                if s.labels["priority_class"] == "p0" and s.name == SLO_TOKENS}
+    assert verdicts == {"true": 0, "false": tokens}  # the tokens, from the usage
 
 
 def test_a_body_not_streamed_observes_nothing(tmp_path: Path) -> None:

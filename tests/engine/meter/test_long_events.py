@@ -219,8 +219,8 @@ def test_an_event_of_the_bound_is_read_whole_and_one_past_it_by_its_keys(
     """At ``MAX_EVENT_BYTES`` the chunk is parsed whole, one byte more it is read as it
     passes: judged alike by the continuous usage the meter asks vLLM for. Without it
     the ids past the bound are not counted and the chunk brings one token: the least a
-    chunk with output brings, so its wait stays one gap and the zero gaps of the tokens
-    that came with it are left out (``long_event``)."""
+    chunk with output brings. Its wait is one gap all the same, whatever it brings
+    (``ClientGaps``); only the verdict's tokens are fewer (``long_event``)."""
     def stream(first: bytes) -> list[tuple[bytes, float]]:
         last = wire.completion(0, "d", finish="length",
                                usage=None if usage is None else (5, 4))
@@ -252,8 +252,8 @@ def test_an_oversized_event_in_many_reads_is_seen_when_it_ends(
         tokens: int) -> None:
     """Its client's parser acts on it at its end, however the reads split it: its first
     token came at its last read (0.7 s, its target 0.5 s), not at its first (0.2 s).
-    The chat's 1,200 merged tokens, its continuous usage says, are one 0.4 s wait and
-    1,199 gaps of 0: it met its SLO where it came on time."""
+    The chat's 1,200 merged tokens, its continuous usage says, came in that one chunk:
+    no gap of theirs, counted by the usage: it met its SLO where it came on time."""
     events = framed(render(False, True), line_end)
     small = 1 if render is long_chat else 0  # the chat's role chunk: no token
     pieces = reads(events[small], read)

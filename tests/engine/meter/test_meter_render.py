@@ -73,7 +73,8 @@ def test_the_histograms_are_rendered_under_the_model_name_the_streams_gave(
 def test_a_histogram_observed_after_a_render_is_rendered_anew(tmp_path: Path) -> None:
     meter, _ = streamed(tmp_path)
     meter.render()
-    meter.latency.token_gaps([0.0123, 0.5])
+    meter.latency.token_gap(0.0123)
+    meter.latency.token_gap(0.5)
     assert meter.render() == generate_latest(meter.registry)
     meter.latency.first_token(0.0123)
     assert meter.render() == generate_latest(meter.registry)
@@ -87,7 +88,7 @@ def test_a_render_does_a_fraction_of_prometheus_client_s_work_on_the_same_state(
     written from text formatted once, and not again until its counts change."""
     meter, _ = streamed(tmp_path)
     meter.render()
-    meter.latency.token_gaps([0.0123])  # one of the two histograms changed since
+    meter.latency.token_gap(0.0123)  # one of the two histograms changed since
     generic = calls(lambda: generate_latest(meter.registry))
     assert calls(meter.render) * 5 < generic
 

@@ -169,9 +169,9 @@ def test_a_chunk_that_says_how_many_tokens_it_brings_counts_them(
     """vLLM merges the outputs its API server had not yet written into one chunk (its
     output collector), so a busy server streams chunks of several tokens. Where the
     chunk says how many (continuous usage, logprobs), the meter counts them: 5 tokens,
-    4 gaps. The client waited 0.25 s for "bcd": one gap over the 0.1 s target, and
-    none for the two that came with it (``ClientGaps``, as on the built-in engine): 1 of
-    4, a miss, as a client timing chunks (one ITL a chunk) reads it. Shared, it read
+    in 3 chunks, 2 gaps. The client waited 0.25 s for "bcd": one gap over the 0.1 s
+    target, whatever the chunk brings (``ClientGaps``, as on the built-in engine): 1 of
+    2, a miss, as a client timing chunks (one ITL a chunk) reads it. Shared, it read
     as three 0.083 s gaps, a stream met that its client saw stall."""
     assert judged(tmp_path, path, body, pieces) == {MISSED: (1, 5)}
 
