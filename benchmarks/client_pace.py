@@ -5,8 +5,8 @@
 cases, one after the other, each read as the deltas of the exported series over it:
 
 - ``slow``: one stream read by a client with a 1 KiB receive buffer taking 2,000 bytes
-  every 100 ms (a slow link, ~20 KB/s). Client: its TTFT, its token-gap P99 (a chunk's
-  wait its first token's gap, 0 for the others it brings: ``ClientGaps``' rule), the
+  every 100 ms (a slow link, ~20 KB/s). Client: its TTFT, its gap P99 (one a chunk
+  with text after the first, however many tokens it brings: ``ClientGaps``' rule), the
   stream's end; exported: the TTFT and gap P99 of the histograms (``histogram_quantile``),
   the e2e latency (engine only).
 - ``stall``: one stream whose client, with a 1 KiB receive buffer (``--stall-rcvbuf``; 0

@@ -16,8 +16,8 @@ own figures, counted as the engine counts them:
 
 - TTFT P99: over the requests whose first chunk arrived in the window (send to first
   chunk);
-- TBT P99: over the token gaps that arrived in the window (a chunk's gap since the one
-  before for its first token, 0 for the others it brought);
+- TBT P99: over the gaps that arrived in the window (one a chunk after the first, its
+  wait since the one before, however many tokens it brought: ``ClientGaps``);
 - finished requests, throughput (their output tokens / s), goodput (the output tokens /
   s of those that met their class's SLO by ``ClassSLO.met`` on the client's timings,
   the SLO the server had when they were sent) over the requests whose last chunk
@@ -131,15 +131,16 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def token_gaps(rec: Record) -> list[tuple[float, float]]:
-    """``(arrived, gap)`` for every output token after the first: a chunk's gap since the
-    chunk before is its first token's, the others came with it (no gap), as did those
-    that came with the first chunk (``ClientGaps``)."""
+    """``(arrived, gap)`` for every chunk that brought tokens after the first: its wait
+    since the last one that did, however many it brought, as ``vllm bench serve`` times
+    them (``ClientGaps``)."""
     out: list[tuple[float, float]] = []
-    for i, (t, n) in enumerate(zip(rec.arrivals, rec.tokens, strict=True)):
-        if i == 0:
-            out += [(t, 0.0)] * (n - 1)
-        elif n > 0:
-            out += [(t, t - rec.arrivals[i - 1])] + [(t, 0.0)] * (n - 1)
+    last: float | None = None
+    for t, n in zip(rec.arrivals, rec.tokens, strict=True):
+        if n > 0:
+            if last is not None:
+                out.append((t, t - last))
+            last = t
     return out
 
 

@@ -7,9 +7,9 @@ prefill stalls the decodes batched with it and the slow gaps bunch on a few requ
 which is where the product of histogram shares reads goodput high. ``slopilot meter``
 runs in front of it, judging by ``--slo``'s P0 objectives. An open-loop client (Poisson)
 streams a mix of short and long prompts through the meter, every request P0, and judges
-each request itself: ``ClassSLO.met`` on its own chunk arrivals, a chunk's gap its first
-token's, 0 for the others it brings. Over the same requests, the share of output tokens
-that met the SLO:
+each request itself: ``ClassSLO.met`` on its own chunk arrivals, one gap a chunk after
+the first, however many tokens it brings. Over the same requests, the share of output
+tokens that met the SLO:
 
 - ``client``: the client's own verdicts, the truth;
 - ``meter``: the meter's verdict counters, which the goodput rule reads per replica;
@@ -88,13 +88,11 @@ class Record:
     done: bool = False
 
     def gaps(self) -> list[float]:
-        """A chunk's gap since the one before for its first token, 0 for the others it
-        brings (as the meter and the engine's server count them)."""
-        out: list[float] = []
-        for i, (t, n) in enumerate(zip(self.arrivals, self.tokens, strict=True)):
-            out += [0.0] * (n - 1) if i == 0 else \
-                [t - self.arrivals[i - 1]] + [0.0] * (n - 1)
-        return out
+        """One gap a chunk that brings tokens after the first, its wait since the last
+        one that did, however many it brings (``ClientGaps``, as the meter and the
+        engine's server count them, and ``vllm bench serve`` times them)."""
+        at = [t for t, n in zip(self.arrivals, self.tokens, strict=True) if n > 0]
+        return [b - a for a, b in zip(at, at[1:], strict=False)]
 
     def met(self, slo: ClassSLO) -> bool:
         tbt = slo.tbt_p99_ms

@@ -15,8 +15,8 @@
    wire's time to the first text event's bytes (what a server stamp can match), and the
    SDK's time turning those bytes into a chunk.
 4. TBT truth: the server's inter-token latency (vllm:inter_token_latency_seconds, the
-   gap between the writes of the chunks that bring the tokens, a chunk's first token's,
-   0 for the others, observed for the tokens handed out)
+   gap between the writes of the chunks that bring tokens, one a chunk after the first
+   however many it brings, observed for the tokens handed out)
    against the gaps between text events a bare socket client reads, streaming at the same
    steady rate on the simulated executor: the mean, and the p99 (the client's exact; the
    server's interpolated in its buckets as Prometheus's histogram_quantile does).
@@ -434,9 +434,9 @@ def _bucket_quantile(q: float, buckets: dict[float, float]) -> float:
 
 async def _tbt_load(url: str, rate: float, seconds: float, tokens: int,
                     logprobs: int | None = None) -> list[float]:
-    """Each output token's gap as a client sees it, read off a bare socket: the time
-    between the text events of a stream for an event's first token, 0 for the others it
-    brings (those of the first came with no gap)."""
+    """Each gap as a client sees it, read off a bare socket: the time between the text
+    events of a stream that bring tokens, one an event after the first, however many it
+    brings (``ClientGaps``, as ``vllm bench serve`` times them)."""
     gaps: list[float] = []
 
     async def one(i: int) -> None:
@@ -445,11 +445,8 @@ async def _tbt_load(url: str, rate: float, seconds: float, tokens: int,
         if logprobs is not None:
             body["logprobs"] = logprobs
         events = await _raw_text_events(url, body, count=_event_tokens)
-        for k, (stamp, n) in enumerate(events):
-            if k == 0:
-                gaps.extend([0.0] * (n - 1))
-            elif n:
-                gaps.extend([stamp - events[k - 1][0]] + [0.0] * (n - 1))
+        at = [stamp for stamp, n in events if n]
+        gaps.extend(b - a for a, b in zip(at, at[1:], strict=False))
 
     await _at_rate(rate, seconds, one)
     return gaps

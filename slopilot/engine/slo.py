@@ -262,6 +262,9 @@ class SLOJudge:
         over = self._over.pop(req.request_id, 0)
         if req.first_token_time is None:
             return None
+        # Its gaps: one an engine output after the first, each of one token here (no
+        # speculative decoding), so one a token; the live server counts one a chunk it
+        # wrote (``ClientGaps``), the same where no output waited for another's write.
         return self._classes[req.priority].met(req.first_token_time - req.arrival_time,
                                                req.num_output_tokens - 1, over)
 

@@ -144,6 +144,10 @@ class SimStats:
         c.tokens += 1
 
     def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
+        # One engine output of a request, one token: the twin models no speculative
+        # decoding and no server loop that merges outputs, so each gap here is also one
+        # chunk's, as the live series count them (``ClientGaps``, one a chunk), and each
+        # brings one token (``tests/engine/sim/test_stats.py`` holds both).
         self._judge.on_token_gap(req, gap_s)
         if not self._counted(req, now):
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from slopilot.engine.request import Priority
+from slopilot.engine.request import Priority, Request
 from slopilot.engine.sim.scenario import load_scenario
 from slopilot.engine.sim.simulator import Measure, simulate
 from slopilot.engine.sim.stats import REFUSED_TTFT_S, ttft_percentile_ms
@@ -238,3 +238,43 @@ def test_a_request_whose_output_can_never_fit_is_rejected_as_the_server_refuses_
     assert p2.requests_unfinished == 0
     assert s.run is not None and s.run.rejected == 1
     assert s.classes[Priority.P0].requests_finished == 1
+
+
+class _Outputs:
+    """Each request's output length at each of its engine outputs (first token, gaps)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[int]] = {}
+        self.gaps: dict[str, int] = {}
+
+    def on_step(self, *_: object) -> None:
+        pass
+
+    def on_first_token(self, req: Request, ttft_s: float, now: float) -> None:
+        self.seen[req.request_id] = [req.num_output_tokens]
+
+    def on_token_gap(self, req: Request, gap_s: float, now: float) -> None:
+        self.seen[req.request_id].append(req.num_output_tokens)
+        self.gaps[req.request_id] = self.gaps.get(req.request_id, 0) + 1
+
+    def on_finished(self, req: Request, now: float) -> None:
+        pass
+
+
+def test_the_twin_counts_one_gap_an_engine_output_and_each_brings_one_token() -> None:
+    """The live series count one gap a chunk that brings tokens (``ClientGaps``), vLLM's
+    one an engine output; the twin's TBT P99 and verdicts count one a token
+    (``SimStats.on_token_gap``, ``SLOJudge.finished``: output tokens - 1). The two are
+    the same count only while each engine output of a request brings one token and is
+    its own chunk: the twin models neither speculative decoding nor a server loop that
+    merges outputs, so it must never emit more than one token an output. Held here,
+    under a load that queues and batches prefills with decodes."""
+    records = [TraceRecord(0.02 * i, 30 if i % 3 else 600, 40, Priority.P1)
+               for i in range(120)]
+    outputs = _Outputs()
+    simulate(SCENARIO, {"max_num_seqs": 16, "chunk_size": 256}, duration_s=5.0,
+             workload=replay(records), observers=[outputs])
+    assert len(outputs.seen) == 120
+    for rid, lengths in outputs.seen.items():
+        assert lengths == list(range(1, len(lengths) + 1)), rid
+        assert outputs.gaps.get(rid, 0) == len(lengths) - 1
