@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -92,7 +93,7 @@ class Record:
         one that did, however many it brings (``ClientGaps``, as the meter and the
         engine's server count them, and ``vllm bench serve`` times them)."""
         at = [t for t, n in zip(self.arrivals, self.tokens, strict=True) if n > 0]
-        return [b - a for a, b in zip(at, at[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(at)]
 
     def met(self, slo: ClassSLO) -> bool:
         tbt = slo.tbt_p99_ms

@@ -18,8 +18,8 @@ arms, side by side, the order turning round by round so a busy machine slows all
   more often so that the scrapes touch enough gaps to show in a P99 within a short run.
 
 Per arm, the medians over ``--rounds`` of each round's token-gap P50, P99 and max as the
-client measured them (an event's first token gets the gap from the event before it; any
-more it brings, 0: they came with no gap), and the server's own P99 of its
+client measured them (one gap an event that brings tokens after the first, from the
+event before it, however many it brings: ``ClientGaps``), and the server's own P99 of its
 ``vllm:inter_token_latency_seconds`` over the round (its histogram's increase, read as
 ``histogram_quantile`` reads it); per render, the scrape arm's excess over the other,
 and the scrapes' median round trip as the scraper measured it under the load. Also, in
@@ -101,7 +101,7 @@ print(json.dumps(trips), flush=True)
 
 async def _stream(host: str, port: int, body: bytes, gaps: list[float]) -> None:
     """One streamed completion over a bare socket: each text event's gap after the one
-    before it, for its first token; 0 for each more token it brings."""
+    before it, one an event, however many tokens it brings (``ClientGaps``)."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
@@ -116,9 +116,8 @@ async def _stream(host: str, port: int, body: bytes, gaps: list[float]) -> None:
                      for c in json.loads(line[6:]).get("choices") or ())
         if not tokens:
             continue
-        if last is not None:  # the first event's first token is its TTFT, not a gap
+        if last is not None:  # the first event's wait is its TTFT, not a gap
             gaps.append(stamp - last)
-        gaps.extend([0.0] * (tokens - 1))
         last = stamp
     writer.close()
 

@@ -446,7 +446,7 @@ async def _tbt_load(url: str, rate: float, seconds: float, tokens: int,
             body["logprobs"] = logprobs
         events = await _raw_text_events(url, body, count=_event_tokens)
         at = [stamp for stamp, n in events if n]
-        gaps.extend(b - a for a, b in zip(at, at[1:], strict=False))
+        gaps.extend(b - a for a, b in itertools.pairwise(at))
 
     await _at_rate(rate, seconds, one)
     return gaps
