@@ -141,7 +141,8 @@ def worst_share(r: TrialResult) -> tuple[str, str | None]:
     return share_text(name, r.constraints[worst]), name
 
 
-def _limit(slo: SLOSpec, term: str) -> float:
+def term_limit(slo: SLOSpec, term: str) -> float:
+    """The limit the SLO sets for ``term``, in its unit (``term_label``)."""
     if term == "preemptions_per_min":
         limit = slo.max_preemptions_per_min
     else:
@@ -164,7 +165,7 @@ def violations(result: TrialResult, slo: SLOSpec) -> list[Violation]:
             worst = max(result.windows, key=lambda w: w.result.constraints[i])
             window = worst.span
         label, unit = term_label(term)
-        limit = _limit(slo, term)
+        limit = term_limit(slo, term)
         out.append(Violation(term, label, (c + 1.0) * limit, limit, unit, result.margin,
                              window))
     return sorted(out, key=lambda v: v.measured / v.limit, reverse=True)

@@ -15,6 +15,7 @@ from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import Violation
 from slopilot.tuner.tune.capacity import CapacityOutcome
 from slopilot.tuner.tune.settings import TuneSettings
+from slopilot.tuner.tune.whole_check import WholeCheck
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Timing:
         text = (f"{self.evaluations} evaluations, {self.simulated_s:,.0f} simulated s in "
                 f"{duration_text(self.study_s)} ({self.sim_s_per_wall_s:,.1f} sim-s/s)")
         if self.total_s > self.study_s + 1:
-            text += f"; with the capacity search {duration_text(self.total_s)}"
+            text += (f"; {duration_text(self.total_s)} in all (the capacity search and the "
+                     "whole-trace replays included)")
         return text
 
     def to_dict(self) -> dict[str, float]:
@@ -102,6 +104,10 @@ class TuneOutcome:
     warnings: tuple[str, ...] = ()
     """What the user asked for that may keep the verdict from transferring (a --warmup
     shorter than the trace's requests live), each naming the flag and the fix."""
+    whole: WholeCheck | None = None
+    """The answer replayed over the whole trace (``whole_check.py``); None where windows
+    did not choose it (a trace judged whole, a generated workload) or nothing is
+    recommended."""
 
     @property
     def feasible(self) -> bool:

@@ -8,7 +8,10 @@ at: a trial or the start config, ``best_candidate`` names it and ``best_trial`` 
 number or null), ``start``, ``top`` (the trials),
 ``start_fitted`` (the knobs the start config moved to fit --set and --bound), the
 ``command`` that reproduces the study and the ``check_command`` that replays the whole
-workload with the answer, ``timing``, ``warnings`` (each also on stderr when the study
+workload with the answer, ``whole_trace`` (that replay, run before the verdict where
+windows chose the answer: ``holds``, ``replicas``, the fewest it holds on, null where none
+up to ``max_replicas`` does, and ``tried``, each count's ``figures``; null otherwise),
+``timing``, ``warnings`` (each also on stderr when the study
 starts), ``too_long`` (a trace's requests too long for one replica, rejected unjudged:
 ``requests``, ``of``, ``share``, ``limit_tokens``, ``limit``; null for a generated
 workload).
@@ -100,6 +103,7 @@ def as_dict(outcome: TuneOutcome, report: Path | None) -> dict[str, Any]:
         "top": [{"trial": n, **brief(r, slo)} for n, r in ranked(outcome)[:10]],
         "command": outcome.command, "check_command": outcome.check_command,
         "timing": outcome.timing.to_dict(), "warnings": list(outcome.warnings),
+        "whole_trace": None if outcome.whole is None else outcome.whole.to_dict(),
         "too_long": None if s.too_long is None else s.too_long.to_dict(),
         "report": str(report) if report else None,
     }

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from slopilot.engine.sim.output_paths import make_output_dir
@@ -39,6 +39,7 @@ from slopilot.tuner.tune.stop import (
     stops_raise,
 )
 from slopilot.tuner.tune.study_record import check_or_record
+from slopilot.tuner.tune.whole_check import WholeCheck, whole_check
 
 
 def main(args: argparse.Namespace) -> int:
@@ -138,6 +139,7 @@ def run(s: TuneSettings) -> TuneOutcome:
                 evaluator, [(c.label, c.result.config) for c in ranked
                             if c.is_start or c.trial in closest],
                 s.replicas + 1, s.max_replicas, note=progress.note)
+        whole = _whole_check(s, evaluator, plan, best, capacity, start_config, progress.note)
     except (KeyboardInterrupt, Terminated) as exc:
         stopped = exc  # the open trial was told failed (Tuner.run)
         raise
@@ -147,8 +149,28 @@ def run(s: TuneSettings) -> TuneOutcome:
             print(stopped_note(stopped, s, tuner, first=first, start_done=start_done),
                   file=sys.stderr)
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
-    outcome = _outcome(s, plan, tuner, start, best, capacity, evaluator, timing)
+    outcome = _outcome(s, plan, tuner, start, best, capacity, evaluator, timing, whole)
     return dataclasses.replace(outcome, warnings=warnings)
+
+
+def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
+                 best: Candidate, capacity: CapacityOutcome | None,
+                 start_config: Mapping[str, Any], note: Callable[[str], None]
+                 ) -> WholeCheck | None:
+    """The answer replayed over the whole trace (``whole_check.py``), where windows
+    chose it; None where nothing is recommended, or the plan judged the trace whole or a
+    generated workload's seeds (each judged whole already)."""
+    if plan.kind != "trace":
+        return None
+    if best.result.feasible:
+        config, replicas = best.result.config, s.replicas
+    elif capacity is not None and capacity.replicas is not None:
+        config, replicas = capacity.config, capacity.replicas
+    else:
+        return None
+    whole = plan_windows(s.scenario, whole=True, warmup_s=s.warmup_s, config=start_config,
+                         replicas=s.replicas)
+    return whole_check(evaluator, whole, config, replicas, s.max_replicas, note=note)
 
 
 def _share(r: TrialResult) -> str:
@@ -178,7 +200,8 @@ def _unjudged(sentence: str, too_long: TooLong) -> str:
 
 def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult,
              best: Candidate, capacity: CapacityOutcome | None,
-             evaluator: RobustEvaluator, timing: Timing) -> TuneOutcome:
+             evaluator: RobustEvaluator, timing: Timing,
+             whole: WholeCheck | None = None) -> TuneOutcome:
     slo = evaluator.slo
     missed: tuple[Violation, ...] = ()
     replicas: int | None = s.replicas
@@ -207,6 +230,16 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
         elif s.max_replicas <= s.replicas:
             sentence += (f" No capacity search: --max-replicas {s.max_replicas} is not above "
                          f"{s.replicas}.")
+    if whole is not None and replicas is not None:
+        if not whole.first.holds:
+            # The windows' word for what they found; "holds" is the whole trace's to say.
+            sentence = sentence.replace("holds the SLO in every window",
+                                        "held the SLO in every window").replace(
+                "hold the SLO in every window", "held the SLO in every window")
+        sentence += " " + whole.clause(replicas)
+        replicas = whole.replicas
+        if replicas is None:
+            config = None
     if s.too_long is not None and s.too_long.warns:
         sentence = _unjudged(sentence, s.too_long)
     changes = None if config is None else {
@@ -216,4 +249,4 @@ def _outcome(s: TuneSettings, plan: WindowPlan, tuner: Tuner, start: TrialResult
         settings=s, plan=plan, tuner=tuner, start=start, best=best, best_trial=best_trial,
         violations=missed, sentence=sentence, capacity=capacity,
         recommended_replicas=replicas, config=config, changes=changes,
-        command=tune_command(s), check_command=check, timing=timing)
+        command=tune_command(s), check_command=check, timing=timing, whole=whole)
