@@ -14,7 +14,15 @@ this and the live loop) is bound by what each request costs alone (a long prompt
 prefill on an idle replica, one decode step), which more replicas do not shorten.
 ``tiny-cpu`` is the case: its P0 prompts reach 7,000 tokens after the shift, and their
 prefill alone takes longer than P0's 300 ms TTFT limit on one A100, so its P0 TTFT p99
-reads the same share of its limit on 2 replicas as on 16."""
+reads the same share of its limit on 2 replicas as on 16.
+
+The flatness test reads two counts' P99s, and dispatch noise moves those: a reviewer's P0
+TTFT p99 read 200 % of its limit on 2 replicas, 175 % on 4, 171 % on 8 and 151 % on 16,
+not flat by that test, and the answer said "raise --max-replicas" for a term whose
+prompts each alone on an idle replica read 133 ms against its 100 ms limit. So where no
+count holds on a trace, each TTFT term is also held against its class's idle floor
+(``idle_floor.py``): at ``FLOOR_SHARE`` of its limit or more, on every candidate's knobs,
+no replica count holds, and the answer says so with the floor's figures."""
 
 from __future__ import annotations
 
@@ -24,11 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slopilot.engine.sim.scenario import Scenario
+from slopilot.engine.sim.workload_spec import TraceSpec
 from slopilot.tuner.loop.capacity import CapacityPlanner
 from slopilot.tuner.loop.replica_plateau import Flat, flat
 from slopilot.tuner.sim.robust import RobustEvaluator
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.verdict import term_label, worst_share
+from slopilot.tuner.tune.idle_floor import IdleFloor, idle_floors
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,13 @@ class CapacityOutcome:
     """The winning candidate's results per count."""
     searched: tuple[tuple[str, int, bool], ...] = ()
     """(candidate, replicas, holds) for every simulation, in order."""
+    floors: tuple[IdleFloor, ...] = ()
+    """When none holds on a trace: each TTFT-limited class's idle floor, the lowest over
+    the candidates' knobs (``idle_floor.py``)."""
+
+    def binding(self) -> tuple[IdleFloor, ...]:
+        """The floors that leave no replica count to hold their term."""
+        return tuple(f for f in self.floors if f.binds)
 
     def flat(self) -> Flat | None:
         """The worst term of the two largest counts tried, when it is the same term and
@@ -67,6 +84,13 @@ class CapacityOutcome:
         tried = ", ".join(f"{label} on {n}: {'holds' if ok else 'misses'}"
                           for label, n, ok in self.searched)
         if self.replicas is None:
+            bound = self.binding()
+            if bound:
+                return (f"No replica count holds the SLO (tried: {tried}): "
+                        + "; ".join(f.text() for f in bound)
+                        + ". More replicas only take the queue away, not a prompt's own "
+                          "prefill: a faster GPU, tensor parallelism, shorter prompts in "
+                          "that class or a looser limit can.")
             flat = self.flat()
             if flat is not None:
                 return f"Not even {self.hi} replicas hold the SLO (tried: {tried}). {flat.text()}"
@@ -85,6 +109,7 @@ class CapacityOutcome:
                                    "worst_term_name": worst_share(r)[1]}
                           for n, r in sorted(self.tried.items())},
                 "flat": None if flat is None else dataclasses.asdict(flat),
+                "idle_floor": [f.to_dict() for f in self.floors],
                 "searched": [{"candidate": label, "replicas": n, "feasible": ok}
                              for label, n, ok in self.searched]}
 
@@ -121,4 +146,12 @@ def capacity_answer(evaluator: RobustEvaluator,
             best = CapacityOutcome(answer.replicas, dict(config), label, lo, hi,
                                    dict(answer.results))
     assert best is not None
-    return dataclasses.replace(best, searched=tuple(searched))
+    floors: tuple[IdleFloor, ...] = ()
+    if best.replicas is None and isinstance(evaluator.scenario.workload, TraceSpec):
+        lowest: dict[str, IdleFloor] = {}
+        for config in seen:
+            for f in idle_floors(evaluator.scenario, config, evaluator.slo):
+                if f.cls not in lowest or f.ttft_ms < lowest[f.cls].ttft_ms:
+                    lowest[f.cls] = f
+        floors = tuple(lowest.values())
+    return dataclasses.replace(best, searched=tuple(searched), floors=floors)
