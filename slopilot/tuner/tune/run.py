@@ -13,8 +13,11 @@ from typing import Any
 from slopilot.engine.sim.output_paths import make_output_dir
 from slopilot.engine.sim.too_long import TooLong
 from slopilot.engine.sim.workload_spec import TraceSpec
+from slopilot.engine.slo import SLOSpec
+from slopilot.tuner.loop.settings import DEFAULT_CLASS_REQUESTS
 from slopilot.tuner.sim.robust import RobustEvaluator, WindowPlan, plan_windows
 from slopilot.tuner.study.objective import TrialResult
+from slopilot.tuner.study.sample_floor import shortfall
 from slopilot.tuner.study.storage import open_study
 from slopilot.tuner.study.tuner import Tuner
 from slopilot.tuner.study.verdict import Violation, infeasible_sentence, violations
@@ -150,7 +153,27 @@ def run(s: TuneSettings) -> TuneOutcome:
                   file=sys.stderr)
     timing = dataclasses.replace(timing, total_s=time.perf_counter() - t0)
     outcome = _outcome(s, plan, tuner, start, best, capacity, evaluator, timing, whole)
-    return dataclasses.replace(outcome, warnings=warnings)
+    few = few_requests(best.result, plan, evaluator.slo)
+    if few is None:
+        return dataclasses.replace(outcome, warnings=warnings)
+    return dataclasses.replace(outcome, sentence=f"{outcome.sentence} {few}",
+                               warnings=(*warnings, few))
+
+
+def few_requests(result: TrialResult, plan: WindowPlan, slo: SLOSpec) -> str | None:
+    """Where a window judged a class on fewer requests than the live loop judges a
+    trial on (``min_class_requests``' default), how few, in ``sample_floor``'s words
+    (the window with the fewest); None where every window holds enough."""
+    shorts = [short for w, choice in zip(result.windows, plan.windows, strict=False)
+              if w.result.summary is not None
+              and (short := shortfall(w.result.summary, slo, DEFAULT_CLASS_REQUESTS,
+                                      choice.length_s)) is not None]
+    if not shorts:
+        return None
+    few = min(shorts, key=lambda s: s.requests)
+    return (f"Judged on few requests: {few.describe()}, so its P99 is the largest of them "
+            f"or near it; the live loop judges no trial on fewer than {few.floor} of a class "
+            "(min_class_requests).")
 
 
 def _whole_check(s: TuneSettings, evaluator: RobustEvaluator, plan: WindowPlan,
