@@ -38,7 +38,7 @@ TOP_KEYS = {"scenario", "twin", "study", "sampler", "trials", "replicas", "durat
             "violations", "recommended_replicas", "config", "changes", "capacity",
             "best_trial", "best_candidate", "best",
             "start", "start_fitted", "top", "command", "check_command", "timing", "warnings",
-            "too_long",
+            "too_long", "whole_trace",
             "report"}
 
 
