@@ -196,7 +196,9 @@ def test_tune_says_so_before_the_study_when_the_warmup_given_is_too_short(
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert [w["warmup_s"] for w in out["windows"]] == [30.0] * 3  # the user's, as given
-    (warning,) = out["warnings"]
+    # Then the few requests 20 s windows at 0.14 req/s judge (tune/run.few_requests).
+    warning, *rest = out["warnings"]
+    assert [w.split(":")[0] for w in rest] == ["Judged on few requests"]
     assert warning.startswith("--warmup 30: shorter than the 157 s this trace's requests")
     assert f"slopilot tune: warning: {warning}" in captured.err.splitlines()
     assert f"Warning: {warning}" in (report / "report.md").read_text()
