@@ -111,3 +111,91 @@ def test_a_live_trial_judged_on_two_windows_says_its_table_is_the_last_one(
     best = text.split("## The best trial")[1].split("## Top")[0]
     assert "goodput 119 tok/s" in best  # the table's own window, as before
     assert "judged on more than this window" in best and "97.8 tok/s" in best
+
+
+def _ticks(fig, ax) -> list[str]:  # type: ignore[no-untyped-def]
+    fig.canvas.draw()
+    return [t.get_text().replace("\u2212", "-") for t in ax.get_xticklabels() if t.get_text()]
+
+
+def _points(ax, colour: str) -> list[tuple[float, float]]:  # type: ignore[no-untyped-def]
+    """The (x, y) of the points an axis scatters in ``colour`` (a matplotlib name)."""
+    from matplotlib.colors import to_rgba
+
+    out = []
+    for c in ax.collections:
+        faces = [tuple(f) for f in c.get_facecolors()] or [tuple(f) for f in c.get_edgecolors()]
+        offsets = c.get_offsets()
+        for k, (x, y) in enumerate(offsets):
+            if faces and faces[k % len(faces)] == to_rgba(colour):
+                out.append((float(x), float(y)))
+    return sorted(out)
+
+
+HOLDS = dataclasses.replace(judged((200.0, 30.0), (400.0, 40.0)), objective=0.99941)
+MISSES = judged((200.0, 30.0), (1400.0, 40.0))  # P1 TTFT 1,400 ms against 1,000 ms
+
+
+def test_the_history_draws_the_start_config_and_its_best_so_far_begins_there() -> None:
+    """rep_a3: the report kept the start config (worst-window share 0.99941), while the
+    history drew no start config and its "best that holds, so far" line was trial 0's
+    0.99927."""
+    from slopilot.tuner.study.report_plots import START
+
+    trials = [(0, dataclasses.replace(HOLDS, objective=0.99927)), (1, MISSES)]
+    assert HOLDS.feasible and not MISSES.feasible
+    fig = history_figure(trials, start=HOLDS, subject=SUBJECT)
+    ax = fig.axes[0]
+    assert (START, 0.99941) in _points(ax, "tab:green")
+    best = next(line for line in ax.get_lines() if line.get_label() == "best that holds, so far")
+    assert set(best.get_ydata()) == {0.99941}
+    ticks = _ticks(fig, ax)
+    assert "start" in ticks and "-1" not in ticks, ticks
+    missed = history_figure(trials, start=MISSES, subject=SUBJECT)
+    assert (START, MISSES.value) in _points(missed.axes[0], "tab:red")
+
+
+def test_the_terms_draw_the_start_config_in_the_colour_of_its_outcome() -> None:
+    """rep_b3's start config missed (483 ms against 500 ms with a 450 ms headroom line),
+    rep_a3's held: both were the same blue star, at a tick that read "-1"."""
+    from slopilot.tuner.study.report_plots import START
+
+    trials = [(0, judged((200.0, 30.0), (500.0, 40.0)))]
+    for start, colour, other in ((MISSES, "tab:red", "tab:green"),
+                                 (HOLDS, "tab:green", "tab:red")):
+        fig = terms_figure(trials, SLO, start, subject=SUBJECT)
+        assert fig is not None
+        panel = next(ax for ax in fig.axes if ax.get_title().startswith("P1 TTFT"))
+        ttft = 1400.0 if start is MISSES else 400.0
+        assert (START, ttft) in _points(panel, colour)
+        assert all(x != START for x, _ in _points(panel, other))
+        assert not [c for c in panel.collections if c.get_label() == "start config"]
+        ticks = _ticks(fig, panel)
+        assert "start" in ticks and "-1" not in ticks, ticks
+
+
+def test_the_pareto_plot_draws_the_start_config_named() -> None:
+    from slopilot.tuner.study.report_plots import pareto_figure
+
+    trials = [(0, judged((200.0, 30.0), (500.0, 40.0))), (1, MISSES)]
+    for start, colour in ((HOLDS, "tab:green"), (MISSES, "tab:red")):
+        ax = pareto_figure(trials, start=start, subject=SUBJECT).axes[0]
+        share = max(start.constraints) + 1.0
+        assert any(abs(x - share) < 1e-9 and y == start.value
+                   for x, y in _points(ax, colour)), (start, _points(ax, colour))
+        assert [t.get_text() for t in ax.texts] == ["start"]
+
+
+def test_every_plot_names_the_replica_count_it_ran_on() -> None:
+    """rep_b3's plots were all of 1 replica, its recommendation 2: no plot said which."""
+    from slopilot.tuner.study.plot_subject import PlotSubject
+    from slopilot.tuner.study.report_plots import pareto_figure
+
+    trials = [(0, HOLDS), (1, MISSES)]
+    for n, words in ((1, "on 1 replica"), (2, "on 2 replicas")):
+        subject = PlotSubject("scenario x", "a twin", "a run", replicas=n)
+        terms = terms_figure(trials, SLO, HOLDS, subject=subject)
+        for fig in (history_figure(trials, subject=subject), terms,
+                    pareto_figure(trials, subject=subject)):
+            title = fig._suptitle.get_text()  # noqa: SLF001 (matplotlib has no getter)
+            assert words in title.replace("\n", " "), title

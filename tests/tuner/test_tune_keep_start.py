@@ -115,3 +115,25 @@ def test_when_nothing_holds_the_start_config_that_ties_is_searched_first(
     assert cap["candidate"] == "the start config", cap
     assert out["recommended_replicas"] is not None and out["changes"] == {}
     assert out["config"] == out["start"]["config"]
+
+
+def test_the_report_s_capacity_table_lists_every_replica_count_tried(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """rep_b3: tuned on 1 replica (the start config at 97 % of a limit), recommended 2;
+    the capacity table had only the 2-replica row."""
+    scenario = tmp_path / "overload.yaml"
+    scenario.write_text(OVERLOAD)
+    report = tmp_path / "report"
+    out = _tune(capsys, "--scenario", str(scenario), "--trials", "2", "--seeds", "1",
+                "--max-replicas", "4", *INERT, "--report-dir", str(report))
+    cap = out["capacity"]
+    assert "1" not in cap["tried"] and out["recommended_replicas"] > 1, cap
+    # The capacity search's candidate is the start config: on 1 replica, its own result.
+    assert cap["candidate"] == "the start config", cap
+    share = max(out["start"]["constraints"].values()) + 1.0
+    table = (report / "report.md").read_text().split("## Capacity")[1].split("```")[0]
+    row = next((line for line in table.splitlines() if line.startswith("| 1 |")), None)
+    assert row is not None and row.startswith("| 1 | no |"), table
+    assert row.endswith(f" {share:.0%} |"), (row, share)
+    for n in cap["tried"]:
+        assert f"\n| {n} | " in table, table
