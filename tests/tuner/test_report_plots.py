@@ -81,7 +81,9 @@ def test_captions_name_only_what_the_plots_draw(tmp_path: Path) -> None:
     tuner.tell(number, missed)
     text = write_report(tuner, SLO, tmp_path, title="T", start=missed, subject=SUBJECT).read_text()
     plots = text.split("## Plots")[1]
-    assert "the star is the scenario's start config" in plots
+    assert 'The start config is drawn as the trials are, at the trial axis\'s "start": ' \
+        'a red cross, it misses it.' in plots
+    assert 'The start config is the point named "start"' in plots
     assert "dashed" in plots
     assert "green trials hold" not in plots and "no trial holds the SLO" in plots
 
@@ -124,10 +126,10 @@ def _points(ax, colour: str) -> list[tuple[float, float]]:  # type: ignore[no-un
 
     out = []
     for c in ax.collections:
-        faces = [tuple(f) for f in c.get_facecolors()] or [tuple(f) for f in c.get_edgecolors()]
-        offsets = c.get_offsets()
-        for k, (x, y) in enumerate(offsets):
-            if faces and faces[k % len(faces)] == to_rgba(colour):
+        faces = [tuple(f[:3]) for f in c.get_facecolors()] or \
+            [tuple(f[:3]) for f in c.get_edgecolors()]
+        for k, (x, y) in enumerate(c.get_offsets()):
+            if faces and faces[k % len(faces)] == to_rgba(colour)[:3]:
                 out.append((float(x), float(y)))
     return sorted(out)
 
@@ -197,5 +199,5 @@ def test_every_plot_names_the_replica_count_it_ran_on() -> None:
         terms = terms_figure(trials, SLO, HOLDS, subject=subject)
         for fig in (history_figure(trials, subject=subject), terms,
                     pareto_figure(trials, subject=subject)):
-            title = fig._suptitle.get_text()  # noqa: SLF001 (matplotlib has no getter)
+            title = fig.get_suptitle()
             assert words in title.replace("\n", " "), title

@@ -174,22 +174,25 @@ def caption(img: str, results: Sequence[tuple[int, TrialResult]],
     plots did not have."""
     margin = results[0][1].margin if results else 0.0
     headroom = " (with the headroom)" if margin else ""
+    at_start = "" if start is None else (
+        " The start config is drawn as the trials are, at the trial axis's \"start\": "
+        + ("green, it holds the SLO." if start.feasible else "a red cross, it misses it."))
     if img == "history.png":
-        if any(r.feasible for _, r in results):
+        if any(r.feasible for _, r in results) or (start is not None and start.feasible):
             return (f"The objective per trial; green trials hold the SLO{headroom}, the line "
-                    "is the best that holds so far.")
+                    "is the best that holds so far." + at_start)
         return (f"The objective per trial; no trial holds the SLO{headroom}, so there is no "
-                "best-so-far line.")
+                "best-so-far line." + at_start)
     if img == "terms.png":
         return ("What decides feasibility: each class's TTFT and TBT P99 in its worst "
                 "window, per trial, against the SLO (solid)"
-                + (" and the headroom line (dashed)" if margin else "")
-                + ("; the star is the scenario's start config" if start is not None else "")
-                + ".")
+                + (" and the headroom line (dashed)" if margin else "") + "." + at_start)
     if img == "pareto.png":
         return ("Goodput against the worst SLO term (as a share of its limit): "
                 + ("right of the dashed line a trial lacks the headroom, " if margin else "")
-                + "right of the solid one it breaks the SLO.")
+                + "right of the solid one it breaks the SLO."
+                + (" The start config is the point named \"start\"." if start is not None
+                   else ""))
     return ("How much of the variation in the target each knob explains (fANOVA over these "
             "trials: a rough guide, not a measurement).")
 
@@ -220,10 +223,10 @@ def write_report(tuner: Tuner, slo: SLOSpec, out_dir: Path, *, subject: PlotSubj
     if context is not None:
         heading += f" (on {context.replicas} replica{'s' if context.replicas != 1 else ''})"
     lines += _best_figures(ranked[0][1], slo, heading) + _top(ranked, top)
-    images = [plots.history(results, out_dir, subject=subject)]
+    images = [plots.history(results, out_dir, start, subject=subject)]
     term_plot = plots.terms(results, slo, out_dir, start, subject=subject)
     images += [term_plot] if term_plot else []
-    images.append(plots.pareto(results, out_dir, subject=subject))
+    images.append(plots.pareto(results, out_dir, start, subject=subject))
     imp = importance(tuner.study, [r for _, r in results])
     if imp.values:
         images.append(plots.importance_plot(imp.values, imp.target, out_dir,

@@ -8,7 +8,11 @@
 - ``importance.png``: the knobs' share of the variation (``importance.py``), in their
   user names, only when it means something.
 
-Each names its ``PlotSubject`` (workload, twin, run) in its suptitle.
+Each names its ``PlotSubject`` (workload, twin and replica count, run) in its suptitle.
+
+Where the run has a start config (``tune``'s), the per-trial plots draw it where they
+draw the trials, at x ``START`` (ticked "start"), in the colour and marker of its
+outcome: it is a candidate ranked with them and may be the recommendation.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from slopilot.tuner.study.plot_subject import PlotSubject, name_figure
 from slopilot.tuner.study.verdict import term_label
 
 Results = Sequence[tuple[int, TrialResult]]
+
+START = -1
+"""The start config's place on the trial axes: before trial 0."""
 
 
 def _pyplot() -> Any:
@@ -68,33 +75,51 @@ def _split(results: Results) -> tuple[Results, Results]:
     return [nr for nr in results if nr[1].feasible], [nr for nr in results if not nr[1].feasible]
 
 
+def _with_start(results: Results, start: TrialResult | None) -> Results:
+    """The trials with the start config first, at ``START``."""
+    return list(results) if start is None else [(START, start), *results]
+
+
 def _trials(numbers: Sequence[int]) -> str:
     shown = ", ".join(str(n) for n in numbers[:6])
     more = f" and {len(numbers) - 6} more" if len(numbers) > 6 else ""
     return f"trial{'s' if len(numbers) > 1 else ''} {shown}{more}"
 
 
-def _whole_trials(ax: Any) -> None:
+def _whole_trials(ax: Any, start: bool = False) -> None:
     """Trial numbers are whole: with one or two trials matplotlib's own ticks read
-    -0.04 ... 0.04."""
-    from matplotlib.ticker import MaxNLocator
+    -0.04 ... 0.04. With ``start``, the tick at ``START`` reads "start" (it read "-1")."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     lo, hi = ax.get_xlim()
     mid = (lo + hi) / 2
     ax.set_xlim(min(lo, mid - 1), max(hi, mid + 1))  # room for a whole number either side
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if not start:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        return
+    lo, hi = ax.get_xlim()
+    trials = [t for t in MaxNLocator(integer=True).tick_values(max(lo, 0), hi)
+              if 0 <= t <= hi]
+    ax.set_xticks([START, *trials])
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda x, _: "start" if round(x) == START else f"{x:.0f}"))
 
 
-def history(results: Results, out: Path, *, subject: PlotSubject) -> str:
-    fig = history_figure(results, subject=subject)
+def history(results: Results, out: Path, start: TrialResult | None = None, *,
+            subject: PlotSubject) -> str:
+    fig = history_figure(results, start=start, subject=subject)
     save(fig, out / "history.png", dpi=100)
     return "history.png"
 
 
-def history_figure(results: Results, *, subject: PlotSubject) -> Any:
-    """The objective per trial and the best that holds so far; where none holds, the
-    plot says so, and its legend names only what it draws."""
+def history_figure(results: Results, *, start: TrialResult | None = None,
+                   subject: PlotSubject) -> Any:
+    """The objective per trial and the best that holds so far, from the start config on
+    (when given); where none holds, the plot says so, and its legend names only what it
+    draws."""
     plt = _pyplot()
+    trials = results
+    results = _with_start(results, start)
     ok, bad = _split(results)
     fig, ax = plt.subplots(figsize=(7, 4))
     if ok:
@@ -112,8 +137,10 @@ def history_figure(results: Results, *, subject: PlotSubject) -> Any:
         ax.step([n for n, _ in results], best, where="post", c="black",
                 label="best that holds, so far")
     title = "Trial history" if ok else "Trial history: no trial holds the SLO"
-    ax.set(xlabel="trial", ylabel=objective_label(results), title=title)
-    _whole_trials(ax)
+    if not ok and start is not None:
+        title = "Trial history: neither the start config nor any trial holds the SLO"
+    ax.set(xlabel="trial", ylabel=objective_label(trials), title=title)
+    _whole_trials(ax, start=start is not None)
     ax.legend(loc="best")
     name_figure(fig, subject)
     fig.tight_layout()
@@ -155,6 +182,10 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
     margin = results[0][1].margin
+    trials = results
+    if start is not None and start.constraint_names != first:
+        start = None  # its terms are not the trials' (another SLO): nothing to compare
+    results = _with_start(results, start)
     ok, bad = _split(results)
     for k, name in enumerate(names):
         ax = axes[k // cols][k % cols]
@@ -173,14 +204,10 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
         # are drawn on every panel, empty where no trial of them measured the term.
         if ok:
             ax.scatter([n for n, _ in measured(ok)], [ms(r) for _, r in measured(ok)],
-                       c="tab:green", s=18, label="trial holds the SLO")
+                       c="tab:green", s=18, label="holds the SLO")
         if bad:
             ax.scatter([n for n, _ in measured(bad)], [ms(r) for _, r in measured(bad)],
-                       c="tab:red", marker="x", s=18, label="trial misses it")
-        if start is not None:
-            drawn = start.constraints[i] != NO_SAMPLES
-            ax.scatter([-1] if drawn else [], [ms(start)] if drawn else [], c="tab:blue",
-                       marker="*", s=80, label="start config")
+                       c="tab:red", marker="x", s=18, label="misses it")
         ax.axhline(limit, c="black", lw=1, label=f"SLO {limit:g} ms")
         ax.text(0.01, limit, f" {limit:g} ms", transform=ax.get_yaxis_transform(),
                 va="bottom", fontsize=7)
@@ -190,12 +217,14 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
         values = [ms(r) for _, r in measured(results)] + [limit]
         if max(values) / max(min(values), 1e-3) > 20:
             ax.set_yscale("log")
-        silent = [n for n, r in results if r.constraints[i] == NO_SAMPLES]
+        silent = [n for n, r in trials if r.constraints[i] == NO_SAMPLES]
         title = term_label(name)[0] + " (worst window)"
         if silent:
             title += f"\nno samples, not drawn: {_trials(silent)}"
+        if start is not None and start.constraints[i] == NO_SAMPLES:
+            title += " (nor the start config)" if silent else "\nno samples, not drawn: start"
         ax.set(title=title, xlabel="trial", ylabel="ms")
-        _whole_trials(ax)
+        _whole_trials(ax, start=start is not None)
     for k in range(len(names), rows * cols):
         axes[k // cols][k % cols].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -206,18 +235,28 @@ def terms_figure(results: Results, slo: SLOSpec, start: TrialResult | None = Non
     return fig
 
 
-def pareto(results: Results, out: Path, *, subject: PlotSubject) -> str:
-    save(pareto_figure(results, subject=subject), out / "pareto.png", dpi=100)
+def pareto(results: Results, out: Path, start: TrialResult | None = None, *,
+           subject: PlotSubject) -> str:
+    save(pareto_figure(results, start=start, subject=subject), out / "pareto.png", dpi=100)
     return "pareto.png"
 
 
-def pareto_figure(results: Results, *, subject: PlotSubject) -> Any:
+def pareto_figure(results: Results, *, start: TrialResult | None = None,
+                  subject: PlotSubject) -> Any:
+    """Each config's objective against its worst term; the start config (when given)
+    among the trials, named "start"."""
     plt = _pyplot()
+    trials = results
+    results = _with_start(results, start)
     pts = [(r.value, max(r.constraints, default=-1.0) + 1.0) for _, r in results]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = ["tab:green" if r.feasible else "tab:red" for _, r in results]
     ax.scatter([y for _, y in pts], [x for x, _ in pts], c=colors, alpha=0.7,
-               label="trials (green: holds the SLO)")
+               label="trials" + (" and the start config" if start is not None else "")
+               + " (green: holds the SLO)")
+    if start is not None:
+        ax.annotate("start", (pts[0][1], pts[0][0]), xytext=(4, 4),
+                    textcoords="offset points", fontsize=8)
     front = sorted(pareto_front([(x, y) for x, y in pts]), key=lambda i: pts[i][1])
     ax.plot([pts[i][1] for i in front], [pts[i][0] for i in front], "o-", c="tab:orange",
             mfc="none", label="Pareto front")
@@ -234,7 +273,7 @@ def pareto_figure(results: Results, *, subject: PlotSubject) -> Any:
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set(xlabel="worst SLO term, as a share of its limit" + (" (log)" if log else ""),
-           ylabel=objective_label(results), title="Goodput against the worst SLO term")
+           ylabel=objective_label(trials), title="Goodput against the worst SLO term")
     ax.legend(fontsize=8)
     name_figure(fig, subject)
     fig.tight_layout()
