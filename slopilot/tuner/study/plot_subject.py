@@ -30,17 +30,24 @@ class PlotSubject:
     calibrated profile)."""
     run: str
     """Which run drew it: the command that reproduces it, or its date and options."""
+    replicas: int | None = None
+    """The replica count every point was simulated on, when one count holds for all
+    (``tune``'s study: its recommendation may be on more, which these plots do not show);
+    None: not said (a plot of several counts, or of a live fleet)."""
 
     @classmethod
-    def of(cls, scenario: Scenario, run: str) -> PlotSubject:
+    def of(cls, scenario: Scenario, run: str, replicas: int | None = None) -> PlotSubject:
         """A scenario's subject: its name (and trace), and its twin's cost model."""
         workload = f"scenario {scenario.name}"
         if isinstance(scenario.workload, TraceSpec):
             workload += f", trace {scenario.workload.trace}"
-        return cls(workload, f"{scenario.model} on {twin_label(scenario)}", run)
+        return cls(workload, f"{scenario.model} on {twin_label(scenario)}", run, replicas)
 
     def lines(self) -> list[str]:
-        return [f"workload: {self.workload}", f"twin: {self.twin}", f"run: {self.run}"]
+        twin = f"twin: {self.twin}"
+        if self.replicas is not None:
+            twin += f", on {self.replicas} replica{'s' if self.replicas != 1 else ''}"
+        return [f"workload: {self.workload}", twin, f"run: {self.run}"]
 
 
 def name_figure(fig: Any, subject: PlotSubject, title: str | None = None) -> None:
