@@ -9,12 +9,13 @@ from pathlib import Path
 from slopilot.tuner.study.objective import TrialResult
 from slopilot.tuner.study.plot_subject import PlotSubject
 from slopilot.tuner.study.report import ReportContext, write_report
-from slopilot.tuner.tune.outcome import TuneOutcome
+from slopilot.tuner.tune.capacity import CapacityOutcome
+from slopilot.tuner.tune.outcome import Candidate, TuneOutcome
 
 
 def context(outcome: TuneOutcome) -> ReportContext:
     cap = outcome.capacity
-    capacity = [] if cap is None else cap.table_lines()
+    capacity = [] if cap is None else _capacity_lines(outcome, cap)
     config = None
     if outcome.config is not None:
         config = {k: v for k, v in outcome.config.items() if k in outcome.tuner.space.bounds}
@@ -28,6 +29,27 @@ def context(outcome: TuneOutcome) -> ReportContext:
         recommended_result=_recommended_result(outcome),
         recommended_note=_kept(outcome),
         extra=tuple(line for note in _notes(outcome) for line in ("", note)))
+
+
+def _capacity_lines(outcome: TuneOutcome, cap: CapacityOutcome) -> list[str]:
+    """The capacity search's table with the study's own count first: the search begins
+    one above it, and the table left out the result that sent it there (rep_b3: the start
+    config at 97 % of a limit on 1 replica, beside only the 2-replica row)."""
+    tuned = _candidate_result(outcome, cap.label)
+    if tuned is None or outcome.settings.replicas in cap.tried:
+        return cap.table_lines()
+    lines = dataclasses.replace(
+        cap, tried={outcome.settings.replicas: tuned, **cap.tried}).table_lines()
+    # The sentence is the search's own (which counts it tried), not the table's.
+    return [cap.sentence(), *lines[1:]]
+
+
+def _candidate_result(outcome: TuneOutcome, label: str) -> TrialResult | None:
+    """The capacity candidate ``label``'s result on the replicas the study ran on."""
+    if label == Candidate(outcome.start).label:
+        return outcome.start
+    return next((r for n, r in outcome.tuner.results() if Candidate(r, n).label == label),
+                None)
 
 
 def _recommended_result(outcome: TuneOutcome) -> TrialResult | None:
@@ -55,5 +77,6 @@ def _notes(outcome: TuneOutcome) -> list[str]:
 def write(outcome: TuneOutcome, out_dir: Path) -> Path:
     scenario = outcome.settings.scenario
     return write_report(outcome.tuner, scenario.slo, out_dir, start=outcome.start,
-                        subject=PlotSubject.of(scenario, run=outcome.command),
+                        subject=PlotSubject.of(scenario, run=outcome.command,
+                                               replicas=outcome.settings.replicas),
                         title=f"Tuning {scenario.name}", context=context(outcome))
