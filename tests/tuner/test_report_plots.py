@@ -201,3 +201,14 @@ def test_every_plot_names_the_replica_count_it_ran_on() -> None:
                     pareto_figure(trials, subject=subject)):
             title = fig.get_suptitle()
             assert words in title.replace("\n", " "), title
+
+
+def test_the_start_tick_is_not_overprinted_by_trial_0_on_a_long_study() -> None:
+    """30 trials: the axis ticked every 4, and "start" and "0", a unit apart, overprinted
+    each other ("start0" in docs/tune_terms.png redrawn on 2026-12-07)."""
+    trials = [(n, MISSES) for n in range(30)]
+    fig = history_figure(trials, start=MISSES, subject=SUBJECT)
+    ticks = _ticks(fig, fig.axes[0])
+    assert ticks[0] == "start" and "0" not in ticks and "4" in ticks, ticks
+    short = history_figure(trials[:3], start=MISSES, subject=SUBJECT)
+    assert _ticks(short, short.axes[0])[:2] == ["start", "0"]

@@ -100,6 +100,8 @@ def _whole_trials(ax: Any, start: bool = False) -> None:
     lo, hi = ax.get_xlim()
     trials = [t for t in MaxNLocator(integer=True).tick_values(max(lo, 0), hi)
               if 0 <= t <= hi]
+    if len(trials) > 1 and trials[1] - trials[0] > 2:
+        trials = trials[1:]  # "start" and "0", a unit apart on a long axis, overprint
     ax.set_xticks([START, *trials])
     ax.xaxis.set_major_formatter(FuncFormatter(
         lambda x, _: "start" if round(x) == START else f"{x:.0f}"))
