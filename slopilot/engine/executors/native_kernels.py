@@ -287,11 +287,19 @@ def main(argv: list[str] | None = None) -> int:
                    "or ~/.cache/slopilot/kernels)")
     args = ap.parse_args(argv)
     isas = args.isa or [cpu_isa()]
-    for isa in isas:
-        build = kernel_build(isa, args.dir)
-        # Building loads the library, and a process holds one (both would register
-        # torch.ops.slopilot): with several to build, each is built in a child of its own.
-        print(compile_library(build) if len(isas) == 1 else build_in_child(build))
+    builds = [kernel_build(isa, args.dir) for isa in isas]
+    if len(builds) == 1:
+        print(compile_library(builds[0]))
+        return 0
+    # Building loads the library, and a process holds one (both would register
+    # torch.ops.slopilot): with several to build, each is built in a child of its own,
+    # the children at once (each a compiler on one core for a minute or more), printed
+    # in the order asked.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(len(builds), os.cpu_count() or 1)) as pool:
+        for library in pool.map(build_in_child, builds):
+            print(library)
     return 0
 
 
