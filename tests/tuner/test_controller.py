@@ -641,3 +641,26 @@ def test_a_replica_restarted_in_a_full_window_fails_the_trial_not_repeats_it() -
     d = ctl.tick(10.0)
     assert d.action is Action.REVERT and "replica_restarted" in d.reason, d.line()
     assert 0 in rig.study.failed and rig.dep.config == START
+
+
+def test_an_episode_given_more_trials_than_the_default_hourly_cap_runs_them_all() -> None:
+    # maxTrials 40 over the default hourly cap of 30: every trial misses, so the episode
+    # ends on its own max_trials with live evidence that nothing holds, and buys a
+    # replica; before, the hour's cap cut it at 30 and held the starting config.
+    rig = Rig(alerts=FakeAlerts([alert(AlertAction.RETUNE)]), offline=None,
+              planner=FakePlanner(needed=1), settings={"max_trials": 40})
+    ctl = rig.build()
+    assert ctl.settings.hourly_trials == 40
+    now, d = 0.0, ctl.tick(0.0)
+    while d.action is not Action.SCALE and now < 3000.0:
+        now += 10.0 if d.action is Action.TRIAL else 1.0
+        d = ctl.tick(now)
+    assert "no_feasible_config after 40 trials" in d.reason, d.line()
+    assert (len(rig.study.told), rig.dep.scaled) == (40, [2])
+
+
+def test_the_hourly_cap_defaults_to_30_and_an_explicit_one_is_kept() -> None:
+    def hourly(**kw: Any) -> int:
+        return ControllerSettings(deployment="demo", slo=SLO, **kw).hourly_trials
+    assert (hourly(), hourly(max_trials=30), hourly(max_trials=31)) == (30, 30, 31)
+    assert hourly(max_trials=10, max_trials_per_hour=2) == 2  # a tighter budget, asked for

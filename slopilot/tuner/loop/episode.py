@@ -60,8 +60,8 @@ def start_episode(ctx: LoopContext, now: float, reason: str, event: Event, *,
     loop, s = ctx.loop, ctx.settings
     if (owed := restore.blocked(ctx, now)) is not None:
         return ctx.decide(Action.NONE, f"{owed}; {reason}")
-    if len(loop.trial_starts) >= s.max_trials_per_hour:
-        return ctx.decide(Action.HOLD, f"trial_rate_limit: {s.max_trials_per_hour} "
+    if len(loop.trial_starts) >= s.hourly_trials:
+        return ctx.decide(Action.HOLD, f"trial_rate_limit: {s.hourly_trials} "
                           f"trials in the last hour; {reason}")
     # The committed config, not what the replicas run: a trial's may be on every one (a
     # controller that lost its state left it), and begun on, the episode rolled back to
@@ -232,7 +232,7 @@ def _rate_limited(ctx: LoopContext) -> bool:
     ``max_trials``: then its misses are a sample cut short, not the search's verdict."""
     loop, s = ctx.loop, ctx.settings
     return loop.episode_trials < s.max_trials and \
-        len(loop.trial_starts) >= s.max_trials_per_hour
+        len(loop.trial_starts) >= s.hourly_trials
 
 
 def _hold_for_rate_limit(ctx: LoopContext) -> Go:
@@ -246,7 +246,7 @@ def _hold_for_rate_limit(ctx: LoopContext) -> Go:
     untried = max(0, loop.episode_warm_starts - loop.episode_trials)
     warm = f"; {untried} warm start(s) untried" if untried else ""
     return Go(ControllerState.COOLDOWN, Event.TRIAL_RATE_LIMIT,
-              f"trial_rate_limit: {s.max_trials_per_hour} trials in the last hour, none "
+              f"trial_rate_limit: {s.hourly_trials} trials in the last hour, none "
               f"of this episode's {loop.episode_trials} held{warm}; holding the starting "
               "config rather than scaling on a spent budget", action=Action.HOLD)
 

@@ -13,6 +13,7 @@ MAX_CLASS_REQUESTS = 100_000
 """Past this a trial's window would run for days at any load a replica serves."""
 DEFAULT_CLASS_REQUESTS = 100
 DEFAULT_MAX_TRIAL_S = 1200.0
+DEFAULT_TRIALS_PER_HOUR = 30
 DEFAULT_ROLLOUT_TIMEOUT_S = 1200.0
 """The default Deployment's progress deadline (900 s: a 10 min startup budget and 5 min
 to schedule and pull) and 5 minutes more."""
@@ -60,7 +61,14 @@ class ControllerSettings:
     SLO's TTFT target, which a settle of 0 would count."""
     max_trials: int = 20
     """Live trials in one tuning episode before the best is committed."""
-    max_trials_per_hour: int = 30
+    max_trials_per_hour: int | None = None
+    """Live trials started in any hour, across episodes (``hourly_trials``): an alert
+    that keeps firing starts round after round, each of up to ``max_trials`` trials on
+    the live deployment, and this bounds what they cost together (the review's r2: 41
+    rounds and 124 trials in six hours). None: ``DEFAULT_TRIALS_PER_HOUR`` or
+    ``max_trials`` where that is more, so one episode runs every trial it was given and
+    its verdict that nothing holds (a replica bought on live evidence) is reachable; a
+    value below ``max_trials`` is a tighter budget asked for, and kept."""
     cooldown_s: float = 300.0
     """No new tuning or scaling for this long after a commit or a scale."""
     max_backoff_s: float = 3600.0
@@ -135,6 +143,8 @@ class ControllerSettings:
         for name in ("max_trials", "max_trials_per_hour", "max_window_repeats",
                      "warm_start_k"):
             value = getattr(self, name)
+            if name == "max_trials_per_hour" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ControllerError(f"{name}={value!r}: expected a whole number >= 1")
         for name in ("twin_max_error", "twin_max_latency_error"):
@@ -196,6 +206,13 @@ class ControllerSettings:
     def key(self) -> str:
         """``namespace/name`` (the name alone outside a namespace): what the logs say."""
         return f"{self.namespace}/{self.deployment}" if self.namespace else self.deployment
+
+    @property
+    def hourly_trials(self) -> int:
+        """``max_trials_per_hour``, or its default: never below ``max_trials``."""
+        if self.max_trials_per_hour is not None:
+            return self.max_trials_per_hour
+        return max(DEFAULT_TRIALS_PER_HOUR, self.max_trials)
 
     @property
     def settle_s(self) -> float:

@@ -115,7 +115,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_HOLDS, "a trial's window holds the SLO"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_LIMIT, "max_trials trials in this episode"),
     Transition(S.TUNING, S.COMMIT, Event.TRIAL_RATE_LIMIT,
-               "max_trials_per_hour trials in the last hour"),
+               "hourly_trials trials in the last hour (max_trials_per_hour, or "
+               "30 or max_trials, the more)"),
     Transition(S.TUNING, S.COMMIT, Event.TOO_LITTLE_TRAFFIC,
                "a trial ran max_trial_s short of min_class_requests of a class, or, "
                "before the first, the probe's rate of an alert class (of what the floor "

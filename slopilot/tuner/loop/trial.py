@@ -24,9 +24,9 @@ def next_trial(ctx: LoopContext, now: float, reason: str) -> Decision | Go:
     if loop.episode_trials >= s.max_trials:
         return Go(ControllerState.COMMIT, Event.TRIAL_LIMIT,
                   f"trial_limit: {s.max_trials} trials")
-    if len(loop.trial_starts) >= s.max_trials_per_hour:
+    if len(loop.trial_starts) >= s.hourly_trials:
         return Go(ControllerState.COMMIT, Event.TRIAL_RATE_LIMIT,
-                  f"trial_rate_limit: {s.max_trials_per_hour} per hour")
+                  f"trial_rate_limit: {s.hourly_trials} per hour")
     number, config = ctx.study.ask()
     if (stuck := rollout_watch.held(loop, now, config)) is not None:
         # Not applied: its rollout would stick as before. Counted, so that a study that

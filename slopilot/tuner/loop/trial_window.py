@@ -239,7 +239,7 @@ def _scored(ctx: LoopContext, now: float, t: RunningTrial,
                 key=lambda kv: kv[1], default=("?", 0.0))
     reason = f"trial {t.number} infeasible: {worst[0]} {worst[1]:+.0%} over"
     if loop.episode_trials >= s.max_trials or \
-            len(loop.trial_starts) >= s.max_trials_per_hour:
+            len(loop.trial_starts) >= s.hourly_trials:
         return next_trial(ctx, now, reason)  # ends the episode now
     return ctx.decide(Action.NONE, reason, trial=t.number, config=t.config, summary=summary)
 
