@@ -12,7 +12,9 @@ not a count, and a ``kubectl scale`` or an HPA writing a count would fight the t
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -400,5 +402,16 @@ def crd_yaml() -> str:
     return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=100)
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the CRD's YAML (``manifests/crd.yaml``), once the arguments parse."""
+    argparse.ArgumentParser(
+        prog="python -m slopilot.operator.crd",
+        description="Print the LLMDeployment CRD as YAML on stdout; regenerate the "
+        "checked-in copy with: python -m slopilot.operator.crd > manifests/crd.yaml",
+    ).parse_args(argv)
     sys.stdout.write(crd_yaml())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

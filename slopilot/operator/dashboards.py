@@ -20,7 +20,10 @@ stalls, garbage-collector pauses, live knobs, swapped requests, 429s and send de
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -489,7 +492,14 @@ def vllm_dashboard_path() -> Path:
     return dashboard_path().with_name("slopilot-overview-vllm.json")
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    """Regenerate both checked-in dashboards; the arguments are parsed first, so
+    ``--help`` or a wrong one writes nothing."""
+    argparse.ArgumentParser(
+        prog="python -m slopilot.operator.dashboards",
+        description=f"Write the Grafana dashboards {dashboard_path().name} (built-in "
+        f"engine) and {vllm_dashboard_path().name} (vLLM) under "
+        f"{dashboard_path().parent}, rendered from the alert table.").parse_args(argv)
     from slopilot.tuner.prometheus.rules import VLLM_LATENCY
 
     for path, latency in ((dashboard_path(), BUILTIN_LATENCY),
@@ -497,3 +507,8 @@ if __name__ == "__main__":
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render_dashboard(latency=latency))
         print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

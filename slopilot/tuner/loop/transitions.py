@@ -14,8 +14,10 @@ trusted) is a new ``ControllerState`` member, its rows here, and its step functi
 
 from __future__ import annotations
 
+import argparse
 import enum
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,7 +267,18 @@ def render_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the diagram (``controller.py``'s docstring) or, with ``--table``, the
+    Markdown table (docs/architecture.md)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m slopilot.tuner.loop.transitions",
+        description="Print the controller's transition diagram, as controller.py's "
+        "docstring and docs/architecture.md carry it.")
+    parser.add_argument("--table", action="store_true",
+                        help="print the Markdown table of docs/architecture.md instead")
+    print(render_table() if parser.parse_args(argv).table else render_diagram())
+    return 0
 
-    print(render_table() if sys.argv[1:] == ["--table"] else render_diagram())
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,8 +20,11 @@ plain ``alertmanager.yml`` snippet docs/operations.md shows.
 
 from __future__ import annotations
 
+import argparse
 import enum
 import re
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +145,17 @@ def manifest_path() -> Path:
             / "slopilot-inhibit-rules.yaml")
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    """Regenerate the Alertmanager inhibitions manifest, once the arguments parse."""
+    argparse.ArgumentParser(
+        prog="python -m slopilot.tuner.prometheus.inhibitions",
+        description=f"Write the Alertmanager inhibit rules {manifest_path()}, rendered "
+        "from the inhibitions table.").parse_args(argv)
     path = manifest_path()
     path.write_text(render_manifest())
     print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

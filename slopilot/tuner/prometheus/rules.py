@@ -15,7 +15,9 @@ labels, which the operator's ServiceMonitor puts on every series it scrapes).
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -745,8 +747,18 @@ def example_path() -> Path:
     return Path(__file__).resolve().parents[3] / "manifests" / "prometheus" / "slopilot-rules.yaml"
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    """Regenerate the example rules manifest, once the arguments parse."""
+    argparse.ArgumentParser(
+        prog="python -m slopilot.tuner.prometheus.rules",
+        description=f"Write the example PrometheusRule manifest {example_path()} "
+        "(the seeds' SLO), rendered from the alert table.").parse_args(argv)
     path = example_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_example())
     print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
