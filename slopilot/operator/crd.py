@@ -276,7 +276,9 @@ def _spec_schema() -> dict[str, Any]:
                 f"Default {duration(int(DEFAULT_MAX_TRIAL_S))}, or window where that is "
                 "longer; thin traffic that must still be retuned needs a longer one.",
                 MIN_WINDOW_S, MAX_TRIAL_S),
-            "maxTrials": _int("Trials per tuning round.", 1, 1000, default=30),
+            "maxTrials": _int("Trials per tuning round; the loop starts at most 30 trials "
+                              "an hour, or maxTrials where that is more.", 1, 1000,
+                              default=30),
             "canary": {"type": "boolean", "default": True,
                        "description": "Run trials on one replica when there are several."},
             "storage": _cel(_str("Optuna storage URL (sqlite:/// or postgresql://, "
