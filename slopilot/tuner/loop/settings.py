@@ -144,7 +144,7 @@ class ControllerSettings:
                      "warm_start_k"):
             value = getattr(self, name)
             if name == "max_trials_per_hour" and value is None:
-                continue
+                continue  # the default: ``hourly_trials``
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ControllerError(f"{name}={value!r}: expected a whole number >= 1")
         for name in ("twin_max_error", "twin_max_latency_error"):
@@ -209,7 +209,8 @@ class ControllerSettings:
 
     @property
     def hourly_trials(self) -> int:
-        """``max_trials_per_hour``, or its default: never below ``max_trials``."""
+        """``max_trials_per_hour`` where set, else its default, which is never below
+        ``max_trials``."""
         if self.max_trials_per_hour is not None:
             return self.max_trials_per_hour
         return max(DEFAULT_TRIALS_PER_HOUR, self.max_trials)
